@@ -1,0 +1,26 @@
+"""Storage and the record types it stores. Never imports `app`."""
+
+from tables.exceptions import InvalidRule, StoreClosed, StoreError, TablesError
+from tables.refs import DEFAULT_TENANT, AggregateRef
+from tables.rules import CronRule, IntervalRule, OnceRule, ScheduleRule, parse_rule
+from tables.timer import ACTIVE, CommandSpec, Outcome, Timer, TimerChange, TimerStatus
+
+__all__ = [
+    "ACTIVE",
+    "DEFAULT_TENANT",
+    "AggregateRef",
+    "CommandSpec",
+    "CronRule",
+    "IntervalRule",
+    "InvalidRule",
+    "OnceRule",
+    "Outcome",
+    "ScheduleRule",
+    "StoreClosed",
+    "StoreError",
+    "TablesError",
+    "Timer",
+    "TimerChange",
+    "TimerStatus",
+    "parse_rule",
+]

@@ -1,0 +1,21 @@
+"""The one exception tree of the storage layer."""
+
+from __future__ import annotations
+
+__all__ = ["InvalidRule", "StoreClosed", "StoreError", "TablesError"]
+
+
+class TablesError(Exception):
+    """Root of every error raised by `tables`."""
+
+
+class InvalidRule(TablesError, ValueError):
+    """A schedule rule that cannot fire: bad cron, unknown zone, non-positive interval."""
+
+
+class StoreError(TablesError):
+    """A store operation failed; nothing of it was written."""
+
+
+class StoreClosed(StoreError):
+    """The store (or the partition) was closed."""

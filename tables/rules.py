@@ -1,0 +1,86 @@
+"""ScheduleRule: when a timer fires. The model and its validation; arithmetic is in `slots`."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Annotated, Literal
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from cronsim import CronSim, CronSimError
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
+
+from tables.exceptions import InvalidRule
+
+__all__ = ["CronRule", "IntervalRule", "OnceRule", "ScheduleRule", "parse_rule"]
+
+
+class _Rule(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    coalesce: bool = True
+    """On catch-up, send only the latest slot due and count the others as skipped."""
+
+
+class OnceRule(_Rule):
+    """One slot, at `at` (epoch ms, UTC)."""
+
+    kind: Literal["once"] = "once"
+    at: int = Field(ge=0)
+
+
+class IntervalRule(_Rule):
+    """Slot n at `start + n * every` (epoch ms)."""
+
+    kind: Literal["interval"] = "interval"
+    start: int = Field(ge=0)
+    every: int = Field(gt=0, description="milliseconds between slots; must be positive")
+
+
+class CronRule(_Rule):
+    """The times a five-field cron expression matches in `zone`, at or after `start`."""
+
+    kind: Literal["cron"] = "cron"
+    expr: str = Field(min_length=1, max_length=200)
+    zone: str = "UTC"
+    start: int = Field(default=0, ge=0)
+
+    @field_validator("zone")
+    @classmethod
+    def _known_zone(cls, zone: str) -> str:
+        try:
+            ZoneInfo(zone)
+        except (ZoneInfoNotFoundError, ValueError) as exc:
+            raise ValueError(f"unknown time zone {zone!r} (use an IANA name)") from exc
+        return zone
+
+    @field_validator("expr")
+    @classmethod
+    def _valid_cron(cls, expr: str) -> str:
+        try:
+            CronSim(expr, datetime(2000, 1, 1, tzinfo=UTC))
+        except CronSimError as exc:
+            raise ValueError(f"invalid cron expression {expr!r}: {exc}") from exc
+        return expr
+
+    @property
+    def tz(self) -> ZoneInfo:
+        return ZoneInfo(self.zone)
+
+
+ScheduleRule = Annotated[OnceRule | IntervalRule | CronRule, Field(discriminator="kind")]
+
+_RULE: TypeAdapter[OnceRule | IntervalRule | CronRule] = TypeAdapter(ScheduleRule)
+
+
+def parse_rule(data: object) -> OnceRule | IntervalRule | CronRule:
+    """A rule from its JSON form (a dict); `InvalidRule` with the reason otherwise."""
+    try:
+        return _RULE.validate_python(data)
+    except ValidationError as exc:
+        raise InvalidRule(_reason(exc)) from exc
+
+
+def _reason(exc: ValidationError) -> str:
+    return "; ".join(
+        f"{'.'.join(str(p) for p in err['loc']) or 'rule'}: {err['msg']}" for err in exc.errors()
+    )

@@ -1,0 +1,103 @@
+"""Timer, its status and outcome, and TimerChange: the records the TimerStore keeps."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from tables.refs import AggregateRef
+from tables.rules import ScheduleRule
+
+__all__ = ["ACTIVE", "CommandSpec", "Outcome", "Timer", "TimerChange", "TimerStatus"]
+
+
+class TimerStatus(StrEnum):
+    PENDING = "PENDING"
+    FIRING = "FIRING"
+    FIRED = "FIRED"
+    CANCELLED = "CANCELLED"
+    PARKED = "PARKED"
+
+
+ACTIVE = frozenset({TimerStatus.PENDING, TimerStatus.FIRING, TimerStatus.PARKED})
+"""What a cancel still cancels."""
+
+
+class Outcome(StrEnum):
+    """What became of a timer's last slot (or of the timer)."""
+
+    COMMITTED = "COMMITTED"
+    DUPLICATE = "DUPLICATE"
+    UNCHANGED = "UNCHANGED"
+    REJECTED = "REJECTED"
+    SENT = "SENT"
+    EXPIRED = "EXPIRED"
+    SKIPPED = "SKIPPED"
+    CANCELLED = "CANCELLED"
+    FAILED = "FAILED"
+    """A technical failure: the slot is retried (or the timer parked)."""
+    BUSY = "BUSY"
+    """The target refused it as busy: backpressure, retried."""
+
+
+class CommandSpec(BaseModel):
+    """The command a timer sends: its type and body, as the target's handler takes it."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    type: str = Field(min_length=1, max_length=200)
+    body: dict[str, Any] = Field(default_factory=dict)
+
+
+class Timer(BaseModel):
+    """One timer, unique by `(owner, key)`; `id` changes with each reschedule.
+
+    Times are epoch milliseconds (UTC). `slot` counts the rule's firings from 0;
+    `slot_due_at` is that slot's own due time, `due_at` when the store next hands the
+    timer out (a FIRING timer's `due_at` is its claim's deadline).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    id: str = Field(min_length=1, max_length=200)
+    owner: AggregateRef
+    key: str = Field(min_length=1, max_length=200)
+    version: int = Field(ge=0)
+    partition: int = Field(ge=0)
+    status: TimerStatus = TimerStatus.PENDING
+    rule: ScheduleRule
+    target: AggregateRef
+    command: CommandSpec
+    slot: int = Field(default=0, ge=0)
+    slot_due_at: int = Field(ge=0)
+    due_at: int = Field(ge=0)
+    attempts: int = Field(default=0, ge=0)
+    skipped: int = Field(default=0, ge=0)
+    outcome: Outcome | None = None
+
+    def same_as_loaded(self, loaded: Timer) -> bool:
+        """Whether this row is still `loaded`, as a conditional write compares them."""
+        return (
+            self.id == loaded.id
+            and self.status == loaded.status
+            and self.slot == loaded.slot
+            and self.slot_due_at == loaded.slot_due_at
+            and self.attempts == loaded.attempts
+            and self.due_at == loaded.due_at
+        )
+
+    @property
+    def request_id(self) -> str:
+        """The idempotent request id of this slot's send: `<timer id>#<slot>`."""
+        return f"{self.id}#{self.slot}"
+
+
+class TimerChange(BaseModel):
+    """A conditional write: `next` replaces the row only while the store holds `loaded`."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    loaded: Timer
+    next: Timer
