@@ -1,0 +1,51 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from app.exceptions import ConfigError
+from app.settings import Settings
+from app.topics import AggregateTopics, ContextTopics, parse_aggregate_type
+
+
+def test_defaults_and_environment() -> None:
+    s = Settings.from_env(
+        {
+            "KAFKA_BOOTSTRAP_SERVERS": "127.0.0.1:1234",
+            "TICKWHEEL_AGGREGATE_TYPES": "shop.order, shop.cart",
+            "TICKWHEEL_PARTITIONS": "4",
+            "TICKWHEEL_DATA_DIR": "/tmp/x",
+        }
+    )
+    assert s.bootstrap_servers == "127.0.0.1:1234"
+    assert s.aggregate_types == ("shop.order", "shop.cart")
+    assert s.partitions == 4
+    assert s.data_dir == Path("/tmp/x")
+
+
+@pytest.mark.parametrize(
+    ("env", "names"),
+    [
+        ({"TICKWHEEL_PARTITIONS": "zero"}, "TICKWHEEL_PARTITIONS"),
+        ({"TICKWHEEL_PARTITIONS": "0"}, "TICKWHEEL_PARTITIONS"),
+        ({"TICKWHEEL_AGGREGATE_TYPES": "shop"}, "TICKWHEEL_AGGREGATE_TYPES"),
+        ({"TICKWHEEL_SESSION_TIMEOUT_MS": "5"}, "TICKWHEEL_SESSION_TIMEOUT_MS"),
+    ],
+)
+def test_bad_values_name_their_variable(env: dict[str, str], names: str) -> None:
+    with pytest.raises(ConfigError, match=names):
+        Settings.from_env(env)
+
+
+def test_topic_names() -> None:
+    t = parse_aggregate_type("shop.order")
+    assert t == AggregateTopics("shop", "order")
+    assert (t.events, t.commands, t.timers_changelog) == (
+        "shop.order.events",
+        "shop.order.commands",
+        "shop.order.timers",
+    )
+    assert ContextTopics("shop").dead_letters == "shop.dead-letters"
+    with pytest.raises(ConfigError):
+        parse_aggregate_type("shop.order.x")
