@@ -78,7 +78,7 @@ class EventEnvelope(_Envelope):
     id: str = Field(min_length=1, max_length=200, description="unique event id")
     type: str = Field(min_length=1, max_length=200)
     aggregate: AggregateRef
-    version: int = Field(ge=1, description="the aggregate's version after this event")
+    version: int = Field(ge=1, description="the aggregate's version after the command")
     request_id: str | None = Field(default=None, description="the command that caused it")
     created_at: int = Field(ge=0)
     body: dict[str, Any] = Field(default_factory=dict)
@@ -96,6 +96,9 @@ class CommandEnvelope(_Envelope):
     )
     issued_at: int = Field(ge=0)
     reply_to: str | None = Field(default=None, description="results topic; the context's own")
+    reply_partition: int | None = Field(
+        default=None, ge=0, description="results partition; the request id's by default"
+    )
 
 
 class ResultCode(StrEnum):

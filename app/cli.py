@@ -1,0 +1,133 @@
+"""The `tickwheel` command."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib
+import logging
+import signal
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from app.aggregate import Service
+from app.exceptions import ConfigError, TickwheelError
+from app.schemas import SCHEMA_DIR, stale_schemas, write_schemas
+from app.settings import Settings
+
+__all__ = ["main"]
+
+cli = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
+logger = logging.getLogger("tickwheel")
+
+Bootstrap = Annotated[str | None, typer.Option(help="overrides KAFKA_BOOTSTRAP_SERVERS")]
+LogLevel = Annotated[str, typer.Option(help="DEBUG, INFO, WARNING or ERROR")]
+
+
+def _settings(**overrides: Any) -> Settings:
+    try:
+        return Settings.from_env(None, **overrides)
+    except ConfigError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from exc
+
+
+def _logging(level: str) -> None:
+    logging.basicConfig(
+        level=level.upper(),
+        format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    logging.getLogger("aiokafka").setLevel(logging.WARNING)
+
+
+@cli.command()
+def worker(
+    bootstrap: Bootstrap = None,
+    data_dir: Annotated[Path | None, typer.Option(help="overrides TICKWHEEL_DATA_DIR")] = None,
+    log_level: LogLevel = "INFO",
+    service: Annotated[
+        str, typer.Option(help="the service to run, as module:attribute")
+    ] = "app.demo:service",
+) -> None:
+    """Runs one node: decides the commands and fires the timers of the partitions it owns."""
+    _logging(log_level)
+    settings = _settings(bootstrap_servers=bootstrap, data_dir=data_dir)
+    try:
+        asyncio.run(_run_worker(settings, load_service(service)))
+    except TickwheelError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from exc
+
+
+def load_service(spec: str) -> Service:
+    """The `Service` at `module:attribute`; a clear error for anything else."""
+    module_name, _, attr = spec.partition(":")
+    try:
+        found = getattr(importlib.import_module(module_name), attr or "service")
+    except (ImportError, AttributeError, ValueError) as exc:
+        raise typer.BadParameter(f"cannot load service {spec!r}: {exc}") from exc
+    if not isinstance(found, Service):
+        raise typer.BadParameter(f"{spec!r} is a {type(found).__name__}, not a Service")
+    return found
+
+
+async def _run_worker(settings: Settings, service: Service) -> None:
+    from app.node import Node
+
+    node = Node(settings, service)
+    await node.start()
+    task = asyncio.create_task(node.run())
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, task.cancel)
+    logger.info("worker started: %s", settings.bootstrap_servers)
+    try:
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    finally:
+        await node.stop()
+        logger.info("worker stopped")
+
+
+@cli.command()
+def demo(
+    bootstrap: Bootstrap = None,
+    orders: Annotated[int, typer.Option(min=1, max=100)] = 3,
+    seconds: Annotated[float, typer.Option(min=0.0)] = 20.0,
+) -> None:
+    """Places a few orders (their timers fire on the workers) and prints what happens."""
+    from app.demo import run_demo
+
+    settings = _settings(bootstrap_servers=bootstrap)
+    try:
+        asyncio.run(
+            run_demo(settings.bootstrap_servers, settings.partitions, count=orders, seconds=seconds)
+        )
+    except TickwheelError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from exc
+
+
+@cli.command()
+def schemas(
+    check: Annotated[bool, typer.Option(help="fail if the published schemas are stale")] = False,
+    directory: Annotated[Path, typer.Option()] = SCHEMA_DIR,
+) -> None:
+    """Writes the JSON Schemas of the wire envelopes (or checks them)."""
+    if check:
+        stale = stale_schemas(directory)
+        if stale:
+            typer.echo(f"stale schemas in {directory}: {', '.join(stale)}", err=True)
+            raise typer.Exit(1)
+        typer.echo("schemas are up to date")
+        return
+    for path in write_schemas(directory):
+        typer.echo(str(path))
+
+
+def main() -> None:
+    cli()

@@ -1,0 +1,426 @@
+"""The Kafka edge: the only module that imports aiokafka.
+
+Everything above it talks in topics, partitions, keys and bytes; aiokafka's errors are
+translated into `KafkaUnavailable` here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.coordinator.assignors.range import RangePartitionAssignor
+from aiokafka.errors import KafkaError, ProducerFenced, TopicAlreadyExistsError
+
+from app.exceptions import TickwheelError
+
+__all__ = [
+    "Fenced",
+    "GroupConsumer",
+    "KafkaUnavailable",
+    "PartitionReader",
+    "Producer",
+    "Record",
+    "TopicSpec",
+    "TransactionalProducer",
+    "ensure_topics",
+    "read_to_end",
+    "tail",
+]
+
+logger = logging.getLogger(__name__)
+
+
+class KafkaUnavailable(TickwheelError):
+    """The broker did not answer, or refused a request; the message says which."""
+
+
+class Fenced(KafkaUnavailable):
+    """Another node took this partition's transactional id over: this one must let go."""
+
+
+@dataclass(frozen=True, slots=True)
+class TopicSpec:
+    name: str
+    partitions: int
+    compacted: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    timestamp: int
+
+
+async def ensure_topics(bootstrap: str, specs: Iterable[TopicSpec]) -> None:
+    """Creates the topics that do not exist; checks that existing ones have the partitions."""
+    specs = list(specs)
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=30_000)
+    try:
+        await admin.start()
+        new = [
+            NewTopic(
+                s.name,
+                num_partitions=s.partitions,
+                replication_factor=1,
+                topic_configs={"cleanup.policy": "compact"} if s.compacted else {},
+            )
+            for s in specs
+        ]
+        with contextlib.suppress(TopicAlreadyExistsError):
+            await admin.create_topics(new)
+        described = await admin.describe_topics([s.name for s in specs])
+        have = {t["topic"]: len(t["partitions"]) for t in described if not t.get("error_code")}
+        for s in specs:
+            if s.name not in have:
+                # Created one by one when a batch failed part-way.
+                with contextlib.suppress(TopicAlreadyExistsError):
+                    await admin.create_topics([n for n in new if n.name == s.name])
+            elif have[s.name] != s.partitions:
+                raise KafkaUnavailable(
+                    f"topic {s.name} has {have[s.name]} partitions, expected {s.partitions}: "
+                    "co-partitioned topics must all have the same count"
+                )
+    except KafkaError as exc:
+        raise KafkaUnavailable(f"cannot create topics at {bootstrap}: {exc!r}") from exc
+    finally:
+        await admin.close()
+
+
+class Producer:
+    """An idempotent producer (acks=all); `send_many` returns once the broker has all."""
+
+    def __init__(self, bootstrap: str, *, linger_ms: int = 2) -> None:
+        self._producer = AIOKafkaProducer(
+            bootstrap_servers=bootstrap,
+            enable_idempotence=True,
+            acks="all",
+            linger_ms=linger_ms,
+            max_request_size=1_048_576,
+        )
+
+    async def start(self) -> None:
+        try:
+            await self._producer.start()
+        except KafkaError as exc:
+            raise KafkaUnavailable(f"producer cannot connect: {exc!r}") from exc
+
+    async def stop(self) -> None:
+        await self._producer.stop()
+
+    async def send_many(
+        self, records: Sequence[tuple[str, int | None, bytes | None, bytes | None]]
+    ) -> list[int]:
+        """Sends (topic, partition, key, value) records; their offsets once acknowledged."""
+        try:
+            futures = [
+                await self._producer.send(topic, value=value, key=key, partition=partition)
+                for topic, partition, key, value in records
+            ]
+            return [(await f).offset for f in futures]
+        except KafkaError as exc:
+            raise KafkaUnavailable(f"send failed: {exc!r}") from exc
+
+    async def send(
+        self, topic: str, key: bytes | None, value: bytes | None, partition: int | None = None
+    ) -> int:
+        return (await self.send_many([(topic, partition, key, value)]))[0]
+
+
+OutRecord = tuple[str, int | None, bytes | None, bytes | None]
+"""(topic, partition or None for the key's default partition, key, value)."""
+
+
+class TransactionalProducer:
+    """A producer whose records and consumer offsets commit together, or not at all.
+
+    One per owned partition (transactional id `<group>.<topic>.<partition>`): starting it
+    fences a previous owner's producer, so a zombie can never commit beside the new owner.
+    """
+
+    def __init__(self, bootstrap: str, transactional_id: str) -> None:
+        self.transactional_id = transactional_id
+        self._producer = AIOKafkaProducer(
+            bootstrap_servers=bootstrap,
+            transactional_id=transactional_id,
+            enable_idempotence=True,
+            acks="all",
+            linger_ms=1,
+            transaction_timeout_ms=60_000,
+        )
+
+    async def start(self) -> None:
+        try:
+            await self._producer.start()
+        except KafkaError as exc:
+            raise KafkaUnavailable(f"{self.transactional_id} cannot start: {exc!r}") from exc
+
+    async def stop(self) -> None:
+        await self._producer.stop()
+
+    async def commit(
+        self,
+        records: Sequence[OutRecord],
+        offsets: dict[tuple[str, int], int],
+        group_id: str,
+    ) -> list[int]:
+        """Sends `records` and commits `offsets` for `group_id` in one transaction.
+
+        Returns the records' offsets. `Fenced` when a newer owner took over; any other
+        failure aborts the transaction and raises `KafkaUnavailable`.
+        """
+        p = self._producer
+        try:
+            await p.begin_transaction()
+            try:
+                futures = [
+                    await p.send(topic, value=value, key=key, partition=partition)
+                    for topic, partition, key, value in records
+                ]
+                if offsets:
+                    await p.send_offsets_to_transaction(
+                        {TopicPartition(t, part): o for (t, part), o in offsets.items()}, group_id
+                    )
+                await p.commit_transaction()
+            except BaseException:
+                # Fenced or broken: the broker aborts it anyway; try to say so first.
+                with contextlib.suppress(KafkaError):
+                    await p.abort_transaction()
+                raise
+            return [(await f).offset for f in futures]
+        except ProducerFenced as exc:
+            raise Fenced(f"{self.transactional_id} was fenced by a newer owner") from exc
+        except KafkaError as exc:
+            raise KafkaUnavailable(f"{self.transactional_id}: transaction failed: {exc!r}") from exc
+
+
+async def read_to_end(
+    bootstrap: str, topic: str, partition: int, start: int, *, batch: int = 5_000
+) -> AsyncIterator[list[Record]]:
+    """Reads one partition from `start` to its end as it is now, in batches (committed only)."""
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap,
+        group_id=None,
+        enable_auto_commit=False,
+        isolation_level="read_committed",
+        max_poll_records=batch,
+        fetch_max_bytes=32 * 1024 * 1024,
+        max_partition_fetch_bytes=16 * 1024 * 1024,
+    )
+    tp = TopicPartition(topic, partition)
+    try:
+        await consumer.start()
+        consumer.assign([tp])
+        end = (await consumer.end_offsets([tp]))[tp]
+        begin = (await consumer.beginning_offsets([tp]))[tp]
+        position = max(start, begin)
+        if position >= end:
+            return
+        consumer.seek(tp, position)
+        while position < end:
+            got = await consumer.getmany(tp, timeout_ms=1_000, max_records=batch)
+            msgs = got.get(tp, [])
+            if msgs:
+                yield [_record(m) for m in msgs if m.offset < end]
+            # Transaction markers take offsets too: trust the consumer's position.
+            position = await consumer.position(tp)
+    except KafkaError as exc:
+        raise KafkaUnavailable(f"cannot read {topic}[{partition}]: {exc!r}") from exc
+    finally:
+        await consumer.stop()
+
+
+async def tail(bootstrap: str, topic: str, partitions: Iterable[int]) -> AsyncIterator[Record]:
+    """The records written to `partitions` of `topic` from now on, until cancelled."""
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap,
+        group_id=None,
+        enable_auto_commit=False,
+        isolation_level="read_committed",
+        auto_offset_reset="latest",
+    )
+    tps = [TopicPartition(topic, p) for p in partitions]
+    try:
+        await consumer.start()
+        consumer.assign(tps)
+        await consumer.seek_to_end(*tps)
+        while True:
+            got = await consumer.getmany(timeout_ms=500)
+            for ms in got.values():
+                for m in ms:
+                    yield _record(m)
+    finally:
+        await consumer.stop()
+
+
+def _record(m: Any) -> Record:
+    return Record(m.topic, m.partition, m.offset, m.key, m.value, m.timestamp)
+
+
+class PartitionReader:
+    """Reads a changing set of one topic's partitions, each from where it was added.
+
+    For the results of this node's own sends: no group, no committed offsets.
+    """
+
+    def __init__(self, bootstrap: str, topic: str) -> None:
+        self.topic = topic
+        self._consumer = AIOKafkaConsumer(
+            bootstrap_servers=bootstrap,
+            group_id=None,
+            enable_auto_commit=False,
+            isolation_level="read_committed",
+            fetch_max_wait_ms=50,
+        )
+        self._lock = asyncio.Lock()
+        self._changed = asyncio.Event()
+
+    async def start(self) -> None:
+        try:
+            await self._consumer.start()
+        except KafkaError as exc:
+            raise KafkaUnavailable(f"reader of {self.topic} cannot connect: {exc!r}") from exc
+
+    async def stop(self) -> None:
+        await self._consumer.stop()
+
+    async def add(self, partition: int) -> None:
+        async with self._lock:
+            tp = TopicPartition(self.topic, partition)
+            kept = {t: await self._consumer.position(t) for t in self._consumer.assignment()}
+            if tp in kept:
+                return
+            end = (await self._consumer.end_offsets([tp]))[tp]
+            # assign() forgets positions: put back those of the partitions already read.
+            self._consumer.assign([*kept, tp])
+            for t, position in kept.items():
+                self._consumer.seek(t, position)
+            self._consumer.seek(tp, end)
+            self._changed.set()
+
+    async def remove(self, partition: int) -> None:
+        async with self._lock:
+            tp = TopicPartition(self.topic, partition)
+            kept = {t: await self._consumer.position(t) for t in self._consumer.assignment()}
+            kept.pop(tp, None)
+            self._consumer.assign(list(kept))
+            for t, position in kept.items():
+                self._consumer.seek(t, position)
+
+    async def poll(self, timeout_ms: int = 200) -> list[Record]:
+        if not self._consumer.assignment():
+            self._changed.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._changed.wait(), timeout_ms / 1000)
+            return []
+        async with self._lock:
+            try:
+                got = await self._consumer.getmany(timeout_ms=timeout_ms)
+            except KafkaError as exc:
+                raise KafkaUnavailable(f"reading {self.topic} failed: {exc!r}") from exc
+        return [_record(m) for ms in got.values() for m in ms]
+
+
+Assigned = Callable[[set[tuple[str, int]]], Awaitable[None]]
+
+
+class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
+    def __init__(self, on_assigned: Assigned, on_revoked: Assigned) -> None:
+        self._on_assigned = on_assigned
+        self._on_revoked = on_revoked
+
+    async def on_partitions_revoked(self, revoked: Any) -> None:
+        await self._on_revoked({(tp.topic, tp.partition) for tp in revoked})
+
+    async def on_partitions_assigned(self, assigned: Any) -> None:
+        await self._on_assigned({(tp.topic, tp.partition) for tp in assigned})
+
+
+class GroupConsumer:
+    """A consumer-group member whose assignment is the node's partition ownership.
+
+    The range assignor hands partition p of every subscribed topic to the same member,
+    which is what co-partitioning needs (round robin, aiokafka's default, would not).
+    The rebalance callbacks are awaited before fetching resumes, so a partition is
+    restored before any of its records is processed.
+    """
+
+    def __init__(
+        self,
+        bootstrap: str,
+        group_id: str,
+        topics: Sequence[str],
+        *,
+        on_assigned: Assigned,
+        on_revoked: Assigned,
+        session_timeout_ms: int = 10_000,
+        max_poll_records: int = 2_000,
+    ) -> None:
+        self._topics = list(topics)
+        self._listener = _Listener(on_assigned, on_revoked)
+        self._consumer = AIOKafkaConsumer(
+            bootstrap_servers=bootstrap,
+            group_id=group_id,
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            isolation_level="read_committed",
+            partition_assignment_strategy=(RangePartitionAssignor,),
+            session_timeout_ms=session_timeout_ms,
+            heartbeat_interval_ms=max(300, session_timeout_ms // 4),
+            rebalance_timeout_ms=max(session_timeout_ms * 3, 30_000),
+            max_poll_records=max_poll_records,
+        )
+
+    async def start(self) -> None:
+        try:
+            await self._consumer.start()
+        except KafkaError as exc:
+            raise KafkaUnavailable(f"consumer cannot connect: {exc!r}") from exc
+        self._consumer.subscribe(self._topics, listener=self._listener)
+
+    async def stop(self) -> None:
+        await self._consumer.stop()
+
+    async def poll(self, timeout_ms: int = 500) -> dict[tuple[str, int], list[Record]]:
+        try:
+            got = await self._consumer.getmany(timeout_ms=timeout_ms)
+        except KafkaError as exc:
+            raise KafkaUnavailable(f"poll failed: {exc!r}") from exc
+        return {(tp.topic, tp.partition): [_record(m) for m in ms] for tp, ms in got.items()}
+
+    async def commit(self, offsets: dict[tuple[str, int], int]) -> None:
+        """Commits `offsets` (the next offset to read, per partition)."""
+        if offsets:
+            await self._consumer.commit({TopicPartition(t, p): o for (t, p), o in offsets.items()})
+
+    async def backlog(self, topic: str, partition: int) -> int:
+        """How many records of the partition wait behind what was fetched."""
+        tp = TopicPartition(topic, partition)
+        high = self._consumer.highwater(tp)
+        if high is None:
+            return 0
+        return max(0, int(high) - int(await self._consumer.position(tp)))
+
+    def seek(self, topic: str, partition: int, offset: int) -> None:
+        self._consumer.seek(TopicPartition(topic, partition), offset)
+
+    def assignment(self) -> set[tuple[str, int]]:
+        return {(tp.topic, tp.partition) for tp in self._consumer.assignment()}
+
+
+async def wait_closed(tasks: Iterable[asyncio.Task[Any]]) -> None:
+    """Cancels `tasks` and waits for them, swallowing their cancellation."""
+    tasks = list(tasks)
+    for t in tasks:
+        t.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)

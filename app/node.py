@@ -1,0 +1,266 @@
+"""A node: one worker process, a member of the service's consumer group.
+
+Its assignment of the aggregate types' partitions is its ownership. For each partition p
+it is assigned, before reading anything of p it: fences p's previous owner (a new
+transactional producer) and folds the log into the aggregate states; restores the timer
+table from its changelog; starts reading the results of its sends; then starts firing p's
+timers. On revocation it does the reverse. The consumer reads two topics per type:
+the log (into the timer table: the timers subscription) and the commands (the command
+path, `processor`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from app.aggregate import AggregateType, Service
+from app.changelog import KafkaChangelogSink, restore_partition
+from app.exceptions import BadRecord
+from app.kafka import (
+    GroupConsumer,
+    KafkaUnavailable,
+    Producer,
+    Record,
+    TopicSpec,
+    TransactionalProducer,
+    ensure_topics,
+)
+from app.processor import CommandProcessor, dead_letter_record
+from app.runner import SystemClock, TimerLoop, TimerOptions, TimerRunner
+from app.runner.loop import Clock
+from app.sender import KafkaSender, ResultsReader
+from app.settings import Settings
+from app.subscription import PutTimer, apply, timer_op
+from app.topics import AggregateTopics, ContextTopics, parse_aggregate_type
+from app.wire import EventEnvelope, decode
+from tables import TimerStore, open_timer_store
+from tables.aggregate_store import RocksAggregateStore
+from tables.ledger import FailureLedger, MemoryFailureLedger
+
+__all__ = ["Node", "node_topics"]
+
+logger = logging.getLogger(__name__)
+
+
+def node_topics(types: list[AggregateTopics], partitions: int) -> list[TopicSpec]:
+    """Every topic a node of these aggregate types reads or writes."""
+    specs: list[TopicSpec] = []
+    for t in types:
+        specs += [
+            TopicSpec(t.events, partitions),
+            TopicSpec(t.commands, partitions),
+            TopicSpec(t.timers_changelog, partitions, compacted=True),
+        ]
+    for ctx in sorted({t.context for t in types}):
+        c = ContextTopics(ctx)
+        specs += [
+            TopicSpec(c.results, partitions),
+            TopicSpec(c.dead_letters, 1),
+            TopicSpec(c.ledger, partitions, compacted=True),
+        ]
+    return specs
+
+
+@dataclass
+class _Type:
+    """What the node keeps for one aggregate type."""
+
+    topics: AggregateTopics
+    agg: AggregateType[Any] | None  # None: timers only (the type is decided elsewhere)
+    store: TimerStore
+    runner: TimerRunner
+    loop: TimerLoop
+    states: RocksAggregateStore | None
+    processors: dict[int, CommandProcessor] = field(default_factory=dict)
+
+
+class Node:
+    def __init__(
+        self,
+        settings: Settings,
+        service: Service,
+        *,
+        clock: Clock | None = None,
+        options: TimerOptions | None = None,
+        ledger: FailureLedger | None = None,
+    ) -> None:
+        self.settings = settings
+        self.service = service
+        self.clock: Clock = clock or SystemClock()
+        self.options = options or TimerOptions()
+        self.ledger: FailureLedger = ledger or MemoryFailureLedger()
+        names = [a.type_name for a in service.aggregates]
+        names += [n for n in settings.aggregate_types if n not in names]
+        self.topics = [parse_aggregate_type(n) for n in names]
+        self.producer = Producer(settings.bootstrap_servers)
+        self.types: dict[str, _Type] = {}
+        self._by_topic: dict[str, tuple[_Type, str]] = {}
+        self._results: dict[str, ResultsReader] = {}
+        self._consumer: GroupConsumer | None = None
+        self._lock = asyncio.Lock()
+        self._owned: set[int] = set()
+        self.ready = asyncio.Event()
+
+    @property
+    def owned(self) -> frozenset[int]:
+        """The partitions this node owns now (the same p of every type)."""
+        return frozenset(self._owned)
+
+    async def start(self) -> None:
+        s = self.settings
+        await ensure_topics(s.bootstrap_servers, node_topics(self.topics, s.partitions))
+        await self.producer.start()
+        for ctx in sorted({t.context for t in self.topics}):
+            reader = ResultsReader(s.bootstrap_servers, ctx)
+            await reader.start()
+            self._results[ctx] = reader
+        for t in self.topics:
+            self.types[t.type_name] = kept = self._open_type(t)
+            self._by_topic[t.events] = (kept, "events")
+            if kept.agg is not None:
+                self._by_topic[t.commands] = (kept, "commands")
+        self._consumer = GroupConsumer(
+            s.bootstrap_servers,
+            s.group_id,
+            list(self._by_topic),
+            on_assigned=self._assigned,
+            on_revoked=self._revoked,
+            session_timeout_ms=s.session_timeout_ms,
+        )
+        await self._consumer.start()
+
+    def _open_type(self, t: AggregateTopics) -> _Type:
+        s = self.settings
+        directory = Path(s.data_dir) / t.type_name
+        (directory / "timers").mkdir(parents=True, exist_ok=True)
+        store = open_timer_store(
+            f"rocksdb://{(directory / 'timers').resolve()}",
+            partitions=s.partitions,
+            changelog=KafkaChangelogSink(self.producer, t.timers_changelog),
+        )
+        sender = KafkaSender(self.producer, self._results[t.context], t.context, self.clock.now)
+        runner = TimerRunner(store, sender, self.clock, self.ledger, self.options)
+        agg = self.service.find(t.type_name)
+        states = RocksAggregateStore(directory / "states") if agg is not None else None
+        return _Type(t, agg, store, runner, TimerLoop(runner), states)
+
+    async def stop(self) -> None:
+        for kept in self.types.values():
+            await kept.runner.stop_all()
+            await kept.loop.stop()
+        if self._consumer is not None:
+            await self._consumer.stop()  # revokes: the hooks let the partitions go
+        for reader in self._results.values():
+            await reader.stop()
+        await self.producer.stop()
+        for kept in self.types.values():
+            await kept.store.close()
+            if kept.states is not None:
+                kept.states.close()
+
+    async def run(self) -> None:
+        """Reads the owned partitions' logs and commands until cancelled."""
+        assert self._consumer is not None, "start() first"
+        for kept in self.types.values():
+            kept.loop.start()
+        while True:
+            batches = await self._consumer.poll(timeout_ms=200)
+            if batches:
+                async with self._lock:
+                    await self._process(batches)
+
+    async def _process(self, batches: dict[tuple[str, int], list[Record]]) -> None:
+        assert self._consumer is not None
+        done: dict[tuple[str, int], int] = {}
+        for (topic, p), records in batches.items():
+            if p not in self._owned:
+                continue  # revoked while it was fetched: its new owner reads it
+            kept, kind = self._by_topic[topic]
+            try:
+                if kind == "events":
+                    await self._subscribe(kept, records)
+                    done[(topic, p)] = records[-1].offset + 1
+                else:
+                    processor = kept.processors.get(p)
+                    if processor is None:
+                        continue
+                    backlog = await self._consumer.backlog(topic, p)
+                    await processor.handle(records, backlog)
+            except KafkaUnavailable as exc:
+                # Nothing of the batch counts: read it again (every write is idempotent).
+                logger.warning("%s[%d] batch failed, reading it again: %s", topic, p, exc)
+                self._consumer.seek(topic, p, records[0].offset)
+                await asyncio.sleep(0.5)
+        await self._consumer.commit(done)
+
+    async def _subscribe(self, kept: _Type, records: list[Record]) -> None:
+        woke = False
+        for record in records:
+            try:
+                event = decode(EventEnvelope, record.value)
+                op = timer_op(event, record.partition)
+            except BadRecord as exc:
+                r = dead_letter_record(record, str(exc))
+                await self.producer.send(r[0], r[2], r[3], r[1])
+                continue
+            if op is not None and await apply(kept.store, op):
+                woke = woke or isinstance(op, PutTimer)
+        if woke:
+            kept.loop.wake()
+
+    async def _assigned(self, assigned: set[tuple[str, int]]) -> None:
+        async with self._lock:
+            for p in sorted({p for _, p in assigned} - self._owned):
+                await self._take(p, {t for t, q in assigned if q == p})
+            logger.info("owning partitions %s", sorted(self._owned))
+            self.ready.set()
+
+    async def _take(self, p: int, topics: set[str]) -> None:
+        s = self.settings
+        for kept in self.types.values():
+            t = kept.topics
+            if t.commands in topics and kept.agg is not None and kept.states is not None:
+                producer = TransactionalProducer(
+                    s.bootstrap_servers, f"{s.group_id}.{t.commands}.{p}"
+                )
+                await producer.start()  # fences the partition's previous owner
+                processor = CommandProcessor(
+                    kept.agg,
+                    p,
+                    partitions=s.partitions,
+                    states=kept.states,
+                    producer=producer,
+                    group_id=s.group_id,
+                    now=self.clock.now,
+                )
+                await processor.restore(s.bootstrap_servers)
+                kept.processors[p] = processor
+            if t.events in topics:
+                await kept.store.assign({p})
+                await restore_partition(kept.store, s.bootstrap_servers, t.timers_changelog, p)
+        for reader in self._results.values():
+            await reader.add_partition(p)
+        self._owned.add(p)
+        for kept in self.types.values():
+            kept.runner.start_partition(p)
+            kept.loop.wake()
+
+    async def _revoked(self, revoked: set[tuple[str, int]]) -> None:
+        async with self._lock:
+            for p in sorted({p for _, p in revoked} & self._owned):
+                self._owned.discard(p)
+                for kept in self.types.values():
+                    await kept.runner.stop_partition(p)
+                    await kept.store.revoke({p})
+                    processor = kept.processors.pop(p, None)
+                    if processor is not None:
+                        await processor.stop()
+                        assert kept.states is not None
+                        kept.states.release(p)
+                for reader in self._results.values():
+                    await reader.remove_partition(p)
+            logger.info("owning partitions %s", sorted(self._owned))

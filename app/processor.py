@@ -1,0 +1,198 @@
+"""The command path of one partition of one aggregate type.
+
+For each batch of commands read from `<type>.commands[p]`, in order: de-duplicate by request
+id, refuse what is not due yet, refuse when the partition's backlog is full (BUSY), run the
+handler, and then append the events to `<type>.events[p]`, publish the results and commit
+the commands' offsets in ONE Kafka transaction. The aggregate states are written locally
+only after the transaction committed; they are a fold of the log, restored from it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from app.aggregate import AggregateType
+from app.decide import StoredAggregate, decide, fold
+from app.exceptions import BadRecord
+from app.kafka import OutRecord, Record, TransactionalProducer, read_to_end
+from app.topics import AggregateTopics, ContextTopics
+from app.wire import (
+    CommandEnvelope,
+    CommandResult,
+    DeadLetter,
+    EventEnvelope,
+    ResultCode,
+    decode,
+    encode,
+)
+from tables.aggregate_store import RocksAggregateStore
+from tables.partitioner import partition_of
+
+__all__ = ["BatchStats", "CommandProcessor", "dead_letter_record"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class BatchStats:
+    commands: int = 0
+    committed: int = 0
+    events: int = 0
+    dead_letters: int = 0
+
+
+def dead_letter_record(record: Record, error: str) -> OutRecord:
+    """The dead-letter record for `record`, on its context's dead-letter topic."""
+    logger.error("skipping %s[%d]@%d: %s", record.topic, record.partition, record.offset, error)
+    letter = DeadLetter(
+        topic=record.topic,
+        partition=record.partition,
+        offset=record.offset,
+        error=error,
+        key=None if record.key is None else record.key.decode("utf-8", "replace"),
+        value=(record.value or b"")[:4096].decode("utf-8", "replace"),
+    )
+    context = record.topic.split(".", 1)[0]
+    return (ContextTopics(context).dead_letters, 0, record.key, encode(letter))
+
+
+class CommandProcessor:
+    def __init__(
+        self,
+        agg: AggregateType[Any],
+        partition: int,
+        *,
+        partitions: int,
+        states: RocksAggregateStore,
+        producer: TransactionalProducer,
+        group_id: str,
+        now: Callable[[], int],
+        busy_backlog: int = 50_000,
+    ) -> None:
+        self.agg = agg
+        self.partition = partition
+        self.partitions = partitions
+        self.topics = AggregateTopics(agg.context, agg.name)
+        self.results_topic = ContextTopics(agg.context).results
+        self._states = states
+        self._producer = producer
+        self._group_id = group_id
+        self._now = now
+        self.busy_backlog = busy_backlog
+
+    async def stop(self) -> None:
+        await self._producer.stop()
+
+    async def restore(self, bootstrap: str) -> int:
+        """Folds the events after the state store's offset into it; how many were read."""
+        held = self._states.offset(self.partition)
+        start = 0 if held is None else held + 1
+        began = time.monotonic()
+        count = 0
+        async for batch in read_to_end(bootstrap, self.topics.events, self.partition, start):
+            if batch:
+                self._fold_records(batch)
+                count += len(batch)
+        logger.info(
+            "restored %s[%d] states: %d events in %.3f s",
+            self.topics.events,
+            self.partition,
+            count,
+            time.monotonic() - began,
+        )
+        return count
+
+    def _fold_records(self, batch: list[Record]) -> None:
+        by_id: dict[str, list[EventEnvelope]] = {}
+        for r in batch:
+            try:
+                event = decode(EventEnvelope, r.value)
+            except BadRecord:
+                continue  # the timers subscription dead-letters it; nothing to fold
+            if event.aggregate.type_name == self.agg.type_name:
+                by_id.setdefault(event.aggregate.id, []).append(event)
+        states: dict[str, bytes] = {}
+        requests: list[tuple[str, str]] = []
+        for aggregate_id, events in by_id.items():
+            stored = self._stored(aggregate_id)
+            states[aggregate_id] = encode(fold(self.agg, stored, events))
+            requests += [(aggregate_id, e.request_id) for e in events if e.request_id]
+        self._states.write(self.partition, states, requests, batch[-1].offset)
+
+    def _stored(self, aggregate_id: str) -> StoredAggregate | None:
+        raw = self._states.get(self.partition, aggregate_id)
+        return None if raw is None else StoredAggregate.model_validate_json(raw)
+
+    async def handle(self, records: list[Record], backlog: int = 0) -> BatchStats:
+        """Decides `records` (commands of this partition, in order) in one transaction.
+
+        `backlog`: how many commands of the partition wait behind this batch; above
+        `busy_backlog` the batch is answered BUSY without running a handler.
+        """
+        stats = BatchStats(commands=len(records))
+        now = self._now()
+        staged: dict[str, StoredAggregate] = {}
+        applied: set[tuple[str, str]] = set()
+        out: list[OutRecord] = []
+        busy = backlog > self.busy_backlog
+        for r in records:
+            try:
+                cmd = decode(CommandEnvelope, r.value)
+                if cmd.aggregate.type_name != self.agg.type_name:
+                    raise BadRecord(f"command for {cmd.aggregate.type_name} on {r.topic}")
+            except BadRecord as exc:
+                out.append(dead_letter_record(r, str(exc)))
+                stats.dead_letters += 1
+                continue
+            aid = cmd.aggregate.id
+            if busy:
+                out.append(self._result(cmd, ResultCode.BUSY, f"backlog of {backlog}", None, now))
+                continue
+            stored = staged.get(aid) or self._stored(aid)
+            seen = (aid, cmd.request_id) in applied or self._states.seen(
+                self.partition, aid, cmd.request_id
+            )
+            d = decide(self.agg, stored, cmd, now=now, seen=seen)
+            if d.stored is not None:
+                staged[aid] = d.stored
+                applied.add((aid, cmd.request_id))
+                out += [
+                    (self.topics.events, self.partition, aid.encode(), encode(e)) for e in d.events
+                ]
+                stats.committed += 1
+                stats.events += len(d.events)
+            version = d.stored.version if d.stored else (stored.version if stored else None)
+            out.append(self._result(cmd, d.code, d.message, version, now))
+        offsets = {(self.topics.commands, self.partition): records[-1].offset + 1}
+        written = await self._producer.commit(out, offsets, self._group_id)
+        last_event = max(
+            (o for rec, o in zip(out, written, strict=True) if rec[0] == self.topics.events),
+            default=None,
+        )
+        self._states.write(
+            self.partition, {a: encode(s) for a, s in staged.items()}, applied, last_event
+        )
+        return stats
+
+    def _result(
+        self, cmd: CommandEnvelope, code: ResultCode, message: str, version: int | None, now: int
+    ) -> OutRecord:
+        result = CommandResult(
+            request_id=cmd.request_id,
+            code=code,
+            aggregate=cmd.aggregate,
+            message=message,
+            version=version,
+            decided_at=now,
+        )
+        topic = cmd.reply_to or self.results_topic
+        partition = (
+            cmd.reply_partition
+            if cmd.reply_partition is not None and topic == self.results_topic
+            else partition_of(cmd.request_id, self.partitions)
+        )
+        return (topic, partition, cmd.request_id.encode(), encode(result))
