@@ -21,9 +21,9 @@ fold events into the state; the state is a pure function of the aggregate's even
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Generic, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, NoReturn, TypeVar
 
 from pydantic import BaseModel
 
@@ -32,10 +32,15 @@ from app.wire import (
     SCHEDULE_CANCELLED,
     SCHEDULE_SET,
     CommandEnvelope,
+    ResultCode,
     ScheduleCancelled,
     ScheduleSet,
 )
 from tables import AggregateRef, CommandSpec, CronRule, IntervalRule, OnceRule
+
+if TYPE_CHECKING:
+    # app.jobs builds on this module; the name is only needed for the annotations here.
+    from app.jobs import Job
 
 __all__ = [
     "AggregateType",
@@ -50,11 +55,16 @@ S = TypeVar("S", bound=BaseModel)
 
 
 class Rejected(Exception):
-    """Raised by `Decision.reject`: the state guard refused the command."""
+    """Raised by `Decision.reject`: the state guard refused the command.
 
-    def __init__(self, reason: str) -> None:
+    `code` is the result the command gets: REJECTED unless the refusal has a code of its
+    own (SCHEDULE_JOB_INVALID), or ERROR for a failure the timer should retry.
+    """
+
+    def __init__(self, reason: str, code: ResultCode = ResultCode.REJECTED) -> None:
         super().__init__(reason)
         self.reason = reason
+        self.code = code
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +75,8 @@ class Event:
     body: Mapping[str, Any]
     version: int
     created_at: int
+    id: str = ""
+    """The event's id; a `wow.ScheduleSet`'s id is the id of the timer it sets."""
 
 
 Command = CommandEnvelope
@@ -76,7 +88,9 @@ class Decision:
 
     aggregate: AggregateRef
     now: int
+    request_id: str = ""
     events: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    commands: list[CommandEnvelope] = field(default_factory=list)
 
     def emit(self, type_: str, body: Mapping[str, Any] | BaseModel | None = None) -> None:
         if isinstance(body, BaseModel):
@@ -100,8 +114,24 @@ class Decision:
         """Deletes this aggregate: all its timers are cancelled; later commands are rejected."""
         self.emit(AGGREGATE_DELETED, {})
 
-    def reject(self, reason: str) -> NoReturn:
-        raise Rejected(reason)
+    def send(self, target: AggregateRef, type_: str, body: Mapping[str, Any] | None = None) -> None:
+        """Sends a command to `target`, in the same transaction as this decision's events.
+
+        Its request id is derived from this command's, so a retried decision sends the
+        same command again and its target de-duplicates it.
+        """
+        self.commands.append(
+            CommandEnvelope(
+                request_id=f"{self.request_id}>{len(self.commands)}",
+                type=type_,
+                aggregate=target,
+                body=dict(body or {}),
+                issued_at=self.now,
+            )
+        )
+
+    def reject(self, reason: str, code: ResultCode = ResultCode.REJECTED) -> NoReturn:
+        raise Rejected(reason, code)
 
 
 Handler = Callable[[S, Command, Decision], None]
@@ -149,14 +179,34 @@ class AggregateType(Generic[S]):
 
 @dataclass(frozen=True)
 class Service:
-    """What a node runs: aggregate types (and, with jobs, the contexts' schedules)."""
+    """What a node runs: aggregate types (and, with jobs, the contexts' schedules).
+
+    `jobs` maps a context to the jobs declared in it; each such context gets its
+    `<context>.schedule` aggregate from `all_aggregates`.
+    """
 
     aggregates: tuple[AggregateType[Any], ...]
+    jobs: Mapping[str, Sequence[Job]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         names = [a.type_name for a in self.aggregates]
         if len(set(names)) != len(names):
             raise ValueError(f"aggregate types declared twice: {names}")
+        clash = sorted(f"{c}.schedule" for c in self.jobs if f"{c}.schedule" in names)
+        if clash:
+            raise ValueError(f"{clash} are kept by the jobs of their context: declare no such type")
+
+    def all_aggregates(self, partitions: int) -> tuple[AggregateType[Any], ...]:
+        """The declared aggregate types and one schedule per context with jobs."""
+        # Imported here: app.jobs builds its schedule aggregate on this module.
+        from app.jobs import schedule_aggregate
+
+        schedules = tuple(
+            schedule_aggregate(context, jobs, partitions)
+            for context, jobs in sorted(self.jobs.items())
+            if jobs
+        )
+        return self.aggregates + schedules
 
     def find(self, type_name: str) -> AggregateType[Any] | None:
         for a in self.aggregates:

@@ -7,7 +7,7 @@ result, offsets) is the node's business, not this module's.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -37,6 +37,8 @@ class Decided:
     events: list[EventEnvelope]
     stored: StoredAggregate | None
     """The aggregate after the events; None when nothing changed."""
+    commands: list[CommandEnvelope] = field(default_factory=list)
+    """Commands the decision sends, committed with its events."""
 
 
 def decide(
@@ -69,15 +71,16 @@ def decide(
         return Decided(ResultCode.REJECTED, f"{cmd.aggregate} was deleted", [], None)
     try:
         state = agg.state_type.model_validate(current.state) if stored else agg.initial()
-        decision = Decision(aggregate=cmd.aggregate, now=now)
+        decision = Decision(aggregate=cmd.aggregate, now=now, request_id=cmd.request_id)
         handler(state, cmd, decision)
     except Rejected as exc:
-        return Decided(ResultCode.REJECTED, exc.reason, [], None)
+        return Decided(exc.code, exc.reason, [], None)
     except (ValidationError, ValueError, KeyError, TypeError) as exc:
         # A command the handler cannot read is bad input, not a node failure.
         logger.warning("%s %s failed: %r", cmd.type, cmd.request_id, exc)
         return Decided(ResultCode.ERROR, f"{type(exc).__name__}: {exc}", [], None)
     if not decision.events:
+        # Commands without events would be sent again by every retry: they need a fact.
         return Decided(ResultCode.UNCHANGED, "", [], None)
     version = current.version + 1
     events = [
@@ -92,7 +95,7 @@ def decide(
         )
         for i, (type_, body) in enumerate(decision.events)
     ]
-    return Decided(ResultCode.COMMITTED, "", events, fold(agg, current, events))
+    return Decided(ResultCode.COMMITTED, "", events, fold(agg, current, events), decision.commands)
 
 
 def fold(
@@ -106,7 +109,7 @@ def fold(
     deleted = current.deleted
     version = current.version
     for e in events:
-        state = agg.apply(state, Event(e.type, e.body, e.version, e.created_at))
+        state = agg.apply(state, Event(e.type, e.body, e.version, e.created_at, e.id))
         deleted = deleted or e.type == AGGREGATE_DELETED
         version = max(version, e.version)
     return StoredAggregate(version=version, deleted=deleted, state=state.model_dump(mode="json"))

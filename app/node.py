@@ -91,7 +91,7 @@ class Node:
         self.settings = settings
         self.service = service
         self.clock: Clock = clock or SystemClock()
-        self.options = options or TimerOptions()
+        self.options = options or settings.timers
         self.ledger: FailureLedger = ledger or MemoryFailureLedger()
         names = [a.type_name for a in service.aggregates]
         names += [n for n in settings.aggregate_types if n not in names]
@@ -236,6 +236,7 @@ class Node:
                     producer=producer,
                     group_id=s.group_id,
                     now=self.clock.now,
+                    busy_backlog=s.busy_backlog,
                 )
                 await processor.restore(s.bootstrap_servers)
                 kept.processors[p] = processor

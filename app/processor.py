@@ -60,6 +60,12 @@ def dead_letter_record(record: Record, error: str) -> OutRecord:
     return (ContextTopics(context).dead_letters, 0, record.key, encode(letter))
 
 
+def _command_record(cmd: CommandEnvelope) -> OutRecord:
+    # The target's own partition count decides: the key picks it, as any producer's would.
+    topic = AggregateTopics(cmd.aggregate.context, cmd.aggregate.aggregate).commands
+    return (topic, None, cmd.aggregate.id.encode(), encode(cmd))
+
+
 class CommandProcessor:
     def __init__(
         self,
@@ -163,6 +169,7 @@ class CommandProcessor:
                 out += [
                     (self.topics.events, self.partition, aid.encode(), encode(e)) for e in d.events
                 ]
+                out += [_command_record(c) for c in d.commands]
                 stats.committed += 1
                 stats.events += len(d.events)
             version = d.stored.version if d.stored else (stored.version if stored else None)

@@ -7,9 +7,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from app.exceptions import ConfigError
+from app.runner.options import TimerOptions
 from app.topics import parse_aggregate_type
 
 __all__ = ["Settings"]
@@ -22,6 +24,8 @@ _ENV = {
     "group_id": "TICKWHEEL_GROUP_ID",
     "session_timeout_ms": "TICKWHEEL_SESSION_TIMEOUT_MS",
     "web_port": "TICKWHEEL_WEB_PORT",
+    "busy_backlog": "TICKWHEEL_BUSY_BACKLOG",
+    "timers": "TICKWHEEL_TIMER_OPTIONS",
 }
 
 
@@ -31,18 +35,21 @@ class Settings(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     bootstrap_servers: str = "127.0.0.1:9092"
-    aggregate_types: tuple[str, ...] = ("shop.order",)
+    aggregate_types: tuple[str, ...] = ()
+    """Types whose timers the node keeps besides its service's (decided by other services)."""
     partitions: int = Field(default=12, ge=1, le=1024)
     data_dir: Path = Path("./state")
     group_id: str = Field(default="tickwheel", min_length=1)
     session_timeout_ms: int = Field(default=10_000, ge=1_000, le=300_000)
     web_port: int = Field(default=0, ge=0, le=65535)
+    busy_backlog: int = Field(default=50_000, ge=1)
+    """Commands waiting in a partition beyond which the node answers BUSY."""
+    timers: TimerOptions = Field(default_factory=TimerOptions)
+    """The runner's options; in the environment as JSON, e.g. {"claim_timeout": 5000}."""
 
     @field_validator("aggregate_types")
     @classmethod
     def _valid_types(cls, names: tuple[str, ...]) -> tuple[str, ...]:
-        if not names:
-            raise ValueError("at least one aggregate type is needed")
         for name in names:
             parse_aggregate_type(name)
         return names
@@ -57,12 +64,21 @@ class Settings(BaseModel):
                 value: object = env[var].strip()
                 if field == "aggregate_types":
                     value = tuple(p.strip() for p in str(value).split(",") if p.strip())
+                elif field == "timers":
+                    value = _json(var, str(value))
                 raw[field] = value
         raw.update({k: v for k, v in overrides.items() if v is not None})
         try:
             return cls.model_validate(raw)
         except (ValidationError, ConfigError) as exc:
             raise ConfigError(_explain(exc)) from exc
+
+
+def _json(var: str, text: str) -> object:
+    try:
+        return orjson.loads(text)
+    except orjson.JSONDecodeError as exc:
+        raise ConfigError(f"{var}: not JSON ({exc})") from exc
 
 
 def _explain(exc: ValidationError | ConfigError) -> str:
@@ -72,5 +88,8 @@ def _explain(exc: ValidationError | ConfigError) -> str:
     for err in exc.errors():
         field = str(err["loc"][0]) if err["loc"] else "settings"
         var = _ENV.get(field, field)
-        parts.append(f"{var}: {err['msg']} (got {err.get('input')!r})")
+        where = ".".join(str(p) for p in err["loc"][1:])
+        parts.append(
+            f"{var}{'.' + where if where else ''}: {err['msg']} (got {err.get('input')!r})"
+        )
     return "bad configuration: " + "; ".join(parts)

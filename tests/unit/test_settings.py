@@ -49,3 +49,14 @@ def test_topic_names() -> None:
     assert ContextTopics("shop").dead_letters == "shop.dead-letters"
     with pytest.raises(ConfigError):
         parse_aggregate_type("shop.order.x")
+
+
+def test_timer_options_as_json() -> None:
+    s = Settings.from_env(
+        {"TICKWHEEL_TIMER_OPTIONS": '{"claim_timeout": 5000, "send_timeout": 2000}'}
+    )
+    assert s.timers.claim_timeout == 5000
+    with pytest.raises(ConfigError, match="TICKWHEEL_TIMER_OPTIONS"):
+        Settings.from_env({"TICKWHEEL_TIMER_OPTIONS": "{nope"})
+    with pytest.raises(ConfigError, match=r"TICKWHEEL_TIMER_OPTIONS\.claim_timeout"):
+        Settings.from_env({"TICKWHEEL_TIMER_OPTIONS": '{"claim_timeout": -1}'})

@@ -1,0 +1,284 @@
+"""Worker processes and a Kafka client for the integration tests.
+
+A `Cluster` runs `tickwheel worker` processes of one test's context (topics and consumer
+group of its own) against the session's broker; they can be stopped, killed (`kill -9`)
+and started again. `Client` sends commands and reads what the log and the timer table say.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Iterable
+from pathlib import Path
+
+import orjson
+
+from app.kafka import Producer, TopicSpec, ensure_topics, read_to_end
+from app.node import node_topics
+from app.topics import AggregateTopics, ContextTopics
+from app.wire import CommandEnvelope, CommandResult, DeadLetter, EventEnvelope, decode, encode
+from tables import AggregateRef, Timer
+from tables.partitioner import partition_of
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def new_context() -> str:
+    return "t" + uuid.uuid4().hex[:10]
+
+
+class Worker:
+    def __init__(self, name: str, proc: subprocess.Popen[bytes], log: Path) -> None:
+        self.name = name
+        self.proc = proc
+        self.log = log
+
+    def text(self) -> str:
+        return self.log.read_text(errors="replace") if self.log.exists() else ""
+
+    @property
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def kill9(self) -> None:
+        if self.alive:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(10)
+
+    def stop(self, timeout: float = 30) -> int:
+        if self.alive:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        return self.proc.returncode
+
+
+class Cluster:
+    """Workers of one context; each with its own data directory, as separate machines."""
+
+    def __init__(
+        self,
+        bootstrap: str,
+        base: Path,
+        *,
+        context: str | None = None,
+        partitions: int = 4,
+        env: dict[str, str] | None = None,
+        service: str = "tw_services:service",
+    ) -> None:
+        self.bootstrap = bootstrap
+        self.base = base
+        self.context = context or new_context()
+        self.partitions = partitions
+        self.group = f"g-{self.context}"
+        self.service = service
+        self.env = env or {}
+        self.workers: list[Worker] = []
+        self._count = 0
+
+    def start_worker(self, name: str | None = None, **env: str) -> Worker:
+        self._count += 1
+        name = name or f"w{self._count}"
+        data = self.base / name
+        data.mkdir(parents=True, exist_ok=True)
+        log = self.base / f"{name}-{self._count}.log"
+        full_env = {
+            **os.environ,
+            "PYTHONPATH": str(ROOT / "tests" / "integration"),
+            "KAFKA_BOOTSTRAP_SERVERS": self.bootstrap,
+            "TICKWHEEL_PARTITIONS": str(self.partitions),
+            "TICKWHEEL_DATA_DIR": str(data),
+            "TICKWHEEL_GROUP_ID": self.group,
+            "TICKWHEEL_SESSION_TIMEOUT_MS": "6000",
+            "TW_TEST_CONTEXT": self.context,
+            **self.env,
+            **env,
+        }
+        cmd = [sys.executable, "-m", "app.cli", "worker", "--service", self.service]
+        with log.open("wb") as out:
+            proc = subprocess.Popen(
+                cmd, cwd=ROOT, env=full_env, stdout=out, stderr=subprocess.STDOUT
+            )
+        worker = Worker(name, proc, log)
+        self.workers.append(worker)
+        return worker
+
+    async def wait_owned(self, worker: Worker, within: float = 60) -> None:
+        """Until `worker` says it owns partitions (or fails with its log)."""
+        await eventually(lambda: _owns(worker), within, f"{worker.name} never owned a partition")
+
+    def stop_all(self) -> None:
+        for w in self.workers:
+            w.stop()
+
+
+def owned(worker: Worker) -> list[int]:
+    """The partitions `worker` last said it owns."""
+    text = worker.text()
+    if "owning partitions [" not in text:
+        return []
+    last = text.rsplit("owning partitions [", 1)[1].split("]", 1)[0]
+    return [int(p) for p in last.split(",") if p.strip()]
+
+
+def _owns(worker: Worker) -> bool:
+    if not worker.alive:
+        raise AssertionError(f"{worker.name} exited {worker.proc.returncode}:\n{worker.text()}")
+    return bool(owned(worker))
+
+
+async def eventually(
+    check: Callable[[], bool] | Callable[[], Awaitable[bool]],
+    within: float,
+    message: str,
+    interval: float = 0.2,
+) -> None:
+    """Polls `check` until true; the broker is another process, so polling it is the only way."""
+    deadline = time.monotonic() + within
+    while True:
+        got = check()
+        if asyncio.iscoroutine(got):
+            got = await got
+        if got:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {within} s: {message}")
+        await asyncio.sleep(interval)
+
+
+class Client:
+    """Sends commands to a cluster's context and reads its topics."""
+
+    def __init__(self, cluster: Cluster, aggregate: str = "counter") -> None:
+        self.cluster = cluster
+        self.topics = AggregateTopics(cluster.context, aggregate)
+        self.ctx = ContextTopics(cluster.context)
+        self._producer = Producer(cluster.bootstrap)
+
+    async def __aenter__(self) -> Client:
+        await ensure_topics(
+            self.cluster.bootstrap, node_topics([self.topics], self.cluster.partitions)
+        )
+        await self._producer.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self._producer.stop()
+
+    def ref(self, aggregate_id: str) -> AggregateRef:
+        return AggregateRef(
+            context=self.topics.context, aggregate=self.topics.aggregate, id=aggregate_id
+        )
+
+    def command(
+        self,
+        aggregate_id: str,
+        type_: str,
+        body: dict[str, object] | None = None,
+        *,
+        request_id: str | None = None,
+        not_before: int | None = None,
+    ) -> CommandEnvelope:
+        return CommandEnvelope(
+            request_id=request_id or uuid.uuid4().hex,
+            type=type_,
+            aggregate=self.ref(aggregate_id),
+            body=body or {},
+            not_before=not_before,
+            issued_at=int(time.time() * 1000),
+        )
+
+    async def send(self, *commands: CommandEnvelope) -> None:
+        await self._producer.send_many(
+            [
+                (
+                    self.topics.commands,
+                    partition_of(c.aggregate.id, self.cluster.partitions),
+                    c.aggregate.id.encode(),
+                    encode(c),
+                )
+                for c in commands
+            ]
+        )
+
+    async def send_raw(self, partition: int, key: bytes, value: bytes) -> None:
+        await self._producer.send(self.topics.commands, key, value, partition)
+
+    async def write_events(self, *events: EventEnvelope) -> None:
+        """Writes events to the log as another language's service would."""
+        await self._producer.send_many(
+            [
+                (
+                    self.topics.events,
+                    partition_of(e.aggregate.id, self.cluster.partitions),
+                    e.aggregate.id.encode(),
+                    encode(e),
+                )
+                for e in events
+            ]
+        )
+
+    async def _read_all(self, topic: str, partitions: Iterable[int]) -> list[bytes]:
+        out: list[bytes] = []
+        for p in partitions:
+            async for batch in read_to_end(self.cluster.bootstrap, topic, p, 0):
+                out += [r.value for r in batch if r.value is not None]
+        return out
+
+    async def results(self) -> dict[str, CommandResult]:
+        raw = await self._read_all(self.ctx.results, range(self.cluster.partitions))
+        out: dict[str, CommandResult] = {}
+        for value in raw:
+            r = decode(CommandResult, value)
+            out[r.request_id] = r
+        return out
+
+    async def all_results(self) -> list[CommandResult]:
+        raw = await self._read_all(self.ctx.results, range(self.cluster.partitions))
+        return [decode(CommandResult, v) for v in raw]
+
+    async def events(self) -> list[EventEnvelope]:
+        raw = await self._read_all(self.topics.events, range(self.cluster.partitions))
+        return [decode(EventEnvelope, v) for v in raw]
+
+    async def dead_letters(self) -> list[DeadLetter]:
+        raw = await self._read_all(self.ctx.dead_letters, [0])
+        return [decode(DeadLetter, v) for v in raw]
+
+    async def timers(self) -> dict[bytes, Timer]:
+        """The timer table as its changelog has it (the latest row per key)."""
+        rows: dict[bytes, Timer] = {}
+        for p in range(self.cluster.partitions):
+            async for batch in read_to_end(
+                self.cluster.bootstrap, self.topics.timers_changelog, p, 0
+            ):
+                for r in batch:
+                    if r.key is not None and r.value is not None:
+                        rows[r.key] = Timer.model_validate(orjson.loads(r.value))
+        return rows
+
+    async def wait_results(
+        self, request_ids: Iterable[str], within: float = 60
+    ) -> dict[str, CommandResult]:
+        wanted = set(request_ids)
+        found: dict[str, CommandResult] = {}
+
+        async def check() -> bool:
+            nonlocal found
+            found = await self.results()
+            return wanted <= set(found)
+
+        await eventually(check, within, f"results for {len(wanted)} commands")
+        return {k: found[k] for k in wanted}
+
+
+__all__ = ["Client", "Cluster", "TopicSpec", "Worker", "eventually", "new_context", "owned"]

@@ -1,0 +1,80 @@
+"""The command path on the real broker: every result code, dead letters, and not-before."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from harness import Client, Cluster
+
+from app.wire import ResultCode, encode
+from tables.partitioner import partition_of
+
+pytestmark = pytest.mark.kafka
+
+
+@pytest.fixture
+async def cluster(kafka_bootstrap: str, tmp_path: Path) -> AsyncIterator[Cluster]:
+    c = Cluster(kafka_bootstrap, tmp_path, partitions=3, env={"TICKWHEEL_BUSY_BACKLOG": "400"})
+    yield c
+    c.stop_all()
+
+
+async def test_result_codes_and_dedup(cluster: Cluster) -> None:
+    async with Client(cluster) as client:
+        w = cluster.start_worker()
+        await cluster.wait_owned(w)
+        now = int(time.time() * 1000)
+        applied = client.command("a", "Apply", request_id="r-apply")
+        again = client.command("a", "Apply", request_id="r-apply")
+        early = client.command("a", "Apply", request_id="r-early", not_before=now + 3_600_000)
+        rejected = client.command("b", "Reject", request_id="r-reject")
+        noop = client.command("b", "Noop", request_id="r-noop")
+        unknown = client.command("b", "NoSuchCommand", request_id="r-unknown")
+        await client.send(applied)
+        await client.wait_results(["r-apply"])
+        await client.send(again, early, rejected, noop, unknown)
+        results_by_id = await client.wait_results(
+            ["r-apply", "r-early", "r-reject", "r-noop", "r-unknown"]
+        )
+        assert results_by_id["r-early"].code == ResultCode.SCHEDULE_NOT_DUE
+        assert results_by_id["r-reject"].code == ResultCode.REJECTED
+        assert results_by_id["r-reject"].message == "rejected on purpose"
+        assert results_by_id["r-noop"].code == ResultCode.UNCHANGED
+        assert results_by_id["r-unknown"].code == ResultCode.ERROR
+        codes = [r.code for r in await client.all_results() if r.request_id == "r-apply"]
+        assert codes == [ResultCode.COMMITTED, ResultCode.DUPLICATE]
+        applied_events = [e for e in await client.events() if e.type == "Applied"]
+        assert [e.request_id for e in applied_events] == ["r-apply"]
+
+
+async def test_bad_input_is_dead_lettered_and_the_node_goes_on(cluster: Cluster) -> None:
+    async with Client(cluster) as client:
+        w = cluster.start_worker()
+        await cluster.wait_owned(w)
+        before = client.command("x", "Apply", request_id="before")
+        after = client.command("x", "Apply", request_id="after")
+        p = partition_of("x", cluster.partitions)
+        await client.send(before)
+        await client.send_raw(p, b"x", b"{not json")
+        await client.send_raw(p, b"x", b'{"request_id": "r", "type": "Apply"}')
+        await client.send_raw(p, b"x", b"x" * 300_000)
+        other = client.command("x", "Apply", request_id="wrong-type")
+        wrong = other.model_copy(
+            update={"aggregate": other.aggregate.model_copy(update={"aggregate": "nope"})}
+        )
+        await client.send_raw(p, b"x", encode(wrong))
+        await client.send(after)
+        results = await client.wait_results(["before", "after"])
+        assert results["before"].code == ResultCode.COMMITTED
+        assert results["after"].code == ResultCode.COMMITTED
+        assert results["after"].version == 2
+        letters = await client.dead_letters()
+        assert len(letters) == 4
+        assert {d.offset for d in letters} == {1, 2, 3, 4}
+        assert "not a valid CommandEnvelope" in letters[0].error
+        assert "exceeds" in letters[2].error
+        assert w.alive
+        assert "skipping" in w.text()
