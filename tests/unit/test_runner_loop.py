@@ -1,0 +1,817 @@
+"""TimerRunner and TimerLoop against the TimerStore, with a fake clock and a fake sender.
+
+One test per sentence of the TimerRunner seed. Nothing sleeps in real time: the clock
+only moves when a test moves it, and the loop's waits are the clock's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence, Set
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from app.runner import (
+    SENT,
+    RoundStats,
+    SendResult,
+    TimerLoop,
+    TimerOptions,
+    TimerRunner,
+    backoff_ms,
+)
+from app.runner.options import RetryPolicy
+from tables.ledger import LedgerEntry, MemoryFailureLedger
+from tables.refs import AggregateRef
+from tables.rules import IntervalRule, OnceRule
+from tables.timer import CommandSpec, Outcome, Timer, TimerChange, TimerStatus
+
+T0 = 1_800_000_000_000
+MIN = 60_000
+PARTITIONS = 3
+OWNER = AggregateRef(context="shop", aggregate="order", id="o-1")
+TARGET = AggregateRef(context="shop", aggregate="order", id="o-2")
+ONCE = OnceRule(at=T0)
+EVERY_MIN = IntervalRule(start=T0, every=MIN)
+
+# --- fakes --------------------------------------------------------------------------------
+
+
+class FakeClock:
+    """Time moves only by `set`/`advance`; sleepers wake when it passes their time."""
+
+    def __init__(self, now: int) -> None:
+        self._now = now
+        self._sleepers: list[tuple[int, asyncio.Future[None]]] = []
+
+    def now(self) -> int:
+        return self._now
+
+    async def sleep_until(self, t: int) -> None:
+        if t <= self._now:
+            return
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        entry = (t, fut)
+        self._sleepers.append(entry)
+        try:
+            await fut
+        finally:
+            self._sleepers.remove(entry)
+
+    @property
+    def sleeping_until(self) -> list[int]:
+        return sorted(t for t, _ in self._sleepers)
+
+    def set(self, t: int) -> None:
+        self._now = max(self._now, t)
+        for at, fut in self._sleepers:
+            if at <= self._now and not fut.done():
+                fut.set_result(None)
+
+    def advance(self, ms: int) -> None:
+        self.set(self._now + ms)
+
+
+@dataclass(frozen=True)
+class Sent:
+    request_id: str
+    target: AggregateRef
+    command: str
+    not_before: int
+    at: int
+
+
+Script = Callable[[Timer], "SendResult | Awaitable[SendResult]"]
+
+
+class FakeSender:
+    """Answers each send with what `script` says for it, and records every send."""
+
+    def __init__(self, clock: FakeClock, script: Script) -> None:
+        self.clock = clock
+        self.script = script
+        self.sends: list[Sent] = []
+        self.timers: list[Timer] = []
+        self.cancelled: list[str] = []
+
+    async def send(self, timer: Timer) -> SendResult:
+        self.timers.append(timer)
+        self.sends.append(
+            Sent(
+                timer.request_id,
+                timer.target,
+                timer.command.type,
+                timer.slot_due_at,
+                self.clock.now(),
+            )
+        )
+        try:
+            result = self.script(timer)
+            if inspect.isawaitable(result):
+                result = await result
+            return result
+        except asyncio.CancelledError:
+            self.cancelled.append(timer.request_id)
+            raise
+
+    @property
+    def request_ids(self) -> list[str]:
+        return [s.request_id for s in self.sends]
+
+
+def always(code: str) -> Script:
+    return lambda _timer: SendResult(code)
+
+
+def scripted(answers: dict[str, list[str]], default: str = "COMMITTED") -> Script:
+    """Per request id, the codes of its sends in turn; `default` once they run out."""
+    queues = {rid: list(codes) for rid, codes in answers.items()}
+
+    def script(timer: Timer) -> SendResult:
+        queue = queues.get(timer.request_id)
+        return SendResult(queue.pop(0) if queue else default)
+
+    return script
+
+
+async def never(_timer: Timer) -> SendResult:
+    await asyncio.Event().wait()
+    raise AssertionError("unreachable")
+
+
+class CountingStore:
+    """The store, with its runner-facing calls counted and hooks to race the runner."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.due_calls: list[tuple[frozenset[int], int, int]] = []
+        self.settle_calls: list[list[TimerChange]] = []
+        self.find_calls = 0
+        self.after_due: Callable[[list[Timer]], Awaitable[None]] | None = None
+        self.before_settle: Callable[[], Awaitable[None]] | None = None
+        self.fail_settle: Callable[[int], bool] = lambda _n: False
+
+    async def due(self, partitions: Set[int], until: int, limit: int) -> list[Timer]:
+        self.due_calls.append((frozenset(partitions), until, limit))
+        rows = await self.inner.due(partitions, until=until, limit=limit)
+        if self.after_due is not None:
+            await self.after_due(rows)
+        return list(rows)
+
+    async def settle(self, changes: list[TimerChange]) -> int:
+        self.settle_calls.append(list(changes))
+        if self.before_settle is not None:
+            await self.before_settle()
+        if self.fail_settle(len(self.settle_calls)):
+            raise OSError("store unavailable")
+        return int(await self.inner.settle(changes))
+
+    async def find(self, owner: AggregateRef, key: str) -> Timer | None:
+        self.find_calls += 1
+        found: Timer | None = await self.inner.find(owner, key)
+        return found
+
+    async def parked(self, target: AggregateRef) -> list[Timer]:
+        return list(await self.inner.parked(target))
+
+
+class SpyLedger(MemoryFailureLedger):
+    """Records what the store held for each timer when the ledger was written; may fail."""
+
+    def __init__(self, store: Any, failures: int = 0) -> None:
+        super().__init__()
+        self.store = store
+        self.failures = failures
+        self.seen: list[TimerStatus] = []
+
+    async def record(
+        self, subscription: str, target: AggregateRef, timers: Sequence[Timer]
+    ) -> None:
+        for t in timers:
+            row = await self.store.find(t.owner, t.key)
+            self.seen.append(row.status)
+        if self.failures > 0:
+            self.failures -= 1
+            raise ConnectionError("ledger unavailable")
+        await super().record(subscription, target, timers)
+
+
+# --- fixtures -----------------------------------------------------------------------------
+
+
+@pytest.fixture(params=["memory", "rocksdb"])
+async def raw_store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Any]:
+    from tables.store import open_timer_store
+
+    url = "memory://" if request.param == "memory" else f"rocksdb://{tmp_path / 'timers'}"
+    store = open_timer_store(url, partitions=PARTITIONS)
+    try:
+        yield store
+    finally:
+        await store.close()
+
+
+@dataclass
+class World:
+    store: CountingStore
+    clock: FakeClock
+    ledger: SpyLedger
+    sender: FakeSender = field(init=False)
+
+    def runner(
+        self, script: Script | None = None, partitions: Iterable[int] = (0,), **options: Any
+    ) -> TimerRunner:
+        self.sender = FakeSender(self.clock, script or always("COMMITTED"))
+        return TimerRunner(
+            self.store,
+            self.sender,
+            self.clock,
+            self.ledger,
+            TimerOptions.model_validate(options),
+            partitions,
+        )
+
+    async def put(self, **fields: Any) -> Timer:
+        timer = make_timer(**fields)
+        assert await self.store.inner.put(timer)
+        return timer
+
+    async def row(self, key: str = "remind", owner: AggregateRef = OWNER) -> Timer:
+        row: Timer | None = await self.store.inner.find(owner, key)
+        assert row is not None
+        return row
+
+
+@pytest.fixture
+def world(raw_store: Any) -> World:
+    store = CountingStore(raw_store)
+    return World(store, FakeClock(T0), SpyLedger(raw_store))
+
+
+def make_timer(
+    id: str = "t-1",
+    key: str = "remind",
+    rule: OnceRule | IntervalRule = ONCE,
+    partition: int = 0,
+    owner: AggregateRef = OWNER,
+    version: int = 1,
+) -> Timer:
+    due = rule.at if isinstance(rule, OnceRule) else rule.start
+    return Timer(
+        id=id,
+        owner=owner,
+        key=key,
+        version=version,
+        partition=partition,
+        rule=rule,
+        target=TARGET,
+        command=CommandSpec(type="Remind", body={"n": 1}),
+        slot_due_at=due,
+        due_at=due,
+    )
+
+
+async def until(condition: Callable[[], bool], turns: int = 2000) -> None:
+    """Lets the event loop run until `condition` holds; fails rather than hang."""
+    for _ in range(turns):
+        if condition():
+            return
+        await asyncio.sleep(0)
+    raise AssertionError("condition never held")
+
+
+async def rounds_until_settled(world: World, runner: TimerRunner, limit: int = 50) -> Timer:
+    """Runs rounds, moving the clock to each due time, until the timer leaves the wheel."""
+    for _ in range(limit):
+        row = await world.row()
+        if row.status not in (TimerStatus.PENDING, TimerStatus.FIRING):
+            return row
+        world.clock.set(row.due_at)
+        await runner.run_round()
+    raise AssertionError("the timer never settled")
+
+
+# --- sending from the row as loaded -------------------------------------------------------
+
+
+async def test_a_timer_is_sent_from_the_row_as_loaded_without_reading_it_again(
+    world: World,
+) -> None:
+    timer = await world.put()
+    runner = world.runner()
+    stats = await runner.run_round()
+    assert (stats.loaded, stats.claimed, stats.sent, stats.fired) == (1, 1, 1, 1)
+    assert world.store.find_calls == 0
+    [sent] = world.sender.timers
+    assert sent.model_dump(exclude={"status", "due_at"}) == timer.model_dump(
+        exclude={"status", "due_at"}
+    )
+    assert (sent.status, sent.due_at) == (TimerStatus.FIRING, T0 + 30_000)
+    assert world.sender.sends == [Sent("t-1#0", TARGET, "Remind", T0, T0)]
+    assert (await world.row()).status is TimerStatus.FIRED
+
+
+async def test_an_expired_one_off_is_cancelled_as_expired_and_not_sent(world: World) -> None:
+    await world.put()
+    world.clock.set(T0 + TimerOptions().expires_after + 1)
+    stats = await world.runner().run_round()
+    assert stats.expired == 1 and world.sender.sends == []
+    row = await world.row()
+    assert (row.status, row.outcome) == (TimerStatus.CANCELLED, Outcome.EXPIRED)
+
+
+async def test_an_expired_slot_of_a_recurring_timer_moves_on_to_its_next_slot(
+    world: World,
+) -> None:
+    await world.put(rule=EVERY_MIN)
+    runner = world.runner(expires_after=MIN // 2)
+    world.clock.set(T0 + MIN // 2 + 1)
+    stats = await runner.run_round()
+    assert stats.expired == 1 and world.sender.sends == []
+    row = await world.row()
+    assert (row.status, row.slot, row.slot_due_at, row.outcome) == (
+        TimerStatus.PENDING,
+        1,
+        T0 + MIN,
+        Outcome.EXPIRED,
+    )
+    assert stats.next_due == T0 + MIN
+    world.clock.set(T0 + MIN)
+    await runner.run_round()
+    assert world.sender.request_ids == ["t-1#1"]
+
+
+async def test_a_timer_cancelled_after_it_was_loaded_fails_the_claim_and_is_not_sent(
+    world: World,
+) -> None:
+    await world.put()
+
+    async def cancel(rows: list[Timer]) -> None:
+        assert [r.id for r in rows] == ["t-1"]
+        assert await world.store.inner.cancel(OWNER, "remind", 1)
+
+    world.store.after_due = cancel
+    stats = await world.runner().run_round()
+    assert (stats.claimed, stats.lost_claims, stats.sent) == (0, 1, 0)
+    assert world.sender.sends == []
+    assert (await world.row()).status is TimerStatus.CANCELLED
+
+
+async def test_of_a_batch_of_claims_only_those_written_are_sent(world: World) -> None:
+    await world.put(id="kept", key="kept")
+    await world.put(id="gone", key="gone")
+
+    async def cancel(_rows: list[Timer]) -> None:
+        assert await world.store.inner.cancel(OWNER, "gone", 1)
+
+    world.store.after_due = cancel
+    stats = await world.runner().run_round()
+    assert (stats.claimed, stats.lost_claims) == (1, 1)
+    assert world.sender.request_ids == ["kept#0"]
+    assert world.store.find_calls == 2, "which claims were written: asked only when some were not"
+    assert (await world.row("gone")).status is TimerStatus.CANCELLED
+
+
+async def test_a_timer_rescheduled_after_it_was_loaded_is_not_sent(world: World) -> None:
+    await world.put()
+
+    async def reschedule(_rows: list[Timer]) -> None:
+        assert await world.store.inner.put(make_timer(id="t-2", version=2))
+
+    world.store.after_due = reschedule
+    runner = world.runner()
+    assert (await runner.run_round()).lost_claims == 1
+    assert world.sender.sends == []
+    world.store.after_due = None
+    await runner.run_round()
+    assert world.sender.request_ids == ["t-2#0"]
+
+
+async def test_a_lapsed_claim_is_claimed_and_sent_again_with_the_same_request_id(
+    world: World,
+) -> None:
+    """A node that died after its claim: the next owner sends the timer at the deadline."""
+    await world.put()
+    loaded = await world.row()
+    deadline = T0 + 30_000
+    dead = loaded.model_copy(update={"status": TimerStatus.FIRING, "due_at": deadline})
+    assert await world.store.inner.settle([TimerChange(loaded=loaded, next=dead)]) == 1
+    runner = world.runner(script=always("DUPLICATE"))
+    world.clock.set(deadline - 1)
+    assert (await runner.run_round()).loaded == 0
+    world.clock.set(deadline)
+    stats = await runner.run_round()
+    assert stats.sent == 1 and world.sender.request_ids == ["t-1#0"]
+    row = await world.row()
+    assert (row.status, row.outcome) == (TimerStatus.FIRED, Outcome.DUPLICATE)
+
+
+async def test_a_crash_between_sending_and_writing_sends_again_and_the_target_dedups(
+    world: World,
+) -> None:
+    world.store.fail_settle = lambda n: n == 2  # the first round's outcome batch
+    await world.put()
+    runner = world.runner(script=scripted({"t-1#0": ["COMMITTED", "DUPLICATE"]}))
+    await runner.run_round()
+    assert (await world.row()).status is TimerStatus.FIRING
+    row = await rounds_until_settled(world, runner)
+    assert world.sender.request_ids == ["t-1#0", "t-1#0"]
+    assert (row.status, row.outcome) == (TimerStatus.FIRED, Outcome.DUPLICATE)
+
+
+# --- outcomes -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("code", ["COMMITTED", "DUPLICATE", "UNCHANGED", "REJECTED"])
+async def test_a_fired_slot_of_a_one_off_is_fired(world: World, code: str) -> None:
+    await world.put()
+    await world.runner(script=always(code)).run_round()
+    row = await world.row()
+    assert (row.status, row.outcome, row.attempts) == (TimerStatus.FIRED, Outcome(code), 0)
+
+
+@pytest.mark.parametrize("code", ["COMMITTED", "DUPLICATE", "UNCHANGED", "REJECTED"])
+async def test_a_fired_slot_of_a_recurring_timer_is_pending_at_its_next_slot(
+    world: World, code: str
+) -> None:
+    await world.put(rule=EVERY_MIN)
+    runner = world.runner(script=always(code))
+    stats = await runner.run_round()
+    row = await world.row()
+    assert (row.status, row.slot, row.slot_due_at, row.due_at, row.outcome) == (
+        TimerStatus.PENDING,
+        1,
+        T0 + MIN,
+        T0 + MIN,
+        Outcome(code),
+    )
+    assert stats.next_due == T0 + MIN
+    world.clock.set(T0 + MIN)
+    await runner.run_round()
+    assert world.sender.request_ids == ["t-1#0", "t-1#1"]
+
+
+async def test_a_send_to_another_context_acknowledged_by_the_broker_is_fired_as_sent(
+    world: World,
+) -> None:
+    await world.put()
+    await world.runner(script=always(SENT)).run_round()
+    row = await world.row()
+    assert (row.status, row.outcome) == (TimerStatus.FIRED, Outcome.SENT)
+
+
+@pytest.mark.parametrize("code", ["ERROR", "SCHEDULE_NOT_DUE", "CONTENDED", "???"])
+async def test_a_technical_failure_is_retried_with_backoff_until_parked(
+    world: World, code: str
+) -> None:
+    await world.put()
+    runner = world.runner(script=always(code))
+    policy = RetryPolicy()
+    for attempt in range(1, policy.max_attempts):
+        now = world.clock.now()
+        assert (await runner.run_round()).retried == 1
+        row = await world.row()
+        assert (row.status, row.attempts, row.outcome) == (
+            TimerStatus.PENDING,
+            attempt,
+            Outcome.FAILED,
+        )
+        assert row.due_at == now + backoff_ms(policy, attempt)
+        world.clock.set(row.due_at - 1)
+        assert (await runner.run_round()).loaded == 0, "not before the backoff"
+        world.clock.set(row.due_at)
+    assert (await runner.run_round()).parked == 1
+    row = await world.row()
+    assert (row.status, row.attempts) == (TimerStatus.PARKED, policy.max_attempts)
+    assert world.ledger.seen == [TimerStatus.FIRING], "the ledger first, then PARKED"
+    assert await world.ledger.entries() == [
+        LedgerEntry(subscription="tickwheel.timers", target=TARGET, timers=("t-1#0",))
+    ]
+    assert world.sender.request_ids == ["t-1#0"] * policy.max_attempts
+    assert {s.not_before for s in world.sender.sends} == {T0}
+
+
+async def test_a_failing_ledger_leaves_the_timer_pending_and_its_last_attempt_sent_again(
+    world: World,
+) -> None:
+    world.ledger.failures = 1
+    await world.put()
+    runner = world.runner(script=always("ERROR"), retry={"max_attempts": 2})
+    await runner.run_round()
+    world.clock.set((await world.row()).due_at)
+    stats = await runner.run_round()
+    assert (stats.parked, stats.ledger_failures) == (0, 1)
+    row = await world.row()
+    assert (row.status, row.attempts) == (TimerStatus.PENDING, 1)
+    assert row.due_at == world.clock.now() + backoff_ms(RetryPolicy(), 2)
+    assert await world.ledger.entries() == []
+    row = await rounds_until_settled(world, runner)
+    assert (row.status, row.attempts) == (TimerStatus.PARKED, 2)
+    assert world.sender.request_ids == ["t-1#0"] * 3
+    assert len(await world.ledger.entries()) == 1
+
+
+async def test_busy_is_backpressure_then_counts_as_an_attempt_and_parks_in_the_end(
+    world: World,
+) -> None:
+    await world.put()
+    runner = world.runner(script=always("BUSY"), max_busy_retries=2, retry={"max_attempts": 2})
+    seen: list[tuple[TimerStatus, int, int]] = []
+    for _ in range(10):
+        now = world.clock.now()
+        await runner.run_round()
+        row = await world.row()
+        seen.append((row.status, row.attempts, row.due_at - now))
+        if row.status is TimerStatus.PARKED:
+            break
+        world.clock.set(row.due_at)
+    initial = RetryPolicy().initial_backoff_ms
+    assert [s[:2] for s in seen] == [
+        (TimerStatus.PENDING, 0),
+        (TimerStatus.PENDING, 0),
+        (TimerStatus.PENDING, 1),
+        (TimerStatus.PARKED, 2),
+    ]
+    assert [s[2] for s in seen[:3]] == [initial, initial, backoff_ms(RetryPolicy(), 1)]
+    assert (await world.row()).outcome is Outcome.BUSY
+
+
+async def test_a_sender_that_raises_is_a_technical_failure(world: World) -> None:
+    def broken(_timer: Timer) -> SendResult:
+        raise ConnectionError("no transport")
+
+    await world.put()
+    await world.runner(script=broken).run_round()
+    row = await world.row()
+    assert (row.status, row.attempts, row.outcome) == (TimerStatus.PENDING, 1, Outcome.FAILED)
+
+
+async def test_a_send_not_answered_in_time_is_a_technical_failure(world: World) -> None:
+    await world.put()
+    runner = world.runner(script=never, send_timeout=5_000)
+    round_ = asyncio.create_task(runner.run_round())
+    await until(lambda: len(world.sender.sends) == 1 and bool(world.clock.sleeping_until))
+    assert world.clock.sleeping_until == [T0 + 5_000]
+    world.clock.advance(5_000)
+    stats = await round_
+    assert stats.retried == 1 and world.sender.cancelled == ["t-1#0"]
+    row = await world.row()
+    assert (row.status, row.attempts) == (TimerStatus.PENDING, 1)
+
+
+# --- slots: catch-up and not_before ---------------------------------------------------------
+
+
+async def test_a_coalescing_timer_far_behind_sends_only_the_latest_slot(world: World) -> None:
+    await world.put(rule=EVERY_MIN)
+    world.clock.set(T0 + 10 * MIN + 5)
+    await world.runner().run_round()
+    assert world.sender.sends == [
+        Sent("t-1#10", TARGET, "Remind", T0 + 10 * MIN, T0 + 10 * MIN + 5)
+    ]
+    row = await world.row()
+    assert (row.slot, row.skipped, row.status) == (11, 10, TimerStatus.PENDING)
+
+
+async def test_a_timer_that_does_not_coalesce_sends_every_slot_in_turn(world: World) -> None:
+    await world.put(rule=IntervalRule(start=T0, every=MIN, coalesce=False))
+    world.clock.set(T0 + 3 * MIN + 5)
+    runner = world.runner()
+    for _ in range(5):
+        await runner.run_round()
+    assert [(s.request_id, s.not_before) for s in world.sender.sends] == [
+        (f"t-1#{n}", T0 + n * MIN) for n in range(4)
+    ]
+    assert (await world.row()).skipped == 0
+
+
+async def test_every_send_of_a_slot_carries_its_own_due_time(world: World) -> None:
+    await world.put(rule=EVERY_MIN)
+    runner = world.runner(script=scripted({"t-1#0": ["ERROR", "BUSY", "ERROR"]}))
+    world.clock.set(T0 + 5)
+    for _ in range(4):
+        await runner.run_round()
+        world.clock.set((await world.row()).due_at)
+    assert world.sender.request_ids == ["t-1#0"] * 4
+    assert {s.not_before for s in world.sender.sends} == {T0}
+    assert [s.at for s in world.sender.sends] == sorted({s.at for s in world.sender.sends})
+
+
+# --- operator -------------------------------------------------------------------------------
+
+
+async def park(world: World) -> TimerRunner:
+    await world.put()
+    runner = world.runner(script=always("ERROR"), retry={"max_attempts": 1})
+    assert (await runner.run_round()).parked == 1
+    return runner
+
+
+async def test_an_operator_retry_sends_a_parked_timer_again_due_now(world: World) -> None:
+    runner = await park(world)
+    world.clock.advance(MIN)
+    anywhere = TimerRunner(world.store, world.sender, world.clock, world.ledger)
+    assert anywhere.partitions == frozenset()
+    assert await anywhere.retry(TARGET) == 1
+    row = await world.row()
+    assert (row.status, row.due_at, row.attempts, row.slot_due_at) == (
+        TimerStatus.PENDING,
+        T0 + MIN,
+        0,
+        T0,
+    )
+    assert await world.ledger.entries() == []
+    world.sender.script = always("COMMITTED")
+    await runner.run_round()
+    assert world.sender.sends[-1] == Sent("t-1#0", TARGET, "Remind", T0, T0 + MIN)
+    assert (await world.row()).status is TimerStatus.FIRED
+
+
+async def test_busy_refusals_count_again_from_zero_after_an_operator_retry(
+    world: World,
+) -> None:
+    await world.put()
+    runner = world.runner(script=always("BUSY"), max_busy_retries=1, retry={"max_attempts": 1})
+    row = await rounds_until_settled(world, runner)
+    assert (row.status, len(world.sender.sends)) == (TimerStatus.PARKED, 2)
+    assert await runner.retry(TARGET) == 1
+    await runner.run_round()
+    row = await world.row()
+    assert (row.status, row.attempts, row.outcome) == (TimerStatus.PENDING, 0, Outcome.BUSY)
+
+
+async def test_an_operator_skip_cancels_a_parked_timer_as_skipped(world: World) -> None:
+    runner = await park(world)
+    assert await runner.skip(TARGET) == 1
+    row = await world.row()
+    assert (row.status, row.outcome) == (TimerStatus.CANCELLED, Outcome.SKIPPED)
+    assert await world.ledger.entries() == []
+    assert await runner.skip(TARGET) == 0
+
+
+# --- partitions ---------------------------------------------------------------------------
+
+
+async def test_only_the_owned_partitions_are_sent_and_start_is_idempotent(world: World) -> None:
+    for p in range(PARTITIONS):
+        await world.put(id=f"t-{p}", key=f"k{p}", partition=p)
+    runner = world.runner(partitions=[0])
+    assert runner.partitions == frozenset({0})
+    assert runner.parked_subscription == "tickwheel.timers"
+    await runner.run_round()
+    assert world.sender.request_ids == ["t-0#0"]
+    runner.start_partition(2)
+    runner.start_partition(2)
+    assert runner.partitions == frozenset({0, 2})
+    await runner.run_round()
+    assert world.sender.request_ids == ["t-0#0", "t-2#0"]
+
+
+async def test_one_due_query_and_two_settle_batches_per_round(world: World) -> None:
+    for p in range(PARTITIONS):
+        await world.put(id=f"t-{p}", key=f"k{p}", partition=p)
+    runner = world.runner(partitions=range(PARTITIONS), batch_limit=50)
+    stats = await runner.run_round()
+    assert world.store.due_calls == [(frozenset({0, 1, 2}), T0, 50)]
+    claims, outcomes = world.store.settle_calls
+    assert [c.next.status for c in claims] == [TimerStatus.FIRING] * 3
+    assert [c.next.status for c in outcomes] == [TimerStatus.FIRED] * 3
+    assert (stats.sent, stats.written) == (3, 3)
+
+
+async def test_stop_partition_cancels_the_send_in_progress_and_writes_what_was_sent(
+    world: World,
+) -> None:
+    await world.put(id="fast", key="fast")
+    await world.put(id="slow", key="slow")
+    runner = world.runner(script=lambda t: never(t) if t.id == "slow" else SendResult("COMMITTED"))
+    round_ = asyncio.create_task(runner.run_round())
+    await until(lambda: len(world.sender.sends) == 2)
+    assert (await world.row("fast")).status is TimerStatus.FIRING, "not written yet"
+    await runner.stop_partition(0)
+    assert world.sender.cancelled == ["slow#0"]
+    fast, slow = await world.row("fast"), await world.row("slow")
+    assert (fast.status, fast.outcome) == (TimerStatus.FIRED, Outcome.COMMITTED)
+    # Given back, due now, for the next owner to send again.
+    assert (slow.status, slow.due_at, slow.attempts) == (TimerStatus.PENDING, T0, 0)
+    assert runner.partitions == frozenset()
+    stats = await round_
+    assert stats.sent == 2, "both went out; one came back"
+    await runner.stop_partition(0)  # nothing when not owned
+
+
+async def test_a_partition_stopped_while_its_timers_load_is_not_claimed(world: World) -> None:
+    await world.put()
+    runner = world.runner()
+
+    async def hand_off(_rows: list[Timer]) -> None:
+        await runner.stop_partition(0)
+
+    world.store.after_due = hand_off
+    stats = await runner.run_round()
+    assert (stats.loaded, stats.claimed, world.store.settle_calls) == (1, 0, [])
+    assert (await world.row()).status is TimerStatus.PENDING
+
+
+async def test_a_partition_stopped_while_its_claims_are_written_gives_them_back(
+    world: World,
+) -> None:
+    await world.put()
+    runner = world.runner()
+    stopping: list[asyncio.Task[None]] = []
+
+    async def hand_off() -> None:
+        if not stopping:
+            stopping.append(asyncio.create_task(runner.stop_partition(0)))
+            await asyncio.sleep(0)
+
+    world.store.before_settle = hand_off
+    stats = await runner.run_round()
+    await stopping[0]
+    assert (stats.claimed, world.sender.sends) == (0, [])
+    row = await world.row()
+    assert (row.status, row.due_at) == (TimerStatus.PENDING, T0)
+
+
+async def test_a_new_owner_reads_the_store_again(world: World) -> None:
+    await world.put()
+    old = world.runner(script=never)
+    round_ = asyncio.create_task(old.run_round())
+    await until(lambda: len(world.sender.sends) == 1)
+    await old.stop_partition(0)
+    await round_
+    new = world.runner()
+    await new.run_round()
+    assert world.sender.request_ids == ["t-1#0"]
+    assert (await world.row()).status is TimerStatus.FIRED
+
+
+# --- the loop -------------------------------------------------------------------------------
+
+
+async def test_the_loop_runs_rounds_at_the_poll_interval_and_stops_cleanly(world: World) -> None:
+    runner = world.runner(poll_interval_ms=100)
+    loop = TimerLoop(runner)
+    loop.start()
+    loop.start()  # nothing when running
+    await until(lambda: loop.rounds == 1 and world.clock.sleeping_until == [T0 + 100])
+    await world.put(rule=OnceRule(at=T0 + 100))
+    world.clock.advance(100)
+    await until(lambda: len(world.sender.sends) == 1)
+    await loop.stop()
+    assert not loop.running and world.clock.sleeping_until == []
+
+
+async def test_a_wake_up_runs_a_round_at_once(world: World) -> None:
+    loop = TimerLoop(world.runner(poll_interval_ms=10_000))
+    loop.start()
+    await until(lambda: loop.rounds == 1 and bool(world.clock.sleeping_until))
+    await world.put()
+    loop.wake()
+    await until(lambda: len(world.sender.sends) == 1)
+    assert world.clock.now() == T0
+    await loop.stop()
+
+
+async def test_the_loop_runs_at_once_when_the_next_slot_is_due_already(world: World) -> None:
+    await world.put(rule=IntervalRule(start=T0, every=MIN, coalesce=False))
+    world.clock.set(T0 + 2 * MIN)
+    loop = TimerLoop(world.runner(poll_interval_ms=20_000))
+    loop.start()
+    # Three rounds back to back, the clock never moved; then a wait for the poll interval.
+    await until(lambda: world.clock.sleeping_until == [T0 + 2 * MIN + 20_000])
+    assert [s.request_id for s in world.sender.sends] == ["t-1#0", "t-1#1", "t-1#2"]
+    assert loop.rounds == 3
+    await loop.stop()
+
+
+async def test_a_failing_round_does_not_stop_the_loop(world: World) -> None:
+    calls = 0
+
+    async def flaky(_rows: list[Timer]) -> None:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise OSError("store unavailable")
+
+    world.store.after_due = flaky
+    await world.put()
+    loop = TimerLoop(world.runner())
+    loop.start()
+    await until(lambda: loop.rounds == 1 and bool(world.clock.sleeping_until))
+    assert world.sender.sends == []
+    world.clock.advance(100)
+    await until(lambda: len(world.sender.sends) == 1)
+    await loop.stop()
+
+
+def test_round_stats_keep_the_earliest_due_time() -> None:
+    stats = RoundStats()
+    stats.due_by(5)
+    stats.due_by(9)
+    stats.due_by(3)
+    assert stats.next_due == 3
