@@ -14,6 +14,7 @@ from typing import Annotated, Any
 import typer
 
 from app.aggregate import Service
+from app.cli_timers import timers_cli
 from app.exceptions import ConfigError, TickwheelError
 from app.schemas import SCHEMA_DIR, stale_schemas, write_schemas
 from app.settings import Settings
@@ -21,6 +22,7 @@ from app.settings import Settings
 __all__ = ["main"]
 
 cli = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
+cli.add_typer(timers_cli, name="timers")
 logger = logging.getLogger("tickwheel")
 
 Bootstrap = Annotated[str | None, typer.Option(help="overrides KAFKA_BOOTSTRAP_SERVERS")]
