@@ -1,0 +1,903 @@
+#!/usr/bin/env python3
+"""A real single-node Apache Kafka (KRaft, combined broker+controller), without Docker.
+
+The broker is Apache Kafka's own jars, resolved once from Maven Central with the
+machine's ``mvn`` and cached under ``${TICKWHEEL_CACHE:-~/.cache/tickwheel}/kafka-<version>/libs``
+(a marker file records success, so later runs never call Maven again), started with
+the machine's ``java`` (17+).
+
+Usage (``scripts/kafka-local`` is a wrapper around this file)::
+
+    kafka_local.py start  [--dir DIR] [--port N] [--timeout S] [--set key=value ...]
+    kafka_local.py stop   [--dir DIR] [--timeout S]
+    kafka_local.py status [--dir DIR]
+    kafka_local.py fetch                      # only resolve the jars, print their folder
+
+``start`` prints progress on stderr and the bootstrap address ``127.0.0.1:PORT`` as the
+last line on stdout once the broker answers a Metadata request.  Every ``start`` formats
+fresh storage (a new random cluster id, an empty log); if a broker is already running in
+DIR, ``start`` prints its address and leaves it alone.  ``stop`` sends SIGTERM to the
+broker's process group, waits (20 s by default), then SIGKILL.  ``status`` prints
+``running 127.0.0.1:PORT ...`` (exit 0), ``unresponsive ...`` (exit 1) or ``stopped``
+(exit 3).
+
+The state dir (``--dir``, default ``${TICKWHEEL_STATE:-/tmp/tickwheel-kafka}``) holds
+``server.properties``, the logging config, ``data/`` (log.dirs), ``broker.log`` (the
+broker's stdout/stderr), ``kafka.pid`` and ``broker.json`` (pid, address, version).
+
+Broker settings: PLAINTEXT on 127.0.0.1 only, on a free port (or ``--port``), the
+controller listener on another free port; replication factor 1 everywhere;
+``auto.create.topics.enable=false`` (tests and the application create their topics
+explicitly, with the partition count they need, so a typo never creates a stray
+1-partition topic); ``group.initial.rebalance.delay.ms=0``; small internal topics (4
+partitions) and ``group.min.session.timeout.ms=1000`` so that failover tests can use
+short consumer session timeouts.
+
+Environment: ``TICKWHEEL_KAFKA_VERSION`` overrides the pinned version (for trying
+others), ``TICKWHEEL_KAFKA_JVM_OPTS`` adds JVM options (e.g. a bigger heap),
+``JAVA_HOME`` picks the JVM.
+
+As a module (stdlib only)::
+
+    broker = kafka_local.start(state_dir)   # -> Broker(bootstrap="127.0.0.1:PORT", ...)
+    ...
+    broker.stop()
+
+A library ``start`` holds a lock on its state dir until ``stop`` (a second live process
+gets a clear error instead of killing the first one's broker), stops any broker left in
+that dir by a process that died, and stops its own broker at interpreter exit if
+``stop`` was never called.
+"""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import base64
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import shlex
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+KAFKA_VERSION = "3.9.2"
+"""The pinned Apache Kafka version (``org.apache.kafka:kafka_2.13``)."""
+
+SCALA_VERSION = "2.13"
+DEPENDENCY_PLUGIN = "org.apache.maven.plugins:maven-dependency-plugin:3.8.1"
+
+# Logging bindings that the binary distribution ships but the Maven POMs leave out.
+_LOGGING_DEPS_3 = (
+    ("org.slf4j", "slf4j-reload4j", "1.7.36"),
+    ("ch.qos.reload4j", "reload4j", "1.2.25"),
+)
+_LOGGING_DEPS_4 = (("org.apache.logging.log4j", "log4j-slf4j-impl", "2.24.3"),)
+
+JVM_OPTS: tuple[str, ...] = (
+    "-Xms256m",
+    "-Xmx512m",
+    "-XX:+UseSerialGC",
+    "-XX:TieredStopAtLevel=1",
+    "-Xshare:auto",
+    "-XX:-OmitStackTraceInFastThrow",
+    "-Djava.awt.headless=true",
+)
+_TOOL_JVM_OPTS: tuple[str, ...] = (
+    "-Xmx256m",
+    "-XX:+UseSerialGC",
+    "-XX:TieredStopAtLevel=1",
+    "-Xshare:auto",
+)
+
+HOST = "127.0.0.1"
+NODE_ID = 1
+DEFAULT_START_TIMEOUT = 120.0
+DEFAULT_STOP_TIMEOUT = 20.0
+
+BROKER_SETTINGS: dict[str, str] = {
+    "offsets.topic.replication.factor": "1",
+    "offsets.topic.num.partitions": "4",
+    "transaction.state.log.replication.factor": "1",
+    "transaction.state.log.min.isr": "1",
+    "transaction.state.log.num.partitions": "4",
+    "default.replication.factor": "1",
+    "min.insync.replicas": "1",
+    "num.partitions": "1",
+    "auto.create.topics.enable": "false",
+    "group.initial.rebalance.delay.ms": "0",
+    "group.min.session.timeout.ms": "1000",
+    "transaction.abort.timed.out.transaction.cleanup.interval.ms": "1000",
+}
+"""Settings shared by every test broker (this script's, and the Docker one in tests/)."""
+
+_LOCAL_SETTINGS: dict[str, str] = {
+    "num.network.threads": "2",
+    "num.io.threads": "4",
+    "background.threads": "4",
+    "log.cleaner.dedupe.buffer.size": str(16 * 1024 * 1024),
+}
+
+PIDFILE = "kafka.pid"
+INFOFILE = "broker.json"
+LOGFILE = "broker.log"
+_LOCKFILE = ".lock"
+
+
+class BrokerError(RuntimeError):
+    """The broker could not be resolved, started or stopped."""
+
+
+def _say(message: str) -> None:
+    print(f"kafka-local: {message}", file=sys.stderr, flush=True)
+
+
+# --------------------------------------------------------------------------- paths
+
+
+def kafka_version() -> str:
+    return os.environ.get("TICKWHEEL_KAFKA_VERSION") or KAFKA_VERSION
+
+
+def cache_root() -> Path:
+    configured = os.environ.get("TICKWHEEL_CACHE")
+    return Path(configured) if configured else Path.home() / ".cache" / "tickwheel"
+
+
+def default_state_dir() -> Path:
+    return Path(os.environ.get("TICKWHEEL_STATE") or "/tmp/tickwheel-kafka")
+
+
+def _major(version: str) -> int:
+    return int(version.split(".", 1)[0])
+
+
+# --------------------------------------------------------------------------- jars
+
+
+def _pom(version: str) -> str:
+    deps = [("org.apache.kafka", f"kafka_{SCALA_VERSION}", version)]
+    deps += _LOGGING_DEPS_4 if _major(version) >= 4 else _LOGGING_DEPS_3
+    lines = "\n".join(
+        "    <dependency><groupId>{}</groupId><artifactId>{}</artifactId>"
+        "<version>{}</version></dependency>".format(*dep)
+        for dep in deps
+    )
+    return f"""<?xml version="1.0" encoding="UTF-8"?>
+<!-- generated by tickwheel scripts/kafka_local.py: the jars to run Apache Kafka {version} -->
+<project xmlns="http://maven.apache.org/POM/4.0.0">
+  <modelVersion>4.0.0</modelVersion>
+  <groupId>local.tickwheel</groupId>
+  <artifactId>kafka-runtime</artifactId>
+  <version>{version}</version>
+  <packaging>pom</packaging>
+  <dependencies>
+{lines}
+  </dependencies>
+</project>
+"""
+
+
+@contextlib.contextmanager
+def _flock(path: Path) -> Iterator[None]:
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def ensure_jars(version: str | None = None) -> Path:
+    """Return the folder of Kafka's runtime jars, resolving them with Maven on first use."""
+    version = version or kafka_version()
+    home = cache_root() / f"kafka-{version}"
+    libs = home / "libs"
+    marker = home / ".resolved"
+    pom = _pom(version)
+    digest = hashlib.sha256(pom.encode()).hexdigest()
+
+    def ready() -> bool:
+        try:
+            return marker.read_text().strip() == digest and libs.is_dir()
+        except OSError:
+            return False
+
+    if ready():
+        return libs
+    home.mkdir(parents=True, exist_ok=True)
+    with _flock(home / ".lock"):
+        if ready():
+            return libs
+        mvn = shutil.which("mvn")
+        if mvn is None:
+            raise BrokerError(
+                "Maven (mvn) is not on PATH: it is needed once to fetch Apache Kafka's jars "
+                f"into {libs}"
+            )
+        pom_path = home / "pom.xml"
+        pom_path.write_text(pom)
+        staging = home / "libs.tmp"
+        shutil.rmtree(staging, ignore_errors=True)
+        _say(f"resolving Apache Kafka {version} jars from Maven Central (first run only)")
+        started = time.monotonic()
+        command = [
+            mvn,
+            "-B",
+            "-q",
+            "-f",
+            str(pom_path),
+            f"{DEPENDENCY_PLUGIN}:copy-dependencies",
+            f"-DoutputDirectory={staging}",
+            "-DincludeScope=runtime",
+        ]
+        result = subprocess.run(
+            command,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            check=False,
+        )
+        main_jar = staging / f"kafka_{SCALA_VERSION}-{version}.jar"
+        if result.returncode != 0 or not main_jar.is_file():
+            tail = "\n".join(result.stdout.splitlines()[-40:])
+            raise BrokerError(
+                f"could not resolve Apache Kafka {version} with Maven "
+                f"(exit {result.returncode}): {shlex.join(command)}\n{tail}"
+            )
+        shutil.rmtree(libs, ignore_errors=True)
+        staging.rename(libs)
+        marker.write_text(digest + "\n")
+        jars = sum(1 for _ in libs.glob("*.jar"))
+        _say(f"resolved {jars} jars in {time.monotonic() - started:.1f} s into {libs}")
+    return libs
+
+
+# --------------------------------------------------------------------------- processes
+
+
+def _java() -> str:
+    java_home = os.environ.get("JAVA_HOME")
+    if java_home and (Path(java_home) / "bin" / "java").is_file():
+        return str(Path(java_home) / "bin" / "java")
+    java = shutil.which("java")
+    if java is None:
+        raise BrokerError("java is not on PATH (and JAVA_HOME is not set): Kafka needs Java 17+")
+    return java
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` is a live process (a zombie counts as dead; reaps our own children)."""
+    try:
+        done, _ = os.waitpid(pid, os.WNOHANG)
+        if done == pid:
+            return False
+    except ChildProcessError:
+        pass
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        if Path("/proc/self/stat").exists():
+            return False
+    except OSError:
+        pass
+    else:
+        return stat.rsplit(")", 1)[-1].split()[0] not in ("Z", "X")
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _is_broker(pid: int, state_dir: Path) -> bool:
+    """Whether ``pid`` is the Kafka JVM of ``state_dir`` (guards against pid reuse)."""
+    if not _alive(pid):
+        return False
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return True  # no /proc: trust the pidfile
+    return b"kafka.Kafka" in cmdline and str(state_dir).encode() in cmdline
+
+
+def _wait_gone(pid: int, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while _alive(pid):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def _signal_group(pid: int, sig: signal.Signals) -> None:
+    try:
+        if os.getpgid(pid) == pid:
+            os.killpg(pid, sig)
+        else:
+            os.kill(pid, sig)
+    except ProcessLookupError:
+        pass
+    # Anything else left in the group (the JVM starts no children; this is a safety net).
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, sig)
+
+
+def _terminate(pid: int, timeout: float) -> None:
+    if not _alive(pid):
+        return
+    _signal_group(pid, signal.SIGTERM)
+    if _wait_gone(pid, timeout):
+        _signal_group(pid, signal.SIGKILL)  # stragglers in the group, if any
+        return
+    _say(f"broker pid {pid} did not exit within {timeout:.0f} s of SIGTERM; sending SIGKILL")
+    _signal_group(pid, signal.SIGKILL)
+    if not _wait_gone(pid, 10.0):
+        raise BrokerError(f"broker pid {pid} survived SIGKILL")
+
+
+def _read_pid(state_dir: Path) -> int | None:
+    try:
+        return int((state_dir / PIDFILE).read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def _read_info(state_dir: Path) -> dict[str, object]:
+    try:
+        info = json.loads((state_dir / INFOFILE).read_text())
+    except (OSError, ValueError):
+        return {}
+    return info if isinstance(info, dict) else {}
+
+
+def _log_lines(state_dir: Path) -> list[str]:
+    try:
+        return (state_dir / LOGFILE).read_text(errors="replace").splitlines()
+    except OSError:
+        return []
+
+
+def log_tail(state_dir: Path, lines: int = 30) -> str:
+    """The first ERROR/FATAL lines of the broker log (with the line after), then its tail."""
+    text = _log_lines(state_dir)
+    if not text:
+        return "(empty broker log)"
+    errors: list[str] = []
+    for i, line in enumerate(text[:-lines]):
+        if " ERROR " in line or " FATAL " in line:
+            errors += text[i : i + 2]
+            if len(errors) >= 10:
+                break
+    head = ["...first errors:", *errors, "...last lines:"] if errors else []
+    return "\n".join(head + text[-lines:])
+
+
+# --------------------------------------------------------------------------- wire probe
+
+
+def _recv_exact(sock: socket.socket, size: int) -> bytes:
+    chunks = bytearray()
+    while len(chunks) < size:
+        chunk = sock.recv(size - len(chunks))
+        if not chunk:
+            raise ConnectionError("connection closed by the broker")
+        chunks += chunk
+    return bytes(chunks)
+
+
+def _request(
+    sock: socket.socket, api_key: int, version: int, correlation: int, body: bytes
+) -> bytes:
+    client_id = b"tickwheel-kafka-local"
+    header = struct.pack(">hhih", api_key, version, correlation, len(client_id)) + client_id
+    payload = header + body
+    sock.sendall(struct.pack(">i", len(payload)) + payload)
+    (size,) = struct.unpack(">i", _recv_exact(sock, 4))
+    response = _recv_exact(sock, size)
+    (got,) = struct.unpack_from(">i", response, 0)
+    if got != correlation:
+        raise ConnectionError(f"unexpected correlation id {got}")
+    return response[4:]
+
+
+def _api_versions(sock: socket.socket) -> dict[int, tuple[int, int]]:
+    body = _request(sock, 18, 0, 1, b"")
+    error, count = struct.unpack_from(">hi", body, 0)
+    if error != 0:
+        raise ConnectionError(f"ApiVersions error {error}")
+    versions: dict[int, tuple[int, int]] = {}
+    for i in range(count):
+        key, low, high = struct.unpack_from(">hhh", body, 6 + 6 * i)
+        versions[key] = (low, high)
+    return versions
+
+
+def _metadata_brokers(sock: socket.socket, version: int) -> list[tuple[int, str, int]]:
+    # Metadata v4..v8 (non-flexible): topics=[] (no topics), allow_auto_topic_creation=false,
+    # v8 adds the two include_*_authorized_operations flags.
+    body = struct.pack(">ib", 0, 0) + (b"\x00\x00" if version >= 8 else b"")
+    response = _request(sock, 3, version, 2, body)
+    offset = 4  # throttle_time_ms
+    (count,) = struct.unpack_from(">i", response, offset)
+    offset += 4
+    brokers: list[tuple[int, str, int]] = []
+    for _ in range(count):
+        node_id, host_len = struct.unpack_from(">ih", response, offset)
+        offset += 6
+        host = response[offset : offset + host_len].decode()
+        offset += host_len
+        port, rack_len = struct.unpack_from(">ih", response, offset)
+        offset += 6 + max(rack_len, 0)
+        brokers.append((node_id, host, port))
+    return brokers
+
+
+def probe(bootstrap: str, timeout: float = 3.0) -> bool:
+    """Whether the broker at ``host:port`` answers ApiVersions and lists brokers in Metadata."""
+    host, _, port = bootstrap.rpartition(":")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout) as sock:
+            sock.settimeout(timeout)
+            versions = _api_versions(sock)
+            low, high = versions.get(3, (0, -1))
+            usable = [v for v in range(4, 9) if low <= v <= high]
+            if not usable:
+                return True  # it answered ApiVersions; this probe speaks no common Metadata
+            return bool(_metadata_brokers(sock, usable[-1]))
+    except (OSError, ValueError, struct.error, UnicodeDecodeError):
+        return False
+
+
+def wait_until_ready(
+    bootstrap: str, timeout: float = DEFAULT_START_TIMEOUT, pid: int | None = None
+) -> None:
+    """Block until the broker answers, or raise BrokerError (also if ``pid`` dies)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if pid is not None and not _alive(pid):
+            raise BrokerError(f"the Kafka process {pid} exited during startup")
+        if probe(bootstrap, timeout=2.0):
+            return
+        if time.monotonic() >= deadline:
+            raise BrokerError(f"Kafka at {bootstrap} did not answer within {timeout:g} s")
+        time.sleep(0.1)
+
+
+# --------------------------------------------------------------------------- config
+
+
+def _free_ports(count: int) -> list[int]:
+    sockets: list[socket.socket] = []
+    try:
+        for _ in range(count):
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sock.bind((HOST, 0))
+            sockets.append(sock)
+        return [sock.getsockname()[1] for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+def free_port() -> int:
+    return _free_ports(1)[0]
+
+
+def _logging_config(state_dir: Path, version: str, tool: bool) -> tuple[Path, str]:
+    """Write the log config; return it and the JVM property that selects it."""
+    level = "WARN" if tool else "INFO"
+    quiet = ("kafka.server.KafkaConfig", "org.apache.kafka.common.config.AbstractConfig")
+    if _major(version) >= 4:
+        path = state_dir / ("tools-log4j2.properties" if tool else "log4j2.properties")
+        target = "SYSTEM_ERR" if tool else "SYSTEM_OUT"
+        text = [
+            "appender.console.type = Console",
+            "appender.console.name = console",
+            f"appender.console.target = {target}",
+            "appender.console.layout.type = PatternLayout",
+            "appender.console.layout.pattern = [%d] %p %m (%c)%n",
+            f"rootLogger.level = {level}",
+            "rootLogger.appenderRef.console.ref = console",
+        ]
+        for i, name in enumerate(quiet):
+            text += [f"logger.q{i}.name = {name}", f"logger.q{i}.level = WARN"]
+        prop = f"-Dlog4j2.configurationFile={path}"
+    else:
+        path = state_dir / ("tools-log4j.properties" if tool else "log4j.properties")
+        target = "System.err" if tool else "System.out"
+        text = [
+            f"log4j.rootLogger={level}, console",
+            "log4j.appender.console=org.apache.log4j.ConsoleAppender",
+            f"log4j.appender.console.Target={target}",
+            "log4j.appender.console.layout=org.apache.log4j.PatternLayout",
+            "log4j.appender.console.layout.ConversionPattern=[%d] %p %m (%c)%n",
+        ]
+        text += [f"log4j.logger.{name}=WARN" for name in quiet]
+        prop = f"-Dlog4j.configuration=file:{path}"
+    path.write_text("\n".join(text) + "\n")
+    return path, prop
+
+
+def server_properties(
+    state_dir: Path,
+    port: int,
+    controller_port: int,
+    version: str,
+    overrides: Mapping[str, str] | None = None,
+) -> dict[str, str]:
+    settings = {
+        "process.roles": "broker,controller",
+        "node.id": str(NODE_ID),
+        "controller.quorum.voters": f"{NODE_ID}@{HOST}:{controller_port}",
+        "listeners": f"PLAINTEXT://{HOST}:{port},CONTROLLER://{HOST}:{controller_port}",
+        "advertised.listeners": f"PLAINTEXT://{HOST}:{port}",
+        "controller.listener.names": "CONTROLLER",
+        "inter.broker.listener.name": "PLAINTEXT",
+        "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
+        "log.dirs": str(state_dir / "data"),
+        **BROKER_SETTINGS,
+        **_LOCAL_SETTINGS,
+    }
+    if _major(version) >= 4:
+        settings["share.coordinator.state.topic.replication.factor"] = "1"
+        settings["share.coordinator.state.topic.min.isr"] = "1"
+    settings.update(overrides or {})
+    return settings
+
+
+def _write_properties(path: Path, settings: Mapping[str, str]) -> None:
+    def escape(value: str) -> str:
+        return value.replace("\\", "\\\\").replace("\n", "\\n")
+
+    lines = ["# generated by tickwheel scripts/kafka_local.py; rewritten on every start"]
+    lines += [f"{key}={escape(value)}" for key, value in settings.items()]
+    path.write_text("\n".join(lines) + "\n")
+
+
+def _cluster_id() -> str:
+    return base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+
+
+def _format_storage(java: str, libs: Path, state_dir: Path, props: Path, version: str) -> None:
+    shutil.rmtree(state_dir / "data", ignore_errors=True)
+    _, log_prop = _logging_config(state_dir, version, tool=True)
+    command = [
+        java,
+        *_TOOL_JVM_OPTS,
+        log_prop,
+        "-cp",
+        str(libs / "*"),
+        "kafka.tools.StorageTool",
+        "format",
+        "-t",
+        _cluster_id(),
+        "-c",
+        str(props),
+    ]
+    result = subprocess.run(
+        command,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        check=False,
+    )
+    if result.returncode != 0:
+        raise BrokerError(
+            f"formatting KRaft storage failed (exit {result.returncode}):\n{result.stdout}"
+        )
+
+
+def _spawn(argv: Sequence[str], log_file: Path) -> int:
+    """Start ``argv`` detached in a new session (own process group), output to ``log_file``."""
+    log_fd = os.open(log_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        return os.posix_spawn(
+            argv[0],
+            list(argv),
+            dict(os.environ),
+            file_actions=[
+                (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
+                (os.POSIX_SPAWN_DUP2, log_fd, 1),
+                (os.POSIX_SPAWN_DUP2, log_fd, 2),
+            ],
+            setsid=True,
+        )
+    finally:
+        os.close(log_fd)
+
+
+# --------------------------------------------------------------------------- API
+
+
+@dataclass
+class Broker:
+    """A running local broker started by :func:`start`."""
+
+    bootstrap: str
+    pid: int
+    state_dir: Path
+    version: str
+    startup_seconds: float = 0.0
+    _lock_fd: int | None = field(default=None, repr=False)
+
+    @property
+    def log_file(self) -> Path:
+        return self.state_dir / LOGFILE
+
+    def running(self) -> bool:
+        return _alive(self.pid)
+
+    def stop(self, timeout: float = DEFAULT_STOP_TIMEOUT) -> None:
+        """SIGTERM the broker's process group, SIGKILL after ``timeout``; idempotent."""
+        atexit.unregister(self.stop)
+        try:
+            _terminate(self.pid, timeout)
+            _clear_state_files(self.state_dir, self.pid)
+        finally:
+            if self._lock_fd is not None:
+                os.close(self._lock_fd)
+                self._lock_fd = None
+
+    def __enter__(self) -> Broker:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def _clear_state_files(state_dir: Path, pid: int | None = None) -> None:
+    if pid is not None and _read_pid(state_dir) not in (None, pid):
+        return  # someone else's broker by now
+    for name in (PIDFILE, INFOFILE):
+        with contextlib.suppress(FileNotFoundError):
+            (state_dir / name).unlink()
+
+
+def _lock_state_dir(state_dir: Path) -> int:
+    fd = os.open(state_dir / _LOCKFILE, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+        os.close(fd)
+        raise BrokerError(
+            f"the Kafka state dir {state_dir} is in use by another live process (pid {holder}); "
+            "stop it or use another dir"
+        ) from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd
+
+
+def start(
+    state_dir: Path | str | None = None,
+    *,
+    version: str | None = None,
+    timeout: float = DEFAULT_START_TIMEOUT,
+    port: int | None = None,
+    overrides: Mapping[str, str] | None = None,
+    stop_at_exit: bool = True,
+) -> Broker:
+    """Start a fresh single-node KRaft broker in ``state_dir`` and wait until it answers.
+
+    Any broker left running in ``state_dir`` is stopped first and the storage is formatted
+    anew.  Raises :class:`BrokerError` (with the tail of the broker log) on failure, leaving
+    no process behind.
+    """
+    version = version or kafka_version()
+    state = Path(state_dir or default_state_dir()).absolute()
+    state.mkdir(parents=True, exist_ok=True)
+    lock_fd = _lock_state_dir(state)
+    try:
+        stop(state)
+        libs = ensure_jars(version)
+        java = _java()
+        began = time.monotonic()
+        attempts = 1 if port is not None else 3
+        for attempt in range(1, attempts + 1):
+            ports = _free_ports(2) if port is None else [port, *_free_ports(1)]
+            broker = _start_once(
+                state,
+                libs,
+                java,
+                version,
+                ports[0],
+                ports[1],
+                timeout,
+                overrides,
+                lock_fd,
+                retry_on_port_clash=attempt < attempts,
+            )
+            if broker is not None:
+                broker.startup_seconds = time.monotonic() - began
+                _say(
+                    f"Apache Kafka {broker.version} is up at {broker.bootstrap} "
+                    f"(pid {broker.pid}, {broker.startup_seconds:.1f} s, log {broker.log_file})"
+                )
+                if stop_at_exit:
+                    atexit.register(broker.stop)
+                return broker
+            _say(f"port clash on attempt {attempt}; retrying on other ports")
+        raise BrokerError(
+            f"could not bind free ports after {attempts} attempts:\n{log_tail(state)}"
+        )
+    except BaseException:
+        os.close(lock_fd)
+        raise
+
+
+def _start_once(
+    state: Path,
+    libs: Path,
+    java: str,
+    version: str,
+    port: int,
+    controller_port: int,
+    timeout: float,
+    overrides: Mapping[str, str] | None,
+    lock_fd: int,
+    retry_on_port_clash: bool,
+) -> Broker | None:
+    """One start attempt: the Broker, or None when the ports were taken meanwhile."""
+    props = state / "server.properties"
+    _write_properties(props, server_properties(state, port, controller_port, version, overrides))
+    _format_storage(java, libs, state, props, version)
+    _, log_prop = _logging_config(state, version, tool=False)
+    extra = shlex.split(os.environ.get("TICKWHEEL_KAFKA_JVM_OPTS", ""))
+    argv = [java, *JVM_OPTS, *extra, log_prop, "-cp", str(libs / "*"), "kafka.Kafka", str(props)]
+    bootstrap = f"{HOST}:{port}"
+    pid = _spawn(argv, state / LOGFILE)
+    (state / PIDFILE).write_text(f"{pid}\n")
+    try:
+        wait_until_ready(bootstrap, timeout, pid=pid)
+    except BrokerError as exc:
+        _terminate(pid, 5.0)
+        _clear_state_files(state, pid)
+        if any("Address already in use" in line for line in _log_lines(state)):
+            if retry_on_port_clash:
+                return None
+            exc = BrokerError(f"{exc}: port {port} or {controller_port} is already in use")
+        raise BrokerError(f"{exc}\n--- {state / LOGFILE} ---\n{log_tail(state)}") from None
+    except BaseException:
+        _terminate(pid, 5.0)
+        _clear_state_files(state, pid)
+        raise
+    info = {
+        "pid": pid,
+        "bootstrap": bootstrap,
+        "version": version,
+        "controller_port": controller_port,
+    }
+    (state / INFOFILE).write_text(json.dumps(info) + "\n")
+    return Broker(bootstrap=bootstrap, pid=pid, state_dir=state, version=version, _lock_fd=lock_fd)
+
+
+def stop(state_dir: Path | str | None = None, timeout: float = DEFAULT_STOP_TIMEOUT) -> bool:
+    """Stop the broker recorded in ``state_dir``; return whether one was running."""
+    state = Path(state_dir or default_state_dir()).absolute()
+    pid = _read_pid(state)
+    running = pid is not None and _is_broker(pid, state)
+    if running and pid is not None:
+        _terminate(pid, timeout)
+    _clear_state_files(state)
+    return running
+
+
+@dataclass
+class Status:
+    running: bool
+    answering: bool
+    bootstrap: str | None
+    pid: int | None
+    version: str | None
+
+
+def status(state_dir: Path | str | None = None) -> Status:
+    state = Path(state_dir or default_state_dir()).absolute()
+    pid = _read_pid(state)
+    info = _read_info(state)
+    bootstrap = info.get("bootstrap")
+    version = info.get("version")
+    if pid is None or not _is_broker(pid, state):
+        return Status(False, False, None, None, None)
+    address = bootstrap if isinstance(bootstrap, str) else None
+    answering = address is not None and probe(address)
+    return Status(True, answering, address, pid, version if isinstance(version, str) else None)
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+def _parse_settings(pairs: Sequence[str]) -> dict[str, str]:
+    settings: dict[str, str] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise SystemExit(f"kafka-local: --set expects key=value, got {pair!r}")
+        settings[key.strip()] = value.strip()
+    return settings
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="kafka-local", description="Run a local single-node Apache Kafka (KRaft)."
+    )
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--dir",
+        type=Path,
+        default=None,
+        help="state dir (default ${TICKWHEEL_STATE:-/tmp/tickwheel-kafka})",
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+    start_cmd = commands.add_parser("start", parents=[common], help="start (fresh) and wait")
+    start_cmd.add_argument("--port", type=int, default=None, help="PLAINTEXT port (default: free)")
+    start_cmd.add_argument("--timeout", type=float, default=DEFAULT_START_TIMEOUT)
+    start_cmd.add_argument("--kafka-version", default=None, help=f"default {KAFKA_VERSION}")
+    start_cmd.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="broker setting"
+    )
+    stop_cmd = commands.add_parser("stop", parents=[common], help="stop the broker")
+    stop_cmd.add_argument("--timeout", type=float, default=DEFAULT_STOP_TIMEOUT)
+    commands.add_parser("status", parents=[common], help="running/stopped and the address")
+    fetch_cmd = commands.add_parser("fetch", help="only resolve the jars; print their folder")
+    fetch_cmd.add_argument("--kafka-version", default=None, help=f"default {KAFKA_VERSION}")
+    args = parser.parse_args(argv)
+
+    try:
+        if args.command == "fetch":
+            print(ensure_jars(args.kafka_version))
+            return 0
+        state: Path = (args.dir or default_state_dir()).absolute()
+        if args.command == "start":
+            current = status(state)
+            if current.running and current.answering and current.bootstrap:
+                _say(f"already running (pid {current.pid}) in {state}")
+                print(current.bootstrap)
+                return 0
+            broker = start(
+                state,
+                version=args.kafka_version,
+                timeout=args.timeout,
+                port=args.port,
+                overrides=_parse_settings(args.set),
+                stop_at_exit=False,
+            )
+            print(broker.bootstrap, flush=True)
+            return 0
+        if args.command == "stop":
+            was_running = stop(state, args.timeout)
+            print("stopped" if was_running else "stopped (was not running)")
+            return 0
+        current = status(state)
+        if not current.running:
+            print("stopped")
+            return 3
+        word = "running" if current.answering else "unresponsive"
+        print(f"{word} {current.bootstrap} pid={current.pid} kafka={current.version} dir={state}")
+        return 0 if current.answering else 1
+    except BrokerError as exc:
+        print(f"kafka-local: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
