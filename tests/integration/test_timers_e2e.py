@@ -1,0 +1,257 @@
+"""Timers fired end to end on the real broker, through crashes and rebalances.
+
+Owners schedule one-off and recurring timers on `counter` aggregates; the target's `Fire`
+handler records each slot it applied (its request id `<timer id>#<slot>`). The checks:
+every slot applied exactly once, cancelled and replaced timers never sent after their
+cancel, nothing applied before its slot's due time, recurring slots without gaps.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections import Counter, defaultdict
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from harness import Client, Cluster, Worker, eventually
+
+pytestmark = pytest.mark.kafka
+
+OPTIONS = '{"claim_timeout": 5000, "send_timeout": 4000, "expires_after": 600000}'
+
+
+@pytest.fixture
+async def cluster(kafka_bootstrap: str, tmp_path: Path) -> AsyncIterator[Cluster]:
+    c = Cluster(kafka_bootstrap, tmp_path, partitions=8, env={"TICKWHEEL_TIMER_OPTIONS": OPTIONS})
+    yield c
+    c.stop_all()
+
+
+@dataclass
+class Plan:
+    """What was scheduled: timer ids by kind, and when each one-off is due."""
+
+    once: dict[str, int] = field(default_factory=dict)
+    recurring: set[str] = field(default_factory=set)
+    cancelled: set[str] = field(default_factory=set)
+    replaced: set[str] = field(default_factory=set)
+
+
+async def schedule(
+    client: Client, rng: random.Random, owners: int, per_owner: int, spread_ms: int
+) -> tuple[Plan, list[tuple[str, list[str]]]]:
+    """Schedules owners × per_owner timers: 10 % recurring (every 1.5 s), the rest once."""
+    plan = Plan()
+    now = int(time.time() * 1000)
+    commands = []
+    recurring_keys: list[tuple[str, list[str]]] = []
+    for o in range(owners):
+        owner = f"owner-{o}"
+        timers = []
+        rec: list[str] = []
+        for k in range(per_owner):
+            if k % 10 == 0:
+                rule = {"kind": "interval", "start": now + 3_000, "every": 1_500, "coalesce": False}
+                rec.append(f"k{k}")
+            else:
+                rule = {"kind": "once", "at": now + 4_000 + rng.randrange(spread_ms)}
+            timers.append(
+                {
+                    "key": f"k{k}",
+                    "rule": rule,
+                    "target": client.ref(f"target-{o % 50}").model_dump(),
+                }
+            )
+        cmd = client.command(owner, "ScheduleMany", {"timers": timers}, request_id=f"plan-{owner}")
+        commands.append(cmd)
+        recurring_keys.append((owner, rec))
+        for k, t in enumerate(timers):
+            timer_id = f"{cmd.request_id}/{k}"
+            if t["rule"]["kind"] == "once":
+                plan.once[timer_id] = t["rule"]["at"]
+            else:
+                plan.recurring.add(timer_id)
+    for i in range(0, len(commands), 20):
+        await client.send(*commands[i : i + 20])
+    await client.wait_results([c.request_id for c in commands], within=120)
+    return plan, recurring_keys
+
+
+async def cancel_some(
+    client: Client, plan: Plan, rng: random.Random, owners: int, per_owner: int
+) -> None:
+    """Cancels 5 % of the one-offs well before they are due, and replaces 5 % with later ones."""
+    commands = []
+    now = int(time.time() * 1000)
+    for o in range(owners):
+        owner = f"owner-{o}"
+        keys = [k for k in range(per_owner) if k % 10 != 0]
+        picked = rng.sample(keys, max(2, len(keys) // 10))
+        half = len(picked) // 2
+        cancel, replace = picked[:half], picked[half:]
+        due_later = [k for k in cancel if plan.once[f"plan-{owner}/{k}"] > now + 2_500]
+        if due_later:
+            commands.append(
+                client.command(
+                    owner,
+                    "Unschedule",
+                    {"keys": [f"k{k}" for k in due_later]},
+                    request_id=f"cancel-{owner}",
+                )
+            )
+            plan.cancelled |= {f"plan-{owner}/{k}" for k in due_later}
+        for k in replace:
+            if plan.once[f"plan-{owner}/{k}"] <= now + 2_500:
+                continue
+            at = now + 6_000 + rng.randrange(4_000)
+            cmd = client.command(
+                owner,
+                "Schedule",
+                {
+                    "key": f"k{k}",
+                    "rule": {"kind": "once", "at": at},
+                    "target": client.ref(f"target-{o % 50}").model_dump(),
+                },
+                request_id=f"re-{owner}-{k}",
+            )
+            commands.append(cmd)
+            plan.replaced.add(f"plan-{owner}/{k}")
+            plan.once[f"{cmd.request_id}/0"] = at
+    await client.send(*commands)
+    await client.wait_results([c.request_id for c in commands], within=120)
+
+
+async def stop_recurring(client: Client, recurring_keys: list[tuple[str, list[str]]]) -> None:
+    commands = [
+        client.command(owner, "Unschedule", {"keys": keys}, request_id=f"stop-{owner}")
+        for owner, keys in recurring_keys
+        if keys
+    ]
+    await client.send(*commands)
+    await client.wait_results([c.request_id for c in commands], within=120)
+
+
+async def fired_timer_ids(client: Client) -> set[str]:
+    return {
+        e.request_id.split("#")[0]
+        for e in await client.events()
+        if e.type == "Fired" and e.request_id
+    }
+
+
+async def wait_recurring_started(client: Client, plan: Plan, within: float) -> None:
+    async def started() -> bool:
+        return plan.recurring <= await fired_timer_ids(client)
+
+    await eventually(started, within, "every recurring timer fired once", interval=1.0)
+
+
+async def wait_all_fired(client: Client, plan: Plan, within: float) -> None:
+    expected = {tid for tid in plan.once if tid not in plan.cancelled and tid not in plan.replaced}
+
+    async def done() -> bool:
+        fired = {
+            e.request_id.split("#")[0]
+            for e in await client.events()
+            if e.type == "Fired" and e.request_id
+        }
+        return expected <= fired
+
+    await eventually(done, within, f"{len(expected)} one-off timers fired", interval=1.0)
+
+
+async def check(client: Client, plan: Plan) -> dict[str, int]:
+    fired = [e for e in await client.events() if e.type == "Fired"]
+    per_request = Counter(e.request_id for e in fired)
+    twice = [r for r, n in per_request.items() if n > 1]
+    assert not twice, f"applied twice: {twice[:5]}"
+    by_timer: dict[str, list[int]] = defaultdict(list)
+    for e in fired:
+        assert e.request_id is not None
+        timer_id, slot = e.request_id.rsplit("#", 1)
+        by_timer[timer_id].append(int(slot))
+        # Never applied before its slot's due time (the target refuses an early one).
+        assert e.created_at >= e.body["not_before"], e.request_id
+    for timer_id in plan.cancelled:
+        assert timer_id not in by_timer, f"cancelled timer {timer_id} was applied"
+    for timer_id, at in plan.once.items():
+        if timer_id in plan.cancelled:
+            continue
+        if timer_id in plan.replaced:
+            continue  # it may have fired before its replacement; never twice (checked above)
+        assert by_timer.get(timer_id) == [0], f"{timer_id} due {at}: {by_timer.get(timer_id)}"
+        e = next(e for e in fired if e.request_id == f"{timer_id}#0")
+        assert e.body["not_before"] == at
+    for timer_id in plan.recurring:
+        slots = sorted(by_timer.get(timer_id, []))
+        assert slots, f"recurring {timer_id} never fired"
+        # The first slot is the first at or after the ScheduleSet; none missing after it.
+        assert slots == list(range(slots[0], slots[0] + len(slots))), f"{timer_id}: {slots}"
+    return {"fired": len(fired), "timers": len(by_timer)}
+
+
+async def run_scenario(
+    cluster: Cluster,
+    *,
+    owners: int,
+    per_owner: int,
+    spread_ms: int,
+    chaos: str = "",
+) -> dict[str, int]:
+    rng = random.Random(11)
+    began = time.monotonic()
+
+    def phase(name: str) -> None:
+        print(f"{time.monotonic() - began:7.1f}s {name}")
+
+    async with Client(cluster) as client:
+        workers = [cluster.start_worker(), cluster.start_worker()]
+        for w in workers:
+            await cluster.wait_owned(w)
+        phase("workers own partitions")
+        plan, recurring_keys = await schedule(client, rng, owners, per_owner, spread_ms)
+        phase("scheduled")
+        await cancel_some(client, plan, rng, owners, per_owner)
+        phase("cancelled and replaced some")
+        kills = 0
+        if chaos == "kill":
+            for _ in range(5):
+                await asyncio.sleep(rng.uniform(1.0, 2.5))
+                victim = rng.choice([w for w in workers if w.alive])
+                victim.kill9()
+                kills += 1
+                workers.remove(victim)
+                workers.append(cluster.start_worker())
+        elif chaos == "join":
+            await asyncio.sleep(3)
+            third: Worker = cluster.start_worker()
+            await cluster.wait_owned(third, within=90)
+        await wait_recurring_started(client, plan, within=120)
+        phase("recurring started")
+        await stop_recurring(client, recurring_keys)
+        await wait_all_fired(client, plan, within=240)
+        phase("all fired")
+        # Let anything still in flight land before counting.
+        await asyncio.sleep(3)
+        stats = await check(client, plan)
+        stats["kills"] = kills
+        return stats
+
+
+async def test_ten_thousand_timers_over_two_workers(cluster: Cluster) -> None:
+    stats = await run_scenario(cluster, owners=100, per_owner=100, spread_ms=12_000)
+    assert stats["timers"] >= 9_000
+
+
+async def test_kill_9_at_random_moments(cluster: Cluster) -> None:
+    stats = await run_scenario(cluster, owners=40, per_owner=50, spread_ms=14_000, chaos="kill")
+    assert stats["kills"] >= 5
+
+
+async def test_a_third_worker_joins_mid_run(cluster: Cluster) -> None:
+    await run_scenario(cluster, owners=40, per_owner=50, spread_ms=12_000, chaos="join")
