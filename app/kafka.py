@@ -16,7 +16,12 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.coordinator.assignors.range import RangePartitionAssignor
-from aiokafka.errors import KafkaError, ProducerFenced, TopicAlreadyExistsError
+from aiokafka.errors import (
+    IllegalStateError,
+    KafkaError,
+    ProducerFenced,
+    TopicAlreadyExistsError,
+)
 
 from app.exceptions import TickwheelError
 
@@ -399,9 +404,17 @@ class GroupConsumer:
         return {(tp.topic, tp.partition): [_record(m) for m in ms] for tp, ms in got.items()}
 
     async def commit(self, offsets: dict[tuple[str, int], int]) -> None:
-        """Commits `offsets` (the next offset to read, per partition)."""
+        """Commits `offsets` (the next offset to read, per partition).
+
+        `KafkaUnavailable` when the group rebalanced meanwhile: the partitions' next owner
+        reads those records again, which every consumer here is written to survive.
+        """
         if offsets:
-            await self._consumer.commit({TopicPartition(t, p): o for (t, p), o in offsets.items()})
+            tps = {TopicPartition(t, p): o for (t, p), o in offsets.items()}
+            try:
+                await self._consumer.commit(tps)
+            except KafkaError as exc:
+                raise KafkaUnavailable(f"offset commit failed: {exc!r}") from exc
 
     async def backlog(self, topic: str, partition: int) -> int:
         """How many records of the partition wait behind what was fetched."""
@@ -411,8 +424,16 @@ class GroupConsumer:
             return 0
         return max(0, int(high) - int(await self._consumer.position(tp)))
 
-    def seek(self, topic: str, partition: int, offset: int) -> None:
-        self._consumer.seek(TopicPartition(topic, partition), offset)
+    def seek(self, topic: str, partition: int, offset: int) -> bool:
+        """Reads the partition again from `offset`; False when it is no longer assigned."""
+        tp = TopicPartition(topic, partition)
+        if tp not in self._consumer.assignment():
+            return False
+        try:
+            self._consumer.seek(tp, offset)
+        except IllegalStateError:
+            return False  # revoked in between
+        return True
 
     def assignment(self) -> set[tuple[str, int]]:
         return {(tp.topic, tp.partition) for tp in self._consumer.assignment()}

@@ -4,9 +4,10 @@ Its assignment of the aggregate types' partitions is its ownership. For each par
 it is assigned, before reading anything of p it: fences p's previous owner (a new
 transactional producer) and folds the log into the aggregate states; restores the timer
 table from its changelog; starts reading the results of its sends; then starts firing p's
-timers. On revocation it does the reverse. The consumer reads two topics per type:
-the log (into the timer table: the timers subscription) and the commands (the command
-path, `processor`).
+timers. On revocation it does the reverse. The consumer reads three topics per type:
+the log (into the timer table: the timers subscription), the commands (the command
+path, `processor`) and the operators' retry/skip requests on its parked timers
+(`operator`). Each context's failure ledger is read whole by every node (`ledger`).
 """
 
 from __future__ import annotations
@@ -29,17 +30,18 @@ from app.kafka import (
     TransactionalProducer,
     ensure_topics,
 )
+from app.ledger import KafkaFailureLedger
+from app.operator import TimerOp, carry_out
 from app.processor import CommandProcessor, dead_letter_record
-from app.runner import SystemClock, TimerLoop, TimerOptions, TimerRunner
-from app.runner.loop import Clock
+from app.runner import Clock, SystemClock, TimerLoop, TimerOptions, TimerRunner
 from app.sender import KafkaSender, ResultsReader
 from app.settings import Settings
 from app.subscription import PutTimer, apply, timer_op
 from app.topics import AggregateTopics, ContextTopics, parse_aggregate_type
 from app.wire import EventEnvelope, decode
-from tables import TimerStore, open_timer_store
+from tables import StoreError, TimerStore, open_timer_store
 from tables.aggregate_store import RocksAggregateStore
-from tables.ledger import FailureLedger, MemoryFailureLedger
+from tables.ledger import FailureLedger
 
 __all__ = ["Node", "node_topics"]
 
@@ -54,6 +56,7 @@ def node_topics(types: list[AggregateTopics], partitions: int) -> list[TopicSpec
             TopicSpec(t.events, partitions),
             TopicSpec(t.commands, partitions),
             TopicSpec(t.timers_changelog, partitions, compacted=True),
+            TopicSpec(t.timer_ops, partitions),
         ]
     for ctx in sorted({t.context for t in types}):
         c = ContextTopics(ctx)
@@ -92,8 +95,12 @@ class Node:
         self.service = service
         self.clock: Clock = clock or SystemClock()
         self.options = options or settings.timers
-        self.ledger: FailureLedger = ledger or MemoryFailureLedger()
-        names = [a.type_name for a in service.aggregates]
+        # One ledger per context, on its topic (started in `start`), unless one is given.
+        self.ledger: FailureLedger | None = ledger
+        self._ledgers: dict[str, KafkaFailureLedger] = {}
+        # The declared aggregates and each context's schedule (its jobs), by type name.
+        self.aggregates = {a.type_name: a for a in service.all_aggregates(settings.partitions)}
+        names = list(self.aggregates)
         names += [n for n in settings.aggregate_types if n not in names]
         self.topics = [parse_aggregate_type(n) for n in names]
         self.producer = Producer(settings.bootstrap_servers)
@@ -118,9 +125,14 @@ class Node:
             reader = ResultsReader(s.bootstrap_servers, ctx)
             await reader.start()
             self._results[ctx] = reader
+            if self.ledger is None:
+                ledger = KafkaFailureLedger(s.bootstrap_servers, ctx, s.partitions, self.producer)
+                await ledger.start()
+                self._ledgers[ctx] = ledger
         for t in self.topics:
             self.types[t.type_name] = kept = self._open_type(t)
             self._by_topic[t.events] = (kept, "events")
+            self._by_topic[t.timer_ops] = (kept, "timer-ops")
             if kept.agg is not None:
                 self._by_topic[t.commands] = (kept, "commands")
         self._consumer = GroupConsumer(
@@ -143,8 +155,9 @@ class Node:
             changelog=KafkaChangelogSink(self.producer, t.timers_changelog),
         )
         sender = KafkaSender(self.producer, self._results[t.context], t.context, self.clock.now)
-        runner = TimerRunner(store, sender, self.clock, self.ledger, self.options)
-        agg = self.service.find(t.type_name)
+        ledger = self.ledger or self._ledgers[t.context]
+        runner = TimerRunner(store, sender, self.clock, ledger, self.options)
+        agg = self.aggregates.get(t.type_name)
         states = RocksAggregateStore(directory / "states") if agg is not None else None
         return _Type(t, agg, store, runner, TimerLoop(runner), states)
 
@@ -153,9 +166,13 @@ class Node:
             await kept.runner.stop_all()
             await kept.loop.stop()
         if self._consumer is not None:
-            await self._consumer.stop()  # revokes: the hooks let the partitions go
+            await self._consumer.stop()
+        # Whatever the consumer did not revoke on leaving the group is let go here.
+        await self._revoked({("", p) for p in self._owned})
         for reader in self._results.values():
             await reader.stop()
+        for ledger in self._ledgers.values():
+            await ledger.stop()
         await self.producer.stop()
         for kept in self.types.values():
             await kept.store.close()
@@ -168,10 +185,15 @@ class Node:
         for kept in self.types.values():
             kept.loop.start()
         while True:
-            batches = await self._consumer.poll(timeout_ms=200)
-            if batches:
-                async with self._lock:
-                    await self._process(batches)
+            try:
+                batches = await self._consumer.poll(timeout_ms=200)
+                if batches:
+                    async with self._lock:
+                        await self._process(batches)
+            except KafkaUnavailable as exc:
+                # The broker or the group is in flux: the node keeps going and reads again.
+                logger.warning("reading paused: %s", exc)
+                await asyncio.sleep(1)
 
     async def _process(self, batches: dict[tuple[str, int], list[Record]]) -> None:
         assert self._consumer is not None
@@ -184,18 +206,24 @@ class Node:
                 if kind == "events":
                     await self._subscribe(kept, records)
                     done[(topic, p)] = records[-1].offset + 1
+                elif kind == "timer-ops":
+                    await self._operate(kept, records)
+                    done[(topic, p)] = records[-1].offset + 1
                 else:
                     processor = kept.processors.get(p)
                     if processor is None:
                         continue
                     backlog = await self._consumer.backlog(topic, p)
                     await processor.handle(records, backlog)
-            except KafkaUnavailable as exc:
+            except (KafkaUnavailable, StoreError) as exc:
                 # Nothing of the batch counts: read it again (every write is idempotent).
                 logger.warning("%s[%d] batch failed, reading it again: %s", topic, p, exc)
                 self._consumer.seek(topic, p, records[0].offset)
                 await asyncio.sleep(0.5)
-        await self._consumer.commit(done)
+        try:
+            await self._consumer.commit(done)
+        except KafkaUnavailable as exc:
+            logger.warning("%s; the next owner reads those records again", exc)
 
     async def _subscribe(self, kept: _Type, records: list[Record]) -> None:
         woke = False
@@ -212,12 +240,38 @@ class Node:
         if woke:
             kept.loop.wake()
 
+    async def _operate(self, kept: _Type, records: list[Record]) -> None:
+        """Carries out operators' retry/skip requests on this partition's parked timers."""
+        for record in records:
+            try:
+                op = decode(TimerOp, record.value)
+            except BadRecord as exc:
+                r = dead_letter_record(record, str(exc))
+                await self.producer.send(r[0], r[2], r[3], r[1])
+                continue
+            try:
+                await carry_out(kept.runner, op, record.partition)
+            except TimeoutError as exc:
+                # Not carried out (the ledger did not answer in time): read it again.
+                raise KafkaUnavailable(f"operator request {op.request_id}: {exc!r}") from exc
+
     async def _assigned(self, assigned: set[tuple[str, int]]) -> None:
         async with self._lock:
             for p in sorted({p for _, p in assigned} - self._owned):
-                await self._take(p, {t for t, q in assigned if q == p})
+                await self._take_with_retries(p, {t for t, q in assigned if q == p})
             logger.info("owning partitions %s", sorted(self._owned))
             self.ready.set()
+
+    async def _take_with_retries(self, p: int, topics: set[str], attempts: int = 10) -> None:
+        for attempt in range(1, attempts + 1):
+            try:
+                await self._take(p, topics)
+                return
+            except (KafkaUnavailable, StoreError) as exc:
+                logger.warning("taking partition %d failed (%d/%d): %s", p, attempt, attempts, exc)
+                await self._let_go(p)
+                await asyncio.sleep(min(0.2 * 2**attempt, 5))
+        logger.error("partition %d could not be restored; its records wait for its next owner", p)
 
     async def _take(self, p: int, topics: set[str]) -> None:
         s = self.settings
@@ -238,8 +292,8 @@ class Node:
                     now=self.clock.now,
                     busy_backlog=s.busy_backlog,
                 )
-                await processor.restore(s.bootstrap_servers)
                 kept.processors[p] = processor
+                await processor.restore(s.bootstrap_servers)
             if t.events in topics:
                 await kept.store.assign({p})
                 await restore_partition(kept.store, s.bootstrap_servers, t.timers_changelog, p)
@@ -253,15 +307,20 @@ class Node:
     async def _revoked(self, revoked: set[tuple[str, int]]) -> None:
         async with self._lock:
             for p in sorted({p for _, p in revoked} & self._owned):
-                self._owned.discard(p)
-                for kept in self.types.values():
-                    await kept.runner.stop_partition(p)
-                    await kept.store.revoke({p})
-                    processor = kept.processors.pop(p, None)
-                    if processor is not None:
-                        await processor.stop()
-                        assert kept.states is not None
-                        kept.states.release(p)
-                for reader in self._results.values():
-                    await reader.remove_partition(p)
+                await self._let_go(p)
             logger.info("owning partitions %s", sorted(self._owned))
+
+    async def _let_go(self, p: int) -> None:
+        """Stops everything of partition p this node runs (whole or half taken)."""
+        self._owned.discard(p)
+        for kept in self.types.values():
+            await kept.runner.stop_partition(p)
+            if p in kept.store.assigned:
+                await kept.store.revoke({p})
+            processor = kept.processors.pop(p, None)
+            if processor is not None:
+                await processor.stop()
+                assert kept.states is not None
+                kept.states.release(p)
+        for reader in self._results.values():
+            await reader.remove_partition(p)
