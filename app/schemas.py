@@ -7,6 +7,7 @@ from pathlib import Path
 import orjson
 from pydantic import BaseModel
 
+from app.operator import TimerOp
 from app.wire import (
     AggregateDeleted,
     CommandEnvelope,
@@ -31,6 +32,7 @@ _MODELS: dict[str, type[BaseModel]] = {
     "command-result": CommandResult,
     "dead-letter": DeadLetter,
     "timer": Timer,
+    "timer-op": TimerOp,
 }
 
 

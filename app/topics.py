@@ -35,6 +35,11 @@ class AggregateTopics:
     def timers_changelog(self) -> str:
         return f"{self.type_name}.timers"
 
+    @property
+    def timer_ops(self) -> str:
+        """Operators' retry/skip requests for the type's timers, carried out by each owner."""
+        return f"{self.type_name}.timer-ops"
+
 
 @dataclass(frozen=True, slots=True)
 class ContextTopics:

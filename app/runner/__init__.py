@@ -1,4 +1,4 @@
-"""The firing side: decisions (pure), options, and the runner and loop that carry them out."""
+"""The firing side: pure decisions, options, ports, and the runner and loop that use them."""
 
 from app.runner.decisions import (
     SENT,
@@ -15,16 +15,10 @@ from app.runner.decisions import (
     retry_parked,
     skip_parked,
 )
-from app.runner.loop import (
-    Clock,
-    FiringStore,
-    RoundStats,
-    Sender,
-    SystemClock,
-    TimerLoop,
-    TimerRunner,
-)
+from app.runner.loop import TimerLoop
 from app.runner.options import RetryPolicy, TimerOptions, backoff_ms
+from app.runner.ports import Clock, FiringStore, Sender, SystemClock
+from app.runner.runner import RoundStats, TimerRunner
 
 __all__ = [
     "SENT",

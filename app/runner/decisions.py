@@ -15,7 +15,7 @@ from typing import Any, Final
 
 from app.runner.options import TimerOptions, backoff_ms
 from app.wire import ResultCode
-from tables.slots import Slot, caught_up, next_slot
+from tables.slots import Slot, caught_up, latest_due, next_slot
 from tables.timer import Outcome, Timer, TimerChange, TimerStatus
 
 __all__ = [
@@ -86,7 +86,8 @@ class Action(StrEnum):
     EXPIRE = "expire"
     """A slot due longer ago than `expires_after`, and no next one: CANCELLED/EXPIRED."""
     EXPIRE_SLOT = "expire_slot"
-    """An expired slot of a recurring rule: PENDING at its next slot."""
+    """An expired slot of a recurring rule: PENDING at the rule's first slot not expired,
+    the slots passed over counted as skipped."""
     CLAIM = "claim"
     FIRE = "fire"
     """The last slot fired: FIRED."""
@@ -139,23 +140,37 @@ def _following(timer: Timer) -> Slot | None:
     return nxt
 
 
+def _first_unexpired(timer: Timer, oldest: int) -> Slot | None:
+    """The rule's first slot after the timer's own that is due at or after `oldest` (not
+    expired), or None if the rule has none; the timer's own slot is due before `oldest`."""
+    last_expired = latest_due(timer.rule, _slot(timer), oldest - 1)
+    nxt = next_slot(timer.rule, last_expired)
+    if nxt is not None and nxt.index <= timer.slot:
+        raise ValueError(f"next_slot went back from slot {timer.slot} to {nxt.index}")
+    return nxt
+
+
 def expire_or_claim(timer: Timer, now: int, options: TimerOptions) -> Decision:
     """What a round does with a timer `due()` loaded: expire it, or claim it to send it.
 
     A PENDING timer or a FIRING one whose claim lapsed is due when its `due_at` has come;
-    anything else is left alone.
+    anything else is left alone. A slot due longer ago than `expires_after` is not sent: a
+    rule due once is CANCELLED/EXPIRED, a recurring one jumps in one write to its first
+    slot not expired (PENDING, due then), counting the slots it passed over as skipped.
     """
     if timer.status not in (TimerStatus.PENDING, TimerStatus.FIRING) or timer.due_at > now:
         return _NOTHING
     if now - timer.slot_due_at > options.expires_after:
-        nxt = _following(timer)
+        nxt = _first_unexpired(timer, now - options.expires_after)
         if nxt is None:
             # Written conditionally like a claim, and never sent.
             return Decision(
                 Action.EXPIRE,
                 _change(timer, status=TimerStatus.CANCELLED, outcome=Outcome.EXPIRED),
             )
-        return Decision(Action.EXPIRE_SLOT, _at_slot(timer, nxt, Outcome.EXPIRED))
+        # One write however far behind: every slot passed over is counted as skipped.
+        skipped = timer.skipped + nxt.index - timer.slot
+        return Decision(Action.EXPIRE_SLOT, _at_slot(timer, nxt, Outcome.EXPIRED, skipped))
     catch = caught_up(timer.rule, _slot(timer), now)
     # Catch-up only ever moves forward; a slot it did not move keeps its attempts.
     moved = catch.slot.index > timer.slot
@@ -239,7 +254,7 @@ def _fired(claimed: Timer, outcome: Outcome) -> Decision:
     return Decision(Action.NEXT_SLOT, _at_slot(claimed, nxt, outcome))
 
 
-def _at_slot(timer: Timer, slot: Slot, outcome: Outcome) -> TimerChange:
+def _at_slot(timer: Timer, slot: Slot, outcome: Outcome, skipped: int | None = None) -> TimerChange:
     return _change(
         timer,
         status=TimerStatus.PENDING,
@@ -247,6 +262,7 @@ def _at_slot(timer: Timer, slot: Slot, outcome: Outcome) -> TimerChange:
         slot_due_at=slot.due_at,
         due_at=slot.due_at,
         attempts=0,
+        skipped=timer.skipped if skipped is None else skipped,
         outcome=outcome,
     )
 

@@ -9,9 +9,9 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+from harness import Client, Cluster
 
 from app.wire import ResultCode
-from harness import Client, Cluster
 
 pytestmark = pytest.mark.kafka
 

@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-
 from harness import Client, Cluster, Worker, eventually
 
 pytestmark = pytest.mark.kafka
@@ -45,7 +44,7 @@ class Plan:
 async def schedule(
     client: Client, rng: random.Random, owners: int, per_owner: int, spread_ms: int
 ) -> tuple[Plan, list[tuple[str, list[str]]]]:
-    """Schedules owners × per_owner timers: 10 % recurring (every 1.5 s), the rest once."""
+    """Schedules owners x per_owner timers: 10 % recurring (every 1.5 s), the rest once."""
     plan = Plan()
     now = int(time.time() * 1000)
     commands = []

@@ -165,6 +165,21 @@ def assert_written_from(decision: Decision, loaded: Timer) -> Timer:
     return nxt
 
 
+def first_unexpired(timer: Timer, now: int, options: TimerOptions) -> Slot:
+    """The first slot after the timer's that is not expired at `now`, found the long way."""
+    oldest = now - options.expires_after
+    rule = timer.rule
+    if isinstance(rule, IntervalRule):
+        # Walking one slot of a millisecond at a time through days would take a while.
+        n = max(timer.slot + 1, -(-(oldest - rule.start) // rule.every))
+        return Slot(n, rule.start + n * rule.every)
+    slot = next_slot(rule, Slot(timer.slot, timer.slot_due_at))
+    while slot is not None and slot.due_at < oldest:
+        slot = next_slot(rule, slot)
+    assert slot is not None
+    return slot
+
+
 # --- invariants -------------------------------------------------------------------------
 
 
@@ -180,8 +195,11 @@ def test_expire_or_claim_invariants(case: tuple[Timer, int], options: TimerOptio
         assert nxt.outcome is Outcome.EXPIRED
         if has_next:
             assert decision.action is Action.EXPIRE_SLOT
-            assert (nxt.status, nxt.slot, nxt.attempts) == (TimerStatus.PENDING, timer.slot + 1, 0)
+            assert (nxt.status, nxt.attempts) == (TimerStatus.PENDING, 0)
             assert nxt.due_at == nxt.slot_due_at
+            # One jump, to the first slot not expired; every slot passed over is skipped.
+            assert (nxt.slot, nxt.slot_due_at) == first_unexpired(timer, now, options)
+            assert nxt.skipped - timer.skipped == nxt.slot - timer.slot
         else:
             assert decision.action is Action.EXPIRE
             assert nxt.status is TimerStatus.CANCELLED
@@ -343,6 +361,38 @@ def test_an_expired_slot_of_a_recurring_rule_moves_on_to_its_next_slot() -> None
         T0 + MIN,
         0,
     )
+
+
+def test_a_recurring_timer_far_behind_jumps_to_its_first_slot_not_expired_at_once() -> None:
+    timer = make_timer(EVERY_MIN, skipped=2)
+    now = T0 + 3 * DAY_MS + 30_000
+    decision = expire_or_claim(timer, now, OPTIONS)
+    assert decision.action is Action.EXPIRE_SLOT and not decision.send
+    assert decision.change is not None
+    nxt = decision.change.next
+    # Slot 2 * 1440 is due at T0 + 2 days, 30 s longer ago than a day: expired too.
+    first = 2 * 1440 + 1
+    assert (nxt.status, nxt.slot, nxt.slot_due_at, nxt.due_at, nxt.outcome) == (
+        TimerStatus.PENDING,
+        first,
+        T0 + first * MIN,
+        T0 + first * MIN,
+        Outcome.EXPIRED,
+    )
+    assert nxt.skipped == 2 + first
+    # Due already: the next round claims it, not expires it again.
+    assert expire_or_claim(nxt, now, OPTIONS).action is Action.CLAIM
+
+
+def test_a_cron_timer_far_behind_jumps_to_its_first_slot_not_expired() -> None:
+    rule = CronRule(expr="0 * * * *", zone="UTC", start=T0)
+    timer = make_timer(rule)
+    now = timer.slot_due_at + 10 * DAY_MS
+    decision = expire_or_claim(timer, now, OPTIONS)
+    assert decision.action is Action.EXPIRE_SLOT and decision.change is not None
+    nxt = decision.change.next
+    assert (nxt.slot, nxt.slot_due_at) == (9 * 24, timer.slot_due_at + 9 * DAY_MS)
+    assert nxt.skipped == 9 * 24
 
 
 def test_a_claim_is_pending_to_firing_due_again_at_its_deadline() -> None:

@@ -1,0 +1,376 @@
+"""TimerRunner: carries out the decisions against a store, a sender and a clock.
+
+The runner holds no rule of its own: `decisions` says what each timer becomes; this
+module loads, claims, sends and writes, in rounds. One round is one `due()` query for
+every owned partition, one `settle` batch for its claims and expiries, the sends run
+concurrently, and one `settle` batch for their outcomes. Time comes from a `Clock` and
+commands leave through a `Sender` (`ports`), so tests drive it all with fakes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Set
+from dataclasses import dataclass
+from typing import Any
+
+from app.runner.decisions import (
+    TIMEOUT,
+    TRANSPORT_ERROR,
+    Action,
+    Decision,
+    SendResult,
+    expire_or_claim,
+    on_outcome,
+    release,
+    retry_parked,
+    skip_parked,
+    unparked,
+)
+from app.runner.options import TimerOptions
+from app.runner.ports import Clock, FiringStore, Sender
+from tables.ledger import FailureLedger
+from tables.refs import AggregateRef
+from tables.timer import Timer, TimerStatus
+
+__all__ = ["RoundStats", "TimerRunner"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class RoundStats:
+    """What one round did; `next_due` and `full` tell the loop when to run the next."""
+
+    loaded: int = 0
+    claimed: int = 0
+    lost_claims: int = 0
+    expired: int = 0
+    sent: int = 0
+    fired: int = 0
+    retried: int = 0
+    busy: int = 0
+    parked: int = 0
+    released: int = 0
+    ledger_failures: int = 0
+    written: int = 0
+    full: bool = False
+    next_due: int | None = None
+
+    def due_by(self, t: int) -> None:
+        self.next_due = t if self.next_due is None else min(self.next_due, t)
+
+
+class TimerRunner:
+    """Sends the timers of the partitions this node owns (see the TimerRunner seed)."""
+
+    def __init__(
+        self,
+        store: FiringStore,
+        sender: Sender,
+        clock: Clock,
+        ledger: FailureLedger,
+        options: TimerOptions | None = None,
+        partitions: Iterable[int] = (),
+    ) -> None:
+        self._store = store
+        self._sender = sender
+        self._clock = clock
+        self._ledger = ledger
+        self._options = options or TimerOptions()
+        self._owned: set[int] = set(partitions)
+        self._in_flight: dict[int, set[asyncio.Task[Decision]]] = defaultdict(set)
+        # Outcomes decided but not written yet, per partition, so that stop_partition can
+        # write its partition's share before the hand-off without waiting for the round.
+        self._outcomes: dict[int, list[Decision]] = defaultdict(list)
+        # BUSY refusals in a row, per partition and timer id: this node's memory only.
+        self._busy: dict[int, dict[str, int]] = defaultdict(dict)
+        self._gate = asyncio.Semaphore(self._options.max_in_flight)
+        self._round_lock = asyncio.Lock()
+        # Serialises the claim batch (and spawning its sends) with every outcome write, so
+        # that stop_partition's write comes after anything a round already took of its part.
+        self._write_lock = asyncio.Lock()
+
+    @property
+    def clock(self) -> Clock:
+        return self._clock
+
+    @property
+    def options(self) -> TimerOptions:
+        return self._options
+
+    @property
+    def partitions(self) -> frozenset[int]:
+        """The partitions whose timers this runner sends now."""
+        return frozenset(self._owned)
+
+    @property
+    def parked_subscription(self) -> str:
+        """What the ledger parks this context's targets under."""
+        return TimerOptions.PARKED_SUBSCRIPTION
+
+    def start_partition(self, partition: int) -> None:
+        """Starts sending the timers of `partition`; nothing when it does already."""
+        if partition not in self._owned:
+            self._owned.add(partition)
+            logger.info("timers of partition %d: started", partition)
+
+    async def stop_partition(self, partition: int) -> None:
+        """Stops sending `partition`'s timers: sends in progress are cancelled (their claims
+        given back), and the outcomes of those that came back are written before it returns."""
+        self._owned.discard(partition)
+        tasks = self._in_flight.pop(partition, set())
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks)
+        await self._flush({partition}, RoundStats())
+        self._busy.pop(partition, None)
+        logger.info("timers of partition %d: stopped (%d send(s) cut short)", partition, len(tasks))
+
+    async def stop_all(self) -> None:
+        """Stops every partition, as a node does before it shuts down."""
+        for partition in sorted(self._owned | set(self._in_flight)):
+            await self.stop_partition(partition)
+
+    async def run_round(self) -> RoundStats:
+        """Loads the due timers of all owned partitions, claims, sends and records them."""
+        async with self._round_lock:
+            return await self._round()
+
+    async def _round(self) -> RoundStats:
+        stats = RoundStats()
+        owned = frozenset(self._owned)
+        if not owned:
+            return stats
+        now = self._clock.now()
+        limit = self._options.batch_limit
+        loaded = await self._store.due(set(owned), until=now, limit=limit)
+        stats.loaded, stats.full = len(loaded), len(loaded) >= limit
+        # Not a timer of a partition stopped while it was being loaded.
+        decided = [
+            expire_or_claim(t, now, self._options) for t in loaded if t.partition in self._owned
+        ]
+        tasks: list[asyncio.Task[Decision]] = []
+        async with self._write_lock:
+            written = await self._settle_exactly([d for d in decided if d.change is not None])
+            for decision in written:
+                assert decision.change is not None
+                nxt = decision.change.next
+                if not decision.send:
+                    stats.expired += 1
+                    if nxt.status is TimerStatus.PENDING:
+                        stats.due_by(nxt.due_at)
+                elif nxt.partition in self._owned:
+                    tasks.append(self._spawn(nxt, stats))
+                else:
+                    # Handed off while its claim was being written: give it back unsent.
+                    self._outcomes[nxt.partition].append(release(nxt, now))
+            stats.claimed = len(tasks)
+            stats.lost_claims = sum(d.send for d in decided) - sum(d.send for d in written)
+        if tasks:
+            await asyncio.wait(tasks)
+        for task in tasks:
+            if not task.cancelled() and (exc := task.exception()) is not None:
+                # No outcome: its claim lapses and it is sent again, by this node or the next.
+                logger.error("deciding the outcome of %s failed", task.get_name(), exc_info=exc)
+        await self._flush(None, stats)
+        return stats
+
+    def _spawn(self, claimed: Timer, stats: RoundStats) -> asyncio.Task[Decision]:
+        task = asyncio.create_task(
+            self._send_one(claimed, stats), name=f"send {claimed.request_id}"
+        )
+        bucket = self._in_flight[claimed.partition]
+        bucket.add(task)
+        task.add_done_callback(bucket.discard)
+        return task
+
+    async def _send_one(self, claimed: Timer, stats: RoundStats) -> Decision:
+        send: asyncio.Future[SendResult] | None = None
+        try:
+            async with self._gate:
+                now = self._clock.now()
+                # The send must end inside the claim, or another owner could send it too.
+                deadline = min(now + self._options.send_timeout, claimed.due_at)
+                if deadline <= now:
+                    decision = release(claimed, now)
+                else:
+                    send = asyncio.ensure_future(self._sender.send(claimed))
+                    stats.sent += 1
+                    decision = self._decide(claimed, await self._until(claimed, send, deadline))
+        except asyncio.CancelledError:
+            # Cut short by a hand-off: a result already in is written all the same; without
+            # one, the claim is given back so that the next owner need not wait for it.
+            if send is not None and send.done() and not send.cancelled():
+                decision = self._decide(claimed, _result_of(claimed, send))
+            else:
+                decision = release(claimed, self._clock.now())
+            self._outcomes[claimed.partition].append(decision)
+            raise
+        self._outcomes[claimed.partition].append(decision)
+        return decision
+
+    def _decide(self, claimed: Timer, result: SendResult) -> Decision:
+        busy = self._busy[claimed.partition].get(claimed.id, 0)
+        return on_outcome(claimed, result, self._clock.now(), self._options, busy)
+
+    def _count_busy(self, decisions: Iterable[Decision]) -> None:
+        # Kept only for a timer still in the wheel: a parked one starts over if retried, and
+        # one the ledger refused to park keeps counting, as it was sent.
+        for d in decisions:
+            if d.change is None:
+                continue
+            timer = d.change.next
+            counts = self._busy[timer.partition]
+            if d.busy_in_a_row and timer.status is TimerStatus.PENDING:
+                counts[timer.id] = d.busy_in_a_row
+            else:
+                counts.pop(timer.id, None)
+
+    async def _until(
+        self, claimed: Timer, send: asyncio.Future[SendResult], deadline: int
+    ) -> SendResult:
+        """The send's result by `deadline` on the runner's clock, else TIMEOUT."""
+        expiry = asyncio.ensure_future(self._clock.sleep_until(deadline))
+        try:
+            racing: set[asyncio.Future[Any]] = {send, expiry}
+            await asyncio.wait(racing, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            expiry.cancel()
+            if not send.done():
+                send.cancel()
+                # Waited for, so that no send outlives its claim; `wait` raises nothing of it.
+                await asyncio.wait({send})
+        if send.cancelled():
+            return SendResult(TIMEOUT, f"no result within {self._options.send_timeout} ms")
+        return _result_of(claimed, send)
+
+    async def _flush(self, partitions: Set[int] | None, stats: RoundStats) -> None:
+        """Writes the outcomes decided for `partitions` (all when None) in one batch, the
+        targets of parks recorded in the ledger first."""
+        async with self._write_lock:
+            keys = list(self._outcomes) if partitions is None else list(partitions)
+            taken = [d for p in keys for d in self._outcomes.pop(p, [])]
+            if not taken:
+                return
+            final = await self._park(taken, stats)
+            self._count_busy(final)
+            changes = [d.change for d in final if d.change is not None]
+            try:
+                stats.written = await self._store.settle(changes)
+            except Exception:
+                # Not written: the claims lapse and are sent again; the target de-duplicates.
+                logger.exception("writing %d timer outcome(s) failed", len(changes))
+                return
+        for change in changes:
+            if change.next.status is TimerStatus.PENDING and change.next.partition in self._owned:
+                stats.due_by(change.next.due_at)
+        _count(stats, final)
+
+    async def _park(self, decisions: list[Decision], stats: RoundStats) -> list[Decision]:
+        """The decisions to write: a park once the ledger holds its target, and if the
+        ledger refuses it, its fallback (the last attempt sent again after the backoff)."""
+        by_target: dict[AggregateRef, list[Timer]] = defaultdict(list)
+        for d in decisions:
+            if d.park and d.change is not None:
+                by_target[d.change.next.target].append(d.change.next)
+        refused: set[AggregateRef] = set()
+        for target, timers in by_target.items():
+            try:
+                await self._ledger.record(self.parked_subscription, target, timers)
+            except Exception:
+                logger.exception("the ledger refused target %s; its timers stay PENDING", target)
+                stats.ledger_failures += len(timers)
+                refused.add(target)
+        return [
+            unparked(d) if d.park and d.change and d.change.next.target in refused else d
+            for d in decisions
+        ]
+
+    async def _settle_exactly(self, decisions: list[Decision]) -> list[Decision]:
+        """Settles the decisions' changes in one batch; the decisions that were written."""
+        changes = [d.change for d in decisions if d.change is not None]
+        if not changes:
+            return []
+        count = await self._store.settle(changes)
+        if count == len(changes):
+            return decisions
+        if count == 0:
+            return []
+        # The store says how many, not which: only then ask it which rows now hold our write.
+        written = []
+        for d in decisions:
+            assert d.change is not None
+            row = await self._store.find(d.change.next.owner, d.change.next.key)
+            if row is not None and row.same_as_loaded(d.change.next):
+                written.append(d)
+        return written
+
+    async def retry(self, target: AggregateRef, partitions: Iterable[int] | None = None) -> int:
+        """An operator's retry: the PARKED timers of `target` due now, attempts reset, and its
+        ledger entry resolved. Any node may call it; the partition's owner sends them.
+
+        `partitions`: only the timers of these partitions (a node carrying out an operator's
+        request read from one partition of the ops topic); all the store serves when None.
+        """
+        now = self._clock.now()
+        return await self._operate(target, partitions, lambda t: retry_parked(t, now))
+
+    async def skip(self, target: AggregateRef, partitions: Iterable[int] | None = None) -> int:
+        """An operator's skip: the PARKED timers of `target` CANCELLED/SKIPPED, entry resolved;
+        `partitions` as for `retry`."""
+        return await self._operate(target, partitions, skip_parked)
+
+    async def _operate(
+        self,
+        target: AggregateRef,
+        partitions: Iterable[int] | None,
+        decide: Callable[[Timer], Decision],
+    ) -> int:
+        only = None if partitions is None else frozenset(partitions)
+        # Under the write lock, so that a park being written (ledger first, then the row)
+        # is either all before this or all after it: never an entry resolved between the
+        # two, which would leave a PARKED timer that no ledger entry names.
+        async with self._write_lock:
+            parked = [
+                t for t in await self._store.parked(target) if only is None or t.partition in only
+            ]
+            changes = [d.change for d in map(decide, parked) if d.change is not None]
+            written = await self._store.settle(changes) if changes else 0
+            # Resolved after the write: should the write fail, the entry stays for another try.
+            await self._ledger.resolve(self.parked_subscription, target)
+        logger.info(
+            "operator on %s%s: %d of %d parked timer(s) changed",
+            target,
+            "" if only is None else f" in partition(s) {sorted(only)}",
+            written,
+            len(parked),
+        )
+        return written
+
+
+def _result_of(claimed: Timer, send: asyncio.Future[SendResult]) -> SendResult:
+    """A finished send's result; an exception is a technical failure (no transport)."""
+    exc = send.exception()
+    if exc is not None:
+        logger.warning("send of %s failed: %r", claimed.request_id, exc)
+        return SendResult(TRANSPORT_ERROR, repr(exc))
+    return send.result()
+
+
+def _count(stats: RoundStats, decisions: Iterable[Decision]) -> None:
+    for d in decisions:
+        match d.action:
+            case Action.FIRE | Action.NEXT_SLOT:
+                stats.fired += 1
+            case Action.RETRY:
+                stats.retried += 1
+            case Action.BUSY:
+                stats.busy += 1
+            case Action.PARK:
+                stats.parked += 1
+            case Action.RELEASE:
+                stats.released += 1

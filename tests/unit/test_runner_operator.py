@@ -1,0 +1,249 @@
+"""Operators' retry and skip: the TimerOp record, its fan-out to every partition, the
+owner acting on its own partition only, the expiry jump in a round, and the CLI's errors."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import orjson
+import pytest
+from pydantic import ValidationError
+from typer.testing import CliRunner
+
+from app.cli import cli
+from app.exceptions import BadRecord
+from app.operator import TimerAction, TimerOp, carry_out, new_op, op_records
+from app.runner import SendResult, TimerOptions, TimerRunner
+from app.wire import decode, encode
+from tables import open_timer_store
+from tables.ledger import MemoryFailureLedger
+from tables.refs import AggregateRef
+from tables.rules import IntervalRule, OnceRule
+from tables.store import TimerStore
+from tables.timer import CommandSpec, Outcome, Timer, TimerChange, TimerStatus
+
+T0 = 1_800_000_000_000
+MIN = 60_000
+DAY = 24 * 60 * MIN
+OWNER = AggregateRef(context="shop", aggregate="order", id="o-1")
+TARGET = AggregateRef(context="shop", aggregate="order", id="o-2")
+SUB = TimerOptions.PARKED_SUBSCRIPTION
+
+
+class Clock:
+    def __init__(self, now: int) -> None:
+        self.t = now
+
+    def now(self) -> int:
+        return self.t
+
+    async def sleep_until(self, t: int) -> None:
+        # Time stands still in these tests: a sleep into the future never ends.
+        if t > self.t:
+            await asyncio.Event().wait()
+
+
+class Sender:
+    def __init__(self) -> None:
+        self.sent: list[str] = []
+
+    async def send(self, timer: Timer) -> SendResult:
+        self.sent.append(timer.request_id)
+        return SendResult("COMMITTED")
+
+
+class CountingStore:
+    def __init__(self, inner: TimerStore) -> None:
+        self.inner = inner
+        self.settles: list[list[TimerChange]] = []
+
+    async def due(self, partitions: set[int], until: int, limit: int) -> list[Timer]:
+        return await self.inner.due(partitions, until, limit)
+
+    async def settle(self, changes: list[TimerChange]) -> int:
+        self.settles.append(changes)
+        return await self.inner.settle(changes)
+
+    async def find(self, owner: AggregateRef, key: str) -> Timer | None:
+        return await self.inner.find(owner, key)
+
+    async def parked(self, target: AggregateRef) -> list[Timer]:
+        return await self.inner.parked(target)
+
+
+@pytest.fixture
+async def store() -> AsyncIterator[TimerStore]:
+    s = open_timer_store("memory://", partitions=3)
+    yield s
+    await s.close()
+
+
+def make(key: str, partition: int, **fields: Any) -> Timer:
+    values: dict[str, Any] = {
+        "id": f"t-{key}",
+        "owner": OWNER,
+        "key": key,
+        "version": 1,
+        "partition": partition,
+        "rule": OnceRule(at=T0),
+        "target": TARGET,
+        "command": CommandSpec(type="Remind"),
+        "slot_due_at": T0,
+        "due_at": T0,
+    }
+    values.update(fields)
+    return Timer.model_validate(values)
+
+
+async def park(store: TimerStore, key: str, partition: int) -> Timer:
+    """A timer of TARGET put, then PARKED by a conditional write, as the runner parks."""
+    assert await store.put(make(key, partition))
+    row = await store.find(OWNER, key)
+    assert row is not None
+    parked = row.model_copy(
+        update={"status": TimerStatus.PARKED, "attempts": 5, "outcome": Outcome.FAILED}
+    )
+    assert await store.settle([TimerChange(loaded=row, next=parked)]) == 1
+    return parked
+
+
+# --- the record ---------------------------------------------------------------------------
+
+
+def test_a_timer_op_round_trips_and_keeps_unknown_fields() -> None:
+    op = new_op(TimerAction.SKIP, TARGET, now=T0)
+    assert decode(TimerOp, encode(op)) == op
+    raw = orjson.loads(encode(op))
+    raw["comment"] = "from a newer client"
+    again = decode(TimerOp, orjson.dumps(raw))
+    assert again.action is TimerAction.SKIP and orjson.loads(encode(again))["comment"]
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"action": "delete"}, "action"),
+        ({"action": None}, "action"),
+        ({"target": {"context": "shop"}}, "target"),
+        ({"target": {"context": "shop/x", "aggregate": "o", "id": "1"}}, "target.context"),
+        ({"request_id": ""}, "request_id"),
+        ({"requested_at": -1}, "requested_at"),
+    ],
+)
+def test_a_bad_timer_op_is_a_bad_record_that_says_why(change: dict[str, Any], message: str) -> None:
+    raw = orjson.loads(encode(new_op(TimerAction.RETRY, TARGET, now=T0)))
+    raw.update(change)
+    with pytest.raises(BadRecord, match=message):
+        decode(TimerOp, orjson.dumps(raw))
+
+
+def test_a_timer_op_must_have_every_field() -> None:
+    with pytest.raises(ValidationError):
+        TimerOp.model_validate({"action": "retry", "target": TARGET.model_dump()})
+    with pytest.raises(BadRecord, match="not a valid TimerOp"):
+        decode(TimerOp, b"{not json")
+    with pytest.raises(BadRecord, match="tombstone"):
+        decode(TimerOp, None)
+
+
+def test_an_op_goes_once_to_every_partition_keyed_by_its_target() -> None:
+    op = new_op(TimerAction.RETRY, TARGET, now=T0)
+    records = op_records("shop.order.timer-ops", op, 4)
+    assert [r[1] for r in records] == [0, 1, 2, 3]
+    assert {(r[0], r[2], r[3]) for r in records} == {
+        ("shop.order.timer-ops", b"shop.order/(0)/o-2", encode(op))
+    }
+
+
+# --- the owner of a partition carries it out for that partition ---------------------------
+
+
+async def test_retry_in_one_partition_leaves_the_others_parked(store: TimerStore) -> None:
+    for key, p in [("a", 0), ("b", 1), ("c", 1)]:
+        await park(store, key, p)
+    ledger = MemoryFailureLedger()
+    await ledger.record(SUB, TARGET, [make("a", 0)])
+    runner = TimerRunner(store, Sender(), Clock(T0 + MIN), ledger, partitions=[0, 1, 2])
+    op = new_op(TimerAction.RETRY, TARGET, now=T0)
+    assert await carry_out(runner, op, 1) == 2
+    rows = {t.key: t for t in [await store.find(OWNER, k) for k in "abc"] if t is not None}
+    assert rows["a"].status is TimerStatus.PARKED
+    for key in "bc":
+        assert (rows[key].status, rows[key].attempts, rows[key].due_at) == (
+            TimerStatus.PENDING,
+            0,
+            T0 + MIN,
+        )
+    assert await ledger.entries() == []
+    # The copy of the op in partition 0, read by that partition's owner.
+    assert await carry_out(runner, op, 0) == 1
+    assert await carry_out(runner, op, 2) == 0
+
+
+async def test_skip_in_one_partition_cancels_only_its_parked_timers(store: TimerStore) -> None:
+    await park(store, "a", 0)
+    await park(store, "b", 2)
+    assert await store.put(make("c", 2))
+    runner = TimerRunner(store, Sender(), Clock(T0), MemoryFailureLedger())
+    assert await runner.skip(TARGET, partitions={2}) == 1
+    b = await store.find(OWNER, "b")
+    assert b is not None and (b.status, b.outcome) == (TimerStatus.CANCELLED, Outcome.SKIPPED)
+    a, c = await store.find(OWNER, "a"), await store.find(OWNER, "c")
+    assert a is not None and a.status is TimerStatus.PARKED
+    assert c is not None and c.status is TimerStatus.PENDING
+    # Without partitions: every partition the store serves, as before.
+    assert await runner.skip(TARGET) == 1
+
+
+# --- the expiry jump, in a round ----------------------------------------------------------
+
+
+async def test_a_recurring_timer_days_behind_jumps_in_one_write_and_sends_once(
+    store: TimerStore,
+) -> None:
+    rule = IntervalRule(start=T0, every=MIN)
+    assert await store.put(make("r", 0, rule=rule))
+    counting = CountingStore(store)
+    clock, sender = Clock(T0 + 3 * DAY + 1), Sender()
+    runner = TimerRunner(counting, sender, clock, MemoryFailureLedger(), partitions=[0])
+    stats = await runner.run_round()
+    assert (stats.expired, stats.claimed, len(counting.settles)) == (1, 0, 1)
+    row = await store.find(OWNER, "r")
+    first = 2 * 24 * 60 + 1  # the first slot due less than a day ago
+    assert row is not None
+    assert (row.status, row.slot, row.skipped, row.outcome) == (
+        TimerStatus.PENDING,
+        first,
+        first,
+        Outcome.EXPIRED,
+    )
+    # Due already: the next round sends the latest slot (it coalesces), not each in turn.
+    await runner.run_round()
+    row = await store.find(OWNER, "r")
+    assert row is not None and len(sender.sent) == 1
+    assert row.slot == 3 * 24 * 60 + 1 and row.outcome is Outcome.COMMITTED
+
+
+# --- the CLI's errors ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["retry", "--type", "shop", "--target-id", "x"], "must be '<context>.<aggregate>'"),
+        (["skip", "--type", "shop.order", "--target-id", ""], "bad target: id"),
+        (["skip", "--type", "a.b", "--target-id", "x", "--target-type", "x.y.z"], "x.y.z"),
+        (["list", "--type", "shop.order", "--status", "LOST"], "unknown status 'LOST'"),
+        (["ledger", "--context", "a/b"], "context 'a/b'"),
+        (["list", "--type", "a.b", "--bootstrap", "127.0.0.1:1"], "127.0.0.1:1"),
+        (["ledger", "--context", "a", "--bootstrap", "127.0.0.1:1"], "127.0.0.1:1"),
+        (["retry", "--type", "a.b", "--target-id", "x", "--bootstrap", "127.0.0.1:1"], "1"),
+    ],
+)
+def test_bad_input_and_no_broker_exit_1_with_a_message(args: list[str], message: str) -> None:
+    result = CliRunner().invoke(cli, ["timers", *args])
+    assert result.exit_code == 1, result.output
+    assert "error: " in result.stderr and message in result.stderr
+    assert "Traceback" not in result.output
