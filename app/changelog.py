@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import time
 
-from app.kafka import Producer, read_to_end
+from app.kafka import Producer, offset_range, read_to_end
 from tables import ChangelogRecord, TimerStore
 
 __all__ = ["KafkaChangelogSink", "restore_partition"]
@@ -32,6 +32,13 @@ class KafkaChangelogSink:
 async def restore_partition(store: TimerStore, bootstrap: str, topic: str, partition: int) -> int:
     """Applies `topic[partition]` after the store's last applied offset; how many records."""
     held = store.changelog_offset(partition)
+    begin, end = await offset_range(bootstrap, topic, partition)
+    if held is None or held < begin or held >= end:
+        # The local copy is unknown, or older than what the changelog still holds (a rebuild
+        # deleted it), or ahead of it (the topic was recreated): start from the changelog alone.
+        await store.drop(partition)
+        await store.assign({partition})
+        held = None
     start = 0 if held is None else held + 1
     began = time.monotonic()
     count = 0

@@ -27,6 +27,7 @@ logger = logging.getLogger("tickwheel")
 
 Bootstrap = Annotated[str | None, typer.Option(help="overrides KAFKA_BOOTSTRAP_SERVERS")]
 LogLevel = Annotated[str, typer.Option(help="DEBUG, INFO, WARNING or ERROR")]
+ServiceSpec = Annotated[str, typer.Option(help="the service, as module:attribute")]
 
 
 def _settings(**overrides: Any) -> Settings:
@@ -51,9 +52,7 @@ def worker(
     bootstrap: Bootstrap = None,
     data_dir: Annotated[Path | None, typer.Option(help="overrides TICKWHEEL_DATA_DIR")] = None,
     log_level: LogLevel = "INFO",
-    service: Annotated[
-        str, typer.Option(help="the service to run, as module:attribute")
-    ] = "app.demo:service",
+    service: ServiceSpec = "app.demo:service",
 ) -> None:
     """Runs one node: decides the commands and fires the timers of the partitions it owns."""
     _logging(log_level)
@@ -112,6 +111,35 @@ def demo(
     except TickwheelError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from exc
+
+
+@cli.command()
+def rebuild(
+    types: Annotated[
+        list[str] | None,
+        typer.Option("--type", help="aggregate type (ctx.agg); all of the service's if none"),
+    ] = None,
+    bootstrap: Bootstrap = None,
+    service: ServiceSpec = "app.demo:service",
+) -> None:
+    """Rebuilds the timer tables from the log (stop the workers first)."""
+    from app.rebuild import rebuild as run_rebuild
+    from app.topics import parse_aggregate_type
+
+    settings = _settings(bootstrap_servers=bootstrap)
+    try:
+        names = types or [
+            a.type_name for a in load_service(service).all_aggregates(settings.partitions)
+        ]
+        topics = [parse_aggregate_type(n) for n in names]
+        reports = asyncio.run(
+            run_rebuild(settings.bootstrap_servers, settings.group_id, topics, settings.partitions)
+        )
+    except TickwheelError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from exc
+    for r in reports:
+        typer.echo(f"{r.type_name}: timer table emptied; workers replay the log when they start")
 
 
 @cli.command()

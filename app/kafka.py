@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic, RecordsToDelete
 from aiokafka.coordinator.assignors.range import RangePartitionAssignor
 from aiokafka.errors import (
     IllegalStateError,
@@ -34,8 +34,12 @@ __all__ = [
     "Record",
     "TopicSpec",
     "TransactionalProducer",
+    "delete_before_end",
     "ensure_topics",
+    "group_members",
+    "offset_range",
     "read_to_end",
+    "reset_group_offsets",
     "tail",
 ]
 
@@ -140,6 +144,72 @@ class Producer:
         self, topic: str, key: bytes | None, value: bytes | None, partition: int | None = None
     ) -> int:
         return (await self.send_many([(topic, partition, key, value)]))[0]
+
+
+async def offset_range(bootstrap: str, topic: str, partition: int) -> tuple[int, int]:
+    """(first offset still held, next offset to be written) of a partition."""
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None)
+    tp = TopicPartition(topic, partition)
+    try:
+        await consumer.start()
+        begin = (await consumer.beginning_offsets([tp]))[tp]
+        end = (await consumer.end_offsets([tp]))[tp]
+        return int(begin), int(end)
+    except KafkaError as exc:
+        raise KafkaUnavailable(f"cannot read the offsets of {topic}[{partition}]: {exc!r}") from exc
+    finally:
+        await consumer.stop()
+
+
+async def group_members(bootstrap: str, group_id: str) -> int:
+    """How many members the consumer group has now."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=30_000)
+    try:
+        await admin.start()
+        responses = await admin.describe_consumer_groups([group_id])
+        groups = [g for r in responses for g in r.groups]
+        # (error_code, group_id, state, protocol_type, protocol, members, …)
+        return sum(len(g[5]) for g in groups)
+    except KafkaError as exc:
+        raise KafkaUnavailable(f"cannot describe group {group_id}: {exc!r}") from exc
+    finally:
+        await admin.close()
+
+
+async def delete_before_end(bootstrap: str, topic: str, partitions: int) -> dict[int, int]:
+    """Deletes every record of `topic` written so far; the new start offset per partition."""
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None)
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=30_000)
+    tps = [TopicPartition(topic, p) for p in range(partitions)]
+    try:
+        await consumer.start()
+        ends = await consumer.end_offsets(tps)
+        await admin.start()
+        done = await admin.delete_records({tp: RecordsToDelete(ends[tp]) for tp in tps})
+        return {tp.partition: int(o) for tp, o in done.items()}
+    except KafkaError as exc:
+        raise KafkaUnavailable(f"cannot delete the records of {topic}: {exc!r}") from exc
+    finally:
+        await admin.close()
+        await consumer.stop()
+
+
+async def reset_group_offsets(
+    bootstrap: str, group_id: str, topic: str, partitions: int, offset: int = 0
+) -> None:
+    """Sets the group's committed offset of every partition of `topic` (group must be idle)."""
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap, group_id=group_id, enable_auto_commit=False
+    )
+    tps = [TopicPartition(topic, p) for p in range(partitions)]
+    try:
+        await consumer.start()
+        consumer.assign(tps)
+        await consumer.commit({tp: offset for tp in tps})
+    except KafkaError as exc:
+        raise KafkaUnavailable(f"cannot reset {group_id}'s offsets of {topic}: {exc!r}") from exc
+    finally:
+        await consumer.stop()
 
 
 OutRecord = tuple[str, int | None, bytes | None, bytes | None]
