@@ -233,6 +233,8 @@ class TransactionalProducer:
             linger_ms=1,
             transaction_timeout_ms=60_000,
         )
+        self._lock = asyncio.Lock()
+        self._open = False
 
     async def start(self) -> None:
         try:
@@ -254,29 +256,81 @@ class TransactionalProducer:
         Returns the records' offsets. `Fenced` when a newer owner took over; any other
         failure aborts the transaction and raises `KafkaUnavailable`.
         """
+        async with self._lock:
+            futures = await self._append(records)
+            await self._commit(offsets, group_id)
+        try:
+            return [(await f).offset for f in futures]
+        except KafkaError as exc:  # committed, so acknowledged: this would be a client bug
+            raise KafkaUnavailable(f"{self.transactional_id}: no offsets: {exc!r}") from exc
+
+    async def append(self, records: Sequence[OutRecord]) -> None:
+        """Adds `records` to the open transaction (opening one): they count once committed."""
+        async with self._lock:
+            await self._append(records)
+
+    async def flush(
+        self, offsets: dict[tuple[str, int], int] | None = None, group_id: str = ""
+    ) -> bool:
+        """Commits the open transaction (with `offsets`, if any); whether there was one."""
+        async with self._lock:
+            if not self._open and not offsets:
+                return False
+            await self._commit(offsets or {}, group_id)
+            return True
+
+    @property
+    def pending(self) -> bool:
+        """Whether records wait in an open transaction."""
+        return self._open
+
+    async def _append(self, records: Sequence[OutRecord]) -> list[asyncio.Future[Any]]:
         p = self._producer
         try:
-            await p.begin_transaction()
-            try:
-                futures = [
-                    await p.send(topic, value=value, key=key, partition=partition)
-                    for topic, partition, key, value in records
-                ]
-                if offsets:
-                    await p.send_offsets_to_transaction(
-                        {TopicPartition(t, part): o for (t, part), o in offsets.items()}, group_id
-                    )
-                await p.commit_transaction()
-            except BaseException:
-                # Fenced or broken: the broker aborts it anyway; try to say so first.
-                with contextlib.suppress(KafkaError):
-                    await p.abort_transaction()
-                raise
-            return [(await f).offset for f in futures]
-        except ProducerFenced as exc:
-            raise Fenced(f"{self.transactional_id} was fenced by a newer owner") from exc
+            if not self._open:
+                await p.begin_transaction()
+                self._open = True
+            return [
+                await p.send(topic, value=value, key=key, partition=partition)
+                for topic, partition, key, value in records
+            ]
         except KafkaError as exc:
-            raise KafkaUnavailable(f"{self.transactional_id}: transaction failed: {exc!r}") from exc
+            await self._abort()
+            raise self._translate(exc) from exc
+        except BaseException:
+            await self._abort()
+            raise
+
+    async def _commit(self, offsets: dict[tuple[str, int], int], group_id: str) -> None:
+        p = self._producer
+        try:
+            if not self._open:
+                await p.begin_transaction()
+                self._open = True
+            if offsets:
+                await p.send_offsets_to_transaction(
+                    {TopicPartition(t, part): o for (t, part), o in offsets.items()}, group_id
+                )
+            await p.commit_transaction()
+            self._open = False
+        except KafkaError as exc:
+            await self._abort()
+            raise self._translate(exc) from exc
+        except BaseException:
+            await self._abort()
+            raise
+
+    async def _abort(self) -> None:
+        if self._open:
+            self._open = False
+            # Fenced or broken: the broker aborts it anyway; try to say so first.
+            with contextlib.suppress(KafkaError):
+                await self._producer.abort_transaction()
+
+    def _translate(self, exc: KafkaError) -> KafkaUnavailable:
+        if isinstance(exc, ProducerFenced):
+            return Fenced(f"{self.transactional_id} was fenced by a newer owner")
+        return KafkaUnavailable(f"{self.transactional_id}: transaction failed: {exc!r}")
 
 
 async def read_to_end(

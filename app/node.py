@@ -19,9 +19,10 @@ from pathlib import Path
 from typing import Any
 
 from app.aggregate import AggregateType, Service
-from app.changelog import KafkaChangelogSink, restore_partition
+from app.changelog import CleanMarks, TransactionalChangelog, restore_partition
 from app.exceptions import BadRecord
 from app.kafka import (
+    Fenced,
     GroupConsumer,
     KafkaUnavailable,
     Producer,
@@ -78,6 +79,8 @@ class _Type:
     runner: TimerRunner
     loop: TimerLoop
     states: RocksAggregateStore | None
+    changelog: TransactionalChangelog
+    marks: CleanMarks
     processors: dict[int, CommandProcessor] = field(default_factory=dict)
 
 
@@ -149,17 +152,19 @@ class Node:
         s = self.settings
         directory = Path(s.data_dir) / t.type_name
         (directory / "timers").mkdir(parents=True, exist_ok=True)
+        changelog = TransactionalChangelog(s.bootstrap_servers, t.timers_changelog, s.group_id)
         store = open_timer_store(
             f"rocksdb://{(directory / 'timers').resolve()}",
             partitions=s.partitions,
-            changelog=KafkaChangelogSink(self.producer, t.timers_changelog),
+            changelog=changelog,
         )
         sender = KafkaSender(self.producer, self._results[t.context], t.context, self.clock.now)
         ledger = self.ledger or self._ledgers[t.context]
         runner = TimerRunner(store, sender, self.clock, ledger, self.options)
         agg = self.aggregates.get(t.type_name)
         states = RocksAggregateStore(directory / "states") if agg is not None else None
-        return _Type(t, agg, store, runner, TimerLoop(runner), states)
+        marks = CleanMarks(directory / "timers")
+        return _Type(t, agg, store, runner, TimerLoop(runner), states, changelog, marks)
 
     async def stop(self) -> None:
         for kept in self.types.values():
@@ -184,6 +189,15 @@ class Node:
         assert self._consumer is not None, "start() first"
         for kept in self.types.values():
             kept.loop.start()
+        committer = asyncio.create_task(self._commit_changelogs(), name="changelog commits")
+        try:
+            await self._read()
+        finally:
+            committer.cancel()
+            await asyncio.gather(committer, return_exceptions=True)
+
+    async def _read(self) -> None:
+        assert self._consumer is not None
         while True:
             try:
                 batches = await self._consumer.poll(timeout_ms=200)
@@ -197,33 +211,82 @@ class Node:
 
     async def _process(self, batches: dict[tuple[str, int], list[Record]]) -> None:
         assert self._consumer is not None
-        done: dict[tuple[str, int], int] = {}
-        for (topic, p), records in batches.items():
-            if p not in self._owned:
-                continue  # revoked while it was fetched: its new owner reads it
-            kept, kind = self._by_topic[topic]
-            try:
-                if kind == "events":
-                    await self._subscribe(kept, records)
-                    done[(topic, p)] = records[-1].offset + 1
-                elif kind == "timer-ops":
-                    await self._operate(kept, records)
-                    done[(topic, p)] = records[-1].offset + 1
-                else:
-                    processor = kept.processors.get(p)
-                    if processor is None:
-                        continue
-                    backlog = await self._consumer.backlog(topic, p)
-                    await processor.handle(records, backlog)
-            except (KafkaUnavailable, StoreError) as exc:
-                # Nothing of the batch counts: read it again (every write is idempotent).
-                logger.warning("%s[%d] batch failed, reading it again: %s", topic, p, exc)
-                self._consumer.seek(topic, p, records[0].offset)
-                await asyncio.sleep(0.5)
+        # Partitions are independent: their transactions' round trips overlap.
+        done = await asyncio.gather(
+            *(
+                self._process_partition(topic, p, records)
+                for (topic, p), records in batches.items()
+                if p in self._owned  # else revoked while it was fetched: its new owner reads it
+            )
+        )
         try:
-            await self._consumer.commit(done)
+            await self._consumer.commit({tp: o for tp, o in done if tp is not None})
         except KafkaUnavailable as exc:
             logger.warning("%s; the next owner reads those records again", exc)
+
+    async def _process_partition(
+        self, topic: str, p: int, records: list[Record]
+    ) -> tuple[tuple[str, int] | None, int]:
+        """Handles one partition's batch; the offset to commit outside a transaction, if any."""
+        assert self._consumer is not None
+        kept, kind = self._by_topic[topic]
+        try:
+            if kind == "events":
+                await self._subscribe(kept, records)
+                # The view's writes and the log offsets commit together.
+                await kept.changelog.commit(p, {(topic, p): records[-1].offset + 1})
+            elif kind == "timer-ops":
+                await self._operate(kept, records)
+                await kept.changelog.commit(p)
+                return (topic, p), records[-1].offset + 1
+            else:
+                processor = kept.processors.get(p)
+                if processor is not None:
+                    backlog = await self._consumer.backlog(topic, p)
+                    await processor.handle(records, backlog)
+        except (KafkaUnavailable, StoreError) as exc:
+            # Nothing of the batch counts: read it again (every write is idempotent).
+            logger.warning("%s[%d] batch failed, reading it again: %s", topic, p, exc)
+            if kind != "commands":
+                await self._reset(kept, p, exc)
+            self._consumer.seek(topic, p, records[0].offset)
+            await asyncio.sleep(0.5)
+        return None, 0
+
+    async def _reset(self, kept: _Type, p: int, exc: Exception) -> None:
+        """After a failed changelog commit the local copy may hold writes that never counted:
+        restore it from the changelog (or, fenced, let the partition go: it is not ours)."""
+        if isinstance(exc.__cause__, Fenced) or isinstance(exc, Fenced):
+            logger.warning("partition %d was taken over: letting it go", p)
+            await self._let_go(p)
+            return
+        if p not in self._owned:
+            return
+        await kept.runner.stop_partition(p)
+        await kept.changelog.close(p)
+        await kept.changelog.open(p)
+        await restore_partition(
+            kept.store,
+            self.settings.bootstrap_servers,
+            kept.topics.timers_changelog,
+            p,
+            clean=False,
+        )
+        kept.runner.start_partition(p)
+
+    async def _commit_changelogs(self) -> None:
+        """Commits the runners' writes every `commit_interval_ms`."""
+        interval = self.settings.commit_interval_ms / 1000
+        while True:
+            await asyncio.sleep(interval)
+            for kept in self.types.values():
+                for p in kept.changelog.pending():
+                    try:
+                        await kept.changelog.commit(p)
+                    except KafkaUnavailable as exc:
+                        logger.warning("changelog commit of %d failed: %s", p, exc)
+                        async with self._lock:
+                            await self._reset(kept, p, exc)
 
     async def _subscribe(self, kept: _Type, records: list[Record]) -> None:
         woke = False
@@ -295,8 +358,12 @@ class Node:
                 kept.processors[p] = processor
                 await processor.restore(s.bootstrap_servers)
             if t.events in topics:
+                await kept.changelog.open(p)  # fences the partition's previous owner
+                clean = kept.marks.take(p)
                 await kept.store.assign({p})
-                await restore_partition(kept.store, s.bootstrap_servers, t.timers_changelog, p)
+                await restore_partition(
+                    kept.store, s.bootstrap_servers, t.timers_changelog, p, clean=clean
+                )
         for reader in self._results.values():
             await reader.add_partition(p)
         self._owned.add(p)
@@ -315,8 +382,11 @@ class Node:
         self._owned.discard(p)
         for kept in self.types.values():
             await kept.runner.stop_partition(p)
+            committed = await kept.changelog.close(p)
             if p in kept.store.assigned:
                 await kept.store.revoke({p})
+            if committed:
+                kept.marks.mark(p)
             processor = kept.processors.pop(p, None)
             if processor is not None:
                 await processor.stop()

@@ -25,6 +25,7 @@ _ENV = {
     "session_timeout_ms": "TICKWHEEL_SESSION_TIMEOUT_MS",
     "web_port": "TICKWHEEL_WEB_PORT",
     "busy_backlog": "TICKWHEEL_BUSY_BACKLOG",
+    "commit_interval_ms": "TICKWHEEL_COMMIT_INTERVAL_MS",
     "timers": "TICKWHEEL_TIMER_OPTIONS",
 }
 
@@ -42,6 +43,8 @@ class Settings(BaseModel):
     group_id: str = Field(default="tickwheel", min_length=1)
     session_timeout_ms: int = Field(default=10_000, ge=1_000, le=300_000)
     web_port: int = Field(default=0, ge=0, le=65535)
+    commit_interval_ms: int = Field(default=100, ge=1, le=60_000)
+    """How often the timer runners' changelog writes are committed."""
     busy_backlog: int = Field(default=50_000, ge=1)
     """Commands waiting in a partition beyond which the node answers BUSY."""
     timers: TimerOptions = Field(default_factory=TimerOptions)
