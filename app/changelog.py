@@ -17,7 +17,7 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-from app.kafka import KafkaUnavailable, TransactionalProducer, offset_range, read_to_end
+from app.kafka import KafkaUnavailable, Reader, TransactionalProducer
 from tables import ChangelogRecord, TimerStore
 
 __all__ = ["CleanMarks", "TransactionalChangelog", "restore_partition"]
@@ -110,11 +110,11 @@ class CleanMarks:
 
 
 async def restore_partition(
-    store: TimerStore, bootstrap: str, topic: str, partition: int, *, clean: bool = True
+    store: TimerStore, reader: Reader, topic: str, partition: int, *, clean: bool = True
 ) -> int:
     """Applies `topic[partition]` after the store's last applied offset; how many records."""
     held = store.changelog_offset(partition)
-    begin, end = await offset_range(bootstrap, topic, partition)
+    begin, end = await reader.offsets(topic, partition)
     if not clean or held is None or held < begin or held >= end:
         # The local copy may hold uncommitted writes, or is unknown, or older than what the
         # changelog still holds (a rebuild deleted it), or ahead of it (the topic was
@@ -125,7 +125,7 @@ async def restore_partition(
     start = 0 if held is None else held + 1
     began = time.monotonic()
     count = 0
-    async for batch in read_to_end(bootstrap, topic, partition, start):
+    async for batch in reader.read(topic, partition, start):
         rows = [(r.offset, r.key, r.value) for r in batch if r.key is not None]
         if rows:
             await store.apply_changelog(partition, rows)

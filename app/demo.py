@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pydantic import BaseModel
 
 from app.aggregate import AggregateType, Command, Decision, Event, Service
-from app.kafka import Producer, ensure_topics, read_to_end, tail
+from app.kafka import Producer, ensure_topics, read_partitions, tail
 from app.node import node_topics
 from app.topics import AggregateTopics
 from app.wire import (
@@ -126,11 +126,10 @@ def command(order_id: str, type_: str, body: dict[str, object] | None = None) ->
 async def timer_table(bootstrap: str, partitions: int) -> dict[bytes, Timer]:
     """The timers as the table's changelog has them now (the latest row per key)."""
     rows: dict[bytes, Timer] = {}
-    for p in range(partitions):
-        async for batch in read_to_end(bootstrap, ORDERS.timers_changelog, p, 0):
-            for r in batch:
-                if r.key is not None and r.value is not None:
-                    rows[r.key] = Timer.model_validate_json(r.value)
+    async for batch in read_partitions(bootstrap, ORDERS.timers_changelog, range(partitions)):
+        for r in batch:
+            if r.key is not None and r.value is not None:
+                rows[r.key] = Timer.model_validate_json(r.value)
     return rows
 
 

@@ -31,13 +31,14 @@ __all__ = [
     "KafkaUnavailable",
     "PartitionReader",
     "Producer",
+    "Reader",
     "Record",
     "TopicSpec",
     "TransactionalProducer",
     "delete_before_end",
     "ensure_topics",
     "group_members",
-    "offset_range",
+    "read_partitions",
     "read_to_end",
     "reset_group_offsets",
     "tail",
@@ -144,21 +145,6 @@ class Producer:
         self, topic: str, key: bytes | None, value: bytes | None, partition: int | None = None
     ) -> int:
         return (await self.send_many([(topic, partition, key, value)]))[0]
-
-
-async def offset_range(bootstrap: str, topic: str, partition: int) -> tuple[int, int]:
-    """(first offset still held, next offset to be written) of a partition."""
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None)
-    tp = TopicPartition(topic, partition)
-    try:
-        await consumer.start()
-        begin = (await consumer.beginning_offsets([tp]))[tp]
-        end = (await consumer.end_offsets([tp]))[tp]
-        return int(begin), int(end)
-    except KafkaError as exc:
-        raise KafkaUnavailable(f"cannot read the offsets of {topic}[{partition}]: {exc!r}") from exc
-    finally:
-        await consumer.stop()
 
 
 async def group_members(bootstrap: str, group_id: str) -> int:
@@ -290,12 +276,16 @@ class TransactionalProducer:
             if not self._open:
                 await p.begin_transaction()
                 self._open = True
-            return [
+            futures = [
                 await p.send(topic, value=value, key=key, partition=partition)
                 for topic, partition, key, value in records
             ]
+            for f in futures:
+                # A failed send fails the commit too, which is where it is reported.
+                f.add_done_callback(_retrieve)
+            return futures
         except KafkaError as exc:
-            await self._abort()
+            await self._abort(fatal=isinstance(exc, ProducerFenced))
             raise self._translate(exc) from exc
         except BaseException:
             await self._abort()
@@ -314,17 +304,20 @@ class TransactionalProducer:
             await p.commit_transaction()
             self._open = False
         except KafkaError as exc:
-            await self._abort()
+            await self._abort(fatal=isinstance(exc, ProducerFenced))
             raise self._translate(exc) from exc
         except BaseException:
             await self._abort()
             raise
 
-    async def _abort(self) -> None:
+    async def _abort(self, *, fatal: bool = False) -> None:
         if self._open:
             self._open = False
-            # Fenced or broken: the broker aborts it anyway; try to say so first.
-            with contextlib.suppress(KafkaError):
+            if fatal:
+                return  # fenced: the producer is done for; the broker aborted the transaction
+            # Broken: the broker aborts it anyway at its timeout; try to say so first.
+            # (aiokafka asserts on some state transitions: an AssertionError is not ours.)
+            with contextlib.suppress(KafkaError, AssertionError):
                 await self._producer.abort_transaction()
 
     def _translate(self, exc: KafkaError) -> KafkaUnavailable:
@@ -333,40 +326,104 @@ class TransactionalProducer:
         return KafkaUnavailable(f"{self.transactional_id}: transaction failed: {exc!r}")
 
 
+def _retrieve(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled():
+        future.exception()
+
+
+class Reader:
+    """Reads partitions to their current end (committed records only), one at a time.
+
+    Long-lived, so that restoring a partition costs no consumer start-up; the short fetch
+    wait keeps the last, empty fetch of each read from idling.
+    """
+
+    def __init__(self, bootstrap: str, *, batch: int = 5_000) -> None:
+        self._batch = batch
+        self._consumer = AIOKafkaConsumer(
+            bootstrap_servers=bootstrap,
+            group_id=None,
+            enable_auto_commit=False,
+            isolation_level="read_committed",
+            max_poll_records=batch,
+            fetch_max_wait_ms=20,
+            fetch_max_bytes=32 * 1024 * 1024,
+            max_partition_fetch_bytes=16 * 1024 * 1024,
+        )
+        self._lock = asyncio.Lock()
+        self._started = False
+
+    async def start(self) -> None:
+        try:
+            await self._consumer.start()
+        except KafkaError as exc:
+            raise KafkaUnavailable(f"reader cannot connect: {exc!r}") from exc
+        self._started = True
+
+    async def stop(self) -> None:
+        if self._started:
+            await self._consumer.stop()
+            self._started = False
+
+    async def __aenter__(self) -> Reader:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    async def offsets(self, topic: str, partition: int) -> tuple[int, int]:
+        """(first offset still held, last stable offset) of the partition."""
+        tp = TopicPartition(topic, partition)
+        async with self._lock:
+            try:
+                begin = (await self._consumer.beginning_offsets([tp]))[tp]
+                end = (await self._consumer.end_offsets([tp]))[tp]
+            except KafkaError as exc:
+                raise KafkaUnavailable(f"offsets of {topic}[{partition}]: {exc!r}") from exc
+        return int(begin), int(end)
+
+    async def read(self, topic: str, partition: int, start: int) -> AsyncIterator[list[Record]]:
+        """The partition's records from `start` to its end as it is now, in batches."""
+        tp = TopicPartition(topic, partition)
+        async with self._lock:
+            c = self._consumer
+            try:
+                c.assign([tp])
+                end = (await c.end_offsets([tp]))[tp]
+                begin = (await c.beginning_offsets([tp]))[tp]
+                position = max(start, begin)
+                if position >= end:
+                    return
+                c.seek(tp, position)
+                while position < end:
+                    got = await c.getmany(tp, timeout_ms=1_000, max_records=self._batch)
+                    msgs = got.get(tp, [])
+                    if msgs:
+                        yield [_record(m) for m in msgs if m.offset < end]
+                    # Transaction markers take offsets too: trust the consumer's position.
+                    position = await c.position(tp)
+            except KafkaError as exc:
+                raise KafkaUnavailable(f"cannot read {topic}[{partition}]: {exc!r}") from exc
+
+
 async def read_to_end(
     bootstrap: str, topic: str, partition: int, start: int, *, batch: int = 5_000
 ) -> AsyncIterator[list[Record]]:
-    """Reads one partition from `start` to its end as it is now, in batches (committed only)."""
-    consumer = AIOKafkaConsumer(
-        bootstrap_servers=bootstrap,
-        group_id=None,
-        enable_auto_commit=False,
-        isolation_level="read_committed",
-        max_poll_records=batch,
-        fetch_max_bytes=32 * 1024 * 1024,
-        max_partition_fetch_bytes=16 * 1024 * 1024,
-    )
-    tp = TopicPartition(topic, partition)
-    try:
-        await consumer.start()
-        consumer.assign([tp])
-        end = (await consumer.end_offsets([tp]))[tp]
-        begin = (await consumer.beginning_offsets([tp]))[tp]
-        position = max(start, begin)
-        if position >= end:
-            return
-        consumer.seek(tp, position)
-        while position < end:
-            got = await consumer.getmany(tp, timeout_ms=1_000, max_records=batch)
-            msgs = got.get(tp, [])
-            if msgs:
-                yield [_record(m) for m in msgs if m.offset < end]
-            # Transaction markers take offsets too: trust the consumer's position.
-            position = await consumer.position(tp)
-    except KafkaError as exc:
-        raise KafkaUnavailable(f"cannot read {topic}[{partition}]: {exc!r}") from exc
-    finally:
-        await consumer.stop()
+    """Reads one partition from `start` to its end as it is now (a one-off `Reader`)."""
+    async with Reader(bootstrap, batch=batch) as reader:
+        async for records in reader.read(topic, partition, start):
+            yield records
+
+
+async def read_partitions(
+    bootstrap: str, topic: str, partitions: Iterable[int]
+) -> AsyncIterator[list[Record]]:
+    """Reads each of `partitions` from its start to its end as it is now, one after another."""
+    async with Reader(bootstrap) as reader:
+        for p in partitions:
+            async for records in reader.read(topic, p, 0):
+                yield records
 
 
 async def tail(bootstrap: str, topic: str, partitions: Iterable[int]) -> AsyncIterator[Record]:
@@ -547,6 +604,17 @@ class GroupConsumer:
         if high is None:
             return 0
         return max(0, int(high) - int(await self._consumer.position(tp)))
+
+    def pause(self, partitions: Iterable[tuple[str, int]]) -> None:
+        """Stops fetching these partitions (they are restored first)."""
+        tps = [TopicPartition(t, p) for t, p in partitions]
+        assigned = self._consumer.assignment()
+        self._consumer.pause(*[tp for tp in tps if tp in assigned])
+
+    def resume(self, partitions: Iterable[tuple[str, int]]) -> None:
+        tps = [TopicPartition(t, p) for t, p in partitions]
+        assigned = self._consumer.assignment()
+        self._consumer.resume(*[tp for tp in tps if tp in assigned])
 
     def seek(self, topic: str, partition: int, offset: int) -> bool:
         """Reads the partition again from `offset`; False when it is no longer assigned."""

@@ -37,7 +37,7 @@ from app.kafka import (
     Record,
     TopicSpec,
     ensure_topics,
-    read_to_end,
+    read_partitions,
 )
 from app.topics import ContextTopics
 from tables.ledger import LedgerEntry
@@ -182,10 +182,9 @@ async def read_ledger(bootstrap: str, context: str, partitions: int) -> list[Led
     view = LedgerView()
     topic = ContextTopics(context).ledger
     await ensure_topics(bootstrap, [TopicSpec(topic, partitions, compacted=True)])
-    for p in range(partitions):
-        async for batch in read_to_end(bootstrap, topic, p, 0):
-            for record in batch:
-                view.apply_record(record)
+    async for batch in read_partitions(bootstrap, topic, range(partitions)):
+        for record in batch:
+            view.apply_record(record)
     return view.entries()
 
 
@@ -226,11 +225,11 @@ class KafkaFailureLedger:
             for p in range(self._partitions):
                 await self._reader.add(p)
             count = 0
-            for p in range(self._partitions):
-                async for batch in read_to_end(self._bootstrap, self.topic, p, 0):
-                    for record in batch:
-                        self._view.apply_record(record)
-                    count += len(batch)
+            parts = range(self._partitions)
+            async for batch in read_partitions(self._bootstrap, self.topic, parts):
+                for record in batch:
+                    self._view.apply_record(record)
+                count += len(batch)
         except BaseException:
             await self._reader.stop()
             raise

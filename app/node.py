@@ -26,6 +26,7 @@ from app.kafka import (
     GroupConsumer,
     KafkaUnavailable,
     Producer,
+    Reader,
     Record,
     TopicSpec,
     TransactionalProducer,
@@ -47,6 +48,15 @@ from tables.ledger import FailureLedger
 __all__ = ["Node", "node_topics"]
 
 logger = logging.getLogger(__name__)
+
+
+def _fenced(exc: BaseException | None) -> bool:
+    """Whether `exc` (or what it wraps) says another node took the partition over."""
+    while exc is not None:
+        if isinstance(exc, Fenced):
+            return True
+        exc = exc.__cause__
+    return False
 
 
 def node_topics(types: list[AggregateTopics], partitions: int) -> list[TopicSpec]:
@@ -113,6 +123,8 @@ class Node:
         self._consumer: GroupConsumer | None = None
         self._lock = asyncio.Lock()
         self._owned: set[int] = set()
+        self._taking: dict[int, asyncio.Task[None]] = {}
+        self.reader = Reader(settings.bootstrap_servers)
         self.ready = asyncio.Event()
 
     @property
@@ -124,6 +136,7 @@ class Node:
         s = self.settings
         await ensure_topics(s.bootstrap_servers, node_topics(self.topics, s.partitions))
         await self.producer.start()
+        await self.reader.start()
         for ctx in sorted({t.context for t in self.topics}):
             reader = ResultsReader(s.bootstrap_servers, ctx)
             await reader.start()
@@ -173,12 +186,13 @@ class Node:
         if self._consumer is not None:
             await self._consumer.stop()
         # Whatever the consumer did not revoke on leaving the group is let go here.
-        await self._revoked({("", p) for p in self._owned})
+        await self._revoked({("", p) for p in self._owned | set(self._taking)})
         for reader in self._results.values():
             await reader.stop()
         for ledger in self._ledgers.values():
             await ledger.stop()
         await self.producer.stop()
+        await self.reader.stop()
         for kept in self.types.values():
             await kept.store.close()
             if kept.states is not None:
@@ -247,30 +261,25 @@ class Node:
         except (KafkaUnavailable, StoreError) as exc:
             # Nothing of the batch counts: read it again (every write is idempotent).
             logger.warning("%s[%d] batch failed, reading it again: %s", topic, p, exc)
-            if kind != "commands":
-                await self._reset(kept, p, exc)
+            if _fenced(exc):
+                logger.warning("partition %d was taken over: letting it go", p)
+                await self._let_go(p)
+            elif kind != "commands":
+                await self._reset(kept, p)
             self._consumer.seek(topic, p, records[0].offset)
             await asyncio.sleep(0.5)
         return None, 0
 
-    async def _reset(self, kept: _Type, p: int, exc: Exception) -> None:
+    async def _reset(self, kept: _Type, p: int) -> None:
         """After a failed changelog commit the local copy may hold writes that never counted:
-        restore it from the changelog (or, fenced, let the partition go: it is not ours)."""
-        if isinstance(exc.__cause__, Fenced) or isinstance(exc, Fenced):
-            logger.warning("partition %d was taken over: letting it go", p)
-            await self._let_go(p)
-            return
+        restore it from the changelog."""
         if p not in self._owned:
             return
         await kept.runner.stop_partition(p)
         await kept.changelog.close(p)
         await kept.changelog.open(p)
         await restore_partition(
-            kept.store,
-            self.settings.bootstrap_servers,
-            kept.topics.timers_changelog,
-            p,
-            clean=False,
+            kept.store, self.reader, kept.topics.timers_changelog, p, clean=False
         )
         kept.runner.start_partition(p)
 
@@ -286,7 +295,10 @@ class Node:
                     except KafkaUnavailable as exc:
                         logger.warning("changelog commit of %d failed: %s", p, exc)
                         async with self._lock:
-                            await self._reset(kept, p, exc)
+                            if _fenced(exc):
+                                await self._let_go(p)
+                            else:
+                                await self._reset(kept, p)
 
     async def _subscribe(self, kept: _Type, records: list[Record]) -> None:
         woke = False
@@ -319,22 +331,48 @@ class Node:
                 raise KafkaUnavailable(f"operator request {op.request_id}: {exc!r}") from exc
 
     async def _assigned(self, assigned: set[tuple[str, int]]) -> None:
-        async with self._lock:
-            for p in sorted({p for _, p in assigned} - self._owned):
-                await self._take_with_retries(p, {t for t, q in assigned if q == p})
-            logger.info("owning partitions %s", sorted(self._owned))
-            self.ready.set()
+        """Starts restoring the new partitions in the background, paused until they are.
 
-    async def _take_with_retries(self, p: int, topics: set[str], attempts: int = 10) -> None:
-        for attempt in range(1, attempts + 1):
-            try:
-                await self._take(p, topics)
+        Restoring inside the rebalance callback would hold the group up (and a long restore
+        would cost the node its membership): the consumer is paused on them instead.
+        """
+        assert self._consumer is not None
+        async with self._lock:
+            new = sorted({p for _, p in assigned} - self._owned - set(self._taking))
+            self._consumer.pause([(t, p) for t, p in assigned if p in new])
+            for p in new:
+                topics = {t for t, q in assigned if q == p}
+                self._taking[p] = asyncio.create_task(self._take_in_background(p, topics))
+            if not new:
+                logger.info("owning partitions %s", sorted(self._owned))
+
+    async def _take_in_background(self, p: int, topics: set[str], attempts: int = 10) -> None:
+        assert self._consumer is not None
+        try:
+            for attempt in range(1, attempts + 1):
+                try:
+                    await self._take(p, topics)
+                    break
+                except (KafkaUnavailable, StoreError) as exc:
+                    logger.warning(
+                        "taking partition %d failed (%d/%d): %s", p, attempt, attempts, exc
+                    )
+                    await self._let_go(p)
+                    await asyncio.sleep(min(0.2 * 2**attempt, 5))
+            else:
+                logger.error("partition %d could not be restored; it waits for its next owner", p)
                 return
-            except (KafkaUnavailable, StoreError) as exc:
-                logger.warning("taking partition %d failed (%d/%d): %s", p, attempt, attempts, exc)
-                await self._let_go(p)
-                await asyncio.sleep(min(0.2 * 2**attempt, 5))
-        logger.error("partition %d could not be restored; its records wait for its next owner", p)
+            async with self._lock:
+                self._owned.add(p)
+                self._consumer.resume([(t, p) for t in topics])
+                for kept in self.types.values():
+                    kept.runner.start_partition(p)
+                    kept.loop.wake()
+                if not self._taking.keys() - {p}:
+                    logger.info("owning partitions %s", sorted(self._owned))
+                    self.ready.set()
+        finally:
+            self._taking.pop(p, None)
 
     async def _take(self, p: int, topics: set[str]) -> None:
         s = self.settings
@@ -356,26 +394,31 @@ class Node:
                     busy_backlog=s.busy_backlog,
                 )
                 kept.processors[p] = processor
-                await processor.restore(s.bootstrap_servers)
+                await processor.restore(self.reader)
             if t.events in topics:
                 await kept.changelog.open(p)  # fences the partition's previous owner
                 clean = kept.marks.take(p)
                 await kept.store.assign({p})
-                await restore_partition(
-                    kept.store, s.bootstrap_servers, t.timers_changelog, p, clean=clean
-                )
-        for reader in self._results.values():
-            await reader.add_partition(p)
-        self._owned.add(p)
-        for kept in self.types.values():
-            kept.runner.start_partition(p)
-            kept.loop.wake()
+                await restore_partition(kept.store, self.reader, t.timers_changelog, p, clean=clean)
+        for results in self._results.values():
+            await results.add_partition(p)
 
     async def _revoked(self, revoked: set[tuple[str, int]]) -> None:
+        gone = {p for _, p in revoked}
+        taking = [task for p, task in self._taking.items() if p in gone]
+        for task in taking:
+            task.cancel()
+        await asyncio.gather(*taking, return_exceptions=True)
         async with self._lock:
-            for p in sorted({p for _, p in revoked} & self._owned):
+            for p in sorted(gone & (self._owned | self._half_taken())):
                 await self._let_go(p)
             logger.info("owning partitions %s", sorted(self._owned))
+
+    def _half_taken(self) -> set[int]:
+        """Partitions with something of them open though they are not owned (yet)."""
+        return {p for kept in self.types.values() for p in kept.processors} | {
+            p for kept in self.types.values() for p in kept.store.assigned
+        }
 
     async def _let_go(self, p: int) -> None:
         """Stops everything of partition p this node runs (whole or half taken)."""

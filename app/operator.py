@@ -21,7 +21,7 @@ from enum import StrEnum
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from app.kafka import OutRecord, Producer, TopicSpec, ensure_topics, read_to_end
+from app.kafka import OutRecord, Producer, TopicSpec, ensure_topics, read_partitions
 from app.runner import TimerRunner
 from app.topics import AggregateTopics, parse_aggregate_type
 from app.wire import encode
@@ -142,17 +142,17 @@ async def read_timers(
     topic = topics.timers_changelog
     await ensure_topics(bootstrap, [TopicSpec(topic, partitions, compacted=True)])
     rows: dict[tuple[int, bytes], Timer] = {}
-    for p in range(partitions):
-        async for batch in read_to_end(bootstrap, topic, p, 0):
-            for r in batch:
-                if r.key is None:
-                    continue
-                if r.value is None:
-                    rows.pop((p, r.key), None)
-                    continue
-                try:
-                    rows[(p, r.key)] = Timer.model_validate(orjson.loads(r.value))
-                except (orjson.JSONDecodeError, ValidationError) as exc:
-                    logger.warning("unreadable row at %s[%d]@%d: %s", topic, p, r.offset, exc)
+    async for batch in read_partitions(bootstrap, topic, range(partitions)):
+        for r in batch:
+            p = r.partition
+            if r.key is None:
+                continue
+            if r.value is None:
+                rows.pop((p, r.key), None)
+                continue
+            try:
+                rows[(p, r.key)] = Timer.model_validate(orjson.loads(r.value))
+            except (orjson.JSONDecodeError, ValidationError) as exc:
+                logger.warning("unreadable row at %s[%d]@%d: %s", topic, p, r.offset, exc)
     timers = [t for t in rows.values() if status is None or t.status is status]
     return sorted(timers, key=lambda t: (t.partition, t.due_at, t.id))

@@ -18,7 +18,7 @@ from typing import Any
 from app.aggregate import AggregateType
 from app.decide import StoredAggregate, decide, fold
 from app.exceptions import BadRecord
-from app.kafka import OutRecord, Record, TransactionalProducer, read_to_end
+from app.kafka import OutRecord, Reader, Record, TransactionalProducer
 from app.topics import AggregateTopics, ContextTopics
 from app.wire import (
     CommandEnvelope,
@@ -93,13 +93,13 @@ class CommandProcessor:
     async def stop(self) -> None:
         await self._producer.stop()
 
-    async def restore(self, bootstrap: str) -> int:
+    async def restore(self, reader: Reader) -> int:
         """Folds the events after the state store's offset into it; how many were read."""
         held = self._states.offset(self.partition)
         start = 0 if held is None else held + 1
         began = time.monotonic()
         count = 0
-        async for batch in read_to_end(bootstrap, self.topics.events, self.partition, start):
+        async for batch in reader.read(self.topics.events, self.partition, start):
             if batch:
                 self._fold_records(batch)
                 count += len(batch)

@@ -3,12 +3,15 @@
 from tables.exceptions import InvalidRule, StoreClosed, StoreError, TablesError
 from tables.refs import DEFAULT_TENANT, AggregateRef
 from tables.rules import CronRule, IntervalRule, OnceRule, ScheduleRule, parse_rule
+from tables.store import ChangelogRecord, ChangelogSink, TimerStore, open_timer_store
 from tables.timer import ACTIVE, CommandSpec, Outcome, Timer, TimerChange, TimerStatus
 
 __all__ = [
     "ACTIVE",
     "DEFAULT_TENANT",
     "AggregateRef",
+    "ChangelogRecord",
+    "ChangelogSink",
     "CommandSpec",
     "CronRule",
     "IntervalRule",
@@ -22,5 +25,7 @@ __all__ = [
     "Timer",
     "TimerChange",
     "TimerStatus",
+    "TimerStore",
+    "open_timer_store",
     "parse_rule",
 ]

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 from datetime import UTC, datetime
 from typing import Annotated, Literal
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError, available_timezones
 
 from cronsim import CronSim, CronSimError
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
@@ -37,7 +38,8 @@ class IntervalRule(_Rule):
 
 
 class CronRule(_Rule):
-    """The times a five-field cron expression matches in `zone`, at or after `start`."""
+    """The times a cron expression (five fields, or six with seconds first) matches in `zone`,
+    at or after `start`."""
 
     kind: Literal["cron"] = "cron"
     expr: str = Field(min_length=1, max_length=200)
@@ -47,9 +49,12 @@ class CronRule(_Rule):
     @field_validator("zone")
     @classmethod
     def _known_zone(cls, zone: str) -> str:
+        # A directory ("America") or a non-portable name ("localtime") is no zone either.
+        if zone not in _zones():
+            raise ValueError(f"unknown time zone {zone!r} (use an IANA name)")
         try:
             ZoneInfo(zone)
-        except (ZoneInfoNotFoundError, ValueError) as exc:
+        except (ZoneInfoNotFoundError, ValueError, OSError) as exc:
             raise ValueError(f"unknown time zone {zone!r} (use an IANA name)") from exc
         return zone
 
@@ -65,6 +70,12 @@ class CronRule(_Rule):
     @property
     def tz(self) -> ZoneInfo:
         return ZoneInfo(self.zone)
+
+
+@functools.cache
+def _zones() -> frozenset[str]:
+    # tzdata ships a few files that are no zone one can name portably.
+    return frozenset(available_timezones()) - {"localtime", "posixrules", "Factory"}
 
 
 ScheduleRule = Annotated[OnceRule | IntervalRule | CronRule, Field(discriminator="kind")]

@@ -17,9 +17,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
 
-import orjson
-
-from app.kafka import Producer, TopicSpec, ensure_topics, read_to_end
+from app.kafka import Producer, TopicSpec, ensure_topics, read_partitions
 from app.node import node_topics
 from app.topics import AggregateTopics, ContextTopics
 from app.wire import CommandEnvelope, CommandResult, DeadLetter, EventEnvelope, decode, encode
@@ -45,6 +43,14 @@ class Worker:
     @property
     def alive(self) -> bool:
         return self.proc.poll() is None
+
+    def freeze(self) -> None:
+        """SIGSTOP: the process keeps its sockets and state but does nothing, as in a long GC
+        pause or a network partition; after `thaw` it runs on, not knowing it lost anything."""
+        self.proc.send_signal(signal.SIGSTOP)
+
+    def thaw(self) -> None:
+        self.proc.send_signal(signal.SIGCONT)
 
     def kill9(self) -> None:
         if self.alive:
@@ -229,9 +235,8 @@ class Client:
 
     async def _read_all(self, topic: str, partitions: Iterable[int]) -> list[bytes]:
         out: list[bytes] = []
-        for p in partitions:
-            async for batch in read_to_end(self.cluster.bootstrap, topic, p, 0):
-                out += [r.value for r in batch if r.value is not None]
+        async for batch in read_partitions(self.cluster.bootstrap, topic, partitions):
+            out += [r.value for r in batch if r.value is not None]
         return out
 
     async def results(self) -> dict[str, CommandResult]:
@@ -257,13 +262,20 @@ class Client:
     async def timers(self) -> dict[bytes, Timer]:
         """The timer table as its changelog has it (the latest row per key)."""
         rows: dict[bytes, Timer] = {}
-        for p in range(self.cluster.partitions):
-            async for batch in read_to_end(
-                self.cluster.bootstrap, self.topics.timers_changelog, p, 0
-            ):
-                for r in batch:
-                    if r.key is not None and r.value is not None:
-                        rows[r.key] = Timer.model_validate(orjson.loads(r.value))
+        for key, history in (await self.changelog_history()).items():
+            rows[key] = history[-1]
+        return rows
+
+    async def changelog_history(self) -> dict[bytes, list[Timer]]:
+        """Every committed row of the timer table's changelog, per key, in log order."""
+        rows: dict[bytes, list[Timer]] = {}
+        parts = range(self.cluster.partitions)
+        async for batch in read_partitions(
+            self.cluster.bootstrap, self.topics.timers_changelog, parts
+        ):
+            for r in batch:
+                if r.key is not None and r.value is not None:
+                    rows.setdefault(r.key, []).append(Timer.model_validate_json(r.value))
         return rows
 
     async def wait_results(

@@ -1,0 +1,158 @@
+"""The reference TimerStore: plain dicts and sorted lists, the same semantics as RocksDB.
+
+Rows are keyed by the same row-key bytes as on disk and the indexes are sorted lists of
+`(due_at, id, row key)`, which sort as the RocksDB index keys do, so both backends
+return the same timers in the same order.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+from bisect import bisect_left, insort
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from itertools import islice
+
+from tables.exceptions import StoreError
+from tables.keys import decode_timer, owner_prefix, ref_bytes, row_key
+from tables.refs import AggregateRef
+from tables.store import ChangelogSink, PartitionedStore
+from tables.timer import Timer, TimerStatus
+from tables.writes import Write
+
+__all__ = ["MemoryTimerStore"]
+
+logger = logging.getLogger(__name__)
+
+_Entry = tuple[int, str, bytes]
+"""An index entry: `(due_at, id, row key)`."""
+
+_DUE = frozenset({TimerStatus.PENDING, TimerStatus.FIRING})
+
+
+def _remove(entries: list[_Entry], entry: _Entry) -> None:
+    at = bisect_left(entries, entry)
+    if at < len(entries) and entries[at] == entry:
+        del entries[at]
+
+
+@dataclass
+class _Partition:
+    rows: dict[bytes, Timer] = field(default_factory=dict)
+    owners: dict[bytes, set[bytes]] = field(default_factory=dict)
+    due: list[_Entry] = field(default_factory=list)
+    parked: dict[bytes, list[_Entry]] = field(default_factory=dict)
+    offset: int | None = None
+
+    def put(self, row: bytes, timer: Timer) -> None:
+        self.delete(row)
+        self.rows[row] = timer
+        self.owners.setdefault(owner_prefix(timer.owner), set()).add(row)
+        entry = (timer.due_at, timer.id, row)
+        if timer.status in _DUE:
+            insort(self.due, entry)
+        elif timer.status is TimerStatus.PARKED:
+            insort(self.parked.setdefault(ref_bytes(timer.target), []), entry)
+
+    def delete(self, row: bytes) -> None:
+        old = self.rows.pop(row, None)
+        if old is None:
+            return
+        prefix = owner_prefix(old.owner)
+        rows = self.owners[prefix]
+        rows.discard(row)
+        if not rows:
+            del self.owners[prefix]
+        entry = (old.due_at, old.id, row)
+        if old.status in _DUE:
+            _remove(self.due, entry)
+        elif old.status is TimerStatus.PARKED:
+            target = ref_bytes(old.target)
+            _remove(self.parked[target], entry)
+            if not self.parked[target]:
+                del self.parked[target]
+
+
+class MemoryTimerStore(PartitionedStore):
+    """Everything in dicts: for tests and as the reference the RocksDB store must match."""
+
+    def __init__(self, partitions: int, changelog: ChangelogSink | None = None) -> None:
+        super().__init__(partitions, changelog)
+        self._data = [_Partition() for _ in range(partitions)]
+
+    def _load(self, partition: int, row: bytes) -> Timer | None:
+        return self._data[partition].rows.get(row)
+
+    def _owner_rows(self, partition: int, prefix: bytes) -> Iterator[tuple[bytes, Timer]]:
+        data = self._data[partition]
+        for row in sorted(data.owners.get(prefix, ())):
+            yield row, data.rows[row]
+
+    def _apply(self, writes: list[Write], values: list[bytes] | None) -> None:
+        for write in writes:
+            self._data[write.partition].put(write.row, write.new)
+
+    def _due(self, partitions: list[int], until: int, limit: int) -> list[Timer]:
+        runs = []
+        for partition in partitions:
+            entries = self._data[partition].due
+            end = bisect_left(entries, (until + 1,))
+            runs.append([(entry, partition) for entry in entries[:end]])
+        picked = islice(heapq.merge(*runs), limit)
+        return [self._data[partition].rows[entry[2]] for entry, partition in picked]
+
+    def _parked(self, partitions: list[int], target: AggregateRef) -> list[Timer]:
+        key = ref_bytes(target)
+        runs = [
+            [(entry, partition) for entry in self._data[partition].parked.get(key, ())]
+            for partition in partitions
+        ]
+        return [self._data[partition].rows[entry[2]] for entry, partition in heapq.merge(*runs)]
+
+    def _restore(self, partition: int, records: Iterable[tuple[int, bytes, bytes | None]]) -> None:
+        decoded: list[tuple[bytes, Timer | None]] = []
+        last = None
+        for offset, key, value in records:
+            timer = None if value is None else _decode(partition, offset, key, value)
+            decoded.append((key, timer))
+            last = offset
+        if last is None:
+            return
+        data = self._data[partition]
+        for key, timer in decoded:
+            if timer is None:
+                data.delete(key)
+            else:
+                data.put(key, timer)
+        data.offset = last
+
+    def _offset(self, partition: int) -> int | None:
+        return self._data[partition].offset
+
+    def _open_partition(self, partition: int) -> None:
+        pass
+
+    def _close_partition(self, partition: int) -> None:
+        pass
+
+    def _drop_partition(self, partition: int, served: bool) -> None:
+        self._data[partition] = _Partition()
+
+    def _close(self) -> None:
+        self._data = []
+
+
+def _decode(partition: int, offset: int, key: bytes, value: bytes) -> Timer:
+    try:
+        timer = decode_timer(value)
+    except ValueError as exc:
+        raise StoreError(
+            f"changelog record at offset {offset} of partition {partition} is not a timer: {exc}"
+        ) from exc
+    if row_key(timer.owner, timer.key) != key or timer.partition != partition:
+        raise StoreError(
+            f"changelog record at offset {offset} of partition {partition} holds the timer "
+            f"({timer.owner}, {timer.key!r}) of partition {timer.partition} under another key"
+        )
+    return timer

@@ -1,0 +1,239 @@
+"""Slot arithmetic of schedule rules: when each firing of a timer is due. Pure: no I/O, no clock.
+
+Times are epoch milliseconds (UTC). A slot is one firing: its `index` counts the rule's
+firings and its `due_at` is when it is due. Interval rules are integer arithmetic; cron
+rules are read by cronsim in the rule's IANA zone, at whole seconds (five fields, or six
+with a leading seconds field).
+
+Cron rules and daylight saving time: cronsim follows Debian cron. A job at a fixed local
+time (neither its minute nor its hour field starts with `*`, e.g. `30 2 * * *`) whose time
+falls in the hour skipped when clocks spring forward fires at the first valid minute after
+it (02:30 becomes 03:00 on 2026-03-29 in Europe/Berlin), and in the hour repeated when
+clocks fall back it fires once, on the first pass. A job whose minute or hour field starts
+with `*` (`*/30 * * * *`, `15 * * * *`) follows the wall clock as it is: it does not fire at
+local times that do not exist and fires on both passes of the repeated hour. Six-field
+expressions (with seconds) are outside Debian cron and get no such adjustment: at a fixed
+local time they do not fire on the spring-forward day and fire twice on the fall-back day.
+Rules in UTC have none of this.
+
+Zones whose clocks change off the hour (Pacific/Chatham, Australia/Lord_Howe) trip cronsim
+up: its own iterator can skip a slot or go round in circles there. Slots here never do
+either, but a job firing every minute of a fixed hour can lose a few minutes of the
+repeated hour's second pass.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from typing import NamedTuple
+from zoneinfo import ZoneInfo
+
+from cronsim import CronSim
+
+from tables.rules import CronRule, IntervalRule, OnceRule, ScheduleRule
+
+__all__ = [
+    "MAX_CRON_STEPS",
+    "CatchUp",
+    "Slot",
+    "caught_up",
+    "first_slot",
+    "latest_due",
+    "next_slot",
+    "nth_slot",
+    "slots_between",
+]
+
+# Counting cron matches costs ~7-40 µs each on the runner's event loop: past this many (70 ms
+# to 0.4 s) the latest due slot is found by bisection instead and its index estimated.
+MAX_CRON_STEPS = 10_000
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_SECOND = timedelta(seconds=1)
+# what datetime cannot represent: a cron rule has no slot there
+_OUT_OF_RANGE = (OverflowError, OSError, ValueError)
+
+
+class Slot(NamedTuple):
+    """One firing of a rule: its index and its due time (epoch ms)."""
+
+    # shadows tuple.index on purpose: a slot is a record, never searched as a sequence
+    index: int  # type: ignore[assignment]
+    due_at: int
+
+
+class CatchUp(NamedTuple):
+    """The slot to send after a catch-up, and how many slots before it were skipped."""
+
+    slot: Slot
+    skipped: int
+
+
+def first_slot(rule: ScheduleRule, not_before: int) -> Slot | None:
+    """The rule's first slot due at or after `not_before` (a once rule: its only slot).
+
+    An interval slot's index counts from the rule's start; a cron rule's first slot is
+    index 0 whatever its start. None: the rule has no slot then (a cron rule past year 9999).
+    """
+    if isinstance(rule, OnceRule):
+        # even a past one: the runner decides whether it is late or expired
+        return Slot(0, rule.at)
+    if isinstance(rule, IntervalRule):
+        behind = not_before - rule.start
+        n = -(-behind // rule.every) if behind > 0 else 0
+        return Slot(n, rule.start + n * rule.every)
+    due = next(_cron_after(rule, max(rule.start, not_before) - 1), None)
+    return None if due is None else Slot(0, due)
+
+
+def next_slot(rule: ScheduleRule, slot: Slot) -> Slot | None:
+    """The slot after `slot`; None when there is none (a once rule)."""
+    if isinstance(rule, OnceRule):
+        return None
+    if isinstance(rule, IntervalRule):
+        return Slot(slot.index + 1, slot.due_at + rule.every)
+    due = next(_cron_after(rule, slot.due_at), None)
+    return None if due is None else Slot(slot.index + 1, due)
+
+
+def nth_slot(rule: ScheduleRule, n: int) -> Slot | None:
+    """The `n`-th slot counted from the rule's own start (0 is the first); None if none.
+
+    For a cron rule that is `n` steps of iteration: `ValueError` past `MAX_CRON_STEPS`.
+    """
+    if n < 0:
+        raise ValueError(f"slot index must not be negative, got {n}")
+    if isinstance(rule, OnceRule):
+        return Slot(0, rule.at) if n == 0 else None
+    if isinstance(rule, IntervalRule):
+        return Slot(n, rule.start + n * rule.every)
+    if n > MAX_CRON_STEPS:
+        raise ValueError(f"cron slot {n} is more than {MAX_CRON_STEPS} steps from its start")
+    for index, due in enumerate(_cron_after(rule, rule.start - 1)):
+        if index == n:
+            return Slot(n, due)
+    return None
+
+
+def latest_due(rule: ScheduleRule, slot: Slot, now: int) -> Slot:
+    """The latest slot at or after `slot` due at or before `now`; `slot` if the next is not due.
+
+    Cron rules count the slots in between one by one up to `MAX_CRON_STEPS`; further behind,
+    the latest slot's due time is still exact but the rest of its index is estimated as one
+    slot per minute (per second with a seconds field): an upper bound of the slots in
+    between that keeps each slot's index unique and increasing.
+    """
+    if isinstance(rule, OnceRule):
+        return slot
+    if isinstance(rule, IntervalRule):
+        steps = (now - slot.due_at) // rule.every
+        if steps <= 0:
+            return slot
+        return Slot(slot.index + steps, slot.due_at + steps * rule.every)
+    return _cron_latest(rule, slot, now)
+
+
+def slots_between(rule: ScheduleRule, slot: Slot, until: int) -> int:
+    """How many slots after `slot` are due at or before `until` (estimated as `latest_due`)."""
+    return latest_due(rule, slot, until).index - slot.index
+
+
+def caught_up(rule: ScheduleRule, slot: Slot, now: int) -> CatchUp:
+    """The slot a claim at `now` sends: a coalescing rule skips to the latest slot due.
+
+    Only when the slot after `slot` is due too; a rule that does not coalesce sends each
+    slot in turn, and a once rule has nothing to skip.
+    """
+    if isinstance(rule, OnceRule) or not rule.coalesce:
+        return CatchUp(slot, 0)
+    latest = latest_due(rule, slot, now)
+    return CatchUp(latest, latest.index - slot.index)
+
+
+def _cron_after(rule: CronRule, after: int) -> Iterator[int]:
+    """The due times (ms, whole seconds) of `rule`'s matches strictly after `after`, in order."""
+    zone = rule.tz
+    last = after // 1000
+    start = last
+    try:
+        # Started just before or in the hour after a clock change, cronsim can set the clock
+        # to a local time the change skipped and miss a match; from hours before, it walks
+        # through the change as an iteration from long before does.
+        if _offset(last - 2 * 3600, zone) != _offset(last + 3600, zone):
+            start = last - 4 * 3600
+    except _OUT_OF_RANGE:
+        return
+    jump = 0
+    while True:
+        try:
+            matches = CronSim(rule.expr, datetime.fromtimestamp(start, zone))
+        except _OUT_OF_RANGE:
+            return
+        previous, wraps = start, 0
+        while wraps < 2:
+            try:
+                match = next(matches)
+            except StopIteration:  # no match within 50 years of cronsim's search
+                return
+            except _OUT_OF_RANGE:
+                return
+            second = (match - _EPOCH) // _SECOND
+            if second <= previous:
+                # Fixed-time jobs step on the wall clock, so one started in the second pass
+                # of a fall-back hour first matches in the first pass: once is expected.
+                wraps += 1
+            previous = second
+            if second > last:
+                last, jump = second, 0
+                yield second * 1000
+        # Going round in circles (fall-back hours not on the hour, e.g. Pacific/Chatham, can
+        # send cronsim back to the hour's start for ever): restart ever further past `last`.
+        jump = max(1, 2 * jump)
+        start = last + jump
+
+
+def _offset(second: int, zone: ZoneInfo) -> timedelta | None:
+    return datetime.fromtimestamp(second, zone).utcoffset()
+
+
+def _cron_latest(rule: CronRule, slot: Slot, now: int) -> Slot:
+    latest = slot
+    for step, due in enumerate(_cron_after(rule, slot.due_at), start=1):
+        if due > now:
+            return latest
+        latest = Slot(slot.index + step, due)
+        if step == MAX_CRON_STEPS:
+            break
+    else:
+        return latest  # the rule has no later match
+    due = _cron_bisect(rule, latest.due_at, now)
+    return Slot(latest.index + (due - latest.due_at) // _resolution(rule), due)
+
+
+def _resolution(rule: CronRule) -> int:
+    """The least time (ms) between two matches: the index estimate counts one per such step.
+
+    Five-field expressions match at second 0, so two matches are a minute apart at least
+    (tzdata has no UTC offset of a fraction of a minute after 1972, when `now` cannot be).
+    """
+    return 60_000 if len(rule.expr.split()) == 5 else 1_000
+
+
+def _cron_bisect(rule: CronRule, due: int, now: int) -> int:
+    """The latest match at or before `now`, given `due`, a match at or before `now`.
+
+    Bisection on whole seconds: each probe is one cronsim search, so a year of per-second
+    matches takes ~25 probes instead of 31 million steps.
+    """
+    # invariant: the first match after second `low` is due by `now`, none after `high` is
+    low, high = due // 1000 - 1, now // 1000
+    while high - low > 1:
+        middle = (low + high) // 2
+        match = next(_cron_after(rule, middle * 1000), None)
+        if match is not None and match <= now:
+            low = middle
+        else:
+            high = middle
+    match = next(_cron_after(rule, low * 1000), None)
+    return due if match is None or match > now else match

@@ -1,0 +1,413 @@
+"""The TimerStore: its protocol, the write path both backends share, and `open_timer_store`.
+
+A store keeps the timers of one aggregate type in P partitions, each timer in its
+owner's partition (`Timer.partition`). Every write decides its new rows (`tables.writes`),
+hands them all to the changelog sink in one call, and only then writes them locally, so
+the changelog is never behind the local rows. Restoring is `apply_changelog`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from abc import ABC, abstractmethod
+from collections.abc import AsyncIterator, Iterable, Iterator
+from contextlib import asynccontextmanager
+from typing import NamedTuple, Protocol, runtime_checkable
+
+from tables.exceptions import StoreClosed, StoreError
+from tables.keys import encode_timer, owner_prefix, row_key
+from tables.refs import AggregateRef
+from tables.timer import Timer, TimerChange
+from tables.writes import Write, check_change, plan_cancel, plan_settle, put_row
+
+__all__ = [
+    "ChangelogRecord",
+    "ChangelogSink",
+    "PartitionedStore",
+    "TimerStore",
+    "open_timer_store",
+]
+
+logger = logging.getLogger(__name__)
+
+
+class ChangelogRecord(NamedTuple):
+    """One row as the changelog carries it: key `row_key(owner, key)`, value the row's JSON."""
+
+    partition: int
+    key: bytes
+    value: bytes | None
+
+
+class ChangelogSink(Protocol):
+    """Sends a write's changelog records; the store writes locally only once it returns."""
+
+    async def __call__(self, records: list[ChangelogRecord]) -> None: ...
+
+
+@runtime_checkable
+class TimerStore(Protocol):
+    """The timers of one aggregate type, partitioned as its log (see the seed, 000_…).
+
+    A timer lives in `Timer.partition`, which must be its owner's partition (the same for
+    all the owner's timers): the store trusts it, and finds an owner's rows by looking in
+    each partition it serves. Calls that name a partition (put, settle, due,
+    apply_changelog, changelog_offset) raise `StoreClosed` for one this store does not
+    serve (revoked); `find`, `cancel`, `cancel_all` and `parked` look in the partitions it
+    serves. After `close()` every call raises `StoreClosed`. Bad arguments raise
+    `ValueError`. Writes are serialised; each awaits the changelog sink before it writes.
+    """
+
+    @property
+    def partitions(self) -> int:
+        """P: the number of partitions."""
+        ...
+
+    @property
+    def assigned(self) -> frozenset[int]:
+        """The partitions this store serves now."""
+        ...
+
+    async def put(self, timer: Timer) -> bool:
+        """Writes `timer`, PENDING, unless the store holds its owner's key at a later
+        version, or holds this very timer (its id) in whatever status."""
+        ...
+
+    async def cancel(self, owner: AggregateRef, key: str, version: int) -> bool:
+        """Cancels `owner`'s timer under `key` when it is PENDING, FIRING or PARKED and
+        held at `version` or earlier; the cancelled row keeps `version`."""
+        ...
+
+    async def cancel_all(self, owner: AggregateRef, version: int) -> int:
+        """Cancels every PENDING, FIRING or PARKED timer of `owner` held at `version` or
+        earlier; how many."""
+        ...
+
+    async def due(self, partitions: set[int], until: int, limit: int) -> list[Timer]:
+        """Up to `limit` timers of `partitions` PENDING and due at or before `until`, or
+        FIRING with a claim that lapses by then; earliest due first, ties by id."""
+        ...
+
+    async def find(self, owner: AggregateRef, key: str) -> Timer | None:
+        """The timer `owner` keeps under `key`, in whatever status, or None."""
+        ...
+
+    async def parked(self, target: AggregateRef) -> list[Timer]:
+        """The PARKED timers whose target is `target`, earliest due first, ties by id."""
+        ...
+
+    async def settle(self, changes: list[TimerChange]) -> int:
+        """Writes each change's `next` while the store holds its `loaded` as loaded; how
+        many were written."""
+        ...
+
+    async def apply_changelog(
+        self, partition: int, records: Iterable[tuple[int, bytes, bytes | None]]
+    ) -> None:
+        """Restores `(offset, key, value)` records of `partition` as given, with their
+        indexes and the last offset, in one local write; `StoreError` on a bad record."""
+        ...
+
+    def changelog_offset(self, partition: int) -> int | None:
+        """The offset of the last changelog record applied to `partition`, or None."""
+        ...
+
+    async def assign(self, partitions: Iterable[int]) -> None:
+        """Serves `partitions` too (opens their local data)."""
+        ...
+
+    async def revoke(self, partitions: Iterable[int]) -> None:
+        """Stops serving `partitions`; their local data stays."""
+        ...
+
+    async def drop(self, partition: int) -> None:
+        """Deletes `partition`'s local data and offset (before a full restore)."""
+        ...
+
+    async def close(self) -> None:
+        """Closes the store; closing it again does nothing."""
+        ...
+
+
+class PartitionedStore(ABC):
+    """What both backends share: argument checks, serving, the lock, the write path.
+
+    Writes are serialised by one lock (a write awaits its sink between deciding and
+    applying); reads are not. A backend supplies the per-partition primitives.
+    """
+
+    def __init__(self, partitions: int, changelog: ChangelogSink | None) -> None:
+        if isinstance(partitions, bool) or not isinstance(partitions, int) or partitions < 1:
+            raise ValueError(f"partitions must be a positive int, not {partitions!r}")
+        self._partitions = partitions
+        self._sink = changelog
+        self._served: set[int] = set(range(partitions))
+        self._closed = False
+        self._lock = asyncio.Lock()
+
+    # --- what a backend supplies ------------------------------------------------------
+
+    _values_needed = False
+    """Whether `_apply` needs the rows' encoded values even without a sink."""
+
+    @abstractmethod
+    def _load(self, partition: int, row: bytes) -> Timer | None: ...
+
+    def _load_as_loaded(self, partition: int, row: bytes, loaded: Timer) -> Timer | None:
+        """`_load` for a settle: may answer None when the row cannot be as `loaded`."""
+        return self._load(partition, row)
+
+    @abstractmethod
+    def _owner_rows(self, partition: int, prefix: bytes) -> Iterator[tuple[bytes, Timer]]:
+        """The rows of partition whose key starts with `prefix`, in row-key order."""
+
+    @abstractmethod
+    def _apply(self, writes: list[Write], values: list[bytes] | None) -> None:
+        """Writes rows and their index entries: one atomic write per partition."""
+
+    @abstractmethod
+    def _due(self, partitions: list[int], until: int, limit: int) -> list[Timer]: ...
+
+    @abstractmethod
+    def _parked(self, partitions: list[int], target: AggregateRef) -> list[Timer]: ...
+
+    @abstractmethod
+    def _restore(
+        self, partition: int, records: Iterable[tuple[int, bytes, bytes | None]]
+    ) -> None: ...
+
+    @abstractmethod
+    def _offset(self, partition: int) -> int | None: ...
+
+    @abstractmethod
+    def _open_partition(self, partition: int) -> None: ...
+
+    @abstractmethod
+    def _close_partition(self, partition: int) -> None: ...
+
+    @abstractmethod
+    def _drop_partition(self, partition: int, served: bool) -> None: ...
+
+    @abstractmethod
+    def _close(self) -> None: ...
+
+    # --- checks -----------------------------------------------------------------------
+
+    @property
+    def partitions(self) -> int:
+        return self._partitions
+
+    @property
+    def assigned(self) -> frozenset[int]:
+        self._check_open()
+        return frozenset(self._served)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StoreClosed("the timer store is closed")
+
+    def _check_partition(self, partition: int) -> None:
+        if (
+            isinstance(partition, bool)
+            or not isinstance(partition, int)
+            or not 0 <= partition < self._partitions
+        ):
+            raise ValueError(
+                f"partition {partition!r} is out of range: this store has partitions "
+                f"0..{self._partitions - 1}"
+            )
+
+    def _check_served(self, partition: int) -> None:
+        self._check_partition(partition)
+        if partition not in self._served:
+            raise StoreClosed(f"partition {partition} is not assigned to this store (revoked)")
+
+    def _served_sorted(self) -> list[int]:
+        return sorted(self._served)
+
+    @asynccontextmanager
+    async def _writing(self) -> AsyncIterator[None]:
+        self._check_open()
+        async with self._lock:
+            self._check_open()
+            yield
+
+    async def _commit(self, writes: list[Write]) -> None:
+        """Hands the new rows to the sink, then writes them locally."""
+        if not writes:
+            return
+        values = None
+        if self._sink is not None or self._values_needed:
+            values = [encode_timer(write.new) for write in writes]
+        if self._sink is not None:
+            assert values is not None
+            records = [
+                ChangelogRecord(write.partition, write.row, value)
+                for write, value in zip(writes, values, strict=True)
+            ]
+            try:
+                await self._sink(records)
+            except Exception as exc:
+                raise StoreError(
+                    f"the changelog sink failed, nothing was written: {exc!r}"
+                ) from exc
+        self._apply(writes, values)
+
+    # --- the TimerStore ---------------------------------------------------------------
+
+    async def put(self, timer: Timer) -> bool:
+        self._check_open()
+        self._check_served(timer.partition)
+        async with self._writing():
+            self._check_served(timer.partition)
+            row = row_key(timer.owner, timer.key)
+            held = self._load(timer.partition, row)
+            new = put_row(held, timer)
+            if new is None:
+                return False
+            await self._commit([Write(timer.partition, row, held, new)])
+            return True
+
+    async def cancel(self, owner: AggregateRef, key: str, version: int) -> bool:
+        async with self._writing():
+            row = row_key(owner, key)
+            held = self._find(row)
+            if held is None:
+                return False
+            writes = plan_cancel([held], version)
+            await self._commit(writes)
+            return bool(writes)
+
+    async def cancel_all(self, owner: AggregateRef, version: int) -> int:
+        async with self._writing():
+            prefix = owner_prefix(owner)
+            rows = (
+                (partition, row, timer)
+                for partition in self._served_sorted()
+                for row, timer in self._owner_rows(partition, prefix)
+            )
+            writes = plan_cancel(list(rows), version)
+            await self._commit(writes)
+            return len(writes)
+
+    async def settle(self, changes: list[TimerChange]) -> int:
+        self._check_open()
+        for change in changes:
+            check_change(change)
+            self._check_served(change.loaded.partition)
+        if not changes:
+            return 0
+        async with self._writing():
+            for change in changes:
+                self._check_served(change.loaded.partition)
+            rows = [row_key(change.loaded.owner, change.loaded.key) for change in changes]
+            written, writes = plan_settle(changes, rows, self._load_as_loaded)
+            await self._commit(writes)
+            return written
+
+    async def due(self, partitions: set[int], until: int, limit: int) -> list[Timer]:
+        self._check_open()
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            raise ValueError(f"limit must be an int of at least 1, not {limit!r}")
+        if isinstance(until, bool) or not isinstance(until, int):
+            raise ValueError(f"until must be epoch milliseconds (int), not {until!r}")
+        wanted = sorted(partitions)
+        for partition in wanted:
+            self._check_served(partition)
+        if not wanted or until < 0:
+            return []
+        return self._due(wanted, until, limit)
+
+    async def find(self, owner: AggregateRef, key: str) -> Timer | None:
+        self._check_open()
+        found = self._find(row_key(owner, key))
+        return None if found is None else found[2]
+
+    def _find(self, row: bytes) -> tuple[int, bytes, Timer] | None:
+        for partition in self._served_sorted():
+            timer = self._load(partition, row)
+            if timer is not None:
+                return partition, row, timer
+        return None
+
+    async def parked(self, target: AggregateRef) -> list[Timer]:
+        self._check_open()
+        return self._parked(self._served_sorted(), target)
+
+    async def apply_changelog(
+        self, partition: int, records: Iterable[tuple[int, bytes, bytes | None]]
+    ) -> None:
+        self._check_open()
+        self._check_served(partition)
+        async with self._writing():
+            self._check_served(partition)
+            self._restore(partition, records)
+
+    def changelog_offset(self, partition: int) -> int | None:
+        self._check_open()
+        self._check_served(partition)
+        return self._offset(partition)
+
+    async def assign(self, partitions: Iterable[int]) -> None:
+        self._check_open()
+        wanted = sorted(set(partitions))
+        for partition in wanted:
+            self._check_partition(partition)
+        async with self._writing():
+            for partition in wanted:
+                if partition not in self._served:
+                    self._open_partition(partition)
+                    self._served.add(partition)
+
+    async def revoke(self, partitions: Iterable[int]) -> None:
+        self._check_open()
+        wanted = sorted(set(partitions))
+        for partition in wanted:
+            self._check_partition(partition)
+        async with self._writing():
+            for partition in wanted:
+                if partition in self._served:
+                    self._served.discard(partition)
+                    self._close_partition(partition)
+
+    async def drop(self, partition: int) -> None:
+        self._check_open()
+        self._check_partition(partition)
+        async with self._writing():
+            self._drop_partition(partition, partition in self._served)
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        async with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._close()
+
+
+def open_timer_store(
+    url: str, *, partitions: int, changelog: ChangelogSink | None = None
+) -> TimerStore:
+    """A store for one aggregate type: ``memory://`` or ``rocksdb:///path/to/dir``.
+
+    A RocksDB store keeps partition p in ``{dir}/p{p}.db`` and serves every partition
+    until told otherwise (`assign` / `revoke`).
+    """
+    if not isinstance(url, str) or "://" not in url:
+        raise ValueError(f"not a store URL: {url!r} (use memory:// or rocksdb:///path)")
+    scheme, _, rest = url.partition("://")
+    if scheme == "memory":
+        if rest:
+            raise ValueError(f"memory:// takes no path: {url!r}")
+        from tables.memory_store import MemoryTimerStore
+
+        return MemoryTimerStore(partitions, changelog)
+    if scheme == "rocksdb":
+        if not rest:
+            raise ValueError(f"rocksdb:// needs a directory, e.g. rocksdb:///var/lib/x: {url!r}")
+        from tables.rocksdb_store import RocksDBTimerStore
+
+        return RocksDBTimerStore(rest, partitions, changelog)
+    raise ValueError(f"unknown store scheme {scheme!r} in {url!r} (use memory:// or rocksdb://)")

@@ -1,0 +1,203 @@
+"""The timer table restored from its changelog equals the live one; an old owner never moves
+a timer back (DESIGN.md, invariant 2), whatever it writes beside the new one."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from harness import Client, Cluster, Worker, eventually, owned
+
+from app.wire import SCHEDULE_SET, EventEnvelope
+from tables import ACTIVE, AggregateRef, Timer, TimerStatus, open_timer_store
+
+pytestmark = pytest.mark.kafka
+
+PARTITIONS = 4
+OPTIONS = '{"claim_timeout": 4000, "send_timeout": 3000}'
+
+
+@pytest.fixture
+async def cluster(kafka_bootstrap: str, tmp_path: Path) -> AsyncIterator[Cluster]:
+    c = Cluster(
+        kafka_bootstrap, tmp_path, partitions=PARTITIONS, env={"TICKWHEEL_TIMER_OPTIONS": OPTIONS}
+    )
+    yield c
+    c.stop_all()
+
+
+async def local_rows(
+    cluster: Cluster, worker: Worker, keys: list[tuple[AggregateRef, str]]
+) -> dict[tuple[str, str], Timer | None]:
+    """The rows a stopped worker's own RocksDB holds for `keys`."""
+    directory = cluster.base / worker.name / f"{cluster.context}.counter" / "timers"
+    store = open_timer_store(f"rocksdb://{directory}", partitions=PARTITIONS)
+    try:
+        return {(o.id, k): await store.find(o, k) for o, k in keys}
+    finally:
+        await store.close()
+
+
+async def mixed_history(client: Client) -> list[tuple[AggregateRef, str]]:
+    """Puts, reschedules, cancels, deletions, fired one-offs, recurring slots, stale versions."""
+    now = int(time.time() * 1000)
+    far = {"kind": "once", "at": now + 3_600_000}
+    keys: list[tuple[AggregateRef, str]] = []
+    commands = []
+    for i in range(30):
+        owner = f"o{i}"
+        ref = client.ref(owner)
+        timers = [
+            {"key": "far", "rule": far},
+            {"key": "soon", "rule": {"kind": "once", "at": now + 1_500 + 50 * i}},
+            {"key": "tick", "rule": {"kind": "interval", "start": now + 1_000, "every": 700}},
+            {"key": "moved", "rule": far},
+        ]
+        keys += [(ref, t["key"]) for t in timers]
+        commands.append(
+            client.command(owner, "ScheduleMany", {"timers": timers}, request_id=f"a{i}")
+        )
+    await client.send(*commands)
+    await client.wait_results([c.request_id for c in commands])
+    later = []
+    for i in range(30):
+        owner = f"o{i}"
+        moved = {"key": "moved", "rule": {"kind": "once", "at": now + 7_200_000}}
+        later.append(client.command(owner, "Schedule", moved, request_id=f"m{i}"))
+        if i % 3 == 0:
+            later.append(client.command(owner, "Unschedule", {"keys": ["far"]}, request_id=f"c{i}"))
+        if i % 10 == 1:
+            later.append(client.command(owner, "Delete", {}, request_id=f"d{i}"))
+    await client.send(*later)
+    await client.wait_results([c.request_id for c in later])
+    # Stale: version 1 of an owner whose timers are at a later version now, from a foreign writer.
+    stale = [
+        EventEnvelope(
+            id=f"stale-{i}",
+            type=SCHEDULE_SET,
+            aggregate=client.ref(f"o{i}"),
+            version=1,
+            created_at=now,
+            body={"key": "moved", "rule": far, "command": {"type": "Fire"}},
+        )
+        for i in range(30)
+    ]
+    await client.write_events(*stale)
+    # Let the recurring ones run a few slots, then stop them.
+    await asyncio.sleep(4)
+    stop = [
+        client.command(f"o{i}", "Unschedule", {"keys": ["tick"]}, request_id=f"s{i}")
+        for i in range(30)
+        if i % 10 != 1
+    ]
+    await client.send(*stop)
+    await client.wait_results([c.request_id for c in stop])
+    return keys
+
+
+async def test_restore_from_changelog_equals_the_live_table(cluster: Cluster) -> None:
+    async with Client(cluster) as client:
+        w1 = cluster.start_worker("w1")
+        await cluster.wait_owned(w1)
+        keys = await mixed_history(client)
+
+        async def soon_fired() -> bool:
+            rows = await client.timers()
+            return all(t.status != TimerStatus.PENDING for t in rows.values() if t.key == "soon")
+
+        await eventually(soon_fired, 60, "the soon timers fired")
+        await asyncio.sleep(2)
+        assert w1.stop() == 0
+        live = await local_rows(cluster, w1, keys)
+        statuses = {t.status for t in live.values() if t is not None}
+        assert {TimerStatus.PENDING, TimerStatus.FIRED, TimerStatus.CANCELLED} <= statuses
+        # The stale ScheduleSet changed nothing.
+        assert all(t is None or t.id != f"stale-{o[1:]}" for (o, _), t in live.items())
+
+        # A node that never had the partitions restores them from the changelog alone.
+        w2 = cluster.start_worker("w2")
+        await cluster.wait_owned(w2)
+        await asyncio.sleep(1)
+        assert w2.stop() == 0
+        assert await local_rows(cluster, w2, keys) == live
+
+        # The first node again: its local copy plus the changelog's tail.
+        w1b = cluster.start_worker("w1")
+        await cluster.wait_owned(w1b)
+        await asyncio.sleep(1)
+        assert w1b.stop() == 0
+        assert "restored" in w1b.text()
+        assert await local_rows(cluster, w1b, keys) == live
+
+        # And the changelog itself says the same.
+        latest = {(t.owner.id, t.key): t for t in (await client.timers()).values()}
+        assert {k: v for k, v in live.items() if v is not None} == latest
+
+
+def never_moves_back(history: list[Timer]) -> str | None:
+    """Why `history` (one key's committed rows, in log order) moves a timer back, or None."""
+    for before, after in itertools.pairwise(history):
+        if after.version < before.version:
+            return f"version {before.version} -> {after.version}"
+        if after.id != before.id:
+            continue  # a reschedule: a new timer under the key
+        if before.status in (TimerStatus.FIRED, TimerStatus.CANCELLED) and after != before:
+            return f"{before.status} revived as {after.status}"
+        if after.slot < before.slot:
+            return f"slot {before.slot} -> {after.slot}"
+    return None
+
+
+async def test_an_old_owner_beside_the_new_one_never_moves_a_timer_back(cluster: Cluster) -> None:
+    async with Client(cluster) as client:
+        old = cluster.start_worker("old")
+        await cluster.wait_owned(old)
+        now = int(time.time() * 1000)
+        commands = []
+        for i in range(40):
+            timers = [
+                {"key": f"k{k}", "rule": {"kind": "once", "at": now + 3_000 + 40 * (i + k)}}
+                for k in range(10)
+            ] + [{"key": "tick", "rule": {"kind": "interval", "start": now + 2_000, "every": 500}}]
+            commands.append(client.command(f"o{i}", "ScheduleMany", {"timers": timers}))
+        await client.send(*commands)
+        await client.wait_results([c.request_id for c in commands])
+        # The old owner stalls just as its timers fall due; the group moves on without it.
+        await asyncio.sleep(2.5)
+        old.freeze()
+        new = cluster.start_worker("new")
+        await eventually(lambda: len(owned(new)) == PARTITIONS, 60, "new owner has everything")
+        await asyncio.sleep(2)
+        # The old owner wakes up believing it still owns everything, with a stale table.
+        old.thaw()
+        await asyncio.sleep(6)
+        stop = [client.command(f"o{i}", "Unschedule", {"keys": ["tick"]}) for i in range(40)]
+        await client.send(*stop)
+        await client.wait_results([c.request_id for c in stop])
+        await asyncio.sleep(3)
+
+        history = await client.changelog_history()
+        problems = {k: why for k, rows in history.items() if (why := never_moves_back(rows))}
+        assert not problems, list(problems.items())[:5]
+        fired = [e for e in await client.events() if e.type == "Fired"]
+        per_request: dict[str, int] = {}
+        for e in fired:
+            assert e.request_id is not None
+            per_request[e.request_id] = per_request.get(e.request_id, 0) + 1
+        assert max(per_request.values()) == 1, "a slot was applied twice"
+        latest = {(t.owner.id, t.key): t for t in (await client.timers()).values()}
+        for (owner, key), t in latest.items():
+            if key != "tick":
+                assert t.status == TimerStatus.FIRED, (owner, key, t.status)
+                assert f"{t.id}#0" in per_request
+            else:
+                assert t.status not in ACTIVE, (owner, key, t.status)
+        assert (
+            "fenced" in old.text()
+            or "taken over" in old.text()
+            or "owning partitions []" in old.text()
+        )
