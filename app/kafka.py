@@ -72,6 +72,11 @@ class Record:
     timestamp: int
 
 
+# Compacted, and never deleted by age or size; "delete" is in the policy only so that a
+# rebuild may empty the topic with DeleteRecords (refused on a compact-only topic).
+_COMPACTED = {"cleanup.policy": "compact,delete", "retention.ms": "-1", "retention.bytes": "-1"}
+
+
 async def ensure_topics(bootstrap: str, specs: Iterable[TopicSpec]) -> None:
     """Creates the topics that do not exist; checks that existing ones have the partitions."""
     specs = list(specs)
@@ -83,7 +88,7 @@ async def ensure_topics(bootstrap: str, specs: Iterable[TopicSpec]) -> None:
                 s.name,
                 num_partitions=s.partitions,
                 replication_factor=1,
-                topic_configs={"cleanup.policy": "compact"} if s.compacted else {},
+                topic_configs=_COMPACTED if s.compacted else {},
             )
             for s in specs
         ]
@@ -174,7 +179,12 @@ async def delete_before_end(bootstrap: str, topic: str, partitions: int) -> dict
         done = await admin.delete_records({tp: RecordsToDelete(ends[tp]) for tp in tps})
         return {tp.partition: int(o) for tp, o in done.items()}
     except KafkaError as exc:
-        raise KafkaUnavailable(f"cannot delete the records of {topic}: {exc!r}") from exc
+        hint = (
+            " (the topic must allow deletes: cleanup.policy=compact,delete, as created here)"
+            if "PolicyViolation" in repr(exc)
+            else ""
+        )
+        raise KafkaUnavailable(f"cannot delete the records of {topic}: {exc!r}{hint}") from exc
     finally:
         await admin.close()
         await consumer.stop()

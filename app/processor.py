@@ -136,16 +136,18 @@ class CommandProcessor:
     async def handle(self, records: list[Record], backlog: int = 0) -> BatchStats:
         """Decides `records` (commands of this partition, in order) in one transaction.
 
-        `backlog`: how many commands of the partition wait behind this batch; above
-        `busy_backlog` the batch is answered BUSY without running a handler.
+        `backlog`: how many commands of the partition wait behind this batch. A command
+        reached while more than `busy_backlog` commands wait (itself, the rest of the batch
+        and those behind it) is answered BUSY without running its handler: the partition
+        sheds its oldest work until it is back within bounds, and the senders retry.
         """
         stats = BatchStats(commands=len(records))
         now = self._now()
         staged: dict[str, StoredAggregate] = {}
         applied: set[tuple[str, str]] = set()
         out: list[OutRecord] = []
-        busy = backlog > self.busy_backlog
-        for r in records:
+        for i, r in enumerate(records):
+            waiting = len(records) - i + backlog
             try:
                 cmd = decode(CommandEnvelope, r.value)
                 if cmd.aggregate.type_name != self.agg.type_name:
@@ -155,8 +157,9 @@ class CommandProcessor:
                 stats.dead_letters += 1
                 continue
             aid = cmd.aggregate.id
-            if busy:
-                out.append(self._result(cmd, ResultCode.BUSY, f"backlog of {backlog}", None, now))
+            if waiting > self.busy_backlog:
+                message = f"{waiting} commands waiting (bound {self.busy_backlog})"
+                out.append(self._result(cmd, ResultCode.BUSY, message, None, now))
                 continue
             stored = staged.get(aid) or self._stored(aid)
             seen = (aid, cmd.request_id) in applied or self._states.seen(

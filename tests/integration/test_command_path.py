@@ -78,3 +78,23 @@ async def test_bad_input_is_dead_lettered_and_the_node_goes_on(cluster: Cluster)
         assert "exceeds" in letters[2].error
         assert w.alive
         assert "skipping" in w.text()
+
+
+async def test_an_overloaded_partition_answers_busy_and_applies_nothing_it_refused(
+    cluster: Cluster,
+) -> None:
+    # The cluster's bound is 400 waiting commands per partition.
+    async with Client(cluster) as client:
+        w = cluster.start_worker()
+        await cluster.wait_owned(w)
+        burst = [client.command("hot", "Apply", request_id=f"b{i}") for i in range(3_000)]
+        await client.send(*burst)
+        results = await client.wait_results([c.request_id for c in burst], within=120)
+        busy = {r for r, res in results.items() if res.code == ResultCode.BUSY}
+        committed = {r for r, res in results.items() if res.code == ResultCode.COMMITTED}
+        assert busy, "no BUSY under a burst 7x the bound"
+        assert committed, "nothing processed"
+        assert busy | committed == set(results)
+        applied = {e.request_id for e in await client.events() if e.type == "Applied"}
+        assert applied == committed
+        assert "waiting (bound 400)" in next(iter(results[r] for r in busy)).message
