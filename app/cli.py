@@ -14,6 +14,7 @@ from typing import Annotated, Any
 import typer
 
 from app.aggregate import Service
+from app.cli_jobs import jobs_cli
 from app.cli_timers import timers_cli
 from app.exceptions import ConfigError, TickwheelError
 from app.schemas import SCHEMA_DIR, stale_schemas, write_schemas
@@ -23,6 +24,7 @@ __all__ = ["main"]
 
 cli = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
 cli.add_typer(timers_cli, name="timers")
+cli.add_typer(jobs_cli, name="jobs")
 logger = logging.getLogger("tickwheel")
 
 Bootstrap = Annotated[str | None, typer.Option(help="overrides KAFKA_BOOTSTRAP_SERVERS")]

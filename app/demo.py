@@ -2,7 +2,11 @@
 
 Placing an order schedules `shop.CancelUnpaid` at a deadline and `shop.RemindToPay` every
 few seconds; paying cancels both; the deadline cancels an unpaid order (and its reminder).
-`run_demo` places a few orders, pays one, and prints what the log records as it happens.
+The `shop` context also declares a job, `unpaid-report`, run every 5 seconds (cron with a
+seconds field): each slot records a `shop.ReportRun` on the `shop.report` aggregate
+`unpaid-orders`, in the same transaction as the slot's `wow.Ticked` on `shop.schedule`.
+`run_demo` enables the job, places a few orders, pays one, and prints what the logs record
+as it happens.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from collections.abc import Callable
 from pydantic import BaseModel
 
 from app.aggregate import AggregateType, Command, Decision, Event, Service
+from app.jobs import SCHEDULE, TICKED, Job, JobRun, JobScope, enable_command
 from app.kafka import Producer, ensure_topics, read_partitions, tail
 from app.node import node_topics
 from app.topics import AggregateTopics
@@ -26,12 +31,25 @@ from app.wire import (
     decode,
     encode,
 )
-from tables import AggregateRef, CommandSpec, IntervalRule, OnceRule, Timer
+from tables import AggregateRef, CommandSpec, CronRule, IntervalRule, OnceRule, Timer
 from tables.partitioner import partition_of
 
-__all__ = ["OrderState", "orders", "run_demo", "service", "timer_table"]
+__all__ = [
+    "OrderState",
+    "ReportState",
+    "orders",
+    "reports",
+    "run_demo",
+    "service",
+    "timer_table",
+    "unpaid_report",
+]
 
 ORDERS = AggregateTopics("shop", "order")
+REPORTS = AggregateTopics("shop", "report")
+SCHEDULES = AggregateTopics("shop", SCHEDULE)
+REPORT_EVERY = "*/5 * * * * *"
+"""Every 5 seconds: six cron fields, the first one seconds."""
 
 
 class OrderState(BaseModel):
@@ -110,7 +128,41 @@ def _cancelled(state: OrderState, e: Event) -> OrderState:
     return state.model_copy(update={"cancelled": True})
 
 
-service = Service(aggregates=(orders,))
+class ReportState(BaseModel):
+    runs: int = 0
+    last_slot: int | None = None
+
+
+reports = AggregateType("shop", "report", ReportState)
+
+
+@reports.command("shop.RunReport")
+def run_report(state: ReportState, cmd: Command, d: Decision) -> None:
+    d.emit(
+        "shop.ReportRun",
+        {"slot": cmd.body["slot"], "due_at": cmd.body["due_at"], "run": state.runs + 1},
+    )
+
+
+@reports.applies("shop.ReportRun")
+def _report_run(state: ReportState, e: Event) -> ReportState:
+    return state.model_copy(update={"runs": e.body["run"], "last_slot": e.body["slot"]})
+
+
+def _unpaid_report(run: JobRun) -> None:
+    # Committed with the slot's wow.Ticked: the report runs once per slot.
+    target = AggregateRef(context="shop", aggregate="report", id="unpaid-orders")
+    run.send(target, "shop.RunReport", {"slot": run.slot, "due_at": run.due_at})
+
+
+unpaid_report = Job(
+    "unpaid-report",
+    JobScope.SYSTEM,
+    CronRule(expr=REPORT_EVERY, zone="UTC"),
+    _unpaid_report,
+)
+
+service = Service(aggregates=(orders, reports), jobs={"shop": (unpaid_report,)})
 
 
 def command(order_id: str, type_: str, body: dict[str, object] | None = None) -> CommandEnvelope:
@@ -141,13 +193,25 @@ async def run_demo(
     seconds: float = 20.0,
     show: Callable[[str], None] = print,
 ) -> dict[bytes, Timer]:
-    """Places `count` orders, pays the first, prints the log for `seconds`; the timers."""
-    await ensure_topics(bootstrap, node_topics([ORDERS], partitions))
+    """Enables the report job, places `count` orders, pays the first, prints the logs for
+    `seconds`; the orders' timers."""
+    await ensure_topics(bootstrap, node_topics([ORDERS, REPORTS, SCHEDULES], partitions))
     producer = Producer(bootstrap)
     await producer.start()
     started = time.monotonic()
-    watcher = asyncio.create_task(_watch(bootstrap, partitions, started, show))
+    watchers = [
+        asyncio.create_task(_watch(bootstrap, partitions, started, show)),
+        asyncio.create_task(_watch_schedule(bootstrap, partitions, started, show)),
+    ]
+    await asyncio.sleep(1)  # the tails start at the logs' ends: let them get there first
     try:
+        # Idempotent: enabling an enabled instance with the same rule changes nothing.
+        enable = enable_command("shop", unpaid_report)
+        key = enable.aggregate.id
+        await producer.send(
+            SCHEDULES.commands, key.encode(), encode(enable), partition_of(key, partitions)
+        )
+        show(f"enabled job {unpaid_report.name}: a report by cron {REPORT_EVERY!r} (every 5 s)")
         ids = [f"order-{uuid.uuid4().hex[:6]}" for _ in range(count)]
         for order_id in ids:
             await _send(producer, partitions, command(order_id, "shop.PlaceOrder", {"amount": 42}))
@@ -157,8 +221,9 @@ async def run_demo(
         show(f"paid {ids[0]}: its timers are cancelled")
         await asyncio.sleep(max(0.0, seconds - (time.monotonic() - started)))
     finally:
-        watcher.cancel()
-        await asyncio.gather(watcher, return_exceptions=True)
+        for watcher in watchers:
+            watcher.cancel()
+        await asyncio.gather(*watchers, return_exceptions=True)
         await producer.stop()
     rows = await timer_table(bootstrap, partitions)
     show(render(rows))
@@ -180,6 +245,21 @@ async def _watch(
             what = f"{e.type} {e.body.get('key')}"
         by = "" if not e.request_id or "#" not in e.request_id else " (fired by a timer)"
         show(f"{time.monotonic() - started:6.1f}s  {e.aggregate.id}  v{e.version}  {what}{by}")
+
+
+async def _watch_schedule(
+    bootstrap: str, partitions: int, started: float, show: Callable[[str], None]
+) -> None:
+    async for record in tail(bootstrap, SCHEDULES.events, range(partitions)):
+        e = decode(EventEnvelope, record.value)
+        if e.type == TICKED:
+            due = time.strftime("%H:%M:%S", time.gmtime(e.body["due_at"] / 1000))
+            what = f"{e.type} slot {e.body['slot']} due {due} UTC: the report runs"
+        elif e.type in (SCHEDULE_SET, SCHEDULE_CANCELLED):
+            continue  # the job's own timer, rescheduled with it
+        else:
+            what = e.type
+        show(f"{time.monotonic() - started:6.1f}s  job {e.aggregate.id}  v{e.version}  {what}")
 
 
 def render(rows: dict[bytes, Timer]) -> str:

@@ -33,6 +33,7 @@ from app.kafka import (
     ensure_topics,
 )
 from app.ledger import KafkaFailureLedger
+from app.metrics import NodeMetrics
 from app.operator import TimerOp, carry_out
 from app.processor import CommandProcessor, dead_letter_record
 from app.runner import Clock, SystemClock, TimerLoop, TimerOptions, TimerRunner
@@ -40,6 +41,7 @@ from app.sender import KafkaSender, ResultsReader
 from app.settings import Settings
 from app.subscription import PutTimer, apply, timer_op
 from app.topics import AggregateTopics, ContextTopics, parse_aggregate_type
+from app.web import WebServer
 from app.wire import EventEnvelope, decode
 from tables import StoreError, TimerStore, open_timer_store
 from tables.aggregate_store import RocksAggregateStore
@@ -124,8 +126,23 @@ class Node:
         self._lock = asyncio.Lock()
         self._owned: set[int] = set()
         self._taking: dict[int, asyncio.Task[None]] = {}
+        self.metrics = NodeMetrics()
+        self._web: WebServer | None = None
         self.reader = Reader(settings.bootstrap_servers)
         self.ready = asyncio.Event()
+
+    @property
+    def restoring(self) -> frozenset[int]:
+        """The partitions assigned to this node that it is still restoring."""
+        return frozenset(self._taking)
+
+    @property
+    def ledgers(self) -> list[FailureLedger]:
+        return [self.ledger] if self.ledger is not None else list(self._ledgers.values())
+
+    @property
+    def web_port(self) -> int | None:
+        return None if self._web is None else self._web.port
 
     @property
     def owned(self) -> frozenset[int]:
@@ -160,6 +177,9 @@ class Node:
             session_timeout_ms=s.session_timeout_ms,
         )
         await self._consumer.start()
+        if s.web_port:
+            self._web = WebServer(self, s.web_port)
+            await self._web.start()
 
     def _open_type(self, t: AggregateTopics) -> _Type:
         s = self.settings
@@ -177,9 +197,12 @@ class Node:
         agg = self.aggregates.get(t.type_name)
         states = RocksAggregateStore(directory / "states") if agg is not None else None
         marks = CleanMarks(directory / "timers")
-        return _Type(t, agg, store, runner, TimerLoop(runner), states, changelog, marks)
+        loop = TimerLoop(runner, on_round=lambda stats: self.metrics.round(t.type_name, stats))
+        return _Type(t, agg, store, runner, loop, states, changelog, marks)
 
     async def stop(self) -> None:
+        if self._web is not None:
+            await self._web.stop()
         for kept in self.types.values():
             await kept.runner.stop_all()
             await kept.loop.stop()
@@ -257,7 +280,11 @@ class Node:
                 processor = kept.processors.get(p)
                 if processor is not None:
                     backlog = await self._consumer.backlog(topic, p)
-                    await processor.handle(records, backlog)
+                    stats = await processor.handle(records, backlog)
+                    for code, n in stats.codes.items():
+                        self.metrics.commands.labels(kept.topics.type_name, code).inc(n)
+                    if stats.dead_letters:
+                        self.metrics.dead_letters.labels(topic).inc(stats.dead_letters)
         except (KafkaUnavailable, StoreError) as exc:
             # Nothing of the batch counts: read it again (every write is idempotent).
             logger.warning("%s[%d] batch failed, reading it again: %s", topic, p, exc)
@@ -344,7 +371,7 @@ class Node:
                 topics = {t for t, q in assigned if q == p}
                 self._taking[p] = asyncio.create_task(self._take_in_background(p, topics))
             if not new:
-                logger.info("owning partitions %s", sorted(self._owned))
+                self._owning()
 
     async def _take_in_background(self, p: int, topics: set[str], attempts: int = 10) -> None:
         assert self._consumer is not None
@@ -369,7 +396,7 @@ class Node:
                     kept.runner.start_partition(p)
                     kept.loop.wake()
                 if not self._taking.keys() - {p}:
-                    logger.info("owning partitions %s", sorted(self._owned))
+                    self._owning()
                     self.ready.set()
         finally:
             self._taking.pop(p, None)
@@ -412,7 +439,11 @@ class Node:
         async with self._lock:
             for p in sorted(gone & (self._owned | self._half_taken())):
                 await self._let_go(p)
-            logger.info("owning partitions %s", sorted(self._owned))
+            self._owning()
+
+    def _owning(self) -> None:
+        self.metrics.owned.set(len(self._owned))
+        logger.info("owning partitions %s", sorted(self._owned))
 
     def _half_taken(self) -> set[int]:
         """Partitions with something of them open though they are not owned (yet)."""

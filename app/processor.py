@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from app.aggregate import AggregateType
@@ -43,6 +44,7 @@ class BatchStats:
     committed: int = 0
     events: int = 0
     dead_letters: int = 0
+    codes: Counter[str] = field(default_factory=Counter)
 
 
 def dead_letter_record(record: Record, error: str) -> OutRecord:
@@ -160,6 +162,7 @@ class CommandProcessor:
             if waiting > self.busy_backlog:
                 message = f"{waiting} commands waiting (bound {self.busy_backlog})"
                 out.append(self._result(cmd, ResultCode.BUSY, message, None, now))
+                stats.codes[ResultCode.BUSY] += 1
                 continue
             stored = staged.get(aid) or self._stored(aid)
             seen = (aid, cmd.request_id) in applied or self._states.seen(
@@ -177,6 +180,7 @@ class CommandProcessor:
                 stats.events += len(d.events)
             version = d.stored.version if d.stored else (stored.version if stored else None)
             out.append(self._result(cmd, d.code, d.message, version, now))
+            stats.codes[d.code] += 1
         offsets = {(self.topics.commands, self.partition): records[-1].offset + 1}
         written = await self._producer.commit(out, offsets, self._group_id)
         last_event = max(

@@ -43,6 +43,7 @@ class Settings(BaseModel):
     group_id: str = Field(default="tickwheel", min_length=1)
     session_timeout_ms: int = Field(default=10_000, ge=1_000, le=300_000)
     web_port: int = Field(default=0, ge=0, le=65535)
+    """HTTP port of /healthz, /metrics and /ledger on 127.0.0.1; 0: no HTTP."""
     commit_interval_ms: int = Field(default=100, ge=1, le=60_000)
     """How often the timer runners' changelog writes are committed."""
     busy_backlog: int = Field(default=50_000, ge=1)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 
 from app.runner.ports import Clock
 from app.runner.runner import RoundStats, TimerRunner
@@ -17,7 +18,9 @@ class TimerLoop:
     """Runs the runner's rounds until stopped: the next one at the next known due time, the
     poll interval at the latest, or at once after `wake()` (a put made a timer due sooner)."""
 
-    def __init__(self, runner: TimerRunner) -> None:
+    def __init__(
+        self, runner: TimerRunner, on_round: Callable[[RoundStats], None] | None = None
+    ) -> None:
         self._runner = runner
         self._clock = runner.clock
         self._options = runner.options
@@ -25,6 +28,7 @@ class TimerLoop:
         self._stopping = False
         self._task: asyncio.Task[None] | None = None
         self.rounds = 0
+        self._on_round = on_round
 
     @property
     def running(self) -> bool:
@@ -60,6 +64,8 @@ class TimerLoop:
                 logger.exception("timer round failed; trying again after the poll interval")
                 stats = None
             self.rounds += 1
+            if stats is not None and self._on_round is not None:
+                self._on_round(stats)
             if not self._stopping:
                 await self._wait(self._next_round_at(stats))
 

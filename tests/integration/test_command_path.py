@@ -98,3 +98,33 @@ async def test_an_overloaded_partition_answers_busy_and_applies_nothing_it_refus
         applied = {e.request_id for e in await client.events() if e.type == "Applied"}
         assert applied == committed
         assert "waiting (bound 400)" in next(iter(results[r] for r in busy)).message
+
+
+async def test_http_health_metrics_and_errors(cluster: Cluster) -> None:
+    import socket
+
+    import aiohttp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    async with Client(cluster) as client:
+        w = cluster.start_worker(TICKWHEEL_WEB_PORT=str(port))
+        await cluster.wait_owned(w)
+        await client.send(client.command("m", "Apply", request_id="m1"))
+        await client.wait_results(["m1"])
+        async with aiohttp.ClientSession() as http:
+            async with http.get(f"http://127.0.0.1:{port}/healthz") as r:
+                assert r.status == 200
+                assert (await r.json())["owned"] == [0, 1, 2]
+            async with http.get(f"http://127.0.0.1:{port}/metrics") as r:
+                text = await r.text()
+                assert 'tickwheel_commands_total{code="COMMITTED"' in text
+                assert "tickwheel_owned_partitions 3.0" in text
+            async with http.get(f"http://127.0.0.1:{port}/ledger") as r:
+                assert await r.json() == {"entries": []}
+            async with http.get(f"http://127.0.0.1:{port}/nope") as r:
+                assert r.status == 404
+                assert (await r.json())["error"] == "Not Found"
+            async with http.post(f"http://127.0.0.1:{port}/healthz") as r:
+                assert r.status == 405
