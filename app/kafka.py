@@ -51,6 +51,14 @@ class KafkaUnavailable(TickwheelError):
     """The broker did not answer, or refused a request; the message says which."""
 
 
+async def _start(client: Any, what: str) -> None:
+    """Starts an aiokafka client, its failure said in our terms."""
+    try:
+        await client.start()
+    except KafkaError as exc:
+        raise KafkaUnavailable(f"{what} cannot connect: {exc!r}") from exc
+
+
 class Fenced(KafkaUnavailable):
     """Another node took this partition's transactional id over: this one must let go."""
 
@@ -112,6 +120,10 @@ async def ensure_topics(bootstrap: str, specs: Iterable[TopicSpec]) -> None:
         await admin.close()
 
 
+OutRecord = tuple[str, int | None, bytes | None, bytes | None]
+"""(topic, partition or None for the key's default partition, key, value)."""
+
+
 class Producer:
     """An idempotent producer (acks=all); `send_many` returns once the broker has all."""
 
@@ -125,17 +137,12 @@ class Producer:
         )
 
     async def start(self) -> None:
-        try:
-            await self._producer.start()
-        except KafkaError as exc:
-            raise KafkaUnavailable(f"producer cannot connect: {exc!r}") from exc
+        await _start(self._producer, "producer")
 
     async def stop(self) -> None:
         await self._producer.stop()
 
-    async def send_many(
-        self, records: Sequence[tuple[str, int | None, bytes | None, bytes | None]]
-    ) -> list[int]:
+    async def send_many(self, records: Sequence[OutRecord]) -> list[int]:
         """Sends (topic, partition, key, value) records; their offsets once acknowledged."""
         try:
             futures = [
@@ -208,10 +215,6 @@ async def reset_group_offsets(
         await consumer.stop()
 
 
-OutRecord = tuple[str, int | None, bytes | None, bytes | None]
-"""(topic, partition or None for the key's default partition, key, value)."""
-
-
 class TransactionalProducer:
     """A producer whose records and consumer offsets commit together, or not at all.
 
@@ -233,10 +236,7 @@ class TransactionalProducer:
         self._open = False
 
     async def start(self) -> None:
-        try:
-            await self._producer.start()
-        except KafkaError as exc:
-            raise KafkaUnavailable(f"{self.transactional_id} cannot start: {exc!r}") from exc
+        await _start(self._producer, self.transactional_id)
 
     async def stop(self) -> None:
         await self._producer.stop()
@@ -364,10 +364,7 @@ class Reader:
         self._started = False
 
     async def start(self) -> None:
-        try:
-            await self._consumer.start()
-        except KafkaError as exc:
-            raise KafkaUnavailable(f"reader cannot connect: {exc!r}") from exc
+        await _start(self._consumer, "reader")
         self._started = True
 
     async def stop(self) -> None:
@@ -482,10 +479,7 @@ class PartitionReader:
         self._changed = asyncio.Event()
 
     async def start(self) -> None:
-        try:
-            await self._consumer.start()
-        except KafkaError as exc:
-            raise KafkaUnavailable(f"reader of {self.topic} cannot connect: {exc!r}") from exc
+        await _start(self._consumer, f"reader of {self.topic}")
 
     async def stop(self) -> None:
         await self._consumer.stop()
@@ -578,10 +572,7 @@ class GroupConsumer:
         )
 
     async def start(self) -> None:
-        try:
-            await self._consumer.start()
-        except KafkaError as exc:
-            raise KafkaUnavailable(f"consumer cannot connect: {exc!r}") from exc
+        await _start(self._consumer, "consumer")
         self._consumer.subscribe(self._topics, listener=self._listener)
 
     async def stop(self) -> None:

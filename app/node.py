@@ -334,13 +334,17 @@ class Node:
                 event = decode(EventEnvelope, record.value)
                 op = timer_op(event, record.partition)
             except BadRecord as exc:
-                r = dead_letter_record(record, str(exc))
-                await self.producer.send(r[0], r[2], r[3], r[1])
+                await self._dead_letter(record, str(exc))
                 continue
             if op is not None and await apply(kept.store, op):
                 woke = woke or isinstance(op, PutTimer)
         if woke:
             kept.loop.wake()
+
+    async def _dead_letter(self, record: Record, error: str) -> None:
+        topic, partition, key, value = dead_letter_record(record, error)
+        await self.producer.send(topic, key, value, partition)
+        self.metrics.dead_letters.labels(record.topic).inc()
 
     async def _operate(self, kept: _Type, records: list[Record]) -> None:
         """Carries out operators' retry/skip requests on this partition's parked timers."""
@@ -348,8 +352,7 @@ class Node:
             try:
                 op = decode(TimerOp, record.value)
             except BadRecord as exc:
-                r = dead_letter_record(record, str(exc))
-                await self.producer.send(r[0], r[2], r[3], r[1])
+                await self._dead_letter(record, str(exc))
                 continue
             try:
                 await carry_out(kept.runner, op, record.partition)
