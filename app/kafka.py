@@ -404,7 +404,8 @@ class Reader:
                     return
                 c.seek(tp, position)
                 while position < end:
-                    got = await c.getmany(tp, timeout_ms=1_000, max_records=self._batch)
+                    # Short: what is left may be a transaction marker, which no fetch returns.
+                    got = await c.getmany(tp, timeout_ms=100, max_records=self._batch)
                     msgs = got.get(tp, [])
                     if msgs:
                         yield [_record(m) for m in msgs if m.offset < end]

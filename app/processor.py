@@ -30,6 +30,7 @@ from app.wire import (
     decode,
     encode,
 )
+from tables import AggregateRef
 from tables.aggregate_store import RocksAggregateStore
 from tables.partitioner import partition_of
 
@@ -60,6 +61,12 @@ def dead_letter_record(record: Record, error: str) -> OutRecord:
     )
     context = record.topic.split(".", 1)[0]
     return (ContextTopics(context).dead_letters, 0, record.key, encode(letter))
+
+
+def state_key(ref: AggregateRef) -> str:
+    """Where the state store keeps an aggregate: its tenant and id, which two tenants'
+    aggregates may share (the tenant is length-prefixed, so no pair is ambiguous)."""
+    return f"{len(ref.tenant)}:{ref.tenant}/{ref.id}"
 
 
 def _command_record(cmd: CommandEnvelope) -> OutRecord:
@@ -122,7 +129,7 @@ class CommandProcessor:
             except BadRecord:
                 continue  # the timers subscription dead-letters it; nothing to fold
             if event.aggregate.type_name == self.agg.type_name:
-                by_id.setdefault(event.aggregate.id, []).append(event)
+                by_id.setdefault(state_key(event.aggregate), []).append(event)
         states: dict[str, bytes] = {}
         requests: list[tuple[str, str]] = []
         for aggregate_id, events in by_id.items():
@@ -158,7 +165,7 @@ class CommandProcessor:
                 out.append(dead_letter_record(r, str(exc)))
                 stats.dead_letters += 1
                 continue
-            aid = cmd.aggregate.id
+            aid = state_key(cmd.aggregate)
             if waiting > self.busy_backlog:
                 message = f"{waiting} commands waiting (bound {self.busy_backlog})"
                 out.append(self._result(cmd, ResultCode.BUSY, message, None, now))
@@ -173,7 +180,8 @@ class CommandProcessor:
                 staged[aid] = d.stored
                 applied.add((aid, cmd.request_id))
                 out += [
-                    (self.topics.events, self.partition, aid.encode(), encode(e)) for e in d.events
+                    (self.topics.events, self.partition, cmd.aggregate.id.encode(), encode(e))
+                    for e in d.events
                 ]
                 out += [_command_record(c) for c in d.commands]
                 stats.committed += 1

@@ -63,3 +63,13 @@ def test_rocksdb_survives_reopen(tmp_path: Path) -> None:
     assert again.seen(2, "a", "r")
     assert again.offset(2) == 9
     again.close()
+
+
+def test_two_tenants_aggregates_of_one_id_are_kept_apart() -> None:
+    from app.processor import state_key
+    from tables import AggregateRef
+
+    a = AggregateRef(context="c", aggregate="a", tenant="acme", id="x")
+    b = AggregateRef(context="c", aggregate="a", tenant="globex", id="x")
+    tricky = AggregateRef(context="c", aggregate="a", tenant="ac", id="me/x")
+    assert len({state_key(a), state_key(b), state_key(tricky)}) == 3
