@@ -269,9 +269,13 @@ class Node:
         kept, kind = self._by_topic[topic]
         try:
             if kind == "events":
-                await self._subscribe(kept, records)
-                # The view's writes and the log offsets commit together.
-                await kept.changelog.commit(p, {(topic, p): records[-1].offset + 1})
+                if await self._subscribe(kept, records):
+                    # The view's writes and the log offsets commit together.
+                    await kept.changelog.commit(p, {(topic, p): records[-1].offset + 1})
+                else:
+                    # Nothing written (most of a busy log is not about timers): no
+                    # transaction needed; the offsets are committed with the others.
+                    return (topic, p), records[-1].offset + 1
             elif kind == "timer-ops":
                 await self._operate(kept, records)
                 await kept.changelog.commit(p)
@@ -327,8 +331,10 @@ class Node:
                             else:
                                 await self._reset(kept, p)
 
-    async def _subscribe(self, kept: _Type, records: list[Record]) -> None:
+    async def _subscribe(self, kept: _Type, records: list[Record]) -> int:
+        """Applies a log batch to the timer table; how many writes it made."""
         woke = False
+        writes = 0
         for record in records:
             try:
                 event = decode(EventEnvelope, record.value)
@@ -337,9 +343,11 @@ class Node:
                 await self._dead_letter(record, str(exc))
                 continue
             if op is not None and await apply(kept.store, op):
+                writes += 1
                 woke = woke or isinstance(op, PutTimer)
         if woke:
             kept.loop.wake()
+        return writes
 
     async def _dead_letter(self, record: Record, error: str) -> None:
         topic, partition, key, value = dead_letter_record(record, error)

@@ -67,7 +67,7 @@ class TimerOptions(BaseModel):
         default=10, ge=0, description="BUSY refusals in a row that do not count as attempts"
     )
     batch_limit: int = Field(default=1000, gt=0, description="timers loaded per round")
-    max_in_flight: int = Field(default=100, gt=0, description="sends running at once")
+    max_in_flight: int = Field(default=1000, gt=0, description="sends running at once")
     poll_interval_ms: int = Field(default=100, gt=0, description="longest wait between rounds")
 
     @model_validator(mode="after")
