@@ -1,0 +1,126 @@
+"""Summarises py-spy's raw (collapsed) stacks: where a worker's CPU time goes.
+
+    python -m bench.profile_summary /tmp/prof/burst.txt [--top 25]
+
+Each line of the file is `frame;frame;…;leaf count` (py-spy `--format raw`; idle samples
+are not recorded). `self` counts the samples a function was the leaf of, `total` those it
+was anywhere on the stack; functions are named `name (file)`, lines merged. `groups`
+puts every sample under the first of a few areas its stack passes through.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+_FRAME = re.compile(r"^(?P<name>.*?) \((?P<file>[^()]*?)(?::\d+)?\)$")
+
+# Checked leaf-first: a sample counts for the innermost area its stack is in.
+GROUPS = [
+    ("pydantic validate / construct", ("pydantic", "model_validate", "model_copy")),
+    ("pydantic serialise (model_dump)", ("model_dump",)),
+    ("orjson", ("orjson",)),
+    ("rocksdb", ("rocksdict", "rocksdb_store.py", "aggregate_store.py")),
+    ("aiokafka producer", ("aiokafka/producer",)),
+    ("aiokafka consumer / fetch", ("aiokafka/consumer",)),
+    (
+        "aiokafka records / protocol / conn",
+        ("aiokafka/record", "aiokafka/protocol", "aiokafka/conn", "aiokafka/client"),
+    ),
+    ("asyncio event loop", ("asyncio/",)),
+    ("logging", ("logging/",)),
+]
+
+
+# Checked root-first: a sample counts for the outermost step of the worker it is under.
+STAGES = [
+    ("subscription: log → timer table (Node._subscribe)", ("_subscribe (app/node.py",)),
+    ("command path (CommandProcessor.handle)", ("handle (app/processor.py",)),
+    ("runner: due/claim/outcomes (TimerRunner._round)", ("_round (app/runner/runner.py",)),
+    (
+        "runner: a send (TimerRunner._send_one, KafkaSender)",
+        ("_send_one (app/runner", "send (app/sender.py"),
+    ),
+    ("results reader (ResultsReader._run)", ("_run (app/sender.py",)),
+    ("changelog commits (Node._commit_changelogs)", ("_commit_changelogs (app/node.py",)),
+    ("consumer poll / offsets (Node._read)", ("_read (app/node.py",)),
+    ("aiokafka producer tasks (produce + txn requests)", ("aiokafka/producer/",)),
+    ("aiokafka fetcher task", ("aiokafka/consumer/fetcher.py",)),
+    ("aiokafka connection reads", ("aiokafka/conn.py",)),
+]
+
+
+def _name(frame: str) -> str:
+    m = _FRAME.match(frame.strip())
+    if not m:
+        return frame.strip()
+    file = m.group("file")
+    for marker in ("site-packages/", "/work/main/", "lib/python3.11/"):
+        if marker in file:
+            file = file.split(marker, 1)[1]
+            break
+    return f"{m.group('name')} ({file})"
+
+
+def summarize(path: Path, top: int = 20) -> dict[str, Any]:
+    own: Counter[str] = Counter()
+    total: Counter[str] = Counter()
+    groups: Counter[str] = Counter()
+    stages: Counter[str] = Counter()
+    samples = 0
+    for line in path.read_text(errors="replace").splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack or not count.isdigit():
+            continue
+        n = int(count)
+        samples += n
+        frames = [f for f in stack.split(";") if f]
+        names = [_name(f) for f in frames]
+        if names:
+            own[names[-1]] += n
+        for name in set(names):
+            total[name] += n
+        for label, needles in STAGES:
+            if any(any(nd in f for nd in needles) for f in frames):
+                stages[label] += n
+                break
+        else:
+            stages["other (event loop, tracing, …)"] += n
+        for label, needles in GROUPS:
+            if any(any(nd in f for nd in needles) for f in frames[-3:]):
+                groups[label] += n
+                break
+        else:
+            groups["other (app/, tables/, …)"] += n
+
+    def pct(c: Counter[str], k: int) -> list[list[Any]]:
+        return [[name, round(100 * v / max(1, samples), 1)] for name, v in c.most_common(k)]
+
+    # The trunk every sample shares (runpy, typer, the event loop) says nothing: only the
+    # project's own functions and its libraries' entry points are listed inclusively.
+    own_code = Counter(
+        {k: v for k, v in total.items() if "(app/" in k or "(tables/" in k or "(bench/" in k}
+    )
+    return {
+        "samples": samples,
+        "stage_pct": pct(stages, len(STAGES) + 1),
+        "self_pct": pct(own, top),
+        "total_pct_app_tables": pct(own_code, top),
+        "leaf_area_pct": pct(groups, len(GROUPS) + 1),
+    }
+
+
+def cli() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("path", type=Path)
+    parser.add_argument("--top", type=int, default=25)
+    args = parser.parse_args()
+    print(json.dumps(summarize(args.path, args.top), indent=2))
+
+
+if __name__ == "__main__":
+    cli()
