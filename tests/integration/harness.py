@@ -21,7 +21,7 @@ from app.kafka import Producer, TopicSpec, ensure_topics, read_partitions
 from app.node import node_topics
 from app.topics import AggregateTopics, ContextTopics
 from app.wire import CommandEnvelope, CommandResult, DeadLetter, EventEnvelope, decode, encode
-from tables import AggregateRef, Timer
+from tables import AggregateRef, Timer, open_timer_store
 from tables.partitioner import partition_of
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -121,6 +121,17 @@ class Cluster:
     async def wait_owned(self, worker: Worker, within: float = 60) -> None:
         """Until `worker` says it owns partitions (or fails with its log)."""
         await eventually(lambda: _owns(worker), within, f"{worker.name} never owned a partition")
+
+    async def local_rows(
+        self, worker: Worker, keys: list[tuple[AggregateRef, str]], aggregate: str = "counter"
+    ) -> dict[tuple[str, str], Timer | None]:
+        """The rows a stopped worker's own RocksDB timer table holds for `keys`."""
+        directory = self.base / worker.name / f"{self.context}.{aggregate}" / "timers"
+        store = open_timer_store(f"rocksdb://{directory}", partitions=self.partitions)
+        try:
+            return {(o.id, k): await store.find(o, k) for o, k in keys}
+        finally:
+            await store.close()
 
     def stop_all(self) -> None:
         for w in self.workers:

@@ -10,10 +10,10 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from harness import Client, Cluster, Worker, eventually
+from harness import Client, Cluster, eventually
 
 from app.rebuild import GroupBusy, rebuild
-from tables import AggregateRef, Outcome, Timer, TimerStatus, open_timer_store
+from tables import AggregateRef, Outcome, TimerStatus
 
 pytestmark = pytest.mark.kafka
 
@@ -25,17 +25,6 @@ async def cluster(kafka_bootstrap: str, tmp_path: Path) -> AsyncIterator[Cluster
     c = Cluster(kafka_bootstrap, tmp_path, partitions=PARTITIONS)
     yield c
     c.stop_all()
-
-
-async def rows(
-    cluster: Cluster, worker: Worker, keys: list[tuple[AggregateRef, str]]
-) -> dict[tuple[str, str], Timer | None]:
-    directory = cluster.base / worker.name / f"{cluster.context}.counter" / "timers"
-    store = open_timer_store(f"rocksdb://{directory}", partitions=PARTITIONS)
-    try:
-        return {(o.id, k): await store.find(o, k) for o, k in keys}
-    finally:
-        await store.close()
 
 
 async def test_rebuild_from_the_log_equals_the_live_table(cluster: Cluster) -> None:
@@ -76,7 +65,7 @@ async def test_rebuild_from_the_log_equals_the_live_table(cluster: Cluster) -> N
         with pytest.raises(GroupBusy, match="stop them"):
             await rebuild(cluster.bootstrap, cluster.group, [client.topics], PARTITIONS)
         assert w.stop() == 0
-        live = await rows(cluster, w, keys)
+        live = await cluster.local_rows(w, keys)
 
         await asyncio.sleep(1)  # the group's membership expires after the clean leave
         await rebuild(cluster.bootstrap, cluster.group, [client.topics], PARTITIONS)
@@ -97,7 +86,7 @@ async def test_rebuild_from_the_log_equals_the_live_table(cluster: Cluster) -> N
         await eventually(replayed, 90, "the log replayed into the table")
         await asyncio.sleep(1)
         assert again.stop() == 0
-        rebuilt = await rows(cluster, again, keys)
+        rebuilt = await cluster.local_rows(again, keys)
         for k, before in live.items():
             after = rebuilt[k]
             if before is None or k[1] != "soon" or before.status != TimerStatus.FIRED:

@@ -10,10 +10,10 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from harness import Client, Cluster, Worker, eventually, owned
+from harness import Client, Cluster, eventually, owned
 
 from app.wire import SCHEDULE_SET, EventEnvelope
-from tables import ACTIVE, AggregateRef, Timer, TimerStatus, open_timer_store
+from tables import ACTIVE, AggregateRef, Timer, TimerStatus
 
 pytestmark = pytest.mark.kafka
 
@@ -28,18 +28,6 @@ async def cluster(kafka_bootstrap: str, tmp_path: Path) -> AsyncIterator[Cluster
     )
     yield c
     c.stop_all()
-
-
-async def local_rows(
-    cluster: Cluster, worker: Worker, keys: list[tuple[AggregateRef, str]]
-) -> dict[tuple[str, str], Timer | None]:
-    """The rows a stopped worker's own RocksDB holds for `keys`."""
-    directory = cluster.base / worker.name / f"{cluster.context}.counter" / "timers"
-    store = open_timer_store(f"rocksdb://{directory}", partitions=PARTITIONS)
-    try:
-        return {(o.id, k): await store.find(o, k) for o, k in keys}
-    finally:
-        await store.close()
 
 
 async def mixed_history(client: Client) -> list[tuple[AggregateRef, str]]:
@@ -112,7 +100,7 @@ async def test_restore_from_changelog_equals_the_live_table(cluster: Cluster) ->
         await eventually(soon_fired, 60, "the soon timers fired")
         await asyncio.sleep(2)
         assert w1.stop() == 0
-        live = await local_rows(cluster, w1, keys)
+        live = await cluster.local_rows(w1, keys)
         statuses = {t.status for t in live.values() if t is not None}
         assert {TimerStatus.PENDING, TimerStatus.FIRED, TimerStatus.CANCELLED} <= statuses
         # The stale ScheduleSet changed nothing.
@@ -123,7 +111,7 @@ async def test_restore_from_changelog_equals_the_live_table(cluster: Cluster) ->
         await cluster.wait_owned(w2)
         await asyncio.sleep(1)
         assert w2.stop() == 0
-        assert await local_rows(cluster, w2, keys) == live
+        assert await cluster.local_rows(w2, keys) == live
 
         # The first node again: its local copy plus the changelog's tail.
         w1b = cluster.start_worker("w1")
@@ -131,7 +119,7 @@ async def test_restore_from_changelog_equals_the_live_table(cluster: Cluster) ->
         await asyncio.sleep(1)
         assert w1b.stop() == 0
         assert "restored" in w1b.text()
-        assert await local_rows(cluster, w1b, keys) == live
+        assert await cluster.local_rows(w1b, keys) == live
 
         # And the changelog itself says the same.
         latest = {(t.owner.id, t.key): t for t in (await client.timers()).values()}
