@@ -82,7 +82,11 @@ async def _run_worker(settings: Settings, service: Service) -> None:
     from app.node import Node
 
     node = Node(settings, service)
-    await node.start()
+    try:
+        await node.start()
+    except BaseException:
+        await node.stop()  # closes what did start, so nothing leaks on the way out
+        raise
     task = asyncio.create_task(node.run())
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -361,16 +361,13 @@ class Reader:
             max_partition_fetch_bytes=16 * 1024 * 1024,
         )
         self._lock = asyncio.Lock()
-        self._started = False
 
     async def start(self) -> None:
         await _start(self._consumer, "reader")
-        self._started = True
 
     async def stop(self) -> None:
-        if self._started:
-            await self._consumer.stop()
-            self._started = False
+        # Also when never started: aiokafka warns of a client that was made and not closed.
+        await self._consumer.stop()
 
     async def __aenter__(self) -> Reader:
         await self.start()
