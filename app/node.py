@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -126,6 +127,10 @@ class Node:
         self._lock = asyncio.Lock()
         self._owned: set[int] = set()
         self._taking: dict[int, asyncio.Task[None]] = {}
+        self._queues: dict[int, asyncio.Queue[tuple[str, list[Record]]]] = {}
+        self._workers: dict[int, asyncio.Task[None]] = {}
+        self._plocks: defaultdict[int, asyncio.Lock] = defaultdict(asyncio.Lock)
+        self._to_commit: dict[tuple[str, int], int] = {}
         self.metrics = NodeMetrics()
         self._web: WebServer | None = None
         self.reader = Reader(settings.bootstrap_servers)
@@ -232,39 +237,76 @@ class Node:
         finally:
             committer.cancel()
             await asyncio.gather(committer, return_exceptions=True)
+            for p in list(self._workers):
+                await self._stop_worker(p)
 
     async def _read(self) -> None:
+        """Hands each polled batch to its partition's worker, and commits what they did.
+
+        Partitions are independent: each has a worker of its own, so one partition's slow
+        transaction does not hold up the others' commands.
+        """
         assert self._consumer is not None
         while True:
             try:
                 batches = await self._consumer.poll(timeout_ms=200)
-                if batches:
-                    async with self._lock:
-                        await self._process(batches)
+                for (topic, p), records in batches.items():
+                    if p in self._owned:  # else revoked while it was fetched
+                        await self._worker(p).put((topic, records))
+                done, self._to_commit = self._to_commit, {}
+                await self._consumer.commit(done)
             except KafkaUnavailable as exc:
                 # The broker or the group is in flux: the node keeps going and reads again.
                 logger.warning("reading paused: %s", exc)
                 await asyncio.sleep(1)
 
-    async def _process(self, batches: dict[tuple[str, int], list[Record]]) -> None:
-        assert self._consumer is not None
-        # Partitions are independent: their transactions' round trips overlap.
-        done = await asyncio.gather(
-            *(
-                self._process_partition(topic, p, records)
-                for (topic, p), records in batches.items()
-                if p in self._owned  # else revoked while it was fetched: its new owner reads it
-            )
-        )
-        try:
-            await self._consumer.commit({tp: o for tp, o in done if tp is not None})
-        except KafkaUnavailable as exc:
-            logger.warning("%s; the next owner reads those records again", exc)
+    def _worker(self, p: int) -> asyncio.Queue[tuple[str, list[Record]]]:
+        queue = self._queues.get(p)
+        if queue is None:
+            # Bounded: a partition that falls behind holds the poll loop up, not memory.
+            queue = self._queues[p] = asyncio.Queue(maxsize=4)
+            self._workers[p] = asyncio.create_task(self._work(p, queue), name=f"partition {p}")
+        return queue
+
+    async def _work(self, p: int, queue: asyncio.Queue[tuple[str, list[Record]]]) -> None:
+        # Per topic: the last offset done, or the offset a failed batch must be read from
+        # again (batches fetched before the seek are then stale and dropped).
+        done: dict[str, int] = {}
+        rewound: dict[str, int] = {}
+        while True:
+            topic, records = await queue.get()
+            first = records[0].offset
+            if topic in rewound:
+                if first != rewound[topic]:
+                    continue
+                del rewound[topic]
+            elif first <= done.get(topic, -1):
+                continue
+            async with self._plocks[p]:
+                if p not in self._owned:
+                    continue
+                ok, commit = await self._process_partition(topic, p, records)
+            if ok:
+                done[topic] = records[-1].offset
+                if commit:
+                    self._to_commit[(topic, p)] = records[-1].offset + 1
+            else:
+                rewound[topic] = first
+
+    async def _stop_worker(self, p: int) -> None:
+        task = self._workers.pop(p, None)
+        queue = self._queues.pop(p, None)
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        while queue is not None and not queue.empty():
+            queue.get_nowait()  # frees a poll loop waiting to put; the batches are stale
 
     async def _process_partition(
         self, topic: str, p: int, records: list[Record]
-    ) -> tuple[tuple[str, int] | None, int]:
-        """Handles one partition's batch; the offset to commit outside a transaction, if any."""
+    ) -> tuple[bool, bool]:
+        """Handles one partition's batch: whether it was done, and whether its offsets are
+        to be committed outside a transaction."""
         assert self._consumer is not None
         kept, kind = self._by_topic[topic]
         try:
@@ -272,14 +314,14 @@ class Node:
                 if await self._subscribe(kept, records):
                     # The view's writes and the log offsets commit together.
                     await kept.changelog.commit(p, {(topic, p): records[-1].offset + 1})
-                else:
-                    # Nothing written (most of a busy log is not about timers): no
-                    # transaction needed; the offsets are committed with the others.
-                    return (topic, p), records[-1].offset + 1
+                    return True, False
+                # Nothing written (most of a busy log is not about timers): no transaction
+                # needed; the offsets are committed with the others.
+                return True, True
             elif kind == "timer-ops":
                 await self._operate(kept, records)
                 await kept.changelog.commit(p)
-                return (topic, p), records[-1].offset + 1
+                return True, True
             else:
                 processor = kept.processors.get(p)
                 if processor is not None:
@@ -299,7 +341,8 @@ class Node:
                 await self._reset(kept, p)
             self._consumer.seek(topic, p, records[0].offset)
             await asyncio.sleep(0.5)
-        return None, 0
+            return False, False
+        return True, False
 
     async def _reset(self, kept: _Type, p: int) -> None:
         """After a failed changelog commit the local copy may hold writes that never counted:
@@ -325,7 +368,7 @@ class Node:
                         await kept.changelog.commit(p)
                     except KafkaUnavailable as exc:
                         logger.warning("changelog commit of %d failed: %s", p, exc)
-                        async with self._lock:
+                        async with self._lock, self._plocks[p]:
                             if _fenced(exc):
                                 await self._let_go(p)
                             else:
@@ -447,6 +490,8 @@ class Node:
         for task in taking:
             task.cancel()
         await asyncio.gather(*taking, return_exceptions=True)
+        for p in gone:
+            await self._stop_worker(p)
         async with self._lock:
             for p in sorted(gone & (self._owned | self._half_taken())):
                 await self._let_go(p)
