@@ -239,33 +239,10 @@ class TracedCluster(Cluster):
     """A `Cluster` whose workers run `bench.traced_worker` (the same worker, its steps timed
     into `<base>/<name>-trace.json`); otherwise started exactly as the harness starts them."""
 
-    def start_worker(self, name: str | None = None, **env: str) -> Worker:
-        self._count += 1
-        name = name or f"w{self._count}"
-        data = self.base / name
-        data.mkdir(parents=True, exist_ok=True)
-        log = self.base / f"{name}-{self._count}.log"
-        full_env = {
-            **os.environ,
-            "PYTHONPATH": os.pathsep.join([str(INTEGRATION), str(ROOT)]),
-            "KAFKA_BOOTSTRAP_SERVERS": self.bootstrap,
-            "TICKWHEEL_PARTITIONS": str(self.partitions),
-            "TICKWHEEL_DATA_DIR": str(data),
-            "TICKWHEEL_GROUP_ID": self.group,
-            "TICKWHEEL_SESSION_TIMEOUT_MS": "6000",
-            "TW_TEST_CONTEXT": self.context,
-            "TW_TRACE_FILE": str(self.trace_path(name)),
-            **self.env,
-            **env,
-        }
-        cmd = [sys.executable, "-m", "bench.traced_worker", "worker", "--service", self.service]
-        with log.open("wb") as out:
-            proc = subprocess.Popen(
-                cmd, cwd=ROOT, env=full_env, stdout=out, stderr=subprocess.STDOUT
-            )
-        worker = Worker(name, proc, log)
-        self.workers.append(worker)
-        return worker
+    worker_module = "bench.traced_worker"
+
+    def worker_env(self, name: str) -> dict[str, str]:
+        return {"TW_TRACE_FILE": str(self.trace_path(name))}
 
     def trace_path(self, name: str) -> Path:
         return self.base / f"{name}-trace.json"

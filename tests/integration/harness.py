@@ -91,6 +91,13 @@ class Cluster:
         self.workers: list[Worker] = []
         self._count = 0
 
+    worker_module = "app.cli"
+    """What `python -m` runs as a worker (the benchmarks run a traced one)."""
+
+    def worker_env(self, name: str) -> dict[str, str]:
+        """Environment a subclass adds for the worker `name`."""
+        return {}
+
     def start_worker(self, name: str | None = None, **env: str) -> Worker:
         self._count += 1
         name = name or f"w{self._count}"
@@ -99,17 +106,18 @@ class Cluster:
         log = self.base / f"{name}-{self._count}.log"
         full_env = {
             **os.environ,
-            "PYTHONPATH": str(ROOT / "tests" / "integration"),
+            "PYTHONPATH": os.pathsep.join([str(ROOT / "tests" / "integration"), str(ROOT)]),
             "KAFKA_BOOTSTRAP_SERVERS": self.bootstrap,
             "TICKWHEEL_PARTITIONS": str(self.partitions),
             "TICKWHEEL_DATA_DIR": str(data),
             "TICKWHEEL_GROUP_ID": self.group,
             "TICKWHEEL_SESSION_TIMEOUT_MS": "6000",
             "TW_TEST_CONTEXT": self.context,
+            **self.worker_env(name),
             **self.env,
             **env,
         }
-        cmd = [sys.executable, "-m", "app.cli", "worker", "--service", self.service]
+        cmd = [sys.executable, "-m", self.worker_module, "worker", "--service", self.service]
         with log.open("wb") as out:
             proc = subprocess.Popen(
                 cmd, cwd=ROOT, env=full_env, stdout=out, stderr=subprocess.STDOUT
