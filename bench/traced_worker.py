@@ -70,7 +70,7 @@ def install() -> None:
             _count("round.loaded", stats.loaded)
             _count("round.claimed", stats.claimed)
 
-    _wrap(node.Node, "_process", "node._process: one poll's batches (all partitions)")
+    _wrap(node.Node, "_process_partition", "node._process_partition: one partition batch")
     _wrap(node.Node, "_subscribe", "node._subscribe: a log batch into the timer table")
     _wrap(kafka.GroupConsumer, "poll", "consumer.poll")
     _wrap(processor.CommandProcessor, "handle", "processor.handle: a command batch + its txn")
