@@ -570,7 +570,12 @@ def _write_properties(path: Path, settings: Mapping[str, str]) -> None:
 
 
 def _cluster_id() -> str:
-    return base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+    # As Kafka's own Uuid.randomUuid: an id starting with "-" would be read as an option
+    # by kafka-storage (about one start in 64 failed with "expected one argument").
+    while True:
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+        if not cluster_id.startswith("-"):
+            return cluster_id
 
 
 def _format_storage(java: str, libs: Path, state_dir: Path, props: Path, version: str) -> None:
