@@ -25,9 +25,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
-import shutil
-import tempfile
 import time
 from collections import Counter
 from pathlib import Path
@@ -45,12 +42,12 @@ from bench.common import (
     Profiler,
     Tail,
     TracedCluster,
-    broker,
     broker_pid,
     delete_context_topics,
     machine,
     new_bench_context,
     percentiles,
+    run_and_print,
     wait_stable,
     wait_until,
 )
@@ -352,20 +349,7 @@ def cli() -> None:
     parser.add_argument("--trace", action="store_true",
                         help="time worker 1's steps (bench.traced_worker)")  # fmt: skip
     args = parser.parse_args()
-    base = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="tickwheel-cmdbench-"))
-    try:
-        with broker() as bootstrap:
-            figures = asyncio.run(run(bootstrap, base, args))
-        if args.profile:
-            from bench.profile_summary import summarize
-
-            figures["profile"] = {
-                p.stem: summarize(p, top=15) for p in sorted(Path(args.profile).glob("*.txt"))
-            }
-        print(json.dumps(figures, indent=2))
-    finally:
-        if not args.dir:
-            shutil.rmtree(base, ignore_errors=True)
+    run_and_print(run, args, "tickwheel-cmdbench-")
 
 
 if __name__ == "__main__":

@@ -422,3 +422,26 @@ async def wait_until(check: Callable[[], bool], within: float, interval: float =
 
 def now_ms() -> int:
     return int(time.time() * 1000)
+
+
+def run_and_print(run: Callable[[str, Path, Any], Any], args: Any, prefix: str) -> None:
+    """A benchmark's main: a broker, `run(bootstrap, base, args)`, the figures as JSON
+    (with the profiles summarised when `--profile` was given), the scratch folder removed
+    unless `--dir` named it."""
+    import json
+    import tempfile
+
+    base = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix=prefix))
+    try:
+        with broker() as bootstrap:
+            figures = asyncio.run(run(bootstrap, base, args))
+        if args.profile:
+            from bench.profile_summary import summarize
+
+            figures["profile"] = {
+                p.stem: summarize(p, top=15) for p in sorted(Path(args.profile).glob("*.txt"))
+            }
+        print(json.dumps(figures, indent=2))
+    finally:
+        if not args.dir:
+            shutil.rmtree(base, ignore_errors=True)

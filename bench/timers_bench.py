@@ -34,9 +34,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
-import shutil
-import tempfile
 import time
 from datetime import datetime
 from itertools import pairwise
@@ -58,7 +55,6 @@ from bench.common import (
     TracedCluster,
     Worker,
     admin_client,
-    broker,
     broker_pid,
     delete_context_topics,
     group_committed,
@@ -67,6 +63,7 @@ from bench.common import (
     now_ms,
     owned,
     percentiles,
+    run_and_print,
     wait_stable,
     wait_until,
 )
@@ -594,20 +591,7 @@ def cli() -> None:
     args = parser.parse_args()
     if args.burst_lead_ms is None:
         args.burst_lead_ms = 5_000 + args.timers * 1_000 // 800
-    base = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="tickwheel-timerbench-"))
-    try:
-        with broker() as bootstrap:
-            figures = asyncio.run(run(bootstrap, base, args))
-        if args.profile:
-            from bench.profile_summary import summarize
-
-            figures["profile"] = {
-                p.stem: summarize(p, top=15) for p in sorted(Path(args.profile).glob("*.txt"))
-            }
-        print(json.dumps(figures, indent=2))
-    finally:
-        if not args.dir:
-            shutil.rmtree(base, ignore_errors=True)
+    run_and_print(run, args, "tickwheel-timerbench-")
 
 
 if __name__ == "__main__":
