@@ -1,23 +1,24 @@
 """The timer table's changelog on Kafka: transactional, fenced per partition, and restore.
 
-Each owned partition p writes its changelog through a transactional producer of its own
-(transactional id `<group>.<type>.timers.<p>`). Starting it fences p's previous owner: a
-node that lost p but has not noticed yet (a zombie) can write, but never commit, so no
-reader and no compaction ever sees its writes. A store write joins p's open transaction
-and is applied locally at once; the transaction is committed with the timers
-subscription's log offsets after each batch, and every `commit_interval` for the
-runner's writes. A local copy that may hold writes that were never committed (the node
-stopped uncleanly, or a commit failed) is thrown away and restored from the changelog.
+Each owned partition p of a type commits everything through one transactional producer
+(transactional id `<group>.<type>.timers.<p>`): timer rows, the command path's events and
+results, and every consumer offset of p. Starting it fences p's previous owner: a node
+that lost p but has not noticed yet (a zombie) can write, but never commit, so no reader
+and no compaction ever sees its writes. A store write is applied locally at once and its
+row buffered; the rows go out in p's next transaction (a command batch, a log batch's
+offsets, or every `commit_interval` for the runner's writes). A local copy that may
+hold writes that were never committed (the node stopped uncleanly, or a commit failed)
+is thrown away and restored from the changelog.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections import defaultdict
+from collections.abc import Sequence
 from pathlib import Path
 
-from app.kafka import KafkaUnavailable, Reader, TransactionalProducer
+from app.kafka import KafkaUnavailable, OutRecord, Reader, TransactionalProducer
 from tables import ChangelogRecord, TimerStore
 
 __all__ = ["CleanMarks", "TransactionalChangelog", "restore_partition"]
@@ -26,62 +27,96 @@ logger = logging.getLogger(__name__)
 
 
 class TransactionalChangelog:
-    """The store's changelog sink: routes each row to its partition's open transaction."""
+    """Per owned partition of one aggregate type, the one transaction everything commits in.
+
+    The store's changelog sink buffers each timer row here (no Kafka call while the store
+    holds its lock); `commit` sends the buffered rows with the caller's records (the
+    command path's events, results and commands) and consumer offsets (commands, the
+    log's subscription, timer ops) through the partition's transactional producer, in one
+    transaction. Callers serialise a partition's commits (the node's partition lock), so
+    rows buffered before a commit are in it or in an earlier one.
+    """
 
     def __init__(self, bootstrap: str, topic: str, group_id: str) -> None:
         self.bootstrap = bootstrap
         self.topic = topic
         self.group_id = group_id
         self._producers: dict[int, TransactionalProducer] = {}
+        self._buffer: dict[int, list[OutRecord]] = {}
 
     async def open(self, partition: int) -> None:
         """Starts the partition's producer, fencing its previous owner's."""
         producer = TransactionalProducer(
             self.bootstrap, f"{self.group_id}.{self.topic}.{partition}"
         )
-        await producer.start()
+        try:
+            await producer.start()
+        except BaseException:
+            await producer.stop()
+            raise
         self._producers[partition] = producer
+        self._buffer[partition] = []
 
     async def close(self, partition: int) -> bool | None:
-        """Commits what is pending and stops the producer; whether everything was committed
-        (None: the partition was not open)."""
-        producer = self._producers.pop(partition, None)
+        """Commits what is buffered and stops the producer; whether everything was
+        committed (None: the partition was not open)."""
+        producer = self._producers.get(partition)
         if producer is None:
             return None
         try:
-            await producer.flush()
+            if producer.broken is not None:
+                return False
+            await self.commit(partition)
             return True
         except KafkaUnavailable as exc:
             logger.warning("%s[%d]: last commit failed: %s", self.topic, partition, exc)
             return False
         finally:
+            await self.abandon(partition)
+
+    async def abandon(self, partition: int) -> None:
+        """Stops the producer without committing: what is buffered is thrown away."""
+        self._buffer.pop(partition, None)
+        producer = self._producers.pop(partition, None)
+        if producer is not None:
             await producer.stop()
 
     def owns(self, partition: int) -> bool:
         return partition in self._producers
 
+    def broken(self, partition: int) -> KafkaUnavailable | None:
+        """The failure that broke the partition's producer, if one did."""
+        producer = self._producers.get(partition)
+        return None if producer is None else producer.broken
+
     async def __call__(self, records: list[ChangelogRecord]) -> None:
-        by_partition: dict[int, list[ChangelogRecord]] = defaultdict(list)
         for r in records:
-            by_partition[r.partition].append(r)
-        for p, rows in by_partition.items():
-            producer = self._producers.get(p)
-            if producer is None:
-                raise KafkaUnavailable(f"{self.topic}[{p}] is not owned by this node")
-            await producer.append([(self.topic, p, r.key, r.value) for r in rows])
+            rows = self._buffer.get(r.partition)
+            if rows is None:
+                raise KafkaUnavailable(f"{self.topic}[{r.partition}] is not owned by this node")
+            rows.append((self.topic, r.partition, r.key, r.value))
 
     async def commit(
-        self, partition: int, offsets: dict[tuple[str, int], int] | None = None
-    ) -> None:
-        """Commits the partition's open transaction, with the given log `offsets` if any."""
+        self,
+        partition: int,
+        offsets: dict[tuple[str, int], int] | None = None,
+        records: Sequence[OutRecord] = (),
+    ) -> list[int]:
+        """Commits the buffered rows, `records` and `offsets` in one transaction; the
+        offsets `records` were written at. Nothing to commit: no transaction."""
         producer = self._producers.get(partition)
         if producer is None:
             raise KafkaUnavailable(f"{self.topic}[{partition}] is not owned by this node")
-        await producer.flush(offsets, self.group_id)
+        rows = self._buffer[partition]
+        self._buffer[partition] = []
+        if not rows and not records and not offsets:
+            return []
+        written = await producer.commit([*rows, *records], offsets or {}, self.group_id)
+        return written[len(rows) :]
 
     def pending(self) -> list[int]:
-        """The partitions with writes waiting to be committed."""
-        return [p for p, producer in self._producers.items() if producer.pending]
+        """The partitions with rows waiting to be committed."""
+        return [p for p, rows in self._buffer.items() if rows]
 
 
 class CleanMarks:

@@ -29,6 +29,7 @@ __all__ = [
     "Fenced",
     "GroupConsumer",
     "KafkaUnavailable",
+    "OutRecord",
     "PartitionReader",
     "Producer",
     "Reader",
@@ -218,8 +219,11 @@ async def reset_group_offsets(
 class TransactionalProducer:
     """A producer whose records and consumer offsets commit together, or not at all.
 
-    One per owned partition (transactional id `<group>.<topic>.<partition>`): starting it
-    fences a previous owner's producer, so a zombie can never commit beside the new owner.
+    One per owned partition (transactional id `<group>.<ctx>.<agg>.timers.<partition>`):
+    starting it fences a previous owner's producer, so a zombie can never commit beside
+    the new owner. Any failure breaks it for good (`broken`): every later call raises at
+    once, so a caller can never go on with a producer in an unknown state; it is closed
+    and the partition taken afresh.
     """
 
     def __init__(self, bootstrap: str, transactional_id: str) -> None:
@@ -234,12 +238,17 @@ class TransactionalProducer:
         )
         self._lock = asyncio.Lock()
         self._open = False
+        self.broken: KafkaUnavailable | None = None
 
     async def start(self) -> None:
         await _start(self._producer, self.transactional_id)
 
     async def stop(self) -> None:
-        await self._producer.stop()
+        """Closes the client; never raises (a broken producer may fail to say goodbye)."""
+        try:
+            await self._producer.stop()
+        except Exception as exc:
+            logger.warning("%s: stop failed: %r", self.transactional_id, exc)
 
     async def commit(
         self,
@@ -281,6 +290,7 @@ class TransactionalProducer:
         return self._open
 
     async def _append(self, records: Sequence[OutRecord]) -> list[asyncio.Future[Any]]:
+        self._check()
         p = self._producer
         try:
             if not self._open:
@@ -294,14 +304,11 @@ class TransactionalProducer:
                 # A failed send fails the commit too, which is where it is reported.
                 f.add_done_callback(_retrieve)
             return futures
-        except KafkaError as exc:
-            await self._abort(fatal=isinstance(exc, ProducerFenced))
-            raise self._translate(exc) from exc
-        except BaseException:
-            await self._abort()
-            raise
+        except BaseException as exc:
+            raise await self._fail(exc) from exc
 
     async def _commit(self, offsets: dict[tuple[str, int], int], group_id: str) -> None:
+        self._check()
         p = self._producer
         try:
             if not self._open:
@@ -313,27 +320,33 @@ class TransactionalProducer:
                 )
             await p.commit_transaction()
             self._open = False
-        except KafkaError as exc:
-            await self._abort(fatal=isinstance(exc, ProducerFenced))
-            raise self._translate(exc) from exc
-        except BaseException:
-            await self._abort()
-            raise
+        except BaseException as exc:
+            raise await self._fail(exc) from exc
 
-    async def _abort(self, *, fatal: bool = False) -> None:
-        if self._open:
-            self._open = False
-            if fatal:
-                return  # fenced: the producer is done for; the broker aborted the transaction
-            # Broken: the broker aborts it anyway at its timeout; try to say so first.
-            # (aiokafka asserts on some state transitions: an AssertionError is not ours.)
-            with contextlib.suppress(KafkaError, AssertionError):
-                await self._producer.abort_transaction()
+    def _check(self) -> None:
+        if self.broken is not None:
+            raise self.broken
 
-    def _translate(self, exc: KafkaError) -> KafkaUnavailable:
+    async def _fail(self, exc: BaseException) -> BaseException:
+        """Breaks the producer: what to raise for `exc`.
+
+        Whatever went wrong (fenced, a fatal client state, an aiokafka assertion, a
+        cancellation half-way through a commit), the transaction's fate is unknown here:
+        the broker aborts it (a newer owner's start, or the transaction timeout).
+        """
         if isinstance(exc, ProducerFenced):
-            return Fenced(f"{self.transactional_id} was fenced by a newer owner")
-        return KafkaUnavailable(f"{self.transactional_id}: transaction failed: {exc!r}")
+            error: KafkaUnavailable = Fenced(f"{self.transactional_id} was fenced by a newer owner")
+        else:
+            error = KafkaUnavailable(f"{self.transactional_id}: transaction failed: {exc!r}")
+        self.broken = error
+        if self._open and not isinstance(exc, ProducerFenced):
+            with contextlib.suppress(Exception):
+                async with asyncio.timeout(5):
+                    await self._producer.abort_transaction()
+        self._open = False
+        if isinstance(exc, asyncio.CancelledError | KeyboardInterrupt | SystemExit):
+            return exc
+        return error
 
 
 def _retrieve(future: asyncio.Future[Any]) -> None:
@@ -614,6 +627,25 @@ class GroupConsumer:
         tps = [TopicPartition(t, p) for t, p in partitions]
         assigned = self._consumer.assignment()
         self._consumer.resume(*[tp for tp in tps if tp in assigned])
+
+    async def rewind(self, partitions: Iterable[tuple[str, int]]) -> None:
+        """Reads these partitions again from the group's committed offsets (the start where
+        none is committed): what was read after them never counted."""
+        assigned = self._consumer.assignment()
+        try:
+            for t, p in partitions:
+                tp = TopicPartition(t, p)
+                if tp not in assigned:
+                    continue
+                offset = await self._consumer.committed(tp)
+                if offset is None or offset < 0:
+                    await self._consumer.seek_to_beginning(tp)
+                else:
+                    self._consumer.seek(tp, offset)
+        except IllegalStateError:
+            return  # revoked in between
+        except KafkaError as exc:
+            raise KafkaUnavailable(f"cannot read committed offsets: {exc!r}") from exc
 
     def seek(self, topic: str, partition: int, offset: int) -> bool:
         """Reads the partition again from `offset`; False when it is no longer assigned."""

@@ -15,42 +15,54 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from app.aggregate import AggregateType, Service
 from app.changelog import CleanMarks, TransactionalChangelog, restore_partition
-from app.exceptions import BadRecord
+from app.exceptions import BadRecord, TickwheelError
 from app.kafka import (
     Fenced,
     GroupConsumer,
     KafkaUnavailable,
+    OutRecord,
     Producer,
     Reader,
     Record,
     TopicSpec,
-    TransactionalProducer,
     ensure_topics,
 )
 from app.ledger import KafkaFailureLedger
 from app.metrics import NodeMetrics
-from app.operator import TimerOp, carry_out
-from app.processor import CommandProcessor, dead_letter_record
-from app.runner import Clock, SystemClock, TimerLoop, TimerOptions, TimerRunner
-from app.sender import KafkaSender, ResultsReader
+from app.operator import TimerOp as OperatorRequest
+from app.operator import carry_out
+from app.processor import CommandProcessor, Commit, dead_letter_record
+from app.runner import Clock, SendResult, SystemClock, TimerLoop, TimerOptions, TimerRunner
+from app.sender import KafkaSender, ResultsReader, timer_command
 from app.settings import Settings
-from app.subscription import PutTimer, apply, timer_op
+from app.subscription import TimerOp, apply_all, timer_op
 from app.topics import AggregateTopics, ContextTopics, parse_aggregate_type
 from app.web import WebServer
-from app.wire import EventEnvelope, decode
-from tables import StoreError, TimerStore, open_timer_store
+from app.wire import CommandEnvelope, EventEnvelope, ResultCode, decode
+from tables import StoreError, Timer, TimerStore, open_timer_store
 from tables.aggregate_store import RocksAggregateStore
 from tables.ledger import FailureLedger
+from tables.partitioner import partition_of
 
-__all__ = ["Node", "node_topics"]
+__all__ = ["Node", "NodeFailed", "node_topics"]
 
 logger = logging.getLogger(__name__)
+
+
+class NodeFailed(TickwheelError):
+    """The node cannot go on (a partition it was given could not be taken): it stops."""
+
+
+_TAKE_ATTEMPTS = 10
+_LOCAL: tuple[str, list[Record]] = ("", [])
+"""Queued for a partition's worker: timers were handed over to fire in-process."""
 
 
 def _fenced(exc: BaseException | None) -> bool:
@@ -97,6 +109,30 @@ class _Type:
     processors: dict[int, CommandProcessor] = field(default_factory=dict)
 
 
+class _InProcess:
+    """The runner's `LocalFirer`: a timer whose target is an aggregate of the same type in
+    the timer's own partition (the default: its owner) is decided by this node, in the
+    partition's transaction, instead of a round trip through the command topic."""
+
+    def __init__(self, node: Node, type_name: str) -> None:
+        self._node = node
+        self._type_name = type_name
+
+    def accepts(self, timer: Timer) -> bool:
+        kept = self._node.types.get(self._type_name)
+        if kept is None or timer.partition not in kept.processors:
+            return False
+        target = timer.target
+        if target.context != kept.topics.context or target.aggregate != kept.topics.aggregate:
+            return False
+        return target == timer.owner or (
+            partition_of(target.id, self._node.settings.partitions) == timer.partition
+        )
+
+    def fire(self, timers: list[Timer]) -> None:
+        self._node._fire_local(self._type_name, timers)
+
+
 class Node:
     def __init__(
         self,
@@ -129,8 +165,18 @@ class Node:
         self._taking: dict[int, asyncio.Task[None]] = {}
         self._queues: dict[int, asyncio.Queue[tuple[str, list[Record]]]] = {}
         self._workers: dict[int, asyncio.Task[None]] = {}
+        # A partition's lock: held by its worker's cycle and around every commit of it, so
+        # that what a cycle writes (events, settles) commits in the cycle's transaction.
         self._plocks: defaultdict[int, asyncio.Lock] = defaultdict(asyncio.Lock)
         self._to_commit: dict[tuple[str, int], int] = {}
+        # Claimed timers handed over to be fired in-process, per partition and type.
+        self._local: defaultdict[int, defaultdict[str, list[Timer]]] = defaultdict(
+            lambda: defaultdict(list)
+        )
+        # Partitions whose work stopped on a failure, and why, until they are taken again.
+        self._broken: dict[int, str] = {}
+        self._failure: NodeFailed | None = None
+        self._failed = asyncio.Event()
         self.metrics = NodeMetrics()
         self._web: WebServer | None = None
         self.reader = Reader(settings.bootstrap_servers)
@@ -153,6 +199,28 @@ class Node:
     def owned(self) -> frozenset[int]:
         """The partitions this node owns now (the same p of every type)."""
         return frozenset(self._owned)
+
+    def health(self) -> dict[str, Any]:
+        """What `/healthz` says: ready only while every partition given to this node runs.
+
+        Not ready while a partition is restored, was let go on a failure and not taken
+        again yet, or its firing loop keeps failing; or when the node failed for good.
+        """
+        stalled = dict(self._broken)
+        for kept in self.types.values():
+            if kept.loop.failing:
+                for p in self._owned:
+                    stalled.setdefault(p, f"{kept.topics.type_name}: timer rounds failing")
+        restoring = sorted(self._taking)
+        body: dict[str, Any] = {
+            "owned": sorted(self._owned),
+            "restoring": restoring,
+            "stalled": {str(p): why for p, why in sorted(stalled.items())},
+            "ready": not restoring and not stalled and self._failure is None,
+        }
+        if self._failure is not None:
+            body["failed"] = str(self._failure)
+        return body
 
     async def start(self) -> None:
         s = self.settings
@@ -198,8 +266,20 @@ class Node:
         )
         sender = KafkaSender(self.producer, self._results[t.context], t.context, self.clock.now)
         ledger = self.ledger or self._ledgers[t.context]
-        runner = TimerRunner(store, sender, self.clock, ledger, self.options)
         agg = self.aggregates.get(t.type_name)
+
+        async def before_send(partitions: set[int]) -> None:
+            await self._commit_claims(t.type_name, partitions)
+
+        runner = TimerRunner(
+            store,
+            sender,
+            self.clock,
+            ledger,
+            self.options,
+            local=_InProcess(self, t.type_name) if agg is not None else None,
+            before_send=before_send,
+        )
         states = RocksAggregateStore(directory / "states") if agg is not None else None
         marks = CleanMarks(directory / "timers")
         loop = TimerLoop(runner, on_round=lambda stats: self.metrics.round(t.type_name, stats))
@@ -227,18 +307,34 @@ class Node:
                 kept.states.close()
 
     async def run(self) -> None:
-        """Reads the owned partitions' logs and commands until cancelled."""
+        """Reads the owned partitions' logs and commands until cancelled; `NodeFailed`
+        when a partition it was given cannot be worked on (the node stops loudly)."""
         assert self._consumer is not None, "start() first"
         for kept in self.types.values():
             kept.loop.start()
         committer = asyncio.create_task(self._commit_changelogs(), name="changelog commits")
+        reader = asyncio.create_task(self._read(), name="reader")
+        failed = asyncio.create_task(self._failed.wait(), name="failure")
+        tasks: list[asyncio.Task[Any]] = [committer, reader, failed]
         try:
-            await self._read()
+            await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+            for task in (committer, reader):
+                if task.done() and not task.cancelled() and task.exception() is not None:
+                    raise NodeFailed(f"{task.get_name()} failed: {task.exception()!r}")
+            if self._failure is not None:
+                raise self._failure
         finally:
-            committer.cancel()
-            await asyncio.gather(committer, return_exceptions=True)
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
             for p in list(self._workers):
                 await self._stop_worker(p)
+
+    def _fail(self, why: str) -> None:
+        """Stops the node: it cannot do the work it was given."""
+        logger.critical("node failed: %s", why)
+        self._failure = NodeFailed(why)
+        self._failed.set()
 
     async def _read(self) -> None:
         """Hands each polled batch to its partition's worker, and commits what they did.
@@ -275,23 +371,32 @@ class Node:
         rewound: dict[str, int] = {}
         while True:
             topic, records = await queue.get()
-            first = records[0].offset
-            if topic in rewound:
-                if first != rewound[topic]:
-                    continue
-                del rewound[topic]
-            elif first <= done.get(topic, -1):
-                continue
             async with self._plocks[p]:
                 if p not in self._owned:
                     continue
-                ok, commit = await self._process_partition(topic, p, records)
-            if ok:
-                done[topic] = records[-1].offset
-                if commit:
-                    self._to_commit[(topic, p)] = records[-1].offset + 1
-            else:
-                rewound[topic] = first
+                if records and self._fresh_batch(topic, records, done, rewound):
+                    ok, commit = await self._process_partition(topic, p, records)
+                    if ok:
+                        done[topic] = records[-1].offset
+                        if commit:
+                            self._to_commit[(topic, p)] = records[-1].offset + 1
+                    else:
+                        rewound[topic] = records[0].offset
+                if p in self._owned:
+                    await self._fire_pending(p)
+
+    @staticmethod
+    def _fresh_batch(
+        topic: str, records: list[Record], done: dict[str, int], rewound: dict[str, int]
+    ) -> bool:
+        first = records[0].offset
+        if topic in rewound:
+            if first != rewound[topic]:
+                return False
+            del rewound[topic]
+        elif first <= done.get(topic, -1):
+            return False
+        return True
 
     async def _stop_worker(self, p: int) -> None:
         task = self._workers.pop(p, None)
@@ -301,6 +406,53 @@ class Node:
             await asyncio.gather(task, return_exceptions=True)
         while queue is not None and not queue.empty():
             queue.get_nowait()  # frees a poll loop waiting to put; the batches are stale
+
+    def _fire_local(self, type_name: str, timers: list[Timer]) -> None:
+        """Takes claimed timers to fire in their partition's next cycle."""
+        for t in timers:
+            self._local[t.partition][type_name].append(t)
+        for p in {t.partition for t in timers}:
+            queue = self._worker(p)
+            if not queue.full():  # else the worker has batches to do, and fires after each
+                queue.put_nowait(_LOCAL)
+
+    def _take_local(self, p: int, type_name: str) -> list[Timer]:
+        by_type = self._local.get(p)
+        return [] if by_type is None else by_type.pop(type_name, [])
+
+    async def _fire_pending(self, p: int) -> None:
+        """Fires the timers handed over for partition p, one transaction per type."""
+        for type_name in list(self._local.get(p, {})):
+            kept = self.types[type_name]
+            timers = self._take_local(p, type_name)
+            processor = kept.processors.get(p)
+            if not timers or processor is None:
+                continue  # let go meanwhile: the next owner claims them again at once
+            try:
+                stats = await processor.handle([], 0, *self._in_process(kept, timers))
+            except (KafkaUnavailable, StoreError) as exc:
+                self._partition_failed(p, f"firing {len(timers)} timer(s) in-process", exc)
+                return
+            self._count_commands(kept, stats.codes)
+
+    def _in_process(self, kept: _Type, timers: list[Timer]) -> tuple[list[CommandEnvelope], Any]:
+        """The commands of claimed timers to decide here, and what records their outcomes."""
+        now = self.clock.now()
+        by_request = {t.request_id: t for t in timers}
+        commands = [timer_command(t, now, in_process=True) for t in timers]
+
+        async def record(decided: list[tuple[CommandEnvelope, ResultCode, str]]) -> None:
+            outcomes = [
+                (by_request[cmd.request_id], SendResult(code.value, message))
+                for cmd, code, message in decided
+            ]
+            self.metrics.round(kept.topics.type_name, await kept.runner.record_outcomes(outcomes))
+
+        return commands, record
+
+    def _count_commands(self, kept: _Type, codes: dict[str, int]) -> None:
+        for code, n in codes.items():
+            self.metrics.commands.labels(kept.topics.type_name, code).inc(n)
 
     async def _process_partition(
         self, topic: str, p: int, records: list[Record]
@@ -320,42 +472,44 @@ class Node:
                 return True, True
             elif kind == "timer-ops":
                 await self._operate(kept, records)
-                await kept.changelog.commit(p)
-                return True, True
+                await kept.changelog.commit(p, {(topic, p): records[-1].offset + 1})
+                return True, False
             else:
                 processor = kept.processors.get(p)
                 if processor is not None:
                     backlog = await self._consumer.backlog(topic, p)
-                    stats = await processor.handle(records, backlog)
-                    for code, n in stats.codes.items():
-                        self.metrics.commands.labels(kept.topics.type_name, code).inc(n)
+                    timers = self._take_local(p, kept.topics.type_name)
+                    local = self._in_process(kept, timers) if timers else ((), None)
+                    stats = await processor.handle(records, backlog, *local)
+                    self._count_commands(kept, stats.codes)
                     if stats.dead_letters:
                         self.metrics.dead_letters.labels(topic).inc(stats.dead_letters)
         except (KafkaUnavailable, StoreError) as exc:
-            # Nothing of the batch counts: read it again (every write is idempotent).
-            logger.warning("%s[%d] batch failed, reading it again: %s", topic, p, exc)
-            if _fenced(exc):
-                logger.warning("partition %d was taken over: letting it go", p)
-                await self._let_go(p)
-            elif kind != "commands":
-                await self._reset(kept, p)
-            self._consumer.seek(topic, p, records[0].offset)
-            await asyncio.sleep(0.5)
+            # Nothing of the batch counts: the partition is taken again and read from its
+            # committed offsets (every write is idempotent).
+            self._partition_failed(p, f"{topic}[{p}] batch", exc)
             return False, False
         return True, False
 
-    async def _reset(self, kept: _Type, p: int) -> None:
-        """After a failed changelog commit the local copy may hold writes that never counted:
-        restore it from the changelog."""
+    def _partition_failed(self, p: int, what: str, exc: BaseException) -> None:
+        """Ends p's work on a failure of its transaction or store: what it wrote since its
+        last commit may never count. It is let go and taken afresh (restored from the
+        changelog and the log, read again from the committed offsets); when fenced, a
+        newer owner has it, and it is taken again only if the group still gives it here."""
         if p not in self._owned:
             return
-        await kept.runner.stop_partition(p)
-        await kept.changelog.close(p)
-        await kept.changelog.open(p)
-        await restore_partition(
-            kept.store, self.reader, kept.topics.timers_changelog, p, clean=False
+        fenced = _fenced(exc)
+        why = f"{what} failed: {exc}"
+        logger.warning("partition %d: %s; %s", p, why, "let go" if fenced else "taken afresh")
+        self._owned.discard(p)
+        self._broken[p] = why
+        assert self._consumer is not None
+        self._consumer.pause([(t, q) for t, q in self._consumer.assignment() if q == p])
+        topics = {t for t, q in self._consumer.assignment() if q == p}
+        delay = 2 * self.settings.session_timeout_ms / 1000 if fenced else 0.0
+        self._taking[p] = asyncio.create_task(
+            self._take_in_background(p, topics, after_failure=delay), name=f"retake {p}"
         )
-        kept.runner.start_partition(p)
 
     async def _commit_changelogs(self) -> None:
         """Commits the runners' writes every `commit_interval_ms`."""
@@ -364,20 +518,31 @@ class Node:
             await asyncio.sleep(interval)
             for kept in self.types.values():
                 for p in kept.changelog.pending():
-                    try:
-                        await kept.changelog.commit(p)
-                    except KafkaUnavailable as exc:
-                        logger.warning("changelog commit of %d failed: %s", p, exc)
-                        async with self._lock, self._plocks[p]:
-                            if _fenced(exc):
-                                await self._let_go(p)
-                            else:
-                                await self._reset(kept, p)
+                    async with self._plocks[p]:
+                        await self._commit_partition(kept, p, "changelog commit")
+
+    async def _commit_partition(self, kept: _Type, p: int, what: str) -> bool:
+        """Commits what p's transaction holds (under p's lock); whether it committed."""
+        if p not in self._owned or not kept.changelog.owns(p):
+            return False
+        try:
+            await kept.changelog.commit(p)
+        except KafkaUnavailable as exc:
+            self._partition_failed(p, what, exc)
+            return False
+        return True
+
+    async def _commit_claims(self, type_name: str, partitions: set[int]) -> None:
+        """The runner's `before_send`: its claims commit before their commands leave."""
+        kept = self.types[type_name]
+        for p in sorted(partitions):
+            async with self._plocks[p]:
+                if not await self._commit_partition(kept, p, "claims commit"):
+                    raise KafkaUnavailable(f"partition {p}: claims not committed")
 
     async def _subscribe(self, kept: _Type, records: list[Record]) -> int:
         """Applies a log batch to the timer table; how many writes it made."""
-        woke = False
-        writes = 0
+        ops: list[TimerOp] = []
         for record in records:
             try:
                 event = decode(EventEnvelope, record.value)
@@ -385,11 +550,14 @@ class Node:
             except BadRecord as exc:
                 await self._dead_letter(record, str(exc))
                 continue
-            if op is not None and await apply(kept.store, op):
-                writes += 1
-                woke = woke or isinstance(op, PutTimer)
-        if woke:
-            kept.loop.wake()
+            if op is not None:
+                ops.append(op)
+        if not ops:
+            return 0
+        writes, put = await apply_all(kept.store, ops)
+        if put:
+            kept.runner.offer(put)
+            kept.loop.wake(reload=False)
         return writes
 
     async def _dead_letter(self, record: Record, error: str) -> None:
@@ -401,7 +569,7 @@ class Node:
         """Carries out operators' retry/skip requests on this partition's parked timers."""
         for record in records:
             try:
-                op = decode(TimerOp, record.value)
+                op = decode(OperatorRequest, record.value)
             except BadRecord as exc:
                 await self._dead_letter(record, str(exc))
                 continue
@@ -427,24 +595,43 @@ class Node:
             if not new:
                 self._owning()
 
-    async def _take_in_background(self, p: int, topics: set[str], attempts: int = 10) -> None:
+    async def _take_in_background(
+        self, p: int, topics: set[str], after_failure: float | None = None
+    ) -> None:
+        """Takes p (fencing its previous owner, restoring), then starts its work.
+
+        `after_failure`: p's work stopped on a failure: it is let go first (nothing of its
+        local copy is trusted), and taken again after that many seconds if the group still
+        gives it to this node. A partition that cannot be taken stops the node.
+        """
         assert self._consumer is not None
         try:
-            for attempt in range(1, attempts + 1):
+            if after_failure is not None:
+                await self._stop_worker(p)
+                async with self._lock:
+                    await self._let_go(p, clean=False)
+                await asyncio.sleep(after_failure)
+                topics &= {t for t, q in self._consumer.assignment() if q == p}
+                if not topics:
+                    self._broken.pop(p, None)
+                    return  # the group moved it meanwhile
+            for attempt in range(1, _TAKE_ATTEMPTS + 1):
                 try:
                     await self._take(p, topics)
                     break
                 except (KafkaUnavailable, StoreError) as exc:
                     logger.warning(
-                        "taking partition %d failed (%d/%d): %s", p, attempt, attempts, exc
+                        "taking partition %d failed (%d/%d): %s", p, attempt, _TAKE_ATTEMPTS, exc
                     )
-                    await self._let_go(p)
+                    await self._let_go(p, clean=False)
                     await asyncio.sleep(min(0.2 * 2**attempt, 5))
             else:
-                logger.error("partition %d could not be restored; it waits for its next owner", p)
+                self._fail(f"partition {p} could not be taken in {_TAKE_ATTEMPTS} attempts")
                 return
             async with self._lock:
                 self._owned.add(p)
+                self._broken.pop(p, None)
+                await self._consumer.rewind([(t, p) for t in topics])
                 self._consumer.resume([(t, p) for t in topics])
                 for kept in self.types.values():
                     kept.runner.start_partition(p)
@@ -453,34 +640,32 @@ class Node:
                     self._owning()
                     self.ready.set()
         finally:
-            self._taking.pop(p, None)
+            if self._taking.get(p) is asyncio.current_task():
+                del self._taking[p]
 
     async def _take(self, p: int, topics: set[str]) -> None:
-        s = self.settings
         for kept in self.types.values():
             t = kept.topics
+            if t.events not in topics:
+                continue
+            # One producer per partition and type: starting it fences the previous owner,
+            # before anything of p is read.
+            await kept.changelog.open(p)
             if t.commands in topics and kept.agg is not None and kept.states is not None:
-                producer = TransactionalProducer(
-                    s.bootstrap_servers, f"{s.group_id}.{t.commands}.{p}"
-                )
-                await producer.start()  # fences the partition's previous owner
                 processor = CommandProcessor(
                     kept.agg,
                     p,
-                    partitions=s.partitions,
+                    partitions=self.settings.partitions,
                     states=kept.states,
-                    producer=producer,
-                    group_id=s.group_id,
+                    commit=_committer(kept.changelog, p),
                     now=self.clock.now,
-                    busy_backlog=s.busy_backlog,
+                    busy_backlog=self.settings.busy_backlog,
                 )
                 kept.processors[p] = processor
                 await processor.restore(self.reader)
-            if t.events in topics:
-                await kept.changelog.open(p)  # fences the partition's previous owner
-                clean = kept.marks.take(p)
-                await kept.store.assign({p})
-                await restore_partition(kept.store, self.reader, t.timers_changelog, p, clean=clean)
+            clean = kept.marks.take(p)
+            await kept.store.assign({p})
+            await restore_partition(kept.store, self.reader, t.timers_changelog, p, clean=clean)
         for results in self._results.values():
             await results.add_partition(p)
 
@@ -492,6 +677,7 @@ class Node:
         await asyncio.gather(*taking, return_exceptions=True)
         for p in gone:
             await self._stop_worker(p)
+            self._broken.pop(p, None)
         async with self._lock:
             for p in sorted(gone & (self._owned | self._half_taken())):
                 await self._let_go(p)
@@ -507,20 +693,42 @@ class Node:
             p for kept in self.types.values() for p in kept.store.assigned
         }
 
-    async def _let_go(self, p: int) -> None:
-        """Stops everything of partition p this node runs (whole or half taken)."""
+    async def _let_go(self, p: int, *, clean: bool = True) -> None:
+        """Stops everything of partition p this node runs (whole or half taken); never
+        raises. `clean`: commit what p's transaction holds first (a hand-off); otherwise
+        it is thrown away and the local copy restored from the changelog next time."""
         self._owned.discard(p)
+        self._local.pop(p, None)
         for kept in self.types.values():
-            await kept.runner.stop_partition(p)
-            committed = await kept.changelog.close(p)
-            if p in kept.store.assigned:
-                await kept.store.revoke({p})
-            if committed:
-                kept.marks.mark(p)
-            processor = kept.processors.pop(p, None)
-            if processor is not None:
-                await processor.stop()
-                assert kept.states is not None
-                kept.states.release(p)
+            try:
+                await kept.runner.stop_partition(p)
+                if clean:
+                    committed = await kept.changelog.close(p)
+                else:
+                    await kept.changelog.abandon(p)
+                    committed = False
+                if p in kept.store.assigned:
+                    await kept.store.revoke({p})
+                if committed:
+                    kept.marks.mark(p)
+                if kept.processors.pop(p, None) is not None:
+                    assert kept.states is not None
+                    kept.states.release(p)
+            except Exception:
+                logger.exception("letting partition %d of %s go failed", p, kept.topics.type_name)
         for reader in self._results.values():
-            await reader.remove_partition(p)
+            try:
+                await reader.remove_partition(p)
+            except Exception:
+                logger.exception("results reader: letting partition %d go failed", p)
+
+
+def _committer(changelog: TransactionalChangelog, p: int) -> Commit:
+    """The command path's commit: p's one transaction."""
+
+    async def commit(
+        records: Sequence[OutRecord], offsets: dict[tuple[str, int], int]
+    ) -> list[int]:
+        return await changelog.commit(p, offsets, records)
+
+    return commit

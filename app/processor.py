@@ -12,14 +12,14 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from app.aggregate import AggregateType
-from app.decide import StoredAggregate, decide, fold
+from app.decide import Decided, StoredAggregate, decide, fold
 from app.exceptions import BadRecord
-from app.kafka import OutRecord, Reader, Record, TransactionalProducer
+from app.kafka import OutRecord, Reader, Record
 from app.topics import AggregateTopics, ContextTopics
 from app.wire import (
     CommandEnvelope,
@@ -34,7 +34,15 @@ from tables import AggregateRef
 from tables.aggregate_store import RocksAggregateStore
 from tables.partitioner import partition_of
 
-__all__ = ["BatchStats", "CommandProcessor", "dead_letter_record"]
+__all__ = ["BatchStats", "CommandProcessor", "Commit", "LocalDecided", "dead_letter_record"]
+
+Commit = Callable[[Sequence[OutRecord], dict[tuple[str, int], int]], Awaitable[list[int]]]
+"""Sends records and commits consumer offsets in the partition's one transaction; the
+records' offsets (`TransactionalChangelog.commit`, bound to the partition)."""
+
+LocalDecided = Callable[[list[tuple[CommandEnvelope, ResultCode, str]]], Awaitable[None]]
+"""Told, before the commit, what each command fired in-process came to, so that the
+timers' settles join the same transaction (`TimerRunner.record_outcomes`)."""
 
 logger = logging.getLogger(__name__)
 
@@ -75,6 +83,15 @@ def _command_record(cmd: CommandEnvelope) -> OutRecord:
     return (topic, None, cmd.aggregate.id.encode(), encode(cmd))
 
 
+@dataclass(slots=True)
+class _Batch:
+    """What one transaction's decisions have built up so far."""
+
+    staged: dict[str, StoredAggregate] = field(default_factory=dict)
+    applied: set[tuple[str, str]] = field(default_factory=set)
+    out: list[OutRecord] = field(default_factory=list)
+
+
 class CommandProcessor:
     def __init__(
         self,
@@ -83,8 +100,7 @@ class CommandProcessor:
         *,
         partitions: int,
         states: RocksAggregateStore,
-        producer: TransactionalProducer,
-        group_id: str,
+        commit: Commit,
         now: Callable[[], int],
         busy_backlog: int = 50_000,
     ) -> None:
@@ -94,17 +110,30 @@ class CommandProcessor:
         self.topics = AggregateTopics(agg.context, agg.name)
         self.results_topic = ContextTopics(agg.context).results
         self._states = states
-        self._producer = producer
-        self._group_id = group_id
+        self._commit = commit
         self._now = now
         self.busy_backlog = busy_backlog
 
-    async def stop(self) -> None:
-        await self._producer.stop()
-
     async def restore(self, reader: Reader) -> int:
-        """Folds the events after the state store's offset into it; how many were read."""
+        """Folds the events after the state store's offset into it; how many were read.
+
+        The local states are a cache of the log: a copy that is not a prefix of the log the
+        broker holds (ahead of its end: a recreated topic, another cluster) is dropped and
+        folded again from the start.
+        """
         held = self._states.offset(self.partition)
+        _, end = await reader.offsets(self.topics.events, self.partition)
+        if held is not None and held >= end:
+            logger.warning(
+                "%s[%d]: local states at offset %d, but the log ends at %d: "
+                "not this log's copy, folding it again",
+                self.topics.events,
+                self.partition,
+                held,
+                end,
+            )
+            self._states.drop(self.partition)
+            held = None
         start = 0 if held is None else held + 1
         began = time.monotonic()
         count = 0
@@ -142,19 +171,30 @@ class CommandProcessor:
         raw = self._states.get(self.partition, aggregate_id)
         return None if raw is None else StoredAggregate.model_validate_json(raw)
 
-    async def handle(self, records: list[Record], backlog: int = 0) -> BatchStats:
-        """Decides `records` (commands of this partition, in order) in one transaction.
+    async def handle(
+        self,
+        records: list[Record],
+        backlog: int = 0,
+        local: Sequence[CommandEnvelope] = (),
+        on_local: LocalDecided | None = None,
+    ) -> BatchStats:
+        """Decides `records` (commands of this partition, in order), then the `local`
+        commands (timers of this partition fired in-process), in one transaction.
 
         `backlog`: how many commands of the partition wait behind this batch. A command
         reached while more than `busy_backlog` commands wait (itself, the rest of the batch
         and those behind it) is answered BUSY without running its handler: the partition
         sheds its oldest work until it is back within bounds, and the senders retry.
+
+        A local command is decided by the same code (dedup, not-before, handler) but gets
+        no result record: `on_local` hears its code before the commit, so the timers'
+        settles are in the same transaction as its events. The command itself is written
+        to the command topic in that transaction too, as the record of what was sent;
+        read back, its request id is found applied and it is passed over.
         """
-        stats = BatchStats(commands=len(records))
+        stats = BatchStats(commands=len(records) + len(local))
         now = self._now()
-        staged: dict[str, StoredAggregate] = {}
-        applied: set[tuple[str, str]] = set()
-        out: list[OutRecord] = []
+        batch = _Batch()
         for i, r in enumerate(records):
             waiting = len(records) - i + backlog
             try:
@@ -162,43 +202,68 @@ class CommandProcessor:
                 if cmd.aggregate.type_name != self.agg.type_name:
                     raise BadRecord(f"command for {cmd.aggregate.type_name} on {r.topic}")
             except BadRecord as exc:
-                out.append(dead_letter_record(r, str(exc)))
+                batch.out.append(dead_letter_record(r, str(exc)))
                 stats.dead_letters += 1
                 continue
-            aid = state_key(cmd.aggregate)
+            if cmd.in_process and self._seen(batch, cmd):
+                continue  # fired in-process and committed then: already decided
             if waiting > self.busy_backlog:
                 message = f"{waiting} commands waiting (bound {self.busy_backlog})"
-                out.append(self._result(cmd, ResultCode.BUSY, message, None, now))
+                batch.out.append(self._result(cmd, ResultCode.BUSY, message, None, now))
                 stats.codes[ResultCode.BUSY] += 1
                 continue
-            stored = staged.get(aid) or self._stored(aid)
-            seen = (aid, cmd.request_id) in applied or self._states.seen(
-                self.partition, aid, cmd.request_id
+            d, version = self._decide(batch, cmd, now, stats)
+            batch.out.append(self._result(cmd, d.code, d.message, version, now))
+        decided: list[tuple[CommandEnvelope, ResultCode, str]] = []
+        for cmd in local:
+            d, _ = self._decide(batch, cmd, now, stats)
+            batch.out.append(
+                (self.topics.commands, self.partition, cmd.aggregate.id.encode(), encode(cmd))
             )
-            d = decide(self.agg, stored, cmd, now=now, seen=seen)
-            if d.stored is not None:
-                staged[aid] = d.stored
-                applied.add((aid, cmd.request_id))
-                out += [
-                    (self.topics.events, self.partition, cmd.aggregate.id.encode(), encode(e))
-                    for e in d.events
-                ]
-                out += [_command_record(c) for c in d.commands]
-                stats.committed += 1
-                stats.events += len(d.events)
-            version = d.stored.version if d.stored else (stored.version if stored else None)
-            out.append(self._result(cmd, d.code, d.message, version, now))
-            stats.codes[d.code] += 1
-        offsets = {(self.topics.commands, self.partition): records[-1].offset + 1}
-        written = await self._producer.commit(out, offsets, self._group_id)
+            decided.append((cmd, d.code, d.message))
+        if decided and on_local is not None:
+            await on_local(decided)
+        offsets = (
+            {(self.topics.commands, self.partition): records[-1].offset + 1} if records else {}
+        )
+        written = await self._commit(batch.out, offsets)
         last_event = max(
-            (o for rec, o in zip(out, written, strict=True) if rec[0] == self.topics.events),
+            (o for rec, o in zip(batch.out, written, strict=True) if rec[0] == self.topics.events),
             default=None,
         )
         self._states.write(
-            self.partition, {a: encode(s) for a, s in staged.items()}, applied, last_event
+            self.partition,
+            {a: encode(s) for a, s in batch.staged.items()},
+            batch.applied,
+            last_event,
         )
         return stats
+
+    def _seen(self, batch: _Batch, cmd: CommandEnvelope) -> bool:
+        aid = state_key(cmd.aggregate)
+        return (aid, cmd.request_id) in batch.applied or self._states.seen(
+            self.partition, aid, cmd.request_id
+        )
+
+    def _decide(
+        self, batch: _Batch, cmd: CommandEnvelope, now: int, stats: BatchStats
+    ) -> tuple[Decided, int | None]:
+        """Decides one command on the aggregate as the batch left it; its events and
+        commands join the batch's records. The decision and the aggregate's version."""
+        aid = state_key(cmd.aggregate)
+        stored = batch.staged.get(aid) or self._stored(aid)
+        d = decide(self.agg, stored, cmd, now=now, seen=self._seen(batch, cmd))
+        if d.stored is not None:
+            batch.staged[aid] = d.stored
+            batch.applied.add((aid, cmd.request_id))
+            key = cmd.aggregate.id.encode()
+            batch.out += [(self.topics.events, self.partition, key, encode(e)) for e in d.events]
+            batch.out += [_command_record(c) for c in d.commands]
+            stats.committed += 1
+            stats.events += len(d.events)
+        stats.codes[d.code] += 1
+        version = d.stored.version if d.stored else (stored.version if stored else None)
+        return d, version
 
     def _result(
         self, cmd: CommandEnvelope, code: ResultCode, message: str, version: int | None, now: int

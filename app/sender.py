@@ -19,9 +19,32 @@ from app.topics import AggregateTopics, ContextTopics
 from app.wire import CommandEnvelope, CommandResult, decode, encode
 from tables import Timer
 
-__all__ = ["KafkaSender", "ResultsReader"]
+__all__ = ["KafkaSender", "ResultsReader", "timer_command"]
 
 logger = logging.getLogger(__name__)
+
+
+def timer_command(
+    timer: Timer,
+    issued_at: int,
+    *,
+    reply_to: str | None = None,
+    reply_partition: int | None = None,
+    in_process: bool = False,
+) -> CommandEnvelope:
+    """The command a timer's slot sends: request id `<timer id>#<slot>`, not before the
+    slot's due time."""
+    return CommandEnvelope(
+        request_id=timer.request_id,
+        type=timer.command.type,
+        aggregate=timer.target,
+        body=timer.command.body,
+        not_before=timer.slot_due_at,
+        issued_at=issued_at,
+        reply_to=reply_to,
+        reply_partition=reply_partition,
+        in_process=in_process,
+    )
 
 
 class ResultsReader:
@@ -93,13 +116,9 @@ class KafkaSender:
     async def send(self, timer: Timer) -> SendResult:
         target = timer.target
         own = target.context == self._context
-        command = CommandEnvelope(
-            request_id=timer.request_id,
-            type=timer.command.type,
-            aggregate=target,
-            body=timer.command.body,
-            not_before=timer.slot_due_at,
-            issued_at=self._now(),
+        command = timer_command(
+            timer,
+            self._now(),
             reply_to=self._results.topic if own else None,
             reply_partition=timer.partition if own else None,
         )

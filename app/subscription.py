@@ -24,7 +24,15 @@ from app.wire import (
 from tables import AggregateRef, Timer, TimerStore
 from tables.slots import first_slot
 
-__all__ = ["CancelAllTimers", "CancelTimer", "PutTimer", "TimerOp", "apply", "timer_op"]
+__all__ = [
+    "CancelAllTimers",
+    "CancelTimer",
+    "PutTimer",
+    "TimerOp",
+    "apply",
+    "apply_all",
+    "timer_op",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -97,6 +105,25 @@ async def apply(store: TimerStore, op: TimerOp) -> bool:
             return await store.cancel(owner, key, version)
         case CancelAllTimers(owner, version):
             return await store.cancel_all(owner, version) > 0
+
+
+async def apply_all(store: TimerStore, ops: list[TimerOp]) -> tuple[int, list[Timer]]:
+    """Carries `ops` out in order, each run of puts as one store write: how many changed
+    anything, and the timers the puts wrote."""
+    changed = 0
+    written: list[Timer] = []
+    puts: list[Timer] = []
+    for op in ops:
+        if isinstance(op, PutTimer):
+            puts.append(op.timer)
+            continue
+        if puts:
+            written += await store.put_many(puts)
+            puts = []
+        changed += await apply(store, op)
+    if puts:
+        written += await store.put_many(puts)
+    return changed + len(written), written
 
 
 def _first_error(exc: ValidationError) -> str:

@@ -1,7 +1,8 @@
 """The node's HTTP edge: health, Prometheus metrics and the failure ledger, read-only.
 
-`GET /healthz` (200 once the node owns partitions or is idle in a group that gave it
-none; 503 while it restores), `GET /metrics`, `GET /ledger` (open entries as JSON).
+`GET /healthz` (200 while every partition given to the node runs, or it is idle in a
+group that gave it none; 503 while one is restored, was let go on a failure and not taken
+again yet, or its timer rounds keep failing), `GET /metrics`, `GET /ledger` (open entries as JSON).
 Anything else is a JSON 404/405 with the reason.
 """
 
@@ -63,10 +64,8 @@ class WebServer:
             await self._runner.cleanup()
 
     async def _health(self, request: web.Request) -> web.Response:
-        node = self._node
-        restoring = sorted(node.restoring)
-        body = {"owned": sorted(node.owned), "restoring": restoring, "ready": not restoring}
-        return _json(body, 200 if not restoring else 503)
+        body = self._node.health()
+        return _json(body, 200 if body["ready"] else 503)
 
     async def _metrics(self, request: web.Request) -> web.Response:
         return web.Response(

@@ -99,6 +99,11 @@ class CommandEnvelope(_Envelope):
     reply_partition: int | None = Field(
         default=None, ge=0, description="results partition; the request id's by default"
     )
+    in_process: bool = Field(
+        default=False,
+        description="a timer's command its owner decided in the same transaction that wrote "
+        "it here: a record of what was sent, passed over by the processor",
+    )
 
 
 class ResultCode(StrEnum):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator, Iterable, Iterator
+from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
 from contextlib import asynccontextmanager
 from typing import NamedTuple, Protocol, runtime_checkable
 
@@ -72,6 +72,10 @@ class TimerStore(Protocol):
     async def put(self, timer: Timer) -> bool:
         """Writes `timer`, PENDING, unless the store holds its owner's key at a later
         version, or holds this very timer (its id) in whatever status."""
+        ...
+
+    async def put_many(self, timers: Sequence[Timer]) -> list[Timer]:
+        """`put` of each of `timers` in turn, in one write; the rows it wrote."""
         ...
 
     async def cancel(self, owner: AggregateRef, key: str, version: int) -> bool:
@@ -268,6 +272,28 @@ class PartitionedStore(ABC):
                 return False
             await self._commit([Write(timer.partition, row, held, new)])
             return True
+
+    async def put_many(self, timers: Sequence[Timer]) -> list[Timer]:
+        self._check_open()
+        for timer in timers:
+            self._check_served(timer.partition)
+        if not timers:
+            return []
+        async with self._writing():
+            # Each put sees the ones before it in the batch (the same key twice in a log).
+            latest: dict[tuple[int, bytes], Timer] = {}
+            writes: list[Write] = []
+            for timer in timers:
+                self._check_served(timer.partition)
+                row = row_key(timer.owner, timer.key)
+                at = (timer.partition, row)
+                held = latest[at] if at in latest else self._load(timer.partition, row)
+                new = put_row(held, timer)
+                if new is not None:
+                    writes.append(Write(timer.partition, row, held, new))
+                    latest[at] = new
+            await self._commit(writes)
+            return [write.new for write in writes]
 
     async def cancel(self, owner: AggregateRef, key: str, version: int) -> bool:
         async with self._writing():

@@ -17,7 +17,7 @@ from app.runner.decisions import (
 )
 from app.runner.loop import TimerLoop
 from app.runner.options import RetryPolicy, TimerOptions, backoff_ms
-from app.runner.ports import Clock, FiringStore, Sender, SystemClock
+from app.runner.ports import BeforeSend, Clock, FiringStore, LocalFirer, Sender, SystemClock
 from app.runner.runner import RoundStats, TimerRunner
 
 __all__ = [
@@ -25,9 +25,11 @@ __all__ = [
     "TIMEOUT",
     "TRANSPORT_ERROR",
     "Action",
+    "BeforeSend",
     "Clock",
     "Decision",
     "FiringStore",
+    "LocalFirer",
     "RetryPolicy",
     "RoundStats",
     "SendResult",

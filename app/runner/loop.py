@@ -14,6 +14,9 @@ __all__ = ["Clock", "TimerLoop"]
 logger = logging.getLogger(__name__)
 
 
+_FAILING_AFTER = 3
+
+
 class TimerLoop:
     """Runs the runner's rounds until stopped: the next one at the next known due time, the
     poll interval at the latest, or at once after `wake()` (a put made a timer due sooner)."""
@@ -28,14 +31,23 @@ class TimerLoop:
         self._stopping = False
         self._task: asyncio.Task[None] | None = None
         self.rounds = 0
+        self.failures_in_a_row = 0
         self._on_round = on_round
+
+    @property
+    def failing(self) -> bool:
+        """Whether its last rounds all failed: the timers it serves do not fire."""
+        return self.failures_in_a_row >= _FAILING_AFTER
 
     @property
     def running(self) -> bool:
         return self._task is not None and not self._task.done()
 
-    def wake(self) -> None:
-        """Runs the next round now rather than at its planned time."""
+    def wake(self, *, reload: bool = True) -> None:
+        """Runs the next round now rather than at its planned time; `reload`: the store
+        changed in ways the runner was not told (`TimerRunner.offer`), so it loads again."""
+        if reload:
+            self._runner.invalidate()
         self._wake.set()
 
     def start(self) -> None:
@@ -60,7 +72,9 @@ class TimerLoop:
             stats: RoundStats | None
             try:
                 stats = await self._runner.run_round()
+                self.failures_in_a_row = 0
             except Exception:
+                self.failures_in_a_row += 1
                 logger.exception("timer round failed; trying again after the poll interval")
                 stats = None
             self.rounds += 1

@@ -10,9 +10,10 @@ commands leave through a `Sender` (`ports`), so tests drive it all with fakes.
 from __future__ import annotations
 
 import asyncio
+import heapq
 import logging
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Set
+from collections.abc import Callable, Iterable, Sequence, Set
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,7 +31,7 @@ from app.runner.decisions import (
     unparked,
 )
 from app.runner.options import TimerOptions
-from app.runner.ports import Clock, FiringStore, Sender
+from app.runner.ports import BeforeSend, Clock, FiringStore, LocalFirer, Sender
 from tables.ledger import FailureLedger
 from tables.refs import AggregateRef
 from tables.timer import Timer, TimerStatus
@@ -74,8 +75,24 @@ class TimerRunner:
         ledger: FailureLedger,
         options: TimerOptions | None = None,
         partitions: Iterable[int] = (),
+        *,
+        local: LocalFirer | None = None,
+        before_send: BeforeSend | None = None,
     ) -> None:
         self._store = store
+        self._local = local
+        self._before_send = before_send
+        # Partitions started since the last round: their FIRING rows are a previous
+        # owner's claims (or cut short here), sent again at once rather than at their lapse.
+        self._fresh: set[int] = set()
+        # The wheel: the rows due up to `_wheel_until` (one poll interval ahead), by (due,
+        # id), loaded with one due() and kept current with what this node writes (puts
+        # offered, settles), so that the loop wakes at each due instant; None: load it
+        # again. A row in it may be stale (cancelled meanwhile): its claim, a
+        # conditional write, then fails, so the wheel never decides what the store refuses.
+        self._wheel: list[tuple[int, str, Timer]] = []
+        self._wheel_until: int | None = None
+        self._wheel_owned: frozenset[int] = frozenset()
         self._sender = sender
         self._clock = clock
         self._ledger = ledger
@@ -115,12 +132,15 @@ class TimerRunner:
         """Starts sending the timers of `partition`; nothing when it does already."""
         if partition not in self._owned:
             self._owned.add(partition)
+            self._fresh.add(partition)
+            self._wheel_until = None
             logger.info("timers of partition %d: started", partition)
 
     async def stop_partition(self, partition: int) -> None:
         """Stops sending `partition`'s timers: sends in progress are cancelled (their claims
         given back), and the outcomes of those that came back are written before it returns."""
         self._owned.discard(partition)
+        self._fresh.discard(partition)
         tasks = self._in_flight.pop(partition, set())
         for task in tasks:
             task.cancel()
@@ -146,14 +166,14 @@ class TimerRunner:
         if not owned:
             return stats
         now = self._clock.now()
-        limit = self._options.batch_limit
-        loaded = await self._store.due(set(owned), until=now, limit=limit)
-        stats.loaded, stats.full = len(loaded), len(loaded) >= limit
+        loaded = await self._due_now(owned, now, stats)
         # Not a timer of a partition stopped while it was being loaded.
         decided = [
             expire_or_claim(t, now, self._options) for t in loaded if t.partition in self._owned
         ]
-        tasks: list[asyncio.Task[Decision]] = []
+        decided += await self._taken_over(now)
+        local: list[Timer] = []
+        remote: list[Timer] = []
         async with self._write_lock:
             written = await self._settle_exactly([d for d in decided if d.change is not None])
             for decision in written:
@@ -161,15 +181,26 @@ class TimerRunner:
                 nxt = decision.change.next
                 if not decision.send:
                     stats.expired += 1
+                    self.offer([nxt])
                     if nxt.status is TimerStatus.PENDING:
                         stats.due_by(nxt.due_at)
-                elif nxt.partition in self._owned:
-                    tasks.append(self._spawn(nxt, stats))
-                else:
-                    # Handed off while its claim was being written: give it back unsent.
+                elif nxt.partition not in self._owned:
+                    # Handed off while its claim was being written: given back unsent.
                     self._outcomes[nxt.partition].append(release(nxt, now))
-            stats.claimed = len(tasks)
+                elif self._local is not None and self._local.accepts(nxt):
+                    local.append(nxt)
+                else:
+                    remote.append(nxt)
             stats.lost_claims = sum(d.send for d in decided) - sum(d.send for d in written)
+            if stats.lost_claims:
+                self.invalidate()  # rows changed behind the wheel's back: a reschedule?
+        if local:
+            assert self._local is not None
+            # Decided in the partition's next transaction, with their claims and outcomes.
+            self._local.fire(local)
+        tasks = await self._send_remote(remote, stats)
+        stats.claimed = len(local) + len(tasks)
+        self._next_due(stats)
         if tasks:
             await asyncio.wait(tasks)
         for task in tasks:
@@ -177,6 +208,98 @@ class TimerRunner:
                 # No outcome: its claim lapses and it is sent again, by this node or the next.
                 logger.error("deciding the outcome of %s failed", task.get_name(), exc_info=exc)
         await self._flush(None, stats)
+        return stats
+
+    async def _taken_over(self, now: int) -> list[Decision]:
+        """Claims again, at once, the FIRING rows of the partitions started since the last
+        round: a previous owner's claims, which it can no longer settle (fenced)."""
+        fresh, self._fresh = self._fresh & self._owned, set()
+        if not fresh:
+            return []
+        horizon = now + self._options.claim_timeout + 1
+        rows = await self._store.due(set(fresh), until=horizon, limit=_TAKE_OVER_LIMIT)
+        return [
+            reclaim(t, now, self._options)
+            for t in rows
+            if t.status is TimerStatus.FIRING and t.due_at > now
+        ]
+
+    async def _send_remote(
+        self, claimed: list[Timer], stats: RoundStats
+    ) -> list[asyncio.Task[Decision]]:
+        """Sends the claimed timers whose targets are elsewhere, once their claims are
+        committed: a fenced owner can commit no claim, so it sends nothing."""
+        if not claimed:
+            return []
+        if self._before_send is not None:
+            try:
+                await self._before_send({t.partition for t in claimed})
+            except Exception as exc:
+                # Its partition is reset and restored: the claims never counted.
+                logger.warning("%d claim(s) not committed, none sent: %s", len(claimed), exc)
+                return []
+        async with self._write_lock:
+            return [self._spawn(t, stats) for t in claimed if t.partition in self._owned]
+
+    async def _due_now(self, owned: frozenset[int], now: int, stats: RoundStats) -> list[Timer]:
+        """The rows due now, from the wheel; loaded again (one due() for every owned
+        partition) when it ran out, was invalidated or the partitions changed."""
+        limit = self._options.batch_limit
+        if self._wheel_until is None or now >= self._wheel_until or owned != self._wheel_owned:
+            until = now + self._options.poll_interval_ms
+            rows = await self._store.due(set(owned), until=until, limit=limit)
+            self._wheel = [(t.due_at, t.id, t) for t in rows]  # sorted: a heap already
+            self._wheel_owned = owned
+            # A full load may have left rows out: it is loaded again next round.
+            self._wheel_until = until if len(rows) < limit else None
+        taken: list[Timer] = []
+        while self._wheel and self._wheel[0][0] <= now and len(taken) < limit:
+            taken.append(heapq.heappop(self._wheel)[2])
+        stats.loaded = len(taken)
+        # More may be due now: in the wheel, or beyond a full load.
+        head_due = bool(self._wheel) and self._wheel[0][0] <= now
+        stats.full = head_due or (self._wheel_until is None and not self._wheel and bool(taken))
+        return taken
+
+    def _next_due(self, stats: RoundStats) -> None:
+        if self._wheel:
+            stats.due_by(self._wheel[0][0])
+
+    def offer(self, timers: Iterable[Timer]) -> None:
+        """Puts rows just written (PENDING) in the wheel, when they fall within it."""
+        until = self._wheel_until
+        if until is None:
+            return
+        for t in timers:
+            if t.status is TimerStatus.PENDING and t.due_at < until and t.partition in self._owned:
+                heapq.heappush(self._wheel, (t.due_at, t.id, t))
+
+    def invalidate(self) -> None:
+        """The wheel is loaded again at the next round (rows changed behind its back)."""
+        self._wheel_until = None
+
+    async def record_outcomes(self, results: Sequence[tuple[Timer, SendResult]]) -> RoundStats:
+        """Writes the outcomes of timers fired in-process (`LocalFirer`): called by the
+        partition's transaction before it commits, so that each settle commits with the
+        events it records. Raises when the write fails: the transaction must not commit."""
+        stats = RoundStats()
+        decisions = [
+            self._decide(claimed, result)
+            for claimed, result in results
+            if claimed.partition in self._owned
+        ]
+        if not decisions:
+            return stats
+        async with self._write_lock:
+            final = await self._park(decisions, stats)
+            self._count_busy(final)
+            changes = [d.change for d in final if d.change is not None]
+            stats.written = await self._store.settle(changes)
+        self.offer(c.next for c in changes)
+        for change in changes:
+            if change.next.status is TimerStatus.PENDING:
+                stats.due_by(change.next.due_at)
+        _count(stats, final)
         return stats
 
     def _spawn(self, claimed: Timer, stats: RoundStats) -> asyncio.Task[Decision]:
@@ -265,6 +388,7 @@ class TimerRunner:
                 # Not written: the claims lapse and are sent again; the target de-duplicates.
                 logger.exception("writing %d timer outcome(s) failed", len(changes))
                 return
+        self.offer(c.next for c in changes)
         for change in changes:
             if change.next.status is TimerStatus.PENDING and change.next.partition in self._owned:
                 stats.due_by(change.next.due_at)
@@ -340,6 +464,7 @@ class TimerRunner:
             ]
             changes = [d.change for d in map(decide, parked) if d.change is not None]
             written = await self._store.settle(changes) if changes else 0
+            self.invalidate()
             # Resolved after the write: should the write fail, the entry stays for another try.
             await self._ledger.resolve(self.parked_subscription, target)
         logger.info(
@@ -350,6 +475,19 @@ class TimerRunner:
             len(parked),
         )
         return written
+
+
+_TAKE_OVER_LIMIT = 100_000
+
+
+def reclaim(timer: Timer, now: int, options: TimerOptions) -> Decision:
+    """A claim of a FIRING row as if its claim had lapsed now (the previous owner's, which
+    is fenced): written conditionally against the row as it is."""
+    decision = expire_or_claim(timer.model_copy(update={"due_at": now}), now, options)
+    if decision.change is None:
+        return decision
+    change = decision.change.model_copy(update={"loaded": timer})
+    return Decision(decision.action, change, decision.send, decision.fallback)
 
 
 def _result_of(claimed: Timer, send: asyncio.Future[SendResult]) -> SendResult:

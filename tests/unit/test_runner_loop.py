@@ -674,9 +674,10 @@ async def test_only_the_owned_partitions_are_sent_and_start_is_idempotent(world:
 async def test_one_due_query_and_two_settle_batches_per_round(world: World) -> None:
     for p in range(PARTITIONS):
         await world.put(id=f"t-{p}", key=f"k{p}", partition=p)
-    runner = world.runner(partitions=range(PARTITIONS), batch_limit=50)
+    runner = world.runner(partitions=range(PARTITIONS), batch_limit=50, poll_interval_ms=100)
     stats = await runner.run_round()
-    assert world.store.due_calls == [(frozenset({0, 1, 2}), T0, 50)]
+    # One query loads the wheel: every owned partition, up to one poll interval ahead.
+    assert world.store.due_calls == [(frozenset({0, 1, 2}), T0 + 100, 50)]
     claims, outcomes = world.store.settle_calls
     assert [c.next.status for c in claims] == [TimerStatus.FIRING] * 3
     assert [c.next.status for c in outcomes] == [TimerStatus.FIRED] * 3
