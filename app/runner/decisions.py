@@ -27,6 +27,7 @@ __all__ = [
     "SendResult",
     "Verdict",
     "classify",
+    "due_since",
     "expire_or_claim",
     "on_outcome",
     "release",
@@ -150,17 +151,37 @@ def _first_unexpired(timer: Timer, oldest: int) -> Slot | None:
     return nxt
 
 
+_RETRIED: Final = frozenset({Outcome.FAILED, Outcome.BUSY})
+"""Outcomes of a slot that was sent and is being sent again: a send's retry, a BUSY
+refusal, or an operator's retry of the PARKED timer (which keeps the outcome it parked with)."""
+
+
+def due_since(timer: Timer) -> int:
+    """Since when the timer's next send has been due, as expiry measures it.
+
+    A slot not sent yet: its own due time (`slot_due_at`). A slot being sent again (its
+    outcome FAILED or BUSY): its retry's due time (`due_at`), so that a retry, an
+    operator's above all, is sent however old its slot is, and expires only when the retry
+    itself waited longer than `expires_after` (the cluster down for that long). Both are
+    fields of the row, so a restarted node measures the same.
+    """
+    if timer.outcome in _RETRIED:
+        return max(timer.slot_due_at, timer.due_at)
+    return timer.slot_due_at
+
+
 def expire_or_claim(timer: Timer, now: int, options: TimerOptions) -> Decision:
     """What a round does with a timer `due()` loaded: expire it, or claim it to send it.
 
     A PENDING timer or a FIRING one whose claim lapsed is due when its `due_at` has come;
-    anything else is left alone. A slot due longer ago than `expires_after` is not sent: a
-    rule due once is CANCELLED/EXPIRED, a recurring one jumps in one write to its first
-    slot not expired (PENDING, due then), counting the slots it passed over as skipped.
+    anything else is left alone. A send due longer ago than `expires_after` (`due_since`)
+    is not sent: a rule due once is CANCELLED/EXPIRED, a recurring one jumps in one write
+    to its first slot not expired (PENDING, due then), counting the slots it passed over
+    as skipped.
     """
     if timer.status not in (TimerStatus.PENDING, TimerStatus.FIRING) or timer.due_at > now:
         return _NOTHING
-    if now - timer.slot_due_at > options.expires_after:
+    if now - due_since(timer) > options.expires_after:
         nxt = _first_unexpired(timer, now - options.expires_after)
         if nxt is None:
             # Written conditionally like a claim, and never sent.
@@ -279,12 +300,18 @@ def release(claimed: Timer, now: int) -> Decision:
 
 
 def retry_parked(timer: Timer, now: int) -> Decision:
-    """An operator's retry: a PARKED timer due now, its attempts reset, its slot as it was."""
+    """An operator's retry: a PARKED timer due now, its attempts reset, its slot as it was.
+
+    It keeps the outcome it parked with (FAILED or BUSY; FAILED if it had none), which
+    makes it a retry for `due_since`: it is sent, not expired, however long ago its slot
+    was due.
+    """
     if timer.status is not TimerStatus.PARKED:
         return _NOTHING
+    outcome = timer.outcome if timer.outcome in _RETRIED else Outcome.FAILED
     return Decision(
         Action.OPERATOR_RETRY,
-        _change(timer, status=TimerStatus.PENDING, due_at=now, attempts=0),
+        _change(timer, status=TimerStatus.PENDING, due_at=now, attempts=0, outcome=outcome),
     )
 
 

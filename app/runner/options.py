@@ -54,7 +54,10 @@ class TimerOptions(BaseModel):
     """The subscription name the failure ledger parks this context's targets under."""
 
     expires_after: int = Field(
-        default=DAY_MS, gt=0, description="a slot due longer ago than this is not sent"
+        default=DAY_MS,
+        gt=0,
+        description="a slot due longer ago than this is not sent; a retry (a send's or an "
+        "operator's) counts from when it was due",
     )
     claim_timeout: int = Field(
         default=30_000, gt=0, description="how long a claim holds before another node may"

@@ -1,0 +1,261 @@
+"""An operator's retry sends a PARKED timer, however old its slot (issue 10, item 7).
+
+Expiry counts from the slot's own due time for a slot not sent yet, and from the retry's
+due time for a slot being sent again (outcome FAILED or BUSY): the decisions by
+themselves (hypothesis), then rounds of a runner on a fake clock, a restart included.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from app.runner import SendResult, TimerOptions, TimerRunner
+from app.runner.decisions import Action, due_since, expire_or_claim, on_outcome, retry_parked
+from app.runner.options import DAY_MS, RetryPolicy
+from tables import open_timer_store
+from tables.ledger import MemoryFailureLedger
+from tables.refs import AggregateRef
+from tables.rules import IntervalRule, OnceRule
+from tables.slots import first_slot
+from tables.store import TimerStore
+from tables.timer import CommandSpec, Outcome, Timer, TimerStatus
+
+T0 = 1_800_000_000_000
+MIN = 60_000
+OWNER = AggregateRef(context="shop", aggregate="order", id="o-1")
+TARGET = AggregateRef(context="shop", aggregate="order", id="o-2")
+SUB = TimerOptions.PARKED_SUBSCRIPTION
+OPTIONS = TimerOptions(retry=RetryPolicy(max_attempts=2))
+ONCE = OnceRule(at=T0)
+
+
+def make(rule: OnceRule | IntervalRule = ONCE, **fields: object) -> Timer:
+    slot = first_slot(rule, 0)
+    assert slot is not None
+    values: dict[str, object] = {
+        "id": "t-1",
+        "owner": OWNER,
+        "key": "remind",
+        "version": 1,
+        "partition": 0,
+        "rule": rule,
+        "target": TARGET,
+        "command": CommandSpec(type="Remind"),
+        "slot": slot.index,
+        "slot_due_at": slot.due_at,
+        "due_at": slot.due_at,
+    }
+    values.update(fields)
+    return Timer.model_validate(values)
+
+
+# --- the decisions ------------------------------------------------------------------------
+
+outcomes = st.sampled_from(
+    [None, Outcome.COMMITTED, Outcome.EXPIRED, Outcome.SENT, Outcome.FAILED, Outcome.BUSY]
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.booleans(),
+    outcomes,
+    st.integers(0, 3 * DAY_MS),
+    st.integers(0, 3 * DAY_MS),
+    st.sampled_from([MIN, DAY_MS]),
+)
+def test_expiry_counts_from_the_slot_or_from_the_retry(
+    recurring: bool, outcome: Outcome | None, retry_later: int, wait: int, expires_after: int
+) -> None:
+    rule = IntervalRule(start=T0, every=7 * MIN) if recurring else OnceRule(at=T0)
+    timer = make(rule, due_at=T0 + retry_later, outcome=outcome)
+    now = timer.due_at + wait
+    options = TimerOptions(expires_after=expires_after)
+    decision = expire_or_claim(timer, now, options)
+    retried = outcome in (Outcome.FAILED, Outcome.BUSY)
+    since = timer.due_at if retried else timer.slot_due_at
+    assert due_since(timer) == since
+    if now - since > expires_after:
+        assert decision.action is (Action.EXPIRE_SLOT if recurring else Action.EXPIRE)
+        assert not decision.send
+    else:
+        assert decision.action is Action.CLAIM and decision.send
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.booleans(), st.sampled_from([Outcome.FAILED, Outcome.BUSY, None]), st.integers(0, 30))
+def test_an_operators_retry_is_claimed_however_old_its_slot(
+    recurring: bool, parked_with: Outcome | None, days_later: int
+) -> None:
+    rule = IntervalRule(start=T0, every=DAY_MS, coalesce=False) if recurring else OnceRule(at=T0)
+    parked = make(rule, status=TimerStatus.PARKED, attempts=5, outcome=parked_with)
+    now = T0 + days_later * DAY_MS + 1
+    retried = retry_parked(parked, now)
+    assert retried.change is not None
+    row = retried.change.next
+    assert (row.status, row.due_at, row.attempts) == (TimerStatus.PENDING, now, 0)
+    assert (row.slot, row.slot_due_at) == (parked.slot, parked.slot_due_at)
+    assert row.outcome in (Outcome.FAILED, Outcome.BUSY)
+    claim = expire_or_claim(row, now, OPTIONS)
+    assert claim.action is Action.CLAIM and claim.change is not None
+    # The parked slot itself: a rule that does not coalesce sends it, not a later one.
+    assert claim.change.next.request_id == parked.request_id
+
+
+def test_a_retry_that_fails_is_retried_then_parked_again_not_expired() -> None:
+    parked = make(status=TimerStatus.PARKED, attempts=2, outcome=Outcome.FAILED)
+    now = T0 + 3 * DAY_MS
+    change = retry_parked(parked, now).change
+    assert change is not None
+    timer = change.next
+    for attempt in range(1, OPTIONS.retry.max_attempts + 1):
+        claim = expire_or_claim(timer, now, OPTIONS)
+        assert claim.action is Action.CLAIM and claim.change is not None
+        outcome = on_outcome(claim.change.next, SendResult("ERROR"), now, OPTIONS)
+        assert outcome.change is not None
+        timer, now = outcome.change.next, outcome.change.next.due_at
+        if attempt < OPTIONS.retry.max_attempts:
+            assert outcome.action is Action.RETRY
+    assert outcome.park and timer.status is TimerStatus.PARKED
+
+
+def test_a_retry_that_waited_longer_than_expires_after_expires() -> None:
+    """The retry itself was due more than a day ago (the cluster down): expired."""
+    retried = make(due_at=T0 + 5 * DAY_MS, outcome=Outcome.FAILED)
+    assert expire_or_claim(retried, T0 + 6 * DAY_MS, OPTIONS).action is Action.CLAIM
+    assert expire_or_claim(retried, T0 + 6 * DAY_MS + 1, OPTIONS).action is Action.EXPIRE
+
+
+def test_a_slot_never_sent_still_expires_from_its_own_due_time() -> None:
+    # A release or a lapsed claim moved due_at: the slot was never answered, so its age counts.
+    released = make(due_at=T0 + DAY_MS, outcome=Outcome.COMMITTED)
+    assert expire_or_claim(released, T0 + DAY_MS + 1, OPTIONS).action is Action.EXPIRE
+
+
+# --- rounds of a runner -------------------------------------------------------------------
+
+
+class Clock:
+    def __init__(self, now: int) -> None:
+        self.t = now
+
+    def now(self) -> int:
+        return self.t
+
+    async def sleep_until(self, t: int) -> None:
+        if t > self.t:
+            await asyncio.Event().wait()
+
+
+class Sender:
+    """Answers with the codes given, then COMMITTED."""
+
+    def __init__(self, *codes: str) -> None:
+        self.codes = list(codes)
+        self.sent: list[str] = []
+
+    async def send(self, timer: Timer) -> SendResult:
+        self.sent.append(timer.request_id)
+        return SendResult(self.codes.pop(0) if self.codes else "COMMITTED")
+
+
+@pytest.fixture
+async def store() -> AsyncIterator[TimerStore]:
+    s = open_timer_store("memory://", partitions=1)
+    yield s
+    await s.close()
+
+
+async def park_one_off(store: TimerStore, clock: Clock, ledger: MemoryFailureLedger) -> TimerRunner:
+    """A one-off due at T0 whose sends fail until it is PARKED, its target in the ledger."""
+    assert await store.put(make())
+    runner = TimerRunner(store, Sender("ERROR", "ERROR"), clock, ledger, OPTIONS, [0])
+    for _ in range(OPTIONS.retry.max_attempts):
+        row = await store.find(OWNER, "remind")
+        assert row is not None
+        clock.t = max(clock.t, row.due_at)
+        await runner.run_round()
+    row = await store.find(OWNER, "remind")
+    assert row is not None and row.status is TimerStatus.PARKED
+    assert [e.target for e in await ledger.entries()] == [TARGET]
+    return runner
+
+
+async def test_a_one_off_parked_two_days_after_its_slot_is_sent_on_retry(
+    store: TimerStore,
+) -> None:
+    clock, ledger = Clock(T0), MemoryFailureLedger()
+    await park_one_off(store, clock, ledger)
+    clock.t = T0 + 2 * DAY_MS
+    sender = Sender()
+    runner = TimerRunner(store, sender, clock, ledger, OPTIONS, [0])
+    assert await runner.retry(TARGET) == 1
+    assert await ledger.entries() == []
+    stats = await runner.run_round()
+    assert (stats.expired, stats.fired) == (0, 1)
+    assert sender.sent == ["t-1#0"]
+    row = await store.find(OWNER, "remind")
+    assert row is not None
+    assert (row.status, row.outcome, row.slot_due_at) == (
+        TimerStatus.FIRED,
+        Outcome.COMMITTED,
+        T0,
+    )
+
+
+async def test_the_retry_survives_a_restart_and_fails_into_the_ledger_again(
+    store: TimerStore,
+) -> None:
+    """The retry is asked on one node; another (the row alone, no memory) sends it, its
+    sends fail, and it parks again with its target back in the ledger: never EXPIRED."""
+    clock, ledger = Clock(T0), MemoryFailureLedger()
+    await park_one_off(store, clock, ledger)
+    clock.t = T0 + 2 * DAY_MS
+    first = TimerRunner(store, Sender(), clock, ledger, OPTIONS, [0])
+    assert await first.retry(TARGET) == 1
+    sender = Sender(*["ERROR"] * OPTIONS.retry.max_attempts)
+    restarted = TimerRunner(store, sender, clock, ledger, OPTIONS, [0])
+    for _ in range(OPTIONS.retry.max_attempts):
+        row = await store.find(OWNER, "remind")
+        assert row is not None and row.status is TimerStatus.PENDING
+        clock.t = max(clock.t, row.due_at)
+        stats = await restarted.run_round()
+        assert stats.expired == 0
+    assert sender.sent == ["t-1#0"] * OPTIONS.retry.max_attempts
+    row = await store.find(OWNER, "remind")
+    assert row is not None and (row.status, row.outcome) == (TimerStatus.PARKED, Outcome.FAILED)
+    assert [e.target for e in await ledger.entries()] == [TARGET]
+
+
+async def test_a_recurring_timer_retried_days_later_sends_its_parked_slot(
+    store: TimerStore,
+) -> None:
+    """A rule that does not coalesce sends the parked slot itself, then the next ones
+    (the expired of those are jumped over as before)."""
+    rule = IntervalRule(start=T0, every=MIN, coalesce=False)
+    assert await store.put(make(rule))
+    clock, ledger = Clock(T0), MemoryFailureLedger()
+    runner = TimerRunner(store, Sender("ERROR", "ERROR"), clock, ledger, OPTIONS, [0])
+    for _ in range(OPTIONS.retry.max_attempts):
+        row = await store.find(OWNER, "remind")
+        assert row is not None
+        clock.t = max(clock.t, row.due_at)
+        await runner.run_round()
+    row = await store.find(OWNER, "remind")
+    assert row is not None and row.status is TimerStatus.PARKED and row.slot == 0
+    clock.t = T0 + 3 * DAY_MS
+    sender = Sender()
+    runner = TimerRunner(store, sender, clock, ledger, OPTIONS, [0])
+    assert await runner.retry(TARGET) == 1
+    await runner.run_round()
+    assert sender.sent == ["t-1#0"]
+    row = await store.find(OWNER, "remind")
+    assert row is not None and (row.status, row.slot) == (TimerStatus.PENDING, 1)
+    # Slot 1 was due three days ago and never sent: it expires, as any such slot does.
+    stats = await runner.run_round()
+    assert stats.expired == 1 and sender.sent == ["t-1#0"]
