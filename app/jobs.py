@@ -7,6 +7,16 @@ run commits `wow.Ticked` and runs the handler, whose commands (`JobRun.send`) co
 same transaction as that event. A repeated tick is a DUPLICATE, or changes nothing, and
 runs nothing: a job's effects are applied once per slot.
 
+A handler that raises does not stop the schedule: the tick commits `wow.Ticked` all the
+same (the instance ticks on, its later slots on time) with `wow.schedule.RunFailed`, none
+of the handler's commands, and a one-off timer of the instance under the key
+`run:<timer digest>#<slot>` (`run_key`), due at once, whose `wow.schedule.Run` runs the
+handler for that slot again. That timer is retried, parked and put in the failure ledger
+(its target: the instance) like any other, by `TimerOptions.retry`; `tickwheel timers
+retry|skip --type <context>.schedule --target-id <instance>` retries or skips the parked
+slots of an instance. A Run that succeeds commits `wow.schedule.Ran` with the handler's
+commands; one that fails again commits nothing (ERROR). A disabled instance runs nothing.
+
 An instance may override parts of its job's default rule. A part is one field of the rule
 (`kind`, `expr`, `zone`, `start`, `every`, `at`, `coalesce`), and an override is a partial
 rule: the fields it names replace the default's, the others follow the default, also when
@@ -17,6 +27,7 @@ own: fields of two kinds do not mix, so it follows nothing of the default.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import re
 import time
@@ -25,7 +36,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from functools import lru_cache
-from typing import Any, Final, NoReturn
+from typing import Any, Final, NoReturn, TypeGuard
 
 from pydantic import BaseModel
 
@@ -41,8 +52,12 @@ __all__ = [
     "DISABLED",
     "ENABLE",
     "ENABLED",
+    "RAN",
     "RESCHEDULE",
     "RESCHEDULED",
+    "RUN",
+    "RUN_FAILED",
+    "RUN_KEY_PREFIX",
     "SCHEDULE",
     "TICK",
     "TICKED",
@@ -58,6 +73,7 @@ __all__ = [
     "instance_ids",
     "ref_of",
     "reschedule_command",
+    "run_key",
     "schedule_aggregate",
     "shard_ref",
 ]
@@ -69,11 +85,18 @@ ENABLE: Final = "wow.schedule.Enable"
 RESCHEDULE: Final = "wow.schedule.Reschedule"
 DISABLE: Final = "wow.schedule.Disable"
 TICK: Final = "wow.schedule.Tick"
+RUN: Final = "wow.schedule.Run"
+"""Runs a slot whose handler failed again: sent by that slot's `run:` timer."""
 ENABLED: Final = "wow.schedule.Enabled"
 RESCHEDULED: Final = "wow.schedule.Rescheduled"
 DISABLED: Final = "wow.schedule.Disabled"
 TICKED: Final = "wow.Ticked"
+RUN_FAILED: Final = "wow.schedule.RunFailed"
+"""A slot's handler failed on its tick: the slot's `run:` timer runs it again."""
+RAN: Final = "wow.schedule.Ran"
+"""A slot whose handler had failed ran: its commands commit with this event."""
 TICK_KEY: Final = "tick"
+RUN_KEY_PREFIX: Final = "run:"
 
 Rule = OnceRule | IntervalRule | CronRule
 
@@ -103,8 +126,11 @@ class JobRun:
     slot: int
     due_at: int
     request_id: str
+    """The slot's tick's request id (`<timer id>#<slot>`), on a retry too."""
     now: int
     _decision: Decision = field(repr=False, compare=False)
+    retried: bool = False
+    """True when a slot whose handler failed runs again (`wow.schedule.Run`)."""
 
     def send(self, target: AggregateRef, type_: str, body: Mapping[str, Any] | None = None) -> None:
         """Sends a command in the tick's transaction: it commits once, with the slot."""
@@ -202,7 +228,17 @@ def schedule_aggregate(
     agg.command(RESCHEDULE)(model.reschedule)
     agg.command(DISABLE)(model.disable)
     agg.command(TICK)(model.tick)
-    for event in (ENABLED, RESCHEDULED, DISABLED, TICKED, SCHEDULE_SET, SCHEDULE_CANCELLED):
+    agg.command(RUN)(model.run)
+    for event in (
+        ENABLED,
+        RESCHEDULED,
+        DISABLED,
+        TICKED,
+        RUN_FAILED,
+        RAN,
+        SCHEDULE_SET,
+        SCHEDULE_CANCELLED,
+    ):
         agg.applies(event)(_apply)
     return agg
 
@@ -254,24 +290,23 @@ class _ScheduleModel:
         # A timer's send always carries its slot's due time; a hand-made tick is due now.
         due_at = cmd.not_before if cmd.not_before is not None else d.now
         d.emit(TICKED, {"slot": slot, "due_at": due_at, "timer_id": timer_id})
-        run = JobRun(
-            context=self.context,
-            job=job.name,
-            instance=cmd.aggregate.id,
-            tenant=cmd.aggregate.tenant,
-            partition=_shard_partition(job, cmd.aggregate.id),
-            slot=slot,
-            due_at=due_at,
-            request_id=cmd.request_id,
-            now=d.now,
-            _decision=d,
-        )
-        try:
-            job.handler(run)
-        except Exception as exc:
-            # ERROR, not REJECTED: nothing commits, and the timer retries the slot (or parks).
-            logger.exception("job %s failed on slot %d of %s", job.name, slot, cmd.aggregate)
-            d.reject(f"job {job.name!r} failed on slot {slot}: {exc!r}", ResultCode.ERROR)
+        # The handler decides into a scratch decision: a failure keeps none of its commands.
+        scratch = Decision(aggregate=d.aggregate, now=d.now, request_id=d.request_id)
+        error = _run_handler(job, self._run(job, cmd, slot, due_at, cmd.request_id, scratch))
+        if error is None:
+            d.commands.extend(scratch.commands)
+        else:
+            # The schedule ticks on; the slot is run again by a timer of its own, which the
+            # runner retries, parks and puts in the ledger as it does any timer.
+            key = run_key(timer_id, slot)
+            slot_ref = {
+                "slot": slot,
+                "due_at": due_at,
+                "timer_id": timer_id,
+                "request_id": cmd.request_id,
+            }
+            d.emit(RUN_FAILED, {**slot_ref, "key": key, "error": error})
+            d.schedule(key, OnceRule(at=d.now), CommandSpec(type=RUN, body=slot_ref))
         try:
             rule = effective_rule(job.rule, state.override)
         except InvalidRule as exc:
@@ -282,6 +317,61 @@ class _ScheduleModel:
         if (dumped := _dump(rule)) != state.rule:
             d.emit(RESCHEDULED, {"override": state.override, "rule": dumped, "reason": "default"})
             _schedule_tick(d, rule)
+
+    def run(self, state: ScheduleState, cmd: Command, d: Decision) -> None:
+        """A slot whose handler failed, run again by its `run:` timer."""
+        body = cmd.body
+        slot, due_at = body.get("slot"), body.get("due_at")
+        timer_id, tick_id = body.get("timer_id"), body.get("request_id")
+        if not (
+            _is_count(slot)
+            and _is_count(due_at)
+            and isinstance(timer_id, str)
+            and isinstance(tick_id, str)
+        ):
+            d.reject(f"a {RUN} names the slot it runs: slot, due_at, timer_id and request_id")
+        if not state.enabled:
+            logger.info("%s is disabled: slot %d of %s is not run", cmd.aggregate, slot, timer_id)
+            return
+        job = self.jobs.get(state.job)
+        if job is None:
+            logger.warning(
+                "%s: job %r is no longer declared: nothing run", cmd.aggregate, state.job
+            )
+            return
+        d.emit(
+            RAN,
+            {"slot": slot, "due_at": due_at, "timer_id": timer_id, "request_id": tick_id},
+        )
+        error = _run_handler(job, self._run(job, cmd, slot, due_at, tick_id, d, retried=True))
+        if error is not None:
+            # ERROR: nothing commits; the run timer retries the slot, then parks it.
+            d.reject(f"job {job.name!r} failed again on slot {slot}: {error}", ResultCode.ERROR)
+
+    def _run(
+        self,
+        job: Job,
+        cmd: Command,
+        slot: int,
+        due_at: int,
+        request_id: str,
+        d: Decision,
+        *,
+        retried: bool = False,
+    ) -> JobRun:
+        return JobRun(
+            context=self.context,
+            job=job.name,
+            instance=cmd.aggregate.id,
+            tenant=cmd.aggregate.tenant,
+            partition=_shard_partition(job, cmd.aggregate.id),
+            slot=slot,
+            due_at=due_at,
+            request_id=request_id,
+            now=d.now,
+            _decision=d,
+            retried=retried,
+        )
 
     def _job_to_enable(self, cmd: Command, d: Decision) -> Job:
         name = cmd.body.get("job")
@@ -325,6 +415,28 @@ def _set_rule(state: ScheduleState, job: Job, parts: object, event: str, d: Deci
         _schedule_tick(d, rule)
 
 
+def run_key(timer_id: str, slot: int) -> str:
+    """The key of the one-off timer that runs `slot` of the tick timer `timer_id` again:
+    `run:<digest of the timer id>#<slot>`, one per failed slot of an instance."""
+    digest = hashlib.blake2b(timer_id.encode(), digest_size=6).hexdigest()
+    return f"{RUN_KEY_PREFIX}{digest}#{slot}"
+
+
+def _run_handler(job: Job, run: JobRun) -> str | None:
+    """Runs the handler; None when it returned, else what it raised."""
+    try:
+        job.handler(run)
+    except Exception as exc:
+        what = "failed again" if run.retried else "failed (its run: timer runs it again)"
+        logger.exception("job %s on slot %d of %s %s", job.name, run.slot, run.instance, what)
+        return repr(exc)
+    return None
+
+
+def _is_count(value: object) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
 def _schedule_tick(d: Decision, rule: Rule) -> None:
     # Same key, later aggregate version: the new timer replaces the old one, whose ticks
     # then no longer match `timer_id`.
@@ -359,6 +471,9 @@ def _apply(state: ScheduleState, e: Event) -> ScheduleState:
         RESCHEDULED: {"override": body.get("override")},
         DISABLED: {"enabled": False},
         TICKED: {"last_slot": body.get("slot"), "last_due_at": body.get("due_at")},
+        # A failed slot runs on its own timer: the instance's state does not wait for it.
+        RUN_FAILED: {},
+        RAN: {},
         # The event's id is the new timer's id: its slots count afresh.
         SCHEDULE_SET: {"timer_id": e.id, "rule": body.get("rule"), "last_slot": None},
         SCHEDULE_CANCELLED: {"timer_id": None, "last_slot": None},

@@ -18,6 +18,7 @@ from app.jobs import (
     ENABLE,
     ENABLED,
     RESCHEDULED,
+    RUN_FAILED,
     TICK,
     TICK_KEY,
     TICKED,
@@ -423,12 +424,14 @@ def test_a_tick_not_sent_by_a_timer_is_rejected(enabled: Instance) -> None:
     assert "<timer id>#<slot>" in d.message
 
 
-def test_a_failing_handler_commits_nothing_and_its_slot_is_retried(
+def test_a_failing_handler_commits_the_tick_and_a_run_timer_not_its_commands(
     agg: AggregateType[ScheduleState], nightly: Job, recorder: Recorder
 ) -> None:
+    """The schedule ticks on; the slot runs again on its own timer (test_jobs_failures)."""
     failures = [RuntimeError("disk full")]
 
     def flaky(run: JobRun) -> None:
+        run.send(TARGET, "shop.RemindToPay", {"slot": run.slot})
         if failures:
             raise failures.pop()
         recorder(run)
@@ -439,10 +442,12 @@ def test_a_failing_handler_commits_nothing_and_its_slot_is_retried(
     instance = Instance(flaky_agg)
     instance.run(enable_command(CONTEXT, nightly))
     d = instance.tick(2)
-    assert (d.code, d.events, d.commands) == (ResultCode.ERROR, [], [])
-    assert "disk full" in d.message
-    assert instance.tick(2).code is ResultCode.COMMITTED
-    assert [r.slot for r in recorder.runs] == [2]
+    assert d.code is ResultCode.COMMITTED and d.commands == []
+    assert types(d) == [TICKED, RUN_FAILED, SCHEDULE_SET]
+    assert "disk full" in d.events[1].body["error"]
+    assert instance.tick(2).code is ResultCode.DUPLICATE, "the slot ran (and failed) already"
+    assert instance.tick(3).code is ResultCode.COMMITTED
+    assert [r.slot for r in recorder.runs] == [3]
 
 
 # --- the default rule changes under the instances --------------------------------------------
