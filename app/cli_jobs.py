@@ -22,6 +22,7 @@ import orjson
 import typer
 
 from app.aggregate import Service
+from app.cli_timers import require_topic
 from app.decide import StoredAggregate, fold
 from app.exceptions import BadRecord, TickwheelError
 from app.jobs import (
@@ -268,12 +269,17 @@ class InstanceState:
 async def read_instances(
     bootstrap: str, context: str, jobs: Iterable[Job], partitions: int
 ) -> list[InstanceState]:
-    """The instances of `context`'s jobs folded from its schedule log, as they are now."""
+    """The instances of `context`'s jobs folded from its schedule log, as they are now.
+
+    Creates no topic: `MissingTopic` when the log is not there (no instance was enabled).
+    """
     topics = AggregateTopics(context, SCHEDULE)
-    await ensure_topics(bootstrap, node_topics([topics], partitions))
+    have = await require_topic(
+        bootstrap, topics.events, f"no instance of {context}'s jobs has been enabled there"
+    )
     agg = schedule_aggregate(context, jobs, partitions)
     stored: dict[tuple[str, str], StoredAggregate] = {}
-    async for batch in read_partitions(bootstrap, topics.events, range(partitions)):
+    async for batch in read_partitions(bootstrap, topics.events, range(have)):
         for r in batch:
             try:
                 event = decode(EventEnvelope, r.value)
@@ -404,6 +410,7 @@ def _json_line(data: object) -> None:
 def list_(
     service: ServiceSpec,
     context: Annotated[str | None, typer.Option(help="only this context's jobs")] = None,
+    job_name: Annotated[str | None, typer.Option("--job", help="only this job")] = None,
     state: Annotated[
         bool, typer.Option("--state", help="also read each instance's state from the log")
     ] = False,
@@ -411,7 +418,8 @@ def list_(
     partitions: Partitions = None,
     as_json: Json = False,
 ) -> None:
-    """Prints the service's jobs (scope, default rule) and their instances' ids."""
+    """Prints the service's jobs (scope, default rule) and their instances' ids; with
+    --state, each instance as its schedule log has it (read only: creates no topic)."""
     settings = _settings(bootstrap, partitions)
     found = _service(service)
     contexts = sorted(c for c, jobs in found.jobs.items() if jobs)
@@ -420,13 +428,22 @@ def list_(
             known = ", ".join(contexts) or "none"
             raise _fail(f"context {context!r} declares no jobs (contexts with jobs: {known})")
         contexts = [context]
+    listed = {c: list(found.jobs[c]) for c in contexts}
+    if job_name is not None:
+        listed = {c: [j for j in jobs if j.name == job_name] for c, jobs in listed.items()}
+        listed = {c: jobs for c, jobs in listed.items() if jobs}
+        if not listed:
+            where = f"in {context}" if context is not None else "in any context"
+            known = ", ".join(sorted({j.name for c in contexts for j in found.jobs[c]}))
+            raise _fail(f"unknown job {job_name!r} {where} (jobs: {known})")
+        contexts = sorted(listed)
     n = settings.partitions
     for ctx in contexts:
         states: dict[tuple[str, str], InstanceState] = {}
         if state:
             read = _run(read_instances(settings.bootstrap_servers, ctx, found.jobs[ctx], n))
             states = {(s.tenant, s.id): s for s in read}
-        for job in found.jobs[ctx]:
+        for job in listed[ctx]:
             ids = sorted(instance_ids(ctx, job, n), key=lambda i: partition_of(i, n))
             seen = [s for (_, i), s in sorted(states.items()) if i in ids]
             if as_json:
