@@ -110,6 +110,10 @@ def demo(
     from app.demo import run_demo
 
     settings = _settings(bootstrap_servers=bootstrap)
+    # Topics just created have no leader for a moment: aiokafka logs each retry of it
+    # (NotLeaderForPartitionError), which is nothing to worry about; real failures end
+    # the demo with an error below.
+    logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
     try:
         asyncio.run(
             run_demo(settings.bootstrap_servers, settings.partitions, count=orders, seconds=seconds)
