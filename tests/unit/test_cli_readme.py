@@ -1,0 +1,195 @@
+"""The README's `tickwheel jobs|timers` command lines and TimerOptions table against the
+real CLI and options (issue 10, item 10), and the read-only commands, which never create
+a topic."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import shlex
+import uuid
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+import typer
+from typer.testing import CliRunner
+
+import app.cli_jobs
+import app.cli_timers
+import app.kafka
+import app.ledger
+import app.operator
+from app.cli import cli
+from app.cli_timers import existing_topics
+from app.kafka import TopicSpec, ensure_topics
+from app.runner.options import RetryPolicy, TimerOptions
+from app.settings import Settings
+
+README = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+DEMO = ["--service", "app.demo:service"]
+
+
+def readme_commands() -> list[str]:
+    """Every `tickwheel jobs …` / `tickwheel timers …` the README shows: inline code
+    spans and lines of code blocks, whitespace made single."""
+    spans = re.findall(r"(?<!`)`([^`]+)`(?!`)", README)
+    blocks = re.findall(r"```sh\n(.*?)```", README, flags=re.S)
+    lines = [line for block in blocks for line in block.splitlines()]
+    found = []
+    for text in [*spans, *lines]:
+        text = " ".join(text.split())
+        if re.match(r"tickwheel [a-z]", text):
+            found.append(text)
+    return found
+
+
+GROUPS = ("jobs", "timers")
+
+
+def expand(command: str) -> list[list[str]]:
+    """The argument lists a README line stands for: `a|b` (sub)commands each, every
+    optional `[…]` part given."""
+    words = [w.removeprefix("[").removesuffix("]") for w in shlex.split(command)[1:]]
+    if words[0] in GROUPS:
+        return [[words[0], s, *words[2:]] for s in words[1].split("|")]
+    return [[c, *words[1:]] for c in words[0].split("|")]
+
+
+def test_the_readme_shows_commands_of_both_groups() -> None:
+    groups = {c.split()[1] for c in readme_commands()}
+    assert {"jobs", "timers", "worker"} <= groups
+    subs = {
+        (c.split()[1], s)
+        for c in readme_commands()
+        if c.split()[1] in GROUPS
+        for s in c.split()[2].split("|")
+    }
+    assert {("jobs", "list"), ("jobs", "enable"), ("timers", "list"), ("timers", "retry")} <= subs
+
+
+@pytest.mark.parametrize("command", readme_commands())
+def test_every_readme_command_line_parses(command: str) -> None:
+    root: Any = typer.main.get_command(cli)
+    for args in expand(command):
+        depth = 2 if args[0] in GROUPS else 1
+        found = root
+        for name in args[:depth]:
+            found = found.commands.get(name)
+            assert found is not None, f"no command {args[:depth]}"
+        # Parses and validates every option as the real command would; runs nothing.
+        found.make_context(" ".join(args[:depth]), args[depth:])
+
+
+def test_jobs_list_takes_the_readmes_job_option() -> None:
+    result = CliRunner().invoke(
+        cli, ["jobs", "list", *DEMO, "--context", "shop", "--job", "unpaid-report"]
+    )
+    assert result.exit_code == 0, result.output
+    assert result.stdout.split("\t")[:2] == ["shop", "unpaid-report"]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--job", "nope"], "unknown job 'nope' in any context (jobs: unpaid-report)"),
+        (["--context", "shop", "--job", "nope"], "unknown job 'nope' in shop"),
+    ],
+)
+def test_jobs_list_of_an_unknown_job_says_which_exist(args: list[str], message: str) -> None:
+    result = CliRunner().invoke(cli, ["jobs", "list", *DEMO, *args])
+    assert result.exit_code == 1 and message in result.stderr, result.output
+
+
+# --- TimerOptions --------------------------------------------------------------------------
+
+
+def _table_row(field: str) -> str:
+    (row,) = [line for line in README.splitlines() if line.startswith(f"| `{field}` |")]
+    return row
+
+
+def _json_default(value: Any) -> str:
+    return orjson.dumps(value).decode()
+
+
+def test_the_readme_names_every_option_with_its_json_default() -> None:
+    defaults = TimerOptions().model_dump(mode="json")
+    retry = defaults.pop("retry")
+    assert set(retry) == set(RetryPolicy.model_fields)
+    for name, value in [*defaults.items(), *((f"retry.{k}", v) for k, v in retry.items())]:
+        row = _table_row(name)
+        assert f"`{_json_default(value)}`" in row, (name, value, row)
+
+
+def test_the_readmes_timer_options_example_is_taken_as_written() -> None:
+    (text,) = re.findall(r"TICKWHEEL_TIMER_OPTIONS='([^']*)'", README)
+    options = Settings.from_env({"TICKWHEEL_TIMER_OPTIONS": text}).timers
+    assert options.claim_timeout == 5000 and options.retry.max_attempts == 10
+
+
+# --- read-only commands create no topic ----------------------------------------------------
+
+
+@pytest.fixture
+def no_topic_creation(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """No topic exists, and any attempt to create one fails the test."""
+    asked: list[str] = []
+
+    async def none_exist(bootstrap: str, names: Any) -> dict[str, int]:
+        asked.extend(names)
+        return {}
+
+    async def refuse(bootstrap: str, specs: Any) -> None:
+        raise AssertionError(f"a read-only command created {[s.name for s in specs]}")
+
+    monkeypatch.setattr(app.cli_timers, "existing_topics", none_exist)
+    for module in (app.kafka, app.operator, app.ledger, app.cli_jobs):
+        monkeypatch.setattr(module, "ensure_topics", refuse)
+    return asked
+
+
+@pytest.mark.parametrize(
+    ("args", "topic"),
+    [
+        (["timers", "list", "--type", "shop.order"], "shop.order.timers"),
+        (["timers", "list", "--type", "shop.order", "--status", "PARKED"], "shop.order.timers"),
+        (["timers", "ledger", "--context", "shop"], "shop.failure-ledger"),
+        (["jobs", "list", *DEMO, "--state"], "shop.schedule.events"),
+    ],
+)
+def test_a_read_only_command_says_a_topic_is_missing_and_creates_none(
+    no_topic_creation: list[str], args: list[str], topic: str
+) -> None:
+    result = CliRunner().invoke(cli, [*args, "--bootstrap", "broker:9092"])
+    assert result.exit_code == 1, result.output
+    assert f"error: topic {topic} does not exist at broker:9092" in result.stderr
+    assert "nothing was created" in result.stderr
+    assert "Traceback" not in result.output
+    assert no_topic_creation == [topic]
+
+
+@pytest.mark.kafka
+def test_read_only_commands_create_no_topic_on_a_real_broker(kafka_bootstrap: str) -> None:
+    context = f"ro{uuid.uuid4().hex[:10]}"
+    topics = [f"{context}.order.timers", f"{context}.failure-ledger"]
+    runner = CliRunner()
+    for args in (
+        ["timers", "list", "--type", f"{context}.order"],
+        ["timers", "ledger", "--context", context],
+    ):
+        result = runner.invoke(cli, [*args, "--bootstrap", kafka_bootstrap])
+        assert result.exit_code == 1 and "does not exist" in result.stderr, result.output
+    assert asyncio.run(existing_topics(kafka_bootstrap, topics)) == {}
+    # Once a worker made them, the same commands read them.
+    asyncio.run(ensure_topics(kafka_bootstrap, [TopicSpec(t, 3, compacted=True) for t in topics]))
+    listed = runner.invoke(
+        cli, ["timers", "list", "--type", f"{context}.order", "--bootstrap", kafka_bootstrap]
+    )
+    assert listed.exit_code == 0 and "0 timer(s)" in listed.stderr, listed.output
+    ledger = runner.invoke(
+        cli, ["timers", "ledger", "--context", context, "--bootstrap", kafka_bootstrap]
+    )
+    assert ledger.exit_code == 0 and "0 open entries" in ledger.stderr, ledger.output
+    assert asyncio.run(existing_topics(kafka_bootstrap, topics)) == dict.fromkeys(topics, 3)
