@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,7 +38,7 @@ from app.ledger import KafkaFailureLedger
 from app.metrics import NodeMetrics
 from app.operator import TimerOp as OperatorRequest
 from app.operator import carry_out
-from app.processor import CommandProcessor, Commit, dead_letter_record
+from app.processor import CommandBatch, CommandProcessor, Commit, dead_letter_record
 from app.runner import Clock, SendResult, SystemClock, TimerLoop, TimerOptions, TimerRunner
 from app.sender import KafkaSender, ResultsReader, timer_command
 from app.settings import Settings
@@ -107,6 +107,31 @@ class _Type:
     changelog: TransactionalChangelog
     marks: CleanMarks
     processors: dict[int, CommandProcessor] = field(default_factory=dict)
+
+
+@dataclass
+class _Work:
+    """What one cycle of a partition has for one type: written in one transaction."""
+
+    kept: _Type
+    out: list[OutRecord] = field(default_factory=list)  # beside the command batch's
+    letters: Counter[str] = field(default_factory=Counter)  # dead letters in `out`, by topic
+    offsets: dict[tuple[str, int], int] = field(default_factory=dict)
+    batch: CommandBatch | None = None
+    wrote: bool = False  # timer rows written (buffered in the partition's transaction)
+
+    def dead_letter(self, record: Record, error: str) -> None:
+        """Skips a bad record: its dead letter commits with the offset that passes it."""
+        self.out.append(dead_letter_record(record, error))
+        self.letters[record.topic] += 1
+
+    def batch_of(self, p: int) -> CommandBatch | None:
+        """The cycle's command batch, begun on first use; None: p's commands are not
+        decided here."""
+        processor = self.kept.processors.get(p)
+        if self.batch is None and processor is not None:
+            self.batch = processor.begin()
+        return self.batch
 
 
 class _InProcess:
@@ -365,38 +390,24 @@ class Node:
         return queue
 
     async def _work(self, p: int, queue: asyncio.Queue[tuple[str, list[Record]]]) -> None:
-        # Per topic: the last offset done, or the offset a failed batch must be read from
-        # again (batches fetched before the seek are then stale and dropped).
-        done: dict[str, int] = {}
-        rewound: dict[str, int] = {}
+        """Partition p's cycles: each takes every batch that arrived (and the timers handed
+        over to fire), decides them, and commits them in one transaction per type."""
+        done: dict[str, int] = {}  # per topic, the last offset done (a batch read twice)
         while True:
-            topic, records = await queue.get()
+            items = [await queue.get()]
+            while not queue.empty():
+                items.append(queue.get_nowait())
             async with self._plocks[p]:
                 if p not in self._owned:
                     continue
-                if records and self._fresh_batch(topic, records, done, rewound):
-                    ok, commit = await self._process_partition(topic, p, records)
-                    if ok:
+                fresh = [
+                    (topic, records)
+                    for topic, records in items
+                    if records and records[0].offset > done.get(topic, -1)
+                ]
+                if await self._cycle(p, fresh):
+                    for topic, records in fresh:
                         done[topic] = records[-1].offset
-                        if commit:
-                            self._to_commit[(topic, p)] = records[-1].offset + 1
-                    else:
-                        rewound[topic] = records[0].offset
-                if p in self._owned:
-                    await self._fire_pending(p)
-
-    @staticmethod
-    def _fresh_batch(
-        topic: str, records: list[Record], done: dict[str, int], rewound: dict[str, int]
-    ) -> bool:
-        first = records[0].offset
-        if topic in rewound:
-            if first != rewound[topic]:
-                return False
-            del rewound[topic]
-        elif first <= done.get(topic, -1):
-            return False
-        return True
 
     async def _stop_worker(self, p: int) -> None:
         task = self._workers.pop(p, None)
@@ -413,83 +424,77 @@ class Node:
             self._local[t.partition][type_name].append(t)
         for p in {t.partition for t in timers}:
             queue = self._worker(p)
-            if not queue.full():  # else the worker has batches to do, and fires after each
+            if not queue.full():  # else the worker has batches to do, and fires with them
                 queue.put_nowait(_LOCAL)
 
-    def _take_local(self, p: int, type_name: str) -> list[Timer]:
-        by_type = self._local.get(p)
-        return [] if by_type is None else by_type.pop(type_name, [])
-
-    async def _fire_pending(self, p: int) -> None:
-        """Fires the timers handed over for partition p, one transaction per type."""
-        for type_name in list(self._local.get(p, {})):
-            kept = self.types[type_name]
-            timers = self._take_local(p, type_name)
-            processor = kept.processors.get(p)
-            if not timers or processor is None:
-                continue  # let go meanwhile: the next owner claims them again at once
-            try:
-                stats = await processor.handle([], 0, *self._in_process(kept, timers))
-            except (KafkaUnavailable, StoreError) as exc:
-                self._partition_failed(p, f"firing {len(timers)} timer(s) in-process", exc)
-                return
-            self._count_commands(kept, stats.codes)
-
-    def _in_process(self, kept: _Type, timers: list[Timer]) -> tuple[list[CommandEnvelope], Any]:
-        """The commands of claimed timers to decide here, and what records their outcomes."""
-        now = self.clock.now()
-        by_request = {t.request_id: t for t in timers}
-        commands = [timer_command(t, now, in_process=True) for t in timers]
-
-        async def record(decided: list[tuple[CommandEnvelope, ResultCode, str]]) -> None:
-            outcomes = [
-                (by_request[cmd.request_id], SendResult(code.value, message))
-                for cmd, code, message in decided
-            ]
-            self.metrics.round(kept.topics.type_name, await kept.runner.record_outcomes(outcomes))
-
-        return commands, record
-
-    def _count_commands(self, kept: _Type, codes: dict[str, int]) -> None:
-        for code, n in codes.items():
-            self.metrics.commands.labels(kept.topics.type_name, code).inc(n)
-
-    async def _process_partition(
-        self, topic: str, p: int, records: list[Record]
-    ) -> tuple[bool, bool]:
-        """Handles one partition's batch: whether it was done, and whether its offsets are
-        to be committed outside a transaction."""
+    async def _cycle(self, p: int, items: list[tuple[str, list[Record]]]) -> bool:
+        """Decides what arrived for p and the timers handed over to fire, and commits it;
+        whether it committed (else p is let go and taken afresh)."""
         assert self._consumer is not None
-        kept, kind = self._by_topic[topic]
+        work: dict[str, _Work] = {}
         try:
-            if kind == "events":
-                if await self._subscribe(kept, records):
-                    # The view's writes and the log offsets commit together.
-                    await kept.changelog.commit(p, {(topic, p): records[-1].offset + 1})
-                    return True, False
-                # Nothing written (most of a busy log is not about timers): no transaction
-                # needed; the offsets are committed with the others.
-                return True, True
-            elif kind == "timer-ops":
-                await self._operate(kept, records)
-                await kept.changelog.commit(p, {(topic, p): records[-1].offset + 1})
-                return True, False
-            else:
-                processor = kept.processors.get(p)
-                if processor is not None:
+            for topic, records in items:
+                kept, kind = self._by_topic[topic]
+                w = work.setdefault(kept.topics.type_name, _Work(kept))
+                w.offsets[(topic, p)] = records[-1].offset + 1
+                if kind == "events":
+                    w.wrote = await self._subscribe(kept, records, w) or w.wrote
+                elif kind == "timer-ops":
+                    await self._operate(kept, records, w)
+                    w.wrote = True
+                elif (batch := w.batch_of(p)) is not None:
                     backlog = await self._consumer.backlog(topic, p)
-                    timers = self._take_local(p, kept.topics.type_name)
-                    local = self._in_process(kept, timers) if timers else ((), None)
-                    stats = await processor.handle(records, backlog, *local)
-                    self._count_commands(kept, stats.codes)
-                    if stats.dead_letters:
-                        self.metrics.dead_letters.labels(topic).inc(stats.dead_letters)
+                    kept.processors[p].decide_records(batch, records, backlog)
+            for type_name, timers in self._local.pop(p, {}).items():
+                kept = self.types[type_name]
+                w = work.setdefault(type_name, _Work(kept))
+                if (batch := w.batch_of(p)) is None:
+                    continue  # its commands are not decided here any more
+                commands = [timer_command(t, batch.now, in_process=True) for t in timers]
+                decided = kept.processors[p].decide_local(batch, commands)
+                await self._record_local(kept, timers, decided)
+            for w in work.values():
+                await self._commit_work(p, w)
         except (KafkaUnavailable, StoreError) as exc:
-            # Nothing of the batch counts: the partition is taken again and read from its
+            # Nothing of the cycle counts: the partition is taken again and read from its
             # committed offsets (every write is idempotent).
-            self._partition_failed(p, f"{topic}[{p}] batch", exc)
-            return False, False
-        return True, False
+            self._partition_failed(p, "a cycle", exc)
+            return False
+        return True
+
+    async def _record_local(
+        self,
+        kept: _Type,
+        timers: list[Timer],
+        decided: list[tuple[CommandEnvelope, ResultCode, str]],
+    ) -> None:
+        """Settles the timers fired in-process (before the cycle commits)."""
+        by_request = {t.request_id: t for t in timers}
+        outcomes = [
+            (by_request[cmd.request_id], SendResult(code.value, message))
+            for cmd, code, message in decided
+        ]
+        self.metrics.round(kept.topics.type_name, await kept.runner.record_outcomes(outcomes))
+
+    async def _commit_work(self, p: int, w: _Work) -> None:
+        kept = w.kept
+        if w.batch is None and not w.out and not w.wrote:
+            # Nothing written (most of a busy log is not about timers): no transaction
+            # needed; the offsets are committed with the others.
+            self._to_commit.update(w.offsets)
+            return
+        records = w.batch.out + w.out if w.batch is not None else w.out
+        offsets = w.offsets if w.batch is None else w.offsets | w.batch.offsets
+        written = await kept.changelog.commit(p, offsets, records)
+        if w.batch is not None:
+            kept.processors[p].committed(w.batch, written[: len(w.batch.out)])
+            for code, n in w.batch.stats.codes.items():
+                self.metrics.commands.labels(kept.topics.type_name, code).inc(n)
+        if w.batch is not None and w.batch.stats.dead_letters:
+            topic = kept.topics.commands
+            self.metrics.dead_letters.labels(topic).inc(w.batch.stats.dead_letters)
+        for topic, n in w.letters.items():
+            self.metrics.dead_letters.labels(topic).inc(n)
 
     def _partition_failed(self, p: int, what: str, exc: BaseException) -> None:
         """Ends p's work on a failure of its transaction or store: what it wrote since its
@@ -540,38 +545,34 @@ class Node:
                 if not await self._commit_partition(kept, p, "claims commit"):
                     raise KafkaUnavailable(f"partition {p}: claims not committed")
 
-    async def _subscribe(self, kept: _Type, records: list[Record]) -> int:
-        """Applies a log batch to the timer table; how many writes it made."""
+    async def _subscribe(self, kept: _Type, records: list[Record], w: _Work) -> bool:
+        """Applies a log batch to the timer table, its bad records' dead letters added to
+        the cycle's records; whether it wrote anything."""
         ops: list[TimerOp] = []
         for record in records:
             try:
                 event = decode(EventEnvelope, record.value)
                 op = timer_op(event, record.partition)
             except BadRecord as exc:
-                await self._dead_letter(record, str(exc))
+                w.dead_letter(record, str(exc))
                 continue
             if op is not None:
                 ops.append(op)
         if not ops:
-            return 0
+            return False
         writes, put = await apply_all(kept.store, ops)
         if put:
             kept.runner.offer(put)
             kept.loop.wake(reload=False)
-        return writes
+        return writes > 0
 
-    async def _dead_letter(self, record: Record, error: str) -> None:
-        topic, partition, key, value = dead_letter_record(record, error)
-        await self.producer.send(topic, key, value, partition)
-        self.metrics.dead_letters.labels(record.topic).inc()
-
-    async def _operate(self, kept: _Type, records: list[Record]) -> None:
+    async def _operate(self, kept: _Type, records: list[Record], w: _Work) -> None:
         """Carries out operators' retry/skip requests on this partition's parked timers."""
         for record in records:
             try:
                 op = decode(OperatorRequest, record.value)
             except BadRecord as exc:
-                await self._dead_letter(record, str(exc))
+                w.dead_letter(record, str(exc))
                 continue
             try:
                 await carry_out(kept.runner, op, record.partition)

@@ -31,10 +31,17 @@ from app.wire import (
     encode,
 )
 from tables import AggregateRef
-from tables.aggregate_store import RocksAggregateStore
+from tables.aggregate_store import AggregateStateStore
 from tables.partitioner import partition_of
 
-__all__ = ["BatchStats", "CommandProcessor", "Commit", "LocalDecided", "dead_letter_record"]
+__all__ = [
+    "BatchStats",
+    "CommandBatch",
+    "CommandProcessor",
+    "Commit",
+    "LocalDecided",
+    "dead_letter_record",
+]
 
 Commit = Callable[[Sequence[OutRecord], dict[tuple[str, int], int]], Awaitable[list[int]]]
 """Sends records and commits consumer offsets in the partition's one transaction; the
@@ -84,12 +91,17 @@ def _command_record(cmd: CommandEnvelope) -> OutRecord:
 
 
 @dataclass(slots=True)
-class _Batch:
-    """What one transaction's decisions have built up so far."""
+class CommandBatch:
+    """What one transaction's decisions have built up so far: its records to write (events,
+    results, commands sent, dead letters), the commands' offsets, and the aggregates as
+    they will be once it commits."""
 
+    now: int
     staged: dict[str, StoredAggregate] = field(default_factory=dict)
     applied: set[tuple[str, str]] = field(default_factory=set)
     out: list[OutRecord] = field(default_factory=list)
+    offsets: dict[tuple[str, int], int] = field(default_factory=dict)
+    stats: BatchStats = field(default_factory=lambda: BatchStats())
 
 
 class CommandProcessor:
@@ -99,7 +111,7 @@ class CommandProcessor:
         partition: int,
         *,
         partitions: int,
-        states: RocksAggregateStore,
+        states: AggregateStateStore,
         commit: Commit,
         now: Callable[[], int],
         busy_backlog: int = 50_000,
@@ -171,30 +183,22 @@ class CommandProcessor:
         raw = self._states.get(self.partition, aggregate_id)
         return None if raw is None else StoredAggregate.model_validate_json(raw)
 
-    async def handle(
-        self,
-        records: list[Record],
-        backlog: int = 0,
-        local: Sequence[CommandEnvelope] = (),
-        on_local: LocalDecided | None = None,
-    ) -> BatchStats:
-        """Decides `records` (commands of this partition, in order), then the `local`
-        commands (timers of this partition fired in-process), in one transaction.
+    def begin(self) -> CommandBatch:
+        """A new batch of decisions, for one transaction of the partition."""
+        return CommandBatch(now=self._now())
 
-        `backlog`: how many commands of the partition wait behind this batch. A command
-        reached while more than `busy_backlog` commands wait (itself, the rest of the batch
-        and those behind it) is answered BUSY without running its handler: the partition
+    def decide_records(self, batch: CommandBatch, records: list[Record], backlog: int = 0) -> None:
+        """Decides `records` (commands of this partition, in order) into `batch`.
+
+        `backlog`: how many commands of the partition wait behind these. A command reached
+        while more than `busy_backlog` commands wait (itself, the rest of the records and
+        those behind them) is answered BUSY without running its handler: the partition
         sheds its oldest work until it is back within bounds, and the senders retry.
-
-        A local command is decided by the same code (dedup, not-before, handler) but gets
-        no result record: `on_local` hears its code before the commit, so the timers'
-        settles are in the same transaction as its events. The command itself is written
-        to the command topic in that transaction too, as the record of what was sent;
-        read back, its request id is found applied and it is passed over.
         """
-        stats = BatchStats(commands=len(records) + len(local))
-        now = self._now()
-        batch = _Batch()
+        if not records:
+            return
+        batch.stats.commands += len(records)
+        now = batch.now
         for i, r in enumerate(records):
             waiting = len(records) - i + backlog
             try:
@@ -203,30 +207,44 @@ class CommandProcessor:
                     raise BadRecord(f"command for {cmd.aggregate.type_name} on {r.topic}")
             except BadRecord as exc:
                 batch.out.append(dead_letter_record(r, str(exc)))
-                stats.dead_letters += 1
+                batch.stats.dead_letters += 1
                 continue
             if cmd.in_process and self._seen(batch, cmd):
                 continue  # fired in-process and committed then: already decided
             if waiting > self.busy_backlog:
                 message = f"{waiting} commands waiting (bound {self.busy_backlog})"
                 batch.out.append(self._result(cmd, ResultCode.BUSY, message, None, now))
-                stats.codes[ResultCode.BUSY] += 1
+                batch.stats.codes[ResultCode.BUSY] += 1
                 continue
-            d, version = self._decide(batch, cmd, now, stats)
+            d, version = self._decide(batch, cmd)
             batch.out.append(self._result(cmd, d.code, d.message, version, now))
+        batch.offsets[(self.topics.commands, self.partition)] = records[-1].offset + 1
+
+    def decide_local(
+        self, batch: CommandBatch, commands: Sequence[CommandEnvelope]
+    ) -> list[tuple[CommandEnvelope, ResultCode, str]]:
+        """Decides commands of timers of this partition fired in-process into `batch`; what
+        each came to.
+
+        The same code as for a command read from the topic (dedup, not-before, handler),
+        but no result record: the caller settles the timers before the commit, so that
+        each settle is in the same transaction as its events. The command itself is
+        written to the command topic in that transaction too, as the record of what was
+        sent; read back, its request id is found applied and it is passed over.
+        """
+        batch.stats.commands += len(commands)
         decided: list[tuple[CommandEnvelope, ResultCode, str]] = []
-        for cmd in local:
-            d, _ = self._decide(batch, cmd, now, stats)
+        for cmd in commands:
+            d, _ = self._decide(batch, cmd)
             batch.out.append(
                 (self.topics.commands, self.partition, cmd.aggregate.id.encode(), encode(cmd))
             )
             decided.append((cmd, d.code, d.message))
-        if decided and on_local is not None:
-            await on_local(decided)
-        offsets = (
-            {(self.topics.commands, self.partition): records[-1].offset + 1} if records else {}
-        )
-        written = await self._commit(batch.out, offsets)
+        return decided
+
+    def committed(self, batch: CommandBatch, written: Sequence[int]) -> None:
+        """Writes the batch's aggregate states once its transaction committed; `written`:
+        the offsets its records were written at."""
         last_event = max(
             (o for rec, o in zip(batch.out, written, strict=True) if rec[0] == self.topics.events),
             default=None,
@@ -237,31 +255,45 @@ class CommandProcessor:
             batch.applied,
             last_event,
         )
-        return stats
 
-    def _seen(self, batch: _Batch, cmd: CommandEnvelope) -> bool:
+    async def handle(
+        self,
+        records: list[Record],
+        backlog: int = 0,
+        local: Sequence[CommandEnvelope] = (),
+        on_local: LocalDecided | None = None,
+    ) -> BatchStats:
+        """Decides `records`, then the `local` commands, and commits them in one
+        transaction of their own (`on_local` hears what the local ones came to first)."""
+        batch = self.begin()
+        self.decide_records(batch, records, backlog)
+        decided = self.decide_local(batch, local)
+        if decided and on_local is not None:
+            await on_local(decided)
+        self.committed(batch, await self._commit(batch.out, batch.offsets))
+        return batch.stats
+
+    def _seen(self, batch: CommandBatch, cmd: CommandEnvelope) -> bool:
         aid = state_key(cmd.aggregate)
         return (aid, cmd.request_id) in batch.applied or self._states.seen(
             self.partition, aid, cmd.request_id
         )
 
-    def _decide(
-        self, batch: _Batch, cmd: CommandEnvelope, now: int, stats: BatchStats
-    ) -> tuple[Decided, int | None]:
+    def _decide(self, batch: CommandBatch, cmd: CommandEnvelope) -> tuple[Decided, int | None]:
         """Decides one command on the aggregate as the batch left it; its events and
         commands join the batch's records. The decision and the aggregate's version."""
         aid = state_key(cmd.aggregate)
         stored = batch.staged.get(aid) or self._stored(aid)
-        d = decide(self.agg, stored, cmd, now=now, seen=self._seen(batch, cmd))
+        d = decide(self.agg, stored, cmd, now=batch.now, seen=self._seen(batch, cmd))
         if d.stored is not None:
             batch.staged[aid] = d.stored
             batch.applied.add((aid, cmd.request_id))
             key = cmd.aggregate.id.encode()
             batch.out += [(self.topics.events, self.partition, key, encode(e)) for e in d.events]
             batch.out += [_command_record(c) for c in d.commands]
-            stats.committed += 1
-            stats.events += len(d.events)
-        stats.codes[d.code] += 1
+            batch.stats.committed += 1
+            batch.stats.events += len(d.events)
+        batch.stats.codes[d.code] += 1
         version = d.stored.version if d.stored else (stored.version if stored else None)
         return d, version
 

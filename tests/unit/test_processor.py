@@ -1,0 +1,164 @@
+"""The command path of one partition without a broker: commands read from the topic and
+timers fired in-process are decided by the same code into one transaction's records."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+import orjson
+from pydantic import BaseModel
+
+from app.aggregate import AggregateType, Command, Decision
+from app.kafka import OutRecord, Record
+from app.processor import CommandProcessor, state_key
+from app.wire import CommandEnvelope, ResultCode, encode
+from tables import AggregateRef
+from tables.aggregate_store import MemoryAggregateStore
+
+T0 = 1_800_000_000_000
+ORDER = AggregateRef(context="shop", aggregate="order", id="o-1")
+
+
+class Order(BaseModel):
+    reminded: int = 0
+
+
+orders = AggregateType("shop", "order", Order)
+
+
+@orders.command("shop.Remind")
+def remind(state: Order, cmd: Command, d: Decision) -> None:
+    d.emit("shop.Reminded", {"n": state.reminded + 1})
+
+
+class FakeTransaction:
+    """The partition's one transaction: keeps each commit's records and offsets."""
+
+    def __init__(self) -> None:
+        self.commits: list[tuple[list[OutRecord], dict[tuple[str, int], int]]] = []
+        self._next = 0
+
+    async def __call__(
+        self, records: Sequence[OutRecord], offsets: dict[tuple[str, int], int]
+    ) -> list[int]:
+        self.commits.append((list(records), dict(offsets)))
+        start, self._next = self._next, self._next + len(records)
+        return list(range(start, self._next))
+
+    def topics(self, commit: int = -1) -> list[str]:
+        return [r[0] for r in self.commits[commit][0]]
+
+
+def make(now: int = T0) -> tuple[CommandProcessor, FakeTransaction, MemoryAggregateStore]:
+    txn = FakeTransaction()
+    states = MemoryAggregateStore()
+    processor = CommandProcessor(
+        orders, 0, partitions=4, states=states, commit=txn, now=lambda: now
+    )
+    return processor, txn, states
+
+
+def command(request_id: str = "t-1#0", **fields: Any) -> CommandEnvelope:
+    return CommandEnvelope(
+        request_id=request_id,
+        type="shop.Remind",
+        aggregate=ORDER,
+        not_before=T0,
+        issued_at=T0,
+        **fields,
+    )
+
+
+def record(cmd: CommandEnvelope, offset: int = 0) -> Record:
+    return Record("shop.order.commands", 0, offset, ORDER.id.encode(), encode(cmd), T0)
+
+
+async def test_a_timer_fired_in_process_commits_its_events_and_the_command_sent() -> None:
+    processor, txn, states = make()
+    batch = processor.begin()
+    decided = processor.decide_local(batch, [command(in_process=True)])
+    assert [(c.request_id, code) for c, code, _ in decided] == [("t-1#0", ResultCode.COMMITTED)]
+    processor.committed(batch, await txn(batch.out, batch.offsets))
+    # Its event, and the command itself as the record of what was sent: no result record.
+    assert txn.topics() == ["shop.order.events", "shop.order.commands"]
+    sent = orjson.loads(txn.commits[0][0][1][3] or b"")
+    assert sent["in_process"] is True and sent["request_id"] == "t-1#0"
+    assert states.seen(0, state_key(ORDER), "t-1#0")
+    assert states.offset(0) == 0, "the last event's offset: the fold's position in the log"
+
+
+async def test_a_timer_fired_again_in_process_is_a_duplicate_with_no_event() -> None:
+    processor, _, _ = make()
+    await processor.handle([], local=[command(in_process=True)])
+    batch = processor.begin()
+    decided = processor.decide_local(batch, [command(in_process=True)])
+    assert [code for _, code, _ in decided] == [ResultCode.DUPLICATE]
+    assert [r[0] for r in batch.out] == ["shop.order.commands"]
+
+
+async def test_the_command_read_back_from_the_topic_is_passed_over() -> None:
+    processor, txn, _ = make()
+    await processor.handle([], local=[command(in_process=True)])
+    stats = await processor.handle([record(command(in_process=True), offset=7)])
+    assert txn.topics() == [], "no result, no event: it was decided in its own transaction"
+    assert txn.commits[-1][1] == {("shop.order.commands", 0): 8}, "its offset passes it"
+    assert stats.codes == {}
+
+
+async def test_an_in_process_command_not_applied_yet_is_decided_as_any_other() -> None:
+    processor, txn, _ = make()
+    await processor.handle([record(command(in_process=True))])
+    assert txn.topics() == ["shop.order.events", "shop.results"]
+
+
+async def test_a_remote_send_of_a_slot_fired_in_process_is_answered_duplicate() -> None:
+    processor, txn, _ = make()
+    await processor.handle([], local=[command(in_process=True)])
+    await processor.handle([record(command())])
+    result = orjson.loads(txn.commits[-1][0][0][3] or b"")
+    assert result["code"] == "DUPLICATE"
+
+
+async def test_an_early_local_command_is_not_due_and_writes_nothing_but_the_record() -> None:
+    processor, _, _ = make(now=T0 - 1)
+    batch = processor.begin()
+    decided = processor.decide_local(batch, [command(in_process=True)])
+    assert [code for _, code, _ in decided] == [ResultCode.SCHEDULE_NOT_DUE]
+    assert batch.staged == {}
+
+
+async def test_on_local_hears_the_codes_before_the_commit() -> None:
+    processor, txn, _ = make()
+    heard: list[tuple[str, ResultCode, int]] = []
+
+    async def on_local(decided: list[tuple[CommandEnvelope, ResultCode, str]]) -> None:
+        heard.extend((c.request_id, code, len(txn.commits)) for c, code, _ in decided)
+
+    await processor.handle([], local=[command(in_process=True)], on_local=on_local)
+    assert heard == [("t-1#0", ResultCode.COMMITTED, 0)], "before the transaction committed"
+
+
+class FakeReader:
+    """The log's offsets and records, for restore."""
+
+    def __init__(self, end: int, records: list[Record]) -> None:
+        self.end = end
+        self.records = records
+
+    async def offsets(self, topic: str, partition: int) -> tuple[int, int]:
+        return 0, self.end
+
+    async def read(self, topic: str, partition: int, start: int) -> AsyncIterator[list[Record]]:
+        yield [r for r in self.records if r.offset >= start]
+
+
+async def test_local_states_ahead_of_the_log_are_dropped_and_folded_again() -> None:
+    """A new, empty broker (or another cluster) with the old local states: they are not a
+    copy of this log, so they are dropped, and the request ids with them."""
+    processor, _, states = make()
+    await processor.handle([], local=[command(in_process=True)])
+    assert states.seen(0, state_key(ORDER), "t-1#0") and states.offset(0) == 0
+    assert await processor.restore(FakeReader(end=0, records=[])) == 0  # type: ignore[arg-type]
+    assert states.offset(0) is None
+    assert not states.seen(0, state_key(ORDER), "t-1#0")

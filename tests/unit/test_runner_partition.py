@@ -1,0 +1,173 @@
+"""The runner inside a partition task: timers fired in-process, claims committed before a
+remote send, a previous owner's claims taken over at once, and the wheel.
+
+Same fakes as `test_runner_loop` (fake clock, scripted sender, both store backends).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from test_runner_loop import (
+    EVERY_MIN,
+    MIN,
+    T0,
+    World,
+    make_timer,
+    raw_store,
+    world,
+)
+
+from app.runner import SendResult, TimerOptions, TimerRunner
+from tables.timer import Outcome, Timer, TimerChange, TimerStatus
+
+__all__ = ["raw_store", "world"]  # the fixtures, imported for pytest
+
+
+class FakeLocal:
+    """A `LocalFirer` that takes every timer (or none) and keeps what it was handed."""
+
+    def __init__(self, accept: bool = True) -> None:
+        self.accept = accept
+        self.fired: list[Timer] = []
+
+    def accepts(self, timer: Timer) -> bool:
+        return self.accept
+
+    def fire(self, timers: list[Timer]) -> None:
+        self.fired += timers
+
+
+def runner_with(world: World, local: FakeLocal | None = None, **options: Any) -> TimerRunner:
+    world.runner()  # makes the world's sender
+    return TimerRunner(
+        world.store,
+        world.sender,
+        world.clock,
+        world.ledger,
+        TimerOptions.model_validate(options),
+        (0,),
+        local=local,
+    )
+
+
+async def test_a_local_target_is_handed_to_its_partition_and_settled_with_its_outcome(
+    world: World,
+) -> None:
+    await world.put()
+    local = FakeLocal()
+    runner = runner_with(world, local)
+    stats = await runner.run_round()
+    assert world.sender.sends == [], "decided in-process: no command round trip"
+    assert stats.claimed == 1 and [t.request_id for t in local.fired] == ["t-1#0"]
+    claimed = local.fired[0]
+    assert claimed.status is TimerStatus.FIRING
+    assert (await world.row()).status is TimerStatus.FIRING, "claimed before it is decided"
+    outcome = await runner.record_outcomes([(claimed, SendResult("COMMITTED"))])
+    row = await world.row()
+    assert (row.status, row.outcome) == (TimerStatus.FIRED, Outcome.COMMITTED)
+    assert (outcome.fired, outcome.written) == (1, 1)
+
+
+async def test_a_duplicate_from_the_partition_fires_the_slot_too(world: World) -> None:
+    await world.put()
+    local = FakeLocal()
+    runner = runner_with(world, local)
+    await runner.run_round()
+    await runner.record_outcomes([(local.fired[0], SendResult("DUPLICATE"))])
+    assert (await world.row()).outcome is Outcome.DUPLICATE
+
+
+async def test_a_timer_the_partition_does_not_decide_goes_through_the_sender(
+    world: World,
+) -> None:
+    await world.put()
+    local = FakeLocal(accept=False)
+    runner = runner_with(world, local)
+    await runner.run_round()
+    assert local.fired == [] and world.sender.request_ids == ["t-1#0"]
+
+
+async def test_a_recurring_local_timer_comes_back_from_the_wheel_without_another_query(
+    world: World,
+) -> None:
+    await world.put(rule=EVERY_MIN)
+    local = FakeLocal()
+    runner = runner_with(world, local, poll_interval_ms=2 * MIN)
+    await runner.run_round()
+    await runner.record_outcomes([(local.fired[0], SendResult("COMMITTED"))])
+    assert (await world.row()).slot == 1
+    world.clock.set(T0 + MIN)
+    stats = await runner.run_round()
+    assert [t.request_id for t in local.fired] == ["t-1#0", "t-1#1"]
+    assert stats.loaded == 1 and len(world.store.due_calls) == 1, "the wheel held slot 1"
+
+
+async def test_a_put_offered_to_the_wheel_fires_at_its_due_instant(world: World) -> None:
+    runner = runner_with(world, poll_interval_ms=10_000)
+    stats = await runner.run_round()
+    assert stats.next_due is None
+    timer = await world.put(rule=make_timer().rule.model_copy(update={"at": T0 + 500}))
+    runner.offer([await world.row()])
+    assert timer.due_at == T0 + 500
+    world.clock.set(T0 + 499)
+    assert (await runner.run_round()).claimed == 0
+    world.clock.set(T0 + 500)
+    stats = await runner.run_round()
+    assert world.sender.request_ids == ["t-1#0"]
+    assert len(world.store.due_calls) == 1, "one load of the wheel for the three rounds"
+
+
+async def test_a_remote_send_leaves_only_after_its_claim_committed(world: World) -> None:
+    await world.put()
+    committed: list[tuple[set[int], TimerStatus]] = []
+
+    async def before_send(partitions: set[int]) -> None:
+        assert world.sender.sends == [], "nothing sent before the claims commit"
+        committed.append((partitions, (await world.row()).status))
+
+    world.runner()
+    runner = TimerRunner(
+        world.store,
+        world.sender,
+        world.clock,
+        world.ledger,
+        partitions=(0,),
+        before_send=before_send,
+    )
+    await runner.run_round()
+    assert committed == [({0}, TimerStatus.FIRING)]
+    assert world.sender.request_ids == ["t-1#0"]
+
+
+async def test_a_claim_that_cannot_commit_is_never_sent(world: World) -> None:
+    await world.put()
+
+    async def fenced(partitions: set[int]) -> None:
+        raise ConnectionError("fenced by a newer owner")
+
+    world.runner()
+    runner = TimerRunner(
+        world.store, world.sender, world.clock, world.ledger, partitions=(0,), before_send=fenced
+    )
+    stats = await runner.run_round()
+    assert world.sender.sends == [] and stats.claimed == 0
+
+
+async def test_a_new_owner_claims_the_previous_owners_claims_at_once(world: World) -> None:
+    """The previous owner claimed (FIRING until T0 + 30 s) and froze; the new owner's start
+    fenced it, so the new owner sends the slot again now, not at the claim's lapse."""
+    loaded = await world.put()
+    claimed = loaded.model_copy(update={"status": TimerStatus.FIRING, "due_at": T0 + 30_000})
+    assert await world.store.inner.settle([TimerChange(loaded=loaded, next=claimed)]) == 1
+    world.runner()
+    runner = TimerRunner(world.store, world.sender, world.clock, world.ledger)
+    runner.start_partition(0)
+    world.clock.set(T0 + 10)
+    stats = await runner.run_round()
+    assert world.sender.request_ids == ["t-1#0"], "the same request id: the target dedups"
+    assert stats.claimed == 1
+    row = await world.row()
+    assert (row.status, row.outcome) == (TimerStatus.FIRED, Outcome.COMMITTED)
+    await runner.run_round()
+    assert world.sender.request_ids == ["t-1#0"], "taken over once, not every round"

@@ -1,0 +1,70 @@
+"""A transactional producer that fails is broken for good: whatever aiokafka raised (fenced,
+a fatal state's AssertionError), the caller gets our error and every later call fails at
+once, so no partition goes on with a producer in an unknown state."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from aiokafka.errors import ProducerFenced
+
+from app.kafka import Fenced, KafkaUnavailable, TransactionalProducer
+
+
+class FakeClient:
+    """aiokafka's producer, failing its commit with `error`."""
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+        self.calls: list[str] = []
+
+    async def begin_transaction(self) -> None:
+        self.calls.append("begin")
+
+    async def send(self, *args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("not sent in these tests")
+
+    async def send_offsets_to_transaction(self, *args: Any) -> None:
+        self.calls.append("offsets")
+
+    async def commit_transaction(self) -> None:
+        self.calls.append("commit")
+        raise self.error
+
+    async def abort_transaction(self) -> None:
+        self.calls.append("abort")
+
+    async def stop(self) -> None:
+        self.calls.append("stop")
+        raise RuntimeError("a broken client may fail to stop too")
+
+
+async def producer_with(client: FakeClient) -> TransactionalProducer:
+    producer = TransactionalProducer("127.0.0.1:1", "g.shop.order.timers.3")
+    await producer._producer.stop()  # the real client, never started: closed, not leaked
+    producer._producer = client
+    return producer
+
+
+async def test_an_assertion_from_a_fatal_state_breaks_the_producer() -> None:
+    client = FakeClient(AssertionError("Invalid state transition FATAL_ERROR -> COMMITTING"))
+    producer = await producer_with(client)
+    with pytest.raises(KafkaUnavailable, match="transaction failed"):
+        await producer.flush({("shop.order.commands", 3): 10}, "g")
+    assert producer.broken is not None and not producer.pending
+    assert client.calls == ["begin", "offsets", "commit", "abort"]
+    with pytest.raises(KafkaUnavailable):
+        await producer.commit([], {("shop.order.commands", 3): 11}, "g")
+    assert client.calls[-1] == "abort", "a broken producer makes no call to the broker"
+    await producer.stop()  # never raises
+
+
+async def test_a_fenced_producer_says_so_and_does_not_abort() -> None:
+    client = FakeClient(ProducerFenced())
+    producer = await producer_with(client)
+    with pytest.raises(Fenced, match="fenced by a newer owner"):
+        await producer.flush({("shop.order.commands", 3): 10}, "g")
+    assert "abort" not in client.calls, "the newer owner's start aborted it"
+    with pytest.raises(Fenced):
+        await producer.flush({("shop.order.commands", 3): 11}, "g")
