@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from app.kafka import KafkaUnavailable, OutRecord, Reader, TransactionalProducer
 from tables import ChangelogRecord, TimerStore
 
-__all__ = ["CleanMarks", "TransactionalChangelog", "restore_partition"]
+__all__ = ["CleanMarks", "Transaction", "TransactionalChangelog", "restore_partition"]
 
 logger = logging.getLogger(__name__)
 
@@ -43,6 +44,7 @@ class TransactionalChangelog:
         self.group_id = group_id
         self._producers: dict[int, TransactionalProducer] = {}
         self._buffer: dict[int, list[OutRecord]] = {}
+        self._staged: dict[int, _Staged] = {}
 
     async def open(self, partition: int) -> None:
         """Starts the partition's producer, fencing its previous owner's."""
@@ -56,6 +58,7 @@ class TransactionalChangelog:
             raise
         self._producers[partition] = producer
         self._buffer[partition] = []
+        self._staged[partition] = _Staged()
 
     async def close(self, partition: int) -> bool | None:
         """Commits what is buffered and stops the producer; whether everything was
@@ -77,6 +80,7 @@ class TransactionalChangelog:
     async def abandon(self, partition: int) -> None:
         """Stops the producer without committing: what is buffered is thrown away."""
         self._buffer.pop(partition, None)
+        self._staged.pop(partition, None)
         producer = self._producers.pop(partition, None)
         if producer is not None:
             await producer.stop()
@@ -96,27 +100,96 @@ class TransactionalChangelog:
                 raise KafkaUnavailable(f"{self.topic}[{r.partition}] is not owned by this node")
             rows.append((self.topic, r.partition, r.key, r.value))
 
+    def stage(
+        self,
+        partition: int,
+        records: Sequence[OutRecord],
+        offsets: dict[tuple[str, int], int],
+        committed: Callable[[list[int]], None] | None = None,
+    ) -> None:
+        """Adds a cycle's records and consumer offsets to the partition's next transaction;
+        `committed` is told the records' offsets once it committed."""
+        staged = self._staged.get(partition)
+        if staged is None:
+            raise KafkaUnavailable(f"{self.topic}[{partition}] is not owned by this node")
+        start = len(staged.records)
+        staged.records += records
+        staged.offsets.update(offsets)
+        if committed is not None:
+            staged.after.append((start, len(staged.records), committed))
+
     async def commit(
         self,
         partition: int,
         offsets: dict[tuple[str, int], int] | None = None,
         records: Sequence[OutRecord] = (),
     ) -> list[int]:
-        """Commits the buffered rows, `records` and `offsets` in one transaction; the
-        offsets `records` were written at. Nothing to commit: no transaction."""
+        """Commits the buffered rows, what was staged, `records` and `offsets` in one
+        transaction; the offsets `records` were written at. Nothing to commit: no
+        transaction."""
+        if records or offsets:
+            self.stage(partition, records, offsets or {})
+        taken = self.take(partition)
+        if taken is None:
+            return []
+        written = await taken.send()
+        return written[len(written) - len(records) :] if records else []
+
+    def take(self, partition: int) -> Transaction | None:
+        """Takes everything that waits for the partition's next transaction (None: there is
+        nothing); `send` commits it. Taken transactions commit in the order they were
+        taken, through the partition's producer."""
         producer = self._producers.get(partition)
         if producer is None:
             raise KafkaUnavailable(f"{self.topic}[{partition}] is not owned by this node")
         rows = self._buffer[partition]
+        staged = self._staged[partition]
+        if not rows and not staged.records and not staged.offsets:
+            return None
         self._buffer[partition] = []
-        if not rows and not records and not offsets:
-            return []
-        written = await producer.commit([*rows, *records], offsets or {}, self.group_id)
-        return written[len(rows) :]
+        self._staged[partition] = _Staged()
+        return Transaction(producer, self.group_id, rows, staged)
 
     def pending(self) -> list[int]:
-        """The partitions with rows waiting to be committed."""
-        return [p for p, rows in self._buffer.items() if rows]
+        """The partitions with rows or staged work waiting to be committed."""
+        return [p for p, rows in self._buffer.items() if rows or self.staged(p)]
+
+    def staged(self, partition: int) -> bool:
+        """Whether a cycle's work waits for the partition's next commit."""
+        staged = self._staged.get(partition)
+        return staged is not None and bool(staged.records or staged.offsets)
+
+
+class Transaction:
+    """One partition's taken work: its rows and staged cycles, committed by `send`."""
+
+    def __init__(
+        self, producer: TransactionalProducer, group_id: str, rows: list[OutRecord], staged: _Staged
+    ) -> None:
+        self._producer = producer
+        self._group_id = group_id
+        self._rows = rows
+        self._staged = staged
+
+    async def send(self) -> list[int]:
+        """Commits; tells each staged cycle its records' offsets; all the offsets."""
+        rows, staged = self._rows, self._staged
+        written = await self._producer.commit(
+            [*rows, *staged.records], staged.offsets, self._group_id
+        )
+        base = len(rows)
+        for start, end, committed in staged.after:
+            committed(written[base + start : base + end])
+        return written
+
+
+@dataclass
+class _Staged:
+    """A partition's decided work that its next transaction commits."""
+
+    records: list[OutRecord] = field(default_factory=list)
+    offsets: dict[tuple[str, int], int] = field(default_factory=dict)
+    after: list[tuple[int, int, Callable[[list[int]], None]]] = field(default_factory=list)
 
 
 class CleanMarks:

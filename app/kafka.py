@@ -235,6 +235,9 @@ class TransactionalProducer:
             acks="all",
             linger_ms=1,
             transaction_timeout_ms=60_000,
+            # A commit's retries (CONCURRENT_TRANSACTIONS just after the previous commit,
+            # NOT_ENOUGH_REPLICAS) wait this long: 100 ms by default, the tail of a commit.
+            retry_backoff_ms=10,
         )
         self._lock = asyncio.Lock()
         self._open = False

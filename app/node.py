@@ -13,7 +13,9 @@ path, `processor`) and the operators' retry/skip requests on its parked timers
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
+import time
 from collections import Counter, defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -21,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from app.aggregate import AggregateType, Service
-from app.changelog import CleanMarks, TransactionalChangelog, restore_partition
+from app.changelog import CleanMarks, Transaction, TransactionalChangelog, restore_partition
 from app.exceptions import BadRecord, TickwheelError
 from app.kafka import (
     Fenced,
@@ -38,14 +40,20 @@ from app.ledger import KafkaFailureLedger
 from app.metrics import NodeMetrics
 from app.operator import TimerOp as OperatorRequest
 from app.operator import carry_out
-from app.processor import CommandBatch, CommandProcessor, Commit, dead_letter_record
+from app.processor import (
+    CommandBatch,
+    CommandProcessor,
+    Commit,
+    dead_letter_record,
+    misrouted,
+)
 from app.runner import Clock, SendResult, SystemClock, TimerLoop, TimerOptions, TimerRunner
 from app.sender import KafkaSender, ResultsReader, timer_command
 from app.settings import Settings
 from app.subscription import TimerOp, apply_all, timer_op
 from app.topics import AggregateTopics, ContextTopics, parse_aggregate_type
 from app.web import WebServer
-from app.wire import CommandEnvelope, EventEnvelope, ResultCode, decode
+from app.wire import SYSTEM_EVENTS, CommandEnvelope, EventEnvelope, ResultCode, decode
 from tables import StoreError, Timer, TimerStore, open_timer_store
 from tables.aggregate_store import RocksAggregateStore
 from tables.ledger import FailureLedger
@@ -194,6 +202,9 @@ class Node:
         # that what a cycle writes (events, settles) commits in the cycle's transaction.
         self._plocks: defaultdict[int, asyncio.Lock] = defaultdict(asyncio.Lock)
         self._to_commit: dict[tuple[str, int], int] = {}
+        # Per type and partition: when its last commit started, and the one in flight.
+        self._committed_at: dict[tuple[str, int], float] = {}
+        self._commits: dict[tuple[str, int], asyncio.Task[bool]] = {}
         # Claimed timers handed over to be fired in-process, per partition and type.
         self._local: defaultdict[int, defaultdict[str, list[Timer]]] = defaultdict(
             lambda: defaultdict(list)
@@ -477,24 +488,59 @@ class Node:
         self.metrics.round(kept.topics.type_name, await kept.runner.record_outcomes(outcomes))
 
     async def _commit_work(self, p: int, w: _Work) -> None:
+        """Stages the cycle's work in p's transaction, and commits it at once unless p
+        committed less than a commit interval ago (then the committer does, by then)."""
         kept = w.kept
-        if w.batch is None and not w.out and not w.wrote:
+        if w.batch is not None and w.batch.empty:
+            w.batch = None
+        if w.batch is None and not w.out and not w.wrote and not kept.changelog.staged(p):
             # Nothing written (most of a busy log is not about timers): no transaction
             # needed; the offsets are committed with the others.
             self._to_commit.update(w.offsets)
             return
         records = w.batch.out + w.out if w.batch is not None else w.out
         offsets = w.offsets if w.batch is None else w.offsets | w.batch.offsets
-        written = await kept.changelog.commit(p, offsets, records)
-        if w.batch is not None:
-            kept.processors[p].committed(w.batch, written[: len(w.batch.out)])
-            for code, n in w.batch.stats.codes.items():
+        committed = None
+        if (batch := w.batch) is not None:
+            processor = kept.processors[p]
+            processor.staged(batch)
+            committed = functools.partial(_batch_committed, processor, batch)
+            for code, n in batch.stats.codes.items():
                 self.metrics.commands.labels(kept.topics.type_name, code).inc(n)
-        if w.batch is not None and w.batch.stats.dead_letters:
-            topic = kept.topics.commands
-            self.metrics.dead_letters.labels(topic).inc(w.batch.stats.dead_letters)
+            if batch.stats.dead_letters:
+                topic = kept.topics.commands
+                self.metrics.dead_letters.labels(topic).inc(batch.stats.dead_letters)
         for topic, n in w.letters.items():
             self.metrics.dead_letters.labels(topic).inc(n)
+        kept.changelog.stage(p, records, offsets, committed)
+        key = (kept.topics.type_name, p)
+        last = self._committed_at.get(key, 0.0)
+        if time.monotonic() - last >= self.settings.commit_interval_ms / 1000:
+            self._start_commit(kept, p)
+
+    def _start_commit(self, kept: _Type, p: int) -> asyncio.Task[bool] | None:
+        """Takes what waits in p's transaction (under p's lock, so that no cycle is cut in
+        two) and commits it in the background, after the commits taken before it; the
+        commit (True: committed), or the one in flight when nothing waits."""
+        key = (kept.topics.type_name, p)
+        taken = kept.changelog.take(p)
+        if taken is None:
+            return self._commits.get(key)
+        self._committed_at[key] = time.monotonic()
+        task = asyncio.create_task(self._send(p, taken), name=f"commit {key}")
+        self._commits[key] = task
+        task.add_done_callback(
+            lambda t: self._commits.pop(key, None) if self._commits.get(key) is t else None
+        )
+        return task
+
+    async def _send(self, p: int, taken: Transaction) -> bool:
+        try:
+            await taken.send()
+        except KafkaUnavailable as exc:
+            self._partition_failed(p, "a commit", exc)
+            return False
+        return True
 
     def _partition_failed(self, p: int, what: str, exc: BaseException) -> None:
         """Ends p's work on a failure of its transaction or store: what it wrote since its
@@ -517,41 +563,47 @@ class Node:
         )
 
     async def _commit_changelogs(self) -> None:
-        """Commits the runners' writes every `commit_interval_ms`."""
+        """Commits what waits in each partition's transaction every `commit_interval_ms`:
+        the cycles' staged work and the runners' writes."""
         interval = self.settings.commit_interval_ms / 1000
         while True:
             await asyncio.sleep(interval)
             for kept in self.types.values():
                 for p in kept.changelog.pending():
+                    if (kept.topics.type_name, p) in self._commits:
+                        continue  # one in flight: the next takes what waits meanwhile
                     async with self._plocks[p]:
-                        await self._commit_partition(kept, p, "changelog commit")
-
-    async def _commit_partition(self, kept: _Type, p: int, what: str) -> bool:
-        """Commits what p's transaction holds (under p's lock); whether it committed."""
-        if p not in self._owned or not kept.changelog.owns(p):
-            return False
-        try:
-            await kept.changelog.commit(p)
-        except KafkaUnavailable as exc:
-            self._partition_failed(p, what, exc)
-            return False
-        return True
+                        if p in self._owned and kept.changelog.owns(p):
+                            self._start_commit(kept, p)
 
     async def _commit_claims(self, type_name: str, partitions: set[int]) -> None:
         """The runner's `before_send`: its claims commit before their commands leave."""
         kept = self.types[type_name]
         for p in sorted(partitions):
             async with self._plocks[p]:
-                if not await self._commit_partition(kept, p, "claims commit"):
-                    raise KafkaUnavailable(f"partition {p}: claims not committed")
+                if p not in self._owned or not kept.changelog.owns(p):
+                    raise KafkaUnavailable(f"partition {p} is not owned")
+                commit = self._start_commit(kept, p)
+            if commit is not None and not await commit:
+                raise KafkaUnavailable(f"partition {p}: claims not committed")
 
     async def _subscribe(self, kept: _Type, records: list[Record], w: _Work) -> bool:
         """Applies a log batch to the timer table, its bad records' dead letters added to
         the cycle's records; whether it wrote anything."""
         ops: list[TimerOp] = []
+        partitions = self.settings.partitions
+        p = records[0].partition
+        batch = w.batch_of(p)  # None: p's aggregates are not decided here
+        known = SYSTEM_EVENTS | (kept.agg.appliers.keys() if kept.agg is not None else set())
         for record in records:
             try:
                 event = decode(EventEnvelope, record.value)
+                if (why := misrouted(record, event.aggregate, partitions)) is not None:
+                    raise BadRecord(why)
+                if event.type.startswith("wow.") and event.type not in known:
+                    raise BadRecord(f"unknown system event type {event.type!r}")
+                if batch is not None and (why := kept.processors[p].follow(batch, event)):
+                    raise BadRecord(why)
                 op = timer_op(event, record.partition)
             except BadRecord as exc:
                 w.dead_letter(record, str(exc))
@@ -701,6 +753,11 @@ class Node:
         self._owned.discard(p)
         self._local.pop(p, None)
         for kept in self.types.values():
+            commit = self._commits.pop((kept.topics.type_name, p), None)
+            if commit is not None:
+                if not clean:
+                    commit.cancel()
+                await asyncio.gather(commit, return_exceptions=True)
             try:
                 await kept.runner.stop_partition(p)
                 if clean:
@@ -722,6 +779,10 @@ class Node:
                 await reader.remove_partition(p)
             except Exception:
                 logger.exception("results reader: letting partition %d go failed", p)
+
+
+def _batch_committed(processor: CommandProcessor, batch: CommandBatch, written: list[int]) -> None:
+    processor.committed(batch, written[: len(batch.out)])
 
 
 def _committer(changelog: TransactionalChangelog, p: int) -> Commit:

@@ -22,6 +22,7 @@ from app.exceptions import BadRecord
 from app.kafka import OutRecord, Reader, Record
 from app.topics import AggregateTopics, ContextTopics
 from app.wire import (
+    MAX_RECORD_BYTES,
     CommandEnvelope,
     CommandResult,
     DeadLetter,
@@ -64,18 +65,48 @@ class BatchStats:
 
 
 def dead_letter_record(record: Record, error: str) -> OutRecord:
-    """The dead-letter record for `record`, on its context's dead-letter topic."""
+    """The dead-letter record for `record`, on its context's dead-letter topic: its value
+    whole, unless the letter would then exceed the largest record accepted (an oversized
+    record): then as much of it as fits."""
     logger.error("skipping %s[%d]@%d: %s", record.topic, record.partition, record.offset, error)
-    letter = DeadLetter(
-        topic=record.topic,
-        partition=record.partition,
-        offset=record.offset,
-        error=error,
-        key=None if record.key is None else record.key.decode("utf-8", "replace"),
-        value=(record.value or b"")[:4096].decode("utf-8", "replace"),
-    )
+    raw = record.value or b""
+    while True:
+        letter = DeadLetter(
+            topic=record.topic,
+            partition=record.partition,
+            offset=record.offset,
+            error=error,
+            key=None if record.key is None else record.key.decode("utf-8", "replace"),
+            value=raw.decode("utf-8", "replace"),
+        )
+        value = encode(letter)
+        if len(value) <= MAX_RECORD_BYTES:
+            break
+        raw = raw[: len(raw) - (len(value) - MAX_RECORD_BYTES) - 1024]
     context = record.topic.split(".", 1)[0]
-    return (ContextTopics(context).dead_letters, 0, record.key, encode(letter))
+    return (ContextTopics(context).dead_letters, 0, record.key, value)
+
+
+def misrouted(record: Record, aggregate: AggregateRef, partitions: int) -> str | None:
+    """Why `record` of `aggregate` is not where Kafka's default partitioner puts it, or
+    None. An aggregate's records are keyed by its id, in murmur2(id)'s partition: one
+    written elsewhere would split its log (or its commands) across two owners."""
+    if record.key is None:
+        return f"no key: records of {aggregate.id!r} are keyed by the aggregate id"
+    if record.key != aggregate.id.encode():
+        return f"key {record.key!r} is not the aggregate id {aggregate.id!r}"
+    expected = partition_of(aggregate.id, partitions)
+    if record.partition != expected:
+        return (
+            f"{aggregate.id!r} belongs in partition {expected} (murmur2, Kafka's default "
+            f"partitioner), not {record.partition}"
+        )
+    return None
+
+
+def _applied_id(event: EventEnvelope) -> str:
+    """What marks an event as folded: its command's request id, or its own id."""
+    return event.request_id or f"event:{event.id}"
 
 
 def state_key(ref: AggregateRef) -> str:
@@ -90,7 +121,7 @@ def _command_record(cmd: CommandEnvelope) -> OutRecord:
     return (topic, None, cmd.aggregate.id.encode(), encode(cmd))
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)
 class CommandBatch:
     """What one transaction's decisions have built up so far: its records to write (events,
     results, commands sent, dead letters), the commands' offsets, and the aggregates as
@@ -102,6 +133,11 @@ class CommandBatch:
     out: list[OutRecord] = field(default_factory=list)
     offsets: dict[tuple[str, int], int] = field(default_factory=dict)
     stats: BatchStats = field(default_factory=lambda: BatchStats())
+
+    @property
+    def empty(self) -> bool:
+        """Nothing decided, followed or read: no need to commit it."""
+        return not (self.out or self.staged or self.applied or self.offsets)
 
 
 class CommandProcessor:
@@ -125,6 +161,9 @@ class CommandProcessor:
         self._commit = commit
         self._now = now
         self.busy_backlog = busy_backlog
+        # Batches decided and staged in the partition's transaction, not committed yet
+        # (oldest first): later decisions see their aggregates and request ids.
+        self._uncommitted: list[CommandBatch] = []
 
     async def restore(self, reader: Reader) -> int:
         """Folds the events after the state store's offset into it; how many were read.
@@ -169,17 +208,22 @@ class CommandProcessor:
                 event = decode(EventEnvelope, r.value)
             except BadRecord:
                 continue  # the timers subscription dead-letters it; nothing to fold
-            if event.aggregate.type_name == self.agg.type_name:
+            if event.aggregate.type_name != self.agg.type_name:
+                continue
+            if misrouted(r, event.aggregate, self.partitions) is None:
                 by_id.setdefault(state_key(event.aggregate), []).append(event)
         states: dict[str, bytes] = {}
         requests: list[tuple[str, str]] = []
         for aggregate_id, events in by_id.items():
             stored = self._stored(aggregate_id)
             states[aggregate_id] = encode(fold(self.agg, stored, events))
-            requests += [(aggregate_id, e.request_id) for e in events if e.request_id]
+            requests += [(aggregate_id, _applied_id(e)) for e in events]
         self._states.write(self.partition, states, requests, batch[-1].offset)
 
     def _stored(self, aggregate_id: str) -> StoredAggregate | None:
+        for batch in reversed(self._uncommitted):
+            if aggregate_id in batch.staged:
+                return batch.staged[aggregate_id]
         raw = self._states.get(self.partition, aggregate_id)
         return None if raw is None else StoredAggregate.model_validate_json(raw)
 
@@ -205,6 +249,8 @@ class CommandProcessor:
                 cmd = decode(CommandEnvelope, r.value)
                 if cmd.aggregate.type_name != self.agg.type_name:
                     raise BadRecord(f"command for {cmd.aggregate.type_name} on {r.topic}")
+                if (why := misrouted(r, cmd.aggregate, self.partitions)) is not None:
+                    raise BadRecord(why)
             except BadRecord as exc:
                 batch.out.append(dead_letter_record(r, str(exc)))
                 batch.stats.dead_letters += 1
@@ -218,6 +264,10 @@ class CommandProcessor:
                 continue
             d, version = self._decide(batch, cmd)
             batch.out.append(self._result(cmd, d.code, d.message, version, now))
+            if cmd.type not in self.agg.handlers:
+                # Answered ERROR, and kept for an operator: no handler will ever take it.
+                batch.out.append(dead_letter_record(r, d.message))
+                batch.stats.dead_letters += 1
         batch.offsets[(self.topics.commands, self.partition)] = records[-1].offset + 1
 
     def decide_local(
@@ -242,9 +292,15 @@ class CommandProcessor:
             decided.append((cmd, d.code, d.message))
         return decided
 
+    def staged(self, batch: CommandBatch) -> None:
+        """The batch waits for the partition's next commit: what it decided counts for the
+        batches decided after it."""
+        self._uncommitted.append(batch)
+
     def committed(self, batch: CommandBatch, written: Sequence[int]) -> None:
         """Writes the batch's aggregate states once its transaction committed; `written`:
         the offsets its records were written at."""
+        self._uncommitted = [b for b in self._uncommitted if b is not batch]
         last_event = max(
             (o for rec, o in zip(batch.out, written, strict=True) if rec[0] == self.topics.events),
             default=None,
@@ -273,10 +329,36 @@ class CommandProcessor:
         self.committed(batch, await self._commit(batch.out, batch.offsets))
         return batch.stats
 
+    def follow(self, batch: CommandBatch, event: EventEnvelope) -> str | None:
+        """Folds an event of the log that this partition did not decide (another writer's
+        append) into its aggregate, so that its version never goes back; why it cannot be
+        (its version is not after the aggregate's), or None. Its own events, read back,
+        are passed over."""
+        if event.aggregate.type_name != self.agg.type_name:
+            return None
+        aid = state_key(event.aggregate)
+        applied = (aid, _applied_id(event))
+        if self._applied(batch, applied):
+            return None
+        stored = batch.staged.get(aid) or self._stored(aid)
+        current = stored.version if stored is not None else 0
+        if event.version <= current:
+            return (
+                f"version {event.version} of {event.aggregate.id!r} is not after its "
+                f"{current}: another writer appended to a log that this node decides"
+            )
+        batch.staged[aid] = fold(self.agg, stored, [event])
+        batch.applied.add(applied)
+        return None
+
     def _seen(self, batch: CommandBatch, cmd: CommandEnvelope) -> bool:
-        aid = state_key(cmd.aggregate)
-        return (aid, cmd.request_id) in batch.applied or self._states.seen(
-            self.partition, aid, cmd.request_id
+        return self._applied(batch, (state_key(cmd.aggregate), cmd.request_id))
+
+    def _applied(self, batch: CommandBatch, applied: tuple[str, str]) -> bool:
+        return (
+            applied in batch.applied
+            or any(applied in b.applied for b in self._uncommitted)
+            or self._states.seen(self.partition, *applied)
         )
 
     def _decide(self, batch: CommandBatch, cmd: CommandEnvelope) -> tuple[Decided, int | None]:

@@ -23,6 +23,7 @@ __all__ = [
     "MAX_RECORD_BYTES",
     "SCHEDULE_CANCELLED",
     "SCHEDULE_SET",
+    "SYSTEM_EVENTS",
     "AggregateDeleted",
     "CommandEnvelope",
     "CommandResult",
@@ -42,6 +43,8 @@ M = TypeVar("M", bound=BaseModel)
 SCHEDULE_SET: Final = "wow.ScheduleSet"
 SCHEDULE_CANCELLED: Final = "wow.ScheduleCancelled"
 AGGREGATE_DELETED: Final = "wow.AggregateDeleted"
+SYSTEM_EVENTS: Final = frozenset({SCHEDULE_SET, SCHEDULE_CANCELLED, AGGREGATE_DELETED})
+"""The `wow.` events any aggregate's log may hold (a schedule's own are its appliers')."""
 
 MAX_RECORD_BYTES: Final = 256 * 1024
 """Larger records are refused (dead-lettered): a timer's command is not a blob store."""

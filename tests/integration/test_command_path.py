@@ -7,9 +7,9 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from harness import Client, Cluster
+from harness import Client, Cluster, eventually
 
-from app.wire import ResultCode, encode
+from app.wire import SCHEDULE_SET, EventEnvelope, ResultCode, encode
 from tables.partitioner import partition_of
 
 pytestmark = pytest.mark.kafka
@@ -78,6 +78,49 @@ async def test_bad_input_is_dead_lettered_and_the_node_goes_on(cluster: Cluster)
         assert "exceeds" in letters[2].error
         assert w.alive
         assert "skipping" in w.text()
+
+
+async def test_records_outside_their_aggregates_partition_are_dead_lettered(
+    cluster: Cluster,
+) -> None:
+    """kcat's default partitioner is not murmur2, and a null key goes anywhere: such a
+    record would split an aggregate's log across two owners, so it is refused."""
+    async with Client(cluster) as client:
+        w = cluster.start_worker()
+        await cluster.wait_owned(w)
+        p = partition_of("m", cluster.partitions)
+        wrong = (p + 1) % cluster.partitions
+        far = int(time.time() * 1000) + 3_600_000
+        schedule = EventEnvelope(
+            id="ext-1",
+            type=SCHEDULE_SET,
+            aggregate=client.ref("m"),
+            version=1,
+            created_at=far - 3_600_000,
+            body={"key": "k", "rule": {"kind": "once", "at": far}, "command": {"type": "Fire"}},
+        )
+        producer = client._producer
+        await producer.send(client.topics.events, b"m", encode(schedule), wrong)
+        await producer.send(client.topics.events, None, encode(schedule), p)
+        await producer.send(client.topics.events, b"other", encode(schedule), p)
+        await client.send_raw(wrong, b"m", encode(client.command("m", "Apply", request_id="w")))
+        unknown = client.command("m", "NoSuchType", request_id="unknown")
+        await client.send(unknown)
+        results = await client.wait_results(["unknown"])
+        assert results["unknown"].code == ResultCode.ERROR
+
+        async def five() -> bool:
+            return len(await client.dead_letters()) == 5
+
+        await eventually(five, 30, "five dead letters")
+        errors = sorted(d.error for d in await client.dead_letters())
+        assert sum(f"belongs in partition {p}" in e for e in errors) == 2, errors
+        assert sum("no key" in e for e in errors) == 1, errors
+        assert sum("is not the aggregate id" in e for e in errors) == 1, errors
+        assert sum("no handler for NoSuchType" in e for e in errors) == 1, errors
+        assert await client.timers() == {}, "no timer from a misrouted ScheduleSet"
+        assert "w" not in await client.results(), "a misrouted command is not decided"
+        assert w.alive
 
 
 async def test_an_overloaded_partition_answers_busy_and_applies_nothing_it_refused(

@@ -11,13 +11,15 @@ from pydantic import BaseModel
 
 from app.aggregate import AggregateType, Command, Decision
 from app.kafka import OutRecord, Record
-from app.processor import CommandProcessor, state_key
-from app.wire import CommandEnvelope, ResultCode, encode
+from app.processor import CommandProcessor, misrouted, state_key
+from app.wire import CommandEnvelope, EventEnvelope, ResultCode, encode
 from tables import AggregateRef
 from tables.aggregate_store import MemoryAggregateStore
+from tables.partitioner import partition_of
 
 T0 = 1_800_000_000_000
 ORDER = AggregateRef(context="shop", aggregate="order", id="o-1")
+P = partition_of(ORDER.id, 4)  # the order's partition, where its records belong
 
 
 class Order(BaseModel):
@@ -54,15 +56,15 @@ def make(now: int = T0) -> tuple[CommandProcessor, FakeTransaction, MemoryAggreg
     txn = FakeTransaction()
     states = MemoryAggregateStore()
     processor = CommandProcessor(
-        orders, 0, partitions=4, states=states, commit=txn, now=lambda: now
+        orders, P, partitions=4, states=states, commit=txn, now=lambda: now
     )
     return processor, txn, states
 
 
 def command(request_id: str = "t-1#0", **fields: Any) -> CommandEnvelope:
+    fields.setdefault("type", "shop.Remind")
     return CommandEnvelope(
         request_id=request_id,
-        type="shop.Remind",
         aggregate=ORDER,
         not_before=T0,
         issued_at=T0,
@@ -71,7 +73,7 @@ def command(request_id: str = "t-1#0", **fields: Any) -> CommandEnvelope:
 
 
 def record(cmd: CommandEnvelope, offset: int = 0) -> Record:
-    return Record("shop.order.commands", 0, offset, ORDER.id.encode(), encode(cmd), T0)
+    return Record("shop.order.commands", P, offset, ORDER.id.encode(), encode(cmd), T0)
 
 
 async def test_a_timer_fired_in_process_commits_its_events_and_the_command_sent() -> None:
@@ -84,8 +86,8 @@ async def test_a_timer_fired_in_process_commits_its_events_and_the_command_sent(
     assert txn.topics() == ["shop.order.events", "shop.order.commands"]
     sent = orjson.loads(txn.commits[0][0][1][3] or b"")
     assert sent["in_process"] is True and sent["request_id"] == "t-1#0"
-    assert states.seen(0, state_key(ORDER), "t-1#0")
-    assert states.offset(0) == 0, "the last event's offset: the fold's position in the log"
+    assert states.seen(P, state_key(ORDER), "t-1#0")
+    assert states.offset(P) == 0, "the last event's offset: the fold's position in the log"
 
 
 async def test_a_timer_fired_again_in_process_is_a_duplicate_with_no_event() -> None:
@@ -102,7 +104,7 @@ async def test_the_command_read_back_from_the_topic_is_passed_over() -> None:
     await processor.handle([], local=[command(in_process=True)])
     stats = await processor.handle([record(command(in_process=True), offset=7)])
     assert txn.topics() == [], "no result, no event: it was decided in its own transaction"
-    assert txn.commits[-1][1] == {("shop.order.commands", 0): 8}, "its offset passes it"
+    assert txn.commits[-1][1] == {("shop.order.commands", P): 8}, "its offset passes it"
     assert stats.codes == {}
 
 
@@ -158,7 +160,67 @@ async def test_local_states_ahead_of_the_log_are_dropped_and_folded_again() -> N
     copy of this log, so they are dropped, and the request ids with them."""
     processor, _, states = make()
     await processor.handle([], local=[command(in_process=True)])
-    assert states.seen(0, state_key(ORDER), "t-1#0") and states.offset(0) == 0
+    assert states.seen(P, state_key(ORDER), "t-1#0") and states.offset(P) == 0
     assert await processor.restore(FakeReader(end=0, records=[])) == 0  # type: ignore[arg-type]
-    assert states.offset(0) is None
-    assert not states.seen(0, state_key(ORDER), "t-1#0")
+    assert states.offset(P) is None
+    assert not states.seen(P, state_key(ORDER), "t-1#0")
+
+
+def external(version: int, id: str = "ext-1") -> EventEnvelope:
+    return EventEnvelope(
+        id=id, type="shop.Reminded", aggregate=ORDER, version=version, created_at=T0, body={}
+    )
+
+
+async def test_another_writers_event_is_followed_so_the_version_never_goes_back() -> None:
+    processor, _, _ = make()
+    batch = processor.begin()
+    assert processor.follow(batch, external(5)) is None
+    processor.decide_local(batch, [command(in_process=True)])
+    event = orjson.loads(batch.out[0][3] or b"")
+    assert event["version"] == 6, "decided after the other writer's v5"
+    assert processor.follow(batch, external(5)) is None, "followed already: passed over"
+
+
+async def test_another_writers_event_behind_the_aggregate_is_refused() -> None:
+    processor, _, _ = make()
+    await processor.handle([], local=[command(in_process=True)])
+    why = processor.follow(processor.begin(), external(1, id="late"))
+    assert why is not None and "not after its 1" in why
+
+
+async def test_its_own_events_read_back_are_passed_over() -> None:
+    processor, txn, _ = make()
+    await processor.handle([], local=[command(in_process=True)])
+    own = EventEnvelope.model_validate_json(txn.commits[0][0][0][3] or b"")
+    batch = processor.begin()
+    assert processor.follow(batch, own) is None and batch.empty
+
+
+def test_a_record_outside_its_aggregates_partition_is_misrouted() -> None:
+    cmd = encode(command())
+    assert misrouted(record(command()), ORDER, 4) is None
+    other = (P + 1) % 4
+    wrong = Record("shop.order.commands", other, 0, ORDER.id.encode(), cmd, T0)
+    assert f"belongs in partition {P}" in (misrouted(wrong, ORDER, 4) or "")
+    keyless = Record("shop.order.commands", P, 0, None, cmd, T0)
+    assert "no key" in (misrouted(keyless, ORDER, 4) or "")
+    other_key = Record("shop.order.commands", P, 0, b"o-2", cmd, T0)
+    assert "not the aggregate id" in (misrouted(other_key, ORDER, 4) or "")
+
+
+async def test_a_misrouted_command_is_dead_lettered_not_decided() -> None:
+    processor, txn, _ = make()
+    wrong = Record("shop.order.commands", P, 0, b"o-2", encode(command()), T0)
+    stats = await processor.handle([wrong])
+    assert txn.topics() == ["shop.dead-letters"] and stats.dead_letters == 1
+
+
+async def test_an_unknown_command_type_is_answered_error_and_dead_lettered_whole() -> None:
+    processor, txn, _ = make()
+    big = command(type="shop.Unknown", body={"pad": "x" * 10_000})
+    await processor.handle([record(big)])
+    assert txn.topics() == ["shop.results", "shop.dead-letters"]
+    result, letter = (orjson.loads(r[3] or b"") for r in txn.commits[0][0])
+    assert result["code"] == "ERROR"
+    assert orjson.loads(letter["value"])["body"]["pad"] == "x" * 10_000, "not cut"
