@@ -11,7 +11,9 @@ from app.runner import RoundStats
 __all__ = ["NodeMetrics"]
 
 _ROUND_FIELDS = [
-    f.name for f in fields(RoundStats) if f.name not in ("full", "next_due", "loaded", "written")
+    f.name
+    for f in fields(RoundStats)
+    if f.name not in ("full", "next_due", "reload_at", "loaded", "written")
 ]
 
 
@@ -34,6 +36,13 @@ class NodeMetrics:
             "tickwheel_timer_actions",
             "What the firing loop did, by aggregate type and action (sent, fired, parked, …)",
             ["type", "action"],
+            registry=self.registry,
+        )
+        self.followed = Counter(
+            "tickwheel_followed_events",
+            "Events another writer appended to a log this node decides, folded into its "
+            "aggregates (ahead of their versions), by aggregate type",
+            ["type"],
             registry=self.registry,
         )
         self.owned = Gauge(

@@ -513,10 +513,17 @@ class Node:
         for topic, n in w.letters.items():
             self.metrics.dead_letters.labels(topic).inc(n)
         kept.changelog.stage(p, records, offsets, committed)
-        key = (kept.topics.type_name, p)
-        last = self._committed_at.get(key, 0.0)
-        if time.monotonic() - last >= self.settings.commit_interval_ms / 1000:
+        if self._may_commit(kept, p):
             self._start_commit(kept, p)
+
+    def _may_commit(self, kept: _Type, p: int) -> bool:
+        """Whether p may start a commit now: none in flight (the next takes all that waits
+        meanwhile), and the last started a commit interval ago."""
+        key = (kept.topics.type_name, p)
+        if key in self._commits:
+            return False
+        last = self._committed_at.get(key, 0.0)
+        return time.monotonic() - last >= self.settings.commit_interval_ms / 1000
 
     def _start_commit(self, kept: _Type, p: int) -> asyncio.Task[bool] | None:
         """Takes what waits in p's transaction (under p's lock, so that no cycle is cut in
@@ -563,15 +570,15 @@ class Node:
         )
 
     async def _commit_changelogs(self) -> None:
-        """Commits what waits in each partition's transaction every `commit_interval_ms`:
-        the cycles' staged work and the runners' writes."""
-        interval = self.settings.commit_interval_ms / 1000
+        """Commits what waits in each partition's transaction as soon as it may (see
+        `_may_commit`): the cycles' staged work and the runners' writes."""
+        tick = min(self.settings.commit_interval_ms, 10) / 1000
         while True:
-            await asyncio.sleep(interval)
+            await asyncio.sleep(tick)
             for kept in self.types.values():
                 for p in kept.changelog.pending():
-                    if (kept.topics.type_name, p) in self._commits:
-                        continue  # one in flight: the next takes what waits meanwhile
+                    if not self._may_commit(kept, p):
+                        continue
                     async with self._plocks[p]:
                         if p in self._owned and kept.changelog.owns(p):
                             self._start_commit(kept, p)
@@ -602,8 +609,8 @@ class Node:
                     raise BadRecord(why)
                 if event.type.startswith("wow.") and event.type not in known:
                     raise BadRecord(f"unknown system event type {event.type!r}")
-                if batch is not None and (why := kept.processors[p].follow(batch, event)):
-                    raise BadRecord(why)
+                if batch is not None and kept.processors[p].follow(batch, event):
+                    self.metrics.followed.labels(kept.topics.type_name).inc()
                 op = timer_op(event, record.partition)
             except BadRecord as exc:
                 w.dead_letter(record, str(exc))

@@ -329,27 +329,24 @@ class CommandProcessor:
         self.committed(batch, await self._commit(batch.out, batch.offsets))
         return batch.stats
 
-    def follow(self, batch: CommandBatch, event: EventEnvelope) -> str | None:
+    def follow(self, batch: CommandBatch, event: EventEnvelope) -> bool:
         """Folds an event of the log that this partition did not decide (another writer's
-        append) into its aggregate, so that its version never goes back; why it cannot be
-        (its version is not after the aggregate's), or None. Its own events, read back,
-        are passed over."""
+        append) into its aggregate when it is ahead of it, so that the versions this node
+        appends never go back; whether it did. Its own events, read back, and another
+        writer's events at or behind the aggregate's version, change nothing here (their
+        timers are ordered by their own versions in the timer table)."""
         if event.aggregate.type_name != self.agg.type_name:
-            return None
+            return False
         aid = state_key(event.aggregate)
         applied = (aid, _applied_id(event))
         if self._applied(batch, applied):
-            return None
+            return False
         stored = batch.staged.get(aid) or self._stored(aid)
-        current = stored.version if stored is not None else 0
-        if event.version <= current:
-            return (
-                f"version {event.version} of {event.aggregate.id!r} is not after its "
-                f"{current}: another writer appended to a log that this node decides"
-            )
+        if event.version <= (stored.version if stored is not None else 0):
+            return False
         batch.staged[aid] = fold(self.agg, stored, [event])
         batch.applied.add(applied)
-        return None
+        return True
 
     def _seen(self, batch: CommandBatch, cmd: CommandEnvelope) -> bool:
         return self._applied(batch, (state_key(cmd.aggregate), cmd.request_id))

@@ -88,8 +88,10 @@ class TimerLoop:
         if stats is not None and stats.full:
             return now
         at = now + self._options.poll_interval_ms
-        if stats is not None and stats.next_due is not None:
-            at = min(at, stats.next_due)
+        if stats is not None:
+            for t in (stats.next_due, stats.reload_at):
+                if t is not None:
+                    at = min(at, t)
         return at
 
     async def _wait(self, until: int) -> None:

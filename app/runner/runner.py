@@ -59,6 +59,8 @@ class RoundStats:
     written: int = 0
     full: bool = False
     next_due: int | None = None
+    reload_at: int | None = None
+    """When the wheel must be loaded again (it holds the rows due until then)."""
 
     def due_by(self, t: int) -> None:
         self.next_due = t if self.next_due is None else min(self.next_due, t)
@@ -264,6 +266,7 @@ class TimerRunner:
     def _next_due(self, stats: RoundStats) -> None:
         if self._wheel:
             stats.due_by(self._wheel[0][0])
+        stats.reload_at = self._wheel_until
 
     def offer(self, timers: Iterable[Timer]) -> None:
         """Puts rows just written (PENDING) in the wheel, when they fall within it."""
