@@ -14,6 +14,7 @@ from typing import Annotated, Any
 import typer
 
 from app.aggregate import Service
+from app.broker_watch import install_log_filter
 from app.cli_jobs import jobs_cli
 from app.cli_timers import timers_cli
 from app.exceptions import ConfigError, TickwheelError
@@ -47,6 +48,10 @@ def _logging(level: str) -> None:
         stream=sys.stderr,
     )
     logging.getLogger("aiokafka").setLevel(logging.WARNING)
+    # While the broker is away the client library logs every retry (hundreds of lines a
+    # second): the filter hands those to the node's BrokerWatch, which logs one line when
+    # the broker goes and one when it is back (it mutes nothing while no watch runs).
+    install_log_filter()
 
 
 @cli.command()

@@ -1,0 +1,548 @@
+"""Whether the broker answers: one clear line when it stops, one when it is back.
+
+While the broker is away the client library (aiokafka) retries, and logs every retry:
+hundreds of `Unable connect to node with id 1` and `Unable to update metadata` lines a
+second, at ERROR. A `BrokerWatch` turns that into what an operator needs:
+
+- a `logging.Filter` on the aiokafka loggers (`BrokerLogFilter`) takes those records out
+  of the log and hands them to the watch as a hint that the broker may be gone;
+- a probe, every `interval` s (every `down_interval` s while the broker is away or a hint
+  came in), sends an ApiVersions request to each bootstrap address and waits `timeout` s
+  for the answer: a refused connection, or one that is accepted but never answered (a
+  frozen or wedged broker: the kernel accepts for it), is a failure;
+- the broker is *unreachable* after `failures_to_down` failed probes in a row, or after
+  one when the client library's errors agree; it is *reachable* again as soon as a probe
+  is answered. Each change is logged once: a WARNING with the address and the reason
+  when it goes, an INFO with how long it was gone (and how many client library lines
+  were muted meanwhile) when it is back.
+
+Client library records are muted only while some watch listens (`BrokerWatch.start`):
+connection errors always (while the broker answers they are summed up in one WARNING a
+minute, so a client that cannot talk to a broker that answers probes is never silent);
+the retries that follow an outage (`NotLeaderForPartitionError`, `NotEnoughReplicas`,
+coordinator moves, a lost group membership) only while the broker is away and for
+`settle` s after it is back. Everything else passes untouched.
+
+`status()` is for `/healthz`; `tickwheel_broker_reachable`, `tickwheel_broker_outages_total`
+and `tickwheel_broker_outage_seconds_total` are on the registry given.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import struct
+import threading
+import time
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any, Literal
+
+from aiokafka.errors import (
+    KafkaConnectionError,
+    KafkaTimeoutError,
+    NodeNotReadyError,
+    RequestTimedOutError,
+)
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+__all__ = [
+    "AIOKAFKA_LOGGERS",
+    "BrokerLogFilter",
+    "BrokerWatch",
+    "Probe",
+    "api_versions_probe",
+    "classify",
+    "install_log_filter",
+    "log_filter",
+]
+
+logger = logging.getLogger(__name__)
+
+Probe = Callable[[], Awaitable[str | None]]
+"""One look at the broker: None when it answered, else why not."""
+
+Kind = Literal["connection", "recovery"]
+
+AIOKAFKA_LOGGERS = (
+    "aiokafka",
+    "aiokafka.admin.client",
+    "aiokafka.cluster",
+    "aiokafka.conn",
+    "aiokafka.consumer.consumer",
+    "aiokafka.consumer.fetcher",
+    "aiokafka.consumer.group_coordinator",
+    "aiokafka.consumer.subscription_state",
+    "aiokafka.coordinator.assignors.abstract",
+    "aiokafka.coordinator.assignors.range",
+    "aiokafka.coordinator.assignors.roundrobin",
+    "aiokafka.coordinator.assignors.sticky.partition_movements",
+    "aiokafka.coordinator.assignors.sticky.sticky_assignor",
+    "aiokafka.helpers",
+    "aiokafka.producer.producer",
+    "aiokafka.producer.sender",
+)
+"""The loggers aiokafka logs on (a logger's filters see only its own records, not its
+children's, so each one gets the filter)."""
+
+_CLIENT = "aiokafka"
+_COORDINATOR = "aiokafka.consumer.group_coordinator"
+_FETCHER = "aiokafka.consumer.fetcher"
+_SENDER = "aiokafka.producer.sender"
+_CLUSTER = "aiokafka.cluster"
+
+# The records of a broker that cannot be reached, by logger and format string.
+_CONNECTION: frozenset[tuple[str, str]] = frozenset(
+    {
+        (_CLIENT, 'Unable connect to "%s:%s": %s'),
+        (_CLIENT, "Unable connect to node with id %s: %s"),
+        (_CLIENT, "Unable to update metadata from %s"),
+        (_CLIENT, 'Unable to request metadata from "%s:%s": %s'),
+        (_CLIENT, "Unable to request metadata from node with id %s: %r"),
+        (_COORDINATOR, "Heartbeat session expired - marking coordinator dead"),
+    }
+)
+# Records about a failed request: the broker's absence if the error is a connection's,
+# else the broker recovering (a coordinator or leader not ready yet).
+_BY_ERROR: frozenset[tuple[str, str]] = frozenset(
+    {
+        (_FETCHER, "Failed fetch messages from %s: %s"),
+        (_FETCHER, "Failed fetch offsets from %s: %s"),
+        (_COORDINATOR, "Group Coordinator Request failed: %s"),
+        (_COORDINATOR, "Error sending %s to node %s [%s] -- marking coordinator dead"),
+        (_COORDINATOR, "Heartbeat send request failed: %s. Will retry."),
+        (_SENDER, "Cannot send %r to %s: %r"),
+        (_SENDER, "Could not send %r: %r"),
+        (_SENDER, "Got error produce response: %s"),
+        (_SENDER, "FindCoordinator Request failed: %s"),
+    }
+)
+# What follows an outage: retries while leaders are elected and coordinators load, and
+# the group membership the outage cost.
+_RECOVERY: frozenset[tuple[str, str]] = frozenset(
+    {
+        (_SENDER, "Got error produce response on topic-partition %s, retrying. Error: %s"),
+        (_COORDINATOR, "Marking the coordinator dead (node %s)for group %s."),
+        (
+            _COORDINATOR,
+            "Heartbeat failed for group %s: coordinator (node %s)"
+            " is either not started or not valid",
+        ),
+        (_COORDINATOR, "Heartbeat failed for group %s because it is rebalancing"),
+        (_COORDINATOR, "Heartbeat failed for group %s: generation id is not  current."),
+        (
+            _COORDINATOR,
+            "Heartbeat failed: local member_id was not recognized; resetting and re-joining group",
+        ),
+        (_COORDINATOR, "OffsetCommit failed for group %s due to group error (%s), will rejoin"),
+        (_FETCHER, "Attempt to fetch offsets for partition %s failed due to: %s"),
+        (_CLUSTER, "Topic %s is not available during auto-create initialization"),
+        (_CLUSTER, "Error fetching metadata for topic %s: %s"),
+    }
+)
+_CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
+    NodeNotReadyError,
+    KafkaConnectionError,
+    RequestTimedOutError,
+    KafkaTimeoutError,
+    OSError,
+    TimeoutError,
+)
+_CONNECTION_WORDS = ("NodeNotReadyError", "KafkaConnectionError", "Connect call failed")
+
+
+def classify(record: logging.LogRecord) -> Kind | None:
+    """What an aiokafka record says about the broker: "connection" (it cannot be
+    reached), "recovery" (a retry of the kind that follows an outage), or None."""
+    key = (record.name, str(record.msg))
+    if key in _CONNECTION:
+        return "connection"
+    if key in _BY_ERROR:
+        args = record.args if isinstance(record.args, tuple) else ()
+        for arg in args:
+            if isinstance(arg, _CONNECTION_ERRORS) or (
+                isinstance(arg, str) and any(w in arg for w in _CONNECTION_WORDS)
+            ):
+                return "connection"
+        return "recovery"
+    if key in _RECOVERY:
+        return "recovery"
+    return None
+
+
+class BrokerLogFilter(logging.Filter):
+    """Takes the aiokafka records about an absent or recovering broker out of the log
+    and tells the attached watches; passes everything while no watch is attached."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._watches: list[BrokerWatch] = []
+        self._installed: list[logging.Logger] = []
+
+    def attach(self, watch: BrokerWatch) -> None:
+        if watch not in self._watches:
+            self._watches.append(watch)
+
+    def detach(self, watch: BrokerWatch) -> None:
+        with contextlib.suppress(ValueError):
+            self._watches.remove(watch)
+
+    def install(self, names: Iterable[str] = AIOKAFKA_LOGGERS) -> None:
+        """On the named loggers and every aiokafka logger that exists; idempotent."""
+        existing = [n for n in list(logging.Logger.manager.loggerDict) if n.startswith("aiokafka.")]
+        for name in dict.fromkeys([*names, *existing]):
+            log = logging.getLogger(name)
+            if self not in log.filters:
+                log.addFilter(self)
+                self._installed.append(log)
+
+    def uninstall(self) -> None:
+        for log in self._installed:
+            log.removeFilter(self)
+        self._installed.clear()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not self._watches:
+            return True
+        kind = classify(record)
+        if kind is None:
+            return True
+        try:
+            message = record.getMessage()
+        except Exception:
+            message = str(record.msg)
+        keep = True
+        for watch in list(self._watches):
+            if not watch.heard(kind, message):
+                keep = False
+        return keep
+
+
+_FILTER = BrokerLogFilter()
+
+
+def log_filter() -> BrokerLogFilter:
+    """The process's filter (the one `BrokerWatch` attaches to by default)."""
+    return _FILTER
+
+
+def install_log_filter() -> BrokerLogFilter:
+    """Puts the process's filter on the aiokafka loggers (the worker's logging setup does,
+    before any client starts); it mutes nothing until a watch is attached."""
+    _FILTER.install()
+    return _FILTER
+
+
+# --------------------------------------------------------------------------- probe
+
+
+def _api_versions_request(correlation: int) -> bytes:
+    client_id = b"tickwheel-broker-watch"
+    # ApiVersions (key 18) v0: a request header and an empty body; every broker answers it.
+    payload = struct.pack(">hhih", 18, 0, correlation, len(client_id)) + client_id
+    return struct.pack(">i", len(payload)) + payload
+
+
+def _address(hostport: str) -> tuple[str, int]:
+    host, _, port = hostport.strip().rpartition(":")
+    return host.strip("[]") or "127.0.0.1", int(port)
+
+
+_correlations = itertools.count(1)
+
+
+async def api_versions_probe(bootstrap: str, within: float = 2.0) -> str | None:
+    """Asks each bootstrap address for its API versions; None as soon as one answers
+    within `within` s each, else why none did. A broker that accepts the connection but does
+    not answer (frozen: the kernel accepts for it) is a failure, like a refused one."""
+    addresses = [a.strip() for a in bootstrap.split(",") if a.strip()]
+    reasons: list[tuple[str, str]] = []
+    for hostport in addresses:
+        try:
+            host, port = _address(hostport)
+        except ValueError:
+            reasons.append((hostport, "not host:port"))
+            continue
+        why = await _probe_one(host, port, within)
+        if why is None:
+            return None
+        reasons.append((hostport, why))
+    if len(reasons) == 1:
+        return reasons[0][1]
+    return "; ".join(f"{a}: {why}" for a, why in reasons) or "no bootstrap address"
+
+
+async def _probe_one(host: str, port: int, within: float) -> str | None:
+    correlation = next(_correlations) % 2**31
+    writer: asyncio.StreamWriter | None = None
+    connected = False
+    try:
+        async with asyncio.timeout(within):
+            reader, writer = await asyncio.open_connection(host, port)
+            connected = True
+            writer.write(_api_versions_request(correlation))
+            await writer.drain()
+            (size,) = struct.unpack(">i", await reader.readexactly(4))
+            if size < 6:
+                return f"a malformed ApiVersions answer ({size} bytes)"
+            body = await reader.readexactly(size)
+    except TimeoutError:
+        if connected:
+            return f"connected, but no answer to ApiVersions within {within:g} s"
+        return f"no connection within {within:g} s"
+    except ConnectionRefusedError:
+        return "connection refused"
+    except (asyncio.IncompleteReadError, ConnectionResetError):
+        return "connection closed before an answer"
+    except OSError as exc:
+        return exc.strerror or repr(exc)
+    finally:
+        if writer is not None:
+            writer.transport.abort()
+    (got,) = struct.unpack_from(">i", body, 0)
+    if got != correlation:
+        return f"an ApiVersions answer with correlation id {got}, not {correlation}"
+    return None  # any error code in it is still an answer: the broker runs
+
+
+# --------------------------------------------------------------------------- the watch
+
+
+class BrokerWatch:
+    """Whether the broker at `bootstrap` answers; see the module's doc.
+
+    `probe` (by default `api_versions_probe`) and `clock` (monotonic seconds) are
+    replaceable for tests; `check()` runs one probe and applies its verdict.
+    """
+
+    def __init__(
+        self,
+        bootstrap: str,
+        *,
+        registry: CollectorRegistry | None = None,
+        probe: Probe | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        interval: float = 5.0,
+        down_interval: float = 1.0,
+        timeout: float = 2.0,
+        failures_to_down: int = 2,
+        settle: float = 30.0,
+        summary_every: float = 60.0,
+        log_filter: BrokerLogFilter | None = None,
+    ) -> None:
+        self.bootstrap = bootstrap
+        self._probe: Probe = probe or (lambda: api_versions_probe(bootstrap, timeout))
+        self._clock = clock
+        self.interval = interval
+        self.down_interval = down_interval
+        self.failures_to_down = max(1, failures_to_down)
+        self.settle = settle
+        self.summary_every = summary_every
+        self._filter = log_filter if log_filter is not None else _FILTER
+        self.reachable = True
+        self.down_since: float | None = None
+        self.reason: str | None = None
+        self.outages = 0
+        self.muted = 0
+        """Client library records muted in the current (or last) outage."""
+        self._failures = 0
+        self._failing_since = 0.0  # when the first failed probe of the streak began
+        self._settle_until = float("-inf")
+        # Connection errors heard while the broker was believed reachable, not yet told.
+        self._heard: str | None = None
+        self._heard_count = 0
+        self._heard_at = 0.0
+        self._summarized_at = float("-inf")
+        self._accounted = 0.0
+        self._task: asyncio.Task[None] | None = None
+        self._wake: asyncio.Event | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._lock = threading.RLock()
+        registry = registry if registry is not None else CollectorRegistry()
+        self._up_gauge = Gauge(
+            "tickwheel_broker_reachable",
+            "1 while the broker answers this node's probes, 0 while it does not",
+            registry=registry,
+        )
+        self._outage_counter = Counter(
+            "tickwheel_broker_outages",
+            "Times the broker stopped answering this node",
+            registry=registry,
+        )
+        self._outage_seconds = Counter(
+            "tickwheel_broker_outage_seconds",
+            "Seconds the broker did not answer this node, in all",
+            registry=registry,
+        )
+        self._up_gauge.set(1)
+
+    # ----------------------------------------------------------------- lifecycle
+
+    async def start(self) -> None:
+        """Attaches to the log filter (installing it) and starts probing."""
+        if self._task is not None:
+            return
+        self._loop = asyncio.get_running_loop()
+        self._wake = asyncio.Event()
+        self._filter.install()
+        self._filter.attach(self)
+        self._task = asyncio.create_task(self._run(), name="broker watch")
+
+    async def stop(self) -> None:
+        self._filter.detach(self)
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def _run(self) -> None:
+        assert self._wake is not None and self._loop is not None
+        while True:
+            began = self._loop.time()  # pacing in real time, whatever the state's clock
+            self._wake.clear()
+            try:
+                await self.check()
+            except Exception:  # a probe must never end the watch
+                logger.exception("broker probe failed")
+            quick = not self.reachable or self._failures > 0
+            wait = self.down_interval if quick else self.interval
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(wait):
+                    await self._wake.wait()
+            # Woken by a hint: probe now, but not more often than every down_interval.
+            rest = self.down_interval - (self._loop.time() - began)
+            if rest > 0:
+                await asyncio.sleep(rest)
+
+    # ----------------------------------------------------------------- state
+
+    async def check(self) -> bool:
+        """Probes once and applies the verdict; whether the broker is reachable now."""
+        started = self._clock()
+        failure = await self._probe()
+        with self._lock:
+            if failure is None:
+                self._answered(self._clock(), started)
+            else:
+                self._failed(self._clock(), started, failure)
+            return self.reachable
+
+    def _failed(self, now: float, started: float, failure: str) -> None:
+        self._failures += 1
+        if self._failures == 1:
+            self._failing_since = started
+        if not self.reachable:
+            self._account(now)
+            self.reason = failure
+            return
+        if self._failures < self.failures_to_down and self._heard is None:
+            return
+        self.reachable = False
+        # Gone since the first probe it did not answer.
+        self.down_since = self._accounted = min(self._failing_since, now)
+        self._account(now)
+        self.reason = failure
+        self.outages += 1
+        self.muted = self._heard_count
+        self._up_gauge.set(0)
+        self._outage_counter.inc()
+        client = f" (client library: {self._heard})" if self._heard else ""
+        self._heard, self._heard_count = None, 0
+        logger.warning(
+            "broker %s unreachable: %s%s; no answer for %.1f s; its client library errors "
+            "are muted until it answers again (probing every %g s)",
+            self.bootstrap,
+            failure,
+            client,
+            now - self.down_since,
+            self.down_interval,
+        )
+
+    def _answered(self, now: float, started: float) -> None:
+        self._failures = 0
+        if not self.reachable:
+            assert self.down_since is not None
+            self._account(now)
+            gone = now - self.down_since
+            self.reachable = True
+            self.down_since = None
+            self.reason = None
+            self._settle_until = now + self.settle
+            self._up_gauge.set(1)
+            logger.info(
+                "broker %s answers again, after %.1f s unreachable (%d client library "
+                "line(s) muted)",
+                self.bootstrap,
+                gone,
+                self.muted,
+            )
+            self._heard, self._heard_count = None, 0
+            return
+        if self._heard is None or self._heard_at > started:
+            return
+        if now < self._settle_until:  # the tail of an outage: part of it
+            self.muted += self._heard_count
+            self._heard, self._heard_count = None, 0
+            return
+        if now - self._summarized_at >= self.summary_every:
+            self._summarized_at = now
+            logger.warning(
+                "broker %s answers, but its client library reported %d connection error(s) "
+                "meanwhile, e.g. %s",
+                self.bootstrap,
+                self._heard_count,
+                self._heard,
+            )
+            self._heard, self._heard_count = None, 0
+
+    def _account(self, now: float) -> None:
+        if now > self._accounted:
+            self._outage_seconds.inc(now - self._accounted)
+            self._accounted = now
+
+    def heard(self, kind: Kind, message: str) -> bool:
+        """The log filter's report of a client library record; whether it stays in the log."""
+        with self._lock:
+            now = self._clock()
+            if not self.reachable:
+                self.muted += 1
+                return False
+            if kind == "recovery":
+                if now < self._settle_until:
+                    self.muted += 1
+                    return False
+                return True
+            if self._heard is None:
+                self._heard, self._heard_at = message, now
+            self._heard_count += 1
+        self._poke()
+        return False
+
+    def _poke(self) -> None:
+        """Probe soon: the client library says the broker may be gone."""
+        loop, wake = self._loop, self._wake
+        if loop is None or wake is None or loop.is_closed():
+            return
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is loop:
+            wake.set()
+        else:
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(wake.set)
+
+    def status(self) -> dict[str, Any]:
+        """For `/healthz`: reachable, and while not, since when (s ago) and why."""
+        body: dict[str, Any] = {
+            "address": self.bootstrap,
+            "reachable": self.reachable,
+            "outages": self.outages,
+        }
+        if self.down_since is not None:
+            body["down_for_s"] = round(max(0.0, self._clock() - self.down_since), 1)
+            body["reason"] = self.reason
+        return body
