@@ -461,14 +461,18 @@ class Node:
                 w = work.setdefault(type_name, _Work(kept))
                 if (batch := w.batch_of(p)) is None:
                     continue  # its commands are not decided here any more
+                # A cancel or reschedule applied since they were loaded stops them here.
+                timers = await kept.runner.still_due(timers)
                 commands = [timer_command(t, batch.now, in_process=True) for t in timers]
                 decided = kept.processors[p].decide_local(batch, commands)
                 await self._record_local(kept, timers, decided)
             for w in work.values():
                 await self._commit_work(p, w)
-        except (KafkaUnavailable, StoreError) as exc:
+        except Exception as exc:
             # Nothing of the cycle counts: the partition is taken again and read from its
             # committed offsets (every write is idempotent).
+            if not isinstance(exc, KafkaUnavailable | StoreError):
+                logger.exception("partition %d: a cycle failed", p)
             self._partition_failed(p, "a cycle", exc)
             return False
         return True

@@ -163,7 +163,10 @@ class CommandProcessor:
         self.busy_backlog = busy_backlog
         # Batches decided and staged in the partition's transaction, not committed yet
         # (oldest first): later decisions see their aggregates and request ids.
-        self._uncommitted: list[CommandBatch] = []
+        # Of the batches staged and not committed yet, the latest aggregate and every applied
+        # request id, each with the batch that wrote it (removed when that one commits).
+        self._pending_states: dict[str, tuple[StoredAggregate, CommandBatch]] = {}
+        self._pending_applied: dict[tuple[str, str], CommandBatch] = {}
 
     async def restore(self, reader: Reader) -> int:
         """Folds the events after the state store's offset into it; how many were read.
@@ -221,9 +224,9 @@ class CommandProcessor:
         self._states.write(self.partition, states, requests, batch[-1].offset)
 
     def _stored(self, aggregate_id: str) -> StoredAggregate | None:
-        for batch in reversed(self._uncommitted):
-            if aggregate_id in batch.staged:
-                return batch.staged[aggregate_id]
+        pending = self._pending_states.get(aggregate_id)
+        if pending is not None:
+            return pending[0]
         raw = self._states.get(self.partition, aggregate_id)
         return None if raw is None else StoredAggregate.model_validate_json(raw)
 
@@ -295,12 +298,20 @@ class CommandProcessor:
     def staged(self, batch: CommandBatch) -> None:
         """The batch waits for the partition's next commit: what it decided counts for the
         batches decided after it."""
-        self._uncommitted.append(batch)
+        for aid, stored in batch.staged.items():
+            self._pending_states[aid] = (stored, batch)
+        for applied in batch.applied:
+            self._pending_applied[applied] = batch
 
     def committed(self, batch: CommandBatch, written: Sequence[int]) -> None:
         """Writes the batch's aggregate states once its transaction committed; `written`:
         the offsets its records were written at."""
-        self._uncommitted = [b for b in self._uncommitted if b is not batch]
+        for aid in batch.staged:
+            if (pending := self._pending_states.get(aid)) is not None and pending[1] is batch:
+                del self._pending_states[aid]
+        for applied in batch.applied:
+            if self._pending_applied.get(applied) is batch:
+                del self._pending_applied[applied]
         last_event = max(
             (o for rec, o in zip(batch.out, written, strict=True) if rec[0] == self.topics.events),
             default=None,
@@ -354,7 +365,7 @@ class CommandProcessor:
     def _applied(self, batch: CommandBatch, applied: tuple[str, str]) -> bool:
         return (
             applied in batch.applied
-            or any(applied in b.applied for b in self._uncommitted)
+            or applied in self._pending_applied
             or self._states.seen(self.partition, *applied)
         )
 

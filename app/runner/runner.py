@@ -10,6 +10,7 @@ commands leave through a `Sender` (`ports`), so tests drive it all with fakes.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import heapq
 import logging
 from collections import defaultdict
@@ -32,9 +33,10 @@ from app.runner.decisions import (
 )
 from app.runner.options import TimerOptions
 from app.runner.ports import BeforeSend, Clock, FiringStore, LocalFirer, Sender
+from tables.exceptions import StoreError
 from tables.ledger import FailureLedger
 from tables.refs import AggregateRef
-from tables.timer import Timer, TimerStatus
+from tables.timer import Timer, TimerChange, TimerStatus
 
 __all__ = ["RoundStats", "TimerRunner"]
 
@@ -95,6 +97,9 @@ class TimerRunner:
         self._wheel: list[tuple[int, str, Timer]] = []
         self._wheel_until: int | None = None
         self._wheel_owned: frozenset[int] = frozenset()
+        # Timers handed over to fire in-process (`LocalFirer`), by id: the row as loaded,
+        # which their outcome's conditional write is made against.
+        self._in_hand: dict[str, Timer] = {}
         self._sender = sender
         self._clock = clock
         self._ledger = ledger
@@ -143,6 +148,7 @@ class TimerRunner:
         given back), and the outcomes of those that came back are written before it returns."""
         self._owned.discard(partition)
         self._fresh.discard(partition)
+        self._in_hand = {k: t for k, t in self._in_hand.items() if t.partition != partition}
         tasks = self._in_flight.pop(partition, set())
         for task in tasks:
             task.cancel()
@@ -171,13 +177,27 @@ class TimerRunner:
         loaded = await self._due_now(owned, now, stats)
         # Not a timer of a partition stopped while it was being loaded.
         decided = [
-            expire_or_claim(t, now, self._options) for t in loaded if t.partition in self._owned
+            expire_or_claim(t, now, self._options)
+            for t in loaded
+            if t.partition in self._owned and t.id not in self._in_hand
         ]
         decided += await self._taken_over(now)
         local: list[Timer] = []
         remote: list[Timer] = []
+        to_write: list[Decision] = []
+        for d in decided:
+            if d.change is None:
+                continue
+            if d.send and self._local is not None and self._local.accepts(d.change.next):
+                # Fired in-process: claimed by the partition transaction that decides it and
+                # writes its outcome, so nothing is written before (nor can a fenced owner
+                # commit either).
+                self._in_hand[d.change.next.id] = d.change.loaded
+                local.append(d.change.next)
+            else:
+                to_write.append(d)
         async with self._write_lock:
-            written = await self._settle_exactly([d for d in decided if d.change is not None])
+            written = await self._settle_exactly(to_write)
             for decision in written:
                 assert decision.change is not None
                 nxt = decision.change.next
@@ -189,16 +209,13 @@ class TimerRunner:
                 elif nxt.partition not in self._owned:
                     # Handed off while its claim was being written: given back unsent.
                     self._outcomes[nxt.partition].append(release(nxt, now))
-                elif self._local is not None and self._local.accepts(nxt):
-                    local.append(nxt)
                 else:
                     remote.append(nxt)
-            stats.lost_claims = sum(d.send for d in decided) - sum(d.send for d in written)
+            stats.lost_claims = sum(d.send for d in to_write) - sum(d.send for d in written)
             if stats.lost_claims:
                 self.invalidate()  # rows changed behind the wheel's back: a reschedule?
         if local:
             assert self._local is not None
-            # Decided in the partition's next transaction, with their claims and outcomes.
             self._local.fire(local)
         tasks = await self._send_remote(remote, stats)
         stats.claimed = len(local) + len(tasks)
@@ -281,16 +298,39 @@ class TimerRunner:
         """The wheel is loaded again at the next round (rows changed behind its back)."""
         self._wheel_until = None
 
+    async def still_due(self, claimed: Sequence[Timer]) -> list[Timer]:
+        """Of the timers handed over to fire in-process, those whose rows are still as they
+        were loaded (a cancel or reschedule may have come since): called by the partition's
+        transaction just before it decides them."""
+        kept: list[Timer] = []
+        for t in claimed:
+            loaded = self._in_hand.get(t.id)
+            row = None if loaded is None else await self._store.find(t.owner, t.key)
+            if loaded is not None and row is not None and row.same_as_loaded(loaded):
+                kept.append(t)
+            else:
+                self._in_hand.pop(t.id, None)
+        return kept
+
     async def record_outcomes(self, results: Sequence[tuple[Timer, SendResult]]) -> RoundStats:
         """Writes the outcomes of timers fired in-process (`LocalFirer`): called by the
         partition's transaction before it commits, so that each settle commits with the
-        events it records. Raises when the write fails: the transaction must not commit."""
+        events it records; each a conditional write against the row as it was loaded.
+        Raises when the write fails: the transaction must not commit."""
         stats = RoundStats()
-        decisions = [
-            self._decide(claimed, result)
-            for claimed, result in results
-            if claimed.partition in self._owned
-        ]
+        decisions: list[Decision] = []
+        for claimed, result in results:
+            loaded = self._in_hand.pop(claimed.id, None)
+            if loaded is None:
+                raise StoreError(f"{claimed.request_id} was fired but not handed over")
+            d = self._decide(claimed, result)
+            decisions.append(
+                dataclasses.replace(
+                    d,
+                    change=_from_loaded(d.change, loaded),
+                    fallback=_from_loaded(d.fallback, loaded),
+                )
+            )
         if not decisions:
             return stats
         async with self._write_lock:
@@ -298,6 +338,8 @@ class TimerRunner:
             self._count_busy(final)
             changes = [d.change for d in final if d.change is not None]
             stats.written = await self._store.settle(changes)
+        if stats.written != len(changes):
+            raise StoreError(f"{len(changes) - stats.written} in-process outcome(s) not written")
         self.offer(c.next for c in changes)
         for change in changes:
             if change.next.status is TimerStatus.PENDING:
@@ -481,6 +523,11 @@ class TimerRunner:
 
 
 _TAKE_OVER_LIMIT = 100_000
+
+
+def _from_loaded(change: TimerChange | None, loaded: Timer) -> TimerChange | None:
+    """`change` made against the row as loaded rather than the claim (never written)."""
+    return None if change is None else TimerChange(loaded=loaded, next=change.next)
 
 
 def reclaim(timer: Timer, now: int, options: TimerOptions) -> Decision:

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from test_runner_loop import (
     EVERY_MIN,
     MIN,
+    OWNER,
     T0,
     World,
     make_timer,
@@ -19,6 +21,7 @@ from test_runner_loop import (
 )
 
 from app.runner import SendResult, TimerOptions, TimerRunner
+from tables.exceptions import StoreError
 from tables.timer import Outcome, Timer, TimerChange, TimerStatus
 
 __all__ = ["raw_store", "world"]  # the fixtures, imported for pytest
@@ -62,11 +65,34 @@ async def test_a_local_target_is_handed_to_its_partition_and_settled_with_its_ou
     assert stats.claimed == 1 and [t.request_id for t in local.fired] == ["t-1#0"]
     claimed = local.fired[0]
     assert claimed.status is TimerStatus.FIRING
-    assert (await world.row()).status is TimerStatus.FIRING, "claimed before it is decided"
+    # Nothing written yet: the claim commits with the partition transaction that decides
+    # it and writes its outcome.
+    assert (await world.row()).status is TimerStatus.PENDING
+    assert len(world.store.settle_calls) == 0
+    assert (await runner.run_round()).claimed == 0, "in hand: not handed over twice"
+    assert await runner.still_due([claimed]) == [claimed]
     outcome = await runner.record_outcomes([(claimed, SendResult("COMMITTED"))])
     row = await world.row()
     assert (row.status, row.outcome) == (TimerStatus.FIRED, Outcome.COMMITTED)
     assert (outcome.fired, outcome.written) == (1, 1)
+
+
+async def test_a_timer_cancelled_after_it_was_handed_over_is_not_decided(
+    world: World,
+) -> None:
+    await world.put()
+    local = FakeLocal()
+    runner = runner_with(world, local)
+    await runner.run_round()
+    assert await world.store.inner.cancel(OWNER, "remind", 1)
+    assert await runner.still_due(local.fired) == []
+    assert (await world.row()).status is TimerStatus.CANCELLED
+
+
+async def test_an_outcome_of_a_timer_never_handed_over_is_refused(world: World) -> None:
+    runner = runner_with(world, FakeLocal())
+    with pytest.raises(StoreError):
+        await runner.record_outcomes([(make_timer(), SendResult("COMMITTED"))])
 
 
 async def test_a_duplicate_from_the_partition_fires_the_slot_too(world: World) -> None:
