@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from app.aggregate import AggregateType, Service
+from app.broker_watch import BrokerWatch
 from app.changelog import CleanMarks, Transaction, TransactionalChangelog, restore_partition
 from app.exceptions import BadRecord, TickwheelError
 from app.kafka import (
@@ -214,6 +215,7 @@ class Node:
         self._failure: NodeFailed | None = None
         self._failed = asyncio.Event()
         self.metrics = NodeMetrics()
+        self.broker = BrokerWatch(settings.bootstrap_servers, registry=self.metrics.registry)
         self._web: WebServer | None = None
         self.reader = Reader(settings.bootstrap_servers)
         self.ready = asyncio.Event()
@@ -248,11 +250,16 @@ class Node:
                 for p in self._owned:
                     stalled.setdefault(p, f"{kept.topics.type_name}: timer rounds failing")
         restoring = sorted(self._taking)
+        broker = self.broker.status()
         body: dict[str, Any] = {
             "owned": sorted(self._owned),
             "restoring": restoring,
             "stalled": {str(p): why for p, why in sorted(stalled.items())},
-            "ready": not restoring and not stalled and self._failure is None,
+            "broker": broker,
+            "ready": bool(broker["reachable"])
+            and not restoring
+            and not stalled
+            and self._failure is None,
         }
         if self._failure is not None:
             body["failed"] = str(self._failure)
@@ -260,6 +267,7 @@ class Node:
 
     async def start(self) -> None:
         s = self.settings
+        await self.broker.start()
         await ensure_topics(s.bootstrap_servers, node_topics(self.topics, s.partitions))
         await self.producer.start()
         await self.reader.start()
@@ -337,6 +345,7 @@ class Node:
             await ledger.stop()
         await self.producer.stop()
         await self.reader.stop()
+        await self.broker.stop()
         for kept in self.types.values():
             await kept.store.close()
             if kept.states is not None:
@@ -497,7 +506,14 @@ class Node:
         kept = w.kept
         if w.batch is not None and w.batch.empty:
             w.batch = None
-        if w.batch is None and not w.out and not w.wrote and not kept.changelog.staged(p):
+        in_flight = (kept.topics.type_name, p) in self._commits
+        if (
+            w.batch is None
+            and not w.out
+            and not w.wrote
+            and not kept.changelog.staged(p)
+            and not in_flight
+        ):
             # Nothing written (most of a busy log is not about timers): no transaction
             # needed; the offsets are committed with the others.
             self._to_commit.update(w.offsets)
@@ -595,7 +611,16 @@ class Node:
                 if p not in self._owned or not kept.changelog.owns(p):
                     raise KafkaUnavailable(f"partition {p} is not owned")
                 commit = self._start_commit(kept, p)
-            if commit is not None and not await commit:
+            if commit is None:
+                continue
+            try:
+                committed = await asyncio.shield(commit)
+            except asyncio.CancelledError:
+                current = asyncio.current_task()
+                if current is not None and current.cancelling():
+                    raise
+                committed = False  # the partition was let go meanwhile
+            if not committed:
                 raise KafkaUnavailable(f"partition {p}: claims not committed")
 
     async def _subscribe(self, kept: _Type, records: list[Record], w: _Work) -> bool:

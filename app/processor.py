@@ -258,8 +258,8 @@ class CommandProcessor:
                 batch.out.append(dead_letter_record(r, str(exc)))
                 batch.stats.dead_letters += 1
                 continue
-            if cmd.in_process and self._seen(batch, cmd):
-                continue  # fired in-process and committed then: already decided
+            if cmd.in_process:
+                continue  # fired in-process: decided in the transaction that wrote it
             if waiting > self.busy_backlog:
                 message = f"{waiting} commands waiting (bound {self.busy_backlog})"
                 batch.out.append(self._result(cmd, ResultCode.BUSY, message, None, now))

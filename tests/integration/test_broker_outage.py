@@ -185,26 +185,23 @@ async def test_the_broker_frozen_then_killed_while_timers_fall_due(tmp_path: Pat
                 lambda: all(healthy(samples, n, 0) for n in workers), 60, "both workers ready"
             )
             first = next(s.body for s in samples if s.body is not None)
-            # NEEDS NODE WIRING (app/node.py): the node runs a BrokerWatch and /healthz says
-            # "broker": {...}. Without it the broker's absence neither shows in /healthz nor
-            # mutes the client library's log flood: the assertions marked below.
-            wired = "broker" in first
+            assert "broker" in first, first
             due = await schedule(client)
             applied = Applied(client)
             outages: list[Outage] = []
 
             async def recovered(outage: Outage) -> None:
-                """Until every timer due by the broker's return was applied and (wired)
+                """Until every timer due by the broker's return was applied and
                 both workers answer 200 again."""
 
                 async def check() -> bool:
                     await applied.refresh()
                     fired = all(r in applied.seen for r, at in due.items() if at <= outage.back)
-                    ready = not wired or all(stable(samples, n, outage.back) for n in workers)
+                    ready = all(stable(samples, n, outage.back) for n in workers)
                     return fired and ready
 
                 await eventually(check, 90, f"recovery from the {outage.name}", interval=0.5)
-                outage.running_again = time.time() - (STABLE_S if wired else 0)
+                outage.running_again = time.time() - STABLE_S
 
             # Timers are being applied before the broker goes.
             first_due = min(due.values())
@@ -277,12 +274,10 @@ async def test_the_broker_frozen_then_killed_while_timers_fall_due(tmp_path: Pat
             assert len(during) >= 20, f"{outage.name}: too few timers due during it to tell"
             assert max(late) <= RECOVERY_BOUND_S, report[-1]
 
-            if not wired:
-                continue
-            # NEEDS NODE WIRING: the log flood muted, one line when the broker goes.
+            # The log flood muted: one line when the broker goes.
             assert all(n <= LOG_BOUND for n in lines.values()), report[-1]
             assert all(n <= SETTLE_LOG_BOUND for n in settle.values()), report[-1]
-            # NEEDS NODE WIRING: /healthz 503 while the broker is away, 200 after.
+            # /healthz 503 while the broker is away, 200 after.
             for name in workers:
                 mine = [s for s in samples if s.worker == name]
                 down = [
@@ -304,20 +299,14 @@ async def test_the_broker_frozen_then_killed_while_timers_fall_due(tmp_path: Pat
                 ]
                 assert healthy(samples, name, outage.back)
 
-        if wired:
-            # NEEDS NODE WIRING: one WARNING per outage when it goes, one INFO when it is back.
-            for name, w in workers.items():
-                text = w.text()
-                gone = [line for line in text.splitlines() if "unreachable:" in line]
-                back = [line for line in text.splitlines() if "answers again, after" in line]
-                assert len(gone) == len(outages) == len(back), (name, gone, back)
-                assert all(broker.bootstrap in line and " WARNING " in line for line in gone)
-                assert all(" INFO " in line for line in back)
-                report += [f"  {name}: {line}" for line in sorted(gone + back)]
+        # One WARNING per outage when it goes, one INFO when it is back.
+        for name, w in workers.items():
+            text = w.text()
+            gone = [line for line in text.splitlines() if "unreachable:" in line]
+            back = [line for line in text.splitlines() if "answers again, after" in line]
+            assert len(gone) == len(outages) == len(back), (name, gone, back)
+            assert all(broker.bootstrap in line and " WARNING " in line for line in gone)
+            assert all(" INFO " in line for line in back)
+            report += [f"  {name}: {line}" for line in sorted(gone + back)]
     finally:
         print("\n".join(["", *report]))
-    if not wired:
-        pytest.xfail(
-            "NEEDS NODE WIRING (app/node.py: a BrokerWatch, 'broker' in /healthz): the "
-            "log-flood and /healthz assertions were not checked; the rest passed"
-        )

@@ -108,10 +108,12 @@ async def test_the_command_read_back_from_the_topic_is_passed_over() -> None:
     assert stats.codes == {}
 
 
-async def test_an_in_process_command_not_applied_yet_is_decided_as_any_other() -> None:
+async def test_an_in_process_command_is_never_decided_again_whatever_its_outcome() -> None:
+    """Its decision (even a rejection, which applies nothing) committed in the transaction
+    that wrote it: read back, it is passed over, so a final outcome stays final."""
     processor, txn, _ = make()
     await processor.handle([record(command(in_process=True))])
-    assert txn.topics() == ["shop.order.events", "shop.results"]
+    assert txn.topics() == []
 
 
 async def test_a_remote_send_of_a_slot_fired_in_process_is_answered_duplicate() -> None:
