@@ -272,11 +272,6 @@ class TransactionalProducer:
         except KafkaError as exc:  # committed, so acknowledged: this would be a client bug
             raise KafkaUnavailable(f"{self.transactional_id}: no offsets: {exc!r}") from exc
 
-    async def append(self, records: Sequence[OutRecord]) -> None:
-        """Adds `records` to the open transaction (opening one): they count once committed."""
-        async with self._lock:
-            await self._append(records)
-
     async def flush(
         self, offsets: dict[tuple[str, int], int] | None = None, group_id: str = ""
     ) -> bool:

@@ -61,7 +61,7 @@ def _wrap(
 
 
 def install() -> None:
-    from app import kafka, node, processor, sender
+    from app import changelog, kafka, node, sender
     from app.runner import runner
     from tables import store
 
@@ -70,14 +70,11 @@ def install() -> None:
             _count("round.loaded", stats.loaded)
             _count("round.claimed", stats.claimed)
 
-    _wrap(node.Node, "_process_partition", "node._process_partition: one partition batch")
+    _wrap(node.Node, "_cycle", "node._cycle: one partition cycle (decide and stage)")
     _wrap(node.Node, "_subscribe", "node._subscribe: a log batch into the timer table")
     _wrap(kafka.GroupConsumer, "poll", "consumer.poll")
-    _wrap(processor.CommandProcessor, "handle", "processor.handle: a command batch + its txn")
-    _wrap(kafka.TransactionalProducer, "commit", "txn.commit: records + offsets (command path)")
-    _wrap(kafka.TransactionalProducer, "flush", "txn.flush: changelog commit (incl. lock wait)")
+    _wrap(changelog.Transaction, "send", "txn.send: a partition's commit (incl. lock wait)")
     _wrap(kafka.TransactionalProducer, "_commit", "txn._commit: offsets + EndTxn round trips")
-    _wrap(kafka.TransactionalProducer, "append", "txn.append: changelog rows (incl. lock wait)")
     _wrap(kafka.Producer, "send_many", "producer.send_many: a command to the broker (ack)")
     _wrap(store.PartitionedStore, "put", "store.put")
     _wrap(store.PartitionedStore, "settle", "store.settle (incl. store lock + sink)")
@@ -88,6 +85,7 @@ def install() -> None:
     )
     _wrap(runner.TimerRunner, "_settle_exactly", "runner claim write (settle of the claims)")
     _wrap(runner.TimerRunner, "_flush", "runner outcome write (settle of the outcomes)")
+    _wrap(runner.TimerRunner, "record_outcomes", "runner in-process outcome write")
     _wrap(runner.TimerRunner, "_send_one", "runner._send_one (incl. in-flight gate wait)")
     _wrap(sender.KafkaSender, "send", "sender.send: command sent → its result read")
 
