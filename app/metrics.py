@@ -6,6 +6,7 @@ from dataclasses import fields
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
+from app.lateness import LatenessWindow
 from app.runner import RoundStats
 
 __all__ = ["NodeMetrics"]
@@ -48,6 +49,8 @@ class NodeMetrics:
         self.owned = Gauge(
             "tickwheel_owned_partitions", "Partitions this node owns", registry=self.registry
         )
+        # Per-second lateness of the last minutes, read by the operator page's chart.
+        self.recent_lateness = LatenessWindow()
 
     def round(self, type_name: str, stats: RoundStats) -> None:
         for name in _ROUND_FIELDS:
