@@ -10,8 +10,9 @@ from __future__ import annotations
 import heapq
 import logging
 from bisect import bisect_left, insort
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from functools import partial
 from itertools import islice
 
 from tables.exceptions import StoreError
@@ -109,6 +110,17 @@ class MemoryTimerStore(PartitionedStore):
             for partition in partitions
         ]
         return [self._data[partition].rows[entry[2]] for entry, partition in heapq.merge(*runs)]
+
+    def _due_entries(self, partition: int, start: int) -> Iterator[tuple[int, str]]:
+        data = self._data[partition]
+        for due_at, _, row in islice(data.due, bisect_left(data.due, (start,)), None):
+            yield due_at, data.rows[row].status.value
+
+    def _parked_entries(self, partition: int) -> Iterator[Callable[[], Timer]]:
+        data = self._data[partition]
+        for target in sorted(data.parked):  # target bytes, as the RocksDB index sorts them
+            for _, _, row in data.parked[target]:
+                yield partial(data.rows.__getitem__, row)
 
     def _restore(self, partition: int, records: Iterable[tuple[int, bytes, bytes | None]]) -> None:
         decoded: list[tuple[bytes, Timer | None]] = []

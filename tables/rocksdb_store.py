@@ -17,8 +17,9 @@ import json
 import logging
 import os
 import shutil
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
+from functools import partial
 from itertools import islice
 from typing import cast
 
@@ -264,6 +265,17 @@ class RocksDBTimerStore(PartitionedStore):
         runs = [_scan(self._db(partition), start, upper) for partition in partitions]
         with _gc_paused():
             return [decode_timer(value) for _, value in heapq.merge(*runs)]
+
+    def _due_entries(self, partition: int, start: int) -> Iterator[tuple[int, str]]:
+        # From the low-water mark at least: the tombstones below it are skipped.
+        first = due_key_prefix(max(start, self._low[partition]))
+        for key, value in _scan(self._db(partition), first, _prefix_end(DUE)):
+            # The status alone: orjson without the model is several times cheaper.
+            yield int.from_bytes(key[1:9], "big"), orjson.loads(value)["status"]
+
+    def _parked_entries(self, partition: int) -> Iterator[Callable[[], Timer]]:
+        for _, value in _scan(self._db(partition), PARKED, _prefix_end(PARKED)):
+            yield partial(decode_timer, value)
 
     def _offset(self, partition: int) -> int | None:
         raw = self._db(partition).get(OFFSET_KEY)

@@ -11,10 +11,11 @@ from __future__ import annotations
 import asyncio
 import logging
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
 from contextlib import asynccontextmanager
 from typing import NamedTuple, Protocol, runtime_checkable
 
+from tables.census import TimerCensus, tally
 from tables.exceptions import StoreClosed, StoreError
 from tables.keys import encode_timer, owner_prefix, row_key
 from tables.refs import AggregateRef
@@ -52,10 +53,10 @@ class TimerStore(Protocol):
 
     A timer lives in `Timer.partition`, which must be its owner's partition (the same for
     all the owner's timers): the store trusts it, and finds an owner's rows by looking in
-    each partition it serves. Calls that name a partition (put, settle, due,
+    each partition it serves. Calls that name a partition (put, settle, due, census,
     apply_changelog, changelog_offset) raise `StoreClosed` for one this store does not
-    serve (revoked); `find`, `cancel`, `cancel_all` and `parked` look in the partitions it
-    serves. After `close()` every call raises `StoreClosed`. Bad arguments raise
+    serve (revoked); `find`, `cancel`, `cancel_all`, `parked` and `timers_of` look in the
+    partitions it serves. After `close()` every call raises `StoreClosed`. Bad arguments raise
     `ValueError`. Writes are serialised; each awaits the changelog sink before it writes.
     """
 
@@ -99,6 +100,19 @@ class TimerStore(Protocol):
 
     async def parked(self, target: AggregateRef) -> list[Timer]:
         """The PARKED timers whose target is `target`, earliest due first, ties by id."""
+        ...
+
+    async def timers_of(self, owner: AggregateRef) -> list[Timer]:
+        """Every row `owner` keeps in the partitions served, in whatever status, by key."""
+        ...
+
+    async def census(
+        self, partition: int, now: int, *, limit: int = 100_000, parked_limit: int = 100
+    ) -> TimerCensus:
+        """What `partition` holds, read-only (for the operator page): its PENDING, FIRING
+        and PARKED timers counted (each count stops past `limit`), the earliest due times
+        of its PENDING timers at or before `now` and after it, and its first
+        `parked_limit` PARKED timers by target then due time."""
         ...
 
     async def settle(self, changes: list[TimerChange]) -> int:
@@ -175,6 +189,14 @@ class PartitionedStore(ABC):
 
     @abstractmethod
     def _parked(self, partitions: list[int], target: AggregateRef) -> list[Timer]: ...
+
+    @abstractmethod
+    def _due_entries(self, partition: int, start: int) -> Iterator[tuple[int, str]]:
+        """The due index of partition from `start` on: `(due_at, status)`, in due order."""
+
+    @abstractmethod
+    def _parked_entries(self, partition: int) -> Iterator[Callable[[], Timer]]:
+        """The parked index of partition in order: a loader of each entry's row."""
 
     @abstractmethod
     def _restore(
@@ -360,6 +382,34 @@ class PartitionedStore(ABC):
     async def parked(self, target: AggregateRef) -> list[Timer]:
         self._check_open()
         return self._parked(self._served_sorted(), target)
+
+    async def timers_of(self, owner: AggregateRef) -> list[Timer]:
+        self._check_open()
+        prefix = owner_prefix(owner)
+        return [
+            timer
+            for partition in self._served_sorted()
+            for _, timer in self._owner_rows(partition, prefix)
+        ]
+
+    async def census(
+        self, partition: int, now: int, *, limit: int = 100_000, parked_limit: int = 100
+    ) -> TimerCensus:
+        self._check_open()
+        for name, value, least in (("limit", limit, 1), ("parked_limit", parked_limit, 0)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                raise ValueError(f"{name} must be an int of at least {least}, not {value!r}")
+        if isinstance(now, bool) or not isinstance(now, int) or now < 0:
+            raise ValueError(f"now must be epoch milliseconds (int), not {now!r}")
+        self._check_served(partition)
+        return tally(
+            partition,
+            now,
+            limit,
+            parked_limit,
+            lambda start: self._due_entries(partition, start),
+            self._parked_entries(partition),
+        )
 
     async def apply_changelog(
         self, partition: int, records: Iterable[tuple[int, bytes, bytes | None]]

@@ -601,6 +601,97 @@ async def test_parked_lists_a_targets_parked_timers_earliest_first(store: TimerS
     assert await store.parked(ref("nobody")) == []
 
 
+# --- timers_of and census (read-only, for the operator page) -----------------------------
+
+
+async def test_timers_of_lists_an_owners_rows_in_every_status_by_key(store: TimerStore) -> None:
+    owner = ref("o1")
+    statuses = {"a": PENDING, "b": FIRED, "c": PARKED, "d": CANCELLED, "e": FIRING}
+    for key, status in reversed(statuses.items()):
+        await into(store, timer(owner, key, partition=2), status)
+    await into(store, timer(ref("o10"), "a", partition=2), PENDING)  # o1 prefixes o10
+    await into(store, timer(ref("o1", tenant="t2"), "a", partition=2), PENDING)
+    got = await store.timers_of(owner)
+    assert [(t.key, t.status) for t in got] == list(statuses.items())
+    assert await store.timers_of(ref("nobody")) == []
+    await store.revoke({2})
+    assert await store.timers_of(owner) == []  # only the partitions served
+
+
+async def test_census_counts_a_partitions_active_timers_and_its_due_times(
+    store: TimerStore,
+) -> None:
+    target = ref("target")
+    specs = [
+        ("pending-late", 1_000, PENDING),
+        ("pending-later", 1_500, PENDING),
+        ("firing", 900, FIRING),
+        ("pending-next", 5_000, PENDING),
+        ("pending-last", 9_000, PENDING),
+        ("parked-b", 3_000, PARKED),
+        ("parked-a", 2_000, PARKED),
+        ("fired", 100, FIRED),
+        ("cancelled", 100, CANCELLED),
+    ]
+    for i, (timer_id, due, status) in enumerate(specs):
+        t = timer(ref(f"o{i}"), id=timer_id, due=due, partition=1, target=target)
+        await into(store, t, status)
+    await into(store, timer(ref("elsewhere"), id="p0", due=10, partition=0), PENDING)
+    c = await store.census(1, now=2_000)
+    assert (c.partition, c.pending, c.firing, c.parked, c.complete) == (1, 4, 1, 2, True)
+    assert (c.oldest_overdue, c.next_due) == (1_000, 5_000)
+    assert ids(list(c.parked_timers)) == ["parked-a", "parked-b"]
+    assert all(t.status is PARKED for t in c.parked_timers)
+    # Nothing overdue before the first due time, nothing next after the last.
+    early, late = await store.census(1, now=999), await store.census(1, now=9_000)
+    assert (early.oldest_overdue, early.next_due) == (None, 1_000)
+    assert (late.oldest_overdue, late.next_due) == (1_000, None)
+    assert (await store.census(1, 2_000, parked_limit=1)).parked_timers == c.parked_timers[:1]
+    empty = await store.census(3, now=2_000)
+    assert (empty.pending, empty.firing, empty.parked, empty.complete) == (0, 0, 0, True)
+    assert (empty.oldest_overdue, empty.next_due, empty.parked_timers) == (None, None, ())
+
+
+async def test_census_lists_parked_timers_by_target_then_due(store: TimerStore) -> None:
+    first, second = ref("a-target"), ref("b-target")
+    specs = [("x", 5_000, second), ("y", 1_000, second), ("z", 9_000, first), ("w", 100, first)]
+    for i, (timer_id, due, to) in enumerate(specs):
+        await into(store, timer(ref(f"o{i}"), id=timer_id, due=due, target=to), PARKED)
+    c = await store.census(0, now=0)
+    assert ids(list(c.parked_timers)) == ["w", "z", "y", "x"]
+
+
+async def test_census_stops_counting_past_its_limit(store: TimerStore) -> None:
+    for i, due in enumerate([100, 200, 300, 5_000, 6_000]):
+        await into(store, timer(ref(f"o{i}"), id=f"t{i}", due=due), PENDING)
+    for i in range(3):
+        await into(store, timer(ref(f"p{i}"), id=f"p{i}", target=ref("x")), PARKED)
+    exact = await store.census(0, now=1_000, limit=5)
+    assert (exact.pending, exact.parked, exact.complete) == (5, 3, True)
+    cut = await store.census(0, now=1_000, limit=2, parked_limit=1)
+    assert (cut.pending, cut.parked, cut.complete) == (2, 2, False)
+    # The count stopped before `now`: the next due time is still found past it.
+    assert (cut.oldest_overdue, cut.next_due) == (100, 5_000)
+    assert ids(list(cut.parked_timers)) == ["p0"]
+
+
+@pytest.mark.parametrize(
+    ("partition", "now", "limit", "parked_limit"),
+    [(P, 0, 1, 1), (-1, 0, 1, 1), (0, -1, 1, 1), (0, 0, 0, 1), (0, 0, 1, -1), (0, True, 1, 1)],
+)
+async def test_census_rejects_bad_arguments(
+    store: TimerStore, partition: int, now: int, limit: int, parked_limit: int
+) -> None:
+    with pytest.raises(ValueError):
+        await store.census(partition, now, limit=limit, parked_limit=parked_limit)
+
+
+async def test_census_of_a_revoked_partition_is_store_closed(store: TimerStore) -> None:
+    await store.revoke({1})
+    with pytest.raises(StoreClosed, match="partition 1"):
+        await store.census(1, 0)
+
+
 # --- partitions -------------------------------------------------------------------------
 
 
@@ -847,6 +938,8 @@ async def test_every_call_after_close_raises_store_closed(store: TimerStore) -> 
         lambda: store.due({0}, 1_000, 1),
         lambda: store.find(t.owner, t.key),
         lambda: store.parked(t.owner),
+        lambda: store.timers_of(t.owner),
+        lambda: store.census(0, 0),
         lambda: store.settle([change(t, status=FIRING)]),
         lambda: store.apply_changelog(0, []),
         lambda: store.assign({0}),
