@@ -630,6 +630,7 @@ class GroupConsumer:
         """Reads these partitions again from the group's committed offsets (the start where
         none is committed): what was read after them never counted."""
         assigned = self._consumer.assignment()
+        targets: dict[TopicPartition, int] = {}
         try:
             for t, p in partitions:
                 tp = TopicPartition(t, p)
@@ -637,8 +638,14 @@ class GroupConsumer:
                     continue
                 offset = await self._consumer.committed(tp)
                 if offset is None or offset < 0:
-                    await self._consumer.seek_to_beginning(tp)
-                else:
+                    offset = (await self._consumer.beginning_offsets([tp]))[tp]
+                targets[tp] = offset
+            # All seeks at once, after the last await: a caller that marks the rewind
+            # (a new take generation) right after it returns sees no batch fetched from
+            # the old positions delivered after the mark.
+            assigned = self._consumer.assignment()
+            for tp, offset in targets.items():
+                if tp in assigned:
                     self._consumer.seek(tp, offset)
         except IllegalStateError:
             return  # revoked in between

@@ -196,6 +196,9 @@ class Node:
         self._consumer: GroupConsumer | None = None
         self._lock = asyncio.Lock()
         self._owned: set[int] = set()
+        # Per partition, how many times it was taken: a batch polled before a take is
+        # stale (the take rewound p to its committed offsets) and is never handed over.
+        self._takes: Counter[int] = Counter()
         self._taking: dict[int, asyncio.Task[None]] = {}
         self._queues: dict[int, asyncio.Queue[tuple[str, list[Record]]]] = {}
         self._workers: dict[int, asyncio.Task[None]] = {}
@@ -214,6 +217,11 @@ class Node:
         self._broken: dict[int, str] = {}
         self._failure: NodeFailed | None = None
         self._failed = asyncio.Event()
+        # When the suspension watch last ran, and how long the process was last stopped
+        # (SIGSTOP, a paused VM) for longer than the group's session timeout: until the
+        # group answers again it no longer knows what it owns.
+        self._ticked = time.monotonic()
+        self._suspended: float | None = None
         self.metrics = NodeMetrics()
         self.broker = BrokerWatch(settings.bootstrap_servers, registry=self.metrics.registry)
         self._web: WebServer | None = None
@@ -245,6 +253,11 @@ class Node:
         again yet, or its firing loop keeps failing; or when the node failed for good.
         """
         stalled = dict(self._broken)
+        if (suspended := self._suspension()) is not None:
+            for p in self._owned | set(self._taking):
+                stalled.setdefault(
+                    p, f"the process was stopped for {suspended:.1f} s: waiting for the group"
+                )
         for kept in self.types.values():
             if kept.loop.failing:
                 for p in self._owned:
@@ -261,9 +274,29 @@ class Node:
             and not stalled
             and self._failure is None,
         }
+        if suspended is not None:
+            body["suspended_s"] = round(suspended, 3)
         if self._failure is not None:
             body["failed"] = str(self._failure)
         return body
+
+    def _suspension(self) -> float | None:
+        """How long the process was stopped, while the group has not answered since."""
+        gap = time.monotonic() - self._ticked
+        if gap * 1000 > self.settings.session_timeout_ms:
+            self._suspended = gap  # read before the watch woke up after the stop
+        return self._suspended
+
+    async def _watch_suspension(self) -> None:
+        """Notices the process was stopped longer than the session timeout: the group has
+        given its partitions to others meanwhile (cleared by its next assignment)."""
+        while True:
+            await asyncio.sleep(0.1)
+            gap = time.monotonic() - self._ticked
+            if gap * 1000 > self.settings.session_timeout_ms:
+                self._suspended = gap
+                logger.warning("stopped for %.1f s: not ready until the group answers", gap)
+            self._ticked = time.monotonic()
 
     async def start(self) -> None:
         s = self.settings
@@ -360,7 +393,8 @@ class Node:
         committer = asyncio.create_task(self._commit_changelogs(), name="changelog commits")
         reader = asyncio.create_task(self._read(), name="reader")
         failed = asyncio.create_task(self._failed.wait(), name="failure")
-        tasks: list[asyncio.Task[Any]] = [committer, reader, failed]
+        watch = asyncio.create_task(self._watch_suspension(), name="suspension watch")
+        tasks: list[asyncio.Task[Any]] = [committer, reader, failed, watch]
         try:
             await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
             for task in (committer, reader):
@@ -391,8 +425,10 @@ class Node:
         while True:
             try:
                 batches = await self._consumer.poll(timeout_ms=200)
+                takes = self._takes.copy()  # no await since the poll: as it was fetched
                 for (topic, p), records in batches.items():
-                    if p in self._owned:  # else revoked while it was fetched
+                    # else revoked, or taken again (and rewound) since it was fetched
+                    if p in self._owned and self._takes[p] == takes[p]:
                         await self._worker(p).put((topic, records))
                 done, self._to_commit = self._to_commit, {}
                 await self._consumer.commit(done)
@@ -564,7 +600,11 @@ class Node:
     async def _send(self, p: int, taken: Transaction) -> bool:
         try:
             await taken.send()
-        except KafkaUnavailable as exc:
+        except Exception as exc:
+            # Kafka's or the local store's (a state write after the commit): either way
+            # p's local copy is not what its changelog says, so it is taken afresh.
+            if not isinstance(exc, KafkaUnavailable):
+                logger.exception("partition %d: a commit failed", p)
             self._partition_failed(p, "a commit", exc)
             return False
         return True
@@ -638,7 +678,7 @@ class Node:
                     raise BadRecord(why)
                 if event.type.startswith("wow.") and event.type not in known:
                     raise BadRecord(f"unknown system event type {event.type!r}")
-                if batch is not None and kept.processors[p].follow(batch, event):
+                if batch is not None and kept.processors[p].follow(batch, event, record.offset):
                     self.metrics.followed.labels(kept.topics.type_name).inc()
                 op = timer_op(event, record.partition)
             except BadRecord as exc:
@@ -675,6 +715,7 @@ class Node:
         would cost the node its membership): the consumer is paused on them instead.
         """
         assert self._consumer is not None
+        self._suspended = None  # the group answered
         async with self._lock:
             new = sorted({p for _, p in assigned} - self._owned - set(self._taking))
             self._consumer.pause([(t, p) for t, p in assigned if p in new])
@@ -707,6 +748,7 @@ class Node:
             for attempt in range(1, _TAKE_ATTEMPTS + 1):
                 try:
                     await self._take(p, topics)
+                    await self._consumer.rewind([(t, p) for t in topics])
                     break
                 except (KafkaUnavailable, StoreError) as exc:
                     logger.warning(
@@ -719,8 +761,8 @@ class Node:
                 return
             async with self._lock:
                 self._owned.add(p)
+                self._takes[p] += 1
                 self._broken.pop(p, None)
-                await self._consumer.rewind([(t, p) for t in topics])
                 self._consumer.resume([(t, p) for t in topics])
                 for kept in self.types.values():
                     kept.runner.start_partition(p)

@@ -133,6 +133,10 @@ class CommandBatch:
     out: list[OutRecord] = field(default_factory=list)
     offsets: dict[tuple[str, int], int] = field(default_factory=dict)
     stats: BatchStats = field(default_factory=lambda: BatchStats())
+    # The last offset of the partition's log read in this batch (other writers' events
+    # followed or passed over): the state store's offset moves past them with it, so a
+    # restore does not fold them a second time.
+    log_offset: int | None = None
 
     @property
     def empty(self) -> bool:
@@ -316,11 +320,14 @@ class CommandProcessor:
             (o for rec, o in zip(batch.out, written, strict=True) if rec[0] == self.topics.events),
             default=None,
         )
+        # Never back: the log read may trail this node's own events committed before.
+        marks = (last_event, batch.log_offset, self._states.offset(self.partition))
+        known = [o for o in marks if o is not None]
         self._states.write(
             self.partition,
             {a: encode(s) for a, s in batch.staged.items()},
             batch.applied,
-            last_event,
+            max(known) if known else None,
         )
 
     async def handle(
@@ -340,7 +347,7 @@ class CommandProcessor:
         self.committed(batch, await self._commit(batch.out, batch.offsets))
         return batch.stats
 
-    def follow(self, batch: CommandBatch, event: EventEnvelope) -> bool:
+    def follow(self, batch: CommandBatch, event: EventEnvelope, offset: int) -> bool:
         """Folds an event of the log that this partition did not decide (another writer's
         append) into its aggregate when it is ahead of it, so that the versions this node
         appends never go back; whether it did. Its own events, read back, and another
@@ -348,6 +355,7 @@ class CommandProcessor:
         timers are ordered by their own versions in the timer table)."""
         if event.aggregate.type_name != self.agg.type_name:
             return False
+        batch.log_offset = max(offset, batch.log_offset or 0)
         aid = state_key(event.aggregate)
         applied = (aid, _applied_id(event))
         if self._applied(batch, applied):

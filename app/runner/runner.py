@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import heapq
+import itertools
 import logging
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence, Set
@@ -94,7 +95,9 @@ class TimerRunner:
         # offered, settles), so that the loop wakes at each due instant; None: load it
         # again. A row in it may be stale (cancelled meanwhile): its claim, a
         # conditional write, then fails, so the wheel never decides what the store refuses.
-        self._wheel: list[tuple[int, str, Timer]] = []
+        self._wheel: list[tuple[int, str, int, Timer]] = []
+        # The last tiebreak: one timer offered twice never compares its rows.
+        self._wheel_seq = itertools.count()
         self._wheel_until: int | None = None
         self._wheel_owned: frozenset[int] = frozenset()
         # Timers handed over to fire in-process (`LocalFirer`), by id: the row as loaded,
@@ -267,13 +270,16 @@ class TimerRunner:
         if self._wheel_until is None or now >= self._wheel_until or owned != self._wheel_owned:
             until = now + self._options.poll_interval_ms
             rows = await self._store.due(set(owned), until=until, limit=limit)
-            self._wheel = [(t.due_at, t.id, t) for t in rows]  # sorted: a heap already
+            self._wheel = [(t.due_at, t.id, next(self._wheel_seq), t) for t in rows]
+            heapq.heapify(self._wheel)  # due() sorts by due time; ties across partitions
             self._wheel_owned = owned
             # A full load may have left rows out: it is loaded again next round.
             self._wheel_until = until if len(rows) < limit else None
-        taken: list[Timer] = []
-        while self._wheel and self._wheel[0][0] <= now and len(taken) < limit:
-            taken.append(heapq.heappop(self._wheel)[2])
+        by_id: dict[str, Timer] = {}
+        while self._wheel and self._wheel[0][0] <= now and len(by_id) < limit:
+            t = heapq.heappop(self._wheel)[3]
+            by_id[t.id] = t  # a row offered again: the later offer is the newer row
+        taken = list(by_id.values())
         stats.loaded = len(taken)
         # More may be due now: in the wheel, or beyond a full load.
         head_due = bool(self._wheel) and self._wheel[0][0] <= now
@@ -292,7 +298,7 @@ class TimerRunner:
             return
         for t in timers:
             if t.status is TimerStatus.PENDING and t.due_at < until and t.partition in self._owned:
-                heapq.heappush(self._wheel, (t.due_at, t.id, t))
+                heapq.heappush(self._wheel, (t.due_at, t.id, next(self._wheel_seq), t))
 
     def invalidate(self) -> None:
         """The wheel is loaded again at the next round (rows changed behind its back)."""

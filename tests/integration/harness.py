@@ -10,12 +10,18 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 import uuid
 from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
+from typing import Any
+
+import orjson
 
 from app.kafka import Producer, TopicSpec, ensure_topics, read_partitions
 from app.node import node_topics
@@ -31,14 +37,40 @@ def new_context() -> str:
     return "t" + uuid.uuid4().hex[:10]
 
 
+def free_port() -> int:
+    """A port nothing listens on now, for a worker's HTTP edge."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
 class Worker:
-    def __init__(self, name: str, proc: subprocess.Popen[bytes], log: Path) -> None:
+    def __init__(
+        self, name: str, proc: subprocess.Popen[bytes], log: Path, port: int | None = None
+    ) -> None:
         self.name = name
         self.proc = proc
         self.log = log
+        self.port = port
 
     def text(self) -> str:
+        """The worker's log: for a failure's message, not for its state (`health`)."""
         return self.log.read_text(errors="replace") if self.log.exists() else ""
+
+    def health(self, timeout: float = 2) -> dict[str, Any] | None:
+        """What its `/healthz` says (200 or 503), or None while it does not answer."""
+        if self.port is None:
+            raise AssertionError(f"{self.name} runs without an HTTP port")
+        url = f"http://127.0.0.1:{self.port}/healthz"
+        try:
+            with urllib.request.urlopen(url, timeout=timeout) as response:
+                body: dict[str, Any] = orjson.loads(response.read())
+        except urllib.error.HTTPError as exc:
+            body = orjson.loads(exc.read())
+        except (OSError, ValueError):
+            return None
+        return body
 
     @property
     def alive(self) -> bool:
@@ -104,7 +136,9 @@ class Cluster:
         data = self.base / name
         data.mkdir(parents=True, exist_ok=True)
         log = self.base / f"{name}-{self._count}.log"
+        port = free_port()
         full_env = {
+            "TICKWHEEL_WEB_PORT": str(port),
             **os.environ,
             "PYTHONPATH": os.pathsep.join([str(ROOT / "tests" / "integration"), str(ROOT)]),
             "KAFKA_BOOTSTRAP_SERVERS": self.bootstrap,
@@ -122,7 +156,7 @@ class Cluster:
             proc = subprocess.Popen(
                 cmd, cwd=ROOT, env=full_env, stdout=out, stderr=subprocess.STDOUT
             )
-        worker = Worker(name, proc, log)
+        worker = Worker(name, proc, log, int(full_env["TICKWHEEL_WEB_PORT"]) or None)
         self.workers.append(worker)
         return worker
 
@@ -147,12 +181,12 @@ class Cluster:
 
 
 def owned(worker: Worker) -> list[int]:
-    """The partitions `worker` last said it owns."""
-    text = worker.text()
-    if "owning partitions [" not in text:
+    """The partitions `worker` owns and runs now, by its `/healthz` ([] while it does not
+    answer or restores one)."""
+    health = worker.health()
+    if health is None or health["restoring"]:
         return []
-    last = text.rsplit("owning partitions [", 1)[1].split("]", 1)[0]
-    return [int(p) for p in last.split(",") if p.strip()]
+    return [int(p) for p in health["owned"]]
 
 
 def _owns(worker: Worker) -> bool:

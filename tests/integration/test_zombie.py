@@ -79,12 +79,16 @@ async def test_a_thawed_owner_never_applies_a_timer_the_new_owner_cancelled(
         # once everything is due: its stale table still holds every timer PENDING.
         assert new.stop() == 0
         await asyncio.sleep(max(0.0, (due + 1_000) / 1000 - time.time()))  # the due time
-        owning_before = old.text().count("owning partitions [0, 1, 2, 3]")
         old.thaw()
+        # It knows at once that it was stopped for longer than its session: not ready
+        # (not a 200 for the partitions it no longer owns) until the group answers.
+        thawed = old.health(timeout=10)
+        assert thawed is not None and not thawed["ready"], thawed
+        assert thawed["suspended_s"] > 6, thawed
         # Fenced, it lets its partitions go; back in the group alone, it takes them again
         # from the changelog, where the timers are cancelled.
         await eventually(
-            lambda: old.text().count("owning partitions [0, 1, 2, 3]") > owning_before,
+            lambda: (h := old.health()) is not None and h["ready"] and len(h["owned"]) == 4,
             60,
             "the old owner took its partitions again",
         )

@@ -177,18 +177,50 @@ def external(version: int, id: str = "ext-1") -> EventEnvelope:
 async def test_another_writers_event_is_followed_so_the_version_never_goes_back() -> None:
     processor, _, _ = make()
     batch = processor.begin()
-    assert processor.follow(batch, external(5))
+    assert processor.follow(batch, external(5), 7)
     processor.decide_local(batch, [command(in_process=True)])
     event = orjson.loads(batch.out[0][3] or b"")
     assert event["version"] == 6, "decided after the other writer's v5"
-    assert not processor.follow(batch, external(5)), "followed already: passed over"
+    assert not processor.follow(batch, external(5), 7), "followed already: passed over"
+
+
+async def test_a_followed_event_is_not_folded_again_by_a_restore() -> None:
+    """The state store's offset moves past another writer's events with the batch that
+    followed them: a restore starts after them, and the aggregate is not folded twice."""
+    processor, txn, states = make()
+    await processor.handle([], local=[command(in_process=True)])  # own event at offset 0
+    batch = processor.begin()
+    assert processor.follow(batch, external(5), 7)
+    processor.staged(batch)
+    processor.committed(batch, await txn(batch.out, batch.offsets))
+    assert states.offset(P) == 7
+    log = [
+        Record("shop.order.events", P, 7, ORDER.id.encode(), encode(external(5)), T0),
+    ]
+    assert await processor.restore(FakeReader(end=8, records=log)) == 0  # type: ignore[arg-type]
+    stored = states.get(P, state_key(ORDER))
+    assert stored is not None and orjson.loads(stored)["version"] == 5
+
+
+async def test_the_state_stores_offset_never_goes_back() -> None:
+    """A batch that read the log up to offset 3 commits after this node's own events at
+    a later offset were folded: the offset stays at theirs."""
+    processor, txn, states = make()
+    txn._next = 20
+    await processor.handle([], local=[command(in_process=True)])
+    assert states.offset(P) == 20
+    batch = processor.begin()
+    assert processor.follow(batch, external(9), 3)
+    processor.staged(batch)
+    processor.committed(batch, await txn(batch.out, batch.offsets))
+    assert states.offset(P) == 20
 
 
 async def test_another_writers_event_behind_the_aggregate_changes_nothing() -> None:
     processor, _, _ = make()
     await processor.handle([], local=[command(in_process=True)])
     batch = processor.begin()
-    assert not processor.follow(batch, external(1, id="late"))
+    assert not processor.follow(batch, external(1, id="late"), 9)
     assert batch.empty
 
 
@@ -197,7 +229,7 @@ async def test_its_own_events_read_back_are_passed_over() -> None:
     await processor.handle([], local=[command(in_process=True)])
     own = EventEnvelope.model_validate_json(txn.commits[0][0][0][3] or b"")
     batch = processor.begin()
-    assert not processor.follow(batch, own) and batch.empty
+    assert not processor.follow(batch, own, 11) and batch.empty
 
 
 def test_a_record_outside_its_aggregates_partition_is_misrouted() -> None:

@@ -144,6 +144,19 @@ async def test_a_put_offered_to_the_wheel_fires_at_its_due_instant(world: World)
     assert len(world.store.due_calls) == 1, "one load of the wheel for the three rounds"
 
 
+async def test_a_row_offered_twice_fires_once(world: World) -> None:
+    """The same row in the wheel twice (a put offered, then offered again) ties on due time
+    and id: the wheel never compares the rows themselves, and the claim fires it once."""
+    runner = runner_with(world, poll_interval_ms=10_000)
+    await runner.run_round()
+    await world.put(rule=make_timer().rule.model_copy(update={"at": T0 + 500}))
+    row = await world.row()
+    runner.offer([row, row.model_copy()])
+    world.clock.set(T0 + 500)
+    await runner.run_round()
+    assert world.sender.request_ids == ["t-1#0"]
+
+
 async def test_a_remote_send_leaves_only_after_its_claim_committed(world: World) -> None:
     await world.put()
     committed: list[tuple[set[int], TimerStatus]] = []
