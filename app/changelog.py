@@ -22,9 +22,19 @@ from pathlib import Path
 from app.kafka import KafkaUnavailable, OutRecord, Reader, TransactionalProducer
 from tables import ChangelogRecord, TimerStore
 
-__all__ = ["CleanMarks", "Transaction", "TransactionalChangelog", "restore_partition"]
+__all__ = [
+    "CleanMarks",
+    "RestoreProgress",
+    "Transaction",
+    "TransactionalChangelog",
+    "restore_partition",
+]
 
 logger = logging.getLogger(__name__)
+
+RestoreProgress = Callable[[int, int], None]
+"""Told how far a restore got: the log offsets read so far and to read in all (offsets, so
+transaction markers count too and a finished restore reads exactly what it had to)."""
 
 
 class TransactionalChangelog:
@@ -38,10 +48,19 @@ class TransactionalChangelog:
     rows buffered before a commit are in it or in an earlier one.
     """
 
-    def __init__(self, bootstrap: str, topic: str, group_id: str) -> None:
+    def __init__(
+        self,
+        bootstrap: str,
+        topic: str,
+        group_id: str,
+        *,
+        on_commit: Callable[[float], None] | None = None,
+    ) -> None:
         self.bootstrap = bootstrap
         self.topic = topic
         self.group_id = group_id
+        # Told each successful commit's duration in seconds (the commit-time histogram).
+        self._on_commit = on_commit
         self._producers: dict[int, TransactionalProducer] = {}
         self._buffer: dict[int, list[OutRecord]] = {}
         self._staged: dict[int, _Staged] = {}
@@ -148,7 +167,7 @@ class TransactionalChangelog:
             return None
         self._buffer[partition] = []
         self._staged[partition] = _Staged()
-        return Transaction(producer, self.group_id, rows, staged)
+        return Transaction(producer, self.group_id, rows, staged, self._on_commit)
 
     def pending(self) -> list[int]:
         """The partitions with rows or staged work waiting to be committed."""
@@ -164,19 +183,28 @@ class Transaction:
     """One partition's taken work: its rows and staged cycles, committed by `send`."""
 
     def __init__(
-        self, producer: TransactionalProducer, group_id: str, rows: list[OutRecord], staged: _Staged
+        self,
+        producer: TransactionalProducer,
+        group_id: str,
+        rows: list[OutRecord],
+        staged: _Staged,
+        on_commit: Callable[[float], None] | None = None,
     ) -> None:
         self._producer = producer
         self._group_id = group_id
         self._rows = rows
         self._staged = staged
+        self._on_commit = on_commit
 
     async def send(self) -> list[int]:
         """Commits; tells each staged cycle its records' offsets; all the offsets."""
         rows, staged = self._rows, self._staged
+        began = time.perf_counter()
         written = await self._producer.commit(
             [*rows, *staged.records], staged.offsets, self._group_id
         )
+        if self._on_commit is not None:
+            self._on_commit(time.perf_counter() - began)
         base = len(rows)
         for start, end, committed in staged.after:
             committed(written[base + start : base + end])
@@ -218,9 +246,16 @@ class CleanMarks:
 
 
 async def restore_partition(
-    store: TimerStore, reader: Reader, topic: str, partition: int, *, clean: bool = True
+    store: TimerStore,
+    reader: Reader,
+    topic: str,
+    partition: int,
+    *,
+    clean: bool = True,
+    progress: RestoreProgress | None = None,
 ) -> int:
-    """Applies `topic[partition]` after the store's last applied offset; how many records."""
+    """Applies `topic[partition]` after the store's last applied offset; how many records.
+    `progress` hears the offsets read and to read as it goes."""
     held = store.changelog_offset(partition)
     begin, end = await reader.offsets(topic, partition)
     if not clean or held is None or held < begin or held >= end:
@@ -233,11 +268,18 @@ async def restore_partition(
     start = 0 if held is None else held + 1
     began = time.monotonic()
     count = 0
+    to_read = max(end - start, 0)
+    if progress is not None:
+        progress(0, to_read)
     async for batch in reader.read(topic, partition, start):
         rows = [(r.offset, r.key, r.value) for r in batch if r.key is not None]
         if rows:
             await store.apply_changelog(partition, rows)
             count += len(rows)
+        if batch and progress is not None:
+            progress(min(batch[-1].offset + 1 - start, to_read), to_read)
+    if progress is not None:
+        progress(to_read, to_read)
     logger.info(
         "restored %s[%d]: %d records from offset %d in %.3f s",
         topic,

@@ -237,6 +237,23 @@ class Node:
     def ledgers(self) -> list[FailureLedger]:
         return [self.ledger] if self.ledger is not None else list(self._ledgers.values())
 
+    async def refresh_metrics(self) -> None:
+        """Sets the gauges a scrape reads (the /metrics handler awaits it first)."""
+        ledgers = (
+            dict(self._ledgers)
+            if self.ledger is None
+            else {",".join(sorted({t.context for t in self.topics})): self.ledger}
+        )
+        sources = [(name, kept.store, kept.runner) for name, kept in self.types.items()]
+        await self.metrics.refresh(self.clock.now(), sources, ledgers)
+
+    def _batch_committed(
+        self, type_name: str, processor: CommandProcessor, batch: CommandBatch, written: list[int]
+    ) -> None:
+        processor.committed(batch, written[: len(batch.out)])
+        # The timers' commands are applied now: their lateness is measured at the commit.
+        self.metrics.fired(type_name, batch.fired_due, self.clock.now())
+
     @property
     def web_port(self) -> int | None:
         return None if self._web is None else self._web.port
@@ -328,14 +345,19 @@ class Node:
         )
         await self._consumer.start()
         if s.web_port:
-            self._web = WebServer(self, s.web_port)
+            self._web = WebServer(self, s.web_port, s.web_host)
             await self._web.start()
 
     def _open_type(self, t: AggregateTopics) -> _Type:
         s = self.settings
         directory = Path(s.data_dir) / t.type_name
         (directory / "timers").mkdir(parents=True, exist_ok=True)
-        changelog = TransactionalChangelog(s.bootstrap_servers, t.timers_changelog, s.group_id)
+        changelog = TransactionalChangelog(
+            s.bootstrap_servers,
+            t.timers_changelog,
+            s.group_id,
+            on_commit=self.metrics.commit_duration.labels(t.type_name).observe,
+        )
         store = open_timer_store(
             f"rocksdb://{(directory / 'timers').resolve()}",
             partitions=s.partitions,
@@ -560,7 +582,9 @@ class Node:
         if (batch := w.batch) is not None:
             processor = kept.processors[p]
             processor.staged(batch)
-            committed = functools.partial(_batch_committed, processor, batch)
+            committed = functools.partial(
+                self._batch_committed, kept.topics.type_name, processor, batch
+            )
             for code, n in batch.stats.codes.items():
                 self.metrics.commands.labels(kept.topics.type_name, code).inc(n)
             if batch.stats.dead_letters:
@@ -690,6 +714,7 @@ class Node:
             return False
         writes, put = await apply_all(kept.store, ops)
         if put:
+            self.metrics.puts.labels(kept.topics.type_name).inc(len(put))
             kept.runner.offer(put)
             kept.loop.wake(reload=False)
         return writes > 0
@@ -793,10 +818,19 @@ class Node:
                     busy_backlog=self.settings.busy_backlog,
                 )
                 kept.processors[p] = processor
-                await processor.restore(self.reader)
+                progress = self.metrics.restore_progress(t.type_name, p, "states")
+                with self.metrics.restore_duration.labels(t.type_name, "states").time():
+                    await processor.restore(self.reader, progress)
             clean = kept.marks.take(p)
             await kept.store.assign({p})
-            await restore_partition(kept.store, self.reader, t.timers_changelog, p, clean=clean)
+            progress = self.metrics.restore_progress(t.type_name, p, "timers")
+            with self.metrics.restore_duration.labels(t.type_name, "timers").time():
+                await restore_partition(
+                    kept.store, self.reader, t.timers_changelog, p, clean=clean, progress=progress
+                )
+                # Counted whole once, here, where a restore is waited for anyway: from now
+                # on each write keeps the count (the /metrics gauges scan nothing).
+                kept.store.status_counts(p)
         for results in self._results.values():
             await results.add_partition(p)
 
@@ -857,10 +891,6 @@ class Node:
                 await reader.remove_partition(p)
             except Exception:
                 logger.exception("results reader: letting partition %d go failed", p)
-
-
-def _batch_committed(processor: CommandProcessor, batch: CommandBatch, written: list[int]) -> None:
-    processor.committed(batch, written[: len(batch.out)])
 
 
 def _committer(changelog: TransactionalChangelog, p: int) -> Commit:

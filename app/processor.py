@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from app.aggregate import AggregateType
+from app.changelog import RestoreProgress
 from app.decide import Decided, StoredAggregate, decide, fold
 from app.exceptions import BadRecord
 from app.kafka import OutRecord, Reader, Record
@@ -53,6 +54,10 @@ LocalDecided = Callable[[list[tuple[CommandEnvelope, ResultCode, str]]], Awaitab
 timers' settles join the same transaction (`TimerRunner.record_outcomes`)."""
 
 logger = logging.getLogger(__name__)
+
+_FIRED = frozenset({ResultCode.COMMITTED, ResultCode.UNCHANGED, ResultCode.REJECTED})
+"""A command decided for good by its aggregate's handler (a duplicate was counted when first
+decided; BUSY, not due yet and ERROR are sent again)."""
 
 
 @dataclass(slots=True)
@@ -137,6 +142,9 @@ class CommandBatch:
     # followed or passed over): the state store's offset moves past them with it, so a
     # restore does not fold them a second time.
     log_offset: int | None = None
+    # The due times (`not_before`, epoch ms) of the scheduled commands, every timer's, this
+    # batch decided for good: their lateness is measured once the batch commits.
+    fired_due: list[int] = field(default_factory=list)
 
     @property
     def empty(self) -> bool:
@@ -172,8 +180,9 @@ class CommandProcessor:
         self._pending_states: dict[str, tuple[StoredAggregate, CommandBatch]] = {}
         self._pending_applied: dict[tuple[str, str], CommandBatch] = {}
 
-    async def restore(self, reader: Reader) -> int:
+    async def restore(self, reader: Reader, progress: RestoreProgress | None = None) -> int:
         """Folds the events after the state store's offset into it; how many were read.
+        `progress` hears the log offsets read and to read as it goes.
 
         The local states are a cache of the log: a copy that is not a prefix of the log the
         broker holds (ahead of its end: a recreated topic, another cluster) is dropped and
@@ -195,10 +204,17 @@ class CommandProcessor:
         start = 0 if held is None else held + 1
         began = time.monotonic()
         count = 0
+        to_read = max(end - start, 0)
+        if progress is not None:
+            progress(0, to_read)
         async for batch in reader.read(self.topics.events, self.partition, start):
             if batch:
                 self._fold_records(batch)
                 count += len(batch)
+                if progress is not None:
+                    progress(min(batch[-1].offset + 1 - start, to_read), to_read)
+        if progress is not None:
+            progress(to_read, to_read)
         logger.info(
             "restored %s[%d] states: %d events in %.3f s",
             self.topics.events,
@@ -392,6 +408,8 @@ class CommandProcessor:
             batch.stats.committed += 1
             batch.stats.events += len(d.events)
         batch.stats.codes[d.code] += 1
+        if cmd.not_before is not None and d.code in _FIRED:
+            batch.fired_due.append(cmd.not_before)
         version = d.stored.version if d.stored else (stored.version if stored else None)
         return d, version
 

@@ -24,6 +24,7 @@ _ENV = {
     "group_id": "TICKWHEEL_GROUP_ID",
     "session_timeout_ms": "TICKWHEEL_SESSION_TIMEOUT_MS",
     "web_port": "TICKWHEEL_WEB_PORT",
+    "web_host": "TICKWHEEL_WEB_HOST",
     "busy_backlog": "TICKWHEEL_BUSY_BACKLOG",
     "commit_interval_ms": "TICKWHEEL_COMMIT_INTERVAL_MS",
     "timers": "TICKWHEEL_TIMER_OPTIONS",
@@ -43,7 +44,10 @@ class Settings(BaseModel):
     group_id: str = Field(default="tickwheel", min_length=1)
     session_timeout_ms: int = Field(default=10_000, ge=1_000, le=300_000)
     web_port: int = Field(default=0, ge=0, le=65535)
-    """HTTP port of /healthz, /metrics and /ledger on 127.0.0.1; 0: no HTTP."""
+    """HTTP port of /healthz, /metrics and /ledger (on `web_host`); 0: no HTTP."""
+    web_host: str = Field(default="127.0.0.1", min_length=1)
+    """Address the HTTP edge listens on: loopback unless a scraper elsewhere needs it (a
+    container's Prometheus: 0.0.0.0)."""
     commit_interval_ms: int = Field(default=100, ge=1, le=60_000)
     """How often the timer runners' changelog writes are committed."""
     busy_backlog: int = Field(default=50_000, ge=1)

@@ -80,6 +80,7 @@ class WebServer:
         return _json(body, 200 if body["ready"] else 503)
 
     async def _metrics(self, request: web.Request) -> web.Response:
+        await self._node.refresh_metrics()
         return web.Response(
             body=generate_latest(self._node.metrics.registry),
             headers={"Content-Type": CONTENT_TYPE_LATEST},

@@ -19,7 +19,7 @@ from tables.census import TimerCensus, tally
 from tables.exceptions import StoreClosed, StoreError
 from tables.keys import encode_timer, owner_prefix, row_key
 from tables.refs import AggregateRef
-from tables.timer import Timer, TimerChange
+from tables.timer import ACTIVE, Timer, TimerChange, TimerStatus
 from tables.writes import Write, check_change, plan_cancel, plan_settle, put_row
 
 __all__ = [
@@ -106,6 +106,12 @@ class TimerStore(Protocol):
         """Every row `owner` keeps in the partitions served, in whatever status, by key."""
         ...
 
+    def status_counts(self, partition: int) -> dict[TimerStatus, int]:
+        """How many PENDING, FIRING and PARKED timers `partition` holds, for metrics read
+        on every scrape: counted from its indexes once (when first asked after the
+        partition was opened, restored or dropped), then kept by every write, O(1) each."""
+        ...
+
     async def census(
         self, partition: int, now: int, *, limit: int = 100_000, parked_limit: int = 100
     ) -> TimerCensus:
@@ -163,6 +169,9 @@ class PartitionedStore(ABC):
         self._served: set[int] = set(range(partitions))
         self._closed = False
         self._lock = asyncio.Lock()
+        # Per partition, its active rows by status (`status_counts`); absent: not counted
+        # since it was opened or restored (counted whole when next asked).
+        self._counts: dict[int, dict[TimerStatus, int]] = {}
 
     # --- what a backend supplies ------------------------------------------------------
 
@@ -279,6 +288,14 @@ class PartitionedStore(ABC):
                     f"the changelog sink failed, nothing was written: {exc!r}"
                 ) from exc
         self._apply(writes, values)
+        # No await since the rows were applied: a count taken in between cannot miss them.
+        for write in writes:
+            counts = self._counts.get(write.partition)
+            if counts is not None:
+                if write.old is not None and write.old.status in ACTIVE:
+                    counts[write.old.status] -= 1
+                if write.new.status in ACTIVE:
+                    counts[write.new.status] += 1
 
     # --- the TimerStore ---------------------------------------------------------------
 
@@ -411,6 +428,19 @@ class PartitionedStore(ABC):
             self._parked_entries(partition),
         )
 
+    def status_counts(self, partition: int) -> dict[TimerStatus, int]:
+        self._check_open()
+        self._check_served(partition)
+        counts = self._counts.get(partition)
+        if counts is None:
+            # Synchronous: no write can land between the scan and keeping its result.
+            counts = dict.fromkeys(sorted(ACTIVE), 0)
+            for _, status in self._due_entries(partition, 0):
+                counts[TimerStatus(status)] += 1
+            counts[TimerStatus.PARKED] = sum(1 for _ in self._parked_entries(partition))
+            self._counts[partition] = counts
+        return dict(counts)
+
     async def apply_changelog(
         self, partition: int, records: Iterable[tuple[int, bytes, bytes | None]]
     ) -> None:
@@ -418,6 +448,7 @@ class PartitionedStore(ABC):
         self._check_served(partition)
         async with self._writing():
             self._check_served(partition)
+            self._counts.pop(partition, None)
             self._restore(partition, records)
 
     def changelog_offset(self, partition: int) -> int | None:
@@ -433,6 +464,7 @@ class PartitionedStore(ABC):
         async with self._writing():
             for partition in wanted:
                 if partition not in self._served:
+                    self._counts.pop(partition, None)
                     self._open_partition(partition)
                     self._served.add(partition)
 
@@ -445,12 +477,14 @@ class PartitionedStore(ABC):
             for partition in wanted:
                 if partition in self._served:
                     self._served.discard(partition)
+                    self._counts.pop(partition, None)
                     self._close_partition(partition)
 
     async def drop(self, partition: int) -> None:
         self._check_open()
         self._check_partition(partition)
         async with self._writing():
+            self._counts.pop(partition, None)
             self._drop_partition(partition, partition in self._served)
 
     async def close(self) -> None:

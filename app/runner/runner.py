@@ -51,6 +51,9 @@ class RoundStats:
     loaded: int = 0
     claimed: int = 0
     lost_claims: int = 0
+    lapsed: int = 0
+    """FIRING rows due again: a claim that lapsed (its send never settled, or a previous
+    owner's), claimed again or expired."""
     expired: int = 0
     sent: int = 0
     fired: int = 0
@@ -185,6 +188,11 @@ class TimerRunner:
             if t.partition in self._owned and t.id not in self._in_hand
         ]
         decided += await self._taken_over(now)
+        stats.lapsed = sum(
+            1
+            for d in decided
+            if d.change is not None and d.change.loaded.status is TimerStatus.FIRING
+        )
         local: list[Timer] = []
         remote: list[Timer] = []
         to_write: list[Decision] = []
@@ -290,6 +298,17 @@ class TimerRunner:
         if self._wheel:
             stats.due_by(self._wheel[0][0])
         stats.reload_at = self._wheel_until
+
+    def backlog(self, now: int) -> tuple[int, int | None]:
+        """Due by `now` and neither sent nor fired yet: the wheel's rows due (not claimed
+        yet) and the timers handed over to fire in-process (claimed, their partition's
+        cycle not run yet); with the earliest due time among them. For metrics, read at a
+        scrape: O(wheel), which holds at most `batch_limit` rows loaded plus the puts
+        offered since, so the count is a lower bound when more than a load were due."""
+        owned = self._owned
+        due = {t.id: d for d, _, _, t in self._wheel if d <= now and t.partition in owned}
+        due |= {t.id: t.due_at for t in self._in_hand.values()}  # as loaded, before the claim
+        return len(due), min(due.values(), default=None)
 
     def offer(self, timers: Iterable[Timer]) -> None:
         """Puts rows just written (PENDING) in the wheel, when they fall within it."""
