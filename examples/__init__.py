@@ -1,0 +1,1 @@
+"""Runnable examples (README "faust apps"); each is run by a test."""

@@ -1,0 +1,88 @@
+"""A faust app with durable reminders: an order placed gets a reminder, paying cancels it.
+
+    tickwheel worker --service examples.reminders_service:service
+    python -m examples.faust_app worker -l info
+
+`<context>.orders` takes `{"order_id": …, "kind": "placed"|"paid", "remind_in_ms": …}`
+keyed by the order id; each reminder that fires is written to `<context>.reminders-sent`.
+Environment: `KAFKA_BOOTSTRAP_SERVERS`, `TICKWHEEL_PARTITIONS` (the workers' count),
+`REMINDERS_CONTEXT`.
+"""
+
+from __future__ import annotations
+
+import os
+
+import faust
+
+from app.faust_client import TickwheelTimers
+from app.wire import CommandEnvelope, ResultCode
+from examples.reminders_service import BOOK, CONTEXT, TARGET
+from tables import CommandSpec, OnceRule
+
+PARTITIONS = int(os.environ.get("TICKWHEEL_PARTITIONS", "12"))
+BROKER = os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:9092")
+
+app = faust.App(
+    f"{CONTEXT}-reminders",
+    broker=[f"kafka://{b}" for b in BROKER.split(",")],
+    topic_partitions=PARTITIONS,
+    web_enabled=False,  # faust's web server would want port 6066 in every worker
+    broker_session_timeout=10,  # a group joins in seconds, not faust's default minute
+)
+
+
+class OrderEvent(faust.Record, serializer="json"):
+    order_id: str
+    kind: str  # "placed" or "paid"
+    remind_in_ms: int = 0
+
+
+class ReminderSent(faust.Record, serializer="json"):
+    order_id: str
+    request_id: str  # `<timer id>#<slot>`: the same for a reminder sent again
+    due_at: int
+
+
+orders = app.topic(
+    f"{CONTEXT}.orders", key_type=str, value_type=OrderEvent, partitions=PARTITIONS, internal=True
+)
+reminders_sent = app.topic(
+    f"{CONTEXT}.reminders-sent", key_type=str, value_type=ReminderSent, partitions=PARTITIONS
+)
+timers = TickwheelTimers(app, context=CONTEXT, book=BOOK, target=TARGET, partitions=PARTITIONS)
+
+
+@app.agent(orders)
+async def on_order(stream: faust.StreamT[OrderEvent]) -> None:
+    async for event in stream.events():
+        order = event.value
+        if order.kind == "placed":
+            # From the event's own time: processed again, it asks for the same slot.
+            at = int(event.message.timestamp * 1000) + order.remind_in_ms
+            await timers.schedule(
+                order.order_id,
+                "reminder",
+                OnceRule(at=at),
+                CommandSpec(type="reminders.Remind", body={"order_id": order.order_id}),
+            )
+        elif order.kind == "paid":
+            await timers.cancel(order.order_id, "reminder")
+
+
+@app.agent(timers.commands)
+async def on_fired(commands: faust.StreamT[CommandEnvelope]) -> None:
+    await reminders_sent.maybe_declare()
+    async for cmd in commands:
+        if (early := timers.early_by(cmd)) > 0:  # this host's clock is behind the worker's
+            await timers.answer(cmd, ResultCode.SCHEDULE_NOT_DUE, f"{early} ms early")
+            continue
+        sent = ReminderSent(
+            order_id=cmd.aggregate.id, request_id=cmd.request_id, due_at=cmd.not_before or 0
+        )
+        await reminders_sent.send(key=cmd.aggregate.id, value=sent)
+        await timers.answer(cmd)  # COMMITTED: the worker settles the timer's slot
+
+
+if __name__ == "__main__":
+    app.main()

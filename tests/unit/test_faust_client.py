@@ -1,0 +1,459 @@
+"""The faust client without a broker: what it sends where, what it reads, how it answers,
+and the timer book that decides its commands (README "faust apps")."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import importlib.metadata
+import re
+import sys
+import tomllib
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import faust
+import pytest
+from faust.exceptions import ValueDecodeError
+from faust.types import Message
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from app.decide import StoredAggregate, decide
+from app.exceptions import ConfigError
+from app.faust_client import TickwheelTimers, command_of, request_id_for
+from app.subscription import PutTimer, timer_op
+from app.timer_book import CANCEL_TIMER, SET_TIMER, timer_book
+from app.topics import AggregateTopics
+from app.wire import (
+    SCHEDULE_CANCELLED,
+    SCHEDULE_SET,
+    CommandEnvelope,
+    CommandResult,
+    DeadLetter,
+    ResultCode,
+    ScheduleSet,
+    decode,
+    encode,
+)
+from tables import AggregateRef, CommandSpec, OnceRule
+from tables.partitioner import partition_of
+
+ROOT = Path(__file__).resolve().parents[2]
+P = 6
+NOW = 1_700_000_000_000
+CTX = "rem"
+
+
+class FakeChannel:
+    """A faust topic as the client uses one: records what is sent; acked at once."""
+
+    def __init__(self, name: str, sent: list[tuple[str, int, bytes, bytes]]) -> None:
+        self.name = name
+        self.sent = sent
+
+    async def send(
+        self, *, key: bytes, value: bytes, partition: int, force: bool = False
+    ) -> asyncio.Future[None]:
+        self.sent.append((self.name, partition, key, value))
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        done.set_result(None)
+        return done
+
+
+@pytest.fixture
+def app() -> faust.App:
+    # Nothing connects: a faust app does so only when started.
+    return faust.App("unit-faust-client", broker="kafka://broker.invalid:9092")
+
+
+@pytest.fixture
+def sent(app: faust.App, monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int, bytes, bytes]]:
+    """What the client and its command topic send, by (topic, partition, key, value)."""
+    records: list[tuple[str, int, bytes, bytes]] = []
+
+    def topic(name: str, **kwargs: Any) -> FakeChannel:
+        return FakeChannel(name, records)
+
+    monkeypatch.setattr(app, "topic", topic)
+    return records
+
+
+@pytest.fixture
+def timers(app: faust.App, monkeypatch: pytest.MonkeyPatch) -> TickwheelTimers:
+    t = TickwheelTimers(
+        app, context=CTX, book="order-timers", target="order", partitions=P, now=lambda: NOW
+    )
+    made: list[bool] = []
+
+    async def ensure() -> None:  # the topics are the broker's business (integration test)
+        made.append(True)
+
+    monkeypatch.setattr(t.topology, "ensure", ensure)
+    return t
+
+
+def message(
+    topic: str, partition: int, offset: int, key: bytes | None, value: bytes | None
+) -> Message:
+    return Message(topic, partition, offset, NOW / 1000, 0, None, key, value, None)
+
+
+# --- the extra ------------------------------------------------------------------------------
+
+
+def test_without_faust_the_import_says_how_to_install_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delitem(sys.modules, "app.faust_client")
+    monkeypatch.setitem(sys.modules, "faust", None)
+    with pytest.raises(ImportError, match=re.escape("pip install 'tickwheel[faust]'")):
+        importlib.import_module("app.faust_client")
+
+
+def test_the_workers_service_of_the_example_needs_no_faust(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for name in ("examples.reminders_service", "app.timer_book"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    monkeypatch.setitem(sys.modules, "faust", None)
+    module = importlib.import_module("examples.reminders_service")
+    assert [a.type_name for a in module.service.aggregates] == ["reminders.order-timers"]
+
+
+def test_only_the_client_imports_faust() -> None:
+    importing = sorted(
+        str(path.relative_to(ROOT))
+        for folder in ("app", "tables")
+        for path in (ROOT / folder).rglob("*.py")
+        if re.search(r"^\s*(import|from) (faust|mode)\b", path.read_text(), flags=re.M)
+    )
+    assert importing == ["app/faust_client.py"]
+
+
+def test_the_extra_pins_the_installed_faust() -> None:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    (pin,) = project["optional-dependencies"]["faust"]
+    assert pin == f"faust-streaming=={importlib.metadata.version('faust-streaming')}"
+    assert "aiokafka==0.14.0" in project["dependencies"]
+    assert importlib.metadata.version("aiokafka") == "0.14.0"
+    assert "'.[dev,faust]'" in (ROOT / "scripts" / "bootstrap-venv").read_text()
+
+
+def test_the_readmes_example_code_is_the_example_app() -> None:
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("## faust apps\n", 1)[1].split("\n## ", 1)[0]
+    (code,) = re.findall(r"```python\n(.*?)```", section, flags=re.S)
+    assert code in (ROOT / "examples" / "faust_app.py").read_text()
+
+
+# --- scheduling: key, partition, version (by the book), request id --------------------------
+
+
+@settings(max_examples=50, deadline=None)
+@given(key=st.text(st.characters(exclude_categories=("Cs",)), min_size=1, max_size=60))
+def test_a_timer_goes_to_the_books_command_topic_in_its_keys_murmur2_partition(key: str) -> None:
+    records: list[tuple[str, int, bytes, bytes]] = []
+    app = faust.App("unit-faust-client-h", broker="kafka://broker.invalid:9092")
+    app.topic = lambda name, **kw: FakeChannel(name, records)  # type: ignore[method-assign]
+    t = TickwheelTimers(app, context=CTX, book="order-timers", target="order", partitions=P)
+    t.topology._made = True  # no broker: the topics count as made
+    rule = OnceRule(at=NOW + 1000)
+    asyncio.run(t.schedule(key, "reminder", rule, CommandSpec(type="Remind"), request_id="r"))
+    ((topic, partition, raw_key, value),) = records
+    assert (topic, partition, raw_key) == (
+        f"{CTX}.order-timers.commands",
+        partition_of(key, P),
+        key.encode(),
+    )
+    cmd = decode(CommandEnvelope, value)
+    assert cmd.aggregate == AggregateRef(context=CTX, aggregate="order-timers", id=key)
+    body = ScheduleSet.model_validate(cmd.body)
+    assert body.target == AggregateRef(context=CTX, aggregate="order", id=key)
+    assert (cmd.type, body.key, body.rule, cmd.request_id) == (SET_TIMER, "reminder", rule, "r")
+
+
+async def test_cancel_sends_the_books_cancel_command(
+    timers: TickwheelTimers, sent: list[tuple[str, int, bytes, bytes]]
+) -> None:
+    cmd = await timers.cancel("o-1", "reminder", request_id="c-1")
+    ((topic, partition, key, value),) = sent
+    assert (topic, partition, key) == (
+        f"{CTX}.order-timers.commands",
+        partition_of("o-1", P),
+        b"o-1",
+    )
+    assert decode(CommandEnvelope, value) == cmd
+    assert (cmd.type, cmd.body, cmd.issued_at) == (CANCEL_TIMER, {"key": "reminder"}, NOW)
+
+
+def test_the_request_id_is_the_events_so_a_replay_is_a_duplicate() -> None:
+    m = message("rem.orders", 2, 41, b"o-1", b"{}")
+    rid = request_id_for("set", "reminder", m)
+    assert rid == "rem.orders[2]@41:set:reminder"
+    assert request_id_for("set", "reminder", message("rem.orders", 2, 41, b"o-1", b"")) == rid
+    assert request_id_for("cancel", "reminder", m) != rid
+    assert request_id_for("set", "other", m) != rid
+    long = request_id_for("set", "k" * 200, message("t" * 200, 0, 0, None, None))
+    assert long.startswith("sha256:") and len(long) <= 300
+
+
+async def test_outside_an_agent_a_request_id_must_be_given(
+    timers: TickwheelTimers, sent: list[tuple[str, int, bytes, bytes]]
+) -> None:
+    with pytest.raises(ValueError, match="pass request_id="):
+        await timers.schedule("o-1", "reminder", OnceRule(at=NOW), CommandSpec(type="Remind"))
+    assert sent == []
+
+
+@pytest.mark.parametrize(
+    ("call", "error"),
+    [
+        (
+            lambda t: t.schedule(
+                "o-1",
+                "r",
+                OnceRule(at=NOW),
+                CommandSpec(type="Remind"),
+                target=AggregateRef(context=CTX, aggregate="order-timers", id="o-1"),
+                request_id="x",
+            ),
+            "is the book itself",
+        ),
+        (
+            lambda t: t.schedule(
+                "o-1", "k" * 201, OnceRule(at=NOW), CommandSpec(type="Remind"), request_id="x"
+            ),
+            "at most 200 characters",
+        ),
+        (lambda t: t.cancel("o-1", "", request_id="x"), "at least 1 character"),
+    ],
+)
+async def test_bad_input_is_refused_before_anything_is_sent(
+    timers: TickwheelTimers,
+    sent: list[tuple[str, int, bytes, bytes]],
+    call: Callable[[TickwheelTimers], Any],
+    error: str,
+) -> None:
+    with pytest.raises(ValueError, match=error):
+        await call(timers)
+    assert sent == []
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "kind"),
+    [
+        ({"context": "a b"}, "must be '<context>.<aggregate>'", ConfigError),
+        ({"book": "order"}, "must not be the book", ValueError),
+        ({"partitions": 0}, "partitions must be at least 1", ValueError),
+    ],
+)
+def test_a_client_of_bad_names_or_counts_is_refused(
+    app: faust.App, kwargs: dict[str, Any], error: str, kind: type[Exception]
+) -> None:
+    args: dict[str, Any] = {"context": CTX, "book": "order-timers", "target": "order"}
+    with pytest.raises(kind, match=re.escape(error)):
+        TickwheelTimers(app, **{"partitions": P, **args, **kwargs})
+
+
+def test_the_client_makes_the_books_topics_and_its_command_topic(timers: TickwheelTimers) -> None:
+    names = {s.name: s.partitions for s in timers.topology.specs}
+    assert names[f"{CTX}.order-timers.commands"] == P
+    assert names[f"{CTX}.order-timers.events"] == P
+    assert names[f"{CTX}.order.commands"] == P
+    assert names[f"{CTX}.results"] == P
+    assert f"{CTX}.order.events" not in names  # the app's own type keeps no log here
+
+
+# --- the commands topic: typed values, bad records dead-lettered ----------------------------
+
+
+def command(key: str = "o-1", **update: Any) -> CommandEnvelope:
+    cmd = CommandEnvelope(
+        request_id="tid#0",
+        type="reminders.Remind",
+        aggregate=AggregateRef(context=CTX, aggregate="order", id=key),
+        not_before=NOW,
+        issued_at=NOW,
+        reply_to=f"{CTX}.results",
+        reply_partition=4,
+    )
+    return cmd.model_copy(update=update)
+
+
+def test_a_command_record_reads_as_a_command_envelope() -> None:
+    target = AggregateTopics(CTX, "order")
+    cmd = command()
+    m = message(target.commands, partition_of("o-1", P), 7, b"o-1", encode(cmd))
+    assert command_of(m, target, P) == cmd
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "partition", "error"),
+    [
+        (b"o-1", b"{not json", None, "not a valid CommandEnvelope"),
+        (b"o-1", None, None, "empty record"),
+        (
+            b"o-1",
+            encode(command(aggregate=AggregateRef(context=CTX, aggregate="other", id="o-1"))),
+            None,
+            f"command for {CTX}.other on {CTX}.order.commands",
+        ),
+        (b"o-2", encode(command()), None, "is not the aggregate id"),
+        (b"o-1", encode(command()), (partition_of("o-1", P) + 1) % P, "belongs in partition"),
+    ],
+)
+def test_a_record_that_is_not_its_aggregates_command_is_a_decode_error(
+    key: bytes, value: bytes | None, partition: int | None, error: str
+) -> None:
+    target = AggregateTopics(CTX, "order")
+    p = partition_of("o-1", P) if partition is None else partition
+    with pytest.raises(ValueDecodeError, match=re.escape(error)):
+        command_of(message(target.commands, p, 0, key, value), target, P)
+
+
+async def test_the_agents_topic_delivers_commands_and_dead_letters_the_rest(
+    timers: TickwheelTimers, sent: list[tuple[str, int, bytes, bytes]]
+) -> None:
+    topic = f"{CTX}.order.commands"
+    p = partition_of("o-1", P)
+    event = await timers.commands.decode(message(topic, p, 3, b"o-1", encode(command())))
+    assert (event.key, event.value) == ("o-1", command())
+    assert sent == []
+    await timers.commands.decode(message(topic, p, 4, b"o-1", b"{not json"))
+    ((letters, partition, key, value),) = sent
+    assert (letters, partition, key) == (f"{CTX}.dead-letters", 0, b"o-1")
+    letter = decode(DeadLetter, value)
+    assert (letter.topic, letter.partition, letter.offset, letter.value) == (
+        topic,
+        p,
+        4,
+        "{not json",
+    )
+    assert "not a valid CommandEnvelope" in letter.error
+
+
+async def test_the_topic_is_declared_with_tickwheels_specs(
+    app: faust.App, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    made: list[list[tuple[str, int]]] = []
+
+    async def ensure_topics(bootstrap: str, specs: Any) -> None:
+        made.append([(s.name, s.partitions) for s in specs])
+        assert bootstrap == "broker.invalid:9092"
+
+    monkeypatch.setattr("app.faust_client.ensure_topics", ensure_topics)
+    t = TickwheelTimers(app, context=CTX, book="order-timers", target="order", partitions=P)
+    assert t.commands.internal  # faust declares it before it subscribes
+    await t.commands.maybe_declare()
+    await t.commands.maybe_declare()
+    await t.topology.ensure()
+    assert made == [[(s.name, s.partitions) for s in t.topology.specs]]  # once per process
+
+
+# --- answering ------------------------------------------------------------------------------
+
+
+async def test_an_answer_goes_to_reply_to_in_the_partition_the_node_reads(
+    timers: TickwheelTimers, sent: list[tuple[str, int, bytes, bytes]]
+) -> None:
+    assert await timers.answer(command(), message="done")
+    ((topic, partition, key, value),) = sent
+    assert (topic, partition, key) == (f"{CTX}.results", 4, b"tid#0")
+    result = decode(CommandResult, value)
+    assert (result.code, result.message, result.decided_at) == (ResultCode.COMMITTED, "done", NOW)
+    assert result.aggregate == command().aggregate
+
+
+async def test_an_answer_to_another_results_topic_goes_by_request_id(
+    timers: TickwheelTimers, sent: list[tuple[str, int, bytes, bytes]]
+) -> None:
+    await timers.answer(command(reply_to="other.results"), ResultCode.REJECTED, "no")
+    ((topic, partition, _, value),) = sent
+    assert (topic, partition) == ("other.results", partition_of("tid#0", P))
+    assert decode(CommandResult, value).code == ResultCode.REJECTED
+
+
+async def test_a_command_without_reply_to_expects_no_answer(
+    timers: TickwheelTimers, sent: list[tuple[str, int, bytes, bytes]]
+) -> None:
+    assert not await timers.answer(command(reply_to=None))
+    assert sent == []
+
+
+def test_early_by_counts_by_the_apps_clock(timers: TickwheelTimers) -> None:
+    assert timers.early_by(command(not_before=NOW + 250)) == 250
+    assert timers.early_by(command(not_before=NOW - 250)) == 0
+    assert timers.early_by(command(not_before=None)) == 0
+
+
+# --- the timer book: the commands become the events, at the book's versions -----------------
+
+
+def book_command(type_: str, body: dict[str, Any], request_id: str = "r1") -> CommandEnvelope:
+    return CommandEnvelope(
+        request_id=request_id,
+        type=type_,
+        aggregate=AggregateRef(context=CTX, aggregate="order-timers", id="o-1"),
+        body=body,
+        issued_at=NOW,
+    )
+
+
+SET_BODY = {
+    "key": "reminder",
+    "rule": {"kind": "once", "at": NOW + 5000},
+    "target": {"context": CTX, "aggregate": "order", "id": "o-1"},
+    "command": {"type": "reminders.Remind", "body": {"order_id": "o-1"}},
+}
+
+
+def test_the_book_decides_set_and_cancel_into_the_events_at_its_next_versions() -> None:
+    book = timer_book(CTX, "order-timers")
+    first = decide(book, None, book_command(SET_TIMER, SET_BODY), now=NOW, seen=False)
+    assert first.code == ResultCode.COMMITTED
+    ((event,),) = [first.events]
+    assert (event.type, event.version, event.request_id) == (SCHEDULE_SET, 1, "r1")
+    assert ScheduleSet.model_validate(event.body) == ScheduleSet.model_validate(SET_BODY)
+    op = timer_op(event, partition_of("o-1", P))
+    assert isinstance(op, PutTimer)
+    assert op.timer.target == AggregateRef(context=CTX, aggregate="order", id="o-1")
+    assert op.timer.due_at == NOW + 5000
+
+    second = decide(
+        book,
+        first.stored,
+        book_command(CANCEL_TIMER, {"key": "reminder"}, "r2"),
+        now=NOW,
+        seen=False,
+    )
+    ((cancel,),) = [second.events]
+    assert (cancel.type, cancel.version, cancel.body) == (
+        SCHEDULE_CANCELLED,
+        2,
+        {"key": "reminder"},
+    )
+    again = decide(book, second.stored, book_command(SET_TIMER, SET_BODY), now=NOW, seen=True)
+    assert again.code == ResultCode.DUPLICATE
+
+
+@pytest.mark.parametrize(
+    ("type_", "body", "reason"),
+    [
+        (SET_TIMER, {**SET_BODY, "rule": {"kind": "once"}}, "invalid wow.SetTimer: rule.once.at"),
+        (SET_TIMER, {k: v for k, v in SET_BODY.items() if k != "target"}, "needs a target"),
+        (
+            SET_TIMER,
+            {**SET_BODY, "target": {"context": CTX, "aggregate": "order-timers", "id": "x"}},
+            "is the book itself",
+        ),
+        (CANCEL_TIMER, {}, "invalid wow.CancelTimer: key"),
+    ],
+)
+def test_the_book_rejects_what_is_not_a_timer_for_another_type(
+    type_: str, body: dict[str, Any], reason: str
+) -> None:
+    book = timer_book(CTX, "order-timers")
+    stored = StoredAggregate(version=3)
+    d = decide(book, stored, book_command(type_, body), now=NOW, seen=False)
+    assert d.code == ResultCode.REJECTED and d.events == [] and d.stored is None
+    assert reason in d.message, d.message
