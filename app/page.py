@@ -193,15 +193,16 @@ class _OwnerPart:
 class _Chart:
     width: int = 720
     height: int = 180
-    left: int = 56
+    left: int = 64
     bottom: int = 22
     p50: str = ""
     p99: str = ""
     maxes: list[tuple[float, float]] = field(default_factory=list)
-    top_ms: float = 0.0
+    p99s: list[tuple[float, float]] = field(default_factory=list)
+    top: str = ""
     points: int = 0
     fired: int = 0
-    worst_ms: float = 0.0
+    worst: str = ""
 
 
 # --- the page ----------------------------------------------------------------------------
@@ -331,7 +332,7 @@ class OperatorPage:
                 except StoreClosed:
                     here = False
             parts.append(
-                _OwnerPart(type_name, p, here, [(t, _time(t.due_at, now)) for t in timers])
+                _OwnerPart(type_name, p, here, [(t, _time(t.slot_due_at, now)) for t in timers])
             )
         return parts
 
@@ -356,10 +357,12 @@ class OperatorPage:
         chart.p50 = " ".join(f"{x(p.second)},{y(p.p50_ms)}" for p in points)
         chart.p99 = " ".join(f"{x(p.second)},{y(p.p99_ms)}" for p in points)
         chart.maxes = [(x(p.second), y(p.max_ms)) for p in points]
-        chart.top_ms = round(top, 1)
+        # Marks as well as lines: a second alone (no neighbour to draw a line to) shows.
+        chart.p99s = [(x(p.second), y(p.p99_ms)) for p in points]
+        chart.top = _ms(top)
         chart.points = len(points)
         chart.fired = sum(p.count for p in points)
-        chart.worst_ms = round(max(p.max_ms for p in points), 1)
+        chart.worst = _ms(max(p.max_ms for p in points))
         return chart
 
     # --- POST --------------------------------------------------------------------------
@@ -467,6 +470,10 @@ def _time(ms: int | None, now: int | None = None) -> str:
     return f"{text} ({'in ' + span if delta > 0 else span + ' ago'})"
 
 
+def _ms(ms: float) -> str:
+    return f"{ms / 1000:.2f} s" if ms >= 1000 else f"{ms:.1f} ms"
+
+
 def _span(seconds: float) -> str:
     if seconds < 60:
         return f"{seconds:.1f} s"
@@ -491,7 +498,7 @@ th{background:#f3f3f3}td.n{text-align:right}
 .error{background:#fbe9e9;border:1px solid #c66;padding:.5em;margin:.6em 0}
 .running{color:#060}.restoring{color:#a60}.stalled,.failed,.failed_taken_again{color:#b00}
 .elsewhere{color:#777}.muted{color:#777}
-form.inline{display:inline;margin:0}button{margin-right:.3em}
+form.inline{display:inline;margin:0}button{margin-right:.3em}td.ops{white-space:nowrap}
 """
 
 _PAGE = _ENV.from_string(
@@ -515,7 +522,8 @@ _PAGE = _ENV.from_string(
 <button type="submit">Search</button></form>
 {% if owner_parts is not none %}
 <table id="owner-timers"><tr><th>type</th><th>partition</th><th>owned by</th><th>key</th>
-<th>status</th><th>due</th><th>slot</th><th>attempts</th><th>outcome</th><th>target</th></tr>
+<th>status</th><th>slot due</th><th>slot</th><th>attempts</th><th>outcome</th>
+<th>target</th></tr>
 {% for part in owner_parts %}
 {% if not part.here %}
 <tr><td>{{ part.type_name }}</td><td class="n">{{ part.partition }}</td>
@@ -570,7 +578,7 @@ _PAGE = _ENV.from_string(
 <td>{{ t.owner }}</td><td>{{ t.key }}</td><td>{{ t.target }}</td><td>{{ t.command.type }}</td>
 <td>{{ r.slot_due }}</td><td class="n">{{ t.attempts }}</td>
 <td>{{ t.outcome.value if t.outcome else "—" }}</td>
-<td><form class="inline" method="post">
+<td class="ops"><form class="inline" method="post">
 <input type="hidden" name="type" value="{{ r.type_name }}">
 <input type="hidden" name="target_type" value="{{ t.target.type_name }}">
 <input type="hidden" name="target_tenant" value="{{ t.target.tenant }}">
@@ -590,7 +598,7 @@ in every partition (up to {{ parked_limit }} are listed per partition).</p>
 {% for r in ledger %}
 <tr class="ledger-entry"><td>{{ r.entry.subscription }}</td><td>{{ r.entry.target }}</td>
 <td>{{ r.entry.timers | join(", ") }}</td>
-<td><form class="inline" method="post">
+<td class="ops"><form class="inline" method="post">
 <label>owner type <select name="type">
 {% for name in r.types %}
 <option value="{{ name }}"{{ " selected" if name == r.default_type else "" }}>{{ name }}</option>
@@ -612,7 +620,7 @@ in every partition (up to {{ parked_limit }} are listed per partition).</p>
  height="{{ chart.height }}" role="img" aria-label="timer lateness per second">
 <rect x="{{ chart.left }}" y="8" width="{{ chart.width - chart.left - 8 }}"
  height="{{ chart.height - chart.bottom - 8 }}" fill="#fafafa" stroke="#ccc"/>
-<text x="{{ chart.left - 4 }}" y="16" text-anchor="end" font-size="11">{{ chart.top_ms }} ms</text>
+<text x="{{ chart.left - 4 }}" y="16" text-anchor="end" font-size="11">{{ chart.top }}</text>
 <text x="{{ chart.left - 4 }}" y="{{ chart.height - chart.bottom }}" text-anchor="end"
  font-size="11">0</text>
 <text x="{{ chart.left }}" y="{{ chart.height - 6 }}" font-size="11">
@@ -622,10 +630,12 @@ in every partition (up to {{ parked_limit }} are listed per partition).</p>
 <polyline points="{{ chart.p50 }}" fill="none" stroke="#2a6" stroke-width="1.5"/>
 <polyline points="{{ chart.p99 }}" fill="none" stroke="#d62" stroke-width="1.5"/>
 {% for cx, cy in chart.maxes %}<circle cx="{{ cx }}" cy="{{ cy }}" r="1.6" fill="#888"/>{% endfor %}
+{% for cx, cy in chart.p99s %}<circle cx="{{ cx }}" cy="{{ cy }}" r="1.6" fill="#d62"/>{% endfor %}
 </svg>
 <div class="muted"><span style="color:#2a6">p50</span> · <span style="color:#d62">p99</span>
 · <span style="color:#888">max</span> per second; {{ chart.fired }} timers fired in
-{{ chart.points }} seconds, the latest {{ chart.worst_ms }} ms late.</div>
+{{ chart.points }} second{{ "" if chart.points == 1 else "s" }}, {{ chart.worst }} late at worst.
+</div>
 {% else %}<p class="muted" id="lateness-empty">No timer fired here in the last
 {{ chart_seconds // 60 }} minutes.</p>{% endif %}
 </body></html>

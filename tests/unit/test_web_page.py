@@ -269,12 +269,13 @@ async def test_the_lateness_chart_draws_the_recent_seconds(site: Site) -> None:
     svg = html.split('<svg id="lateness"', 1)[1].split("</svg>", 1)[0]
     lines = re.findall(r'<polyline points="([^"]+)"', svg)
     assert len(lines) == 2 and all(len(line.split()) == 2 for line in lines)
-    assert len(re.findall(r"<circle ", svg)) == 2
+    assert len(re.findall(r'<circle [^>]*fill="#888"', svg)) == 2  # max
+    assert len(re.findall(r'<circle [^>]*fill="#d62"', svg)) == 2  # p99
     assert "200.0 ms" in svg  # the top of the scale: the worst of the span
     assert "4 timers fired in" in html and "2 seconds" in html
     # The points are in time order, left to right, inside the plot.
     xs = [float(p.split(",")[0]) for p in lines[0].split()]
-    assert xs == sorted(xs) and 56 <= xs[0] < xs[1] <= 712
+    assert xs == sorted(xs) and 64 <= xs[0] < xs[1] <= 712
 
 
 # --- escaping -----------------------------------------------------------------------------

@@ -1,0 +1,71 @@
+"""The service of the operator page's browser test: a gate that fails its timers' command
+until it is opened, as a target does until an operator has fixed what it depends on.
+
+`Pass` fails (a ValueError: ERROR, so the timer is retried and then parked) while the
+gate is closed; `Open` opens it, and `Pass` then commits `Passed`. The context's name
+comes from `TW_TEST_CONTEXT`, as for `tw_services`.
+"""
+
+from __future__ import annotations
+
+import os
+
+from pydantic import BaseModel
+
+from app.aggregate import AggregateType, Command, Decision, Event, Service
+from tables import AggregateRef, CommandSpec, parse_rule
+
+CONTEXT = os.environ.get("TW_TEST_CONTEXT", "itest")
+
+
+class Gate(BaseModel):
+    open: bool = False
+    passed: int = 0
+
+
+gate = AggregateType(CONTEXT, "gate", Gate)
+
+
+@gate.command("Schedule")
+def _schedule(state: Gate, cmd: Command, d: Decision) -> None:
+    d.schedule(
+        str(cmd.body["key"]),
+        parse_rule(cmd.body["rule"]),
+        CommandSpec(type=str(cmd.body["type"]), body={}),
+        AggregateRef.model_validate(cmd.body["target"]),
+    )
+
+
+@gate.command("Open")
+def _open(state: Gate, cmd: Command, d: Decision) -> None:
+    d.emit("Opened", {})
+
+
+@gate.command("Pass")
+def _pass(state: Gate, cmd: Command, d: Decision) -> None:
+    if not state.open:
+        raise ValueError("the gate is closed")
+    d.emit("Passed", {"n": state.passed + 1})
+
+
+@gate.command("Tick")
+def _tick(state: Gate, cmd: Command, d: Decision) -> None:
+    d.emit("Ticked", {})
+
+
+@gate.applies("Opened")
+def _opened(state: Gate, e: Event) -> Gate:
+    return state.model_copy(update={"open": True})
+
+
+@gate.applies("Passed")
+def _passed(state: Gate, e: Event) -> Gate:
+    return state.model_copy(update={"passed": e.body["n"]})
+
+
+@gate.applies("Ticked")
+def _ticked(state: Gate, e: Event) -> Gate:
+    return state
+
+
+service = Service(aggregates=(gate,))
