@@ -136,25 +136,69 @@ def rebuild(
     ] = None,
     bootstrap: Bootstrap = None,
     service: ServiceSpec = "app.demo:service",
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="print what would be reset; change nothing")
+    ] = False,
+    wait: Annotated[
+        bool,
+        typer.Option("--wait/--no-wait", help="follow the workers' replay until it is complete"),
+    ] = True,
 ) -> None:
-    """Rebuilds the timer tables from the log (stop the workers first)."""
-    from app.rebuild import rebuild as run_rebuild
+    """Rebuilds the timer tables from the log (stop the workers first), then follows the
+    workers' replay of the log to its end."""
+    from rich.console import Console
+
+    from app.cli_rebuild import Ended, plan_lines, progress_line, run_rebuild
     from app.topics import parse_aggregate_type
 
     settings = _settings(bootstrap_servers=bootstrap)
+    # The client library logs each failed connection attempt; the error below says it once.
+    logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
+    out = Console(highlight=False, soft_wrap=True)
     try:
         names = types or [
             a.type_name for a in load_service(service).all_aggregates(settings.partitions)
         ]
         topics = [parse_aggregate_type(n) for n in names]
-        reports = asyncio.run(
-            run_rebuild(settings.bootstrap_servers, settings.group_id, topics, settings.partitions)
+        run = asyncio.run(
+            run_rebuild(
+                settings.bootstrap_servers,
+                settings.group_id,
+                topics,
+                dry_run=dry_run,
+                wait=wait,
+                out=out,
+                err=sys.stderr,
+            )
         )
     except TickwheelError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from exc
-    for r in reports:
-        typer.echo(f"{r.type_name}: timer table emptied; workers replay the log when they start")
+    plan, last = run.plan, run.last
+    if dry_run:
+        typer.echo("dry run: nothing was changed; a rebuild would")
+        for line in plan_lines(plan, done=False):
+            typer.echo(line)
+        if plan.members:
+            typer.echo(
+                f"error: group {plan.group_id} has {plan.members} running worker(s): "
+                "the rebuild would refuse; stop them first",
+                err=True,
+            )
+            raise typer.Exit(1)
+        typer.echo(f"group {plan.group_id} has no running worker: the rebuild may run")
+    elif run.ended is Ended.NOT_FOLLOWED:
+        typer.echo("timer tables emptied; the workers replay the log when they start")
+    elif run.ended is Ended.INTERRUPTED:
+        where = f" at {progress_line(last)}" if last is not None else ""
+        typer.echo(
+            f"stopped following the replay{where}; the rebuild is done and the workers replay on",
+            err=True,
+        )
+        raise typer.Exit(130)
+    else:
+        total = sum(s.size for s in plan.spans().values())
+        typer.echo(f"replay complete: {total:,} log offsets; the timer tables are rebuilt")
 
 
 @cli.command()

@@ -22,7 +22,6 @@ import orjson
 import typer
 
 from app.aggregate import Service
-from app.cli_timers import require_topic
 from app.decide import StoredAggregate, fold
 from app.exceptions import BadRecord, TickwheelError
 from app.jobs import (
@@ -37,7 +36,7 @@ from app.jobs import (
     reschedule_command,
     schedule_aggregate,
 )
-from app.kafka import Producer, Reader, ensure_topics, read_partitions
+from app.kafka import Producer, Reader, ensure_topics, read_partitions, require_topic
 from app.node import node_topics
 from app.settings import Settings
 from app.topics import AggregateTopics, ContextTopics

@@ -1,8 +1,9 @@
 """`tickwheel timers …`: operator commands on timers and the failure ledger.
 
-The read-only commands (`list`, `ledger`, and `tickwheel jobs list --state`) never create
-a topic: one that is not there is an error that names it (exit code 1). `retry` and
-`skip` write requests, and create the timer-ops topic as a worker would.
+The read-only commands (`list`, `show`, `ledger`, and `tickwheel jobs list --state`,
+`tickwheel rebuild --dry-run`) never create a topic: one that is not there is an error
+that names it (exit code 1). `retry` and `skip` write requests, and create the timer-ops
+topic as a worker would.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import asyncio
 import logging
 import re
 import sys
-from collections.abc import Coroutine, Iterable
+from collections.abc import Coroutine
 from datetime import UTC, datetime
 from typing import Annotated, Any, TypeVar
 
@@ -20,23 +21,22 @@ import typer
 from pydantic import ValidationError
 
 from app.exceptions import TickwheelError
-from app.kafka import KafkaUnavailable, read_partitions
-from app.ledger import LedgerView
-from app.operator import TimerOp, request_retry, request_skip
+from app.ledger import read_ledger
+from app.operator import (
+    TimerHistory,
+    TimerOp,
+    read_timer_history,
+    read_timers,
+    request_retry,
+    request_skip,
+)
 from app.settings import Settings
-from app.topics import ContextTopics, parse_aggregate_type
+from app.topics import parse_aggregate_type
 from tables.ledger import LedgerEntry
 from tables.refs import DEFAULT_TENANT, AggregateRef
 from tables.timer import Timer, TimerStatus
 
-__all__ = [
-    "MissingTopic",
-    "existing_topics",
-    "read_ledger_entries",
-    "read_timer_rows",
-    "require_topic",
-    "timers_cli",
-]
+__all__ = ["timers_cli"]
 
 timers_cli = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
 logger = logging.getLogger(__name__)
@@ -53,89 +53,6 @@ TypeName = Annotated[
 Json = Annotated[bool, typer.Option("--json", help="one JSON object per line")]
 
 _CONTEXT = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_\-]*$")
-
-
-class MissingTopic(TickwheelError):
-    """A topic a read-only command reads is not there: nothing is created for it."""
-
-
-async def existing_topics(bootstrap: str, names: Iterable[str]) -> dict[str, int]:
-    """The partition counts of those of `names` the broker has; never creates a topic.
-
-    The broker is first asked for all of its topics: a metadata request that names a
-    topic creates it on a broker with `auto.create.topics.enable`. Only the topics found
-    are then described.
-    """
-    # aiokafka is app.kafka's alone; this belongs there (held by another change for now).
-    from aiokafka.admin import AIOKafkaAdminClient
-    from aiokafka.errors import KafkaError
-
-    wanted = list(names)
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=30_000)
-    try:
-        await admin.start()
-        have = set(await admin.list_topics())
-        present = [n for n in wanted if n in have]
-        if not present:
-            return {}
-        described = await admin.describe_topics(present)
-        return {t["topic"]: len(t["partitions"]) for t in described if not t.get("error_code")}
-    except KafkaError as exc:
-        raise KafkaUnavailable(f"cannot read the topics at {bootstrap}: {exc!r}") from exc
-    finally:
-        await admin.close()
-
-
-async def require_topic(bootstrap: str, topic: str, why: str) -> int:
-    """The partition count of `topic`; `MissingTopic` (saying `why` it may be missing) when
-    the broker does not have it."""
-    found = await existing_topics(bootstrap, [topic])
-    if topic not in found:
-        raise MissingTopic(
-            f"topic {topic} does not exist at {bootstrap}: {why} "
-            "(nothing was created; is KAFKA_BOOTSTRAP_SERVERS or --bootstrap the cluster's?)"
-        )
-    return found[topic]
-
-
-async def read_timer_rows(
-    bootstrap: str, type_name: str, status: TimerStatus | None = None
-) -> list[Timer]:
-    """The timer table of `type_name` as its changelog has it (the latest row per key,
-    deleted rows left out), by partition then due time; only those in `status` if given.
-    `MissingTopic` when no worker has kept that type's timers on this broker."""
-    topic = parse_aggregate_type(type_name).timers_changelog
-    partitions = await require_topic(
-        bootstrap, topic, f"no worker has kept timers of {type_name} there"
-    )
-    rows: dict[tuple[int, bytes], Timer] = {}
-    async for batch in read_partitions(bootstrap, topic, range(partitions)):
-        for r in batch:
-            if r.key is None:
-                continue
-            if r.value is None:
-                rows.pop((r.partition, r.key), None)
-                continue
-            try:
-                rows[(r.partition, r.key)] = Timer.model_validate(orjson.loads(r.value))
-            except (orjson.JSONDecodeError, ValidationError) as exc:
-                logger.warning("unreadable row at %s[%d]@%d: %s", topic, r.partition, r.offset, exc)
-    timers = [t for t in rows.values() if status is None or t.status is status]
-    return sorted(timers, key=lambda t: (t.partition, t.due_at, t.id))
-
-
-async def read_ledger_entries(bootstrap: str, context: str) -> list[LedgerEntry]:
-    """The open entries of `context`'s failure ledger as the topic has them now;
-    `MissingTopic` when no worker of the context has run on this broker."""
-    topic = ContextTopics(context).ledger
-    partitions = await require_topic(
-        bootstrap, topic, f"no worker of context {context} has run there"
-    )
-    view = LedgerView()
-    async for batch in read_partitions(bootstrap, topic, range(partitions)):
-        for record in batch:
-            view.apply_record(record)
-    return view.entries()
 
 
 def _fail(message: str) -> typer.Exit:
@@ -198,7 +115,7 @@ def ledger(
     settings = _settings(bootstrap, partitions)
     if not _CONTEXT.match(context):
         raise _fail(f"context {context!r} must be letters, digits, '_' or '-'")
-    entries: list[LedgerEntry] = _run(read_ledger_entries(settings.bootstrap_servers, context))
+    entries: list[LedgerEntry] = _run(read_ledger(settings.bootstrap_servers, context))
     for e in entries:
         if as_json:
             _json_line(e.model_dump(mode="json"))
@@ -274,7 +191,7 @@ def list_(
         except ValueError as exc:
             known = ", ".join(s.value for s in TimerStatus)
             raise _fail(f"unknown status {status!r}: one of {known}") from exc
-    timers: list[Timer] = _run(read_timer_rows(settings.bootstrap_servers, type_name, wanted))
+    timers: list[Timer] = _run(read_timers(settings.bootstrap_servers, type_name, status=wanted))
     for t in timers:
         if as_json:
             _json_line(t.model_dump(mode="json"))
@@ -286,3 +203,58 @@ def list_(
             )
     if not as_json:
         typer.echo(f"{len(timers)} timer(s)", err=True)
+
+
+def _version_line(offset: int, timestamp: int, row: Timer | None) -> str:
+    if row is None:
+        return f"  @{offset}\t{_time(timestamp)}\tdeleted"
+    return (
+        f"  @{offset}\t{_time(timestamp)}\t{row.status}\tslot {row.slot}\t"
+        f"slot due {_time(row.slot_due_at)}\tdue {_time(row.due_at)}\t"
+        f"attempts {row.attempts}\t{row.outcome or '-'}\tid {row.id}"
+    )
+
+
+@timers_cli.command()
+def show(
+    type_name: TypeName,
+    owner_id: Annotated[str, typer.Option("--owner", help="the id of the timers' owner")],
+    key: Annotated[str | None, typer.Option(help="only the owner's timer of this key")] = None,
+    tenant: Annotated[str, typer.Option(help="the owner's tenant")] = DEFAULT_TENANT,
+    bootstrap: Bootstrap = None,
+    as_json: Json = False,
+) -> None:
+    """Prints an owner's timers (or one): each one's row now and the versions its
+    changelog's committed records hold, oldest first."""
+    settings = _settings(bootstrap, None)
+    topics = parse_aggregate_type(_type(type_name))
+    try:
+        owner = AggregateRef(
+            context=topics.context, aggregate=topics.aggregate, tenant=tenant, id=owner_id
+        )
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        raise _fail(f"bad owner: {problems}") from exc
+    history: TimerHistory = _run(read_timer_history(settings.bootstrap_servers, owner, key))
+    if as_json:
+        for versions in history.versions.values():
+            for v in versions:
+                _json_line(v.model_dump(mode="json"))
+        return
+    typer.echo(
+        f"{owner}: {len(history.versions)} timer(s) in {history.topic}[{history.partition}] "
+        "(committed records; compaction keeps each timer's last version, older ones until "
+        "it runs)"
+    )
+    for name, versions in history.versions.items():
+        now = history.current(name)
+        if now is None:
+            typer.echo(f"{name}: deleted")
+        else:
+            typer.echo(
+                f"{name}: {now.status}\tslot {now.slot}\tdue {_time(now.due_at)}\t"
+                f"attempts {now.attempts}\t{now.outcome or '-'}\t-> {now.target} "
+                f"{now.command.type}\trule {now.rule.model_dump_json()}"
+            )
+        for v in versions:
+            typer.echo(_version_line(v.offset, v.timestamp, v.row))

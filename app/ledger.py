@@ -35,9 +35,8 @@ from app.kafka import (
     PartitionReader,
     Producer,
     Record,
-    TopicSpec,
-    ensure_topics,
     read_partitions,
+    require_topic,
 )
 from app.topics import ContextTopics
 from tables.ledger import LedgerEntry
@@ -173,16 +172,20 @@ class LedgerView:
         return sorted(open_, key=lambda e: (e.subscription, str(e.target)))
 
 
-async def read_ledger(bootstrap: str, context: str, partitions: int) -> list[LedgerEntry]:
+async def read_ledger(
+    bootstrap: str, context: str, partitions: int | None = None
+) -> list[LedgerEntry]:
     """The open entries of `context`'s ledger as the topic has them now (for the CLI).
 
-    The topic is created if it is not there yet (with `partitions`, as a node would):
-    a consumer waits for a topic that does not exist instead of saying so.
+    Creates no topic: `MissingTopic` when no worker of the context has run on this
+    broker. `partitions`, when given, is the count the topic must have.
     """
     view = LedgerView()
     topic = ContextTopics(context).ledger
-    await ensure_topics(bootstrap, [TopicSpec(topic, partitions, compacted=True)])
-    async for batch in read_partitions(bootstrap, topic, range(partitions)):
+    have = await require_topic(bootstrap, topic, f"no worker of context {context} has run there")
+    if partitions is not None and have != partitions:
+        raise KafkaUnavailable(f"topic {topic} has {have} partitions, expected {partitions}")
+    async for batch in read_partitions(bootstrap, topic, range(have)):
         for record in batch:
             view.apply_record(record)
     return view.entries()

@@ -8,7 +8,9 @@ record in its group and retries or skips the PARKED timers of partition p only
 (`carry_out`), then commits the record's offset. The ledger entry is resolved by each;
 resolving is idempotent.
 
-Also here: reading the timer table from its changelog, for `tickwheel timers list`.
+Also here: reading the timer table from its changelog, for `tickwheel timers list` and
+`tickwheel timers show`. Those reads create no topic: one that is not there is a
+`MissingTopic` error naming it.
 """
 
 from __future__ import annotations
@@ -21,19 +23,38 @@ from enum import StrEnum
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from app.kafka import OutRecord, Producer, TopicSpec, ensure_topics, read_partitions
+from app.exceptions import TickwheelError
+from app.kafka import (
+    KafkaUnavailable,
+    MissingTopic,
+    OutRecord,
+    Producer,
+    Record,
+    TopicSpec,
+    ensure_topics,
+    existing_topics,
+    read_partitions,
+    read_to_end,
+    require_topic,
+)
 from app.runner import TimerRunner
-from app.topics import AggregateTopics, parse_aggregate_type
+from app.topics import parse_aggregate_type
 from app.wire import encode
+from tables.keys import owner_prefix
+from tables.partitioner import partition_of
 from tables.refs import AggregateRef
 from tables.timer import Timer, TimerStatus
 
 __all__ = [
+    "NoTimers",
     "TimerAction",
+    "TimerHistory",
     "TimerOp",
+    "TimerVersion",
     "carry_out",
     "new_op",
     "op_records",
+    "read_timer_history",
     "read_timers",
     "request_retry",
     "request_skip",
@@ -131,28 +152,139 @@ async def carry_out(runner: TimerRunner, op: TimerOp, partition: int) -> int:
 
 
 async def read_timers(
-    bootstrap: str, type_name: str, partitions: int, status: TimerStatus | None = None
+    bootstrap: str,
+    type_name: str,
+    partitions: int | None = None,
+    status: TimerStatus | None = None,
 ) -> list[Timer]:
     """The timer table of `type_name` as its changelog has it: the latest row per key,
     deleted rows left out; only those in `status` if given. By partition, then due time.
 
-    The changelog topic is created if it is not there yet, as for `read_ledger`.
+    Creates no topic: `MissingTopic` when the changelog is not there. `partitions`, when
+    given, is the count the topic must have (`KafkaUnavailable` otherwise).
     """
-    topics: AggregateTopics = parse_aggregate_type(type_name)
-    topic = topics.timers_changelog
-    await ensure_topics(bootstrap, [TopicSpec(topic, partitions, compacted=True)])
+    topic = parse_aggregate_type(type_name).timers_changelog
+    have = await require_topic(bootstrap, topic, f"no worker has kept timers of {type_name} there")
+    if partitions is not None and have != partitions:
+        raise KafkaUnavailable(f"topic {topic} has {have} partitions, expected {partitions}")
     rows: dict[tuple[int, bytes], Timer] = {}
-    async for batch in read_partitions(bootstrap, topic, range(partitions)):
+    async for batch in read_partitions(bootstrap, topic, range(have)):
         for r in batch:
-            p = r.partition
             if r.key is None:
                 continue
             if r.value is None:
-                rows.pop((p, r.key), None)
+                rows.pop((r.partition, r.key), None)
                 continue
-            try:
-                rows[(p, r.key)] = Timer.model_validate(orjson.loads(r.value))
-            except (orjson.JSONDecodeError, ValidationError) as exc:
-                logger.warning("unreadable row at %s[%d]@%d: %s", topic, p, r.offset, exc)
+            row = _row(r)
+            if row is not None:
+                rows[(r.partition, r.key)] = row
     timers = [t for t in rows.values() if status is None or t.status is status]
     return sorted(timers, key=lambda t: (t.partition, t.due_at, t.id))
+
+
+def _row(r: Record) -> Timer | None:
+    """The row a changelog record holds; None (logged) when it is not one."""
+    if r.value is None:
+        return None
+    try:
+        return Timer.model_validate(orjson.loads(r.value))
+    except (orjson.JSONDecodeError, ValidationError) as exc:
+        logger.warning("unreadable row at %s[%d]@%d: %s", r.topic, r.partition, r.offset, exc)
+        return None
+
+
+class NoTimers(TickwheelError):
+    """The owner (or its key) has no timer in the changelog."""
+
+
+class TimerVersion(BaseModel):
+    """One record of a timer in its changelog: the row as written then, None when it was
+    deleted."""
+
+    model_config = ConfigDict(frozen=True)
+
+    key: str
+    partition: int
+    offset: int
+    timestamp: int = Field(description="the record's timestamp, epoch ms")
+    row: Timer | None
+
+
+class TimerHistory(BaseModel):
+    """An owner's timers as the changelog holds them, per key in log order."""
+
+    model_config = ConfigDict(frozen=True)
+
+    topic: str
+    partition: int
+    owner: AggregateRef
+    versions: dict[str, list[TimerVersion]]
+
+    def current(self, key: str) -> Timer | None:
+        """The key's row now: its last version (None: deleted)."""
+        return self.versions[key][-1].row
+
+
+async def read_timer_history(
+    bootstrap: str, owner: AggregateRef, key: str | None = None
+) -> TimerHistory:
+    """Every version of `owner`'s timers (of `key` only, if given) that the changelog's
+    committed records still hold. Compaction keeps at least each key's last version; the
+    older ones are there until the broker compacts them away.
+
+    Creates nothing. `MissingTopic` when the type is unknown to the cluster or has no
+    changelog; `NoTimers` when the owner (or the key) has no record in it.
+    """
+    topics = parse_aggregate_type(owner.type_name)
+    topic = topics.timers_changelog
+    found = await existing_topics(bootstrap, [topics.events, topic])
+    if not found:
+        raise MissingTopic(
+            f"unknown type {owner.type_name}: topics {topics.events} and {topic} do not exist "
+            f"at {bootstrap} (no worker has run against this cluster?); nothing was created"
+        )
+    if topic not in found:
+        raise MissingTopic(
+            f"topic {topic} does not exist at {bootstrap} (no worker has kept timers of "
+            f"{owner.type_name} there?); nothing was created"
+        )
+    # An owner's rows all sit in its partition: the one its id is keyed to.
+    partition = partition_of(owner.id, found[topic])
+    prefix = owner_prefix(owner)
+    versions: dict[str, list[TimerVersion]] = {}
+    async for batch in read_to_end(bootstrap, topic, partition, 0):
+        for r in batch:
+            if r.key is None or not r.key.startswith(prefix):
+                continue
+            name = _key_of(r.key, len(prefix))
+            row = _row(r)
+            if name is None or (r.value is not None and row is None):
+                continue
+            versions.setdefault(name, []).append(
+                TimerVersion(
+                    key=name, partition=partition, offset=r.offset, timestamp=r.timestamp, row=row
+                )
+            )
+    where = f"{topic}[{partition}]"
+    if not versions:
+        raise NoTimers(f"{owner} has no timers in {where}")
+    if key is not None:
+        if key not in versions:
+            raise NoTimers(
+                f"{owner} has no timer {key!r} in {where} (its timers: "
+                f"{', '.join(sorted(versions))})"
+            )
+        versions = {key: versions[key]}
+    return TimerHistory(topic=topic, partition=partition, owner=owner, versions=versions)
+
+
+def _key_of(raw: bytes, start: int) -> str | None:
+    """The timer key a row key holds after its owner's prefix (`tables.keys.row_key`);
+    None for bytes that are not one (a foreign writer's record)."""
+    rest = raw[start:]
+    if len(rest) < 2 or int.from_bytes(rest[:2], "big") != len(rest) - 2:
+        return None
+    try:
+        return rest[2:].decode()
+    except UnicodeDecodeError:
+        return None

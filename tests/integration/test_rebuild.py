@@ -1,23 +1,80 @@
 """`tickwheel rebuild`: the timer table thrown away and replayed from the log equals the live
-one, and timers that had fired are answered DUPLICATE rather than applied again."""
+one, and timers that had fired are answered DUPLICATE rather than applied again; a dry run
+changes nothing; the command follows the replay to its end, or stops following on Ctrl-C."""
 
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
+import sys
 import time
 from collections import Counter
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from harness import Client, Cluster, eventually
+from harness import ROOT, Client, Cluster, eventually
 
-from app.rebuild import GroupBusy, rebuild
+from app.kafka import GroupOffsets, group_members, log_offsets, topic_names
+from app.rebuild import GroupBusy, plan_rebuild, rebuild
+from app.wire import EventEnvelope
 from tables import AggregateRef, Outcome, TimerStatus
 
 pytestmark = pytest.mark.kafka
 
 PARTITIONS = 4
+
+
+async def start_cli(cluster: Cluster, *args: str) -> asyncio.subprocess.Process:
+    """`tickwheel <args>` in a process of its own, as an operator runs it (no terminal)."""
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT / "tests" / "integration"), str(ROOT)]),
+        "KAFKA_BOOTSTRAP_SERVERS": cluster.bootstrap,
+        "TICKWHEEL_PARTITIONS": str(cluster.partitions),
+        "TICKWHEEL_GROUP_ID": cluster.group,
+        "TW_TEST_CONTEXT": cluster.context,
+    }
+    return await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "app.cli",
+        *args,
+        cwd=ROOT,
+        env=env,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+
+
+async def finished(proc: asyncio.subprocess.Process, within: float) -> tuple[int, str, str]:
+    """The process's exit code, stdout and stderr, once it exits (at most `within` s)."""
+    out, err = await asyncio.wait_for(proc.communicate(), within)
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()
+
+
+async def cluster_state(cluster: Cluster, client: Client) -> object:
+    """What a rebuild changes: the topics, the changelog's offsets and rows, the group's
+    offsets on the log."""
+    t = client.topics
+    async with GroupOffsets(cluster.bootstrap, cluster.group) as offsets:
+        committed = await offsets.fetch((t.events, p) for p in range(cluster.partitions))
+    return (
+        await topic_names(cluster.bootstrap),
+        await log_offsets(cluster.bootstrap, t.timers_changelog, cluster.partitions),
+        await client.changelog_history(),
+        committed,
+    )
+
+
+async def log_offsets_reset(cluster: Cluster, client: Client) -> bool:
+    """Whether the group's offsets on every partition of the log are back at 0."""
+    events = client.topics.events
+    async with GroupOffsets(cluster.bootstrap, cluster.group) as offsets:
+        committed = await offsets.fetch((events, p) for p in range(cluster.partitions))
+    return set(committed.values()) == {0}
 
 
 @pytest.fixture
@@ -63,28 +120,67 @@ async def test_rebuild_from_the_log_equals_the_live_table(cluster: Cluster) -> N
 
         await eventually(soon_fired, 60, "the soon timers fired")
         with pytest.raises(GroupBusy, match="stop them"):
-            await rebuild(cluster.bootstrap, cluster.group, [client.topics], PARTITIONS)
+            await rebuild(cluster.bootstrap, cluster.group, [client.topics])
         assert w.stop() == 0
         live = await cluster.local_rows(w, keys)
 
-        await asyncio.sleep(1)  # the group's membership expires after the clean leave
-        await rebuild(cluster.bootstrap, cluster.group, [client.topics], PARTITIONS)
-        assert await client.timers() == {}, "the changelog was not emptied"
+        async def group_empty() -> bool:
+            return await group_members(cluster.bootstrap, cluster.group) == 0
 
+        await eventually(group_empty, 30, "the stopped worker left the group")
+
+        # A dry run says what the rebuild will do, offset by offset, and changes nothing.
+        state = await cluster_state(cluster, client)
+        code, out, err = await finished(
+            await start_cli(cluster, "rebuild", "--type", client.topics.type_name, "--dry-run"), 60
+        )
+        assert code == 0, out + err
+        assert await cluster_state(cluster, client) == state
+        plan = await plan_rebuild(cluster.bootstrap, cluster.group, [client.topics])
+        t = client.topics
+        for part in plan.types[0].partitions:
+            p = part.partition
+            assert part.changelog_end > 0
+            # The stopped worker had read its log to the end: what it committed is where
+            # a replay ends (past the last record, not past the commit marker after it).
+            assert part.committed == part.replay.end > 0
+            assert (
+                f"{t.timers_changelog}[{p}]: delete the records before offset "
+                f"{part.changelog_end} " in out
+            )
+            assert (
+                f"{t.events}[{p}]: set the committed offset {part.committed} to 0; the replay "
+                f"ends when the group commits offset {part.replay.end} " in out
+            )
+        assert f"group {cluster.group} has no running worker: the rebuild may run" in out
+        total = sum(span.size for span in plan.spans().values())
+
+        # The rebuild itself, followed until the worker started after it has replayed.
+        proc = await start_cli(cluster, "rebuild", "--type", client.topics.type_name)
+        await eventually(lambda: log_offsets_reset(cluster, client), 60, "the rebuild reset")
+        assert await client.timers() == {}, "the changelog was not emptied"
         again = cluster.start_worker("w")  # the same data directory: its copy is stale
-        await cluster.wait_owned(again)
+        code, out, err = await finished(proc, 90)
+        assert code == 0, out + err
+        assert "\x1b" not in out and "\r" not in out, "control codes off a terminal"
+        assert f"replayed {total:,} of {total:,} log offsets (100%)" in out
+        assert out.rstrip().endswith(
+            f"replay complete: {total:,} log offsets; the timer tables are rebuilt"
+        )
+        # The replay is over when the command says so: every row the log makes is there.
+        want = {k for k, t in live.items() if t is not None}
+        latest = {(t.owner.id, t.key) for t in (await client.timers()).values()}
+        assert want <= latest
 
         async def replayed() -> bool:
             latest = {(t.owner.id, t.key): t for t in (await client.timers()).values()}
-            want = {k for k, t in live.items() if t is not None}
             return want <= set(latest) and all(
                 latest[k].status not in (TimerStatus.PENDING, TimerStatus.FIRING)
                 for k in want
                 if k[1] == "soon"
             )
 
-        await eventually(replayed, 90, "the log replayed into the table")
-        await asyncio.sleep(1)
+        await eventually(replayed, 90, "the fired timers were sent again")
         assert again.stop() == 0
         rebuilt = await cluster.local_rows(again, keys)
         for k, before in live.items():
@@ -100,3 +196,39 @@ async def test_rebuild_from_the_log_equals_the_live_table(cluster: Cluster) -> N
                 assert after.outcome == Outcome.DUPLICATE
         fired = Counter(e.request_id for e in await client.events() if e.type == "Fired")
         assert fired and max(fired.values()) == 1
+
+
+async def test_rebuild_stops_following_on_ctrl_c_or_at_once_with_no_wait(cluster: Cluster) -> None:
+    async with Client(cluster) as client:
+        # A log no worker has read: the replay cannot move until one starts.
+        await client.write_events(
+            *[
+                EventEnvelope(
+                    id=f"e{i}",
+                    type="Applied",
+                    aggregate=client.ref(f"o{i}"),
+                    version=1,
+                    created_at=int(time.time() * 1000),
+                    body={"n": 1},
+                )
+                for i in range(20)
+            ]
+        )
+        proc = await start_cli(cluster, "rebuild", "--type", client.topics.type_name)
+        await eventually(lambda: log_offsets_reset(cluster, client), 60, "the rebuild reset")
+        proc.send_signal(signal.SIGINT)
+        code, out, err = await finished(proc, 30)
+        assert code == 130, out + err
+        assert "following the replay" in out
+        assert "the rebuild is done and the workers replay on" in err
+        assert "Traceback" not in err
+
+        code, out, err = await finished(
+            await start_cli(cluster, "rebuild", "--type", client.topics.type_name, "--no-wait"), 60
+        )
+        assert code == 0, out + err
+        assert "following" not in out
+        assert out.rstrip().endswith(
+            "timer tables emptied; the workers replay the log when they start"
+        )
+        assert await log_offsets_reset(cluster, client)

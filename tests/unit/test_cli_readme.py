@@ -17,15 +17,17 @@ import typer
 from typer.testing import CliRunner
 
 import app.cli_jobs
-import app.cli_timers
 import app.kafka
 import app.ledger
 import app.operator
+import app.rebuild
+from app.aggregate import Service
 from app.cli import cli
-from app.cli_timers import existing_topics
-from app.kafka import TopicSpec, ensure_topics
+from app.jobs import Job, JobScope
+from app.kafka import TopicSpec, ensure_topics, existing_topics, topic_names
 from app.runner.options import RetryPolicy, TimerOptions
 from app.settings import Settings
+from tables import CronRule
 
 README = (Path(__file__).resolve().parents[2] / "README.md").read_text()
 DEMO = ["--service", "app.demo:service"]
@@ -134,62 +136,133 @@ def test_the_readmes_timer_options_example_is_taken_as_written() -> None:
 
 @pytest.fixture
 def no_topic_creation(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """No topic exists, and any attempt to create one fails the test."""
+    """No topic exists, and any attempt to create one, delete records or set a group's
+    offsets fails the test."""
     asked: list[str] = []
 
     async def none_exist(bootstrap: str, names: Any) -> dict[str, int]:
         asked.extend(names)
         return {}
 
-    async def refuse(bootstrap: str, specs: Any) -> None:
-        raise AssertionError(f"a read-only command created {[s.name for s in specs]}")
+    async def refuse(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError(f"a read-only command changed the cluster: {args}")
 
-    monkeypatch.setattr(app.cli_timers, "existing_topics", none_exist)
+    monkeypatch.setattr(app.kafka, "existing_topics", none_exist)
+    monkeypatch.setattr(app.operator, "existing_topics", none_exist)
     for module in (app.kafka, app.operator, app.ledger, app.cli_jobs):
-        monkeypatch.setattr(module, "ensure_topics", refuse)
+        if hasattr(module, "ensure_topics"):
+            monkeypatch.setattr(module, "ensure_topics", refuse)
+    for name in ("delete_records", "reset_group_offsets"):
+        monkeypatch.setattr(app.rebuild, name, refuse)
     return asked
 
 
 @pytest.mark.parametrize(
-    ("args", "topic"),
+    ("args", "asked", "message"),
     [
-        (["timers", "list", "--type", "shop.order"], "shop.order.timers"),
-        (["timers", "list", "--type", "shop.order", "--status", "PARKED"], "shop.order.timers"),
-        (["timers", "ledger", "--context", "shop"], "shop.failure-ledger"),
-        (["jobs", "list", *DEMO, "--state"], "shop.schedule.events"),
+        (
+            ["timers", "list", "--type", "shop.order"],
+            ["shop.order.timers"],
+            "topic shop.order.timers does not exist at broker:9092",
+        ),
+        (
+            ["timers", "list", "--type", "shop.order", "--status", "PARKED"],
+            ["shop.order.timers"],
+            "topic shop.order.timers does not exist at broker:9092",
+        ),
+        (
+            ["timers", "ledger", "--context", "shop"],
+            ["shop.failure-ledger"],
+            "topic shop.failure-ledger does not exist at broker:9092",
+        ),
+        (
+            ["jobs", "list", *DEMO, "--state"],
+            ["shop.schedule.events"],
+            "topic shop.schedule.events does not exist at broker:9092",
+        ),
+        (
+            ["timers", "show", "--type", "shop.order", "--owner", "o-42"],
+            ["shop.order.events", "shop.order.timers"],
+            "unknown type shop.order: topics shop.order.events and shop.order.timers do not "
+            "exist at broker:9092",
+        ),
+        (
+            ["rebuild", "--type", "shop.order", "--dry-run"],
+            ["shop.order.events", "shop.order.timers"],
+            "topic shop.order.events does not exist at broker:9092",
+        ),
     ],
 )
 def test_a_read_only_command_says_a_topic_is_missing_and_creates_none(
-    no_topic_creation: list[str], args: list[str], topic: str
+    no_topic_creation: list[str], args: list[str], asked: list[str], message: str
 ) -> None:
     result = CliRunner().invoke(cli, [*args, "--bootstrap", "broker:9092"])
     assert result.exit_code == 1, result.output
-    assert f"error: topic {topic} does not exist at broker:9092" in result.stderr
+    assert f"error: {message}" in result.stderr
     assert "nothing was created" in result.stderr
     assert "Traceback" not in result.output
-    assert no_topic_creation == [topic]
+    assert no_topic_creation == asked
+
+
+RO_CONTEXT = f"ro{uuid.uuid4().hex[:10]}"
+RO_SERVICE = Service(
+    aggregates=(),
+    jobs={RO_CONTEXT: (Job("nightly", JobScope.SYSTEM, CronRule(expr="0 3 * * *"), print),)},
+)
+"""A service of a context no other test has: its topics are not on the broker."""
+
+
+def _read_only_commands(context: str) -> list[list[str]]:
+    return [
+        ["timers", "list", "--type", f"{context}.order"],
+        ["timers", "list", "--type", f"{context}.order", "--status", "PARKED", "--json"],
+        ["timers", "show", "--type", f"{context}.order", "--owner", "o-42"],
+        ["timers", "show", "--type", f"{context}.order", "--owner", "o-42", "--key", "k"],
+        ["timers", "ledger", "--context", context],
+        ["jobs", "list", "--service", f"{__name__}:RO_SERVICE", "--state"],
+        ["rebuild", "--type", f"{context}.order", "--dry-run"],
+    ]
+
+
+def _topics(bootstrap: str) -> set[str]:
+    """The broker's topics but its own: on a new cluster the broker creates its internal
+    `__consumer_offsets` on the first look-up of any group (a dry run's)."""
+    return {t for t in asyncio.run(topic_names(bootstrap)) if not t.startswith("__")}
 
 
 @pytest.mark.kafka
 def test_read_only_commands_create_no_topic_on_a_real_broker(kafka_bootstrap: str) -> None:
-    context = f"ro{uuid.uuid4().hex[:10]}"
-    topics = [f"{context}.order.timers", f"{context}.failure-ledger"]
+    context = RO_CONTEXT
     runner = CliRunner()
-    for args in (
-        ["timers", "list", "--type", f"{context}.order"],
-        ["timers", "ledger", "--context", context],
-    ):
-        result = runner.invoke(cli, [*args, "--bootstrap", kafka_bootstrap])
-        assert result.exit_code == 1 and "does not exist" in result.stderr, result.output
-    assert asyncio.run(existing_topics(kafka_bootstrap, topics)) == {}
-    # Once a worker made them, the same commands read them.
+    env = {"TICKWHEEL_GROUP_ID": f"g-{context}"}
+    before = _topics(kafka_bootstrap)
+    for args in _read_only_commands(context):
+        result = runner.invoke(cli, [*args, "--bootstrap", kafka_bootstrap], env=env)
+        assert result.exit_code == 1 and "not exist at" in result.stderr, (args, result.output)
+        assert "nothing was created" in result.stderr, (args, result.output)
+    assert _topics(kafka_bootstrap) == before
+
+    # Once a worker made them, the same commands read them, and still create nothing.
+    topics = [f"{context}.order.events", f"{context}.order.timers", f"{context}.failure-ledger"]
+    topics.append(f"{context}.schedule.events")
     asyncio.run(ensure_topics(kafka_bootstrap, [TopicSpec(t, 3, compacted=True) for t in topics]))
+    before = _topics(kafka_bootstrap)
+    for args in _read_only_commands(context):
+        result = runner.invoke(cli, [*args, "--bootstrap", kafka_bootstrap], env=env)
+        if args[:2] == ["timers", "show"]:
+            assert result.exit_code == 1, (args, result.output)
+            assert f"{context}.order/(0)/o-42 has no timers in {context}.order.timers[" in (
+                result.stderr
+            )
+        else:
+            assert result.exit_code == 0, (args, result.output)
+    assert _topics(kafka_bootstrap) == before
+    assert asyncio.run(existing_topics(kafka_bootstrap, topics)) == dict.fromkeys(topics, 3)
     listed = runner.invoke(
         cli, ["timers", "list", "--type", f"{context}.order", "--bootstrap", kafka_bootstrap]
     )
-    assert listed.exit_code == 0 and "0 timer(s)" in listed.stderr, listed.output
+    assert "0 timer(s)" in listed.stderr, listed.output
     ledger = runner.invoke(
         cli, ["timers", "ledger", "--context", context, "--bootstrap", kafka_bootstrap]
     )
-    assert ledger.exit_code == 0 and "0 open entries" in ledger.stderr, ledger.output
-    assert asyncio.run(existing_topics(kafka_bootstrap, topics)) == dict.fromkeys(topics, 3)
+    assert "0 open entries" in ledger.stderr, ledger.output

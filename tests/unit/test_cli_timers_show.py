@@ -1,0 +1,167 @@
+"""`tickwheel timers show` on a fake changelog: which records are an owner's, deleted rows,
+the owner's partition, and the errors for what is not there."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterable
+from typing import Any
+
+import orjson
+import pytest
+from typer.testing import CliRunner
+
+import app.operator
+from app.cli import cli
+from app.kafka import Record
+from tables import AggregateRef, CommandSpec, OnceRule, Timer, TimerStatus
+from tables.keys import encode_timer, row_key
+from tables.partitioner import partition_of
+
+PARTITIONS = 4
+OWNER = AggregateRef(context="shop", aggregate="order", id="o-42")
+NEIGHBOUR = AggregateRef(context="shop", aggregate="order", id="o-42", tenant="t2")
+TOPIC = "shop.order.timers"
+P = partition_of(OWNER.id, PARTITIONS)
+
+
+def timer(owner: AggregateRef, key: str, status: TimerStatus, due: int) -> Timer:
+    return Timer(
+        id=f"{key}-{due}",
+        owner=owner,
+        key=key,
+        version=1,
+        partition=P,
+        status=status,
+        rule=OnceRule(at=due),
+        target=owner,
+        command=CommandSpec(type="Remind"),
+        slot_due_at=due,
+        due_at=due,
+    )
+
+
+def record(offset: int, key: bytes | None, value: bytes | None) -> Record:
+    return Record(TOPIC, P, offset, key, value, 1_700_000_000_000 + offset)
+
+
+REMIND = row_key(OWNER, "remind")
+LOG = [
+    record(0, REMIND, encode_timer(timer(OWNER, "remind", TimerStatus.PENDING, 1_000))),
+    record(1, row_key(NEIGHBOUR, "remind"), encode_timer(timer(NEIGHBOUR, "remind", "PENDING", 5))),
+    record(2, REMIND, encode_timer(timer(OWNER, "remind", TimerStatus.FIRED, 1_000))),
+    record(3, row_key(OWNER, "later"), encode_timer(timer(OWNER, "later", "PENDING", 9_000))),
+    record(4, REMIND + b"x", b"{}"),  # not a row key of this owner's: another writer's bytes
+    record(5, None, b"{}"),
+    record(6, row_key(OWNER, "later"), None),  # deleted
+    record(7, REMIND, b"not json"),  # unreadable: skipped (and logged)
+]
+
+
+@pytest.fixture
+def changelog(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int]]:
+    """The topics exist with `LOG` in the owner's partition; records which partitions
+    were read."""
+    read: list[tuple[str, int]] = []
+
+    async def existing(bootstrap: str, names: Iterable[str]) -> dict[str, int]:
+        return dict.fromkeys(names, PARTITIONS)
+
+    async def read_to_end(
+        bootstrap: str, topic: str, partition: int, start: int
+    ) -> AsyncIterator[list[Record]]:
+        read.append((topic, partition))
+        yield LOG[:4]
+        yield LOG[4:]
+
+    monkeypatch.setattr(app.operator, "existing_topics", existing)
+    monkeypatch.setattr(app.operator, "read_to_end", read_to_end)
+    return read
+
+
+def run(*args: str) -> Any:
+    return CliRunner().invoke(
+        cli, ["timers", "show", "--type", "shop.order", "--bootstrap", "b:9092", *args]
+    )
+
+
+def test_json_lists_each_version_of_the_owners_timers_in_log_order(
+    changelog: list[tuple[str, int]],
+) -> None:
+    result = run("--owner", "o-42", "--json")
+    assert result.exit_code == 0, result.output
+    assert changelog == [(TOPIC, P)]  # only the owner's partition is read
+    versions = [orjson.loads(line) for line in result.stdout.splitlines()]
+    assert [(v["key"], v["offset"]) for v in versions] == [
+        ("remind", 0),
+        ("remind", 2),
+        ("later", 3),
+        ("later", 6),
+    ]
+    assert versions[1]["row"]["status"] == "FIRED" and versions[3]["row"] is None
+    assert {v["partition"] for v in versions} == {P}
+    assert versions[0]["timestamp"] == 1_700_000_000_000
+
+
+def test_text_shows_each_timer_now_then_its_versions(changelog: list[tuple[str, int]]) -> None:
+    result = run("--owner", "o-42")
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith(f"{OWNER}: 2 timer(s) in {TOPIC}[{P}]")
+    assert lines[1].startswith("remind: FIRED\tslot 0\tdue 1970-01-01T00:00:01.000+00:00")
+    assert lines[2].startswith("  @0\t2023-11-14T22:13:20.000+00:00\tPENDING\tslot 0")
+    assert lines[3].startswith("  @2\t") and "\tFIRED\t" in lines[3]
+    assert lines[4:] == [
+        "later: deleted",
+        lines[5],
+        "  @6\t2023-11-14T22:13:20.006+00:00\tdeleted",
+    ]
+    assert lines[5].startswith("  @3\t") and "\tPENDING\t" in lines[5]
+
+
+def test_a_key_narrows_it_to_one_timer(changelog: list[tuple[str, int]]) -> None:
+    result = run("--owner", "o-42", "--key", "later", "--json")
+    assert result.exit_code == 0, result.output
+    assert [orjson.loads(line)["offset"] for line in result.stdout.splitlines()] == [3, 6]
+
+
+def test_the_tenant_is_part_of_the_owner(changelog: list[tuple[str, int]]) -> None:
+    result = run("--owner", "o-42", "--tenant", "t2", "--json")
+    assert result.exit_code == 0, result.output
+    assert [orjson.loads(line)["offset"] for line in result.stdout.splitlines()] == [1]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--owner", "o-7"], f"shop.order/(0)/o-7 has no timers in {TOPIC}["),
+        (
+            ["--owner", "o-42", "--key", "nope"],
+            f"{OWNER} has no timer 'nope' in {TOPIC}[{P}] (its timers: later, remind)",
+        ),
+        (["--owner", ""], "bad owner: id: String should have at least 1 character"),
+    ],
+)
+def test_what_is_not_there_is_a_clear_error(
+    changelog: list[tuple[str, int]], args: list[str], message: str
+) -> None:
+    result = run(*args)
+    assert result.exit_code == 1, result.output
+    assert f"error: {message}" in result.stderr and "Traceback" not in result.output
+
+
+def test_a_type_without_a_changelog_says_which_topic_is_missing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    async def only_events(bootstrap: str, names: Iterable[str]) -> dict[str, int]:
+        return {n: PARTITIONS for n in names if n.endswith(".events")}
+
+    monkeypatch.setattr(app.operator, "existing_topics", only_events)
+    result = run("--owner", "o-42")
+    assert result.exit_code == 1
+    assert "error: topic shop.order.timers does not exist at b:9092" in result.stderr
+    assert "nothing was created" in result.stderr
+
+
+def test_a_malformed_type_is_refused() -> None:
+    result = CliRunner().invoke(cli, ["timers", "show", "--type", "shop", "--owner", "o"])
+    assert result.exit_code == 1 and "must be '<context>.<aggregate>'" in result.stderr
