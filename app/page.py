@@ -37,8 +37,7 @@ from app.operator import TimerAction, TimerOp, request_retry, request_skip
 from app.runner import Clock
 from app.settings import Settings
 from app.topics import parse_aggregate_type
-from tables import DEFAULT_TENANT, AggregateRef, StoreClosed, Timer, TimerStore
-from tables.census import TimerCensus
+from tables import DEFAULT_TENANT, AggregateRef, StoreClosed, Timer, TimerStatus, TimerStore
 from tables.ledger import FailureLedger, LedgerEntry
 from tables.partitioner import partition_of
 
@@ -64,8 +63,10 @@ CHART_SECONDS = 300
 PARKED_LIMIT = 50
 """Parked timers listed per type and partition (all of them are counted)."""
 
-COUNT_LIMIT = 100_000
-"""Timers counted per index and partition on a page load: the scan stays bounded."""
+SCAN_LIMIT = 10_000
+"""Due-index entries a page load reads per partition for the oldest overdue and next due
+times (and parked entries for the list): the scan stays bounded however large the
+partition. The counts are the store's own, kept with each write (`status_counts`)."""
 
 _NOTICES = 100
 """Confirmations kept for the redirect after a POST (the oldest are dropped)."""
@@ -162,7 +163,8 @@ class _PartitionRow:
 @dataclass(frozen=True)
 class _CensusRow:
     type_name: str
-    census: TimerCensus
+    partition: int
+    counts: dict[TimerStatus, int]
     overdue: str
     next_due: str
 
@@ -252,6 +254,7 @@ class OperatorPage:
             "chart": self._chart(now),
             "chart_seconds": CHART_SECONDS,
             "parked_limit": PARKED_LIMIT,
+            "statuses": (TimerStatus.PENDING, TimerStatus.FIRING, TimerStatus.PARKED),
         }
         census, parked = await self._census(set(health["owned"]), now)
         context["census"] = census
@@ -286,14 +289,12 @@ class OperatorPage:
         for type_name, kept in sorted(self._node.types.items()):
             for p in sorted(owned):
                 try:
-                    c = await kept.store.census(
-                        p, now, limit=COUNT_LIMIT, parked_limit=PARKED_LIMIT
-                    )
+                    c = await kept.store.census(p, now, limit=SCAN_LIMIT, parked_limit=PARKED_LIMIT)
+                    counts = kept.store.status_counts(p)
                 except StoreClosed:
                     continue  # let go while the page was built
-                rows.append(
-                    _CensusRow(type_name, c, _time(c.oldest_overdue, now), _time(c.next_due, now))
-                )
+                overdue, upcoming = _time(c.oldest_overdue, now), _time(c.next_due, now)
+                rows.append(_CensusRow(type_name, p, counts, overdue, upcoming))
                 parked += [
                     _ParkedRow(type_name, t, _time(t.slot_due_at, now)) for t in c.parked_timers
                 ]
@@ -557,11 +558,8 @@ _PAGE = _ENV.from_string(
 <table id="timers"><tr><th>type</th><th>partition</th><th>pending</th><th>firing</th>
 <th>parked</th><th>oldest overdue</th><th>next due</th></tr>
 {% for r in census %}
-<tr><td>{{ r.type_name }}</td><td class="n">{{ r.census.partition }}</td>
-{% set more = "" if r.census.complete else "+" %}
-<td class="n">{{ r.census.pending }}{{ more }}</td>
-<td class="n">{{ r.census.firing }}{{ more }}</td>
-<td class="n">{{ r.census.parked }}{{ more }}</td>
+<tr><td>{{ r.type_name }}</td><td class="n">{{ r.partition }}</td>
+{% for status in statuses %}<td class="n">{{ r.counts[status] }}</td>{% endfor %}
 <td>{{ r.overdue }}</td><td>{{ r.next_due }}</td></tr>
 {% endfor %}
 </table>
