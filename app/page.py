@@ -308,7 +308,8 @@ class OperatorPage:
                 name = entry.target.type_name
                 # The ledger names the target, not the owner type of the parked timers:
                 # the operator picks it (the target's own type first, the usual case).
-                rows.append(_LedgerRow(entry, types, name if name in types else types[0]))
+                default = name if name in types or not types else types[0]
+                rows.append(_LedgerRow(entry, types, default))
         return sorted(rows, key=lambda r: (r.entry.subscription, str(r.entry.target)))
 
     async def _owner(self, owner: tuple[str, str]) -> list[_OwnerPart]:

@@ -250,6 +250,17 @@ async def test_the_ledger_lists_every_entry_with_a_type_to_pick(site: Site) -> N
     assert options == [("shop.cart", ""), (TYPE, " selected")]
 
 
+async def test_a_ledger_entry_is_shown_by_a_node_of_no_type(site: Site) -> None:
+    t = await put(site.node.store, owner_in(2), "k", T0, target=ref("z"))
+    site.node.types = {}
+    await site.node.ledger.record("tickwheel.timers", ref("z"), [t])
+    status, html = await site.get()
+    assert status == 200
+    [row] = cells(html, "ledger")
+    assert row[1] == str(ref("z"))
+    assert "<option" not in html
+
+
 async def test_an_empty_node_says_so(site: Site) -> None:
     site.node.owned = []
     _, html = await site.get()
