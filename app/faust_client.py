@@ -43,7 +43,7 @@ try:
     from faust.exceptions import ValueDecodeError
     from faust.streams import current_event
     from faust.types import AppT, CodecArg, Message
-except ImportError as exc:  # pragma: no cover - the extra is installed in dev and CI
+except ImportError as exc:  # the extra is optional: say how to get it
     raise ImportError(
         "app.faust_client needs faust-streaming: pip install 'tickwheel[faust]'"
     ) from exc
@@ -83,7 +83,8 @@ def request_id_for(op: str, key: str, message: Message | None) -> str:
     time that message is processed again, so the book applies the command once.
 
     `<topic>[<partition>]@<offset>:<op>:<key>`, or its SHA-256 when longer than a request
-    id may be. None without a message: the caller must name the request itself.
+    id may be. Without a message (outside an agent) a `ValueError`: the caller must name
+    the request itself.
     """
     if message is None:
         raise ValueError(
