@@ -266,3 +266,39 @@ def test_read_only_commands_create_no_topic_on_a_real_broker(kafka_bootstrap: st
         cli, ["timers", "ledger", "--context", context, "--bootstrap", kafka_bootstrap]
     )
     assert "0 open entries" in ledger.stderr, ledger.output
+
+
+def _readme_read_only() -> list[list[str]]:
+    """The README's read-only operator command lines, every optional part given."""
+    found = []
+    for command in readme_commands():
+        for args in expand(command):
+            if args[:2] in (["timers", "list"], ["timers", "show"], ["timers", "ledger"]) or (
+                args[0] == "rebuild" and "--dry-run" in args
+            ):
+                found.append(args)
+    return found
+
+
+def test_the_readme_shows_the_read_only_operator_commands() -> None:
+    shown = {tuple(a[:2]) for a in _readme_read_only()}
+    assert {("timers", "list"), ("timers", "show"), ("timers", "ledger")} <= shown
+    assert ("rebuild", "--type") in shown
+
+
+@pytest.mark.kafka
+@pytest.mark.parametrize("args", _readme_read_only(), ids=" ".join)
+def test_the_readmes_read_only_commands_run_as_written_and_create_nothing(
+    kafka_bootstrap: str, args: list[str]
+) -> None:
+    """Run against the broker as written: they read what is there (the shop topics exist
+    where the demo ran) or say what is not, and change no topic either way."""
+    before = _topics(kafka_bootstrap)
+    result = CliRunner().invoke(cli, [*args, "--bootstrap", kafka_bootstrap])
+    assert "Traceback" not in result.output
+    if result.exit_code != 0:
+        assert result.exit_code == 1, result.output
+        assert re.search(r"not exist at|has no timers? |running worker", result.stderr), (
+            result.output
+        )
+    assert _topics(kafka_bootstrap) == before
