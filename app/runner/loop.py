@@ -33,6 +33,7 @@ class TimerLoop:
         self.rounds = 0
         self.failures_in_a_row = 0
         self._on_round = on_round
+        runner.on_outcome = lambda: self.wake(reload=False)  # written by the next round
 
     @property
     def failing(self) -> bool:
@@ -71,7 +72,7 @@ class TimerLoop:
             self._wake.clear()
             stats: RoundStats | None
             try:
-                stats = await self._runner.run_round()
+                stats = await self._runner.run_round(wait=False)
                 self.failures_in_a_row = 0
             except Exception:
                 self.failures_in_a_row += 1

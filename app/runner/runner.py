@@ -63,6 +63,8 @@ class RoundStats:
     released: int = 0
     ledger_failures: int = 0
     written: int = 0
+    deferred: int = 0
+    """Due, but not claimed: as many sends were in flight as may be (`max_in_flight`)."""
     full: bool = False
     next_due: int | None = None
     reload_at: int | None = None
@@ -118,6 +120,9 @@ class TimerRunner:
         # BUSY refusals in a row, per partition and timer id: this node's memory only.
         self._busy: dict[int, dict[str, int]] = defaultdict(dict)
         self._gate = asyncio.Semaphore(self._options.max_in_flight)
+        # Called when a send's outcome is in, to be written by the next round (the loop
+        # sets it to wake itself): a round never waits for its sends.
+        self.on_outcome: Callable[[], None] | None = None
         self._round_lock = asyncio.Lock()
         # Serialises the claim batch (and spawning its sends) with every outcome write, so
         # that stop_partition's write comes after anything a round already took of its part.
@@ -130,6 +135,11 @@ class TimerRunner:
     @property
     def options(self) -> TimerOptions:
         return self._options
+
+    @property
+    def in_flight(self) -> int:
+        """Sends not answered yet (nor timed out)."""
+        return sum(len(bucket) for bucket in self._in_flight.values())
 
     @property
     def partitions(self) -> frozenset[int]:
@@ -169,16 +179,27 @@ class TimerRunner:
         for partition in sorted(self._owned | set(self._in_flight)):
             await self.stop_partition(partition)
 
-    async def run_round(self) -> RoundStats:
-        """Loads the due timers of all owned partitions, claims, sends and records them."""
-        async with self._round_lock:
-            return await self._round()
+    async def run_round(self, *, wait: bool = True) -> RoundStats:
+        """Loads the due timers of all owned partitions, claims, sends and records them.
 
-    async def _round(self) -> RoundStats:
+        `wait`: until the round's sends are answered and their outcomes written (one round
+        whole, as a test or a one-off run wants it). The loop does not wait: each send's
+        outcome is written by the round after it came back (`on_outcome`), so a slow
+        target holds no other timer up.
+        """
+        async with self._round_lock:
+            stats, tasks = await self._round()
+            if wait and tasks:
+                await asyncio.wait(tasks)
+                await self._flush(None, stats)
+                self._next_due(stats)
+            return stats
+
+    async def _round(self) -> tuple[RoundStats, list[asyncio.Task[Decision]]]:
         stats = RoundStats()
         owned = frozenset(self._owned)
         if not owned:
-            return stats
+            return stats, []
         now = self._clock.now()
         loaded = await self._due_now(owned, now, stats)
         # Not a timer of a partition stopped while it was being loaded.
@@ -196,10 +217,19 @@ class TimerRunner:
         local: list[Timer] = []
         remote: list[Timer] = []
         to_write: list[Decision] = []
+        # Sends are not waited for: no more claimed than may be sent at once, the rest
+        # loaded again when sends come back (a slow target holds no other timer up).
+        room = self._options.max_in_flight - self.in_flight
         for d in decided:
             if d.change is None:
                 continue
-            if d.send and self._local is not None and self._local.accepts(d.change.next):
+            local_target = self._local is not None and self._local.accepts(d.change.next)
+            if d.send and not local_target:
+                if room <= 0:
+                    stats.deferred += 1
+                    continue
+                room -= 1
+            if d.send and local_target:
                 # Fired in-process: claimed by the partition transaction that decides it and
                 # writes its outcome, so nothing is written before (nor can a fenced owner
                 # commit either).
@@ -228,17 +258,13 @@ class TimerRunner:
         if local:
             assert self._local is not None
             self._local.fire(local)
+        if stats.deferred:
+            self.invalidate()  # taken from the wheel, not claimed: loaded again
         tasks = await self._send_remote(remote, stats)
         stats.claimed = len(local) + len(tasks)
-        self._next_due(stats)
-        if tasks:
-            await asyncio.wait(tasks)
-        for task in tasks:
-            if not task.cancelled() and (exc := task.exception()) is not None:
-                # No outcome: its claim lapses and it is sent again, by this node or the next.
-                logger.error("deciding the outcome of %s failed", task.get_name(), exc_info=exc)
         await self._flush(None, stats)
-        return stats
+        self._next_due(stats)
+        return stats, tasks
 
     async def _taken_over(self, now: int) -> list[Decision]:
         """Claims again, at once, the FIRING rows of the partitions started since the last
@@ -379,7 +405,15 @@ class TimerRunner:
         bucket = self._in_flight[claimed.partition]
         bucket.add(task)
         task.add_done_callback(bucket.discard)
+        task.add_done_callback(self._sent)
         return task
+
+    def _sent(self, task: asyncio.Task[Decision]) -> None:
+        if not task.cancelled() and (exc := task.exception()) is not None:
+            # No outcome: its claim lapses and it is sent again, by this node or the next.
+            logger.error("deciding the outcome of %s failed", task.get_name(), exc_info=exc)
+        if self.on_outcome is not None:
+            self.on_outcome()
 
     async def _send_one(self, claimed: Timer, stats: RoundStats) -> Decision:
         send: asyncio.Future[SendResult] | None = None

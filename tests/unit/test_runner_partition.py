@@ -6,6 +6,7 @@ Same fakes as `test_runner_loop` (fake clock, scripted sender, both store backen
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
@@ -17,10 +18,11 @@ from test_runner_loop import (
     World,
     make_timer,
     raw_store,
+    until,
     world,
 )
 
-from app.runner import SendResult, TimerOptions, TimerRunner
+from app.runner import SendResult, TimerLoop, TimerOptions, TimerRunner
 from tables.exceptions import StoreError
 from tables.timer import Outcome, Timer, TimerChange, TimerStatus
 
@@ -210,3 +212,84 @@ async def test_a_new_owner_claims_the_previous_owners_claims_at_once(world: Worl
     assert (row.status, row.outcome) == (TimerStatus.FIRED, Outcome.COMMITTED)
     await runner.run_round()
     assert world.sender.request_ids == ["t-1#0"], "taken over once, not every round"
+
+
+# --- sends are not waited for -----------------------------------------------------------
+
+
+class HeldSender:
+    """A target that answers only when told: each send waits for its own answer."""
+
+    def __init__(self) -> None:
+        self.answers: dict[str, asyncio.Future[SendResult]] = {}
+
+    async def send(self, timer: Timer) -> SendResult:
+        answer = self.answers[timer.request_id] = asyncio.get_running_loop().create_future()
+        return await answer
+
+    def answer(self, request_id: str, code: str = "COMMITTED") -> None:
+        self.answers[request_id].set_result(SendResult(code))
+
+
+def held_runner(world: World, **options: Any) -> tuple[TimerRunner, HeldSender]:
+    sender = HeldSender()
+    runner = TimerRunner(
+        world.store, sender, world.clock, world.ledger, TimerOptions.model_validate(options), (0,)
+    )
+    return runner, sender
+
+
+async def test_a_target_that_does_not_answer_holds_no_other_timer_up(world: World) -> None:
+    """The loop's round returns with its send in flight: the next timer due is sent on
+    time although the first target has not answered (nor timed out) yet."""
+    await world.put(id="t-1", key="a", rule=make_timer().rule.model_copy(update={"at": T0}))
+    await world.put(id="t-2", key="b", rule=make_timer().rule.model_copy(update={"at": T0 + 50}))
+    runner, sender = held_runner(world)
+    stats = await runner.run_round(wait=False)
+    assert stats.claimed == 1
+    await until(lambda: "t-1#0" in sender.answers)
+    world.clock.set(T0 + 50)
+    assert (await runner.run_round(wait=False)).claimed == 1
+    await until(lambda: "t-2#0" in sender.answers)
+    sender.answer("t-2#0")
+    sender.answer("t-1#0")
+    await until(lambda: runner.in_flight == 0)
+    stats = await runner.run_round(wait=False)  # writes the outcomes that came back
+    assert stats.fired == 2
+    assert (await world.row("a")).status is TimerStatus.FIRED
+    assert (await world.row("b")).status is TimerStatus.FIRED
+
+
+async def test_no_more_are_claimed_than_may_be_sent_at_once(world: World) -> None:
+    for i in range(3):
+        await world.put(id=f"t-{i}", key=f"k{i}")
+    runner, sender = held_runner(world, max_in_flight=2)
+    stats = await runner.run_round(wait=False)
+    assert (stats.claimed, stats.deferred) == (2, 1)
+    assert runner.in_flight == 2
+    rows = [await world.row(f"k{i}") for i in range(3)]
+    assert sorted(r.status for r in rows) == sorted(
+        [TimerStatus.FIRING, TimerStatus.FIRING, TimerStatus.PENDING]
+    ), "the third is not claimed: it waits in the store, not in a claim"
+    await until(lambda: len(sender.answers) == 2)
+    sender.answer(next(iter(sender.answers)))
+    await until(lambda: runner.in_flight == 1)
+    stats = await runner.run_round(wait=False)
+    assert (stats.fired, stats.claimed, stats.deferred) == (1, 1, 0)
+
+
+async def test_the_loop_writes_an_outcome_as_soon_as_it_is_in(world: World) -> None:
+    """Not at the next poll: the send's answer wakes the loop."""
+    await world.put()
+    runner, sender = held_runner(world, poll_interval_ms=60_000)
+    loop = TimerLoop(runner)
+    loop.start()
+    await until(lambda: "t-1#0" in sender.answers and bool(world.clock.sleeping_until))
+    sender.answer("t-1#0")
+    for _ in range(2000):
+        if (await world.row()).status is TimerStatus.FIRED:
+            break
+        await asyncio.sleep(0)
+    assert (await world.row()).status is TimerStatus.FIRED
+    assert world.clock.now() == T0, "the clock never moved: no poll interval waited"
+    await loop.stop()
