@@ -4,10 +4,10 @@ as a timer of its aggregate, not a misrouted record (issue 10, item 2)."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 import shutil
-import subprocess
 import time
 from pathlib import Path
 
@@ -40,18 +40,19 @@ async def test_the_readmes_kcat_example_lands_in_its_aggregates_partition(
     partitions = Settings().partitions  # the default, as the README's worker runs with
     shop_order = parse_aggregate_type("shop.order")
     await ensure_topics(kafka_bootstrap, node_topics([shop_order], partitions))
-    run = subprocess.run(
-        ["bash", "-euo", "pipefail", "-c", kcat_block()],
+    run = await asyncio.create_subprocess_exec(
+        "bash",
+        "-euo",
+        "pipefail",
+        "-c",
+        kcat_block(),
         env={**os.environ, "KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap},
-        capture_output=True,
-        text=True,
-        timeout=60,
+        stderr=asyncio.subprocess.PIPE,
     )
-    assert run.returncode == 0, run.stderr
+    _, stderr = await asyncio.wait_for(run.communicate(), 60)
+    assert run.returncode == 0, stderr.decode()
     found = []
-    async for records in read_partitions(
-        kafka_bootstrap, shop_order.events, range(partitions)
-    ):
+    async for records in read_partitions(kafka_bootstrap, shop_order.events, range(partitions)):
         for r in records:
             if b'"evt-1"' in r.value:
                 found.append((r, decode(EventEnvelope, r.value)))
