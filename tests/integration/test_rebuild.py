@@ -121,6 +121,11 @@ async def test_rebuild_from_the_log_equals_the_live_table(cluster: Cluster) -> N
         await eventually(soon_fired, 60, "the soon timers fired")
         with pytest.raises(GroupBusy, match="stop them"):
             await rebuild(cluster.bootstrap, cluster.group, [client.topics])
+        busy = await finished(
+            await start_cli(cluster, "rebuild", "--type", client.topics.type_name, "--dry-run"), 60
+        )
+        assert busy[0] == 1, busy
+        assert f"group {cluster.group} has 1 running worker(s): the rebuild would refuse" in busy[2]
         assert w.stop() == 0
         live = await cluster.local_rows(w, keys)
 
