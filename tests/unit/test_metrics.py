@@ -405,10 +405,8 @@ def exported(text: str) -> set[str]:
     return {line.split("{")[0].split(" ")[0] for line in text.splitlines() if line[:1] not in "#"}
 
 
-async def test_every_metric_the_dashboard_queries_is_exported_with_samples() -> None:
-    """A NodeMetrics fed as a node feeds it (one of each), its exposition as /metrics
-    serves it: the dashboard cannot name a metric the code does not export. The same check
-    runs on a real worker's /metrics in tests/integration/test_metrics_worker.py."""
+async def fed() -> NodeMetrics:
+    """A NodeMetrics fed as a node feeds it, one of each."""
     metrics = NodeMetrics()
     store = open_timer_store("memory://", partitions=P)
     clock = FakeClock(T0)
@@ -424,9 +422,48 @@ async def test_every_metric_the_dashboard_queries_is_exported_with_samples() -> 
     metrics.restore_duration.labels(TYPE, "timers").observe(0.5)
     metrics.owned.set(P)
     await metrics.refresh(clock.t, [(TYPE, store, r)], {"shop": MemoryFailureLedger()})
+    return metrics
 
+
+async def test_every_metric_the_dashboard_queries_is_exported_with_samples() -> None:
+    """The exposition as /metrics serves it: the dashboard cannot name a metric the code
+    does not export. The same check runs on a real worker's /metrics in
+    tests/integration/test_metrics_worker.py."""
+    metrics = await fed()
     missing = dashboard_metrics() - exported(generate_latest(metrics.registry).decode())
     assert not missing, f"the dashboard queries metrics nobody exports: {sorted(missing)}"
+
+
+def readme_metrics() -> str:
+    """The README's Metrics subsection of Operations."""
+    readme = (ROOT / "README.md").read_text()
+    return readme.split("\n### Metrics\n", 1)[1].split("\n## ", 1)[0]
+
+
+async def test_the_readme_lists_exactly_the_metrics_a_node_exports() -> None:
+    metrics = await fed()
+    names = {f.name for f in metrics.registry.collect()}
+    samples = exported(generate_latest(metrics.registry).decode())
+    listed = set(_METRIC.findall(readme_metrics()))
+    assert listed, "no metric in the README's Metrics subsection"
+    # A counter's family is named without `_total`, which its samples carry.
+    families = {m.removesuffix("_total") for m in listed}
+    assert families - names - samples == set(), "the README lists metrics nobody exports"
+    assert names - families == set(), "exported but not in the README"
+
+
+def test_the_readmes_monitoring_command_starts_the_profile_the_compose_file_has() -> None:
+    """No Docker engine here to run it: the command's profile and scaled service are
+    checked against the compose file (`docker compose config` accepts both: run by hand
+    with docker-compose 1.29)."""
+    [command] = re.findall(r"```sh\n(docker compose [^\n]*)\n```", readme_metrics())
+    words = command.split()
+    assert words[:3] == ["docker", "compose", "--profile"] and words[4] == "up", command
+    compose: dict[str, Any] = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    profiles = {p for s in compose["services"].values() for p in s.get("profiles", [])}
+    assert words[3] in profiles
+    scaled = words[words.index("--scale") + 1].split("=")[0]
+    assert scaled in compose["services"]
 
 
 def test_the_dashboard_covers_what_operators_watch() -> None:
