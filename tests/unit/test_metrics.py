@@ -452,6 +452,15 @@ async def test_the_readme_lists_exactly_the_metrics_a_node_exports() -> None:
     assert names - families == set(), "exported but not in the README"
 
 
+def test_the_readme_names_every_action_the_firing_loop_counts() -> None:
+    from app.metrics import _ROUND_FIELDS
+
+    [row] = [r for r in readme_metrics().splitlines() if "tickwheel_timer_actions_total" in r]
+    named = set(re.findall(r"`([a-z_]+)`", row))
+    assert set(_ROUND_FIELDS) - named == set(), "actions exported but not in the README"
+    assert "lapsed" in _ROUND_FIELDS
+
+
 def test_the_readmes_monitoring_command_starts_the_profile_the_compose_file_has() -> None:
     """No Docker engine here to run it: the command's profile and scaled service are
     checked against the compose file (`docker compose config` accepts both: run by hand
