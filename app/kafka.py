@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic, RecordsToDelete
+from aiokafka.client import AIOKafkaClient
 from aiokafka.coordinator.assignors.range import RangePartitionAssignor
 from aiokafka.errors import (
     CoordinatorLoadInProgressError,
@@ -26,6 +27,7 @@ from aiokafka.errors import (
     ProducerFenced,
     TopicAlreadyExistsError,
 )
+from aiokafka.protocol.metadata import MetadataRequest
 
 from app.exceptions import TickwheelError
 
@@ -42,6 +44,7 @@ __all__ = [
     "Record",
     "TopicSpec",
     "TransactionalProducer",
+    "cluster_id",
     "delete_records",
     "ensure_topics",
     "existing_topics",
@@ -192,6 +195,24 @@ async def _coordinated(call: Callable[[], Awaitable[T]], within: float = 15.0) -
             if time.monotonic() >= deadline:
                 raise
             await asyncio.sleep(0.2)
+
+
+async def cluster_id(bootstrap: str) -> str:
+    """The id of the Kafka cluster at `bootstrap` (what its metadata says)."""
+    client = AIOKafkaClient(bootstrap_servers=bootstrap)
+    try:
+        await client.bootstrap()
+        response = await client.send(
+            client.get_random_node(), MetadataRequest(topics=[], allow_auto_topic_creation=False)
+        )
+    except KafkaError as exc:
+        raise KafkaUnavailable(f"cannot read the cluster id: {exc!r}") from exc
+    finally:
+        await client.close()
+    found = getattr(response, "cluster_id", None)
+    if not isinstance(found, str) or not found:
+        raise KafkaUnavailable("the broker told no cluster id")
+    return found
 
 
 async def group_members(bootstrap: str, group_id: str) -> int:

@@ -35,9 +35,11 @@ from app.kafka import (
     Reader,
     Record,
     TopicSpec,
+    cluster_id,
     ensure_topics,
 )
 from app.ledger import KafkaFailureLedger
+from app.local_state import keep_for_cluster
 from app.metrics import NodeMetrics
 from app.operator import TimerOp as OperatorRequest
 from app.operator import carry_out
@@ -319,6 +321,12 @@ class Node:
         s = self.settings
         await self.broker.start()
         await ensure_topics(s.bootstrap_servers, node_topics(self.topics, s.partitions))
+        # Before any local store is opened: a copy of another cluster's topics is dropped.
+        keep_for_cluster(
+            Path(s.data_dir),
+            await cluster_id(s.bootstrap_servers),
+            [t.type_name for t in self.topics],
+        )
         await self.producer.start()
         await self.reader.start()
         for ctx in sorted({t.context for t in self.topics}):

@@ -199,3 +199,13 @@ async def test_consume_transform_produce_is_exactly_once(
     finally:
         await reader.stop()
     assert out == [f"{i}!".encode() for i in range(6)]
+
+
+async def test_the_cluster_id_is_the_brokers_own_and_stable(kafka_bootstrap: str) -> None:
+    """What a node's data directory is marked with (app.local_state)."""
+    from app.kafka import KafkaUnavailable, cluster_id
+
+    first = await cluster_id(kafka_bootstrap)
+    assert first and first == await cluster_id(kafka_bootstrap)
+    with pytest.raises(KafkaUnavailable):
+        await cluster_id("127.0.0.1:1")

@@ -1,0 +1,49 @@
+"""The node's data directory is a cache of one Kafka cluster's topics: a copy made against
+another cluster (TICKWHEEL_DATA_DIR reused, a broker replaced) is dropped before anything
+of it is read, and restored from the topics."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from collections.abc import Iterable
+from pathlib import Path
+
+__all__ = ["keep_for_cluster"]
+
+logger = logging.getLogger(__name__)
+
+_MARK = "cluster-id"
+
+
+def keep_for_cluster(data_dir: Path, cluster_id: str, type_names: Iterable[str]) -> list[Path]:
+    """Drops the types' local state when it was written against another cluster than
+    `cluster_id`, and marks the directory as this cluster's; the directories dropped.
+
+    A directory without a mark (first run, or made by an older version) is kept: the
+    restores still drop a copy ahead of its topic's end."""
+    if not cluster_id.strip():
+        raise ValueError("a cluster id must not be empty")
+    data_dir.mkdir(parents=True, exist_ok=True)
+    mark = data_dir / _MARK
+    before = mark.read_text().strip() if mark.exists() else None
+    dropped: list[Path] = []
+    if before is not None and before != cluster_id:
+        for name in type_names:
+            directory = data_dir / name
+            if directory.exists():
+                shutil.rmtree(directory)
+                dropped.append(directory)
+        logger.warning(
+            "%s was written against cluster %s, the broker is cluster %s: local state of "
+            "%d type(s) dropped, restored from the topics",
+            data_dir,
+            before,
+            cluster_id,
+            len(dropped),
+        )
+    if before != cluster_id:
+        tmp = mark.with_suffix(".tmp")
+        tmp.write_text(cluster_id + "\n")
+        tmp.replace(mark)
+    return dropped
