@@ -32,7 +32,7 @@ from typing import Any
 
 import orjson
 
-from app.wire import encode
+from app.protocol.wire import encode
 from bench import traced_worker
 from bench.common import (
     Client,

@@ -42,8 +42,8 @@ from typing import Any
 
 import orjson
 
-from app.runner import TimerOptions
-from app.wire import SCHEDULE_SET, EventEnvelope, ScheduleSet, encode
+from app.protocol.wire import SCHEDULE_SET, EventEnvelope, ScheduleSet, encode
+from app.timers.runner import TimerOptions
 from bench import traced_worker
 from bench.common import (
     Client,

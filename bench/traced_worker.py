@@ -62,7 +62,7 @@ def _wrap(
 
 def install() -> None:
     from app import changelog, kafka, node, sender
-    from app.runner import runner
+    from app.timers.runner import runner
     from tables import store
 
     def round_stats(stats: Any) -> None:

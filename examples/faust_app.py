@@ -15,8 +15,8 @@ import os
 
 import faust
 
-from app.faust_client import TickwheelTimers
-from app.wire import CommandEnvelope, ResultCode
+from app.clients.faust_client import TickwheelTimers
+from app.protocol.wire import CommandEnvelope, ResultCode
 from examples.reminders_service import BOOK, CONTEXT, TARGET
 from tables import CommandSpec, OnceRule
 

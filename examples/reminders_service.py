@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import os
 
-from app.aggregate import Service
-from app.timer_book import timer_book
+from app.clients.timer_book import timer_book
+from app.service import Service
 
 CONTEXT = os.environ.get("REMINDERS_CONTEXT", "reminders")
 BOOK = "order-timers"

@@ -1,9 +1,10 @@
 """Storage and the record types it stores. Never imports `app`."""
 
+from tables.backends import open_timer_store
 from tables.exceptions import InvalidRule, StoreClosed, StoreError, TablesError
 from tables.refs import DEFAULT_TENANT, AggregateRef
 from tables.rules import CronRule, IntervalRule, OnceRule, ScheduleRule, parse_rule
-from tables.store import ChangelogRecord, ChangelogSink, TimerStore, open_timer_store
+from tables.store import ChangelogRecord, ChangelogSink, TimerStore
 from tables.timer import ACTIVE, CommandSpec, Outcome, Timer, TimerChange, TimerStatus
 
 __all__ = [

@@ -27,7 +27,6 @@ __all__ = [
     "ChangelogSink",
     "PartitionedStore",
     "TimerStore",
-    "open_timer_store",
 ]
 
 logger = logging.getLogger(__name__)
@@ -495,29 +494,3 @@ class PartitionedStore(ABC):
                 return
             self._closed = True
             self._close()
-
-
-def open_timer_store(
-    url: str, *, partitions: int, changelog: ChangelogSink | None = None
-) -> TimerStore:
-    """A store for one aggregate type: ``memory://`` or ``rocksdb:///path/to/dir``.
-
-    A RocksDB store keeps partition p in ``{dir}/p{p}.db`` and serves every partition
-    until told otherwise (`assign` / `revoke`).
-    """
-    if not isinstance(url, str) or "://" not in url:
-        raise ValueError(f"not a store URL: {url!r} (use memory:// or rocksdb:///path)")
-    scheme, _, rest = url.partition("://")
-    if scheme == "memory":
-        if rest:
-            raise ValueError(f"memory:// takes no path: {url!r}")
-        from tables.memory_store import MemoryTimerStore
-
-        return MemoryTimerStore(partitions, changelog)
-    if scheme == "rocksdb":
-        if not rest:
-            raise ValueError(f"rocksdb:// needs a directory, e.g. rocksdb:///var/lib/x: {url!r}")
-        from tables.rocksdb_store import RocksDBTimerStore
-
-        return RocksDBTimerStore(rest, partitions, changelog)
-    raise ValueError(f"unknown store scheme {scheme!r} in {url!r} (use memory:// or rocksdb://)")

@@ -25,8 +25,15 @@ import orjson
 
 from app.kafka import Producer, TopicSpec, ensure_topics, read_partitions
 from app.node import node_topics
-from app.topics import AggregateTopics, ContextTopics
-from app.wire import CommandEnvelope, CommandResult, DeadLetter, EventEnvelope, decode, encode
+from app.protocol.topics import AggregateTopics, ContextTopics
+from app.protocol.wire import (
+    CommandEnvelope,
+    CommandResult,
+    DeadLetter,
+    EventEnvelope,
+    decode,
+    encode,
+)
 from tables import AggregateRef, Timer, open_timer_store
 from tables.partitioner import partition_of
 

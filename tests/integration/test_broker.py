@@ -202,8 +202,9 @@ async def test_consume_transform_produce_is_exactly_once(
 
 
 async def test_the_cluster_id_is_the_brokers_own_and_stable(kafka_bootstrap: str) -> None:
-    """What a node's data directory is marked with (app.local_state)."""
-    from app.kafka import KafkaUnavailable, cluster_id
+    """What a node's data directory is marked with (app.node.local_state)."""
+    from app.errors import KafkaUnavailable
+    from app.kafka import cluster_id
 
     first = await cluster_id(kafka_bootstrap)
     assert first and first == await cluster_id(kafka_bootstrap)

@@ -27,7 +27,7 @@ import kafka_broker  # registered by tests/conftest.py
 import pytest
 from harness import Client, Cluster, Worker, eventually
 
-from app.wire import ResultCode
+from app.protocol.wire import ResultCode
 from tables import TimerStatus
 
 pytestmark = pytest.mark.kafka

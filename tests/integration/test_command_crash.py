@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from harness import Client, Cluster
 
-from app.wire import ResultCode
+from app.protocol.wire import ResultCode
 
 pytestmark = pytest.mark.kafka
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from harness import Client, Cluster, eventually
 
-from app.wire import SCHEDULE_SET, EventEnvelope, ResultCode, encode
+from app.protocol.wire import SCHEDULE_SET, EventEnvelope, ResultCode, encode
 from tables.partitioner import partition_of
 
 pytestmark = pytest.mark.kafka

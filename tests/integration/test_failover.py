@@ -15,7 +15,7 @@ import pytest
 from harness import Client, Cluster, eventually, owned
 
 from app.kafka import TopicSpec, ensure_topics
-from app.wire import CommandEnvelope, decode
+from app.protocol.wire import CommandEnvelope, decode
 from tables import AggregateRef
 from tables.timer import TimerStatus
 

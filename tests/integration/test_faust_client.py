@@ -21,9 +21,9 @@ import orjson
 import pytest
 from harness import ROOT, Client, Cluster, eventually, new_context
 
+from app.clients.timer_book import CANCEL_TIMER, SET_TIMER
 from app.kafka import Producer, Record, TopicSpec, ensure_topics, read_partitions
-from app.timer_book import CANCEL_TIMER, SET_TIMER
-from app.wire import SCHEDULE_CANCELLED, SCHEDULE_SET, EventEnvelope, decode
+from app.protocol.wire import SCHEDULE_CANCELLED, SCHEDULE_SET, EventEnvelope, decode
 from tables import Outcome, TimerStatus
 from tables.partitioner import partition_of
 

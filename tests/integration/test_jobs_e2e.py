@@ -43,8 +43,8 @@ from app.jobs import (
     enable_commands,
 )
 from app.kafka import read_partitions
-from app.topics import AggregateTopics
-from app.wire import CommandEnvelope, EventEnvelope, ResultCode, decode
+from app.protocol.topics import AggregateTopics
+from app.protocol.wire import CommandEnvelope, EventEnvelope, ResultCode, decode
 from tables import DEFAULT_TENANT, Timer
 from tables.partitioner import partition_of
 

@@ -20,10 +20,10 @@ import pytest
 from harness import ROOT, Client, Cluster, eventually, owned
 
 from app.kafka import Producer, read_to_end
-from app.ledger import KafkaFailureLedger, decode_key, read_ledger
-from app.operator import read_timers, request_retry
-from app.runner import TimerOptions
-from app.wire import ResultCode
+from app.protocol.wire import ResultCode
+from app.timers.ledger import KafkaFailureLedger, decode_key, read_ledger
+from app.timers.operator import read_timers, request_retry
+from app.timers.runner import TimerOptions
 from tables import Outcome, Timer, TimerStatus
 from tables.ledger import LedgerEntry
 from tables.partitioner import partition_of

@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 
+from app.commands.processor import misrouted
 from app.kafka import ensure_topics, read_partitions
 from app.node import node_topics
-from app.processor import misrouted
-from app.settings import Settings
-from app.topics import parse_aggregate_type
-from app.wire import EventEnvelope, decode
+from app.node.settings import Settings
+from app.protocol.topics import parse_aggregate_type
+from app.protocol.wire import EventEnvelope, decode
 from tables.partitioner import partition_of
 
 pytestmark = pytest.mark.kafka

@@ -16,9 +16,13 @@ from pathlib import Path
 import pytest
 from harness import ROOT, Client, Cluster, eventually
 
+from app.errors import GroupBusy
 from app.kafka import GroupOffsets, group_members, log_offsets, topic_names
-from app.rebuild import GroupBusy, plan_rebuild, rebuild
-from app.wire import EventEnvelope
+from app.ops.rebuild import (
+    plan_rebuild,
+    rebuild,
+)
+from app.protocol.wire import EventEnvelope
 from tables import AggregateRef, Outcome, TimerStatus
 
 pytestmark = pytest.mark.kafka

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from harness import Client, Cluster, eventually, owned
 
-from app.wire import SCHEDULE_SET, EventEnvelope
+from app.protocol.wire import SCHEDULE_SET, EventEnvelope
 from tables import ACTIVE, AggregateRef, Timer, TimerStatus
 
 pytestmark = pytest.mark.kafka

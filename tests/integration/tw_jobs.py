@@ -13,8 +13,14 @@ import os
 
 from pydantic import BaseModel
 
-from app.aggregate import AggregateType, Command, Decision, Event, Service
 from app.jobs import Job, JobRun, JobScope
+from app.model.aggregate import (
+    AggregateType,
+    Command,
+    Decision,
+    Event,
+)
+from app.service import Service
 from tables import AggregateRef, IntervalRule
 
 CONTEXT = os.environ.get("TW_TEST_CONTEXT", "jtest")

@@ -9,7 +9,13 @@ import os
 
 from pydantic import BaseModel
 
-from app.aggregate import AggregateType, Command, Decision, Event, Service
+from app.model.aggregate import (
+    AggregateType,
+    Command,
+    Decision,
+    Event,
+)
+from app.service import Service
 from tables import AggregateRef, CommandSpec, parse_rule
 
 CONTEXT = os.environ.get("TW_TEST_CONTEXT", "itest")

@@ -66,7 +66,7 @@ def test_rocksdb_survives_reopen(tmp_path: Path) -> None:
 
 
 def test_two_tenants_aggregates_of_one_id_are_kept_apart() -> None:
-    from app.processor import state_key
+    from app.commands.processor import state_key
     from tables import AggregateRef
 
     a = AggregateRef(context="c", aggregate="a", tenant="acme", id="x")

@@ -27,8 +27,8 @@ from aiokafka.errors import (
 )
 from prometheus_client import CollectorRegistry
 
-from app import broker_watch
-from app.broker_watch import (
+from app.kafka import broker_watch
+from app.kafka.broker_watch import (
     AIOKAFKA_LOGGERS,
     BrokerLogFilter,
     BrokerWatch,
@@ -169,7 +169,7 @@ async def test_a_flood_of_client_errors_is_one_line_down_and_one_line_back(
     recovery_noise()  # leaders elected, groups loaded: part of the outage's tail
 
     assert not lines(caplog, "aiokafka")
-    said = [(r.levelname, r.getMessage()) for r in lines(caplog, "app.broker_watch")]
+    said = [(r.levelname, r.getMessage()) for r in lines(caplog, "app.kafka.broker_watch")]
     assert len(said) == 2, said
     (down_level, down), (up_level, up) = said
     assert down_level == "WARNING"
@@ -304,7 +304,7 @@ async def test_unreachable_after_two_failed_probes_back_after_one_answer(
     log_filter: BrokerLogFilter,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    caplog.set_level(logging.INFO, logger="app.broker_watch")
+    caplog.set_level(logging.INFO, logger="app.kafka.broker_watch")
     probe = FakeProbe(None)
     watch = watch_of(log_filter, clock, registry, probe)
     assert watch.status() == {"address": ADDRESS, "reachable": True, "outages": 0}
@@ -391,7 +391,7 @@ async def test_client_errors_while_the_broker_answers_are_summed_up_once_a_minut
     clock.now += 31
     assert await watch.check()
     assert watch.outages == 0
-    said = [r.getMessage() for r in lines(caplog, "app.broker_watch")]
+    said = [r.getMessage() for r in lines(caplog, "app.kafka.broker_watch")]
     assert len(said) == 2
     assert "reported 50 connection error(s)" in said[0] and ADDRESS in said[0]
     assert "Unable connect to node with id 1" in said[0]
@@ -405,7 +405,7 @@ async def test_client_errors_heard_during_a_probe_wait_for_the_next_one(
     log_filter: BrokerLogFilter,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    caplog.set_level(logging.INFO, logger="app.broker_watch")
+    caplog.set_level(logging.INFO, logger="app.kafka.broker_watch")
 
     async def probe() -> str | None:
         clock.now += 1

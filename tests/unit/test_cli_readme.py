@@ -16,17 +16,17 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-import app.cli_jobs
-import app.kafka
-import app.ledger
-import app.operator
-import app.rebuild
-from app.aggregate import Service
+import app.cli.jobs
+import app.kafka.admin
+import app.ops.rebuild
+import app.timers.ledger
+import app.timers.operator
 from app.cli import cli
 from app.jobs import Job, JobScope
 from app.kafka import TopicSpec, ensure_topics, existing_topics, topic_names
-from app.runner.options import RetryPolicy, TimerOptions
-from app.settings import Settings
+from app.node.settings import Settings
+from app.service import Service
+from app.timers.runner.options import RetryPolicy, TimerOptions
 from tables import CronRule
 
 README = (Path(__file__).resolve().parents[2] / "README.md").read_text()
@@ -147,13 +147,13 @@ def no_topic_creation(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     async def refuse(*args: Any, **kwargs: Any) -> None:
         raise AssertionError(f"a read-only command changed the cluster: {args}")
 
-    monkeypatch.setattr(app.kafka, "existing_topics", none_exist)
-    monkeypatch.setattr(app.operator, "existing_topics", none_exist)
-    for module in (app.kafka, app.operator, app.ledger, app.cli_jobs):
+    monkeypatch.setattr(app.kafka.admin, "existing_topics", none_exist)
+    monkeypatch.setattr(app.timers.operator, "existing_topics", none_exist)
+    for module in (app.kafka.admin, app.timers.operator, app.timers.ledger, app.cli.jobs):
         if hasattr(module, "ensure_topics"):
             monkeypatch.setattr(module, "ensure_topics", refuse)
     for name in ("delete_records", "reset_group_offsets"):
-        monkeypatch.setattr(app.rebuild, name, refuse)
+        monkeypatch.setattr(app.ops.rebuild, name, refuse)
     return asked
 
 

@@ -10,7 +10,7 @@ import orjson
 import pytest
 from typer.testing import CliRunner
 
-import app.operator
+import app.timers.operator
 from app.cli import cli
 from app.kafka import Record
 from tables import AggregateRef, CommandSpec, OnceRule, Timer, TimerStatus
@@ -73,8 +73,8 @@ def changelog(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int]]:
         yield LOG[:4]
         yield LOG[4:]
 
-    monkeypatch.setattr(app.operator, "existing_topics", existing)
-    monkeypatch.setattr(app.operator, "read_to_end", read_to_end)
+    monkeypatch.setattr(app.timers.operator, "existing_topics", existing)
+    monkeypatch.setattr(app.timers.operator, "read_to_end", read_to_end)
     return read
 
 
@@ -155,7 +155,7 @@ def test_a_type_without_a_changelog_says_which_topic_is_missing(
     async def only_events(bootstrap: str, names: Iterable[str]) -> dict[str, int]:
         return {n: PARTITIONS for n in names if n.endswith(".events")}
 
-    monkeypatch.setattr(app.operator, "existing_topics", only_events)
+    monkeypatch.setattr(app.timers.operator, "existing_topics", only_events)
     result = run("--owner", "o-42")
     assert result.exit_code == 1
     assert "error: topic shop.order.timers does not exist at b:9092" in result.stderr

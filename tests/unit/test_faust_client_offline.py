@@ -20,13 +20,12 @@ from faust.types import Message
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.decide import StoredAggregate, decide
-from app.exceptions import ConfigError
-from app.faust_client import TickwheelTimers, command_of, request_id_for
-from app.subscription import PutTimer, timer_op
-from app.timer_book import CANCEL_TIMER, SET_TIMER, timer_book
-from app.topics import AggregateTopics
-from app.wire import (
+from app.clients.faust_client import TickwheelTimers, command_of, request_id_for
+from app.clients.timer_book import CANCEL_TIMER, SET_TIMER, timer_book
+from app.errors import ConfigError
+from app.model.decide import StoredAggregate, decide
+from app.protocol.topics import AggregateTopics
+from app.protocol.wire import (
     SCHEDULE_CANCELLED,
     SCHEDULE_SET,
     CommandEnvelope,
@@ -37,6 +36,7 @@ from app.wire import (
     decode,
     encode,
 )
+from app.timers.subscription import PutTimer, timer_op
 from tables import AggregateRef, CommandSpec, OnceRule
 from tables.partitioner import partition_of
 
@@ -104,16 +104,16 @@ def message(
 
 
 def test_without_faust_the_import_says_how_to_install_it(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delitem(sys.modules, "app.faust_client")
+    monkeypatch.delitem(sys.modules, "app.clients.faust_client")
     monkeypatch.setitem(sys.modules, "faust", None)
     with pytest.raises(ImportError, match=re.escape("pip install 'tickwheel[faust]'")):
-        importlib.import_module("app.faust_client")
+        importlib.import_module("app.clients.faust_client")
 
 
 def test_the_workers_service_of_the_example_needs_no_faust(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    for name in ("examples.reminders_service", "app.timer_book"):
+    for name in ("examples.reminders_service", "app.clients.timer_book"):
         monkeypatch.delitem(sys.modules, name, raising=False)
     monkeypatch.setitem(sys.modules, "faust", None)
     module = importlib.import_module("examples.reminders_service")
@@ -127,7 +127,7 @@ def test_only_the_client_imports_faust() -> None:
         for path in (ROOT / folder).rglob("*.py")
         if re.search(r"^\s*(import|from) (faust|mode)\b", path.read_text(), flags=re.M)
     )
-    assert importing == ["app/faust_client.py"]
+    assert importing == ["app/clients/faust_client.py"]
 
 
 def test_the_extra_pins_the_installed_faust() -> None:
@@ -341,7 +341,7 @@ async def test_the_topic_is_declared_with_tickwheels_specs(
         made.append([(s.name, s.partitions) for s in specs])
         assert bootstrap == "broker.invalid:9092"
 
-    monkeypatch.setattr("app.faust_client.ensure_topics", ensure_topics)
+    monkeypatch.setattr("app.clients.faust_client.ensure_topics", ensure_topics)
     t = TickwheelTimers(app, context=CTX, book="order-timers", target="order", partitions=P)
     assert t.commands.internal  # faust declares it before it subscribes
     await t.commands.maybe_declare()

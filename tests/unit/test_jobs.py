@@ -9,8 +9,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.aggregate import AggregateType, Decision, Rejected, Service
-from app.decide import Decided, StoredAggregate, decide, fold
 from app.demo import orders
 from app.jobs import (
     DISABLE,
@@ -36,7 +34,20 @@ from app.jobs import (
     schedule_aggregate,
     shard_ref,
 )
-from app.wire import SCHEDULE_CANCELLED, SCHEDULE_SET, CommandEnvelope, EventEnvelope, ResultCode
+from app.model.aggregate import (
+    AggregateType,
+    Decision,
+    Rejected,
+)
+from app.model.decide import Decided, StoredAggregate, decide, fold
+from app.protocol.wire import (
+    SCHEDULE_CANCELLED,
+    SCHEDULE_SET,
+    CommandEnvelope,
+    EventEnvelope,
+    ResultCode,
+)
+from app.service import Service
 from tables import DEFAULT_TENANT, AggregateRef, CronRule, IntervalRule
 from tables.partitioner import partition_of
 

@@ -8,10 +8,15 @@ import orjson
 import pytest
 from typer.testing import CliRunner
 
-from app.aggregate import Service
 from app.cli import cli
-from app.cli_jobs import JobsCliError, find_job, instance_commands, parse_rule_option
+from app.cli.jobs import (
+    find_job,
+    instance_commands,
+    parse_rule_option,
+)
+from app.errors import JobsCliError
 from app.jobs import DISABLE, ENABLE, RESCHEDULE, Job, JobRun, JobScope, shard_ref
+from app.service import Service
 from tables import DEFAULT_TENANT, CronRule, IntervalRule
 from tables.partitioner import partition_of
 

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from app.decide import decide, fold
 from app.demo import reports, service, unpaid_report
 from app.jobs import ENABLE, TICK, TICKED, enable_command
-from app.wire import SCHEDULE_SET, CommandEnvelope, ResultCode
+from app.model.decide import decide, fold
+from app.protocol.wire import SCHEDULE_SET, CommandEnvelope, ResultCode
 from tables import CronRule
 
 T0 = 1_800_000_000_000  # a multiple of 5 s

@@ -16,7 +16,6 @@ from typing import Any
 
 import pytest
 
-from app.decide import StoredAggregate, decide
 from app.jobs import (
     RAN,
     RUN,
@@ -34,11 +33,12 @@ from app.jobs import (
     run_key,
     schedule_aggregate,
 )
-from app.runner import SendResult, TimerOptions, TimerRunner
-from app.runner.options import RetryPolicy, backoff_ms
-from app.sender import timer_command
-from app.subscription import CancelTimer, PutTimer, timer_op
-from app.wire import SCHEDULE_SET, CommandEnvelope, EventEnvelope, ResultCode
+from app.model.decide import StoredAggregate, decide
+from app.protocol.wire import SCHEDULE_SET, CommandEnvelope, EventEnvelope, ResultCode
+from app.timers.runner import SendResult, TimerOptions, TimerRunner
+from app.timers.runner.options import RetryPolicy, backoff_ms
+from app.timers.sender import timer_command
+from app.timers.subscription import CancelTimer, PutTimer, timer_op
 from tables import open_timer_store
 from tables.ledger import MemoryFailureLedger
 from tables.refs import AggregateRef

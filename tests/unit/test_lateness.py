@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.lateness import RELATIVE_ACCURACY, LatenessPoint, LatenessWindow
+from app.node.lateness import RELATIVE_ACCURACY, LatenessPoint, LatenessWindow
 
 T0 = 1_800_000_000.0
 

@@ -7,9 +7,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.exceptions import BadRecord
+from app.errors import BadRecord
 from app.kafka import Record
-from app.ledger import (
+from app.timers.ledger import (
     LedgerKey,
     LedgerView,
     decode_key,
@@ -18,7 +18,7 @@ from app.ledger import (
     ledger_key,
     merged,
 )
-from app.runner import TimerOptions
+from app.timers.runner import TimerOptions
 from tables.ledger import LedgerEntry
 from tables.refs import AggregateRef
 from tables.rules import OnceRule

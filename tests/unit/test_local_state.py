@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from app.local_state import keep_for_cluster
+from app.node.local_state import keep_for_cluster
 
 
 def state_of(data: Path, name: str) -> Path:

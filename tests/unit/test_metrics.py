@@ -19,14 +19,14 @@ import yaml
 from prometheus_client import generate_latest
 from pydantic import BaseModel
 
-from app.aggregate import AggregateType, Command, Decision
-from app.changelog import Transaction, _Staged, restore_partition
+from app.commands.processor import CommandProcessor
 from app.kafka import OutRecord, Reader, Record, TransactionalProducer
-from app.metrics import LATENESS_BUCKETS, NodeMetrics
-from app.processor import CommandProcessor
-from app.runner import SENT, SendResult, TimerOptions, TimerRunner
-from app.settings import Settings
-from app.wire import CommandEnvelope, ResultCode
+from app.model.aggregate import AggregateType, Command, Decision
+from app.node.metrics import LATENESS_BUCKETS, NodeMetrics
+from app.node.settings import Settings
+from app.protocol.wire import CommandEnvelope, ResultCode
+from app.timers.changelog import Transaction, _Staged, restore_partition
+from app.timers.runner import SENT, SendResult, TimerOptions, TimerRunner
 from tables import (
     AggregateRef,
     CommandSpec,
@@ -453,7 +453,7 @@ async def test_the_readme_lists_exactly_the_metrics_a_node_exports() -> None:
 
 
 def test_the_readme_names_every_action_the_firing_loop_counts() -> None:
-    from app.metrics import _ROUND_FIELDS
+    from app.node.metrics import _ROUND_FIELDS
 
     [row] = [r for r in readme_metrics().splitlines() if "tickwheel_timer_actions_total" in r]
     named = set(re.findall(r"`([a-z_]+)`", row))

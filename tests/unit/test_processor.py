@@ -9,10 +9,10 @@ from typing import Any
 import orjson
 from pydantic import BaseModel
 
-from app.aggregate import AggregateType, Command, Decision
+from app.commands.processor import CommandProcessor, misrouted, state_key
 from app.kafka import OutRecord, Record
-from app.processor import CommandProcessor, misrouted, state_key
-from app.wire import CommandEnvelope, EventEnvelope, ResultCode, encode
+from app.model.aggregate import AggregateType, Command, Decision
+from app.protocol.wire import CommandEnvelope, EventEnvelope, ResultCode, encode
 from tables import AggregateRef
 from tables.aggregate_store import MemoryAggregateStore
 from tables.partitioner import partition_of

@@ -11,9 +11,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 from rich.console import Console
 
-from app.cli_rebuild import ReplayView, format_eta, format_rate, plan_lines, progress_line
-from app.kafka import KafkaUnavailable
-from app.rebuild import (
+from app.cli.rebuild import ReplayView, format_eta, format_rate, plan_lines, progress_line
+from app.errors import KafkaUnavailable
+from app.ops.rebuild import (
     PartitionPlan,
     Progress,
     RebuildPlan,
@@ -23,7 +23,7 @@ from app.rebuild import (
     follow_replay,
     replay_progress,
 )
-from app.topics import AggregateTopics
+from app.protocol.topics import AggregateTopics
 
 A0, A1 = ("shop.order.events", 0), ("shop.order.events", 1)
 SPANS = {A0: Span(0, 100), A1: Span(10, 310)}

@@ -7,7 +7,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from app.runner.decisions import (
+from app.protocol.wire import ResultCode
+from app.timers.runner.decisions import (
     SENT,
     TIMEOUT,
     TRANSPORT_ERROR,
@@ -22,8 +23,7 @@ from app.runner.decisions import (
     retry_parked,
     skip_parked,
 )
-from app.runner.options import DAY_MS, RetryPolicy, TimerOptions, backoff_ms
-from app.wire import ResultCode
+from app.timers.runner.options import DAY_MS, RetryPolicy, TimerOptions, backoff_ms
 from tables.refs import AggregateRef
 from tables.rules import CronRule, IntervalRule, OnceRule
 from tables.slots import Slot, first_slot, next_slot

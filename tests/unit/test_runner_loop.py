@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from app.runner import (
+from app.timers.runner import (
     SENT,
     RoundStats,
     SendResult,
@@ -24,7 +24,7 @@ from app.runner import (
     TimerRunner,
     backoff_ms,
 )
-from app.runner.options import RetryPolicy
+from app.timers.runner.options import RetryPolicy
 from tables.ledger import LedgerEntry, MemoryFailureLedger
 from tables.refs import AggregateRef
 from tables.rules import IntervalRule, OnceRule
@@ -205,7 +205,7 @@ class SpyLedger(MemoryFailureLedger):
 
 @pytest.fixture(params=["memory", "rocksdb"])
 async def raw_store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Any]:
-    from tables.store import open_timer_store
+    from tables.backends import open_timer_store
 
     url = "memory://" if request.param == "memory" else f"rocksdb://{tmp_path / 'timers'}"
     store = open_timer_store(url, partitions=PARTITIONS)

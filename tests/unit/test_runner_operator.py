@@ -13,10 +13,19 @@ from pydantic import ValidationError
 from typer.testing import CliRunner
 
 from app.cli import cli
-from app.exceptions import BadRecord
-from app.operator import TimerAction, TimerOp, carry_out, new_op, op_records
-from app.runner import SendResult, TimerOptions, TimerRunner
-from app.wire import decode, encode
+from app.errors import BadRecord
+from app.protocol.wire import (
+    TimerAction,
+    TimerOp,
+    decode,
+    encode,
+)
+from app.timers.operator import (
+    carry_out,
+    new_op,
+    op_records,
+)
+from app.timers.runner import SendResult, TimerOptions, TimerRunner
 from tables import open_timer_store
 from tables.ledger import MemoryFailureLedger
 from tables.refs import AggregateRef

@@ -22,7 +22,7 @@ from test_runner_loop import (
     world,
 )
 
-from app.runner import SendResult, TimerLoop, TimerOptions, TimerRunner
+from app.timers.runner import SendResult, TimerLoop, TimerOptions, TimerRunner
 from tables.exceptions import StoreError
 from tables.timer import Outcome, Timer, TimerChange, TimerStatus
 

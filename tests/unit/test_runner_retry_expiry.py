@@ -14,9 +14,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.runner import SendResult, TimerOptions, TimerRunner
-from app.runner.decisions import Action, due_since, expire_or_claim, on_outcome, retry_parked
-from app.runner.options import DAY_MS, RetryPolicy
+from app.timers.runner import SendResult, TimerOptions, TimerRunner
+from app.timers.runner.decisions import Action, due_since, expire_or_claim, on_outcome, retry_parked
+from app.timers.runner.options import DAY_MS, RetryPolicy
 from tables import open_timer_store
 from tables.ledger import MemoryFailureLedger
 from tables.refs import AggregateRef

@@ -4,9 +4,9 @@ from pathlib import Path
 
 import pytest
 
-from app.exceptions import ConfigError
-from app.settings import Settings
-from app.topics import AggregateTopics, ContextTopics, parse_aggregate_type
+from app.errors import ConfigError
+from app.node.settings import Settings
+from app.protocol.topics import AggregateTopics, ContextTopics, parse_aggregate_type
 
 
 def test_defaults_and_environment() -> None:

@@ -9,7 +9,11 @@ from typing import Any
 import pytest
 from aiokafka.errors import ProducerFenced
 
-from app.kafka import Fenced, KafkaUnavailable, TransactionalProducer
+from app.errors import (
+    Fenced,
+    KafkaUnavailable,
+)
+from app.kafka import TransactionalProducer
 
 
 class FakeClient:

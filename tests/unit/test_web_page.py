@@ -16,13 +16,16 @@ import aiohttp
 import pytest
 from yarl import URL
 
-from app.exceptions import TickwheelError
-from app.kafka import KafkaUnavailable
-from app.metrics import NodeMetrics
-from app.operator import TimerAction, TimerOp, new_op
-from app.page import CHART_SECONDS, OperatorPage
-from app.settings import Settings
-from app.web import WebServer
+from app.errors import KafkaUnavailable, TickwheelError
+from app.node.metrics import NodeMetrics
+from app.node.settings import Settings
+from app.ops.page import CHART_SECONDS, OperatorPage
+from app.ops.web import WebServer
+from app.protocol.wire import (
+    TimerAction,
+    TimerOp,
+)
+from app.timers.operator import new_op
 from tables import AggregateRef, CommandSpec, OnceRule, Timer, TimerChange, TimerStatus
 from tables.ledger import MemoryFailureLedger
 from tables.memory_store import MemoryTimerStore

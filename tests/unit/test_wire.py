@@ -5,9 +5,9 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from app.exceptions import BadRecord
-from app.schemas import render_schemas, stale_schemas
-from app.wire import (
+from app.errors import BadRecord
+from app.protocol.schemas import render_schemas, stale_schemas
+from app.protocol.wire import (
     MAX_RECORD_BYTES,
     CommandEnvelope,
     CommandResult,

@@ -1,0 +1,228 @@
+"""`tickwheel rebuild`: plan, reset, and follow the workers' replay with a progress bar.
+
+On a terminal the progress is a rich bar (log offsets replayed of the replay's end,
+rate, ETA); anywhere else (CI, a pipe, a test) it is a plain line every few seconds and
+one at the end, without control codes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import IO
+
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TaskID, TextColumn
+
+from app.kafka import GroupOffsets
+from app.ops import rebuild as rb
+from app.protocol.topics import AggregateTopics
+
+__all__ = [
+    "Ended",
+    "RebuildRun",
+    "ReplayView",
+    "format_eta",
+    "format_rate",
+    "plan_lines",
+    "progress_line",
+    "run_rebuild",
+]
+
+
+def format_rate(rate: float | None) -> str:
+    return "-/s" if rate is None else f"{rate:,.0f}/s"
+
+
+def format_eta(eta: float | None) -> str:
+    if eta is None:
+        return "?"
+    seconds = round(eta)
+    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+
+
+def progress_line(p: rb.Progress) -> str:
+    share = 100 if p.total == 0 else p.done * 100 // p.total
+    return (
+        f"replayed {p.done:,} of {p.total:,} log offsets ({share}%), "
+        f"{format_rate(p.rate)}, ETA {format_eta(p.eta)}"
+    )
+
+
+def plan_lines(plan: rb.RebuildPlan, *, done: bool) -> list[str]:
+    """What the rebuild does (`done`: did) to each topic, partition and offset."""
+    delete = "deleted the records" if done else "delete the records"
+    lines = []
+    for t in plan.types:
+        topics = t.topics
+        lines.append(f"{topics.type_name}: changelog {topics.timers_changelog}")
+        for p in t.partitions:
+            held = (
+                "none held"
+                if p.changelog_end <= p.changelog_start
+                else f"held {p.changelog_start}..{p.changelog_end - 1}"
+            )
+            lines.append(
+                f"  {topics.timers_changelog}[{p.partition}]: {delete} before offset "
+                f"{p.changelog_end} ({held})"
+            )
+        lines.append(f"{topics.type_name}: group {plan.group_id} on {topics.events}")
+        for p in t.partitions:
+            committed = "none" if p.committed is None else str(p.committed)
+            reset = (
+                f"committed offset {committed} set to 0"
+                if done
+                else f"set the committed offset {committed} to 0"
+            )
+            lines.append(
+                f"  {topics.events}[{p.partition}]: {reset}; the replay ends when the group "
+                f"commits offset {p.replay.end} ({p.replay.size:,} to replay)"
+            )
+    return lines
+
+
+class Ended(StrEnum):
+    COMPLETE = "complete"
+    INTERRUPTED = "interrupted"
+    NOT_FOLLOWED = "not followed"
+
+
+@dataclass(frozen=True, slots=True)
+class RebuildRun:
+    plan: rb.RebuildPlan
+    ended: Ended
+    last: rb.Progress | None = None
+    """The replay's last progress seen, when it was followed."""
+
+
+class ReplayView:
+    """Shows the replay's progress: a rich bar on a terminal, else a line every
+    `line_every` seconds (by `clock`) and the last one."""
+
+    def __init__(
+        self,
+        console: Console,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        line_every: float = 5.0,
+    ) -> None:
+        self.console = console
+        self.last: rb.Progress | None = None
+        self._clock = clock
+        self._line_every = line_every
+        self._printed_at: float | None = None
+        self._printed: rb.Progress | None = None
+        self._bar: Progress | None = None
+        self._task: TaskID | None = None
+        if console.is_terminal:
+            self._bar = Progress(
+                TextColumn("replay"),
+                BarColumn(),
+                TextColumn("{task.completed:,.0f}/{task.total:,.0f} log offsets"),
+                TextColumn("{task.fields[rate]}"),
+                TextColumn("ETA {task.fields[eta]}"),
+                console=console,
+            )
+
+    def __enter__(self) -> ReplayView:
+        if self._bar is not None:
+            self._bar.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+        elif self.last is not None and self._printed_at is not None:
+            self._line(self.last, force=True)
+
+    def __call__(self, p: rb.Progress) -> None:
+        self.last = p
+        if self._bar is not None:
+            rate, eta = format_rate(p.rate), format_eta(p.eta)
+            if self._task is None:
+                self._task = self._bar.add_task("replay", total=p.total, rate=rate, eta=eta)
+            self._bar.update(self._task, completed=p.done, total=p.total, rate=rate, eta=eta)
+            return
+        self._line(p, force=p.complete)
+
+    def _line(self, p: rb.Progress, *, force: bool) -> None:
+        now = self._clock()
+        due = self._printed_at is None or now - self._printed_at >= self._line_every
+        if (force or due) and self._printed != p:
+            self.console.print(progress_line(p), highlight=False, soft_wrap=True)
+            self._printed = p
+            self._printed_at = now
+
+
+async def run_rebuild(
+    bootstrap: str,
+    group_id: str,
+    types: Sequence[AggregateTopics],
+    *,
+    dry_run: bool,
+    wait: bool,
+    out: Console,
+    err: IO[str],
+    interval: float = 0.5,
+) -> RebuildRun:
+    """The `rebuild` command's work; raises the project's errors (`GroupBusy`, …).
+
+    Ctrl-C while the reset runs lets it finish (stopping half-way could leave a changelog
+    emptied and the log's offsets not reset) and then ends; while following, it ends the
+    following only: the workers replay on.
+    """
+    plan = await rb.plan_rebuild(bootstrap, group_id, types)
+    if dry_run:
+        return RebuildRun(plan, Ended.NOT_FOLLOWED)
+    loop = asyncio.get_running_loop()
+    interrupted = asyncio.Event()
+    resetting = True
+
+    def on_sigint() -> None:
+        interrupted.set()
+        if resetting:
+            err.write("interrupted: finishing the reset first\n")
+
+    handled = True
+    try:
+        loop.add_signal_handler(signal.SIGINT, on_sigint)
+    except (RuntimeError, ValueError, NotImplementedError):
+        handled = False  # not the main thread (an embedding caller): Ctrl-C is theirs
+    try:
+        await rb.apply_plan(bootstrap, plan)
+        resetting = False
+        for line in plan_lines(plan, done=True):
+            out.print(line, highlight=False, soft_wrap=True)
+        if interrupted.is_set():
+            return RebuildRun(plan, Ended.INTERRUPTED)
+        if not wait:
+            return RebuildRun(plan, Ended.NOT_FOLLOWED)
+        out.print(
+            f"following the replay of group {group_id}: start the workers "
+            "(Ctrl-C stops following; the workers replay on)",
+            highlight=False,
+            soft_wrap=True,
+        )
+        spans = plan.spans()
+        async with GroupOffsets(bootstrap, group_id) as offsets:
+            with ReplayView(out) as view:
+                follower = asyncio.create_task(
+                    rb.follow_replay(lambda: offsets.fetch(spans), spans, view, interval=interval)
+                )
+                stopper = asyncio.create_task(interrupted.wait())
+                await asyncio.wait({follower, stopper}, return_when=asyncio.FIRST_COMPLETED)
+                if follower.done():
+                    stopper.cancel()
+                    return RebuildRun(plan, Ended.COMPLETE, follower.result())
+                follower.cancel()
+                await asyncio.gather(follower, return_exceptions=True)
+                return RebuildRun(plan, Ended.INTERRUPTED, view.last)
+    finally:
+        if handled:
+            with contextlib.suppress(RuntimeError, ValueError):
+                loop.remove_signal_handler(signal.SIGINT)

@@ -1,0 +1,228 @@
+"""`tickwheel timers …`: operator commands on timers and the failure ledger.
+
+The read-only commands (`list`, `show`, `ledger`, and `tickwheel jobs list --state`,
+`tickwheel rebuild --dry-run`) never create a topic: one that is not there is an error
+that names it (exit code 1). `retry` and `skip` write requests, and create the timer-ops
+topic as a worker would.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from typing import Annotated
+
+import typer
+from pydantic import ValidationError
+
+from app.cli.common import (
+    Bootstrap,
+    Json,
+    Partitions,
+    fail,
+    json_line,
+    run,
+    settings_for,
+    time_iso,
+)
+from app.errors import TickwheelError
+from app.node.settings import Settings
+from app.protocol.topics import parse_aggregate_type
+from app.protocol.wire import TimerOp
+from app.timers.ledger import read_ledger
+from app.timers.operator import (
+    TimerHistory,
+    read_timer_history,
+    read_timers,
+    request_retry,
+    request_skip,
+)
+from tables.ledger import LedgerEntry
+from tables.refs import DEFAULT_TENANT, AggregateRef
+from tables.timer import Timer, TimerStatus
+
+__all__ = ["timers_cli"]
+
+timers_cli = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
+logger = logging.getLogger(__name__)
+
+
+TypeName = Annotated[
+    str, typer.Option("--type", help="the timers' owner type, <context>.<aggregate>")
+]
+
+_CONTEXT = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_\-]*$")
+
+
+def _type(name: str) -> str:
+    try:
+        return parse_aggregate_type(name).type_name
+    except TickwheelError as exc:
+        raise fail(str(exc)) from exc
+
+
+def _target(type_name: str, target_id: str, tenant: str, target_type: str | None) -> AggregateRef:
+    topics = parse_aggregate_type(_type(target_type or type_name))
+    try:
+        return AggregateRef(
+            context=topics.context, aggregate=topics.aggregate, tenant=tenant, id=target_id
+        )
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        raise fail(f"bad target: {problems}") from exc
+
+
+@timers_cli.command()
+def ledger(
+    context: Annotated[str, typer.Option(help="the bounded context whose ledger to read")],
+    bootstrap: Bootstrap = None,
+    partitions: Partitions = None,
+    as_json: Json = False,
+) -> None:
+    """Prints the open entries of a context's failure ledger: the parked targets."""
+    settings = settings_for(bootstrap, partitions)
+    if not _CONTEXT.match(context):
+        raise fail(f"context {context!r} must be letters, digits, '_' or '-'")
+    entries: list[LedgerEntry] = run(read_ledger(settings.bootstrap_servers, context))
+    for e in entries:
+        if as_json:
+            json_line(e.model_dump(mode="json"))
+        else:
+            typer.echo(
+                f"{e.subscription}\t{e.target}\t{len(e.timers)} timer(s): {', '.join(e.timers)}"
+            )
+    if not as_json:
+        typer.echo(f"{len(entries)} open entr{'y' if len(entries) == 1 else 'ies'}", err=True)
+
+
+def _request(action: str, type_name: str, target: AggregateRef, settings: Settings) -> None:
+    request = request_retry if action == "retry" else request_skip
+    op: TimerOp = run(request(settings.bootstrap_servers, type_name, target, settings.partitions))
+    typer.echo(
+        f"{action} of the timers of {type_name} parked on {target} requested "
+        f"(request {op.request_id}, {settings.partitions} partition(s)); "
+        "the owner of each partition carries it out"
+    )
+
+
+@timers_cli.command()
+def retry(
+    type_name: TypeName,
+    target_id: Annotated[str, typer.Option(help="the id of the target the timers send to")],
+    tenant: Annotated[str, typer.Option(help="the target's tenant")] = DEFAULT_TENANT,
+    target_type: Annotated[
+        str | None, typer.Option(help="the target's type when not --type, <context>.<aggregate>")
+    ] = None,
+    bootstrap: Bootstrap = None,
+    partitions: Partitions = None,
+) -> None:
+    """Sends the PARKED timers of a target again, due now with their attempts reset."""
+    settings = settings_for(bootstrap, partitions)
+    type_name = _type(type_name)
+    _request("retry", type_name, _target(type_name, target_id, tenant, target_type), settings)
+
+
+@timers_cli.command()
+def skip(
+    type_name: TypeName,
+    target_id: Annotated[str, typer.Option(help="the id of the target the timers send to")],
+    tenant: Annotated[str, typer.Option(help="the target's tenant")] = DEFAULT_TENANT,
+    target_type: Annotated[
+        str | None, typer.Option(help="the target's type when not --type, <context>.<aggregate>")
+    ] = None,
+    bootstrap: Bootstrap = None,
+    partitions: Partitions = None,
+) -> None:
+    """Cancels the PARKED timers of a target with the outcome SKIPPED."""
+    settings = settings_for(bootstrap, partitions)
+    type_name = _type(type_name)
+    _request("skip", type_name, _target(type_name, target_id, tenant, target_type), settings)
+
+
+@timers_cli.command("list")
+def list_(
+    type_name: TypeName,
+    status: Annotated[
+        str | None, typer.Option(help="only timers in this status, e.g. PARKED")
+    ] = None,
+    bootstrap: Bootstrap = None,
+    partitions: Partitions = None,
+    as_json: Json = False,
+) -> None:
+    """Prints the timers of an owner type as its timer table's changelog has them."""
+    settings = settings_for(bootstrap, partitions)
+    type_name = _type(type_name)
+    wanted: TimerStatus | None = None
+    if status is not None:
+        try:
+            wanted = TimerStatus(status.upper())
+        except ValueError as exc:
+            known = ", ".join(s.value for s in TimerStatus)
+            raise fail(f"unknown status {status!r}: one of {known}") from exc
+    timers: list[Timer] = run(read_timers(settings.bootstrap_servers, type_name, status=wanted))
+    for t in timers:
+        if as_json:
+            json_line(t.model_dump(mode="json"))
+        else:
+            typer.echo(
+                f"{t.partition}\t{t.status}\t{t.owner}\t{t.key}\t{t.request_id}\t"
+                f"due {time_iso(t.due_at)}\tslot due {time_iso(t.slot_due_at)}\t"
+                f"attempts {t.attempts}\t{t.outcome or '-'}\t-> {t.target} {t.command.type}"
+            )
+    if not as_json:
+        typer.echo(f"{len(timers)} timer(s)", err=True)
+
+
+def _version_line(offset: int, timestamp: int, row: Timer | None) -> str:
+    if row is None:
+        return f"  @{offset}\t{time_iso(timestamp)}\tdeleted"
+    return (
+        f"  @{offset}\t{time_iso(timestamp)}\t{row.status}\tslot {row.slot}\t"
+        f"slot due {time_iso(row.slot_due_at)}\tdue {time_iso(row.due_at)}\t"
+        f"attempts {row.attempts}\t{row.outcome or '-'}\tid {row.id}"
+    )
+
+
+@timers_cli.command()
+def show(
+    type_name: TypeName,
+    owner_id: Annotated[str, typer.Option("--owner", help="the id of the timers' owner")],
+    key: Annotated[str | None, typer.Option(help="only the owner's timer of this key")] = None,
+    tenant: Annotated[str, typer.Option(help="the owner's tenant")] = DEFAULT_TENANT,
+    bootstrap: Bootstrap = None,
+    as_json: Json = False,
+) -> None:
+    """Prints an owner's timers (or one): each one's row now and the versions its
+    changelog's committed records hold, oldest first."""
+    settings = settings_for(bootstrap, None)
+    topics = parse_aggregate_type(_type(type_name))
+    try:
+        owner = AggregateRef(
+            context=topics.context, aggregate=topics.aggregate, tenant=tenant, id=owner_id
+        )
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        raise fail(f"bad owner: {problems}") from exc
+    history: TimerHistory = run(read_timer_history(settings.bootstrap_servers, owner, key))
+    if as_json:
+        for versions in history.versions.values():
+            for v in versions:
+                json_line(v.model_dump(mode="json"))
+        return
+    typer.echo(
+        f"{owner}: {len(history.versions)} timer(s) in {history.topic}[{history.partition}] "
+        "(committed records; compaction keeps each timer's last version, older ones until "
+        "it runs)"
+    )
+    for name, versions in history.versions.items():
+        now = history.current(name)
+        if now is None:
+            typer.echo(f"{name}: deleted")
+        else:
+            typer.echo(
+                f"{name}: {now.status}\tslot {now.slot}\tdue {time_iso(now.due_at)}\t"
+                f"attempts {now.attempts}\t{now.outcome or '-'}\t-> {now.target} "
+                f"{now.command.type}\trule {now.rule.model_dump_json()}"
+            )
+        for v in versions:
+            typer.echo(_version_line(v.offset, v.timestamp, v.row))

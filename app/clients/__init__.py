@@ -1,0 +1,5 @@
+"""Libraries for other applications: the timer book (timers set and cancelled by command)
+and the faust-streaming client (`pip install tickwheel[faust]`).
+
+May import: `app.model`, `app.commands`, `app.protocol`, `app.kafka`, `app.node`, `tables`.
+"""

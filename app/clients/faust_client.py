@@ -1,0 +1,418 @@
+"""faust-streaming apps as Tickwheel clients: durable timers per key, fired into an agent.
+
+A faust app keeps its state per key; for each key it may keep timers in a *timer book*
+(`app.clients.timer_book`): the aggregate `<context>.<book>/<key>`, decided by Tickwheel workers
+running a service that declares the book. The app never writes the book's log itself:
+`schedule` and `cancel` send `wow.SetTimer` / `wow.CancelTimer` commands to the book's
+command topic, keyed by the key, in murmur2(key)'s partition (computed here, so faust's
+partitioner choice cannot put it elsewhere), and the node owning that partition appends
+`wow.ScheduleSet` / `wow.ScheduleCancelled` at the book's next version, de-duplicated by
+request id. Writing the events directly would race the node: the version the app would
+pick is the one the node appends next, and a replayed faust event would set a timer twice.
+
+A timer fires its command into `<context>.<target>.commands` (the app's own type, the
+key's id), which `commands` reads: a faust topic whose values are `CommandEnvelope`s
+(records that are not are dead-lettered to `<context>.dead-letters`, as Tickwheel's own
+processors do, and never reach the agent). The node waits for the command's result on
+`reply_to`: the agent answers with `answer` (COMMITTED once done, or its refusal); an
+unanswered command is sent again (same request id, `<timer id>#<slot>`) after the node's
+`send_timeout`, so the agent should treat a request id it has handled as done.
+
+    app = faust.App("reminders", broker="kafka://127.0.0.1:9092")
+    timers = TickwheelTimers(app, context="reminders", book="order-timers",
+                             target="order", partitions=12)
+
+    @app.agent(timers.commands)
+    async def fired(stream):
+        async for cmd in stream:
+            ...                                  # cmd: CommandEnvelope
+            await timers.answer(cmd)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, Final, cast
+
+try:
+    import faust
+    from faust.exceptions import ValueDecodeError
+    from faust.streams import current_event
+    from faust.types import AppT, CodecArg, Message
+except ImportError as exc:  # the extra is optional: say how to get it
+    raise ImportError(
+        "app.clients.faust_client needs faust-streaming: pip install 'tickwheel[faust]'"
+    ) from exc
+
+from app.clients.timer_book import CANCEL_TIMER, SET_TIMER, book_reason, timer_book
+from app.commands.processor import dead_letter_record, misrouted
+from app.errors import BadRecord
+from app.kafka import Record, TopicSpec, ensure_topics
+from app.node import node_topics
+from app.protocol.topics import AggregateTopics, ContextTopics, parse_aggregate_type
+from app.protocol.wire import (
+    CommandEnvelope,
+    CommandResult,
+    ResultCode,
+    ScheduleCancelled,
+    ScheduleSet,
+    decode,
+    encode,
+)
+from tables import AggregateRef, CommandSpec, CronRule, IntervalRule, OnceRule
+from tables.partitioner import partition_of
+
+__all__ = ["CommandSchema", "CommandTopic", "TickwheelTimers", "bootstrap_of", "request_id_for"]
+
+logger = logging.getLogger(__name__)
+
+_MAX_REQUEST_ID: Final = 300  # CommandEnvelope.request_id's bound
+
+
+def bootstrap_of(app: AppT) -> str:
+    """The app's brokers as `host:port,…`, for Tickwheel's own admin client."""
+    return ",".join(f"{url.host}:{url.port or 9092}" for url in app.conf.broker)
+
+
+def request_id_for(op: str, key: str, message: Message | None) -> str:
+    """The request id of a command sent while an agent processes `message`: the same each
+    time that message is processed again, so the book applies the command once.
+
+    `<topic>[<partition>]@<offset>:<op>:<key>`, or its SHA-256 when longer than a request
+    id may be. Without a message (outside an agent) a `ValueError`: the caller must name
+    the request itself.
+    """
+    if message is None:
+        raise ValueError(
+            f"{op} {key!r} outside an agent's event: pass request_id= (a retry must send "
+            "the same one, so that the timer book applies it once)"
+        )
+    rid = f"{message.topic}[{message.partition}]@{message.offset}:{op}:{key}"
+    if len(rid) > _MAX_REQUEST_ID:
+        rid = "sha256:" + hashlib.sha256(rid.encode()).hexdigest()
+    return rid
+
+
+class _Topology:
+    """The topics a `TickwheelTimers` uses, made once with Tickwheel's own specs (the
+    partition count that co-partitioning needs; a mismatch is an error naming it)."""
+
+    def __init__(
+        self, bootstrap: str, book: AggregateTopics, target: AggregateTopics, partitions: int
+    ) -> None:
+        self.bootstrap = bootstrap
+        self.book = book
+        self.target = target
+        self.partitions = partitions
+        self.context = ContextTopics(book.context)
+        self._lock = asyncio.Lock()
+        self._made = False
+
+    @property
+    def specs(self) -> list[TopicSpec]:
+        # The book's topics as its workers make them (so either side may start first), and
+        # the target's command topic, which only this app reads.
+        return [
+            *node_topics([self.book], self.partitions),
+            TopicSpec(self.target.commands, self.partitions),
+        ]
+
+    async def ensure(self) -> None:
+        """Makes the topics once per process (a failed attempt is made again next time)."""
+        if self._made:
+            return
+        async with self._lock:
+            if not self._made:
+                await ensure_topics(self.bootstrap, self.specs)
+                self._made = True
+
+
+class CommandSchema(faust.Schema[str, CommandEnvelope]):
+    """Keys as the aggregate id (str), values as `CommandEnvelope`s of the target type.
+
+    A value that is not one, is another type's, or is keyed or partitioned other than
+    its aggregate (murmur2 of the id) is a decode error: `CommandTopic` dead-letters it.
+    """
+
+    def __init__(self, topology: _Topology) -> None:
+        super().__init__(key_type=str, value_type=bytes)
+        self.topology = topology
+
+    def loads_value(
+        self,
+        app: AppT,
+        message: Message,
+        *,
+        loads: Callable[..., Any] | None = None,
+        serializer: CodecArg | None = None,
+    ) -> CommandEnvelope:
+        return command_of(message, self.topology.target, self.topology.partitions)
+
+    def dumps_value(
+        self,
+        app: AppT,
+        value: Any,
+        *,
+        serializer: CodecArg | None = None,
+        headers: Any,
+    ) -> tuple[Any, Any]:
+        if not isinstance(value, CommandEnvelope):
+            raise TypeError(f"{self.topology.target.commands} takes CommandEnvelope values")
+        return encode(value), headers
+
+
+def command_of(message: Message, target: AggregateTopics, partitions: int) -> CommandEnvelope:
+    """The command `message` carries; `ValueDecodeError` saying why it is not one."""
+    try:
+        cmd = decode(CommandEnvelope, message.value)
+        if cmd.aggregate.type_name != target.type_name:
+            raise BadRecord(f"command for {cmd.aggregate.type_name} on {message.topic}")
+        if (why := misrouted(_record(message), cmd.aggregate, partitions)) is not None:
+            raise BadRecord(why)
+    except BadRecord as exc:
+        raise ValueDecodeError(str(exc)) from exc
+    return cmd
+
+
+def _record(message: Message) -> Record:
+    return Record(
+        topic=message.topic,
+        partition=message.partition,
+        offset=message.offset,
+        key=message.key,
+        value=message.value,
+        timestamp=int(message.timestamp * 1000),
+    )
+
+
+class CommandTopic(faust.Topic):
+    """The target type's command topic: made with Tickwheel's specs when the app
+    subscribes (`internal=True` makes faust declare it), and a record that is not a
+    command is dead-lettered, not thrown into the agent (where it would crash the agent
+    on every delivery)."""
+
+    @property
+    def _topology(self) -> _Topology:
+        return cast(CommandSchema, self.schema).topology
+
+    async def declare(self) -> None:
+        await self._topology.ensure()
+
+    async def on_key_decode_error(self, exc: Exception, message: Message) -> None:
+        await self._dead_letter(exc, message)
+
+    async def on_value_decode_error(self, exc: Exception, message: Message) -> None:
+        await self._dead_letter(exc, message)
+
+    async def _dead_letter(self, exc: Exception, message: Message) -> None:
+        topic, partition, key, value = dead_letter_record(_record(message), str(exc))
+        letters = self.app.topic(topic, key_type=bytes, value_type=bytes)
+        sent = await letters.send(key=key, value=value, partition=partition, force=True)
+        await sent
+
+
+Rule = OnceRule | IntervalRule | CronRule
+
+
+class TickwheelTimers:
+    """Timers for the keys of a faust app, kept by Tickwheel workers in a timer book.
+
+    `context`, `book`, `target`: the book is `<context>.<book>` (the workers' service must
+    declare `timer_book(context, book)`), the timers fire into `<context>.<target>` by
+    default. `partitions`: the workers' `TICKWHEEL_PARTITIONS`. `bootstrap`: the app's
+    brokers unless given. `now`: epoch ms (the clock `early_by` and results use).
+    """
+
+    def __init__(
+        self,
+        app: faust.App,
+        *,
+        context: str,
+        book: str,
+        target: str,
+        partitions: int,
+        bootstrap: str | None = None,
+        now: Callable[[], int] | None = None,
+    ) -> None:
+        book_topics = parse_aggregate_type(f"{context}.{book}")
+        target_topics = parse_aggregate_type(f"{context}.{target}")
+        if book_topics == target_topics:
+            raise ValueError(f"the target {target!r} must not be the book: its timers fire into it")
+        if partitions < 1:
+            raise ValueError(f"partitions must be at least 1, got {partitions}")
+        self.app = app
+        self.partitions = partitions
+        self.book = timer_book(context, book)
+        self.topology = _Topology(
+            bootstrap or bootstrap_of(app), book_topics, target_topics, partitions
+        )
+        self._now = now or (lambda: int(time.time() * 1000))
+        self.commands: CommandTopic = CommandTopic(
+            app,
+            topics=[target_topics.commands],
+            schema=CommandSchema(self.topology),
+            partitions=partitions,
+            internal=True,
+        )
+        """The timers' commands: `@app.agent(timers.commands)` iterates `CommandEnvelope`s."""
+        self._topics: dict[str, faust.types.TopicT] = {}
+
+    def book_ref(self, key: str) -> AggregateRef:
+        t = self.topology.book
+        return AggregateRef(context=t.context, aggregate=t.aggregate, id=key)
+
+    def target_ref(self, key: str) -> AggregateRef:
+        t = self.topology.target
+        return AggregateRef(context=t.context, aggregate=t.aggregate, id=key)
+
+    def set_command(
+        self,
+        key: str,
+        timer: str,
+        rule: Rule,
+        command: CommandSpec,
+        *,
+        target: AggregateRef | None = None,
+        request_id: str | None = None,
+    ) -> CommandEnvelope:
+        """The `wow.SetTimer` that `schedule` sends; `ValueError` for what the book would
+        refuse (bad key, rule, target), so that nothing is sent."""
+        body = ScheduleSet(
+            key=timer, rule=rule, target=target or self.target_ref(key), command=command
+        )
+        if (why := book_reason(self.book, body)) is not None:
+            raise ValueError(why)
+        return self._command(key, SET_TIMER, body, "set", timer, request_id)
+
+    def cancel_command(
+        self, key: str, timer: str, *, request_id: str | None = None
+    ) -> CommandEnvelope:
+        """The `wow.CancelTimer` that `cancel` sends."""
+        return self._command(
+            key, CANCEL_TIMER, ScheduleCancelled(key=timer), "cancel", timer, request_id
+        )
+
+    def _command(
+        self,
+        key: str,
+        type_: str,
+        body: ScheduleSet | ScheduleCancelled,
+        op: str,
+        timer: str,
+        request_id: str | None,
+    ) -> CommandEnvelope:
+        if request_id is None:
+            event = current_event()
+            request_id = request_id_for(op, timer, None if event is None else event.message)
+        return CommandEnvelope(
+            request_id=request_id,
+            type=type_,
+            aggregate=self.book_ref(key),
+            body=body.model_dump(mode="json"),
+            issued_at=self._now(),
+        )
+
+    async def schedule(
+        self,
+        key: str,
+        timer: str,
+        rule: Rule,
+        command: CommandSpec,
+        *,
+        target: AggregateRef | None = None,
+        request_id: str | None = None,
+    ) -> CommandEnvelope:
+        """Sets `key`'s timer `timer`: `command` goes to `target` (this app's
+        `<context>.<target>/<key>` by default) by `rule`; a timer already set under that
+        name is replaced. Inside an agent the command is published before the event's
+        offset commits, outside one it is on the broker when this returns; the book
+        decides it then. The request id is derived from the event being processed unless
+        given (outside an agent it must be)."""
+        cmd = self.set_command(key, timer, rule, command, target=target, request_id=request_id)
+        await self._send_to_book(cmd)
+        return cmd
+
+    async def cancel(
+        self, key: str, timer: str, *, request_id: str | None = None
+    ) -> CommandEnvelope:
+        """Cancels `key`'s timer `timer` (nothing to cancel is no error)."""
+        cmd = self.cancel_command(key, timer, request_id=request_id)
+        await self._send_to_book(cmd)
+        return cmd
+
+    async def _send_to_book(self, cmd: CommandEnvelope) -> None:
+        await self.topology.ensure()
+        key = cmd.aggregate.id
+        await self._send(
+            self.topology.book.commands,
+            key.encode(),
+            encode(cmd),
+            partition_of(key, self.partitions),
+        )
+
+    def early_by(self, cmd: CommandEnvelope) -> int:
+        """How many ms before its `not_before` `cmd` arrived by this app's clock (0: due).
+        An early command is answered SCHEDULE_NOT_DUE, as Tickwheel's targets do."""
+        if cmd.not_before is None:
+            return 0
+        return max(0, cmd.not_before - self._now())
+
+    def result_for(
+        self,
+        cmd: CommandEnvelope,
+        code: ResultCode = ResultCode.COMMITTED,
+        message: str = "",
+        version: int | None = None,
+    ) -> tuple[str, int, CommandResult] | None:
+        """Where the answer to `cmd` goes and what it says; None: no answer is expected
+        (a command sent from another context is fire-and-forget)."""
+        if cmd.reply_to is None:
+            return None
+        own = self.topology.context.results
+        partition = (
+            cmd.reply_partition
+            if cmd.reply_partition is not None and cmd.reply_to == own
+            else partition_of(cmd.request_id, self.partitions)
+        )
+        result = CommandResult(
+            request_id=cmd.request_id,
+            code=code,
+            aggregate=cmd.aggregate,
+            message=message,
+            version=version,
+            decided_at=self._now(),
+        )
+        return cmd.reply_to, partition, result
+
+    async def answer(
+        self,
+        cmd: CommandEnvelope,
+        code: ResultCode = ResultCode.COMMITTED,
+        message: str = "",
+        version: int | None = None,
+    ) -> bool:
+        """Sends `cmd`'s result to the node that fired it; whether one was expected.
+        COMMITTED, DUPLICATE, UNCHANGED and REJECTED settle the slot; any other code is a
+        failed attempt, sent again with backoff and parked when its attempts are spent."""
+        where = self.result_for(cmd, code, message, version)
+        if where is None:
+            return False
+        topic, partition, result = where
+        await self._send(topic, cmd.request_id.encode(), encode(result), partition)
+        return True
+
+    async def _send(self, topic: str, key: bytes, value: bytes, partition: int) -> None:
+        # Inside an agent the record is attached to the event being processed, as any faust
+        # send: published, with the agent's other sends, before that event's offset commits
+        # (a crash before then processes the event again, and the same request id is
+        # de-duplicated). Outside an agent it is sent now and awaited.
+        channel = self._topics.get(topic)
+        if channel is None:
+            channel = self._topics[topic] = self.app.topic(topic, key_type=bytes, value_type=bytes)
+        sent: Awaitable[Any] = await channel.send(key=key, value=value, partition=partition)
+        if current_event() is None:
+            await sent

@@ -1,0 +1,433 @@
+"""The command path of one partition of one aggregate type.
+
+For each batch of commands read from `<type>.commands[p]`, in order: de-duplicate by request
+id, refuse what is not due yet, refuse when the partition's backlog is full (BUSY), run the
+handler, and then append the events to `<type>.events[p]`, publish the results and commit
+the commands' offsets in ONE Kafka transaction. The aggregate states are written locally
+only after the transaction committed; they are a fold of the log, restored from it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from app.errors import BadRecord
+from app.kafka import OutRecord, Reader, Record
+from app.kafka.records import RestoreProgress
+from app.model.aggregate import AggregateType
+from app.model.decide import Decided, StoredAggregate, decide, fold
+from app.protocol.topics import AggregateTopics, ContextTopics
+from app.protocol.wire import (
+    MAX_RECORD_BYTES,
+    CommandEnvelope,
+    CommandResult,
+    DeadLetter,
+    EventEnvelope,
+    ResultCode,
+    decode,
+    encode,
+)
+from tables import AggregateRef
+from tables.aggregate_store import AggregateStateStore
+from tables.partitioner import partition_of
+
+__all__ = [
+    "BatchStats",
+    "CommandBatch",
+    "CommandProcessor",
+    "Commit",
+    "LocalDecided",
+    "dead_letter_record",
+]
+
+Commit = Callable[[Sequence[OutRecord], dict[tuple[str, int], int]], Awaitable[list[int]]]
+"""Sends records and commits consumer offsets in the partition's one transaction; the
+records' offsets (`TransactionalChangelog.commit`, bound to the partition)."""
+
+LocalDecided = Callable[[list[tuple[CommandEnvelope, ResultCode, str]]], Awaitable[None]]
+"""Told, before the commit, what each command fired in-process came to, so that the
+timers' settles join the same transaction (`TimerRunner.record_outcomes`)."""
+
+logger = logging.getLogger(__name__)
+
+_FIRED = frozenset({ResultCode.COMMITTED, ResultCode.UNCHANGED, ResultCode.REJECTED})
+"""A command decided for good by its aggregate's handler (a duplicate was counted when first
+decided; BUSY, not due yet and ERROR are sent again)."""
+
+
+@dataclass(slots=True)
+class BatchStats:
+    commands: int = 0
+    committed: int = 0
+    events: int = 0
+    dead_letters: int = 0
+    codes: Counter[str] = field(default_factory=Counter)
+
+
+def dead_letter_record(record: Record, error: str) -> OutRecord:
+    """The dead-letter record for `record`, on its context's dead-letter topic: its value
+    whole, unless the letter would then exceed the largest record accepted (an oversized
+    record): then as much of it as fits."""
+    logger.error("skipping %s[%d]@%d: %s", record.topic, record.partition, record.offset, error)
+    raw = record.value or b""
+    while True:
+        letter = DeadLetter(
+            topic=record.topic,
+            partition=record.partition,
+            offset=record.offset,
+            error=error,
+            key=None if record.key is None else record.key.decode("utf-8", "replace"),
+            value=raw.decode("utf-8", "replace"),
+        )
+        value = encode(letter)
+        if len(value) <= MAX_RECORD_BYTES:
+            break
+        raw = raw[: len(raw) - (len(value) - MAX_RECORD_BYTES) - 1024]
+    context = record.topic.split(".", 1)[0]
+    return (ContextTopics(context).dead_letters, 0, record.key, value)
+
+
+def misrouted(record: Record, aggregate: AggregateRef, partitions: int) -> str | None:
+    """Why `record` of `aggregate` is not where Kafka's default partitioner puts it, or
+    None. An aggregate's records are keyed by its id, in murmur2(id)'s partition: one
+    written elsewhere would split its log (or its commands) across two owners."""
+    if record.key is None:
+        return f"no key: records of {aggregate.id!r} are keyed by the aggregate id"
+    if record.key != aggregate.id.encode():
+        return f"key {record.key!r} is not the aggregate id {aggregate.id!r}"
+    expected = partition_of(aggregate.id, partitions)
+    if record.partition != expected:
+        return (
+            f"{aggregate.id!r} belongs in partition {expected} (murmur2, Kafka's default "
+            f"partitioner), not {record.partition}"
+        )
+    return None
+
+
+def _applied_id(event: EventEnvelope) -> str:
+    """What marks an event as folded: its command's request id, or its own id."""
+    return event.request_id or f"event:{event.id}"
+
+
+def state_key(ref: AggregateRef) -> str:
+    """Where the state store keeps an aggregate: its tenant and id, which two tenants'
+    aggregates may share (the tenant is length-prefixed, so no pair is ambiguous)."""
+    return f"{len(ref.tenant)}:{ref.tenant}/{ref.id}"
+
+
+def _command_record(cmd: CommandEnvelope) -> OutRecord:
+    # The target's own partition count decides: the key picks it, as any producer's would.
+    topic = AggregateTopics(cmd.aggregate.context, cmd.aggregate.aggregate).commands
+    return (topic, None, cmd.aggregate.id.encode(), encode(cmd))
+
+
+@dataclass(slots=True, eq=False)
+class CommandBatch:
+    """What one transaction's decisions have built up so far: its records to write (events,
+    results, commands sent, dead letters), the commands' offsets, and the aggregates as
+    they will be once it commits."""
+
+    now: int
+    staged: dict[str, StoredAggregate] = field(default_factory=dict)
+    applied: set[tuple[str, str]] = field(default_factory=set)
+    out: list[OutRecord] = field(default_factory=list)
+    offsets: dict[tuple[str, int], int] = field(default_factory=dict)
+    stats: BatchStats = field(default_factory=lambda: BatchStats())
+    # The last offset of the partition's log read in this batch (other writers' events
+    # followed or passed over): the state store's offset moves past them with it, so a
+    # restore does not fold them a second time.
+    log_offset: int | None = None
+    # The due times (`not_before`, epoch ms) of the scheduled commands, every timer's, this
+    # batch decided for good: their lateness is measured once the batch commits.
+    fired_due: list[int] = field(default_factory=list)
+
+    @property
+    def empty(self) -> bool:
+        """Nothing decided, followed or read: no need to commit it."""
+        return not (self.out or self.staged or self.applied or self.offsets)
+
+
+class CommandProcessor:
+    def __init__(
+        self,
+        agg: AggregateType[Any],
+        partition: int,
+        *,
+        partitions: int,
+        states: AggregateStateStore,
+        commit: Commit,
+        now: Callable[[], int],
+        busy_backlog: int = 50_000,
+    ) -> None:
+        self.agg = agg
+        self.partition = partition
+        self.partitions = partitions
+        self.topics = AggregateTopics(agg.context, agg.name)
+        self.results_topic = ContextTopics(agg.context).results
+        self._states = states
+        self._commit = commit
+        self._now = now
+        self.busy_backlog = busy_backlog
+        # Batches decided and staged in the partition's transaction, not committed yet
+        # (oldest first): later decisions see their aggregates and request ids.
+        # Of the batches staged and not committed yet, the latest aggregate and every applied
+        # request id, each with the batch that wrote it (removed when that one commits).
+        self._pending_states: dict[str, tuple[StoredAggregate, CommandBatch]] = {}
+        self._pending_applied: dict[tuple[str, str], CommandBatch] = {}
+
+    async def restore(self, reader: Reader, progress: RestoreProgress | None = None) -> int:
+        """Folds the events after the state store's offset into it; how many were read.
+        `progress` hears the log offsets read and to read as it goes.
+
+        The local states are a cache of the log: a copy that is not a prefix of the log the
+        broker holds (ahead of its end: a recreated topic, another cluster) is dropped and
+        folded again from the start.
+        """
+        held = self._states.offset(self.partition)
+        _, end = await reader.offsets(self.topics.events, self.partition)
+        if held is not None and held >= end:
+            logger.warning(
+                "%s[%d]: local states at offset %d, but the log ends at %d: "
+                "not this log's copy, folding it again",
+                self.topics.events,
+                self.partition,
+                held,
+                end,
+            )
+            self._states.drop(self.partition)
+            held = None
+        start = 0 if held is None else held + 1
+        began = time.monotonic()
+        count = 0
+        to_read = max(end - start, 0)
+        if progress is not None:
+            progress(0, to_read)
+        async for batch in reader.read(self.topics.events, self.partition, start):
+            if batch:
+                self._fold_records(batch)
+                count += len(batch)
+                if progress is not None:
+                    progress(min(batch[-1].offset + 1 - start, to_read), to_read)
+        if progress is not None:
+            progress(to_read, to_read)
+        logger.info(
+            "restored %s[%d] states: %d events in %.3f s",
+            self.topics.events,
+            self.partition,
+            count,
+            time.monotonic() - began,
+        )
+        return count
+
+    def _fold_records(self, batch: list[Record]) -> None:
+        by_id: dict[str, list[EventEnvelope]] = {}
+        for r in batch:
+            try:
+                event = decode(EventEnvelope, r.value)
+            except BadRecord:
+                continue  # the timers subscription dead-letters it; nothing to fold
+            if event.aggregate.type_name != self.agg.type_name:
+                continue
+            if misrouted(r, event.aggregate, self.partitions) is None:
+                by_id.setdefault(state_key(event.aggregate), []).append(event)
+        states: dict[str, bytes] = {}
+        requests: list[tuple[str, str]] = []
+        for aggregate_id, events in by_id.items():
+            stored = self._stored(aggregate_id)
+            states[aggregate_id] = encode(fold(self.agg, stored, events))
+            requests += [(aggregate_id, _applied_id(e)) for e in events]
+        self._states.write(self.partition, states, requests, batch[-1].offset)
+
+    def _stored(self, aggregate_id: str) -> StoredAggregate | None:
+        pending = self._pending_states.get(aggregate_id)
+        if pending is not None:
+            return pending[0]
+        raw = self._states.get(self.partition, aggregate_id)
+        return None if raw is None else StoredAggregate.model_validate_json(raw)
+
+    def begin(self) -> CommandBatch:
+        """A new batch of decisions, for one transaction of the partition."""
+        return CommandBatch(now=self._now())
+
+    def decide_records(self, batch: CommandBatch, records: list[Record], backlog: int = 0) -> None:
+        """Decides `records` (commands of this partition, in order) into `batch`.
+
+        `backlog`: how many commands of the partition wait behind these. A command reached
+        while more than `busy_backlog` commands wait (itself, the rest of the records and
+        those behind them) is answered BUSY without running its handler: the partition
+        sheds its oldest work until it is back within bounds, and the senders retry.
+        """
+        if not records:
+            return
+        batch.stats.commands += len(records)
+        now = batch.now
+        for i, r in enumerate(records):
+            waiting = len(records) - i + backlog
+            try:
+                cmd = decode(CommandEnvelope, r.value)
+                if cmd.aggregate.type_name != self.agg.type_name:
+                    raise BadRecord(f"command for {cmd.aggregate.type_name} on {r.topic}")
+                if (why := misrouted(r, cmd.aggregate, self.partitions)) is not None:
+                    raise BadRecord(why)
+            except BadRecord as exc:
+                batch.out.append(dead_letter_record(r, str(exc)))
+                batch.stats.dead_letters += 1
+                continue
+            if cmd.in_process:
+                continue  # fired in-process: decided in the transaction that wrote it
+            if waiting > self.busy_backlog:
+                message = f"{waiting} commands waiting (bound {self.busy_backlog})"
+                batch.out.append(self._result(cmd, ResultCode.BUSY, message, None, now))
+                batch.stats.codes[ResultCode.BUSY] += 1
+                continue
+            d, version = self._decide(batch, cmd)
+            batch.out.append(self._result(cmd, d.code, d.message, version, now))
+            if cmd.type not in self.agg.handlers:
+                # Answered ERROR, and kept for an operator: no handler will ever take it.
+                batch.out.append(dead_letter_record(r, d.message))
+                batch.stats.dead_letters += 1
+        batch.offsets[(self.topics.commands, self.partition)] = records[-1].offset + 1
+
+    def decide_local(
+        self, batch: CommandBatch, commands: Sequence[CommandEnvelope]
+    ) -> list[tuple[CommandEnvelope, ResultCode, str]]:
+        """Decides commands of timers of this partition fired in-process into `batch`; what
+        each came to.
+
+        The same code as for a command read from the topic (dedup, not-before, handler),
+        but no result record: the caller settles the timers before the commit, so that
+        each settle is in the same transaction as its events. The command itself is
+        written to the command topic in that transaction too, as the record of what was
+        sent; read back, its request id is found applied and it is passed over.
+        """
+        batch.stats.commands += len(commands)
+        decided: list[tuple[CommandEnvelope, ResultCode, str]] = []
+        for cmd in commands:
+            d, _ = self._decide(batch, cmd)
+            batch.out.append(
+                (self.topics.commands, self.partition, cmd.aggregate.id.encode(), encode(cmd))
+            )
+            decided.append((cmd, d.code, d.message))
+        return decided
+
+    def staged(self, batch: CommandBatch) -> None:
+        """The batch waits for the partition's next commit: what it decided counts for the
+        batches decided after it."""
+        for aid, stored in batch.staged.items():
+            self._pending_states[aid] = (stored, batch)
+        for applied in batch.applied:
+            self._pending_applied[applied] = batch
+
+    def committed(self, batch: CommandBatch, written: Sequence[int]) -> None:
+        """Writes the batch's aggregate states once its transaction committed; `written`:
+        the offsets its records were written at."""
+        for aid in batch.staged:
+            if (pending := self._pending_states.get(aid)) is not None and pending[1] is batch:
+                del self._pending_states[aid]
+        for applied in batch.applied:
+            if self._pending_applied.get(applied) is batch:
+                del self._pending_applied[applied]
+        last_event = max(
+            (o for rec, o in zip(batch.out, written, strict=True) if rec[0] == self.topics.events),
+            default=None,
+        )
+        # Never back: the log read may trail this node's own events committed before.
+        marks = (last_event, batch.log_offset, self._states.offset(self.partition))
+        known = [o for o in marks if o is not None]
+        self._states.write(
+            self.partition,
+            {a: encode(s) for a, s in batch.staged.items()},
+            batch.applied,
+            max(known) if known else None,
+        )
+
+    async def handle(
+        self,
+        records: list[Record],
+        backlog: int = 0,
+        local: Sequence[CommandEnvelope] = (),
+        on_local: LocalDecided | None = None,
+    ) -> BatchStats:
+        """Decides `records`, then the `local` commands, and commits them in one
+        transaction of their own (`on_local` hears what the local ones came to first)."""
+        batch = self.begin()
+        self.decide_records(batch, records, backlog)
+        decided = self.decide_local(batch, local)
+        if decided and on_local is not None:
+            await on_local(decided)
+        self.committed(batch, await self._commit(batch.out, batch.offsets))
+        return batch.stats
+
+    def follow(self, batch: CommandBatch, event: EventEnvelope, offset: int) -> bool:
+        """Folds an event of the log that this partition did not decide (another writer's
+        append) into its aggregate when it is ahead of it, so that the versions this node
+        appends never go back; whether it did. Its own events, read back, and another
+        writer's events at or behind the aggregate's version, change nothing here (their
+        timers are ordered by their own versions in the timer table)."""
+        if event.aggregate.type_name != self.agg.type_name:
+            return False
+        batch.log_offset = max(offset, batch.log_offset or 0)
+        aid = state_key(event.aggregate)
+        applied = (aid, _applied_id(event))
+        if self._applied(batch, applied):
+            return False
+        stored = batch.staged.get(aid) or self._stored(aid)
+        if event.version <= (stored.version if stored is not None else 0):
+            return False
+        batch.staged[aid] = fold(self.agg, stored, [event])
+        batch.applied.add(applied)
+        return True
+
+    def _seen(self, batch: CommandBatch, cmd: CommandEnvelope) -> bool:
+        return self._applied(batch, (state_key(cmd.aggregate), cmd.request_id))
+
+    def _applied(self, batch: CommandBatch, applied: tuple[str, str]) -> bool:
+        return (
+            applied in batch.applied
+            or applied in self._pending_applied
+            or self._states.seen(self.partition, *applied)
+        )
+
+    def _decide(self, batch: CommandBatch, cmd: CommandEnvelope) -> tuple[Decided, int | None]:
+        """Decides one command on the aggregate as the batch left it; its events and
+        commands join the batch's records. The decision and the aggregate's version."""
+        aid = state_key(cmd.aggregate)
+        stored = batch.staged.get(aid) or self._stored(aid)
+        d = decide(self.agg, stored, cmd, now=batch.now, seen=self._seen(batch, cmd))
+        if d.stored is not None:
+            batch.staged[aid] = d.stored
+            batch.applied.add((aid, cmd.request_id))
+            key = cmd.aggregate.id.encode()
+            batch.out += [(self.topics.events, self.partition, key, encode(e)) for e in d.events]
+            batch.out += [_command_record(c) for c in d.commands]
+            batch.stats.committed += 1
+            batch.stats.events += len(d.events)
+        batch.stats.codes[d.code] += 1
+        if cmd.not_before is not None and d.code in _FIRED:
+            batch.fired_due.append(cmd.not_before)
+        version = d.stored.version if d.stored else (stored.version if stored else None)
+        return d, version
+
+    def _result(
+        self, cmd: CommandEnvelope, code: ResultCode, message: str, version: int | None, now: int
+    ) -> OutRecord:
+        result = CommandResult(
+            request_id=cmd.request_id,
+            code=code,
+            aggregate=cmd.aggregate,
+            message=message,
+            version=version,
+            decided_at=now,
+        )
+        topic = cmd.reply_to or self.results_topic
+        partition = (
+            cmd.reply_partition
+            if cmd.reply_partition is not None and topic == self.results_topic
+            else partition_of(cmd.request_id, self.partitions)
+        )
+        return (topic, partition, cmd.request_id.encode(), encode(result))

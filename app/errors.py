@@ -1,0 +1,74 @@
+"""The one exception tree of `app` (storage errors are `tables.TablesError`'s):
+
+TickwheelError
+├── BadRecord          a record that cannot be read: dead-lettered
+├── ConfigError        a bad setting
+├── KafkaUnavailable   the broker did not answer or refused
+│   └── Fenced         another node took the partition over
+├── MissingTopic       a read-only command's topic is not there
+├── GroupBusy          a rebuild while workers run
+├── NodeFailed         the node cannot go on
+├── NoTimers           an operator's command found no timer
+├── JobsCliError       a job, context or rule the CLI cannot use
+└── BadInput           a query or form the operator page cannot act on
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "BadInput",
+    "BadRecord",
+    "ConfigError",
+    "Fenced",
+    "GroupBusy",
+    "JobsCliError",
+    "KafkaUnavailable",
+    "MissingTopic",
+    "NoTimers",
+    "NodeFailed",
+    "TickwheelError",
+]
+
+
+class TickwheelError(Exception):
+    """Root of every error raised by `app`."""
+
+
+class BadRecord(TickwheelError, ValueError):
+    """A record on a topic that cannot be read: it is dead-lettered and skipped."""
+
+
+class ConfigError(TickwheelError, ValueError):
+    """A setting with a bad value; the message names the setting."""
+
+
+class KafkaUnavailable(TickwheelError):
+    """The broker did not answer, or refused a request; the message says which."""
+
+
+class Fenced(KafkaUnavailable):
+    """Another node took this partition's transactional id over: this one must let go."""
+
+
+class MissingTopic(TickwheelError):
+    """A topic a read-only command (or a rebuild) needs is not there; nothing was created."""
+
+
+class GroupBusy(TickwheelError):
+    """Workers of the group are running: a rebuild under them would race their writes."""
+
+
+class NodeFailed(TickwheelError):
+    """The node cannot go on (a partition it was given could not be taken): it stops."""
+
+
+class NoTimers(TickwheelError):
+    """The owner (or its key) has no timer in the changelog."""
+
+
+class JobsCliError(TickwheelError):
+    """A job, context or rule the command cannot use."""
+
+
+class BadInput(TickwheelError):
+    """A query or form the page cannot act on: a 400 page that says why."""

@@ -1,0 +1,92 @@
+"""Jobs: handlers a service runs by a schedule, kept by the built-in `<context>.schedule`.
+
+A job is declared once per context (name, scope, default rule, handler). Each of its
+instances is one `schedule` aggregate: `wow.schedule.Enable` makes it schedule its own
+`wow.schedule.Tick` under the key `tick`, and each tick of a slot newer than the last one
+run commits `wow.Ticked` and runs the handler, whose commands (`JobRun.send`) commit in the
+same transaction as that event. A repeated tick is a DUPLICATE, or changes nothing, and
+runs nothing: a job's effects are applied once per slot.
+
+A handler that raises does not stop the schedule: the tick commits `wow.Ticked` all the
+same (the instance ticks on, its later slots on time) with `wow.schedule.RunFailed`, none
+of the handler's commands, and a one-off timer of the instance under the key
+`run:<timer digest>#<slot>` (`run_key`), due at once, whose `wow.schedule.Run` runs the
+handler for that slot again. That timer is retried, parked and put in the failure ledger
+(its target: the instance) like any other, by `TimerOptions.retry`; `tickwheel timers
+retry|skip --type <context>.schedule --target-id <instance>` retries or skips the parked
+slots of an instance. A Run that succeeds commits `wow.schedule.Ran` with the handler's
+commands; one that fails again commits nothing (ERROR). A disabled instance runs nothing.
+
+An instance may override parts of its job's default rule. A part is one field of the rule
+(`kind`, `expr`, `zone`, `start`, `every`, `at`, `coalesce`), and an override is a partial
+rule: the fields it names replace the default's, the others follow the default, also when
+the default changes (from the instance's next tick). `{"expr": "*/5 * * * *"}` keeps the
+default's zone and coalesce. An override whose `kind` is not the default's is a rule of its
+own: fields of two kinds do not mix, so it follows nothing of the default.
+
+May import: `app.model`, `app.protocol`, `tables`.
+"""
+
+from app.jobs.commands import (
+    disable_command,
+    enable_command,
+    enable_commands,
+    reschedule_command,
+)
+from app.jobs.declaration import (
+    DISABLE,
+    DISABLED,
+    ENABLE,
+    ENABLED,
+    RAN,
+    RESCHEDULE,
+    RESCHEDULED,
+    RUN,
+    RUN_FAILED,
+    RUN_KEY_PREFIX,
+    SCHEDULE,
+    TICK,
+    TICK_KEY,
+    TICKED,
+    Job,
+    JobRun,
+    JobScope,
+    Rule,
+    effective_rule,
+    instance_ids,
+    ref_of,
+    shard_ref,
+)
+from app.jobs.schedule import ScheduleState, run_key, schedule_aggregate
+
+__all__ = [
+    "DISABLE",
+    "DISABLED",
+    "ENABLE",
+    "ENABLED",
+    "RAN",
+    "RESCHEDULE",
+    "RESCHEDULED",
+    "RUN",
+    "RUN_FAILED",
+    "RUN_KEY_PREFIX",
+    "SCHEDULE",
+    "TICK",
+    "TICKED",
+    "TICK_KEY",
+    "Job",
+    "JobRun",
+    "JobScope",
+    "Rule",
+    "ScheduleState",
+    "disable_command",
+    "effective_rule",
+    "enable_command",
+    "enable_commands",
+    "instance_ids",
+    "ref_of",
+    "reschedule_command",
+    "run_key",
+    "schedule_aggregate",
+    "shard_ref",
+]

@@ -1,0 +1,117 @@
+"""The commands an operator (or a service) sends to a job's instances: enable, reschedule,
+disable."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from app.jobs.declaration import (
+    DISABLE,
+    ENABLE,
+    RESCHEDULE,
+    Job,
+    JobScope,
+    ref_of,
+    shard_ref,
+)
+from app.protocol.wire import CommandEnvelope
+from tables import DEFAULT_TENANT, AggregateRef
+
+
+def _instance_ref(
+    context: str, job: Job, tenant: str, partition: int | None, partitions: int | None
+) -> AggregateRef:
+    if job.scope is not JobScope.SHARDED:
+        return ref_of(context, job, tenant)
+    if partition is None or partitions is None:
+        raise ValueError(f"job {job.name!r} is SHARDED: give partition and partitions")
+    return shard_ref(context, job, partition, partitions)
+
+
+def _command(
+    ref: AggregateRef, type_: str, body: dict[str, Any], now: int | None, request_id: str | None
+) -> CommandEnvelope:
+    # A fresh request id by default: a deterministic one would make an Enable after a
+    # Disable a DUPLICATE of the first, and the aggregate makes a repeat harmless anyway
+    # (UNCHANGED). A caller that retries one request passes its own id.
+    verb = type_.rsplit(".", 1)[-1].lower()
+    return CommandEnvelope(
+        request_id=request_id or f"{verb}:{ref.tenant}:{ref.id}:{uuid.uuid4().hex}",
+        type=type_,
+        aggregate=ref,
+        body=body,
+        issued_at=int(time.time() * 1000) if now is None else now,
+    )
+
+
+def enable_command(
+    context: str,
+    job: Job,
+    *,
+    tenant: str = DEFAULT_TENANT,
+    partition: int | None = None,
+    partitions: int | None = None,
+    rule: Mapping[str, Any] | None = None,
+    now: int | None = None,
+    request_id: str | None = None,
+) -> CommandEnvelope:
+    """`wow.schedule.Enable` of one instance of `job` (a SHARDED one: of `partition`)."""
+    body: dict[str, Any] = {"job": job.name}
+    if rule is not None:
+        body["rule"] = dict(rule)
+    ref = _instance_ref(context, job, tenant, partition, partitions)
+    return _command(ref, ENABLE, body, now, request_id)
+
+
+def enable_commands(
+    context: str,
+    job: Job,
+    *,
+    partitions: int,
+    tenants: Iterable[str] = (DEFAULT_TENANT,),
+    now: int | None = None,
+) -> list[CommandEnvelope]:
+    """Enables of every instance of `job`: per partition, per tenant (TENANT), or the one."""
+    if job.scope is JobScope.SHARDED:
+        return [
+            enable_command(context, job, partition=p, partitions=partitions, now=now)
+            for p in range(partitions)
+        ]
+    if job.scope is JobScope.SYSTEM:
+        return [enable_command(context, job, now=now)]
+    return [enable_command(context, job, tenant=t, now=now) for t in tenants]
+
+
+def reschedule_command(
+    context: str,
+    job: Job,
+    rule: Mapping[str, Any] | None,
+    *,
+    tenant: str = DEFAULT_TENANT,
+    partition: int | None = None,
+    partitions: int | None = None,
+    now: int | None = None,
+    request_id: str | None = None,
+) -> CommandEnvelope:
+    """`wow.schedule.Reschedule`: `rule` is the instance's override; None follows the default."""
+    ref = _instance_ref(context, job, tenant, partition, partitions)
+    body = {"rule": None if rule is None else dict(rule)}
+    return _command(ref, RESCHEDULE, body, now, request_id)
+
+
+def disable_command(
+    context: str,
+    job: Job,
+    *,
+    tenant: str = DEFAULT_TENANT,
+    partition: int | None = None,
+    partitions: int | None = None,
+    now: int | None = None,
+    request_id: str | None = None,
+) -> CommandEnvelope:
+    """`wow.schedule.Disable` of one instance of `job`."""
+    ref = _instance_ref(context, job, tenant, partition, partitions)
+    return _command(ref, DISABLE, {}, now, request_id)

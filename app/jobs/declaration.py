@@ -1,0 +1,137 @@
+"""A job's declaration: its name, scope, default rule and handler, the refs of its
+instances, and the names of the schedule aggregate's commands and events (see
+`app.jobs` for what a job is)."""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from functools import lru_cache
+from typing import Any, Final
+
+from app.model.aggregate import Decision
+from tables import DEFAULT_TENANT, AggregateRef, CronRule, IntervalRule, OnceRule
+from tables.partitioner import partition_of
+from tables.rules import parse_rule
+
+logger = logging.getLogger(__name__)
+
+SCHEDULE: Final = "schedule"
+ENABLE: Final = "wow.schedule.Enable"
+RESCHEDULE: Final = "wow.schedule.Reschedule"
+DISABLE: Final = "wow.schedule.Disable"
+TICK: Final = "wow.schedule.Tick"
+RUN: Final = "wow.schedule.Run"
+"""Runs a slot whose handler failed again: sent by that slot's `run:` timer."""
+ENABLED: Final = "wow.schedule.Enabled"
+RESCHEDULED: Final = "wow.schedule.Rescheduled"
+DISABLED: Final = "wow.schedule.Disabled"
+TICKED: Final = "wow.Ticked"
+RUN_FAILED: Final = "wow.schedule.RunFailed"
+"""A slot's handler failed on its tick: the slot's `run:` timer runs it again."""
+RAN: Final = "wow.schedule.Ran"
+"""A slot whose handler had failed ran: its commands commit with this event."""
+TICK_KEY: Final = "tick"
+RUN_KEY_PREFIX: Final = "run:"
+
+Rule = OnceRule | IntervalRule | CronRule
+
+# No `~`: it separates a SHARDED instance's parts, so no job's ids can be another's.
+_JOB_NAME = re.compile(r"^[A-Za-z0-9_-]{1,100}$")
+
+
+class JobScope(StrEnum):
+    SYSTEM = "SYSTEM"
+    """One instance, in the default tenant."""
+    TENANT = "TENANT"
+    """One instance per tenant that enables it."""
+    SHARDED = "SHARDED"
+    """One instance per log partition, in the default tenant (`shard_ref`)."""
+
+
+@dataclass(frozen=True, slots=True)
+class JobRun:
+    """What a job's handler gets for one slot; `send` commits with the slot's `wow.Ticked`."""
+
+    context: str
+    job: str
+    instance: str
+    tenant: str
+    partition: int | None
+    """The log partition of a SHARDED job's instance; None for other scopes."""
+    slot: int
+    due_at: int
+    request_id: str
+    """The slot's tick's request id (`<timer id>#<slot>`), on a retry too."""
+    now: int
+    _decision: Decision = field(repr=False, compare=False)
+    retried: bool = False
+    """True when a slot whose handler failed runs again (`wow.schedule.Run`)."""
+
+    def send(self, target: AggregateRef, type_: str, body: Mapping[str, Any] | None = None) -> None:
+        """Sends a command in the tick's transaction: it commits once, with the slot."""
+        self._decision.send(target, type_, body)
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    """A job of a context: its instances tick by `rule` (under their overrides)."""
+
+    name: str
+    scope: JobScope
+    rule: Rule
+    handler: Callable[[JobRun], None]
+
+    def __post_init__(self) -> None:
+        if not _JOB_NAME.match(self.name):
+            raise ValueError(f"job name {self.name!r}: use 1-100 letters, digits, '-' or '_'")
+        object.__setattr__(self, "scope", JobScope(self.scope))
+
+
+def ref_of(context: str, job: str | Job, tenant: str = DEFAULT_TENANT) -> AggregateRef:
+    """The instance of `job` in `tenant` of `context`: its id is the job's name."""
+    return AggregateRef(context=context, aggregate=SCHEDULE, tenant=tenant, id=_name(job))
+
+
+def shard_ref(context: str, job: str | Job, partition: int, partitions: int) -> AggregateRef:
+    """The SHARDED job's instance for log `partition` of `partitions`, in the default tenant:
+    the first id `<job>~<partition>~<n>` that lies in that partition, so that its ticks run
+    on the partition's owner."""
+    if not 0 <= partition < partitions:
+        raise ValueError(f"partition {partition} is not one of {partitions} partitions")
+    return AggregateRef(
+        context=context, aggregate=SCHEDULE, id=_shard_id(_name(job), partition, partitions)
+    )
+
+
+@lru_cache(maxsize=4096)
+def _shard_id(job: str, partition: int, partitions: int) -> str:
+    n = 0
+    # About `partitions` tries: each candidate lands in a partition uniformly.
+    while partition_of(f"{job}~{partition}~{n}", partitions) != partition:
+        n += 1
+    return f"{job}~{partition}~{n}"
+
+
+def instance_ids(context: str, job: Job, partitions: int) -> set[str]:
+    """The ids of `job`'s instances: its name (in each tenant), or one per log partition."""
+    if job.scope is JobScope.SHARDED:
+        return {shard_ref(context, job, p, partitions).id for p in range(partitions)}
+    return {job.name}
+
+
+def effective_rule(default: Rule, override: Mapping[str, Any] | None) -> Rule:
+    """`default` under `override` (parts of a rule, see the module); `InvalidRule` if bad."""
+    if not override:
+        return default
+    base = default.model_dump(mode="json")
+    if override.get("kind", base["kind"]) != base["kind"]:
+        return parse_rule(dict(override))
+    return parse_rule({**base, **override})
+
+
+def _name(job: str | Job) -> str:
+    return job if isinstance(job, str) else job.name

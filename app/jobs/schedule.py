@@ -1,0 +1,323 @@
+"""The built-in `<context>.schedule` aggregate: a job instance's state and the decisions
+of its Enable, Reschedule, Disable, Tick and Run commands (see `app.jobs`)."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections.abc import Iterable, Mapping
+from typing import Any, NoReturn, TypeGuard
+
+from pydantic import BaseModel
+
+from app.jobs.declaration import (
+    DISABLE,
+    DISABLED,
+    ENABLE,
+    ENABLED,
+    RAN,
+    RESCHEDULE,
+    RESCHEDULED,
+    RUN,
+    RUN_FAILED,
+    RUN_KEY_PREFIX,
+    SCHEDULE,
+    TICK,
+    TICK_KEY,
+    TICKED,
+    Job,
+    JobRun,
+    JobScope,
+    Rule,
+    effective_rule,
+    instance_ids,
+)
+from app.model.aggregate import AggregateType, Command, Decision, Event
+from app.protocol.wire import SCHEDULE_CANCELLED, SCHEDULE_SET, ResultCode
+from tables import DEFAULT_TENANT, CommandSpec, OnceRule
+from tables.exceptions import InvalidRule
+
+logger = logging.getLogger(__name__)
+
+
+class ScheduleState(BaseModel):
+    """One job instance: its override, the rule it ticks by, and the last slot it ran."""
+
+    job: str = ""
+    enabled: bool = False
+    override: dict[str, Any] | None = None
+    """The instance's own parts of the rule; kept while disabled."""
+    rule: dict[str, Any] | None = None
+    """The rule of the current `tick` timer, as scheduled."""
+    timer_id: str | None = None
+    """The current `tick` timer: ticks of any other are of an older one."""
+    last_slot: int | None = None
+    """The last slot of `timer_id` that ran."""
+    last_due_at: int | None = None
+    """When the last slot that ran was due."""
+
+
+def schedule_aggregate(
+    context: str, jobs: Iterable[Job], partitions: int
+) -> AggregateType[ScheduleState]:
+    """The model of `<context>.schedule`, deciding for `jobs` on a log of `partitions`."""
+    if partitions < 1:
+        raise ValueError(f"partitions must be at least 1, got {partitions}")
+    by_name: dict[str, Job] = {}
+    for job in jobs:
+        if job.name in by_name:
+            raise ValueError(f"job {job.name!r} declared twice in {context}")
+        by_name[job.name] = job
+    model = _ScheduleModel(context, by_name, partitions)
+    agg = AggregateType(context, SCHEDULE, ScheduleState)
+    agg.command(ENABLE)(model.enable)
+    agg.command(RESCHEDULE)(model.reschedule)
+    agg.command(DISABLE)(model.disable)
+    agg.command(TICK)(model.tick)
+    agg.command(RUN)(model.run)
+    for event in (
+        ENABLED,
+        RESCHEDULED,
+        DISABLED,
+        TICKED,
+        RUN_FAILED,
+        RAN,
+        SCHEDULE_SET,
+        SCHEDULE_CANCELLED,
+    ):
+        agg.applies(event)(_apply)
+    return agg
+
+
+class _ScheduleModel:
+    def __init__(self, context: str, jobs: Mapping[str, Job], partitions: int) -> None:
+        self.context = context
+        self.jobs = jobs
+        self.partitions = partitions
+
+    def enable(self, state: ScheduleState, cmd: Command, d: Decision) -> None:
+        job = self._job_to_enable(cmd, d)
+        override = cmd.body.get("rule")
+        if override is None:
+            override = state.override
+        _set_rule(state, job, override, ENABLED, d)
+
+    def reschedule(self, state: ScheduleState, cmd: Command, d: Decision) -> None:
+        if not state.enabled:
+            _invalid(d, f"{cmd.aggregate} is not enabled: Enable it before rescheduling it")
+        job = self.jobs.get(state.job)
+        if job is None:
+            _invalid(d, f"job {state.job!r} is not declared in {self.context} any more")
+        _set_rule(state, job, cmd.body.get("rule"), RESCHEDULED, d)
+
+    def disable(self, state: ScheduleState, cmd: Command, d: Decision) -> None:
+        if state.enabled:
+            d.emit(DISABLED, {"reason": "disabled by command"})
+            d.cancel_schedule(TICK_KEY)
+
+    def tick(self, state: ScheduleState, cmd: Command, d: Decision) -> None:
+        if not state.enabled:
+            return
+        job = self.jobs.get(state.job)
+        if job is None:
+            logger.warning("%s: job %r is no longer declared: disabling", cmd.aggregate, state.job)
+            d.emit(DISABLED, {"reason": f"job {state.job!r} is no longer declared"})
+            d.cancel_schedule(TICK_KEY)
+            return
+        timer_id, sep, slot_text = cmd.request_id.rpartition("#")
+        if not sep or not slot_text.isdigit():
+            d.reject(f"a {TICK} comes from a timer: {cmd.request_id!r} is not '<timer id>#<slot>'")
+        slot = int(slot_text)
+        if timer_id != state.timer_id or (state.last_slot is not None and slot <= state.last_slot):
+            logger.debug(
+                "%s: %s is not a newer slot: nothing to run", cmd.aggregate, cmd.request_id
+            )
+            return
+        # A timer's send always carries its slot's due time; a hand-made tick is due now.
+        due_at = cmd.not_before if cmd.not_before is not None else d.now
+        d.emit(TICKED, {"slot": slot, "due_at": due_at, "timer_id": timer_id})
+        # The handler decides into a scratch decision: a failure keeps none of its commands.
+        scratch = Decision(aggregate=d.aggregate, now=d.now, request_id=d.request_id)
+        error = _run_handler(job, self._run(job, cmd, slot, due_at, cmd.request_id, scratch))
+        if error is None:
+            d.commands.extend(scratch.commands)
+        else:
+            # The schedule ticks on; the slot is run again by a timer of its own, which the
+            # runner retries, parks and puts in the ledger as it does any timer.
+            key = run_key(timer_id, slot)
+            slot_ref = {
+                "slot": slot,
+                "due_at": due_at,
+                "timer_id": timer_id,
+                "request_id": cmd.request_id,
+            }
+            d.emit(RUN_FAILED, {**slot_ref, "key": key, "error": error})
+            d.schedule(key, OnceRule(at=d.now), CommandSpec(type=RUN, body=slot_ref))
+        try:
+            rule = effective_rule(job.rule, state.override)
+        except InvalidRule as exc:
+            # The new default does not take the kept override: tick on as before until
+            # an operator reschedules the instance.
+            logger.error("%s: the default under the override is invalid: %s", cmd.aggregate, exc)
+            return
+        if (dumped := _dump(rule)) != state.rule:
+            d.emit(RESCHEDULED, {"override": state.override, "rule": dumped, "reason": "default"})
+            _schedule_tick(d, rule)
+
+    def run(self, state: ScheduleState, cmd: Command, d: Decision) -> None:
+        """A slot whose handler failed, run again by its `run:` timer."""
+        body = cmd.body
+        slot, due_at = body.get("slot"), body.get("due_at")
+        timer_id, tick_id = body.get("timer_id"), body.get("request_id")
+        if not (
+            _is_count(slot)
+            and _is_count(due_at)
+            and isinstance(timer_id, str)
+            and isinstance(tick_id, str)
+        ):
+            d.reject(f"a {RUN} names the slot it runs: slot, due_at, timer_id and request_id")
+        if not state.enabled:
+            logger.info("%s is disabled: slot %d of %s is not run", cmd.aggregate, slot, timer_id)
+            return
+        job = self.jobs.get(state.job)
+        if job is None:
+            logger.warning(
+                "%s: job %r is no longer declared: nothing run", cmd.aggregate, state.job
+            )
+            return
+        d.emit(
+            RAN,
+            {"slot": slot, "due_at": due_at, "timer_id": timer_id, "request_id": tick_id},
+        )
+        error = _run_handler(job, self._run(job, cmd, slot, due_at, tick_id, d, retried=True))
+        if error is not None:
+            # ERROR: nothing commits; the run timer retries the slot, then parks it.
+            d.reject(f"job {job.name!r} failed again on slot {slot}: {error}", ResultCode.ERROR)
+
+    def _run(
+        self,
+        job: Job,
+        cmd: Command,
+        slot: int,
+        due_at: int,
+        request_id: str,
+        d: Decision,
+        *,
+        retried: bool = False,
+    ) -> JobRun:
+        return JobRun(
+            context=self.context,
+            job=job.name,
+            instance=cmd.aggregate.id,
+            tenant=cmd.aggregate.tenant,
+            partition=_shard_partition(job, cmd.aggregate.id),
+            slot=slot,
+            due_at=due_at,
+            request_id=request_id,
+            now=d.now,
+            _decision=d,
+            retried=retried,
+        )
+
+    def _job_to_enable(self, cmd: Command, d: Decision) -> Job:
+        name = cmd.body.get("job")
+        if not isinstance(name, str) or not name:
+            _invalid(d, f"{ENABLE} names no job: give the job's name as body.job")
+        job = self.jobs.get(name)
+        if job is None:
+            known = ", ".join(sorted(self.jobs)) or "none"
+            _invalid(d, f"unknown job {name!r} in {self.context} (its jobs: {known})")
+        ref = cmd.aggregate
+        if job.scope is not JobScope.TENANT and ref.tenant != DEFAULT_TENANT:
+            _invalid(
+                d,
+                f"job {name!r} is {job.scope}: its instances are in the default tenant "
+                f"{DEFAULT_TENANT!r}, not in {ref.tenant!r}",
+            )
+        if ref.id not in instance_ids(self.context, job, self.partitions):
+            expected = (
+                f"shard_ref(context, {name!r}, partition, {self.partitions}) gives them"
+                if job.scope is JobScope.SHARDED
+                else f"its id is {name!r}"
+            )
+            _invalid(d, f"{ref.id!r} is not an instance of job {name!r}: {expected}")
+        return job
+
+
+def _set_rule(state: ScheduleState, job: Job, parts: object, event: str, d: Decision) -> None:
+    if parts is not None and not isinstance(parts, dict):
+        _invalid(d, f"invalid rule for job {job.name!r}: expected an object of rule fields")
+    override = parts or None  # no parts: the default itself
+    try:
+        rule = effective_rule(job.rule, override)
+    except InvalidRule as exc:
+        _invalid(d, f"invalid rule for job {job.name!r}: {exc}")
+    dumped = _dump(rule)
+    if state.enabled and state.override == override and state.rule == dumped:
+        return
+    d.emit(event, {"job": job.name, "override": override, "rule": dumped})
+    # Only a new rule needs a new timer: the current one keeps its slots otherwise.
+    if not state.enabled or state.rule != dumped:
+        _schedule_tick(d, rule)
+
+
+def run_key(timer_id: str, slot: int) -> str:
+    """The key of the one-off timer that runs `slot` of the tick timer `timer_id` again:
+    `run:<digest of the timer id>#<slot>`, one per failed slot of an instance."""
+    digest = hashlib.blake2b(timer_id.encode(), digest_size=6).hexdigest()
+    return f"{RUN_KEY_PREFIX}{digest}#{slot}"
+
+
+def _run_handler(job: Job, run: JobRun) -> str | None:
+    """Runs the handler; None when it returned, else what it raised."""
+    try:
+        job.handler(run)
+    except Exception as exc:
+        what = "failed again" if run.retried else "failed (its run: timer runs it again)"
+        logger.exception("job %s on slot %d of %s %s", job.name, run.slot, run.instance, what)
+        return repr(exc)
+    return None
+
+
+def _is_count(value: object) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _schedule_tick(d: Decision, rule: Rule) -> None:
+    # Same key, later aggregate version: the new timer replaces the old one, whose ticks
+    # then no longer match `timer_id`.
+    d.schedule(TICK_KEY, rule, CommandSpec(type=TICK))
+
+
+def _invalid(d: Decision, reason: str) -> NoReturn:
+    logger.info("refused: %s", reason)
+    d.reject(reason, ResultCode.SCHEDULE_JOB_INVALID)
+
+
+def _dump(rule: Rule) -> dict[str, Any]:
+    return rule.model_dump(mode="json")
+
+
+def _shard_partition(job: Job, instance: str) -> int | None:
+    if job.scope is not JobScope.SHARDED:
+        return None
+    return int(instance.split("~")[1])
+
+
+def _apply(state: ScheduleState, e: Event) -> ScheduleState:
+    body = e.body
+    if e.type in (SCHEDULE_SET, SCHEDULE_CANCELLED) and body.get("key") != TICK_KEY:
+        return state  # another timer of this aggregate: not the tick's
+    updates: dict[str, dict[str, Any]] = {
+        ENABLED: {"job": body.get("job"), "enabled": True, "override": body.get("override")},
+        RESCHEDULED: {"override": body.get("override")},
+        DISABLED: {"enabled": False},
+        TICKED: {"last_slot": body.get("slot"), "last_due_at": body.get("due_at")},
+        # A failed slot runs on its own timer: the instance's state does not wait for it.
+        RUN_FAILED: {},
+        RAN: {},
+        # The event's id is the new timer's id: its slots count afresh.
+        SCHEDULE_SET: {"timer_id": e.id, "rule": body.get("rule"), "last_slot": None},
+        SCHEDULE_CANCELLED: {"timer_id": None, "last_slot": None},
+    }
+    return state.model_copy(update=updates[e.type])

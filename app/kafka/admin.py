@@ -1,0 +1,279 @@
+"""Admin calls: topics (created, found, their offsets, records deleted), groups (members,
+committed offsets, reset) and the cluster id."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable, Iterable
+from typing import TypeVar
+
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic, RecordsToDelete
+from aiokafka.client import AIOKafkaClient
+from aiokafka.errors import (
+    CoordinatorLoadInProgressError,
+    CoordinatorNotAvailableError,
+    KafkaError,
+    NotCoordinatorError,
+    TopicAlreadyExistsError,
+)
+from aiokafka.protocol.metadata import MetadataRequest
+
+from app.errors import KafkaUnavailable, MissingTopic
+from app.kafka.records import TopicSpec, start_client
+
+logger = logging.getLogger(__name__)
+
+
+_COMPACTED = {"cleanup.policy": "compact,delete", "retention.ms": "-1", "retention.bytes": "-1"}
+
+
+async def ensure_topics(bootstrap: str, specs: Iterable[TopicSpec]) -> None:
+    """Creates the topics that do not exist; checks that existing ones have the partitions."""
+    specs = list(specs)
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=30_000)
+    try:
+        await admin.start()
+        new = [
+            NewTopic(
+                s.name,
+                num_partitions=s.partitions,
+                replication_factor=1,
+                topic_configs=_COMPACTED if s.compacted else {},
+            )
+            for s in specs
+        ]
+        with contextlib.suppress(TopicAlreadyExistsError):
+            await admin.create_topics(new)
+        described = await admin.describe_topics([s.name for s in specs])
+        have = {t["topic"]: len(t["partitions"]) for t in described if not t.get("error_code")}
+        for s in specs:
+            if s.name not in have:
+                # Created one by one when a batch failed part-way.
+                with contextlib.suppress(TopicAlreadyExistsError):
+                    await admin.create_topics([n for n in new if n.name == s.name])
+            elif have[s.name] != s.partitions:
+                raise KafkaUnavailable(
+                    f"topic {s.name} has {have[s.name]} partitions, expected {s.partitions}: "
+                    "co-partitioned topics must all have the same count"
+                )
+    except KafkaError as exc:
+        raise KafkaUnavailable(f"cannot create topics at {bootstrap}: {exc!r}") from exc
+    finally:
+        await admin.close()
+
+
+_NO_COORDINATOR_YET = (
+    CoordinatorNotAvailableError,
+    CoordinatorLoadInProgressError,
+    NotCoordinatorError,
+)
+"""A group's coordinator not ready: on a new cluster the broker is still creating its
+offsets topic, or the coordinator moved. Asked again, it answers."""
+
+T = TypeVar("T")
+
+
+async def _coordinated(call: Callable[[], Awaitable[T]], within: float = 15.0) -> T:
+    """`call`, asked again while the group's coordinator is not ready, for up to `within` s."""
+    deadline = time.monotonic() + within
+    while True:
+        try:
+            return await call()
+        except _NO_COORDINATOR_YET:
+            if time.monotonic() >= deadline:
+                raise
+            await asyncio.sleep(0.2)
+
+
+async def cluster_id(bootstrap: str) -> str:
+    """The id of the Kafka cluster at `bootstrap` (what its metadata says)."""
+    client = AIOKafkaClient(bootstrap_servers=bootstrap)
+    try:
+        await client.bootstrap()
+        response = await client.send(
+            client.get_random_node(), MetadataRequest(topics=[], allow_auto_topic_creation=False)
+        )
+    except KafkaError as exc:
+        raise KafkaUnavailable(f"cannot read the cluster id: {exc!r}") from exc
+    finally:
+        await client.close()
+    found = getattr(response, "cluster_id", None)
+    if not isinstance(found, str) or not found:
+        raise KafkaUnavailable("the broker told no cluster id")
+    return found
+
+
+async def group_members(bootstrap: str, group_id: str) -> int:
+    """How many members the consumer group has now."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=30_000)
+    try:
+        await admin.start()
+        responses = await _coordinated(lambda: admin.describe_consumer_groups([group_id]))
+        groups = [g for r in responses for g in r.groups]
+        # (error_code, group_id, state, protocol_type, protocol, members, …)
+        return sum(len(g[5]) for g in groups)
+    except KafkaError as exc:
+        raise KafkaUnavailable(f"cannot describe group {group_id}: {exc!r}") from exc
+    finally:
+        await admin.close()
+
+
+async def existing_topics(bootstrap: str, names: Iterable[str]) -> dict[str, int]:
+    """The partition counts of those of `names` the broker has; never creates a topic.
+
+    The broker is first asked for all of its topics: a metadata request that names a
+    topic creates it on a broker with `auto.create.topics.enable`. Only the topics found
+    are then described.
+    """
+    wanted = list(names)
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=30_000)
+    try:
+        await admin.start()
+        have = set(await admin.list_topics())
+        present = [n for n in wanted if n in have]
+        if not present:
+            return {}
+        described = await admin.describe_topics(present)
+        return {t["topic"]: len(t["partitions"]) for t in described if not t.get("error_code")}
+    except KafkaError as exc:
+        raise KafkaUnavailable(f"cannot read the topics at {bootstrap}: {exc!r}") from exc
+    finally:
+        await admin.close()
+
+
+async def topic_names(bootstrap: str) -> set[str]:
+    """The names of all the broker's topics (one metadata request that names none)."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=30_000)
+    try:
+        await admin.start()
+        return set(await admin.list_topics())
+    except KafkaError as exc:
+        raise KafkaUnavailable(f"cannot read the topics at {bootstrap}: {exc!r}") from exc
+    finally:
+        await admin.close()
+
+
+async def require_topics(bootstrap: str, topics: dict[str, str]) -> dict[str, int]:
+    """The partition count of each topic of `topics` (topic -> why it may be missing);
+    `MissingTopic` naming every one the broker does not have. Creates nothing."""
+    found = await existing_topics(bootstrap, topics)
+    missing = [t for t in topics if t not in found]
+    if missing:
+        said = "; ".join(f"topic {t} does not exist at {bootstrap}: {topics[t]}" for t in missing)
+        raise MissingTopic(
+            f"{said} (nothing was created; is KAFKA_BOOTSTRAP_SERVERS or --bootstrap the "
+            "cluster's?)"
+        )
+    return found
+
+
+async def require_topic(bootstrap: str, topic: str, why: str) -> int:
+    """The partition count of `topic`; `MissingTopic` (saying `why` it may be missing) when
+    the broker does not have it. Creates nothing."""
+    return (await require_topics(bootstrap, {topic: why}))[topic]
+
+
+async def log_offsets(bootstrap: str, topic: str, partitions: int) -> dict[int, tuple[int, int]]:
+    """Per partition of an existing `topic`: (first offset held, high watermark).
+
+    The high watermark counts records of transactions still open: it is what a
+    DeleteRecords up to "now" deletes before.
+    """
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None)
+    tps = [TopicPartition(topic, p) for p in range(partitions)]
+    try:
+        await consumer.start()
+        begins = await consumer.beginning_offsets(tps)
+        ends = await consumer.end_offsets(tps)
+        return {tp.partition: (int(begins[tp]), int(ends[tp])) for tp in tps}
+    except KafkaError as exc:
+        raise KafkaUnavailable(f"cannot read the offsets of {topic}: {exc!r}") from exc
+    finally:
+        await consumer.stop()
+
+
+async def delete_records(bootstrap: str, topic: str, before: dict[int, int]) -> dict[int, int]:
+    """Deletes the records of `topic` before `before[p]` in each partition p given; the
+    new start offset per partition."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=30_000)
+    try:
+        await admin.start()
+        done = await admin.delete_records(
+            {TopicPartition(topic, p): RecordsToDelete(o) for p, o in before.items()}
+        )
+        return {tp.partition: int(o) for tp, o in done.items()}
+    except KafkaError as exc:
+        hint = (
+            " (the topic must allow deletes: cleanup.policy=compact,delete, as created here)"
+            if "PolicyViolation" in repr(exc)
+            else ""
+        )
+        raise KafkaUnavailable(f"cannot delete the records of {topic}: {exc!r}{hint}") from exc
+    finally:
+        await admin.close()
+
+
+class GroupOffsets:
+    """Reads a consumer group's committed offsets, as often as asked, on one connection.
+
+    Only committed offsets count: those a transaction sent are seen once it commits.
+    Reading them joins nothing, so the group's members are not disturbed.
+    """
+
+    def __init__(self, bootstrap: str, group_id: str) -> None:
+        self.group_id = group_id
+        self._admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=30_000)
+
+    async def start(self) -> None:
+        await start_client(self._admin, "admin client")
+
+    async def stop(self) -> None:
+        await self._admin.close()
+
+    async def __aenter__(self) -> GroupOffsets:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    async def fetch(
+        self, partitions: Iterable[tuple[str, int]]
+    ) -> dict[tuple[str, int], int | None]:
+        """The committed offset of each (topic, partition); None where the group has none."""
+        tps = [TopicPartition(t, p) for t, p in partitions]
+        try:
+            got = await _coordinated(
+                lambda: self._admin.list_consumer_group_offsets(self.group_id, partitions=tps)
+            )
+        except KafkaError as exc:
+            raise KafkaUnavailable(f"cannot read {self.group_id}'s offsets: {exc!r}") from exc
+        out: dict[tuple[str, int], int | None] = {}
+        for tp in tps:
+            meta = got.get(tp)
+            out[(tp.topic, tp.partition)] = (
+                None if meta is None or meta.offset < 0 else int(meta.offset)
+            )
+        return out
+
+
+async def reset_group_offsets(
+    bootstrap: str, group_id: str, topic: str, partitions: int, offset: int = 0
+) -> None:
+    """Sets the group's committed offset of every partition of `topic` (group must be idle)."""
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap, group_id=group_id, enable_auto_commit=False
+    )
+    tps = [TopicPartition(topic, p) for p in range(partitions)]
+    try:
+        await consumer.start()
+        consumer.assign(tps)
+        await consumer.commit({tp: offset for tp in tps})
+    except KafkaError as exc:
+        raise KafkaUnavailable(f"cannot reset {group_id}'s offsets of {topic}: {exc!r}") from exc
+    finally:
+        await consumer.stop()

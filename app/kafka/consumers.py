@@ -1,0 +1,337 @@
+"""Consumers: whole-partition readers (restores, operators' reads, tails) and the group
+consumer whose assignment is the node's ownership."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
+from aiokafka.coordinator.assignors.range import RangePartitionAssignor
+from aiokafka.errors import (
+    IllegalStateError,
+    KafkaError,
+)
+
+from app.errors import KafkaUnavailable
+from app.kafka.records import Record, start_client
+
+logger = logging.getLogger(__name__)
+
+
+class Reader:
+    """Reads partitions to their current end (committed records only), one at a time.
+
+    Long-lived, so that restoring a partition costs no consumer start-up; the short fetch
+    wait keeps the last, empty fetch of each read from idling.
+    """
+
+    def __init__(self, bootstrap: str, *, batch: int = 5_000) -> None:
+        self._batch = batch
+        self._consumer = AIOKafkaConsumer(
+            bootstrap_servers=bootstrap,
+            group_id=None,
+            enable_auto_commit=False,
+            isolation_level="read_committed",
+            max_poll_records=batch,
+            fetch_max_wait_ms=20,
+            fetch_max_bytes=32 * 1024 * 1024,
+            max_partition_fetch_bytes=16 * 1024 * 1024,
+        )
+        self._lock = asyncio.Lock()
+
+    async def start(self) -> None:
+        await start_client(self._consumer, "reader")
+
+    async def stop(self) -> None:
+        # Also when never started: aiokafka warns of a client that was made and not closed.
+        await self._consumer.stop()
+
+    async def __aenter__(self) -> Reader:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    async def offsets(self, topic: str, partition: int) -> tuple[int, int]:
+        """(first offset still held, last stable offset) of the partition."""
+        tp = TopicPartition(topic, partition)
+        async with self._lock:
+            try:
+                begin = (await self._consumer.beginning_offsets([tp]))[tp]
+                end = (await self._consumer.end_offsets([tp]))[tp]
+            except KafkaError as exc:
+                raise KafkaUnavailable(f"offsets of {topic}[{partition}]: {exc!r}") from exc
+        return int(begin), int(end)
+
+    async def read(self, topic: str, partition: int, start: int) -> AsyncIterator[list[Record]]:
+        """The partition's records from `start` to its end as it is now, in batches."""
+        tp = TopicPartition(topic, partition)
+        async with self._lock:
+            c = self._consumer
+            try:
+                c.assign([tp])
+                end = (await c.end_offsets([tp]))[tp]
+                begin = (await c.beginning_offsets([tp]))[tp]
+                position = max(start, begin)
+                if position >= end:
+                    return
+                c.seek(tp, position)
+                while position < end:
+                    # Short: what is left may be a transaction marker, which no fetch returns.
+                    got = await c.getmany(tp, timeout_ms=100, max_records=self._batch)
+                    msgs = got.get(tp, [])
+                    if msgs:
+                        yield [_record(m) for m in msgs if m.offset < end]
+                    # Transaction markers take offsets too: trust the consumer's position.
+                    position = await c.position(tp)
+            except KafkaError as exc:
+                raise KafkaUnavailable(f"cannot read {topic}[{partition}]: {exc!r}") from exc
+
+
+async def read_to_end(
+    bootstrap: str, topic: str, partition: int, start: int, *, batch: int = 5_000
+) -> AsyncIterator[list[Record]]:
+    """Reads one partition from `start` to its end as it is now (a one-off `Reader`)."""
+    async with Reader(bootstrap, batch=batch) as reader:
+        async for records in reader.read(topic, partition, start):
+            yield records
+
+
+async def read_partitions(
+    bootstrap: str, topic: str, partitions: Iterable[int]
+) -> AsyncIterator[list[Record]]:
+    """Reads each of `partitions` from its start to its end as it is now, one after another."""
+    async with Reader(bootstrap) as reader:
+        for p in partitions:
+            async for records in reader.read(topic, p, 0):
+                yield records
+
+
+async def tail(bootstrap: str, topic: str, partitions: Iterable[int]) -> AsyncIterator[Record]:
+    """The records written to `partitions` of `topic` from now on, until cancelled."""
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap,
+        group_id=None,
+        enable_auto_commit=False,
+        isolation_level="read_committed",
+        auto_offset_reset="latest",
+    )
+    tps = [TopicPartition(topic, p) for p in partitions]
+    try:
+        await consumer.start()
+        consumer.assign(tps)
+        await consumer.seek_to_end(*tps)
+        while True:
+            got = await consumer.getmany(timeout_ms=500)
+            for ms in got.values():
+                for m in ms:
+                    yield _record(m)
+    finally:
+        await consumer.stop()
+
+
+def _record(m: Any) -> Record:
+    return Record(m.topic, m.partition, m.offset, m.key, m.value, m.timestamp)
+
+
+class PartitionReader:
+    """Reads a changing set of one topic's partitions, each from where it was added.
+
+    For the results of this node's own sends: no group, no committed offsets.
+    """
+
+    def __init__(self, bootstrap: str, topic: str) -> None:
+        self.topic = topic
+        self._consumer = AIOKafkaConsumer(
+            bootstrap_servers=bootstrap,
+            group_id=None,
+            enable_auto_commit=False,
+            isolation_level="read_committed",
+            fetch_max_wait_ms=50,
+        )
+        self._lock = asyncio.Lock()
+        self._changed = asyncio.Event()
+
+    async def start(self) -> None:
+        await start_client(self._consumer, f"reader of {self.topic}")
+
+    async def stop(self) -> None:
+        await self._consumer.stop()
+
+    async def add(self, partition: int) -> None:
+        async with self._lock:
+            tp = TopicPartition(self.topic, partition)
+            kept = {t: await self._consumer.position(t) for t in self._consumer.assignment()}
+            if tp in kept:
+                return
+            end = (await self._consumer.end_offsets([tp]))[tp]
+            # assign() forgets positions: put back those of the partitions already read.
+            self._consumer.assign([*kept, tp])
+            for t, position in kept.items():
+                self._consumer.seek(t, position)
+            self._consumer.seek(tp, end)
+            self._changed.set()
+
+    async def remove(self, partition: int) -> None:
+        async with self._lock:
+            tp = TopicPartition(self.topic, partition)
+            kept = {t: await self._consumer.position(t) for t in self._consumer.assignment()}
+            kept.pop(tp, None)
+            self._consumer.assign(list(kept))
+            for t, position in kept.items():
+                self._consumer.seek(t, position)
+
+    async def poll(self, timeout_ms: int = 200) -> list[Record]:
+        if not self._consumer.assignment():
+            self._changed.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._changed.wait(), timeout_ms / 1000)
+            return []
+        async with self._lock:
+            try:
+                got = await self._consumer.getmany(timeout_ms=timeout_ms)
+            except KafkaError as exc:
+                raise KafkaUnavailable(f"reading {self.topic} failed: {exc!r}") from exc
+        return [_record(m) for ms in got.values() for m in ms]
+
+
+Assigned = Callable[[set[tuple[str, int]]], Awaitable[None]]
+
+
+class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
+    def __init__(self, on_assigned: Assigned, on_revoked: Assigned) -> None:
+        self._on_assigned = on_assigned
+        self._on_revoked = on_revoked
+
+    async def on_partitions_revoked(self, revoked: Any) -> None:
+        await self._on_revoked({(tp.topic, tp.partition) for tp in revoked})
+
+    async def on_partitions_assigned(self, assigned: Any) -> None:
+        await self._on_assigned({(tp.topic, tp.partition) for tp in assigned})
+
+
+class GroupConsumer:
+    """A consumer-group member whose assignment is the node's partition ownership.
+
+    The range assignor hands partition p of every subscribed topic to the same member,
+    which is what co-partitioning needs (round robin, aiokafka's default, would not).
+    The rebalance callbacks are awaited before fetching resumes, so a partition is
+    restored before any of its records is processed.
+    """
+
+    def __init__(
+        self,
+        bootstrap: str,
+        group_id: str,
+        topics: Sequence[str],
+        *,
+        on_assigned: Assigned,
+        on_revoked: Assigned,
+        session_timeout_ms: int = 10_000,
+        max_poll_records: int = 2_000,
+    ) -> None:
+        self._topics = list(topics)
+        self._listener = _Listener(on_assigned, on_revoked)
+        self._consumer = AIOKafkaConsumer(
+            bootstrap_servers=bootstrap,
+            group_id=group_id,
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            isolation_level="read_committed",
+            partition_assignment_strategy=(RangePartitionAssignor,),
+            session_timeout_ms=session_timeout_ms,
+            heartbeat_interval_ms=max(300, session_timeout_ms // 4),
+            rebalance_timeout_ms=max(session_timeout_ms * 3, 30_000),
+            max_poll_records=max_poll_records,
+        )
+
+    async def start(self) -> None:
+        await start_client(self._consumer, "consumer")
+        self._consumer.subscribe(self._topics, listener=self._listener)
+
+    async def stop(self) -> None:
+        await self._consumer.stop()
+
+    async def poll(self, timeout_ms: int = 500) -> dict[tuple[str, int], list[Record]]:
+        try:
+            got = await self._consumer.getmany(timeout_ms=timeout_ms)
+        except KafkaError as exc:
+            raise KafkaUnavailable(f"poll failed: {exc!r}") from exc
+        return {(tp.topic, tp.partition): [_record(m) for m in ms] for tp, ms in got.items()}
+
+    async def commit(self, offsets: dict[tuple[str, int], int]) -> None:
+        """Commits `offsets` (the next offset to read, per partition).
+
+        `KafkaUnavailable` when the group rebalanced meanwhile: the partitions' next owner
+        reads those records again, which every consumer here is written to survive.
+        """
+        if offsets:
+            tps = {TopicPartition(t, p): o for (t, p), o in offsets.items()}
+            try:
+                await self._consumer.commit(tps)
+            except KafkaError as exc:
+                raise KafkaUnavailable(f"offset commit failed: {exc!r}") from exc
+
+    async def backlog(self, topic: str, partition: int) -> int:
+        """How many records of the partition wait behind what was fetched."""
+        tp = TopicPartition(topic, partition)
+        high = self._consumer.highwater(tp)
+        if high is None:
+            return 0
+        return max(0, int(high) - int(await self._consumer.position(tp)))
+
+    def pause(self, partitions: Iterable[tuple[str, int]]) -> None:
+        """Stops fetching these partitions (they are restored first)."""
+        tps = [TopicPartition(t, p) for t, p in partitions]
+        assigned = self._consumer.assignment()
+        self._consumer.pause(*[tp for tp in tps if tp in assigned])
+
+    def resume(self, partitions: Iterable[tuple[str, int]]) -> None:
+        tps = [TopicPartition(t, p) for t, p in partitions]
+        assigned = self._consumer.assignment()
+        self._consumer.resume(*[tp for tp in tps if tp in assigned])
+
+    async def rewind(self, partitions: Iterable[tuple[str, int]]) -> None:
+        """Reads these partitions again from the group's committed offsets (the start where
+        none is committed): what was read after them never counted."""
+        assigned = self._consumer.assignment()
+        targets: dict[TopicPartition, int] = {}
+        try:
+            for t, p in partitions:
+                tp = TopicPartition(t, p)
+                if tp not in assigned:
+                    continue
+                offset = await self._consumer.committed(tp)
+                if offset is None or offset < 0:
+                    offset = (await self._consumer.beginning_offsets([tp]))[tp]
+                targets[tp] = offset
+            # All seeks at once, after the last await: a caller that marks the rewind
+            # (a new take generation) right after it returns sees no batch fetched from
+            # the old positions delivered after the mark.
+            assigned = self._consumer.assignment()
+            for tp, offset in targets.items():
+                if tp in assigned:
+                    self._consumer.seek(tp, offset)
+        except IllegalStateError:
+            return  # revoked in between
+        except KafkaError as exc:
+            raise KafkaUnavailable(f"cannot read committed offsets: {exc!r}") from exc
+
+    def seek(self, topic: str, partition: int, offset: int) -> bool:
+        """Reads the partition again from `offset`; False when it is no longer assigned."""
+        tp = TopicPartition(topic, partition)
+        if tp not in self._consumer.assignment():
+            return False
+        try:
+            self._consumer.seek(tp, offset)
+        except IllegalStateError:
+            return False  # revoked in between
+        return True
+
+    def assignment(self) -> set[tuple[str, int]]:
+        return {(tp.topic, tp.partition) for tp in self._consumer.assignment()}

@@ -1,0 +1,192 @@
+"""Producers: a plain one (commands, results, ledger records) and the transactional one
+of each partition (its changelog rows, events and consumed offsets in one transaction)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from aiokafka import AIOKafkaProducer, TopicPartition
+from aiokafka.errors import (
+    KafkaError,
+    ProducerFenced,
+)
+
+from app.errors import Fenced, KafkaUnavailable
+from app.kafka.records import OutRecord, start_client
+
+logger = logging.getLogger(__name__)
+
+
+class Producer:
+    """An idempotent producer (acks=all); `send_many` returns once the broker has all."""
+
+    def __init__(self, bootstrap: str, *, linger_ms: int = 2) -> None:
+        self._producer = AIOKafkaProducer(
+            bootstrap_servers=bootstrap,
+            enable_idempotence=True,
+            acks="all",
+            linger_ms=linger_ms,
+            max_request_size=1_048_576,
+        )
+
+    async def start(self) -> None:
+        await start_client(self._producer, "producer")
+
+    async def stop(self) -> None:
+        await self._producer.stop()
+
+    async def send_many(self, records: Sequence[OutRecord]) -> list[int]:
+        """Sends (topic, partition, key, value) records; their offsets once acknowledged."""
+        try:
+            futures = [
+                await self._producer.send(topic, value=value, key=key, partition=partition)
+                for topic, partition, key, value in records
+            ]
+            return [(await f).offset for f in futures]
+        except KafkaError as exc:
+            raise KafkaUnavailable(f"send failed: {exc!r}") from exc
+
+    async def send(
+        self, topic: str, key: bytes | None, value: bytes | None, partition: int | None = None
+    ) -> int:
+        return (await self.send_many([(topic, partition, key, value)]))[0]
+
+
+class TransactionalProducer:
+    """A producer whose records and consumer offsets commit together, or not at all.
+
+    One per owned partition (transactional id `<group>.<ctx>.<agg>.timers.<partition>`):
+    starting it fences a previous owner's producer, so a zombie can never commit beside
+    the new owner. Any failure breaks it for good (`broken`): every later call raises at
+    once, so a caller can never go on with a producer in an unknown state; it is closed
+    and the partition taken afresh.
+    """
+
+    def __init__(self, bootstrap: str, transactional_id: str) -> None:
+        self.transactional_id = transactional_id
+        self._producer = AIOKafkaProducer(
+            bootstrap_servers=bootstrap,
+            transactional_id=transactional_id,
+            enable_idempotence=True,
+            acks="all",
+            linger_ms=1,
+            transaction_timeout_ms=60_000,
+            # A commit's retries (CONCURRENT_TRANSACTIONS just after the previous commit,
+            # NOT_ENOUGH_REPLICAS) wait this long: 100 ms by default, the tail of a commit.
+            retry_backoff_ms=10,
+        )
+        self._lock = asyncio.Lock()
+        self._open = False
+        self.broken: KafkaUnavailable | None = None
+
+    async def start(self) -> None:
+        await start_client(self._producer, self.transactional_id)
+
+    async def stop(self) -> None:
+        """Closes the client; never raises (a broken producer may fail to say goodbye)."""
+        try:
+            await self._producer.stop()
+        except Exception as exc:
+            logger.warning("%s: stop failed: %r", self.transactional_id, exc)
+
+    async def commit(
+        self,
+        records: Sequence[OutRecord],
+        offsets: dict[tuple[str, int], int],
+        group_id: str,
+    ) -> list[int]:
+        """Sends `records` and commits `offsets` for `group_id` in one transaction.
+
+        Returns the records' offsets. `Fenced` when a newer owner took over; any other
+        failure aborts the transaction and raises `KafkaUnavailable`.
+        """
+        async with self._lock:
+            futures = await self._append(records)
+            await self._commit(offsets, group_id)
+        try:
+            return [(await f).offset for f in futures]
+        except KafkaError as exc:  # committed, so acknowledged: this would be a client bug
+            raise KafkaUnavailable(f"{self.transactional_id}: no offsets: {exc!r}") from exc
+
+    async def flush(
+        self, offsets: dict[tuple[str, int], int] | None = None, group_id: str = ""
+    ) -> bool:
+        """Commits the open transaction (with `offsets`, if any); whether there was one."""
+        async with self._lock:
+            if not self._open and not offsets:
+                return False
+            await self._commit(offsets or {}, group_id)
+            return True
+
+    @property
+    def pending(self) -> bool:
+        """Whether records wait in an open transaction."""
+        return self._open
+
+    async def _append(self, records: Sequence[OutRecord]) -> list[asyncio.Future[Any]]:
+        self._check()
+        p = self._producer
+        try:
+            if not self._open:
+                await p.begin_transaction()
+                self._open = True
+            futures = [
+                await p.send(topic, value=value, key=key, partition=partition)
+                for topic, partition, key, value in records
+            ]
+            for f in futures:
+                # A failed send fails the commit too, which is where it is reported.
+                f.add_done_callback(_retrieve)
+            return futures
+        except BaseException as exc:
+            raise await self._fail(exc) from exc
+
+    async def _commit(self, offsets: dict[tuple[str, int], int], group_id: str) -> None:
+        self._check()
+        p = self._producer
+        try:
+            if not self._open:
+                await p.begin_transaction()
+                self._open = True
+            if offsets:
+                await p.send_offsets_to_transaction(
+                    {TopicPartition(t, part): o for (t, part), o in offsets.items()}, group_id
+                )
+            await p.commit_transaction()
+            self._open = False
+        except BaseException as exc:
+            raise await self._fail(exc) from exc
+
+    def _check(self) -> None:
+        if self.broken is not None:
+            raise self.broken
+
+    async def _fail(self, exc: BaseException) -> BaseException:
+        """Breaks the producer: what to raise for `exc`.
+
+        Whatever went wrong (fenced, a fatal client state, an aiokafka assertion, a
+        cancellation half-way through a commit), the transaction's fate is unknown here:
+        the broker aborts it (a newer owner's start, or the transaction timeout).
+        """
+        if isinstance(exc, ProducerFenced):
+            error: KafkaUnavailable = Fenced(f"{self.transactional_id} was fenced by a newer owner")
+        else:
+            error = KafkaUnavailable(f"{self.transactional_id}: transaction failed: {exc!r}")
+        self.broken = error
+        if self._open and not isinstance(exc, ProducerFenced):
+            with contextlib.suppress(Exception):
+                async with asyncio.timeout(5):
+                    await self._producer.abort_transaction()
+        self._open = False
+        if isinstance(exc, asyncio.CancelledError | KeyboardInterrupt | SystemExit):
+            return exc
+        return error
+
+
+def _retrieve(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled():
+        future.exception()

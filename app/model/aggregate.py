@@ -1,0 +1,172 @@
+"""What a service author writes: aggregate types with a state, command handlers and appliers.
+
+A handler looks at the state and the command and decides: it emits events, schedules or
+cancels timers, deletes the aggregate, or rejects the command (the state guard). Appliers
+fold events into the state; the state is a pure function of the aggregate's events.
+
+    orders = AggregateType("shop", "order", OrderState)
+
+    @orders.command("shop.PlaceOrder")
+    def place(state: OrderState, cmd: Command, d: Decision) -> None:
+        if state.placed:
+            d.reject("already placed")
+        d.emit("shop.OrderPlaced", {"amount": cmd.body["amount"]})
+        d.schedule("payment-deadline", OnceRule(at=cmd.issued_at + 60_000),
+                   CommandSpec(type="shop.CancelUnpaid"))
+
+    @orders.applies("shop.OrderPlaced")
+    def placed(state: OrderState, event: Event) -> OrderState:
+        return state.model_copy(update={"placed": True})
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Generic, NoReturn, TypeVar
+
+from pydantic import BaseModel
+
+from app.protocol.wire import (
+    AGGREGATE_DELETED,
+    SCHEDULE_CANCELLED,
+    SCHEDULE_SET,
+    CommandEnvelope,
+    ResultCode,
+    ScheduleCancelled,
+    ScheduleSet,
+)
+from tables import AggregateRef, CommandSpec, CronRule, IntervalRule, OnceRule
+
+__all__ = [
+    "AggregateType",
+    "Command",
+    "Decision",
+    "Event",
+    "Rejected",
+]
+
+S = TypeVar("S", bound=BaseModel)
+
+
+class Rejected(Exception):
+    """Raised by `Decision.reject`: the state guard refused the command.
+
+    `code` is the result the command gets: REJECTED unless the refusal has a code of its
+    own (SCHEDULE_JOB_INVALID), or ERROR for a failure the timer should retry.
+    """
+
+    def __init__(self, reason: str, code: ResultCode = ResultCode.REJECTED) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.code = code
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """An event as an applier sees it."""
+
+    type: str
+    body: Mapping[str, Any]
+    version: int
+    created_at: int
+    id: str = ""
+    """The event's id; a `wow.ScheduleSet`'s id is the id of the timer it sets."""
+
+
+Command = CommandEnvelope
+
+
+@dataclass(slots=True)
+class Decision:
+    """What a handler decided; collected by the runtime and appended to the log in order."""
+
+    aggregate: AggregateRef
+    now: int
+    request_id: str = ""
+    events: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    commands: list[CommandEnvelope] = field(default_factory=list)
+
+    def emit(self, type_: str, body: Mapping[str, Any] | BaseModel | None = None) -> None:
+        if isinstance(body, BaseModel):
+            body = body.model_dump(mode="json")
+        self.events.append((type_, dict(body or {})))
+
+    def schedule(
+        self,
+        key: str,
+        rule: OnceRule | IntervalRule | CronRule,
+        command: CommandSpec,
+        target: AggregateRef | None = None,
+    ) -> None:
+        """Sends `command` to `target` (this aggregate by default) by `rule`, under `key`."""
+        self.emit(SCHEDULE_SET, ScheduleSet(key=key, rule=rule, target=target, command=command))
+
+    def cancel_schedule(self, key: str) -> None:
+        self.emit(SCHEDULE_CANCELLED, ScheduleCancelled(key=key))
+
+    def delete(self) -> None:
+        """Deletes this aggregate: all its timers are cancelled; later commands are rejected."""
+        self.emit(AGGREGATE_DELETED, {})
+
+    def send(self, target: AggregateRef, type_: str, body: Mapping[str, Any] | None = None) -> None:
+        """Sends a command to `target`, in the same transaction as this decision's events.
+
+        Its request id is derived from this command's, so a retried decision sends the
+        same command again and its target de-duplicates it.
+        """
+        self.commands.append(
+            CommandEnvelope(
+                request_id=f"{self.request_id}>{len(self.commands)}",
+                type=type_,
+                aggregate=target,
+                body=dict(body or {}),
+                issued_at=self.now,
+            )
+        )
+
+    def reject(self, reason: str, code: ResultCode = ResultCode.REJECTED) -> NoReturn:
+        raise Rejected(reason, code)
+
+
+Handler = Callable[[S, Command, Decision], None]
+Applier = Callable[[S, Event], S]
+
+
+class AggregateType(Generic[S]):
+    """An aggregate type of a context: its state model, handlers and appliers."""
+
+    def __init__(self, context: str, name: str, state: type[S]) -> None:
+        self.context = context
+        self.name = name
+        self.state_type = state
+        self.handlers: dict[str, Handler[S]] = {}
+        self.appliers: dict[str, Applier[S]] = {}
+
+    @property
+    def type_name(self) -> str:
+        return f"{self.context}.{self.name}"
+
+    def initial(self) -> S:
+        return self.state_type()
+
+    def command(self, type_: str) -> Callable[[Handler[S]], Handler[S]]:
+        def register(fn: Handler[S]) -> Handler[S]:
+            if type_ in self.handlers:
+                raise ValueError(f"{self.type_name} already handles {type_}")
+            self.handlers[type_] = fn
+            return fn
+
+        return register
+
+    def applies(self, type_: str) -> Callable[[Applier[S]], Applier[S]]:
+        def register(fn: Applier[S]) -> Applier[S]:
+            self.appliers[type_] = fn
+            return fn
+
+        return register
+
+    def apply(self, state: S, event: Event) -> S:
+        """The state after `event`; events without an applier leave it as it is."""
+        applier = self.appliers.get(event.type)
+        return state if applier is None else applier(state, event)

@@ -1,0 +1,115 @@
+"""What one command does to one aggregate: a pure function of the stored aggregate and time.
+
+The node runs it for each command in partition order; the transaction around it (events,
+result, offsets) is the node's business, not this module's.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from app.model.aggregate import AggregateType, Decision, Event, Rejected
+from app.protocol.wire import AGGREGATE_DELETED, CommandEnvelope, EventEnvelope, ResultCode
+
+__all__ = ["Decided", "StoredAggregate", "decide", "fold"]
+
+logger = logging.getLogger(__name__)
+
+
+class StoredAggregate(BaseModel):
+    """An aggregate as the state store keeps it: its state folded from its events."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    version: int = Field(default=0, ge=0)
+    deleted: bool = False
+    state: dict[str, Any] = Field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Decided:
+    code: ResultCode
+    message: str
+    events: list[EventEnvelope]
+    stored: StoredAggregate | None
+    """The aggregate after the events; None when nothing changed."""
+    commands: list[CommandEnvelope] = field(default_factory=list)
+    """Commands the decision sends, committed with its events."""
+
+
+def decide(
+    agg: AggregateType[Any],
+    stored: StoredAggregate | None,
+    cmd: CommandEnvelope,
+    *,
+    now: int,
+    seen: bool,
+) -> Decided:
+    """The outcome of `cmd` on the aggregate as `stored` (None: it has no events yet).
+
+    `seen`: the aggregate applied this request id already. Order of the checks: a
+    duplicate is answered as such even when it is early, so a retry never looks undecided.
+    """
+    current = stored or StoredAggregate()
+    if seen:
+        return Decided(ResultCode.DUPLICATE, "request already applied", [], None)
+    if cmd.not_before is not None and cmd.not_before > now:
+        return Decided(
+            ResultCode.SCHEDULE_NOT_DUE,
+            f"not before {cmd.not_before}, clock at {now} ({cmd.not_before - now} ms early)",
+            [],
+            None,
+        )
+    handler = agg.handlers.get(cmd.type)
+    if handler is None:
+        return Decided(ResultCode.ERROR, f"{agg.type_name} has no handler for {cmd.type}", [], None)
+    if current.deleted:
+        return Decided(ResultCode.REJECTED, f"{cmd.aggregate} was deleted", [], None)
+    try:
+        state = agg.state_type.model_validate(current.state) if stored else agg.initial()
+        decision = Decision(aggregate=cmd.aggregate, now=now, request_id=cmd.request_id)
+        handler(state, cmd, decision)
+    except Rejected as exc:
+        return Decided(exc.code, exc.reason, [], None)
+    except (ValidationError, ValueError, KeyError, TypeError) as exc:
+        # A command the handler cannot read is bad input, not a node failure.
+        logger.warning("%s %s failed: %r", cmd.type, cmd.request_id, exc)
+        return Decided(ResultCode.ERROR, f"{type(exc).__name__}: {exc}", [], None)
+    if not decision.events:
+        # Commands without events would be sent again by every retry: they need a fact.
+        return Decided(ResultCode.UNCHANGED, "", [], None)
+    version = current.version + 1
+    events = [
+        EventEnvelope(
+            id=f"{cmd.request_id}/{i}",
+            type=type_,
+            aggregate=cmd.aggregate,
+            version=version,
+            request_id=cmd.request_id,
+            created_at=now,
+            body=body,
+        )
+        for i, (type_, body) in enumerate(decision.events)
+    ]
+    return Decided(ResultCode.COMMITTED, "", events, fold(agg, current, events), decision.commands)
+
+
+def fold(
+    agg: AggregateType[Any], stored: StoredAggregate | None, events: list[EventEnvelope]
+) -> StoredAggregate:
+    """The aggregate after `events` (of one aggregate, in log order)."""
+    current = stored or StoredAggregate()
+    state: BaseModel = (
+        agg.state_type.model_validate(current.state) if stored is not None else agg.initial()
+    )
+    deleted = current.deleted
+    version = current.version
+    for e in events:
+        state = agg.apply(state, Event(e.type, e.body, e.version, e.created_at, e.id))
+        deleted = deleted or e.type == AGGREGATE_DELETED
+        version = max(version, e.version)
+    return StoredAggregate(version=version, deleted=deleted, state=state.model_dump(mode="json"))

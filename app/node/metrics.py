@@ -1,0 +1,249 @@
+"""A node's Prometheus metrics: one registry per node, so tests can run several nodes.
+
+Names follow Prometheus' conventions: the unit in the name (`_seconds`), counters exported
+with `_total`, histograms for durations. What each measures, and where:
+
+- `tickwheel_timer_lateness_seconds{type}`: applied - due, for each timer command decided
+  for good (committed, unchanged or rejected by its handler), observed when the
+  transaction that applied it COMMITTED, on the node that owns the target aggregate
+  (`type` is the target's type; for in-process fires, the timer's own). Due is the slot's
+  due time (`not_before`), so a slot retried after failures counts its retries' wait.
+  Measured at the commit, not at the decision: only then can anyone read its events.
+  A target outside Tickwheel (another context's own service) is not measured.
+- `tickwheel_timer_actions_total{type,action}`: what the firing loop did (`RoundStats`):
+  fired, sent, claimed, retried, busy, parked, expired, lapsed (claims that lapsed), ...
+- `tickwheel_timer_puts_total{type}`: timers written PENDING from the log.
+- `tickwheel_timers{type,partition,status}`: PENDING, FIRING and PARKED timers of each
+  owned partition, counts the store keeps with each write (`TimerStore.status_counts`).
+- `tickwheel_timer_backlog{type}`, `tickwheel_timer_backlog_oldest_seconds{type}`: due and
+  neither sent nor fired yet (`TimerRunner.backlog`), and how long the oldest has waited.
+- `tickwheel_ledger_entries{context}`: open failure-ledger entries (every node reads the
+  whole ledger: take the max across nodes, not the sum).
+- `tickwheel_commit_duration_seconds{type}`: one partition transaction's commit.
+- `tickwheel_restore_records_read`, `tickwheel_restore_records_to_read{type,partition,store}`
+  and `tickwheel_restore_duration_seconds{type,store}`: restores of the timer table
+  (`store="timers"`, from its changelog) and of the aggregate states (`"states"`, from the
+  log), in log offsets.
+
+The gauges read from the store, the runners and the ledgers are set by `refresh`, which
+the node's `/metrics` handler awaits before each scrape; everything it reads is kept
+current by the writes themselves, so a scrape scans nothing of the store.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import fields
+from typing import Protocol
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from app.node.lateness import LatenessWindow
+from app.timers.runner import RoundStats
+from tables import TimerStatus
+from tables.ledger import FailureLedger
+
+__all__ = ["COMMIT_BUCKETS", "LATENESS_BUCKETS", "NodeMetrics", "TimerSource"]
+
+_ROUND_FIELDS = [
+    f.name
+    for f in fields(RoundStats)
+    if f.name not in ("full", "next_due", "reload_at", "loaded", "written")
+]
+
+LATENESS_BUCKETS = (
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+    1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 3600.0,
+)  # fmt: skip
+"""From the firing path's milliseconds (p50 in ms when healthy) to an hour (a node was down)."""
+
+COMMIT_BUCKETS = (
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+)  # fmt: skip
+
+RESTORE_BUCKETS = (0.01, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 1800.0)
+
+_STATUSES = (TimerStatus.PENDING, TimerStatus.FIRING, TimerStatus.PARKED)
+
+
+class _Store(Protocol):
+    @property
+    def assigned(self) -> frozenset[int]: ...
+
+    def status_counts(self, partition: int) -> dict[TimerStatus, int]: ...
+
+
+class _Runner(Protocol):
+    @property
+    def partitions(self) -> frozenset[int]: ...
+
+    def backlog(self, now: int) -> tuple[int, int | None]: ...
+
+
+TimerSource = tuple[str, _Store, _Runner]
+"""What `refresh` reads of one aggregate type: its name, timer store and runner."""
+
+
+class NodeMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.commands = Counter(
+            "tickwheel_commands",
+            "Commands decided, by aggregate type and result code",
+            ["type", "code"],
+            registry=r,
+        )
+        self.dead_letters = Counter(
+            "tickwheel_dead_letters",
+            "Records skipped as unreadable, by topic",
+            ["topic"],
+            registry=r,
+        )
+        self.timers = Counter(
+            "tickwheel_timer_actions",
+            "What the firing loop did, by aggregate type and action (sent, fired, parked, …)",
+            ["type", "action"],
+            registry=r,
+        )
+        self.followed = Counter(
+            "tickwheel_followed_events",
+            "Events another writer appended to a log this node decides, folded into its "
+            "aggregates (ahead of their versions), by aggregate type",
+            ["type"],
+            registry=r,
+        )
+        self.owned = Gauge("tickwheel_owned_partitions", "Partitions this node owns", registry=r)
+        self.lateness = Histogram(
+            "tickwheel_timer_lateness_seconds",
+            "Applied minus due time of timer commands, observed when the transaction that "
+            "applied them committed, by the target's aggregate type",
+            ["type"],
+            buckets=LATENESS_BUCKETS,
+            registry=r,
+        )
+        self.puts = Counter(
+            "tickwheel_timer_puts",
+            "Timers written PENDING from the log (set or rescheduled), by aggregate type",
+            ["type"],
+            registry=r,
+        )
+        self.active = Gauge(
+            "tickwheel_timers",
+            "Timers of the partitions this node owns, by aggregate type, partition and "
+            "status (pending, firing, parked)",
+            ["type", "partition", "status"],
+            registry=r,
+        )
+        self.backlog = Gauge(
+            "tickwheel_timer_backlog",
+            "Timers due and neither sent nor fired yet (at most one load of the wheel is "
+            "seen), by aggregate type",
+            ["type"],
+            registry=r,
+        )
+        self.backlog_oldest = Gauge(
+            "tickwheel_timer_backlog_oldest_seconds",
+            "How long the oldest timer due and not sent or fired yet has waited (0: none)",
+            ["type"],
+            registry=r,
+        )
+        self.ledger_entries = Gauge(
+            "tickwheel_ledger_entries",
+            "Open failure-ledger entries (targets with parked timers), by context; every "
+            "node reads the whole ledger",
+            ["context"],
+            registry=r,
+        )
+        self.commit_duration = Histogram(
+            "tickwheel_commit_duration_seconds",
+            "Duration of a partition transaction's commit (records sent, offsets, commit), "
+            "by aggregate type",
+            ["type"],
+            buckets=COMMIT_BUCKETS,
+            registry=r,
+        )
+        self.restore_read = Gauge(
+            "tickwheel_restore_records_read",
+            "Log offsets read by the partition's last or current restore",
+            ["type", "partition", "store"],
+            registry=r,
+        )
+        self.restore_to_read = Gauge(
+            "tickwheel_restore_records_to_read",
+            "Log offsets the partition's last or current restore has to read",
+            ["type", "partition", "store"],
+            registry=r,
+        )
+        self.restore_duration = Histogram(
+            "tickwheel_restore_duration_seconds",
+            "Duration of a partition's restore, by aggregate type and store (timers, states)",
+            ["type", "store"],
+            buckets=RESTORE_BUCKETS,
+            registry=r,
+        )
+        # Per-second lateness of the last minutes, read by the operator page's chart.
+        self.recent_lateness = LatenessWindow()
+
+    def round(self, type_name: str, stats: RoundStats) -> None:
+        for name in _ROUND_FIELDS:
+            value = getattr(stats, name)
+            if value:
+                self.timers.labels(type_name, name).inc(value)
+
+    def fired(self, type_name: str, due: Sequence[int], now_ms: int) -> None:
+        """Timer commands whose transaction committed at `now_ms`, by their due times (ms):
+        once per committed batch, O(1) per timer."""
+        if not due:
+            return
+        latenesses = [(now_ms - d) / 1000 for d in due]
+        observe = self.lateness.labels(type_name).observe
+        for seconds in latenesses:
+            observe(seconds)
+        self.recent_lateness.observe_many(latenesses, now_ms / 1000)
+
+    def restore_progress(self, type_name: str, partition: int, store: str) -> RestoreGauges:
+        """The `RestoreProgress` callback of one partition's restore."""
+        return RestoreGauges(
+            self.restore_read.labels(type_name, str(partition), store),
+            self.restore_to_read.labels(type_name, str(partition), store),
+        )
+
+    async def refresh(
+        self,
+        now_ms: int,
+        sources: Iterable[TimerSource],
+        ledgers: Mapping[str, FailureLedger],
+    ) -> None:
+        """Sets the gauges read from the stores, runners and ledgers: O(owned partitions)
+        plus each runner's wheel; no scan of a store."""
+        open_entries = {context: len(await ledger.entries()) for context, ledger in ledgers.items()}
+        # No await from here on: the gauges are cleared and set as one step, so that a
+        # partition let go since the last scrape leaves no stale series behind.
+        self.active.clear()
+        self.backlog.clear()
+        self.backlog_oldest.clear()
+        for name, store, runner in sources:
+            for p in sorted(runner.partitions & store.assigned):
+                counts = store.status_counts(p)
+                for status in _STATUSES:
+                    self.active.labels(name, str(p), status.value.lower()).set(counts[status])
+            count, oldest = runner.backlog(now_ms)
+            self.backlog.labels(name).set(count)
+            waited = 0.0 if oldest is None else max(now_ms - oldest, 0) / 1000
+            self.backlog_oldest.labels(name).set(waited)
+        self.ledger_entries.clear()
+        for context, n in open_entries.items():
+            self.ledger_entries.labels(context).set(n)
+
+
+class RestoreGauges:
+    """A restore's progress callback, bound to its partition's two gauges."""
+
+    def __init__(self, read: Gauge, to_read: Gauge) -> None:
+        self._read = read
+        self._to_read = to_read
+
+    def __call__(self, read: int, to_read: int) -> None:
+        self._read.set(read)
+        self._to_read.set(to_read)

@@ -1,0 +1,4 @@
+"""Operating nodes: the HTTP edge and operator page, and the rebuild of the timer view.
+
+May import: `app.node`, `app.timers`, `app.kafka`, `app.protocol`, `tables`.
+"""

@@ -1,0 +1,270 @@
+"""Rebuilding the timer table from the log: the view is thrown away and replayed.
+
+With every worker of the group stopped: the table's changelog is emptied (its records
+deleted up to now) and the timers subscription's offsets on the log are set back to the
+start. The next worker to own a partition finds its local copy older than the changelog,
+drops it, and replays the log into an empty table. Timers that had fired are sent again
+under the same request ids and their targets answer DUPLICATE: nothing is applied twice.
+
+A rebuild is planned first (`plan_rebuild`, which reads and changes nothing) and then
+carried out as planned (`apply_plan`), so a dry run says exactly what the rebuild does.
+The replay is over once the group's committed offset on each partition of the log has
+reached that partition's replay end (`replay_progress`, `follow_replay`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+from app.errors import GroupBusy, KafkaUnavailable
+from app.kafka import (
+    GroupOffsets,
+    Reader,
+    delete_records,
+    group_members,
+    log_offsets,
+    require_topics,
+    reset_group_offsets,
+)
+from app.protocol.topics import AggregateTopics
+
+__all__ = [
+    "GroupBusy",
+    "PartitionPlan",
+    "Progress",
+    "RebuildPlan",
+    "Sample",
+    "Span",
+    "TypePlan",
+    "apply_plan",
+    "follow_replay",
+    "plan_rebuild",
+    "rebuild",
+    "replay_progress",
+    "replay_span",
+]
+
+logger = logging.getLogger(__name__)
+
+Key = tuple[str, int]
+"""(topic, partition)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Span:
+    """The offsets of one log partition a replay goes through: `start` (the first record
+    held) up to `end`, just past the last committed record.
+
+    Not the log's end offset: a transaction's commit marker takes an offset too, and a
+    consumer commits the offset after the last record it read, never after the marker.
+    """
+
+    start: int
+    end: int
+
+    @property
+    def size(self) -> int:
+        return self.end - self.start
+
+    def done(self, committed: int | None) -> int:
+        """How much of the span a group that committed `committed` (None: nothing) has read."""
+        if committed is None:
+            return 0
+        return min(max(committed - self.start, 0), self.size)
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionPlan:
+    partition: int
+    changelog_start: int
+    """The changelog partition's first offset held now."""
+    changelog_end: int
+    """The records before this offset are deleted: all written so far."""
+    committed: int | None
+    """The group's committed offset on the log partition now (None: none); set to 0."""
+    replay: Span
+    """What the replay of the log partition reads."""
+
+
+@dataclass(frozen=True, slots=True)
+class TypePlan:
+    topics: AggregateTopics
+    partitions: tuple[PartitionPlan, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class RebuildPlan:
+    group_id: str
+    members: int
+    """The group's members when planned: a rebuild refuses to run under any."""
+    types: tuple[TypePlan, ...]
+
+    def spans(self) -> dict[Key, Span]:
+        """The replay's span of every partition of every type's log."""
+        return {(t.topics.events, p.partition): p.replay for t in self.types for p in t.partitions}
+
+
+async def replay_span(reader: Reader, topic: str, partition: int) -> Span:
+    """The span a replay of `topic[partition]` reads: from its first record held to just
+    past its last committed one (read_committed, so aborted records do not count)."""
+    begin, end = await reader.offsets(topic, partition)
+    # The last record is usually just before the end (one commit marker after it); look
+    # further back only when a window holds no committed record.
+    window = 64
+    while True:
+        start = max(begin, end - window)
+        last: int | None = None
+        async for batch in reader.read(topic, partition, start):
+            if batch:
+                last = batch[-1].offset
+        if last is not None:
+            return Span(begin, last + 1)
+        if start == begin:
+            return Span(begin, begin)
+        window *= 16
+
+
+async def plan_rebuild(
+    bootstrap: str, group_id: str, types: Sequence[AggregateTopics]
+) -> RebuildPlan:
+    """What a rebuild of `types` would do now. Reads only: creates no topic, changes no
+    offset; `MissingTopic` naming each topic that is not there."""
+    wanted: dict[str, str] = {}
+    for t in types:
+        wanted[t.events] = f"no worker or writer of {t.type_name} has run there"
+        wanted[t.timers_changelog] = f"no worker has kept timers of {t.type_name} there"
+    counts = await require_topics(bootstrap, wanted)
+    for t in types:
+        if counts[t.events] != counts[t.timers_changelog]:
+            raise KafkaUnavailable(
+                f"{t.events} has {counts[t.events]} partitions but {t.timers_changelog} "
+                f"{counts[t.timers_changelog]}: co-partitioned topics must have the same count"
+            )
+    members = await group_members(bootstrap, group_id)
+    planned = []
+    async with GroupOffsets(bootstrap, group_id) as offsets, Reader(bootstrap) as reader:
+        for t in types:
+            n = counts[t.events]
+            changelog = await log_offsets(bootstrap, t.timers_changelog, n)
+            committed = await offsets.fetch((t.events, p) for p in range(n))
+            parts = [
+                PartitionPlan(
+                    partition=p,
+                    changelog_start=changelog[p][0],
+                    changelog_end=changelog[p][1],
+                    committed=committed[(t.events, p)],
+                    replay=await replay_span(reader, t.events, p),
+                )
+                for p in range(n)
+            ]
+            planned.append(TypePlan(t, tuple(parts)))
+    return RebuildPlan(group_id, members, tuple(planned))
+
+
+async def apply_plan(bootstrap: str, plan: RebuildPlan) -> None:
+    """Carries `plan` out: `GroupBusy` (and nothing changed) while the group has members."""
+    members = await group_members(bootstrap, plan.group_id)
+    if members or plan.members:
+        raise GroupBusy(
+            f"group {plan.group_id!r} has {members or plan.members} running worker(s): "
+            "stop them, then rebuild"
+        )
+    for t in plan.types:
+        before = {p.partition: p.changelog_end for p in t.partitions}
+        await delete_records(bootstrap, t.topics.timers_changelog, before)
+        await reset_group_offsets(bootstrap, plan.group_id, t.topics.events, len(t.partitions), 0)
+        logger.info("%s: changelog emptied, log offsets reset", t.topics.type_name)
+
+
+async def rebuild(bootstrap: str, group_id: str, types: Sequence[AggregateTopics]) -> RebuildPlan:
+    """Plans and carries out a rebuild of `types`; the plan it carried out."""
+    plan = await plan_rebuild(bootstrap, group_id, types)
+    await apply_plan(bootstrap, plan)
+    return plan
+
+
+# --- following the replay ----------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    """How much was replayed (`done`) at the clock time `at` (seconds)."""
+
+    at: float
+    done: int
+
+
+@dataclass(frozen=True, slots=True)
+class Progress:
+    done: int
+    """Log offsets replayed, over all partitions."""
+    total: int
+    rate: float | None
+    """Offsets a second over the rate window; None until two samples are apart in time."""
+    eta: float | None
+    """Seconds left at that rate; None while nothing moves."""
+
+    @property
+    def complete(self) -> bool:
+        return self.done >= self.total
+
+
+def replay_progress(
+    spans: Mapping[Key, Span],
+    committed: Mapping[Key, int | None],
+    since: Sample | None,
+    now: float,
+) -> Progress:
+    """How far the replay of `spans` is when the group has `committed`, at `now`; the rate
+    is measured from the sample `since` (None: no rate yet)."""
+    done = sum(span.done(committed.get(key)) for key, span in spans.items())
+    total = sum(span.size for span in spans.values())
+    rate: float | None = None
+    eta: float | None = None
+    if since is not None and now > since.at:
+        rate = max(done - since.done, 0) / (now - since.at)
+    if done >= total:
+        eta = 0.0
+    elif rate:
+        eta = (total - done) / rate
+    return Progress(done, total, rate, eta)
+
+
+Fetch = Callable[[], Awaitable[Mapping[Key, int | None]]]
+
+
+async def follow_replay(
+    fetch: Fetch,
+    spans: Mapping[Key, Span],
+    report: Callable[[Progress], None],
+    *,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    interval: float = 0.5,
+    window: float = 10.0,
+) -> Progress:
+    """Reads the committed offsets (`fetch`) every `interval` seconds and `report`s the
+    progress, until the replay is complete; the last progress. The rate is over the last
+    `window` seconds. A failed read is logged and read again; cancel to stop following."""
+    samples: deque[Sample] = deque()
+    while True:
+        try:
+            committed = await fetch()
+        except KafkaUnavailable as exc:
+            logger.warning("reading the group's offsets failed, trying again: %s", exc)
+            await sleep(interval)
+            continue
+        now = clock()
+        while len(samples) > 1 and samples[1].at <= now - window:
+            samples.popleft()
+        progress = replay_progress(spans, committed, samples[0] if samples else None, now)
+        samples.append(Sample(now, progress.done))
+        report(progress)
+        if progress.complete:
+            return progress
+        await sleep(interval)

@@ -1,0 +1,70 @@
+"""Topic names of a context, all derived from `<context>.<aggregate>`; one place to change them."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from app.errors import ConfigError
+
+__all__ = ["AggregateTopics", "ContextTopics", "parse_aggregate_type"]
+
+_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_\-]*$")
+
+
+@dataclass(frozen=True, slots=True)
+class AggregateTopics:
+    """The topics of one aggregate type; all have the context's partition count."""
+
+    context: str
+    aggregate: str
+
+    @property
+    def type_name(self) -> str:
+        return f"{self.context}.{self.aggregate}"
+
+    @property
+    def events(self) -> str:
+        return f"{self.type_name}.events"
+
+    @property
+    def commands(self) -> str:
+        return f"{self.type_name}.commands"
+
+    @property
+    def timers_changelog(self) -> str:
+        return f"{self.type_name}.timers"
+
+    @property
+    def timer_ops(self) -> str:
+        """Operators' retry/skip requests for the type's timers, carried out by each owner."""
+        return f"{self.type_name}.timer-ops"
+
+
+@dataclass(frozen=True, slots=True)
+class ContextTopics:
+    """The topics a context shares among its aggregate types."""
+
+    context: str
+
+    @property
+    def results(self) -> str:
+        return f"{self.context}.results"
+
+    @property
+    def dead_letters(self) -> str:
+        return f"{self.context}.dead-letters"
+
+    @property
+    def ledger(self) -> str:
+        return f"{self.context}.failure-ledger"
+
+
+def parse_aggregate_type(name: str) -> AggregateTopics:
+    """`shop.order` → its topics; a clear `ConfigError` for anything else."""
+    parts = name.split(".")
+    if len(parts) != 2 or not all(_NAME.match(p) for p in parts):
+        raise ConfigError(
+            f"aggregate type {name!r} must be '<context>.<aggregate>' (letters, digits, '_' or '-')"
+        )
+    return AggregateTopics(parts[0], parts[1])

@@ -1,0 +1,190 @@
+"""The wire protocol: envelopes on the events, commands, results and dead-letter topics.
+
+Every record value is JSON (orjson) of one of these pydantic models; their JSON Schemas are
+published under `docs/schemas/` so that a service in another language (or `kcat`) can write
+`wow.ScheduleSet` events and read commands. Times are epoch milliseconds (UTC). Unknown
+fields are kept: a record read and written again loses nothing a newer writer added.
+"""
+
+from __future__ import annotations
+
+import logging
+from enum import StrEnum
+from typing import Any, Final, TypeVar
+
+import orjson
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from app.errors import BadRecord
+from tables import AggregateRef, CommandSpec, ScheduleRule
+
+__all__ = [
+    "AGGREGATE_DELETED",
+    "MAX_RECORD_BYTES",
+    "SCHEDULE_CANCELLED",
+    "SCHEDULE_SET",
+    "SYSTEM_EVENTS",
+    "AggregateDeleted",
+    "CommandEnvelope",
+    "CommandResult",
+    "DeadLetter",
+    "EventEnvelope",
+    "ResultCode",
+    "ScheduleCancelled",
+    "ScheduleSet",
+    "TimerAction",
+    "TimerOp",
+    "decode",
+    "encode",
+]
+
+logger = logging.getLogger(__name__)
+
+M = TypeVar("M", bound=BaseModel)
+
+SCHEDULE_SET: Final = "wow.ScheduleSet"
+SCHEDULE_CANCELLED: Final = "wow.ScheduleCancelled"
+AGGREGATE_DELETED: Final = "wow.AggregateDeleted"
+SYSTEM_EVENTS: Final = frozenset({SCHEDULE_SET, SCHEDULE_CANCELLED, AGGREGATE_DELETED})
+"""The `wow.` events any aggregate's log may hold (a schedule's own are its appliers')."""
+
+MAX_RECORD_BYTES: Final = 256 * 1024
+"""Larger records are refused (dead-lettered): a timer's command is not a blob store."""
+
+
+class _Envelope(BaseModel):
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+
+class ScheduleSet(_Envelope):
+    """Body of `wow.ScheduleSet`: send `command` to `target` by `rule`, unique by `key`."""
+
+    key: str = Field(min_length=1, max_length=200)
+    rule: ScheduleRule
+    target: AggregateRef | None = Field(
+        default=None, description="where the command goes; the owner itself when absent"
+    )
+    command: CommandSpec
+
+
+class ScheduleCancelled(_Envelope):
+    """Body of `wow.ScheduleCancelled`: the owner's timer under `key` is cancelled."""
+
+    key: str = Field(min_length=1, max_length=200)
+
+
+class AggregateDeleted(_Envelope):
+    """Body of `wow.AggregateDeleted`: the aggregate is gone, and so are all its timers."""
+
+
+class EventEnvelope(_Envelope):
+    """One event on `<context>.<aggregate>.events`, keyed by the aggregate id."""
+
+    id: str = Field(min_length=1, max_length=200, description="unique event id")
+    type: str = Field(min_length=1, max_length=200)
+    aggregate: AggregateRef
+    version: int = Field(ge=1, description="the aggregate's version after the command")
+    request_id: str | None = Field(default=None, description="the command that caused it")
+    created_at: int = Field(ge=0)
+    body: dict[str, Any] = Field(default_factory=dict)
+
+
+class CommandEnvelope(_Envelope):
+    """One command on `<context>.<aggregate>.commands`, keyed by the target aggregate id."""
+
+    request_id: str = Field(min_length=1, max_length=300, description="idempotency key")
+    type: str = Field(min_length=1, max_length=200)
+    aggregate: AggregateRef
+    body: dict[str, Any] = Field(default_factory=dict)
+    not_before: int | None = Field(
+        default=None, description="the target refuses (SCHEDULE_NOT_DUE) before this time"
+    )
+    issued_at: int = Field(ge=0)
+    reply_to: str | None = Field(default=None, description="results topic; the context's own")
+    reply_partition: int | None = Field(
+        default=None, ge=0, description="results partition; the request id's by default"
+    )
+    in_process: bool = Field(
+        default=False,
+        description="a timer's command its owner decided in the same transaction that wrote "
+        "it here: a record of what was sent, passed over by the processor",
+    )
+
+
+class ResultCode(StrEnum):
+    COMMITTED = "COMMITTED"
+    DUPLICATE = "DUPLICATE"
+    UNCHANGED = "UNCHANGED"
+    REJECTED = "REJECTED"
+    BUSY = "BUSY"
+    SCHEDULE_NOT_DUE = "SCHEDULE_NOT_DUE"
+    SCHEDULE_JOB_INVALID = "SCHEDULE_JOB_INVALID"
+    ERROR = "ERROR"
+
+
+class CommandResult(_Envelope):
+    """The outcome of one command, on the results topic, keyed by request id."""
+
+    request_id: str
+    code: ResultCode
+    aggregate: AggregateRef
+    message: str = ""
+    version: int | None = Field(default=None, description="the aggregate's version after it")
+    decided_at: int = Field(ge=0)
+
+
+class DeadLetter(_Envelope):
+    """A record that could not be read, kept with where it came from and why."""
+
+    topic: str
+    partition: int
+    offset: int
+    error: str
+    key: str | None = None
+    value: str = Field(description="the record's value as text (cut to 4 KiB)")
+
+
+def encode(model: BaseModel) -> bytes:
+    """JSON bytes of an envelope, unknown fields included."""
+    return orjson.dumps(model.model_dump(mode="json"))
+
+
+def decode(model: type[M], data: bytes | None) -> M:
+    """An envelope from JSON bytes; `BadRecord` with a clear reason otherwise."""
+    if data is None:
+        raise BadRecord("empty record (tombstone) where an envelope was expected")
+    if len(data) > MAX_RECORD_BYTES:
+        raise BadRecord(f"record of {len(data)} bytes exceeds {MAX_RECORD_BYTES}")
+    try:
+        return model.model_validate_json(data)
+    except ValidationError as exc:
+        raise BadRecord(f"not a valid {model.__name__}: {_errors(exc)}") from exc
+
+
+def _errors(exc: ValidationError) -> str:
+    parts = []
+    for err in exc.errors()[:5]:
+        where = ".".join(str(p) for p in err["loc"]) or "record"
+        parts.append(f"{where}: {err['msg']}")
+    return "; ".join(parts)
+
+
+class TimerAction(StrEnum):
+    RETRY = "retry"
+    """The PARKED timers due now, their attempts reset."""
+    SKIP = "skip"
+    """The PARKED timers CANCELLED with the outcome SKIPPED."""
+
+
+class TimerOp(BaseModel):
+    """One operator's request on the PARKED timers of `target`, on the timer-ops topic.
+
+    Unknown fields are kept, as on every other topic.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="allow")
+
+    request_id: str = Field(min_length=1, max_length=200, description="unique per request")
+    action: TimerAction
+    target: AggregateRef = Field(description="the aggregate the parked timers send to")
+    requested_at: int = Field(ge=0, description="epoch ms when the operator asked")

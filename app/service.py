@@ -1,0 +1,51 @@
+"""A service: the aggregate types a node runs and the jobs of their contexts (each context
+with jobs gets its `<context>.schedule` aggregate).
+
+May import: `app.model`, `app.jobs`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from app.jobs import Job, schedule_aggregate
+from app.model.aggregate import AggregateType
+
+__all__ = ["Service"]
+
+
+@dataclass(frozen=True)
+class Service:
+    """What a node runs: aggregate types (and, with jobs, the contexts' schedules).
+
+    `jobs` maps a context to the jobs declared in it; each such context gets its
+    `<context>.schedule` aggregate from `all_aggregates`.
+    """
+
+    aggregates: tuple[AggregateType[Any], ...]
+    jobs: Mapping[str, Sequence[Job]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        names = [a.type_name for a in self.aggregates]
+        if len(set(names)) != len(names):
+            raise ValueError(f"aggregate types declared twice: {names}")
+        clash = sorted(f"{c}.schedule" for c in self.jobs if f"{c}.schedule" in names)
+        if clash:
+            raise ValueError(f"{clash} are kept by the jobs of their context: declare no such type")
+
+    def all_aggregates(self, partitions: int) -> tuple[AggregateType[Any], ...]:
+        """The declared aggregate types and one schedule per context with jobs."""
+        schedules = tuple(
+            schedule_aggregate(context, jobs, partitions)
+            for context, jobs in sorted(self.jobs.items())
+            if jobs
+        )
+        return self.aggregates + schedules
+
+    def find(self, type_name: str) -> AggregateType[Any] | None:
+        for a in self.aggregates:
+            if a.type_name == type_name:
+                return a
+        return None

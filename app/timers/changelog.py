@@ -1,0 +1,296 @@
+"""The timer table's changelog on Kafka: transactional, fenced per partition, and restore.
+
+Each owned partition p of a type commits everything through one transactional producer
+(transactional id `<group>.<type>.timers.<p>`): timer rows, the command path's events and
+results, and every consumer offset of p. Starting it fences p's previous owner: a node
+that lost p but has not noticed yet (a zombie) can write, but never commit, so no reader
+and no compaction ever sees its writes. A store write is applied locally at once and its
+row buffered; the rows go out in p's next transaction (a command batch, a log batch's
+offsets, or every `commit_interval` for the runner's writes). A local copy that may
+hold writes that were never committed (the node stopped uncleanly, or a commit failed)
+is thrown away and restored from the changelog.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from app.errors import KafkaUnavailable
+from app.kafka import (
+    OutRecord,
+    Reader,
+    TransactionalProducer,
+)
+from app.kafka.records import RestoreProgress
+from tables import ChangelogRecord, TimerStore
+
+__all__ = [
+    "CleanMarks",
+    "RestoreProgress",
+    "Transaction",
+    "TransactionalChangelog",
+    "restore_partition",
+]
+
+logger = logging.getLogger(__name__)
+
+"""Told how far a restore got: the log offsets read so far and to read in all (offsets, so
+transaction markers count too and a finished restore reads exactly what it had to)."""
+
+
+class TransactionalChangelog:
+    """Per owned partition of one aggregate type, the one transaction everything commits in.
+
+    The store's changelog sink buffers each timer row here (no Kafka call while the store
+    holds its lock); `commit` sends the buffered rows with the caller's records (the
+    command path's events, results and commands) and consumer offsets (commands, the
+    log's subscription, timer ops) through the partition's transactional producer, in one
+    transaction. Callers serialise a partition's commits (the node's partition lock), so
+    rows buffered before a commit are in it or in an earlier one.
+    """
+
+    def __init__(
+        self,
+        bootstrap: str,
+        topic: str,
+        group_id: str,
+        *,
+        on_commit: Callable[[float], None] | None = None,
+    ) -> None:
+        self.bootstrap = bootstrap
+        self.topic = topic
+        self.group_id = group_id
+        # Told each successful commit's duration in seconds (the commit-time histogram).
+        self._on_commit = on_commit
+        self._producers: dict[int, TransactionalProducer] = {}
+        self._buffer: dict[int, list[OutRecord]] = {}
+        self._staged: dict[int, _Staged] = {}
+
+    async def open(self, partition: int) -> None:
+        """Starts the partition's producer, fencing its previous owner's."""
+        producer = TransactionalProducer(
+            self.bootstrap, f"{self.group_id}.{self.topic}.{partition}"
+        )
+        try:
+            await producer.start()
+        except BaseException:
+            await producer.stop()
+            raise
+        self._producers[partition] = producer
+        self._buffer[partition] = []
+        self._staged[partition] = _Staged()
+
+    async def close(self, partition: int) -> bool | None:
+        """Commits what is buffered and stops the producer; whether everything was
+        committed (None: the partition was not open)."""
+        producer = self._producers.get(partition)
+        if producer is None:
+            return None
+        try:
+            if producer.broken is not None:
+                return False
+            await self.commit(partition)
+            return True
+        except KafkaUnavailable as exc:
+            logger.warning("%s[%d]: last commit failed: %s", self.topic, partition, exc)
+            return False
+        finally:
+            await self.abandon(partition)
+
+    async def abandon(self, partition: int) -> None:
+        """Stops the producer without committing: what is buffered is thrown away."""
+        self._buffer.pop(partition, None)
+        self._staged.pop(partition, None)
+        producer = self._producers.pop(partition, None)
+        if producer is not None:
+            await producer.stop()
+
+    def owns(self, partition: int) -> bool:
+        return partition in self._producers
+
+    def broken(self, partition: int) -> KafkaUnavailable | None:
+        """The failure that broke the partition's producer, if one did."""
+        producer = self._producers.get(partition)
+        return None if producer is None else producer.broken
+
+    async def __call__(self, records: list[ChangelogRecord]) -> None:
+        for r in records:
+            rows = self._buffer.get(r.partition)
+            if rows is None:
+                raise KafkaUnavailable(f"{self.topic}[{r.partition}] is not owned by this node")
+            rows.append((self.topic, r.partition, r.key, r.value))
+
+    def stage(
+        self,
+        partition: int,
+        records: Sequence[OutRecord],
+        offsets: dict[tuple[str, int], int],
+        committed: Callable[[list[int]], None] | None = None,
+    ) -> None:
+        """Adds a cycle's records and consumer offsets to the partition's next transaction;
+        `committed` is told the records' offsets once it committed."""
+        staged = self._staged.get(partition)
+        if staged is None:
+            raise KafkaUnavailable(f"{self.topic}[{partition}] is not owned by this node")
+        start = len(staged.records)
+        staged.records += records
+        staged.offsets.update(offsets)
+        if committed is not None:
+            staged.after.append((start, len(staged.records), committed))
+
+    async def commit(
+        self,
+        partition: int,
+        offsets: dict[tuple[str, int], int] | None = None,
+        records: Sequence[OutRecord] = (),
+    ) -> list[int]:
+        """Commits the buffered rows, what was staged, `records` and `offsets` in one
+        transaction; the offsets `records` were written at. Nothing to commit: no
+        transaction."""
+        if records or offsets:
+            self.stage(partition, records, offsets or {})
+        taken = self.take(partition)
+        if taken is None:
+            return []
+        written = await taken.send()
+        return written[len(written) - len(records) :] if records else []
+
+    def take(self, partition: int) -> Transaction | None:
+        """Takes everything that waits for the partition's next transaction (None: there is
+        nothing); `send` commits it. Taken transactions commit in the order they were
+        taken, through the partition's producer."""
+        producer = self._producers.get(partition)
+        if producer is None:
+            raise KafkaUnavailable(f"{self.topic}[{partition}] is not owned by this node")
+        rows = self._buffer[partition]
+        staged = self._staged[partition]
+        if not rows and not staged.records and not staged.offsets:
+            return None
+        self._buffer[partition] = []
+        self._staged[partition] = _Staged()
+        return Transaction(producer, self.group_id, rows, staged, self._on_commit)
+
+    def pending(self) -> list[int]:
+        """The partitions with rows or staged work waiting to be committed."""
+        return [p for p, rows in self._buffer.items() if rows or self.staged(p)]
+
+    def staged(self, partition: int) -> bool:
+        """Whether a cycle's work waits for the partition's next commit."""
+        staged = self._staged.get(partition)
+        return staged is not None and bool(staged.records or staged.offsets)
+
+
+class Transaction:
+    """One partition's taken work: its rows and staged cycles, committed by `send`."""
+
+    def __init__(
+        self,
+        producer: TransactionalProducer,
+        group_id: str,
+        rows: list[OutRecord],
+        staged: _Staged,
+        on_commit: Callable[[float], None] | None = None,
+    ) -> None:
+        self._producer = producer
+        self._group_id = group_id
+        self._rows = rows
+        self._staged = staged
+        self._on_commit = on_commit
+
+    async def send(self) -> list[int]:
+        """Commits; tells each staged cycle its records' offsets; all the offsets."""
+        rows, staged = self._rows, self._staged
+        began = time.perf_counter()
+        written = await self._producer.commit(
+            [*rows, *staged.records], staged.offsets, self._group_id
+        )
+        if self._on_commit is not None:
+            self._on_commit(time.perf_counter() - began)
+        base = len(rows)
+        for start, end, committed in staged.after:
+            committed(written[base + start : base + end])
+        return written
+
+
+@dataclass
+class _Staged:
+    """A partition's decided work that its next transaction commits."""
+
+    records: list[OutRecord] = field(default_factory=list)
+    offsets: dict[tuple[str, int], int] = field(default_factory=dict)
+    after: list[tuple[int, int, Callable[[list[int]], None]]] = field(default_factory=list)
+
+
+class CleanMarks:
+    """Which partitions' local copies hold committed writes only (files beside the store).
+
+    A mark is removed when the node takes a partition and written back only after its last
+    transaction committed when it lets the partition go; a partition without a mark is
+    restored from the changelog alone.
+    """
+
+    def __init__(self, directory: Path) -> None:
+        self._dir = directory
+
+    def _path(self, partition: int) -> Path:
+        return self._dir / f"clean-p{partition}"
+
+    def take(self, partition: int) -> bool:
+        """Whether the local copy was clean; it is not from now on."""
+        path = self._path(partition)
+        clean = path.exists()
+        path.unlink(missing_ok=True)
+        return clean
+
+    def mark(self, partition: int) -> None:
+        self._path(partition).touch()
+
+
+async def restore_partition(
+    store: TimerStore,
+    reader: Reader,
+    topic: str,
+    partition: int,
+    *,
+    clean: bool = True,
+    progress: RestoreProgress | None = None,
+) -> int:
+    """Applies `topic[partition]` after the store's last applied offset; how many records.
+    `progress` hears the offsets read and to read as it goes."""
+    held = store.changelog_offset(partition)
+    begin, end = await reader.offsets(topic, partition)
+    if not clean or held is None or held < begin or held >= end:
+        # The local copy may hold uncommitted writes, or is unknown, or older than what the
+        # changelog still holds (a rebuild deleted it), or ahead of it (the topic was
+        # recreated): start from the changelog alone.
+        await store.drop(partition)
+        await store.assign({partition})
+        held = None
+    start = 0 if held is None else held + 1
+    began = time.monotonic()
+    count = 0
+    to_read = max(end - start, 0)
+    if progress is not None:
+        progress(0, to_read)
+    async for batch in reader.read(topic, partition, start):
+        rows = [(r.offset, r.key, r.value) for r in batch if r.key is not None]
+        if rows:
+            await store.apply_changelog(partition, rows)
+            count += len(rows)
+        if batch and progress is not None:
+            progress(min(batch[-1].offset + 1 - start, to_read), to_read)
+    if progress is not None:
+        progress(to_read, to_read)
+    logger.info(
+        "restored %s[%d]: %d records from offset %d in %.3f s",
+        topic,
+        partition,
+        count,
+        start,
+        time.monotonic() - began,
+    )
+    return count

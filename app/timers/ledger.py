@@ -1,0 +1,301 @@
+"""The failure ledger on Kafka: the compacted topic `<context>.failure-ledger`.
+
+One record per `(subscription, target)`: its key the JSON of both (orjson, sorted keys),
+its value the `LedgerEntry` as JSON, a tombstone once resolved. The topic is small (one
+record per parked target), so every node keeps all of it in memory: it reads the topic
+to its end on start and then follows it, and `entries()` answers from memory. A node's
+own writes are applied as soon as the broker acknowledged them, so it reads them back at
+once.
+
+Which record of a key is newer is told by its offset; all records of one key sit in the
+same partition (Kafka's default partitioner on the key), so their offsets compare. A
+record read twice (the follower starts before the read to the end, so that nothing falls
+between them) or read after the node applied a newer one of its own changes nothing.
+
+`record` merges the timers with the entry this node knows. Two nodes parking timers of
+one target at the same moment each write what they know, and the later record wins: the
+entry stays, but may name only one node's timers. Retry and skip act on the store's
+PARKED rows, not on these names, so nothing is lost to an operator.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Sequence
+from typing import Final, NamedTuple
+
+import orjson
+from pydantic import ValidationError
+
+from app.errors import BadRecord, KafkaUnavailable
+from app.kafka import (
+    PartitionReader,
+    Producer,
+    Record,
+    read_partitions,
+    require_topic,
+)
+from app.protocol.topics import ContextTopics
+from tables.ledger import LedgerEntry
+from tables.partitioner import partition_of
+from tables.refs import AggregateRef
+from tables.timer import Timer
+
+__all__ = [
+    "KafkaFailureLedger",
+    "LedgerKey",
+    "LedgerView",
+    "decode_key",
+    "decode_value",
+    "encode_entry",
+    "ledger_key",
+    "merged",
+    "read_ledger",
+]
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_TIMEOUT_MS: Final = 10_000
+"""How long `record` and `resolve` wait for the broker's acknowledgement."""
+
+
+class LedgerKey(NamedTuple):
+    subscription: str
+    target: AggregateRef
+
+
+def ledger_key(subscription: str, target: AggregateRef) -> bytes:
+    """The record key of `(subscription, target)`: the same bytes for the same pair."""
+    return orjson.dumps(
+        {"subscription": subscription, "target": target.model_dump(mode="json")},
+        option=orjson.OPT_SORT_KEYS,
+    )
+
+
+def encode_entry(entry: LedgerEntry) -> bytes:
+    return orjson.dumps(entry.model_dump(mode="json"), option=orjson.OPT_SORT_KEYS)
+
+
+def decode_key(key: bytes | None) -> LedgerKey:
+    """The pair a record key names; `BadRecord` for anything else."""
+    if key is None:
+        raise BadRecord("ledger record without a key")
+    try:
+        raw = orjson.loads(key)
+        if not isinstance(raw, dict) or set(raw) != {"subscription", "target"}:
+            raise BadRecord(f"ledger key is not {{subscription, target}}: {key[:200]!r}")
+        subscription = raw["subscription"]
+        if not isinstance(subscription, str) or not subscription:
+            raise BadRecord(f"ledger key without a subscription: {key[:200]!r}")
+        return LedgerKey(subscription, AggregateRef.model_validate(raw["target"]))
+    except (orjson.JSONDecodeError, ValidationError) as exc:
+        raise BadRecord(f"unreadable ledger key {key[:200]!r}: {exc}") from exc
+
+
+def decode_value(key: LedgerKey, value: bytes | None) -> LedgerEntry | None:
+    """The entry a record holds, None for a tombstone; `BadRecord` if it is unreadable or
+    names another pair than its key."""
+    if value is None:
+        return None
+    try:
+        entry = LedgerEntry.model_validate_json(value)
+    except ValidationError as exc:
+        raise BadRecord(f"unreadable ledger entry for {key.target}: {exc}") from exc
+    if (entry.subscription, entry.target) != key:
+        raise BadRecord(
+            f"ledger entry of {entry.subscription}/{entry.target} under the key of "
+            f"{key.subscription}/{key.target}"
+        )
+    return entry
+
+
+def merged(
+    known: LedgerEntry | None, subscription: str, target: AggregateRef, timers: Sequence[Timer]
+) -> LedgerEntry:
+    """The entry after parking `timers`: the known one's timers, then the new ones, each once."""
+    ids = list(known.timers) if known is not None else []
+    for timer in timers:
+        if timer.request_id not in ids:
+            ids.append(timer.request_id)
+    return LedgerEntry(subscription=subscription, target=target, timers=tuple(ids))
+
+
+class _Held(NamedTuple):
+    partition: int
+    offset: int
+    entry: LedgerEntry | None
+
+
+class LedgerView:
+    """The ledger as read so far: per pair, the newest record by offset. No I/O.
+
+    Tombstones are kept (as None), so that an older record read late cannot bring a
+    resolved entry back; one small tuple per target ever parked since the node started.
+    """
+
+    def __init__(self) -> None:
+        self._held: dict[LedgerKey, _Held] = {}
+
+    def apply(self, key: LedgerKey, partition: int, offset: int, entry: LedgerEntry | None) -> bool:
+        """Takes a record of `key` unless one as new or newer is held; whether it did."""
+        held = self._held.get(key)
+        # Offsets compare within one partition; a key found in another (the topic was
+        # recreated, or a foreign writer picked the partition) is taken as it comes.
+        if held is not None and held.partition == partition and held.offset >= offset:
+            return False
+        self._held[key] = _Held(partition, offset, entry)
+        return True
+
+    def apply_record(self, record: Record) -> bool:
+        """Takes a record read from the topic; an unreadable one is logged and skipped."""
+        try:
+            key = decode_key(record.key)
+            entry = decode_value(key, record.value)
+        except BadRecord as exc:
+            # Every node reads the whole ledger: a dead letter from each would be noise.
+            logger.error(
+                "skipping %s[%d]@%d: %s", record.topic, record.partition, record.offset, exc
+            )
+            return False
+        return self.apply(key, record.partition, record.offset, entry)
+
+    def get(self, key: LedgerKey) -> LedgerEntry | None:
+        held = self._held.get(key)
+        return None if held is None else held.entry
+
+    def entries(self) -> list[LedgerEntry]:
+        """The open entries, by subscription and target."""
+        open_ = [h.entry for h in self._held.values() if h.entry is not None]
+        return sorted(open_, key=lambda e: (e.subscription, str(e.target)))
+
+
+async def read_ledger(
+    bootstrap: str, context: str, partitions: int | None = None
+) -> list[LedgerEntry]:
+    """The open entries of `context`'s ledger as the topic has them now (for the CLI).
+
+    Creates no topic: `MissingTopic` when no worker of the context has run on this
+    broker. `partitions`, when given, is the count the topic must have.
+    """
+    view = LedgerView()
+    topic = ContextTopics(context).ledger
+    have = await require_topic(bootstrap, topic, f"no worker of context {context} has run there")
+    if partitions is not None and have != partitions:
+        raise KafkaUnavailable(f"topic {topic} has {have} partitions, expected {partitions}")
+    async for batch in read_partitions(bootstrap, topic, range(have)):
+        for record in batch:
+            view.apply_record(record)
+    return view.entries()
+
+
+class KafkaFailureLedger:
+    """`tables.ledger.FailureLedger` on the context's compacted ledger topic.
+
+    `start()` reads the topic to its end before it returns, then a task follows it;
+    `record` and `resolve` return once the broker acknowledged the write, and raise
+    (`KafkaUnavailable`, `TimeoutError`) when it did not: a park is then not written.
+    The producer is the node's, started and stopped by it.
+    """
+
+    def __init__(
+        self,
+        bootstrap: str,
+        context: str,
+        partitions: int,
+        producer: Producer,
+        *,
+        timeout_ms: int = DEFAULT_TIMEOUT_MS,
+    ) -> None:
+        self.topic = ContextTopics(context).ledger
+        self._bootstrap = bootstrap
+        self._partitions = partitions
+        self._producer = producer
+        self._timeout = timeout_ms / 1000
+        self._view = LedgerView()
+        self._reader = PartitionReader(bootstrap, self.topic)
+        self._follower: asyncio.Task[None] | None = None
+        self._lock = asyncio.Lock()
+
+    async def start(self) -> None:
+        """Reads the ledger to its end, then follows it."""
+        await self._reader.start()
+        try:
+            # The follower's position is fixed first: whatever is written while the read
+            # to the end runs is read by one or both, and applying twice changes nothing.
+            for p in range(self._partitions):
+                await self._reader.add(p)
+            count = 0
+            parts = range(self._partitions)
+            async for batch in read_partitions(self._bootstrap, self.topic, parts):
+                for record in batch:
+                    self._view.apply_record(record)
+                count += len(batch)
+        except BaseException:
+            await self._reader.stop()
+            raise
+        self._follower = asyncio.create_task(self._follow(), name=f"follow {self.topic}")
+        logger.info(
+            "read %s: %d record(s), %d open entr(ies)",
+            self.topic,
+            count,
+            len(self._view.entries()),
+        )
+
+    async def stop(self) -> None:
+        if self._follower is not None:
+            self._follower.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._follower
+            self._follower = None
+        await self._reader.stop()
+
+    async def _follow(self) -> None:
+        while True:
+            try:
+                records = await self._reader.poll()
+            except KafkaUnavailable as exc:
+                logger.warning("following %s failed, trying again: %s", self.topic, exc)
+                await asyncio.sleep(1)
+                continue
+            for record in records:
+                self._view.apply_record(record)
+
+    async def record(
+        self, subscription: str, target: AggregateRef, timers: Sequence[Timer]
+    ) -> None:
+        key = LedgerKey(subscription, target)
+        async with self._lock:
+            entry = merged(self._view.get(key), subscription, target, timers)
+            await self._write(key, entry)
+        logger.warning(
+            "parked %d timer(s) of target %s under %s", len(timers), target, subscription
+        )
+
+    async def resolve(self, subscription: str, target: AggregateRef) -> bool:
+        """Writes the entry's tombstone if this node knows the entry; whether it did.
+
+        An entry this node does not know is not written over: should its record still be
+        on its way here, a tombstone could land after a newer park of the same target.
+        """
+        key = LedgerKey(subscription, target)
+        async with self._lock:
+            if self._view.get(key) is None:
+                return False
+            await self._write(key, None)
+        logger.info("resolved the ledger entry of %s under %s", target, subscription)
+        return True
+
+    async def entries(self) -> list[LedgerEntry]:
+        return self._view.entries()
+
+    async def _write(self, key: LedgerKey, entry: LedgerEntry | None) -> None:
+        raw = ledger_key(*key)
+        value = None if entry is None else encode_entry(entry)
+        # partition=None: the producer's default partitioner, as any other writer's.
+        offset = await asyncio.wait_for(
+            self._producer.send(self.topic, raw, value, None), self._timeout
+        )
+        partition = partition_of(raw.decode(), self._partitions)
+        self._view.apply(key, partition, offset, entry)

@@ -1,0 +1,266 @@
+"""Operators' retry and skip of parked timers, carried through Kafka to the timers' owners.
+
+Any client may ask (`request_retry`, `request_skip`): it writes one `TimerOp` record to
+every partition of the owner type's `<context>.<aggregate>.timer-ops` topic, because the
+parked timers of one target can sit in any partition. The node that owns partition p of
+that type (the same p of every topic: one consumer group, range assignment) reads the
+record in its group and retries or skips the PARKED timers of partition p only
+(`carry_out`), then commits the record's offset. The ledger entry is resolved by each;
+resolving is idempotent.
+
+Also here: reading the timer table from its changelog, for `tickwheel timers list` and
+`tickwheel timers show`. Those reads create no topic: one that is not there is a
+`MissingTopic` error naming it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+
+import orjson
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from app.errors import (
+    KafkaUnavailable,
+    MissingTopic,
+    NoTimers,
+)
+from app.kafka import (
+    OutRecord,
+    Producer,
+    Record,
+    TopicSpec,
+    ensure_topics,
+    existing_topics,
+    read_partitions,
+    read_to_end,
+    require_topic,
+)
+from app.protocol.topics import parse_aggregate_type
+from app.protocol.wire import TimerAction, TimerOp, encode
+from app.timers.runner import TimerRunner
+from tables.keys import owner_prefix
+from tables.partitioner import partition_of
+from tables.refs import AggregateRef
+from tables.timer import Timer, TimerStatus
+
+__all__ = [
+    "NoTimers",
+    "TimerAction",
+    "TimerHistory",
+    "TimerOp",
+    "TimerVersion",
+    "carry_out",
+    "new_op",
+    "op_records",
+    "read_timer_history",
+    "read_timers",
+    "request_retry",
+    "request_skip",
+]
+
+logger = logging.getLogger(__name__)
+
+
+def new_op(action: TimerAction, target: AggregateRef, now: int | None = None) -> TimerOp:
+    """A request with a fresh id, made `now` (epoch ms; the wall clock by default)."""
+    return TimerOp(
+        request_id=uuid.uuid4().hex,
+        action=action,
+        target=target,
+        requested_at=time.time_ns() // 1_000_000 if now is None else now,
+    )
+
+
+def op_records(topic: str, op: TimerOp, partitions: int) -> list[OutRecord]:
+    """The op once in each partition of `topic`: the owners of all of them act on it."""
+    key = str(op.target).encode()
+    value = encode(op)
+    return [(topic, p, key, value) for p in range(partitions)]
+
+
+async def request_retry(
+    bootstrap: str, type_name: str, target: AggregateRef, partitions: int
+) -> TimerOp:
+    """Asks the owners of `type_name`'s timers to retry those PARKED on `target`."""
+    return await _request(bootstrap, type_name, TimerAction.RETRY, target, partitions)
+
+
+async def request_skip(
+    bootstrap: str, type_name: str, target: AggregateRef, partitions: int
+) -> TimerOp:
+    """Asks the owners of `type_name`'s timers to skip those PARKED on `target`."""
+    return await _request(bootstrap, type_name, TimerAction.SKIP, target, partitions)
+
+
+async def _request(
+    bootstrap: str, type_name: str, action: TimerAction, target: AggregateRef, partitions: int
+) -> TimerOp:
+    """Writes the op to every partition; returns once the broker acknowledged them all.
+
+    `ConfigError` for a bad type name; `KafkaUnavailable` when the broker is not there or
+    the topic has another partition count than `partitions`.
+    """
+    topic = parse_aggregate_type(type_name).timer_ops
+    await ensure_topics(bootstrap, [TopicSpec(topic, partitions)])
+    op = new_op(action, target)
+    producer = Producer(bootstrap)
+    try:
+        await producer.start()
+        await producer.send_many(op_records(topic, op, partitions))
+    finally:
+        await producer.stop()
+    logger.info("%s of %s requested on %d partition(s) of %s", action, target, partitions, topic)
+    return op
+
+
+async def carry_out(runner: TimerRunner, op: TimerOp, partition: int) -> int:
+    """What the owner of `partition` does with an op read from it: acts on the PARKED
+    timers of that partition only (the owners of the others read their own copy)."""
+    logger.info(
+        "operator %s of %s (request %s) in partition %d",
+        op.action,
+        op.target,
+        op.request_id,
+        partition,
+    )
+    if op.action is TimerAction.RETRY:
+        return await runner.retry(op.target, partitions={partition})
+    return await runner.skip(op.target, partitions={partition})
+
+
+async def read_timers(
+    bootstrap: str,
+    type_name: str,
+    partitions: int | None = None,
+    status: TimerStatus | None = None,
+) -> list[Timer]:
+    """The timer table of `type_name` as its changelog has it: the latest row per key,
+    deleted rows left out; only those in `status` if given. By partition, then due time.
+
+    Creates no topic: `MissingTopic` when the changelog is not there. `partitions`, when
+    given, is the count the topic must have (`KafkaUnavailable` otherwise).
+    """
+    topic = parse_aggregate_type(type_name).timers_changelog
+    have = await require_topic(bootstrap, topic, f"no worker has kept timers of {type_name} there")
+    if partitions is not None and have != partitions:
+        raise KafkaUnavailable(f"topic {topic} has {have} partitions, expected {partitions}")
+    rows: dict[tuple[int, bytes], Timer] = {}
+    async for batch in read_partitions(bootstrap, topic, range(have)):
+        for r in batch:
+            if r.key is None:
+                continue
+            if r.value is None:
+                rows.pop((r.partition, r.key), None)
+                continue
+            row = _row(r)
+            if row is not None:
+                rows[(r.partition, r.key)] = row
+    timers = [t for t in rows.values() if status is None or t.status is status]
+    return sorted(timers, key=lambda t: (t.partition, t.due_at, t.id))
+
+
+def _row(r: Record) -> Timer | None:
+    """The row a changelog record holds; None (logged) when it is not one."""
+    if r.value is None:
+        return None
+    try:
+        return Timer.model_validate(orjson.loads(r.value))
+    except (orjson.JSONDecodeError, ValidationError) as exc:
+        logger.warning("unreadable row at %s[%d]@%d: %s", r.topic, r.partition, r.offset, exc)
+        return None
+
+
+class TimerVersion(BaseModel):
+    """One record of a timer in its changelog: the row as written then, None when it was
+    deleted."""
+
+    model_config = ConfigDict(frozen=True)
+
+    key: str
+    partition: int
+    offset: int
+    timestamp: int = Field(description="the record's timestamp, epoch ms")
+    row: Timer | None
+
+
+class TimerHistory(BaseModel):
+    """An owner's timers as the changelog holds them, per key in log order."""
+
+    model_config = ConfigDict(frozen=True)
+
+    topic: str
+    partition: int
+    owner: AggregateRef
+    versions: dict[str, list[TimerVersion]]
+
+    def current(self, key: str) -> Timer | None:
+        """The key's row now: its last version (None: deleted)."""
+        return self.versions[key][-1].row
+
+
+async def read_timer_history(
+    bootstrap: str, owner: AggregateRef, key: str | None = None
+) -> TimerHistory:
+    """Every version of `owner`'s timers (of `key` only, if given) that the changelog's
+    committed records still hold. Compaction keeps at least each key's last version; the
+    older ones are there until the broker compacts them away.
+
+    Creates nothing. `MissingTopic` when the type is unknown to the cluster or has no
+    changelog; `NoTimers` when the owner (or the key) has no record in it.
+    """
+    topics = parse_aggregate_type(owner.type_name)
+    topic = topics.timers_changelog
+    found = await existing_topics(bootstrap, [topics.events, topic])
+    if not found:
+        raise MissingTopic(
+            f"unknown type {owner.type_name}: topics {topics.events} and {topic} do not exist "
+            f"at {bootstrap} (no worker has run against this cluster?); nothing was created"
+        )
+    if topic not in found:
+        raise MissingTopic(
+            f"topic {topic} does not exist at {bootstrap} (no worker has kept timers of "
+            f"{owner.type_name} there?); nothing was created"
+        )
+    # An owner's rows all sit in its partition: the one its id is keyed to.
+    partition = partition_of(owner.id, found[topic])
+    prefix = owner_prefix(owner)
+    versions: dict[str, list[TimerVersion]] = {}
+    async for batch in read_to_end(bootstrap, topic, partition, 0):
+        for r in batch:
+            if r.key is None or not r.key.startswith(prefix):
+                continue
+            name = _key_of(r.key, len(prefix))
+            row = _row(r)
+            if name is None or (r.value is not None and row is None):
+                continue
+            versions.setdefault(name, []).append(
+                TimerVersion(
+                    key=name, partition=partition, offset=r.offset, timestamp=r.timestamp, row=row
+                )
+            )
+    where = f"{topic}[{partition}]"
+    if not versions:
+        raise NoTimers(f"{owner} has no timers in {where}")
+    if key is not None:
+        if key not in versions:
+            raise NoTimers(
+                f"{owner} has no timer {key!r} in {where} (its timers: "
+                f"{', '.join(sorted(versions))})"
+            )
+        versions = {key: versions[key]}
+    return TimerHistory(topic=topic, partition=partition, owner=owner, versions=versions)
+
+
+def _key_of(raw: bytes, start: int) -> str | None:
+    """The timer key a row key holds after its owner's prefix (`tables.keys.row_key`);
+    None for bytes that are not one (a foreign writer's record)."""
+    rest = raw[start:]
+    if len(rest) < 2 or int.from_bytes(rest[:2], "big") != len(rest) - 2:
+        return None
+    try:
+        return rest[2:].decode()
+    except UnicodeDecodeError:
+        return None

@@ -1,0 +1,325 @@
+"""What the runner does to a timer: pure functions of a loaded row, a result and a time.
+
+Every function here takes values and `now` (epoch ms) and returns a `Decision`: the one
+conditional write to make (`TimerChange`), and whether to send or park. Nothing here reads
+a clock, a store or a socket, so the loop that carries the decisions out stays dumb and
+hypothesis can test the rules by themselves.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any, Final
+
+from app.protocol.wire import ResultCode
+from app.timers.runner.options import TimerOptions, backoff_ms
+from tables.slots import Slot, caught_up, latest_due, next_slot
+from tables.timer import Outcome, Timer, TimerChange, TimerStatus
+
+__all__ = [
+    "SENT",
+    "TIMEOUT",
+    "TRANSPORT_ERROR",
+    "Action",
+    "Decision",
+    "SendResult",
+    "Verdict",
+    "classify",
+    "due_since",
+    "expire_or_claim",
+    "on_outcome",
+    "release",
+    "retry_parked",
+    "skip_parked",
+    "unparked",
+]
+
+logger = logging.getLogger(__name__)
+
+SENT: Final = "SENT"
+"""A cross-context send the broker acknowledged: the runner hears no command result."""
+TIMEOUT: Final = "TIMEOUT"
+"""The runner's code for a send not answered within `TimerOptions.send_timeout`."""
+TRANSPORT_ERROR: Final = "TRANSPORT_ERROR"
+"""The runner's code for a sender that raised: no transport, a broken connection."""
+
+_FIRED_CODES: Final = {
+    ResultCode.COMMITTED.value: Outcome.COMMITTED,
+    ResultCode.DUPLICATE.value: Outcome.DUPLICATE,
+    ResultCode.UNCHANGED.value: Outcome.UNCHANGED,
+    # A rejection is the target's state guard doing its work: the slot is done, not retried.
+    ResultCode.REJECTED.value: Outcome.REJECTED,
+    SENT: Outcome.SENT,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class SendResult:
+    """What a send came back with: a `ResultCode` value, `SENT`, or a runner failure code."""
+
+    code: str
+    message: str = ""
+
+
+class Verdict(StrEnum):
+    FIRED = "FIRED"
+    BUSY = "BUSY"
+    FAILED = "FAILED"
+
+
+def classify(code: str) -> Verdict:
+    """Whether a result code fired the slot, is backpressure, or a technical failure.
+
+    Anything not known to fire the slot is a failure (unknown codes included): retrying a
+    command the target de-duplicates is safe, dropping a slot is not.
+    """
+    if code in _FIRED_CODES:
+        return Verdict.FIRED
+    if code == ResultCode.BUSY.value:
+        return Verdict.BUSY
+    return Verdict.FAILED
+
+
+class Action(StrEnum):
+    NOTHING = "nothing"
+    EXPIRE = "expire"
+    """A slot due longer ago than `expires_after`, and no next one: CANCELLED/EXPIRED."""
+    EXPIRE_SLOT = "expire_slot"
+    """An expired slot of a recurring rule: PENDING at the rule's first slot not expired,
+    the slots passed over counted as skipped."""
+    CLAIM = "claim"
+    FIRE = "fire"
+    """The last slot fired: FIRED."""
+    NEXT_SLOT = "next_slot"
+    """A slot fired and the rule has another: PENDING at it."""
+    RETRY = "retry"
+    BUSY = "busy"
+    PARK = "park"
+    RELEASE = "release"
+    """A claim given back unsent (the partition was handed off): due again now."""
+    OPERATOR_RETRY = "operator_retry"
+    OPERATOR_SKIP = "operator_skip"
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """One conditional write, and what the loop does around it.
+
+    `fallback` is written instead of `change` when a park's ledger record fails.
+    `busy_in_a_row` is the timer's count of BUSY refusals in a row after this decision.
+    """
+
+    action: Action
+    change: TimerChange | None = None
+    send: bool = False
+    fallback: TimerChange | None = None
+    busy_in_a_row: int = 0
+
+    @property
+    def park(self) -> bool:
+        return self.action is Action.PARK
+
+
+_NOTHING: Final = Decision(Action.NOTHING)
+
+
+def _change(loaded: Timer, **update: Any) -> TimerChange:
+    return TimerChange(loaded=loaded, next=loaded.model_copy(update=update))
+
+
+def _slot(timer: Timer) -> Slot:
+    return Slot(timer.slot, timer.slot_due_at)
+
+
+def _following(timer: Timer) -> Slot | None:
+    """The rule's slot after the timer's own, if any; never one behind it."""
+    nxt = next_slot(timer.rule, _slot(timer))
+    if nxt is not None and nxt.index <= timer.slot:
+        raise ValueError(f"next_slot went back from slot {timer.slot} to {nxt.index}")
+    return nxt
+
+
+def _first_unexpired(timer: Timer, oldest: int) -> Slot | None:
+    """The rule's first slot after the timer's own that is due at or after `oldest` (not
+    expired), or None if the rule has none; the timer's own slot is due before `oldest`."""
+    last_expired = latest_due(timer.rule, _slot(timer), oldest - 1)
+    nxt = next_slot(timer.rule, last_expired)
+    if nxt is not None and nxt.index <= timer.slot:
+        raise ValueError(f"next_slot went back from slot {timer.slot} to {nxt.index}")
+    return nxt
+
+
+_RETRIED: Final = frozenset({Outcome.FAILED, Outcome.BUSY})
+"""Outcomes of a slot that was sent and is being sent again: a send's retry, a BUSY
+refusal, or an operator's retry of the PARKED timer (which keeps the outcome it parked with)."""
+
+
+def due_since(timer: Timer) -> int:
+    """Since when the timer's next send has been due, as expiry measures it.
+
+    A slot not sent yet: its own due time (`slot_due_at`). A slot being sent again (its
+    outcome FAILED or BUSY): its retry's due time (`due_at`), so that a retry, an
+    operator's above all, is sent however old its slot is, and expires only when the retry
+    itself waited longer than `expires_after` (the cluster down for that long). Both are
+    fields of the row, so a restarted node measures the same.
+    """
+    if timer.outcome in _RETRIED:
+        return max(timer.slot_due_at, timer.due_at)
+    return timer.slot_due_at
+
+
+def expire_or_claim(timer: Timer, now: int, options: TimerOptions) -> Decision:
+    """What a round does with a timer `due()` loaded: expire it, or claim it to send it.
+
+    A PENDING timer or a FIRING one whose claim lapsed is due when its `due_at` has come;
+    anything else is left alone. A send due longer ago than `expires_after` (`due_since`)
+    is not sent: a rule due once is CANCELLED/EXPIRED, a recurring one jumps in one write
+    to its first slot not expired (PENDING, due then), counting the slots it passed over
+    as skipped.
+    """
+    if timer.status not in (TimerStatus.PENDING, TimerStatus.FIRING) or timer.due_at > now:
+        return _NOTHING
+    if now - due_since(timer) > options.expires_after:
+        nxt = _first_unexpired(timer, now - options.expires_after)
+        if nxt is None:
+            # Written conditionally like a claim, and never sent.
+            return Decision(
+                Action.EXPIRE,
+                _change(timer, status=TimerStatus.CANCELLED, outcome=Outcome.EXPIRED),
+            )
+        # One write however far behind: every slot passed over is counted as skipped.
+        skipped = timer.skipped + nxt.index - timer.slot
+        return Decision(Action.EXPIRE_SLOT, _at_slot(timer, nxt, Outcome.EXPIRED, skipped))
+    catch = caught_up(timer.rule, _slot(timer), now)
+    # Catch-up only ever moves forward; a slot it did not move keeps its attempts.
+    moved = catch.slot.index > timer.slot
+    slot = catch.slot if moved else _slot(timer)
+    return Decision(
+        Action.CLAIM,
+        _change(
+            timer,
+            status=TimerStatus.FIRING,
+            slot=slot.index,
+            slot_due_at=slot.due_at,
+            skipped=timer.skipped + (catch.skipped if moved else 0),
+            attempts=0 if moved else timer.attempts,
+            due_at=now + options.claim_timeout,
+        ),
+        send=True,
+    )
+
+
+def on_outcome(
+    claimed: Timer, result: SendResult, now: int, options: TimerOptions, busy_in_a_row: int = 0
+) -> Decision:
+    """What the result of sending `claimed` (the FIRING row the claim wrote) does to it."""
+    if claimed.status is not TimerStatus.FIRING:
+        return _NOTHING
+    verdict = classify(result.code)
+    if verdict is Verdict.FIRED:
+        return _fired(claimed, _FIRED_CODES[result.code])
+    if verdict is Verdict.BUSY and busy_in_a_row < options.max_busy_retries:
+        # Backpressure, not a failure: the first backoff, attempts as they were.
+        return Decision(
+            Action.BUSY,
+            _change(
+                claimed,
+                status=TimerStatus.PENDING,
+                due_at=now + backoff_ms(options.retry, 1),
+                outcome=Outcome.BUSY,
+            ),
+            busy_in_a_row=busy_in_a_row + 1,
+        )
+    # A technical failure, or one BUSY refusal more than the budget: a failed attempt.
+    outcome = Outcome.BUSY if verdict is Verdict.BUSY else Outcome.FAILED
+    busy_after = busy_in_a_row + 1 if verdict is Verdict.BUSY else 0
+    failures = claimed.attempts + 1
+    retry = _change(
+        claimed,
+        status=TimerStatus.PENDING,
+        attempts=failures,
+        due_at=now + backoff_ms(options.retry, failures),
+        outcome=outcome,
+    )
+    if failures < options.retry.max_attempts:
+        return Decision(Action.RETRY, retry, busy_in_a_row=busy_after)
+    # Spent: park, but only once the ledger has the target. If the ledger fails, the last
+    # attempt is sent again after the backoff: its attempts stay as they were loaded.
+    again = _change(
+        claimed,
+        status=TimerStatus.PENDING,
+        due_at=now + backoff_ms(options.retry, failures),
+        outcome=outcome,
+    )
+    return Decision(
+        Action.PARK,
+        _change(claimed, status=TimerStatus.PARKED, attempts=failures, outcome=outcome),
+        fallback=again,
+        busy_in_a_row=busy_after,
+    )
+
+
+def unparked(decision: Decision) -> Decision:
+    """A park whose ledger record failed: its fallback, the last attempt sent again."""
+    if not decision.park or decision.fallback is None:
+        return decision
+    return Decision(Action.RETRY, decision.fallback, busy_in_a_row=decision.busy_in_a_row)
+
+
+def _fired(claimed: Timer, outcome: Outcome) -> Decision:
+    nxt = _following(claimed)
+    if nxt is None:
+        return Decision(Action.FIRE, _change(claimed, status=TimerStatus.FIRED, outcome=outcome))
+    return Decision(Action.NEXT_SLOT, _at_slot(claimed, nxt, outcome))
+
+
+def _at_slot(timer: Timer, slot: Slot, outcome: Outcome, skipped: int | None = None) -> TimerChange:
+    return _change(
+        timer,
+        status=TimerStatus.PENDING,
+        slot=slot.index,
+        slot_due_at=slot.due_at,
+        due_at=slot.due_at,
+        attempts=0,
+        skipped=timer.skipped if skipped is None else skipped,
+        outcome=outcome,
+    )
+
+
+def release(claimed: Timer, now: int) -> Decision:
+    """Gives back a claim whose send was cancelled: due now, for the partition's next owner.
+
+    Without it the next owner would wait for the claim to lapse; the send may have reached
+    the target, which then finds the request id committed.
+    """
+    if claimed.status is not TimerStatus.FIRING:
+        return _NOTHING
+    return Decision(Action.RELEASE, _change(claimed, status=TimerStatus.PENDING, due_at=now))
+
+
+def retry_parked(timer: Timer, now: int) -> Decision:
+    """An operator's retry: a PARKED timer due now, its attempts reset, its slot as it was.
+
+    It keeps the outcome it parked with (FAILED or BUSY; FAILED if it had none), which
+    makes it a retry for `due_since`: it is sent, not expired, however long ago its slot
+    was due.
+    """
+    if timer.status is not TimerStatus.PARKED:
+        return _NOTHING
+    outcome = timer.outcome if timer.outcome in _RETRIED else Outcome.FAILED
+    return Decision(
+        Action.OPERATOR_RETRY,
+        _change(timer, status=TimerStatus.PENDING, due_at=now, attempts=0, outcome=outcome),
+    )
+
+
+def skip_parked(timer: Timer) -> Decision:
+    """An operator's skip: a PARKED timer cancelled with the outcome SKIPPED."""
+    if timer.status is not TimerStatus.PARKED:
+        return _NOTHING
+    return Decision(
+        Action.OPERATOR_SKIP,
+        _change(timer, status=TimerStatus.CANCELLED, outcome=Outcome.SKIPPED),
+    )

@@ -1,0 +1,108 @@
+"""TimerLoop: runs a TimerRunner's rounds, each at the time the last one said is next."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+
+from app.timers.runner.ports import Clock
+from app.timers.runner.runner import RoundStats, TimerRunner
+
+__all__ = ["Clock", "TimerLoop"]
+
+logger = logging.getLogger(__name__)
+
+
+_FAILING_AFTER = 3
+
+
+class TimerLoop:
+    """Runs the runner's rounds until stopped: the next one at the next known due time, the
+    poll interval at the latest, or at once after `wake()` (a put made a timer due sooner)."""
+
+    def __init__(
+        self, runner: TimerRunner, on_round: Callable[[RoundStats], None] | None = None
+    ) -> None:
+        self._runner = runner
+        self._clock = runner.clock
+        self._options = runner.options
+        self._wake = asyncio.Event()
+        self._stopping = False
+        self._task: asyncio.Task[None] | None = None
+        self.rounds = 0
+        self.failures_in_a_row = 0
+        self._on_round = on_round
+        runner.on_outcome = lambda: self.wake(reload=False)  # written by the next round
+
+    @property
+    def failing(self) -> bool:
+        """Whether its last rounds all failed: the timers it serves do not fire."""
+        return self.failures_in_a_row >= _FAILING_AFTER
+
+    @property
+    def running(self) -> bool:
+        return self._task is not None and not self._task.done()
+
+    def wake(self, *, reload: bool = True) -> None:
+        """Runs the next round now rather than at its planned time; `reload`: the store
+        changed in ways the runner was not told (`TimerRunner.offer`), so it loads again."""
+        if reload:
+            self._runner.invalidate()
+        self._wake.set()
+
+    def start(self) -> None:
+        if self.running:
+            return
+        self._stopping = False
+        self._task = asyncio.create_task(self._run(), name="timer loop")
+
+    async def stop(self) -> None:
+        """Ends the loop after the round in progress. To cut its sends short, stop the
+        runner's partitions first (`TimerRunner.stop_all`), as a hand-off does."""
+        self._stopping = True
+        self._wake.set()
+        if self._task is not None:
+            await self._task
+            self._task = None
+
+    async def _run(self) -> None:
+        while not self._stopping:
+            # Cleared before the round, so that a wake-up during it is not lost.
+            self._wake.clear()
+            stats: RoundStats | None
+            try:
+                stats = await self._runner.run_round(wait=False)
+                self.failures_in_a_row = 0
+            except Exception:
+                self.failures_in_a_row += 1
+                logger.exception("timer round failed; trying again after the poll interval")
+                stats = None
+            self.rounds += 1
+            if stats is not None and self._on_round is not None:
+                self._on_round(stats)
+            if not self._stopping:
+                await self._wait(self._next_round_at(stats))
+
+    def _next_round_at(self, stats: RoundStats | None) -> int:
+        now = self._clock.now()
+        if stats is not None and stats.full:
+            return now
+        at = now + self._options.poll_interval_ms
+        if stats is not None:
+            for t in (stats.next_due, stats.reload_at):
+                if t is not None:
+                    at = min(at, t)
+        return at
+
+    async def _wait(self, until: int) -> None:
+        if until <= self._clock.now() or self._wake.is_set():
+            await asyncio.sleep(0)  # let other tasks run between back-to-back rounds
+            return
+        sleeper = asyncio.ensure_future(self._clock.sleep_until(until))
+        waker = asyncio.ensure_future(self._wake.wait())
+        try:
+            await asyncio.wait({sleeper, waker}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            sleeper.cancel()
+            waker.cancel()

@@ -1,0 +1,79 @@
+"""What the runner talks to: a sender, a clock and the part of the store it uses.
+
+Protocols only (and the wall clock), so that the runner and the loop can be driven by
+fakes in tests and by Kafka and RocksDB in a node.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Protocol
+
+from app.timers.runner.decisions import SendResult
+from tables.refs import AggregateRef
+from tables.timer import Timer, TimerChange
+
+__all__ = ["BeforeSend", "Clock", "FiringStore", "LocalFirer", "Sender", "SystemClock"]
+
+logger = logging.getLogger(__name__)
+
+
+class Sender(Protocol):
+    async def send(self, timer: Timer) -> SendResult:
+        """Sends `timer.command` to `timer.target`, request id `timer.request_id`, not before
+        `timer.slot_due_at`; the result code, or `SENT` for another context's topic.
+        Raises when there is no transport: the runner counts that as a failed attempt."""
+        ...
+
+
+class LocalFirer(Protocol):
+    """Fires, in-process, timers whose target this node decides in the timer's own partition.
+
+    `fire` only hands the claimed timers over; the partition's transaction decides them
+    and calls `TimerRunner.record_outcomes` before it commits.
+    """
+
+    def accepts(self, timer: Timer) -> bool: ...
+
+    def fire(self, timers: list[Timer]) -> None: ...
+
+
+BeforeSend = Callable[[set[int]], Awaitable[None]]
+"""Commits the given partitions' open writes (the claims) before their commands leave."""
+
+
+class Clock(Protocol):
+    def now(self) -> int:
+        """Epoch milliseconds."""
+        ...
+
+    async def sleep_until(self, t: int) -> None:
+        """Returns once `now() >= t`; cancellable."""
+        ...
+
+
+class SystemClock:
+    """The wall clock, for production wiring; tests hand the runner a fake one."""
+
+    def now(self) -> int:
+        return time.time_ns() // 1_000_000
+
+    async def sleep_until(self, t: int) -> None:
+        delay = t - self.now()
+        if delay > 0:
+            await asyncio.sleep(delay / 1000)
+
+
+class FiringStore(Protocol):
+    """The part of the TimerStore the runner uses."""
+
+    async def due(self, partitions: set[int], until: int, limit: int) -> list[Timer]: ...
+
+    async def settle(self, changes: list[TimerChange]) -> int: ...
+
+    async def find(self, owner: AggregateRef, key: str) -> Timer | None: ...
+
+    async def parked(self, target: AggregateRef) -> list[Timer]: ...

@@ -1,0 +1,136 @@
+"""The firer's Kafka side: sends a timer's command and waits for its result.
+
+A command to an aggregate of the timer owner's own context goes to that type's command
+topic with `reply_partition` = the timer's partition, so its result comes back on the
+results partition this node owns and reads (`ResultsReader`). A command to another
+context is only handed to the broker: its outcome is SENT once acknowledged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+
+from app.errors import BadRecord
+from app.kafka import PartitionReader, Producer
+from app.protocol.topics import AggregateTopics, ContextTopics
+from app.protocol.wire import CommandEnvelope, CommandResult, decode, encode
+from app.timers.runner.decisions import SENT, SendResult
+from tables import Timer
+
+__all__ = ["KafkaSender", "ResultsReader", "timer_command"]
+
+logger = logging.getLogger(__name__)
+
+
+def timer_command(
+    timer: Timer,
+    issued_at: int,
+    *,
+    reply_to: str | None = None,
+    reply_partition: int | None = None,
+    in_process: bool = False,
+) -> CommandEnvelope:
+    """The command a timer's slot sends: request id `<timer id>#<slot>`, not before the
+    slot's due time."""
+    return CommandEnvelope(
+        request_id=timer.request_id,
+        type=timer.command.type,
+        aggregate=timer.target,
+        body=timer.command.body,
+        not_before=timer.slot_due_at,
+        issued_at=issued_at,
+        reply_to=reply_to,
+        reply_partition=reply_partition,
+        in_process=in_process,
+    )
+
+
+class ResultsReader:
+    """Reads the owned partitions of a context's results topic; resolves waiting sends."""
+
+    def __init__(self, bootstrap: str, context: str) -> None:
+        self.topic = ContextTopics(context).results
+        self._reader = PartitionReader(bootstrap, self.topic)
+        self._waiting: dict[str, asyncio.Future[CommandResult]] = {}
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        await self._reader.start()
+        self._task = asyncio.create_task(self._run(), name=f"results:{self.topic}")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        await self._reader.stop()
+        for f in self._waiting.values():
+            f.cancel()
+
+    async def add_partition(self, partition: int) -> None:
+        """Reads `partition` from its end from now on: earlier results are not ours."""
+        await self._reader.add(partition)
+
+    async def remove_partition(self, partition: int) -> None:
+        await self._reader.remove(partition)
+
+    def expect(self, request_id: str) -> asyncio.Future[CommandResult]:
+        future = self._waiting.get(request_id)
+        if future is None or future.done():
+            future = asyncio.get_running_loop().create_future()
+            self._waiting[request_id] = future
+        return future
+
+    def forget(self, request_id: str) -> None:
+        self._waiting.pop(request_id, None)
+
+    async def _run(self) -> None:
+        while True:
+            for record in await self._reader.poll():
+                try:
+                    result = decode(CommandResult, record.value)
+                except BadRecord as exc:
+                    logger.warning("unreadable result at %s: %s", record.offset, exc)
+                    continue
+                future = self._waiting.pop(result.request_id, None)
+                if future is not None and not future.done():
+                    future.set_result(result)
+
+
+class KafkaSender:
+    """The runner's `Sender` over Kafka; the runner bounds how long a send may wait."""
+
+    def __init__(
+        self,
+        producer: Producer,
+        results: ResultsReader,
+        context: str,
+        now: Callable[[], int],
+    ) -> None:
+        self._producer = producer
+        self._results = results
+        self._context = context
+        self._now = now
+
+    async def send(self, timer: Timer) -> SendResult:
+        target = timer.target
+        own = target.context == self._context
+        command = timer_command(
+            timer,
+            self._now(),
+            reply_to=self._results.topic if own else None,
+            reply_partition=timer.partition if own else None,
+        )
+        topic = AggregateTopics(target.context, target.aggregate).commands
+        if not own:
+            # Another context's partition count is its own: the key picks the partition.
+            await self._producer.send(topic, target.id.encode(), encode(command))
+            return SendResult(SENT)
+        waiting = self._results.expect(timer.request_id)
+        try:
+            await self._producer.send(topic, target.id.encode(), encode(command))
+            result = await waiting
+        finally:
+            self._results.forget(timer.request_id)
+        return SendResult(result.code.value, result.message)

@@ -1,0 +1,132 @@
+"""The timers subscription: what each event of an aggregate's log does to its TimerStore.
+
+`timer_op` is the pure mapping (an event → put, cancel, cancel-all or nothing); `apply`
+carries one out. Being a view, replaying the log from the start rebuilds the store: every
+operation is idempotent and ordered by the owner's version.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from pydantic import ValidationError
+
+from app.errors import BadRecord
+from app.protocol.wire import (
+    AGGREGATE_DELETED,
+    SCHEDULE_CANCELLED,
+    SCHEDULE_SET,
+    EventEnvelope,
+    ScheduleCancelled,
+    ScheduleSet,
+)
+from tables import AggregateRef, Timer, TimerStore
+from tables.slots import first_slot
+
+__all__ = [
+    "CancelAllTimers",
+    "CancelTimer",
+    "PutTimer",
+    "TimerOp",
+    "apply",
+    "apply_all",
+    "timer_op",
+]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class PutTimer:
+    timer: Timer
+
+
+@dataclass(frozen=True, slots=True)
+class CancelTimer:
+    owner: AggregateRef
+    key: str
+    version: int
+
+
+@dataclass(frozen=True, slots=True)
+class CancelAllTimers:
+    owner: AggregateRef
+    version: int
+
+
+TimerOp = PutTimer | CancelTimer | CancelAllTimers
+
+
+def timer_op(event: EventEnvelope, partition: int) -> TimerOp | None:
+    """What `event`, read from `partition` of its log, does to the timers; None: nothing.
+
+    `BadRecord` for a system event whose body cannot be a timer (invalid rule, …).
+    """
+    try:
+        if event.type == SCHEDULE_SET:
+            return PutTimer(_timer(event, ScheduleSet.model_validate(event.body), partition))
+        if event.type == SCHEDULE_CANCELLED:
+            body = ScheduleCancelled.model_validate(event.body)
+            return CancelTimer(event.aggregate, body.key, event.version)
+    except ValidationError as exc:
+        raise BadRecord(f"{event.type} {event.id}: {_first_error(exc)}") from exc
+    if event.type == AGGREGATE_DELETED:
+        return CancelAllTimers(event.aggregate, event.version)
+    return None
+
+
+def _timer(event: EventEnvelope, body: ScheduleSet, partition: int) -> Timer:
+    # The first slot is counted from the event's own time, so a replay computes the same one.
+    slot = first_slot(body.rule, event.created_at)
+    if slot is None:
+        raise BadRecord(f"{SCHEDULE_SET} {event.id}: rule {body.rule!r} has no slot to fire")
+    return Timer(
+        id=event.id,
+        owner=event.aggregate,
+        key=body.key,
+        version=event.version,
+        partition=partition,
+        rule=body.rule,
+        target=body.target or event.aggregate,
+        command=body.command,
+        slot=slot.index,
+        slot_due_at=slot.due_at,
+        due_at=slot.due_at,
+    )
+
+
+async def apply(store: TimerStore, op: TimerOp) -> bool:
+    """Carries `op` out on `store`; whether it changed anything."""
+    match op:
+        case PutTimer(timer):
+            return await store.put(timer)
+        case CancelTimer(owner, key, version):
+            return await store.cancel(owner, key, version)
+        case CancelAllTimers(owner, version):
+            return await store.cancel_all(owner, version) > 0
+
+
+async def apply_all(store: TimerStore, ops: list[TimerOp]) -> tuple[int, list[Timer]]:
+    """Carries `ops` out in order, each run of puts as one store write: how many changed
+    anything, and the timers the puts wrote."""
+    changed = 0
+    written: list[Timer] = []
+    puts: list[Timer] = []
+    for op in ops:
+        if isinstance(op, PutTimer):
+            puts.append(op.timer)
+            continue
+        if puts:
+            written += await store.put_many(puts)
+            puts = []
+        changed += await apply(store, op)
+    if puts:
+        written += await store.put_many(puts)
+    return changed + len(written), written
+
+
+def _first_error(exc: ValidationError) -> str:
+    err = exc.errors()[0]
+    where = ".".join(str(p) for p in err["loc"]) or "body"
+    return f"{where}: {err['msg']}"
