@@ -1,0 +1,134 @@
+"""When each partition's transaction commits: a quiet partition at once, a busy one at
+most every commit interval, one commit in flight per partition and type, in the
+background; the runner's claims before their commands leave (`commit_claims`). A failed
+commit ends the partition's work (`on_failure`): it is let go and taken afresh."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterable
+
+from app.errors import KafkaUnavailable
+from app.node.kept import KeptType
+from app.timers.changelog import Transaction
+
+__all__ = ["Commits", "OnFailure"]
+
+logger = logging.getLogger(__name__)
+
+OnFailure = Callable[[int, str, BaseException], None]
+"""Told the partition whose work failed, what failed and why."""
+
+
+class Commits:
+    def __init__(
+        self,
+        interval_ms: int,
+        locks: defaultdict[int, asyncio.Lock],
+        owns: Callable[[int], bool],
+        on_failure: OnFailure,
+    ) -> None:
+        self._interval = interval_ms / 1000
+        self._tick = min(interval_ms, 10) / 1000
+        # A partition's lock: held by its cycle and around taking its transaction, so that
+        # what a cycle writes (events, settles) commits in one transaction.
+        self._locks = locks
+        self._owns = owns
+        self._on_failure = on_failure
+        # Per type and partition: when its last commit started, and the one in flight.
+        self._started_at: dict[tuple[str, int], float] = {}
+        self._in_flight: dict[tuple[str, int], asyncio.Task[bool]] = {}
+        # Offsets of batches that wrote nothing: committed by the poll loop, not in a
+        # transaction (most of a busy log is not about timers).
+        self._offsets: dict[tuple[str, int], int] = {}
+
+    def in_flight(self, kept: KeptType, p: int) -> bool:
+        return (kept.name, p) in self._in_flight
+
+    def pass_over(self, offsets: dict[tuple[str, int], int]) -> None:
+        """Offsets read and done with nothing to write: the poll loop commits them."""
+        self._offsets.update(offsets)
+
+    def take_offsets(self) -> dict[tuple[str, int], int]:
+        done, self._offsets = self._offsets, {}
+        return done
+
+    def may_commit(self, kept: KeptType, p: int) -> bool:
+        """Whether p may start a commit now: none in flight (the next takes all that waits
+        meanwhile), and the last started a commit interval ago."""
+        key = (kept.name, p)
+        if key in self._in_flight:
+            return False
+        return time.monotonic() - self._started_at.get(key, 0.0) >= self._interval
+
+    def start(self, kept: KeptType, p: int) -> asyncio.Task[bool] | None:
+        """Takes what waits in p's transaction (under p's lock, so that no cycle is cut in
+        two) and commits it in the background, after the commits taken before it; the
+        commit (True: committed), or the one in flight when nothing waits."""
+        key = (kept.name, p)
+        taken = kept.changelog.take(p)
+        if taken is None:
+            return self._in_flight.get(key)
+        self._started_at[key] = time.monotonic()
+        task = asyncio.create_task(self._send(p, taken), name=f"commit {key}")
+        self._in_flight[key] = task
+        task.add_done_callback(
+            lambda t: self._in_flight.pop(key, None) if self._in_flight.get(key) is t else None
+        )
+        return task
+
+    async def _send(self, p: int, taken: Transaction) -> bool:
+        try:
+            await taken.send()
+        except Exception as exc:
+            # Kafka's or the local store's (a state write after the commit): either way
+            # p's local copy is not what its changelog says, so it is taken afresh.
+            if not isinstance(exc, KafkaUnavailable):
+                logger.exception("partition %d: a commit failed", p)
+            self._on_failure(p, "a commit", exc)
+            return False
+        return True
+
+    async def run(self, types: Callable[[], Iterable[KeptType]]) -> None:
+        """Commits what waits in each partition's transaction as soon as it may: the
+        cycles' staged work and the runners' writes."""
+        while True:
+            await asyncio.sleep(self._tick)
+            for kept in types():
+                for p in kept.changelog.pending():
+                    if not self.may_commit(kept, p):
+                        continue
+                    async with self._locks[p]:
+                        if self._owns(p) and kept.changelog.owns(p):
+                            self.start(kept, p)
+
+    async def commit_claims(self, kept: KeptType, partitions: set[int]) -> None:
+        """The runner's `before_send`: its claims commit before their commands leave."""
+        for p in sorted(partitions):
+            async with self._locks[p]:
+                if not self._owns(p) or not kept.changelog.owns(p):
+                    raise KafkaUnavailable(f"partition {p} is not owned")
+                commit = self.start(kept, p)
+            if commit is None:
+                continue
+            try:
+                committed = await asyncio.shield(commit)
+            except asyncio.CancelledError:
+                current = asyncio.current_task()
+                if current is not None and current.cancelling():
+                    raise
+                committed = False  # the partition was let go meanwhile
+            if not committed:
+                raise KafkaUnavailable(f"partition {p}: claims not committed")
+
+    async def drop(self, kept: KeptType, p: int, *, clean: bool) -> None:
+        """p is let go: its commit in flight is waited for (`clean`: a hand-off) or
+        cancelled (what it holds never counts)."""
+        commit = self._in_flight.pop((kept.name, p), None)
+        if commit is not None:
+            if not clean:
+                commit.cancel()
+            await asyncio.gather(commit, return_exceptions=True)

@@ -1,0 +1,320 @@
+"""A partition's worker and its cycles: each cycle takes every batch that arrived for the
+partition (the log, commands, operators' requests) and the timers handed over to fire
+in-process, decides them, and stages them in the partition's transaction, one per type
+(`Commits` commits it). Any exception of a cycle ends the partition's work
+(`on_failure`): nothing of the cycle counts, the partition is taken afresh."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+from collections import Counter, defaultdict
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+from app.commands.processor import CommandBatch, CommandProcessor, dead_letter_record, misrouted
+from app.errors import BadRecord, KafkaUnavailable
+from app.kafka import OutRecord, Record
+from app.node.commits import Commits, OnFailure
+from app.node.kept import KeptType
+from app.node.metrics import NodeMetrics
+from app.protocol.wire import SYSTEM_EVENTS, CommandEnvelope, EventEnvelope, ResultCode, decode
+from app.protocol.wire import TimerOp as OperatorRequest
+from app.timers.operator import carry_out
+from app.timers.runner import SendResult
+from app.timers.sender import timer_command
+from app.timers.subscription import TimerOp, apply_all, timer_op
+from tables import StoreError, Timer
+from tables.partitioner import partition_of
+
+__all__ = ["InProcess", "PartitionCycles"]
+
+logger = logging.getLogger(__name__)
+
+Batch = tuple[str, list[Record]]
+"""A polled batch of one topic of a partition."""
+
+_LOCAL: Batch = ("", [])
+"""Queued for a partition's worker: timers were handed over to fire in-process."""
+
+
+@dataclass
+class _Work:
+    """What one cycle of a partition has for one type: written in one transaction."""
+
+    kept: KeptType
+    out: list[OutRecord] = field(default_factory=list)  # beside the command batch's
+    letters: Counter[str] = field(default_factory=Counter)  # dead letters in `out`, by topic
+    offsets: dict[tuple[str, int], int] = field(default_factory=dict)
+    batch: CommandBatch | None = None
+    wrote: bool = False  # timer rows written (buffered in the partition's transaction)
+
+    def dead_letter(self, record: Record, error: str) -> None:
+        """Skips a bad record: its dead letter commits with the offset that passes it."""
+        self.out.append(dead_letter_record(record, error))
+        self.letters[record.topic] += 1
+
+    def batch_of(self, p: int) -> CommandBatch | None:
+        """The cycle's command batch, begun on first use; None: p's commands are not
+        decided here."""
+        processor = self.kept.processors.get(p)
+        if self.batch is None and processor is not None:
+            self.batch = processor.begin()
+        return self.batch
+
+
+class PartitionCycles:
+    def __init__(
+        self,
+        *,
+        types: dict[str, KeptType],
+        by_topic: dict[str, tuple[KeptType, str]],
+        partitions: int,
+        metrics: NodeMetrics,
+        commits: Commits,
+        locks: defaultdict[int, asyncio.Lock],
+        owns: Callable[[int], bool],
+        backlog: Callable[[str, int], Awaitable[int]],
+        now: Callable[[], int],
+        on_failure: OnFailure,
+    ) -> None:
+        self._types = types
+        self._by_topic = by_topic
+        self._partitions = partitions
+        self._metrics = metrics
+        self._commits = commits
+        self._locks = locks
+        self._owns = owns
+        self._backlog = backlog
+        self._now = now
+        self._on_failure = on_failure
+        self._queues: dict[int, asyncio.Queue[Batch]] = {}
+        self._workers: dict[int, asyncio.Task[None]] = {}
+        # Claimed timers handed over to be fired in-process, per partition and type.
+        self._local: defaultdict[int, defaultdict[str, list[Timer]]] = defaultdict(
+            lambda: defaultdict(list)
+        )
+
+    def queue(self, p: int) -> asyncio.Queue[Batch]:
+        """p's worker's queue (the worker started on first use)."""
+        queue = self._queues.get(p)
+        if queue is None:
+            # Bounded: a partition that falls behind holds the poll loop up, not memory.
+            queue = self._queues[p] = asyncio.Queue(maxsize=4)
+            self._workers[p] = asyncio.create_task(self._work(p, queue), name=f"partition {p}")
+        return queue
+
+    async def stop(self, p: int) -> None:
+        """Ends p's worker; what was queued for it is dropped (read again after a take)."""
+        task = self._workers.pop(p, None)
+        queue = self._queues.pop(p, None)
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        while queue is not None and not queue.empty():
+            queue.get_nowait()  # frees a poll loop waiting to put; the batches are stale
+
+    async def stop_all(self) -> None:
+        for p in list(self._workers):
+            await self.stop(p)
+
+    def drop_local(self, p: int) -> None:
+        """Forgets the timers handed over in p (let go: the next owner fires them)."""
+        self._local.pop(p, None)
+
+    def fire_local(self, type_name: str, timers: list[Timer]) -> None:
+        """Takes claimed timers to fire in their partition's next cycle."""
+        for t in timers:
+            self._local[t.partition][type_name].append(t)
+        for p in {t.partition for t in timers}:
+            queue = self.queue(p)
+            if not queue.full():  # else the worker has batches to do, and fires with them
+                queue.put_nowait(_LOCAL)
+
+    async def _work(self, p: int, queue: asyncio.Queue[Batch]) -> None:
+        done: dict[str, int] = {}  # per topic, the last offset done (a batch read twice)
+        while True:
+            items = [await queue.get()]
+            while not queue.empty():
+                items.append(queue.get_nowait())
+            async with self._locks[p]:
+                if not self._owns(p):
+                    continue
+                fresh = [
+                    (topic, records)
+                    for topic, records in items
+                    if records and records[0].offset > done.get(topic, -1)
+                ]
+                if await self._cycle(p, fresh):
+                    for topic, records in fresh:
+                        done[topic] = records[-1].offset
+
+    async def _cycle(self, p: int, items: list[Batch]) -> bool:
+        """Decides what arrived for p and the timers handed over to fire, and stages it;
+        whether it did (else p is let go and taken afresh)."""
+        work: dict[str, _Work] = {}
+        try:
+            for topic, records in items:
+                kept, kind = self._by_topic[topic]
+                w = work.setdefault(kept.name, _Work(kept))
+                w.offsets[(topic, p)] = records[-1].offset + 1
+                if kind == "events":
+                    w.wrote = await self._subscribe(kept, records, w) or w.wrote
+                elif kind == "timer-ops":
+                    await self._operate(kept, records, w)
+                    w.wrote = True
+                elif (batch := w.batch_of(p)) is not None:
+                    backlog = await self._backlog(topic, p)
+                    kept.processors[p].decide_records(batch, records, backlog)
+            for type_name, timers in self._local.pop(p, {}).items():
+                kept = self._types[type_name]
+                w = work.setdefault(type_name, _Work(kept))
+                if (batch := w.batch_of(p)) is None:
+                    continue  # its commands are not decided here any more
+                # A cancel or reschedule applied since they were loaded stops them here.
+                timers = await kept.runner.still_due(timers)
+                commands = [timer_command(t, batch.now, in_process=True) for t in timers]
+                decided = kept.processors[p].decide_local(batch, commands)
+                await self._record_local(kept, timers, decided)
+            for w in work.values():
+                self._stage(p, w)
+        except Exception as exc:
+            # Nothing of the cycle counts: the partition is taken again and read from its
+            # committed offsets (every write is idempotent).
+            if not isinstance(exc, KafkaUnavailable | StoreError):
+                logger.exception("partition %d: a cycle failed", p)
+            self._on_failure(p, "a cycle", exc)
+            return False
+        return True
+
+    async def _record_local(
+        self,
+        kept: KeptType,
+        timers: list[Timer],
+        decided: list[tuple[CommandEnvelope, ResultCode, str]],
+    ) -> None:
+        """Settles the timers fired in-process (before the cycle commits)."""
+        by_request = {t.request_id: t for t in timers}
+        outcomes = [
+            (by_request[cmd.request_id], SendResult(code.value, message))
+            for cmd, code, message in decided
+        ]
+        self._metrics.round(kept.name, await kept.runner.record_outcomes(outcomes))
+
+    def _stage(self, p: int, w: _Work) -> None:
+        """Stages the cycle's work in p's transaction, and commits it at once unless p
+        committed less than a commit interval ago (then the committer does, by then)."""
+        kept = w.kept
+        if w.batch is not None and w.batch.empty:
+            w.batch = None
+        if (
+            w.batch is None
+            and not w.out
+            and not w.wrote
+            and not kept.changelog.staged(p)
+            and not self._commits.in_flight(kept, p)
+        ):
+            # Nothing written (most of a busy log is not about timers): no transaction
+            # needed; the offsets are committed with the others.
+            self._commits.pass_over(w.offsets)
+            return
+        records = w.batch.out + w.out if w.batch is not None else w.out
+        offsets = w.offsets if w.batch is None else w.offsets | w.batch.offsets
+        committed = None
+        if (batch := w.batch) is not None:
+            processor = kept.processors[p]
+            processor.staged(batch)
+            committed = functools.partial(self._batch_committed, kept.name, processor, batch)
+            for code, n in batch.stats.codes.items():
+                self._metrics.commands.labels(kept.name, code).inc(n)
+            if batch.stats.dead_letters:
+                self._metrics.dead_letters.labels(kept.topics.commands).inc(
+                    batch.stats.dead_letters
+                )
+        for topic, n in w.letters.items():
+            self._metrics.dead_letters.labels(topic).inc(n)
+        kept.changelog.stage(p, records, offsets, committed)
+        if self._commits.may_commit(kept, p):
+            self._commits.start(kept, p)
+
+    def _batch_committed(
+        self, type_name: str, processor: CommandProcessor, batch: CommandBatch, written: list[int]
+    ) -> None:
+        processor.committed(batch, written[: len(batch.out)])
+        # The timers' commands are applied now: their lateness is measured at the commit.
+        self._metrics.fired(type_name, batch.fired_due, self._now())
+
+    async def _subscribe(self, kept: KeptType, records: list[Record], w: _Work) -> bool:
+        """Applies a log batch to the timer table, its bad records' dead letters added to
+        the cycle's records; whether it wrote anything."""
+        ops: list[TimerOp] = []
+        p = records[0].partition
+        batch = w.batch_of(p)  # None: p's aggregates are not decided here
+        known = SYSTEM_EVENTS | (kept.agg.appliers.keys() if kept.agg is not None else set())
+        for record in records:
+            try:
+                event = decode(EventEnvelope, record.value)
+                if (why := misrouted(record, event.aggregate, self._partitions)) is not None:
+                    raise BadRecord(why)
+                if event.type.startswith("wow.") and event.type not in known:
+                    raise BadRecord(f"unknown system event type {event.type!r}")
+                if batch is not None and kept.processors[p].follow(batch, event, record.offset):
+                    self._metrics.followed.labels(kept.name).inc()
+                op = timer_op(event, record.partition)
+            except BadRecord as exc:
+                w.dead_letter(record, str(exc))
+                continue
+            if op is not None:
+                ops.append(op)
+        if not ops:
+            return False
+        writes, put = await apply_all(kept.store, ops)
+        if put:
+            self._metrics.puts.labels(kept.name).inc(len(put))
+            kept.runner.offer(put)
+            kept.loop.wake(reload=False)
+        return writes > 0
+
+    async def _operate(self, kept: KeptType, records: list[Record], w: _Work) -> None:
+        """Carries out operators' retry/skip requests on this partition's parked timers."""
+        for record in records:
+            try:
+                op = decode(OperatorRequest, record.value)
+            except BadRecord as exc:
+                w.dead_letter(record, str(exc))
+                continue
+            try:
+                await carry_out(kept.runner, op, record.partition)
+            except TimeoutError as exc:
+                # Not carried out (the ledger did not answer in time): read it again.
+                raise KafkaUnavailable(f"operator request {op.request_id}: {exc!r}") from exc
+
+
+class InProcess:
+    """The runner's `LocalFirer`: a timer whose target is an aggregate of the same type in
+    the timer's own partition (the default: its owner) is decided by this node, in the
+    partition's transaction, instead of a round trip through the command topic."""
+
+    def __init__(
+        self, cycles: PartitionCycles, kept: Callable[[], KeptType | None], partitions: int
+    ) -> None:
+        self._cycles = cycles
+        self._kept = kept
+        self._partitions = partitions
+
+    def accepts(self, timer: Timer) -> bool:
+        kept = self._kept()
+        if kept is None or timer.partition not in kept.processors:
+            return False
+        target = timer.target
+        if target.context != kept.topics.context or target.aggregate != kept.topics.aggregate:
+            return False
+        return target == timer.owner or (
+            partition_of(target.id, self._partitions) == timer.partition
+        )
+
+    def fire(self, timers: list[Timer]) -> None:
+        kept = self._kept()
+        if kept is not None:
+            self._cycles.fire_local(kept.name, timers)

@@ -1,0 +1,67 @@
+"""What a node keeps for each aggregate type (its store, runner, transactions, command
+processors per partition), and the topics a node of some types reads and writes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from app.commands.processor import CommandProcessor
+from app.errors import Fenced
+from app.kafka import TopicSpec
+from app.model.aggregate import AggregateType
+from app.protocol.topics import AggregateTopics, ContextTopics
+from app.timers.changelog import CleanMarks, TransactionalChangelog
+from app.timers.runner import TimerLoop, TimerRunner
+from tables import TimerStore
+from tables.aggregate_store import RocksAggregateStore
+
+__all__ = ["KeptType", "is_fenced", "node_topics"]
+
+
+@dataclass
+class KeptType:
+    """What the node keeps for one aggregate type."""
+
+    topics: AggregateTopics
+    agg: AggregateType[Any] | None  # None: timers only (the type is decided elsewhere)
+    store: TimerStore
+    runner: TimerRunner
+    loop: TimerLoop
+    states: RocksAggregateStore | None
+    changelog: TransactionalChangelog
+    marks: CleanMarks
+    processors: dict[int, CommandProcessor] = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return self.topics.type_name
+
+
+def is_fenced(exc: BaseException | None) -> bool:
+    """Whether `exc` (or what it wraps) says another node took the partition over."""
+    while exc is not None:
+        if isinstance(exc, Fenced):
+            return True
+        exc = exc.__cause__
+    return False
+
+
+def node_topics(types: list[AggregateTopics], partitions: int) -> list[TopicSpec]:
+    """Every topic a node of these aggregate types reads or writes."""
+    specs: list[TopicSpec] = []
+    for t in types:
+        specs += [
+            TopicSpec(t.events, partitions),
+            TopicSpec(t.commands, partitions),
+            TopicSpec(t.timers_changelog, partitions, compacted=True),
+            TopicSpec(t.timer_ops, partitions),
+        ]
+    for ctx in sorted({t.context for t in types}):
+        c = ContextTopics(ctx)
+        specs += [
+            TopicSpec(c.results, partitions),
+            TopicSpec(c.dead_letters, 1),
+            TopicSpec(c.ledger, partitions, compacted=True),
+        ]
+    return specs
