@@ -26,14 +26,15 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Protocol
 
-from jinja2 import Environment, StrictUndefined
+from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescape
 from multidict import MultiMapping
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import ValidationError
 from yarl import URL
 
 from app.errors import BadInput, TickwheelError
 from app.node.lateness import LatenessPoint
 from app.node.settings import Settings
+from app.ops.forms import form_target, local_path, owner_query, parse_form, problems
 from app.protocol.topics import parse_aggregate_type
 from app.protocol.wire import (
     TimerAction,
@@ -44,7 +45,7 @@ from app.timers.operator import (
     request_skip,
 )
 from app.timers.runner import Clock
-from tables import DEFAULT_TENANT, AggregateRef, StoreClosed, Timer, TimerStatus, TimerStore
+from tables import AggregateRef, StoreClosed, Timer, TimerStatus, TimerStore
 from tables.ledger import FailureLedger, LedgerEntry
 from tables.partitioner import partition_of
 
@@ -140,18 +141,6 @@ class Acted:
     rendered: Rendered | None = None
 
 
-class OperatorForm(BaseModel):
-    """A Retry or Skip form: the owner type of the parked timers and their target."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    type: str = Field(min_length=1, description="the timers' owner type, <context>.<aggregate>")
-    target_type: str = Field(min_length=1, description="the target's type")
-    target_tenant: str = Field(default=DEFAULT_TENANT, min_length=1)
-    target_id: str = Field(min_length=1)
-    back: str = "/"
-
-
 # --- views (plain data handed to the template) --------------------------------------------
 
 
@@ -233,7 +222,7 @@ class OperatorPage:
     async def render(self, query: MultiMapping[str], here: str) -> Rendered:
         """The page; `here` is its path and query, where the forms redirect back to."""
         try:
-            owner = _owner_query(query)
+            owner = owner_query(query)
             owner_parts = await self._owner(owner) if owner is not None else None
         except BadInput as exc:
             return self.error(400, str(exc))
@@ -327,7 +316,7 @@ class OperatorPage:
                     context=topics.context, aggregate=topics.aggregate, tenant=tenant, id=owner_id
                 )
             except ValidationError as exc:
-                raise BadInput(f"bad owner: {_problems(exc)}") from exc
+                raise BadInput(f"bad owner: {problems(exc)}") from exc
             p = partition_of(owner_id, self._node.settings.partitions)
             here = p in owned
             timers: list[Timer] = []
@@ -377,11 +366,11 @@ class OperatorPage:
         back with a confirmation; a 400 page (nothing written) for a bad form."""
         try:
             wanted = TimerAction(action)
-            parsed = _form(form)
+            parsed = parse_form(form)
             if parsed.type not in self._node.types:
                 known = ", ".join(sorted(self._node.types)) or "none"
                 raise BadInput(f"unknown type {parsed.type!r}: this node keeps timers of {known}")
-            target = _target(parsed)
+            target = form_target(parsed)
         except (BadInput, ValueError) as exc:
             return Acted(rendered=self.error(400, str(exc)))
         settings = self._node.settings
@@ -400,67 +389,8 @@ class OperatorPage:
         self._notices[op.request_id] = message
         while len(self._notices) > _NOTICES:
             self._notices.popitem(last=False)
-        back = URL(_local(parsed.back)).update_query(done=op.request_id)
+        back = URL(local_path(parsed.back)).update_query(done=op.request_id)
         return Acted(location=str(back))
-
-
-def _owner_query(query: MultiMapping[str]) -> tuple[str, str] | None:
-    """`(owner id, tenant)` of an owner search, None when there is none."""
-    for name in ("owner", "tenant"):
-        if len(query.getall(name, [])) > 1:
-            raise BadInput(f"{name} given more than once")
-    owner = query.get("owner", "").strip()
-    if not owner:
-        return None
-    tenant = query.get("tenant", "").strip() or DEFAULT_TENANT
-    return owner, tenant
-
-
-def _form(form: MultiMapping[object]) -> OperatorForm:
-    fields: dict[str, str] = {}
-    for name in form:
-        values = form.getall(name)
-        if len(values) > 1:
-            raise BadInput(f"form field {name!r} given more than once")
-        value = values[0]
-        if not isinstance(value, str):
-            raise BadInput(f"form field {name!r} is not text")
-        fields[name] = value.strip()
-    if not fields.get("target_tenant"):
-        fields.pop("target_tenant", None)
-    try:
-        return OperatorForm.model_validate(fields)
-    except ValidationError as exc:
-        raise BadInput(f"bad form: {_problems(exc)}") from exc
-
-
-def _target(form: OperatorForm) -> AggregateRef:
-    try:
-        topics = parse_aggregate_type(form.target_type)
-    except TickwheelError as exc:
-        raise BadInput(f"bad target_type: {exc}") from exc
-    try:
-        return AggregateRef(
-            context=topics.context,
-            aggregate=topics.aggregate,
-            tenant=form.target_tenant,
-            id=form.target_id,
-        )
-    except ValidationError as exc:
-        raise BadInput(f"bad target: {_problems(exc)}") from exc
-
-
-def _local(back: str) -> str:
-    """`back` if it is a path of this server, else the page: a form cannot send the
-    browser elsewhere."""
-    url = URL(back)
-    if url.is_absolute() or not back.startswith("/") or back.startswith("//"):
-        return "/"
-    return back
-
-
-def _problems(exc: ValidationError) -> str:
-    return "; ".join(f"{'.'.join(map(str, e['loc'])) or 'value'}: {e['msg']}" for e in exc.errors())
 
 
 def _time(ms: int | None, now: int | None = None) -> str:
@@ -489,170 +419,14 @@ def _span(seconds: float) -> str:
     return f"{seconds / 86400:.1f} d"
 
 
-# --- templates ----------------------------------------------------------------------------
+# --- templates (app/ops/templates: the page, the error page and their style) ---------
 
-_ENV = Environment(autoescape=True, undefined=StrictUndefined, trim_blocks=True, lstrip_blocks=True)
-
-_STYLE = """
-body{font:14px/1.4 system-ui,sans-serif;margin:1.5em;color:#222}
-h1{font-size:1.4em;margin:0 0 .2em}h2{font-size:1.1em;margin:1.4em 0 .4em}
-table{border-collapse:collapse;margin:.3em 0}
-th,td{border:1px solid #ccc;padding:.2em .5em;text-align:left;vertical-align:top}
-th{background:#f3f3f3}td.n{text-align:right}
-.notice{background:#e7f6e7;border:1px solid #6b6;padding:.5em;margin:.6em 0}
-.error{background:#fbe9e9;border:1px solid #c66;padding:.5em;margin:.6em 0}
-.running{color:#060}.restoring{color:#a60}.stalled,.failed,.failed_taken_again{color:#b00}
-.elsewhere{color:#777}.muted{color:#777}
-form.inline{display:inline;margin:0}button{margin-right:.3em}td.ops{white-space:nowrap}
-"""
-
-_PAGE = _ENV.from_string(
-    """<!doctype html>
-<html lang="en"><head><meta charset="utf-8">
-<title>Tickwheel node {{ node_id }}</title><style>"""
-    + _STYLE
-    + """</style></head><body>
-<h1>Tickwheel node {{ node_id }}</h1>
-<div class="muted">group {{ group }} · {{ partitions }} partitions · broker
-{{ "reachable" if health.broker.reachable else "NOT reachable" }} ·
-{{ "ready" if health.ready else "not ready" }} · {{ now }}</div>
-{% if notice %}<div class="notice" id="notice">{{ notice }}</div>{% endif %}
-{% if health.failed is defined %}<div class="error">failed: {{ health.failed }}</div>{% endif %}
-
-<h2>Find an owner's timers</h2>
-<form method="get" action="/" id="search">
-<label>owner id <input name="owner" value="{{ owner[0] if owner else '' }}"></label>
-<label>tenant <input name="tenant" value="{{ owner[1] if owner else '' }}"
- placeholder="(0)"></label>
-<button type="submit">Search</button></form>
-{% if owner_parts is not none %}
-<table id="owner-timers"><tr><th>type</th><th>partition</th><th>owned by</th><th>key</th>
-<th>status</th><th>slot due</th><th>slot</th><th>attempts</th><th>outcome</th>
-<th>target</th></tr>
-{% for part in owner_parts %}
-{% if not part.here %}
-<tr><td>{{ part.type_name }}</td><td class="n">{{ part.partition }}</td>
-<td colspan="8">another node of group {{ group }} (not this one)</td></tr>
-{% elif not part.timers %}
-<tr><td>{{ part.type_name }}</td><td class="n">{{ part.partition }}</td><td>{{ node_id }}</td>
-<td colspan="7" class="muted">no timers of {{ owner[0] }}</td></tr>
-{% else %}
-{% for t, due in part.timers %}
-<tr><td>{{ part.type_name }}</td><td class="n">{{ part.partition }}</td><td>{{ node_id }}</td>
-<td>{{ t.key }}</td><td>{{ t.status.value }}</td><td>{{ due }}</td><td class="n">{{ t.slot }}</td>
-<td class="n">{{ t.attempts }}</td><td>{{ t.outcome.value if t.outcome else "—" }}</td>
-<td>{{ t.target }}</td></tr>
-{% endfor %}
-{% endif %}
-{% endfor %}
-</table>
-{% endif %}
-
-<h2>Partitions</h2>
-<table id="partitions"><tr><th>partition</th><th>state</th><th>node</th><th>why</th></tr>
-{% for r in rows %}
-<tr><td class="n">{{ r.partition }}</td>
-<td class="{{ r.state.replace(' ', '_').replace(',', '') }}">{{ r.state }}</td>
-<td>{{ r.node }}</td><td>{{ r.detail }}</td></tr>
-{% endfor %}
-</table>
-
-<h2>Timers of this node's partitions</h2>
-{% if census %}
-<table id="timers"><tr><th>type</th><th>partition</th><th>pending</th><th>firing</th>
-<th>parked</th><th>oldest overdue</th><th>next due</th></tr>
-{% for r in census %}
-<tr><td>{{ r.type_name }}</td><td class="n">{{ r.partition }}</td>
-{% for status in statuses %}<td class="n">{{ r.counts[status] }}</td>{% endfor %}
-<td>{{ r.overdue }}</td><td>{{ r.next_due }}</td></tr>
-{% endfor %}
-</table>
-{% else %}<p class="muted">This node owns no partition now.</p>{% endif %}
-
-<h2>Parked timers</h2>
-{% if parked %}
-<table id="parked"><tr><th>type</th><th>partition</th><th>owner</th><th>key</th>
-<th>target</th><th>command</th><th>slot due</th><th>attempts</th><th>outcome</th>
-<th>operator</th></tr>
-{% for r in parked %}
-{% set t = r.timer %}
-<tr class="parked-timer"><td>{{ r.type_name }}</td><td class="n">{{ t.partition }}</td>
-<td>{{ t.owner }}</td><td>{{ t.key }}</td><td>{{ t.target }}</td><td>{{ t.command.type }}</td>
-<td>{{ r.slot_due }}</td><td class="n">{{ t.attempts }}</td>
-<td>{{ t.outcome.value if t.outcome else "—" }}</td>
-<td class="ops"><form class="inline" method="post">
-<input type="hidden" name="type" value="{{ r.type_name }}">
-<input type="hidden" name="target_type" value="{{ t.target.type_name }}">
-<input type="hidden" name="target_tenant" value="{{ t.target.tenant }}">
-<input type="hidden" name="target_id" value="{{ t.target.id }}">
-<input type="hidden" name="back" value="{{ back }}">
-<button type="submit" formaction="/timers/retry">Retry</button>
-<button type="submit" formaction="/timers/skip">Skip</button></form></td></tr>
-{% endfor %}
-</table>
-<p class="muted">Retry and Skip act on every timer of the type parked on that target,
-in every partition (up to {{ parked_limit }} are listed per partition).</p>
-{% else %}<p class="muted">No parked timers in this node's partitions.</p>{% endif %}
-
-<h2>Failure ledger (the whole cluster's)</h2>
-{% if ledger %}
-<table id="ledger"><tr><th>subscription</th><th>target</th><th>timers</th><th>operator</th></tr>
-{% for r in ledger %}
-<tr class="ledger-entry"><td>{{ r.entry.subscription }}</td><td>{{ r.entry.target }}</td>
-<td>{{ r.entry.timers | join(", ") }}</td>
-<td class="ops"><form class="inline" method="post">
-<label>owner type <select name="type">
-{% for name in r.types %}
-<option value="{{ name }}"{{ " selected" if name == r.default_type else "" }}>{{ name }}</option>
-{% endfor %}
-</select></label>
-<input type="hidden" name="target_type" value="{{ r.entry.target.type_name }}">
-<input type="hidden" name="target_tenant" value="{{ r.entry.target.tenant }}">
-<input type="hidden" name="target_id" value="{{ r.entry.target.id }}">
-<input type="hidden" name="back" value="{{ back }}">
-<button type="submit" formaction="/timers/retry">Retry</button>
-<button type="submit" formaction="/timers/skip">Skip</button></form></td></tr>
-{% endfor %}
-</table>
-{% else %}<p class="muted">The ledger is empty: no parked target.</p>{% endif %}
-
-<h2>Lateness, last {{ chart_seconds // 60 }} minutes</h2>
-{% if chart.points %}
-<svg id="lateness" xmlns="http://www.w3.org/2000/svg" width="{{ chart.width }}"
- height="{{ chart.height }}" role="img" aria-label="timer lateness per second">
-<rect x="{{ chart.left }}" y="8" width="{{ chart.width - chart.left - 8 }}"
- height="{{ chart.height - chart.bottom - 8 }}" fill="#fafafa" stroke="#ccc"/>
-<text x="{{ chart.left - 4 }}" y="16" text-anchor="end" font-size="11">{{ chart.top }}</text>
-<text x="{{ chart.left - 4 }}" y="{{ chart.height - chart.bottom }}" text-anchor="end"
- font-size="11">0</text>
-<text x="{{ chart.left }}" y="{{ chart.height - 6 }}" font-size="11">
--{{ chart_seconds // 60 }} min</text>
-<text x="{{ chart.width - 8 }}" y="{{ chart.height - 6 }}" text-anchor="end"
- font-size="11">now</text>
-<polyline points="{{ chart.p50 }}" fill="none" stroke="#2a6" stroke-width="1.5"/>
-<polyline points="{{ chart.p99 }}" fill="none" stroke="#d62" stroke-width="1.5"/>
-{% for cx, cy in chart.maxes %}<circle cx="{{ cx }}" cy="{{ cy }}" r="1.6" fill="#888"/>{% endfor %}
-{% for cx, cy in chart.p99s %}<circle cx="{{ cx }}" cy="{{ cy }}" r="1.6" fill="#d62"/>{% endfor %}
-</svg>
-<div class="muted"><span style="color:#2a6">p50</span> · <span style="color:#d62">p99</span>
-· <span style="color:#888">max</span> per second; {{ chart.fired }} timers fired in
-{{ chart.points }} second{{ "" if chart.points == 1 else "s" }}, {{ chart.worst }} late at worst.
-</div>
-{% else %}<p class="muted" id="lateness-empty">No timer fired here in the last
-{{ chart_seconds // 60 }} minutes.</p>{% endif %}
-</body></html>
-"""
+_ENV = Environment(
+    loader=PackageLoader("app.ops", "templates"),
+    autoescape=select_autoescape(["html"]),
+    undefined=StrictUndefined,
+    trim_blocks=True,
+    lstrip_blocks=True,
 )
-
-_ERROR = _ENV.from_string(
-    """<!doctype html>
-<html lang="en"><head><meta charset="utf-8"><title>{{ status }}: Tickwheel node {{ node }}</title>
-<style>"""
-    + _STYLE
-    + """</style></head><body>
-<h1>{{ status }}: {{ "bad request" if status == 400 else "not done" }}</h1>
-<div class="error" id="error">{{ message }}</div>
-<p>Nothing was changed. <a href="/">Back to the page</a></p>
-</body></html>
-"""
-)
+_PAGE = _ENV.get_template("page.html")
+_ERROR = _ENV.get_template("error.html")

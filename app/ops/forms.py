@@ -1,0 +1,85 @@
+"""The operator page's inputs: its Retry/Skip forms and its owner search, read strictly
+(a bad one is a `BadInput`, a 400 page, and nothing is written)."""
+
+from __future__ import annotations
+
+from multidict import MultiMapping
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from yarl import URL
+
+from app.errors import BadInput, TickwheelError
+from app.protocol.topics import parse_aggregate_type
+from tables import DEFAULT_TENANT, AggregateRef
+
+__all__ = ["OperatorForm", "form_target", "local_path", "owner_query", "parse_form", "problems"]
+
+
+class OperatorForm(BaseModel):
+    """A Retry or Skip form: the owner type of the parked timers and their target."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    type: str = Field(min_length=1, description="the timers' owner type, <context>.<aggregate>")
+    target_type: str = Field(min_length=1, description="the target's type")
+    target_tenant: str = Field(default=DEFAULT_TENANT, min_length=1)
+    target_id: str = Field(min_length=1)
+    back: str = "/"
+
+
+def owner_query(query: MultiMapping[str]) -> tuple[str, str] | None:
+    """`(owner id, tenant)` of an owner search, None when there is none."""
+    for name in ("owner", "tenant"):
+        if len(query.getall(name, [])) > 1:
+            raise BadInput(f"{name} given more than once")
+    owner = query.get("owner", "").strip()
+    if not owner:
+        return None
+    tenant = query.get("tenant", "").strip() or DEFAULT_TENANT
+    return owner, tenant
+
+
+def parse_form(form: MultiMapping[object]) -> OperatorForm:
+    fields: dict[str, str] = {}
+    for name in form:
+        values = form.getall(name)
+        if len(values) > 1:
+            raise BadInput(f"form field {name!r} given more than once")
+        value = values[0]
+        if not isinstance(value, str):
+            raise BadInput(f"form field {name!r} is not text")
+        fields[name] = value.strip()
+    if not fields.get("target_tenant"):
+        fields.pop("target_tenant", None)
+    try:
+        return OperatorForm.model_validate(fields)
+    except ValidationError as exc:
+        raise BadInput(f"bad form: {problems(exc)}") from exc
+
+
+def form_target(form: OperatorForm) -> AggregateRef:
+    try:
+        topics = parse_aggregate_type(form.target_type)
+    except TickwheelError as exc:
+        raise BadInput(f"bad target_type: {exc}") from exc
+    try:
+        return AggregateRef(
+            context=topics.context,
+            aggregate=topics.aggregate,
+            tenant=form.target_tenant,
+            id=form.target_id,
+        )
+    except ValidationError as exc:
+        raise BadInput(f"bad target: {problems(exc)}") from exc
+
+
+def local_path(back: str) -> str:
+    """`back` if it is a path of this server, else the page: a form cannot send the
+    browser elsewhere."""
+    url = URL(back)
+    if url.is_absolute() or not back.startswith("/") or back.startswith("//"):
+        return "/"
+    return back
+
+
+def problems(exc: ValidationError) -> str:
+    return "; ".join(f"{'.'.join(map(str, e['loc'])) or 'value'}: {e['msg']}" for e in exc.errors())
