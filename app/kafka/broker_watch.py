@@ -31,21 +31,23 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import logging
-import struct
 import threading
 import time
-from collections.abc import Awaitable, Callable, Iterable
-from typing import Any, Literal
+from collections.abc import Callable
+from typing import Any
 
-from aiokafka.errors import (
-    KafkaConnectionError,
-    KafkaTimeoutError,
-    NodeNotReadyError,
-    RequestTimedOutError,
-)
 from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from app.kafka.log_filter import (
+    AIOKAFKA_LOGGERS,
+    BrokerLogFilter,
+    Kind,
+    classify,
+    install_log_filter,
+)
+from app.kafka.log_filter import log_filter as shared_filter
+from app.kafka.probe import Probe, api_versions_probe
 
 __all__ = [
     "AIOKAFKA_LOGGERS",
@@ -55,258 +57,9 @@ __all__ = [
     "api_versions_probe",
     "classify",
     "install_log_filter",
-    "log_filter",
 ]
 
 logger = logging.getLogger(__name__)
-
-Probe = Callable[[], Awaitable[str | None]]
-"""One look at the broker: None when it answered, else why not."""
-
-Kind = Literal["connection", "recovery"]
-
-AIOKAFKA_LOGGERS = (
-    "aiokafka",
-    "aiokafka.admin.client",
-    "aiokafka.cluster",
-    "aiokafka.conn",
-    "aiokafka.consumer.consumer",
-    "aiokafka.consumer.fetcher",
-    "aiokafka.consumer.group_coordinator",
-    "aiokafka.consumer.subscription_state",
-    "aiokafka.coordinator.assignors.abstract",
-    "aiokafka.coordinator.assignors.range",
-    "aiokafka.coordinator.assignors.roundrobin",
-    "aiokafka.coordinator.assignors.sticky.partition_movements",
-    "aiokafka.coordinator.assignors.sticky.sticky_assignor",
-    "aiokafka.helpers",
-    "aiokafka.producer.producer",
-    "aiokafka.producer.sender",
-)
-"""The loggers aiokafka logs on (a logger's filters see only its own records, not its
-children's, so each one gets the filter)."""
-
-_CLIENT = "aiokafka"
-_COORDINATOR = "aiokafka.consumer.group_coordinator"
-_FETCHER = "aiokafka.consumer.fetcher"
-_SENDER = "aiokafka.producer.sender"
-_CLUSTER = "aiokafka.cluster"
-
-# The records of a broker that cannot be reached, by logger and format string.
-_CONNECTION: frozenset[tuple[str, str]] = frozenset(
-    {
-        (_CLIENT, 'Unable connect to "%s:%s": %s'),
-        (_CLIENT, "Unable connect to node with id %s: %s"),
-        (_CLIENT, "Unable to update metadata from %s"),
-        (_CLIENT, 'Unable to request metadata from "%s:%s": %s'),
-        (_CLIENT, "Unable to request metadata from node with id %s: %r"),
-        (_COORDINATOR, "Heartbeat session expired - marking coordinator dead"),
-    }
-)
-# Records about a failed request: the broker's absence if the error is a connection's,
-# else the broker recovering (a coordinator or leader not ready yet).
-_BY_ERROR: frozenset[tuple[str, str]] = frozenset(
-    {
-        (_FETCHER, "Failed fetch messages from %s: %s"),
-        (_FETCHER, "Failed fetch offsets from %s: %s"),
-        (_COORDINATOR, "Group Coordinator Request failed: %s"),
-        (_COORDINATOR, "Error sending %s to node %s [%s] -- marking coordinator dead"),
-        (_COORDINATOR, "Heartbeat send request failed: %s. Will retry."),
-        (_SENDER, "Cannot send %r to %s: %r"),
-        (_SENDER, "Could not send %r: %r"),
-        (_SENDER, "Got error produce response: %s"),
-        (_SENDER, "FindCoordinator Request failed: %s"),
-    }
-)
-# What follows an outage: retries while leaders are elected and coordinators load, and
-# the group membership the outage cost.
-_RECOVERY: frozenset[tuple[str, str]] = frozenset(
-    {
-        (_SENDER, "Got error produce response on topic-partition %s, retrying. Error: %s"),
-        (_COORDINATOR, "Marking the coordinator dead (node %s)for group %s."),
-        (
-            _COORDINATOR,
-            "Heartbeat failed for group %s: coordinator (node %s)"
-            " is either not started or not valid",
-        ),
-        (_COORDINATOR, "Heartbeat failed for group %s because it is rebalancing"),
-        (_COORDINATOR, "Heartbeat failed for group %s: generation id is not  current."),
-        (
-            _COORDINATOR,
-            "Heartbeat failed: local member_id was not recognized; resetting and re-joining group",
-        ),
-        (_COORDINATOR, "OffsetCommit failed for group %s due to group error (%s), will rejoin"),
-        (_FETCHER, "Attempt to fetch offsets for partition %s failed due to: %s"),
-        (_CLUSTER, "Topic %s is not available during auto-create initialization"),
-        (_CLUSTER, "Error fetching metadata for topic %s: %s"),
-    }
-)
-_CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
-    NodeNotReadyError,
-    KafkaConnectionError,
-    RequestTimedOutError,
-    KafkaTimeoutError,
-    OSError,
-    TimeoutError,
-)
-_CONNECTION_WORDS = ("NodeNotReadyError", "KafkaConnectionError", "Connect call failed")
-
-
-def classify(record: logging.LogRecord) -> Kind | None:
-    """What an aiokafka record says about the broker: "connection" (it cannot be
-    reached), "recovery" (a retry of the kind that follows an outage), or None."""
-    key = (record.name, str(record.msg))
-    if key in _CONNECTION:
-        return "connection"
-    if key in _BY_ERROR:
-        args = record.args if isinstance(record.args, tuple) else ()
-        for arg in args:
-            if isinstance(arg, _CONNECTION_ERRORS) or (
-                isinstance(arg, str) and any(w in arg for w in _CONNECTION_WORDS)
-            ):
-                return "connection"
-        return "recovery"
-    if key in _RECOVERY:
-        return "recovery"
-    return None
-
-
-class BrokerLogFilter(logging.Filter):
-    """Takes the aiokafka records about an absent or recovering broker out of the log
-    and tells the attached watches; passes everything while no watch is attached."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self._watches: list[BrokerWatch] = []
-        self._installed: list[logging.Logger] = []
-
-    def attach(self, watch: BrokerWatch) -> None:
-        if watch not in self._watches:
-            self._watches.append(watch)
-
-    def detach(self, watch: BrokerWatch) -> None:
-        with contextlib.suppress(ValueError):
-            self._watches.remove(watch)
-
-    def install(self, names: Iterable[str] = AIOKAFKA_LOGGERS) -> None:
-        """On the named loggers and every aiokafka logger that exists; idempotent."""
-        existing = [n for n in list(logging.Logger.manager.loggerDict) if n.startswith("aiokafka.")]
-        for name in dict.fromkeys([*names, *existing]):
-            log = logging.getLogger(name)
-            if self not in log.filters:
-                log.addFilter(self)
-                self._installed.append(log)
-
-    def uninstall(self) -> None:
-        for log in self._installed:
-            log.removeFilter(self)
-        self._installed.clear()
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if not self._watches:
-            return True
-        kind = classify(record)
-        if kind is None:
-            return True
-        try:
-            message = record.getMessage()
-        except Exception:
-            message = str(record.msg)
-        keep = True
-        for watch in list(self._watches):
-            if not watch.heard(kind, message):
-                keep = False
-        return keep
-
-
-_FILTER = BrokerLogFilter()
-
-
-def log_filter() -> BrokerLogFilter:
-    """The process's filter (the one `BrokerWatch` attaches to by default)."""
-    return _FILTER
-
-
-def install_log_filter() -> BrokerLogFilter:
-    """Puts the process's filter on the aiokafka loggers (the worker's logging setup does,
-    before any client starts); it mutes nothing until a watch is attached."""
-    _FILTER.install()
-    return _FILTER
-
-
-# --------------------------------------------------------------------------- probe
-
-
-def _api_versions_request(correlation: int) -> bytes:
-    client_id = b"tickwheel-broker-watch"
-    # ApiVersions (key 18) v0: a request header and an empty body; every broker answers it.
-    payload = struct.pack(">hhih", 18, 0, correlation, len(client_id)) + client_id
-    return struct.pack(">i", len(payload)) + payload
-
-
-def _address(hostport: str) -> tuple[str, int]:
-    host, _, port = hostport.strip().rpartition(":")
-    return host.strip("[]") or "127.0.0.1", int(port)
-
-
-_correlations = itertools.count(1)
-
-
-async def api_versions_probe(bootstrap: str, within: float = 2.0) -> str | None:
-    """Asks each bootstrap address for its API versions; None as soon as one answers
-    within `within` s each, else why none did. A broker that accepts the connection but does
-    not answer (frozen: the kernel accepts for it) is a failure, like a refused one."""
-    addresses = [a.strip() for a in bootstrap.split(",") if a.strip()]
-    reasons: list[tuple[str, str]] = []
-    for hostport in addresses:
-        try:
-            host, port = _address(hostport)
-        except ValueError:
-            reasons.append((hostport, "not host:port"))
-            continue
-        why = await _probe_one(host, port, within)
-        if why is None:
-            return None
-        reasons.append((hostport, why))
-    if len(reasons) == 1:
-        return reasons[0][1]
-    return "; ".join(f"{a}: {why}" for a, why in reasons) or "no bootstrap address"
-
-
-async def _probe_one(host: str, port: int, within: float) -> str | None:
-    correlation = next(_correlations) % 2**31
-    writer: asyncio.StreamWriter | None = None
-    connected = False
-    try:
-        async with asyncio.timeout(within):
-            reader, writer = await asyncio.open_connection(host, port)
-            connected = True
-            writer.write(_api_versions_request(correlation))
-            await writer.drain()
-            (size,) = struct.unpack(">i", await reader.readexactly(4))
-            if size < 6:
-                return f"a malformed ApiVersions answer ({size} bytes)"
-            body = await reader.readexactly(size)
-    except TimeoutError:
-        if connected:
-            return f"connected, but no answer to ApiVersions within {within:g} s"
-        return f"no connection within {within:g} s"
-    except ConnectionRefusedError:
-        return "connection refused"
-    except (asyncio.IncompleteReadError, ConnectionResetError):
-        return "connection closed before an answer"
-    except OSError as exc:
-        return exc.strerror or repr(exc)
-    finally:
-        if writer is not None:
-            writer.transport.abort()
-    (got,) = struct.unpack_from(">i", body, 0)
-    if got != correlation:
-        return f"an ApiVersions answer with correlation id {got}, not {correlation}"
-    return None  # any error code in it is still an answer: the broker runs
-
-
-# --------------------------------------------------------------------------- the watch
 
 
 class BrokerWatch:
@@ -339,7 +92,7 @@ class BrokerWatch:
         self.failures_to_down = max(1, failures_to_down)
         self.settle = settle
         self.summary_every = summary_every
-        self._filter = log_filter if log_filter is not None else _FILTER
+        self._filter = log_filter if log_filter is not None else shared_filter()
         self.reachable = True
         self.down_since: float | None = None
         self.reason: str | None = None

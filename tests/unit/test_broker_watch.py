@@ -27,7 +27,7 @@ from aiokafka.errors import (
 )
 from prometheus_client import CollectorRegistry
 
-from app.kafka import broker_watch
+from app.kafka import log_filter as filtering
 from app.kafka.broker_watch import (
     AIOKAFKA_LOGGERS,
     BrokerLogFilter,
@@ -290,7 +290,7 @@ def test_the_filter_knows_aiokafkas_loggers_and_messages() -> None:
     message the filter looks for is still one it logs."""
     calls = _aiokafka_log_calls()
     assert set(calls) <= set(AIOKAFKA_LOGGERS)
-    known = broker_watch._CONNECTION | broker_watch._BY_ERROR | broker_watch._RECOVERY
+    known = filtering._CONNECTION | filtering._BY_ERROR | filtering._RECOVERY
     missing = [(name, msg) for name, msg in known if msg not in calls.get(name, set())]
     assert not missing
 
