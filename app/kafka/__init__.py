@@ -2,6 +2,10 @@
 transactional per partition), the group consumer, readers of whole partitions, admin
 calls (topics, offsets, groups, the cluster id) and the broker watch.
 
+The ports (`ports`): Protocols for what the runtime needs of Kafka (a transactional
+writer per partition, a log reader, a publisher, a follower, and `Clients` making them),
+implemented over aiokafka (`KafkaClients`) and in memory (`memory.MemoryLog`, for tests).
+
 May import: `app.errors`.
 """
 
@@ -18,6 +22,7 @@ from app.kafka.admin import (
     reset_group_offsets,
     topic_names,
 )
+from app.kafka.clients import KafkaClients
 from app.kafka.consumers import (
     GroupConsumer,
     PartitionReader,
@@ -26,19 +31,40 @@ from app.kafka.consumers import (
     read_to_end,
     tail,
 )
+from app.kafka.ports import (
+    Clients,
+    Follower,
+    FollowerFactory,
+    LogReader,
+    Publisher,
+    PublisherClient,
+    ReaderClient,
+    TransactionalWriter,
+    WriterFactory,
+)
 from app.kafka.producers import Producer, TransactionalProducer
 from app.kafka.records import OutRecord, Record, TopicSpec
 
 __all__ = [
+    "Clients",
+    "Follower",
+    "FollowerFactory",
     "GroupConsumer",
     "GroupOffsets",
+    "KafkaClients",
+    "LogReader",
     "OutRecord",
     "PartitionReader",
     "Producer",
+    "Publisher",
+    "PublisherClient",
     "Reader",
+    "ReaderClient",
     "Record",
     "TopicSpec",
     "TransactionalProducer",
+    "TransactionalWriter",
+    "WriterFactory",
     "cluster_id",
     "delete_records",
     "ensure_topics",

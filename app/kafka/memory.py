@@ -1,0 +1,563 @@
+"""An in-memory Kafka log implementing the ports (`app.kafka.ports`), for tests.
+
+`MemoryLog` holds topics of partitions of records, and models what the runtime relies on:
+
+- Offsets. Every record takes the next offset of its partition, when it is sent (so the
+  records of a transaction interleave with other writers' by offset). Ending a transaction
+  writes a marker (commit or abort) in each partition it wrote to, which takes an offset
+  too and is never returned by a read. `delete_records` moves a partition's first offset.
+- Transactions and read-committed visibility. A transaction's records are invisible to
+  read-committed readers until it commits, and skipped for good when it aborts. The last
+  stable offset (the end a read-committed reader sees) stops at the first record of the
+  oldest open transaction of the partition, so later records, even non-transactional
+  ones, wait behind it as in Kafka. Read-uncommitted readers (`reader(read_committed=
+  False)`) see every record up to the high watermark, aborted ones included.
+- Fencing. Each transactional id has an epoch; a writer's `start` bumps it and aborts the
+  open transaction of the previous writer of that id, whose every later call raises
+  `app.errors.Fenced` (and breaks it for good, as `TransactionalProducer` does).
+  `expire` aborts an open transaction as the broker's transaction timeout does.
+- Consumer-group offsets sent in a transaction: visible (`committed`) only once it
+  commits, dropped when it aborts.
+- The default partitioner: a keyed record without a partition goes where the Java client
+  (and aiokafka) puts it, murmur2 of the key; an unkeyed one round robin.
+- An unreachable broker (`down = True`): every client call raises `KafkaUnavailable`; a
+  transactional writer that fails so is broken, and its open transaction cannot be
+  aborted either (it stays open, holding the last stable offset back, until the next
+  writer of its id fences it or `expire`).
+
+Not modelled: consumer groups' membership and rebalances (no `GroupConsumer`), compaction,
+retention by time or size, record headers, batching and linger, producer idempotence's
+sequence numbers, and timeouts (nothing here ever waits but a follower's poll).
+
+Pure asyncio and deterministic: no threads, no wall clock (record timestamps count up from
+0 unless a clock is given). `before_commit` lets a test act between a transaction's
+writes and its commit (e.g. start a newer writer of the same id: a zombie's commit).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Literal, TypeVar
+
+from aiokafka.partitioner import murmur2
+
+from app.errors import Fenced, KafkaUnavailable
+from app.kafka.records import OutRecord, Record, TopicSpec
+
+__all__ = [
+    "MemoryFollower",
+    "MemoryLog",
+    "MemoryPublisher",
+    "MemoryReader",
+    "MemoryWriter",
+]
+
+_Key = tuple[str, int]
+_T = TypeVar("_T")
+
+
+@dataclass(eq=False, slots=True)
+class _Txn:
+    """One transaction of a transactional id's epoch."""
+
+    transactional_id: str
+    epoch: int
+    state: Literal["open", "committed", "aborted"] = "open"
+    # The partitions written to, each with the transaction's first offset there.
+    first: dict[_Key, int] = field(default_factory=dict)
+    # Consumer-group offsets sent to the transaction, per group.
+    offsets: dict[str, dict[_Key, int]] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class _Entry:
+    key: bytes | None
+    value: bytes | None
+    timestamp: int
+    txn: _Txn | None = None
+    marker: bool = False
+
+
+@dataclass(slots=True)
+class _Partition:
+    entries: list[_Entry] = field(default_factory=list)
+    start: int = 0
+    # The open transactions that wrote here, each with its first offset here.
+    open: dict[_Txn, int] = field(default_factory=dict)
+
+    @property
+    def end(self) -> int:
+        """The high watermark: the offset the next record takes."""
+        return len(self.entries)
+
+    @property
+    def stable_end(self) -> int:
+        """The last stable offset: the end as read-committed readers see it."""
+        return min(self.open.values(), default=self.end)
+
+
+class MemoryLog:
+    """Topics, transactional ids and consumer groups of one in-memory cluster; makes the
+    ports' clients (`app.kafka.ports.Clients`)."""
+
+    def __init__(
+        self, topics: Iterable[TopicSpec] = (), *, now: Callable[[], int] | None = None
+    ) -> None:
+        self._topics: dict[str, list[_Partition]] = {}
+        self._epochs: dict[str, int] = {}
+        self._open: dict[str, _Txn] = {}
+        self._groups: dict[str, dict[_Key, int]] = {}
+        self._now = now
+        self._ticks = itertools.count()
+        self._unkeyed = itertools.count()
+        self._waiters: list[asyncio.Future[None]] = []
+        self.down = False
+        """While set, every client call raises `KafkaUnavailable`."""
+        self.before_commit: Callable[[str], Awaitable[None]] | None = None
+        """Awaited with the transactional id between a transaction's writes and its end."""
+        self.ensure_topics(topics)
+
+    # --- clients (`Clients`) --------------------------------------------------------
+
+    def transactional_writer(self, transactional_id: str) -> MemoryWriter:
+        return MemoryWriter(self, transactional_id)
+
+    def reader(self, *, read_committed: bool = True, batch: int = 5_000) -> MemoryReader:
+        return MemoryReader(self, read_committed=read_committed, batch=batch)
+
+    def publisher(self) -> MemoryPublisher:
+        return MemoryPublisher(self)
+
+    def follower(self, topic: str) -> MemoryFollower:
+        return MemoryFollower(self, topic)
+
+    # --- topics and offsets ---------------------------------------------------------
+
+    def ensure_topics(self, specs: Iterable[TopicSpec]) -> None:
+        """Creates the topics not there yet; one there with another partition count is an
+        error (as `app.kafka.ensure_topics`)."""
+        for spec in specs:
+            have = self._topics.get(spec.name)
+            if have is None:
+                self._topics[spec.name] = [_Partition() for _ in range(spec.partitions)]
+            elif len(have) != spec.partitions:
+                raise KafkaUnavailable(
+                    f"topic {spec.name} has {len(have)} partitions, expected {spec.partitions}"
+                )
+
+    def create_topic(self, name: str, partitions: int = 1) -> str:
+        self.ensure_topics([TopicSpec(name, partitions)])
+        return name
+
+    def partitions(self, topic: str) -> int:
+        return len(self._topic(topic))
+
+    def offsets(self, topic: str, partition: int, *, committed: bool = True) -> tuple[int, int]:
+        """(first offset held, last stable offset), or the high watermark for the end when
+        not `committed`."""
+        part = self._partition(topic, partition)
+        return part.start, part.stable_end if committed else part.end
+
+    def records(
+        self, topic: str, partition: int, *, committed: bool = True, start: int = 0
+    ) -> list[Record]:
+        """The partition's records a reader sees now (read-committed by default)."""
+        part = self._partition(topic, partition)
+        end = part.stable_end if committed else part.end
+        return self._visible(topic, partition, max(start, part.start), end, committed, None)[0]
+
+    def delete_records(self, topic: str, partition: int, before: int) -> None:
+        """Moves the partition's first offset to `before` (DeleteRecords)."""
+        part = self._partition(topic, partition)
+        if before > part.end:
+            raise KafkaUnavailable(f"{topic}[{partition}]: {before} is past the end {part.end}")
+        part.start = max(part.start, before)
+
+    def committed(self, group_id: str, topic: str, partition: int) -> int | None:
+        """The group's committed offset of the partition, if any."""
+        return self._groups.get(group_id, {}).get((topic, partition))
+
+    def epoch(self, transactional_id: str) -> int:
+        """The transactional id's current epoch (0: never started)."""
+        return self._epochs.get(transactional_id, 0)
+
+    def open_transaction(self, transactional_id: str) -> bool:
+        return transactional_id in self._open
+
+    def expire(self, transactional_id: str) -> bool:
+        """Aborts the id's open transaction as the transaction timeout does (its writer is
+        fenced); whether there was one."""
+        txn = self._open.get(transactional_id)
+        if txn is None:
+            return False
+        self._epochs[transactional_id] = txn.epoch + 1
+        self._end(txn, commit=False)
+        return True
+
+    # --- internals ------------------------------------------------------------------
+
+    def _topic(self, topic: str) -> list[_Partition]:
+        parts = self._topics.get(topic)
+        if parts is None:
+            raise KafkaUnavailable(f"unknown topic {topic}")
+        return parts
+
+    def _partition(self, topic: str, partition: int) -> _Partition:
+        parts = self._topic(topic)
+        if not 0 <= partition < len(parts):
+            raise KafkaUnavailable(f"unknown partition {topic}[{partition}]")
+        return parts[partition]
+
+    def _check_up(self) -> None:
+        if self.down:
+            raise KafkaUnavailable("the broker is not reachable")
+
+    def _where(self, record: OutRecord) -> _Key:
+        """The partition a record goes to (the default partitioner's when not given)."""
+        topic, partition, key, _ = record
+        count = len(self._topic(topic))
+        if partition is None:
+            if key is None:
+                partition = next(self._unkeyed) % count
+            else:
+                partition = (murmur2(key) & 0x7FFFFFFF) % count
+        self._partition(topic, partition)
+        return topic, partition
+
+    def _timestamp(self) -> int:
+        return self._now() if self._now is not None else next(self._ticks)
+
+    def _append(self, records: Sequence[OutRecord], txn: _Txn | None) -> list[int]:
+        """Appends all of `records` or (an unknown partition) none."""
+        where = [self._where(r) for r in records]
+        offsets: list[int] = []
+        for (topic, partition), (_, _, key, value) in zip(where, records, strict=True):
+            part = self._topics[topic][partition]
+            offset = part.end
+            part.entries.append(_Entry(key, value, self._timestamp(), txn))
+            if txn is not None and (topic, partition) not in txn.first:
+                txn.first[(topic, partition)] = offset
+                part.open[txn] = offset
+            offsets.append(offset)
+        self._notify()
+        return offsets
+
+    def _init(self, transactional_id: str) -> int:
+        """A new writer of the id: the previous one's open transaction is aborted and it is
+        fenced. The new epoch."""
+        self._check_up()
+        epoch = self.epoch(transactional_id) + 1
+        self._epochs[transactional_id] = epoch
+        txn = self._open.get(transactional_id)
+        if txn is not None:
+            self._end(txn, commit=False)
+        return epoch
+
+    def _begin(self, transactional_id: str, epoch: int) -> _Txn:
+        txn = _Txn(transactional_id, epoch)
+        self._open[transactional_id] = txn
+        return txn
+
+    def _end(self, txn: _Txn, *, commit: bool) -> None:
+        """Writes the transaction's markers; its group offsets count if it commits."""
+        for topic, partition in txn.first:
+            part = self._topics[topic][partition]
+            part.entries.append(_Entry(None, None, self._timestamp(), txn, marker=True))
+            del part.open[txn]
+        txn.state = "committed" if commit else "aborted"
+        if commit:
+            for group, offsets in txn.offsets.items():
+                self._groups.setdefault(group, {}).update(offsets)
+        if self._open.get(txn.transactional_id) is txn:
+            del self._open[txn.transactional_id]
+        self._notify()
+
+    def _visible(
+        self,
+        topic: str,
+        partition: int,
+        position: int,
+        end: int,
+        committed: bool,
+        limit: int | None,
+    ) -> tuple[list[Record], int]:
+        """The records a reader sees from `position` (at most `limit`), and where the next
+        read starts: past the markers and aborted records read over."""
+        entries = self._topics[topic][partition].entries
+        got: list[Record] = []
+        while position < end and (limit is None or len(got) < limit):
+            e = entries[position]
+            if not e.marker and (not committed or e.txn is None or e.txn.state == "committed"):
+                got.append(Record(topic, partition, position, e.key, e.value, e.timestamp))
+            position += 1
+        return got, position
+
+    def _notify(self) -> None:
+        waiters, self._waiters = self._waiters, []
+        for w in waiters:
+            if not w.done():
+                w.set_result(None)
+
+    async def _changed(self, seconds: float) -> None:
+        """Returns when anything was written or a transaction ended, or after `seconds`."""
+        waiter = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(waiter, seconds)
+
+
+class MemoryWriter:
+    """`TransactionalWriter` on a `MemoryLog`. Beside `commit` (a whole transaction), the
+    steps one is made of, for tests: `send` (into the open transaction, begun if none is),
+    `send_offsets`, `commit_transaction` and `abort`."""
+
+    def __init__(self, log: MemoryLog, transactional_id: str) -> None:
+        self.transactional_id = transactional_id
+        self.broken: KafkaUnavailable | None = None
+        self._log = log
+        self._epoch: int | None = None
+        self._txn: _Txn | None = None
+        self._lock = asyncio.Lock()
+
+    @property
+    def pending(self) -> bool:
+        """Whether a transaction is open."""
+        return self._txn is not None and self._txn.state == "open"
+
+    async def start(self) -> None:
+        self._epoch = self._log._init(self.transactional_id)
+
+    async def stop(self) -> None:
+        """Closes the writer: an open transaction stays open (until the next writer of the
+        id fences it, or `MemoryLog.expire`), as a producer closed mid-transaction leaves
+        it on the broker."""
+        self._epoch = None
+
+    async def commit(
+        self,
+        records: Sequence[OutRecord],
+        offsets: dict[tuple[str, int], int],
+        group_id: str,
+    ) -> list[int]:
+        async with self._lock:
+            written = self._guard(lambda: self._send(records))
+            self._guard(lambda: self._send_offsets(offsets, group_id))
+            if self._log.before_commit is not None:
+                await self._log.before_commit(self.transactional_id)
+            self._guard(self._commit)
+            return written
+
+    async def send(self, records: Sequence[OutRecord]) -> list[int]:
+        """Writes `records` in the open transaction (begun if none is); their offsets."""
+        async with self._lock:
+            return self._guard(lambda: self._send(records))
+
+    async def send_offsets(self, offsets: dict[tuple[str, int], int], group_id: str) -> None:
+        async with self._lock:
+            self._guard(lambda: self._send_offsets(offsets, group_id))
+
+    async def commit_transaction(self) -> None:
+        async with self._lock:
+            self._guard(self._commit)
+
+    async def abort(self) -> None:
+        """Aborts the open transaction, if one is."""
+        async with self._lock:
+            self._guard(self._abort)
+
+    def _current(self) -> _Txn:
+        """The open transaction, begun if none is; raises if the writer cannot write."""
+        if self.broken is not None:
+            raise self.broken
+        if self._epoch is None:
+            raise KafkaUnavailable(f"{self.transactional_id}: not started")
+        self._log._check_up()
+        if self._log.epoch(self.transactional_id) != self._epoch:
+            raise Fenced(f"{self.transactional_id} was fenced by a newer owner")
+        if self._txn is None or self._txn.state != "open":
+            self._txn = self._log._begin(self.transactional_id, self._epoch)
+        return self._txn
+
+    def _send(self, records: Sequence[OutRecord]) -> list[int]:
+        return self._log._append(records, self._current())
+
+    def _send_offsets(self, offsets: dict[tuple[str, int], int], group_id: str) -> None:
+        txn = self._current()
+        if offsets:
+            txn.offsets.setdefault(group_id, {}).update(offsets)
+
+    def _commit(self) -> None:
+        txn = self._current()
+        self._log._end(txn, commit=True)
+        self._txn = None
+
+    def _abort(self) -> None:
+        if self.pending:
+            txn = self._current()
+            self._log._end(txn, commit=False)
+        self._txn = None
+
+    def _guard(self, step: Callable[[], _T]) -> _T:
+        try:
+            return step()
+        except KafkaUnavailable as exc:
+            error = self._fail(exc)
+            if error is exc:
+                raise
+            raise error from exc
+
+    def _fail(self, exc: KafkaUnavailable) -> KafkaUnavailable:
+        """Breaks the writer, as `TransactionalProducer._fail`: an open transaction is
+        aborted unless fenced (the newer writer aborted it) or the broker is unreachable
+        (then it stays open until fenced or expired)."""
+        if self.broken is exc:
+            return exc
+        if not isinstance(exc, Fenced):
+            exc = KafkaUnavailable(f"{self.transactional_id}: transaction failed: {exc}")
+        self.broken = exc
+        txn, self._txn = self._txn, None
+        fenced = isinstance(exc, Fenced)
+        if txn is not None and txn.state == "open" and not fenced and not self._log.down:
+            self._log._end(txn, commit=False)
+        return exc
+
+
+class MemoryReader:
+    """`ReaderClient` on a `MemoryLog` (read-committed unless told otherwise)."""
+
+    def __init__(self, log: MemoryLog, *, read_committed: bool = True, batch: int = 5_000) -> None:
+        self._log = log
+        self._committed = read_committed
+        self._batch = batch
+
+    async def start(self) -> None:
+        self._log._check_up()
+
+    async def stop(self) -> None:
+        return None
+
+    async def __aenter__(self) -> MemoryReader:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    async def offsets(self, topic: str, partition: int) -> tuple[int, int]:
+        self._log._check_up()
+        return self._log.offsets(topic, partition, committed=self._committed)
+
+    async def read(self, topic: str, partition: int, start: int) -> AsyncIterator[list[Record]]:
+        begin, end = await self.offsets(topic, partition)
+        position = max(start, begin)
+        while position < end:
+            self._log._check_up()
+            position = max(position, self._log.offsets(topic, partition)[0])
+            got, position = self._log._visible(
+                topic, partition, position, end, self._committed, self._batch
+            )
+            if got:
+                yield got
+            await asyncio.sleep(0)
+
+
+class MemoryPublisher:
+    """`PublisherClient` on a `MemoryLog`: non-transactional writes."""
+
+    def __init__(self, log: MemoryLog) -> None:
+        self._log = log
+
+    async def start(self) -> None:
+        self._log._check_up()
+
+    async def stop(self) -> None:
+        return None
+
+    async def send_many(self, records: Sequence[OutRecord]) -> list[int]:
+        self._log._check_up()
+        return self._log._append(records, None)
+
+    async def send(
+        self, topic: str, key: bytes | None, value: bytes | None, partition: int | None = None
+    ) -> int:
+        return (await self.send_many([(topic, partition, key, value)]))[0]
+
+
+class MemoryFollower:
+    """`Follower` on a `MemoryLog`: committed records of the added partitions."""
+
+    def __init__(self, log: MemoryLog, topic: str) -> None:
+        self.topic = topic
+        self._log = log
+        self._positions: dict[int, int] = {}
+
+    async def start(self) -> None:
+        self._log._check_up()
+
+    async def stop(self) -> None:
+        self._positions.clear()
+
+    async def add(self, partition: int) -> None:
+        self._log._check_up()
+        if partition not in self._positions:
+            self._positions[partition] = self._log.offsets(self.topic, partition)[1]
+            self._log._notify()
+
+    async def remove(self, partition: int) -> None:
+        self._positions.pop(partition, None)
+
+    async def poll(self, timeout_ms: int = 200) -> list[Record]:
+        got = self._take()
+        if not got:
+            await self._log._changed(timeout_ms / 1000)
+            got = self._take()
+        return got
+
+    def _take(self) -> list[Record]:
+        self._log._check_up()
+        got: list[Record] = []
+        for p, position in sorted(self._positions.items()):
+            begin, end = self._log.offsets(self.topic, p)
+            records, self._positions[p] = self._log._visible(
+                self.topic, p, max(position, begin), end, True, None
+            )
+            got += records
+        return got
+
+
+if TYPE_CHECKING:
+    from app.kafka.clients import KafkaClients
+    from app.kafka.consumers import PartitionReader, Reader
+    from app.kafka.ports import (
+        Clients,
+        Follower,
+        LogReader,
+        Publisher,
+        PublisherClient,
+        ReaderClient,
+        TransactionalWriter,
+        WriterFactory,
+    )
+    from app.kafka.producers import Producer, TransactionalProducer
+
+    def _conforms(
+        kafka: KafkaClients,
+        reader: Reader,
+        producer: Producer,
+        writer: TransactionalProducer,
+        follower: PartitionReader,
+        memory: MemoryLog,
+    ) -> None:
+        """mypy checks that both sides implement the ports (never called)."""
+        _clients: list[Clients] = [kafka, memory]
+        _readers: list[ReaderClient] = [reader, memory.reader()]
+        _log_readers: list[LogReader] = [reader, memory.reader()]
+        _publishers: list[PublisherClient] = [producer, memory.publisher()]
+        _publish: list[Publisher] = [producer, memory.publisher()]
+        _writers: list[TransactionalWriter] = [writer, memory.transactional_writer("t")]
+        _factories: list[WriterFactory] = [kafka.transactional_writer, memory.transactional_writer]
+        _followers: list[Follower] = [follower, memory.follower("t")]
