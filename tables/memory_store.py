@@ -17,8 +17,9 @@ from itertools import islice
 
 from tables.exceptions import StoreError
 from tables.keys import decode_timer, owner_prefix, ref_bytes, row_key
+from tables.partitioned import PartitionedStore
 from tables.refs import AggregateRef
-from tables.store import ChangelogSink, PartitionedStore
+from tables.store import ChangelogSink
 from tables.timer import Timer, TimerStatus
 from tables.writes import Write
 

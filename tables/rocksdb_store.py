@@ -51,8 +51,9 @@ from tables.keys import (
     parked_prefix,
     row_key_of,
 )
+from tables.partitioned import PartitionedStore
 from tables.refs import AggregateRef
-from tables.store import ChangelogSink, PartitionedStore
+from tables.store import ChangelogSink
 from tables.timer import Timer, TimerStatus
 from tables.writes import Write
 

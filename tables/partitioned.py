@@ -1,0 +1,366 @@
+"""The base both backends share: a store kept per partition (assign, revoke, close), its
+writes planned by `tables.writes`, its rows streamed to a changelog sink, and its status
+counts kept with each write."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from abc import ABC, abstractmethod
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
+from contextlib import asynccontextmanager
+
+from tables.census import TimerCensus, tally
+from tables.exceptions import StoreClosed, StoreError
+from tables.keys import encode_timer, owner_prefix, row_key
+from tables.refs import AggregateRef
+from tables.store import ChangelogRecord, ChangelogSink
+from tables.timer import ACTIVE, Timer, TimerChange, TimerStatus
+from tables.writes import Write, check_change, plan_cancel, plan_settle, put_row
+
+__all__ = ["PartitionedStore"]
+
+logger = logging.getLogger(__name__)
+
+
+class PartitionedStore(ABC):
+    """What both backends share: argument checks, serving, the lock, the write path.
+
+    Writes are serialised by one lock (a write awaits its sink between deciding and
+    applying); reads are not. A backend supplies the per-partition primitives.
+    """
+
+    def __init__(self, partitions: int, changelog: ChangelogSink | None) -> None:
+        if isinstance(partitions, bool) or not isinstance(partitions, int) or partitions < 1:
+            raise ValueError(f"partitions must be a positive int, not {partitions!r}")
+        self._partitions = partitions
+        self._sink = changelog
+        self._served: set[int] = set(range(partitions))
+        self._closed = False
+        self._lock = asyncio.Lock()
+        # Per partition, its active rows by status (`status_counts`); absent: not counted
+        # since it was opened or restored (counted whole when next asked).
+        self._counts: dict[int, dict[TimerStatus, int]] = {}
+
+    # --- what a backend supplies ------------------------------------------------------
+
+    _values_needed = False
+    """Whether `_apply` needs the rows' encoded values even without a sink."""
+
+    @abstractmethod
+    def _load(self, partition: int, row: bytes) -> Timer | None: ...
+
+    def _load_as_loaded(self, partition: int, row: bytes, loaded: Timer) -> Timer | None:
+        """`_load` for a settle: may answer None when the row cannot be as `loaded`."""
+        return self._load(partition, row)
+
+    @abstractmethod
+    def _owner_rows(self, partition: int, prefix: bytes) -> Iterator[tuple[bytes, Timer]]:
+        """The rows of partition whose key starts with `prefix`, in row-key order."""
+
+    @abstractmethod
+    def _apply(self, writes: list[Write], values: list[bytes] | None) -> None:
+        """Writes rows and their index entries: one atomic write per partition."""
+
+    @abstractmethod
+    def _due(self, partitions: list[int], until: int, limit: int) -> list[Timer]: ...
+
+    @abstractmethod
+    def _parked(self, partitions: list[int], target: AggregateRef) -> list[Timer]: ...
+
+    @abstractmethod
+    def _due_entries(self, partition: int, start: int) -> Iterator[tuple[int, str]]:
+        """The due index of partition from `start` on: `(due_at, status)`, in due order."""
+
+    @abstractmethod
+    def _parked_entries(self, partition: int) -> Iterator[Callable[[], Timer]]:
+        """The parked index of partition in order: a loader of each entry's row."""
+
+    @abstractmethod
+    def _restore(
+        self, partition: int, records: Iterable[tuple[int, bytes, bytes | None]]
+    ) -> None: ...
+
+    @abstractmethod
+    def _offset(self, partition: int) -> int | None: ...
+
+    @abstractmethod
+    def _open_partition(self, partition: int) -> None: ...
+
+    @abstractmethod
+    def _close_partition(self, partition: int) -> None: ...
+
+    @abstractmethod
+    def _drop_partition(self, partition: int, served: bool) -> None: ...
+
+    @abstractmethod
+    def _close(self) -> None: ...
+
+    # --- checks -----------------------------------------------------------------------
+
+    @property
+    def partitions(self) -> int:
+        return self._partitions
+
+    @property
+    def assigned(self) -> frozenset[int]:
+        self._check_open()
+        return frozenset(self._served)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StoreClosed("the timer store is closed")
+
+    def _check_partition(self, partition: int) -> None:
+        if (
+            isinstance(partition, bool)
+            or not isinstance(partition, int)
+            or not 0 <= partition < self._partitions
+        ):
+            raise ValueError(
+                f"partition {partition!r} is out of range: this store has partitions "
+                f"0..{self._partitions - 1}"
+            )
+
+    def _check_served(self, partition: int) -> None:
+        self._check_partition(partition)
+        if partition not in self._served:
+            raise StoreClosed(f"partition {partition} is not assigned to this store (revoked)")
+
+    def _served_sorted(self) -> list[int]:
+        return sorted(self._served)
+
+    @asynccontextmanager
+    async def _writing(self) -> AsyncIterator[None]:
+        self._check_open()
+        async with self._lock:
+            self._check_open()
+            yield
+
+    async def _commit(self, writes: list[Write]) -> None:
+        """Hands the new rows to the sink, then writes them locally."""
+        if not writes:
+            return
+        values = None
+        if self._sink is not None or self._values_needed:
+            values = [encode_timer(write.new) for write in writes]
+        if self._sink is not None:
+            assert values is not None
+            records = [
+                ChangelogRecord(write.partition, write.row, value)
+                for write, value in zip(writes, values, strict=True)
+            ]
+            try:
+                await self._sink(records)
+            except Exception as exc:
+                raise StoreError(
+                    f"the changelog sink failed, nothing was written: {exc!r}"
+                ) from exc
+        self._apply(writes, values)
+        # No await since the rows were applied: a count taken in between cannot miss them.
+        for write in writes:
+            counts = self._counts.get(write.partition)
+            if counts is not None:
+                if write.old is not None and write.old.status in ACTIVE:
+                    counts[write.old.status] -= 1
+                if write.new.status in ACTIVE:
+                    counts[write.new.status] += 1
+
+    # --- the TimerStore ---------------------------------------------------------------
+
+    async def put(self, timer: Timer) -> bool:
+        self._check_open()
+        self._check_served(timer.partition)
+        async with self._writing():
+            self._check_served(timer.partition)
+            row = row_key(timer.owner, timer.key)
+            held = self._load(timer.partition, row)
+            new = put_row(held, timer)
+            if new is None:
+                return False
+            await self._commit([Write(timer.partition, row, held, new)])
+            return True
+
+    async def put_many(self, timers: Sequence[Timer]) -> list[Timer]:
+        self._check_open()
+        for timer in timers:
+            self._check_served(timer.partition)
+        if not timers:
+            return []
+        async with self._writing():
+            # Each put sees the ones before it in the batch (the same key twice in a log).
+            latest: dict[tuple[int, bytes], Timer] = {}
+            writes: list[Write] = []
+            for timer in timers:
+                self._check_served(timer.partition)
+                row = row_key(timer.owner, timer.key)
+                at = (timer.partition, row)
+                held = latest[at] if at in latest else self._load(timer.partition, row)
+                new = put_row(held, timer)
+                if new is not None:
+                    writes.append(Write(timer.partition, row, held, new))
+                    latest[at] = new
+            await self._commit(writes)
+            return [write.new for write in writes]
+
+    async def cancel(self, owner: AggregateRef, key: str, version: int) -> bool:
+        async with self._writing():
+            row = row_key(owner, key)
+            held = self._find(row)
+            if held is None:
+                return False
+            writes = plan_cancel([held], version)
+            await self._commit(writes)
+            return bool(writes)
+
+    async def cancel_all(self, owner: AggregateRef, version: int) -> int:
+        async with self._writing():
+            prefix = owner_prefix(owner)
+            rows = (
+                (partition, row, timer)
+                for partition in self._served_sorted()
+                for row, timer in self._owner_rows(partition, prefix)
+            )
+            writes = plan_cancel(list(rows), version)
+            await self._commit(writes)
+            return len(writes)
+
+    async def settle(self, changes: list[TimerChange]) -> int:
+        self._check_open()
+        for change in changes:
+            check_change(change)
+            self._check_served(change.loaded.partition)
+        if not changes:
+            return 0
+        async with self._writing():
+            for change in changes:
+                self._check_served(change.loaded.partition)
+            rows = [row_key(change.loaded.owner, change.loaded.key) for change in changes]
+            written, writes = plan_settle(changes, rows, self._load_as_loaded)
+            await self._commit(writes)
+            return written
+
+    async def due(self, partitions: set[int], until: int, limit: int) -> list[Timer]:
+        self._check_open()
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            raise ValueError(f"limit must be an int of at least 1, not {limit!r}")
+        if isinstance(until, bool) or not isinstance(until, int):
+            raise ValueError(f"until must be epoch milliseconds (int), not {until!r}")
+        wanted = sorted(partitions)
+        for partition in wanted:
+            self._check_served(partition)
+        if not wanted or until < 0:
+            return []
+        return self._due(wanted, until, limit)
+
+    async def find(self, owner: AggregateRef, key: str) -> Timer | None:
+        self._check_open()
+        found = self._find(row_key(owner, key))
+        return None if found is None else found[2]
+
+    def _find(self, row: bytes) -> tuple[int, bytes, Timer] | None:
+        for partition in self._served_sorted():
+            timer = self._load(partition, row)
+            if timer is not None:
+                return partition, row, timer
+        return None
+
+    async def parked(self, target: AggregateRef) -> list[Timer]:
+        self._check_open()
+        return self._parked(self._served_sorted(), target)
+
+    async def timers_of(self, owner: AggregateRef) -> list[Timer]:
+        self._check_open()
+        prefix = owner_prefix(owner)
+        return [
+            timer
+            for partition in self._served_sorted()
+            for _, timer in self._owner_rows(partition, prefix)
+        ]
+
+    async def census(
+        self, partition: int, now: int, *, limit: int = 100_000, parked_limit: int = 100
+    ) -> TimerCensus:
+        self._check_open()
+        for name, value, least in (("limit", limit, 1), ("parked_limit", parked_limit, 0)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                raise ValueError(f"{name} must be an int of at least {least}, not {value!r}")
+        if isinstance(now, bool) or not isinstance(now, int) or now < 0:
+            raise ValueError(f"now must be epoch milliseconds (int), not {now!r}")
+        self._check_served(partition)
+        return tally(
+            partition,
+            now,
+            limit,
+            parked_limit,
+            lambda start: self._due_entries(partition, start),
+            self._parked_entries(partition),
+        )
+
+    def status_counts(self, partition: int) -> dict[TimerStatus, int]:
+        self._check_open()
+        self._check_served(partition)
+        counts = self._counts.get(partition)
+        if counts is None:
+            # Synchronous: no write can land between the scan and keeping its result.
+            counts = dict.fromkeys(sorted(ACTIVE), 0)
+            for _, status in self._due_entries(partition, 0):
+                counts[TimerStatus(status)] += 1
+            counts[TimerStatus.PARKED] = sum(1 for _ in self._parked_entries(partition))
+            self._counts[partition] = counts
+        return dict(counts)
+
+    async def apply_changelog(
+        self, partition: int, records: Iterable[tuple[int, bytes, bytes | None]]
+    ) -> None:
+        self._check_open()
+        self._check_served(partition)
+        async with self._writing():
+            self._check_served(partition)
+            self._counts.pop(partition, None)
+            self._restore(partition, records)
+
+    def changelog_offset(self, partition: int) -> int | None:
+        self._check_open()
+        self._check_served(partition)
+        return self._offset(partition)
+
+    async def assign(self, partitions: Iterable[int]) -> None:
+        self._check_open()
+        wanted = sorted(set(partitions))
+        for partition in wanted:
+            self._check_partition(partition)
+        async with self._writing():
+            for partition in wanted:
+                if partition not in self._served:
+                    self._counts.pop(partition, None)
+                    self._open_partition(partition)
+                    self._served.add(partition)
+
+    async def revoke(self, partitions: Iterable[int]) -> None:
+        self._check_open()
+        wanted = sorted(set(partitions))
+        for partition in wanted:
+            self._check_partition(partition)
+        async with self._writing():
+            for partition in wanted:
+                if partition in self._served:
+                    self._served.discard(partition)
+                    self._counts.pop(partition, None)
+                    self._close_partition(partition)
+
+    async def drop(self, partition: int) -> None:
+        self._check_open()
+        self._check_partition(partition)
+        async with self._writing():
+            self._counts.pop(partition, None)
+            self._drop_partition(partition, partition in self._served)
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        async with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._close()
