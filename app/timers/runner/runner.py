@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import heapq
-import itertools
 import logging
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence, Set
@@ -34,6 +32,7 @@ from app.timers.runner.decisions import (
 )
 from app.timers.runner.options import TimerOptions
 from app.timers.runner.ports import BeforeSend, Clock, FiringStore, LocalFirer, Sender
+from app.timers.runner.wheel import Wheel
 from tables.exceptions import StoreError
 from tables.ledger import FailureLedger
 from tables.refs import AggregateRef
@@ -95,16 +94,6 @@ class TimerRunner:
         # Partitions started since the last round: their FIRING rows are a previous
         # owner's claims (or cut short here), sent again at once rather than at their lapse.
         self._fresh: set[int] = set()
-        # The wheel: the rows due up to `_wheel_until` (one poll interval ahead), by (due,
-        # id), loaded with one due() and kept current with what this node writes (puts
-        # offered, settles), so that the loop wakes at each due instant; None: load it
-        # again. A row in it may be stale (cancelled meanwhile): its claim, a
-        # conditional write, then fails, so the wheel never decides what the store refuses.
-        self._wheel: list[tuple[int, str, int, Timer]] = []
-        # The last tiebreak: one timer offered twice never compares its rows.
-        self._wheel_seq = itertools.count()
-        self._wheel_until: int | None = None
-        self._wheel_owned: frozenset[int] = frozenset()
         # Timers handed over to fire in-process (`LocalFirer`), by id: the row as loaded,
         # which their outcome's conditional write is made against.
         self._in_hand: dict[str, Timer] = {}
@@ -112,6 +101,11 @@ class TimerRunner:
         self._clock = clock
         self._ledger = ledger
         self._options = options or TimerOptions()
+        self._wheel = Wheel(
+            lambda partitions, until, limit: store.due(partitions, until=until, limit=limit),
+            self._options.poll_interval_ms,
+            self._options.batch_limit,
+        )
         self._owned: set[int] = set(partitions)
         self._in_flight: dict[int, set[asyncio.Task[Decision]]] = defaultdict(set)
         # Outcomes decided but not written yet, per partition, so that stop_partition can
@@ -156,7 +150,7 @@ class TimerRunner:
         if partition not in self._owned:
             self._owned.add(partition)
             self._fresh.add(partition)
-            self._wheel_until = None
+            self._wheel.invalidate()
             logger.info("timers of partition %d: started", partition)
 
     async def stop_partition(self, partition: int) -> None:
@@ -298,32 +292,15 @@ class TimerRunner:
             return [self._spawn(t, stats) for t in claimed if t.partition in self._owned]
 
     async def _due_now(self, owned: frozenset[int], now: int, stats: RoundStats) -> list[Timer]:
-        """The rows due now, from the wheel; loaded again (one due() for every owned
-        partition) when it ran out, was invalidated or the partitions changed."""
-        limit = self._options.batch_limit
-        if self._wheel_until is None or now >= self._wheel_until or owned != self._wheel_owned:
-            until = now + self._options.poll_interval_ms
-            rows = await self._store.due(set(owned), until=until, limit=limit)
-            self._wheel = [(t.due_at, t.id, next(self._wheel_seq), t) for t in rows]
-            heapq.heapify(self._wheel)  # due() sorts by due time; ties across partitions
-            self._wheel_owned = owned
-            # A full load may have left rows out: it is loaded again next round.
-            self._wheel_until = until if len(rows) < limit else None
-        by_id: dict[str, Timer] = {}
-        while self._wheel and self._wheel[0][0] <= now and len(by_id) < limit:
-            t = heapq.heappop(self._wheel)[3]
-            by_id[t.id] = t  # a row offered again: the later offer is the newer row
-        taken = list(by_id.values())
+        """The rows due now, from the wheel (see `Wheel.take_due`)."""
+        taken, stats.full = await self._wheel.take_due(owned, now)
         stats.loaded = len(taken)
-        # More may be due now: in the wheel, or beyond a full load.
-        head_due = bool(self._wheel) and self._wheel[0][0] <= now
-        stats.full = head_due or (self._wheel_until is None and not self._wheel and bool(taken))
         return taken
 
     def _next_due(self, stats: RoundStats) -> None:
-        if self._wheel:
-            stats.due_by(self._wheel[0][0])
-        stats.reload_at = self._wheel_until
+        if (next_due := self._wheel.next_due) is not None:
+            stats.due_by(next_due)
+        stats.reload_at = self._wheel.until
 
     def backlog(self, now: int) -> tuple[int, int | None]:
         """Due by `now` and neither sent nor fired yet: the wheel's rows due (not claimed
@@ -331,23 +308,17 @@ class TimerRunner:
         cycle not run yet); with the earliest due time among them. For metrics, read at a
         scrape: O(wheel), which holds at most `batch_limit` rows loaded plus the puts
         offered since, so the count is a lower bound when more than a load were due."""
-        owned = self._owned
-        due = {t.id: d for d, _, _, t in self._wheel if d <= now and t.partition in owned}
+        due = self._wheel.due(now, self._owned)
         due |= {t.id: t.due_at for t in self._in_hand.values()}  # as loaded, before the claim
         return len(due), min(due.values(), default=None)
 
     def offer(self, timers: Iterable[Timer]) -> None:
         """Puts rows just written (PENDING) in the wheel, when they fall within it."""
-        until = self._wheel_until
-        if until is None:
-            return
-        for t in timers:
-            if t.status is TimerStatus.PENDING and t.due_at < until and t.partition in self._owned:
-                heapq.heappush(self._wheel, (t.due_at, t.id, next(self._wheel_seq), t))
+        self._wheel.offer(timers, self._owned)
 
     def invalidate(self) -> None:
         """The wheel is loaded again at the next round (rows changed behind its back)."""
-        self._wheel_until = None
+        self._wheel.invalidate()
 
     async def still_due(self, claimed: Sequence[Timer]) -> list[Timer]:
         """Of the timers handed over to fire in-process, those whose rows are still as they
