@@ -17,7 +17,7 @@ import pytest
 from harness import Client, Cluster, Worker, eventually
 
 from tables.partitioner import partition_of
-from tests.unit.test_metrics import dashboard_metrics, exported
+from tests.unit.fakes import dashboard_metrics, exported
 
 pytestmark = pytest.mark.kafka
 

@@ -9,12 +9,12 @@ its events, and a `TimerRunner` on a fake clock whose sender decides each comman
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
+from fakes import T0, StillClock
 
 from app.jobs import (
     RAN,
@@ -47,7 +47,6 @@ from tables.store import TimerStore
 from tables.timer import Outcome, Timer, TimerStatus
 
 CONTEXT = "ops"
-T0 = 1_800_000_000_000
 SEC = 1000
 MIN = 60 * SEC
 RULE = IntervalRule(start=T0, every=MIN)
@@ -202,25 +201,13 @@ def test_run_keys_differ_by_slot_and_timer_and_fit_a_timer_key() -> None:
 # --- with the timer machinery ------------------------------------------------------------
 
 
-class Clock:
-    def __init__(self, now: int) -> None:
-        self.t = now
-
-    def now(self) -> int:
-        return self.t
-
-    async def sleep_until(self, t: int) -> None:
-        if t > self.t:
-            await asyncio.Event().wait()
-
-
 class Cluster:
     """The schedule, its timer table (fed by its events) and a runner on a fake clock."""
 
     def __init__(self, store: TimerStore, handler: Handler) -> None:
         self.store = store
         self.schedule = Schedule(handler)
-        self.clock = Clock(T0 - SEC)
+        self.clock = StillClock(T0 - SEC)
         self.ledger = MemoryFailureLedger()
         self.runner = TimerRunner(store, self, self.clock, self.ledger, OPTIONS, [0])
         self.ticked_at: dict[int, int] = {}

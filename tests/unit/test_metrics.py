@@ -7,7 +7,6 @@ JSON queries is exported here, and the compose file, Prometheus and Grafana conf
 
 from __future__ import annotations
 
-import asyncio
 import json
 import re
 from collections.abc import AsyncIterator, Sequence
@@ -16,12 +15,24 @@ from typing import Any, cast
 
 import pytest
 import yaml
+from fakes import (
+    DASHBOARD,
+    METRIC_NAME,
+    OWNER,
+    T0,
+    AnsweringSender,
+    FakeLocal,
+    Order,
+    StillClock,
+    dashboard_metrics,
+    exported,
+    order_type,
+)
 from prometheus_client import generate_latest
-from pydantic import BaseModel
 
 from app.commands.processor import CommandProcessor
 from app.kafka import OutRecord, Reader, Record, TransactionalProducer
-from app.model.aggregate import AggregateType, Command, Decision
+from app.model.aggregate import Command, Decision
 from app.node.metrics import LATENESS_BUCKETS, NodeMetrics
 from app.node.settings import Settings
 from app.protocol.wire import CommandEnvelope, ResultCode
@@ -42,52 +53,12 @@ from tables.ledger import MemoryFailureLedger
 from tables.partitioner import partition_of
 
 ROOT = Path(__file__).resolve().parents[2]
-T0 = 1_800_000_000_000
 P = 4
-OWNER = AggregateRef(context="shop", aggregate="order", id="o-1")
 TYPE = "shop.order"
 
 
 def sample(metrics: NodeMetrics, name: str, **labels: str) -> float | None:
     return metrics.registry.get_sample_value(name, labels)
-
-
-class FakeClock:
-    """Time moves only when a test sets it; a wait for a later time never ends by itself."""
-
-    def __init__(self, now: int) -> None:
-        self.t = now
-
-    def now(self) -> int:
-        return self.t
-
-    async def sleep_until(self, t: int) -> None:
-        if t > self.t:
-            await asyncio.Event().wait()
-
-
-class Sent:
-    """A sender whose every command is acknowledged at once."""
-
-    def __init__(self) -> None:
-        self.sent: list[str] = []
-
-    async def send(self, timer: Timer) -> SendResult:
-        self.sent.append(timer.request_id)
-        return SendResult(SENT)
-
-
-class HeldLocally:
-    """A `LocalFirer` that takes every timer and keeps it (its partition cycle not run)."""
-
-    def __init__(self) -> None:
-        self.fired: list[Timer] = []
-
-    def accepts(self, timer: Timer) -> bool:
-        return True
-
-    def fire(self, timers: list[Timer]) -> None:
-        self.fired += timers
 
 
 def timer(n: int, due: int, partition: int = 0) -> Timer:
@@ -105,10 +76,16 @@ def timer(n: int, due: int, partition: int = 0) -> Timer:
     )
 
 
-def runner(store: TimerStore, clock: FakeClock, local: HeldLocally | None = None) -> TimerRunner:
+def runner(store: TimerStore, clock: StillClock, local: FakeLocal | None = None) -> TimerRunner:
     options = TimerOptions(claim_timeout=5_000, send_timeout=1_000, poll_interval_ms=100)
     return TimerRunner(
-        store, Sent(), clock, MemoryFailureLedger(), options, partitions=range(P), local=local
+        store,
+        AnsweringSender(then=SENT),
+        clock,
+        MemoryFailureLedger(),
+        options,
+        partitions=range(P),
+        local=local,
     )
 
 
@@ -136,16 +113,7 @@ def test_fired_puts_each_timers_lateness_in_its_types_histogram_and_the_window()
     assert point.max_ms == pytest.approx(2000.0)
 
 
-class Order(BaseModel):
-    reminded: int = 0
-
-
-orders = AggregateType("shop", "order", Order)
-
-
-@orders.command("shop.Remind")
-def remind(state: Order, cmd: Command, d: Decision) -> None:
-    d.emit("shop.Reminded", {"n": state.reminded + 1})
+orders = order_type()
 
 
 @orders.command("shop.Refuse")
@@ -210,7 +178,7 @@ async def test_the_batch_keeps_the_due_times_of_timer_commands_decided_for_good(
 
 async def test_a_lapsed_claim_taken_again_is_counted_with_the_rounds_actions() -> None:
     store = open_timer_store("memory://", partitions=P)
-    clock = FakeClock(T0)
+    clock = StillClock(T0)
     r = runner(store, clock)
     [held] = await store.put_many([timer(1, T0 - 1_000)])
     # A claim made by a node that died before settling it: FIRING, its lapse passed.
@@ -229,8 +197,8 @@ async def test_a_lapsed_claim_taken_again_is_counted_with_the_rounds_actions() -
 
 async def test_backlog_counts_rows_due_and_timers_handed_over_but_not_fired_yet() -> None:
     store = open_timer_store("memory://", partitions=P)
-    clock = FakeClock(T0)
-    local = HeldLocally()
+    clock = StillClock(T0)
+    local = FakeLocal()
     r = runner(store, clock, local)
     await store.put_many([timer(1, T0 + 10), timer(2, T0 + 20, partition=1), timer(3, T0 + 90)])
     stats = await r.run_round()  # nothing due yet: the wheel holds the three
@@ -254,7 +222,7 @@ async def test_backlog_counts_rows_due_and_timers_handed_over_but_not_fired_yet(
 
 async def test_refresh_sets_the_gauges_and_drops_the_series_of_partitions_let_go() -> None:
     store = open_timer_store("memory://", partitions=P)
-    clock = FakeClock(T0)
+    clock = StillClock(T0)
     r = runner(store, clock)
     ledger = MemoryFailureLedger()
     held = await store.put_many([timer(1, T0 - 3_000), timer(2, T0 + 60_000), timer(3, T0 + 1, 2)])
@@ -388,28 +356,12 @@ def test_web_host_comes_from_the_environment_loopback_by_default() -> None:
 
 # --- the dashboard and the monitoring profile ----------------------------------------------
 
-DASHBOARD = ROOT / "ops" / "grafana" / "tickwheel.json"
-_METRIC = re.compile(r"\btickwheel_[a-z0-9_]+")
-
-
-def dashboard_metrics() -> set[str]:
-    """Every metric name the dashboard's queries use (as exported: `_total`, `_bucket`…)."""
-    dashboard = json.loads(DASHBOARD.read_text())
-    exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
-    assert exprs, "a dashboard without queries"
-    return {m for e in exprs for m in _METRIC.findall(e)}
-
-
-def exported(text: str) -> set[str]:
-    """The metric names of an exposition that carry at least one sample."""
-    return {line.split("{")[0].split(" ")[0] for line in text.splitlines() if line[:1] not in "#"}
-
 
 async def fed() -> NodeMetrics:
     """A NodeMetrics fed as a node feeds it, one of each."""
     metrics = NodeMetrics()
     store = open_timer_store("memory://", partitions=P)
-    clock = FakeClock(T0)
+    clock = StillClock(T0)
     r = runner(store, clock)
     await store.put_many([timer(1, T0)])
     stats = await r.run_round()
@@ -444,7 +396,7 @@ async def test_the_readme_lists_exactly_the_metrics_a_node_exports() -> None:
     metrics = await fed()
     names = {f.name for f in metrics.registry.collect()}
     samples = exported(generate_latest(metrics.registry).decode())
-    listed = set(_METRIC.findall(readme_metrics()))
+    listed = set(METRIC_NAME.findall(readme_metrics()))
     assert listed, "no metric in the README's Metrics subsection"
     # A counter's family is named without `_total`, which its samples carry.
     families = {m.removesuffix("_total") for m in listed}

@@ -7,31 +7,20 @@ from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import orjson
-from pydantic import BaseModel
+from fakes import T0, order_type
 
 from app.commands.processor import CommandProcessor, misrouted, state_key
 from app.kafka import OutRecord, Record
-from app.model.aggregate import AggregateType, Command, Decision
 from app.protocol.wire import CommandEnvelope, EventEnvelope, ResultCode, encode
 from tables import AggregateRef
 from tables.aggregate_store import MemoryAggregateStore
 from tables.partitioner import partition_of
 
-T0 = 1_800_000_000_000
 ORDER = AggregateRef(context="shop", aggregate="order", id="o-1")
 P = partition_of(ORDER.id, 4)  # the order's partition, where its records belong
 
 
-class Order(BaseModel):
-    reminded: int = 0
-
-
-orders = AggregateType("shop", "order", Order)
-
-
-@orders.command("shop.Remind")
-def remind(state: Order, cmd: Command, d: Decision) -> None:
-    d.emit("shop.Reminded", {"n": state.reminded + 1})
+orders = order_type()
 
 
 class FakeTransaction:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from fakes import MIN, T0, Rule
+from fakes import slot_timer as make_timer
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
@@ -24,15 +26,10 @@ from app.timers.runner.decisions import (
     skip_parked,
 )
 from app.timers.runner.options import DAY_MS, RetryPolicy, TimerOptions, backoff_ms
-from tables.refs import AggregateRef
 from tables.rules import CronRule, IntervalRule, OnceRule
 from tables.slots import Slot, first_slot, next_slot
-from tables.timer import CommandSpec, Outcome, Timer, TimerStatus
+from tables.timer import Outcome, Timer, TimerStatus
 
-T0 = 1_800_000_000_000
-MIN = 60_000
-OWNER = AggregateRef(context="shop", aggregate="order", id="o-1")
-TARGET = AggregateRef(context="shop", aggregate="order", id="o-2")
 OPTIONS = TimerOptions()
 
 FIRED_CODES = ["COMMITTED", "DUPLICATE", "UNCHANGED", "REJECTED", SENT]
@@ -46,29 +43,6 @@ FAILED_CODES = [
     "UNKNOWN",
     "",
 ]
-
-
-Rule = OnceRule | IntervalRule | CronRule
-
-
-def make_timer(rule: Rule, slot: Slot | None = None, **fields: object) -> Timer:
-    slot = slot or first_slot(rule, 0)
-    assert slot is not None
-    values: dict[str, object] = {
-        "id": "t-1",
-        "owner": OWNER,
-        "key": "remind",
-        "version": 1,
-        "partition": 0,
-        "rule": rule,
-        "target": TARGET,
-        "command": CommandSpec(type="Remind"),
-        "slot": slot.index,
-        "slot_due_at": slot.due_at,
-        "due_at": slot.due_at,
-    }
-    values.update(fields)
-    return Timer.model_validate(values)
 
 
 def claimed(timer: Timer, now: int, options: TimerOptions = OPTIONS) -> Timer:

@@ -7,13 +7,25 @@ only moves when a test moves it, and the loop's waits are the clock's.
 from __future__ import annotations
 
 import asyncio
-import inspect
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence, Set
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
 
 import pytest
+from fakes import (
+    EVERY_MIN,
+    MIN,
+    OWNER,
+    PARTITIONS,
+    T0,
+    TARGET,
+    Sent,
+    World,
+    always,
+    make_timer,
+    never,
+    raw_store,
+    scripted,
+    until,
+    world,
+)
 
 from app.timers.runner import (
     SENT,
@@ -25,263 +37,11 @@ from app.timers.runner import (
     backoff_ms,
 )
 from app.timers.runner.options import RetryPolicy
-from tables.ledger import LedgerEntry, MemoryFailureLedger
-from tables.refs import AggregateRef
+from tables.ledger import LedgerEntry
 from tables.rules import IntervalRule, OnceRule
-from tables.timer import CommandSpec, Outcome, Timer, TimerChange, TimerStatus
+from tables.timer import Outcome, Timer, TimerChange, TimerStatus
 
-T0 = 1_800_000_000_000
-MIN = 60_000
-PARTITIONS = 3
-OWNER = AggregateRef(context="shop", aggregate="order", id="o-1")
-TARGET = AggregateRef(context="shop", aggregate="order", id="o-2")
-ONCE = OnceRule(at=T0)
-EVERY_MIN = IntervalRule(start=T0, every=MIN)
-
-# --- fakes --------------------------------------------------------------------------------
-
-
-class FakeClock:
-    """Time moves only by `set`/`advance`; sleepers wake when it passes their time."""
-
-    def __init__(self, now: int) -> None:
-        self._now = now
-        self._sleepers: list[tuple[int, asyncio.Future[None]]] = []
-
-    def now(self) -> int:
-        return self._now
-
-    async def sleep_until(self, t: int) -> None:
-        if t <= self._now:
-            return
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        entry = (t, fut)
-        self._sleepers.append(entry)
-        try:
-            await fut
-        finally:
-            self._sleepers.remove(entry)
-
-    @property
-    def sleeping_until(self) -> list[int]:
-        return sorted(t for t, _ in self._sleepers)
-
-    def set(self, t: int) -> None:
-        self._now = max(self._now, t)
-        for at, fut in self._sleepers:
-            if at <= self._now and not fut.done():
-                fut.set_result(None)
-
-    def advance(self, ms: int) -> None:
-        self.set(self._now + ms)
-
-
-@dataclass(frozen=True)
-class Sent:
-    request_id: str
-    target: AggregateRef
-    command: str
-    not_before: int
-    at: int
-
-
-Script = Callable[[Timer], "SendResult | Awaitable[SendResult]"]
-
-
-class FakeSender:
-    """Answers each send with what `script` says for it, and records every send."""
-
-    def __init__(self, clock: FakeClock, script: Script) -> None:
-        self.clock = clock
-        self.script = script
-        self.sends: list[Sent] = []
-        self.timers: list[Timer] = []
-        self.cancelled: list[str] = []
-
-    async def send(self, timer: Timer) -> SendResult:
-        self.timers.append(timer)
-        self.sends.append(
-            Sent(
-                timer.request_id,
-                timer.target,
-                timer.command.type,
-                timer.slot_due_at,
-                self.clock.now(),
-            )
-        )
-        try:
-            result = self.script(timer)
-            if inspect.isawaitable(result):
-                result = await result
-            return result
-        except asyncio.CancelledError:
-            self.cancelled.append(timer.request_id)
-            raise
-
-    @property
-    def request_ids(self) -> list[str]:
-        return [s.request_id for s in self.sends]
-
-
-def always(code: str) -> Script:
-    return lambda _timer: SendResult(code)
-
-
-def scripted(answers: dict[str, list[str]], default: str = "COMMITTED") -> Script:
-    """Per request id, the codes of its sends in turn; `default` once they run out."""
-    queues = {rid: list(codes) for rid, codes in answers.items()}
-
-    def script(timer: Timer) -> SendResult:
-        queue = queues.get(timer.request_id)
-        return SendResult(queue.pop(0) if queue else default)
-
-    return script
-
-
-async def never(_timer: Timer) -> SendResult:
-    await asyncio.Event().wait()
-    raise AssertionError("unreachable")
-
-
-class CountingStore:
-    """The store, with its runner-facing calls counted and hooks to race the runner."""
-
-    def __init__(self, inner: Any) -> None:
-        self.inner = inner
-        self.due_calls: list[tuple[frozenset[int], int, int]] = []
-        self.settle_calls: list[list[TimerChange]] = []
-        self.find_calls = 0
-        self.after_due: Callable[[list[Timer]], Awaitable[None]] | None = None
-        self.before_settle: Callable[[], Awaitable[None]] | None = None
-        self.fail_settle: Callable[[int], bool] = lambda _n: False
-
-    async def due(self, partitions: Set[int], until: int, limit: int) -> list[Timer]:
-        self.due_calls.append((frozenset(partitions), until, limit))
-        rows = await self.inner.due(partitions, until=until, limit=limit)
-        if self.after_due is not None:
-            await self.after_due(rows)
-        return list(rows)
-
-    async def settle(self, changes: list[TimerChange]) -> int:
-        self.settle_calls.append(list(changes))
-        if self.before_settle is not None:
-            await self.before_settle()
-        if self.fail_settle(len(self.settle_calls)):
-            raise OSError("store unavailable")
-        return int(await self.inner.settle(changes))
-
-    async def find(self, owner: AggregateRef, key: str) -> Timer | None:
-        self.find_calls += 1
-        found: Timer | None = await self.inner.find(owner, key)
-        return found
-
-    async def parked(self, target: AggregateRef) -> list[Timer]:
-        return list(await self.inner.parked(target))
-
-
-class SpyLedger(MemoryFailureLedger):
-    """Records what the store held for each timer when the ledger was written; may fail."""
-
-    def __init__(self, store: Any, failures: int = 0) -> None:
-        super().__init__()
-        self.store = store
-        self.failures = failures
-        self.seen: list[TimerStatus] = []
-
-    async def record(
-        self, subscription: str, target: AggregateRef, timers: Sequence[Timer]
-    ) -> None:
-        for t in timers:
-            row = await self.store.find(t.owner, t.key)
-            self.seen.append(row.status)
-        if self.failures > 0:
-            self.failures -= 1
-            raise ConnectionError("ledger unavailable")
-        await super().record(subscription, target, timers)
-
-
-# --- fixtures -----------------------------------------------------------------------------
-
-
-@pytest.fixture(params=["memory", "rocksdb"])
-async def raw_store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Any]:
-    from tables.backends import open_timer_store
-
-    url = "memory://" if request.param == "memory" else f"rocksdb://{tmp_path / 'timers'}"
-    store = open_timer_store(url, partitions=PARTITIONS)
-    try:
-        yield store
-    finally:
-        await store.close()
-
-
-@dataclass
-class World:
-    store: CountingStore
-    clock: FakeClock
-    ledger: SpyLedger
-    sender: FakeSender = field(init=False)
-
-    def runner(
-        self, script: Script | None = None, partitions: Iterable[int] = (0,), **options: Any
-    ) -> TimerRunner:
-        self.sender = FakeSender(self.clock, script or always("COMMITTED"))
-        return TimerRunner(
-            self.store,
-            self.sender,
-            self.clock,
-            self.ledger,
-            TimerOptions.model_validate(options),
-            partitions,
-        )
-
-    async def put(self, **fields: Any) -> Timer:
-        timer = make_timer(**fields)
-        assert await self.store.inner.put(timer)
-        return timer
-
-    async def row(self, key: str = "remind", owner: AggregateRef = OWNER) -> Timer:
-        row: Timer | None = await self.store.inner.find(owner, key)
-        assert row is not None
-        return row
-
-
-@pytest.fixture
-def world(raw_store: Any) -> World:
-    store = CountingStore(raw_store)
-    return World(store, FakeClock(T0), SpyLedger(raw_store))
-
-
-def make_timer(
-    id: str = "t-1",
-    key: str = "remind",
-    rule: OnceRule | IntervalRule = ONCE,
-    partition: int = 0,
-    owner: AggregateRef = OWNER,
-    version: int = 1,
-) -> Timer:
-    due = rule.at if isinstance(rule, OnceRule) else rule.start
-    return Timer(
-        id=id,
-        owner=owner,
-        key=key,
-        version=version,
-        partition=partition,
-        rule=rule,
-        target=TARGET,
-        command=CommandSpec(type="Remind", body={"n": 1}),
-        slot_due_at=due,
-        due_at=due,
-    )
-
-
-async def until(condition: Callable[[], bool], turns: int = 2000) -> None:
-    """Lets the event loop run until `condition` holds; fails rather than hang."""
-    for _ in range(turns):
-        if condition():
-            return
-        await asyncio.sleep(0)
-    raise AssertionError("condition never held")
+__all__ = ["raw_store", "world"]  # the fixtures, imported for pytest
 
 
 async def rounds_until_settled(world: World, runner: TimerRunner, limit: int = 50) -> Timer:

@@ -3,12 +3,12 @@ owner acting on its own partition only, the expiry jump in a round, and the CLI'
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
 import orjson
 import pytest
+from fakes import MIN, OWNER, T0, TARGET, AnsweringSender, CountingStore, StillClock, slot_timer
 from pydantic import ValidationError
 from typer.testing import CliRunner
 
@@ -25,61 +25,15 @@ from app.timers.operator import (
     new_op,
     op_records,
 )
-from app.timers.runner import SendResult, TimerOptions, TimerRunner
+from app.timers.runner import TimerOptions, TimerRunner
 from tables import open_timer_store
 from tables.ledger import MemoryFailureLedger
-from tables.refs import AggregateRef
-from tables.rules import IntervalRule, OnceRule
+from tables.rules import IntervalRule
 from tables.store import TimerStore
-from tables.timer import CommandSpec, Outcome, Timer, TimerChange, TimerStatus
+from tables.timer import Outcome, Timer, TimerChange, TimerStatus
 
-T0 = 1_800_000_000_000
-MIN = 60_000
 DAY = 24 * 60 * MIN
-OWNER = AggregateRef(context="shop", aggregate="order", id="o-1")
-TARGET = AggregateRef(context="shop", aggregate="order", id="o-2")
 SUB = TimerOptions.PARKED_SUBSCRIPTION
-
-
-class Clock:
-    def __init__(self, now: int) -> None:
-        self.t = now
-
-    def now(self) -> int:
-        return self.t
-
-    async def sleep_until(self, t: int) -> None:
-        # Time stands still in these tests: a sleep into the future never ends.
-        if t > self.t:
-            await asyncio.Event().wait()
-
-
-class Sender:
-    def __init__(self) -> None:
-        self.sent: list[str] = []
-
-    async def send(self, timer: Timer) -> SendResult:
-        self.sent.append(timer.request_id)
-        return SendResult("COMMITTED")
-
-
-class CountingStore:
-    def __init__(self, inner: TimerStore) -> None:
-        self.inner = inner
-        self.settles: list[list[TimerChange]] = []
-
-    async def due(self, partitions: set[int], until: int, limit: int) -> list[Timer]:
-        return await self.inner.due(partitions, until, limit)
-
-    async def settle(self, changes: list[TimerChange]) -> int:
-        self.settles.append(changes)
-        return await self.inner.settle(changes)
-
-    async def find(self, owner: AggregateRef, key: str) -> Timer | None:
-        return await self.inner.find(owner, key)
-
-    async def parked(self, target: AggregateRef) -> list[Timer]:
-        return await self.inner.parked(target)
 
 
 @pytest.fixture
@@ -90,20 +44,7 @@ async def store() -> AsyncIterator[TimerStore]:
 
 
 def make(key: str, partition: int, **fields: Any) -> Timer:
-    values: dict[str, Any] = {
-        "id": f"t-{key}",
-        "owner": OWNER,
-        "key": key,
-        "version": 1,
-        "partition": partition,
-        "rule": OnceRule(at=T0),
-        "target": TARGET,
-        "command": CommandSpec(type="Remind"),
-        "slot_due_at": T0,
-        "due_at": T0,
-    }
-    values.update(fields)
-    return Timer.model_validate(values)
+    return slot_timer(id=f"t-{key}", key=key, partition=partition, **fields)
 
 
 async def park(store: TimerStore, key: str, partition: int) -> Timer:
@@ -174,7 +115,9 @@ async def test_retry_in_one_partition_leaves_the_others_parked(store: TimerStore
         await park(store, key, p)
     ledger = MemoryFailureLedger()
     await ledger.record(SUB, TARGET, [make("a", 0)])
-    runner = TimerRunner(store, Sender(), Clock(T0 + MIN), ledger, partitions=[0, 1, 2])
+    runner = TimerRunner(
+        store, AnsweringSender(), StillClock(T0 + MIN), ledger, partitions=[0, 1, 2]
+    )
     op = new_op(TimerAction.RETRY, TARGET, now=T0)
     assert await carry_out(runner, op, 1) == 2
     rows = {t.key: t for t in [await store.find(OWNER, k) for k in "abc"] if t is not None}
@@ -195,7 +138,7 @@ async def test_skip_in_one_partition_cancels_only_its_parked_timers(store: Timer
     await park(store, "a", 0)
     await park(store, "b", 2)
     assert await store.put(make("c", 2))
-    runner = TimerRunner(store, Sender(), Clock(T0), MemoryFailureLedger())
+    runner = TimerRunner(store, AnsweringSender(), StillClock(T0), MemoryFailureLedger())
     assert await runner.skip(TARGET, partitions={2}) == 1
     b = await store.find(OWNER, "b")
     assert b is not None and (b.status, b.outcome) == (TimerStatus.CANCELLED, Outcome.SKIPPED)
@@ -215,10 +158,10 @@ async def test_a_recurring_timer_days_behind_jumps_in_one_write_and_sends_once(
     rule = IntervalRule(start=T0, every=MIN)
     assert await store.put(make("r", 0, rule=rule))
     counting = CountingStore(store)
-    clock, sender = Clock(T0 + 3 * DAY + 1), Sender()
+    clock, sender = StillClock(T0 + 3 * DAY + 1), AnsweringSender()
     runner = TimerRunner(counting, sender, clock, MemoryFailureLedger(), partitions=[0])
     stats = await runner.run_round()
-    assert (stats.expired, stats.claimed, len(counting.settles)) == (1, 0, 1)
+    assert (stats.expired, stats.claimed, len(counting.settle_calls)) == (1, 0, 1)
     row = await store.find(OWNER, "r")
     first = 2 * 24 * 60 + 1  # the first slot due less than a day ago
     assert row is not None

@@ -1,7 +1,7 @@
 """The runner inside a partition task: timers fired in-process, claims committed before a
 remote send, a previous owner's claims taken over at once, and the wheel.
 
-Same fakes as `test_runner_loop` (fake clock, scripted sender, both store backends).
+The fakes of `fakes` (fake clock, scripted sender, both store backends), as `test_runner_loop`.
 """
 
 from __future__ import annotations
@@ -10,11 +10,12 @@ import asyncio
 from typing import Any
 
 import pytest
-from test_runner_loop import (
+from fakes import (
     EVERY_MIN,
     MIN,
     OWNER,
     T0,
+    FakeLocal,
     World,
     make_timer,
     raw_store,
@@ -27,20 +28,6 @@ from tables.exceptions import StoreError
 from tables.timer import Outcome, Timer, TimerChange, TimerStatus
 
 __all__ = ["raw_store", "world"]  # the fixtures, imported for pytest
-
-
-class FakeLocal:
-    """A `LocalFirer` that takes every timer (or none) and keeps what it was handed."""
-
-    def __init__(self, accept: bool = True) -> None:
-        self.accept = accept
-        self.fired: list[Timer] = []
-
-    def accepts(self, timer: Timer) -> bool:
-        return self.accept
-
-    def fire(self, timers: list[Timer]) -> None:
-        self.fired += timers
 
 
 def runner_with(world: World, local: FakeLocal | None = None, **options: Any) -> TimerRunner:

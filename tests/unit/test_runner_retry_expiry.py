@@ -7,10 +7,11 @@ themselves (hypothesis), then rounds of a runner on a fake clock, a restart incl
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 
 import pytest
+from fakes import MIN, OWNER, T0, TARGET, AnsweringSender, StillClock
+from fakes import slot_timer as make
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -19,39 +20,12 @@ from app.timers.runner.decisions import Action, due_since, expire_or_claim, on_o
 from app.timers.runner.options import DAY_MS, RetryPolicy
 from tables import open_timer_store
 from tables.ledger import MemoryFailureLedger
-from tables.refs import AggregateRef
 from tables.rules import IntervalRule, OnceRule
-from tables.slots import first_slot
 from tables.store import TimerStore
-from tables.timer import CommandSpec, Outcome, Timer, TimerStatus
+from tables.timer import Outcome, TimerStatus
 
-T0 = 1_800_000_000_000
-MIN = 60_000
-OWNER = AggregateRef(context="shop", aggregate="order", id="o-1")
-TARGET = AggregateRef(context="shop", aggregate="order", id="o-2")
 SUB = TimerOptions.PARKED_SUBSCRIPTION
 OPTIONS = TimerOptions(retry=RetryPolicy(max_attempts=2))
-ONCE = OnceRule(at=T0)
-
-
-def make(rule: OnceRule | IntervalRule = ONCE, **fields: object) -> Timer:
-    slot = first_slot(rule, 0)
-    assert slot is not None
-    values: dict[str, object] = {
-        "id": "t-1",
-        "owner": OWNER,
-        "key": "remind",
-        "version": 1,
-        "partition": 0,
-        "rule": rule,
-        "target": TARGET,
-        "command": CommandSpec(type="Remind"),
-        "slot": slot.index,
-        "slot_due_at": slot.due_at,
-        "due_at": slot.due_at,
-    }
-    values.update(fields)
-    return Timer.model_validate(values)
 
 
 # --- the decisions ------------------------------------------------------------------------
@@ -140,30 +114,6 @@ def test_a_slot_never_sent_still_expires_from_its_own_due_time() -> None:
 # --- rounds of a runner -------------------------------------------------------------------
 
 
-class Clock:
-    def __init__(self, now: int) -> None:
-        self.t = now
-
-    def now(self) -> int:
-        return self.t
-
-    async def sleep_until(self, t: int) -> None:
-        if t > self.t:
-            await asyncio.Event().wait()
-
-
-class Sender:
-    """Answers with the codes given, then COMMITTED."""
-
-    def __init__(self, *codes: str) -> None:
-        self.codes = list(codes)
-        self.sent: list[str] = []
-
-    async def send(self, timer: Timer) -> SendResult:
-        self.sent.append(timer.request_id)
-        return SendResult(self.codes.pop(0) if self.codes else "COMMITTED")
-
-
 @pytest.fixture
 async def store() -> AsyncIterator[TimerStore]:
     s = open_timer_store("memory://", partitions=1)
@@ -171,10 +121,12 @@ async def store() -> AsyncIterator[TimerStore]:
     await s.close()
 
 
-async def park_one_off(store: TimerStore, clock: Clock, ledger: MemoryFailureLedger) -> TimerRunner:
+async def park_one_off(
+    store: TimerStore, clock: StillClock, ledger: MemoryFailureLedger
+) -> TimerRunner:
     """A one-off due at T0 whose sends fail until it is PARKED, its target in the ledger."""
     assert await store.put(make())
-    runner = TimerRunner(store, Sender("ERROR", "ERROR"), clock, ledger, OPTIONS, [0])
+    runner = TimerRunner(store, AnsweringSender("ERROR", "ERROR"), clock, ledger, OPTIONS, [0])
     for _ in range(OPTIONS.retry.max_attempts):
         row = await store.find(OWNER, "remind")
         assert row is not None
@@ -189,10 +141,10 @@ async def park_one_off(store: TimerStore, clock: Clock, ledger: MemoryFailureLed
 async def test_a_one_off_parked_two_days_after_its_slot_is_sent_on_retry(
     store: TimerStore,
 ) -> None:
-    clock, ledger = Clock(T0), MemoryFailureLedger()
+    clock, ledger = StillClock(T0), MemoryFailureLedger()
     await park_one_off(store, clock, ledger)
     clock.t = T0 + 2 * DAY_MS
-    sender = Sender()
+    sender = AnsweringSender()
     runner = TimerRunner(store, sender, clock, ledger, OPTIONS, [0])
     assert await runner.retry(TARGET) == 1
     assert await ledger.entries() == []
@@ -213,12 +165,12 @@ async def test_the_retry_survives_a_restart_and_fails_into_the_ledger_again(
 ) -> None:
     """The retry is asked on one node; another (the row alone, no memory) sends it, its
     sends fail, and it parks again with its target back in the ledger: never EXPIRED."""
-    clock, ledger = Clock(T0), MemoryFailureLedger()
+    clock, ledger = StillClock(T0), MemoryFailureLedger()
     await park_one_off(store, clock, ledger)
     clock.t = T0 + 2 * DAY_MS
-    first = TimerRunner(store, Sender(), clock, ledger, OPTIONS, [0])
+    first = TimerRunner(store, AnsweringSender(), clock, ledger, OPTIONS, [0])
     assert await first.retry(TARGET) == 1
-    sender = Sender(*["ERROR"] * OPTIONS.retry.max_attempts)
+    sender = AnsweringSender(*["ERROR"] * OPTIONS.retry.max_attempts)
     restarted = TimerRunner(store, sender, clock, ledger, OPTIONS, [0])
     for _ in range(OPTIONS.retry.max_attempts):
         row = await store.find(OWNER, "remind")
@@ -239,8 +191,8 @@ async def test_a_recurring_timer_retried_days_later_sends_its_parked_slot(
     (the expired of those are jumped over as before)."""
     rule = IntervalRule(start=T0, every=MIN, coalesce=False)
     assert await store.put(make(rule))
-    clock, ledger = Clock(T0), MemoryFailureLedger()
-    runner = TimerRunner(store, Sender("ERROR", "ERROR"), clock, ledger, OPTIONS, [0])
+    clock, ledger = StillClock(T0), MemoryFailureLedger()
+    runner = TimerRunner(store, AnsweringSender("ERROR", "ERROR"), clock, ledger, OPTIONS, [0])
     for _ in range(OPTIONS.retry.max_attempts):
         row = await store.find(OWNER, "remind")
         assert row is not None
@@ -249,7 +201,7 @@ async def test_a_recurring_timer_retried_days_later_sends_its_parked_slot(
     row = await store.find(OWNER, "remind")
     assert row is not None and row.status is TimerStatus.PARKED and row.slot == 0
     clock.t = T0 + 3 * DAY_MS
-    sender = Sender()
+    sender = AnsweringSender()
     runner = TimerRunner(store, sender, clock, ledger, OPTIONS, [0])
     assert await runner.retry(TARGET) == 1
     await runner.run_round()

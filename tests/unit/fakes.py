@@ -1,0 +1,392 @@
+"""Fakes the unit tests share: clocks, senders, a counting store, a spying ledger, a local
+firer, timer factories, and the runner's world (a store of each backend, a fake clock, a
+scripted sender) with its fixtures; and the metric names the dashboard queries. Nothing
+here sleeps in real time or needs a broker.
+
+A module that uses the fixtures imports them (`raw_store`, `world`) for pytest to find.
+The integration tests import this module as `tests.unit.fakes`: it imports no test module.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+import re
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence, Set
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pydantic import BaseModel
+
+from app.model.aggregate import AggregateType, Command, Decision
+from app.timers.runner import SendResult, TimerOptions, TimerRunner
+from tables.ledger import MemoryFailureLedger
+from tables.refs import AggregateRef
+from tables.rules import CronRule, IntervalRule, OnceRule
+from tables.slots import Slot, first_slot
+from tables.timer import CommandSpec, Timer, TimerChange, TimerStatus
+
+T0 = 1_800_000_000_000
+MIN = 60_000
+PARTITIONS = 3
+OWNER = AggregateRef(context="shop", aggregate="order", id="o-1")
+TARGET = AggregateRef(context="shop", aggregate="order", id="o-2")
+ONCE = OnceRule(at=T0)
+EVERY_MIN = IntervalRule(start=T0, every=MIN)
+
+# --- clocks -------------------------------------------------------------------------------
+
+
+class FakeClock:
+    """Time moves only by `set`/`advance`; sleepers wake when it passes their time."""
+
+    def __init__(self, now: int) -> None:
+        self._now = now
+        self._sleepers: list[tuple[int, asyncio.Future[None]]] = []
+
+    def now(self) -> int:
+        return self._now
+
+    async def sleep_until(self, t: int) -> None:
+        if t <= self._now:
+            return
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        entry = (t, fut)
+        self._sleepers.append(entry)
+        try:
+            await fut
+        finally:
+            self._sleepers.remove(entry)
+
+    @property
+    def sleeping_until(self) -> list[int]:
+        return sorted(t for t, _ in self._sleepers)
+
+    def set(self, t: int) -> None:
+        self._now = max(self._now, t)
+        for at, fut in self._sleepers:
+            if at <= self._now and not fut.done():
+                fut.set_result(None)
+
+    def advance(self, ms: int) -> None:
+        self.set(self._now + ms)
+
+
+class StillClock:
+    """Time moves only when a test sets `t`; a wait for a later time never ends by itself."""
+
+    def __init__(self, now: int) -> None:
+        self.t = now
+
+    def now(self) -> int:
+        return self.t
+
+    async def sleep_until(self, t: int) -> None:
+        if t > self.t:
+            await asyncio.Event().wait()
+
+
+# --- senders and local firers -------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Sent:
+    request_id: str
+    target: AggregateRef
+    command: str
+    not_before: int
+    at: int
+
+
+Script = Callable[[Timer], "SendResult | Awaitable[SendResult]"]
+
+
+class FakeSender:
+    """Answers each send with what `script` says for it, and records every send."""
+
+    def __init__(self, clock: FakeClock, script: Script) -> None:
+        self.clock = clock
+        self.script = script
+        self.sends: list[Sent] = []
+        self.timers: list[Timer] = []
+        self.cancelled: list[str] = []
+
+    async def send(self, timer: Timer) -> SendResult:
+        self.timers.append(timer)
+        self.sends.append(
+            Sent(
+                timer.request_id,
+                timer.target,
+                timer.command.type,
+                timer.slot_due_at,
+                self.clock.now(),
+            )
+        )
+        try:
+            result = self.script(timer)
+            if inspect.isawaitable(result):
+                result = await result
+            return result
+        except asyncio.CancelledError:
+            self.cancelled.append(timer.request_id)
+            raise
+
+    @property
+    def request_ids(self) -> list[str]:
+        return [s.request_id for s in self.sends]
+
+
+def always(code: str) -> Script:
+    return lambda _timer: SendResult(code)
+
+
+def scripted(answers: dict[str, list[str]], default: str = "COMMITTED") -> Script:
+    """Per request id, the codes of its sends in turn; `default` once they run out."""
+    queues = {rid: list(codes) for rid, codes in answers.items()}
+
+    def script(timer: Timer) -> SendResult:
+        queue = queues.get(timer.request_id)
+        return SendResult(queue.pop(0) if queue else default)
+
+    return script
+
+
+async def never(_timer: Timer) -> SendResult:
+    await asyncio.Event().wait()
+    raise AssertionError("unreachable")
+
+
+class AnsweringSender:
+    """Answers with the codes given, in turn, then with `then`; records each request id."""
+
+    def __init__(self, *codes: str, then: str = "COMMITTED") -> None:
+        self.codes = list(codes)
+        self.then = then
+        self.sent: list[str] = []
+
+    async def send(self, timer: Timer) -> SendResult:
+        self.sent.append(timer.request_id)
+        return SendResult(self.codes.pop(0) if self.codes else self.then)
+
+
+class FakeLocal:
+    """A `LocalFirer` that takes every timer (or none) and keeps what it was handed."""
+
+    def __init__(self, accept: bool = True) -> None:
+        self.accept = accept
+        self.fired: list[Timer] = []
+
+    def accepts(self, timer: Timer) -> bool:
+        return self.accept
+
+    def fire(self, timers: list[Timer]) -> None:
+        self.fired += timers
+
+
+# --- a store that counts, a ledger that spies ---------------------------------------------
+
+
+class CountingStore:
+    """The store, with its runner-facing calls counted and hooks to race the runner."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.due_calls: list[tuple[frozenset[int], int, int]] = []
+        self.settle_calls: list[list[TimerChange]] = []
+        self.find_calls = 0
+        self.after_due: Callable[[list[Timer]], Awaitable[None]] | None = None
+        self.before_settle: Callable[[], Awaitable[None]] | None = None
+        self.fail_settle: Callable[[int], bool] = lambda _n: False
+
+    async def due(self, partitions: Set[int], until: int, limit: int) -> list[Timer]:
+        self.due_calls.append((frozenset(partitions), until, limit))
+        rows = await self.inner.due(partitions, until=until, limit=limit)
+        if self.after_due is not None:
+            await self.after_due(rows)
+        return list(rows)
+
+    async def settle(self, changes: list[TimerChange]) -> int:
+        self.settle_calls.append(list(changes))
+        if self.before_settle is not None:
+            await self.before_settle()
+        if self.fail_settle(len(self.settle_calls)):
+            raise OSError("store unavailable")
+        return int(await self.inner.settle(changes))
+
+    async def find(self, owner: AggregateRef, key: str) -> Timer | None:
+        self.find_calls += 1
+        found: Timer | None = await self.inner.find(owner, key)
+        return found
+
+    async def parked(self, target: AggregateRef) -> list[Timer]:
+        return list(await self.inner.parked(target))
+
+
+class SpyLedger(MemoryFailureLedger):
+    """Records what the store held for each timer when the ledger was written; may fail."""
+
+    def __init__(self, store: Any, failures: int = 0) -> None:
+        super().__init__()
+        self.store = store
+        self.failures = failures
+        self.seen: list[TimerStatus] = []
+
+    async def record(
+        self, subscription: str, target: AggregateRef, timers: Sequence[Timer]
+    ) -> None:
+        for t in timers:
+            row = await self.store.find(t.owner, t.key)
+            self.seen.append(row.status)
+        if self.failures > 0:
+            self.failures -= 1
+            raise ConnectionError("ledger unavailable")
+        await super().record(subscription, target, timers)
+
+
+# --- the runner's world -------------------------------------------------------------------
+
+
+@pytest.fixture(params=["memory", "rocksdb"])
+async def raw_store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Any]:
+    from tables.backends import open_timer_store
+
+    url = "memory://" if request.param == "memory" else f"rocksdb://{tmp_path / 'timers'}"
+    store = open_timer_store(url, partitions=PARTITIONS)
+    try:
+        yield store
+    finally:
+        await store.close()
+
+
+@dataclass
+class World:
+    store: CountingStore
+    clock: FakeClock
+    ledger: SpyLedger
+    sender: FakeSender = field(init=False)
+
+    def runner(
+        self, script: Script | None = None, partitions: Iterable[int] = (0,), **options: Any
+    ) -> TimerRunner:
+        self.sender = FakeSender(self.clock, script or always("COMMITTED"))
+        return TimerRunner(
+            self.store,
+            self.sender,
+            self.clock,
+            self.ledger,
+            TimerOptions.model_validate(options),
+            partitions,
+        )
+
+    async def put(self, **fields: Any) -> Timer:
+        timer = make_timer(**fields)
+        assert await self.store.inner.put(timer)
+        return timer
+
+    async def row(self, key: str = "remind", owner: AggregateRef = OWNER) -> Timer:
+        row: Timer | None = await self.store.inner.find(owner, key)
+        assert row is not None
+        return row
+
+
+@pytest.fixture
+def world(raw_store: Any) -> World:
+    store = CountingStore(raw_store)
+    return World(store, FakeClock(T0), SpyLedger(raw_store))
+
+
+def make_timer(
+    id: str = "t-1",
+    key: str = "remind",
+    rule: OnceRule | IntervalRule = ONCE,
+    partition: int = 0,
+    owner: AggregateRef = OWNER,
+    version: int = 1,
+) -> Timer:
+    due = rule.at if isinstance(rule, OnceRule) else rule.start
+    return Timer(
+        id=id,
+        owner=owner,
+        key=key,
+        version=version,
+        partition=partition,
+        rule=rule,
+        target=TARGET,
+        command=CommandSpec(type="Remind", body={"n": 1}),
+        slot_due_at=due,
+        due_at=due,
+    )
+
+
+Rule = OnceRule | IntervalRule | CronRule
+
+
+def slot_timer(rule: Rule = ONCE, slot: Slot | None = None, **fields: object) -> Timer:
+    """OWNER's PENDING timer "remind" (id t-1, partition 0) of `rule` at `slot` (its first
+    by default), sending TARGET a `Remind`; `fields` override any of its fields."""
+    slot = slot or first_slot(rule, 0)
+    assert slot is not None
+    values: dict[str, object] = {
+        "id": "t-1",
+        "owner": OWNER,
+        "key": "remind",
+        "version": 1,
+        "partition": 0,
+        "rule": rule,
+        "target": TARGET,
+        "command": CommandSpec(type="Remind"),
+        "slot": slot.index,
+        "slot_due_at": slot.due_at,
+        "due_at": slot.due_at,
+    }
+    values.update(fields)
+    return Timer.model_validate(values)
+
+
+async def until(condition: Callable[[], bool], turns: int = 2000) -> None:
+    """Lets the event loop run until `condition` holds; fails rather than hang."""
+    for _ in range(turns):
+        if condition():
+            return
+        await asyncio.sleep(0)
+    raise AssertionError("condition never held")
+
+
+# --- an aggregate ------------------------------------------------------------------------
+
+
+class Order(BaseModel):
+    reminded: int = 0
+
+
+def order_type() -> AggregateType[Order]:
+    """A `shop.order` aggregate type of its own: `shop.Remind` emits `shop.Reminded`."""
+    orders = AggregateType("shop", "order", Order)
+
+    @orders.command("shop.Remind")
+    def remind(state: Order, cmd: Command, d: Decision) -> None:
+        d.emit("shop.Reminded", {"n": state.reminded + 1})
+
+    return orders
+
+
+# --- the metrics the dashboard queries ----------------------------------------------------
+
+DASHBOARD = Path(__file__).resolve().parents[2] / "ops" / "grafana" / "tickwheel.json"
+METRIC_NAME = re.compile(r"\btickwheel_[a-z0-9_]+")
+
+
+def dashboard_metrics() -> set[str]:
+    """Every metric name the dashboard's queries use (as exported: `_total`, `_bucket`…)."""
+    dashboard = json.loads(DASHBOARD.read_text())
+    exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
+    assert exprs, "a dashboard without queries"
+    return {m for e in exprs for m in METRIC_NAME.findall(e)}
+
+
+def exported(text: str) -> set[str]:
+    """The metric names of an exposition that carry at least one sample."""
+    return {line.split("{")[0].split(" ")[0] for line in text.splitlines() if line[:1] not in "#"}
