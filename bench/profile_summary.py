@@ -38,15 +38,21 @@ GROUPS = [
 
 # Checked root-first: a sample counts for the outermost step of the worker it is under.
 STAGES = [
-    ("subscription: log → timer table (Node._subscribe)", ("_subscribe (app/node/node.py",)),
-    ("command path (CommandProcessor.handle)", ("handle (app/commands/processor.py",)),
+    (
+        "subscription: log → timer table (PartitionCycles._subscribe)",
+        ("_subscribe (app/node/cycles.py",),
+    ),
+    (
+        "command path (CommandProcessor.decide_records / decide_local)",
+        ("decide_records (app/commands/processor.py", "decide_local (app/commands/processor.py"),
+    ),
     ("runner: due/claim/outcomes (TimerRunner._round)", ("_round (app/timers/runner/runner.py",)),
     (
         "runner: a send (TimerRunner._send_one, KafkaSender)",
-        ("_send_one (app/runner", "send (app/timers/sender.py"),
+        ("_send_one (app/timers/runner", "send (app/timers/sender.py"),
     ),
     ("results reader (ResultsReader._run)", ("_run (app/timers/sender.py",)),
-    ("changelog commits (Node._commit_changelogs)", ("_commit_changelogs (app/node/node.py",)),
+    ("changelog commits (Commits.run)", ("run (app/node/commits.py",)),
     ("consumer poll / offsets (Node._read)", ("_read (app/node/node.py",)),
     ("aiokafka producer tasks (produce + txn requests)", ("aiokafka/producer/",)),
     ("aiokafka fetcher task", ("aiokafka/consumer/fetcher.py",)),

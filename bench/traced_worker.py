@@ -61,25 +61,30 @@ def _wrap(
 
 
 def install() -> None:
-    from app import changelog, kafka, node, sender
+    from app.kafka import consumers, producers
+    from app.node import cycles
+    from app.timers import changelog, sender
     from app.timers.runner import runner
-    from tables import store
+    from tables import partitioned
 
     def round_stats(stats: Any) -> None:
         if stats.loaded:
             _count("round.loaded", stats.loaded)
             _count("round.claimed", stats.claimed)
 
-    _wrap(node.Node, "_cycle", "node._cycle: one partition cycle (decide and stage)")
-    _wrap(node.Node, "_subscribe", "node._subscribe: a log batch into the timer table")
-    _wrap(kafka.GroupConsumer, "poll", "consumer.poll")
+    cycle = cycles.PartitionCycles
+    _wrap(cycle, "_cycle", "cycles._cycle: one partition cycle (decide and stage)")
+    _wrap(cycle, "_subscribe", "cycles._subscribe: a log batch into the timer table")
+    _wrap(consumers.GroupConsumer, "poll", "consumer.poll")
     _wrap(changelog.Transaction, "send", "txn.send: a partition's commit (incl. lock wait)")
-    _wrap(kafka.TransactionalProducer, "_commit", "txn._commit: offsets + EndTxn round trips")
-    _wrap(kafka.Producer, "send_many", "producer.send_many: a command to the broker (ack)")
-    _wrap(store.PartitionedStore, "put", "store.put")
-    _wrap(store.PartitionedStore, "settle", "store.settle (incl. store lock + sink)")
-    _wrap(store.PartitionedStore, "_commit", "store._commit: sink (changelog append) + RocksDB")
-    _wrap(store.PartitionedStore, "due", "store.due")
+    _wrap(producers.TransactionalProducer, "_commit", "txn._commit: offsets + EndTxn round trips")
+    _wrap(producers.Producer, "send_many", "producer.send_many: a command to the broker (ack)")
+    _wrap(partitioned.PartitionedStore, "put", "store.put")
+    _wrap(partitioned.PartitionedStore, "settle", "store.settle (incl. store lock + sink)")
+    _wrap(
+        partitioned.PartitionedStore, "_commit", "store._commit: sink (changelog append) + RocksDB"
+    )
+    _wrap(partitioned.PartitionedStore, "due", "store.due")
     _wrap(
         runner.TimerRunner, "_round", "runner._round: due → claim → sends → outcomes", round_stats
     )
@@ -108,18 +113,18 @@ def experiments(names: str) -> None:
     """
     for name in filter(None, (n.strip() for n in names.split(","))):
         if name == "changelog_linger":
-            from app import kafka
+            from app.kafka import producers
 
-            original = kafka.AIOKafkaProducer
+            original = producers.AIOKafkaProducer
 
             def lingering(*args: Any, original: Any = original, **kwargs: Any) -> Any:
                 if ".timers." in (kwargs.get("transactional_id") or ""):
                     kwargs["linger_ms"] = 50
                 return original(*args, **kwargs)
 
-            kafka.AIOKafkaProducer = lingering  # type: ignore[misc]
+            producers.AIOKafkaProducer = lingering  # type: ignore[misc]
         elif name == "results_key_first":
-            from app import sender
+            from app.timers import sender
 
             async def _run(self: Any) -> None:
                 while True:
@@ -137,10 +142,10 @@ def experiments(names: str) -> None:
 
             sender.ResultsReader._run = _run  # type: ignore[method-assign]
         elif name == "batch1m":
-            from app import kafka
+            from app.kafka import producers
 
-            kafka.AIOKafkaProducer = functools.partial(  # type: ignore[misc]
-                kafka.AIOKafkaProducer, max_batch_size=1 << 20
+            producers.AIOKafkaProducer = functools.partial(  # type: ignore[misc]
+                producers.AIOKafkaProducer, max_batch_size=1 << 20
             )
         else:
             raise SystemExit(f"unknown experiment {name!r}")
