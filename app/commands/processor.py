@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from app.errors import BadRecord
-from app.kafka import OutRecord, Reader, Record
+from app.kafka import LogReader, OutRecord, Record
 from app.kafka.records import RestoreProgress
 from app.model.aggregate import AggregateType
 from app.model.decide import Decided, StoredAggregate, decide, fold
@@ -180,7 +180,7 @@ class CommandProcessor:
         self._pending_states: dict[str, tuple[StoredAggregate, CommandBatch]] = {}
         self._pending_applied: dict[tuple[str, str], CommandBatch] = {}
 
-    async def restore(self, reader: Reader, progress: RestoreProgress | None = None) -> int:
+    async def restore(self, reader: LogReader, progress: RestoreProgress | None = None) -> int:
         """Folds the events after the state store's offset into it; how many were read.
         `progress` hears the log offsets read and to read as it goes.
 

@@ -21,9 +21,11 @@ from pathlib import Path
 
 from app.errors import KafkaUnavailable
 from app.kafka import (
+    KafkaClients,
+    LogReader,
     OutRecord,
-    Reader,
-    TransactionalProducer,
+    TransactionalWriter,
+    WriterFactory,
 )
 from app.kafka.records import RestoreProgress
 from tables import ChangelogRecord, TimerStore
@@ -51,30 +53,33 @@ class TransactionalChangelog:
     log's subscription, timer ops) through the partition's transactional producer, in one
     transaction. Callers serialise a partition's commits (the node's partition lock), so
     rows buffered before a commit are in it or in an earlier one.
+
+    `writers` makes a partition's producer from its transactional id (`Clients.
+    transactional_writer`); a bootstrap address stands for Kafka's (`KafkaClients`).
     """
 
     def __init__(
         self,
-        bootstrap: str,
+        writers: WriterFactory | str,
         topic: str,
         group_id: str,
         *,
         on_commit: Callable[[float], None] | None = None,
     ) -> None:
-        self.bootstrap = bootstrap
+        self._writers = (
+            KafkaClients(writers).transactional_writer if isinstance(writers, str) else writers
+        )
         self.topic = topic
         self.group_id = group_id
         # Told each successful commit's duration in seconds (the commit-time histogram).
         self._on_commit = on_commit
-        self._producers: dict[int, TransactionalProducer] = {}
+        self._producers: dict[int, TransactionalWriter] = {}
         self._buffer: dict[int, list[OutRecord]] = {}
         self._staged: dict[int, _Staged] = {}
 
     async def open(self, partition: int) -> None:
         """Starts the partition's producer, fencing its previous owner's."""
-        producer = TransactionalProducer(
-            self.bootstrap, f"{self.group_id}.{self.topic}.{partition}"
-        )
+        producer = self._writers(f"{self.group_id}.{self.topic}.{partition}")
         try:
             await producer.start()
         except BaseException:
@@ -189,7 +194,7 @@ class Transaction:
 
     def __init__(
         self,
-        producer: TransactionalProducer,
+        producer: TransactionalWriter,
         group_id: str,
         rows: list[OutRecord],
         staged: _Staged,
@@ -252,7 +257,7 @@ class CleanMarks:
 
 async def restore_partition(
     store: TimerStore,
-    reader: Reader,
+    reader: LogReader,
     topic: str,
     partition: int,
     *,

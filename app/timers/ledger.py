@@ -31,8 +31,9 @@ from pydantic import ValidationError
 
 from app.errors import BadRecord, KafkaUnavailable
 from app.kafka import (
-    PartitionReader,
-    Producer,
+    Clients,
+    KafkaClients,
+    Publisher,
     Record,
     read_partitions,
     require_topic,
@@ -196,25 +197,26 @@ class KafkaFailureLedger:
     `start()` reads the topic to its end before it returns, then a task follows it;
     `record` and `resolve` return once the broker acknowledged the write, and raise
     (`KafkaUnavailable`, `TimeoutError`) when it did not: a park is then not written.
-    The producer is the node's, started and stopped by it.
+    The producer is the node's, started and stopped by it. `clients` makes the follower and
+    the reader (`app.kafka.ports.Clients`); a bootstrap address stands for Kafka's.
     """
 
     def __init__(
         self,
-        bootstrap: str,
+        clients: Clients | str,
         context: str,
         partitions: int,
-        producer: Producer,
+        producer: Publisher,
         *,
         timeout_ms: int = DEFAULT_TIMEOUT_MS,
     ) -> None:
         self.topic = ContextTopics(context).ledger
-        self._bootstrap = bootstrap
+        self._clients: Clients = KafkaClients(clients) if isinstance(clients, str) else clients
         self._partitions = partitions
         self._producer = producer
         self._timeout = timeout_ms / 1000
         self._view = LedgerView()
-        self._reader = PartitionReader(bootstrap, self.topic)
+        self._reader = self._clients.follower(self.topic)
         self._follower: asyncio.Task[None] | None = None
         self._lock = asyncio.Lock()
 
@@ -226,12 +228,7 @@ class KafkaFailureLedger:
             # to the end runs is read by one or both, and applying twice changes nothing.
             for p in range(self._partitions):
                 await self._reader.add(p)
-            count = 0
-            parts = range(self._partitions)
-            async for batch in read_partitions(self._bootstrap, self.topic, parts):
-                for record in batch:
-                    self._view.apply_record(record)
-                count += len(batch)
+            count = await self._read_to_end()
         except BaseException:
             await self._reader.stop()
             raise
@@ -242,6 +239,21 @@ class KafkaFailureLedger:
             count,
             len(self._view.entries()),
         )
+
+    async def _read_to_end(self) -> int:
+        """Applies every partition from its start to its end as it is now; how many records."""
+        count = 0
+        reader = self._clients.reader()
+        try:
+            await reader.start()
+            for p in range(self._partitions):
+                async for batch in reader.read(self.topic, p, 0):
+                    for record in batch:
+                        self._view.apply_record(record)
+                    count += len(batch)
+        finally:
+            await reader.stop()
+        return count
 
     async def stop(self) -> None:
         if self._follower is not None:

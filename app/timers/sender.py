@@ -13,7 +13,7 @@ import logging
 from collections.abc import Callable
 
 from app.errors import BadRecord
-from app.kafka import PartitionReader, Producer
+from app.kafka import FollowerFactory, KafkaClients, Publisher
 from app.protocol.topics import AggregateTopics, ContextTopics
 from app.protocol.wire import CommandEnvelope, CommandResult, decode, encode
 from app.timers.runner.decisions import SENT, SendResult
@@ -48,11 +48,17 @@ def timer_command(
 
 
 class ResultsReader:
-    """Reads the owned partitions of a context's results topic; resolves waiting sends."""
+    """Reads the owned partitions of a context's results topic; resolves waiting sends.
 
-    def __init__(self, bootstrap: str, context: str) -> None:
+    `followers` makes the topic's follower (`Clients.follower`); a bootstrap address stands
+    for Kafka's (`KafkaClients`).
+    """
+
+    def __init__(self, followers: FollowerFactory | str, context: str) -> None:
         self.topic = ContextTopics(context).results
-        self._reader = PartitionReader(bootstrap, self.topic)
+        if isinstance(followers, str):
+            followers = KafkaClients(followers).follower
+        self._reader = followers(self.topic)
         self._waiting: dict[str, asyncio.Future[CommandResult]] = {}
         self._task: asyncio.Task[None] | None = None
 
@@ -103,7 +109,7 @@ class KafkaSender:
 
     def __init__(
         self,
-        producer: Producer,
+        producer: Publisher,
         results: ResultsReader,
         context: str,
         now: Callable[[], int],
