@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+from prometheus_client.parser import text_string_to_metric_families
 
 from app.kafka import Producer, TopicSpec, ensure_topics, read_partitions
 from app.node import node_topics
@@ -78,6 +79,33 @@ class Worker:
         except (OSError, ValueError):
             return None
         return body
+
+    def metrics(self, timeout: float = 5) -> list[tuple[str, dict[str, str], float]] | None:
+        """Every sample its `/metrics` exports (name, labels, value), or None while it does
+        not answer."""
+        if self.port is None:
+            raise AssertionError(f"{self.name} runs without an HTTP port")
+        url = f"http://127.0.0.1:{self.port}/metrics"
+        try:
+            with urllib.request.urlopen(url, timeout=timeout) as response:
+                text = response.read().decode()
+        except (OSError, ValueError):
+            return None
+        return [
+            (s.name, dict(s.labels), s.value)
+            for family in text_string_to_metric_families(text)
+            for s in family.samples
+        ]
+
+    def metric(self, name: str, **labels: str) -> float:
+        """The sum of the samples of `name` (as exported, e.g. `..._total`) whose labels
+        include `labels`: 0 while nothing was counted, or while the worker does not answer."""
+        samples = self.metrics() or []
+        return sum(
+            v
+            for n, ls, v in samples
+            if n == name and all(ls.get(k) == x for k, x in labels.items())
+        )
 
     @property
     def alive(self) -> bool:
@@ -221,6 +249,11 @@ async def eventually(
         await asyncio.sleep(interval)
 
 
+async def sleep_until(epoch_ms: int) -> None:
+    """Waits for a wall-clock instant itself (a timer's due time), not for a state."""
+    await asyncio.sleep(max(0.0, epoch_ms / 1000 - time.time()))
+
+
 class Client:
     """Sends commands to a cluster's context and reads its topics."""
 
@@ -353,4 +386,13 @@ class Client:
         return {k: found[k] for k in wanted}
 
 
-__all__ = ["Client", "Cluster", "TopicSpec", "Worker", "eventually", "new_context", "owned"]
+__all__ = [
+    "Client",
+    "Cluster",
+    "TopicSpec",
+    "Worker",
+    "eventually",
+    "new_context",
+    "owned",
+    "sleep_until",
+]

@@ -3,14 +3,13 @@ a timer back (DESIGN.md, invariant 2), whatever it writes beside the new one."""
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from harness import Client, Cluster, eventually, owned
+from harness import Client, Cluster, eventually, owned, sleep_until
 
 from app.protocol.wire import SCHEDULE_SET, EventEnvelope
 from tables import ACTIVE, AggregateRef, Timer, TimerStatus
@@ -75,8 +74,15 @@ async def mixed_history(client: Client) -> list[tuple[AggregateRef, str]]:
         for i in range(30)
     ]
     await client.write_events(*stale)
-    # Let the recurring ones run a few slots, then stop them.
-    await asyncio.sleep(4)
+    # Let the recurring ones run a few slots (the changelog has them at slot 3), then stop them.
+    ticking = {f"o{i}" for i in range(30) if i % 10 != 1}
+
+    async def ran_slots() -> bool:
+        rows = await client.timers()
+        ticks = {t.owner.id: t.slot for t in rows.values() if t.key == "tick"}
+        return all(ticks.get(o, 0) >= 3 for o in ticking)
+
+    await eventually(ran_slots, 60, "every recurring timer ran 3 slots")
     stop = [
         client.command(f"o{i}", "Unschedule", {"keys": ["tick"]}, request_id=f"s{i}")
         for i in range(30)
@@ -93,12 +99,15 @@ async def test_restore_from_changelog_equals_the_live_table(cluster: Cluster) ->
         await cluster.wait_owned(w1)
         keys = await mixed_history(client)
 
-        async def soon_fired() -> bool:
-            rows = await client.timers()
-            return all(t.status != TimerStatus.PENDING for t in rows.values() if t.key == "soon")
+        async def settled() -> bool:
+            # The soon timers fired and no send is in flight: nothing changes any more.
+            rows = (await client.timers()).values()
+            soon = [t for t in rows if t.key == "soon"]
+            return all(
+                t.status in (TimerStatus.FIRED, TimerStatus.CANCELLED) for t in soon
+            ) and all(t.status != TimerStatus.FIRING for t in rows)
 
-        await eventually(soon_fired, 60, "the soon timers fired")
-        await asyncio.sleep(2)
+        await eventually(settled, 60, "the soon timers fired, no send in flight")
         assert w1.stop() == 0
         live = await cluster.local_rows(w1, keys)
         statuses = {t.status for t in live.values() if t is not None}
@@ -108,17 +117,16 @@ async def test_restore_from_changelog_equals_the_live_table(cluster: Cluster) ->
 
         # A node that never had the partitions restores them from the changelog alone.
         w2 = cluster.start_worker("w2")
-        await cluster.wait_owned(w2)
-        await asyncio.sleep(1)
+        await eventually(lambda: len(owned(w2)) == PARTITIONS, 60, "w2 restored everything")
         assert w2.stop() == 0
         assert await cluster.local_rows(w2, keys) == live
 
         # The first node again: its local copy plus the changelog's tail.
         w1b = cluster.start_worker("w1")
-        await cluster.wait_owned(w1b)
-        await asyncio.sleep(1)
+        await eventually(lambda: len(owned(w1b)) == PARTITIONS, 60, "w1 restored everything")
+        restores = w1b.metric("tickwheel_restore_duration_seconds_count", store="timers")
+        assert restores >= PARTITIONS, w1b.text()
         assert w1b.stop() == 0
-        assert "restored" in w1b.text()
         assert await cluster.local_rows(w1b, keys) == live
 
         # And the changelog itself says the same.
@@ -155,18 +163,46 @@ async def test_an_old_owner_beside_the_new_one_never_moves_a_timer_back(cluster:
         await client.send(*commands)
         await client.wait_results([c.request_id for c in commands])
         # The old owner stalls just as its timers fall due; the group moves on without it.
-        await asyncio.sleep(2.5)
+        await sleep_until(now + 2_500)
+        restored = "tickwheel_restore_duration_seconds_count"
+        taken_before = old.metric(restored, store="timers")
+        assert taken_before >= 1, old.text()
         old.freeze()
         new = cluster.start_worker("new")
         await eventually(lambda: len(owned(new)) == PARTITIONS, 60, "new owner has everything")
-        await asyncio.sleep(2)
-        # The old owner wakes up believing it still owns everything, with a stale table.
+        # It moves the timers on: what the old owner's table holds is stale now.
+        await eventually(
+            lambda: new.metric("tickwheel_timer_actions_total", action="fired") >= 40,
+            30,
+            "the new owner fired timers",
+        )
+        # The old owner wakes up believing it still owns everything, with a stale table;
+        # it finds out it does not, lets its partitions go and takes those the group gives
+        # it afresh (restored from the changelog), beside the new owner.
         old.thaw()
-        await asyncio.sleep(6)
+
+        def shared() -> bool:
+            mine, theirs = set(owned(old)), set(owned(new))
+            return (
+                old.metric(restored, store="timers") > taken_before
+                and bool(mine)
+                and not mine & theirs
+                and mine | theirs == set(range(PARTITIONS))
+            )
+
+        await eventually(shared, 60, "the old owner took partitions afresh beside the new one")
         stop = [client.command(f"o{i}", "Unschedule", {"keys": ["tick"]}) for i in range(40)]
         await client.send(*stop)
         await client.wait_results([c.request_id for c in stop])
-        await asyncio.sleep(3)
+
+        async def final() -> bool:
+            rows = (await client.timers()).values()
+            return all(
+                t.status == TimerStatus.FIRED if t.key != "tick" else t.status not in ACTIVE
+                for t in rows
+            )
+
+        await eventually(final, 60, "every timer fired, the recurring ones stopped")
 
         history = await client.changelog_history()
         problems = {k: why for k, rows in history.items() if (why := never_moves_back(rows))}
@@ -184,8 +220,3 @@ async def test_an_old_owner_beside_the_new_one_never_moves_a_timer_back(cluster:
                 assert f"{t.id}#0" in per_request
             else:
                 assert t.status not in ACTIVE, (owner, key, t.status)
-        assert (
-            "fenced" in old.text()
-            or "taken over" in old.text()
-            or "owning partitions []" in old.text()
-        )

@@ -4,13 +4,12 @@ in-process commits with its claim, so a fenced owner can do neither."""
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from harness import Client, Cluster, eventually, owned
+from harness import Client, Cluster, eventually, owned, sleep_until
 
 from tables.partitioner import partition_of
 
@@ -42,6 +41,14 @@ async def test_a_thawed_owner_never_applies_a_timer_the_new_owner_cancelled(
         await cluster.wait_owned(old)
         due = int(time.time() * 1000) + 25_000
         owners = [f"o{i}" for i in range(24)]
+        sentinels = [
+            next(
+                f"later-{p}-{i}"
+                for i in range(1000)
+                if partition_of(f"later-{p}-{i}", PARTITIONS) == p
+            )
+            for p in range(PARTITIONS)
+        ]
         schedule = [
             client.command(
                 owner,
@@ -72,13 +79,23 @@ async def test_a_thawed_owner_never_applies_a_timer_the_new_owner_cancelled(
         new = cluster.start_worker("new")
         await eventually(lambda: len(owned(new)) == PARTITIONS, 60, "new owner has everything")
         cancel = [client.command(o, "Unschedule", {"keys": ["local", "remote"]}) for o in owners]
-        await client.send(*cancel)
-        await client.wait_results([c.request_id for c in cancel])
+        # A timer in each partition due just after the cancelled ones, which nobody cancels:
+        # once the old owner applied them all, its loop had passed the cancelled ones' due time.
+        later = [
+            client.command(
+                sentinel,
+                "Schedule",
+                {"key": "later", "rule": {"kind": "once", "at": due + 500}},
+            )
+            for sentinel in sentinels
+        ]
+        await client.send(*cancel, *later)
+        await client.wait_results([c.request_id for c in [*cancel, *later]])
         assert time.time() * 1000 < due, "cancelled before the due time (machine too slow)"
         # Stop the new owner too, so that only the old one could fire, then wake the old one
         # once everything is due: its stale table still holds every timer PENDING.
         assert new.stop() == 0
-        await asyncio.sleep(max(0.0, (due + 1_000) / 1000 - time.time()))  # the due time
+        await sleep_until(due + 1_000)  # everything is due
         old.thaw()
         # It knows at once that it was stopped for longer than its session: not ready
         # (not a 200 for the partitions it no longer owns) until the group answers.
@@ -92,7 +109,13 @@ async def test_a_thawed_owner_never_applies_a_timer_the_new_owner_cancelled(
             60,
             "the old owner took its partitions again",
         )
-        await asyncio.sleep(2)  # a round or two of its timer loop
-        fired = [e for e in await client.events() if e.type == "Fired"]
+
+        async def later_fired() -> bool:
+            events = await client.events()
+            return {e.aggregate.id for e in events if e.type == "Fired"} >= set(sentinels)
+
+        await eventually(later_fired, 60, "the old owner applied the later timers")
+        events = await client.events()
+        fired = [e for e in events if e.type == "Fired" and e.aggregate.id not in sentinels]
         assert fired == [], f"{len(fired)} cancelled timer(s) applied by the fenced owner"
         assert old.alive, old.text()[-3000:]
