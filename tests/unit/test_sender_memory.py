@@ -1,0 +1,162 @@
+"""The firer's Kafka side on the in-memory log: a timer's command goes to its target's
+command topic, the target's owner decides it in a transaction whose result lands on the
+results partition of the timer, and the `ResultsReader` hands it to the waiting send."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Sequence
+
+import pytest
+from pydantic import BaseModel
+
+from app.commands.processor import CommandProcessor
+from app.kafka import OutRecord, TopicSpec
+from app.kafka.memory import MemoryLog
+from app.model.aggregate import AggregateType, Command, Decision
+from app.protocol.topics import AggregateTopics, ContextTopics
+from app.protocol.wire import CommandEnvelope, CommandResult, ResultCode, decode, encode
+from app.timers.changelog import TransactionalChangelog
+from app.timers.runner import SENT
+from app.timers.sender import KafkaSender, ResultsReader
+from tables import AggregateRef, CommandSpec, OnceRule, Timer
+from tables.aggregate_store import MemoryAggregateStore
+from tables.partitioner import partition_of
+
+T0 = 1_800_000_000_000
+PARTITIONS = 4
+TOPICS = AggregateTopics("shop", "order")
+RESULTS = ContextTopics("shop").results
+OWNER = AggregateRef(context="shop", aggregate="order", id="o-1")
+TARGET = AggregateRef(context="shop", aggregate="order", id="o-2")
+P = partition_of(OWNER.id, PARTITIONS)
+Q = partition_of(TARGET.id, PARTITIONS)
+
+
+class Order(BaseModel):
+    pass
+
+
+orders = AggregateType("shop", "order", Order)
+
+
+@orders.command("shop.Remind")
+def remind(state: Order, cmd: Command, d: Decision) -> None:
+    d.emit("shop.Reminded", {})
+
+
+def memory_log() -> MemoryLog:
+    names = [TOPICS.commands, TOPICS.events, TOPICS.timers_changelog, RESULTS]
+    other = AggregateTopics("billing", "invoice").commands
+    dead = ContextTopics("shop").dead_letters
+    specs = [TopicSpec(n, PARTITIONS) for n in names]
+    return MemoryLog([*specs, TopicSpec(other, 2), TopicSpec(dead, 1)])
+
+
+def timer(target: AggregateRef = TARGET) -> Timer:
+    return Timer(
+        id="t-1",
+        owner=OWNER,
+        key="remind",
+        version=1,
+        partition=P,
+        rule=OnceRule(at=T0),
+        target=target,
+        command=CommandSpec(type="shop.Remind"),
+        slot_due_at=T0,
+        due_at=T0,
+    )
+
+
+@pytest.fixture
+async def results() -> AsyncIterator[tuple[MemoryLog, ResultsReader]]:
+    log = memory_log()
+    reader = ResultsReader(log.follower, "shop")
+    await reader.start()
+    await reader.add_partition(P)
+    yield log, reader
+    await reader.stop()
+
+
+async def target_owner(log: MemoryLog) -> None:
+    """The target partition's owner: reads its commands, decides them in its transaction."""
+    changelog = TransactionalChangelog(log.transactional_writer, TOPICS.timers_changelog, "g")
+    await changelog.open(Q)
+
+    async def commit(
+        records: Sequence[OutRecord], offsets: dict[tuple[str, int], int]
+    ) -> list[int]:
+        return await changelog.commit(Q, offsets, records)
+
+    processor = CommandProcessor(
+        orders,
+        Q,
+        partitions=PARTITIONS,
+        states=MemoryAggregateStore(),
+        commit=commit,
+        now=lambda: T0,
+    )
+    commands = log.follower(TOPICS.commands)
+    await commands.add(Q)
+    while True:
+        records = await commands.poll(timeout_ms=1_000)
+        if records:
+            await processor.handle(records)
+
+
+async def test_a_command_to_its_own_context_waits_for_its_result_from_the_log(
+    results: tuple[MemoryLog, ResultsReader],
+) -> None:
+    log, reader = results
+    owner = asyncio.create_task(target_owner(log))
+    await asyncio.sleep(0)
+    try:
+        sender = KafkaSender(log.publisher(), reader, "shop", lambda: T0)
+        outcome = await asyncio.wait_for(sender.send(timer()), 5)
+        assert outcome.code == "COMMITTED"
+        again = await asyncio.wait_for(sender.send(timer()), 5)
+        assert again.code == "DUPLICATE"
+    finally:
+        owner.cancel()
+        await asyncio.gather(owner, return_exceptions=True)
+    sent = [decode(CommandEnvelope, r.value) for r in log.records(TOPICS.commands, Q)]
+    assert [(c.request_id, c.reply_to, c.reply_partition) for c in sent] == [
+        ("t-1#0", RESULTS, P),
+        ("t-1#0", RESULTS, P),
+    ]
+    assert [r.partition for r in log.records(RESULTS, P)] == [P, P], "on the timer's partition"
+
+
+async def test_a_command_to_another_context_is_sent_and_not_waited_for(
+    results: tuple[MemoryLog, ResultsReader],
+) -> None:
+    log, reader = results
+    invoice = AggregateRef(context="billing", aggregate="invoice", id="i-1")
+    sender = KafkaSender(log.publisher(), reader, "shop", lambda: T0)
+    assert (await sender.send(timer(target=invoice))).code == SENT
+    topic = AggregateTopics("billing", "invoice").commands
+    [record] = [r for p in range(2) for r in log.records(topic, p)]
+    assert record.partition == partition_of(invoice.id, 2), "the key picks the partition"
+    command = decode(CommandEnvelope, record.value)
+    assert command.reply_to is None and command.reply_partition is None
+
+
+async def test_only_results_committed_after_the_partition_was_added_are_read(
+    results: tuple[MemoryLog, ResultsReader],
+) -> None:
+    log, reader = results
+    waiting = reader.expect("t-1#0")
+    # A result of another partition, and an uncommitted one on ours: neither resolves it.
+    writer = log.transactional_writer("x")
+    await writer.start()
+    result = encode(
+        CommandResult(
+            request_id="t-1#0", code=ResultCode.COMMITTED, aggregate=TARGET, decided_at=T0
+        )
+    )
+    await log.publisher().send(RESULTS, b"t-1#0", result, (P + 1) % PARTITIONS)
+    await writer.send([(RESULTS, P, b"t-1#0", result)])
+    await asyncio.sleep(0.05)
+    assert not waiting.done()
+    await writer.commit_transaction()
+    assert (await asyncio.wait_for(waiting, 5)).code.value == "COMMITTED"
