@@ -55,8 +55,9 @@ partitions) and ``group.min.session.timeout.ms=1000`` so that failover tests can
 short consumer session timeouts.
 
 Environment: ``TICKWHEEL_KAFKA_VERSION`` overrides the pinned version (for trying
-others), ``TICKWHEEL_KAFKA_JVM_OPTS`` adds JVM options (e.g. a bigger heap),
-``JAVA_HOME`` picks the JVM.
+others; 4.x works too: ``scripts/test`` runs the Kafka tests again on 4.1.2),
+``TICKWHEEL_KAFKA_JVM_OPTS`` adds JVM options (e.g. a bigger heap), ``JAVA_HOME`` picks
+the JVM.
 
 As a module (stdlib only)::
 

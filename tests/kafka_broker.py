@@ -10,6 +10,9 @@ Where the broker comes from, first match wins:
 3. otherwise ``scripts/kafka_local.py``: Apache Kafka's own jars from Maven Central, run
    with the machine's Java (``TICKWHEEL_BROKER=local`` forces this).
 
+2 and 3 run ``TICKWHEEL_KAFKA_VERSION`` (default: the pinned ``kafka_local.KAFKA_VERSION``),
+as do the tests that start brokers of their own through ``kafka_local.start``.
+
 A broker that cannot start raises :class:`BrokerUnavailable`; tests are never skipped.
 """
 
@@ -146,12 +149,18 @@ def _docker_settings(host_port: int) -> dict[str, str]:
     return env
 
 
+def docker_image() -> str:
+    """``TICKWHEEL_KAFKA_IMAGE``, else ``apache/kafka`` of the version the local broker runs."""
+    version = load_kafka_local().kafka_version()
+    return os.environ.get("TICKWHEEL_KAFKA_IMAGE") or f"apache/kafka:{version}"
+
+
 @contextlib.contextmanager
 def _docker_broker() -> Iterator[str]:
     from testcontainers.core.container import DockerContainer
 
     kafka_local = load_kafka_local()
-    image = os.environ.get("TICKWHEEL_KAFKA_IMAGE") or f"apache/kafka:{kafka_local.KAFKA_VERSION}"
+    image = docker_image()
     host_port = kafka_local.free_port()
     env = _docker_settings(host_port)
     bootstrap = env.pop("TICKWHEEL_BOOTSTRAP")
