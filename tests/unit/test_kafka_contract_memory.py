@@ -1,0 +1,173 @@
+"""The memory log against the real broker: one scenario through the ports (`Clients`), run
+on both, must see the same offsets, records, group offsets and fencing, so the fake cannot
+drift from Kafka's behaviour (markers taking offsets, read-committed visibility, the
+stable end held by an open transaction, a zombie's aborted writes, group offsets
+committed with a transaction). The Kafka run is marked `kafka`; the memory one is not."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import pytest
+
+from app.errors import Fenced
+from app.kafka import (
+    Clients,
+    Follower,
+    GroupOffsets,
+    KafkaClients,
+    OutRecord,
+    ReaderClient,
+    TransactionalProducer,
+    TransactionalWriter,
+)
+from app.kafka.memory import MemoryLog, MemoryWriter
+
+GROUP = "contract-group"
+
+
+class MemoryBackend:
+    def __init__(self) -> None:
+        self.log = MemoryLog()
+        self.clients: Clients = self.log
+        self._n = 0
+
+    async def topic(self) -> str:
+        self._n += 1
+        return self.log.create_topic(f"contract-{self._n}", 1)
+
+    async def committed(self, topic: str) -> int | None:
+        return self.log.committed(GROUP, topic, 0)
+
+    async def open_transaction(self, writer: TransactionalWriter, records: list[OutRecord]) -> None:
+        assert isinstance(writer, MemoryWriter)
+        await writer.send(records)
+
+
+class KafkaBackend:
+    def __init__(self, bootstrap: str, topics: Callable[..., Any]) -> None:
+        self.bootstrap = bootstrap
+        self.clients = KafkaClients(bootstrap)
+        self._topics = topics
+
+    async def topic(self) -> str:
+        name: str = await self._topics(partitions=1)
+        return name
+
+    async def committed(self, topic: str) -> int | None:
+        async with GroupOffsets(self.bootstrap, GROUP) as offsets:
+            return (await offsets.fetch([(topic, 0)]))[(topic, 0)]
+
+    async def open_transaction(self, writer: TransactionalWriter, records: list[OutRecord]) -> None:
+        """Writes records in an open transaction and waits for the broker to have them (the
+        runtime only ever commits at once: the producer's own step, for this scenario)."""
+        assert isinstance(writer, TransactionalProducer)
+        await asyncio.gather(*await writer._append(records))
+
+
+Backend = MemoryBackend | KafkaBackend
+
+
+@pytest.fixture(params=["memory", pytest.param("kafka", marks=pytest.mark.kafka)])
+def backend(request: pytest.FixtureRequest) -> Backend:
+    if request.param == "memory":
+        return MemoryBackend()
+    return KafkaBackend(
+        request.getfixturevalue("kafka_bootstrap"), request.getfixturevalue("topic_factory")
+    )
+
+
+async def values(reader: ReaderClient, topic: str, start: int = 0) -> list[tuple[int, bytes]]:
+    return [(r.offset, r.value or b"") async for b in reader.read(topic, 0, start) for r in b]
+
+
+async def polled(follower: Follower, count: int) -> list[tuple[int, bytes]]:
+    got: list[tuple[int, bytes]] = []
+    deadline = time.monotonic() + 20
+    while len(got) < count and time.monotonic() < deadline:
+        got += [(r.offset, r.value or b"") for r in await follower.poll(timeout_ms=200)]
+    return got
+
+
+def rec(topic: str, value: bytes) -> OutRecord:
+    return (topic, 0, b"k", value)
+
+
+async def commit(
+    writer: TransactionalWriter,
+    records: Sequence[OutRecord],
+    offsets: dict[tuple[str, int], int] | None = None,
+) -> list[int]:
+    return await writer.commit(records, offsets or {}, GROUP)
+
+
+async def test_the_memory_log_behaves_as_the_broker_does(backend: Backend) -> None:
+    topic, consumed = await backend.topic(), await backend.topic()
+    clients = backend.clients
+    tid = f"{topic}.txn"
+    reader, publisher = clients.reader(), clients.publisher()
+    await reader.start()
+    await publisher.start()
+    writers: list[TransactionalWriter] = []
+
+    async def writer() -> TransactionalWriter:
+        w = clients.transactional_writer(tid)
+        writers.append(w)
+        await w.start()
+        return w
+
+    try:
+        # Two records and their commit marker; a group offset committed with them.
+        a = await writer()
+        assert await commit(a, [rec(topic, b"a"), rec(topic, b"b")], {(consumed, 0): 5}) == [0, 1]
+        assert await reader.offsets(topic, 0) == (0, 3)
+        assert await backend.committed(consumed) == 5
+        assert await publisher.send(topic, b"k", b"plain", 0) == 3
+        assert await reader.offsets(topic, 0) == (0, 4)
+
+        # A newer writer of the id fences the old one: its commit writes nothing.
+        b = await writer()
+        with pytest.raises(Fenced):
+            await commit(a, [rec(topic, b"zombie")], {(consumed, 0): 99})
+        assert isinstance(a.broken, Fenced)
+        assert await reader.offsets(topic, 0) == (0, 4)
+
+        # A transaction left open: invisible, and it holds the stable end back.
+        await backend.open_transaction(b, [rec(topic, b"open")])
+        assert await reader.offsets(topic, 0) == (0, 4)
+        assert await values(reader, topic) == [(0, b"a"), (1, b"b"), (3, b"plain")]
+        # Its writer fenced meanwhile: the transaction is aborted (its marker at 5).
+        c = await writer()
+        assert await reader.offsets(topic, 0) == (0, 6)
+        with pytest.raises(Fenced):
+            await commit(b, [])
+        assert await commit(c, [rec(topic, b"c")], {(consumed, 0): 6}) == [6]
+        assert await backend.committed(consumed) == 6
+
+        # A follower added at the end reads only what is committed after.
+        follower = clients.follower(topic)
+        await follower.start()
+        try:
+            await follower.add(0)
+            assert await commit(c, [rec(topic, b"d")]) == [8]
+            assert await polled(follower, 1) == [(8, b"d")]
+        finally:
+            await follower.stop()
+
+        assert await reader.offsets(topic, 0) == (0, 10)
+        assert await values(reader, topic) == [
+            (0, b"a"),
+            (1, b"b"),
+            (3, b"plain"),
+            (6, b"c"),
+            (8, b"d"),
+        ]
+        assert await values(reader, topic, 4) == [(6, b"c"), (8, b"d")]
+    finally:
+        for w in writers:
+            await w.stop()
+        await publisher.stop()
+        await reader.stop()

@@ -1,0 +1,76 @@
+"""The failure ledger on the in-memory log: a node reads the topic to its end on start and
+then follows it, so another node's parks and resolutions reach it; its own writes are
+applied once acknowledged."""
+
+from __future__ import annotations
+
+import asyncio
+
+from app.kafka import TopicSpec
+from app.kafka.memory import MemoryLog
+from app.protocol.topics import ContextTopics
+from app.timers.ledger import KafkaFailureLedger, decode_key
+from tables import AggregateRef, CommandSpec, OnceRule, Timer
+from tables.ledger import LedgerEntry
+
+T0 = 1_800_000_000_000
+PARTITIONS = 4
+TOPIC = ContextTopics("shop").ledger
+OWNER = AggregateRef(context="shop", aggregate="order", id="o-1")
+TARGET = AggregateRef(context="billing", aggregate="invoice", id="i-1")
+
+
+def timer(n: int) -> Timer:
+    return Timer(
+        id=f"t-{n}",
+        owner=OWNER,
+        key=f"k-{n}",
+        version=1,
+        partition=0,
+        rule=OnceRule(at=T0),
+        target=TARGET,
+        command=CommandSpec(type="billing.Remind"),
+        slot_due_at=T0,
+        due_at=T0,
+    )
+
+
+async def eventually_entries(ledger: KafkaFailureLedger, count: int) -> list[LedgerEntry]:
+    """Its entries once its follower applied what was written: a few turns of the loop."""
+    for _ in range(50):
+        entries = await ledger.entries()
+        if len(entries) == count:
+            return entries
+        await asyncio.sleep(0)
+    raise AssertionError(f"{count} entries expected, {len(entries)} held")
+
+
+async def test_parks_and_resolutions_reach_every_node() -> None:
+    log = MemoryLog([TopicSpec(TOPIC, PARTITIONS)])
+    first = KafkaFailureLedger(log, "shop", PARTITIONS, log.publisher())
+    await first.start()
+    try:
+        await first.record("shop.order", TARGET, [timer(1)])
+        await first.record("shop.order", TARGET, [timer(2), timer(1)])
+        [entry] = await first.entries()
+        assert entry.timers == ("t-1#0", "t-2#0")
+        [record] = [r for p in range(PARTITIONS) for r in log.records(TOPIC, p)][-1:]
+        assert decode_key(record.key) == ("shop.order", TARGET)
+
+        second = KafkaFailureLedger(log, "shop", PARTITIONS, log.publisher())
+        await second.start()  # reads the topic to its end before it returns
+        try:
+            assert await second.entries() == [entry]
+            assert await second.resolve("shop.order", TARGET)
+            assert await second.entries() == []
+            assert await eventually_entries(first, 0) == []
+            await first.record("shop.order", TARGET, [timer(3)])
+            [again] = await eventually_entries(second, 1)
+            assert again.timers == ("t-3#0",)
+        finally:
+            await second.stop()
+    finally:
+        await first.stop()
+    assert not await KafkaFailureLedger(log, "shop", PARTITIONS, log.publisher()).resolve(
+        "shop.order", AggregateRef(context="billing", aggregate="invoice", id="unknown")
+    )
