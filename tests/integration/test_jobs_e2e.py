@@ -12,15 +12,15 @@ transactional producer of the schedule's partition p (`<group>.<ctx>.schedule.co
 which only the owner of p opens, fencing any earlier one. The test sees the `wow.Ticked`
 in partition p of the log, the instance id in partition p (`partition_of`), the handler's
 own `run.partition` equal to p, and the worker that ran it (its `TW_WORKER`, recorded by
-the handler) saying in its log that it owned p then.
+the handler) saying on its /healthz that it owned p then (sampled all along).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import os
-import re
 import sys
 import time
 from collections import Counter, defaultdict
@@ -30,7 +30,7 @@ from pathlib import Path
 
 import pytest
 import tw_jobs
-from harness import ROOT, Client, Cluster, Worker, eventually, owned
+from harness import ROOT, Client, Cluster, Worker, eventually, owned, sleep_until
 
 from app.jobs import (
     DISABLED,
@@ -142,26 +142,39 @@ def ran_counts(runs: Runs) -> Counter[Instance]:
     return Counter((e.event.body["tenant"], e.event.body["instance"]) for e in runs.ran)
 
 
-_OWNING = re.compile(
-    r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) .*owning partitions \[([\d, ]*)\]", re.M
-)
+@dataclass(frozen=True)
+class Owned:
+    """What a worker's /healthz said it owned, asked at `asked`, answered at `answered`."""
+
+    asked: int
+    answered: int
+    partitions: frozenset[int]
 
 
-def ownership(worker: Worker) -> list[tuple[int, frozenset[int]]]:
-    """(epoch ms, partitions) of each 'owning partitions' line of the worker's log."""
-    lines = []
-    for m in _OWNING.finditer(worker.text()):
-        at = int(time.mktime(time.strptime(m[1], "%Y-%m-%d %H:%M:%S"))) * 1000 + int(m[2])
-        lines.append((at, frozenset(int(p) for p in m[3].split(",") if p.strip())))
-    return lines
+async def sample_ownership(
+    workers: Workers, samples: dict[str, list[Owned]], stop: asyncio.Event
+) -> None:
+    """Asks every live worker's /healthz what it owns, about ten times a second, until `stop`."""
+    while not stop.is_set():
+        for tag, worker in list(workers.by_tag.items()):
+            if not worker.alive:
+                continue
+            asked = now_ms()
+            health = await asyncio.to_thread(worker.health, 1)
+            if health is not None:
+                owned_now = frozenset(int(p) for p in health["owned"])
+                samples[tag].append(Owned(asked, now_ms(), owned_now))
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), 0.1)
 
 
-def owned_around(lines: list[tuple[int, frozenset[int]]], at: int) -> frozenset[int]:
-    """What the worker said it owned last before `at` or first after it: a partition taken
-    is processed from when it is added, and said once every partition being taken is."""
-    before = [s for t, s in lines if t <= at][-1:]
-    after = [s for t, s in lines if t > at][:1]
-    return frozenset().union(*before, *after)
+def owned_around(samples: list[Owned], at: int) -> frozenset[int]:
+    """What the worker said it owned last before `at`, while `at`, or first after it (a
+    partition is in `owned` exactly while the worker processes it)."""
+    before = [s.partitions for s in samples if s.answered <= at][-1:]
+    during = [s.partitions for s in samples if s.asked <= at < s.answered]
+    after = [s.partitions for s in samples if s.asked > at][:1]
+    return frozenset().union(*before, *during, *after)
 
 
 # --- the checks ----------------------------------------------------------------------------
@@ -194,9 +207,8 @@ def check_each_slot_ran_once(runs: Runs) -> None:
             assert e.event.created_at >= e.event.body["due_at"], (instance, e.event.request_id)
 
 
-def check_sharded_runs_on_owners(runs: Runs, workers: dict[str, Worker]) -> int:
+def check_sharded_runs_on_owners(runs: Runs, lines: dict[str, list[Owned]]) -> int:
     """Each SHARDED slot ran in its partition, on a worker that owned it; how many."""
-    lines = {tag: ownership(w) for tag, w in workers.items()}
     ticks = {e.event.request_id: e for e in runs.schedule if e.event.type == TICKED}
     checked = 0
     for e in runs.ran:
@@ -357,102 +369,123 @@ async def test_jobs_run_each_slot_once_through_kill_9_disable_and_a_new_default(
     overriding, paused = shards[3], shards[5]
     everyone = [system, tenant, *shards]
     workers = Workers(cluster)
-    async with Client(cluster, "schedule") as schedule:
-        w1, w2 = workers.start("w1"), workers.start("w2")
-        await cluster.wait_owned(w1)
-        await cluster.wait_owned(w2)
-        phase("two workers own partitions")
-        await send_all(
-            schedule,
-            [
-                *enable_commands(ctx, heartbeat, partitions=PARTITIONS),
-                *enable_commands(ctx, per_tenant, partitions=PARTITIONS, tenants=["acme"]),
-                *enable_commands(ctx, sweep, partitions=PARTITIONS),
-            ],
-        )
-        # One shard ticks by its own interval (set by the CLI): it keeps it when the
-        # default changes.
-        shard = ("--job", sweep.name, "--partition", "3")
-        out = await tickwheel_jobs(
-            cluster, "reschedule", "--context", ctx, *shard, "--rule", '{"every": 700}'
-        )
-        assert f"reschedule {ctx}.schedule/(0)/{overriding[1]}: COMMITTED" in out, out
-        phase("enabled 10 instances, shard 3 every 700 ms")
-
-        # kill -9 one of two workers mid-run; a new one takes its place
-        await asyncio.sleep(6)
-        first_kill = now_ms()
-        w2.kill9()
-        w3 = workers.start("w3")
-        await cluster.wait_owned(w3, within=90)
-        phase("w2 killed, w3 owns partitions")
-
-        async def all_ran_since(at: int) -> bool:
-            runs = await read_runs(cluster)
-            after = {i for i, ticks in runs.ticked.items() if ticks[-1].event.created_at > at}
-            return set(everyone) <= after
-
-        await eventually(lambda: all_ran_since(first_kill), 60, "every instance ran again", 1)
-        phase("every instance ran after the kill")
-
-        # disable and enable again: the SYSTEM job by the CLI, a shard by the builders
-        out = await tickwheel_jobs(cluster, "disable", "--context", ctx, "--job", heartbeat.name)
-        assert f"disable {ctx}.schedule/(0)/heartbeat: COMMITTED" in out, out
-        await send_all(schedule, [disable_command(ctx, sweep, partition=5, partitions=PARTITIONS)])
-        await asyncio.sleep(3)
-        out = await tickwheel_jobs(cluster, "enable", "--context", ctx, "--job", heartbeat.name)
-        assert f"enable {ctx}.schedule/(0)/heartbeat: COMMITTED" in out, out
-        await send_all(schedule, [enable_command(ctx, sweep, partition=5, partitions=PARTITIONS)])
-        phase("disabled and enabled heartbeat (CLI) and shard 5 again")
-
-        async def twenty_each() -> bool:
-            counts = ran_counts(await read_runs(cluster))
-            return all(counts[i] >= 20 for i in everyone)
-
-        await eventually(twenty_each, 60, "20 slots run by every instance", 1)
-        phase("20 slots run by every instance")
-
-        # the only worker: killed for ~5 s, started again with a new default rule
-        w1.stop()
-        await eventually(lambda: len(owned(w3)) == PARTITIONS, 60, "w3 owns everything")
-        alone = now_ms()
-        await eventually(lambda: all_ran_since(alone + 1000), 30, "w3 runs everything", 1)
-        phase("w3 alone")
-        killed_at = now_ms()
-        w3.kill9()
-        await asyncio.sleep(5)
-        restarted_at = now_ms()
-        w3 = workers.start("w3", TW_JOB_EVERY_MS="1500")
-        await cluster.wait_owned(w3, within=90)
-        phase("w3 killed and started again, with a default of 1.5 s")
-
-        async def new_rule_ticks() -> bool:
-            runs = await read_runs(cluster)
-            return all(
-                sum(e.event.created_at > restarted_at for e in runs.ticked[i]) >= 4
-                for i in everyone
+    ownership: dict[str, list[Owned]] = defaultdict(list)
+    stop = asyncio.Event()
+    sampler = asyncio.create_task(sample_ownership(workers, ownership, stop))
+    try:
+        async with Client(cluster, "schedule") as schedule:
+            w1, w2 = workers.start("w1"), workers.start("w2")
+            await cluster.wait_owned(w1)
+            await cluster.wait_owned(w2)
+            phase("two workers own partitions")
+            await send_all(
+                schedule,
+                [
+                    *enable_commands(ctx, heartbeat, partitions=PARTITIONS),
+                    *enable_commands(ctx, per_tenant, partitions=PARTITIONS, tenants=["acme"]),
+                    *enable_commands(ctx, sweep, partitions=PARTITIONS),
+                ],
             )
+            # One shard ticks by its own interval (set by the CLI): it keeps it when the
+            # default changes.
+            shard = ("--job", sweep.name, "--partition", "3")
+            out = await tickwheel_jobs(
+                cluster, "reschedule", "--context", ctx, *shard, "--rule", '{"every": 700}'
+            )
+            assert f"reschedule {ctx}.schedule/(0)/{overriding[1]}: COMMITTED" in out, out
+            phase("enabled 10 instances, shard 3 every 700 ms")
 
-        await eventually(new_rule_ticks, 60, "4 slots of each instance after the restart", 1)
-        phase("4 slots of each instance after the restart")
-        listed = await tickwheel_jobs(cluster, "list", "--context", ctx, "--state")
-        runs = await settle(
-            cluster,
-            schedule,
-            [
-                disable_command(ctx, heartbeat),
-                disable_command(ctx, per_tenant, tenant="acme"),
-                *(
-                    disable_command(ctx, sweep, partition=p, partitions=PARTITIONS)
-                    for p in range(8)
-                ),
-            ],
-        )
+            async def each_ran(slots: int) -> bool:
+                counts = ran_counts(await read_runs(cluster))
+                return all(counts[i] >= slots for i in everyone)
+
+            # kill -9 one of two workers mid-run (every instance ran a few slots); a new one
+            # takes its place
+            await eventually(lambda: each_ran(3), 60, "3 slots run by every instance", 1)
+            first_kill = now_ms()
+            w2.kill9()
+            w3 = workers.start("w3")
+            await cluster.wait_owned(w3, within=90)
+            phase("w2 killed, w3 owns partitions")
+
+            async def all_ran_since(at: int, which: Iterable[Instance] = everyone) -> bool:
+                runs = await read_runs(cluster)
+                after = {i for i, ticks in runs.ticked.items() if ticks[-1].event.created_at > at}
+                return set(which) <= after
+
+            await eventually(lambda: all_ran_since(first_kill), 60, "every instance ran again", 1)
+            phase("every instance ran after the kill")
+
+            # disable and enable again: the SYSTEM job by the CLI, a shard by the builders
+            out = await tickwheel_jobs(
+                cluster, "disable", "--context", ctx, "--job", heartbeat.name
+            )
+            assert f"disable {ctx}.schedule/(0)/heartbeat: COMMITTED" in out, out
+            await send_all(
+                schedule, [disable_command(ctx, sweep, partition=5, partitions=PARTITIONS)]
+            )
+            # Disabled while the others ran on past a slot of theirs (all 1 s apart): the nodes'
+            # timer loops had the chance to run the disabled ones.
+            disabled_at = now_ms()
+            others = [i for i in everyone if i not in (system, paused)]
+            await eventually(
+                lambda: all_ran_since(disabled_at + 1000, others), 30, "the others ran on", 1
+            )
+            out = await tickwheel_jobs(cluster, "enable", "--context", ctx, "--job", heartbeat.name)
+            assert f"enable {ctx}.schedule/(0)/heartbeat: COMMITTED" in out, out
+            await send_all(
+                schedule, [enable_command(ctx, sweep, partition=5, partitions=PARTITIONS)]
+            )
+            phase("disabled and enabled heartbeat (CLI) and shard 5 again")
+
+            await eventually(lambda: each_ran(20), 60, "20 slots run by every instance", 1)
+            phase("20 slots run by every instance")
+
+            # the only worker: killed for ~5 s, started again with a new default rule
+            w1.stop()
+            await eventually(lambda: len(owned(w3)) == PARTITIONS, 60, "w3 owns everything")
+            alone = now_ms()
+            await eventually(lambda: all_ran_since(alone + 1000), 30, "w3 runs everything", 1)
+            phase("w3 alone")
+            killed_at = now_ms()
+            w3.kill9()
+            # No worker runs for 5 s of wall clock: slots of the 1 s rules fall due meanwhile.
+            await sleep_until(killed_at + 5_000)
+            restarted_at = now_ms()
+            w3 = workers.start("w3", TW_JOB_EVERY_MS="1500")
+            await cluster.wait_owned(w3, within=90)
+            phase("w3 killed and started again, with a default of 1.5 s")
+
+            async def new_rule_ticks() -> bool:
+                runs = await read_runs(cluster)
+                return all(
+                    sum(e.event.created_at > restarted_at for e in runs.ticked[i]) >= 4
+                    for i in everyone
+                )
+
+            await eventually(new_rule_ticks, 60, "4 slots of each instance after the restart", 1)
+            phase("4 slots of each instance after the restart")
+            listed = await tickwheel_jobs(cluster, "list", "--context", ctx, "--state")
+            runs = await settle(
+                cluster,
+                schedule,
+                [
+                    disable_command(ctx, heartbeat),
+                    disable_command(ctx, per_tenant, tenant="acme"),
+                    *(
+                        disable_command(ctx, sweep, partition=p, partitions=PARTITIONS)
+                        for p in range(8)
+                    ),
+                ],
+            )
+    finally:
+        stop.set()
+        await sampler
 
     check_each_slot_ran_once(runs)
     counts = ran_counts(runs)
     assert all(counts[i] >= 20 for i in everyone), counts
-    sharded = check_sharded_runs_on_owners(runs, workers.by_tag)
+    sharded = check_sharded_runs_on_owners(runs, ownership)
     assert sharded >= 8 * 20
 
     for instance in (system, paused):

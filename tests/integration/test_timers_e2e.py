@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from harness import Client, Cluster, Worker, eventually
 
-from tables import TimerStatus
+from tables import ACTIVE, TimerStatus
 
 pytestmark = pytest.mark.kafka
 
@@ -166,6 +166,15 @@ async def wait_all_fired(client: Client, plan: Plan, within: float) -> None:
     await eventually(done, within, f"{len(expected)} one-off timers fired", interval=1.0)
 
 
+async def has_fired(client: Client) -> bool:
+    return any(e.type == "Fired" for e in await client.events())
+
+
+async def all_settled(client: Client) -> bool:
+    """No timer PENDING, FIRING or PARKED: none can be sent any more, no send is in flight."""
+    return all(t.status not in ACTIVE for t in (await client.timers()).values())
+
+
 async def check(client: Client, plan: Plan) -> dict[str, int]:
     fired = [e for e in await client.events() if e.type == "Fired"]
     per_request = Counter(e.request_id for e in fired)
@@ -239,7 +248,10 @@ async def run_scenario(
                 workers.remove(victim)
                 workers.append(cluster.start_worker())
         elif chaos == "join":
-            await asyncio.sleep(3)
+            # Mid-run: once timers are being applied.
+            await eventually(
+                lambda: has_fired(client), 60, "the first timers applied", interval=0.5
+            )
             third: Worker = cluster.start_worker()
             await cluster.wait_owned(third, within=90)
         await wait_recurring_started(client, plan, within=120)
@@ -247,8 +259,8 @@ async def run_scenario(
         await stop_recurring(client, recurring_keys)
         await wait_all_fired(client, plan, within=240)
         phase("all fired")
-        # Let anything still in flight land before counting.
-        await asyncio.sleep(3)
+        # Nothing in flight before counting: every timer fired or cancelled, none claimed.
+        await eventually(lambda: all_settled(client), 60, "every timer settled", interval=1.0)
         stats = await check(client, plan)
         stats["kills"] = kills
         return stats
