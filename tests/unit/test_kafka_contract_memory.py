@@ -7,6 +7,7 @@ committed with a transaction). The Kafka run is marked `kafka`; the memory one i
 from __future__ import annotations
 
 import asyncio
+import gc
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -105,6 +106,15 @@ async def commit(
 
 
 async def test_the_memory_log_behaves_as_the_broker_does(backend: Backend) -> None:
+    await scenario(backend)
+    # aiokafka leaves a fenced transaction's first waiter unretrieved (the fatal error's
+    # waiter replaces it): collected here, with the scenario's clients, its "never
+    # retrieved" log comes now, not at the session's end (where Python 3.11.7 then fails
+    # compiling a late import with "AST constructor recursion depth mismatch").
+    gc.collect()
+
+
+async def scenario(backend: Backend) -> None:
     topic, consumed = await backend.topic(), await backend.topic()
     clients = backend.clients
     tid = f"{topic}.txn"
