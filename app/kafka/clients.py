@@ -2,10 +2,33 @@
 
 from __future__ import annotations
 
-from app.kafka.consumers import PartitionReader, Reader
-from app.kafka.producers import Producer, TransactionalProducer
+from collections.abc import Iterable, Sequence
 
-__all__ = ["KafkaClients"]
+from app.kafka.admin import cluster_id, ensure_topics
+from app.kafka.consumers import GroupConsumer, PartitionReader, Reader
+from app.kafka.ports import Assigned
+from app.kafka.probe import api_versions_probe
+from app.kafka.producers import Producer, TransactionalProducer
+from app.kafka.records import TopicSpec
+
+__all__ = ["KafkaAdmin", "KafkaClients"]
+
+
+class KafkaAdmin:
+    """`app.kafka.ports.Admin` on a Kafka cluster."""
+
+    def __init__(self, bootstrap: str, probe_timeout: float = 2.0) -> None:
+        self.bootstrap = bootstrap
+        self._probe_timeout = probe_timeout
+
+    async def ensure_topics(self, specs: Iterable[TopicSpec]) -> None:
+        await ensure_topics(self.bootstrap, specs)
+
+    async def cluster_id(self) -> str:
+        return await cluster_id(self.bootstrap)
+
+    async def probe(self) -> str | None:
+        return await api_versions_probe(self.bootstrap, self._probe_timeout)
 
 
 class KafkaClients:
@@ -25,3 +48,24 @@ class KafkaClients:
 
     def follower(self, topic: str) -> PartitionReader:
         return PartitionReader(self.bootstrap, topic)
+
+    def admin(self) -> KafkaAdmin:
+        return KafkaAdmin(self.bootstrap)
+
+    def group_member(
+        self,
+        group_id: str,
+        topics: Sequence[str],
+        *,
+        on_assigned: Assigned,
+        on_revoked: Assigned,
+        session_timeout_ms: int,
+    ) -> GroupConsumer:
+        return GroupConsumer(
+            self.bootstrap,
+            group_id,
+            topics,
+            on_assigned=on_assigned,
+            on_revoked=on_revoked,
+            session_timeout_ms=session_timeout_ms,
+        )

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Iterable, Sequence
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
@@ -17,6 +17,7 @@ from aiokafka.errors import (
 )
 
 from app.errors import KafkaUnavailable
+from app.kafka.ports import Assigned
 from app.kafka.records import Record, start_client
 
 logger = logging.getLogger(__name__)
@@ -198,9 +199,6 @@ class PartitionReader:
             except KafkaError as exc:
                 raise KafkaUnavailable(f"reading {self.topic} failed: {exc!r}") from exc
         return [_record(m) for ms in got.values() for m in ms]
-
-
-Assigned = Callable[[set[tuple[str, int]]], Awaitable[None]]
 
 
 class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]

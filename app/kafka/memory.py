@@ -46,6 +46,8 @@ from typing import TYPE_CHECKING, Literal, TypeVar
 from aiokafka.partitioner import murmur2
 
 from app.errors import Fenced, KafkaUnavailable
+from app.kafka.memory_group import MemoryAdmin, MemoryGroup, MemoryGroupMember
+from app.kafka.ports import Assigned
 from app.kafka.records import OutRecord, Record, TopicSpec
 
 __all__ = [
@@ -115,6 +117,9 @@ class MemoryLog:
         self._ticks = itertools.count()
         self._unkeyed = itertools.count()
         self._waiters: list[asyncio.Future[None]] = []
+        self.groups: dict[str, MemoryGroup] = {}
+        """Consumer groups by id (`app.kafka.memory_group`)."""
+        self.cluster_id = f"memory-{id(self):x}"
         self.down = False
         """While set, every client call raises `KafkaUnavailable`."""
         self.before_commit: Callable[[str], Awaitable[None]] | None = None
@@ -134,6 +139,28 @@ class MemoryLog:
 
     def follower(self, topic: str) -> MemoryFollower:
         return MemoryFollower(self, topic)
+
+    def admin(self) -> MemoryAdmin:
+        return MemoryAdmin(self)
+
+    def group_member(
+        self,
+        group_id: str,
+        topics: Sequence[str],
+        *,
+        on_assigned: Assigned,
+        on_revoked: Assigned,
+        session_timeout_ms: int = 10_000,
+    ) -> MemoryGroupMember:
+        """A member of `group_id` (its session timeout plays no part: `expel` ends one)."""
+        group = self.groups.setdefault(group_id, MemoryGroup(self, group_id))
+        return MemoryGroupMember(
+            self, group, topics, on_assigned=on_assigned, on_revoked=on_revoked
+        )
+
+    def commit_group_offsets(self, group_id: str, offsets: dict[_Key, int]) -> None:
+        """Offsets committed outside a transaction (a consumer's commit)."""
+        self._groups.setdefault(group_id, {}).update(offsets)
 
     # --- topics and offsets ---------------------------------------------------------
 
@@ -168,7 +195,7 @@ class MemoryLog:
         """The partition's records a reader sees now (read-committed by default)."""
         part = self._partition(topic, partition)
         end = part.stable_end if committed else part.end
-        return self._visible(topic, partition, max(start, part.start), end, committed, None)[0]
+        return self.visible(topic, partition, max(start, part.start), end, committed, None)[0]
 
     def delete_records(self, topic: str, partition: int, before: int) -> None:
         """Moves the partition's first offset to `before` (DeleteRecords)."""
@@ -212,7 +239,7 @@ class MemoryLog:
             raise KafkaUnavailable(f"unknown partition {topic}[{partition}]")
         return parts[partition]
 
-    def _check_up(self) -> None:
+    def check_up(self) -> None:
         if self.down:
             raise KafkaUnavailable("the broker is not reachable")
 
@@ -249,7 +276,7 @@ class MemoryLog:
     def _init(self, transactional_id: str) -> int:
         """A new writer of the id: the previous one's open transaction is aborted and it is
         fenced. The new epoch."""
-        self._check_up()
+        self.check_up()
         epoch = self.epoch(transactional_id) + 1
         self._epochs[transactional_id] = epoch
         txn = self._open.get(transactional_id)
@@ -276,7 +303,7 @@ class MemoryLog:
             del self._open[txn.transactional_id]
         self._notify()
 
-    def _visible(
+    def visible(
         self,
         topic: str,
         partition: int,
@@ -302,12 +329,15 @@ class MemoryLog:
             if not w.done():
                 w.set_result(None)
 
-    async def _changed(self, seconds: float) -> None:
+    async def changed(self, seconds: float) -> None:
         """Returns when anything was written or a transaction ended, or after `seconds`."""
-        waiter = asyncio.get_running_loop().create_future()
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiters.append(waiter)
+        # Not wait_for: on 3.11 it swallows a cancellation that comes as the waiter is set,
+        # and a reader's task cancelled then would never end.
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(waiter, seconds)
+            async with asyncio.timeout(seconds):
+                await waiter
 
 
 class MemoryWriter:
@@ -375,7 +405,7 @@ class MemoryWriter:
             raise self.broken
         if self._epoch is None:
             raise KafkaUnavailable(f"{self.transactional_id}: not started")
-        self._log._check_up()
+        self._log.check_up()
         if self._log.epoch(self.transactional_id) != self._epoch:
             raise Fenced(f"{self.transactional_id} was fenced by a newer owner")
         if self._txn is None or self._txn.state != "open":
@@ -435,7 +465,7 @@ class MemoryReader:
         self._batch = batch
 
     async def start(self) -> None:
-        self._log._check_up()
+        self._log.check_up()
 
     async def stop(self) -> None:
         return None
@@ -448,16 +478,16 @@ class MemoryReader:
         await self.stop()
 
     async def offsets(self, topic: str, partition: int) -> tuple[int, int]:
-        self._log._check_up()
+        self._log.check_up()
         return self._log.offsets(topic, partition, committed=self._committed)
 
     async def read(self, topic: str, partition: int, start: int) -> AsyncIterator[list[Record]]:
         begin, end = await self.offsets(topic, partition)
         position = max(start, begin)
         while position < end:
-            self._log._check_up()
+            self._log.check_up()
             position = max(position, self._log.offsets(topic, partition)[0])
-            got, position = self._log._visible(
+            got, position = self._log.visible(
                 topic, partition, position, end, self._committed, self._batch
             )
             if got:
@@ -472,13 +502,13 @@ class MemoryPublisher:
         self._log = log
 
     async def start(self) -> None:
-        self._log._check_up()
+        self._log.check_up()
 
     async def stop(self) -> None:
         return None
 
     async def send_many(self, records: Sequence[OutRecord]) -> list[int]:
-        self._log._check_up()
+        self._log.check_up()
         return self._log._append(records, None)
 
     async def send(
@@ -496,13 +526,13 @@ class MemoryFollower:
         self._positions: dict[int, int] = {}
 
     async def start(self) -> None:
-        self._log._check_up()
+        self._log.check_up()
 
     async def stop(self) -> None:
         self._positions.clear()
 
     async def add(self, partition: int) -> None:
-        self._log._check_up()
+        self._log.check_up()
         if partition not in self._positions:
             self._positions[partition] = self._log.offsets(self.topic, partition)[1]
             self._log._notify()
@@ -513,16 +543,16 @@ class MemoryFollower:
     async def poll(self, timeout_ms: int = 200) -> list[Record]:
         got = self._take()
         if not got:
-            await self._log._changed(timeout_ms / 1000)
+            await self._log.changed(timeout_ms / 1000)
             got = self._take()
         return got
 
     def _take(self) -> list[Record]:
-        self._log._check_up()
+        self._log.check_up()
         got: list[Record] = []
         for p, position in sorted(self._positions.items()):
             begin, end = self._log.offsets(self.topic, p)
-            records, self._positions[p] = self._log._visible(
+            records, self._positions[p] = self._log.visible(
                 self.topic, p, max(position, begin), end, True, None
             )
             got += records

@@ -9,6 +9,8 @@ Derived from how the runtime uses its clients, and no more:
 - `Publisher`: sends records outside any transaction (the timers' commands, the ledger).
 - `Follower`: follows a changing set of one topic's partitions from their ends (the
   results of this node's sends, the ledger).
+- `GroupMember`: the consumer-group member whose assignment is the node's ownership.
+- `Admin`: topics created, the cluster's id, one look at the broker.
 - `Clients`: makes all of those; one per cluster (`KafkaClients` over aiokafka, or
   `app.kafka.memory.MemoryLog`).
 
@@ -19,16 +21,19 @@ transactions, fencing and read-committed visibility (its module checks both for 
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from typing import Protocol
 
 from app.errors import KafkaUnavailable
-from app.kafka.records import OutRecord, Record
+from app.kafka.records import OutRecord, Record, TopicSpec
 
 __all__ = [
+    "Admin",
+    "Assigned",
     "Clients",
     "Follower",
     "FollowerFactory",
+    "GroupMember",
     "LogReader",
     "Publisher",
     "PublisherClient",
@@ -143,6 +148,60 @@ FollowerFactory = Callable[[str], Follower]
 """A topic → a follower of it, not started yet."""
 
 
+Assigned = Callable[[set[tuple[str, int]]], Awaitable[None]]
+"""A rebalance callback: told the (topic, partition)s assigned or revoked."""
+
+
+class GroupMember(Protocol):
+    """A consumer-group member whose assignment is the node's partition ownership: the
+    range assignor gives partition p of every topic to one member (co-partitioning), and
+    the callbacks are awaited before fetching resumes; read_committed."""
+
+    async def start(self) -> None:
+        """Joins the group (the callbacks tell the assignment)."""
+        ...
+
+    async def stop(self) -> None: ...
+
+    async def poll(self, timeout_ms: int = 500) -> dict[tuple[str, int], list[Record]]:
+        """The records fetched of the assigned, unpaused partitions; `KafkaUnavailable`
+        when the broker or the group does not answer."""
+        ...
+
+    async def commit(self, offsets: dict[tuple[str, int], int]) -> None:
+        """Commits the next offsets to read; `KafkaUnavailable` when the group moved on."""
+        ...
+
+    async def backlog(self, topic: str, partition: int) -> int:
+        """How many records of the partition wait behind what was fetched."""
+        ...
+
+    def pause(self, partitions: Iterable[tuple[str, int]]) -> None: ...
+
+    def resume(self, partitions: Iterable[tuple[str, int]]) -> None: ...
+
+    async def rewind(self, partitions: Iterable[tuple[str, int]]) -> None:
+        """Reads these partitions again from the group's committed offsets (the start
+        where none is committed)."""
+        ...
+
+    def assignment(self) -> set[tuple[str, int]]: ...
+
+
+class Admin(Protocol):
+    """What a node asks of the cluster itself."""
+
+    async def ensure_topics(self, specs: Iterable[TopicSpec]) -> None:
+        """Creates the topics not there yet; one with another partition count is an error."""
+        ...
+
+    async def cluster_id(self) -> str: ...
+
+    async def probe(self) -> str | None:
+        """One look at the broker (the `BrokerWatch`'s): None when it answered, else why not."""
+        ...
+
+
 class Clients(Protocol):
     """Makes the clients of one cluster (none of them started)."""
 
@@ -153,3 +212,15 @@ class Clients(Protocol):
     def publisher(self) -> PublisherClient: ...
 
     def follower(self, topic: str) -> Follower: ...
+
+    def admin(self) -> Admin: ...
+
+    def group_member(
+        self,
+        group_id: str,
+        topics: Sequence[str],
+        *,
+        on_assigned: Assigned,
+        on_revoked: Assigned,
+        session_timeout_ms: int,
+    ) -> GroupMember: ...

@@ -28,14 +28,11 @@ from app.errors import (
     NodeFailed,
 )
 from app.kafka import (
-    GroupConsumer,
     OutRecord,
-    Producer,
-    Reader,
-    cluster_id,
-    ensure_topics,
 )
 from app.kafka.broker_watch import BrokerWatch
+from app.kafka.clients import KafkaClients
+from app.kafka.ports import Clients, GroupMember
 from app.node.commits import Commits
 from app.node.cycles import InProcess, PartitionCycles
 from app.node.kept import KeptType, is_fenced, node_topics
@@ -70,6 +67,7 @@ class Node:
         clock: Clock | None = None,
         options: TimerOptions | None = None,
         ledger: FailureLedger | None = None,
+        clients: Clients | None = None,
     ) -> None:
         self.settings = settings
         self.service = service
@@ -83,11 +81,14 @@ class Node:
         names = list(self.aggregates)
         names += [n for n in settings.aggregate_types if n not in names]
         self.topics = [parse_aggregate_type(n) for n in names]
-        self.producer = Producer(settings.bootstrap_servers)
+        # Kafka's clients at the settings' address, unless others are given (a MemoryLog).
+        self.clients: Clients = clients or KafkaClients(settings.bootstrap_servers)
+        self._admin = self.clients.admin()
+        self.producer = self.clients.publisher()
         self.types: dict[str, KeptType] = {}
         self._by_topic: dict[str, tuple[KeptType, str]] = {}
         self._results: dict[str, ResultsReader] = {}
-        self._consumer: GroupConsumer | None = None
+        self._consumer: GroupMember | None = None
         self._lock = asyncio.Lock()
         self._owned: set[int] = set()
         # Per partition, how many times it was taken: a batch polled before a take is
@@ -117,8 +118,10 @@ class Node:
             now=self.clock.now,
             on_failure=self._partition_failed,
         )
-        self.broker = BrokerWatch(settings.bootstrap_servers, registry=self.metrics.registry)
-        self.reader = Reader(settings.bootstrap_servers)
+        self.broker = BrokerWatch(
+            settings.bootstrap_servers, registry=self.metrics.registry, probe=self._admin.probe
+        )
+        self.reader = self.clients.reader()
         self.ready = asyncio.Event()
 
     @property
@@ -182,21 +185,21 @@ class Node:
     async def start(self) -> None:
         s = self.settings
         await self.broker.start()
-        await ensure_topics(s.bootstrap_servers, node_topics(self.topics, s.partitions))
+        await self._admin.ensure_topics(node_topics(self.topics, s.partitions))
         # Before any local store is opened: a copy of another cluster's topics is dropped.
         keep_for_cluster(
             Path(s.data_dir),
-            await cluster_id(s.bootstrap_servers),
+            await self._admin.cluster_id(),
             [t.type_name for t in self.topics],
         )
         await self.producer.start()
         await self.reader.start()
         for ctx in sorted({t.context for t in self.topics}):
-            reader = ResultsReader(s.bootstrap_servers, ctx)
+            reader = ResultsReader(self.clients.follower, ctx)
             await reader.start()
             self._results[ctx] = reader
             if self.ledger is None:
-                ledger = KafkaFailureLedger(s.bootstrap_servers, ctx, s.partitions, self.producer)
+                ledger = KafkaFailureLedger(self.clients, ctx, s.partitions, self.producer)
                 await ledger.start()
                 self._ledgers[ctx] = ledger
         for t in self.topics:
@@ -205,8 +208,7 @@ class Node:
             self._by_topic[t.timer_ops] = (kept, "timer-ops")
             if kept.agg is not None:
                 self._by_topic[t.commands] = (kept, "commands")
-        self._consumer = GroupConsumer(
-            s.bootstrap_servers,
+        self._consumer = self.clients.group_member(
             s.group_id,
             list(self._by_topic),
             on_assigned=self._assigned,
@@ -220,7 +222,7 @@ class Node:
         directory = Path(s.data_dir) / t.type_name
         (directory / "timers").mkdir(parents=True, exist_ok=True)
         changelog = TransactionalChangelog(
-            s.bootstrap_servers,
+            self.clients.transactional_writer,
             t.timers_changelog,
             s.group_id,
             on_commit=self.metrics.commit_duration.labels(t.type_name).observe,

@@ -1,0 +1,247 @@
+"""Consumer groups and the admin port of a `MemoryLog`: members of a group share its topics'
+partitions by the range assignor (partition p of every topic to one member), rebalancing
+eagerly (every member's assignment revoked, then the new one assigned, callbacks awaited)
+when a member joins or leaves; a member whose session expires (`expel`, as a frozen process
+would) is taken out without being told, and learns at its next call, as aiokafka's member
+does after a thaw: its partitions are revoked and it joins again."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable, Sequence
+from typing import Protocol
+
+from app.errors import KafkaUnavailable
+from app.kafka.ports import Assigned
+from app.kafka.records import Record, TopicSpec
+
+__all__ = ["MemoryAdmin", "MemoryGroup", "MemoryGroupMember"]
+
+_Key = tuple[str, int]
+
+
+class MemoryLog(Protocol):
+    """What a group reads of its `app.kafka.memory.MemoryLog`."""
+
+    down: bool
+    cluster_id: str
+
+    def check_up(self) -> None: ...
+
+    def ensure_topics(self, specs: Iterable[TopicSpec]) -> None: ...
+
+    def partitions(self, topic: str) -> int: ...
+
+    def offsets(self, topic: str, partition: int, *, committed: bool = True) -> tuple[int, int]: ...
+
+    def committed(self, group_id: str, topic: str, partition: int) -> int | None: ...
+
+    def visible(
+        self,
+        topic: str,
+        partition: int,
+        position: int,
+        end: int,
+        committed: bool,
+        limit: int | None,
+    ) -> tuple[list[Record], int]: ...
+
+    async def changed(self, seconds: float) -> None: ...
+
+    def commit_group_offsets(self, group_id: str, offsets: dict[_Key, int]) -> None: ...
+
+
+class MemoryGroup:
+    """One group's members and their assignment."""
+
+    def __init__(self, log: MemoryLog, group_id: str) -> None:
+        self._log = log
+        self.group_id = group_id
+        self.members: list[MemoryGroupMember] = []
+        self.generation = 0
+
+    async def join(self, member: MemoryGroupMember) -> None:
+        if member not in self.members:
+            self.members.append(member)
+        await self._rebalance()
+
+    async def leave(self, member: MemoryGroupMember) -> None:
+        if member in self.members:
+            self.members.remove(member)
+            member.assigned = set()
+            await self._rebalance()
+
+    async def expel(self, member: MemoryGroupMember) -> None:
+        """Its session expired (a frozen process): the others rebalance without it, and it
+        is not told until its next call."""
+        if member in self.members:
+            self.members.remove(member)
+            member.expelled = True
+            await self._rebalance()
+
+    async def _rebalance(self) -> None:
+        self.generation += 1
+        for m in list(self.members):
+            await m.revoked(m.assigned)
+        shares = self._range(self.members)
+        for m in list(self.members):
+            await m.given(shares[m], self.generation)
+
+    def _range(self, members: Sequence[MemoryGroupMember]) -> dict[MemoryGroupMember, set[_Key]]:
+        """Kafka's range assignor, per topic: each member a run of partitions, the first
+        ones one more when they do not divide evenly."""
+        shares: dict[MemoryGroupMember, set[_Key]] = {m: set() for m in members}
+        topics = sorted({t for m in members for t in m.topics})
+        for topic in topics:
+            subscribed = [m for m in members if topic in m.topics]
+            if not subscribed:
+                continue
+            count = self._log.partitions(topic)
+            each, extra = divmod(count, len(subscribed))
+            start = 0
+            for i, m in enumerate(subscribed):
+                n = each + (1 if i < extra else 0)
+                shares[m] |= {(topic, p) for p in range(start, start + n)}
+                start += n
+        return shares
+
+
+class MemoryGroupMember:
+    """`app.kafka.ports.GroupMember` on a `MemoryLog` (read_committed)."""
+
+    def __init__(
+        self,
+        log: MemoryLog,
+        group: MemoryGroup,
+        topics: Sequence[str],
+        *,
+        on_assigned: Assigned,
+        on_revoked: Assigned,
+        max_poll_records: int = 2_000,
+    ) -> None:
+        self._log = log
+        self._group = group
+        self.topics = list(topics)
+        self._on_assigned = on_assigned
+        self._on_revoked = on_revoked
+        self._max = max_poll_records
+        self.assigned: set[_Key] = set()
+        self.expelled = False
+        self._positions: dict[_Key, int] = {}
+        self._paused: set[_Key] = set()
+        self._generation = 0
+        self._polls = asyncio.Event()
+        self._polls.set()
+
+    def hold_polls(self) -> None:
+        """Its polls wait until `release_polls`: the window of a thawed process whose
+        timers and cycles run before its consumer learns that the group moved on."""
+        self._polls.clear()
+
+    def release_polls(self) -> None:
+        self._polls.set()
+
+    async def start(self) -> None:
+        self._log.check_up()
+        for t in self.topics:
+            self._log.partitions(t)  # an unknown topic is an error, as subscribing is
+        await self._group.join(self)
+
+    async def stop(self) -> None:
+        await self._group.leave(self)
+        self._positions.clear()
+
+    async def revoked(self, partitions: set[_Key]) -> None:
+        self.assigned = set()
+        self._positions.clear()
+        self._paused.clear()
+        await self._on_revoked(set(partitions))
+
+    async def given(self, partitions: set[_Key], generation: int) -> None:
+        self.assigned = set(partitions)
+        self._generation = generation
+        for key in partitions:
+            self._positions[key] = self._committed_or_start(key)
+        await self._on_assigned(set(partitions))
+
+    async def _rejoin_if_expelled(self) -> None:
+        if self.expelled:
+            self.expelled = False
+            await self.revoked(self.assigned)
+            await self._group.join(self)
+
+    async def poll(self, timeout_ms: int = 500) -> dict[_Key, list[Record]]:
+        await self._polls.wait()
+        self._log.check_up()
+        await self._rejoin_if_expelled()
+        got = self._take()
+        if not got:
+            await self._log.changed(timeout_ms / 1000)
+            self._log.check_up()
+            got = self._take()
+        return got
+
+    def _take(self) -> dict[_Key, list[Record]]:
+        got: dict[_Key, list[Record]] = {}
+        room = self._max
+        for key in sorted(self.assigned - self._paused):
+            if room <= 0:
+                break
+            topic, p = key
+            begin, end = self._log.offsets(topic, p)
+            records, self._positions[key] = self._log.visible(
+                topic, p, max(self._positions.get(key, begin), begin), end, True, room
+            )
+            if records:
+                got[key] = records
+                room -= len(records)
+        return got
+
+    async def commit(self, offsets: dict[_Key, int]) -> None:
+        self._log.check_up()
+        if not offsets:
+            return
+        if self.expelled or not set(offsets) <= self.assigned:
+            raise KafkaUnavailable("offset commit failed: the group has rebalanced")
+        self._log.commit_group_offsets(self._group.group_id, offsets)
+
+    async def backlog(self, topic: str, partition: int) -> int:
+        _, end = self._log.offsets(topic, partition, committed=False)
+        return max(0, end - self._positions.get((topic, partition), end))
+
+    def pause(self, partitions: Iterable[_Key]) -> None:
+        self._paused |= set(partitions) & self.assigned
+
+    def resume(self, partitions: Iterable[_Key]) -> None:
+        self._paused -= set(partitions)
+
+    async def rewind(self, partitions: Iterable[_Key]) -> None:
+        self._log.check_up()
+        for key in partitions:
+            if key in self.assigned:
+                self._positions[key] = self._committed_or_start(key)
+
+    def assignment(self) -> set[_Key]:
+        return set(self.assigned)
+
+    def _committed_or_start(self, key: _Key) -> int:
+        committed = self._log.committed(self._group.group_id, *key)
+        return committed if committed is not None else self._log.offsets(*key)[0]
+
+
+class MemoryAdmin:
+    """`app.kafka.ports.Admin` on a `MemoryLog`."""
+
+    def __init__(self, log: MemoryLog) -> None:
+        self._log = log
+
+    async def ensure_topics(self, specs: Iterable[TopicSpec]) -> None:
+        self._log.check_up()
+        self._log.ensure_topics(specs)
+
+    async def cluster_id(self) -> str:
+        self._log.check_up()
+        return self._log.cluster_id
+
+    async def probe(self) -> str | None:
+        return "the broker is not reachable" if self._log.down else None

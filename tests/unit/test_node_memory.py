@@ -1,0 +1,202 @@
+"""A whole node on the in-memory log (app.kafka.memory): its partition cycles, in-process
+firing, commits, restores and a take-over with fencing, in milliseconds and without a
+broker. The real-broker tests (tests/integration) stay for what only Kafka can show."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+
+import pytest
+from pydantic import BaseModel
+
+from app.kafka.memory import MemoryLog
+from app.model.aggregate import AggregateType, Command, Decision, Event
+from app.node import Node
+from app.node.settings import Settings
+from app.protocol.topics import AggregateTopics, ContextTopics
+from app.protocol.wire import CommandEnvelope, CommandResult, EventEnvelope, decode, encode
+from app.service import Service
+from tables import AggregateRef, CommandSpec, OnceRule, Timer, TimerStatus
+from tables.partitioner import partition_of
+
+PARTITIONS = 2
+TOPICS = AggregateTopics("mem", "counter")
+
+
+class Counter(BaseModel):
+    fired: int = 0
+
+
+counter = AggregateType("mem", "counter", Counter)
+
+
+@counter.command("Schedule")
+def _schedule(state: Counter, cmd: Command, d: Decision) -> None:
+    d.schedule("k", OnceRule(at=int(cmd.body["at"])), CommandSpec(type="Fire"))
+
+
+@counter.command("Fire")
+def _fire(state: Counter, cmd: Command, d: Decision) -> None:
+    d.emit("Fired", {"n": state.fired + 1})
+
+
+@counter.applies("Fired")
+def _fired(state: Counter, e: Event) -> Counter:
+    return state.model_copy(update={"fired": e.body["n"]})
+
+
+SERVICE = Service(aggregates=(counter,))
+
+
+async def until(check: Callable[[], bool | Awaitable[bool]], within: float = 10.0) -> None:
+    """Lets the nodes run until `check` holds (bounded: fails rather than hang)."""
+    deadline = time.monotonic() + within
+    while True:
+        got = check()
+        if not isinstance(got, bool):
+            got = await got
+        if got:
+            return
+        assert time.monotonic() < deadline, "condition never held"
+        await asyncio.sleep(0.01)
+
+
+class Running:
+    """A node of the group on the shared memory log, run in the background."""
+
+    def __init__(self, log: MemoryLog, data: Path, name: str) -> None:
+        settings = Settings(
+            bootstrap_servers="memory",
+            partitions=PARTITIONS,
+            data_dir=data / name,
+            group_id="g",
+            session_timeout_ms=1_000,
+            commit_interval_ms=20,
+        )
+        self.node = Node(settings, SERVICE, clients=log)
+        self.task: asyncio.Task[None] | None = None
+
+    async def start(self) -> Running:
+        await self.node.start()
+        self.task = asyncio.create_task(self.node.run())
+        return self
+
+    async def stop(self) -> None:
+        if self.task is not None:
+            self.task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.task
+        await self.node.stop()
+
+    def runs(self, partitions: int = PARTITIONS) -> bool:
+        h = self.node.health()
+        return bool(h["ready"]) and len(h["owned"]) == partitions
+
+
+@pytest.fixture
+async def log() -> AsyncIterator[MemoryLog]:
+    yield MemoryLog()
+
+
+@pytest.fixture
+async def nodes(log: MemoryLog, tmp_path: Path) -> AsyncIterator[list[Running]]:
+    started: list[Running] = []
+    yield started
+    for n in reversed(started):
+        await n.stop()
+
+
+async def start(nodes: list[Running], log: MemoryLog, tmp_path: Path, name: str) -> Running:
+    n = await Running(log, tmp_path, name).start()
+    nodes.append(n)
+    return n
+
+
+async def schedule(log: MemoryLog, owner: str, at: int) -> CommandEnvelope:
+    cmd = CommandEnvelope(
+        request_id=uuid.uuid4().hex,
+        type="Schedule",
+        aggregate=AggregateRef(context="mem", aggregate="counter", id=owner),
+        body={"at": at},
+        issued_at=int(time.time() * 1000),
+    )
+    p = partition_of(owner, PARTITIONS)
+    await log.publisher().send(TOPICS.commands, owner.encode(), encode(cmd), p)
+    return cmd
+
+
+def events(log: MemoryLog, type_: str) -> list[EventEnvelope]:
+    out = []
+    for p in range(PARTITIONS):
+        for r in log.records(TOPICS.events, p):
+            e = decode(EventEnvelope, r.value)
+            if e.type == type_:
+                out.append(e)
+    return out
+
+
+def results(log: MemoryLog) -> dict[str, CommandResult]:
+    topic = ContextTopics("mem").results
+    got = {}
+    for p in range(PARTITIONS):
+        for r in log.records(topic, p):
+            res = decode(CommandResult, r.value)
+            got[res.request_id] = res
+    return got
+
+
+def timer_rows(log: MemoryLog) -> list[Timer]:
+    latest: dict[bytes, bytes | None] = {}
+    for p in range(PARTITIONS):
+        for r in log.records(TOPICS.timers_changelog, p):
+            assert r.key is not None
+            latest[r.key] = r.value
+    return [Timer.model_validate_json(v) for v in latest.values() if v is not None]
+
+
+async def test_a_node_decides_commands_and_fires_its_timers_in_process(
+    log: MemoryLog, nodes: list[Running], tmp_path: Path
+) -> None:
+    node = await start(nodes, log, tmp_path, "a")
+    await until(node.runs)
+    owners = [f"o{i}" for i in range(6)]
+    sent = [await schedule(log, o, int(time.time() * 1000) + 50) for o in owners]
+    await until(lambda: len(events(log, "Fired")) == len(owners))
+    assert {r for r in results(log)} >= {c.request_id for c in sent}
+    assert all(results(log)[c.request_id].code == "COMMITTED" for c in sent)
+    await until(lambda: all(t.status is TimerStatus.FIRED for t in timer_rows(log)))
+    assert sorted(e.aggregate.id for e in events(log, "Fired")) == owners
+
+
+async def test_a_thawed_owner_beside_the_new_one_is_fenced_and_applies_nothing(
+    log: MemoryLog, nodes: list[Running], tmp_path: Path
+) -> None:
+    """The old owner's session expired (a frozen process) with a timer in its wheel; the new
+    owner takes every partition, which fences the old one's transactions. The old one
+    wakes, and its timer loop and cycles run before its consumer learns that the group
+    moved on: the timer is applied once, by the new owner; the old one's commit is fenced,
+    its partition stalled, and once its consumer polls it joins again and takes its share."""
+    old = await start(nodes, log, tmp_path, "old")
+    await until(old.runs)
+    due = int(time.time() * 1000) + 300
+    await schedule(log, "o1", due)
+    await until(lambda: len(timer_rows(log)) == 1)
+    group = log.groups["g"]
+    (member,) = group.members
+    member.hold_polls()
+    await group.expel(member)  # not told: it keeps its partitions, and fires at due time
+    new = await start(nodes, log, tmp_path, "new")
+    await until(new.runs)
+    p = str(partition_of("o1", PARTITIONS))
+    await until(lambda: p in old.node.health()["stalled"], within=15)
+    assert "fenced" in old.node.health()["stalled"][p].lower()
+    await until(lambda: len(events(log, "Fired")) == 1, within=15)
+    member.release_polls()
+    await until(lambda: old.runs(1) and new.runs(1), within=15)
+    assert len(events(log, "Fired")) == 1, "applied once: the fenced owner committed nothing"
+    assert [t.status for t in timer_rows(log)] == [TimerStatus.FIRED]
