@@ -289,6 +289,9 @@ class PartitionCycles:
             except TimeoutError as exc:
                 # Not carried out (the ledger did not answer in time): read it again.
                 raise KafkaUnavailable(f"operator request {op.request_id}: {exc!r}") from exc
+            self._metrics.operator_requests.labels(
+                kept.name, op.action.value, str(record.partition)
+            ).inc()
 
 
 class InProcess:

@@ -114,6 +114,21 @@ class NodeMetrics:
             registry=r,
         )
         self.owned = Gauge("tickwheel_owned_partitions", "Partitions this node owns", registry=r)
+        self.operator_requests = Counter(
+            "tickwheel_operator_requests",
+            "Operators' retry/skip requests carried out on this node's parked timers, by "
+            "aggregate type, action and partition",
+            ["type", "action", "partition"],
+            registry=r,
+        )
+        self.let_go = Counter(
+            "tickwheel_partitions_let_go",
+            "Partitions this node stopped working on, by why: revoked (a rebalance), fenced "
+            "(a newer owner took it over), failed (its transaction or store failed: taken "
+            "afresh)",
+            ["reason"],
+            registry=r,
+        )
         self.lateness = Histogram(
             "tickwheel_timer_lateness_seconds",
             "Applied minus due time of timer commands, observed when the transaction that "

@@ -342,6 +342,7 @@ class Node:
         if p not in self._owned:
             return
         fenced = is_fenced(exc)
+        self.metrics.let_go.labels("fenced" if fenced else "failed").inc()
         why = f"{what} failed: {exc}"
         logger.warning("partition %d: %s; %s", p, why, "let go" if fenced else "taken afresh")
         self._owned.discard(p)
@@ -466,6 +467,8 @@ class Node:
             self._broken.pop(p, None)
         async with self._lock:
             for p in sorted(gone & (self._owned | self._half_taken())):
+                if p in self._owned:
+                    self.metrics.let_go.labels("revoked").inc()
                 await self._let_go(p)
             self._owning()
 

@@ -239,9 +239,11 @@ async def test_parked_timers_are_retried_and_skipped_by_their_owners(cluster: Cl
             # Each owner carried out the op for its own partitions, and only those.
             for w in workers:
                 done = {
-                    int(line.rsplit("in partition ", 1)[1])
-                    for line in w.text().splitlines()
-                    if "operator retry of" in line
+                    int(labels["partition"])
+                    for name, labels, value in w.metrics() or []
+                    if name == "tickwheel_operator_requests_total"
+                    and labels["action"] == "retry"
+                    and value > 0
                 }
                 assert done == set(owned(w)), (w.name, done)
 

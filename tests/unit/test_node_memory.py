@@ -195,6 +195,10 @@ async def test_a_thawed_owner_beside_the_new_one_is_fenced_and_applies_nothing(
     p = str(partition_of("o1", PARTITIONS))
     await until(lambda: p in old.node.health()["stalled"], within=15)
     assert "fenced" in old.node.health()["stalled"][p].lower()
+    fenced = old.node.metrics.registry.get_sample_value(
+        "tickwheel_partitions_let_go_total", {"reason": "fenced"}
+    )
+    assert fenced is not None and fenced >= 1
     await until(lambda: len(events(log, "Fired")) == 1, within=15)
     member.release_polls()
     await until(lambda: old.runs(1) and new.runs(1), within=15)
