@@ -64,9 +64,16 @@ async def test_show_prints_a_timer_set_fired_and_set_again(cluster: Cluster) -> 
         )
         await client.send(again)
         await client.wait_results([again.request_id])
-        # Its result is written in the transaction of the row: the row is committed.
+
+        # The row follows from the event once the node reads it back from the log: a
+        # transaction of its own, after the command's.
+        async def set_again() -> bool:
+            got = await row()
+            return got is not None and got.status == TimerStatus.PENDING and got.id != fired_row.id
+
+        await eventually(set_again, 30, "the timer set again")
         now = await row()
-        assert now is not None and now.status == TimerStatus.PENDING and now.id != fired_row.id
+        assert now is not None
 
         # What the changelog's partition holds for the key, record by record.
         topic, p = client.topics.timers_changelog, partition_of(owner.id, PARTITIONS)
