@@ -220,16 +220,17 @@ async def latency(
         produced.append(results.produced_at[rid] - results.decided_at[rid])
         after.append(read * 1e3 - results.produced_at[rid])
         aid, at = results.batch[rid]
-        p = parts.get(aid)
-        if p is None:
-            p = parts[aid] = partition_of(aid, partitions)
-        batches.add((p, at))
+        part = parts.get(aid)
+        if part is None:
+            part = parts[aid] = partition_of(aid, partitions)
+        batches.add((part, at))
+    send_to_result = percentiles(total)
     figures = {
         "offered_per_s": rate,
         "sent_per_s": round(count / sent_for, 1),
         "seconds": round(sent_for, 1),
         "complete": done,
-        "send_to_result": percentiles(total),
+        "send_to_result": send_to_result,
         "send_to_decided": percentiles(decided),
         "decided_to_result_produced": percentiles(produced),
         "result_produced_to_read": percentiles(after),
@@ -238,7 +239,7 @@ async def latency(
         "transactions_per_partition_per_s": round(len(batches) / partitions / sent_for, 1),
         "cpu": cpu.figures,
     }
-    p99 = figures["send_to_result"].get("p99_ms")
+    p99 = send_to_result.get("p99_ms")
     figures["meets_p99_target"] = (
         None if rate < TARGET_RATE or p99 is None else bool(p99 <= TARGET_P99_MS)
     )

@@ -33,6 +33,8 @@ import orjson
 
 from tables import (
     AggregateRef,
+    ChangelogRecord,
+    ChangelogSink,
     CommandSpec,
     IntervalRule,
     Timer,
@@ -187,12 +189,13 @@ async def put_rate(path: str, count: int) -> dict[str, Any]:
     an empty store, then each rescheduled (a new id over a held row)."""
     sent = 0
 
-    async def sink(batch: list[Any]) -> None:
+    async def sink(records: list[ChangelogRecord]) -> None:
         nonlocal sent
-        sent += len(batch)
+        sent += len(records)
 
+    sinks: tuple[tuple[str, ChangelogSink | None], ...] = (("no_sink", None), ("with_sink", sink))
     figures: dict[str, Any] = {}
-    for label, changelog in (("no_sink", None), ("with_sink", sink)):
+    for label, changelog in sinks:
         shutil.rmtree(path, ignore_errors=True)
         store = open_timer_store(f"rocksdb://{path}", partitions=PARTITIONS, changelog=changelog)
         base = template()

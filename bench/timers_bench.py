@@ -228,7 +228,7 @@ async def burst(bootstrap: str, base: Path, args: argparse.Namespace) -> dict[st
     s = Setup(bootstrap, base, args, "ta")
     try:
         settled_s = await s.start(args.workers)
-        n = args.timers
+        n: int = args.timers
         t0 = now_ms() + args.burst_lead_ms
         events = [s.scheduler.event(i, "burst", t0) for i in range(n)]
         ids = {e[3] for e in events}

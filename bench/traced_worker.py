@@ -115,15 +115,19 @@ def experiments(names: str) -> None:
         if name == "changelog_linger":
             from app.kafka import producers
 
-            original = producers.AIOKafkaProducer
+            # The module's global, looked up when a producer is made (another
+            # experiment's replacement, if one ran first).
+            original = vars(producers)["AIOKafkaProducer"]
 
             def lingering(*args: Any, original: Any = original, **kwargs: Any) -> Any:
                 if ".timers." in (kwargs.get("transactional_id") or ""):
                     kwargs["linger_ms"] = 50
                 return original(*args, **kwargs)
 
-            producers.AIOKafkaProducer = lingering  # type: ignore[misc]
+            vars(producers)["AIOKafkaProducer"] = lingering
         elif name == "results_key_first":
+            from app.errors import BadRecord
+            from app.protocol.wire import CommandResult, decode
             from app.timers import sender
 
             async def _run(self: Any) -> None:
@@ -133,8 +137,8 @@ def experiments(names: str) -> None:
                         if rid is not None and rid not in self._waiting:
                             continue
                         try:
-                            result = sender.decode(sender.CommandResult, record.value)
-                        except sender.BadRecord:
+                            result = decode(CommandResult, record.value)
+                        except BadRecord:
                             continue
                         future = self._waiting.pop(result.request_id, None)
                         if future is not None and not future.done():
@@ -144,8 +148,8 @@ def experiments(names: str) -> None:
         elif name == "batch1m":
             from app.kafka import producers
 
-            producers.AIOKafkaProducer = functools.partial(  # type: ignore[misc]
-                producers.AIOKafkaProducer, max_batch_size=1 << 20
+            vars(producers)["AIOKafkaProducer"] = functools.partial(
+                vars(producers)["AIOKafkaProducer"], max_batch_size=1 << 20
             )
         else:
             raise SystemExit(f"unknown experiment {name!r}")
@@ -199,7 +203,8 @@ def diff(before: dict[str, Any] | None, after: dict[str, Any]) -> dict[str, Any]
 def read(path: str) -> dict[str, Any] | None:
     try:
         with open(path, encoding="utf-8") as f:
-            return json.load(f)
+            snapshot: dict[str, Any] = json.load(f)
+            return snapshot
     except (OSError, ValueError):
         return None
 
