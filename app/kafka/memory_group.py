@@ -166,8 +166,10 @@ class MemoryGroupMember:
 
     async def _rejoin_if_expelled(self) -> None:
         if self.expelled:
+            # As aiokafka's member after a lost membership: its assignment was reset before
+            # the revoke callback, which names none of what it held.
             self.expelled = False
-            await self.revoked(self.assigned)
+            await self.revoked(set())
             await self._group.join(self)
 
     async def poll(self, timeout_ms: int = 500) -> dict[_Key, list[Record]]:

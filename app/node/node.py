@@ -13,6 +13,7 @@ path, `processor`) and the operators' retry/skip requests on its parked timers
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections import Counter, defaultdict
 from collections.abc import Sequence
@@ -95,6 +96,8 @@ class Node:
         # stale (the take rewound p to its committed offsets) and is never handed over.
         self._takes: Counter[int] = Counter()
         self._taking: dict[int, asyncio.Task[None]] = {}
+        # Set (and replaced) at each assignment: a retake after a failure waits for it.
+        self._answered = asyncio.Event()
         # A partition's lock: held by its worker's cycle and around taking its transaction.
         locks: defaultdict[int, asyncio.Lock] = defaultdict(asyncio.Lock)
         # Partitions whose work stopped on a failure, and why, until they are taken again.
@@ -363,8 +366,16 @@ class Node:
         """
         assert self._consumer is not None
         self._suspension.group_answered()
+        # Retakes waiting after a failure go on now: the group has answered.
+        self._answered.set()
+        self._answered = asyncio.Event()
+        given = {p for _, p in assigned}
+        if stale := (self._owned | set(self._taking)) - given:
+            # The group is the authority: what it no longer gives here is let go (a revoke
+            # after a lost membership may have named none of it).
+            await self._revoked({("", p) for p in stale})
         async with self._lock:
-            new = sorted({p for _, p in assigned} - self._owned - set(self._taking))
+            new = sorted(given - self._owned - set(self._taking))
             self._consumer.pause([(t, p) for t, p in assigned if p in new])
             for p in new:
                 topics = {t for t, q in assigned if q == p}
@@ -378,20 +389,27 @@ class Node:
         """Takes p (fencing its previous owner, restoring), then starts its work.
 
         `after_failure`: p's work stopped on a failure: it is let go first (nothing of its
-        local copy is trusted), and taken again after that many seconds if the group still
-        gives it to this node. A partition that cannot be taken stops the node.
+        local copy is trusted), and taken again once the group answers (its next
+        assignment) or after that many seconds, if the group gives it to this node then. A
+        partition that cannot be taken stops the node.
         """
         assert self._consumer is not None
         try:
             if after_failure is not None:
+                answered = self._answered
                 await self.cycles.stop(p)
                 async with self._lock:
                     await self._let_go(p, clean=False)
-                await asyncio.sleep(after_failure)
-                topics &= {t for t, q in self._consumer.assignment() if q == p}
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(after_failure):
+                        await answered.wait()
+                # As the group gives it now (a lost membership empties the assignment the
+                # failure saw; the next one may give p back).
+                topics = {t for t, q in self._consumer.assignment() if q == p}
                 if not topics:
                     self._broken.pop(p, None)
                     return  # the group moved it meanwhile
+                self._consumer.pause([(t, p) for t in topics])
             for attempt in range(1, _TAKE_ATTEMPTS + 1):
                 try:
                     await self._take(p, topics)
