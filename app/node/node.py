@@ -163,6 +163,11 @@ class Node:
                 stalled.setdefault(
                     p, f"the process was stopped for {suspended:.1f} s: waiting for the group"
                 )
+        if self._consumer is not None:
+            # Given by the group but neither worked on nor being taken: nobody runs it.
+            given = {p for _, p in self._consumer.assignment()}
+            for p in sorted(given - self._owned - set(self._taking)):
+                stalled.setdefault(p, "assigned by the group, not taken")
         for kept in self.types.values():
             if kept.loop.failing:
                 for p in self._owned:

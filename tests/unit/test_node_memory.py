@@ -204,3 +204,16 @@ async def test_a_thawed_owner_beside_the_new_one_is_fenced_and_applies_nothing(
     await until(lambda: old.runs(1) and new.runs(1), within=15)
     assert len(events(log, "Fired")) == 1, "applied once: the fenced owner committed nothing"
     assert [t.status for t in timer_rows(log)] == [TimerStatus.FIRED]
+
+
+async def test_a_partition_the_group_gives_but_nobody_works_on_is_not_ready(
+    log: MemoryLog, nodes: list[Running], tmp_path: Path
+) -> None:
+    """Whatever the cause (a lost retake was one), /healthz does not say ready while a
+    partition the group gave this node is neither worked on nor being taken."""
+    node = await start(nodes, log, tmp_path, "a")
+    await until(node.runs)
+    node.node._owned.discard(1)  # as if its work had ended with no retake under way
+    health = node.node.health()
+    assert not health["ready"]
+    assert health["stalled"] == {"1": "assigned by the group, not taken"}
