@@ -90,11 +90,8 @@ def watch_of(
     clock: FakeClock,
     registry: CollectorRegistry,
     probe: FakeProbe,
-    **kwargs: float,
 ) -> BrokerWatch:
-    watch = BrokerWatch(
-        ADDRESS, registry=registry, probe=probe, clock=clock, log_filter=log_filter, **kwargs
-    )
+    watch = BrokerWatch(ADDRESS, registry=registry, probe=probe, clock=clock, log_filter=log_filter)
     log_filter.attach(watch)  # what start() does, without the probing task
     return watch
 

@@ -47,9 +47,15 @@ def record(offset: int, key: bytes | None, value: bytes | None) -> Record:
 REMIND = row_key(OWNER, "remind")
 LOG = [
     record(0, REMIND, encode_timer(timer(OWNER, "remind", TimerStatus.PENDING, 1_000))),
-    record(1, row_key(NEIGHBOUR, "remind"), encode_timer(timer(NEIGHBOUR, "remind", "PENDING", 5))),
+    record(
+        1,
+        row_key(NEIGHBOUR, "remind"),
+        encode_timer(timer(NEIGHBOUR, "remind", TimerStatus.PENDING, 5)),
+    ),
     record(2, REMIND, encode_timer(timer(OWNER, "remind", TimerStatus.FIRED, 1_000))),
-    record(3, row_key(OWNER, "later"), encode_timer(timer(OWNER, "later", "PENDING", 9_000))),
+    record(
+        3, row_key(OWNER, "later"), encode_timer(timer(OWNER, "later", TimerStatus.PENDING, 9_000))
+    ),
     record(4, REMIND + b"x", b"{}"),  # not a row key of this owner's: another writer's bytes
     record(5, None, b"{}"),
     record(6, row_key(OWNER, "later"), None),  # deleted

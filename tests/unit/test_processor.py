@@ -152,7 +152,7 @@ async def test_local_states_ahead_of_the_log_are_dropped_and_folded_again() -> N
     processor, _, states = make()
     await processor.handle([], local=[command(in_process=True)])
     assert states.seen(P, state_key(ORDER), "t-1#0") and states.offset(P) == 0
-    assert await processor.restore(FakeReader(end=0, records=[])) == 0  # type: ignore[arg-type]
+    assert await processor.restore(FakeReader(end=0, records=[])) == 0
     assert states.offset(P) is None
     assert not states.seen(P, state_key(ORDER), "t-1#0")
 
@@ -186,7 +186,7 @@ async def test_a_followed_event_is_not_folded_again_by_a_restore() -> None:
     log = [
         Record("shop.order.events", P, 7, ORDER.id.encode(), encode(external(5)), T0),
     ]
-    assert await processor.restore(FakeReader(end=8, records=log)) == 0  # type: ignore[arg-type]
+    assert await processor.restore(FakeReader(end=8, records=log)) == 0
     stored = states.get(P, state_key(ORDER))
     assert stored is not None and orjson.loads(stored)["version"] == 5
 

@@ -22,7 +22,8 @@ NOW = 1_800_000_000_000
 
 def example() -> str:
     section = README.split("## Writing a service", 1)[1]
-    return re.findall(r"```python\n(.*?)```", section, flags=re.S)[0]
+    blocks: list[str] = re.findall(r"```python\n(.*?)```", section, flags=re.S)
+    return blocks[0]
 
 
 @pytest.fixture

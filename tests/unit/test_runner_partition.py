@@ -211,7 +211,8 @@ class HeldSender:
         self.answers: dict[str, asyncio.Future[SendResult]] = {}
 
     async def send(self, timer: Timer) -> SendResult:
-        answer = self.answers[timer.request_id] = asyncio.get_running_loop().create_future()
+        answer: asyncio.Future[SendResult] = asyncio.get_running_loop().create_future()
+        self.answers[timer.request_id] = answer
         return await answer
 
     def answer(self, request_id: str, code: str = "COMMITTED") -> None:

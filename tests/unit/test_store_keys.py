@@ -30,7 +30,7 @@ from tables.keys import (
 )
 from tables.timer import TimerStatus
 
-text = st.text(st.characters(exclude_categories=("Cs",)), min_size=1, max_size=12)
+text = st.text(st.characters(exclude_categories=["Cs"]), min_size=1, max_size=12)
 names = st.from_regex(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,8}", fullmatch=True)
 refs = st.builds(AggregateRef, context=names, aggregate=names, tenant=text, id=text)
 due_ats = st.one_of(st.integers(0, 2), st.integers(0, 2**63))

@@ -12,7 +12,7 @@ import asyncio
 import os
 import shutil
 import tempfile
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 from hypothesis import HealthCheck, settings
@@ -83,7 +83,7 @@ class StoresAgree(RuleBasedStateMachine):
     def _open_rocks(self) -> TimerStore:
         return open_timer_store(f"rocksdb://{self.dir}", partitions=P, changelog=self.sinks[1])
 
-    def both(self, call: Callable[[TimerStore], Awaitable[T]]) -> T:
+    def both(self, call: Callable[[TimerStore], Coroutine[Any, Any, T]]) -> T:
         memory = self.runner.run(call(self.memory))
         rocks = self.runner.run(call(self.rocks))
         assert memory == rocks, (memory, rocks)

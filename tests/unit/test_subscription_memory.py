@@ -44,7 +44,11 @@ def event(owner: AggregateRef, version: int, type: str, body: dict[str, object])
 
 
 def schedule(owner: AggregateRef, version: int, at: int) -> OutRecord:
-    body = {"key": "remind", "rule": {"kind": "once", "at": at}, "command": {"type": "Remind"}}
+    body: dict[str, object] = {
+        "key": "remind",
+        "rule": {"kind": "once", "at": at},
+        "command": {"type": "Remind"},
+    }
     return event(owner, version, SCHEDULE_SET, body)
 
 
@@ -74,7 +78,7 @@ async def test_a_log_batch_is_applied_and_committed_with_its_offset() -> None:
     await service.commit([schedule(A, 1, T0 + 1_000), schedule(B, 1, T0 + 2_000)], {}, "s")
     await service.send([schedule(C, 1, T0 + 3_000)])
     await service.abort()  # C's schedule never happened
-    body = {"key": "remind"}
+    body: dict[str, object] = {"key": "remind"}
     await service.commit([event(B, 2, SCHEDULE_CANCELLED, body)], {}, "s")
 
     changelog, store = await owned(log)

@@ -27,7 +27,7 @@ from app.protocol.wire import (
 )
 from app.timers.operator import new_op
 from tables import AggregateRef, CommandSpec, OnceRule, Timer, TimerChange, TimerStatus
-from tables.ledger import MemoryFailureLedger
+from tables.ledger import FailureLedger, MemoryFailureLedger
 from tables.memory_store import MemoryTimerStore
 from tables.partitioner import partition_of
 
@@ -67,7 +67,7 @@ class FakeNode:
     stalled: dict[str, str] = field(default_factory=dict)
 
     @property
-    def ledgers(self) -> list[MemoryFailureLedger]:
+    def ledgers(self) -> list[FailureLedger]:
         return [self.ledger]
 
     def health(self) -> dict[str, Any]:
