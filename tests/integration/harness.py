@@ -17,9 +17,9 @@ import time
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, NotRequired, TypedDict
 
 import orjson
 from prometheus_client.parser import text_string_to_metric_families
@@ -39,6 +39,29 @@ from tables import AggregateRef, Timer, open_timer_store
 from tables.partitioner import partition_of
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
+# The JSON of the commands' bodies as the tests write them (the rules: `tables.rules`').
+
+
+class OnceJson(TypedDict):
+    kind: Literal["once"]
+    at: int
+
+
+class IntervalJson(TypedDict):
+    kind: Literal["interval"]
+    start: int
+    every: int
+    coalesce: NotRequired[bool]
+
+
+class TimerJson(TypedDict):
+    """A timer as a `Schedule` command's body (or one of `ScheduleMany`'s) writes it."""
+
+    key: str
+    rule: OnceJson | IntervalJson
+    target: NotRequired[dict[str, object]]
 
 
 def new_context() -> str:
@@ -282,7 +305,7 @@ class Client:
         self,
         aggregate_id: str,
         type_: str,
-        body: dict[str, object] | None = None,
+        body: Mapping[str, object] | None = None,
         *,
         request_id: str | None = None,
         not_before: int | None = None,
@@ -291,7 +314,7 @@ class Client:
             request_id=request_id or uuid.uuid4().hex,
             type=type_,
             aggregate=self.ref(aggregate_id),
-            body=body or {},
+            body=dict(body or {}),
             not_before=not_before,
             issued_at=int(time.time() * 1000),
         )

@@ -129,9 +129,13 @@ class Applied:
         except Exception:  # the broker may still be settling: try again
             return
         now = time.time()
-        self.counts = Counter(e.request_id for e in events if e.type == "Fired")
-        for request_id in self.counts:
-            assert request_id is not None
+        counts: Counter[str] = Counter()
+        for e in events:
+            if e.type == "Fired":
+                assert e.request_id is not None
+                counts[e.request_id] += 1
+        self.counts = counts
+        for request_id in counts:
             self.seen.setdefault(request_id, now)
 
 

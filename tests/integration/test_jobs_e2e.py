@@ -189,7 +189,7 @@ def check_each_slot_ran_once(runs: Runs) -> None:
     assert not twice, f"slots run twice: {twice[:5]}"
     # The Ran command commits in the tick's transaction: one for one.
     assert set(ran_by_tick) == set(tick_ids), (
-        f"ticks without a run: {sorted(set(tick_ids) - set(ran_by_tick))[:5]}; "
+        f"ticks without a run: {sorted(set(tick_ids) - set(ran_by_tick), key=str)[:5]}; "
         f"runs without a tick: {sorted(set(ran_by_tick) - set(tick_ids))[:5]}"
     )
     by_tick = {e.request_id: e for e in ticks}

@@ -25,7 +25,7 @@ from pathlib import Path
 import orjson
 import pytest
 from harness import ROOT, Client, Cluster, Worker, eventually, owned
-from playwright.async_api import Browser, Page, async_playwright
+from playwright.async_api import Browser, Page, ViewportSize, async_playwright
 
 from tables import Outcome, TimerStatus
 from tables.partitioner import partition_of
@@ -43,7 +43,7 @@ CHROMIUM_ARGS = [
     "--disable-component-update",
     "--disable-sync",
 ]
-VIEWPORT = {"width": 1280, "height": 900}
+VIEWPORT: ViewportSize = {"width": 1280, "height": 900}
 PARTITIONS = 3
 OPTIONS = {
     "retry": {"initial_backoff_ms": 100, "max_backoff_ms": 200, "max_attempts": 2},

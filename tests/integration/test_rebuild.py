@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from harness import ROOT, Client, Cluster, eventually
+from harness import ROOT, Client, Cluster, OnceJson, TimerJson, eventually
 
 from app.errors import GroupBusy
 from app.kafka import GroupOffsets, group_members, log_offsets, topic_names
@@ -93,11 +93,11 @@ async def test_rebuild_from_the_log_equals_the_live_table(cluster: Cluster) -> N
         w = cluster.start_worker("w")
         await cluster.wait_owned(w)
         now = int(time.time() * 1000)
-        far = {"kind": "once", "at": now + 3_600_000}
+        far: OnceJson = {"kind": "once", "at": now + 3_600_000}
         keys: list[tuple[AggregateRef, str]] = []
         first = []
         for i in range(40):
-            timers = [{"key": "far", "rule": far}, {"key": "moved", "rule": far}]
+            timers: list[TimerJson] = [{"key": "far", "rule": far}, {"key": "moved", "rule": far}]
             if i % 10 != 3:
                 # The log does not say a timer fired: one that fired and was then cancelled
                 # by its owner's deletion is rebuilt CANCELLED, so deleted owners fire none.
@@ -108,7 +108,7 @@ async def test_rebuild_from_the_log_equals_the_live_table(cluster: Cluster) -> N
         await client.wait_results([c.request_id for c in first])
         later = []
         for i in range(40):
-            moved = {"key": "moved", "rule": {"kind": "once", "at": now + 7_200_000}}
+            moved: TimerJson = {"key": "moved", "rule": {"kind": "once", "at": now + 7_200_000}}
             later.append(client.command(f"o{i}", "Schedule", moved))
             if i % 4 == 0:
                 later.append(client.command(f"o{i}", "Unschedule", {"keys": ["far"]}))

@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from harness import Client, Cluster, eventually, owned, sleep_until
+from harness import Client, Cluster, OnceJson, TimerJson, eventually, owned, sleep_until
 
 from app.protocol.wire import SCHEDULE_SET, EventEnvelope
 from tables import ACTIVE, AggregateRef, Timer, TimerStatus
@@ -32,13 +32,13 @@ async def cluster(kafka_bootstrap: str, tmp_path: Path) -> AsyncIterator[Cluster
 async def mixed_history(client: Client) -> list[tuple[AggregateRef, str]]:
     """Puts, reschedules, cancels, deletions, fired one-offs, recurring slots, stale versions."""
     now = int(time.time() * 1000)
-    far = {"kind": "once", "at": now + 3_600_000}
+    far: OnceJson = {"kind": "once", "at": now + 3_600_000}
     keys: list[tuple[AggregateRef, str]] = []
     commands = []
     for i in range(30):
         owner = f"o{i}"
         ref = client.ref(owner)
-        timers = [
+        timers: list[TimerJson] = [
             {"key": "far", "rule": far},
             {"key": "soon", "rule": {"kind": "once", "at": now + 1_500 + 50 * i}},
             {"key": "tick", "rule": {"kind": "interval", "start": now + 1_000, "every": 700}},
@@ -53,7 +53,7 @@ async def mixed_history(client: Client) -> list[tuple[AggregateRef, str]]:
     later = []
     for i in range(30):
         owner = f"o{i}"
-        moved = {"key": "moved", "rule": {"kind": "once", "at": now + 7_200_000}}
+        moved: TimerJson = {"key": "moved", "rule": {"kind": "once", "at": now + 7_200_000}}
         later.append(client.command(owner, "Schedule", moved, request_id=f"m{i}"))
         if i % 3 == 0:
             later.append(client.command(owner, "Unschedule", {"keys": ["far"]}, request_id=f"c{i}"))

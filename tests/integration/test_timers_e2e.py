@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from harness import Client, Cluster, Worker, eventually
+from harness import Client, Cluster, IntervalJson, OnceJson, TimerJson, Worker, eventually
 
 from tables import ACTIVE, TimerStatus
 
@@ -53,9 +53,10 @@ async def schedule(
     recurring_keys: list[tuple[str, list[str]]] = []
     for o in range(owners):
         owner = f"owner-{o}"
-        timers = []
+        timers: list[TimerJson] = []
         rec: list[str] = []
         for k in range(per_owner):
+            rule: OnceJson | IntervalJson
             if k % 10 == 0:
                 rule = {"kind": "interval", "start": now + 3_000, "every": 1_500, "coalesce": False}
                 rec.append(f"k{k}")
@@ -73,8 +74,9 @@ async def schedule(
         recurring_keys.append((owner, rec))
         for k, t in enumerate(timers):
             timer_id = f"{cmd.request_id}/{k}"
-            if t["rule"]["kind"] == "once":
-                plan.once[timer_id] = t["rule"]["at"]
+            rule = t["rule"]
+            if rule["kind"] == "once":
+                plan.once[timer_id] = rule["at"]
             else:
                 plan.recurring.add(timer_id)
     for i in range(0, len(commands), 20):

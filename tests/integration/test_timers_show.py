@@ -10,7 +10,7 @@ from pathlib import Path
 
 import orjson
 import pytest
-from harness import Client, Cluster, eventually
+from harness import Client, Cluster, TimerJson, eventually
 from typer.testing import CliRunner, Result
 
 from app.cli import cli
@@ -42,7 +42,10 @@ async def test_show_prints_a_timer_set_fired_and_set_again(cluster: Cluster) -> 
         w = cluster.start_worker()
         await cluster.wait_owned(w)
         owner = client.ref("o-shown")
-        soon = {"key": "remind", "rule": {"kind": "once", "at": int(time.time() * 1000) + 300}}
+        soon: TimerJson = {
+            "key": "remind",
+            "rule": {"kind": "once", "at": int(time.time() * 1000) + 300},
+        }
         first = client.command(owner.id, "Schedule", soon)
         other = client.command(owner.id, "Schedule", {**soon, "key": "other"})
         await client.send(first, other)
