@@ -14,10 +14,10 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+from fakes import dashboard_metrics, exported
 from harness import Client, Cluster, Worker, eventually
 
 from tables.partitioner import partition_of
-from tests.unit.fakes import dashboard_metrics, exported
 
 pytestmark = pytest.mark.kafka
 

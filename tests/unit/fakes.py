@@ -4,7 +4,8 @@ scripted sender) with its fixtures; and the metric names the dashboard queries. 
 here sleeps in real time or needs a broker.
 
 A module that uses the fixtures imports them (`raw_store`, `world`) for pytest to find.
-The integration tests import this module as `tests.unit.fakes`: it imports no test module.
+The integration tests import it too (pytest's `pythonpath` puts tests/unit on the path): it
+imports no test module.
 """
 
 from __future__ import annotations
