@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
 import kafka_broker  # registered by tests/conftest.py
@@ -10,8 +11,9 @@ import pytest
 script = kafka_broker.load_kafka_local()
 
 
-def parse(*argv: str):  # type: ignore[no-untyped-def]
-    return script.build_parser().parse_args(list(argv))
+def parse(*argv: str) -> argparse.Namespace:
+    args: argparse.Namespace = script.build_parser().parse_args(list(argv))
+    return args
 
 
 def test_start_keeps_the_data_unless_fresh() -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import inspect
 import socket
+from collections.abc import Callable
 from pathlib import Path
 
 import kafka_broker  # registered by tests/conftest.py
@@ -127,7 +128,7 @@ def test_the_library_starts_fresh_by_default() -> None:
 # --------------------------------------------------------------------------- ports
 
 
-def _free_ports(*ports: int):  # type: ignore[no-untyped-def]
+def _free_ports(*ports: int) -> Callable[[int], list[int]]:
     return lambda count: list(ports[:count])
 
 
