@@ -5,10 +5,11 @@ and the output formats."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib
 import logging
 import sys
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Iterator
 from datetime import UTC, datetime
 from typing import Annotated, Any, TypeVar
 
@@ -27,6 +28,7 @@ __all__ = [
     "fail",
     "json_line",
     "load_service",
+    "quiet_client_library",
     "run",
     "settings_for",
     "time_iso",
@@ -51,12 +53,25 @@ def fail(message: str) -> typer.Exit:
 def run(work: Coroutine[Any, Any, T]) -> T:
     """Runs `work`; the project's errors (a broker not there, a bad name) end the command
     with exit code 1 and their message, never a traceback."""
-    # aiokafka logs every failed connection attempt; the error below says it once.
-    logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
     try:
-        return asyncio.run(work)
+        with quiet_client_library():
+            return asyncio.run(work)
     except TickwheelError as exc:
         raise fail(str(exc)) from exc
+
+
+@contextlib.contextmanager
+def quiet_client_library() -> Iterator[None]:
+    """aiokafka logs every failed connection attempt and every retry of a topic whose
+    leader is being elected; a command's own error says what matters once. Put back
+    afterwards: a command may run inside another program (tests, a notebook)."""
+    client_log = logging.getLogger("aiokafka")
+    level = client_log.level
+    client_log.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        client_log.setLevel(level)
 
 
 def settings_for(bootstrap: str | None, partitions: int | None) -> Settings:

@@ -12,7 +12,7 @@ from typing import Annotated, Any
 
 import typer
 
-from app.cli.common import Bootstrap, ServiceSpec, load_service
+from app.cli.common import Bootstrap, ServiceSpec, load_service, quiet_client_library
 from app.cli.jobs import jobs_cli
 from app.cli.timers import timers_cli
 from app.errors import ConfigError, TickwheelError
@@ -113,11 +113,13 @@ def demo(
     # Topics just created have no leader for a moment: aiokafka logs each retry of it
     # (NotLeaderForPartitionError), which is nothing to worry about; real failures end
     # the demo with an error below.
-    logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
     try:
-        asyncio.run(
-            run_demo(settings.bootstrap_servers, settings.partitions, count=orders, seconds=seconds)
-        )
+        with quiet_client_library():
+            asyncio.run(
+                run_demo(
+                    settings.bootstrap_servers, settings.partitions, count=orders, seconds=seconds
+                )
+            )
     except TickwheelError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from exc
@@ -147,25 +149,24 @@ def rebuild(
     from app.protocol.topics import parse_aggregate_type
 
     settings = _settings(bootstrap_servers=bootstrap)
-    # The client library logs each failed connection attempt; the error below says it once.
-    logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
     out = Console(highlight=False, soft_wrap=True)
     try:
         names = types or [
             a.type_name for a in load_service(service).all_aggregates(settings.partitions)
         ]
         topics = [parse_aggregate_type(n) for n in names]
-        run = asyncio.run(
-            run_rebuild(
-                settings.bootstrap_servers,
-                settings.group_id,
-                topics,
-                dry_run=dry_run,
-                wait=wait,
-                out=out,
-                err=sys.stderr,
+        with quiet_client_library():
+            run = asyncio.run(
+                run_rebuild(
+                    settings.bootstrap_servers,
+                    settings.group_id,
+                    topics,
+                    dry_run=dry_run,
+                    wait=wait,
+                    out=out,
+                    err=sys.stderr,
+                )
             )
-        )
     except TickwheelError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from exc
