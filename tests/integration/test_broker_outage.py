@@ -61,6 +61,9 @@ class Outage:
     name: str
     start: float  # wall clock, s
     back: float = 0.0  # when the broker answered again
+    # Until when it certainly did not answer: its thaw, or its restart's start (a restart
+    # returns once the broker is ready, which is after it answers a probe).
+    away_until: float = 0.0
     running_again: float = 0.0  # when the workers ran their partitions again
 
 
@@ -218,6 +221,7 @@ async def test_the_broker_frozen_then_killed_while_timers_fall_due(tmp_path: Pat
             try:
                 await asyncio.sleep(FREEZE_S)  # the deliberate outage
             finally:
+                frozen.away_until = time.time()
                 signal_broker(broker.pid, signal.SIGCONT)
                 frozen.back = time.time()
             await recovered(frozen)
@@ -230,6 +234,7 @@ async def test_the_broker_frozen_then_killed_while_timers_fall_due(tmp_path: Pat
             # port in use; the clients' half-closed connections hold it a moment).
             port = int(broker.bootstrap.rsplit(":", 1)[1])
             await eventually(lambda: script.port_free(port), 60, f"port {port} free again")
+            killed.away_until = time.time()
             broker = await asyncio.to_thread(script.restart, state)
             killed.back = time.time()
             await recovered(killed)
@@ -297,7 +302,7 @@ async def test_the_broker_frozen_then_killed_while_timers_fall_due(tmp_path: Pat
                 assert down[0].body["broker"]["reason"], down[0].body
                 into = down[0].at - outage.start
                 report.append(f"  {name}: 503 {into:.1f} s into it: {down[0].body['broker']}")
-                while_down = [s for s in mine if down[0].at <= s.at <= outage.back]
+                while_down = [s for s in mine if down[0].at <= s.at <= outage.away_until]
                 assert all(s.status == 503 for s in while_down), [
                     (s.at - outage.start, s.status) for s in while_down if s.status != 503
                 ]
