@@ -105,14 +105,19 @@ def _request(action: str, type_name: str, target: AggregateRef, settings: Settin
     )
 
 
+TargetId = Annotated[str, typer.Option(help="the id of the target the timers send to")]
+TargetTenant = Annotated[str, typer.Option(help="the target's tenant")]
+TargetType = Annotated[
+    str | None, typer.Option(help="the target's type when not --type, <context>.<aggregate>")
+]
+
+
 @timers_cli.command()
 def retry(
     type_name: TypeName,
-    target_id: Annotated[str, typer.Option(help="the id of the target the timers send to")],
-    tenant: Annotated[str, typer.Option(help="the target's tenant")] = DEFAULT_TENANT,
-    target_type: Annotated[
-        str | None, typer.Option(help="the target's type when not --type, <context>.<aggregate>")
-    ] = None,
+    target_id: TargetId,
+    tenant: TargetTenant = DEFAULT_TENANT,
+    target_type: TargetType = None,
     bootstrap: Bootstrap = None,
     partitions: Partitions = None,
 ) -> None:
@@ -125,11 +130,9 @@ def retry(
 @timers_cli.command()
 def skip(
     type_name: TypeName,
-    target_id: Annotated[str, typer.Option(help="the id of the target the timers send to")],
-    tenant: Annotated[str, typer.Option(help="the target's tenant")] = DEFAULT_TENANT,
-    target_type: Annotated[
-        str | None, typer.Option(help="the target's type when not --type, <context>.<aggregate>")
-    ] = None,
+    target_id: TargetId,
+    tenant: TargetTenant = DEFAULT_TENANT,
+    target_type: TargetType = None,
     bootstrap: Bootstrap = None,
     partitions: Partitions = None,
 ) -> None:
