@@ -21,7 +21,6 @@ from pathlib import Path
 
 from app.errors import KafkaUnavailable
 from app.kafka import (
-    KafkaClients,
     LogReader,
     OutRecord,
     TransactionalWriter,
@@ -55,20 +54,18 @@ class TransactionalChangelog:
     rows buffered before a commit are in it or in an earlier one.
 
     `writers` makes a partition's producer from its transactional id (`Clients.
-    transactional_writer`); a bootstrap address stands for Kafka's (`KafkaClients`).
+    transactional_writer`).
     """
 
     def __init__(
         self,
-        writers: WriterFactory | str,
+        writers: WriterFactory,
         topic: str,
         group_id: str,
         *,
         on_commit: Callable[[float], None] | None = None,
     ) -> None:
-        self._writers = (
-            KafkaClients(writers).transactional_writer if isinstance(writers, str) else writers
-        )
+        self._writers = writers
         self.topic = topic
         self.group_id = group_id
         # Told each successful commit's duration in seconds (the commit-time histogram).

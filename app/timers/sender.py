@@ -13,7 +13,7 @@ import logging
 from collections.abc import Callable
 
 from app.errors import BadRecord
-from app.kafka import FollowerFactory, KafkaClients, Publisher
+from app.kafka import FollowerFactory, Publisher
 from app.protocol.topics import AggregateTopics, ContextTopics
 from app.protocol.wire import CommandEnvelope, CommandResult, decode, encode
 from app.timers.runner.decisions import SENT, SendResult
@@ -50,14 +50,11 @@ def timer_command(
 class ResultsReader:
     """Reads the owned partitions of a context's results topic; resolves waiting sends.
 
-    `followers` makes the topic's follower (`Clients.follower`); a bootstrap address stands
-    for Kafka's (`KafkaClients`).
+    `followers` makes the topic's follower (`Clients.follower`).
     """
 
-    def __init__(self, followers: FollowerFactory | str, context: str) -> None:
+    def __init__(self, followers: FollowerFactory, context: str) -> None:
         self.topic = ContextTopics(context).results
-        if isinstance(followers, str):
-            followers = KafkaClients(followers).follower
         self._reader = followers(self.topic)
         self._waiting: dict[str, asyncio.Future[CommandResult]] = {}
         self._task: asyncio.Task[None] | None = None
