@@ -15,6 +15,8 @@ TickwheelError
 
 from __future__ import annotations
 
+from tables.exceptions import StoreError
+
 __all__ = [
     "BadInput",
     "BadRecord",
@@ -27,6 +29,7 @@ __all__ = [
     "NoTimers",
     "NodeFailed",
     "TickwheelError",
+    "node_fault",
 ]
 
 
@@ -72,3 +75,11 @@ class JobsCliError(TickwheelError):
 
 class BadInput(TickwheelError):
     """A query or form the page cannot act on: a 400 page that says why."""
+
+
+def node_fault(exc: BaseException) -> bool:
+    """Whether `exc` is the node's own fault (the broker gone or refusing, fenced, the store
+    failing, the node failed), not a record's: only such a fault retakes a partition. Every
+    other exception met while reading, deciding, following, applying or restoring one
+    record is that record's: it is dead-lettered and the partition goes on."""
+    return isinstance(exc, KafkaUnavailable | NodeFailed | StoreError | MemoryError)

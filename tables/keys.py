@@ -45,6 +45,7 @@ __all__ = [
     "parked_prefix",
     "ref_bytes",
     "ref_bytes_of",
+    "restored_row",
     "row_key",
     "row_key_of",
 ]
@@ -167,6 +168,17 @@ def decode_timer(raw: bytes) -> Timer:
     `model_validate_json`'s wrapper (~10 %).
     """
     timer: Timer = _validate_json(raw)
+    return timer
+
+
+def restored_row(partition: int, key: bytes, value: bytes) -> Timer:
+    """A changelog value as a restore takes it: a whole, valid Timer (within every bound) of
+    `partition`, stored under its own row key; `ValueError` with the reason otherwise."""
+    timer = decode_timer(value)  # a pydantic ValidationError is a ValueError
+    if row_key(timer.owner, timer.key) != key:
+        raise ValueError(f"it holds the timer ({timer.owner}, {timer.key!r}) under another key")
+    if timer.partition != partition:
+        raise ValueError(f"it is a timer of partition {timer.partition}")
     return timer
 
 

@@ -15,11 +15,11 @@ from dataclasses import dataclass, field
 from functools import partial
 from itertools import islice
 
-from tables.exceptions import StoreError
-from tables.keys import decode_timer, owner_prefix, ref_bytes, row_key
+from tables.keys import owner_prefix, ref_bytes, restored_row
 from tables.partitioned import PartitionedStore
 from tables.refs import AggregateRef
-from tables.store import ChangelogSink
+from tables.store import ChangelogSink, UnreadableRow
+from tables.store import unreadable_reason as _reason
 from tables.timer import Timer, TimerStatus
 from tables.writes import Write
 
@@ -123,15 +123,23 @@ class MemoryTimerStore(PartitionedStore):
             for _, _, row in data.parked[target]:
                 yield partial(data.rows.__getitem__, row)
 
-    def _restore(self, partition: int, records: Iterable[tuple[int, bytes, bytes | None]]) -> None:
+    def _restore(
+        self, partition: int, records: Iterable[tuple[int, bytes, bytes | None]]
+    ) -> list[UnreadableRow]:
         decoded: list[tuple[bytes, Timer | None]] = []
+        unreadable: list[UnreadableRow] = []
         last = None
         for offset, key, value in records:
-            timer = None if value is None else _decode(partition, offset, key, value)
-            decoded.append((key, timer))
             last = offset
+            if value is None:
+                decoded.append((key, None))
+                continue
+            try:
+                decoded.append((key, restored_row(partition, key, value)))
+            except ValueError as exc:
+                unreadable.append(UnreadableRow(offset, key, value, _reason(exc)))
         if last is None:
-            return
+            return unreadable
         data = self._data[partition]
         for key, timer in decoded:
             if timer is None:
@@ -139,6 +147,7 @@ class MemoryTimerStore(PartitionedStore):
             else:
                 data.put(key, timer)
         data.offset = last
+        return unreadable
 
     def _offset(self, partition: int) -> int | None:
         return self._data[partition].offset
@@ -154,18 +163,3 @@ class MemoryTimerStore(PartitionedStore):
 
     def _close(self) -> None:
         self._data = []
-
-
-def _decode(partition: int, offset: int, key: bytes, value: bytes) -> Timer:
-    try:
-        timer = decode_timer(value)
-    except ValueError as exc:
-        raise StoreError(
-            f"changelog record at offset {offset} of partition {partition} is not a timer: {exc}"
-        ) from exc
-    if row_key(timer.owner, timer.key) != key or timer.partition != partition:
-        raise StoreError(
-            f"changelog record at offset {offset} of partition {partition} holds the timer "
-            f"({timer.owner}, {timer.key!r}) of partition {timer.partition} under another key"
-        )
-    return timer

@@ -14,7 +14,7 @@ from tables.census import TimerCensus, tally
 from tables.exceptions import StoreClosed, StoreError
 from tables.keys import encode_timer, owner_prefix, row_key
 from tables.refs import AggregateRef
-from tables.store import ChangelogRecord, ChangelogSink
+from tables.store import ChangelogRecord, ChangelogSink, UnreadableRow
 from tables.timer import ACTIVE, Timer, TimerChange, TimerStatus
 from tables.writes import Write, check_change, plan_cancel, plan_settle, put_row
 
@@ -79,7 +79,7 @@ class PartitionedStore(ABC):
     @abstractmethod
     def _restore(
         self, partition: int, records: Iterable[tuple[int, bytes, bytes | None]]
-    ) -> None: ...
+    ) -> list[UnreadableRow]: ...
 
     @abstractmethod
     def _offset(self, partition: int) -> int | None: ...
@@ -312,13 +312,13 @@ class PartitionedStore(ABC):
 
     async def apply_changelog(
         self, partition: int, records: Iterable[tuple[int, bytes, bytes | None]]
-    ) -> None:
+    ) -> list[UnreadableRow]:
         self._check_open()
         self._check_served(partition)
         async with self._writing():
             self._check_served(partition)
             self._counts.pop(partition, None)
-            self._restore(partition, records)
+            return self._restore(partition, records)
 
     def changelog_offset(self, partition: int) -> int | None:
         self._check_open()

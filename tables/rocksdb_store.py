@@ -47,13 +47,12 @@ from tables.keys import (
     due_key_prefix,
     due_upper_bound,
     index_key,
-    index_key_of,
     parked_prefix,
-    row_key_of,
+    restored_row,
 )
 from tables.partitioned import PartitionedStore
 from tables.refs import AggregateRef
-from tables.store import ChangelogSink
+from tables.store import ChangelogSink, UnreadableRow, unreadable_reason
 from tables.timer import Timer, TimerStatus
 from tables.writes import Write
 
@@ -310,13 +309,23 @@ class RocksDBTimerStore(PartitionedStore):
         for partition, batch in batches.items():
             self._write(partition, batch)
 
-    def _restore(self, partition: int, records: Iterable[tuple[int, bytes, bytes | None]]) -> None:
+    def _restore(
+        self, partition: int, records: Iterable[tuple[int, bytes, bytes | None]]
+    ) -> list[UnreadableRow]:
+        unreadable: list[UnreadableRow] = []
         batch = WriteBatch(raw_mode=True)
         get, put, delete = self._db(partition).get, batch.put, batch.delete
         indexed: dict[bytes, bytes | None] = {}
         """The index entry of each row this batch has written so far."""
         last = None
         for offset, key, value in records:
+            last = offset
+            if value is not None:
+                try:
+                    new = index_key(restored_row(partition, key, value), key)
+                except ValueError as exc:
+                    unreadable.append(UnreadableRow(offset, key, value, unreadable_reason(exc)))
+                    continue  # the row under its key stays as it was
             row = ROW + key
             if key in indexed:
                 old = indexed[key]
@@ -327,7 +336,6 @@ class RocksDBTimerStore(PartitionedStore):
                 new = None
                 delete(row)
             else:
-                new = _index(partition, offset, key, value)
                 if new is None:
                     put(row, value)
                 else:
@@ -337,11 +345,11 @@ class RocksDBTimerStore(PartitionedStore):
             if old is not None and old != new:
                 delete(old)
             indexed[key] = new
-            last = offset
         if last is None:
-            return
+            return unreadable
         put(OFFSET_KEY, last.to_bytes(8, "big", signed=True))
         self._write(partition, batch)
+        return unreadable
 
     # --- partitions -------------------------------------------------------------------
 
@@ -366,30 +374,3 @@ class RocksDBTimerStore(PartitionedStore):
     def _close(self) -> None:
         for partition in list(self._dbs):
             self._close_partition(partition)
-
-
-def _index(partition: int, offset: int, key: bytes, value: bytes) -> bytes | None:
-    """A changelog value's index entry, checked to be the row `key` names in `partition`.
-
-    The check is of what the store relies on (a JSON object with a Timer's fields, its
-    key, partition and status); the rest is validated when the row is read, as a full
-    validation here would halve the restore rate.
-    """
-    try:
-        row = orjson.loads(value)
-        if not isinstance(row, dict):
-            raise ValueError("not a JSON object")
-        if row.keys() != _FIELDS:
-            raise ValueError(f"its fields are not a Timer's: {sorted(row.keys() ^ _FIELDS)}")
-        if row_key_of(row) != key:
-            raise ValueError("its key is not the row key of its owner and key")
-        if row["partition"] != partition:
-            raise ValueError(f"it is a timer of partition {row['partition']}")
-        if row["status"] not in _STATUSES:
-            raise ValueError(f"unknown status {row['status']!r}")
-        return index_key_of(row, key)
-    except (ValueError, KeyError, TypeError, AttributeError, OverflowError) as exc:
-        raise StoreError(
-            f"changelog record at offset {offset} of partition {partition} is not a timer "
-            f"row: {exc!r}"
-        ) from exc

@@ -10,6 +10,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError, available_timezones
 from cronsim import CronSim, CronSimError
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
 
+from tables.bounds import Instant, Interval
 from tables.exceptions import InvalidRule
 
 __all__ = ["CronRule", "IntervalRule", "OnceRule", "ScheduleRule", "parse_rule"]
@@ -26,15 +27,15 @@ class OnceRule(_Rule):
     """One slot, at `at` (epoch ms, UTC)."""
 
     kind: Literal["once"] = "once"
-    at: int = Field(ge=0)
+    at: Instant
 
 
 class IntervalRule(_Rule):
     """Slot n at `start + n * every` (epoch ms)."""
 
     kind: Literal["interval"] = "interval"
-    start: int = Field(ge=0)
-    every: int = Field(gt=0, description="milliseconds between slots; must be positive")
+    start: Instant
+    every: Interval = Field(description="milliseconds between slots; must be positive")
 
 
 class CronRule(_Rule):
@@ -44,7 +45,7 @@ class CronRule(_Rule):
     kind: Literal["cron"] = "cron"
     expr: str = Field(min_length=1, max_length=200)
     zone: str = "UTC"
-    start: int = Field(default=0, ge=0)
+    start: Instant = 0
 
     @field_validator("zone")
     @classmethod

@@ -31,6 +31,7 @@ from zoneinfo import ZoneInfo
 
 from cronsim import CronSim
 
+from tables.bounds import MAX_INSTANT
 from tables.rules import CronRule, IntervalRule, OnceRule, ScheduleRule
 
 __all__ = [
@@ -82,7 +83,7 @@ def first_slot(rule: ScheduleRule, not_before: int) -> Slot | None:
     if isinstance(rule, IntervalRule):
         behind = not_before - rule.start
         n = -(-behind // rule.every) if behind > 0 else 0
-        return Slot(n, rule.start + n * rule.every)
+        return _interval_slot(rule, n)
     due = next(_cron_after(rule, max(rule.start, not_before) - 1), None)
     return None if due is None else Slot(0, due)
 
@@ -92,7 +93,7 @@ def next_slot(rule: ScheduleRule, slot: Slot) -> Slot | None:
     if isinstance(rule, OnceRule):
         return None
     if isinstance(rule, IntervalRule):
-        return Slot(slot.index + 1, slot.due_at + rule.every)
+        return _interval_slot(rule, slot.index + 1, slot.due_at + rule.every)
     due = next(_cron_after(rule, slot.due_at), None)
     return None if due is None else Slot(slot.index + 1, due)
 
@@ -107,7 +108,7 @@ def nth_slot(rule: ScheduleRule, n: int) -> Slot | None:
     if isinstance(rule, OnceRule):
         return Slot(0, rule.at) if n == 0 else None
     if isinstance(rule, IntervalRule):
-        return Slot(n, rule.start + n * rule.every)
+        return _interval_slot(rule, n)
     if n > MAX_CRON_STEPS:
         raise ValueError(f"cron slot {n} is more than {MAX_CRON_STEPS} steps from its start")
     for index, due in enumerate(_cron_after(rule, rule.start - 1)):
@@ -149,6 +150,13 @@ def caught_up(rule: ScheduleRule, slot: Slot, now: int) -> CatchUp:
         return CatchUp(slot, 0)
     latest = latest_due(rule, slot, now)
     return CatchUp(latest, latest.index - slot.index)
+
+
+def _interval_slot(rule: IntervalRule, n: int, due_at: int | None = None) -> Slot | None:
+    """Slot `n` of an interval rule; None past `MAX_INSTANT` (the rule has ended there, as
+    a cron rule ends at year 9999)."""
+    due = rule.start + n * rule.every if due_at is None else due_at
+    return Slot(n, due) if due <= MAX_INSTANT else None
 
 
 def _cron_after(rule: CronRule, after: int) -> Iterator[int]:

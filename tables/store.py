@@ -33,6 +33,21 @@ class ChangelogRecord(NamedTuple):
     value: bytes | None
 
 
+class UnreadableRow(NamedTuple):
+    """A changelog record a restore passed over: not a row of this partition's (another
+    writer's, or of a format or bounds this version does not read)."""
+
+    offset: int
+    key: bytes
+    value: bytes
+    reason: str
+
+
+def unreadable_reason(exc: Exception) -> str:
+    """Why a changelog record is no row, in one line."""
+    return str(exc).replace("\n", "; ")[:1000]
+
+
 class ChangelogSink(Protocol):
     """Sends a write's changelog records; the store writes locally only once it returns."""
 
@@ -120,9 +135,10 @@ class TimerStore(Protocol):
 
     async def apply_changelog(
         self, partition: int, records: Iterable[tuple[int, bytes, bytes | None]]
-    ) -> None:
+    ) -> list[UnreadableRow]:
         """Restores `(offset, key, value)` records of `partition` as given, with their
-        indexes and the last offset, in one local write; `StoreError` on a bad record."""
+        indexes and the last offset, in one local write; a record that is no row of the
+        partition is passed over (the row under its key stays as it was) and returned."""
         ...
 
     def changelog_offset(self, partition: int) -> int | None:

@@ -7,6 +7,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from tables.bounds import Count, Deadline, Instant, Version
 from tables.refs import AggregateRef
 from tables.rules import ScheduleRule
 
@@ -64,17 +65,17 @@ class Timer(BaseModel):
     id: str = Field(min_length=1, max_length=200)
     owner: AggregateRef
     key: str = Field(min_length=1, max_length=200)
-    version: int = Field(ge=0)
-    partition: int = Field(ge=0)
+    version: Version
+    partition: int = Field(ge=0, le=65_535)
     status: TimerStatus = TimerStatus.PENDING
     rule: ScheduleRule
     target: AggregateRef
     command: CommandSpec
-    slot: int = Field(default=0, ge=0)
-    slot_due_at: int = Field(ge=0)
-    due_at: int = Field(ge=0)
-    attempts: int = Field(default=0, ge=0)
-    skipped: int = Field(default=0, ge=0)
+    slot: Version = 0
+    slot_due_at: Instant
+    due_at: Deadline
+    attempts: Count = 0
+    skipped: Count = 0
     outcome: Outcome | None = None
 
     def same_as_loaded(self, loaded: Timer) -> bool:

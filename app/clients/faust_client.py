@@ -49,10 +49,11 @@ except ImportError as exc:  # the extra is optional: say how to get it
     ) from exc
 
 from app.clients.timer_book import CANCEL_TIMER, SET_TIMER, book_reason, timer_book
-from app.commands.processor import dead_letter_record, misrouted
+from app.commands.processor import misrouted
 from app.errors import BadRecord
 from app.kafka import Record, TopicSpec, ensure_topics
 from app.node import node_topics
+from app.protocol.dead_letters import Stage, dead_letter
 from app.protocol.topics import AggregateTopics, ContextTopics, parse_aggregate_type
 from app.protocol.wire import (
     CommandEnvelope,
@@ -186,7 +187,14 @@ def _record(message: Message) -> Record:
         key=message.key,
         value=message.value,
         timestamp=int(message.timestamp * 1000),
+        headers=_headers(message.headers),
     )
+
+
+def _headers(headers: Any) -> tuple[tuple[str, bytes], ...]:
+    """A faust message's headers (a mapping or pairs) as a record's."""
+    pairs = headers.items() if isinstance(headers, dict) else (headers or ())
+    return tuple((str(k), bytes(v or b"")) for k, v in pairs)
 
 
 class CommandTopic(faust.Topic):
@@ -209,9 +217,13 @@ class CommandTopic(faust.Topic):
         await self._dead_letter(exc, message)
 
     async def _dead_letter(self, exc: Exception, message: Message) -> None:
-        topic, partition, key, value = dead_letter_record(_record(message), str(exc))
+        topic, partition, key, value, headers = dead_letter(
+            _record(message), exc, Stage.READ, int(time.time() * 1000)
+        )
         letters = self.app.topic(topic, key_type=bytes, value_type=bytes)
-        sent = await letters.send(key=key, value=value, partition=partition, force=True)
+        sent = await letters.send(
+            key=key, value=value, partition=partition, headers=list(headers), force=True
+        )
         await sent
 
 

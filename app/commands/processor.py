@@ -16,17 +16,17 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from app.errors import BadRecord
+from app.errors import BadRecord, node_fault
 from app.kafka import LogReader, OutRecord, Record
 from app.kafka.records import RestoreProgress
 from app.model.aggregate import AggregateType
 from app.model.decide import Decided, StoredAggregate, decide, fold
+from app.protocol.dead_letters import Stage, dead_letter
+from app.protocol.limits import InputLimits
 from app.protocol.topics import AggregateTopics, ContextTopics
 from app.protocol.wire import (
-    MAX_RECORD_BYTES,
     CommandEnvelope,
     CommandResult,
-    DeadLetter,
     EventEnvelope,
     ResultCode,
     decode,
@@ -69,27 +69,24 @@ class BatchStats:
     codes: Counter[str] = field(default_factory=Counter)
 
 
-def dead_letter_record(record: Record, error: str) -> OutRecord:
-    """The dead-letter record for `record`, on its context's dead-letter topic: its value
-    whole, unless the letter would then exceed the largest record accepted (an oversized
-    record): then as much of it as fits."""
-    logger.error("skipping %s[%d]@%d: %s", record.topic, record.partition, record.offset, error)
-    raw = record.value or b""
-    while True:
-        letter = DeadLetter(
-            topic=record.topic,
-            partition=record.partition,
-            offset=record.offset,
-            error=error,
-            key=None if record.key is None else record.key.decode("utf-8", "replace"),
-            value=raw.decode("utf-8", "replace"),
-        )
-        value = encode(letter)
-        if len(value) <= MAX_RECORD_BYTES:
-            break
-        raw = raw[: len(raw) - (len(value) - MAX_RECORD_BYTES) - 1024]
-    context = record.topic.split(".", 1)[0]
-    return (ContextTopics(context).dead_letters, 0, record.key, value)
+def dead_letter_record(
+    record: Record,
+    error: BaseException | str,
+    stage: Stage,
+    now: int,
+    limits: InputLimits,
+) -> OutRecord:
+    """The dead letter of `record` on its context's dead-letter topic: its bytes whole, why
+    in its headers (`app.protocol.dead_letters`)."""
+    logger.error(
+        "dead-lettering %s[%d]@%d (%s): %s",
+        record.topic,
+        record.partition,
+        record.offset,
+        stage.value,
+        str(error)[:500],
+    )
+    return dead_letter(record, error, stage, now, limit=limits.dead_letter_bytes)
 
 
 def misrouted(record: Record, aggregate: AggregateRef, partitions: int) -> str | None:
@@ -163,6 +160,7 @@ class CommandProcessor:
         commit: Commit,
         now: Callable[[], int],
         busy_backlog: int = 50_000,
+        limits: InputLimits | None = None,
     ) -> None:
         self.agg = agg
         self.partition = partition
@@ -173,6 +171,7 @@ class CommandProcessor:
         self._commit = commit
         self._now = now
         self.busy_backlog = busy_backlog
+        self.limits = limits or InputLimits()
         # Batches decided and staged in the partition's transaction, not committed yet
         # (oldest first): later decisions see their aggregates and request ids.
         # Of the batches staged and not committed yet, the latest aggregate and every applied
@@ -228,7 +227,8 @@ class CommandProcessor:
         by_id: dict[str, list[EventEnvelope]] = {}
         for r in batch:
             try:
-                event = decode(EventEnvelope, r.value)
+                self.limits.check(r.key, r.value)
+                event = decode(EventEnvelope, r.value, self.limits.max_record_bytes)
             except BadRecord:
                 continue  # the timers subscription dead-letters it; nothing to fold
             if event.aggregate.type_name != self.agg.type_name:
@@ -239,9 +239,33 @@ class CommandProcessor:
         requests: list[tuple[str, str]] = []
         for aggregate_id, events in by_id.items():
             stored = self._stored(aggregate_id)
-            states[aggregate_id] = encode(fold(self.agg, stored, events))
-            requests += [(aggregate_id, _applied_id(e)) for e in events]
+            folded = self._fold_each(stored, events)
+            states[aggregate_id] = encode(folded[0])
+            requests += [(aggregate_id, _applied_id(e)) for e in folded[1]]
         self._states.write(self.partition, states, requests, batch[-1].offset)
+
+    def _fold_each(
+        self, stored: StoredAggregate | None, events: list[EventEnvelope]
+    ) -> tuple[StoredAggregate, list[EventEnvelope]]:
+        """The aggregate after those of `events` its appliers take, and those: an event
+        an applier raises on is passed over (the subscription dead-letters it when it
+        follows it; a restore reads it again each time)."""
+        try:
+            return fold(self.agg, stored, events), events
+        except Exception as exc:
+            if node_fault(exc):
+                raise
+        current, folded = stored, []
+        for e in events:
+            try:
+                current = fold(self.agg, current, [e])
+            except Exception as exc:
+                if node_fault(exc):
+                    raise
+                logger.warning("restore passes over event %s (%s): %r", e.id, e.type, exc)
+                continue
+            folded.append(e)
+        return current or StoredAggregate(), folded
 
     def _stored(self, aggregate_id: str) -> StoredAggregate | None:
         pending = self._pending_states.get(aggregate_id)
@@ -269,29 +293,74 @@ class CommandProcessor:
         for i, r in enumerate(records):
             waiting = len(records) - i + backlog
             try:
-                cmd = decode(CommandEnvelope, r.value)
-                if cmd.aggregate.type_name != self.agg.type_name:
-                    raise BadRecord(f"command for {cmd.aggregate.type_name} on {r.topic}")
-                if (why := misrouted(r, cmd.aggregate, self.partitions)) is not None:
-                    raise BadRecord(why)
+                cmd = self._read(r)
             except BadRecord as exc:
-                batch.out.append(dead_letter_record(r, str(exc)))
-                batch.stats.dead_letters += 1
+                self._dead_letter(batch, r, exc, Stage.READ)
                 continue
             if cmd.in_process:
                 continue  # fired in-process: decided in the transaction that wrote it
+            if (wrong := self._bad_reply(cmd)) is not None:
+                # Never written where it asks: answered where its context's answers go.
+                batch.out.append(self._result(cmd, ResultCode.ERROR, wrong, None, now, own=True))
+                batch.stats.codes[ResultCode.ERROR] += 1
+                self._dead_letter(batch, r, BadRecord(wrong), Stage.READ)
+                continue
             if waiting > self.busy_backlog:
                 message = f"{waiting} commands waiting (bound {self.busy_backlog})"
                 batch.out.append(self._result(cmd, ResultCode.BUSY, message, None, now))
                 batch.stats.codes[ResultCode.BUSY] += 1
                 continue
-            d, version = self._decide(batch, cmd)
+            try:
+                d, version = self._decide(batch, cmd)
+            except Exception as exc:
+                if node_fault(exc):
+                    raise
+                # The aggregate this command is decided on cannot be read or folded: the
+                # command's fault, answered and kept, and the partition goes on.
+                message = f"{type(exc).__name__}: {exc}"[:1000]
+                batch.out.append(self._result(cmd, ResultCode.ERROR, message, None, now))
+                batch.stats.codes[ResultCode.ERROR] += 1
+                self._dead_letter(batch, r, exc, Stage.DECIDE)
+                continue
             batch.out.append(self._result(cmd, d.code, d.message, version, now))
-            if cmd.type not in self.agg.handlers:
+            if d.error is not None:
+                # Answered ERROR, and kept for an operator: its handler refused to run it.
+                self._dead_letter(batch, r, d.error, Stage.DECIDE)
+            elif cmd.type not in self.agg.handlers:
                 # Answered ERROR, and kept for an operator: no handler will ever take it.
-                batch.out.append(dead_letter_record(r, d.message))
-                batch.stats.dead_letters += 1
+                self._dead_letter(batch, r, BadRecord(d.message), Stage.DECIDE)
         batch.offsets[(self.topics.commands, self.partition)] = records[-1].offset + 1
+
+    def _read(self, r: Record) -> CommandEnvelope:
+        """A command record of this partition's, read and checked; `BadRecord` otherwise."""
+        self.limits.check(r.key, r.value)
+        cmd = decode(CommandEnvelope, r.value, self.limits.max_record_bytes)
+        if cmd.aggregate.type_name != self.agg.type_name:
+            raise BadRecord(f"command for {cmd.aggregate.type_name} on {r.topic}")
+        if (why := misrouted(r, cmd.aggregate, self.partitions)) is not None:
+            raise BadRecord(why)
+        return cmd
+
+    def _bad_reply(self, cmd: CommandEnvelope) -> str | None:
+        """Why the command's reply address is not one this node answers on, or None: only
+        its context's results topic, in a partition that topic has."""
+        if cmd.reply_to is not None and cmd.reply_to != self.results_topic:
+            return (
+                f"reply_to {cmd.reply_to[:300]!r} is not {self.results_topic}: commands are "
+                "answered on their context's results topic only"
+            )
+        if cmd.reply_partition is not None and cmd.reply_partition >= self.partitions:
+            return (
+                f"reply_partition {cmd.reply_partition} does not exist: "
+                f"{self.results_topic} has {self.partitions} partitions"
+            )
+        return None
+
+    def _dead_letter(
+        self, batch: CommandBatch, record: Record, error: BaseException, stage: Stage
+    ) -> None:
+        batch.out.append(dead_letter_record(record, error, stage, batch.now, self.limits))
+        batch.stats.dead_letters += 1
 
     def decide_local(
         self, batch: CommandBatch, commands: Sequence[CommandEnvelope]
@@ -308,11 +377,19 @@ class CommandProcessor:
         batch.stats.commands += len(commands)
         decided: list[tuple[CommandEnvelope, ResultCode, str]] = []
         for cmd in commands:
-            d, _ = self._decide(batch, cmd)
+            try:
+                d, _ = self._decide(batch, cmd)
+                code, message = d.code, d.message
+            except Exception as exc:
+                if node_fault(exc):
+                    raise
+                # As a target answers a command it cannot decide: the timer retries it.
+                code, message = ResultCode.ERROR, f"{type(exc).__name__}: {exc}"[:1000]
+                batch.stats.codes[code] += 1
             batch.out.append(
                 (self.topics.commands, self.partition, cmd.aggregate.id.encode(), encode(cmd))
             )
-            decided.append((cmd, d.code, d.message))
+            decided.append((cmd, code, message))
         return decided
 
     def staged(self, batch: CommandBatch) -> None:
@@ -414,8 +491,17 @@ class CommandProcessor:
         return d, version
 
     def _result(
-        self, cmd: CommandEnvelope, code: ResultCode, message: str, version: int | None, now: int
+        self,
+        cmd: CommandEnvelope,
+        code: ResultCode,
+        message: str,
+        version: int | None,
+        now: int,
+        *,
+        own: bool = False,
     ) -> OutRecord:
+        """The command's result record: on its reply address (checked by `_bad_reply`), or
+        with `own` on the context's results topic, in the request id's partition."""
         result = CommandResult(
             request_id=cmd.request_id,
             code=code,
@@ -424,10 +510,10 @@ class CommandProcessor:
             version=version,
             decided_at=now,
         )
-        topic = cmd.reply_to or self.results_topic
+        topic = self.results_topic
         partition = (
             cmd.reply_partition
-            if cmd.reply_partition is not None and topic == self.results_topic
+            if cmd.reply_partition is not None and not own
             else partition_of(cmd.request_id, self.partitions)
         )
         return (topic, partition, cmd.request_id.encode(), encode(result))

@@ -43,7 +43,7 @@ from app.kafka.ports import (
     WriterFactory,
 )
 from app.kafka.producers import Producer, TransactionalProducer
-from app.kafka.records import OutRecord, Record, TopicSpec
+from app.kafka.records import Headers, OutRecord, Record, TopicSpec, headers_of
 
 __all__ = [
     "Clients",
@@ -51,6 +51,7 @@ __all__ = [
     "FollowerFactory",
     "GroupConsumer",
     "GroupOffsets",
+    "Headers",
     "KafkaClients",
     "LogReader",
     "OutRecord",
@@ -70,6 +71,7 @@ __all__ = [
     "ensure_topics",
     "existing_topics",
     "group_members",
+    "headers_of",
     "log_offsets",
     "read_partitions",
     "read_to_end",

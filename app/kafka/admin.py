@@ -12,6 +12,7 @@ from typing import TypeVar
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic, RecordsToDelete
+from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.client import AIOKafkaClient
 from aiokafka.errors import (
     CoordinatorLoadInProgressError,
@@ -31,6 +32,35 @@ logger = logging.getLogger(__name__)
 _COMPACTED = {"cleanup.policy": "compact,delete", "retention.ms": "-1", "retention.bytes": "-1"}
 
 
+def _configs(spec: TopicSpec) -> dict[str, str]:
+    configs = dict(_COMPACTED) if spec.compacted else {}
+    if spec.max_message_bytes is not None:
+        configs["max.message.bytes"] = str(spec.max_message_bytes)
+    return configs
+
+
+async def max_message_bytes(bootstrap: str, topic: str) -> int:
+    """The largest record batch `topic` accepts (its `max.message.bytes`, default or set)."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=30_000)
+    try:
+        await admin.start()
+        [response] = await admin.describe_configs(
+            [ConfigResource(ConfigResourceType.TOPIC, topic, {"max.message.bytes": None})]
+        )
+        for resource in response.resources:
+            error_code, message = resource[0], resource[1]
+            if error_code:
+                raise KafkaUnavailable(f"cannot read the configs of {topic}: {message}")
+            for entry in resource[4]:
+                if entry[0] == "max.message.bytes":
+                    return int(entry[1])
+        raise KafkaUnavailable(f"the broker did not say {topic}'s max.message.bytes")
+    except KafkaError as exc:
+        raise KafkaUnavailable(f"cannot read the configs of {topic}: {exc!r}") from exc
+    finally:
+        await admin.close()
+
+
 async def ensure_topics(bootstrap: str, specs: Iterable[TopicSpec]) -> None:
     """Creates the topics that do not exist; checks that existing ones have the partitions."""
     specs = list(specs)
@@ -42,7 +72,7 @@ async def ensure_topics(bootstrap: str, specs: Iterable[TopicSpec]) -> None:
                 s.name,
                 num_partitions=s.partitions,
                 replication_factor=1,
-                topic_configs=_COMPACTED if s.compacted else {},
+                topic_configs=_configs(s),
             )
             for s in specs
         ]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from app.kafka.admin import cluster_id, ensure_topics
+from app.kafka.admin import cluster_id, ensure_topics, max_message_bytes
 from app.kafka.consumers import GroupConsumer, PartitionReader, Reader
 from app.kafka.ports import Assigned
 from app.kafka.probe import api_versions_probe
@@ -26,6 +26,9 @@ class KafkaAdmin:
 
     async def cluster_id(self) -> str:
         return await cluster_id(self.bootstrap)
+
+    async def max_message_bytes(self, topic: str) -> int:
+        return await max_message_bytes(self.bootstrap, topic)
 
     async def probe(self) -> str | None:
         return await api_versions_probe(self.bootstrap, self._probe_timeout)

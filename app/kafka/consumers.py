@@ -137,7 +137,9 @@ async def tail(bootstrap: str, topic: str, partitions: Iterable[int]) -> AsyncIt
 
 
 def _record(m: Any) -> Record:
-    return Record(m.topic, m.partition, m.offset, m.key, m.value, m.timestamp)
+    return Record(
+        m.topic, m.partition, m.offset, m.key, m.value, m.timestamp, tuple(m.headers or ())
+    )
 
 
 class PartitionReader:

@@ -48,7 +48,14 @@ from aiokafka.partitioner import murmur2
 from app.errors import Fenced, KafkaUnavailable
 from app.kafka.memory_group import MemoryAdmin, MemoryGroup, MemoryGroupMember
 from app.kafka.ports import Assigned
-from app.kafka.records import OutRecord, Record, TopicSpec
+from app.kafka.records import (
+    BROKER_MAX_MESSAGE_BYTES,
+    Headers,
+    OutRecord,
+    Record,
+    TopicSpec,
+    headers_of,
+)
 
 __all__ = [
     "MemoryFollower",
@@ -82,6 +89,7 @@ class _Entry:
     timestamp: int
     txn: _Txn | None = None
     marker: bool = False
+    headers: Headers = ()
 
 
 @dataclass(slots=True)
@@ -110,6 +118,7 @@ class MemoryLog:
         self, topics: Iterable[TopicSpec] = (), *, now: Callable[[], int] | None = None
     ) -> None:
         self._topics: dict[str, list[_Partition]] = {}
+        self._max_bytes: dict[str, int] = {}
         self._epochs: dict[str, int] = {}
         self._open: dict[str, _Txn] = {}
         self._groups: dict[str, dict[_Key, int]] = {}
@@ -171,10 +180,17 @@ class MemoryLog:
             have = self._topics.get(spec.name)
             if have is None:
                 self._topics[spec.name] = [_Partition() for _ in range(spec.partitions)]
+                if spec.max_message_bytes is not None:
+                    self._max_bytes[spec.name] = spec.max_message_bytes
             elif len(have) != spec.partitions:
                 raise KafkaUnavailable(
                     f"topic {spec.name} has {len(have)} partitions, expected {spec.partitions}"
                 )
+
+    def max_message_bytes(self, topic: str) -> int:
+        """What the topic was created to accept (no record is refused for its size here)."""
+        self._topic(topic)
+        return self._max_bytes.get(topic, BROKER_MAX_MESSAGE_BYTES)
 
     def create_topic(self, name: str, partitions: int = 1) -> str:
         self.ensure_topics([TopicSpec(name, partitions)])
@@ -245,7 +261,7 @@ class MemoryLog:
 
     def _where(self, record: OutRecord) -> _Key:
         """The partition a record goes to (the default partitioner's when not given)."""
-        topic, partition, key, _ = record
+        topic, partition, key = record[0], record[1], record[2]
         count = len(self._topic(topic))
         if partition is None:
             if key is None:
@@ -262,10 +278,11 @@ class MemoryLog:
         """Appends all of `records` or (an unknown partition) none."""
         where = [self._where(r) for r in records]
         offsets: list[int] = []
-        for (topic, partition), (_, _, key, value) in zip(where, records, strict=True):
+        for (topic, partition), record in zip(where, records, strict=True):
             part = self._topics[topic][partition]
             offset = part.end
-            part.entries.append(_Entry(key, value, self._timestamp(), txn))
+            key, value, headers = record[2], record[3], headers_of(record)
+            part.entries.append(_Entry(key, value, self._timestamp(), txn, headers=headers))
             if txn is not None and (topic, partition) not in txn.first:
                 txn.first[(topic, partition)] = offset
                 part.open[txn] = offset
@@ -319,7 +336,9 @@ class MemoryLog:
         while position < end and (limit is None or len(got) < limit):
             e = entries[position]
             if not e.marker and (not committed or e.txn is None or e.txn.state == "committed"):
-                got.append(Record(topic, partition, position, e.key, e.value, e.timestamp))
+                got.append(
+                    Record(topic, partition, position, e.key, e.value, e.timestamp, e.headers)
+                )
             position += 1
         return got, position
 

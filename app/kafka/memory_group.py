@@ -30,6 +30,8 @@ class MemoryLog(Protocol):
 
     def ensure_topics(self, specs: Iterable[TopicSpec]) -> None: ...
 
+    def max_message_bytes(self, topic: str) -> int: ...
+
     def partitions(self, topic: str) -> int: ...
 
     def offsets(self, topic: str, partition: int, *, committed: bool = True) -> tuple[int, int]: ...
@@ -244,6 +246,10 @@ class MemoryAdmin:
     async def cluster_id(self) -> str:
         self._log.check_up()
         return self._log.cluster_id
+
+    async def max_message_bytes(self, topic: str) -> int:
+        self._log.check_up()
+        return self._log.max_message_bytes(topic)
 
     async def probe(self) -> str | None:
         return "the broker is not reachable" if self._log.down else None

@@ -197,6 +197,10 @@ class Admin(Protocol):
 
     async def cluster_id(self) -> str: ...
 
+    async def max_message_bytes(self, topic: str) -> int:
+        """The largest record `topic` accepts (its `max.message.bytes`)."""
+        ...
+
     async def probe(self) -> str | None:
         """One look at the broker (the `BrokerWatch`'s): None when it answered, else why not."""
         ...

@@ -16,9 +16,12 @@ from aiokafka.errors import (
 )
 
 from app.errors import Fenced, KafkaUnavailable
-from app.kafka.records import OutRecord, start_client
+from app.kafka.records import OutRecord, headers_of, start_client
 
 logger = logging.getLogger(__name__)
+
+TRANSACTION_REQUEST_BYTES = 4 * 1024 * 1024 + 64 * 1024
+"""The largest record a partition's transaction sends: a dead letter of a 4 MiB topic."""
 
 
 class Producer:
@@ -43,8 +46,10 @@ class Producer:
         """Sends (topic, partition, key, value) records; their offsets once acknowledged."""
         try:
             futures = [
-                await self._producer.send(topic, value=value, key=key, partition=partition)
-                for topic, partition, key, value in records
+                await self._producer.send(
+                    r[0], value=r[3], key=r[2], partition=r[1], headers=_headers(r)
+                )
+                for r in records
             ]
             return [(await f).offset for f in futures]
         except KafkaError as exc:
@@ -75,6 +80,9 @@ class TransactionalProducer:
             acks="all",
             linger_ms=1,
             transaction_timeout_ms=60_000,
+            # A dead letter holds a whole record of the topics its context serves, and its
+            # topic takes up to 4 MiB (`app.protocol.dead_letters`).
+            max_request_size=TRANSACTION_REQUEST_BYTES,
             # A commit's retries (CONCURRENT_TRANSACTIONS just after the previous commit,
             # NOT_ENOUGH_REPLICAS) wait this long: 100 ms by default, the tail of a commit.
             retry_backoff_ms=10,
@@ -135,8 +143,8 @@ class TransactionalProducer:
                 await p.begin_transaction()
                 self._open = True
             futures = [
-                await p.send(topic, value=value, key=key, partition=partition)
-                for topic, partition, key, value in records
+                await p.send(r[0], value=r[3], key=r[2], partition=r[1], headers=_headers(r))
+                for r in records
             ]
             for f in futures:
                 # A failed send fails the commit too, which is where it is reported.
@@ -190,3 +198,7 @@ class TransactionalProducer:
 def _retrieve(future: asyncio.Future[Any]) -> None:
     if not future.cancelled():
         future.exception()
+
+
+def _headers(record: OutRecord) -> list[tuple[str, bytes]] | None:
+    return list(headers) if (headers := headers_of(record)) else None

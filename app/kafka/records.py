@@ -25,11 +25,17 @@ async def start_client(client: Any, what: str) -> None:
         raise KafkaUnavailable(f"{what} cannot connect: {exc!r}") from exc
 
 
+BROKER_MAX_MESSAGE_BYTES = 1_048_588
+"""Kafka's default `message.max.bytes`: the largest record batch a topic takes unless set."""
+
+
 @dataclass(frozen=True, slots=True)
 class TopicSpec:
     name: str
     partitions: int
     compacted: bool = False
+    max_message_bytes: int | None = None
+    """The topic's `max.message.bytes` when created; None: the broker's default."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,13 +46,25 @@ class Record:
     key: bytes | None
     value: bytes | None
     timestamp: int
+    headers: Headers = ()
 
 
 # Compacted, and never deleted by age or size; "delete" is in the policy only so that a
 # rebuild may empty the topic with DeleteRecords (refused on a compact-only topic).
 
-OutRecord = tuple[str, int | None, bytes | None, bytes | None]
-"""(topic, partition or None for the key's default partition, key, value)."""
+Headers = tuple[tuple[str, bytes], ...]
+"""A record's headers, in order."""
+
+OutRecord = (
+    tuple[str, int | None, bytes | None, bytes | None]
+    | tuple[str, int | None, bytes | None, bytes | None, Headers]
+)
+"""(topic, partition or None for the key's default partition, key, value[, headers])."""
+
+
+def headers_of(record: OutRecord) -> Headers:
+    """An outgoing record's headers (none unless it has a fifth element)."""
+    return record[4] if len(record) == 5 else ()
 
 
 RestoreProgress = Callable[[int, int], None]

@@ -10,8 +10,9 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
+from app.errors import node_fault
 from app.model.aggregate import AggregateType, Decision, Event, Rejected
 from app.protocol.wire import AGGREGATE_DELETED, CommandEnvelope, EventEnvelope, ResultCode
 
@@ -39,6 +40,8 @@ class Decided:
     """The aggregate after the events; None when nothing changed."""
     commands: list[CommandEnvelope] = field(default_factory=list)
     """Commands the decision sends, committed with its events."""
+    error: Exception | None = None
+    """What the handler raised (the command is answered ERROR, and dead-lettered)."""
 
 
 def decide(
@@ -75,10 +78,14 @@ def decide(
         handler(state, cmd, decision)
     except Rejected as exc:
         return Decided(exc.code, exc.reason, [], None)
-    except (ValidationError, ValueError, KeyError, TypeError) as exc:
-        # A command the handler cannot read is bad input, not a node failure.
+    except Exception as exc:
+        if node_fault(exc):
+            raise
+        # Whatever the handler raises is the command's (it cannot be read, or the handler
+        # fails on it), not the node's: answered, and the partition goes on.
         logger.warning("%s %s failed: %r", cmd.type, cmd.request_id, exc)
-        return Decided(ResultCode.ERROR, f"{type(exc).__name__}: {exc}", [], None)
+        message = f"{type(exc).__name__}: {exc}"[:1000]
+        return Decided(ResultCode.ERROR, message, [], None, error=exc)
     if not decision.events:
         # Commands without events would be sent again by every retry: they need a fact.
         return Decided(ResultCode.UNCHANGED, "", [], None)

@@ -1,8 +1,12 @@
 """A partition's worker and its cycles: each cycle takes every batch that arrived for the
 partition (the log, commands, operators' requests) and the timers handed over to fire
 in-process, decides them, and stages them in the partition's transaction, one per type
-(`Commits` commits it). Any exception of a cycle ends the partition's work
-(`on_failure`): nothing of the cycle counts, the partition is taken afresh."""
+(`Commits` commits it). Whatever goes wrong with one record (its bytes, its envelope, its
+handler, its applier, what it does to the timer table, an operator's request) is that
+record's: it is dead-lettered in the cycle's transaction and the cycle goes on. Only a
+fault of the node itself (`app.errors.node_fault`) ends the partition's work
+(`on_failure`): nothing of the cycle counts, the partition is taken afresh, and
+`failed_at` says which offsets the failed cycle read from."""
 
 from __future__ import annotations
 
@@ -14,11 +18,13 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from app.commands.processor import CommandBatch, CommandProcessor, dead_letter_record, misrouted
-from app.errors import BadRecord, KafkaUnavailable
+from app.errors import BadRecord, KafkaUnavailable, node_fault
 from app.kafka import OutRecord, Record
 from app.node.commits import Commits, OnFailure
 from app.node.kept import KeptType
 from app.node.metrics import NodeMetrics
+from app.protocol.dead_letters import Stage
+from app.protocol.limits import InputLimits
 from app.protocol.wire import SYSTEM_EVENTS, CommandEnvelope, EventEnvelope, ResultCode, decode
 from app.protocol.wire import TimerOp as OperatorRequest
 from app.timers.operator import carry_out
@@ -44,15 +50,17 @@ class _Work:
     """What one cycle of a partition has for one type: written in one transaction."""
 
     kept: KeptType
+    now: int
+    limits: InputLimits
     out: list[OutRecord] = field(default_factory=list)  # beside the command batch's
     letters: Counter[str] = field(default_factory=Counter)  # dead letters in `out`, by topic
     offsets: dict[tuple[str, int], int] = field(default_factory=dict)
     batch: CommandBatch | None = None
     wrote: bool = False  # timer rows written (buffered in the partition's transaction)
 
-    def dead_letter(self, record: Record, error: str) -> None:
+    def dead_letter(self, record: Record, error: BaseException, stage: Stage) -> None:
         """Skips a bad record: its dead letter commits with the offset that passes it."""
-        self.out.append(dead_letter_record(record, error))
+        self.out.append(dead_letter_record(record, error, stage, self.now, self.limits))
         self.letters[record.topic] += 1
 
     def batch_of(self, p: int) -> CommandBatch | None:
@@ -78,6 +86,8 @@ class PartitionCycles:
         backlog: Callable[[str, int], Awaitable[int]],
         now: Callable[[], int],
         on_failure: OnFailure,
+        on_done: Callable[[int, dict[str, int]], None] | None = None,
+        limits: InputLimits | None = None,
     ) -> None:
         self._types = types
         self._by_topic = by_topic
@@ -89,6 +99,11 @@ class PartitionCycles:
         self._backlog = backlog
         self._now = now
         self._on_failure = on_failure
+        # Told after each cycle of p that staged: the last offset done of each topic.
+        self._on_done = on_done
+        self.limits = limits or InputLimits()
+        # Per partition, the first offset of each topic its last failed cycle read.
+        self.failed_at: dict[int, dict[str, int]] = {}
         self._queues: dict[int, asyncio.Queue[Batch]] = {}
         self._workers: dict[int, asyncio.Task[None]] = {}
         # Claimed timers handed over to be fired in-process, per partition and type.
@@ -149,15 +164,22 @@ class PartitionCycles:
                 if await self._cycle(p, fresh):
                     for topic, records in fresh:
                         done[topic] = records[-1].offset
+                    if self._on_done is not None:
+                        self._on_done(p, done)
 
     async def _cycle(self, p: int, items: list[Batch]) -> bool:
         """Decides what arrived for p and the timers handed over to fire, and stages it;
         whether it did (else p is let go and taken afresh)."""
         work: dict[str, _Work] = {}
+        now = self._now()
+
+        def work_of(kept: KeptType) -> _Work:
+            return work.setdefault(kept.name, _Work(kept, now, self.limits))
+
         try:
             for topic, records in items:
                 kept, kind = self._by_topic[topic]
-                w = work.setdefault(kept.name, _Work(kept))
+                w = work_of(kept)
                 w.offsets[(topic, p)] = records[-1].offset + 1
                 if kind == "events":
                     w.wrote = await self._subscribe(kept, records, w) or w.wrote
@@ -169,7 +191,7 @@ class PartitionCycles:
                     kept.processors[p].decide_records(batch, records, backlog)
             for type_name, timers in self._local.pop(p, {}).items():
                 kept = self._types[type_name]
-                w = work.setdefault(type_name, _Work(kept))
+                w = work_of(kept)
                 if (batch := w.batch_of(p)) is None:
                     continue  # its commands are not decided here any more
                 # A cancel or reschedule applied since they were loaded stops them here.
@@ -184,8 +206,10 @@ class PartitionCycles:
             # committed offsets (every write is idempotent).
             if not isinstance(exc, KafkaUnavailable | StoreError):
                 logger.exception("partition %d: a cycle failed", p)
+            self.failed_at[p] = {topic: records[0].offset for topic, records in items}
             self._on_failure(p, "a cycle", exc)
             return False
+        self.failed_at.pop(p, None)
         return True
 
     async def _record_local(
@@ -248,47 +272,80 @@ class PartitionCycles:
     async def _subscribe(self, kept: KeptType, records: list[Record], w: _Work) -> bool:
         """Applies a log batch to the timer table, its bad records' dead letters added to
         the cycle's records; whether it wrote anything."""
-        ops: list[TimerOp] = []
+        ops: list[tuple[Record, TimerOp]] = []
         p = records[0].partition
         batch = w.batch_of(p)  # None: p's aggregates are not decided here
         known = SYSTEM_EVENTS | (kept.agg.appliers.keys() if kept.agg is not None else set())
         for record in records:
+            stage = Stage.READ
             try:
-                event = decode(EventEnvelope, record.value)
+                self.limits.check(record.key, record.value)
+                event = decode(EventEnvelope, record.value, self.limits.max_record_bytes)
                 if (why := misrouted(record, event.aggregate, self._partitions)) is not None:
                     raise BadRecord(why)
                 if event.type.startswith("wow.") and event.type not in known:
                     raise BadRecord(f"unknown system event type {event.type!r}")
+                stage = Stage.FOLLOW
                 if batch is not None and kept.processors[p].follow(batch, event, record.offset):
                     self._metrics.followed.labels(kept.name).inc()
+                stage = Stage.APPLY
                 op = timer_op(event, record.partition)
-            except BadRecord as exc:
-                w.dead_letter(record, str(exc))
+            except Exception as exc:
+                if node_fault(exc):
+                    raise
+                w.dead_letter(record, exc, stage)
                 continue
             if op is not None:
-                ops.append(op)
+                ops.append((record, op))
         if not ops:
             return False
-        writes, put = await apply_all(kept.store, ops)
+        writes, put = await self._apply(kept, ops, w)
         if put:
             self._metrics.puts.labels(kept.name).inc(len(put))
             kept.runner.offer(put)
             kept.loop.wake(reload=False)
         return writes > 0
 
+    async def _apply(
+        self, kept: KeptType, ops: list[tuple[Record, TimerOp]], w: _Work
+    ) -> tuple[int, list[Timer]]:
+        """Carries the batch's timer operations out; one the store refuses (not a fault of
+        the store's own) is its record's: the others are carried out one by one and that
+        record dead-lettered."""
+        try:
+            return await apply_all(kept.store, [op for _, op in ops])
+        except Exception as exc:
+            if node_fault(exc):
+                raise
+        writes, put = 0, list[Timer]()
+        for record, op in ops:
+            try:
+                n, timers = await apply_all(kept.store, [op])
+            except Exception as exc:
+                if node_fault(exc):
+                    raise
+                w.dead_letter(record, exc, Stage.APPLY)
+                continue
+            writes, put = writes + n, put + timers
+        return writes, put
+
     async def _operate(self, kept: KeptType, records: list[Record], w: _Work) -> None:
         """Carries out operators' retry/skip requests on this partition's parked timers."""
         for record in records:
+            stage = Stage.READ
             try:
-                op = decode(OperatorRequest, record.value)
-            except BadRecord as exc:
-                w.dead_letter(record, str(exc))
-                continue
-            try:
+                self.limits.check(record.key, record.value)
+                op = decode(OperatorRequest, record.value, self.limits.max_record_bytes)
+                stage = Stage.OPERATE
                 await carry_out(kept.runner, op, record.partition)
             except TimeoutError as exc:
                 # Not carried out (the ledger did not answer in time): read it again.
-                raise KafkaUnavailable(f"operator request {op.request_id}: {exc!r}") from exc
+                raise KafkaUnavailable(f"operator request at {record.offset}: {exc!r}") from exc
+            except Exception as exc:
+                if node_fault(exc):
+                    raise
+                w.dead_letter(record, exc, stage)
+                continue
             self._metrics.operator_requests.labels(
                 kept.name, op.action.value, str(record.partition)
             ).inc()

@@ -17,6 +17,7 @@ import contextlib
 import logging
 from collections import Counter, defaultdict
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -30,20 +31,28 @@ from app.errors import (
 )
 from app.kafka import (
     OutRecord,
+    Record,
 )
 from app.kafka.broker_watch import BrokerWatch
 from app.kafka.clients import KafkaClients
 from app.kafka.ports import Clients, GroupMember
 from app.node.commits import Commits
 from app.node.cycles import InProcess, PartitionCycles
+from app.node.failing import FailingPartitions
 from app.node.kept import KeptType, is_fenced, node_topics
 from app.node.local_state import keep_for_cluster
 from app.node.metrics import NodeMetrics
 from app.node.settings import Settings
 from app.node.suspension import SuspensionWatch
-from app.protocol.topics import AggregateTopics, parse_aggregate_type
+from app.protocol.dead_letters import DEAD_LETTER_TOPIC_BYTES
+from app.protocol.topics import AggregateTopics, ContextTopics, parse_aggregate_type
 from app.service import Service
-from app.timers.changelog import CleanMarks, TransactionalChangelog, restore_partition
+from app.timers.changelog import (
+    CleanMarks,
+    TransactionalChangelog,
+    restore_partition,
+    unreadable_letters,
+)
 from app.timers.ledger import KafkaFailureLedger
 from app.timers.runner import Clock, SystemClock, TimerLoop, TimerOptions, TimerRunner
 from app.timers.sender import KafkaSender, ResultsReader
@@ -102,6 +111,9 @@ class Node:
         locks: defaultdict[int, asyncio.Lock] = defaultdict(asyncio.Lock)
         # Partitions whose work stopped on a failure, and why, until they are taken again.
         self._broken: dict[int, str] = {}
+        # Their failures until read past, and which of them fire nothing till then.
+        self._failing = FailingPartitions()
+        self.limits = settings.limits
         self._failure: NodeFailed | None = None
         self._failed = asyncio.Event()
         self._suspension = SuspensionWatch(settings.session_timeout_ms)
@@ -120,6 +132,8 @@ class Node:
             backlog=self._backlog,
             now=self.clock.now,
             on_failure=self._partition_failed,
+            on_done=self._read_past,
+            limits=self.limits,
         )
         self.broker = BrokerWatch(
             settings.bootstrap_servers, registry=self.metrics.registry, probe=self._admin.probe
@@ -158,6 +172,8 @@ class Node:
         again yet, or its firing loop keeps failing; or when the node failed for good.
         """
         stalled = dict(self._broken)
+        for p, why in self._failing.stalled().items():
+            stalled.setdefault(p, why)
         if (suspended := self._suspension.suspended()) is not None:
             for p in self._owned | set(self._taking):
                 stalled.setdefault(
@@ -184,6 +200,8 @@ class Node:
             and not stalled
             and self._failure is None,
         }
+        if failing := self._failing.report():
+            body["failing"] = failing
         if suspended is not None:
             body["suspended_s"] = round(suspended, 3)
         if self._failure is not None:
@@ -194,6 +212,7 @@ class Node:
         s = self.settings
         await self.broker.start()
         await self._admin.ensure_topics(node_topics(self.topics, s.partitions))
+        await self._size_dead_letters()
         # Before any local store is opened: a copy of another cluster's topics is dropped.
         keep_for_cluster(
             Path(s.data_dir),
@@ -224,6 +243,25 @@ class Node:
             session_timeout_ms=s.session_timeout_ms,
         )
         await self._consumer.start()
+
+    async def _size_dead_letters(self) -> None:
+        """Dead letters as large as the dead-letter topics take (an older one may take
+        less than Tickwheel creates them with: its letters of larger records are cut)."""
+        limit = DEAD_LETTER_TOPIC_BYTES
+        for ctx in sorted({t.context for t in self.topics}):
+            topic = ContextTopics(ctx).dead_letters
+            takes = await self._admin.max_message_bytes(topic)
+            if takes < limit:
+                logger.warning(
+                    "%s takes records of %d bytes at most (max.message.bytes), not %d: dead "
+                    "letters of larger records are cut to fit; raise it to keep them whole",
+                    topic,
+                    takes,
+                    DEAD_LETTER_TOPIC_BYTES,
+                )
+                limit = takes
+        self.limits = replace(self.limits, dead_letter_bytes=limit)
+        self.cycles.limits = self.limits
 
     def _open_type(self, t: AggregateTopics) -> KeptType:
         s = self.settings
@@ -354,7 +392,8 @@ class Node:
         why = f"{what} failed: {exc}"
         logger.warning("partition %d: %s; %s", p, why, "let go" if fenced else "taken afresh")
         self._owned.discard(p)
-        self._broken[p] = why
+        failing = self._failing.failed(p, self.cycles.failed_at.pop(p, {}), f"{what}: {exc}")
+        self._broken[p] = failing.describe()
         assert self._consumer is not None
         self._consumer.pause([(t, q) for t, q in self._consumer.assignment() if q == p])
         topics = {t for t, q in self._consumer.assignment() if q == p}
@@ -434,15 +473,26 @@ class Node:
                 self._takes[p] += 1
                 self._broken.pop(p, None)
                 self._consumer.resume([(t, p) for t in topics])
-                for kept in self.types.values():
-                    kept.runner.start_partition(p)
-                    kept.loop.wake()
+                if not self._failing.held(p):
+                    self._start_firing(p)
                 if not self._taking.keys() - {p}:
                     self._owning()
                     self.ready.set()
         finally:
             if self._taking.get(p) is asyncio.current_task():
                 del self._taking[p]
+
+    def _start_firing(self, p: int) -> None:
+        for kept in self.types.values():
+            kept.runner.start_partition(p)
+            kept.loop.wake()
+
+    def _read_past(self, p: int, done: dict[str, int]) -> None:
+        """A cycle of p staged: a partition held since a failure fires again once its log
+        was read past where the failure was."""
+        if self._failing.read(p, done) and p in self._owned:
+            logger.info("partition %d: its log read past its failure, firing again", p)
+            self._start_firing(p)
 
     async def _take(self, p: int, topics: set[str]) -> None:
         for kept in self.types.values():
@@ -461,6 +511,7 @@ class Node:
                     commit=_committer(kept.changelog, p),
                     now=self.clock.now,
                     busy_backlog=self.settings.busy_backlog,
+                    limits=self.limits,
                 )
                 kept.processors[p] = processor
                 progress = self.metrics.restore_progress(t.type_name, p, "states")
@@ -469,13 +520,27 @@ class Node:
             clean = kept.marks.take(p)
             await kept.store.assign({p})
             progress = self.metrics.restore_progress(t.type_name, p, "timers")
+            unreadable: list[tuple[Record, str]] = []
             with self.metrics.restore_duration.labels(t.type_name, "timers").time():
                 await restore_partition(
-                    kept.store, self.reader, t.timers_changelog, p, clean=clean, progress=progress
+                    kept.store,
+                    self.reader,
+                    t.timers_changelog,
+                    p,
+                    clean=clean,
+                    progress=progress,
+                    unreadable=unreadable,
                 )
                 # Counted whole once, here, where a restore is waited for anyway: from now
                 # on each write keeps the count (the /metrics gauges scan nothing).
                 kept.store.status_counts(p)
+            if unreadable:
+                # Their letters and tombstones commit in p's next transaction.
+                letters = unreadable_letters(
+                    unreadable, self.clock.now(), self.limits.dead_letter_bytes
+                )
+                kept.changelog.stage(p, letters, {})
+                self.metrics.dead_letters.labels(t.timers_changelog).inc(len(unreadable))
         for results in self._results.values():
             await results.add_partition(p)
 
@@ -488,6 +553,7 @@ class Node:
         for p in gone:
             await self.cycles.stop(p)
             self._broken.pop(p, None)
+            self._failing.forget(p)
         async with self._lock:
             for p in sorted(gone & (self._owned | self._half_taken())):
                 if p in self._owned:

@@ -11,6 +11,7 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from app.errors import ConfigError
+from app.protocol.limits import DEFAULT_MAX_KEY_BYTES, DEFAULT_MAX_RECORD_BYTES, InputLimits
 from app.protocol.topics import parse_aggregate_type
 from app.timers.runner.options import TimerOptions
 
@@ -28,6 +29,8 @@ _ENV = {
     "busy_backlog": "TICKWHEEL_BUSY_BACKLOG",
     "commit_interval_ms": "TICKWHEEL_COMMIT_INTERVAL_MS",
     "timers": "TICKWHEEL_TIMER_OPTIONS",
+    "max_key_bytes": "TICKWHEEL_MAX_KEY_BYTES",
+    "max_record_bytes": "TICKWHEEL_MAX_RECORD_BYTES",
 }
 
 
@@ -52,8 +55,18 @@ class Settings(BaseModel):
     """How often the timer runners' changelog writes are committed."""
     busy_backlog: int = Field(default=50_000, ge=1)
     """Commands waiting in a partition beyond which the node answers BUSY."""
+    max_key_bytes: int = Field(default=DEFAULT_MAX_KEY_BYTES, ge=16, le=1024 * 1024)
+    """A record of an input topic with a longer key is dead-lettered."""
+    max_record_bytes: int = Field(default=DEFAULT_MAX_RECORD_BYTES, ge=1024, le=1024 * 1024)
+    """A record of an input topic with a larger value is dead-lettered (at most what a topic
+    of the broker's defaults takes, so that its dead letter always fits whole)."""
     timers: TimerOptions = Field(default_factory=TimerOptions)
     """The runner's options; in the environment as JSON, e.g. {"claim_timeout": 5000}."""
+
+    @property
+    def limits(self) -> InputLimits:
+        """The bounds of an input record (the dead letters' size is the topic's)."""
+        return InputLimits(max_key_bytes=self.max_key_bytes, max_record_bytes=self.max_record_bytes)
 
     @field_validator("aggregate_types")
     @classmethod

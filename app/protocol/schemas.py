@@ -7,11 +7,11 @@ from pathlib import Path
 import orjson
 from pydantic import BaseModel
 
+from app.protocol.dead_letters import DeadLetterContext
 from app.protocol.wire import (
     AggregateDeleted,
     CommandEnvelope,
     CommandResult,
-    DeadLetter,
     EventEnvelope,
     ScheduleCancelled,
     ScheduleSet,
@@ -30,7 +30,7 @@ _MODELS: dict[str, type[BaseModel]] = {
     "wow.AggregateDeleted": AggregateDeleted,
     "command": CommandEnvelope,
     "command-result": CommandResult,
-    "dead-letter": DeadLetter,
+    "dead-letter-headers": DeadLetterContext,
     "timer": Timer,
     "timer-op": TimerOp,
 }

@@ -10,16 +10,18 @@ from __future__ import annotations
 
 import logging
 from enum import StrEnum
-from typing import Any, Final, TypeVar
+from typing import Annotated, Any, Final, TypeVar
 
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from app.errors import BadRecord
 from tables import AggregateRef, CommandSpec, ScheduleRule
+from tables.bounds import MAX_INT64, Instant
 
 __all__ = [
     "AGGREGATE_DELETED",
+    "MAX_PARTITION",
     "MAX_RECORD_BYTES",
     "SCHEDULE_CANCELLED",
     "SCHEDULE_SET",
@@ -27,7 +29,6 @@ __all__ = [
     "AggregateDeleted",
     "CommandEnvelope",
     "CommandResult",
-    "DeadLetter",
     "EventEnvelope",
     "ResultCode",
     "ScheduleCancelled",
@@ -49,7 +50,13 @@ SYSTEM_EVENTS: Final = frozenset({SCHEDULE_SET, SCHEDULE_CANCELLED, AGGREGATE_DE
 """The `wow.` events any aggregate's log may hold (a schedule's own are its appliers')."""
 
 MAX_RECORD_BYTES: Final = 256 * 1024
-"""Larger records are refused (dead-lettered): a timer's command is not a blob store."""
+"""Larger records are refused (dead-lettered) unless `TICKWHEEL_MAX_RECORD_BYTES` says
+otherwise: a timer's command is not a blob store."""
+
+MAX_PARTITION: Final = 65_535
+"""No topic of Tickwheel's has more partitions (the node takes at most 1,024)."""
+
+_Version = Annotated[int, Field(ge=1, le=MAX_INT64)]
 
 
 class _Envelope(BaseModel):
@@ -83,9 +90,11 @@ class EventEnvelope(_Envelope):
     id: str = Field(min_length=1, max_length=200, description="unique event id")
     type: str = Field(min_length=1, max_length=200)
     aggregate: AggregateRef
-    version: int = Field(ge=1, description="the aggregate's version after the command")
-    request_id: str | None = Field(default=None, description="the command that caused it")
-    created_at: int = Field(ge=0)
+    version: _Version = Field(description="the aggregate's version after the command")
+    request_id: str | None = Field(
+        default=None, max_length=300, description="the command that caused it"
+    )
+    created_at: Instant
     body: dict[str, Any] = Field(default_factory=dict)
 
 
@@ -96,13 +105,21 @@ class CommandEnvelope(_Envelope):
     type: str = Field(min_length=1, max_length=200)
     aggregate: AggregateRef
     body: dict[str, Any] = Field(default_factory=dict)
-    not_before: int | None = Field(
+    not_before: Instant | None = Field(
         default=None, description="the target refuses (SCHEDULE_NOT_DUE) before this time"
     )
-    issued_at: int = Field(ge=0)
-    reply_to: str | None = Field(default=None, description="results topic; the context's own")
+    issued_at: Instant
+    reply_to: str | None = Field(
+        default=None,
+        max_length=249,
+        description="results topic: only the target context's own is answered on; another "
+        "is answered on that one's default partition with ERROR",
+    )
     reply_partition: int | None = Field(
-        default=None, ge=0, description="results partition; the request id's by default"
+        default=None,
+        ge=0,
+        le=MAX_PARTITION,
+        description="results partition (one the topic has); the request id's by default",
     )
     in_process: bool = Field(
         default=False,
@@ -125,23 +142,14 @@ class ResultCode(StrEnum):
 class CommandResult(_Envelope):
     """The outcome of one command, on the results topic, keyed by request id."""
 
-    request_id: str
+    request_id: str = Field(min_length=1, max_length=300)
     code: ResultCode
     aggregate: AggregateRef
     message: str = ""
-    version: int | None = Field(default=None, description="the aggregate's version after it")
-    decided_at: int = Field(ge=0)
-
-
-class DeadLetter(_Envelope):
-    """A record that could not be read, kept with where it came from and why."""
-
-    topic: str
-    partition: int
-    offset: int
-    error: str
-    key: str | None = None
-    value: str = Field(description="the record's value as text (cut to 4 KiB)")
+    version: int | None = Field(
+        default=None, ge=0, le=MAX_INT64, description="the aggregate's version after it"
+    )
+    decided_at: Instant
 
 
 def encode(model: BaseModel) -> bytes:
@@ -149,12 +157,12 @@ def encode(model: BaseModel) -> bytes:
     return orjson.dumps(model.model_dump(mode="json"))
 
 
-def decode(model: type[M], data: bytes | None) -> M:
+def decode(model: type[M], data: bytes | None, max_bytes: int = MAX_RECORD_BYTES) -> M:
     """An envelope from JSON bytes; `BadRecord` with a clear reason otherwise."""
     if data is None:
         raise BadRecord("empty record (tombstone) where an envelope was expected")
-    if len(data) > MAX_RECORD_BYTES:
-        raise BadRecord(f"record of {len(data)} bytes exceeds {MAX_RECORD_BYTES}")
+    if len(data) > max_bytes:
+        raise BadRecord(f"record of {len(data)} bytes exceeds {max_bytes}")
     try:
         return model.model_validate_json(data)
     except ValidationError as exc:
@@ -187,4 +195,4 @@ class TimerOp(BaseModel):
     request_id: str = Field(min_length=1, max_length=200, description="unique per request")
     action: TimerAction
     target: AggregateRef = Field(description="the aggregate the parked timers send to")
-    requested_at: int = Field(ge=0, description="epoch ms when the operator asked")
+    requested_at: Instant = Field(description="epoch ms when the operator asked")

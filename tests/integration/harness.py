@@ -26,11 +26,11 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from app.kafka import Producer, TopicSpec, ensure_topics, read_partitions
 from app.node import node_topics
+from app.protocol.dead_letters import DeadLetter
 from app.protocol.topics import AggregateTopics, ContextTopics
 from app.protocol.wire import (
     CommandEnvelope,
     CommandResult,
-    DeadLetter,
     EventEnvelope,
     decode,
     encode,
@@ -372,8 +372,11 @@ class Client:
         return [decode(EventEnvelope, v) for v in raw]
 
     async def dead_letters(self) -> list[DeadLetter]:
-        raw = await self._read_all(self.ctx.dead_letters, [0])
-        return [decode(DeadLetter, v) for v in raw]
+        """The context's dead letters, in the order they were written."""
+        letters: list[DeadLetter] = []
+        async for batch in read_partitions(self.cluster.bootstrap, self.ctx.dead_letters, [0]):
+            letters += [DeadLetter.read(r.key, r.value, r.headers) for r in batch]
+        return letters
 
     async def timers(self) -> dict[bytes, Timer]:
         """The timer table as its changelog has it (the latest row per key)."""

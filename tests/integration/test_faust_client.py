@@ -208,7 +208,7 @@ async def test_a_faust_app_schedules_receives_answers_and_cancels(
 
             letters = await client.dead_letters()
             assert [(d.topic, d.key, d.value) for d in letters] == [
-                (commands, "x", "{not a command")
+                (commands, b"x", b"{not a command")
             ], letters
             assert "not a valid CommandEnvelope" in letters[0].error
             assert worker.alive

@@ -24,13 +24,13 @@ from app.clients.faust_client import TickwheelTimers, command_of, request_id_for
 from app.clients.timer_book import CANCEL_TIMER, SET_TIMER, timer_book
 from app.errors import ConfigError
 from app.model.decide import StoredAggregate, decide
+from app.protocol.dead_letters import DeadLetter, Stage
 from app.protocol.topics import AggregateTopics
 from app.protocol.wire import (
     SCHEDULE_CANCELLED,
     SCHEDULE_SET,
     CommandEnvelope,
     CommandResult,
-    DeadLetter,
     ResultCode,
     ScheduleSet,
     decode,
@@ -46,6 +46,10 @@ NOW = 1_700_000_000_000
 CTX = "rem"
 
 
+SENT_HEADERS: list[list[tuple[str, bytes]]] = []
+"""The headers of each record a FakeChannel sent, in order (cleared by `sent`)."""
+
+
 class FakeChannel:
     """A faust topic as the client uses one: records what is sent; acked at once."""
 
@@ -54,9 +58,16 @@ class FakeChannel:
         self.sent = sent
 
     async def send(
-        self, *, key: bytes, value: bytes, partition: int, force: bool = False
+        self,
+        *,
+        key: bytes,
+        value: bytes,
+        partition: int,
+        force: bool = False,
+        headers: list[tuple[str, bytes]] | None = None,
     ) -> asyncio.Future[None]:
         self.sent.append((self.name, partition, key, value))
+        SENT_HEADERS.append(list(headers or ()))
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         done.set_result(None)
         return done
@@ -72,6 +83,7 @@ def app() -> faust.App:
 def sent(app: faust.App, monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int, bytes, bytes]]:
     """What the client and its command topic send, by (topic, partition, key, value)."""
     records: list[tuple[str, int, bytes, bytes]] = []
+    SENT_HEADERS.clear()
 
     def topic(name: str, **kwargs: Any) -> FakeChannel:
         return FakeChannel(name, records)
@@ -322,13 +334,13 @@ async def test_the_agents_topic_delivers_commands_and_dead_letters_the_rest(
     assert sent == []
     await timers.commands.decode(message(topic, p, 4, b"o-1", b"{not json"))
     ((letters, partition, key, value),) = sent
-    assert (letters, partition, key) == (f"{CTX}.dead-letters", 0, b"o-1")
-    letter = decode(DeadLetter, value)
-    assert (letter.topic, letter.partition, letter.offset, letter.value) == (
+    assert (letters, partition, key, value) == (f"{CTX}.dead-letters", 0, b"o-1", b"{not json")
+    letter = DeadLetter.read(key, value, SENT_HEADERS[-1])
+    assert (letter.topic, letter.partition, letter.offset, letter.context.stage) == (
         topic,
         p,
         4,
-        "{not json",
+        Stage.READ,
     )
     assert "not a valid CommandEnvelope" in letter.error
 

@@ -13,7 +13,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tables import slots
-from tables.rules import CronRule, IntervalRule, OnceRule, ScheduleRule
+from tables.bounds import MAX_INSTANT, MAX_INT64
+from tables.exceptions import InvalidRule
+from tables.rules import CronRule, IntervalRule, OnceRule, ScheduleRule, parse_rule
 from tables.slots import (
     MAX_CRON_STEPS,
     CatchUp,
@@ -216,15 +218,19 @@ def test_catch_up_never_moves_back_and_leaves_at_most_one_slot_to_send(
 
 
 @given(
-    st.integers(min_value=0, max_value=2**62),
+    st.integers(min_value=0, max_value=MAX_INSTANT),
     st.integers(min_value=1, max_value=2**40),
-    st.integers(min_value=0, max_value=2**63),
+    st.integers(min_value=0, max_value=MAX_INSTANT),
 )
 def test_interval_arithmetic_is_exact_for_any_magnitude(start: int, every: int, now: int) -> None:
     rule = IntervalRule(start=start, every=every)
     first = first_slot(rule, now)
-    assert first is not None
-    assert first.due_at == start + first.index * every
+    if first is None:
+        # The rule ends at the last instant a datetime holds: no slot is due after it.
+        behind = max(now - start, 0)
+        assert start + -(-behind // every) * every > MAX_INSTANT
+        return
+    assert first.due_at == start + first.index * every <= MAX_INSTANT
     assert first.due_at >= now and (first.index == 0 or first.due_at - every < now)
     origin = Slot(0, start)
     latest = latest_due(rule, origin, now)
@@ -529,3 +535,37 @@ def test_a_zone_that_is_no_iana_zone_is_an_invalid_rule(zone: str) -> None:
 
     with pytest.raises(InvalidRule, match="zone"):
         parse_rule({"kind": "cron", "expr": "* * * * *", "zone": zone})
+
+
+@given(
+    st.integers(min_value=0, max_value=MAX_INSTANT),
+    st.integers(min_value=1, max_value=MAX_INT64),
+    st.integers(min_value=0, max_value=10**6),
+)
+def test_an_interval_rule_ends_where_instants_end(start: int, every: int, index: int) -> None:
+    """No slot of any rule within bounds is past MAX_INSTANT: every slot is a valid row."""
+    rule = IntervalRule(start=start, every=every)
+    slot = nth_slot(rule, index)
+    if slot is not None:
+        assert slot.due_at <= MAX_INSTANT
+        following = next_slot(rule, slot)
+        assert following is None or following.due_at <= MAX_INSTANT
+    else:
+        assert start + index * every > MAX_INSTANT
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"kind": "once", "at": MAX_INSTANT + 1},
+        {"kind": "once", "at": 2**64 + 5},
+        {"kind": "once", "at": -1},
+        {"kind": "interval", "start": 0, "every": 2**70},
+        {"kind": "interval", "start": MAX_INSTANT + 1, "every": 1},
+        {"kind": "interval", "start": 0, "every": 0},
+        {"kind": "cron", "expr": "* * * * *", "start": 2**63},
+    ],
+)
+def test_a_rule_outside_the_bounds_is_invalid(fields: dict[str, object]) -> None:
+    with pytest.raises(InvalidRule):
+        parse_rule(fields)

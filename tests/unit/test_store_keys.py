@@ -8,6 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tables import AggregateRef, CommandSpec, CronRule, IntervalRule, OnceRule, Outcome, Timer
+from tables.bounds import MAX_INSTANT, MAX_INT64
 from tables.keys import (
     DUE,
     OFFSET_KEY,
@@ -33,8 +34,9 @@ from tables.timer import TimerStatus
 text = st.text(st.characters(exclude_categories=["Cs"]), min_size=1, max_size=12)
 names = st.from_regex(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,8}", fullmatch=True)
 refs = st.builds(AggregateRef, context=names, aggregate=names, tenant=text, id=text)
-due_ats = st.one_of(st.integers(0, 2), st.integers(0, 2**63))
+due_ats = st.one_of(st.integers(0, 2), st.integers(0, MAX_INT64))
 """Mostly ties, so that ids decide."""
+instants = st.one_of(st.integers(0, 2), st.integers(0, MAX_INSTANT))
 ids = st.one_of(st.sampled_from(["a", "a\x00", "a\x00b", "a\x01", "ab", "é"]), text)
 rules = st.one_of(
     st.builds(OnceRule, at=st.integers(0, 2**40)),
@@ -56,7 +58,7 @@ timers = st.builds(
     target=refs,
     command=st.builds(CommandSpec, type=text, body=bodies),
     slot=st.integers(0, 10**6),
-    slot_due_at=due_ats,
+    slot_due_at=instants,
     due_at=due_ats,
     attempts=st.integers(0, 50),
     skipped=st.integers(0, 50),

@@ -1,0 +1,84 @@
+"""Partitions whose work failed, and which of them fire nothing until their log is read.
+
+A failure of the node's own (`app.errors.node_fault`) ends a partition's work; it is taken
+afresh. Where the failed cycle was reading records, the partition is *held* once taken
+again: its timers fire only after a cycle has read past the offsets the failed one read
+from, so that no timer fires past a cancel its log holds but the node has not seen. A
+partition failing again at the same offsets counts up, and `/healthz` says where and why.
+Pure bookkeeping: no I/O, no clock.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["Failing", "FailingPartitions"]
+
+
+@dataclass(frozen=True, slots=True)
+class Failing:
+    """A partition's last failure: where its cycle was reading (empty: no records), why,
+    and how many failures in a row were at those same offsets."""
+
+    at: dict[str, int]
+    error: str
+    failures: int
+
+    def describe(self) -> str:
+        where = ", ".join(f"{topic}@{offset}" for topic, offset in sorted(self.at.items()))
+        times = "once" if self.failures == 1 else f"{self.failures} times in a row"
+        return f"failed {times}{' at ' + where if where else ''}: {self.error}"
+
+
+class FailingPartitions:
+    def __init__(self) -> None:
+        self._failing: dict[int, Failing] = {}
+        self._held: set[int] = set()
+
+    def failed(self, p: int, at: dict[str, int], error: str) -> Failing:
+        """p's work failed while its cycle read from `at`; p is held when it read records."""
+        before = self._failing.get(p)
+        again = before is not None and before.at == at
+        failing = Failing(dict(at), error, before.failures + 1 if again and before else 1)
+        self._failing[p] = failing
+        if at:
+            self._held.add(p)
+        return failing
+
+    def held(self, p: int) -> bool:
+        """Whether p's timers wait for its log to be read past where it failed."""
+        return p in self._held
+
+    def read(self, p: int, done: dict[str, int]) -> bool:
+        """A cycle of p staged, the last offsets done per topic as given; whether that
+        releases p's hold (it read past every offset the failed cycle read from)."""
+        failing = self._failing.get(p)
+        if failing is None:
+            return False
+        if any(done.get(topic, -1) < offset for topic, offset in failing.at.items()):
+            return False
+        del self._failing[p]
+        if p in self._held:
+            self._held.discard(p)
+            return True
+        return False
+
+    def forget(self, p: int) -> None:
+        """p was let go for good (revoked): a next owner starts with a clean slate."""
+        self._failing.pop(p, None)
+        self._held.discard(p)
+
+    def stalled(self) -> dict[int, str]:
+        """Why each held partition fires nothing, for `/healthz`."""
+        return {
+            p: f"fires nothing until its log is read past where it {self._failing[p].describe()}"
+            for p in sorted(self._held)
+            if p in self._failing
+        }
+
+    def report(self) -> dict[str, dict[str, object]]:
+        """Every partition's last failure not yet read past: where, why, how many times."""
+        return {
+            str(p): {"at": f.at, "error": f.error, "failures": f.failures, "held": p in self._held}
+            for p, f in sorted(self._failing.items())
+        }

@@ -1,0 +1,38 @@
+"""The bounds a record must keep to be read at all: its key's and value's sizes, and how
+large a dead letter may be. Each is a setting (`TICKWHEEL_MAX_KEY_BYTES`,
+`TICKWHEEL_MAX_RECORD_BYTES`); the dead-letter size is what the topic accepts."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from app.errors import BadRecord
+from app.protocol.dead_letters import DEAD_LETTER_TOPIC_BYTES
+
+__all__ = ["DEFAULT_MAX_KEY_BYTES", "DEFAULT_MAX_RECORD_BYTES", "InputLimits"]
+
+DEFAULT_MAX_KEY_BYTES = 4096
+"""An aggregate id is at most 500 characters (2,000 bytes of UTF-8): twice that is room."""
+
+DEFAULT_MAX_RECORD_BYTES = 256 * 1024
+"""A timer's command is not a blob store."""
+
+
+@dataclass(frozen=True, slots=True)
+class InputLimits:
+    max_key_bytes: int = DEFAULT_MAX_KEY_BYTES
+    max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES
+    dead_letter_bytes: int = DEAD_LETTER_TOPIC_BYTES
+    """The largest dead letter its topic accepts: a larger one is cut to fit."""
+
+    def check(self, key: bytes | None, value: bytes | None) -> None:
+        """`BadRecord` unless the record's key and value are within bounds."""
+        if key is not None and len(key) > self.max_key_bytes:
+            raise BadRecord(
+                f"key of {len(key)} bytes exceeds {self.max_key_bytes} (TICKWHEEL_MAX_KEY_BYTES)"
+            )
+        if value is not None and len(value) > self.max_record_bytes:
+            raise BadRecord(
+                f"record of {len(value)} bytes exceeds {self.max_record_bytes} "
+                "(TICKWHEEL_MAX_RECORD_BYTES)"
+            )
