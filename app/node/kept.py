@@ -10,6 +10,7 @@ from app.commands.processor import CommandProcessor
 from app.errors import Fenced
 from app.kafka import TopicSpec
 from app.model.aggregate import AggregateType
+from app.protocol.dead_letters import DEAD_LETTER_TOPIC_BYTES
 from app.protocol.topics import AggregateTopics, ContextTopics
 from app.timers.changelog import CleanMarks, TransactionalChangelog
 from app.timers.runner import TimerLoop, TimerRunner
@@ -61,7 +62,8 @@ def node_topics(types: list[AggregateTopics], partitions: int) -> list[TopicSpec
         c = ContextTopics(ctx)
         specs += [
             TopicSpec(c.results, partitions),
-            TopicSpec(c.dead_letters, 1),
+            # A letter holds a whole record of the topics it serves, and its headers.
+            TopicSpec(c.dead_letters, 1, max_message_bytes=DEAD_LETTER_TOPIC_BYTES),
             TopicSpec(c.ledger, partitions, compacted=True),
         ]
     return specs

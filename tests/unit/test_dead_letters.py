@@ -1,0 +1,115 @@
+"""Dead letters keep the bad record whole (key, value, headers) with why in headers of their
+own; a letter cut to fit its topic says so; the failing partitions' bookkeeping."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from app.errors import BadRecord
+from app.node.failing import FailingPartitions
+from app.protocol.dead_letters import DeadLetter, Stage, dead_letter
+
+
+@dataclass(frozen=True)
+class Bad:
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    timestamp: int = 1_700_000_000_000
+    headers: tuple[tuple[str, bytes], ...] = ()
+
+
+headers = st.lists(st.tuples(st.text(max_size=20), st.binary(max_size=50)), max_size=4)
+
+
+@given(
+    key=st.one_of(st.none(), st.binary(max_size=2000)),
+    value=st.one_of(st.none(), st.binary(max_size=5000)),
+    own=headers,
+    message=st.text(max_size=5000),
+)
+def test_a_letter_holds_the_records_bytes_unchanged_and_says_why(
+    key: bytes | None, value: bytes | None, own: list[tuple[str, bytes]], message: str
+) -> None:
+    record = Bad("shop.order.events", 3, 41, key, value, headers=tuple(own))
+    topic, partition, k, v, h = dead_letter(record, ValueError(message), Stage.APPLY, 5)
+    assert (topic, partition, k, v) == ("shop.dead-letters", 0, key, value)
+    assert h[: len(own)] == tuple(own), "the record's own headers first, unchanged"
+    letter = DeadLetter.read(k, v, h)
+    assert (letter.topic, letter.partition, letter.offset) == ("shop.order.events", 3, 41)
+    assert letter.context.stage is Stage.APPLY
+    assert letter.context.exception_class == "ValueError"
+    assert letter.context.time == 5 and letter.context.truncated is None
+    assert letter.error == (message or repr(ValueError(message)))[:4096]
+    assert letter.headers == tuple(own)
+
+
+def test_invalid_utf8_and_a_record_near_the_broker_limit_are_kept_whole() -> None:
+    value = b"\xff\xfe\x00" + b"x" * (1024 * 1024)
+    record = Bad("shop.order.commands", 0, 7, b"\xc3\x28", value)
+    _, _, key, kept, _ = dead_letter(record, "not UTF-8", Stage.READ, 0)
+    assert (key, kept) == (b"\xc3\x28", value)
+
+
+def test_a_letter_larger_than_its_topic_takes_is_cut_to_fit_and_says_so() -> None:
+    record = Bad("shop.order.events", 0, 1, b"k" * 10_000, b"v" * 100_000)
+    _, _, key, value, h = dead_letter(record, "too big", Stage.READ, 0, limit=50_000)
+    size = len(key or b"") + len(value or b"") + sum(len(a) + len(b) for a, b in h)
+    assert size <= 50_000
+    letter = DeadLetter.read(key, value, h)
+    assert letter.context.truncated is not None and letter.context.truncated > 110_000
+    assert (key or b"").startswith(b"k") and (value or b"").startswith(b"v")
+
+
+def test_a_record_that_is_no_letter_is_bad_input() -> None:
+    try:
+        DeadLetter.read(b"k", b"v", [("other", b"1")])
+    except BadRecord as exc:
+        assert "not a dead letter" in str(exc)
+    else:
+        raise AssertionError("read a letter without its headers")
+
+
+def test_a_partition_is_held_only_when_its_failed_cycle_read_records() -> None:
+    failing = FailingPartitions()
+    failing.failed(1, {}, "a commit: timed out")
+    assert not failing.held(1)
+    assert failing.failed(2, {"t.events": 5}, "a cycle: disk").failures == 1
+    assert failing.failed(2, {"t.events": 5}, "a cycle: disk").failures == 2
+    assert failing.held(2)
+    assert "t.events@5" in failing.stalled()[2]
+    assert failing.report()["2"] == {
+        "at": {"t.events": 5},
+        "error": "a cycle: disk",
+        "failures": 2,
+        "held": True,
+    }
+    assert not failing.read(2, {"t.events": 4}), "not past where it failed"
+    assert failing.held(2)
+    assert failing.read(2, {"t.events": 5, "t.commands": 1})
+    assert not failing.held(2) and "2" not in failing.report()
+
+
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 3), st.dictionaries(st.sampled_from("abc"), st.integers(0, 9))),
+        max_size=20,
+    )
+)
+def test_failures_in_a_row_count_only_at_the_same_offsets(
+    failures: list[tuple[int, dict[str, int]]],
+) -> None:
+    failing = FailingPartitions()
+    last: dict[int, tuple[dict[str, int], int]] = {}
+    for p, at in failures:
+        got = failing.failed(p, at, "x")
+        before = last.get(p)
+        expected = before[1] + 1 if before is not None and before[0] == at else 1
+        assert got.failures == expected
+        last[p] = (at, expected)
+        assert failing.held(p) == (bool(at) or failing.held(p))
