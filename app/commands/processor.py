@@ -16,6 +16,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from pydantic import ValidationError
+
 from app.errors import BadRecord, node_fault
 from app.kafka import LogReader, OutRecord, Record
 from app.kafka.records import RestoreProgress
@@ -32,7 +34,7 @@ from app.protocol.wire import (
     decode,
     encode,
 )
-from tables import AggregateRef
+from tables import AggregateRef, StoreError
 from tables.aggregate_store import AggregateStateStore
 from tables.partitioner import partition_of
 
@@ -272,7 +274,22 @@ class CommandProcessor:
         if pending is not None:
             return pending[0]
         raw = self._states.get(self.partition, aggregate_id)
-        return None if raw is None else StoredAggregate.model_validate_json(raw)
+        if raw is None:
+            return None
+        try:
+            return StoredAggregate.model_validate_json(raw)
+        except ValidationError as exc:
+            # The local copy is damaged, not the log: it is dropped, and the retake this
+            # node fault causes folds the partition again from the log.
+            logger.error(
+                "%s[%d]: local state of %s unreadable (%s): dropping the partition's states",
+                self.topics.events,
+                self.partition,
+                aggregate_id,
+                exc.errors()[0]["msg"],
+            )
+            self._states.drop(self.partition)
+            raise StoreError(f"local state of {aggregate_id} unreadable; states dropped") from exc
 
     def begin(self) -> CommandBatch:
         """A new batch of decisions, for one transaction of the partition."""

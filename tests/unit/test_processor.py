@@ -7,13 +7,14 @@ from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import orjson
+import pytest
 from fakes import T0, order_type
 
 from app.commands.processor import CommandProcessor, misrouted, state_key
 from app.kafka import OutRecord, Record
 from app.protocol.dead_letters import DeadLetterContext, Stage
 from app.protocol.wire import CommandEnvelope, EventEnvelope, ResultCode, encode
-from tables import AggregateRef
+from tables import AggregateRef, StoreError
 from tables.aggregate_store import MemoryAggregateStore
 from tables.partitioner import partition_of
 
@@ -252,3 +253,54 @@ async def test_an_unknown_command_type_is_answered_error_and_dead_lettered_whole
     context = DeadLetterContext.from_headers(letter[4])  # type: ignore[misc]
     assert (context.stage, context.offset) == (Stage.DECIDE, 0)
     assert "no handler for shop.Unknown" in context.exception_message
+
+
+async def test_an_unreadable_local_state_is_a_node_fault_that_drops_the_states() -> None:
+    """The local copy is damaged, not the command: the partition is retaken (a node fault)
+    and its states folded again from the log, instead of every command on the aggregate
+    answered ERROR for ever."""
+    processor, _, states = make()
+    states.write(P, {state_key(ORDER): b'{"version": "not a number"}'}, [], 5)
+    with pytest.raises(StoreError, match="unreadable"):
+        processor.decide_records(processor.begin(), [record(command())])
+    assert states.offset(P) is None and states.get(P, state_key(ORDER)) is None
+
+
+async def test_a_handler_that_raises_anything_is_answered_error_and_dead_lettered() -> None:
+    kaput = order_type()
+
+    @kaput.command("shop.Explode")
+    def explode(state: Any, cmd: Any, d: Any) -> None:
+        raise ZeroDivisionError("the handler's own bug")
+
+    txn = FakeTransaction()
+    processor = CommandProcessor(
+        kaput, P, partitions=4, states=MemoryAggregateStore(), commit=txn, now=lambda: T0
+    )
+    await processor.handle([record(command(type="shop.Explode"))])
+    result, letter = txn.commits[0][0]
+    assert orjson.loads(result[3] or b"")["code"] == "ERROR"
+    context = DeadLetterContext.from_headers(letter[4])  # type: ignore[misc]
+    assert (context.stage, context.exception_class) == (Stage.DECIDE, "ZeroDivisionError")
+
+
+@pytest.mark.parametrize(
+    ("fields", "why"),
+    [
+        ({"reply_to": "shop.order.events"}, "is not shop.results"),
+        ({"reply_to": "other.results"}, "is not shop.results"),
+        ({"reply_partition": 4}, "does not exist"),
+    ],
+)
+async def test_a_command_with_a_reply_address_elsewhere_is_answered_on_its_own_and_not_run(
+    fields: dict[str, Any], why: str
+) -> None:
+    processor, txn, states = make()
+    cmd = command(**fields)
+    await processor.handle([record(cmd)])
+    result, letter = txn.commits[0][0]
+    assert result[:2] == ("shop.results", partition_of(cmd.request_id, 4))
+    answered = orjson.loads(result[3] or b"")
+    assert answered["code"] == "ERROR" and why in answered["message"]
+    assert letter[0] == "shop.dead-letters" and letter[3] == encode(cmd)
+    assert states.get(P, state_key(ORDER)) is None, "never decided"
