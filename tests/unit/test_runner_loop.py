@@ -35,7 +35,9 @@ from app.timers.runner import (
     TimerOptions,
     TimerRunner,
     backoff_ms,
+    decisions,
 )
+from app.timers.runner import runner as runner_module
 from app.timers.runner.options import RetryPolicy
 from tables.ledger import LedgerEntry
 from tables.rules import IntervalRule, OnceRule
@@ -579,3 +581,25 @@ def test_round_stats_keep_the_earliest_due_time() -> None:
     stats.due_by(9)
     stats.due_by(3)
     assert stats.next_due == 3
+
+
+async def test_a_timer_its_rule_arithmetic_fails_on_is_parked_and_the_others_fire(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One timer the slot arithmetic raises on (a bug, or a rule no bound foresaw) is that
+    timer's problem: parked for an operator, while the round fires every other timer."""
+    await world.put(key="poison")
+    await world.put(key="fine", id="t-2")
+    claim = decisions.expire_or_claim
+
+    def refuse_poison(timer: Timer, now: int, options: TimerOptions) -> decisions.Decision:
+        if timer.key == "poison":
+            raise ValueError("next_slot went back")
+        return claim(timer, now, options)
+
+    monkeypatch.setattr(runner_module, "expire_or_claim", refuse_poison)
+    runner = world.runner()
+    stats = await runner.run_round()
+    assert stats.fired == 1
+    assert (await world.row("poison")).status is TimerStatus.PARKED
+    assert (await world.row("fine")).status is TimerStatus.FIRED

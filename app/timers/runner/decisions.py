@@ -9,6 +9,7 @@ hypothesis can test the rules by themselves.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Final
@@ -29,6 +30,7 @@ __all__ = [
     "classify",
     "due_since",
     "expire_or_claim",
+    "guarded",
     "on_outcome",
     "release",
     "retry_parked",
@@ -323,3 +325,22 @@ def skip_parked(timer: Timer) -> Decision:
         Action.OPERATOR_SKIP,
         _change(timer, status=TimerStatus.CANCELLED, outcome=Outcome.SKIPPED),
     )
+
+
+def guarded(decide: Callable[[], Decision], timer: Timer, now: int) -> Decision:
+    """`decide()` (a decision on `timer`), except that a timer the rule arithmetic fails on
+    is that timer's problem, not the round's: it is parked for an operator (retry or skip),
+    instead of a round that fails, and so stops every timer of its type, each time. If the
+    ledger refuses the park, the timer is tried again an hour later."""
+    try:
+        return decide()
+    except Exception as exc:
+        logger.error("timer %s: no decision (%r): parked", timer.request_id, exc)
+        return Decision(
+            Action.PARK,
+            _change(timer, status=TimerStatus.PARKED, outcome=Outcome.FAILED),
+            fallback=_change(timer, status=TimerStatus.PENDING, due_at=now + _HOUR),
+        )
+
+
+_HOUR: Final = 3_600_000

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import logging
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence, Set
@@ -24,6 +25,7 @@ from app.timers.runner.decisions import (
     Decision,
     SendResult,
     expire_or_claim,
+    guarded,
     on_outcome,
     release,
     retry_parked,
@@ -198,7 +200,7 @@ class TimerRunner:
         loaded = await self._due_now(owned, now, stats)
         # Not a timer of a partition stopped while it was being loaded.
         decided = [
-            expire_or_claim(t, now, self._options)
+            guarded(functools.partial(expire_or_claim, t, now, self._options), t, now)
             for t in loaded
             if t.partition in self._owned and t.id not in self._in_hand
         ]
@@ -269,7 +271,7 @@ class TimerRunner:
         horizon = now + self._options.claim_timeout + 1
         rows = await self._store.due(set(fresh), until=horizon, limit=_TAKE_OVER_LIMIT)
         return [
-            reclaim(t, now, self._options)
+            guarded(functools.partial(reclaim, t, now, self._options), t, now)
             for t in rows
             if t.status is TimerStatus.FIRING and t.due_at > now
         ]
@@ -413,7 +415,10 @@ class TimerRunner:
 
     def _decide(self, claimed: Timer, result: SendResult) -> Decision:
         busy = self._busy[claimed.partition].get(claimed.id, 0)
-        return on_outcome(claimed, result, self._clock.now(), self._options, busy)
+        now = self._clock.now()
+        return guarded(
+            functools.partial(on_outcome, claimed, result, now, self._options, busy), claimed, now
+        )
 
     def _count_busy(self, decisions: Iterable[Decision]) -> None:
         # Kept only for a timer still in the wheel: a parked one starts over if retried, and
