@@ -24,6 +24,7 @@ from aiokafka.errors import (
 from aiokafka.protocol.metadata import MetadataRequest
 
 from app.errors import KafkaUnavailable, MissingTopic
+from app.kafka.connection import Connectable, address, client_options
 from app.kafka.records import TopicSpec, start_client
 
 logger = logging.getLogger(__name__)
@@ -39,9 +40,9 @@ def _configs(spec: TopicSpec) -> dict[str, str]:
     return configs
 
 
-async def max_message_bytes(bootstrap: str, topic: str) -> int:
+async def max_message_bytes(bootstrap: Connectable, topic: str) -> int:
     """The largest record batch `topic` accepts (its `max.message.bytes`, default or set)."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=30_000)
+    admin = AIOKafkaAdminClient(**client_options(bootstrap), request_timeout_ms=30_000)
     try:
         await admin.start()
         [response] = await admin.describe_configs(
@@ -61,10 +62,10 @@ async def max_message_bytes(bootstrap: str, topic: str) -> int:
         await admin.close()
 
 
-async def ensure_topics(bootstrap: str, specs: Iterable[TopicSpec]) -> None:
+async def ensure_topics(bootstrap: Connectable, specs: Iterable[TopicSpec]) -> None:
     """Creates the topics that do not exist; checks that existing ones have the partitions."""
     specs = list(specs)
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=30_000)
+    admin = AIOKafkaAdminClient(**client_options(bootstrap), request_timeout_ms=30_000)
     try:
         await admin.start()
         new = [
@@ -91,7 +92,7 @@ async def ensure_topics(bootstrap: str, specs: Iterable[TopicSpec]) -> None:
                     "co-partitioned topics must all have the same count"
                 )
     except KafkaError as exc:
-        raise KafkaUnavailable(f"cannot create topics at {bootstrap}: {exc!r}") from exc
+        raise KafkaUnavailable(f"cannot create topics at {address(bootstrap)}: {exc!r}") from exc
     finally:
         await admin.close()
 
@@ -119,9 +120,9 @@ async def _coordinated(call: Callable[[], Awaitable[T]], within: float = 15.0) -
             await asyncio.sleep(0.2)
 
 
-async def cluster_id(bootstrap: str) -> str:
+async def cluster_id(bootstrap: Connectable) -> str:
     """The id of the Kafka cluster at `bootstrap` (what its metadata says)."""
-    client = AIOKafkaClient(bootstrap_servers=bootstrap)
+    client = AIOKafkaClient(**client_options(bootstrap))
     try:
         await client.bootstrap()
         response = await client.send(
@@ -137,9 +138,9 @@ async def cluster_id(bootstrap: str) -> str:
     return found
 
 
-async def group_members(bootstrap: str, group_id: str) -> int:
+async def group_members(bootstrap: Connectable, group_id: str) -> int:
     """How many members the consumer group has now."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=30_000)
+    admin = AIOKafkaAdminClient(**client_options(bootstrap), request_timeout_ms=30_000)
     try:
         await admin.start()
         responses = await _coordinated(lambda: admin.describe_consumer_groups([group_id]))
@@ -152,7 +153,7 @@ async def group_members(bootstrap: str, group_id: str) -> int:
         await admin.close()
 
 
-async def existing_topics(bootstrap: str, names: Iterable[str]) -> dict[str, int]:
+async def existing_topics(bootstrap: Connectable, names: Iterable[str]) -> dict[str, int]:
     """The partition counts of those of `names` the broker has; never creates a topic.
 
     The broker is first asked for all of its topics: a metadata request that names a
@@ -160,7 +161,7 @@ async def existing_topics(bootstrap: str, names: Iterable[str]) -> dict[str, int
     are then described.
     """
     wanted = list(names)
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=30_000)
+    admin = AIOKafkaAdminClient(**client_options(bootstrap), request_timeout_ms=30_000)
     try:
         await admin.start()
         have = set(await admin.list_topics())
@@ -170,30 +171,32 @@ async def existing_topics(bootstrap: str, names: Iterable[str]) -> dict[str, int
         described = await admin.describe_topics(present)
         return {t["topic"]: len(t["partitions"]) for t in described if not t.get("error_code")}
     except KafkaError as exc:
-        raise KafkaUnavailable(f"cannot read the topics at {bootstrap}: {exc!r}") from exc
+        raise KafkaUnavailable(f"cannot read the topics at {address(bootstrap)}: {exc!r}") from exc
     finally:
         await admin.close()
 
 
-async def topic_names(bootstrap: str) -> set[str]:
+async def topic_names(bootstrap: Connectable) -> set[str]:
     """The names of all the broker's topics (one metadata request that names none)."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=30_000)
+    admin = AIOKafkaAdminClient(**client_options(bootstrap), request_timeout_ms=30_000)
     try:
         await admin.start()
         return set(await admin.list_topics())
     except KafkaError as exc:
-        raise KafkaUnavailable(f"cannot read the topics at {bootstrap}: {exc!r}") from exc
+        raise KafkaUnavailable(f"cannot read the topics at {address(bootstrap)}: {exc!r}") from exc
     finally:
         await admin.close()
 
 
-async def require_topics(bootstrap: str, topics: dict[str, str]) -> dict[str, int]:
+async def require_topics(bootstrap: Connectable, topics: dict[str, str]) -> dict[str, int]:
     """The partition count of each topic of `topics` (topic -> why it may be missing);
     `MissingTopic` naming every one the broker does not have. Creates nothing."""
     found = await existing_topics(bootstrap, topics)
     missing = [t for t in topics if t not in found]
     if missing:
-        said = "; ".join(f"topic {t} does not exist at {bootstrap}: {topics[t]}" for t in missing)
+        said = "; ".join(
+            f"topic {t} does not exist at {address(bootstrap)}: {topics[t]}" for t in missing
+        )
         raise MissingTopic(
             f"{said} (nothing was created; is KAFKA_BOOTSTRAP_SERVERS or --bootstrap the "
             "cluster's?)"
@@ -201,19 +204,21 @@ async def require_topics(bootstrap: str, topics: dict[str, str]) -> dict[str, in
     return found
 
 
-async def require_topic(bootstrap: str, topic: str, why: str) -> int:
+async def require_topic(bootstrap: Connectable, topic: str, why: str) -> int:
     """The partition count of `topic`; `MissingTopic` (saying `why` it may be missing) when
     the broker does not have it. Creates nothing."""
     return (await require_topics(bootstrap, {topic: why}))[topic]
 
 
-async def log_offsets(bootstrap: str, topic: str, partitions: int) -> dict[int, tuple[int, int]]:
+async def log_offsets(
+    bootstrap: Connectable, topic: str, partitions: int
+) -> dict[int, tuple[int, int]]:
     """Per partition of an existing `topic`: (first offset held, high watermark).
 
     The high watermark counts records of transactions still open: it is what a
     DeleteRecords up to "now" deletes before.
     """
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None)
+    consumer = AIOKafkaConsumer(**client_options(bootstrap), group_id=None)
     tps = [TopicPartition(topic, p) for p in range(partitions)]
     try:
         await consumer.start()
@@ -226,10 +231,12 @@ async def log_offsets(bootstrap: str, topic: str, partitions: int) -> dict[int, 
         await consumer.stop()
 
 
-async def delete_records(bootstrap: str, topic: str, before: dict[int, int]) -> dict[int, int]:
+async def delete_records(
+    bootstrap: Connectable, topic: str, before: dict[int, int]
+) -> dict[int, int]:
     """Deletes the records of `topic` before `before[p]` in each partition p given; the
     new start offset per partition."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=30_000)
+    admin = AIOKafkaAdminClient(**client_options(bootstrap), request_timeout_ms=30_000)
     try:
         await admin.start()
         done = await admin.delete_records(
@@ -254,9 +261,9 @@ class GroupOffsets:
     Reading them joins nothing, so the group's members are not disturbed.
     """
 
-    def __init__(self, bootstrap: str, group_id: str) -> None:
+    def __init__(self, bootstrap: Connectable, group_id: str) -> None:
         self.group_id = group_id
-        self._admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=30_000)
+        self._admin = AIOKafkaAdminClient(**client_options(bootstrap), request_timeout_ms=30_000)
 
     async def start(self) -> None:
         await start_client(self._admin, "admin client")
@@ -292,11 +299,11 @@ class GroupOffsets:
 
 
 async def reset_group_offsets(
-    bootstrap: str, group_id: str, topic: str, partitions: int, offset: int = 0
+    bootstrap: Connectable, group_id: str, topic: str, partitions: int, offset: int = 0
 ) -> None:
     """Sets the group's committed offset of every partition of `topic` (group must be idle)."""
     consumer = AIOKafkaConsumer(
-        bootstrap_servers=bootstrap, group_id=group_id, enable_auto_commit=False
+        **client_options(bootstrap), group_id=group_id, enable_auto_commit=False
     )
     tps = [TopicPartition(topic, p) for p in range(partitions)]
     try:

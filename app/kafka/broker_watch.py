@@ -39,6 +39,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
+from app.kafka.connection import Connectable, connection
 from app.kafka.log_filter import (
     AIOKAFKA_LOGGERS,
     BrokerLogFilter,
@@ -71,7 +72,7 @@ class BrokerWatch:
 
     def __init__(
         self,
-        bootstrap: str,
+        bootstrap: Connectable,
         *,
         registry: CollectorRegistry | None = None,
         probe: Probe | None = None,
@@ -84,7 +85,7 @@ class BrokerWatch:
         summary_every: float = 60.0,
         log_filter: BrokerLogFilter | None = None,
     ) -> None:
-        self.bootstrap = bootstrap
+        self.bootstrap = connection(bootstrap).bootstrap_servers  # said in logs and /healthz
         self._probe: Probe = probe or (lambda: api_versions_probe(bootstrap, timeout))
         self._clock = clock
         self.interval = interval

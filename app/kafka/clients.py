@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from app.kafka.admin import cluster_id, ensure_topics, max_message_bytes
+from app.kafka.connection import Connectable
 from app.kafka.consumers import GroupConsumer, PartitionReader, Reader
 from app.kafka.ports import Assigned
 from app.kafka.probe import api_versions_probe
@@ -17,7 +18,7 @@ __all__ = ["KafkaAdmin", "KafkaClients"]
 class KafkaAdmin:
     """`app.kafka.ports.Admin` on a Kafka cluster."""
 
-    def __init__(self, bootstrap: str, probe_timeout: float = 2.0) -> None:
+    def __init__(self, bootstrap: Connectable, probe_timeout: float = 2.0) -> None:
         self.bootstrap = bootstrap
         self._probe_timeout = probe_timeout
 
@@ -37,7 +38,7 @@ class KafkaAdmin:
 class KafkaClients:
     """`app.kafka.ports.Clients` on a Kafka cluster: each call makes a new, unstarted client."""
 
-    def __init__(self, bootstrap: str) -> None:
+    def __init__(self, bootstrap: Connectable) -> None:
         self.bootstrap = bootstrap
 
     def transactional_writer(self, transactional_id: str) -> TransactionalProducer:

@@ -17,6 +17,7 @@ from aiokafka.errors import (
 )
 
 from app.errors import KafkaUnavailable
+from app.kafka.connection import Connectable, client_options
 from app.kafka.ports import Assigned
 from app.kafka.records import Record, start_client
 
@@ -30,10 +31,10 @@ class Reader:
     wait keeps the last, empty fetch of each read from idling.
     """
 
-    def __init__(self, bootstrap: str, *, batch: int = 5_000) -> None:
+    def __init__(self, bootstrap: Connectable, *, batch: int = 5_000) -> None:
         self._batch = batch
         self._consumer = AIOKafkaConsumer(
-            bootstrap_servers=bootstrap,
+            **client_options(bootstrap),
             group_id=None,
             enable_auto_commit=False,
             isolation_level="read_committed",
@@ -95,7 +96,7 @@ class Reader:
 
 
 async def read_to_end(
-    bootstrap: str, topic: str, partition: int, start: int, *, batch: int = 5_000
+    bootstrap: Connectable, topic: str, partition: int, start: int, *, batch: int = 5_000
 ) -> AsyncIterator[list[Record]]:
     """Reads one partition from `start` to its end as it is now (a one-off `Reader`)."""
     async with Reader(bootstrap, batch=batch) as reader:
@@ -104,7 +105,7 @@ async def read_to_end(
 
 
 async def read_partitions(
-    bootstrap: str, topic: str, partitions: Iterable[int]
+    bootstrap: Connectable, topic: str, partitions: Iterable[int]
 ) -> AsyncIterator[list[Record]]:
     """Reads each of `partitions` from its start to its end as it is now, one after another."""
     async with Reader(bootstrap) as reader:
@@ -113,10 +114,12 @@ async def read_partitions(
                 yield records
 
 
-async def tail(bootstrap: str, topic: str, partitions: Iterable[int]) -> AsyncIterator[Record]:
+async def tail(
+    bootstrap: Connectable, topic: str, partitions: Iterable[int]
+) -> AsyncIterator[Record]:
     """The records written to `partitions` of `topic` from now on, until cancelled."""
     consumer = AIOKafkaConsumer(
-        bootstrap_servers=bootstrap,
+        **client_options(bootstrap),
         group_id=None,
         enable_auto_commit=False,
         isolation_level="read_committed",
@@ -148,10 +151,10 @@ class PartitionReader:
     For the results of this node's own sends: no group, no committed offsets.
     """
 
-    def __init__(self, bootstrap: str, topic: str) -> None:
+    def __init__(self, bootstrap: Connectable, topic: str) -> None:
         self.topic = topic
         self._consumer = AIOKafkaConsumer(
-            bootstrap_servers=bootstrap,
+            **client_options(bootstrap),
             group_id=None,
             enable_auto_commit=False,
             isolation_level="read_committed",
@@ -226,7 +229,7 @@ class GroupConsumer:
 
     def __init__(
         self,
-        bootstrap: str,
+        bootstrap: Connectable,
         group_id: str,
         topics: Sequence[str],
         *,
@@ -238,7 +241,7 @@ class GroupConsumer:
         self._topics = list(topics)
         self._listener = _Listener(on_assigned, on_revoked)
         self._consumer = AIOKafkaConsumer(
-            bootstrap_servers=bootstrap,
+            **client_options(bootstrap),
             group_id=group_id,
             enable_auto_commit=False,
             auto_offset_reset="earliest",

@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import ssl
 import struct
 from collections.abc import Awaitable, Callable
+
+from app.kafka.connection import Connectable, connection
 
 __all__ = ["Probe", "api_versions_probe"]
 
@@ -29,11 +32,13 @@ def _address(hostport: str) -> tuple[str, int]:
 _correlations = itertools.count(1)
 
 
-async def api_versions_probe(bootstrap: str, within: float = 2.0) -> str | None:
+async def api_versions_probe(bootstrap: Connectable, within: float = 2.0) -> str | None:
     """Asks each bootstrap address for its API versions; None as soon as one answers
     within `within` s each, else why none did. A broker that accepts the connection but does
     not answer (frozen: the kernel accepts for it) is a failure, like a refused one."""
-    addresses = [a.strip() for a in bootstrap.split(",") if a.strip()]
+    kafka = connection(bootstrap)
+    context = kafka.ssl_context()  # an SSL listener answers only after a TLS handshake
+    addresses = [a.strip() for a in kafka.bootstrap_servers.split(",") if a.strip()]
     reasons: list[tuple[str, str]] = []
     for hostport in addresses:
         try:
@@ -41,7 +46,7 @@ async def api_versions_probe(bootstrap: str, within: float = 2.0) -> str | None:
         except ValueError:
             reasons.append((hostport, "not host:port"))
             continue
-        why = await _probe_one(host, port, within)
+        why = await _probe_one(host, port, within, context)
         if why is None:
             return None
         reasons.append((hostport, why))
@@ -50,13 +55,15 @@ async def api_versions_probe(bootstrap: str, within: float = 2.0) -> str | None:
     return "; ".join(f"{a}: {why}" for a, why in reasons) or "no bootstrap address"
 
 
-async def _probe_one(host: str, port: int, within: float) -> str | None:
+async def _probe_one(
+    host: str, port: int, within: float, context: ssl.SSLContext | None = None
+) -> str | None:
     correlation = next(_correlations) % 2**31
     writer: asyncio.StreamWriter | None = None
     connected = False
     try:
         async with asyncio.timeout(within):
-            reader, writer = await asyncio.open_connection(host, port)
+            reader, writer = await asyncio.open_connection(host, port, ssl=context)
             connected = True
             writer.write(_api_versions_request(correlation))
             await writer.drain()
@@ -72,6 +79,8 @@ async def _probe_one(host: str, port: int, within: float) -> str | None:
         return "connection refused"
     except (asyncio.IncompleteReadError, ConnectionResetError):
         return "connection closed before an answer"
+    except ssl.SSLError as exc:
+        return f"TLS handshake failed: {exc.reason or exc}"
     except OSError as exc:
         return exc.strerror or repr(exc)
     finally:

@@ -16,6 +16,7 @@ from aiokafka.errors import (
 )
 
 from app.errors import Fenced, KafkaUnavailable
+from app.kafka.connection import Connectable, client_options
 from app.kafka.records import OutRecord, headers_of, start_client
 
 logger = logging.getLogger(__name__)
@@ -27,9 +28,9 @@ TRANSACTION_REQUEST_BYTES = 4 * 1024 * 1024 + 64 * 1024
 class Producer:
     """An idempotent producer (acks=all); `send_many` returns once the broker has all."""
 
-    def __init__(self, bootstrap: str, *, linger_ms: int = 2) -> None:
+    def __init__(self, bootstrap: Connectable, *, linger_ms: int = 2) -> None:
         self._producer = AIOKafkaProducer(
-            bootstrap_servers=bootstrap,
+            **client_options(bootstrap),
             enable_idempotence=True,
             acks="all",
             linger_ms=linger_ms,
@@ -71,10 +72,10 @@ class TransactionalProducer:
     and the partition taken afresh.
     """
 
-    def __init__(self, bootstrap: str, transactional_id: str) -> None:
+    def __init__(self, bootstrap: Connectable, transactional_id: str) -> None:
         self.transactional_id = transactional_id
         self._producer = AIOKafkaProducer(
-            bootstrap_servers=bootstrap,
+            **client_options(bootstrap),
             transactional_id=transactional_id,
             enable_idempotence=True,
             acks="all",

@@ -1,0 +1,146 @@
+"""How to reach a Kafka cluster: its address and its security (TLS, SASL), the one place
+every client the project creates takes its connection options from.
+
+A plain bootstrap string is a PLAINTEXT connection to that address (the local broker,
+the tests). `KafkaConnection` checks its own consistency (a SASL protocol needs a
+mechanism and credentials, a certificate needs its key, every file must be readable), so
+that a wrong setting is one clear error before anything connects.
+"""
+
+from __future__ import annotations
+
+import functools
+import ssl
+from pathlib import Path
+from typing import Any, Literal
+
+from aiokafka.helpers import create_ssl_context
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
+
+__all__ = ["Connectable", "KafkaConnection", "address", "client_options", "connection"]
+
+SecurityProtocol = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]
+SaslMechanism = Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"]
+
+
+class KafkaConnection(BaseModel):
+    """A cluster's address and the client side of its security."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    bootstrap_servers: str = Field(min_length=1)
+    security_protocol: SecurityProtocol = "PLAINTEXT"
+    sasl_mechanism: SaslMechanism | None = None
+    sasl_username: str | None = None
+    sasl_password: SecretStr | None = None
+    ssl_cafile: Path | None = None
+    """The CA that signed the brokers' certificates; the system's CAs when absent."""
+    ssl_certfile: Path | None = None
+    """This client's certificate, for mutual TLS (with `ssl_keyfile`)."""
+    ssl_keyfile: Path | None = None
+
+    @model_validator(mode="after")
+    def _consistent(self) -> KafkaConnection:
+        sasl = self.security_protocol.startswith("SASL_")
+        tls = self.security_protocol.endswith("SSL")
+        if sasl and (
+            self.sasl_mechanism is None
+            or not self.sasl_username
+            or self.sasl_password is None
+            or not self.sasl_password.get_secret_value()
+        ):
+            raise ValueError(
+                f"{self.security_protocol} needs KAFKA_SASL_MECHANISM, KAFKA_SASL_USERNAME and "
+                "KAFKA_SASL_PASSWORD (or KAFKA_SASL_PASSWORD_FILE)"
+            )
+        if not sasl and (self.sasl_mechanism or self.sasl_username or self.sasl_password):
+            raise ValueError(
+                f"SASL settings given, but KAFKA_SECURITY_PROTOCOL is {self.security_protocol}"
+                " (use SASL_SSL or SASL_PLAINTEXT)"
+            )
+        files = {
+            "KAFKA_SSL_CAFILE": self.ssl_cafile,
+            "KAFKA_SSL_CERTFILE": self.ssl_certfile,
+            "KAFKA_SSL_KEYFILE": self.ssl_keyfile,
+        }
+        given = {name: path for name, path in files.items() if path is not None}
+        if given and not tls:
+            raise ValueError(
+                f"{', '.join(given)} given, but KAFKA_SECURITY_PROTOCOL is "
+                f"{self.security_protocol} (use SSL or SASL_SSL)"
+            )
+        if (self.ssl_certfile is None) != (self.ssl_keyfile is None):
+            raise ValueError("mutual TLS needs both KAFKA_SSL_CERTFILE and KAFKA_SSL_KEYFILE")
+        for name, path in given.items():
+            if not path.is_file():
+                raise ValueError(f"{name}: no such file {str(path)!r}")
+            try:
+                path.read_bytes()
+            except OSError as exc:
+                raise ValueError(f"{name}: cannot read {str(path)!r}: {exc.strerror}") from exc
+        if tls:
+            self.ssl_context()  # a bad CA or key pair is a setting error, said now
+        return self
+
+    def ssl_context(self) -> ssl.SSLContext | None:
+        """The TLS context of SSL and SASL_SSL (made once); None without TLS."""
+        if not self.security_protocol.endswith("SSL"):
+            return None
+        return _context(self.ssl_cafile, self.ssl_certfile, self.ssl_keyfile)
+
+    def describe(self) -> str:
+        """Where and how, for error messages (never the password)."""
+        how: str = self.security_protocol
+        if self.sasl_mechanism is not None:
+            how += f" {self.sasl_mechanism} as {self.sasl_username!r}"
+        return f"{self.bootstrap_servers} ({how})"
+
+    def options(self) -> dict[str, Any]:
+        """aiokafka's connection keyword arguments."""
+        options: dict[str, Any] = {
+            "bootstrap_servers": self.bootstrap_servers,
+            "security_protocol": self.security_protocol,
+        }
+        if (context := self.ssl_context()) is not None:
+            options["ssl_context"] = context
+        if self.sasl_mechanism is not None:
+            assert self.sasl_password is not None  # checked by the validator
+            options["sasl_mechanism"] = self.sasl_mechanism
+            options["sasl_plain_username"] = self.sasl_username
+            options["sasl_plain_password"] = self.sasl_password.get_secret_value()
+        return options
+
+
+@functools.cache
+def _context(cafile: Path | None, certfile: Path | None, keyfile: Path | None) -> ssl.SSLContext:
+    try:
+        context: ssl.SSLContext = create_ssl_context(
+            cafile=None if cafile is None else str(cafile),
+            certfile=None if certfile is None else str(certfile),
+            keyfile=None if keyfile is None else str(keyfile),
+        )
+    except (ssl.SSLError, OSError) as exc:
+        raise ValueError(
+            f"TLS material unusable (CA {cafile}, certificate {certfile}): {exc}"
+        ) from exc
+    return context
+
+
+Connectable = str | KafkaConnection
+"""A cluster: a bootstrap address (PLAINTEXT), or a `KafkaConnection`."""
+
+
+def connection(where: Connectable) -> KafkaConnection:
+    return where if isinstance(where, KafkaConnection) else KafkaConnection(bootstrap_servers=where)
+
+
+def client_options(where: Connectable) -> dict[str, Any]:
+    """aiokafka's connection keyword arguments for `where`."""
+    if isinstance(where, str):
+        return {"bootstrap_servers": where}
+    return where.options()
+
+
+def address(where: Connectable) -> str:
+    """Where and how, for messages."""
+    return where if isinstance(where, str) else where.describe()

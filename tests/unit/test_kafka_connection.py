@@ -1,0 +1,72 @@
+"""A cluster's connection: its security settings checked before anything connects, and the
+client options every client the project creates is made with."""
+
+from __future__ import annotations
+
+import ssl
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from app.kafka.connection import KafkaConnection, address, client_options
+
+
+def test_a_bootstrap_string_is_plaintext() -> None:
+    assert client_options("127.0.0.1:9092") == {"bootstrap_servers": "127.0.0.1:9092"}
+    assert address("127.0.0.1:9092") == "127.0.0.1:9092"
+
+
+def test_sasl_over_plaintext_gives_the_mechanism_and_credentials() -> None:
+    kafka = KafkaConnection(
+        bootstrap_servers="b:9093",
+        security_protocol="SASL_PLAINTEXT",
+        sasl_mechanism="SCRAM-SHA-512",
+        sasl_username="tickwheel",
+        sasl_password="s3cret",
+    )
+    assert kafka.options() == {
+        "bootstrap_servers": "b:9093",
+        "security_protocol": "SASL_PLAINTEXT",
+        "sasl_mechanism": "SCRAM-SHA-512",
+        "sasl_plain_username": "tickwheel",
+        "sasl_plain_password": "s3cret",
+    }
+    said = kafka.describe()
+    assert "SCRAM-SHA-512" in said and "tickwheel" in said and "s3cret" not in said
+    assert "s3cret" not in repr(kafka)
+
+
+def test_tls_with_the_systems_cas_makes_a_context() -> None:
+    kafka = KafkaConnection(bootstrap_servers="b:9093", security_protocol="SSL")
+    assert isinstance(kafka.options()["ssl_context"], ssl.SSLContext)
+
+
+@pytest.mark.parametrize(
+    ("fields", "said"),
+    [
+        ({"security_protocol": "SASL_SSL"}, "needs KAFKA_SASL_MECHANISM"),
+        (
+            {"security_protocol": "SASL_SSL", "sasl_mechanism": "PLAIN", "sasl_username": "u"},
+            "KAFKA_SASL_PASSWORD",
+        ),
+        ({"sasl_username": "u"}, "KAFKA_SECURITY_PROTOCOL is PLAINTEXT"),
+        ({"ssl_cafile": "/nowhere/ca.pem"}, "use SSL or SASL_SSL"),
+        ({"security_protocol": "SSL", "ssl_cafile": "/nowhere/ca.pem"}, "no such file"),
+        ({"security_protocol": "SSL", "ssl_certfile": "/x.pem"}, "both KAFKA_SSL_CERTFILE"),
+        ({"security_protocol": "TLS"}, "security_protocol"),
+        ({"security_protocol": "SASL_SSL", "sasl_mechanism": "GSSAPI"}, "sasl_mechanism"),
+    ],
+)
+def test_an_inconsistent_security_setting_is_one_clear_error(
+    fields: dict[str, object], said: str
+) -> None:
+    with pytest.raises(ValidationError, match=said):
+        KafkaConnection(bootstrap_servers="b:9093", **fields)
+
+
+def test_a_ca_file_that_is_no_certificate_is_refused(tmp_path: Path) -> None:
+    ca = tmp_path / "ca.pem"
+    ca.write_text("not a certificate")
+    with pytest.raises(ValidationError, match="TLS material unusable"):
+        KafkaConnection(bootstrap_servers="b:9093", security_protocol="SSL", ssl_cafile=ca)
