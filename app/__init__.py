@@ -1,1 +1,183 @@
+"""Tickwheel's public API: what a service, a client or a faust app imports, from here only.
 
+    from app import AggregateType, Command, Decision, Event, Service
+    from app import CommandSpec, IntervalRule, OnceRule
+
+Every name in `__all__` is kept from one release to the next, or its removal or change is
+named in CHANGELOG.md, with the version that makes it. The modules under `app` (and the
+`tables` package) are the implementation: they may be regrouped in any release, as 0.2.0
+did, so import nothing from them directly.
+
+What is here:
+
+- declaring a service: `AggregateType`, `Command`, `Decision`, `Event`, `Rejected`,
+  `Service`; the jobs (`Job`, `JobRun`, `JobScope`); the timers' rules and commands
+  (`OnceRule`, `IntervalRule`, `CronRule`, `ScheduleRule`, `parse_rule`, `CommandSpec`)
+  and addresses (`AggregateRef`);
+- the wire (docs/schemas): `CommandEnvelope`, `EventEnvelope`, `CommandResult`,
+  `ResultCode`, `encode`, `decode`, the system events' types, topic names
+  (`AggregateTopics`) and the partition of a key (`partition_of`, Kafka's murmur2); the
+  job commands (`enable_command`, `disable_command`, `reschedule_command`); a timer as the
+  table keeps it (`Timer`, `TimerStatus`, `Outcome`);
+- clients without an aggregate of their own: the timer book (`timer_book`) and, with the
+  `faust` extra (`pip install 'tickwheel[faust]'`), the faust-streaming client
+  (`TickwheelTimers`, `request_id_for`);
+- talking to a cluster: `Producer`, `tail`, `read_partitions`, `ensure_topics` and the
+  topics a node needs (`node_topics`).
+
+The faust client and the cluster helpers are loaded on first use (PEP 562): importing `app`
+imports neither faust nor aiokafka, and without faust installed everything else works
+(`TickwheelTimers` then raises ImportError saying how to install the extra).
+"""
+
+from __future__ import annotations
+
+import importlib
+import tomllib
+from importlib import metadata
+from pathlib import Path
+from typing import TYPE_CHECKING, Final
+
+from app.clients.timer_book import CANCEL_TIMER, SET_TIMER, BookState, timer_book
+from app.errors import TickwheelError
+from app.jobs import (
+    SCHEDULE,
+    TICKED,
+    Job,
+    JobRun,
+    JobScope,
+    disable_command,
+    enable_command,
+    reschedule_command,
+)
+from app.model.aggregate import AggregateType, Command, Decision, Event, Rejected
+from app.protocol.topics import AggregateTopics
+from app.protocol.wire import (
+    AGGREGATE_DELETED,
+    SCHEDULE_CANCELLED,
+    SCHEDULE_SET,
+    CommandEnvelope,
+    CommandResult,
+    EventEnvelope,
+    ResultCode,
+    decode,
+    encode,
+)
+from app.service import Service
+from tables import (
+    AggregateRef,
+    CommandSpec,
+    CronRule,
+    IntervalRule,
+    OnceRule,
+    Outcome,
+    ScheduleRule,
+    Timer,
+    TimerStatus,
+    parse_rule,
+)
+from tables.partitioner import partition_of
+
+if TYPE_CHECKING:
+    from app.clients.faust_client import TickwheelTimers, request_id_for
+    from app.kafka import Producer, ensure_topics, read_partitions, tail
+    from app.node import node_topics
+
+__all__ = [
+    "AGGREGATE_DELETED",
+    "CANCEL_TIMER",
+    "SCHEDULE",
+    "SCHEDULE_CANCELLED",
+    "SCHEDULE_SET",
+    "SET_TIMER",
+    "TICKED",
+    "AggregateRef",
+    "AggregateTopics",
+    "AggregateType",
+    "BookState",
+    "Command",
+    "CommandEnvelope",
+    "CommandResult",
+    "CommandSpec",
+    "CronRule",
+    "Decision",
+    "Event",
+    "EventEnvelope",
+    "IntervalRule",
+    "Job",
+    "JobRun",
+    "JobScope",
+    "OnceRule",
+    "Outcome",
+    "Producer",
+    "Rejected",
+    "ResultCode",
+    "ScheduleRule",
+    "Service",
+    "TickwheelError",
+    "TickwheelTimers",
+    "Timer",
+    "TimerStatus",
+    "__version__",
+    "decode",
+    "disable_command",
+    "enable_command",
+    "encode",
+    "ensure_topics",
+    "node_topics",
+    "parse_rule",
+    "partition_of",
+    "read_partitions",
+    "request_id_for",
+    "reschedule_command",
+    "tail",
+    "timer_book",
+]
+
+_LAZY: Final[dict[str, str]] = {
+    # The faust extra: only this module imports faust.
+    "TickwheelTimers": "app.clients.faust_client",
+    "request_id_for": "app.clients.faust_client",
+    # The aiokafka edge and the node: loaded by who talks to a cluster, not by a service
+    # module that only declares its aggregates.
+    "Producer": "app.kafka",
+    "ensure_topics": "app.kafka",
+    "read_partitions": "app.kafka",
+    "tail": "app.kafka",
+    "node_topics": "app.node",
+}
+"""The names of `__all__` loaded on first use, and the module each comes from."""
+
+
+def __getattr__(name: str) -> object:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # once loaded, a plain attribute
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
+
+def _version() -> str:
+    """The installed distribution's version; in a source tree that is not installed, its
+    pyproject.toml's."""
+    try:
+        return metadata.version("tickwheel")
+    except metadata.PackageNotFoundError:
+        pass
+    try:
+        with (Path(__file__).resolve().parents[1] / "pyproject.toml").open("rb") as f:
+            project = tomllib.load(f)["project"]
+    except (OSError, KeyError, tomllib.TOMLDecodeError):
+        return "0+unknown"
+    if project.get("name") != "tickwheel":
+        return "0+unknown"
+    return str(project["version"])
+
+
+__version__: Final[str] = _version()
+"""Tickwheel's version (PEP 440), as its package metadata has it."""

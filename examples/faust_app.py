@@ -15,10 +15,8 @@ import os
 
 import faust
 
-from app.clients.faust_client import TickwheelTimers
-from app.protocol.wire import CommandEnvelope, ResultCode
+from app import CommandEnvelope, CommandSpec, OnceRule, ResultCode, TickwheelTimers
 from examples.reminders_service import BOOK, CONTEXT, TARGET
-from tables import CommandSpec, OnceRule
 
 PARTITIONS = int(os.environ.get("TICKWHEEL_PARTITIONS", "12"))
 BROKER = os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:9092")

@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import os
 
-from app.clients.timer_book import timer_book
-from app.service import Service
+from app import Service, timer_book
 
 CONTEXT = os.environ.get("REMINDERS_CONTEXT", "reminders")
 BOOK = "order-timers"

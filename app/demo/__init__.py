@@ -18,27 +18,38 @@ from collections.abc import Callable
 
 from pydantic import BaseModel
 
-from app.jobs import SCHEDULE, TICKED, Job, JobRun, JobScope, enable_command
-from app.kafka import Producer, ensure_topics, read_partitions, tail
-from app.model.aggregate import (
-    AggregateType,
-    Command,
-    Decision,
-    Event,
-)
-from app.node import node_topics
-from app.protocol.topics import AggregateTopics
-from app.protocol.wire import (
+from app import (
+    SCHEDULE,
     SCHEDULE_CANCELLED,
     SCHEDULE_SET,
+    TICKED,
+    AggregateRef,
+    AggregateTopics,
+    AggregateType,
+    Command,
     CommandEnvelope,
+    CommandSpec,
+    CronRule,
+    Decision,
+    Event,
     EventEnvelope,
+    IntervalRule,
+    Job,
+    JobRun,
+    JobScope,
+    OnceRule,
+    Producer,
+    Service,
+    Timer,
     decode,
+    enable_command,
     encode,
+    ensure_topics,
+    node_topics,
+    partition_of,
+    read_partitions,
+    tail,
 )
-from app.service import Service
-from tables import AggregateRef, CommandSpec, CronRule, IntervalRule, OnceRule, Timer
-from tables.partitioner import partition_of
 
 __all__ = [
     "OrderState",

@@ -24,6 +24,11 @@ with `_total`, histograms for durations. What each measures, and where:
   and `tickwheel_restore_duration_seconds{type,store}`: restores of the timer table
   (`store="timers"`, from its changelog) and of the aggregate states (`"states"`, from the
   log), in log offsets.
+- `tickwheel_build_info{version,python,aiokafka,kafka_client_api}`: always 1; what runs
+  (`build_info`): Tickwheel's version, Python's, aiokafka's, and how the client picks the
+  Kafka protocol's API versions (`auto`: from each broker's ApiVersions answer). Joined
+  on in queries (`* on(instance) group_left(version) tickwheel_build_info`) it shows which
+  release each node runs, as during a rolling upgrade.
 
 The gauges read from the store, the runners and the ledgers are set by `refresh`, which
 the node's `/metrics` handler awaits before each scrape; everything it reads is kept
@@ -32,18 +37,29 @@ current by the writes themselves, so a scrape scans nothing of the store.
 
 from __future__ import annotations
 
+import platform
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import fields
-from typing import Protocol
+from importlib import metadata
+from typing import Final, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from app import __version__
 from app.node.lateness import LatenessWindow
 from app.timers.runner import RoundStats
 from tables import TimerStatus
 from tables.ledger import FailureLedger
 
-__all__ = ["COMMIT_BUCKETS", "LATENESS_BUCKETS", "NodeMetrics", "TimerSource"]
+__all__ = [
+    "BUILD_LABELS",
+    "COMMIT_BUCKETS",
+    "KAFKA_CLIENT_API",
+    "LATENESS_BUCKETS",
+    "NodeMetrics",
+    "TimerSource",
+    "build_info",
+]
 
 _ROUND_FIELDS = [
     f.name
@@ -83,11 +99,38 @@ class _Runner(Protocol):
 TimerSource = tuple[str, _Store, _Runner]
 """What `refresh` reads of one aggregate type: its name, timer store and runner."""
 
+BUILD_LABELS: Final = ("version", "python", "aiokafka", "kafka_client_api")
+
+KAFKA_CLIENT_API: Final = "auto"
+"""How the Kafka clients pick each request's API version: negotiated, as aiokafka's old
+`api_version="auto"` named it. Since aiokafka 0.13 there is no such setting: each
+connection asks its broker (ApiVersions) and sends each request at the highest version both
+sides know."""
+
+
+def build_info() -> dict[str, str]:
+    """The `tickwheel_build_info` labels of this process."""
+    return {
+        "version": __version__,
+        "python": platform.python_version(),
+        "aiokafka": metadata.version("aiokafka"),
+        "kafka_client_api": KAFKA_CLIENT_API,
+    }
+
 
 class NodeMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
+        # A gauge, not an Info: its family and its sample are both `tickwheel_build_info`.
+        self.build_info = Gauge(
+            "tickwheel_build_info",
+            "What this node runs: Tickwheel's version, Python's, aiokafka's and the Kafka "
+            "client's API version choice; always 1",
+            list(BUILD_LABELS),
+            registry=r,
+        )
+        self.build_info.labels(**build_info()).set(1)
         self.commands = Counter(
             "tickwheel_commands",
             "Commands decided, by aggregate type and result code",

@@ -1,0 +1,230 @@
+"""The public API is the package root, `app`: what the README, docs/ and examples/ import is
+in its `__all__` and importable from it, and importing it costs a service no faust.
+
+The docs' names are read from their code (README.md's and docs/'s ```python blocks,
+examples/*.py, the demo): `from app import …` and `app.<name>` after `import app`. A name
+they take from `tables` must be at the root as well, so that they can take it from there.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+import app
+import tables
+
+ROOT = Path(__file__).resolve().parents[2]
+
+PROMISED = frozenset(
+    {
+        # What a service author writes (README "Writing a service", "Scheduled jobs").
+        "AggregateType",
+        "Command",
+        "Decision",
+        "Event",
+        "Service",
+        "Job",
+        "JobRun",
+        "JobScope",
+        "CommandSpec",
+        "OnceRule",
+        "IntervalRule",
+        "CronRule",
+        "AggregateRef",
+        # Clients that keep no aggregate of their own (README "faust apps").
+        "timer_book",
+        "TickwheelTimers",
+        "CommandEnvelope",
+        "ResultCode",
+    }
+)
+"""Names the root keeps whatever the docs happen to show today."""
+
+FAUST_ONLY = frozenset({"TickwheelTimers", "request_id_for"})
+"""The names that need the faust extra."""
+
+
+@dataclass
+class Imports:
+    """What one piece of code imports of `app` and `tables`."""
+
+    root: set[str] = field(default_factory=set)
+    """Names taken from the package root (`from app import X`, `app.X` after `import app`)."""
+    submodules: set[str] = field(default_factory=set)
+    """Modules under `app` imported directly (`app.model.aggregate`, …)."""
+    tables: set[str] = field(default_factory=set)
+    """Names taken from `tables` (or its modules)."""
+
+
+def imports_of(code: str) -> Imports:
+    try:
+        tree = ast.parse(code)
+    except SyntaxError:
+        return _imports_by_pattern(code)
+    found = Imports()
+    aliases: set[str] = set()  # names bound to the root package by `import app [as x]`
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names = {a.name for a in node.names}
+            if node.module == "app":
+                found.root |= names
+            elif node.module.startswith("app."):
+                found.submodules.add(node.module)
+            elif node.module == "tables" or node.module.startswith("tables."):
+                found.tables |= names
+        elif isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name == "app":
+                    aliases.add(a.asname or "app")
+                elif a.name.startswith("app."):
+                    found.submodules.add(a.name)
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Name)
+            and node.value.id in aliases
+        ):
+            found.root.add(node.attr)
+    return found
+
+
+def _imports_by_pattern(code: str) -> Imports:
+    """For a block that is not a whole program (an excerpt that does not parse)."""
+    found = Imports()
+    pattern = r"^\s*from\s+([\w.]+)\s+import\s+(\([^)]*\)|[^\n]+)"
+    for module, names in re.findall(pattern, code, flags=re.M):
+        names = re.sub(r"#[^\n]*", "", names).strip().strip("()")
+        listed = {n.split(" as ")[0].strip() for n in names.split(",")} - {""}
+        if module == "app":
+            found.root |= listed
+        elif module.startswith("app."):
+            found.submodules.add(module)
+        elif module.split(".")[0] == "tables":
+            found.tables |= listed
+    found.submodules |= set(re.findall(r"^\s*import\s+(app\.[\w.]+)", code, flags=re.M))
+    return found
+
+
+def doc_blocks() -> list[tuple[str, str]]:
+    """(where, code) of every ```python block of README.md and docs/**/*.md."""
+    docs = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+    blocks = []
+    for path in docs:
+        text = path.read_text()
+        for n, code in enumerate(re.findall(r"```python\n(.*?)```", text, flags=re.S), 1):
+            blocks.append((f"{path.relative_to(ROOT)} python block {n}", code))
+    return blocks
+
+
+def example_files() -> list[tuple[str, str]]:
+    """(where, code) of the examples and the demo, which show the API as a user writes it."""
+    paths = [*sorted((ROOT / "examples").glob("*.py")), ROOT / "app" / "demo" / "__init__.py"]
+    return [(str(p.relative_to(ROOT)), p.read_text()) for p in paths]
+
+
+SOURCES = doc_blocks() + example_files()
+
+
+def test_the_sources_are_read() -> None:
+    assert any(where.startswith("README.md") for where, _ in SOURCES)
+    taken = {name for _, code in example_files() for name in imports_of(code).root}
+    assert {"Service", "timer_book", "TickwheelTimers", "AggregateType"} <= taken
+
+
+@pytest.mark.parametrize(("where", "code"), SOURCES, ids=[w for w, _ in SOURCES])
+def test_every_name_the_docs_and_examples_take_from_app_is_exported(where: str, code: str) -> None:
+    names = imports_of(code).root
+    assert "*" not in names, f"{where}: `from app import *`; name what it uses"
+    missing = names - set(app.__all__)
+    assert not missing, f"{where} imports {sorted(missing)} from app, not in app.__all__"
+    for name in names:
+        getattr(app, name)
+
+
+@pytest.mark.parametrize(("where", "code"), SOURCES, ids=[w for w, _ in SOURCES])
+def test_what_the_docs_take_from_tables_the_root_exports_too(where: str, code: str) -> None:
+    for name in imports_of(code).tables:
+        assert name in app.__all__, f"{where} takes {name} from tables: export it from app"
+        assert getattr(app, name) is getattr(tables, name)
+
+
+@pytest.mark.parametrize(("where", "code"), example_files(), ids=[w for w, _ in example_files()])
+def test_the_examples_and_the_demo_import_only_from_the_root(where: str, code: str) -> None:
+    found = imports_of(code)
+    assert not found.submodules, f"{where} imports {sorted(found.submodules)}: import from app"
+    assert not found.tables, f"{where} imports {sorted(found.tables)} from tables: from app"
+
+
+@pytest.mark.parametrize(("where", "code"), doc_blocks(), ids=[w for w, _ in doc_blocks()])
+def test_the_docs_code_imports_no_module_under_app(where: str, code: str) -> None:
+    """A reader copies what the docs show: only the root is kept from release to release."""
+    found = imports_of(code)
+    assert not found.submodules, f"{where} imports {sorted(found.submodules)}: import from app"
+
+
+def test_every_name_in_all_resolves() -> None:
+    assert len(app.__all__) == len(set(app.__all__)), "a name twice in app.__all__"
+    assert set(app.__all__) <= set(dir(app))
+    for name in app.__all__:
+        assert getattr(app, name) is not None, name
+    star: dict[str, object] = {}
+    exec("from app import *", star)
+    assert set(app.__all__) <= set(star)
+
+
+def test_the_root_keeps_what_a_service_author_writes() -> None:
+    assert set(PROMISED) - set(app.__all__) == set()
+
+
+def test_an_unknown_name_is_an_attribute_error() -> None:
+    with pytest.raises(AttributeError, match="no attribute 'aggregate'"):
+        app.__getattr__("aggregate")
+
+
+def python(code: str) -> str:
+    """What `code` prints, run in a fresh interpreter (nothing imported yet)."""
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_importing_app_imports_neither_faust_nor_the_kafka_client() -> None:
+    out = python(
+        "import json, sys\n"
+        "import app\n"
+        "print(json.dumps(sorted(m for m in sys.modules"
+        " if m.split('.')[0] in ('faust', 'mode', 'aiokafka'))))\n"
+    )
+    assert json.loads(out) == []
+
+
+def test_without_faust_the_root_works_and_the_client_says_how_to_install_it() -> None:
+    out = python(
+        "import json, sys\n"
+        "sys.modules['faust'] = None  # as if the extra were not installed\n"
+        "import app\n"
+        f"faust_only = {sorted(FAUST_ONLY)!r}\n"
+        "resolved = [n for n in app.__all__ if n not in faust_only and getattr(app, n)]\n"
+        "errors = []\n"
+        "for name in faust_only:\n"
+        "    try:\n"
+        "        getattr(app, name)\n"
+        "    except ImportError as exc:\n"
+        "        errors.append(str(exc))\n"
+        "print(json.dumps({'resolved': resolved, 'errors': errors}))\n"
+    )
+    result = json.loads(out)
+    assert set(result["resolved"]) == set(app.__all__) - FAUST_ONLY
+    assert len(result["errors"]) == len(FAUST_ONLY)
+    for message in result["errors"]:
+        assert "pip install 'tickwheel[faust]'" in message
