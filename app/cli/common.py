@@ -1,6 +1,22 @@
-"""What the command groups share: option types, loading a service, settings from the
-environment, running a coroutine with the project's errors as a message and exit code 1,
-and the output formats."""
+"""What the command groups share: option types, loading a service, the settings of a
+command (and its logging), running a coroutine with the project's errors as a message and
+an exit code, and the output formats.
+
+Exit codes, the same for every command:
+
+- 0: done;
+- 1: the command ran and failed: the broker is not there, a topic is missing, what it was
+  asked about does not exist or is refused (a type's name, a job, a status, a target, a
+  service that cannot be loaded), the workers refused or did not answer;
+- 2: it could not start: its command line (an unknown option, a missing one, a value of
+  the wrong type, out of range, not one of its choices: `--log-level foo`) or the
+  configuration (a `ConfigError` of the settings: a bad or unknown `TICKWHEEL_*`
+  variable, a `.env` or `_FILE` that cannot be read);
+- 130: interrupted.
+
+Each error is one line on stderr, `error: …`, and never a traceback (an unexpected
+exception's is logged at DEBUG).
+"""
 
 from __future__ import annotations
 
@@ -9,22 +25,32 @@ import contextlib
 import importlib
 import logging
 import sys
-from collections.abc import Coroutine, Iterator
+from collections.abc import Callable, Coroutine, Iterator
+from contextvars import ContextVar
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Annotated, Any, TypeVar
 
 import orjson
 import typer
 
-from app.errors import TickwheelError
-from app.node.settings import Settings
+from app.cli.logs import configure_logging
+from app.errors import ConfigError, TickwheelError
+from app.node.settings import LOG_FORMATS, LOG_LEVELS, Settings
 from app.service import Service
 
 __all__ = [
+    "CONFIG_ERROR",
+    "FAILED",
     "Bootstrap",
     "Json",
+    "LogFormatOption",
+    "LogLevelOption",
     "Partitions",
+    "RootOptions",
     "ServiceSpec",
+    "begin_invocation",
+    "command_settings",
     "fail",
     "json_line",
     "load_service",
@@ -36,18 +62,116 @@ __all__ = [
 
 T = TypeVar("T")
 
+FAILED = 1
+"""Exit code of a command that ran and failed."""
+CONFIG_ERROR = 2
+"""Exit code of a command that could not start: its command line or its configuration."""
+
+
+def _log_level(value: str | None) -> str | None:
+    if value is None:
+        return None
+    if value.strip().upper() not in LOG_LEVELS:
+        raise typer.BadParameter(f"{value!r} is not one of {', '.join(LOG_LEVELS)} (any case)")
+    return value.strip().upper()
+
+
+def _log_format(value: str | None) -> str | None:
+    if value is None:
+        return None
+    if value.strip().lower() not in LOG_FORMATS:
+        raise typer.BadParameter(f"{value!r} is not one of {', '.join(LOG_FORMATS)}")
+    return value.strip().lower()
+
+
 Bootstrap = Annotated[str | None, typer.Option(help="overrides KAFKA_BOOTSTRAP_SERVERS")]
 Partitions = Annotated[
     int | None, typer.Option(min=1, max=1024, help="overrides TICKWHEEL_PARTITIONS")
 ]
 ServiceSpec = Annotated[str, typer.Option(help="the service, as module:attribute")]
-Json = Annotated[bool, typer.Option("--json", help="one JSON object per line")]
+Json = Annotated[bool, typer.Option("--json", help="one JSON object per line on stdout")]
+LogLevelOption = Annotated[
+    str | None,
+    typer.Option(
+        "--log-level",
+        callback=_log_level,
+        metavar="[DEBUG|INFO|WARNING|ERROR]",
+        help="overrides TICKWHEEL_LOG_LEVEL (default INFO)",
+    ),
+]
+LogFormatOption = Annotated[
+    str | None,
+    typer.Option(
+        "--log-format",
+        callback=_log_format,
+        metavar="[text|json]",
+        help="overrides TICKWHEEL_LOG_FORMAT: text lines (default) or JSON lines",
+    ),
+]
 
 
-def fail(message: str) -> typer.Exit:
-    """Says `message` on stderr; raise what it returns to end the command with exit 1."""
+@dataclass(frozen=True, slots=True)
+class RootOptions:
+    """`tickwheel`'s own options, before the command (`tickwheel --log-level DEBUG timers …`)."""
+
+    log_level: str | None = None
+    log_format: str | None = None
+
+
+@dataclass(slots=True)
+class _Invocation:
+    options: RootOptions
+    undo: list[Callable[[], None]] = field(default_factory=list)
+
+
+_INVOCATION: ContextVar[_Invocation | None] = ContextVar("tickwheel_invocation", default=None)
+
+
+def begin_invocation(options: RootOptions) -> Callable[[], None]:
+    """Starts a run of `tickwheel` (its root callback): its commands' settings take
+    `options`; what it returns ends the run, logging put back as it was before."""
+    invocation = _Invocation(options)
+    token = _INVOCATION.set(invocation)
+
+    def end() -> None:
+        while invocation.undo:
+            invocation.undo.pop()()
+        _INVOCATION.reset(token)
+
+    return end
+
+
+def fail(message: str, code: int = FAILED) -> typer.Exit:
+    """Says `message` on stderr; raise what it returns to end the command with `code`."""
     typer.echo(f"error: {message}", err=True)
-    return typer.Exit(1)
+    return typer.Exit(code)
+
+
+def command_settings(*, log_level: str | None = None, **overrides: Any) -> Settings:
+    """The command's settings: the environment's (its `.env`, `_FILE` variables) with the
+    command's overrides (None: not given) over `tickwheel`'s own `--log-*` options; its
+    logging configured by them until the run ends. A bad configuration ends the command
+    with exit code 2 and a message naming the variable."""
+    invocation = _INVOCATION.get()
+    options = invocation.options if invocation is not None else RootOptions()
+    try:
+        settings = Settings.from_env(
+            None,
+            log_level=log_level or options.log_level,
+            log_format=options.log_format,
+            **overrides,
+        )
+    except ConfigError as exc:
+        raise fail(str(exc), CONFIG_ERROR) from exc
+    restore = configure_logging(settings.log_level, settings.log_format)
+    if invocation is not None:
+        invocation.undo.append(restore)
+    return settings
+
+
+def settings_for(bootstrap: str | None, partitions: int | None) -> Settings:
+    """`command_settings` with the two overrides most commands take."""
+    return command_settings(bootstrap_servers=bootstrap, partitions=partitions)
 
 
 def run(work: Coroutine[Any, Any, T]) -> T:
@@ -74,23 +198,15 @@ def quiet_client_library() -> Iterator[None]:
         client_log.setLevel(level)
 
 
-def settings_for(bootstrap: str | None, partitions: int | None) -> Settings:
-    """The environment's settings, with the command's overrides; exit 1 when bad."""
-    try:
-        return Settings.from_env(None, bootstrap_servers=bootstrap, partitions=partitions)
-    except TickwheelError as exc:
-        raise fail(str(exc)) from exc
-
-
 def load_service(spec: str) -> Service:
-    """The `Service` at `module:attribute`; a clear error for anything else."""
+    """The `Service` at `module:attribute`; exit code 1 and why for anything else."""
     module_name, _, attr = spec.partition(":")
     try:
         found = getattr(importlib.import_module(module_name), attr or "service")
     except (ImportError, AttributeError, ValueError) as exc:
-        raise typer.BadParameter(f"cannot load service {spec!r}: {exc}") from exc
+        raise fail(f"cannot load service {spec!r}: {exc}") from exc
     if not isinstance(found, Service):
-        raise typer.BadParameter(f"{spec!r} is a {type(found).__name__}, not a Service")
+        raise fail(f"{spec!r} is a {type(found).__name__}, not a Service")
     return found
 
 

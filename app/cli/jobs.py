@@ -42,7 +42,6 @@ from app.jobs import (
     JobScope,
     instance_ids,
 )
-from app.service import Service
 from tables.partitioner import partition_of
 
 __all__ = [
@@ -80,13 +79,6 @@ Wait = Annotated[
 ]
 
 
-def _service(spec: str) -> Service:
-    try:
-        return load_service(spec)
-    except typer.BadParameter as exc:
-        raise fail(exc.message) from exc
-
-
 # --- the commands --------------------------------------------------------------------------
 
 
@@ -101,9 +93,10 @@ def _act(
     bootstrap: str | None,
     partitions: int | None,
     wait: float,
+    as_json: bool,
 ) -> None:
     settings = settings_for(bootstrap, partitions)
-    found = _service(service)
+    found = load_service(service)
     try:
         job = find_job(found, context, job_name)
         override = parse_rule_option(rule, job)
@@ -122,11 +115,23 @@ def _act(
     failed = False
     for c in commands:
         result = results.get(c.request_id)
+        if result is not None:
+            failed = failed or result.code in FAILED_CODES
+        if as_json:
+            json_line(
+                {
+                    "action": action,
+                    "instance": c.aggregate.model_dump(mode="json"),
+                    "request_id": c.request_id,
+                    "code": None if result is None else result.code.value,
+                    "message": None if result is None else result.message,
+                }
+            )
+            continue
         if result is None:
             outcome = "sent" if wait == 0 else f"sent; no result within {wait:g} s"
         else:
             outcome = result.code.value + (f": {result.message}" if result.message else "")
-            failed = failed or result.code in FAILED_CODES
         typer.echo(f"{action} {c.aggregate}: {outcome}")
     if failed:
         raise fail(f"{action} was refused for some instances (see above)")
@@ -151,9 +156,22 @@ def enable(
     bootstrap: Bootstrap = None,
     partitions: Partitions = None,
     wait: Wait = 15.0,
+    as_json: Json = False,
 ) -> None:
     """Enables a job's instances (again): they tick by its rule under their override."""
-    _act("enable", service, context, job, tenant, partition, rule, bootstrap, partitions, wait)
+    _act(
+        "enable",
+        service,
+        context,
+        job,
+        tenant,
+        partition,
+        rule,
+        bootstrap,
+        partitions,
+        wait,
+        as_json,
+    )
 
 
 @jobs_cli.command()
@@ -166,9 +184,22 @@ def disable(
     bootstrap: Bootstrap = None,
     partitions: Partitions = None,
     wait: Wait = 15.0,
+    as_json: Json = False,
 ) -> None:
     """Disables a job's instances: their schedule is cancelled (their override is kept)."""
-    _act("disable", service, context, job, tenant, partition, None, bootstrap, partitions, wait)
+    _act(
+        "disable",
+        service,
+        context,
+        job,
+        tenant,
+        partition,
+        None,
+        bootstrap,
+        partitions,
+        wait,
+        as_json,
+    )
 
 
 @jobs_cli.command()
@@ -185,9 +216,22 @@ def reschedule(
     bootstrap: Bootstrap = None,
     partitions: Partitions = None,
     wait: Wait = 15.0,
+    as_json: Json = False,
 ) -> None:
     """Sets the override of enabled instances (null: they follow the job's default again)."""
-    _act("reschedule", service, context, job, tenant, partition, rule, bootstrap, partitions, wait)
+    _act(
+        "reschedule",
+        service,
+        context,
+        job,
+        tenant,
+        partition,
+        rule,
+        bootstrap,
+        partitions,
+        wait,
+        as_json,
+    )
 
 
 def _rule_json(job: Job) -> str:
@@ -209,7 +253,7 @@ def list_(
     """Prints the service's jobs (scope, default rule) and their instances' ids; with
     --state, each instance as its schedule log has it (read only: creates no topic)."""
     settings = settings_for(bootstrap, partitions)
-    found = _service(service)
+    found = load_service(service)
     contexts = sorted(c for c, jobs in found.jobs.items() if jobs)
     if context is not None:
         if context not in contexts:

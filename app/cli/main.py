@@ -1,72 +1,172 @@
-"""The `tickwheel` command."""
+"""The `tickwheel` command: a worker, the demo, the rebuild, the schemas, and the operators'
+`timers …` and `jobs …` commands.
+
+`tickwheel --version` prints the version; `--log-level` and `--log-format` before the
+command set its log (as TICKWHEEL_LOG_LEVEL and TICKWHEEL_LOG_FORMAT do). Every command
+exits 0 when done, 1 when it ran and failed, 2 for a bad command line or configuration
+(see `app.cli.common`), with one line on stderr.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib.metadata
 import logging
 import signal
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from typer.core import TyperGroup
 
-from app.cli.common import Bootstrap, ServiceSpec, load_service, quiet_client_library
+from app.cli.common import (
+    FAILED,
+    Bootstrap,
+    Json,
+    LogFormatOption,
+    LogLevelOption,
+    RootOptions,
+    ServiceSpec,
+    begin_invocation,
+    command_settings,
+    fail,
+    json_line,
+    load_service,
+    quiet_client_library,
+)
 from app.cli.jobs import jobs_cli
 from app.cli.timers import timers_cli
-from app.errors import ConfigError, TickwheelError
+from app.errors import TickwheelError
 from app.kafka.broker_watch import install_log_filter
 from app.node.settings import Settings
 from app.protocol.schemas import SCHEMA_DIR, stale_schemas, write_schemas
 from app.service import Service
 
-__all__ = ["main"]
+__all__ = ["cli", "main", "version_line"]
 
-cli = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
-cli.add_typer(timers_cli, name="timers")
-cli.add_typer(jobs_cli, name="jobs")
 logger = logging.getLogger("tickwheel")
 
-LogLevel = Annotated[str, typer.Option(help="DEBUG, INFO, WARNING or ERROR")]
+
+class _Tickwheel(TyperGroup):
+    """The root group: every error one line on stderr with its exit code (click's usage
+    errors too, without their usage text), and no traceback."""
+
+    def main(
+        self,
+        args: Sequence[str] | None = None,
+        prog_name: str | None = None,
+        complete_var: str | None = None,
+        standalone_mode: bool = True,
+        windows_expand_args: bool = True,
+        **extra: Any,
+    ) -> Any:
+        if not standalone_mode:
+            return super().main(
+                args, prog_name, complete_var, standalone_mode, windows_expand_args, **extra
+            )
+        try:
+            code = super().main(args, prog_name, complete_var, False, windows_expand_args, **extra)
+        except typer.TyperException as exc:  # click's: a usage error, a bad parameter
+            if type(exc).__name__ == "NoArgsIsHelpError":  # the help, shown: nothing wrong
+                if exc.format_message():
+                    typer.echo(exc.format_message(), err=True)
+                sys.exit(exc.exit_code)
+            hint = ""
+            ctx = getattr(exc, "ctx", None)
+            if ctx is not None:
+                hint = f" (see '{ctx.command_path} --help')"
+            typer.echo(f"error: {exc.format_message().rstrip('.')}{hint}", err=True)
+            sys.exit(exc.exit_code)
+        except typer.Abort:
+            typer.echo("error: aborted", err=True)
+            sys.exit(FAILED)
+        sys.exit(code if isinstance(code, int) else 0)
+
+    def invoke(self, ctx: Any) -> Any:
+        try:
+            return super().invoke(ctx)
+        except (typer.Exit, typer.Abort, typer.TyperException):
+            raise
+        except TickwheelError as exc:
+            raise fail(str(exc)) from exc
+        except Exception as exc:
+            # A bug or the machine's (a data directory not writable): one line, and the
+            # traceback for whoever runs at DEBUG.
+            logger.debug("the command failed", exc_info=True)
+            raise fail(f"unexpected {type(exc).__name__}: {exc}") from exc
 
 
-def _settings(**overrides: Any) -> Settings:
+_HELP = (
+    "Tickwheel: durable, Kafka-native timers and scheduled jobs.\n\n"
+    "Exit codes: 0 done; 1 the command ran and failed (the broker, a topic, what it was "
+    "asked about); 2 a bad command line or configuration (TICKWHEEL_* variables, .env, "
+    "*_FILE)."
+)
+
+cli = typer.Typer(add_completion=False, no_args_is_help=True, help=_HELP, cls=_Tickwheel)
+cli.add_typer(timers_cli, name="timers")
+cli.add_typer(jobs_cli, name="jobs")
+
+
+def version_line() -> str:
     try:
-        return Settings.from_env(None, **overrides)
-    except ConfigError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(2) from exc
+        return f"tickwheel {importlib.metadata.version('tickwheel')}"
+    except importlib.metadata.PackageNotFoundError:
+        return "tickwheel (version unknown: the package is not installed)"
 
 
-def _logging(level: str) -> None:
-    logging.basicConfig(
-        level=level.upper(),
-        format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
-    logging.getLogger("aiokafka").setLevel(logging.WARNING)
-    # While the broker is away the client library logs every retry (hundreds of lines a
-    # second): the filter hands those to the node's BrokerWatch, which logs one line when
-    # the broker goes and one when it is back (it mutes nothing while no watch runs).
-    install_log_filter()
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(version_line())
+        raise typer.Exit()
+
+
+@cli.callback()
+def _tickwheel(
+    ctx: typer.Context,
+    log_level: LogLevelOption = None,
+    log_format: LogFormatOption = None,
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=_print_version, is_eager=True, help="print the version and exit"
+        ),
+    ] = False,
+) -> None:
+    # Settings are each command's to read (with its overrides); these options go with them.
+    ctx.call_on_close(begin_invocation(RootOptions(log_level=log_level, log_format=log_format)))
 
 
 @cli.command()
 def worker(
     bootstrap: Bootstrap = None,
     data_dir: Annotated[Path | None, typer.Option(help="overrides TICKWHEEL_DATA_DIR")] = None,
-    log_level: LogLevel = "INFO",
+    log_level: LogLevelOption = None,
     service: ServiceSpec = "app.demo:service",
 ) -> None:
     """Runs one node: decides the commands and fires the timers of the partitions it owns."""
-    _logging(log_level)
-    settings = _settings(bootstrap_servers=bootstrap, data_dir=data_dir)
+    settings = command_settings(bootstrap_servers=bootstrap, data_dir=data_dir, log_level=log_level)
+    # While the broker is away the client library logs every retry (hundreds of lines a
+    # second): the filter hands those to the node's BrokerWatch, which logs one line when
+    # the broker goes and one when it is back (it mutes nothing while no watch runs).
+    install_log_filter()
+    found = load_service(service)
     try:
-        asyncio.run(_run_worker(settings, load_service(service)))
+        asyncio.run(_run_worker(settings, found))
     except TickwheelError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(1) from exc
+        raise fail(str(exc)) from exc
+    except asyncio.CancelledError as exc:
+        # Nothing cancels the worker's own task (a signal cancels the node's run, which
+        # it waits for): this is the client library's, re-raised by the group consumer's
+        # stop while the broker is away, which ends the node's stop half-way.
+        logger.debug("the node's stop was cut short", exc_info=True)
+        raise fail(
+            "the worker stopped, but not cleanly: the Kafka group consumer's stop was cut "
+            "short (is the broker away?)"
+        ) from exc
 
 
 async def _run_worker(settings: Settings, service: Service) -> None:
@@ -105,24 +205,40 @@ def demo(
     bootstrap: Bootstrap = None,
     orders: Annotated[int, typer.Option(min=1, max=100)] = 3,
     seconds: Annotated[float, typer.Option(min=0.0)] = 20.0,
+    as_json: Annotated[
+        bool,
+        typer.Option(
+            "--json", help="the orders' timers at the end as JSON lines (the story on stderr)"
+        ),
+    ] = False,
 ) -> None:
     """Places a few orders (their timers fire on the workers) and prints what happens."""
     from app.demo import run_demo
 
-    settings = _settings(bootstrap_servers=bootstrap)
+    settings = command_settings(bootstrap_servers=bootstrap)
+
+    def show(line: str) -> None:
+        typer.echo(line, err=as_json)
+
     # Topics just created have no leader for a moment: aiokafka logs each retry of it
     # (NotLeaderForPartitionError), which is nothing to worry about; real failures end
-    # the demo with an error below.
+    # the demo with an error.
     try:
         with quiet_client_library():
-            asyncio.run(
+            rows = asyncio.run(
                 run_demo(
-                    settings.bootstrap_servers, settings.partitions, count=orders, seconds=seconds
+                    settings.bootstrap_servers,
+                    settings.partitions,
+                    count=orders,
+                    seconds=seconds,
+                    show=show,
                 )
             )
     except TickwheelError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(1) from exc
+        raise fail(str(exc)) from exc
+    if as_json:
+        for t in sorted(rows.values(), key=lambda t: (t.owner.id, t.key)):
+            json_line(t.model_dump(mode="json"))
 
 
 @cli.command()
@@ -140,16 +256,21 @@ def rebuild(
         bool,
         typer.Option("--wait/--no-wait", help="follow the workers' replay until it is complete"),
     ] = True,
+    as_json: Annotated[
+        bool,
+        typer.Option("--json", help="the plan and the outcome as one JSON object on stdout"),
+    ] = False,
 ) -> None:
     """Rebuilds the timer tables from the log (stop the workers first), then follows the
     workers' replay of the log to its end."""
     from rich.console import Console
 
-    from app.cli.rebuild import Ended, plan_lines, progress_line, run_rebuild
+    from app.cli.rebuild import Ended, plan_json, plan_lines, progress_line, run_rebuild
     from app.protocol.topics import parse_aggregate_type
 
-    settings = _settings(bootstrap_servers=bootstrap)
-    out = Console(highlight=False, soft_wrap=True)
+    settings = command_settings(bootstrap_servers=bootstrap)
+    # With --json what the rebuild says as it goes (and its progress) is for stderr.
+    out = Console(highlight=False, soft_wrap=True, stderr=as_json)
     try:
         names = types or [
             a.type_name for a in load_service(service).all_aggregates(settings.partitions)
@@ -168,23 +289,31 @@ def rebuild(
                 )
             )
     except TickwheelError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(1) from exc
+        raise fail(str(exc)) from exc
     plan, last = run.plan, run.last
+    replayed = sum(s.size for s in plan.spans().values())
+    if as_json:
+        outcome = "dry run" if dry_run else run.ended.value
+        json_line(
+            {
+                "outcome": outcome,
+                "plan": plan_json(plan),
+                "replay": None if last is None else {"done": last.done, "total": last.total},
+                **({"may_run": plan.members == 0} if dry_run else {}),
+            }
+        )
     if dry_run:
-        typer.echo("dry run: nothing was changed; a rebuild would")
-        for line in plan_lines(plan, done=False):
-            typer.echo(line)
+        if not as_json:
+            typer.echo("dry run: nothing was changed; a rebuild would")
+            for line in plan_lines(plan, done=False):
+                typer.echo(line)
         if plan.members:
-            typer.echo(
-                f"error: group {plan.group_id} has {plan.members} running worker(s): "
-                "the rebuild would refuse; stop them first",
-                err=True,
+            raise fail(
+                f"group {plan.group_id} has {plan.members} running worker(s): "
+                "the rebuild would refuse; stop them first"
             )
-            raise typer.Exit(1)
-        typer.echo(f"group {plan.group_id} has no running worker: the rebuild may run")
-    elif run.ended is Ended.NOT_FOLLOWED:
-        typer.echo("timer tables emptied; the workers replay the log when they start")
+        if not as_json:
+            typer.echo(f"group {plan.group_id} has no running worker: the rebuild may run")
     elif run.ended is Ended.INTERRUPTED:
         where = f" at {progress_line(last)}" if last is not None else ""
         typer.echo(
@@ -192,26 +321,36 @@ def rebuild(
             err=True,
         )
         raise typer.Exit(130)
+    elif as_json:
+        return
+    elif run.ended is Ended.NOT_FOLLOWED:
+        typer.echo("timer tables emptied; the workers replay the log when they start")
     else:
-        total = sum(s.size for s in plan.spans().values())
-        typer.echo(f"replay complete: {total:,} log offsets; the timer tables are rebuilt")
+        typer.echo(f"replay complete: {replayed:,} log offsets; the timer tables are rebuilt")
 
 
 @cli.command()
 def schemas(
     check: Annotated[bool, typer.Option(help="fail if the published schemas are stale")] = False,
     directory: Annotated[Path, typer.Option()] = SCHEMA_DIR,
+    as_json: Json = False,
 ) -> None:
     """Writes the JSON Schemas of the wire envelopes (or checks them)."""
+    command_settings()  # no setting is used; a bad configuration is still an error
     if check:
         stale = stale_schemas(directory)
+        if as_json:
+            json_line({"directory": str(directory), "stale": stale})
         if stale:
-            typer.echo(f"stale schemas in {directory}: {', '.join(stale)}", err=True)
-            raise typer.Exit(1)
-        typer.echo("schemas are up to date")
+            raise fail(f"stale schemas in {directory}: {', '.join(stale)}")
+        if not as_json:
+            typer.echo("schemas are up to date")
         return
     for path in write_schemas(directory):
-        typer.echo(str(path))
+        if as_json:
+            json_line({"written": str(path)})
+        else:
+            typer.echo(str(path))
 
 
 def main() -> None:

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import IO
+from typing import IO, Any
 
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskID, TextColumn
@@ -29,6 +29,7 @@ __all__ = [
     "ReplayView",
     "format_eta",
     "format_rate",
+    "plan_json",
     "plan_lines",
     "progress_line",
     "run_rebuild",
@@ -84,6 +85,35 @@ def plan_lines(plan: rb.RebuildPlan, *, done: bool) -> list[str]:
                 f"commits offset {p.replay.end} ({p.replay.size:,} to replay)"
             )
     return lines
+
+
+def plan_json(plan: rb.RebuildPlan) -> dict[str, Any]:
+    """The plan as `rebuild --json` prints it: per type, its changelog and log, and per
+    partition the changelog's offsets deleted before, the group's committed offset (set
+    to 0) and the span the replay reads."""
+    return {
+        "group": plan.group_id,
+        "members": plan.members,
+        "types": [
+            {
+                "type": t.topics.type_name,
+                "changelog": t.topics.timers_changelog,
+                "log": t.topics.events,
+                "partitions": [
+                    {
+                        "partition": p.partition,
+                        "changelog_start": p.changelog_start,
+                        "changelog_end": p.changelog_end,
+                        "committed": p.committed,
+                        "replay_start": p.replay.start,
+                        "replay_end": p.replay.end,
+                    }
+                    for p in t.partitions
+                ],
+            }
+            for t in plan.types
+        ],
+    }
 
 
 class Ended(StrEnum):

@@ -76,11 +76,11 @@ def _target(type_name: str, target_id: str, tenant: str, target_type: str | None
 def ledger(
     context: Annotated[str, typer.Option(help="the bounded context whose ledger to read")],
     bootstrap: Bootstrap = None,
-    partitions: Partitions = None,
     as_json: Json = False,
 ) -> None:
-    """Prints the open entries of a context's failure ledger: the parked targets."""
-    settings = settings_for(bootstrap, partitions)
+    """Prints the open entries of a context's failure ledger: the parked targets (every
+    partition of its topic, however many it has)."""
+    settings = settings_for(bootstrap, None)
     if not _CONTEXT.match(context):
         raise fail(f"context {context!r} must be letters, digits, '_' or '-'")
     entries: list[LedgerEntry] = run(read_ledger(settings.bootstrap_servers, context))
@@ -95,9 +95,20 @@ def ledger(
         typer.echo(f"{len(entries)} open entr{'y' if len(entries) == 1 else 'ies'}", err=True)
 
 
-def _request(action: str, type_name: str, target: AggregateRef, settings: Settings) -> None:
+def _request(
+    action: str, type_name: str, target: AggregateRef, settings: Settings, as_json: bool
+) -> None:
     request = request_retry if action == "retry" else request_skip
     op: TimerOp = run(request(settings.bootstrap_servers, type_name, target, settings.partitions))
+    if as_json:
+        json_line(
+            {
+                **op.model_dump(mode="json"),
+                "type": type_name,
+                "partitions": settings.partitions,
+            }
+        )
+        return
     typer.echo(
         f"{action} of the timers of {type_name} parked on {target} requested "
         f"(request {op.request_id}, {settings.partitions} partition(s)); "
@@ -120,11 +131,13 @@ def retry(
     target_type: TargetType = None,
     bootstrap: Bootstrap = None,
     partitions: Partitions = None,
+    as_json: Json = False,
 ) -> None:
     """Sends the PARKED timers of a target again, due now with their attempts reset."""
     settings = settings_for(bootstrap, partitions)
     type_name = _type(type_name)
-    _request("retry", type_name, _target(type_name, target_id, tenant, target_type), settings)
+    target = _target(type_name, target_id, tenant, target_type)
+    _request("retry", type_name, target, settings, as_json)
 
 
 @timers_cli.command()
@@ -135,11 +148,13 @@ def skip(
     target_type: TargetType = None,
     bootstrap: Bootstrap = None,
     partitions: Partitions = None,
+    as_json: Json = False,
 ) -> None:
     """Cancels the PARKED timers of a target with the outcome SKIPPED."""
     settings = settings_for(bootstrap, partitions)
     type_name = _type(type_name)
-    _request("skip", type_name, _target(type_name, target_id, tenant, target_type), settings)
+    target = _target(type_name, target_id, tenant, target_type)
+    _request("skip", type_name, target, settings, as_json)
 
 
 @timers_cli.command("list")
@@ -149,11 +164,11 @@ def list_(
         str | None, typer.Option(help="only timers in this status, e.g. PARKED")
     ] = None,
     bootstrap: Bootstrap = None,
-    partitions: Partitions = None,
     as_json: Json = False,
 ) -> None:
-    """Prints the timers of an owner type as its timer table's changelog has them."""
-    settings = settings_for(bootstrap, partitions)
+    """Prints the timers of an owner type as its timer table's changelog has them (every
+    partition of the changelog, however many it has)."""
+    settings = settings_for(bootstrap, None)
     type_name = _type(type_name)
     wanted: TimerStatus | None = None
     if status is not None:

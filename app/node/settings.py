@@ -1,23 +1,65 @@
-"""Node settings, read from the environment (`TICKWHEEL_*`, `KAFKA_BOOTSTRAP_SERVERS`)."""
+"""Node settings (pydantic-settings): the environment (`TICKWHEEL_*`, `KAFKA_BOOTSTRAP_SERVERS`),
+a `.env` file, and `<VARIABLE>_FILE` for secrets.
+
+`Settings(...)` is its keyword arguments and the defaults, nothing else (tests build it so);
+`Settings.from_env()` reads, strongest first:
+
+1. its keyword overrides (a command's options; None: not given);
+2. the environment (the process's, or the mapping given);
+3. a `.env` file: the one `TICKWHEEL_ENV_FILE` names (an error if it is not there), else,
+   when reading the process's environment, `.env` in the working directory if there is
+   one (a mapping given is read alone unless it names a file: tests stay hermetic);
+4. the defaults.
+
+In the environment and in the `.env` file alike, `X_FILE` names a file whose contents
+(whitespace around them stripped) are the value of `X`, for every setting's variable `X`
+(`TICKWHEEL_WEB_TOKEN_FILE=/run/secrets/web-token`); a file that cannot be read is an
+error naming the variable, as is giving both `X` and `X_FILE` in one place. Values are
+stripped, and an empty one is no value (the default holds).
+
+A `TICKWHEEL_*` variable (in either place, in any case) that no setting knows is an error
+naming the closest known one: a misspelt setting is never silently ignored. The few
+`TICKWHEEL_*` variables of the project's own tooling (the test brokers', `scripts/`) are
+known as such (`TOOLING_VARIABLES`). Every error is a `ConfigError` whose message names
+the variables at fault; a secret's value is never shown.
+"""
 
 from __future__ import annotations
 
+import difflib
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Final, Literal
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from dotenv import dotenv_values
+from pydantic import Field, SecretStr, ValidationError, field_validator
+from pydantic.fields import FieldInfo
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from app.errors import ConfigError
 from app.protocol.limits import DEFAULT_MAX_KEY_BYTES, DEFAULT_MAX_RECORD_BYTES, InputLimits
 from app.protocol.topics import parse_aggregate_type
 from app.timers.runner.options import TimerOptions
 
-__all__ = ["Settings"]
+__all__ = [
+    "ENV_FILE_VARIABLE",
+    "LOG_FORMATS",
+    "LOG_LEVELS",
+    "TOOLING_VARIABLES",
+    "VARIABLES",
+    "LogFormat",
+    "LogLevel",
+    "Settings",
+]
 
-_ENV = {
+LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR"]
+LogFormat = Literal["text", "json"]
+LOG_LEVELS: Final[tuple[LogLevel, ...]] = ("DEBUG", "INFO", "WARNING", "ERROR")
+LOG_FORMATS: Final[tuple[LogFormat, ...]] = ("text", "json")
+
+VARIABLES: Final[Mapping[str, str]] = {
     "bootstrap_servers": "KAFKA_BOOTSTRAP_SERVERS",
     "aggregate_types": "TICKWHEEL_AGGREGATE_TYPES",
     "partitions": "TICKWHEEL_PARTITIONS",
@@ -26,31 +68,64 @@ _ENV = {
     "session_timeout_ms": "TICKWHEEL_SESSION_TIMEOUT_MS",
     "web_port": "TICKWHEEL_WEB_PORT",
     "web_host": "TICKWHEEL_WEB_HOST",
+    "web_token": "TICKWHEEL_WEB_TOKEN",
     "busy_backlog": "TICKWHEEL_BUSY_BACKLOG",
     "commit_interval_ms": "TICKWHEEL_COMMIT_INTERVAL_MS",
     "timers": "TICKWHEEL_TIMER_OPTIONS",
     "max_key_bytes": "TICKWHEEL_MAX_KEY_BYTES",
     "max_record_bytes": "TICKWHEEL_MAX_RECORD_BYTES",
+    "log_level": "TICKWHEEL_LOG_LEVEL",
+    "log_format": "TICKWHEEL_LOG_FORMAT",
 }
+"""Each setting's environment variable (each also as `<variable>_FILE`)."""
+
+ENV_FILE_VARIABLE: Final = "TICKWHEEL_ENV_FILE"
+
+TOOLING_VARIABLES: Final = frozenset(
+    {
+        "TICKWHEEL_BOOTSTRAP",  # tests/kafka_broker.py (the Docker broker's address)
+        "TICKWHEEL_BROKER",  # tests/kafka_broker.py: auto, docker or local
+        "TICKWHEEL_CACHE",  # scripts/kafka_local.py: where Kafka's jars are cached
+        "TICKWHEEL_DOCS_SCREENSHOT",  # tests/integration/test_operator_page.py
+        "TICKWHEEL_KAFKA_IMAGE",  # tests/kafka_broker.py
+        "TICKWHEEL_KAFKA_JVM_OPTS",  # scripts/kafka_local.py
+        "TICKWHEEL_KAFKA_VERSION",  # scripts/kafka_local.py, scripts/test, the README
+        "TICKWHEEL_RUN_DIR",  # scripts/run
+        "TICKWHEEL_STATE",  # scripts/kafka_local.py: the local broker's state directory
+    }
+)
+"""`TICKWHEEL_*` variables that are no setting of a node but the project's tools' own:
+a node's environment may hold them (a test run exports them to every worker it starts)."""
+
+_FILE = "_FILE"
+_PREFIX = "TICKWHEEL_"
+_SECRETS = frozenset({"web_token"})
+"""Fields whose values an error message never shows."""
 
 
-class Settings(BaseModel):
-    """What a node needs to know; every field has an environment variable (see README)."""
+class Settings(BaseSettings):
+    """What a node (and a command) needs to know; every field has an environment variable
+    (`VARIABLES`; see README)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = SettingsConfigDict(frozen=True, extra="forbid")
 
-    bootstrap_servers: str = "127.0.0.1:9092"
+    bootstrap_servers: str = Field(default="127.0.0.1:9092", min_length=1)
     aggregate_types: tuple[str, ...] = ()
-    """Types whose timers the node keeps besides its service's (decided by other services)."""
+    """Types whose timers the node keeps besides its service's (decided by other services);
+    in the environment comma-separated."""
     partitions: int = Field(default=12, ge=1, le=1024)
     data_dir: Path = Path("./state")
     group_id: str = Field(default="tickwheel", min_length=1)
     session_timeout_ms: int = Field(default=10_000, ge=1_000, le=300_000)
     web_port: int = Field(default=0, ge=0, le=65535)
-    """HTTP port of /healthz, /metrics and /ledger (on `web_host`); 0: no HTTP."""
+    """HTTP port of /livez, /readyz, /healthz, /metrics, /ledger and the operator page (on
+    `web_host`); 0: no HTTP."""
     web_host: str = Field(default="127.0.0.1", min_length=1)
     """Address the HTTP edge listens on: loopback unless a scraper elsewhere needs it (a
     container's Prometheus: 0.0.0.0)."""
+    web_token: SecretStr | None = None
+    """When set, every action (POST) of the HTTP edge needs it (`Authorization: Bearer
+    <token>`, or the operator page's token field and cookie); reads stay open."""
     commit_interval_ms: int = Field(default=100, ge=1, le=60_000)
     """How often the timer runners' changelog writes are committed."""
     busy_backlog: int = Field(default=50_000, ge=1)
@@ -62,11 +137,23 @@ class Settings(BaseModel):
     of the broker's defaults takes, so that its dead letter always fits whole)."""
     timers: TimerOptions = Field(default_factory=TimerOptions)
     """The runner's options; in the environment as JSON, e.g. {"claim_timeout": 5000}."""
+    log_level: LogLevel = "INFO"
+    """The level of the process's log (any case in the environment)."""
+    log_format: LogFormat = "text"
+    """`text` lines, or `json`: one object per line (time, level, logger, message, and
+    the exception's text when there is one)."""
 
     @property
     def limits(self) -> InputLimits:
         """The bounds of an input record (the dead letters' size is the topic's)."""
         return InputLimits(max_key_bytes=self.max_key_bytes, max_record_bytes=self.max_record_bytes)
+
+    @field_validator("aggregate_types", mode="before")
+    @classmethod
+    def _comma_separated(cls, value: object) -> object:
+        if isinstance(value, str):
+            return tuple(p.strip() for p in value.split(",") if p.strip())
+        return value
 
     @field_validator("aggregate_types")
     @classmethod
@@ -75,42 +162,167 @@ class Settings(BaseModel):
             parse_aggregate_type(name)
         return names
 
+    @field_validator("timers", mode="before")
+    @classmethod
+    def _json_object(cls, value: object) -> object:
+        if isinstance(value, str):
+            try:
+                return orjson.loads(value)
+            except orjson.JSONDecodeError as exc:
+                raise ValueError(f"not JSON ({exc})") from exc
+        return value
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _upper(cls, value: object) -> object:
+        return value.strip().upper() if isinstance(value, str) else value
+
+    @field_validator("log_format", mode="before")
+    @classmethod
+    def _lower(cls, value: object) -> object:
+        return value.strip().lower() if isinstance(value, str) else value
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # `Settings(...)` is its arguments only: the environment is `from_env`'s to read.
+        return (init_settings,)
+
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, /, **overrides: Any) -> Settings:
-        """Settings from `env` (the process environment by default), then `overrides`."""
-        env = os.environ if env is None else env
-        raw: dict[str, object] = {}
-        for field, var in _ENV.items():
-            if var in env and env[var].strip():
-                value: object = env[var].strip()
-                if field == "aggregate_types":
-                    value = tuple(p.strip() for p in str(value).split(",") if p.strip())
-                elif field == "timers":
-                    value = _json(var, str(value))
-                raw[field] = value
+        """Settings from `env` (the process environment by default), its `.env` file and
+        `_FILE` variables, then `overrides` (those None are not given); a `ConfigError`
+        naming every variable at fault."""
+        variables = read_variables(env)
+        raw = _Variables(cls, variables)()
         raw.update({k: v for k, v in overrides.items() if v is not None})
         try:
             return cls.model_validate(raw)
-        except (ValidationError, ConfigError) as exc:
+        except ValidationError as exc:
             raise ConfigError(_explain(exc)) from exc
 
 
-def _json(var: str, text: str) -> object:
+class _Variables(PydanticBaseSettingsSource):
+    """The settings' values as text, from variables already read (the environment over the
+    `.env` file, `_FILE` variables read), each under its own variable's name (`VARIABLES`);
+    the fields' validators parse them."""
+
+    def __init__(self, settings_cls: type[BaseSettings], variables: Mapping[str, str]) -> None:
+        super().__init__(settings_cls)
+        self._variables = variables
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        var = VARIABLES[field_name]
+        return self._variables.get(var), var, False
+
+    def __call__(self) -> dict[str, Any]:
+        return {
+            name: self._variables[var] for name, var in VARIABLES.items() if var in self._variables
+        }
+
+
+# --- reading the variables ------------------------------------------------------------
+
+
+def read_variables(env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The settings' variables (`VARIABLES`' names) with their values: from `env` (the
+    process's environment by default) over those of its `.env` file, `_FILE` variables
+    read, empty values dropped. `ConfigError` for an unknown `TICKWHEEL_*` variable, a
+    file that cannot be read, a variable given twice."""
+    process = env is None
+    environ: Mapping[str, str] = os.environ if env is None else env
+    layers: list[tuple[str, Mapping[str, str | None]]] = [("in the environment", environ)]
+    env_file = (environ.get(ENV_FILE_VARIABLE) or "").strip()
+    if env_file:
+        path = Path(env_file)
+        if not path.is_file():
+            raise ConfigError(f"{ENV_FILE_VARIABLE}: no file {env_file!r}")
+        layers.append((f"in {env_file}", _dotenv(path, ENV_FILE_VARIABLE)))
+    elif process and Path(".env").is_file():
+        layers.append(("in .env", _dotenv(Path(".env"), ".env")))
+    problems = [p for where, values in layers for p in _unknown(values, where)]
+    if problems:
+        raise ConfigError("; ".join(problems))
+    merged: dict[str, str] = {}
+    for where, values in reversed(layers):  # the .env file first, the environment over it
+        merged.update(_resolved(values, where))
+    return merged
+
+
+def _dotenv(path: Path, name: str) -> Mapping[str, str | None]:
     try:
-        return orjson.loads(text)
-    except orjson.JSONDecodeError as exc:
-        raise ConfigError(f"{var}: not JSON ({exc})") from exc
+        return dotenv_values(path, encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{name}: cannot read {path}: {_reason(exc)}") from exc
 
 
-def _explain(exc: ValidationError | ConfigError) -> str:
-    if isinstance(exc, ConfigError):
-        return str(exc)
+def _reason(exc: OSError | UnicodeDecodeError) -> str:
+    if isinstance(exc, OSError):
+        return exc.strerror or str(exc)
+    return f"not UTF-8 text ({exc.reason})"
+
+
+def _known() -> frozenset[str]:
+    settings = set(VARIABLES.values())
+    return frozenset(
+        {*settings, *(v + _FILE for v in settings), ENV_FILE_VARIABLE, *TOOLING_VARIABLES}
+    )
+
+
+_KNOWN = _known()
+
+
+def _unknown(values: Iterable[str], where: str) -> list[str]:
+    problems = []
+    for name in values:
+        if not name.upper().startswith(_PREFIX) or name in _KNOWN:
+            continue
+        # Suggest a setting's variable, as a file one when the name looks like one.
+        candidates = [*VARIABLES.values(), ENV_FILE_VARIABLE]
+        if name.upper().endswith(_FILE):
+            candidates = [v + _FILE for v in VARIABLES.values()] + [ENV_FILE_VARIABLE]
+        (closest,) = difflib.get_close_matches(name.upper(), candidates, n=1, cutoff=0.0)
+        problems.append(f"{name} ({where}) is no setting: did you mean {closest}?")
+    return problems
+
+
+def _resolved(values: Mapping[str, str | None], where: str) -> dict[str, str]:
+    """The settings' variables of one place, stripped, empty ones dropped, `X_FILE` read
+    into `X`."""
+    found: dict[str, str] = {}
+    for var in VARIABLES.values():
+        value = (values.get(var) or "").strip()
+        file_var = var + _FILE
+        path = (values.get(file_var) or "").strip()
+        if path and value:
+            raise ConfigError(f"{var} and {file_var} are both given ({where}): give one")
+        if path:
+            try:
+                value = Path(path).read_text(encoding="utf-8").strip()
+            except (OSError, UnicodeDecodeError) as exc:
+                raise ConfigError(
+                    f"{file_var} ({where}): cannot read {path!r}: {_reason(exc)}"
+                ) from exc
+        if value:
+            found[var] = value
+    return found
+
+
+# --- errors ----------------------------------------------------------------------------
+
+
+def _explain(exc: ValidationError) -> str:
     parts = []
     for err in exc.errors():
         field = str(err["loc"][0]) if err["loc"] else "settings"
-        var = _ENV.get(field, field)
+        var = VARIABLES.get(field, field)
         where = ".".join(str(p) for p in err["loc"][1:])
-        parts.append(
-            f"{var}{'.' + where if where else ''}: {err['msg']} (got {err.get('input')!r})"
-        )
+        got = "a secret, not shown" if field in _SECRETS else repr(err.get("input"))
+        parts.append(f"{var}{'.' + where if where else ''}: {err['msg']} (got {got})")
     return "bad configuration: " + "; ".join(parts)

@@ -1,9 +1,12 @@
 """The operator page's inputs: its Retry/Skip forms and its owner search, read strictly
-(a bad one is a `BadInput`, a 400 page, and nothing is written)."""
+(a bad one is a `BadInput`, a 400 page, and nothing is written); the web token's field,
+which the HTTP edge takes out of a form before it is read (`app.ops.web`)."""
 
 from __future__ import annotations
 
-from multidict import MultiMapping
+from typing import TypeVar
+
+from multidict import MultiDict, MultiMapping
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from yarl import URL
 
@@ -11,7 +14,21 @@ from app.errors import BadInput, TickwheelError
 from app.protocol.topics import parse_aggregate_type
 from tables import DEFAULT_TENANT, AggregateRef
 
-__all__ = ["OperatorForm", "form_target", "local_path", "owner_query", "parse_form", "problems"]
+__all__ = [
+    "TOKEN_FIELD",
+    "OperatorForm",
+    "form_target",
+    "local_path",
+    "owner_query",
+    "parse_form",
+    "problems",
+    "without_token",
+]
+
+V = TypeVar("V")
+
+TOKEN_FIELD = "web_token"
+"""The form field that carries the node's web token (`TICKWHEEL_WEB_TOKEN`)."""
 
 
 class OperatorForm(BaseModel):
@@ -36,6 +53,11 @@ def owner_query(query: MultiMapping[str]) -> tuple[str, str] | None:
         return None
     tenant = query.get("tenant", "").strip() or DEFAULT_TENANT
     return owner, tenant
+
+
+def without_token(form: MultiMapping[V]) -> MultiDict[V]:
+    """`form` without its web token field (every other field as given, twice if twice)."""
+    return MultiDict((name, value) for name, value in form.items() if name != TOKEN_FIELD)
 
 
 def parse_form(form: MultiMapping[object]) -> OperatorForm:

@@ -34,7 +34,14 @@ from yarl import URL
 from app.errors import BadInput, TickwheelError
 from app.node.lateness import LatenessPoint
 from app.node.settings import Settings
-from app.ops.forms import form_target, local_path, owner_query, parse_form, problems
+from app.ops.forms import (
+    TOKEN_FIELD,
+    form_target,
+    local_path,
+    owner_query,
+    parse_form,
+    problems,
+)
 from app.protocol.topics import parse_aggregate_type
 from app.protocol.wire import (
     TimerAction,
@@ -257,6 +264,20 @@ class OperatorPage:
     def error(self, status: int, message: str) -> Rendered:
         return Rendered(status, _ERROR.render(status=status, message=message, node=self.node_id))
 
+    def token_form(
+        self, action: str, fields: Sequence[tuple[str, str]], *, wrong: bool
+    ) -> Rendered:
+        """The 401 page of a form posted without the node's web token (or a wrong one): it
+        asks for the token and posts the same form to `action` again, with it."""
+        html = _TOKEN.render(
+            action=action,
+            fields=fields,
+            wrong=wrong,
+            node=self.node_id,
+            token_field=TOKEN_FIELD,
+        )
+        return Rendered(401, html)
+
     def _partitions(self, health: Mapping[str, Any]) -> list[_PartitionRow]:
         owned = set(health["owned"])
         restoring = set(health["restoring"])
@@ -430,3 +451,23 @@ _ENV = Environment(
 )
 _PAGE = _ENV.get_template("page.html")
 _ERROR = _ENV.get_template("error.html")
+# The web token's page, here rather than in templates/ (autoescaped as they are).
+_TOKEN = _ENV.from_string(
+    """<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>401: Tickwheel node {{ node }}</title>
+<style>{% include "style.css" %}</style></head><body>
+<h1>401: this node's web token is needed</h1>
+{% if wrong %}<div class="error" id="error">That is not this node's web token.</div>{% endif %}
+<p>Retry and Skip on this node need its web token (TICKWHEEL_WEB_TOKEN). Nothing was
+changed yet: give the token to carry out the form.</p>
+<form method="post" action="{{ action }}" id="token">
+{% for name, value in fields %}
+<input type="hidden" name="{{ name }}" value="{{ value }}">
+{% endfor %}
+<label>web token <input type="password" name="{{ token_field }}"
+ autocomplete="current-password" autofocus required></label>
+<button type="submit">Continue</button></form>
+<p><a href="/">Back to the page</a></p>
+</body></html>
+"""
+)

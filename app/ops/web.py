@@ -1,34 +1,67 @@
 """The node's HTTP edge: health, Prometheus metrics, the failure ledger and the operator page.
 
-`GET /healthz` (200 while every partition given to the node runs, or it is idle in a
-group that gave it none; 503 while one is restored, was let go on a failure and not taken
-again yet, or its timer rounds keep failing), `GET /metrics`, `GET /ledger` (open entries as JSON).
-`GET /` is the operator page (`app.ops.page`: partitions, timers, parked timers, the ledger, an
-owner search with `?owner=<id>&tenant=<tenant>`, the lateness chart); its Retry and Skip
-forms are `POST /timers/retry` and `POST /timers/skip` (303 back to the page, 400 for a
-bad form, 403 for a form posted from another site). Anything else is a JSON 404/405 with
-the reason.
+Health, for an orchestrator's two questions:
+
+- `GET /livez`, liveness: 200 whenever the process's event loop answers (`{"live": true}`,
+  with the uptime), whatever the broker and the partitions do, so that a probe restarts
+  no pod during a broker outage; 503 only once the node failed for good (`failed`),
+  which a restart is for;
+- `GET /readyz`, readiness: 200 while every partition given to the node runs, or it is
+  idle in a group that gave it none, and the broker answers; 503 while one is restored,
+  was let go on a failure and not taken again yet, or its timer rounds keep failing, while
+  the broker is away, or when the oldest write waiting to commit is older than a bound
+  (when the node reports it: `commit_lag_s`). The body is the node's `health()`.
+  `GET /healthz` is the same readiness (kept for what probes it already).
+
+`GET /metrics`, `GET /ledger` (open entries as JSON). `GET /` is the operator page
+(`app.ops.page`: partitions, timers, parked timers, the ledger, an owner search with
+`?owner=<id>&tenant=<tenant>`, the lateness chart); its Retry and Skip forms are
+`POST /timers/retry` and `POST /timers/skip` (303 back to the page, 400 for a bad form,
+403 for a form posted from another site). Anything else is a JSON 404/405 with the reason.
+
+The web token (`TICKWHEEL_WEB_TOKEN`): when the node has one, every action (any method
+but GET, HEAD and OPTIONS) needs it; reads stay open. A client sends it as
+`Authorization: Bearer <token>` (a wrong one: 401); the operator page's forms, which
+cannot, are answered with a page asking for it (401) that posts the form again with the
+token (the `web_token` field), and once it is right the browser keeps a cookie
+(HttpOnly, SameSite=Strict) proving it. Tokens are compared in constant time; the cookie
+holds a digest of the token, not the token.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 import orjson
 from aiohttp import web
+from aiohttp.typedefs import Middleware
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from yarl import URL
 
+from app.ops.forms import TOKEN_FIELD, without_token
 from app.ops.page import OperatorPage, Rendered, default_node_id
 
 if TYPE_CHECKING:
     from app.node import Node
 
-__all__ = ["WebServer"]
+__all__ = ["MAX_COMMIT_LAG_S", "TOKEN_COOKIE", "WebServer"]
 
 logger = logging.getLogger(__name__)
+
+MAX_COMMIT_LAG_S = 60.0
+"""Readiness fails when the node's oldest write waiting to commit is older than this (the
+commits run every `TICKWHEEL_COMMIT_INTERVAL_MS`; one pending this long is stuck)."""
+
+TOKEN_COOKIE = "tickwheel_web_token"
+
+_READS = frozenset({"GET", "HEAD", "OPTIONS"})
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 def _json(data: object, status: int = 200) -> web.Response:
@@ -36,27 +69,49 @@ def _json(data: object, status: int = 200) -> web.Response:
 
 
 @web.middleware
-async def _errors(
-    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
-) -> web.StreamResponse:
+async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
     try:
         return await handler(request)
     except web.HTTPException as exc:
         return _json({"error": exc.reason, "path": request.path}, exc.status)
 
 
+def _digest(text: str) -> bytes:
+    return hashlib.sha256(text.encode()).digest()
+
+
 class WebServer:
-    def __init__(self, node: Node, port: int, host: str = "127.0.0.1") -> None:
+    def __init__(
+        self,
+        node: Node,
+        port: int,
+        host: str = "127.0.0.1",
+        *,
+        max_commit_lag_s: float = MAX_COMMIT_LAG_S,
+    ) -> None:
         self._node = node
         self._host = host
         self._port = port
+        self._max_commit_lag_s = max_commit_lag_s
         self._runner: web.AppRunner | None = None
+        self._started = time.monotonic()
         self.port = port
         self.page: OperatorPage | None = None
+        token = node.settings.web_token
+        secret = token.get_secret_value() if token is not None else ""
+        self._token = _digest(secret) if secret else None
+        # What the browser's cookie holds: derived from the token, useless as a token.
+        self._cookie = (
+            hmac.new(secret.encode(), b"tickwheel web cookie", hashlib.sha256).hexdigest()
+            if secret
+            else None
+        )
 
     async def start(self) -> None:
-        app = web.Application(middlewares=[_errors])
-        app.router.add_get("/healthz", self._health)
+        app = web.Application(middlewares=[_errors, self._guard()])
+        app.router.add_get("/livez", self._live)
+        app.router.add_get("/readyz", self._ready)
+        app.router.add_get("/healthz", self._ready)
         app.router.add_get("/metrics", self._metrics)
         app.router.add_get("/ledger", self._ledger)
         app.router.add_get("/", self._page)
@@ -69,15 +124,43 @@ class WebServer:
         for address in self._runner.addresses:  # the port chosen when asked for port 0
             self.port = int(address[1])
         self.page = OperatorPage(self._node, default_node_id(self.port))
-        logger.info("http on %s:%d", self._host, self.port)
+        logger.info(
+            "http on %s:%d (actions %s)",
+            self._host,
+            self.port,
+            "need the web token" if self._token is not None else "open: no web token set",
+        )
 
     async def stop(self) -> None:
         if self._runner is not None:
             await self._runner.cleanup()
 
-    async def _health(self, request: web.Request) -> web.Response:
+    # --- health ------------------------------------------------------------------------
+
+    async def _live(self, request: web.Request) -> web.Response:
+        uptime = round(time.monotonic() - self._started, 3)
+        failed = self._node.health().get("failed")
+        if failed is not None:
+            return _json({"live": False, "failed": failed, "uptime_s": uptime}, 503)
+        return _json({"live": True, "uptime_s": uptime})
+
+    async def _ready(self, request: web.Request) -> web.Response:
         body = self._node.health()
+        lag = body.get("commit_lag_s")
+        if (
+            body["ready"]
+            and isinstance(lag, int | float)
+            and not isinstance(lag, bool)
+            and lag > self._max_commit_lag_s
+        ):
+            body["ready"] = False
+            body["not_ready"] = (
+                f"the oldest write waiting to commit is {lag:.1f} s old "
+                f"(more than {self._max_commit_lag_s:g} s)"
+            )
         return _json(body, 200 if body["ready"] else 503)
+
+    # --- reads -------------------------------------------------------------------------
 
     async def _metrics(self, request: web.Request) -> web.Response:
         await self._node.refresh_metrics()
@@ -96,6 +179,8 @@ class WebServer:
         assert self.page is not None
         return _html(await self.page.render(request.query, request.path_qs))
 
+    # --- actions -----------------------------------------------------------------------
+
     async def _retry(self, request: web.Request) -> web.Response:
         return await self._act(request, "retry")
 
@@ -104,14 +189,80 @@ class WebServer:
 
     async def _act(self, request: web.Request, action: str) -> web.Response:
         assert self.page is not None
-        if not _same_site(request):
-            return _html(self.page.error(403, "a form posted from another site is refused"))
-        acted = await self.page.act(action, await request.post())
+        acted = await self.page.act(action, without_token(await request.post()))
         if acted.location is not None:
             # Returned, not raised: the error middleware answers raised ones in JSON.
             return web.Response(status=303, headers={"Location": acted.location})
         assert acted.rendered is not None
         return _html(acted.rendered)
+
+    def _guard(self) -> Middleware:
+        """The middleware every action passes: from this server's own page (or no
+        browser), and with the web token when the node has one."""
+
+        @web.middleware
+        async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
+            if request.method in _READS or request.match_info.http_exception is not None:
+                return await handler(request)  # a read, or a 404/405 answered as such
+            assert self.page is not None
+            if not _same_site(request):
+                return _html(self.page.error(403, "a form posted from another site is refused"))
+            if self._token is None:
+                return await handler(request)
+            # Another scheme (a proxy's Basic credentials, say) is not this node's to judge.
+            scheme, _, bearer = request.headers.get("Authorization", "").partition(" ")
+            if scheme.lower() == "bearer":
+                if self._is_token(bearer.strip()):
+                    return await handler(request)
+                return _unauthorized("not this node's web token", invalid=True)
+            if self._is_cookie(request.cookies.get(TOKEN_COOKIE)):
+                return await handler(request)
+            if request.content_type in _FORMS:
+                form = await request.post()
+                given = form.get(TOKEN_FIELD)
+                if isinstance(given, str) and self._is_token(given.strip()):
+                    response = await handler(request)
+                    assert self._cookie is not None
+                    response.set_cookie(
+                        TOKEN_COOKIE,
+                        self._cookie,
+                        path="/",
+                        httponly=True,
+                        samesite="Strict",
+                        secure=request.secure,
+                    )
+                    return response
+                if "text/html" in request.headers.get("Accept", ""):  # a browser's form
+                    fields = [(k, v) for k, v in without_token(form).items() if isinstance(v, str)]
+                    asked = self.page.token_form(request.path, fields, wrong=given is not None)
+                    return _html(asked)
+                if given is not None:
+                    return _unauthorized("not this node's web token", invalid=True)
+            return _unauthorized(
+                "this node's actions need its web token: "
+                "send it as the header 'Authorization: Bearer <token>'"
+            )
+
+        return guard
+
+    def _is_token(self, given: str) -> bool:
+        assert self._token is not None
+        return hmac.compare_digest(_digest(given), self._token)
+
+    def _is_cookie(self, given: str | None) -> bool:
+        if given is None or self._cookie is None:
+            return False
+        return hmac.compare_digest(given.encode(), self._cookie.encode())
+
+
+_FORMS = frozenset({"application/x-www-form-urlencoded", "multipart/form-data"})
+
+
+def _unauthorized(reason: str, *, invalid: bool = False) -> web.Response:
+    challenge = 'Bearer realm="tickwheel"' + (', error="invalid_token"' if invalid else "")
+    response = _json({"error": reason}, 401)
+    response.headers["WWW-Authenticate"] = challenge
+    return response
 
 
 def _html(page: Rendered) -> web.Response:

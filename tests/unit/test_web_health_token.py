@@ -1,0 +1,283 @@
+"""The HTTP edge's health for an orchestrator's two questions (`/livez`: the process
+answers; `/readyz`, and `/healthz` as before: the node owns and runs its partitions, the
+broker answers, no commit waits too long) and its web token: every action needs it
+(`Authorization: Bearer`, or the operator page's token form and then a cookie), reads
+stay open. The fake node of the page's tests, behind the real `WebServer`."""
+
+from __future__ import annotations
+
+import hmac
+import re
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+import pytest
+from test_web_page import GOOD, NODE, TYPE, FakeNode, P, Recorder, ref
+from yarl import URL
+
+from app.node.settings import Settings
+from app.ops.page import OperatorPage
+from app.ops.web import MAX_COMMIT_LAG_S, TOKEN_COOKIE, WebServer
+from app.protocol.wire import TimerAction
+
+TOKEN = "a-long-random-web-token"
+HTML = {"Accept": "text/html,application/xhtml+xml,*/*;q=0.8"}
+"""What a browser's form post accepts."""
+
+
+@dataclass
+class HealthNode(FakeNode):
+    """The page's fake node, with what the health endpoints read beyond readiness."""
+
+    reachable: bool = True
+    failed: str | None = None
+    commit_lag_s: float | None = None
+
+    def health(self) -> dict[str, Any]:
+        body = super().health()
+        body["broker"] = {"reachable": self.reachable}
+        body["ready"] = body["ready"] and self.reachable and self.failed is None
+        if self.failed is not None:
+            body["failed"] = self.failed
+        if self.commit_lag_s is not None:
+            body["commit_lag_s"] = self.commit_lag_s
+        return body
+
+
+@dataclass
+class Edge:
+    node: HealthNode
+    url: URL
+    http: aiohttp.ClientSession
+    retry: Recorder
+
+    async def get(self, path: str) -> tuple[int, Any]:
+        async with self.http.get(self.url.with_path(path)) as r:
+            body = await r.json() if r.content_type == "application/json" else await r.text()
+            return r.status, body
+
+    async def post(
+        self, data: Any, headers: dict[str, str] | None = None, path: str = "/timers/retry"
+    ) -> aiohttp.ClientResponse:
+        async with self.http.post(
+            self.url.with_path(path), data=data, headers=headers, allow_redirects=False
+        ) as r:
+            await r.read()
+            return r
+
+
+Serve = Callable[..., Any]
+
+
+@pytest.fixture
+def serve() -> Serve:
+    @asynccontextmanager
+    async def serving(token: str | None = None, **node: Any) -> AsyncIterator[Edge]:
+        settings = Settings(partitions=P, group_id="g1", bootstrap_servers="b:1", web_token=token)
+        fake = HealthNode(settings=settings, **node)
+        server = WebServer(fake, 0)  # type: ignore[arg-type]
+        await server.start()
+        retry, skip = Recorder(TimerAction.RETRY), Recorder(TimerAction.SKIP)
+        server.page = OperatorPage(
+            fake, NODE, requests={TimerAction.RETRY: retry, TimerAction.SKIP: skip}
+        )
+        try:
+            jar = aiohttp.CookieJar(unsafe=True)  # keeps a loopback address's cookies
+            async with aiohttp.ClientSession(cookie_jar=jar) as http:
+                yield Edge(fake, URL(f"http://127.0.0.1:{server.port}"), http, retry)
+        finally:
+            await server.stop()
+
+    return serving
+
+
+# --- health --------------------------------------------------------------------------------
+
+
+async def test_liveness_holds_while_the_node_is_not_ready(serve: Serve) -> None:
+    async with serve(restoring=[1], reachable=False) as edge:
+        status, body = await edge.get("/livez")
+        assert status == 200
+        assert body["live"] is True and body["uptime_s"] >= 0
+        assert set(body) == {"live", "uptime_s"}
+        assert (await edge.get("/readyz"))[0] == 503
+
+
+async def test_a_node_failed_for_good_is_not_live(serve: Serve) -> None:
+    async with serve(failed="the local store is gone") as edge:
+        status, body = await edge.get("/livez")
+        assert status == 503
+        assert body["live"] is False and body["failed"] == "the local store is gone"
+
+
+@pytest.mark.parametrize(
+    ("node", "ready"),
+    [
+        ({}, True),
+        ({"restoring": [2]}, False),
+        ({"stalled": {"1": "shop.order: timer rounds failing"}}, False),
+        ({"reachable": False}, False),
+        ({"failed": "boom"}, False),
+        ({"commit_lag_s": 1.5}, True),
+        ({"commit_lag_s": MAX_COMMIT_LAG_S + 1}, False),
+    ],
+)
+async def test_readiness_is_the_nodes_health_and_healthz_says_the_same(
+    serve: Serve, node: dict[str, Any], ready: bool
+) -> None:
+    async with serve(**node) as edge:
+        status, body = await edge.get("/readyz")
+        assert (status, body["ready"]) == ((200, True) if ready else (503, False))
+        assert body["owned"] == edge.node.owned
+        assert await edge.get("/healthz") == (status, body)
+
+
+async def test_a_commit_waiting_too_long_says_why(serve: Serve) -> None:
+    async with serve(commit_lag_s=MAX_COMMIT_LAG_S * 2) as edge:
+        _, body = await edge.get("/readyz")
+        assert body["not_ready"] == (
+            f"the oldest write waiting to commit is {MAX_COMMIT_LAG_S * 2:.1f} s old "
+            f"(more than {MAX_COMMIT_LAG_S:g} s)"
+        )
+
+
+async def test_health_is_read_only(serve: Serve) -> None:
+    async with serve(token=TOKEN) as edge:
+        for path in ("/livez", "/readyz", "/healthz"):
+            r = await edge.post({}, path=path)
+            assert r.status == 405, path
+
+
+# --- the web token -------------------------------------------------------------------------
+
+
+async def test_without_a_token_set_actions_are_open(serve: Serve) -> None:
+    async with serve() as edge:
+        r = await edge.post(GOOD)
+        assert r.status == 303 and len(edge.retry.calls) == 1
+
+
+async def test_reads_stay_open_with_a_token_set(serve: Serve) -> None:
+    async with serve(token=TOKEN) as edge:
+        for path in ("/", "/livez", "/readyz", "/healthz", "/ledger"):
+            status, _ = await edge.get(path)
+            assert status == 200, path
+
+
+async def test_an_action_without_the_token_is_refused_and_sends_nothing(serve: Serve) -> None:
+    async with serve(token=TOKEN) as edge:
+        r = await edge.post(GOOD)
+        assert r.status == 401
+        assert r.headers["WWW-Authenticate"] == 'Bearer realm="tickwheel"'
+        for wrong in ("Bearer nope", "bearer", f"Bearer {TOKEN}x", f"Bearer {TOKEN[:-1]}"):
+            r = await edge.post(GOOD, {"Authorization": wrong})
+            assert r.status == 401, wrong
+            assert 'error="invalid_token"' in r.headers["WWW-Authenticate"]
+        # Another scheme is no token (a proxy's own), and no wrong one either.
+        r = await edge.post(GOOD, {"Authorization": f"Basic {TOKEN}"})
+        assert r.status == 401
+        assert r.headers["WWW-Authenticate"] == 'Bearer realm="tickwheel"'
+        r = await edge.post({**GOOD, "web_token": "nope"})
+        assert r.status == 401
+        assert edge.retry.calls == []
+
+
+async def test_the_bearer_token_carries_out_an_action(serve: Serve) -> None:
+    async with serve(token=TOKEN) as edge:
+        r = await edge.post(GOOD, {"Authorization": f"Bearer {TOKEN}"})
+        assert r.status == 303
+        assert edge.retry.calls == [("b:1", TYPE, ref("t-1"), P)]
+        r = await edge.post(GOOD, {"Authorization": f"bearer  {TOKEN} "}, path="/timers/skip")
+        assert r.status == 303
+        assert TOKEN_COOKIE not in r.cookies  # no browser: nothing to remember
+
+
+async def test_the_token_is_compared_in_constant_time(
+    serve: Serve, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    compared: list[tuple[bytes, bytes]] = []
+    real = hmac.compare_digest
+
+    def compare(a: bytes, b: bytes) -> bool:
+        compared.append((a, b))
+        return real(a, b)
+
+    monkeypatch.setattr(hmac, "compare_digest", compare)
+    async with serve(token=TOKEN) as edge:
+        await edge.post(GOOD, {"Authorization": "Bearer nope"})
+    ((given, expected),) = compared
+    assert len(given) == len(expected)  # digests: not even the length is compared
+
+
+def hidden_fields(html: str) -> list[tuple[str, str]]:
+    return re.findall(r'<input type="hidden" name="([^"]*)" value="([^"]*)">', html)
+
+
+async def test_a_browsers_form_is_asked_for_the_token_then_carried_out(serve: Serve) -> None:
+    async with serve(token=TOKEN) as edge:
+        form = {**GOOD, "back": "/?owner=o1"}
+        r = await edge.post(form, HTML)
+        assert r.status == 401 and r.content_type == "text/html"
+        html = await r.text()
+        assert "this node's web token is needed" in html
+        assert 'action="/timers/retry"' in html
+        assert 'type="password" name="web_token"' in html
+        assert "not this node" not in html
+        fields = hidden_fields(html)
+        assert dict(fields) == {**form, "back": "/?owner=o1"}
+        assert edge.retry.calls == []
+
+        # The page's form, posted again with a wrong token: asked again, nothing sent.
+        r = await edge.post([*fields, ("web_token", "nope")], HTML)
+        assert r.status == 401 and "That is not this node's web token." in await r.text()
+        assert edge.retry.calls == [] and TOKEN_COOKIE not in r.cookies
+
+        r = await edge.post([*fields, ("web_token", f" {TOKEN} ")], HTML)
+        assert r.status == 303
+        assert URL(r.headers["Location"]).query["owner"] == "o1"
+        assert edge.retry.calls == [("b:1", TYPE, ref("t-1"), P)]
+        cookie = r.cookies[TOKEN_COOKIE]
+        assert cookie["httponly"] and cookie["samesite"] == "Strict" and cookie["path"] == "/"
+        assert TOKEN not in cookie.value
+
+        # The cookie then stands for the token: the next form goes through at once.
+        r = await edge.post(GOOD, HTML, path="/timers/skip")
+        assert r.status == 303
+
+
+async def test_a_wrong_cookie_is_no_token(serve: Serve) -> None:
+    async with serve(token=TOKEN) as edge:
+        edge.http.cookie_jar.update_cookies({TOKEN_COOKIE: TOKEN}, edge.url)
+        r = await edge.post(GOOD, HTML)
+        assert r.status == 401
+        assert edge.retry.calls == []
+
+
+async def test_the_token_page_escapes_what_the_form_held(serve: Serve) -> None:
+    async with serve(token=TOKEN) as edge:
+        r = await edge.post({**GOOD, "back": '/"><script>x</script>'}, HTML)
+        html = await r.text()
+        assert "<script>x" not in html
+        assert "&#34;&gt;&lt;script&gt;x&lt;/script&gt;" in html
+
+
+async def test_a_form_from_another_site_is_refused_even_with_the_token(serve: Serve) -> None:
+    async with serve(token=TOKEN) as edge:
+        headers = {"Authorization": f"Bearer {TOKEN}", "Origin": "http://elsewhere.example"}
+        r = await edge.post(GOOD, headers)
+        assert r.status == 403
+        assert edge.retry.calls == []
+
+
+async def test_the_token_field_is_no_field_of_the_form(serve: Serve) -> None:
+    async with serve(token=TOKEN) as edge:
+        r = await edge.post({**GOOD, "web_token": TOKEN, "extra": "1"}, HTML)
+        assert r.status == 400
+        assert "extra: Extra inputs are not permitted" in await r.text()
+        assert "web_token" not in await r.text()
+    async with serve() as edge:  # no token set: a field given anyway is let through
+        r = await edge.post({**GOOD, "web_token": "whatever"})
+        assert r.status == 303
