@@ -48,6 +48,12 @@ class Commits:
     def in_flight(self, kept: KeptType, p: int) -> bool:
         return (kept.name, p) in self._in_flight
 
+    def lag(self) -> float:
+        """How long the oldest commit in flight has been going, in seconds (0: none): a
+        commit that hangs holds every later write of its partition back (readiness)."""
+        now = time.monotonic()
+        return max((now - self._started_at[key] for key in self._in_flight), default=0.0)
+
     def pass_over(self, offsets: dict[tuple[str, int], int]) -> None:
         """Offsets read and done with nothing to write: the poll loop commits them."""
         self._offsets.update(offsets)

@@ -16,7 +16,7 @@ import asyncio
 import contextlib
 import logging
 from collections import Counter, defaultdict
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -195,6 +195,7 @@ class Node:
             "restoring": restoring,
             "stalled": {str(p): why for p, why in sorted(stalled.items())},
             "broker": broker,
+            "commit_lag_s": round(self.commits.lag(), 3),
             "ready": bool(broker["reachable"])
             and not restoring
             and not stalled
@@ -304,22 +305,27 @@ class Node:
         return KeptType(t, agg, store, runner, loop, states, changelog, marks)
 
     async def stop(self) -> None:
+        """Stops everything the node runs, each part whatever another's stop raised (a
+        consumer stopped while the broker is away re-raises its fetcher's cancellation);
+        the stores are closed last, always."""
         for kept in self.types.values():
-            await kept.runner.stop_all()
-            await kept.loop.stop()
+            await _stopping(f"{kept.name} runner", kept.runner.stop_all())
+            await _stopping(f"{kept.name} loop", kept.loop.stop())
         if self._consumer is not None:
-            await self._consumer.stop()
+            await _stopping("the group consumer", self._consumer.stop())
         # Whatever the consumer did not revoke on leaving the group is let go here.
-        await self._revoked({("", p) for p in self._owned | set(self._taking)})
+        await _stopping(
+            "the partitions", self._revoked({("", p) for p in self._owned | set(self._taking)})
+        )
         for reader in self._results.values():
-            await reader.stop()
+            await _stopping("a results reader", reader.stop())
         for ledger in self._ledgers.values():
-            await ledger.stop()
-        await self.producer.stop()
-        await self.reader.stop()
-        await self.broker.stop()
+            await _stopping("a ledger", ledger.stop())
+        await _stopping("the producer", self.producer.stop())
+        await _stopping("the reader", self.reader.stop())
+        await _stopping("the broker watch", self.broker.stop())
         for kept in self.types.values():
-            await kept.store.close()
+            await _stopping(f"{kept.name} store", kept.store.close())
             if kept.states is not None:
                 kept.states.close()
 
@@ -611,3 +617,17 @@ def _committer(changelog: TransactionalChangelog, p: int) -> Commit:
         return await changelog.commit(p, offsets, records)
 
     return commit
+
+
+async def _stopping(what: str, stop: Awaitable[None]) -> None:
+    """Awaits one part's stop; what it raises is logged, not passed on (the next part is
+    stopped all the same). A cancellation of the stopping task itself still ends it."""
+    try:
+        await stop
+    except asyncio.CancelledError:
+        current = asyncio.current_task()
+        if current is not None and current.cancelling():
+            raise
+        logger.warning("stopping %s: cancelled inside the client library", what)
+    except Exception as exc:
+        logger.warning("stopping %s failed: %r", what, exc)
