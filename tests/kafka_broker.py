@@ -29,10 +29,10 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import urlparse
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -266,3 +266,246 @@ class TopicFactory:
         await create_topics(self.bootstrap, [name], partitions, configs=configs)
         self.created.append(name)
         return name
+
+
+# --------------------------------------------------------------------------- secured, cluster
+#
+# Always scripts/kafka_local.py (never Docker, never KAFKA_BOOTSTRAP_SERVERS): a broker with
+# TLS, SCRAM users and ACLs, or a three-node cluster, started once per test session by the
+# session fixtures that wrap these context managers (see test_kafka_local_secured.py).
+
+
+def client_kwargs(settings: Mapping[str, str], **overrides: Any) -> dict[str, Any]:
+    """aiokafka keyword arguments for the ``KAFKA_*`` variables that ``kafka-local env`` prints.
+
+    ``KAFKA_BOOTSTRAP_SERVERS``, ``KAFKA_SECURITY_PROTOCOL``, ``KAFKA_SSL_CAFILE`` (and
+    ``KAFKA_SSL_CERTFILE``/``KAFKA_SSL_KEYFILE``), ``KAFKA_SASL_MECHANISM``,
+    ``KAFKA_SASL_USERNAME``, ``KAFKA_SASL_PASSWORD_FILE``; ``overrides`` win.
+    """
+    from aiokafka.helpers import create_ssl_context
+
+    protocol = settings.get("KAFKA_SECURITY_PROTOCOL", "PLAINTEXT").upper()
+    kwargs: dict[str, Any] = {
+        "bootstrap_servers": settings["KAFKA_BOOTSTRAP_SERVERS"],
+        "security_protocol": protocol,
+    }
+    if protocol in ("SSL", "SASL_SSL"):
+        kwargs["ssl_context"] = create_ssl_context(
+            cafile=settings["KAFKA_SSL_CAFILE"],
+            certfile=settings.get("KAFKA_SSL_CERTFILE"),
+            keyfile=settings.get("KAFKA_SSL_KEYFILE"),
+        )
+    if protocol.startswith("SASL_"):
+        kwargs["sasl_mechanism"] = settings["KAFKA_SASL_MECHANISM"]
+        kwargs["sasl_plain_username"] = settings["KAFKA_SASL_USERNAME"]
+        password = Path(settings["KAFKA_SASL_PASSWORD_FILE"]).read_text().strip()
+        kwargs["sasl_plain_password"] = password
+    kwargs.update(overrides)
+    return kwargs
+
+
+_Started = TypeVar("_Started")
+
+
+class SecuredKafka:
+    """A local broker with ``--security`` (``sasl_ssl`` or ``ssl``), its users and ACLs.
+
+    ``admin`` is a super user; ``tickwheel`` has no ACL until a test grants it some
+    (:meth:`grant`: use topics, groups and transactional ids of the test's own names).
+    """
+
+    def __init__(self, broker: Any) -> None:
+        self.broker = broker  # a kafka_local.Broker
+        self.bootstrap: str = broker.bootstrap
+        self.state_dir: Path = broker.state_dir
+        self.security: str = broker.security
+
+    def env(self, user: str = "admin") -> dict[str, str]:
+        """The ``KAFKA_*`` variables for ``user``, as ``kafka-local env --user`` prints them."""
+        settings: dict[str, str] = self.broker.client_settings(user)
+        return settings
+
+    def client_kwargs(self, user: str = "admin", **overrides: Any) -> dict[str, Any]:
+        """aiokafka keyword arguments (producer, consumer, admin) to connect as ``user``."""
+        return client_kwargs(self.env(user), **overrides)
+
+    def password(self, user: str = "admin") -> str:
+        password: str | None = load_kafka_local().read_password(self.state_dir, user)
+        if password is None:
+            raise BrokerUnavailable(f"no password for {user} in {self.state_dir}")
+        return password
+
+    def grant(
+        self,
+        resource_type: str,
+        name: str,
+        operations: Sequence[str],
+        *,
+        user: str = "tickwheel",
+        pattern: str = "literal",
+    ) -> None:
+        """Allow ``user`` ``operations`` (``read``, ``write``, ``describe``, ...) on a
+        ``topic``/``group``/``transactional_id``/``cluster``; returns once applied."""
+        load_kafka_local().grant(
+            self.state_dir, user, resource_type, name, operations, pattern=pattern
+        )
+
+
+def _start_in_own_dir(
+    suffix: str, start: Callable[[Path], _Started]
+) -> tuple[_Started, Path | None]:
+    """``start`` in ``$TICKWHEEL_STATE-pytest-SUFFIX``, or in a temporary dir (returned, for
+    removal) when another test session holds that one."""
+    kafka_local = load_kafka_local()
+    try:
+        return start(Path(f"{kafka_local.default_state_dir()}-pytest-{suffix}")), None
+    except kafka_local.BrokerError as exc:
+        if "in use by another live process" not in str(exc):
+            raise
+    temporary = Path(tempfile.mkdtemp(prefix=f"tickwheel-kafka-{suffix}-"))
+    try:
+        return start(temporary), temporary
+    except BaseException:
+        shutil.rmtree(temporary, ignore_errors=True)
+        raise
+
+
+@contextlib.contextmanager
+def secured_kafka(security: str = "sasl_ssl") -> Iterator[SecuredKafka]:
+    """A fresh local broker with ``security`` for the whole session; stopped after."""
+    kafka_local = load_kafka_local()
+    try:
+        broker, temporary = _start_in_own_dir(
+            security, lambda state: kafka_local.start(state, security=security)
+        )
+    except kafka_local.BrokerError as exc:
+        raise BrokerUnavailable(f"could not start a {security} local broker: {exc}") from exc
+    try:
+        yield SecuredKafka(broker)
+    finally:
+        broker.stop()
+        if temporary is not None:
+            shutil.rmtree(temporary, ignore_errors=True)
+
+
+class KafkaCluster:
+    """A local multi-node KRaft cluster (``kafka-local start --brokers 3``).
+
+    Every node is broker and controller; replication factor 3 by default,
+    ``min.insync.replicas=2``.  The node methods block (a start waits until the node
+    serves again): call them through ``asyncio.to_thread`` from async tests.  A test that
+    stops or kills a node starts it again before it ends (the cluster is the session's).
+    """
+
+    def __init__(self, cluster: Any) -> None:
+        self.cluster = cluster  # a kafka_local.Cluster
+        self.bootstrap: str = cluster.bootstrap
+        self.state_dir: Path = cluster.state_dir
+        self.nodes: list[int] = list(cluster.nodes)
+
+    def node_bootstrap(self, node: int) -> str:
+        address: str = self.cluster.node_bootstrap(node)
+        return address
+
+    def client_kwargs(self, **overrides: Any) -> dict[str, Any]:
+        """aiokafka keyword arguments for the cluster (every node's address)."""
+        return client_kwargs(self.cluster.client_settings(), **overrides)
+
+    def kill_node(self, node: int) -> bool:
+        """SIGKILL node ``node`` (``kafka-local kill --node N``); whether it was running."""
+        killed: bool = self.cluster.kill_node(node)
+        return killed
+
+    def stop_node(self, node: int) -> bool:
+        stopped: bool = self.cluster.stop_node(node)
+        return stopped
+
+    def start_node(self, node: int) -> None:
+        """Start node ``node`` again and wait until it serves (``start --node N``)."""
+        self.cluster.start_node(node)
+
+    def running_nodes(self) -> list[int]:
+        running: list[int] = self.cluster.running_nodes()
+        return running
+
+
+@contextlib.contextmanager
+def kafka_cluster(nodes: int = 3) -> Iterator[KafkaCluster]:
+    """A fresh local ``nodes``-node cluster for the whole session; every node stopped after."""
+    kafka_local = load_kafka_local()
+    try:
+        cluster, temporary = _start_in_own_dir(
+            f"cluster{nodes}", lambda state: kafka_local.start_cluster(state, nodes=nodes)
+        )
+    except kafka_local.BrokerError as exc:
+        raise BrokerUnavailable(f"could not start a {nodes}-node local cluster: {exc}") from exc
+    try:
+        yield KafkaCluster(cluster)
+    finally:
+        cluster.stop()
+        if temporary is not None:
+            shutil.rmtree(temporary, ignore_errors=True)
+
+
+async def create_topics_with(
+    client: Mapping[str, Any],
+    names: Sequence[str],
+    partitions: int = 1,
+    replication: int = 1,
+    *,
+    configs: Mapping[str, str] | None = None,
+    wait_seconds: float = 30.0,
+) -> None:
+    """:func:`create_topics` with aiokafka ``client`` arguments (:func:`client_kwargs`) and a
+    replication factor; waits until every partition has a leader and all its replicas in sync.
+    """
+    from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+    from aiokafka.errors import TopicAlreadyExistsError, for_code
+
+    admin = AIOKafkaAdminClient(request_timeout_ms=30_000, **client)
+    await admin.start()
+    try:
+        topics = [
+            NewTopic(name, partitions, replication, topic_configs=dict(configs or {}))
+            for name in names
+        ]
+        response = await admin.create_topics(topics)
+        for topic, code, *rest in response.topic_errors:
+            if code not in (0, TopicAlreadyExistsError.errno):
+                message = rest[0] if rest else ""
+                raise RuntimeError(f"creating topic {topic}: {for_code(code).__name__} {message}")
+        deadline = time.monotonic() + wait_seconds
+        while True:
+            described: list[dict[str, Any]] = await admin.describe_topics(list(names))
+            pending = [
+                t["topic"]
+                for t in described
+                if not _topic_ready(t, partitions)
+                or any(len(p.get("isr") or []) < replication for p in t.get("partitions") or [])
+            ]
+            pending += sorted(set(names) - {t["topic"] for t in described})
+            if not pending:
+                return
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"topics not in sync after {wait_seconds:.0f} s: {pending}")
+            await asyncio.sleep(0.1)
+    finally:
+        await admin.close()
+
+
+async def partition_state(
+    client: Mapping[str, Any], topic: str, partition: int = 0
+) -> tuple[int, list[int]]:
+    """The (leader, in-sync replicas) of ``topic``'s ``partition`` (leader -1: none)."""
+    from aiokafka.admin import AIOKafkaAdminClient
+
+    admin = AIOKafkaAdminClient(request_timeout_ms=10_000, **client)
+    await admin.start()
+    try:
+        described: list[dict[str, Any]] = await admin.describe_topics([topic])
+    finally:
+        await admin.close()
+    for part in described[0].get("partitions") or []:
+        if part.get("partition") == partition:
+            return int(part.get("leader", -1)), [int(r) for r in part.get("isr") or []]
+    return -1, []
