@@ -22,8 +22,9 @@ What is here:
 - clients without an aggregate of their own: the timer book (`timer_book`) and, with the
   `faust` extra (`pip install 'tickwheel[faust]'`), the faust-streaming client
   (`TickwheelTimers`, `request_id_for`);
-- talking to a cluster: `Producer`, `tail`, `read_partitions`, `ensure_topics` and the
-  topics a node needs (`node_topics`).
+- talking to a cluster: how to reach it (`KafkaConnection`: address, TLS, SASL; any of
+  these takes a plain bootstrap string too, `Connectable`), `Producer`, `tail`,
+  `read_partitions`, `ensure_topics` and the topics a node needs (`node_topics`).
 
 The faust client and the cluster helpers are loaded on first use (PEP 562): importing `app`
 imports neither faust nor aiokafka, and without faust installed everything else works
@@ -81,6 +82,7 @@ from tables.partitioner import partition_of
 if TYPE_CHECKING:
     from app.clients.faust_client import TickwheelTimers, request_id_for
     from app.kafka import Producer, ensure_topics, read_partitions, tail
+    from app.kafka.connection import Connectable, KafkaConnection
     from app.node import node_topics
 
 __all__ = [
@@ -99,6 +101,7 @@ __all__ = [
     "CommandEnvelope",
     "CommandResult",
     "CommandSpec",
+    "Connectable",
     "CronRule",
     "Decision",
     "Event",
@@ -107,6 +110,7 @@ __all__ = [
     "Job",
     "JobRun",
     "JobScope",
+    "KafkaConnection",
     "OnceRule",
     "Outcome",
     "Producer",
@@ -141,6 +145,8 @@ _LAZY: Final[dict[str, str]] = {
     # The aiokafka edge and the node: loaded by who talks to a cluster, not by a service
     # module that only declares its aggregates.
     "Producer": "app.kafka",
+    "KafkaConnection": "app.kafka.connection",
+    "Connectable": "app.kafka.connection",
     "ensure_topics": "app.kafka",
     "read_partitions": "app.kafka",
     "tail": "app.kafka",

@@ -4,12 +4,24 @@ hold. A record outside them is bad input at the edge, never a row."""
 
 from __future__ import annotations
 
+import math
 from datetime import UTC, datetime
-from typing import Annotated, Final
+from typing import Annotated, Any, Final
 
-from pydantic import Field
+from pydantic import AfterValidator, Field
 
-__all__ = ["MAX_INSTANT", "MAX_INT64", "Count", "Deadline", "Instant", "Interval", "Version"]
+__all__ = [
+    "MAX_DEPTH",
+    "MAX_INSTANT",
+    "MAX_INT64",
+    "Count",
+    "Deadline",
+    "Instant",
+    "Interval",
+    "JsonObject",
+    "Version",
+    "check_json",
+]
 
 MAX_INT64: Final = (1 << 63) - 1
 """The largest signed 64-bit integer: what Java, Go and a JSON reader of another service hold."""
@@ -31,3 +43,40 @@ Version = Annotated[int, Field(ge=0, le=MAX_INT64)]
 """A version, slot index or count: not negative, within signed 64 bits."""
 
 Count = Version
+
+
+MIN_INT64: Final = -(1 << 63)
+
+MAX_DEPTH: Final = 64
+"""How deep a body's JSON may nest: far past any command's, well within what every JSON
+encoder writes back (orjson stops at 255)."""
+
+
+def check_json(value: Any, where: str = "body", depth: int = 0) -> None:
+    """`ValueError` unless `value` is JSON that any reader holds and every encoder writes
+    back: integers within signed 64 bits, finite numbers, nesting at most `MAX_DEPTH`."""
+    if value is None or isinstance(value, bool | str):
+        return
+    if isinstance(value, int):
+        if not MIN_INT64 <= value <= MAX_INT64:
+            raise ValueError(f"{where}: integer {value} is outside signed 64 bits")
+    elif isinstance(value, float):
+        if not math.isfinite(value):
+            raise ValueError(f"{where}: {value} is not a finite number")
+    elif isinstance(value, dict | list):
+        if depth >= MAX_DEPTH:
+            raise ValueError(f"{where}: nested more than {MAX_DEPTH} deep")
+        items = value.items() if isinstance(value, dict) else enumerate(value)
+        for key, item in items:
+            check_json(item, f"{where}.{key}", depth + 1)
+    else:
+        raise ValueError(f"{where}: {type(value).__name__} is not JSON")
+
+
+def _checked(value: dict[str, Any]) -> dict[str, Any]:
+    check_json(value)
+    return value
+
+
+JsonObject = Annotated[dict[str, Any], AfterValidator(_checked)]
+"""A JSON object within `check_json`'s bounds (a command's or an event's body)."""

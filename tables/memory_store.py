@@ -137,7 +137,9 @@ class MemoryTimerStore(PartitionedStore):
             try:
                 decoded.append((key, restored_row(partition, key, value)))
             except ValueError as exc:
+                # No row: the key holds none, as the tombstone its letter comes with says.
                 unreadable.append(UnreadableRow(offset, key, value, _reason(exc)))
+                decoded.append((key, None))
         if last is None:
             return unreadable
         data = self._data[partition]

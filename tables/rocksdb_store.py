@@ -324,8 +324,10 @@ class RocksDBTimerStore(PartitionedStore):
                 try:
                     new = index_key(restored_row(partition, key, value), key)
                 except ValueError as exc:
+                    # The key's latest record is no row: the key holds none, as the
+                    # tombstone its dead letter comes with will say (`unreadable_letters`).
                     unreadable.append(UnreadableRow(offset, key, value, unreadable_reason(exc)))
-                    continue  # the row under its key stays as it was
+                    value = None
             row = ROW + key
             if key in indexed:
                 old = indexed[key]

@@ -62,15 +62,24 @@ class CronRule(_Rule):
     @field_validator("expr")
     @classmethod
     def _valid_cron(cls, expr: str) -> str:
-        try:
-            CronSim(expr, datetime(2000, 1, 1, tzinfo=UTC))
-        except CronSimError as exc:
-            raise ValueError(f"invalid cron expression {expr!r}: {exc}") from exc
+        if (why := _cron_error(expr)) is not None:
+            raise ValueError(why)
         return expr
 
     @property
     def tz(self) -> ZoneInfo:
         return ZoneInfo(self.zone)
+
+
+@functools.lru_cache(maxsize=4096)
+def _cron_error(expr: str) -> str | None:
+    """Why `expr` is no cron expression, or None; remembered, as a restore validates the
+    same few expressions on every row."""
+    try:
+        CronSim(expr, datetime(2000, 1, 1, tzinfo=UTC))
+    except CronSimError as exc:
+        return f"invalid cron expression {expr!r}: {exc}"
+    return None
 
 
 @functools.cache

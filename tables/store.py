@@ -138,7 +138,7 @@ class TimerStore(Protocol):
     ) -> list[UnreadableRow]:
         """Restores `(offset, key, value)` records of `partition` as given, with their
         indexes and the last offset, in one local write; a record that is no row of the
-        partition is passed over (the row under its key stays as it was) and returned."""
+        partition is returned, and its key holds no row after it (as after a tombstone)."""
         ...
 
     def changelog_offset(self, partition: int) -> int | None:

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from tables.bounds import Count, Deadline, Instant, Version
+from tables.bounds import Count, Deadline, Instant, JsonObject, Version
 from tables.refs import AggregateRef
 from tables.rules import ScheduleRule
 
@@ -49,7 +48,7 @@ class CommandSpec(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     type: str = Field(min_length=1, max_length=200)
-    body: dict[str, Any] = Field(default_factory=dict)
+    body: JsonObject = Field(default_factory=dict)
 
 
 class Timer(BaseModel):

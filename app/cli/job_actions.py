@@ -26,6 +26,7 @@ from app.jobs import (
     schedule_aggregate,
 )
 from app.kafka import Producer, Reader, ensure_topics, read_partitions, require_topic
+from app.kafka.connection import Connectable
 from app.model.decide import StoredAggregate, fold
 from app.node import node_topics
 from app.protocol.topics import AggregateTopics, ContextTopics
@@ -137,7 +138,7 @@ def instance_commands(
 
 
 async def send_and_wait(
-    bootstrap: str, partitions: int, commands: Sequence[CommandEnvelope], wait_s: float
+    bootstrap: Connectable, partitions: int, commands: Sequence[CommandEnvelope], wait_s: float
 ) -> dict[str, CommandResult]:
     """Sends `commands` (all to one context's schedule) and, for up to `wait_s` seconds,
     waits for their results: those that came, by request id."""
@@ -198,7 +199,7 @@ class InstanceState:
 
 
 async def read_instances(
-    bootstrap: str, context: str, jobs: Iterable[Job], partitions: int
+    bootstrap: Connectable, context: str, jobs: Iterable[Job], partitions: int
 ) -> list[InstanceState]:
     """The instances of `context`'s jobs folded from its schedule log, as they are now.
 

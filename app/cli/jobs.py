@@ -111,7 +111,7 @@ def _act(
         )
     except JobsCliError as exc:
         raise fail(str(exc)) from exc
-    results = run(send_and_wait(settings.bootstrap_servers, settings.partitions, commands, wait))
+    results = run(send_and_wait(settings.kafka, settings.partitions, commands, wait))
     failed = False
     for c in commands:
         result = results.get(c.request_id)
@@ -273,7 +273,7 @@ def list_(
     for ctx in contexts:
         states: dict[tuple[str, str], InstanceState] = {}
         if state:
-            read = run(read_instances(settings.bootstrap_servers, ctx, found.jobs[ctx], n))
+            read = run(read_instances(settings.kafka, ctx, found.jobs[ctx], n))
             states = {(s.tenant, s.id): s for s in read}
         for job in listed[ctx]:
             ids = sorted(instance_ids(ctx, job, n), key=lambda i: partition_of(i, n))

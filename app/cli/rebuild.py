@@ -20,6 +20,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskID, TextColumn
 
 from app.kafka import GroupOffsets
+from app.kafka.connection import Connectable
 from app.ops import rebuild as rb
 from app.protocol.topics import AggregateTopics
 
@@ -190,7 +191,7 @@ class ReplayView:
 
 
 async def run_rebuild(
-    bootstrap: str,
+    bootstrap: Connectable,
     group_id: str,
     types: Sequence[AggregateTopics],
     *,

@@ -52,6 +52,7 @@ from app.clients.timer_book import CANCEL_TIMER, SET_TIMER, book_reason, timer_b
 from app.commands.processor import misrouted
 from app.errors import BadRecord
 from app.kafka import Record, TopicSpec, ensure_topics
+from app.kafka.connection import Connectable
 from app.node import node_topics
 from app.protocol.dead_letters import Stage, dead_letter
 from app.protocol.topics import AggregateTopics, ContextTopics, parse_aggregate_type
@@ -103,7 +104,11 @@ class _Topology:
     partition count that co-partitioning needs; a mismatch is an error naming it)."""
 
     def __init__(
-        self, bootstrap: str, book: AggregateTopics, target: AggregateTopics, partitions: int
+        self,
+        bootstrap: Connectable,
+        book: AggregateTopics,
+        target: AggregateTopics,
+        partitions: int,
     ) -> None:
         self.bootstrap = bootstrap
         self.book = book
@@ -217,12 +222,14 @@ class CommandTopic(faust.Topic):
         await self._dead_letter(exc, message)
 
     async def _dead_letter(self, exc: Exception, message: Message) -> None:
+        # faust's producer sends requests of 1 MiB at most (its max_request_size).
         topic, partition, key, value, headers = dead_letter(
-            _record(message), exc, Stage.READ, int(time.time() * 1000)
+            _record(message), exc, Stage.READ, int(time.time() * 1000), limit=1_000_000
         )
         letters = self.app.topic(topic, key_type=bytes, value_type=bytes)
+        pairs = [(k, v or b"") for k, v in headers]  # faust sends no null header value
         sent = await letters.send(
-            key=key, value=value, partition=partition, headers=list(headers), force=True
+            key=key, value=value, partition=partition, headers=pairs, force=True
         )
         await sent
 

@@ -133,6 +133,9 @@ class CommandBatch:
 
     now: int
     staged: dict[str, StoredAggregate] = field(default_factory=dict)
+    # The staged aggregates' bytes, encoded when decided: an aggregate that cannot be
+    # written is its command's fault then, not a commit's failure later.
+    encoded: dict[str, bytes] = field(default_factory=dict)
     applied: set[tuple[str, str]] = field(default_factory=set)
     out: list[OutRecord] = field(default_factory=list)
     offsets: dict[tuple[str, int], int] = field(default_factory=dict)
@@ -435,7 +438,7 @@ class CommandProcessor:
         known = [o for o in marks if o is not None]
         self._states.write(
             self.partition,
-            {a: encode(s) for a, s in batch.staged.items()},
+            {a: batch.encoded.get(a) or encode(s) for a, s in batch.staged.items()},
             batch.applied,
             max(known) if known else None,
         )
@@ -473,7 +476,9 @@ class CommandProcessor:
         stored = batch.staged.get(aid) or self._stored(aid)
         if event.version <= (stored.version if stored is not None else 0):
             return False
-        batch.staged[aid] = fold(self.agg, stored, [event])
+        folded = fold(self.agg, stored, [event])
+        batch.encoded[aid] = encode(folded)  # before the batch changes: it may raise
+        batch.staged[aid] = folded
         batch.applied.add(applied)
         return True
 
@@ -494,11 +499,18 @@ class CommandProcessor:
         stored = batch.staged.get(aid) or self._stored(aid)
         d = decide(self.agg, stored, cmd, now=batch.now, seen=self._seen(batch, cmd))
         if d.stored is not None:
-            batch.staged[aid] = d.stored
-            batch.applied.add((aid, cmd.request_id))
+            # Everything encoded before the batch changes: a decision whose events, commands
+            # or aggregate cannot be written raises here and leaves the batch as it was.
             key = cmd.aggregate.id.encode()
-            batch.out += [(self.topics.events, self.partition, key, encode(e)) for e in d.events]
-            batch.out += [_command_record(c) for c in d.commands]
+            out: list[OutRecord] = [
+                (self.topics.events, self.partition, key, encode(e)) for e in d.events
+            ]
+            out += [_command_record(c) for c in d.commands]
+            state = encode(d.stored)
+            batch.staged[aid] = d.stored
+            batch.encoded[aid] = state
+            batch.applied.add((aid, cmd.request_id))
+            batch.out += out
             batch.stats.committed += 1
             batch.stats.events += len(d.events)
         batch.stats.codes[d.code] += 1

@@ -29,6 +29,7 @@ from app import (
     Command,
     CommandEnvelope,
     CommandSpec,
+    Connectable,
     CronRule,
     Decision,
     Event,
@@ -192,7 +193,7 @@ def command(order_id: str, type_: str, body: dict[str, object] | None = None) ->
     )
 
 
-async def timer_table(bootstrap: str, partitions: int) -> dict[bytes, Timer]:
+async def timer_table(bootstrap: Connectable, partitions: int) -> dict[bytes, Timer]:
     """The timers as the table's changelog has them now (the latest row per key)."""
     rows: dict[bytes, Timer] = {}
     async for batch in read_partitions(bootstrap, ORDERS.timers_changelog, range(partitions)):
@@ -203,7 +204,7 @@ async def timer_table(bootstrap: str, partitions: int) -> dict[bytes, Timer]:
 
 
 async def run_demo(
-    bootstrap: str,
+    bootstrap: Connectable,
     partitions: int,
     *,
     count: int = 3,
@@ -253,7 +254,7 @@ async def _send(producer: Producer, partitions: int, cmd: CommandEnvelope) -> No
 
 
 async def _watch(
-    bootstrap: str, partitions: int, started: float, show: Callable[[str], None]
+    bootstrap: Connectable, partitions: int, started: float, show: Callable[[str], None]
 ) -> None:
     async for record in tail(bootstrap, ORDERS.events, range(partitions)):
         e = decode(EventEnvelope, record.value)
@@ -265,7 +266,7 @@ async def _watch(
 
 
 async def _watch_schedule(
-    bootstrap: str, partitions: int, started: float, show: Callable[[str], None]
+    bootstrap: Connectable, partitions: int, started: float, show: Callable[[str], None]
 ) -> None:
     async for record in tail(bootstrap, SCHEDULES.events, range(partitions)):
         e = decode(EventEnvelope, record.value)

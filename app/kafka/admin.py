@@ -25,7 +25,7 @@ from aiokafka.protocol.metadata import MetadataRequest
 
 from app.errors import KafkaUnavailable, MissingTopic
 from app.kafka.connection import Connectable, address, client_options
-from app.kafka.records import TopicSpec, start_client
+from app.kafka.records import Replication, TopicSpec, start_client
 
 logger = logging.getLogger(__name__)
 
@@ -33,8 +33,9 @@ logger = logging.getLogger(__name__)
 _COMPACTED = {"cleanup.policy": "compact,delete", "retention.ms": "-1", "retention.bytes": "-1"}
 
 
-def _configs(spec: TopicSpec) -> dict[str, str]:
+def _configs(spec: TopicSpec, replication: Replication) -> dict[str, str]:
     configs = dict(_COMPACTED) if spec.compacted else {}
+    configs["min.insync.replicas"] = str(replication.min_insync)
     if spec.max_message_bytes is not None:
         configs["max.message.bytes"] = str(spec.max_message_bytes)
     return configs
@@ -62,34 +63,73 @@ async def max_message_bytes(bootstrap: Connectable, topic: str) -> int:
         await admin.close()
 
 
-async def ensure_topics(bootstrap: Connectable, specs: Iterable[TopicSpec]) -> None:
-    """Creates the topics that do not exist; checks that existing ones have the partitions."""
+def replication_for(asked: Replication, brokers: int) -> Replication:
+    """What a cluster of `brokers` can hold of `asked`: as asked where it has the brokers;
+    else one replica per broker, and `min.insync.replicas` below that (so that a write
+    still succeeds with one broker down), 1 on a single broker."""
+    if asked.factor <= brokers:
+        return asked
+    factor = max(1, brokers)
+    return Replication(factor, max(1, min(asked.min_insync, factor - 1)))
+
+
+async def ensure_topics(
+    bootstrap: Connectable, specs: Iterable[TopicSpec], replication: Replication | None = None
+) -> None:
+    """Creates the topics that do not exist, with `replication` as far as the cluster's
+    brokers allow (a warning when capped); checks that existing ones have the partitions,
+    and warns of one with fewer replicas than asked."""
     specs = list(specs)
+    asked = replication or Replication(1, 1)
     admin = AIOKafkaAdminClient(**client_options(bootstrap), request_timeout_ms=30_000)
     try:
         await admin.start()
+        brokers = len((await admin.describe_cluster()).get("brokers") or []) or 1
+        used = replication_for(asked, brokers)
+        if used != asked:
+            logger.warning(
+                "the cluster at %s has %d broker(s): topics are created with %d replica(s) "
+                "and min.insync.replicas %d, not the %d and %d asked "
+                "(TICKWHEEL_REPLICATION_FACTOR, TICKWHEEL_MIN_INSYNC_REPLICAS)",
+                address(bootstrap),
+                brokers,
+                used.factor,
+                used.min_insync,
+                asked.factor,
+                asked.min_insync,
+            )
         new = [
             NewTopic(
                 s.name,
                 num_partitions=s.partitions,
-                replication_factor=1,
-                topic_configs=_configs(s),
+                replication_factor=used.factor,
+                topic_configs=_configs(s, used),
             )
             for s in specs
         ]
         with contextlib.suppress(TopicAlreadyExistsError):
             await admin.create_topics(new)
         described = await admin.describe_topics([s.name for s in specs])
-        have = {t["topic"]: len(t["partitions"]) for t in described if not t.get("error_code")}
+        found = {t["topic"]: t["partitions"] for t in described if not t.get("error_code")}
         for s in specs:
-            if s.name not in have:
+            if s.name not in found:
                 # Created one by one when a batch failed part-way.
                 with contextlib.suppress(TopicAlreadyExistsError):
                     await admin.create_topics([n for n in new if n.name == s.name])
-            elif have[s.name] != s.partitions:
+                continue
+            if len(found[s.name]) != s.partitions:
                 raise KafkaUnavailable(
-                    f"topic {s.name} has {have[s.name]} partitions, expected {s.partitions}: "
-                    "co-partitioned topics must all have the same count"
+                    f"topic {s.name} has {len(found[s.name])} partitions, expected "
+                    f"{s.partitions}: co-partitioned topics must all have the same count"
+                )
+            replicas = min((len(p.get("replicas") or []) for p in found[s.name]), default=0)
+            if replicas < used.factor:
+                logger.warning(
+                    "topic %s has %d replica(s), fewer than the %d asked: a broker lost "
+                    "can lose its records (raise it with kafka-reassign-partitions)",
+                    s.name,
+                    replicas,
+                    used.factor,
                 )
     except KafkaError as exc:
         raise KafkaUnavailable(f"cannot create topics at {address(bootstrap)}: {exc!r}") from exc

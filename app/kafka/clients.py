@@ -10,7 +10,7 @@ from app.kafka.consumers import GroupConsumer, PartitionReader, Reader
 from app.kafka.ports import Assigned
 from app.kafka.probe import api_versions_probe
 from app.kafka.producers import Producer, TransactionalProducer
-from app.kafka.records import TopicSpec
+from app.kafka.records import Replication, TopicSpec
 
 __all__ = ["KafkaAdmin", "KafkaClients"]
 
@@ -18,12 +18,18 @@ __all__ = ["KafkaAdmin", "KafkaClients"]
 class KafkaAdmin:
     """`app.kafka.ports.Admin` on a Kafka cluster."""
 
-    def __init__(self, bootstrap: Connectable, probe_timeout: float = 2.0) -> None:
+    def __init__(
+        self,
+        bootstrap: Connectable,
+        probe_timeout: float = 2.0,
+        replication: Replication | None = None,
+    ) -> None:
         self.bootstrap = bootstrap
         self._probe_timeout = probe_timeout
+        self._replication = replication
 
     async def ensure_topics(self, specs: Iterable[TopicSpec]) -> None:
-        await ensure_topics(self.bootstrap, specs)
+        await ensure_topics(self.bootstrap, specs, self._replication)
 
     async def cluster_id(self) -> str:
         return await cluster_id(self.bootstrap)
@@ -38,8 +44,9 @@ class KafkaAdmin:
 class KafkaClients:
     """`app.kafka.ports.Clients` on a Kafka cluster: each call makes a new, unstarted client."""
 
-    def __init__(self, bootstrap: Connectable) -> None:
+    def __init__(self, bootstrap: Connectable, replication: Replication | None = None) -> None:
         self.bootstrap = bootstrap
+        self.replication = replication
 
     def transactional_writer(self, transactional_id: str) -> TransactionalProducer:
         return TransactionalProducer(self.bootstrap, transactional_id)
@@ -54,7 +61,7 @@ class KafkaClients:
         return PartitionReader(self.bootstrap, topic)
 
     def admin(self) -> KafkaAdmin:
-        return KafkaAdmin(self.bootstrap)
+        return KafkaAdmin(self.bootstrap, replication=self.replication)
 
     def group_member(
         self,

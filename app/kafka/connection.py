@@ -17,7 +17,15 @@ from typing import Any, Literal
 from aiokafka.helpers import create_ssl_context
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
-__all__ = ["Connectable", "KafkaConnection", "address", "client_options", "connection"]
+__all__ = [
+    "Connectable",
+    "KafkaConnection",
+    "SaslMechanism",
+    "SecurityProtocol",
+    "address",
+    "client_options",
+    "connection",
+]
 
 SecurityProtocol = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]
 SaslMechanism = Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"]
@@ -26,7 +34,7 @@ SaslMechanism = Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"]
 class KafkaConnection(BaseModel):
     """A cluster's address and the client side of its security."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", hide_input_in_errors=True)
 
     bootstrap_servers: str = Field(min_length=1)
     security_protocol: SecurityProtocol = "PLAINTEXT"
@@ -90,6 +98,8 @@ class KafkaConnection(BaseModel):
 
     def describe(self) -> str:
         """Where and how, for error messages (never the password)."""
+        if self.security_protocol == "PLAINTEXT":
+            return self.bootstrap_servers
         how: str = self.security_protocol
         if self.sasl_mechanism is not None:
             how += f" {self.sasl_mechanism} as {self.sasl_username!r}"

@@ -201,5 +201,5 @@ def _retrieve(future: asyncio.Future[Any]) -> None:
         future.exception()
 
 
-def _headers(record: OutRecord) -> list[tuple[str, bytes]] | None:
+def _headers(record: OutRecord) -> list[tuple[str, bytes | None]] | None:
     return list(headers) if (headers := headers_of(record)) else None

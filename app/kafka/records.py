@@ -30,6 +30,15 @@ BROKER_MAX_MESSAGE_BYTES = 1_048_588
 
 
 @dataclass(frozen=True, slots=True)
+class Replication:
+    """How many brokers hold each partition of a topic the node creates, and how many must
+    have a write before it is acknowledged (`min.insync.replicas`)."""
+
+    factor: int = 3
+    min_insync: int = 2
+
+
+@dataclass(frozen=True, slots=True)
 class TopicSpec:
     name: str
     partitions: int
@@ -52,8 +61,8 @@ class Record:
 # Compacted, and never deleted by age or size; "delete" is in the policy only so that a
 # rebuild may empty the topic with DeleteRecords (refused on a compact-only topic).
 
-Headers = tuple[tuple[str, bytes], ...]
-"""A record's headers, in order."""
+Headers = tuple[tuple[str, bytes | None], ...]
+"""A record's headers, in order (a value may be null)."""
 
 OutRecord = (
     tuple[str, int | None, bytes | None, bytes | None]

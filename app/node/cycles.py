@@ -102,7 +102,7 @@ class PartitionCycles:
         # Told after each cycle of p that staged: the last offset done of each topic.
         self._on_done = on_done
         self.limits = limits or InputLimits()
-        # Per partition, the first offset of each topic its last failed cycle read.
+        # Per partition, the last offset of each topic its last failed cycle read.
         self.failed_at: dict[int, dict[str, int]] = {}
         self._queues: dict[int, asyncio.Queue[Batch]] = {}
         self._workers: dict[int, asyncio.Task[None]] = {}
@@ -206,7 +206,7 @@ class PartitionCycles:
             # committed offsets (every write is idempotent).
             if not isinstance(exc, KafkaUnavailable | StoreError):
                 logger.exception("partition %d: a cycle failed", p)
-            self.failed_at[p] = {topic: records[0].offset for topic, records in items}
+            self.failed_at[p] = {topic: records[-1].offset for topic, records in items}
             self._on_failure(p, "a cycle", exc)
             return False
         self.failed_at.pop(p, None)

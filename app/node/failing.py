@@ -17,8 +17,8 @@ __all__ = ["Failing", "FailingPartitions"]
 
 @dataclass(frozen=True, slots=True)
 class Failing:
-    """A partition's last failure: where its cycle was reading (empty: no records), why,
-    and how many failures in a row were at those same offsets."""
+    """A partition's last failure: how far its cycle was reading (the last offset of each
+    topic; empty: no records), why, and how many failures in a row were at those offsets."""
 
     at: dict[str, int]
     error: str
@@ -36,8 +36,15 @@ class FailingPartitions:
         self._held: set[int] = set()
 
     def failed(self, p: int, at: dict[str, int], error: str) -> Failing:
-        """p's work failed while its cycle read from `at`; p is held when it read records."""
+        """p's work failed while its cycle read up to `at` (the last offset of each topic);
+        p is held when it read records. A failure while held keeps every offset it was held
+        at (a commit's failure reads nothing, a retry may read less): the hold is released
+        only past all of them."""
         before = self._failing.get(p)
+        if before is not None and p in self._held:
+            at = {t: max(o, before.at.get(t, -1)) for t, o in at.items()} | {
+                t: o for t, o in before.at.items() if t not in at
+            }
         again = before is not None and before.at == at
         failing = Failing(dict(at), error, before.failures + 1 if again and before else 1)
         self._failing[p] = failing
@@ -51,7 +58,7 @@ class FailingPartitions:
 
     def read(self, p: int, done: dict[str, int]) -> bool:
         """A cycle of p staged, the last offsets done per topic as given; whether that
-        releases p's hold (it read past every offset the failed cycle read from)."""
+        releases p's hold (it read past every offset the failed cycle read)."""
         failing = self._failing.get(p)
         if failing is None:
             return False

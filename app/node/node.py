@@ -28,6 +28,7 @@ from app.commands.processor import (
 from app.errors import (
     KafkaUnavailable,
     NodeFailed,
+    node_fault,
 )
 from app.kafka import (
     OutRecord,
@@ -36,6 +37,7 @@ from app.kafka import (
 from app.kafka.broker_watch import BrokerWatch
 from app.kafka.clients import KafkaClients
 from app.kafka.ports import Clients, GroupMember
+from app.kafka.records import BROKER_MAX_MESSAGE_BYTES
 from app.node.commits import Commits
 from app.node.cycles import InProcess, PartitionCycles
 from app.node.failing import FailingPartitions
@@ -56,7 +58,7 @@ from app.timers.changelog import (
 from app.timers.ledger import KafkaFailureLedger
 from app.timers.runner import Clock, SystemClock, TimerLoop, TimerOptions, TimerRunner
 from app.timers.sender import KafkaSender, ResultsReader
-from tables import StoreError, open_timer_store
+from tables import open_timer_store
 from tables.aggregate_store import RocksAggregateStore
 from tables.ledger import FailureLedger
 
@@ -92,7 +94,9 @@ class Node:
         names += [n for n in settings.aggregate_types if n not in names]
         self.topics = [parse_aggregate_type(n) for n in names]
         # Kafka's clients at the settings' address, unless others are given (a MemoryLog).
-        self.clients: Clients = clients or KafkaClients(settings.bootstrap_servers)
+        self.clients: Clients = clients or KafkaClients(
+            settings.kafka, replication=settings.replication
+        )
         self._admin = self.clients.admin()
         self.producer = self.clients.publisher()
         self.types: dict[str, KeptType] = {}
@@ -136,7 +140,7 @@ class Node:
             limits=self.limits,
         )
         self.broker = BrokerWatch(
-            settings.bootstrap_servers, registry=self.metrics.registry, probe=self._admin.probe
+            settings.kafka, registry=self.metrics.registry, probe=self._admin.probe
         )
         self.reader = self.clients.reader()
         self.ready = asyncio.Event()
@@ -251,7 +255,12 @@ class Node:
         limit = DEAD_LETTER_TOPIC_BYTES
         for ctx in sorted({t.context for t in self.topics}):
             topic = ContextTopics(ctx).dead_letters
-            takes = await self._admin.max_message_bytes(topic)
+            try:
+                takes = await self._admin.max_message_bytes(topic)
+            except KafkaUnavailable as exc:
+                # Not allowed to describe its configs (an ACL): assume the broker's default.
+                logger.warning("%s: %s; its letters are cut to 1 MiB", topic, exc)
+                takes = BROKER_MAX_MESSAGE_BYTES
             if takes < limit:
                 logger.warning(
                     "%s takes records of %d bytes at most (max.message.bytes), not %d: dead "
@@ -458,6 +467,7 @@ class Node:
                 topics = {t for t, q in self._consumer.assignment() if q == p}
                 if not topics:
                     self._broken.pop(p, None)
+                    self._failing.forget(p)
                     return  # the group moved it meanwhile
                 self._consumer.pause([(t, p) for t in topics])
             for attempt in range(1, _TAKE_ATTEMPTS + 1):
@@ -465,10 +475,12 @@ class Node:
                     await self._take(p, topics)
                     await self._consumer.rewind([(t, p) for t in topics])
                     break
-                except (KafkaUnavailable, StoreError) as exc:
-                    logger.warning(
-                        "taking partition %d failed (%d/%d): %s", p, attempt, _TAKE_ATTEMPTS, exc
-                    )
+                except Exception as exc:
+                    # A node fault is expected to pass; anything else is a bug to see, but
+                    # either way p is tried again, and the node stops loudly if it never
+                    # can be taken: never a take that dies quietly, half done.
+                    log = logger.warning if node_fault(exc) else logger.exception
+                    log("taking partition %d failed (%d/%d): %s", p, attempt, _TAKE_ATTEMPTS, exc)
                     await self._let_go(p, clean=False)
                     await asyncio.sleep(min(0.2 * 2**attempt, 5))
             else:

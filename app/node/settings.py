@@ -34,11 +34,13 @@ from typing import Any, Final, Literal
 
 import orjson
 from dotenv import dotenv_values
-from pydantic import Field, SecretStr, ValidationError, field_validator
+from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from app.errors import ConfigError
+from app.kafka.connection import KafkaConnection, SaslMechanism, SecurityProtocol
+from app.kafka.records import Replication
 from app.protocol.limits import DEFAULT_MAX_KEY_BYTES, DEFAULT_MAX_RECORD_BYTES, InputLimits
 from app.protocol.topics import parse_aggregate_type
 from app.timers.runner.options import TimerOptions
@@ -76,6 +78,15 @@ VARIABLES: Final[Mapping[str, str]] = {
     "max_record_bytes": "TICKWHEEL_MAX_RECORD_BYTES",
     "log_level": "TICKWHEEL_LOG_LEVEL",
     "log_format": "TICKWHEEL_LOG_FORMAT",
+    "security_protocol": "KAFKA_SECURITY_PROTOCOL",
+    "sasl_mechanism": "KAFKA_SASL_MECHANISM",
+    "sasl_username": "KAFKA_SASL_USERNAME",
+    "sasl_password": "KAFKA_SASL_PASSWORD",
+    "ssl_cafile": "KAFKA_SSL_CAFILE",
+    "ssl_certfile": "KAFKA_SSL_CERTFILE",
+    "ssl_keyfile": "KAFKA_SSL_KEYFILE",
+    "replication_factor": "TICKWHEEL_REPLICATION_FACTOR",
+    "min_insync_replicas": "TICKWHEEL_MIN_INSYNC_REPLICAS",
 }
 """Each setting's environment variable (each also as `<variable>_FILE`)."""
 
@@ -99,7 +110,7 @@ a node's environment may hold them (a test run exports them to every worker it s
 
 _FILE = "_FILE"
 _PREFIX = "TICKWHEEL_"
-_SECRETS = frozenset({"web_token"})
+_SECRETS = frozenset({"web_token", "sasl_password"})
 """Fields whose values an error message never shows."""
 
 
@@ -142,6 +153,58 @@ class Settings(BaseSettings):
     log_format: LogFormat = "text"
     """`text` lines, or `json`: one object per line (time, level, logger, message, and
     the exception's text when there is one)."""
+    security_protocol: SecurityProtocol = "PLAINTEXT"
+    """How every Kafka client connects: PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL."""
+    sasl_mechanism: SaslMechanism | None = None
+    """PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512 (with a SASL protocol)."""
+    sasl_username: str | None = None
+    sasl_password: SecretStr | None = None
+    """Best given as `KAFKA_SASL_PASSWORD_FILE`."""
+    ssl_cafile: Path | None = None
+    """The CA of the brokers' certificates (the system's CAs when absent)."""
+    ssl_certfile: Path | None = None
+    """This client's certificate, for mutual TLS (with `ssl_keyfile`)."""
+    ssl_keyfile: Path | None = None
+    replication_factor: int = Field(default=3, ge=1, le=32)
+    """Replicas of every topic the node creates (fewer when the cluster has fewer brokers:
+    a warning says so)."""
+    min_insync_replicas: int = Field(default=2, ge=1, le=32)
+    """`min.insync.replicas` of those topics: an acknowledged write survives that many
+    brokers less one lost (capped below the replication factor actually used)."""
+
+    @property
+    def kafka(self) -> KafkaConnection:
+        """How every Kafka client of the node (and of a command) connects."""
+        return KafkaConnection(
+            bootstrap_servers=self.bootstrap_servers,
+            security_protocol=self.security_protocol,
+            sasl_mechanism=self.sasl_mechanism,
+            sasl_username=self.sasl_username,
+            sasl_password=self.sasl_password,
+            ssl_cafile=self.ssl_cafile,
+            ssl_certfile=self.ssl_certfile,
+            ssl_keyfile=self.ssl_keyfile,
+        )
+
+    @property
+    def replication(self) -> Replication:
+        return Replication(self.replication_factor, self.min_insync_replicas)
+
+    @model_validator(mode="after")
+    def _connectable(self) -> Settings:
+        # A wrong security setting (a missing file, a SASL protocol without credentials)
+        # is one clear error now, before anything connects.
+        try:
+            self.kafka  # noqa: B018
+        except ValidationError as exc:
+            said = "; ".join(str(e["msg"]).removeprefix("Value error, ") for e in exc.errors())
+            raise ValueError(said) from None
+        if self.min_insync_replicas > self.replication_factor:
+            raise ValueError(
+                f"TICKWHEEL_MIN_INSYNC_REPLICAS {self.min_insync_replicas} is more than "
+                f"TICKWHEEL_REPLICATION_FACTOR {self.replication_factor}"
+            )
+        return self
 
     @property
     def limits(self) -> InputLimits:
@@ -320,7 +383,12 @@ def _resolved(values: Mapping[str, str | None], where: str) -> dict[str, str]:
 def _explain(exc: ValidationError) -> str:
     parts = []
     for err in exc.errors():
-        field = str(err["loc"][0]) if err["loc"] else "settings"
+        if not err["loc"]:
+            # The settings as a whole (their consistency): the message names the variables,
+            # and the input is every value, secrets too: never shown.
+            parts.append(str(err["msg"]).removeprefix("Value error, "))
+            continue
+        field = str(err["loc"][0])
         var = VARIABLES.get(field, field)
         where = ".".join(str(p) for p in err["loc"][1:])
         got = "a secret, not shown" if field in _SECRETS else repr(err.get("input"))

@@ -32,6 +32,7 @@ from pydantic import ValidationError
 from yarl import URL
 
 from app.errors import BadInput, TickwheelError
+from app.kafka.connection import Connectable
 from app.node.lateness import LatenessPoint
 from app.node.settings import Settings
 from app.ops.forms import (
@@ -116,7 +117,7 @@ class PageNode(Protocol):
     def health(self) -> dict[str, Any]: ...
 
 
-Requester = Callable[[str, str, AggregateRef, int], Awaitable[TimerOp]]
+Requester = Callable[[Connectable, str, AggregateRef, int], Awaitable[TimerOp]]
 """`(bootstrap, owner type, target, partitions) -> the op written`: `request_retry` or
 `request_skip` of `app.timers.operator` (a fake one in the unit tests)."""
 
@@ -397,7 +398,7 @@ class OperatorPage:
         settings = self._node.settings
         try:
             op = await self._requests[wanted](
-                settings.bootstrap_servers, parsed.type, target, settings.partitions
+                settings.kafka, parsed.type, target, settings.partitions
             )
         except TickwheelError as exc:
             logger.warning("operator page: %s of %s failed: %s", wanted, target, exc)

@@ -31,6 +31,7 @@ from app.kafka import (
     require_topics,
     reset_group_offsets,
 )
+from app.kafka.connection import Connectable
 from app.protocol.topics import AggregateTopics
 
 __all__ = [
@@ -130,7 +131,7 @@ async def replay_span(reader: Reader, topic: str, partition: int) -> Span:
 
 
 async def plan_rebuild(
-    bootstrap: str, group_id: str, types: Sequence[AggregateTopics]
+    bootstrap: Connectable, group_id: str, types: Sequence[AggregateTopics]
 ) -> RebuildPlan:
     """What a rebuild of `types` would do now. Reads only: creates no topic, changes no
     offset; `MissingTopic` naming each topic that is not there."""
@@ -166,7 +167,7 @@ async def plan_rebuild(
     return RebuildPlan(group_id, members, tuple(planned))
 
 
-async def apply_plan(bootstrap: str, plan: RebuildPlan) -> None:
+async def apply_plan(bootstrap: Connectable, plan: RebuildPlan) -> None:
     """Carries `plan` out: `GroupBusy` (and nothing changed) while the group has members."""
     members = await group_members(bootstrap, plan.group_id)
     if members or plan.members:
@@ -181,7 +182,9 @@ async def apply_plan(bootstrap: str, plan: RebuildPlan) -> None:
         logger.info("%s: changelog emptied, log offsets reset", t.topics.type_name)
 
 
-async def rebuild(bootstrap: str, group_id: str, types: Sequence[AggregateTopics]) -> RebuildPlan:
+async def rebuild(
+    bootstrap: Connectable, group_id: str, types: Sequence[AggregateTopics]
+) -> RebuildPlan:
     """Plans and carries out a rebuild of `types`; the plan it carried out."""
     plan = await plan_rebuild(bootstrap, group_id, types)
     await apply_plan(bootstrap, plan)

@@ -36,8 +36,8 @@ __all__ = [
     "dead_letter",
 ]
 
-Headers = tuple[tuple[str, bytes], ...]
-"""A record's headers, in order (Kafka allows a key more than once)."""
+Headers = tuple[tuple[str, bytes | None], ...]
+"""A record's headers, in order (Kafka allows a key more than once, and a null value)."""
 
 LetterRecord = tuple[str, int | None, bytes | None, bytes | None, Headers]
 """A dead letter as the Kafka edge writes it: (topic, partition, key, value, headers)."""
@@ -127,10 +127,10 @@ class DeadLetterContext(BaseModel):
         return tuple((HEADER_PREFIX + k, v.encode()) for k, v in fields.items())
 
     @classmethod
-    def from_headers(cls, headers: Sequence[tuple[str, bytes]]) -> DeadLetterContext:
+    def from_headers(cls, headers: Sequence[tuple[str, bytes | None]]) -> DeadLetterContext:
         """The context of a letter read back; `BadRecord` for a record that is none."""
         raw = {
-            k[len(HEADER_PREFIX) :]: v.decode("utf-8", "replace")
+            k[len(HEADER_PREFIX) :]: (v or b"").decode("utf-8", "replace")
             for k, v in headers
             if k.startswith(HEADER_PREFIX)
         }
@@ -153,7 +153,14 @@ class DeadLetterContext(BaseModel):
 
 
 def _size(key: bytes | None, value: bytes | None, headers: Headers) -> int:
-    return len(key or b"") + len(value or b"") + sum(len(k) + len(v) for k, v in headers)
+    # Each record and header takes a few bytes of framing (varints) besides its bytes.
+    framing = 32 + 8 * len(headers)
+    return (
+        len(key or b"")
+        + len(value or b"")
+        + sum(len(k.encode()) + len(v or b"") for k, v in headers)
+        + framing
+    )
 
 
 def dead_letter(
@@ -184,8 +191,8 @@ def dead_letter(
     key, value, original = record.key, record.value, tuple(record.headers)
     headers = original + context.headers()
     size = _size(key, value, headers)
-    # A record's framing takes some bytes too: leave room for it.
-    room = limit - 1024
+    # The record batch around it takes some bytes too: leave room for them.
+    room = max(limit - 1024, 1024)
     if size > room:
         headers = context.model_copy(update={"truncated": size}).headers()
         left = max(room - _size(None, None, headers), 0)
@@ -207,7 +214,10 @@ class DeadLetter:
 
     @classmethod
     def read(
-        cls, key: bytes | None, value: bytes | None, headers: Sequence[tuple[str, bytes]]
+        cls,
+        key: bytes | None,
+        value: bytes | None,
+        headers: Sequence[tuple[str, bytes | None]],
     ) -> DeadLetter:
         """A letter from a record of a dead-letter topic; `BadRecord` if it is none."""
         return cls(

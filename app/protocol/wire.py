@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import logging
 from enum import StrEnum
-from typing import Annotated, Any, Final, TypeVar
+from typing import Annotated, Final, Self, TypeVar
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from app.errors import BadRecord
 from tables import AggregateRef, CommandSpec, ScheduleRule
-from tables.bounds import MAX_INT64, Instant
+from tables.bounds import MAX_INT64, Instant, JsonObject, check_json
 
 __all__ = [
     "AGGREGATE_DELETED",
@@ -62,6 +62,13 @@ _Version = Annotated[int, Field(ge=1, le=MAX_INT64)]
 class _Envelope(BaseModel):
     model_config = ConfigDict(extra="allow", frozen=True)
 
+    @model_validator(mode="after")
+    def _extras_within_bounds(self) -> Self:
+        # Unknown fields are kept and written back: they too must be JSON any encoder writes.
+        if self.model_extra:
+            check_json(self.model_extra, "record")
+        return self
+
 
 class ScheduleSet(_Envelope):
     """Body of `wow.ScheduleSet`: send `command` to `target` by `rule`, unique by `key`."""
@@ -95,7 +102,7 @@ class EventEnvelope(_Envelope):
         default=None, max_length=300, description="the command that caused it"
     )
     created_at: Instant
-    body: dict[str, Any] = Field(default_factory=dict)
+    body: JsonObject = Field(default_factory=dict)
 
 
 class CommandEnvelope(_Envelope):
@@ -104,7 +111,7 @@ class CommandEnvelope(_Envelope):
     request_id: str = Field(min_length=1, max_length=300, description="idempotency key")
     type: str = Field(min_length=1, max_length=200)
     aggregate: AggregateRef
-    body: dict[str, Any] = Field(default_factory=dict)
+    body: JsonObject = Field(default_factory=dict)
     not_before: Instant | None = Field(
         default=None, description="the target refuses (SCHEDULE_NOT_DUE) before this time"
     )

@@ -38,6 +38,7 @@ from app.kafka import (
     read_partitions,
     require_topic,
 )
+from app.kafka.connection import Connectable
 from app.protocol.topics import ContextTopics
 from tables.ledger import LedgerEntry
 from tables.partitioner import partition_of
@@ -173,7 +174,7 @@ class LedgerView:
 
 
 async def read_ledger(
-    bootstrap: str, context: str, partitions: int | None = None
+    bootstrap: Connectable, context: str, partitions: int | None = None
 ) -> list[LedgerEntry]:
     """The open entries of `context`'s ledger as the topic has them now (for the CLI).
 

@@ -38,6 +38,7 @@ from app.kafka import (
     read_to_end,
     require_topic,
 )
+from app.kafka.connection import Connectable, address
 from app.protocol.topics import parse_aggregate_type
 from app.protocol.wire import TimerAction, TimerOp, encode
 from app.timers.runner import TimerRunner
@@ -82,21 +83,25 @@ def op_records(topic: str, op: TimerOp, partitions: int) -> list[OutRecord]:
 
 
 async def request_retry(
-    bootstrap: str, type_name: str, target: AggregateRef, partitions: int
+    bootstrap: Connectable, type_name: str, target: AggregateRef, partitions: int
 ) -> TimerOp:
     """Asks the owners of `type_name`'s timers to retry those PARKED on `target`."""
     return await _request(bootstrap, type_name, TimerAction.RETRY, target, partitions)
 
 
 async def request_skip(
-    bootstrap: str, type_name: str, target: AggregateRef, partitions: int
+    bootstrap: Connectable, type_name: str, target: AggregateRef, partitions: int
 ) -> TimerOp:
     """Asks the owners of `type_name`'s timers to skip those PARKED on `target`."""
     return await _request(bootstrap, type_name, TimerAction.SKIP, target, partitions)
 
 
 async def _request(
-    bootstrap: str, type_name: str, action: TimerAction, target: AggregateRef, partitions: int
+    bootstrap: Connectable,
+    type_name: str,
+    action: TimerAction,
+    target: AggregateRef,
+    partitions: int,
 ) -> TimerOp:
     """Writes the op to every partition; returns once the broker acknowledged them all.
 
@@ -132,7 +137,7 @@ async def carry_out(runner: TimerRunner, op: TimerOp, partition: int) -> int:
 
 
 async def read_timers(
-    bootstrap: str,
+    bootstrap: Connectable,
     type_name: str,
     partitions: int | None = None,
     status: TimerStatus | None = None,
@@ -202,7 +207,7 @@ class TimerHistory(BaseModel):
 
 
 async def read_timer_history(
-    bootstrap: str, owner: AggregateRef, key: str | None = None
+    bootstrap: Connectable, owner: AggregateRef, key: str | None = None
 ) -> TimerHistory:
     """Every version of `owner`'s timers (of `key` only, if given) that the changelog's
     committed records still hold. Compaction keeps at least each key's last version; the
@@ -217,11 +222,12 @@ async def read_timer_history(
     if not found:
         raise MissingTopic(
             f"unknown type {owner.type_name}: topics {topics.events} and {topic} do not exist "
-            f"at {bootstrap} (no worker has run against this cluster?); nothing was created"
+            f"at {address(bootstrap)} (no worker has run against this cluster?); "
+            "nothing was created"
         )
     if topic not in found:
         raise MissingTopic(
-            f"topic {topic} does not exist at {bootstrap} (no worker has kept timers of "
+            f"topic {topic} does not exist at {address(bootstrap)} (no worker has kept timers of "
             f"{owner.type_name} there?); nothing was created"
         )
     # An owner's rows all sit in its partition: the one its id is keyed to.

@@ -21,10 +21,12 @@ class Bad:
     key: bytes | None
     value: bytes | None
     timestamp: int = 1_700_000_000_000
-    headers: tuple[tuple[str, bytes], ...] = ()
+    headers: tuple[tuple[str, bytes | None], ...] = ()
 
 
-headers = st.lists(st.tuples(st.text(max_size=20), st.binary(max_size=50)), max_size=4)
+headers = st.lists(
+    st.tuples(st.text(max_size=20), st.one_of(st.none(), st.binary(max_size=50))), max_size=4
+)
 
 
 @given(
@@ -34,7 +36,7 @@ headers = st.lists(st.tuples(st.text(max_size=20), st.binary(max_size=50)), max_
     message=st.text(max_size=5000),
 )
 def test_a_letter_holds_the_records_bytes_unchanged_and_says_why(
-    key: bytes | None, value: bytes | None, own: list[tuple[str, bytes]], message: str
+    key: bytes | None, value: bytes | None, own: list[tuple[str, bytes | None]], message: str
 ) -> None:
     record = Bad("shop.order.events", 3, 41, key, value, headers=tuple(own))
     topic, partition, k, v, h = dead_letter(record, ValueError(message), Stage.APPLY, 5)
@@ -59,7 +61,7 @@ def test_invalid_utf8_and_a_record_near_the_broker_limit_are_kept_whole() -> Non
 def test_a_letter_larger_than_its_topic_takes_is_cut_to_fit_and_says_so() -> None:
     record = Bad("shop.order.events", 0, 1, b"k" * 10_000, b"v" * 100_000)
     _, _, key, value, h = dead_letter(record, "too big", Stage.READ, 0, limit=50_000)
-    size = len(key or b"") + len(value or b"") + sum(len(a) + len(b) for a, b in h)
+    size = len(key or b"") + len(value or b"") + sum(len(a) + len(b or b"") for a, b in h)
     assert size <= 50_000
     letter = DeadLetter.read(key, value, h)
     assert letter.context.truncated is not None and letter.context.truncated > 110_000
@@ -101,15 +103,33 @@ def test_a_partition_is_held_only_when_its_failed_cycle_read_records() -> None:
         max_size=20,
     )
 )
-def test_failures_in_a_row_count_only_at_the_same_offsets(
+def test_failures_in_a_row_count_at_the_same_offsets_and_a_hold_keeps_the_furthest(
     failures: list[tuple[int, dict[str, int]]],
 ) -> None:
+    """A model of it: a held partition's offsets only grow (each topic's furthest), so
+    the hold is released past every one; the count goes up while they stay the same."""
     failing = FailingPartitions()
-    last: dict[int, tuple[dict[str, int], int]] = {}
+    model: dict[int, tuple[dict[str, int], int, bool]] = {}
     for p, at in failures:
         got = failing.failed(p, at, "x")
-        before = last.get(p)
-        expected = before[1] + 1 if before is not None and before[0] == at else 1
-        assert got.failures == expected
-        last[p] = (at, expected)
-        assert failing.held(p) == (bool(at) or failing.held(p))
+        before = model.get(p)
+        merged = dict(at)
+        if before is not None and before[2]:
+            merged = {t: max(o, before[0].get(t, -1)) for t, o in at.items()}
+            merged |= {t: o for t, o in before[0].items() if t not in at}
+        count = before[1] + 1 if before is not None and before[0] == merged else 1
+        held = bool(merged) or (before is not None and before[2])
+        model[p] = (merged, count, held)
+        assert (got.at, got.failures, failing.held(p)) == (merged, count, held)
+    for p, (merged, _, held) in model.items():
+        short = {t: o - 1 for t, o in merged.items()}
+        if merged and any(o >= 0 for o in merged.values()):
+            assert not failing.read(p, short) or not held
+        assert failing.read(p, merged) == held
+
+
+def test_a_header_with_a_null_value_is_kept_as_it_was() -> None:
+    record = Bad("shop.order.events", 0, 1, b"k", b"{", headers=(("trace", None),))
+    *_, h = dead_letter(record, "not JSON", Stage.READ, 0)
+    assert h[0] == ("trace", None)
+    assert DeadLetter.read(b"k", b"{", h).headers == (("trace", None),)

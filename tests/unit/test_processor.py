@@ -304,3 +304,23 @@ async def test_a_command_with_a_reply_address_elsewhere_is_answered_on_its_own_a
     assert answered["code"] == "ERROR" and why in answered["message"]
     assert letter[0] == "shop.dead-letters" and letter[3] == encode(cmd)
     assert states.get(P, state_key(ORDER)) is None, "never decided"
+
+
+async def test_a_decision_that_cannot_be_written_leaves_the_batch_as_it_was() -> None:
+    """A handler emits an integer no 64-bit reader holds: the command is answered ERROR and
+    dead-lettered, and nothing of it is staged (no applied request id, no state, no event),
+    so a retry is decided again, not answered DUPLICATE."""
+    huge = order_type()
+
+    @huge.command("shop.Huge")
+    def emit_huge(state: Any, cmd: Any, d: Any) -> None:
+        d.emit("shop.Counted", {"n": 2**70})
+
+    txn = FakeTransaction()
+    states = MemoryAggregateStore()
+    processor = CommandProcessor(huge, P, partitions=4, states=states, commit=txn, now=lambda: T0)
+    await processor.handle([record(command(type="shop.Huge"))])
+    assert txn.topics() == ["shop.results", "shop.dead-letters"]
+    assert orjson.loads(txn.commits[0][0][0][3] or b"")["code"] == "ERROR"
+    assert not states.seen(P, state_key(ORDER), "t-1#0")
+    assert states.get(P, state_key(ORDER)) is None

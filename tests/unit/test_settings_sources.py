@@ -18,8 +18,13 @@ def test_every_field_has_its_variable() -> None:
     assert set(VARIABLES) == set(Settings.model_fields)
     assert VARIABLES["bootstrap_servers"] == "KAFKA_BOOTSTRAP_SERVERS"
     assert VARIABLES["timers"] == "TICKWHEEL_TIMER_OPTIONS"
+    # How to reach Kafka is named as Kafka's clients name it; the rest is Tickwheel's own.
+    kafka = {"security_protocol", "ssl_cafile", "ssl_certfile", "ssl_keyfile"}
+    kafka |= {f for f in VARIABLES if f.startswith("sasl_")}
     for field, var in VARIABLES.items():
-        if field not in ("bootstrap_servers", "timers"):
+        if field in kafka:
+            assert var == f"KAFKA_{field.upper()}"
+        elif field not in ("bootstrap_servers", "timers"):
             assert var == f"TICKWHEEL_{field.upper()}"
 
 

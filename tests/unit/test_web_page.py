@@ -17,6 +17,7 @@ import pytest
 from yarl import URL
 
 from app.errors import KafkaUnavailable, TickwheelError
+from app.kafka.connection import Connectable, connection
 from app.node.metrics import NodeMetrics
 from app.node.settings import Settings
 from app.ops.page import CHART_SECONDS, OperatorPage
@@ -93,11 +94,11 @@ class Recorder:
         self.fail: TickwheelError | None = None
 
     async def __call__(
-        self, bootstrap: str, type_name: str, target: AggregateRef, partitions: int
+        self, bootstrap: Connectable, type_name: str, target: AggregateRef, partitions: int
     ) -> TimerOp:
         if self.fail is not None:
             raise self.fail
-        self.calls.append((bootstrap, type_name, target, partitions))
+        self.calls.append((connection(bootstrap).bootstrap_servers, type_name, target, partitions))
         return new_op(self.action, target, now=T0)
 
 

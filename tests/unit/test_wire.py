@@ -87,3 +87,25 @@ def test_schemas_cover_every_envelope() -> None:
     assert {"event.schema.json", "wow.ScheduleSet.schema.json", "command.schema.json"} <= names
     schema = orjson.loads(render_schemas()["wow.ScheduleSet.schema.json"])
     assert set(schema["required"]) == {"key", "rule", "command"}
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"n": 1180591620717411303424}',
+        b'{"n": -9223372036854775809}',
+        b'{"n": 1e400}',
+        b'{"n": ' + b"[" * 70 + b"]" * 70 + b"}",
+    ],
+)
+def test_a_body_no_reader_holds_or_encoder_writes_back_is_bad_input(body: bytes) -> None:
+    """Integers past signed 64 bits, non-finite numbers and nesting past 64 levels: refused
+    where they come in, not when the node writes them back (orjson refuses the first)."""
+    event = (
+        b'{"id":"e","type":"x.Y","aggregate":{"context":"c","aggregate":"a","id":"i"},'
+        b'"version":1,"created_at":0,"body":' + body + b"}"
+    )
+    with pytest.raises(BadRecord):
+        decode(EventEnvelope, event)
+    with pytest.raises(BadRecord):
+        decode(EventEnvelope, event.replace(b'"body":', b'"extra":'))
