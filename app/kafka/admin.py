@@ -25,7 +25,7 @@ from aiokafka.protocol.metadata import MetadataRequest
 
 from app.errors import KafkaUnavailable, MissingTopic
 from app.kafka.connection import Connectable, address, client_options
-from app.kafka.records import Replication, TopicSpec, start_client
+from app.kafka.records import Replication, TopicSpec, explain, start_client
 
 logger = logging.getLogger(__name__)
 
@@ -58,7 +58,7 @@ async def max_message_bytes(bootstrap: Connectable, topic: str) -> int:
                     return int(entry[1])
         raise KafkaUnavailable(f"the broker did not say {topic}'s max.message.bytes")
     except KafkaError as exc:
-        raise KafkaUnavailable(f"cannot read the configs of {topic}: {exc!r}") from exc
+        raise KafkaUnavailable(f"cannot read the configs of {topic}: {explain(exc)}") from exc
     finally:
         await admin.close()
 
@@ -132,7 +132,9 @@ async def ensure_topics(
                     used.factor,
                 )
     except KafkaError as exc:
-        raise KafkaUnavailable(f"cannot create topics at {address(bootstrap)}: {exc!r}") from exc
+        raise KafkaUnavailable(
+            f"cannot create topics at {address(bootstrap)}: {explain(exc)}"
+        ) from exc
     finally:
         await admin.close()
 
@@ -169,7 +171,7 @@ async def cluster_id(bootstrap: Connectable) -> str:
             client.get_random_node(), MetadataRequest(topics=[], allow_auto_topic_creation=False)
         )
     except KafkaError as exc:
-        raise KafkaUnavailable(f"cannot read the cluster id: {exc!r}") from exc
+        raise KafkaUnavailable(f"cannot read the cluster id: {explain(exc)}") from exc
     finally:
         await client.close()
     found = getattr(response, "cluster_id", None)
@@ -188,7 +190,7 @@ async def group_members(bootstrap: Connectable, group_id: str) -> int:
         # (error_code, group_id, state, protocol_type, protocol, members, …)
         return sum(len(g[5]) for g in groups)
     except KafkaError as exc:
-        raise KafkaUnavailable(f"cannot describe group {group_id}: {exc!r}") from exc
+        raise KafkaUnavailable(f"cannot describe group {group_id}: {explain(exc)}") from exc
     finally:
         await admin.close()
 
@@ -211,7 +213,9 @@ async def existing_topics(bootstrap: Connectable, names: Iterable[str]) -> dict[
         described = await admin.describe_topics(present)
         return {t["topic"]: len(t["partitions"]) for t in described if not t.get("error_code")}
     except KafkaError as exc:
-        raise KafkaUnavailable(f"cannot read the topics at {address(bootstrap)}: {exc!r}") from exc
+        raise KafkaUnavailable(
+            f"cannot read the topics at {address(bootstrap)}: {explain(exc)}"
+        ) from exc
     finally:
         await admin.close()
 
@@ -223,7 +227,9 @@ async def topic_names(bootstrap: Connectable) -> set[str]:
         await admin.start()
         return set(await admin.list_topics())
     except KafkaError as exc:
-        raise KafkaUnavailable(f"cannot read the topics at {address(bootstrap)}: {exc!r}") from exc
+        raise KafkaUnavailable(
+            f"cannot read the topics at {address(bootstrap)}: {explain(exc)}"
+        ) from exc
     finally:
         await admin.close()
 
@@ -266,7 +272,7 @@ async def log_offsets(
         ends = await consumer.end_offsets(tps)
         return {tp.partition: (int(begins[tp]), int(ends[tp])) for tp in tps}
     except KafkaError as exc:
-        raise KafkaUnavailable(f"cannot read the offsets of {topic}: {exc!r}") from exc
+        raise KafkaUnavailable(f"cannot read the offsets of {topic}: {explain(exc)}") from exc
     finally:
         await consumer.stop()
 
@@ -289,7 +295,9 @@ async def delete_records(
             if "PolicyViolation" in repr(exc)
             else ""
         )
-        raise KafkaUnavailable(f"cannot delete the records of {topic}: {exc!r}{hint}") from exc
+        raise KafkaUnavailable(
+            f"cannot delete the records of {topic}: {explain(exc)}{hint}"
+        ) from exc
     finally:
         await admin.close()
 
@@ -328,7 +336,9 @@ class GroupOffsets:
                 lambda: self._admin.list_consumer_group_offsets(self.group_id, partitions=tps)
             )
         except KafkaError as exc:
-            raise KafkaUnavailable(f"cannot read {self.group_id}'s offsets: {exc!r}") from exc
+            raise KafkaUnavailable(
+                f"cannot read {self.group_id}'s offsets: {explain(exc)}"
+            ) from exc
         out: dict[tuple[str, int], int | None] = {}
         for tp in tps:
             meta = got.get(tp)
@@ -351,6 +361,8 @@ async def reset_group_offsets(
         consumer.assign(tps)
         await consumer.commit({tp: offset for tp in tps})
     except KafkaError as exc:
-        raise KafkaUnavailable(f"cannot reset {group_id}'s offsets of {topic}: {exc!r}") from exc
+        raise KafkaUnavailable(
+            f"cannot reset {group_id}'s offsets of {topic}: {explain(exc)}"
+        ) from exc
     finally:
         await consumer.stop()

@@ -19,7 +19,7 @@ from aiokafka.errors import (
 from app.errors import KafkaUnavailable
 from app.kafka.connection import Connectable, client_options
 from app.kafka.ports import Assigned
-from app.kafka.records import Record, start_client
+from app.kafka.records import Record, explain, start_client
 
 logger = logging.getLogger(__name__)
 
@@ -67,7 +67,7 @@ class Reader:
                 begin = (await self._consumer.beginning_offsets([tp]))[tp]
                 end = (await self._consumer.end_offsets([tp]))[tp]
             except KafkaError as exc:
-                raise KafkaUnavailable(f"offsets of {topic}[{partition}]: {exc!r}") from exc
+                raise KafkaUnavailable(f"offsets of {topic}[{partition}]: {explain(exc)}") from exc
         return int(begin), int(end)
 
     async def read(self, topic: str, partition: int, start: int) -> AsyncIterator[list[Record]]:
@@ -92,7 +92,7 @@ class Reader:
                     # Transaction markers take offsets too: trust the consumer's position.
                     position = await c.position(tp)
             except KafkaError as exc:
-                raise KafkaUnavailable(f"cannot read {topic}[{partition}]: {exc!r}") from exc
+                raise KafkaUnavailable(f"cannot read {topic}[{partition}]: {explain(exc)}") from exc
 
 
 async def read_to_end(
@@ -202,7 +202,7 @@ class PartitionReader:
             try:
                 got = await self._consumer.getmany(timeout_ms=timeout_ms)
             except KafkaError as exc:
-                raise KafkaUnavailable(f"reading {self.topic} failed: {exc!r}") from exc
+                raise KafkaUnavailable(f"reading {self.topic} failed: {explain(exc)}") from exc
         return [_record(m) for ms in got.values() for m in ms]
 
 
@@ -264,7 +264,7 @@ class GroupConsumer:
         try:
             got = await self._consumer.getmany(timeout_ms=timeout_ms)
         except KafkaError as exc:
-            raise KafkaUnavailable(f"poll failed: {exc!r}") from exc
+            raise KafkaUnavailable(f"poll failed: {explain(exc)}") from exc
         return {(tp.topic, tp.partition): [_record(m) for m in ms] for tp, ms in got.items()}
 
     async def commit(self, offsets: dict[tuple[str, int], int]) -> None:
@@ -278,7 +278,7 @@ class GroupConsumer:
             try:
                 await self._consumer.commit(tps)
             except KafkaError as exc:
-                raise KafkaUnavailable(f"offset commit failed: {exc!r}") from exc
+                raise KafkaUnavailable(f"offset commit failed: {explain(exc)}") from exc
 
     async def backlog(self, topic: str, partition: int) -> int:
         """How many records of the partition wait behind what was fetched."""
@@ -323,7 +323,7 @@ class GroupConsumer:
         except IllegalStateError:
             return  # revoked in between
         except KafkaError as exc:
-            raise KafkaUnavailable(f"cannot read committed offsets: {exc!r}") from exc
+            raise KafkaUnavailable(f"cannot read committed offsets: {explain(exc)}") from exc
 
     def seek(self, topic: str, partition: int, offset: int) -> bool:
         """Reads the partition again from `offset`; False when it is no longer assigned."""

@@ -17,7 +17,7 @@ from aiokafka.errors import (
 
 from app.errors import Fenced, KafkaUnavailable
 from app.kafka.connection import Connectable, client_options
-from app.kafka.records import OutRecord, headers_of, start_client
+from app.kafka.records import OutRecord, explain, headers_of, start_client
 
 logger = logging.getLogger(__name__)
 
@@ -54,7 +54,7 @@ class Producer:
             ]
             return [(await f).offset for f in futures]
         except KafkaError as exc:
-            raise KafkaUnavailable(f"send failed: {exc!r}") from exc
+            raise KafkaUnavailable(f"send failed: {explain(exc)}") from exc
 
     async def send(
         self, topic: str, key: bytes | None, value: bytes | None, partition: int | None = None
@@ -119,7 +119,7 @@ class TransactionalProducer:
         try:
             return [(await f).offset for f in futures]
         except KafkaError as exc:  # committed, so acknowledged: this would be a client bug
-            raise KafkaUnavailable(f"{self.transactional_id}: no offsets: {exc!r}") from exc
+            raise KafkaUnavailable(f"{self.transactional_id}: no offsets: {explain(exc)}") from exc
 
     async def flush(
         self, offsets: dict[tuple[str, int], int] | None = None, group_id: str = ""
@@ -184,7 +184,7 @@ class TransactionalProducer:
         if isinstance(exc, ProducerFenced):
             error: KafkaUnavailable = Fenced(f"{self.transactional_id} was fenced by a newer owner")
         else:
-            error = KafkaUnavailable(f"{self.transactional_id}: transaction failed: {exc!r}")
+            error = KafkaUnavailable(f"{self.transactional_id}: transaction failed: {explain(exc)}")
         self.broken = error
         if self._open and not isinstance(exc, ProducerFenced):
             with contextlib.suppress(Exception):

@@ -9,7 +9,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from aiokafka.errors import (
+    AuthenticationFailedError,
+    ClusterAuthorizationFailedError,
+    GroupAuthorizationFailedError,
     KafkaError,
+    SaslAuthenticationFailed,
+    TopicAuthorizationFailedError,
+    TransactionalIdAuthorizationFailed,
 )
 
 from app.errors import KafkaUnavailable
@@ -17,12 +23,36 @@ from app.errors import KafkaUnavailable
 logger = logging.getLogger(__name__)
 
 
+_DENIED: tuple[tuple[type[KafkaError], str], ...] = (
+    (TopicAuthorizationFailedError, "a topic (Describe, Read, Write or Create on it)"),
+    (GroupAuthorizationFailedError, "the consumer group (Read, Describe)"),
+    (TransactionalIdAuthorizationFailed, "a transactional id (Write, Describe)"),
+    (ClusterAuthorizationFailedError, "the cluster (IdempotentWrite)"),
+)
+
+
+def explain(exc: BaseException) -> str:
+    """A client library error in a user's terms: what was refused and what to check."""
+    for kind, what in _DENIED:
+        if isinstance(exc, kind):
+            return (
+                f"not authorized on {what}: {exc!r}; the principal needs the ACLs the "
+                "README's 'Connecting to your Kafka' lists"
+            )
+    if isinstance(exc, SaslAuthenticationFailed | AuthenticationFailedError):
+        return (
+            f"authentication failed: {exc!r}; check KAFKA_SASL_MECHANISM, "
+            "KAFKA_SASL_USERNAME and KAFKA_SASL_PASSWORD"
+        )
+    return repr(exc)
+
+
 async def start_client(client: Any, what: str) -> None:
     """Starts an aiokafka client, its failure said in our terms."""
     try:
         await client.start()
     except KafkaError as exc:
-        raise KafkaUnavailable(f"{what} cannot connect: {exc!r}") from exc
+        raise KafkaUnavailable(f"{what} cannot connect: {explain(exc)}") from exc
 
 
 BROKER_MAX_MESSAGE_BYTES = 1_048_588

@@ -70,3 +70,20 @@ def test_a_ca_file_that_is_no_certificate_is_refused(tmp_path: Path) -> None:
     ca.write_text("not a certificate")
     with pytest.raises(ValidationError, match="TLS material unusable"):
         KafkaConnection(bootstrap_servers="b:9093", security_protocol="SSL", ssl_cafile=ca)
+
+
+def test_a_refusal_is_said_in_the_users_terms() -> None:
+    from aiokafka.errors import (
+        GroupAuthorizationFailedError,
+        KafkaConnectionError,
+        SaslAuthenticationFailed,
+        TransactionalIdAuthorizationFailed,
+    )
+
+    from app.kafka.records import explain
+
+    assert "not authorized on the consumer group" in explain(GroupAuthorizationFailedError())
+    assert "transactional id" in explain(TransactionalIdAuthorizationFailed())
+    said = explain(SaslAuthenticationFailed("bad password"))
+    assert "authentication failed" in said and "KAFKA_SASL_PASSWORD" in said
+    assert explain(KafkaConnectionError("x")) == repr(KafkaConnectionError("x"))
