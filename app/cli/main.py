@@ -42,7 +42,7 @@ from app.cli.timers import timers_cli
 from app.errors import TickwheelError
 from app.kafka.broker_watch import install_log_filter
 from app.node.settings import Settings
-from app.protocol.schemas import SCHEMA_DIR, stale_schemas, write_schemas
+from app.protocol.schemas import default_dir, stale_schemas, write_schemas
 from app.service import Service
 
 __all__ = ["cli", "main", "version_line"]
@@ -331,22 +331,33 @@ def rebuild(
 
 @cli.command()
 def schemas(
-    check: Annotated[bool, typer.Option(help="fail if the published schemas are stale")] = False,
-    directory: Annotated[Path, typer.Option()] = SCHEMA_DIR,
+    check: Annotated[
+        bool, typer.Option(help="compare the directory's schemas with the models; write nothing")
+    ] = False,
+    directory: Annotated[
+        Path | None,
+        typer.Option(
+            "--dir",
+            "--directory",
+            help="where the schema files are (default: ./docs/schemas when the working "
+            "directory has one, else the working directory)",
+        ),
+    ] = None,
     as_json: Json = False,
 ) -> None:
-    """Writes the JSON Schemas of the wire envelopes (or checks them)."""
+    """Writes the JSON Schemas of the wire envelopes into a directory (or checks them)."""
     command_settings()  # no setting is used; a bad configuration is still an error
+    where = default_dir() if directory is None else directory
     if check:
-        stale = stale_schemas(directory)
+        stale = stale_schemas(where)
         if as_json:
-            json_line({"directory": str(directory), "stale": stale})
+            json_line({"directory": str(where), "stale": stale})
         if stale:
-            raise fail(f"stale schemas in {directory}: {', '.join(stale)}")
+            raise fail(f"stale schemas in {where}: {', '.join(stale)}")
         if not as_json:
-            typer.echo("schemas are up to date")
+            typer.echo(f"schemas are up to date in {where}")
         return
-    for path in write_schemas(directory):
+    for path in write_schemas(where):
         if as_json:
             json_line({"written": str(path)})
         else:

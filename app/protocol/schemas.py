@@ -1,4 +1,18 @@
-"""JSON Schemas of the wire envelopes, published under `docs/schemas/` for other languages."""
+"""JSON Schemas of the wire envelopes, for writers and readers in other languages.
+
+The pydantic models are the one source of truth: `render_schemas()` renders each model's
+schema, and every copy of the files is that rendering, checked by a test:
+
+- `docs/schemas/` in the repository, for readers (`tickwheel schemas` writes it, run from
+  the repository's root; `tickwheel schemas --check`, run by `scripts/test`, compares);
+- `app/protocol/json_schemas/` (`SHIPPED_DIR`), shipped in the wheel as package data, so
+  that an installed Tickwheel has them too (`tickwheel schemas --dir
+  app/protocol/json_schemas` rewrites that copy).
+
+Nothing here writes where no one asked: `write_schemas` takes its directory, and the
+command's default (`default_dir()`) is the working directory's, never the installed
+package's.
+"""
 
 from __future__ import annotations
 
@@ -19,9 +33,22 @@ from app.protocol.wire import (
 )
 from tables import Timer
 
-__all__ = ["SCHEMA_DIR", "render_schemas", "stale_schemas", "write_schemas"]
+__all__ = [
+    "SCHEMA_DIR",
+    "SHIPPED_DIR",
+    "default_dir",
+    "render_schemas",
+    "stale_schemas",
+    "write_schemas",
+]
+
+SHIPPED_DIR = Path(__file__).resolve().parent / "json_schemas"
+"""The copy the package ships (package data): in a source tree, the committed files; in an
+installed Tickwheel, the wheel's. Read it; do not write into an installed package."""
 
 SCHEMA_DIR = Path(__file__).resolve().parents[2] / "docs" / "schemas"
+"""`docs/schemas/` of the source tree this module was loaded from: meaningful only in a
+checkout (an installed package has no docs/ beside it). Only read by default."""
 
 _MODELS: dict[str, type[BaseModel]] = {
     "event": EventEnvelope,
@@ -47,7 +74,17 @@ def render_schemas() -> dict[str, bytes]:
     }
 
 
-def write_schemas(directory: Path = SCHEMA_DIR) -> list[Path]:
+def default_dir(cwd: Path | None = None) -> Path:
+    """Where `tickwheel schemas` writes and checks unless told: `docs/schemas` of the
+    working directory when there is one (the repository's root), else the working
+    directory itself."""
+    here = Path.cwd() if cwd is None else cwd
+    docs = here / "docs" / "schemas"
+    return docs if docs.is_dir() else here
+
+
+def write_schemas(directory: Path) -> list[Path]:
+    """Writes every schema file into `directory` (made if missing); the paths written."""
     directory.mkdir(parents=True, exist_ok=True)
     written = []
     for name, text in render_schemas().items():
@@ -58,7 +95,8 @@ def write_schemas(directory: Path = SCHEMA_DIR) -> list[Path]:
 
 
 def stale_schemas(directory: Path = SCHEMA_DIR) -> list[str]:
-    """The schema files that are missing or differ from the models."""
+    """The schema files of `directory` (the source tree's docs/schemas by default) that
+    are missing or differ from the models."""
     return [
         name
         for name, text in render_schemas().items()

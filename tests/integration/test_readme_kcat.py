@@ -1,7 +1,8 @@
-"""The README's kcat commands, run as written against the session's broker: the example
+"""The docs' kcat commands (docs/wire-format.md), run as written against the session's
+broker: the example
 record lands in the partition Kafka's default partitioner (murmur2) gives its key, where the
 node reads it as a timer of its aggregate, not a misrouted record (issue 10, item 2); and the
-dead-letter command prints a letter as the README shows it: the bad record's own key and
+dead-letter command prints a letter as the docs show it: the bad record's own key and
 value, and where it came from and why in its headers."""
 
 from __future__ import annotations
@@ -28,25 +29,34 @@ from tables.partitioner import partition_of
 
 pytestmark = pytest.mark.kafka
 
-README = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+ROOT = Path(__file__).resolve().parents[2]
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+PAGE = (ROOT / "docs" / "wire-format.md").read_text()
+"""The page that shows the kcat commands (the README's reference on the wire)."""
 DEMO = "app.demo:service"
 
 
 def kcat_block(mode: str) -> str:
-    """The README's one code block that runs kcat in `mode` (-P produces, -C consumes)."""
-    sh_blocks: list[str] = re.findall(r"```sh\n(.*?)```", README, flags=re.S)
+    """The page's one code block that runs kcat in `mode` (-P produces, -C consumes)."""
+    sh_blocks: list[str] = re.findall(r"```sh\n(.*?)```", PAGE, flags=re.S)
     blocks = [b for b in sh_blocks if f"kcat {mode} " in b]
-    assert len(blocks) == 1, f"the README shows one kcat {mode} example"
+    assert len(blocks) == 1, f"docs/wire-format.md shows one kcat {mode} example"
     return blocks[0]
 
 
-def test_every_kcat_command_of_the_readme_is_run_here() -> None:
-    sh_blocks: list[str] = re.findall(r"```sh\n(.*?)```", README, flags=re.S)
+def test_every_kcat_command_of_the_docs_is_run_here() -> None:
+    """The two of docs/wire-format.md, and no other page shows one."""
+    sh_blocks: list[str] = re.findall(r"```sh\n(.*?)```", PAGE, flags=re.S)
     assert [b for b in sh_blocks if "kcat " in b] == [kcat_block("-P"), kcat_block("-C")]
+    for page in DOCS:
+        if page.name != "wire-format.md":
+            assert "kcat -" not in "".join(
+                re.findall(r"```sh\n(.*?)```", page.read_text(), flags=re.S)
+            ), page
 
 
 async def run_block(block: str, bootstrap: str) -> tuple[bytes, bytes]:
-    """Runs a README block in bash as written; its stdout and stderr (it must succeed)."""
+    """Runs a docs block in bash as written; its stdout and stderr (it must succeed)."""
     run = await asyncio.create_subprocess_exec(
         "bash",
         "-euo",
@@ -67,7 +77,7 @@ async def test_the_readmes_kcat_example_lands_in_its_aggregates_partition(
 ) -> None:
     # scripts/test installs kcat (Debian's package) where it is missing.
     assert shutil.which("kcat"), "kcat is not installed: apt-get install kcat"
-    partitions = Settings().partitions  # the default, as the README's worker runs with
+    partitions = Settings().partitions  # the default, as the docs' worker runs with
     shop_order = parse_aggregate_type("shop.order")
     await ensure_topics(kafka_bootstrap, node_topics([shop_order], partitions))
     await run_block(kcat_block("-P"), kafka_bootstrap)
@@ -85,10 +95,10 @@ async def test_the_readmes_kcat_example_lands_in_its_aggregates_partition(
 
 
 def readme_letter() -> list[bytes]:
-    """The letter the README shows the dead-letter command print: headers, key, value."""
-    after = README[README.index(kcat_block("-C")) :]
+    """The letter the docs show the dead-letter command print: headers, key, value."""
+    after = PAGE[PAGE.index(kcat_block("-C")) :]
     texts: list[str] = re.findall(r"```text\n(.*?)```", after, flags=re.S)
-    assert texts, "the README shows a letter after its dead-letter command"
+    assert texts, "the docs show a letter after their dead-letter command"
     lines = texts[0].encode().splitlines()
     assert len(lines) == 3, "a letter in three lines: %h, %k, %s"
     return lines
@@ -105,13 +115,13 @@ def header_fields(line: bytes) -> list[tuple[str, str]]:
 async def test_the_readmes_dead_letter_command_prints_the_letter_it_shows(
     kafka_bootstrap: str, tmp_path: Path
 ) -> None:
-    """The README's bad event (the kcat example's, its `at` past 9999), written to the
-    log of a running `shop.order` worker: the README's kcat command prints its letter
-    as the README shows it (the bad record's key and value as written)."""
+    """The docs' bad event (the kcat example's, its `at` past 9999), written to the
+    log of a running `shop.order` worker: the docs' kcat command prints its letter
+    as the docs show it (the bad record's key and value as written)."""
     assert shutil.which("kcat"), "kcat is not installed: apt-get install kcat"
     shown_headers, key, value = readme_letter()
     shown = dict(header_fields(shown_headers))
-    partitions = Settings().partitions  # the README's worker's, as in the letter shown
+    partitions = Settings().partitions  # the docs' worker's, as in the letter shown
     cluster = Cluster(
         kafka_bootstrap, tmp_path, context="shop", partitions=partitions, service=DEMO
     )
@@ -136,7 +146,7 @@ async def test_the_readmes_dead_letter_command_prints_the_letter_it_shows(
     where = (b"__tickwheel.errors.topic=shop.order.events,", f"offset={offset},".encode())
     (at,) = [i for i, line in enumerate(lines) if all(w in line for w in where)]
     printed = header_fields(lines[at])
-    assert [k for k, _ in printed] == list(shown), "the headers the README shows, in order"
+    assert [k for k, _ in printed] == list(shown), "the headers the docs show, in order"
     got = dict(printed)
     for name in ("topic", "partition", "stage", "exception.class.name", "exception.message"):
         assert got[name] == shown[name], (name, got[name], shown[name])
@@ -146,7 +156,7 @@ async def test_the_readmes_dead_letter_command_prints_the_letter_it_shows(
 
 
 async def test_the_readmes_dead_letter_command_creates_no_topic(kafka_bootstrap: str) -> None:
-    """Read-only: the README's command, its topic one that does not exist, says so and
+    """Read-only: the docs' command, its topic one that does not exist, says so and
     fails, and leaves no topic behind (kcat's consumer never asks for one to be created:
     librdkafka's `allow.auto.create.topics` is false for consumers)."""
     assert shutil.which("kcat"), "kcat is not installed: apt-get install kcat"

@@ -162,11 +162,31 @@ def test_the_extra_takes_a_range_and_the_constraints_pin_the_installed_faust() -
     assert "'.[dev,faust]'" in (ROOT / "scripts" / "bootstrap-venv").read_text()
 
 
-def test_the_readmes_example_code_is_the_example_app() -> None:
+def test_the_docs_example_code_is_the_example_app() -> None:
+    """docs/faust.md's code is examples/faust_app.py's; its command lines are the README's
+    "faust apps" ones, which tests/integration/test_faust_client.py runs; its install
+    line names the extra pyproject.toml declares, from a clone (no release on PyPI)."""
+    page = (ROOT / "docs" / "faust.md").read_text()
+    (code,) = re.findall(r"```python\n(.*?)```", page, flags=re.S)
+    assert code in (ROOT / "examples" / "faust_app.py").read_text()
+
+    def started(text: str) -> list[str]:
+        blocks = re.findall(r"```sh\n(.*?)```", text, flags=re.S)
+        return [
+            line
+            for block in blocks
+            for line in block.splitlines()
+            if line.startswith(("tickwheel worker", "python -m"))
+        ]
+
     readme = (ROOT / "README.md").read_text()
     section = readme.split("## faust apps\n", 1)[1].split("\n## ", 1)[0]
-    (code,) = re.findall(r"```python\n(.*?)```", section, flags=re.S)
-    assert code in (ROOT / "examples" / "faust_app.py").read_text()
+    assert started(page) == started(section) and len(started(page)) == 2
+    installs = re.findall(r"pip install '\.\[(\w+)\]'", page + section)
+    assert installs and set(installs) == {"faust"}
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert "faust" in project["optional-dependencies"]
+    assert "tickwheel[faust]" not in page + readme, "there is no release to install by name"
 
 
 # --- scheduling: key, partition, version (by the book), request id --------------------------
