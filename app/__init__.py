@@ -20,7 +20,7 @@ What is here:
   job commands (`enable_command`, `disable_command`, `reschedule_command`); a timer as the
   table keeps it (`Timer`, `TimerStatus`, `Outcome`);
 - clients without an aggregate of their own: the timer book (`timer_book`) and, with the
-  `faust` extra (`pip install 'tickwheel[faust]'`), the faust-streaming client
+  `faust` extra (`pip install '.[faust]' (from a clone)`), the faust-streaming client
   (`TickwheelTimers`, `request_id_for`);
 - talking to a cluster: how to reach it (`KafkaConnection`: address, TLS, SASL; any of
   these takes a plain bootstrap string too, `Connectable`), `Producer`, `tail`,

@@ -227,7 +227,7 @@ def demo(
         with quiet_client_library():
             rows = asyncio.run(
                 run_demo(
-                    settings.bootstrap_servers,
+                    settings.kafka,
                     settings.partitions,
                     count=orders,
                     seconds=seconds,
@@ -279,7 +279,7 @@ def rebuild(
         with quiet_client_library():
             run = asyncio.run(
                 run_rebuild(
-                    settings.bootstrap_servers,
+                    settings.kafka,
                     settings.group_id,
                     topics,
                     dry_run=dry_run,

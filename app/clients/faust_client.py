@@ -45,7 +45,7 @@ try:
     from faust.types import AppT, CodecArg, Message
 except ImportError as exc:  # the extra is optional: say how to get it
     raise ImportError(
-        "app.clients.faust_client needs faust-streaming: pip install 'tickwheel[faust]'"
+        "app.clients.faust_client needs faust-streaming: pip install '.[faust]' (from a clone)"
     ) from exc
 
 from app.clients.timer_book import CANCEL_TIMER, SET_TIMER, book_reason, timer_book
@@ -254,7 +254,7 @@ class TickwheelTimers:
         book: str,
         target: str,
         partitions: int,
-        bootstrap: str | None = None,
+        bootstrap: Connectable | None = None,
         now: Callable[[], int] | None = None,
     ) -> None:
         book_topics = parse_aggregate_type(f"{context}.{book}")

@@ -244,33 +244,37 @@ class CommandProcessor:
         requests: list[tuple[str, str]] = []
         for aggregate_id, events in by_id.items():
             stored = self._stored(aggregate_id)
-            folded = self._fold_each(stored, events)
-            states[aggregate_id] = encode(folded[0])
-            requests += [(aggregate_id, _applied_id(e)) for e in folded[1]]
+            state, folded = self._fold_each(stored, events)
+            if state is not None:
+                states[aggregate_id] = state
+            requests += [(aggregate_id, _applied_id(e)) for e in folded]
         self._states.write(self.partition, states, requests, batch[-1].offset)
 
     def _fold_each(
         self, stored: StoredAggregate | None, events: list[EventEnvelope]
-    ) -> tuple[StoredAggregate, list[EventEnvelope]]:
-        """The aggregate after those of `events` its appliers take, and those: an event
-        an applier raises on is passed over (the subscription dead-letters it when it
-        follows it; a restore reads it again each time)."""
+    ) -> tuple[bytes | None, list[EventEnvelope]]:
+        """The aggregate's bytes after those of `events` its appliers take and whose result
+        can be written, and those events: one an applier raises on, or that makes an
+        aggregate no encoder writes, is passed over (the subscription dead-letters it when
+        it follows it; a restore reads it again each time). No bytes: nothing to write."""
         try:
-            return fold(self.agg, stored, events), events
+            return encode(fold(self.agg, stored, events)), events
         except Exception as exc:
             if node_fault(exc):
                 raise
         current, folded = stored, []
+        state = None if current is None else encode(current)
         for e in events:
             try:
-                current = fold(self.agg, current, [e])
+                after = fold(self.agg, current, [e])
+                state, current = encode(after), after
             except Exception as exc:
                 if node_fault(exc):
                     raise
                 logger.warning("restore passes over event %s (%s): %r", e.id, e.type, exc)
                 continue
             folded.append(e)
-        return current or StoredAggregate(), folded
+        return state, folded
 
     def _stored(self, aggregate_id: str) -> StoredAggregate | None:
         pending = self._pending_states.get(aggregate_id)

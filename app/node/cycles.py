@@ -281,6 +281,8 @@ class PartitionCycles:
             try:
                 self.limits.check(record.key, record.value)
                 event = decode(EventEnvelope, record.value, self.limits.max_record_bytes)
+                if event.aggregate.type_name != kept.name:
+                    raise BadRecord(f"event of {event.aggregate.type_name} on {record.topic}")
                 if (why := misrouted(record, event.aggregate, self._partitions)) is not None:
                     raise BadRecord(why)
                 if event.type.startswith("wow.") and event.type not in known:

@@ -70,6 +70,10 @@ class FailingPartitions:
             return True
         return False
 
+    def again_and_again(self, times: int) -> bool:
+        """Whether a partition failed at least `times` in a row at the same offsets."""
+        return any(f.failures >= times for f in self._failing.values())
+
     def forget(self, p: int) -> None:
         """p was let go for good (revoked): a next owner starts with a clean slate."""
         self._failing.pop(p, None)

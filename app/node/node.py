@@ -68,6 +68,8 @@ logger = logging.getLogger(__name__)
 
 
 _TAKE_ATTEMPTS = 10
+_FAILING_IN_A_ROW = 3
+"""A partition failing this many times in a row at the same offsets makes the node not ready."""
 
 
 class Node:
@@ -176,8 +178,9 @@ class Node:
         again yet, or its firing loop keeps failing; or when the node failed for good.
         """
         stalled = dict(self._broken)
-        for p, why in self._failing.stalled().items():
-            stalled.setdefault(p, why)
+        # A held partition says so whether or not it is being taken again: it is what an
+        # operator needs to know (the message names the failure too).
+        stalled.update(self._failing.stalled())
         if (suspended := self._suspension.suspended()) is not None:
             for p in self._owned | set(self._taking):
                 stalled.setdefault(
@@ -207,6 +210,10 @@ class Node:
         }
         if failing := self._failing.report():
             body["failing"] = failing
+            # Failing again and again at the same place, even between takes that look
+            # fine: not ready, whatever else holds.
+            if self._failing.again_and_again(_FAILING_IN_A_ROW):
+                body["ready"] = False
         if suspended is not None:
             body["suspended_s"] = round(suspended, 3)
         if self._failure is not None:

@@ -17,14 +17,14 @@ class SuspensionWatch:
     def __init__(self, session_timeout_ms: int, tick_s: float = 0.1) -> None:
         self._limit = session_timeout_ms / 1000
         self._tick = tick_s
-        self._ticked = time.monotonic()
+        # None until `run` starts: a slow start (restores, topic creation) is no stop.
+        self._ticked: float | None = None
         self._suspended: float | None = None
 
     def suspended(self) -> float | None:
         """How long the process was last stopped, while the group has not answered since;
         read on waking even before the watch itself ran."""
-        gap = time.monotonic() - self._ticked
-        if gap > self._limit:
+        if self._ticked is not None and (gap := time.monotonic() - self._ticked) > self._limit:
             self._suspended = gap
         return self._suspended
 
@@ -32,6 +32,7 @@ class SuspensionWatch:
         self._suspended = None
 
     async def run(self) -> None:
+        self._ticked = time.monotonic()
         while True:
             await asyncio.sleep(self._tick)
             gap = time.monotonic() - self._ticked

@@ -1,9 +1,13 @@
-"""The wire protocol: envelopes on the events, commands, results and dead-letter topics.
+"""The wire protocol: envelopes on the events, commands and results topics (dead letters
+are the bad records themselves, `dead_letters`).
 
 Every record value is JSON (orjson) of one of these pydantic models; their JSON Schemas are
 published under `docs/schemas/` so that a service in another language (or `kcat`) can write
-`wow.ScheduleSet` events and read commands. Times are epoch milliseconds (UTC). Unknown
-fields are kept: a record read and written again loses nothing a newer writer added.
+`wow.ScheduleSet` events and read commands. Times are epoch milliseconds (UTC); every number
+has a bound (`tables.bounds`). Unknown fields are kept at the top of an envelope (and of a
+system event's body): a record read and written again loses nothing a newer writer added.
+The parts inside (a rule, an aggregate's address, a timer's command) refuse them on purpose:
+an older node must not silently ignore what a newer writer's rule says.
 """
 
 from __future__ import annotations

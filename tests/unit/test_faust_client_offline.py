@@ -119,7 +119,7 @@ def message(
 def test_without_faust_the_import_says_how_to_install_it(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delitem(sys.modules, "app.clients.faust_client")
     monkeypatch.setitem(sys.modules, "faust", None)
-    with pytest.raises(ImportError, match=re.escape("pip install 'tickwheel[faust]'")):
+    with pytest.raises(ImportError, match=re.escape("pip install '.[faust]'")):
         importlib.import_module("app.clients.faust_client")
 
 

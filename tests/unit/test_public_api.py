@@ -227,4 +227,4 @@ def test_without_faust_the_root_works_and_the_client_says_how_to_install_it() ->
     assert set(result["resolved"]) == set(app.__all__) - FAUST_ONLY
     assert len(result["errors"]) == len(FAUST_ONLY)
     for message in result["errors"]:
-        assert "pip install 'tickwheel[faust]'" in message
+        assert "pip install '.[faust]'" in message
