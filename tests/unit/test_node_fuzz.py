@@ -15,8 +15,8 @@ node then takes every partition afresh from the log: no second letter, no second
 
 Beside the fuzz test, deterministic ones: the records of the bug report, a restore that
 meets changelog rows it cannot read, and what this file found (each a minimal
-reproduction: integers beyond 64 bits in a body, fixed since; a fold the state store
-cannot write met by a restore, and a start longer than the session timeout, failing).
+reproduction: integers beyond 64 bits in a body, a fold the state store cannot write met
+by a restore, and a start longer than the session timeout; each fixed since).
 """
 
 from __future__ import annotations
