@@ -5,8 +5,12 @@ import sys
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from types import ModuleType
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    from kafka_broker import KafkaCluster, SecuredKafka
 
 
 def _load_kafka_broker() -> ModuleType:
@@ -31,6 +35,24 @@ def kafka_bootstrap() -> Iterator[str]:
     """Bootstrap address of the session's real Kafka broker, started on first request."""
     with kafka_broker.bootstrap_servers() as bootstrap:
         yield bootstrap
+
+
+@pytest.fixture(scope="session")
+def kafka_secured() -> Iterator[SecuredKafka]:
+    """A SASL_SSL broker of the session's own (TLS, SCRAM users, ACLs: super user ``admin``,
+    ``tickwheel`` with no ACL until a test grants it some), started once, when a test first
+    asks for it."""
+    with kafka_broker.secured_kafka("sasl_ssl") as broker:
+        yield broker
+
+
+@pytest.fixture(scope="session")
+def kafka_cluster() -> Iterator[KafkaCluster]:
+    """A three-node KRaft cluster of the session's own (replication factor 3,
+    min.insync.replicas=2), started once, when a test first asks for it. A test that stops
+    or kills a node starts it again before it ends."""
+    with kafka_broker.kafka_cluster(3) as cluster:
+        yield cluster
 
 
 @pytest.fixture

@@ -17,7 +17,7 @@ import time
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal, NotRequired, TypedDict
 
@@ -25,7 +25,10 @@ import orjson
 from prometheus_client.parser import text_string_to_metric_families
 
 from app.kafka import Producer, TopicSpec, ensure_topics, read_partitions
+from app.kafka.connection import Connectable, KafkaConnection
+from app.kafka.records import Replication
 from app.node import node_topics
+from app.node.settings import Settings
 from app.protocol.dead_letters import DeadLetter
 from app.protocol.topics import AggregateTopics, ContextTopics
 from app.protocol.wire import (
@@ -158,8 +161,18 @@ class Worker:
         return self.proc.returncode
 
 
+def connection_of(variables: Mapping[str, str]) -> KafkaConnection:
+    """The connection that the `KAFKA_*` variables (`kafka-local env`'s) give a node."""
+    return Settings.from_env(variables).kafka
+
+
 class Cluster:
-    """Workers of one context; each with its own data directory, as separate machines."""
+    """Workers of one context; each with its own data directory, as separate machines.
+
+    On a secured broker: `env` holds the workers' `KAFKA_*` variables (the user they run
+    as) and `kafka` how the harness's own clients connect (`Client`, `run_cli`'s default is
+    the workers' env); `replication` is what `Client` creates the topics with (the workers
+    create them with their settings')."""
 
     def __init__(
         self,
@@ -170,8 +183,12 @@ class Cluster:
         partitions: int = 4,
         env: dict[str, str] | None = None,
         service: str = "tw_services:service",
+        kafka: Connectable | None = None,
+        replication: Replication | None = None,
     ) -> None:
         self.bootstrap = bootstrap
+        self.kafka: Connectable = bootstrap if kafka is None else kafka
+        self.replication = replication
         self.base = base
         self.context = context or new_context()
         self.partitions = partitions
@@ -188,6 +205,25 @@ class Cluster:
         """Environment a subclass adds for the worker `name`."""
         return {}
 
+    def process_env(
+        self, data: Path, extra: Mapping[str, str] | None = None, /, **env: str
+    ) -> dict[str, str]:
+        """The environment of a worker (or a command) of this cluster keeping its data in
+        `data`: `extra` under the cluster's `env`, `env` over both."""
+        return {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join([str(ROOT / "tests" / "integration"), str(ROOT)]),
+            "KAFKA_BOOTSTRAP_SERVERS": self.bootstrap,
+            "TICKWHEEL_PARTITIONS": str(self.partitions),
+            "TICKWHEEL_DATA_DIR": str(data),
+            "TICKWHEEL_GROUP_ID": self.group,
+            "TICKWHEEL_SESSION_TIMEOUT_MS": "6000",
+            "TW_TEST_CONTEXT": self.context,
+            **(extra or {}),
+            **self.env,
+            **env,
+        }
+
     def start_worker(self, name: str | None = None, **env: str) -> Worker:
         self._count += 1
         name = name or f"w{self._count}"
@@ -197,17 +233,7 @@ class Cluster:
         port = free_port()
         full_env = {
             "TICKWHEEL_WEB_PORT": str(port),
-            **os.environ,
-            "PYTHONPATH": os.pathsep.join([str(ROOT / "tests" / "integration"), str(ROOT)]),
-            "KAFKA_BOOTSTRAP_SERVERS": self.bootstrap,
-            "TICKWHEEL_PARTITIONS": str(self.partitions),
-            "TICKWHEEL_DATA_DIR": str(data),
-            "TICKWHEEL_GROUP_ID": self.group,
-            "TICKWHEEL_SESSION_TIMEOUT_MS": "6000",
-            "TW_TEST_CONTEXT": self.context,
-            **self.worker_env(name),
-            **self.env,
-            **env,
+            **self.process_env(data, self.worker_env(name), **env),
         }
         cmd = [sys.executable, "-m", self.worker_module, "worker", "--service", self.service]
         with log.open("wb") as out:
@@ -232,6 +258,36 @@ class Cluster:
             return {(o.id, k): await store.find(o, k) for o, k in keys}
         finally:
             await store.close()
+
+    async def run_cli(
+        self, args: Sequence[str], *, within: float = 90, **env: str
+    ) -> tuple[int, str, str, float]:
+        """Runs `tickwheel ARGS` as an operator would (another process, the workers' env
+        unless `env` overrides it): its exit code, stdout, stderr and how long it took."""
+        data = self.base / "cli"
+        data.mkdir(parents=True, exist_ok=True)
+        began = time.monotonic()
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "app.cli",
+            *args,
+            cwd=ROOT,
+            env=self.process_env(data, **env),
+            stdin=subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        try:
+            out, err = await asyncio.wait_for(proc.communicate(), within)
+        except TimeoutError:
+            proc.kill()
+            await proc.wait()
+            raise AssertionError(
+                f"tickwheel {' '.join(args)} still running after {within} s"
+            ) from None
+        assert proc.returncode is not None
+        return proc.returncode, out.decode(), err.decode(), time.monotonic() - began
 
     def stop_all(self) -> None:
         for w in self.workers:
@@ -284,11 +340,13 @@ class Client:
         self.cluster = cluster
         self.topics = AggregateTopics(cluster.context, aggregate)
         self.ctx = ContextTopics(cluster.context)
-        self._producer = Producer(cluster.bootstrap)
+        self._producer = Producer(cluster.kafka)
 
     async def __aenter__(self) -> Client:
         await ensure_topics(
-            self.cluster.bootstrap, node_topics([self.topics], self.cluster.partitions)
+            self.cluster.kafka,
+            node_topics([self.topics], self.cluster.partitions),
+            self.cluster.replication,
         )
         await self._producer.start()
         return self
@@ -351,7 +409,7 @@ class Client:
 
     async def _read_all(self, topic: str, partitions: Iterable[int]) -> list[bytes]:
         out: list[bytes] = []
-        async for batch in read_partitions(self.cluster.bootstrap, topic, partitions):
+        async for batch in read_partitions(self.cluster.kafka, topic, partitions):
             out += [r.value for r in batch if r.value is not None]
         return out
 
@@ -374,7 +432,7 @@ class Client:
     async def dead_letters(self) -> list[DeadLetter]:
         """The context's dead letters, in the order they were written."""
         letters: list[DeadLetter] = []
-        async for batch in read_partitions(self.cluster.bootstrap, self.ctx.dead_letters, [0]):
+        async for batch in read_partitions(self.cluster.kafka, self.ctx.dead_letters, [0]):
             letters += [DeadLetter.read(r.key, r.value, r.headers) for r in batch]
         return letters
 
@@ -389,9 +447,7 @@ class Client:
         """Every committed row of the timer table's changelog, per key, in log order."""
         rows: dict[bytes, list[Timer]] = {}
         parts = range(self.cluster.partitions)
-        async for batch in read_partitions(
-            self.cluster.bootstrap, self.topics.timers_changelog, parts
-        ):
+        async for batch in read_partitions(self.cluster.kafka, self.topics.timers_changelog, parts):
             for r in batch:
                 if r.key is not None and r.value is not None:
                     rows.setdefault(r.key, []).append(Timer.model_validate_json(r.value))
@@ -417,6 +473,7 @@ __all__ = [
     "Cluster",
     "TopicSpec",
     "Worker",
+    "connection_of",
     "eventually",
     "new_context",
     "owned",

@@ -1,8 +1,9 @@
 """The local broker secured (SASL_SSL: TLS, SCRAM users, ACLs) and as a three-node cluster.
 
 Brokers of their own (``scripts/kafka_local.py``), not the session's PLAINTEXT one: the
-``kafka_secured`` and ``kafka_cluster`` fixtures below start each once per session, when a
-test asks for it (tests/kafka_broker.py's ``secured_kafka`` and ``kafka_cluster``).
+``kafka_secured`` and ``kafka_cluster`` fixtures (tests/conftest.py) start each once per
+session, when a test asks for it (tests/kafka_broker.py's ``secured_kafka`` and
+``kafka_cluster``).
 """
 
 from __future__ import annotations
@@ -10,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import kafka_broker  # registered by tests/conftest.py
@@ -27,20 +27,6 @@ from aiokafka.errors import (
 pytestmark = pytest.mark.kafka
 
 script = kafka_broker.load_kafka_local()
-
-
-@pytest.fixture(scope="session")
-def kafka_secured() -> Iterator[kafka_broker.SecuredKafka]:
-    """A SASL_SSL broker with ACLs (super user ``admin``; ``tickwheel`` with none)."""
-    with kafka_broker.secured_kafka("sasl_ssl") as broker:
-        yield broker
-
-
-@pytest.fixture(scope="session")
-def kafka_cluster() -> Iterator[kafka_broker.KafkaCluster]:
-    """A three-node KRaft cluster (replication factor 3, min.insync.replicas=2)."""
-    with kafka_broker.kafka_cluster(3) as cluster:
-        yield cluster
 
 
 async def _produce(client: dict[str, Any], topic: str, value: bytes) -> None:
@@ -80,6 +66,7 @@ def _env_of(
     return dict(line.removeprefix("export ").split("=", 1) for line in lines)
 
 
+@pytest.mark.kafka_secured
 async def test_sasl_ssl_authenticates_every_client_and_enforces_acls(
     kafka_secured: kafka_broker.SecuredKafka, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -156,6 +143,7 @@ async def _in_sync(client: dict[str, Any], topic: str, replicas: int, seconds: f
         await asyncio.sleep(0.2)
 
 
+@pytest.mark.kafka_cluster
 async def test_a_three_node_cluster_survives_its_leader_killed(
     kafka_cluster: kafka_broker.KafkaCluster, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -1,0 +1,251 @@
+"""A node on a secured broker (issue 18, item 2): SASL_SSL (TLS, SCRAM-SHA-512) with ACLs
+enforced, as a user that has exactly the ACLs `NODE_ACLS` lists (the README quotes it).
+
+The session's SASL_SSL broker (``kafka_secured``, tests/conftest.py): its super user
+``admin`` is the test's own clients (they schedule timers and read what the node wrote);
+the node and the operator's command run as ``tickwheel``, which has no ACL but those a test
+grants it, on that test's context and group only. The node creates its topics itself.
+Then: one ACL taken away, the node says what was refused and stops (exit 1); a wrong
+password, one clear error at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any, Final
+
+import kafka_broker  # registered by tests/conftest.py
+import orjson
+import pytest
+from harness import Client, Cluster, Worker, connection_of, eventually
+
+from app.protocol.wire import ResultCode
+from tables import ACTIVE, TimerStatus
+
+pytestmark = [pytest.mark.kafka, pytest.mark.kafka_secured]
+
+NODE_ACLS: Final[tuple[tuple[str, str, str, tuple[str, ...]], ...]] = (
+    # (resource type, name, pattern type, operations): what a node of the bounded context
+    # `{context}` in the consumer group `{group}` (TICKWHEEL_GROUP_ID) needs, no more.
+    # Its topics, all named `<context>.…`: created at start, read and written (Describe
+    # comes with Read and Write).
+    ("topic", "{context}.", "prefixed", ("read", "write", "create")),
+    # The dead letters' max.message.bytes, read at start (without it: a warning, and
+    # dead letters cut to 1 MiB).
+    ("topic", "{context}.dead-letters", "literal", ("describe_configs",)),
+    # The group: joining it, committing its offsets (Describe comes with Read).
+    ("group", "{group}", "literal", ("read",)),
+    # One transactional producer per partition and type, `<group>.<context>.<aggregate>.
+    # timers.<partition>` (Describe comes with Write).
+    ("transactional_id", "{group}.", "prefixed", ("write",)),
+    # No IdempotentWrite on the cluster: since Kafka 3.0 Write on a topic allows the
+    # idempotent producer (a broker before 3.0 needs ("cluster", "kafka-cluster",
+    # "literal", ("idempotent_write",)) too).
+)
+
+PARTITIONS = 4
+OPTIONS = '{"claim_timeout": 5000, "send_timeout": 4000}'
+USER = "tickwheel"
+STOP_BOUND_S = 60.0  # a node or a command refused: it says so and exits within this
+
+
+def secured_cluster(broker: kafka_broker.SecuredKafka, base: Path, **variables: str) -> Cluster:
+    """Workers and commands as `USER` over SASL_SSL; the test's clients as ``admin``."""
+    return Cluster(
+        broker.bootstrap,
+        base,
+        partitions=PARTITIONS,
+        env={**broker.env(USER), "TICKWHEEL_TIMER_OPTIONS": OPTIONS, **variables},
+        kafka=connection_of(broker.env("admin")),
+    )
+
+
+def acls_for(
+    cluster: Cluster, acls: Iterable[tuple[str, str, str, tuple[str, ...]]]
+) -> list[tuple[str, str, str, tuple[str, ...]]]:
+    return [
+        (kind, name.format(context=cluster.context, group=cluster.group), pattern, ops)
+        for kind, name, pattern, ops in acls
+    ]
+
+
+async def grant(
+    broker: kafka_broker.SecuredKafka,
+    cluster: Cluster,
+    acls: Iterable[tuple[str, str, str, tuple[str, ...]]],
+) -> None:
+    for kind, name, pattern, ops in acls_for(cluster, acls):
+        await asyncio.to_thread(broker.grant, kind, name, list(ops), user=USER, pattern=pattern)
+
+
+def refused(text: str) -> bool:
+    """Whether `text` says that something was not authorized."""
+    return "not authorized" in text.lower() or "authorization" in text.lower()
+
+
+def runs_all(worker: Worker) -> bool:
+    """Ready, and running every partition (or failed: its log says why)."""
+    if not worker.alive:
+        raise AssertionError(f"{worker.name} exited {worker.proc.returncode}:\n{worker.text()}")
+    health = worker.health()
+    return bool(health and health["ready"] and len(health["owned"]) == PARTITIONS)
+
+
+async def test_a_node_runs_as_a_user_with_only_the_acls_listed(
+    kafka_secured: kafka_broker.SecuredKafka, tmp_path: Path
+) -> None:
+    broker = kafka_secured
+    cluster = secured_cluster(broker, tmp_path)
+    await grant(broker, cluster, NODE_ACLS)
+    began = time.monotonic()
+    try:
+        worker = cluster.start_worker()
+        await eventually(lambda: runs_all(worker), 90, "the node runs every partition")
+        started_s = time.monotonic() - began
+        async with Client(cluster) as client:  # the topics are there: the node made them
+            now = int(time.time() * 1000)
+            due = {
+                (f"o{o}", f"k{k}"): now + 2_500 + 100 * (o * 10 + k)
+                for o in range(3)
+                for k in range(10)
+            }
+            schedule = [
+                client.command(
+                    owner,
+                    "ScheduleMany",
+                    {
+                        "timers": [
+                            {"key": key, "rule": {"kind": "once", "at": at}}
+                            for (o, key), at in due.items()
+                            if o == owner
+                        ]
+                    },
+                    request_id=f"plan-{owner}",
+                )
+                for owner in ("o0", "o1", "o2")
+            ]
+            await client.send(*schedule)
+            results = await client.wait_results([c.request_id for c in schedule])
+            assert {r.code for r in results.values()} == {ResultCode.COMMITTED}, results
+            # Two of each owner's cancelled well before they are due.
+            cancelled_keys = {("o0", "k8"), ("o0", "k9"), ("o1", "k8"), ("o1", "k9")}
+            cancel = [
+                client.command(owner, "Unschedule", {"keys": ["k8", "k9"]})
+                for owner in ("o0", "o1")
+            ]
+            await client.send(*cancel)
+            results = await client.wait_results([c.request_id for c in cancel])
+            assert {r.code for r in results.values()} == {ResultCode.COMMITTED}, results
+
+            async def settled() -> bool:
+                rows = (await client.timers()).values()
+                return len(rows) == len(due) and all(t.status not in ACTIVE for t in rows)
+
+            await eventually(settled, 60, "every timer fired or cancelled", interval=0.5)
+            rows = await client.timers()
+            fired = Counter(e.request_id for e in await client.events() if e.type == "Fired")
+            health = worker.health()
+        by_key = {(t.owner.id, t.key): t for t in rows.values()}
+        assert set(by_key) == set(due)
+        for key, timer in by_key.items():
+            want = TimerStatus.CANCELLED if key in cancelled_keys else TimerStatus.FIRED
+            assert timer.status == want, (key, timer)
+        assert fired == {f"{t.id}#0": 1 for k, t in by_key.items() if k not in cancelled_keys}, (
+            "each timer applied once, none cancelled"
+        )
+        assert health is not None and health["ready"], health
+
+        # The operator's command, as the same user.
+        code, out, err, took = await cluster.run_cli(
+            ["timers", "list", "--type", f"{cluster.context}.counter", "--json"]
+        )
+        assert code == 0, err
+        listed = {row["id"]: row["status"] for row in map(orjson.loads, out.splitlines())}
+        assert listed == {t.id: t.status.value for t in rows.values()}
+        print(
+            f"\nSASL_SSL as {USER!r}: the node ran every partition {started_s:.1f} s after "
+            f"its start, {len(fired)} timers fired once, 4 cancelled; timers list: {took:.1f} s"
+        )
+    finally:
+        await asyncio.to_thread(cluster.stop_all)
+
+
+async def test_a_node_without_its_transactional_id_acl_stops_and_says_so(
+    kafka_secured: kafka_broker.SecuredKafka, tmp_path: Path
+) -> None:
+    broker = kafka_secured
+    cluster = secured_cluster(broker, tmp_path)
+    taken_away = ("transactional_id", "{group}.", "prefixed", ("write",))
+    assert taken_away in NODE_ACLS
+    await grant(broker, cluster, [a for a in NODE_ACLS if a != taken_away])
+    samples: list[dict[str, Any]] = []
+    began = time.monotonic()
+    worker = cluster.start_worker()
+    try:
+
+        def exited() -> bool:
+            if (health := worker.health()) is not None:
+                samples.append(health)
+            return not worker.alive
+
+        await eventually(exited, 150, "the node stopped", interval=0.5)
+        took = time.monotonic() - began
+    finally:
+        await asyncio.to_thread(cluster.stop_all)
+    lines = worker.text().splitlines()
+    errors = [line for line in lines if line.startswith("error:")]
+    named = f"{cluster.group}.{cluster.context}.counter.timers."  # the transactional ids
+    refusals = [line for line in lines if named in line and refused(line)]
+    # Idle before the group gives it partitions (ready: nothing to serve); then restoring.
+    given = next((i for i, s in enumerate(samples) if s["restoring"] or s["owned"]), None)
+    print(
+        f"\nwithout {taken_away}: exit {worker.proc.returncode} after {took:.1f} s; "
+        f"{len(lines)} log lines, {len(refusals)} of them refusals; its error: {errors}; "
+        f"the first refusal: {refusals[:1]}; /healthz sampled {len(samples)} times, ready "
+        f"{sum(s['ready'] for s in samples[given or 0 :])} times once given partitions"
+    )
+    assert worker.proc.returncode not in (0, None)
+    assert len(errors) == 1, errors
+    # What was refused is named: the transactional ids, and that it is an authorization.
+    assert refusals, lines
+    # Never ready once given partitions: a node that cannot take them serves nothing.
+    assert given is not None, samples
+    assert not any(s["ready"] for s in samples[given:]), samples
+
+
+async def test_a_wrong_password_is_one_clear_error_at_once(
+    kafka_secured: kafka_broker.SecuredKafka, tmp_path: Path
+) -> None:
+    broker = kafka_secured
+    wrong = tmp_path / "wrong.password"
+    wrong.write_text("not-the-password\n")
+    cluster = secured_cluster(broker, tmp_path, KAFKA_SASL_PASSWORD_FILE=str(wrong))
+    await grant(broker, cluster, NODE_ACLS)  # authorized, were it authenticated
+    began = time.monotonic()
+    worker = cluster.start_worker()
+    try:
+        await eventually(lambda: not worker.alive, STOP_BOUND_S, "the node stopped")
+        worker_s = time.monotonic() - began
+    finally:
+        await asyncio.to_thread(cluster.stop_all)
+    lines = worker.text().splitlines()
+    code, out, err, command_s = await cluster.run_cli(
+        ["timers", "list", "--type", f"{cluster.context}.counter"], within=STOP_BOUND_S
+    )
+    print(
+        f"\na wrong password: the node exited {worker.proc.returncode} after {worker_s:.1f} s, "
+        f"log {lines}; timers list exited {code} after {command_s:.1f} s: {err.strip()!r}"
+    )
+    assert worker.proc.returncode not in (0, None)
+    errors = [line for line in lines if line.startswith("error:")]
+    assert len(errors) == 1, lines
+    assert len(lines) <= 5, lines  # not a retry flood
+    assert f"'{USER}'" in errors[0] and broker.bootstrap in errors[0], errors
+    assert code == 1 and out == ""
+    assert len(err.strip().splitlines()) == 1 and err.startswith("error:"), err
+    assert f"'{USER}'" in err, err
+    assert command_s < STOP_BOUND_S
