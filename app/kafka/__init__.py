@@ -43,7 +43,7 @@ from app.kafka.ports import (
     WriterFactory,
 )
 from app.kafka.producers import Producer, TransactionalProducer
-from app.kafka.records import Headers, OutRecord, Record, TopicSpec, headers_of
+from app.kafka.records import Headers, OutRecord, Record, TopicSpec, headers_of, refused
 
 __all__ = [
     "Clients",
@@ -75,6 +75,7 @@ __all__ = [
     "log_offsets",
     "read_partitions",
     "read_to_end",
+    "refused",
     "require_topic",
     "require_topics",
     "reset_group_offsets",

@@ -47,6 +47,17 @@ def explain(exc: BaseException) -> str:
     return repr(exc)
 
 
+def refused(exc: BaseException | None) -> bool:
+    """Whether `exc` (or what it wraps) is the cluster refusing this principal: an ACL
+    missing or credentials wrong. Retrying does not help; an operator must act."""
+    kinds = (*(kind for kind, _ in _DENIED), SaslAuthenticationFailed, AuthenticationFailedError)
+    while exc is not None:
+        if isinstance(exc, kinds):
+            return True
+        exc = exc.__cause__
+    return False
+
+
 async def start_client(client: Any, what: str) -> None:
     """Starts an aiokafka client, its failure said in our terms."""
     try:

@@ -37,7 +37,7 @@ from app.kafka import (
 from app.kafka.broker_watch import BrokerWatch
 from app.kafka.clients import KafkaClients
 from app.kafka.ports import Clients, GroupMember
-from app.kafka.records import BROKER_MAX_MESSAGE_BYTES
+from app.kafka.records import BROKER_MAX_MESSAGE_BYTES, refused
 from app.node.commits import Commits
 from app.node.cycles import InProcess, PartitionCycles
 from app.node.failing import FailingPartitions
@@ -398,6 +398,10 @@ class Node:
                         await self.cycles.queue(p).put((topic, records))
                 await self._consumer.commit(self.commits.take_offsets())
             except KafkaUnavailable as exc:
+                if refused(exc):
+                    # An ACL missing (the group's Read, a topic's): no retry will pass it.
+                    self._fail(f"the group consumer was refused: {exc}")
+                    return
                 # The broker or the group is in flux: the node keeps going and reads again.
                 logger.warning("reading paused: %s", exc)
                 await asyncio.sleep(1)
@@ -477,12 +481,16 @@ class Node:
                     self._failing.forget(p)
                     return  # the group moved it meanwhile
                 self._consumer.pause([(t, p) for t in topics])
+            last: BaseException | None = None
             for attempt in range(1, _TAKE_ATTEMPTS + 1):
                 try:
                     await self._take(p, topics)
                     await self._consumer.rewind([(t, p) for t in topics])
                     break
                 except Exception as exc:
+                    last = exc
+                    if refused(exc):
+                        break  # an ACL or the credentials: no retry passes it
                     # A node fault is expected to pass; anything else is a bug to see, but
                     # either way p is tried again, and the node stops loudly if it never
                     # can be taken: never a take that dies quietly, half done.
@@ -491,7 +499,10 @@ class Node:
                     await self._let_go(p, clean=False)
                     await asyncio.sleep(min(0.2 * 2**attempt, 5))
             else:
-                self._fail(f"partition {p} could not be taken in {_TAKE_ATTEMPTS} attempts")
+                self._fail(f"partition {p} could not be taken in {_TAKE_ATTEMPTS} attempts: {last}")
+                return
+            if last is not None and refused(last):
+                self._fail(f"partition {p} could not be taken: {last}")
                 return
             async with self._lock:
                 self._owned.add(p)

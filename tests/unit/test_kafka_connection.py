@@ -87,3 +87,20 @@ def test_a_refusal_is_said_in_the_users_terms() -> None:
     said = explain(SaslAuthenticationFailed("bad password"))
     assert "authentication failed" in said and "KAFKA_SASL_PASSWORD" in said
     assert explain(KafkaConnectionError("x")) == repr(KafkaConnectionError("x"))
+
+
+def test_a_refusal_is_known_through_what_wraps_it() -> None:
+    from aiokafka.errors import GroupAuthorizationFailedError, KafkaConnectionError
+
+    from app.errors import KafkaUnavailable
+    from app.kafka.records import refused
+
+    try:
+        try:
+            raise GroupAuthorizationFailedError()
+        except GroupAuthorizationFailedError as exc:
+            raise KafkaUnavailable("poll failed") from exc
+    except KafkaUnavailable as wrapped:
+        assert refused(wrapped)
+    assert not refused(KafkaUnavailable("the broker is away"))
+    assert not refused(KafkaConnectionError("x"))
