@@ -127,8 +127,9 @@ class Writer:
                 key,
                 self.schedule_set("at-2-64", {"kind": "once", "at": 2**64 + 5}),
                 (("team", b"orders"),),
-                Stage.APPLY,
-                "rule.once.at: Input should be less than or equal to 253402300799999",
+                # No 64-bit reader holds it: refused where it comes in, with the envelope.
+                Stage.READ,
+                "body.rule.at: integer 18446744073709551621 is outside signed 64 bits",
             ),
             Bad(
                 "every 2**70",
@@ -139,8 +140,8 @@ class Writer:
                     "every-2-70", {"kind": "interval", "start": self.now, "every": 2**70}
                 ),
                 (),
-                Stage.APPLY,
-                "rule.interval.every: Input should be less than or equal to 9223372036854775807",
+                Stage.READ,
+                "body.rule.every: integer 1180591620717411303424 is outside signed 64 bits",
             ),
             Bad(
                 "300 KiB key (events)",
