@@ -22,9 +22,16 @@ from typing import Any
 import pytest
 from pydantic import BaseModel
 
+from app.errors import TickwheelError
+from app.kafka.connection import Connectable, connection
 from app.model.aggregate import AggregateType, Command, Decision
+from app.node.metrics import NodeMetrics
+from app.node.settings import Settings
+from app.protocol.wire import TimerAction, TimerOp
+from app.timers.operator import new_op
 from app.timers.runner import SendResult, TimerOptions, TimerRunner
-from tables.ledger import MemoryFailureLedger
+from tables.ledger import FailureLedger, MemoryFailureLedger
+from tables.memory_store import MemoryTimerStore
 from tables.refs import AggregateRef
 from tables.rules import CronRule, IntervalRule, OnceRule
 from tables.slots import Slot, first_slot
@@ -391,3 +398,112 @@ def dashboard_metrics() -> set[str]:
 def exported(text: str) -> set[str]:
     """The metric names of an exposition that carry at least one sample."""
     return {line.split("{")[0].split(" ")[0] for line in text.splitlines() if line[:1] not in "#"}
+
+
+# --- the operator page's node (test_web_page, test_web_health_token) ---------------------
+
+PAGE_PARTITIONS = 4
+TYPE = "shop.order"
+NODE = "node-a:8080 (pid 1)"
+
+
+class FixedClock:
+    def __init__(self, now: int) -> None:
+        self.t = now
+
+    def now(self) -> int:
+        return self.t
+
+    async def sleep_until(self, t: int) -> None:
+        raise AssertionError("the page never sleeps")
+
+
+@dataclass
+class Kept:
+    store: MemoryTimerStore
+
+
+@dataclass
+class FakeNode:
+    settings: Settings = field(
+        default_factory=lambda: Settings(
+            partitions=PAGE_PARTITIONS, group_id="g1", bootstrap_servers="b:1"
+        )
+    )
+    clock: FixedClock = field(default_factory=lambda: FixedClock(T0))
+    types: dict[str, Kept] = field(
+        default_factory=lambda: {TYPE: Kept(MemoryTimerStore(PAGE_PARTITIONS))}
+    )
+    ledger: MemoryFailureLedger = field(default_factory=MemoryFailureLedger)
+    metrics: NodeMetrics = field(default_factory=NodeMetrics)
+    owned: list[int] = field(default_factory=lambda: [0, 1])
+    restoring: list[int] = field(default_factory=list)
+    stalled: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def ledgers(self) -> list[FailureLedger]:
+        return [self.ledger]
+
+    def health(self) -> dict[str, Any]:
+        return {
+            "owned": self.owned,
+            "restoring": self.restoring,
+            "stalled": self.stalled,
+            "broker": {"reachable": True},
+            "ready": not self.restoring and not self.stalled,
+        }
+
+    @property
+    def store(self) -> MemoryTimerStore:
+        return self.types[TYPE].store
+
+
+class Recorder:
+    """Stands in for `request_retry`/`request_skip`: records the calls, or fails."""
+
+    def __init__(self, action: TimerAction) -> None:
+        self.action = action
+        self.calls: list[tuple[str, str, AggregateRef, int]] = []
+        self.fail: TickwheelError | None = None
+
+    async def __call__(
+        self, bootstrap: Connectable, type_name: str, target: AggregateRef, partitions: int
+    ) -> TimerOp:
+        if self.fail is not None:
+            raise self.fail
+        self.calls.append((connection(bootstrap).bootstrap_servers, type_name, target, partitions))
+        return new_op(self.action, target, now=T0)
+
+
+def ref(id: str, **fields: str) -> AggregateRef:
+    return AggregateRef(context="shop", aggregate="order", id=id, **fields)
+
+
+GOOD = {"type": TYPE, "target_type": TYPE, "target_tenant": "(0)", "target_id": "t-1"}
+"""A Retry/Skip form that names a parked timer's target."""
+
+
+# --- the docs (test_readme_service, test_cli_readme) --------------------------------------
+
+ROOT = Path(__file__).resolve().parents[2]
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+"""Every page a reader is sent to: the README and the docs/ pages."""
+
+NAMED_MODULE = re.compile(r"# (\w+)\.py\b")
+"""A docs python block that starts by naming its file (`# mymodule.py`)."""
+
+
+def python_blocks(path: Path) -> list[str]:
+    return re.findall(r"```python\n(.*?)```", path.read_text(), flags=re.S)
+
+
+def doc_modules(path: Path) -> dict[str, str]:
+    """The modules a page shows: module name → code, for each block whose first line names
+    its file (`# mymodule.py`)."""
+    found: dict[str, str] = {}
+    for code in python_blocks(path):
+        named = NAMED_MODULE.match(code)
+        if named:
+            assert named[1] not in found, f"{path.name} shows {named[1]}.py twice"
+            found[named[1]] = code
+    return found

@@ -26,7 +26,7 @@ import orjson
 import pytest
 import typer
 import yaml
-from test_readme_service import DOCS, ROOT, doc_modules
+from fakes import DOCS, ROOT, doc_modules
 from typer.testing import CliRunner
 
 import app.cli.jobs

@@ -4,20 +4,20 @@ as the worker's `--service mymodule:service` does, and whose handlers decide as 
 around it says.
 
 The modules of one page are written side by side, so that one may import another
-(docs/concepts.md's `myjobs.py` takes its orders from `mymodule.py`). Other tests use
-`doc_modules` too: tests/unit/test_cli_readme.py runs the docs' `jobs list` lines with
-these modules importable.
+(docs/concepts.md's `myjobs.py` takes its orders from `mymodule.py`). The pages and their
+modules are read by `fakes.doc_modules`, which tests/unit/test_cli_readme.py uses too: it
+runs the docs' `jobs list` lines with these modules importable.
 """
 
 from __future__ import annotations
 
-import re
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
 import pytest
+from fakes import DOCS, NAMED_MODULE, ROOT, doc_modules, python_blocks
 
 from app.cli.common import load_service
 from app.jobs import JobRun
@@ -26,28 +26,7 @@ from app.model.decide import decide
 from app.protocol.wire import SCHEDULE_CANCELLED, SCHEDULE_SET, CommandEnvelope, ResultCode
 from tables import AggregateRef
 
-ROOT = Path(__file__).resolve().parents[2]
-DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-"""Every page a reader is sent to: the README and the docs/ pages."""
 NOW = 1_800_000_000_000
-
-_NAMED = re.compile(r"# (\w+)\.py\b")
-
-
-def python_blocks(path: Path) -> list[str]:
-    return re.findall(r"```python\n(.*?)```", path.read_text(), flags=re.S)
-
-
-def doc_modules(path: Path) -> dict[str, str]:
-    """The modules a page shows: module name → code, for each block whose first line names
-    its file (`# mymodule.py`)."""
-    found: dict[str, str] = {}
-    for code in python_blocks(path):
-        named = _NAMED.match(code)
-        if named:
-            assert named[1] not in found, f"{path.name} shows {named[1]}.py twice"
-            found[named[1]] = code
-    return found
 
 
 def service_blocks() -> list[tuple[str, str]]:
@@ -64,7 +43,7 @@ def test_every_block_that_declares_a_service_is_a_named_module() -> None:
     blocks = service_blocks()
     assert {w.split(" ")[0] for w, _ in blocks} >= {"README.md", "docs/concepts.md"}
     for where, code in blocks:
-        assert _NAMED.match(code), f"{where}: a service block starts with `# <module>.py`"
+        assert NAMED_MODULE.match(code), f"{where}: a service block starts with `# <module>.py`"
 
 
 @pytest.fixture

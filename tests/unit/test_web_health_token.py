@@ -15,7 +15,7 @@ from typing import Any
 
 import aiohttp
 import pytest
-from test_web_page import GOOD, NODE, TYPE, FakeNode, P, Recorder, ref
+from fakes import GOOD, NODE, PAGE_PARTITIONS, TYPE, FakeNode, Recorder, ref
 from yarl import URL
 
 from app.node.settings import Settings
@@ -23,6 +23,7 @@ from app.ops.page import OperatorPage
 from app.ops.web import MAX_COMMIT_LAG_S, TOKEN_COOKIE, WebServer
 from app.protocol.wire import TimerAction
 
+P = PAGE_PARTITIONS
 TOKEN = "a-long-random-web-token"
 HTML = {"Accept": "text/html,application/xhtml+xml,*/*;q=0.8"}
 """What a browser's form post accepts."""

@@ -9,97 +9,25 @@ from __future__ import annotations
 
 import re
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
 import pytest
+from fakes import GOOD, NODE, PAGE_PARTITIONS, T0, TYPE, FakeNode, Kept, Recorder, ref
 from yarl import URL
 
-from app.errors import KafkaUnavailable, TickwheelError
-from app.kafka.connection import Connectable, connection
-from app.node.metrics import NodeMetrics
-from app.node.settings import Settings
+from app.errors import KafkaUnavailable
 from app.ops.page import CHART_SECONDS, OperatorPage
 from app.ops.web import WebServer
 from app.protocol.wire import (
     TimerAction,
-    TimerOp,
 )
-from app.timers.operator import new_op
 from tables import AggregateRef, CommandSpec, OnceRule, Timer, TimerChange, TimerStatus
-from tables.ledger import FailureLedger, MemoryFailureLedger
 from tables.memory_store import MemoryTimerStore
 from tables.partitioner import partition_of
 
-P = 4
-T0 = 1_800_000_000_000
-TYPE = "shop.order"
-NODE = "node-a:8080 (pid 1)"
-
-
-class FixedClock:
-    def __init__(self, now: int) -> None:
-        self.t = now
-
-    def now(self) -> int:
-        return self.t
-
-    async def sleep_until(self, t: int) -> None:
-        raise AssertionError("the page never sleeps")
-
-
-@dataclass
-class Kept:
-    store: MemoryTimerStore
-
-
-@dataclass
-class FakeNode:
-    settings: Settings = field(
-        default_factory=lambda: Settings(partitions=P, group_id="g1", bootstrap_servers="b:1")
-    )
-    clock: FixedClock = field(default_factory=lambda: FixedClock(T0))
-    types: dict[str, Kept] = field(default_factory=lambda: {TYPE: Kept(MemoryTimerStore(P))})
-    ledger: MemoryFailureLedger = field(default_factory=MemoryFailureLedger)
-    metrics: NodeMetrics = field(default_factory=NodeMetrics)
-    owned: list[int] = field(default_factory=lambda: [0, 1])
-    restoring: list[int] = field(default_factory=list)
-    stalled: dict[str, str] = field(default_factory=dict)
-
-    @property
-    def ledgers(self) -> list[FailureLedger]:
-        return [self.ledger]
-
-    def health(self) -> dict[str, Any]:
-        return {
-            "owned": self.owned,
-            "restoring": self.restoring,
-            "stalled": self.stalled,
-            "broker": {"reachable": True},
-            "ready": not self.restoring and not self.stalled,
-        }
-
-    @property
-    def store(self) -> MemoryTimerStore:
-        return self.types[TYPE].store
-
-
-class Recorder:
-    """Stands in for `request_retry`/`request_skip`: records the calls, or fails."""
-
-    def __init__(self, action: TimerAction) -> None:
-        self.action = action
-        self.calls: list[tuple[str, str, AggregateRef, int]] = []
-        self.fail: TickwheelError | None = None
-
-    async def __call__(
-        self, bootstrap: Connectable, type_name: str, target: AggregateRef, partitions: int
-    ) -> TimerOp:
-        if self.fail is not None:
-            raise self.fail
-        self.calls.append((connection(bootstrap).bootstrap_servers, type_name, target, partitions))
-        return new_op(self.action, target, now=T0)
+P = PAGE_PARTITIONS
 
 
 @dataclass
@@ -141,10 +69,6 @@ async def site() -> AsyncIterator[Site]:
             yield Site(node, URL(f"http://127.0.0.1:{server.port}"), http, retry, skip)
     finally:
         await server.stop()
-
-
-def ref(id: str, **fields: str) -> AggregateRef:
-    return AggregateRef(context="shop", aggregate="order", id=id, **fields)
 
 
 def owner_in(partition: int, prefix: str = "o") -> str:
@@ -359,8 +283,6 @@ async def test_an_owner_given_twice_is_a_400_page(site: Site) -> None:
 
 
 # --- Retry and Skip -----------------------------------------------------------------------
-
-GOOD = {"type": TYPE, "target_type": TYPE, "target_tenant": "(0)", "target_id": "t-1"}
 
 
 @pytest.mark.parametrize("action", ["retry", "skip"])
