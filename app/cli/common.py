@@ -36,6 +36,8 @@ import typer
 
 from app.cli.logs import configure_logging
 from app.errors import ConfigError, TickwheelError
+from app.kafka.connection import Connectable
+from app.kafka.probe import check_access
 from app.node.settings import LOG_FORMATS, LOG_LEVELS, Settings
 from app.service import Service
 
@@ -50,6 +52,7 @@ __all__ = [
     "RootOptions",
     "ServiceSpec",
     "begin_invocation",
+    "checked",
     "command_settings",
     "fail",
     "json_line",
@@ -182,6 +185,18 @@ def run(work: Coroutine[Any, Any, T]) -> T:
             return asyncio.run(work)
     except TickwheelError as exc:
         raise fail(str(exc)) from exc
+
+
+async def checked(kafka: Connectable, work: Coroutine[Any, Any, T]) -> T:
+    """`work`, once one connection shows that the cluster lets this client in: wrong
+    credentials or an untrusted certificate are one error saying so, not the client
+    library's "Unable to bootstrap" after its retries."""
+    try:
+        await check_access(kafka)
+    except BaseException:
+        work.close()  # never started: closed, so nothing warns it was never awaited
+        raise
+    return await work
 
 
 @contextlib.contextmanager

@@ -20,6 +20,7 @@ from app.cli.common import (
     Json,
     Partitions,
     ServiceSpec,
+    checked,
     fail,
     json_line,
     load_service,
@@ -111,7 +112,9 @@ def _act(
         )
     except JobsCliError as exc:
         raise fail(str(exc)) from exc
-    results = run(send_and_wait(settings.kafka, settings.partitions, commands, wait))
+    results = run(
+        checked(settings.kafka, send_and_wait(settings.kafka, settings.partitions, commands, wait))
+    )
     failed = False
     for c in commands:
         result = results.get(c.request_id)
@@ -273,7 +276,9 @@ def list_(
     for ctx in contexts:
         states: dict[tuple[str, str], InstanceState] = {}
         if state:
-            read = run(read_instances(settings.kafka, ctx, found.jobs[ctx], n))
+            read = run(
+                checked(settings.kafka, read_instances(settings.kafka, ctx, found.jobs[ctx], n))
+            )
             states = {(s.tenant, s.id): s for s in read}
         for job in listed[ctx]:
             ids = sorted(instance_ids(ctx, job, n), key=lambda i: partition_of(i, n))

@@ -31,6 +31,7 @@ from app.cli.common import (
     RootOptions,
     ServiceSpec,
     begin_invocation,
+    checked,
     command_settings,
     fail,
     json_line,
@@ -226,12 +227,15 @@ def demo(
     try:
         with quiet_client_library():
             rows = asyncio.run(
-                run_demo(
+                checked(
                     settings.kafka,
-                    settings.partitions,
-                    count=orders,
-                    seconds=seconds,
-                    show=show,
+                    run_demo(
+                        settings.kafka,
+                        settings.partitions,
+                        count=orders,
+                        seconds=seconds,
+                        show=show,
+                    ),
                 )
             )
     except TickwheelError as exc:
@@ -278,14 +282,17 @@ def rebuild(
         topics = [parse_aggregate_type(n) for n in names]
         with quiet_client_library():
             run = asyncio.run(
-                run_rebuild(
+                checked(
                     settings.kafka,
-                    settings.group_id,
-                    topics,
-                    dry_run=dry_run,
-                    wait=wait,
-                    out=out,
-                    err=sys.stderr,
+                    run_rebuild(
+                        settings.kafka,
+                        settings.group_id,
+                        topics,
+                        dry_run=dry_run,
+                        wait=wait,
+                        out=out,
+                        err=sys.stderr,
+                    ),
                 )
             )
     except TickwheelError as exc:

@@ -19,6 +19,7 @@ from app.cli.common import (
     Bootstrap,
     Json,
     Partitions,
+    checked,
     fail,
     json_line,
     run,
@@ -83,7 +84,7 @@ def ledger(
     settings = settings_for(bootstrap, None)
     if not _CONTEXT.match(context):
         raise fail(f"context {context!r} must be letters, digits, '_' or '-'")
-    entries: list[LedgerEntry] = run(read_ledger(settings.kafka, context))
+    entries: list[LedgerEntry] = run(checked(settings.kafka, read_ledger(settings.kafka, context)))
     for e in entries:
         if as_json:
             json_line(e.model_dump(mode="json"))
@@ -99,7 +100,9 @@ def _request(
     action: str, type_name: str, target: AggregateRef, settings: Settings, as_json: bool
 ) -> None:
     request = request_retry if action == "retry" else request_skip
-    op: TimerOp = run(request(settings.kafka, type_name, target, settings.partitions))
+    op: TimerOp = run(
+        checked(settings.kafka, request(settings.kafka, type_name, target, settings.partitions))
+    )
     if as_json:
         json_line(
             {
@@ -177,7 +180,9 @@ def list_(
         except ValueError as exc:
             known = ", ".join(s.value for s in TimerStatus)
             raise fail(f"unknown status {status!r}: one of {known}") from exc
-    timers: list[Timer] = run(read_timers(settings.kafka, type_name, status=wanted))
+    timers: list[Timer] = run(
+        checked(settings.kafka, read_timers(settings.kafka, type_name, status=wanted))
+    )
     for t in timers:
         if as_json:
             json_line(t.model_dump(mode="json"))
@@ -221,7 +226,9 @@ def show(
     except ValidationError as exc:
         problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
         raise fail(f"bad owner: {problems}") from exc
-    history: TimerHistory = run(read_timer_history(settings.kafka, owner, key))
+    history: TimerHistory = run(
+        checked(settings.kafka, read_timer_history(settings.kafka, owner, key))
+    )
     if as_json:
         for versions in history.versions.values():
             for v in versions:

@@ -8,7 +8,7 @@ from app.kafka.admin import cluster_id, ensure_topics, max_message_bytes
 from app.kafka.connection import Connectable
 from app.kafka.consumers import GroupConsumer, PartitionReader, Reader
 from app.kafka.ports import Assigned
-from app.kafka.probe import api_versions_probe
+from app.kafka.probe import api_versions_probe, check_access
 from app.kafka.producers import Producer, TransactionalProducer
 from app.kafka.records import Replication, TopicSpec
 
@@ -39,6 +39,9 @@ class KafkaAdmin:
 
     async def probe(self) -> str | None:
         return await api_versions_probe(self.bootstrap, self._probe_timeout)
+
+    async def check_access(self) -> None:
+        await check_access(self.bootstrap)
 
 
 class KafkaClients:

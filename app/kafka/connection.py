@@ -96,14 +96,16 @@ class KafkaConnection(BaseModel):
             return None
         return _context(self.ssl_cafile, self.ssl_certfile, self.ssl_keyfile)
 
-    def describe(self) -> str:
-        """Where and how, for error messages (never the password)."""
+    def describe(self, at: str | None = None) -> str:
+        """Where (`at`: one of the brokers; else the bootstrap addresses) and how, for
+        error messages (never the password)."""
+        where = at or self.bootstrap_servers
         if self.security_protocol == "PLAINTEXT":
-            return self.bootstrap_servers
+            return where
         how: str = self.security_protocol
         if self.sasl_mechanism is not None:
             how += f" {self.sasl_mechanism} as {self.sasl_username!r}"
-        return f"{self.bootstrap_servers} ({how})"
+        return f"{where} ({how})"
 
     def options(self) -> dict[str, Any]:
         """aiokafka's connection keyword arguments."""

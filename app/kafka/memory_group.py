@@ -253,3 +253,6 @@ class MemoryAdmin:
 
     async def probe(self) -> str | None:
         return "the broker is not reachable" if self._log.down else None
+
+    async def check_access(self) -> None:
+        """A memory log refuses no one."""

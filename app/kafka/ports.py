@@ -205,6 +205,11 @@ class Admin(Protocol):
         """One look at the broker (the `BrokerWatch`'s): None when it answered, else why not."""
         ...
 
+    async def check_access(self) -> None:
+        """`KafkaUnavailable` at once when the cluster refuses this client (its TLS
+        handshake, its SASL login): before the clients start, so that it is said once."""
+        ...
+
 
 class Clients(Protocol):
     """Makes the clients of one cluster (none of them started)."""

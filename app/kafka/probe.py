@@ -1,5 +1,10 @@
 """One look at the broker: an ApiVersions request to each bootstrap address, answered in
-time or not (a refused connection, or one accepted and never answered: a frozen broker)."""
+time or not (a refused connection, or one accepted and never answered: a frozen broker).
+
+And one connection made as the clients make theirs (`check_access`), before they start:
+the client library retries a refused TLS handshake or SASL login like a broker away and
+ends with "Unable to bootstrap"; a single connection raises what the broker said.
+"""
 
 from __future__ import annotations
 
@@ -9,9 +14,18 @@ import ssl
 import struct
 from collections.abc import Awaitable, Callable
 
-from app.kafka.connection import Connectable, connection
+from aiokafka.conn import create_conn
+from aiokafka.errors import (
+    AuthenticationFailedError,
+    KafkaError,
+    SaslAuthenticationFailed,
+    UnsupportedSaslMechanismError,
+)
 
-__all__ = ["Probe", "api_versions_probe"]
+from app.errors import KafkaUnavailable
+from app.kafka.connection import Connectable, KafkaConnection, connection
+
+__all__ = ["Probe", "api_versions_probe", "check_access"]
 
 Probe = Callable[[], Awaitable[str | None]]
 """One look at the broker: None when it answered, else why not."""
@@ -92,4 +106,72 @@ async def _probe_one(
     return None  # any error code in it is still an answer: the broker runs
 
 
-# --------------------------------------------------------------------------- the watch
+async def check_access(where: Connectable, within: float = 10.0) -> None:
+    """Connects to the bootstrap addresses in turn, as every client does (TLS, SASL), until
+    one lets this client in. `KafkaUnavailable` at once when one refuses it: the TLS
+    handshake fails (a CA that did not sign the broker's certificate, a client
+    certificate refused) or the SASL login does (wrong credentials, a mechanism the broker
+    does not offer): retrying would not help. An address that does not answer is passed
+    over; none answering is left to the clients (they wait for a broker away)."""
+    kafka = connection(where)
+    if kafka.security_protocol == "PLAINTEXT":
+        return  # nothing to refuse: a broker that answers serves this client
+    options = kafka.options()
+    del options["bootstrap_servers"]
+    for hostport in (a.strip() for a in kafka.bootstrap_servers.split(",") if a.strip()):
+        try:
+            host, port = _address(hostport)
+        except ValueError:
+            continue  # the clients say so
+        try:
+            conn = await create_conn(
+                host,
+                port,
+                client_id="tickwheel-check",
+                request_timeout_ms=int(within * 1000),
+                **options,
+            )
+        except (OSError, KafkaError, TimeoutError) as exc:
+            if (why := refusal(kafka, exc)) is not None:
+                raise KafkaUnavailable(f"{kafka.describe(hostport)}: {why}") from exc
+            continue
+        conn.close()
+        return
+
+
+def refusal(kafka: KafkaConnection, exc: BaseException) -> str | None:
+    """Why the broker refused this client (in a user's terms, naming the settings to
+    check), or None when `exc` is not a refusal (the broker away, slow)."""
+    for cause in _chain(exc):
+        if isinstance(cause, SaslAuthenticationFailed | AuthenticationFailedError):
+            said = cause.args[0] if cause.args and isinstance(cause.args[0], str) else cause
+            return (
+                f"authentication failed ({said}); check KAFKA_SASL_USERNAME, "
+                "KAFKA_SASL_PASSWORD (or KAFKA_SASL_PASSWORD_FILE) and KAFKA_SASL_MECHANISM"
+            )
+        if isinstance(cause, UnsupportedSaslMechanismError):
+            return f"{cause}; check KAFKA_SASL_MECHANISM"
+        if isinstance(cause, ssl.SSLCertVerificationError):
+            return (
+                f"TLS: the broker's certificate is not trusted ({cause.verify_message}); "
+                "check KAFKA_SSL_CAFILE (the CA that signed the brokers' certificates; "
+                f"now {kafka.ssl_cafile or 'the system CAs'})"
+            )
+        if isinstance(cause, ssl.SSLEOFError | ssl.SSLZeroReturnError):
+            return None  # closed mid-handshake: a broker going away looks the same
+        if isinstance(cause, ssl.SSLError):
+            return (
+                f"TLS handshake refused ({cause.reason or cause}); check "
+                "KAFKA_SECURITY_PROTOCOL (is the listener TLS?), KAFKA_SSL_CERTFILE and "
+                "KAFKA_SSL_KEYFILE (a client certificate the broker trusts)"
+            )
+    return None
+
+
+def _chain(exc: BaseException) -> list[BaseException]:
+    seen: list[BaseException] = []
+    current: BaseException | None = exc
+    while current is not None and current not in seen:
+        seen.append(current)
+        current = current.__cause__ or current.__context__
+    return seen

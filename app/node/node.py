@@ -222,6 +222,9 @@ class Node:
 
     async def start(self) -> None:
         s = self.settings
+        # Wrong credentials or an untrusted certificate: one error now, not the clients'
+        # retries ending in "Unable to bootstrap".
+        await self._admin.check_access()
         await self.broker.start()
         await self._admin.ensure_topics(node_topics(self.topics, s.partitions))
         await self._size_dead_letters()

@@ -198,7 +198,10 @@ class Settings(BaseSettings):
             self.kafka  # noqa: B018
         except ValidationError as exc:
             said = "; ".join(str(e["msg"]).removeprefix("Value error, ") for e in exc.errors())
-            raise ValueError(said) from None
+            how = " ".join(filter(None, [self.security_protocol, self.sasl_mechanism]))
+            raise ValueError(
+                f"cannot connect to {self.bootstrap_servers} ({how}): {said}"
+            ) from None
         if self.min_insync_replicas > self.replication_factor:
             raise ValueError(
                 f"TICKWHEEL_MIN_INSYNC_REPLICAS {self.min_insync_replicas} is more than "

@@ -220,14 +220,12 @@ async def test_a_node_without_its_transactional_id_acl_stops_and_says_so(
         assert not any(s["ready"] for s in samples[given:]), samples
 
 
-async def test_a_wrong_password_is_one_clear_error_at_once(
-    kafka_secured: kafka_broker.SecuredKafka, tmp_path: Path
-) -> None:
-    broker = kafka_secured
-    wrong = tmp_path / "wrong.password"
-    wrong.write_text("not-the-password\n")
-    cluster = secured_cluster(broker, tmp_path, KAFKA_SASL_PASSWORD_FILE=str(wrong))
-    await grant(broker, cluster, NODE_ACLS)  # authorized, were it authenticated
+async def _refused_at_once(
+    broker: kafka_broker.SecuredKafka, cluster: Cluster
+) -> tuple[Worker, list[str], int, str, str]:
+    """A node and a command as a client the broker refuses: the node's log lines, the
+    command's exit code, stdout and stderr; each within STOP_BOUND_S."""
+    await grant(broker, cluster, NODE_ACLS)  # authorized, were it let in
     began = time.monotonic()
     worker = cluster.start_worker()
     try:
@@ -240,15 +238,70 @@ async def test_a_wrong_password_is_one_clear_error_at_once(
         ["timers", "list", "--type", f"{cluster.context}.counter"], within=STOP_BOUND_S
     )
     print(
-        f"\na wrong password: the node exited {worker.proc.returncode} after {worker_s:.1f} s, "
-        f"log {lines}; timers list exited {code} after {command_s:.1f} s: {err.strip()!r}"
+        f"\nthe node exited {worker.proc.returncode} after {worker_s:.1f} s, log {lines}; "
+        f"timers list exited {code} after {command_s:.1f} s: {err.strip()!r}"
     )
-    assert worker.proc.returncode not in (0, None)
+    assert command_s < STOP_BOUND_S
+    return worker, lines, code, out, err
+
+
+def one_error(text: str, bootstrap: str, mechanism: str, cause: str) -> None:
+    """`text` is one error line naming the broker's address, how the client connects
+    (`mechanism`) and the `cause`, not the client library's retries."""
+    assert text.startswith("error:"), text
+    assert bootstrap in text and mechanism in text and cause in text, text
+    assert "Unable to bootstrap" not in text, text
+
+
+async def test_a_wrong_password_is_one_clear_error_at_once(
+    kafka_secured: kafka_broker.SecuredKafka, tmp_path: Path
+) -> None:
+    broker = kafka_secured
+    wrong = tmp_path / "wrong.password"
+    wrong.write_text("not-the-password\n")
+    cluster = secured_cluster(broker, tmp_path, KAFKA_SASL_PASSWORD_FILE=str(wrong))
+    worker, lines, code, out, err = await _refused_at_once(broker, cluster)
+    assert worker.proc.returncode == 1
     errors = [line for line in lines if line.startswith("error:")]
     assert len(errors) == 1, lines
     assert len(lines) <= 5, lines  # not a retry flood
-    assert f"'{USER}'" in errors[0] and broker.bootstrap in errors[0], errors
+    how = f"SASL_SSL SCRAM-SHA-512 as '{USER}'"
+    one_error(errors[0], broker.bootstrap, how, "authentication failed")
     assert code == 1 and out == ""
-    assert len(err.strip().splitlines()) == 1 and err.startswith("error:"), err
-    assert f"'{USER}'" in err, err
-    assert command_s < STOP_BOUND_S
+    assert len(err.strip().splitlines()) == 1, err
+    one_error(err.strip(), broker.bootstrap, how, "authentication failed")
+    assert "KAFKA_SASL_PASSWORD" in err
+
+
+async def test_a_broker_certificate_of_an_unknown_ca_is_one_clear_error_at_once(
+    kafka_secured: kafka_broker.SecuredKafka, tmp_path: Path
+) -> None:
+    broker = kafka_secured
+    # No KAFKA_SSL_CAFILE: the system's CAs, which did not sign the local broker's.
+    cluster = secured_cluster(broker, tmp_path)
+    cluster.env.pop("KAFKA_SSL_CAFILE")
+    worker, lines, code, out, err = await _refused_at_once(broker, cluster)
+    assert worker.proc.returncode == 1
+    errors = [line for line in lines if line.startswith("error:")]
+    assert len(errors) == 1 and len(lines) <= 5, lines
+    how = f"SASL_SSL SCRAM-SHA-512 as '{USER}'"
+    one_error(errors[0], broker.bootstrap, how, "certificate is not trusted")
+    assert code == 1 and out == "" and len(err.strip().splitlines()) == 1, err
+    one_error(err.strip(), broker.bootstrap, how, "KAFKA_SSL_CAFILE")
+
+
+async def test_a_missing_key_file_is_a_configuration_error(
+    kafka_secured: kafka_broker.SecuredKafka, tmp_path: Path
+) -> None:
+    broker = kafka_secured
+    gone = str(tmp_path / "client.key")
+    cluster = secured_cluster(
+        broker, tmp_path, KAFKA_SSL_CERTFILE=str(tmp_path / "client.pem"), KAFKA_SSL_KEYFILE=gone
+    )
+    (tmp_path / "client.pem").write_text("unused: the key file is missing\n")
+    code, out, err, _ = await cluster.run_cli(
+        ["timers", "list", "--type", f"{cluster.context}.counter"], within=STOP_BOUND_S
+    )
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1, err
+    one_error(err.strip(), broker.bootstrap, "SASL_SSL SCRAM-SHA-512", "KAFKA_SSL_KEYFILE")
+    assert gone in err

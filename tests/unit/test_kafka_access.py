@@ -1,0 +1,127 @@
+"""One connection before the clients start (`app.kafka.probe.check_access`): a refusal (wrong
+credentials, an untrusted certificate) is one error saying so; a broker away is not a
+refusal (the clients wait for it). The refusals on a real broker: test_secured_worker.py."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import socket
+import ssl
+from collections.abc import Iterator
+
+import pytest
+from aiokafka.errors import (
+    KafkaConnectionError,
+    SaslAuthenticationFailed,
+    UnsupportedSaslMechanismError,
+)
+from pydantic import SecretStr
+
+from app.cli.common import checked
+from app.errors import KafkaUnavailable
+from app.kafka.connection import KafkaConnection
+from app.kafka.probe import check_access, refusal
+
+SCRAM = KafkaConnection(
+    bootstrap_servers="b1:9093,b2:9093",
+    security_protocol="SASL_SSL",
+    sasl_mechanism="SCRAM-SHA-512",
+    sasl_username="tickwheel",
+    sasl_password=SecretStr("secret"),
+)
+
+
+def _wrapped(cause: BaseException) -> KafkaConnectionError:
+    try:
+        raise KafkaConnectionError("Connection at b1:9093 closed") from cause
+    except KafkaConnectionError as exc:
+        return exc
+
+
+def test_wrong_credentials_are_an_authentication_failure() -> None:
+    why = refusal(SCRAM, SaslAuthenticationFailed("Authentication failed during auth"))
+    assert why is not None and why.startswith("authentication failed"), why
+    assert "KAFKA_SASL_PASSWORD" in why and "secret" not in why
+
+
+def test_an_untrusted_broker_certificate_names_the_ca_setting() -> None:
+    verify = ssl.SSLCertVerificationError(1, "certificate verify failed")
+    verify.verify_message = "unable to get local issuer certificate"
+    why = refusal(SCRAM, _wrapped(verify))  # found through what wraps it
+    assert why is not None and "not trusted" in why, why
+    assert "unable to get local issuer certificate" in why and "KAFKA_SSL_CAFILE" in why
+
+
+def test_a_mechanism_the_broker_does_not_offer_is_a_refusal() -> None:
+    why = refusal(SCRAM, UnsupportedSaslMechanismError("enabled: ['PLAIN']"))
+    assert why is not None and "KAFKA_SASL_MECHANISM" in why
+
+
+@pytest.mark.parametrize(
+    "exc",
+    [
+        ConnectionRefusedError(111, "Connection refused"),
+        TimeoutError(),
+        KafkaConnectionError("Unable to bootstrap"),
+        _wrapped(ConnectionResetError(104, "reset")),
+        ssl.SSLEOFError(8, "EOF occurred in violation of protocol"),
+    ],
+)
+def test_a_broker_away_is_no_refusal(exc: BaseException) -> None:
+    assert refusal(SCRAM, exc) is None
+
+
+@pytest.fixture
+def closed_port() -> Iterator[int]:
+    """A loopback port nothing listens on (bound, never listening: connections refused)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        yield sock.getsockname()[1]
+
+
+async def test_no_broker_answering_is_left_to_the_clients(closed_port: int) -> None:
+    kafka = SCRAM.model_copy(update={"bootstrap_servers": f"127.0.0.1:{closed_port}"})
+    await check_access(kafka, within=2.0)  # no error: the clients wait for a broker away
+
+
+async def test_a_plaintext_connection_is_not_checked(closed_port: int) -> None:
+    await asyncio.wait_for(check_access(f"127.0.0.1:{closed_port}"), 0.5)
+
+
+async def test_a_command_refused_never_starts_its_work() -> None:
+    started: list[str] = []
+
+    async def work() -> str:
+        started.append("work")
+        return "done"
+
+    async def refusing_broker(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.close()  # a TLS client's handshake meets a closed connection
+
+    server = await asyncio.start_server(refusing_broker, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    kafka = SCRAM.model_copy(update={"bootstrap_servers": f"127.0.0.1:{port}"})
+    async with server:
+        # A connection closed mid-handshake is not a refusal: the work goes on.
+        assert await checked(kafka, work()) == "done"
+    assert started == ["work"]
+
+
+async def test_a_refused_check_closes_the_work_unstarted(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    started: list[str] = []
+
+    async def work() -> None:
+        started.append("work")
+
+    async def refuse(where: object) -> None:
+        raise KafkaUnavailable("b1:9093 (SASL_SSL SCRAM-SHA-512 as 'x'): authentication failed")
+
+    monkeypatch.setattr("app.cli.common.check_access", refuse)
+    coroutine = work()
+    with pytest.raises(KafkaUnavailable, match="authentication failed"):
+        await checked(SCRAM, coroutine)
+    assert started == []
+    assert inspect.getcoroutinestate(coroutine) == inspect.CORO_CLOSED  # no "never awaited"
