@@ -25,7 +25,14 @@ from aiokafka.protocol.metadata import MetadataRequest
 
 from app.errors import KafkaUnavailable, MissingTopic
 from app.kafka.connection import Connectable, address, client_options
-from app.kafka.records import Replication, TopicSpec, explain, start_client
+from app.kafka.records import (
+    Replication,
+    TopicSpec,
+    check_created,
+    creation_errors,
+    explain,
+    start_client,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -107,15 +114,22 @@ async def ensure_topics(
             )
             for s in specs
         ]
+        # The client library does not look at each topic's error: a refusal (no Create
+        # ACL) would pass unseen, and the clients then wait for the topics till they time
+        # out. A topic that exists is fine whatever its error (Create is refused for
+        # topics that exist too: an operator may have created them beforehand).
+        failed: dict[str, tuple[type[KafkaError], str | None]] = {}
         with contextlib.suppress(TopicAlreadyExistsError):
-            await admin.create_topics(new)
+            failed = creation_errors(await admin.create_topics(new))
         described = await admin.describe_topics([s.name for s in specs])
         found = {t["topic"]: t["partitions"] for t in described if not t.get("error_code")}
+        check_created(bootstrap, {t: e for t, e in failed.items() if t not in found})
         for s in specs:
             if s.name not in found:
                 # Created one by one when a batch failed part-way.
                 with contextlib.suppress(TopicAlreadyExistsError):
-                    await admin.create_topics([n for n in new if n.name == s.name])
+                    one = await admin.create_topics([n for n in new if n.name == s.name])
+                    check_created(bootstrap, creation_errors(one))
                 continue
             if len(found[s.name]) != s.partitions:
                 raise KafkaUnavailable(

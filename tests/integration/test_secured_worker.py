@@ -220,6 +220,54 @@ async def test_a_node_without_its_transactional_id_acl_stops_and_says_so(
         assert not any(s["ready"] for s in samples[given:]), samples
 
 
+async def test_a_node_without_the_create_acl_stops_at_once_naming_the_topic(
+    kafka_secured: kafka_broker.SecuredKafka, tmp_path: Path
+) -> None:
+    broker = kafka_secured
+    cluster = secured_cluster(broker, tmp_path)
+    topics = ("topic", "{context}.", "prefixed", ("read", "write", "create"))
+    assert topics in NODE_ACLS
+    without_create = ("topic", "{context}.", "prefixed", ("read", "write"))
+    await grant(broker, cluster, [without_create if a == topics else a for a in NODE_ACLS])
+    began = time.monotonic()
+    worker = cluster.start_worker()
+    try:
+        await eventually(lambda: not worker.alive, STOP_BOUND_S, "the node stopped")
+        took = time.monotonic() - began
+    finally:
+        await asyncio.to_thread(cluster.stop_all)
+    lines = worker.text().splitlines()
+    errors = [line for line in lines if line.startswith("error:")]
+    print(
+        f"\nwithout Create on the topics: exit {worker.proc.returncode} after {took:.1f} s: "
+        f"{errors}"
+    )
+    assert worker.proc.returncode == 1
+    assert len(errors) == 1, lines
+    assert f"not authorized to create topic {cluster.context}." in errors[0], errors
+    assert f"'{cluster.context}.' prefixed: Create" in errors[0], errors
+    assert "or on the cluster" in errors[0] and broker.bootstrap in errors[0], errors
+    assert took < 20, took  # not the clients' metadata wait (40 s) for topics never made
+
+
+async def test_a_node_without_the_create_acl_runs_on_topics_made_beforehand(
+    kafka_secured: kafka_broker.SecuredKafka, tmp_path: Path
+) -> None:
+    broker = kafka_secured
+    cluster = secured_cluster(broker, tmp_path)
+    topics = ("topic", "{context}.", "prefixed", ("read", "write", "create"))
+    without_create = ("topic", "{context}.", "prefixed", ("read", "write"))
+    await grant(broker, cluster, [without_create if a == topics else a for a in NODE_ACLS])
+    try:
+        async with Client(cluster):  # the administrator creates the topics
+            pass
+        worker = cluster.start_worker()
+        # The broker refuses Create on these topics too: they exist, so the node goes on.
+        await eventually(lambda: runs_all(worker), 90, "the node runs every partition")
+    finally:
+        await asyncio.to_thread(cluster.stop_all)
+
+
 async def _refused_at_once(
     broker: kafka_broker.SecuredKafka, cluster: Cluster
 ) -> tuple[Worker, list[str], int, str, str]:

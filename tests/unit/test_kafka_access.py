@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import re
 import socket
 import ssl
 from collections.abc import Iterator
@@ -22,6 +23,7 @@ from app.cli.common import checked
 from app.errors import KafkaUnavailable
 from app.kafka.connection import KafkaConnection
 from app.kafka.probe import check_access, refusal
+from app.kafka.records import check_created, creation_errors, refused
 
 SCRAM = KafkaConnection(
     bootstrap_servers="b1:9093,b2:9093",
@@ -125,3 +127,38 @@ async def test_a_refused_check_closes_the_work_unstarted(
         await checked(SCRAM, coroutine)
     assert started == []
     assert inspect.getcoroutinestate(coroutine) == inspect.CORO_CLOSED  # no "never awaited"
+
+
+class _Created:
+    """A CreateTopics answer: (topic, error code, message) per topic."""
+
+    def __init__(self, *topic_errors: tuple[str, int, str | None]) -> None:
+        self.topic_errors = list(topic_errors)
+
+
+def test_topics_the_cluster_refused_to_create_are_named_with_the_acl() -> None:
+    answer = _Created(
+        ("ctx.a.events", 0, None),
+        ("ctx.a.commands", 36, "already exists"),  # there already: no error
+        ("ctx.results", 29, "Authorization failed."),
+        ("ctx.ledger", 29, "Authorization failed."),
+    )
+    failed = creation_errors(answer)
+    assert set(failed) == {"ctx.results", "ctx.ledger"}
+    with pytest.raises(KafkaUnavailable) as raised:
+        check_created(SCRAM, failed)
+    said = str(raised.value)
+    assert said.startswith("cannot create topics at b1:9093,b2:9093 (SASL_SSL SCRAM-SHA-512")
+    assert "not authorized to create topic ctx.ledger and 1 more" in said
+    assert "topic 'ctx.' prefixed: Create" in said and "or on the cluster" in said
+    assert refused(raised.value)  # the node stops on it rather than retrying
+
+
+def test_a_topic_not_created_for_another_reason_is_named_with_its_error() -> None:
+    failed = creation_errors(_Created(("ctx.results", 38, "Replication factor: 3 larger")))
+    with pytest.raises(
+        KafkaUnavailable, match=re.escape("ctx.results: InvalidReplicationFactorError")
+    ) as e:
+        check_created("127.0.0.1:9092", failed)
+    assert not refused(e.value)
+    check_created("127.0.0.1:9092", creation_errors(_Created(("ctx.results", 0, None))))
