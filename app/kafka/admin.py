@@ -40,7 +40,8 @@ logger = logging.getLogger(__name__)
 _COMPACTED = {"cleanup.policy": "compact,delete", "retention.ms": "-1", "retention.bytes": "-1"}
 
 
-def _configs(spec: TopicSpec, replication: Replication) -> dict[str, str]:
+def topic_configs(spec: TopicSpec, replication: Replication) -> dict[str, str]:
+    """The configs a topic is created with (docs/configuration.md lists them)."""
     configs = dict(_COMPACTED) if spec.compacted else {}
     configs["min.insync.replicas"] = str(replication.min_insync)
     if spec.max_message_bytes is not None:
@@ -110,7 +111,7 @@ async def ensure_topics(
                 s.name,
                 num_partitions=s.partitions,
                 replication_factor=used.factor,
-                topic_configs=_configs(s, used),
+                topic_configs=topic_configs(s, used),
             )
             for s in specs
         ]

@@ -58,12 +58,19 @@ async def _read(client: dict[str, Any], topic: str, count: int) -> list[bytes]:
 def _env_of(
     broker: kafka_broker.SecuredKafka, user: str, capsys: pytest.CaptureFixture[str]
 ) -> dict[str, str]:
-    """What ``kafka-local env --user USER`` prints, as a dict."""
+    """What ``kafka-local env --user USER`` prints for a client, as a dict (after it: the
+    lines for Kafka's kafka-acls.sh)."""
     capsys.readouterr()
     assert script.main(["env", "--dir", str(broker.state_dir), "--user", user]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert all(line.startswith("export KAFKA_") for line in lines)
-    return dict(line.removeprefix("export ").split("=", 1) for line in lines)
+    state = broker.state_dir
+    assert lines[-2:] == [
+        f'export PATH={state / "bin"}:"$PATH"',
+        f"export KAFKA_ADMIN_PROPERTIES={state / 'admin.properties'}",
+    ]
+    assert (state / "bin" / "kafka-acls.sh").is_file()
+    assert all(line.startswith("export KAFKA_") for line in lines[:-2])
+    return dict(line.removeprefix("export ").split("=", 1) for line in lines[:-2])
 
 
 @pytest.mark.kafka_secured

@@ -1,17 +1,20 @@
 """A node on a secured broker (issue 18, item 2): SASL_SSL (TLS, SCRAM-SHA-512) with ACLs
-enforced, as a user that has exactly the ACLs `NODE_ACLS` lists (the README quotes it).
+enforced, as a user that has exactly the ACLs `NODE_ACLS` lists: granted by the README's
+`kafka-acls.sh` commands, run as written (and found to grant just those).
 
 The session's SASL_SSL broker (``kafka_secured``, tests/conftest.py): its super user
 ``admin`` is the test's own clients (they schedule timers and read what the node wrote);
 the node and the operator's command run as ``tickwheel``, which has no ACL but those a test
 grants it, on that test's context and group only. The node creates its topics itself.
 Then: one ACL taken away, the node says what was refused and stops (exit 1); a wrong
-password, one clear error at once.
+password, an untrusted CA, one clear error at once; no Create ACL, the topics named at once.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
+import re
 import time
 from collections import Counter
 from collections.abc import Iterable
@@ -47,6 +50,8 @@ NODE_ACLS: Final[tuple[tuple[str, str, str, tuple[str, ...]], ...]] = (
     # "literal", ("idempotent_write",)) too).
 )
 
+ROOT = Path(__file__).resolve().parents[2]
+README = (ROOT / "README.md").read_text()
 PARTITIONS = 4
 OPTIONS = '{"claim_timeout": 5000, "send_timeout": 4000}'
 USER = "tickwheel"
@@ -82,6 +87,59 @@ async def grant(
         await asyncio.to_thread(broker.grant, kind, name, list(ops), user=USER, pattern=pattern)
 
 
+def readme_acl_commands() -> str:
+    """The README's one sh block of `kafka-acls.sh` commands."""
+    blocks: list[str] = [
+        b for b in re.findall(r"```sh\n(.*?)```", README, re.S) if "kafka-acls.sh" in b
+    ]
+    assert len(blocks) == 1, "the README shows one block of kafka-acls.sh commands"
+    return blocks[0]
+
+
+async def grant_as_the_readme_says(broker: kafka_broker.SecuredKafka, cluster: Cluster) -> None:
+    """Runs the README's `kafka-acls.sh` commands as written (bash, in the shell the README's
+    `eval "$(scripts/kafka-local env --user tickwheel)"` makes, with `CTX` and `GROUP` the
+    test's); returns once the broker applies exactly the ACLs `NODE_ACLS` lists."""
+    command = (
+        f'eval "$(scripts/kafka-local env --dir {broker.state_dir} --user {USER})"\n'
+        + readme_acl_commands()
+    )
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("KAFKA_")}
+    run = await asyncio.create_subprocess_exec(
+        "bash",
+        "-euo",
+        "pipefail",
+        "-c",
+        command,
+        cwd=ROOT,
+        env={**clean, "CTX": cluster.context, "GROUP": cluster.group},
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(run.communicate(), 120)
+    assert run.returncode == 0, (out.decode(errors="replace"), err.decode(errors="replace"))
+    script = kafka_broker.load_kafka_local()
+    principal = f"User:{USER}"
+    wanted = {
+        script.Acl(principal, kind, name, op, pattern)
+        for kind, name, pattern, ops in acls_for(cluster, NODE_ACLS)
+        for op in ops
+    }
+    auth = broker.broker.client_auth("admin")
+
+    def mine(acl: object) -> bool:
+        name = getattr(acl, "name", "")
+        return getattr(acl, "principal", "") == principal and (
+            name.startswith((cluster.context, cluster.group))
+        )
+
+    async def applied() -> bool:
+        found = await asyncio.to_thread(script.describe_acls, broker.bootstrap, auth)
+        return {a for a in found if mine(a)} == wanted
+
+    await eventually(applied, 30, "the README's ACLs applied, no more, no fewer", interval=0.2)
+
+
 def refused(text: str) -> bool:
     """Whether `text` says that something was not authorized."""
     return "not authorized" in text.lower() or "authorization" in text.lower()
@@ -100,7 +158,7 @@ async def test_a_node_runs_as_a_user_with_only_the_acls_listed(
 ) -> None:
     broker = kafka_secured
     cluster = secured_cluster(broker, tmp_path)
-    await grant(broker, cluster, NODE_ACLS)
+    await grant_as_the_readme_says(broker, cluster)
     began = time.monotonic()
     try:
         worker = cluster.start_worker()

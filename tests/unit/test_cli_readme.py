@@ -455,28 +455,44 @@ def test_the_readmes_read_only_commands_run_as_written_and_create_nothing(
 # --- the docs' settings: `export` lines, the .env example, the settings table -------------
 
 
-def _exports() -> list[tuple[str, str]]:
-    """(variable, value) of every `export X=value` line of the docs' sh blocks whose value
+def _export_blocks() -> list[list[tuple[str, str]]]:
+    """Per sh block of the docs, (variable, value) of its `export X=value` lines whose value
     is written out (not a command's output)."""
     found = []
     for text in TEXTS.values():
         for block in sh_blocks(text):
+            exports = []
             for line in block.splitlines():
                 if not line.startswith("export ") or "$(" in line:
                     continue
                 words = shlex.split(line, comments=True)
                 if "=" in words[1]:
                     name, value = words[1].split("=", 1)
-                    found.append((name, value))
+                    exports.append((name, value))
+            if exports:
+                found.append(exports)
     return found
 
 
-def test_the_docs_export_lines_are_settings_taken_as_written() -> None:
+def _exports() -> list[tuple[str, str]]:
+    return [pair for block in _export_blocks() for pair in block]
+
+
+def test_the_docs_export_lines_are_settings_taken_as_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     exports = _exports()
     assert ("TICKWHEEL_PARTITIONS", "4") in exports, "the note on ./scripts/run's count"
-    for name, value in exports:
-        assert name in VARIABLES.values(), f"export {name}: no setting"
-        Settings.from_env({name: value})  # a ConfigError if the value is refused
+    monkeypatch.chdir(tmp_path)  # where a block's relative _FILE names its secret
+    for block in _export_blocks():
+        for name, value in block:
+            assert name in VARIABLES.values() or (
+                name.endswith("_FILE") and name.removesuffix("_FILE") in VARIABLES.values()
+            ), f"export {name}: no setting"
+            if name.endswith("_FILE"):
+                Path(value).write_text("a secret\n")
+        # A block's lines together (a SASL protocol needs its mechanism and credentials).
+        Settings.from_env(dict(block))  # a ConfigError if a value is refused
     assert Settings.from_env({"TICKWHEEL_PARTITIONS": "4"}).partitions == 4
 
 
