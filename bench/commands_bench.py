@@ -32,6 +32,7 @@ from typing import Any
 
 import orjson
 
+from app.kafka.connection import KafkaConnection
 from app.protocol.wire import encode
 from bench import traced_worker
 from bench.common import (
@@ -246,11 +247,12 @@ async def latency(
     return figures
 
 
-async def run(bootstrap: str, base: Path, args: argparse.Namespace) -> dict[str, Any]:
+async def run(kafka: KafkaConnection, base: Path, args: argparse.Namespace) -> dict[str, Any]:
+    bootstrap = kafka.bootstrap_servers
     out: dict[str, Any] = {
         "bench": "commands",
         "machine": machine(),
-        "broker": bootstrap,
+        "broker": kafka.describe(),
         "partitions": args.partitions,
         "aggregates": args.aggregates,
         "session_timeout_ms": args.session_timeout_ms,
@@ -269,6 +271,7 @@ async def run(bootstrap: str, base: Path, args: argparse.Namespace) -> dict[str,
                 "TICKWHEEL_SESSION_TIMEOUT_MS": str(args.session_timeout_ms),
                 **dict(kv.split("=", 1) for kv in args.worker_env),
             },
+            kafka=kafka,
         )
         try:
             async with Client(cluster) as client:
@@ -281,10 +284,8 @@ async def run(bootstrap: str, base: Path, args: argparse.Namespace) -> dict[str,
                 }
                 pids["broker"] = broker_pid(bootstrap)
                 results = Results()
-                tail = Tail(
-                    bootstrap, client.ctx.results, range(args.partitions), results.on_records
-                )
-                producer = Producer(bootstrap)
+                tail = Tail(kafka, client.ctx.results, range(args.partitions), results.on_records)
+                producer = Producer(kafka)
                 await tail.start()
                 await producer.start()
                 try:
@@ -317,7 +318,7 @@ async def run(bootstrap: str, base: Path, args: argparse.Namespace) -> dict[str,
                     await tail.stop()
         finally:
             cluster.stop_all()
-            await delete_context_topics(bootstrap, context)
+            await delete_context_topics(kafka, context)
     best = max((f["commands_per_s"] for f in out["throughput"].values()), default=None)
     out["targets"] = {
         "commands_per_s": TARGET_PER_S,

@@ -3,7 +3,11 @@
 The benchmarks run real `tickwheel worker` processes (the integration tests' `Cluster`,
 serving `tests/integration/tw_services.py`'s `counter` aggregate) against a real broker:
 `KAFKA_BOOTSTRAP_SERVERS` when set, else one the project starts itself, as the tests do
-(`tests/kafka_broker.py`: Docker when it answers, else `scripts/kafka_local.py`).
+(`tests/kafka_broker.py`: Docker when it answers, else `scripts/kafka_local.py`). Every
+client of the bench connects as `broker()`'s `KafkaConnection` says: with
+`KAFKA_BOOTSTRAP_SERVERS` set, the same `KAFKA_*` security variables as a node's (TLS,
+SASL; the workers inherit them), read by the node's own settings; its own broker is
+PLAINTEXT.
 
 Everything the bench process itself measures is read back from Kafka by tail consumers
 in this process (never from the workers' memory), so a figure is what a client sees.
@@ -22,13 +26,16 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
+
+from app.kafka.connection import Connectable, KafkaConnection, client_options
+from app.node.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[1]
 INTEGRATION = ROOT / "tests" / "integration"
@@ -48,6 +55,7 @@ __all__ = [
     "Worker",
     "admin_client",
     "broker",
+    "connection_for",
     "delete_context_topics",
     "group_committed",
     "machine",
@@ -72,10 +80,19 @@ def _kafka_broker() -> ModuleType:
 
 
 @contextlib.contextmanager
-def broker() -> Iterator[str]:
-    """The bootstrap address of a real broker: the given one, or one started (and stopped)."""
+def broker() -> Iterator[KafkaConnection]:
+    """A real broker: the given one, or one started (and stopped); how to connect to it."""
     with _kafka_broker().bootstrap_servers() as bootstrap:
-        yield bootstrap
+        yield connection_for(bootstrap, os.environ)
+
+
+def connection_for(bootstrap: str, environ: Mapping[str, str]) -> KafkaConnection:
+    """The connection to `bootstrap`: the node's own settings read from `environ` (its
+    `KAFKA_*` security variables, one place) when `KAFKA_BOOTSTRAP_SERVERS` names the
+    broker; PLAINTEXT for one the bench started."""
+    if environ.get("KAFKA_BOOTSTRAP_SERVERS", "").strip() != bootstrap:
+        return KafkaConnection(bootstrap_servers=bootstrap)
+    return Settings.from_env(environ).kafka
 
 
 def new_bench_context(kind: str) -> str:
@@ -83,9 +100,9 @@ def new_bench_context(kind: str) -> str:
     return f"bench{kind}{uuid.uuid4().hex[:8]}"
 
 
-async def delete_context_topics(bootstrap: str, context: str) -> None:
+async def delete_context_topics(kafka: Connectable, context: str) -> None:
     """Deletes the topics of a bench context (the broker is shared: leave it as found)."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=30_000)
+    admin = AIOKafkaAdminClient(**client_options(kafka), request_timeout_ms=30_000)
     try:
         await admin.start()
         names = [t for t in await admin.list_topics() if t.startswith(context + ".")]
@@ -271,8 +288,8 @@ async def wait_stable(workers: Sequence[Worker], partitions: int, within: float 
 
 
 @contextlib.asynccontextmanager
-async def admin_client(bootstrap: str) -> AsyncIterator[AIOKafkaAdminClient]:
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=30_000)
+async def admin_client(kafka: Connectable) -> AsyncIterator[AIOKafkaAdminClient]:
+    admin = AIOKafkaAdminClient(**client_options(kafka), request_timeout_ms=30_000)
     try:
         await admin.start()
         yield admin
@@ -292,9 +309,9 @@ async def group_committed(admin: AIOKafkaAdminClient, group: str, topic: str) ->
 class Producer:
     """The bench's own producer: `send` hands a record over without waiting for its ack."""
 
-    def __init__(self, bootstrap: str, *, linger_ms: int = 1) -> None:
+    def __init__(self, kafka: Connectable, *, linger_ms: int = 1) -> None:
         self._p = AIOKafkaProducer(
-            bootstrap_servers=bootstrap,
+            **client_options(kafka),
             acks="all",
             enable_idempotence=True,
             linger_ms=linger_ms,
@@ -330,13 +347,13 @@ class Tail:
     handing each fetched batch to `on_records(partition, records, received_at)`."""
 
     def __init__(
-        self, bootstrap: str, topic: str, partitions: Iterable[int], on_records: OnRecords
+        self, kafka: Connectable, topic: str, partitions: Iterable[int], on_records: OnRecords
     ) -> None:
         self.topic = topic
         self._tps = [TopicPartition(topic, p) for p in partitions]
         self._on = on_records
         self._c = AIOKafkaConsumer(
-            bootstrap_servers=bootstrap,
+            **client_options(kafka),
             group_id=None,
             enable_auto_commit=False,
             isolation_level="read_committed",
@@ -424,8 +441,8 @@ def now_ms() -> int:
     return int(time.time() * 1000)
 
 
-def run_and_print(run: Callable[[str, Path, Any], Any], args: Any, prefix: str) -> None:
-    """A benchmark's main: a broker, `run(bootstrap, base, args)`, the figures as JSON
+def run_and_print(run: Callable[[KafkaConnection, Path, Any], Any], args: Any, prefix: str) -> None:
+    """A benchmark's main: a broker, `run(kafka, base, args)`, the figures as JSON
     (with the profiles summarised when `--profile` was given), the scratch folder removed
     unless `--dir` named it."""
     import json
@@ -433,8 +450,8 @@ def run_and_print(run: Callable[[str, Path, Any], Any], args: Any, prefix: str) 
 
     base = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix=prefix))
     try:
-        with broker() as bootstrap:
-            figures = asyncio.run(run(bootstrap, base, args))
+        with broker() as kafka:
+            figures = asyncio.run(run(kafka, base, args))
         if args.profile:
             from bench.profile_summary import summarize
 

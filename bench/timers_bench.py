@@ -42,6 +42,7 @@ from typing import Any
 
 import orjson
 
+from app.kafka.connection import KafkaConnection
 from app.protocol.wire import SCHEDULE_SET, EventEnvelope, ScheduleSet, encode
 from app.timers.runner import TimerOptions
 from bench import traced_worker
@@ -144,13 +145,16 @@ class Scheduler:
 class Setup:
     """A cluster of workers, the bench's producer and the tails of one phase."""
 
-    def __init__(self, bootstrap: str, base: Path, args: argparse.Namespace, kind: str) -> None:
-        self.bootstrap = bootstrap
+    def __init__(
+        self, kafka: KafkaConnection, base: Path, args: argparse.Namespace, kind: str
+    ) -> None:
+        self.kafka = kafka
+        self.bootstrap = kafka.bootstrap_servers
         self.args = args
         self.context = new_bench_context(kind)
         cluster_type = TracedCluster if args.trace else Cluster
         self.cluster = cluster_type(
-            bootstrap,
+            self.bootstrap,
             base / self.context,
             context=self.context,
             partitions=args.partitions,
@@ -159,11 +163,12 @@ class Setup:
                 "TICKWHEEL_SESSION_TIMEOUT_MS": str(args.session_timeout_ms),
                 **dict(kv.split("=", 1) for kv in args.worker_env),
             },
+            kafka=kafka,
         )
         self.client = Client(self.cluster)
         self.fired = Fired()
         self.scheduler = Scheduler(self.context, args.partitions, args.owners)
-        self.producer = Producer(bootstrap)
+        self.producer = Producer(kafka)
         self.workers: list[Worker] = []
         self.tails: list[Tail] = []
 
@@ -176,8 +181,8 @@ class Setup:
         parts = range(self.args.partitions)
         t = self.client.topics
         self.tails = [
-            Tail(self.bootstrap, t.events, parts, self.fired.on_events),
-            Tail(self.bootstrap, t.timers_changelog, parts, self.fired.on_changelog),
+            Tail(self.kafka, t.events, parts, self.fired.on_events),
+            Tail(self.kafka, t.timers_changelog, parts, self.fired.on_changelog),
         ]
         for tail in self.tails:
             await tail.start()
@@ -205,7 +210,7 @@ class Setup:
             await self.client.__aexit__()
         finally:
             self.cluster.stop_all()
-            await delete_context_topics(self.bootstrap, self.context)
+            await delete_context_topics(self.kafka, self.context)
 
     async def write(self, events: list[Encoded]) -> dict[int, int]:
         topic = self.client.topics.events
@@ -223,9 +228,9 @@ def _lateness(rows: list[tuple[int, int, int, float]]) -> dict[str, Any]:
     return percentiles([created - due for _, created, due, _ in rows])
 
 
-async def burst(bootstrap: str, base: Path, args: argparse.Namespace) -> dict[str, Any]:
+async def burst(kafka: KafkaConnection, base: Path, args: argparse.Namespace) -> dict[str, Any]:
     """a. N timers all due at T0: timers fired (applied and settled) per second."""
-    s = Setup(bootstrap, base, args, "ta")
+    s = Setup(kafka, base, args, "ta")
     try:
         settled_s = await s.start(args.workers)
         n: int = args.timers
@@ -233,7 +238,7 @@ async def burst(bootstrap: str, base: Path, args: argparse.Namespace) -> dict[st
         events = [s.scheduler.event(i, "burst", t0) for i in range(n)]
         ids = {e[3] for e in events}
         write_began = time.time()
-        async with admin_client(bootstrap) as admin:
+        async with admin_client(kafka) as admin:
             ends = await s.write(events)
             written = time.time()
             while not await s.ingested(ends, admin):
@@ -316,9 +321,9 @@ async def steady(
     return ids, start, time.time()
 
 
-async def lateness(bootstrap: str, base: Path, args: argparse.Namespace) -> dict[str, Any]:
+async def lateness(kafka: KafkaConnection, base: Path, args: argparse.Namespace) -> dict[str, Any]:
     """b. Lateness at a steady rate."""
-    s = Setup(bootstrap, base, args, "tb")
+    s = Setup(kafka, base, args, "tb")
     try:
         await s.start(args.workers)
         # A short warm-up, not counted: connections, first rounds, first transactions.
@@ -391,9 +396,9 @@ async def lateness(bootstrap: str, base: Path, args: argparse.Namespace) -> dict
         await s.stop()
 
 
-async def failover(bootstrap: str, base: Path, args: argparse.Namespace) -> dict[str, Any]:
+async def failover(kafka: KafkaConnection, base: Path, args: argparse.Namespace) -> dict[str, Any]:
     """c. kill -9 of one of two workers: until its partitions' timers fire again."""
-    s = Setup(bootstrap, base, args, "tc")
+    s = Setup(kafka, base, args, "tc")
     try:
         await s.start(2)
         victim, survivor = s.workers[1], s.workers[0]
@@ -522,12 +527,12 @@ def _survivor_steps(survivor: Worker, killed: float, lost: list[int]) -> dict[st
     return steps
 
 
-async def run(bootstrap: str, base: Path, args: argparse.Namespace) -> dict[str, Any]:
+async def run(kafka: KafkaConnection, base: Path, args: argparse.Namespace) -> dict[str, Any]:
     options = TimerOptions.model_validate(orjson.loads(args.timer_options))
     out: dict[str, Any] = {
         "bench": "timers",
         "machine": machine(),
-        "broker": bootstrap,
+        "broker": kafka.describe(),
         "partitions": args.partitions,
         "owners": args.owners,
         "session_timeout_ms": args.session_timeout_ms,
@@ -536,11 +541,11 @@ async def run(bootstrap: str, base: Path, args: argparse.Namespace) -> dict[str,
         "timer_options_effective": options.model_dump(mode="json"),
     }
     if "a" in args.phases:
-        out["a_burst"] = await burst(bootstrap, base, args)
+        out["a_burst"] = await burst(kafka, base, args)
     if "b" in args.phases:
-        out["b_lateness"] = await lateness(bootstrap, base, args)
+        out["b_lateness"] = await lateness(kafka, base, args)
     if "c" in args.phases:
-        out["c_failover"] = await failover(bootstrap, base, args)
+        out["c_failover"] = await failover(kafka, base, args)
     a, b, c = out.get("a_burst"), out.get("b_lateness"), out.get("c_failover")
     out["targets"] = {
         "timers_per_s": TARGET_PER_S,

@@ -21,15 +21,16 @@ import uuid
 from typing import Any
 
 from app.kafka import TopicSpec, TransactionalProducer, ensure_topics
+from app.kafka.connection import KafkaConnection
 from bench.common import admin_client, broker, machine, percentiles
 
 
-async def run(bootstrap: str, rounds: int) -> dict[str, Any]:
+async def run(kafka: KafkaConnection, rounds: int) -> dict[str, Any]:
     topic = f"benchtxn{uuid.uuid4().hex[:8]}"
-    await ensure_topics(bootstrap, [TopicSpec(topic, 1), TopicSpec(topic + "-in", 1)])
-    producer = TransactionalProducer(bootstrap, f"{topic}.txn")
+    await ensure_topics(kafka, [TopicSpec(topic, 1), TopicSpec(topic + "-in", 1)])
+    producer = TransactionalProducer(kafka, f"{topic}.txn")
     await producer.start()
-    out: dict[str, Any] = {"bench": "txn", "machine": machine(), "broker": bootstrap}
+    out: dict[str, Any] = {"bench": "txn", "machine": machine(), "broker": kafka.describe()}
     try:
         offset = 0
         for label, pause in (("back_to_back", 0.0), ("pause_50ms", 0.05), ("pause_200ms", 0.2)):
@@ -45,7 +46,7 @@ async def run(bootstrap: str, rounds: int) -> dict[str, Any]:
             out[label] = percentiles(samples[2:])  # the first ones find no connection warm
     finally:
         await producer.stop()
-        async with admin_client(bootstrap) as admin:
+        async with admin_client(kafka) as admin:
             await admin.delete_topics([topic, topic + "-in"])
     out["machine"]["loadavg_after"] = machine()["loadavg"]
     return out
@@ -55,8 +56,8 @@ def cli() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=40)
     args = parser.parse_args()
-    with broker() as bootstrap:
-        print(json.dumps(asyncio.run(run(bootstrap, args.rounds)), indent=2))
+    with broker() as kafka:
+        print(json.dumps(asyncio.run(run(kafka, args.rounds)), indent=2))
 
 
 if __name__ == "__main__":
