@@ -10,6 +10,7 @@ import re
 import socket
 import ssl
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from aiokafka.errors import (
@@ -20,10 +21,15 @@ from aiokafka.errors import (
 from pydantic import SecretStr
 
 from app.cli.common import checked
+from app.demo import service
 from app.errors import KafkaUnavailable
 from app.kafka.connection import KafkaConnection
+from app.kafka.memory import MemoryLog
+from app.kafka.memory_group import MemoryAdmin
 from app.kafka.probe import check_access, refusal
 from app.kafka.records import check_created, creation_errors, refused
+from app.node import Node, node_topics
+from app.node.settings import Settings
 
 SCRAM = KafkaConnection(
     bootstrap_servers="b1:9093,b2:9093",
@@ -162,3 +168,23 @@ def test_a_topic_not_created_for_another_reason_is_named_with_its_error() -> Non
         check_created("127.0.0.1:9092", failed)
     assert not refused(e.value)
     check_created("127.0.0.1:9092", creation_errors(_Created(("ctx.results", 0, None))))
+
+
+async def test_a_node_refused_at_its_first_connection_starts_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    log = MemoryLog()
+    said = "b1:9093 (SASL_SSL SCRAM-SHA-512 as 'x'): authentication failed (bad password)"
+
+    async def refuse(self: object) -> None:
+        raise KafkaUnavailable(said)
+
+    monkeypatch.setattr(MemoryAdmin, "check_access", refuse)
+    settings = Settings(bootstrap_servers="memory", partitions=2, data_dir=tmp_path / "n")
+    node = Node(settings, service, clients=log)
+    with pytest.raises(KafkaUnavailable, match=re.escape(said)):
+        await node.start()
+    await node.stop()
+    topic = node_topics(node.topics, 2)[0].name
+    with pytest.raises(KafkaUnavailable, match="unknown topic"):
+        log.partitions(topic)  # checked before any topic was created
