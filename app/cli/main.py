@@ -1,5 +1,5 @@
-"""The `tickwheel` command: a worker, the demo, the rebuild, the schemas, and the operators'
-`timers …` and `jobs …` commands.
+"""The `tickwheel` command: a worker, the demo, the rebuild, the schemas, the operators'
+`timers …` and `jobs …` commands, and `rules next` (a rule's slots, offline).
 
 `tickwheel --version` prints the version; `--log-level` and `--log-format` before the
 command set its log (as TICKWHEEL_LOG_LEVEL and TICKWHEEL_LOG_FORMAT do). Every command
@@ -38,6 +38,7 @@ from app.cli.common import (
     quiet_client_library,
 )
 from app.cli.jobs import jobs_cli
+from app.cli.rules import rules_cli
 from app.cli.timers import timers_cli
 from app.errors import TickwheelError
 from app.kafka.broker_watch import install_log_filter
@@ -109,6 +110,7 @@ _HELP = (
 cli = typer.Typer(add_completion=False, no_args_is_help=True, help=_HELP, cls=_Tickwheel)
 cli.add_typer(timers_cli, name="timers")
 cli.add_typer(jobs_cli, name="jobs")
+cli.add_typer(rules_cli, name="rules")
 
 
 def version_line() -> str:

@@ -47,6 +47,7 @@ EVERY_COMMAND: dict[str, list[str]] = {
     "jobs enable": JOB,
     "jobs disable": JOB,
     "jobs reschedule": [*JOB, "--rule", "null"],
+    "rules next": ["cron:0 9 * * *"],
 }
 """Each command with what it needs to start."""
 

@@ -66,7 +66,7 @@ def readme_commands() -> list[str]:
     return found
 
 
-GROUPS = ("jobs", "timers")
+GROUPS = ("dead-letters", "jobs", "rules", "timers")
 ROOT_OPTIONS = {"--log-level": 1, "--log-format": 1, "--version": 0}
 """The root's options (before the command), with how many values each takes."""
 
@@ -147,13 +147,14 @@ def _offline(args: list[str]) -> bool:
     return (
         not own
         or own[0] == "schemas"
+        or own[:2] == ["rules", "next"]
         or (own[:2] == ["jobs", "list"] and "--state" not in own and "--bootstrap" not in own)
     )
 
 
 OFFLINE = sorted(
     {
-        " ".join(a)
+        shlex.join(a)  # quoted as written: a rule expression has spaces
         for c in readme_commands()
         for a in [*expand(c), *expand(c, optional=False)]
         if _offline(a)
@@ -185,6 +186,8 @@ def test_the_docs_show_commands_that_run_without_a_broker() -> None:
     assert "--version" in OFFLINE
     assert {"schemas --check", "schemas"} <= set(OFFLINE)
     assert any(c.startswith("jobs list --service myjobs:service") for c in OFFLINE)
+    assert any(c.startswith("rules next 'cron:") for c in OFFLINE)
+    assert any(c.startswith("rules next interval:") for c in OFFLINE)
 
 
 @pytest.mark.parametrize("command", OFFLINE)

@@ -1,0 +1,187 @@
+"""The rule expressions `tickwheel rules next` reads, and the slots it prints. Pure: no I/O,
+no clock (the caller passes "now").
+
+An EXPR is a rule as the wire format spells it (`docs/wire-format.md`), either whole, as
+its JSON object (`{"kind":"cron","expr":"0 9 * * MON-FRI","zone":"Europe/Berlin"}`), or
+as a shorthand named by the same `kind`:
+
+- `cron:<expression>`: five fields, or six with seconds first; its zone is `--zone`
+  (default UTC), its `start` 0;
+- `interval:<every>[@<start>]`: `every` in milliseconds (`900000`) or as a duration of
+  whole units (`15m`, `1h30m`, `500ms`; units `d`, `h`, `m`, `s`, `ms`); `start` an
+  INSTANT, by default the `--from` instant (slot 0 is then due at `--from`);
+- `once:<at>`: one slot at the INSTANT `at`.
+
+An INSTANT is an ISO 8601 time with its offset (`2026-12-24T18:00:00Z`,
+`2026-03-29T03:00:00+02:00`) or epoch milliseconds (`1798135200000`). A time without an
+offset is refused: in a zone's repeated autumn hour it would name two instants.
+
+The slots are the runner's own: `first_slot` of the rule at or after `--from`, then
+`next_slot` each time (`tables.slots`), as a timer of this rule set at `--from` would fire.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, datetime, timedelta
+from zoneinfo import ZoneInfo
+
+import orjson
+from pydantic import BaseModel, ConfigDict
+
+from tables.bounds import MAX_INSTANT
+from tables.exceptions import InvalidRule
+from tables.rules import CronRule, IntervalRule, OnceRule, parse_rule
+from tables.slots import Slot, first_slot, next_slot
+
+__all__ = [
+    "BadExpression",
+    "SlotLine",
+    "check_zone",
+    "next_slots",
+    "parse_duration",
+    "parse_expr",
+    "parse_instant",
+    "slot_line",
+]
+
+Rule = OnceRule | IntervalRule | CronRule
+
+_UNITS = {"d": 86_400_000, "h": 3_600_000, "m": 60_000, "s": 1_000, "ms": 1}
+_PART = re.compile(r"(\d+)(ms|d|h|m|s)")
+_KINDS = ("cron", "interval", "once")
+_MS = timedelta(milliseconds=1)
+
+
+class BadExpression(ValueError):
+    """An EXPR, a zone or an INSTANT that names no rule or instant; the message says what."""
+
+
+def parse_instant(text: str, what: str = "instant") -> int:
+    """Epoch ms of an ISO 8601 time with its offset, or of epoch ms given as digits."""
+    text = text.strip()
+    if text.isdigit():
+        ms = int(text)
+    else:
+        try:
+            moment = datetime.fromisoformat(text)
+        except ValueError as exc:
+            raise BadExpression(
+                f"{what} {text!r} is neither ISO 8601 (2026-12-24T18:00:00Z) nor epoch ms"
+            ) from exc
+        if moment.utcoffset() is None:
+            raise BadExpression(
+                f"{what} {text!r} has no offset: add Z or +hh:mm (a local time can name two "
+                "instants)"
+            )
+        ms = (moment - datetime(1970, 1, 1, tzinfo=UTC)) // _MS
+    if not 0 <= ms <= MAX_INSTANT:
+        raise BadExpression(f"{what} {text!r} is outside 1970-01-01 to 9999-12-31 (UTC)")
+    return ms
+
+
+def parse_duration(text: str) -> int:
+    """Milliseconds of `900000` or of whole units, `1h30m`, `15m`, `500ms`."""
+    if text.isdigit():
+        ms = int(text)
+    else:
+        parts = _PART.findall(text)
+        if not parts or "".join(n + u for n, u in parts) != text:
+            raise BadExpression(
+                f"interval {text!r} is neither milliseconds nor a duration like 15m, 1h30m, "
+                "500ms (units d, h, m, s, ms)"
+            )
+        ms = sum(int(n) * _UNITS[u] for n, u in parts)
+    if ms < 1:
+        raise BadExpression(f"interval {text!r} must be at least 1 ms")
+    return ms
+
+
+def parse_expr(expr: str, zone: str | None, now: int) -> Rule:
+    """The rule `expr` names (see the module's doc); `zone` is `--zone` (None: not given),
+    `now` the `--from` instant an interval without a start starts at."""
+    text = expr.strip()
+    if text.startswith("{"):
+        try:
+            data = orjson.loads(text)
+        except orjson.JSONDecodeError as exc:
+            raise BadExpression(f"rule {text!r} is not JSON: {exc}") from exc
+        if zone is not None and isinstance(data, dict) and data.get("kind") == "cron":
+            if "zone" in data and data["zone"] != zone:
+                raise BadExpression(f"the rule's zone {data['zone']!r} and --zone {zone!r} differ")
+            data = {**data, "zone": zone}
+        return _rule(data)
+    kind, colon, rest = text.partition(":")
+    if not colon or kind not in _KINDS:
+        raise BadExpression(
+            f"rule {expr!r} is none of cron:<expression>, interval:<every>[@<start>], "
+            "once:<instant> or a rule's JSON object"
+        )
+    rest = rest.strip()
+    if kind == "cron":
+        return _rule({"kind": "cron", "expr": rest, "zone": zone or "UTC"})
+    if kind == "interval":
+        every, at, start = rest.partition("@")
+        begin = parse_instant(start, "start") if at else now
+        return _rule({"kind": "interval", "every": parse_duration(every.strip()), "start": begin})
+    return _rule({"kind": "once", "at": parse_instant(rest, "at")})
+
+
+def _rule(data: object) -> Rule:
+    try:
+        return parse_rule(data)
+    except InvalidRule as exc:
+        raise BadExpression(f"bad rule: {exc}") from exc
+
+
+def check_zone(zone: str) -> ZoneInfo:
+    """The zone of an IANA name, as a cron rule's zone is checked."""
+    try:
+        return CronRule(expr="* * * * *", zone=zone).tz
+    except ValueError as exc:
+        raise BadExpression(
+            f"unknown time zone {zone!r} (use an IANA name, e.g. Europe/Berlin)"
+        ) from exc
+
+
+def next_slots(rule: Rule, not_before: int, n: int) -> list[Slot]:
+    """The rule's first `n` slots due at or after `not_before`: `first_slot`, then
+    `next_slot`, as the runner steps a timer of this rule set at `not_before`. A once rule
+    due before `not_before` has none."""
+    slots: list[Slot] = []
+    slot = first_slot(rule, not_before)
+    while slot is not None and len(slots) < n:
+        if slot.due_at >= not_before:
+            slots.append(slot)
+        slot = next_slot(rule, slot)
+    return slots
+
+
+class SlotLine(BaseModel):
+    """One slot as `rules next --json` prints it."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    index: int
+    due_at: int
+    utc: str
+    local: str
+    zone: str
+    offset: str
+
+
+def slot_line(slot: Slot, zone: ZoneInfo) -> SlotLine:
+    """`slot` with its UTC time and its local time in `zone`, with the offset then (which a
+    daylight-saving change moves)."""
+    moment = datetime.fromtimestamp(slot.due_at // 1000, UTC).replace(
+        microsecond=(slot.due_at % 1000) * 1000
+    )
+    local = moment.astimezone(zone)
+    return SlotLine(
+        index=slot.index,
+        due_at=slot.due_at,
+        utc=moment.isoformat(timespec="milliseconds").replace("+00:00", "Z"),
+        local=local.isoformat(timespec="milliseconds"),
+        zone=str(zone.key),
+        offset=local.tzname() or "",
+    )
