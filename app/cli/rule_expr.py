@@ -12,9 +12,7 @@ as a shorthand named by the same `kind`:
   INSTANT, by default the `--from` instant (slot 0 is then due at `--from`);
 - `once:<at>`: one slot at the INSTANT `at`.
 
-An INSTANT is an ISO 8601 time with its offset (`2026-12-24T18:00:00Z`,
-`2026-03-29T03:00:00+02:00`) or epoch milliseconds (`1798135200000`). A time without an
-offset is refused: in a zone's repeated autumn hour it would name two instants.
+An INSTANT is read by `app.protocol.instants`: ISO 8601 with its offset, or epoch ms.
 
 The slots are the runner's own: `first_slot` of the rule at or after `--from`, then
 `next_slot` each time (`tables.slots`), as a timer of this rule set at `--from` would fire.
@@ -23,13 +21,14 @@ The slots are the runner's own: `first_slot` of the rule at or after `--from`, t
 from __future__ import annotations
 
 import re
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from zoneinfo import ZoneInfo
 
 import orjson
 from pydantic import BaseModel, ConfigDict
 
-from tables.bounds import MAX_INSTANT
+from app.protocol import instants
+from app.protocol.instants import BadInstant
 from tables.exceptions import InvalidRule
 from tables.rules import CronRule, IntervalRule, OnceRule, parse_rule
 from tables.slots import Slot, first_slot, next_slot
@@ -50,34 +49,19 @@ Rule = OnceRule | IntervalRule | CronRule
 _UNITS = {"d": 86_400_000, "h": 3_600_000, "m": 60_000, "s": 1_000, "ms": 1}
 _PART = re.compile(r"(\d+)(ms|d|h|m|s)")
 _KINDS = ("cron", "interval", "once")
-_MS = timedelta(milliseconds=1)
 
 
 class BadExpression(ValueError):
-    """An EXPR, a zone or an INSTANT that names no rule or instant; the message says what."""
+    """An EXPR or a zone that names no rule; the message says what (`BadInstant`, its
+    subclass here, for an instant)."""
 
 
 def parse_instant(text: str, what: str = "instant") -> int:
-    """Epoch ms of an ISO 8601 time with its offset, or of epoch ms given as digits."""
-    text = text.strip()
-    if text.isdigit():
-        ms = int(text)
-    else:
-        try:
-            moment = datetime.fromisoformat(text)
-        except ValueError as exc:
-            raise BadExpression(
-                f"{what} {text!r} is neither ISO 8601 (2026-12-24T18:00:00Z) nor epoch ms"
-            ) from exc
-        if moment.utcoffset() is None:
-            raise BadExpression(
-                f"{what} {text!r} has no offset: add Z or +hh:mm (a local time can name two "
-                "instants)"
-            )
-        ms = (moment - datetime(1970, 1, 1, tzinfo=UTC)) // _MS
-    if not 0 <= ms <= MAX_INSTANT:
-        raise BadExpression(f"{what} {text!r} is outside 1970-01-01 to 9999-12-31 (UTC)")
-    return ms
+    """`app.protocol.instants.parse_instant`, its error a `BadExpression`."""
+    try:
+        return instants.parse_instant(text, what)
+    except BadInstant as exc:
+        raise BadExpression(str(exc)) from exc
 
 
 def parse_duration(text: str) -> int:

@@ -41,6 +41,7 @@ EVERY_COMMAND: dict[str, list[str]] = {
     "timers list": ["--type", "shop.order"],
     "timers ledger": ["--context", "shop"],
     "timers show": ["--type", "shop.order", "--owner", "o-1"],
+    "timers upcoming": ["--type", "shop.order"],
     "timers retry": ["--type", "shop.order", "--target-id", "t-1"],
     "timers skip": ["--type", "shop.order", "--target-id", "t-1"],
     "jobs list": DEMO,
@@ -176,6 +177,7 @@ def test_a_usage_error_exits_2_with_one_line(args: list[str], message: str) -> N
     [
         ["timers", "list", "--type", "a.b"],
         ["timers", "show", "--type", "a.b", "--owner", "o"],
+        ["timers", "upcoming", "--type", "a.b"],
         ["jobs", "list", *DEMO, "--state"],
         ["rebuild", "--type", "a.b", "--dry-run"],
         ["demo", "--seconds", "0"],
@@ -232,6 +234,7 @@ def test_commands_that_read_every_partition_take_no_partition_count() -> None:
     found = dict(commands())
     assert "--partitions" not in options(found["timers list"])
     assert "--partitions" not in options(found["timers ledger"])
+    assert "--partitions" not in options(found["timers upcoming"])
     for name in ("timers retry", "timers skip", "jobs list", "jobs enable"):
         assert "--partitions" in options(found[name]), name
 

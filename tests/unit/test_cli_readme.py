@@ -317,6 +317,11 @@ def no_topic_creation(monkeypatch: pytest.MonkeyPatch) -> list[str]:
             "topic shop.order.timers does not exist at broker:9092",
         ),
         (
+            ["timers", "upcoming", "--type", "shop.order", "--limit", "5"],
+            ["shop.order.timers"],
+            "topic shop.order.timers does not exist at broker:9092",
+        ),
+        (
             ["timers", "ledger", "--context", "shop"],
             ["shop.failure-ledger"],
             "topic shop.failure-ledger does not exist at broker:9092",
@@ -362,6 +367,7 @@ def _read_only_commands(context: str) -> list[list[str]]:
     return [
         ["timers", "list", "--type", f"{context}.order"],
         ["timers", "list", "--type", f"{context}.order", "--status", "PARKED", "--json"],
+        ["timers", "upcoming", "--type", f"{context}.order", "--owner", "o-42", "--json"],
         ["timers", "show", "--type", f"{context}.order", "--owner", "o-42"],
         ["timers", "show", "--type", f"{context}.order", "--owner", "o-42", "--key", "k"],
         ["timers", "ledger", "--context", context],
@@ -422,7 +428,13 @@ def _readme_read_only() -> list[list[str]]:
         for args in expand(command):
             own = command_of(args)
             if (
-                own[:2] in (["timers", "list"], ["timers", "show"], ["timers", "ledger"])
+                own[:2]
+                in (
+                    ["timers", "list"],
+                    ["timers", "upcoming"],
+                    ["timers", "show"],
+                    ["timers", "ledger"],
+                )
                 or (own[:1] == ["rebuild"] and "--dry-run" in own)
                 or (own[:2] == ["jobs", "list"] and "--state" in own)
             ):
@@ -433,6 +445,7 @@ def _readme_read_only() -> list[list[str]]:
 def test_the_docs_show_the_read_only_operator_commands() -> None:
     shown = {tuple(command_of(a)[:2]) for a in _readme_read_only()}
     assert {("timers", "list"), ("timers", "show"), ("timers", "ledger")} <= shown
+    assert ("timers", "upcoming") in shown
     assert {("rebuild", "--type"), ("jobs", "list")} <= shown
     assert any(split_root(a)[0] for a in _readme_read_only()), "one with the root's options"
 
