@@ -49,6 +49,9 @@ EVERY_COMMAND: dict[str, list[str]] = {
     "jobs disable": JOB,
     "jobs reschedule": [*JOB, "--rule", "null"],
     "rules next": ["cron:0 9 * * *"],
+    "dead-letters list": ["--context", "shop"],
+    "dead-letters show": ["--context", "shop", "--offset", "0"],
+    "dead-letters replay": ["--context", "shop", "--offset", "0"],
 }
 """Each command with what it needs to start."""
 
@@ -178,6 +181,8 @@ def test_a_usage_error_exits_2_with_one_line(args: list[str], message: str) -> N
         ["timers", "list", "--type", "a.b"],
         ["timers", "show", "--type", "a.b", "--owner", "o"],
         ["timers", "upcoming", "--type", "a.b"],
+        ["dead-letters", "list", "--context", "shop"],
+        ["dead-letters", "replay", "--context", "shop", "--offset", "0"],
         ["jobs", "list", *DEMO, "--state"],
         ["rebuild", "--type", "a.b", "--dry-run"],
         ["demo", "--seconds", "0"],
