@@ -12,6 +12,8 @@ as a shorthand named by the same `kind`:
   INSTANT, by default the `--from` instant (slot 0 is then due at `--from`);
 - `once:<at>`: one slot at the INSTANT `at`.
 
+`--until INSTANT` and `--count N` end a recurring rule (its `until` and `count`).
+
 An INSTANT is read by `app.protocol.instants`: ISO 8601 with its offset, or epoch ms.
 
 The slots are the runner's own: `first_slot` of the rule at or after `--from`, then
@@ -81,20 +83,33 @@ def parse_duration(text: str) -> int:
     return ms
 
 
-def parse_expr(expr: str, zone: str | None, now: int) -> Rule:
+def parse_expr(
+    expr: str,
+    zone: str | None,
+    now: int,
+    *,
+    until: int | None = None,
+    count: int | None = None,
+) -> Rule:
     """The rule `expr` names (see the module's doc); `zone` is `--zone` (None: not given),
-    `now` the `--from` instant an interval without a start starts at."""
+    `now` the `--from` instant an interval without a start starts at; `until` and `count`
+    (`--until`, `--count`) end a recurring rule."""
     text = expr.strip()
+    ends = {k: v for k, v in (("until", until), ("count", count)) if v is not None}
     if text.startswith("{"):
         try:
             data = orjson.loads(text)
         except orjson.JSONDecodeError as exc:
             raise BadExpression(f"rule {text!r} is not JSON: {exc}") from exc
-        if zone is not None and isinstance(data, dict) and data.get("kind") == "cron":
-            if "zone" in data and data["zone"] != zone:
-                raise BadExpression(f"the rule's zone {data['zone']!r} and --zone {zone!r} differ")
-            data = {**data, "zone": zone}
-        return _rule(data)
+        if not isinstance(data, dict):
+            raise BadExpression(f"rule {text!r} is not a JSON object")
+        given = {"zone": zone, **ends} if data.get("kind") == "cron" and zone else ends
+        for name, value in given.items():
+            if name in data and data[name] != value:
+                raise BadExpression(
+                    f"the rule's {name} {data[name]!r} and --{name} {value!r} differ"
+                )
+        return _rule({**data, **given})
     kind, colon, rest = text.partition(":")
     if not colon or kind not in _KINDS:
         raise BadExpression(
@@ -103,11 +118,17 @@ def parse_expr(expr: str, zone: str | None, now: int) -> Rule:
         )
     rest = rest.strip()
     if kind == "cron":
-        return _rule({"kind": "cron", "expr": rest, "zone": zone or "UTC"})
+        return _rule({"kind": "cron", "expr": rest, "zone": zone or "UTC", **ends})
     if kind == "interval":
         every, at, start = rest.partition("@")
         begin = parse_instant(start, "start") if at else now
-        return _rule({"kind": "interval", "every": parse_duration(every.strip()), "start": begin})
+        return _rule(
+            {"kind": "interval", "every": parse_duration(every.strip()), "start": begin, **ends}
+        )
+    if ends:
+        raise BadExpression(
+            f"a once rule has one slot: --{next(iter(ends))} is for recurring rules"
+        )
     return _rule({"kind": "once", "at": parse_instant(rest, "at")})
 
 

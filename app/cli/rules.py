@@ -1,10 +1,11 @@
 """`tickwheel rules …`: what a schedule rule does, computed offline (no broker).
 
-`tickwheel rules next EXPR [--zone Z] [--from INSTANT] [-n N] [--json]` prints the rule's
-next N slots at or after an instant (default: now), each with its UTC time and its local
-time and offset in the zone (a daylight-saving change shows as the offset moving), computed
-by the runner's own slot functions (`tables.slots`). EXPR and INSTANT are described in
-`app.cli.rule_expr`. A bad EXPR, zone or instant exits 2 with one line saying what is wrong.
+`tickwheel rules next EXPR [--zone Z] [--from INSTANT] [-n N] [--until INSTANT]
+[--count C] [--json]` prints the rule's next N slots at or after an instant (default:
+now), each with its UTC time and its local time and offset in the zone (a daylight-saving
+change shows as the offset moving), computed by the runner's own slot functions
+(`tables.slots`). EXPR and INSTANT are described in `app.cli.rule_expr`. A bad EXPR,
+zone or instant exits 2 with one line saying what is wrong.
 """
 
 from __future__ import annotations
@@ -50,7 +51,16 @@ def next_(
             "--from", help="ISO 8601 with offset, or epoch ms: slots at or after it (now)"
         ),
     ] = None,
-    count: Annotated[int, typer.Option("-n", "--count", min=1, max=10_000)] = 10,
+    slots: Annotated[
+        int, typer.Option("-n", "--slots", min=1, max=10_000, help="how many slots to print")
+    ] = 10,
+    until: Annotated[
+        str | None,
+        typer.Option(help="the rule's until: no slot after it (ISO 8601 with offset, or epoch ms)"),
+    ] = None,
+    count: Annotated[
+        int | None, typer.Option(min=1, help="the rule's count: how many slots it has at most")
+    ] = None,
     as_json: Json = False,
 ) -> None:
     """Prints a rule's next slots, as the runner would fire a timer of it set then."""
@@ -58,17 +68,18 @@ def next_(
     try:
         shown = check_zone(zone) if zone is not None else None
         start = time.time_ns() // 1_000_000 if from_ is None else parse_instant(from_, "--from")
-        rule = parse_expr(expr, zone, start)
+        end = None if until is None else parse_instant(until, "--until")
+        rule = parse_expr(expr, zone, start, until=end, count=count)
     except BadExpression as exc:
         raise fail(str(exc), CONFIG_ERROR) from exc
     if shown is None:
         shown = rule.tz if isinstance(rule, CronRule) else check_zone("UTC")
-    slots = next_slots(rule, start, count)
-    for slot in slots:
+    found = next_slots(rule, start, slots)
+    for slot in found:
         line = slot_line(slot, shown)
         if as_json:
             json_line(line.model_dump(mode="json"))
         else:
             typer.echo(f"{line.index}\t{line.utc}\t{line.local}\t{line.offset}")
-    if not as_json and len(slots) < count:
-        typer.echo(f"{len(slots)} slot(s): the rule has no more", err=True)
+    if not as_json and len(found) < slots:
+        typer.echo(f"{len(found)} slot(s): the rule has no more", err=True)

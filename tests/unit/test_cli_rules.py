@@ -88,6 +88,38 @@ def test_cron_slots_are_the_runners(expr: str, zone: str, at: int, n: int) -> No
         assert [s.due_at for s in got] == expected
 
 
+@settings(max_examples=60, deadline=None)
+@given(
+    every=st.integers(1, 3_600_000),
+    after=st.integers(0, 10**8),
+    until=st.none() | st.integers(0, 10**8),
+    count=st.none() | st.integers(1, 30),
+    n=st.integers(1, 40),
+    cron=st.booleans(),
+)
+def test_until_and_count_end_the_slots_printed_as_the_runners(
+    every: int, after: int, until: int | None, count: int | None, n: int, cron: bool
+) -> None:
+    start = Y2026
+    ends = {
+        k: v
+        for k, v in (("until", None if until is None else start + until), ("count", count))
+        if v is not None
+    }
+    args = [f"--{k}={v}" for k, v in ends.items()]
+    expr = "cron:*/5 * * * *" if cron else f"interval:{every}@{start}"
+    result = invoke(expr, "--from", str(start + after), "-n", str(n), "--json", *args)
+    rule = (
+        CronRule(expr="*/5 * * * *", **ends)
+        if cron
+        else IntervalRule(start=start, every=every, **ends)
+    )
+    got = printed(result)
+    assert got == runner_chain(rule, start + after, n)
+    assert all(s.due_at <= ends.get("until", s.due_at) for s in got)
+    assert all(s.index < ends.get("count", s.index + 1) for s in got)
+
+
 @settings(max_examples=30, deadline=None)
 @given(at=st.integers(0, MAX_INSTANT), after=st.integers(0, MAX_INSTANT))
 def test_a_once_rule_has_its_one_slot_until_it_is_past(at: int, after: int) -> None:
@@ -206,7 +238,18 @@ def test_json_lines_carry_utc_and_local_times() -> None:
             ['{"kind":"cron","expr":"* * * * *","zone":"UTC"}', "--zone", "Asia/Tokyo"],
             "error: the rule's zone 'UTC' and --zone 'Asia/Tokyo' differ",
         ),
-        (["cron:* * * * *", "-n", "0"], "Invalid value for '-n' / '--count'"),
+        (["cron:* * * * *", "--count", "0"], "Invalid value for '--count'"),
+        (["cron:* * * * *", "--until", "soon"], "error: --until 'soon' is neither ISO 8601"),
+        (["once:5", "--count", "2"], "error: a once rule has one slot: --count is for recurring"),
+        (
+            ["interval:1s@2026-01-01T00:00:00Z", "--until", "2025-01-01T00:00:00Z"],
+            "error: bad rule: interval: Value error, until 1735689600000 is before the rule",
+        ),
+        (
+            ['{"kind":"cron","expr":"* * * * *","count":3}', "--count", "2"],
+            "error: the rule's count 3 and --count 2 differ",
+        ),
+        (["cron:* * * * *", "-n", "0"], "Invalid value for '-n' / '--slots'"),
     ],
 )
 def test_bad_input_exits_2_with_one_line(args: list[str], message: str) -> None:
