@@ -28,6 +28,12 @@ from tables.rules import CronRule
 
 __all__ = ["rules_cli"]
 
+
+def now_ms() -> int:
+    """The wall clock, epoch ms: `--from`'s default."""
+    return time.time_ns() // 1_000_000
+
+
 rules_cli = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
 
 
@@ -67,7 +73,7 @@ def next_(
     command_settings()  # no setting is used; a bad configuration is still an error
     try:
         shown = check_zone(zone) if zone is not None else None
-        start = time.time_ns() // 1_000_000 if from_ is None else parse_instant(from_, "--from")
+        start = now_ms() if from_ is None else parse_instant(from_, "--from")
         end = None if until is None else parse_instant(until, "--until")
         rule = parse_expr(expr, zone, start, until=end, count=count)
     except BadExpression as exc:
