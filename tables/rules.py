@@ -8,9 +8,17 @@ from typing import Annotated, Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError, available_timezones
 
 from cronsim import CronSim, CronSimError
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    TypeAdapter,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
-from tables.bounds import Instant, Interval
+from tables.bounds import MAX_INT64, Instant, Interval
 from tables.exceptions import InvalidRule
 
 __all__ = ["CronRule", "IntervalRule", "OnceRule", "ScheduleRule", "parse_rule"]
@@ -30,7 +38,35 @@ class OnceRule(_Rule):
     at: Instant
 
 
-class IntervalRule(_Rule):
+def _absent(value: object) -> bool:
+    return value is None
+
+
+class _Recurring(_Rule):
+    """What ends a recurring rule: its last slot due by `until`, or its `count`-th slot.
+    Absent (the default) they are left out of the rule's JSON, so a rule without them is
+    written exactly as before they existed (and an older reader never meets them)."""
+
+    until: Instant | None = Field(
+        default=None,
+        exclude_if=_absent,
+        description="epoch ms: no slot due after it (the last slot is due at or before it)",
+    )
+    count: Annotated[int, Field(ge=1, le=MAX_INT64)] | None = Field(
+        default=None,
+        exclude_if=_absent,
+        description="how many slots the rule has at most (slot indexes 0 to count - 1)",
+    )
+
+    @model_validator(mode="after")
+    def _ends_after_start(self) -> _Recurring:
+        start = getattr(self, "start", 0)
+        if self.until is not None and self.until < start:
+            raise ValueError(f"until {self.until} is before the rule's start {start}: no slot")
+        return self
+
+
+class IntervalRule(_Recurring):
     """Slot n at `start + n * every` (epoch ms)."""
 
     kind: Literal["interval"] = "interval"
@@ -38,7 +74,7 @@ class IntervalRule(_Rule):
     every: Interval = Field(description="milliseconds between slots; must be positive")
 
 
-class CronRule(_Rule):
+class CronRule(_Recurring):
     """The times a cron expression (five fields, or six with seconds first) matches in `zone`,
     at or after `start`."""
 

@@ -16,6 +16,10 @@ expressions (with seconds) are outside Debian cron and get no such adjustment: a
 local time they do not fire on the spring-forward day and fire twice on the fall-back day.
 Rules in UTC have none of this.
 
+A recurring rule's `until` and `count` end it: no slot is due after `until`, and none has
+an index of `count` or more. Every function here stops there: past the last slot there is
+no next one (`None`), and a catch-up goes no further than the last.
+
 Zones whose clocks change off the hour (Pacific/Chatham, Australia/Lord_Howe) trip cronsim
 up: its own iterator can skip a slot or go round in circles there. Slots here never do
 either, but a job firing every minute of a fixed hour can lose a few minutes of the
@@ -85,7 +89,7 @@ def first_slot(rule: ScheduleRule, not_before: int) -> Slot | None:
         n = -(-behind // rule.every) if behind > 0 else 0
         return _interval_slot(rule, n)
     due = next(_cron_after(rule, max(rule.start, not_before) - 1), None)
-    return None if due is None else Slot(0, due)
+    return None if due is None else _within(rule, Slot(0, due))
 
 
 def next_slot(rule: ScheduleRule, slot: Slot) -> Slot | None:
@@ -95,7 +99,7 @@ def next_slot(rule: ScheduleRule, slot: Slot) -> Slot | None:
     if isinstance(rule, IntervalRule):
         return _interval_slot(rule, slot.index + 1, slot.due_at + rule.every)
     due = next(_cron_after(rule, slot.due_at), None)
-    return None if due is None else Slot(slot.index + 1, due)
+    return None if due is None else _within(rule, Slot(slot.index + 1, due))
 
 
 def nth_slot(rule: ScheduleRule, n: int) -> Slot | None:
@@ -109,11 +113,13 @@ def nth_slot(rule: ScheduleRule, n: int) -> Slot | None:
         return Slot(0, rule.at) if n == 0 else None
     if isinstance(rule, IntervalRule):
         return _interval_slot(rule, n)
+    if rule.count is not None and n >= rule.count:
+        return None
     if n > MAX_CRON_STEPS:
         raise ValueError(f"cron slot {n} is more than {MAX_CRON_STEPS} steps from its start")
     for index, due in enumerate(_cron_after(rule, rule.start - 1)):
         if index == n:
-            return Slot(n, due)
+            return _within(rule, Slot(n, due))
     return None
 
 
@@ -127,8 +133,12 @@ def latest_due(rule: ScheduleRule, slot: Slot, now: int) -> Slot:
     """
     if isinstance(rule, OnceRule):
         return slot
+    if rule.until is not None:
+        now = min(now, rule.until)  # no slot is due after it
     if isinstance(rule, IntervalRule):
         steps = (now - slot.due_at) // rule.every
+        if rule.count is not None:
+            steps = min(steps, rule.count - 1 - slot.index)
         if steps <= 0:
             return slot
         return Slot(slot.index + steps, slot.due_at + steps * rule.every)
@@ -154,9 +164,18 @@ def caught_up(rule: ScheduleRule, slot: Slot, now: int) -> CatchUp:
 
 def _interval_slot(rule: IntervalRule, n: int, due_at: int | None = None) -> Slot | None:
     """Slot `n` of an interval rule; None past `MAX_INSTANT` (the rule has ended there, as
-    a cron rule ends at year 9999)."""
+    a cron rule ends at year 9999) or past the rule's own end."""
     due = rule.start + n * rule.every if due_at is None else due_at
-    return Slot(n, due) if due <= MAX_INSTANT else None
+    return _within(rule, Slot(n, due)) if due <= MAX_INSTANT else None
+
+
+def _within(rule: IntervalRule | CronRule, slot: Slot) -> Slot | None:
+    """`slot`, unless the rule has ended by then (`until`, `count`)."""
+    if rule.count is not None and slot.index >= rule.count:
+        return None
+    if rule.until is not None and slot.due_at > rule.until:
+        return None
+    return slot
 
 
 def _cron_after(rule: CronRule, after: int) -> Iterator[int]:
@@ -206,12 +225,18 @@ def _offset(second: int, zone: ZoneInfo) -> timedelta | None:
 
 
 def _cron_latest(rule: CronRule, slot: Slot, now: int) -> Slot:
+    """`latest_due` of a cron rule (`now` already no later than its `until`)."""
     latest = slot
+    # With a count, indexes must be exact to stop at the last: never estimated, so a
+    # catch-up further behind than MAX_CRON_STEPS moves that far per call.
+    last = None if rule.count is None else rule.count - 1
     for step, due in enumerate(_cron_after(rule, slot.due_at), start=1):
-        if due > now:
+        if due > now or (last is not None and slot.index + step > last):
             return latest
         latest = Slot(slot.index + step, due)
         if step == MAX_CRON_STEPS:
+            if last is not None:
+                return latest
             break
     else:
         return latest  # the rule has no later match

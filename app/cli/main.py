@@ -1,5 +1,5 @@
-"""The `tickwheel` command: a worker, the demo, the rebuild, the schemas, and the operators'
-`timers …` and `jobs …` commands.
+"""The `tickwheel` command: a worker, the demo, the rebuild, the schemas, the operators'
+`timers …`, `jobs …` and `dead-letters …` commands, and `rules next` (a rule's slots, offline).
 
 `tickwheel --version` prints the version; `--log-level` and `--log-format` before the
 command set its log (as TICKWHEEL_LOG_LEVEL and TICKWHEEL_LOG_FORMAT do). Every command
@@ -38,7 +38,9 @@ from app.cli.common import (
     load_service,
     quiet_client_library,
 )
+from app.cli.dead_letters import dead_letters_cli
 from app.cli.jobs import jobs_cli
+from app.cli.rules import rules_cli
 from app.cli.timers import timers_cli
 from app.errors import TickwheelError
 from app.kafka.broker_watch import install_log_filter
@@ -110,6 +112,8 @@ _HELP = (
 cli = typer.Typer(add_completion=False, no_args_is_help=True, help=_HELP, cls=_Tickwheel)
 cli.add_typer(timers_cli, name="timers")
 cli.add_typer(jobs_cli, name="jobs")
+cli.add_typer(rules_cli, name="rules")
+cli.add_typer(dead_letters_cli, name="dead-letters")
 
 
 def version_line() -> str:

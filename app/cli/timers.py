@@ -1,6 +1,6 @@
 """`tickwheel timers …`: operator commands on timers and the failure ledger.
 
-The read-only commands (`list`, `show`, `ledger`, and `tickwheel jobs list --state`,
+The read-only commands (`list`, `upcoming`, `show`, `ledger`, and `tickwheel jobs list --state`,
 `tickwheel rebuild --dry-run`) never create a topic: one that is not there is an error
 that names it (exit code 1). `retry` and `skip` write requests, and create the timer-ops
 topic as a worker would.
@@ -16,6 +16,7 @@ import typer
 from pydantic import ValidationError
 
 from app.cli.common import (
+    CONFIG_ERROR,
     Bootstrap,
     Json,
     Partitions,
@@ -28,6 +29,8 @@ from app.cli.common import (
 )
 from app.errors import TickwheelError
 from app.node.settings import Settings
+from app.ops.upcoming import DEFAULT_LIMIT, MAX_LIMIT, BadQuery, query_of, upcoming_page
+from app.protocol.instants import BadInstant, parse_instant
 from app.protocol.topics import parse_aggregate_type
 from app.protocol.wire import TimerOp
 from app.timers.ledger import read_ledger
@@ -194,6 +197,67 @@ def list_(
             )
     if not as_json:
         typer.echo(f"{len(timers)} timer(s)", err=True)
+
+
+@timers_cli.command()
+def upcoming(
+    type_name: TypeName,
+    owner: Annotated[str | None, typer.Option(help="only this owner's (its id)")] = None,
+    tenant: Annotated[str | None, typer.Option(help="only owners of this tenant")] = None,
+    target: Annotated[str | None, typer.Option(help="only timers sending to this id")] = None,
+    target_type: Annotated[
+        str | None, typer.Option(help="only timers sending to this type, <context>.<aggregate>")
+    ] = None,
+    due_from: Annotated[
+        str | None, typer.Option(help="due at or after: ISO 8601 with offset, or epoch ms")
+    ] = None,
+    due_until: Annotated[
+        str | None, typer.Option(help="due at or before: ISO 8601 with offset, or epoch ms")
+    ] = None,
+    limit: Annotated[int, typer.Option(min=1, max=MAX_LIMIT)] = DEFAULT_LIMIT,
+    cursor: Annotated[
+        str | None, typer.Option(help="a page's next cursor: the page after it")
+    ] = None,
+    bootstrap: Bootstrap = None,
+    as_json: Annotated[
+        bool,
+        typer.Option("--json", help="the page as one JSON object: timers and next_cursor"),
+    ] = False,
+) -> None:
+    """Prints the PENDING and FIRING timers of an owner type by due time, earliest first
+    (every partition of its changelog): a page of --limit, and the cursor of the next."""
+    settings = settings_for(bootstrap, None)
+    type_name = _type(type_name)
+    given = {
+        "type": type_name,
+        "owner": owner,
+        "tenant": tenant,
+        "target": target,
+        "target_type": None if target_type is None else _type(target_type),
+        "due_from": due_from,
+        "due_until": due_until,
+        "limit": str(limit),
+        "cursor": cursor,
+    }
+    try:
+        for option, value in (("--due-from", due_from), ("--due-until", due_until)):
+            if value is not None:  # named as the command line spells it
+                given[option[2:].replace("-", "_")] = str(parse_instant(value, option))
+        query = query_of({k: v for k, v in given.items() if v is not None})
+    except (BadQuery, BadInstant) as exc:
+        raise fail(str(exc), CONFIG_ERROR) from exc
+    timers: list[Timer] = run(read_timers(settings.kafka, type_name))
+    page = upcoming_page(timers, query)
+    if as_json:
+        json_line(page.model_dump(mode="json"))
+        return
+    for t in page.timers:
+        typer.echo(
+            f"{time_iso(t.due_at)}\t{t.status}\t{t.owner}\t{t.key}\t-> {t.target} "
+            f"{t.command.type}\tslot {t.slot}\tattempts {t.attempts}\t{t.partition}\t{t.id}"
+        )
+    more = f"; next page: --cursor {page.next_cursor}" if page.next_cursor else ""
+    typer.echo(f"{len(page.timers)} timer(s){more}", err=True)
 
 
 def _version_line(offset: int, timestamp: int, row: Timer | None) -> str:

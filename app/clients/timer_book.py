@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from app.model.aggregate import AggregateType, Command, Decision
 from app.protocol.wire import ScheduleCancelled, ScheduleSet
+from tables.slots import first_slot
 
 __all__ = ["CANCEL_TIMER", "SET_TIMER", "BookState", "book_reason", "timer_book"]
 
@@ -42,16 +43,24 @@ class BookState(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
-def book_reason(book: AggregateType[BookState], body: ScheduleSet) -> str | None:
+def book_reason(
+    book: AggregateType[BookState], body: ScheduleSet, now: int | None = None
+) -> str | None:
     """Why a book refuses to set this timer, or None.
 
     Its command must go elsewhere: a book has handlers for its two commands only, so a
     timer that fired into the book itself would be answered ERROR, retried and parked.
+    Its rule must have a slot left at `now` (the event's time, from which the timer's
+    first slot is counted): one its `until` or `count` ended before then would set no
+    timer, and its event would be dead-lettered where the client never looks.
     """
     if body.target is None:
         return f"{SET_TIMER} needs a target: a timer book's timers fire into another type"
     if body.target.type_name == book.type_name:
         return f"the target {body.target} is the book itself: its timers fire elsewhere"
+    if now is not None and first_slot(body.rule, now) is None:
+        ends = {k: v for k, v in body.rule.model_dump().items() if k in ("until", "count")}
+        return f"the rule has no slot left at {now} (it ended: {ends or 'no match'})"
     return None
 
 
@@ -65,7 +74,7 @@ def timer_book(context: str, name: str) -> AggregateType[BookState]:
             body = ScheduleSet.model_validate(cmd.body)
         except ValidationError as exc:
             d.reject(f"invalid {SET_TIMER}: {_first_error(exc)}")
-        if (why := book_reason(book, body)) is not None:
+        if (why := book_reason(book, body, d.now)) is not None:
             d.reject(why)
         d.schedule(body.key, body.rule, body.command, body.target)
 

@@ -13,7 +13,13 @@ Health, for an orchestrator's two questions:
   (when the node reports it: `commit_lag_s`). The body is the node's `health()`.
   `GET /healthz` is the same readiness (kept for what probes it already).
 
-`GET /metrics`, `GET /ledger` (open entries as JSON). `GET /` is the operator page
+`GET /metrics`, `GET /ledger` (open entries as JSON). `GET /timers/upcoming` lists the
+PENDING and FIRING timers of the node's own partitions by due time (`app.ops.upcoming`):
+query parameters `type`, `owner`, `tenant`, `target`, `target_type`, `due_from`,
+`due_until` (ISO 8601 with offset, or epoch ms), `limit` (1 to 1000, default 50) and
+`cursor` (a page's `next_cursor`); a bad one is a 400 naming it. It reads at most
+`UPCOMING_SCAN` timers per type and partition, earliest first (`scanned_all` false when a
+scan stopped there: the page then ends where the scan did). `GET /` is the operator page
 (`app.ops.page`: partitions, timers, parked timers, the ledger, an owner search with
 `?owner=<id>&tenant=<tenant>`, the lateness chart); its Retry and Skip forms are
 `POST /timers/retry` and `POST /timers/skip` (303 back to the page, 400 for a bad form,
@@ -43,13 +49,18 @@ from aiohttp.typedefs import Middleware
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from yarl import URL
 
+from app.errors import TickwheelError
 from app.ops.forms import TOKEN_FIELD, without_token
 from app.ops.page import OperatorPage, Rendered, default_node_id
+from app.ops.upcoming import BadQuery, SortKey, query_of, sort_key, upcoming_page
+from app.protocol.topics import parse_aggregate_type
+from tables import StoreClosed, Timer
+from tables.bounds import MAX_INT64
 
 if TYPE_CHECKING:
     from app.node import Node
 
-__all__ = ["MAX_COMMIT_LAG_S", "TOKEN_COOKIE", "WebServer"]
+__all__ = ["MAX_COMMIT_LAG_S", "TOKEN_COOKIE", "UPCOMING_SCAN", "WebServer"]
 
 logger = logging.getLogger(__name__)
 
@@ -58,6 +69,10 @@ MAX_COMMIT_LAG_S = 60.0
 commits run every `TICKWHEEL_COMMIT_INTERVAL_MS`; one pending this long is stuck)."""
 
 TOKEN_COOKIE = "tickwheel_web_token"
+
+UPCOMING_SCAN = 10_000
+"""`GET /timers/upcoming` reads at most this many timers per type and partition: a
+request costs a bounded scan however large a partition grows."""
 
 _READS = frozenset({"GET", "HEAD", "OPTIONS"})
 
@@ -114,6 +129,7 @@ class WebServer:
         app.router.add_get("/healthz", self._ready)
         app.router.add_get("/metrics", self._metrics)
         app.router.add_get("/ledger", self._ledger)
+        app.router.add_get("/timers/upcoming", self._upcoming)
         app.router.add_get("/", self._page)
         app.router.add_post("/timers/retry", self._retry)
         app.router.add_post("/timers/skip", self._skip)
@@ -174,6 +190,45 @@ class WebServer:
         for ledger in self._node.ledgers:
             entries += [e.model_dump(mode="json") for e in await ledger.entries()]
         return _json({"entries": entries})
+
+    async def _upcoming(self, request: web.Request) -> web.Response:
+        types = self._node.types
+        try:
+            query = query_of({k: request.query.getone(k) for k in request.query})
+            if query.type is not None:
+                parse_aggregate_type(query.type)
+                if query.type not in types:
+                    known = ", ".join(sorted(types)) or "none"
+                    raise BadQuery(f"type: this node keeps no timers of {query.type} ({known})")
+        except (BadQuery, TickwheelError) as exc:
+            return _json({"error": str(exc)}, 400)
+        owned = sorted(self._node.health()["owned"])
+        until = MAX_INT64 if query.due_until is None else query.due_until
+        rows: list[Timer] = []
+        horizon: SortKey | None = None
+        for name, kept in sorted(types.items()):
+            if query.type not in (None, name):
+                continue
+            for p in owned:
+                try:
+                    got = await kept.store.due({p}, until, UPCOMING_SCAN)
+                except StoreClosed:
+                    continue  # let go while this was read: no longer this node's
+                rows += got
+                if len(got) == UPCOMING_SCAN:
+                    last = sort_key(got[-1])
+                    horizon = last if horizon is None else min(horizon, last)
+        try:
+            page = upcoming_page(rows, query, horizon)
+        except BadQuery as exc:
+            return _json({"error": str(exc)}, 400)
+        return _json(
+            {
+                **page.model_dump(mode="json"),
+                "partitions": owned,
+                "scanned_all": horizon is None,
+            }
+        )
 
     async def _page(self, request: web.Request) -> web.Response:
         assert self.page is not None

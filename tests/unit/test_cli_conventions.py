@@ -41,12 +41,17 @@ EVERY_COMMAND: dict[str, list[str]] = {
     "timers list": ["--type", "shop.order"],
     "timers ledger": ["--context", "shop"],
     "timers show": ["--type", "shop.order", "--owner", "o-1"],
+    "timers upcoming": ["--type", "shop.order"],
     "timers retry": ["--type", "shop.order", "--target-id", "t-1"],
     "timers skip": ["--type", "shop.order", "--target-id", "t-1"],
     "jobs list": DEMO,
     "jobs enable": JOB,
     "jobs disable": JOB,
     "jobs reschedule": [*JOB, "--rule", "null"],
+    "rules next": ["cron:0 9 * * *"],
+    "dead-letters list": ["--context", "shop"],
+    "dead-letters show": ["--context", "shop", "--offset", "0"],
+    "dead-letters replay": ["--context", "shop", "--offset", "0"],
 }
 """Each command with what it needs to start."""
 
@@ -175,6 +180,9 @@ def test_a_usage_error_exits_2_with_one_line(args: list[str], message: str) -> N
     [
         ["timers", "list", "--type", "a.b"],
         ["timers", "show", "--type", "a.b", "--owner", "o"],
+        ["timers", "upcoming", "--type", "a.b"],
+        ["dead-letters", "list", "--context", "shop"],
+        ["dead-letters", "replay", "--context", "shop", "--offset", "0"],
         ["jobs", "list", *DEMO, "--state"],
         ["rebuild", "--type", "a.b", "--dry-run"],
         ["demo", "--seconds", "0"],
@@ -231,6 +239,7 @@ def test_commands_that_read_every_partition_take_no_partition_count() -> None:
     found = dict(commands())
     assert "--partitions" not in options(found["timers list"])
     assert "--partitions" not in options(found["timers ledger"])
+    assert "--partitions" not in options(found["timers upcoming"])
     for name in ("timers retry", "timers skip", "jobs list", "jobs enable"):
         assert "--partitions" in options(found[name]), name
 

@@ -66,7 +66,7 @@ def readme_commands() -> list[str]:
     return found
 
 
-GROUPS = ("jobs", "timers")
+GROUPS = ("dead-letters", "jobs", "rules", "timers")
 ROOT_OPTIONS = {"--log-level": 1, "--log-format": 1, "--version": 0}
 """The root's options (before the command), with how many values each takes."""
 
@@ -147,13 +147,14 @@ def _offline(args: list[str]) -> bool:
     return (
         not own
         or own[0] == "schemas"
+        or own[:2] == ["rules", "next"]
         or (own[:2] == ["jobs", "list"] and "--state" not in own and "--bootstrap" not in own)
     )
 
 
 OFFLINE = sorted(
     {
-        " ".join(a)
+        shlex.join(a)  # quoted as written: a rule expression has spaces
         for c in readme_commands()
         for a in [*expand(c), *expand(c, optional=False)]
         if _offline(a)
@@ -185,6 +186,8 @@ def test_the_docs_show_commands_that_run_without_a_broker() -> None:
     assert "--version" in OFFLINE
     assert {"schemas --check", "schemas"} <= set(OFFLINE)
     assert any(c.startswith("jobs list --service myjobs:service") for c in OFFLINE)
+    assert any(c.startswith("rules next 'cron:") for c in OFFLINE)
+    assert any(c.startswith("rules next interval:") for c in OFFLINE)
 
 
 @pytest.mark.parametrize("command", OFFLINE)
@@ -314,6 +317,21 @@ def no_topic_creation(monkeypatch: pytest.MonkeyPatch) -> list[str]:
             "topic shop.order.timers does not exist at broker:9092",
         ),
         (
+            ["timers", "upcoming", "--type", "shop.order", "--limit", "5"],
+            ["shop.order.timers"],
+            "topic shop.order.timers does not exist at broker:9092",
+        ),
+        (
+            ["dead-letters", "list", "--context", "shop"],
+            ["shop.dead-letters"],
+            "topic shop.dead-letters does not exist at broker:9092",
+        ),
+        (
+            ["dead-letters", "show", "--context", "shop", "--offset", "0", "--json"],
+            ["shop.dead-letters"],
+            "topic shop.dead-letters does not exist at broker:9092",
+        ),
+        (
             ["timers", "ledger", "--context", "shop"],
             ["shop.failure-ledger"],
             "topic shop.failure-ledger does not exist at broker:9092",
@@ -359,9 +377,12 @@ def _read_only_commands(context: str) -> list[list[str]]:
     return [
         ["timers", "list", "--type", f"{context}.order"],
         ["timers", "list", "--type", f"{context}.order", "--status", "PARKED", "--json"],
+        ["timers", "upcoming", "--type", f"{context}.order", "--owner", "o-42", "--json"],
         ["timers", "show", "--type", f"{context}.order", "--owner", "o-42"],
         ["timers", "show", "--type", f"{context}.order", "--owner", "o-42", "--key", "k"],
         ["timers", "ledger", "--context", context],
+        ["dead-letters", "list", "--context", context, "--stage", "read"],
+        ["dead-letters", "show", "--context", context, "--offset", "0"],
         ["jobs", "list", "--service", f"{__name__}:RO_SERVICE", "--state"],
         ["rebuild", "--type", f"{context}.order", "--dry-run"],
     ]
@@ -387,12 +408,15 @@ def test_read_only_commands_create_no_topic_on_a_real_broker(kafka_bootstrap: st
 
     # Once a worker made them, the same commands read them, and still create nothing.
     topics = [f"{context}.order.events", f"{context}.order.timers", f"{context}.failure-ledger"]
-    topics.append(f"{context}.schedule.events")
+    topics += [f"{context}.schedule.events", f"{context}.dead-letters"]
     asyncio.run(ensure_topics(kafka_bootstrap, [TopicSpec(t, 3, compacted=True) for t in topics]))
     before = _topics(kafka_bootstrap)
     for args in _read_only_commands(context):
         result = runner.invoke(cli, [*args, "--bootstrap", kafka_bootstrap], env=env)
-        if args[:2] == ["timers", "show"]:
+        if args[:2] == ["dead-letters", "show"]:
+            assert result.exit_code == 1, (args, result.output)
+            assert "no dead letter at partition 0, offset 0" in result.stderr
+        elif args[:2] == ["timers", "show"]:
             assert result.exit_code == 1, (args, result.output)
             assert f"{context}.order/(0)/o-42 has no timers in {context}.order.timers[" in (
                 result.stderr
@@ -419,7 +443,15 @@ def _readme_read_only() -> list[list[str]]:
         for args in expand(command):
             own = command_of(args)
             if (
-                own[:2] in (["timers", "list"], ["timers", "show"], ["timers", "ledger"])
+                own[:2]
+                in (
+                    ["timers", "list"],
+                    ["timers", "upcoming"],
+                    ["timers", "show"],
+                    ["timers", "ledger"],
+                    ["dead-letters", "list"],
+                    ["dead-letters", "show"],
+                )
                 or (own[:1] == ["rebuild"] and "--dry-run" in own)
                 or (own[:2] == ["jobs", "list"] and "--state" in own)
             ):
@@ -430,6 +462,8 @@ def _readme_read_only() -> list[list[str]]:
 def test_the_docs_show_the_read_only_operator_commands() -> None:
     shown = {tuple(command_of(a)[:2]) for a in _readme_read_only()}
     assert {("timers", "list"), ("timers", "show"), ("timers", "ledger")} <= shown
+    assert ("timers", "upcoming") in shown
+    assert {("dead-letters", "list"), ("dead-letters", "show")} <= shown
     assert {("rebuild", "--type"), ("jobs", "list")} <= shown
     assert any(split_root(a)[0] for a in _readme_read_only()), "one with the root's options"
 
@@ -446,9 +480,9 @@ def test_the_readmes_read_only_commands_run_as_written_and_create_nothing(
     assert "Traceback" not in result.output
     if result.exit_code != 0:
         assert result.exit_code == 1, result.output
-        assert re.search(r"not exist at|has no timers? |running worker", result.stderr), (
-            result.output
-        )
+        assert re.search(
+            r"not exist at|has no timers? |running worker|no dead letter at", result.stderr
+        ), result.output
     assert _topics(kafka_bootstrap) == before
 
 

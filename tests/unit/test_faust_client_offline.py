@@ -451,6 +451,19 @@ SET_BODY = {
 }
 
 
+def test_the_book_sets_a_timer_whose_rule_ends_with_its_end() -> None:
+    rule = {"kind": "interval", "start": NOW, "every": 1000, "until": NOW + 2500, "count": 9}
+    book = timer_book(CTX, "order-timers")
+    d = decide(book, None, book_command(SET_TIMER, {**SET_BODY, "rule": rule}), now=NOW, seen=False)
+    assert d.code == ResultCode.COMMITTED
+    ((event,),) = [d.events]
+    assert event.body["rule"] == {**rule, "coalesce": True}
+    op = timer_op(event, partition_of("o-1", P))
+    assert isinstance(op, PutTimer)
+    assert (op.timer.rule.until, op.timer.rule.count) == (NOW + 2500, 9)  # type: ignore[union-attr]
+    assert op.timer.due_at == NOW
+
+
 def test_the_book_decides_set_and_cancel_into_the_events_at_its_next_versions() -> None:
     book = timer_book(CTX, "order-timers")
     first = decide(book, None, book_command(SET_TIMER, SET_BODY), now=NOW, seen=False)
@@ -491,6 +504,24 @@ def test_the_book_decides_set_and_cancel_into_the_events_at_its_next_versions() 
             "is the book itself",
         ),
         (CANCEL_TIMER, {}, "invalid wow.CancelTimer: key"),
+        (
+            SET_TIMER,
+            {**SET_BODY, "rule": {"kind": "interval", "start": 0, "every": 1000, "count": 3}},
+            f"the rule has no slot left at {NOW} (it ended: {{'count': 3}})",
+        ),
+        (
+            SET_TIMER,
+            {**SET_BODY, "rule": {"kind": "cron", "expr": "* * * * *", "until": NOW - 1}},
+            f"the rule has no slot left at {NOW} (it ended: {{'until': {NOW - 1}}})",
+        ),
+        (
+            SET_TIMER,
+            {
+                **SET_BODY,
+                "rule": {"kind": "interval", "start": 0, "every": 1000, "until": 253402300800000},
+            },
+            "invalid wow.SetTimer: rule.interval.until",
+        ),
     ],
 )
 def test_the_book_rejects_what_is_not_a_timer_for_another_type(

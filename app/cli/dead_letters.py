@@ -1,0 +1,163 @@
+"""`tickwheel dead-letters …`: a context's dead letters (`<context>.dead-letters`), read and
+replayed (`app.ops.letters`).
+
+`list` and `show` are read-only: they create nothing, and a dead-letter topic that is not
+there is an error naming it (exit code 1). `replay` writes the letter's original record
+back to its topic, once: a second replay of the same letter writes nothing and says so.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from typing import Annotated
+
+import typer
+
+from app.cli.common import (
+    CONFIG_ERROR,
+    Bootstrap,
+    Json,
+    fail,
+    json_line,
+    run,
+    settings_for,
+    time_iso,
+)
+from app.ops.letters import Letter, Replayed, letter_json, list_letters, replay
+from app.protocol.dead_letters import Stage
+
+__all__ = ["dead_letters_cli"]
+
+_CONTEXT = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_\-]*$")
+
+dead_letters_cli = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
+
+Context = Annotated[str, typer.Option(help="the bounded context whose dead letters to read")]
+Offset = Annotated[int, typer.Option(min=0, help="the letter's offset on the dead-letter topic")]
+Partition = Annotated[
+    int, typer.Option(min=0, help="the letter's partition on the dead-letter topic")
+]
+
+
+def _context(context: str) -> str:
+    if not _CONTEXT.match(context):
+        raise fail(f"context {context!r} must be letters, digits, '_' or '-'", CONFIG_ERROR)
+    return context
+
+
+def _line(x: Letter) -> str:
+    c = x.letter.context
+    replayed = (
+        "-"
+        if x.replayed is None
+        else f"replayed {time_iso(x.replayed.time)} to {x.replayed.topic}[{x.replayed.partition}]"
+    )
+    message = " ".join(c.exception_message.split())
+    if len(message) > 160:
+        message = message[:159] + "…"
+    return (
+        f"{x.partition}:{x.offset}\t{time_iso(c.time)}\t{c.stage}\t{c.topic}[{c.partition}]@"
+        f"{c.offset}\t{c.exception_class}: {message}\t{replayed}"
+    )
+
+
+@dead_letters_cli.command("list")
+def list_(
+    context: Context,
+    stage: Annotated[
+        Stage | None, typer.Option(case_sensitive=False, help="only letters of this stage")
+    ] = None,
+    topic: Annotated[str | None, typer.Option(help="only letters of records of this topic")] = None,
+    bootstrap: Bootstrap = None,
+    as_json: Json = False,
+) -> None:
+    """Prints a context's dead letters, oldest first: where each sits (partition:offset),
+    when it was written, the stage that refused its record, the record's topic, partition
+    and offset, the error, and whether it was replayed."""
+    settings = settings_for(bootstrap, None)
+    where, book = run(list_letters(settings.kafka, _context(context)))
+    shown = [
+        x
+        for x in book.letters
+        if (stage is None or x.letter.context.stage is stage)
+        and (topic is None or x.letter.context.topic == topic)
+    ]
+    for x in shown:
+        if as_json:
+            json_line(letter_json(x))
+        else:
+            typer.echo(_line(x))
+    unreadable = (
+        f"; {book.unreadable} record(s) of {where} are no dead letter" if book.unreadable else ""
+    )
+    typer.echo(f"{len(shown)} dead letter(s) in {where}{unreadable}", err=True)
+
+
+@dead_letters_cli.command()
+def show(
+    context: Context,
+    offset: Offset,
+    partition: Partition = 0,
+    bootstrap: Bootstrap = None,
+    as_json: Json = False,
+) -> None:
+    """Prints one dead letter whole: why and where from, its record's headers, key and
+    value (as text when UTF-8, else base64), and its replay if any."""
+    settings = settings_for(bootstrap, None)
+    _, book = run(list_letters(settings.kafka, _context(context)))
+    x = book.find(partition, offset)
+    data = letter_json(x, whole=True)
+    if as_json:
+        json_line(data)
+        return
+    typer.echo(_line(x))
+    for name, value in data["error"].items():
+        typer.echo(f"  {name}: {value}")
+    for name, value in data["headers"]:
+        typer.echo(f"  header {name}: {_shown(value)}")
+    typer.echo(f"  key: {_shown(data['key'])}")
+    typer.echo(f"  value: {_shown(data['value'])}")
+
+
+def _shown(data: dict[str, str | None]) -> str:
+    if data["base64"] is None:
+        return "null"
+    if data["text"] is not None:
+        return data["text"]
+    return f"(base64) {data['base64']}"
+
+
+@dead_letters_cli.command("replay")
+def replay_(
+    context: Context,
+    offset: Offset,
+    partition: Partition = 0,
+    bootstrap: Bootstrap = None,
+    as_json: Json = False,
+) -> None:
+    """Writes a dead letter's original record (key, value, headers) back to its topic and
+    partition, once, and marks the letter replayed; a letter replayed before is left as
+    it is (exit 0, nothing written)."""
+    settings = settings_for(bootstrap, None)
+    now = time.time_ns() // 1_000_000
+    done: Replayed = run(
+        replay(settings.kafka, settings.group_id, _context(context), partition, offset, now)
+    )
+    if as_json:
+        json_line(
+            {
+                **letter_json(done.letter),
+                "replayed": done.mark.model_dump(mode="json"),
+                "written": done.written,
+            }
+        )
+        return
+    m = done.mark
+    if done.written is None:
+        typer.echo(
+            f"{partition}:{offset} was replayed before ({time_iso(m.time)}, to "
+            f"{m.topic}[{m.partition}]): nothing written"
+        )
+    else:
+        typer.echo(f"{partition}:{offset} replayed to {m.topic}[{m.partition}]@{done.written}")

@@ -1,0 +1,262 @@
+"""Reading a context's dead letters back, and replaying one to its topic once.
+
+A dead letter (`app.protocol.dead_letters`) holds the refused record's own key, value and
+headers, and why in `__tickwheel.errors.*` headers. `read_letters` reads the dead-letter
+topic whole (committed records) into letters, each with its coordinates there (partition,
+offset) and whether it was replayed.
+
+A replay writes the letter's original key, value and headers back to the topic and
+partition they came from, and, in the same transaction, a replay mark on the dead-letter
+topic: a record beside the letter (its partition) whose header `__tickwheel.replay.of`
+names the letter's offset and whose value says where the record went. The transaction's id
+is the letter's own (`<group>.<context>.dead-letters.replay.<partition>.<offset>`), and the
+mark is looked for only after that id's writer started: starting fences any other replay
+of the same letter still under way (its transaction is aborted), and waits for one that is
+committing, so two replays, however close, write the record once. A second replay finds
+the mark and writes nothing.
+
+A letter cut to fit its topic (`truncated`) has lost bytes: it is never replayed. A
+record of the dead-letter topic that is neither a letter nor a mark (another writer's) is
+counted and passed over.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from app.errors import BadRecord, TickwheelError
+from app.kafka import KafkaClients, require_topic
+from app.kafka.connection import Connectable
+from app.kafka.ports import LogReader, TransactionalWriter
+from app.kafka.records import Record
+from app.protocol.dead_letters import DeadLetter, Headers
+from app.protocol.topics import ContextTopics
+
+__all__ = [
+    "REPLAY_HEADER",
+    "Letter",
+    "LetterBook",
+    "NoLetter",
+    "ReplayMark",
+    "Replayed",
+    "letter_json",
+    "list_letters",
+    "read_letters",
+    "replay",
+    "replay_letter",
+    "replay_transactional_id",
+]
+
+REPLAY_HEADER = "__tickwheel.replay.of"
+"""On a replay mark: the offset of the letter it marks, in the mark's own partition."""
+
+
+class NoLetter(TickwheelError):
+    """No dead letter at the coordinates asked for (or one that cannot be replayed)."""
+
+
+class ReplayMark(BaseModel):
+    """The value of a replay mark: which letter, where its record went, and when."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    letter_partition: int = Field(ge=0)
+    letter_offset: int = Field(ge=0)
+    topic: str = Field(min_length=1, max_length=249, description="where the record went")
+    partition: int = Field(ge=0)
+    time: int = Field(description="when it was replayed (epoch ms)")
+
+
+@dataclass(frozen=True, slots=True)
+class Letter:
+    """A dead letter where it sits on the dead-letter topic, and its replay if any."""
+
+    partition: int
+    offset: int
+    timestamp: int
+    letter: DeadLetter
+    replayed: ReplayMark | None = None
+
+
+@dataclass(slots=True)
+class LetterBook:
+    """A dead-letter topic read: its letters in log order, and what was not one."""
+
+    letters: list[Letter] = field(default_factory=list)
+    unreadable: int = 0
+
+    def find(self, partition: int, offset: int) -> Letter:
+        for letter in self.letters:
+            if (letter.partition, letter.offset) == (partition, offset):
+                return letter
+        raise NoLetter(f"no dead letter at partition {partition}, offset {offset}")
+
+
+def _mark_of(r: Record) -> ReplayMark | None:
+    if not any(k == REPLAY_HEADER for k, _ in r.headers) or r.value is None:
+        return None
+    try:
+        return ReplayMark.model_validate_json(r.value)
+    except ValidationError:
+        return None
+
+
+async def read_letters(reader: LogReader, topic: str, partitions: Iterable[int]) -> LetterBook:
+    """The letters and replay marks of `partitions` of the dead-letter `topic`."""
+    book = LetterBook()
+    marks: dict[tuple[int, int], ReplayMark] = {}
+    for p in partitions:
+        async for batch in reader.read(topic, p, 0):
+            for r in batch:
+                if any(k == REPLAY_HEADER for k, _ in r.headers):
+                    mark = _mark_of(r)
+                    if mark is None:
+                        book.unreadable += 1
+                    else:  # the first replay of a letter is the one that counts
+                        marks.setdefault((mark.letter_partition, mark.letter_offset), mark)
+                    continue
+                try:
+                    letter = DeadLetter.read(r.key, r.value, r.headers)
+                except BadRecord:
+                    book.unreadable += 1
+                    continue
+                book.letters.append(Letter(r.partition, r.offset, r.timestamp, letter))
+    book.letters = [
+        Letter(x.partition, x.offset, x.timestamp, x.letter, marks.get((x.partition, x.offset)))
+        for x in book.letters
+    ]
+    return book
+
+
+def replay_transactional_id(group_id: str, topic: str, partition: int, offset: int) -> str:
+    """The transactional id of a letter's replay: the same for every replay of it (under the
+    group's prefix, as the workers' are)."""
+    return f"{group_id}.{topic}.replay.{partition}.{offset}"
+
+
+@dataclass(frozen=True, slots=True)
+class Replayed:
+    """What a replay did: `written`, the record's offset on its topic, None when the letter
+    had been replayed before (and nothing was written)."""
+
+    letter: Letter
+    mark: ReplayMark
+    written: int | None
+
+
+async def replay_letter(
+    reader: LogReader,
+    writer: TransactionalWriter,
+    topic: str,
+    partition: int,
+    offset: int,
+    now: int,
+    check_topic: Callable[[str], Awaitable[object]] | None = None,
+) -> Replayed:
+    """Replays the letter at (`partition`, `offset`) of the dead-letter `topic` with
+    `writer` (of `replay_transactional_id`, not started), unless it was replayed before.
+
+    `NoLetter` when there is no letter there or it was cut; `KafkaUnavailable` (`Fenced`:
+    another replay of it started meanwhile) when the write failed, and nothing was written.
+    `check_topic` is awaited with the record's topic before it is written (a broker may
+    create a topic a record is sent to: a replay must not).
+    """
+    try:
+        await writer.start()  # fences another replay of this letter still under way
+        book = await read_letters(reader, topic, [partition])
+        found = book.find(partition, offset)
+        if found.replayed is not None:
+            return Replayed(found, found.replayed, written=None)
+        if found.letter.context.truncated is not None:
+            raise NoLetter(
+                f"the dead letter at partition {partition}, offset {offset} was cut to fit its "
+                f"topic ({found.letter.context.truncated} bytes originally): its record is not "
+                "whole and cannot be replayed"
+            )
+        ctx = found.letter.context
+        if check_topic is not None:
+            await check_topic(ctx.topic)
+        headers: Headers = found.letter.headers
+        original = (ctx.topic, ctx.partition, found.letter.key, found.letter.value, headers)
+        mark = ReplayMark(
+            letter_partition=partition,
+            letter_offset=offset,
+            topic=ctx.topic,
+            partition=ctx.partition,
+            time=now,
+        )
+        # One transaction: the record and its mark are written together or not at all.
+        written = await writer.commit([original, _mark_record(topic, mark)], {}, "")
+        return Replayed(found, mark, written=written[0])
+    finally:
+        await writer.stop()
+
+
+def _mark_record(topic: str, mark: ReplayMark) -> tuple[str, int, bytes, bytes, Headers]:
+    key = f"replayed:{mark.letter_partition}:{mark.letter_offset}".encode()
+    header = ((REPLAY_HEADER, str(mark.letter_offset).encode()),)
+    return (topic, mark.letter_partition, key, mark.model_dump_json().encode(), header)
+
+
+def _bytes(data: bytes | None) -> dict[str, Any]:
+    if data is None:
+        return {"text": None, "base64": None}
+    try:
+        text: str | None = data.decode()
+    except UnicodeDecodeError:
+        text = None
+    return {"text": text, "base64": base64.b64encode(data).decode()}
+
+
+def letter_json(x: Letter, *, whole: bool = False) -> dict[str, Any]:
+    """A letter as `dead-letters list|show --json` print it (`whole`: with its bytes)."""
+    data: dict[str, Any] = {
+        "partition": x.partition,
+        "offset": x.offset,
+        "timestamp": x.timestamp,
+        "error": x.letter.context.model_dump(mode="json"),
+        "replayed": None if x.replayed is None else x.replayed.model_dump(mode="json"),
+    }
+    if whole:
+        data["key"] = _bytes(x.letter.key)
+        data["value"] = _bytes(x.letter.value)
+        data["headers"] = [[k, _bytes(v)] for k, v in x.letter.headers]
+    return data
+
+
+_WHY = "no node of this context has written a dead letter to this cluster"
+
+
+async def list_letters(bootstrap: Connectable, context: str) -> tuple[str, LetterBook]:
+    """The dead-letter topic of `context` and what it holds. Creates nothing: `MissingTopic`
+    when the topic is not there."""
+    topic = ContextTopics(context).dead_letters
+    have = await require_topic(bootstrap, topic, _WHY)
+    async with KafkaClients(bootstrap).reader() as reader:
+        return topic, await read_letters(reader, topic, range(have))
+
+
+async def replay(
+    bootstrap: Connectable, group_id: str, context: str, partition: int, offset: int, now: int
+) -> Replayed:
+    """Replays one letter of `context` (`replay_letter` on the cluster). Creates no topic:
+    the dead-letter topic and the record's own must be there."""
+    topic = ContextTopics(context).dead_letters
+    have = await require_topic(bootstrap, topic, _WHY)
+    if not 0 <= partition < have:
+        raise NoLetter(f"topic {topic} has no partition {partition} ({have} partition(s))")
+    clients = KafkaClients(bootstrap)
+    writer = clients.transactional_writer(
+        replay_transactional_id(group_id, topic, partition, offset)
+    )
+
+    async def check(name: str) -> None:
+        await require_topic(bootstrap, name, "the record's topic is gone: nothing was replayed")
+
+    async with clients.reader() as reader:
+        return await replay_letter(reader, writer, topic, partition, offset, now, check)

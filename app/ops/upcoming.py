@@ -1,0 +1,166 @@
+"""Upcoming fires: the timers that will fire next, sorted by due time, filtered and paged.
+Pure: `tickwheel timers upcoming` (rows read from the changelog) and the node's
+`GET /timers/upcoming` (rows of its own partitions' stores) both page with `upcoming_page`.
+
+Upcoming means PENDING or FIRING: the timers the runner will hand out (a FIRING timer's
+`due_at` is its claim's deadline, when it is sent again unless its outcome comes first).
+PARKED timers fire nothing until retried; FIRED and CANCELLED ones are done.
+
+Sorted by `(due_at, id, owner, key)`. A page holds up to `limit` timers; its `next_cursor`
+(opaque text) asks for the timers after its last one, so a page never repeats or skips a
+timer that stays put between requests (one rescheduled meanwhile moves to its new place).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from collections.abc import Iterable, Mapping
+
+import orjson
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from app.protocol.instants import BadInstant, parse_instant
+from tables.bounds import Instant
+from tables.timer import Timer, TimerStatus
+
+__all__ = [
+    "DEFAULT_LIMIT",
+    "MAX_LIMIT",
+    "UPCOMING",
+    "BadQuery",
+    "UpcomingPage",
+    "UpcomingQuery",
+    "decode_cursor",
+    "encode_cursor",
+    "query_of",
+    "sort_key",
+    "upcoming_page",
+]
+
+UPCOMING = frozenset({TimerStatus.PENDING, TimerStatus.FIRING})
+DEFAULT_LIMIT = 50
+MAX_LIMIT = 1000
+
+SortKey = tuple[int, str, str, str]
+
+
+class BadQuery(ValueError):
+    """A filter, window, limit or cursor that cannot be used; the message names it."""
+
+
+class UpcomingQuery(BaseModel):
+    """What to list: each filter given narrows it (None: any)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    type: str | None = Field(None, description="the owner's type, <context>.<aggregate>")
+    owner: str | None = Field(None, description="the owner's id")
+    tenant: str | None = Field(None, description="the owner's tenant")
+    target: str | None = Field(None, description="the target's id")
+    target_type: str | None = Field(None, description="the target's type")
+    due_from: Instant | None = Field(None, description="due at or after, epoch ms")
+    due_until: Instant | None = Field(None, description="due at or before, epoch ms")
+    limit: int = Field(DEFAULT_LIMIT, ge=1, le=MAX_LIMIT)
+    cursor: str | None = Field(None, description="a page's next_cursor: the timers after it")
+
+    def matches(self, t: Timer) -> bool:
+        return (
+            t.status in UPCOMING
+            and (self.type is None or t.owner.type_name == self.type)
+            and (self.owner is None or t.owner.id == self.owner)
+            and (self.tenant is None or t.owner.tenant == self.tenant)
+            and (self.target is None or t.target.id == self.target)
+            and (self.target_type is None or t.target.type_name == self.target_type)
+            and (self.due_from is None or t.due_at >= self.due_from)
+            and (self.due_until is None or t.due_at <= self.due_until)
+        )
+
+
+class UpcomingPage(BaseModel):
+    """One page: the timers in order, and the cursor of the next page (None: the last)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    timers: list[Timer]
+    next_cursor: str | None
+
+
+def sort_key(t: Timer) -> SortKey:
+    return (t.due_at, t.id, str(t.owner), t.key)
+
+
+def encode_cursor(key: SortKey) -> str:
+    return base64.urlsafe_b64encode(orjson.dumps(list(key))).decode().rstrip("=")
+
+
+def decode_cursor(text: str) -> SortKey:
+    """The sort key a cursor holds; `BadQuery` for text no page gave out."""
+    try:
+        raw = base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+        due, timer_id, owner, key = orjson.loads(raw)
+    except (binascii.Error, ValueError, TypeError) as exc:
+        raise BadQuery(f"cursor {text[:40]!r} is not a next_cursor of this listing") from exc
+    if not (
+        isinstance(due, int)
+        and not isinstance(due, bool)
+        and all(isinstance(s, str) for s in (timer_id, owner, key))
+    ):
+        raise BadQuery(f"cursor {text[:40]!r} is not a next_cursor of this listing")
+    return (due, timer_id, owner, key)
+
+
+def upcoming_page(
+    rows: Iterable[Timer], query: UpcomingQuery, horizon: SortKey | None = None
+) -> UpcomingPage:
+    """The page of `rows` that `query` asks for (its cursor checked: `BadQuery`).
+
+    `horizon`: the rows are all there are only up to this key (a scan that stopped there);
+    rows past it are left out, so that no page lists a later timer before an earlier one
+    the scan did not reach.
+    """
+    after = None if query.cursor is None else decode_cursor(query.cursor)
+    found = sorted(
+        (
+            t
+            for t in rows
+            if query.matches(t)
+            and (after is None or sort_key(t) > after)
+            and (horizon is None or sort_key(t) <= horizon)
+        ),
+        key=sort_key,
+    )
+    page = found[: query.limit]
+    more = len(found) > query.limit
+    return UpcomingPage(
+        timers=page, next_cursor=encode_cursor(sort_key(page[-1])) if more else None
+    )
+
+
+_FIELDS = ("type", "owner", "tenant", "target", "target_type", "limit", "cursor")
+
+
+def query_of(params: Mapping[str, str]) -> UpcomingQuery:
+    """A query from text parameters (an HTTP query's, the CLI's options): `due_from` and
+    `due_until` as ISO 8601 with offset or epoch ms; `BadQuery` naming the field."""
+    unknown = sorted(set(params) - {*_FIELDS, "due_from", "due_until"})
+    if unknown:
+        raise BadQuery(f"{unknown[0]}: no such parameter (known: {', '.join(_ALL)})")
+    data: dict[str, object] = {k: v for k, v in params.items() if k in _FIELDS}
+    for name in ("due_from", "due_until"):
+        if name in params:
+            try:
+                data[name] = parse_instant(params[name], name)
+            except BadInstant as exc:
+                raise BadQuery(str(exc)) from exc
+    if "cursor" in params:
+        decode_cursor(params["cursor"])
+    try:
+        return UpcomingQuery.model_validate(data)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        where = ".".join(str(p) for p in err["loc"])
+        raise BadQuery(f"{where}: {err['msg']} (got {err.get('input')!r})") from exc
+
+
+_ALL = (*_FIELDS[:5], "due_from", "due_until", *_FIELDS[5:])

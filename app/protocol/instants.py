@@ -1,0 +1,43 @@
+"""The text form of an instant on the command line and in an HTTP query: ISO 8601 with
+its offset (`2026-12-24T18:00:00Z`, `2026-03-29T03:00:00+02:00`) or epoch milliseconds
+(`1798135200000`). A time without an offset is refused: in a zone's repeated autumn hour it
+would name two instants."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+from tables.bounds import MAX_INSTANT
+
+__all__ = ["BadInstant", "parse_instant"]
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MS = timedelta(milliseconds=1)
+
+
+class BadInstant(ValueError):
+    """Text that is no instant; the message names it and says why."""
+
+
+def parse_instant(text: str, what: str = "instant") -> int:
+    """Epoch ms of an ISO 8601 time with its offset, or of epoch ms given as digits;
+    `BadInstant` naming `what` otherwise, or outside 1970 to 9999."""
+    text = text.strip()
+    if text.isdigit():
+        ms = int(text)
+    else:
+        try:
+            moment = datetime.fromisoformat(text)
+        except ValueError as exc:
+            raise BadInstant(
+                f"{what} {text!r} is neither ISO 8601 (2026-12-24T18:00:00Z) nor epoch ms"
+            ) from exc
+        if moment.utcoffset() is None:
+            raise BadInstant(
+                f"{what} {text!r} has no offset: add Z or +hh:mm (a local time can name two "
+                "instants)"
+            )
+        ms = (moment - _EPOCH) // _MS
+    if not 0 <= ms <= MAX_INSTANT:
+        raise BadInstant(f"{what} {text!r} is outside 1970-01-01 to 9999-12-31 (UTC)")
+    return ms
