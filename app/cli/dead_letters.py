@@ -18,6 +18,7 @@ from app.cli.common import (
     CONFIG_ERROR,
     Bootstrap,
     Json,
+    checked,
     fail,
     json_line,
     run,
@@ -76,7 +77,7 @@ def list_(
     when it was written, the stage that refused its record, the record's topic, partition
     and offset, the error, and whether it was replayed."""
     settings = settings_for(bootstrap, None)
-    where, book = run(list_letters(settings.kafka, _context(context)))
+    where, book = run(checked(settings.kafka, list_letters(settings.kafka, _context(context))))
     shown = [
         x
         for x in book.letters
@@ -105,7 +106,7 @@ def show(
     """Prints one dead letter whole: why and where from, its record's headers, key and
     value (as text when UTF-8, else base64), and its replay if any."""
     settings = settings_for(bootstrap, None)
-    _, book = run(list_letters(settings.kafka, _context(context)))
+    _, book = run(checked(settings.kafka, list_letters(settings.kafka, _context(context))))
     x = book.find(partition, offset)
     data = letter_json(x, whole=True)
     if as_json:
@@ -142,7 +143,10 @@ def replay_(
     settings = settings_for(bootstrap, None)
     now = time.time_ns() // 1_000_000
     done: Replayed = run(
-        replay(settings.kafka, settings.group_id, _context(context), partition, offset, now)
+        checked(
+            settings.kafka,
+            replay(settings.kafka, settings.group_id, _context(context), partition, offset, now),
+        )
     )
     if as_json:
         json_line(

@@ -246,7 +246,7 @@ def upcoming(
         query = query_of({k: v for k, v in given.items() if v is not None})
     except (BadQuery, BadInstant) as exc:
         raise fail(str(exc), CONFIG_ERROR) from exc
-    timers: list[Timer] = run(read_timers(settings.kafka, type_name))
+    timers: list[Timer] = run(checked(settings.kafka, read_timers(settings.kafka, type_name)))
     page = upcoming_page(timers, query)
     if as_json:
         json_line(page.model_dump(mode="json"))
