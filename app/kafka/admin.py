@@ -320,8 +320,10 @@ async def delete_records(
 class GroupOffsets:
     """Reads a consumer group's committed offsets, as often as asked, on one connection.
 
-    Only committed offsets count: those a transaction sent are seen once it commits.
-    Reading them joins nothing, so the group's members are not disturbed.
+    Only committed offsets count: those a transaction sent are seen once its commit
+    markers are written, a moment after the commit returned (this OffsetFetch cannot ask
+    the broker to wait for them): a read right after a commit may see the offsets before
+    it. Reading them joins nothing, so the group's members are not disturbed.
     """
 
     def __init__(self, bootstrap: Connectable, group_id: str) -> None:
