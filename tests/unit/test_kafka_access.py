@@ -11,6 +11,7 @@ import socket
 import ssl
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from aiokafka.errors import (
@@ -23,6 +24,7 @@ from pydantic import SecretStr
 from app.cli.common import checked
 from app.demo import service
 from app.errors import KafkaUnavailable
+from app.kafka import TopicSpec, ensure_topics
 from app.kafka.connection import KafkaConnection
 from app.kafka.memory import MemoryLog
 from app.kafka.memory_group import MemoryAdmin
@@ -188,3 +190,50 @@ async def test_a_node_refused_at_its_first_connection_starts_nothing(
     topic = node_topics(node.topics, 2)[0].name
     with pytest.raises(KafkaUnavailable, match="unknown topic"):
         log.partitions(topic)  # checked before any topic was created
+
+
+class _SlowController:
+    """An admin client whose first CreateTopics answers a retriable error per topic (the
+    creation timed out, the controller moved), as a slow or failing-over cluster does."""
+
+    def __init__(self, retriable_answers: int) -> None:
+        self.created: list[list[str]] = []
+        self._left = retriable_answers
+
+    def __call__(self, **options: object) -> _SlowController:
+        return self
+
+    async def start(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+    async def describe_cluster(self) -> dict[str, list[object]]:
+        return {"brokers": [object()]}
+
+    async def create_topics(self, new: list[Any]) -> _Created:
+        self.created.append([n.name for n in new])
+        code = 0
+        if self._left:
+            self._left -= 1
+            code = 7  # RequestTimedOut: the creation may still complete
+        return _Created(*((n.name, code, "timed out" if code else None) for n in new))
+
+    async def describe_topics(self, names: list[str]) -> list[dict[str, object]]:
+        return []  # not in the metadata yet
+
+
+async def test_a_creation_timed_out_is_tried_again_one_by_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    admin = _SlowController(retriable_answers=1)
+    monkeypatch.setattr("app.kafka.admin.AIOKafkaAdminClient", admin)
+    await ensure_topics("127.0.0.1:9092", [TopicSpec("ctx.a", 2), TopicSpec("ctx.b", 2)])
+    assert admin.created == [["ctx.a", "ctx.b"], ["ctx.a"], ["ctx.b"]]
+
+
+async def test_a_creation_failing_again_is_one_error_naming_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr("app.kafka.admin.AIOKafkaAdminClient", _SlowController(3))
+    with pytest.raises(KafkaUnavailable, match=r"ctx\.a: RequestTimedOutError \(timed out\)"):
+        await ensure_topics("127.0.0.1:9092", [TopicSpec("ctx.a", 2)])
