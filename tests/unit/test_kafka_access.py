@@ -95,11 +95,34 @@ async def test_no_broker_answering_is_left_to_the_clients(closed_port: int) -> N
     await check_access(kafka, within=2.0)  # no error: the clients wait for a broker away
 
 
+async def test_addresses_down_or_silent_are_passed_over_to_one_that_answers(
+    closed_port: int,
+) -> None:
+    async def plaintext_listener(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        w.write(b"\x00\x00\x00\x02no")  # not TLS: a TLS client's handshake fails on it
+        await w.drain()
+        w.close()
+
+    with socket.socket() as silent:  # accepts (the kernel does), never answers
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        server = await asyncio.start_server(plaintext_listener, "127.0.0.1", 0)
+        answering = f"127.0.0.1:{server.sockets[0].getsockname()[1]}"
+        addresses = f"127.0.0.1:{closed_port},127.0.0.1:{silent.getsockname()[1]},{answering}"
+        kafka = SCRAM.model_copy(update={"bootstrap_servers": addresses})
+        async with server:
+            with pytest.raises(KafkaUnavailable) as raised:
+                await asyncio.wait_for(check_access(kafka, within=0.5), 5)
+    # The refusal is the address that answered's, named alone.
+    assert str(raised.value).startswith(f"{answering} (SASL_SSL SCRAM-SHA-512 as 'tickwheel')")
+    assert "TLS handshake refused" in str(raised.value)
+
+
 async def test_a_plaintext_connection_is_not_checked(closed_port: int) -> None:
     await asyncio.wait_for(check_access(f"127.0.0.1:{closed_port}"), 0.5)
 
 
-async def test_a_command_refused_never_starts_its_work() -> None:
+async def test_a_connection_closed_mid_handshake_lets_the_command_run() -> None:
     started: list[str] = []
 
     async def work() -> str:
