@@ -124,7 +124,12 @@ async def ensure_topics(
             failed = creation_errors(await admin.create_topics(new))
         described = await admin.describe_topics([s.name for s in specs])
         found = {t["topic"]: t["partitions"] for t in described if not t.get("error_code")}
-        check_created(bootstrap, {t: e for t, e in failed.items() if t not in found})
+        # A retriable error (the creation timed out, the controller moved) is tried again
+        # one by one below; the second answer counts.
+        check_created(
+            bootstrap,
+            {t: e for t, e in failed.items() if t not in found and not e[0].retriable},
+        )
         for s in specs:
             if s.name not in found:
                 # Created one by one when a batch failed part-way.
@@ -320,8 +325,10 @@ async def delete_records(
 class GroupOffsets:
     """Reads a consumer group's committed offsets, as often as asked, on one connection.
 
-    Only committed offsets count: those a transaction sent are seen once it commits.
-    Reading them joins nothing, so the group's members are not disturbed.
+    Only committed offsets count: those a transaction sent are seen once its commit
+    markers are written, a moment after the commit returned (this OffsetFetch cannot ask
+    the broker to wait for them): a read right after a commit may see the offsets before
+    it. Reading them joins nothing, so the group's members are not disturbed.
     """
 
     def __init__(self, bootstrap: Connectable, group_id: str) -> None:

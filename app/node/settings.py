@@ -214,6 +214,16 @@ class Settings(BaseSettings):
         """The bounds of an input record (the dead letters' size is the topic's)."""
         return InputLimits(max_key_bytes=self.max_key_bytes, max_record_bytes=self.max_record_bytes)
 
+    @field_validator("bootstrap_servers")
+    @classmethod
+    def _ports(cls, value: str) -> str:
+        # The client library fails on such a port with a bare OverflowError or ValueError.
+        for entry in (a.strip() for a in value.split(",")):
+            host, colon, port = entry.rpartition(":")
+            if colon and host and not (port.isdigit() and 0 < int(port) < 65536):
+                raise ValueError(f"{entry!r}: the port must be a number from 1 to 65535")
+        return value
+
     @field_validator("aggregate_types", mode="before")
     @classmethod
     def _comma_separated(cls, value: object) -> object:

@@ -11,6 +11,7 @@ import socket
 import ssl
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from aiokafka.errors import (
@@ -23,6 +24,7 @@ from pydantic import SecretStr
 from app.cli.common import checked
 from app.demo import service
 from app.errors import KafkaUnavailable
+from app.kafka import TopicSpec, ensure_topics
 from app.kafka.connection import KafkaConnection
 from app.kafka.memory import MemoryLog
 from app.kafka.memory_group import MemoryAdmin
@@ -93,11 +95,34 @@ async def test_no_broker_answering_is_left_to_the_clients(closed_port: int) -> N
     await check_access(kafka, within=2.0)  # no error: the clients wait for a broker away
 
 
+async def test_addresses_down_or_silent_are_passed_over_to_one_that_answers(
+    closed_port: int,
+) -> None:
+    async def plaintext_listener(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        w.write(b"\x00\x00\x00\x02no")  # not TLS: a TLS client's handshake fails on it
+        await w.drain()
+        w.close()
+
+    with socket.socket() as silent:  # accepts (the kernel does), never answers
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        server = await asyncio.start_server(plaintext_listener, "127.0.0.1", 0)
+        answering = f"127.0.0.1:{server.sockets[0].getsockname()[1]}"
+        addresses = f"127.0.0.1:{closed_port},127.0.0.1:{silent.getsockname()[1]},{answering}"
+        kafka = SCRAM.model_copy(update={"bootstrap_servers": addresses})
+        async with server:
+            with pytest.raises(KafkaUnavailable) as raised:
+                await asyncio.wait_for(check_access(kafka, within=0.5), 5)
+    # The refusal is the address that answered's, named alone.
+    assert str(raised.value).startswith(f"{answering} (SASL_SSL SCRAM-SHA-512 as 'tickwheel')")
+    assert "TLS handshake refused" in str(raised.value)
+
+
 async def test_a_plaintext_connection_is_not_checked(closed_port: int) -> None:
     await asyncio.wait_for(check_access(f"127.0.0.1:{closed_port}"), 0.5)
 
 
-async def test_a_command_refused_never_starts_its_work() -> None:
+async def test_a_connection_closed_mid_handshake_lets_the_command_run() -> None:
     started: list[str] = []
 
     async def work() -> str:
@@ -188,3 +213,50 @@ async def test_a_node_refused_at_its_first_connection_starts_nothing(
     topic = node_topics(node.topics, 2)[0].name
     with pytest.raises(KafkaUnavailable, match="unknown topic"):
         log.partitions(topic)  # checked before any topic was created
+
+
+class _SlowController:
+    """An admin client whose first CreateTopics answers a retriable error per topic (the
+    creation timed out, the controller moved), as a slow or failing-over cluster does."""
+
+    def __init__(self, retriable_answers: int) -> None:
+        self.created: list[list[str]] = []
+        self._left = retriable_answers
+
+    def __call__(self, **options: object) -> _SlowController:
+        return self
+
+    async def start(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+    async def describe_cluster(self) -> dict[str, list[object]]:
+        return {"brokers": [object()]}
+
+    async def create_topics(self, new: list[Any]) -> _Created:
+        self.created.append([n.name for n in new])
+        code = 0
+        if self._left:
+            self._left -= 1
+            code = 7  # RequestTimedOut: the creation may still complete
+        return _Created(*((n.name, code, "timed out" if code else None) for n in new))
+
+    async def describe_topics(self, names: list[str]) -> list[dict[str, object]]:
+        return []  # not in the metadata yet
+
+
+async def test_a_creation_timed_out_is_tried_again_one_by_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    admin = _SlowController(retriable_answers=1)
+    monkeypatch.setattr("app.kafka.admin.AIOKafkaAdminClient", admin)
+    await ensure_topics("127.0.0.1:9092", [TopicSpec("ctx.a", 2), TopicSpec("ctx.b", 2)])
+    assert admin.created == [["ctx.a", "ctx.b"], ["ctx.a"], ["ctx.b"]]
+
+
+async def test_a_creation_failing_again_is_one_error_naming_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr("app.kafka.admin.AIOKafkaAdminClient", _SlowController(3))
+    with pytest.raises(KafkaUnavailable, match=r"ctx\.a: RequestTimedOutError \(timed out\)"):
+        await ensure_topics("127.0.0.1:9092", [TopicSpec("ctx.a", 2)])

@@ -31,6 +31,10 @@ def test_defaults_and_environment() -> None:
         ({"TICKWHEEL_PARTITIONS": "0"}, "TICKWHEEL_PARTITIONS"),
         ({"TICKWHEEL_AGGREGATE_TYPES": "shop"}, "TICKWHEEL_AGGREGATE_TYPES"),
         ({"TICKWHEEL_SESSION_TIMEOUT_MS": "5"}, "TICKWHEEL_SESSION_TIMEOUT_MS"),
+        # A port no client can connect to: said here, not a traceback from the first
+        # connection (OverflowError, ValueError).
+        ({"KAFKA_BOOTSTRAP_SERVERS": "127.0.0.1:99999"}, "KAFKA_BOOTSTRAP_SERVERS.*99999"),
+        ({"KAFKA_BOOTSTRAP_SERVERS": "b1:9093,b2:x"}, "KAFKA_BOOTSTRAP_SERVERS.*'b2:x'"),
     ],
 )
 def test_bad_values_name_their_variable(env: dict[str, str], names: str) -> None:
