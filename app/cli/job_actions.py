@@ -1,6 +1,6 @@
 """What `tickwheel jobs` does, without the command line: find a declared job, read a rule
 option, build the commands for its instances, send them and wait for their results, read
-the instances' states from their log."""
+the instances' states (or one instance's events) from their log."""
 
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ from app.jobs import (
     enable_command,
     reschedule_command,
     schedule_aggregate,
+    trigger_command,
 )
 from app.kafka import Producer, Reader, ensure_topics, read_partitions, require_topic
 from app.kafka.connection import Connectable
@@ -39,7 +40,7 @@ from app.protocol.wire import (
     encode,
 )
 from app.service import Service
-from tables import DEFAULT_TENANT
+from tables import DEFAULT_TENANT, AggregateRef
 from tables.exceptions import InvalidRule
 from tables.partitioner import partition_of
 
@@ -49,6 +50,7 @@ __all__ = [
     "find_job",
     "instance_commands",
     "parse_rule_option",
+    "read_instance_events",
     "read_instances",
     "send_and_wait",
 ]
@@ -107,9 +109,12 @@ def instance_commands(
     tenants: Sequence[str] = (),
     partition: int | None = None,
     rule: dict[str, Any] | None = None,
+    request_id: str | None = None,
 ) -> list[CommandEnvelope]:
-    """One `wow.schedule.<action>` per instance named: `action` is enable, disable or
-    reschedule (whose `rule` None makes the instance follow its job's default again)."""
+    """One `wow.schedule.<action>` per instance named: `action` is enable, disable,
+    reschedule (whose `rule` None makes the instance follow its job's default again) or
+    trigger (under `request_id`, suffixed `@<tenant>/<instance id>` when several instances
+    share it, as results are matched by request id; None: a fresh one each)."""
     if job.scope is not JobScope.SHARDED and partition is not None:
         raise JobsCliError(f"job {job.name!r} is {job.scope}: --partition is for SHARDED jobs")
     if job.scope is not JobScope.TENANT and any(t != DEFAULT_TENANT for t in tenants):
@@ -131,6 +136,20 @@ def instance_commands(
         return [disable_command(context, job, **w) for w in where]
     if action == "reschedule":
         return [reschedule_command(context, job, rule, **w) for w in where]
+    if action == "trigger":
+        if request_id is not None and not 0 < len(request_id.strip()) == len(request_id) <= 200:
+            raise JobsCliError(
+                f"--request-id {request_id!r}: give 1-200 characters, no surrounding spaces"
+            )
+        commands = [trigger_command(context, job, request_id=request_id, **w) for w in where]
+        if request_id is None or len(commands) == 1:
+            return commands
+        return [
+            c.model_copy(
+                update={"request_id": f"{request_id}@{c.aggregate.tenant}/{c.aggregate.id}"}
+            )
+            for c in commands
+        ]
     raise ValueError(f"unknown action {action!r}")
 
 
@@ -225,3 +244,26 @@ async def read_instances(
         InstanceState(t, i, s.version, ScheduleState.model_validate(s.state))
         for (t, i), s in sorted(stored.items())
     ]
+
+
+async def read_instance_events(
+    bootstrap: Connectable, ref: AggregateRef, partitions: int
+) -> list[EventEnvelope]:
+    """The events of the job instance `ref`, in log order, from its partition of its
+    context's schedule log. Creates no topic: `MissingTopic` when the log is not there."""
+    topics = AggregateTopics(ref.context, SCHEDULE)
+    await require_topic(
+        bootstrap, topics.events, f"no instance of {ref.context}'s jobs has been enabled there"
+    )
+    events: list[EventEnvelope] = []
+    async for batch in read_partitions(
+        bootstrap, topics.events, [partition_of(ref.id, partitions)]
+    ):
+        for r in batch:
+            try:
+                event = decode(EventEnvelope, r.value)
+            except BadRecord:
+                continue
+            if event.aggregate == ref:
+                events.append(event)
+    return events

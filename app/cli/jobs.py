@@ -1,4 +1,5 @@
-"""`tickwheel jobs …`: enable, disable and reschedule the instances of a service's jobs.
+"""`tickwheel jobs …`: enable (resume), disable (pause), reschedule, trigger and backfill
+the instances of a service's jobs (trigger and backfill: `app.cli.job_runs`).
 
 Each command names a job declared in the service (`--service module:attr`, `--context`,
 `--job`) and one or more of its instances: the one of a SYSTEM job, one per `--tenant` of
@@ -37,6 +38,7 @@ from app.cli.job_actions import (
     read_instances,
     send_and_wait,
 )
+from app.cli.job_runs import backfill, trigger
 from app.errors import JobsCliError
 from app.jobs import (
     Job,
@@ -59,7 +61,8 @@ __all__ = [
 jobs_cli = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
-    help="Enable, disable, reschedule and list the instances of a service's jobs.",
+    help="Enable (resume), disable (pause), reschedule, trigger, backfill and list the "
+    "instances of a service's jobs.",
 )
 logger = logging.getLogger(__name__)
 
@@ -235,6 +238,10 @@ def reschedule(
         wait,
         as_json,
     )
+
+
+jobs_cli.command()(trigger)
+jobs_cli.command()(backfill)
 
 
 def _rule_json(job: Job) -> str:

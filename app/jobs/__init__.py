@@ -27,13 +27,25 @@ own: fields of two kinds do not mix, so it follows nothing of the default.
 May import: `app.model`, `app.protocol`, `tables`.
 """
 
+from app.jobs.backfill import (
+    MAX_BACKFILL_SLOTS,
+    BackfillError,
+    BackfillSlot,
+    TickTimer,
+    backfill_slots,
+    tick_timers,
+)
 from app.jobs.commands import (
+    backfill_command,
     disable_command,
     enable_command,
     enable_commands,
     reschedule_command,
+    trigger_command,
 )
 from app.jobs.declaration import (
+    BACKFILL,
+    BACKFILLED,
     DISABLE,
     DISABLED,
     ENABLE,
@@ -48,6 +60,9 @@ from app.jobs.declaration import (
     TICK,
     TICK_KEY,
     TICKED,
+    TRIGGER,
+    TRIGGERED,
+    TRIGGERED_SLOT,
     Job,
     JobRun,
     JobScope,
@@ -60,10 +75,13 @@ from app.jobs.declaration import (
 from app.jobs.schedule import ScheduleState, run_key, schedule_aggregate
 
 __all__ = [
+    "BACKFILL",
+    "BACKFILLED",
     "DISABLE",
     "DISABLED",
     "ENABLE",
     "ENABLED",
+    "MAX_BACKFILL_SLOTS",
     "RAN",
     "RESCHEDULE",
     "RESCHEDULED",
@@ -74,11 +92,19 @@ __all__ = [
     "TICK",
     "TICKED",
     "TICK_KEY",
+    "TRIGGER",
+    "TRIGGERED",
+    "TRIGGERED_SLOT",
+    "BackfillError",
+    "BackfillSlot",
     "Job",
     "JobRun",
     "JobScope",
     "Rule",
     "ScheduleState",
+    "TickTimer",
+    "backfill_command",
+    "backfill_slots",
     "disable_command",
     "effective_rule",
     "enable_command",
@@ -89,4 +115,6 @@ __all__ = [
     "run_key",
     "schedule_aggregate",
     "shard_ref",
+    "tick_timers",
+    "trigger_command",
 ]

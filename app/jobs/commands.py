@@ -1,5 +1,5 @@
 """The commands an operator (or a service) sends to a job's instances: enable, reschedule,
-disable."""
+disable, trigger and backfill."""
 
 from __future__ import annotations
 
@@ -8,10 +8,13 @@ import uuid
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from app.jobs.backfill import BackfillSlot
 from app.jobs.declaration import (
+    BACKFILL,
     DISABLE,
     ENABLE,
     RESCHEDULE,
+    TRIGGER,
     Job,
     JobScope,
     ref_of,
@@ -115,3 +118,28 @@ def disable_command(
     """`wow.schedule.Disable` of one instance of `job`."""
     ref = _instance_ref(context, job, tenant, partition, partitions)
     return _command(ref, DISABLE, {}, now, request_id)
+
+
+def trigger_command(
+    context: str,
+    job: Job,
+    *,
+    tenant: str = DEFAULT_TENANT,
+    partition: int | None = None,
+    partitions: int | None = None,
+    now: int | None = None,
+    request_id: str | None = None,
+) -> CommandEnvelope:
+    """`wow.schedule.Trigger`: one run of the instance now. Sent again with the same
+    `request_id` (the envelope itself, or the caller's id) it runs once."""
+    ref = _instance_ref(context, job, tenant, partition, partitions)
+    return _command(ref, TRIGGER, {}, now, request_id)
+
+
+def backfill_command(
+    ref: AggregateRef, slot: BackfillSlot, *, now: int | None = None
+) -> CommandEnvelope:
+    """`wow.schedule.Backfill` of one past slot of the instance `ref`, under the request id
+    of that slot's live tick (`BackfillSlot.request_id`)."""
+    body = {"slot": slot.slot, "due_at": slot.due_at, "timer_id": slot.timer_id}
+    return _command(ref, BACKFILL, body, now, slot.request_id)

@@ -34,6 +34,14 @@ RUN_FAILED: Final = "wow.schedule.RunFailed"
 """A slot's handler failed on its tick: the slot's `run:` timer runs it again."""
 RAN: Final = "wow.schedule.Ran"
 """A slot whose handler had failed ran: its commands commit with this event."""
+TRIGGER: Final = "wow.schedule.Trigger"
+"""Runs the handler once now, outside the rule: an operator's `jobs trigger`."""
+TRIGGERED: Final = "wow.schedule.Triggered"
+BACKFILL: Final = "wow.schedule.Backfill"
+"""Runs one past slot of a tick timer, under that slot's own request id `<timer id>#<slot>`."""
+BACKFILLED: Final = "wow.schedule.Backfilled"
+TRIGGERED_SLOT: Final = -1
+"""The `JobRun.slot` of a triggered run: it is no slot of the rule."""
 TICK_KEY: Final = "tick"
 RUN_KEY_PREFIX: Final = "run:"
 
@@ -70,6 +78,11 @@ class JobRun:
     _decision: Decision = field(repr=False, compare=False)
     retried: bool = False
     """True when a slot whose handler failed runs again (`wow.schedule.Run`)."""
+    triggered: bool = False
+    """True for a run an operator triggered (`wow.schedule.Trigger`): its `slot` is
+    `TRIGGERED_SLOT`, its `due_at` the trigger's time, its `request_id` the trigger's."""
+    backfilled: bool = False
+    """True for a past slot run by a backfill (`wow.schedule.Backfill`)."""
 
     def send(self, target: AggregateRef, type_: str, body: Mapping[str, Any] | None = None) -> None:
         """Sends a command in the tick's transaction: it commits once, with the slot."""

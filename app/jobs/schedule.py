@@ -1,5 +1,5 @@
 """The built-in `<context>.schedule` aggregate: a job instance's state and the decisions
-of its Enable, Reschedule, Disable, Tick and Run commands (see `app.jobs`)."""
+of its Enable, Reschedule, Disable, Tick, Run, Trigger and Backfill commands (see `app.jobs`)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,8 @@ from typing import Any, NoReturn, TypeGuard
 from pydantic import BaseModel
 
 from app.jobs.declaration import (
+    BACKFILL,
+    BACKFILLED,
     DISABLE,
     DISABLED,
     ENABLE,
@@ -25,6 +27,9 @@ from app.jobs.declaration import (
     TICK,
     TICK_KEY,
     TICKED,
+    TRIGGER,
+    TRIGGERED,
+    TRIGGERED_SLOT,
     Job,
     JobRun,
     JobScope,
@@ -75,6 +80,8 @@ def schedule_aggregate(
     agg.command(DISABLE)(model.disable)
     agg.command(TICK)(model.tick)
     agg.command(RUN)(model.run)
+    agg.command(TRIGGER)(model.trigger)
+    agg.command(BACKFILL)(model.backfill)
     for event in (
         ENABLED,
         RESCHEDULED,
@@ -82,6 +89,8 @@ def schedule_aggregate(
         TICKED,
         RUN_FAILED,
         RAN,
+        TRIGGERED,
+        BACKFILLED,
         SCHEDULE_SET,
         SCHEDULE_CANCELLED,
     ):
@@ -194,6 +203,48 @@ class _ScheduleModel:
             # ERROR: nothing commits; the run timer retries the slot, then parks it.
             d.reject(f"job {job.name!r} failed again on slot {slot}: {error}", ResultCode.ERROR)
 
+    def trigger(self, state: ScheduleState, cmd: Command, d: Decision) -> None:
+        """One run now, outside the rule: the tick timer and `last_slot` are left as they
+        are. A paused (disabled) instance runs it too: the operator asked for it. Its
+        request id is the trigger's, so a re-sent trigger is a DUPLICATE; a handler that
+        fails commits nothing (ERROR), and the same trigger sent again runs it again."""
+        job = self._declared(state, cmd, d)
+        d.emit(TRIGGERED, {"at": d.now})
+        run = self._run(job, cmd, TRIGGERED_SLOT, d.now, cmd.request_id, d, triggered=True)
+        if (error := _run_handler(job, run)) is not None:
+            d.reject(f"job {job.name!r} failed on its triggered run: {error}", ResultCode.ERROR)
+
+    def backfill(self, state: ScheduleState, cmd: Command, d: Decision) -> None:
+        """One past slot of a tick timer (`app.jobs.backfill` finds them), under the request
+        id its live tick has, so a slot that ran live (or was backfilled) is a DUPLICATE
+        before it gets here. Any slot due by now, of the current timer or an older one, and
+        on a paused instance too: the live schedule is left as it is."""
+        job = self._declared(state, cmd, d)
+        slot, due_at, timer_id = (cmd.body.get(k) for k in ("slot", "due_at", "timer_id"))
+        if not (_is_count(slot) and _is_count(due_at) and isinstance(timer_id, str)):
+            _invalid(d, f"a {BACKFILL} names its slot: slot, due_at and timer_id")
+        if cmd.request_id != f"{timer_id}#{slot}":
+            _invalid(
+                d,
+                f"a {BACKFILL} has its slot's live request id {timer_id}#{slot}, "
+                f"not {cmd.request_id!r}",
+            )
+        if due_at > d.now:
+            _invalid(d, f"slot {slot} of {timer_id} is due at {due_at}, after now ({d.now})")
+        d.emit(BACKFILLED, {"slot": slot, "due_at": due_at, "timer_id": timer_id})
+        run = self._run(job, cmd, slot, due_at, cmd.request_id, d, backfilled=True)
+        if (error := _run_handler(job, run)) is not None:
+            d.reject(f"job {job.name!r} failed on slot {slot}: {error}", ResultCode.ERROR)
+
+    def _declared(self, state: ScheduleState, cmd: Command, d: Decision) -> Job:
+        """The job of an instance that was enabled once (paused or not)."""
+        if not state.job:
+            _invalid(d, f"{cmd.aggregate} was never enabled: enable it first")
+        job = self.jobs.get(state.job)
+        if job is None:
+            _invalid(d, f"job {state.job!r} is not declared in {self.context} any more")
+        return job
+
     def _run(
         self,
         job: Job,
@@ -204,6 +255,8 @@ class _ScheduleModel:
         d: Decision,
         *,
         retried: bool = False,
+        triggered: bool = False,
+        backfilled: bool = False,
     ) -> JobRun:
         return JobRun(
             context=self.context,
@@ -217,6 +270,8 @@ class _ScheduleModel:
             now=d.now,
             _decision=d,
             retried=retried,
+            triggered=triggered,
+            backfilled=backfilled,
         )
 
     def _job_to_enable(self, cmd: Command, d: Decision) -> Job:
@@ -273,7 +328,12 @@ def _run_handler(job: Job, run: JobRun) -> str | None:
     try:
         job.handler(run)
     except Exception as exc:
-        what = "failed again" if run.retried else "failed (its run: timer runs it again)"
+        if run.retried:
+            what = "failed again"
+        elif run.triggered or run.backfilled:
+            what = "failed (nothing of the run commits)"
+        else:
+            what = "failed (its run: timer runs it again)"
         logger.exception("job %s on slot %d of %s %s", job.name, run.slot, run.instance, what)
         return repr(exc)
     return None
@@ -316,6 +376,9 @@ def _apply(state: ScheduleState, e: Event) -> ScheduleState:
         # A failed slot runs on its own timer: the instance's state does not wait for it.
         RUN_FAILED: {},
         RAN: {},
+        # Runs outside the live schedule: its state stays as it was.
+        TRIGGERED: {},
+        BACKFILLED: {},
         # The event's id is the new timer's id: its slots count afresh.
         SCHEDULE_SET: {"timer_id": e.id, "rule": body.get("rule"), "last_slot": None},
         SCHEDULE_CANCELLED: {"timer_id": None, "last_slot": None},

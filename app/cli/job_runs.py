@@ -1,0 +1,248 @@
+"""`tickwheel jobs trigger|backfill`: run a job's instances outside their rule.
+
+`trigger` runs each instance named once now (`wow.schedule.Trigger`), under a request id
+of its own (`--request-id`, or a fresh one): the same trigger sent again runs once, and the
+live schedule (its timer, its last slot) is left as it is.
+
+`backfill` runs each slot of the instance's rule due in `[--from, --until]` (a past range)
+under the request id that slot's live tick has (`app.jobs.backfill`), read from the
+instance's schedule log, so a slot that ran live, or that a backfill ran before, applies
+once (its result is DUPLICATE). `--dry-run` prints the slots and their request ids and
+writes nothing. More than `MAX_BACKFILL_SLOTS` slots per instance are refused.
+
+Both work on a paused (disabled) instance too; neither enables it.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Annotated
+
+import typer
+
+from app.cli.common import (
+    CONFIG_ERROR,
+    Bootstrap,
+    Json,
+    Partitions,
+    ServiceSpec,
+    checked,
+    fail,
+    json_line,
+    load_service,
+    run,
+    settings_for,
+    time_iso,
+)
+from app.cli.job_actions import (
+    FAILED_CODES,
+    find_job,
+    instance_commands,
+    read_instance_events,
+    send_and_wait,
+)
+from app.cli.rule_expr import BadExpression, parse_instant
+from app.errors import JobsCliError
+from app.jobs import (
+    MAX_BACKFILL_SLOTS,
+    BackfillError,
+    BackfillSlot,
+    backfill_command,
+    backfill_slots,
+    tick_timers,
+)
+from app.kafka.connection import Connectable
+from app.protocol.wire import CommandEnvelope, CommandResult
+from tables import AggregateRef
+
+__all__ = ["backfill", "now_ms", "trigger"]
+
+Context = Annotated[str, typer.Option(help="the context the job is declared in")]
+JobName = Annotated[str, typer.Option("--job", help="the job's name")]
+Tenants = Annotated[
+    list[str] | None,
+    typer.Option("--tenant", help="a TENANT job's tenant (repeatable); default: the default one"),
+]
+Partition = Annotated[
+    int | None,
+    typer.Option(min=0, help="a SHARDED job's log partition; default: every partition"),
+]
+Wait = Annotated[
+    float,
+    typer.Option(min=0.0, help="seconds to wait for the workers' results; 0: do not wait"),
+]
+
+
+def now_ms() -> int:
+    """The wall clock, epoch ms: a backfill's range must have passed by then."""
+    return time.time_ns() // 1_000_000
+
+
+def trigger(
+    service: ServiceSpec,
+    context: Context,
+    job: JobName,
+    tenant: Tenants = None,
+    partition: Partition = None,
+    request_id: Annotated[
+        str | None,
+        typer.Option(help="the trigger's own id (1-200 characters): sent again, it runs once"),
+    ] = None,
+    bootstrap: Bootstrap = None,
+    partitions: Partitions = None,
+    wait: Wait = 15.0,
+    as_json: Json = False,
+) -> None:
+    """Runs a job's instances once now, outside their rule (the schedule is unchanged)."""
+    settings = settings_for(bootstrap, partitions)
+    found = load_service(service)
+    try:
+        declared = find_job(found, context, job)
+        commands = instance_commands(
+            "trigger",
+            context,
+            declared,
+            partitions=settings.partitions,
+            tenants=tenant or (),
+            partition=partition,
+            request_id=request_id,
+        )
+    except JobsCliError as exc:
+        raise fail(str(exc), CONFIG_ERROR) from exc
+    results = run(
+        checked(settings.kafka, send_and_wait(settings.kafka, settings.partitions, commands, wait))
+    )
+    _report("trigger", commands, results, wait, as_json)
+
+
+def backfill(
+    service: ServiceSpec,
+    context: Context,
+    job: JobName,
+    from_: Annotated[
+        str, typer.Option("--from", help="ISO 8601 with offset, or epoch ms: slots at or after it")
+    ],
+    until: Annotated[
+        str, typer.Option(help="ISO 8601 with offset, or epoch ms: slots at or before it (past)")
+    ],
+    tenant: Tenants = None,
+    partition: Partition = None,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="print the slots and request ids; write nothing")
+    ] = False,
+    bootstrap: Bootstrap = None,
+    partitions: Partitions = None,
+    wait: Wait = 15.0,
+    as_json: Json = False,
+) -> None:
+    """Runs each slot of a past range once, under its live tick's request id."""
+    settings = settings_for(bootstrap, partitions)
+    found = load_service(service)
+    try:
+        start = parse_instant(from_, "--from")
+        end = parse_instant(until, "--until")
+        if end < start:
+            raise BadExpression(f"--until {until} is before --from {from_}")
+        if end > (now := now_ms()):
+            raise BadExpression(
+                f"--until {until} is after now ({time_iso(now)}): backfill a past range"
+            )
+        declared = find_job(found, context, job)
+        refs = [
+            c.aggregate
+            for c in instance_commands(
+                "disable",  # only for the instances it names: nothing is sent
+                context,
+                declared,
+                partitions=settings.partitions,
+                tenants=tenant or (),
+                partition=partition,
+            )
+        ]
+    except (BadExpression, JobsCliError) as exc:
+        raise fail(str(exc), CONFIG_ERROR) from exc
+    planned = run(
+        checked(settings.kafka, _plan(settings.kafka, settings.partitions, refs, start, end))
+    )
+    if isinstance(planned, str):
+        raise fail(planned, CONFIG_ERROR)
+    commands = [backfill_command(ref, slot) for ref, slots in planned for slot in slots]
+    if dry_run:
+        for ref, slots in planned:
+            for slot in slots:
+                _print_slot(ref, slot, as_json)
+        if not as_json:
+            typer.echo(f"{len(commands)} slot(s) to backfill; dry run: nothing sent", err=True)
+        return
+    results = run(
+        checked(settings.kafka, send_and_wait(settings.kafka, settings.partitions, commands, wait))
+    )
+    _report("backfill", commands, results, wait, as_json)
+
+
+async def _plan(
+    bootstrap: Connectable, partitions: int, refs: list[AggregateRef], start: int, end: int
+) -> list[tuple[AggregateRef, list[BackfillSlot]]] | str:
+    """Each instance's slots in the range, or why the range cannot be backfilled."""
+    planned = []
+    for ref in refs:
+        timers = tick_timers(await read_instance_events(bootstrap, ref, partitions))
+        try:
+            planned.append((ref, backfill_slots(timers, start, end, limit=MAX_BACKFILL_SLOTS)))
+        except BackfillError as exc:
+            return f"{ref}: {exc}"
+    return planned
+
+
+def _print_slot(ref: AggregateRef, slot: BackfillSlot, as_json: bool) -> None:
+    if as_json:
+        json_line(
+            {
+                "instance": ref.model_dump(mode="json"),
+                "slot": slot.slot,
+                "due_at": slot.due_at,
+                "request_id": slot.request_id,
+            }
+        )
+    else:
+        typer.echo(f"{ref}\tslot {slot.slot}\t{time_iso(slot.due_at)}\t{slot.request_id}")
+
+
+def _report(
+    action: str,
+    commands: list[CommandEnvelope],
+    results: dict[str, CommandResult],
+    wait: float,
+    as_json: bool,
+) -> None:
+    failed = False
+    for c in commands:
+        result = results.get(c.request_id)
+        failed = failed or (result is not None and result.code in FAILED_CODES)
+        if as_json:
+            slot: dict[str, object] = {k: c.body[k] for k in ("slot", "due_at") if k in c.body}
+            json_line(
+                {
+                    "action": action,
+                    "instance": c.aggregate.model_dump(mode="json"),
+                    "request_id": c.request_id,
+                    **slot,
+                    "code": None if result is None else result.code.value,
+                    "message": None if result is None else result.message,
+                }
+            )
+            continue
+        if result is None:
+            outcome = "sent" if wait == 0 else f"sent; no result within {wait:g} s"
+        else:
+            outcome = result.code.value + (f": {result.message}" if result.message else "")
+        typer.echo(f"{action} {c.aggregate} {c.request_id}: {outcome}")
+    if not commands and not as_json:
+        typer.echo(f"{action}: no slot in the range", err=True)
+    if failed:
+        raise fail(f"{action} was refused or failed for some runs (see above)")
+    if wait > 0 and len(results) < len(commands):
+        raise fail(
+            f"no result within {wait:g} s for {len(commands) - len(results)} run(s): "
+            "is a worker of the service running? The commands stay queued for it."
+        )

@@ -1,0 +1,148 @@
+"""Which slots a backfill of a job instance runs, and under which request ids. Pure: the
+caller reads the instance's events and passes "now".
+
+A live slot is sent by the instance's `tick` timer as `<timer id>#<slot>` (the timer's id
+is its `ScheduleSet` event's id, its slots counted from `first_slot` of its rule at that
+event's time, `tables.slots`). A backfill sends each slot of a past range under exactly
+that request id, so the node's de-duplication applies each slot once: a slot that ran
+live, or that an earlier backfill ran, is a DUPLICATE.
+
+Which timer a past instant belongs to: each `tick` timer from its `ScheduleSet` until the
+next one. A pause (Disable, then Enable) does not end it: the slots of the paused window
+are the slots the timer before it would have sent had it ticked on, under its ids. Before
+the instance's first timer there is nothing to backfill (it did not exist).
+
+Slot indexes of a cron rule are counted from a slot known from the log (the timer's first
+slot, or one a tick, failed run or backfill recorded), so even after a catch-up whose index
+the runner estimated (`tables.slots.latest_due`) the ids are those of the live ticks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Final, NamedTuple
+
+from app.jobs.declaration import BACKFILLED, RAN, RUN_FAILED, TICK_KEY, TICKED, Rule
+from app.protocol.wire import SCHEDULE_SET, EventEnvelope
+from tables.exceptions import InvalidRule
+from tables.rules import IntervalRule, OnceRule, parse_rule
+from tables.slots import Slot, first_slot, next_slot
+
+__all__ = [
+    "MAX_BACKFILL_SLOTS",
+    "BackfillError",
+    "BackfillSlot",
+    "TickTimer",
+    "backfill_slots",
+    "tick_timers",
+]
+
+MAX_BACKFILL_SLOTS: Final = 10_000
+"""The most slots one backfill of one instance sends: a range with more is refused."""
+MAX_COUNT_STEPS: Final = 200_000
+"""The most cron slots counted from a known one to reach a range (~1-8 s)."""
+
+_SLOT_EVENTS = frozenset({TICKED, RUN_FAILED, RAN, BACKFILLED})
+
+
+class BackfillError(ValueError):
+    """A range that cannot be backfilled; the message says why."""
+
+
+@dataclass
+class TickTimer:
+    """One `tick` timer of an instance, as its log has it."""
+
+    id: str
+    rule: Rule
+    set_at: int
+    known: list[Slot] = field(default_factory=list)
+    """Slots whose index and due time the log records: its first one, and those run."""
+
+
+class BackfillSlot(NamedTuple):
+    """One slot a backfill runs."""
+
+    timer_id: str
+    slot: int
+    due_at: int
+
+    @property
+    def request_id(self) -> str:
+        """The live tick's request id of this slot."""
+        return f"{self.timer_id}#{self.slot}"
+
+
+def tick_timers(events: Iterable[EventEnvelope]) -> list[TickTimer]:
+    """The `tick` timers of one instance from its events (in log order), oldest first."""
+    timers: dict[str, TickTimer] = {}
+    for e in events:
+        body = e.body
+        if e.type == SCHEDULE_SET and body.get("key") == TICK_KEY:
+            try:
+                rule = parse_rule(body.get("rule"))
+            except InvalidRule:
+                continue  # the node dead-letters such a timer: it never ticked
+            first = first_slot(rule, e.created_at)
+            timers[e.id] = TickTimer(e.id, rule, e.created_at, [] if first is None else [first])
+        elif e.type in _SLOT_EVENTS:
+            timer = timers.get(str(body.get("timer_id")))
+            slot, due_at = body.get("slot"), body.get("due_at")
+            if timer is not None and isinstance(slot, int) and isinstance(due_at, int):
+                timer.known.append(Slot(slot, due_at))
+    return sorted(timers.values(), key=lambda t: t.set_at)
+
+
+def backfill_slots(
+    timers: list[TickTimer],
+    start: int,
+    until: int,
+    *,
+    limit: int = MAX_BACKFILL_SLOTS,
+) -> list[BackfillSlot]:
+    """Every slot due in `[start, until]` (epoch ms), each under the timer its instant
+    belongs to (see the module); `BackfillError` past `limit` slots."""
+    if until < start:
+        raise BackfillError(f"the range ends ({until}) before it starts ({start})")
+    out: list[BackfillSlot] = []
+    for i, timer in enumerate(timers):
+        lo = max(start, timer.set_at)
+        hi = until if i + 1 == len(timers) else min(until, timers[i + 1].set_at - 1)
+        if lo > hi:
+            continue
+        # A slot the log knows keeps its index (one the runner estimated, too).
+        known = {k.due_at: k.index for k in timer.known}
+        slot = _at_or_after(timer, lo)
+        while slot is not None and slot.due_at <= hi:
+            if len(out) == limit:
+                raise BackfillError(
+                    f"the range has more than {limit} slots: backfill a shorter one"
+                )
+            slot = Slot(known.get(slot.due_at, slot.index), slot.due_at)
+            out.append(BackfillSlot(timer.id, slot.index, slot.due_at))
+            slot = next_slot(timer.rule, slot)
+    return out
+
+
+def _at_or_after(timer: TickTimer, at: int) -> Slot | None:
+    """The timer's first slot due at or after `at`, with its live index."""
+    rule = timer.rule
+    if isinstance(rule, OnceRule | IntervalRule):
+        # Their indexes are arithmetic on the rule alone (a once rule's only slot is 0).
+        slot = first_slot(rule, at)
+        return slot if slot is not None and slot.due_at >= at else None
+    if not timer.known:
+        return None  # its rule had no slot when it was set
+    known = [s for s in timer.known if s.due_at <= at]
+    found: Slot | None = max(known, key=lambda s: s.due_at) if known else min(timer.known)
+    steps = 0
+    while found is not None and found.due_at < at:
+        steps += 1
+        if steps > MAX_COUNT_STEPS:
+            raise BackfillError(
+                f"more than {MAX_COUNT_STEPS} slots of {rule.expr!r} lie between the last one "
+                f"timer {timer.id} ran and the range: backfill a range nearer to it"
+            )
+        found = next_slot(rule, found)
+    return found

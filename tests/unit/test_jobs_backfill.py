@@ -1,0 +1,320 @@
+"""Trigger and backfill of job instances (issue 22): the schedule aggregate's decisions, the
+slots a backfill finds in an instance's log, and the commands the CLI makes of them."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+import pytest
+from fakes import T0
+from hypothesis import given
+from hypothesis import strategies as st
+
+from app.cli.job_actions import instance_commands
+from app.errors import JobsCliError
+from app.jobs import (
+    BACKFILLED,
+    TICK,
+    TICKED,
+    TRIGGER,
+    TRIGGERED,
+    TRIGGERED_SLOT,
+    BackfillError,
+    BackfillSlot,
+    Job,
+    JobRun,
+    JobScope,
+    ScheduleState,
+    TickTimer,
+    backfill_command,
+    backfill_slots,
+    disable_command,
+    enable_command,
+    ref_of,
+    reschedule_command,
+    schedule_aggregate,
+    tick_timers,
+    trigger_command,
+)
+from app.model.decide import StoredAggregate, decide
+from app.protocol.wire import CommandEnvelope, EventEnvelope, ResultCode
+from tables import DEFAULT_TENANT, AggregateRef, CronRule, IntervalRule
+from tables.slots import Slot, first_slot, next_slot
+
+CONTEXT = "ops"
+MIN = 60_000
+RULE = IntervalRule(start=T0, every=MIN)
+TARGET = AggregateRef(context="shop", aggregate="report", id="r-1")
+
+
+@dataclass
+class Handler:
+    runs: list[JobRun] = field(default_factory=list)
+    failing: bool = False
+
+    def __call__(self, run: JobRun) -> None:
+        self.runs.append(run)
+        run.send(TARGET, "shop.RunReport", {"slot": run.slot})
+        if self.failing:
+            raise RuntimeError("report store down")
+
+
+class Instance:
+    """One instance decided as the node decides it: state, dedup by request id, its log."""
+
+    def __init__(self, handler: Handler, rule: IntervalRule | CronRule = RULE) -> None:
+        self.job = Job("report", JobScope.SYSTEM, rule, handler)
+        self.agg = schedule_aggregate(CONTEXT, [self.job], 1)
+        self.stored: StoredAggregate | None = None
+        self.seen: set[str] = set()
+        self.log: list[EventEnvelope] = []
+        self.sent: list[CommandEnvelope] = []
+
+    def run(self, cmd: CommandEnvelope, now: int) -> ResultCode:
+        d = decide(self.agg, self.stored, cmd, now=now, seen=cmd.request_id in self.seen)
+        if d.stored is not None:
+            self.stored = d.stored
+            self.seen.add(cmd.request_id)
+            self.log += d.events
+            self.sent += d.commands
+        return d.code
+
+    @property
+    def state(self) -> ScheduleState:
+        assert self.stored is not None
+        return ScheduleState.model_validate(self.stored.state)
+
+    def tick(self, slot: int, now: int) -> ResultCode:
+        """The live tick of `slot` of the current timer, as the firing loop sends it."""
+        timer = self.state.timer_id
+        assert timer is not None
+        rule = self.state.rule
+        assert rule is not None
+        cmd = CommandEnvelope(
+            request_id=f"{timer}#{slot}",
+            type=TICK,
+            aggregate=ref_of(CONTEXT, "report"),
+            not_before=T0 + slot * MIN,
+            issued_at=now,
+        )
+        return self.run(cmd, now)
+
+    def backfill(self, start: int, until: int, now: int) -> list[ResultCode]:
+        slots = backfill_slots(tick_timers(self.log), start, until)
+        return [self.run(backfill_command(ref_of(CONTEXT, "report"), s), now) for s in slots]
+
+    def count(self, type_: str) -> int:
+        return sum(e.type == type_ for e in self.log)
+
+
+def enabled(handler: Handler, rule: IntervalRule | CronRule = RULE) -> Instance:
+    s = Instance(handler, rule)
+    assert s.run(enable_command(CONTEXT, s.job, now=T0 - 1), T0 - 1) is ResultCode.COMMITTED
+    return s
+
+
+# --- trigger -------------------------------------------------------------------------------
+
+
+def test_a_trigger_runs_once_now_and_leaves_the_schedule_as_it_was() -> None:
+    handler = Handler()
+    s = enabled(handler)
+    s.tick(1, T0 + MIN)
+    before = s.state
+    cmd = trigger_command(CONTEXT, s.job, request_id="deploy-42", now=T0 + 90_000)
+    assert cmd.type == TRIGGER
+    assert s.run(cmd, T0 + 90_000) is ResultCode.COMMITTED
+    assert s.state == before, "timer, last slot and rule unchanged"
+    (run,) = [r for r in handler.runs if r.triggered]
+    assert (run.slot, run.due_at, run.request_id) == (TRIGGERED_SLOT, T0 + 90_000, "deploy-42")
+    assert [c.request_id for c in s.sent][-1] == "deploy-42>0"
+    # the same trigger again (a retry, or the same command re-sent): it ran once
+    assert s.run(cmd, T0 + 91_000) is ResultCode.DUPLICATE
+    assert s.count(TRIGGERED) == 1 and len(handler.runs) == 2
+    # the live schedule goes on from where it was
+    assert s.tick(2, T0 + 2 * MIN) is ResultCode.COMMITTED
+    assert s.state.last_slot == 2
+
+
+def test_a_paused_instance_can_be_triggered_and_stays_paused() -> None:
+    handler = Handler()
+    s = enabled(handler)
+    s.run(disable_command(CONTEXT, s.job, now=T0), T0)
+    assert s.run(trigger_command(CONTEXT, s.job, now=T0 + 1), T0 + 1) is ResultCode.COMMITTED
+    assert len(handler.runs) == 1 and not s.state.enabled
+
+
+def test_a_trigger_whose_handler_fails_commits_nothing_and_can_be_sent_again() -> None:
+    handler = Handler(failing=True)
+    s = enabled(handler)
+    cmd = trigger_command(CONTEXT, s.job, request_id="t-1", now=T0)
+    assert s.run(cmd, T0) is ResultCode.ERROR
+    assert s.count(TRIGGERED) == 0 and s.sent == []
+    handler.failing = False
+    assert s.run(cmd, T0 + 1) is ResultCode.COMMITTED
+    assert s.count(TRIGGERED) == 1
+
+
+def test_an_instance_never_enabled_cannot_be_triggered_or_backfilled() -> None:
+    s = Instance(Handler())
+    code = s.run(trigger_command(CONTEXT, s.job, now=T0), T0)
+    assert code is ResultCode.SCHEDULE_JOB_INVALID
+    slot = BackfillSlot("x/0", 0, T0)
+    assert s.run(backfill_command(ref_of(CONTEXT, "report"), slot), T0) is code
+
+
+# --- backfill on the aggregate ---------------------------------------------------------------
+
+
+def test_a_live_slot_then_a_backfill_over_it_applies_each_slot_once() -> None:
+    handler = Handler()
+    s = enabled(handler)
+    assert s.tick(2, T0 + 2 * MIN) is ResultCode.COMMITTED  # slots 0, 1 coalesced away
+    codes = s.backfill(T0, T0 + 3 * MIN, now=T0 + 3 * MIN + 5)
+    assert codes == [ResultCode.COMMITTED] * 2 + [ResultCode.DUPLICATE, ResultCode.COMMITTED]
+    assert s.backfill(T0, T0 + 3 * MIN, now=T0 + 4 * MIN) == [ResultCode.DUPLICATE] * 4
+    # slot 3 was backfilled before its live tick: the live tick is the duplicate
+    assert s.tick(3, T0 + 3 * MIN + 10) is ResultCode.DUPLICATE
+    assert sorted(r.slot for r in handler.runs) == [0, 1, 2, 3]
+    assert s.count(TICKED) + s.count(BACKFILLED) == 4
+    timer = s.state.timer_id
+    assert sorted(c.request_id for c in s.sent) == [f"{timer}#{n}>0" for n in range(4)]
+    assert s.state.last_slot == 2, "a backfill does not move the live schedule"
+    assert s.tick(4, T0 + 4 * MIN) is ResultCode.COMMITTED
+
+
+def test_a_backfill_is_refused_for_a_slot_not_due_or_not_under_its_own_request_id() -> None:
+    s = enabled(Handler())
+    ref = ref_of(CONTEXT, "report")
+    timer = s.state.timer_id
+    assert timer is not None
+    future = backfill_command(ref, BackfillSlot(timer, 5, T0 + 5 * MIN))
+    assert s.run(future, T0 + MIN) is ResultCode.SCHEDULE_JOB_INVALID
+    renamed = backfill_command(ref, BackfillSlot(timer, 1, T0 + MIN))
+    renamed = renamed.model_copy(update={"request_id": "my-own"})
+    assert s.run(renamed, T0 + 2 * MIN) is ResultCode.SCHEDULE_JOB_INVALID
+    assert s.sent == []
+
+
+def test_a_paused_window_is_backfilled_under_the_ids_of_the_timer_before_it() -> None:
+    handler = Handler()
+    s = enabled(handler)
+    first = s.state.timer_id
+    s.tick(1, T0 + MIN)
+    s.run(disable_command(CONTEXT, s.job, now=T0 + 90_000), T0 + 90_000)
+    # resumed after slots 2 and 3: a new timer, whose first slot is 4
+    s.run(enable_command(CONTEXT, s.job, now=T0 + 4 * MIN - 1), T0 + 4 * MIN - 1)
+    second = s.state.timer_id
+    assert second != first
+    s.tick(4, T0 + 4 * MIN)
+    slots = backfill_slots(tick_timers(s.log), T0 + MIN, T0 + 5 * MIN)
+    assert [x.request_id for x in slots] == [
+        f"{first}#1",
+        f"{first}#2",
+        f"{first}#3",
+        f"{second}#4",
+        f"{second}#5",
+    ]
+    codes = s.backfill(T0 + MIN, T0 + 4 * MIN, now=T0 + 4 * MIN + 1)
+    dup, ok = ResultCode.DUPLICATE, ResultCode.COMMITTED
+    assert codes == [dup, ok, ok, dup]
+    assert sorted(r.slot for r in handler.runs) == [1, 2, 3, 4]
+
+
+def test_a_backfill_whose_handler_fails_commits_nothing_and_runs_again_later() -> None:
+    handler = Handler(failing=True)
+    s = enabled(handler)
+    assert s.backfill(T0, T0 + MIN, now=T0 + MIN) == [ResultCode.ERROR] * 2
+    assert s.count(BACKFILLED) == 0 and s.sent == []
+    handler.failing = False
+    assert s.backfill(T0, T0 + MIN, now=T0 + MIN) == [ResultCode.COMMITTED] * 2
+
+
+# --- the slots of a range --------------------------------------------------------------------
+
+
+def test_the_slots_of_a_range_follow_each_timer_and_end_with_it() -> None:
+    a = TickTimer("a/0", RULE, T0, [Slot(0, T0)])
+    every_5 = IntervalRule(start=T0, every=5 * MIN)
+    b = TickTimer("b/0", every_5, T0 + 10 * MIN + 1, [Slot(3, T0 + 15 * MIN)])
+    slots = backfill_slots([a, b], T0 + 8 * MIN, T0 + 20 * MIN)
+    assert [(x.timer_id, x.slot) for x in slots] == [
+        ("a/0", 8),
+        ("a/0", 9),
+        ("a/0", 10),  # due before b was set: still a's
+        ("b/0", 3),
+        ("b/0", 4),
+    ]
+    assert backfill_slots([a, b], T0 - 5 * MIN, T0 - 1) == [], "before the first timer: none"
+    assert backfill_slots([], T0, T0 + MIN) == []
+
+
+def test_a_range_of_too_many_slots_or_upside_down_is_refused() -> None:
+    a = TickTimer("a/0", IntervalRule(start=0, every=1), 0, [Slot(0, 0)])
+    assert len(backfill_slots([a], 0, 9_999)) == 10_000
+    with pytest.raises(BackfillError, match="more than 10000 slots"):
+        backfill_slots([a], 0, 10_000)
+    with pytest.raises(BackfillError, match=r"ends \(4\) before it starts \(5\)"):
+        backfill_slots([a], 5, 4)
+
+
+def _cron_slots(rule: CronRule, set_at: int, n: int) -> list[Slot]:
+    slots: list[Slot] = []
+    slot = first_slot(rule, set_at)
+    while slot is not None and len(slots) < n:
+        slots.append(slot)
+        slot = next_slot(rule, slot)
+    return slots
+
+
+@given(
+    st.integers(min_value=0, max_value=200), st.integers(min_value=0, max_value=60), st.booleans()
+)
+def test_cron_slot_indexes_are_those_the_timer_steps_through(
+    lo: int, width: int, anchored: bool
+) -> None:
+    rule = CronRule(expr="*/7 * * * *", zone="Europe/Berlin")
+    live = _cron_slots(rule, T0, 300)
+    known = [live[0], *(live[::37] if anchored else [])]
+    timer = TickTimer("c/0", rule, T0, known)
+    start, end = live[lo].due_at - 1, live[lo + width].due_at
+    got = backfill_slots([timer], start, end)
+    assert [(x.slot, x.due_at) for x in got] == [tuple(s) for s in live[lo : lo + width + 1]]
+
+
+def test_cron_indexes_count_from_the_last_slot_the_log_knows() -> None:
+    # After a long catch-up the runner estimates an index: the log's tick tells it.
+    rule = CronRule(expr="0 * * * *")
+    live = _cron_slots(rule, T0, 5)
+    timer = TickTimer("c/0", rule, T0, [live[0], Slot(900, live[3].due_at)])
+    got = backfill_slots([timer], live[2].due_at, live[4].due_at)
+    assert [x.slot for x in got] == [2, 900, 901]
+
+
+def test_tick_timers_reads_the_tick_timers_and_their_known_slots() -> None:
+    s = enabled(Handler())
+    s.tick(3, T0 + 3 * MIN)
+    s.run(reschedule_command(CONTEXT, s.job, {"every": 2 * MIN}, now=T0 + 200_000), T0 + 200_000)
+    timers = tick_timers(s.log)
+    assert [t.set_at for t in timers] == [T0 - 1, T0 + 200_000]
+    assert timers[0].known == [Slot(0, T0), Slot(3, T0 + 3 * MIN)]
+    assert timers[1].rule == IntervalRule(start=T0, every=2 * MIN)
+    assert timers[1].known == [Slot(2, T0 + 4 * MIN)]
+
+
+# --- the CLI's commands ----------------------------------------------------------------------
+
+
+def test_a_trigger_request_id_is_kept_or_suffixed_per_instance() -> None:
+    sweep = Job("sweep", JobScope.SHARDED, RULE, Handler())
+    (one,) = instance_commands("trigger", CONTEXT, sweep, partitions=4, partition=1, request_id="r")
+    assert (one.type, one.request_id) == (TRIGGER, "r")
+    many = instance_commands("trigger", CONTEXT, sweep, partitions=4, request_id="r")
+    assert [c.request_id for c in many] == [f"r@{DEFAULT_TENANT}/{c.aggregate.id}" for c in many]
+    again = instance_commands("trigger", CONTEXT, sweep, partitions=4, request_id="r")
+    assert [c.request_id for c in again] == [c.request_id for c in many]
+    fresh = instance_commands("trigger", CONTEXT, sweep, partitions=4)
+    assert len({c.request_id for c in fresh}) == 4
+    with pytest.raises(JobsCliError, match=re.escape("--request-id ' r': give 1-200")):
+        instance_commands("trigger", CONTEXT, sweep, partitions=4, request_id=" r")
