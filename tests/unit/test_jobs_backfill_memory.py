@@ -1,0 +1,189 @@
+"""A backfill over slots a node ran live applies each slot once (issue 22): a whole node on
+the in-memory log with a fake clock runs a job's ticks, then the backfill's commands, made
+from the instance's log as `tickwheel jobs backfill` makes them, go through the same log."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from fakes import MIN, T0, FakeClock
+from pydantic import BaseModel
+from test_node_memory import until
+
+from app.errors import BadRecord
+from app.jobs import (
+    BACKFILLED,
+    TICKED,
+    Job,
+    JobRun,
+    JobScope,
+    backfill_command,
+    backfill_slots,
+    enable_command,
+    ref_of,
+    tick_timers,
+    trigger_command,
+)
+from app.kafka.memory import MemoryLog
+from app.model.aggregate import AggregateType, Command, Decision, Event
+from app.node import Node
+from app.node.settings import Settings
+from app.protocol.topics import AggregateTopics, ContextTopics
+from app.protocol.wire import (
+    CommandEnvelope,
+    CommandResult,
+    EventEnvelope,
+    ResultCode,
+    decode,
+    encode,
+)
+from app.service import Service
+from tables import AggregateRef, IntervalRule
+from tables.partitioner import partition_of
+
+PARTITIONS = 2
+CONTEXT = "mem"
+REPORTS = AggregateTopics(CONTEXT, "report")
+SCHEDULE = AggregateTopics(CONTEXT, "schedule")
+TARGET = AggregateRef(context=CONTEXT, aggregate="report", id="r-1")
+
+
+class Report(BaseModel):
+    runs: int = 0
+
+
+report = AggregateType(CONTEXT, "report", Report)
+
+
+@report.command("Run")
+def _run(state: Report, cmd: Command, d: Decision) -> None:
+    d.emit("Ran", {"slot": cmd.body["slot"]})
+
+
+@report.applies("Ran")
+def _ran(state: Report, e: Event) -> Report:
+    return state.model_copy(update={"runs": state.runs + 1})
+
+
+def _handler(run: JobRun) -> None:
+    run.send(TARGET, "Run", {"slot": run.slot})
+
+
+JOB = Job("hourly", JobScope.SYSTEM, IntervalRule(start=T0, every=MIN), _handler)
+SERVICE = Service(aggregates=(report,), jobs={CONTEXT: (JOB,)})
+INSTANCE = ref_of(CONTEXT, JOB)
+
+
+@pytest.fixture
+async def node(tmp_path: Path) -> AsyncIterator[tuple[MemoryLog, FakeClock]]:
+    log, clock = MemoryLog(), FakeClock(T0 - 30_000)
+    settings = Settings(
+        bootstrap_servers="memory",
+        partitions=PARTITIONS,
+        data_dir=tmp_path / "n",
+        group_id="g",
+        session_timeout_ms=1_000,
+        commit_interval_ms=20,
+    )
+    n = Node(settings, SERVICE, clock=clock, clients=log)
+    await n.start()
+    task = asyncio.create_task(n.run())
+    try:
+        await until(lambda: bool(n.health()["ready"]) and len(n.health()["owned"]) == PARTITIONS)
+        yield log, clock
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await n.stop()
+
+
+def _events(log: MemoryLog, topic: str) -> list[EventEnvelope]:
+    out = []
+    for p in range(PARTITIONS):
+        for r in log.records(topic, p):
+            with contextlib.suppress(BadRecord):
+                out.append(decode(EventEnvelope, r.value))
+    return out
+
+
+def _types(log: MemoryLog, topic: str, type_: str) -> list[EventEnvelope]:
+    return [e for e in _events(log, topic) if e.type == type_]
+
+
+def _results(log: MemoryLog, after: dict[int, int] | None = None) -> list[CommandResult]:
+    """The results written after `after` (partition -> records seen)."""
+    topic = ContextTopics(CONTEXT).results
+    return [
+        decode(CommandResult, r.value)
+        for p in range(PARTITIONS)
+        for r in log.records(topic, p)[(after or {}).get(p, 0) :]
+    ]
+
+
+async def _send(log: MemoryLog, commands: list[CommandEnvelope]) -> None:
+    publisher = log.publisher()
+    for c in commands:
+        p = partition_of(c.aggregate.id, PARTITIONS)
+        await publisher.send(SCHEDULE.commands, c.aggregate.id.encode(), encode(c), p)
+
+
+async def _backfill(log: MemoryLog, start: int, end: int) -> dict[str, ResultCode]:
+    """What `tickwheel jobs backfill` sends for the range, and the codes it gets."""
+    mine = [e for e in _events(log, SCHEDULE.events) if e.aggregate == INSTANCE]
+    commands = [
+        backfill_command(INSTANCE, s) for s in backfill_slots(tick_timers(mine), start, end)
+    ]
+    topic = ContextTopics(CONTEXT).results
+    seen = {p: len(log.records(topic, p)) for p in range(PARTITIONS)}
+    await _send(log, commands)
+    ids = {c.request_id for c in commands}
+
+    def new() -> dict[str, ResultCode]:
+        return {r.request_id: r.code for r in _results(log, seen) if r.request_id in ids}
+
+    await until(lambda: len(new()) == len(ids))
+    return dict(sorted(new().items()))
+
+
+async def test_a_backfill_over_live_slots_applies_each_slot_once(
+    node: tuple[MemoryLog, FakeClock],
+) -> None:
+    log, clock = node
+    await _send(log, [enable_command(CONTEXT, JOB, now=clock.now())])
+    await until(lambda: bool(_types(log, SCHEDULE.events, "wow.ScheduleSet")))
+    clock.set(T0)  # slot 0 runs live
+    await until(lambda: len(_types(log, SCHEDULE.events, TICKED)) == 1)
+    clock.set(T0 + 3 * MIN + 5)  # the node catches up: slot 3 runs, 1 and 2 coalesced away
+    await until(lambda: len(_types(log, SCHEDULE.events, TICKED)) == 2)
+    ticked = [e.body["slot"] for e in _types(log, SCHEDULE.events, TICKED)]
+    assert ticked == [0, 3]
+
+    codes = await _backfill(log, T0, T0 + 3 * MIN)
+    (timer,) = {e.body["timer_id"] for e in _types(log, SCHEDULE.events, TICKED)}
+    assert codes == {
+        f"{timer}#0": ResultCode.DUPLICATE,
+        f"{timer}#1": ResultCode.COMMITTED,
+        f"{timer}#2": ResultCode.COMMITTED,
+        f"{timer}#3": ResultCode.DUPLICATE,
+    }
+    await until(lambda: len(_types(log, REPORTS.events, "Ran")) == 4)
+    # the same backfill again: every slot has run
+    again = await _backfill(log, T0, T0 + 3 * MIN)
+    assert set(again.values()) == {ResultCode.DUPLICATE}
+
+    # and a trigger, sent twice, runs once more without touching the schedule
+    trigger = trigger_command(CONTEXT, JOB, request_id="by-hand", now=clock.now())
+    await _send(log, [trigger, trigger])
+    await until(lambda: len(_types(log, SCHEDULE.events, "wow.schedule.Triggered")) == 1)
+    await until(lambda: len(_types(log, REPORTS.events, "Ran")) == 5)
+    clock.set(T0 + 4 * MIN)  # the live schedule goes on at its next slot
+    await until(lambda: len(_types(log, SCHEDULE.events, TICKED)) == 3)
+
+    runs = sorted(e.body["slot"] for e in _types(log, REPORTS.events, "Ran"))
+    assert runs == [-1, 0, 1, 2, 3, 4], "each slot once, and the triggered run"
+    assert len(_types(log, SCHEDULE.events, BACKFILLED)) == 2
