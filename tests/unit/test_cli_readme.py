@@ -45,6 +45,8 @@ from tables import CronRule
 
 TEXTS = {path: path.read_text() for path in DOCS}
 DEMO = ["--service", "app.demo:service"]
+BACKFILL = ["jobs", "backfill", *DEMO, "--context", "shop", "--job", "unpaid-report"]
+BACKFILL += ["--from", "2026-11-01T00:00:00+01:00", "--until", "2026-11-02T00:00:00+01:00"]
 
 
 def sh_blocks(text: str) -> list[str]:
@@ -342,6 +344,11 @@ def no_topic_creation(monkeypatch: pytest.MonkeyPatch) -> list[str]:
             "topic shop.schedule.events does not exist at broker:9092",
         ),
         (
+            [*BACKFILL, "--dry-run"],
+            ["shop.schedule.events"],
+            "topic shop.schedule.events does not exist at broker:9092",
+        ),
+        (
             ["timers", "show", "--type", "shop.order", "--owner", "o-42"],
             ["shop.order.events", "shop.order.timers"],
             "unknown type shop.order: topics shop.order.events and shop.order.timers do not "
@@ -373,6 +380,9 @@ RO_SERVICE = Service(
 """A service of a context no other test has: its topics are not on the broker."""
 
 
+RO_BACKFILL = ["jobs", "backfill", "--service", f"{__name__}:RO_SERVICE", "--job", "nightly"]
+
+
 def _read_only_commands(context: str) -> list[list[str]]:
     return [
         ["timers", "list", "--type", f"{context}.order"],
@@ -384,6 +394,7 @@ def _read_only_commands(context: str) -> list[list[str]]:
         ["dead-letters", "list", "--context", context, "--stage", "read"],
         ["dead-letters", "show", "--context", context, "--offset", "0"],
         ["jobs", "list", "--service", f"{__name__}:RO_SERVICE", "--state"],
+        [*RO_BACKFILL, "--context", context, "--from", "0", "--until", "86400000", "--dry-run"],
         ["rebuild", "--type", f"{context}.order", "--dry-run"],
     ]
 
@@ -454,6 +465,7 @@ def _readme_read_only() -> list[list[str]]:
                 )
                 or (own[:1] == ["rebuild"] and "--dry-run" in own)
                 or (own[:2] == ["jobs", "list"] and "--state" in own)
+                or (own[:2] == ["jobs", "backfill"] and "--dry-run" in own)
             ):
                 found.append(args)
     return found
@@ -464,7 +476,7 @@ def test_the_docs_show_the_read_only_operator_commands() -> None:
     assert {("timers", "list"), ("timers", "show"), ("timers", "ledger")} <= shown
     assert ("timers", "upcoming") in shown
     assert {("dead-letters", "list"), ("dead-letters", "show")} <= shown
-    assert {("rebuild", "--type"), ("jobs", "list")} <= shown
+    assert {("rebuild", "--type"), ("jobs", "list"), ("jobs", "backfill")} <= shown
     assert any(split_root(a)[0] for a in _readme_read_only()), "one with the root's options"
 
 

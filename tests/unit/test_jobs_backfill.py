@@ -6,11 +6,16 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+import orjson
 import pytest
 from fakes import T0
 from hypothesis import given
 from hypothesis import strategies as st
+from typer.testing import CliRunner
 
+import app.cli.common
+import app.cli.job_runs
+from app.cli import cli
 from app.cli.job_actions import instance_commands
 from app.errors import JobsCliError
 from app.jobs import (
@@ -38,7 +43,8 @@ from app.jobs import (
     trigger_command,
 )
 from app.model.decide import StoredAggregate, decide
-from app.protocol.wire import CommandEnvelope, EventEnvelope, ResultCode
+from app.protocol.wire import CommandEnvelope, CommandResult, EventEnvelope, ResultCode
+from app.service import Service
 from tables import DEFAULT_TENANT, AggregateRef, CronRule, IntervalRule
 from tables.slots import Slot, first_slot, next_slot
 
@@ -318,3 +324,113 @@ def test_a_trigger_request_id_is_kept_or_suffixed_per_instance() -> None:
     assert len({c.request_id for c in fresh}) == 4
     with pytest.raises(JobsCliError, match=re.escape("--request-id ' r': give 1-200")):
         instance_commands("trigger", CONTEXT, sweep, partitions=4, request_id=" r")
+
+
+# --- the CLI, its Kafka reads and writes replaced by an instance decided here ---------------
+
+BACKFILL_ARGS = ["jobs", "backfill", "--service", f"{__name__}:SERVICE", "--context", CONTEXT]
+BACKFILL_ARGS += ["--job", "report"]
+CLI_HANDLER = Handler()
+SERVICE = Service(
+    aggregates=(), jobs={CONTEXT: (Job("report", JobScope.SYSTEM, RULE, CLI_HANDLER),)}
+)
+
+
+@pytest.fixture
+def cli_instance(monkeypatch: pytest.MonkeyPatch) -> Instance:
+    """The CLI's reads see `s.log`; its sends are decided by `s` at the fake now."""
+    s = enabled(Handler())
+    s.tick(1, T0 + MIN)
+    now = T0 + 3 * MIN
+
+    async def events(bootstrap: object, ref: AggregateRef, partitions: int) -> list[EventEnvelope]:
+        assert ref == ref_of(CONTEXT, "report")
+        return list(s.log)
+
+    async def send(
+        bootstrap: object, partitions: int, commands: list[CommandEnvelope], wait: float
+    ) -> dict[str, CommandResult]:
+        return {
+            c.request_id: CommandResult(
+                request_id=c.request_id, aggregate=c.aggregate, code=s.run(c, now), decided_at=now
+            )
+            for c in commands
+        }
+
+    async def no_check(kafka: object) -> None:
+        return None
+
+    monkeypatch.setattr(app.cli.job_runs, "read_instance_events", events)
+    monkeypatch.setattr(app.cli.job_runs, "send_and_wait", send)
+    monkeypatch.setattr(app.cli.job_runs, "now_ms", lambda: now)
+    monkeypatch.setattr(app.cli.common, "check_access", no_check)
+    return s
+
+
+def _range(start: int, end: int) -> list[str]:
+    return [*BACKFILL_ARGS, "--from", str(start), "--until", str(end)]
+
+
+def test_backfill_dry_run_prints_the_slots_and_sends_nothing(cli_instance: Instance) -> None:
+    timer = cli_instance.state.timer_id
+    result = CliRunner().invoke(cli, [*_range(T0, T0 + 2 * MIN), "--dry-run", "--json"])
+    assert result.exit_code == 0, result.output
+    lines = [orjson.loads(line) for line in result.stdout.splitlines()]
+    assert [(x["slot"], x["due_at"], x["request_id"]) for x in lines] == [
+        (n, T0 + n * MIN, f"{timer}#{n}") for n in range(3)
+    ]
+    assert cli_instance.count(BACKFILLED) == 0
+    text = CliRunner().invoke(cli, [*_range(T0, T0 + 2 * MIN), "--dry-run"])
+    assert text.exit_code == 0 and "3 slot(s) to backfill; dry run: nothing sent" in text.stderr
+    assert f"slot 1\t2027-01-15T08:01:00.000+00:00\t{timer}#1" in text.stdout
+
+
+def test_backfill_runs_the_range_and_says_which_slots_had_run(cli_instance: Instance) -> None:
+    result = CliRunner().invoke(cli, [*_range(T0, T0 + 2 * MIN), "--json"])
+    assert result.exit_code == 0, result.output
+    codes = [orjson.loads(line)["code"] for line in result.stdout.splitlines()]
+    assert codes == ["COMMITTED", "DUPLICATE", "COMMITTED"]
+    again = CliRunner().invoke(cli, _range(T0, T0 + 2 * MIN))
+    assert again.exit_code == 0 and again.stdout.count(": DUPLICATE") == 3
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--from", "yesterday", "--until", "0"], "--from"),
+        (["--from", str(T0 + MIN), "--until", str(T0)], f"--until {T0} is before --from"),
+        (["--from", str(T0), "--until", str(T0 + 4 * MIN)], "is after now (2027-01-15T08:03"),
+        (["--from", "0", "--until", str(T0), "--tenant", "t1"], "--tenant is for TENANT jobs"),
+    ],
+)
+def test_backfill_of_bad_input_exits_2_with_one_line(
+    cli_instance: Instance, args: list[str], message: str
+) -> None:
+    result = CliRunner().invoke(cli, [*BACKFILL_ARGS, *args])
+    assert result.exit_code == 2, result.output
+    (line,) = result.stderr.splitlines()
+    assert line.startswith("error: ") and message in line, line
+    assert cli_instance.count(BACKFILLED) == 0
+
+
+def test_backfill_of_too_many_slots_exits_2_and_sends_nothing(
+    cli_instance: Instance, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(app.cli.job_runs, "MAX_BACKFILL_SLOTS", 2)
+    result = CliRunner().invoke(cli, _range(T0, T0 + 2 * MIN))
+    assert result.exit_code == 2, result.output
+    assert "the range has more than 2 slots: backfill a shorter one" in result.stderr
+    assert cli_instance.count(BACKFILLED) == 0
+
+
+def test_trigger_of_bad_input_exits_2_with_one_line() -> None:
+    args = ["jobs", "trigger", "--service", f"{__name__}:SERVICE", "--context", CONTEXT]
+    for extra, message in (
+        (["--job", "nope"], "unknown job 'nope' in ops"),
+        (["--job", "report", "--partition", "1"], "--partition is for SHARDED jobs"),
+        (["--job", "report", "--request-id", ""], "--request-id '': give 1-200"),
+    ):
+        result = CliRunner().invoke(cli, [*args, *extra])
+        assert result.exit_code == 2, result.output
+        (line,) = result.stderr.splitlines()
+        assert message in line, line
