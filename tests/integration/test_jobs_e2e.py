@@ -27,16 +27,21 @@ from collections import Counter, defaultdict
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
+import orjson
 import pytest
 import tw_jobs
 from harness import ROOT, Client, Cluster, Worker, eventually, owned, sleep_until
 
 from app.jobs import (
+    BACKFILLED,
     DISABLED,
     ENABLED,
     RESCHEDULED,
     TICKED,
+    TRIGGERED,
+    TRIGGERED_SLOT,
     Job,
     disable_command,
     enable_command,
@@ -531,3 +536,76 @@ async def test_a_tenant_job_runs_each_slot_once_in_each_tenant(cluster: Cluster)
         due = [e.event.body["due_at"] for e in runs.ticked[instance]]
         every = 700 if instance[0] == "initech" else 1000
         assert all(d % every == 0 for d in due), (instance, due)
+
+
+def _json_lines(out: str) -> list[dict[str, Any]]:
+    return [orjson.loads(line) for line in out.splitlines() if line.startswith("{")]
+
+
+async def test_a_paused_job_is_backfilled_once_and_triggered_once_by_the_cli(
+    cluster: Cluster,
+) -> None:
+    """Issue 22: pause and resume a job, then backfill a range over live and paused slots
+    (twice), and trigger it twice under one request id; each slot runs once."""
+    ctx = cluster.context
+    job = ("--context", ctx, "--job", tw_jobs.heartbeat.name)
+    system = instances(tw_jobs.heartbeat)[0]
+    workers = Workers(cluster)
+    async with Client(cluster, "schedule") as schedule:
+        await cluster.wait_owned(workers.start("w1"))
+        await tickwheel_jobs(cluster, "enable", *job)
+
+        async def ran(slots: int, since: int = 0) -> bool:
+            runs = await read_runs(cluster)
+            return sum(t.event.created_at > since for t in runs.ticked[system]) >= slots
+
+        await eventually(lambda: ran(3), 60, "3 slots run live", 1)
+        await tickwheel_jobs(cluster, "disable", *job)  # pause
+        paused = now_ms()
+        await sleep_until(paused + 3_000)  # slots due while paused: none runs
+        await tickwheel_jobs(cluster, "enable", *job)  # resume
+        resumed = now_ms()
+        await eventually(lambda: ran(2, resumed), 60, "2 slots run after the resume", 1)
+
+        live = {
+            t.event.request_id: t.event.body["due_at"]
+            for t in (await read_runs(cluster)).ticked[system]
+        }
+        start, end = min(live.values()), max(live.values())
+        window = ("--from", str(start), "--until", str(end), "--json")
+        planned = _json_lines(await tickwheel_jobs(cluster, "backfill", *job, *window, "--dry-run"))
+        assert [p["due_at"] for p in planned] == list(range(start, end + 1, tw_jobs.EVERY_MS))
+        assert live.items() <= {p["request_id"]: p["due_at"] for p in planned}.items()
+        missed = [p for p in planned if p["request_id"] not in live]
+        assert len(missed) >= 2, "the paused window's slots"
+
+        done = _json_lines(await tickwheel_jobs(cluster, "backfill", *job, *window))
+        codes = {d["request_id"]: d["code"] for d in done}
+        assert codes == {
+            p["request_id"]: "DUPLICATE" if p["request_id"] in live else "COMMITTED"
+            for p in planned
+        }
+        again = _json_lines(await tickwheel_jobs(cluster, "backfill", *job, *window))
+        assert {d["code"] for d in again} == {"DUPLICATE"}
+
+        by_hand = ("--request-id", f"by-hand-{ctx}", "--json")
+        (first,) = _json_lines(await tickwheel_jobs(cluster, "trigger", *job, *by_hand))
+        (second,) = _json_lines(await tickwheel_jobs(cluster, "trigger", *job, *by_hand))
+        assert (first["code"], second["code"]) == ("COMMITTED", "DUPLICATE")
+
+        await send_all(schedule, [disable_command(ctx, tw_jobs.heartbeat)])
+
+        async def settled() -> bool:
+            runs = await read_runs(cluster)
+            kinds = (TICKED, BACKFILLED, TRIGGERED)
+            applied = {e.event.request_id for e in runs.schedule if e.event.type in kinds}
+            return applied == {e.event.body["tick"] for e in runs.ran}
+
+        await eventually(settled, 30, "every run's Ran in the log")
+        runs = await read_runs(cluster)
+    mine = [e.event.body for e in runs.ran if e.event.body["instance"] == system[1]]
+    in_range = sorted(r["due_at"] for r in mine if r["slot"] >= 0 and start <= r["due_at"] <= end)
+    assert in_range == [p["due_at"] for p in planned], "each slot of the range ran once"
+    assert [r["tick"] for r in mine if r["slot"] == TRIGGERED_SLOT] == [f"by-hand-{ctx}"]
+    assert len({r["tick"] for r in mine}) == len(mine), "no request id ran twice"
+    assert len(runs.of(system, BACKFILLED)) == len(missed)
