@@ -183,6 +183,7 @@ async def test_a_backfill_over_live_slots_applies_each_slot_once(
     await until(lambda: len(_types(log, REPORTS.events, "Ran")) == 5)
     clock.set(T0 + 4 * MIN)  # the live schedule goes on at its next slot
     await until(lambda: len(_types(log, SCHEDULE.events, TICKED)) == 3)
+    await until(lambda: len(_types(log, REPORTS.events, "Ran")) == 6)
 
     runs = sorted(e.body["slot"] for e in _types(log, REPORTS.events, "Ran"))
     assert runs == [-1, 0, 1, 2, 3, 4], "each slot once, and the triggered run"
