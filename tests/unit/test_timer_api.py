@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
+import shlex
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -43,23 +44,23 @@ from tables import AggregateRef, Timer, TimerStatus
 
 P = 2
 TOKEN = "s3cret"
-BOOK = AggregateTopics("mem", "book")
-PINGS = AggregateTopics("mem", "pinger")
+BOOK = AggregateTopics("shop", "reminders")
+PINGS = AggregateTopics("shop", "order")
 
 
 class Pings(BaseModel):
     n: int = 0
 
 
-pinger = AggregateType("mem", "pinger", Pings)
+order = AggregateType("shop", "order", Pings)
 
 
-@pinger.command("Ping")
+@order.command("RemindToPay")
 def _ping(state: Pings, cmd: Command, d: Decision) -> None:
     d.emit("Pinged", {"n": state.n + 1, "note": cmd.body.get("note")})
 
 
-SERVICE = Service(aggregates=(timer_book("mem", "book"), pinger))
+SERVICE = Service(aggregates=(timer_book("shop", "reminders"), order))
 
 
 @dataclass
@@ -141,8 +142,8 @@ async def edge(tmp_path: Path) -> AsyncIterator[Edge]:
 def put_body(at: int, **more: Any) -> dict[str, Any]:
     return {
         "rule": {"kind": "once", "at": at},
-        "target": {"type": "mem.pinger", "id": "p-1"},
-        "command": {"type": "Ping", "body": {"note": "hi"}},
+        "target": {"type": "shop.order", "id": "p-1"},
+        "command": {"type": "RemindToPay", "body": {"note": "hi"}},
         **more,
     }
 
@@ -151,20 +152,20 @@ async def test_a_timer_put_fires_once_and_a_put_again_with_its_request_id_writes
     edge: Edge,
 ) -> None:
     status, answer = await edge.call(
-        "PUT", "/timers/mem.book/o-1/remind", put_body(T0 + 1_000, request_id="r-1")
+        "PUT", "/timers/shop.reminders/o-1/remind", put_body(T0 + 1_000, request_id="r-1")
     )
     assert status == 200, answer
     assert answer["code"] == "COMMITTED" and answer["duplicate"] is False
     assert (answer["request_id"], answer["key"], answer["version"]) == ("r-1", "remind", 1)
     assert answer["owner"]["id"] == "o-1"
     # Shown by the node keeping the partition, as its table has it.
-    status, shown = await edge.call("GET", "/timers/mem.book/o-1/remind", token=None)
+    status, shown = await edge.call("GET", "/timers/shop.reminders/o-1/remind", token=None)
     assert status == 200, shown
     assert shown["status"] == "PENDING" and shown["due_at"] == T0 + 1_000
-    assert shown["target"]["id"] == "p-1" and shown["command"]["type"] == "Ping"
+    assert shown["target"]["id"] == "p-1" and shown["command"]["type"] == "RemindToPay"
 
     again = await edge.call(
-        "PUT", "/timers/mem.book/o-1/remind", put_body(T0 + 1_000, request_id="r-1")
+        "PUT", "/timers/shop.reminders/o-1/remind", put_body(T0 + 1_000, request_id="r-1")
     )
     assert again[0] == 200 and again[1]["code"] == "DUPLICATE" and again[1]["duplicate"]
     assert len(events(edge.log, BOOK, "wow.ScheduleSet")) == 1  # nothing written again
@@ -176,7 +177,7 @@ async def test_a_timer_put_fires_once_and_a_put_again_with_its_request_id_writes
 
 
 async def test_a_put_replaces_and_a_delete_cancels_and_nothing_fires(edge: Edge) -> None:
-    path = "/timers/mem.book/o-2/later"
+    path = "/timers/shop.reminders/o-2/later"
     assert (await edge.call("PUT", path, put_body(T0 + 1_000)))[0] == 200
     moved = await edge.call("PUT", path, put_body(T0 + 5_000))
     assert moved[0] == 200 and moved[1]["version"] == 2
@@ -189,15 +190,19 @@ async def test_a_put_replaces_and_a_delete_cancels_and_nothing_fires(edge: Edge)
     edge.clock.set(T0 + 10_000)
     assert (await edge.call("GET", path))[1]["status"] == "CANCELLED"
     assert events(edge.log, PINGS, "Pinged") == []
-    missing = await edge.call("GET", "/timers/mem.book/o-2/nothing")
+    missing = await edge.call("GET", "/timers/shop.reminders/o-2/nothing")
     assert missing == (
         404,
-        {"error": "mem.book/(0)/o-2 has no timer 'nothing'", "field": "key", "request_id": None},
+        {
+            "error": "shop.reminders/(0)/o-2 has no timer 'nothing'",
+            "field": "key",
+            "request_id": None,
+        },
     )
 
 
 async def test_writes_need_the_token_and_send_nothing_without_it(edge: Edge) -> None:
-    path = "/timers/mem.book/o-3/k"
+    path = "/timers/shop.reminders/o-3/k"
     assert (await edge.call("PUT", path, put_body(T0 + 1_000), token=None))[0] == 401
     assert (await edge.call("PUT", path, put_body(T0 + 1_000), token="wrong"))[0] == 401
     assert (await edge.call("DELETE", path, token=None))[0] == 401
@@ -207,30 +212,40 @@ async def test_writes_need_the_token_and_send_nothing_without_it(edge: Edge) -> 
 @pytest.mark.parametrize(
     ("path", "body", "status", "field"),
     [
-        ("/timers/mem.book/o/k", "{not json", 400, "body"),
-        ("/timers/mem.book/o/k", "[1]", 400, "body"),
-        ("/timers/mem.pinger/o/k", put_body(T0 + 1), 404, "type"),
-        ("/timers/mem.nobook/o/k", put_body(T0 + 1), 404, "type"),
-        ("/timers/mem.book/o/k?tenant=" + "t" * 201, put_body(T0 + 1), 400, "tenant"),
+        ("/timers/shop.reminders/o/k", "{not json", 400, "body"),
+        ("/timers/shop.reminders/o/k", "[1]", 400, "body"),
+        ("/timers/shop.order/o/k", put_body(T0 + 1), 404, "type"),
+        ("/timers/shop.nobook/o/k", put_body(T0 + 1), 404, "type"),
+        ("/timers/shop.reminders/o/k?tenant=" + "t" * 201, put_body(T0 + 1), 400, "tenant"),
         (
-            "/timers/mem.book/o/k",
-            {"target": {"type": "mem.pinger"}, "command": {"type": "P"}},
+            "/timers/shop.reminders/o/k",
+            {"target": {"type": "shop.order"}, "command": {"type": "P"}},
             422,
             "rule",
         ),
         (
-            "/timers/mem.book/o/k",
+            "/timers/shop.reminders/o/k",
             put_body(T0 + 1, rule={"kind": "interval", "every": 0, "start": 0}),
             422,
             "rule.interval.every",
         ),
-        ("/timers/mem.book/o/k", put_body(T0 + 1, command={"body": {}}), 422, "command.type"),
-        ("/timers/mem.book/o/k", put_body(T0 + 1, target={"type": "nodot"}), 422, "target.type"),
-        ("/timers/mem.book/o/k", put_body(T0 + 1, target={"type": "mem.book"}), 422, "target"),
-        ("/timers/mem.book/o/k", put_body(T0 + 1, extra=1), 422, "extra"),
-        ("/timers/mem.book/o/" + "k" * 201, put_body(T0 + 1), 422, "key"),
+        ("/timers/shop.reminders/o/k", put_body(T0 + 1, command={"body": {}}), 422, "command.type"),
         (
-            "/timers/mem.book/o/k",
+            "/timers/shop.reminders/o/k",
+            put_body(T0 + 1, target={"type": "nodot"}),
+            422,
+            "target.type",
+        ),
+        (
+            "/timers/shop.reminders/o/k",
+            put_body(T0 + 1, target={"type": "shop.reminders"}),
+            422,
+            "target",
+        ),
+        ("/timers/shop.reminders/o/k", put_body(T0 + 1, extra=1), 422, "extra"),
+        ("/timers/shop.reminders/o/" + "k" * 201, put_body(T0 + 1), 422, "key"),
+        (
+            "/timers/shop.reminders/o/k",
             put_body(T0 + 1, rule={"kind": "interval", "every": 1000, "start": 0, "count": 1}),
             422,
             "rule",
@@ -284,12 +299,12 @@ async def test_a_change_not_answered_in_time_is_none() -> None:
     cmd = CommandEnvelope(
         request_id="r",
         type="wow.CancelTimer",
-        aggregate=AggregateRef(context="mem", aggregate="book", id="o"),
+        aggregate=AggregateRef(context="shop", aggregate="reminders", id="o"),
         body={"key": "k"},
         issued_at=T0,
     )
     log.create_topic(BOOK.commands, P)
-    log.create_topic("mem.results", P)
+    log.create_topic("shop.results", P)
     assert await submit(log.publisher(), log.reader(), cmd, P, 0.0) is None
     (sent,) = [r for p in range(P) for r in log.records(BOOK.commands, p)]
     assert decode(CommandEnvelope, sent.value) == cmd
@@ -330,15 +345,15 @@ SET = [
     "timers",
     "set",
     "--type",
-    "mem.book",
+    "shop.reminders",
     "--owner",
     "o-1",
     "--key",
     "k",
     "--target-type",
-    "mem.pinger",
+    "shop.order",
     "--command",
-    "Ping",
+    "RemindToPay",
 ]
 
 
@@ -358,14 +373,14 @@ def test_set_sends_the_books_command_and_says_its_answer(sent: list[CommandEnvel
         ],
     )
     assert result.exit_code == 0, result.output
-    assert result.stdout == "set mem.book/(0)/o-1 'k': COMMITTED (request r-9, version 3)\n"
+    assert result.stdout == "set shop.reminders/(0)/o-1 'k': COMMITTED (request r-9, version 3)\n"
     (cmd,) = sent
     assert (cmd.type, cmd.request_id, cmd.aggregate.id) == ("wow.SetTimer", "r-9", "o-1")
     assert cmd.body == {
         "key": "k",
         "rule": {"kind": "interval", "every": 900_000, "start": T0, "coalesce": True},
-        "target": {"context": "mem", "aggregate": "pinger", "tenant": "(0)", "id": "p-2"},
-        "command": {"type": "Ping", "body": {"a": 1}},
+        "target": {"context": "shop", "aggregate": "order", "tenant": "(0)", "id": "p-2"},
+        "command": {"type": "RemindToPay", "body": {"a": 1}},
     }
 
 
@@ -383,7 +398,7 @@ def test_a_duplicate_is_done_and_a_refusal_or_silence_exits_1(
             "timers",
             "cancel",
             "--type",
-            "mem.book",
+            "shop.reminders",
             "--owner",
             "o",
             "--key",
@@ -395,9 +410,9 @@ def test_a_duplicate_is_done_and_a_refusal_or_silence_exits_1(
     assert silent.exit_code == 1
     assert "send it again with --request-id silent" in silent.stderr
     ok = CliRunner().invoke(
-        cli, ["timers", "cancel", "--type", "mem.book", "--owner", "o", "--key", "k"]
+        cli, ["timers", "cancel", "--type", "shop.reminders", "--owner", "o", "--key", "k"]
     )
-    assert ok.exit_code == 0 and ok.stdout.startswith("cancel mem.book/(0)/o 'k': COMMITTED")
+    assert ok.exit_code == 0 and ok.stdout.startswith("cancel shop.reminders/(0)/o 'k': COMMITTED")
     assert [c.type for c in sent] == ["wow.SetTimer"] * 2 + ["wow.CancelTimer"] * 2
 
 
@@ -407,7 +422,7 @@ def test_a_duplicate_is_done_and_a_refusal_or_silence_exits_1(
         (["--rule", "every:5"], "error: rule 'every:5' is none of"),
         (["--rule", "once:0", "--body", "[1]"], "error: --body: must be a JSON object"),
         (["--rule", "once:0", "--body", "{"], "error: --body is not JSON"),
-        (["--rule", "once:0", "--target-type", "mem.book"], "is the book itself"),
+        (["--rule", "once:0", "--target-type", "shop.reminders"], "is the book itself"),
         (
             ["--rule", '{"kind":"interval","every":1000,"start":0,"count":1}'],
             "error: rule: the rule has no slot left",
@@ -421,3 +436,25 @@ def test_sets_bad_options_exit_2_and_send_nothing(
     assert result.exit_code == 2, result.output
     (line,) = result.stderr.splitlines()
     assert message in line and not sent
+
+
+async def test_the_docs_curl_lines_are_answered_as_they_say(edge: Edge) -> None:
+    text = (Path(__file__).parents[2] / "docs" / "operations.md").read_text()
+    lines = re.findall(r"^curl -X (?:PUT|DELETE) .*$", text, flags=re.M)
+    assert len(lines) == 2
+    answers = []
+    for line in lines:
+        words = shlex.split(line.replace("$TICKWHEEL_WEB_TOKEN", TOKEN))
+        method = words[words.index("-X") + 1]
+        headers = dict(words[i + 1].split(": ", 1) for i, w in enumerate(words) if w == "-H")
+        body = words[words.index("-d") + 1] if "-d" in words else None
+        url = URL(words[-1])
+        assert (url.host, url.port) == ("127.0.0.1", 8080)
+        answers.append(await edge.call(method, url.raw_path, body, token=None, headers=headers))
+    (put_status, put), (delete_status, delete) = answers
+    assert (put_status, put["code"], put["request_id"]) == (200, "COMMITTED", "pay-o-42-1")
+    assert (delete_status, delete["code"], delete["request_id"]) == (200, "COMMITTED", "pay-o-42-2")
+    assert (put["key"], put["owner"]["id"]) == ("pay", "o-42")
+    (event,) = events(edge.log, BOOK, "wow.ScheduleSet")
+    assert event.body["rule"]["at"] == 1_798_102_800_000
+    assert event.body["command"] == {"type": "RemindToPay", "body": {"level": 1}}
