@@ -1,0 +1,127 @@
+"""Timers set and cancelled through a timer book against a real worker: one set by HTTP
+(`PUT /timers/{type}/{owner}/{key}`, with the web token) fires once, a PUT sent again with
+its request id writes nothing, and one cancelled by `tickwheel timers cancel` (another
+process, as an operator runs it) never fires."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from harness import Client, Cluster, Worker, eventually
+
+from tables import TimerStatus
+
+pytestmark = pytest.mark.kafka
+
+TOKEN = "itest-token"
+
+
+@pytest.fixture
+async def cluster(kafka_bootstrap: str, tmp_path: Path) -> AsyncIterator[Cluster]:
+    c = Cluster(kafka_bootstrap, tmp_path, partitions=2, service="tw_services:book_service")
+    yield c
+    c.stop_all()
+
+
+async def call(
+    worker: Worker, method: str, path: str, body: Any = None, **headers: str
+) -> tuple[int, Any]:
+    async with (
+        aiohttp.ClientSession() as http,
+        http.request(
+            method,
+            f"http://127.0.0.1:{worker.port}{path}",
+            json=body,
+            headers={"Authorization": f"Bearer {TOKEN}", **headers},
+        ) as r,
+    ):
+        return r.status, await r.json()
+
+
+async def test_a_timer_set_by_http_fires_once_and_one_cancelled_by_the_cli_never(
+    cluster: Cluster,
+) -> None:
+    ctx = cluster.context
+    w = cluster.start_worker(TICKWHEEL_WEB_TOKEN=TOKEN)
+    await cluster.wait_owned(w)
+    now = int(time.time() * 1000)
+
+    def put(at: int, target: str, request_id: str) -> dict[str, Any]:
+        return {
+            "rule": {"kind": "once", "at": at},
+            "target": {"type": f"{ctx}.counter", "id": target},
+            "command": {"type": "Fire"},
+            "request_id": request_id,
+        }
+
+    # Due first, and cancelled before then: were the cancel lost, it would fire first.
+    status, cancelled = await call(
+        w, "PUT", f"/timers/{ctx}.book/b-2/later", put(now + 15_000, "c-2", "set-later")
+    )
+    assert status == 200 and cancelled["code"] == "COMMITTED", cancelled
+    status, answer = await call(
+        w, "PUT", f"/timers/{ctx}.book/b-1/soon", put(now + 20_000, "c-1", "set-soon")
+    )
+    assert status == 200 and answer["code"] == "COMMITTED", answer
+    again = await call(
+        w, "PUT", f"/timers/{ctx}.book/b-1/soon", put(now + 20_000, "c-1", "set-soon")
+    )
+    assert again[0] == 200 and again[1]["code"] == "DUPLICATE", again
+    assert again[1]["version"] == answer["version"]
+
+    code, out, err, _ = await cluster.run_cli(
+        [
+            "timers",
+            "cancel",
+            "--type",
+            f"{ctx}.book",
+            "--owner",
+            "b-2",
+            "--key",
+            "later",
+            "--request-id",
+            "cancel-later",
+        ]
+    )
+    assert code == 0, (out, err)
+    assert out.startswith(f"cancel {ctx}.book/(0)/b-2 'later': COMMITTED (request cancel-later")
+    code, out, err, _ = await cluster.run_cli(
+        [
+            "timers",
+            "cancel",
+            "--type",
+            f"{ctx}.book",
+            "--owner",
+            "b-2",
+            "--key",
+            "later",
+            "--request-id",
+            "cancel-later",
+        ]
+    )
+    assert code == 0 and "DUPLICATE before by this request id: nothing written" in out, err
+
+    async with Client(cluster, "book") as books, Client(cluster) as counters:
+
+        async def settled() -> bool:
+            rows = {t.key: t.status for t in (await books.timers()).values()}
+            return rows == {"later": TimerStatus.CANCELLED, "soon": TimerStatus.FIRED}
+
+        await eventually(settled, 60, "the set timer fired and the cancelled one did not")
+        fired = [e for e in await counters.events() if e.type == "Fired"]
+        assert [e.aggregate.id for e in fired] == ["c-1"]
+        book_events = [e.type for e in await books.events()]
+        assert sorted(book_events) == [
+            "wow.ScheduleCancelled",
+            "wow.ScheduleSet",
+            "wow.ScheduleSet",
+        ]
+    # The only worker keeps every partition: it shows the row its table has.
+    status, shown = await call(w, "GET", f"/timers/{ctx}.book/b-1/soon")
+    assert status == 200, shown
+    assert shown["status"] == "FIRED" and shown["target"]["id"] == "c-1"
