@@ -29,7 +29,7 @@ from app.cli.common import (
     run,
     settings_for,
 )
-from app.cli.rule_expr import BadExpression, parse_expr
+from app.cli.rule_expr import BadExpression, parse_duration, parse_expr
 from app.cli.timers import TypeName, _type, timers_cli
 from app.clients.timer_book import timer_book
 from app.kafka import require_topics
@@ -128,6 +128,10 @@ def set_(
         str | None, typer.Option(help="the id the command goes to (the owner's)")
     ] = None,
     zone: Annotated[str | None, typer.Option(help="a cron rule's IANA zone (UTC)")] = None,
+    jitter: Annotated[
+        str | None,
+        typer.Option(help="the rule's jitter: each slot fires up to this much later (30s, ms)"),
+    ] = None,
     tenant: Tenant = DEFAULT_TENANT,
     request_id: RequestId = None,
     wait: Wait = DEFAULT_WAIT_S,
@@ -140,7 +144,8 @@ def set_(
     now = _now()
     try:
         book = parse_aggregate_type(_type(type_name))
-        parsed = parse_expr(rule, zone, now)
+        spread = None if jitter is None else parse_duration(jitter, "--jitter")
+        parsed = parse_expr(rule, zone, now, jitter=spread)
         data = orjson.loads(body)
         if not isinstance(data, dict):
             raise BadRequest("--body", "must be a JSON object")

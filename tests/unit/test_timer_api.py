@@ -41,6 +41,7 @@ from app.protocol.topics import AggregateTopics
 from app.protocol.wire import CommandEnvelope, CommandResult, EventEnvelope, ResultCode, decode
 from app.service import Service
 from tables import AggregateRef, Timer, TimerStatus
+from tables.slots import jitter_offset
 
 P = 2
 TOKEN = "s3cret"
@@ -458,3 +459,23 @@ async def test_the_docs_curl_lines_are_answered_as_they_say(edge: Edge) -> None:
     (event,) = events(edge.log, BOOK, "wow.ScheduleSet")
     assert event.body["rule"]["at"] == 1_798_102_800_000
     assert event.body["command"] == {"type": "RemindToPay", "body": {"level": 1}}
+
+
+async def test_a_jittered_timer_is_due_at_its_slot_plus_its_offset(edge: Edge) -> None:
+    body = put_body(T0 + 1_000, rule={"kind": "once", "at": T0 + 1_000, "jitter": 5_000})
+    status, answer = await edge.call("PUT", "/timers/shop.reminders/o-4/spread", body)
+    assert status == 200, answer
+    status, shown = await edge.call("GET", "/timers/shop.reminders/o-4/spread")
+    assert status == 200, shown
+    assert shown["rule"]["jitter"] == 5_000 and shown["slot_due_at"] == T0 + 1_000
+    assert shown["due_at"] == T0 + 1_000 + jitter_offset(f"{shown['id']}#0", 5_000)
+    edge.clock.set(shown["due_at"] - 1)
+    assert (await edge.call("GET", "/timers/shop.reminders/o-4/spread"))[1]["status"] == "PENDING"
+    edge.clock.set(shown["due_at"])
+    await until(lambda: [t.status for t in rows(edge.log)] == [TimerStatus.FIRED])
+
+
+def test_set_passes_the_jitter_in_the_rule(sent: list[CommandEnvelope]) -> None:
+    result = CliRunner().invoke(cli, [*SET, "--rule", "cron:0 9 * * *", "--jitter", "90s"])
+    assert result.exit_code == 0, result.output
+    assert sent[0].body["rule"]["jitter"] == 90_000
