@@ -5,12 +5,15 @@ process, as an operator runs it) never fires."""
 
 from __future__ import annotations
 
+import re
+import shlex
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import aiohttp
+import orjson
 import pytest
 from harness import Client, Cluster, Worker, eventually
 
@@ -125,3 +128,32 @@ async def test_a_timer_set_by_http_fires_once_and_one_cancelled_by_the_cli_never
     status, shown = await call(w, "GET", f"/timers/{ctx}.book/b-1/soon")
     assert status == 200, shown
     assert shown["status"] == "FIRED" and shown["target"]["id"] == "c-1"
+
+
+def docs_lines(command: str) -> list[str]:
+    """docs/operations.md's `tickwheel timers <command> …` line, every optional part given,
+    as its words."""
+    text = (Path(__file__).parents[2] / "docs" / "operations.md").read_text()
+    (span,) = re.findall(rf"`(tickwheel timers {command} [^`]+)`", text)
+    words = shlex.split(" ".join(span.split()))
+    return [w.removeprefix("[").removesuffix("]") for w in words[1:]]
+
+
+async def test_the_docs_set_and_cancel_lines_run_as_written(cluster: Cluster) -> None:
+    """In this test's context for `shop`, and without the (PLAINTEXT) broker's setup."""
+    ctx = cluster.context
+    w = cluster.start_worker()
+    await cluster.wait_owned(w)
+    for command in ("set", "cancel"):
+        args = [a.replace("shop.", f"{ctx}.") for a in docs_lines(command)]
+        code, out, err, _ = await cluster.run_cli(args)
+        assert code == 0, (args, out, err)
+        assert orjson.loads(out)["code"] == "COMMITTED", out  # the line gives --json
+    async with Client(cluster, "reminders") as books:
+        (row,) = (await books.timers()).values()
+        assert (row.key, row.status, row.target.type_name) == (
+            "pay",
+            TimerStatus.CANCELLED,
+            f"{ctx}.order",
+        )
+        assert row.rule.jitter == 600_000 and row.command.body == {"level": 1}

@@ -99,4 +99,6 @@ service = Service(aggregates=(counter,))
 
 book = timer_book(CONTEXT, "book")
 """A timer book whose timers fire into `counter` (timers set over HTTP and the CLI)."""
-book_service = Service(aggregates=(counter, book))
+reminders = timer_book(CONTEXT, "reminders")
+"""The book docs/operations.md's command lines name (`shop.reminders`, in this context)."""
+book_service = Service(aggregates=(counter, book, reminders))
