@@ -104,7 +104,11 @@ def openapi_document(version: str) -> dict[str, Any]:
             {},
         ),
         "502": _json("the book answered ERROR", _ref(TimerAnswer)),
-        "503": _json("the book's partition is busy: retry (Retry-After)", _ref(TimerAnswer)),
+        "503": _json(
+            "the book's partition is busy (a TimerAnswer BUSY) or the broker did not take the "
+            "command (an ApiError): retry with the same request id (Retry-After)",
+            {"oneOf": [_ref(TimerAnswer), _ref(ApiError)]},
+        ),
         "504": _error("no answer in time: retry with its request_id"),
     }
     idempotency = {

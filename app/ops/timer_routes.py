@@ -18,8 +18,9 @@ a change that timed out (504, with the request id) with the same id.
 Errors are JSON `ApiError`s naming the wrong `field`: 400 for a request that is not JSON
 or a wrong path, 404 for a type that is no timer book here, 422 for a body that does not
 validate or that the book refuses (its rule has no slot left, its target is the book),
-503 (with `Retry-After`) when the book's partition is busy, 502 when it answered ERROR,
-504 when no answer came in time. The writes need the web token, as every action does.
+503 (with `Retry-After`) when the book's partition is busy or the broker did not take the
+command, 502 when it answered ERROR, 504 when no answer came in time (the last two with
+the request id to send again). The writes need the web token, as every action does.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import orjson
 from aiohttp import web
 from pydantic import ValidationError
 
+from app.errors import KafkaUnavailable
 from app.ops.timer_api import (
     DONE,
     ApiError,
@@ -170,13 +172,25 @@ class TimerRoutes:
     async def _send(self, cmd: CommandEnvelope) -> web.Response:
         node = self._node
         reader = node.clients.reader()
-        await reader.start()
         try:
-            result = await submit(
-                node.producer, reader, cmd, node.settings.partitions, self._wait_s
+            await reader.start()
+            try:
+                result = await submit(
+                    node.producer, reader, cmd, node.settings.partitions, self._wait_s
+                )
+            finally:
+                await reader.stop()
+        except KafkaUnavailable as exc:
+            # Sent or not: the same request id, sent again, changes nothing more.
+            return _json(
+                ApiError(
+                    error=f"the broker did not take or answer the change ({exc}): send it "
+                    "again with the same request id",
+                    request_id=cmd.request_id,
+                ).model_dump(mode="json"),
+                503,
+                {"Retry-After": "5"},
             )
-        finally:
-            await reader.stop()
         if result is None:
             return _error(
                 504,

@@ -26,9 +26,10 @@ from typer.testing import CliRunner
 from yarl import URL
 
 import app.cli.timer_changes
+import app.ops.timer_routes
 from app.cli import cli
 from app.clients.timer_book import timer_book
-from app.errors import BadRecord
+from app.errors import BadRecord, KafkaUnavailable
 from app.kafka.connection import Connectable
 from app.kafka.memory import MemoryLog
 from app.model.aggregate import AggregateType, Command, Decision
@@ -479,3 +480,28 @@ def test_set_passes_the_jitter_in_the_rule(sent: list[CommandEnvelope]) -> None:
     result = CliRunner().invoke(cli, [*SET, "--rule", "cron:0 9 * * *", "--jitter", "90s"])
     assert result.exit_code == 0, result.output
     assert sent[0].body["rule"]["jitter"] == 90_000
+
+
+async def test_a_broker_that_does_not_take_the_change_is_a_503_with_its_request_id(
+    edge: Edge, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async def away(*args: Any, **kw: Any) -> None:
+        raise KafkaUnavailable("broker away")
+
+    monkeypatch.setattr(app.ops.timer_routes, "submit", away)
+    status, answer = await edge.call(
+        "PUT", "/timers/shop.reminders/o-5/k", put_body(T0 + 1, request_id="r-5")
+    )
+    assert status == 503 and answer["request_id"] == "r-5", answer
+    assert "send it again with the same request id" in answer["error"]
+
+
+async def test_a_request_id_in_the_body_and_another_in_the_header_is_a_400(edge: Edge) -> None:
+    status, answer = await edge.call(
+        "PUT",
+        "/timers/shop.reminders/o-6/k",
+        put_body(T0 + 1, request_id="a"),
+        headers={"Idempotency-Key": "b"},
+    )
+    assert (status, answer["field"]) == (400, "request_id")
+    assert all(edge.log.records(BOOK.commands, p) == [] for p in range(P))
