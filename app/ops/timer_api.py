@@ -39,6 +39,7 @@ from tables.partitioner import partition_of
 
 __all__ = [
     "DEFAULT_WAIT_S",
+    "DONE",
     "ApiError",
     "BadRequest",
     "TargetSpec",

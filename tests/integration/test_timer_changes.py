@@ -17,6 +17,7 @@ import orjson
 import pytest
 from harness import Client, Cluster, Worker, eventually
 
+from app.kafka import topic_names
 from tables import TimerStatus
 
 pytestmark = pytest.mark.kafka
@@ -149,6 +150,13 @@ async def test_the_docs_set_and_cancel_lines_run_as_written(cluster: Cluster) ->
         code, out, err, _ = await cluster.run_cli(args)
         assert code == 0, (args, out, err)
         assert orjson.loads(out)["code"] == "COMMITTED", out  # the line gives --json
+    # A book no worker runs: refused, naming its topic, and nothing created.
+    before = await topic_names(cluster.bootstrap)
+    missing = [a.replace("shop.reminders", f"{ctx}.nobook") for a in docs_lines("cancel")]
+    code, out, err, _ = await cluster.run_cli([a.replace("shop.", f"{ctx}.") for a in missing])
+    assert code == 1 and f"topic {ctx}.nobook.commands does not exist" in err, (out, err)
+    assert "nothing was created" in err
+    assert await topic_names(cluster.bootstrap) == before
     async with Client(cluster, "reminders") as books:
         (row,) = (await books.timers()).values()
         assert (row.key, row.status, row.target.type_name) == (
