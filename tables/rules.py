@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 from datetime import UTC, datetime
-from typing import Annotated, Literal
+from typing import Annotated, Final, Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError, available_timezones
 
 from cronsim import CronSim, CronSimError
@@ -21,7 +21,15 @@ from pydantic import (
 from tables.bounds import MAX_INT64, Instant, Interval
 from tables.exceptions import InvalidRule
 
-__all__ = ["CronRule", "IntervalRule", "OnceRule", "ScheduleRule", "parse_rule"]
+__all__ = ["MAX_JITTER", "CronRule", "IntervalRule", "OnceRule", "ScheduleRule", "parse_rule"]
+
+
+MAX_JITTER: Final = 86_400_000
+"""The largest jitter, a day: a spread wider than that is a schedule of its own."""
+
+
+def _absent(value: object) -> bool:
+    return value is None
 
 
 class _Rule(BaseModel):
@@ -30,16 +38,20 @@ class _Rule(BaseModel):
     coalesce: bool = True
     """On catch-up, send only the latest slot due and count the others as skipped."""
 
+    jitter: Annotated[int, Field(ge=1, le=MAX_JITTER)] | None = Field(
+        default=None,
+        exclude_if=_absent,
+        description="milliseconds: each slot of a timer fires at an offset in [0, jitter) "
+        "after its due time, derived from the slot's request id (`tables.slots.jitter_offset`); "
+        "absent: none (left out of the JSON, as before it existed)",
+    )
+
 
 class OnceRule(_Rule):
     """One slot, at `at` (epoch ms, UTC)."""
 
     kind: Literal["once"] = "once"
     at: Instant
-
-
-def _absent(value: object) -> bool:
-    return value is None
 
 
 class _Recurring(_Rule):
@@ -72,6 +84,13 @@ class IntervalRule(_Recurring):
     kind: Literal["interval"] = "interval"
     start: Instant
     every: Interval = Field(description="milliseconds between slots; must be positive")
+
+    @model_validator(mode="after")
+    def _jitter_within_a_slot(self) -> IntervalRule:
+        # A slot jittered past the next one's due time would be caught up by it.
+        if self.jitter is not None and self.jitter > self.every:
+            raise ValueError(f"jitter {self.jitter} is more than every {self.every}")
+        return self
 
 
 class CronRule(_Recurring):

@@ -28,6 +28,7 @@ repeated hour's second pass.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import NamedTuple
@@ -44,6 +45,8 @@ __all__ = [
     "Slot",
     "caught_up",
     "first_slot",
+    "jitter_offset",
+    "jittered_due",
     "latest_due",
     "next_slot",
     "nth_slot",
@@ -73,6 +76,21 @@ class CatchUp(NamedTuple):
 
     slot: Slot
     skipped: int
+
+
+def jitter_offset(request_id: str, jitter: int | None) -> int:
+    """A slot's jitter: an offset in [0, `jitter`) ms, the same for the same request id
+    (`<timer id>#<slot>`) on every node and every replay or rebuild; 0 without jitter."""
+    if not jitter or jitter <= 1:
+        return 0
+    digest = hashlib.blake2b(request_id.encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") % jitter
+
+
+def jittered_due(rule: ScheduleRule, timer_id: str, slot: Slot) -> int:
+    """When the timer `timer_id` fires `slot`: its due time plus its jitter. The slot's own
+    due time (`slot_due_at`) stays unjittered: catch-up and expiry count from it."""
+    return slot.due_at + jitter_offset(f"{timer_id}#{slot.index}", rule.jitter)
 
 
 def first_slot(rule: ScheduleRule, not_before: int) -> Slot | None:

@@ -22,6 +22,7 @@ from typing import Annotated, Any
 import typer
 from typer.core import TyperGroup
 
+import app.cli.timer_changes  # noqa: F401  (its commands join timers_cli)
 from app.cli.common import (
     FAILED,
     Bootstrap,

@@ -12,7 +12,9 @@ as a shorthand named by the same `kind`:
   INSTANT, by default the `--from` instant (slot 0 is then due at `--from`);
 - `once:<at>`: one slot at the INSTANT `at`.
 
-`--until INSTANT` and `--count N` end a recurring rule (its `until` and `count`).
+`--until INSTANT` and `--count N` end a recurring rule (its `until` and `count`);
+`--jitter DURATION` (`30s`, or ms) is any rule's `jitter`: each timer fires each slot at
+an offset in [0, jitter) after its due time, derived from the slot's request id.
 
 An INSTANT is read by `app.protocol.instants`: ISO 8601 with its offset, or epoch ms.
 
@@ -27,7 +29,7 @@ from datetime import UTC, datetime
 from zoneinfo import ZoneInfo
 
 import orjson
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from app.protocol import instants
 from app.protocol.instants import BadInstant
@@ -44,6 +46,7 @@ __all__ = [
     "parse_expr",
     "parse_instant",
     "slot_line",
+    "utc_text",
 ]
 
 Rule = OnceRule | IntervalRule | CronRule
@@ -66,7 +69,7 @@ def parse_instant(text: str, what: str = "instant") -> int:
         raise BadExpression(str(exc)) from exc
 
 
-def parse_duration(text: str) -> int:
+def parse_duration(text: str, what: str = "interval") -> int:
     """Milliseconds of `900000` or of whole units, `1h30m`, `15m`, `500ms`."""
     if text.isdigit():
         ms = int(text)
@@ -74,12 +77,12 @@ def parse_duration(text: str) -> int:
         parts = _PART.findall(text)
         if not parts or "".join(n + u for n, u in parts) != text:
             raise BadExpression(
-                f"interval {text!r} is neither milliseconds nor a duration like 15m, 1h30m, "
+                f"{what} {text!r} is neither milliseconds nor a duration like 15m, 1h30m, "
                 "500ms (units d, h, m, s, ms)"
             )
         ms = sum(int(n) * _UNITS[u] for n, u in parts)
     if ms < 1:
-        raise BadExpression(f"interval {text!r} must be at least 1 ms")
+        raise BadExpression(f"{what} {text!r} must be at least 1 ms")
     return ms
 
 
@@ -90,12 +93,15 @@ def parse_expr(
     *,
     until: int | None = None,
     count: int | None = None,
+    jitter: int | None = None,
 ) -> Rule:
     """The rule `expr` names (see the module's doc); `zone` is `--zone` (None: not given),
     `now` the `--from` instant an interval without a start starts at; `until` and `count`
-    (`--until`, `--count`) end a recurring rule."""
+    (`--until`, `--count`) end a recurring rule; `jitter` (`--jitter`, ms) spreads its
+    slots."""
     text = expr.strip()
     ends = {k: v for k, v in (("until", until), ("count", count)) if v is not None}
+    spread = {} if jitter is None else {"jitter": jitter}
     if text.startswith("{"):
         try:
             data = orjson.loads(text)
@@ -104,6 +110,7 @@ def parse_expr(
         if not isinstance(data, dict):
             raise BadExpression(f"rule {text!r} is not a JSON object")
         given = {"zone": zone, **ends} if data.get("kind") == "cron" and zone else ends
+        given = {**given, **spread}
         for name, value in given.items():
             if name in data and data[name] != value:
                 raise BadExpression(
@@ -118,18 +125,24 @@ def parse_expr(
         )
     rest = rest.strip()
     if kind == "cron":
-        return _rule({"kind": "cron", "expr": rest, "zone": zone or "UTC", **ends})
+        return _rule({"kind": "cron", "expr": rest, "zone": zone or "UTC", **ends, **spread})
     if kind == "interval":
         every, at, start = rest.partition("@")
         begin = parse_instant(start, "start") if at else now
         return _rule(
-            {"kind": "interval", "every": parse_duration(every.strip()), "start": begin, **ends}
+            {
+                "kind": "interval",
+                "every": parse_duration(every.strip()),
+                "start": begin,
+                **ends,
+                **spread,
+            }
         )
     if ends:
         raise BadExpression(
             f"a once rule has one slot: --{next(iter(ends))} is for recurring rules"
         )
-    return _rule({"kind": "once", "at": parse_instant(rest, "at")})
+    return _rule({"kind": "once", "at": parse_instant(rest, "at"), **spread})
 
 
 def _rule(data: object) -> Rule:
@@ -173,11 +186,22 @@ class SlotLine(BaseModel):
     local: str
     zone: str
     offset: str
+    fires_at: int | None = Field(
+        default=None,
+        exclude_if=lambda v: v is None,
+        description="a jittered rule's slot as one timer fires it (`--timer-id`): due_at "
+        "plus the slot's jitter",
+    )
 
 
-def slot_line(slot: Slot, zone: ZoneInfo) -> SlotLine:
+def utc_text(ms: int) -> str:
+    moment = datetime.fromtimestamp(ms // 1000, UTC).replace(microsecond=(ms % 1000) * 1000)
+    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def slot_line(slot: Slot, zone: ZoneInfo, fires_at: int | None = None) -> SlotLine:
     """`slot` with its UTC time and its local time in `zone`, with the offset then (which a
-    daylight-saving change moves)."""
+    daylight-saving change moves); `fires_at`, when one timer's jitter is shown."""
     moment = datetime.fromtimestamp(slot.due_at // 1000, UTC).replace(
         microsecond=(slot.due_at % 1000) * 1000
     )
@@ -185,8 +209,9 @@ def slot_line(slot: Slot, zone: ZoneInfo) -> SlotLine:
     return SlotLine(
         index=slot.index,
         due_at=slot.due_at,
-        utc=moment.isoformat(timespec="milliseconds").replace("+00:00", "Z"),
+        utc=utc_text(slot.due_at),
         local=local.isoformat(timespec="milliseconds"),
         zone=str(zone.key),
         offset=local.tzname() or "",
+        fires_at=fires_at,
     )

@@ -3,7 +3,8 @@
 The read-only commands (`list`, `upcoming`, `show`, `ledger`, and `tickwheel jobs list --state`,
 `tickwheel rebuild --dry-run`) never create a topic: one that is not there is an error
 that names it (exit code 1). `retry` and `skip` write requests, and create the timer-ops
-topic as a worker would.
+topic as a worker would. `set` and `cancel` (`app.cli.timer_changes`) send a timer book
+its commands and create nothing.
 """
 
 from __future__ import annotations

@@ -23,7 +23,10 @@ scan stopped there: the page then ends where the scan did). `GET /` is the opera
 (`app.ops.page`: partitions, timers, parked timers, the ledger, an owner search with
 `?owner=<id>&tenant=<tenant>`, the lateness chart); its Retry and Skip forms are
 `POST /timers/retry` and `POST /timers/skip` (303 back to the page, 400 for a bad form,
-403 for a form posted from another site). Anything else is a JSON 404/405 with the reason.
+403 for a form posted from another site). `PUT`, `DELETE` and `GET /timers/{type}/{owner}/{key}`
+set, cancel and show a timer of a timer book (`app.ops.timer_routes`), and
+`GET /openapi.json` describes every JSON route (`app.ops.openapi`). Anything else is a JSON
+404/405 with the reason.
 
 The web token (`TICKWHEEL_WEB_TOKEN`): when the node has one, every action (any method
 but GET, HEAD and OPTIONS) needs it; reads stay open. A client sends it as
@@ -51,7 +54,10 @@ from yarl import URL
 
 from app.errors import TickwheelError
 from app.ops.forms import TOKEN_FIELD, without_token
+from app.ops.openapi import openapi_document
 from app.ops.page import OperatorPage, Rendered, default_node_id
+from app.ops.timer_api import DEFAULT_WAIT_S
+from app.ops.timer_routes import TimerRoutes
 from app.ops.upcoming import BadQuery, SortKey, query_of, sort_key, upcoming_page
 from app.protocol.topics import parse_aggregate_type
 from tables import StoreClosed, Timer
@@ -103,8 +109,10 @@ class WebServer:
         host: str = "127.0.0.1",
         *,
         max_commit_lag_s: float = MAX_COMMIT_LAG_S,
+        timer_wait_s: float = DEFAULT_WAIT_S,
     ) -> None:
         self._node = node
+        self._timers = TimerRoutes(node, timer_wait_s)
         self._host = host
         self._port = port
         self._max_commit_lag_s = max_commit_lag_s
@@ -130,6 +138,8 @@ class WebServer:
         app.router.add_get("/metrics", self._metrics)
         app.router.add_get("/ledger", self._ledger)
         app.router.add_get("/timers/upcoming", self._upcoming)
+        app.router.add_get("/openapi.json", self._openapi)
+        self._timers.add_to(app)
         app.router.add_get("/", self._page)
         app.router.add_post("/timers/retry", self._retry)
         app.router.add_post("/timers/skip", self._skip)
@@ -229,6 +239,11 @@ class WebServer:
                 "scanned_all": horizon is None,
             }
         )
+
+    async def _openapi(self, request: web.Request) -> web.Response:
+        from app import __version__  # the package root imports this module's package
+
+        return _json(openapi_document(__version__))
 
     async def _page(self, request: web.Request) -> web.Response:
         assert self.page is not None

@@ -22,7 +22,7 @@ from app.protocol.wire import (
     ScheduleSet,
 )
 from tables import AggregateRef, Timer, TimerStore
-from tables.slots import first_slot
+from tables.slots import first_slot, jittered_due
 
 __all__ = [
     "CancelAllTimers",
@@ -92,7 +92,7 @@ def _timer(event: EventEnvelope, body: ScheduleSet, partition: int) -> Timer:
         command=body.command,
         slot=slot.index,
         slot_due_at=slot.due_at,
-        due_at=slot.due_at,
+        due_at=jittered_due(body.rule, event.id, slot),  # the same on every replay
     )
 
 

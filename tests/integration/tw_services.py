@@ -9,6 +9,7 @@ import os
 
 from pydantic import BaseModel
 
+from app.clients.timer_book import timer_book
 from app.model.aggregate import (
     AggregateType,
     Command,
@@ -95,3 +96,9 @@ def _fired(state: Counter, e: Event) -> Counter:
 
 
 service = Service(aggregates=(counter,))
+
+book = timer_book(CONTEXT, "book")
+"""A timer book whose timers fire into `counter` (timers set over HTTP and the CLI)."""
+reminders = timer_book(CONTEXT, "reminders")
+"""The book docs/operations.md's command lines name (`shop.reminders`, in this context)."""
+book_service = Service(aggregates=(counter, book, reminders))

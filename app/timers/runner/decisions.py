@@ -16,7 +16,7 @@ from typing import Any, Final
 
 from app.protocol.wire import ResultCode
 from app.timers.runner.options import TimerOptions, backoff_ms
-from tables.slots import Slot, caught_up, latest_due, next_slot
+from tables.slots import Slot, caught_up, jittered_due, latest_due, next_slot
 from tables.timer import Outcome, Timer, TimerChange, TimerStatus
 
 __all__ = [
@@ -283,7 +283,7 @@ def _at_slot(timer: Timer, slot: Slot, outcome: Outcome, skipped: int | None = N
         status=TimerStatus.PENDING,
         slot=slot.index,
         slot_due_at=slot.due_at,
-        due_at=slot.due_at,
+        due_at=jittered_due(timer.rule, timer.id, slot),
         attempts=0,
         skipped=timer.skipped if skipped is None else skipped,
         outcome=outcome,

@@ -1,0 +1,195 @@
+"""`tickwheel timers set` and `tickwheel timers cancel`: a timer of a timer book
+(`app.clients.timer_book`) set or cancelled by command, as a service's client would
+(`app.ops.timer_api`): the node owning the book's partition appends the event, and a
+command sent again with the same `--request-id` changes nothing (answered DUPLICATE).
+
+Both need the book's command and results topics (made by a worker running the book) and
+create none. Exit 0 once the book answered COMMITTED or DUPLICATE; 1 when it refused
+(REJECTED, ERROR, BUSY) or did not answer within `--wait` (send it again with the request
+id printed to learn what became of it); 2 for a bad option (a rule that does not parse,
+a target that is the book itself, a rule with no slot left).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Annotated
+
+import orjson
+import typer
+from pydantic import ValidationError
+
+from app.cli.common import (
+    CONFIG_ERROR,
+    Bootstrap,
+    Json,
+    checked,
+    fail,
+    json_line,
+    run,
+    settings_for,
+)
+from app.cli.rule_expr import BadExpression, parse_duration, parse_expr
+from app.cli.timers import TypeName, _type, timers_cli
+from app.clients.timer_book import timer_book
+from app.kafka import require_topics
+from app.kafka.clients import KafkaClients
+from app.kafka.connection import Connectable
+from app.ops.timer_api import (
+    DEFAULT_WAIT_S,
+    DONE,
+    BadRequest,
+    TargetSpec,
+    TimerPut,
+    answer_of,
+    cancel_command,
+    field_of,
+    owner_ref,
+    set_command,
+    submit,
+)
+from app.protocol.topics import ContextTopics, parse_aggregate_type
+from app.protocol.wire import CommandEnvelope, CommandResult
+from tables import DEFAULT_TENANT, CommandSpec
+
+__all__ = ["cancel", "set_"]
+
+Owner = Annotated[str, typer.Option("--owner", help="the book's id: the timer's owner")]
+Key = Annotated[str, typer.Option(help="the timer's key, unique per owner")]
+Tenant = Annotated[str, typer.Option(help="the owner's tenant")]
+RequestId = Annotated[
+    str | None,
+    typer.Option(help="names this change: sent again with it, nothing more is written (new)"),
+]
+Wait = Annotated[float, typer.Option(min=0, max=600, help="seconds to wait for the book's answer")]
+
+
+def _now() -> int:
+    return time.time_ns() // 1_000_000
+
+
+async def send_change(
+    kafka: Connectable, cmd: CommandEnvelope, wait_s: float
+) -> CommandResult | None:
+    """Sends a book's command and waits for its result. Creates no topic: the book's
+    command and results topics must be there (a worker running the book made them)."""
+    topics = parse_aggregate_type(cmd.aggregate.type_name)
+    results = ContextTopics(cmd.aggregate.context).results
+    why = f"no worker has run the timer book {topics.type_name} against this cluster"
+    found = await require_topics(kafka, {topics.commands: why, results: why})
+    clients = KafkaClients(kafka)
+    publisher = clients.publisher()
+    await publisher.start()
+    try:
+        async with clients.reader() as reader:
+            return await submit(publisher, reader, cmd, found[topics.commands], wait_s)
+    finally:
+        await publisher.stop()
+
+
+def _answer(action: str, cmd: CommandEnvelope, result: CommandResult | None, as_json: bool) -> None:
+    if result is None:
+        raise fail(
+            f"no answer from the book in time: send it again with --request-id "
+            f"{cmd.request_id} to learn it (that writes nothing more)"
+        )
+    answer = answer_of(cmd, result)
+    if result.code not in DONE:
+        raise fail(f"{action} refused: {result.code} {result.message}".rstrip())
+    if as_json:
+        json_line(answer.model_dump(mode="json"))
+        return
+    before = " before by this request id: nothing written" if answer.duplicate else ""
+    typer.echo(
+        f"{action} {answer.owner} {answer.key!r}: {result.code}{before} "
+        f"(request {answer.request_id}, version {answer.version})"
+    )
+
+
+@timers_cli.command("set")
+def set_(
+    type_name: TypeName,
+    owner: Owner,
+    key: Key,
+    rule: Annotated[
+        str,
+        typer.Option(
+            metavar="EXPR",
+            help="cron:<expression>, interval:<every>[@<start>], once:<instant>, or the "
+            "rule's JSON object (as `tickwheel rules next` reads it)",
+        ),
+    ],
+    target_type: Annotated[
+        str, typer.Option(help="the type the command goes to, <context>.<aggregate>")
+    ],
+    command: Annotated[str, typer.Option(help="the command's type the timer sends")],
+    body: Annotated[str, typer.Option(help="the command's body, a JSON object")] = "{}",
+    target: Annotated[
+        str | None, typer.Option(help="the id the command goes to (the owner's)")
+    ] = None,
+    zone: Annotated[str | None, typer.Option(help="a cron rule's IANA zone (UTC)")] = None,
+    jitter: Annotated[
+        str | None,
+        typer.Option(help="the rule's jitter: each slot fires up to this much later (30s, ms)"),
+    ] = None,
+    tenant: Tenant = DEFAULT_TENANT,
+    request_id: RequestId = None,
+    wait: Wait = DEFAULT_WAIT_S,
+    bootstrap: Bootstrap = None,
+    as_json: Json = False,
+) -> None:
+    """Sets a timer of a timer book (creates it, or replaces the one of that key): the
+    book's owner sends --command to --target-type by --rule."""
+    settings = settings_for(bootstrap, None)
+    now = _now()
+    try:
+        book = parse_aggregate_type(_type(type_name))
+        spread = None if jitter is None else parse_duration(jitter, "--jitter")
+        parsed = parse_expr(rule, zone, now, jitter=spread)
+        data = orjson.loads(body)
+        if not isinstance(data, dict):
+            raise BadRequest("--body", "must be a JSON object")
+        try:
+            put = TimerPut(
+                rule=parsed,
+                target=TargetSpec(type=target_type, id=target),
+                command=CommandSpec(type=command, body=data),
+                request_id=request_id,
+            )
+        except ValidationError as exc:
+            raise field_of(exc) from exc
+        cmd = set_command(
+            timer_book(book.context, book.aggregate),
+            owner_ref(book.type_name, owner, tenant),
+            key,
+            put,
+            now,
+        )
+    except orjson.JSONDecodeError as exc:
+        raise fail(f"--body is not JSON: {exc}", CONFIG_ERROR) from exc
+    except (BadExpression, BadRequest) as exc:
+        raise fail(str(exc), CONFIG_ERROR) from exc
+    result = run(checked(settings.kafka, send_change(settings.kafka, cmd, wait)))
+    _answer("set", cmd, result, as_json)
+
+
+@timers_cli.command()
+def cancel(
+    type_name: TypeName,
+    owner: Owner,
+    key: Key,
+    tenant: Tenant = DEFAULT_TENANT,
+    request_id: RequestId = None,
+    wait: Wait = DEFAULT_WAIT_S,
+    bootstrap: Bootstrap = None,
+    as_json: Json = False,
+) -> None:
+    """Cancels a timer of a timer book (a key with no timer: nothing to cancel, no error)."""
+    settings = settings_for(bootstrap, None)
+    try:
+        book = parse_aggregate_type(_type(type_name))
+        cmd = cancel_command(owner_ref(book.type_name, owner, tenant), key, request_id, _now())
+    except BadRequest as exc:
+        raise fail(str(exc), CONFIG_ERROR) from exc
+    result = run(checked(settings.kafka, send_change(settings.kafka, cmd, wait)))
+    _answer("cancel", cmd, result, as_json)

@@ -1,0 +1,202 @@
+"""The web edge's OpenAPI 3.1 document (`GET /openapi.json`), built from the pydantic
+models its JSON routes take and answer (aiohttp has no generator of its own). A unit test
+checks that every JSON route the server registers is described here, and every `$ref`
+found."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel
+from pydantic.json_schema import models_json_schema
+
+from app.ops.timer_api import ApiError, TimerAnswer, TimerPut
+from app.ops.timer_routes import IDEMPOTENCY_HEADER, TIMER_PATH
+from app.ops.upcoming import DEFAULT_LIMIT, MAX_LIMIT, UpcomingPage
+from tables.timer import Timer
+
+__all__ = ["JSON_ROUTES", "openapi_document"]
+
+_MODELS: tuple[type[BaseModel], ...] = (ApiError, Timer, TimerAnswer, UpcomingPage)
+
+JSON_ROUTES = frozenset(
+    {
+        ("GET", "/livez"),
+        ("GET", "/readyz"),
+        ("GET", "/healthz"),
+        ("GET", "/ledger"),
+        ("GET", "/timers/upcoming"),
+        ("GET", TIMER_PATH),
+        ("PUT", TIMER_PATH),
+        ("DELETE", TIMER_PATH),
+        ("GET", "/openapi.json"),
+    }
+)
+"""(method, path) of every route answering JSON: the document describes each."""
+
+
+def _ref(model: type[BaseModel]) -> dict[str, str]:
+    return {"$ref": f"#/components/schemas/{model.__name__}"}
+
+
+def _json(description: str, schema: dict[str, Any]) -> dict[str, Any]:
+    return {"description": description, "content": {"application/json": {"schema": schema}}}
+
+
+def _error(description: str) -> dict[str, Any]:
+    return _json(description, _ref(ApiError))
+
+
+_OBJECT: dict[str, Any] = {"type": "object"}
+
+
+def _query(name: str, description: str, schema: dict[str, Any] | None = None) -> dict[str, Any]:
+    return {
+        "name": name,
+        "in": "query",
+        "required": False,
+        "description": description,
+        "schema": schema or {"type": "string"},
+    }
+
+
+def _path(name: str, description: str) -> dict[str, Any]:
+    return {
+        "name": name,
+        "in": "path",
+        "required": True,
+        "description": description,
+        "schema": {"type": "string"},
+    }
+
+
+def _health(summary: str) -> dict[str, Any]:
+    return {
+        "get": {
+            "summary": summary,
+            "responses": {"200": _json("yes", _OBJECT), "503": _json("no, and why", _OBJECT)},
+        }
+    }
+
+
+def openapi_document(version: str) -> dict[str, Any]:
+    """The document, for the package's `version`."""
+    _, defs = models_json_schema(
+        [(m, "serialization") for m in _MODELS] + [(TimerPut, "validation")],
+        ref_template="#/components/schemas/{model}",
+    )
+    timer_params = [
+        _path("type", "a timer book of the node's service, <context>.<book>"),
+        _path("owner", "the book's id (the timer's owner)"),
+        _path("key", "the timer's key, unique per owner"),
+        _query("tenant", "the owner's tenant (the default tenant when absent)"),
+    ]
+    written = {
+        "200": _json(
+            "done now (COMMITTED) or before by this request id (DUPLICATE)", _ref(TimerAnswer)
+        ),
+        "400": _error("not JSON, or a wrong path (field names it)"),
+        "401": _error("the node's web token is missing or wrong"),
+        "404": _error("no timer book of this type here"),
+        "422": _json(
+            "refused: a body that does not validate (an ApiError naming the field) "
+            "or a TimerAnswer REJECTED by the book",
+            {},
+        ),
+        "502": _json("the book answered ERROR", _ref(TimerAnswer)),
+        "503": _json(
+            "the book's partition is busy (a TimerAnswer BUSY) or the broker did not take the "
+            "command (an ApiError): retry with the same request id (Retry-After)",
+            {"oneOf": [_ref(TimerAnswer), _ref(ApiError)]},
+        ),
+        "504": _error("no answer in time: retry with its request_id"),
+    }
+    idempotency = {
+        "name": IDEMPOTENCY_HEADER,
+        "in": "header",
+        "required": False,
+        "description": "the change's request id (a PUT's body may say it as request_id)",
+        "schema": {"type": "string", "minLength": 1, "maxLength": 300},
+    }
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "Tickwheel node", "version": version},
+        "paths": {
+            "/livez": _health("liveness: the process answers"),
+            "/readyz": _health("readiness: every partition given to the node runs"),
+            "/healthz": _health("readiness (as /readyz)"),
+            "/ledger": {
+                "get": {
+                    "summary": "the open entries of the failure ledgers",
+                    "responses": {"200": _json("entries", _OBJECT)},
+                }
+            },
+            "/timers/upcoming": {
+                "get": {
+                    "summary": "PENDING and FIRING timers of the node's partitions by due time",
+                    "parameters": [
+                        _query("type", "the owner's type, <context>.<aggregate>"),
+                        _query("owner", "the owner's id"),
+                        _query("tenant", "the owner's tenant"),
+                        _query("target", "the target's id"),
+                        _query("target_type", "the target's type"),
+                        _query("due_from", "ISO 8601 with offset, or epoch ms"),
+                        _query("due_until", "ISO 8601 with offset, or epoch ms"),
+                        _query(
+                            "limit",
+                            "page size",
+                            {
+                                "type": "integer",
+                                "minimum": 1,
+                                "maximum": MAX_LIMIT,
+                                "default": DEFAULT_LIMIT,
+                            },
+                        ),
+                        _query("cursor", "a page's next_cursor"),
+                    ],
+                    "responses": {
+                        "200": _json("a page", _ref(UpcomingPage)),
+                        "400": _error("a bad parameter, named"),
+                    },
+                }
+            },
+            TIMER_PATH: {
+                "parameters": timer_params,
+                "get": {
+                    "summary": "the timer's row, when this node keeps its partition",
+                    "responses": {
+                        "200": _json("the timer", _ref(Timer)),
+                        "400": _error("a wrong path"),
+                        "404": _error("no such timer book or timer"),
+                        "409": _error("another node of the group keeps the partition"),
+                    },
+                },
+                "put": {
+                    "summary": "sets the timer (creates or replaces it), through the book",
+                    "security": [{"webToken": []}],
+                    "parameters": [idempotency],
+                    "requestBody": {
+                        "required": True,
+                        "content": {"application/json": {"schema": _ref(TimerPut)}},
+                    },
+                    "responses": written,
+                },
+                "delete": {
+                    "summary": "cancels the timer, through the book",
+                    "security": [{"webToken": []}],
+                    "parameters": [idempotency, _query("request_id", "as Idempotency-Key")],
+                    "responses": {k: v for k, v in written.items() if k != "422"},
+                },
+            },
+            "/openapi.json": {
+                "get": {
+                    "summary": "this document",
+                    "responses": {"200": _json("OpenAPI 3.1", _OBJECT)},
+                }
+            },
+        },
+        "components": {
+            "schemas": defs["$defs"],
+            "securitySchemes": {"webToken": {"type": "http", "scheme": "bearer"}},
+        },
+    }

@@ -1,0 +1,257 @@
+"""Timers set, cancelled and shown by an operator or a service without Kafka: the requests
+`tickwheel timers set|cancel` and the web edge's `PUT|DELETE /timers/{type}/{owner}/{key}`
+make of a timer book (`app.clients.timer_book`).
+
+A request is a `wow.SetTimer` or `wow.CancelTimer` command sent to the book's command
+topic, in its owner's partition, and its answer is the command's result, read from its
+context's results topic (in the request id's partition). The node owning the book's
+partition appends the book's events, de-duplicated by request id: a request sent again
+with the same request id (a client's retry after a timeout) is answered DUPLICATE and
+writes nothing, and no version of the book is ever written twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from app.clients.timer_book import CANCEL_TIMER, SET_TIMER, book_reason
+from app.errors import BadRecord
+from app.kafka.ports import LogReader, Publisher
+from app.model.aggregate import AggregateType
+from app.protocol.topics import AggregateTopics, ContextTopics
+from app.protocol.wire import (
+    CommandEnvelope,
+    CommandResult,
+    ResultCode,
+    ScheduleCancelled,
+    ScheduleSet,
+    decode,
+    encode,
+)
+from tables import AggregateRef, CommandSpec, ScheduleRule
+from tables.partitioner import partition_of
+
+__all__ = [
+    "DEFAULT_WAIT_S",
+    "DONE",
+    "ApiError",
+    "BadRequest",
+    "TargetSpec",
+    "TimerAnswer",
+    "TimerPut",
+    "answer_of",
+    "cancel_command",
+    "field_of",
+    "is_book",
+    "new_request_id",
+    "owner_ref",
+    "set_command",
+    "submit",
+]
+
+DEFAULT_WAIT_S = 30.0
+"""How long a request waits for its answer by default."""
+
+_TYPE = r"^[A-Za-z0-9_][A-Za-z0-9_\-]*\.[A-Za-z0-9_][A-Za-z0-9_.\-]*$"
+
+DONE = frozenset({ResultCode.COMMITTED, ResultCode.DUPLICATE, ResultCode.UNCHANGED})
+"""Answers meaning the timer is as asked."""
+
+
+class BadRequest(ValueError):
+    """A request that cannot be sent; `field` names what is wrong (a path in its JSON)."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+        self.message = message
+
+
+class TargetSpec(BaseModel):
+    """Where the timer's command goes: an aggregate of another type than the book."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    type: str = Field(
+        min_length=3, max_length=201, pattern=_TYPE, description="<context>.<aggregate>"
+    )
+    id: str | None = Field(
+        None, min_length=1, max_length=500, description="the target's id; the owner's by default"
+    )
+
+
+class TimerPut(BaseModel):
+    """`PUT /timers/{type}/{owner}/{key}`'s body: the timer that key is to be (created, or
+    replacing the one set before)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    rule: ScheduleRule
+    target: TargetSpec
+    command: CommandSpec
+    request_id: str | None = Field(
+        None,
+        min_length=1,
+        max_length=300,
+        description="names this change: sent again with it, the request changes nothing "
+        "and is answered DUPLICATE (a new one is made when absent)",
+    )
+
+
+class TimerAnswer(BaseModel):
+    """What became of a set or cancel request: its command's result."""
+
+    model_config = ConfigDict(frozen=True)
+
+    request_id: str
+    code: ResultCode = Field(
+        description="COMMITTED: done now; DUPLICATE: done before by this request id"
+    )
+    duplicate: bool = Field(description="the request id was used before: nothing written")
+    owner: AggregateRef
+    key: str
+    version: int | None = Field(None, description="the book's version after it")
+    message: str = ""
+
+
+class ApiError(BaseModel):
+    """Any 4xx/5xx answer of the web edge's JSON routes."""
+
+    model_config = ConfigDict(frozen=True)
+
+    error: str
+    field: str | None = Field(None, description="the wrong part of the request, when one is")
+    request_id: str | None = Field(
+        None, description="the request's id, to send it again with when it was not answered"
+    )
+
+
+def new_request_id() -> str:
+    return uuid.uuid4().hex
+
+
+def field_of(exc: ValidationError, prefix: str = "") -> BadRequest:
+    """The first error of a pydantic validation as a `BadRequest` naming its field."""
+    err = exc.errors()[0]
+    where = ".".join(str(p) for p in err["loc"] if not str(p).startswith("function-"))
+    return BadRequest(".".join(p for p in (prefix, where) if p) or "body", err["msg"])
+
+
+def is_book(agg: AggregateType[Any] | None) -> bool:
+    """Whether an aggregate type is a timer book (takes `wow.SetTimer`)."""
+    return agg is not None and SET_TIMER in agg.handlers and CANCEL_TIMER in agg.handlers
+
+
+def owner_ref(type_name: str, owner: str, tenant: str) -> AggregateRef:
+    """The book `type_name`'s aggregate `owner`; `BadRequest` naming the part that is wrong."""
+    context, _, aggregate = type_name.partition(".")
+    try:
+        return AggregateRef(context=context, aggregate=aggregate, tenant=tenant, id=owner)
+    except ValidationError as exc:
+        bad = field_of(exc)
+        names = {"context": "type", "aggregate": "type", "id": "owner"}
+        raise BadRequest(names.get(bad.field, bad.field), bad.message) from exc
+
+
+def set_command(
+    book: AggregateType[Any],
+    owner: AggregateRef,
+    key: str,
+    put: TimerPut,
+    now: int,
+) -> CommandEnvelope:
+    """The `wow.SetTimer` of `put` to `owner`'s book; `BadRequest` naming what the book
+    would refuse (its target, a rule with no slot left)."""
+    context, _, aggregate = put.target.type.partition(".")
+    try:
+        target = AggregateRef(
+            context=context, aggregate=aggregate, tenant=owner.tenant, id=put.target.id or owner.id
+        )
+        body = ScheduleSet(key=key, rule=put.rule, target=target, command=put.command)
+    except ValidationError as exc:
+        bad = field_of(exc)
+        where = "key" if bad.field == "key" else f"target.{bad.field}"
+        raise BadRequest(where, bad.message) from exc
+    if (why := book_reason(book, body, now)) is not None:
+        raise BadRequest("rule" if why.startswith("the rule") else "target", why)
+    return CommandEnvelope(
+        request_id=put.request_id or new_request_id(),
+        type=SET_TIMER,
+        aggregate=owner,
+        body=body.model_dump(mode="json"),
+        issued_at=now,
+    )
+
+
+def cancel_command(
+    owner: AggregateRef, key: str, request_id: str | None, now: int
+) -> CommandEnvelope:
+    """The `wow.CancelTimer` of `owner`'s timer `key`."""
+    try:
+        body = ScheduleCancelled(key=key)
+        return CommandEnvelope(
+            request_id=request_id or new_request_id(),
+            type=CANCEL_TIMER,
+            aggregate=owner,
+            body=body.model_dump(mode="json"),
+            issued_at=now,
+        )
+    except ValidationError as exc:
+        raise field_of(exc) from exc
+
+
+async def submit(
+    publisher: Publisher,
+    reader: LogReader,
+    cmd: CommandEnvelope,
+    partitions: int,
+    wait_s: float = DEFAULT_WAIT_S,
+    *,
+    poll_s: float = 0.1,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+) -> CommandResult | None:
+    """Sends `cmd` to its aggregate's command topic and waits up to `wait_s` seconds for
+    its result; None when none came (it may still come: send it again with its request
+    id to learn it, which changes nothing more)."""
+    owner = cmd.aggregate
+    topics = AggregateTopics(owner.context, owner.aggregate)
+    results = ContextTopics(owner.context).results
+    at = partition_of(cmd.request_id, partitions)
+    # The results partition's end before the send: the answer is written after it.
+    start = (await reader.offsets(results, at))[1]
+    await publisher.send(
+        topics.commands, owner.id.encode(), encode(cmd), partition_of(owner.id, partitions)
+    )
+    deadline = clock() + wait_s
+    while True:
+        async for batch in reader.read(results, at, start):
+            for r in batch:
+                start = r.offset + 1
+                try:
+                    result = decode(CommandResult, r.value)
+                except BadRecord:
+                    continue
+                if result.request_id == cmd.request_id and result.aggregate == owner:
+                    return result
+        if clock() >= deadline:
+            return None
+        await sleep(poll_s)
+
+
+def answer_of(cmd: CommandEnvelope, result: CommandResult) -> TimerAnswer:
+    return TimerAnswer(
+        request_id=result.request_id,
+        code=result.code,
+        duplicate=result.code is ResultCode.DUPLICATE,
+        owner=cmd.aggregate,
+        key=str(cmd.body["key"]),
+        version=result.version,
+        message=result.message,
+    )

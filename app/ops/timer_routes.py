@@ -1,0 +1,218 @@
+"""The web edge's timer routes, on a timer book (`app.ops.timer_api`):
+
+- `PUT /timers/{type}/{owner}/{key}` sets the timer (creates it, or replaces the one set
+  under that key): a JSON `TimerPut` in, a `TimerAnswer` out (200), once the node owning
+  the book's partition has appended its event;
+- `DELETE /timers/{type}/{owner}/{key}` cancels it (200, a `TimerAnswer`; a key with no
+  timer is cancelled all the same: nothing to cancel is no error);
+- `GET /timers/{type}/{owner}/{key}` shows the timer's row (a `Timer`) when this node
+  keeps the owner's partition; 404 when it keeps no such timer, 409 naming the partition
+  when another node of the group keeps it (`tickwheel timers show` reads any).
+
+`{type}` is a timer book of this node's service (`<context>.<book>`), `{owner}` the book's
+id, `?tenant=` its tenant (the default tenant when absent). A change's request id is the
+body's `request_id`, or the `Idempotency-Key` header (a DELETE's), or a new one: the same
+request id sent again writes nothing and is answered DUPLICATE (200), so a client retries
+a change that timed out (504, with the request id) with the same id.
+
+Errors are JSON `ApiError`s naming the wrong `field`: 400 for a request that is not JSON
+or a wrong path, 404 for a type that is no timer book here, 422 for a body that does not
+validate or that the book refuses (its rule has no slot left, its target is the book),
+503 (with `Retry-After`) when the book's partition is busy or the broker did not take the
+command, 502 when it answered ERROR, 504 when no answer came in time (the last two with
+the request id to send again). The writes need the web token, as every action does.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+import orjson
+from aiohttp import web
+from pydantic import ValidationError
+
+from app.errors import KafkaUnavailable
+from app.ops.timer_api import (
+    DONE,
+    ApiError,
+    BadRequest,
+    TimerPut,
+    answer_of,
+    cancel_command,
+    field_of,
+    is_book,
+    owner_ref,
+    set_command,
+    submit,
+)
+from app.protocol.wire import CommandEnvelope, ResultCode
+from tables import DEFAULT_TENANT
+from tables.partitioner import partition_of
+
+if TYPE_CHECKING:
+    from app.node import Node
+
+__all__ = ["TIMER_PATH", "TimerRoutes"]
+
+TIMER_PATH = "/timers/{type}/{owner}/{key}"
+
+IDEMPOTENCY_HEADER = "Idempotency-Key"
+
+
+def _json(data: object, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
+    return web.Response(
+        body=orjson.dumps(data), status=status, content_type="application/json", headers=headers
+    )
+
+
+def _error(status: int, error: str, field: str | None = None, **more: Any) -> web.Response:
+    return _json(ApiError(error=error, field=field, **more).model_dump(mode="json"), status)
+
+
+class TimerRoutes:
+    """The three routes over a node; `wait_s`: how long a change waits for its answer."""
+
+    def __init__(self, node: Node, wait_s: float) -> None:
+        self._node = node
+        self._wait_s = wait_s
+
+    def add_to(self, app: web.Application) -> None:
+        app.router.add_put(TIMER_PATH, self.put)
+        app.router.add_delete(TIMER_PATH, self.delete)
+        app.router.add_get(TIMER_PATH, self.get)
+
+    def _now(self) -> int:
+        return time.time_ns() // 1_000_000
+
+    def _book(self, request: web.Request) -> Any:
+        name = request.match_info["type"]
+        agg = self._node.aggregates.get(name)
+        if not is_book(agg):
+            books = sorted(n for n, a in self._node.aggregates.items() if is_book(a))
+            known = ", ".join(books) or "none"
+            raise _NotBook(f"{name} is no timer book of this node (its books: {known})")
+        return agg
+
+    def _owner(self, request: web.Request) -> Any:
+        tenant = request.query.get("tenant", DEFAULT_TENANT)
+        return owner_ref(request.match_info["type"], request.match_info["owner"], tenant)
+
+    async def put(self, request: web.Request) -> web.Response:
+        try:
+            book = self._book(request)
+            owner = self._owner(request)
+            try:
+                data = orjson.loads(await request.read())
+            except orjson.JSONDecodeError as exc:
+                raise BadRequest("body", f"not JSON: {exc}") from exc
+            if not isinstance(data, dict):
+                raise BadRequest("body", "must be a JSON object")
+            header = request.headers.get(IDEMPOTENCY_HEADER)
+            given = data.get("request_id")
+            if header is not None and given is not None and header != given:
+                raise BadRequest("request_id", f"differs from the {IDEMPOTENCY_HEADER} header")
+            if header is not None:
+                data = {**data, "request_id": header}
+            try:
+                put = TimerPut.model_validate(data)
+            except ValidationError as exc:
+                raise _Invalid(field_of(exc)) from exc
+            try:
+                cmd = set_command(book, owner, request.match_info["key"], put, self._now())
+            except BadRequest as exc:
+                raise _Invalid(exc) from exc
+        except _NotBook as exc:
+            return _error(404, str(exc), "type")
+        except _Invalid as exc:
+            return _error(422, exc.bad.message, exc.bad.field)
+        except BadRequest as exc:
+            return _error(400, exc.message, exc.field)
+        return await self._send(cmd)
+
+    async def delete(self, request: web.Request) -> web.Response:
+        try:
+            self._book(request)
+            owner = self._owner(request)
+            cmd = cancel_command(
+                owner,
+                request.match_info["key"],
+                request.headers.get(IDEMPOTENCY_HEADER) or request.query.get("request_id"),
+                self._now(),
+            )
+        except _NotBook as exc:
+            return _error(404, str(exc), "type")
+        except BadRequest as exc:
+            return _error(400, exc.message, exc.field)
+        return await self._send(cmd)
+
+    async def get(self, request: web.Request) -> web.Response:
+        try:
+            self._book(request)
+            owner = self._owner(request)
+        except _NotBook as exc:
+            return _error(404, str(exc), "type")
+        except BadRequest as exc:
+            return _error(400, exc.message, exc.field)
+        key = request.match_info["key"]
+        p = partition_of(owner.id, self._node.settings.partitions)
+        kept = self._node.types.get(owner.type_name)
+        if kept is None or p not in self._node.owned:
+            return _error(
+                409,
+                f"partition {p} of {owner.type_name} is kept by another node of the group "
+                "(`tickwheel timers show` reads any partition)",
+                "owner",
+            )
+        timer = await kept.store.find(owner, key)
+        if timer is None:
+            return _error(404, f"{owner} has no timer {key!r}", "key")
+        return _json(timer.model_dump(mode="json"))
+
+    async def _send(self, cmd: CommandEnvelope) -> web.Response:
+        node = self._node
+        reader = node.clients.reader()
+        try:
+            await reader.start()
+            try:
+                result = await submit(
+                    node.producer, reader, cmd, node.settings.partitions, self._wait_s
+                )
+            finally:
+                await reader.stop()
+        except KafkaUnavailable as exc:
+            # Sent or not: the same request id, sent again, changes nothing more.
+            return _json(
+                ApiError(
+                    error=f"the broker did not take or answer the change ({exc}): send it "
+                    "again with the same request id",
+                    request_id=cmd.request_id,
+                ).model_dump(mode="json"),
+                503,
+                {"Retry-After": "5"},
+            )
+        if result is None:
+            return _error(
+                504,
+                f"no answer in {self._wait_s:g} s: send it again with the same request id "
+                "to learn it (that changes nothing more)",
+                request_id=cmd.request_id,
+            )
+        answer = answer_of(cmd, result).model_dump(mode="json")
+        if result.code in DONE:
+            return _json(answer)
+        if result.code is ResultCode.BUSY:
+            return _json(answer, 503, {"Retry-After": "1"})
+        if result.code is ResultCode.ERROR:
+            return _json(answer, 502)
+        return _json(answer, 422)
+
+
+class _NotBook(Exception):
+    pass
+
+
+class _Invalid(Exception):
+    def __init__(self, bad: BadRequest) -> None:
+        super().__init__(str(bad))
+        self.bad = bad

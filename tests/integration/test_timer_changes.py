@@ -1,0 +1,167 @@
+"""Timers set and cancelled through a timer book against a real worker: one set by HTTP
+(`PUT /timers/{type}/{owner}/{key}`, with the web token) fires once, a PUT sent again with
+its request id writes nothing, and one cancelled by `tickwheel timers cancel` (another
+process, as an operator runs it) never fires."""
+
+from __future__ import annotations
+
+import re
+import shlex
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import orjson
+import pytest
+from harness import Client, Cluster, Worker, eventually
+
+from app.kafka import topic_names
+from tables import TimerStatus
+
+pytestmark = pytest.mark.kafka
+
+TOKEN = "itest-token"
+
+
+@pytest.fixture
+async def cluster(kafka_bootstrap: str, tmp_path: Path) -> AsyncIterator[Cluster]:
+    c = Cluster(kafka_bootstrap, tmp_path, partitions=2, service="tw_services:book_service")
+    yield c
+    c.stop_all()
+
+
+async def call(
+    worker: Worker, method: str, path: str, body: Any = None, **headers: str
+) -> tuple[int, Any]:
+    async with (
+        aiohttp.ClientSession() as http,
+        http.request(
+            method,
+            f"http://127.0.0.1:{worker.port}{path}",
+            json=body,
+            headers={"Authorization": f"Bearer {TOKEN}", **headers},
+        ) as r,
+    ):
+        return r.status, await r.json()
+
+
+async def test_a_timer_set_by_http_fires_once_and_one_cancelled_by_the_cli_never(
+    cluster: Cluster,
+) -> None:
+    ctx = cluster.context
+    w = cluster.start_worker(TICKWHEEL_WEB_TOKEN=TOKEN)
+    await cluster.wait_owned(w)
+    now = int(time.time() * 1000)
+
+    def put(at: int, target: str, request_id: str) -> dict[str, Any]:
+        return {
+            "rule": {"kind": "once", "at": at},
+            "target": {"type": f"{ctx}.counter", "id": target},
+            "command": {"type": "Fire"},
+            "request_id": request_id,
+        }
+
+    # Due first, and cancelled before then: were the cancel lost, it would fire first.
+    status, cancelled = await call(
+        w, "PUT", f"/timers/{ctx}.book/b-2/later", put(now + 15_000, "c-2", "set-later")
+    )
+    assert status == 200 and cancelled["code"] == "COMMITTED", cancelled
+    status, answer = await call(
+        w, "PUT", f"/timers/{ctx}.book/b-1/soon", put(now + 20_000, "c-1", "set-soon")
+    )
+    assert status == 200 and answer["code"] == "COMMITTED", answer
+    again = await call(
+        w, "PUT", f"/timers/{ctx}.book/b-1/soon", put(now + 20_000, "c-1", "set-soon")
+    )
+    assert again[0] == 200 and again[1]["code"] == "DUPLICATE", again
+    assert again[1]["version"] == answer["version"]
+
+    code, out, err, _ = await cluster.run_cli(
+        [
+            "timers",
+            "cancel",
+            "--type",
+            f"{ctx}.book",
+            "--owner",
+            "b-2",
+            "--key",
+            "later",
+            "--request-id",
+            "cancel-later",
+        ]
+    )
+    assert code == 0, (out, err)
+    assert out.startswith(f"cancel {ctx}.book/(0)/b-2 'later': COMMITTED (request cancel-later")
+    code, out, err, _ = await cluster.run_cli(
+        [
+            "timers",
+            "cancel",
+            "--type",
+            f"{ctx}.book",
+            "--owner",
+            "b-2",
+            "--key",
+            "later",
+            "--request-id",
+            "cancel-later",
+        ]
+    )
+    assert code == 0 and "DUPLICATE before by this request id: nothing written" in out, err
+
+    async with Client(cluster, "book") as books, Client(cluster) as counters:
+
+        async def settled() -> bool:
+            rows = {t.key: t.status for t in (await books.timers()).values()}
+            return rows == {"later": TimerStatus.CANCELLED, "soon": TimerStatus.FIRED}
+
+        await eventually(settled, 60, "the set timer fired and the cancelled one did not")
+        fired = [e for e in await counters.events() if e.type == "Fired"]
+        assert [e.aggregate.id for e in fired] == ["c-1"]
+        book_events = [e.type for e in await books.events()]
+        assert sorted(book_events) == [
+            "wow.ScheduleCancelled",
+            "wow.ScheduleSet",
+            "wow.ScheduleSet",
+        ]
+    # The only worker keeps every partition: it shows the row its table has.
+    status, shown = await call(w, "GET", f"/timers/{ctx}.book/b-1/soon")
+    assert status == 200, shown
+    assert shown["status"] == "FIRED" and shown["target"]["id"] == "c-1"
+
+
+def docs_lines(command: str) -> list[str]:
+    """docs/operations.md's `tickwheel timers <command> …` line, every optional part given,
+    as its words."""
+    text = (Path(__file__).parents[2] / "docs" / "operations.md").read_text()
+    (span,) = re.findall(rf"`(tickwheel timers {command} [^`]+)`", text)
+    words = shlex.split(" ".join(span.split()))
+    return [w.removeprefix("[").removesuffix("]") for w in words[1:]]
+
+
+async def test_the_docs_set_and_cancel_lines_run_as_written(cluster: Cluster) -> None:
+    """In this test's context for `shop`, and without the (PLAINTEXT) broker's setup."""
+    ctx = cluster.context
+    w = cluster.start_worker()
+    await cluster.wait_owned(w)
+    for command in ("set", "cancel"):
+        args = [a.replace("shop.", f"{ctx}.") for a in docs_lines(command)]
+        code, out, err, _ = await cluster.run_cli(args)
+        assert code == 0, (args, out, err)
+        assert orjson.loads(out)["code"] == "COMMITTED", out  # the line gives --json
+    # A book no worker runs: refused, naming its topic, and nothing created.
+    before = await topic_names(cluster.bootstrap)
+    missing = [a.replace("shop.reminders", f"{ctx}.nobook") for a in docs_lines("cancel")]
+    code, out, err, _ = await cluster.run_cli([a.replace("shop.", f"{ctx}.") for a in missing])
+    assert code == 1 and f"topic {ctx}.nobook.commands does not exist" in err, (out, err)
+    assert "nothing was created" in err
+    assert await topic_names(cluster.bootstrap) == before
+    async with Client(cluster, "reminders") as books:
+        (row,) = (await books.timers()).values()
+        assert (row.key, row.status, row.target.type_name) == (
+            "pay",
+            TimerStatus.CANCELLED,
+            f"{ctx}.order",
+        )
+        assert row.rule.jitter == 600_000 and row.command.body == {"level": 1}
