@@ -72,6 +72,13 @@ class _Work:
         return self.batch
 
 
+def _after(records: list[Record], done: int) -> list[Record]:
+    """The records of a batch after offset `done`."""
+    if not records or records[0].offset > done:
+        return records
+    return [r for r in records if r.offset > done]
+
+
 class PartitionCycles:
     def __init__(
         self,
@@ -156,10 +163,13 @@ class PartitionCycles:
             async with self._locks[p]:
                 if not self._owns(p):
                     continue
+                # Records done already are passed over one by one, not by batch: after a
+                # lost membership the consumer reads again from the committed offset, and
+                # a batch may hold records done (staged, not committed) and new ones.
                 fresh = [
-                    (topic, records)
+                    (topic, rest)
                     for topic, records in items
-                    if records and records[0].offset > done.get(topic, -1)
+                    if (rest := _after(records, done.get(topic, -1)))
                 ]
                 if await self._cycle(p, fresh):
                     for topic, records in fresh:
