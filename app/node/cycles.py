@@ -199,6 +199,7 @@ class PartitionCycles:
                 elif (batch := w.batch_of(p)) is not None:
                     backlog = await self._backlog(topic, p)
                     kept.processors[p].decide_records(batch, records, backlog)
+                    w.wrote = await self._carry_out(kept, batch, p) or w.wrote
             for type_name, timers in self._local.pop(p, {}).items():
                 kept = self._types[type_name]
                 w = work_of(kept)
@@ -209,6 +210,8 @@ class PartitionCycles:
                 commands = [timer_command(t, batch.now, in_process=True) for t in timers]
                 decided = kept.processors[p].decide_local(batch, commands)
                 await self._record_local(kept, timers, decided)
+                # After the settles: a Fire that reschedules its own key would fail them.
+                w.wrote = await self._carry_out(kept, batch, p) or w.wrote
             for w in work.values():
                 self._stage(p, w)
         except Exception as exc:
@@ -278,6 +281,33 @@ class PartitionCycles:
         processor.committed(batch, written[: len(batch.out)])
         # The timers' commands are applied now: their lateness is measured at the commit.
         self._metrics.fired(type_name, batch.fired_due, self._now())
+
+    async def _carry_out(self, kept: KeptType, batch: CommandBatch, p: int) -> bool:
+        """Carries out on the timer table, at once, what the batch's decisions did to the
+        timers (a cancel, a reschedule): a timer must not fire after its cancel was
+        decided, and the subscription reads the events back only once they commit. Read
+        back, they find it done (every timer operation is idempotent). Whether it wrote."""
+        ops: list[TimerOp] = []
+        for event in batch.take_timer_events():
+            try:
+                op = timer_op(event, p)  # the batch's events go to p's log
+            except BadRecord:
+                continue  # dead-lettered when the subscription reads it back
+            if op is not None:
+                ops.append(op)
+        if not ops:
+            return False
+        try:
+            writes, put = await apply_all(kept.store, ops)
+        except Exception as exc:
+            if node_fault(exc):
+                raise
+            return True  # the subscription meets it again when it reads it back
+        if put:
+            self._metrics.puts.labels(kept.name).inc(len(put))
+            kept.runner.offer(put)
+            kept.loop.wake(reload=False)
+        return writes > 0
 
     async def _subscribe(self, kept: KeptType, records: list[Record], w: _Work) -> bool:
         """Applies a log batch to the timer table, its bad records' dead letters added to

@@ -23,7 +23,7 @@ from app.node.settings import Settings
 from app.protocol.topics import AggregateTopics
 from app.protocol.wire import CommandEnvelope, EventEnvelope, decode, encode
 from app.service import Service
-from tables import AggregateRef, CommandSpec, OnceRule, Timer
+from tables import AggregateRef, CommandSpec, OnceRule, Timer, TimerStatus
 from tables.partitioner import partition_of
 
 PARTITIONS = 2
@@ -211,3 +211,28 @@ async def test_records_after_the_last_done_in_a_batch_read_again_are_not_lost(
     await until(lambda: not member.expelled)
     held.release()
     await until(lambda: {t.owner.id for t in timer_rows(log, COUNTER)} == {"o1", other})
+
+
+async def test_an_in_process_timer_does_not_fire_after_its_cancel_was_decided(
+    log: MemoryLog, nodes: list[Running], tmp_path: Path
+) -> None:
+    """The cancel is decided (its ScheduleCancelled staged in the partition's transaction)
+    before the timer falls due, but its commit is slow, so the subscription has not read
+    it back into the timer table when the runner hands the timer over: the cycle that
+    fires it must see the cancel all the same."""
+    node = await start(nodes, log, tmp_path, "a")
+    await until(node.runs)
+    due = now_ms() + 1_000
+    await command(log, COUNTER, "o1", "Schedule", at=due)
+    await until(lambda: len(timer_rows(log, COUNTER)) == 1)
+    held = HeldCommits(log)
+    await command(log, COUNTER, "o1", "Unschedule")
+    await until(held.entered.is_set)  # decided; its commit held, so not read back
+    kept = node.node.types[COUNTER.type_name]
+    await until(lambda: now_ms() > due + 100)
+    await until(lambda: kept.runner.backlog(now_ms())[0] == 0)  # handed over and decided
+    held.release()
+    await until(lambda: not kept.changelog.pending() and node.node.commits.lag() == 0)
+    assert events(log, COUNTER, "wow.ScheduleCancelled")
+    assert events(log, COUNTER, "Fired") == [], "fired after its cancel was decided"
+    assert [t.status for t in timer_rows(log, COUNTER)] == [TimerStatus.CANCELLED]
