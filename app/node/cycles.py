@@ -113,6 +113,8 @@ class PartitionCycles:
         self.failed_at: dict[int, dict[str, int]] = {}
         self._queues: dict[int, asyncio.Queue[Batch]] = {}
         self._workers: dict[int, asyncio.Task[None]] = {}
+        # Partitions whose worker was stopped in the middle of a cycle (`cut_short`).
+        self._cut: set[int] = set()
         # Claimed timers handed over to be fired in-process, per partition and type.
         self._local: defaultdict[int, defaultdict[str, list[Timer]]] = defaultdict(
             lambda: defaultdict(list)
@@ -136,6 +138,14 @@ class PartitionCycles:
             await asyncio.gather(task, return_exceptions=True)
         while queue is not None and not queue.empty():
             queue.get_nowait()  # frees a poll loop waiting to put; the batches are stale
+
+    def cut_short(self, p: int) -> bool:
+        """Whether p's worker was stopped in the middle of a cycle since last asked: what
+        p's transaction holds is then half a cycle (one type's settles written, another's
+        not; settles without their events) and must never commit."""
+        cut = p in self._cut
+        self._cut.discard(p)
+        return cut
 
     async def stop_all(self) -> None:
         for p in list(self._workers):
@@ -171,7 +181,16 @@ class PartitionCycles:
                     for topic, records in items
                     if (rest := _after(records, done.get(topic, -1)))
                 ]
-                if await self._cycle(p, fresh):
+                try:
+                    staged = await self._cycle(p, fresh)
+                except asyncio.CancelledError:
+                    # Cut short (a hand-off): what it wrote so far is half a cycle, thrown
+                    # away before the lock lets a commit take it.
+                    self._cut.add(p)
+                    for kept in self._types.values():
+                        kept.changelog.discard(p)
+                    raise
+                if staged:
                     for topic, records in fresh:
                         done[topic] = records[-1].offset
                     if self._on_done is not None:

@@ -613,6 +613,8 @@ class Node:
         it is thrown away and the local copy restored from the changelog next time."""
         self._owned.discard(p)
         self.cycles.drop_local(p)
+        # A cycle cut short wrote half of its work: nothing of p's transaction may commit.
+        clean = not self.cycles.cut_short(p) and clean
         for kept in self.types.values():
             await self.commits.drop(kept, p, clean=clean)
             try:

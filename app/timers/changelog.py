@@ -114,6 +114,14 @@ class TransactionalChangelog:
         if producer is not None:
             await producer.stop()
 
+    def discard(self, partition: int) -> None:
+        """Throws away what waits for the partition's next transaction, its producer kept:
+        a cycle cut short left half of its work there (the partition is let go uncleanly
+        next, its local copy restored from the changelog)."""
+        if partition in self._producers:
+            self._buffer[partition] = []
+            self._staged[partition] = _Staged()
+
     def owns(self, partition: int) -> bool:
         return partition in self._producers
 

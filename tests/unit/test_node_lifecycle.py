@@ -236,3 +236,44 @@ async def test_an_in_process_timer_does_not_fire_after_its_cancel_was_decided(
     assert events(log, COUNTER, "wow.ScheduleCancelled")
     assert events(log, COUNTER, "Fired") == [], "fired after its cancel was decided"
     assert [t.status for t in timer_rows(log, COUNTER)] == [TimerStatus.CANCELLED]
+
+
+async def test_a_hand_off_in_the_middle_of_a_cycle_commits_none_of_it(
+    log: MemoryLog, nodes: list[Running], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two types' timers of the same partition fire in one cycle; the first type's outcome
+    is written (its row FIRED, buffered for the transaction) and the partition is handed
+    off while the second type's is being decided. Nothing of the cycle may commit: a FIRED
+    row whose Fired event was never written is a timer lost."""
+    node = await start(nodes, log, tmp_path, "a")
+    await until(node.runs)
+    p = partition_of("o1", PARTITIONS)
+    due = now_ms() + 800
+    for agg in (COUNTER, GAUGE):
+        await command(log, agg, "o1", "Schedule", at=due)
+    await until(lambda: len(timer_rows(log, COUNTER)) == len(timer_rows(log, GAUGE)) == 1)
+    calls = 0
+    for agg in (COUNTER, GAUGE):
+        runner = node.node.types[agg.type_name].runner
+        still_due = runner.still_due
+
+        async def stalling(claimed: Any, still_due: Any = still_due) -> list[Timer]:
+            nonlocal calls
+            calls += 1
+            if calls == 2:
+                await asyncio.Event().wait()  # the second type's: until cut short
+            result: list[Timer] = await still_due(claimed)
+            return result
+
+        monkeypatch.setattr(runner, "still_due", stalling)
+    lock = node.node.commits._locks[p]
+    async with lock:  # both types' timers handed over before the cycle runs
+        await until(lambda: len(node.node.cycles._local.get(p, {})) == 2)
+    await until(lambda: calls == 2)
+    await start(nodes, log, tmp_path, "b")  # the hand-off
+    await until(lambda: len(events(log, COUNTER, "Fired")) == len(events(log, GAUGE, "Fired")) == 1)
+    for agg in (COUNTER, GAUGE):
+        assert [t.status for t in timer_rows(log, agg)] == [TimerStatus.FIRED]
+        # Its local copy holds the first type's settle, never committed: not marked clean.
+        clean = tmp_path / "a" / agg.type_name / "timers" / f"clean-p{p}"
+        assert not clean.exists(), "a local copy with uncommitted writes marked clean"
