@@ -16,7 +16,9 @@ from typing import Any
 import pytest
 from pydantic import BaseModel
 
+from app.errors import KafkaUnavailable, NodeFailed
 from app.kafka.memory import MemoryLog
+from app.kafka.memory_group import MemoryGroupMember
 from app.model.aggregate import AggregateType, Command, Decision, Event
 from app.node import Node
 from app.node.settings import Settings
@@ -35,7 +37,8 @@ class Count(BaseModel):
 
 def timed_type(name: str) -> AggregateType[Count]:
     """ "Schedule" sets timer "k" (firing "Fire" on the aggregate itself: in-process),
-    "Unschedule" cancels it, "Fire" emits "Fired"."""
+    "Unschedule" cancels it, "Remind" sets timer "r" firing "Fire" on another aggregate (a
+    remote send, through the commands topic), "Fire" emits "Fired"."""
     agg = AggregateType("life", name, Count)
 
     @agg.command("Schedule")
@@ -45,6 +48,11 @@ def timed_type(name: str) -> AggregateType[Count]:
     @agg.command("Unschedule")
     def _unschedule(state: Count, cmd: Command, d: Decision) -> None:
         d.cancel_schedule("k")
+
+    @agg.command("Remind")
+    def _remind(state: Count, cmd: Command, d: Decision) -> None:
+        target = AggregateRef(context="life", aggregate=name, id=cmd.body["target"])
+        d.schedule("r", OnceRule(at=int(cmd.body["at"])), CommandSpec(type="Fire"), target)
 
     @agg.command("Fire")
     def _fire(state: Count, cmd: Command, d: Decision) -> None:
@@ -277,3 +285,86 @@ async def test_a_hand_off_in_the_middle_of_a_cycle_commits_none_of_it(
         # Its local copy holds the first type's settle, never committed: not marked clean.
         clean = tmp_path / "a" / agg.type_name / "timers" / f"clean-p{p}"
         assert not clean.exists(), "a local copy with uncommitted writes marked clean"
+
+
+def elsewhere(owner: str) -> str:
+    """An aggregate of another partition than `owner`'s: its timers' sends are remote."""
+    return next(f"t{i}" for i in range(50) if not same_partition(owner, f"t{i}"))
+
+
+async def failed_node(n: Running) -> NodeFailed:
+    """The node's run, ended on its failure (`Running.stop` awaits it no more)."""
+    assert n.task is not None
+    await until(n.task.done)
+    error = n.task.exception()
+    n.task = None
+    assert isinstance(error, NodeFailed), error
+    return error
+
+
+async def test_the_results_reader_reads_on_after_the_broker_was_away(
+    log: MemoryLog, nodes: list[Running], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One poll of the results topic fails (the broker away): the reader reads on, and the
+    result of a remote send made since settles its timer."""
+    node = await start(nodes, log, tmp_path, "a")
+    await until(node.runs)
+    follower = node.node._results["life"]._reader
+    poll = follower.poll
+    failed = 0
+
+    async def flaky(timeout_ms: int = 200) -> list[Any]:
+        nonlocal failed
+        if not failed:
+            failed += 1
+            raise KafkaUnavailable("the leader of the results partition is away")
+        got: list[Any] = await poll(timeout_ms)
+        return got
+
+    monkeypatch.setattr(follower, "poll", flaky)
+    await until(lambda: failed == 1)
+    await command(log, COUNTER, "o1", "Remind", at=now_ms() + 100, target=elsewhere("o1"))
+    await until(lambda: [t.status for t in timer_rows(log, COUNTER)] == [TimerStatus.FIRED])
+    assert len(events(log, COUNTER, "Fired")) == 1
+    assert node.runs()
+
+
+async def test_a_results_reader_that_stops_stops_the_node_loudly(
+    log: MemoryLog, nodes: list[Running], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An error no retry passes ends the results reader: every remote send of its context
+    would wait for ever, so the node stops, saying why, and /healthz says so."""
+    node = await start(nodes, log, tmp_path, "a")
+    await until(node.runs)
+    follower = node.node._results["life"]._reader
+
+    async def broken(timeout_ms: int = 200) -> list[Any]:
+        raise RuntimeError("a bug in the reader")
+
+    monkeypatch.setattr(follower, "poll", broken)
+    error = await failed_node(node)
+    assert "results reader of life" in str(error) and "a bug in the reader" in str(error)
+    health = node.node.health()
+    assert not health["ready"] and "a bug in the reader" in health["failed"]
+
+
+async def test_a_take_that_fails_on_an_unexpected_error_stops_the_node_loudly(
+    log: MemoryLog, nodes: list[Running], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A take that fails outside its retried steps (here resuming the consumer) leaves no
+    partition half taken and quietly so: the node stops, naming the partition."""
+    resume = MemoryGroupMember.resume
+    calls = 0
+
+    def failing_once(self: MemoryGroupMember, partitions: Any) -> None:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise RuntimeError("resuming failed")
+        resume(self, partitions)
+
+    monkeypatch.setattr(MemoryGroupMember, "resume", failing_once)
+    node = await start(nodes, log, tmp_path, "a")
+    error = await failed_node(node)
+    assert "taking partition" in str(error) and "resuming failed" in str(error)
+    assert "resuming failed" in node.node.health()["failed"]
