@@ -22,6 +22,14 @@ logger = logging.getLogger(__name__)
 OnFailure = Callable[[int, str, BaseException], None]
 """Told the partition whose work failed, what failed and why."""
 
+COMMIT_DEADLINE_S = 30.0
+"""A commit not done by then is given up: its partition is let go and taken afresh (below
+the producers' 60 s transaction timeout, and /healthz's bound on the commit lag)."""
+
+MAX_STAGED = 10_000
+"""Records waiting for a partition's transaction of one type beyond which its cycles wait
+for the commit in flight: a hung or slow commit holds the poll loop, not memory."""
+
 
 class Commits:
     def __init__(
@@ -44,6 +52,8 @@ class Commits:
         # Offsets of batches that wrote nothing: committed by the poll loop, not in a
         # transaction (most of a busy log is not about timers).
         self._offsets: dict[tuple[str, int], int] = {}
+        self.deadline_s = COMMIT_DEADLINE_S
+        self.max_staged = MAX_STAGED
 
     def in_flight(self, kept: KeptType, p: int) -> bool:
         return (kept.name, p) in self._in_flight
@@ -86,9 +96,26 @@ class Commits:
         )
         return task
 
+    async def room(self, types: Iterable[KeptType], p: int) -> None:
+        """Waits while a type's work waiting for p's transaction is over `max_staged` with
+        a commit in flight (bounded: each commit has a deadline)."""
+        for kept in types:
+            while kept.changelog.waiting(p) > self.max_staged:
+                commit = self._in_flight.get((kept.name, p))
+                if commit is None:
+                    break  # the next cycle's stage starts one
+                await asyncio.wait([commit])
+
     async def _send(self, p: int, taken: Transaction) -> bool:
         try:
-            await taken.send()
+            try:
+                async with asyncio.timeout(self.deadline_s):
+                    await taken.send()
+            except TimeoutError as exc:
+                # A hung commit holds every later write of p: given up, p taken afresh.
+                raise KafkaUnavailable(
+                    f"partition {p}: no commit within {self.deadline_s:g} s"
+                ) from exc
         except Exception as exc:
             # Kafka's or the local store's (a state write after the commit): either way
             # p's local copy is not what its changelog says, so it is taken afresh.

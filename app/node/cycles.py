@@ -167,6 +167,8 @@ class PartitionCycles:
     async def _work(self, p: int, queue: asyncio.Queue[Batch]) -> None:
         done: dict[str, int] = {}  # per topic, the last offset done (a batch read twice)
         while True:
+            # Staging is bounded: batches wait in the queue (then the poll loop) meanwhile.
+            await self._commits.room(self._types.values(), p)
             items = [await queue.get()]
             while not queue.empty():
                 items.append(queue.get_nowait())

@@ -11,7 +11,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 from pydantic import BaseModel
@@ -127,6 +127,9 @@ async def log() -> AsyncIterator[MemoryLog]:
 async def nodes() -> AsyncIterator[list[Running]]:
     started: list[Running] = []
     yield started
+    for held in HeldCommits.held:
+        held.release()  # a test that failed holding commits: its nodes can stop
+    HeldCommits.held.clear()
     for n in reversed(started):
         await n.stop()
 
@@ -174,10 +177,13 @@ def timer_rows(log: MemoryLog, agg: AggregateType[Any]) -> list[Timer]:
 class HeldCommits:
     """Holds every transaction of the log between its writes and its commit while set."""
 
+    held: ClassVar[list[HeldCommits]] = []
+
     def __init__(self, log: MemoryLog) -> None:
         self.entered = asyncio.Event()
         self._open = asyncio.Event()
         log.before_commit = self._before
+        HeldCommits.held.append(self)
 
     async def _before(self, transactional_id: str) -> None:
         self.entered.set()
@@ -368,3 +374,65 @@ async def test_a_take_that_fails_on_an_unexpected_error_stops_the_node_loudly(
     error = await failed_node(node)
     assert "taking partition" in str(error) and "resuming failed" in str(error)
     assert "resuming failed" in node.node.health()["failed"]
+
+
+class HeldOnce(HeldCommits):
+    """Holds the first transaction of the log for good; the later ones commit."""
+
+    async def _before(self, transactional_id: str) -> None:
+        if not self.entered.is_set():
+            self.entered.set()
+            await self._open.wait()
+
+
+async def test_a_commit_that_hangs_is_given_up_and_its_partition_taken_afresh(
+    log: MemoryLog, nodes: list[Running], tmp_path: Path
+) -> None:
+    """A commit that never answers (a broker that accepts and hangs) is given up at its
+    deadline: the partition is let go and taken afresh, and what the hung transaction held
+    is decided again and committed."""
+    node = await start(nodes, log, tmp_path, "a")
+    await until(node.runs)
+    node.node.commits.deadline_s = 0.3
+    held = HeldOnce(log)
+    await command(log, COUNTER, "o1", "Schedule", at=now_ms() + 3_600_000)
+    await until(held.entered.is_set)
+    await until(lambda: len(timer_rows(log, COUNTER)) == 1)
+    failed = node.node.metrics.registry.get_sample_value(
+        "tickwheel_partitions_let_go_total", {"reason": "failed"}
+    )
+    assert failed == 1
+    await until(node.runs)
+
+
+async def test_staging_waits_for_a_commit_in_flight_beyond_its_bound(
+    log: MemoryLog, nodes: list[Running], tmp_path: Path
+) -> None:
+    """While a partition's commit hangs, its cycles stage no more than the bound (and one
+    cycle's worth): the batches wait in the worker's queue, then in the poll loop. Once
+    the commit is through, everything waiting is decided."""
+    node = await start(nodes, log, tmp_path, "a")
+    await until(node.runs)
+    node.node.commits.max_staged = 4
+    held = HeldCommits(log)
+    p = partition_of("o1", PARTITIONS)
+    owners = [o for o in (f"o{i}" for i in range(200)) if partition_of(o, PARTITIONS) == p][:30]
+    kept = node.node.types[COUNTER.type_name]
+    member = log.groups["g"].members[0]
+    commands = (TOPICS[COUNTER.name].commands, p)
+    queue = node.node.cycles.queue(p)
+    most = 0
+    for owner in owners:
+        await command(log, COUNTER, owner, "Schedule", at=now_ms() + 3_600_000)
+        end = log.offsets(*commands)[1]
+
+        def read_or_held(end: int = end) -> bool:
+            """Read, or the poll loop held up by a queue full of batches."""
+            return member._positions[commands] == end or queue.full()
+
+        await until(read_or_held)
+        most = max(most, kept.changelog.waiting(p))
+    assert held.entered.is_set()
+    assert most <= 4 + 3, f"{most} records staged behind a hung commit"
+    held.release()
+    await until(lambda: len(timer_rows(log, COUNTER)) == len(owners))
