@@ -82,9 +82,12 @@ class Commits:
 
     def start(self, kept: KeptType, p: int) -> asyncio.Task[bool] | None:
         """Takes what waits in p's transaction (under p's lock, so that no cycle is cut in
-        two) and commits it in the background, after the commits taken before it; the
-        commit (True: committed), or the one in flight when nothing waits."""
+        two) and commits it in the background; the commit (True: committed). One commit
+        in flight at a time: while one is, nothing is taken and that one is returned (what
+        waits goes in the next); None: nothing in flight and nothing waits."""
         key = (kept.name, p)
+        if (running := self._in_flight.get(key)) is not None:
+            return running
         taken = kept.changelog.take(p)
         if taken is None:
             return self._in_flight.get(key)
@@ -134,6 +137,8 @@ class Commits:
                 for p in kept.changelog.pending():
                     if not self.may_commit(kept, p):
                         continue
+                    if self._locks[p].locked():
+                        continue  # a cycle of p: it commits at its end, or a later tick
                     async with self._locks[p]:
                         if self._owns(p) and kept.changelog.owns(p):
                             self.start(kept, p)
@@ -141,21 +146,25 @@ class Commits:
     async def commit_claims(self, kept: KeptType, partitions: set[int]) -> None:
         """The runner's `before_send`: its claims commit before their commands leave."""
         for p in sorted(partitions):
-            async with self._locks[p]:
-                if not self._owns(p) or not kept.changelog.owns(p):
-                    raise KafkaUnavailable(f"partition {p} is not owned")
-                commit = self.start(kept, p)
-            if commit is None:
-                continue
-            try:
-                committed = await asyncio.shield(commit)
-            except asyncio.CancelledError:
-                current = asyncio.current_task()
-                if current is not None and current.cancelling():
-                    raise
-                committed = False  # the partition was let go meanwhile
-            if not committed:
-                raise KafkaUnavailable(f"partition {p}: claims not committed")
+            while True:
+                async with self._locks[p]:
+                    if not self._owns(p) or not kept.changelog.owns(p):
+                        raise KafkaUnavailable(f"partition {p} is not owned")
+                    earlier = self.in_flight(kept, p)  # then the claims wait for the next
+                    commit = self.start(kept, p)
+                if commit is None:
+                    break
+                try:
+                    committed = await asyncio.shield(commit)
+                except asyncio.CancelledError:
+                    current = asyncio.current_task()
+                    if current is not None and current.cancelling():
+                        raise
+                    committed = False  # the partition was let go meanwhile
+                if not committed:
+                    raise KafkaUnavailable(f"partition {p}: claims not committed")
+                if not earlier:
+                    break
 
     async def drop(self, kept: KeptType, p: int, *, clean: bool) -> None:
         """p is let go: its commit in flight is waited for (`clean`: a hand-off) or

@@ -25,6 +25,7 @@ from app.node.settings import Settings
 from app.protocol.topics import AggregateTopics
 from app.protocol.wire import CommandEnvelope, EventEnvelope, decode, encode
 from app.service import Service
+from app.timers.runner import RetryPolicy, TimerOptions
 from tables import AggregateRef, CommandSpec, OnceRule, Timer, TimerStatus
 from tables.partitioner import partition_of
 
@@ -53,6 +54,10 @@ def timed_type(name: str) -> AggregateType[Count]:
     def _remind(state: Count, cmd: Command, d: Decision) -> None:
         target = AggregateRef(context="life", aggregate=name, id=cmd.body["target"])
         d.schedule("r", OnceRule(at=int(cmd.body["at"])), CommandSpec(type="Fire"), target)
+
+    @agg.command("Doom")
+    def _doom(state: Count, cmd: Command, d: Decision) -> None:
+        d.schedule("d", OnceRule(at=int(cmd.body["at"])), CommandSpec(type="Nope"))
 
     @agg.command("Fire")
     def _fire(state: Count, cmd: Command, d: Decision) -> None:
@@ -89,7 +94,9 @@ async def until(check: Callable[[], bool], within: float = 10.0) -> None:
 class Running:
     """A node of group "g" on the shared memory log, run in the background."""
 
-    def __init__(self, log: MemoryLog, data: Path, name: str) -> None:
+    def __init__(
+        self, log: MemoryLog, data: Path, name: str, options: TimerOptions | None = None
+    ) -> None:
         settings = Settings(
             bootstrap_servers="memory",
             partitions=PARTITIONS,
@@ -98,7 +105,7 @@ class Running:
             session_timeout_ms=1_000,
             commit_interval_ms=20,
         )
-        self.node = Node(settings, SERVICE, clients=log)
+        self.node = Node(settings, SERVICE, clients=log, options=options)
         self.task: asyncio.Task[None] | None = None
 
     async def start(self) -> Running:
@@ -134,8 +141,14 @@ async def nodes() -> AsyncIterator[list[Running]]:
         await n.stop()
 
 
-async def start(nodes: list[Running], log: MemoryLog, data: Path, name: str) -> Running:
-    n = await Running(log, data, name).start()
+async def start(
+    nodes: list[Running],
+    log: MemoryLog,
+    data: Path,
+    name: str,
+    options: TimerOptions | None = None,
+) -> Running:
+    n = await Running(log, data, name, options).start()
     nodes.append(n)
     return n
 
@@ -436,3 +449,61 @@ async def test_staging_waits_for_a_commit_in_flight_beyond_its_bound(
     assert most <= 4 + 3, f"{most} records staged behind a hung commit"
     held.release()
     await until(lambda: len(timer_rows(log, COUNTER)) == len(owners))
+
+
+async def test_a_ledger_call_that_hangs_holds_no_other_partition_up(
+    log: MemoryLog, nodes: list[Running], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A timer of one partition is parked and the ledger does not answer (its calls may
+    take seconds): the runner's other partitions claim, fire and commit meanwhile."""
+    options = TimerOptions(retry=RetryPolicy(max_attempts=1))
+    node = await start(nodes, log, tmp_path, "a", options)
+    await until(node.runs)
+    parking = asyncio.Event()
+
+    async def hanging(*args: Any) -> None:
+        parking.set()
+        await asyncio.Event().wait()
+
+    monkeypatch.setattr(node.node._ledgers["life"], "record", hanging)
+    await command(log, COUNTER, "o1", "Doom", at=now_ms() + 100)
+    await until(parking.is_set)
+    other = elsewhere("o1")
+    await command(log, COUNTER, other, "Schedule", at=now_ms() + 100)
+    await until(lambda: [e.aggregate.id for e in events(log, COUNTER, "Fired")] == [other])
+
+
+async def test_claims_wait_for_the_commit_in_flight_and_never_commit_beside_it(
+    log: MemoryLog, nodes: list[Running], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A remote send's claims must commit before it leaves; with a commit of the partition
+    in flight they wait for it, then commit, rather than start a second commit beside it
+    (which a let-go would not cancel, and whose start hides the first one's lag)."""
+    node = await start(nodes, log, tmp_path, "a")
+    await until(node.runs)
+    await command(log, COUNTER, "o1", "Remind", at=now_ms() + 1_000, target=elsewhere("o1"))
+    await until(lambda: len(timer_rows(log, COUNTER)) == 1)
+    held = HeldCommits(log)
+    other = next(f"o{i}" for i in range(2, 50) if same_partition("o1", f"o{i}"))
+    await command(log, COUNTER, other, "Schedule", at=now_ms() + 3_600_000)
+    await until(held.entered.is_set)
+    commits = node.node.commits
+    claims = commits.commit_claims
+    beside: list[int] = []
+
+    async def watching(kept: Any, partitions: set[int]) -> None:
+        task = asyncio.ensure_future(claims(kept, partitions))
+        await asyncio.sleep(0)  # it runs up to its first wait
+        running = [t for t in asyncio.all_tasks() if t.get_name().startswith("commit (")]
+        beside.append(len([t for t in running if not t.done()]))
+        await task
+
+    monkeypatch.setattr(commits, "commit_claims", watching)
+    await until(lambda: bool(beside))
+    assert beside == [1], "a second commit started beside the one in flight"
+    held.release()
+
+    def sent() -> bool:
+        return [t.status for t in timer_rows(log, COUNTER) if t.key == "r"] == [TimerStatus.FIRED]
+
+    await until(sent)
