@@ -32,9 +32,8 @@ from app.timers.runner import SendResult
 from app.timers.sender import timer_command
 from app.timers.subscription import TimerOp, apply_all, timer_op
 from tables import StoreError, Timer
-from tables.partitioner import partition_of
 
-__all__ = ["InProcess", "PartitionCycles"]
+__all__ = ["PartitionCycles"]
 
 logger = logging.getLogger(__name__)
 
@@ -412,32 +411,3 @@ class PartitionCycles:
             self._metrics.operator_requests.labels(
                 kept.name, op.action.value, str(record.partition)
             ).inc()
-
-
-class InProcess:
-    """The runner's `LocalFirer`: a timer whose target is an aggregate of the same type in
-    the timer's own partition (the default: its owner) is decided by this node, in the
-    partition's transaction, instead of a round trip through the command topic."""
-
-    def __init__(
-        self, cycles: PartitionCycles, kept: Callable[[], KeptType | None], partitions: int
-    ) -> None:
-        self._cycles = cycles
-        self._kept = kept
-        self._partitions = partitions
-
-    def accepts(self, timer: Timer) -> bool:
-        kept = self._kept()
-        if kept is None or timer.partition not in kept.processors:
-            return False
-        target = timer.target
-        if target.context != kept.topics.context or target.aggregate != kept.topics.aggregate:
-            return False
-        return target == timer.owner or (
-            partition_of(target.id, self._partitions) == timer.partition
-        )
-
-    def fire(self, timers: list[Timer]) -> None:
-        kept = self._kept()
-        if kept is not None:
-            self._cycles.fire_local(kept.name, timers)

@@ -39,8 +39,9 @@ from app.kafka.clients import KafkaClients
 from app.kafka.ports import Clients, GroupMember
 from app.kafka.records import BROKER_MAX_MESSAGE_BYTES, refused
 from app.node.commits import Commits
-from app.node.cycles import InProcess, PartitionCycles
+from app.node.cycles import PartitionCycles
 from app.node.failing import FailingPartitions
+from app.node.in_process import InProcess
 from app.node.kept import KeptType, is_fenced, node_topics
 from app.node.local_state import keep_for_cluster
 from app.node.metrics import NodeMetrics
