@@ -48,7 +48,7 @@ def timed_type(name: str) -> AggregateType[Count]:
 
     @agg.command("Unschedule")
     def _unschedule(state: Count, cmd: Command, d: Decision) -> None:
-        d.cancel_schedule("k")
+        d.cancel_schedule(str(cmd.body.get("key", "k")))
 
     @agg.command("Remind")
     def _remind(state: Count, cmd: Command, d: Decision) -> None:
@@ -240,26 +240,32 @@ async def test_records_after_the_last_done_in_a_batch_read_again_are_not_lost(
     await until(lambda: {t.owner.id for t in timer_rows(log, COUNTER)} == {"o1", other})
 
 
-async def test_an_in_process_timer_does_not_fire_after_its_cancel_was_decided(
-    log: MemoryLog, nodes: list[Running], tmp_path: Path
+@pytest.mark.parametrize("remote", [False, True], ids=["in-process", "remote"])
+async def test_a_timer_does_not_fire_after_its_cancel_was_decided(
+    log: MemoryLog, nodes: list[Running], tmp_path: Path, remote: bool
 ) -> None:
     """The cancel is decided (its ScheduleCancelled staged in the partition's transaction)
-    before the timer falls due, but its commit is slow, so the subscription has not read
-    it back into the timer table when the runner hands the timer over: the cycle that
-    fires it must see the cancel all the same."""
+    before the timer falls due, but its commit is slow (a leader changing), so the
+    subscription has not read it back into the timer table when the runner takes the
+    timer: fired in-process or sent, it must see the cancel all the same."""
     node = await start(nodes, log, tmp_path, "a")
     await until(node.runs)
     due = now_ms() + 1_000
-    await command(log, COUNTER, "o1", "Schedule", at=due)
+    if remote:
+        await command(log, COUNTER, "o1", "Remind", at=due, target=elsewhere("o1"))
+    else:
+        await command(log, COUNTER, "o1", "Schedule", at=due)
     await until(lambda: len(timer_rows(log, COUNTER)) == 1)
     held = HeldCommits(log)
-    await command(log, COUNTER, "o1", "Unschedule")
+    await command(log, COUNTER, "o1", "Unschedule", key="r" if remote else "k")
     await until(held.entered.is_set)  # decided; its commit held, so not read back
     kept = node.node.types[COUNTER.type_name]
     await until(lambda: now_ms() > due + 100)
-    await until(lambda: kept.runner.backlog(now_ms())[0] == 0)  # handed over and decided
+    await until(lambda: kept.runner.backlog(now_ms())[0] == 0)  # taken and decided
     held.release()
+    rounds = kept.loop.rounds
     await until(lambda: not kept.changelog.pending() and node.node.commits.lag() == 0)
+    await until(lambda: kept.loop.rounds >= rounds + 2 and kept.runner.in_flight == 0)
     assert events(log, COUNTER, "wow.ScheduleCancelled")
     assert events(log, COUNTER, "Fired") == [], "fired after its cancel was decided"
     assert [t.status for t in timer_rows(log, COUNTER)] == [TimerStatus.CANCELLED]
