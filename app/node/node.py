@@ -383,8 +383,9 @@ class Node:
     async def _supervise(self, what: str, task: asyncio.Task[None]) -> None:
         """Stops the node loudly when `task` ends (they retry what passes by itself)."""
         await asyncio.wait([task])
-        why = "cancelled" if task.cancelled() else repr(task.exception())
-        self._fail(f"{what} stopped: {why}")
+        if task.cancelled():
+            return  # stopped: the node is stopping
+        self._fail(f"{what} stopped: {task.exception()!r}")
 
     async def _backlog(self, topic: str, p: int) -> int:
         assert self._consumer is not None
