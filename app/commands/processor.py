@@ -27,6 +27,7 @@ from app.protocol.dead_letters import Stage, dead_letter
 from app.protocol.limits import InputLimits
 from app.protocol.topics import AggregateTopics, ContextTopics
 from app.protocol.wire import (
+    SYSTEM_EVENTS,
     CommandEnvelope,
     CommandResult,
     EventEnvelope,
@@ -147,6 +148,13 @@ class CommandBatch:
     # The due times (`not_before`, epoch ms) of the scheduled commands, every timer's, this
     # batch decided for good: their lateness is measured once the batch commits.
     fired_due: list[int] = field(default_factory=list)
+    # The timer events (`wow.*`) decided and not yet carried out on the timer table: the
+    # partition's cycle does so at once, before anything of it fires (`take_timer_events`).
+    timer_events: list[EventEnvelope] = field(default_factory=list)
+
+    def take_timer_events(self) -> list[EventEnvelope]:
+        events, self.timer_events = self.timer_events, []
+        return events
 
     @property
     def empty(self) -> bool:
@@ -515,6 +523,7 @@ class CommandProcessor:
             batch.encoded[aid] = state
             batch.applied.add((aid, cmd.request_id))
             batch.out += out
+            batch.timer_events += [e for e in d.events if e.type in SYSTEM_EVENTS]
             batch.stats.committed += 1
             batch.stats.events += len(d.events)
         batch.stats.codes[d.code] += 1

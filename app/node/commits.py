@@ -22,6 +22,14 @@ logger = logging.getLogger(__name__)
 OnFailure = Callable[[int, str, BaseException], None]
 """Told the partition whose work failed, what failed and why."""
 
+COMMIT_DEADLINE_S = 30.0
+"""A commit not done by then is given up: its partition is let go and taken afresh (below
+the producers' 60 s transaction timeout, and /healthz's bound on the commit lag)."""
+
+MAX_STAGED = 10_000
+"""Records waiting for a partition's transaction of one type beyond which its cycles wait
+for the commit in flight: a hung or slow commit holds the poll loop, not memory."""
+
 
 class Commits:
     def __init__(
@@ -44,6 +52,8 @@ class Commits:
         # Offsets of batches that wrote nothing: committed by the poll loop, not in a
         # transaction (most of a busy log is not about timers).
         self._offsets: dict[tuple[str, int], int] = {}
+        self.deadline_s = COMMIT_DEADLINE_S
+        self.max_staged = MAX_STAGED
 
     def in_flight(self, kept: KeptType, p: int) -> bool:
         return (kept.name, p) in self._in_flight
@@ -72,9 +82,12 @@ class Commits:
 
     def start(self, kept: KeptType, p: int) -> asyncio.Task[bool] | None:
         """Takes what waits in p's transaction (under p's lock, so that no cycle is cut in
-        two) and commits it in the background, after the commits taken before it; the
-        commit (True: committed), or the one in flight when nothing waits."""
+        two) and commits it in the background; the commit (True: committed). One commit
+        in flight at a time: while one is, nothing is taken and that one is returned (what
+        waits goes in the next); None: nothing in flight and nothing waits."""
         key = (kept.name, p)
+        if (running := self._in_flight.get(key)) is not None:
+            return running
         taken = kept.changelog.take(p)
         if taken is None:
             return self._in_flight.get(key)
@@ -86,9 +99,26 @@ class Commits:
         )
         return task
 
+    async def room(self, types: Iterable[KeptType], p: int) -> None:
+        """Waits while a type's work waiting for p's transaction is over `max_staged` with
+        a commit in flight (bounded: each commit has a deadline)."""
+        for kept in types:
+            while kept.changelog.waiting(p) > self.max_staged:
+                commit = self._in_flight.get((kept.name, p))
+                if commit is None:
+                    break  # the next cycle's stage starts one
+                await asyncio.wait([commit])
+
     async def _send(self, p: int, taken: Transaction) -> bool:
         try:
-            await taken.send()
+            try:
+                async with asyncio.timeout(self.deadline_s):
+                    await taken.send()
+            except TimeoutError as exc:
+                # A hung commit holds every later write of p: given up, p taken afresh.
+                raise KafkaUnavailable(
+                    f"partition {p}: no commit within {self.deadline_s:g} s"
+                ) from exc
         except Exception as exc:
             # Kafka's or the local store's (a state write after the commit): either way
             # p's local copy is not what its changelog says, so it is taken afresh.
@@ -107,6 +137,8 @@ class Commits:
                 for p in kept.changelog.pending():
                     if not self.may_commit(kept, p):
                         continue
+                    if self._locks[p].locked():
+                        continue  # a cycle of p: it commits at its end, or a later tick
                     async with self._locks[p]:
                         if self._owns(p) and kept.changelog.owns(p):
                             self.start(kept, p)
@@ -114,21 +146,25 @@ class Commits:
     async def commit_claims(self, kept: KeptType, partitions: set[int]) -> None:
         """The runner's `before_send`: its claims commit before their commands leave."""
         for p in sorted(partitions):
-            async with self._locks[p]:
-                if not self._owns(p) or not kept.changelog.owns(p):
-                    raise KafkaUnavailable(f"partition {p} is not owned")
-                commit = self.start(kept, p)
-            if commit is None:
-                continue
-            try:
-                committed = await asyncio.shield(commit)
-            except asyncio.CancelledError:
-                current = asyncio.current_task()
-                if current is not None and current.cancelling():
-                    raise
-                committed = False  # the partition was let go meanwhile
-            if not committed:
-                raise KafkaUnavailable(f"partition {p}: claims not committed")
+            while True:
+                async with self._locks[p]:
+                    if not self._owns(p) or not kept.changelog.owns(p):
+                        raise KafkaUnavailable(f"partition {p} is not owned")
+                    earlier = self.in_flight(kept, p)  # then the claims wait for the next
+                    commit = self.start(kept, p)
+                if commit is None:
+                    break
+                try:
+                    committed = await asyncio.shield(commit)
+                except asyncio.CancelledError:
+                    current = asyncio.current_task()
+                    if current is not None and current.cancelling():
+                        raise
+                    committed = False  # the partition was let go meanwhile
+                if not committed:
+                    raise KafkaUnavailable(f"partition {p}: claims not committed")
+                if not earlier:
+                    break
 
     async def drop(self, kept: KeptType, p: int, *, clean: bool) -> None:
         """p is let go: its commit in flight is waited for (`clean`: a hand-off) or

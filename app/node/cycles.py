@@ -32,9 +32,8 @@ from app.timers.runner import SendResult
 from app.timers.sender import timer_command
 from app.timers.subscription import TimerOp, apply_all, timer_op
 from tables import StoreError, Timer
-from tables.partitioner import partition_of
 
-__all__ = ["InProcess", "PartitionCycles"]
+__all__ = ["PartitionCycles"]
 
 logger = logging.getLogger(__name__)
 
@@ -72,6 +71,13 @@ class _Work:
         return self.batch
 
 
+def _after(records: list[Record], done: int) -> list[Record]:
+    """The records of a batch after offset `done`."""
+    if not records or records[0].offset > done:
+        return records
+    return [r for r in records if r.offset > done]
+
+
 class PartitionCycles:
     def __init__(
         self,
@@ -106,6 +112,8 @@ class PartitionCycles:
         self.failed_at: dict[int, dict[str, int]] = {}
         self._queues: dict[int, asyncio.Queue[Batch]] = {}
         self._workers: dict[int, asyncio.Task[None]] = {}
+        # Partitions whose worker was stopped in the middle of a cycle (`cut_short`).
+        self._cut: set[int] = set()
         # Claimed timers handed over to be fired in-process, per partition and type.
         self._local: defaultdict[int, defaultdict[str, list[Timer]]] = defaultdict(
             lambda: defaultdict(list)
@@ -130,6 +138,14 @@ class PartitionCycles:
         while queue is not None and not queue.empty():
             queue.get_nowait()  # frees a poll loop waiting to put; the batches are stale
 
+    def cut_short(self, p: int) -> bool:
+        """Whether p's worker was stopped in the middle of a cycle since last asked: what
+        p's transaction holds is then half a cycle (one type's settles written, another's
+        not; settles without their events) and must never commit."""
+        cut = p in self._cut
+        self._cut.discard(p)
+        return cut
+
     async def stop_all(self) -> None:
         for p in list(self._workers):
             await self.stop(p)
@@ -150,18 +166,32 @@ class PartitionCycles:
     async def _work(self, p: int, queue: asyncio.Queue[Batch]) -> None:
         done: dict[str, int] = {}  # per topic, the last offset done (a batch read twice)
         while True:
+            # Staging is bounded: batches wait in the queue (then the poll loop) meanwhile.
+            await self._commits.room(self._types.values(), p)
             items = [await queue.get()]
             while not queue.empty():
                 items.append(queue.get_nowait())
             async with self._locks[p]:
                 if not self._owns(p):
                     continue
+                # Records done already are passed over one by one, not by batch: after a
+                # lost membership the consumer reads again from the committed offset, and
+                # a batch may hold records done (staged, not committed) and new ones.
                 fresh = [
-                    (topic, records)
+                    (topic, rest)
                     for topic, records in items
-                    if records and records[0].offset > done.get(topic, -1)
+                    if (rest := _after(records, done.get(topic, -1)))
                 ]
-                if await self._cycle(p, fresh):
+                try:
+                    staged = await self._cycle(p, fresh)
+                except asyncio.CancelledError:
+                    # Cut short (a hand-off): what it wrote so far is half a cycle, thrown
+                    # away before the lock lets a commit take it.
+                    self._cut.add(p)
+                    for kept in self._types.values():
+                        kept.changelog.discard(p)
+                    raise
+                if staged:
                     for topic, records in fresh:
                         done[topic] = records[-1].offset
                     if self._on_done is not None:
@@ -189,6 +219,7 @@ class PartitionCycles:
                 elif (batch := w.batch_of(p)) is not None:
                     backlog = await self._backlog(topic, p)
                     kept.processors[p].decide_records(batch, records, backlog)
+                    w.wrote = await self._carry_out(kept, batch, p) or w.wrote
             for type_name, timers in self._local.pop(p, {}).items():
                 kept = self._types[type_name]
                 w = work_of(kept)
@@ -199,6 +230,8 @@ class PartitionCycles:
                 commands = [timer_command(t, batch.now, in_process=True) for t in timers]
                 decided = kept.processors[p].decide_local(batch, commands)
                 await self._record_local(kept, timers, decided)
+                # After the settles: a Fire that reschedules its own key would fail them.
+                w.wrote = await self._carry_out(kept, batch, p) or w.wrote
             for w in work.values():
                 self._stage(p, w)
         except Exception as exc:
@@ -268,6 +301,33 @@ class PartitionCycles:
         processor.committed(batch, written[: len(batch.out)])
         # The timers' commands are applied now: their lateness is measured at the commit.
         self._metrics.fired(type_name, batch.fired_due, self._now())
+
+    async def _carry_out(self, kept: KeptType, batch: CommandBatch, p: int) -> bool:
+        """Carries out on the timer table, at once, what the batch's decisions did to the
+        timers (a cancel, a reschedule): a timer must not fire after its cancel was
+        decided, and the subscription reads the events back only once they commit. Read
+        back, they find it done (every timer operation is idempotent). Whether it wrote."""
+        ops: list[TimerOp] = []
+        for event in batch.take_timer_events():
+            try:
+                op = timer_op(event, p)  # the batch's events go to p's log
+            except BadRecord:
+                continue  # dead-lettered when the subscription reads it back
+            if op is not None:
+                ops.append(op)
+        if not ops:
+            return False
+        try:
+            writes, put = await apply_all(kept.store, ops)
+        except Exception as exc:
+            if node_fault(exc):
+                raise
+            return True  # the subscription meets it again when it reads it back
+        if put:
+            self._metrics.puts.labels(kept.name).inc(len(put))
+            kept.runner.offer(put)
+            kept.loop.wake(reload=False)
+        return writes > 0
 
     async def _subscribe(self, kept: KeptType, records: list[Record], w: _Work) -> bool:
         """Applies a log batch to the timer table, its bad records' dead letters added to
@@ -351,32 +411,3 @@ class PartitionCycles:
             self._metrics.operator_requests.labels(
                 kept.name, op.action.value, str(record.partition)
             ).inc()
-
-
-class InProcess:
-    """The runner's `LocalFirer`: a timer whose target is an aggregate of the same type in
-    the timer's own partition (the default: its owner) is decided by this node, in the
-    partition's transaction, instead of a round trip through the command topic."""
-
-    def __init__(
-        self, cycles: PartitionCycles, kept: Callable[[], KeptType | None], partitions: int
-    ) -> None:
-        self._cycles = cycles
-        self._kept = kept
-        self._partitions = partitions
-
-    def accepts(self, timer: Timer) -> bool:
-        kept = self._kept()
-        if kept is None or timer.partition not in kept.processors:
-            return False
-        target = timer.target
-        if target.context != kept.topics.context or target.aggregate != kept.topics.aggregate:
-            return False
-        return target == timer.owner or (
-            partition_of(target.id, self._partitions) == timer.partition
-        )
-
-    def fire(self, timers: list[Timer]) -> None:
-        kept = self._kept()
-        if kept is not None:
-            self._cycles.fire_local(kept.name, timers)

@@ -39,8 +39,9 @@ from app.kafka.clients import KafkaClients
 from app.kafka.ports import Clients, GroupMember
 from app.kafka.records import BROKER_MAX_MESSAGE_BYTES, refused
 from app.node.commits import Commits
-from app.node.cycles import InProcess, PartitionCycles
+from app.node.cycles import PartitionCycles
 from app.node.failing import FailingPartitions
+from app.node.in_process import InProcess
 from app.node.kept import KeptType, is_fenced, node_topics
 from app.node.local_state import keep_for_cluster
 from app.node.metrics import NodeMetrics
@@ -361,6 +362,14 @@ class Node:
         failed = asyncio.create_task(self._failed.wait(), name="failure")
         watch = asyncio.create_task(self._suspension.run(), name="suspension watch")
         tasks: list[asyncio.Task[Any]] = [committer, reader, failed, watch]
+        # The readers the sends and the ledgers depend on: one that ends stops the node.
+        following = {f"the results reader of {c}": r.task for c, r in self._results.items()}
+        following |= {f"the ledger of {c}": ledger.task for c, ledger in self._ledgers.items()}
+        tasks += [
+            asyncio.create_task(self._supervise(what, task), name=f"supervising {what}")
+            for what, task in following.items()
+            if task is not None
+        ]
         try:
             await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
             for task in (committer, reader):
@@ -373,6 +382,13 @@ class Node:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             await self.cycles.stop_all()
+
+    async def _supervise(self, what: str, task: asyncio.Task[None]) -> None:
+        """Stops the node loudly when `task` ends (they retry what passes by itself)."""
+        await asyncio.wait([task])
+        if task.cancelled():
+            return  # stopped: the node is stopping
+        self._fail(f"{what} stopped: {task.exception()!r}")
 
     async def _backlog(self, topic: str, p: int) -> int:
         assert self._consumer is not None
@@ -468,58 +484,68 @@ class Node:
         """
         assert self._consumer is not None
         try:
-            if after_failure is not None:
-                answered = self._answered
-                await self.cycles.stop(p)
-                async with self._lock:
-                    await self._let_go(p, clean=False)
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(after_failure):
-                        await answered.wait()
-                # As the group gives it now (a lost membership empties the assignment the
-                # failure saw; the next one may give p back).
-                topics = {t for t, q in self._consumer.assignment() if q == p}
-                if not topics:
-                    self._broken.pop(p, None)
-                    self._failing.forget(p)
-                    return  # the group moved it meanwhile
-                self._consumer.pause([(t, p) for t in topics])
-            last: BaseException | None = None
-            for attempt in range(1, _TAKE_ATTEMPTS + 1):
-                try:
-                    await self._take(p, topics)
-                    await self._consumer.rewind([(t, p) for t in topics])
-                    break
-                except Exception as exc:
-                    last = exc
-                    if refused(exc):
-                        break  # an ACL or the credentials: no retry passes it
-                    # A node fault is expected to pass; anything else is a bug to see, but
-                    # either way p is tried again, and the node stops loudly if it never
-                    # can be taken: never a take that dies quietly, half done.
-                    log = logger.warning if node_fault(exc) else logger.exception
-                    log("taking partition %d failed (%d/%d): %s", p, attempt, _TAKE_ATTEMPTS, exc)
-                    await self._let_go(p, clean=False)
-                    await asyncio.sleep(min(0.2 * 2**attempt, 5))
-            else:
-                self._fail(f"partition {p} could not be taken in {_TAKE_ATTEMPTS} attempts: {last}")
-                return
-            if last is not None and refused(last):
-                self._fail(f"partition {p} could not be taken: {last}")
-                return
-            async with self._lock:
-                self._owned.add(p)
-                self._takes[p] += 1
-                self._broken.pop(p, None)
-                self._consumer.resume([(t, p) for t in topics])
-                if not self._failing.held(p):
-                    self._start_firing(p)
-                if not self._taking.keys() - {p}:
-                    self._owning()
-                    self.ready.set()
+            await self._taking_partition(p, topics, after_failure)
+        except Exception as exc:
+            # A bug, whatever it is: never a partition left half taken, quietly.
+            logger.exception("taking partition %d failed", p)
+            self._fail(f"taking partition {p} failed: {exc!r}")
         finally:
             if self._taking.get(p) is asyncio.current_task():
                 del self._taking[p]
+
+    async def _taking_partition(
+        self, p: int, topics: set[str], after_failure: float | None
+    ) -> None:
+        assert self._consumer is not None
+        if after_failure is not None:
+            answered = self._answered
+            await self.cycles.stop(p)
+            async with self._lock:
+                await self._let_go(p, clean=False)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(after_failure):
+                    await answered.wait()
+            # As the group gives it now (a lost membership empties the assignment the
+            # failure saw; the next one may give p back).
+            topics = {t for t, q in self._consumer.assignment() if q == p}
+            if not topics:
+                self._broken.pop(p, None)
+                self._failing.forget(p)
+                return  # the group moved it meanwhile
+            self._consumer.pause([(t, p) for t in topics])
+        last: BaseException | None = None
+        for attempt in range(1, _TAKE_ATTEMPTS + 1):
+            try:
+                await self._take(p, topics)
+                await self._consumer.rewind([(t, p) for t in topics])
+                break
+            except Exception as exc:
+                last = exc
+                if refused(exc):
+                    break  # an ACL or the credentials: no retry passes it
+                # A node fault is expected to pass; anything else is a bug to see, but
+                # either way p is tried again, and the node stops loudly if it never
+                # can be taken: never a take that dies quietly, half done.
+                log = logger.warning if node_fault(exc) else logger.exception
+                log("taking partition %d failed (%d/%d): %s", p, attempt, _TAKE_ATTEMPTS, exc)
+                await self._let_go(p, clean=False)
+                await asyncio.sleep(min(0.2 * 2**attempt, 5))
+        else:
+            self._fail(f"partition {p} could not be taken in {_TAKE_ATTEMPTS} attempts: {last}")
+            return
+        if last is not None and refused(last):
+            self._fail(f"partition {p} could not be taken: {last}")
+            return
+        async with self._lock:
+            self._owned.add(p)
+            self._takes[p] += 1
+            self._broken.pop(p, None)
+            self._consumer.resume([(t, p) for t in topics])
+            if not self._failing.held(p):
+                self._start_firing(p)
+            if not self._taking.keys() - {p}:
+                self._owning()
+                self.ready.set()
 
     def _start_firing(self, p: int) -> None:
         for kept in self.types.values():
@@ -616,6 +642,8 @@ class Node:
         it is thrown away and the local copy restored from the changelog next time."""
         self._owned.discard(p)
         self.cycles.drop_local(p)
+        # A cycle cut short wrote half of its work: nothing of p's transaction may commit.
+        clean = not self.cycles.cut_short(p) and clean
         for kept in self.types.values():
             await self.commits.drop(kept, p, clean=clean)
             try:

@@ -114,6 +114,20 @@ class TransactionalChangelog:
         if producer is not None:
             await producer.stop()
 
+    def waiting(self, partition: int) -> int:
+        """How many records wait for the partition's next transaction."""
+        staged = self._staged.get(partition)
+        rows = self._buffer.get(partition, [])
+        return len(rows) + (len(staged.records) if staged is not None else 0)
+
+    def discard(self, partition: int) -> None:
+        """Throws away what waits for the partition's next transaction, its producer kept:
+        a cycle cut short left half of its work there (the partition is let go uncleanly
+        next, its local copy restored from the changelog)."""
+        if partition in self._producers:
+            self._buffer[partition] = []
+            self._staged[partition] = _Staged()
+
     def owns(self, partition: int) -> bool:
         return partition in self._producers
 

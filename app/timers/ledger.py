@@ -256,6 +256,12 @@ class KafkaFailureLedger:
             await reader.stop()
         return count
 
+    @property
+    def task(self) -> asyncio.Task[None] | None:
+        """The following task (started by `start`): it ends only on an error no retry
+        passes, which its owner must act on."""
+        return self._follower
+
     async def stop(self) -> None:
         if self._follower is not None:
             self._follower.cancel()

@@ -12,7 +12,7 @@ import asyncio
 import logging
 from collections.abc import Callable
 
-from app.errors import BadRecord
+from app.errors import BadRecord, KafkaUnavailable
 from app.kafka import FollowerFactory, Publisher
 from app.protocol.topics import AggregateTopics, ContextTopics
 from app.protocol.wire import CommandEnvelope, CommandResult, decode, encode
@@ -88,9 +88,22 @@ class ResultsReader:
     def forget(self, request_id: str) -> None:
         self._waiting.pop(request_id, None)
 
+    @property
+    def task(self) -> asyncio.Task[None] | None:
+        """The reading task (started by `start`): it ends only on an error no retry passes,
+        which its owner must act on (every remote send of the context waits on it)."""
+        return self._task
+
     async def _run(self) -> None:
         while True:
-            for record in await self._reader.poll():
+            try:
+                records = await self._reader.poll()
+            except KafkaUnavailable as exc:
+                # The broker or a leader away: read on once it is back, from where it was.
+                logger.warning("reading %s failed, trying again: %s", self.topic, exc)
+                await asyncio.sleep(1)
+                continue
+            for record in records:
                 try:
                     result = decode(CommandResult, record.value)
                 except BadRecord as exc:

@@ -249,7 +249,8 @@ async def test_a_partition_whose_log_cannot_be_read_fires_nothing_until_it_is(
         return await put_many(timers)
 
     monkeypatch.setattr(kept.store, "put_many", broken)
-    await schedule(log, other, due)  # its wow.ScheduleSet, read back, meets the fault
+    # Its decision's wow.ScheduleSet, carried out on the table at once, meets the fault.
+    await schedule(log, other, due)
 
     def failed_twice() -> bool:
         report = node.node.health().get("failing", {}).get(str(p))
@@ -259,7 +260,7 @@ async def test_a_partition_whose_log_cannot_be_read_fires_nothing_until_it_is(
     health = node.node.health()
     assert not health["ready"]
     report = health["failing"][str(p)]
-    assert report["at"] == {TOPICS.events: report["at"][TOPICS.events]}
+    assert report["at"] == {TOPICS.commands: report["at"][TOPICS.commands]}
     assert "the disk is gone" in report["error"]
     assert "fires nothing until its log is read past" in health["stalled"][str(p)]
     await asyncio.sleep(max(0.0, (due + 500) / 1000 - time.time()))  # past its due time

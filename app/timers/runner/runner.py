@@ -123,6 +123,7 @@ class TimerRunner:
         # Serialises the claim batch (and spawning its sends) with every outcome write, so
         # that stop_partition's write comes after anything a round already took of its part.
         self._write_lock = asyncio.Lock()
+        self._flush_lock = asyncio.Lock()
 
     @property
     def clock(self) -> Clock:
@@ -357,8 +358,10 @@ class TimerRunner:
             )
         if not decisions:
             return stats
+        # The ledger first, not under the write lock: its calls may take seconds, and
+        # every partition's rounds and settles wait for that lock.
+        final = await self._park(decisions, stats)
         async with self._write_lock:
-            final = await self._park(decisions, stats)
             self._count_busy(final)
             changes = [d.change for d in final if d.change is not None]
             stats.written = await self._store.settle(changes)
@@ -454,20 +457,26 @@ class TimerRunner:
     async def _flush(self, partitions: Set[int] | None, stats: RoundStats) -> None:
         """Writes the outcomes decided for `partitions` (all when None) in one batch, the
         targets of parks recorded in the ledger first."""
-        async with self._write_lock:
-            keys = list(self._outcomes) if partitions is None else list(partitions)
-            taken = [d for p in keys for d in self._outcomes.pop(p, [])]
+        # Flushes one at a time (stop_partition's after any that took its outcomes); the
+        # ledger's calls are made outside the write lock, which every partition's rounds
+        # and settles wait for.
+        async with self._flush_lock:
+            async with self._write_lock:
+                keys = list(self._outcomes) if partitions is None else list(partitions)
+                taken = [d for p in keys for d in self._outcomes.pop(p, [])]
             if not taken:
                 return
             final = await self._park(taken, stats)
-            self._count_busy(final)
-            changes = [d.change for d in final if d.change is not None]
-            try:
-                stats.written = await self._store.settle(changes)
-            except Exception:
-                # Not written: the claims lapse and are sent again; the target de-duplicates.
-                logger.exception("writing %d timer outcome(s) failed", len(changes))
-                return
+            async with self._write_lock:
+                self._count_busy(final)
+                changes = [d.change for d in final if d.change is not None]
+                try:
+                    stats.written = await self._store.settle(changes)
+                except Exception:
+                    # Not written: the claims lapse and are sent again; the target
+                    # de-duplicates.
+                    logger.exception("writing %d timer outcome(s) failed", len(changes))
+                    return
         self.offer(c.next for c in changes)
         for change in changes:
             if change.next.status is TimerStatus.PENDING and change.next.partition in self._owned:

@@ -1,0 +1,515 @@
+"""A partition's lifecycle on the in-memory log (#19): what a node must never do when its
+membership, its commits or its cycles are cut short. Each test is the reproduction of a
+bug found by reading (a record lost after a lost membership, a timer fired after its
+cancel was decided, half a cycle committed by a hand-off), fixed since."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any, ClassVar
+
+import pytest
+from pydantic import BaseModel
+
+from app.errors import KafkaUnavailable, NodeFailed
+from app.kafka.memory import MemoryLog
+from app.kafka.memory_group import MemoryGroupMember
+from app.model.aggregate import AggregateType, Command, Decision, Event
+from app.node import Node
+from app.node.settings import Settings
+from app.protocol.topics import AggregateTopics
+from app.protocol.wire import CommandEnvelope, EventEnvelope, decode, encode
+from app.service import Service
+from app.timers.runner import RetryPolicy, TimerOptions
+from tables import AggregateRef, CommandSpec, OnceRule, Timer, TimerStatus
+from tables.partitioner import partition_of
+
+PARTITIONS = 2
+
+
+class Count(BaseModel):
+    fired: int = 0
+
+
+def timed_type(name: str) -> AggregateType[Count]:
+    """ "Schedule" sets timer "k" (firing "Fire" on the aggregate itself: in-process),
+    "Unschedule" cancels it, "Remind" sets timer "r" firing "Fire" on another aggregate (a
+    remote send, through the commands topic), "Fire" emits "Fired"."""
+    agg = AggregateType("life", name, Count)
+
+    @agg.command("Schedule")
+    def _schedule(state: Count, cmd: Command, d: Decision) -> None:
+        d.schedule("k", OnceRule(at=int(cmd.body["at"])), CommandSpec(type="Fire"))
+
+    @agg.command("Unschedule")
+    def _unschedule(state: Count, cmd: Command, d: Decision) -> None:
+        d.cancel_schedule(str(cmd.body.get("key", "k")))
+
+    @agg.command("Remind")
+    def _remind(state: Count, cmd: Command, d: Decision) -> None:
+        target = AggregateRef(context="life", aggregate=name, id=cmd.body["target"])
+        d.schedule("r", OnceRule(at=int(cmd.body["at"])), CommandSpec(type="Fire"), target)
+
+    @agg.command("Doom")
+    def _doom(state: Count, cmd: Command, d: Decision) -> None:
+        d.schedule("d", OnceRule(at=int(cmd.body["at"])), CommandSpec(type="Nope"))
+
+    @agg.command("Fire")
+    def _fire(state: Count, cmd: Command, d: Decision) -> None:
+        d.emit("Fired", {"n": state.fired + 1})
+
+    @agg.applies("Fired")
+    def _fired(state: Count, e: Event) -> Count:
+        return state.model_copy(update={"fired": e.body["n"]})
+
+    return agg
+
+
+COUNTER, GAUGE = timed_type("counter"), timed_type("gauge")
+SERVICE = Service(aggregates=(COUNTER, GAUGE))
+TOPICS = {a.name: AggregateTopics("life", a.name) for a in (COUNTER, GAUGE)}
+
+
+def same_partition(a: str, b: str) -> bool:
+    return partition_of(a, PARTITIONS) == partition_of(b, PARTITIONS)
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+async def until(check: Callable[[], bool], within: float = 10.0) -> None:
+    """Lets the nodes run until `check` holds (bounded: fails rather than hang)."""
+    deadline = time.monotonic() + within
+    while not check():
+        assert time.monotonic() < deadline, "condition never held"
+        await asyncio.sleep(0.01)
+
+
+class Running:
+    """A node of group "g" on the shared memory log, run in the background."""
+
+    def __init__(
+        self, log: MemoryLog, data: Path, name: str, options: TimerOptions | None = None
+    ) -> None:
+        settings = Settings(
+            bootstrap_servers="memory",
+            partitions=PARTITIONS,
+            data_dir=data / name,
+            group_id="g",
+            session_timeout_ms=1_000,
+            commit_interval_ms=20,
+        )
+        self.node = Node(settings, SERVICE, clients=log, options=options)
+        self.task: asyncio.Task[None] | None = None
+
+    async def start(self) -> Running:
+        await self.node.start()
+        self.task = asyncio.create_task(self.node.run())
+        return self
+
+    async def stop(self) -> None:
+        if self.task is not None:
+            self.task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.task
+        await self.node.stop()
+
+    def runs(self, partitions: int = PARTITIONS) -> bool:
+        h = self.node.health()
+        return bool(h["ready"]) and len(h["owned"]) == partitions
+
+
+@pytest.fixture
+async def log() -> AsyncIterator[MemoryLog]:
+    yield MemoryLog()
+
+
+@pytest.fixture
+async def nodes() -> AsyncIterator[list[Running]]:
+    started: list[Running] = []
+    yield started
+    for held in HeldCommits.held:
+        held.release()  # a test that failed holding commits: its nodes can stop
+    HeldCommits.held.clear()
+    for n in reversed(started):
+        await n.stop()
+
+
+async def start(
+    nodes: list[Running],
+    log: MemoryLog,
+    data: Path,
+    name: str,
+    options: TimerOptions | None = None,
+) -> Running:
+    n = await Running(log, data, name, options).start()
+    nodes.append(n)
+    return n
+
+
+async def command(
+    log: MemoryLog, agg: AggregateType[Any], owner: str, type_: str, **body: Any
+) -> CommandEnvelope:
+    cmd = CommandEnvelope(
+        request_id=uuid.uuid4().hex,
+        type=type_,
+        aggregate=AggregateRef(context="life", aggregate=agg.name, id=owner),
+        body=body,
+        issued_at=now_ms(),
+    )
+    p = partition_of(owner, PARTITIONS)
+    await log.publisher().send(TOPICS[agg.name].commands, owner.encode(), encode(cmd), p)
+    return cmd
+
+
+def events(log: MemoryLog, agg: AggregateType[Any], type_: str) -> list[EventEnvelope]:
+    found = []
+    for p in range(PARTITIONS):
+        for r in log.records(TOPICS[agg.name].events, p):
+            e = decode(EventEnvelope, r.value)
+            if e.type == type_:
+                found.append(e)
+    return found
+
+
+def timer_rows(log: MemoryLog, agg: AggregateType[Any]) -> list[Timer]:
+    latest: dict[bytes, bytes | None] = {}
+    for p in range(PARTITIONS):
+        for r in log.records(TOPICS[agg.name].timers_changelog, p):
+            assert r.key is not None
+            latest[r.key] = r.value
+    return [Timer.model_validate_json(v) for v in latest.values() if v is not None]
+
+
+class HeldCommits:
+    """Holds every transaction of the log between its writes and its commit while set."""
+
+    held: ClassVar[list[HeldCommits]] = []
+
+    def __init__(self, log: MemoryLog) -> None:
+        self.entered = asyncio.Event()
+        self._open = asyncio.Event()
+        log.before_commit = self._before
+        HeldCommits.held.append(self)
+
+    async def _before(self, transactional_id: str) -> None:
+        self.entered.set()
+        await self._open.wait()
+
+    def release(self) -> None:
+        self._open.set()
+
+
+async def test_records_after_the_last_done_in_a_batch_read_again_are_not_lost(
+    log: MemoryLog, nodes: list[Running], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The node lost its group membership while a cycle's work was staged but not committed:
+    on joining again the consumer reads from the committed offset, behind what the worker
+    did, and one batch holds both the records it did and one it never saw. That record is
+    decided (it was dropped with the batch, for good: the position moved past it)."""
+    node = await start(nodes, log, tmp_path, "a")
+    await until(node.runs)
+    member = log.groups["g"].members[0]
+    held = HeldCommits(log)
+    other = next(f"o{i}" for i in range(2, 50) if same_partition("o1", f"o{i}"))
+    await command(log, COUNTER, "o1", "Schedule", at=now_ms() + 3_600_000)
+    await until(held.entered.is_set)  # decided, its commit held: staged, not committed
+    # The poll loop parked at its next poll, so the next record waits for the rejoin.
+    parked = asyncio.Event()
+    poll = member.poll
+
+    async def parked_poll(timeout_ms: int = 500) -> Any:
+        if not member._polls.is_set():
+            parked.set()
+        return await poll(timeout_ms)
+
+    monkeypatch.setattr(member, "poll", parked_poll)
+    member.hold_polls()
+    await until(parked.is_set)
+    await command(log, COUNTER, other, "Schedule", at=now_ms() + 3_600_000)
+    await log.groups["g"].expel(member)  # a lost membership: the same partitions come back
+    member.release_polls()
+    await until(lambda: not member.expelled)
+    held.release()
+    await until(lambda: {t.owner.id for t in timer_rows(log, COUNTER)} == {"o1", other})
+
+
+@pytest.mark.parametrize("remote", [False, True], ids=["in-process", "remote"])
+async def test_a_timer_does_not_fire_after_its_cancel_was_decided(
+    log: MemoryLog, nodes: list[Running], tmp_path: Path, remote: bool
+) -> None:
+    """The cancel is decided (its ScheduleCancelled staged in the partition's transaction)
+    before the timer falls due, but its commit is slow (a leader changing), so the
+    subscription has not read it back into the timer table when the runner takes the
+    timer: fired in-process or sent, it must see the cancel all the same."""
+    node = await start(nodes, log, tmp_path, "a")
+    await until(node.runs)
+    due = now_ms() + 1_000
+    if remote:
+        await command(log, COUNTER, "o1", "Remind", at=due, target=elsewhere("o1"))
+    else:
+        await command(log, COUNTER, "o1", "Schedule", at=due)
+    await until(lambda: len(timer_rows(log, COUNTER)) == 1)
+    held = HeldCommits(log)
+    await command(log, COUNTER, "o1", "Unschedule", key="r" if remote else "k")
+    await until(held.entered.is_set)  # decided; its commit held, so not read back
+    kept = node.node.types[COUNTER.type_name]
+    await until(lambda: now_ms() > due + 100)
+    await until(lambda: kept.runner.backlog(now_ms())[0] == 0)  # taken and decided
+    held.release()
+    rounds = kept.loop.rounds
+    await until(lambda: not kept.changelog.pending() and node.node.commits.lag() == 0)
+    await until(lambda: kept.loop.rounds >= rounds + 2 and kept.runner.in_flight == 0)
+    assert events(log, COUNTER, "wow.ScheduleCancelled")
+    assert events(log, COUNTER, "Fired") == [], "fired after its cancel was decided"
+    assert [t.status for t in timer_rows(log, COUNTER)] == [TimerStatus.CANCELLED]
+
+
+async def test_a_hand_off_in_the_middle_of_a_cycle_commits_none_of_it(
+    log: MemoryLog, nodes: list[Running], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two types' timers of the same partition fire in one cycle; the first type's outcome
+    is written (its row FIRED, buffered for the transaction) and the partition is handed
+    off while the second type's is being decided. Nothing of the cycle may commit: a FIRED
+    row whose Fired event was never written is a timer lost."""
+    node = await start(nodes, log, tmp_path, "a")
+    await until(node.runs)
+    p = partition_of("o1", PARTITIONS)
+    due = now_ms() + 800
+    for agg in (COUNTER, GAUGE):
+        await command(log, agg, "o1", "Schedule", at=due)
+    await until(lambda: len(timer_rows(log, COUNTER)) == len(timer_rows(log, GAUGE)) == 1)
+    calls = 0
+    for agg in (COUNTER, GAUGE):
+        runner = node.node.types[agg.type_name].runner
+        still_due = runner.still_due
+
+        async def stalling(claimed: Any, still_due: Any = still_due) -> list[Timer]:
+            nonlocal calls
+            calls += 1
+            if calls == 2:
+                await asyncio.Event().wait()  # the second type's: until cut short
+            result: list[Timer] = await still_due(claimed)
+            return result
+
+        monkeypatch.setattr(runner, "still_due", stalling)
+    lock = node.node.commits._locks[p]
+    async with lock:  # both types' timers handed over before the cycle runs
+        await until(lambda: len(node.node.cycles._local.get(p, {})) == 2)
+    await until(lambda: calls == 2)
+    await start(nodes, log, tmp_path, "b")  # the hand-off
+    await until(lambda: len(events(log, COUNTER, "Fired")) == len(events(log, GAUGE, "Fired")) == 1)
+    for agg in (COUNTER, GAUGE):
+        assert [t.status for t in timer_rows(log, agg)] == [TimerStatus.FIRED]
+        # Its local copy holds the first type's settle, never committed: not marked clean.
+        clean = tmp_path / "a" / agg.type_name / "timers" / f"clean-p{p}"
+        assert not clean.exists(), "a local copy with uncommitted writes marked clean"
+
+
+def elsewhere(owner: str) -> str:
+    """An aggregate of another partition than `owner`'s: its timers' sends are remote."""
+    return next(f"t{i}" for i in range(50) if not same_partition(owner, f"t{i}"))
+
+
+async def failed_node(n: Running) -> NodeFailed:
+    """The node's run, ended on its failure (`Running.stop` awaits it no more)."""
+    assert n.task is not None
+    await until(n.task.done)
+    error = n.task.exception()
+    n.task = None
+    assert isinstance(error, NodeFailed), error
+    return error
+
+
+async def test_the_results_reader_reads_on_after_the_broker_was_away(
+    log: MemoryLog, nodes: list[Running], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One poll of the results topic fails (the broker away): the reader reads on, and the
+    result of a remote send made since settles its timer."""
+    node = await start(nodes, log, tmp_path, "a")
+    await until(node.runs)
+    follower = node.node._results["life"]._reader
+    poll = follower.poll
+    failed = 0
+
+    async def flaky(timeout_ms: int = 200) -> list[Any]:
+        nonlocal failed
+        if not failed:
+            failed += 1
+            raise KafkaUnavailable("the leader of the results partition is away")
+        got: list[Any] = await poll(timeout_ms)
+        return got
+
+    monkeypatch.setattr(follower, "poll", flaky)
+    await until(lambda: failed == 1)
+    await command(log, COUNTER, "o1", "Remind", at=now_ms() + 100, target=elsewhere("o1"))
+    await until(lambda: [t.status for t in timer_rows(log, COUNTER)] == [TimerStatus.FIRED])
+    assert len(events(log, COUNTER, "Fired")) == 1
+    assert node.runs()
+
+
+async def test_a_results_reader_that_stops_stops_the_node_loudly(
+    log: MemoryLog, nodes: list[Running], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An error no retry passes ends the results reader: every remote send of its context
+    would wait for ever, so the node stops, saying why, and /healthz says so."""
+    node = await start(nodes, log, tmp_path, "a")
+    await until(node.runs)
+    follower = node.node._results["life"]._reader
+
+    async def broken(timeout_ms: int = 200) -> list[Any]:
+        raise RuntimeError("a bug in the reader")
+
+    monkeypatch.setattr(follower, "poll", broken)
+    error = await failed_node(node)
+    assert "results reader of life" in str(error) and "a bug in the reader" in str(error)
+    health = node.node.health()
+    assert not health["ready"] and "a bug in the reader" in health["failed"]
+
+
+async def test_a_take_that_fails_on_an_unexpected_error_stops_the_node_loudly(
+    log: MemoryLog, nodes: list[Running], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A take that fails outside its retried steps (here resuming the consumer) leaves no
+    partition half taken and quietly so: the node stops, naming the partition."""
+    resume = MemoryGroupMember.resume
+    calls = 0
+
+    def failing_once(self: MemoryGroupMember, partitions: Any) -> None:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise RuntimeError("resuming failed")
+        resume(self, partitions)
+
+    monkeypatch.setattr(MemoryGroupMember, "resume", failing_once)
+    node = await start(nodes, log, tmp_path, "a")
+    error = await failed_node(node)
+    assert "taking partition" in str(error) and "resuming failed" in str(error)
+    assert "resuming failed" in node.node.health()["failed"]
+
+
+class HeldOnce(HeldCommits):
+    """Holds the first transaction of the log for good; the later ones commit."""
+
+    async def _before(self, transactional_id: str) -> None:
+        if not self.entered.is_set():
+            self.entered.set()
+            await self._open.wait()
+
+
+async def test_a_commit_that_hangs_is_given_up_and_its_partition_taken_afresh(
+    log: MemoryLog, nodes: list[Running], tmp_path: Path
+) -> None:
+    """A commit that never answers (a broker that accepts and hangs) is given up at its
+    deadline: the partition is let go and taken afresh, and what the hung transaction held
+    is decided again and committed."""
+    node = await start(nodes, log, tmp_path, "a")
+    await until(node.runs)
+    node.node.commits.deadline_s = 0.3
+    held = HeldOnce(log)
+    await command(log, COUNTER, "o1", "Schedule", at=now_ms() + 3_600_000)
+    await until(held.entered.is_set)
+    await until(lambda: len(timer_rows(log, COUNTER)) == 1)
+    failed = node.node.metrics.registry.get_sample_value(
+        "tickwheel_partitions_let_go_total", {"reason": "failed"}
+    )
+    assert failed == 1
+    await until(node.runs)
+
+
+async def test_staging_waits_for_a_commit_in_flight_beyond_its_bound(
+    log: MemoryLog, nodes: list[Running], tmp_path: Path
+) -> None:
+    """While a partition's commit hangs, its cycles stage no more than the bound (and one
+    cycle's worth): the batches wait in the worker's queue, then in the poll loop. Once
+    the commit is through, everything waiting is decided."""
+    node = await start(nodes, log, tmp_path, "a")
+    await until(node.runs)
+    node.node.commits.max_staged = 4
+    held = HeldCommits(log)
+    p = partition_of("o1", PARTITIONS)
+    owners = [o for o in (f"o{i}" for i in range(200)) if partition_of(o, PARTITIONS) == p][:30]
+    kept = node.node.types[COUNTER.type_name]
+    member = log.groups["g"].members[0]
+    commands = (TOPICS[COUNTER.name].commands, p)
+    queue = node.node.cycles.queue(p)
+    most = 0
+    for owner in owners:
+        await command(log, COUNTER, owner, "Schedule", at=now_ms() + 3_600_000)
+        end = log.offsets(*commands)[1]
+
+        def read_or_held(end: int = end) -> bool:
+            """Read, or the poll loop held up by a queue full of batches."""
+            return member._positions[commands] == end or queue.full()
+
+        await until(read_or_held)
+        most = max(most, kept.changelog.waiting(p))
+    assert held.entered.is_set()
+    assert most <= 4 + 3, f"{most} records staged behind a hung commit"
+    held.release()
+    await until(lambda: len(timer_rows(log, COUNTER)) == len(owners))
+
+
+async def test_a_ledger_call_that_hangs_holds_no_other_partition_up(
+    log: MemoryLog, nodes: list[Running], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A timer of one partition is parked and the ledger does not answer (its calls may
+    take seconds): the runner's other partitions claim, fire and commit meanwhile."""
+    options = TimerOptions(retry=RetryPolicy(max_attempts=1))
+    node = await start(nodes, log, tmp_path, "a", options)
+    await until(node.runs)
+    parking = asyncio.Event()
+
+    async def hanging(*args: Any) -> None:
+        parking.set()
+        await asyncio.Event().wait()
+
+    monkeypatch.setattr(node.node._ledgers["life"], "record", hanging)
+    await command(log, COUNTER, "o1", "Doom", at=now_ms() + 100)
+    await until(parking.is_set)
+    other = elsewhere("o1")
+    await command(log, COUNTER, other, "Schedule", at=now_ms() + 100)
+    await until(lambda: [e.aggregate.id for e in events(log, COUNTER, "Fired")] == [other])
+
+
+async def test_claims_wait_for_the_commit_in_flight_and_never_commit_beside_it(
+    log: MemoryLog, nodes: list[Running], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A remote send's claims must commit before it leaves; with a commit of the partition
+    in flight they wait for it, then commit, rather than start a second commit beside it
+    (which a let-go would not cancel, and whose start hides the first one's lag)."""
+    node = await start(nodes, log, tmp_path, "a")
+    await until(node.runs)
+    await command(log, COUNTER, "o1", "Remind", at=now_ms() + 1_000, target=elsewhere("o1"))
+    await until(lambda: len(timer_rows(log, COUNTER)) == 1)
+    held = HeldCommits(log)
+    other = next(f"o{i}" for i in range(2, 50) if same_partition("o1", f"o{i}"))
+    await command(log, COUNTER, other, "Schedule", at=now_ms() + 3_600_000)
+    await until(held.entered.is_set)
+    commits = node.node.commits
+    claims = commits.commit_claims
+    beside: list[int] = []
+
+    async def watching(kept: Any, partitions: set[int]) -> None:
+        task = asyncio.ensure_future(claims(kept, partitions))
+        await asyncio.sleep(0)  # it runs up to its first wait
+        running = [t for t in asyncio.all_tasks() if t.get_name().startswith("commit (")]
+        beside.append(len([t for t in running if not t.done()]))
+        await task
+
+    monkeypatch.setattr(commits, "commit_claims", watching)
+    await until(lambda: bool(beside))
+    assert beside == [1], "a second commit started beside the one in flight"
+    held.release()
+
+    def sent() -> bool:
+        return [t.status for t in timer_rows(log, COUNTER) if t.key == "r"] == [TimerStatus.FIRED]
+
+    await until(sent)
