@@ -79,7 +79,7 @@ class TimerOptions(BaseModel):
         "with a tombstone in the changelog; must exceed expires_after",
     )
     sweep_limit: int = Field(
-        default=1000, gt=0, description="finished rows deleted per round at most"
+        default=250, gt=0, description="finished rows deleted per round at most"
     )
 
     @model_validator(mode="after")
