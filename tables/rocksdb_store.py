@@ -364,7 +364,7 @@ class RocksDBTimerStore(PartitionedStore):
             new = None
             if value is not None:
                 try:
-                    new = restored_index(partition, key, value)
+                    new, value = restored_index(partition, key, value)
                 except ValueError as exc:
                     # The key's latest record is no row: the key holds none, as the
                     # tombstone its dead letter comes with will say (`unreadable_letters`).

@@ -27,6 +27,7 @@ from tables.keys import (
     DUE,
     FINISHED,
     PARKED,
+    encode_timer,
     finished_at,
     index_key,
     order_key,
@@ -172,14 +173,19 @@ def _index(row: _Row, key: bytes) -> bytes:
     return FINISHED + order_key(finished_at(row.due_at, row.slot_due_at), row.id) + key
 
 
-def restored_index(partition: int, key: bytes, value: bytes) -> bytes:
-    """The index entry of a changelog row a restore takes (see `tables.keys.index_key`);
-    `ValueError` with the reason if it is no whole, valid row of `partition` stored under
-    its own row key: exactly `restored_row`'s verdict."""
+def restored_index(partition: int, key: bytes, value: bytes) -> tuple[bytes, bytes]:
+    """The index entry of a changelog row a restore takes (see `tables.keys.index_key`),
+    and the bytes to store; `ValueError` with the reason if it is no whole, valid row of
+    `partition` stored under its own row key: exactly `restored_row`'s verdict.
+
+    A row only pydantic's lax mode takes (`"version": "3"`) is stored as the Timer's own
+    JSON, so that reads, which trust the store's rows (`tables.keys.load_timer`), find
+    every field of its type."""
     try:
-        return _fast_index(partition, key, value)
+        return _fast_index(partition, key, value), value
     except _Refused:
         pass
     except (UnicodeEncodeError, OverflowError):
         pass
-    return index_key(restored_row(partition, key, value), key)
+    timer = restored_row(partition, key, value)
+    return index_key(timer, key), encode_timer(timer)

@@ -3,15 +3,25 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tables import AggregateRef, CommandSpec, CronRule, IntervalRule, OnceRule, Outcome, Timer
+from tables import (
+    AggregateRef,
+    CommandSpec,
+    CronRule,
+    IntervalRule,
+    OnceRule,
+    Outcome,
+    Timer,
+    open_timer_store,
+)
 from tables.bounds import MAX_INSTANT, MAX_INT64
-from tables.keys import encode_timer, index_key, restored_row, row_key
+from tables.keys import encode_timer, index_key, load_timer, restored_row, row_key
 from tables.rowcheck import _fast_index, restored_index
 from tables.timer import TimerStatus
 
@@ -118,9 +128,12 @@ def _pydantic(partition: int, key: bytes, value: bytes) -> bytes | str:
 
 def _fast(partition: int, key: bytes, value: bytes) -> bytes | str:
     try:
-        return restored_index(partition, key, value)
+        index, stored = restored_index(partition, key, value)
     except ValueError:
         return "refused"
+    # What is stored reads back as the row pydantic reads.
+    assert load_timer(stored) == restored_row(partition, key, value)
+    return index
 
 
 @settings(max_examples=600)
@@ -205,8 +218,38 @@ def test_a_row_under_another_key_or_partition_is_refused() -> None:
     )  # fmt: skip
     value = encode_timer(timer)
     key = row_key(owner, "k")
-    assert restored_index(2, key, value) == index_key(timer, key)
+    assert restored_index(2, key, value) == (index_key(timer, key), value)
     with pytest.raises(ValueError, match="partition 2"):
         restored_index(1, key, value)
     with pytest.raises(ValueError, match="under another key"):
         restored_index(2, row_key(owner, "other"), value)
+
+
+def test_a_row_only_the_lax_mode_takes_is_stored_as_the_timers_own_json() -> None:
+    """Reads trust the stored bytes: a `"3"` for an int must not reach them."""
+    timer = BASES[0]
+    key = row_key(timer.owner, timer.key)
+    lax = json.loads(encode_timer(timer))
+    lax["version"], lax["rule"]["coalesce"], lax["slot"] = "3", "true", 0.0
+    raw = json.dumps(lax).encode()
+    index, stored = restored_index(1, key, raw)
+    assert stored == encode_timer(timer) != raw
+    assert load_timer(stored).version == 3 and index == index_key(timer, key)
+
+
+@pytest.mark.parametrize("backend", ["memory", "rocksdb"])
+async def test_a_store_restoring_a_lax_row_reads_the_timer_back(
+    backend: str, tmp_path: Path
+) -> None:
+    timer = BASES[0]
+    lax = json.loads(encode_timer(timer))
+    lax["version"] = "3"
+    url = "memory://" if backend == "memory" else f"rocksdb://{tmp_path / 's'}"
+    store = open_timer_store(url, partitions=2)
+    try:
+        key = row_key(timer.owner, timer.key)
+        assert await store.apply_changelog(1, [(0, key, json.dumps(lax).encode())]) == []
+        found = await store.find(timer.owner, timer.key)
+        assert found == timer and isinstance(found.version, int)
+    finally:
+        await store.close()
