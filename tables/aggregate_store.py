@@ -78,6 +78,9 @@ class MemoryAggregateStore:
     def __init__(self) -> None:
         self._states: dict[tuple[int, str], bytes] = {}
         self._requests: dict[tuple[int, str, str], int] = {}
+        # Per partition, no request id of it was applied before this (a sweep with nothing
+        # to forget looks at none).
+        self._oldest: dict[int, int] = {}
         self._offsets: dict[int, int] = {}
         self._closed = False
 
@@ -107,19 +110,25 @@ class MemoryAggregateStore:
         for a, r in requests:
             # As the RocksDB store: one entry a request id, at its latest write.
             self._requests[(partition, a, r)] = applied_at
+            self._oldest[partition] = min(self._oldest.get(partition, applied_at), applied_at)
         if offset is not None:
             self._offsets[partition] = offset
 
     def expire_requests(self, partition: int, before: int, limit: int) -> int:
         self._check()
-        held = (
+        if before < self._oldest.get(partition, before + 1):
+            return 0
+        held = [
             (at, _id(a) + r.encode(), (p, a, r))
             for (p, a, r), at in self._requests.items()
-            if p == partition and at <= before
-        )
-        doomed = heapq.nsmallest(limit, held)
+            if p == partition
+        ]
+        doomed = heapq.nsmallest(limit, (h for h in held if h[0] <= before))
         for _, _, key in doomed:
             del self._requests[key]
+        gone = {key for _, _, key in doomed}
+        left = [at for at, _, key in held if key not in gone]
+        self._oldest[partition] = min(left, default=before + 1)
         return len(doomed)
 
     def offset(self, partition: int) -> int | None:
@@ -129,6 +138,7 @@ class MemoryAggregateStore:
     def drop(self, partition: int) -> None:
         self._states = {k: v for k, v in self._states.items() if k[0] != partition}
         self._requests = {k: v for k, v in self._requests.items() if k[0] != partition}
+        self._oldest.pop(partition, None)
         self._offsets.pop(partition, None)
 
     def close(self) -> None:
