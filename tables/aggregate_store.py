@@ -4,16 +4,21 @@ A view of the log, like the TimerStore: per partition, restored by folding the e
 topic from the store's last offset, so it never needs a changelog of its own. The node
 writes a transaction's new states, request ids and the last event offset in one batch
 after the transaction committed; a crash in between is mended by the restore.
+
+Each request id is kept with when it was applied, so that ids older than the
+de-duplication window can be forgotten (`expire_requests`, in bounded batches, oldest
+first): a command sent again with such an id is applied again.
 """
 
 from __future__ import annotations
 
+import heapq
 import shutil
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, cast
 
-from rocksdict import Options, Rdict, WriteBatch
+from rocksdict import Options, Rdict, ReadOptions, WriteBatch
 
 from tables.exceptions import StoreClosed
 
@@ -21,6 +26,9 @@ __all__ = ["AggregateStateStore", "MemoryAggregateStore", "RocksAggregateStore"]
 
 _STATE = b"a"
 _REQUEST = b"q"
+_APPLIED = b"w"
+"""`w` + applied at (8 bytes, big-endian) + the request's `q` key minus its `q`: the
+request ids in the order they were applied, for the sweep."""
 _OFFSET = b"\x00events-offset"
 
 
@@ -42,8 +50,15 @@ class AggregateStateStore(Protocol):
         states: Mapping[str, bytes],
         requests: Iterable[tuple[str, str]],
         offset: int | None,
+        applied_at: int = 0,
     ) -> None:
-        """Writes `states` and the applied `(aggregate id, request id)`s, and the offset."""
+        """Writes `states` and the applied `(aggregate id, request id)`s (applied at
+        `applied_at`, epoch ms), and the offset."""
+        ...
+
+    def expire_requests(self, partition: int, before: int, limit: int) -> int:
+        """Forgets up to `limit` request ids applied at or before `before`, oldest first;
+        how many."""
         ...
 
     def offset(self, partition: int) -> int | None:
@@ -62,7 +77,10 @@ class MemoryAggregateStore:
 
     def __init__(self) -> None:
         self._states: dict[tuple[int, str], bytes] = {}
-        self._requests: set[tuple[int, str, str]] = set()
+        self._requests: dict[tuple[int, str, str], int] = {}
+        # Per partition, no request id of it was applied before this (a sweep with nothing
+        # to forget looks at none).
+        self._oldest: dict[int, int] = {}
         self._offsets: dict[int, int] = {}
         self._closed = False
 
@@ -84,13 +102,34 @@ class MemoryAggregateStore:
         states: Mapping[str, bytes],
         requests: Iterable[tuple[str, str]],
         offset: int | None,
+        applied_at: int = 0,
     ) -> None:
         self._check()
         for aggregate_id, state in states.items():
             self._states[(partition, aggregate_id)] = state
-        self._requests.update((partition, a, r) for a, r in requests)
+        for a, r in requests:
+            # As the RocksDB store: one entry a request id, at its latest write.
+            self._requests[(partition, a, r)] = applied_at
+            self._oldest[partition] = min(self._oldest.get(partition, applied_at), applied_at)
         if offset is not None:
             self._offsets[partition] = offset
+
+    def expire_requests(self, partition: int, before: int, limit: int) -> int:
+        self._check()
+        if before < self._oldest.get(partition, before + 1):
+            return 0
+        held = [
+            (at, _id(a) + r.encode(), (p, a, r))
+            for (p, a, r), at in self._requests.items()
+            if p == partition
+        ]
+        doomed = heapq.nsmallest(limit, (h for h in held if h[0] <= before))
+        for _, _, key in doomed:
+            del self._requests[key]
+        gone = {key for _, _, key in doomed}
+        left = [at for at, _, key in held if key not in gone]
+        self._oldest[partition] = min(left, default=before + 1)
+        return len(doomed)
 
     def offset(self, partition: int) -> int | None:
         self._check()
@@ -98,7 +137,8 @@ class MemoryAggregateStore:
 
     def drop(self, partition: int) -> None:
         self._states = {k: v for k, v in self._states.items() if k[0] != partition}
-        self._requests = {k for k in self._requests if k[0] != partition}
+        self._requests = {k: v for k, v in self._requests.items() if k[0] != partition}
+        self._oldest.pop(partition, None)
         self._offsets.pop(partition, None)
 
     def close(self) -> None:
@@ -141,16 +181,42 @@ class RocksAggregateStore:
         states: Mapping[str, bytes],
         requests: Iterable[tuple[str, str]],
         offset: int | None,
+        applied_at: int = 0,
     ) -> None:
         db = self._db(partition)
         batch = WriteBatch(raw_mode=True)
         for aggregate_id, state in states.items():
             batch.put(_STATE + _id(aggregate_id), state)
+        at = max(applied_at, 0).to_bytes(8, "big")
         for aggregate_id, request_id in requests:
-            batch.put(_REQUEST + _id(aggregate_id) + request_id.encode(), b"")
+            request = _id(aggregate_id) + request_id.encode()
+            held = db.get(_REQUEST + request)
+            if held:  # applied before: its sweep entry moves to the latest time
+                batch.delete(_APPLIED + bytes(held) + request)
+            batch.put(_REQUEST + request, at)
+            batch.put(_APPLIED + at + request, b"")
         if offset is not None:
             batch.put(_OFFSET, str(offset).encode())
         db.write(batch)
+
+    def expire_requests(self, partition: int, before: int, limit: int) -> int:
+        if before < 0:
+            return 0
+        db = self._db(partition)
+        options = ReadOptions()
+        options.set_iterate_upper_bound(_APPLIED + (before + 1).to_bytes(8, "big"))
+        batch = WriteBatch(raw_mode=True)
+        count = 0
+        for entry in cast(Iterator[bytes], db.keys(from_key=_APPLIED, read_opt=options)):
+            if count == limit:
+                break
+            batch.delete(entry)
+            batch.delete(_REQUEST + entry[9:])
+            count += 1
+        del options  # kept alive through the scan (see rocksdb_store._scan)
+        if count:
+            db.write(batch)
+        return count
 
     def offset(self, partition: int) -> int | None:
         value = self._db(partition).get(_OFFSET)

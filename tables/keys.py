@@ -8,10 +8,12 @@ Every key a partition's DB holds starts with one byte that says what it is:
 - ``d`` + due_at (8 bytes, big-endian) + id (escaped, terminated) + row key → the row,
   for PENDING and FIRING rows only: iterating it runs in ``(due_at, id)`` order.
 - ``p`` + target + due_at + id + row key → the row, for PARKED rows only.
+- ``f`` + finished_at + id + row key → the row, for FIRED and CANCELLED rows only
+  (`finished_at`): the retention sweep finds expired rows with one range scan.
 
-A row is stored once: in its index entry when it has one (the ``r`` entry then holds
-just that index key, which starts with ``d`` or ``p``), else under ``r`` (its JSON
-starts with ``{``). So a restore writes each pending timer's bytes once, and learns a
+A row is stored once: in its index entry (the ``r`` entry then holds just that index key,
+which starts with ``d``, ``p`` or ``f``), else under ``r`` (its JSON starts with ``{``;
+no row of this format has none). So a restore writes each pending timer's bytes once, and learns a
 row's old index entry from its ``r`` entry without decoding it.
 - ``\\x00`` + name → the store's own bookkeeping (the changelog offset); no scan reaches it.
 
@@ -22,13 +24,20 @@ Values are the Timer's JSON dict (the bytes orjson writes of ``model_dump(mode="
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeVar
+
+import orjson
+from pydantic import BaseModel
 
 from tables.refs import AggregateRef
-from tables.timer import Timer
+from tables.rules import CronRule, IntervalRule, OnceRule
+from tables.timer import CommandSpec, Outcome, Timer, TimerStatus
+
+_M = TypeVar("_M", bound=BaseModel)
 
 __all__ = [
     "DUE",
+    "FINISHED",
     "OFFSET_KEY",
     "PARKED",
     "ROW",
@@ -37,14 +46,18 @@ __all__ = [
     "due_key_prefix",
     "due_upper_bound",
     "encode_timer",
+    "finished_at",
+    "finished_upper_bound",
     "index_key",
     "index_key_of",
+    "load_timer",
     "order_key",
     "owner_prefix",
     "parked_key",
     "parked_prefix",
     "ref_bytes",
     "ref_bytes_of",
+    "ref_parts",
     "restored_row",
     "row_key",
     "row_key_of",
@@ -53,6 +66,7 @@ __all__ = [
 ROW = b"r"
 DUE = b"d"
 PARKED = b"p"
+FINISHED = b"f"
 OFFSET_KEY = b"\x00changelog-offset"
 
 _MAX_U64 = (1 << 64) - 1
@@ -83,6 +97,11 @@ def _ref(context: str, aggregate: str, tenant: str, id: str) -> bytes:
             len(i).to_bytes(2, "big"), i,
         )
     )  # fmt: skip
+
+
+def ref_parts(context: str, aggregate: str, tenant: str, id: str) -> bytes:
+    """`ref_bytes` of an aggregate given as its four fields."""
+    return _ref(context, aggregate, tenant, id)
 
 
 def ref_bytes(ref: AggregateRef) -> bytes:
@@ -139,6 +158,13 @@ def due_upper_bound(until: int) -> bytes:
     return DUE + (until + 1).to_bytes(8, "big")
 
 
+def finished_upper_bound(until: int) -> bytes:
+    """The first finished-index key past every entry finished at or before `until`."""
+    if until >= _MAX_U64:
+        return bytes([FINISHED[0] + 1])
+    return FINISHED + (max(until, -1) + 1).to_bytes(8, "big")
+
+
 def parked_prefix(target: AggregateRef) -> bytes:
     return PARKED + ref_bytes(target)
 
@@ -171,6 +197,63 @@ def decode_timer(raw: bytes) -> Timer:
     return timer
 
 
+_set = object.__setattr__
+_RULES: dict[str, tuple[type[BaseModel], int]] = {
+    "once": (OnceRule, 3), "interval": (IntervalRule, 4), "cron": (CronRule, 5)
+}  # fmt: skip
+_STATUSES = {status.value: status for status in TimerStatus}
+_OUTCOMES: dict[str | None, Outcome | None] = {outcome.value: outcome for outcome in Outcome}
+_OUTCOMES[None] = None
+# One set of field names a model class, shared by the instances `load_timer` makes: every
+# row names every field, and a frozen model never changes its set (`model_copy` changes a
+# copy: a frozenset would not do, its copy is itself).
+_ALL_SET: dict[type[BaseModel], set[str]] = {
+    cls: set(cls.model_fields) for cls in (Timer, AggregateRef, CommandSpec)
+}
+_ALL_SET.update((cls, set(cls.model_fields)) for cls, _ in _RULES.values())
+
+
+def _made(cls: type[_M], values: dict[str, Any]) -> _M:
+    """`cls.model_construct(**values)` without its per-field loop: `values` names every
+    field (pydantic's own construction sets these four attributes)."""
+    made = cls.__new__(cls)
+    _set(made, "__dict__", values)
+    _set(made, "__pydantic_fields_set__", _ALL_SET[cls])
+    _set(made, "__pydantic_extra__", None)
+    _set(made, "__pydantic_private__", None)
+    return made
+
+
+def load_timer(raw: bytes) -> Timer:
+    """A row's value as the store wrote it back into its Timer, without validating it again.
+
+    Only for the store's own rows: each was validated on its way in (`restored_row`, or a
+    Timer the store wrote), and reads do not pay for it twice (`decode_timer` builds a
+    Timer in ~7 µs on the 2-core box, this in about half, sharing the owner as target when
+    they are equal). A row that does not name every field (written by another version)
+    is decoded in full.
+    """
+    row = orjson.loads(raw)
+    owner, target, rule, command = row["owner"], row["target"], row["rule"], row["command"]
+    kind = _RULES.get(rule.get("kind", ""))
+    if (
+        len(row) != 15
+        or kind is None
+        or len(rule) != kind[1]
+        or len(owner) != 4
+        or len(target) != 4
+        or len(command) != 2
+    ):
+        return decode_timer(raw)
+    row["owner"] = owner = _made(AggregateRef, owner)
+    row["target"] = owner if target == owner.__dict__ else _made(AggregateRef, target)
+    row["rule"] = _made(kind[0], rule)
+    row["command"] = _made(CommandSpec, command)
+    row["status"] = _STATUSES[row["status"]]
+    row["outcome"] = _OUTCOMES[row["outcome"]]
+    return _made(Timer, row)
+
+
 def restored_row(partition: int, key: bytes, value: bytes) -> Timer:
     """A changelog value as a restore takes it: a whole, valid Timer (within every bound) of
     `partition`, stored under its own row key; `ValueError` with the reason otherwise."""
@@ -185,20 +268,30 @@ def restored_row(partition: int, key: bytes, value: bytes) -> Timer:
 _INDEXED_DUE = frozenset({"PENDING", "FIRING"})
 
 
-def index_key(timer: Timer, row: bytes) -> bytes | None:
-    """The one index entry a row has: due (PENDING, FIRING), parked (PARKED), or none."""
+def finished_at(due_at: int, slot_due_at: int) -> int:
+    """When a FIRED or CANCELLED row counts as finished, for its retention: the later of
+    the times it names. A FIRED row's `due_at` is its last claim's deadline (just after it
+    fired); a cancelled one keeps the due time it had, so a timer cancelled long before it
+    was due is kept until then (a replay of its schedule up to that time still finds it)."""
+    return max(due_at, slot_due_at)
+
+
+def index_key(timer: Timer, row: bytes) -> bytes:
+    """The one index entry a row has: due (PENDING, FIRING), parked (PARKED) or finished
+    (FIRED, CANCELLED)."""
     if timer.status in _INDEXED_DUE:
         return due_key(timer.due_at, timer.id, row)
     if timer.status == "PARKED":
         return parked_key(ref_bytes(timer.target), timer.due_at, timer.id, row)
-    return None
+    return FINISHED + order_key(finished_at(timer.due_at, timer.slot_due_at), timer.id) + row
 
 
-def index_key_of(value: dict[str, Any], row: bytes) -> bytes | None:
+def index_key_of(value: dict[str, Any], row: bytes) -> bytes:
     """`index_key` of a row in its JSON dict form."""
     status = value["status"]
     if status in _INDEXED_DUE:
         return due_key(value["due_at"], value["id"], row)
     if status == "PARKED":
         return parked_key(ref_bytes_of(value["target"]), value["due_at"], value["id"], row)
-    return None
+    order = order_key(finished_at(value["due_at"], value["slot_due_at"]), value["id"])
+    return FINISHED + order + row

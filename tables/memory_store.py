@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from itertools import islice
 
-from tables.keys import owner_prefix, ref_bytes, restored_row
+from tables.keys import finished_at, owner_prefix, ref_bytes, restored_row
 from tables.partitioned import PartitionedStore
 from tables.refs import AggregateRef
 from tables.store import ChangelogSink, UnreadableRow
@@ -45,6 +45,8 @@ class _Partition:
     owners: dict[bytes, set[bytes]] = field(default_factory=dict)
     due: list[_Entry] = field(default_factory=list)
     parked: dict[bytes, list[_Entry]] = field(default_factory=dict)
+    finished: list[_Entry] = field(default_factory=list)
+    """`(finished_at, id, row key)` of the FIRED and CANCELLED rows."""
     offset: int | None = None
 
     def put(self, row: bytes, timer: Timer) -> None:
@@ -56,6 +58,8 @@ class _Partition:
             insort(self.due, entry)
         elif timer.status is TimerStatus.PARKED:
             insort(self.parked.setdefault(ref_bytes(timer.target), []), entry)
+        else:
+            insort(self.finished, _finished(timer, row))
 
     def delete(self, row: bytes) -> None:
         old = self.rows.pop(row, None)
@@ -74,6 +78,12 @@ class _Partition:
             _remove(self.parked[target], entry)
             if not self.parked[target]:
                 del self.parked[target]
+        else:
+            _remove(self.finished, _finished(old, row))
+
+
+def _finished(timer: Timer, row: bytes) -> _Entry:
+    return (finished_at(timer.due_at, timer.slot_due_at), timer.id, row)
 
 
 class MemoryTimerStore(PartitionedStore):
@@ -91,9 +101,17 @@ class MemoryTimerStore(PartitionedStore):
         for row in sorted(data.owners.get(prefix, ())):
             yield row, data.rows[row]
 
-    def _apply(self, writes: list[Write], values: list[bytes] | None) -> None:
+    def _apply(self, writes: list[Write], values: list[bytes | None] | None) -> None:
         for write in writes:
-            self._data[write.partition].put(write.row, write.new)
+            if write.new is None:
+                self._data[write.partition].delete(write.row)
+            else:
+                self._data[write.partition].put(write.row, write.new)
+
+    def _expired(self, partition: int, until: int, limit: int) -> list[tuple[bytes, Timer]]:
+        data = self._data[partition]
+        entries = islice(data.finished, bisect_left(data.finished, (until + 1,)))
+        return [(row, data.rows[row]) for _, _, row in islice(entries, limit)]
 
     def _due(self, partitions: list[int], until: int, limit: int) -> list[Timer]:
         runs = []

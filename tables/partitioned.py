@@ -14,6 +14,7 @@ from tables.census import TimerCensus, tally
 from tables.exceptions import StoreClosed, StoreError
 from tables.keys import encode_timer, owner_prefix, row_key
 from tables.refs import AggregateRef
+from tables.retention import expiry_cutoff, plan_expiry
 from tables.store import ChangelogRecord, ChangelogSink, UnreadableRow
 from tables.timer import ACTIVE, Timer, TimerChange, TimerStatus
 from tables.writes import Write, check_change, plan_cancel, plan_settle, put_row
@@ -59,8 +60,14 @@ class PartitionedStore(ABC):
         """The rows of partition whose key starts with `prefix`, in row-key order."""
 
     @abstractmethod
-    def _apply(self, writes: list[Write], values: list[bytes] | None) -> None:
-        """Writes rows and their index entries: one atomic write per partition."""
+    def _apply(self, writes: list[Write], values: list[bytes | None] | None) -> None:
+        """Writes rows and their index entries (deletes a row whose `new` is None): one
+        atomic write per partition."""
+
+    @abstractmethod
+    def _expired(self, partition: int, until: int, limit: int) -> list[tuple[bytes, Timer]]:
+        """Up to `limit` FIRED and CANCELLED rows of partition finished at or before
+        `until`, oldest first: `(row key, row)`."""
 
     @abstractmethod
     def _due(self, partitions: list[int], until: int, limit: int) -> list[Timer]: ...
@@ -141,9 +148,9 @@ class PartitionedStore(ABC):
         """Hands the new rows to the sink, then writes them locally."""
         if not writes:
             return
-        values = None
+        values: list[bytes | None] | None = None
         if self._sink is not None or self._values_needed:
-            values = [encode_timer(write.new) for write in writes]
+            values = [None if w.new is None else encode_timer(w.new) for w in writes]
         if self._sink is not None:
             assert values is not None
             records = [
@@ -163,7 +170,7 @@ class PartitionedStore(ABC):
             if counts is not None:
                 if write.old is not None and write.old.status in ACTIVE:
                     counts[write.old.status] -= 1
-                if write.new.status in ACTIVE:
+                if write.new is not None and write.new.status in ACTIVE:
                     counts[write.new.status] += 1
 
     # --- the TimerStore ---------------------------------------------------------------
@@ -201,7 +208,7 @@ class PartitionedStore(ABC):
                     writes.append(Write(timer.partition, row, held, new))
                     latest[at] = new
             await self._commit(writes)
-            return [write.new for write in writes]
+            return [write.new for write in writes if write.new is not None]
 
     async def cancel(self, owner: AggregateRef, key: str, version: int) -> bool:
         async with self._writing():
@@ -239,6 +246,23 @@ class PartitionedStore(ABC):
             written, writes = plan_settle(changes, rows, self._load_as_loaded)
             await self._commit(writes)
             return written
+
+    async def expire(self, partition: int, now: int, retention: int, limit: int) -> int:
+        self._check_open()
+        for name, value, least in (
+            ("now", now, 0),
+            ("retention", retention, 0),
+            ("limit", limit, 1),
+        ):
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                raise ValueError(f"{name} must be an int of at least {least}, not {value!r}")
+        self._check_served(partition)
+        async with self._writing():
+            self._check_served(partition)
+            rows = self._expired(partition, expiry_cutoff(now, retention), limit)
+            writes = plan_expiry(partition, rows, now, retention, limit)
+            await self._commit(writes)
+            return len(writes)
 
     async def due(self, partitions: set[int], until: int, limit: int) -> list[Timer]:
         self._check_open()

@@ -39,19 +39,22 @@ from rocksdict import (
 from tables.exceptions import StoreError
 from tables.keys import (
     DUE,
+    FINISHED,
     OFFSET_KEY,
     PARKED,
     ROW,
-    decode_timer,
     due_key,
     due_key_prefix,
     due_upper_bound,
+    finished_upper_bound,
     index_key,
+    load_timer,
     parked_prefix,
-    restored_row,
+    row_key,
 )
 from tables.partitioned import PartitionedStore
 from tables.refs import AggregateRef
+from tables.rowcheck import restored_index
 from tables.store import ChangelogSink, UnreadableRow, unreadable_reason
 from tables.timer import Timer, TimerStatus
 from tables.writes import Write
@@ -60,13 +63,15 @@ __all__ = ["RocksDBTimerStore"]
 
 logger = logging.getLogger(__name__)
 
-_INDEXES = (DUE, PARKED)
+_INDEXES = (DUE, PARKED, FINISHED)
 _MAX_DUE = (1 << 64) - 1
 _STATUSES = frozenset(status.value for status in TimerStatus)
 _DUE_STATUSES = frozenset({TimerStatus.PENDING, TimerStatus.FIRING})
 _FIELDS = frozenset(Timer.model_fields)
 _META = "STORE.json"
-_FORMAT = 1
+_FORMAT = 2
+"""2: finished rows in the ``f`` index (1 kept them under ``r``): a store of format 1 is
+thrown away on open and restored from the changelog (it is only ever a copy of it)."""
 
 
 def _prefix_end(prefix: bytes) -> bytes:
@@ -137,6 +142,7 @@ class RocksDBTimerStore(PartitionedStore):
         self._buffers = WriteBufferManager(write_buffer_bytes, False)
         self._dbs: dict[int, Rdict] = {}
         self._low = [0] * partitions
+        self._finished_low = [0] * partitions
         try:
             for partition in range(partitions):
                 self._open_partition(partition)
@@ -150,13 +156,19 @@ class RocksDBTimerStore(PartitionedStore):
         if os.path.exists(meta):
             with open(meta, encoding="utf-8") as file:
                 held = json.load(file)
-            if held.get("format") != _FORMAT or held.get("partitions") != self._partitions:
+            if held.get("partitions") != self._partitions or held.get("format", 0) > _FORMAT:
                 raise ValueError(
                     f"{self._path} holds a timer store of {held.get('partitions')} partitions "
-                    f"(format {held.get('format')}), not {self._partitions}: drop it or "
-                    "open it with its own partition count"
+                    f"(format {held.get('format')}), not {self._partitions} (format {_FORMAT}): "
+                    "drop it or open it with its own partition count and version"
                 )
-            return
+            if held.get("format") == _FORMAT:
+                return
+            # An older layout: the copy goes, the changelog restores it (no offsets left).
+            logger.warning("%s: timer store format %s is replaced by %d, restored from the "
+                           "changelog", self._path, held.get("format"), _FORMAT)  # fmt: skip
+            for partition in range(self._partitions):
+                shutil.rmtree(self._db_path(partition), ignore_errors=True)
         with open(meta, "w", encoding="utf-8") as file:
             json.dump({"format": _FORMAT, "partitions": self._partitions}, file)
 
@@ -210,7 +222,7 @@ class RocksDBTimerStore(PartitionedStore):
 
     def _load(self, partition: int, row: bytes) -> Timer | None:
         raw = self._db(partition).get(ROW + row)
-        return None if raw is None else decode_timer(self._value(partition, raw))
+        return None if raw is None else load_timer(self._value(partition, raw))
 
     def _load_as_loaded(self, partition: int, row: bytes, loaded: Timer) -> Timer | None:
         """A PENDING or FIRING row held as `loaded` is at `loaded`'s due entry (its key is
@@ -219,19 +231,19 @@ class RocksDBTimerStore(PartitionedStore):
         if loaded.status not in _DUE_STATUSES:
             return self._load(partition, row)
         value = self._db(partition).get(due_key(loaded.due_at, loaded.id, row))
-        return None if value is None else decode_timer(value)
+        return None if value is None else load_timer(value)
 
     def _owner_rows(self, partition: int, prefix: bytes) -> Iterator[tuple[bytes, Timer]]:
         start = ROW + prefix
         for key, raw in _scan(self._db(partition), start, _prefix_end(start)):
-            yield key[1:], decode_timer(self._value(partition, raw))
+            yield key[1:], load_timer(self._value(partition, raw))
 
     def _due(self, partitions: list[int], until: int, limit: int) -> list[Timer]:
         upper = due_upper_bound(until)
         runs = [self._due_run(partition, until, upper) for partition in partitions]
         merged = runs[0] if len(runs) == 1 else heapq.merge(*runs)
         with _gc_paused():
-            return [decode_timer(value) for _, value in islice(merged, limit)]
+            return [load_timer(value) for _, value in islice(merged, limit)]
 
     def _due_run(self, partition: int, until: int, upper: bytes) -> Iterator[tuple[bytes, bytes]]:
         """Partition's due entries up to `upper`, from its low-water mark.
@@ -252,19 +264,45 @@ class RocksDBTimerStore(PartitionedStore):
         if not found:
             self._low[partition] = max(low, min(until + 1, _MAX_DUE))
 
-    def _lower(self, partition: int, index: bytes | None) -> None:
-        """Keeps `_low` below a due entry about to be written."""
-        if index is not None and index[:1] == DUE:
+    def _lower(self, partition: int, index: bytes) -> None:
+        """Keeps `_low` (`_finished_low`) below a due (finished) entry about to be written."""
+        kind = index[:1]
+        if kind == DUE:
             due_at = int.from_bytes(index[1:9], "big")
             if due_at < self._low[partition]:
                 self._low[partition] = due_at
+        elif kind == FINISHED:
+            at = int.from_bytes(index[1:9], "big")
+            if at < self._finished_low[partition]:
+                self._finished_low[partition] = at
+
+    def _expired(self, partition: int, until: int, limit: int) -> list[tuple[bytes, Timer]]:
+        """Like `_due_run`, from a low-water mark: each sweep deletes entries from the
+        front of the finished index, and a scan from its first key would step over their
+        tombstones every time."""
+        if until < 0:
+            return []
+        low = self._finished_low[partition]
+        start = FINISHED + low.to_bytes(8, "big")
+        found: list[tuple[bytes, Timer]] = []
+        with _gc_paused():
+            for key, value in _scan(self._db(partition), start, finished_upper_bound(until)):
+                if not found:
+                    self._finished_low[partition] = int.from_bytes(key[1:9], "big")
+                timer = load_timer(value)
+                found.append((row_key(timer.owner, timer.key), timer))
+                if len(found) == limit:
+                    return found
+        if not found:
+            self._finished_low[partition] = max(low, min(until + 1, _MAX_DUE))
+        return found
 
     def _parked(self, partitions: list[int], target: AggregateRef) -> list[Timer]:
         start = parked_prefix(target)
         upper = _prefix_end(start)
         runs = [_scan(self._db(partition), start, upper) for partition in partitions]
         with _gc_paused():
-            return [decode_timer(value) for _, value in heapq.merge(*runs)]
+            return [load_timer(value) for _, value in heapq.merge(*runs)]
 
     def _due_entries(self, partition: int, start: int) -> Iterator[tuple[int, str]]:
         # From the low-water mark at least: the tombstones below it are skipped.
@@ -275,7 +313,7 @@ class RocksDBTimerStore(PartitionedStore):
 
     def _parked_entries(self, partition: int) -> Iterator[Callable[[], Timer]]:
         for _, value in _scan(self._db(partition), PARKED, _prefix_end(PARKED)):
-            yield partial(decode_timer, value)
+            yield partial(load_timer, value)
 
     def _offset(self, partition: int) -> int | None:
         raw = self._db(partition).get(OFFSET_KEY)
@@ -289,7 +327,7 @@ class RocksDBTimerStore(PartitionedStore):
         except Exception as exc:
             raise StoreError(f"RocksDB write to partition {partition} failed: {exc}") from exc
 
-    def _apply(self, writes: list[Write], values: list[bytes] | None) -> None:
+    def _apply(self, writes: list[Write], values: list[bytes | None] | None) -> None:
         assert values is not None
         batches: dict[int, WriteBatch] = {}
         for write, value in zip(writes, values, strict=True):
@@ -297,15 +335,17 @@ class RocksDBTimerStore(PartitionedStore):
             if batch is None:
                 batch = batches[write.partition] = WriteBatch(raw_mode=True)
             old = None if write.old is None else index_key(write.old, write.row)
+            if write.new is None or value is None:  # a tombstone
+                batch.delete(ROW + write.row)
+                if old is not None:
+                    batch.delete(old)
+                continue
             new = index_key(write.new, write.row)
             if old is not None and old != new:
                 batch.delete(old)
-            if new is None:
-                batch.put(ROW + write.row, value)
-            else:
-                self._lower(write.partition, new)
-                batch.put(new, value)
-                batch.put(ROW + write.row, new)
+            self._lower(write.partition, new)
+            batch.put(new, value)
+            batch.put(ROW + write.row, new)
         for partition, batch in batches.items():
             self._write(partition, batch)
 
@@ -318,32 +358,29 @@ class RocksDBTimerStore(PartitionedStore):
         indexed: dict[bytes, bytes | None] = {}
         """The index entry of each row this batch has written so far."""
         last = None
+        new: bytes | None
         for offset, key, value in records:
             last = offset
+            new = None
             if value is not None:
                 try:
-                    new = index_key(restored_row(partition, key, value), key)
+                    new, value = restored_index(partition, key, value)
                 except ValueError as exc:
                     # The key's latest record is no row: the key holds none, as the
                     # tombstone its dead letter comes with will say (`unreadable_letters`).
                     unreadable.append(UnreadableRow(offset, key, value, unreadable_reason(exc)))
-                    value = None
             row = ROW + key
             if key in indexed:
                 old = indexed[key]
             else:
                 raw = get(row)
                 old = raw if raw is not None and raw[:1] in _INDEXES else None
-            if value is None:
-                new = None
+            if new is None:
                 delete(row)
             else:
-                if new is None:
-                    put(row, value)
-                else:
-                    self._lower(partition, new)
-                    put(new, value)
-                    put(row, new)
+                self._lower(partition, new)
+                put(new, value)
+                put(row, new)
             if old is not None and old != new:
                 delete(old)
             indexed[key] = new
@@ -356,7 +393,7 @@ class RocksDBTimerStore(PartitionedStore):
     # --- partitions -------------------------------------------------------------------
 
     def _open_partition(self, partition: int) -> None:
-        self._low[partition] = 0
+        self._low[partition] = self._finished_low[partition] = 0
         try:
             self._dbs[partition] = Rdict(self._db_path(partition), self._options())
         except Exception as exc:

@@ -60,7 +60,7 @@ class TimerStore(Protocol):
 
     A timer lives in `Timer.partition`, which must be its owner's partition (the same for
     all the owner's timers): the store trusts it, and finds an owner's rows by looking in
-    each partition it serves. Calls that name a partition (put, settle, due, census,
+    each partition it serves. Calls that name a partition (put, settle, due, expire, census,
     apply_changelog, changelog_offset) raise `StoreClosed` for one this store does not
     serve (revoked); `find`, `cancel`, `cancel_all`, `parked` and `timers_of` look in the
     partitions it serves. After `close()` every call raises `StoreClosed`. Bad arguments raise
@@ -94,6 +94,13 @@ class TimerStore(Protocol):
     async def cancel_all(self, owner: AggregateRef, version: int) -> int:
         """Cancels every PENDING, FIRING or PARKED timer of `owner` held at `version` or
         earlier; how many."""
+        ...
+
+    async def expire(self, partition: int, now: int, retention: int, limit: int) -> int:
+        """Deletes up to `limit` of `partition`'s FIRED and CANCELLED rows that finished
+        `retention` ms or more before `now` (`tables.retention`), oldest first, each with a
+        tombstone to the changelog sink; how many. Called again until it answers less than
+        `limit`, it bounds the work a call does (the firing loop calls it once a round)."""
         ...
 
     async def due(self, partitions: set[int], until: int, limit: int) -> list[Timer]:

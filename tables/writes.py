@@ -27,12 +27,13 @@ logger = logging.getLogger(__name__)
 
 
 class Write(NamedTuple):
-    """One row to write: `old` is the row the store held when the write was decided."""
+    """One row to write: `old` is the row the store held when the write was decided; `new`
+    None deletes it (a tombstone in the changelog)."""
 
     partition: int
     row: bytes
     old: Timer | None
-    new: Timer
+    new: Timer | None
 
 
 def put_row(held: Timer | None, timer: Timer) -> Timer | None:

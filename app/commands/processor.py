@@ -109,6 +109,10 @@ def misrouted(record: Record, aggregate: AggregateRef, partitions: int) -> str |
     return None
 
 
+_REQUEST_SWEEP = 250
+"""Request ids forgotten per commit at most, once past the window."""
+
+
 def _applied_id(event: EventEnvelope) -> str:
     """What marks an event as folded: its command's request id, or its own id."""
     return event.request_id or f"event:{event.id}"
@@ -174,8 +178,11 @@ class CommandProcessor:
         now: Callable[[], int],
         busy_backlog: int = 50_000,
         limits: InputLimits | None = None,
+        request_id_window: int = 7 * 24 * 3_600_000,
     ) -> None:
         self.agg = agg
+        # How long an applied request id is kept to de-duplicate a command sent again.
+        self.request_id_window = request_id_window
         self.partition = partition
         self.partitions = partitions
         self.topics = AggregateTopics(agg.context, agg.name)
@@ -250,13 +257,16 @@ class CommandProcessor:
                 by_id.setdefault(state_key(event.aggregate), []).append(event)
         states: dict[str, bytes] = {}
         requests: list[tuple[str, str]] = []
+        newest = 0
         for aggregate_id, events in by_id.items():
             stored = self._stored(aggregate_id)
             state, folded = self._fold_each(stored, events)
             if state is not None:
                 states[aggregate_id] = state
             requests += [(aggregate_id, _applied_id(e)) for e in folded]
-        self._states.write(self.partition, states, requests, batch[-1].offset)
+            newest = max([newest, *(e.created_at for e in folded)])
+        # Kept from the newest event's time: at least the window after each was applied.
+        self._states.write(self.partition, states, requests, batch[-1].offset, newest)
 
     def _fold_each(
         self, stored: StoredAggregate | None, events: list[EventEnvelope]
@@ -453,6 +463,11 @@ class CommandProcessor:
             {a: batch.encoded.get(a) or encode(s) for a, s in batch.staged.items()},
             batch.applied,
             max(known) if known else None,
+            batch.now,
+        )
+        # Bounded, so that a commit never waits long for it; the next commits go on.
+        self._states.expire_requests(
+            self.partition, batch.now - self.request_id_window, _REQUEST_SWEEP
         )
 
     async def handle(

@@ -577,6 +577,7 @@ class Node:
                     now=self.clock.now,
                     busy_backlog=self.settings.busy_backlog,
                     limits=self.limits,
+                    request_id_window=self.settings.request_id_window_ms,
                 )
                 kept.processors[p] = processor
                 progress = self.metrics.restore_progress(t.type_name, p, "states")

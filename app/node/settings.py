@@ -73,6 +73,7 @@ VARIABLES: Final[Mapping[str, str]] = {
     "web_token": "TICKWHEEL_WEB_TOKEN",
     "busy_backlog": "TICKWHEEL_BUSY_BACKLOG",
     "commit_interval_ms": "TICKWHEEL_COMMIT_INTERVAL_MS",
+    "request_id_window_ms": "TICKWHEEL_REQUEST_ID_WINDOW_MS",
     "timers": "TICKWHEEL_TIMER_OPTIONS",
     "max_key_bytes": "TICKWHEEL_MAX_KEY_BYTES",
     "max_record_bytes": "TICKWHEEL_MAX_RECORD_BYTES",
@@ -140,6 +141,9 @@ class Settings(BaseSettings):
     commit_interval_ms: int = Field(default=100, ge=1, le=60_000)
     """How often the timer runners' changelog writes are committed."""
     busy_backlog: int = Field(default=50_000, ge=1)
+    request_id_window_ms: int = Field(default=7 * 24 * 3_600_000, ge=60_000)
+    """How long each applied request id is kept: a command sent again within it is
+    answered DUPLICATE, later it is applied again (7 days)."""
     """Commands waiting in a partition beyond which the node answers BUSY."""
     max_key_bytes: int = Field(default=DEFAULT_MAX_KEY_BYTES, ge=16, le=1024 * 1024)
     """A record of an input topic with a longer key is dead-lettered."""
@@ -189,6 +193,17 @@ class Settings(BaseSettings):
     @property
     def replication(self) -> Replication:
         return Replication(self.replication_factor, self.min_insync_replicas)
+
+    @model_validator(mode="after")
+    def _window_outlasts_retries(self) -> Settings:
+        # A timer's send is retried up to `expires_after` after it was due, under the same
+        # request id: the target must still know an id it applied by then.
+        if self.request_id_window_ms <= self.timers.expires_after:
+            raise ValueError(
+                f"request_id_window_ms ({self.request_id_window_ms}) must exceed the timer "
+                f"options' expires_after ({self.timers.expires_after})"
+            )
+        return self
 
     @model_validator(mode="after")
     def _connectable(self) -> Settings:

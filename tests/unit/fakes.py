@@ -232,6 +232,9 @@ class CountingStore:
     async def parked(self, target: AggregateRef) -> list[Timer]:
         return list(await self.inner.parked(target))
 
+    async def expire(self, partition: int, now: int, retention: int, limit: int) -> int:
+        return int(await self.inner.expire(partition, now, retention, limit))
+
 
 class SpyLedger(MemoryFailureLedger):
     """Records what the store held for each timer when the ledger was written; may fail."""

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tables.aggregate_store import AggregateStateStore, MemoryAggregateStore, RocksAggregateStore
 from tables.exceptions import StoreClosed
@@ -73,3 +76,66 @@ def test_two_tenants_aggregates_of_one_id_are_kept_apart() -> None:
     b = AggregateRef(context="c", aggregate="a", tenant="globex", id="x")
     tricky = AggregateRef(context="c", aggregate="a", tenant="ac", id="me/x")
     assert len({state_key(a), state_key(b), state_key(tricky)}) == 3
+
+
+def test_request_ids_older_than_the_window_are_forgotten_oldest_first(
+    store: AggregateStateStore,
+) -> None:
+    store.write(0, {}, [("a", "r1"), ("b", "r1")], 1, applied_at=1_000)
+    store.write(0, {}, [("a", "r2")], 2, applied_at=2_000)
+    store.write(0, {}, [("a", "r3")], 3, applied_at=3_000)
+    store.write(1, {}, [("a", "r1")], 4, applied_at=500)
+    assert store.expire_requests(0, before=999, limit=10) == 0
+    assert store.expire_requests(0, before=2_000, limit=2) == 2
+    assert not store.seen(0, "a", "r1") and not store.seen(0, "b", "r1")
+    assert store.seen(0, "a", "r2") and store.seen(0, "a", "r3")
+    assert store.seen(1, "a", "r1"), "another partition's"
+    assert store.expire_requests(0, before=2_000, limit=2) == 1
+    assert not store.seen(0, "a", "r2") and store.seen(0, "a", "r3")
+    assert store.expire_requests(0, before=-1, limit=2) == 0
+
+
+def test_a_request_id_applied_again_counts_from_its_latest_write(
+    store: AggregateStateStore,
+) -> None:
+    store.write(0, {}, [("a", "r")], 1, applied_at=1_000)
+    store.write(0, {}, [("a", "r")], 2, applied_at=5_000)
+    assert store.expire_requests(0, before=4_000, limit=10) == 0
+    assert store.seen(0, "a", "r")
+    assert store.expire_requests(0, before=5_000, limit=10) == 1
+    assert not store.seen(0, "a", "r")
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.sampled_from("abc"), st.sampled_from(["r1", "r2", "r3"]), st.integers(0, 9)),
+        max_size=15,
+    ),
+    st.integers(-1, 10),
+    st.integers(1, 5),
+)
+def test_both_backends_forget_what_the_window_says(
+    writes: list[tuple[str, str, int]], before: int, limit: int
+) -> None:
+    with tempfile.TemporaryDirectory() as folder:
+        stores: list[AggregateStateStore] = [
+            MemoryAggregateStore(),
+            RocksAggregateStore(Path(folder)),
+        ]
+        latest: dict[tuple[str, str], int] = {}
+        for a, r, at in writes:
+            latest[(a, r)] = at
+            for s in stores:
+                s.write(0, {}, [(a, r)], None, applied_at=at)
+        # Oldest first, ties in the stores' key order (the aggregate id length-prefixed).
+        expired = sorted(
+            (at, len(a).to_bytes(2, "big") + a.encode() + r.encode(), a, r)
+            for (a, r), at in latest.items()
+            if at <= before
+        )
+        forgotten = {(a, r) for _, _, a, r in expired[:limit]}
+        for s in stores:
+            assert s.expire_requests(0, before, limit) == len(forgotten)
+            assert {k for k in latest if s.seen(0, *k)} == set(latest) - forgotten
+            s.close()

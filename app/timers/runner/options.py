@@ -72,6 +72,26 @@ class TimerOptions(BaseModel):
     batch_limit: int = Field(default=1000, gt=0, description="timers loaded per round")
     max_in_flight: int = Field(default=1000, gt=0, description="sends running at once")
     poll_interval_ms: int = Field(default=100, gt=0, description="longest wait between rounds")
+    finished_retention: int = Field(
+        default=7 * DAY_MS,
+        gt=0,
+        description="a FIRED or CANCELLED timer's row is deleted this long after it finished, "
+        "with a tombstone in the changelog; must exceed expires_after",
+    )
+    sweep_limit: int = Field(
+        default=250, gt=0, description="finished rows deleted per round at most"
+    )
+
+    @model_validator(mode="after")
+    def _replay_expires(self) -> Self:
+        # A replay of a schedule whose finished row was deleted makes the timer again; its
+        # slot, due more than `expires_after` ago, is then expired and never sent.
+        if self.finished_retention <= self.expires_after:
+            raise ValueError(
+                f"finished_retention ({self.finished_retention}) must exceed "
+                f"expires_after ({self.expires_after})"
+            )
+        return self
 
     @model_validator(mode="after")
     def _send_within_claim(self) -> Self:

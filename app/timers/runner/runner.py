@@ -62,6 +62,8 @@ class RoundStats:
     busy: int = 0
     parked: int = 0
     released: int = 0
+    swept: int = 0
+    """Finished rows deleted past their retention (`TimerOptions.finished_retention`)."""
     ledger_failures: int = 0
     written: int = 0
     deferred: int = 0
@@ -124,6 +126,7 @@ class TimerRunner:
         # that stop_partition's write comes after anything a round already took of its part.
         self._write_lock = asyncio.Lock()
         self._flush_lock = asyncio.Lock()
+        self._sweep_turn = 0
 
     @property
     def clock(self) -> Clock:
@@ -260,8 +263,27 @@ class TimerRunner:
         tasks = await self._send_remote(remote, stats)
         stats.claimed = len(local) + len(tasks)
         await self._flush(None, stats)
+        await self._sweep(owned, now, stats)
         self._next_due(stats)
         return stats, tasks
+
+    async def _sweep(self, owned: frozenset[int], now: int, stats: RoundStats) -> None:
+        """One owned partition a round, in turn: at most `sweep_limit` of its finished rows
+        past their retention deleted (a range scan of the store's finished index), so the
+        sweep never holds a round up for long."""
+        ordered = sorted(owned)
+        partition = ordered[self._sweep_turn % len(ordered)]
+        self._sweep_turn += 1
+        async with self._write_lock:  # after a stop's last writes, never among them
+            if partition not in self._owned:
+                return
+            try:
+                stats.swept = await self._store.expire(
+                    partition, now, self._options.finished_retention, self._options.sweep_limit
+                )
+            except Exception as exc:
+                # Nothing was deleted (the changelog takes the tombstones first): next turn.
+                logger.warning("sweeping partition %d's finished timers failed: %s", partition, exc)
 
     async def _taken_over(self, now: int) -> list[Decision]:
         """Claims again, at once, the FIRING rows of the partitions started since the last

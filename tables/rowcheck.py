@@ -1,0 +1,191 @@
+"""A restore's check of each changelog row: as strict as `Timer`'s, several times cheaper.
+
+Restoring validates every row in full (a row a later read could not decode must never be
+loaded), and pydantic's validation of a Timer costs ~7-10 µs a row on a small box, most
+of it building five models a restore throws away. Here msgspec decodes the row into
+plain structs carrying the same bounds (about a microsecond), and the checks msgspec
+cannot express are made once per distinct value (names, bodies, cron expressions and
+zones repeat across a type's timers). msgspec is stricter than pydantic's lax mode (no
+`"3"` for an int, no `1.0`, no `"true"`): whatever it refuses is decided by pydantic
+(`restored_row`), so it only ever costs time, never a different verdict. What msgspec
+accepts pydantic accepts too, with the same values (`tests/unit/test_rowcheck.py` holds
+the two to that on generated and mangled rows).
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from typing import Annotated, Literal
+from zoneinfo import ZoneInfo
+
+import msgspec
+from pydantic_core import from_json
+
+from tables.bounds import MAX_INSTANT, MAX_INT64, check_json
+from tables.keys import (
+    DUE,
+    FINISHED,
+    PARKED,
+    encode_timer,
+    finished_at,
+    index_key,
+    order_key,
+    ref_parts,
+    restored_row,
+)
+from tables.rules import _cron_error, _zones
+
+__all__ = ["restored_index"]
+
+_Text200 = Annotated[str, msgspec.Meta(min_length=1, max_length=200)]
+_Name = Annotated[str, msgspec.Meta(min_length=1, max_length=100)]
+_Instant = Annotated[int, msgspec.Meta(ge=0, le=MAX_INSTANT)]
+_Int64 = Annotated[int, msgspec.Meta(ge=0, le=MAX_INT64)]
+
+# `AggregateRef`'s pattern as the Rust regex pydantic runs reads it: `$` is the end of the
+# text (Python's `$` would also match before a final newline, hence fullmatch).
+_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]*")
+
+
+class _Ref(msgspec.Struct, forbid_unknown_fields=True):
+    context: _Name
+    aggregate: _Name
+    id: Annotated[str, msgspec.Meta(min_length=1, max_length=500)]
+    tenant: _Text200 = "(0)"
+
+
+class _Once(msgspec.Struct, tag_field="kind", tag="once", forbid_unknown_fields=True):
+    at: _Instant
+    coalesce: bool = True
+
+
+class _Interval(msgspec.Struct, tag_field="kind", tag="interval", forbid_unknown_fields=True):
+    start: _Instant
+    every: Annotated[int, msgspec.Meta(gt=0, le=MAX_INT64)]
+    coalesce: bool = True
+
+
+class _Cron(msgspec.Struct, tag_field="kind", tag="cron", forbid_unknown_fields=True):
+    expr: _Text200
+    zone: str = "UTC"
+    start: _Instant = 0
+    coalesce: bool = True
+
+
+class _Command(msgspec.Struct, forbid_unknown_fields=True):
+    type: _Text200
+    body: msgspec.Raw = msgspec.Raw(b"{}")
+
+
+_Status = Literal["PENDING", "FIRING", "FIRED", "CANCELLED", "PARKED"]
+_Outcome = Literal[
+    "COMMITTED", "DUPLICATE", "UNCHANGED", "REJECTED", "SENT", "EXPIRED", "SKIPPED",
+    "CANCELLED", "FAILED", "BUSY",
+]  # fmt: skip
+
+
+class _Row(msgspec.Struct, forbid_unknown_fields=True):
+    id: _Text200
+    owner: _Ref
+    key: _Text200
+    version: _Int64
+    partition: Annotated[int, msgspec.Meta(ge=0, le=65_535)]
+    rule: _Once | _Interval | _Cron
+    target: _Ref
+    command: _Command
+    slot_due_at: _Instant
+    due_at: _Int64
+    status: _Status = "PENDING"
+    slot: _Int64 = 0
+    attempts: _Int64 = 0
+    skipped: _Int64 = 0
+    outcome: _Outcome | None = None
+
+
+_decode = msgspec.json.Decoder(_Row).decode
+
+
+class _Refused(Exception):
+    """The fast path cannot accept the row: pydantic decides."""
+
+
+@functools.lru_cache(maxsize=4096)
+def _name_ok(name: str) -> bool:
+    return _NAME.fullmatch(name) is not None
+
+
+@functools.lru_cache(maxsize=4096)
+def _body_ok(raw: bytes) -> bool:
+    """Whether a body's bytes are a JSON object `JsonObject` takes, once per distinct body.
+
+    Parsed by pydantic's own parser: orjson reads an integer past 64 bits as a float."""
+    try:
+        body = from_json(raw)
+        check_json(body)
+    except ValueError:
+        return False
+    return isinstance(body, dict)
+
+
+@functools.lru_cache(maxsize=1024)
+def _zone_ok(zone: str) -> bool:
+    if zone not in _zones():
+        return False
+    try:
+        ZoneInfo(zone)
+    except (ValueError, OSError):
+        return False
+    return True
+
+
+def _fast_index(partition: int, key: bytes, value: bytes) -> bytes:
+    try:
+        row = _decode(value)
+    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+        raise _Refused from exc
+    owner, target, rule = row.owner, row.target, row.rule
+    if not (_name_ok(owner.context) and _name_ok(owner.aggregate)):
+        raise _Refused
+    if target != owner and not (_name_ok(target.context) and _name_ok(target.aggregate)):
+        raise _Refused
+    body = bytes(row.command.body)
+    if body != b"{}" and not _body_ok(body):
+        raise _Refused
+    if type(rule) is _Cron and (_cron_error(rule.expr) is not None or not _zone_ok(rule.zone)):
+        raise _Refused
+    name = row.key.encode()
+    own = ref_parts(owner.context, owner.aggregate, owner.tenant, owner.id)
+    if row.partition != partition or own + len(name).to_bytes(2, "big") + name != key:
+        raise _Refused  # not its own key (`row_key`), or another partition's row
+    return _index(row, key)
+
+
+def _index(row: _Row, key: bytes) -> bytes:
+    """`tables.keys.index_key` of the row (the same bytes)."""
+    status = row.status
+    if status == "PENDING" or status == "FIRING":
+        return DUE + order_key(row.due_at, row.id) + key
+    if status == "PARKED":
+        t = row.target
+        target = ref_parts(t.context, t.aggregate, t.tenant, t.id)
+        return PARKED + target + order_key(row.due_at, row.id) + key
+    return FINISHED + order_key(finished_at(row.due_at, row.slot_due_at), row.id) + key
+
+
+def restored_index(partition: int, key: bytes, value: bytes) -> tuple[bytes, bytes]:
+    """The index entry of a changelog row a restore takes (see `tables.keys.index_key`),
+    and the bytes to store; `ValueError` with the reason if it is no whole, valid row of
+    `partition` stored under its own row key: exactly `restored_row`'s verdict.
+
+    A row only pydantic's lax mode takes (`"version": "3"`) is stored as the Timer's own
+    JSON, so that reads, which trust the store's rows (`tables.keys.load_timer`), find
+    every field of its type."""
+    try:
+        return _fast_index(partition, key, value), value
+    except _Refused:
+        pass
+    except (UnicodeEncodeError, OverflowError):
+        pass
+    timer = restored_row(partition, key, value)
+    return index_key(timer, key), encode_timer(timer)
