@@ -198,9 +198,20 @@ def decode_timer(raw: bytes) -> Timer:
 
 
 _set = object.__setattr__
+_RULE_CLASSES: tuple[type[BaseModel], ...] = (OnceRule, IntervalRule, CronRule)
+# A rule's optional fields left out of its JSON while unset (`until`, `count`, `jitter`:
+# `exclude_if`), put back at their defaults so the model `load_timer` makes has each field.
+_RULE_OMITTED: dict[type[BaseModel], dict[str, Any]] = {
+    cls: {
+        name: field.default
+        for name, field in cls.model_fields.items()
+        if field.default is None and not field.is_required()
+    }
+    for cls in _RULE_CLASSES
+}
 _RULES: dict[str, tuple[type[BaseModel], int]] = {
-    "once": (OnceRule, 3), "interval": (IntervalRule, 4), "cron": (CronRule, 5)
-}  # fmt: skip
+    cls.model_fields["kind"].default: (cls, len(cls.model_fields)) for cls in _RULE_CLASSES
+}
 _STATUSES = {status.value: status for status in TimerStatus}
 _OUTCOMES: dict[str | None, Outcome | None] = {outcome.value: outcome for outcome in Outcome}
 _OUTCOMES[None] = None
@@ -224,6 +235,16 @@ def _made(cls: type[_M], values: dict[str, Any]) -> _M:
     return made
 
 
+def _with_omitted(cls: type[BaseModel], rule: dict[str, Any]) -> dict[str, Any]:
+    """`rule` with its omitted optional fields at their defaults, in the model's field order
+    (the order its serializer writes a dict built this way back in); `rule` itself when it
+    lacks anything else (then `load_timer` decodes the row in full)."""
+    omitted = _RULE_OMITTED[cls]
+    if not all(name in rule or name in omitted for name in cls.model_fields):
+        return rule
+    return {name: rule[name] if name in rule else omitted[name] for name in cls.model_fields}
+
+
 def load_timer(raw: bytes) -> Timer:
     """A row's value as the store wrote it back into its Timer, without validating it again.
 
@@ -236,6 +257,8 @@ def load_timer(raw: bytes) -> Timer:
     row = orjson.loads(raw)
     owner, target, rule, command = row["owner"], row["target"], row["rule"], row["command"]
     kind = _RULES.get(rule.get("kind", ""))
+    if kind is not None and len(rule) < kind[1]:
+        rule = _with_omitted(kind[0], rule)
     if (
         len(row) != 15
         or kind is None

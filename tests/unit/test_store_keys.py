@@ -42,10 +42,19 @@ due_ats = st.one_of(st.integers(0, 2), st.integers(0, MAX_INT64))
 """Mostly ties, so that ids decide."""
 instants = st.one_of(st.integers(0, 2), st.integers(0, MAX_INSTANT))
 ids = st.one_of(st.sampled_from(["a", "a\x00", "a\x00b", "a\x01", "ab", "é"]), text)
+jitters = st.none() | st.integers(1, 1000)  # left out of the row's JSON while None
 rules = st.one_of(
-    st.builds(OnceRule, at=st.integers(0, 2**40)),
-    st.builds(IntervalRule, start=st.integers(0, 2**40), every=st.integers(1, 10**9)),
+    st.builds(OnceRule, at=st.integers(0, 2**40), jitter=jitters),
+    st.builds(
+        IntervalRule,
+        start=st.integers(0, 2**40),
+        every=st.integers(1000, 10**9),
+        until=st.none() | st.integers(2**40, 2**41),
+        count=st.none() | st.integers(1, 10**6),
+        jitter=jitters,
+    ),
     st.just(CronRule(expr="*/5 * * * *", zone="Europe/Berlin")),
+    st.just(CronRule(expr="0 9 * * *", until=2**41, count=3, jitter=500)),
 )
 bodies = st.dictionaries(
     text, st.one_of(st.none(), st.booleans(), st.integers(-(2**53), 2**53), text), max_size=3
