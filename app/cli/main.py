@@ -177,6 +177,7 @@ def worker(
 
 async def _run_worker(settings: Settings, service: Service) -> None:
     from app.node import Node
+    from app.node.collector import tune_collector
     from app.ops.web import WebServer
 
     node = Node(settings, service)
@@ -191,6 +192,7 @@ async def _run_worker(settings: Settings, service: Service) -> None:
             await web.stop()
         await node.stop()
         raise
+    tune_collector(settings.gc_threshold)
     task = asyncio.create_task(node.run())
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
