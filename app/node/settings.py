@@ -141,10 +141,10 @@ class Settings(BaseSettings):
     commit_interval_ms: int = Field(default=100, ge=1, le=60_000)
     """How often the timer runners' changelog writes are committed."""
     busy_backlog: int = Field(default=50_000, ge=1)
+    """Commands waiting in a partition beyond which the node answers BUSY."""
     request_id_window_ms: int = Field(default=7 * 24 * 3_600_000, ge=60_000)
     """How long each applied request id is kept: a command sent again within it is
     answered DUPLICATE, later it is applied again (7 days)."""
-    """Commands waiting in a partition beyond which the node answers BUSY."""
     max_key_bytes: int = Field(default=DEFAULT_MAX_KEY_BYTES, ge=16, le=1024 * 1024)
     """A record of an input topic with a longer key is dead-lettered."""
     max_record_bytes: int = Field(default=DEFAULT_MAX_RECORD_BYTES, ge=1024, le=1024 * 1024)
