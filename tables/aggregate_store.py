@@ -152,6 +152,9 @@ class RocksAggregateStore:
         self._dir = directory
         self._dir.mkdir(parents=True, exist_ok=True)
         self._dbs: dict[int, Rdict] = {}
+        # Per partition, no request id's sweep entry is below this key (the last one
+        # forgotten): a sweep scans from it, not over the tombstones of those before.
+        self._low: dict[int, bytes] = {}
         self._closed = False
         self._options = Options(raw_mode=True)
         self._options.create_if_missing(True)
@@ -188,6 +191,9 @@ class RocksAggregateStore:
         for aggregate_id, state in states.items():
             batch.put(_STATE + _id(aggregate_id), state)
         at = max(applied_at, 0).to_bytes(8, "big")
+        low = self._low.get(partition)
+        if low is not None and _APPLIED + at < low:
+            self._low[partition] = _APPLIED + at  # a restore's ids, applied long ago
         for aggregate_id, request_id in requests:
             request = _id(aggregate_id) + request_id.encode()
             held = db.get(_REQUEST + request)
@@ -203,19 +209,26 @@ class RocksAggregateStore:
         if before < 0:
             return 0
         db = self._db(partition)
+        upper = _APPLIED + (before + 1).to_bytes(8, "big")
+        low = self._low.get(partition, _APPLIED)
         options = ReadOptions()
-        options.set_iterate_upper_bound(_APPLIED + (before + 1).to_bytes(8, "big"))
+        options.set_iterate_upper_bound(upper)
         batch = WriteBatch(raw_mode=True)
         count = 0
-        for entry in cast(Iterator[bytes], db.keys(from_key=_APPLIED, read_opt=options)):
+        last = b""
+        for entry in cast(Iterator[bytes], db.keys(from_key=low, read_opt=options)):
             if count == limit:
                 break
             batch.delete(entry)
             batch.delete(_REQUEST + entry[9:])
             count += 1
+            last = entry
         del options  # kept alive through the scan (see rocksdb_store._scan)
         if count:
             db.write(batch)
+        # Until compacted away, the tombstones of the entries forgotten would be stepped
+        # over by every later scan from the front (one a commit).
+        self._low[partition] = last if count else max(low, upper)
         return count
 
     def offset(self, partition: int) -> int | None:
@@ -224,6 +237,7 @@ class RocksAggregateStore:
 
     def drop(self, partition: int) -> None:
         db = self._dbs.pop(partition, None)
+        self._low.pop(partition, None)
         if db is not None:
             db.close()
         shutil.rmtree(self._dir / f"p{partition}.db", ignore_errors=True)
@@ -231,6 +245,7 @@ class RocksAggregateStore:
     def release(self, partition: int) -> None:
         """Closes a partition's DB (kept on disk) when the node hands the partition off."""
         db = self._dbs.pop(partition, None)
+        self._low.pop(partition, None)
         if db is not None:
             db.close()
 

@@ -34,7 +34,7 @@ from tables.keys import (
     ref_parts,
     restored_row,
 )
-from tables.rules import _cron_error, _zones
+from tables.rules import MAX_JITTER, _cron_error, _zones
 
 __all__ = ["restored_index"]
 
@@ -42,6 +42,8 @@ _Text200 = Annotated[str, msgspec.Meta(min_length=1, max_length=200)]
 _Name = Annotated[str, msgspec.Meta(min_length=1, max_length=100)]
 _Instant = Annotated[int, msgspec.Meta(ge=0, le=MAX_INSTANT)]
 _Int64 = Annotated[int, msgspec.Meta(ge=0, le=MAX_INT64)]
+_Count = Annotated[int, msgspec.Meta(ge=1, le=MAX_INT64)]
+_Jitter = Annotated[int, msgspec.Meta(ge=1, le=MAX_JITTER)]
 
 # `AggregateRef`'s pattern as the Rust regex pydantic runs reads it: `$` is the end of the
 # text (Python's `$` would also match before a final newline, hence fullmatch).
@@ -58,12 +60,16 @@ class _Ref(msgspec.Struct, forbid_unknown_fields=True):
 class _Once(msgspec.Struct, tag_field="kind", tag="once", forbid_unknown_fields=True):
     at: _Instant
     coalesce: bool = True
+    jitter: _Jitter | None = None
 
 
 class _Interval(msgspec.Struct, tag_field="kind", tag="interval", forbid_unknown_fields=True):
     start: _Instant
     every: Annotated[int, msgspec.Meta(gt=0, le=MAX_INT64)]
     coalesce: bool = True
+    jitter: _Jitter | None = None
+    until: _Instant | None = None
+    count: _Count | None = None
 
 
 class _Cron(msgspec.Struct, tag_field="kind", tag="cron", forbid_unknown_fields=True):
@@ -71,6 +77,9 @@ class _Cron(msgspec.Struct, tag_field="kind", tag="cron", forbid_unknown_fields=
     zone: str = "UTC"
     start: _Instant = 0
     coalesce: bool = True
+    jitter: _Jitter | None = None
+    until: _Instant | None = None
+    count: _Count | None = None
 
 
 class _Command(msgspec.Struct, forbid_unknown_fields=True):
@@ -139,6 +148,13 @@ def _zone_ok(zone: str) -> bool:
     return True
 
 
+def _ends_ok(rule: _Interval | _Cron) -> bool:
+    """The rules' own checks of `until` and `jitter` (`tables.rules`)."""
+    if rule.until is not None and rule.until < rule.start:
+        return False
+    return not (type(rule) is _Interval and rule.jitter is not None and rule.jitter > rule.every)
+
+
 def _fast_index(partition: int, key: bytes, value: bytes) -> bytes:
     try:
         row = _decode(value)
@@ -153,6 +169,8 @@ def _fast_index(partition: int, key: bytes, value: bytes) -> bytes:
     if body != b"{}" and not _body_ok(body):
         raise _Refused
     if type(rule) is _Cron and (_cron_error(rule.expr) is not None or not _zone_ok(rule.zone)):
+        raise _Refused
+    if not isinstance(rule, _Once) and not _ends_ok(rule):
         raise _Refused
     name = row.key.encode()
     own = ref_parts(owner.context, owner.aggregate, owner.tenant, owner.id)

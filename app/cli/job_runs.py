@@ -8,7 +8,10 @@ live schedule (its timer, its last slot) is left as it is.
 under the request id that slot's live tick has (`app.jobs.backfill`), read from the
 instance's schedule log, so a slot that ran live, or that a backfill ran before, applies
 once (its result is DUPLICATE). `--dry-run` prints the slots and their request ids and
-writes nothing. More than `MAX_BACKFILL_SLOTS` slots per instance are refused.
+writes nothing. More than `MAX_BACKFILL_SLOTS` slots per instance are refused, and so is
+a slot due before the node's de-duplication window (`TICKWHEEL_REQUEST_ID_WINDOW_MS`) less
+`DECIDED_WITHIN_MS` from now: whether it ran live may be forgotten by the time the backfill
+is decided, so it could run twice.
 
 Both work on a paused (disabled) instance too; neither enables it.
 """
@@ -49,13 +52,18 @@ from app.jobs import (
     BackfillSlot,
     backfill_command,
     backfill_slots,
+    first_unheld,
     tick_timers,
 )
 from app.kafka.connection import Connectable
 from app.protocol.wire import CommandEnvelope, CommandResult
 from tables import AggregateRef
 
-__all__ = ["backfill", "now_ms", "trigger"]
+__all__ = ["DECIDED_WITHIN_MS", "backfill", "now_ms", "trigger"]
+
+DECIDED_WITHIN_MS = 3_600_000
+"""How long after it is sent a backfill's command is taken to be decided at the latest: a
+slot must be due that long after the start of the de-duplication window."""
 
 Context = Annotated[str, typer.Option(help="the context the job is declared in")]
 JobName = Annotated[str, typer.Option("--job", help="the job's name")]
@@ -166,6 +174,18 @@ def backfill(
     )
     if isinstance(planned, str):
         raise fail(planned, CONFIG_ERROR)
+    # A live run's request id is applied at its slot's due time at the earliest, and kept
+    # for the window after: later than this, the node could not tell that it ran.
+    held_after = now - settings.request_id_window_ms + DECIDED_WITHIN_MS
+    for ref, slots in planned:
+        if (old := first_unheld(slots, held_after)) is not None:
+            raise fail(
+                f"{ref}: slot {old.slot} was due at {time_iso(old.due_at)}, before "
+                f"{time_iso(held_after + 1)} (TICKWHEEL_REQUEST_ID_WINDOW_MS less an hour "
+                "ago): the workers may have forgotten whether it ran, so it could run twice; "
+                "backfill a later range",
+                CONFIG_ERROR,
+            )
     commands = [backfill_command(ref, slot) for ref, slots in planned for slot in slots]
     if dry_run:
         for ref, slots in planned:

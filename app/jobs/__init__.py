@@ -33,6 +33,7 @@ from app.jobs.backfill import (
     BackfillSlot,
     TickTimer,
     backfill_slots,
+    first_unheld,
     tick_timers,
 )
 from app.jobs.commands import (
@@ -109,6 +110,7 @@ __all__ = [
     "effective_rule",
     "enable_command",
     "enable_commands",
+    "first_unheld",
     "instance_ids",
     "ref_of",
     "reschedule_command",

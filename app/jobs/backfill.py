@@ -15,6 +15,10 @@ the instance's first timer there is nothing to backfill (it did not exist).
 Slot indexes of a cron rule are counted from a slot known from the log (the timer's first
 slot, or one a tick, failed run or backfill recorded), so even after a catch-up whose index
 the runner estimated (`tables.slots.latest_due`) the ids are those of the live ticks.
+
+The node keeps an applied request id for its de-duplication window only
+(`TICKWHEEL_REQUEST_ID_WINDOW_MS`): a slot due longer ago may have run live under an id
+since forgotten, and would run a second time. Such a slot is refused (`first_unheld`).
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ __all__ = [
     "BackfillSlot",
     "TickTimer",
     "backfill_slots",
+    "first_unheld",
     "tick_timers",
 ]
 
@@ -123,6 +128,13 @@ def backfill_slots(
             out.append(BackfillSlot(timer.id, slot.index, slot.due_at))
             slot = next_slot(timer.rule, slot)
     return out
+
+
+def first_unheld(slots: list[BackfillSlot], held_after: int) -> BackfillSlot | None:
+    """The first of `slots` due at or before `held_after` (epoch ms), if any: a live run of
+    it was applied by then at the latest, and its request id may be forgotten by the time
+    the backfill is decided, so the node could not tell that it ran."""
+    return next((slot for slot in slots if slot.due_at <= held_after), None)
 
 
 def _at_or_after(timer: TickTimer, at: int) -> Slot | None:

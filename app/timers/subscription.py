@@ -22,6 +22,7 @@ from app.protocol.wire import (
     ScheduleSet,
 )
 from tables import AggregateRef, Timer, TimerStore
+from tables.rules import OnceRule, ScheduleRule
 from tables.slots import first_slot, jittered_due
 
 __all__ = [
@@ -65,7 +66,12 @@ def timer_op(event: EventEnvelope, partition: int) -> TimerOp | None:
     """
     try:
         if event.type == SCHEDULE_SET:
-            return PutTimer(_timer(event, ScheduleSet.model_validate(event.body), partition))
+            schedule = ScheduleSet.model_validate(event.body)
+            if _ended(schedule.rule, event.created_at):
+                # Set again to a rule whose end has passed: the timer under the key is
+                # done (left in place, it would go on firing by the rule it replaces).
+                return CancelTimer(event.aggregate, schedule.key, event.version)
+            return PutTimer(_timer(event, schedule, partition))
         if event.type == SCHEDULE_CANCELLED:
             body = ScheduleCancelled.model_validate(event.body)
             return CancelTimer(event.aggregate, body.key, event.version)
@@ -74,6 +80,16 @@ def timer_op(event: EventEnvelope, partition: int) -> TimerOp | None:
     if event.type == AGGREGATE_DELETED:
         return CancelAllTimers(event.aggregate, event.version)
     return None
+
+
+def _ended(rule: ScheduleRule, at: int) -> bool:
+    """Whether `rule` has no slot left at `at` because its `until` or `count` passed (one
+    with no slot at all, as a cron expression that never matches, is bad input)."""
+    if isinstance(rule, OnceRule) or (rule.until is None and rule.count is None):
+        return False
+    if first_slot(rule, at) is not None:
+        return False
+    return first_slot(rule.model_copy(update={"until": None, "count": None}), at) is not None
 
 
 def _timer(event: EventEnvelope, body: ScheduleSet, partition: int) -> Timer:

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import itertools
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any, cast
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from rocksdict import Rdict, ReadOptions
 
 from tables.aggregate_store import AggregateStateStore, MemoryAggregateStore, RocksAggregateStore
 from tables.exceptions import StoreClosed
@@ -139,3 +142,72 @@ def test_both_backends_forget_what_the_window_says(
             assert s.expire_requests(0, before, limit) == len(forgotten)
             assert {k for k in latest if s.seen(0, *k)} == set(latest) - forgotten
             s.close()
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.one_of(
+            # A write of request id r of aggregate a applied at `at`; a sweep up to `before`.
+            st.tuples(st.sampled_from(["ax", "ay", "bx", "bz"]), st.integers(0, 9), st.just(0)),
+            st.tuples(st.just(""), st.integers(-1, 10), st.integers(1, 3)),
+        ),
+        max_size=25,
+    )
+)
+def test_writes_and_sweeps_interleaved_forget_as_the_reference_does(
+    steps: list[tuple[str, int, int]],
+) -> None:
+    """RocksDB's sweep starts from the last id it forgot: one applied earlier since (a
+    restore's), or again, is still found."""
+    ids = [("a", "x"), ("a", "y"), ("b", "x"), ("b", "z")]
+    with tempfile.TemporaryDirectory() as folder:
+        reference, rocks = MemoryAggregateStore(), RocksAggregateStore(Path(folder))
+        for written, at_or_before, limit in steps:
+            if written:
+                for s in (reference, rocks):
+                    s.write(0, {}, [(written[0], written[1])], None, applied_at=at_or_before)
+            else:
+                want = reference.expire_requests(0, at_or_before, limit)
+                assert rocks.expire_requests(0, at_or_before, limit) == want
+            held = {k for k in ids if reference.seen(0, *k)}
+            assert {k for k in ids if rocks.seen(0, *k)} == held
+        rocks.close()
+
+
+class _KeysSpy:
+    """A partition's DB whose key scans are recorded: where each started."""
+
+    def __init__(self, db: Rdict) -> None:
+        self.db = db
+        self.starts: list[bytes] = []
+
+    def keys(self, *, from_key: bytes, read_opt: ReadOptions) -> Iterator[bytes]:
+        self.starts.append(from_key)
+        return cast(Iterator[bytes], self.db.keys(from_key=from_key, read_opt=read_opt))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.db, name)
+
+
+def test_a_sweep_never_scans_the_ids_it_forgot_before(tmp_path: Path) -> None:
+    """Forgotten ids leave tombstones in RocksDB until a compaction: a sweep (one every
+    commit) scanning from the front stepped over all of them each time (measured: 33 ms a
+    commit with nothing to forget, after 200,000 forgotten)."""
+    store = RocksAggregateStore(tmp_path)
+    store.write(0, {}, [(f"a{n}", "r") for n in range(10)], None, applied_at=1_000)
+    store.write(0, {}, [("b", "r")], None, applied_at=5_000)
+    spy = _KeysSpy(store._db(0))
+    store._dbs[0] = cast(Rdict, spy)
+    assert store.expire_requests(0, before=2_000, limit=4) == 4
+    assert store.expire_requests(0, before=2_000, limit=4) == 4
+    assert store.expire_requests(0, before=2_000, limit=4) == 2
+    assert store.expire_requests(0, before=2_000, limit=4) == 0
+    # Each scan starts at the last id the one before forgot.
+    assert spy.starts[0] == b"w" and all(a < b for a, b in itertools.pairwise(spy.starts))
+    assert store.expire_requests(0, before=3_000, limit=4) == 0
+    assert spy.starts[-1] == b"w" + (2_001).to_bytes(8, "big")  # past the last one's window
+    store.write(0, {}, [("c", "r")], None, applied_at=500)  # a restore's, applied long ago
+    assert store.expire_requests(0, before=2_000, limit=4) == 1
+    assert not store.seen(0, "c", "r") and store.seen(0, "b", "r")
+    store.close()

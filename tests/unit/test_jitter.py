@@ -3,8 +3,8 @@ time, a pure function of the slot's request id (`tables.slots.jitter_offset`), s
 node, replay and rebuild fires it at the same instant. The row's `due_at` is the slot's
 due time plus it, where the table sets it from a `wow.ScheduleSet` (`subscription`) and
 where the runner moves to the next slot (`decisions`); `slot_due_at` stays unjittered, so
-slot arithmetic, catch-up and expiry are as without. A rule without it reads and writes
-exactly as before it existed."""
+slot arithmetic and catch-up are as without; expiry counts from the jittered time. A rule
+without it reads and writes exactly as before it existed."""
 
 from __future__ import annotations
 
@@ -210,3 +210,21 @@ def test_rules_next_shows_a_timers_jittered_instants_or_says_it_is_per_timer() -
     assert one.stderr == ""
     bad = CliRunner().invoke(cli, [*args[:3], "--jitter", "soon"])
     assert bad.exit_code == 2 and "--jitter 'soon' is neither milliseconds" in bad.stderr
+
+
+def test_a_slot_jittered_past_expires_after_is_sent_when_its_time_comes() -> None:
+    """Expiry counts from when a slot fires, its due time plus its offset: counted from
+    the unjittered due time, a slot whose offset is more than `expires_after` expired the
+    moment it became due and was never sent."""
+    hour = 60 * MINUTE
+    options = TimerOptions(expires_after=hour)
+    rule = OnceRule(at=Y2026, jitter=2 * hour)
+    slot = Slot(0, Y2026)
+    timer_id = next(f"t-{n}" for n in range(1000) if jitter_offset(f"t-{n}#0", 2 * hour) > hour)
+    timer = slot_timer(rule, slot, id=timer_id, due_at=jittered_due(rule, timer_id, slot))
+    assert timer.due_at - timer.slot_due_at > options.expires_after
+    assert expire_or_claim(timer, timer.due_at - 1, options).action is Action.NOTHING
+    claim = expire_or_claim(timer, timer.due_at, options)
+    assert claim.action is Action.CLAIM and claim.send
+    late = expire_or_claim(timer, timer.due_at + hour + 1, options)
+    assert late.action is Action.EXPIRE and not late.send

@@ -434,3 +434,28 @@ def test_trigger_of_bad_input_exits_2_with_one_line() -> None:
         assert result.exit_code == 2, result.output
         (line,) = result.stderr.splitlines()
         assert message in line, line
+
+
+def test_backfill_of_slots_older_than_the_request_id_window_exits_2_and_sends_nothing(
+    cli_instance: Instance, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A live run's request id is forgotten after TICKWHEEL_REQUEST_ID_WINDOW_MS (#20): a
+    backfill of a slot that old could not be told it ran live, and would run it again."""
+    window = 7 * 24 * 60 * MIN
+    monkeypatch.setenv("TICKWHEEL_REQUEST_ID_WINDOW_MS", str(window))
+    # Slot 0 ran live at T0: less than an hour (DECIDED_WITHIN_MS) before its request id
+    # may be forgotten, it is refused; slot 2, due two minutes later, is not.
+    held_after = T0 + MIN
+    now = held_after + window - app.cli.job_runs.DECIDED_WITHIN_MS
+    monkeypatch.setattr(app.cli.job_runs, "now_ms", lambda: now)
+    for extra in ([], ["--dry-run"]):
+        result = CliRunner().invoke(cli, [*_range(T0, T0 + 2 * MIN), *extra])
+        assert result.exit_code == 2, result.output
+        (line,) = result.stderr.splitlines()
+        assert "slot 0 was due at 2027-01-15T08:00:00.000+00:00" in line, line
+        assert "TICKWHEEL_REQUEST_ID_WINDOW_MS" in line and "could run twice" in line, line
+    assert cli_instance.count(BACKFILLED) == 0
+    # A slot due after that is still told apart from one that ran.
+    later = CliRunner().invoke(cli, [*_range(T0 + 2 * MIN, T0 + 2 * MIN), "--json"])
+    assert later.exit_code == 0, later.output
+    assert [orjson.loads(x)["code"] for x in later.stdout.splitlines()] == ["COMMITTED"]

@@ -23,20 +23,42 @@ from tables import (
 from tables.bounds import MAX_INSTANT, MAX_INT64
 from tables.keys import encode_timer, index_key, load_timer, restored_row, row_key
 from tables.rowcheck import _fast_index, restored_index
+from tables.rules import MAX_JITTER
 from tables.timer import TimerStatus
 
 text = st.text(st.characters(exclude_categories=["Cs"]), min_size=1, max_size=8)
 names = st.from_regex(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,6}", fullmatch=True)
 refs = st.builds(AggregateRef, context=names, aggregate=names, tenant=text, id=text)
+jitters = st.none() | st.integers(1, MAX_JITTER)
+counts = st.none() | st.integers(1, MAX_INT64)
+
+
+@st.composite
+def _interval(draw: st.DrawFn) -> IntervalRule:
+    start, every = draw(st.integers(0, MAX_INSTANT)), draw(st.integers(1, MAX_INT64))
+    jitter = draw(st.none() | st.integers(1, min(every, MAX_JITTER)))
+    until = draw(st.none() | st.integers(start, MAX_INSTANT))
+    return IntervalRule(start=start, every=every, jitter=jitter, until=until, count=draw(counts))
+
+
+@st.composite
+def _cron(draw: st.DrawFn) -> CronRule:
+    start = draw(st.integers(0, MAX_INSTANT))
+    return CronRule(
+        expr=draw(st.sampled_from(["*/5 * * * *", "0 3 * * 1", "*/10 * * * * *"])),
+        zone=draw(st.sampled_from(["UTC", "Europe/Berlin", "America/New_York"])),
+        start=start,
+        jitter=draw(jitters),
+        until=draw(st.none() | st.integers(start, MAX_INSTANT)),
+        count=draw(counts),
+    )
+
+
+# With and without the ends and jitter of #22 (absent, they are left out of the JSON).
 rules = st.one_of(
-    st.builds(OnceRule, at=st.integers(0, MAX_INSTANT), coalesce=st.booleans()),
-    st.builds(IntervalRule, start=st.integers(0, MAX_INSTANT), every=st.integers(1, MAX_INT64)),
-    st.builds(
-        CronRule,
-        expr=st.sampled_from(["*/5 * * * *", "0 3 * * 1", "*/10 * * * * *"]),
-        zone=st.sampled_from(["UTC", "Europe/Berlin", "America/New_York"]),
-        start=st.integers(0, MAX_INSTANT),
-    ),
+    st.builds(OnceRule, at=st.integers(0, MAX_INSTANT), coalesce=st.booleans(), jitter=jitters),
+    _interval(),
+    _cron(),
 )
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers(-(2**63), 2**63 - 1) | text | st.floats(-1e9, 1e9),
@@ -75,6 +97,16 @@ TRICKY: list[Any] = [
         {"kind": "cron", "expr": "* * * * *", "zone": "America"},
         {"kind": "cron", "expr": "* * * * *", "zone": "localtime"},
         {"kind": "interval", "start": 0, "every": 0}, {"kind": "nope"},
+        {"kind": "interval", "start": 9, "every": 5, "until": 8},
+        {"kind": "interval", "start": 9, "every": 5, "until": 9, "count": 1, "jitter": 5},
+        {"kind": "interval", "start": 0, "every": 5, "jitter": 6},
+        {"kind": "interval", "start": 0, "every": 5, "count": 0},
+        {"kind": "interval", "start": 0, "every": 5, "until": None, "jitter": None},
+        {"kind": "cron", "expr": "* * * * *", "start": 9, "until": 8},
+        {"kind": "cron", "expr": "* * * * *", "jitter": MAX_JITTER + 1},
+        {"kind": "cron", "expr": "* * * * *", "jitter": MAX_JITTER, "count": MAX_INT64},
+        {"kind": "once", "at": 5, "jitter": 0}, {"kind": "once", "at": 5, "until": 9},
+        {"kind": "once", "at": 5, "count": 1}, MAX_JITTER, MAX_JITTER + 1,
         "PENDING", "FIRED", "pending", "EXPIRED", "BUSY",
         {"context": "a", "aggregate": "b", "id": "c"},
         {"context": "a\n", "aggregate": "b", "id": "c"},
@@ -156,10 +188,16 @@ BASES = [
     _base(OnceRule(at=5), None),
     _base(IntervalRule(start=5, every=60_000), AggregateRef(context="c", aggregate="a", id="x")),
     _base(CronRule(expr="*/5 * * * *", zone="Europe/Berlin", start=5), None),
+    # Each field the rules gained in #22 set, so each is mangled in turn too.
+    _base(OnceRule(at=5, jitter=3), None),
+    _base(IntervalRule(start=5, every=60_000, until=5, count=2, jitter=60_000), None),
+    _base(CronRule(expr="*/5 * * * *", start=5, until=5, count=1, jitter=MAX_JITTER), None),
 ]
 
 
-@pytest.mark.parametrize("timer", BASES, ids=["once", "interval", "cron"])
+@pytest.mark.parametrize(
+    "timer", BASES, ids=["once", "interval", "cron", "once-ends", "interval-ends", "cron-ends"]
+)
 def test_every_field_set_to_every_tricky_value_gets_pydantics_verdict(timer: Timer) -> None:
     """Each field of a valid row (nested ones too) replaced by each of `TRICKY` in turn,
     removed, or joined by an unknown field: the fast check answers as pydantic does."""

@@ -7,13 +7,16 @@ from __future__ import annotations
 
 import orjson
 import pytest
-from fakes import slot_timer
+from fakes import OWNER, slot_timer
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
+from app.protocol.wire import SCHEDULE_SET, EventEnvelope
 from app.timers.runner.decisions import Action, SendResult, expire_or_claim, on_outcome
 from app.timers.runner.options import DAY_MS, TimerOptions
+from app.timers.subscription import CancelTimer, PutTimer, apply, timer_op
 from tables.exceptions import InvalidRule
+from tables.memory_store import MemoryTimerStore
 from tables.rules import CronRule, IntervalRule, OnceRule, parse_rule
 from tables.slots import (
     MAX_CRON_STEPS,
@@ -228,3 +231,42 @@ def test_an_expired_last_slot_cancels_the_timer_as_expired() -> None:
         TimerStatus.CANCELLED,
         Outcome.EXPIRED,
     )
+
+
+def _set(rule: IntervalRule | CronRule, version: int, at: int) -> EventEnvelope:
+    return EventEnvelope(
+        id=f"e-{version}",
+        type=SCHEDULE_SET,
+        aggregate=OWNER,
+        version=version,
+        created_at=at,
+        body={
+            "key": "remind",
+            "rule": rule.model_dump(mode="json"),
+            "command": {"type": "Remind"},
+        },
+    )
+
+
+async def test_a_timer_set_again_to_a_rule_that_has_ended_is_done() -> None:
+    """A reschedule to a rule whose `until` or `count` has passed (`jobs reschedule`, an
+    aggregate's `d.schedule`) ends the timer under its key; it was dead-lettered, and the
+    timer it was to replace went on firing by its old rule."""
+    start = 1_767_225_600_000
+    rule = IntervalRule(start=start, every=60_000)
+    now = start + 10 * 60_000
+    for ended in (
+        IntervalRule(start=start, every=60_000, count=3),
+        IntervalRule(start=start, every=60_000, until=start + 60_000),
+        CronRule(expr="* * * * *", start=start, until=start + 120_000),
+    ):
+        store = MemoryTimerStore(partitions=1)
+        await store.assign({0})
+        op = timer_op(_set(rule, 1, now), 0)
+        assert isinstance(op, PutTimer) and await apply(store, op)
+        again = timer_op(_set(ended, 2, now), 0)
+        assert again == CancelTimer(OWNER, "remind", 2)
+        assert await apply(store, again)
+        row = await store.find(OWNER, "remind")
+        assert row is not None and (row.status, row.version) == (TimerStatus.CANCELLED, 2)
+        await store.close()

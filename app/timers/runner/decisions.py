@@ -161,15 +161,16 @@ refusal, or an operator's retry of the PARKED timer (which keeps the outcome it 
 def due_since(timer: Timer) -> int:
     """Since when the timer's next send has been due, as expiry measures it.
 
-    A slot not sent yet: its own due time (`slot_due_at`). A slot being sent again (its
-    outcome FAILED or BUSY): its retry's due time (`due_at`), so that a retry, an
-    operator's above all, is sent however old its slot is, and expires only when the retry
-    itself waited longer than `expires_after` (the cluster down for that long). Both are
-    fields of the row, so a restarted node measures the same.
+    A slot not sent yet: when it fires, its own due time (`slot_due_at`) plus its jitter
+    (a slot jittered further than `expires_after` would expire unsent the moment it came).
+    A slot being sent again (its outcome FAILED or BUSY): its retry's due time (`due_at`),
+    so that a retry, an operator's above all, is sent however old its slot is, and expires
+    only when the retry itself waited longer than `expires_after` (the cluster down for
+    that long). All come from the row, so a restarted node measures the same.
     """
     if timer.outcome in _RETRIED:
         return max(timer.slot_due_at, timer.due_at)
-    return timer.slot_due_at
+    return jittered_due(timer.rule, timer.id, _slot(timer))
 
 
 def expire_or_claim(timer: Timer, now: int, options: TimerOptions) -> Decision:
