@@ -55,8 +55,15 @@ class Commits:
         self.deadline_s = COMMIT_DEADLINE_S
         self.max_staged = MAX_STAGED
 
+    def _running(self, key: tuple[str, int]) -> asyncio.Task[bool] | None:
+        """The commit of `key` still going: one that ended is not, though its done callback
+        (which forgets it) runs an iteration of the loop later. Taken for one in flight,
+        it was awaited without yielding, again and again: the loop stood still."""
+        task = self._in_flight.get(key)
+        return None if task is None or task.done() else task
+
     def in_flight(self, kept: KeptType, p: int) -> bool:
-        return (kept.name, p) in self._in_flight
+        return self._running((kept.name, p)) is not None
 
     def lag(self) -> float:
         """How long the oldest commit in flight has been going, in seconds (0: none): a
@@ -76,7 +83,7 @@ class Commits:
         """Whether p may start a commit now: none in flight (the next takes all that waits
         meanwhile), and the last started a commit interval ago."""
         key = (kept.name, p)
-        if key in self._in_flight:
+        if self._running(key) is not None:
             return False
         return time.monotonic() - self._started_at.get(key, 0.0) >= self._interval
 
@@ -86,11 +93,11 @@ class Commits:
         in flight at a time: while one is, nothing is taken and that one is returned (what
         waits goes in the next); None: nothing in flight and nothing waits."""
         key = (kept.name, p)
-        if (running := self._in_flight.get(key)) is not None:
+        if (running := self._running(key)) is not None:
             return running
         taken = kept.changelog.take(p)
         if taken is None:
-            return self._in_flight.get(key)
+            return None
         self._started_at[key] = time.monotonic()
         task = asyncio.create_task(self._send(p, taken), name=f"commit {key}")
         self._in_flight[key] = task
@@ -104,7 +111,7 @@ class Commits:
         a commit in flight (bounded: each commit has a deadline)."""
         for kept in types:
             while kept.changelog.waiting(p) > self.max_staged:
-                commit = self._in_flight.get((kept.name, p))
+                commit = self._running((kept.name, p))
                 if commit is None:
                     break  # the next cycle's stage starts one
                 await asyncio.wait([commit])

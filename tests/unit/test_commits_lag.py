@@ -49,3 +49,56 @@ async def test_a_hanging_commit_is_lag_until_it_ends() -> None:
     assert await task
     await asyncio.sleep(0)
     assert commits.lag() == 0.0 and failures == []
+
+
+class InstantTransaction:
+    async def send(self) -> list[int]:
+        return []  # committed in the commit task's first step
+
+
+class Queue:
+    """A changelog whose partition has `n` transactions to take, one after the other."""
+
+    def __init__(self, n: int) -> None:
+        self.left = n
+
+    def take(self, p: int) -> InstantTransaction | None:
+        if self.left == 0:
+            return None
+        self.left -= 1
+        return InstantTransaction()
+
+    def owns(self, p: int) -> bool:
+        return True
+
+    def waiting(self, p: int) -> int:
+        return self.left
+
+
+async def test_claims_after_a_commit_that_ended_in_this_loop_iteration_do_not_spin() -> None:
+    """A commit task that ended in this iteration of the loop is done, while its done
+    callback (which forgets it) waits for the next: claims that took it for one in flight
+    awaited it without yielding and took it again, for ever, and the worker's whole loop
+    (its group heartbeats too) stood still (seen on a three-broker cluster as a leader
+    moved)."""
+    commits = Commits(10, defaultdict(asyncio.Lock), lambda p: True, lambda *a: None)
+    kept = cast(KeptType, Kept(cast(Changelog, Queue(2))))
+    first = commits.start(kept, 0)
+    assert first is not None
+    await asyncio.sleep(0)  # the commit's step ran before this one: done, not yet forgotten
+    assert first.done() and (kept.name, 0) in commits._in_flight  # the window
+
+    calls = 0
+    start = commits.start
+
+    def counted(k: KeptType, p: int) -> asyncio.Task[bool] | None:
+        nonlocal calls
+        calls += 1
+        if calls > 20:
+            raise RuntimeError("commit_claims spins on a commit that has ended")
+        return start(k, p)
+
+    commits.start = counted  # type: ignore[method-assign]
+    await commits.commit_claims(kept, {0})
+    assert calls <= 2  # the second transaction taken and committed, once
+    assert cast(Queue, kept.changelog).left == 0
