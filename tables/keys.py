@@ -201,7 +201,7 @@ _set = object.__setattr__
 _RULE_CLASSES: tuple[type[BaseModel], ...] = (OnceRule, IntervalRule, CronRule)
 # A rule's optional fields left out of its JSON while unset (`until`, `count`, `jitter`:
 # `exclude_if`), put back at their defaults so the model `load_timer` makes has each field.
-_RULE_OMITTED: dict[type[BaseModel], dict[str, Any]] = {
+_OMITTED: dict[type[BaseModel], dict[str, Any]] = {
     cls: {
         name: field.default
         for name, field in cls.model_fields.items()
@@ -209,6 +209,15 @@ _RULE_OMITTED: dict[type[BaseModel], dict[str, Any]] = {
     }
     for cls in _RULE_CLASSES
 }
+# A timer's optional fields left out while unset (`error_code`, `error_text`), likewise.
+_OMITTED[Timer] = {
+    name: None
+    for name, field in Timer.model_fields.items()
+    if field.default is None and field.exclude_if is not None
+}
+_TIMER_FIELDS = len(Timer.model_fields)
+if list(Timer.model_fields)[-2:] != list(_OMITTED[Timer]) or len(_OMITTED[Timer]) != 2:
+    raise TypeError("load_timer expects error_code and error_text as Timer's last fields")
 _RULES: dict[str, tuple[type[BaseModel], int]] = {
     cls.model_fields["kind"].default: (cls, len(cls.model_fields)) for cls in _RULE_CLASSES
 }
@@ -222,27 +231,30 @@ _ALL_SET: dict[type[BaseModel], set[str]] = {
     cls: set(cls.model_fields) for cls in (Timer, AggregateRef, CommandSpec)
 }
 _ALL_SET.update((cls, set(cls.model_fields)) for cls, _ in _RULES.values())
+_NO_ERROR_SET = _ALL_SET[Timer] - set(_OMITTED[Timer])
 
 
-def _made(cls: type[_M], values: dict[str, Any]) -> _M:
+def _made(cls: type[_M], values: dict[str, Any], named: set[str] | None = None) -> _M:
     """`cls.model_construct(**values)` without its per-field loop: `values` names every
-    field (pydantic's own construction sets these four attributes)."""
+    field (pydantic's own construction sets these four attributes); `named`: the fields
+    counted as set (all of them unless given)."""
     made = cls.__new__(cls)
     _set(made, "__dict__", values)
-    _set(made, "__pydantic_fields_set__", _ALL_SET[cls])
+    _set(made, "__pydantic_fields_set__", _ALL_SET[cls] if named is None else named)
     _set(made, "__pydantic_extra__", None)
     _set(made, "__pydantic_private__", None)
     return made
 
 
-def _with_omitted(cls: type[BaseModel], rule: dict[str, Any]) -> dict[str, Any]:
-    """`rule` with its omitted optional fields at their defaults, in the model's field order
-    (the order its serializer writes a dict built this way back in); `rule` itself when it
-    lacks anything else (then `load_timer` decodes the row in full)."""
-    omitted = _RULE_OMITTED[cls]
-    if not all(name in rule or name in omitted for name in cls.model_fields):
-        return rule
-    return {name: rule[name] if name in rule else omitted[name] for name in cls.model_fields}
+def _with_omitted(cls: type[BaseModel], values: dict[str, Any]) -> dict[str, Any]:
+    """`values` (a rule's or a timer's) with its omitted optional fields at their defaults,
+    in the model's field order (the order its serializer writes a dict built this way back
+    in); `values` itself when it lacks anything else (then `load_timer` decodes the row in
+    full)."""
+    omitted = _OMITTED[cls]
+    if not all(name in values or name in omitted for name in cls.model_fields):
+        return values
+    return {name: values[name] if name in values else omitted[name] for name in cls.model_fields}
 
 
 def load_timer(raw: bytes) -> Timer:
@@ -251,16 +263,29 @@ def load_timer(raw: bytes) -> Timer:
     Only for the store's own rows: each was validated on its way in (`restored_row`, or a
     Timer the store wrote), and reads do not pay for it twice (`decode_timer` builds a
     Timer in ~7 µs on the 2-core box, this in about half, sharing the owner as target when
-    they are equal). A row that does not name every field (written by another version)
-    is decoded in full.
+    they are equal). A row that leaves out optional fields unset (`exclude_if`: a rule's
+    `until`, `count`, `jitter`, a timer's `error_code`, `error_text`) gets them at their
+    defaults; one that does not name every other field (written by another version) is
+    decoded in full.
     """
     row = orjson.loads(raw)
     owner, target, rule, command = row["owner"], row["target"], row["rule"], row["command"]
     kind = _RULES.get(rule.get("kind", ""))
     if kind is not None and len(rule) < kind[1]:
         rule = _with_omitted(kind[0], rule)
+    # As `decode_timer` would, a row's set fields are the ones its JSON names.
+    named = _ALL_SET[Timer]
+    if len(row) < _TIMER_FIELDS:
+        if len(row) == _TIMER_FIELDS - 2 and "error_code" not in row and "error_text" not in row:
+            # The usual row, with no error: both fields are the model's last, so appended
+            # they keep the model's field order (cheaper than `_with_omitted`'s new dict).
+            row["error_code"] = row["error_text"] = None
+            named = _NO_ERROR_SET
+        else:
+            named = set(row)
+            row = _with_omitted(Timer, row)
     if (
-        len(row) != 15
+        len(row) != _TIMER_FIELDS
         or kind is None
         or len(rule) != kind[1]
         or len(owner) != 4
@@ -274,7 +299,7 @@ def load_timer(raw: bytes) -> Timer:
     row["command"] = _made(CommandSpec, command)
     row["status"] = _STATUSES[row["status"]]
     row["outcome"] = _OUTCOMES[row["outcome"]]
-    return _made(Timer, row)
+    return _made(Timer, row, named)
 
 
 def restored_row(partition: int, key: bytes, value: bytes) -> Timer:

@@ -15,21 +15,54 @@ from typing import Protocol
 from pydantic import BaseModel, ConfigDict, Field
 
 from tables.refs import AggregateRef
-from tables.timer import Timer
+from tables.timer import MAX_ERROR_TEXT, Timer
 
-__all__ = ["FailureLedger", "LedgerEntry", "MemoryFailureLedger"]
+__all__ = ["FailureLedger", "LedgerEntry", "MemoryFailureLedger", "merged"]
 
 logger = logging.getLogger(__name__)
 
 
+def _absent(value: object) -> bool:
+    return value is None
+
+
 class LedgerEntry(BaseModel):
-    """A parked target, and the timers (by request id, `<id>#<slot>`) parked on it."""
+    """A parked target, and the timers (by request id, `<id>#<slot>`) parked on it.
+
+    `error_code` and `error_text`: why the latest park recorded was made, the parked row's
+    last attempt's error (`Timer.error_code`, `Timer.error_text`); left out of the JSON
+    while unset, so entries without them read and are written as before they existed."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     subscription: str = Field(min_length=1)
     target: AggregateRef
     timers: tuple[str, ...] = ()
+    error_code: str | None = Field(default=None, min_length=1, max_length=100, exclude_if=_absent)
+    error_text: str | None = Field(
+        default=None, min_length=1, max_length=MAX_ERROR_TEXT, exclude_if=_absent
+    )
+
+
+def merged(
+    known: LedgerEntry | None, subscription: str, target: AggregateRef, timers: Sequence[Timer]
+) -> LedgerEntry:
+    """The entry after parking `timers`: the known one's timers, then the new ones, each
+    once; the error of the last of them that has one, else the known entry's."""
+    ids = list(known.timers) if known is not None else []
+    for timer in timers:
+        if timer.request_id not in ids:
+            ids.append(timer.request_id)
+    error: Timer | LedgerEntry | None = next(
+        (t for t in reversed(timers) if t.error_code is not None), known
+    )
+    return LedgerEntry(
+        subscription=subscription,
+        target=target,
+        timers=tuple(ids),
+        error_code=None if error is None else error.error_code,
+        error_text=None if error is None else error.error_text,
+    )
 
 
 class FailureLedger(Protocol):
@@ -62,12 +95,7 @@ class MemoryFailureLedger:
     ) -> None:
         async with self._lock:
             key = (subscription, target)
-            known = self._entries.get(key)
-            ids = list(known.timers) if known else []
-            ids.extend(t.request_id for t in timers if t.request_id not in ids)
-            self._entries[key] = LedgerEntry(
-                subscription=subscription, target=target, timers=tuple(ids)
-            )
+            self._entries[key] = merged(self._entries.get(key), subscription, target, timers)
         logger.warning(
             "parked %d timer(s) of target %s under %s", len(timers), target, subscription
         )

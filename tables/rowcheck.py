@@ -35,6 +35,7 @@ from tables.keys import (
     restored_row,
 )
 from tables.rules import MAX_JITTER, _cron_error, _zones
+from tables.timer import MAX_ERROR_TEXT
 
 __all__ = ["restored_index"]
 
@@ -110,6 +111,8 @@ class _Row(msgspec.Struct, forbid_unknown_fields=True):
     attempts: _Int64 = 0
     skipped: _Int64 = 0
     outcome: _Outcome | None = None
+    error_code: Annotated[str, msgspec.Meta(min_length=1, max_length=100)] | None = None
+    error_text: Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_ERROR_TEXT)] | None = None
 
 
 _decode = msgspec.json.Decoder(_Row).decode

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from enum import StrEnum
+from typing import Final
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -10,7 +11,36 @@ from tables.bounds import Count, Deadline, Instant, JsonObject, Version
 from tables.refs import AggregateRef
 from tables.rules import ScheduleRule
 
-__all__ = ["ACTIVE", "CommandSpec", "Outcome", "Timer", "TimerChange", "TimerStatus"]
+__all__ = [
+    "ACTIVE",
+    "CUT_MARKER",
+    "MAX_ERROR_TEXT",
+    "CommandSpec",
+    "Outcome",
+    "Timer",
+    "TimerChange",
+    "TimerStatus",
+    "error_text",
+]
+
+MAX_ERROR_TEXT: Final = 1_000
+"""The most characters of an attempt's error text a row keeps (`error_text`)."""
+CUT_MARKER: Final = " …[cut]"
+"""What ends an error text cut to `MAX_ERROR_TEXT` characters."""
+
+
+def error_text(message: str) -> str | None:
+    """An attempt's error message as a row keeps it: None if empty, else at most
+    `MAX_ERROR_TEXT` characters, a longer one cut and ending in `CUT_MARKER`."""
+    if not message:
+        return None
+    if len(message) <= MAX_ERROR_TEXT:
+        return message
+    return message[: MAX_ERROR_TEXT - len(CUT_MARKER)] + CUT_MARKER
+
+
+def _absent(value: object) -> bool:
+    return value is None
 
 
 class TimerStatus(StrEnum):
@@ -76,6 +106,26 @@ class Timer(BaseModel):
     attempts: Count = 0
     skipped: Count = 0
     outcome: Outcome | None = None
+    error_code: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=100,
+        exclude_if=_absent,
+        description="why the last attempt's command was not taken: the target's result code "
+        "(ERROR, BUSY, REJECTED, SCHEDULE_NOT_DUE, ...) or the runner's (TIMEOUT, "
+        "TRANSPORT_ERROR, RULE_ERROR); kept through retries, parks, expiry and an "
+        "operator's retry or skip, cleared by an attempt the target takes (COMMITTED, "
+        "DUPLICATE, UNCHANGED, SENT); absent: none (left out of the JSON, as before it "
+        "existed)",
+    )
+    error_text: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=MAX_ERROR_TEXT,
+        exclude_if=_absent,
+        description="that attempt's error message, at most 1,000 characters (a longer one "
+        "cut, ending in ' …[cut]'); absent when the result had none",
+    )
 
     def same_as_loaded(self, loaded: Timer) -> bool:
         """Whether this row is still `loaded`, as a conditional write compares them."""

@@ -59,8 +59,8 @@ def cancel_row(held: Timer | None, version: int) -> Timer | None:
 
 
 def settle_row(held: Timer | None, change: TimerChange) -> Timer | None:
-    """`change.next`'s status, slot, slot due time, skipped, due time, attempts and outcome
-    written over `held`, while `held` is still `change.loaded` as it was loaded."""
+    """`change.next`'s status, slot, slot due time, skipped, due time, attempts, outcome and
+    last error written over `held`, while `held` is still `change.loaded` as it was loaded."""
     if held is None or not held.same_as_loaded(change.loaded):
         return None
     new = change.next
@@ -73,6 +73,8 @@ def settle_row(held: Timer | None, change: TimerChange) -> Timer | None:
             "due_at": new.due_at,
             "attempts": new.attempts,
             "outcome": new.outcome,
+            "error_code": new.error_code,
+            "error_text": new.error_text,
         }
     )
 

@@ -13,6 +13,7 @@ import logging
 import re
 from typing import Annotated
 
+import orjson
 import typer
 from pydantic import ValidationError
 
@@ -59,6 +60,15 @@ TypeName = Annotated[
 _CONTEXT = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_\-]*$")
 
 
+def _error(holder: Timer | LedgerEntry) -> str:
+    """A row's (or a ledger entry's) last error as a tab-led column, its text quoted as
+    JSON (it may hold tabs and newlines); nothing when it has none (#22)."""
+    if holder.error_code is None:
+        return ""
+    text = "" if holder.error_text is None else " " + orjson.dumps(holder.error_text).decode()
+    return f"\terror {holder.error_code}{text}"
+
+
 def _type(name: str) -> str:
     try:
         return parse_aggregate_type(name).type_name
@@ -95,6 +105,7 @@ def ledger(
         else:
             typer.echo(
                 f"{e.subscription}\t{e.target}\t{len(e.timers)} timer(s): {', '.join(e.timers)}"
+                f"{_error(e)}"
             )
     if not as_json:
         typer.echo(f"{len(entries)} open entr{'y' if len(entries) == 1 else 'ies'}", err=True)
@@ -267,7 +278,7 @@ def _version_line(offset: int, timestamp: int, row: Timer | None) -> str:
     return (
         f"  @{offset}\t{time_iso(timestamp)}\t{row.status}\tslot {row.slot}\t"
         f"slot due {time_iso(row.slot_due_at)}\tdue {time_iso(row.due_at)}\t"
-        f"attempts {row.attempts}\t{row.outcome or '-'}\tid {row.id}"
+        f"attempts {row.attempts}\t{row.outcome or '-'}\tid {row.id}{_error(row)}"
     )
 
 
@@ -312,7 +323,7 @@ def show(
             typer.echo(
                 f"{name}: {now.status}\tslot {now.slot}\tdue {time_iso(now.due_at)}\t"
                 f"attempts {now.attempts}\t{now.outcome or '-'}\t-> {now.target} "
-                f"{now.command.type}\trule {now.rule.model_dump_json()}"
+                f"{now.command.type}\trule {now.rule.model_dump_json()}{_error(now)}"
             )
         for v in versions:
             typer.echo(_version_line(v.offset, v.timestamp, v.row))

@@ -3,7 +3,8 @@
 `GET /` shows what the node owns and how its partitions are (restoring, running,
 stalled), its timers per aggregate type, status and partition (read from its local
 timer stores with `TimerStore.census`), its parked timers, the whole cluster's failure
-ledger (every node follows the compacted ledger topic whole), a search by owner id
+ledger (every node follows the compacted ledger topic whole), each timer and entry with
+its last error (why it did not fire, #22), a search by owner id
 (`?owner=<id>&tenant=<tenant>`) and a chart of timer lateness over the last minutes.
 
 Retry and Skip are HTML forms posted to `/timers/retry` and `/timers/skip`: they go

@@ -40,7 +40,7 @@ from app.kafka import (
 )
 from app.kafka.connection import Connectable
 from app.protocol.topics import ContextTopics
-from tables.ledger import LedgerEntry
+from tables.ledger import LedgerEntry, merged
 from tables.partitioner import partition_of
 from tables.refs import AggregateRef
 from tables.timer import Timer
@@ -111,17 +111,6 @@ def decode_value(key: LedgerKey, value: bytes | None) -> LedgerEntry | None:
             f"{key.subscription}/{key.target}"
         )
     return entry
-
-
-def merged(
-    known: LedgerEntry | None, subscription: str, target: AggregateRef, timers: Sequence[Timer]
-) -> LedgerEntry:
-    """The entry after parking `timers`: the known one's timers, then the new ones, each once."""
-    ids = list(known.timers) if known is not None else []
-    for timer in timers:
-        if timer.request_id not in ids:
-            ids.append(timer.request_id)
-    return LedgerEntry(subscription=subscription, target=target, timers=tuple(ids))
 
 
 class _Held(NamedTuple):

@@ -158,6 +158,11 @@ async def test_parked_timers_are_retried_and_skipped_by_their_owners(cluster: Cl
             rows = {t.key: t for t in (await client.timers()).values()}
             assert {rows[k].partition for k in keys} == set(range(PARTITIONS))
             assert all((rows[k].attempts, rows[k].outcome) == (2, Outcome.FAILED) for k in keys)
+            # Why they did not fire (#22), sent in-process or through the command topic.
+            no_handler = f"{target.type_name} has no handler for NoSuchCommand"
+            assert {(rows[k].error_code, rows[k].error_text) for k in keys} == {
+                ("ERROR", no_handler)
+            }
             request_ids = {rows[k].request_id for k in keys}
             # The owner in the target's partition fires in-process: its commands get no
             # result record and its claims no row of their own (they commit with the
@@ -175,6 +180,7 @@ async def test_parked_timers_are_retried_and_skipped_by_their_owners(cluster: Cl
             )
             [entry] = await read_ledger(cluster.bootstrap, cluster.context, PARTITIONS)
             assert (entry.subscription, entry.target) == (SUB, target)
+            assert (entry.error_code, entry.error_text) == ("ERROR", no_handler)
             # Each node names the timers it parked; two parking at once: the later's win.
             assert entry.timers and set(entry.timers) <= request_ids
             code, out, err = await tickwheel(

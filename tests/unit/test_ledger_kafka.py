@@ -136,6 +136,29 @@ def test_merging_keeps_every_request_id_once_in_first_seen_order(
         assert (known.subscription, known.target) == (SUB, TARGET)
 
 
+def test_an_entry_carries_the_error_of_the_latest_park_that_has_one() -> None:
+    """#22: why the target's timers were parked, from the parked rows' last error."""
+    failed = timer("t-1").model_copy(update={"error_code": "ERROR", "error_text": "no stock"})
+    first = merged(None, SUB, TARGET, [timer("t-0"), failed])
+    assert (first.error_code, first.error_text) == ("ERROR", "no stock")
+    # A later park without an error (a row parked before #22) keeps the entry's.
+    assert merged(first, SUB, TARGET, [timer("t-2")]).error_code == "ERROR"
+    timeout = timer("t-3").model_copy(update={"error_code": "TIMEOUT"})
+    later = merged(first, SUB, TARGET, [timeout])
+    assert (later.error_code, later.error_text) == ("TIMEOUT", None)
+    assert decode_value(LedgerKey(SUB, TARGET), encode_entry(later)) == later
+    assert b'"error_text"' not in encode_entry(later)
+
+
+def test_an_entry_without_an_error_is_written_as_before() -> None:
+    """Records written before #22 read back the same and are written byte for byte."""
+    old = b'{"subscription":"tickwheel.timers","target":{"aggregate":"order","context":"shop",'
+    old += b'"id":"o-2","tenant":"acme"},"timers":["t-1#0"]}'
+    e = decode_value(LedgerKey(SUB, TARGET), old)
+    assert e == entry("t-1#0") and e is not None and e.error_code is None
+    assert encode_entry(e) == old
+
+
 # --- the view -----------------------------------------------------------------------------
 
 

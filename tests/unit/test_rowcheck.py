@@ -24,7 +24,7 @@ from tables.bounds import MAX_INSTANT, MAX_INT64
 from tables.keys import encode_timer, index_key, load_timer, restored_row, row_key
 from tables.rowcheck import _fast_index, restored_index
 from tables.rules import MAX_JITTER
-from tables.timer import TimerStatus
+from tables.timer import MAX_ERROR_TEXT, TimerStatus
 
 text = st.text(st.characters(exclude_categories=["Cs"]), min_size=1, max_size=8)
 names = st.from_regex(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,6}", fullmatch=True)
@@ -82,6 +82,9 @@ _timers = st.builds(
     attempts=st.integers(0, 50),
     skipped=st.integers(0, 50),
     outcome=st.one_of(st.none(), st.sampled_from(list(Outcome))),
+    # Left out of the row's JSON while None.
+    error_code=st.none() | st.sampled_from(["ERROR", "TIMEOUT", "x" * 100]),
+    error_text=st.none() | text | st.just("é" * MAX_ERROR_TEXT),
 )
 timers = _timers | _timers.map(lambda t: t.model_copy(update={"target": t.owner}))
 
@@ -91,7 +94,8 @@ TRICKY: list[Any] = [
     None, True, False, 0, -1, 1, 65_535, 65_536, MAX_INSTANT, MAX_INSTANT + 1, MAX_INT64,
         MAX_INT64 + 1, 2**64, 2**70, -(2**63) - 1, 1.0, 1.5, 1e400, "", "1", "true", "a",
         "a\n", "shop\n", "\nshop", "a b", "x" * 100, "x" * 101, "x" * 200, "x" * 201,
-        "x" * 500, "x" * 501, [], {}, {"a": 1}, {"a": 2**64}, {"a": [1e400]},
+        "x" * 500, "x" * 501, "x" * 1000, "x" * 1001, [], {}, {"a": 1}, {"a": 2**64},
+        {"a": [1e400]},
         {"kind": "once", "at": 5}, {"kind": "cron", "expr": "61 * * * *"},
         {"kind": "cron", "expr": "* * * * *", "zone": "Mars/Olympus"},
         {"kind": "cron", "expr": "* * * * *", "zone": "America"},
@@ -186,6 +190,9 @@ def _base(rule: OnceRule | IntervalRule | CronRule, target: AggregateRef | None)
 
 BASES = [
     _base(OnceRule(at=5), None),
+    _base(OnceRule(at=5), None).model_copy(
+        update={"error_code": "ERROR", "error_text": "out of stock"}
+    ),
     _base(IntervalRule(start=5, every=60_000), AggregateRef(context="c", aggregate="a", id="x")),
     _base(CronRule(expr="*/5 * * * *", zone="Europe/Berlin", start=5), None),
     # Each field the rules gained in #22 set, so each is mangled in turn too.
@@ -196,7 +203,9 @@ BASES = [
 
 
 @pytest.mark.parametrize(
-    "timer", BASES, ids=["once", "interval", "cron", "once-ends", "interval-ends", "cron-ends"]
+    "timer",
+    BASES,
+    ids=["once", "once-error", "interval", "cron", "once-ends", "interval-ends", "cron-ends"],
 )
 def test_every_field_set_to_every_tricky_value_gets_pydantics_verdict(timer: Timer) -> None:
     """Each field of a valid row (nested ones too) replaced by each of `TRICKY` in turn,

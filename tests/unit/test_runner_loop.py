@@ -249,9 +249,12 @@ async def test_a_technical_failure_is_retried_with_backoff_until_parked(
     assert (await runner.run_round()).parked == 1
     row = await world.row()
     assert (row.status, row.attempts) == (TimerStatus.PARKED, policy.max_attempts)
+    assert (row.error_code, row.error_text) == (code, None)  # #22: the result's code kept
     assert world.ledger.seen == [TimerStatus.FIRING], "the ledger first, then PARKED"
     assert await world.ledger.entries() == [
-        LedgerEntry(subscription="tickwheel.timers", target=TARGET, timers=("t-1#0",))
+        LedgerEntry(
+            subscription="tickwheel.timers", target=TARGET, timers=("t-1#0",), error_code=code
+        )
     ]
     assert world.sender.request_ids == ["t-1#0"] * policy.max_attempts
     assert {s.not_before for s in world.sender.sends} == {T0}

@@ -388,6 +388,27 @@ async def test_settle_writes_the_seeds_fields_of_next(store: TimerStore) -> None
     assert await store.find(t.owner, t.key) == t.model_copy(update=fields)
 
 
+async def test_settle_writes_and_clears_the_last_error_of_next(
+    store: TimerStore, sink: Sink
+) -> None:
+    """#22: the error a decision sets is what the row and its changelog record hold; a row
+    without one is written without the fields (byte for byte as before they existed)."""
+    t = timer()
+    assert await store.put(t)
+    error = {"error_code": "ERROR", "error_text": "ValueError: out of stock"}
+    failed = change(t, status=PARKED, attempts=5, outcome=Outcome.FAILED, **error)
+    assert await store.settle([failed]) == 1
+    held = await store.find(t.owner, t.key)
+    assert held == failed.next and held is not None
+    assert (await store.parked(t.target)) == [held]
+    written = orjson.loads(sink.records[-1].value or b"{}")
+    assert {k: written[k] for k in error} == error
+    done = change(held, status=FIRED, outcome=Outcome.COMMITTED, error_code=None, error_text=None)
+    assert await store.settle([done]) == 1
+    assert await store.find(t.owner, t.key) == done.next
+    assert b"error_" not in (sink.records[-1].value or b"error_")
+
+
 async def test_settle_of_an_absent_row_does_nothing(store: TimerStore, sink: Sink) -> None:
     assert await store.settle([change(timer(), status=FIRING)]) == 0
     assert await store.find(ref(), "k") is None

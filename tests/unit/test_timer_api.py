@@ -476,6 +476,23 @@ async def test_a_jittered_timer_is_due_at_its_slot_plus_its_offset(edge: Edge) -
     await until(lambda: [t.status for t in rows(edge.log)] == [TimerStatus.FIRED])
 
 
+async def test_a_timer_shown_after_a_failed_attempt_says_why_it_did_not_fire(edge: Edge) -> None:
+    """#22: the row's last error, as the target answered it, in the GET and its schema."""
+    body = put_body(T0 + 1_000, command={"type": "NoSuchCommand"})
+    assert (await edge.call("PUT", "/timers/shop.reminders/o-5/broken", body))[0] == 200
+    await until(lambda: len(rows(edge.log)) == 1)
+    edge.clock.set(T0 + 1_000)
+    await until(lambda: [t.outcome for t in rows(edge.log)] == ["FAILED"])
+    status, shown = await edge.call("GET", "/timers/shop.reminders/o-5/broken")
+    assert status == 200, shown
+    assert (shown["status"], shown["attempts"]) == ("PENDING", 1)
+    assert shown["error_code"] == "ERROR"
+    assert shown["error_text"] == "shop.order has no handler for NoSuchCommand"
+    _, doc = await edge.call("GET", "/openapi.json", token=None)
+    described = doc["components"]["schemas"]["Timer"]["properties"]
+    assert {"error_code", "error_text"} <= set(described)
+
+
 def test_set_passes_the_jitter_in_the_rule(sent: list[CommandEnvelope]) -> None:
     result = CliRunner().invoke(cli, [*SET, "--rule", "cron:0 9 * * *", "--jitter", "90s"])
     assert result.exit_code == 0, result.output

@@ -217,6 +217,27 @@ async def test_the_lateness_chart_draws_the_recent_seconds(site: Site) -> None:
     assert xs == sorted(xs) and 64 <= xs[0] < xs[1] <= 712
 
 
+async def test_a_parked_timers_last_error_is_shown_with_it_and_its_ledger_entry(
+    site: Site,
+) -> None:
+    """#22: why it did not fire, in the owner search, the parked list and the ledger."""
+    owner = owner_in(0)
+    parked = await put(site.node.store, owner, "k", T0, TimerStatus.PARKED, target=ref("d"))
+    failed = parked.model_copy(
+        update={"error_code": "ERROR", "error_text": "ValueError: <out> of stock"}
+    )
+    assert await site.node.store.settle([TimerChange(loaded=parked, next=failed)]) == 1
+    await site.node.ledger.record("tickwheel.timers", ref("d"), [failed])
+    _, html = await site.get("/", owner=owner)
+    shown = "ERROR ValueError: &lt;out&gt; of stock"
+    [row] = cells(html, "owner-timers")
+    assert row[9] == shown
+    [row] = cells(html, "parked")
+    assert row[9] == shown
+    [row] = cells(html, "ledger")
+    assert row[3] == shown
+
+
 # --- escaping -----------------------------------------------------------------------------
 
 
@@ -250,7 +271,7 @@ async def test_an_owners_timers_are_found_in_its_partition(site: Site) -> None:
         [TYPE, "1", NODE, "a", "PENDING"],
         [TYPE, "1", NODE, "b", "PARKED"],
     ]
-    assert rows[1][9] == str(ref("z"))
+    assert rows[1][9:] == ["—", str(ref("z"))]  # no error kept: a dash
     _, html = await site.get("/", owner=owner, tenant="t-2")  # another tenant: none
     assert cells(html, "owner-timers") == [[TYPE, "1", NODE, "no timers of " + owner]]
 

@@ -1,6 +1,7 @@
 """The firing side: pure decisions, options, ports, and the runner and loop that use them."""
 
 from app.timers.runner.decisions import (
+    RULE_ERROR,
     SENT,
     TIMEOUT,
     TRANSPORT_ERROR,
@@ -21,6 +22,7 @@ from app.timers.runner.ports import BeforeSend, Clock, FiringStore, LocalFirer, 
 from app.timers.runner.runner import RoundStats, TimerRunner
 
 __all__ = [
+    "RULE_ERROR",
     "SENT",
     "TIMEOUT",
     "TRANSPORT_ERROR",

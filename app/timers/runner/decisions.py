@@ -17,9 +17,10 @@ from typing import Any, Final
 from app.protocol.wire import ResultCode
 from app.timers.runner.options import TimerOptions, backoff_ms
 from tables.slots import Slot, caught_up, jittered_due, latest_due, next_slot
-from tables.timer import Outcome, Timer, TimerChange, TimerStatus
+from tables.timer import Outcome, Timer, TimerChange, TimerStatus, error_text
 
 __all__ = [
+    "RULE_ERROR",
     "SENT",
     "TIMEOUT",
     "TRANSPORT_ERROR",
@@ -29,6 +30,7 @@ __all__ = [
     "Verdict",
     "classify",
     "due_since",
+    "error_of",
     "expire_or_claim",
     "guarded",
     "on_outcome",
@@ -46,6 +48,9 @@ TIMEOUT: Final = "TIMEOUT"
 """The runner's code for a send not answered within `TimerOptions.send_timeout`."""
 TRANSPORT_ERROR: Final = "TRANSPORT_ERROR"
 """The runner's code for a sender that raised: no transport, a broken connection."""
+RULE_ERROR: Final = "RULE_ERROR"
+"""The runner's code for a timer parked because no decision could be made on it (its rule's
+arithmetic failed: `guarded`)."""
 
 _FIRED_CODES: Final = {
     ResultCode.COMMITTED.value: Outcome.COMMITTED,
@@ -214,15 +219,32 @@ def expire_or_claim(timer: Timer, now: int, options: TimerOptions) -> Decision:
     )
 
 
+def error_of(result: SendResult) -> dict[str, str | None]:
+    """The row's error fields after an attempt that came back with `result`: none when the
+    target took the command (COMMITTED, DUPLICATE, UNCHANGED, or a cross-context SENT),
+    else its code and message (bounded, `tables.timer.error_text`). A REJECTED slot is done
+    but its command was refused, so it keeps the target's reason."""
+    if classify(result.code) is Verdict.FIRED and result.code != ResultCode.REJECTED.value:
+        return {"error_code": None, "error_text": None}
+    code = (result.code or "UNKNOWN")[:100]
+    return {"error_code": code, "error_text": error_text(result.message)}
+
+
 def on_outcome(
     claimed: Timer, result: SendResult, now: int, options: TimerOptions, busy_in_a_row: int = 0
 ) -> Decision:
-    """What the result of sending `claimed` (the FIRING row the claim wrote) does to it."""
+    """What the result of sending `claimed` (the FIRING row the claim wrote) does to it.
+
+    Every outcome writes the attempt's error (`error_of`): the last failed, busy or
+    rejected attempt's code and message stay on the row through its retries, its park, an
+    expiry and an operator's retry or skip, until an attempt the target takes clears them.
+    """
     if claimed.status is not TimerStatus.FIRING:
         return _NOTHING
     verdict = classify(result.code)
+    error = error_of(result)
     if verdict is Verdict.FIRED:
-        return _fired(claimed, _FIRED_CODES[result.code])
+        return _fired(claimed, _FIRED_CODES[result.code], error)
     if verdict is Verdict.BUSY and busy_in_a_row < options.max_busy_retries:
         # Backpressure, not a failure: the first backoff, attempts as they were.
         return Decision(
@@ -232,6 +254,7 @@ def on_outcome(
                 status=TimerStatus.PENDING,
                 due_at=now + backoff_ms(options.retry, 1),
                 outcome=Outcome.BUSY,
+                **error,
             ),
             busy_in_a_row=busy_in_a_row + 1,
         )
@@ -245,6 +268,7 @@ def on_outcome(
         attempts=failures,
         due_at=now + backoff_ms(options.retry, failures),
         outcome=outcome,
+        **error,
     )
     if failures < options.retry.max_attempts:
         return Decision(Action.RETRY, retry, busy_in_a_row=busy_after)
@@ -255,10 +279,11 @@ def on_outcome(
         status=TimerStatus.PENDING,
         due_at=now + backoff_ms(options.retry, failures),
         outcome=outcome,
+        **error,
     )
     return Decision(
         Action.PARK,
-        _change(claimed, status=TimerStatus.PARKED, attempts=failures, outcome=outcome),
+        _change(claimed, status=TimerStatus.PARKED, attempts=failures, outcome=outcome, **error),
         fallback=again,
         busy_in_a_row=busy_after,
     )
@@ -271,14 +296,24 @@ def unparked(decision: Decision) -> Decision:
     return Decision(Action.RETRY, decision.fallback, busy_in_a_row=decision.busy_in_a_row)
 
 
-def _fired(claimed: Timer, outcome: Outcome) -> Decision:
+def _fired(claimed: Timer, outcome: Outcome, error: dict[str, str | None]) -> Decision:
     nxt = _following(claimed)
     if nxt is None:
-        return Decision(Action.FIRE, _change(claimed, status=TimerStatus.FIRED, outcome=outcome))
-    return Decision(Action.NEXT_SLOT, _at_slot(claimed, nxt, outcome))
+        return Decision(
+            Action.FIRE, _change(claimed, status=TimerStatus.FIRED, outcome=outcome, **error)
+        )
+    return Decision(Action.NEXT_SLOT, _at_slot(claimed, nxt, outcome, error=error))
 
 
-def _at_slot(timer: Timer, slot: Slot, outcome: Outcome, skipped: int | None = None) -> TimerChange:
+def _at_slot(
+    timer: Timer,
+    slot: Slot,
+    outcome: Outcome,
+    skipped: int | None = None,
+    error: dict[str, str | None] | None = None,
+) -> TimerChange:
+    """PENDING at `slot`; `error`: the fired attempt's error fields (an expired slot, which
+    no attempt reached, keeps the row's)."""
     return _change(
         timer,
         status=TimerStatus.PENDING,
@@ -288,6 +323,7 @@ def _at_slot(timer: Timer, slot: Slot, outcome: Outcome, skipped: int | None = N
         attempts=0,
         skipped=timer.skipped if skipped is None else skipped,
         outcome=outcome,
+        **(error or {}),
     )
 
 
@@ -337,10 +373,11 @@ def guarded(decide: Callable[[], Decision], timer: Timer, now: int) -> Decision:
         return decide()
     except Exception as exc:
         logger.error("timer %s: no decision (%r): parked", timer.request_id, exc)
+        error = error_of(SendResult(RULE_ERROR, repr(exc)))
         return Decision(
             Action.PARK,
-            _change(timer, status=TimerStatus.PARKED, outcome=Outcome.FAILED),
-            fallback=_change(timer, status=TimerStatus.PENDING, due_at=now + _HOUR),
+            _change(timer, status=TimerStatus.PARKED, outcome=Outcome.FAILED, **error),
+            fallback=_change(timer, status=TimerStatus.PENDING, due_at=now + _HOUR, **error),
         )
 
 
