@@ -4,15 +4,13 @@ from the instance's log as `tickwheel jobs backfill` makes them, go through the 
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from fakes import MIN, T0, FakeClock
+from fakes import MIN, T0, FakeClock, RunningNode, running, wait_until
 from pydantic import BaseModel
-from test_node_memory import until
 
 from app.errors import BadRecord
 from app.jobs import (
@@ -30,8 +28,6 @@ from app.jobs import (
 )
 from app.kafka.memory import MemoryLog
 from app.model.aggregate import AggregateType, Command, Decision, Event
-from app.node import Node
-from app.node.settings import Settings
 from app.protocol.topics import AggregateTopics, ContextTopics
 from app.protocol.wire import (
     CommandEnvelope,
@@ -81,25 +77,10 @@ INSTANCE = ref_of(CONTEXT, JOB)
 @pytest.fixture
 async def node(tmp_path: Path) -> AsyncIterator[tuple[MemoryLog, FakeClock]]:
     log, clock = MemoryLog(), FakeClock(T0 - 30_000)
-    settings = Settings(
-        bootstrap_servers="memory",
-        partitions=PARTITIONS,
-        data_dir=tmp_path / "n",
-        group_id="g",
-        session_timeout_ms=1_000,
-        commit_interval_ms=20,
-    )
-    n = Node(settings, SERVICE, clock=clock, clients=log)
-    await n.start()
-    task = asyncio.create_task(n.run())
-    try:
-        await until(lambda: bool(n.health()["ready"]) and len(n.health()["owned"]) == PARTITIONS)
+    async with running(
+        RunningNode(log, tmp_path, "n", SERVICE, PARTITIONS, clock=clock), within=10
+    ):
         yield log, clock
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
-        await n.stop()
 
 
 def _events(log: MemoryLog, topic: str) -> list[EventEnvelope]:
@@ -146,7 +127,7 @@ async def _backfill(log: MemoryLog, start: int, end: int) -> dict[str, ResultCod
     def new() -> dict[str, ResultCode]:
         return {r.request_id: r.code for r in _results(log, seen) if r.request_id in ids}
 
-    await until(lambda: len(new()) == len(ids))
+    await wait_until(lambda: len(new()) == len(ids))
     return dict(sorted(new().items()))
 
 
@@ -155,11 +136,11 @@ async def test_a_backfill_over_live_slots_applies_each_slot_once(
 ) -> None:
     log, clock = node
     await _send(log, [enable_command(CONTEXT, JOB, now=clock.now())])
-    await until(lambda: bool(_types(log, SCHEDULE.events, "wow.ScheduleSet")))
+    await wait_until(lambda: bool(_types(log, SCHEDULE.events, "wow.ScheduleSet")))
     clock.set(T0)  # slot 0 runs live
-    await until(lambda: len(_types(log, SCHEDULE.events, TICKED)) == 1)
+    await wait_until(lambda: len(_types(log, SCHEDULE.events, TICKED)) == 1)
     clock.set(T0 + 3 * MIN + 5)  # the node catches up: slot 3 runs, 1 and 2 coalesced away
-    await until(lambda: len(_types(log, SCHEDULE.events, TICKED)) == 2)
+    await wait_until(lambda: len(_types(log, SCHEDULE.events, TICKED)) == 2)
     ticked = [e.body["slot"] for e in _types(log, SCHEDULE.events, TICKED)]
     assert ticked == [0, 3]
 
@@ -171,7 +152,7 @@ async def test_a_backfill_over_live_slots_applies_each_slot_once(
         f"{timer}#2": ResultCode.COMMITTED,
         f"{timer}#3": ResultCode.DUPLICATE,
     }
-    await until(lambda: len(_types(log, REPORTS.events, "Ran")) == 4)
+    await wait_until(lambda: len(_types(log, REPORTS.events, "Ran")) == 4)
     # the same backfill again: every slot has run
     again = await _backfill(log, T0, T0 + 3 * MIN)
     assert set(again.values()) == {ResultCode.DUPLICATE}
@@ -179,11 +160,11 @@ async def test_a_backfill_over_live_slots_applies_each_slot_once(
     # and a trigger, sent twice, runs once more without touching the schedule
     trigger = trigger_command(CONTEXT, JOB, request_id="by-hand", now=clock.now())
     await _send(log, [trigger, trigger])
-    await until(lambda: len(_types(log, SCHEDULE.events, "wow.schedule.Triggered")) == 1)
-    await until(lambda: len(_types(log, REPORTS.events, "Ran")) == 5)
+    await wait_until(lambda: len(_types(log, SCHEDULE.events, "wow.schedule.Triggered")) == 1)
+    await wait_until(lambda: len(_types(log, REPORTS.events, "Ran")) == 5)
     clock.set(T0 + 4 * MIN)  # the live schedule goes on at its next slot
-    await until(lambda: len(_types(log, SCHEDULE.events, TICKED)) == 3)
-    await until(lambda: len(_types(log, REPORTS.events, "Ran")) == 6)
+    await wait_until(lambda: len(_types(log, SCHEDULE.events, TICKED)) == 3)
+    await wait_until(lambda: len(_types(log, REPORTS.events, "Ran")) == 6)
 
     runs = sorted(e.body["slot"] for e in _types(log, REPORTS.events, "Ran"))
     assert runs == [-1, 0, 1, 2, 3, 4], "each slot once, and the triggered run"

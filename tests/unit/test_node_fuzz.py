@@ -22,17 +22,17 @@ by a restore, and a start longer than the session timeout; each fixed since).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import tempfile
 import time
 from collections import Counter as Tally
-from collections.abc import AsyncIterator, Callable, Sequence, Set
+from collections.abc import Sequence, Set
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 import pytest
+from fakes import RunningNode, running, wait_until
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel
@@ -42,8 +42,7 @@ from app.kafka import Headers, OutRecord, Record
 from app.kafka.memory import MemoryLog
 from app.model.aggregate import AggregateType, Command, Decision, Event
 from app.model.decide import fold
-from app.node import Node, node_topics
-from app.node.settings import Settings
+from app.node import node_topics
 from app.protocol.dead_letters import HEADER_PREFIX, DeadLetter, Stage
 from app.protocol.limits import InputLimits
 from app.protocol.topics import AggregateTopics, ContextTopics
@@ -745,69 +744,13 @@ def scenarios(draw: st.DrawFn) -> Scenario:
 # --- a node on the memory log ---------------------------------------------------------------
 
 
-class Running:
-    """A node of group "g" on the shared memory log, run in the background.
-
-    Its session timeout is the default (10 s), not a test's usual 1 s: a node whose start
-    takes longer than it never says ready (see the last test), and a loaded machine may
-    take a second to start one."""
-
-    def __init__(
-        self, log: MemoryLog, data: Path, name: str, session_timeout_ms: int = 10_000
-    ) -> None:
-        settings = Settings(
-            bootstrap_servers="memory",
-            partitions=PARTITIONS,
-            data_dir=data / name,
-            group_id="g",
-            session_timeout_ms=session_timeout_ms,
-            commit_interval_ms=20,
-        )
-        self.node = Node(settings, SERVICE, clients=log)
-        self.task: asyncio.Task[None] | None = None
-
-    async def start(self) -> Running:
-        await self.node.start()
-        self.task = asyncio.create_task(self.node.run())
-        return self
-
-    async def stop(self) -> None:
-        if self.task is not None:
-            self.task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self.task
-        await self.node.stop()
-
-    def runs(self) -> bool:
-        h = self.node.health()
-        return bool(h["ready"]) and h["owned"] == list(range(PARTITIONS))
-
-
-@contextlib.asynccontextmanager
-async def running(
-    log: MemoryLog, data: Path, name: str, within: float = 15.0
-) -> AsyncIterator[Running]:
-    """A node started, once it runs every partition; stopped after."""
-    node = await Running(log, data, name).start()
-    try:
-        await until(
-            node.runs, within=within, what=lambda: f"{name} never ran: {node.node.health()}"
-        )
-        yield node
-    finally:
-        await node.stop()
-
-
-async def until(
-    check: Callable[[], bool], within: float = 15.0, what: Callable[[], str] | None = None
-) -> None:
-    """Lets the node run until `check` holds (bounded: fails, saying `what`, rather than
-    hang)."""
-    deadline = time.monotonic() + within
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(what() if what is not None else "condition never held")
-        await asyncio.sleep(0.01)
+def fuzz_node(
+    log: MemoryLog, data: Path, name: str, session_timeout_ms: int = 10_000
+) -> RunningNode:
+    """A node of the service, not started. Its session timeout is the default (10 s), not a
+    test's usual 1 s: a node whose start takes longer than it never says ready (see the last
+    test), and a loaded machine may take a second to start one."""
+    return RunningNode(log, data, name, SERVICE, PARTITIONS, session_timeout_ms=session_timeout_ms)
 
 
 Position = tuple[str, int, int]
@@ -875,7 +818,7 @@ def assert_letters(log: MemoryLog, expected: dict[Position, Letter]) -> None:
             assert letter.context.stage is want.stage, f"{want.why}: {letter.context}"
 
 
-def assert_healthy(node: Running) -> None:
+def assert_healthy(node: RunningNode) -> None:
     health = node.node.health()
     assert health["ready"], health
     assert health["owned"] == list(range(PARTITIONS)), health
@@ -893,7 +836,7 @@ async def play(scenario: Scenario, data: Path) -> None:
     log.ensure_topics(node_topics([TOPICS], PARTITIONS))
     for bad in scenario.early:
         written[await write(log, bad.record())] = bad
-    async with running(log, data, "a") as node:
+    async with running(fuzz_node(log, data, "a")) as node:
         for item in scenario.items:
             if isinstance(item, Bad):
                 written[await write(log, item.record())] = item
@@ -914,7 +857,7 @@ async def play(scenario: Scenario, data: Path) -> None:
                 f"health {node.node.health()}"
             )
 
-        await until(done, within=10, what=why)
+        await wait_until(done, within=10, what=why)
         await asyncio.sleep(0.2)  # anything fired or dead-lettered twice would be by now
         assert fired(log, skip) == expected, why()
         assert_letters(log, expect(written))
@@ -922,13 +865,13 @@ async def play(scenario: Scenario, data: Path) -> None:
     # Another node takes every partition afresh (a data dir of its own: it restores the
     # states and the timers from the log alone, the bad records on it): no record is
     # dead-lettered again, no timer fires again, and each partition fires a new one.
-    async with running(log, data, "b") as node:
+    async with running(fuzz_node(log, data, "b")) as node:
         now = now_ms()
         for p in range(PARTITIONS):
             owner = owners(p, 1, prefix="again")[0]
             await write(log, valid_timer(owner, now + 50, "event" if p % 2 else "command"))
             expected[owner] = 1
-        await until(lambda: fired(log, skip) == expected, within=10, what=why)
+        await wait_until(lambda: fired(log, skip) == expected, within=10, what=why)
         await asyncio.sleep(0.2)
         assert fired(log, skip) == expected, why()
         assert_letters(log, expect(written))
@@ -988,7 +931,7 @@ async def test_the_records_of_the_bug_report_are_dead_lettered_and_the_timers_ar
     after = owners(p, 4, prefix="after")
     elsewhere = [owners(q, 1, prefix="other")[0] for q in range(PARTITIONS) if q != p]
     written: dict[Position, Bad] = {}
-    async with running(log, tmp_path, "a") as node:
+    async with running(fuzz_node(log, tmp_path, "a")) as node:
         now = now_ms()
         for i, owner in enumerate(before):
             await write(log, valid_timer(owner, now + 100, "command" if i % 2 else "event"))
@@ -1001,8 +944,10 @@ async def test_the_records_of_the_bug_report_are_dead_lettered_and_the_timers_ar
         def why() -> str:
             return f"fired {dict(fired(log, set(written)))}; health {node.node.health()}"
 
-        await until(lambda: fired(log, set(written)) == expected, what=why)
-        await until(lambda: len(letters(log)) >= 4, what=lambda: f"letters {letters(log)}")
+        await wait_until(lambda: fired(log, set(written)) == expected, within=15, what=why)
+        await wait_until(
+            lambda: len(letters(log)) >= 4, within=15, what=lambda: f"letters {letters(log)}"
+        )
         await asyncio.sleep(0.2)
         assert fired(log, set(written)) == expected
         assert_letters(log, expect(written))
@@ -1048,7 +993,7 @@ def tombstoned(log: MemoryLog, p: int, key: bytes) -> bool:
     return bool(latest) and latest[-1] is None
 
 
-async def fires_in_every_partition(log: MemoryLog, node: Running, prefix: str) -> None:
+async def fires_in_every_partition(log: MemoryLog, node: RunningNode, prefix: str) -> None:
     """Two valid timers in each partition (by a command, by another writer's event) fire."""
     names = [o for q in range(PARTITIONS) for o in owners(q, 2, prefix=prefix)]
     now = now_ms()
@@ -1059,7 +1004,7 @@ async def fires_in_every_partition(log: MemoryLog, node: Running, prefix: str) -
         got = fired(log)
         return all(got[o] == 1 for o in names)
 
-    await until(all_fired, what=lambda: f"fired {fired(log)}; {node.node.health()}")
+    await wait_until(all_fired, within=15, what=lambda: f"fired {fired(log)}; {node.node.health()}")
 
 
 async def test_a_restore_letters_an_unreadable_row_once_and_takes_the_partition(
@@ -1101,10 +1046,12 @@ async def test_a_restore_letters_an_unreadable_row_once_and_takes_the_partition(
     for key, value in unreadable_rows(p, now_ms() + HOUR):
         await put_row(key, value)
 
-    async with running(log, tmp_path, "a") as a:
+    async with running(fuzz_node(log, tmp_path, "a")) as a:
         await fires_in_every_partition(log, a, "a")
-        await until(lambda: fired(log)[survivor] == 1, what=lambda: f"{fired(log)}")
-        await until(lambda: len(letters(log)) == len(expected), what=lambda: f"{letters(log)}")
+        await wait_until(lambda: fired(log)[survivor] == 1, within=15, what=lambda: f"{fired(log)}")
+        await wait_until(
+            lambda: len(letters(log)) == len(expected), within=15, what=lambda: f"{letters(log)}"
+        )
         assert_letters(log, expected)
         assert_healthy(a)
     for key, _ in unreadable_rows(p, 0):
@@ -1113,14 +1060,16 @@ async def test_a_restore_letters_an_unreadable_row_once_and_takes_the_partition(
     # Garbage again between two owners: the next one letters it (and only it).
     key, value = unreadable_rows(p, 0)[0]
     await put_row(key, value + b"!")
-    async with running(log, tmp_path, "b") as b:  # a data dir of its own: a full restore
+    async with running(fuzz_node(log, tmp_path, "b")) as b:  # a data dir of its own: a full restore
         await fires_in_every_partition(log, b, "b")
-        await until(lambda: len(letters(log)) == len(expected), what=lambda: f"{letters(log)}")
+        await wait_until(
+            lambda: len(letters(log)) == len(expected), within=15, what=lambda: f"{letters(log)}"
+        )
         await asyncio.sleep(0.2)
         assert_letters(log, expected)
         assert_healthy(b)
     assert tombstoned(log, p, key)
-    async with running(log, tmp_path, "a") as a2:  # its own copy again, marked clean
+    async with running(fuzz_node(log, tmp_path, "a")) as a2:  # its own copy again, marked clean
         await fires_in_every_partition(log, a2, "c")
         await asyncio.sleep(0.2)
         assert_letters(log, expected)
@@ -1177,7 +1126,7 @@ async def test_an_integer_beyond_64_bits_in_a_body_stops_no_partition(
     written: dict[Position, Bad] = {}
     if case == "restored":
         written[await write(log, bad.record())] = bad
-    async with running(log, tmp_path, "a", within=5) as node:
+    async with running(fuzz_node(log, tmp_path, "a"), within=5) as node:
         now = now_ms()
         before, after = owners(p, 2, prefix="before"), owners(p, 2, prefix="after")
         for i, owner in enumerate(before):
@@ -1192,8 +1141,8 @@ async def test_an_integer_beyond_64_bits_in_a_body_stops_no_partition(
         def why() -> str:
             return f"fired {dict(fired(log, set(written)))}; health {node.node.health()}"
 
-        await until(lambda: fired(log, set(written)) == expected, within=5, what=why)
-        await until(lambda: len(letters(log)) >= 1, within=5, what=lambda: "no letter")
+        await wait_until(lambda: fired(log, set(written)) == expected, within=5, what=why)
+        await wait_until(lambda: len(letters(log)) >= 1, within=5, what=lambda: "no letter")
         await asyncio.sleep(0.2)
         assert_letters(log, expect(written))
         assert_healthy(node)
@@ -1231,17 +1180,19 @@ async def test_a_fold_the_state_store_cannot_hold_is_passed_over_by_a_restore_to
     owner = "sum-1"
     p = partition_of(owner, PARTITIONS)
     written: dict[Position, Letter] = {}
-    async with running(log, tmp_path, "a") as a:
+    async with running(fuzz_node(log, tmp_path, "a")) as a:
         for i, record in enumerate(additions(owner, 3, now_ms())):
             pos = await write(log, record)
             if i == 2:
                 written[pos] = Letter(record[2], record[3], (), Stage.FOLLOW, "the third sum")
         await fires_in_every_partition(log, a, "a")
-        await until(lambda: len(letters(log)) == 1, what=lambda: f"letters {letters(log)}")
+        await wait_until(
+            lambda: len(letters(log)) == 1, within=15, what=lambda: f"letters {letters(log)}"
+        )
         assert_letters(log, written)
         assert_healthy(a)
     # A node taking the partition afresh (a data dir of its own: it folds the whole log).
-    async with running(log, tmp_path, "b", within=8) as b:
+    async with running(fuzz_node(log, tmp_path, "b"), within=8) as b:
         await fires_in_every_partition(log, b, "b")
         await asyncio.sleep(0.2)
         assert_letters(log, written)
@@ -1264,11 +1215,11 @@ async def test_a_node_whose_start_takes_longer_than_the_session_timeout_becomes_
     nothing clears it until a rebalance that may never come. The fix belongs in
     `app/node/suspension.py` (start the clock when `run` starts) or `Node.run`."""
     log = MemoryLog()
-    node = Running(log, tmp_path, "slow", session_timeout_ms=1_000)
+    node = fuzz_node(log, tmp_path, "slow", session_timeout_ms=1_000)
     await asyncio.sleep(1.2)  # a slow start
     await node.start()
     try:
-        await until(node.runs, within=5, what=lambda: f"never ready: {node.node.health()}")
+        await wait_until(node.runs, within=5, what=lambda: f"never ready: {node.node.health()}")
         await fires_in_every_partition(log, node, "slow")
     finally:
         await node.stop()

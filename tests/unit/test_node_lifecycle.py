@@ -6,22 +6,20 @@ cancel was decided, half a cycle committed by a hand-off), fixed since."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
+from fakes import RunningNode, wait_until
 from pydantic import BaseModel
 
 from app.errors import KafkaUnavailable, NodeFailed
 from app.kafka.memory import MemoryLog
 from app.kafka.memory_group import MemoryGroupMember
 from app.model.aggregate import AggregateType, Command, Decision, Event
-from app.node import Node
-from app.node.settings import Settings
 from app.protocol.topics import AggregateTopics
 from app.protocol.wire import CommandEnvelope, EventEnvelope, decode, encode
 from app.service import Service
@@ -83,56 +81,14 @@ def now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-async def until(check: Callable[[], bool], within: float = 10.0) -> None:
-    """Lets the nodes run until `check` holds (bounded: fails rather than hang)."""
-    deadline = time.monotonic() + within
-    while not check():
-        assert time.monotonic() < deadline, "condition never held"
-        await asyncio.sleep(0.01)
-
-
-class Running:
-    """A node of group "g" on the shared memory log, run in the background."""
-
-    def __init__(
-        self, log: MemoryLog, data: Path, name: str, options: TimerOptions | None = None
-    ) -> None:
-        settings = Settings(
-            bootstrap_servers="memory",
-            partitions=PARTITIONS,
-            data_dir=data / name,
-            group_id="g",
-            session_timeout_ms=1_000,
-            commit_interval_ms=20,
-        )
-        self.node = Node(settings, SERVICE, clients=log, options=options)
-        self.task: asyncio.Task[None] | None = None
-
-    async def start(self) -> Running:
-        await self.node.start()
-        self.task = asyncio.create_task(self.node.run())
-        return self
-
-    async def stop(self) -> None:
-        if self.task is not None:
-            self.task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self.task
-        await self.node.stop()
-
-    def runs(self, partitions: int = PARTITIONS) -> bool:
-        h = self.node.health()
-        return bool(h["ready"]) and len(h["owned"]) == partitions
-
-
 @pytest.fixture
 async def log() -> AsyncIterator[MemoryLog]:
     yield MemoryLog()
 
 
 @pytest.fixture
-async def nodes() -> AsyncIterator[list[Running]]:
-    started: list[Running] = []
+async def nodes() -> AsyncIterator[list[RunningNode]]:
+    started: list[RunningNode] = []
     yield started
     for held in HeldCommits.held:
         held.release()  # a test that failed holding commits: its nodes can stop
@@ -142,13 +98,13 @@ async def nodes() -> AsyncIterator[list[Running]]:
 
 
 async def start(
-    nodes: list[Running],
+    nodes: list[RunningNode],
     log: MemoryLog,
     data: Path,
     name: str,
     options: TimerOptions | None = None,
-) -> Running:
-    n = await Running(log, data, name, options).start()
+) -> RunningNode:
+    n = await RunningNode(log, data, name, SERVICE, PARTITIONS, options=options).start()
     nodes.append(n)
     return n
 
@@ -207,19 +163,19 @@ class HeldCommits:
 
 
 async def test_records_after_the_last_done_in_a_batch_read_again_are_not_lost(
-    log: MemoryLog, nodes: list[Running], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    log: MemoryLog, nodes: list[RunningNode], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The node lost its group membership while a cycle's work was staged but not committed:
     on joining again the consumer reads from the committed offset, behind what the worker
     did, and one batch holds both the records it did and one it never saw. That record is
     decided (it was dropped with the batch, for good: the position moved past it)."""
     node = await start(nodes, log, tmp_path, "a")
-    await until(node.runs)
+    await wait_until(node.runs)
     member = log.groups["g"].members[0]
     held = HeldCommits(log)
     other = next(f"o{i}" for i in range(2, 50) if same_partition("o1", f"o{i}"))
     await command(log, COUNTER, "o1", "Schedule", at=now_ms() + 3_600_000)
-    await until(held.entered.is_set)  # decided, its commit held: staged, not committed
+    await wait_until(held.entered.is_set)  # decided, its commit held: staged, not committed
     # The poll loop parked at its next poll, so the next record waits for the rejoin.
     parked = asyncio.Event()
     poll = member.poll
@@ -231,60 +187,60 @@ async def test_records_after_the_last_done_in_a_batch_read_again_are_not_lost(
 
     monkeypatch.setattr(member, "poll", parked_poll)
     member.hold_polls()
-    await until(parked.is_set)
+    await wait_until(parked.is_set)
     await command(log, COUNTER, other, "Schedule", at=now_ms() + 3_600_000)
     await log.groups["g"].expel(member)  # a lost membership: the same partitions come back
     member.release_polls()
-    await until(lambda: not member.expelled)
+    await wait_until(lambda: not member.expelled)
     held.release()
-    await until(lambda: {t.owner.id for t in timer_rows(log, COUNTER)} == {"o1", other})
+    await wait_until(lambda: {t.owner.id for t in timer_rows(log, COUNTER)} == {"o1", other})
 
 
 @pytest.mark.parametrize("remote", [False, True], ids=["in-process", "remote"])
 async def test_a_timer_does_not_fire_after_its_cancel_was_decided(
-    log: MemoryLog, nodes: list[Running], tmp_path: Path, remote: bool
+    log: MemoryLog, nodes: list[RunningNode], tmp_path: Path, remote: bool
 ) -> None:
     """The cancel is decided (its ScheduleCancelled staged in the partition's transaction)
     before the timer falls due, but its commit is slow (a leader changing), so the
     subscription has not read it back into the timer table when the runner takes the
     timer: fired in-process or sent, it must see the cancel all the same."""
     node = await start(nodes, log, tmp_path, "a")
-    await until(node.runs)
+    await wait_until(node.runs)
     due = now_ms() + 1_000
     if remote:
         await command(log, COUNTER, "o1", "Remind", at=due, target=elsewhere("o1"))
     else:
         await command(log, COUNTER, "o1", "Schedule", at=due)
-    await until(lambda: len(timer_rows(log, COUNTER)) == 1)
+    await wait_until(lambda: len(timer_rows(log, COUNTER)) == 1)
     held = HeldCommits(log)
     await command(log, COUNTER, "o1", "Unschedule", key="r" if remote else "k")
-    await until(held.entered.is_set)  # decided; its commit held, so not read back
+    await wait_until(held.entered.is_set)  # decided; its commit held, so not read back
     kept = node.node.types[COUNTER.type_name]
-    await until(lambda: now_ms() > due + 100)
-    await until(lambda: kept.runner.backlog(now_ms())[0] == 0)  # taken and decided
+    await wait_until(lambda: now_ms() > due + 100)
+    await wait_until(lambda: kept.runner.backlog(now_ms())[0] == 0)  # taken and decided
     held.release()
     rounds = kept.loop.rounds
-    await until(lambda: not kept.changelog.pending() and node.node.commits.lag() == 0)
-    await until(lambda: kept.loop.rounds >= rounds + 2 and kept.runner.in_flight == 0)
+    await wait_until(lambda: not kept.changelog.pending() and node.node.commits.lag() == 0)
+    await wait_until(lambda: kept.loop.rounds >= rounds + 2 and kept.runner.in_flight == 0)
     assert events(log, COUNTER, "wow.ScheduleCancelled")
     assert events(log, COUNTER, "Fired") == [], "fired after its cancel was decided"
     assert [t.status for t in timer_rows(log, COUNTER)] == [TimerStatus.CANCELLED]
 
 
 async def test_a_hand_off_in_the_middle_of_a_cycle_commits_none_of_it(
-    log: MemoryLog, nodes: list[Running], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    log: MemoryLog, nodes: list[RunningNode], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Two types' timers of the same partition fire in one cycle; the first type's outcome
     is written (its row FIRED, buffered for the transaction) and the partition is handed
     off while the second type's is being decided. Nothing of the cycle may commit: a FIRED
     row whose Fired event was never written is a timer lost."""
     node = await start(nodes, log, tmp_path, "a")
-    await until(node.runs)
+    await wait_until(node.runs)
     p = partition_of("o1", PARTITIONS)
     due = now_ms() + 800
     for agg in (COUNTER, GAUGE):
         await command(log, agg, "o1", "Schedule", at=due)
-    await until(lambda: len(timer_rows(log, COUNTER)) == len(timer_rows(log, GAUGE)) == 1)
+    await wait_until(lambda: len(timer_rows(log, COUNTER)) == len(timer_rows(log, GAUGE)) == 1)
     calls = 0
     for agg in (COUNTER, GAUGE):
         runner = node.node.types[agg.type_name].runner
@@ -301,10 +257,12 @@ async def test_a_hand_off_in_the_middle_of_a_cycle_commits_none_of_it(
         monkeypatch.setattr(runner, "still_due", stalling)
     lock = node.node.commits._locks[p]
     async with lock:  # both types' timers handed over before the cycle runs
-        await until(lambda: len(node.node.cycles._local.get(p, {})) == 2)
-    await until(lambda: calls == 2)
+        await wait_until(lambda: len(node.node.cycles._local.get(p, {})) == 2)
+    await wait_until(lambda: calls == 2)
     await start(nodes, log, tmp_path, "b")  # the hand-off
-    await until(lambda: len(events(log, COUNTER, "Fired")) == len(events(log, GAUGE, "Fired")) == 1)
+    await wait_until(
+        lambda: len(events(log, COUNTER, "Fired")) == len(events(log, GAUGE, "Fired")) == 1
+    )
     for agg in (COUNTER, GAUGE):
         assert [t.status for t in timer_rows(log, agg)] == [TimerStatus.FIRED]
         # Its local copy holds the first type's settle, never committed: not marked clean.
@@ -317,10 +275,10 @@ def elsewhere(owner: str) -> str:
     return next(f"t{i}" for i in range(50) if not same_partition(owner, f"t{i}"))
 
 
-async def failed_node(n: Running) -> NodeFailed:
-    """The node's run, ended on its failure (`Running.stop` awaits it no more)."""
+async def failed_node(n: RunningNode) -> NodeFailed:
+    """The node's run, ended on its failure (`RunningNode.stop` awaits it no more)."""
     assert n.task is not None
-    await until(n.task.done)
+    await wait_until(n.task.done)
     error = n.task.exception()
     n.task = None
     assert isinstance(error, NodeFailed), error
@@ -328,12 +286,12 @@ async def failed_node(n: Running) -> NodeFailed:
 
 
 async def test_the_results_reader_reads_on_after_the_broker_was_away(
-    log: MemoryLog, nodes: list[Running], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    log: MemoryLog, nodes: list[RunningNode], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """One poll of the results topic fails (the broker away): the reader reads on, and the
     result of a remote send made since settles its timer."""
     node = await start(nodes, log, tmp_path, "a")
-    await until(node.runs)
+    await wait_until(node.runs)
     follower = node.node._results["life"]._reader
     poll = follower.poll
     failed = 0
@@ -347,20 +305,20 @@ async def test_the_results_reader_reads_on_after_the_broker_was_away(
         return got
 
     monkeypatch.setattr(follower, "poll", flaky)
-    await until(lambda: failed == 1)
+    await wait_until(lambda: failed == 1)
     await command(log, COUNTER, "o1", "Remind", at=now_ms() + 100, target=elsewhere("o1"))
-    await until(lambda: [t.status for t in timer_rows(log, COUNTER)] == [TimerStatus.FIRED])
+    await wait_until(lambda: [t.status for t in timer_rows(log, COUNTER)] == [TimerStatus.FIRED])
     assert len(events(log, COUNTER, "Fired")) == 1
     assert node.runs()
 
 
 async def test_a_results_reader_that_stops_stops_the_node_loudly(
-    log: MemoryLog, nodes: list[Running], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    log: MemoryLog, nodes: list[RunningNode], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """An error no retry passes ends the results reader: every remote send of its context
     would wait for ever, so the node stops, saying why, and /healthz says so."""
     node = await start(nodes, log, tmp_path, "a")
-    await until(node.runs)
+    await wait_until(node.runs)
     follower = node.node._results["life"]._reader
 
     async def broken(timeout_ms: int = 200) -> list[Any]:
@@ -374,7 +332,7 @@ async def test_a_results_reader_that_stops_stops_the_node_loudly(
 
 
 async def test_a_take_that_fails_on_an_unexpected_error_stops_the_node_loudly(
-    log: MemoryLog, nodes: list[Running], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    log: MemoryLog, nodes: list[RunningNode], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A take that fails outside its retried steps (here resuming the consumer) leaves no
     partition half taken and quietly so: the node stops, naming the partition."""
@@ -405,33 +363,33 @@ class HeldOnce(HeldCommits):
 
 
 async def test_a_commit_that_hangs_is_given_up_and_its_partition_taken_afresh(
-    log: MemoryLog, nodes: list[Running], tmp_path: Path
+    log: MemoryLog, nodes: list[RunningNode], tmp_path: Path
 ) -> None:
     """A commit that never answers (a broker that accepts and hangs) is given up at its
     deadline: the partition is let go and taken afresh, and what the hung transaction held
     is decided again and committed."""
     node = await start(nodes, log, tmp_path, "a")
-    await until(node.runs)
+    await wait_until(node.runs)
     node.node.commits.deadline_s = 0.3
     held = HeldOnce(log)
     await command(log, COUNTER, "o1", "Schedule", at=now_ms() + 3_600_000)
-    await until(held.entered.is_set)
-    await until(lambda: len(timer_rows(log, COUNTER)) == 1)
+    await wait_until(held.entered.is_set)
+    await wait_until(lambda: len(timer_rows(log, COUNTER)) == 1)
     failed = node.node.metrics.registry.get_sample_value(
         "tickwheel_partitions_let_go_total", {"reason": "failed"}
     )
     assert failed == 1
-    await until(node.runs)
+    await wait_until(node.runs)
 
 
 async def test_staging_waits_for_a_commit_in_flight_beyond_its_bound(
-    log: MemoryLog, nodes: list[Running], tmp_path: Path
+    log: MemoryLog, nodes: list[RunningNode], tmp_path: Path
 ) -> None:
     """While a partition's commit hangs, its cycles stage no more than the bound (and one
     cycle's worth): the batches wait in the worker's queue, then in the poll loop. Once
     the commit is through, everything waiting is decided."""
     node = await start(nodes, log, tmp_path, "a")
-    await until(node.runs)
+    await wait_until(node.runs)
     node.node.commits.max_staged = 4
     held = HeldCommits(log)
     p = partition_of("o1", PARTITIONS)
@@ -449,22 +407,22 @@ async def test_staging_waits_for_a_commit_in_flight_beyond_its_bound(
             """Read, or the poll loop held up by a queue full of batches."""
             return member._positions[commands] == end or queue.full()
 
-        await until(read_or_held)
+        await wait_until(read_or_held)
         most = max(most, kept.changelog.waiting(p))
     assert held.entered.is_set()
     assert most <= 4 + 3, f"{most} records staged behind a hung commit"
     held.release()
-    await until(lambda: len(timer_rows(log, COUNTER)) == len(owners))
+    await wait_until(lambda: len(timer_rows(log, COUNTER)) == len(owners))
 
 
 async def test_a_ledger_call_that_hangs_holds_no_other_partition_up(
-    log: MemoryLog, nodes: list[Running], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    log: MemoryLog, nodes: list[RunningNode], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A timer of one partition is parked and the ledger does not answer (its calls may
     take seconds): the runner's other partitions claim, fire and commit meanwhile."""
     options = TimerOptions(retry=RetryPolicy(max_attempts=1))
     node = await start(nodes, log, tmp_path, "a", options)
-    await until(node.runs)
+    await wait_until(node.runs)
     parking = asyncio.Event()
 
     async def hanging(*args: Any) -> None:
@@ -473,26 +431,26 @@ async def test_a_ledger_call_that_hangs_holds_no_other_partition_up(
 
     monkeypatch.setattr(node.node._ledgers["life"], "record", hanging)
     await command(log, COUNTER, "o1", "Doom", at=now_ms() + 100)
-    await until(parking.is_set)
+    await wait_until(parking.is_set)
     other = elsewhere("o1")
     await command(log, COUNTER, other, "Schedule", at=now_ms() + 100)
-    await until(lambda: [e.aggregate.id for e in events(log, COUNTER, "Fired")] == [other])
+    await wait_until(lambda: [e.aggregate.id for e in events(log, COUNTER, "Fired")] == [other])
 
 
 async def test_claims_wait_for_the_commit_in_flight_and_never_commit_beside_it(
-    log: MemoryLog, nodes: list[Running], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    log: MemoryLog, nodes: list[RunningNode], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A remote send's claims must commit before it leaves; with a commit of the partition
     in flight they wait for it, then commit, rather than start a second commit beside it
     (which a let-go would not cancel, and whose start hides the first one's lag)."""
     node = await start(nodes, log, tmp_path, "a")
-    await until(node.runs)
+    await wait_until(node.runs)
     await command(log, COUNTER, "o1", "Remind", at=now_ms() + 1_000, target=elsewhere("o1"))
-    await until(lambda: len(timer_rows(log, COUNTER)) == 1)
+    await wait_until(lambda: len(timer_rows(log, COUNTER)) == 1)
     held = HeldCommits(log)
     other = next(f"o{i}" for i in range(2, 50) if same_partition("o1", f"o{i}"))
     await command(log, COUNTER, other, "Schedule", at=now_ms() + 3_600_000)
-    await until(held.entered.is_set)
+    await wait_until(held.entered.is_set)
     commits = node.node.commits
     claims = commits.commit_claims
     beside: list[int] = []
@@ -505,11 +463,11 @@ async def test_claims_wait_for_the_commit_in_flight_and_never_commit_beside_it(
         await task
 
     monkeypatch.setattr(commits, "commit_claims", watching)
-    await until(lambda: bool(beside))
+    await wait_until(lambda: bool(beside))
     assert beside == [1], "a second commit started beside the one in flight"
     held.release()
 
     def sent() -> bool:
         return [t.status for t in timer_rows(log, COUNTER) if t.key == "r"] == [TimerStatus.FIRED]
 
-    await until(sent)
+    await wait_until(sent)

@@ -5,21 +5,19 @@ broker. The real-broker tests (tests/integration) stay for what only Kafka can s
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+from fakes import RunningNode, wait_until
 from pydantic import BaseModel
 
 from app.errors import BadRecord
 from app.kafka.memory import MemoryLog
 from app.model.aggregate import AggregateType, Command, Decision, Event
-from app.node import Node
-from app.node.settings import Settings
 from app.protocol.dead_letters import DeadLetter
 from app.protocol.topics import AggregateTopics, ContextTopics
 from app.protocol.wire import CommandEnvelope, CommandResult, EventEnvelope, decode, encode
@@ -56,66 +54,21 @@ def _fired(state: Counter, e: Event) -> Counter:
 SERVICE = Service(aggregates=(counter,))
 
 
-async def until(check: Callable[[], bool | Awaitable[bool]], within: float = 10.0) -> None:
-    """Lets the nodes run until `check` holds (bounded: fails rather than hang)."""
-    deadline = time.monotonic() + within
-    while True:
-        got = check()
-        if not isinstance(got, bool):
-            got = await got
-        if got:
-            return
-        assert time.monotonic() < deadline, "condition never held"
-        await asyncio.sleep(0.01)
-
-
-class Running:
-    """A node of the group on the shared memory log, run in the background."""
-
-    def __init__(self, log: MemoryLog, data: Path, name: str) -> None:
-        settings = Settings(
-            bootstrap_servers="memory",
-            partitions=PARTITIONS,
-            data_dir=data / name,
-            group_id="g",
-            session_timeout_ms=1_000,
-            commit_interval_ms=20,
-        )
-        self.node = Node(settings, SERVICE, clients=log)
-        self.task: asyncio.Task[None] | None = None
-
-    async def start(self) -> Running:
-        await self.node.start()
-        self.task = asyncio.create_task(self.node.run())
-        return self
-
-    async def stop(self) -> None:
-        if self.task is not None:
-            self.task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self.task
-        await self.node.stop()
-
-    def runs(self, partitions: int = PARTITIONS) -> bool:
-        h = self.node.health()
-        return bool(h["ready"]) and len(h["owned"]) == partitions
-
-
 @pytest.fixture
 async def log() -> AsyncIterator[MemoryLog]:
     yield MemoryLog()
 
 
 @pytest.fixture
-async def nodes(log: MemoryLog, tmp_path: Path) -> AsyncIterator[list[Running]]:
-    started: list[Running] = []
+async def nodes(log: MemoryLog, tmp_path: Path) -> AsyncIterator[list[RunningNode]]:
+    started: list[RunningNode] = []
     yield started
     for n in reversed(started):
         await n.stop()
 
 
-async def start(nodes: list[Running], log: MemoryLog, tmp_path: Path, name: str) -> Running:
-    n = await Running(log, tmp_path, name).start()
+async def start(nodes: list[RunningNode], log: MemoryLog, tmp_path: Path, name: str) -> RunningNode:
+    n = await RunningNode(log, tmp_path, name, SERVICE, PARTITIONS).start()
     nodes.append(n)
     return n
 
@@ -166,21 +119,21 @@ def timer_rows(log: MemoryLog) -> list[Timer]:
 
 
 async def test_a_node_decides_commands_and_fires_its_timers_in_process(
-    log: MemoryLog, nodes: list[Running], tmp_path: Path
+    log: MemoryLog, nodes: list[RunningNode], tmp_path: Path
 ) -> None:
     node = await start(nodes, log, tmp_path, "a")
-    await until(node.runs)
+    await wait_until(node.runs)
     owners = [f"o{i}" for i in range(6)]
     sent = [await schedule(log, o, int(time.time() * 1000) + 50) for o in owners]
-    await until(lambda: len(events(log, "Fired")) == len(owners))
+    await wait_until(lambda: len(events(log, "Fired")) == len(owners))
     assert {r for r in results(log)} >= {c.request_id for c in sent}
     assert all(results(log)[c.request_id].code == "COMMITTED" for c in sent)
-    await until(lambda: all(t.status is TimerStatus.FIRED for t in timer_rows(log)))
+    await wait_until(lambda: all(t.status is TimerStatus.FIRED for t in timer_rows(log)))
     assert sorted(e.aggregate.id for e in events(log, "Fired")) == owners
 
 
 async def test_a_thawed_owner_beside_the_new_one_is_fenced_and_applies_nothing(
-    log: MemoryLog, nodes: list[Running], tmp_path: Path
+    log: MemoryLog, nodes: list[RunningNode], tmp_path: Path
 ) -> None:
     """The old owner's session expired (a frozen process) with a timer in its wheel; the new
     owner takes every partition, which fences the old one's transactions. The old one
@@ -188,37 +141,37 @@ async def test_a_thawed_owner_beside_the_new_one_is_fenced_and_applies_nothing(
     moved on: the timer is applied once, by the new owner; the old one's commit is fenced,
     its partition stalled, and once its consumer polls it joins again and takes its share."""
     old = await start(nodes, log, tmp_path, "old")
-    await until(old.runs)
+    await wait_until(old.runs)
     due = int(time.time() * 1000) + 300
     await schedule(log, "o1", due)
-    await until(lambda: len(timer_rows(log)) == 1)
+    await wait_until(lambda: len(timer_rows(log)) == 1)
     group = log.groups["g"]
     (member,) = group.members
     member.hold_polls()
     await group.expel(member)  # not told: it keeps its partitions, and fires at due time
     new = await start(nodes, log, tmp_path, "new")
-    await until(new.runs)
+    await wait_until(new.runs)
     p = str(partition_of("o1", PARTITIONS))
-    await until(lambda: p in old.node.health()["stalled"], within=15)
+    await wait_until(lambda: p in old.node.health()["stalled"], within=15)
     assert "fenced" in old.node.health()["stalled"][p].lower()
     fenced = old.node.metrics.registry.get_sample_value(
         "tickwheel_partitions_let_go_total", {"reason": "fenced"}
     )
     assert fenced is not None and fenced >= 1
-    await until(lambda: len(events(log, "Fired")) == 1, within=15)
+    await wait_until(lambda: len(events(log, "Fired")) == 1, within=15)
     member.release_polls()
-    await until(lambda: old.runs(1) and new.runs(1), within=15)
+    await wait_until(lambda: old.runs(1) and new.runs(1), within=15)
     assert len(events(log, "Fired")) == 1, "applied once: the fenced owner committed nothing"
     assert [t.status for t in timer_rows(log)] == [TimerStatus.FIRED]
 
 
 async def test_a_partition_the_group_gives_but_nobody_works_on_is_not_ready(
-    log: MemoryLog, nodes: list[Running], tmp_path: Path
+    log: MemoryLog, nodes: list[RunningNode], tmp_path: Path
 ) -> None:
     """Whatever the cause (a lost retake was one), /healthz does not say ready while a
     partition the group gave this node is neither worked on nor being taken."""
     node = await start(nodes, log, tmp_path, "a")
-    await until(node.runs)
+    await wait_until(node.runs)
     node.node._owned.discard(1)  # as if its work had ended with no retake under way
     health = node.node.health()
     assert not health["ready"]
@@ -226,19 +179,19 @@ async def test_a_partition_the_group_gives_but_nobody_works_on_is_not_ready(
 
 
 async def test_a_partition_whose_log_cannot_be_read_fires_nothing_until_it_is(
-    log: MemoryLog, nodes: list[Running], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    log: MemoryLog, nodes: list[RunningNode], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A fault of the node's own (its store failing) while a cycle reads the log: the
     partition is taken afresh, and fires nothing until a cycle has read past where it failed
     (a cancel may wait there); /healthz says where and why, and how often in a row. Once the
     store answers again, the log is read on and the held timer fires."""
     node = await start(nodes, log, tmp_path, "a")
-    await until(node.runs)
+    await wait_until(node.runs)
     p = partition_of("o1", PARTITIONS)
     other = next(f"o{i}" for i in range(2, 50) if partition_of(f"o{i}", PARTITIONS) == p)
     due = int(time.time() * 1000) + 1_500
     await schedule(log, "o1", due)
-    await until(lambda: len(timer_rows(log)) == 1)
+    await wait_until(lambda: len(timer_rows(log)) == 1)
     kept = node.node.types[TOPICS.type_name]
     put_many = kept.store.put_many
     failing = True
@@ -256,7 +209,7 @@ async def test_a_partition_whose_log_cannot_be_read_fires_nothing_until_it_is(
         report = node.node.health().get("failing", {}).get(str(p))
         return report is not None and report["failures"] >= 2 and report["held"]
 
-    await until(failed_twice)
+    await wait_until(failed_twice)
     health = node.node.health()
     assert not health["ready"]
     report = health["failing"][str(p)]
@@ -266,21 +219,21 @@ async def test_a_partition_whose_log_cannot_be_read_fires_nothing_until_it_is(
     await asyncio.sleep(max(0.0, (due + 500) / 1000 - time.time()))  # past its due time
     assert events(log, "Fired") == [], "held: nothing fires past a log it has not read"
     failing = False
-    await until(lambda: len(events(log, "Fired")) == 2, within=15)
-    await until(node.runs)
+    await wait_until(lambda: len(events(log, "Fired")) == 2, within=15)
+    await wait_until(node.runs)
     assert "failing" not in node.node.health()
     assert sorted(e.aggregate.id for e in events(log, "Fired")) == sorted(["o1", other])
 
 
 async def test_one_bad_record_of_each_kind_is_dead_lettered_whole_and_the_partition_goes_on(
-    log: MemoryLog, nodes: list[Running], tmp_path: Path
+    log: MemoryLog, nodes: list[RunningNode], tmp_path: Path
 ) -> None:
     """The report's records: a once-rule `at` past 2^64, an interval `every` of 2^70 and a
     300 KiB key on the log, a 300 KiB key and a reply address that is the aggregate's own
     log on the commands topic. Each has one dead letter with its bytes; the valid timers of
     the same partition fire; nothing lands on the events topic but events."""
     node = await start(nodes, log, tmp_path, "a")
-    await until(node.runs)
+    await wait_until(node.runs)
     owner = AggregateRef(context="mem", aggregate="counter", id="o1")
     p = partition_of("o1", PARTITIONS)
     now = int(time.time() * 1000)
@@ -321,7 +274,7 @@ async def test_one_bad_record_of_each_kind_is_dead_lettered_whole_and_the_partit
         for topic, key, value in bad
     ]
     await schedule(log, "o1", now + 100)
-    await until(lambda: len(events(log, "Fired")) == 1)
+    await wait_until(lambda: len(events(log, "Fired")) == 1)
     letters = [
         DeadLetter.read(r.key, r.value, r.headers)
         for r in log.records(ContextTopics("mem").dead_letters, 0)
@@ -334,5 +287,5 @@ async def test_one_bad_record_of_each_kind_is_dead_lettered_whole_and_the_partit
     for r in log.records(TOPICS.events, p):
         if (TOPICS.events, r.offset) not in ours:
             decode(EventEnvelope, r.value)  # the node wrote events there, nothing else
-    await until(node.runs)
+    await wait_until(node.runs)
     assert "failing" not in node.node.health()

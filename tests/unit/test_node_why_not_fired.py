@@ -4,8 +4,6 @@ ledger's entry and `tickwheel timers show` all carry that code and message."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterable
@@ -13,6 +11,7 @@ from pathlib import Path
 
 import orjson
 import pytest
+from fakes import RunningNode, wait_until
 from pydantic import BaseModel
 from typer.testing import CliRunner
 
@@ -21,8 +20,6 @@ from app.cli import cli
 from app.kafka import Record
 from app.kafka.memory import MemoryLog
 from app.model.aggregate import AggregateType, Command, Decision
-from app.node import Node
-from app.node.settings import Settings
 from app.protocol.topics import AggregateTopics, ContextTopics
 from app.protocol.wire import CommandEnvelope, encode
 from app.service import Service
@@ -68,18 +65,9 @@ async def parked(tmp_path: Path) -> AsyncIterator[MemoryLog]:
     """A node whose timer's target always fails, run until the timer is parked."""
     log = MemoryLog()
     retry = RetryPolicy(initial_backoff_ms=10, max_backoff_ms=10, max_attempts=2)
-    settings = Settings(
-        bootstrap_servers="memory",
-        partitions=PARTITIONS,
-        data_dir=tmp_path / "node",
-        group_id="g",
-        session_timeout_ms=1_000,
-        commit_interval_ms=20,
-        timers=TimerOptions(retry=retry),
-    )
-    node = Node(settings, Service(aggregates=(order,)), clients=log)
+    service = Service(aggregates=(order,))
+    node = RunningNode(log, tmp_path, "node", service, PARTITIONS, timers=TimerOptions(retry=retry))
     await node.start()
-    task = asyncio.create_task(node.run())
     try:
         owner = AggregateRef(context="why", aggregate="order", id="o-1")
         now = int(time.time() * 1000)
@@ -92,14 +80,11 @@ async def parked(tmp_path: Path) -> AsyncIterator[MemoryLog]:
         )
         p = partition_of(owner.id, PARTITIONS)
         await log.publisher().send(TOPICS.commands, owner.id.encode(), encode(cmd), p)
-        deadline = time.monotonic() + 10
-        while not any(t.status is TimerStatus.PARKED for t in rows(log)):
-            assert time.monotonic() < deadline, f"never parked: {rows(log)}"
-            await asyncio.sleep(0.01)
+        await wait_until(
+            lambda: any(t.status is TimerStatus.PARKED for t in rows(log)),
+            what=lambda: f"never parked: {rows(log)}",
+        )
     finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
         await node.stop()
     yield log
 
