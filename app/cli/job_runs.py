@@ -42,8 +42,8 @@ from app.cli.job_actions import (
     find_job,
     instance_commands,
     read_instance_events,
-    send_and_wait,
 )
+from app.cli.job_options import Context, JobName, Partition, Tenants, Wait, send_all
 from app.cli.rule_expr import BadExpression, parse_instant
 from app.errors import JobsCliError
 from app.jobs import (
@@ -64,21 +64,6 @@ __all__ = ["DECIDED_WITHIN_MS", "backfill", "now_ms", "trigger"]
 DECIDED_WITHIN_MS = 3_600_000
 """How long after it is sent a backfill's command is taken to be decided at the latest: a
 slot must be due that long after the start of the de-duplication window."""
-
-Context = Annotated[str, typer.Option(help="the context the job is declared in")]
-JobName = Annotated[str, typer.Option("--job", help="the job's name")]
-Tenants = Annotated[
-    list[str] | None,
-    typer.Option("--tenant", help="a TENANT job's tenant (repeatable); default: the default one"),
-]
-Partition = Annotated[
-    int | None,
-    typer.Option(min=0, help="a SHARDED job's log partition; default: every partition"),
-]
-Wait = Annotated[
-    float,
-    typer.Option(min=0.0, help="seconds to wait for the workers' results; 0: do not wait"),
-]
 
 
 def now_ms() -> int:
@@ -117,9 +102,7 @@ def trigger(
         )
     except JobsCliError as exc:
         raise fail(str(exc), CONFIG_ERROR) from exc
-    results = run(
-        checked(settings.kafka, send_and_wait(settings.kafka, settings.partitions, commands, wait))
-    )
+    results = send_all(settings, commands, wait)
     _report("trigger", commands, results, wait, as_json)
 
 
@@ -194,9 +177,7 @@ def backfill(
         if not as_json:
             typer.echo(f"{len(commands)} slot(s) to backfill; dry run: nothing sent", err=True)
         return
-    results = run(
-        checked(settings.kafka, send_and_wait(settings.kafka, settings.partitions, commands, wait))
-    )
+    results = send_all(settings, commands, wait)
     _report("backfill", commands, results, wait, as_json)
 
 

@@ -38,6 +38,7 @@ from app.cli.job_actions import (
     read_instances,
     send_and_wait,
 )
+from app.cli.job_options import Context, JobName, Partition, Tenants, Wait, send_all
 from app.cli.job_runs import backfill, trigger
 from app.errors import JobsCliError
 from app.jobs import (
@@ -65,22 +66,6 @@ jobs_cli = typer.Typer(
     "instances of a service's jobs.",
 )
 logger = logging.getLogger(__name__)
-
-
-Context = Annotated[str, typer.Option(help="the context the job is declared in")]
-JobName = Annotated[str, typer.Option("--job", help="the job's name")]
-Tenants = Annotated[
-    list[str] | None,
-    typer.Option("--tenant", help="a TENANT job's tenant (repeatable); default: the default one"),
-]
-Partition = Annotated[
-    int | None,
-    typer.Option(min=0, help="a SHARDED job's log partition; default: every partition"),
-]
-Wait = Annotated[
-    float,
-    typer.Option(min=0.0, help="seconds to wait for the workers' results; 0: do not wait"),
-]
 
 
 # --- the commands --------------------------------------------------------------------------
@@ -115,9 +100,7 @@ def _act(
         )
     except JobsCliError as exc:
         raise fail(str(exc)) from exc
-    results = run(
-        checked(settings.kafka, send_and_wait(settings.kafka, settings.partitions, commands, wait))
-    )
+    results = send_all(settings, commands, wait)
     failed = False
     for c in commands:
         result = results.get(c.request_id)

@@ -17,7 +17,7 @@ import pytest
 import typer
 from typer.testing import CliRunner, Result
 
-import app.cli.jobs
+import app.cli.job_options
 import app.cli.timers
 import app.demo
 import app.ops.rebuild
@@ -289,7 +289,7 @@ def test_jobs_enable_as_json(monkeypatch: pytest.MonkeyPatch) -> None:
     async def send(bootstrap: str, partitions: int, commands: Any, wait: float) -> dict[str, Any]:
         return {}
 
-    monkeypatch.setattr(app.cli.jobs, "send_and_wait", send)
+    monkeypatch.setattr(app.cli.job_options, "send_and_wait", send)
     result = invoke(["jobs", "enable", *JOB, "--wait", "0", "--json"])
     assert result.exit_code == 0, result.output
     (line,) = result.stdout.splitlines()

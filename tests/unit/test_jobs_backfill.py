@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 import app.cli.common
+import app.cli.job_options
 import app.cli.job_runs
 from app.cli import cli
 from app.cli.job_actions import instance_commands
@@ -361,7 +362,7 @@ def cli_instance(monkeypatch: pytest.MonkeyPatch) -> Instance:
         return None
 
     monkeypatch.setattr(app.cli.job_runs, "read_instance_events", events)
-    monkeypatch.setattr(app.cli.job_runs, "send_and_wait", send)
+    monkeypatch.setattr(app.cli.job_options, "send_and_wait", send)
     monkeypatch.setattr(app.cli.job_runs, "now_ms", lambda: now)
     monkeypatch.setattr(app.cli.common, "check_access", no_check)
     return s
