@@ -1,5 +1,6 @@
 """The options every `tickwheel jobs` command that sends takes (`app.cli.jobs`,
-`app.cli.job_runs`), and their one way to send: the commands, then the results waited for."""
+`app.cli.job_runs`), their one way to send (the commands, then the results waited for) and
+to report what came of it."""
 
 from __future__ import annotations
 
@@ -7,12 +8,12 @@ from typing import Annotated
 
 import typer
 
-from app.cli.common import checked, run
-from app.cli.job_actions import send_and_wait
+from app.cli.common import checked, fail, json_line, run
+from app.cli.job_actions import FAILED_CODES, send_and_wait
 from app.node.settings import Settings
 from app.protocol.wire import CommandEnvelope, CommandResult
 
-__all__ = ["Context", "JobName", "Partition", "Tenants", "Wait", "send_all"]
+__all__ = ["Context", "JobName", "Partition", "Tenants", "Wait", "report", "send_all"]
 
 Context = Annotated[str, typer.Option(help="the context the job is declared in")]
 JobName = Annotated[str, typer.Option("--job", help="the job's name")]
@@ -38,3 +39,51 @@ def send_all(
     return run(
         checked(settings.kafka, send_and_wait(settings.kafka, settings.partitions, commands, wait))
     )
+
+
+def report(
+    action: str,
+    commands: list[CommandEnvelope],
+    results: dict[str, CommandResult],
+    wait: float,
+    as_json: bool,
+    *,
+    runs: bool,
+) -> None:
+    """Prints each command's outcome; fails (exit 1) when one was refused or failed, or
+    when results are missing after a wait. `runs`: the commands are runs (trigger,
+    backfill), each named by its request id; else changes of the instances' schedules."""
+    what = "run(s)" if runs else "instance(s)"
+    failed = False
+    for c in commands:
+        result = results.get(c.request_id)
+        failed = failed or (result is not None and result.code in FAILED_CODES)
+        if as_json:
+            slot: dict[str, object] = {k: c.body[k] for k in ("slot", "due_at") if k in c.body}
+            json_line(
+                {
+                    "action": action,
+                    "instance": c.aggregate.model_dump(mode="json"),
+                    "request_id": c.request_id,
+                    **slot,
+                    "code": None if result is None else result.code.value,
+                    "message": None if result is None else result.message,
+                }
+            )
+            continue
+        if result is None:
+            outcome = "sent" if wait == 0 else f"sent; no result within {wait:g} s"
+        else:
+            outcome = result.code.value + (f": {result.message}" if result.message else "")
+        named = f"{c.aggregate} {c.request_id}" if runs else str(c.aggregate)
+        typer.echo(f"{action} {named}: {outcome}")
+    if runs and not commands and not as_json:
+        typer.echo(f"{action}: no slot in the range", err=True)
+    if failed:
+        refused = "refused or failed for some runs" if runs else "refused for some instances"
+        raise fail(f"{action} was {refused} (see above)")
+    if wait > 0 and len(results) < len(commands):
+        raise fail(
+            f"no result within {wait:g} s for {len(commands) - len(results)} {what}: "
+            "is a worker of the service running? The commands stay queued for it."
+        )

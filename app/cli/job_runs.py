@@ -38,12 +38,11 @@ from app.cli.common import (
     time_iso,
 )
 from app.cli.job_actions import (
-    FAILED_CODES,
     find_job,
     instance_commands,
     read_instance_events,
 )
-from app.cli.job_options import Context, JobName, Partition, Tenants, Wait, send_all
+from app.cli.job_options import Context, JobName, Partition, Tenants, Wait, report, send_all
 from app.cli.rule_expr import BadExpression, parse_instant
 from app.errors import JobsCliError
 from app.jobs import (
@@ -56,7 +55,6 @@ from app.jobs import (
     tick_timers,
 )
 from app.kafka.connection import Connectable
-from app.protocol.wire import CommandEnvelope, CommandResult
 from tables import AggregateRef
 
 __all__ = ["DECIDED_WITHIN_MS", "backfill", "now_ms", "trigger"]
@@ -102,8 +100,7 @@ def trigger(
         )
     except JobsCliError as exc:
         raise fail(str(exc), CONFIG_ERROR) from exc
-    results = send_all(settings, commands, wait)
-    _report("trigger", commands, results, wait, as_json)
+    report("trigger", commands, send_all(settings, commands, wait), wait, as_json, runs=True)
 
 
 def backfill(
@@ -177,8 +174,7 @@ def backfill(
         if not as_json:
             typer.echo(f"{len(commands)} slot(s) to backfill; dry run: nothing sent", err=True)
         return
-    results = send_all(settings, commands, wait)
-    _report("backfill", commands, results, wait, as_json)
+    report("backfill", commands, send_all(settings, commands, wait), wait, as_json, runs=True)
 
 
 async def _plan(
@@ -207,43 +203,3 @@ def _print_slot(ref: AggregateRef, slot: BackfillSlot, as_json: bool) -> None:
         )
     else:
         typer.echo(f"{ref}\tslot {slot.slot}\t{time_iso(slot.due_at)}\t{slot.request_id}")
-
-
-def _report(
-    action: str,
-    commands: list[CommandEnvelope],
-    results: dict[str, CommandResult],
-    wait: float,
-    as_json: bool,
-) -> None:
-    failed = False
-    for c in commands:
-        result = results.get(c.request_id)
-        failed = failed or (result is not None and result.code in FAILED_CODES)
-        if as_json:
-            slot: dict[str, object] = {k: c.body[k] for k in ("slot", "due_at") if k in c.body}
-            json_line(
-                {
-                    "action": action,
-                    "instance": c.aggregate.model_dump(mode="json"),
-                    "request_id": c.request_id,
-                    **slot,
-                    "code": None if result is None else result.code.value,
-                    "message": None if result is None else result.message,
-                }
-            )
-            continue
-        if result is None:
-            outcome = "sent" if wait == 0 else f"sent; no result within {wait:g} s"
-        else:
-            outcome = result.code.value + (f": {result.message}" if result.message else "")
-        typer.echo(f"{action} {c.aggregate} {c.request_id}: {outcome}")
-    if not commands and not as_json:
-        typer.echo(f"{action}: no slot in the range", err=True)
-    if failed:
-        raise fail(f"{action} was refused or failed for some runs (see above)")
-    if wait > 0 and len(results) < len(commands):
-        raise fail(
-            f"no result within {wait:g} s for {len(commands) - len(results)} run(s): "
-            "is a worker of the service running? The commands stay queued for it."
-        )

@@ -38,7 +38,7 @@ from app.cli.job_actions import (
     read_instances,
     send_and_wait,
 )
-from app.cli.job_options import Context, JobName, Partition, Tenants, Wait, send_all
+from app.cli.job_options import Context, JobName, Partition, Tenants, Wait, report, send_all
 from app.cli.job_runs import backfill, trigger
 from app.errors import JobsCliError
 from app.jobs import (
@@ -100,35 +100,7 @@ def _act(
         )
     except JobsCliError as exc:
         raise fail(str(exc)) from exc
-    results = send_all(settings, commands, wait)
-    failed = False
-    for c in commands:
-        result = results.get(c.request_id)
-        if result is not None:
-            failed = failed or result.code in FAILED_CODES
-        if as_json:
-            json_line(
-                {
-                    "action": action,
-                    "instance": c.aggregate.model_dump(mode="json"),
-                    "request_id": c.request_id,
-                    "code": None if result is None else result.code.value,
-                    "message": None if result is None else result.message,
-                }
-            )
-            continue
-        if result is None:
-            outcome = "sent" if wait == 0 else f"sent; no result within {wait:g} s"
-        else:
-            outcome = result.code.value + (f": {result.message}" if result.message else "")
-        typer.echo(f"{action} {c.aggregate}: {outcome}")
-    if failed:
-        raise fail(f"{action} was refused for some instances (see above)")
-    if wait > 0 and len(results) < len(commands):
-        raise fail(
-            f"no result within {wait:g} s for {len(commands) - len(results)} instance(s): "
-            "is a worker of the service running? The commands stay queued for it."
-        )
+    report(action, commands, send_all(settings, commands, wait), wait, as_json, runs=False)
 
 
 @jobs_cli.command()
