@@ -1,8 +1,8 @@
 """Fakes the unit tests share: clocks, senders, a counting store, a spying ledger, a local
 firer, timer factories, and the runner's world (a store of each backend, a fake clock, a
-scripted sender) with its fixtures; a whole node run on the in-memory log (`RunningNode`,
-`running`, `wait_until`); and the metric names the dashboard queries. Nothing
-here sleeps in real time or needs a broker.
+scripted sender) with its fixtures; and the metric names the dashboard queries. Nothing
+here sleeps in real time or needs a broker. It re-exports `fakes_node`'s whole node on the
+in-memory log (`RunningNode`, `running`, `wait_until`), which runs in real time.
 
 A module that uses the fixtures imports them (`raw_store`, `world`) for pytest to find.
 The integration tests import it too (pytest's `pythonpath` puts tests/unit on the path): it
@@ -12,30 +12,28 @@ imports no test module.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import inspect
 import json
 import re
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence, Set
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
+from fakes_node import RunningNode as RunningNode
+from fakes_node import running as running
+from fakes_node import wait_until as wait_until
 from pydantic import BaseModel
 
 from app.errors import TickwheelError
 from app.kafka.connection import Connectable, connection
-from app.kafka.memory import MemoryLog
 from app.model.aggregate import AggregateType, Command, Decision
-from app.node import Node
 from app.node.metrics import NodeMetrics
 from app.node.settings import Settings
 from app.protocol.wire import TimerAction, TimerOp
-from app.service import Service
 from app.timers.operator import new_op
-from app.timers.runner import Clock, SendResult, TimerOptions, TimerRunner
+from app.timers.runner import SendResult, TimerOptions, TimerRunner
 from tables.ledger import FailureLedger, MemoryFailureLedger
 from tables.memory_store import MemoryTimerStore
 from tables.refs import AggregateRef
@@ -370,91 +368,6 @@ async def until(condition: Callable[[], bool], turns: int = 2000) -> None:
             return
         await asyncio.sleep(0)
     raise AssertionError("condition never held")
-
-
-# --- a whole node on the in-memory log -----------------------------------------------------
-
-
-async def wait_until(
-    check: Callable[[], bool | Awaitable[bool]],
-    within: float = 10.0,
-    what: Callable[[], str] | None = None,
-) -> None:
-    """Lets nodes on the memory log run until `check` holds; their loops sleep in real time,
-    so this waits by the wall clock (bounded: fails, saying `what`, rather than hang)."""
-    deadline = time.monotonic() + within
-    while True:
-        got = check()
-        if not isinstance(got, bool):
-            got = await got
-        if got:
-            return
-        if time.monotonic() > deadline:
-            raise AssertionError(what() if what is not None else "condition never held")
-        await asyncio.sleep(0.01)
-
-
-class RunningNode:
-    """A node of group "g" on a shared memory log, its data in `data / name`, run in the
-    background. Its session timeout is a test's usual 1 s unless told."""
-
-    def __init__(
-        self,
-        log: MemoryLog,
-        data: Path,
-        name: str,
-        service: Service,
-        partitions: int,
-        *,
-        session_timeout_ms: int = 1_000,
-        timers: TimerOptions | None = None,
-        options: TimerOptions | None = None,
-        clock: Clock | None = None,
-    ) -> None:
-        settings = Settings(
-            bootstrap_servers="memory",
-            partitions=partitions,
-            data_dir=data / name,
-            group_id="g",
-            session_timeout_ms=session_timeout_ms,
-            commit_interval_ms=20,
-            timers=timers or TimerOptions(),
-        )
-        self.name, self.partitions = name, partitions
-        self.node = Node(settings, service, clock=clock, options=options, clients=log)
-        self.task: asyncio.Task[None] | None = None
-
-    async def start(self) -> RunningNode:
-        await self.node.start()
-        self.task = asyncio.create_task(self.node.run())
-        return self
-
-    async def stop(self) -> None:
-        if self.task is not None:
-            self.task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self.task
-        await self.node.stop()
-
-    def runs(self, partitions: int | None = None) -> bool:
-        """Ready, owning `partitions` partitions (all of them unless told)."""
-        h = self.node.health()
-        return bool(h["ready"]) and len(h["owned"]) == (
-            self.partitions if partitions is None else partitions
-        )
-
-
-@contextlib.asynccontextmanager
-async def running(node: RunningNode, within: float = 15.0) -> AsyncIterator[RunningNode]:
-    """`node` started, once it runs every partition; stopped after."""
-    await node.start()
-    try:
-        await wait_until(
-            node.runs, within=within, what=lambda: f"{node.name} never ran: {node.node.health()}"
-        )
-        yield node
-    finally:
-        await node.stop()
 
 
 # --- an aggregate ------------------------------------------------------------------------
