@@ -13,6 +13,7 @@ is thrown away and restored from the changelog.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -41,6 +42,12 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
+
+OPEN_DEADLINE_S = 15.0
+"""A partition's producer not started by then (no producer id: its transaction coordinator
+busy or out of reach, which the client library retries without end or a word) is given
+up, so that the take fails and is tried again, and the node stops loudly if it never
+can be: never a partition left restoring, silently, for good."""
 
 """Told how far a restore got: the log offsets read so far and to read in all (offsets, so
 transaction markers count too and a finished restore reads exactly what it had to)."""
@@ -76,14 +83,24 @@ class TransactionalChangelog:
         self._producers: dict[int, TransactionalWriter] = {}
         self._buffer: dict[int, list[OutRecord]] = {}
         self._staged: dict[int, _Staged] = {}
+        self.open_deadline_s = OPEN_DEADLINE_S
 
     async def open(self, partition: int) -> None:
-        """Starts the partition's producer, fencing its previous owner's."""
-        producer = self._writers(f"{self.group_id}.{self.topic}.{partition}")
+        """Starts the partition's producer, fencing its previous owner's; `KafkaUnavailable`
+        when it has not started within `open_deadline_s`."""
+        transactional_id = f"{self.group_id}.{self.topic}.{partition}"
+        producer = self._writers(transactional_id)
         try:
-            await producer.start()
-        except BaseException:
+            async with asyncio.timeout(self.open_deadline_s):
+                await producer.start()
+        except BaseException as exc:
             await producer.stop()
+            if isinstance(exc, TimeoutError):
+                raise KafkaUnavailable(
+                    f"{transactional_id}: its producer did not start within "
+                    f"{self.open_deadline_s:g} s (no producer id from the transaction "
+                    "coordinator)"
+                ) from exc
             raise
         self._producers[partition] = producer
         self._buffer[partition] = []

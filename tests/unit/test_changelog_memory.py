@@ -4,12 +4,14 @@ caller's records and consumer offsets), fencing of a previous owner, and restore
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
+from typing import cast
 
 import pytest
 
 from app.errors import Fenced, KafkaUnavailable
-from app.kafka import TopicSpec
+from app.kafka import TopicSpec, TransactionalWriter
 from app.kafka.memory import MemoryLog
 from app.timers.changelog import TransactionalChangelog, restore_partition
 from tables import (
@@ -219,3 +221,30 @@ def _to(seen: list[tuple[int, int]]) -> Callable[[int, int], None]:
         seen.append((read, to_read))
 
     return progress
+
+
+class _NeverStarting:
+    """A transactional producer whose start never returns: the coordinator never gives it
+    a producer id (the client library retries that silently, without end)."""
+
+    def __init__(self) -> None:
+        self.stopped = False
+
+    async def start(self) -> None:
+        await asyncio.Event().wait()
+
+    async def stop(self) -> None:
+        self.stopped = True
+
+
+async def test_a_producer_that_never_starts_fails_the_open_within_its_deadline() -> None:
+    """A partition's take that waited for ever on its producer left the partition
+    restoring, silently, for good (seen on Kafka 4.1 as an old owner woke): now the open
+    fails, so that the take is tried again and the node stops loudly if it never can."""
+    writer = _NeverStarting()
+    changelog = TransactionalChangelog(lambda tid: cast(TransactionalWriter, writer), TOPIC, GROUP)
+    changelog.open_deadline_s = 0.05
+    with pytest.raises(KafkaUnavailable, match=rf"{GROUP}\.{TOPIC}\.3: its producer did not start"):
+        await changelog.open(3)
+    assert writer.stopped
+    assert not changelog.owns(3)
