@@ -323,11 +323,16 @@ class PartitionCycles:
             if node_fault(exc):
                 raise
             return True  # the subscription meets it again when it reads it back
+        self._offer(kept, put)
+        return writes > 0
+
+    def _offer(self, kept: KeptType, put: list[Timer]) -> None:
+        """Timers the table was just given (set or rescheduled): counted, and offered to the
+        runner's wheel, which is woken to look at them without reloading it."""
         if put:
             self._metrics.puts.labels(kept.name).inc(len(put))
             kept.runner.offer(put)
             kept.loop.wake(reload=False)
-        return writes > 0
 
     async def _subscribe(self, kept: KeptType, records: list[Record], w: _Work) -> bool:
         """Applies a log batch to the timer table, its bad records' dead letters added to
@@ -362,10 +367,7 @@ class PartitionCycles:
         if not ops:
             return False
         writes, put = await self._apply(kept, ops, w)
-        if put:
-            self._metrics.puts.labels(kept.name).inc(len(put))
-            kept.runner.offer(put)
-            kept.loop.wake(reload=False)
+        self._offer(kept, put)
         return writes > 0
 
     async def _apply(
