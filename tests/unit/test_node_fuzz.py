@@ -62,6 +62,7 @@ from tables import AggregateRef, CommandSpec, OnceRule, Timer
 from tables.bounds import MAX_DEPTH, MAX_INSTANT, MAX_INT64, MIN_INT64
 from tables.keys import row_key
 from tables.partitioner import partition_of
+from tables.rules import MAX_JITTER
 
 CONTEXT, AGGREGATE = "fz", "counter"
 PARTITIONS = 3
@@ -445,6 +446,9 @@ SCHEDULE_FIELDS: list[tuple[str, ...]] = [
     ("body", "rule", "expr"),
     ("body", "rule", "zone"),
     ("body", "rule", "coalesce"),
+    ("body", "rule", "until"),
+    ("body", "rule", "count"),
+    ("body", "rule", "jitter"),
     ("body", "rule", "extra"),
     ("body", "command"),
     ("body", "command", "type"),
@@ -519,6 +523,9 @@ FIELD_EXTREMES: dict[str, list[Any]] = {
     "every": [2**70, 0, -5, MAX_INSTANT * 2],
     "at": [2**64 + 5, MAX_INSTANT + 1, -1],
     "start": [MAX_INSTANT, MAX_INSTANT + 1, -1],
+    "until": [0, MAX_INSTANT + 1, -1, 2**64 + 5],
+    "count": [0, -1, MAX_INT64 + 1, 2**70],
+    "jitter": [0, -1, MAX_JITTER + 1, 2**64 + 5],
     "type": ["wow.Unknown", "wow.", "Unknown"],
     "context": ["other", "a.b", "no spaces", "ü"],
 }
