@@ -54,7 +54,11 @@ class RunningNode:
         timers: TimerOptions | None = None,
         options: TimerOptions | None = None,
         clock: Clock | None = None,
+        request_id_window_ms: int | None = None,
     ) -> None:
+        window = (
+            {} if request_id_window_ms is None else {"request_id_window_ms": request_id_window_ms}
+        )
         settings = Settings(
             bootstrap_servers="memory",
             partitions=partitions,
@@ -63,6 +67,7 @@ class RunningNode:
             session_timeout_ms=session_timeout_ms,
             commit_interval_ms=20,
             timers=timers or TimerOptions(),
+            **window,
         )
         self.name, self.partitions = name, partitions
         self.node = Node(settings, service, clock=clock, options=options, clients=log)
