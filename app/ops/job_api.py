@@ -55,7 +55,6 @@ from tables.exceptions import InvalidRule
 from tables.partitioner import partition_of
 
 __all__ = [
-    "ACTIONS",
     "DECIDED_WITHIN_MS",
     "FAILED_CODES",
     "InstanceState",
@@ -74,9 +73,6 @@ __all__ = [
     "rule_override",
     "send_and_wait",
 ]
-
-ACTIONS = ("enable", "disable", "reschedule", "trigger")
-"""The actions `instance_commands` makes commands of (a backfill's are per slot)."""
 
 FAILED_CODES = frozenset(
     {ResultCode.REJECTED, ResultCode.SCHEDULE_JOB_INVALID, ResultCode.ERROR, ResultCode.BUSY}
