@@ -89,8 +89,8 @@ Spelling = Callable[[str], str]
 
 
 def cli_option(field: str) -> str:
-    """The CLI's spelling: `--request-id`."""
-    return "--" + field.replace("_", "-")
+    """The CLI's spelling: `--request-id`, `--tenant` (repeatable) for `tenants`."""
+    return "--" + {"tenants": "tenant"}.get(field, field).replace("_", "-")
 
 
 def json_field(field: str) -> str:
@@ -167,7 +167,7 @@ def instance_commands(
         raise JobInputError(
             "tenants",
             f"job {job.name!r} is {job.scope}: its instances are in the default tenant "
-            f"{DEFAULT_TENANT!r}; {spell('tenant')} is for TENANT jobs",
+            f"{DEFAULT_TENANT!r}; {spell('tenants')} is for TENANT jobs",
         )
     if partition is not None and not 0 <= partition < partitions:
         raise JobInputError(

@@ -33,6 +33,7 @@ commands. The writes need the web token, as every action does.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import orjson
@@ -62,7 +63,7 @@ from tables.partitioner import partition_of
 if TYPE_CHECKING:
     from app.node import Node
 
-__all__ = ["IDEMPOTENCY_HEADER", "JOB_ACTIONS", "JobRoutes", "job_path"]
+__all__ = ["IDEMPOTENCY_HEADER", "JOB_ACTIONS", "JobRoutes", "answer_status", "job_path"]
 
 JOB_ACTIONS = ("trigger", "enable", "disable", "reschedule", "backfill")
 IDEMPOTENCY_HEADER = "Idempotency-Key"
@@ -271,19 +272,22 @@ class JobRoutes:
             outcomes=outcomes,
             answered=len(results) == len(commands),
         )
-        codes = {o.code for o in outcomes}
-        status, headers = 200, None
-        if codes & _REFUSED:
-            status = 422
-        elif ResultCode.ERROR in codes:
-            status = 502
-        elif ResultCode.BUSY in codes:
-            status, headers = 503, {"Retry-After": "1"}
-        elif None in codes:
-            status = 504
-        elif not codes <= DONE:
-            status = 422
+        status = answer_status([o.code for o in outcomes])
+        headers = {"Retry-After": "1"} if status == 503 else None
         return _json(answer.model_dump(mode="json"), status, headers)
+
+
+def answer_status(codes: Iterable[ResultCode | None]) -> int:
+    """A `JobAnswer`'s HTTP status by its commands' codes (None: not answered): the worst
+    one decides, a refusal before a failure before a busy partition before a wait."""
+    got = set(codes)
+    if got & _REFUSED or not got <= DONE | {ResultCode.ERROR, ResultCode.BUSY, None}:
+        return 422
+    if ResultCode.ERROR in got:
+        return 502
+    if ResultCode.BUSY in got:
+        return 503
+    return 504 if None in got else 200
 
 
 def _outcome(cmd: CommandEnvelope, result: CommandResult | None) -> JobOutcome:

@@ -20,6 +20,8 @@ import aiohttp
 import orjson
 import pytest
 from fakes import MIN, T0, FakeClock
+from hypothesis import given
+from hypothesis import strategies as st
 from pydantic import BaseModel
 from yarl import URL
 
@@ -29,8 +31,10 @@ from app.kafka.memory import MemoryLog
 from app.model.aggregate import AggregateType, Command, Decision, Event
 from app.node import Node
 from app.node.settings import Settings
+from app.ops.job_routes import answer_status
+from app.ops.timer_api import DONE
 from app.protocol.topics import AggregateTopics
-from app.protocol.wire import EventEnvelope, decode
+from app.protocol.wire import EventEnvelope, ResultCode, decode
 from app.service import Service
 from tables import AggregateRef, IntervalRule
 
@@ -297,7 +301,7 @@ async def test_every_write_needs_the_web_token(edge: Edge, action: str) -> None:
         ("ops/minutely/trigger", {"request_id": ""}, "request_id", "at least 1 character"),
         ("ops/minutely/trigger", {"colour": "red"}, "colour", "Extra inputs"),
         ("ops/minutely/trigger", {"partition": 0}, "partition", "partition is for SHARDED jobs"),
-        ("ops/minutely/trigger", {"tenants": ["acme"]}, "tenants", "tenant is for TENANT jobs"),
+        ("ops/minutely/trigger", {"tenants": ["acme"]}, "tenants", "; tenants is for TENANT jobs"),
         ("ops/minutely/trigger", {"rule": {"every": 1}}, "rule", "a trigger takes no rule"),
         ("ops/sweep/disable", {"partition": P}, "partition", f"partition {P} is not one of {P}"),
         ("ops/minutely/enable", {"rule": {"every": 0}}, "rule", "invalid rule for job 'minutely'"),
@@ -361,3 +365,17 @@ async def test_a_range_too_large_or_too_old_is_a_400(edge: Edge) -> None:
     assert (status, answer["field"]) == (400, "from"), answer
     assert "could run twice" in answer["error"]
     assert commands_sent(edge.log) == sent
+
+
+@given(st.lists(st.sampled_from([*ResultCode, None]), min_size=1))
+def test_an_answers_status_is_200_only_when_every_command_is_done(
+    codes: list[ResultCode | None],
+) -> None:
+    status = answer_status(codes)
+    assert (status == 200) == all(c in DONE for c in codes)
+    if any(c in (ResultCode.REJECTED, ResultCode.SCHEDULE_JOB_INVALID) for c in codes):
+        assert status == 422
+    elif status != 200:
+        assert status in (422, 502, 503, 504)
+    if None in codes and status == 504:
+        assert all(c in DONE or c is None for c in codes)
