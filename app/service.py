@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from app.jobs import Job, schedule_aggregate
+from app.jobs import DEFAULT_REQUEST_ID_WINDOW_MS, Job, schedule_aggregate
 from app.model.aggregate import AggregateType
 
 __all__ = ["Service"]
@@ -35,10 +35,13 @@ class Service:
         if clash:
             raise ValueError(f"{clash} are kept by the jobs of their context: declare no such type")
 
-    def all_aggregates(self, partitions: int) -> tuple[AggregateType[Any], ...]:
-        """The declared aggregate types and one schedule per context with jobs."""
+    def all_aggregates(
+        self, partitions: int, *, request_id_window_ms: int = DEFAULT_REQUEST_ID_WINDOW_MS
+    ) -> tuple[AggregateType[Any], ...]:
+        """The declared aggregate types and one schedule per context with jobs (on a node
+        keeping applied request ids for `request_id_window_ms`)."""
         schedules = tuple(
-            schedule_aggregate(context, jobs, partitions)
+            schedule_aggregate(context, jobs, partitions, request_id_window_ms=request_id_window_ms)
             for context, jobs in sorted(self.jobs.items())
             if jobs
         )

@@ -24,6 +24,7 @@ import asyncio
 import contextlib
 import importlib
 import logging
+import re
 import sys
 from collections.abc import Callable, Coroutine, Iterator
 from contextvars import ContextVar
@@ -54,6 +55,7 @@ __all__ = [
     "begin_invocation",
     "checked",
     "command_settings",
+    "context_name",
     "fail",
     "json_line",
     "load_service",
@@ -148,6 +150,17 @@ def fail(message: str, code: int = FAILED) -> typer.Exit:
     """Says `message` on stderr; raise what it returns to end the command with `code`."""
     typer.echo(f"error: {message}", err=True)
     return typer.Exit(code)
+
+
+_CONTEXT = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_\-]*$")
+
+
+def context_name(context: str) -> str:
+    """`--context` as given, when it can name a context's topics; else the command ends
+    with exit code 2 (a value it cannot take, as for any bad option)."""
+    if not _CONTEXT.match(context):
+        raise fail(f"context {context!r} must be letters, digits, '_' or '-'", CONFIG_ERROR)
+    return context
 
 
 def command_settings(*, log_level: str | None = None, **overrides: Any) -> Settings:

@@ -8,18 +8,16 @@ back to its topic, once: a second replay of the same letter writes nothing and s
 
 from __future__ import annotations
 
-import re
 import time
 from typing import Annotated
 
 import typer
 
 from app.cli.common import (
-    CONFIG_ERROR,
     Bootstrap,
     Json,
     checked,
-    fail,
+    context_name,
     json_line,
     run,
     settings_for,
@@ -30,8 +28,6 @@ from app.protocol.dead_letters import Stage
 
 __all__ = ["dead_letters_cli"]
 
-_CONTEXT = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_\-]*$")
-
 dead_letters_cli = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
 
 Context = Annotated[str, typer.Option(help="the bounded context whose dead letters to read")]
@@ -39,12 +35,6 @@ Offset = Annotated[int, typer.Option(min=0, help="the letter's offset on the dea
 Partition = Annotated[
     int, typer.Option(min=0, help="the letter's partition on the dead-letter topic")
 ]
-
-
-def _context(context: str) -> str:
-    if not _CONTEXT.match(context):
-        raise fail(f"context {context!r} must be letters, digits, '_' or '-'", CONFIG_ERROR)
-    return context
 
 
 def _line(x: Letter) -> str:
@@ -77,7 +67,7 @@ def list_(
     when it was written, the stage that refused its record, the record's topic, partition
     and offset, the error, and whether it was replayed."""
     settings = settings_for(bootstrap, None)
-    where, book = run(checked(settings.kafka, list_letters(settings.kafka, _context(context))))
+    where, book = run(checked(settings.kafka, list_letters(settings.kafka, context_name(context))))
     shown = [
         x
         for x in book.letters
@@ -106,7 +96,7 @@ def show(
     """Prints one dead letter whole: why and where from, its record's headers, key and
     value (as text when UTF-8, else base64), and its replay if any."""
     settings = settings_for(bootstrap, None)
-    _, book = run(checked(settings.kafka, list_letters(settings.kafka, _context(context))))
+    _, book = run(checked(settings.kafka, list_letters(settings.kafka, context_name(context))))
     x = book.find(partition, offset)
     data = letter_json(x, whole=True)
     if as_json:
@@ -145,7 +135,9 @@ def replay_(
     done: Replayed = run(
         checked(
             settings.kafka,
-            replay(settings.kafka, settings.group_id, _context(context), partition, offset, now),
+            replay(
+                settings.kafka, settings.group_id, context_name(context), partition, offset, now
+            ),
         )
     )
     if as_json:

@@ -11,7 +11,9 @@ once (its result is DUPLICATE). `--dry-run` prints the slots and their request i
 writes nothing. More than `MAX_BACKFILL_SLOTS` slots per instance are refused, and so is
 a slot due before the node's de-duplication window (`TICKWHEEL_REQUEST_ID_WINDOW_MS`) less
 `DECIDED_WITHIN_MS` from now: whether it ran live may be forgotten by the time the backfill
-is decided, so it could run twice.
+is decided, so it could run twice (the workers refuse, when they decide it, a slot due
+before the window itself). The web edge's `POST /jobs/{context}/{job}/trigger|backfill`
+(`app.ops.job_routes`) do the same through `app.ops.job_api`.
 
 Both work on a paused (disabled) instance too; neither enables it.
 """
@@ -37,31 +39,22 @@ from app.cli.common import (
     settings_for,
     time_iso,
 )
-from app.cli.job_actions import (
-    find_job,
-    instance_commands,
-    read_instance_events,
-)
+from app.cli.job_actions import find_job, instance_commands, read_instance_events
 from app.cli.job_options import Context, JobName, Partition, Tenants, Wait, report, send_all
 from app.cli.rule_expr import BadExpression, parse_instant
 from app.errors import JobsCliError
-from app.jobs import (
-    MAX_BACKFILL_SLOTS,
-    BackfillError,
-    BackfillSlot,
-    backfill_command,
-    backfill_slots,
-    first_unheld,
-    tick_timers,
+from app.jobs import MAX_BACKFILL_SLOTS, BackfillSlot, backfill_command
+from app.ops.job_api import (
+    DECIDED_WITHIN_MS,
+    check_range,
+    cli_option,
+    instance_refs,
+    plan_backfill,
 )
-from app.kafka.connection import Connectable
+from app.protocol.wire import EventEnvelope
 from tables import AggregateRef
 
 __all__ = ["DECIDED_WITHIN_MS", "backfill", "now_ms", "trigger"]
-
-DECIDED_WITHIN_MS = 3_600_000
-"""How long after it is sent a backfill's command is taken to be decided at the latest: a
-slot must be due that long after the start of the de-duplication window."""
 
 
 def now_ms() -> int:
@@ -126,46 +119,42 @@ def backfill(
     """Runs each slot of a past range once, under its live tick's request id."""
     settings = settings_for(bootstrap, partitions)
     found = load_service(service)
+    now = now_ms()
     try:
         start = parse_instant(from_, "--from")
         end = parse_instant(until, "--until")
-        if end < start:
-            raise BadExpression(f"--until {until} is before --from {from_}")
-        if end > (now := now_ms()):
-            raise BadExpression(
-                f"--until {until} is after now ({time_iso(now)}): backfill a past range"
-            )
-        declared = find_job(found, context, job)
-        refs = [
-            c.aggregate
-            for c in instance_commands(
-                "disable",  # only for the instances it names: nothing is sent
-                context,
-                declared,
-                partitions=settings.partitions,
-                tenants=tenant or (),
-                partition=partition,
-            )
-        ]
+        check_range(start, end, now, cli_option, (from_, until))
+        refs = instance_refs(
+            context,
+            find_job(found, context, job),
+            partitions=settings.partitions,
+            tenants=tenant or (),
+            partition=partition,
+        )
     except (BadExpression, JobsCliError) as exc:
         raise fail(str(exc), CONFIG_ERROR) from exc
-    planned = run(
-        checked(settings.kafka, _plan(settings.kafka, settings.partitions, refs, start, end))
-    )
-    if isinstance(planned, str):
-        raise fail(planned, CONFIG_ERROR)
-    # A live run's request id is applied at its slot's due time at the earliest, and kept
-    # for the window after: later than this, the node could not tell that it ran.
-    held_after = now - settings.request_id_window_ms + DECIDED_WITHIN_MS
-    for ref, slots in planned:
-        if (old := first_unheld(slots, held_after)) is not None:
-            raise fail(
-                f"{ref}: slot {old.slot} was due at {time_iso(old.due_at)}, before "
-                f"{time_iso(held_after + 1)} (TICKWHEEL_REQUEST_ID_WINDOW_MS less an hour "
-                "ago): the workers may have forgotten whether it ran, so it could run twice; "
-                "backfill a later range",
-                CONFIG_ERROR,
+
+    async def events(ref: AggregateRef) -> list[EventEnvelope]:
+        return await read_instance_events(settings.kafka, ref, settings.partitions)
+
+    async def plan() -> list[tuple[AggregateRef, list[BackfillSlot]]] | JobsCliError:
+        # Returned, not raised: `run` ends a raised one with exit code 1.
+        try:
+            return await plan_backfill(
+                events,
+                refs,
+                start,
+                end,
+                now=now,
+                window_ms=settings.request_id_window_ms,
+                limit=MAX_BACKFILL_SLOTS,
             )
+        except JobsCliError as exc:
+            return exc
+
+    planned = run(checked(settings.kafka, plan()))
+    if isinstance(planned, JobsCliError):
+        raise fail(str(planned), CONFIG_ERROR)
     commands = [backfill_command(ref, slot) for ref, slots in planned for slot in slots]
     if dry_run:
         for ref, slots in planned:
@@ -175,20 +164,6 @@ def backfill(
             typer.echo(f"{len(commands)} slot(s) to backfill; dry run: nothing sent", err=True)
         return
     report("backfill", commands, send_all(settings, commands, wait), wait, as_json, runs=True)
-
-
-async def _plan(
-    bootstrap: Connectable, partitions: int, refs: list[AggregateRef], start: int, end: int
-) -> list[tuple[AggregateRef, list[BackfillSlot]]] | str:
-    """Each instance's slots in the range, or why the range cannot be backfilled."""
-    planned = []
-    for ref in refs:
-        timers = tick_timers(await read_instance_events(bootstrap, ref, partitions))
-        try:
-            planned.append((ref, backfill_slots(timers, start, end, limit=MAX_BACKFILL_SLOTS)))
-        except BackfillError as exc:
-            return f"{ref}: {exc}"
-    return planned
 
 
 def _print_slot(ref: AggregateRef, slot: BackfillSlot, as_json: bool) -> None:

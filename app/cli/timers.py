@@ -10,7 +10,6 @@ its commands and create nothing.
 from __future__ import annotations
 
 import logging
-import re
 from typing import Annotated
 
 import orjson
@@ -23,6 +22,7 @@ from app.cli.common import (
     Json,
     Partitions,
     checked,
+    context_name,
     fail,
     json_line,
     run,
@@ -56,8 +56,6 @@ logger = logging.getLogger(__name__)
 TypeName = Annotated[
     str, typer.Option("--type", help="the timers' owner type, <context>.<aggregate>")
 ]
-
-_CONTEXT = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_\-]*$")
 
 
 def _error(holder: Timer | LedgerEntry) -> str:
@@ -96,9 +94,9 @@ def ledger(
     """Prints the open entries of a context's failure ledger: the parked targets (every
     partition of its topic, however many it has)."""
     settings = settings_for(bootstrap, None)
-    if not _CONTEXT.match(context):
-        raise fail(f"context {context!r} must be letters, digits, '_' or '-'")
-    entries: list[LedgerEntry] = run(checked(settings.kafka, read_ledger(settings.kafka, context)))
+    entries: list[LedgerEntry] = run(
+        checked(settings.kafka, read_ledger(settings.kafka, context_name(context)))
+    )
     for e in entries:
         if as_json:
             json_line(e.model_dump(mode="json"))
@@ -206,6 +204,7 @@ def list_(
                 f"{t.partition}\t{t.status}\t{t.owner}\t{t.key}\t{t.request_id}\t"
                 f"due {time_iso(t.due_at)}\tslot due {time_iso(t.slot_due_at)}\t"
                 f"attempts {t.attempts}\t{t.outcome or '-'}\t-> {t.target} {t.command.type}"
+                f"{_error(t)}"
             )
     if not as_json:
         typer.echo(f"{len(timers)} timer(s)", err=True)

@@ -73,11 +73,17 @@ from app.jobs.declaration import (
     ref_of,
     shard_ref,
 )
-from app.jobs.schedule import ScheduleState, run_key, schedule_aggregate
+from app.jobs.schedule import (
+    DEFAULT_REQUEST_ID_WINDOW_MS,
+    ScheduleState,
+    run_key,
+    schedule_aggregate,
+)
 
 __all__ = [
     "BACKFILL",
     "BACKFILLED",
+    "DEFAULT_REQUEST_ID_WINDOW_MS",
     "DISABLE",
     "DISABLED",
     "ENABLE",

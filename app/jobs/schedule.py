@@ -62,10 +62,20 @@ class ScheduleState(BaseModel):
     """When the last slot that ran was due."""
 
 
+DEFAULT_REQUEST_ID_WINDOW_MS = 7 * 24 * 3_600_000
+"""The node's de-duplication window by default (`TICKWHEEL_REQUEST_ID_WINDOW_MS`)."""
+
+
 def schedule_aggregate(
-    context: str, jobs: Iterable[Job], partitions: int
+    context: str,
+    jobs: Iterable[Job],
+    partitions: int,
+    *,
+    request_id_window_ms: int = DEFAULT_REQUEST_ID_WINDOW_MS,
 ) -> AggregateType[ScheduleState]:
-    """The model of `<context>.schedule`, deciding for `jobs` on a log of `partitions`."""
+    """The model of `<context>.schedule`, deciding for `jobs` on a log of `partitions`,
+    on a node that keeps applied request ids for `request_id_window_ms` (a Backfill of a
+    slot due before that window is refused: its live run may be forgotten)."""
     if partitions < 1:
         raise ValueError(f"partitions must be at least 1, got {partitions}")
     by_name: dict[str, Job] = {}
@@ -73,7 +83,7 @@ def schedule_aggregate(
         if job.name in by_name:
             raise ValueError(f"job {job.name!r} declared twice in {context}")
         by_name[job.name] = job
-    model = _ScheduleModel(context, by_name, partitions)
+    model = _ScheduleModel(context, by_name, partitions, request_id_window_ms)
     agg = AggregateType(context, SCHEDULE, ScheduleState)
     agg.command(ENABLE)(model.enable)
     agg.command(RESCHEDULE)(model.reschedule)
@@ -99,10 +109,13 @@ def schedule_aggregate(
 
 
 class _ScheduleModel:
-    def __init__(self, context: str, jobs: Mapping[str, Job], partitions: int) -> None:
+    def __init__(
+        self, context: str, jobs: Mapping[str, Job], partitions: int, window_ms: int
+    ) -> None:
         self.context = context
         self.jobs = jobs
         self.partitions = partitions
+        self.window_ms = window_ms
 
     def enable(self, state: ScheduleState, cmd: Command, d: Decision) -> None:
         job = self._job_to_enable(cmd, d)
@@ -231,6 +244,16 @@ class _ScheduleModel:
             )
         if due_at > d.now:
             _invalid(d, f"slot {slot} of {timer_id} is due at {due_at}, after now ({d.now})")
+        # Checked here, when it is decided, not only by its sender: a command that waited
+        # in its topic may reach a node that forgot the live run's request id (applied at
+        # the slot's due time at the earliest, forgotten `window_ms` after), and run twice.
+        if due_at <= d.now - self.window_ms:
+            _invalid(
+                d,
+                f"slot {slot} of {timer_id} was due at {due_at}, before the node's "
+                f"de-duplication window ({self.window_ms} ms before now, {d.now}): whether "
+                "it ran live may be forgotten, so it is not run again",
+            )
         d.emit(BACKFILLED, {"slot": slot, "due_at": due_at, "timer_id": timer_id})
         run = self._run(job, cmd, slot, due_at, cmd.request_id, d, backfilled=True)
         if (error := _run_handler(job, run)) is not None:

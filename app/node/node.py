@@ -92,7 +92,12 @@ class Node:
         self.ledger: FailureLedger | None = ledger
         self._ledgers: dict[str, KafkaFailureLedger] = {}
         # The declared aggregates and each context's schedule (its jobs), by type name.
-        self.aggregates = {a.type_name: a for a in service.all_aggregates(settings.partitions)}
+        self.aggregates = {
+            a.type_name: a
+            for a in service.all_aggregates(
+                settings.partitions, request_id_window_ms=settings.request_id_window_ms
+            )
+        }
         names = list(self.aggregates)
         names += [n for n in settings.aggregate_types if n not in names]
         self.topics = [parse_aggregate_type(n) for n in names]

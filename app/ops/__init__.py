@@ -1,5 +1,6 @@
 """Operating nodes: the HTTP edge and operator page, and the rebuild of the timer view.
 
 May import: `app.node`, `app.timers`, `app.kafka`, `app.protocol`, `app.clients` (the timer
-book's commands), `app.model`, `tables`.
+book's commands), `app.model`, `app.jobs` and `app.service` (the jobs' commands, `job_api`),
+`app.errors`, `tables`.
 """

@@ -10,6 +10,15 @@ from typing import Any
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
+from app.ops.job_models import (
+    BackfillBody,
+    JobAnswer,
+    JobBody,
+    JobList,
+    RescheduleBody,
+    job_paths,
+)
+from app.ops.job_routes import JOB_ACTIONS, job_path
 from app.ops.timer_api import ApiError, TimerAnswer, TimerPut
 from app.ops.timer_routes import IDEMPOTENCY_HEADER, TIMER_PATH
 from app.ops.upcoming import DEFAULT_LIMIT, MAX_LIMIT, UpcomingPage
@@ -17,7 +26,15 @@ from tables.timer import Timer
 
 __all__ = ["JSON_ROUTES", "openapi_document"]
 
-_MODELS: tuple[type[BaseModel], ...] = (ApiError, Timer, TimerAnswer, UpcomingPage)
+_MODELS: tuple[type[BaseModel], ...] = (
+    ApiError,
+    Timer,
+    TimerAnswer,
+    UpcomingPage,
+    JobAnswer,
+    JobList,
+)
+_BODIES: tuple[type[BaseModel], ...] = (TimerPut, JobBody, RescheduleBody, BackfillBody)
 
 JSON_ROUTES = frozenset(
     {
@@ -30,6 +47,8 @@ JSON_ROUTES = frozenset(
         ("PUT", TIMER_PATH),
         ("DELETE", TIMER_PATH),
         ("GET", "/openapi.json"),
+        ("GET", "/jobs"),
+        *(("POST", job_path(a)) for a in JOB_ACTIONS),
     }
 )
 """(method, path) of every route answering JSON: the document describes each."""
@@ -82,7 +101,7 @@ def _health(summary: str) -> dict[str, Any]:
 def openapi_document(version: str) -> dict[str, Any]:
     """The document, for the package's `version`."""
     _, defs = models_json_schema(
-        [(m, "serialization") for m in _MODELS] + [(TimerPut, "validation")],
+        [(m, "serialization") for m in _MODELS] + [(m, "validation") for m in _BODIES],
         ref_template="#/components/schemas/{model}",
     )
     timer_params = [
@@ -188,6 +207,7 @@ def openapi_document(version: str) -> dict[str, Any]:
                     "responses": {k: v for k, v in written.items() if k != "422"},
                 },
             },
+            **job_paths(_ref, _json, _error, job_path),
             "/openapi.json": {
                 "get": {
                     "summary": "this document",

@@ -24,7 +24,9 @@ scan stopped there: the page then ends where the scan did). `GET /` is the opera
 `?owner=<id>&tenant=<tenant>`, the lateness chart); its Retry and Skip forms are
 `POST /timers/retry` and `POST /timers/skip` (303 back to the page, 400 for a bad form,
 403 for a form posted from another site). `PUT`, `DELETE` and `GET /timers/{type}/{owner}/{key}`
-set, cancel and show a timer of a timer book (`app.ops.timer_routes`), and
+set, cancel and show a timer of a timer book (`app.ops.timer_routes`); `GET /jobs` and
+`POST /jobs/{context}/{job}/trigger|enable|disable|reschedule|backfill` list and act on
+the service's jobs (`app.ops.job_routes`); and
 `GET /openapi.json` describes every JSON route (`app.ops.openapi`). Anything else is a JSON
 404/405 with the reason.
 
@@ -54,6 +56,7 @@ from yarl import URL
 
 from app.errors import TickwheelError
 from app.ops.forms import TOKEN_FIELD, without_token
+from app.ops.job_routes import JobRoutes
 from app.ops.openapi import openapi_document
 from app.ops.page import OperatorPage, Rendered, default_node_id
 from app.ops.timer_api import DEFAULT_WAIT_S
@@ -113,6 +116,7 @@ class WebServer:
     ) -> None:
         self._node = node
         self._timers = TimerRoutes(node, timer_wait_s)
+        self._jobs = JobRoutes(node, timer_wait_s)
         self._host = host
         self._port = port
         self._max_commit_lag_s = max_commit_lag_s
@@ -140,6 +144,7 @@ class WebServer:
         app.router.add_get("/timers/upcoming", self._upcoming)
         app.router.add_get("/openapi.json", self._openapi)
         self._timers.add_to(app)
+        self._jobs.add_to(app)
         app.router.add_get("/", self._page)
         app.router.add_post("/timers/retry", self._retry)
         app.router.add_post("/timers/skip", self._skip)

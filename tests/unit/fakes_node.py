@@ -10,6 +10,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
+from app.jobs import DEFAULT_REQUEST_ID_WINDOW_MS
 from app.kafka.memory import MemoryLog
 from app.node import Node
 from app.node.settings import Settings
@@ -54,6 +55,7 @@ class RunningNode:
         timers: TimerOptions | None = None,
         options: TimerOptions | None = None,
         clock: Clock | None = None,
+        request_id_window_ms: int = DEFAULT_REQUEST_ID_WINDOW_MS,
     ) -> None:
         settings = Settings(
             bootstrap_servers="memory",
@@ -63,6 +65,7 @@ class RunningNode:
             session_timeout_ms=session_timeout_ms,
             commit_interval_ms=20,
             timers=timers or TimerOptions(),
+            request_id_window_ms=request_id_window_ms,
         )
         self.name, self.partitions = name, partitions
         self.node = Node(settings, service, clock=clock, options=options, clients=log)

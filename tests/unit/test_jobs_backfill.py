@@ -21,6 +21,7 @@ from app.cli.job_actions import instance_commands
 from app.errors import JobsCliError
 from app.jobs import (
     BACKFILLED,
+    DEFAULT_REQUEST_ID_WINDOW_MS,
     TICK,
     TICKED,
     TRIGGER,
@@ -202,6 +203,37 @@ def test_a_backfill_is_refused_for_a_slot_not_due_or_not_under_its_own_request_i
     renamed = renamed.model_copy(update={"request_id": "my-own"})
     assert s.run(renamed, T0 + 2 * MIN) is ResultCode.SCHEDULE_JOB_INVALID
     assert s.sent == []
+
+
+def test_a_backfill_decided_once_its_slot_left_the_request_id_window_is_refused() -> None:
+    """The node forgets a request id applied at or before `now - window`; a live run is
+    applied at its slot's due time at the earliest, so a slot due then may have run."""
+    s = enabled(Handler())
+    ref = ref_of(CONTEXT, "report")
+    timer = s.state.timer_id
+    assert timer is not None
+    window = DEFAULT_REQUEST_ID_WINDOW_MS
+    slot = backfill_command(ref, BackfillSlot(timer, 1, T0 + MIN))
+    assert s.run(slot, T0 + MIN + window) is ResultCode.SCHEDULE_JOB_INVALID
+    assert s.sent == [] and s.count(BACKFILLED) == 0
+    assert s.run(slot, T0 + MIN + window - 1) is ResultCode.COMMITTED
+    assert s.count(BACKFILLED) == 1
+
+
+@given(window=st.integers(60_000, 10**12), late=st.integers(0, 10**12))
+def test_the_window_a_schedule_is_given_bounds_the_slots_it_backfills(
+    window: int, late: int
+) -> None:
+    job = Job("report", JobScope.SYSTEM, RULE, Handler())
+    agg = schedule_aggregate(CONTEXT, [job], 1, request_id_window_ms=window)
+    enable = enable_command(CONTEXT, job, now=T0 - 1)
+    on = decide(agg, None, enable, now=T0 - 1, seen=False)
+    timer = ScheduleState.model_validate(on.stored.state if on.stored else {}).timer_id
+    assert timer is not None
+    cmd = backfill_command(ref_of(CONTEXT, "report"), BackfillSlot(timer, 0, T0))
+    got = decide(agg, on.stored, cmd, now=T0 + late, seen=False).code
+    expected = ResultCode.SCHEDULE_JOB_INVALID if late >= window else ResultCode.COMMITTED
+    assert got is expected
 
 
 def test_a_paused_window_is_backfilled_under_the_ids_of_the_timer_before_it() -> None:

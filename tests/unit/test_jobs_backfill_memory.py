@@ -169,3 +169,46 @@ async def test_a_backfill_over_live_slots_applies_each_slot_once(
     runs = sorted(e.body["slot"] for e in _types(log, REPORTS.events, "Ran"))
     assert runs == [-1, 0, 1, 2, 3, 4], "each slot once, and the triggered run"
     assert len(_types(log, SCHEDULE.events, BACKFILLED)) == 2
+
+
+DAY = 24 * 60 * MIN
+WINDOW = 2 * DAY
+
+
+async def test_a_backfill_decided_after_its_slot_left_the_request_id_window_is_refused(
+    tmp_path: Path,
+) -> None:
+    """A backfill's slot must still be in the node's de-duplication window when the node
+    decides it, not only when it was sent: a command queued long enough (the CLI and the
+    web edge check at sending time only) reached a node that had forgotten the live run's
+    request id, and ran the slot a second time."""
+    log, clock = MemoryLog(), FakeClock(T0 - 30_000)
+    node = RunningNode(
+        log, tmp_path, "n", SERVICE, PARTITIONS, clock=clock, request_id_window_ms=WINDOW
+    )
+    async with running(node, within=10):
+        await _send(log, [enable_command(CONTEXT, JOB, now=clock.now())])
+        await wait_until(lambda: bool(_types(log, SCHEDULE.events, "wow.ScheduleSet")))
+        clock.set(T0)  # slot 0 runs live
+        await wait_until(lambda: len(_types(log, REPORTS.events, "Ran")) == 1)
+        # The window passes: the next commit (the catch-up tick) forgets slot 0's id.
+        clock.set(T0 + WINDOW + 5 * MIN + 5)
+        await wait_until(lambda: len(_types(log, REPORTS.events, "Ran")) == 2)
+        mine = [e for e in _events(log, SCHEDULE.events) if e.aggregate == INSTANCE]
+        (slot0,) = backfill_slots(tick_timers(mine), T0, T0)
+        # Sent when it was still in the window (as the CLI checked it), decided now.
+        command = backfill_command(INSTANCE, slot0, now=T0 + 10 * MIN)
+        topic = ContextTopics(CONTEXT).results
+        seen = {p: len(log.records(topic, p)) for p in range(PARTITIONS)}
+        await _send(log, [command])
+
+        def answered() -> list[CommandResult]:
+            return [r for r in _results(log, seen) if r.request_id == command.request_id]
+
+        await wait_until(lambda: bool(answered()))
+        (result,) = answered()
+        assert result.code is ResultCode.SCHEDULE_JOB_INVALID, result
+        assert "de-duplication window" in result.message
+        assert sorted(e.body["slot"] for e in _types(log, REPORTS.events, "Ran"))[0] == 0
+        assert len([e for e in _types(log, REPORTS.events, "Ran") if e.body["slot"] == 0]) == 1
+        assert not _types(log, SCHEDULE.events, BACKFILLED)

@@ -188,7 +188,6 @@ async def test_a_recurring_timer_days_behind_jumps_in_one_write_and_sends_once(
         (["skip", "--type", "shop.order", "--target-id", ""], "bad target: id"),
         (["skip", "--type", "a.b", "--target-id", "x", "--target-type", "x.y.z"], "x.y.z"),
         (["list", "--type", "shop.order", "--status", "LOST"], "unknown status 'LOST'"),
-        (["ledger", "--context", "a/b"], "context 'a/b'"),
         (["list", "--type", "a.b", "--bootstrap", "127.0.0.1:1"], "127.0.0.1:1"),
         (["ledger", "--context", "a", "--bootstrap", "127.0.0.1:1"], "127.0.0.1:1"),
         (["retry", "--type", "a.b", "--target-id", "x", "--bootstrap", "127.0.0.1:1"], "1"),

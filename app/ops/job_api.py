@@ -1,0 +1,412 @@
+"""What `tickwheel jobs …` and the web edge's `/jobs` routes (`app.ops.job_routes`) both do
+with a service's jobs: find a declared job, check an instance's rule override, make the
+`wow.schedule.*` commands of the instances named, plan a backfill of a past range, send
+commands and wait for their results, and read the instances' states (or one instance's
+events) from their schedule log.
+
+The I/O here runs on the log's ports (`LogReader`, `Publisher`): the CLI opens its own
+clients on the bootstrap servers, the web edge uses its node's.
+
+Errors are `JobInputError`s naming the wrong input (`field`); their messages spell it as
+the caller does (`Spelling`: the CLI's `--partition`, the JSON body's `partition`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from app.errors import BadRecord, JobsCliError
+from app.jobs import (
+    SCHEDULE,
+    BackfillError,
+    BackfillSlot,
+    Job,
+    JobScope,
+    ScheduleState,
+    backfill_slots,
+    disable_command,
+    effective_rule,
+    enable_command,
+    first_unheld,
+    reschedule_command,
+    schedule_aggregate,
+    tick_timers,
+    trigger_command,
+)
+from app.kafka.ports import LogReader, Publisher
+from app.model.decide import StoredAggregate, fold
+from app.protocol.topics import AggregateTopics, ContextTopics
+from app.protocol.wire import (
+    CommandEnvelope,
+    CommandResult,
+    EventEnvelope,
+    ResultCode,
+    decode,
+    encode,
+)
+from app.service import Service
+from tables import DEFAULT_TENANT, AggregateRef
+from tables.exceptions import InvalidRule
+from tables.partitioner import partition_of
+
+__all__ = [
+    "DECIDED_WITHIN_MS",
+    "FAILED_CODES",
+    "InstanceState",
+    "JobInputError",
+    "Spelling",
+    "check_range",
+    "cli_option",
+    "find_job",
+    "fold_instances",
+    "instance_commands",
+    "instance_refs",
+    "json_field",
+    "plan_backfill",
+    "read_instance_events",
+    "read_instances",
+    "rule_override",
+    "send_and_wait",
+]
+
+FAILED_CODES = frozenset(
+    {ResultCode.REJECTED, ResultCode.SCHEDULE_JOB_INVALID, ResultCode.ERROR, ResultCode.BUSY}
+)
+"""Results that mean the command did not do what was asked."""
+
+DECIDED_WITHIN_MS = 3_600_000
+"""How long after it is sent a backfill's command is taken to be decided at the latest: a
+slot must be due that long after the start of the de-duplication window to be sent (the
+node refuses, when it decides it, a slot due before the window itself)."""
+
+Spelling = Callable[[str], str]
+"""How a caller names an input field in its messages."""
+
+
+def cli_option(field: str) -> str:
+    """The CLI's spelling: `--request-id`, `--tenant` (repeatable) for `tenants`."""
+    return "--" + {"tenants": "tenant"}.get(field, field).replace("_", "-")
+
+
+def json_field(field: str) -> str:
+    """The JSON body's spelling: the field itself."""
+    return field
+
+
+class JobInputError(JobsCliError):
+    """An input the jobs' commands cannot take; `field` names it."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+# --- what the commands are, without the log ----------------------------------------------
+
+
+def find_job(service: Service, context: str, name: str) -> Job:
+    """The job `name` declared in `context` of `service`; `JobInputError` naming what exists."""
+    if context not in service.jobs or not service.jobs[context]:
+        known = ", ".join(sorted(c for c, jobs in service.jobs.items() if jobs)) or "none"
+        raise JobInputError(
+            "context", f"context {context!r} declares no jobs (contexts with jobs: {known})"
+        )
+    for job in service.jobs[context]:
+        if job.name == name:
+            return job
+    known = ", ".join(sorted(j.name for j in service.jobs[context]))
+    raise JobInputError("job", f"unknown job {name!r} in {context} (its jobs: {known})")
+
+
+def rule_override(parts: object, job: Job, spell: Spelling = json_field) -> dict[str, Any] | None:
+    """An instance's override (an object of rule fields; None: none), checked against the
+    job's default as the aggregate will check it."""
+    if parts is None:
+        return None
+    if not isinstance(parts, dict):
+        raise JobInputError(
+            "rule",
+            f"{spell('rule')} must be a JSON object of rule fields (or null), "
+            f"not {type(parts).__name__}",
+        )
+    try:
+        effective_rule(job.rule, parts)
+    except InvalidRule as exc:
+        raise JobInputError("rule", f"invalid rule for job {job.name!r}: {exc}") from exc
+    return parts
+
+
+def instance_commands(
+    action: str,
+    context: str,
+    job: Job,
+    *,
+    partitions: int,
+    tenants: Sequence[str] = (),
+    partition: int | None = None,
+    rule: dict[str, Any] | None = None,
+    request_id: str | None = None,
+    spell: Spelling = cli_option,
+) -> list[CommandEnvelope]:
+    """One `wow.schedule.<action>` per instance named: `action` is enable, disable,
+    reschedule (whose `rule` None makes the instance follow its job's default again) or
+    trigger. Under `request_id`, suffixed `@<tenant>/<instance id>` when several instances
+    share it, as results are matched by request id (sent again, each is a DUPLICATE); None:
+    a fresh one each."""
+    if job.scope is not JobScope.SHARDED and partition is not None:
+        raise JobInputError(
+            "partition",
+            f"job {job.name!r} is {job.scope}: {spell('partition')} is for SHARDED jobs",
+        )
+    if job.scope is not JobScope.TENANT and any(t != DEFAULT_TENANT for t in tenants):
+        raise JobInputError(
+            "tenants",
+            f"job {job.name!r} is {job.scope}: its instances are in the default tenant "
+            f"{DEFAULT_TENANT!r}; {spell('tenants')} is for TENANT jobs",
+        )
+    if partition is not None and not 0 <= partition < partitions:
+        raise JobInputError(
+            "partition",
+            f"{spell('partition')} {partition} is not one of {partitions} partitions",
+        )
+    if request_id is not None and not 0 < len(request_id.strip()) == len(request_id) <= 200:
+        raise JobInputError(
+            "request_id",
+            f"{spell('request_id')} {request_id!r}: give 1-200 characters, no surrounding spaces",
+        )
+    where: list[dict[str, Any]]
+    if job.scope is JobScope.SHARDED:
+        shards = range(partitions) if partition is None else [partition]
+        where = [{"partition": p, "partitions": partitions} for p in shards]
+    else:
+        where = [{"tenant": t} for t in dict.fromkeys(tenants or [DEFAULT_TENANT])]
+    if action == "enable":
+        commands = [
+            enable_command(context, job, rule=rule, **w, request_id=request_id) for w in where
+        ]
+    elif action == "disable":
+        commands = [disable_command(context, job, **w, request_id=request_id) for w in where]
+    elif action == "reschedule":
+        commands = [
+            reschedule_command(context, job, rule, **w, request_id=request_id) for w in where
+        ]
+    elif action == "trigger":
+        commands = [trigger_command(context, job, **w, request_id=request_id) for w in where]
+    else:
+        raise ValueError(f"unknown action {action!r}")
+    if request_id is None or len(commands) == 1:
+        return commands
+    return [
+        c.model_copy(update={"request_id": f"{request_id}@{c.aggregate.tenant}/{c.aggregate.id}"})
+        for c in commands
+    ]
+
+
+def instance_refs(
+    context: str,
+    job: Job,
+    *,
+    partitions: int,
+    tenants: Sequence[str] = (),
+    partition: int | None = None,
+    spell: Spelling = cli_option,
+) -> list[AggregateRef]:
+    """The instances named, as `instance_commands` names them (nothing is sent)."""
+    made = instance_commands(
+        "disable",
+        context,
+        job,
+        partitions=partitions,
+        tenants=tenants,
+        partition=partition,
+        spell=spell,
+    )
+    return [c.aggregate for c in made]
+
+
+# --- backfill ------------------------------------------------------------------------------
+
+
+def check_range(
+    start: int,
+    end: int,
+    now: int,
+    spell: Spelling = json_field,
+    given: tuple[str, str] | None = None,
+) -> None:
+    """A backfill's range `[start, end]` (epoch ms) must be in order and past by `now`;
+    `given`: the range as the caller gave it, to say it back so."""
+    first, last = given or (str(start), str(end))
+    if end < start:
+        raise JobInputError("until", f"{spell('until')} {last} is before {spell('from')} {first}")
+    if end > now:
+        raise JobInputError(
+            "until", f"{spell('until')} {last} is after now ({_iso(now)}): backfill a past range"
+        )
+
+
+async def plan_backfill(
+    events_of: Callable[[AggregateRef], Awaitable[list[EventEnvelope]]],
+    refs: Iterable[AggregateRef],
+    start: int,
+    end: int,
+    *,
+    now: int,
+    window_ms: int,
+    limit: int,
+) -> list[tuple[AggregateRef, list[BackfillSlot]]]:
+    """Each instance's slots due in the range, from its events (`events_of`), under their
+    live ticks' request ids; `JobInputError` when one has more than `limit`, or one was due
+    so long ago (before the de-duplication window of `window_ms` less `DECIDED_WITHIN_MS`)
+    that the node may have forgotten whether it ran live."""
+    planned = []
+    for ref in refs:
+        timers = tick_timers(await events_of(ref))
+        try:
+            planned.append((ref, backfill_slots(timers, start, end, limit=limit)))
+        except BackfillError as exc:
+            raise JobInputError("until", f"{ref}: {exc}") from exc
+    # A live run's request id is applied at its slot's due time at the earliest, and kept
+    # for the window after: later than this, the node could not tell that it ran.
+    held_after = now - window_ms + DECIDED_WITHIN_MS
+    for ref, slots in planned:
+        if (old := first_unheld(slots, held_after)) is not None:
+            raise JobInputError(
+                "from",
+                f"{ref}: slot {old.slot} was due at {_iso(old.due_at)}, before "
+                f"{_iso(held_after + 1)} (TICKWHEEL_REQUEST_ID_WINDOW_MS less an hour "
+                "ago): the workers may have forgotten whether it ran, so it could run twice; "
+                "backfill a later range",
+            )
+    return planned
+
+
+# --- the log -------------------------------------------------------------------------------
+
+
+async def send_and_wait(
+    publisher: Publisher,
+    reader: LogReader,
+    partitions: int,
+    commands: Sequence[CommandEnvelope],
+    wait_s: float,
+    *,
+    poll_s: float = 0.2,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+) -> dict[str, CommandResult]:
+    """Sends `commands` (all to one context's schedule) and, for up to `wait_s` seconds,
+    waits for their results: those that came, by request id."""
+    if not commands:
+        return {}
+    context = commands[0].aggregate.context
+    topics = AggregateTopics(context, SCHEDULE)
+    results_topic = ContextTopics(context).results
+    # Where each result will be written (`processor`: the request id picks the partition),
+    # and how far those partitions reach now: the results come after.
+    wanted = {c.request_id: partition_of(c.request_id, partitions) for c in commands}
+    start = {p: (await reader.offsets(results_topic, p))[1] for p in set(wanted.values())}
+    await publisher.send_many(
+        [
+            (
+                topics.commands,
+                partition_of(c.aggregate.id, partitions),
+                c.aggregate.id.encode(),
+                encode(c),
+            )
+            for c in commands
+        ]
+    )
+    found: dict[str, CommandResult] = {}
+    deadline = clock() + wait_s
+    while wait_s > 0 and len(found) < len(wanted):
+        for p in sorted(start):
+            async for batch in reader.read(results_topic, p, start[p]):
+                for r in batch:
+                    start[p] = r.offset + 1
+                    try:
+                        result = decode(CommandResult, r.value)
+                    except BadRecord:
+                        continue
+                    if result.request_id in wanted:
+                        found[result.request_id] = result
+        if len(found) == len(wanted) or clock() >= deadline:
+            break
+        await sleep(poll_s)
+    return found
+
+
+@dataclass(frozen=True, slots=True)
+class InstanceState:
+    """One instance as the schedule log has it."""
+
+    tenant: str
+    id: str
+    version: int
+    state: ScheduleState
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "tenant": self.tenant,
+            "id": self.id,
+            "version": self.version,
+            **self.state.model_dump(),
+        }
+
+
+def fold_instances(
+    context: str, jobs: Iterable[Job], partitions: int, events: Iterable[EventEnvelope]
+) -> list[InstanceState]:
+    """The instances of `context`'s jobs folded from their events (in log order)."""
+    type_name = AggregateTopics(context, SCHEDULE).type_name
+    agg = schedule_aggregate(context, jobs, partitions)
+    stored: dict[tuple[str, str], StoredAggregate] = {}
+    for event in events:
+        if event.aggregate.type_name != type_name:
+            continue
+        key = (event.aggregate.tenant, event.aggregate.id)
+        stored[key] = fold(agg, stored.get(key), [event])
+    return [
+        InstanceState(t, i, s.version, ScheduleState.model_validate(s.state))
+        for (t, i), s in sorted(stored.items())
+    ]
+
+
+async def _events(reader: LogReader, topic: str, partitions: Iterable[int]) -> list[EventEnvelope]:
+    events: list[EventEnvelope] = []
+    for p in partitions:
+        async for batch in reader.read(topic, p, 0):
+            for r in batch:
+                try:
+                    events.append(decode(EventEnvelope, r.value))
+                except BadRecord:
+                    continue
+    return events
+
+
+async def read_instances(
+    reader: LogReader, context: str, jobs: Iterable[Job], partitions: int, have: int
+) -> list[InstanceState]:
+    """The instances of `context`'s jobs as their schedule log (of `have` partitions) has
+    them now; the caller knows the log is there (a read creates no topic)."""
+    events = await _events(reader, AggregateTopics(context, SCHEDULE).events, range(have))
+    return fold_instances(context, jobs, partitions, events)
+
+
+async def read_instance_events(
+    reader: LogReader, ref: AggregateRef, partitions: int
+) -> list[EventEnvelope]:
+    """The events of the job instance `ref`, in log order, from its partition of its
+    context's schedule log; the caller knows the log is there."""
+    topic = AggregateTopics(ref.context, SCHEDULE).events
+    events = await _events(reader, topic, [partition_of(ref.id, partitions)])
+    return [e for e in events if e.aggregate == ref]
+
+
+def _iso(ms: int) -> str:
+    return datetime.fromtimestamp(ms / 1000, UTC).isoformat(timespec="milliseconds")

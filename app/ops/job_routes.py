@@ -1,0 +1,338 @@
+"""The web edge's job routes, over the node's service's jobs (`app.ops.job_api`, as
+`tickwheel jobs` does):
+
+- `GET /jobs` lists the jobs (context, name, scope, default rule) and their instances (id,
+  log partition); `?context=`, `?job=` narrow it, `?state=true` adds each instance as its
+  schedule log has it (enabled, override, rule, last slot run). It reads, and creates
+  nothing;
+- `POST /jobs/{context}/{job}/trigger` runs the job's instances once now (the schedule
+  left as it is);
+- `POST /jobs/{context}/{job}/enable` (resume), `.../disable` (pause), and
+  `.../reschedule` (set the instances' override; `"rule": null` follows the default);
+- `POST /jobs/{context}/{job}/backfill` runs each slot due in `[from, until]` (a past range)
+  once, under the request id its live tick has, so a slot that ran live, or was backfilled
+  before, is a DUPLICATE; `"dry_run": true` answers the slots and sends nothing.
+
+A write's JSON body names the instances: `tenants` (a TENANT job's), `partition` (a
+SHARDED job's one shard; all of them when absent). Its request id is the body's
+`request_id`, or the `Idempotency-Key` header, or a fresh one; with several instances each
+command's is `<request id>@<tenant>/<instance id>`. The same request sent again with the
+same id changes nothing more: every command is answered DUPLICATE (a backfill's ids are
+its slots' own, so it needs none).
+
+The answer is a `JobAnswer`, one outcome per command: 200 when each is done (COMMITTED,
+DUPLICATE, UNCHANGED), 422 when one was refused (REJECTED, SCHEDULE_JOB_INVALID), 502 when
+one failed (ERROR), 503 when a partition was busy (BUSY, `Retry-After`), 504 when one had
+no answer in time (send it again with the same request id). Errors are JSON `ApiError`s
+naming the wrong `field`, 400: a body that is not a JSON object, a field of the wrong type,
+a context or job not declared, instances the job does not have, a bad range (not an
+instant, ending before it starts or after now, more than `MAX_BACKFILL_SLOTS` slots, or
+older than the de-duplication window allows); 503 when the broker did not take the
+commands. The writes need the web token, as every action does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import orjson
+from aiohttp import web
+from pydantic import BaseModel, ValidationError
+
+from app.errors import KafkaUnavailable
+from app.jobs import MAX_BACKFILL_SLOTS, Job, backfill_command, instance_ids
+from app.ops import job_api
+from app.ops.job_api import JobInputError, json_field
+from app.ops.job_models import (
+    BackfillBody,
+    JobAnswer,
+    JobBody,
+    JobInstance,
+    JobList,
+    JobListed,
+    JobOutcome,
+    RescheduleBody,
+)
+from app.ops.timer_api import DONE, ApiError
+from app.protocol.instants import BadInstant, parse_instant
+from app.protocol.wire import CommandEnvelope, CommandResult, EventEnvelope, ResultCode
+from tables import AggregateRef
+from tables.partitioner import partition_of
+
+if TYPE_CHECKING:
+    from app.node import Node
+
+__all__ = ["IDEMPOTENCY_HEADER", "JOB_ACTIONS", "JobRoutes", "answer_status", "job_path"]
+
+JOB_ACTIONS = ("trigger", "enable", "disable", "reschedule", "backfill")
+IDEMPOTENCY_HEADER = "Idempotency-Key"
+_M = TypeVar("_M", bound=BaseModel)
+_REFUSED = frozenset({ResultCode.REJECTED, ResultCode.SCHEDULE_JOB_INVALID})
+
+
+def job_path(action: str) -> str:
+    return f"/jobs/{{context}}/{{job}}/{action}"
+
+
+def _json(data: object, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
+    return web.Response(
+        body=orjson.dumps(data), status=status, content_type="application/json", headers=headers
+    )
+
+
+def _error(status: int, error: str, field: str | None = None, **more: Any) -> web.Response:
+    return _json(ApiError(error=error, field=field, **more).model_dump(mode="json"), status)
+
+
+_TRUE, _FALSE = frozenset({"true", "1", "yes"}), frozenset({"false", "0", "no", ""})
+
+
+class JobRoutes:
+    """The job routes over a node; `wait_s`: how long a request waits for its answers."""
+
+    def __init__(self, node: Node, wait_s: float) -> None:
+        self._node = node
+        self._wait_s = wait_s
+
+    def add_to(self, app: web.Application) -> None:
+        app.router.add_get("/jobs", self.list_jobs)
+        for action in JOB_ACTIONS:
+            app.router.add_post(job_path(action), self._handler(action))
+
+    def _handler(self, action: str) -> Any:
+        async def handle(request: web.Request) -> web.Response:
+            try:
+                return await self.act(action, request)
+            except JobInputError as exc:
+                return _error(400, str(exc), exc.field)
+
+        return handle
+
+    # --- reads ---------------------------------------------------------------------------
+
+    async def list_jobs(self, request: web.Request) -> web.Response:
+        service, n = self._node.service, self._node.settings.partitions
+        query = request.query
+        unknown = sorted(set(query) - {"context", "job", "state"})
+        if unknown:
+            return _error(400, f"unknown query parameter {unknown[0]!r}", unknown[0])
+        state = query.get("state", "").lower()
+        if state not in _TRUE | _FALSE:
+            return _error(400, f"state {state!r}: give true or false", "state")
+        contexts = sorted(c for c, jobs in service.jobs.items() if jobs)
+        listed: list[tuple[str, Job]] = [(c, j) for c in contexts for j in service.jobs[c]]
+        try:
+            if "context" in query:
+                listed = [(c, j) for c, j in listed if c == query["context"]]
+                if not listed:
+                    job_api.find_job(service, query["context"], "")  # raises, naming them
+            if "job" in query:
+                named = [(c, j) for c, j in listed if j.name == query["job"]]
+                if not named:
+                    known = ", ".join(sorted({j.name for _, j in listed})) or "none"
+                    raise JobInputError("job", f"unknown job {query['job']!r} (jobs: {known})")
+                listed = named
+        except JobInputError as exc:
+            return _error(400, str(exc), exc.field)
+        states: dict[str, list[job_api.InstanceState]] = {}
+        if state in _TRUE:
+            for ctx in sorted({c for c, _ in listed}):
+                reader = self._node.clients.reader()
+                await reader.start()
+                try:
+                    states[ctx] = await job_api.read_instances(reader, ctx, service.jobs[ctx], n, n)
+                finally:
+                    await reader.stop()
+        out = []
+        for ctx, job in listed:
+            ids = sorted(instance_ids(ctx, job, n), key=lambda i: partition_of(i, n))
+            seen = [s.as_json() for s in states.get(ctx, []) if s.id in ids]
+            out.append(
+                JobListed(
+                    context=ctx,
+                    job=job.name,
+                    scope=job.scope.value,
+                    rule=job.rule.model_dump(mode="json"),
+                    instances=[JobInstance(id=i, partition=partition_of(i, n)) for i in ids],
+                    state=seen if state in _TRUE else None,
+                )
+            )
+        return _json(JobList(partitions=n, jobs=out).model_dump(mode="json"))
+
+    # --- writes --------------------------------------------------------------------------
+
+    async def act(self, action: str, request: web.Request) -> web.Response:
+        node = self._node
+        n = node.settings.partitions
+        context, name = request.match_info["context"], request.match_info["job"]
+        job = job_api.find_job(node.service, context, name)
+        data = await _body(request)
+        if action == "backfill":
+            return await self._backfill(context, job, data)
+        header = request.headers.get(IDEMPOTENCY_HEADER)
+        if header is not None:
+            if data.get("request_id") not in (None, header):
+                raise JobInputError("request_id", f"differs from the {IDEMPOTENCY_HEADER} header")
+            data = {**data, "request_id": header}
+        model = RescheduleBody if action == "reschedule" else JobBody
+        body = _validate(model, data)
+        if body.rule is not None and action not in ("enable", "reschedule"):
+            raise JobInputError("rule", f"a {action} takes no rule")
+        commands = job_api.instance_commands(
+            action,
+            context,
+            job,
+            partitions=n,
+            tenants=body.tenants,
+            partition=body.partition,
+            rule=job_api.rule_override(body.rule, job),
+            request_id=body.request_id,
+            spell=json_field,
+        )
+        return await self._send(action, context, job, commands)
+
+    async def _backfill(self, context: str, job: Job, data: dict[str, Any]) -> web.Response:
+        node = self._node
+        n = node.settings.partitions
+        body = _validate(BackfillBody, data)
+        start, end = _instant(body.from_, "from"), _instant(body.until, "until")
+        now = node.clock.now()
+        job_api.check_range(start, end, now)
+        refs = job_api.instance_refs(
+            context,
+            job,
+            partitions=n,
+            tenants=body.tenants,
+            partition=body.partition,
+            spell=json_field,
+        )
+        reader = node.clients.reader()
+        await reader.start()
+        try:
+
+            async def events(ref: AggregateRef) -> list[EventEnvelope]:
+                return await job_api.read_instance_events(reader, ref, n)
+
+            planned = await job_api.plan_backfill(
+                events,
+                refs,
+                start,
+                end,
+                now=now,
+                window_ms=node.settings.request_id_window_ms,
+                limit=MAX_BACKFILL_SLOTS,
+            )
+        finally:
+            await reader.stop()
+        commands = [backfill_command(ref, s, now=now) for ref, slots in planned for s in slots]
+        if body.dry_run:
+            outcomes = [_outcome(c, None) for c in commands]
+            answer = JobAnswer(
+                action="backfill",
+                context=context,
+                job=job.name,
+                outcomes=outcomes,
+                answered=False,
+                dry_run=True,
+            )
+            return _json(answer.model_dump(mode="json"))
+        return await self._send("backfill", context, job, commands)
+
+    async def _send(
+        self, action: str, context: str, job: Job, commands: list[CommandEnvelope]
+    ) -> web.Response:
+        node = self._node
+        reader = node.clients.reader()
+        try:
+            await reader.start()
+            try:
+                results = await job_api.send_and_wait(
+                    node.producer, reader, node.settings.partitions, commands, self._wait_s
+                )
+            finally:
+                await reader.stop()
+        except KafkaUnavailable as exc:
+            # Sent or not: the same request ids, sent again, change nothing more.
+            ids = ", ".join(c.request_id for c in commands)
+            return _json(
+                ApiError(
+                    error=f"the broker did not take or answer the commands ({exc}): send them "
+                    f"again with the same request ids ({ids})",
+                    request_id=commands[0].request_id if len(commands) == 1 else None,
+                ).model_dump(mode="json"),
+                503,
+                {"Retry-After": "5"},
+            )
+        outcomes = [_outcome(c, results.get(c.request_id)) for c in commands]
+        answer = JobAnswer(
+            action=action,
+            context=context,
+            job=job.name,
+            outcomes=outcomes,
+            answered=len(results) == len(commands),
+        )
+        status = answer_status([o.code for o in outcomes])
+        headers = {"Retry-After": "1"} if status == 503 else None
+        return _json(answer.model_dump(mode="json"), status, headers)
+
+
+def answer_status(codes: Iterable[ResultCode | None]) -> int:
+    """A `JobAnswer`'s HTTP status by its commands' codes (None: not answered): the worst
+    one decides, a refusal before a failure before a busy partition before a wait."""
+    got = set(codes)
+    if got & _REFUSED or not got <= DONE | {ResultCode.ERROR, ResultCode.BUSY, None}:
+        return 422
+    if ResultCode.ERROR in got:
+        return 502
+    if ResultCode.BUSY in got:
+        return 503
+    return 504 if None in got else 200
+
+
+def _outcome(cmd: CommandEnvelope, result: CommandResult | None) -> JobOutcome:
+    slot, due_at = cmd.body.get("slot"), cmd.body.get("due_at")
+    return JobOutcome(
+        instance=cmd.aggregate,
+        request_id=cmd.request_id,
+        code=None if result is None else result.code,
+        duplicate=result is not None and result.code is ResultCode.DUPLICATE,
+        message="" if result is None else result.message,
+        version=None if result is None else result.version,
+        slot=slot if isinstance(slot, int) else None,
+        due_at=due_at if isinstance(due_at, int) else None,
+    )
+
+
+async def _body(request: web.Request) -> dict[str, Any]:
+    raw = await request.read()
+    if not raw.strip():
+        return {}
+    try:
+        data = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise JobInputError("body", f"not JSON: {exc}") from exc
+    if not isinstance(data, dict):
+        raise JobInputError("body", "must be a JSON object")
+    return data
+
+
+def _validate(model: type[_M], data: dict[str, Any]) -> _M:
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        loc = err["loc"]
+        # The field and any list index: a union's member tag (`until.str`) names no field.
+        field = ".".join([str(loc[0]), *(str(p) for p in loc[1:] if isinstance(p, int))])
+        message = err["msg"]
+        if field in ("from", "until") and err["type"] != "missing":
+            message = "give ISO 8601 with its offset (a string) or epoch ms (an integer)"
+        raise JobInputError(field, f"{field}: {message}") from exc
+
+
+def _instant(value: str | int, field: str) -> int:
+    try:
+        return parse_instant(str(value), field)
+    except BadInstant as exc:
+        raise JobInputError(field, str(exc)) from exc
