@@ -58,6 +58,8 @@ class _Partition:
             insort(self.due, entry)
         elif timer.status is TimerStatus.PARKED:
             insort(self.parked.setdefault(ref_bytes(timer.target), []), entry)
+        elif timer.status is TimerStatus.PAUSED:
+            pass  # held: in no index (`tables.keys.HELD`)
         else:
             insort(self.finished, _finished(timer, row))
 
@@ -78,6 +80,8 @@ class _Partition:
             _remove(self.parked[target], entry)
             if not self.parked[target]:
                 del self.parked[target]
+        elif old.status is TimerStatus.PAUSED:
+            pass
         else:
             _remove(self.finished, _finished(old, row))
 

@@ -16,12 +16,23 @@ from tables.keys import encode_timer, owner_prefix, row_key
 from tables.refs import AggregateRef
 from tables.retention import expiry_cutoff, plan_expiry
 from tables.store import ChangelogRecord, ChangelogSink, UnreadableRow
-from tables.timer import ACTIVE, Timer, TimerChange, TimerStatus
-from tables.writes import Write, check_change, plan_cancel, plan_settle, put_row
+from tables.timer import Timer, TimerChange, TimerStatus
+from tables.writes import (
+    Write,
+    check_change,
+    pause_row,
+    plan_cancel,
+    plan_settle,
+    put_row,
+    resume_row,
+)
 
 __all__ = ["PartitionedStore"]
 
 logger = logging.getLogger(__name__)
+
+_COUNTED = frozenset({TimerStatus.PENDING, TimerStatus.FIRING, TimerStatus.PARKED})
+"""What `status_counts` counts: the statuses an index of the firing loop holds."""
 
 
 class PartitionedStore(ABC):
@@ -168,9 +179,9 @@ class PartitionedStore(ABC):
         for write in writes:
             counts = self._counts.get(write.partition)
             if counts is not None:
-                if write.old is not None and write.old.status in ACTIVE:
+                if write.old is not None and write.old.status in _COUNTED:
                     counts[write.old.status] -= 1
-                if write.new is not None and write.new.status in ACTIVE:
+                if write.new is not None and write.new.status in _COUNTED:
                     counts[write.new.status] += 1
 
     # --- the TimerStore ---------------------------------------------------------------
@@ -219,6 +230,30 @@ class PartitionedStore(ABC):
             writes = plan_cancel([held], version)
             await self._commit(writes)
             return bool(writes)
+
+    async def pause(self, owner: AggregateRef, key: str, version: int) -> bool:
+        async with self._writing():
+            found = self._find(row_key(owner, key))
+            if found is None:
+                return False
+            partition, row, held = found
+            new = pause_row(held, version)
+            if new is None:
+                return False
+            await self._commit([Write(partition, row, held, new)])
+            return True
+
+    async def resume(self, owner: AggregateRef, key: str, version: int, now: int) -> Timer | None:
+        async with self._writing():
+            found = self._find(row_key(owner, key))
+            if found is None:
+                return None
+            partition, row, held = found
+            new = resume_row(held, version, now)
+            if new is None:
+                return None
+            await self._commit([Write(partition, row, held, new)])
+            return new
 
     async def cancel_all(self, owner: AggregateRef, version: int) -> int:
         async with self._writing():
@@ -327,7 +362,7 @@ class PartitionedStore(ABC):
         counts = self._counts.get(partition)
         if counts is None:
             # Synchronous: no write can land between the scan and keeping its result.
-            counts = dict.fromkeys(sorted(ACTIVE), 0)
+            counts = dict.fromkeys(sorted(_COUNTED), 0)
             for _, status in self._due_entries(partition, 0):
                 counts[TimerStatus(status)] += 1
             counts[TimerStatus.PARKED] = sum(1 for _ in self._parked_entries(partition))

@@ -40,6 +40,7 @@ from tables.exceptions import StoreError
 from tables.keys import (
     DUE,
     FINISHED,
+    HELD,
     OFFSET_KEY,
     PARKED,
     ROW,
@@ -63,7 +64,7 @@ __all__ = ["RocksDBTimerStore"]
 
 logger = logging.getLogger(__name__)
 
-_INDEXES = (DUE, PARKED, FINISHED)
+_INDEXES = (DUE, PARKED, FINISHED, HELD)
 _MAX_DUE = (1 << 64) - 1
 _STATUSES = frozenset(status.value for status in TimerStatus)
 _DUE_STATUSES = frozenset({TimerStatus.PENDING, TimerStatus.FIRING})
