@@ -236,16 +236,16 @@ async def test_the_docs_post_lines_are_answered_as_they_say(edge: Edge) -> None:
     lines = re.findall(r"^curl -X POST .*/timers/shop\.reminders/.*$", text, flags=re.M)
     assert len(lines) == 3
     # The timer they name, due after the fake clock's time (the docs' PUT is due before it).
-    body = {**interval(T0 + 60_000, 60_000, "pay"), "target": {"type": "shop.order"}}
-    assert (await edge.call("PUT", "/timers/shop.reminders/o-42/pay", body))[0] == 200
+    pay = {**interval(T0 + 60_000, 60_000, "pay"), "target": {"type": "shop.order"}}
+    assert (await edge.call("PUT", "/timers/shop.reminders/o-42/pay", pay))[0] == 200
     answers = []
     for line in lines:
         words = shlex.split(line.replace("$TICKWHEEL_WEB_TOKEN", TOKEN))
         headers = dict(words[i + 1].split(": ", 1) for i, w in enumerate(words) if w == "-H")
-        body = words[words.index("-d") + 1] if "-d" in words else None
+        assert "-d" not in words  # no body: the request id is the header
         url = URL(words[-1])
         method = words[words.index("-X") + 1]
-        answers.append(await edge.call(method, url.raw_path, body, token=None, headers=headers))
+        answers.append(await edge.call(method, url.raw_path, token=None, headers=headers))
     codes = [(status, a["code"], a["request_id"]) for status, a in answers]
     assert codes == [
         (200, "COMMITTED", "pay-o-42-pause"),
