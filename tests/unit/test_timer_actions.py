@@ -309,3 +309,20 @@ def test_an_actions_bad_options_exit_2_and_send_nothing(sent: list[CommandEnvelo
     assert bad_type.exit_code == 1, bad_type.output
     assert bad_type.stderr.startswith("error: aggregate type 'nodot' must be")
     assert not sent
+
+
+@pytest.mark.parametrize("action", ["pause", "resume", "trigger"])
+def test_the_docs_action_lines_parse_and_send_as_written(
+    sent: list[CommandEnvelope], action: str
+) -> None:
+    """docs/operations.md's `tickwheel timers <action> …` line, every optional part given
+    (the integration test runs them against a worker)."""
+    text = (Path(__file__).parents[2] / "docs" / "operations.md").read_text()
+    (span,) = re.findall(rf"`(tickwheel timers {action} [^`]+)`", text)
+    words = [w.removeprefix("[").removesuffix("]") for w in shlex.split(" ".join(span.split()))]
+    result = CliRunner().invoke(cli, words[1:])
+    assert result.exit_code == 0, result.output
+    (cmd,) = sent
+    assert cmd.body == {"key": "pay"} and cmd.aggregate.tenant == "t1"
+    assert cmd.type == f"wow.{action.capitalize()}Timer"
+    assert orjson.loads(result.stdout)["code"] == "COMMITTED"
