@@ -232,27 +232,21 @@ class PartitionedStore(ABC):
             return bool(writes)
 
     async def pause(self, owner: AggregateRef, key: str, version: int) -> bool:
-        async with self._writing():
-            found = self._find(row_key(owner, key))
-            if found is None:
-                return False
-            partition, row, held = found
-            new = pause_row(held, version)
-            if new is None:
-                return False
-            await self._commit([Write(partition, row, held, new)])
-            return True
+        return await self._rewrite(owner, key, lambda held: pause_row(held, version)) is not None
 
     async def resume(self, owner: AggregateRef, key: str, version: int, now: int) -> Timer | None:
+        return await self._rewrite(owner, key, lambda held: resume_row(held, version, now))
+
+    async def _rewrite(
+        self, owner: AggregateRef, key: str, decide: Callable[[Timer], Timer | None]
+    ) -> Timer | None:
+        """Writes what `decide` makes of `owner`'s row under `key`: the row written, or None
+        (no such row, or `decide` wrote nothing)."""
         async with self._writing():
             found = self._find(row_key(owner, key))
-            if found is None:
+            if found is None or (new := decide(found[2])) is None:
                 return None
-            partition, row, held = found
-            new = resume_row(held, version, now)
-            if new is None:
-                return None
-            await self._commit([Write(partition, row, held, new)])
+            await self._commit([Write(found[0], found[1], found[2], new)])
             return new
 
     async def cancel_all(self, owner: AggregateRef, version: int) -> int:
