@@ -31,8 +31,10 @@ __all__ = ["PartitionedStore"]
 
 logger = logging.getLogger(__name__)
 
-_COUNTED = frozenset({TimerStatus.PENDING, TimerStatus.FIRING, TimerStatus.PARKED})
-"""What `status_counts` counts: the statuses an index of the firing loop holds."""
+_COUNTED = frozenset(
+    {TimerStatus.PENDING, TimerStatus.FIRING, TimerStatus.PARKED, TimerStatus.PAUSED}
+)
+"""What `status_counts` counts: the active statuses, each from an index of its own."""
 
 
 class PartitionedStore(ABC):
@@ -93,6 +95,10 @@ class PartitionedStore(ABC):
     @abstractmethod
     def _parked_entries(self, partition: int) -> Iterator[Callable[[], Timer]]:
         """The parked index of partition in order: a loader of each entry's row."""
+
+    @abstractmethod
+    def _held_count(self, partition: int) -> int:
+        """How many PAUSED rows partition holds (its held entries)."""
 
     @abstractmethod
     def _restore(
@@ -360,6 +366,7 @@ class PartitionedStore(ABC):
             for _, status in self._due_entries(partition, 0):
                 counts[TimerStatus(status)] += 1
             counts[TimerStatus.PARKED] = sum(1 for _ in self._parked_entries(partition))
+            counts[TimerStatus.PAUSED] = self._held_count(partition)
             self._counts[partition] = counts
         return dict(counts)
 

@@ -316,6 +316,9 @@ class RocksDBTimerStore(PartitionedStore):
         for _, value in _scan(self._db(partition), PARKED, _prefix_end(PARKED)):
             yield partial(load_timer, value)
 
+    def _held_count(self, partition: int) -> int:
+        return sum(1 for _ in _scan(self._db(partition), HELD, _prefix_end(HELD)))
+
     def _offset(self, partition: int) -> int | None:
         raw = self._db(partition).get(OFFSET_KEY)
         return None if raw is None else int.from_bytes(raw, "big", signed=True)

@@ -134,7 +134,7 @@ class TimerStore(Protocol):
         ...
 
     def status_counts(self, partition: int) -> dict[TimerStatus, int]:
-        """How many PENDING, FIRING and PARKED timers `partition` holds, for metrics read
+        """How many PENDING, FIRING, PARKED and PAUSED timers `partition` holds, for metrics read
         on every scrape: counted from its indexes once (when first asked after the
         partition was opened, restored or dropped), then kept by every write, O(1) each."""
         ...
