@@ -135,7 +135,7 @@ def openapi_document(version: str) -> dict[str, Any]:
             "(UNCHANGED)",
             _ref(TimerAnswer),
         ),
-        "400": _error("a body given, or a wrong path (field names it)"),
+        "400": _error("a body given (other than {}), or a wrong path (field names it)"),
         "404": _error(
             "no timer book of this type here (field type), or the book has no "
             "timer under the key: never set, or cancelled (field key)"

@@ -197,6 +197,12 @@ async def test_a_bad_action_request_is_a_4xx_naming_its_field_and_sends_nothing(
     assert all(edge.log.records(BOOK.commands, p) == [] for p in range(2))
 
 
+async def test_an_empty_object_is_no_body(edge: Edge) -> None:
+    assert (await edge.call("PUT", f"{PATH}/e", once(T0 + 9_000, "e")))[0] == 200
+    status, answer = await edge.call("POST", f"{PATH}/e/pause?request_id=p-e", b"{}")
+    assert (status, answer["code"], answer["request_id"]) == (200, "COMMITTED", "p-e")
+
+
 async def test_actions_need_the_token_and_send_nothing_without_it(edge: Edge) -> None:
     for action in ("pause", "resume", "trigger"):
         assert (await edge.call("POST", f"{PATH}/k/{action}", token=None))[0] == 401
