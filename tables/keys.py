@@ -10,9 +10,12 @@ Every key a partition's DB holds starts with one byte that says what it is:
 - ``p`` + target + due_at + id + row key → the row, for PARKED rows only.
 - ``f`` + finished_at + id + row key → the row, for FIRED and CANCELLED rows only
   (`finished_at`): the retention sweep finds expired rows with one range scan.
+- ``h`` + row key → the row, for PAUSED rows only: held, in no index any scan of the
+  firing loop, the retention sweep or the census reads (a store without paused timers
+  has no such key, so an older store reads as before).
 
 A row is stored once: in its index entry (the ``r`` entry then holds just that index key,
-which starts with ``d``, ``p`` or ``f``), else under ``r`` (its JSON starts with ``{``;
+which starts with ``d``, ``p``, ``f`` or ``h``), else under ``r`` (its JSON starts with ``{``;
 no row of this format has none). So a restore writes each pending timer's bytes once, and learns a
 row's old index entry from its ``r`` entry without decoding it.
 - ``\\x00`` + name → the store's own bookkeeping (the changelog offset); no scan reaches it.
@@ -38,6 +41,7 @@ _M = TypeVar("_M", bound=BaseModel)
 __all__ = [
     "DUE",
     "FINISHED",
+    "HELD",
     "OFFSET_KEY",
     "PARKED",
     "ROW",
@@ -67,6 +71,7 @@ ROW = b"r"
 DUE = b"d"
 PARKED = b"p"
 FINISHED = b"f"
+HELD = b"h"
 OFFSET_KEY = b"\x00changelog-offset"
 
 _MAX_U64 = (1 << 64) - 1
@@ -325,10 +330,12 @@ def finished_at(due_at: int, slot_due_at: int) -> int:
 
 
 def index_key(timer: Timer, row: bytes) -> bytes:
-    """The one index entry a row has: due (PENDING, FIRING), parked (PARKED) or finished
-    (FIRED, CANCELLED)."""
+    """The one index entry a row has: due (PENDING, FIRING), parked (PARKED), held (PAUSED)
+    or finished (FIRED, CANCELLED)."""
     if timer.status in _INDEXED_DUE:
         return due_key(timer.due_at, timer.id, row)
+    if timer.status == "PAUSED":
+        return HELD + row
     if timer.status == "PARKED":
         return parked_key(ref_bytes(timer.target), timer.due_at, timer.id, row)
     return FINISHED + order_key(finished_at(timer.due_at, timer.slot_due_at), timer.id) + row
@@ -339,6 +346,8 @@ def index_key_of(value: dict[str, Any], row: bytes) -> bytes:
     status = value["status"]
     if status in _INDEXED_DUE:
         return due_key(value["due_at"], value["id"], row)
+    if status == "PAUSED":
+        return HELD + row
     if status == "PARKED":
         return parked_key(ref_bytes_of(value["target"]), value["due_at"], value["id"], row)
     order = order_key(finished_at(value["due_at"], value["slot_due_at"]), value["id"])

@@ -47,6 +47,8 @@ class _Partition:
     parked: dict[bytes, list[_Entry]] = field(default_factory=dict)
     finished: list[_Entry] = field(default_factory=list)
     """`(finished_at, id, row key)` of the FIRED and CANCELLED rows."""
+    held: set[bytes] = field(default_factory=set)
+    """The row keys of the PAUSED rows."""
     offset: int | None = None
 
     def put(self, row: bytes, timer: Timer) -> None:
@@ -58,6 +60,8 @@ class _Partition:
             insort(self.due, entry)
         elif timer.status is TimerStatus.PARKED:
             insort(self.parked.setdefault(ref_bytes(timer.target), []), entry)
+        elif timer.status is TimerStatus.PAUSED:
+            self.held.add(row)  # in no index the firing loop reads (`tables.keys.HELD`)
         else:
             insort(self.finished, _finished(timer, row))
 
@@ -78,6 +82,8 @@ class _Partition:
             _remove(self.parked[target], entry)
             if not self.parked[target]:
                 del self.parked[target]
+        elif old.status is TimerStatus.PAUSED:
+            self.held.discard(row)
         else:
             _remove(self.finished, _finished(old, row))
 
@@ -140,6 +146,9 @@ class MemoryTimerStore(PartitionedStore):
         for target in sorted(data.parked):  # target bytes, as the RocksDB index sorts them
             for _, _, row in data.parked[target]:
                 yield partial(data.rows.__getitem__, row)
+
+    def _held_count(self, partition: int) -> int:
+        return len(self._data[partition].held)
 
     def _restore(
         self, partition: int, records: Iterable[tuple[int, bytes, bytes | None]]

@@ -16,12 +16,25 @@ from tables.keys import encode_timer, owner_prefix, row_key
 from tables.refs import AggregateRef
 from tables.retention import expiry_cutoff, plan_expiry
 from tables.store import ChangelogRecord, ChangelogSink, UnreadableRow
-from tables.timer import ACTIVE, Timer, TimerChange, TimerStatus
-from tables.writes import Write, check_change, plan_cancel, plan_settle, put_row
+from tables.timer import Timer, TimerChange, TimerStatus
+from tables.writes import (
+    Write,
+    check_change,
+    pause_row,
+    plan_cancel,
+    plan_settle,
+    put_row,
+    resume_row,
+)
 
 __all__ = ["PartitionedStore"]
 
 logger = logging.getLogger(__name__)
+
+_COUNTED = frozenset(
+    {TimerStatus.PENDING, TimerStatus.FIRING, TimerStatus.PARKED, TimerStatus.PAUSED}
+)
+"""What `status_counts` counts: the active statuses, each from an index of its own."""
 
 
 class PartitionedStore(ABC):
@@ -82,6 +95,10 @@ class PartitionedStore(ABC):
     @abstractmethod
     def _parked_entries(self, partition: int) -> Iterator[Callable[[], Timer]]:
         """The parked index of partition in order: a loader of each entry's row."""
+
+    @abstractmethod
+    def _held_count(self, partition: int) -> int:
+        """How many PAUSED rows partition holds (its held entries)."""
 
     @abstractmethod
     def _restore(
@@ -168,9 +185,9 @@ class PartitionedStore(ABC):
         for write in writes:
             counts = self._counts.get(write.partition)
             if counts is not None:
-                if write.old is not None and write.old.status in ACTIVE:
+                if write.old is not None and write.old.status in _COUNTED:
                     counts[write.old.status] -= 1
-                if write.new is not None and write.new.status in ACTIVE:
+                if write.new is not None and write.new.status in _COUNTED:
                     counts[write.new.status] += 1
 
     # --- the TimerStore ---------------------------------------------------------------
@@ -219,6 +236,24 @@ class PartitionedStore(ABC):
             writes = plan_cancel([held], version)
             await self._commit(writes)
             return bool(writes)
+
+    async def pause(self, owner: AggregateRef, key: str, version: int) -> bool:
+        return await self._rewrite(owner, key, lambda held: pause_row(held, version)) is not None
+
+    async def resume(self, owner: AggregateRef, key: str, version: int, now: int) -> Timer | None:
+        return await self._rewrite(owner, key, lambda held: resume_row(held, version, now))
+
+    async def _rewrite(
+        self, owner: AggregateRef, key: str, decide: Callable[[Timer], Timer | None]
+    ) -> Timer | None:
+        """Writes what `decide` makes of `owner`'s row under `key`: the row written, or None
+        (no such row, or `decide` wrote nothing)."""
+        async with self._writing():
+            found = self._find(row_key(owner, key))
+            if found is None or (new := decide(found[2])) is None:
+                return None
+            await self._commit([Write(found[0], found[1], found[2], new)])
+            return new
 
     async def cancel_all(self, owner: AggregateRef, version: int) -> int:
         async with self._writing():
@@ -327,10 +362,11 @@ class PartitionedStore(ABC):
         counts = self._counts.get(partition)
         if counts is None:
             # Synchronous: no write can land between the scan and keeping its result.
-            counts = dict.fromkeys(sorted(ACTIVE), 0)
+            counts = dict.fromkeys(sorted(_COUNTED), 0)
             for _, status in self._due_entries(partition, 0):
                 counts[TimerStatus(status)] += 1
             counts[TimerStatus.PARKED] = sum(1 for _ in self._parked_entries(partition))
+            counts[TimerStatus.PAUSED] = self._held_count(partition)
             self._counts[partition] = counts
         return dict(counts)
 

@@ -40,6 +40,7 @@ from tables.exceptions import StoreError
 from tables.keys import (
     DUE,
     FINISHED,
+    HELD,
     OFFSET_KEY,
     PARKED,
     ROW,
@@ -63,7 +64,7 @@ __all__ = ["RocksDBTimerStore"]
 
 logger = logging.getLogger(__name__)
 
-_INDEXES = (DUE, PARKED, FINISHED)
+_INDEXES = (DUE, PARKED, FINISHED, HELD)
 _MAX_DUE = (1 << 64) - 1
 _STATUSES = frozenset(status.value for status in TimerStatus)
 _DUE_STATUSES = frozenset({TimerStatus.PENDING, TimerStatus.FIRING})
@@ -314,6 +315,9 @@ class RocksDBTimerStore(PartitionedStore):
     def _parked_entries(self, partition: int) -> Iterator[Callable[[], Timer]]:
         for _, value in _scan(self._db(partition), PARKED, _prefix_end(PARKED)):
             yield partial(load_timer, value)
+
+    def _held_count(self, partition: int) -> int:
+        return sum(1 for _ in _scan(self._db(partition), HELD, _prefix_end(HELD)))
 
     def _offset(self, partition: int) -> int | None:
         raw = self._db(partition).get(OFFSET_KEY)

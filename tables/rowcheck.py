@@ -26,6 +26,7 @@ from tables.bounds import MAX_INSTANT, MAX_INT64, check_json
 from tables.keys import (
     DUE,
     FINISHED,
+    HELD,
     PARKED,
     encode_timer,
     finished_at,
@@ -88,7 +89,7 @@ class _Command(msgspec.Struct, forbid_unknown_fields=True):
     body: msgspec.Raw = msgspec.Raw(b"{}")
 
 
-_Status = Literal["PENDING", "FIRING", "FIRED", "CANCELLED", "PARKED"]
+_Status = Literal["PENDING", "FIRING", "FIRED", "CANCELLED", "PARKED", "PAUSED"]
 _Outcome = Literal[
     "COMMITTED", "DUPLICATE", "UNCHANGED", "REJECTED", "SENT", "EXPIRED", "SKIPPED",
     "CANCELLED", "FAILED", "BUSY",
@@ -187,6 +188,8 @@ def _index(row: _Row, key: bytes) -> bytes:
     status = row.status
     if status == "PENDING" or status == "FIRING":
         return DUE + order_key(row.due_at, row.id) + key
+    if status == "PAUSED":
+        return HELD + key
     if status == "PARKED":
         t = row.target
         target = ref_parts(t.context, t.aggregate, t.tenant, t.id)

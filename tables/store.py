@@ -62,9 +62,10 @@ class TimerStore(Protocol):
     all the owner's timers): the store trusts it, and finds an owner's rows by looking in
     each partition it serves. Calls that name a partition (put, settle, due, expire, census,
     apply_changelog, changelog_offset) raise `StoreClosed` for one this store does not
-    serve (revoked); `find`, `cancel`, `cancel_all`, `parked` and `timers_of` look in the
-    partitions it serves. After `close()` every call raises `StoreClosed`. Bad arguments raise
-    `ValueError`. Writes are serialised; each awaits the changelog sink before it writes.
+    serve (revoked); `find`, `cancel`, `cancel_all`, `pause`, `resume`, `parked` and
+    `timers_of` look in the partitions it serves. After `close()` every call raises
+    `StoreClosed`. Bad arguments raise `ValueError`. Writes are serialised; each awaits
+    the changelog sink before it writes.
     """
 
     @property
@@ -89,6 +90,18 @@ class TimerStore(Protocol):
     async def cancel(self, owner: AggregateRef, key: str, version: int) -> bool:
         """Cancels `owner`'s timer under `key` when it is PENDING, FIRING or PARKED and
         held at `version` or earlier; the cancelled row keeps `version`."""
+        ...
+
+    async def pause(self, owner: AggregateRef, key: str, version: int) -> bool:
+        """Pauses `owner`'s timer under `key` when it is PENDING or FIRING and held at
+        `version` or earlier (`tables.writes.pause_row`): PAUSED, in no index the firing
+        loop reads, never due; whether it wrote."""
+        ...
+
+    async def resume(self, owner: AggregateRef, key: str, version: int, now: int) -> Timer | None:
+        """Resumes `owner`'s PAUSED timer under `key` held at `version` or earlier, caught
+        up at `now` by its rule (`tables.writes.resume_row`): the PENDING row it wrote, or
+        None when it wrote nothing."""
         ...
 
     async def cancel_all(self, owner: AggregateRef, version: int) -> int:
@@ -121,7 +134,7 @@ class TimerStore(Protocol):
         ...
 
     def status_counts(self, partition: int) -> dict[TimerStatus, int]:
-        """How many PENDING, FIRING and PARKED timers `partition` holds, for metrics read
+        """How many PENDING, FIRING, PARKED and PAUSED timers `partition` holds, for metrics read
         on every scrape: counted from its indexes once (when first asked after the
         partition was opened, restored or dropped), then kept by every write, O(1) each."""
         ...

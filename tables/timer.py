@@ -49,9 +49,14 @@ class TimerStatus(StrEnum):
     FIRED = "FIRED"
     CANCELLED = "CANCELLED"
     PARKED = "PARKED"
+    PAUSED = "PAUSED"
+    """Held by its owner (`wow.SchedulePaused`): keeps its rule and slot, fires nothing, and
+    is in no index the firing loop reads until `wow.ScheduleResumed`."""
 
 
-ACTIVE = frozenset({TimerStatus.PENDING, TimerStatus.FIRING, TimerStatus.PARKED})
+ACTIVE = frozenset(
+    {TimerStatus.PENDING, TimerStatus.FIRING, TimerStatus.PARKED, TimerStatus.PAUSED}
+)
 """What a cancel still cancels."""
 
 

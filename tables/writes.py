@@ -11,15 +11,18 @@ import logging
 from collections.abc import Callable, Iterable, Sequence
 from typing import NamedTuple
 
+from tables.slots import Slot, caught_up, jittered_due
 from tables.timer import ACTIVE, Outcome, Timer, TimerChange, TimerStatus
 
 __all__ = [
     "Write",
     "cancel_row",
     "check_change",
+    "pause_row",
     "plan_cancel",
     "plan_settle",
     "put_row",
+    "resume_row",
     "settle_row",
 ]
 
@@ -55,6 +58,56 @@ def cancel_row(held: Timer | None, version: int) -> Timer | None:
         return None
     return held.model_copy(
         update={"status": TimerStatus.CANCELLED, "outcome": Outcome.CANCELLED, "version": version}
+    )
+
+
+PAUSABLE = frozenset({TimerStatus.PENDING, TimerStatus.FIRING})
+"""What a pause holds: a PARKED timer fires nothing already (an operator retries or skips
+it), and a FIRED or CANCELLED one is done."""
+
+
+def pause_row(held: Timer | None, version: int) -> Timer | None:
+    """`held` PAUSED at `version`, when it is PENDING or FIRING and held at `version` or
+    earlier; its rule, slot, attempts and outcome kept.
+
+    A FIRING row's claim is given up: its `due_at` (the claim's deadline) becomes its
+    slot's own firing time, so that a resume sends the slot again (with its request id:
+    a send that did reach the target is answered DUPLICATE). The row takes the pause's
+    version, so that no older change (a replayed put) writes over it.
+    """
+    if held is None or held.status not in PAUSABLE or held.version > version:
+        return None
+    update: dict[str, object] = {"status": TimerStatus.PAUSED, "version": version}
+    if held.status is TimerStatus.FIRING:
+        update["due_at"] = jittered_due(held.rule, held.id, Slot(held.slot, held.slot_due_at))
+    return held.model_copy(update=update)
+
+
+def resume_row(held: Timer | None, version: int, now: int) -> Timer | None:
+    """`held` PENDING again at `version`, when it is PAUSED and held at `version` or
+    earlier; None otherwise (a running timer's resume does nothing).
+
+    It catches up at `now` (the resume's own time, so that a replay decides the same) by
+    its rule's policy: a coalescing rule whose later slots came due while it was paused
+    moves to the latest one due, the ones passed over counted as skipped; a rule that
+    does not coalesce keeps its slot and the runner sends each slot in turn. A slot still
+    to come keeps its due time. Expiry is the runner's, as for any late slot.
+    """
+    if held is None or held.status is not TimerStatus.PAUSED or held.version > version:
+        return None
+    catch = caught_up(held.rule, Slot(held.slot, held.slot_due_at), now)
+    if catch.slot.index <= held.slot:
+        return held.model_copy(update={"status": TimerStatus.PENDING, "version": version})
+    return held.model_copy(
+        update={
+            "status": TimerStatus.PENDING,
+            "version": version,
+            "slot": catch.slot.index,
+            "slot_due_at": catch.slot.due_at,
+            "due_at": jittered_due(held.rule, held.id, catch.slot),
+            "attempts": 0,
+            "skipped": held.skipped + catch.skipped,
+        }
     )
 
 

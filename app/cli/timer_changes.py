@@ -1,13 +1,15 @@
-"""`tickwheel timers set` and `tickwheel timers cancel`: a timer of a timer book
-(`app.clients.timer_book`) set or cancelled by command, as a service's client would
-(`app.ops.timer_api`): the node owning the book's partition appends the event, and a
-command sent again with the same `--request-id` changes nothing (answered DUPLICATE).
+"""`tickwheel timers set|cancel|pause|resume|trigger`: a timer of a timer book
+(`app.clients.timer_book`) set, cancelled, paused, resumed or fired once now by command,
+as a service's client would (`app.ops.timer_api`): the node owning the book's partition
+appends the event, and a command sent again with the same `--request-id` changes nothing
+(answered DUPLICATE; a trigger sent again fires nothing more).
 
-Both need the book's command and results topics (made by a worker running the book) and
-create none. Exit 0 once the book answered COMMITTED or DUPLICATE; 1 when it refused
-(REJECTED, ERROR, BUSY) or did not answer within `--wait` (send it again with the request
-id printed to learn what became of it); 2 for a bad option (a rule that does not parse,
-a target that is the book itself, a rule with no slot left).
+All need the book's command and results topics (made by a worker running the book) and
+create none. Exit 0 once the book answered COMMITTED or DUPLICATE, or UNCHANGED (a pause
+of a paused timer, a resume of a running one); 1 when it refused (REJECTED: a key it has
+no timer under; ERROR, BUSY) or did not answer within `--wait` (send it again with the
+request id printed to learn what became of it); 2 for a bad option (a rule that does not
+parse, a target that is the book itself, a rule with no slot left).
 """
 
 from __future__ import annotations
@@ -44,15 +46,16 @@ from app.ops.timer_api import (
     answer_of,
     cancel_command,
     field_of,
+    key_command,
     owner_ref,
     set_command,
     submit,
 )
 from app.protocol.topics import ContextTopics, parse_aggregate_type
-from app.protocol.wire import CommandEnvelope, CommandResult
+from app.protocol.wire import CommandEnvelope, CommandResult, ResultCode
 from tables import DEFAULT_TENANT, CommandSpec
 
-__all__ = ["cancel", "set_"]
+__all__ = ["cancel", "pause", "resume", "set_", "trigger"]
 
 Owner = Annotated[str, typer.Option("--owner", help="the book's id: the timer's owner")]
 Key = Annotated[str, typer.Option(help="the timer's key, unique per owner")]
@@ -100,6 +103,8 @@ def _answer(action: str, cmd: CommandEnvelope, result: CommandResult | None, as_
         json_line(answer.model_dump(mode="json"))
         return
     before = " before by this request id: nothing written" if answer.duplicate else ""
+    if result.code is ResultCode.UNCHANGED:
+        before = " already so: nothing written"
     typer.echo(
         f"{action} {answer.owner} {answer.key!r}: {result.code}{before} "
         f"(request {answer.request_id}, version {answer.version})"
@@ -193,3 +198,72 @@ def cancel(
         raise fail(str(exc), CONFIG_ERROR) from exc
     result = run(checked(settings.kafka, send_change(settings.kafka, cmd, wait)))
     _answer("cancel", cmd, result, as_json)
+
+
+def _act(
+    action: str,
+    type_name: str,
+    owner: str,
+    key: str,
+    tenant: str,
+    request_id: str | None,
+    wait: float,
+    bootstrap: str | None,
+    as_json: bool,
+) -> None:
+    settings = settings_for(bootstrap, None)
+    try:
+        book = parse_aggregate_type(_type(type_name))
+        cmd = key_command(action, owner_ref(book.type_name, owner, tenant), key, request_id, _now())
+    except BadRequest as exc:
+        raise fail(str(exc), CONFIG_ERROR) from exc
+    result = run(checked(settings.kafka, send_change(settings.kafka, cmd, wait)))
+    _answer(action, cmd, result, as_json)
+
+
+@timers_cli.command()
+def pause(
+    type_name: TypeName,
+    owner: Owner,
+    key: Key,
+    tenant: Tenant = DEFAULT_TENANT,
+    request_id: RequestId = None,
+    wait: Wait = DEFAULT_WAIT_S,
+    bootstrap: Bootstrap = None,
+    as_json: Json = False,
+) -> None:
+    """Pauses a timer of a timer book: it keeps its rule and fires nothing until resumed
+    (paused already: UNCHANGED, no error)."""
+    _act("pause", type_name, owner, key, tenant, request_id, wait, bootstrap, as_json)
+
+
+@timers_cli.command()
+def resume(
+    type_name: TypeName,
+    owner: Owner,
+    key: Key,
+    tenant: Tenant = DEFAULT_TENANT,
+    request_id: RequestId = None,
+    wait: Wait = DEFAULT_WAIT_S,
+    bootstrap: Bootstrap = None,
+    as_json: Json = False,
+) -> None:
+    """Resumes a paused timer of a timer book, caught up by its rule's catch-up policy
+    (running already: UNCHANGED, no error)."""
+    _act("resume", type_name, owner, key, tenant, request_id, wait, bootstrap, as_json)
+
+
+@timers_cli.command()
+def trigger(
+    type_name: TypeName,
+    owner: Owner,
+    key: Key,
+    tenant: Tenant = DEFAULT_TENANT,
+    request_id: RequestId = None,
+    wait: Wait = DEFAULT_WAIT_S,
+    bootstrap: Bootstrap = None,
+    as_json: Json = False,
+) -> None:
+    """Sends a timer's command once now, its rule and next slot left as they were (sent
+    again with its --request-id, it fires nothing more)."""
+    _act("trigger", type_name, owner, key, tenant, request_id, wait, bootstrap, as_json)

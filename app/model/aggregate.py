@@ -30,10 +30,14 @@ from pydantic import BaseModel
 from app.protocol.wire import (
     AGGREGATE_DELETED,
     SCHEDULE_CANCELLED,
+    SCHEDULE_PAUSED,
+    SCHEDULE_RESUMED,
     SCHEDULE_SET,
     CommandEnvelope,
     ResultCode,
     ScheduleCancelled,
+    SchedulePaused,
+    ScheduleResumed,
     ScheduleSet,
 )
 from tables import AggregateRef, CommandSpec, CronRule, IntervalRule, OnceRule
@@ -104,6 +108,14 @@ class Decision:
 
     def cancel_schedule(self, key: str) -> None:
         self.emit(SCHEDULE_CANCELLED, ScheduleCancelled(key=key))
+
+    def pause_schedule(self, key: str) -> None:
+        """Holds the timer under `key`: it keeps its rule and fires nothing until resumed."""
+        self.emit(SCHEDULE_PAUSED, SchedulePaused(key=key))
+
+    def resume_schedule(self, key: str) -> None:
+        """Runs the paused timer under `key` again, caught up by its rule's policy."""
+        self.emit(SCHEDULE_RESUMED, ScheduleResumed(key=key))
 
     def delete(self) -> None:
         """Deletes this aggregate: all its timers are cancelled; later commands are rejected."""

@@ -79,7 +79,7 @@ COMMIT_BUCKETS = (
 
 RESTORE_BUCKETS = (0.01, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 1800.0)
 
-_STATUSES = (TimerStatus.PENDING, TimerStatus.FIRING, TimerStatus.PARKED)
+_STATUSES = (TimerStatus.PENDING, TimerStatus.FIRING, TimerStatus.PARKED, TimerStatus.PAUSED)
 
 
 class _Store(Protocol):
@@ -189,7 +189,7 @@ class NodeMetrics:
         self.active = Gauge(
             "tickwheel_timers",
             "Timers of the partitions this node owns, by aggregate type, partition and "
-            "status (pending, firing, parked)",
+            "status (pending, firing, parked, paused)",
             ["type", "partition", "status"],
             registry=r,
         )

@@ -20,7 +20,7 @@ from app.ops.job_models import (
 )
 from app.ops.job_routes import JOB_ACTIONS, job_path
 from app.ops.timer_api import ApiError, TimerAnswer, TimerPut
-from app.ops.timer_routes import IDEMPOTENCY_HEADER, TIMER_PATH
+from app.ops.timer_routes import ACTION_PATHS, IDEMPOTENCY_HEADER, TIMER_PATH
 from app.ops.upcoming import DEFAULT_LIMIT, MAX_LIMIT, UpcomingPage
 from tables.timer import Timer
 
@@ -46,6 +46,7 @@ JSON_ROUTES = frozenset(
         ("GET", TIMER_PATH),
         ("PUT", TIMER_PATH),
         ("DELETE", TIMER_PATH),
+        *(("POST", path) for path in ACTION_PATHS.values()),
         ("GET", "/openapi.json"),
         ("GET", "/jobs"),
         *(("POST", job_path(a)) for a in JOB_ACTIONS),
@@ -137,6 +138,41 @@ def openapi_document(version: str) -> dict[str, Any]:
         "description": "the change's request id (a PUT's body may say it as request_id)",
         "schema": {"type": "string", "minLength": 1, "maxLength": 300},
     }
+    actions = {
+        "pause": "pauses the timer (PAUSED: it keeps its rule and fires nothing), through "
+        "the book; UNCHANGED when paused already",
+        "resume": "resumes a paused timer, caught up by its rule's catch-up policy, through "
+        "the book; UNCHANGED when it runs",
+        "trigger": "sends the timer's command once now, through the book (its request id is "
+        "<request_id>>0, so a trigger sent again fires nothing more); its rule and next "
+        "slot are left as they were",
+    }
+    acted = {
+        **{k: v for k, v in written.items() if k not in ("404", "422")},
+        "200": _json(
+            "done now (COMMITTED), before by this request id (DUPLICATE), or already so "
+            "(UNCHANGED)",
+            _ref(TimerAnswer),
+        ),
+        "400": _error("a body given (other than {}), or a wrong path (field names it)"),
+        "404": _error(
+            "no timer book of this type here (field type), or the book has no "
+            "timer under the key: never set, or cancelled (field key)"
+        ),
+        "409": _error("this node's table holds the timer FIRED or CANCELLED (field key)"),
+    }
+    action_paths: dict[str, Any] = {
+        path: {
+            "parameters": timer_params,
+            "post": {
+                "summary": actions[action],
+                "security": [{"webToken": []}],
+                "parameters": [idempotency, _query("request_id", "as Idempotency-Key")],
+                "responses": acted,
+            },
+        }
+        for action, path in ACTION_PATHS.items()
+    }
     return {
         "openapi": "3.1.0",
         "info": {"title": "Tickwheel node", "version": version},
@@ -208,6 +244,7 @@ def openapi_document(version: str) -> dict[str, Any]:
                 },
             },
             **job_paths(_ref, _json, _error, job_path),
+            **action_paths,
             "/openapi.json": {
                 "get": {
                     "summary": "this document",

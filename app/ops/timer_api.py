@@ -1,13 +1,15 @@
-"""Timers set, cancelled and shown by an operator or a service without Kafka: the requests
-`tickwheel timers set|cancel` and the web edge's `PUT|DELETE /timers/{type}/{owner}/{key}`
-make of a timer book (`app.clients.timer_book`).
+"""Timers set, cancelled, paused, resumed, triggered and shown by an operator or a service
+without Kafka: the requests `tickwheel timers set|cancel|pause|resume|trigger` and the web
+edge's `PUT|DELETE /timers/{type}/{owner}/{key}` and `POST .../{key}/{action}` make of a
+timer book (`app.clients.timer_book`).
 
-A request is a `wow.SetTimer` or `wow.CancelTimer` command sent to the book's command
-topic, in its owner's partition, and its answer is the command's result, read from its
-context's results topic (in the request id's partition). The node owning the book's
-partition appends the book's events, de-duplicated by request id: a request sent again
-with the same request id (a client's retry after a timeout) is answered DUPLICATE and
-writes nothing, and no version of the book is ever written twice.
+A request is a `wow.SetTimer`, `wow.CancelTimer`, `wow.PauseTimer`, `wow.ResumeTimer` or
+`wow.TriggerTimer` command sent to the book's command topic, in its owner's partition, and
+its answer is the command's result, read from its context's results topic (in the request
+id's partition). The node owning the book's partition appends the book's events,
+de-duplicated by request id: a request sent again with the same request id (a client's retry
+after a timeout) is answered DUPLICATE and writes nothing, and no version of the book is
+ever written twice.
 """
 
 from __future__ import annotations
@@ -20,7 +22,15 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from app.clients.timer_book import CANCEL_TIMER, SET_TIMER, book_reason
+from app.clients.timer_book import (
+    CANCEL_TIMER,
+    PAUSE_TIMER,
+    RESUME_TIMER,
+    SET_TIMER,
+    TRIGGER_TIMER,
+    TimerKey,
+    book_reason,
+)
 from app.errors import BadRecord
 from app.kafka.ports import LogReader, Publisher
 from app.model.aggregate import AggregateType
@@ -38,6 +48,7 @@ from tables import AggregateRef, CommandSpec, ScheduleRule
 from tables.partitioner import partition_of
 
 __all__ = [
+    "ACTIONS",
     "DEFAULT_WAIT_S",
     "DONE",
     "ApiError",
@@ -49,6 +60,7 @@ __all__ = [
     "cancel_command",
     "field_of",
     "is_book",
+    "key_command",
     "new_request_id",
     "owner_ref",
     "set_command",
@@ -61,7 +73,16 @@ DEFAULT_WAIT_S = 30.0
 _TYPE = r"^[A-Za-z0-9_][A-Za-z0-9_\-]*\.[A-Za-z0-9_][A-Za-z0-9_.\-]*$"
 
 DONE = frozenset({ResultCode.COMMITTED, ResultCode.DUPLICATE, ResultCode.UNCHANGED})
-"""Answers meaning the timer is as asked."""
+"""Answers meaning the timer is as asked (UNCHANGED: it was already: a pause of a paused
+timer, a resume of a running one)."""
+
+ACTIONS: dict[str, str] = {
+    "pause": PAUSE_TIMER,
+    "resume": RESUME_TIMER,
+    "trigger": TRIGGER_TIMER,
+}
+"""The actions on one timer (`POST .../{key}/{action}`, `tickwheel timers <action>`): the
+book's command each sends."""
 
 
 class BadRequest(ValueError):
@@ -198,6 +219,26 @@ def cancel_command(
         return CommandEnvelope(
             request_id=request_id or new_request_id(),
             type=CANCEL_TIMER,
+            aggregate=owner,
+            body=body.model_dump(mode="json"),
+            issued_at=now,
+        )
+    except ValidationError as exc:
+        raise field_of(exc) from exc
+
+
+def key_command(
+    action: str, owner: AggregateRef, key: str, request_id: str | None, now: int
+) -> CommandEnvelope:
+    """The book command of `action` (`ACTIONS`) on `owner`'s timer `key`; `BadRequest`
+    naming what is wrong."""
+    if action not in ACTIONS:
+        raise BadRequest("action", f"not one of {', '.join(sorted(ACTIONS))}: {action!r}")
+    try:
+        body = TimerKey(key=key)
+        return CommandEnvelope(
+            request_id=request_id or new_request_id(),
+            type=ACTIONS[action],
             aggregate=owner,
             body=body.model_dump(mode="json"),
             issued_at=now,

@@ -5,13 +5,20 @@
   the book's partition has appended its event;
 - `DELETE /timers/{type}/{owner}/{key}` cancels it (200, a `TimerAnswer`; a key with no
   timer is cancelled all the same: nothing to cancel is no error);
+- `POST /timers/{type}/{owner}/{key}/pause` holds the timer (PAUSED: it keeps its rule
+  and fires nothing), `.../resume` runs it again (caught up by its rule's policy), and
+  `.../trigger` sends its command once now (its rule and next slot as they were), each a
+  `TimerAnswer` (200; UNCHANGED: a paused timer paused again, a running one resumed); a
+  key the book has no timer under (never set, cancelled) is a 404, and a timer this node's
+  table holds FIRED or CANCELLED a 409, both naming `key`;
 - `GET /timers/{type}/{owner}/{key}` shows the timer's row (a `Timer`) when this node
   keeps the owner's partition; 404 when it keeps no such timer, 409 naming the partition
   when another node of the group keeps it (`tickwheel timers show` reads any).
 
 `{type}` is a timer book of this node's service (`<context>.<book>`), `{owner}` the book's
 id, `?tenant=` its tenant (the default tenant when absent). A change's request id is the
-body's `request_id`, or the `Idempotency-Key` header (a DELETE's), or a new one: the same
+body's `request_id`, or the `Idempotency-Key` header (or `?request_id=`: a DELETE's or a
+POST's, which take no body), or a new one: the same
 request id sent again writes nothing and is answered DUPLICATE (200), so a client retries
 a change that timed out (504, with the request id) with the same id.
 
@@ -34,6 +41,7 @@ from pydantic import ValidationError
 
 from app.errors import KafkaUnavailable
 from app.ops.timer_api import (
+    ACTIONS,
     DONE,
     ApiError,
     BadRequest,
@@ -42,20 +50,26 @@ from app.ops.timer_api import (
     cancel_command,
     field_of,
     is_book,
+    key_command,
     owner_ref,
     set_command,
     submit,
 )
 from app.protocol.wire import CommandEnvelope, ResultCode
-from tables import DEFAULT_TENANT
+from tables import DEFAULT_TENANT, TimerStatus
 from tables.partitioner import partition_of
 
 if TYPE_CHECKING:
     from app.node import Node
 
-__all__ = ["TIMER_PATH", "TimerRoutes"]
+__all__ = ["ACTION_PATHS", "TIMER_PATH", "TimerRoutes"]
 
 TIMER_PATH = "/timers/{type}/{owner}/{key}"
+
+ACTION_PATHS = {action: f"{TIMER_PATH}/{action}" for action in ACTIONS}
+"""`POST` routes of the actions on one timer, by action."""
+
+_DONE_WITH = frozenset({TimerStatus.FIRED, TimerStatus.CANCELLED})
 
 IDEMPOTENCY_HEADER = "Idempotency-Key"
 
@@ -81,6 +95,8 @@ class TimerRoutes:
         app.router.add_put(TIMER_PATH, self.put)
         app.router.add_delete(TIMER_PATH, self.delete)
         app.router.add_get(TIMER_PATH, self.get)
+        for action, path in ACTION_PATHS.items():
+            app.router.add_post(path, self._action_route(action))
 
     def _now(self) -> int:
         return time.time_ns() // 1_000_000
@@ -146,6 +162,51 @@ class TimerRoutes:
             return _error(400, exc.message, exc.field)
         return await self._send(cmd)
 
+    def _action_route(self, action: str) -> Any:
+        async def route(request: web.Request) -> web.Response:
+            return await self.act(action, request)
+
+        return route
+
+    async def act(self, action: str, request: web.Request) -> web.Response:
+        """A pause, resume or trigger of one timer (`ACTIONS`)."""
+        try:
+            self._book(request)
+            owner = self._owner(request)
+            if (await request.read()).strip() not in (b"", b"{}"):
+                # An empty object is no body (what a client posting `json={}` sends).
+                raise BadRequest(
+                    "body",
+                    f"takes no body: its request id goes in the {IDEMPOTENCY_HEADER} header "
+                    "or ?request_id=",
+                )
+            key = request.match_info["key"]
+            given = request.headers.get(IDEMPOTENCY_HEADER) or request.query.get("request_id")
+            cmd = key_command(action, owner, key, given, self._now())
+        except _NotBook as exc:
+            return _error(404, str(exc), "type")
+        except BadRequest as exc:
+            return _error(400, exc.message, exc.field)
+        held = await self._held(owner, key)
+        if held is not None and held.status in _DONE_WITH:
+            return _error(
+                409,
+                f"{owner}'s timer {key!r} is {held.status}: nothing to {action} "
+                "(set it again to start it anew)",
+                "key",
+                request_id=cmd.request_id,
+            )
+        return await self._send(cmd, refused=404)
+
+    async def _held(self, owner: Any, key: str) -> Any:
+        """The timer's row when this node keeps its partition (None: it keeps no such row,
+        or another node keeps the partition: the book decides alone then)."""
+        p = partition_of(owner.id, self._node.settings.partitions)
+        kept = self._node.types.get(owner.type_name)
+        if kept is None or p not in self._node.owned:
+            return None
+        return await kept.store.find(owner, key)
+
     async def get(self, request: web.Request) -> web.Response:
         try:
             self._book(request)
@@ -169,7 +230,7 @@ class TimerRoutes:
             return _error(404, f"{owner} has no timer {key!r}", "key")
         return _json(timer.model_dump(mode="json"))
 
-    async def _send(self, cmd: CommandEnvelope) -> web.Response:
+    async def _send(self, cmd: CommandEnvelope, refused: int = 422) -> web.Response:
         node = self._node
         reader = node.clients.reader()
         try:
@@ -205,6 +266,9 @@ class TimerRoutes:
             return _json(answer, 503, {"Retry-After": "1"})
         if result.code is ResultCode.ERROR:
             return _json(answer, 502)
+        if refused != 422:
+            # An action on a key the book has no timer under: the path's key is wrong.
+            return _error(refused, result.message, "key", request_id=cmd.request_id)
         return _json(answer, 422)
 
 

@@ -28,7 +28,10 @@ from app.protocol.wire import (
     CommandResult,
     EventEnvelope,
     ScheduleCancelled,
+    SchedulePaused,
+    ScheduleResumed,
     ScheduleSet,
+    ScheduleTriggered,
     TimerOp,
 )
 from tables import Timer
@@ -54,6 +57,9 @@ _MODELS: dict[str, type[BaseModel]] = {
     "event": EventEnvelope,
     "wow.ScheduleSet": ScheduleSet,
     "wow.ScheduleCancelled": ScheduleCancelled,
+    "wow.SchedulePaused": SchedulePaused,
+    "wow.ScheduleResumed": ScheduleResumed,
+    "wow.ScheduleTriggered": ScheduleTriggered,
     "wow.AggregateDeleted": AggregateDeleted,
     "command": CommandEnvelope,
     "command-result": CommandResult,

@@ -28,7 +28,10 @@ __all__ = [
     "MAX_PARTITION",
     "MAX_RECORD_BYTES",
     "SCHEDULE_CANCELLED",
+    "SCHEDULE_PAUSED",
+    "SCHEDULE_RESUMED",
     "SCHEDULE_SET",
+    "SCHEDULE_TRIGGERED",
     "SYSTEM_EVENTS",
     "AggregateDeleted",
     "CommandEnvelope",
@@ -36,7 +39,10 @@ __all__ = [
     "EventEnvelope",
     "ResultCode",
     "ScheduleCancelled",
+    "SchedulePaused",
+    "ScheduleResumed",
     "ScheduleSet",
+    "ScheduleTriggered",
     "TimerAction",
     "TimerOp",
     "decode",
@@ -50,7 +56,14 @@ M = TypeVar("M", bound=BaseModel)
 SCHEDULE_SET: Final = "wow.ScheduleSet"
 SCHEDULE_CANCELLED: Final = "wow.ScheduleCancelled"
 AGGREGATE_DELETED: Final = "wow.AggregateDeleted"
-SYSTEM_EVENTS: Final = frozenset({SCHEDULE_SET, SCHEDULE_CANCELLED, AGGREGATE_DELETED})
+SCHEDULE_PAUSED: Final = "wow.SchedulePaused"
+SCHEDULE_RESUMED: Final = "wow.ScheduleResumed"
+SCHEDULE_TRIGGERED: Final = "wow.ScheduleTriggered"
+"""A timer book's record of a trigger-now (`app.clients.timer_book`): the book's own event
+(known by its applier), not a system event, as the command it sent went in its decision."""
+SYSTEM_EVENTS: Final = frozenset(
+    {SCHEDULE_SET, SCHEDULE_CANCELLED, SCHEDULE_PAUSED, SCHEDULE_RESUMED, AGGREGATE_DELETED}
+)
 """The `wow.` events any aggregate's log may hold (a schedule's own are its appliers')."""
 
 MAX_RECORD_BYTES: Final = 256 * 1024
@@ -89,6 +102,32 @@ class ScheduleCancelled(_Envelope):
     """Body of `wow.ScheduleCancelled`: the owner's timer under `key` is cancelled."""
 
     key: str = Field(min_length=1, max_length=200)
+
+
+class SchedulePaused(_Envelope):
+    """Body of `wow.SchedulePaused`: the owner's timer under `key` is held (PAUSED): it
+    keeps its rule and slot and fires nothing until resumed. Only a PENDING or FIRING
+    timer pauses (a PARKED, FIRED or CANCELLED one stays as it is)."""
+
+    key: str = Field(min_length=1, max_length=200)
+
+
+class ScheduleResumed(_Envelope):
+    """Body of `wow.ScheduleResumed`: the owner's PAUSED timer under `key` runs again,
+    caught up at the event's time by its rule's catch-up policy (`coalesce`)."""
+
+    key: str = Field(min_length=1, max_length=200)
+
+
+class ScheduleTriggered(_Envelope):
+    """Body of `wow.ScheduleTriggered`: a timer book sent its timer `key`'s command once
+    now, as `request_id`, beside the rule (which, and whose next slot, it left as they
+    were)."""
+
+    key: str = Field(min_length=1, max_length=200)
+    request_id: str = Field(
+        min_length=1, max_length=300, description="the request id of the command it sent"
+    )
 
 
 class AggregateDeleted(_Envelope):

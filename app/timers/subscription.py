@@ -1,6 +1,7 @@
 """The timers subscription: what each event of an aggregate's log does to its TimerStore.
 
-`timer_op` is the pure mapping (an event → put, cancel, cancel-all or nothing); `apply`
+`timer_op` is the pure mapping (an event → put, cancel, pause, resume, cancel-all or
+nothing); `apply`
 carries one out. Being a view, replaying the log from the start rebuilds the store: every
 operation is idempotent and ordered by the owner's version.
 """
@@ -16,9 +17,13 @@ from app.errors import BadRecord
 from app.protocol.wire import (
     AGGREGATE_DELETED,
     SCHEDULE_CANCELLED,
+    SCHEDULE_PAUSED,
+    SCHEDULE_RESUMED,
     SCHEDULE_SET,
     EventEnvelope,
     ScheduleCancelled,
+    SchedulePaused,
+    ScheduleResumed,
     ScheduleSet,
 )
 from tables import AggregateRef, Timer, TimerStore
@@ -28,7 +33,9 @@ from tables.slots import first_slot, jittered_due
 __all__ = [
     "CancelAllTimers",
     "CancelTimer",
+    "PauseTimer",
     "PutTimer",
+    "ResumeTimer",
     "TimerOp",
     "apply",
     "apply_all",
@@ -56,7 +63,23 @@ class CancelAllTimers:
     version: int
 
 
-TimerOp = PutTimer | CancelTimer | CancelAllTimers
+@dataclass(frozen=True, slots=True)
+class PauseTimer:
+    owner: AggregateRef
+    key: str
+    version: int
+
+
+@dataclass(frozen=True, slots=True)
+class ResumeTimer:
+    owner: AggregateRef
+    key: str
+    version: int
+    at: int
+    """The event's own time: the catch-up is decided there, the same on every replay."""
+
+
+TimerOp = PutTimer | CancelTimer | PauseTimer | ResumeTimer | CancelAllTimers
 
 
 def timer_op(event: EventEnvelope, partition: int) -> TimerOp | None:
@@ -75,6 +98,12 @@ def timer_op(event: EventEnvelope, partition: int) -> TimerOp | None:
         if event.type == SCHEDULE_CANCELLED:
             body = ScheduleCancelled.model_validate(event.body)
             return CancelTimer(event.aggregate, body.key, event.version)
+        if event.type == SCHEDULE_PAUSED:
+            paused = SchedulePaused.model_validate(event.body)
+            return PauseTimer(event.aggregate, paused.key, event.version)
+        if event.type == SCHEDULE_RESUMED:
+            resumed = ScheduleResumed.model_validate(event.body)
+            return ResumeTimer(event.aggregate, resumed.key, event.version, event.created_at)
     except ValidationError as exc:
         raise BadRecord(f"{event.type} {event.id}: {_first_error(exc)}") from exc
     if event.type == AGGREGATE_DELETED:
@@ -119,13 +148,18 @@ async def apply(store: TimerStore, op: TimerOp) -> bool:
             return await store.put(timer)
         case CancelTimer(owner, key, version):
             return await store.cancel(owner, key, version)
+        case PauseTimer(owner, key, version):
+            return await store.pause(owner, key, version)
+        case ResumeTimer(owner, key, version, at):
+            return await store.resume(owner, key, version, at) is not None
         case CancelAllTimers(owner, version):
             return await store.cancel_all(owner, version) > 0
 
 
 async def apply_all(store: TimerStore, ops: list[TimerOp]) -> tuple[int, list[Timer]]:
     """Carries `ops` out in order, each run of puts as one store write: how many changed
-    anything, and the timers the puts wrote."""
+    anything, and the timers the puts and resumes wrote (due again: the runner's wheel is
+    offered them)."""
     changed = 0
     written: list[Timer] = []
     puts: list[Timer] = []
@@ -136,6 +170,11 @@ async def apply_all(store: TimerStore, ops: list[TimerOp]) -> tuple[int, list[Ti
         if puts:
             written += await store.put_many(puts)
             puts = []
+        if isinstance(op, ResumeTimer):
+            resumed = await store.resume(op.owner, op.key, op.version, op.at)
+            if resumed is not None:
+                written.append(resumed)
+            continue
         changed += await apply(store, op)
     if puts:
         written += await store.put_many(puts)

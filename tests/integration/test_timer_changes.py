@@ -1,7 +1,9 @@
-"""Timers set and cancelled through a timer book against a real worker: one set by HTTP
-(`PUT /timers/{type}/{owner}/{key}`, with the web token) fires once, a PUT sent again with
-its request id writes nothing, and one cancelled by `tickwheel timers cancel` (another
-process, as an operator runs it) never fires."""
+"""Timers set, cancelled, paused, resumed and triggered through a timer book against a real
+worker: one set by HTTP (`PUT /timers/{type}/{owner}/{key}`, with the web token) fires
+once, a PUT sent again with its request id writes nothing, and one cancelled by
+`tickwheel timers cancel` (another process, as an operator runs it) never fires; one
+paused by HTTP fires nothing past its slot until `timers resume` catches it up, and a
+trigger sent twice with one request id fires once."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ import aiohttp
 import orjson
 import pytest
 from harness import Client, Cluster, Worker, eventually
+from kafka_broker import create_topics
 
 from app.kafka import topic_names
 from tables import TimerStatus
@@ -131,6 +134,91 @@ async def test_a_timer_set_by_http_fires_once_and_one_cancelled_by_the_cli_never
     assert shown["status"] == "FIRED" and shown["target"]["id"] == "c-1"
 
 
+async def test_a_paused_timer_fires_nothing_until_resumed_and_a_trigger_fires_once(
+    cluster: Cluster,
+) -> None:
+    ctx = cluster.context
+    w = cluster.start_worker(TICKWHEEL_WEB_TOKEN=TOKEN)
+    await cluster.wait_owned(w)
+    now = int(time.time() * 1000)
+    path = f"/timers/{ctx}.book/b-1/tick"
+
+    def put(rule: dict[str, Any], target: str) -> dict[str, Any]:
+        return {"rule": rule, "target": {"type": f"{ctx}.counter", "id": target},
+                "command": {"type": "Fire"}}  # fmt: skip
+
+    # Slot 0 at now + 6 s, then hourly; paused before it comes.
+    hourly = {"kind": "interval", "start": now + 6_000, "every": 3_600_000}
+    assert (await call(w, "PUT", path, put(hourly, "c-1")))[0] == 200
+    status, paused = await call(w, "POST", f"{path}/pause", **{"Idempotency-Key": "pause-1"})
+    assert status == 200 and paused["code"] == "COMMITTED", paused
+    again = await call(w, "POST", f"{path}/pause", **{"Idempotency-Key": "pause-2"})
+    assert again[0] == 200 and again[1]["code"] == "UNCHANGED", again
+    # A timer due after slot 0, not paused: once it fired, slot 0's time has passed.
+    control = {"kind": "once", "at": now + 9_000}
+    assert (await call(w, "PUT", f"/timers/{ctx}.book/b-1/control", put(control, "c-2")))[0] == 200
+
+    async with Client(cluster, "book") as books, Client(cluster) as counters:
+
+        async def status_of(key: str) -> TimerStatus | None:
+            rows = {t.key: t for t in (await books.timers()).values()}
+            return rows[key].status if key in rows else None
+
+        async def fired_to(target: str) -> list[str]:
+            return [
+                e.request_id or ""
+                for e in await counters.events()
+                if e.type == "Fired" and e.aggregate.id == target
+            ]
+
+        async def control_fired() -> bool:
+            return await status_of("control") is TimerStatus.FIRED
+
+        await eventually(control_fired, 60, "the control timer fired")
+        assert await status_of("tick") is TimerStatus.PAUSED
+        assert await fired_to("c-1") == [], "a paused timer fired"
+        shown = await call(w, "GET", path)
+        assert shown[0] == 200 and shown[1]["status"] == "PAUSED", shown
+
+        code, out, err, _ = await cluster.run_cli(
+            ["timers", "resume", "--type", f"{ctx}.book", "--owner", "b-1", "--key", "tick",
+             "--request-id", "resume-1"]
+        )  # fmt: skip
+        assert code == 0 and f"resume {ctx}.book/(0)/b-1 'tick': COMMITTED" in out, (out, err)
+
+        async def slot_0_fired() -> bool:
+            return len(await fired_to("c-1")) == 1
+
+        await eventually(slot_0_fired, 60, "the resumed timer fired its slot 0")
+        (first,) = await fired_to("c-1")
+        assert first.endswith("#0")
+
+        trigger = ["timers", "trigger", "--type", f"{ctx}.book", "--owner", "b-1", "--key",
+                   "tick", "--request-id", "trigger-1"]  # fmt: skip
+        code, out, err, _ = await cluster.run_cli(trigger)
+        assert code == 0 and "COMMITTED" in out, (out, err)
+        code, out, err, _ = await cluster.run_cli(trigger)
+        assert code == 0 and "DUPLICATE" in out, (out, err)
+        status, second = await call(
+            w, "POST", f"{path}/trigger", **{"Idempotency-Key": "trigger-2"}
+        )
+        assert status == 200 and second["code"] == "COMMITTED", second
+
+        async def triggered_twice() -> bool:
+            return len(await fired_to("c-1")) == 3
+
+        await eventually(triggered_twice, 60, "each trigger fired once")
+        assert sorted((await fired_to("c-1"))[1:]) == ["trigger-1>0", "trigger-2>0"]
+        # The rule is as it was: its next slot is an hour on, PENDING.
+        rows = {t.key: t for t in (await books.timers()).values()}
+        assert (rows["tick"].status, rows["tick"].slot) == (TimerStatus.PENDING, 1)
+        assert rows["tick"].slot_due_at == now + 6_000 + 3_600_000
+        book_events = sorted(e.type for e in await books.events())
+        assert book_events.count("wow.SchedulePaused") == 1
+        assert book_events.count("wow.ScheduleResumed") == 1
+        assert book_events.count("wow.ScheduleTriggered") == 2
+
+
 def docs_lines(command: str) -> list[str]:
     """docs/operations.md's `tickwheel timers <command> …` line, every optional part given,
     as its words."""
@@ -145,7 +233,9 @@ async def test_the_docs_set_and_cancel_lines_run_as_written(cluster: Cluster) ->
     ctx = cluster.context
     w = cluster.start_worker()
     await cluster.wait_owned(w)
-    for command in ("set", "cancel"):
+    # The trigger's command goes to the timer's target type, which no worker here runs.
+    await create_topics(cluster.bootstrap, [f"{ctx}.order.commands"], 2)
+    for command in ("set", "pause", "resume", "trigger", "cancel"):
         args = [a.replace("shop.", f"{ctx}.") for a in docs_lines(command)]
         code, out, err, _ = await cluster.run_cli(args)
         assert code == 0, (args, out, err)

@@ -171,3 +171,28 @@ def test_a_type_without_a_changelog_says_which_topic_is_missing(
 def test_a_malformed_type_is_refused() -> None:
     result = CliRunner().invoke(cli, ["timers", "show", "--type", "shop", "--owner", "o"])
     assert result.exit_code == 1 and "must be '<context>.<aggregate>'" in result.stderr
+
+
+def test_a_paused_timer_shows_its_status(
+    changelog: list[tuple[str, int]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    paused = timer(OWNER, "remind", TimerStatus.PAUSED, 1_000)
+    monkeypatch.setattr(
+        app.timers.operator,
+        "read_to_end",
+        _reading([record(0, REMIND, encode_timer(paused))]),
+    )
+    result = run("--owner", "o-42")
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    assert lines[1].startswith("remind: PAUSED\tslot 0\t")
+    assert "\tPAUSED\t" in lines[2]
+
+
+def _reading(records: list[Record]) -> Any:
+    async def read_to_end(
+        bootstrap: str, topic: str, partition: int, start: int
+    ) -> AsyncIterator[list[Record]]:
+        yield records
+
+    return read_to_end

@@ -267,13 +267,14 @@ async def test_store_counts_follow_every_write_without_a_scan() -> None:
         TimerStatus.PENDING: 0,
         TimerStatus.FIRING: 1,
         TimerStatus.PARKED: 0,
+        TimerStatus.PAUSED: 0,
     }
     fired = firing.model_copy(update={"status": TimerStatus.FIRED})
     await store.settle([TimerChange(loaded=firing, next=fired)])
     assert sum(store.status_counts(0).values()) == 0
 
 
-_ACTIVE = (TimerStatus.PENDING, TimerStatus.FIRING, TimerStatus.PARKED)
+_ACTIVE = (TimerStatus.PENDING, TimerStatus.FIRING, TimerStatus.PARKED, TimerStatus.PAUSED)
 
 
 # --- restores and commits ----------------------------------------------------------------

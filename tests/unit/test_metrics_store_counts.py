@@ -32,11 +32,15 @@ class CountsKept(stateful.StoresAgree):
             for p in range(stateful.P):
                 c = await store.census(p, 0, limit=10_000, parked_limit=0)
                 assert c.complete
+                rows = [await store.find(o, k) for o in stateful.OWNERS for k in stateful.KEYS]
+                held = [t for t in rows if t is not None and t.partition == p]
                 out.append(
                     {
                         TimerStatus.PENDING: c.pending,
                         TimerStatus.FIRING: c.firing,
                         TimerStatus.PARKED: c.parked,
+                        # in no index the census reads: every key looked up
+                        TimerStatus.PAUSED: sum(t.status is TimerStatus.PAUSED for t in held),
                     }
                 )
             return out

@@ -47,6 +47,8 @@ from app.protocol.dead_letters import HEADER_PREFIX, DeadLetter, Stage
 from app.protocol.limits import InputLimits
 from app.protocol.topics import AggregateTopics, ContextTopics
 from app.protocol.wire import (
+    SCHEDULE_PAUSED,
+    SCHEDULE_RESUMED,
     SCHEDULE_SET,
     SYSTEM_EVENTS,
     CommandEnvelope,
@@ -399,6 +401,13 @@ def schedule_set_base(n: int, now: int, rule: dict[str, Any]) -> dict[str, Any]:
     return base
 
 
+def key_event_base(n: int, now: int, type_: str) -> dict[str, Any]:
+    """A `wow.SchedulePaused` or `wow.ScheduleResumed` of the timer "k"."""
+    base = event_base(n, now, type_)
+    base["body"] = {"key": "k"}
+    return base
+
+
 def command_base(n: int, now: int) -> dict[str, Any]:
     return {
         "request_id": f"bad-c{n}",
@@ -589,7 +598,7 @@ headers_strategy: st.SearchStrategy[Headers] = st.lists(
 ).map(tuple)
 
 
-Shape = Literal["noted", "boom", "once", "interval", "cron", "command", "op"]
+Shape = Literal["noted", "boom", "once", "interval", "cron", "paused", "resumed", "command", "op"]
 How = Literal["field", "key", "partition", "as-is"]
 Shapeless = Literal["bytes", "json", "deep", "tombstone", "huge"]
 
@@ -615,8 +624,14 @@ WAYS: list[Way] = [
         for path in SCHEDULE_FIELDS
         if path[:2] == ("body", "rule")
     ),
+    *(
+        Way("events", shape, "field", path)
+        for shape in ("paused", "resumed")
+        for path in [("body",), ("body", "key")]
+    ),
     Way("events", "noted", "key"),
     Way("events", "once", "partition"),
+    Way("events", "paused", "partition"),
     *(Way("commands", "command", "field", path) for path in COMMAND_FIELDS),
     Way("commands", "command", "key"),
     Way("commands", "command", "partition"),
@@ -643,6 +658,10 @@ def base_of(shape: Shape, n: int, now: int) -> dict[str, Any]:
         return schedule_set_base(n, now, {"kind": "interval", "start": now + HOUR, "every": 60_000})
     if shape == "cron":
         return schedule_set_base(n, now, {"kind": "cron", "expr": "0 0 1 1 *", "zone": "UTC"})
+    if shape == "paused":
+        return key_event_base(n, now, SCHEDULE_PAUSED)
+    if shape == "resumed":
+        return key_event_base(n, now, SCHEDULE_RESUMED)
     if shape == "command":
         return command_base(n, now)
     return op_base(n, now)
@@ -679,7 +698,9 @@ def broken(draw: st.DrawFn, way: Way, n: int, now: int) -> Bad:
         keys = st.sampled_from([None, owner.encode(), BIG_KEY]) | st.binary(max_size=20)
         key = draw(keys.filter(lambda k: bad(k, value)))
         return Bad(kind, key, value, partition, f"{kind} {way.shape}")
-    assert way.shape in ("noted", "boom", "once", "interval", "cron", "command", "op")
+    assert way.shape in (
+        "noted", "boom", "once", "interval", "cron", "paused", "resumed", "command", "op"
+    )  # fmt: skip
     base = base_of(way.shape, n, now)
     key = owner.encode() if kind != "timer-ops" else None
     if way.how == "field":

@@ -27,12 +27,13 @@ from tables import (
 from tables.keys import row_key
 
 P = 4
-PENDING, FIRING, FIRED, CANCELLED, PARKED = (
+PENDING, FIRING, FIRED, CANCELLED, PARKED, PAUSED = (
     TimerStatus.PENDING,
     TimerStatus.FIRING,
     TimerStatus.FIRED,
     TimerStatus.CANCELLED,
     TimerStatus.PARKED,
+    TimerStatus.PAUSED,
 )
 
 
@@ -136,6 +137,8 @@ async def into(store: TimerStore, t: Timer, status: TimerStatus, **fields: Any) 
     assert await store.put(t)
     if status is CANCELLED:
         assert await store.cancel(t.owner, t.key, t.version)
+    elif status is PAUSED:
+        assert await store.pause(t.owner, t.key, t.version)
     elif status is not PENDING:
         assert await store.settle([change(t, status=status, **fields)]) == 1
     held = await store.find(t.owner, t.key)
@@ -262,7 +265,7 @@ async def test_a_cancelled_row_takes_the_cancels_version(store: TimerStore) -> N
 # --- cancel -----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("status", [PENDING, FIRING, PARKED])
+@pytest.mark.parametrize("status", [PENDING, FIRING, PARKED, PAUSED])
 async def test_cancel_cancels_an_active_timer(store: TimerStore, status: TimerStatus) -> None:
     t = timer(version=2, target=ref("target"))
     held = await into(store, t, status)
@@ -297,23 +300,117 @@ async def test_cancel_of_an_absent_key_does_nothing(store: TimerStore, sink: Sin
     assert sink.calls == []
 
 
+# --- pause and resume ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("status", [PENDING, FIRING])
+async def test_a_paused_timer_is_in_no_index_and_never_due(
+    store: TimerStore, status: TimerStatus
+) -> None:
+    t = timer(version=2, due=1_000, target=ref("target"))
+    held = await into(store, t, status, due_at=1_500)
+    assert await store.pause(t.owner, t.key, 3)
+    paused = await store.find(t.owner, t.key)
+    # A FIRING row's claim is given up: due at its slot's own time when resumed.
+    due_at = held.due_at if status is PENDING else held.slot_due_at
+    assert paused == held.model_copy(update={"status": PAUSED, "version": 3, "due_at": due_at})
+    assert await store.due(set(range(P)), 10**12, 10) == []
+    assert await store.parked(ref("target")) == []
+    assert store.status_counts(0) == {PENDING: 0, FIRING: 0, PARKED: 0, PAUSED: 1}
+    census = await store.census(0, 10**12)
+    assert (census.pending, census.firing) == (0, 0)
+    # Retention never sweeps a paused row: it is not finished.
+    assert await store.expire(0, 10**12, 0, 10) == 0
+    assert await store.timers_of(t.owner) == [paused]
+
+
+@pytest.mark.parametrize("status", [PAUSED, PARKED, FIRED, CANCELLED])
+async def test_pause_leaves_a_timer_it_cannot_hold(store: TimerStore, status: TimerStatus) -> None:
+    t = timer(target=ref("target"))
+    held = await into(store, t, status)
+    assert not await store.pause(t.owner, t.key, 9)
+    assert await store.find(t.owner, t.key) == held
+
+
+async def test_pause_and_resume_of_an_absent_key_do_nothing(store: TimerStore, sink: Sink) -> None:
+    assert not await store.pause(ref(), "nothing", 1)
+    assert await store.resume(ref(), "nothing", 1, 0) is None
+    assert sink.calls == []
+
+
+async def test_pause_and_resume_older_than_the_held_version_do_nothing(
+    store: TimerStore,
+) -> None:
+    t = timer(version=5)
+    assert await store.put(t)
+    assert not await store.pause(t.owner, t.key, 4)
+    assert await store.pause(t.owner, t.key, 6)
+    assert await store.resume(t.owner, t.key, 5, 0) is None
+    held = await store.find(t.owner, t.key)
+    assert held is not None and held.status is PAUSED
+    # a replayed older put never revives it either
+    assert not await store.put(t)
+
+
+@pytest.mark.parametrize("status", [PENDING, FIRING, PARKED, FIRED, CANCELLED])
+async def test_resume_leaves_a_timer_that_is_not_paused(
+    store: TimerStore, status: TimerStatus
+) -> None:
+    t = timer(target=ref("target"))
+    held = await into(store, t, status)
+    assert await store.resume(t.owner, t.key, 9, 10**9) is None
+    assert await store.find(t.owner, t.key) == held
+
+
+async def test_resume_puts_the_timer_back_in_the_due_index_caught_up(store: TimerStore) -> None:
+    t = timer(version=1, due=1_000)  # every minute from 1,000
+    assert await store.put(t)
+    assert await store.pause(t.owner, t.key, 2)
+    resumed = await store.resume(t.owner, t.key, 3, 1_000 + 3 * 60_000 + 5)
+    # A coalescing rule: the latest slot due, the three before it skipped.
+    expected = t.model_copy(
+        update={
+            "version": 3,
+            "slot": 3,
+            "slot_due_at": 181_000,
+            "due_at": 181_000,
+            "skipped": 3,
+        }
+    )
+    assert resumed == expected
+    assert await store.find(t.owner, t.key) == expected
+    assert await store.due(set(range(P)), 10**12, 10) == [expected]
+    assert store.status_counts(0) == {PENDING: 1, FIRING: 0, PARKED: 0, PAUSED: 0}
+
+
+async def test_a_put_replaces_a_paused_timer(store: TimerStore) -> None:
+    t = timer(version=1)
+    assert await store.put(t)
+    assert await store.pause(t.owner, t.key, 2)
+    again = timer(version=3)
+    assert await store.put(again)
+    assert await store.find(t.owner, t.key) == again
+    assert await store.due(set(range(P)), 10**12, 10) == [again]
+
+
 async def test_cancel_all_cancels_the_owners_active_timers(store: TimerStore) -> None:
     owner, other = ref("o1", tenant="t1"), ref("o1", tenant="t2")
-    for status, key in zip(TimerStatus, "abcde", strict=True):
+    for status, key in zip(TimerStatus, "abcdef", strict=True):
         await into(store, timer(owner, key), status)
     untouched = timer(other, "a")
     assert await store.put(untouched)
-    assert await store.cancel_all(owner, 2) == 3
-    statuses = {key: (await store.find(owner, key)) for key in "abcde"}
+    assert await store.cancel_all(owner, 2) == 4
+    statuses = {key: (await store.find(owner, key)) for key in "abcdef"}
     assert {k: t.status for k, t in statuses.items() if t} == {
         "a": CANCELLED,
         "b": CANCELLED,
         "c": FIRED,
         "d": CANCELLED,
         "e": CANCELLED,
+        "f": CANCELLED,
     }
     versions = {k: t.version for k, t in statuses.items() if t}
-    assert versions == {"a": 2, "b": 2, "c": 1, "d": 1, "e": 2}  # c, d: not written again
+    assert versions == {"a": 2, "b": 2, "c": 1, "d": 1, "e": 2, "f": 2}  # c, d: not again
     assert await store.find(other, "a") == untouched
     assert await store.cancel_all(owner, 2) == 0
 
@@ -875,6 +972,8 @@ async def store_ops(store: TimerStore, t: Timer, i: int) -> None:
         await store.settle([change(t, status=PARKED, outcome=Outcome.FAILED)])
     elif i % 4 == 3:
         await store.cancel(t.owner, t.key, t.version)
+    elif i % 8 == 4:
+        await store.pause(t.owner, t.key, t.version)
 
 
 async def test_apply_changelog_writes_as_given_without_version_checks(

@@ -12,6 +12,7 @@ from tables.bounds import MAX_INSTANT, MAX_INT64
 from tables.keys import (
     DUE,
     FINISHED,
+    HELD,
     OFFSET_KEY,
     PARKED,
     ROW,
@@ -149,6 +150,7 @@ def test_keys_from_a_value_match_keys_from_its_timer(timer: Timer) -> None:
         TimerStatus.PARKED: PARKED,
         TimerStatus.FIRED: FINISHED,
         TimerStatus.CANCELLED: FINISHED,
+        TimerStatus.PAUSED: HELD,
     }[timer.status]
     key = index_key(timer, row)
     assert key[:1] == expected

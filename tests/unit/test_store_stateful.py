@@ -134,6 +134,14 @@ class StoresAgree(RuleBasedStateMachine):
     def cancel(self, owner: AggregateRef, key: str, version: int) -> None:
         self.both(lambda s: s.cancel(owner, key, version))
 
+    @rule(owner=owners, key=keys, version=versions)
+    def pause(self, owner: AggregateRef, key: str, version: int) -> None:
+        self.both(lambda s: s.pause(owner, key, version))
+
+    @rule(owner=owners, key=keys, version=versions, now=dues)
+    def resume(self, owner: AggregateRef, key: str, version: int, now: int) -> None:
+        self.saw(self.both(lambda s: s.resume(owner, key, version, now)))
+
     @rule(owner=owners, version=versions)
     def cancel_all(self, owner: AggregateRef, version: int) -> None:
         self.both(lambda s: s.cancel_all(owner, version))
