@@ -156,7 +156,7 @@ def cluster_view(
 def _stale(r: NodeReport, own: NodeReport, now: int) -> str:
     if r is own or not stale(r, now):
         return ""
-    return f"stale: its node's last report is {span((now - r.at) / 1000)} old"
+    return f"stale: last report {span((now - r.at) / 1000)} ago"
 
 
 def when(ms: int | None, now: int | None = None) -> str:

@@ -329,7 +329,7 @@ class OperatorPage:
             elsewhere = ""
             if not here and cluster is not None:
                 holder = view.owners.get(p)
-                elsewhere = holder.node if holder is not None else "no node (unowned)"
+                elsewhere = holder.node if holder is not None else "no node reports it"
                 try:
                     timers = await cluster.changelog_timers(type_name, p, ref)
                 except KafkaUnavailable as exc:
