@@ -43,6 +43,7 @@ from app.ops.node_report import (
 )
 from app.protocol.topics import ContextTopics, parse_aggregate_type
 from tables import AggregateRef, Timer
+from tables.keys import owner_prefix
 
 if TYPE_CHECKING:
     from app.node import Node
@@ -62,6 +63,11 @@ FORGET_MS: Final = 3_600_000
 tombstone; the compacted topic keeps its last record)."""
 
 _SEND_TIMEOUT_S: Final = 10.0
+
+PUBLISH_SCAN: Final = 1_000
+"""Due-index entries a report reads per partition for its oldest overdue and next due
+times (they are at the index's start; the counts are the store's own, kept with each
+write): a report every few seconds costs little however large the partition."""
 
 
 class StatusView:
@@ -186,6 +192,7 @@ class ClusterStatus:
             report = await collect_report(
                 self._node,
                 self.node_id,
+                scan_limit=PUBLISH_SCAN,
                 web=self._web,
                 interval_ms=self.interval_ms,
                 lateness_p99_ms=self._lateness(),
@@ -258,24 +265,23 @@ class ClusterStatus:
         self, type_name: str, partition: int, owner: AggregateRef
     ) -> list[Timer]:
         """`owner`'s timers as the changelog of its partition has them (for a search of an
-        owner whose partition lives on another node): the last row per key, by key."""
+        owner whose partition lives on another node): the last row per key, by key. The
+        whole partition is read, but only the owner's rows (by their key) are decoded."""
         topic = parse_aggregate_type(type_name).timers_changelog
+        prefix = owner_prefix(owner)
         rows: dict[bytes, Timer | None] = {}
         reader = self._clients.reader()
         await reader.start()
         try:
             async for batch in reader.read(topic, partition, 0):
                 for r in batch:
-                    if r.key is None:
-                        continue
-                    if r.value is None:
-                        rows[r.key] = None
+                    if r.key is None or not r.key.startswith(prefix):
                         continue
                     try:
-                        t = Timer.model_validate_json(r.value)
+                        row = None if r.value is None else Timer.model_validate_json(r.value)
                     except ValidationError:
-                        continue  # a restore letters it; nothing for a search to show
-                    rows[r.key] = t if t.owner == owner else None
+                        row = None  # a restore letters it; nothing for a search to show
+                    rows[r.key] = row if row is not None and row.owner == owner else None
         finally:
             await reader.stop()
         return sorted((t for t in rows.values() if t is not None), key=lambda t: t.key)

@@ -30,6 +30,7 @@ from app.ops.node_report import (
 )
 from app.protocol.topics import ContextTopics, parse_aggregate_type
 from tables import AggregateRef, CommandSpec, OnceRule, Timer, TimerChange, TimerStatus
+from tables.keys import row_key
 from tables.partitioner import partition_of
 
 TOPIC = ContextTopics("shop").nodes
@@ -76,6 +77,10 @@ async def follow(status: ClusterStatus) -> None:
 
 def owner_in(p: int) -> str:
     return next(f"o{n}" for n in range(1000) if partition_of(f"o{n}", PAGE_PARTITIONS) == p)
+
+
+def _in(owner: str, p: int) -> bool:
+    return partition_of(owner, PAGE_PARTITIONS) == p
 
 
 def timer(owner: str, key: str, due: int, target: AggregateRef | None = None) -> Timer:
@@ -261,8 +266,11 @@ async def test_an_owners_timers_elsewhere_are_read_from_the_changelog(group: Gro
     publisher = group.log.publisher()
     changelog = parse_aggregate_type(TYPE).timers_changelog
     for t in (t1, t2, other):
-        await publisher.send(changelog, t.id.encode(), orjson.dumps(t.model_dump(mode="json")), 2)
-    await publisher.send(changelog, t2.id.encode(), None, 2)  # k2 deleted since
+        await publisher.send(
+            changelog, row_key(t.owner, t.key), orjson.dumps(t.model_dump(mode="json")), 2
+        )
+    await publisher.send(changelog, row_key(t2.owner, t2.key), None, 2)  # k2 deleted since
+    await publisher.send(changelog, row_key(ref(owner), "k4"), b"not a row", 2)
     await publisher.send(changelog, b"bad", b"not a row", 2)
     found = await a.changelog_timers(TYPE, 2, ref(owner))
     assert [t.key for t in found] == ["k1", "k3"]

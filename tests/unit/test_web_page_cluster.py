@@ -29,6 +29,7 @@ from app.ops.web import WebServer
 from app.protocol.topics import ContextTopics, parse_aggregate_type
 from app.protocol.wire import TimerAction
 from tables import TimerStatus
+from tables.keys import row_key
 
 OTHER = "node-b:8081 (pid 2)"
 INTERVAL = 1_000
@@ -169,7 +170,7 @@ async def test_an_owner_elsewhere_is_read_from_its_partitions_changelog(site: Si
     t = timer(owner, "k1", T0 + 1_000)
     changelog = parse_aggregate_type(TYPE).timers_changelog
     await site.log.publisher().send(
-        changelog, t.id.encode(), orjson.dumps(t.model_dump(mode="json")), 2
+        changelog, row_key(t.owner, t.key), orjson.dumps(t.model_dump(mode="json")), 2
     )
     html = await site.get(owner=owner)
     [row] = cells(html, "owner-timers")
