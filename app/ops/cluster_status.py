@@ -34,12 +34,14 @@ from pydantic import ValidationError
 from app.errors import KafkaUnavailable
 from app.kafka.ports import Clients, Follower, Publisher
 from app.node.settings import Settings
+from app.ops.letters import Letter, recent_letters
 from app.ops.node_report import (
     NodeReport,
     StatusSource,
     collect_report,
     decode_report,
     encode_report,
+    recent_p99,
 )
 from app.protocol.topics import ContextTopics, parse_aggregate_type
 from tables import AggregateRef, Timer
@@ -261,6 +263,19 @@ class ClusterStatus:
             with contextlib.suppress(Exception):
                 await c.follower.stop()
 
+    async def recent_letters(self, limit: int) -> list[tuple[str, Letter]]:
+        """The last `limit` records' dead letters of each context, newest first."""
+        found: list[tuple[str, Letter]] = []
+        reader = self._clients.reader()
+        await reader.start()
+        try:
+            for ctx in self._contexts:
+                topic = ContextTopics(ctx).dead_letters
+                found += [(topic, x) for x in (await recent_letters(reader, topic, limit)).letters]
+        finally:
+            await reader.stop()
+        return sorted(found, key=lambda tx: -tx[1].timestamp)
+
     async def changelog_timers(
         self, type_name: str, partition: int, owner: AggregateRef
     ) -> list[Timer]:
@@ -308,8 +323,7 @@ def for_node(node: Node, node_id: str, port: int) -> ClusterStatus:
     )
 
     def lateness() -> float | None:
-        points = node.metrics.recent_lateness.recent(60, node.clock.now() / 1000)
-        return max((p.p99_ms for p in points), default=None)
+        return recent_p99(node.metrics.recent_lateness, node.clock.now())
 
     return ClusterStatus(
         node.clients,

@@ -14,6 +14,7 @@ from typing import Any, Final, Protocol
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from app.node.lateness import LatenessWindow
 from app.node.settings import Settings
 from app.protocol.topics import parse_aggregate_type
 from app.timers.runner import Clock
@@ -31,6 +32,7 @@ __all__ = [
     "decode_report",
     "encode_report",
     "partition_state",
+    "recent_p99",
     "stale",
 ]
 
@@ -192,3 +194,9 @@ async def collect_report(
         parked=tuple(parked[:parked_limit]),
         upcoming=tuple(upcoming[:upcoming_limit]),
     )
+
+
+def recent_p99(window: LatenessWindow, now_ms: int) -> float | None:
+    """The worst second's p99 lateness of the last minute (ms); None when nothing fired."""
+    points = window.recent(60, now_ms / 1000)
+    return max((p.p99_ms for p in points), default=None)

@@ -44,7 +44,8 @@ from app.ops.forms import (
     parse_form,
     problems,
 )
-from app.ops.node_report import NodeReport, collect_report
+from app.ops.letters import Letter
+from app.ops.node_report import NodeReport, collect_report, recent_p99
 from app.protocol.topics import parse_aggregate_type
 from app.protocol.wire import (
     TimerAction,
@@ -86,6 +87,9 @@ SCAN_LIMIT = 10_000
 """Due-index entries a page load reads per partition for the oldest overdue and next due
 times (and parked entries for the list): the scan stays bounded however large the
 partition. The counts are the store's own, kept with each write (`status_counts`)."""
+
+LETTERS_LIMIT = 20
+"""Records read from the end of each context's dead-letter topic for the page."""
 
 _NOTICES = 100
 """Confirmations kept for the redirect after a POST (the oldest are dropped)."""
@@ -132,6 +136,8 @@ class ClusterSource(Protocol):
         self, type_name: str, partition: int, owner: AggregateRef
     ) -> list[Timer]: ...
 
+    async def recent_letters(self, limit: int) -> list[tuple[str, Letter]]: ...
+
 
 Requester = Callable[[Connectable, str, AggregateRef, int], Awaitable[TimerOp]]
 """`(bootstrap, owner type, target, partitions) -> the op written`: `request_retry` or
@@ -144,8 +150,10 @@ _REQUESTS: dict[TimerAction, Requester] = {
 
 
 def default_node_id(port: int) -> str:
-    """How the page names its node: host and HTTP port (where its page is), and pid."""
-    return f"{socket.gethostname()}:{port} (pid {os.getpid()})"
+    """How the page (and the cluster's status) names its node: host and HTTP port (where
+    its page is; none without HTTP), and pid."""
+    where = f"{socket.gethostname()}:{port}" if port else socket.gethostname()
+    return f"{where} (pid {os.getpid()})"
 
 
 # --- what the page answers ----------------------------------------------------------------
@@ -233,6 +241,7 @@ class OperatorPage:
             self.node_id,
             web=None,
             interval_ms=node.settings.status_interval_ms,
+            lateness_p99_ms=recent_p99(node.metrics.recent_lateness, now),
             scan_limit=SCAN_LIMIT,
             parked_limit=PARKED_LIMIT,
             upcoming_limit=UPCOMING_ROWS,
@@ -271,6 +280,8 @@ class OperatorPage:
             "parked_limit": PARKED_LIMIT,
         }
         context["ledger"] = await self._ledger()
+        context["letters"], context["letters_error"] = await self._letters()
+        context["letters_limit"] = LETTERS_LIMIT
         return Rendered(200, _PAGE.render(context))
 
     def error(self, status: int, message: str) -> Rendered:
@@ -289,6 +300,17 @@ class OperatorPage:
             token_field=TOKEN_FIELD,
         )
         return Rendered(401, html)
+
+    async def _letters(self) -> tuple[list[tuple[str, Letter, str]], str]:
+        """The latest dead letters of the node's contexts (read from Kafka: any node's
+        page shows them all), or why they could not be read."""
+        if self.cluster is None:
+            return [], ""
+        try:
+            found = await self.cluster.recent_letters(LETTERS_LIMIT)
+        except KafkaUnavailable as exc:
+            return [], f"the dead letters were not read: {exc}"
+        return [(topic, x, when(x.timestamp)) for topic, x in found], ""
 
     async def _ledger(self) -> list[_LedgerRow]:
         types = sorted(self._node.types)

@@ -214,6 +214,8 @@ async def test_an_operator_retries_a_parked_timer_in_the_browser(
             counted = page.locator("#timers tr", has_text=f":{here.port} ")
             assert await counted.count() == len(owned(here))
             assert await page.locator("#upcoming tr").count() > 1
+            # The dead-letter topic read from the broker: none in this scenario.
+            assert "No dead letter." in await page.content()
             first = await shoot(page, shots, "1-the-group-on-the-other-node")
 
             # 2. The owner's node shows the same group, the same ledger entry.

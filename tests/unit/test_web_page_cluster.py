@@ -21,11 +21,13 @@ from test_web_page import cells
 from yarl import URL
 
 from app.kafka.memory import MemoryLog
+from app.kafka.records import Record
 from app.node.kept import node_topics
 from app.ops.cluster_status import ClusterStatus
 from app.ops.node_report import STALE_INTERVALS, NodeReport, PartitionReport, encode_report
-from app.ops.page import OperatorPage
+from app.ops.page import LETTERS_LIMIT, OperatorPage
 from app.ops.web import WebServer
+from app.protocol.dead_letters import Stage, dead_letter
 from app.protocol.topics import ContextTopics, parse_aggregate_type
 from app.protocol.wire import TimerAction
 from tables import TimerStatus
@@ -191,3 +193,24 @@ async def test_what_another_node_reports_is_escaped_and_bad_records_are_counted(
     html = await site.get()
     assert "<script>" not in html and "&lt;script&gt;x()&lt;/script&gt;" in html
     assert "1 record(s) of the\nstatus topic were no node's report" in html
+
+
+async def test_the_latest_dead_letters_of_the_context_are_listed(site: Site) -> None:
+    html = await site.get()
+    assert "No dead letter." in html
+    publisher = site.log.publisher()
+    for offset in range(LETTERS_LIMIT + 3):
+        bad = Record("shop.order.events", 1, offset, b"k", b"<not json>", T0)
+        await publisher.send_many([dead_letter(bad, f"not JSON {offset}", Stage.READ, T0)])
+    await publisher.send(ContextTopics("shop").dead_letters, b"x", b"not a letter", 0)
+    html = await site.get()
+    rows = cells(html, "dead-letters")
+    # The last records only, newest first (the unreadable record is one of them).
+    assert len(rows) == LETTERS_LIMIT - 1
+    assert rows[0][2:4] == [f"shop.order.events[1]@{LETTERS_LIMIT + 2}", "read"]
+    assert rows[0][4] == f"BadRecord not JSON {LETTERS_LIMIT + 2}"
+    assert rows[-1][2] == "shop.order.events[1]@4"
+    site.log.down = True
+    html = await site.get()
+    assert "the dead letters were not read" in html
+    site.log.down = False
