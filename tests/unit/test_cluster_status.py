@@ -14,7 +14,8 @@ import orjson
 import pytest
 from fakes import PAGE_PARTITIONS, T0, TYPE, FakeNode, ref
 
-from app.errors import KafkaUnavailable
+from app.cli.main import _run_node
+from app.errors import KafkaUnavailable, NodeFailed
 from app.kafka import TopicSpec
 from app.kafka.memory import MemoryLog
 from app.node.kept import node_topics
@@ -285,3 +286,34 @@ def test_the_web_address_is_the_settings_or_the_host_and_port() -> None:
     assert web_address(Settings(web_host="10.0.0.5"), 8080) == "http://10.0.0.5:8080"
     assert web_address(Settings(web_host="0.0.0.0"), 8080) is None
     assert web_address(Settings(), 0) is None
+
+
+class _Runs:
+    """Stands in for the node and the cluster status in the worker's run."""
+
+    def __init__(self, fails: BaseException | None = None) -> None:
+        self.fails = fails
+        self.cancelled = False
+
+    async def run(self) -> None:
+        if self.fails is not None:
+            raise self.fails
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            self.cancelled = True
+            raise
+
+
+async def test_a_status_task_that_ends_stops_the_worker_loudly() -> None:
+    node, status = _Runs(), _Runs(RuntimeError("a bug"))
+    with pytest.raises(NodeFailed, match="publishing the node's status stopped: RuntimeError"):
+        await _run_node(node, status)  # type: ignore[arg-type]
+    assert node.cancelled
+
+
+async def test_a_node_that_fails_stops_its_status_publishing() -> None:
+    node, status = _Runs(NodeFailed("partition 1 could not be taken")), _Runs()
+    with pytest.raises(NodeFailed, match="partition 1"):
+        await _run_node(node, status)  # type: ignore[arg-type]
+    assert status.cancelled
