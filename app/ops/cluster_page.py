@@ -14,6 +14,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
+import orjson
+
 from app.ops.node_report import NodeReport, PartitionReport, stale
 from tables import Timer
 
@@ -54,6 +56,14 @@ class TimerRow:
 
 
 @dataclass(frozen=True)
+class JobRow:
+    timer: Timer
+    due: str
+    rule: str
+    node: str
+
+
+@dataclass(frozen=True)
 class NodeRow:
     node: str
     web: str | None
@@ -70,6 +80,7 @@ class ClusterView:
     census: list[CensusRow] = field(default_factory=list)
     parked: list[TimerRow] = field(default_factory=list)
     upcoming: list[TimerRow] = field(default_factory=list)
+    jobs: list[JobRow] = field(default_factory=list)
     nodes: list[NodeRow] = field(default_factory=list)
     owners: dict[int, NodeReport] = field(default_factory=dict)
 
@@ -134,6 +145,11 @@ def cluster_view(
                 view.upcoming.append(
                     TimerRow(t.owner.type_name, t, when(t.due_at, now), r.node, here)
                 )
+        for t in r.jobs:
+            if view.owners.get(t.partition) is r:
+                rule = orjson.dumps(t.rule.model_dump(mode="json", exclude_none=True)).decode()
+                view.jobs.append(JobRow(t, when(t.slot_due_at, now), rule, r.node))
+    view.jobs.sort(key=lambda row: (row.timer.owner.context, row.timer.owner.id, row.timer.key))
     view.parked.sort(key=lambda row: (row.type_name, row.timer.partition, str(row.timer.target)))
     view.upcoming.sort(key=lambda row: (row.timer.due_at, row.timer.id))
     del view.upcoming[UPCOMING_ROWS:]

@@ -1,8 +1,9 @@
 """A node's status report: what it owns and how (#22), as `<context>.nodes` carries it.
 
 `collect_report` makes the report of a node now (its partitions' states from `health()`,
-its stores' counts, due times, parked timers and upcoming fires); `encode_report` and
-`decode_report` are its wire form (the JSON of a `NodeReport`, keyed by the node id).
+its stores' counts, due times, parked timers, upcoming fires and its jobs' timers);
+`encode_report` and `decode_report` are its wire form (the JSON of a `NodeReport`, keyed
+by the node id).
 Written and read by `app.ops.cluster_status`, shown by `app.ops.cluster_page`.
 """
 
@@ -14,6 +15,7 @@ from typing import Any, Final, Protocol
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from app.jobs.declaration import SCHEDULE
 from app.node.lateness import LatenessWindow
 from app.node.settings import Settings
 from app.protocol.topics import parse_aggregate_type
@@ -22,6 +24,7 @@ from tables import StoreClosed, Timer, TimerStatus, TimerStore
 from tables.bounds import MAX_INT64
 
 __all__ = [
+    "JOBS_IN_REPORT",
     "PARKED_IN_REPORT",
     "STALE_INTERVALS",
     "UPCOMING_IN_REPORT",
@@ -43,6 +46,7 @@ cannot write (its partitions are then shown as last heard of, marked stale)."""
 
 PARKED_IN_REPORT: Final = 100
 UPCOMING_IN_REPORT: Final = 50
+JOBS_IN_REPORT: Final = 100
 """Parked timers and upcoming fires a report carries at most (the earliest): a report of
 a node of many partitions stays far below a topic's 1 MiB record limit."""
 
@@ -77,6 +81,8 @@ class NodeReport(BaseModel):
     partitions: tuple[PartitionReport, ...] = ()
     parked: tuple[Timer, ...] = Field(default=(), max_length=PARKED_IN_REPORT)
     upcoming: tuple[Timer, ...] = Field(default=(), max_length=UPCOMING_IN_REPORT)
+    jobs: tuple[Timer, ...] = Field(default=(), max_length=JOBS_IN_REPORT)
+    """The timers of the jobs' instances (the `<context>.schedule` types) it keeps."""
 
 
 def encode_report(report: NodeReport) -> bytes:
@@ -156,6 +162,7 @@ async def collect_report(
     parts: list[PartitionReport] = []
     parked: list[Timer] = []
     upcoming: list[Timer] = []
+    jobs: list[Timer] = []
     mine = sorted(
         p for p in range(node.settings.partitions) if partition_state(p, health) is not None
     )
@@ -181,6 +188,12 @@ async def collect_report(
                     "next_due": c.next_due,
                 }
                 parked += c.parked_timers
+                if parse_aggregate_type(name).aggregate == SCHEDULE:
+                    try:
+                        jobs += await kept.store.due({p}, MAX_INT64, JOBS_IN_REPORT)
+                    except StoreClosed:
+                        continue
+                    jobs += c.parked_timers
             parts.append(PartitionReport.model_validate(row))
     upcoming.sort(key=lambda t: (t.due_at, t.id))
     return NodeReport(
@@ -193,6 +206,7 @@ async def collect_report(
         partitions=tuple(parts),
         parked=tuple(parked[:parked_limit]),
         upcoming=tuple(upcoming[:upcoming_limit]),
+        jobs=tuple(sorted(jobs, key=lambda t: (t.slot_due_at, t.id))[:JOBS_IN_REPORT]),
     )
 
 

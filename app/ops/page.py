@@ -269,6 +269,7 @@ class OperatorPage:
             "census": view.census,
             "parked": view.parked,
             "upcoming": view.upcoming,
+            "jobs": view.jobs,
             "nodes": view.nodes,
             "cluster_known": cluster is not None,
             "bad_reports": cluster.bad_reports if cluster is not None else 0,

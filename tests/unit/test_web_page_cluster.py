@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import aiohttp
 import orjson
 import pytest
-from fakes import GOOD, NODE, PAGE_PARTITIONS, T0, TYPE, FakeNode, Recorder, ref
+from fakes import GOOD, NODE, PAGE_PARTITIONS, T0, TYPE, FakeNode, Kept, Recorder, ref
 from test_cluster_status import owner_in, timer
 from test_web_page import cells
 from yarl import URL
@@ -30,8 +30,10 @@ from app.ops.web import WebServer
 from app.protocol.dead_letters import Stage, dead_letter
 from app.protocol.topics import ContextTopics, parse_aggregate_type
 from app.protocol.wire import TimerAction
-from tables import TimerStatus
+from tables import AggregateRef, IntervalRule, TimerStatus
 from tables.keys import row_key
+from tables.memory_store import MemoryTimerStore
+from tables.partitioner import partition_of
 
 OTHER = "node-b:8081 (pid 2)"
 INTERVAL = 1_000
@@ -214,3 +216,32 @@ async def test_the_latest_dead_letters_of_the_context_are_listed(site: Site) -> 
     html = await site.get()
     assert "the dead letters were not read" in html
     site.log.down = False
+
+
+async def test_the_jobs_timers_of_every_node_are_listed(site: Site) -> None:
+    nightly = AggregateRef(context="shop", aggregate="schedule", id="nightly")
+    p = partition_of("nightly", PAGE_PARTITIONS)
+    tick = timer("x", "tick", T0 + 60_000).model_copy(
+        update={
+            "id": "nightly/tick",
+            "owner": nightly,
+            "target": nightly,
+            "partition": p,
+            "rule": IntervalRule(start=T0, every=60_000),
+        }
+    )
+    site.node.owned = [q for q in range(PAGE_PARTITIONS) if q != p]  # another node's job
+    await site.other_reports(b_report(partitions=(p,)).model_copy(update={"jobs": (tick,)}))
+    html = await site.get()
+    [row] = cells(html, "jobs")
+    assert row[:5] == ["shop", "nightly", "(0)", "tick", "PENDING"]
+    assert row[5].endswith("(in 1.0 min)")
+    assert "&#34;every&#34;:60000" in row[6] or '"every":60000' in row[6]
+    assert row[-1] == OTHER
+    # A node's own schedule type: its jobs' timers are in its own report.
+    store = MemoryTimerStore(PAGE_PARTITIONS)
+    site.node.types["shop.schedule"] = Kept(store)
+    site.node.owned = list(range(PAGE_PARTITIONS))
+    assert await store.put(tick)
+    [row] = cells(await site.get(), "jobs")
+    assert row[1] == "nightly" and row[-1] == NODE
