@@ -162,6 +162,7 @@ class ClusterStatus:
         }
         self._mine: frozenset[int] = frozenset()
         self.published = 0
+        self._failing = False
 
     @property
     def topics(self) -> list[str]:
@@ -206,10 +207,15 @@ class ClusterStatus:
                     self._producer.send(c.topic, key, encode_report(report), 0), _SEND_TIMEOUT_S
                 )
             except (KafkaUnavailable, TimeoutError) as exc:
-                logger.warning("publishing the node's status to %s failed: %s", c.topic, exc)
+                # Once per run of failures: the broker watch already says it is away.
+                log = logger.debug if self._failing else logger.warning
+                log("publishing the node's status to %s failed: %r", c.topic, exc)
                 took = False
                 continue
             self.view.apply(c.topic, key, offset, encode_report(report))
+        if took and self._failing:
+            logger.info("publishing the node's status again")
+        self._failing = not took
         self.published += took
         return took
 
@@ -240,13 +246,17 @@ class ClusterStatus:
                 waited = 0.0
 
     async def _follow(self, c: _Context) -> None:
+        failing = False
         while True:
             try:
                 records = await c.follower.poll()
             except KafkaUnavailable as exc:
-                logger.warning("following %s failed, trying again: %s", c.topic, exc)
+                log = logger.debug if failing else logger.warning
+                log("following %s failed, trying again: %s", c.topic, exc)
+                failing = True
                 await asyncio.sleep(1)
                 continue
+            failing = False
             for r in records:
                 self.view.apply(r.topic, r.key, r.offset, r.value)
 

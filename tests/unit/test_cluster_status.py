@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
@@ -248,10 +249,17 @@ async def test_a_node_publishes_when_its_partitions_change(group: Group) -> None
             await task
 
 
-async def test_a_write_the_broker_does_not_take_is_tried_again(group: Group) -> None:
+async def test_a_write_the_broker_does_not_take_is_tried_again(
+    group: Group, caplog: pytest.LogCaptureFixture
+) -> None:
     node, a = await group.join("node-a", [0])
     group.log.down = True
+    caplog.set_level(logging.INFO, logger="app.ops.cluster_status")
     assert not await a.publish()
+    assert not await a.publish()
+    # One warning for the run of failures (the broker watch says the broker is away).
+    warned = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warned) == 1 and "publishing the node's status" in warned[0].getMessage()
     group.log.down = False
     node.owned = [0, 2]
     assert await a.publish()
