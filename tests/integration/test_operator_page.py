@@ -10,14 +10,17 @@ The gate is opened, the operator presses Retry in the browser on the node that d
 own the partition: the page confirms it, the timer leaves the parked list, the committed
 changelog has it FIRED with the outcome COMMITTED and the log has the target's `Passed`
 event of that very slot. An owner search through that page's form then finds the timer,
-FIRED, read from its partition's changelog and named with its node. Screenshots of each
-step go to a directory the test prints; with `TICKWHEEL_DOCS_SCREENSHOT=1` the first (the
-group on one node's page, the parked timer with its buttons, the ledger, the chart) is
-also written to docs/operator-page.png.
+FIRED, read from its partition's changelog and named with its node. Last, the node that
+does not own it stops cleanly: its tombstone takes it off the other node's page, whose
+partitions then all show under the remaining node. Screenshots of each step go to a
+directory the test prints; with `TICKWHEEL_DOCS_SCREENSHOT=1` the first (the group on
+one node's page, the parked timer with its buttons, the ledger, the chart) is also
+written to docs/operator-page.png.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 import struct
@@ -281,13 +284,32 @@ async def test_an_operator_retries_a_parked_timer_in_the_browser(
             )
             assert response is not None and response.status == 400
             assert "bad owner" in await page.locator("#error").inner_text()
+
+            # 7. A clean stop: the stopped node's tombstone takes it off the other's page
+            # (not left there, stale), and its partitions show under their new owner.
+            assert await asyncio.to_thread(there.stop) == 0
+            await other.goto(f"http://127.0.0.1:{here.port}/")
+
+            async def moved() -> bool:
+                if await other.locator("#nodes tr").count() != 2:  # a header and `here`
+                    return False
+                for p in range(PARTITIONS):
+                    cells = other.locator("#partitions tr").nth(p + 1).locator("td")
+                    if await cells.nth(1).inner_text() != "running":
+                        return False
+                    if f":{here.port} " not in await cells.nth(2).inner_text():
+                        return False
+                return True
+
+            await reload_until(other, moved, 90, "the stopped node's partitions on `here`")
+            await shoot(other, shots, "5-after-a-clean-stop")
         finally:
             await page.close()
             await other.close()
         if os.environ.get("TICKWHEEL_DOCS_SCREENSHOT") == "1":
             shutil.copyfile(first, ROOT / "docs" / "operator-page.png")
+        assert here.alive
         for w in workers:
-            assert w.alive
             assert "Traceback" not in w.text()
     print(f"operator page scenario: {time.monotonic() - began:.1f} s")
 
