@@ -79,9 +79,11 @@ class NodeReport(BaseModel):
     interval_ms: int = Field(ge=1)
     lateness_p99_ms: float | None = Field(default=None, description="over the last minute")
     partitions: tuple[PartitionReport, ...] = ()
-    parked: tuple[Timer, ...] = Field(default=(), max_length=PARKED_IN_REPORT)
-    upcoming: tuple[Timer, ...] = Field(default=(), max_length=UPCOMING_IN_REPORT)
-    jobs: tuple[Timer, ...] = Field(default=(), max_length=JOBS_IN_REPORT)
+    # Unbounded here: the publisher bounds what it writes (`collect_report`'s limits), and
+    # a page's own report (never written) lists more.
+    parked: tuple[Timer, ...] = ()
+    upcoming: tuple[Timer, ...] = ()
+    jobs: tuple[Timer, ...] = ()
     """The timers of the jobs' instances (the `<context>.schedule` types) it keeps."""
 
 
@@ -154,9 +156,12 @@ async def collect_report(
     contexts: set[str] | None = None,
     scan_limit: int = 10_000,
     parked_limit: int = PARKED_IN_REPORT,
+    parked_total: int | None = PARKED_IN_REPORT,
     upcoming_limit: int = UPCOMING_IN_REPORT,
 ) -> NodeReport:
-    """The node's report now, of its types in `contexts` (all when None)."""
+    """The node's report now, of its types in `contexts` (all when None): up to
+    `parked_limit` parked timers per partition and `parked_total` in all (None: no bound),
+    the `upcoming_limit` next fires and the jobs' timers (`JOBS_IN_REPORT`)."""
     now = node.clock.now()
     health = node.health()
     parts: list[PartitionReport] = []
@@ -204,7 +209,7 @@ async def collect_report(
         interval_ms=interval_ms,
         lateness_p99_ms=lateness_p99_ms,
         partitions=tuple(parts),
-        parked=tuple(parked[:parked_limit]),
+        parked=tuple(parked[:parked_total]),
         upcoming=tuple(upcoming[:upcoming_limit]),
         jobs=tuple(sorted(jobs, key=lambda t: (t.slot_due_at, t.id))[:JOBS_IN_REPORT]),
     )

@@ -244,6 +244,7 @@ class OperatorPage:
             lateness_p99_ms=recent_p99(node.metrics.recent_lateness, now),
             scan_limit=SCAN_LIMIT,
             parked_limit=PARKED_LIMIT,
+            parked_total=None,  # never written: every listed one of this node's partitions
             upcoming_limit=UPCOMING_ROWS,
         )
         cluster = self.cluster

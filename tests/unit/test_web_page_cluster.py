@@ -24,13 +24,19 @@ from app.kafka.memory import MemoryLog
 from app.kafka.records import Record
 from app.node.kept import node_topics
 from app.ops.cluster_status import ClusterStatus
-from app.ops.node_report import STALE_INTERVALS, NodeReport, PartitionReport, encode_report
+from app.ops.node_report import (
+    PARKED_IN_REPORT,
+    STALE_INTERVALS,
+    NodeReport,
+    PartitionReport,
+    encode_report,
+)
 from app.ops.page import LETTERS_LIMIT, OperatorPage
 from app.ops.web import WebServer
 from app.protocol.dead_letters import Stage, dead_letter
 from app.protocol.topics import ContextTopics, parse_aggregate_type
 from app.protocol.wire import TimerAction
-from tables import AggregateRef, IntervalRule, TimerStatus
+from tables import AggregateRef, IntervalRule, TimerChange, TimerStatus
 from tables.keys import row_key
 from tables.memory_store import MemoryTimerStore
 from tables.partitioner import partition_of
@@ -245,3 +251,25 @@ async def test_the_jobs_timers_of_every_node_are_listed(site: Site) -> None:
     assert await store.put(tick)
     [row] = cells(await site.get(), "jobs")
     assert row[1] == "nightly" and row[-1] == NODE
+
+
+async def test_this_nodes_page_lists_more_parked_timers_than_a_report_carries(
+    site: Site,
+) -> None:
+    site.node.owned = [0, 1, 2, 3]
+    per_partition = PARKED_IN_REPORT // 4 + 5
+    for p in range(PAGE_PARTITIONS):
+        for n in range(per_partition):
+            owner = next(
+                f"p{n}~{k}" for k in range(999) if partition_of(f"p{n}~{k}", PAGE_PARTITIONS) == p
+            )
+            t = timer(owner, "k", T0 - 1_000, target=ref(f"t-{p}-{n}"))
+            assert await site.node.store.put(t)
+            stuck = t.model_copy(update={"status": TimerStatus.PARKED, "attempts": 3})
+            assert await site.node.store.settle([TimerChange(loaded=t, next=stuck)]) == 1
+    html = await site.get()
+    assert len(cells(html, "parked")) == PAGE_PARTITIONS * per_partition
+    # What this node publishes is bounded.
+    assert await site.cluster.publish()
+    [report] = site.cluster.reports()
+    assert len(report.parked) == PARKED_IN_REPORT
