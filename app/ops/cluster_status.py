@@ -28,7 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
-from prometheus_client import Counter
+from prometheus_client import CollectorRegistry, Counter
 from pydantic import ValidationError
 
 from app.errors import KafkaUnavailable
@@ -54,6 +54,7 @@ __all__ = [
     "FORGET_MS",
     "ClusterStatus",
     "StatusView",
+    "bad_records_counter",
     "for_node",
     "web_address",
 ]
@@ -323,14 +324,19 @@ def web_address(settings: Settings, port: int) -> str | None:
     return f"http://{host}:{port}"
 
 
+def bad_records_counter(registry: CollectorRegistry) -> Counter:
+    """`tickwheel_cluster_status_bad_records_total`, on the node's registry."""
+    return Counter(
+        "tickwheel_cluster_status_bad_records",
+        "records of the <context>.nodes topics that are no node report (skipped)",
+        registry=registry,
+    )
+
+
 def for_node(node: Node, node_id: str, port: int) -> ClusterStatus:
     """The `ClusterStatus` of a running `Node` (its clients and producer, its settings'
     interval, its lateness window, a counter of bad records in its registry)."""
-    bad = Counter(
-        "tickwheel_cluster_status_bad_records",
-        "records of the <context>.nodes topics that are no node report (skipped)",
-        registry=node.metrics.registry,
-    )
+    bad = bad_records_counter(node.metrics.registry)
 
     def lateness() -> float | None:
         return recent_p99(node.metrics.recent_lateness, node.clock.now())

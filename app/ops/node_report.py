@@ -174,15 +174,19 @@ async def collect_report(
     for name, kept in sorted(node.types.items()):
         if contexts is not None and parse_aggregate_type(name).context not in contexts:
             continue
+        read: set[int] = set()
         for p in mine:
             state = partition_state(p, health)
             assert state is not None
             row: dict[str, Any] = {"type": name, "partition": p, "state": state[0], "why": state[1]}
             if state[0] in ("running", "stalled"):
+                # Only as many parked timers decoded as the report still has room for.
+                room = parked_limit if parked_total is None else parked_total - len(parked)
                 try:
-                    c = await kept.store.census(p, now, limit=scan_limit, parked_limit=parked_limit)
+                    c = await kept.store.census(
+                        p, now, limit=scan_limit, parked_limit=max(min(parked_limit, room), 0)
+                    )
                     counts = kept.store.status_counts(p)
-                    upcoming += await kept.store.due({p}, MAX_INT64, upcoming_limit)
                 except StoreClosed:
                     continue  # let go while this was read: its next owner reports it
                 row |= {
@@ -193,13 +197,19 @@ async def collect_report(
                     "next_due": c.next_due,
                 }
                 parked += c.parked_timers
+                read.add(p)
                 if parse_aggregate_type(name).aggregate == SCHEDULE:
-                    try:
-                        jobs += await kept.store.due({p}, MAX_INT64, JOBS_IN_REPORT)
-                    except StoreClosed:
-                        continue
                     jobs += c.parked_timers
             parts.append(PartitionReport.model_validate(row))
+        if not read:
+            continue
+        try:
+            # The earliest of all its partitions at once: no more decoded than listed.
+            upcoming += await kept.store.due(read, MAX_INT64, upcoming_limit)
+            if parse_aggregate_type(name).aggregate == SCHEDULE:
+                jobs += await kept.store.due(read, MAX_INT64, JOBS_IN_REPORT)
+        except StoreClosed:
+            pass  # a partition let go meanwhile: the next report lists them
     upcoming.sort(key=lambda t: (t.due_at, t.id))
     return NodeReport(
         node=node_id,
