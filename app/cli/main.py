@@ -17,7 +17,7 @@ import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from typer.core import TyperGroup
@@ -43,11 +43,15 @@ from app.cli.dead_letters import dead_letters_cli
 from app.cli.jobs import jobs_cli
 from app.cli.rules import rules_cli
 from app.cli.timers import timers_cli
-from app.errors import TickwheelError
+from app.errors import NodeFailed, TickwheelError
 from app.kafka.broker_watch import install_log_filter
 from app.node.settings import Settings
 from app.protocol.schemas import default_dir, stale_schemas, write_schemas
 from app.service import Service
+
+if TYPE_CHECKING:
+    from app.node import Node
+    from app.ops.cluster_status import ClusterStatus
 
 __all__ = ["cli", "main", "version_line"]
 
@@ -178,22 +182,34 @@ def worker(
 async def _run_worker(settings: Settings, service: Service) -> None:
     from app.node import Node
     from app.node.collector import tune_collector
+    from app.ops.cluster_status import for_node
+    from app.ops.page import default_node_id
     from app.ops.web import WebServer
 
     node = Node(settings, service)
     web = WebServer(node, settings.web_port, settings.web_host) if settings.web_port else None
+    cluster: ClusterStatus | None = None
     try:
         await node.start()
         if web is not None:
             await web.start()
+        port = web.port if web is not None else 0
+        # The page's name of the node is its name in the cluster's status too.
+        cluster = for_node(node, default_node_id(port), port)
+        await cluster.start()
+        if web is not None:
+            assert web.page is not None
+            web.page.cluster = cluster
     except BaseException:
         # Closes what did start, so nothing leaks on the way out.
         if web is not None:
             await web.stop()
+        if cluster is not None:
+            await cluster.stop()
         await node.stop()
         raise
     tune_collector(settings.gc_threshold)
-    task = asyncio.create_task(node.run())
+    task = asyncio.create_task(_run_node(node, cluster))
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, task.cancel)
@@ -204,8 +220,25 @@ async def _run_worker(settings: Settings, service: Service) -> None:
     finally:
         if web is not None:
             await web.stop()
+        await cluster.stop()  # its tombstone, while the node's producer still runs
         await node.stop()
         logger.info("worker stopped")
+
+
+async def _run_node(node: Node, cluster: ClusterStatus) -> None:
+    """The node's run with its status publishing beside it: either ending stops both (the
+    status's end is a bug; the node stops loudly rather than vanish from every page)."""
+    running = asyncio.create_task(node.run(), name="node")
+    status = asyncio.create_task(cluster.run(), name="cluster status")
+    try:
+        await asyncio.wait([running, status], return_when=asyncio.FIRST_COMPLETED)
+        if not running.done():
+            raise NodeFailed(f"publishing the node's status stopped: {status.exception()!r}")
+        await running
+    finally:
+        for t in (running, status):
+            t.cancel()
+        await asyncio.gather(running, status, return_exceptions=True)
 
 
 @cli.command()

@@ -65,5 +65,7 @@ def node_topics(types: list[AggregateTopics], partitions: int) -> list[TopicSpec
             # A letter holds a whole record of the topics it serves, and its headers.
             TopicSpec(c.dead_letters, 1, max_message_bytes=DEAD_LETTER_TOPIC_BYTES),
             TopicSpec(c.ledger, partitions, compacted=True),
+            # One small record per node: one partition keeps them in the order written.
+            TopicSpec(c.nodes, 1, compacted=True),
         ]
     return specs

@@ -71,6 +71,8 @@ VARIABLES: Final[Mapping[str, str]] = {
     "web_port": "TICKWHEEL_WEB_PORT",
     "web_host": "TICKWHEEL_WEB_HOST",
     "web_token": "TICKWHEEL_WEB_TOKEN",
+    "web_url": "TICKWHEEL_WEB_URL",
+    "status_interval_ms": "TICKWHEEL_STATUS_INTERVAL_MS",
     "busy_backlog": "TICKWHEEL_BUSY_BACKLOG",
     "commit_interval_ms": "TICKWHEEL_COMMIT_INTERVAL_MS",
     "request_id_window_ms": "TICKWHEEL_REQUEST_ID_WINDOW_MS",
@@ -139,6 +141,11 @@ class Settings(BaseSettings):
     web_token: SecretStr | None = None
     """When set, every action (POST) of the HTTP edge needs it (`Authorization: Bearer
     <token>`, or the operator page's token field and cookie); reads stay open."""
+    web_url: str | None = Field(default=None, pattern=r"^https?://[^\s]+$", max_length=500)
+    """This node's operator page as the other nodes' pages link to it; unset: derived from
+    `web_host` and `web_port` unless the host is a wildcard (0.0.0.0, ::)."""
+    status_interval_ms: int = Field(default=3_000, ge=200, le=60_000)
+    """How often the node publishes its status to `<context>.nodes` (`app.ops.cluster_status`)."""
     commit_interval_ms: int = Field(default=100, ge=1, le=60_000)
     """How often the timer runners' changelog writes are committed."""
     busy_backlog: int = Field(default=50_000, ge=1)

@@ -47,6 +47,7 @@ __all__ = [
     "letter_json",
     "list_letters",
     "read_letters",
+    "recent_letters",
     "replay",
     "replay_letter",
     "replay_transactional_id",
@@ -129,6 +130,37 @@ async def read_letters(reader: LogReader, topic: str, partitions: Iterable[int])
     book.letters = [
         Letter(x.partition, x.offset, x.timestamp, x.letter, marks.get((x.partition, x.offset)))
         for x in book.letters
+    ]
+    return book
+
+
+async def recent_letters(reader: LogReader, topic: str, limit: int) -> LetterBook:
+    """The letters among the last `limit` records of the dead-letter `topic` (one
+    partition), newest first, with the replays marked among them: a bounded read for the
+    operator page, however long the topic."""
+    begin, end = await reader.offsets(topic, 0)
+    book = LetterBook()
+    marks: dict[int, ReplayMark] = {}
+    async for batch in reader.read(topic, 0, max(begin, end - limit)):
+        for r in batch:
+            if any(k == REPLAY_HEADER for k, _ in r.headers):
+                if (mark := _mark_of(r)) is not None:
+                    marks.setdefault(mark.letter_offset, mark)
+                continue
+            try:
+                book.letters.append(
+                    Letter(
+                        r.partition,
+                        r.offset,
+                        r.timestamp,
+                        DeadLetter.read(r.key, r.value, r.headers),
+                    )
+                )
+            except BadRecord:
+                book.unreadable += 1
+    book.letters = [
+        Letter(x.partition, x.offset, x.timestamp, x.letter, marks.get(x.offset))
+        for x in reversed(book.letters)
     ]
     return book
 

@@ -24,7 +24,6 @@ import socket
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Protocol
 
 from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescape
@@ -32,10 +31,11 @@ from multidict import MultiMapping
 from pydantic import ValidationError
 from yarl import URL
 
-from app.errors import BadInput, TickwheelError
+from app.errors import BadInput, KafkaUnavailable, TickwheelError
 from app.kafka.connection import Connectable
 from app.node.lateness import LatenessPoint
 from app.node.settings import Settings
+from app.ops.cluster_page import UPCOMING_ROWS, ClusterView, cluster_view, when
 from app.ops.forms import (
     TOKEN_FIELD,
     form_target,
@@ -44,6 +44,8 @@ from app.ops.forms import (
     parse_form,
     problems,
 )
+from app.ops.letters import Letter
+from app.ops.node_report import NodeReport, collect_report, recent_p99
 from app.protocol.topics import parse_aggregate_type
 from app.protocol.wire import (
     TimerAction,
@@ -54,7 +56,7 @@ from app.timers.operator import (
     request_skip,
 )
 from app.timers.runner import Clock
-from tables import AggregateRef, StoreClosed, Timer, TimerStatus, TimerStore
+from tables import AggregateRef, StoreClosed, Timer, TimerStore
 from tables.ledger import FailureLedger, LedgerEntry
 from tables.partitioner import partition_of
 
@@ -65,6 +67,7 @@ __all__ = [
     "CHART_SECONDS",
     "PARKED_LIMIT",
     "Acted",
+    "ClusterSource",
     "OperatorPage",
     "PageNode",
     "Rendered",
@@ -84,6 +87,9 @@ SCAN_LIMIT = 10_000
 """Due-index entries a page load reads per partition for the oldest overdue and next due
 times (and parked entries for the list): the scan stays bounded however large the
 partition. The counts are the store's own, kept with each write (`status_counts`)."""
+
+LETTERS_LIMIT = 20
+"""Records read from the end of each context's dead-letter topic for the page."""
 
 _NOTICES = 100
 """Confirmations kept for the redirect after a POST (the oldest are dropped)."""
@@ -118,6 +124,21 @@ class PageNode(Protocol):
     def health(self) -> dict[str, Any]: ...
 
 
+class ClusterSource(Protocol):
+    """The group's status as the page reads it (`app.ops.cluster_status.ClusterStatus`)."""
+
+    @property
+    def bad_reports(self) -> int: ...
+
+    def reports(self) -> list[NodeReport]: ...
+
+    async def changelog_timers(
+        self, type_name: str, partition: int, owner: AggregateRef
+    ) -> list[Timer]: ...
+
+    async def recent_letters(self, limit: int) -> list[tuple[str, Letter]]: ...
+
+
 Requester = Callable[[Connectable, str, AggregateRef, int], Awaitable[TimerOp]]
 """`(bootstrap, owner type, target, partitions) -> the op written`: `request_retry` or
 `request_skip` of `app.timers.operator` (a fake one in the unit tests)."""
@@ -129,8 +150,10 @@ _REQUESTS: dict[TimerAction, Requester] = {
 
 
 def default_node_id(port: int) -> str:
-    """How the page names its node: host and HTTP port (where its page is), and pid."""
-    return f"{socket.gethostname()}:{port} (pid {os.getpid()})"
+    """How the page (and the cluster's status) names its node: host and HTTP port (where
+    its page is; none without HTTP), and pid."""
+    where = f"{socket.gethostname()}:{port}" if port else socket.gethostname()
+    return f"{where} (pid {os.getpid()})"
 
 
 # --- what the page answers ----------------------------------------------------------------
@@ -154,30 +177,6 @@ class Acted:
 
 
 @dataclass(frozen=True)
-class _PartitionRow:
-    partition: int
-    state: str
-    detail: str
-    node: str
-
-
-@dataclass(frozen=True)
-class _CensusRow:
-    type_name: str
-    partition: int
-    counts: dict[TimerStatus, int]
-    overdue: str
-    next_due: str
-
-
-@dataclass(frozen=True)
-class _ParkedRow:
-    type_name: str
-    timer: Timer
-    slot_due: str
-
-
-@dataclass(frozen=True)
 class _LedgerRow:
     entry: LedgerEntry
     types: list[str]
@@ -190,6 +189,8 @@ class _OwnerPart:
     partition: int
     here: bool
     timers: list[tuple[Timer, str]]
+    node: str = ""
+    """Who owns the partition (when it is not this node): the changelog was read."""
 
 
 @dataclass
@@ -225,18 +226,35 @@ class OperatorPage:
         self.node_id = node_id
         self._requests = dict(requests or _REQUESTS)
         self._notices: OrderedDict[str, str] = OrderedDict()
+        self.cluster: ClusterSource | None = None
+        """The group's status (set once the node publishes and reads it): without it the
+        page shows this node's partitions only."""
 
     # --- GET ---------------------------------------------------------------------------
 
     async def render(self, query: MultiMapping[str], here: str) -> Rendered:
         """The page; `here` is its path and query, where the forms redirect back to."""
-        try:
-            owner = owner_query(query)
-            owner_parts = await self._owner(owner) if owner is not None else None
-        except BadInput as exc:
-            return self.error(400, str(exc))
         node = self._node
         now = node.clock.now()
+        own = await collect_report(
+            node,
+            self.node_id,
+            web=None,
+            interval_ms=node.settings.status_interval_ms,
+            lateness_p99_ms=recent_p99(node.metrics.recent_lateness, now),
+            scan_limit=SCAN_LIMIT,
+            parked_limit=PARKED_LIMIT,
+            parked_total=None,  # never written: every listed one of this node's partitions
+            upcoming_limit=UPCOMING_ROWS,
+        )
+        cluster = self.cluster
+        others = cluster.reports() if cluster is not None else []
+        view = cluster_view(own, others, node.settings.partitions, now, known=cluster is not None)
+        try:
+            owner = owner_query(query)
+            owner_parts = await self._owner(owner, view) if owner is not None else None
+        except BadInput as exc:
+            return self.error(400, str(exc))
         health = node.health()
         back = str(URL(here).without_query_params("done"))
         notice = self._notices.get(query.get("done", ""))
@@ -245,22 +263,27 @@ class OperatorPage:
             "group": node.settings.group_id,
             "partitions": node.settings.partitions,
             "health": health,
-            "now": _time(now),
+            "now": when(now),
             "notice": notice,
             "back": back,
-            "rows": self._partitions(health),
+            "rows": view.partitions,
+            "census": view.census,
+            "parked": view.parked,
+            "upcoming": view.upcoming,
+            "jobs": view.jobs,
+            "nodes": view.nodes,
+            "cluster_known": cluster is not None,
+            "bad_reports": cluster.bad_reports if cluster is not None else 0,
             "types": sorted(node.types),
             "owner": owner,
             "owner_parts": owner_parts,
             "chart": self._chart(now),
             "chart_seconds": CHART_SECONDS,
             "parked_limit": PARKED_LIMIT,
-            "statuses": (TimerStatus.PENDING, TimerStatus.FIRING, TimerStatus.PARKED),
         }
-        census, parked = await self._census(set(health["owned"]), now)
-        context["census"] = census
-        context["parked"] = parked
         context["ledger"] = await self._ledger()
+        context["letters"], context["letters_error"] = await self._letters()
+        context["letters_limit"] = LETTERS_LIMIT
         return Rendered(200, _PAGE.render(context))
 
     def error(self, status: int, message: str) -> Rendered:
@@ -280,40 +303,16 @@ class OperatorPage:
         )
         return Rendered(401, html)
 
-    def _partitions(self, health: Mapping[str, Any]) -> list[_PartitionRow]:
-        owned = set(health["owned"])
-        restoring = set(health["restoring"])
-        stalled: dict[str, str] = health["stalled"]
-        rows = []
-        for p in range(self._node.settings.partitions):
-            why = stalled.get(str(p), "")
-            if p in restoring:
-                state, node = ("failed, taken again" if why else "restoring"), self.node_id
-            elif p in owned:
-                state, node = ("stalled" if why else "running"), self.node_id
-            elif why:
-                state, node = "failed", self.node_id
-            else:
-                state, node = "elsewhere", "another node of the group"
-            rows.append(_PartitionRow(p, state, why, node))
-        return rows
-
-    async def _census(self, owned: set[int], now: int) -> tuple[list[_CensusRow], list[_ParkedRow]]:
-        rows: list[_CensusRow] = []
-        parked: list[_ParkedRow] = []
-        for type_name, kept in sorted(self._node.types.items()):
-            for p in sorted(owned):
-                try:
-                    c = await kept.store.census(p, now, limit=SCAN_LIMIT, parked_limit=PARKED_LIMIT)
-                    counts = kept.store.status_counts(p)
-                except StoreClosed:
-                    continue  # let go while the page was built
-                overdue, upcoming = _time(c.oldest_overdue, now), _time(c.next_due, now)
-                rows.append(_CensusRow(type_name, p, counts, overdue, upcoming))
-                parked += [
-                    _ParkedRow(type_name, t, _time(t.slot_due_at, now)) for t in c.parked_timers
-                ]
-        return rows, parked
+    async def _letters(self) -> tuple[list[tuple[str, Letter, str]], str]:
+        """The latest dead letters of the node's contexts (read from Kafka: any node's
+        page shows them all), or why they could not be read."""
+        if self.cluster is None:
+            return [], ""
+        try:
+            found = await self.cluster.recent_letters(LETTERS_LIMIT)
+        except KafkaUnavailable as exc:
+            return [], f"the dead letters were not read: {exc}"
+        return [(topic, x, when(x.timestamp)) for topic, x in found], ""
 
     async def _ledger(self) -> list[_LedgerRow]:
         types = sorted(self._node.types)
@@ -327,10 +326,13 @@ class OperatorPage:
                 rows.append(_LedgerRow(entry, types, default))
         return sorted(rows, key=lambda r: (r.entry.subscription, str(r.entry.target)))
 
-    async def _owner(self, owner: tuple[str, str]) -> list[_OwnerPart]:
+    async def _owner(self, owner: tuple[str, str], view: ClusterView) -> list[_OwnerPart]:
+        """The owner's timers of each type: from the store when this node owns the
+        partition, else from the partition's changelog (the group's status read)."""
         owner_id, tenant = owner
         now = self._node.clock.now()
         owned = set(self._node.health()["owned"])
+        cluster = self.cluster
         parts = []
         for type_name, kept in sorted(self._node.types.items()):
             topics = parse_aggregate_type(type_name)
@@ -348,9 +350,16 @@ class OperatorPage:
                     timers = await kept.store.timers_of(ref)
                 except StoreClosed:
                     here = False
-            parts.append(
-                _OwnerPart(type_name, p, here, [(t, _time(t.slot_due_at, now)) for t in timers])
-            )
+            elsewhere = ""
+            if not here and cluster is not None:
+                holder = view.owners.get(p)
+                elsewhere = holder.node if holder is not None else "no node reports it"
+                try:
+                    timers = await cluster.changelog_timers(type_name, p, ref)
+                except KafkaUnavailable as exc:
+                    raise BadInput(f"the changelog of {type_name} was not read: {exc}") from exc
+            dues = [(t, when(t.slot_due_at, now)) for t in timers]
+            parts.append(_OwnerPart(type_name, p, here, dues, elsewhere))
         return parts
 
     def _chart(self, now: int) -> _Chart:
@@ -416,30 +425,8 @@ class OperatorPage:
         return Acted(location=str(back))
 
 
-def _time(ms: int | None, now: int | None = None) -> str:
-    """`2026-12-01 02:30:01.123 UTC`, and how far from now when `now` is given."""
-    if ms is None:
-        return "—"
-    text = datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + " UTC"
-    if now is None:
-        return text
-    delta = (ms - now) / 1000
-    span = _span(abs(delta))
-    return f"{text} ({'in ' + span if delta > 0 else span + ' ago'})"
-
-
 def _ms(ms: float) -> str:
     return f"{ms / 1000:.2f} s" if ms >= 1000 else f"{ms:.1f} ms"
-
-
-def _span(seconds: float) -> str:
-    if seconds < 60:
-        return f"{seconds:.1f} s"
-    if seconds < 3600:
-        return f"{seconds / 60:.1f} min"
-    if seconds < 86400:
-        return f"{seconds / 3600:.1f} h"
-    return f"{seconds / 86400:.1f} d"
 
 
 # --- templates (app/ops/templates: the page, the error page and their style) ---------

@@ -59,6 +59,11 @@ class ContextTopics:
     def ledger(self) -> str:
         return f"{self.context}.failure-ledger"
 
+    @property
+    def nodes(self) -> str:
+        """Each node's status, keyed by node id (`app.ops.cluster_status`)."""
+        return f"{self.context}.nodes"
+
 
 def parse_aggregate_type(name: str) -> AggregateTopics:
     """`shop.order` → its topics; a clear `ConfigError` for anything else."""

@@ -2,19 +2,25 @@
 real worker processes on the real broker.
 
 A timer's target fails its command (a closed gate, `tw_page_service`), so after two
-attempts the timer is PARKED and its target is in the ledger. The page of the node that
-owns the timer lists it with Retry and Skip; the page of the other node shows the same
-ledger entry (every node follows the whole ledger). The gate is opened, the operator
-presses Retry in the browser: the page confirms it, the timer leaves the parked list, the
-committed changelog has it FIRED with the outcome COMMITTED and the log has the target's
-`Passed` event of that very slot. An owner search through the page's form then finds the
-timer, FIRED, on its node. Screenshots of each step go to a directory the test prints;
-with `TICKWHEEL_DOCS_SCREENSHOT=1` the first (the parked timer with its buttons, the
-ledger, the chart) is also written to docs/operator-page.png.
+attempts the timer is PARKED and its target is in the ledger. Two workers share the
+partitions; the page of the node that does NOT own the timer's partition shows the whole
+group (#22): every partition with its node, both nodes, the counts, the upcoming fires,
+and the other node's parked timer with Retry and Skip; the owner's page shows the same.
+The gate is opened, the operator presses Retry in the browser on the node that does not
+own the partition: the page confirms it, the timer leaves the parked list, the committed
+changelog has it FIRED with the outcome COMMITTED and the log has the target's `Passed`
+event of that very slot. An owner search through that page's form then finds the timer,
+FIRED, read from its partition's changelog and named with its node. Last, the node that
+does not own it stops cleanly: its tombstone takes it off the other node's page, whose
+partitions then all show under the remaining node. Screenshots of each step go to a
+directory the test prints; with `TICKWHEEL_DOCS_SCREENSHOT=1` the first (the group on
+one node's page, the parked timer with its buttons, the ledger, the chart) is also
+written to docs/operator-page.png.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 import struct
@@ -59,7 +65,10 @@ async def cluster(kafka_bootstrap: str, tmp_path: Path) -> AsyncIterator[Cluster
         kafka_bootstrap,
         tmp_path,
         partitions=PARTITIONS,
-        env={"TICKWHEEL_TIMER_OPTIONS": orjson.dumps(OPTIONS).decode()},
+        env={
+            "TICKWHEEL_TIMER_OPTIONS": orjson.dumps(OPTIONS).decode(),
+            "TICKWHEEL_STATUS_INTERVAL_MS": "1000",
+        },
         service="tw_page_service:service",
     )
     yield c
@@ -181,41 +190,53 @@ async def test_an_operator_retries_a_parked_timer_in_the_browser(
         page = await browser.new_page(viewport=VIEWPORT)
         other = await browser.new_page(viewport=VIEWPORT)
         try:
-            # 1. The owner's node lists the parked timer, with its buttons.
-            await page.goto(f"http://127.0.0.1:{here.port}/")
+            # 1. The page of the node that does NOT own the timer's partition shows the
+            # whole group: every partition with its node, and the other node's parked
+            # timer with its buttons (from that node's status on <ctx>.nodes).
+            await page.goto(f"http://127.0.0.1:{there.port}/")
             row = page.locator("tr.parked-timer", has_text=KEY)
-
             chart = page.locator("svg#lateness polyline")
+            partition = partition_of(owner, PARTITIONS)
 
             async def listed() -> bool:
-                # The chart too: the node's own fires of the last minutes, drawn.
+                # The chart too: this node's own fires of the last minutes, drawn.
                 return await row.count() == 1 and await chart.count() == 2
 
-            await reload_until(page, listed, 30, "the parked timer and the chart on the page")
+            await reload_until(page, listed, 30, "the other node's parked timer on the page")
             assert await row.locator("td").nth(3).inner_text() == KEY
             assert await row.locator("td").nth(4).inner_text() == str(target)
+            assert f":{here.port} " in await row.locator("td.node").inner_text()
             assert await page.locator("tr.ledger-entry", has_text=target.id).count() == 1
-            partition = partition_of(owner, PARTITIONS)
-            state = page.locator("#partitions tr").nth(partition + 1).locator("td")
-            assert await state.nth(1).inner_text() == "running"
-            assert f":{here.port} " in await state.nth(2).inner_text()
-            first = await shoot(page, shots, "1-parked")
+            for w in workers:
+                for p in owned(w):
+                    cells = page.locator("#partitions tr").nth(p + 1).locator("td")
+                    assert await cells.nth(1).inner_text() == "running"
+                    assert f":{w.port} " in await cells.nth(2).inner_text()
+            nodes = page.locator("#nodes tr")
+            assert await nodes.count() == 3  # a header and both nodes
+            counted = page.locator("#timers tr", has_text=f":{here.port} ")
+            assert await counted.count() == len(owned(here))
+            assert await page.locator("#upcoming tr").count() > 1
+            # The dead-letter topic read from the broker: none in this scenario.
+            assert "No dead letter." in await page.content()
+            first = await shoot(page, shots, "1-the-group-on-the-other-node")
 
-            # 2. The other node serves the same ledger, and names its own partitions.
-            await other.goto(f"http://127.0.0.1:{there.port}/")
+            # 2. The owner's node shows the same group, the same ledger entry.
+            await other.goto(f"http://127.0.0.1:{here.port}/")
             entry = other.locator("tr.ledger-entry", has_text=target.id)
 
             async def in_ledger() -> bool:
                 return await entry.count() == 1
 
-            await reload_until(other, in_ledger, 30, "the ledger entry on the other node")
-            assert await other.locator("tr.parked-timer", has_text=KEY).count() == 0
+            await reload_until(other, in_ledger, 30, "the ledger entry on the owner's node")
+            assert await other.locator("tr.parked-timer", has_text=KEY).count() == 1
             for p in owned(there):
                 cells = other.locator("#partitions tr").nth(p + 1).locator("td")
                 assert f":{there.port} " in await cells.nth(2).inner_text()
-            await shoot(other, shots, "2-ledger-on-the-other-node")
+            await shoot(other, shots, "2-the-owners-node")
 
-            # 3. The target is fixed (the gate opened), then Retry in the browser.
+            # 3. The target is fixed (the gate opened), then Retry in the browser, on the
+            # node that does not own the partition: the request travels through Kafka.
             opened = client.command(target.id, "Open", request_id="open-gate")
             await client.send(opened)
             result = (await client.wait_results([opened.request_id]))[opened.request_id]
@@ -229,7 +250,8 @@ async def test_an_operator_retries_a_parked_timer_in_the_browser(
             assert "done=" in page.url
             await shoot(page, shots, "3-retry-requested")
 
-            # 4. It fires: gone from the parked list and the ledger, FIRED in the changelog.
+            # 4. It fires on its owner: gone from the parked list (the owner's next
+            # report) and the ledger, FIRED in the changelog.
             entry_here = page.locator("tr.ledger-entry", has_text=target.id)
 
             async def gone() -> bool:
@@ -244,14 +266,15 @@ async def test_an_operator_retries_a_parked_timer_in_the_browser(
             ]
             assert [e.request_id for e in passed] == [fired.request_id]
 
-            # 5. The owner search, through the page's form.
+            # 5. The owner search, through the page's form, on the node that does not
+            # own the partition: read from the partition's changelog.
             await page.fill("#search input[name=owner]", owner)
             await page.click("#search button")
             found = page.locator("#owner-timers tr", has_text=KEY)
             await found.wait_for()
             texts = [await c.inner_text() for c in await found.locator("td").all()]
             assert texts[0:2] == [type_name, str(partition)]
-            assert f":{here.port} " in texts[2]
+            assert f":{here.port} " in texts[2] and "read from its changelog" in texts[2]
             assert texts[3:5] == [KEY, "FIRED"]
             await shoot(page, shots, "4-owner-search")
 
@@ -261,13 +284,32 @@ async def test_an_operator_retries_a_parked_timer_in_the_browser(
             )
             assert response is not None and response.status == 400
             assert "bad owner" in await page.locator("#error").inner_text()
+
+            # 7. A clean stop: the stopped node's tombstone takes it off the other's page
+            # (not left there, stale), and its partitions show under their new owner.
+            assert await asyncio.to_thread(there.stop) == 0
+            await other.goto(f"http://127.0.0.1:{here.port}/")
+
+            async def moved() -> bool:
+                if await other.locator("#nodes tr").count() != 2:  # a header and `here`
+                    return False
+                for p in range(PARTITIONS):
+                    cells = other.locator("#partitions tr").nth(p + 1).locator("td")
+                    if await cells.nth(1).inner_text() != "running":
+                        return False
+                    if f":{here.port} " not in await cells.nth(2).inner_text():
+                        return False
+                return True
+
+            await reload_until(other, moved, 90, "the stopped node's partitions on `here`")
+            await shoot(other, shots, "5-after-a-clean-stop")
         finally:
             await page.close()
             await other.close()
         if os.environ.get("TICKWHEEL_DOCS_SCREENSHOT") == "1":
             shutil.copyfile(first, ROOT / "docs" / "operator-page.png")
+        assert here.alive
         for w in workers:
-            assert w.alive
             assert "Traceback" not in w.text()
     print(f"operator page scenario: {time.monotonic() - began:.1f} s")
 

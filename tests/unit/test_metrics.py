@@ -36,6 +36,7 @@ from app.kafka.broker_watch import BrokerWatch
 from app.model.aggregate import Command, Decision
 from app.node.metrics import LATENESS_BUCKETS, NodeMetrics
 from app.node.settings import Settings
+from app.ops.cluster_status import bad_records_counter
 from app.protocol.wire import CommandEnvelope, ResultCode
 from app.timers.changelog import Transaction, _Staged, restore_partition
 from app.timers.runner import SENT, SendResult, TimerOptions, TimerRunner
@@ -397,10 +398,12 @@ def readme_metrics() -> str:
 
 
 async def test_the_readme_lists_exactly_the_metrics_a_node_exports() -> None:
-    """As a worker's registry has them: the node's metrics and its broker watch's, which
-    the node puts on the same registry (`Node`: `BrokerWatch(..., registry=...)`)."""
+    """As a worker's registry has them: the node's metrics, its broker watch's and its
+    cluster status's, all on one registry (`Node`: `BrokerWatch(..., registry=...)`; the
+    worker: `app.ops.cluster_status.for_node`)."""
     metrics = await fed()
     BrokerWatch("127.0.0.1:9092", registry=metrics.registry)
+    bad_records_counter(metrics.registry)  # the worker's cluster status (`for_node`)
     names = {f.name for f in metrics.registry.collect()}
     samples = exported(generate_latest(metrics.registry).decode())
     listed = set(METRIC_NAME.findall(readme_metrics()))

@@ -1,0 +1,353 @@
+"""The cluster's status on Kafka: what every node of the group owns and how it is (#22).
+
+Each node publishes, every `TICKWHEEL_STATUS_INTERVAL_MS` and whenever the partitions it
+owns change, one record keyed by its node id to each of its contexts' compacted topic
+`<context>.nodes` (one partition): a `NodeReport`, its web address when it has one, the
+time, and per type and partition it owns the state (running, stalled, restoring, failed),
+the PENDING, FIRING and PARKED counts, the oldest overdue and next due times; and a few of
+its parked timers and of its upcoming fires. A clean stop writes its tombstone.
+
+Every node reads those topics whole (from their start, then follows them; no group, no
+commit), so that any node's operator page shows every partition of the group: its owner
+by the newest report that claims it, stale once that report is older than
+`STALE_INTERVALS` of its node's interval, unowned when no report claims it. A record that
+is not a report of its key (another producer's, a broken one) is skipped and counted
+(`tickwheel_cluster_status_bad_records_total`); it never stops the reading.
+
+No node talks to another over HTTP: the status travels through Kafka, as the operators'
+retry and skip do (`app.timers.operator`), and a search of an owner whose partition lives
+elsewhere reads that partition of the timer table's changelog (`changelog_timers`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Final
+
+from prometheus_client import CollectorRegistry, Counter
+from pydantic import ValidationError
+
+from app.errors import KafkaUnavailable
+from app.kafka.ports import Clients, Follower, Publisher
+from app.node.settings import Settings
+from app.ops.letters import Letter, recent_letters
+from app.ops.node_report import (
+    NodeReport,
+    StatusSource,
+    collect_report,
+    decode_report,
+    encode_report,
+    recent_p99,
+)
+from app.protocol.topics import ContextTopics, parse_aggregate_type
+from tables import AggregateRef, Timer
+from tables.keys import owner_prefix
+
+if TYPE_CHECKING:
+    from app.node import Node
+
+__all__ = [
+    "FORGET_MS",
+    "ClusterStatus",
+    "StatusView",
+    "bad_records_counter",
+    "for_node",
+    "web_address",
+]
+
+logger = logging.getLogger(__name__)
+
+FORGET_MS: Final = 3_600_000
+"""A report older than an hour is left out altogether (a node that died without its
+tombstone; the compacted topic keeps its last record)."""
+
+_SEND_TIMEOUT_S: Final = 10.0
+
+PUBLISH_SCAN: Final = 1_000
+"""Due-index entries a report reads per partition for its oldest overdue and next due
+times (they are at the index's start; the counts are the store's own, kept with each
+write): a report every few seconds costs little however large the partition."""
+
+
+class StatusView:
+    """The reports read so far, per node: the newest by offset. No I/O."""
+
+    def __init__(self, group: str, partitions: int) -> None:
+        self._group = group
+        self._partitions = partitions
+        self._held: dict[tuple[str, bytes], tuple[int, NodeReport | None]] = {}
+        self.bad = 0
+        self.on_bad: Callable[[], None] | None = None
+
+    def apply(self, topic: str, key: bytes | None, offset: int, value: bytes | None) -> bool:
+        """Takes a record of `topic`; a bad one is counted and skipped."""
+        try:
+            report = decode_report(key, value)
+            if report is not None and any(
+                r.partition >= self._partitions for r in report.partitions
+            ):
+                raise ValueError(f"a partition past the group's {self._partitions}")
+        except ValueError as exc:
+            self.bad += 1
+            if self.on_bad is not None:
+                self.on_bad()
+            if self.bad == 1 or self.bad % 100 == 0:  # another team's producer: not a flood
+                logger.warning("skipping status record @%d of %s: %s", offset, topic, exc)
+            return False
+        assert key is not None
+        held = self._held.get((topic, key))
+        if held is not None and held[0] >= offset:
+            return False
+        self._held[(topic, key)] = (offset, report)
+        return True
+
+    def reports(self, now: int) -> list[NodeReport]:
+        """The group's reports not yet forgotten, newest first."""
+        found = [
+            r
+            for _, r in self._held.values()
+            if r is not None and r.group == self._group and now - r.at <= FORGET_MS
+        ]
+        return sorted(found, key=lambda r: (-r.at, r.node))
+
+
+# --- on Kafka ----------------------------------------------------------------------------
+
+
+@dataclass
+class _Context:
+    topic: str
+    follower: Follower
+
+
+class ClusterStatus:
+    """Publishes this node's reports and follows the group's, on each context's topic.
+
+    `start()` reads the topics to their ends and publishes a first report; `run()` then
+    publishes and follows until cancelled (it ends only on a bug: its owner stops the
+    node); `stop()` writes this node's tombstones. A write or read the broker does not
+    take is logged and tried again at the next interval: the page shows the node stale
+    meanwhile.
+    """
+
+    def __init__(
+        self,
+        clients: Clients,
+        producer: Publisher,
+        node: StatusSource,
+        node_id: str,
+        *,
+        web: str | None = None,
+        interval_ms: int = 3000,
+        lateness: Callable[[], float | None] | None = None,
+        on_bad: Callable[[], None] | None = None,
+    ) -> None:
+        self._clients = clients
+        self._producer = producer
+        self._node = node
+        self.node_id = node_id
+        self._web = web
+        self.interval_ms = interval_ms
+        self._lateness = lateness or (lambda: None)
+        settings = node.settings
+        self.view = StatusView(settings.group_id, settings.partitions)
+        self.view.on_bad = on_bad
+        contexts = sorted({parse_aggregate_type(n).context for n in node.types})
+        self._contexts = {
+            ctx: _Context(ContextTopics(ctx).nodes, clients.follower(ContextTopics(ctx).nodes))
+            for ctx in contexts
+        }
+        self._mine: frozenset[int] = frozenset()
+        self.published = 0
+        self._failing = False
+
+    @property
+    def topics(self) -> list[str]:
+        return [c.topic for c in self._contexts.values()]
+
+    async def start(self) -> None:
+        """Reads every context's topic to its end (its follower placed first: a record
+        written meanwhile is read by one or both, and applying it twice changes nothing),
+        then publishes this node's first report."""
+        for c in self._contexts.values():
+            await c.follower.start()
+            await c.follower.add(0)
+        reader = self._clients.reader()
+        await reader.start()
+        try:
+            for c in self._contexts.values():
+                async for batch in reader.read(c.topic, 0, 0):
+                    for r in batch:
+                        self.view.apply(r.topic, r.key, r.offset, r.value)
+        finally:
+            await reader.stop()
+        await self.publish()
+
+    async def publish(self) -> bool:
+        """Writes this node's report to each context's topic; whether the broker took all."""
+        health = self._node.health()
+        self._mine = frozenset(health["owned"]) | frozenset(health["restoring"])
+        took = True
+        for ctx, c in self._contexts.items():
+            report = await collect_report(
+                self._node,
+                self.node_id,
+                scan_limit=PUBLISH_SCAN,
+                web=self._web,
+                interval_ms=self.interval_ms,
+                lateness_p99_ms=self._lateness(),
+                contexts={ctx},
+            )
+            key = self.node_id.encode()
+            try:
+                offset = await asyncio.wait_for(
+                    self._producer.send(c.topic, key, encode_report(report), 0), _SEND_TIMEOUT_S
+                )
+            except (KafkaUnavailable, TimeoutError) as exc:
+                # Once per run of failures: the broker watch already says it is away.
+                log = logger.debug if self._failing else logger.warning
+                log("publishing the node's status to %s failed: %r", c.topic, exc)
+                took = False
+                continue
+            self.view.apply(c.topic, key, offset, encode_report(report))
+        if took and self._failing:
+            logger.info("publishing the node's status again")
+        self._failing = not took
+        self.published += took
+        return took
+
+    def reports(self) -> list[NodeReport]:
+        return self.view.reports(self._node.clock.now())
+
+    @property
+    def bad_reports(self) -> int:
+        return self.view.bad
+
+    async def run(self) -> None:
+        """Publishes every interval, and soon after the node's partitions change, and
+        follows the topics, until cancelled."""
+        async with asyncio.TaskGroup() as tasks:
+            tasks.create_task(self._publishing(), name="publishing the node's status")
+            for c in self._contexts.values():
+                tasks.create_task(self._follow(c), name=f"following {c.topic}")
+
+    async def _publishing(self) -> None:
+        waited = 0.0
+        while True:
+            await asyncio.sleep(0.2)
+            waited += 0.2
+            health = self._node.health()
+            now_mine = frozenset(health["owned"]) | frozenset(health["restoring"])
+            if waited * 1000 >= self.interval_ms or now_mine != self._mine:
+                await self.publish()
+                waited = 0.0
+
+    async def _follow(self, c: _Context) -> None:
+        failing = False
+        while True:
+            try:
+                records = await c.follower.poll()
+            except KafkaUnavailable as exc:
+                log = logger.debug if failing else logger.warning
+                log("following %s failed, trying again: %s", c.topic, exc)
+                failing = True
+                await asyncio.sleep(1)
+                continue
+            failing = False
+            for r in records:
+                self.view.apply(r.topic, r.key, r.offset, r.value)
+
+    async def stop(self) -> None:
+        """Writes this node's tombstones (its partitions go to their next owners' reports),
+        then stops following; never raises."""
+        for c in self._contexts.values():
+            try:
+                await asyncio.wait_for(
+                    self._producer.send(c.topic, self.node_id.encode(), None, 0), _SEND_TIMEOUT_S
+                )
+            except Exception as exc:
+                logger.warning("the node's tombstone in %s was not written: %r", c.topic, exc)
+            with contextlib.suppress(Exception):
+                await c.follower.stop()
+
+    async def recent_letters(self, limit: int) -> list[tuple[str, Letter]]:
+        """The last `limit` records' dead letters of each context, newest first."""
+        found: list[tuple[str, Letter]] = []
+        reader = self._clients.reader()
+        await reader.start()
+        try:
+            for ctx in self._contexts:
+                topic = ContextTopics(ctx).dead_letters
+                found += [(topic, x) for x in (await recent_letters(reader, topic, limit)).letters]
+        finally:
+            await reader.stop()
+        return sorted(found, key=lambda tx: -tx[1].timestamp)
+
+    async def changelog_timers(
+        self, type_name: str, partition: int, owner: AggregateRef
+    ) -> list[Timer]:
+        """`owner`'s timers as the changelog of its partition has them (for a search of an
+        owner whose partition lives on another node): the last row per key, by key. The
+        whole partition is read, but only the owner's rows (by their key) are decoded."""
+        topic = parse_aggregate_type(type_name).timers_changelog
+        prefix = owner_prefix(owner)
+        rows: dict[bytes, Timer | None] = {}
+        reader = self._clients.reader()
+        await reader.start()
+        try:
+            async for batch in reader.read(topic, partition, 0):
+                for r in batch:
+                    if r.key is None or not r.key.startswith(prefix):
+                        continue
+                    try:
+                        row = None if r.value is None else Timer.model_validate_json(r.value)
+                    except ValidationError:
+                        row = None  # a restore letters it; nothing for a search to show
+                    rows[r.key] = row if row is not None and row.owner == owner else None
+        finally:
+            await reader.stop()
+        return sorted((t for t in rows.values() if t is not None), key=lambda t: t.key)
+
+
+def web_address(settings: Settings, port: int) -> str | None:
+    """Where the other nodes' pages link to this node's: `TICKWHEEL_WEB_URL`, else its
+    host and port unless it listens on every address (no name to give then)."""
+    if settings.web_url is not None:
+        return settings.web_url.rstrip("/")
+    if not port or settings.web_host in ("0.0.0.0", "::", ""):
+        return None
+    host = f"[{settings.web_host}]" if ":" in settings.web_host else settings.web_host
+    return f"http://{host}:{port}"
+
+
+def bad_records_counter(registry: CollectorRegistry) -> Counter:
+    """`tickwheel_cluster_status_bad_records_total`, on the node's registry."""
+    return Counter(
+        "tickwheel_cluster_status_bad_records",
+        "records of the <context>.nodes topics that are no node report (skipped)",
+        registry=registry,
+    )
+
+
+def for_node(node: Node, node_id: str, port: int) -> ClusterStatus:
+    """The `ClusterStatus` of a running `Node` (its clients and producer, its settings'
+    interval, its lateness window, a counter of bad records in its registry)."""
+    bad = bad_records_counter(node.metrics.registry)
+
+    def lateness() -> float | None:
+        return recent_p99(node.metrics.recent_lateness, node.clock.now())
+
+    return ClusterStatus(
+        node.clients,
+        node.producer,
+        node,
+        node_id,
+        web=web_address(node.settings, port),
+        interval_ms=node.settings.status_interval_ms,
+        lateness=lateness,
+        on_bad=bad.inc,
+    )

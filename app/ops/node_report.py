@@ -1,0 +1,231 @@
+"""A node's status report: what it owns and how (#22), as `<context>.nodes` carries it.
+
+`collect_report` makes the report of a node now (its partitions' states from `health()`,
+its stores' counts, due times, parked timers, upcoming fires and its jobs' timers);
+`encode_report` and `decode_report` are its wire form (the JSON of a `NodeReport`, keyed
+by the node id).
+Written and read by `app.ops.cluster_status`, shown by `app.ops.cluster_page`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Final, Protocol
+
+import orjson
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from app.jobs.declaration import SCHEDULE
+from app.node.lateness import LatenessWindow
+from app.node.settings import Settings
+from app.protocol.topics import parse_aggregate_type
+from app.timers.runner import Clock
+from tables import StoreClosed, Timer, TimerStatus, TimerStore
+from tables.bounds import MAX_INT64
+
+__all__ = [
+    "JOBS_IN_REPORT",
+    "PARKED_IN_REPORT",
+    "STALE_INTERVALS",
+    "UPCOMING_IN_REPORT",
+    "NodeReport",
+    "PartitionReport",
+    "StatusSource",
+    "collect_report",
+    "decode_report",
+    "encode_report",
+    "partition_state",
+    "recent_p99",
+    "stale",
+]
+
+STALE_INTERVALS: Final = 3
+"""A report older than this many of its node's intervals is stale: the node is gone or
+cannot write (its partitions are then shown as last heard of, marked stale)."""
+
+
+PARKED_IN_REPORT: Final = 100
+UPCOMING_IN_REPORT: Final = 50
+JOBS_IN_REPORT: Final = 100
+"""Parked timers and upcoming fires a report carries at most (the earliest): a report of
+a node of many partitions stays far below a topic's 1 MiB record limit."""
+
+
+class PartitionReport(BaseModel):
+    """One type's partition on its owner: its state and its timers' counts."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    type: str = Field(min_length=3, max_length=300)
+    partition: int = Field(ge=0, le=1023)
+    state: str = Field(max_length=40)
+    why: str = Field(default="", max_length=2000)
+    pending: int = Field(default=0, ge=0)
+    firing: int = Field(default=0, ge=0)
+    parked: int = Field(default=0, ge=0)
+    oldest_overdue: int | None = None
+    next_due: int | None = None
+
+
+class NodeReport(BaseModel):
+    """A node's status record (the value of its key, its node id, in `<context>.nodes`)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    node: str = Field(min_length=1, max_length=300)
+    group: str = Field(min_length=1)
+    web: str | None = Field(default=None, max_length=500)
+    at: int = Field(ge=0, description="epoch ms when it was written")
+    interval_ms: int = Field(ge=1)
+    lateness_p99_ms: float | None = Field(default=None, description="over the last minute")
+    partitions: tuple[PartitionReport, ...] = ()
+    # Unbounded here: the publisher bounds what it writes (`collect_report`'s limits), and
+    # a page's own report (never written) lists more.
+    parked: tuple[Timer, ...] = ()
+    upcoming: tuple[Timer, ...] = ()
+    jobs: tuple[Timer, ...] = ()
+    """The timers of the jobs' instances (the `<context>.schedule` types) it keeps."""
+
+
+def encode_report(report: NodeReport) -> bytes:
+    return orjson.dumps(report.model_dump(mode="json"))
+
+
+def decode_report(key: bytes | None, value: bytes | None) -> NodeReport | None:
+    """The report a record holds (None: a tombstone); ValueError when it is none."""
+    if not key:
+        raise ValueError("a status record without a key")
+    if value is None:
+        return None
+    try:
+        report = NodeReport.model_validate_json(value)
+    except ValidationError as exc:
+        raise ValueError(f"not a node report: {exc.error_count()} problem(s)") from exc
+    if report.node.encode() != key:
+        raise ValueError(f"the report of {report.node!r} under the key {key[:100]!r}")
+    return report
+
+
+def stale(report: NodeReport, now: int) -> bool:
+    return now - report.at > STALE_INTERVALS * report.interval_ms
+
+
+def partition_state(p: int, health: Mapping[str, Any]) -> tuple[str, str] | None:
+    """What a node's `health()` says of partition p: (state, why), None if not its."""
+    stalled: dict[str, str] = health["stalled"]
+    why = stalled.get(str(p), "")
+    if p in set(health["restoring"]):
+        return ("failed, taken again" if why else "restoring"), why
+    if p in set(health["owned"]):
+        return ("stalled" if why else "running"), why
+    if why:
+        return "failed", why
+    return None
+
+
+# --- a node's own report -----------------------------------------------------------------
+
+
+class _Kept(Protocol):
+    @property
+    def store(self) -> TimerStore: ...
+
+
+class StatusSource(Protocol):
+    """What a report is made of (a `Node`; a fake one in the unit tests)."""
+
+    @property
+    def settings(self) -> Settings: ...
+
+    @property
+    def clock(self) -> Clock: ...
+
+    @property
+    def types(self) -> Mapping[str, _Kept]: ...
+
+    def health(self) -> dict[str, Any]: ...
+
+
+async def collect_report(
+    node: StatusSource,
+    node_id: str,
+    *,
+    web: str | None,
+    interval_ms: int,
+    lateness_p99_ms: float | None = None,
+    contexts: set[str] | None = None,
+    scan_limit: int = 10_000,
+    parked_limit: int = PARKED_IN_REPORT,
+    parked_total: int | None = PARKED_IN_REPORT,
+    upcoming_limit: int = UPCOMING_IN_REPORT,
+) -> NodeReport:
+    """The node's report now, of its types in `contexts` (all when None): up to
+    `parked_limit` parked timers per partition and `parked_total` in all (None: no bound),
+    the `upcoming_limit` next fires and the jobs' timers (`JOBS_IN_REPORT`)."""
+    now = node.clock.now()
+    health = node.health()
+    parts: list[PartitionReport] = []
+    parked: list[Timer] = []
+    upcoming: list[Timer] = []
+    jobs: list[Timer] = []
+    mine = sorted(
+        p for p in range(node.settings.partitions) if partition_state(p, health) is not None
+    )
+    for name, kept in sorted(node.types.items()):
+        if contexts is not None and parse_aggregate_type(name).context not in contexts:
+            continue
+        read: set[int] = set()
+        for p in mine:
+            state = partition_state(p, health)
+            assert state is not None
+            row: dict[str, Any] = {"type": name, "partition": p, "state": state[0], "why": state[1]}
+            if state[0] in ("running", "stalled"):
+                # Only as many parked timers decoded as the report still has room for.
+                room = parked_limit if parked_total is None else parked_total - len(parked)
+                try:
+                    c = await kept.store.census(
+                        p, now, limit=scan_limit, parked_limit=max(min(parked_limit, room), 0)
+                    )
+                    counts = kept.store.status_counts(p)
+                except StoreClosed:
+                    continue  # let go while this was read: its next owner reports it
+                row |= {
+                    "pending": counts[TimerStatus.PENDING],
+                    "firing": counts[TimerStatus.FIRING],
+                    "parked": counts[TimerStatus.PARKED],
+                    "oldest_overdue": c.oldest_overdue,
+                    "next_due": c.next_due,
+                }
+                parked += c.parked_timers
+                read.add(p)
+                if parse_aggregate_type(name).aggregate == SCHEDULE:
+                    jobs += c.parked_timers
+            parts.append(PartitionReport.model_validate(row))
+        if not read:
+            continue
+        try:
+            # The earliest of all its partitions at once: no more decoded than listed.
+            upcoming += await kept.store.due(read, MAX_INT64, upcoming_limit)
+            if parse_aggregate_type(name).aggregate == SCHEDULE:
+                jobs += await kept.store.due(read, MAX_INT64, JOBS_IN_REPORT)
+        except StoreClosed:
+            pass  # a partition let go meanwhile: the next report lists them
+    upcoming.sort(key=lambda t: (t.due_at, t.id))
+    return NodeReport(
+        node=node_id,
+        group=node.settings.group_id,
+        web=web,
+        at=now,
+        interval_ms=interval_ms,
+        lateness_p99_ms=lateness_p99_ms,
+        partitions=tuple(parts),
+        parked=tuple(parked[:parked_total]),
+        upcoming=tuple(upcoming[:upcoming_limit]),
+        jobs=tuple(sorted(jobs, key=lambda t: (t.slot_due_at, t.id))[:JOBS_IN_REPORT]),
+    )
+
+
+def recent_p99(window: LatenessWindow, now_ms: int) -> float | None:
+    """The worst second's p99 lateness of the last minute (ms); None when nothing fired."""
+    points = window.recent(60, now_ms / 1000)
+    return max((p.p99_ms for p in points), default=None)
