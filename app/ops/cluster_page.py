@@ -39,7 +39,7 @@ class PartitionRow:
 class CensusRow:
     type_name: str
     partition: int
-    counts: tuple[int, int, int]
+    counts: tuple[int, int, int, int]
     overdue: str
     next_due: str
     node: str
@@ -120,7 +120,7 @@ def cluster_view(
         (r, x) for r in (own, *others) for x in r.partitions if view.owners.get(x.partition) is r
     ]
     for r, x in sorted(rows, key=lambda rx: (rx[1].type, rx[1].partition)):
-        counts = (x.pending, x.firing, x.parked)
+        counts = (x.pending, x.firing, x.parked, x.paused)
         view.census.append(
             CensusRow(
                 x.type,

@@ -63,6 +63,7 @@ class PartitionReport(BaseModel):
     pending: int = Field(default=0, ge=0)
     firing: int = Field(default=0, ge=0)
     parked: int = Field(default=0, ge=0)
+    paused: int = Field(default=0, ge=0)
     oldest_overdue: int | None = None
     next_due: int | None = None
 
@@ -193,6 +194,7 @@ async def collect_report(
                     "pending": counts[TimerStatus.PENDING],
                     "firing": counts[TimerStatus.FIRING],
                     "parked": counts[TimerStatus.PARKED],
+                    "paused": counts.get(TimerStatus.PAUSED, 0),
                     "oldest_overdue": c.oldest_overdue,
                     "next_due": c.next_due,
                 }

@@ -111,15 +111,17 @@ async def test_a_report_counts_each_owned_partitions_timers(group: Group) -> Non
     o0 = owner_in(0)
     late, soon = timer(o0, "late", T0 - 5_000), timer(o0, "soon", T0 + 2_000)
     stuck = timer(o0, "stuck", T0 - 60_000, target=ref("dead"))
-    for t in (late, soon, stuck):
+    held = timer(o0, "held", T0 - 1_000)
+    for t in (late, soon, stuck, held):
         assert await store.put(t)
     parked = stuck.model_copy(update={"status": TimerStatus.PARKED, "attempts": 3})
     assert await store.settle([TimerChange(loaded=stuck, next=parked)]) == 1
+    assert await store.pause(held.owner, held.key, 2)  # counted, never listed as due
     report = await collect_report(node, "n1", web=None, interval_ms=INTERVAL)
     rows = {(r.type, r.partition): r for r in report.partitions}
     assert set(rows) == {(TYPE, 0), (TYPE, 1), (TYPE, 2)}
     zero = rows[(TYPE, 0)]
-    assert (zero.state, zero.pending, zero.parked) == ("running", 2, 1)
+    assert (zero.state, zero.pending, zero.parked, zero.paused) == ("running", 2, 1, 1)
     assert (zero.oldest_overdue, zero.next_due) == (T0 - 5_000, T0 + 2_000)
     assert rows[(TYPE, 2)].state == "restoring"
     assert [t.key for t in report.parked] == ["stuck"]

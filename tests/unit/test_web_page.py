@@ -144,9 +144,12 @@ async def test_timers_are_counted_per_type_and_owned_partition(site: Site) -> No
     await put(store, o3, "not-mine", T0 - 1)  # partition 3 is another node's
     _, html = await site.get()
     rows = cells(html, "timers")
-    assert [r[:5] for r in rows] == [[TYPE, "0", "2", "1", "1"], [TYPE, "1", "1", "0", "0"]]
-    assert rows[0][5].endswith("(5.0 s ago)") and rows[0][6].endswith("(in 2.0 s)")
-    assert rows[1][5] == "—" and rows[1][6].endswith("(in 1.5 min)")
+    assert [r[:6] for r in rows] == [
+        [TYPE, "0", "2", "1", "1", "0"],
+        [TYPE, "1", "1", "0", "0", "0"],
+    ]
+    assert rows[0][6].endswith("(5.0 s ago)") and rows[0][7].endswith("(in 2.0 s)")
+    assert rows[1][6] == "—" and rows[1][7].endswith("(in 1.5 min)")
     [parked] = cells(html, "parked")
     assert parked[:6] == [TYPE, "0", str(ref(o0)), "stuck", str(ref("dead")), "Remind"]
     assert parked[7:9] == ["3", "—"]

@@ -107,6 +107,7 @@ def b_report(at: int = T0, partitions: tuple[int, ...] = (2,)) -> NodeReport:
                 state="running",
                 pending=7,
                 parked=1,
+                paused=3,
                 oldest_overdue=T0 - 2_000,
                 next_due=T0 + 4_000,
             )
@@ -128,12 +129,12 @@ async def test_every_partition_of_the_group_is_shown_with_its_node(site: Site) -
     ]
     assert '<a href="http://10.0.0.2:8081/">node-b:8081 (pid 2)</a>' in html
     timers = cells(html, "timers")
-    assert [r[:5] + r[7:] for r in timers] == [
-        [TYPE, "0", "0", "0", "0", NODE],
-        [TYPE, "1", "0", "0", "0", NODE],
-        [TYPE, "2", "7", "0", "1", OTHER],
+    assert [r[:6] + r[8:] for r in timers] == [
+        [TYPE, "0", "0", "0", "0", "0", NODE],
+        [TYPE, "1", "0", "0", "0", "0", NODE],
+        [TYPE, "2", "7", "0", "1", "3", OTHER],
     ]
-    assert timers[2][5].endswith("(2.0 s ago)") and timers[2][6].endswith("(in 4.0 s)")
+    assert timers[2][6].endswith("(2.0 s ago)") and timers[2][7].endswith("(in 4.0 s)")
     [upcoming] = cells(html, "upcoming")
     assert upcoming[3] == "soon" and upcoming[4].endswith("(in 4.0 s)")
     assert upcoming[-1] == OTHER
