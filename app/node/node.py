@@ -21,9 +21,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from app.errors import (
-    NodeFailed,
-)
+from app.commands.processor import CommandProcessor
+from app.errors import NodeFailed
 from app.kafka.broker_watch import BrokerWatch
 from app.kafka.clients import KafkaClients
 from app.kafka.ports import Clients, GroupMember
@@ -114,6 +113,7 @@ class Node:
             backlog=self._backlog,
             now=self.clock.now,
             on_failure=self._partition_failed,
+            processor=self._processor,
             on_done=self._read_past,
             limits=self.limits,
         )
@@ -300,6 +300,10 @@ class Node:
         revived; no other task is touched."""
         if (task := self._tasks.get(p)) is not None:
             task.failed(what, exc)
+
+    def _processor(self, type_name: str, p: int) -> CommandProcessor | None:
+        task = self._tasks.get(p)
+        return None if task is None else task.processors.get(type_name)
 
     def _read_past(self, p: int, done: dict[str, int]) -> None:
         if (task := self._tasks.get(p)) is not None:

@@ -96,6 +96,8 @@ class PartitionTask:
         self.broken: str | None = None
         # Its failures until read past, and whether it fires nothing till then.
         self.failing = FailingPartitions()
+        # Per type, the command processor of p (whose commands are decided here).
+        self.processors: dict[str, CommandProcessor] = {}
         self._taking: asyncio.Task[None] | None = None
         # The group took p away: no take starts any more (a failure meanwhile included).
         self._leaving = False
@@ -258,7 +260,7 @@ class PartitionTask:
                     limits=s.limits,
                     request_id_window=s.settings.request_id_window_ms,
                 )
-                kept.processors[p] = processor
+                self.processors[kept.name] = processor
                 progress = s.metrics.restore_progress(t.type_name, p, "states")
                 with s.metrics.restore_duration.labels(t.type_name, "states").time():
                     await processor.restore(s.reader, progress)
@@ -313,9 +315,8 @@ class PartitionTask:
 
     def _half_open(self) -> bool:
         """Whether something of p is open (a take cut short)."""
-        return any(
-            self.p in kept.processors or self.p in kept.store.assigned
-            for kept in self._shared.types.values()
+        return bool(self.processors) or any(
+            self.p in kept.store.assigned for kept in self._shared.types.values()
         )
 
     async def _release(self, *, clean: bool) -> None:
@@ -336,7 +337,7 @@ class PartitionTask:
                     await kept.store.revoke({p})
                 if committed:
                     kept.marks.mark(p)
-                if kept.processors.pop(p, None) is not None:
+                if self.processors.pop(kept.name, None) is not None:
                     assert kept.states is not None
                     kept.states.release(p)
             except Exception:
