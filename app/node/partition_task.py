@@ -72,7 +72,9 @@ class TaskManager(Protocol):
         """Set when the group next answers (an assignment): a retake waits for it."""
         ...
 
-    def task_running(self, task: PartitionTask) -> None: ...
+    def task_running(self, task: PartitionTask) -> None:
+        """The task runs (taken, or taken again after a failure)."""
+        ...
 
     def task_gone(self, task: PartitionTask) -> None:
         """The task was closed for good: the group gives its partition elsewhere now."""
