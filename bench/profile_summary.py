@@ -53,7 +53,7 @@ STAGES = [
     ),
     ("results reader (ResultsReader._run)", ("_run (app/timers/sender.py",)),
     ("changelog commits (Commits.run)", ("run (app/node/commits.py",)),
-    ("consumer poll / offsets (Node._read)", ("_read (app/node/node.py",)),
+    ("consumer poll / offsets (poll_loop)", ("poll_loop (app/node/polling.py",)),
     ("aiokafka producer tasks (produce + txn requests)", ("aiokafka/producer/",)),
     ("aiokafka fetcher task", ("aiokafka/consumer/fetcher.py",)),
     ("aiokafka connection reads", ("aiokafka/conn.py",)),

@@ -1,5 +1,7 @@
 """A worker process: settings, its local data directory, its metrics, and the node that
-owns partitions (restores them, runs their cycles and timers, lets them go).
+owns partitions: one task per partition given to it (`partition_task`, its states in
+`task_state`), which takes the partition (restores it), runs its cycles and timers, and
+lets it go; the node manages them (`node`).
 
 May import: everything below it (`app.commands`, `app.timers`, `app.kafka`, `app.service`,
 `app.model`, `app.protocol`, `tables`); never `app.ops` or `app.cli`.

@@ -51,6 +51,7 @@ class _Work:
     kept: KeptType
     now: int
     limits: InputLimits
+    processor: CommandProcessor | None  # None: the partition's commands are not decided here
     out: list[OutRecord] = field(default_factory=list)  # beside the command batch's
     letters: Counter[str] = field(default_factory=Counter)  # dead letters in `out`, by topic
     offsets: dict[tuple[str, int], int] = field(default_factory=dict)
@@ -65,10 +66,15 @@ class _Work:
     def batch_of(self, p: int) -> CommandBatch | None:
         """The cycle's command batch, begun on first use; None: p's commands are not
         decided here."""
-        processor = self.kept.processors.get(p)
-        if self.batch is None and processor is not None:
-            self.batch = processor.begin()
+        if self.batch is None and self.processor is not None:
+            self.batch = self.processor.begin()
         return self.batch
+
+    @property
+    def decider(self) -> CommandProcessor:
+        """The processor that began the cycle's batch (asked only once one was begun)."""
+        assert self.processor is not None
+        return self.processor
 
 
 def _after(records: list[Record], done: int) -> list[Record]:
@@ -92,6 +98,7 @@ class PartitionCycles:
         backlog: Callable[[str, int], Awaitable[int]],
         now: Callable[[], int],
         on_failure: OnFailure,
+        processor: Callable[[str, int], CommandProcessor | None],
         on_done: Callable[[int, dict[str, int]], None] | None = None,
         limits: InputLimits | None = None,
     ) -> None:
@@ -107,6 +114,8 @@ class PartitionCycles:
         self._on_failure = on_failure
         # Told after each cycle of p that staged: the last offset done of each topic.
         self._on_done = on_done
+        # A type's command processor of a partition (its task's), None: not decided here.
+        self.processor = processor
         self.limits = limits or InputLimits()
         # Per partition, the last offset of each topic its last failed cycle read.
         self.failed_at: dict[int, dict[str, int]] = {}
@@ -204,7 +213,10 @@ class PartitionCycles:
         now = self._now()
 
         def work_of(kept: KeptType) -> _Work:
-            return work.setdefault(kept.name, _Work(kept, now, self.limits))
+            w = work.get(kept.name)
+            if w is None:
+                w = work[kept.name] = _Work(kept, now, self.limits, self.processor(kept.name, p))
+            return w
 
         try:
             for topic, records in items:
@@ -218,7 +230,7 @@ class PartitionCycles:
                     w.wrote = True
                 elif (batch := w.batch_of(p)) is not None:
                     backlog = await self._backlog(topic, p)
-                    kept.processors[p].decide_records(batch, records, backlog)
+                    w.decider.decide_records(batch, records, backlog)
                     w.wrote = await self._carry_out(kept, batch, p) or w.wrote
             for type_name, timers in self._local.pop(p, {}).items():
                 kept = self._types[type_name]
@@ -228,7 +240,7 @@ class PartitionCycles:
                 # A cancel or reschedule applied since they were loaded stops them here.
                 timers = await kept.runner.still_due(timers)
                 commands = [timer_command(t, batch.now, in_process=True) for t in timers]
-                decided = kept.processors[p].decide_local(batch, commands)
+                decided = w.decider.decide_local(batch, commands)
                 await self._record_local(kept, timers, decided)
                 # After the settles: a Fire that reschedules its own key would fail them.
                 w.wrote = await self._carry_out(kept, batch, p) or w.wrote
@@ -280,7 +292,7 @@ class PartitionCycles:
         offsets = w.offsets if w.batch is None else w.offsets | w.batch.offsets
         committed = None
         if (batch := w.batch) is not None:
-            processor = kept.processors[p]
+            processor = w.decider
             processor.staged(batch)
             committed = functools.partial(self._batch_committed, kept.name, processor, batch)
             for code, n in batch.stats.codes.items():
@@ -353,7 +365,7 @@ class PartitionCycles:
                 if event.type.startswith("wow.") and event.type not in known:
                     raise BadRecord(f"unknown system event type {event.type!r}")
                 stage = Stage.FOLLOW
-                if batch is not None and kept.processors[p].follow(batch, event, record.offset):
+                if batch is not None and w.decider.follow(batch, event, record.offset):
                     self._metrics.followed.labels(kept.name).inc()
                 stage = Stage.APPLY
                 op = timer_op(event, record.partition)

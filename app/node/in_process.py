@@ -27,7 +27,7 @@ class InProcess:
 
     def accepts(self, timer: Timer) -> bool:
         kept = self._kept()
-        if kept is None or timer.partition not in kept.processors:
+        if kept is None or self._cycles.processor(kept.name, timer.partition) is None:
             return False
         target = timer.target
         if target.context != kept.topics.context or target.aggregate != kept.topics.aggregate:

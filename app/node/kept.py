@@ -1,12 +1,12 @@
-"""What a node keeps for each aggregate type (its store, runner, transactions, command
-processors per partition), and the topics a node of some types reads and writes."""
+"""What a node keeps for each aggregate type (its store, runner, transactions; each
+partition's command processor is its task's), and the topics a node of some types reads
+and writes."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from app.commands.processor import CommandProcessor
 from app.errors import Fenced
 from app.kafka import TopicSpec
 from app.model.aggregate import AggregateType
@@ -32,7 +32,6 @@ class KeptType:
     states: RocksAggregateStore | None
     changelog: TransactionalChangelog
     marks: CleanMarks
-    processors: dict[int, CommandProcessor] = field(default_factory=dict)
 
     @property
     def name(self) -> str:

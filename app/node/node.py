@@ -1,76 +1,52 @@
-"""A node: one worker process, a member of the service's consumer group.
+"""A node: one worker process, a member of the service's consumer group, and the manager
+of its partition tasks.
 
-Its assignment of the aggregate types' partitions is its ownership. For each partition p
-it is assigned, before reading anything of p it: fences p's previous owner (a new
-transactional producer) and folds the log into the aggregate states; restores the timer
-table from its changelog; starts reading the results of its sends; then starts firing p's
-timers. On revocation it does the reverse. The consumer reads three topics per type:
-the log (into the timer table: the timers subscription), the commands (the command
-path, `processor`) and the operators' retry/skip requests on its parked timers
-(`operator`). Each context's failure ledger is read whole by every node (`ledger`).
+Its assignment of the aggregate types' partitions is its ownership: for each partition
+it is given it creates a task (`partition_task`) that takes the partition (fencing its
+previous owner, restoring) and runs it, and on revocation it closes that task. What a
+partition's task does not own the node runs for all of them: the consumer, which reads
+three topics per type: the log (into the timer table: the timers subscription), the
+commands (the command path, `processor`) and the operators' retry/skip requests on its
+parked timers (`operator`); each context's failure ledger, read whole by every node
+(`ledger`); and `/healthz`, read from the tasks' states.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-from collections import Counter, defaultdict
-from collections.abc import Awaitable, Sequence
+from collections import defaultdict
+from collections.abc import Awaitable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from app.commands.processor import (
-    CommandProcessor,
-    Commit,
-)
-from app.errors import (
-    KafkaUnavailable,
-    NodeFailed,
-    node_fault,
-)
-from app.kafka import (
-    OutRecord,
-    Record,
-)
+from app.commands.processor import CommandProcessor
+from app.errors import NodeFailed
 from app.kafka.broker_watch import BrokerWatch
 from app.kafka.clients import KafkaClients
 from app.kafka.ports import Clients, GroupMember
-from app.kafka.records import BROKER_MAX_MESSAGE_BYTES, refused
 from app.node.commits import Commits
 from app.node.cycles import PartitionCycles
-from app.node.failing import FailingPartitions
-from app.node.in_process import InProcess
-from app.node.kept import KeptType, is_fenced, node_topics
+from app.node.health import node_health
+from app.node.kept import KeptType, node_topics
 from app.node.local_state import keep_for_cluster
 from app.node.metrics import NodeMetrics
+from app.node.opening import dead_letter_limit, open_type
+from app.node.partition_task import PartitionTask, TaskShared
+from app.node.polling import poll_loop
 from app.node.settings import Settings
 from app.node.suspension import SuspensionWatch
-from app.protocol.dead_letters import DEAD_LETTER_TOPIC_BYTES
-from app.protocol.topics import AggregateTopics, ContextTopics, parse_aggregate_type
+from app.protocol.topics import parse_aggregate_type
 from app.service import Service
-from app.timers.changelog import (
-    CleanMarks,
-    TransactionalChangelog,
-    restore_partition,
-    unreadable_letters,
-)
 from app.timers.ledger import KafkaFailureLedger
-from app.timers.runner import Clock, SystemClock, TimerLoop, TimerOptions, TimerRunner
-from app.timers.sender import KafkaSender, ResultsReader
-from tables import open_timer_store
-from tables.aggregate_store import RocksAggregateStore
+from app.timers.runner import Clock, SystemClock, TimerOptions
+from app.timers.sender import ResultsReader
 from tables.ledger import FailureLedger
 
 __all__ = ["Node", "node_topics"]
 
 logger = logging.getLogger(__name__)
-
-
-_TAKE_ATTEMPTS = 10
-_FAILING_IN_A_ROW = 3
-"""A partition failing this many times in a row at the same offsets makes the node not ready."""
 
 
 class Node:
@@ -111,20 +87,18 @@ class Node:
         self._by_topic: dict[str, tuple[KeptType, str]] = {}
         self._results: dict[str, ResultsReader] = {}
         self._consumer: GroupMember | None = None
+        # The assignment's lock: held while tasks are created for an assignment and while
+        # a revoke closes them (the tasks' own lifecycles take no lock).
         self._lock = asyncio.Lock()
+        # One task per partition given to this node, from its assignment to its revoke.
+        self._tasks: dict[int, PartitionTask] = {}
+        # The partitions whose task runs (kept by the tasks): what `owns` reads.
         self._owned: set[int] = set()
-        # Per partition, how many times it was taken: a batch polled before a take is
-        # stale (the take rewound p to its committed offsets) and is never handed over.
-        self._takes: Counter[int] = Counter()
-        self._taking: dict[int, asyncio.Task[None]] = {}
+        self._shared: TaskShared | None = None  # what the tasks share, once started
         # Set (and replaced) at each assignment: a retake after a failure waits for it.
         self._answered = asyncio.Event()
         # A partition's lock: held by its worker's cycle and around taking its transaction.
         locks: defaultdict[int, asyncio.Lock] = defaultdict(asyncio.Lock)
-        # Partitions whose work stopped on a failure, and why, until they are taken again.
-        self._broken: dict[int, str] = {}
-        # Their failures until read past, and which of them fire nothing till then.
-        self._failing = FailingPartitions()
         self.limits = settings.limits
         self._failure: NodeFailed | None = None
         self._failed = asyncio.Event()
@@ -144,6 +118,7 @@ class Node:
             backlog=self._backlog,
             now=self.clock.now,
             on_failure=self._partition_failed,
+            processor=self._processor,
             on_done=self._read_past,
             limits=self.limits,
         )
@@ -156,7 +131,7 @@ class Node:
     @property
     def restoring(self) -> frozenset[int]:
         """The partitions assigned to this node that it is still restoring."""
-        return frozenset(self._taking)
+        return frozenset(p for p, task in self._tasks.items() if task.taking)
 
     @property
     def ledgers(self) -> list[FailureLedger]:
@@ -178,53 +153,18 @@ class Node:
         return frozenset(self._owned)
 
     def health(self) -> dict[str, Any]:
-        """What `/healthz` says: ready only while every partition given to this node runs.
-
-        Not ready while a partition is restored, was let go on a failure and not taken
-        again yet, or its firing loop keeps failing; or when the node failed for good.
-        """
-        stalled = dict(self._broken)
-        # A held partition says so whether or not it is being taken again: it is what an
-        # operator needs to know (the message names the failure too).
-        stalled.update(self._failing.stalled())
-        if (suspended := self._suspension.suspended()) is not None:
-            for p in self._owned | set(self._taking):
-                stalled.setdefault(
-                    p, f"the process was stopped for {suspended:.1f} s: waiting for the group"
-                )
-        if self._consumer is not None:
-            # Given by the group but neither worked on nor being taken: nobody runs it.
-            given = {p for _, p in self._consumer.assignment()}
-            for p in sorted(given - self._owned - set(self._taking)):
-                stalled.setdefault(p, "assigned by the group, not taken")
-        for kept in self.types.values():
-            if kept.loop.failing:
-                for p in self._owned:
-                    stalled.setdefault(p, f"{kept.topics.type_name}: timer rounds failing")
-        restoring = sorted(self._taking)
-        broker = self.broker.status()
-        body: dict[str, Any] = {
-            "owned": sorted(self._owned),
-            "restoring": restoring,
-            "stalled": {str(p): why for p, why in sorted(stalled.items())},
-            "broker": broker,
-            "commit_lag_s": round(self.commits.lag(), 3),
-            "ready": bool(broker["reachable"])
-            and not restoring
-            and not stalled
-            and self._failure is None,
-        }
-        if failing := self._failing.report():
-            body["failing"] = failing
-            # Failing again and again at the same place, even between takes that look
-            # fine: not ready, whatever else holds.
-            if self._failing.again_and_again(_FAILING_IN_A_ROW):
-                body["ready"] = False
-        if suspended is not None:
-            body["suspended_s"] = round(suspended, 3)
-        if self._failure is not None:
-            body["failed"] = str(self._failure)
-        return body
+        """What `/healthz` says (`node_health`): ready only while every partition given to
+        this node runs."""
+        return node_health(
+            self._tasks,
+            running=frozenset(self._owned),
+            given=None if self._consumer is None else {p for _, p in self._consumer.assignment()},
+            suspended=self._suspension.suspended(),
+            failing_loops=[k.topics.type_name for k in self.types.values() if k.loop.failing],
+            broker=self.broker.status(),
+            commit_lag_s=self.commits.lag(),
+            failure=None if self._failure is None else str(self._failure),
+        )
 
     async def start(self) -> None:
         s = self.settings
@@ -233,7 +173,10 @@ class Node:
         await self._admin.check_access()
         await self.broker.start()
         await self._admin.ensure_topics(node_topics(self.topics, s.partitions))
-        await self._size_dead_letters()
+        self.limits = replace(
+            self.limits, dead_letter_bytes=await dead_letter_limit(self._admin, self.topics)
+        )
+        self.cycles.limits = self.limits
         # Before any local store is opened: a copy of another cluster's topics is dropped.
         keep_for_cluster(
             Path(s.data_dir),
@@ -251,7 +194,13 @@ class Node:
                 await ledger.start()
                 self._ledgers[ctx] = ledger
         for t in self.topics:
-            self.types[t.type_name] = kept = self._open_type(t)
+            self.types[t.type_name] = kept = open_type(
+                t,
+                self.aggregates.get(t.type_name),
+                self,
+                results=self._results[t.context],
+                ledger=self.ledger or self._ledgers[t.context],
+            )
             self._by_topic[t.events] = (kept, "events")
             self._by_topic[t.timer_ops] = (kept, "timer-ops")
             if kept.agg is not None:
@@ -263,71 +212,20 @@ class Node:
             on_revoked=self._revoked,
             session_timeout_ms=s.session_timeout_ms,
         )
+        self._shared = TaskShared(
+            settings=s,
+            limits=self.limits,
+            types=self.types,
+            consumer=self._consumer,
+            reader=self.reader,
+            results=self._results,
+            cycles=self.cycles,
+            commits=self.commits,
+            metrics=self.metrics,
+            now=self.clock.now,
+            running=self._owned,
+        )
         await self._consumer.start()
-
-    async def _size_dead_letters(self) -> None:
-        """Dead letters as large as the dead-letter topics take (an older one may take
-        less than Tickwheel creates them with: its letters of larger records are cut)."""
-        limit = DEAD_LETTER_TOPIC_BYTES
-        for ctx in sorted({t.context for t in self.topics}):
-            topic = ContextTopics(ctx).dead_letters
-            try:
-                takes = await self._admin.max_message_bytes(topic)
-            except KafkaUnavailable as exc:
-                # Not allowed to describe its configs (an ACL): assume the broker's default.
-                logger.warning("%s: %s; its letters are cut to 1 MiB", topic, exc)
-                takes = BROKER_MAX_MESSAGE_BYTES
-            if takes < limit:
-                logger.warning(
-                    "%s takes records of %d bytes at most (max.message.bytes), not %d: dead "
-                    "letters of larger records are cut to fit; raise it to keep them whole",
-                    topic,
-                    takes,
-                    DEAD_LETTER_TOPIC_BYTES,
-                )
-                limit = takes
-        self.limits = replace(self.limits, dead_letter_bytes=limit)
-        self.cycles.limits = self.limits
-
-    def _open_type(self, t: AggregateTopics) -> KeptType:
-        s = self.settings
-        directory = Path(s.data_dir) / t.type_name
-        (directory / "timers").mkdir(parents=True, exist_ok=True)
-        changelog = TransactionalChangelog(
-            self.clients.transactional_writer,
-            t.timers_changelog,
-            s.group_id,
-            on_commit=self.metrics.commit_duration.labels(t.type_name).observe,
-        )
-        store = open_timer_store(
-            f"rocksdb://{(directory / 'timers').resolve()}",
-            partitions=s.partitions,
-            changelog=changelog,
-        )
-        sender = KafkaSender(self.producer, self._results[t.context], t.context, self.clock.now)
-        ledger = self.ledger or self._ledgers[t.context]
-        agg = self.aggregates.get(t.type_name)
-
-        async def before_send(partitions: set[int]) -> None:
-            await self.commits.commit_claims(self.types[t.type_name], partitions)
-
-        runner = TimerRunner(
-            store,
-            sender,
-            self.clock,
-            ledger,
-            self.options,
-            local=(
-                InProcess(self.cycles, lambda: self.types.get(t.type_name), s.partitions)
-                if agg is not None
-                else None
-            ),
-            before_send=before_send,
-        )
-        states = RocksAggregateStore(directory / "states") if agg is not None else None
-        marks = CleanMarks(directory / "timers")
-        loop = TimerLoop(runner, on_round=lambda stats: self.metrics.round(t.type_name, stats))
-        return KeptType(t, agg, store, runner, loop, states, changelog, marks)
 
     async def stop(self) -> None:
         """Stops everything the node runs, each part whatever another's stop raised (a
@@ -339,9 +237,7 @@ class Node:
         if self._consumer is not None:
             await _stopping("the group consumer", self._consumer.stop())
         # Whatever the consumer did not revoke on leaving the group is let go here.
-        await _stopping(
-            "the partitions", self._revoked({("", p) for p in self._owned | set(self._taking)})
-        )
+        await _stopping("the partitions", self._revoked({("", p) for p in self._tasks}))
         for reader in self._results.values():
             await _stopping("a results reader", reader.stop())
         for ledger in self._ledgers.values():
@@ -363,7 +259,12 @@ class Node:
         committer = asyncio.create_task(
             self.commits.run(self.types.values), name="changelog commits"
         )
-        reader = asyncio.create_task(self._read(), name="reader")
+        reader = asyncio.create_task(
+            poll_loop(
+                self._consumer, self._tasks, self._owned, self.cycles, self.commits, self.fail
+            ),
+            name="reader",
+        )
         failed = asyncio.create_task(self._failed.wait(), name="failure")
         watch = asyncio.create_task(self._suspension.run(), name="suspension watch")
         tasks: list[asyncio.Task[Any]] = [committer, reader, failed, watch]
@@ -393,297 +294,90 @@ class Node:
         await asyncio.wait([task])
         if task.cancelled():
             return  # stopped: the node is stopping
-        self._fail(f"{what} stopped: {task.exception()!r}")
+        self.fail(f"{what} stopped: {task.exception()!r}")
 
     async def _backlog(self, topic: str, p: int) -> int:
         assert self._consumer is not None
         return await self._consumer.backlog(topic, p)
 
-    def _fail(self, why: str) -> None:
-        """Stops the node: it cannot do the work it was given."""
-        logger.critical("node failed: %s", why)
-        self._failure = NodeFailed(why)
-        self._failed.set()
-
-    async def _read(self) -> None:
-        """Hands each polled batch to its partition's worker, and commits what they did.
-
-        Partitions are independent: each has a worker of its own, so one partition's slow
-        transaction does not hold up the others' commands.
-        """
-        assert self._consumer is not None
-        while True:
-            try:
-                batches = await self._consumer.poll(timeout_ms=200)
-                takes = self._takes.copy()  # no await since the poll: as it was fetched
-                for (topic, p), records in batches.items():
-                    # else revoked, or taken again (and rewound) since it was fetched
-                    if p in self._owned and self._takes[p] == takes[p]:
-                        await self.cycles.queue(p).put((topic, records))
-                await self._consumer.commit(self.commits.take_offsets())
-            except KafkaUnavailable as exc:
-                if refused(exc):
-                    # An ACL missing (the group's Read, a topic's): no retry will pass it.
-                    self._fail(f"the group consumer was refused: {exc}")
-                    return
-                # The broker or the group is in flux: the node keeps going and reads again.
-                logger.warning("reading paused: %s", exc)
-                await asyncio.sleep(1)
-
     def _partition_failed(self, p: int, what: str, exc: BaseException) -> None:
-        """Ends p's work on a failure of its transaction or store: what it wrote since its
-        last commit may never count. It is let go and taken afresh (restored from the
-        changelog and the log, read again from the committed offsets); when fenced, a
-        newer owner has it, and it is taken again only if the group still gives it here."""
-        if p not in self._owned:
-            return
-        fenced = is_fenced(exc)
-        self.metrics.let_go.labels("fenced" if fenced else "failed").inc()
-        why = f"{what} failed: {exc}"
-        logger.warning("partition %d: %s; %s", p, why, "let go" if fenced else "taken afresh")
-        self._owned.discard(p)
-        failing = self._failing.failed(p, self.cycles.failed_at.pop(p, {}), f"{what}: {exc}")
-        self._broken[p] = failing.describe()
-        assert self._consumer is not None
-        self._consumer.pause([(t, q) for t, q in self._consumer.assignment() if q == p])
-        topics = {t for t, q in self._consumer.assignment() if q == p}
-        delay = 2 * self.settings.session_timeout_ms / 1000 if fenced else 0.0
-        self._taking[p] = asyncio.create_task(
-            self._take_in_background(p, topics, after_failure=delay), name=f"retake {p}"
-        )
+        """A failure of p's transaction, store or cycle: its task closes dirty and is
+        revived; no other task is touched."""
+        if (task := self._tasks.get(p)) is not None:
+            task.failed(what, exc)
+
+    def _processor(self, type_name: str, p: int) -> CommandProcessor | None:
+        task = self._tasks.get(p)
+        return None if task is None else task.processors.get(type_name)
+
+    def _read_past(self, p: int, done: dict[str, int]) -> None:
+        if (task := self._tasks.get(p)) is not None:
+            task.read_past(done)
 
     async def _assigned(self, assigned: set[tuple[str, int]]) -> None:
-        """Starts restoring the new partitions in the background, paused until they are.
+        """Creates a task for each new partition and starts taking it in the background,
+        the consumer paused on it until it runs.
 
         Restoring inside the rebalance callback would hold the group up (and a long restore
         would cost the node its membership): the consumer is paused on them instead.
         """
-        assert self._consumer is not None
+        assert self._shared is not None
         self._suspension.group_answered()
         # Retakes waiting after a failure go on now: the group has answered.
         self._answered.set()
         self._answered = asyncio.Event()
         given = {p for _, p in assigned}
-        if stale := (self._owned | set(self._taking)) - given:
+        if stale := set(self._tasks) - given:
             # The group is the authority: what it no longer gives here is let go (a revoke
             # after a lost membership may have named none of it).
             await self._revoked({("", p) for p in stale})
         async with self._lock:
-            new = sorted(given - self._owned - set(self._taking))
-            self._consumer.pause([(t, p) for t, p in assigned if p in new])
+            new = sorted(given - set(self._tasks))
+            self._shared.consumer.pause([(t, p) for t, p in assigned if p in new])
             for p in new:
-                topics = {t for t, q in assigned if q == p}
-                self._taking[p] = asyncio.create_task(self._take_in_background(p, topics))
+                self._tasks[p] = task = PartitionTask(p, self._shared, self)
+                task.take({t for t, q in assigned if q == p})
             if not new:
                 self._owning()
 
-    async def _take_in_background(
-        self, p: int, topics: set[str], after_failure: float | None = None
-    ) -> None:
-        """Takes p (fencing its previous owner, restoring), then starts its work.
-
-        `after_failure`: p's work stopped on a failure: it is let go first (nothing of its
-        local copy is trusted), and taken again once the group answers (its next
-        assignment) or after that many seconds, if the group gives it to this node then. A
-        partition that cannot be taken stops the node.
-        """
-        assert self._consumer is not None
-        try:
-            await self._taking_partition(p, topics, after_failure)
-        except Exception as exc:
-            # A bug, whatever it is: never a partition left half taken, quietly.
-            logger.exception("taking partition %d failed", p)
-            self._fail(f"taking partition {p} failed: {exc!r}")
-        finally:
-            if self._taking.get(p) is asyncio.current_task():
-                del self._taking[p]
-
-    async def _taking_partition(
-        self, p: int, topics: set[str], after_failure: float | None
-    ) -> None:
-        assert self._consumer is not None
-        if after_failure is not None:
-            answered = self._answered
-            await self.cycles.stop(p)
-            async with self._lock:
-                await self._let_go(p, clean=False)
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(after_failure):
-                    await answered.wait()
-            # As the group gives it now (a lost membership empties the assignment the
-            # failure saw; the next one may give p back).
-            topics = {t for t, q in self._consumer.assignment() if q == p}
-            if not topics:
-                self._broken.pop(p, None)
-                self._failing.forget(p)
-                return  # the group moved it meanwhile
-            self._consumer.pause([(t, p) for t in topics])
-        last: BaseException | None = None
-        for attempt in range(1, _TAKE_ATTEMPTS + 1):
-            try:
-                await self._take(p, topics)
-                await self._consumer.rewind([(t, p) for t in topics])
-                break
-            except Exception as exc:
-                last = exc
-                if refused(exc):
-                    break  # an ACL or the credentials: no retry passes it
-                # A node fault is expected to pass; anything else is a bug to see, but
-                # either way p is tried again, and the node stops loudly if it never
-                # can be taken: never a take that dies quietly, half done.
-                log = logger.warning if node_fault(exc) else logger.exception
-                log("taking partition %d failed (%d/%d): %s", p, attempt, _TAKE_ATTEMPTS, exc)
-                await self._let_go(p, clean=False)
-                await asyncio.sleep(min(0.2 * 2**attempt, 5))
-        else:
-            self._fail(f"partition {p} could not be taken in {_TAKE_ATTEMPTS} attempts: {last}")
-            return
-        if last is not None and refused(last):
-            self._fail(f"partition {p} could not be taken: {last}")
-            return
-        async with self._lock:
-            self._owned.add(p)
-            self._takes[p] += 1
-            self._broken.pop(p, None)
-            self._consumer.resume([(t, p) for t in topics])
-            if not self._failing.held(p):
-                self._start_firing(p)
-            if not self._taking.keys() - {p}:
-                self._owning()
-                self.ready.set()
-
-    def _start_firing(self, p: int) -> None:
-        for kept in self.types.values():
-            kept.runner.start_partition(p)
-            kept.loop.wake()
-
-    def _read_past(self, p: int, done: dict[str, int]) -> None:
-        """A cycle of p staged: a partition held since a failure fires again once its log
-        was read past where the failure was."""
-        if self._failing.read(p, done) and p in self._owned:
-            logger.info("partition %d: its log read past its failure, firing again", p)
-            self._start_firing(p)
-
-    async def _take(self, p: int, topics: set[str]) -> None:
-        for kept in self.types.values():
-            t = kept.topics
-            if t.events not in topics:
-                continue
-            # One producer per partition and type: starting it fences the previous owner,
-            # before anything of p is read.
-            await kept.changelog.open(p)
-            if t.commands in topics and kept.agg is not None and kept.states is not None:
-                processor = CommandProcessor(
-                    kept.agg,
-                    p,
-                    partitions=self.settings.partitions,
-                    states=kept.states,
-                    commit=_committer(kept.changelog, p),
-                    now=self.clock.now,
-                    busy_backlog=self.settings.busy_backlog,
-                    limits=self.limits,
-                    request_id_window=self.settings.request_id_window_ms,
-                )
-                kept.processors[p] = processor
-                progress = self.metrics.restore_progress(t.type_name, p, "states")
-                with self.metrics.restore_duration.labels(t.type_name, "states").time():
-                    await processor.restore(self.reader, progress)
-            clean = kept.marks.take(p)
-            await kept.store.assign({p})
-            progress = self.metrics.restore_progress(t.type_name, p, "timers")
-            unreadable: list[tuple[Record, str]] = []
-            with self.metrics.restore_duration.labels(t.type_name, "timers").time():
-                await restore_partition(
-                    kept.store,
-                    self.reader,
-                    t.timers_changelog,
-                    p,
-                    clean=clean,
-                    progress=progress,
-                    unreadable=unreadable,
-                )
-                # Counted whole once, here, where a restore is waited for anyway: from now
-                # on each write keeps the count (the /metrics gauges scan nothing).
-                kept.store.status_counts(p)
-            if unreadable:
-                # Their letters and tombstones commit in p's next transaction.
-                letters = unreadable_letters(
-                    unreadable, self.clock.now(), self.limits.dead_letter_bytes
-                )
-                kept.changelog.stage(p, letters, {})
-                self.metrics.dead_letters.labels(t.timers_changelog).inc(len(unreadable))
-        for results in self._results.values():
-            await results.add_partition(p)
-
     async def _revoked(self, revoked: set[tuple[str, int]]) -> None:
+        """Closes the revoked partitions' tasks clean (a hand-off), takes under way
+        stopped first."""
         gone = {p for _, p in revoked}
-        taking = [task for p, task in self._taking.items() if p in gone]
-        for task in taking:
-            task.cancel()
-        await asyncio.gather(*taking, return_exceptions=True)
+        tasks = [self._tasks[p] for p in sorted(gone) if p in self._tasks]
+        await asyncio.gather(*(task.stop_taking() for task in tasks))
         for p in gone:
             await self.cycles.stop(p)
-            self._broken.pop(p, None)
-            self._failing.forget(p)
         async with self._lock:
-            for p in sorted(gone & (self._owned | self._half_taken())):
-                if p in self._owned:
-                    self.metrics.let_go.labels("revoked").inc()
-                await self._let_go(p)
+            for task in tasks:
+                await task.revoke()
+                if self._tasks.get(task.p) is task:
+                    del self._tasks[task.p]
             self._owning()
 
     def _owning(self) -> None:
         self.metrics.owned.set(len(self._owned))
         logger.info("owning partitions %s", sorted(self._owned))
 
-    def _half_taken(self) -> set[int]:
-        """Partitions with something of them open though they are not owned (yet)."""
-        return {p for kept in self.types.values() for p in kept.processors} | {
-            p for kept in self.types.values() for p in kept.store.assigned
-        }
+    # The task manager's side (`TaskManager`): what the tasks tell the node.
 
-    async def _let_go(self, p: int, *, clean: bool = True) -> None:
-        """Stops everything of partition p this node runs (whole or half taken); never
-        raises. `clean`: commit what p's transaction holds first (a hand-off); otherwise
-        it is thrown away and the local copy restored from the changelog next time."""
-        self._owned.discard(p)
-        self.cycles.drop_local(p)
-        # A cycle cut short wrote half of its work: nothing of p's transaction may commit.
-        clean = not self.cycles.cut_short(p) and clean
-        for kept in self.types.values():
-            await self.commits.drop(kept, p, clean=clean)
-            try:
-                await kept.runner.stop_partition(p)
-                if clean:
-                    committed = await kept.changelog.close(p)
-                else:
-                    await kept.changelog.abandon(p)
-                    committed = False
-                if p in kept.store.assigned:
-                    await kept.store.revoke({p})
-                if committed:
-                    kept.marks.mark(p)
-                if kept.processors.pop(p, None) is not None:
-                    assert kept.states is not None
-                    kept.states.release(p)
-            except Exception:
-                logger.exception("letting partition %d of %s go failed", p, kept.topics.type_name)
-        for reader in self._results.values():
-            try:
-                await reader.remove_partition(p)
-            except Exception:
-                logger.exception("results reader: letting partition %d go failed", p)
+    def answered(self) -> asyncio.Event:
+        return self._answered
 
+    def task_running(self, task: PartitionTask) -> None:
+        if not any(t.taking for t in self._tasks.values() if t is not task):
+            self._owning()
+            self.ready.set()
 
-def _committer(changelog: TransactionalChangelog, p: int) -> Commit:
-    """The command path's commit: p's one transaction."""
+    def task_gone(self, task: PartitionTask) -> None:
+        if self._tasks.get(task.p) is task:
+            del self._tasks[task.p]
 
-    async def commit(
-        records: Sequence[OutRecord], offsets: dict[tuple[str, int], int]
-    ) -> list[int]:
-        return await changelog.commit(p, offsets, records)
-
-    return commit
+    def fail(self, why: str) -> None:
+        """Stops the node: it cannot do the work it was given."""
+        logger.critical("node failed: %s", why)
+        self._failure = NodeFailed(why)
+        self._failed.set()
 
 
 async def _stopping(what: str, stop: Awaitable[None]) -> None:

@@ -1,0 +1,76 @@
+"""What `/healthz` says of a node, read from its partition tasks' states. Pure: the node
+hands over what it sees (its tasks, the group's assignment, the broker, the clock's
+gaps) and gets the body back."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from app.node.partition_task import PartitionTask
+
+__all__ = ["FAILING_IN_A_ROW", "node_health"]
+
+FAILING_IN_A_ROW = 3
+"""A partition failing this many times in a row at the same offsets makes the node not ready."""
+
+
+def node_health(
+    tasks: Mapping[int, PartitionTask],
+    *,
+    running: frozenset[int],
+    given: set[int] | None,
+    suspended: float | None,
+    failing_loops: Iterable[str],
+    broker: dict[str, Any],
+    commit_lag_s: float,
+    failure: str | None,
+) -> dict[str, Any]:
+    """Ready only while every partition given to this node runs: not while a partition is
+    restored, was let go on a failure and not taken again yet, or its firing loop keeps
+    failing; nor when the node failed for good.
+
+    `running`: the partitions whose task runs; `given`: the group's assignment (None: not
+    in the group yet); `suspended`: how long the process was stopped, if the group has
+    not answered since; `failing_loops`: the types whose timer rounds keep failing."""
+    stalled: dict[int, str] = {}
+    failing: dict[int, dict[str, object]] = {}
+    for p, task in tasks.items():
+        if task.broken is not None:
+            stalled[p] = task.broken
+        # A held partition says so whether or not it is being taken again: it is what an
+        # operator needs to know (the message names the failure too).
+        stalled.update(task.failing.stalled())
+        failing.update({int(q): f for q, f in task.failing.report().items()})
+    taking = {p for p, task in tasks.items() if task.taking}
+    if suspended is not None:
+        for p in running | taking:
+            stalled.setdefault(
+                p, f"the process was stopped for {suspended:.1f} s: waiting for the group"
+            )
+    # Given by the group but neither worked on nor being taken: nobody runs it.
+    for p in sorted((given or set()) - running - taking):
+        stalled.setdefault(p, "assigned by the group, not taken")
+    for type_name in failing_loops:
+        for p in running:
+            stalled.setdefault(p, f"{type_name}: timer rounds failing")
+    restoring = sorted(taking)
+    body: dict[str, Any] = {
+        "owned": sorted(running),
+        "restoring": restoring,
+        "stalled": {str(p): why for p, why in sorted(stalled.items())},
+        "broker": broker,
+        "commit_lag_s": round(commit_lag_s, 3),
+        "ready": bool(broker["reachable"]) and not restoring and not stalled and failure is None,
+    }
+    if failing:
+        body["failing"] = {str(p): f for p, f in sorted(failing.items())}
+        # Failing again and again at the same place, even between takes that look fine:
+        # not ready, whatever else holds.
+        if any(t.failing.again_and_again(FAILING_IN_A_ROW) for t in tasks.values()):
+            body["ready"] = False
+    if suspended is not None:
+        body["suspended_s"] = round(suspended, 3)
+    if failure is not None:
+        body["failed"] = failure
+    return body

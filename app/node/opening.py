@@ -1,0 +1,117 @@
+"""What a node opens for each aggregate type it keeps (its timer store and transactions,
+its aggregate states, its timer runner and loop), and how large its dead letters may be."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any, Protocol
+
+from app.errors import KafkaUnavailable
+from app.kafka.ports import Admin, Clients, PublisherClient
+from app.kafka.records import BROKER_MAX_MESSAGE_BYTES
+from app.model.aggregate import AggregateType
+from app.node.commits import Commits
+from app.node.cycles import PartitionCycles
+from app.node.in_process import InProcess
+from app.node.kept import KeptType
+from app.node.metrics import NodeMetrics
+from app.node.settings import Settings
+from app.protocol.dead_letters import DEAD_LETTER_TOPIC_BYTES
+from app.protocol.topics import AggregateTopics, ContextTopics
+from app.timers.changelog import CleanMarks, TransactionalChangelog
+from app.timers.runner import Clock, TimerLoop, TimerOptions, TimerRunner
+from app.timers.sender import KafkaSender, ResultsReader
+from tables import open_timer_store
+from tables.aggregate_store import RocksAggregateStore
+from tables.ledger import FailureLedger
+
+__all__ = ["Keeping", "dead_letter_limit", "open_type"]
+
+logger = logging.getLogger(__name__)
+
+
+async def dead_letter_limit(admin: Admin, topics: list[AggregateTopics]) -> int:
+    """Dead letters as large as the dead-letter topics take (an older one may take less
+    than Tickwheel creates them with: its letters of larger records are cut)."""
+    limit = DEAD_LETTER_TOPIC_BYTES
+    for ctx in sorted({t.context for t in topics}):
+        topic = ContextTopics(ctx).dead_letters
+        try:
+            takes = await admin.max_message_bytes(topic)
+        except KafkaUnavailable as exc:
+            # Not allowed to describe its configs (an ACL): assume the broker's default.
+            logger.warning("%s: %s; its letters are cut to 1 MiB", topic, exc)
+            takes = BROKER_MAX_MESSAGE_BYTES
+        if takes < limit:
+            logger.warning(
+                "%s takes records of %d bytes at most (max.message.bytes), not %d: dead "
+                "letters of larger records are cut to fit; raise it to keep them whole",
+                topic,
+                takes,
+                DEAD_LETTER_TOPIC_BYTES,
+            )
+            limit = takes
+    return limit
+
+
+class Keeping(Protocol):
+    """What opening a type uses of the node (`Node` is one)."""
+
+    settings: Settings
+    clients: Clients
+    producer: PublisherClient
+    clock: Clock
+    options: TimerOptions
+    metrics: NodeMetrics
+    commits: Commits
+    cycles: PartitionCycles
+    types: dict[str, KeptType]
+
+
+def open_type(
+    t: AggregateTopics,
+    agg: AggregateType[Any] | None,
+    node: Keeping,
+    *,
+    results: ResultsReader,
+    ledger: FailureLedger,
+) -> KeptType:
+    """Opens what the node keeps for type `t` (`agg`: None when its commands are decided
+    elsewhere); the runner's callbacks find it in `node.types` once it is kept there."""
+    s, clock, metrics, types = node.settings, node.clock, node.metrics, node.types
+    directory = Path(s.data_dir) / t.type_name
+    (directory / "timers").mkdir(parents=True, exist_ok=True)
+    changelog = TransactionalChangelog(
+        node.clients.transactional_writer,
+        t.timers_changelog,
+        s.group_id,
+        on_commit=metrics.commit_duration.labels(t.type_name).observe,
+    )
+    store = open_timer_store(
+        f"rocksdb://{(directory / 'timers').resolve()}",
+        partitions=s.partitions,
+        changelog=changelog,
+    )
+    sender = KafkaSender(node.producer, results, t.context, clock.now)
+
+    async def before_send(partitions: set[int]) -> None:
+        await node.commits.commit_claims(types[t.type_name], partitions)
+
+    runner = TimerRunner(
+        store,
+        sender,
+        clock,
+        ledger,
+        node.options,
+        local=(
+            InProcess(node.cycles, lambda: types.get(t.type_name), s.partitions)
+            if agg is not None
+            else None
+        ),
+        before_send=before_send,
+    )
+    states = RocksAggregateStore(directory / "states") if agg is not None else None
+    marks = CleanMarks(directory / "timers")
+    loop = TimerLoop(runner, on_round=lambda stats: metrics.round(t.type_name, stats))
+    return KeptType(t, agg, store, runner, loop, states, changelog, marks)

@@ -1,0 +1,362 @@
+"""A partition task: one per partition the node owns, and the one owner of its lifecycle.
+
+Co-partitioning puts everything of partition p on one node: the log's p, the aggregates
+decided from it, their timers and the command partition p of the same type. The task
+takes p (its transactional producers, one a type, fence the previous owner; the log is
+folded into the aggregate states; the timer table restored), runs it (its topics read,
+its timers fired) and lets it go: cleanly when the group revokes p (what its transactions
+hold commits), dirty on a fault of its own (thrown away, the local copy restored next
+time), and then revived: taken afresh once the group answers, if it still gives p here.
+A fault in one task never touches another. Tasks share the consumer, the clock and the
+clients; and, until each runs its own cycle (#19), the types' partitioned stores,
+runners, cycles and commits, of which a task touches only its partition's. No task holds
+a lock across a Kafka call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from app.commands.processor import CommandProcessor, Commit
+from app.errors import node_fault
+from app.kafka import LogReader, OutRecord, Record
+from app.kafka.ports import GroupMember
+from app.kafka.records import refused
+from app.node.commits import Commits
+from app.node.cycles import PartitionCycles
+from app.node.failing import FailingPartitions
+from app.node.kept import KeptType, is_fenced
+from app.node.metrics import NodeMetrics
+from app.node.settings import Settings
+from app.node.task_state import TaskState, transition
+from app.protocol.limits import InputLimits
+from app.timers.changelog import TransactionalChangelog, restore_partition, unreadable_letters
+from app.timers.sender import ResultsReader
+
+__all__ = ["TAKE_ATTEMPTS", "PartitionTask", "TaskManager", "TaskShared"]
+
+logger = logging.getLogger(__name__)
+
+TAKE_ATTEMPTS = 10
+"""A partition not taken in this many attempts stops the node (loudly)."""
+
+
+@dataclass
+class TaskShared:
+    """What the node's tasks share; each touches only its own partition of it."""
+
+    settings: Settings
+    limits: InputLimits
+    types: Mapping[str, KeptType]
+    consumer: GroupMember
+    reader: LogReader
+    results: Mapping[str, ResultsReader]
+    cycles: PartitionCycles
+    commits: Commits
+    metrics: NodeMetrics
+    now: Callable[[], int]
+    # The partitions whose task runs: the index every `owns` check reads (the commits,
+    # the cycles, the poll loop), kept by the tasks as they start and stop running.
+    running: set[int]
+
+
+class TaskManager(Protocol):
+    """What a task tells the node (`Node` is the task manager)."""
+
+    def answered(self) -> asyncio.Event:
+        """Set when the group next answers (an assignment): a retake waits for it."""
+        ...
+
+    def task_running(self, task: PartitionTask) -> None:
+        """The task runs (taken, or taken again after a failure)."""
+        ...
+
+    def task_gone(self, task: PartitionTask) -> None:
+        """The task was closed for good: the group gives its partition elsewhere now."""
+        ...
+
+    def fail(self, why: str) -> None:
+        """Stops the node loudly: it cannot do the work it was given."""
+        ...
+
+
+class PartitionTask:
+    def __init__(self, p: int, shared: TaskShared, manager: TaskManager) -> None:
+        self.p = p
+        self.state = TaskState.CREATED
+        self._shared = shared
+        self._manager = manager
+        # How many times it started running: a batch polled before a take is stale (the
+        # take rewound p to its committed offsets) and is never handed over.
+        self.takes = 0
+        # Why its work stopped on a failure, until it runs again.
+        self.broken: str | None = None
+        # Its failures until read past, and whether it fires nothing till then.
+        self.failing = FailingPartitions()
+        # Per type, the command processor of p (whose commands are decided here).
+        self.processors: dict[str, CommandProcessor] = {}
+        self._taking: asyncio.Task[None] | None = None
+        # The group took p away: no take starts any more (a failure meanwhile included).
+        self._leaving = False
+
+    def __repr__(self) -> str:
+        return f"PartitionTask({self.p}, {self.state.value})"
+
+    def _to(self, target: TaskState) -> None:
+        self.state = transition(self.state, target)
+
+    @property
+    def taking(self) -> bool:
+        """Whether it is being taken (restored, or waiting to be taken again)."""
+        return self._taking is not None
+
+    def take(self, topics: set[str], *, after_failure: float | None = None) -> None:
+        """Takes p's `topics` (paused by the caller until it runs) in the background."""
+        self._taking = asyncio.create_task(
+            self._take_in_background(topics, after_failure),
+            name=f"{'retake' if after_failure is not None else 'take'} {self.p}",
+        )
+
+    async def stop_taking(self) -> None:
+        """The group takes p away: a take under way is cancelled (and waited for), and none
+        starts from now on."""
+        self._leaving = True
+        if (taking := self._taking) is not None:
+            taking.cancel()
+            await asyncio.gather(taking, return_exceptions=True)
+
+    def failed(self, what: str, exc: BaseException) -> None:
+        """Ends p's work on a failure of its transaction, store or cycle: what it wrote
+        since its last commit may never count. The task is closed dirty and revived (taken
+        afresh: restored from the changelog and the log, read again from the committed
+        offsets); when fenced, a newer owner has p, and it is taken again only if the
+        group still gives it here."""
+        if self.state is not TaskState.RUNNING:
+            return
+        s = self._shared
+        fenced = is_fenced(exc)
+        s.metrics.let_go.labels("fenced" if fenced else "failed").inc()
+        then = "let go" if fenced else "taken afresh"
+        logger.warning("partition %d: %s failed: %s; %s", self.p, what, exc, then)
+        self._to(TaskState.SUSPENDED)
+        s.running.discard(self.p)
+        failing = self.failing.failed(self.p, s.cycles.failed_at.pop(self.p, {}), f"{what}: {exc}")
+        self.broken = failing.describe()
+        mine = [(t, q) for t, q in s.consumer.assignment() if q == self.p]
+        s.consumer.pause(mine)
+        if self._leaving:
+            return  # being revoked: closed dirty there (it is suspended), never taken again
+        delay = 2 * s.settings.session_timeout_ms / 1000 if fenced else 0.0
+        self.take({t for t, _ in mine}, after_failure=delay)
+
+    async def _take_in_background(self, topics: set[str], after_failure: float | None) -> None:
+        """Takes p, then runs it. `after_failure`: its work stopped on a failure: it is
+        closed first (nothing of its local copy is trusted), and taken again once the group
+        answers (its next assignment) or after that many seconds, if the group gives it to
+        this node then. A partition that cannot be taken stops the node."""
+        try:
+            await self._taking_partition(topics, after_failure)
+        except Exception as exc:
+            # A bug, whatever it is: never a partition left half taken, quietly.
+            logger.exception("taking partition %d failed", self.p)
+            self._manager.fail(f"taking partition {self.p} failed: {exc!r}")
+        finally:
+            if self._taking is asyncio.current_task():
+                self._taking = None
+
+    async def _taking_partition(self, topics: set[str], after_failure: float | None) -> None:
+        p, consumer = self.p, self._shared.consumer
+        if after_failure is not None:
+            answered = self._manager.answered()
+            await self.close(clean=False)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(after_failure):
+                    await answered.wait()
+            # As the group gives it now (a lost membership empties the assignment the
+            # failure saw; the next one may give p back).
+            topics = {t for t, q in consumer.assignment() if q == p}
+            if not topics:
+                self._manager.task_gone(self)  # the group moved it meanwhile
+                return
+            consumer.pause([(t, p) for t in topics])
+            self.revive()
+        last: BaseException | None = None
+        for attempt in range(1, TAKE_ATTEMPTS + 1):
+            try:
+                await self._take(topics)
+                await consumer.rewind([(t, p) for t in topics])
+                break
+            except Exception as exc:
+                last = exc
+                if refused(exc):
+                    break  # an ACL or the credentials: no retry passes it
+                # A node fault is expected to pass; anything else is a bug to see, but
+                # either way p is tried again, and the node stops loudly if it never
+                # can be taken: never a take that dies quietly, half done.
+                log = logger.warning if node_fault(exc) else logger.exception
+                log("taking partition %d failed (%d/%d): %s", p, attempt, TAKE_ATTEMPTS, exc)
+                await self.close(clean=False)
+                self.revive()
+                await asyncio.sleep(min(0.2 * 2**attempt, 5))
+        else:
+            why = f"partition {p} could not be taken in {TAKE_ATTEMPTS} attempts: {last}"
+            self._manager.fail(why)
+            return
+        if last is not None and refused(last):
+            self._manager.fail(f"partition {p} could not be taken: {last}")
+            return
+        self._run(topics)
+
+    def _run(self, topics: set[str]) -> None:
+        """Taken: p's topics are read from here on, and its timers fire (unless it is
+        held since a failure: then once its log is read past it)."""
+        self._to(TaskState.RUNNING)
+        self._shared.running.add(self.p)
+        self.takes += 1
+        self.broken = None
+        self._shared.consumer.resume([(t, self.p) for t in topics])
+        if not self.failing.held(self.p):
+            self.start_firing()
+        self._manager.task_running(self)
+
+    def start_firing(self) -> None:
+        for kept in self._shared.types.values():
+            kept.runner.start_partition(self.p)
+            kept.loop.wake()
+
+    def read_past(self, done: dict[str, int]) -> None:
+        """A cycle of p staged: a task held since a failure fires again once its log was
+        read past where the failure was."""
+        if self.failing.read(self.p, done) and self.state is TaskState.RUNNING:
+            logger.info("partition %d: its log read past its failure, firing again", self.p)
+            self.start_firing()
+
+    def revive(self) -> None:
+        """A closed task is created again, to be taken afresh."""
+        self._to(TaskState.CREATED)
+
+    async def _take(self, topics: set[str]) -> None:
+        s, p = self._shared, self.p
+        self._to(TaskState.RESTORING)
+        for kept in s.types.values():
+            t = kept.topics
+            if t.events not in topics:
+                continue
+            # One producer per partition and type: starting it fences the previous owner,
+            # before anything of p is read.
+            await kept.changelog.open(p)
+            if t.commands in topics and kept.agg is not None and kept.states is not None:
+                processor = CommandProcessor(
+                    kept.agg,
+                    p,
+                    partitions=s.settings.partitions,
+                    states=kept.states,
+                    commit=_committer(kept.changelog, p),
+                    now=s.now,
+                    busy_backlog=s.settings.busy_backlog,
+                    limits=s.limits,
+                    request_id_window=s.settings.request_id_window_ms,
+                )
+                self.processors[kept.name] = processor
+                progress = s.metrics.restore_progress(t.type_name, p, "states")
+                with s.metrics.restore_duration.labels(t.type_name, "states").time():
+                    await processor.restore(s.reader, progress)
+            clean = kept.marks.take(p)
+            await kept.store.assign({p})
+            progress = s.metrics.restore_progress(t.type_name, p, "timers")
+            unreadable: list[tuple[Record, str]] = []
+            with s.metrics.restore_duration.labels(t.type_name, "timers").time():
+                await restore_partition(
+                    kept.store,
+                    s.reader,
+                    t.timers_changelog,
+                    p,
+                    clean=clean,
+                    progress=progress,
+                    unreadable=unreadable,
+                )
+                # Counted whole once, here, where a restore is waited for anyway: from now
+                # on each write keeps the count (the /metrics gauges scan nothing).
+                kept.store.status_counts(p)
+            if unreadable:
+                # Their letters and tombstones commit in p's next transaction.
+                letters = unreadable_letters(unreadable, s.now(), s.limits.dead_letter_bytes)
+                kept.changelog.stage(p, letters, {})
+                s.metrics.dead_letters.labels(t.timers_changelog).inc(len(unreadable))
+        for results in s.results.values():
+            await results.add_partition(p)
+
+    async def revoke(self) -> None:
+        """The group took p away (`stop_taking` first): it is closed clean, what its
+        transactions hold committed (a hand-off); but dirty if its work failed and it was
+        not closed since (suspended): what it holds then may be half a cycle."""
+        if self.state is TaskState.RUNNING:
+            self._shared.metrics.let_go.labels("revoked").inc()
+        await self.close(clean=self.state is not TaskState.SUSPENDED)
+
+    async def close(self, *, clean: bool) -> None:
+        """Stops everything of p this node runs (whole or half taken); never raises.
+        `clean`: commit what p's transactions hold first; otherwise it is thrown away and
+        the local copy restored from the changelog next time. Closing a closed task does
+        nothing."""
+        if self.state is TaskState.CLOSED:
+            return
+        was = self.state
+        if was is not TaskState.SUSPENDED:
+            self._to(TaskState.SUSPENDED)
+        self._shared.running.discard(self.p)
+        if was is not TaskState.CREATED or self._half_open():
+            await self._shared.cycles.stop(self.p)
+            await self._release(clean=clean)
+        self._to(TaskState.CLOSED)
+
+    def _half_open(self) -> bool:
+        """Whether something of p is open (a take cut short)."""
+        return bool(self.processors) or any(
+            self.p in kept.store.assigned for kept in self._shared.types.values()
+        )
+
+    async def _release(self, *, clean: bool) -> None:
+        s, p = self._shared, self.p
+        s.cycles.drop_local(p)
+        # A cycle cut short wrote half of its work: nothing of p's transaction may commit.
+        clean = not s.cycles.cut_short(p) and clean
+        for kept in s.types.values():
+            await s.commits.drop(kept, p, clean=clean)
+            try:
+                await kept.runner.stop_partition(p)
+                if clean:
+                    committed = await kept.changelog.close(p)
+                else:
+                    await kept.changelog.abandon(p)
+                    committed = False
+                if p in kept.store.assigned:
+                    await kept.store.revoke({p})
+                if committed:
+                    kept.marks.mark(p)
+                if self.processors.pop(kept.name, None) is not None:
+                    assert kept.states is not None
+                    kept.states.release(p)
+            except Exception:
+                logger.exception("letting partition %d of %s go failed", p, kept.topics.type_name)
+        for reader in s.results.values():
+            try:
+                await reader.remove_partition(p)
+            except Exception:
+                logger.exception("results reader: letting partition %d go failed", p)
+
+
+def _committer(changelog: TransactionalChangelog, p: int) -> Commit:
+    """The command path's commit: p's one transaction."""
+
+    async def commit(
+        records: Sequence[OutRecord], offsets: dict[tuple[str, int], int]
+    ) -> list[int]:
+        return await changelog.commit(p, offsets, records)
+
+    return commit

@@ -1,0 +1,139 @@
+"""Partition tasks on the in-memory log: a fault in one partition's task closes it dirty
+and revives it, never touching another task, whose partition keeps firing meanwhile."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from fakes import RunningNode, wait_until
+from test_node_memory import PARTITIONS, SERVICE, TOPICS, events, schedule, timer_rows
+
+from app.errors import KafkaUnavailable
+from app.kafka.memory import MemoryLog
+from app.node.partition_task import PartitionTask
+from app.node.task_state import TaskState
+from tables import StoreError, Timer
+from tables.partitioner import partition_of
+
+
+@pytest.fixture
+async def node(tmp_path: Path) -> AsyncIterator[RunningNode]:
+    n = await RunningNode(MemoryLog(), tmp_path, "a", SERVICE, PARTITIONS).start()
+    yield n
+    await n.stop()
+
+
+def state_of(task: PartitionTask) -> TaskState:
+    return task.state  # read afresh (not narrowed by an earlier assert)
+
+
+def owner_in(p: int) -> str:
+    return next(f"o{i}" for i in range(1, 99) if partition_of(f"o{i}", PARTITIONS) == p)
+
+
+async def test_a_fault_in_one_task_closes_and_revives_it_alone_while_another_fires(
+    node: RunningNode, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    log = node.node.clients
+    assert isinstance(log, MemoryLog)
+    await wait_until(node.runs)
+    tasks = dict(node.node._tasks)
+    assert sorted(tasks) == list(range(PARTITIONS))
+    assert all(t.state is TaskState.RUNNING and t.takes == 1 for t in tasks.values())
+    bad, good = 0, 1
+    moves: list[tuple[int, TaskState]] = []
+    to = PartitionTask._to
+
+    def recording(task: PartitionTask, target: TaskState) -> None:
+        to(task, target)
+        moves.append((task.p, target))
+
+    monkeypatch.setattr(PartitionTask, "_to", recording)
+    kept = node.node.types[TOPICS.type_name]
+    put_many, open_ = kept.store.put_many, kept.changelog.open
+    faulty = True
+
+    async def put_failing(timers: list[Timer]) -> list[Timer]:
+        if faulty and any(t.partition == bad for t in timers):
+            raise StoreError("the disk under partition 0 is gone")
+        return await put_many(timers)
+
+    async def open_failing(partition: int) -> None:
+        if faulty and partition == bad:
+            raise KafkaUnavailable("partition 0's coordinator is away")
+        await open_(partition)
+
+    monkeypatch.setattr(kept.store, "put_many", put_failing)
+    monkeypatch.setattr(kept.changelog, "open", open_failing)
+    # The bad partition's cycle meets the fault; its retakes fail while `faulty` holds.
+    await schedule(log, owner_in(bad), int(time.time() * 1000) + 200)
+    await wait_until(lambda: moves.count((bad, TaskState.CREATED)) >= 2)
+    assert tasks[bad].state is not TaskState.RUNNING
+    assert str(bad) in node.node.health()["stalled"]
+    # Meanwhile the other partition's task decides and fires, untouched.
+    await schedule(log, owner_in(good), int(time.time() * 1000) + 200)
+    await wait_until(lambda: [e.aggregate.id for e in events(log, "Fired")] == [owner_in(good)])
+    assert tasks[bad].state is not TaskState.RUNNING
+    assert [p for p, _ in moves if p == good] == []
+    assert node.node._tasks[good] is tasks[good]
+    assert tasks[good].state is TaskState.RUNNING and tasks[good].takes == 1
+    # Closed dirty, then revived: the same task, taken afresh.
+    mine = [s for p, s in moves if p == bad]
+    assert mine[:4] == [
+        TaskState.SUSPENDED,
+        TaskState.CLOSED,
+        TaskState.CREATED,
+        TaskState.RESTORING,
+    ]
+    faulty = False
+    await wait_until(node.runs, within=15)
+    assert node.node._tasks[bad] is tasks[bad]
+    assert tasks[bad].state is TaskState.RUNNING and tasks[bad].takes == 2
+    assert [s for p, s in moves if p == bad][-1] is TaskState.RUNNING
+    # Taken afresh from the committed log, its own timer fires too, once.
+    await wait_until(lambda: len(events(log, "Fired")) == 2, within=15)
+    assert sorted(e.aggregate.id for e in events(log, "Fired")) == sorted(
+        [owner_in(bad), owner_in(good)]
+    )
+    assert len(timer_rows(log)) == 2
+    assert [p for p, _ in moves if p == good] == []
+
+
+async def test_a_revoked_task_is_closed_clean_and_forgotten(node: RunningNode) -> None:
+    """A revoke closes the task (committing what its transactions hold) and the node keeps
+    no task of the partition; the group giving it back creates a new task."""
+    await wait_until(node.runs)
+    before = node.node._tasks[1]
+    await node.node._revoked({(TOPICS.events, 1)})
+    assert before.state is TaskState.CLOSED
+    assert 1 not in node.node._tasks and node.node.owned == {0}
+    kept = node.node.types[TOPICS.type_name]
+    assert not kept.changelog.owns(1) and 1 not in kept.store.assigned
+    assert node.node._consumer is not None
+    await node.node._assigned(node.node._consumer.assignment())
+    await wait_until(lambda: node.node.owned == {0, 1})
+    assert node.node._tasks[1] is not before and node.node._tasks[1].takes == 1
+
+
+async def test_a_task_that_fails_while_it_is_revoked_is_closed_dirty_and_never_retaken(
+    node: RunningNode,
+) -> None:
+    """A failure between the revoke's start and the task's close: what its transaction
+    holds may be half a cycle, so nothing of it commits, and no retake of a partition the
+    group took away starts."""
+    log = node.node.clients
+    assert isinstance(log, MemoryLog)
+    await wait_until(node.runs)
+    task = node.node._tasks[1]
+    kept = node.node.types[TOPICS.type_name]
+    await task.stop_taking()  # as `_revoked` does first
+    kept.changelog.stage(1, [(TOPICS.events, 1, b"half", b"a half cycle")], {})
+    node.node._partition_failed(1, "a cycle", StoreError("the disk is gone"))
+    assert task.state is TaskState.SUSPENDED and not task.taking
+    await node.node._revoked({(TOPICS.events, 1)})
+    assert state_of(task) is TaskState.CLOSED and not task.taking
+    assert 1 not in node.node._tasks and node.node.owned == {0}
+    assert [r for r in log.records(TOPICS.events, 1) if r.key == b"half"] == []
