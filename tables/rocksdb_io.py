@@ -80,11 +80,6 @@ def db_options(cache: Cache, buffers: WriteBufferManager) -> Options:
     options.set_max_write_buffer_number(3)
     options.set_write_buffer_manager(buffers)
     options.set_max_total_wal_size(64 << 20)
-    # A bloom filter of each memtable's keys: a point read of a row that is not there
-    # (each put of a new timer, each record of a restore) skips the memtables' skip
-    # lists (measured: a restore's multi-get of its batch was ~9 % of it without).
-    options.set_memtable_whole_key_filtering(True)
-    options.set_memtable_prefix_bloom_ratio(0.02)
     options.set_compression_type(DBCompressionType.lz4())
     options.set_level_compaction_dynamic_level_bytes(True)
     options.set_keep_log_file_num(2)
