@@ -11,6 +11,7 @@ are written once. rocksdict is imported here and in `tables.rocksdb_io` (options
 
 from __future__ import annotations
 
+import asyncio
 import heapq
 import json
 import logging
@@ -274,6 +275,16 @@ class RocksDBTimerStore(PartitionedStore):
         return None if raw is None else int.from_bytes(raw, "big", signed=True)
 
     # --- writes -----------------------------------------------------------------------
+
+    async def _durable(self, partitions: set[int]) -> None:
+        """Flushes restored rows written without the WAL before a write with it (see
+        `_write`), in a thread: a memtable's flush takes tens of ms, the loop goes on."""
+        for partition in sorted(partitions & self._unlogged):
+            try:
+                await asyncio.to_thread(self._db(partition).flush, True)
+            except Exception as exc:
+                raise StoreError(f"RocksDB flush of partition {partition} failed: {exc}") from exc
+            self._unlogged.discard(partition)
 
     def _write(
         self, partition: int, batch: WriteBatch, options: WriteOptions | None = None

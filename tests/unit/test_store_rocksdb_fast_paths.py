@@ -228,3 +228,25 @@ def test_the_rule_cache_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
         value = encode_timer(timer(n, 0, 1_000 + n))
         assert load_timer(value) == timer(n, 0, 1_000 + n)
         assert len(keys._RULE_CACHE) <= 3
+
+
+async def test_the_flush_before_the_first_write_after_a_restore_lets_the_loop_run(
+    tmp_path: Path,
+) -> None:
+    """The memtable's flush takes tens of ms at a real restore's size: it runs in a
+    thread, and other tasks go on meanwhile (a write without one never yields)."""
+    store = open_timer_store(f"rocksdb://{tmp_path}/s", partitions=1)
+    await store.apply_changelog(0, batches()[0])
+    ran: list[str] = []
+
+    async def other(name: str) -> None:
+        ran.append(name)
+
+    first = asyncio.create_task(other("during the first put"))
+    assert await store.put(put_timer())
+    assert ran == ["during the first put"]
+    second = asyncio.create_task(other("after the second put"))
+    assert await store.put(timer(10**6 + 1, 0, 6))
+    assert ran == ["during the first put"]
+    await asyncio.gather(first, second)
+    await store.close()
