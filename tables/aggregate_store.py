@@ -223,7 +223,7 @@ class RocksAggregateStore:
             batch.delete(_REQUEST + entry[9:])
             count += 1
             last = entry
-        del options  # kept alive through the scan (see rocksdb_store._scan)
+        del options  # kept alive through the scan (see rocksdb_io.scan)
         if count:
             db.write(batch)
         # Until compacted away, the tombstones of the entries forgotten would be stepped

@@ -61,6 +61,9 @@ class PartitionedStore(ABC):
     _values_needed = False
     """Whether `_apply` needs the rows' encoded values even without a sink."""
 
+    async def _durable(self, partitions: set[int]) -> None:  # noqa: B027 (none by default)
+        """Before a write to `partitions`, under the write lock: what must be durable first."""
+
     @abstractmethod
     def _load(self, partition: int, row: bytes) -> Timer | None: ...
 
@@ -165,6 +168,7 @@ class PartitionedStore(ABC):
         """Hands the new rows to the sink, then writes them locally."""
         if not writes:
             return
+        await self._durable({write.partition for write in writes})
         values: list[bytes | None] | None = None
         if self._sink is not None or self._values_needed:
             values = [None if w.new is None else encode_timer(w.new) for w in writes]

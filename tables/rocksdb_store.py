@@ -6,34 +6,31 @@ Rows and their indexes share each partition's DB under one-byte key prefixes (se
 row and index entries go in one plain WriteBatch. An indexed row's value lives in its
 due or parked index entry and its ``r`` entry points there (see `tables.keys`), so
 ``due()`` is one range scan a partition with no point reads, and a pending timer's bytes
-are written once. rocksdict is imported here and nowhere else.
+are written once. rocksdict is imported here and in `tables.rocksdb_io` (options, scans).
 """
 
 from __future__ import annotations
 
-import gc
+import asyncio
 import heapq
 import json
 import logging
 import os
 import shutil
+from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
 from functools import partial
 from itertools import islice
-from typing import cast
+from typing import Any, cast
 
 import orjson
 from rocksdict import (
-    BlockBasedIndexType,
-    BlockBasedOptions,
     Cache,
-    DBCompressionType,
-    Options,
     Rdict,
     ReadOptions,
     WriteBatch,
     WriteBufferManager,
+    WriteOptions,
 )
 
 from tables.exceptions import StoreError
@@ -55,6 +52,7 @@ from tables.keys import (
 )
 from tables.partitioned import PartitionedStore
 from tables.refs import AggregateRef
+from tables.rocksdb_io import UNLOGGED, db_options, gc_paused, prefix_end, scan
 from tables.rowcheck import restored_index
 from tables.store import ChangelogSink, UnreadableRow, unreadable_reason
 from tables.timer import Timer, TimerStatus
@@ -75,54 +73,13 @@ _FORMAT = 2
 thrown away on open and restored from the changelog (it is only ever a copy of it)."""
 
 
-def _prefix_end(prefix: bytes) -> bytes:
-    """The first key past every key that starts with `prefix`."""
-    stripped = prefix.rstrip(b"\xff")
-    if not stripped:
-        raise ValueError("no key follows an all-0xff prefix")
-    return stripped[:-1] + bytes([stripped[-1] + 1])
-
-
-@contextmanager
-def _gc_paused() -> Iterator[None]:
-    """Holds off the cyclic GC while a read or restore makes thousands of acyclic objects.
-
-    Decoding 1,000 timers makes ~15,000 objects: the collector would run some twenty
-    times over them for nothing, and now and then an old-generation pass lands in the
-    middle (measured: due() p50 11.3 -> 9.1 ms, p99 24-35 -> 11 ms). The objects are
-    collected as usual afterwards.
-    """
-    if not gc.isenabled():
-        yield
-        return
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.enable()
-
-
-def _scan(db: Rdict, start: bytes, upper: bytes) -> Iterator[tuple[bytes, bytes]]:
-    """The items of `db` from `start` up to `upper` (exclusive), in key order.
-
-    The generator holds the ReadOptions: rocksdict's iterator does not keep its options
-    alive, and once they are collected the iterator reads freed memory as its upper
-    bound (seen: a scan that ended early).
-    """
-    options = ReadOptions()
-    options.set_iterate_upper_bound(upper)
-    items = cast(Iterator[tuple[bytes, bytes]], db.items(from_key=start, read_opt=options))
-    yield from items
-    del options
-
-
 class RocksDBTimerStore(PartitionedStore):
     """Durable, restartable; restored from its changelog with `apply_changelog`.
 
     Tuned for a small box: one LRU block cache and one write-buffer budget shared by all
     partitions' DBs, index and filter blocks charged to the cache, LZ4. The WAL stays on
-    (not fsynced per write: a crashed process loses nothing, a crashed machine restores
-    from the changelog).
+    for every write but a restore's (not fsynced per write: a crashed process loses
+    nothing, a crashed machine restores from the changelog; see `_restore`).
     """
 
     _values_needed = True
@@ -142,6 +99,8 @@ class RocksDBTimerStore(PartitionedStore):
         self._cache = Cache(block_cache_bytes)
         self._buffers = WriteBufferManager(write_buffer_bytes, False)
         self._dbs: dict[int, Rdict] = {}
+        # Partitions with restored rows written without the WAL and not flushed yet.
+        self._unlogged: set[int] = set()
         self._low = [0] * partitions
         self._finished_low = [0] * partitions
         try:
@@ -172,37 +131,6 @@ class RocksDBTimerStore(PartitionedStore):
                 shutil.rmtree(self._db_path(partition), ignore_errors=True)
         with open(meta, "w", encoding="utf-8") as file:
             json.dump({"format": _FORMAT, "partitions": self._partitions}, file)
-
-    def _options(self) -> Options:
-        options = Options(raw_mode=True)
-        options.create_if_missing(True)
-        # Two cores: flushes and compactions share two background threads.
-        options.set_max_background_jobs(2)
-        # Memtables: up to 3 x 16 MB a DB, all DBs together capped by one write-buffer
-        # budget (flushed early past it). A 10,000-record restore batch is ~6 MB.
-        options.set_write_buffer_size(16 << 20)
-        options.set_max_write_buffer_number(3)
-        options.set_write_buffer_manager(self._buffers)
-        options.set_max_total_wal_size(64 << 20)
-        options.set_compression_type(DBCompressionType.lz4())
-        options.set_level_compaction_dynamic_level_bytes(True)
-        options.set_keep_log_file_num(2)
-        table = BlockBasedOptions()
-        # One LRU cache for all DBs, index and filter blocks charged to it: the memory
-        # a store takes stays put as it grows to millions of timers. Index and filters
-        # are partitioned, so that only their small top levels stay pinned and the
-        # cache holds the parts that reads touch (at 10M timers the whole of them would
-        # not fit).
-        table.set_block_cache(self._cache)
-        table.set_cache_index_and_filter_blocks(True)
-        table.set_index_type(BlockBasedIndexType.two_level_index_search())
-        table.set_partition_filters(True)
-        table.set_pin_top_level_index_and_filter(True)
-        table.set_pin_l0_filter_and_index_blocks_in_cache(True)
-        table.set_bloom_filter(10, False)  # point reads of rows that are not there
-        table.set_block_size(16 << 10)  # due() scans: fewer, larger blocks
-        options.set_block_based_table_factory(table)
-        return options
 
     def _db_path(self, partition: int) -> str:
         return os.path.join(self._path, f"p{partition}.db")
@@ -236,34 +164,61 @@ class RocksDBTimerStore(PartitionedStore):
 
     def _owner_rows(self, partition: int, prefix: bytes) -> Iterator[tuple[bytes, Timer]]:
         start = ROW + prefix
-        for key, raw in _scan(self._db(partition), start, _prefix_end(start)):
+        for key, raw in scan(self._db(partition), start, prefix_end(start)):
             yield key[1:], load_timer(self._value(partition, raw))
 
     def _due(self, partitions: list[int], until: int, limit: int) -> list[Timer]:
-        upper = due_upper_bound(until)
-        runs = [self._due_run(partition, until, upper) for partition in partitions]
-        merged = runs[0] if len(runs) == 1 else heapq.merge(*runs)
-        with _gc_paused():
-            return [load_timer(value) for _, value in islice(merged, limit)]
+        """The first `limit` due entries of `partitions`, merged by key.
 
-    def _due_run(self, partition: int, until: int, upper: bytes) -> Iterator[tuple[bytes, bytes]]:
-        """Partition's due entries up to `upper`, from its low-water mark.
+        Each partition's entries are taken in chunks (`list(islice(..))` runs in C, where a
+        merge of generators stepped each entry through three Python frames): all entries
+        up to the least last key of the runs that may hold more are taken, so once
+        `limit` of them are, they are the first `limit` of all; else the runs at that key
+        give another chunk.
 
         The firing loop deletes entries from the front of the due index (each claim moves
         one to its deadline), and their tombstones stay until compaction: a scan from the
-        index's first key would step over all of them on every call. `_low[p]` is a due
-        time below which p has no due entry: lowered by every write of one, raised to the
-        first entry each scan finds (or past `until` when it finds none).
+        index's first key would step over all of them on every call. So a partition's run
+        starts at `_low[p]`, a due time below which p has no due entry: lowered by every
+        write of one, raised to the first entry each scan finds (or past `until` when it
+        finds none).
         """
-        low = self._low[partition]
-        found = False
-        for key, value in _scan(self._db(partition), due_key_prefix(low), upper):
-            if not found:
-                found = True
-                self._low[partition] = int.from_bytes(key[1:9], "big")
-            yield key, value
-        if not found:
-            self._low[partition] = max(low, min(until + 1, _MAX_DUE))
+        options = ReadOptions()  # held to the end: the iterators read their bound from it
+        options.set_iterate_upper_bound(due_upper_bound(until))
+        step = min(limit, limit // len(partitions) + limit // (4 * len(partitions)) + 8)
+        found: list[tuple[bytes, bytes]] = []
+        runs: dict[int, Iterator[tuple[bytes, bytes]]] = {}
+        last: dict[int, bytes] = {}
+        for partition in partitions:
+            low = self._low[partition]
+            run = cast(
+                Iterator[tuple[bytes, bytes]],
+                self._db(partition).items(from_key=due_key_prefix(low), read_opt=options),
+            )
+            got = list(islice(run, step))
+            if not got:
+                self._low[partition] = max(low, min(until + 1, _MAX_DUE))
+                continue
+            self._low[partition] = int.from_bytes(got[0][0][1:9], "big")
+            found += got
+            if len(got) == step:
+                runs[partition], last[partition] = run, got[-1][0]
+        found.sort()
+        while runs:
+            bound = min(last.values())
+            if bisect_left(found, (bound + b"\x00",)) >= limit:
+                break
+            for partition in [p for p, key in last.items() if key == bound]:
+                got = list(islice(runs[partition], step))
+                found += got
+                if len(got) == step:
+                    last[partition] = got[-1][0]
+                else:
+                    del runs[partition], last[partition]
+            found.sort()
+        del options
+        with gc_paused():
+            return [load_timer(value) for _, value in found[:limit]]
 
     def _lower(self, partition: int, index: bytes) -> None:
         """Keeps `_low` (`_finished_low`) below a due (finished) entry about to be written."""
@@ -278,7 +233,7 @@ class RocksDBTimerStore(PartitionedStore):
                 self._finished_low[partition] = at
 
     def _expired(self, partition: int, until: int, limit: int) -> list[tuple[bytes, Timer]]:
-        """Like `_due_run`, from a low-water mark: each sweep deletes entries from the
+        """Like `_due`, from a low-water mark: each sweep deletes entries from the
         front of the finished index, and a scan from its first key would step over their
         tombstones every time."""
         if until < 0:
@@ -286,8 +241,8 @@ class RocksDBTimerStore(PartitionedStore):
         low = self._finished_low[partition]
         start = FINISHED + low.to_bytes(8, "big")
         found: list[tuple[bytes, Timer]] = []
-        with _gc_paused():
-            for key, value in _scan(self._db(partition), start, finished_upper_bound(until)):
+        with gc_paused():
+            for key, value in scan(self._db(partition), start, finished_upper_bound(until)):
                 if not found:
                     self._finished_low[partition] = int.from_bytes(key[1:9], "big")
                 timer = load_timer(value)
@@ -300,24 +255,24 @@ class RocksDBTimerStore(PartitionedStore):
 
     def _parked(self, partitions: list[int], target: AggregateRef) -> list[Timer]:
         start = parked_prefix(target)
-        upper = _prefix_end(start)
-        runs = [_scan(self._db(partition), start, upper) for partition in partitions]
-        with _gc_paused():
+        upper = prefix_end(start)
+        runs = [scan(self._db(partition), start, upper) for partition in partitions]
+        with gc_paused():
             return [load_timer(value) for _, value in heapq.merge(*runs)]
 
     def _due_entries(self, partition: int, start: int) -> Iterator[tuple[int, str]]:
         # From the low-water mark at least: the tombstones below it are skipped.
         first = due_key_prefix(max(start, self._low[partition]))
-        for key, value in _scan(self._db(partition), first, _prefix_end(DUE)):
+        for key, value in scan(self._db(partition), first, prefix_end(DUE)):
             # The status alone: orjson without the model is several times cheaper.
             yield int.from_bytes(key[1:9], "big"), orjson.loads(value)["status"]
 
     def _parked_entries(self, partition: int) -> Iterator[Callable[[], Timer]]:
-        for _, value in _scan(self._db(partition), PARKED, _prefix_end(PARKED)):
+        for _, value in scan(self._db(partition), PARKED, prefix_end(PARKED)):
             yield partial(load_timer, value)
 
     def _held_count(self, partition: int) -> int:
-        return sum(1 for _ in _scan(self._db(partition), HELD, _prefix_end(HELD)))
+        return sum(1 for _ in scan(self._db(partition), HELD, prefix_end(HELD)))
 
     def _offset(self, partition: int) -> int | None:
         raw = self._db(partition).get(OFFSET_KEY)
@@ -325,9 +280,30 @@ class RocksDBTimerStore(PartitionedStore):
 
     # --- writes -----------------------------------------------------------------------
 
-    def _write(self, partition: int, batch: WriteBatch) -> None:
+    async def _durable(self, partitions: set[int]) -> None:
+        """Flushes restored rows written without the WAL before a write with it (see
+        `_write`), in a thread: a memtable's flush takes tens of ms, the loop goes on."""
+        for partition in sorted(partitions & self._unlogged):
+            try:
+                await asyncio.to_thread(self._db(partition).flush, True)
+            except Exception as exc:
+                raise StoreError(f"RocksDB flush of partition {partition} failed: {exc}") from exc
+            self._unlogged.discard(partition)
+
+    def _write(
+        self, partition: int, batch: WriteBatch, options: WriteOptions | None = None
+    ) -> None:
         try:
-            self._db(partition).write(batch)
+            if options is None and partition in self._unlogged:
+                # Restored rows written without the WAL are made durable before the first
+                # write with it: a crash can then lose a suffix of the writes, never a
+                # restore batch under a later write (see `_restore`).
+                self._db(partition).flush(True)
+                self._unlogged.discard(partition)
+            if options is None:
+                self._db(partition).write(batch)
+            else:
+                self._db(partition).write(batch, options)
         except Exception as exc:
             raise StoreError(f"RocksDB write to partition {partition} failed: {exc}") from exc
 
@@ -356,15 +332,25 @@ class RocksDBTimerStore(PartitionedStore):
     def _restore(
         self, partition: int, records: Iterable[tuple[int, bytes, bytes | None]]
     ) -> list[UnreadableRow]:
+        """One WriteBatch of the records, with the last one's offset, written without the
+        WAL: a crash then loses a suffix of the restore's batches (RocksDB flushes a DB's
+        memtables in order, and each batch carries its offset), so the store holds an
+        earlier offset and a restore goes on from there; it never looks further than it
+        got. The first write with the WAL flushes them first (`_write`), and so does a
+        close. The changelog holds every record: rewriting it costs a restore, not data."""
+        records = records if isinstance(records, list) else list(records)
+        if not records:
+            return []
         unreadable: list[UnreadableRow] = []
         batch = WriteBatch(raw_mode=True)
-        get, put, delete = self._db(partition).get, batch.put, batch.delete
+        put, delete, lower = batch.put, batch.delete, self._lower
+        rows = [ROW + key for _, key, _ in records]
+        # One multi-get for the batch: its rows' index entries as they were before it.
+        held = cast(list[bytes | None], self._db(partition).get(cast(Any, rows)))
         indexed: dict[bytes, bytes | None] = {}
         """The index entry of each row this batch has written so far."""
-        last = None
         new: bytes | None
-        for offset, key, value in records:
-            last = offset
+        for (offset, key, value), row, raw in zip(records, rows, held, strict=True):
             new = None
             if value is not None:
                 try:
@@ -373,25 +359,22 @@ class RocksDBTimerStore(PartitionedStore):
                     # The key's latest record is no row: the key holds none, as the
                     # tombstone its dead letter comes with will say (`unreadable_letters`).
                     unreadable.append(UnreadableRow(offset, key, value, unreadable_reason(exc)))
-            row = ROW + key
             if key in indexed:
                 old = indexed[key]
             else:
-                raw = get(row)
                 old = raw if raw is not None and raw[:1] in _INDEXES else None
             if new is None:
                 delete(row)
             else:
-                self._lower(partition, new)
+                lower(partition, new)
                 put(new, value)
                 put(row, new)
             if old is not None and old != new:
                 delete(old)
             indexed[key] = new
-        if last is None:
-            return unreadable
-        put(OFFSET_KEY, last.to_bytes(8, "big", signed=True))
-        self._write(partition, batch)
+        put(OFFSET_KEY, records[-1][0].to_bytes(8, "big", signed=True))
+        self._unlogged.add(partition)
+        self._write(partition, batch, UNLOGGED)
         return unreadable
 
     # --- partitions -------------------------------------------------------------------
@@ -399,16 +382,22 @@ class RocksDBTimerStore(PartitionedStore):
     def _open_partition(self, partition: int) -> None:
         self._low[partition] = self._finished_low[partition] = 0
         try:
-            self._dbs[partition] = Rdict(self._db_path(partition), self._options())
+            self._dbs[partition] = Rdict(
+                self._db_path(partition), db_options(self._cache, self._buffers)
+            )
         except Exception as exc:
             raise StoreError(f"cannot open {self._db_path(partition)}: {exc}") from exc
 
     def _close_partition(self, partition: int) -> None:
         db = self._dbs.pop(partition, None)
         if db is not None:
+            if partition in self._unlogged:
+                self._unlogged.discard(partition)
+                db.flush(True)  # the restored rows written without the WAL
             db.close()
 
     def _drop_partition(self, partition: int, served: bool) -> None:
+        self._unlogged.discard(partition)  # its rows are thrown away: nothing to flush
         self._close_partition(partition)
         shutil.rmtree(self._db_path(partition), ignore_errors=True)
         if served:

@@ -129,6 +129,16 @@ def _name_ok(name: str) -> bool:
 
 
 @functools.lru_cache(maxsize=4096)
+def _owner_bytes(context: str, aggregate: str, tenant: str) -> bytes | None:
+    """The start of a row key (`ref_parts` without the id) of an owner whose names
+    `AggregateRef` takes, once per distinct triple (they repeat across timers); None
+    if a name is not one it takes."""
+    if not (_name_ok(context) and _name_ok(aggregate)):
+        return None
+    return ref_parts(context, aggregate, tenant, "")[:-2]
+
+
+@functools.lru_cache(maxsize=4096)
 def _body_ok(raw: bytes) -> bool:
     """Whether a body's bytes are a JSON object `JsonObject` takes, once per distinct body.
 
@@ -165,7 +175,8 @@ def _fast_index(partition: int, key: bytes, value: bytes) -> bytes:
     except (msgspec.ValidationError, msgspec.DecodeError) as exc:
         raise _Refused from exc
     owner, target, rule = row.owner, row.target, row.rule
-    if not (_name_ok(owner.context) and _name_ok(owner.aggregate)):
+    prefix = _owner_bytes(owner.context, owner.aggregate, owner.tenant)
+    if prefix is None:
         raise _Refused
     if target != owner and not (_name_ok(target.context) and _name_ok(target.aggregate)):
         raise _Refused
@@ -176,9 +187,9 @@ def _fast_index(partition: int, key: bytes, value: bytes) -> bytes:
         raise _Refused
     if not isinstance(rule, _Once) and not _ends_ok(rule):
         raise _Refused
-    name = row.key.encode()
-    own = ref_parts(owner.context, owner.aggregate, owner.tenant, owner.id)
-    if row.partition != partition or own + len(name).to_bytes(2, "big") + name != key:
+    i, name = owner.id.encode(), row.key.encode()
+    own = b"".join((prefix, len(i).to_bytes(2, "big"), i, len(name).to_bytes(2, "big"), name))
+    if row.partition != partition or own != key:
         raise _Refused  # not its own key (`row_key`), or another partition's row
     return _index(row, key)
 
