@@ -17,11 +17,12 @@ would be a second event at one version).
 
 A book's state is what its own events say of each key: the timer last set under it (its
 target and command) and whether it is paused, so that it answers a pause, resume or
-trigger of a key it has no timer under (never set, or cancelled) REJECTED, a pause of a
-paused timer and a resume of a running one UNCHANGED (nothing to do, no event), and sends
-a trigger's command itself. Whether a timer has FIRED (a once rule's slot, a rule that
-ended) is the timer table's, not the book's: a pause of such a key is appended and
-changes nothing there (the web edge refuses it when its node keeps the table's row).
+trigger of a key it has no timer under (never set, cancelled, or forgotten as below)
+REJECTED, a pause of a paused timer and a resume of a running one UNCHANGED (nothing to
+do, no event), and sends a trigger's command itself. Whether a timer has FIRED (a once
+rule's slot, a rule that ended) is the timer table's, not the book's: a pause of such a
+key is appended and changes nothing there (the web edge refuses it when its node keeps
+the table's row).
 A book whose local state was folded by a version before this one knows only the keys set
 since (a node restoring it from the log afresh knows them all).
 
