@@ -17,18 +17,34 @@ would be a second event at one version).
 
 A book's state is what its own events say of each key: the timer last set under it (its
 target and command) and whether it is paused, so that it answers a pause, resume or
-trigger of a key it has no timer under (never set, or cancelled) REJECTED, a pause of a
-paused timer and a resume of a running one UNCHANGED (nothing to do, no event), and sends
-a trigger's command itself. Whether a timer has FIRED (a once rule's slot, a rule that
-ended) is the timer table's, not the book's: a pause of such a key is appended and
-changes nothing there (the web edge refuses it when its node keeps the table's row).
+trigger of a key it has no timer under (never set, cancelled, or forgotten as below)
+REJECTED, a pause of a paused timer and a resume of a running one UNCHANGED (nothing to
+do, no event), and sends a trigger's command itself. Whether a timer has FIRED (a once
+rule's slot, a rule that ended) is the timer table's, not the book's: a pause of such a
+key is appended and changes nothing there (the web edge refuses it when its node keeps
+the table's row).
 A book whose local state was folded by a version before this one knows only the keys set
 since (a node restoring it from the log afresh knows them all).
+
+A book forgets a timer whose rule has ended: each `BookTimer` records when its rule can
+have no slot any more (`timer_end`: a once rule's `at`, a recurring rule's `until` or, if
+cheaply counted, its `count`-th slot, plus its jitter; None for a rule without an end),
+and every applier drops the running timers whose end lies more than the book's
+`retention` (`BOOK_RETENTION`, 7 days, the timer table's default `finished_retention`)
+before the event's own time (`live_timers`), so a replay folds to the same state and a
+book of one-off timers under unique keys holds only the recent ones. A pause, resume or
+trigger of a key dropped so, or past its end and retention when it comes, is refused as
+one never set. The retention exceeds how long a slot may still be sent or retried
+(`TimerOptions.expires_after`, a day by default), so no timer that may still fire, be
+retried or sit parked is forgotten; a paused timer is kept whatever its end, as its row
+in the timer table stays PAUSED until it is resumed or cancelled. A state stored before
+`ends` existed reads as timers without an end: kept until cancelled, as before.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from typing import Final
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -45,10 +61,14 @@ from app.protocol.wire import (
     ScheduleTriggered,
 )
 from tables import AggregateRef, CommandSpec
-from tables.slots import first_slot
+from tables.bounds import MAX_INSTANT
+from tables.rules import CronRule, IntervalRule, OnceRule, ScheduleRule
+from tables.slots import first_slot, next_slot
 
 __all__ = [
+    "BOOK_RETENTION",
     "CANCEL_TIMER",
+    "CRON_END_STEPS",
     "PAUSE_TIMER",
     "RESUME_TIMER",
     "SET_TIMER",
@@ -57,7 +77,9 @@ __all__ = [
     "BookTimer",
     "TimerKey",
     "book_reason",
+    "live_timers",
     "timer_book",
+    "timer_end",
 ]
 
 logger = logging.getLogger(__name__)
@@ -73,6 +95,15 @@ RESUME_TIMER: Final = "wow.ResumeTimer"
 TRIGGER_TIMER: Final = "wow.TriggerTimer"
 """Body: a `TimerKey`; the timer's command sent once now, as `<request id>>0`, recorded by
 `wow.ScheduleTriggered`; its rule and next slot as they were."""
+
+BOOK_RETENTION: Final = 7 * 24 * 60 * 60 * 1000
+"""How long (ms) past its end a book keeps a timer by default: the timer table's default
+`TimerOptions.finished_retention`, well past `expires_after` (a day), after which none of
+the timer's slots is sent or retried any more."""
+CRON_END_STEPS: Final = 24
+"""The largest `count` whose last slot a cron rule's end is stepped to, slot by slot, when
+its timer is set (each step 0.1 ms or so in a zone with clock changes: a few ms at most);
+a larger one without `until` counts as endless."""
 
 
 class TimerKey(BaseModel):
@@ -91,6 +122,12 @@ class BookTimer(BaseModel):
     target: AggregateRef
     command: CommandSpec
     paused: bool = False
+    ends: int | None = Field(
+        default=None,
+        exclude_if=lambda v: v is None,
+        description="epoch ms: by when its rule can have no slot any more (`timer_end`); "
+        "absent: never (kept until cancelled; also a timer stored before this field existed)",
+    )
 
 
 class BookState(BaseModel):
@@ -124,9 +161,62 @@ def book_reason(
     return None
 
 
-def timer_book(context: str, name: str) -> AggregateType[BookState]:
-    """The aggregate type `<context>.<name>` taking `wow.SetTimer` and `wow.CancelTimer`."""
+def timer_end(rule: ScheduleRule, set_at: int) -> int | None:
+    """When `rule`, set at `set_at` (its event's time), can have no slot any more, its
+    jitter included; None when it may have one at any time (or its end costs too much).
+
+    A once rule ends at its `at`; a recurring one at its `until` or its last slot by
+    `count`, whichever comes first. An interval rule counts its slots from its start; a
+    cron rule from its first slot at or after `set_at` (`first_slot`), stepped up to
+    `CRON_END_STEPS` slots.
+    """
+    if isinstance(rule, OnceRule):
+        end: int | None = rule.at
+    else:
+        last = None if rule.count is None else _last_counted(rule, rule.count, set_at)
+        end = min((e for e in (rule.until, last) if e is not None), default=None)
+    return None if end is None else end + (rule.jitter or 0)
+
+
+def _last_counted(rule: IntervalRule | CronRule, count: int, set_at: int) -> int | None:
+    """The due time of the rule's `count`-th slot (or of its last, if it ends before),
+    None when not cheaply known."""
+    if isinstance(rule, IntervalRule):
+        last = rule.start + (count - 1) * rule.every
+        return last if last <= MAX_INSTANT else None  # no slot past it: never, in practice
+    if count > CRON_END_STEPS:
+        return None
+    slot = first_slot(rule, set_at)
+    while slot is not None and slot.index < count - 1:
+        after = next_slot(rule, slot)
+        if after is None:
+            break
+        slot = after
+    return None if slot is None else slot.due_at
+
+
+def live_timers(timers: Mapping[str, BookTimer], now: int, retention: int) -> dict[str, BookTimer]:
+    """The `timers` a book keeps at `now` (an event's time): all but the running ones that
+    ended more than `retention` ms before it."""
+    return {k: t for k, t in timers.items() if not _gone(t, now, retention)}
+
+
+def _gone(timer: BookTimer, now: int, retention: int) -> bool:
+    # A paused timer's row stays PAUSED in the table: its key must stay resumable.
+    return not timer.paused and timer.ends is not None and timer.ends < now - retention
+
+
+def timer_book(
+    context: str, name: str, *, retention: int = BOOK_RETENTION
+) -> AggregateType[BookState]:
+    """The aggregate type `<context>.<name>` taking `wow.SetTimer` and `wow.CancelTimer`
+    (and pause, resume, trigger), keeping each timer `retention` ms past its rule's end."""
+    if retention <= 0:
+        raise ValueError(f"a timer book's retention must be positive, got {retention}")
     book = AggregateType(context, name, BookState)
+
+    def pruned(state: BookState, timers: Mapping[str, BookTimer], now: int) -> BookState:
+        return state.model_copy(update={"timers": live_timers(timers, now, retention)})
 
     @book.command(SET_TIMER)
     def _set(state: BookState, cmd: Command, d: Decision) -> None:
@@ -150,19 +240,19 @@ def timer_book(context: str, name: str) -> AggregateType[BookState]:
 
     @book.command(PAUSE_TIMER)
     def _pause(state: BookState, cmd: Command, d: Decision) -> None:
-        key, timer = _known(state, cmd, PAUSE_TIMER, d)
+        key, timer = _known(state, cmd, PAUSE_TIMER, d, retention)
         if not timer.paused:  # paused already: nothing to do, answered UNCHANGED
             d.pause_schedule(key)
 
     @book.command(RESUME_TIMER)
     def _resume(state: BookState, cmd: Command, d: Decision) -> None:
-        key, timer = _known(state, cmd, RESUME_TIMER, d)
+        key, timer = _known(state, cmd, RESUME_TIMER, d, retention)
         if timer.paused:  # running: nothing to do, answered UNCHANGED
             d.resume_schedule(key)
 
     @book.command(TRIGGER_TIMER)
     def _trigger(state: BookState, cmd: Command, d: Decision) -> None:
-        key, timer = _known(state, cmd, TRIGGER_TIMER, d)
+        key, timer = _known(state, cmd, TRIGGER_TIMER, d, retention)
         # Sent in this decision's transaction, its request id derived from the trigger's
         # (`Decision.send`): a trigger sent again is a DUPLICATE and sends nothing more.
         d.send(timer.target, timer.command.type, timer.command.body)
@@ -175,50 +265,59 @@ def timer_book(context: str, name: str) -> AggregateType[BookState]:
         if body.target is not None:
             # A set without one (another writer's: a book refuses it, `book_reason`) fires
             # into the book itself; the book does not pause or trigger it.
-            timers[body.key] = BookTimer(target=body.target, command=body.command)
-        return state.model_copy(update={"timers": timers})
+            end = timer_end(body.rule, event.created_at)
+            timers[body.key] = BookTimer(target=body.target, command=body.command, ends=end)
+        return pruned(state, timers, event.created_at)
 
+    # Every applier drops the ended timers at its event's own time, never the clock's, so
+    # the state folded by a replay of the log is the state folded live.
     @book.applies(SCHEDULE_CANCELLED)
     def _cancel_applied(state: BookState, event: Event) -> BookState:
         key = ScheduleCancelled.model_validate(event.body).key
-        return state.model_copy(
-            update={"timers": {k: t for k, t in state.timers.items() if k != key}}
-        )
+        timers = {k: t for k, t in state.timers.items() if k != key}
+        return pruned(state, timers, event.created_at)
 
     @book.applies(SCHEDULE_PAUSED)
     def _pause_applied(state: BookState, event: Event) -> BookState:
-        return _marked(state, event, paused=True)
+        return pruned(state, _marked(state, event, paused=True), event.created_at)
 
     @book.applies(SCHEDULE_RESUMED)
     def _resume_applied(state: BookState, event: Event) -> BookState:
-        return _marked(state, event, paused=False)
+        return pruned(state, _marked(state, event, paused=False), event.created_at)
 
     @book.applies(SCHEDULE_TRIGGERED)
     def _trigger_applied(state: BookState, event: Event) -> BookState:
-        return state  # a record of what was sent; known to the book's log by this applier
+        # a record of what was sent; known to the book's log by this applier
+        return pruned(state, state.timers, event.created_at)
 
     return book
 
 
-def _marked(state: BookState, event: Event, *, paused: bool) -> BookState:
+def _marked(state: BookState, event: Event, *, paused: bool) -> Mapping[str, BookTimer]:
     key = str(event.body.get("key", ""))
     timer = state.timers.get(key)
     if timer is None:
-        return state  # paused or resumed by another writer, never set here
-    marked = timer.model_copy(update={"paused": paused})
-    return state.model_copy(update={"timers": {**state.timers, key: marked}})
+        return state.timers  # paused or resumed by another writer, never set here
+    return {**state.timers, key: timer.model_copy(update={"paused": paused})}
 
 
-def _known(state: BookState, cmd: Command, name: str, d: Decision) -> tuple[str, BookTimer]:
+def _known(
+    state: BookState, cmd: Command, name: str, d: Decision, retention: int
+) -> tuple[str, BookTimer]:
     """The key a pause, resume or trigger names and the book's timer under it; refused
-    when its body is no `TimerKey` or the book has no timer under that key."""
+    when its body is no `TimerKey` or the book has no timer under that key (never set,
+    cancelled, or running past its end and retention at the command's time: no event
+    has dropped it yet, the next one would)."""
     try:
         key = TimerKey.model_validate(cmd.body).key
     except ValidationError as exc:
         d.reject(f"invalid {name}: {_first_error(exc)}")
     timer = state.timers.get(key)
-    if timer is None:
-        d.reject(f"{cmd.aggregate} has no timer {key!r} (never set, or cancelled)")
+    if timer is None or _gone(timer, d.now, retention):
+        d.reject(
+            f"{cmd.aggregate} has no timer {key!r} (never set, cancelled, or ended over its "
+            "retention ago)"
+        )
     return key, timer
 
 

@@ -157,7 +157,8 @@ def openapi_document(version: str) -> dict[str, Any]:
         "400": _error("a body given (other than {}), or a wrong path (field names it)"),
         "404": _error(
             "no timer book of this type here (field type), or the book has no "
-            "timer under the key: never set, or cancelled (field key)"
+            "timer under the key: never set, cancelled, or ended more than the book's "
+            "retention ago (field key)"
         ),
         "409": _error("this node's table holds the timer FIRED or CANCELLED (field key)"),
     }

@@ -9,8 +9,9 @@
   and fires nothing), `.../resume` runs it again (caught up by its rule's policy), and
   `.../trigger` sends its command once now (its rule and next slot as they were), each a
   `TimerAnswer` (200; UNCHANGED: a paused timer paused again, a running one resumed); a
-  key the book has no timer under (never set, cancelled) is a 404, and a timer this node's
-  table holds FIRED or CANCELLED a 409, both naming `key`;
+  key the book has no timer under (never set, cancelled, or ended more than the book's
+  retention ago) is a 404, and a timer this node's table holds FIRED or CANCELLED a 409,
+  both naming `key`;
 - `GET /timers/{type}/{owner}/{key}` shows the timer's row (a `Timer`) when this node
   keeps the owner's partition; 404 when it keeps no such timer, 409 naming the partition
   when another node of the group keeps it (`tickwheel timers show` reads any).

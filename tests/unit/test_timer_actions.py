@@ -36,6 +36,7 @@ from typer.testing import CliRunner
 from yarl import URL
 
 from app.cli import cli
+from app.clients.timer_book import BOOK_RETENTION
 from app.protocol.wire import CommandEnvelope, EventEnvelope, ResultCode
 from app.timers.subscription import apply_all, timer_op
 from tables import Timer, TimerStatus
@@ -160,7 +161,7 @@ async def test_actions_on_a_key_with_no_timer_or_a_finished_one_are_4xx(edge: Ed
     for action in ("pause", "resume", "trigger"):
         status, answer = await act(edge, "nothing", action, f"{action}-missing")
         assert (status, answer["field"]) == (404, "key"), answer
-        assert "has no timer 'nothing' (never set, or cancelled)" in answer["error"]
+        assert "has no timer 'nothing' (never set, cancelled, or ended" in answer["error"]
         assert answer["request_id"] == f"{action}-missing"
     # FIRED, and CANCELLED: this node keeps the row, and says what it is.
     assert (await edge.call("PUT", f"{PATH}/done", once(T0 + 1_000, "done")))[0] == 200
@@ -178,6 +179,26 @@ async def test_actions_on_a_key_with_no_timer_or_a_finished_one_are_4xx(edge: Ed
     assert (status, answer["field"]) == (409, "key") and "is CANCELLED" in answer["error"]
     assert pings(edge, "done") != [] and pings(edge, "gone") == []
     assert events(edge.log, BOOK, "wow.SchedulePaused") == []
+
+
+async def test_a_once_timer_past_its_end_and_the_books_retention_is_a_404(edge: Edge) -> None:
+    """The book forgets a timer whose rule ended more than `BOOK_RETENTION` ago (#20), as
+    the table deletes its finished row: an action on its key is then a never-set key's."""
+    assert (await edge.call("PUT", f"{PATH}/once", once(T0 + 1_000, "once")))[0] == 200
+    edge.clock.set(T0 + 1_000)
+    await until(lambda: row(edge, "once").status is TimerStatus.FIRED)
+    edge.clock.set(T0 + 1_000 + BOOK_RETENTION + 60_000)
+    await until(lambda: all(t.key != "once" for t in rows(edge.log)))  # the row deleted
+    for action in ("pause", "resume", "trigger"):
+        status, answer = await act(edge, "once", action, f"{action}-once")
+        assert (status, answer["field"]) == (404, "key"), answer
+        assert "has no timer 'once' (never set, cancelled, or ended" in answer["error"]
+    # the next event drops it from the book's state: still a 404
+    assert (await edge.call("PUT", f"{PATH}/next", once(T0 + 2 * BOOK_RETENTION, "n")))[0] == 200
+    assert (await act(edge, "once", "trigger", "t-once-2"))[0] == 404
+    assert (await act(edge, "next", "pause", "p-next"))[1]["code"] == "COMMITTED"
+    assert len(pings(edge, "once")) == 1
+    assert events(edge.log, BOOK, "wow.ScheduleTriggered") == []
 
 
 @pytest.mark.parametrize(
