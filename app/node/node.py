@@ -35,6 +35,7 @@ from app.kafka import (
     Record,
 )
 from app.kafka.broker_watch import BrokerWatch
+from app.kafka.catalog import TopicCatalog
 from app.kafka.clients import KafkaClients
 from app.kafka.ports import Clients, GroupMember
 from app.kafka.records import BROKER_MAX_MESSAGE_BYTES, refused
@@ -130,6 +131,12 @@ class Node:
         self._failed = asyncio.Event()
         self._suspension = SuspensionWatch(settings.session_timeout_ms)
         self.metrics = NodeMetrics()
+        # The cluster's topics: commands to a missing one are refused, not sent (NO_TARGET).
+        self.targets = TopicCatalog(
+            self._admin.topic_names,
+            self.clock.now,
+            on_missing=lambda _: self.metrics.no_target.inc(),
+        )
         self.commits = Commits(
             settings.commit_interval_ms, locks, self._owned.__contains__, self._partition_failed
         )
@@ -234,6 +241,7 @@ class Node:
         await self.broker.start()
         await self._admin.ensure_topics(node_topics(self.topics, s.partitions))
         await self._size_dead_letters()
+        await self.targets.refresh()
         # Before any local store is opened: a copy of another cluster's topics is dropped.
         keep_for_cluster(
             Path(s.data_dir),
@@ -304,7 +312,9 @@ class Node:
             partitions=s.partitions,
             changelog=changelog,
         )
-        sender = KafkaSender(self.producer, self._results[t.context], t.context, self.clock.now)
+        sender = KafkaSender(
+            self.producer, self._results[t.context], t.context, self.clock.now, self.targets
+        )
         ledger = self.ledger or self._ledgers[t.context]
         agg = self.aggregates.get(t.type_name)
 
@@ -349,6 +359,7 @@ class Node:
         await _stopping("the producer", self.producer.stop())
         await _stopping("the reader", self.reader.stop())
         await _stopping("the broker watch", self.broker.stop())
+        await _stopping("the topic catalog", self.targets.stop())
         for kept in self.types.values():
             await _stopping(f"{kept.name} store", kept.store.close())
             if kept.states is not None:
@@ -583,6 +594,7 @@ class Node:
                     busy_backlog=self.settings.busy_backlog,
                     limits=self.limits,
                     request_id_window=self.settings.request_id_window_ms,
+                    targets=self.targets,
                 )
                 kept.processors[p] = processor
                 progress = self.metrics.restore_progress(t.type_name, p, "states")
