@@ -530,7 +530,14 @@ class CommandProcessor:
         aid = state_key(cmd.aggregate)
         stored = batch.staged.get(aid) or self._stored(aid)
         d = self._targeted(
-            decide(self.agg, stored, cmd, now=batch.now, seen=self._seen(batch, cmd))
+            decide(
+                self.agg,
+                stored,
+                cmd,
+                now=batch.now,
+                seen=self._seen(batch, cmd),
+                unreachable=self._unreachable if self.targets is not None else None,
+            )
         )
         if d.stored is not None:
             # Everything encoded before the batch changes: a decision whose events, commands
@@ -554,9 +561,17 @@ class CommandProcessor:
         version = d.stored.version if d.stored else (stored.version if stored else None)
         return d, version
 
+    def _unreachable(self, target: AggregateRef) -> str | None:
+        """Why a command to `target` cannot be sent (`Decision.send` raises it), or None."""
+        topic = AggregateTopics(target.context, target.aggregate).commands
+        if self.targets is not None and self.targets.missing(topic):
+            return no_target_message(topic)
+        return None
+
     def _targeted(self, d: Decided) -> Decided:
         """`d`, or ERROR (dead-lettered, not applied: a retry decides it again) when a
-        command it sends goes to a topic the cluster does not have."""
+        command it sends goes to a topic the cluster does not have: the backstop of
+        `Decision.send`'s check, for commands a handler put in `Decision.commands` itself."""
         if self.targets is None or not d.commands:
             return d
         for topic in dict.fromkeys(_command_record(c)[0] for c in d.commands):

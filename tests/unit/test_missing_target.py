@@ -4,7 +4,9 @@ does not have, as a broker without `auto.create.topics.enable` does after the cl
 metadata wait). Whether sent by a decision in the partition's transaction (a timer book's
 trigger) or by the runner (a timer firing into another context), it is that one command's
 failure, NO_TARGET, said where it is looked for; the partition never fails over it and goes
-on; and once the topic exists, a retry sends it.
+on; and once the topic exists, a retry sends it. A job's run whose handler sends there is
+a failed run (`wow.schedule.RunFailed`): the schedule ticks on, and the slot's `run:` timer
+runs it again.
 
 The node, its web edge and the clock are `test_timer_api`'s fixtures, imported (hence F811:
 a test's argument named as the fixture it takes)."""
@@ -17,11 +19,19 @@ import asyncio
 import time
 from typing import Any
 
+import test_jobs_failures as jobs
 from fakes import T0
 from test_timer_api import Edge, P, edge, rows, until  # noqa: F401
 
-from app.protocol.wire import CommandEnvelope, decode
-from tables import TimerStatus
+from app.errors import KafkaUnavailable
+from app.jobs import RAN, RUN_FAILED, TICK, TICKED, enable_command, ref_of
+from app.kafka import TopicSpec
+from app.kafka.catalog import TopicCatalog, no_target_message
+from app.kafka.memory import MemoryLog
+from app.model.decide import decide
+from app.protocol.topics import AggregateTopics
+from app.protocol.wire import SCHEDULE_SET, CommandEnvelope, EventEnvelope, ResultCode, decode
+from tables import AggregateRef, TimerStatus
 
 NO_TARGET = "NO_TARGET"  # `app.kafka.catalog.NO_TARGET`
 
@@ -113,3 +123,108 @@ async def test_a_timer_fired_into_a_missing_topic_fails_as_no_target_and_retries
     assert [c.request_id for c in sent_to(edge, ELSEWHERE)] == [failed.request_id]
     (fired,) = rows(edge.log)
     assert (fired.error_code, fired.error_text) == (None, None)
+
+
+# --- a job run: its handler's send fails as the handler's own failure ----------------------
+
+
+class Unreachable:
+    """`Decision.unreachable` as the node's topic list answers it: `missing` topics."""
+
+    def __init__(self, *missing: str) -> None:
+        self.missing = set(missing)
+
+    def __call__(self, target: AggregateRef) -> str | None:
+        topic = AggregateTopics(target.context, target.aggregate).commands
+        return no_target_message(topic) if topic in self.missing else None
+
+
+def test_a_job_runs_send_to_a_missing_topic_is_a_failed_run_and_the_schedule_ticks_on() -> None:
+    s = jobs.Schedule(jobs.Handler())
+    unreachable = Unreachable("shop.report.commands")
+
+    def run(cmd: CommandEnvelope, now: int) -> tuple[ResultCode, list[EventEnvelope]]:
+        d = decide(s.agg, s.stored, cmd, now=now, seen=False, unreachable=unreachable)
+        if d.stored is not None:
+            s.stored = d.stored
+            s.log += d.events
+            s.sent += d.commands
+        return d.code, d.events
+
+    s.run(enable_command(jobs.CONTEXT, s.job, now=T0 - 1_000), T0 - 1_000)
+    timer_id = s.state.timer_id
+    assert timer_id is not None
+    tick = CommandEnvelope(
+        request_id=f"{timer_id}#2",
+        type=TICK,
+        aggregate=ref_of(jobs.CONTEXT, "report"),
+        not_before=T0 + 2 * jobs.MIN,
+        issued_at=T0 + 2 * jobs.MIN,
+    )
+    # The slot's run is recorded as failed, with the topic named; the schedule ticks on,
+    # and the slot's `run:` timer runs it again.
+    code, events = run(tick, T0 + 2 * jobs.MIN)
+    assert code is ResultCode.COMMITTED
+    assert [e.type for e in events] == [TICKED, RUN_FAILED, SCHEDULE_SET]
+    (failed,) = s.events(RUN_FAILED)
+    assert "NO_TARGET" in failed["error"] and "shop.report.commands" in failed["error"]
+    assert s.sent == []
+    again = jobs.run_command(events[2], T0 + 2 * jobs.MIN)
+    code, _ = run(again, T0 + 2 * jobs.MIN + 1_000)
+    assert code is ResultCode.ERROR, "still no topic: the run timer retries, then parks"
+    # Deployed: the run timer's retry sends the slot's command, once.
+    unreachable.missing.clear()
+    code, ran = run(again, T0 + 2 * jobs.MIN + 2_000)
+    assert code is ResultCode.COMMITTED and [e.type for e in ran] == [RAN]
+    assert [c.request_id for c in s.sent] == [f"{again.request_id}>0"]
+
+
+# --- the topic list ----------------------------------------------------------------------
+
+
+async def test_the_catalog_lists_on_a_miss_when_due_and_keeps_its_list_on_a_failure() -> None:
+    now = [T0]
+    names = {"a.b.commands"}
+    calls: list[int] = []
+    fail = [False]
+
+    async def list_topics() -> set[str]:
+        calls.append(now[0])
+        if fail[0]:
+            raise KafkaUnavailable("the broker is not reachable")
+        return set(names)
+
+    misses: list[str] = []
+    catalog = TopicCatalog(
+        list_topics,
+        lambda: now[0],
+        max_age_ms=30_000,
+        min_interval_ms=1_000,
+        on_missing=misses.append,
+    )
+    assert not catalog.missing("x.y.commands"), "never listed: not known missing"
+    await catalog.refresh()  # joins the listing that question started
+    assert len(calls) == 1
+    assert catalog.known("a.b.commands") and catalog.missing("x.y.commands")
+    assert misses == ["x.y.commands"]
+    names.add("x.y.commands")
+    # Listed just now: a miss does not list again (a flood of misses lists once a second).
+    assert not await catalog.exists("x.y.commands")
+    assert len(calls) == 1
+    now[0] += 1_000
+    assert await catalog.exists("x.y.commands"), "a miss a second on lists again"
+    assert len(calls) == 2
+    # A listing that fails keeps the list as it was.
+    fail[0] = True
+    now[0] += 30_000
+    assert not catalog.missing("a.b.commands")  # stale: a listing starts in the background
+    await catalog.refresh()
+    assert catalog.known("a.b.commands") and len(calls) == 3
+    await catalog.stop()
+
+
+async def test_a_memory_log_lists_its_topics() -> None:
+    log = MemoryLog([TopicSpec("a.b.commands", 2)])
+    assert await log.admin().topic_names() == {"a.b.commands"}
+    log.create_topic("c.d.commands")
+    assert await log.admin().topic_names() == {"a.b.commands", "c.d.commands"}
