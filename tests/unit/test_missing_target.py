@@ -21,7 +21,7 @@ from typing import Any
 
 import test_jobs_failures as jobs
 from fakes import T0
-from test_timer_api import Edge, P, edge, rows, until  # noqa: F401
+from test_timer_api import BOOK, Edge, P, edge, rows, until  # noqa: F401
 
 from app.errors import KafkaUnavailable
 from app.jobs import RAN, RUN_FAILED, TICK, TICKED, enable_command, ref_of
@@ -30,7 +30,15 @@ from app.kafka.catalog import TopicCatalog, no_target_message
 from app.kafka.memory import MemoryLog
 from app.model.decide import decide
 from app.protocol.topics import AggregateTopics
-from app.protocol.wire import SCHEDULE_SET, CommandEnvelope, EventEnvelope, ResultCode, decode
+from app.protocol.wire import (
+    SCHEDULE_SET,
+    CommandEnvelope,
+    EventEnvelope,
+    ResultCode,
+    TimerAction,
+    decode,
+)
+from app.timers.operator import new_op, op_records
 from tables import AggregateRef, TimerStatus
 
 NO_TARGET = "NO_TARGET"  # `app.kafka.catalog.NO_TARGET`
@@ -228,3 +236,37 @@ async def test_a_memory_log_lists_its_topics() -> None:
     assert await log.admin().topic_names() == {"a.b.commands"}
     log.create_topic("c.d.commands")
     assert await log.admin().topic_names() == {"a.b.commands", "c.d.commands"}
+
+
+async def test_a_timer_parked_on_no_target_fires_once_on_an_operators_retry_once_it_exists(
+    edge: Edge,
+) -> None:
+    assert (await edge.call("PUT", f"{PATH}/away", timer(T0 + 1_000, "billing.nosuch")))[0] == 200
+    await until(lambda: len(rows(edge.log)) == 1)
+    # Every attempt (5 by default) fails as NO_TARGET, and the timer parks.
+    for attempt in range(1, 6):
+        (row,) = rows(edge.log)
+        edge.clock.set(row.due_at)
+
+        def failed(n: int = attempt) -> bool:
+            (t,) = rows(edge.log)
+            return t.attempts == n and t.status in (TimerStatus.PENDING, TimerStatus.PARKED)
+
+        await until(failed)
+    (parked,) = rows(edge.log)
+    assert (parked.status, parked.outcome, parked.error_code) == (
+        TimerStatus.PARKED,
+        "FAILED",
+        NO_TARGET,
+    )
+    assert no_targets(edge) >= 5
+    assert "failing" not in edge.node.health()
+
+    edge.log.create_topic(ELSEWHERE, P)
+    # The operator's retry, as `tickwheel timers retry` writes it (to every partition), a
+    # while after the park (the node lists the topics again on a miss once a second).
+    edge.clock.set(edge.clock.now() + 2_000)
+    op = new_op(TimerAction.RETRY, parked.target, now=edge.clock.now())
+    await edge.log.publisher().send_many(op_records(BOOK.timer_ops, op, P))
+    await until(lambda: [t.status for t in rows(edge.log)] == [TimerStatus.FIRED])
+    assert [c.request_id for c in sent_to(edge, ELSEWHERE)] == [parked.request_id]
