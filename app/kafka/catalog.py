@@ -82,7 +82,7 @@ class TopicCatalog:
         caller refuses the send). Never listed yet: not known missing (the send is tried).
         A miss, or a list older than `max_age_ms`, starts a listing in the background."""
         if self._names is None:
-            self._maybe_refresh(0)
+            self._maybe_refresh(self.min_interval_ms)  # a failing listing: once a second
             return False
         absent = topic not in self._names
         self._maybe_refresh(self.min_interval_ms if absent else self.max_age_ms)
