@@ -57,6 +57,11 @@ class MissingTopic(TickwheelError):
     """A topic a read-only command (or a rebuild) needs is not there; nothing was created."""
 
 
+class NoTarget(TickwheelError):
+    """A command's target cannot be sent to: its command topic does not exist. Raised by
+    `Decision.send`, the command's failure (answered ERROR, dead-lettered), never the node's."""
+
+
 class GroupBusy(TickwheelError):
     """Workers of the group are running: a rebuild under them would race their writes."""
 

@@ -254,7 +254,9 @@ def timer_book(
     def _trigger(state: BookState, cmd: Command, d: Decision) -> None:
         key, timer = _known(state, cmd, TRIGGER_TIMER, d, retention)
         # Sent in this decision's transaction, its request id derived from the trigger's
-        # (`Decision.send`): a trigger sent again is a DUPLICATE and sends nothing more.
+        # (`Decision.send`): a trigger sent again is a DUPLICATE and sends nothing more. A
+        # target whose command topic does not exist fails it there (`NoTarget`): answered
+        # ERROR, not applied, so the same trigger goes through once the topic exists.
         d.send(timer.target, timer.command.type, timer.command.body)
         d.emit(SCHEDULE_TRIGGERED, ScheduleTriggered(key=key, request_id=d.commands[-1].request_id))
 

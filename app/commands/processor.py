@@ -18,8 +18,9 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from app.errors import BadRecord, node_fault
+from app.errors import BadRecord, MissingTopic, node_fault
 from app.kafka import LogReader, OutRecord, Record
+from app.kafka.catalog import TopicCatalog, no_target_message
 from app.kafka.records import RestoreProgress
 from app.model.aggregate import AggregateType
 from app.model.decide import Decided, StoredAggregate, decide, fold
@@ -179,8 +180,12 @@ class CommandProcessor:
         busy_backlog: int = 50_000,
         limits: InputLimits | None = None,
         request_id_window: int = 7 * 24 * 3_600_000,
+        targets: TopicCatalog | None = None,
     ) -> None:
         self.agg = agg
+        # The cluster's topics: a decision sending to a command topic not there is refused
+        # (its send would fail the partition's transaction, again at each retake).
+        self.targets = targets
         # How long an applied request id is kept to de-duplicate a command sent again.
         self.request_id_window = request_id_window
         self.partition = partition
@@ -524,7 +529,16 @@ class CommandProcessor:
         commands join the batch's records. The decision and the aggregate's version."""
         aid = state_key(cmd.aggregate)
         stored = batch.staged.get(aid) or self._stored(aid)
-        d = decide(self.agg, stored, cmd, now=batch.now, seen=self._seen(batch, cmd))
+        d = self._targeted(
+            decide(
+                self.agg,
+                stored,
+                cmd,
+                now=batch.now,
+                seen=self._seen(batch, cmd),
+                unreachable=self._unreachable if self.targets is not None else None,
+            )
+        )
         if d.stored is not None:
             # Everything encoded before the batch changes: a decision whose events, commands
             # or aggregate cannot be written raises here and leaves the batch as it was.
@@ -546,6 +560,26 @@ class CommandProcessor:
             batch.fired_due.append(cmd.not_before)
         version = d.stored.version if d.stored else (stored.version if stored else None)
         return d, version
+
+    def _unreachable(self, target: AggregateRef) -> str | None:
+        """Why a command to `target` cannot be sent (`Decision.send` raises it), or None."""
+        topic = AggregateTopics(target.context, target.aggregate).commands
+        if self.targets is not None and self.targets.missing(topic):
+            return no_target_message(topic)
+        return None
+
+    def _targeted(self, d: Decided) -> Decided:
+        """`d`, or ERROR (dead-lettered, not applied: a retry decides it again) when a
+        command it sends goes to a topic the cluster does not have: the backstop of
+        `Decision.send`'s check, for commands a handler put in `Decision.commands` itself."""
+        if self.targets is None or not d.commands:
+            return d
+        for topic in dict.fromkeys(_command_record(c)[0] for c in d.commands):
+            if self.targets.missing(topic):
+                message = no_target_message(topic)
+                logger.warning("%s[%d]: %s", self.topics.commands, self.partition, message)
+                return Decided(ResultCode.ERROR, message, [], None, error=MissingTopic(message))
+        return d
 
     def _result(
         self,

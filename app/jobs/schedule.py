@@ -159,7 +159,9 @@ class _ScheduleModel:
         due_at = cmd.not_before if cmd.not_before is not None else d.now
         d.emit(TICKED, {"slot": slot, "due_at": due_at, "timer_id": timer_id})
         # The handler decides into a scratch decision: a failure keeps none of its commands.
-        scratch = Decision(aggregate=d.aggregate, now=d.now, request_id=d.request_id)
+        scratch = Decision(
+            aggregate=d.aggregate, now=d.now, request_id=d.request_id, unreachable=d.unreachable
+        )
         error = _run_handler(job, self._run(job, cmd, slot, due_at, cmd.request_id, scratch))
         if error is None:
             d.commands.extend(scratch.commands)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from app.kafka.admin import cluster_id, ensure_topics, max_message_bytes
+from app.kafka.admin import cluster_id, ensure_topics, max_message_bytes, topic_names
 from app.kafka.connection import Connectable
 from app.kafka.consumers import GroupConsumer, PartitionReader, Reader
 from app.kafka.ports import Assigned
@@ -36,6 +36,9 @@ class KafkaAdmin:
 
     async def max_message_bytes(self, topic: str) -> int:
         return await max_message_bytes(self.bootstrap, topic)
+
+    async def topic_names(self) -> set[str]:
+        return await topic_names(self.bootstrap)
 
     async def probe(self) -> str | None:
         return await api_versions_probe(self.bootstrap, self._probe_timeout)

@@ -25,6 +25,11 @@
   aborted either (it stays open, holding the last stable offset back, until the next
   writer of its id fences it or `expire`).
 
+- A missing topic: a write to a topic the log does not have fails (`KafkaUnavailable`),
+  and breaks a transactional writer, as aiokafka's send does on a broker that does not
+  create topics (its metadata wait ends in `UnknownTopicOrPartitionError`, after
+  `request_timeout_ms`: here at once).
+
 Not modelled: consumer groups' membership and rebalances (no `GroupConsumer`), compaction,
 retention by time or size, record headers, batching and linger, producer idempotence's
 sequence numbers, and timeouts (nothing here ever waits but a follower's poll).
@@ -195,6 +200,9 @@ class MemoryLog:
     def create_topic(self, name: str, partitions: int = 1) -> str:
         self.ensure_topics([TopicSpec(name, partitions)])
         return name
+
+    def topic_names(self) -> set[str]:
+        return set(self._topics)
 
     def partitions(self, topic: str) -> int:
         return len(self._topic(topic))

@@ -32,6 +32,8 @@ class MemoryLog(Protocol):
 
     def max_message_bytes(self, topic: str) -> int: ...
 
+    def topic_names(self) -> set[str]: ...
+
     def partitions(self, topic: str) -> int: ...
 
     def offsets(self, topic: str, partition: int, *, committed: bool = True) -> tuple[int, int]: ...
@@ -250,6 +252,10 @@ class MemoryAdmin:
     async def max_message_bytes(self, topic: str) -> int:
         self._log.check_up()
         return self._log.max_message_bytes(topic)
+
+    async def topic_names(self) -> set[str]:
+        self._log.check_up()
+        return self._log.topic_names()
 
     async def probe(self) -> str | None:
         return "the broker is not reachable" if self._log.down else None

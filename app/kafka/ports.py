@@ -197,6 +197,10 @@ class Admin(Protocol):
 
     async def cluster_id(self) -> str: ...
 
+    async def topic_names(self) -> set[str]:
+        """The names of all the cluster's topics (a request naming none: creates none)."""
+        ...
+
     async def max_message_bytes(self, topic: str) -> int:
         """The largest record `topic` accepts (its `max.message.bytes`)."""
         ...

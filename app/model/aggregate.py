@@ -27,6 +27,7 @@ from typing import Any, Generic, NoReturn, TypeVar
 
 from pydantic import BaseModel
 
+from app.errors import NoTarget
 from app.protocol.wire import (
     AGGREGATE_DELETED,
     SCHEDULE_CANCELLED,
@@ -90,6 +91,9 @@ class Decision:
     request_id: str = ""
     events: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
     commands: list[CommandEnvelope] = field(default_factory=list)
+    unreachable: Callable[[AggregateRef], str | None] | None = None
+    """Why a command to a target cannot be sent (its topic missing), or None: given by the
+    runtime, so that `send` fails in the handler, where a job's run counts it as failed."""
 
     def emit(self, type_: str, body: Mapping[str, Any] | BaseModel | None = None) -> None:
         if isinstance(body, BaseModel):
@@ -125,8 +129,12 @@ class Decision:
         """Sends a command to `target`, in the same transaction as this decision's events.
 
         Its request id is derived from this command's, so a retried decision sends the
-        same command again and its target de-duplicates it.
+        same command again and its target de-duplicates it. `NoTarget` when the target's
+        command topic does not exist (a handler need not catch it: the command is answered
+        ERROR, and a retry once the topic exists goes through).
         """
+        if self.unreachable is not None and (why := self.unreachable(target)) is not None:
+            raise NoTarget(why)
         self.commands.append(
             CommandEnvelope(
                 request_id=f"{self.request_id}>{len(self.commands)}",

@@ -7,14 +7,16 @@ result, offsets) is the node's business, not this module's.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from app.errors import node_fault
+from app.errors import NoTarget, node_fault
 from app.model.aggregate import AggregateType, Decision, Event, Rejected
 from app.protocol.wire import AGGREGATE_DELETED, CommandEnvelope, EventEnvelope, ResultCode
+from tables import AggregateRef
 
 __all__ = ["Decided", "StoredAggregate", "decide", "fold"]
 
@@ -51,10 +53,12 @@ def decide(
     *,
     now: int,
     seen: bool,
+    unreachable: Callable[[AggregateRef], str | None] | None = None,
 ) -> Decided:
     """The outcome of `cmd` on the aggregate as `stored` (None: it has no events yet).
 
-    `seen`: the aggregate applied this request id already. Order of the checks: a
+    `seen`: the aggregate applied this request id already. `unreachable`: why a target
+    cannot be sent to, or None (`Decision.unreachable`). Order of the checks: a
     duplicate is answered as such even when it is early, so a retry never looks undecided.
     """
     current = stored or StoredAggregate()
@@ -74,10 +78,15 @@ def decide(
         return Decided(ResultCode.REJECTED, f"{cmd.aggregate} was deleted", [], None)
     try:
         state = agg.state_type.model_validate(current.state) if stored else agg.initial()
-        decision = Decision(aggregate=cmd.aggregate, now=now, request_id=cmd.request_id)
+        decision = Decision(
+            aggregate=cmd.aggregate, now=now, request_id=cmd.request_id, unreachable=unreachable
+        )
         handler(state, cmd, decision)
     except Rejected as exc:
         return Decided(exc.code, exc.reason, [], None)
+    except NoTarget as exc:
+        logger.warning("%s %s: %s", cmd.type, cmd.request_id, exc)
+        return Decided(ResultCode.ERROR, str(exc)[:1000], [], None, error=exc)
     except Exception as exc:
         if node_fault(exc):
             raise

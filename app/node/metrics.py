@@ -156,6 +156,12 @@ class NodeMetrics:
             ["type"],
             registry=r,
         )
+        self.no_target = Counter(
+            "tickwheel_no_target_sends",
+            "Commands not sent because their topic does not exist (NO_TARGET): a decision's "
+            "answered ERROR, a timer's attempt failed",
+            registry=r,
+        )
         self.owned = Gauge("tickwheel_owned_partitions", "Partitions this node owns", registry=r)
         self.operator_requests = Counter(
             "tickwheel_operator_requests",

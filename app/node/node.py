@@ -24,6 +24,7 @@ from typing import Any
 from app.commands.processor import CommandProcessor
 from app.errors import NodeFailed
 from app.kafka.broker_watch import BrokerWatch
+from app.kafka.catalog import TopicCatalog
 from app.kafka.clients import KafkaClients
 from app.kafka.ports import Clients, GroupMember
 from app.node.commits import Commits
@@ -104,6 +105,12 @@ class Node:
         self._failed = asyncio.Event()
         self._suspension = SuspensionWatch(settings.session_timeout_ms)
         self.metrics = NodeMetrics()
+        # The cluster's topics: commands to a missing one are refused, not sent (NO_TARGET).
+        self.targets = TopicCatalog(
+            self._admin.topic_names,
+            self.clock.now,
+            on_missing=lambda _: self.metrics.no_target.inc(),
+        )
         self.commits = Commits(
             settings.commit_interval_ms, locks, self._owned.__contains__, self._partition_failed
         )
@@ -177,6 +184,7 @@ class Node:
             self.limits, dead_letter_bytes=await dead_letter_limit(self._admin, self.topics)
         )
         self.cycles.limits = self.limits
+        await self.targets.refresh()
         # Before any local store is opened: a copy of another cluster's topics is dropped.
         keep_for_cluster(
             Path(s.data_dir),
@@ -223,6 +231,7 @@ class Node:
             commits=self.commits,
             metrics=self.metrics,
             now=self.clock.now,
+            targets=self.targets,
             running=self._owned,
         )
         await self._consumer.start()
@@ -245,6 +254,7 @@ class Node:
         await _stopping("the producer", self.producer.stop())
         await _stopping("the reader", self.reader.stop())
         await _stopping("the broker watch", self.broker.stop())
+        await _stopping("the topic catalog", self.targets.stop())
         for kept in self.types.values():
             await _stopping(f"{kept.name} store", kept.store.close())
             if kept.states is not None:

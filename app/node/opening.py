@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from app.errors import KafkaUnavailable
+from app.kafka.catalog import TopicCatalog
 from app.kafka.ports import Admin, Clients, PublisherClient
 from app.kafka.records import BROKER_MAX_MESSAGE_BYTES
 from app.model.aggregate import AggregateType
@@ -67,6 +68,7 @@ class Keeping(Protocol):
     commits: Commits
     cycles: PartitionCycles
     types: dict[str, KeptType]
+    targets: TopicCatalog
 
 
 def open_type(
@@ -93,7 +95,7 @@ def open_type(
         partitions=s.partitions,
         changelog=changelog,
     )
-    sender = KafkaSender(node.producer, results, t.context, clock.now)
+    sender = KafkaSender(node.producer, results, t.context, clock.now, node.targets)
 
     async def before_send(partitions: set[int]) -> None:
         await node.commits.commit_claims(types[t.type_name], partitions)

@@ -25,6 +25,7 @@ from typing import Protocol
 from app.commands.processor import CommandProcessor, Commit
 from app.errors import node_fault
 from app.kafka import LogReader, OutRecord, Record
+from app.kafka.catalog import TopicCatalog
 from app.kafka.ports import GroupMember
 from app.kafka.records import refused
 from app.node.commits import Commits
@@ -60,6 +61,8 @@ class TaskShared:
     commits: Commits
     metrics: NodeMetrics
     now: Callable[[], int]
+    # The cluster's topics: a command into a missing one is refused (NO_TARGET).
+    targets: TopicCatalog
     # The partitions whose task runs: the index every `owns` check reads (the commits,
     # the cycles, the poll loop), kept by the tasks as they start and stop running.
     running: set[int]
@@ -261,6 +264,7 @@ class PartitionTask:
                     busy_backlog=s.settings.busy_backlog,
                     limits=s.limits,
                     request_id_window=s.settings.request_id_window_ms,
+                    targets=s.targets,
                 )
                 self.processors[kept.name] = processor
                 progress = s.metrics.restore_progress(t.type_name, p, "states")

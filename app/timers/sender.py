@@ -3,7 +3,9 @@
 A command to an aggregate of the timer owner's own context goes to that type's command
 topic with `reply_partition` = the timer's partition, so its result comes back on the
 results partition this node owns and reads (`ResultsReader`). A command to another
-context is only handed to the broker: its outcome is SENT once acknowledged.
+context is only handed to the broker: its outcome is SENT once acknowledged. A command
+topic the cluster does not have (`app.kafka.catalog.TopicCatalog`) is `NO_TARGET` at once,
+a failed attempt (retried by the timer's policy, then parked), never a send that waits.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from collections.abc import Callable
 
 from app.errors import BadRecord, KafkaUnavailable
 from app.kafka import FollowerFactory, Publisher
+from app.kafka.catalog import NO_TARGET, TopicCatalog, no_target_message
 from app.protocol.topics import AggregateTopics, ContextTopics
 from app.protocol.wire import CommandEnvelope, CommandResult, decode, encode
 from app.timers.runner.decisions import SENT, SendResult
@@ -123,11 +126,15 @@ class KafkaSender:
         results: ResultsReader,
         context: str,
         now: Callable[[], int],
+        targets: TopicCatalog | None = None,
     ) -> None:
         self._producer = producer
         self._results = results
         self._context = context
         self._now = now
+        # The cluster's topics: a send to a missing one fails at once as NO_TARGET (a failed
+        # attempt, retried by the timer's policy and parked), not after a metadata wait.
+        self._targets = targets
 
     async def send(self, timer: Timer) -> SendResult:
         target = timer.target
@@ -139,6 +146,8 @@ class KafkaSender:
             reply_partition=timer.partition if own else None,
         )
         topic = AggregateTopics(target.context, target.aggregate).commands
+        if self._targets is not None and not await self._targets.exists(topic):
+            return SendResult(NO_TARGET, no_target_message(topic))
         if not own:
             # Another context's partition count is its own: the key picks the partition.
             await self._producer.send(topic, target.id.encode(), encode(command))

@@ -231,10 +231,12 @@ def docs_lines(command: str) -> list[str]:
 async def test_the_docs_set_and_cancel_lines_run_as_written(cluster: Cluster) -> None:
     """In this test's context for `shop`, and without the (PLAINTEXT) broker's setup."""
     ctx = cluster.context
+    # The trigger's command goes to the timer's target type, which no worker here runs:
+    # its topic is there before the worker starts (it lists the topics then, and refuses
+    # a command into one its list has not, NO_TARGET, until it lists them again).
+    await create_topics(cluster.bootstrap, [f"{ctx}.order.commands"], 2)
     w = cluster.start_worker()
     await cluster.wait_owned(w)
-    # The trigger's command goes to the timer's target type, which no worker here runs.
-    await create_topics(cluster.bootstrap, [f"{ctx}.order.commands"], 2)
     for command in ("set", "pause", "resume", "trigger", "cancel"):
         args = [a.replace("shop.", f"{ctx}.") for a in docs_lines(command)]
         code, out, err, _ = await cluster.run_cli(args)

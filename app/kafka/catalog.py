@@ -1,0 +1,113 @@
+"""Which topics the cluster has: a cached list, so that a command is never sent to a topic
+that does not exist.
+
+Brokers run with `auto.create.topics.enable=false`: a send to a missing topic waits for its
+metadata (aiokafka: `request_timeout_ms`, 40 s) and then fails. Inside a partition's
+transaction that failure aborts the transaction, the partition is taken again, reads the
+same input and fails again: one record (a trigger of a timer whose target type is a typo, a
+job run into a context not deployed yet) would stall its partition for good. So a decision
+or a timer that sends to a topic the catalog does not list is refused instead, as that one
+command's failure (`NO_TARGET`), and the partition goes on.
+
+The list is one metadata request naming no topic (`Admin.topic_names`: it never creates
+one). It is taken at start, again when it is older than `max_age_ms` (a deleted topic is
+noticed), and again on a miss once the last listing is `min_interval_ms` old (a topic
+created since is found: the command's retry goes through). At most one listing is in
+flight; one that fails is logged, and the list stays as it was until the next.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Final
+
+__all__ = ["NO_TARGET", "TopicCatalog", "no_target_message"]
+
+logger = logging.getLogger(__name__)
+
+NO_TARGET: Final = "NO_TARGET"
+"""The failure code of a send to a command topic the cluster does not have."""
+
+
+def no_target_message(topic: str) -> str:
+    """What a command refused for its missing topic is answered with (names the topic)."""
+    return (
+        f"{NO_TARGET}: topic {topic} does not exist (a typo'd target type, or a context not "
+        "deployed yet); nothing was sent, and a retry once it exists goes through"
+    )
+
+
+class TopicCatalog:
+    """The cluster's topic names as last listed; `missing` answers from the list at once."""
+
+    def __init__(
+        self,
+        list_topics: Callable[[], Awaitable[set[str]]],
+        now: Callable[[], int],
+        *,
+        max_age_ms: int = 30_000,
+        min_interval_ms: int = 1_000,
+        on_missing: Callable[[str], None] | None = None,
+    ) -> None:
+        self._list = list_topics
+        self._now = now
+        self.max_age_ms = max_age_ms
+        self.min_interval_ms = min_interval_ms
+        self._on_missing = on_missing
+        self._names: set[str] | None = None
+        self._listed_at: int | None = None  # when the last listing began (the node's clock)
+        self._task: asyncio.Task[None] | None = None
+
+    async def refresh(self) -> None:
+        """Lists the topics now (waits for a listing in flight instead of starting one)."""
+        if self._task is None or self._task.done():
+            self._task = asyncio.create_task(self._refresh(), name="topic catalog")
+        await asyncio.shield(self._task)
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    def known(self, topic: str) -> bool:
+        """Whether the last listing had `topic`."""
+        return self._names is not None and topic in self._names
+
+    def missing(self, topic: str) -> bool:
+        """Whether `topic` is known not to exist: listed, and not in the list. Counted (the
+        caller refuses the send). Never listed yet: not known missing (the send is tried).
+        A miss, or a list older than `max_age_ms`, starts a listing in the background."""
+        if self._names is None:
+            self._maybe_refresh(self.min_interval_ms)  # a failing listing: once a second
+            return False
+        absent = topic not in self._names
+        self._maybe_refresh(self.min_interval_ms if absent else self.max_age_ms)
+        if absent and self._on_missing is not None:
+            self._on_missing(topic)
+        return absent
+
+    async def exists(self, topic: str) -> bool:
+        """Whether `topic` exists, listing again first on a miss (if the last listing is
+        `min_interval_ms` old): for a caller that may wait (a timer's send)."""
+        if not self.known(topic) and self._stale(self.min_interval_ms):
+            await self.refresh()
+        return not self.missing(topic)
+
+    def _stale(self, age_ms: int) -> bool:
+        return self._listed_at is None or self._now() - self._listed_at >= age_ms
+
+    def _maybe_refresh(self, age_ms: int) -> None:
+        if self._stale(age_ms) and (self._task is None or self._task.done()):
+            self._task = asyncio.create_task(self._refresh(), name="topic catalog")
+
+    async def _refresh(self) -> None:
+        self._listed_at = self._now()
+        try:
+            self._names = set(await self._list())
+        except Exception as exc:
+            # The list stays as it was: the next miss or stale read tries again.
+            logger.warning("listing the topics failed: %r", exc)
