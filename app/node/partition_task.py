@@ -4,13 +4,13 @@ Co-partitioning puts everything of partition p on one node: the log's p, the agg
 decided from it, their timers and the command partition p of the same type. The task
 takes p (its transactional producers, one a type, fence the previous owner; the log is
 folded into the aggregate states; the timer table restored), runs it (its topics read,
-its timers fired) and lets it go: cleanly when the group revokes p (what its transactions
-hold commits), dirty on a fault of its own (thrown away, the local copy restored next
-time), and then revived: taken afresh once the group answers, if it still gives p here.
-A fault in one task never touches another. Tasks share the consumer, the clock and the
-clients; and, until each runs its own cycle (#19), the types' partitioned stores,
-runners, cycles and commits, of which a task touches only its partition's. No task holds
-a lock across a Kafka call.
+its timers fired) and lets it go: cleanly when the group revokes p while it runs (what
+its transactions hold commits), dirty on a fault of its own or when a take is cut short
+(thrown away, the local copy restored next time), and then revived: taken afresh once
+the group answers, if it still gives p here. A fault in one task never touches another.
+Tasks share the consumer, the clock and the clients; and, until each runs its own cycle
+(#19), the types' partitioned stores, runners, cycles and commits, of which a task
+touches only its partition's. No task holds a lock across a Kafka call.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from app.node.failing import FailingPartitions
 from app.node.kept import KeptType, is_fenced
 from app.node.metrics import NodeMetrics
 from app.node.settings import Settings
-from app.node.task_state import TaskState, transition
+from app.node.task_state import TaskState, closes_clean, transition
 from app.protocol.limits import InputLimits
 from app.timers.changelog import TransactionalChangelog, restore_partition, unreadable_letters
 from app.timers.sender import ResultsReader
@@ -296,21 +296,24 @@ class PartitionTask:
             await results.add_partition(p)
 
     async def revoke(self) -> None:
-        """The group took p away (`stop_taking` first): it is closed clean, what its
-        transactions hold committed (a hand-off); but dirty if its work failed and it was
-        not closed since (suspended): what it holds then may be half a cycle."""
+        """The group took p away (`stop_taking` first): a running task is closed clean,
+        what its transactions hold committed (a hand-off); any other closes dirty (see
+        `close`)."""
         if self.state is TaskState.RUNNING:
             self._shared.metrics.let_go.labels("revoked").inc()
-        await self.close(clean=self.state is not TaskState.SUSPENDED)
+        await self.close(clean=True)
 
     async def close(self, *, clean: bool) -> None:
         """Stops everything of p this node runs (whole or half taken); never raises.
-        `clean`: commit what p's transactions hold first; otherwise it is thrown away and
-        the local copy restored from the changelog next time. Closing a closed task does
-        nothing."""
+        `clean`: commit what p's transactions hold first and mark the local copy clean;
+        otherwise it is thrown away and the local copy restored from the changelog next
+        time. Only a running task closes clean (`closes_clean`): a take cut short may not
+        have restored a dirty copy yet, and a failed task's work may be half done. Closing
+        a closed task does nothing."""
         if self.state is TaskState.CLOSED:
             return
         was = self.state
+        clean = closes_clean(was, clean)
         if was is not TaskState.SUSPENDED:
             self._to(TaskState.SUSPENDED)
         self._shared.running.discard(self.p)

@@ -2,9 +2,10 @@
 
 Kafka Streams' task model: a task is created when the group gives its partition here,
 restores (fences the previous owner, folds the log, restores the timer table), runs,
-and is suspended and closed when the partition goes (revoked: closed clean) or when its
-own work fails (closed dirty, then revived: created again and taken afresh). Pure: no
-I/O; `transition` is the only way a task's state changes.
+and is suspended and closed when the partition goes (revoked: closed clean if it ran) or
+when its own work fails (closed dirty, then revived: created again and taken afresh).
+Pure: no I/O; `transition` is the only way a task's state changes, and `closes_clean`
+says whether a close may commit and mark the local copy clean.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping
 
-__all__ = ["ALLOWED", "IllegalTransition", "TaskState", "transition"]
+__all__ = ["ALLOWED", "IllegalTransition", "TaskState", "closes_clean", "transition"]
 
 
 class TaskState(enum.Enum):
@@ -46,3 +47,11 @@ def transition(current: TaskState, target: TaskState) -> TaskState:
     if target not in ALLOWED[current]:
         raise IllegalTransition(f"a task {current.value} cannot become {target.value}")
     return target
+
+
+def closes_clean(current: TaskState, asked: bool) -> bool:
+    """Whether a task in `current`, `asked` to close clean, commits what its transactions
+    hold and marks its local copy clean. Only a running task's copy is whole: a take cut
+    short (created, restoring) may not have restored it yet (the copy may be a dirty one,
+    to be dropped), and a suspended task's work failed; both close dirty."""
+    return asked and current is TaskState.RUNNING

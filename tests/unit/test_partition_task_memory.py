@@ -1,21 +1,26 @@
 """Partition tasks on the in-memory log: a fault in one partition's task closes it dirty
-and revives it, never touching another task, whose partition keeps firing meanwhile."""
+and revives it, never touching another task, whose partition keeps firing meanwhile; a
+take cut short (a revoke, a stop) closes dirty, never marking an unrestored copy clean."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from fakes import RunningNode, wait_until
+from fakes import T0, FakeClock, RunningNode, running, wait_until
 from test_node_memory import PARTITIONS, SERVICE, TOPICS, events, schedule, timer_rows
 
+from app.commands.processor import CommandProcessor
 from app.errors import KafkaUnavailable
+from app.kafka import LogReader
 from app.kafka.memory import MemoryLog
+from app.kafka.records import RestoreProgress
 from app.node.partition_task import PartitionTask
 from app.node.task_state import TaskState
-from tables import StoreError, Timer
+from tables import AggregateRef, StoreError, Timer, TimerStatus
 from tables.partitioner import partition_of
 
 
@@ -137,3 +142,89 @@ async def test_a_task_that_fails_while_it_is_revoked_is_closed_dirty_and_never_r
     assert state_of(task) is TaskState.CLOSED and not task.taking
     assert 1 not in node.node._tasks and node.node.owned == {0}
     assert [r for r in log.records(TOPICS.events, 1) if r.key == b"half"] == []
+
+
+async def test_a_take_revoked_while_restoring_leaves_no_clean_mark_on_a_dirty_copy(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A local copy left dirty (a cancel written locally whose transaction was thrown away)
+    is taken again; the group revokes p while the take folds its states, before the timer
+    table was restored. That close must not mark the dirty copy clean: the next take
+    restores p from the changelog, where the timer is still due, and it fires."""
+    log, clock = MemoryLog(), FakeClock(T0)
+    async with running(RunningNode(log, tmp_path, "a", SERVICE, PARTITIONS, clock=clock)) as n:
+        node, p = n.node, 1
+        owner = owner_in(p)
+        kept = node.types[TOPICS.type_name]
+        await schedule(log, owner, T0 + 60_000)
+        await wait_until(lambda: [t.owner.id for t in timer_rows(log)] == [owner])
+        # Taken afresh once, so that the local copy holds the changelog up to the timer's row
+        # (a copy that holds none of it is restored from the changelog whatever its mark).
+        node._partition_failed(p, "a cycle", StoreError("the disk is gone"))
+        await wait_until(lambda: node._tasks[p].state is TaskState.RUNNING)
+        assert node._tasks[p].takes == 2 and kept.store.changelog_offset(p) is not None
+        ref = AggregateRef(context="mem", aggregate="counter", id=owner)
+        timer = await kept.store.find(ref, "k")
+        assert timer is not None and timer.status is TimerStatus.PENDING
+        # Every take from here folds its states until `folded` is set.
+        folding, folded = asyncio.Event(), asyncio.Event()
+        restore = CommandProcessor.restore
+
+        async def held_restore(
+            processor: CommandProcessor, reader: LogReader, progress: RestoreProgress | None = None
+        ) -> int:
+            if processor.partition == p:
+                folding.set()
+                await folded.wait()
+            return await restore(processor, reader, progress)
+
+        monkeypatch.setattr(CommandProcessor, "restore", held_restore)
+        # Written locally, never committed: the task's failure throws the transaction away
+        # (closed dirty, no clean mark), and its retake is held folding the states.
+        assert await kept.store.cancel(ref, "k", timer.version)
+        node._partition_failed(p, "a cycle", StoreError("the disk is gone"))
+        await wait_until(folding.is_set)
+        task = node._tasks[p]
+        assert task.state is TaskState.RESTORING and not kept.marks._path(p).exists()
+        await node._revoked({(TOPICS.events, p)})
+        assert state_of(task) is TaskState.CLOSED
+        assert not kept.marks._path(p).exists()
+        # The group gives p back: taken afresh, from the changelog.
+        folded.set()
+        assert node._consumer is not None
+        await node._assigned(node._consumer.assignment())
+        await wait_until(lambda: p in node.owned and node._tasks[p].state is TaskState.RUNNING)
+        found = await kept.store.find(ref, "k")
+        assert found is not None and found.status is TimerStatus.PENDING
+        clock.set(T0 + 60_000)
+        await wait_until(lambda: [e.aggregate.id for e in events(log, "Fired")] == [owner])
+
+
+async def test_a_node_stopped_during_a_take_marks_only_what_ran_clean(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A node stopping lets its partitions go as a revoke does: the one that ran is marked
+    clean, the one whose take was still folding its states is not (its copy never was
+    restored)."""
+    held, folding = 1, asyncio.Event()
+    restore = CommandProcessor.restore
+
+    async def held_restore(
+        processor: CommandProcessor, reader: LogReader, progress: RestoreProgress | None = None
+    ) -> int:
+        if processor.partition == held:
+            folding.set()
+            await asyncio.Event().wait()  # till the stop cancels the take
+        return await restore(processor, reader, progress)
+
+    monkeypatch.setattr(CommandProcessor, "restore", held_restore)
+    n = await RunningNode(MemoryLog(), tmp_path, "a", SERVICE, PARTITIONS).start()
+    try:
+        await wait_until(lambda: folding.is_set() and n.node.owned == {0})
+        task = n.node._tasks[held]
+        assert task.state is TaskState.RESTORING
+    finally:
+        await n.stop()
+    marks = n.node.types[TOPICS.type_name].marks
+    assert state_of(task) is TaskState.CLOSED
+    assert marks._path(0).exists() and not marks._path(held).exists()

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.node.task_state import ALLOWED, IllegalTransition, TaskState, transition
+from app.node.task_state import ALLOWED, IllegalTransition, TaskState, closes_clean, transition
 
 C, R, RUN, S, X = (
     TaskState.CREATED,
@@ -80,3 +80,22 @@ def test_every_state_can_be_closed_and_a_closed_task_revived_to_run(start: TaskS
 
     assert X in reachable(start) or start is X
     assert RUN in reachable(X)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(states, max_size=40), st.booleans())
+def test_only_a_task_that_ran_closes_clean(requests: list[TaskState], asked: bool) -> None:
+    """Wherever a lifecycle stands when its task is closed, the close commits and marks the
+    local copy clean only if the task was running (a take that got there restored it) and
+    was asked to: a take cut short, or a task whose work failed, closes dirty."""
+    state = C
+    restored = False  # a running task passed through restoring to get there
+    for target in requests:
+        try:
+            before, state = state, transition(state, target)
+        except IllegalTransition:
+            continue
+        restored = (before, state) == (R, RUN) or (restored and state is RUN)
+    assert closes_clean(state, asked) == (asked and state is RUN)
+    if closes_clean(state, asked):
+        assert restored
