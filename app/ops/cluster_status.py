@@ -56,6 +56,7 @@ __all__ = [
     "StatusView",
     "bad_records_counter",
     "for_node",
+    "report_errors_counter",
     "web_address",
 ]
 
@@ -145,6 +146,7 @@ class ClusterStatus:
         interval_ms: int = 3000,
         lateness: Callable[[], float | None] | None = None,
         on_bad: Callable[[], None] | None = None,
+        on_report_error: Callable[[], None] | None = None,
     ) -> None:
         self._clients = clients
         self._producer = producer
@@ -164,6 +166,8 @@ class ClusterStatus:
         self._mine: frozenset[int] = frozenset()
         self.published = 0
         self._failing = False
+        self.report_errors = 0
+        self._on_report_error = on_report_error
 
     @property
     def topics(self) -> list[str]:
@@ -193,15 +197,27 @@ class ClusterStatus:
         self._mine = frozenset(health["owned"]) | frozenset(health["restoring"])
         took = True
         for ctx, c in self._contexts.items():
-            report = await collect_report(
-                self._node,
-                self.node_id,
-                scan_limit=PUBLISH_SCAN,
-                web=self._web,
-                interval_ms=self.interval_ms,
-                lateness_p99_ms=self._lateness(),
-                contexts={ctx},
-            )
+            try:
+                report = await collect_report(
+                    self._node,
+                    self.node_id,
+                    scan_limit=PUBLISH_SCAN,
+                    web=self._web,
+                    interval_ms=self.interval_ms,
+                    lateness_p99_ms=self._lateness(),
+                    contexts={ctx},
+                )
+            except Exception as exc:
+                # A report that cannot be made is a bug to see, never the node's end: the
+                # node goes stale on the pages until the next one is made.
+                self.report_errors += 1
+                if self._on_report_error is not None:
+                    self._on_report_error()
+                logger.error(
+                    "the node's status report for %s failed: %r", c.topic, exc, exc_info=exc
+                )
+                took = False
+                continue
             key = self.node_id.encode()
             try:
                 offset = await asyncio.wait_for(
@@ -333,10 +349,20 @@ def bad_records_counter(registry: CollectorRegistry) -> Counter:
     )
 
 
+def report_errors_counter(registry: CollectorRegistry) -> Counter:
+    """`tickwheel_cluster_status_report_errors_total`, on the node's registry."""
+    return Counter(
+        "tickwheel_cluster_status_report_errors",
+        "the node's status reports that could not be made (not published; logged)",
+        registry=registry,
+    )
+
+
 def for_node(node: Node, node_id: str, port: int) -> ClusterStatus:
     """The `ClusterStatus` of a running `Node` (its clients and producer, its settings'
     interval, its lateness window, a counter of bad records in its registry)."""
     bad = bad_records_counter(node.metrics.registry)
+    errors = report_errors_counter(node.metrics.registry)
 
     def lateness() -> float | None:
         return recent_p99(node.metrics.recent_lateness, node.clock.now())
@@ -350,4 +376,5 @@ def for_node(node: Node, node_id: str, port: int) -> ClusterStatus:
         interval_ms=node.settings.status_interval_ms,
         lateness=lateness,
         on_bad=bad.inc,
+        on_report_error=errors.inc,
     )

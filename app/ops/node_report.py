@@ -9,6 +9,7 @@ Written and read by `app.ops.cluster_status`, shown by `app.ops.cluster_page`.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from typing import Any, Final, Protocol
 
@@ -27,10 +28,12 @@ __all__ = [
     "JOBS_IN_REPORT",
     "PARKED_IN_REPORT",
     "STALE_INTERVALS",
+    "TEXT_IN_REPORT",
     "UPCOMING_IN_REPORT",
     "NodeReport",
     "PartitionReport",
     "StatusSource",
+    "clip",
     "collect_report",
     "decode_report",
     "encode_report",
@@ -38,6 +41,12 @@ __all__ = [
     "recent_p99",
     "stale",
 ]
+
+logger = logging.getLogger(__name__)
+
+TEXT_IN_REPORT: Final = 2000
+"""A partition's `why` holds at most this many characters: a failure's text (the raw
+exception and every topic@offset its cycle read) is cut to it, never refused."""
 
 STALE_INTERVALS: Final = 3
 """A report older than this many of its node's intervals is stale: the node is gone or
@@ -59,7 +68,7 @@ class PartitionReport(BaseModel):
     type: str = Field(min_length=3, max_length=300)
     partition: int = Field(ge=0, le=1023)
     state: str = Field(max_length=40)
-    why: str = Field(default="", max_length=2000)
+    why: str = Field(default="", max_length=TEXT_IN_REPORT)
     pending: int = Field(default=0, ge=0)
     firing: int = Field(default=0, ge=0)
     parked: int = Field(default=0, ge=0)
@@ -105,6 +114,14 @@ def decode_report(key: bytes | None, value: bytes | None) -> NodeReport | None:
     if report.node.encode() != key:
         raise ValueError(f"the report of {report.node!r} under the key {key[:100]!r}")
     return report
+
+
+def clip(text: str, limit: int = TEXT_IN_REPORT) -> str:
+    """`text` cut to `limit` characters, marked when cut."""
+    if len(text) <= limit:
+        return text
+    mark = f" … (cut, {len(text)} characters in all)"
+    return text[: limit - len(mark)] + mark
 
 
 def stale(report: NodeReport, now: int) -> bool:
@@ -179,7 +196,12 @@ async def collect_report(
         for p in mine:
             state = partition_state(p, health)
             assert state is not None
-            row: dict[str, Any] = {"type": name, "partition": p, "state": state[0], "why": state[1]}
+            row: dict[str, Any] = {
+                "type": name,
+                "partition": p,
+                "state": state[0],
+                "why": clip(state[1]),
+            }
             if state[0] in ("running", "stalled"):
                 # Only as many parked timers decoded as the report still has room for.
                 room = parked_limit if parked_total is None else parked_total - len(parked)
@@ -190,6 +212,12 @@ async def collect_report(
                     counts = kept.store.status_counts(p)
                 except StoreClosed:
                     continue  # let go while this was read: its next owner reports it
+                except Exception as exc:
+                    # The store's trouble is the partition's own: shown, never the report's end.
+                    logger.warning("census of %s[%d] failed: %r", name, p, exc, exc_info=exc)
+                    row |= {"state": "unknown", "why": clip(f"its census failed: {exc!r}")}
+                    parts.append(PartitionReport.model_validate(row))
+                    continue
                 row |= {
                     "pending": counts[TimerStatus.PENDING],
                     "firing": counts[TimerStatus.FIRING],
@@ -212,6 +240,8 @@ async def collect_report(
                 jobs += await kept.store.due(read, MAX_INT64, JOBS_IN_REPORT)
         except StoreClosed:
             pass  # a partition let go meanwhile: the next report lists them
+        except Exception as exc:
+            logger.warning("the next fires of %s were not read: %r", name, exc, exc_info=exc)
     upcoming.sort(key=lambda t: (t.due_at, t.id))
     return NodeReport(
         node=node_id,
