@@ -10,16 +10,18 @@ never counted twice.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 import orjson
 
+from app.node.settings import WEB_URL_PATTERN
 from app.ops.node_report import NodeReport, PartitionReport, stale
 from tables import Timer
 
-__all__ = ["ClusterView", "cluster_view", "span", "when"]
+__all__ = ["ClusterView", "cluster_view", "link", "span", "when"]
 
 UPCOMING_ROWS = 20
 """Upcoming fires listed, the earliest of the whole group."""
@@ -113,7 +115,7 @@ def cluster_view(
         first = next(x for x in holder.partitions if x.partition == p)
         view.partitions.append(
             PartitionRow(
-                p, first.state, first.why, holder.node, holder.web, _stale(holder, own, now)
+                p, first.state, first.why, holder.node, link(holder.web), _stale(holder, own, now)
             )
         )
     rows: list[tuple[NodeReport, PartitionReport]] = [
@@ -158,7 +160,7 @@ def cluster_view(
         view.nodes.append(
             NodeRow(
                 r.node,
-                r.web,
+                link(r.web),
                 when(r.at, now),
                 sorted({x.partition for x in r.partitions}),
                 late,
@@ -167,6 +169,12 @@ def cluster_view(
             )
         )
     return view
+
+
+def link(web: str | None) -> str | None:
+    """`web` when a page may link to it (http or https), else None: a report is checked
+    when read, and this holds however a report was made."""
+    return web if web is not None and re.fullmatch(WEB_URL_PATTERN, web) else None
 
 
 def _stale(r: NodeReport, own: NodeReport, now: int) -> str:

@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from app.jobs.declaration import SCHEDULE
 from app.node.lateness import LatenessWindow
-from app.node.settings import Settings
+from app.node.settings import WEB_URL_PATTERN, Settings
 from app.protocol.topics import parse_aggregate_type
 from app.timers.runner import Clock
 from tables import StoreClosed, Timer, TimerStatus, TimerStore
@@ -84,7 +84,8 @@ class NodeReport(BaseModel):
 
     node: str = Field(min_length=1, max_length=300)
     group: str = Field(min_length=1)
-    web: str | None = Field(default=None, max_length=500)
+    web: str | None = Field(default=None, max_length=500, pattern=WEB_URL_PATTERN)
+    """The node's page: http(s) only (another producer's `javascript:` is no report)."""
     at: int = Field(ge=0, description="epoch ms when it was written")
     interval_ms: int = Field(ge=1)
     lateness_p99_ms: float | None = Field(default=None, description="over the last minute")
