@@ -41,6 +41,7 @@ from app.ops.node_report import (
     collect_report,
     decode_report,
     encode_report,
+    from_the_future,
     recent_p99,
 )
 from app.protocol.topics import ContextTopics, parse_aggregate_type
@@ -77,9 +78,10 @@ write): a report every few seconds costs little however large the partition."""
 class StatusView:
     """The reports read so far, per node: the newest by offset. No I/O."""
 
-    def __init__(self, group: str, partitions: int) -> None:
+    def __init__(self, group: str, partitions: int, clock: Callable[[], int] | None = None) -> None:
         self._group = group
         self._partitions = partitions
+        self._clock = clock
         self._held: dict[tuple[str, bytes], tuple[int, NodeReport | None]] = {}
         self.bad = 0
         self.on_bad: Callable[[], None] | None = None
@@ -92,6 +94,12 @@ class StatusView:
                 r.partition >= self._partitions for r in report.partitions
             ):
                 raise ValueError(f"a partition past the group's {self._partitions}")
+            if (
+                report is not None
+                and self._clock is not None
+                and from_the_future(report, self._clock())
+            ):
+                raise ValueError(f"dated {report.at}, ahead of this node's clock")
         except ValueError as exc:
             self.bad += 1
             if self.on_bad is not None:
@@ -111,7 +119,10 @@ class StatusView:
         found = [
             r
             for _, r in self._held.values()
-            if r is not None and r.group == self._group and now - r.at <= FORGET_MS
+            if r is not None
+            and r.group == self._group
+            and now - r.at <= FORGET_MS
+            and not from_the_future(r, now)  # held before this node's clock went back
         ]
         return sorted(found, key=lambda r: (-r.at, r.node))
 
@@ -156,7 +167,7 @@ class ClusterStatus:
         self.interval_ms = interval_ms
         self._lateness = lateness or (lambda: None)
         settings = node.settings
-        self.view = StatusView(settings.group_id, settings.partitions)
+        self.view = StatusView(settings.group_id, settings.partitions, node.clock.now)
         self.view.on_bad = on_bad
         contexts = sorted({parse_aggregate_type(n).context for n in node.types})
         self._contexts = {

@@ -22,10 +22,12 @@ from app.node.settings import WEB_URL_PATTERN, Settings
 from app.protocol.topics import parse_aggregate_type
 from app.timers.runner import Clock
 from tables import StoreClosed, Timer, TimerStatus, TimerStore
-from tables.bounds import MAX_INT64
+from tables.bounds import MAX_INT64, Count, Deadline, Instant
 
 __all__ = [
+    "AHEAD_INTERVALS",
     "JOBS_IN_REPORT",
+    "MAX_INTERVAL_MS",
     "PARKED_IN_REPORT",
     "STALE_INTERVALS",
     "TEXT_IN_REPORT",
@@ -37,6 +39,7 @@ __all__ = [
     "collect_report",
     "decode_report",
     "encode_report",
+    "from_the_future",
     "partition_state",
     "recent_p99",
     "stale",
@@ -47,6 +50,15 @@ logger = logging.getLogger(__name__)
 TEXT_IN_REPORT: Final = 2000
 """A partition's `why` holds at most this many characters: a failure's text (the raw
 exception and every topic@offset its cycle read) is cut to it, never refused."""
+
+AHEAD_INTERVALS: Final = 3
+"""A report dated more than this many of its intervals past the reader's clock is no report
+(a forged one, or a node's clock far ahead): it would never go stale, owning its
+partitions on every page for as long as it claims."""
+
+MAX_INTERVAL_MS: Final = 60_000
+"""The longest interval a report may give (`TICKWHEEL_STATUS_INTERVAL_MS`'s bound): a longer
+one would keep a silent node's report fresh for that long."""
 
 STALE_INTERVALS: Final = 3
 """A report older than this many of its node's intervals is stale: the node is gone or
@@ -69,12 +81,12 @@ class PartitionReport(BaseModel):
     partition: int = Field(ge=0, le=1023)
     state: str = Field(max_length=40)
     why: str = Field(default="", max_length=TEXT_IN_REPORT)
-    pending: int = Field(default=0, ge=0)
-    firing: int = Field(default=0, ge=0)
-    parked: int = Field(default=0, ge=0)
-    paused: int = Field(default=0, ge=0)
-    oldest_overdue: int | None = None
-    next_due: int | None = None
+    pending: Count = 0
+    firing: Count = 0
+    parked: Count = 0
+    paused: Count = 0
+    oldest_overdue: Deadline | None = None
+    next_due: Deadline | None = None
 
 
 class NodeReport(BaseModel):
@@ -86,9 +98,11 @@ class NodeReport(BaseModel):
     group: str = Field(min_length=1)
     web: str | None = Field(default=None, max_length=500, pattern=WEB_URL_PATTERN)
     """The node's page: http(s) only (another producer's `javascript:` is no report)."""
-    at: int = Field(ge=0, description="epoch ms when it was written")
-    interval_ms: int = Field(ge=1)
-    lateness_p99_ms: float | None = Field(default=None, description="over the last minute")
+    at: Instant = Field(description="epoch ms when it was written")
+    interval_ms: int = Field(ge=1, le=MAX_INTERVAL_MS)
+    lateness_p99_ms: float | None = Field(
+        default=None, ge=0, allow_inf_nan=False, description="over the last minute"
+    )
     partitions: tuple[PartitionReport, ...] = ()
     # Unbounded here: the publisher bounds what it writes (`collect_report`'s limits), and
     # a page's own report (never written) lists more.
@@ -123,6 +137,10 @@ def clip(text: str, limit: int = TEXT_IN_REPORT) -> str:
         return text
     mark = f" … (cut, {len(text)} characters in all)"
     return text[: limit - len(mark)] + mark
+
+
+def from_the_future(report: NodeReport, now: int) -> bool:
+    return report.at - now > AHEAD_INTERVALS * report.interval_ms
 
 
 def stale(report: NodeReport, now: int) -> bool:

@@ -6,16 +6,28 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any
 
+import orjson
 import pytest
 from fakes import PAGE_PARTITIONS, T0, TYPE, FakeNode
+from hypothesis import given
+from hypothesis import strategies as st
 
 import app.ops.cluster_status as cluster_status
 from app.kafka.memory import MemoryLog
 from app.node.kept import node_topics
+from app.ops.cluster_page import cluster_view, when
 from app.ops.cluster_status import ClusterStatus
-from app.ops.node_report import TEXT_IN_REPORT, collect_report
+from app.ops.node_report import (
+    AHEAD_INTERVALS,
+    TEXT_IN_REPORT,
+    NodeReport,
+    PartitionReport,
+    collect_report,
+    encode_report,
+)
 from app.protocol.topics import ContextTopics, parse_aggregate_type
 from tables import StoreError
+from tables.bounds import MAX_INSTANT, MAX_INT64
 
 TOPIC = ContextTopics("shop").nodes
 INTERVAL = 1_000
@@ -88,3 +100,75 @@ async def test_a_report_that_cannot_be_made_never_ends_the_status_task(
     node.clock.t = T0 + 1
     assert await status.publish()
     await status.stop()
+
+
+# --- forged reports: dates and numbers past the bounds ------------------------------------
+
+
+def report(**update: Any) -> NodeReport:
+    base = NodeReport(
+        node="node-b",
+        group="g1",
+        at=T0,
+        interval_ms=INTERVAL,
+        partitions=(PartitionReport(type=TYPE, partition=2, state="running"),),
+    )
+    return base.model_copy(update=update)
+
+
+async def test_reports_past_the_bounds_or_dated_ahead_are_bad(log: MemoryLog) -> None:
+    node = FakeNode(owned=[0])
+    status = await started(log, node)
+    raw = orjson.loads(encode_report(report()))
+    part = raw["partitions"][0]
+    forged = [
+        raw | {"at": 10**15},  # past year 9999: no date, every page a 500
+        raw | {"at": T0 + (AHEAD_INTERVALS + 1) * INTERVAL},  # would never go stale
+        raw | {"interval_ms": 10**12},  # fresh for 30 years
+        raw | {"lateness_p99_ms": -1},
+        raw | {"partitions": [part | {"next_due": MAX_INT64 + 1}]},
+        raw | {"partitions": [part | {"pending": -1}]},
+    ]
+    publisher = log.publisher()
+    for value in forged:
+        await publisher.send(TOPIC, b"node-b", orjson.dumps(value), 0)
+    await follow(status)
+    assert status.bad_reports == len(forged)
+    assert [r.node for r in status.reports()] == ["node-a"]
+    # A clock a little ahead is no forgery.
+    ahead = report(at=T0 + AHEAD_INTERVALS * INTERVAL)
+    await publisher.send(TOPIC, b"node-b", encode_report(ahead), 0)
+    await follow(status)
+    assert status.bad_reports == len(forged)
+    assert [r.node for r in status.reports()] == ["node-b", "node-a"]
+    node.clock.t = T0 - INTERVAL // 2  # its clock went back: no report owns from ahead
+    assert [r.node for r in status.reports()] == ["node-a"]
+    await status.stop()
+
+
+async def follow(status: ClusterStatus) -> None:
+    for c in status._contexts.values():
+        for r in await c.follower.poll(timeout_ms=10):
+            status.view.apply(r.topic, r.key, r.offset, r.value)
+
+
+def test_the_view_of_the_farthest_values_a_report_holds_renders() -> None:
+    """A due time may be a deadline (an instant plus a delay) past year 9999."""
+    far = report(
+        partitions=(
+            PartitionReport(
+                type=TYPE, partition=2, state="running", oldest_overdue=MAX_INT64, next_due=0
+            ),
+        ),
+        lateness_p99_ms=1e308,
+    )
+    own = report(node="node-a", at=MAX_INSTANT, partitions=())
+    view = cluster_view(own, [far], PAGE_PARTITIONS, MAX_INSTANT)
+    [row] = view.census
+    assert row.overdue.startswith("after 9999-12-31 UTC") and row.next_due.startswith("1970")
+    assert when(MAX_INSTANT) == "9999-12-31 23:59:59.999 UTC"
+
+
+@given(st.integers(0, MAX_INT64), st.integers(0, MAX_INSTANT))
+def test_any_deadline_is_shown_at_any_time(ms: int, now: int) -> None:
+    assert when(ms, now)
