@@ -39,11 +39,11 @@ from app.ops.node_report import (
     NodeReport,
     StatusSource,
     collect_report,
-    decode_report,
     encode_report,
-    from_the_future,
+    fit_report,
     recent_p99,
 )
+from app.ops.status_view import FORGET_MS, MAX_HELD_KEYS, StatusView
 from app.protocol.topics import ContextTopics, parse_aggregate_type
 from tables import AggregateRef, Timer
 from tables.keys import owner_prefix
@@ -53,6 +53,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "FORGET_MS",
+    "MAX_HELD_KEYS",
     "ClusterStatus",
     "StatusView",
     "bad_records_counter",
@@ -63,68 +64,12 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-FORGET_MS: Final = 3_600_000
-"""A report older than an hour is left out altogether (a node that died without its
-tombstone; the compacted topic keeps its last record)."""
-
 _SEND_TIMEOUT_S: Final = 10.0
 
 PUBLISH_SCAN: Final = 1_000
 """Due-index entries a report reads per partition for its oldest overdue and next due
 times (they are at the index's start; the counts are the store's own, kept with each
 write): a report every few seconds costs little however large the partition."""
-
-
-class StatusView:
-    """The reports read so far, per node: the newest by offset. No I/O."""
-
-    def __init__(self, group: str, partitions: int, clock: Callable[[], int] | None = None) -> None:
-        self._group = group
-        self._partitions = partitions
-        self._clock = clock
-        self._held: dict[tuple[str, bytes], tuple[int, NodeReport | None]] = {}
-        self.bad = 0
-        self.on_bad: Callable[[], None] | None = None
-
-    def apply(self, topic: str, key: bytes | None, offset: int, value: bytes | None) -> bool:
-        """Takes a record of `topic`; a bad one is counted and skipped."""
-        try:
-            report = decode_report(key, value)
-            if report is not None and any(
-                r.partition >= self._partitions for r in report.partitions
-            ):
-                raise ValueError(f"a partition past the group's {self._partitions}")
-            if (
-                report is not None
-                and self._clock is not None
-                and from_the_future(report, self._clock())
-            ):
-                raise ValueError(f"dated {report.at}, ahead of this node's clock")
-        except ValueError as exc:
-            self.bad += 1
-            if self.on_bad is not None:
-                self.on_bad()
-            if self.bad == 1 or self.bad % 100 == 0:  # another team's producer: not a flood
-                logger.warning("skipping status record @%d of %s: %s", offset, topic, exc)
-            return False
-        assert key is not None
-        held = self._held.get((topic, key))
-        if held is not None and held[0] >= offset:
-            return False
-        self._held[(topic, key)] = (offset, report)
-        return True
-
-    def reports(self, now: int) -> list[NodeReport]:
-        """The group's reports not yet forgotten, newest first."""
-        found = [
-            r
-            for _, r in self._held.values()
-            if r is not None
-            and r.group == self._group
-            and now - r.at <= FORGET_MS
-            and not from_the_future(r, now)  # held before this node's clock went back
-        ]
-        return sorted(found, key=lambda r: (-r.at, r.node))
 
 
 # --- on Kafka ----------------------------------------------------------------------------
@@ -218,6 +163,7 @@ class ClusterStatus:
                     lateness_p99_ms=self._lateness(),
                     contexts={ctx},
                 )
+                report = fit_report(report)  # under what every reader reads
             except Exception as exc:
                 # A report that cannot be made is a bug to see, never the node's end: the
                 # node goes stale on the pages until the next one is made.

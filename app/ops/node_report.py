@@ -28,6 +28,7 @@ __all__ = [
     "AHEAD_INTERVALS",
     "JOBS_IN_REPORT",
     "MAX_INTERVAL_MS",
+    "MAX_REPORT_BYTES",
     "PARKED_IN_REPORT",
     "STALE_INTERVALS",
     "TEXT_IN_REPORT",
@@ -39,6 +40,7 @@ __all__ = [
     "collect_report",
     "decode_report",
     "encode_report",
+    "fit_report",
     "from_the_future",
     "partition_state",
     "recent_p99",
@@ -64,6 +66,10 @@ STALE_INTERVALS: Final = 3
 """A report older than this many of its node's intervals is stale: the node is gone or
 cannot write (its partitions are then shown as last heard of, marked stale)."""
 
+
+MAX_REPORT_BYTES: Final = 384 * 1024
+"""The largest status record a node reads (larger ones are skipped unread, as bad) and
+writes (`fit_report`): a reader holds at most this per node it knows of."""
 
 PARKED_IN_REPORT: Final = 100
 UPCOMING_IN_REPORT: Final = 50
@@ -104,8 +110,7 @@ class NodeReport(BaseModel):
         default=None, ge=0, allow_inf_nan=False, description="over the last minute"
     )
     partitions: tuple[PartitionReport, ...] = ()
-    # Unbounded here: the publisher bounds what it writes (`collect_report`'s limits), and
-    # a page's own report (never written) lists more.
+    # Bounded when read (`decode_report`), not here: a page's own report lists more.
     parked: tuple[Timer, ...] = ()
     upcoming: tuple[Timer, ...] = ()
     jobs: tuple[Timer, ...] = ()
@@ -116,25 +121,55 @@ def encode_report(report: NodeReport) -> bytes:
     return orjson.dumps(report.model_dump(mode="json"))
 
 
+def fit_report(report: NodeReport) -> NodeReport:
+    """`report` cut to fit `MAX_REPORT_BYTES` once encoded: fewer listed timers first, then
+    shorter failure texts; never a partition (its owner would vanish from the pages).
+    ValueError when even that is too large."""
+    for why in (TEXT_IN_REPORT, 200, 0):
+        parts = tuple(p.model_copy(update={"why": clip(p.why, why)}) for p in report.partitions)
+        report = report.model_copy(update={"partitions": parts})
+        while len(encode_report(report)) > MAX_REPORT_BYTES:
+            lists = {k: getattr(report, k) for k in ("parked", "upcoming", "jobs")}
+            if not any(lists.values()):
+                break
+            report = report.model_copy(update={k: v[: len(v) // 2] for k, v in lists.items()})
+        else:
+            return report
+    raise ValueError(f"{len(report.partitions)} partitions' report past {MAX_REPORT_BYTES} bytes")
+
+
 def decode_report(key: bytes | None, value: bytes | None) -> NodeReport | None:
-    """The report a record holds (None: a tombstone); ValueError when it is none."""
+    """The report a record holds (None: a tombstone); ValueError when it is none: larger
+    than `MAX_REPORT_BYTES` (unread), or listing more timers than a node writes."""
     if not key:
         raise ValueError("a status record without a key")
     if value is None:
         return None
+    if len(value) > MAX_REPORT_BYTES:
+        raise ValueError(f"{len(value)} bytes, past a report's {MAX_REPORT_BYTES}")
     try:
         report = NodeReport.model_validate_json(value)
     except ValidationError as exc:
         raise ValueError(f"not a node report: {exc.error_count()} problem(s)") from exc
+    # Checked here, not on the model: a page's own report (never written) lists more.
+    for name, most in (
+        ("parked", PARKED_IN_REPORT),
+        ("upcoming", UPCOMING_IN_REPORT),
+        ("jobs", JOBS_IN_REPORT),
+    ):
+        if len(getattr(report, name)) > most:
+            raise ValueError(f"more than {most} {name} timers")
     if report.node.encode() != key:
         raise ValueError(f"the report of {report.node!r} under the key {key[:100]!r}")
     return report
 
 
 def clip(text: str, limit: int = TEXT_IN_REPORT) -> str:
-    """`text` cut to `limit` characters, marked when cut."""
+    """`text` cut to `limit` characters, marked when cut (none left when `limit` is 0)."""
     if len(text) <= limit:
         return text
+    if limit < 60:
+        return text[:limit]
     mark = f" … (cut, {len(text)} characters in all)"
     return text[: limit - len(mark)] + mark
 

@@ -11,22 +11,28 @@ import pytest
 from fakes import PAGE_PARTITIONS, T0, TYPE, FakeNode
 from hypothesis import given
 from hypothesis import strategies as st
+from test_cluster_status import owner_in, timer
 
 import app.ops.cluster_status as cluster_status
 from app.kafka.memory import MemoryLog
 from app.node.kept import node_topics
 from app.ops.cluster_page import cluster_view, when
-from app.ops.cluster_status import ClusterStatus
+from app.ops.cluster_status import FORGET_MS, ClusterStatus, StatusView
 from app.ops.node_report import (
     AHEAD_INTERVALS,
+    MAX_REPORT_BYTES,
+    PARKED_IN_REPORT,
     TEXT_IN_REPORT,
+    UPCOMING_IN_REPORT,
     NodeReport,
     PartitionReport,
     collect_report,
+    decode_report,
     encode_report,
+    fit_report,
 )
 from app.protocol.topics import ContextTopics, parse_aggregate_type
-from tables import StoreError
+from tables import StoreError, TimerStatus
 from tables.bounds import MAX_INSTANT, MAX_INT64
 
 TOPIC = ContextTopics("shop").nodes
@@ -172,3 +178,63 @@ def test_the_view_of_the_farthest_values_a_report_holds_renders() -> None:
 @given(st.integers(0, MAX_INT64), st.integers(0, MAX_INSTANT))
 def test_any_deadline_is_shown_at_any_time(ms: int, now: int) -> None:
     assert when(ms, now)
+
+
+# --- memory: what a node holds of the topic -----------------------------------------------
+
+
+def test_a_record_past_the_size_or_the_lists_bounds_is_bad() -> None:
+    view = StatusView("g1", PAGE_PARTITIONS, lambda: T0)
+    big = orjson.dumps(orjson.loads(encode_report(report())) | {"group": "g" * MAX_REPORT_BYTES})
+    parked = timer(owner_in(2), "k", T0)
+    many = report().model_copy(update={"parked": (parked,) * (PARKED_IN_REPORT + 1)})
+    assert not view.apply(TOPIC, b"node-b", 0, big)
+    assert not view.apply(TOPIC, b"node-b", 1, encode_report(many))
+    assert view.bad == 2 and view.reports(T0) == []
+
+
+def test_a_node_keeps_its_reports_under_what_every_reader_reads() -> None:
+    parked = timer(owner_in(2), "k", T0).model_copy(update={"status": TimerStatus.PARKED})
+    why = "x" * TEXT_IN_REPORT
+    huge = report(
+        partitions=tuple(
+            PartitionReport(type=f"shop.t{n}", partition=p, state="stalled", why=why)
+            for n in range(3)
+            for p in range(100)
+        ),
+        parked=(parked,) * PARKED_IN_REPORT,
+        upcoming=(parked,) * UPCOMING_IN_REPORT,
+    )
+    assert len(encode_report(huge)) > MAX_REPORT_BYTES
+    fitted = fit_report(huge)
+    assert len(encode_report(fitted)) <= MAX_REPORT_BYTES
+    assert fitted.partitions == tuple(
+        p.model_copy(update={"why": fitted.partitions[0].why}) for p in huge.partitions
+    )
+    assert decode_report(b"node-b", encode_report(fitted)) == fitted
+    small = report(parked=(parked,))
+    assert fit_report(small) == small
+
+
+def test_the_view_lets_go_of_tombstones_other_groups_and_forgotten_reports() -> None:
+    now = [T0]
+    view = StatusView("g1", PAGE_PARTITIONS, lambda: now[0])
+    view.apply(TOPIC, b"node-b", 0, encode_report(report()))
+    view.apply(TOPIC, b"node-c", 1, encode_report(report(node="node-c", group="other")))
+    assert len(view._held) == 1
+    view.apply(TOPIC, b"node-b", 2, None)
+    assert view._held == {}
+    view.apply(TOPIC, b"node-d", 3, encode_report(report(node="node-d")))
+    now[0] = T0 + FORGET_MS + 1
+    view.sweep(now[0])
+    assert view._held == {}
+
+
+def test_the_view_holds_at_most_so_many_keys_dropping_the_oldest() -> None:
+    view = StatusView("g1", PAGE_PARTITIONS, lambda: T0)
+    view.max_keys = 10
+    for n in range(15):
+        node = f"node-{n:02}"
+        assert view.apply(TOPIC, node.encode(), n, encode_report(report(node=node)))
+    assert view.dropped == 5
+    assert sorted(r.node for r in view.reports(T0)) == [f"node-{n:02}" for n in range(5, 15)]
