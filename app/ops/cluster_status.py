@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Final
 from prometheus_client import CollectorRegistry, Counter
 from pydantic import ValidationError
 
-from app.errors import KafkaUnavailable
+from app.errors import KafkaUnavailable, TickwheelError
 from app.kafka.ports import Clients, Follower, Publisher
 from app.node.settings import Settings
 from app.ops.letters import Letter, recent_letters
@@ -54,6 +54,7 @@ if TYPE_CHECKING:
 __all__ = [
     "FORGET_MS",
     "MAX_HELD_KEYS",
+    "ChangelogBusy",
     "ClusterStatus",
     "StatusView",
     "bad_records_counter",
@@ -66,6 +67,11 @@ logger = logging.getLogger(__name__)
 
 _SEND_TIMEOUT_S: Final = 10.0
 
+CHANGELOG_READS: Final = 1
+CHANGELOG_WAIT_S: Final = 5.0
+"""A search of an owner elsewhere reads a whole changelog partition: one such read at a
+time per node, and a search that waits longer than this for it is answered busy (503)."""
+
 PUBLISH_SCAN: Final = 1_000
 """Due-index entries a report reads per partition for its oldest overdue and next due
 times (they are at the index's start; the counts are the store's own, kept with each
@@ -73,6 +79,10 @@ write): a report every few seconds costs little however large the partition."""
 
 
 # --- on Kafka ----------------------------------------------------------------------------
+
+
+class ChangelogBusy(TickwheelError):
+    """Another search is reading a changelog on this node: try again shortly."""
 
 
 @dataclass
@@ -121,6 +131,8 @@ class ClusterStatus:
         }
         self._mine: frozenset[int] = frozenset()
         self.published = 0
+        self._changelog_reads = asyncio.Semaphore(CHANGELOG_READS)
+        self.changelog_wait_s = CHANGELOG_WAIT_S
         self._failing = False
         self.report_errors = 0
         self._on_report_error = on_report_error
@@ -265,7 +277,24 @@ class ClusterStatus:
     ) -> list[Timer]:
         """`owner`'s timers as the changelog of its partition has them (for a search of an
         owner whose partition lives on another node): the last row per key, by key. The
-        whole partition is read, but only the owner's rows (by their key) are decoded."""
+        whole partition is read, but only the owner's rows (by their key) are decoded, and
+        one such read at a time (`ChangelogBusy` after `changelog_wait_s`)."""
+        try:
+            async with asyncio.timeout(self.changelog_wait_s):
+                await self._changelog_reads.acquire()
+        except TimeoutError:
+            raise ChangelogBusy(
+                f"another search is reading a changelog on this node (waited "
+                f"{self.changelog_wait_s:g} s): try again shortly"
+            ) from None
+        try:
+            return await self._read_changelog(type_name, partition, owner)
+        finally:
+            self._changelog_reads.release()
+
+    async def _read_changelog(
+        self, type_name: str, partition: int, owner: AggregateRef
+    ) -> list[Timer]:
         topic = parse_aggregate_type(type_name).timers_changelog
         prefix = owner_prefix(owner)
         rows: dict[bytes, Timer | None] = {}

@@ -303,3 +303,21 @@ def test_only_an_http_page_is_linked_however_a_report_was_made() -> None:
     assert [n.web for n in view.nodes] == ["http://10.0.0.2:8081", None]
     assert {r.web for r in view.partitions if r.node == OTHER} == {None}
     assert link("https://tw-1.example") == "https://tw-1.example"
+
+
+async def test_one_changelog_read_at_a_time_others_are_answered_busy(site: Site) -> None:
+    """A search of an owner elsewhere reads a whole changelog partition: no token limits
+    who asks, so a node reads one at a time and answers a search that waits too long 503."""
+    await site.other_reports(b_report())
+    reads = site.cluster._changelog_reads
+    await reads.acquire()  # a search reading now
+    site.cluster.changelog_wait_s = 0  # the fake search waits no time
+    async with site.http.get(site.url, params={"owner": owner_in(2)}) as r:
+        assert r.status == 503
+        assert "another search is reading a changelog on this node" in await r.text()
+    reads.release()
+    html = await site.get(owner=owner_in(2))
+    assert cells(html, "owner-timers") == [
+        [TYPE, "2", f"{OTHER} (read from its changelog)", f"no timers of {owner_in(2)}"]
+    ]
+    assert not reads.locked()  # released after the read
