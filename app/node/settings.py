@@ -51,10 +51,15 @@ __all__ = [
     "LOG_LEVELS",
     "TOOLING_VARIABLES",
     "VARIABLES",
+    "WEB_URL_PATTERN",
     "LogFormat",
     "LogLevel",
     "Settings",
 ]
+
+WEB_URL_PATTERN: Final = r"^https?://[^\s/?#\"'<>\\]+[^\s\"'<>\\]*$"
+"""A node page's address as pages link to it: http(s) with a host, nothing a link could
+turn into script (`javascript:`) or out of its attribute."""
 
 LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR"]
 LogFormat = Literal["text", "json"]
@@ -141,7 +146,7 @@ class Settings(BaseSettings):
     web_token: SecretStr | None = None
     """When set, every action (POST) of the HTTP edge needs it (`Authorization: Bearer
     <token>`, or the operator page's token field and cookie); reads stay open."""
-    web_url: str | None = Field(default=None, pattern=r"^https?://[^\s]+$", max_length=500)
+    web_url: str | None = Field(default=None, pattern=WEB_URL_PATTERN, max_length=500)
     """This node's operator page as the other nodes' pages link to it; unset: derived from
     `web_host` and `web_port` unless the host is a wildcard (0.0.0.0, ::)."""
     status_interval_ms: int = Field(default=3_000, ge=200, le=60_000)

@@ -10,16 +10,21 @@ never counted twice.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import orjson
 
+from app.node.settings import WEB_URL_PATTERN
 from app.ops.node_report import NodeReport, PartitionReport, stale
 from tables import Timer
+from tables.bounds import MAX_INSTANT
 
-__all__ = ["ClusterView", "cluster_view", "span", "when"]
+__all__ = ["ClusterView", "cluster_view", "link", "span", "when"]
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 UPCOMING_ROWS = 20
 """Upcoming fires listed, the earliest of the whole group."""
@@ -113,7 +118,7 @@ def cluster_view(
         first = next(x for x in holder.partitions if x.partition == p)
         view.partitions.append(
             PartitionRow(
-                p, first.state, first.why, holder.node, holder.web, _stale(holder, own, now)
+                p, first.state, first.why, holder.node, link(holder.web), _stale(holder, own, now)
             )
         )
     rows: list[tuple[NodeReport, PartitionReport]] = [
@@ -158,7 +163,7 @@ def cluster_view(
         view.nodes.append(
             NodeRow(
                 r.node,
-                r.web,
+                link(r.web),
                 when(r.at, now),
                 sorted({x.partition for x in r.partitions}),
                 late,
@@ -167,6 +172,12 @@ def cluster_view(
             )
         )
     return view
+
+
+def link(web: str | None) -> str | None:
+    """`web` when a page may link to it (http or https), else None: a report is checked
+    when read, and this holds however a report was made."""
+    return web if web is not None and re.fullmatch(WEB_URL_PATTERN, web) else None
 
 
 def _stale(r: NodeReport, own: NodeReport, now: int) -> str:
@@ -179,7 +190,11 @@ def when(ms: int | None, now: int | None = None) -> str:
     """`2026-12-01 02:30:01.123 UTC`, and how far from now when `now` is given."""
     if ms is None:
         return "—"
-    text = datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + " UTC"
+    if 0 <= ms <= MAX_INSTANT:
+        moment = _EPOCH + timedelta(milliseconds=ms)  # exact, where a float rounds up
+        text = moment.strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + " UTC"
+    else:  # a deadline past what a date holds (an instant plus a delay): never an error
+        text = "after 9999-12-31 UTC" if ms > 0 else f"{ms} ms before 1970"
     if now is None:
         return text
     delta = (ms - now) / 1000

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Final
 from prometheus_client import CollectorRegistry, Counter
 from pydantic import ValidationError
 
-from app.errors import KafkaUnavailable
+from app.errors import KafkaUnavailable, TickwheelError
 from app.kafka.ports import Clients, Follower, Publisher
 from app.node.settings import Settings
 from app.ops.letters import Letter, recent_letters
@@ -39,10 +39,11 @@ from app.ops.node_report import (
     NodeReport,
     StatusSource,
     collect_report,
-    decode_report,
     encode_report,
+    fit_report,
     recent_p99,
 )
+from app.ops.status_view import FORGET_MS, MAX_HELD_KEYS, StatusView
 from app.protocol.topics import ContextTopics, parse_aggregate_type
 from tables import AggregateRef, Timer
 from tables.keys import owner_prefix
@@ -52,20 +53,24 @@ if TYPE_CHECKING:
 
 __all__ = [
     "FORGET_MS",
+    "MAX_HELD_KEYS",
+    "ChangelogBusy",
     "ClusterStatus",
     "StatusView",
     "bad_records_counter",
     "for_node",
+    "report_errors_counter",
     "web_address",
 ]
 
 logger = logging.getLogger(__name__)
 
-FORGET_MS: Final = 3_600_000
-"""A report older than an hour is left out altogether (a node that died without its
-tombstone; the compacted topic keeps its last record)."""
-
 _SEND_TIMEOUT_S: Final = 10.0
+
+CHANGELOG_READS: Final = 1
+CHANGELOG_WAIT_S: Final = 5.0
+"""A search of an owner elsewhere reads a whole changelog partition: one such read at a
+time per node, and a search that waits longer than this for it is answered busy (503)."""
 
 PUBLISH_SCAN: Final = 1_000
 """Due-index entries a report reads per partition for its oldest overdue and next due
@@ -73,49 +78,11 @@ times (they are at the index's start; the counts are the store's own, kept with 
 write): a report every few seconds costs little however large the partition."""
 
 
-class StatusView:
-    """The reports read so far, per node: the newest by offset. No I/O."""
-
-    def __init__(self, group: str, partitions: int) -> None:
-        self._group = group
-        self._partitions = partitions
-        self._held: dict[tuple[str, bytes], tuple[int, NodeReport | None]] = {}
-        self.bad = 0
-        self.on_bad: Callable[[], None] | None = None
-
-    def apply(self, topic: str, key: bytes | None, offset: int, value: bytes | None) -> bool:
-        """Takes a record of `topic`; a bad one is counted and skipped."""
-        try:
-            report = decode_report(key, value)
-            if report is not None and any(
-                r.partition >= self._partitions for r in report.partitions
-            ):
-                raise ValueError(f"a partition past the group's {self._partitions}")
-        except ValueError as exc:
-            self.bad += 1
-            if self.on_bad is not None:
-                self.on_bad()
-            if self.bad == 1 or self.bad % 100 == 0:  # another team's producer: not a flood
-                logger.warning("skipping status record @%d of %s: %s", offset, topic, exc)
-            return False
-        assert key is not None
-        held = self._held.get((topic, key))
-        if held is not None and held[0] >= offset:
-            return False
-        self._held[(topic, key)] = (offset, report)
-        return True
-
-    def reports(self, now: int) -> list[NodeReport]:
-        """The group's reports not yet forgotten, newest first."""
-        found = [
-            r
-            for _, r in self._held.values()
-            if r is not None and r.group == self._group and now - r.at <= FORGET_MS
-        ]
-        return sorted(found, key=lambda r: (-r.at, r.node))
-
-
 # --- on Kafka ----------------------------------------------------------------------------
+
+
+class ChangelogBusy(TickwheelError):
+    """Another search is reading a changelog on this node: try again shortly."""
 
 
 @dataclass
@@ -145,6 +112,7 @@ class ClusterStatus:
         interval_ms: int = 3000,
         lateness: Callable[[], float | None] | None = None,
         on_bad: Callable[[], None] | None = None,
+        on_report_error: Callable[[], None] | None = None,
     ) -> None:
         self._clients = clients
         self._producer = producer
@@ -154,7 +122,7 @@ class ClusterStatus:
         self.interval_ms = interval_ms
         self._lateness = lateness or (lambda: None)
         settings = node.settings
-        self.view = StatusView(settings.group_id, settings.partitions)
+        self.view = StatusView(settings.group_id, settings.partitions, node.clock.now)
         self.view.on_bad = on_bad
         contexts = sorted({parse_aggregate_type(n).context for n in node.types})
         self._contexts = {
@@ -163,7 +131,11 @@ class ClusterStatus:
         }
         self._mine: frozenset[int] = frozenset()
         self.published = 0
+        self._changelog_reads = asyncio.Semaphore(CHANGELOG_READS)
+        self.changelog_wait_s = CHANGELOG_WAIT_S
         self._failing = False
+        self.report_errors = 0
+        self._on_report_error = on_report_error
 
     @property
     def topics(self) -> list[str]:
@@ -193,15 +165,28 @@ class ClusterStatus:
         self._mine = frozenset(health["owned"]) | frozenset(health["restoring"])
         took = True
         for ctx, c in self._contexts.items():
-            report = await collect_report(
-                self._node,
-                self.node_id,
-                scan_limit=PUBLISH_SCAN,
-                web=self._web,
-                interval_ms=self.interval_ms,
-                lateness_p99_ms=self._lateness(),
-                contexts={ctx},
-            )
+            try:
+                report = await collect_report(
+                    self._node,
+                    self.node_id,
+                    scan_limit=PUBLISH_SCAN,
+                    web=self._web,
+                    interval_ms=self.interval_ms,
+                    lateness_p99_ms=self._lateness(),
+                    contexts={ctx},
+                )
+                report = fit_report(report)  # under what every reader reads
+            except Exception as exc:
+                # A report that cannot be made is a bug to see, never the node's end: the
+                # node goes stale on the pages until the next one is made.
+                self.report_errors += 1
+                if self._on_report_error is not None:
+                    self._on_report_error()
+                logger.error(
+                    "the node's status report for %s failed: %r", c.topic, exc, exc_info=exc
+                )
+                took = False
+                continue
             key = self.node_id.encode()
             try:
                 offset = await asyncio.wait_for(
@@ -292,7 +277,24 @@ class ClusterStatus:
     ) -> list[Timer]:
         """`owner`'s timers as the changelog of its partition has them (for a search of an
         owner whose partition lives on another node): the last row per key, by key. The
-        whole partition is read, but only the owner's rows (by their key) are decoded."""
+        whole partition is read, but only the owner's rows (by their key) are decoded, and
+        one such read at a time (`ChangelogBusy` after `changelog_wait_s`)."""
+        try:
+            async with asyncio.timeout(self.changelog_wait_s):
+                await self._changelog_reads.acquire()
+        except TimeoutError:
+            raise ChangelogBusy(
+                f"another search is reading a changelog on this node (waited "
+                f"{self.changelog_wait_s:g} s): try again shortly"
+            ) from None
+        try:
+            return await self._read_changelog(type_name, partition, owner)
+        finally:
+            self._changelog_reads.release()
+
+    async def _read_changelog(
+        self, type_name: str, partition: int, owner: AggregateRef
+    ) -> list[Timer]:
         topic = parse_aggregate_type(type_name).timers_changelog
         prefix = owner_prefix(owner)
         rows: dict[bytes, Timer | None] = {}
@@ -333,10 +335,20 @@ def bad_records_counter(registry: CollectorRegistry) -> Counter:
     )
 
 
+def report_errors_counter(registry: CollectorRegistry) -> Counter:
+    """`tickwheel_cluster_status_report_errors_total`, on the node's registry."""
+    return Counter(
+        "tickwheel_cluster_status_report_errors",
+        "the node's status reports that could not be made (not published; logged)",
+        registry=registry,
+    )
+
+
 def for_node(node: Node, node_id: str, port: int) -> ClusterStatus:
     """The `ClusterStatus` of a running `Node` (its clients and producer, its settings'
     interval, its lateness window, a counter of bad records in its registry)."""
     bad = bad_records_counter(node.metrics.registry)
+    errors = report_errors_counter(node.metrics.registry)
 
     def lateness() -> float | None:
         return recent_p99(node.metrics.recent_lateness, node.clock.now())
@@ -350,4 +362,5 @@ def for_node(node: Node, node_id: str, port: int) -> ClusterStatus:
         interval_ms=node.settings.status_interval_ms,
         lateness=lateness,
         on_bad=bad.inc,
+        on_report_error=errors.inc,
     )

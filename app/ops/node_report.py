@@ -9,6 +9,7 @@ Written and read by `app.ops.cluster_status`, shown by `app.ops.cluster_page`.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from typing import Any, Final, Protocol
 
@@ -17,32 +18,58 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from app.jobs.declaration import SCHEDULE
 from app.node.lateness import LatenessWindow
-from app.node.settings import Settings
+from app.node.settings import WEB_URL_PATTERN, Settings
 from app.protocol.topics import parse_aggregate_type
 from app.timers.runner import Clock
 from tables import StoreClosed, Timer, TimerStatus, TimerStore
-from tables.bounds import MAX_INT64
+from tables.bounds import MAX_INT64, Count, Deadline, Instant
 
 __all__ = [
+    "AHEAD_INTERVALS",
     "JOBS_IN_REPORT",
+    "MAX_INTERVAL_MS",
+    "MAX_REPORT_BYTES",
     "PARKED_IN_REPORT",
     "STALE_INTERVALS",
+    "TEXT_IN_REPORT",
     "UPCOMING_IN_REPORT",
     "NodeReport",
     "PartitionReport",
     "StatusSource",
+    "clip",
     "collect_report",
     "decode_report",
     "encode_report",
+    "fit_report",
+    "from_the_future",
     "partition_state",
     "recent_p99",
     "stale",
 ]
 
+logger = logging.getLogger(__name__)
+
+TEXT_IN_REPORT: Final = 2000
+"""A partition's `why` holds at most this many characters: a failure's text (the raw
+exception and every topic@offset its cycle read) is cut to it, never refused."""
+
+AHEAD_INTERVALS: Final = 3
+"""A report dated more than this many of its intervals past the reader's clock is no report
+(a forged one, or a node's clock far ahead): it would never go stale, owning its
+partitions on every page for as long as it claims."""
+
+MAX_INTERVAL_MS: Final = 60_000
+"""The longest interval a report may give (`TICKWHEEL_STATUS_INTERVAL_MS`'s bound): a longer
+one would keep a silent node's report fresh for that long."""
+
 STALE_INTERVALS: Final = 3
 """A report older than this many of its node's intervals is stale: the node is gone or
 cannot write (its partitions are then shown as last heard of, marked stale)."""
 
+
+MAX_REPORT_BYTES: Final = 384 * 1024
+"""The largest status record a node reads (larger ones are skipped unread, as bad) and
+writes (`fit_report`): a reader holds at most this per node it knows of."""
 
 PARKED_IN_REPORT: Final = 100
 UPCOMING_IN_REPORT: Final = 50
@@ -59,13 +86,13 @@ class PartitionReport(BaseModel):
     type: str = Field(min_length=3, max_length=300)
     partition: int = Field(ge=0, le=1023)
     state: str = Field(max_length=40)
-    why: str = Field(default="", max_length=2000)
-    pending: int = Field(default=0, ge=0)
-    firing: int = Field(default=0, ge=0)
-    parked: int = Field(default=0, ge=0)
-    paused: int = Field(default=0, ge=0)
-    oldest_overdue: int | None = None
-    next_due: int | None = None
+    why: str = Field(default="", max_length=TEXT_IN_REPORT)
+    pending: Count = 0
+    firing: Count = 0
+    parked: Count = 0
+    paused: Count = 0
+    oldest_overdue: Deadline | None = None
+    next_due: Deadline | None = None
 
 
 class NodeReport(BaseModel):
@@ -75,13 +102,15 @@ class NodeReport(BaseModel):
 
     node: str = Field(min_length=1, max_length=300)
     group: str = Field(min_length=1)
-    web: str | None = Field(default=None, max_length=500)
-    at: int = Field(ge=0, description="epoch ms when it was written")
-    interval_ms: int = Field(ge=1)
-    lateness_p99_ms: float | None = Field(default=None, description="over the last minute")
+    web: str | None = Field(default=None, max_length=500, pattern=WEB_URL_PATTERN)
+    """The node's page: http(s) only (another producer's `javascript:` is no report)."""
+    at: Instant = Field(description="epoch ms when it was written")
+    interval_ms: int = Field(ge=1, le=MAX_INTERVAL_MS)
+    lateness_p99_ms: float | None = Field(
+        default=None, ge=0, allow_inf_nan=False, description="over the last minute"
+    )
     partitions: tuple[PartitionReport, ...] = ()
-    # Unbounded here: the publisher bounds what it writes (`collect_report`'s limits), and
-    # a page's own report (never written) lists more.
+    # Bounded when read (`decode_report`), not here: a page's own report lists more.
     parked: tuple[Timer, ...] = ()
     upcoming: tuple[Timer, ...] = ()
     jobs: tuple[Timer, ...] = ()
@@ -92,19 +121,61 @@ def encode_report(report: NodeReport) -> bytes:
     return orjson.dumps(report.model_dump(mode="json"))
 
 
+def fit_report(report: NodeReport) -> NodeReport:
+    """`report` cut to fit `MAX_REPORT_BYTES` once encoded: fewer listed timers first, then
+    shorter failure texts; never a partition (its owner would vanish from the pages).
+    ValueError when even that is too large."""
+    for why in (TEXT_IN_REPORT, 200, 0):
+        parts = tuple(p.model_copy(update={"why": clip(p.why, why)}) for p in report.partitions)
+        report = report.model_copy(update={"partitions": parts})
+        while len(encode_report(report)) > MAX_REPORT_BYTES:
+            lists = {k: getattr(report, k) for k in ("parked", "upcoming", "jobs")}
+            if not any(lists.values()):
+                break
+            report = report.model_copy(update={k: v[: len(v) // 2] for k, v in lists.items()})
+        else:
+            return report
+    raise ValueError(f"{len(report.partitions)} partitions' report past {MAX_REPORT_BYTES} bytes")
+
+
 def decode_report(key: bytes | None, value: bytes | None) -> NodeReport | None:
-    """The report a record holds (None: a tombstone); ValueError when it is none."""
+    """The report a record holds (None: a tombstone); ValueError when it is none: larger
+    than `MAX_REPORT_BYTES` (unread), or listing more timers than a node writes."""
     if not key:
         raise ValueError("a status record without a key")
     if value is None:
         return None
+    if len(value) > MAX_REPORT_BYTES:
+        raise ValueError(f"{len(value)} bytes, past a report's {MAX_REPORT_BYTES}")
     try:
         report = NodeReport.model_validate_json(value)
     except ValidationError as exc:
         raise ValueError(f"not a node report: {exc.error_count()} problem(s)") from exc
+    # Checked here, not on the model: a page's own report (never written) lists more.
+    for name, most in (
+        ("parked", PARKED_IN_REPORT),
+        ("upcoming", UPCOMING_IN_REPORT),
+        ("jobs", JOBS_IN_REPORT),
+    ):
+        if len(getattr(report, name)) > most:
+            raise ValueError(f"more than {most} {name} timers")
     if report.node.encode() != key:
         raise ValueError(f"the report of {report.node!r} under the key {key[:100]!r}")
     return report
+
+
+def clip(text: str, limit: int = TEXT_IN_REPORT) -> str:
+    """`text` cut to `limit` characters, marked when cut (none left when `limit` is 0)."""
+    if len(text) <= limit:
+        return text
+    if limit < 60:
+        return text[:limit]
+    mark = f" … (cut, {len(text)} characters in all)"
+    return text[: limit - len(mark)] + mark
+
+
+def from_the_future(report: NodeReport, now: int) -> bool:
+    return report.at - now > AHEAD_INTERVALS * report.interval_ms
 
 
 def stale(report: NodeReport, now: int) -> bool:
@@ -179,7 +250,12 @@ async def collect_report(
         for p in mine:
             state = partition_state(p, health)
             assert state is not None
-            row: dict[str, Any] = {"type": name, "partition": p, "state": state[0], "why": state[1]}
+            row: dict[str, Any] = {
+                "type": name,
+                "partition": p,
+                "state": state[0],
+                "why": clip(state[1]),
+            }
             if state[0] in ("running", "stalled"):
                 # Only as many parked timers decoded as the report still has room for.
                 room = parked_limit if parked_total is None else parked_total - len(parked)
@@ -190,6 +266,12 @@ async def collect_report(
                     counts = kept.store.status_counts(p)
                 except StoreClosed:
                     continue  # let go while this was read: its next owner reports it
+                except Exception as exc:
+                    # The store's trouble is the partition's own: shown, never the report's end.
+                    logger.warning("census of %s[%d] failed: %r", name, p, exc, exc_info=exc)
+                    row |= {"state": "unknown", "why": clip(f"its census failed: {exc!r}")}
+                    parts.append(PartitionReport.model_validate(row))
+                    continue
                 row |= {
                     "pending": counts[TimerStatus.PENDING],
                     "firing": counts[TimerStatus.FIRING],
@@ -212,6 +294,8 @@ async def collect_report(
                 jobs += await kept.store.due(read, MAX_INT64, JOBS_IN_REPORT)
         except StoreClosed:
             pass  # a partition let go meanwhile: the next report lists them
+        except Exception as exc:
+            logger.warning("the next fires of %s were not read: %r", name, exc, exc_info=exc)
     upcoming.sort(key=lambda t: (t.due_at, t.id))
     return NodeReport(
         node=node_id,

@@ -36,6 +36,7 @@ from app.kafka.connection import Connectable
 from app.node.lateness import LatenessPoint
 from app.node.settings import Settings
 from app.ops.cluster_page import UPCOMING_ROWS, ClusterView, cluster_view, when
+from app.ops.cluster_status import ChangelogBusy
 from app.ops.forms import (
     TOKEN_FIELD,
     form_target,
@@ -125,7 +126,8 @@ class PageNode(Protocol):
 
 
 class ClusterSource(Protocol):
-    """The group's status as the page reads it (`app.ops.cluster_status.ClusterStatus`)."""
+    """The group's status as the page reads it (`app.ops.cluster_status.ClusterStatus`;
+    `changelog_timers` may raise `ChangelogBusy`)."""
 
     @property
     def bad_reports(self) -> int: ...
@@ -255,6 +257,8 @@ class OperatorPage:
             owner_parts = await self._owner(owner, view) if owner is not None else None
         except BadInput as exc:
             return self.error(400, str(exc))
+        except ChangelogBusy as exc:
+            return self.error(503, str(exc))
         health = node.health()
         back = str(URL(here).without_query_params("done"))
         notice = self._notices.get(query.get("done", ""))

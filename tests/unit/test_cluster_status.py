@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import orjson
 import pytest
 from fakes import PAGE_PARTITIONS, T0, TYPE, FakeNode, ref
+from pydantic import ValidationError
 
 from app.cli.main import _run_node
 from app.errors import KafkaUnavailable, NodeFailed
@@ -296,6 +297,9 @@ def test_the_web_address_is_the_settings_or_the_host_and_port() -> None:
     assert web_address(Settings(web_host="10.0.0.5"), 8080) == "http://10.0.0.5:8080"
     assert web_address(Settings(web_host="0.0.0.0"), 8080) is None
     assert web_address(Settings(), 0) is None
+    for bad in ("javascript:alert(1)//http://x", 'http://x"onclick="y', "https:///x"):
+        with pytest.raises(ValidationError):
+            Settings(web_url=bad)
 
 
 class _Runs:

@@ -36,7 +36,7 @@ from app.kafka.broker_watch import BrokerWatch
 from app.model.aggregate import Command, Decision
 from app.node.metrics import LATENESS_BUCKETS, NodeMetrics
 from app.node.settings import Settings
-from app.ops.cluster_status import bad_records_counter
+from app.ops.cluster_status import bad_records_counter, report_errors_counter
 from app.protocol.wire import CommandEnvelope, ResultCode
 from app.timers.changelog import Transaction, _Staged, restore_partition
 from app.timers.runner import SENT, SendResult, TimerOptions, TimerRunner
@@ -404,6 +404,7 @@ async def test_the_readme_lists_exactly_the_metrics_a_node_exports() -> None:
     metrics = await fed()
     BrokerWatch("127.0.0.1:9092", registry=metrics.registry)
     bad_records_counter(metrics.registry)  # the worker's cluster status (`for_node`)
+    report_errors_counter(metrics.registry)
     names = {f.name for f in metrics.registry.collect()}
     samples = exported(generate_latest(metrics.registry).decode())
     listed = set(METRIC_NAME.findall(readme_metrics()))

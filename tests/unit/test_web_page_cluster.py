@@ -23,6 +23,7 @@ from yarl import URL
 from app.kafka.memory import MemoryLog
 from app.kafka.records import Record
 from app.node.kept import node_topics
+from app.ops.cluster_page import cluster_view, link
 from app.ops.cluster_status import ClusterStatus
 from app.ops.node_report import (
     PARKED_IN_REPORT,
@@ -274,3 +275,49 @@ async def test_this_nodes_page_lists_more_parked_timers_than_a_report_carries(
     assert await site.cluster.publish()
     [report] = site.cluster.reports()
     assert len(report.parked) == PARKED_IN_REPORT
+
+
+async def test_a_report_whose_page_is_not_http_is_refused_and_never_linked(site: Site) -> None:
+    """Another producer's `javascript:` address would run on this page's origin, where
+    its forms act: such a record is no report, and the page forbids script anyway."""
+    raw = orjson.loads(encode_report(b_report()))
+    for web in ("javascript:alert(document.cookie)", 'http://x"onmouseover="y', "data:,x"):
+        forged = orjson.dumps(raw | {"web": web})
+        await site.log.publisher().send(ContextTopics("shop").nodes, OTHER.encode(), forged, 0)
+    await site.other_reports(b_report(at=T0 + 1).model_copy(update={"web": None}))
+    assert site.cluster.bad_reports == 3
+    async with site.http.get(site.url) as r:
+        html = await r.text()
+        policy = r.headers["Content-Security-Policy"]
+    assert "javascript:" not in html and "data:," not in html and OTHER in html
+    assert "default-src 'none'" in policy and "script-src" not in policy
+    assert "form-action 'self'" in policy and "frame-ancestors 'none'" in policy
+    async with site.http.get(site.url, params={"owner": "x" * 501}) as r:  # a 400 page
+        assert r.status == 400 and r.headers["Content-Security-Policy"] == policy
+
+
+def test_only_an_http_page_is_linked_however_a_report_was_made() -> None:
+    own = b_report().model_copy(update={"node": NODE, "partitions": ()})
+    other = NodeReport.model_construct(**(b_report().__dict__ | {"web": "javascript:x()"}))
+    view = cluster_view(own, [other], PAGE_PARTITIONS, T0)
+    assert [n.web for n in view.nodes] == ["http://10.0.0.2:8081", None]
+    assert {r.web for r in view.partitions if r.node == OTHER} == {None}
+    assert link("https://tw-1.example") == "https://tw-1.example"
+
+
+async def test_one_changelog_read_at_a_time_others_are_answered_busy(site: Site) -> None:
+    """A search of an owner elsewhere reads a whole changelog partition: no token limits
+    who asks, so a node reads one at a time and answers a search that waits too long 503."""
+    await site.other_reports(b_report())
+    reads = site.cluster._changelog_reads
+    await reads.acquire()  # a search reading now
+    site.cluster.changelog_wait_s = 0  # the fake search waits no time
+    async with site.http.get(site.url, params={"owner": owner_in(2)}) as r:
+        assert r.status == 503
+        assert "another search is reading a changelog on this node" in await r.text()
+    reads.release()
+    html = await site.get(owner=owner_in(2))
+    assert cells(html, "owner-timers") == [
+        [TYPE, "2", f"{OTHER} (read from its changelog)", f"no timers of {owner_in(2)}"]
+    ]
+    assert not reads.locked()  # released after the read

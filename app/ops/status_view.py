@@ -1,0 +1,101 @@
+"""What a node holds of the `<context>.nodes` topics: each key's newest report (#22).
+
+Pure (no I/O): `app.ops.cluster_status` feeds it the records it reads and writes. What it
+holds is bounded: `MAX_REPORT_BYTES` per record, `MAX_HELD_KEYS` keys, only the group's
+reports, none past `FORGET_MS`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Final
+
+from app.ops.node_report import NodeReport, decode_report, from_the_future
+
+__all__ = ["FORGET_MS", "MAX_HELD_KEYS", "StatusView"]
+
+logger = logging.getLogger(__name__)
+
+FORGET_MS: Final = 3_600_000
+"""A report older than an hour is left out altogether (a node that died without its
+tombstone; the compacted topic keeps its last record)."""
+
+MAX_HELD_KEYS: Final = 10_000
+"""Status records a node holds at most (one per key of the topics): past it the oldest
+written is dropped, counted and logged, so another producer's flood of keys is bounded
+(with `MAX_REPORT_BYTES` each)."""
+
+
+class StatusView:
+    """The reports read so far, per node: the newest by offset. No I/O."""
+
+    def __init__(self, group: str, partitions: int, clock: Callable[[], int] | None = None) -> None:
+        self._group = group
+        self._partitions = partitions
+        self._clock = clock
+        self._held: dict[tuple[str, bytes], tuple[int, NodeReport]] = {}
+        self._applied = 0
+        self.max_keys = MAX_HELD_KEYS
+        self.dropped = 0
+        self.bad = 0
+        self.on_bad: Callable[[], None] | None = None
+
+    def apply(self, topic: str, key: bytes | None, offset: int, value: bytes | None) -> bool:
+        """Takes a record of `topic`; a bad one is counted and skipped."""
+        try:
+            report = decode_report(key, value)
+            if report is not None and any(
+                r.partition >= self._partitions for r in report.partitions
+            ):
+                raise ValueError(f"a partition past the group's {self._partitions}")
+            if (
+                report is not None
+                and self._clock is not None
+                and from_the_future(report, self._clock())
+            ):
+                raise ValueError(f"dated {report.at}, ahead of this node's clock")
+        except ValueError as exc:
+            self.bad += 1
+            if self.on_bad is not None:
+                self.on_bad()
+            if self.bad == 1 or self.bad % 100 == 0:  # another team's producer: not a flood
+                logger.warning("skipping status record @%d of %s: %s", offset, topic, exc)
+            return False
+        assert key is not None
+        held = self._held.get((topic, key))
+        if held is not None and held[0] >= offset:
+            return False
+        # Held in the order written (the oldest first), and only what a page shows: a
+        # tombstone or another group's report lets its key go. (A record read again from
+        # before it, as `start` and the follower overlap, holds it until it is read again.)
+        self._held.pop((topic, key), None)
+        if report is not None and report.group == self._group:
+            self._held[(topic, key)] = (offset, report)
+            while len(self._held) > self.max_keys:
+                self._held.pop(next(iter(self._held)))
+                self.dropped += 1
+                if self.dropped == 1 or self.dropped % 100 == 0:
+                    logger.warning(
+                        "%d status record(s) dropped: past %d keys", self.dropped, self.max_keys
+                    )
+        if self._clock is not None and self._applied % 100 == 0:
+            self.sweep(self._clock())
+        self._applied += 1
+        return True
+
+    def sweep(self, now: int) -> None:
+        """Lets the reports past `FORGET_MS` go: never shown again unless rewritten."""
+        for k in [k for k, (_, r) in self._held.items() if now - r.at > FORGET_MS]:
+            del self._held[k]
+
+    def reports(self, now: int) -> list[NodeReport]:
+        """The group's reports not yet forgotten, newest first."""
+        found = [
+            r
+            for _, r in self._held.values()
+            if r.group == self._group
+            and now - r.at <= FORGET_MS
+            and not from_the_future(r, now)  # held before this node's clock went back
+        ]
+        return sorted(found, key=lambda r: (-r.at, r.node))
