@@ -20,7 +20,7 @@ from app.jobs.declaration import (
     ref_of,
     shard_ref,
 )
-from app.protocol.wire import CommandEnvelope
+from app.protocol.wire import MAX_REQUEST_ID, CommandEnvelope
 from tables import DEFAULT_TENANT, AggregateRef
 
 
@@ -41,8 +41,11 @@ def _command(
     # Disable a DUPLICATE of the first, and the aggregate makes a repeat harmless anyway
     # (UNCHANGED). A caller that retries one request passes its own id.
     verb = type_.rsplit(".", 1)[-1].lower()
+    fresh = uuid.uuid4().hex
+    # The prefix only helps a reader; the uuid makes it unique: cut to fit a request id.
+    named = f"{verb}:{ref.tenant}:{ref.id}"[: MAX_REQUEST_ID - len(fresh) - 1]
     return CommandEnvelope(
-        request_id=request_id or f"{verb}:{ref.tenant}:{ref.id}:{uuid.uuid4().hex}",
+        request_id=request_id or f"{named}:{fresh}",
         type=type_,
         aggregate=ref,
         body=body,

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from pydantic import ValidationError
+
 from app.errors import BadRecord, JobsCliError
 from app.jobs import (
     SCHEDULE,
@@ -39,9 +41,11 @@ from app.jobs import (
     trigger_command,
 )
 from app.kafka.ports import LogReader, Publisher
+from app.model.aggregate import sent_request_id
 from app.model.decide import StoredAggregate, fold
 from app.protocol.topics import AggregateTopics, ContextTopics
 from app.protocol.wire import (
+    MAX_REQUEST_ID,
     CommandEnvelope,
     CommandResult,
     EventEnvelope,
@@ -57,6 +61,7 @@ from tables.partitioner import partition_of
 __all__ = [
     "DECIDED_WITHIN_MS",
     "FAILED_CODES",
+    "TRIGGER_SENDS",
     "InstanceState",
     "JobInputError",
     "Spelling",
@@ -67,6 +72,7 @@ __all__ = [
     "instance_commands",
     "instance_refs",
     "json_field",
+    "per_instance_id",
     "plan_backfill",
     "read_instance_events",
     "read_instances",
@@ -83,6 +89,10 @@ DECIDED_WITHIN_MS = 3_600_000
 """How long after it is sent a backfill's command is taken to be decided at the latest: a
 slot must be due that long after the start of the de-duplication window to be sent (the
 node refuses, when it decides it, a slot due before the window itself)."""
+
+TRIGGER_SENDS = 1000
+"""A triggered run of several instances under one request id may send this many commands
+(`JobRun.send`, each `<request id>>n`): the per-instance ids keep room for them."""
 
 Spelling = Callable[[str], str]
 """How a caller names an input field in its messages."""
@@ -179,6 +189,13 @@ def instance_commands(
             "request_id",
             f"{spell('request_id')} {request_id!r}: give 1-200 characters, no surrounding spaces",
         )
+    for tenant in tenants:
+        try:
+            AggregateRef(context=context, aggregate=SCHEDULE, tenant=tenant, id=job.name)
+        except ValidationError as exc:
+            raise JobInputError(
+                "tenants", f"{spell('tenants')} {tenant[:40]!r}: {exc.errors()[0]['msg']}"
+            ) from exc
     where: list[dict[str, Any]]
     if job.scope is JobScope.SHARDED:
         shards = range(partitions) if partition is None else [partition]
@@ -201,10 +218,28 @@ def instance_commands(
         raise ValueError(f"unknown action {action!r}")
     if request_id is None or len(commands) == 1:
         return commands
-    return [
-        c.model_copy(update={"request_id": f"{request_id}@{c.aggregate.tenant}/{c.aggregate.id}"})
-        for c in commands
-    ]
+    made = [c.model_copy(update={"request_id": per_instance_id(request_id, c)}) for c in commands]
+    # Refused rather than shortened: the id a caller reads in the answer is the one sent,
+    # and sent again it is the same (a DUPLICATE). A triggered run's sends are `<id>>n`:
+    # room is kept for its first `TRIGGER_SENDS`.
+    limit = MAX_REQUEST_ID
+    if action == "trigger":
+        limit -= len(sent_request_id("", TRIGGER_SENDS - 1))
+    longest = max(made, key=lambda c: len(c.request_id))
+    if len(longest.request_id) > limit:
+        room = limit - (len(longest.request_id) - len(request_id))
+        raise JobInputError(
+            "request_id",
+            f"{spell('request_id')} is too long for {len(made)} instances: "
+            f"{longest.aggregate}'s would be {len(longest.request_id)} characters "
+            f"(<request id>@<tenant>/<instance>, at most {limit}); give at most {max(room, 0)}",
+        )
+    return made
+
+
+def per_instance_id(request_id: str, command: CommandEnvelope) -> str:
+    """The request id of one of several instances' commands sent under `request_id`."""
+    return f"{request_id}@{command.aggregate.tenant}/{command.aggregate.id}"
 
 
 def instance_refs(
