@@ -29,6 +29,7 @@ from app.jobs import (
     BackfillSlot,
     Job,
     JobScope,
+    RequestIdTooLong,
     ScheduleState,
     backfill_slots,
     disable_command,
@@ -37,15 +38,14 @@ from app.jobs import (
     first_unheld,
     reschedule_command,
     schedule_aggregate,
+    shared_request_id,
     tick_timers,
     trigger_command,
 )
 from app.kafka.ports import LogReader, Publisher
-from app.model.aggregate import sent_request_id
 from app.model.decide import StoredAggregate, fold
 from app.protocol.topics import AggregateTopics, ContextTopics
 from app.protocol.wire import (
-    MAX_REQUEST_ID,
     CommandEnvelope,
     CommandResult,
     EventEnvelope,
@@ -61,7 +61,6 @@ from tables.partitioner import partition_of
 __all__ = [
     "DECIDED_WITHIN_MS",
     "FAILED_CODES",
-    "TRIGGER_SENDS",
     "InstanceState",
     "JobInputError",
     "Spelling",
@@ -72,7 +71,6 @@ __all__ = [
     "instance_commands",
     "instance_refs",
     "json_field",
-    "per_instance_id",
     "plan_backfill",
     "read_instance_events",
     "read_instances",
@@ -89,10 +87,6 @@ DECIDED_WITHIN_MS = 3_600_000
 """How long after it is sent a backfill's command is taken to be decided at the latest: a
 slot must be due that long after the start of the de-duplication window to be sent (the
 node refuses, when it decides it, a slot due before the window itself)."""
-
-TRIGGER_SENDS = 1000
-"""A triggered run of several instances under one request id may send this many commands
-(`JobRun.send`, each `<request id>>n`): the per-instance ids keep room for them."""
 
 Spelling = Callable[[str], str]
 """How a caller names an input field in its messages."""
@@ -166,8 +160,9 @@ def instance_commands(
     """One `wow.schedule.<action>` per instance named: `action` is enable, disable,
     reschedule (whose `rule` None makes the instance follow its job's default again) or
     trigger. Under `request_id`, suffixed `@<tenant>/<instance id>` when several instances
-    share it, as results are matched by request id (sent again, each is a DUPLICATE); None:
-    a fresh one each."""
+    share it, as results are matched by request id (sent again, each is a DUPLICATE), and
+    refused (`request_id`) when one would be longer than a request id may be; None: a
+    fresh one each. A tenant no instance can have is refused (`tenants`)."""
     if job.scope is not JobScope.SHARDED and partition is not None:
         raise JobInputError(
             "partition",
@@ -218,28 +213,15 @@ def instance_commands(
         raise ValueError(f"unknown action {action!r}")
     if request_id is None or len(commands) == 1:
         return commands
-    made = [c.model_copy(update={"request_id": per_instance_id(request_id, c)}) for c in commands]
-    # Refused rather than shortened: the id a caller reads in the answer is the one sent,
-    # and sent again it is the same (a DUPLICATE). A triggered run's sends are `<id>>n`:
-    # room is kept for its first `TRIGGER_SENDS`.
-    limit = MAX_REQUEST_ID
-    if action == "trigger":
-        limit -= len(sent_request_id("", TRIGGER_SENDS - 1))
-    longest = max(made, key=lambda c: len(c.request_id))
-    if len(longest.request_id) > limit:
-        room = limit - (len(longest.request_id) - len(request_id))
+    try:
+        return shared_request_id(request_id, commands, trigger=action == "trigger")
+    except RequestIdTooLong as exc:
         raise JobInputError(
             "request_id",
-            f"{spell('request_id')} is too long for {len(made)} instances: "
-            f"{longest.aggregate}'s would be {len(longest.request_id)} characters "
-            f"(<request id>@<tenant>/<instance>, at most {limit}); give at most {max(room, 0)}",
-        )
-    return made
-
-
-def per_instance_id(request_id: str, command: CommandEnvelope) -> str:
-    """The request id of one of several instances' commands sent under `request_id`."""
-    return f"{request_id}@{command.aggregate.tenant}/{command.aggregate.id}"
+            f"{spell('request_id')} is too long for {len(commands)} instances: "
+            f"{exc.longest.aggregate}'s would be {len(exc.longest.request_id)} characters "
+            f"(<request id>@<tenant>/<instance>, at most {exc.limit}); give at most {exc.room}",
+        ) from exc
 
 
 def instance_refs(

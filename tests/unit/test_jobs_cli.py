@@ -18,7 +18,7 @@ from app.cli.jobs import (
 )
 from app.errors import JobsCliError
 from app.jobs import DISABLE, ENABLE, RESCHEDULE, Job, JobRun, JobScope, shard_ref
-from app.ops.job_api import TRIGGER_SENDS
+from app.jobs.commands import TRIGGER_SENDS
 from app.protocol.wire import MAX_REQUEST_ID
 from app.service import Service
 from tables import DEFAULT_TENANT, CronRule, IntervalRule
