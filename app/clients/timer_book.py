@@ -49,8 +49,9 @@ from typing import Final
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from app.model.aggregate import AggregateType, Command, Decision, Event
+from app.model.aggregate import AggregateType, Command, Decision, Event, send_fits
 from app.protocol.wire import (
+    MAX_REQUEST_ID,
     SCHEDULE_CANCELLED,
     SCHEDULE_PAUSED,
     SCHEDULE_RESUMED,
@@ -253,6 +254,13 @@ def timer_book(
     @book.command(TRIGGER_TIMER)
     def _trigger(state: BookState, cmd: Command, d: Decision) -> None:
         key, timer = _known(state, cmd, TRIGGER_TIMER, d, retention)
+        if not send_fits(cmd.request_id):
+            # Another producer may write any request id a command may have: refused, as
+            # the derived one would not be a request id (the send would raise: ERROR).
+            d.reject(
+                f"{TRIGGER_TIMER} {cmd.request_id[:40]}…: its command's request id "
+                f"<request id>>0 would be longer than {MAX_REQUEST_ID} characters"
+            )
         # Sent in this decision's transaction, its request id derived from the trigger's
         # (`Decision.send`): a trigger sent again is a DUPLICATE and sends nothing more. A
         # target whose command topic does not exist fails it there (`NoTarget`): answered

@@ -37,11 +37,14 @@ from app.jobs.backfill import (
     tick_timers,
 )
 from app.jobs.commands import (
+    TRIGGER_SENDS,
+    RequestIdTooLong,
     backfill_command,
     disable_command,
     enable_command,
     enable_commands,
     reschedule_command,
+    shared_request_id,
     trigger_command,
 )
 from app.jobs.declaration import (
@@ -102,11 +105,13 @@ __all__ = [
     "TRIGGER",
     "TRIGGERED",
     "TRIGGERED_SLOT",
+    "TRIGGER_SENDS",
     "BackfillError",
     "BackfillSlot",
     "Job",
     "JobRun",
     "JobScope",
+    "RequestIdTooLong",
     "Rule",
     "ScheduleState",
     "TickTimer",
@@ -123,6 +128,7 @@ __all__ = [
     "run_key",
     "schedule_aggregate",
     "shard_ref",
+    "shared_request_id",
     "tick_timers",
     "trigger_command",
 ]

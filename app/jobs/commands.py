@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Iterable, Mapping
-from typing import Any
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, Final
 
 from app.jobs.backfill import BackfillSlot
 from app.jobs.declaration import (
@@ -20,8 +20,45 @@ from app.jobs.declaration import (
     ref_of,
     shard_ref,
 )
-from app.protocol.wire import CommandEnvelope
+from app.model.aggregate import sent_request_id
+from app.protocol.wire import MAX_REQUEST_ID, CommandEnvelope
 from tables import DEFAULT_TENANT, AggregateRef
+
+TRIGGER_SENDS: Final = 1000
+"""A triggered run of several instances under one request id may send this many commands
+(`JobRun.send`, each `<request id>>n`): the per-instance ids keep room for them."""
+
+
+class RequestIdTooLong(ValueError):
+    """`shared_request_id` made an id longer than `limit`: `longest` is the instance's
+    command that would have it, `room` how long the shared request id may be."""
+
+    def __init__(self, longest: CommandEnvelope, limit: int, room: int) -> None:
+        super().__init__(f"{longest.aggregate}'s request id would be {len(longest.request_id)}")
+        self.longest = longest
+        self.limit = limit
+        self.room = room
+
+
+def shared_request_id(
+    request_id: str, commands: Sequence[CommandEnvelope], *, trigger: bool
+) -> list[CommandEnvelope]:
+    """Several instances' `commands` under one `request_id`, each as
+    `<request id>@<tenant>/<instance id>` (results are matched by request id).
+
+    Refused (`RequestIdTooLong`) rather than shortened when one is longer than a request id
+    may be (a `trigger`'s less room for its run's sends): the id a caller reads in the
+    answer is the one sent, and sent again it is the same (a DUPLICATE)."""
+    made = [
+        c.model_copy(update={"request_id": f"{request_id}@{c.aggregate.tenant}/{c.aggregate.id}"})
+        for c in commands
+    ]
+    limit = MAX_REQUEST_ID - (len(sent_request_id("", TRIGGER_SENDS - 1)) if trigger else 0)
+    longest = max(made, key=lambda c: len(c.request_id))
+    if len(longest.request_id) > limit:
+        room = limit - (len(longest.request_id) - len(request_id))
+        raise RequestIdTooLong(longest, limit, max(room, 0))
+    return made
 
 
 def _instance_ref(
@@ -41,8 +78,11 @@ def _command(
     # Disable a DUPLICATE of the first, and the aggregate makes a repeat harmless anyway
     # (UNCHANGED). A caller that retries one request passes its own id.
     verb = type_.rsplit(".", 1)[-1].lower()
+    fresh = uuid.uuid4().hex
+    # The prefix only helps a reader; the uuid makes it unique: cut to fit a request id.
+    named = f"{verb}:{ref.tenant}:{ref.id}"[: MAX_REQUEST_ID - len(fresh) - 1]
     return CommandEnvelope(
-        request_id=request_id or f"{verb}:{ref.tenant}:{ref.id}:{uuid.uuid4().hex}",
+        request_id=request_id or f"{named}:{fresh}",
         type=type_,
         aggregate=ref,
         body=body,

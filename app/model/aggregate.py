@@ -30,6 +30,7 @@ from pydantic import BaseModel
 from app.errors import NoTarget
 from app.protocol.wire import (
     AGGREGATE_DELETED,
+    MAX_REQUEST_ID,
     SCHEDULE_CANCELLED,
     SCHEDULE_PAUSED,
     SCHEDULE_RESUMED,
@@ -49,9 +50,23 @@ __all__ = [
     "Decision",
     "Event",
     "Rejected",
+    "send_fits",
+    "sent_request_id",
 ]
 
 S = TypeVar("S", bound=BaseModel)
+
+
+def sent_request_id(request_id: str, n: int) -> str:
+    """The request id of the `n`-th command a decision on `request_id` sends: derived, so a
+    retried decision sends the same one and its target de-duplicates it."""
+    return f"{request_id}>{n}"
+
+
+def send_fits(request_id: str, n: int = 0) -> bool:
+    """Whether a decision on `request_id` can send its `n`-th command: the derived id must
+    fit a command's request id (`MAX_REQUEST_ID`), or the send raises."""
+    return len(sent_request_id(request_id, n)) <= MAX_REQUEST_ID
 
 
 class Rejected(Exception):
@@ -137,7 +152,7 @@ class Decision:
             raise NoTarget(why)
         self.commands.append(
             CommandEnvelope(
-                request_id=f"{self.request_id}>{len(self.commands)}",
+                request_id=sent_request_id(self.request_id, len(self.commands)),
                 type=type_,
                 aggregate=target,
                 body=dict(body or {}),

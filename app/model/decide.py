@@ -6,6 +6,7 @@ result, offsets) is the node's business, not this module's.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -15,10 +16,16 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from app.errors import NoTarget, node_fault
 from app.model.aggregate import AggregateType, Decision, Event, Rejected
-from app.protocol.wire import AGGREGATE_DELETED, CommandEnvelope, EventEnvelope, ResultCode
+from app.protocol.wire import (
+    AGGREGATE_DELETED,
+    MAX_EVENT_ID,
+    CommandEnvelope,
+    EventEnvelope,
+    ResultCode,
+)
 from tables import AggregateRef
 
-__all__ = ["Decided", "StoredAggregate", "decide", "fold"]
+__all__ = ["Decided", "StoredAggregate", "decide", "event_id", "fold"]
 
 logger = logging.getLogger(__name__)
 
@@ -101,7 +108,7 @@ def decide(
     version = current.version + 1
     events = [
         EventEnvelope(
-            id=f"{cmd.request_id}/{i}",
+            id=event_id(cmd.request_id, i),
             type=type_,
             aggregate=cmd.aggregate,
             version=version,
@@ -112,6 +119,16 @@ def decide(
         for i, (type_, body) in enumerate(decision.events)
     ]
     return Decided(ResultCode.COMMITTED, "", events, fold(agg, current, events), decision.commands)
+
+
+def event_id(request_id: str, i: int) -> str:
+    """The id of the `i`-th event of the command `request_id`: `<request id>/<i>`, or, when
+    that is longer than an event id may be (a request id may be longer than an event id),
+    `sha256:<hex of the request id>/<i>`, the same on every retry."""
+    made = f"{request_id}/{i}"
+    if len(made) <= MAX_EVENT_ID:
+        return made
+    return f"sha256:{hashlib.sha256(request_id.encode()).hexdigest()}/{i}"
 
 
 def fold(

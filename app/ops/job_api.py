@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from pydantic import ValidationError
+
 from app.errors import BadRecord, JobsCliError
 from app.jobs import (
     SCHEDULE,
@@ -27,6 +29,7 @@ from app.jobs import (
     BackfillSlot,
     Job,
     JobScope,
+    RequestIdTooLong,
     ScheduleState,
     backfill_slots,
     disable_command,
@@ -35,6 +38,7 @@ from app.jobs import (
     first_unheld,
     reschedule_command,
     schedule_aggregate,
+    shared_request_id,
     tick_timers,
     trigger_command,
 )
@@ -156,8 +160,9 @@ def instance_commands(
     """One `wow.schedule.<action>` per instance named: `action` is enable, disable,
     reschedule (whose `rule` None makes the instance follow its job's default again) or
     trigger. Under `request_id`, suffixed `@<tenant>/<instance id>` when several instances
-    share it, as results are matched by request id (sent again, each is a DUPLICATE); None:
-    a fresh one each."""
+    share it, as results are matched by request id (sent again, each is a DUPLICATE), and
+    refused (`request_id`) when one would be longer than a request id may be; None: a
+    fresh one each. A tenant no instance can have is refused (`tenants`)."""
     if job.scope is not JobScope.SHARDED and partition is not None:
         raise JobInputError(
             "partition",
@@ -179,6 +184,13 @@ def instance_commands(
             "request_id",
             f"{spell('request_id')} {request_id!r}: give 1-200 characters, no surrounding spaces",
         )
+    for tenant in tenants:
+        try:
+            AggregateRef(context=context, aggregate=SCHEDULE, tenant=tenant, id=job.name)
+        except ValidationError as exc:
+            raise JobInputError(
+                "tenants", f"{spell('tenants')} {tenant[:40]!r}: {exc.errors()[0]['msg']}"
+            ) from exc
     where: list[dict[str, Any]]
     if job.scope is JobScope.SHARDED:
         shards = range(partitions) if partition is None else [partition]
@@ -201,10 +213,15 @@ def instance_commands(
         raise ValueError(f"unknown action {action!r}")
     if request_id is None or len(commands) == 1:
         return commands
-    return [
-        c.model_copy(update={"request_id": f"{request_id}@{c.aggregate.tenant}/{c.aggregate.id}"})
-        for c in commands
-    ]
+    try:
+        return shared_request_id(request_id, commands, trigger=action == "trigger")
+    except RequestIdTooLong as exc:
+        raise JobInputError(
+            "request_id",
+            f"{spell('request_id')} is too long for {len(commands)} instances: "
+            f"{exc.longest.aggregate}'s would be {len(exc.longest.request_id)} characters "
+            f"(<request id>@<tenant>/<instance>, at most {exc.limit}); give at most {exc.room}",
+        ) from exc
 
 
 def instance_refs(

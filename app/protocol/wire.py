@@ -25,8 +25,10 @@ from tables.bounds import MAX_INT64, Instant, JsonObject, check_json
 
 __all__ = [
     "AGGREGATE_DELETED",
+    "MAX_EVENT_ID",
     "MAX_PARTITION",
     "MAX_RECORD_BYTES",
+    "MAX_REQUEST_ID",
     "SCHEDULE_CANCELLED",
     "SCHEDULE_PAUSED",
     "SCHEDULE_RESUMED",
@@ -69,6 +71,12 @@ SYSTEM_EVENTS: Final = frozenset(
 MAX_RECORD_BYTES: Final = 256 * 1024
 """Larger records are refused (dead-lettered) unless `TICKWHEEL_MAX_RECORD_BYTES` says
 otherwise: a timer's command is not a blob store."""
+
+MAX_REQUEST_ID: Final = 300
+"""A command's request id is at most this long (`CommandEnvelope.request_id`)."""
+
+MAX_EVENT_ID: Final = 200
+"""An event's id is at most this long (`EventEnvelope.id`)."""
 
 MAX_PARTITION: Final = 65_535
 """No topic of Tickwheel's has more partitions (the node takes at most 1,024)."""
@@ -126,7 +134,7 @@ class ScheduleTriggered(_Envelope):
 
     key: str = Field(min_length=1, max_length=200)
     request_id: str = Field(
-        min_length=1, max_length=300, description="the request id of the command it sent"
+        min_length=1, max_length=MAX_REQUEST_ID, description="the request id of the command it sent"
     )
 
 
@@ -137,12 +145,12 @@ class AggregateDeleted(_Envelope):
 class EventEnvelope(_Envelope):
     """One event on `<context>.<aggregate>.events`, keyed by the aggregate id."""
 
-    id: str = Field(min_length=1, max_length=200, description="unique event id")
+    id: str = Field(min_length=1, max_length=MAX_EVENT_ID, description="unique event id")
     type: str = Field(min_length=1, max_length=200)
     aggregate: AggregateRef
     version: _Version = Field(description="the aggregate's version after the command")
     request_id: str | None = Field(
-        default=None, max_length=300, description="the command that caused it"
+        default=None, max_length=MAX_REQUEST_ID, description="the command that caused it"
     )
     created_at: Instant
     body: JsonObject = Field(default_factory=dict)
@@ -151,7 +159,7 @@ class EventEnvelope(_Envelope):
 class CommandEnvelope(_Envelope):
     """One command on `<context>.<aggregate>.commands`, keyed by the target aggregate id."""
 
-    request_id: str = Field(min_length=1, max_length=300, description="idempotency key")
+    request_id: str = Field(min_length=1, max_length=MAX_REQUEST_ID, description="idempotency key")
     type: str = Field(min_length=1, max_length=200)
     aggregate: AggregateRef
     body: JsonObject = Field(default_factory=dict)

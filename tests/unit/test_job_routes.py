@@ -318,6 +318,25 @@ async def test_every_write_needs_the_web_token(edge: Edge, action: str) -> None:
             "request_id",
             "Extra",
         ),
+        # a tenant no instance can have (it was a 500)
+        ("ops/per-tenant/enable", {"tenants": ["t" * 201]}, "tenants", "at most 200 characters"),
+        ("ops/per-tenant/enable", {"tenants": [""]}, "tenants", "at least 1 character"),
+        # `<request id>@<tenant>/<instance>` longer than a request id (it was dead-lettered)
+        (
+            "ops/per-tenant/enable",
+            {"tenants": ["a", "t" * 200], "request_id": "r" * 200},
+            "request_id",
+            "too long for 2 instances: ops.schedule/" + "t" * 200 + "/per-tenant's would be "
+            "412 characters (<request id>@<tenant>/<instance>, at most 300); give at most 88",
+        ),
+        # a triggered run's sends `<id>>n` must fit as well
+        (
+            "ops/per-tenant/trigger",
+            {"tenants": ["a", "t" * 100], "request_id": "r" * 186},
+            "request_id",
+            "would be 298 characters (<request id>@<tenant>/<instance>, at most 296); give "
+            "at most 184",
+        ),
     ],
 )
 async def test_a_bad_request_is_a_400_naming_its_field_and_sends_nothing(
@@ -327,6 +346,23 @@ async def test_a_bad_request_is_a_400_naming_its_field_and_sends_nothing(
     assert (status, answer["field"]) == (400, field), answer
     assert message in answer["error"], answer
     assert commands_sent(edge.log) == 0
+
+
+async def test_ids_made_from_the_longest_request_id_that_fits_are_sent_and_deduplicated(
+    edge: Edge,
+) -> None:
+    tenants = ["a", "t" * 100]
+    # 188 + len("@" + "t" * 100 + "/per-tenant") = 300: a request id's bound, met exactly
+    body = {"tenants": tenants, "request_id": "r" * 188}
+    answer = await edge.act("enable", body, job="per-tenant")
+    assert [len(o["request_id"]) for o in answer["outcomes"]] == [201, 300]
+    assert codes(answer) == ["COMMITTED", "COMMITTED"], answer
+    assert codes(await edge.act("enable", body, job="per-tenant")) == ["DUPLICATE"] * 2
+    # a trigger keeps room for its run's sends: 296, and its run sends and commits once
+    body = {"tenants": tenants, "request_id": "r" * 184}
+    assert codes(await edge.act("trigger", body, job="per-tenant")) == ["COMMITTED"] * 2
+    assert codes(await edge.act("trigger", body, job="per-tenant")) == ["DUPLICATE"] * 2
+    await until(lambda: runs(edge.log).count(-1) == 2)
 
 
 async def test_a_header_and_body_naming_two_request_ids_is_a_400(edge: Edge) -> None:

@@ -6,6 +6,8 @@ import re
 
 import orjson
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from app.cli import cli
@@ -16,6 +18,8 @@ from app.cli.jobs import (
 )
 from app.errors import JobsCliError
 from app.jobs import DISABLE, ENABLE, RESCHEDULE, Job, JobRun, JobScope, shard_ref
+from app.jobs.commands import TRIGGER_SENDS
+from app.protocol.wire import MAX_REQUEST_ID
 from app.service import Service
 from tables import DEFAULT_TENANT, CronRule, IntervalRule
 from tables.partitioner import partition_of
@@ -193,3 +197,82 @@ def test_list_as_json() -> None:
     assert job["instances"] == [
         {"id": "unpaid-report", "partition": partition_of("unpaid-report", 4)}
     ]
+
+
+def _sized(alphabet: st.SearchStrategy[str], most: int) -> st.SearchStrategy[str]:
+    """Text of every length up to `most` as likely (plain `st.text` seldom draws long ones)."""
+    return st.integers(1, most).flatmap(lambda n: st.text(alphabet, min_size=n, max_size=n))
+
+
+_TENANT = _sized(st.characters(codec="utf-8"), 200)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    action=st.sampled_from(["enable", "disable", "trigger"]),
+    request_id=_sized(st.sampled_from("ab-"), 200),
+    tenants=st.lists(_TENANT, min_size=1, max_size=3),
+)
+def test_per_instance_request_ids_fit_or_are_refused_naming_the_request_id(
+    action: str, request_id: str, tenants: list[str]
+) -> None:
+    """`<request id>@<tenant>/<instance>` is never longer than a request id may be (a
+    trigger's leaves room for its run's `>n` sends): refused up front otherwise, and the
+    same request makes the same ids (sent again, each is a DUPLICATE)."""
+    limit = MAX_REQUEST_ID - (len(f">{TRIGGER_SENDS - 1}") if action == "trigger" else 0)
+
+    def made() -> list[str]:
+        cmds = instance_commands(
+            action, "ops", REPORT, partitions=PARTITIONS, tenants=tenants, request_id=request_id
+        )
+        return [c.request_id for c in cmds]
+
+    try:
+        ids = made()
+    except JobsCliError as exc:
+        assert getattr(exc, "field", None) == "request_id", exc
+        assert "--request-id is too long" in str(exc)
+        assert any(len(f"{request_id}@{t}/report") > limit for t in tenants)
+        return
+    assert ids == made()
+    if len(ids) > 1:
+        assert all(len(i) <= limit for i in ids)
+
+
+JOBS_OPS = ["--service", f"{__name__}:SERVICE", "--context", "ops", "--job", "report"]
+
+
+@pytest.mark.parametrize(
+    ("args", "code", "message"),
+    [
+        # trigger's bad options exit 2; enable's, as its other bad input, exit 1
+        (["trigger", "--tenant", "t" * 201], 2, "--tenant 'tttt"),
+        (["enable", "--tenant", "t" * 201], 1, "--tenant 'tttt"),
+        (
+            ["trigger", "--tenant", "a", "--tenant", "t" * 100, "--request-id", "r" * 190],
+            2,
+            "--request-id is too long for 2 instances",
+        ),
+    ],
+)
+def test_a_tenant_or_request_id_too_long_is_one_error_line_naming_it(
+    args: list[str], code: int, message: str
+) -> None:
+    result = CliRunner().invoke(cli, ["jobs", args[0], *JOBS_OPS, *args[1:]])
+    assert result.exit_code == code, result.output
+    (line,) = result.stderr.splitlines()
+    assert line.startswith("error: ") and message in line, line
+    assert "at most" in line, line
+
+
+def test_a_fresh_request_id_fits_whatever_the_tenant_and_instance() -> None:
+    """`<verb>:<tenant>:<instance>:<uuid>` was longer than a request id for a long tenant
+    and job name (a ValidationError, a 500): its readable prefix is cut, the uuid kept."""
+    long_job = Job("j" * 100, JobScope.TENANT, IntervalRule(start=0, every=60_000), _nothing)
+    made = [
+        instance_commands(action, "ops", long_job, partitions=PARTITIONS, tenants=["t" * 200])[0]
+        for action in ("reschedule", "reschedule", "enable")
+    ]
+    assert all(len(c.request_id) <= MAX_REQUEST_ID for c in made)
+    assert len({c.request_id for c in made}) == 3
+    assert made[0].request_id.startswith("reschedule:" + "t" * 200 + ":jjj")

@@ -149,6 +149,25 @@ async def test_a_trigger_fires_once_even_sent_again_and_leaves_the_rule(edge: Ed
     await until(lambda: len(pings(edge, "now")) == 3 and row(edge, "now").slot == 1)
 
 
+async def test_a_trigger_id_that_leaves_no_room_for_its_send_is_a_400(edge: Edge) -> None:
+    """The book sends the timer's command as `<request id>>0`: at most 300 characters, so a
+    trigger's own id is at most 298 (a longer one was a 502, an ERROR and a dead letter)."""
+    assert (await edge.call("PUT", f"{PATH}/edge", interval(T0 + 60_000, 60_000, "edge")))[0] == 200
+    for rid in ("t" * 299, "t" * 300):
+        status, answer = await act(edge, "edge", "trigger", rid)
+        assert (status, answer["field"]) == (400, "request_id"), answer
+        assert "at most 298 characters" in answer["error"], answer
+        query = await edge.call("POST", f"{PATH}/edge/trigger?request_id={rid}")
+        assert (query[0], query[1]["field"]) == (400, "request_id"), query
+    assert events(edge.log, BOOK, "wow.ScheduleTriggered") == []
+    # the longest that fits fires once, sent again too (its events' ids fit as well)
+    rid = "t" * 298
+    assert (await act(edge, "edge", "trigger", rid))[1]["code"] == "COMMITTED"
+    assert (await act(edge, "edge", "trigger", rid))[1]["code"] == "DUPLICATE"
+    await until(lambda: len(pings(edge, "edge")) == 1)
+    assert [e.request_id for e in pings(edge, "edge")] == [rid + ">0"]
+
+
 async def test_a_paused_timer_can_be_triggered_and_stays_paused(edge: Edge) -> None:
     assert (await edge.call("PUT", f"{PATH}/held", once(T0 + 5_000, "held")))[0] == 200
     assert (await act(edge, "held", "pause", "p-1"))[1]["code"] == "COMMITTED"
@@ -336,6 +355,18 @@ def test_an_actions_bad_options_exit_2_and_send_nothing(sent: list[CommandEnvelo
     assert bad_type.exit_code == 1, bad_type.output
     assert bad_type.stderr.startswith("error: aggregate type 'nodot' must be")
     assert not sent
+
+
+def test_a_trigger_id_too_long_for_its_send_exits_2_and_sends_nothing(
+    sent: list[CommandEnvelope],
+) -> None:
+    result = CliRunner().invoke(cli, line("trigger", "--request-id", "t" * 299))
+    assert result.exit_code == 2, result.output
+    assert result.stderr.startswith("error: request_id: a trigger's request id is at most 298")
+    assert not sent
+    # a pause's id is sent as it is: 300 characters are fine
+    assert CliRunner().invoke(cli, line("pause", "--request-id", "p" * 300)).exit_code == 0
+    assert [len(c.request_id) for c in sent] == [300]
 
 
 @pytest.mark.parametrize("action", ["pause", "resume", "trigger"])

@@ -1,0 +1,123 @@
+"""Ids derived from a request id fit their bounds, or the command is refused: an event's
+id (`<request id>/<i>`, at most 200, while a request id may be 300) and a decision's sent
+command (`<request id>>n`, at most 300). A timer book's trigger whose sent id would not
+fit is REJECTED (a producer other than the edge may write any request id), not a raise
+(ERROR and a dead letter). Pure: `decide` with the clock given as `now`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from pydantic import BaseModel, ValidationError
+
+from app.clients.timer_book import SET_TIMER, TRIGGER_TIMER, timer_book
+from app.model.aggregate import AggregateType, Command, Decision, send_fits, sent_request_id
+from app.model.decide import StoredAggregate, decide, event_id
+from app.protocol.wire import MAX_EVENT_ID, MAX_REQUEST_ID, CommandEnvelope, ResultCode
+from tables import AggregateRef
+
+CTX = "rem"
+NOW = 1_800_000_000_000
+BOOK = timer_book(CTX, "order-timers")
+OWNER = AggregateRef(context=CTX, aggregate="order-timers", id="o-1")
+TARGET = {"context": CTX, "aggregate": "order", "id": "o-1"}
+# Every length as likely: plain `st.text` seldom draws the long ones the bounds are about.
+_REQUEST_ID = st.integers(1, MAX_REQUEST_ID).flatmap(lambda n: st.text(min_size=n, max_size=n))
+
+
+def command(type_: str, body: dict[str, Any], request_id: str) -> CommandEnvelope:
+    return CommandEnvelope(
+        request_id=request_id, type=type_, aggregate=OWNER, body=body, issued_at=NOW
+    )
+
+
+@settings(max_examples=300, deadline=None)
+@given(a=_REQUEST_ID, b=_REQUEST_ID, i=st.integers(0, 50))
+def test_an_event_id_fits_is_the_same_on_a_retry_and_differs_by_request_id(
+    a: str, b: str, i: int
+) -> None:
+    made = event_id(a, i)
+    assert 0 < len(made) <= MAX_EVENT_ID
+    assert made == event_id(a, i)
+    assert made == f"{a}/{i}" or len(f"{a}/{i}") > MAX_EVENT_ID
+    if a != b:
+        assert made != event_id(b, i)
+    assert made != event_id(a, i + 1)
+
+
+class Counter(BaseModel):
+    n: int = 0
+
+
+COUNTER = AggregateType(CTX, "counter", Counter)
+
+
+@COUNTER.command("rem.Bump")
+def _bump(state: Counter, cmd: Command, d: Decision) -> None:
+    d.emit("rem.Bumped", {"n": state.n + 1})
+    d.emit("rem.Bumped", {"n": state.n + 2})
+
+
+def test_a_command_with_the_longest_request_id_commits_its_events() -> None:
+    """It was an ERROR and a dead letter from 198 characters: `<request id>/0` is an event
+    id, and an event id may be 200 characters only."""
+    cmd = CommandEnvelope(
+        request_id="r" * MAX_REQUEST_ID,
+        type="rem.Bump",
+        aggregate=AggregateRef(context=CTX, aggregate="counter", id="c"),
+        issued_at=NOW,
+    )
+    d = decide(COUNTER, None, cmd, now=NOW, seen=False)
+    assert d.code is ResultCode.COMMITTED, d.message
+    first, second = d.events
+    assert first.id != second.id and first.request_id == cmd.request_id
+    again = decide(COUNTER, None, cmd, now=NOW, seen=False)
+    assert [e.id for e in again.events] == [first.id, second.id]
+
+
+def booked() -> StoredAggregate:
+    body = {
+        "key": "k",
+        "rule": {"kind": "once", "at": NOW + 60_000},
+        "target": TARGET,
+        "command": {"type": "reminders.Remind", "body": {}},
+    }
+    d = decide(BOOK, None, command(SET_TIMER, body, "set-1"), now=NOW, seen=False)
+    assert d.code is ResultCode.COMMITTED and d.stored is not None, d.message
+    return d.stored
+
+
+@pytest.mark.parametrize("length", [MAX_REQUEST_ID - 1, MAX_REQUEST_ID])
+def test_a_books_trigger_whose_sent_id_would_not_fit_is_rejected(length: int) -> None:
+    d = decide(
+        BOOK, booked(), command(TRIGGER_TIMER, {"key": "k"}, "t" * length), now=NOW, seen=False
+    )
+    assert d.code is ResultCode.REJECTED, (d.code, d.message)
+    assert f"longer than {MAX_REQUEST_ID} characters" in d.message
+    assert d.events == [] and d.commands == []
+
+
+def test_a_books_trigger_with_the_longest_id_that_leaves_room_sends_once() -> None:
+    rid = "t" * (MAX_REQUEST_ID - 2)
+    d = decide(BOOK, booked(), command(TRIGGER_TIMER, {"key": "k"}, rid), now=NOW, seen=False)
+    assert d.code is ResultCode.COMMITTED, d.message
+    (sent,) = d.commands
+    assert sent.request_id == sent_request_id(rid, 0) == rid + ">0"
+    assert len(sent.request_id) == MAX_REQUEST_ID
+    (triggered,) = d.events
+    assert triggered.body["request_id"] == sent.request_id
+
+
+@given(rid=_REQUEST_ID, n=st.integers(0, 2000))
+def test_a_decision_sends_exactly_when_send_fits_says_it_can(rid: str, n: int) -> None:
+    d = Decision(aggregate=OWNER, now=NOW, request_id=rid)
+    d.commands.extend([command(TRIGGER_TIMER, {}, "x")] * n)  # its n-th send comes next
+    if send_fits(rid, n):
+        d.send(OWNER, "rem.Remind")
+        assert d.commands[-1].request_id == f"{rid}>{n}"
+    else:
+        with pytest.raises(ValidationError):
+            d.send(OWNER, "rem.Remind")
