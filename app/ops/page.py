@@ -63,6 +63,7 @@ from tables.partitioner import partition_of
 
 if TYPE_CHECKING:
     from app.node.metrics import NodeMetrics
+    from app.ops.page_actions import PageActions
 
 __all__ = [
     "CHART_SECONDS",
@@ -231,6 +232,8 @@ class OperatorPage:
         self.cluster: ClusterSource | None = None
         """The group's status (set once the node publishes and reads it): without it the
         page shows this node's partitions only."""
+        self.actions: PageActions | None = None
+        """The timers' and jobs' forms (`app.ops.page_actions`; set by the web edge)."""
 
     # --- GET ---------------------------------------------------------------------------
 
@@ -284,6 +287,7 @@ class OperatorPage:
             "chart": self._chart(now),
             "chart_seconds": CHART_SECONDS,
             "parked_limit": PARKED_LIMIT,
+            **(self.actions.context(view.jobs) if self.actions is not None else _NO_ACTIONS),
         }
         context["ledger"] = await self._ledger()
         context["letters"], context["letters_error"] = await self._letters()
@@ -422,11 +426,23 @@ class OperatorPage:
             f"requested (request {op.request_id}, {settings.partitions} partition(s)); "
             "the owner of each partition carries it out."
         )
-        self._notices[op.request_id] = message
+        return self.confirm(op.request_id, message, parsed.back)
+
+    def confirm(self, request_id: str, message: str, back: str) -> Acted:
+        """A form's 303 back to the page (`back`, if it is this server's) with `message`."""
+        self._notices[request_id] = message
         while len(self._notices) > _NOTICES:
             self._notices.popitem(last=False)
-        back = URL(local_path(parsed.back)).update_query(done=op.request_id)
-        return Acted(location=str(back))
+        return Acted(location=str(URL(local_path(back)).update_query(done=request_id)))
+
+    def bad(self, message: str) -> Acted:
+        return Acted(rendered=self.error(400, message))
+
+    def unavailable(self, message: str) -> Acted:
+        return Acted(rendered=self.error(503, message))
+
+
+_NO_ACTIONS: dict[str, Any] = {"books": frozenset(), "declared": []}
 
 
 def _ms(ms: float) -> str:
@@ -451,7 +467,7 @@ _TOKEN = _ENV.from_string(
 <style>{% include "style.css" %}</style></head><body>
 <h1>401: this node's web token is needed</h1>
 {% if wrong %}<div class="error" id="error">That is not this node's web token.</div>{% endif %}
-<p>Retry and Skip on this node need its web token (TICKWHEEL_WEB_TOKEN). Nothing was
+<p>The page's actions on this node need its web token (TICKWHEEL_WEB_TOKEN). Nothing was
 changed yet: give the token to carry out the form.</p>
 <form method="post" action="{{ action }}" id="token">
 {% for name, value in fields %}
