@@ -25,7 +25,8 @@ scan stopped there: the page then ends where the scan did). `GET /` is the opera
 `POST /timers/retry` and `POST /timers/skip`, its timers' and jobs' buttons
 `POST /page/timer` and `POST /page/job` (`app.ops.page_actions`) (303 back to the page,
 400 for a bad form, 403 for a form posted from another site). `PUT`, `DELETE` and
-`GET /timers/{type}/{owner}/{key}` set, cancel and show a timer of a timer book (`app.ops.timer_routes`); `GET /jobs` and
+`GET /timers/{type}/{owner}/{key}` set, cancel and show a timer of a timer book
+(`app.ops.timer_routes`); `GET /jobs` and
 `POST /jobs/{context}/{job}/trigger|enable|disable|reschedule|backfill` list and act on
 the service's jobs (`app.ops.job_routes`); and
 `GET /openapi.json` describes every JSON route (`app.ops.openapi`). Anything else is a JSON
