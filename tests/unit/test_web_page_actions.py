@@ -111,6 +111,7 @@ async def until(check: Callable[[], bool], within: float = 10.0) -> None:
 class Site:
     log: MemoryLog
     clock: FakeClock
+    node: Node
     url: URL
     http: aiohttp.ClientSession
 
@@ -156,7 +157,7 @@ async def site(tmp_path: Path) -> AsyncIterator[Site]:
         await until(lambda: bool(node.health()["ready"]) and len(node.owned) == P)
         # unsafe: keep the cookie of an IP address host (the loopback).
         async with aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True)) as http:
-            yield Site(log, clock, URL(f"http://127.0.0.1:{server.port}/"), http)
+            yield Site(log, clock, node, URL(f"http://127.0.0.1:{server.port}/"), http)
     finally:
         await server.stop()
         task.cancel()
@@ -285,6 +286,24 @@ async def test_a_form_without_the_token_or_from_another_site_is_refused(
     assert got == status
     assert [c.type for c in commands(site.log, BOOK)] == ["wow.SetTimer"]
     assert commands(site.log, SCHEDULE) == []
+
+
+async def test_a_broker_away_is_a_503_page_and_the_form_sent_again_is_carried_out_once(
+    site: Site,
+) -> None:
+    await set_timer(site, "o-6", "k")
+    [(hidden, _)] = forms(await site.page(owner="o-6"), "timer-actions")
+    site.log.down = True
+    status, body, _ = await site.post("/page/timer", with_token(hidden, "pause"))
+    assert status == 503
+    assert "submit the form again" in html_lib.unescape(body)
+    site.log.down = False
+    await until(lambda: bool(site.node.health()["ready"]) and len(site.node.owned) == P)
+    status, _, location = await site.post("/page/timer", with_token(hidden, "pause"))
+    assert status == 303 and location is not None
+    assert "COMMITTED" in await site.notice(location)
+    await until(lambda: book_rows(site.log)["k"].status is TimerStatus.PAUSED)
+    assert len(events(site.log, BOOK, "wow.SchedulePaused")) == 1
 
 
 GOOD_TIMER = {
