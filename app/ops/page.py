@@ -11,6 +11,7 @@ Retry and Skip are HTML forms posted to `/timers/retry` and `/timers/skip`: they
 through Kafka exactly as `tickwheel timers retry|skip` does (`app.timers.operator`), to the
 owners of the timers' partitions, whichever nodes they are. A good form is answered
 303 back to the page with a confirmation; a bad one with a 400 page, and nothing sent.
+The timers' and jobs' buttons are `app.ops.page_actions`'s, the chart `app.ops.chart`'s.
 
 Rendering is Jinja2 with autoescaping on: every owner id, key, type and message from the
 data is escaped. No JavaScript; the chart is an inline SVG.
@@ -23,7 +24,7 @@ import os
 import socket
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescape
@@ -33,8 +34,8 @@ from yarl import URL
 
 from app.errors import BadInput, KafkaUnavailable, TickwheelError
 from app.kafka.connection import Connectable
-from app.node.lateness import LatenessPoint
 from app.node.settings import Settings
+from app.ops.chart import CHART_SECONDS, lateness_chart
 from app.ops.cluster_page import UPCOMING_ROWS, ClusterView, cluster_view, when
 from app.ops.cluster_status import ChangelogBusy
 from app.ops.forms import (
@@ -63,6 +64,7 @@ from tables.partitioner import partition_of
 
 if TYPE_CHECKING:
     from app.node.metrics import NodeMetrics
+    from app.ops.page_actions import PageActions
 
 __all__ = [
     "CHART_SECONDS",
@@ -77,9 +79,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
-
-CHART_SECONDS = 300
-"""The lateness chart's span: the last five minutes."""
 
 PARKED_LIMIT = 50
 """Parked timers listed per type and partition (all of them are counted)."""
@@ -195,22 +194,6 @@ class _OwnerPart:
     """Who owns the partition (when it is not this node): the changelog was read."""
 
 
-@dataclass
-class _Chart:
-    width: int = 720
-    height: int = 180
-    left: int = 64
-    bottom: int = 22
-    p50: str = ""
-    p99: str = ""
-    maxes: list[tuple[float, float]] = field(default_factory=list)
-    p99s: list[tuple[float, float]] = field(default_factory=list)
-    top: str = ""
-    points: int = 0
-    fired: int = 0
-    worst: str = ""
-
-
 # --- the page ----------------------------------------------------------------------------
 
 
@@ -231,6 +214,8 @@ class OperatorPage:
         self.cluster: ClusterSource | None = None
         """The group's status (set once the node publishes and reads it): without it the
         page shows this node's partitions only."""
+        self.actions: PageActions | None = None
+        """The timers' and jobs' forms (`app.ops.page_actions`; set by the web edge)."""
 
     # --- GET ---------------------------------------------------------------------------
 
@@ -281,9 +266,10 @@ class OperatorPage:
             "types": sorted(node.types),
             "owner": owner,
             "owner_parts": owner_parts,
-            "chart": self._chart(now),
+            "chart": lateness_chart(node.metrics.recent_lateness, now),
             "chart_seconds": CHART_SECONDS,
             "parked_limit": PARKED_LIMIT,
+            **(self.actions.context(view.jobs) if self.actions is not None else _NO_ACTIONS),
         }
         context["ledger"] = await self._ledger()
         context["letters"], context["letters_error"] = await self._letters()
@@ -366,35 +352,6 @@ class OperatorPage:
             parts.append(_OwnerPart(type_name, p, here, dues, elsewhere))
         return parts
 
-    def _chart(self, now: int) -> _Chart:
-        chart = _Chart()
-        points: Sequence[LatenessPoint] = self._node.metrics.recent_lateness.recent(
-            CHART_SECONDS, now / 1000
-        )
-        if not points:
-            return chart
-        top = max(max(p.max_ms for p in points), 1.0)
-        plot_w = chart.width - chart.left - 8
-        plot_h = chart.height - chart.bottom - 8
-        start = now // 1000 - CHART_SECONDS + 1
-
-        def x(second: int) -> float:
-            return round(chart.left + (second - start) / (CHART_SECONDS - 1) * plot_w, 1)
-
-        def y(ms: float) -> float:
-            return round(8 + plot_h - max(ms, 0.0) / top * plot_h, 1)
-
-        chart.p50 = " ".join(f"{x(p.second)},{y(p.p50_ms)}" for p in points)
-        chart.p99 = " ".join(f"{x(p.second)},{y(p.p99_ms)}" for p in points)
-        chart.maxes = [(x(p.second), y(p.max_ms)) for p in points]
-        # Marks as well as lines: a second alone (no neighbour to draw a line to) shows.
-        chart.p99s = [(x(p.second), y(p.p99_ms)) for p in points]
-        chart.top = _ms(top)
-        chart.points = len(points)
-        chart.fired = sum(p.count for p in points)
-        chart.worst = _ms(max(p.max_ms for p in points))
-        return chart
-
     # --- POST --------------------------------------------------------------------------
 
     async def act(self, action: str, form: MultiMapping[object]) -> Acted:
@@ -422,15 +379,23 @@ class OperatorPage:
             f"requested (request {op.request_id}, {settings.partitions} partition(s)); "
             "the owner of each partition carries it out."
         )
-        self._notices[op.request_id] = message
+        return self.confirm(op.request_id, message, parsed.back)
+
+    def confirm(self, request_id: str, message: str, back: str) -> Acted:
+        """A form's 303 back to the page (`back`, if it is this server's) with `message`."""
+        self._notices[request_id] = message
         while len(self._notices) > _NOTICES:
             self._notices.popitem(last=False)
-        back = URL(local_path(parsed.back)).update_query(done=op.request_id)
-        return Acted(location=str(back))
+        return Acted(location=str(URL(local_path(back)).update_query(done=request_id)))
+
+    def bad(self, message: str) -> Acted:
+        return Acted(rendered=self.error(400, message))
+
+    def unavailable(self, message: str) -> Acted:
+        return Acted(rendered=self.error(503, message))
 
 
-def _ms(ms: float) -> str:
-    return f"{ms / 1000:.2f} s" if ms >= 1000 else f"{ms:.1f} ms"
+_NO_ACTIONS: dict[str, Any] = {"books": frozenset(), "declared": []}
 
 
 # --- templates (app/ops/templates: the page, the error page and their style) ---------
@@ -444,23 +409,4 @@ _ENV = Environment(
 )
 _PAGE = _ENV.get_template("page.html")
 _ERROR = _ENV.get_template("error.html")
-# The web token's page, here rather than in templates/ (autoescaped as they are).
-_TOKEN = _ENV.from_string(
-    """<!doctype html>
-<html lang="en"><head><meta charset="utf-8"><title>401: Tickwheel node {{ node }}</title>
-<style>{% include "style.css" %}</style></head><body>
-<h1>401: this node's web token is needed</h1>
-{% if wrong %}<div class="error" id="error">That is not this node's web token.</div>{% endif %}
-<p>Retry and Skip on this node need its web token (TICKWHEEL_WEB_TOKEN). Nothing was
-changed yet: give the token to carry out the form.</p>
-<form method="post" action="{{ action }}" id="token">
-{% for name, value in fields %}
-<input type="hidden" name="{{ name }}" value="{{ value }}">
-{% endfor %}
-<label>web token <input type="password" name="{{ token_field }}"
- autocomplete="current-password" autofocus required></label>
-<button type="submit">Continue</button></form>
-<p><a href="/">Back to the page</a></p>
-</body></html>
-"""
-)
+_TOKEN = _ENV.get_template("token.html")

@@ -22,9 +22,11 @@ query parameters `type`, `owner`, `tenant`, `target`, `target_type`, `due_from`,
 scan stopped there: the page then ends where the scan did). `GET /` is the operator page
 (`app.ops.page`: partitions, timers, parked timers, the ledger, an owner search with
 `?owner=<id>&tenant=<tenant>`, the lateness chart); its Retry and Skip forms are
-`POST /timers/retry` and `POST /timers/skip` (303 back to the page, 400 for a bad form,
-403 for a form posted from another site). `PUT`, `DELETE` and `GET /timers/{type}/{owner}/{key}`
-set, cancel and show a timer of a timer book (`app.ops.timer_routes`); `GET /jobs` and
+`POST /timers/retry` and `POST /timers/skip`, its timers' and jobs' buttons
+`POST /page/timer` and `POST /page/job` (`app.ops.page_actions`) (303 back to the page,
+400 for a bad form, 403 for a form posted from another site). `PUT`, `DELETE` and
+`GET /timers/{type}/{owner}/{key}` set, cancel and show a timer of a timer book
+(`app.ops.timer_routes`); `GET /jobs` and
 `POST /jobs/{context}/{job}/trigger|enable|disable|reschedule|backfill` list and act on
 the service's jobs (`app.ops.job_routes`); and
 `GET /openapi.json` describes every JSON route (`app.ops.openapi`). Anything else is a JSON
@@ -58,7 +60,8 @@ from app.errors import TickwheelError
 from app.ops.forms import TOKEN_FIELD, without_token
 from app.ops.job_routes import JobRoutes
 from app.ops.openapi import openapi_document
-from app.ops.page import OperatorPage, Rendered, default_node_id
+from app.ops.page import Acted, OperatorPage, Rendered, default_node_id
+from app.ops.page_actions import JOB_FORM, TIMER_FORM, PageActions
 from app.ops.timer_api import DEFAULT_WAIT_S
 from app.ops.timer_routes import TimerRoutes
 from app.ops.upcoming import BadQuery, SortKey, query_of, sort_key, upcoming_page
@@ -126,6 +129,7 @@ class WebServer:
         self._host = host
         self._port = port
         self._max_commit_lag_s = max_commit_lag_s
+        self._timer_wait_s = timer_wait_s
         self._runner: web.AppRunner | None = None
         self._started = time.monotonic()
         self.port = port
@@ -154,6 +158,8 @@ class WebServer:
         app.router.add_get("/", self._page)
         app.router.add_post("/timers/retry", self._retry)
         app.router.add_post("/timers/skip", self._skip)
+        app.router.add_post(TIMER_FORM, self._timer_form)
+        app.router.add_post(JOB_FORM, self._job_form)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self._host, self._port)
@@ -161,6 +167,7 @@ class WebServer:
         for address in self._runner.addresses:  # the port chosen when asked for port 0
             self.port = int(address[1])
         self.page = OperatorPage(self._node, default_node_id(self.port))
+        self.page.actions = PageActions(self._node, self.page, self._timer_wait_s)
         logger.info(
             "http on %s:%d (actions %s)",
             self._host,
@@ -268,14 +275,17 @@ class WebServer:
     async def _skip(self, request: web.Request) -> web.Response:
         return await self._act(request, "skip")
 
+    async def _timer_form(self, request: web.Request) -> web.Response:
+        assert self.page is not None and self.page.actions is not None
+        return _acted(await self.page.actions.timer(without_token(await request.post())))
+
+    async def _job_form(self, request: web.Request) -> web.Response:
+        assert self.page is not None and self.page.actions is not None
+        return _acted(await self.page.actions.job(without_token(await request.post())))
+
     async def _act(self, request: web.Request, action: str) -> web.Response:
         assert self.page is not None
-        acted = await self.page.act(action, without_token(await request.post()))
-        if acted.location is not None:
-            # Returned, not raised: the error middleware answers raised ones in JSON.
-            return web.Response(status=303, headers={"Location": acted.location})
-        assert acted.rendered is not None
-        return _html(acted.rendered)
+        return _acted(await self.page.act(action, without_token(await request.post())))
 
     def _guard(self) -> Middleware:
         """The middleware every action passes: from this server's own page (or no
@@ -361,6 +371,14 @@ def _html(page: Rendered) -> web.Response:
         content_type="text/html",
         headers={"Content-Security-Policy": CONTENT_SECURITY_POLICY},
     )
+
+
+def _acted(acted: Acted) -> web.Response:
+    if acted.location is not None:
+        # Returned, not raised: the error middleware answers raised ones in JSON.
+        return web.Response(status=303, headers={"Location": acted.location})
+    assert acted.rendered is not None
+    return _html(acted.rendered)
 
 
 def _same_site(request: web.Request) -> bool:

@@ -16,6 +16,12 @@ partitions then all show under the remaining node. Screenshots of each step go t
 directory the test prints; with `TICKWHEEL_DOCS_SCREENSHOT=1` the first (the group on
 one node's page, the parked timer with its buttons, the ledger, the chart) is also
 written to docs/operator-page.png.
+
+The page's buttons (#22): the job `nightly` is enabled from the first page (its next slot
+then shows), a timer of the timer book `<context>.reminders`, kept in the partition of the
+node that owns the parked timer, is paused and resumed from the OTHER node's page (its
+status, read from the partition's changelog, changes), and the job is triggered from the
+page (its run's `Tick` reaches the gate `job-ran`).
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
+import aiohttp
 import orjson
 import pytest
 from harness import ROOT, Client, Cluster, Worker, eventually, owned
@@ -57,6 +64,7 @@ OPTIONS = {
     "send_timeout": 2000,
 }
 KEY = "k-page"
+BOOK_KEY = "remind-me"
 
 
 @pytest.fixture
@@ -180,6 +188,22 @@ async def test_an_operator_retries_a_parked_timer_in_the_browser(
         ]
         await client.send(schedule, *ticks)
         await client.wait_results([c.request_id for c in (schedule, *ticks)])
+        # A timer of the timer book, in the owner's partition (owned by `here`), set
+        # through the other node's JSON route.
+        context = type_name.split(".", 1)[0]
+        book = f"{context}.reminders"
+        async with (
+            aiohttp.ClientSession() as http,
+            http.put(
+                f"http://127.0.0.1:{there.port}/timers/{book}/{owner}/{BOOK_KEY}",
+                json={
+                    "rule": {"kind": "once", "at": now + 3_600_000},
+                    "target": {"type": type_name, "id": "reminded"},
+                    "command": {"type": "Tick"},
+                },
+            ) as put,
+        ):
+            assert put.status == 200, await put.text()
 
         async def parked() -> bool:
             rows = {t.key: t for t in (await client.timers()).values()}
@@ -197,10 +221,24 @@ async def test_an_operator_retries_a_parked_timer_in_the_browser(
             row = page.locator("tr.parked-timer", has_text=KEY)
             chart = page.locator("svg#lateness polyline")
             partition = partition_of(owner, PARTITIONS)
+            # Every declared job, with its buttons: `nightly` enabled from the page.
+            job = page.locator("tr.declared-job", has_text="nightly")
+            async with page.expect_navigation():
+                await job.locator("button", has_text="Enable").click()
+            notice = page.locator("#notice")
+            await notice.wait_for()
+            said = await notice.inner_text()
+            assert said.startswith("Enable of job ") and "COMMITTED" in said, said
+            next_slot = job.locator("td").nth(5)
 
             async def listed() -> bool:
-                # The chart too: this node's own fires of the last minutes, drawn.
-                return await row.count() == 1 and await chart.count() == 2
+                # The chart too: this node's own fires of the last minutes, drawn; and the
+                # enabled job's next slot, from the report of the node keeping its timer.
+                return (
+                    await row.count() == 1
+                    and await chart.count() == 2
+                    and "(in " in await next_slot.inner_text()
+                )
 
             await reload_until(page, listed, 30, "the other node's parked timer on the page")
             assert await row.locator("td").nth(3).inner_text() == KEY
@@ -214,7 +252,9 @@ async def test_an_operator_retries_a_parked_timer_in_the_browser(
                     assert f":{w.port} " in await cells.nth(2).inner_text()
             nodes = page.locator("#nodes tr")
             assert await nodes.count() == 3  # a header and both nodes
-            counted = page.locator("#timers tr", has_text=f":{here.port} ")
+            counted = page.locator("#timers tr", has_text=f":{here.port} ").filter(
+                has_text=type_name
+            )
             assert await counted.count() == len(owned(here))
             assert await page.locator("#upcoming tr").count() > 1
             # The dead-letter topic read from the broker: none in this scenario.
@@ -242,7 +282,6 @@ async def test_an_operator_retries_a_parked_timer_in_the_browser(
             result = (await client.wait_results([opened.request_id]))[opened.request_id]
             assert result.code == "COMMITTED", result
             await row.locator("button", has_text="Retry").click()
-            notice = page.locator("#notice")
             await notice.wait_for()
             assert (await notice.inner_text()).startswith(
                 f"Retry of the timers of {type_name} parked on {target} requested"
@@ -278,6 +317,45 @@ async def test_an_operator_retries_a_parked_timer_in_the_browser(
             assert texts[3:5] == [KEY, "FIRED"]
             await shoot(page, shots, "4-owner-search")
 
+            # 5b. The book's timer, in the same partition (the other node's), paused and
+            # resumed from this page: the command goes through Kafka to its owner, and the
+            # status read from the partition's changelog changes.
+            reminder = page.locator("tr.owner-timer", has_text=BOOK_KEY)
+            status_cell = reminder.locator("td").nth(4)
+            assert await reminder.locator("td").nth(0).inner_text() == book
+            assert f":{here.port} " in await reminder.locator("td").nth(2).inner_text()
+            assert await status_cell.inner_text() == "PENDING"
+            for button, status in (("Pause", "PAUSED"), ("Resume", "PENDING")):
+                async with page.expect_navigation():
+                    await reminder.locator("button", has_text=button).click()
+                await notice.wait_for()
+                said = await notice.inner_text()
+                assert said.startswith(f"{button} of ") and "COMMITTED" in said, said
+
+                async def shows(status: str = status) -> bool:
+                    return await status_cell.inner_text() == status
+
+                await reload_until(page, shows, 30, f"the book's timer {status} on the page")
+                if status == "PAUSED":
+                    await shoot(page, shots, "5-a-book-timer-paused")
+                    assert await reminder.locator("button", has_text="Resume").count() == 1
+
+            # 5c. The job triggered from the page: its run's command reaches its target.
+            await page.goto(f"http://127.0.0.1:{there.port}/")
+            async with page.expect_navigation():
+                await job.locator("button", has_text="Trigger").click()
+            await notice.wait_for()
+            said = await notice.inner_text()
+            assert said.startswith("Trigger of job ") and "COMMITTED" in said, said
+
+            async def ran() -> bool:
+                return any(
+                    e.type == "Ticked" and e.aggregate.id == "job-ran"
+                    for e in await client.events()
+                )
+
+            await eventually(ran, 30, "the triggered job's command on its target")
+
             # 6. A bad query is a 400 page, in the browser too.
             response = await page.goto(
                 f"http://127.0.0.1:{here.port}/?owner={'x' * 501}", wait_until="load"
@@ -302,7 +380,7 @@ async def test_an_operator_retries_a_parked_timer_in_the_browser(
                 return True
 
             await reload_until(other, moved, 90, "the stopped node's partitions on `here`")
-            await shoot(other, shots, "5-after-a-clean-stop")
+            await shoot(other, shots, "6-after-a-clean-stop")
         finally:
             await page.close()
             await other.close()

@@ -4,6 +4,9 @@ until it is opened, as a target does until an operator has fixed what it depends
 `Pass` fails (a ValueError: ERROR, so the timer is retried and then parked) while the
 gate is closed; `Open` opens it, and `Pass` then commits `Passed`. The context's name
 comes from `TW_TEST_CONTEXT`, as for `tw_services`.
+
+The page's timer buttons act on a timer book (`<context>.reminders`), and its job buttons
+on the job `nightly`, whose run sends `Tick` to the gate `job-ran`.
 """
 
 from __future__ import annotations
@@ -12,6 +15,8 @@ import os
 
 from pydantic import BaseModel
 
+from app.clients.timer_book import timer_book
+from app.jobs import Job, JobRun, JobScope
 from app.model.aggregate import (
     AggregateType,
     Command,
@@ -74,4 +79,15 @@ def _ticked(state: Gate, e: Event) -> Gate:
     return state
 
 
-service = Service(aggregates=(gate,))
+JOB_TARGET = AggregateRef(context=CONTEXT, aggregate="gate", id="job-ran")
+
+
+def _nightly(run: JobRun) -> None:
+    run.send(JOB_TARGET, "Tick", {})
+
+
+nightly = Job(
+    "nightly", JobScope.SYSTEM, parse_rule({"kind": "cron", "expr": "0 3 * * *"}), _nightly
+)
+
+service = Service(aggregates=(gate, timer_book(CONTEXT, "reminders")), jobs={CONTEXT: (nightly,)})

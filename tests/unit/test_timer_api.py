@@ -286,6 +286,7 @@ async def test_the_openapi_document_describes_every_json_route(edge: Edge) -> No
     finally:
         await server.stop()
     page = {("GET", "/"), ("GET", "/metrics"), ("POST", "/timers/retry"), ("POST", "/timers/skip")}
+    page |= {("POST", "/page/timer"), ("POST", "/page/job")}
     assert routes == set(JSON_ROUTES) | page
     text = orjson.dumps(doc).decode()
     for ref in set(re.findall(r'"\$ref":"#/components/schemas/([^"]+)"', text)):
