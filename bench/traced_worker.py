@@ -62,8 +62,8 @@ def _wrap(
 
 def install() -> None:
     from app.kafka import consumers, producers
-    from app.node import cycles
-    from app.timers import changelog, sender
+    from app.node import cycles, partition_transaction
+    from app.timers import sender
     from app.timers.runner import runner
     from tables import partitioned
 
@@ -76,7 +76,11 @@ def install() -> None:
     _wrap(cycle, "_cycle", "cycles._cycle: one partition cycle (decide and stage)")
     _wrap(cycle, "_subscribe", "cycles._subscribe: a log batch into the timer table")
     _wrap(consumers.GroupConsumer, "poll", "consumer.poll")
-    _wrap(changelog.Transaction, "send", "txn.send: a partition's commit (incl. lock wait)")
+    _wrap(
+        partition_transaction.Transaction,
+        "send",
+        "txn.send: a partition's commit (incl. lock wait)",
+    )
     _wrap(producers.TransactionalProducer, "_commit", "txn._commit: offsets + EndTxn round trips")
     _wrap(producers.Producer, "send_many", "producer.send_many: a command to the broker (ack)")
     _wrap(partitioned.PartitionedStore, "put", "store.put")

@@ -51,7 +51,7 @@ __all__ = [
 
 Commit = Callable[[Sequence[OutRecord], dict[tuple[str, int], int]], Awaitable[list[int]]]
 """Sends records and commits consumer offsets in the partition's one transaction; the
-records' offsets (`TransactionalChangelog.commit`, bound to the partition)."""
+records' offsets (`PartitionTransaction.commit`, bound to the partition)."""
 
 LocalDecided = Callable[[list[tuple[CommandEnvelope, ResultCode, str]]], Awaitable[None]]
 """Told, before the commit, what each command fired in-process came to, so that the

@@ -2,7 +2,7 @@
 
 Derived from how the runtime uses its clients, and no more:
 
-- `TransactionalWriter`: one partition's transactional producer (`TransactionalChangelog`):
+- `TransactionalWriter`: one partition's transactional producer (`PartitionTransaction`):
   `start` fences the previous writer of the same transactional id, `commit` writes records
   and a group's consumer offsets in one transaction, `broken` says it failed for good.
 - `LogReader`: reads a partition's committed records to its end (restores, read_committed).

@@ -1,7 +1,9 @@
 """A worker process: settings, its local data directory, its metrics, and the node that
 owns partitions: one task per partition given to it (`partition_task`, its states in
 `task_state`), which takes the partition (restores it), runs its cycles and timers, and
-lets it go; the node manages them (`node`).
+lets it go; the node manages them (`node`). Everything of a partition commits in its one
+Kafka transaction (`partition_transaction`: timer rows, the command path's records, every
+offset), fencing its previous owner.
 
 May import: everything below it (`app.commands`, `app.timers`, `app.kafka`, `app.service`,
 `app.model`, `app.protocol`, `tables`); never `app.ops` or `app.cli`.

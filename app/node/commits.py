@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable
 
 from app.errors import KafkaUnavailable
 from app.node.kept import KeptType
-from app.timers.changelog import Transaction
+from app.node.partition_transaction import Transaction
 
 __all__ = ["Commits", "OnFailure"]
 

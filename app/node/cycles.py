@@ -13,14 +13,14 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from collections import Counter, defaultdict
+from collections import defaultdict
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
 
-from app.commands.processor import CommandBatch, CommandProcessor, dead_letter_record, misrouted
+from app.commands.processor import CommandBatch, CommandProcessor, misrouted
 from app.errors import BadRecord, KafkaUnavailable, node_fault
-from app.kafka import OutRecord, Record
+from app.kafka import Record
 from app.node.commits import Commits, OnFailure
+from app.node.cycle_work import CycleWork
 from app.node.kept import KeptType
 from app.node.metrics import NodeMetrics
 from app.protocol.dead_letters import Stage
@@ -42,39 +42,6 @@ Batch = tuple[str, list[Record]]
 
 _LOCAL: Batch = ("", [])
 """Queued for a partition's worker: timers were handed over to fire in-process."""
-
-
-@dataclass
-class _Work:
-    """What one cycle of a partition has for one type: written in one transaction."""
-
-    kept: KeptType
-    now: int
-    limits: InputLimits
-    processor: CommandProcessor | None  # None: the partition's commands are not decided here
-    out: list[OutRecord] = field(default_factory=list)  # beside the command batch's
-    letters: Counter[str] = field(default_factory=Counter)  # dead letters in `out`, by topic
-    offsets: dict[tuple[str, int], int] = field(default_factory=dict)
-    batch: CommandBatch | None = None
-    wrote: bool = False  # timer rows written (buffered in the partition's transaction)
-
-    def dead_letter(self, record: Record, error: BaseException, stage: Stage) -> None:
-        """Skips a bad record: its dead letter commits with the offset that passes it."""
-        self.out.append(dead_letter_record(record, error, stage, self.now, self.limits))
-        self.letters[record.topic] += 1
-
-    def batch_of(self, p: int) -> CommandBatch | None:
-        """The cycle's command batch, begun on first use; None: p's commands are not
-        decided here."""
-        if self.batch is None and self.processor is not None:
-            self.batch = self.processor.begin()
-        return self.batch
-
-    @property
-    def decider(self) -> CommandProcessor:
-        """The processor that began the cycle's batch (asked only once one was begun)."""
-        assert self.processor is not None
-        return self.processor
 
 
 def _after(records: list[Record], done: int) -> list[Record]:
@@ -209,13 +176,14 @@ class PartitionCycles:
     async def _cycle(self, p: int, items: list[Batch]) -> bool:
         """Decides what arrived for p and the timers handed over to fire, and stages it;
         whether it did (else p is let go and taken afresh)."""
-        work: dict[str, _Work] = {}
+        work: dict[str, CycleWork] = {}
         now = self._now()
 
-        def work_of(kept: KeptType) -> _Work:
+        def work_of(kept: KeptType) -> CycleWork:
             w = work.get(kept.name)
             if w is None:
-                w = work[kept.name] = _Work(kept, now, self.limits, self.processor(kept.name, p))
+                processor = self.processor(kept.name, p)
+                w = work[kept.name] = CycleWork(kept, now, self.limits, processor)
             return w
 
         try:
@@ -271,7 +239,7 @@ class PartitionCycles:
         ]
         self._metrics.round(kept.name, await kept.runner.record_outcomes(outcomes))
 
-    def _stage(self, p: int, w: _Work) -> None:
+    def _stage(self, p: int, w: CycleWork) -> None:
         """Stages the cycle's work in p's transaction, and commits it at once unless p
         committed less than a commit interval ago (then the committer does, by then)."""
         kept = w.kept
@@ -346,7 +314,7 @@ class PartitionCycles:
             kept.runner.offer(put)
             kept.loop.wake(reload=False)
 
-    async def _subscribe(self, kept: KeptType, records: list[Record], w: _Work) -> bool:
+    async def _subscribe(self, kept: KeptType, records: list[Record], w: CycleWork) -> bool:
         """Applies a log batch to the timer table, its bad records' dead letters added to
         the cycle's records; whether it wrote anything."""
         ops: list[tuple[Record, TimerOp]] = []
@@ -383,7 +351,7 @@ class PartitionCycles:
         return writes > 0
 
     async def _apply(
-        self, kept: KeptType, ops: list[tuple[Record, TimerOp]], w: _Work
+        self, kept: KeptType, ops: list[tuple[Record, TimerOp]], w: CycleWork
     ) -> tuple[int, list[Timer]]:
         """Carries the batch's timer operations out; one the store refuses (not a fault of
         the store's own) is its record's: the others are carried out one by one and that
@@ -405,7 +373,7 @@ class PartitionCycles:
             writes, put = writes + n, put + timers
         return writes, put
 
-    async def _operate(self, kept: KeptType, records: list[Record], w: _Work) -> None:
+    async def _operate(self, kept: KeptType, records: list[Record], w: CycleWork) -> None:
         """Carries out operators' retry/skip requests on this partition's parked timers."""
         for record in records:
             stage = Stage.READ

@@ -10,9 +10,10 @@ from typing import Any
 from app.errors import Fenced
 from app.kafka import TopicSpec
 from app.model.aggregate import AggregateType
+from app.node.local_state import CleanMarks
+from app.node.partition_transaction import PartitionTransaction
 from app.protocol.dead_letters import DEAD_LETTER_TOPIC_BYTES
 from app.protocol.topics import AggregateTopics, ContextTopics
-from app.timers.changelog import CleanMarks, TransactionalChangelog
 from app.timers.runner import TimerLoop, TimerRunner
 from tables import TimerStore
 from tables.aggregate_store import RocksAggregateStore
@@ -30,7 +31,7 @@ class KeptType:
     runner: TimerRunner
     loop: TimerLoop
     states: RocksAggregateStore | None
-    changelog: TransactionalChangelog
+    changelog: PartitionTransaction
     marks: CleanMarks
 
     @property

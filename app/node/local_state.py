@@ -1,6 +1,7 @@
 """The node's data directory is a cache of one Kafka cluster's topics: a copy made against
 another cluster (TICKWHEEL_DATA_DIR reused, a broker replaced) is dropped before anything
-of it is read, and restored from the topics."""
+of it is read, and restored from the topics. Within it, which partitions' local copies hold
+committed writes only (`CleanMarks`)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import shutil
 from collections.abc import Iterable
 from pathlib import Path
 
-__all__ = ["keep_for_cluster"]
+__all__ = ["CleanMarks", "keep_for_cluster"]
 
 logger = logging.getLogger(__name__)
 
@@ -47,3 +48,28 @@ def keep_for_cluster(data_dir: Path, cluster_id: str, type_names: Iterable[str])
         tmp.write_text(cluster_id + "\n")
         tmp.replace(mark)
     return dropped
+
+
+class CleanMarks:
+    """Which partitions' local copies hold committed writes only (files beside the store).
+
+    A mark is removed when the node takes a partition and written back only after its last
+    transaction committed when it lets the partition go; a partition without a mark is
+    restored from the changelog alone.
+    """
+
+    def __init__(self, directory: Path) -> None:
+        self._dir = directory
+
+    def _path(self, partition: int) -> Path:
+        return self._dir / f"clean-p{partition}"
+
+    def take(self, partition: int) -> bool:
+        """Whether the local copy was clean; it is not from now on."""
+        path = self._path(partition)
+        clean = path.exists()
+        path.unlink(missing_ok=True)
+        return clean
+
+    def mark(self, partition: int) -> None:
+        self._path(partition).touch()

@@ -16,11 +16,12 @@ from app.node.commits import Commits
 from app.node.cycles import PartitionCycles
 from app.node.in_process import InProcess
 from app.node.kept import KeptType
+from app.node.local_state import CleanMarks
 from app.node.metrics import NodeMetrics
+from app.node.partition_transaction import PartitionTransaction
 from app.node.settings import Settings
 from app.protocol.dead_letters import DEAD_LETTER_TOPIC_BYTES
 from app.protocol.topics import AggregateTopics, ContextTopics
-from app.timers.changelog import CleanMarks, TransactionalChangelog
 from app.timers.runner import Clock, TimerLoop, TimerOptions, TimerRunner
 from app.timers.sender import KafkaSender, ResultsReader
 from tables import open_timer_store
@@ -84,7 +85,7 @@ def open_type(
     s, clock, metrics, types = node.settings, node.clock, node.metrics, node.types
     directory = Path(s.data_dir) / t.type_name
     (directory / "timers").mkdir(parents=True, exist_ok=True)
-    changelog = TransactionalChangelog(
+    changelog = PartitionTransaction(
         node.clients.transactional_writer,
         t.timers_changelog,
         s.group_id,

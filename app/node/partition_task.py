@@ -33,10 +33,11 @@ from app.node.cycles import PartitionCycles
 from app.node.failing import FailingPartitions
 from app.node.kept import KeptType, is_fenced
 from app.node.metrics import NodeMetrics
+from app.node.partition_transaction import PartitionTransaction
 from app.node.settings import Settings
 from app.node.task_state import TaskState, closes_clean, transition
 from app.protocol.limits import InputLimits
-from app.timers.changelog import TransactionalChangelog, restore_partition, unreadable_letters
+from app.timers.restore import restore_partition, unreadable_letters
 from app.timers.sender import ResultsReader
 
 __all__ = ["TAKE_ATTEMPTS", "PartitionTask", "TaskManager", "TaskShared"]
@@ -358,7 +359,7 @@ class PartitionTask:
                 logger.exception("results reader: letting partition %d go failed", p)
 
 
-def _committer(changelog: TransactionalChangelog, p: int) -> Commit:
+def _committer(changelog: PartitionTransaction, p: int) -> Commit:
     """The command path's commit: p's one transaction."""
 
     async def commit(

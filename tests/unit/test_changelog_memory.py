@@ -13,7 +13,8 @@ import pytest
 from app.errors import Fenced, KafkaUnavailable
 from app.kafka import TopicSpec, TransactionalWriter
 from app.kafka.memory import MemoryLog
-from app.timers.changelog import TransactionalChangelog, restore_partition
+from app.node.partition_transaction import PartitionTransaction as TransactionalChangelog
+from app.timers.restore import restore_partition
 from tables import (
     AggregateRef,
     CommandSpec,

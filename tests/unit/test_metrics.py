@@ -35,10 +35,11 @@ from app.kafka import OutRecord, Reader, Record, TransactionalProducer
 from app.kafka.broker_watch import BrokerWatch
 from app.model.aggregate import Command, Decision
 from app.node.metrics import LATENESS_BUCKETS, NodeMetrics
+from app.node.partition_transaction import Transaction, _Staged
 from app.node.settings import Settings
 from app.ops.cluster_status import bad_records_counter, report_errors_counter
 from app.protocol.wire import CommandEnvelope, ResultCode
-from app.timers.changelog import Transaction, _Staged, restore_partition
+from app.timers.restore import restore_partition
 from app.timers.runner import SENT, SendResult, TimerOptions, TimerRunner
 from tables import (
     AggregateRef,

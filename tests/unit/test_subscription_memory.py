@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from app.kafka import OutRecord, Record, TopicSpec
 from app.kafka.memory import MemoryLog
+from app.node.partition_transaction import PartitionTransaction as TransactionalChangelog
 from app.protocol.topics import AggregateTopics
 from app.protocol.wire import (
     SCHEDULE_CANCELLED,
@@ -15,7 +16,7 @@ from app.protocol.wire import (
     decode,
     encode,
 )
-from app.timers.changelog import TransactionalChangelog, restore_partition
+from app.timers.restore import restore_partition
 from app.timers.subscription import TimerOp, apply_all, timer_op
 from tables import AggregateRef, Timer, TimerStatus, TimerStore, open_timer_store
 from tables.partitioner import partition_of

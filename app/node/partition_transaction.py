@@ -1,4 +1,4 @@
-"""The timer table's changelog on Kafka: transactional, fenced per partition, and restore.
+"""A partition's one Kafka transaction: transactional, fenced per partition.
 
 Each owned partition p of a type commits everything through one transactional producer
 (transactional id `<group>.<type>.timers.<p>`): timer rows, the command path's events and
@@ -8,7 +8,8 @@ and no compaction ever sees its writes. A store write is applied locally at once
 row buffered; the rows go out in p's next transaction (a command batch, a log batch's
 offsets, or every `commit_interval` for the runner's writes). A local copy that may
 hold writes that were never committed (the node stopped uncleanly, or a commit failed)
-is thrown away and restored from the changelog.
+is thrown away and restored from the changelog (`app.timers.restore`; which copies are
+clean: `app.node.local_state.CleanMarks`).
 """
 
 from __future__ import annotations
@@ -18,28 +19,12 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 
-from app.errors import BadRecord, KafkaUnavailable
-from app.kafka import (
-    LogReader,
-    OutRecord,
-    Record,
-    TransactionalWriter,
-    WriterFactory,
-)
-from app.kafka.records import RestoreProgress
-from app.protocol.dead_letters import Stage, dead_letter
-from tables import ChangelogRecord, TimerStore
+from app.errors import KafkaUnavailable
+from app.kafka import OutRecord, TransactionalWriter, WriterFactory
+from tables import ChangelogRecord
 
-__all__ = [
-    "CleanMarks",
-    "RestoreProgress",
-    "Transaction",
-    "TransactionalChangelog",
-    "restore_partition",
-    "unreadable_letters",
-]
+__all__ = ["PartitionTransaction", "Transaction"]
 
 logger = logging.getLogger(__name__)
 
@@ -49,11 +34,8 @@ busy or out of reach, which the client library retries without end or a word) is
 up, so that the take fails and is tried again, and the node stops loudly if it never
 can be: never a partition left restoring, silently, for good."""
 
-"""Told how far a restore got: the log offsets read so far and to read in all (offsets, so
-transaction markers count too and a finished restore reads exactly what it had to)."""
 
-
-class TransactionalChangelog:
+class PartitionTransaction:
     """Per owned partition of one aggregate type, the one transaction everything commits in.
 
     The store's changelog sink buffers each timer row here (no Kafka call while the store
@@ -259,110 +241,3 @@ class _Staged:
     records: list[OutRecord] = field(default_factory=list)
     offsets: dict[tuple[str, int], int] = field(default_factory=dict)
     after: list[tuple[int, int, Callable[[list[int]], None]]] = field(default_factory=list)
-
-
-class CleanMarks:
-    """Which partitions' local copies hold committed writes only (files beside the store).
-
-    A mark is removed when the node takes a partition and written back only after its last
-    transaction committed when it lets the partition go; a partition without a mark is
-    restored from the changelog alone.
-    """
-
-    def __init__(self, directory: Path) -> None:
-        self._dir = directory
-
-    def _path(self, partition: int) -> Path:
-        return self._dir / f"clean-p{partition}"
-
-    def take(self, partition: int) -> bool:
-        """Whether the local copy was clean; it is not from now on."""
-        path = self._path(partition)
-        clean = path.exists()
-        path.unlink(missing_ok=True)
-        return clean
-
-    def mark(self, partition: int) -> None:
-        self._path(partition).touch()
-
-
-async def restore_partition(
-    store: TimerStore,
-    reader: LogReader,
-    topic: str,
-    partition: int,
-    *,
-    clean: bool = True,
-    progress: RestoreProgress | None = None,
-    unreadable: list[tuple[Record, str]] | None = None,
-) -> int:
-    """Applies `topic[partition]` after the store's last applied offset; how many records.
-    `progress` hears the offsets read and to read as it goes.
-
-    A record that is no row of the partition's is passed over (the store keeps what its
-    key held before); those that no later record of their key replaced are added to
-    `unreadable` with the reason, for `unreadable_letters`."""
-    held = store.changelog_offset(partition)
-    begin, end = await reader.offsets(topic, partition)
-    if not clean or held is None or held < begin or held >= end:
-        # The local copy may hold uncommitted writes, or is unknown, or older than what the
-        # changelog still holds (a rebuild deleted it), or ahead of it (the topic was
-        # recreated): start from the changelog alone.
-        await store.drop(partition)
-        await store.assign({partition})
-        held = None
-    start = 0 if held is None else held + 1
-    began = time.monotonic()
-    count = 0
-    to_read = max(end - start, 0)
-    if progress is not None:
-        progress(0, to_read)
-    passed: dict[bytes, tuple[Record, str]] = {}
-    async for batch in reader.read(topic, partition, start):
-        rows = [(r.offset, r.key, r.value) for r in batch if r.key is not None]
-        if rows:
-            bad = {row.offset: row.reason for row in await store.apply_changelog(partition, rows)}
-            for r in batch:
-                if r.key is None:
-                    continue
-                if r.offset in bad:
-                    passed[r.key] = (r, bad[r.offset])
-                else:
-                    passed.pop(r.key, None)  # replaced (or deleted) by a later record
-            count += len(rows)
-        if batch and progress is not None:
-            progress(min(batch[-1].offset + 1 - start, to_read), to_read)
-    if progress is not None:
-        progress(to_read, to_read)
-    if passed:
-        logger.error(
-            "%s[%d]: %d records are no timer rows; passed over (first at offset %d: %s)",
-            topic,
-            partition,
-            len(passed),
-            min(r.offset for r, _ in passed.values()),
-            next(iter(passed.values()))[1],
-        )
-        if unreadable is not None:
-            unreadable += sorted(passed.values(), key=lambda item: item[0].offset)
-    logger.info(
-        "restored %s[%d]: %d records from offset %d in %.3f s",
-        topic,
-        partition,
-        count,
-        start,
-        time.monotonic() - began,
-    )
-    return count
-
-
-def unreadable_letters(
-    unreadable: Sequence[tuple[Record, str]], now: int, limit: int
-) -> list[OutRecord]:
-    """For each changelog record a restore passed over: its dead letter, and a tombstone of
-    its key, so that no later restore meets it again (one letter a record)."""
-    out: list[OutRecord] = []
-    for record, reason in unreadable:
-        out.append(dead_letter(record, BadRecord(reason), Stage.RESTORE, now, limit=limit))
-        out.append((record.topic, record.partition, record.key, None))
-    return out

@@ -1,0 +1,49 @@
+"""What one cycle of a partition has for one type (`CycleWork`): the records and offsets it
+decided, its command batch and its dead letters, all staged in the partition's one
+transaction (`PartitionCycles._stage`)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+from app.commands.processor import CommandBatch, CommandProcessor, dead_letter_record
+from app.kafka import OutRecord, Record
+from app.node.kept import KeptType
+from app.protocol.dead_letters import Stage
+from app.protocol.limits import InputLimits
+
+__all__ = ["CycleWork"]
+
+
+@dataclass
+class CycleWork:
+    """What one cycle of a partition has for one type: written in one transaction."""
+
+    kept: KeptType
+    now: int
+    limits: InputLimits
+    processor: CommandProcessor | None  # None: the partition's commands are not decided here
+    out: list[OutRecord] = field(default_factory=list)  # beside the command batch's
+    letters: Counter[str] = field(default_factory=Counter)  # dead letters in `out`, by topic
+    offsets: dict[tuple[str, int], int] = field(default_factory=dict)
+    batch: CommandBatch | None = None
+    wrote: bool = False  # timer rows written (buffered in the partition's transaction)
+
+    def dead_letter(self, record: Record, error: BaseException, stage: Stage) -> None:
+        """Skips a bad record: its dead letter commits with the offset that passes it."""
+        self.out.append(dead_letter_record(record, error, stage, self.now, self.limits))
+        self.letters[record.topic] += 1
+
+    def batch_of(self, p: int) -> CommandBatch | None:
+        """The cycle's command batch, begun on first use; None: p's commands are not
+        decided here."""
+        if self.batch is None and self.processor is not None:
+            self.batch = self.processor.begin()
+        return self.batch
+
+    @property
+    def decider(self) -> CommandProcessor:
+        """The processor that began the cycle's batch (asked only once one was begun)."""
+        assert self.processor is not None
+        return self.processor

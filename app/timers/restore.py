@@ -1,0 +1,106 @@
+"""The timer table restored from its changelog, and the letters for what a restore could not
+read.
+
+A partition's local copy that holds committed writes only is read on from its last applied
+offset; any other (uncommitted writes possible, unknown, older than what the changelog still
+holds, or ahead of it) is dropped and restored from the changelog alone. Its rows are
+written by the partition's transaction (`app.node.partition_transaction`).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+
+from app.errors import BadRecord
+from app.kafka import LogReader, OutRecord, Record
+from app.kafka.records import RestoreProgress
+from app.protocol.dead_letters import Stage, dead_letter
+from tables import TimerStore
+
+__all__ = ["restore_partition", "unreadable_letters"]
+
+logger = logging.getLogger(__name__)
+
+
+async def restore_partition(
+    store: TimerStore,
+    reader: LogReader,
+    topic: str,
+    partition: int,
+    *,
+    clean: bool = True,
+    progress: RestoreProgress | None = None,
+    unreadable: list[tuple[Record, str]] | None = None,
+) -> int:
+    """Applies `topic[partition]` after the store's last applied offset; how many records.
+    `progress` hears the offsets read and to read as it goes.
+
+    A record that is no row of the partition's is passed over (the store keeps what its
+    key held before); those that no later record of their key replaced are added to
+    `unreadable` with the reason, for `unreadable_letters`."""
+    held = store.changelog_offset(partition)
+    begin, end = await reader.offsets(topic, partition)
+    if not clean or held is None or held < begin or held >= end:
+        # The local copy may hold uncommitted writes, or is unknown, or older than what the
+        # changelog still holds (a rebuild deleted it), or ahead of it (the topic was
+        # recreated): start from the changelog alone.
+        await store.drop(partition)
+        await store.assign({partition})
+        held = None
+    start = 0 if held is None else held + 1
+    began = time.monotonic()
+    count = 0
+    to_read = max(end - start, 0)
+    if progress is not None:
+        progress(0, to_read)
+    passed: dict[bytes, tuple[Record, str]] = {}
+    async for batch in reader.read(topic, partition, start):
+        rows = [(r.offset, r.key, r.value) for r in batch if r.key is not None]
+        if rows:
+            bad = {row.offset: row.reason for row in await store.apply_changelog(partition, rows)}
+            for r in batch:
+                if r.key is None:
+                    continue
+                if r.offset in bad:
+                    passed[r.key] = (r, bad[r.offset])
+                else:
+                    passed.pop(r.key, None)  # replaced (or deleted) by a later record
+            count += len(rows)
+        if batch and progress is not None:
+            progress(min(batch[-1].offset + 1 - start, to_read), to_read)
+    if progress is not None:
+        progress(to_read, to_read)
+    if passed:
+        logger.error(
+            "%s[%d]: %d records are no timer rows; passed over (first at offset %d: %s)",
+            topic,
+            partition,
+            len(passed),
+            min(r.offset for r, _ in passed.values()),
+            next(iter(passed.values()))[1],
+        )
+        if unreadable is not None:
+            unreadable += sorted(passed.values(), key=lambda item: item[0].offset)
+    logger.info(
+        "restored %s[%d]: %d records from offset %d in %.3f s",
+        topic,
+        partition,
+        count,
+        start,
+        time.monotonic() - began,
+    )
+    return count
+
+
+def unreadable_letters(
+    unreadable: Sequence[tuple[Record, str]], now: int, limit: int
+) -> list[OutRecord]:
+    """For each changelog record a restore passed over: its dead letter, and a tombstone of
+    its key, so that no later restore meets it again (one letter a record)."""
+    out: list[OutRecord] = []
+    for record, reason in unreadable:
+        out.append(dead_letter(record, BadRecord(reason), Stage.RESTORE, now, limit=limit))
+        out.append((record.topic, record.partition, record.key, None))
+    return out
