@@ -213,7 +213,10 @@ async def test_a_partition_whose_log_cannot_be_read_fires_nothing_until_it_is(
     health = node.node.health()
     assert not health["ready"]
     report = health["failing"][str(p)]
-    assert report["at"] == {TOPICS.commands: report["at"][TOPICS.commands]}
+    # Where the failed cycle read: the command it failed on, and the events topic too when
+    # o1's ScheduleSet was not committed yet when the fault hit (a busy machine).
+    assert TOPICS.commands in report["at"]
+    assert set(report["at"]) <= {TOPICS.commands, TOPICS.events}
     assert "the disk is gone" in report["error"]
     assert "fires nothing until its log is read past" in health["stalled"][str(p)]
     await asyncio.sleep(max(0.0, (due + 500) / 1000 - time.time()))  # past its due time
