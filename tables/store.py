@@ -15,6 +15,7 @@ from typing import NamedTuple, Protocol, runtime_checkable
 from tables.census import TimerCensus
 from tables.keys import load_timer
 from tables.refs import AggregateRef
+from tables.rocksdb_io import gc_paused
 from tables.timer import Timer, TimerChange, TimerStatus
 
 __all__ = [
@@ -67,6 +68,13 @@ class DueRow:
             self._timer = load_timer(self._raw)
             self._raw = b""
         return self._timer
+
+    @staticmethod
+    def built(rows: Iterable[DueRow]) -> list[Timer]:
+        """Each row's Timer, built with the cyclic GC held off (`gc_paused`: the objects
+        of a thousand Timers are acyclic, a collection among them is for nothing)."""
+        with gc_paused():
+            return [row.timer() for row in rows]
 
     def __repr__(self) -> str:
         return f"DueRow({self.due_at}, {self.id!r}, partition={self.partition})"

@@ -7,11 +7,11 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+from test_store_contract import P, change, into, ref, timer
 
 from tables import DueRow, StoreClosed, Timer, TimerStatus, TimerStore, open_timer_store
-from tests.unit.test_store_contract import P, change, into, ref, timer
 
-FIRING, PENDING = TimerStatus.FIRING, TimerStatus.PENDING
+FIRING = TimerStatus.FIRING
 
 
 @pytest.fixture(params=["memory", "rocksdb"])

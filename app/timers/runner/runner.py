@@ -106,7 +106,7 @@ class TimerRunner:
         self._ledger = ledger
         self._options = options or TimerOptions()
         self._wheel = Wheel(
-            lambda partitions, until, limit: store.due(partitions, until=until, limit=limit),
+            lambda partitions, until, limit: store.due_rows(partitions, until=until, limit=limit),
             self._options.poll_interval_ms,
             self._options.batch_limit,
         )
