@@ -4,7 +4,8 @@
     python -m bench.store_bench --timers 10000000   # the 10M memory target
 
 Loads N pending timers through `apply_changelog` (the restore rate), then measures
-`due()` latency (limit 1000; all 12 partitions and 4 of them), put and settle
+`due()` latency (limit 1000; all 12 partitions and 4 of them; `due_rows()`, which builds
+no Timer, and `due()` asked in turn), put and settle
 throughput, the sweep of finished rows (`expire`, as the runner calls it), and the RSS
 of a fresh process that opens the N-timer store and serves `due()` from it. Targets:
 restore >= 200,000 timers/s, due() p99 <= 5 ms at 1M, RSS <= 200 MB at 10M pending.
@@ -135,17 +136,37 @@ async def due_latency(
     rounds: int,
     until: int = BASE + SPREAD // 4,
     limit: int = 1_000,
+    *,
+    rows: bool = False,
 ) -> dict[str, Any]:
-    """due() asked again and again (a quarter of all timers are due: `limit` decides)."""
+    """due() asked again and again (a quarter of all timers are due: `limit` decides);
+    `rows`: due_rows() instead (no Timer built)."""
+    call = store.due_rows if rows else store.due
     samples, cpu = [], []
     for _ in range(rounds):
         started, started_cpu = time.perf_counter(), time.thread_time()
-        found = await store.due(partitions, until, limit)
+        found = await call(partitions, until, limit)
         samples.append(time.perf_counter() - started)
         cpu.append(time.thread_time() - started_cpu)
         assert len(found) == limit
     return {"partitions": len(partitions), "limit": limit, "rounds": rounds,
             **percentiles(samples, cpu)}  # fmt: skip
+
+
+async def due_rows_vs_due(store: TimerStore, rounds: int, limit: int = 1_000) -> dict[str, Any]:
+    """`due_rows()` and `due()` of all 12 partitions asked in turn on the same store (A/B in
+    one process: the load on the box falls on both alike); `due_rows` builds no Timer."""
+    every, until = set(range(PARTITIONS)), BASE + SPREAD // 4
+    samples: dict[str, tuple[list[float], list[float]]] = {"due_rows": ([], []), "due": ([], [])}
+    for _ in range(rounds):
+        for name, call in (("due_rows", store.due_rows), ("due", store.due)):
+            started, started_cpu = time.perf_counter(), time.thread_time()
+            found = await call(every, until, limit)
+            samples[name][0].append(time.perf_counter() - started)
+            samples[name][1].append(time.thread_time() - started_cpu)
+            assert len(found) == limit
+    return {"partitions": PARTITIONS, "limit": limit, "rounds": rounds,
+            **{name: percentiles(wall, cpu) for name, (wall, cpu) in samples.items()}}  # fmt: skip
 
 
 async def due_draining(store: TimerStore, rounds: int) -> dict[str, Any]:
@@ -273,6 +294,8 @@ async def serve(path: str, timers: int) -> dict[str, Any]:
     figures["due_all_12"] = await due_latency(store, every, 300)
     figures["due_4_of_12"] = await due_latency(store, {0, 1, 2, 3}, 300)
     figures["due_all_12_limit_250"] = await due_latency(store, every, 300, limit=250)
+    figures["due_rows_all_12"] = await due_latency(store, every, 300, rows=True)
+    figures["due_rows_vs_due_all_12"] = await due_rows_vs_due(store, 300)
     figures["due_draining"] = await due_draining(store, 50)
     figures["settle"] = await settle_rate(store, 100)
     figures["sweep"] = await sweep_rate(store, min(20_000, timers // 2))

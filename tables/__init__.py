@@ -4,7 +4,7 @@ from tables.backends import open_timer_store
 from tables.exceptions import InvalidRule, StoreClosed, StoreError, TablesError
 from tables.refs import DEFAULT_TENANT, AggregateRef
 from tables.rules import CronRule, IntervalRule, OnceRule, ScheduleRule, parse_rule
-from tables.store import ChangelogRecord, ChangelogSink, TimerStore
+from tables.store import ChangelogRecord, ChangelogSink, DueRow, TimerStore
 from tables.timer import ACTIVE, CommandSpec, Outcome, Timer, TimerChange, TimerStatus
 
 __all__ = [
@@ -15,6 +15,7 @@ __all__ = [
     "ChangelogSink",
     "CommandSpec",
     "CronRule",
+    "DueRow",
     "IntervalRule",
     "InvalidRule",
     "OnceRule",

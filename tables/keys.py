@@ -47,6 +47,7 @@ __all__ = [
     "ROW",
     "decode_timer",
     "due_key",
+    "due_key_order",
     "due_key_prefix",
     "due_upper_bound",
     "encode_timer",
@@ -149,6 +150,12 @@ def order_key(due_at: int, timer_id: str) -> bytes:
 
 def due_key(due_at: int, timer_id: str, row: bytes) -> bytes:
     return DUE + order_key(due_at, timer_id) + row
+
+
+def due_key_order(key: bytes) -> tuple[int, str]:
+    """`(due_at, id)` of a due-index key, read back without its row (see `due_key`)."""
+    end = key.index(b"\x00\x00", 9)  # an escaped id holds no two NULs in a row
+    return int.from_bytes(key[1:9], "big"), key[9:end].replace(b"\x00\x01", b"\x00").decode()
 
 
 def due_key_prefix(due_at: int) -> bytes:

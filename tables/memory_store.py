@@ -18,7 +18,7 @@ from itertools import islice
 from tables.keys import finished_at, owner_prefix, ref_bytes, restored_row
 from tables.partitioned import PartitionedStore
 from tables.refs import AggregateRef
-from tables.store import ChangelogSink, UnreadableRow
+from tables.store import ChangelogSink, DueRow, UnreadableRow
 from tables.store import unreadable_reason as _reason
 from tables.timer import Timer, TimerStatus
 from tables.writes import Write
@@ -120,13 +120,22 @@ class MemoryTimerStore(PartitionedStore):
         return [(row, data.rows[row]) for _, _, row in islice(entries, limit)]
 
     def _due(self, partitions: list[int], until: int, limit: int) -> list[Timer]:
+        picked = self._picked(partitions, until, limit)
+        return [self._data[partition].rows[entry[2]] for entry, partition in picked]
+
+    def _due_rows(self, partitions: list[int], until: int, limit: int) -> list[DueRow]:
+        return [
+            DueRow(due_at, id, partition, timer=self._data[partition].rows[row])
+            for (due_at, id, row), partition in self._picked(partitions, until, limit)
+        ]
+
+    def _picked(self, partitions: list[int], until: int, limit: int) -> list[tuple[_Entry, int]]:
         runs = []
         for partition in partitions:
             entries = self._data[partition].due
             end = bisect_left(entries, (until + 1,))
             runs.append([(entry, partition) for entry in entries[:end]])
-        picked = islice(heapq.merge(*runs), limit)
-        return [self._data[partition].rows[entry[2]] for entry, partition in picked]
+        return list(islice(heapq.merge(*runs), limit))
 
     def _parked(self, partitions: list[int], target: AggregateRef) -> list[Timer]:
         key = ref_bytes(target)

@@ -15,7 +15,7 @@ from tables.exceptions import StoreClosed, StoreError
 from tables.keys import encode_timer, owner_prefix, row_key
 from tables.refs import AggregateRef
 from tables.retention import expiry_cutoff, plan_expiry
-from tables.store import ChangelogRecord, ChangelogSink, UnreadableRow
+from tables.store import ChangelogRecord, ChangelogSink, DueRow, UnreadableRow
 from tables.timer import Timer, TimerChange, TimerStatus
 from tables.writes import (
     Write,
@@ -87,6 +87,10 @@ class PartitionedStore(ABC):
 
     @abstractmethod
     def _due(self, partitions: list[int], until: int, limit: int) -> list[Timer]: ...
+
+    @abstractmethod
+    def _due_rows(self, partitions: list[int], until: int, limit: int) -> list[DueRow]:
+        """`_due`'s rows, unbuilt (`DueRow`)."""
 
     @abstractmethod
     def _parked(self, partitions: list[int], target: AggregateRef) -> list[Timer]: ...
@@ -304,6 +308,15 @@ class PartitionedStore(ABC):
             return len(writes)
 
     async def due(self, partitions: set[int], until: int, limit: int) -> list[Timer]:
+        wanted = self._due_partitions(partitions, until, limit)
+        return self._due(wanted, until, limit) if wanted else []
+
+    async def due_rows(self, partitions: set[int], until: int, limit: int) -> list[DueRow]:
+        wanted = self._due_partitions(partitions, until, limit)
+        return self._due_rows(wanted, until, limit) if wanted else []
+
+    def _due_partitions(self, partitions: set[int], until: int, limit: int) -> list[int]:
+        """The partitions a `due()` reads, its arguments checked; none when nothing is due."""
         self._check_open()
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
             raise ValueError(f"limit must be an int of at least 1, not {limit!r}")
@@ -312,9 +325,7 @@ class PartitionedStore(ABC):
         wanted = sorted(partitions)
         for partition in wanted:
             self._check_served(partition)
-        if not wanted or until < 0:
-            return []
-        return self._due(wanted, until, limit)
+        return [] if until < 0 else wanted
 
     async def find(self, owner: AggregateRef, key: str) -> Timer | None:
         self._check_open()

@@ -42,6 +42,7 @@ from tables.keys import (
     PARKED,
     ROW,
     due_key,
+    due_key_order,
     due_key_prefix,
     due_upper_bound,
     finished_upper_bound,
@@ -54,7 +55,7 @@ from tables.partitioned import PartitionedStore
 from tables.refs import AggregateRef
 from tables.rocksdb_io import UNLOGGED, db_options, gc_paused, prefix_end, scan
 from tables.rowcheck import restored_index
-from tables.store import ChangelogSink, UnreadableRow, unreadable_reason
+from tables.store import ChangelogSink, DueRow, UnreadableRow, unreadable_reason
 from tables.timer import Timer, TimerStatus
 from tables.writes import Write
 
@@ -168,7 +169,23 @@ class RocksDBTimerStore(PartitionedStore):
             yield key[1:], load_timer(self._value(partition, raw))
 
     def _due(self, partitions: list[int], until: int, limit: int) -> list[Timer]:
-        """The first `limit` due entries of `partitions`, merged by key.
+        found = self._found(partitions, until, limit)
+        with gc_paused():
+            return [load_timer(value) for _, value, _ in found]
+
+    def _due_rows(self, partitions: list[int], until: int, limit: int) -> list[DueRow]:
+        rows = []
+        with gc_paused():
+            for key, value, partition in self._found(partitions, until, limit):
+                due_at, id = due_key_order(key)
+                rows.append(DueRow(due_at, id, partition, raw=value))
+        return rows
+
+    def _found(
+        self, partitions: list[int], until: int, limit: int
+    ) -> list[tuple[bytes, bytes, int]]:
+        """The first `limit` due entries of `partitions`, merged by key: `(key, value,
+        partition)`.
 
         Each partition's entries are taken in chunks (`list(islice(..))` runs in C, where a
         merge of generators stepped each entry through three Python frames): all entries
@@ -186,7 +203,7 @@ class RocksDBTimerStore(PartitionedStore):
         options = ReadOptions()  # held to the end: the iterators read their bound from it
         options.set_iterate_upper_bound(due_upper_bound(until))
         step = min(limit, limit // len(partitions) + limit // (4 * len(partitions)) + 8)
-        found: list[tuple[bytes, bytes]] = []
+        found: list[tuple[bytes, bytes, int]] = []
         runs: dict[int, Iterator[tuple[bytes, bytes]]] = {}
         last: dict[int, bytes] = {}
         for partition in partitions:
@@ -200,7 +217,7 @@ class RocksDBTimerStore(PartitionedStore):
                 self._low[partition] = max(low, min(until + 1, _MAX_DUE))
                 continue
             self._low[partition] = int.from_bytes(got[0][0][1:9], "big")
-            found += got
+            found += [(key, value, partition) for key, value in got]
             if len(got) == step:
                 runs[partition], last[partition] = run, got[-1][0]
         found.sort()
@@ -210,15 +227,14 @@ class RocksDBTimerStore(PartitionedStore):
                 break
             for partition in [p for p, key in last.items() if key == bound]:
                 got = list(islice(runs[partition], step))
-                found += got
+                found += [(key, value, partition) for key, value in got]
                 if len(got) == step:
                     last[partition] = got[-1][0]
                 else:
                     del runs[partition], last[partition]
             found.sort()
         del options
-        with gc_paused():
-            return [load_timer(value) for _, value in found[:limit]]
+        return found[:limit]
 
     def _lower(self, partition: int, index: bytes) -> None:
         """Keeps `_low` (`_finished_low`) below a due (finished) entry about to be written."""

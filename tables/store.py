@@ -13,12 +13,15 @@ from collections.abc import Iterable, Sequence
 from typing import NamedTuple, Protocol, runtime_checkable
 
 from tables.census import TimerCensus
+from tables.keys import load_timer
 from tables.refs import AggregateRef
+from tables.rocksdb_io import gc_paused
 from tables.timer import Timer, TimerChange, TimerStatus
 
 __all__ = [
     "ChangelogRecord",
     "ChangelogSink",
+    "DueRow",
     "TimerStore",
 ]
 
@@ -31,6 +34,50 @@ class ChangelogRecord(NamedTuple):
     partition: int
     key: bytes
     value: bytes | None
+
+
+class DueRow:
+    """One entry of `TimerStore.due_rows`: what orders it (`due_at`, `id`) and where it
+    lives (`partition`), read from the due index's key; its Timer built on first ask.
+
+    Building a Timer (decoding its JSON and models, ~5 µs) is most of a `due()` of 1,000
+    rows; a caller that orders many rows and acts on few builds only those it acts on.
+    """
+
+    __slots__ = ("_raw", "_timer", "due_at", "id", "partition")
+
+    def __init__(
+        self, due_at: int, id: str, partition: int, *, raw: bytes = b"", timer: Timer | None = None
+    ) -> None:
+        if timer is None and not raw:
+            raise ValueError("a DueRow needs its row's bytes or its Timer")
+        self.due_at = due_at
+        self.id = id
+        self.partition = partition
+        self._raw = raw
+        self._timer = timer
+
+    @classmethod
+    def of(cls, timer: Timer) -> DueRow:
+        """A row already built (e.g. one just written)."""
+        return cls(timer.due_at, timer.id, timer.partition, timer=timer)
+
+    def timer(self) -> Timer:
+        """The row as the store held it when it was read; built once."""
+        if self._timer is None:
+            self._timer = load_timer(self._raw)
+            self._raw = b""
+        return self._timer
+
+    @staticmethod
+    def built(rows: Iterable[DueRow]) -> list[Timer]:
+        """Each row's Timer, built with the cyclic GC held off (`gc_paused`: the objects
+        of a thousand Timers are acyclic, a collection among them is for nothing)."""
+        with gc_paused():
+            return [row.timer() for row in rows]
+
+    def __repr__(self) -> str:
+        return f"DueRow({self.due_at}, {self.id!r}, partition={self.partition})"
 
 
 class UnreadableRow(NamedTuple):
@@ -119,6 +166,11 @@ class TimerStore(Protocol):
     async def due(self, partitions: set[int], until: int, limit: int) -> list[Timer]:
         """Up to `limit` timers of `partitions` PENDING and due at or before `until`, or
         FIRING with a claim that lapses by then; earliest due first, ties by id."""
+        ...
+
+    async def due_rows(self, partitions: set[int], until: int, limit: int) -> list[DueRow]:
+        """`due()`'s rows, in its order, each built into its Timer only when asked
+        (`DueRow.timer`): the same rows as `due()` would answer."""
         ...
 
     async def find(self, owner: AggregateRef, key: str) -> Timer | None:

@@ -14,6 +14,7 @@ from typing import Protocol
 
 from app.timers.runner.decisions import SendResult
 from tables.refs import AggregateRef
+from tables.store import DueRow
 from tables.timer import Timer, TimerChange
 
 __all__ = ["BeforeSend", "Clock", "FiringStore", "LocalFirer", "Sender", "SystemClock"]
@@ -71,6 +72,8 @@ class FiringStore(Protocol):
     """The part of the TimerStore the runner uses."""
 
     async def due(self, partitions: set[int], until: int, limit: int) -> list[Timer]: ...
+
+    async def due_rows(self, partitions: set[int], until: int, limit: int) -> list[DueRow]: ...
 
     async def settle(self, changes: list[TimerChange]) -> int: ...
 

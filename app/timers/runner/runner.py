@@ -1,10 +1,11 @@
 """TimerRunner: carries out the decisions against a store, a sender and a clock.
 
 The runner holds no rule of its own: `decisions` says what each timer becomes; this
-module loads, claims, sends and writes, in rounds. One round is one `due()` query for
-every owned partition, one `settle` batch for its claims and expiries, the sends run
-concurrently, and one `settle` batch for their outcomes. Time comes from a `Clock` and
-commands leave through a `Sender` (`ports`), so tests drive it all with fakes.
+module loads, claims, sends and writes, in rounds. One round is one `due_rows()` query
+for every owned partition (when its wheel ran out), one `settle` batch for its claims and
+expiries, the sends run concurrently, and one `settle` batch for their outcomes. Time
+comes from a `Clock` and commands leave through a `Sender` (`ports`), so tests drive it
+all with fakes.
 """
 
 from __future__ import annotations
@@ -106,7 +107,7 @@ class TimerRunner:
         self._ledger = ledger
         self._options = options or TimerOptions()
         self._wheel = Wheel(
-            lambda partitions, until, limit: store.due(partitions, until=until, limit=limit),
+            lambda partitions, until, limit: store.due_rows(partitions, until=until, limit=limit),
             self._options.poll_interval_ms,
             self._options.batch_limit,
         )

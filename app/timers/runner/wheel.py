@@ -1,7 +1,9 @@
 """The runner's wheel: the rows due up to one poll interval ahead, by (due, id), loaded with
-one `due()` and kept current with what this node writes (puts offered, settles), so that the
-loop wakes at each due instant. A row in it may be stale (cancelled meanwhile): its claim,
-a conditional write, then fails, so the wheel never decides what the store refuses."""
+one `due_rows()` and kept current with what this node writes (puts offered, settles), so that
+the loop wakes at each due instant. A row in it may be stale (cancelled meanwhile): its claim,
+a conditional write, then fails, so the wheel never decides what the store refuses. A row's
+Timer is built when it is taken (most of a load's cost): one dropped by a reload before it
+fell due is never built."""
 
 from __future__ import annotations
 
@@ -9,12 +11,12 @@ import heapq
 import itertools
 from collections.abc import Awaitable, Callable, Iterable, Set
 
-from tables import Timer, TimerStatus
+from tables import DueRow, Timer, TimerStatus
 
 __all__ = ["Load", "Wheel"]
 
-Load = Callable[[set[int], int, int], Awaitable[list[Timer]]]
-"""`(partitions, until, limit) -> rows due by until`: the store's `due()`."""
+Load = Callable[[set[int], int, int], Awaitable[list[DueRow]]]
+"""`(partitions, until, limit) -> rows due by until`: the store's `due_rows()`."""
 
 
 class Wheel:
@@ -22,7 +24,7 @@ class Wheel:
         self._load = load
         self._horizon = horizon_ms
         self._limit = limit
-        self._heap: list[tuple[int, str, int, Timer]] = []
+        self._heap: list[tuple[int, str, int, DueRow]] = []
         # The last tiebreak: one timer offered twice never compares its rows.
         self._seq = itertools.count()
         self.until: int | None = None
@@ -36,16 +38,20 @@ class Wheel:
         if self.until is None or now >= self.until or partitions != self._partitions:
             until = now + self._horizon
             rows = await self._load(set(partitions), until, self._limit)
-            self._heap = [(t.due_at, t.id, next(self._seq), t) for t in rows]
+            self._heap = [(r.due_at, r.id, next(self._seq), r) for r in rows]
             heapq.heapify(self._heap)  # due() sorts by due time; ties across partitions
             self._partitions = partitions
             # A full load may have left rows out: it is loaded again next round.
             self.until = until if len(rows) < self._limit else None
-        by_id: dict[str, Timer] = {}
+        by_id: dict[str, DueRow] = {}
         while self._heap and self._heap[0][0] <= now and len(by_id) < self._limit:
-            t = heapq.heappop(self._heap)[3]
-            by_id[t.id] = t  # a row offered again: the later offer is the newer row
-        taken = list(by_id.values())
+            r = heapq.heappop(self._heap)[3]
+            by_id[r.id] = r  # a row offered again: the later offer is the newer row
+        try:
+            taken = DueRow.built(by_id.values())
+        except Exception:
+            self.invalidate()  # the rows taken are loaded again, as after a failed load
+            raise
         head_due = bool(self._heap) and self._heap[0][0] <= now
         return taken, head_due or (self.until is None and not self._heap and bool(taken))
 
@@ -55,7 +61,7 @@ class Wheel:
 
     def due(self, now: int, partitions: Set[int]) -> dict[str, int]:
         """The rows in it due by `now` of `partitions`, by id (O(wheel): for metrics)."""
-        return {t.id: d for d, _, _, t in self._heap if d <= now and t.partition in partitions}
+        return {r.id: d for d, _, _, r in self._heap if d <= now and r.partition in partitions}
 
     def offer(self, timers: Iterable[Timer], partitions: Set[int]) -> None:
         """Puts rows just written (PENDING) in it, when they fall within it."""
@@ -64,7 +70,7 @@ class Wheel:
             return
         for t in timers:
             if t.status is TimerStatus.PENDING and t.due_at < until and t.partition in partitions:
-                heapq.heappush(self._heap, (t.due_at, t.id, next(self._seq), t))
+                heapq.heappush(self._heap, (t.due_at, t.id, next(self._seq), DueRow.of(t)))
 
     def invalidate(self) -> None:
         """Loaded again at the next take (rows changed behind its back)."""
