@@ -34,7 +34,6 @@ from yarl import URL
 
 from app.errors import BadInput, KafkaUnavailable, TickwheelError
 from app.kafka.connection import Connectable
-from app.node.settings import Settings
 from app.ops.chart import CHART_SECONDS, lateness_chart
 from app.ops.cluster_page import UPCOMING_ROWS, ClusterView, cluster_view, when
 from app.ops.cluster_status import ChangelogBusy
@@ -47,7 +46,7 @@ from app.ops.forms import (
     problems,
 )
 from app.ops.letters import Letter
-from app.ops.node_report import NodeReport, collect_report, recent_p99
+from app.ops.node_report import NodeReport, StatusSource, collect_report, recent_p99
 from app.protocol.topics import parse_aggregate_type
 from app.protocol.wire import (
     TimerAction,
@@ -57,8 +56,7 @@ from app.timers.operator import (
     request_retry,
     request_skip,
 )
-from app.timers.runner import Clock
-from tables import AggregateRef, StoreClosed, Timer, TimerStore
+from tables import AggregateRef, StoreClosed, Timer
 from tables.ledger import FailureLedger, LedgerEntry
 from tables.partitioner import partition_of
 
@@ -98,30 +96,15 @@ _NOTICES = 100
 # --- what the page reads ------------------------------------------------------------------
 
 
-class _Kept(Protocol):
-    @property
-    def store(self) -> TimerStore: ...
-
-
-class PageNode(Protocol):
-    """What the page reads of a `Node` (a fake one in the unit tests)."""
-
-    @property
-    def settings(self) -> Settings: ...
-
-    @property
-    def clock(self) -> Clock: ...
-
-    @property
-    def types(self) -> Mapping[str, _Kept]: ...
+class PageNode(StatusSource, Protocol):
+    """What the page reads of a `Node` (a fake one in the unit tests): what its report is
+    made of, and more."""
 
     @property
     def ledgers(self) -> list[FailureLedger]: ...
 
     @property
     def metrics(self) -> NodeMetrics: ...
-
-    def health(self) -> dict[str, Any]: ...
 
 
 class ClusterSource(Protocol):
