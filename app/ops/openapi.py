@@ -161,7 +161,10 @@ def openapi_document(version: str) -> dict[str, Any]:
             "timer under the key: never set, cancelled, or ended more than the book's "
             "retention ago (field key)"
         ),
-        "409": _error("this node's table holds the timer FIRED or CANCELLED (field key)"),
+        "409": _error(
+            "this node's table holds the timer FIRED or CANCELLED, or (a pause or trigger) "
+            "the running timer's rule ended (field key)"
+        ),
     }
     action_paths: dict[str, Any] = {
         path: {

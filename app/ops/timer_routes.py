@@ -11,7 +11,8 @@
   `TimerAnswer` (200; UNCHANGED: a paused timer paused again, a running one resumed); a
   key the book has no timer under (never set, cancelled, or ended more than the book's
   retention ago) is a 404, and a timer this node's table holds FIRED or CANCELLED a 409,
-  both naming `key`;
+  both naming `key`, as is a pause or trigger of a running timer whose rule ended (the
+  book refuses it, on any node: `app.clients.timer_book.ended_refusal`);
 - `GET /timers/{type}/{owner}/{key}` shows the timer's row (a `Timer`) when this node
   keeps the owner's partition; 404 when it keeps no such timer, 409 naming the partition
   when another node of the group keeps it (`tickwheel timers show` reads any).
@@ -40,6 +41,7 @@ import orjson
 from aiohttp import web
 from pydantic import ValidationError
 
+from app.clients.timer_book import RULE_ENDED
 from app.errors import KafkaUnavailable
 from app.ops.timer_api import (
     ACTIONS,
@@ -268,8 +270,10 @@ class TimerRoutes:
         if result.code is ResultCode.ERROR:
             return _json(answer, 502)
         if refused != 422:
-            # An action on a key the book has no timer under: the path's key is wrong.
-            return _error(refused, result.message, "key", request_id=cmd.request_id)
+            # An action on a key the book has no timer under: the path's key is wrong; on a
+            # timer whose rule ended: a 409, as this node says of a FIRED row it keeps.
+            status = 409 if RULE_ENDED in result.message else refused
+            return _error(status, result.message, "key", request_id=cmd.request_id)
         return _json(answer, 422)
 
 
