@@ -24,12 +24,14 @@ POST's, which take no body), or a new one: the same
 request id sent again writes nothing and is answered DUPLICATE (200), so a client retries
 a change that timed out (504, with the request id) with the same id.
 
-Errors are JSON `ApiError`s naming the wrong `field`: 400 for a request that is not JSON
-or a wrong path, 404 for a type that is no timer book here, 422 for a body that does not
-validate or that the book refuses (its rule has no slot left, its target is the book),
-503 (with `Retry-After`) when the book's partition is busy or the broker did not take the
-command, 502 when it answered ERROR, 504 when no answer came in time (the last two with
-the request id to send again). The writes need the web token, as every action does.
+Errors are JSON `ApiError`s naming the wrong `field`: 400 for a request that cannot be
+sent (a body that is not JSON, does not validate or that the book would refuse: its rule
+has no slot left, its target is the book; a wrong path), as on the job routes, 404 for a
+type that is no timer book here, 503 (with `Retry-After`) when the book's partition is
+busy or the broker did not take the command, 504 when no answer came in time (with the
+request id to send again). A command the book answered is a `TimerAnswer`: 422 when it
+REJECTED it, 502 when it answered ERROR. The writes need the web token, as every action
+does.
 """
 
 from __future__ import annotations
@@ -136,15 +138,10 @@ class TimerRoutes:
             try:
                 put = TimerPut.model_validate(data)
             except ValidationError as exc:
-                raise _Invalid(field_of(exc)) from exc
-            try:
-                cmd = set_command(book, owner, request.match_info["key"], put, self._now())
-            except BadRequest as exc:
-                raise _Invalid(exc) from exc
+                raise field_of(exc) from exc
+            cmd = set_command(book, owner, request.match_info["key"], put, self._now())
         except _NotBook as exc:
             return _error(404, str(exc), "type")
-        except _Invalid as exc:
-            return _error(422, exc.bad.message, exc.bad.field)
         except BadRequest as exc:
             return _error(400, exc.message, exc.field)
         return await self._send(cmd)
@@ -280,8 +277,3 @@ class TimerRoutes:
 class _NotBook(Exception):
     pass
 
-
-class _Invalid(Exception):
-    def __init__(self, bad: BadRequest) -> None:
-        super().__init__(str(bad))
-        self.bad = bad

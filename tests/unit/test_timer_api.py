@@ -222,34 +222,34 @@ async def test_writes_need_the_token_and_send_nothing_without_it(edge: Edge) -> 
         (
             "/timers/shop.reminders/o/k",
             {"target": {"type": "shop.order"}, "command": {"type": "P"}},
-            422,
+            400,
             "rule",
         ),
         (
             "/timers/shop.reminders/o/k",
             put_body(T0 + 1, rule={"kind": "interval", "every": 0, "start": 0}),
-            422,
+            400,
             "rule.interval.every",
         ),
-        ("/timers/shop.reminders/o/k", put_body(T0 + 1, command={"body": {}}), 422, "command.type"),
+        ("/timers/shop.reminders/o/k", put_body(T0 + 1, command={"body": {}}), 400, "command.type"),
         (
             "/timers/shop.reminders/o/k",
             put_body(T0 + 1, target={"type": "nodot"}),
-            422,
+            400,
             "target.type",
         ),
         (
             "/timers/shop.reminders/o/k",
             put_body(T0 + 1, target={"type": "shop.reminders"}),
-            422,
+            400,
             "target",
         ),
-        ("/timers/shop.reminders/o/k", put_body(T0 + 1, extra=1), 422, "extra"),
-        ("/timers/shop.reminders/o/" + "k" * 201, put_body(T0 + 1), 422, "key"),
+        ("/timers/shop.reminders/o/k", put_body(T0 + 1, extra=1), 400, "extra"),
+        ("/timers/shop.reminders/o/" + "k" * 201, put_body(T0 + 1), 400, "key"),
         (
             "/timers/shop.reminders/o/k",
             put_body(T0 + 1, rule={"kind": "interval", "every": 1000, "start": 0, "count": 1}),
-            422,
+            400,
             "rule",
         ),
     ],
@@ -295,6 +295,38 @@ async def test_the_openapi_document_describes_every_json_route(edge: Edge) -> No
     assert put["security"] == [{"webToken": []}]
     schema = doc["components"]["schemas"]["TimerPut"]
     assert set(schema["required"]) == {"rule", "target", "command"}
+
+
+async def test_a_malformed_request_is_a_400_on_every_write_route_as_openapi_says(
+    edge: Edge,
+) -> None:
+    """One status for a request that cannot be sent, on /timers as on /jobs: a 400 naming
+    its field (a PUT /timers body that did not validate was a 422, a /jobs one a 400); a
+    422 is only a command the aggregate refused, answered as such (a TimerAnswer, a
+    JobAnswer)."""
+    _, doc = await edge.call("GET", "/openapi.json", token=None)
+    writes = {
+        (method, path): op
+        for path, item in doc["paths"].items()
+        for method, op in item.items()
+        if method in ("put", "post", "delete") and op.get("security")
+    }
+    assert {p for _, p in writes} >= {
+        "/timers/{type}/{owner}/{key}",
+        "/jobs/{context}/{job}/trigger",
+    }
+    for (method, path), op in writes.items():
+        assert "400" in op["responses"], (method, path)
+        refused = op["responses"].get("422")
+        if refused is not None:
+            schema = refused["content"]["application/json"]["schema"]
+            assert schema["$ref"].rsplit("/", 1)[1] in ("TimerAnswer", "JobAnswer"), (method, path)
+            assert "validate" not in refused["description"], (method, path)
+    put = await edge.call("PUT", "/timers/shop.reminders/o/k", {"rule": 5})
+    jobs = await edge.call("POST", "/jobs/shop/nightly/trigger", {"tenants": 5})
+    assert (put[0], put[1]["field"]) == (400, "rule"), put
+    assert jobs[0] == 400, jobs  # (no job here: the context is named)
+    assert all(edge.log.records(BOOK.commands, p) == [] for p in range(P))
 
 
 async def test_a_change_not_answered_in_time_is_none() -> None:
