@@ -276,4 +276,3 @@ class TimerRoutes:
 
 class _NotBook(Exception):
     pass
-
