@@ -13,14 +13,12 @@ import re
 import shlex
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeAlias
 
-import aiohttp
 import orjson
 import pytest
-from fakes import T0, FakeClock
+from fakes import T0, WEB_TOKEN, FakeClock, WebNode, web_node
 from pydantic import BaseModel
 from typer.testing import CliRunner
 from yarl import URL
@@ -33,8 +31,6 @@ from app.errors import BadRecord, KafkaUnavailable
 from app.kafka.connection import Connectable
 from app.kafka.memory import MemoryLog
 from app.model.aggregate import AggregateType, Command, Decision
-from app.node import Node
-from app.node.settings import Settings
 from app.ops.openapi import JSON_ROUTES
 from app.ops.timer_api import submit
 from app.ops.web import WebServer
@@ -45,7 +41,7 @@ from tables import AggregateRef, Timer, TimerStatus
 from tables.slots import jitter_offset
 
 P = 2
-TOKEN = "s3cret"
+TOKEN = WEB_TOKEN
 BOOK = AggregateTopics("shop", "reminders")
 PINGS = AggregateTopics("shop", "order")
 
@@ -65,24 +61,8 @@ def _ping(state: Pings, cmd: Command, d: Decision) -> None:
 SERVICE = Service(aggregates=(timer_book("shop", "reminders"), order))
 
 
-@dataclass
-class Edge:
-    log: MemoryLog
-    clock: FakeClock
-    node: Node
-    url: URL
-    http: aiohttp.ClientSession
-
-    async def call(
-        self, method: str, path: str, body: Any = None, token: str | None = TOKEN, **kw: Any
-    ) -> tuple[int, Any]:
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
-        headers.update(kw.pop("headers", {}))
-        data = body if isinstance(body, str | bytes) or body is None else orjson.dumps(body)
-        async with self.http.request(
-            method, self.url.with_path(path, encoded=True), data=data, headers=headers, **kw
-        ) as r:
-            return r.status, await r.json()
+Edge: TypeAlias = WebNode
+"""The node of `SERVICE` with its web edge (`fakes.web_node`), on a fake clock at T0."""
 
 
 def rows(log: MemoryLog) -> list[Timer]:
@@ -113,32 +93,8 @@ async def until(check: Callable[[], bool], within: float = 10.0) -> None:
 
 @pytest.fixture
 async def edge(tmp_path: Path) -> AsyncIterator[Edge]:
-    log = MemoryLog()
-    clock = FakeClock(T0)
-    settings = Settings(
-        bootstrap_servers="memory",
-        partitions=P,
-        data_dir=tmp_path / "n",
-        group_id="g",
-        session_timeout_ms=1_000,
-        commit_interval_ms=20,
-        web_token=TOKEN,
-    )
-    node = Node(settings, SERVICE, clients=log, clock=clock)
-    await node.start()
-    task = asyncio.create_task(node.run())
-    server = WebServer(node, 0, timer_wait_s=5.0)
-    await server.start()
-    try:
-        await until(lambda: bool(node.health()["ready"]) and len(node.owned) == P)
-        async with aiohttp.ClientSession() as http:
-            yield Edge(log, clock, node, URL(f"http://127.0.0.1:{server.port}"), http)
-    finally:
-        await server.stop()
-        task.cancel()
-        with contextlib.suppress(BaseException):
-            await task
-        await node.stop()
+    async with web_node(SERVICE, tmp_path, FakeClock(T0), Edge, partitions=P) as e:
+        yield e
 
 
 def put_body(at: int, **more: Any) -> dict[str, Any]:
