@@ -37,8 +37,7 @@ from yarl import URL
 
 import app.cli.timer_changes
 from app.cli import cli
-from app.clients.timer_book import BOOK_RETENTION, SET_TIMER
-from app.clients.timer_book import timer_book as _timer_book
+from app.clients.timer_book import BOOK_RETENTION, SET_TIMER, timer_book
 from app.model.decide import decide
 from app.ops.timer_routes import TimerRoutes
 from app.protocol.wire import CommandEnvelope, CommandResult, EventEnvelope, ResultCode
@@ -47,7 +46,7 @@ from tables import AggregateRef, Timer, TimerStatus
 from tables.memory_store import MemoryTimerStore
 
 PATH = "/timers/shop.reminders/o-1"
-SERVICE_BOOK = _timer_book("shop", "reminders")
+SERVICE_BOOK = timer_book("shop", "reminders")  # as the node's (`SERVICE`)
 
 
 def interval(start: int, every: int, note: str, **rule: Any) -> dict[str, Any]:
