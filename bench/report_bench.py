@@ -7,7 +7,8 @@ Loads N pending timers (due over a day, the clock in the middle of it) into a Ro
 timer store as `bench.store_bench` does, with every 100th of them PARKED, then times
 `collect_report` as a node publishes it every `TICKWHEEL_STATUS_INTERVAL_MS` (1,000
 due-index entries per partition at most) and as the operator page makes this node's
-own rows at each load (10,000), and gives the size of the record a node writes. Each
+own rows at each load (10,000), and gives the size of the record a node writes and the
+longest CPU time a report holds the event loop from another coroutine (a runner's). Each
 partition's counts are taken once first, as a node's restore does (the first count
 scans the partition whole).
 """
@@ -72,9 +73,32 @@ async def park_some(store: TimerStore, every: int) -> int:
     return parked
 
 
+class _Held:
+    """A coroutine beside the report, as a runner is: the longest CPU time the loop was
+    held away from it (the stall a partition's firing sees), per report."""
+
+    def __init__(self) -> None:
+        self.longest = 0.0
+        self._running = True
+
+    async def run(self) -> None:
+        last = time.process_time()
+        while self._running:
+            await asyncio.sleep(0)
+            now = time.process_time()
+            self.longest = max(self.longest, now - last)
+            last = now
+
+    def stop(self) -> None:
+        self._running = False
+
+
 async def timed(node: _Node, scan: int, parked_total: int | None) -> dict[str, Any]:
-    walls, cpus, size = [], [], 0
+    walls, cpus, held, size = [], [], [], 0
     for _ in range(ROUNDS):
+        beside = _Held()
+        task = asyncio.create_task(beside.run())
+        await asyncio.sleep(0)
         started, started_cpu = time.perf_counter(), time.process_time()
         report = await collect_report(
             node,
@@ -87,8 +111,17 @@ async def timed(node: _Node, scan: int, parked_total: int | None) -> dict[str, A
         )
         walls.append(time.perf_counter() - started)
         cpus.append(time.process_time() - started_cpu)
+        beside.stop()
+        await task
+        held.append(beside.longest)
         size = len(encode_report(report))
-    return {"scan_limit": scan, **percentiles(walls, cpus), "record_bytes": size}
+    return {
+        "scan_limit": scan,
+        **percentiles(walls, cpus),
+        # The report's own CPU time between two turns of another coroutine, at most.
+        "loop_held_cpu_max_ms": round(max(held) * 1e3, 3),
+        "record_bytes": size,
+    }
 
 
 async def run(path: str, timers: int) -> dict[str, Any]:

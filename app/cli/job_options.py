@@ -8,12 +8,23 @@ from typing import Annotated
 
 import typer
 
-from app.cli.common import checked, fail, json_line, run
+from app.cli.common import CONFIG_ERROR, FAILED, checked, fail, json_line, run
 from app.cli.job_actions import FAILED_CODES, send_and_wait
+from app.errors import JobsCliError
 from app.node.settings import Settings
 from app.protocol.wire import CommandEnvelope, CommandResult
 
-__all__ = ["Context", "JobName", "Partition", "Tenants", "Wait", "report", "send_all"]
+__all__ = [
+    "Context",
+    "JobName",
+    "Partition",
+    "Tenants",
+    "Wait",
+    "input_exit_code",
+    "refused_input",
+    "report",
+    "send_all",
+]
 
 Context = Annotated[str, typer.Option(help="the context the job is declared in")]
 JobName = Annotated[str, typer.Option("--job", help="the job's name")]
@@ -29,6 +40,22 @@ Wait = Annotated[
     float,
     typer.Option(min=0.0, help="seconds to wait for the workers' results; 0: do not wait"),
 ]
+
+
+_NOT_DECLARED = frozenset({"context", "job"})
+
+
+def input_exit_code(exc: JobsCliError) -> int:
+    """The exit code of a `tickwheel jobs` command refusing its input, as every command's
+    (`app.cli.common`): 1 when it names a context or job the service does not declare
+    (what it was asked about does not exist), 2 for an option's value it cannot take (a
+    `--rule`, `--tenant`, `--partition`, `--request-id` or range the job cannot have)."""
+    return FAILED if getattr(exc, "field", None) in _NOT_DECLARED else CONFIG_ERROR
+
+
+def refused_input(exc: JobsCliError) -> typer.Exit:
+    """`exc` as one `error:` line and `input_exit_code`'s exit."""
+    return fail(str(exc), input_exit_code(exc))
 
 
 def send_all(

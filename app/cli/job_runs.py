@@ -40,7 +40,16 @@ from app.cli.common import (
     time_iso,
 )
 from app.cli.job_actions import find_job, instance_commands, read_instance_events
-from app.cli.job_options import Context, JobName, Partition, Tenants, Wait, report, send_all
+from app.cli.job_options import (
+    Context,
+    JobName,
+    Partition,
+    Tenants,
+    Wait,
+    refused_input,
+    report,
+    send_all,
+)
 from app.cli.rule_expr import BadExpression, parse_instant
 from app.errors import JobsCliError
 from app.jobs import MAX_BACKFILL_SLOTS, BackfillSlot, backfill_command
@@ -92,7 +101,7 @@ def trigger(
             request_id=request_id,
         )
     except JobsCliError as exc:
-        raise fail(str(exc), CONFIG_ERROR) from exc
+        raise refused_input(exc) from exc
     report("trigger", commands, send_all(settings, commands, wait), wait, as_json, runs=True)
 
 
@@ -131,8 +140,10 @@ def backfill(
             tenants=tenant or (),
             partition=partition,
         )
-    except (BadExpression, JobsCliError) as exc:
+    except BadExpression as exc:
         raise fail(str(exc), CONFIG_ERROR) from exc
+    except JobsCliError as exc:
+        raise refused_input(exc) from exc
 
     async def events(ref: AggregateRef) -> list[EventEnvelope]:
         return await read_instance_events(settings.kafka, ref, settings.partitions)
@@ -154,7 +165,7 @@ def backfill(
 
     planned = run(checked(settings.kafka, plan()))
     if isinstance(planned, JobsCliError):
-        raise fail(str(planned), CONFIG_ERROR)
+        raise refused_input(planned)
     commands = [backfill_command(ref, slot) for ref, slots in planned for slot in slots]
     if dry_run:
         for ref, slots in planned:

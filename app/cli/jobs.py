@@ -38,7 +38,16 @@ from app.cli.job_actions import (
     read_instances,
     send_and_wait,
 )
-from app.cli.job_options import Context, JobName, Partition, Tenants, Wait, report, send_all
+from app.cli.job_options import (
+    Context,
+    JobName,
+    Partition,
+    Tenants,
+    Wait,
+    refused_input,
+    report,
+    send_all,
+)
 from app.cli.job_runs import backfill, trigger
 from app.errors import JobsCliError
 from app.jobs import (
@@ -99,7 +108,7 @@ def _act(
             rule=override,
         )
     except JobsCliError as exc:
-        raise fail(str(exc)) from exc
+        raise refused_input(exc) from exc
     report(action, commands, send_all(settings, commands, wait), wait, as_json, runs=False)
 
 

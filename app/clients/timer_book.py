@@ -19,10 +19,11 @@ A book's state is what its own events say of each key: the timer last set under 
 target and command) and whether it is paused, so that it answers a pause, resume or
 trigger of a key it has no timer under (never set, cancelled, or forgotten as below)
 REJECTED, a pause of a paused timer and a resume of a running one UNCHANGED (nothing to
-do, no event), and sends a trigger's command itself. Whether a timer has FIRED (a once
-rule's slot, a rule that ended) is the timer table's, not the book's: a pause of such a
-key is appended and changes nothing there (the web edge refuses it when its node keeps
-the table's row).
+do, no event), and sends a trigger's command itself. Whether a timer has FIRED is the
+timer table's, not the book's, but when its rule ended is the book's (`ends`): a pause or
+trigger of a running timer whose rule ended is REJECTED (`ended_refusal`), on whichever
+node it is asked, as the web edge of the node keeping the table's row refuses a FIRED or
+CANCELLED one (a trigger sent the fired once-timer's command again).
 A book whose local state was folded by a version before this one knows only the keys set
 since (a node restoring it from the log afresh knows them all).
 
@@ -45,6 +46,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from datetime import UTC, datetime
 from typing import Final
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -72,12 +74,14 @@ __all__ = [
     "CRON_END_STEPS",
     "PAUSE_TIMER",
     "RESUME_TIMER",
+    "RULE_ENDED",
     "SET_TIMER",
     "TRIGGER_TIMER",
     "BookState",
     "BookTimer",
     "TimerKey",
     "book_reason",
+    "ended_refusal",
     "live_timers",
     "timer_book",
     "timer_end",
@@ -243,6 +247,7 @@ def timer_book(
     def _pause(state: BookState, cmd: Command, d: Decision) -> None:
         key, timer = _known(state, cmd, PAUSE_TIMER, d, retention)
         if not timer.paused:  # paused already: nothing to do, answered UNCHANGED
+            _refuse_if_ended(cmd, PAUSE_TIMER, key, timer, d)
             d.pause_schedule(key)
 
     @book.command(RESUME_TIMER)
@@ -254,6 +259,7 @@ def timer_book(
     @book.command(TRIGGER_TIMER)
     def _trigger(state: BookState, cmd: Command, d: Decision) -> None:
         key, timer = _known(state, cmd, TRIGGER_TIMER, d, retention)
+        _refuse_if_ended(cmd, TRIGGER_TIMER, key, timer, d)
         if not send_fits(cmd.request_id):
             # Another producer may write any request id a command may have: refused, as
             # the derived one would not be a request id (the send would raise: ERROR).
@@ -329,6 +335,37 @@ def _known(
             "retention ago)"
         )
     return key, timer
+
+
+RULE_ENDED: Final = "its rule ended at"
+"""In the message of a pause or trigger a book refuses because the timer's rule ended
+(`ended_refusal`): what the web edge answers 409 (a key it has no timer under is a 404)."""
+
+_VERBS: Final = {PAUSE_TIMER: "pause", RESUME_TIMER: "resume", TRIGGER_TIMER: "trigger"}
+
+
+def ended_refusal(action: str, timer: BookTimer, now: int) -> str | None:
+    """Why a book refuses `action` (a command's type) on a timer it keeps, at `now`, because
+    its rule ended (`BookTimer.ends` at or before `now`: its last slot is due, firing or
+    fired), or None. Only a pause or trigger of a running timer is refused: a trigger would
+    send the last slot's command a second time, and a pause would change nothing (the
+    table's row is FIRED, or it is held by its retries then). A paused timer's slot has not
+    fired (its row stays PAUSED whatever its end): it is triggered and resumed as before.
+    The text is completed with the owner and key by the book (`RULE_ENDED` in it)."""
+    if action not in (PAUSE_TIMER, TRIGGER_TIMER) or timer.paused or timer.ends is None:
+        return None
+    if timer.ends > now:
+        return None
+    at = datetime.fromtimestamp(timer.ends / 1000, UTC).isoformat(timespec="milliseconds")
+    return (
+        f"{RULE_ENDED} {at.replace('+00:00', 'Z')} (its last slot is due or fired): nothing "
+        f"to {_VERBS[action]} (set it again to start it anew)"
+    )
+
+
+def _refuse_if_ended(cmd: Command, action: str, key: str, timer: BookTimer, d: Decision) -> None:
+    if (why := ended_refusal(action, timer, d.now)) is not None:
+        d.reject(f"{cmd.aggregate}'s timer {key!r}: {why}")
 
 
 def _first_error(exc: ValidationError) -> str:

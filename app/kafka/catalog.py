@@ -14,6 +14,12 @@ one). It is taken at start, again when it is older than `max_age_ms` (a deleted 
 noticed), and again on a miss once the last listing is `min_interval_ms` old (a topic
 created since is found: the command's retry goes through). At most one listing is in
 flight; one that fails is logged, and the list stays as it was until the next.
+
+A caller that may wait (`exists`: a timer's send) is answered a miss only by a listing
+begun after it asked: a topic created after the last listing is found, never refused once.
+Such listings begin at most once per `min_interval_ms` (a miss just after one waits for
+the interval's end), and every miss waiting then shares the one listing. `missing` answers
+at once from the list (a decision, which cannot wait), listing again in the background.
 """
 
 from __future__ import annotations
@@ -51,15 +57,19 @@ class TopicCatalog:
         max_age_ms: int = 30_000,
         min_interval_ms: int = 1_000,
         on_missing: Callable[[str], None] | None = None,
+        sleep_ms: Callable[[int], Awaitable[None]] | None = None,
     ) -> None:
         self._list = list_topics
         self._now = now
         self.max_age_ms = max_age_ms
         self.min_interval_ms = min_interval_ms
         self._on_missing = on_missing
+        self._sleep_ms = sleep_ms or _sleep_ms
         self._names: set[str] | None = None
         self._listed_at: int | None = None  # when the last listing began (the node's clock)
         self._task: asyncio.Task[None] | None = None
+        # The listing the misses of `exists` wait for, until it begins (then a new one).
+        self._next: asyncio.Task[None] | None = None
 
     async def refresh(self) -> None:
         """Lists the topics now (waits for a listing in flight instead of starting one)."""
@@ -68,10 +78,11 @@ class TopicCatalog:
         await asyncio.shield(self._task)
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        for task in (self._next, self._task):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
 
     def known(self, topic: str) -> bool:
         """Whether the last listing had `topic`."""
@@ -91,11 +102,29 @@ class TopicCatalog:
         return absent
 
     async def exists(self, topic: str) -> bool:
-        """Whether `topic` exists, listing again first on a miss (if the last listing is
-        `min_interval_ms` old): for a caller that may wait (a timer's send)."""
-        if not self.known(topic) and self._stale(self.min_interval_ms):
-            await self.refresh()
+        """Whether `topic` exists: for a caller that may wait (a timer's send). A miss is
+        answered by a listing begun after it (at most one per `min_interval_ms`, waited
+        for), so a topic created since the last listing is found, not refused."""
+        if not self.known(topic):
+            if self._next is None:
+                self._next = asyncio.create_task(self._list_next(), name="topic catalog (miss)")
+            await asyncio.shield(self._next)
         return not self.missing(topic)
+
+    async def _list_next(self) -> None:
+        """A listing begun after the one in flight, if any, and `min_interval_ms` after the
+        last one began; the misses asking until it begins all wait for it."""
+        try:
+            running = self._task
+            if running is not None and not running.done():
+                await asyncio.wait([running])  # one listing at a time (it began before)
+            if self._listed_at is not None:
+                wait = self._listed_at + self.min_interval_ms - self._now()
+                if wait > 0:
+                    await self._sleep_ms(wait)
+        finally:
+            self._next = None  # from here a miss needs the listing after this one
+        await self.refresh()
 
     def _stale(self, age_ms: int) -> bool:
         return self._listed_at is None or self._now() - self._listed_at >= age_ms
@@ -111,3 +140,7 @@ class TopicCatalog:
         except Exception as exc:
             # The list stays as it was: the next miss or stale read tries again.
             logger.warning("listing the topics failed: %r", exc)
+
+
+async def _sleep_ms(ms: int) -> None:
+    await asyncio.sleep(ms / 1000)

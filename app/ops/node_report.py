@@ -9,6 +9,7 @@ Written and read by `app.ops.cluster_status`, shown by `app.ops.cluster_page`.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Mapping
 from typing import Any, Final, Protocol
@@ -233,7 +234,9 @@ async def collect_report(
 ) -> NodeReport:
     """The node's report now, of its types in `contexts` (all when None): up to
     `parked_limit` parked timers per partition and `parked_total` in all (None: no bound),
-    the `upcoming_limit` next fires and the jobs' timers (`JOBS_IN_REPORT`)."""
+    the `upcoming_limit` next fires and the jobs' timers (`JOBS_IN_REPORT`). The event
+    loop is let go after each partition's census (the bound of a stall is one partition's
+    `scan_limit` entries, not the node's)."""
     now = node.clock.now()
     health = node.health()
     parts: list[PartitionReport] = []
@@ -284,6 +287,10 @@ async def collect_report(
                 read.add(p)
                 if parse_aggregate_type(name).aggregate == SCHEDULE:
                     jobs += c.parked_timers
+                # One partition's census at a time: the runners fire in between. Not in a
+                # thread: neither store's reads are safe beside its writes and a revoke's
+                # close (the memory store's lists, a RocksDB closed under its iterator).
+                await asyncio.sleep(0)
             parts.append(PartitionReport.model_validate(row))
         if not read:
             continue

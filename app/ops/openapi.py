@@ -115,14 +115,14 @@ def openapi_document(version: str) -> dict[str, Any]:
         "200": _json(
             "done now (COMMITTED) or before by this request id (DUPLICATE)", _ref(TimerAnswer)
         ),
-        "400": _error("not JSON, or a wrong path (field names it)"),
+        "400": _error(
+            "a request that cannot be sent (field names it): not JSON, a body that does "
+            "not validate or that the book would refuse (a rule with no slot left, a target "
+            "of the book's own type), or a wrong path"
+        ),
         "401": _error("the node's web token is missing or wrong"),
         "404": _error("no timer book of this type here"),
-        "422": _json(
-            "refused: a body that does not validate (an ApiError naming the field) "
-            "or a TimerAnswer REJECTED by the book",
-            {},
-        ),
+        "422": _json("the command refused: REJECTED by the book", _ref(TimerAnswer)),
         "502": _json("the book answered ERROR", _ref(TimerAnswer)),
         "503": _json(
             "the book's partition is busy (a TimerAnswer BUSY) or the broker did not take the "
@@ -161,7 +161,10 @@ def openapi_document(version: str) -> dict[str, Any]:
             "timer under the key: never set, cancelled, or ended more than the book's "
             "retention ago (field key)"
         ),
-        "409": _error("this node's table holds the timer FIRED or CANCELLED (field key)"),
+        "409": _error(
+            "this node's table holds the timer FIRED or CANCELLED, or (a pause or trigger) "
+            "the running timer's rule ended (field key)"
+        ),
     }
     action_paths: dict[str, Any] = {
         path: {

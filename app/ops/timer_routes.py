@@ -11,7 +11,8 @@
   `TimerAnswer` (200; UNCHANGED: a paused timer paused again, a running one resumed); a
   key the book has no timer under (never set, cancelled, or ended more than the book's
   retention ago) is a 404, and a timer this node's table holds FIRED or CANCELLED a 409,
-  both naming `key`;
+  both naming `key`, as is a pause or trigger of a running timer whose rule ended (the
+  book refuses it, on any node: `app.clients.timer_book.ended_refusal`);
 - `GET /timers/{type}/{owner}/{key}` shows the timer's row (a `Timer`) when this node
   keeps the owner's partition; 404 when it keeps no such timer, 409 naming the partition
   when another node of the group keeps it (`tickwheel timers show` reads any).
@@ -23,12 +24,14 @@ POST's, which take no body), or a new one: the same
 request id sent again writes nothing and is answered DUPLICATE (200), so a client retries
 a change that timed out (504, with the request id) with the same id.
 
-Errors are JSON `ApiError`s naming the wrong `field`: 400 for a request that is not JSON
-or a wrong path, 404 for a type that is no timer book here, 422 for a body that does not
-validate or that the book refuses (its rule has no slot left, its target is the book),
-503 (with `Retry-After`) when the book's partition is busy or the broker did not take the
-command, 502 when it answered ERROR, 504 when no answer came in time (the last two with
-the request id to send again). The writes need the web token, as every action does.
+Errors are JSON `ApiError`s naming the wrong `field`: 400 for a request that cannot be
+sent (a body that is not JSON, does not validate or that the book would refuse: its rule
+has no slot left, its target is the book; a wrong path), as on the job routes, 404 for a
+type that is no timer book here, 503 (with `Retry-After`) when the book's partition is
+busy or the broker did not take the command, 504 when no answer came in time (with the
+request id to send again). A command the book answered is a `TimerAnswer`: 422 when it
+REJECTED it, 502 when it answered ERROR. The writes need the web token, as every action
+does.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ import orjson
 from aiohttp import web
 from pydantic import ValidationError
 
+from app.clients.timer_book import RULE_ENDED
 from app.errors import KafkaUnavailable
 from app.ops.timer_api import (
     ACTIONS,
@@ -134,15 +138,10 @@ class TimerRoutes:
             try:
                 put = TimerPut.model_validate(data)
             except ValidationError as exc:
-                raise _Invalid(field_of(exc)) from exc
-            try:
-                cmd = set_command(book, owner, request.match_info["key"], put, self._now())
-            except BadRequest as exc:
-                raise _Invalid(exc) from exc
+                raise field_of(exc) from exc
+            cmd = set_command(book, owner, request.match_info["key"], put, self._now())
         except _NotBook as exc:
             return _error(404, str(exc), "type")
-        except _Invalid as exc:
-            return _error(422, exc.bad.message, exc.bad.field)
         except BadRequest as exc:
             return _error(400, exc.message, exc.field)
         return await self._send(cmd)
@@ -268,16 +267,12 @@ class TimerRoutes:
         if result.code is ResultCode.ERROR:
             return _json(answer, 502)
         if refused != 422:
-            # An action on a key the book has no timer under: the path's key is wrong.
-            return _error(refused, result.message, "key", request_id=cmd.request_id)
+            # An action on a key the book has no timer under: the path's key is wrong; on a
+            # timer whose rule ended: a 409, as this node says of a FIRED row it keeps.
+            status = 409 if RULE_ENDED in result.message else refused
+            return _error(status, result.message, "key", request_id=cmd.request_id)
         return _json(answer, 422)
 
 
 class _NotBook(Exception):
     pass
-
-
-class _Invalid(Exception):
-    def __init__(self, bad: BadRequest) -> None:
-        super().__init__(str(bad))
-        self.bad = bad

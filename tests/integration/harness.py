@@ -2,7 +2,8 @@
 
 A `Cluster` runs `tickwheel worker` processes of one test's context (topics and consumer
 group of its own) against the session's broker; they can be stopped, killed (`kill -9`)
-and started again. `Client` sends commands and reads what the log and the timer table say.
+and started again. `Client` sends commands and reads what the log and the timer table
+say; `web_call` calls a worker's HTTP edge with its web token (`WEB_TOKEN`).
 """
 
 from __future__ import annotations
@@ -17,10 +18,11 @@ import time
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal, NotRequired, TypedDict
 
+import aiohttp
 import orjson
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -42,6 +44,11 @@ from tables import AggregateRef, Timer, open_timer_store
 from tables.partitioner import partition_of
 
 ROOT = Path(__file__).resolve().parents[2]
+
+WEB_TOKEN = "itest-token"
+"""The web token of the workers a test starts with `TICKWHEEL_WEB_TOKEN=WEB_TOKEN`."""
+BOOK_SERVICE = "tw_services:book_service"
+"""A timer book (`<context>.book`) and the types its timers fire into."""
 
 
 # The JSON of the commands' bodies as the tests write them (the rules: `tables.rules`').
@@ -244,6 +251,12 @@ class Cluster:
         self.workers.append(worker)
         return worker
 
+    async def web_worker(self) -> Worker:
+        """A worker started with `WEB_TOKEN` (for `web_call`), once it owns partitions."""
+        worker = self.start_worker(TICKWHEEL_WEB_TOKEN=WEB_TOKEN)
+        await self.wait_owned(worker)
+        return worker
+
     async def wait_owned(self, worker: Worker, within: float = 60) -> None:
         """Until `worker` says it owns partitions (or fails with its log)."""
         await eventually(lambda: _owns(worker), within, f"{worker.name} never owned a partition")
@@ -292,6 +305,33 @@ class Cluster:
     def stop_all(self) -> None:
         for w in self.workers:
             w.stop()
+
+
+async def web_call(
+    worker: Worker, method: str, path: str, body: Any = None, **headers: str
+) -> tuple[int, Any]:
+    """`method path` on `worker`'s HTTP edge with `WEB_TOKEN`, `body` as JSON: its status
+    and its JSON answer."""
+    async with (
+        aiohttp.ClientSession() as http,
+        http.request(
+            method,
+            f"http://127.0.0.1:{worker.port}{path}",
+            json=body,
+            headers={"Authorization": f"Bearer {WEB_TOKEN}", **headers},
+        ) as r,
+    ):
+        return r.status, await r.json()
+
+
+def book_cluster(bootstrap: str, base: Path) -> Iterator[Cluster]:
+    """A cluster of `BOOK_SERVICE` workers over 2 partitions, stopped after (a fixture's:
+    `yield from book_cluster(kafka_bootstrap, tmp_path)`)."""
+    cluster = Cluster(bootstrap, base, partitions=2, service=BOOK_SERVICE)
+    try:
+        yield cluster
+    finally:
+        cluster.stop_all()
 
 
 def owned(worker: Worker) -> list[int]:

@@ -9,42 +9,22 @@ it."""
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import pytest
-from harness import Client, Cluster, Worker, eventually
+from harness import Client, Cluster, book_cluster, eventually, web_call
 from kafka_broker import create_topics
 
 from app.kafka import topic_names
 
 pytestmark = pytest.mark.kafka
 
-TOKEN = "itest-token"
-
 
 @pytest.fixture
-async def cluster(kafka_bootstrap: str, tmp_path: Path) -> AsyncIterator[Cluster]:
-    c = Cluster(kafka_bootstrap, tmp_path, partitions=2, service="tw_services:book_service")
-    yield c
-    c.stop_all()
-
-
-async def call(
-    worker: Worker, method: str, path: str, body: Any = None, **headers: str
-) -> tuple[int, Any]:
-    async with (
-        aiohttp.ClientSession() as http,
-        http.request(
-            method,
-            f"http://127.0.0.1:{worker.port}{path}",
-            json=body,
-            headers={"Authorization": f"Bearer {TOKEN}", **headers},
-        ) as r,
-    ):
-        return r.status, await r.json()
+def cluster(kafka_bootstrap: str, tmp_path: Path) -> Iterator[Cluster]:
+    yield from book_cluster(kafka_bootstrap, tmp_path)
 
 
 async def test_a_command_into_a_missing_topic_is_no_target_and_the_worker_goes_on(
@@ -52,8 +32,7 @@ async def test_a_command_into_a_missing_topic_is_no_target_and_the_worker_goes_o
 ) -> None:
     ctx = cluster.context
     missing, elsewhere = f"{ctx}.nosuch.commands", f"{ctx}x.billing.commands"
-    w = cluster.start_worker(TICKWHEEL_WEB_TOKEN=TOKEN)
-    await cluster.wait_owned(w)
+    w = await cluster.web_worker()
     now = int(time.time() * 1000)
     path = f"/timers/{ctx}.book/b-1"
 
@@ -64,18 +43,18 @@ async def test_a_command_into_a_missing_topic_is_no_target_and_the_worker_goes_o
             "command": {"type": "Fire"},
         }
 
-    assert (await call(w, "PUT", f"{path}/typo", put(now + 3_600_000, f"{ctx}.nosuch", "n-1")))[
+    assert (await web_call(w, "PUT", f"{path}/typo", put(now + 3_600_000, f"{ctx}.nosuch", "n-1")))[
         0
     ] == 200
     began = time.monotonic()
-    status, answer = await call(w, "POST", f"{path}/typo/trigger", **{"Idempotency-Key": "t-1"})
+    status, answer = await web_call(w, "POST", f"{path}/typo/trigger", **{"Idempotency-Key": "t-1"})
     assert (status, answer["code"]) == (502, "ERROR"), answer
     assert "NO_TARGET" in answer["message"] and missing in answer["message"], answer
     assert time.monotonic() - began < 20, "answered after a metadata wait"
     assert w.metric("tickwheel_no_target_sends_total") >= 1
 
     # A timer into a context not deployed: its attempt fails as NO_TARGET, retried.
-    assert (await call(w, "PUT", f"{path}/away", put(now + 2_000, f"{ctx}x.billing", "b-9")))[
+    assert (await web_call(w, "PUT", f"{path}/away", put(now + 2_000, f"{ctx}x.billing", "b-9")))[
         0
     ] == 200
     async with Client(cluster, "book") as books:
@@ -92,16 +71,16 @@ async def test_a_command_into_a_missing_topic_is_no_target_and_the_worker_goes_o
     # The book's partition never failed over either: the same owner's next change is decided.
     health = w.health()
     assert health is not None and "failing" not in health, health
-    assert (await call(w, "PUT", f"{path}/next", put(now + 3_600_000, f"{ctx}.counter", "c-1")))[
-        0
-    ] == 200
+    assert (
+        await web_call(w, "PUT", f"{path}/next", put(now + 3_600_000, f"{ctx}.counter", "c-1"))
+    )[0] == 200
     assert not {missing, elsewhere} & await topic_names(cluster.bootstrap), "a topic was created"
 
     # Deployed: the trigger sent again (its request id was never applied) goes through.
     await create_topics(cluster.bootstrap, [missing], 2)
 
     async def triggered() -> bool:
-        _, answer = await call(w, "POST", f"{path}/typo/trigger", **{"Idempotency-Key": "t-1"})
+        _, answer = await web_call(w, "POST", f"{path}/typo/trigger", **{"Idempotency-Key": "t-1"})
         assert answer["code"] in ("ERROR", "COMMITTED"), answer
         return bool(answer["code"] == "COMMITTED")
 

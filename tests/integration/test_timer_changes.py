@@ -10,14 +10,13 @@ from __future__ import annotations
 import re
 import shlex
 import time
-from collections.abc import AsyncIterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import orjson
 import pytest
-from harness import Client, Cluster, Worker, eventually
+from harness import Client, Cluster, book_cluster, eventually, web_call
 from kafka_broker import create_topics
 
 from app.kafka import topic_names
@@ -25,37 +24,17 @@ from tables import TimerStatus
 
 pytestmark = pytest.mark.kafka
 
-TOKEN = "itest-token"
-
 
 @pytest.fixture
-async def cluster(kafka_bootstrap: str, tmp_path: Path) -> AsyncIterator[Cluster]:
-    c = Cluster(kafka_bootstrap, tmp_path, partitions=2, service="tw_services:book_service")
-    yield c
-    c.stop_all()
-
-
-async def call(
-    worker: Worker, method: str, path: str, body: Any = None, **headers: str
-) -> tuple[int, Any]:
-    async with (
-        aiohttp.ClientSession() as http,
-        http.request(
-            method,
-            f"http://127.0.0.1:{worker.port}{path}",
-            json=body,
-            headers={"Authorization": f"Bearer {TOKEN}", **headers},
-        ) as r,
-    ):
-        return r.status, await r.json()
+def cluster(kafka_bootstrap: str, tmp_path: Path) -> Iterator[Cluster]:
+    yield from book_cluster(kafka_bootstrap, tmp_path)
 
 
 async def test_a_timer_set_by_http_fires_once_and_one_cancelled_by_the_cli_never(
     cluster: Cluster,
 ) -> None:
     ctx = cluster.context
-    w = cluster.start_worker(TICKWHEEL_WEB_TOKEN=TOKEN)
-    await cluster.wait_owned(w)
+    w = await cluster.web_worker()
     now = int(time.time() * 1000)
 
     def put(at: int, target: str, request_id: str) -> dict[str, Any]:
@@ -67,15 +46,15 @@ async def test_a_timer_set_by_http_fires_once_and_one_cancelled_by_the_cli_never
         }
 
     # Due first, and cancelled before then: were the cancel lost, it would fire first.
-    status, cancelled = await call(
+    status, cancelled = await web_call(
         w, "PUT", f"/timers/{ctx}.book/b-2/later", put(now + 15_000, "c-2", "set-later")
     )
     assert status == 200 and cancelled["code"] == "COMMITTED", cancelled
-    status, answer = await call(
+    status, answer = await web_call(
         w, "PUT", f"/timers/{ctx}.book/b-1/soon", put(now + 20_000, "c-1", "set-soon")
     )
     assert status == 200 and answer["code"] == "COMMITTED", answer
-    again = await call(
+    again = await web_call(
         w, "PUT", f"/timers/{ctx}.book/b-1/soon", put(now + 20_000, "c-1", "set-soon")
     )
     assert again[0] == 200 and again[1]["code"] == "DUPLICATE", again
@@ -129,7 +108,7 @@ async def test_a_timer_set_by_http_fires_once_and_one_cancelled_by_the_cli_never
             "wow.ScheduleSet",
         ]
     # The only worker keeps every partition: it shows the row its table has.
-    status, shown = await call(w, "GET", f"/timers/{ctx}.book/b-1/soon")
+    status, shown = await web_call(w, "GET", f"/timers/{ctx}.book/b-1/soon")
     assert status == 200, shown
     assert shown["status"] == "FIRED" and shown["target"]["id"] == "c-1"
 
@@ -138,8 +117,7 @@ async def test_a_paused_timer_fires_nothing_until_resumed_and_a_trigger_fires_on
     cluster: Cluster,
 ) -> None:
     ctx = cluster.context
-    w = cluster.start_worker(TICKWHEEL_WEB_TOKEN=TOKEN)
-    await cluster.wait_owned(w)
+    w = await cluster.web_worker()
     now = int(time.time() * 1000)
     path = f"/timers/{ctx}.book/b-1/tick"
 
@@ -149,14 +127,16 @@ async def test_a_paused_timer_fires_nothing_until_resumed_and_a_trigger_fires_on
 
     # Slot 0 at now + 6 s, then hourly; paused before it comes.
     hourly = {"kind": "interval", "start": now + 6_000, "every": 3_600_000}
-    assert (await call(w, "PUT", path, put(hourly, "c-1")))[0] == 200
-    status, paused = await call(w, "POST", f"{path}/pause", **{"Idempotency-Key": "pause-1"})
+    assert (await web_call(w, "PUT", path, put(hourly, "c-1")))[0] == 200
+    status, paused = await web_call(w, "POST", f"{path}/pause", **{"Idempotency-Key": "pause-1"})
     assert status == 200 and paused["code"] == "COMMITTED", paused
-    again = await call(w, "POST", f"{path}/pause", **{"Idempotency-Key": "pause-2"})
+    again = await web_call(w, "POST", f"{path}/pause", **{"Idempotency-Key": "pause-2"})
     assert again[0] == 200 and again[1]["code"] == "UNCHANGED", again
     # A timer due after slot 0, not paused: once it fired, slot 0's time has passed.
     control = {"kind": "once", "at": now + 9_000}
-    assert (await call(w, "PUT", f"/timers/{ctx}.book/b-1/control", put(control, "c-2")))[0] == 200
+    assert (await web_call(w, "PUT", f"/timers/{ctx}.book/b-1/control", put(control, "c-2")))[
+        0
+    ] == 200
 
     async with Client(cluster, "book") as books, Client(cluster) as counters:
 
@@ -177,7 +157,7 @@ async def test_a_paused_timer_fires_nothing_until_resumed_and_a_trigger_fires_on
         await eventually(control_fired, 60, "the control timer fired")
         assert await status_of("tick") is TimerStatus.PAUSED
         assert await fired_to("c-1") == [], "a paused timer fired"
-        shown = await call(w, "GET", path)
+        shown = await web_call(w, "GET", path)
         assert shown[0] == 200 and shown[1]["status"] == "PAUSED", shown
 
         code, out, err, _ = await cluster.run_cli(
@@ -199,7 +179,7 @@ async def test_a_paused_timer_fires_nothing_until_resumed_and_a_trigger_fires_on
         assert code == 0 and "COMMITTED" in out, (out, err)
         code, out, err, _ = await cluster.run_cli(trigger)
         assert code == 0 and "DUPLICATE" in out, (out, err)
-        status, second = await call(
+        status, second = await web_call(
             w, "POST", f"{path}/trigger", **{"Idempotency-Key": "trigger-2"}
         )
         assert status == 200 and second["code"] == "COMMITTED", second

@@ -21,9 +21,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fakes_node import WEB_TOKEN as WEB_TOKEN
+from fakes_node import FakeClock as FakeClock
 from fakes_node import RunningNode as RunningNode
+from fakes_node import WebNode as WebNode
 from fakes_node import running as running
 from fakes_node import wait_until as wait_until
+from fakes_node import web_node as web_node
 from pydantic import BaseModel
 
 from app.errors import TickwheelError
@@ -51,41 +55,6 @@ ONCE = OnceRule(at=T0)
 EVERY_MIN = IntervalRule(start=T0, every=MIN)
 
 # --- clocks -------------------------------------------------------------------------------
-
-
-class FakeClock:
-    """Time moves only by `set`/`advance`; sleepers wake when it passes their time."""
-
-    def __init__(self, now: int) -> None:
-        self._now = now
-        self._sleepers: list[tuple[int, asyncio.Future[None]]] = []
-
-    def now(self) -> int:
-        return self._now
-
-    async def sleep_until(self, t: int) -> None:
-        if t <= self._now:
-            return
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        entry = (t, fut)
-        self._sleepers.append(entry)
-        try:
-            await fut
-        finally:
-            self._sleepers.remove(entry)
-
-    @property
-    def sleeping_until(self) -> list[int]:
-        return sorted(t for t, _ in self._sleepers)
-
-    def set(self, t: int) -> None:
-        self._now = max(self._now, t)
-        for at, fut in self._sleepers:
-            if at <= self._now and not fut.done():
-                fut.set_result(None)
-
-    def advance(self, ms: int) -> None:
-        self.set(self._now + ms)
 
 
 class StillClock:

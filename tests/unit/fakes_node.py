@@ -1,6 +1,8 @@
 """A whole node on the in-memory log (`app.kafka.memory`), run in the background, and a
-bounded wait for what it does: the runner `test_node_memory` and the other node tests share.
-Tests import it from `fakes`, which re-exports it; it imports no test module."""
+bounded wait for what it does: the runner `test_node_memory` and the other node tests share;
+a node with its web edge and token on a fake clock, called over HTTP (`web_node`), for the
+tests of its routes and pages. Tests import it from `fakes`, which re-exports it; it
+imports no test module."""
 
 from __future__ import annotations
 
@@ -8,16 +10,69 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, TypeVar
+
+import aiohttp
+import orjson
+from yarl import URL
 
 from app.jobs import DEFAULT_REQUEST_ID_WINDOW_MS
 from app.kafka.memory import MemoryLog
 from app.node import Node
 from app.node.settings import Settings
+from app.ops.web import WebServer
 from app.service import Service
 from app.timers.runner import Clock, TimerOptions
 
-__all__ = ["RunningNode", "running", "wait_until"]
+__all__ = [
+    "WEB_TOKEN",
+    "FakeClock",
+    "RunningNode",
+    "WebNode",
+    "running",
+    "wait_until",
+    "web_node",
+]
+
+WEB_TOKEN = "s3cret"
+"""The web token of a `web_node`'s node (its writes need it)."""
+
+
+class FakeClock:
+    """Time moves only by `set`/`advance`; sleepers wake when it passes their time."""
+
+    def __init__(self, now: int) -> None:
+        self._now = now
+        self._sleepers: list[tuple[int, asyncio.Future[None]]] = []
+
+    def now(self) -> int:
+        return self._now
+
+    async def sleep_until(self, t: int) -> None:
+        if t <= self._now:
+            return
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        entry = (t, fut)
+        self._sleepers.append(entry)
+        try:
+            await fut
+        finally:
+            self._sleepers.remove(entry)
+
+    @property
+    def sleeping_until(self) -> list[int]:
+        return sorted(t for t, _ in self._sleepers)
+
+    def set(self, t: int) -> None:
+        self._now = max(self._now, t)
+        for at, fut in self._sleepers:
+            if at <= self._now and not fut.done():
+                fut.set_result(None)
+
+    def advance(self, ms: int) -> None:
+        self.set(self._now + ms)
 
 
 async def wait_until(
@@ -101,4 +156,72 @@ async def running(node: RunningNode, within: float = 15.0) -> AsyncIterator[Runn
         )
         yield node
     finally:
+        await node.stop()
+
+
+@dataclass
+class WebNode:
+    """A node on the in-memory log with its web edge, and a client session to call it."""
+
+    log: MemoryLog
+    clock: FakeClock
+    node: Node
+    url: URL
+    http: aiohttp.ClientSession
+
+    async def call(
+        self, method: str, path: str, body: Any = None, token: str | None = WEB_TOKEN, **kw: Any
+    ) -> tuple[int, Any]:
+        """`method path` with the web token (None: without), `body` as JSON (text and bytes
+        as they are); its status and its JSON answer."""
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        headers.update(kw.pop("headers", {}))
+        data = body if isinstance(body, str | bytes) or body is None else orjson.dumps(body)
+        async with self.http.request(
+            method, self.url.with_path(path, encoded=True), data=data, headers=headers, **kw
+        ) as r:
+            return r.status, await r.json()
+
+
+W = TypeVar("W", bound=WebNode)
+
+
+@contextlib.asynccontextmanager
+async def web_node(
+    service: Service,
+    data: Path,
+    clock: FakeClock,
+    kind: type[W],
+    *,
+    partitions: int = 2,
+    cookies: bool = False,
+) -> AsyncIterator[W]:
+    """A node of `service` (its data in `data / "n"`) with its web edge on a free port and
+    `WEB_TOKEN`, once it runs every partition, as a `kind`; stopped after. `cookies`: the
+    session keeps an IP address host's cookies (the loopback's: the page's forms)."""
+    log = MemoryLog()
+    settings = Settings(
+        bootstrap_servers="memory",
+        partitions=partitions,
+        data_dir=data / "n",
+        group_id="g",
+        session_timeout_ms=1_000,
+        commit_interval_ms=20,
+        web_token=WEB_TOKEN,
+    )
+    node = Node(settings, service, clients=log, clock=clock)
+    await node.start()
+    task = asyncio.create_task(node.run())
+    server = WebServer(node, 0, timer_wait_s=5.0)
+    await server.start()
+    try:
+        await wait_until(lambda: bool(node.health()["ready"]) and len(node.owned) == partitions)
+        jar = aiohttp.CookieJar(unsafe=True) if cookies else None
+        async with aiohttp.ClientSession(cookie_jar=jar) as http:
+            yield kind(log, clock, node, URL(f"http://127.0.0.1:{server.port}/"), http)
+    finally:
+        await server.stop()
+        task.cancel()
+        with contextlib.suppress(BaseException):
+            await task
         await node.stop()

@@ -7,13 +7,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import orjson
 import pytest
-from fakes import PAGE_PARTITIONS, T0, TYPE, FakeNode, ref
+from fakes import PAGE_PARTITIONS, T0, TYPE, FakeNode, Kept, ref
 from pydantic import ValidationError
 
 from app.cli.main import _run_node
@@ -33,7 +35,9 @@ from app.ops.node_report import (
 )
 from app.protocol.topics import ContextTopics, parse_aggregate_type
 from tables import AggregateRef, CommandSpec, OnceRule, Timer, TimerChange, TimerStatus
+from tables.census import TimerCensus
 from tables.keys import row_key
+from tables.memory_store import MemoryTimerStore
 from tables.partitioner import partition_of
 
 TOPIC = ContextTopics("shop").nodes
@@ -128,6 +132,46 @@ async def test_a_report_counts_each_owned_partitions_timers(group: Group) -> Non
     assert [t.key for t in report.parked] == ["stuck"]
     assert [t.key for t in report.upcoming] == ["late", "soon"]
     assert report.at == T0 and report.group == node.settings.group_id
+
+
+class _Logged:
+    """A store whose census calls are written to `events` (a partition at a time)."""
+
+    def __init__(self, inner: MemoryTimerStore, events: list[str]) -> None:
+        self._inner, self._events = inner, events
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    async def census(self, partition: int, now: int, **kwargs: Any) -> TimerCensus:
+        self._events.append(f"census {partition}")
+        return await self._inner.census(partition, now, **kwargs)
+
+
+async def test_a_report_lets_the_loop_run_between_partitions_censuses() -> None:
+    # The census of every partition in one piece held the loop (the runners' firing)
+    # for the whole report, every status interval.
+    node = FakeNode(owned=[0, 1, 2, 3])
+    events: list[str] = []
+    node.types[TYPE] = Kept(_Logged(node.store, events))  # type: ignore[arg-type]
+    done = False
+
+    async def other() -> None:
+        while not done:
+            events.append("other")
+            await asyncio.sleep(0)
+
+    ticking = asyncio.create_task(other())
+    await asyncio.sleep(0)
+    try:
+        await collect_report(node, "n1", web=None, interval_ms=INTERVAL)
+    finally:
+        done = True
+        await ticking
+    censuses = [n for n, e in enumerate(events) if e.startswith("census")]
+    assert [events[n] for n in censuses] == [f"census {p}" for p in range(4)]
+    for a, b in itertools.pairwise(censuses):
+        assert "other" in events[a + 1 : b], events
 
 
 async def test_each_node_reads_every_nodes_report(group: Group) -> None:

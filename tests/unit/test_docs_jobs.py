@@ -6,7 +6,6 @@ service decided here."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import re
 import shlex
 import sys
@@ -20,7 +19,7 @@ from typing import Any
 import aiohttp
 import orjson
 import pytest
-from fakes import ROOT, FakeClock, doc_modules
+from fakes import ROOT, WEB_TOKEN, FakeClock, WebNode, doc_modules, web_node
 from typer.testing import CliRunner
 from yarl import URL
 
@@ -30,14 +29,11 @@ from app.cli import cli
 from app.jobs import enable_command, ref_of, schedule_aggregate
 from app.kafka.memory import MemoryLog
 from app.model.decide import StoredAggregate, decide
-from app.node import Node
-from app.node.settings import Settings
-from app.ops.web import WebServer
 from app.protocol.topics import AggregateTopics
 from app.protocol.wire import CommandEnvelope, CommandResult, EventEnvelope, ResultCode, decode
 from tables import AggregateRef
 
-TOKEN = "s3cret"
+TOKEN = WEB_TOKEN
 P = 2
 CONCEPTS = ROOT / "docs" / "concepts.md"
 OPERATIONS = ROOT / "docs" / "operations.md"
@@ -172,32 +168,10 @@ def sent(log: MemoryLog) -> int:
 
 
 @pytest.fixture
-async def edge(
-    myjobs: ModuleType, tmp_path: Path
-) -> AsyncIterator[tuple[MemoryLog, FakeClock, URL]]:
-    log, clock = MemoryLog(), FakeClock(ms("2026-10-31T12:00:00+01:00"))
-    settings = Settings(
-        bootstrap_servers="memory",
-        partitions=P,
-        data_dir=tmp_path / "n",
-        group_id="g",
-        session_timeout_ms=1_000,
-        commit_interval_ms=20,
-        web_token=TOKEN,
-    )
-    node = Node(settings, myjobs.service, clients=log, clock=clock)
-    await node.start()
-    task = asyncio.create_task(node.run())
-    server = WebServer(node, 0, timer_wait_s=5.0)
-    await server.start()
-    try:
-        await until(lambda: bool(node.health()["ready"]) and len(node.owned) == P)
-        yield log, clock, URL(f"http://127.0.0.1:{server.port}")
-    finally:
-        await server.stop()
-        task.cancel()
-        with contextlib.suppress(BaseException):
-            await task
+async def edge(myjobs: ModuleType, tmp_path: Path) -> AsyncIterator[WebNode]:
+    clock = FakeClock(ms("2026-10-31T12:00:00+01:00"))
+    async with web_node(myjobs.service, tmp_path, clock, WebNode, partitions=P) as e:
+        yield e
 
 
 async def curl(http: aiohttp.ClientSession, base: URL, line: str) -> tuple[int, Any]:
@@ -213,10 +187,8 @@ async def curl(http: aiohttp.ClientSession, base: URL, line: str) -> tuple[int, 
         return r.status, await r.json()
 
 
-async def test_the_operations_curl_lines_are_answered_as_they_say(
-    edge: tuple[MemoryLog, FakeClock, URL],
-) -> None:
-    log, clock, base = edge
+async def test_the_operations_curl_lines_are_answered_as_they_say(edge: WebNode) -> None:
+    log, clock, base = edge.log, edge.clock, edge.url
     enable, trigger, disable, backfill, listing = curl_lines()
     async with aiohttp.ClientSession() as http:
         status, enabled = await curl(http, base, enable)

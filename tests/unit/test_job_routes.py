@@ -11,26 +11,20 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import aiohttp
-import orjson
 import pytest
-from fakes import MIN, T0, FakeClock
+from fakes import MIN, T0, WEB_TOKEN, FakeClock, WebNode, web_node
 from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import BaseModel
-from yarl import URL
 
 from app.errors import BadRecord
 from app.jobs import BACKFILLED, TICKED, Job, JobRun, JobScope, shard_ref
 from app.kafka.memory import MemoryLog
 from app.model.aggregate import AggregateType, Command, Decision, Event
-from app.node import Node
-from app.node.settings import Settings
 from app.ops.job_routes import answer_status
 from app.ops.timer_api import DONE
 from app.protocol.topics import AggregateTopics
@@ -39,7 +33,7 @@ from app.service import Service
 from tables import AggregateRef, IntervalRule
 
 P = 2
-TOKEN = "s3cret"
+TOKEN = WEB_TOKEN
 CONTEXT = "ops"
 REPORTS = AggregateTopics(CONTEXT, "report")
 SCHEDULE = AggregateTopics(CONTEXT, "schedule")
@@ -99,23 +93,8 @@ async def until(check: Callable[[], bool], within: float = 10.0) -> None:
         await asyncio.sleep(0.01)
 
 
-@dataclass
-class Edge:
-    log: MemoryLog
-    clock: FakeClock
-    url: URL
-    http: aiohttp.ClientSession
-
-    async def call(
-        self, method: str, path: str, body: Any = None, token: str | None = TOKEN, **kw: Any
-    ) -> tuple[int, Any]:
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
-        headers.update(kw.pop("headers", {}))
-        data = body if isinstance(body, str | bytes) or body is None else orjson.dumps(body)
-        async with self.http.request(
-            method, self.url.with_path(path, encoded=True), data=data, headers=headers, **kw
-        ) as r:
-            return r.status, await r.json()
+class Edge(WebNode):
+    """The node of `SERVICE` with its web edge (`fakes.web_node`), on a fake clock."""
 
     async def act(self, action: str, body: Any = None, job: str = "minutely") -> Any:
         status, answer = await self.call("POST", f"/jobs/{CONTEXT}/{job}/{action}", body)
@@ -125,33 +104,8 @@ class Edge:
 
 @pytest.fixture
 async def edge(tmp_path: Path) -> AsyncIterator[Edge]:
-    from app.ops.web import WebServer
-
-    log = MemoryLog()
-    clock = FakeClock(T0 - 30_000)
-    settings = Settings(
-        bootstrap_servers="memory",
-        partitions=P,
-        data_dir=tmp_path / "n",
-        group_id="g",
-        session_timeout_ms=1_000,
-        commit_interval_ms=20,
-        web_token=TOKEN,
-    )
-    node = Node(settings, SERVICE, clients=log, clock=clock)
-    await node.start()
-    task = asyncio.create_task(node.run())
-    server = WebServer(node, 0, timer_wait_s=5.0)
-    await server.start()
-    try:
-        await until(lambda: bool(node.health()["ready"]) and len(node.owned) == P)
-        async with aiohttp.ClientSession() as http:
-            yield Edge(log, clock, URL(f"http://127.0.0.1:{server.port}"), http)
-    finally:
-        await server.stop()
-        task.cancel()
-        with contextlib.suppress(BaseException):
-            await task
+    async with web_node(SERVICE, tmp_path, FakeClock(T0 - 30_000), Edge, partitions=P) as e:
+        yield e
 
 
 def codes(answer: Any) -> list[str]:

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from app.cli import cli
+from app.cli.job_options import input_exit_code
 from app.cli.jobs import (
     find_job,
     instance_commands,
@@ -19,6 +20,7 @@ from app.cli.jobs import (
 from app.errors import JobsCliError
 from app.jobs import DISABLE, ENABLE, RESCHEDULE, Job, JobRun, JobScope, shard_ref
 from app.jobs.commands import TRIGGER_SENDS
+from app.ops.job_api import JobInputError
 from app.protocol.wire import MAX_REQUEST_ID
 from app.service import Service
 from tables import DEFAULT_TENANT, CronRule, IntervalRule
@@ -135,22 +137,6 @@ DEMO = ["--service", "app.demo:service"]
         (["enable", *DEMO, "--context", "shop", "--job", "nope"], "unknown job 'nope' in shop"),
         (["enable", *DEMO, "--context", "ops", "--job", "x"], "'ops' declares no jobs"),
         (
-            ["enable", *DEMO, "--context", "shop", "--job", "unpaid-report", "--rule", "{"],
-            "--rule is not JSON",
-        ),
-        (
-            ["reschedule", *DEMO, "--context", "shop", "--job", "unpaid-report", "--rule", "3"],
-            "must be a JSON object",
-        ),
-        (
-            ["enable", *DEMO, "--context", "shop", "--job", "unpaid-report", "--partition", "0"],
-            "--partition is for SHARDED jobs",
-        ),
-        (
-            ["disable", *DEMO, "--context", "shop", "--job", "unpaid-report", "--tenant", "t"],
-            "--tenant is for TENANT jobs",
-        ),
-        (
             ["enable", "--service", "no.such.module:svc", "--context", "shop", "--job", "x"],
             "cannot load service 'no.such.module:svc'",
         ),
@@ -173,6 +159,70 @@ def test_bad_input_and_no_broker_exit_1_with_a_message(args: list[str], message:
     assert result.exit_code == 1, result.output
     assert "error: " in result.stderr and message in result.stderr, result.stderr
     assert "Traceback" not in result.output
+
+
+SHOP = [*DEMO, "--context", "shop", "--job", "unpaid-report"]
+RANGE = ["--from", "0", "--until", "60000"]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["enable", *SHOP, "--rule", "{"], "--rule is not JSON"),
+        (["reschedule", *SHOP, "--rule", "3"], "must be a JSON object"),
+        (["enable", *SHOP, "--partition", "0"], "--partition is for SHARDED jobs"),
+        (["disable", *SHOP, "--tenant", "t"], "--tenant is for TENANT jobs"),
+        (["disable", *SHOP, "--partition", "0"], "--partition is for SHARDED jobs"),
+        (["reschedule", *SHOP, "--rule", "null", "--tenant", "t"], "--tenant is for TENANT"),
+        (["trigger", *SHOP, "--partition", "0"], "--partition is for SHARDED jobs"),
+        (["backfill", *SHOP, *RANGE, "--tenant", "t"], "--tenant is for TENANT jobs"),
+        (["backfill", *SHOP, "--from", "60000", "--until", "0"], "is before --from"),
+    ],
+)
+def test_an_options_bad_value_exits_2_on_every_jobs_command(args: list[str], message: str) -> None:
+    """As every command says a value it cannot take (`app.cli.common`): `enable`, `disable`
+    and `reschedule` exited 1 where `trigger` and `backfill` exited 2."""
+    result = CliRunner().invoke(cli, ["jobs", *args, "--bootstrap", "127.0.0.1:1"])
+    assert result.exit_code == 2, result.output
+    (line,) = result.stderr.splitlines()
+    assert line.startswith("error: ") and message in line, line
+
+
+@pytest.mark.parametrize("action", ["enable", "disable", "reschedule", "trigger", "backfill"])
+@pytest.mark.parametrize(
+    ("where", "message"),
+    [
+        (["--context", "shop", "--job", "nope"], "unknown job 'nope' in shop"),
+        (["--context", "ops", "--job", "x"], "'ops' declares no jobs"),
+    ],
+)
+def test_a_job_or_context_not_declared_exits_1_on_every_jobs_command(
+    action: str, where: list[str], message: str
+) -> None:
+    """What it was asked about does not exist (`app.cli.common`), as `jobs list --context`
+    says: `trigger` and `backfill` exited 2 for it."""
+    more = {"reschedule": ["--rule", "null"], "backfill": RANGE}.get(action, [])
+    result = CliRunner().invoke(
+        cli, ["jobs", action, *DEMO, *where, *more, "--bootstrap", "127.0.0.1:1"]
+    )
+    assert result.exit_code == 1, result.output
+    (line,) = result.stderr.splitlines()
+    assert line.startswith("error: ") and message in line, line
+
+
+@pytest.mark.parametrize(
+    ("error", "code"),
+    [
+        (JobInputError("job", "unknown job"), 1),
+        (JobInputError("context", "no jobs"), 1),
+        (JobInputError("tenants", "--tenant is for TENANT jobs"), 2),
+        (JobInputError("until", "is after now"), 2),
+        (JobInputError("request_id", "too long"), 2),
+        (JobsCliError("--rule is not JSON"), 2),
+    ],
+)
+def test_input_exit_code_of_each_refusal(error: JobsCliError, code: int) -> None:
+    assert input_exit_code(error) == code
 
 
 def test_list_prints_the_jobs_and_their_instances_without_a_broker() -> None:
@@ -245,9 +295,9 @@ JOBS_OPS = ["--service", f"{__name__}:SERVICE", "--context", "ops", "--job", "re
 @pytest.mark.parametrize(
     ("args", "code", "message"),
     [
-        # trigger's bad options exit 2; enable's, as its other bad input, exit 1
+        # a bad option's value exits 2 on every command (enable's exited 1)
         (["trigger", "--tenant", "t" * 201], 2, "--tenant 'tttt"),
-        (["enable", "--tenant", "t" * 201], 1, "--tenant 'tttt"),
+        (["enable", "--tenant", "t" * 201], 2, "--tenant 'tttt"),
         (
             ["trigger", "--tenant", "a", "--tenant", "t" * 100, "--request-id", "r" * 190],
             2,

@@ -35,14 +35,18 @@ from test_timer_api import (  # noqa: F401
 from typer.testing import CliRunner
 from yarl import URL
 
+import app.cli.timer_changes
 from app.cli import cli
-from app.clients.timer_book import BOOK_RETENTION
-from app.protocol.wire import CommandEnvelope, EventEnvelope, ResultCode
+from app.clients.timer_book import BOOK_RETENTION, SET_TIMER, timer_book
+from app.model.decide import decide
+from app.ops.timer_routes import TimerRoutes
+from app.protocol.wire import CommandEnvelope, CommandResult, EventEnvelope, ResultCode
 from app.timers.subscription import apply_all, timer_op
-from tables import Timer, TimerStatus
+from tables import AggregateRef, Timer, TimerStatus
 from tables.memory_store import MemoryTimerStore
 
 PATH = "/timers/shop.reminders/o-1"
+SERVICE_BOOK = timer_book("shop", "reminders")  # as the node's (`SERVICE`)
 
 
 def interval(start: int, every: int, note: str, **rule: Any) -> dict[str, Any]:
@@ -200,6 +204,36 @@ async def test_actions_on_a_key_with_no_timer_or_a_finished_one_are_4xx(edge: Ed
     assert events(edge.log, BOOK, "wow.SchedulePaused") == []
 
 
+async def test_a_fired_once_timer_is_a_409_on_a_node_not_keeping_its_row(
+    edge: Edge, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a node that does not keep the owner's partition, a trigger of a fired once-timer
+    sent its command again and a pause was appended (200): the book refuses both now, as
+    ended, with the 409 its owner answers; a resume is still nothing to do."""
+    assert (await edge.call("PUT", f"{PATH}/done", once(T0 + 1_000, "done")))[0] == 200
+    edge.clock.set(T0 + 1_000)
+    await until(lambda: row(edge, "done").status is TimerStatus.FIRED)
+    owner_says = await act(edge, "done", "trigger", "t-owner")
+
+    async def elsewhere(self: TimerRoutes, owner: Any, key: str) -> None:
+        return None  # as on a node of the group not keeping the partition
+
+    monkeypatch.setattr(TimerRoutes, "_held", elsewhere)
+    for action in ("trigger", "pause"):
+        status, answer = await act(edge, "done", action, f"{action}-elsewhere")
+        assert (status, answer["field"]) == (409, "key"), answer
+        assert answer["error"].startswith(
+            "shop.reminders/(0)/o-1's timer 'done': its rule ended at "
+        ), answer
+        assert answer["error"].endswith(f"nothing to {action} (set it again to start it anew)")
+        assert answer["request_id"] == f"{action}-elsewhere"
+    assert (await act(edge, "done", "resume", "r-elsewhere"))[1]["code"] == "UNCHANGED"
+    assert owner_says[0] == 409 and "is FIRED" in owner_says[1]["error"]  # as before
+    assert events(edge.log, BOOK, "wow.ScheduleTriggered") == []
+    assert events(edge.log, BOOK, "wow.SchedulePaused") == []
+    assert len(pings(edge, "done")) == 1
+
+
 async def test_a_once_timer_past_its_end_and_the_books_retention_is_a_404(edge: Edge) -> None:
     """The book forgets a timer whose rule ended more than `BOOK_RETENTION` ago (#20), as
     the table deletes its finished row: an action on its key is then a never-set key's."""
@@ -344,6 +378,45 @@ def test_a_no_op_is_done_and_a_refusal_or_silence_exits_1(
     assert no.exit_code == 1 and no.stderr == "error: resume refused: REJECTED no\n"
     silent = CliRunner().invoke(cli, line("trigger", "--request-id", "silent"))
     assert silent.exit_code == 1 and "send it again with --request-id silent" in silent.stderr
+
+
+@pytest.mark.parametrize("action", ["trigger", "pause"])
+def test_an_action_on_a_timer_whose_rule_ended_exits_1_saying_so(
+    monkeypatch: pytest.MonkeyPatch, action: str
+) -> None:
+    """The command answered by the book's own decision, its once timer ended at T0."""
+    owner = AggregateRef(context="shop", aggregate="reminders", id="o-1")
+    body = {
+        "key": "k",
+        "rule": {"kind": "once", "at": T0},
+        "target": {"context": "shop", "aggregate": "order", "id": "p-1"},
+        "command": {"type": "RemindToPay"},
+    }
+    put = CommandEnvelope(request_id="s", type=SET_TIMER, aggregate=owner, body=body, issued_at=0)
+    stored = decide(SERVICE_BOOK, None, put, now=T0 - 1_000, seen=False).stored
+    assert stored is not None
+    sent: list[CommandEnvelope] = []
+
+    async def send(kafka: Any, cmd: CommandEnvelope, wait_s: float) -> CommandResult:
+        sent.append(cmd)
+        d = decide(SERVICE_BOOK, stored, cmd, now=T0 + 5_000, seen=False)
+        return CommandResult(
+            request_id=cmd.request_id,
+            code=d.code,
+            aggregate=cmd.aggregate,
+            message=d.message,
+            decided_at=T0 + 5_000,
+        )
+
+    monkeypatch.setattr(app.cli.timer_changes, "send_change", send)
+    result = CliRunner().invoke(cli, line(action, "--request-id", "a-1"))
+    assert result.exit_code == 1, result.output
+    assert result.stderr == (
+        f"error: {action} refused: REJECTED shop.reminders/(0)/o-1's timer 'k': its rule "
+        "ended at 2027-01-15T08:00:00.000Z (its last slot is due or fired): nothing to "
+        f"{action} (set it again to start it anew)\n"
+    )
+    assert [c.type for c in sent] == [f"wow.{action.capitalize()}Timer"]
 
 
 def test_an_actions_bad_options_exit_2_and_send_nothing(sent: list[CommandEnvelope]) -> None:

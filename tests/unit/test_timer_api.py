@@ -13,14 +13,12 @@ import re
 import shlex
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeAlias
 
-import aiohttp
 import orjson
 import pytest
-from fakes import T0, FakeClock
+from fakes import T0, WEB_TOKEN, FakeClock, WebNode, web_node
 from pydantic import BaseModel
 from typer.testing import CliRunner
 from yarl import URL
@@ -33,8 +31,6 @@ from app.errors import BadRecord, KafkaUnavailable
 from app.kafka.connection import Connectable
 from app.kafka.memory import MemoryLog
 from app.model.aggregate import AggregateType, Command, Decision
-from app.node import Node
-from app.node.settings import Settings
 from app.ops.openapi import JSON_ROUTES
 from app.ops.timer_api import submit
 from app.ops.web import WebServer
@@ -45,7 +41,7 @@ from tables import AggregateRef, Timer, TimerStatus
 from tables.slots import jitter_offset
 
 P = 2
-TOKEN = "s3cret"
+TOKEN = WEB_TOKEN
 BOOK = AggregateTopics("shop", "reminders")
 PINGS = AggregateTopics("shop", "order")
 
@@ -65,24 +61,8 @@ def _ping(state: Pings, cmd: Command, d: Decision) -> None:
 SERVICE = Service(aggregates=(timer_book("shop", "reminders"), order))
 
 
-@dataclass
-class Edge:
-    log: MemoryLog
-    clock: FakeClock
-    node: Node
-    url: URL
-    http: aiohttp.ClientSession
-
-    async def call(
-        self, method: str, path: str, body: Any = None, token: str | None = TOKEN, **kw: Any
-    ) -> tuple[int, Any]:
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
-        headers.update(kw.pop("headers", {}))
-        data = body if isinstance(body, str | bytes) or body is None else orjson.dumps(body)
-        async with self.http.request(
-            method, self.url.with_path(path, encoded=True), data=data, headers=headers, **kw
-        ) as r:
-            return r.status, await r.json()
+Edge: TypeAlias = WebNode
+"""The node of `SERVICE` with its web edge (`fakes.web_node`), on a fake clock at T0."""
 
 
 def rows(log: MemoryLog) -> list[Timer]:
@@ -113,32 +93,8 @@ async def until(check: Callable[[], bool], within: float = 10.0) -> None:
 
 @pytest.fixture
 async def edge(tmp_path: Path) -> AsyncIterator[Edge]:
-    log = MemoryLog()
-    clock = FakeClock(T0)
-    settings = Settings(
-        bootstrap_servers="memory",
-        partitions=P,
-        data_dir=tmp_path / "n",
-        group_id="g",
-        session_timeout_ms=1_000,
-        commit_interval_ms=20,
-        web_token=TOKEN,
-    )
-    node = Node(settings, SERVICE, clients=log, clock=clock)
-    await node.start()
-    task = asyncio.create_task(node.run())
-    server = WebServer(node, 0, timer_wait_s=5.0)
-    await server.start()
-    try:
-        await until(lambda: bool(node.health()["ready"]) and len(node.owned) == P)
-        async with aiohttp.ClientSession() as http:
-            yield Edge(log, clock, node, URL(f"http://127.0.0.1:{server.port}"), http)
-    finally:
-        await server.stop()
-        task.cancel()
-        with contextlib.suppress(BaseException):
-            await task
-        await node.stop()
+    async with web_node(SERVICE, tmp_path, FakeClock(T0), Edge, partitions=P) as e:
+        yield e
 
 
 def put_body(at: int, **more: Any) -> dict[str, Any]:
@@ -222,34 +178,34 @@ async def test_writes_need_the_token_and_send_nothing_without_it(edge: Edge) -> 
         (
             "/timers/shop.reminders/o/k",
             {"target": {"type": "shop.order"}, "command": {"type": "P"}},
-            422,
+            400,
             "rule",
         ),
         (
             "/timers/shop.reminders/o/k",
             put_body(T0 + 1, rule={"kind": "interval", "every": 0, "start": 0}),
-            422,
+            400,
             "rule.interval.every",
         ),
-        ("/timers/shop.reminders/o/k", put_body(T0 + 1, command={"body": {}}), 422, "command.type"),
+        ("/timers/shop.reminders/o/k", put_body(T0 + 1, command={"body": {}}), 400, "command.type"),
         (
             "/timers/shop.reminders/o/k",
             put_body(T0 + 1, target={"type": "nodot"}),
-            422,
+            400,
             "target.type",
         ),
         (
             "/timers/shop.reminders/o/k",
             put_body(T0 + 1, target={"type": "shop.reminders"}),
-            422,
+            400,
             "target",
         ),
-        ("/timers/shop.reminders/o/k", put_body(T0 + 1, extra=1), 422, "extra"),
-        ("/timers/shop.reminders/o/" + "k" * 201, put_body(T0 + 1), 422, "key"),
+        ("/timers/shop.reminders/o/k", put_body(T0 + 1, extra=1), 400, "extra"),
+        ("/timers/shop.reminders/o/" + "k" * 201, put_body(T0 + 1), 400, "key"),
         (
             "/timers/shop.reminders/o/k",
             put_body(T0 + 1, rule={"kind": "interval", "every": 1000, "start": 0, "count": 1}),
-            422,
+            400,
             "rule",
         ),
     ],
@@ -295,6 +251,38 @@ async def test_the_openapi_document_describes_every_json_route(edge: Edge) -> No
     assert put["security"] == [{"webToken": []}]
     schema = doc["components"]["schemas"]["TimerPut"]
     assert set(schema["required"]) == {"rule", "target", "command"}
+
+
+async def test_a_malformed_request_is_a_400_on_every_write_route_as_openapi_says(
+    edge: Edge,
+) -> None:
+    """One status for a request that cannot be sent, on /timers as on /jobs: a 400 naming
+    its field (a PUT /timers body that did not validate was a 422, a /jobs one a 400); a
+    422 is only a command the aggregate refused, answered as such (a TimerAnswer, a
+    JobAnswer)."""
+    _, doc = await edge.call("GET", "/openapi.json", token=None)
+    writes = {
+        (method, path): op
+        for path, item in doc["paths"].items()
+        for method, op in item.items()
+        if method in ("put", "post", "delete") and op.get("security")
+    }
+    assert {p for _, p in writes} >= {
+        "/timers/{type}/{owner}/{key}",
+        "/jobs/{context}/{job}/trigger",
+    }
+    for (method, path), op in writes.items():
+        assert "400" in op["responses"], (method, path)
+        refused = op["responses"].get("422")
+        if refused is not None:
+            schema = refused["content"]["application/json"]["schema"]
+            assert schema["$ref"].rsplit("/", 1)[1] in ("TimerAnswer", "JobAnswer"), (method, path)
+            assert "validate" not in refused["description"], (method, path)
+    put = await edge.call("PUT", "/timers/shop.reminders/o/k", {"rule": 5})
+    jobs = await edge.call("POST", "/jobs/shop/nightly/trigger", {"tenants": 5})
+    assert (put[0], put[1]["field"]) == (400, "rule"), put
+    assert jobs[0] == 400, jobs  # (no job here: the context is named)
+    assert all(edge.log.records(BOOK.commands, p) == [] for p in range(P))
 
 
 async def test_a_change_not_answered_in_time_is_none() -> None:

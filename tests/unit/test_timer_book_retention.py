@@ -17,10 +17,12 @@ from app.clients.timer_book import (
     CRON_END_STEPS,
     PAUSE_TIMER,
     RESUME_TIMER,
+    RULE_ENDED,
     SET_TIMER,
     TRIGGER_TIMER,
     BookState,
     BookTimer,
+    ended_refusal,
     live_timers,
     timer_book,
     timer_end,
@@ -96,14 +98,15 @@ def test_a_once_timers_key_is_kept_until_its_end_and_retention_then_dropped() ->
         "pay"
     ].ends == (end)
 
-    # an event exactly a retention after its end keeps it; pause and trigger still work
+    # an event exactly a retention after its end keeps it (a pause or trigger of it is
+    # refused as ended then: `test_a_pause_or_trigger_past_the_rules_end_is_refused`)
     assert (
-        book.send(TRIGGER_TIMER, {"key": "pay"}, end + BOOK_RETENTION).code == ResultCode.COMMITTED
+        book.send(PAUSE_TIMER, {"key": "tick"}, end + BOOK_RETENTION).code == ResultCode.COMMITTED
     )
     assert book.keys == {"pay", "tick"}
-    # the next event past that drops it (whatever the event: here another key's pause)
+    # the next event past that drops it (whatever the event: here another key's resume)
     assert (
-        book.send(PAUSE_TIMER, {"key": "tick"}, end + BOOK_RETENTION + 1).code
+        book.send(RESUME_TIMER, {"key": "tick"}, end + BOOK_RETENTION + 1).code
         == ResultCode.COMMITTED
     )
     assert book.keys == {"tick"}
@@ -120,13 +123,15 @@ def test_a_once_timers_key_is_kept_until_its_end_and_retention_then_dropped() ->
 def test_a_key_past_its_end_and_retention_is_refused_before_any_event_drops_it() -> None:
     book = Book()
     book.send(SET_TIMER, set_body("pay", {"kind": "once", "at": NOW}), NOW)
-    assert book.send(PAUSE_TIMER, {"key": "pay"}, NOW + BOOK_RETENTION).code == ResultCode.COMMITTED
-    assert (
-        book.send(RESUME_TIMER, {"key": "pay"}, NOW + BOOK_RETENTION).code == ResultCode.COMMITTED
+    ended = book.send(TRIGGER_TIMER, {"key": "pay"}, NOW + BOOK_RETENTION)
+    assert ended.code == ResultCode.REJECTED and RULE_ENDED in ended.message  # known: ended
+    assert book.send(RESUME_TIMER, {"key": "pay"}, NOW + BOOK_RETENTION).code is (
+        ResultCode.UNCHANGED
     )
     assert book.keys == {"pay"}  # no event since has dropped it...
     late = book.send(TRIGGER_TIMER, {"key": "pay"}, NOW + BOOK_RETENTION + 1)
     assert late.code == ResultCode.REJECTED  # ...but a command after its retention is refused
+    assert "has no timer 'pay'" in late.message and RULE_ENDED not in late.message
 
 
 def test_endless_timers_are_kept_and_a_set_again_counts_from_its_new_end() -> None:
@@ -289,3 +294,67 @@ def test_live_timers_keeps_exactly_the_paused_endless_and_recent(
     assert live_timers(timers, now + later, retention).keys() <= kept.keys()
     # a longer retention keeps at least as much
     assert kept.keys() <= live_timers(timers, now, retention + later).keys()
+
+
+# --- a pause or trigger of a timer whose rule ended (#22) ----------------------------------
+
+
+@pytest.mark.parametrize(
+    ("action", "paused", "ends", "refused"),
+    [
+        (TRIGGER_TIMER, False, NOW, True),  # its last slot is due now: sent already, or soon
+        (TRIGGER_TIMER, False, NOW - DAY, True),
+        (TRIGGER_TIMER, False, NOW + 1, False),
+        (TRIGGER_TIMER, False, None, False),  # endless
+        (TRIGGER_TIMER, True, NOW - DAY, False),  # paused: its slot never fired
+        (PAUSE_TIMER, False, NOW - 1, True),
+        (PAUSE_TIMER, False, NOW + 1, False),
+        (RESUME_TIMER, False, NOW - 1, False),  # nothing to resume: UNCHANGED, not refused
+        (RESUME_TIMER, True, NOW - 1, False),  # its slot is held: resumed, caught up
+    ],
+)
+def test_ended_refusal_of_each_action(
+    action: str, paused: bool, ends: int | None, refused: bool
+) -> None:
+    timer = BookTimer(
+        target=AggregateRef.model_validate(TARGET),
+        command=CommandSpec(type="reminders.Remind"),
+        paused=paused,
+        ends=ends,
+    )
+    why = ended_refusal(action, timer, NOW)
+    assert (why is not None) == refused
+    if why is not None:
+        assert why.startswith(RULE_ENDED) and "nothing to " in why
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    at=st.integers(NOW - DAY, NOW + DAY),
+    jitter=st.none() | st.integers(1, 60_000),
+    after=st.integers(-2 * DAY, BOOK_RETENTION),
+    paused=st.booleans(),
+)
+def test_a_pause_or_trigger_past_the_rules_end_is_refused(
+    at: int, jitter: int | None, after: int, paused: bool
+) -> None:
+    """Decided by the book alone, so on whichever node it is asked: a once timer's trigger
+    or pause is COMMITTED before its `at` (+ jitter) and REJECTED as ended from then on
+    (a trigger of a fired once-timer sent its command again), unless it is paused."""
+    book = Book()
+    rule: dict[str, Any] = {"kind": "once", "at": at} | ({"jitter": jitter} if jitter else {})
+    assert book.send(SET_TIMER, set_body("pay", rule), NOW - 2 * DAY).code == ResultCode.COMMITTED
+    if paused:
+        assert book.send(PAUSE_TIMER, {"key": "pay"}, NOW - 2 * DAY).code == ResultCode.COMMITTED
+    end = at + (jitter or 0)
+    now = end + after
+    ended = not paused and now >= end
+    for action in (TRIGGER_TIMER, PAUSE_TIMER):
+        d = book.send(action, {"key": "pay"}, now)
+        if ended:
+            assert d.code == ResultCode.REJECTED and d.events == [], (action, d)
+            assert RULE_ENDED in d.message and "'pay'" in d.message
+        else:
+            assert d.code in (ResultCode.COMMITTED, ResultCode.UNCHANGED), (action, d)
+    resumed = book.send(RESUME_TIMER, {"key": "pay"}, now)
+    assert resumed.code in (ResultCode.COMMITTED, ResultCode.UNCHANGED)

@@ -13,14 +13,12 @@ import html as html_lib
 import re
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import aiohttp
-import orjson
 import pytest
-from fakes import MIN, T0, FakeClock
+from fakes import MIN, T0, WEB_TOKEN, FakeClock, WebNode, web_node
 from pydantic import BaseModel
 from yarl import URL
 
@@ -29,16 +27,13 @@ from app.errors import BadRecord
 from app.jobs import Job, JobRun, JobScope
 from app.kafka.memory import MemoryLog
 from app.model.aggregate import AggregateType, Command, Decision
-from app.node import Node
-from app.node.settings import Settings
-from app.ops.web import WebServer
 from app.protocol.topics import AggregateTopics
 from app.protocol.wire import CommandEnvelope, EventEnvelope, decode
 from app.service import Service
 from tables import AggregateRef, IntervalRule, Timer, TimerStatus
 
 P = 2
-TOKEN = "s3cret"
+TOKEN = WEB_TOKEN
 BOOK = AggregateTopics("shop", "reminders")
 ORDERS = AggregateTopics("shop", "order")
 SCHEDULE = AggregateTopics("shop", "schedule")
@@ -107,13 +102,9 @@ async def until(check: Callable[[], bool], within: float = 10.0) -> None:
         await asyncio.sleep(0.01)
 
 
-@dataclass
-class Site:
-    log: MemoryLog
-    clock: FakeClock
-    node: Node
-    url: URL
-    http: aiohttp.ClientSession
+class Site(WebNode):
+    """The node of `SERVICE` with its web edge and page (`fakes.web_node`), on a fake clock;
+    its session keeps the page's cookie."""
 
     async def page(self, **query: str) -> str:
         async with self.http.get(self.url.with_query(query)) as r:
@@ -137,33 +128,8 @@ class Site:
 
 @pytest.fixture
 async def site(tmp_path: Path) -> AsyncIterator[Site]:
-    log = MemoryLog()
-    clock = FakeClock(T0)
-    settings = Settings(
-        bootstrap_servers="memory",
-        partitions=P,
-        data_dir=tmp_path / "n",
-        group_id="g",
-        session_timeout_ms=1_000,
-        commit_interval_ms=20,
-        web_token=TOKEN,
-    )
-    node = Node(settings, SERVICE, clients=log, clock=clock)
-    await node.start()
-    task = asyncio.create_task(node.run())
-    server = WebServer(node, 0, timer_wait_s=5.0)
-    await server.start()
-    try:
-        await until(lambda: bool(node.health()["ready"]) and len(node.owned) == P)
-        # unsafe: keep the cookie of an IP address host (the loopback).
-        async with aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True)) as http:
-            yield Site(log, clock, node, URL(f"http://127.0.0.1:{server.port}/"), http)
-    finally:
-        await server.stop()
-        task.cancel()
-        with contextlib.suppress(BaseException):
-            await task
-        await node.stop()
+    async with web_node(SERVICE, tmp_path, FakeClock(T0), Site, partitions=P, cookies=True) as s:
+        yield s
 
 
 async def set_timer(site: Site, owner: str, key: str) -> None:
@@ -172,12 +138,8 @@ async def set_timer(site: Site, owner: str, key: str) -> None:
         "target": {"type": "shop.order", "id": "p-1"},
         "command": {"type": "RemindToPay"},
     }
-    async with site.http.put(
-        site.url.with_path(f"/timers/shop.reminders/{owner}/{key}"),
-        data=orjson.dumps(body),
-        headers={"Authorization": f"Bearer {TOKEN}"},
-    ) as r:
-        assert r.status == 200, await r.text()
+    status, answer = await site.call("PUT", f"/timers/shop.reminders/{owner}/{key}", body)
+    assert status == 200, answer
     await until(lambda: key in book_rows(site.log))
 
 
