@@ -88,11 +88,12 @@ class Node:
         self._by_topic: dict[str, tuple[KeptType, str]] = {}
         self._results: dict[str, ResultsReader] = {}
         self._consumer: GroupMember | None = None
-        # The assignment's lock: held while tasks are created for an assignment and while
-        # a revoke closes them (the tasks' own lifecycles take no lock).
-        self._lock = asyncio.Lock()
         # One task per partition given to this node, from its assignment to its revoke.
+        # No lock: the map changes only between awaits, and each task's state guards its
+        # own lifecycle, so that no task's close (a commit) holds up another's.
         self._tasks: dict[int, PartitionTask] = {}
+        # The revoked tasks still closing: a new task of the partition waits for its close.
+        self._closing: dict[PartitionTask, asyncio.Task[None]] = {}
         # The partitions whose task runs (kept by the tasks): what `owns` reads.
         self._owned: set[int] = set()
         self._shared: TaskShared | None = None  # what the tasks share, once started
@@ -245,8 +246,10 @@ class Node:
             await _stopping(f"{kept.name} loop", kept.loop.stop())
         if self._consumer is not None:
             await _stopping("the group consumer", self._consumer.stop())
-        # Whatever the consumer did not revoke on leaving the group is let go here.
-        await _stopping("the partitions", self._revoked({("", p) for p in self._tasks}))
+        # Whatever the consumer did not revoke on leaving the group is let go here, and
+        # the closes under way are waited for.
+        left = {*self._tasks, *(task.p for task in self._closing)}
+        await _stopping("the partitions", self._revoked({("", p) for p in left}))
         for reader in self._results.values():
             await _stopping("a results reader", reader.stop())
         for ledger in self._ledgers.values():
@@ -339,31 +342,46 @@ class Node:
         given = {p for _, p in assigned}
         if stale := set(self._tasks) - given:
             # The group is the authority: what it no longer gives here is let go (a revoke
-            # after a lost membership may have named none of it).
-            await self._revoked({("", p) for p in stale})
-        async with self._lock:
-            new = sorted(given - set(self._tasks))
-            self._shared.consumer.pause([(t, p) for t, p in assigned if p in new])
-            for p in new:
-                self._tasks[p] = task = PartitionTask(p, self._shared, self)
-                task.take({t for t, q in assigned if q == p})
-            if not new:
-                self._owning()
+            # after a lost membership may have named none of it); not waited for here.
+            for p in stale:
+                self._close(self._tasks.pop(p))
+        new = sorted(given - set(self._tasks))
+        self._shared.consumer.pause([(t, p) for t, p in assigned if p in new])
+        for p in new:
+            self._tasks[p] = task = PartitionTask(p, self._shared, self)
+            # Its take reopens the transactional id a close of p under way still commits on.
+            behind = [closing for gone, closing in self._closing.items() if gone.p == p]
+            task.take({t for t, q in assigned if q == p}, behind=behind)
+        if not new:
+            self._owning()
 
     async def _revoked(self, revoked: set[tuple[str, int]]) -> None:
-        """Closes the revoked partitions' tasks clean (a hand-off), takes under way
-        stopped first."""
+        """Closes the revoked partitions' tasks clean (a hand-off), each in a task of its
+        own (`_close`), and waits for them, and for the closes of these partitions under
+        way: a close whose commit hangs holds up no other task's."""
         gone = {p for _, p in revoked}
-        tasks = [self._tasks[p] for p in sorted(gone) if p in self._tasks]
-        await asyncio.gather(*(task.stop_taking() for task in tasks))
-        for p in gone:
-            await self.cycles.stop(p)
-        async with self._lock:
-            for task in tasks:
+        for p in sorted(gone & set(self._tasks)):
+            self._close(self._tasks.pop(p))
+        closes = [closing for task, closing in self._closing.items() if task.p in gone]
+        if closes:
+            # Not cancelled with the revoke: a close cut in two would leave p half open.
+            await asyncio.wait(closes)
+        self._owning()
+
+    def _close(self, task: PartitionTask) -> asyncio.Task[None]:
+        """Closes a task taken out of the map, in the background (`PartitionTask.revoke`)."""
+
+        async def closing() -> None:
+            try:
                 await task.revoke()
-                if self._tasks.get(task.p) is task:
-                    del self._tasks[task.p]
-            self._owning()
+            except Exception as exc:  # a bug: p may be half open, so the node stops
+                logger.exception("closing partition %d failed", task.p)
+                self.fail(f"closing partition {task.p} failed: {exc!r}")
+            finally:
+                del self._closing[task]
+
+        self._closing[task] = close = asyncio.create_task(closing(), name=f"close {task.p}")
+        return close
 
     def _owning(self) -> None:
         self.metrics.owned.set(len(self._owned))

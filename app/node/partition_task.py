@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -119,10 +119,17 @@ class PartitionTask:
         """Whether it is being taken (restored, or waiting to be taken again)."""
         return self._taking is not None
 
-    def take(self, topics: set[str], *, after_failure: float | None = None) -> None:
-        """Takes p's `topics` (paused by the caller until it runs) in the background."""
+    def take(
+        self,
+        topics: set[str],
+        *,
+        after_failure: float | None = None,
+        behind: Collection[asyncio.Task[None]] = (),
+    ) -> None:
+        """Takes p's `topics` (paused by the caller until it runs) in the background, once
+        the closes `behind` (an earlier task's of p) are done."""
         self._taking = asyncio.create_task(
-            self._take_in_background(topics, after_failure),
+            self._take_in_background(topics, after_failure, behind),
             name=f"{'retake' if after_failure is not None else 'take'} {self.p}",
         )
 
@@ -158,12 +165,19 @@ class PartitionTask:
         delay = 2 * s.settings.session_timeout_ms / 1000 if fenced else 0.0
         self.take({t for t, _ in mine}, after_failure=delay)
 
-    async def _take_in_background(self, topics: set[str], after_failure: float | None) -> None:
+    async def _take_in_background(
+        self,
+        topics: set[str],
+        after_failure: float | None,
+        behind: Collection[asyncio.Task[None]],
+    ) -> None:
         """Takes p, then runs it. `after_failure`: its work stopped on a failure: it is
         closed first (nothing of its local copy is trusted), and taken again once the group
         answers (its next assignment) or after that many seconds, if the group gives it to
         this node then. A partition that cannot be taken stops the node."""
         try:
+            if behind:
+                await asyncio.wait(behind)  # never cancels them (a stop_taking cancels this)
             await self._taking_partition(topics, after_failure)
         except Exception as exc:
             # A bug, whatever it is: never a partition left half taken, quietly.
@@ -297,9 +311,11 @@ class PartitionTask:
             await results.add_partition(p)
 
     async def revoke(self) -> None:
-        """The group took p away (`stop_taking` first): a running task is closed clean,
-        what its transactions hold committed (a hand-off); any other closes dirty (see
-        `close`)."""
+        """The group took p away: a take under way is stopped; a running task is closed
+        clean, what its transactions hold committed (a hand-off); any other closes dirty
+        (see `close`)."""
+        await self.stop_taking()
+        await self._shared.cycles.stop(self.p)
         if self.state is TaskState.RUNNING:
             self._shared.metrics.let_go.labels("revoked").inc()
         await self.close(clean=True)

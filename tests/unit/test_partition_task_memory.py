@@ -123,6 +123,49 @@ async def test_a_revoked_task_is_closed_clean_and_forgotten(node: RunningNode) -
     assert node.node._tasks[1] is not before and node.node._tasks[1].takes == 1
 
 
+async def test_a_revoke_whose_commit_hangs_holds_up_no_other_partition(node: RunningNode) -> None:
+    """A revoke closes its task clean, committing what its transaction holds, and that
+    commit hangs (a broker that takes it and never answers). Meanwhile another partition
+    is revoked and closed, and the group giving both back creates their tasks: the node
+    holds no lock across a task's close. The partition whose close hangs is taken again
+    only once that close is done, and what it committed is there."""
+    log = node.node.clients
+    assert isinstance(log, MemoryLog)
+    await wait_until(node.runs)
+    kept = node.node.types[TOPICS.type_name]
+    hung, release = asyncio.Event(), asyncio.Event()
+
+    async def hanging(transactional_id: str) -> None:
+        if transactional_id == f"g.{TOPICS.timers_changelog}.0":
+            hung.set()
+            await release.wait()
+
+    log.before_commit = hanging
+    first, second = node.node._tasks[0], node.node._tasks[1]
+    kept.changelog.stage(0, [(TOPICS.events, 0, b"last", b"committed by the close")], {})
+    revoking = asyncio.create_task(node.node._revoked({(TOPICS.events, 0)}))
+    try:
+        await wait_until(hung.is_set)
+        other = asyncio.create_task(node.node._revoked({(TOPICS.events, 1)}))
+        await wait_until(lambda: state_of(second) is TaskState.CLOSED)
+        await other
+        assert node.node._consumer is not None
+        await node.node._assigned(node.node._consumer.assignment())
+        await wait_until(lambda: node.node.owned == {1})
+        assert node.node._tasks[1] is not second
+        assert not revoking.done() and state_of(first) is not TaskState.CLOSED
+        assert node.node._tasks[0] is not first and node.node._tasks[0].taking
+    finally:
+        release.set()
+    await revoking
+    assert state_of(first) is TaskState.CLOSED
+    assert [r.value for r in log.records(TOPICS.events, 0) if r.key == b"last"] == [
+        b"committed by the close"
+    ]
+    await wait_until(node.runs)
+    assert node.node._tasks[0].takes == 1
+
+
 async def test_a_task_that_fails_while_it_is_revoked_is_closed_dirty_and_never_retaken(
     node: RunningNode,
 ) -> None:
