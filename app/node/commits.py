@@ -95,7 +95,7 @@ class Commits:
         key = (kept.name, p)
         if (running := self._running(key)) is not None:
             return running
-        taken = kept.changelog.take(p)
+        taken = kept.transactions.take(p)
         if taken is None:
             return None
         self._started_at[key] = time.monotonic()
@@ -110,7 +110,7 @@ class Commits:
         """Waits while a type's work waiting for p's transaction is over `max_staged` with
         a commit in flight (bounded: each commit has a deadline)."""
         for kept in types:
-            while kept.changelog.waiting(p) > self.max_staged:
+            while kept.transactions.waiting(p) > self.max_staged:
                 commit = self._running((kept.name, p))
                 if commit is None:
                     break  # the next cycle's stage starts one
@@ -141,13 +141,13 @@ class Commits:
         while True:
             await asyncio.sleep(self._tick)
             for kept in types():
-                for p in kept.changelog.pending():
+                for p in kept.transactions.pending():
                     if not self.may_commit(kept, p):
                         continue
                     if self._locks[p].locked():
                         continue  # a cycle of p: it commits at its end, or a later tick
                     async with self._locks[p]:
-                        if self._owns(p) and kept.changelog.owns(p):
+                        if self._owns(p) and kept.transactions.owns(p):
                             self.start(kept, p)
 
     async def commit_claims(self, kept: KeptType, partitions: set[int]) -> None:
@@ -155,7 +155,7 @@ class Commits:
         for p in sorted(partitions):
             while True:
                 async with self._locks[p]:
-                    if not self._owns(p) or not kept.changelog.owns(p):
+                    if not self._owns(p) or not kept.transactions.owns(p):
                         raise KafkaUnavailable(f"partition {p} is not owned")
                     earlier = self.in_flight(kept, p)  # then the claims wait for the next
                     commit = self.start(kept, p)

@@ -270,7 +270,7 @@ class Node:
         for kept in self.types.values():
             kept.loop.start()
         committer = asyncio.create_task(
-            self.commits.run(self.types.values), name="changelog commits"
+            self.commits.run(self.types.values), name="partition commits"
         )
         reader = asyncio.create_task(
             poll_loop(

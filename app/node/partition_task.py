@@ -267,14 +267,14 @@ class PartitionTask:
                 continue
             # One producer per partition and type: starting it fences the previous owner,
             # before anything of p is read.
-            await kept.changelog.open(p)
+            await kept.transactions.open(p)
             if t.commands in topics and kept.agg is not None and kept.states is not None:
                 processor = CommandProcessor(
                     kept.agg,
                     p,
                     partitions=s.settings.partitions,
                     states=kept.states,
-                    commit=_committer(kept.changelog, p),
+                    commit=_committer(kept.transactions, p),
                     now=s.now,
                     busy_backlog=s.settings.busy_backlog,
                     limits=s.limits,
@@ -305,7 +305,7 @@ class PartitionTask:
             if unreadable:
                 # Their letters and tombstones commit in p's next transaction.
                 letters = unreadable_letters(unreadable, s.now(), s.limits.dead_letter_bytes)
-                kept.changelog.stage(p, letters, {})
+                kept.transactions.stage(p, letters, {})
                 s.metrics.dead_letters.labels(t.timers_changelog).inc(len(unreadable))
         for results in s.results.values():
             await results.add_partition(p)
@@ -355,9 +355,9 @@ class PartitionTask:
             try:
                 await kept.runner.stop_partition(p)
                 if clean:
-                    committed = await kept.changelog.close(p)
+                    committed = await kept.transactions.close(p)
                 else:
-                    await kept.changelog.abandon(p)
+                    await kept.transactions.abandon(p)
                     committed = False
                 if p in kept.store.assigned:
                     await kept.store.revoke({p})
@@ -375,12 +375,12 @@ class PartitionTask:
                 logger.exception("results reader: letting partition %d go failed", p)
 
 
-def _committer(changelog: PartitionTransaction, p: int) -> Commit:
+def _committer(transactions: PartitionTransaction, p: int) -> Commit:
     """The command path's commit: p's one transaction."""
 
     async def commit(
         records: Sequence[OutRecord], offsets: dict[tuple[str, int], int]
     ) -> list[int]:
-        return await changelog.commit(p, offsets, records)
+        return await transactions.commit(p, offsets, records)
 
     return commit

@@ -19,7 +19,7 @@ class HangingTransaction:
         return []
 
 
-class Changelog:
+class Transactions:
     def __init__(self, taken: HangingTransaction) -> None:
         self.taken: HangingTransaction | None = taken
 
@@ -31,8 +31,8 @@ class Changelog:
 class Kept:
     name = "shop.order"
 
-    def __init__(self, changelog: Changelog) -> None:
-        self.changelog = changelog
+    def __init__(self, transactions: Transactions) -> None:
+        self.transactions = transactions
 
 
 async def test_a_hanging_commit_is_lag_until_it_ends() -> None:
@@ -40,7 +40,7 @@ async def test_a_hanging_commit_is_lag_until_it_ends() -> None:
     commits = Commits(10, defaultdict(asyncio.Lock), lambda p: True, lambda *a: failures.append(a))
     assert commits.lag() == 0.0
     hanging = HangingTransaction()
-    kept = cast(KeptType, Kept(Changelog(hanging)))
+    kept = cast(KeptType, Kept(Transactions(hanging)))
     task = commits.start(kept, 0)
     assert task is not None
     await asyncio.sleep(0.05)
@@ -57,7 +57,7 @@ class InstantTransaction:
 
 
 class Queue:
-    """A changelog whose partition has `n` transactions to take, one after the other."""
+    """Partition transactions whose partition has `n` to take, one after the other."""
 
     def __init__(self, n: int) -> None:
         self.left = n
@@ -82,7 +82,7 @@ async def test_claims_after_a_commit_that_ended_in_this_loop_iteration_do_not_sp
     (its group heartbeats too) stood still (seen on a three-broker cluster as a leader
     moved)."""
     commits = Commits(10, defaultdict(asyncio.Lock), lambda p: True, lambda *a: None)
-    kept = cast(KeptType, Kept(cast(Changelog, Queue(2))))
+    kept = cast(KeptType, Kept(cast(Transactions, Queue(2))))
     first = commits.start(kept, 0)
     assert first is not None
     await asyncio.sleep(0)  # the commit's step ran before this one: done, not yet forgotten
@@ -101,4 +101,4 @@ async def test_claims_after_a_commit_that_ended_in_this_loop_iteration_do_not_sp
     setattr(commits, "start", counted)  # noqa: B010 (a method replaced on one instance)
     await commits.commit_claims(kept, {0})
     assert calls <= 2  # the second transaction taken and committed, once
-    assert cast(Queue, kept.changelog).left == 0
+    assert cast(Queue, kept.transactions).left == 0

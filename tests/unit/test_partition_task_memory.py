@@ -58,7 +58,7 @@ async def test_a_fault_in_one_task_closes_and_revives_it_alone_while_another_fir
 
     monkeypatch.setattr(PartitionTask, "_to", recording)
     kept = node.node.types[TOPICS.type_name]
-    put_many, open_ = kept.store.put_many, kept.changelog.open
+    put_many, open_ = kept.store.put_many, kept.transactions.open
     faulty = True
 
     async def put_failing(timers: list[Timer]) -> list[Timer]:
@@ -72,7 +72,7 @@ async def test_a_fault_in_one_task_closes_and_revives_it_alone_while_another_fir
         await open_(partition)
 
     monkeypatch.setattr(kept.store, "put_many", put_failing)
-    monkeypatch.setattr(kept.changelog, "open", open_failing)
+    monkeypatch.setattr(kept.transactions, "open", open_failing)
     # The bad partition's cycle meets the fault; its retakes fail while `faulty` holds.
     await schedule(log, owner_in(bad), int(time.time() * 1000) + 200)
     await wait_until(lambda: moves.count((bad, TaskState.CREATED)) >= 2)
@@ -116,7 +116,7 @@ async def test_a_revoked_task_is_closed_clean_and_forgotten(node: RunningNode) -
     assert before.state is TaskState.CLOSED
     assert 1 not in node.node._tasks and node.node.owned == {0}
     kept = node.node.types[TOPICS.type_name]
-    assert not kept.changelog.owns(1) and 1 not in kept.store.assigned
+    assert not kept.transactions.owns(1) and 1 not in kept.store.assigned
     assert node.node._consumer is not None
     await node.node._assigned(node.node._consumer.assignment())
     await wait_until(lambda: node.node.owned == {0, 1})
@@ -142,7 +142,7 @@ async def test_a_revoke_whose_commit_hangs_holds_up_no_other_partition(node: Run
 
     log.before_commit = hanging
     first, second = node.node._tasks[0], node.node._tasks[1]
-    kept.changelog.stage(0, [(TOPICS.events, 0, b"last", b"committed by the close")], {})
+    kept.transactions.stage(0, [(TOPICS.events, 0, b"last", b"committed by the close")], {})
     revoking = asyncio.create_task(node.node._revoked({(TOPICS.events, 0)}))
     try:
         await wait_until(hung.is_set)
@@ -178,7 +178,7 @@ async def test_a_task_that_fails_while_it_is_revoked_is_closed_dirty_and_never_r
     task = node.node._tasks[1]
     kept = node.node.types[TOPICS.type_name]
     await task.stop_taking()  # as `_revoked` does first
-    kept.changelog.stage(1, [(TOPICS.events, 1, b"half", b"a half cycle")], {})
+    kept.transactions.stage(1, [(TOPICS.events, 1, b"half", b"a half cycle")], {})
     node.node._partition_failed(1, "a cycle", StoreError("the disk is gone"))
     assert task.state is TaskState.SUSPENDED and not task.taking
     await node.node._revoked({(TOPICS.events, 1)})
