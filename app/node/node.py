@@ -94,8 +94,9 @@ class Node:
         self._tasks: dict[int, PartitionTask] = {}
         # The revoked tasks still closing: a new task of the partition waits for its close.
         self._closing: dict[PartitionTask, asyncio.Task[None]] = {}
-        # The partitions whose task runs (kept by the tasks): what `owns` reads.
-        self._owned: set[int] = set()
+        # The task running each partition (kept by the tasks): what `owns` reads, and where
+        # a cycle's processor, failure and progress go.
+        self._owned: dict[int, PartitionTask] = {}
         self._shared: TaskShared | None = None  # what the tasks share, once started
         # Set (and replaced) at each assignment: a retake after a failure waits for it.
         self._answered = asyncio.Event()
@@ -112,9 +113,7 @@ class Node:
             self.clock.now,
             on_missing=lambda _: self.metrics.no_target.inc(),
         )
-        self.commits = Commits(
-            settings.commit_interval_ms, locks, self._owned.__contains__, self._partition_failed
-        )
+        self.commits = Commits(settings.commit_interval_ms, locks, self._owned)
         self.cycles = PartitionCycles(
             types=self.types,
             by_topic=self._by_topic,
@@ -229,7 +228,6 @@ class Node:
             reader=self.reader,
             results=self._results,
             cycles=self.cycles,
-            commits=self.commits,
             metrics=self.metrics,
             now=self.clock.now,
             targets=self.targets,
@@ -273,9 +271,7 @@ class Node:
             self.commits.run(self.types.values), name="partition commits"
         )
         reader = asyncio.create_task(
-            poll_loop(
-                self._consumer, self._tasks, self._owned, self.cycles, self.commits, self.fail
-            ),
+            poll_loop(self._consumer, self._owned, self.cycles, self.commits, self.fail),
             name="reader",
         )
         failed = asyncio.create_task(self._failed.wait(), name="failure")
@@ -316,15 +312,15 @@ class Node:
     def _partition_failed(self, p: int, what: str, exc: BaseException) -> None:
         """A failure of p's transaction, store or cycle: its task closes dirty and is
         revived; no other task is touched."""
-        if (task := self._tasks.get(p)) is not None:
+        if (task := self._owned.get(p)) is not None:
             task.failed(what, exc)
 
     def _processor(self, type_name: str, p: int) -> CommandProcessor | None:
-        task = self._tasks.get(p)
+        task = self._owned.get(p)
         return None if task is None else task.processors.get(type_name)
 
     def _read_past(self, p: int, done: dict[str, int]) -> None:
-        if (task := self._tasks.get(p)) is not None:
+        if (task := self._owned.get(p)) is not None:
             task.read_past(done)
 
     async def _assigned(self, assigned: set[tuple[str, int]]) -> None:
@@ -369,7 +365,9 @@ class Node:
         self._owning()
 
     def _close(self, task: PartitionTask) -> asyncio.Task[None]:
-        """Closes a task taken out of the map, in the background (`PartitionTask.revoke`)."""
+        """Closes a task taken out of the map, in the background (`PartitionTask.revoke`).
+        Until its close begins it still runs p: what its cycles decide, and their commits,
+        are its own (`_owned` finds it, not a new task of p)."""
 
         async def closing() -> None:
             try:
@@ -380,6 +378,7 @@ class Node:
             finally:
                 del self._closing[task]
 
+        task.leave()  # no retake starts now, not even on a failure before its close
         self._closing[task] = close = asyncio.create_task(closing(), name=f"close {task.p}")
         return close
 

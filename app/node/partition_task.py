@@ -9,8 +9,9 @@ its transactions hold commits), dirty on a fault of its own or when a take is cu
 (thrown away, the local copy restored next time), and then revived: taken afresh once
 the group answers, if it still gives p here. A fault in one task never touches another.
 Tasks share the consumer, the clock and the clients; and, until each runs its own cycle
-(#19), the types' partitioned stores, runners, cycles and commits, of which a task
-touches only its partition's. No task holds a lock across a Kafka call.
+(#19), the types' partitioned stores, runners and cycles, of which a task touches only
+its partition's; each schedules its own commits (`PartitionCommits`). No task holds a
+lock across a Kafka call.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from app.kafka import LogReader, OutRecord, Record
 from app.kafka.catalog import TopicCatalog
 from app.kafka.ports import GroupMember
 from app.kafka.records import refused
-from app.node.commits import Commits
+from app.node.commits import PartitionCommits
 from app.node.cycles import PartitionCycles
 from app.node.failing import FailingPartitions
 from app.node.kept import KeptType, is_fenced
@@ -59,14 +60,13 @@ class TaskShared:
     reader: LogReader
     results: Mapping[str, ResultsReader]
     cycles: PartitionCycles
-    commits: Commits
     metrics: NodeMetrics
     now: Callable[[], int]
     # The cluster's topics: a command into a missing one is refused (NO_TARGET).
     targets: TopicCatalog
-    # The partitions whose task runs: the index every `owns` check reads (the commits,
+    # The task running each partition: the index every `owns` check reads (the commits,
     # the cycles, the poll loop), kept by the tasks as they start and stop running.
-    running: set[int]
+    running: dict[int, PartitionTask]
 
 
 class TaskManager(Protocol):
@@ -104,6 +104,8 @@ class PartitionTask:
         self.failing = FailingPartitions()
         # Per type, the command processor of p (whose commands are decided here).
         self.processors: dict[str, CommandProcessor] = {}
+        # When its transactions commit (a failed commit fails the task).
+        self.commits = PartitionCommits(p, self.failed)
         self._taking: asyncio.Task[None] | None = None
         # The group took p away: no take starts any more (a failure meanwhile included).
         self._leaving = False
@@ -133,10 +135,14 @@ class PartitionTask:
             name=f"{'retake' if after_failure is not None else 'take'} {self.p}",
         )
 
+    def leave(self) -> None:
+        """The group took p away: no take starts from now on (a failure's included)."""
+        self._leaving = True
+
     async def stop_taking(self) -> None:
         """The group takes p away: a take under way is cancelled (and waited for), and none
         starts from now on."""
-        self._leaving = True
+        self.leave()
         if (taking := self._taking) is not None:
             taking.cancel()
             await asyncio.gather(taking, return_exceptions=True)
@@ -155,7 +161,7 @@ class PartitionTask:
         then = "let go" if fenced else "taken afresh"
         logger.warning("partition %d: %s failed: %s; %s", self.p, what, exc, then)
         self._to(TaskState.SUSPENDED)
-        s.running.discard(self.p)
+        self._stop_running()
         failing = self.failing.failed(self.p, s.cycles.failed_at.pop(self.p, {}), f"{what}: {exc}")
         self.broken = failing.describe()
         mine = [(t, q) for t, q in s.consumer.assignment() if q == self.p]
@@ -234,13 +240,17 @@ class PartitionTask:
         """Taken: p's topics are read from here on, and its timers fire (unless it is
         held since a failure: then once its log is read past it)."""
         self._to(TaskState.RUNNING)
-        self._shared.running.add(self.p)
+        self._shared.running[self.p] = self
         self.takes += 1
         self.broken = None
         self._shared.consumer.resume([(t, self.p) for t in topics])
         if not self.failing.held(self.p):
             self.start_firing()
         self._manager.task_running(self)
+
+    def _stop_running(self) -> None:
+        if self._shared.running.get(self.p) is self:
+            del self._shared.running[self.p]
 
     def start_firing(self) -> None:
         for kept in self._shared.types.values():
@@ -333,7 +343,7 @@ class PartitionTask:
         clean = closes_clean(was, clean)
         if was is not TaskState.SUSPENDED:
             self._to(TaskState.SUSPENDED)
-        self._shared.running.discard(self.p)
+        self._stop_running()
         if was is not TaskState.CREATED or self._half_open():
             await self._shared.cycles.stop(self.p)
             await self._release(clean=clean)
@@ -350,8 +360,9 @@ class PartitionTask:
         s.cycles.drop_local(p)
         # A cycle cut short wrote half of its work: nothing of p's transaction may commit.
         clean = not s.cycles.cut_short(p) and clean
+        self.commits.take_offsets()  # passed over, not committed: read again by the next
         for kept in s.types.values():
-            await s.commits.drop(kept, p, clean=clean)
+            await self.commits.drop(kept, clean=clean)
             try:
                 await kept.runner.stop_partition(p)
                 if clean:

@@ -194,7 +194,11 @@ class PartitionTransaction:
 
     def pending(self) -> list[int]:
         """The partitions with rows or staged work waiting to be committed."""
-        return [p for p, rows in self._buffer.items() if rows or self.staged(p)]
+        return [p for p in self._buffer if self.waits(p)]
+
+    def waits(self, partition: int) -> bool:
+        """Whether rows or staged work wait for the partition's next commit."""
+        return bool(self._buffer.get(partition)) or self.staged(partition)
 
     def staged(self, partition: int) -> bool:
         """Whether a cycle's work waits for the partition's next commit."""
