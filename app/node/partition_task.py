@@ -70,7 +70,7 @@ class TaskShared:
 
 
 class TaskManager(Protocol):
-    """What a task tells the node (`Node` is the task manager)."""
+    """What a task tells the node (`PartitionTasks` is the task manager)."""
 
     def answered(self) -> asyncio.Event:
         """Set when the group next answers (an assignment): a retake waits for it."""
