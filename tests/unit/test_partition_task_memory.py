@@ -166,6 +166,40 @@ async def test_a_revoke_whose_commit_hangs_holds_up_no_other_partition(node: Run
     assert node.node._tasks[0].takes == 1
 
 
+async def test_a_revoke_whose_commit_never_answers_is_given_up_at_its_deadline(
+    node: RunningNode,
+) -> None:
+    """A revoke's close commits what its transaction holds, and that commit never answers.
+    The close gives it up at its deadline rather than hold the rebalance (and the node's
+    stop) for ever: the task is closed, its local copy not marked clean, nothing of the
+    hung transaction committed; the group giving the partition back takes it afresh."""
+    log = node.node.clients
+    assert isinstance(log, MemoryLog)
+    await wait_until(node.runs)
+    kept = node.node.types[TOPICS.type_name]
+    kept.transactions.close_deadline_s = 0.3
+    hung = asyncio.Event()
+
+    async def never(transactional_id: str) -> None:
+        if transactional_id == f"g.{TOPICS.timers_changelog}.0":
+            hung.set()
+            await asyncio.Event().wait()
+
+    log.before_commit = never
+    task = node.node._tasks[0]
+    kept.transactions.stage(0, [(TOPICS.events, 0, b"hung", b"never committed")], {})
+    revoking = asyncio.create_task(node.node._revoked({(TOPICS.events, 0)}))
+    await wait_until(hung.is_set)
+    await wait_until(revoking.done)
+    assert state_of(task) is TaskState.CLOSED and not kept.transactions.owns(0)
+    assert not kept.marks._path(0).exists()
+    log.before_commit = None
+    assert node.node._consumer is not None
+    await node.node._assigned(node.node._consumer.assignment())
+    await wait_until(node.runs)
+    assert [r for r in log.records(TOPICS.events, 0) if r.key == b"hung"] == []
+
+
 async def test_a_task_that_fails_while_it_is_revoked_is_closed_dirty_and_never_retaken(
     node: RunningNode,
 ) -> None:
