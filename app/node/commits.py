@@ -121,14 +121,17 @@ class PartitionCommits:
             return False
         return True
 
-    async def drop(self, kept: KeptType, *, clean: bool) -> None:
+    async def drop(self, kept: KeptType, *, clean: bool) -> bool:
         """The task is closed: its commit of `kept` in flight is waited for (`clean`: a
-        hand-off) or cancelled (what it holds never counts)."""
+        hand-off) or cancelled (what it holds never counts); whether it committed (True:
+        none was in flight)."""
         commit = self._in_flight.pop(kept.name, None)
-        if commit is not None:
-            if not clean:
-                commit.cancel()
-            await asyncio.gather(commit, return_exceptions=True)
+        if commit is None:
+            return True
+        if not clean:
+            commit.cancel()
+        done = await asyncio.gather(commit, return_exceptions=True)
+        return done[0] is True
 
 
 class Committing(Protocol):

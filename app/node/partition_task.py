@@ -362,10 +362,11 @@ class PartitionTask:
         clean = not s.cycles.cut_short(p) and clean
         self.commits.take_offsets()  # passed over, not committed: read again by the next
         for kept in s.types.values():
-            await self.commits.drop(kept, clean=clean)
+            # A commit in flight that failed: the copy holds writes it never committed.
+            whole = await self.commits.drop(kept, clean=clean) and clean
             try:
                 await kept.runner.stop_partition(p)
-                if clean:
+                if whole:
                     committed = await kept.transactions.close(p)
                 else:
                     await kept.transactions.abandon(p)

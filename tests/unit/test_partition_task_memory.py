@@ -166,18 +166,20 @@ async def test_a_revoke_whose_commit_hangs_holds_up_no_other_partition(node: Run
     assert node.node._tasks[0].takes == 1
 
 
+@pytest.mark.parametrize("hanging", ["its own", "in flight"])
 async def test_a_revoke_whose_commit_never_answers_is_given_up_at_its_deadline(
-    node: RunningNode,
+    node: RunningNode, hanging: str
 ) -> None:
-    """A revoke's close commits what its transaction holds, and that commit never answers.
-    The close gives it up at its deadline rather than hold the rebalance (and the node's
-    stop) for ever: the task is closed, its local copy not marked clean, nothing of the
-    hung transaction committed; the group giving the partition back takes it afresh."""
+    """A revoke's close commits what its transaction holds (its own last commit, or the
+    one in flight it waits for), and that commit never answers. It is given up at its
+    deadline rather than hold the rebalance (and the node's stop) for ever: the task is
+    closed, its local copy not marked clean (what it wrote never committed), nothing of
+    the hung transaction committed; the group giving the partition back takes it afresh."""
     log = node.node.clients
     assert isinstance(log, MemoryLog)
     await wait_until(node.runs)
     kept = node.node.types[TOPICS.type_name]
-    kept.transactions.close_deadline_s = 0.3
+    kept.transactions.close_deadline_s = node.node.commits.deadline_s = 0.3
     hung = asyncio.Event()
 
     async def never(transactional_id: str) -> None:
@@ -187,12 +189,21 @@ async def test_a_revoke_whose_commit_never_answers_is_given_up_at_its_deadline(
 
     log.before_commit = never
     task = node.node._tasks[0]
-    kept.transactions.stage(0, [(TOPICS.events, 0, b"hung", b"never committed")], {})
-    revoking = asyncio.create_task(node.node._revoked({(TOPICS.events, 0)}))
-    await wait_until(hung.is_set)
-    await wait_until(revoking.done)
+    # Held: the committer does not take what waits (the close's own commit hangs); or
+    # let go once the committer's commit hangs in flight.
+    lock = node.node.commits._locks[0]
+    async with lock:
+        kept.transactions.stage(0, [(TOPICS.events, 0, b"hung", b"never committed")], {})
+        if hanging == "in flight":
+            lock.release()
+            await wait_until(hung.is_set)
+            await lock.acquire()
+            assert node.node.commits.in_flight(kept, 0)
+        revoking = asyncio.create_task(node.node._revoked({(TOPICS.events, 0)}))
+        await wait_until(hung.is_set)
+        await wait_until(revoking.done)
     assert state_of(task) is TaskState.CLOSED and not kept.transactions.owns(0)
-    assert not kept.marks._path(0).exists()
+    assert not kept.marks._path(0).exists(), "a copy whose writes never committed marked clean"
     log.before_commit = None
     assert node.node._consumer is not None
     await node.node._assigned(node.node._consumer.assignment())
