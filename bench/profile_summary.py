@@ -52,7 +52,7 @@ STAGES = [
         ("_send_one (app/timers/runner", "send (app/timers/sender.py"),
     ),
     ("results reader (ResultsReader._run)", ("_run (app/timers/sender.py",)),
-    ("changelog commits (Commits.run)", ("run (app/node/commits.py",)),
+    ("partition commits (Commits.run)", ("run (app/node/commits.py",)),
     ("consumer poll / offsets (poll_loop)", ("poll_loop (app/node/polling.py",)),
     ("aiokafka producer tasks (produce + txn requests)", ("aiokafka/producer/",)),
     ("aiokafka fetcher task", ("aiokafka/consumer/fetcher.py",)),

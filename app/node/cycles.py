@@ -165,7 +165,7 @@ class PartitionCycles:
                     # away before the lock lets a commit take it.
                     self._cut.add(p)
                     for kept in self._types.values():
-                        kept.changelog.discard(p)
+                        kept.transactions.discard(p)
                     raise
                 if staged:
                     for topic, records in fresh:
@@ -249,7 +249,7 @@ class PartitionCycles:
             w.batch is None
             and not w.out
             and not w.wrote
-            and not kept.changelog.staged(p)
+            and not kept.transactions.staged(p)
             and not self._commits.in_flight(kept, p)
         ):
             # Nothing written (most of a busy log is not about timers): no transaction
@@ -271,7 +271,7 @@ class PartitionCycles:
                 )
         for topic, n in w.letters.items():
             self._metrics.dead_letters.labels(topic).inc(n)
-        kept.changelog.stage(p, records, offsets, committed)
+        kept.transactions.stage(p, records, offsets, committed)
         if self._commits.may_commit(kept, p):
             self._commits.start(kept, p)
 

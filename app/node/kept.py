@@ -31,7 +31,9 @@ class KeptType:
     runner: TimerRunner
     loop: TimerLoop
     states: RocksAggregateStore | None
-    changelog: PartitionTransaction
+    # Per owned partition, its one transaction (timer rows, the command path's records,
+    # every offset of p).
+    transactions: PartitionTransaction
     marks: CleanMarks
 
     @property

@@ -2,8 +2,8 @@
 of its partition tasks.
 
 Its assignment of the aggregate types' partitions is its ownership: for each partition
-it is given it creates a task (`partition_task`) that takes the partition (fencing its
-previous owner, restoring) and runs it, and on revocation it closes that task. What a
+it is given a task (`partition_task`) takes the partition (fencing its previous owner,
+restoring) and runs it, and on revocation that task is closed (`partition_tasks`). What a
 partition's task does not own the node runs for all of them: the consumer, which reads
 three topics per type: the log (into the timer table: the timers subscription), the
 commands (the command path, `processor`) and the operators' retry/skip requests on its
@@ -21,7 +21,6 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from app.commands.processor import CommandProcessor
 from app.errors import NodeFailed
 from app.kafka.broker_watch import BrokerWatch
 from app.kafka.catalog import TopicCatalog
@@ -34,7 +33,8 @@ from app.node.kept import KeptType, node_topics
 from app.node.local_state import keep_for_cluster
 from app.node.metrics import NodeMetrics
 from app.node.opening import dead_letter_limit, open_type
-from app.node.partition_task import PartitionTask, TaskShared
+from app.node.partition_task import TaskShared
+from app.node.partition_tasks import PartitionTasks
 from app.node.polling import poll_loop
 from app.node.settings import Settings
 from app.node.suspension import SuspensionWatch
@@ -88,32 +88,27 @@ class Node:
         self._by_topic: dict[str, tuple[KeptType, str]] = {}
         self._results: dict[str, ResultsReader] = {}
         self._consumer: GroupMember | None = None
-        # The assignment's lock: held while tasks are created for an assignment and while
-        # a revoke closes them (the tasks' own lifecycles take no lock).
-        self._lock = asyncio.Lock()
-        # One task per partition given to this node, from its assignment to its revoke.
-        self._tasks: dict[int, PartitionTask] = {}
-        # The partitions whose task runs (kept by the tasks): what `owns` reads.
-        self._owned: set[int] = set()
-        self._shared: TaskShared | None = None  # what the tasks share, once started
-        # Set (and replaced) at each assignment: a retake after a failure waits for it.
-        self._answered = asyncio.Event()
+        self.metrics = NodeMetrics()
+        self.ready = asyncio.Event()
+        # Its partitions' tasks, created and closed as the group gives and takes them.
+        self.tasks = PartitionTasks(
+            owned=self.metrics.owned.set, all_running=self.ready.set, fail=self.fail
+        )
+        # Its maps by the node's names: each partition's task, and the task running it.
+        self._tasks, self._owned = self.tasks.tasks, self.tasks.running
         # A partition's lock: held by its worker's cycle and around taking its transaction.
         locks: defaultdict[int, asyncio.Lock] = defaultdict(asyncio.Lock)
         self.limits = settings.limits
         self._failure: NodeFailed | None = None
         self._failed = asyncio.Event()
         self._suspension = SuspensionWatch(settings.session_timeout_ms)
-        self.metrics = NodeMetrics()
         # The cluster's topics: commands to a missing one are refused, not sent (NO_TARGET).
         self.targets = TopicCatalog(
             self._admin.topic_names,
             self.clock.now,
             on_missing=lambda _: self.metrics.no_target.inc(),
         )
-        self.commits = Commits(
-            settings.commit_interval_ms, locks, self._owned.__contains__, self._partition_failed
-        )
+        self.commits = Commits(settings.commit_interval_ms, locks, self._owned)
         self.cycles = PartitionCycles(
             types=self.types,
             by_topic=self._by_topic,
@@ -125,20 +120,19 @@ class Node:
             backlog=self._backlog,
             now=self.clock.now,
             on_failure=self._partition_failed,
-            processor=self._processor,
-            on_done=self._read_past,
+            processor=self.tasks.processor,
+            on_done=self.tasks.read_past,
             limits=self.limits,
         )
         self.broker = BrokerWatch(
             settings.kafka, registry=self.metrics.registry, probe=self._admin.probe
         )
         self.reader = self.clients.reader()
-        self.ready = asyncio.Event()
 
     @property
     def restoring(self) -> frozenset[int]:
         """The partitions assigned to this node that it is still restoring."""
-        return frozenset(p for p, task in self._tasks.items() if task.taking)
+        return self.tasks.restoring
 
     @property
     def ledgers(self) -> list[FailureLedger]:
@@ -220,7 +214,7 @@ class Node:
             on_revoked=self._revoked,
             session_timeout_ms=s.session_timeout_ms,
         )
-        self._shared = TaskShared(
+        self.tasks.shared = TaskShared(
             settings=s,
             limits=self.limits,
             types=self.types,
@@ -228,7 +222,6 @@ class Node:
             reader=self.reader,
             results=self._results,
             cycles=self.cycles,
-            commits=self.commits,
             metrics=self.metrics,
             now=self.clock.now,
             targets=self.targets,
@@ -245,8 +238,9 @@ class Node:
             await _stopping(f"{kept.name} loop", kept.loop.stop())
         if self._consumer is not None:
             await _stopping("the group consumer", self._consumer.stop())
-        # Whatever the consumer did not revoke on leaving the group is let go here.
-        await _stopping("the partitions", self._revoked({("", p) for p in self._tasks}))
+        # Whatever the consumer did not revoke on leaving the group is let go here, and
+        # the closes under way are waited for.
+        await _stopping("the partitions", self.tasks.revoke(self.tasks.leftover()))
         for reader in self._results.values():
             await _stopping("a results reader", reader.stop())
         for ledger in self._ledgers.values():
@@ -267,12 +261,10 @@ class Node:
         for kept in self.types.values():
             kept.loop.start()
         committer = asyncio.create_task(
-            self.commits.run(self.types.values), name="changelog commits"
+            self.commits.run(self.types.values), name="partition commits"
         )
         reader = asyncio.create_task(
-            poll_loop(
-                self._consumer, self._tasks, self._owned, self.cycles, self.commits, self.fail
-            ),
+            poll_loop(self._consumer, self._owned, self.cycles, self.commits, self.fail),
             name="reader",
         )
         failed = asyncio.create_task(self._failed.wait(), name="failure")
@@ -313,75 +305,17 @@ class Node:
     def _partition_failed(self, p: int, what: str, exc: BaseException) -> None:
         """A failure of p's transaction, store or cycle: its task closes dirty and is
         revived; no other task is touched."""
-        if (task := self._tasks.get(p)) is not None:
+        if (task := self._owned.get(p)) is not None:
             task.failed(what, exc)
 
-    def _processor(self, type_name: str, p: int) -> CommandProcessor | None:
-        task = self._tasks.get(p)
-        return None if task is None else task.processors.get(type_name)
-
-    def _read_past(self, p: int, done: dict[str, int]) -> None:
-        if (task := self._tasks.get(p)) is not None:
-            task.read_past(done)
-
     async def _assigned(self, assigned: set[tuple[str, int]]) -> None:
-        """Creates a task for each new partition and starts taking it in the background,
-        the consumer paused on it until it runs.
-
-        Restoring inside the rebalance callback would hold the group up (and a long restore
-        would cost the node its membership): the consumer is paused on them instead.
-        """
-        assert self._shared is not None
+        """The group answered: tasks for the partitions it gives (`PartitionTasks.assign`)."""
         self._suspension.group_answered()
-        # Retakes waiting after a failure go on now: the group has answered.
-        self._answered.set()
-        self._answered = asyncio.Event()
-        given = {p for _, p in assigned}
-        if stale := set(self._tasks) - given:
-            # The group is the authority: what it no longer gives here is let go (a revoke
-            # after a lost membership may have named none of it).
-            await self._revoked({("", p) for p in stale})
-        async with self._lock:
-            new = sorted(given - set(self._tasks))
-            self._shared.consumer.pause([(t, p) for t, p in assigned if p in new])
-            for p in new:
-                self._tasks[p] = task = PartitionTask(p, self._shared, self)
-                task.take({t for t, q in assigned if q == p})
-            if not new:
-                self._owning()
+        self.tasks.assign(assigned)
 
     async def _revoked(self, revoked: set[tuple[str, int]]) -> None:
-        """Closes the revoked partitions' tasks clean (a hand-off), takes under way
-        stopped first."""
-        gone = {p for _, p in revoked}
-        tasks = [self._tasks[p] for p in sorted(gone) if p in self._tasks]
-        await asyncio.gather(*(task.stop_taking() for task in tasks))
-        for p in gone:
-            await self.cycles.stop(p)
-        async with self._lock:
-            for task in tasks:
-                await task.revoke()
-                if self._tasks.get(task.p) is task:
-                    del self._tasks[task.p]
-            self._owning()
-
-    def _owning(self) -> None:
-        self.metrics.owned.set(len(self._owned))
-        logger.info("owning partitions %s", sorted(self._owned))
-
-    # The task manager's side (`TaskManager`): what the tasks tell the node.
-
-    def answered(self) -> asyncio.Event:
-        return self._answered
-
-    def task_running(self, task: PartitionTask) -> None:
-        if not any(t.taking for t in self._tasks.values() if t is not task):
-            self._owning()
-            self.ready.set()
-
-    def task_gone(self, task: PartitionTask) -> None:
-        if self._tasks.get(task.p) is task:
-            del self._tasks[task.p]
+        """The group takes partitions away: their tasks closed (`PartitionTasks.revoke`)."""
+        await self.tasks.revoke({p for _, p in revoked})
 
     def fail(self, why: str) -> None:
         """Stops the node: it cannot do the work it was given."""

@@ -85,7 +85,7 @@ def open_type(
     s, clock, metrics, types = node.settings, node.clock, node.metrics, node.types
     directory = Path(s.data_dir) / t.type_name
     (directory / "timers").mkdir(parents=True, exist_ok=True)
-    changelog = PartitionTransaction(
+    transactions = PartitionTransaction(
         node.clients.transactional_writer,
         t.timers_changelog,
         s.group_id,
@@ -94,7 +94,7 @@ def open_type(
     store = open_timer_store(
         f"rocksdb://{(directory / 'timers').resolve()}",
         partitions=s.partitions,
-        changelog=changelog,
+        changelog=transactions,
     )
     sender = KafkaSender(node.producer, results, t.context, clock.now, node.targets)
 
@@ -117,4 +117,4 @@ def open_type(
     states = RocksAggregateStore(directory / "states") if agg is not None else None
     marks = CleanMarks(directory / "timers")
     loop = TimerLoop(runner, on_round=lambda stats: metrics.round(t.type_name, stats))
-    return KeptType(t, agg, store, runner, loop, states, changelog, marks)
+    return KeptType(t, agg, store, runner, loop, states, transactions, marks)

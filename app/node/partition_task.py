@@ -9,8 +9,9 @@ its transactions hold commits), dirty on a fault of its own or when a take is cu
 (thrown away, the local copy restored next time), and then revived: taken afresh once
 the group answers, if it still gives p here. A fault in one task never touches another.
 Tasks share the consumer, the clock and the clients; and, until each runs its own cycle
-(#19), the types' partitioned stores, runners, cycles and commits, of which a task
-touches only its partition's. No task holds a lock across a Kafka call.
+(#19), the types' partitioned stores, runners and cycles, of which a task touches only
+its partition's; each schedules its own commits (`PartitionCommits`). No task holds a
+lock across a Kafka call.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -28,7 +29,7 @@ from app.kafka import LogReader, OutRecord, Record
 from app.kafka.catalog import TopicCatalog
 from app.kafka.ports import GroupMember
 from app.kafka.records import refused
-from app.node.commits import Commits
+from app.node.commits import PartitionCommits
 from app.node.cycles import PartitionCycles
 from app.node.failing import FailingPartitions
 from app.node.kept import KeptType, is_fenced
@@ -59,18 +60,17 @@ class TaskShared:
     reader: LogReader
     results: Mapping[str, ResultsReader]
     cycles: PartitionCycles
-    commits: Commits
     metrics: NodeMetrics
     now: Callable[[], int]
     # The cluster's topics: a command into a missing one is refused (NO_TARGET).
     targets: TopicCatalog
-    # The partitions whose task runs: the index every `owns` check reads (the commits,
+    # The task running each partition: the index every `owns` check reads (the commits,
     # the cycles, the poll loop), kept by the tasks as they start and stop running.
-    running: set[int]
+    running: dict[int, PartitionTask]
 
 
 class TaskManager(Protocol):
-    """What a task tells the node (`Node` is the task manager)."""
+    """What a task tells the node (`PartitionTasks` is the task manager)."""
 
     def answered(self) -> asyncio.Event:
         """Set when the group next answers (an assignment): a retake waits for it."""
@@ -104,6 +104,8 @@ class PartitionTask:
         self.failing = FailingPartitions()
         # Per type, the command processor of p (whose commands are decided here).
         self.processors: dict[str, CommandProcessor] = {}
+        # When its transactions commit (a failed commit fails the task).
+        self.commits = PartitionCommits(p, self.failed)
         self._taking: asyncio.Task[None] | None = None
         # The group took p away: no take starts any more (a failure meanwhile included).
         self._leaving = False
@@ -119,17 +121,28 @@ class PartitionTask:
         """Whether it is being taken (restored, or waiting to be taken again)."""
         return self._taking is not None
 
-    def take(self, topics: set[str], *, after_failure: float | None = None) -> None:
-        """Takes p's `topics` (paused by the caller until it runs) in the background."""
+    def take(
+        self,
+        topics: set[str],
+        *,
+        after_failure: float | None = None,
+        behind: Collection[asyncio.Task[None]] = (),
+    ) -> None:
+        """Takes p's `topics` (paused by the caller until it runs) in the background, once
+        the closes `behind` (an earlier task's of p) are done."""
         self._taking = asyncio.create_task(
-            self._take_in_background(topics, after_failure),
+            self._take_in_background(topics, after_failure, behind),
             name=f"{'retake' if after_failure is not None else 'take'} {self.p}",
         )
+
+    def leave(self) -> None:
+        """The group took p away: no take starts from now on (a failure's included)."""
+        self._leaving = True
 
     async def stop_taking(self) -> None:
         """The group takes p away: a take under way is cancelled (and waited for), and none
         starts from now on."""
-        self._leaving = True
+        self.leave()
         if (taking := self._taking) is not None:
             taking.cancel()
             await asyncio.gather(taking, return_exceptions=True)
@@ -148,7 +161,7 @@ class PartitionTask:
         then = "let go" if fenced else "taken afresh"
         logger.warning("partition %d: %s failed: %s; %s", self.p, what, exc, then)
         self._to(TaskState.SUSPENDED)
-        s.running.discard(self.p)
+        self._stop_running()
         failing = self.failing.failed(self.p, s.cycles.failed_at.pop(self.p, {}), f"{what}: {exc}")
         self.broken = failing.describe()
         mine = [(t, q) for t, q in s.consumer.assignment() if q == self.p]
@@ -158,12 +171,19 @@ class PartitionTask:
         delay = 2 * s.settings.session_timeout_ms / 1000 if fenced else 0.0
         self.take({t for t, _ in mine}, after_failure=delay)
 
-    async def _take_in_background(self, topics: set[str], after_failure: float | None) -> None:
+    async def _take_in_background(
+        self,
+        topics: set[str],
+        after_failure: float | None,
+        behind: Collection[asyncio.Task[None]],
+    ) -> None:
         """Takes p, then runs it. `after_failure`: its work stopped on a failure: it is
         closed first (nothing of its local copy is trusted), and taken again once the group
         answers (its next assignment) or after that many seconds, if the group gives it to
         this node then. A partition that cannot be taken stops the node."""
         try:
+            if behind:
+                await asyncio.wait(behind)  # never cancels them (a stop_taking cancels this)
             await self._taking_partition(topics, after_failure)
         except Exception as exc:
             # A bug, whatever it is: never a partition left half taken, quietly.
@@ -220,13 +240,17 @@ class PartitionTask:
         """Taken: p's topics are read from here on, and its timers fire (unless it is
         held since a failure: then once its log is read past it)."""
         self._to(TaskState.RUNNING)
-        self._shared.running.add(self.p)
+        self._shared.running[self.p] = self
         self.takes += 1
         self.broken = None
         self._shared.consumer.resume([(t, self.p) for t in topics])
         if not self.failing.held(self.p):
             self.start_firing()
         self._manager.task_running(self)
+
+    def _stop_running(self) -> None:
+        if self._shared.running.get(self.p) is self:
+            del self._shared.running[self.p]
 
     def start_firing(self) -> None:
         for kept in self._shared.types.values():
@@ -253,14 +277,14 @@ class PartitionTask:
                 continue
             # One producer per partition and type: starting it fences the previous owner,
             # before anything of p is read.
-            await kept.changelog.open(p)
+            await kept.transactions.open(p)
             if t.commands in topics and kept.agg is not None and kept.states is not None:
                 processor = CommandProcessor(
                     kept.agg,
                     p,
                     partitions=s.settings.partitions,
                     states=kept.states,
-                    commit=_committer(kept.changelog, p),
+                    commit=_committer(kept.transactions, p),
                     now=s.now,
                     busy_backlog=s.settings.busy_backlog,
                     limits=s.limits,
@@ -291,15 +315,17 @@ class PartitionTask:
             if unreadable:
                 # Their letters and tombstones commit in p's next transaction.
                 letters = unreadable_letters(unreadable, s.now(), s.limits.dead_letter_bytes)
-                kept.changelog.stage(p, letters, {})
+                kept.transactions.stage(p, letters, {})
                 s.metrics.dead_letters.labels(t.timers_changelog).inc(len(unreadable))
         for results in s.results.values():
             await results.add_partition(p)
 
     async def revoke(self) -> None:
-        """The group took p away (`stop_taking` first): a running task is closed clean,
-        what its transactions hold committed (a hand-off); any other closes dirty (see
-        `close`)."""
+        """The group took p away: a take under way is stopped; a running task is closed
+        clean, what its transactions hold committed (a hand-off); any other closes dirty
+        (see `close`)."""
+        await self.stop_taking()
+        await self._shared.cycles.stop(self.p)
         if self.state is TaskState.RUNNING:
             self._shared.metrics.let_go.labels("revoked").inc()
         await self.close(clean=True)
@@ -317,7 +343,7 @@ class PartitionTask:
         clean = closes_clean(was, clean)
         if was is not TaskState.SUSPENDED:
             self._to(TaskState.SUSPENDED)
-        self._shared.running.discard(self.p)
+        self._stop_running()
         if was is not TaskState.CREATED or self._half_open():
             await self._shared.cycles.stop(self.p)
             await self._release(clean=clean)
@@ -334,14 +360,16 @@ class PartitionTask:
         s.cycles.drop_local(p)
         # A cycle cut short wrote half of its work: nothing of p's transaction may commit.
         clean = not s.cycles.cut_short(p) and clean
+        self.commits.take_offsets()  # passed over, not committed: read again by the next
         for kept in s.types.values():
-            await s.commits.drop(kept, p, clean=clean)
+            # A commit in flight that failed: the copy holds writes it never committed.
+            whole = await self.commits.drop(kept, clean=clean) and clean
             try:
                 await kept.runner.stop_partition(p)
-                if clean:
-                    committed = await kept.changelog.close(p)
+                if whole:
+                    committed = await kept.transactions.close(p)
                 else:
-                    await kept.changelog.abandon(p)
+                    await kept.transactions.abandon(p)
                     committed = False
                 if p in kept.store.assigned:
                     await kept.store.revoke({p})
@@ -359,12 +387,12 @@ class PartitionTask:
                 logger.exception("results reader: letting partition %d go failed", p)
 
 
-def _committer(changelog: PartitionTransaction, p: int) -> Commit:
+def _committer(transactions: PartitionTransaction, p: int) -> Commit:
     """The command path's commit: p's one transaction."""
 
     async def commit(
         records: Sequence[OutRecord], offsets: dict[tuple[str, int], int]
     ) -> list[int]:
-        return await changelog.commit(p, offsets, records)
+        return await transactions.commit(p, offsets, records)
 
     return commit

@@ -34,6 +34,11 @@ busy or out of reach, which the client library retries without end or a word) is
 up, so that the take fails and is tried again, and the node stops loudly if it never
 can be: never a partition left restoring, silently, for good."""
 
+CLOSE_DEADLINE_S = 30.0
+"""A close's last commit not done by then is given up (as a running partition's commit
+is, `app.node.commits.COMMIT_DEADLINE_S`): the partition is closed dirty rather than hold
+its revoke, and with it the group's rebalance and the node's stop, for ever."""
+
 
 class PartitionTransaction:
     """Per owned partition of one aggregate type, the one transaction everything commits in.
@@ -66,6 +71,7 @@ class PartitionTransaction:
         self._buffer: dict[int, list[OutRecord]] = {}
         self._staged: dict[int, _Staged] = {}
         self.open_deadline_s = OPEN_DEADLINE_S
+        self.close_deadline_s = CLOSE_DEADLINE_S
 
     async def open(self, partition: int) -> None:
         """Starts the partition's producer, fencing its previous owner's; `KafkaUnavailable`
@@ -90,15 +96,25 @@ class PartitionTransaction:
 
     async def close(self, partition: int) -> bool | None:
         """Commits what is buffered and stops the producer; whether everything was
-        committed (None: the partition was not open)."""
+        committed (None: the partition was not open; False: it failed, or was given up at
+        `close_deadline_s`, and what it held never counts)."""
         producer = self._producers.get(partition)
         if producer is None:
             return None
         try:
             if producer.broken is not None:
                 return False
-            await self.commit(partition)
+            async with asyncio.timeout(self.close_deadline_s):
+                await self.commit(partition)
             return True
+        except TimeoutError:
+            logger.warning(
+                "%s[%d]: last commit given up after %g s",
+                self.topic,
+                partition,
+                self.close_deadline_s,
+            )
+            return False
         except KafkaUnavailable as exc:
             logger.warning("%s[%d]: last commit failed: %s", self.topic, partition, exc)
             return False
@@ -194,7 +210,11 @@ class PartitionTransaction:
 
     def pending(self) -> list[int]:
         """The partitions with rows or staged work waiting to be committed."""
-        return [p for p, rows in self._buffer.items() if rows or self.staged(p)]
+        return [p for p in self._buffer if self.waits(p)]
+
+    def waits(self, partition: int) -> bool:
+        """Whether rows or staged work wait for the partition's next commit."""
+        return bool(self._buffer.get(partition)) or self.staged(partition)
 
     def staged(self, partition: int) -> bool:
         """Whether a cycle's work waits for the partition's next commit."""

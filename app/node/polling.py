@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Mapping, Set
+from collections.abc import Callable, Mapping
 
 from app.errors import KafkaUnavailable
 from app.kafka.ports import GroupMember
@@ -22,8 +22,7 @@ logger = logging.getLogger(__name__)
 
 async def poll_loop(
     consumer: GroupMember,
-    tasks: Mapping[int, PartitionTask],
-    running: Set[int],
+    running: Mapping[int, PartitionTask],
     cycles: PartitionCycles,
     commits: Commits,
     fail: Callable[[str], None],
@@ -37,12 +36,12 @@ async def poll_loop(
     while True:
         try:
             batches = await consumer.poll(timeout_ms=200)
-            # No await since the poll: each task's take as it was fetched.
-            takes = {p: (task, task.takes) for p, task in tasks.items()}
+            # No await since the poll: the take of each running task as it was fetched.
+            takes = {p: (task, task.takes) for p, task in running.items()}
             for (topic, p), records in batches.items():
                 # else revoked, or taken again (and rewound) since it was fetched
-                task = tasks.get(p)
-                if p in running and task is not None and takes.get(p) == (task, task.takes):
+                task = running.get(p)
+                if task is not None and takes.get(p) == (task, task.takes):
                     await cycles.queue(p).put((topic, records))
             await consumer.commit(commits.take_offsets())
         except KafkaUnavailable as exc:

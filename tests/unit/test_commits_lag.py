@@ -6,7 +6,7 @@ import asyncio
 from collections import defaultdict
 from typing import Any, cast
 
-from app.node.commits import Commits
+from app.node.commits import Commits, PartitionCommits
 from app.node.kept import KeptType
 
 
@@ -19,7 +19,7 @@ class HangingTransaction:
         return []
 
 
-class Changelog:
+class Transactions:
     def __init__(self, taken: HangingTransaction) -> None:
         self.taken: HangingTransaction | None = taken
 
@@ -28,19 +28,27 @@ class Changelog:
         return taken
 
 
+class Running:
+    """A running partition task's commits, as `Commits` finds them."""
+
+    def __init__(self, commits: PartitionCommits) -> None:
+        self.commits = commits
+
+
 class Kept:
     name = "shop.order"
 
-    def __init__(self, changelog: Changelog) -> None:
-        self.changelog = changelog
+    def __init__(self, transactions: Transactions) -> None:
+        self.transactions = transactions
 
 
 async def test_a_hanging_commit_is_lag_until_it_ends() -> None:
     failures: list[Any] = []
-    commits = Commits(10, defaultdict(asyncio.Lock), lambda p: True, lambda *a: failures.append(a))
+    own = PartitionCommits(0, lambda *a: failures.append(a))
+    commits = Commits(10, defaultdict(asyncio.Lock), {0: Running(own)})
     assert commits.lag() == 0.0
     hanging = HangingTransaction()
-    kept = cast(KeptType, Kept(Changelog(hanging)))
+    kept = cast(KeptType, Kept(Transactions(hanging)))
     task = commits.start(kept, 0)
     assert task is not None
     await asyncio.sleep(0.05)
@@ -57,7 +65,7 @@ class InstantTransaction:
 
 
 class Queue:
-    """A changelog whose partition has `n` transactions to take, one after the other."""
+    """Partition transactions whose partition has `n` to take, one after the other."""
 
     def __init__(self, n: int) -> None:
         self.left = n
@@ -81,12 +89,13 @@ async def test_claims_after_a_commit_that_ended_in_this_loop_iteration_do_not_sp
     awaited it without yielding and took it again, for ever, and the worker's whole loop
     (its group heartbeats too) stood still (seen on a three-broker cluster as a leader
     moved)."""
-    commits = Commits(10, defaultdict(asyncio.Lock), lambda p: True, lambda *a: None)
-    kept = cast(KeptType, Kept(cast(Changelog, Queue(2))))
+    own = PartitionCommits(0, lambda *a: None)
+    commits = Commits(10, defaultdict(asyncio.Lock), {0: Running(own)})
+    kept = cast(KeptType, Kept(cast(Transactions, Queue(2))))
     first = commits.start(kept, 0)
     assert first is not None
     await asyncio.sleep(0)  # the commit's step ran before this one: done, not yet forgotten
-    assert first.done() and (kept.name, 0) in commits._in_flight  # the window
+    assert first.done() and kept.name in own._in_flight  # the window
 
     calls = 0
     start = commits.start
@@ -101,4 +110,4 @@ async def test_claims_after_a_commit_that_ended_in_this_loop_iteration_do_not_sp
     setattr(commits, "start", counted)  # noqa: B010 (a method replaced on one instance)
     await commits.commit_claims(kept, {0})
     assert calls <= 2  # the second transaction taken and committed, once
-    assert cast(Queue, kept.changelog).left == 0
+    assert cast(Queue, kept.transactions).left == 0

@@ -220,7 +220,7 @@ async def test_a_timer_does_not_fire_after_its_cancel_was_decided(
     await wait_until(lambda: kept.runner.backlog(now_ms())[0] == 0)  # taken and decided
     held.release()
     rounds = kept.loop.rounds
-    await wait_until(lambda: not kept.changelog.pending() and node.node.commits.lag() == 0)
+    await wait_until(lambda: not kept.transactions.pending() and node.node.commits.lag() == 0)
     await wait_until(lambda: kept.loop.rounds >= rounds + 2 and kept.runner.in_flight == 0)
     assert events(log, COUNTER, "wow.ScheduleCancelled")
     assert events(log, COUNTER, "Fired") == [], "fired after its cancel was decided"
@@ -408,7 +408,7 @@ async def test_staging_waits_for_a_commit_in_flight_beyond_its_bound(
             return member._positions[commands] == end or queue.full()
 
         await wait_until(read_or_held)
-        most = max(most, kept.changelog.waiting(p))
+        most = max(most, kept.transactions.waiting(p))
     assert held.entered.is_set()
     assert most <= 4 + 3, f"{most} records staged behind a hung commit"
     held.release()

@@ -58,7 +58,7 @@ async def test_a_fault_in_one_task_closes_and_revives_it_alone_while_another_fir
 
     monkeypatch.setattr(PartitionTask, "_to", recording)
     kept = node.node.types[TOPICS.type_name]
-    put_many, open_ = kept.store.put_many, kept.changelog.open
+    put_many, open_ = kept.store.put_many, kept.transactions.open
     faulty = True
 
     async def put_failing(timers: list[Timer]) -> list[Timer]:
@@ -72,7 +72,7 @@ async def test_a_fault_in_one_task_closes_and_revives_it_alone_while_another_fir
         await open_(partition)
 
     monkeypatch.setattr(kept.store, "put_many", put_failing)
-    monkeypatch.setattr(kept.changelog, "open", open_failing)
+    monkeypatch.setattr(kept.transactions, "open", open_failing)
     # The bad partition's cycle meets the fault; its retakes fail while `faulty` holds.
     await schedule(log, owner_in(bad), int(time.time() * 1000) + 200)
     await wait_until(lambda: moves.count((bad, TaskState.CREATED)) >= 2)
@@ -116,11 +116,99 @@ async def test_a_revoked_task_is_closed_clean_and_forgotten(node: RunningNode) -
     assert before.state is TaskState.CLOSED
     assert 1 not in node.node._tasks and node.node.owned == {0}
     kept = node.node.types[TOPICS.type_name]
-    assert not kept.changelog.owns(1) and 1 not in kept.store.assigned
+    assert not kept.transactions.owns(1) and 1 not in kept.store.assigned
     assert node.node._consumer is not None
     await node.node._assigned(node.node._consumer.assignment())
     await wait_until(lambda: node.node.owned == {0, 1})
     assert node.node._tasks[1] is not before and node.node._tasks[1].takes == 1
+
+
+async def test_a_revoke_whose_commit_hangs_holds_up_no_other_partition(node: RunningNode) -> None:
+    """A revoke closes its task clean, committing what its transaction holds, and that
+    commit hangs (a broker that takes it and never answers). Meanwhile another partition
+    is revoked and closed, and the group giving both back creates their tasks: the node
+    holds no lock across a task's close. The partition whose close hangs is taken again
+    only once that close is done, and what it committed is there."""
+    log = node.node.clients
+    assert isinstance(log, MemoryLog)
+    await wait_until(node.runs)
+    kept = node.node.types[TOPICS.type_name]
+    hung, release = asyncio.Event(), asyncio.Event()
+
+    async def hanging(transactional_id: str) -> None:
+        if transactional_id == f"g.{TOPICS.timers_changelog}.0":
+            hung.set()
+            await release.wait()
+
+    log.before_commit = hanging
+    first, second = node.node._tasks[0], node.node._tasks[1]
+    kept.transactions.stage(0, [(TOPICS.events, 0, b"last", b"committed by the close")], {})
+    revoking = asyncio.create_task(node.node._revoked({(TOPICS.events, 0)}))
+    try:
+        await wait_until(hung.is_set)
+        other = asyncio.create_task(node.node._revoked({(TOPICS.events, 1)}))
+        await wait_until(lambda: state_of(second) is TaskState.CLOSED)
+        await other
+        assert node.node._consumer is not None
+        await node.node._assigned(node.node._consumer.assignment())
+        await wait_until(lambda: node.node.owned == {1})
+        assert node.node._tasks[1] is not second
+        assert not revoking.done() and state_of(first) is not TaskState.CLOSED
+        assert node.node._tasks[0] is not first and node.node._tasks[0].taking
+    finally:
+        release.set()
+    await revoking
+    assert state_of(first) is TaskState.CLOSED
+    assert [r.value for r in log.records(TOPICS.events, 0) if r.key == b"last"] == [
+        b"committed by the close"
+    ]
+    await wait_until(node.runs)
+    assert node.node._tasks[0].takes == 1
+
+
+@pytest.mark.parametrize("hanging", ["its own", "in flight"])
+async def test_a_revoke_whose_commit_never_answers_is_given_up_at_its_deadline(
+    node: RunningNode, hanging: str
+) -> None:
+    """A revoke's close commits what its transaction holds (its own last commit, or the
+    one in flight it waits for), and that commit never answers. It is given up at its
+    deadline rather than hold the rebalance (and the node's stop) for ever: the task is
+    closed, its local copy not marked clean (what it wrote never committed), nothing of
+    the hung transaction committed; the group giving the partition back takes it afresh."""
+    log = node.node.clients
+    assert isinstance(log, MemoryLog)
+    await wait_until(node.runs)
+    kept = node.node.types[TOPICS.type_name]
+    kept.transactions.close_deadline_s = node.node.commits.deadline_s = 0.3
+    hung = asyncio.Event()
+
+    async def never(transactional_id: str) -> None:
+        if transactional_id == f"g.{TOPICS.timers_changelog}.0":
+            hung.set()
+            await asyncio.Event().wait()
+
+    log.before_commit = never
+    task = node.node._tasks[0]
+    # Held: the committer does not take what waits (the close's own commit hangs); or
+    # let go once the committer's commit hangs in flight.
+    lock = node.node.commits._locks[0]
+    async with lock:
+        kept.transactions.stage(0, [(TOPICS.events, 0, b"hung", b"never committed")], {})
+        if hanging == "in flight":
+            lock.release()
+            await wait_until(hung.is_set)
+            await lock.acquire()
+            assert node.node.commits.in_flight(kept, 0)
+        revoking = asyncio.create_task(node.node._revoked({(TOPICS.events, 0)}))
+        await wait_until(hung.is_set)
+        await wait_until(revoking.done)
+    assert state_of(task) is TaskState.CLOSED and not kept.transactions.owns(0)
+    assert not kept.marks._path(0).exists(), "a copy whose writes never committed marked clean"
+    log.before_commit = None
+    assert node.node._consumer is not None
+    await node.node._assigned(node.node._consumer.assignment())
+    await wait_until(node.runs)
+    assert [r for r in log.records(TOPICS.events, 0) if r.key == b"hung"] == []
 
 
 async def test_a_task_that_fails_while_it_is_revoked_is_closed_dirty_and_never_retaken(
@@ -135,7 +223,7 @@ async def test_a_task_that_fails_while_it_is_revoked_is_closed_dirty_and_never_r
     task = node.node._tasks[1]
     kept = node.node.types[TOPICS.type_name]
     await task.stop_taking()  # as `_revoked` does first
-    kept.changelog.stage(1, [(TOPICS.events, 1, b"half", b"a half cycle")], {})
+    kept.transactions.stage(1, [(TOPICS.events, 1, b"half", b"a half cycle")], {})
     node.node._partition_failed(1, "a cycle", StoreError("the disk is gone"))
     assert task.state is TaskState.SUSPENDED and not task.taking
     await node.node._revoked({(TOPICS.events, 1)})

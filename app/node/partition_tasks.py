@@ -1,0 +1,147 @@
+"""A node's partition tasks as the group gives and takes their partitions (Kafka Streams'
+`TaskManager`): an assignment creates a task for each partition given here and starts
+taking it in the background; a revoke takes each of its tasks out of the map and closes
+it in the background, and waits for that close. A new task of a partition still closing
+takes it only once that close is done (it reopens the transactional id the close
+commits on).
+
+No lock: the maps change only between awaits, and each task's state guards its own
+lifecycle, so that no task's close (a commit, which may hang until its deadline) holds
+up another task, an assignment or the node's other work."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+
+from app.commands.processor import CommandProcessor
+from app.node.partition_task import PartitionTask, TaskShared
+
+__all__ = ["PartitionTasks"]
+
+logger = logging.getLogger(__name__)
+
+
+class PartitionTasks:
+    """The tasks of the partitions given to a node, and what they tell it (the tasks'
+    `TaskManager`). `owned` is told how many partitions run, `all_running` that every
+    task given runs, `fail` why the node must stop."""
+
+    def __init__(
+        self,
+        *,
+        owned: Callable[[int], None],
+        all_running: Callable[[], None],
+        fail: Callable[[str], None],
+    ) -> None:
+        # One task per partition given to this node, from its assignment to its revoke.
+        self.tasks: dict[int, PartitionTask] = {}
+        # The task running each partition (kept by the tasks): what `owns` reads, and where
+        # a cycle's processor, failure and progress go. A revoked task runs its partition
+        # until its close begins: what its cycles decide meanwhile is its own.
+        self.running: dict[int, PartitionTask] = {}
+        # The revoked tasks still closing.
+        self.closing: dict[PartitionTask, asyncio.Task[None]] = {}
+        self.shared: TaskShared | None = None  # what the tasks share, once the node started
+        # Set (and replaced) at each assignment: a retake after a failure waits for it.
+        self._answered = asyncio.Event()
+        self._owned = owned
+        self._all_running = all_running
+        self._fail = fail
+
+    @property
+    def restoring(self) -> frozenset[int]:
+        """The partitions given to this node that it is still restoring."""
+        return frozenset(p for p, task in self.tasks.items() if task.taking)
+
+    def leftover(self) -> set[int]:
+        """The partitions of every task, and of every close under way."""
+        return {*self.tasks, *(task.p for task in self.closing)}
+
+    def assign(self, assigned: set[tuple[str, int]]) -> None:
+        """Creates a task for each new partition and starts taking it in the background,
+        the consumer paused on it until it runs.
+
+        Restoring inside the rebalance callback would hold the group up (and a long restore
+        would cost the node its membership): the consumer is paused on them instead.
+        """
+        assert self.shared is not None, "the node is not started"
+        # Retakes waiting after a failure go on now: the group has answered.
+        self._answered.set()
+        self._answered = asyncio.Event()
+        given = {p for _, p in assigned}
+        # The group is the authority: what it no longer gives here is let go (a revoke
+        # after a lost membership may have named none of it); not waited for here.
+        for p in set(self.tasks) - given:
+            self._close(self.tasks.pop(p))
+        new = sorted(given - set(self.tasks))
+        self.shared.consumer.pause([(t, p) for t, p in assigned if p in new])
+        for p in new:
+            self.tasks[p] = task = PartitionTask(p, self.shared, self)
+            # Its take reopens the transactional id a close of p under way still commits on.
+            behind = [closing for gone, closing in self.closing.items() if gone.p == p]
+            task.take({t for t, q in assigned if q == p}, behind=behind)
+        if not new:
+            self._owning()
+
+    async def revoke(self, gone: set[int]) -> None:
+        """Closes the tasks of the partitions `gone` clean (a hand-off), each in a task of
+        its own, and waits for them, and for the closes of these partitions under way: a
+        close whose commit hangs holds up no other task's."""
+        for p in sorted(gone & set(self.tasks)):
+            self._close(self.tasks.pop(p))
+        closes = [closing for task, closing in self.closing.items() if task.p in gone]
+        if closes:
+            # Not cancelled with the revoke: a close cut in two would leave p half open.
+            await asyncio.wait(closes)
+        self._owning()
+
+    def _close(self, task: PartitionTask) -> asyncio.Task[None]:
+        """Closes a task taken out of the map, in the background (`PartitionTask.revoke`).
+        Until its close begins it still runs p: what its cycles decide, and their commits,
+        are its own (`running` finds it, not a new task of p)."""
+
+        async def closing() -> None:
+            try:
+                await task.revoke()
+            except Exception as exc:  # a bug: p may be half open, so the node stops
+                logger.exception("closing partition %d failed", task.p)
+                self._fail(f"closing partition {task.p} failed: {exc!r}")
+            finally:
+                del self.closing[task]
+
+        task.leave()  # no retake starts now, not even on a failure before its close
+        self.closing[task] = close = asyncio.create_task(closing(), name=f"close {task.p}")
+        return close
+
+    def _owning(self) -> None:
+        self._owned(len(self.running))
+        logger.info("owning partitions %s", sorted(self.running))
+
+    # What a cycle of p asks of the task running p.
+
+    def processor(self, type_name: str, p: int) -> CommandProcessor | None:
+        task = self.running.get(p)
+        return None if task is None else task.processors.get(type_name)
+
+    def read_past(self, p: int, done: dict[str, int]) -> None:
+        if (task := self.running.get(p)) is not None:
+            task.read_past(done)
+
+    # The task manager's side (`TaskManager`): what the tasks tell the node.
+
+    def answered(self) -> asyncio.Event:
+        return self._answered
+
+    def task_running(self, task: PartitionTask) -> None:
+        if not any(t.taking for t in self.tasks.values() if t is not task):
+            self._owning()
+            self._all_running()
+
+    def task_gone(self, task: PartitionTask) -> None:
+        if self.tasks.get(task.p) is task:
+            del self.tasks[task.p]
+
+    def fail(self, why: str) -> None:
+        self._fail(why)
