@@ -24,6 +24,7 @@ from typer.core import TyperGroup
 
 import app.cli.timer_changes  # noqa: F401  (its commands join timers_cli)
 from app.cli.common import (
+    CONFIG_ERROR,
     FAILED,
     Bootstrap,
     Json,
@@ -43,7 +44,7 @@ from app.cli.dead_letters import dead_letters_cli
 from app.cli.jobs import jobs_cli
 from app.cli.rules import rules_cli
 from app.cli.timers import timers_cli
-from app.errors import NodeFailed, TickwheelError
+from app.errors import ConfigError, NodeFailed, TickwheelError
 from app.kafka.broker_watch import install_log_filter
 from app.node.settings import Settings
 from app.protocol.schemas import default_dir, stale_schemas, write_schemas
@@ -98,6 +99,8 @@ class _Tickwheel(TyperGroup):
             return super().invoke(ctx)
         except (typer.Exit, typer.Abort, typer.TyperException):
             raise
+        except ConfigError as exc:  # a value the command cannot take, as a bad option
+            raise fail(str(exc), CONFIG_ERROR) from exc
         except TickwheelError as exc:
             raise fail(str(exc)) from exc
         except Exception as exc:

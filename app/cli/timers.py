@@ -70,8 +70,8 @@ def _error(holder: Timer | LedgerEntry) -> str:
 def _type(name: str) -> str:
     try:
         return parse_aggregate_type(name).type_name
-    except TickwheelError as exc:
-        raise fail(str(exc)) from exc
+    except TickwheelError as exc:  # a value --type cannot take, as a bad option
+        raise fail(str(exc), CONFIG_ERROR) from exc
 
 
 def _target(type_name: str, target_id: str, tenant: str, target_type: str | None) -> AggregateRef:

@@ -170,7 +170,7 @@ def test_a_type_without_a_changelog_says_which_topic_is_missing(
 
 def test_a_malformed_type_is_refused() -> None:
     result = CliRunner().invoke(cli, ["timers", "show", "--type", "shop", "--owner", "o"])
-    assert result.exit_code == 1 and "must be '<context>.<aggregate>'" in result.stderr
+    assert result.exit_code == 2 and "must be '<context>.<aggregate>'" in result.stderr
 
 
 def test_a_paused_timer_shows_its_status(
