@@ -9,6 +9,12 @@ no Timer, and `due()` asked in turn), put and settle
 throughput, the sweep of finished rows (`expire`, as the runner calls it), and the RSS
 of a fresh process that opens the N-timer store and serves `due()` from it. Targets:
 restore >= 200,000 timers/s, due() p99 <= 5 ms at 1M, RSS <= 200 MB at 10M pending.
+
+The reads run with the collector as a worker runs it (`--collector node`, the default:
+what start-up and the restore made frozen, the young generation collected every 50,000
+allocations, `app.node.collector`), or with Python's own (`--collector python`): then a
+full collection now and then walks every module's objects (pydantic's validators are
+costly to walk: 15-20 ms on the 2-core box) inside whichever call it lands in.
 """
 
 from __future__ import annotations
@@ -50,6 +56,8 @@ PARTITIONS = 12
 BASE = 1_767_225_600_000  # 2026-01-01T00:00:00Z
 SPREAD = 86_400_000  # due times over one day
 RESTORE_BATCH = 10_000
+NODE_GC_THRESHOLD = 50_000
+"""`TICKWHEEL_GC_THRESHOLD`'s default (`app.node.settings`)."""
 
 
 def template(partition: int = 0) -> Timer:
@@ -79,6 +87,19 @@ def records(partition: int, count: int, seed: int) -> Iterator[tuple[int, bytes,
         row["owner"] = row["target"] = {**row["owner"], "id": f"order-{n}"}
         row["due_at"] = row["slot_due_at"] = due
         yield offset, row_key_of(row), orjson.dumps(row)
+
+
+def tune_collector(collector: str) -> None:
+    """As `app.node.collector.tune_collector` does with the default threshold (`node`);
+    `python` leaves Python's own collector."""
+    gc.collect()
+    if collector == "node":
+        gc.freeze()
+        gc.set_threshold(NODE_GC_THRESHOLD, 20, 20)
+
+
+def full_collections() -> int:
+    return int(gc.get_stats()[2]["collections"])
 
 
 def rss_mb() -> float:
@@ -272,9 +293,10 @@ async def put_rate(path: str, count: int) -> dict[str, Any]:
     return {"puts": count, "ops_per_s": figures}
 
 
-async def probe(path: str, timers: int) -> dict[str, Any]:
+async def probe(path: str, timers: int, collector: str) -> dict[str, Any]:
     """In a fresh process: open the store, serve due() for a while, report RSS."""
     store = open_timer_store(f"rocksdb://{path}", partitions=PARTITIONS)
+    tune_collector(collector)
     opened = rss_mb()
     latency = await due_latency(store, set(range(PARTITIONS)), 200, until=BASE + SPREAD)
     owner = template().owner.model_copy(update={"id": "order-7"})
@@ -286,10 +308,12 @@ async def probe(path: str, timers: int) -> dict[str, Any]:
     return figures
 
 
-async def serve(path: str, timers: int) -> dict[str, Any]:
+async def serve(path: str, timers: int, collector: str) -> dict[str, Any]:
     store = open_timer_store(f"rocksdb://{path}", partitions=PARTITIONS)
     figures: dict[str, Any] = {"restore": await restore(store, timers)}
-    gc.collect()
+    tune_collector(collector)
+    figures["collector"] = collector
+    full_before = full_collections()
     every = set(range(PARTITIONS))
     figures["due_all_12"] = await due_latency(store, every, 300)
     figures["due_4_of_12"] = await due_latency(store, {0, 1, 2, 3}, 300)
@@ -297,19 +321,21 @@ async def serve(path: str, timers: int) -> dict[str, Any]:
     figures["due_rows_all_12"] = await due_latency(store, every, 300, rows=True)
     figures["due_rows_vs_due_all_12"] = await due_rows_vs_due(store, 300)
     figures["due_draining"] = await due_draining(store, 50)
+    figures["full_collections_during_due"] = full_collections() - full_before
     figures["settle"] = await settle_rate(store, 100)
     figures["sweep"] = await sweep_rate(store, min(20_000, timers // 2))
     await store.close()
     return figures
 
 
-def main(timers: int, workdir: str, puts: int) -> dict[str, Any]:
+def main(timers: int, workdir: str, puts: int, collector: str) -> dict[str, Any]:
     path = os.path.join(workdir, "timers")
     figures: dict[str, Any] = {"timers": timers, "partitions": PARTITIONS, "cpus": os.cpu_count()}
     figures["loadavg_before"] = [round(load, 2) for load in os.getloadavg()]
-    figures.update(asyncio.run(serve(path, timers)))
+    figures.update(asyncio.run(serve(path, timers, collector)))
+    probe_args = ["--probe", path, "--timers", str(timers), "--collector", collector]
     probed = subprocess.run(
-        [sys.executable, "-m", "bench.store_bench", "--probe", path, "--timers", str(timers)],
+        [sys.executable, "-m", "bench.store_bench", *probe_args],
         check=True,
         capture_output=True,
         text=True,
@@ -328,14 +354,20 @@ def cli() -> None:
     parser.add_argument("--timers", type=int, default=1_000_000)
     parser.add_argument("--puts", type=int, default=50_000)
     parser.add_argument("--dir", help="work directory (default: a temporary one, removed)")
+    parser.add_argument(
+        "--collector",
+        choices=("node", "python"),
+        default="node",
+        help="the reads' garbage collector: a worker's (default) or Python's own",
+    )
     parser.add_argument("--probe", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.probe:
-        print(json.dumps(asyncio.run(probe(args.probe, args.timers))))
+        print(json.dumps(asyncio.run(probe(args.probe, args.timers, args.collector))))
         return
     workdir = args.dir or tempfile.mkdtemp(prefix="tickwheel-bench-")
     try:
-        print(json.dumps(main(args.timers, workdir, args.puts), indent=2))
+        print(json.dumps(main(args.timers, workdir, args.puts, args.collector), indent=2))
     finally:
         if not args.dir:
             shutil.rmtree(workdir, ignore_errors=True)

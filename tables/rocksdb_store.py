@@ -65,6 +65,8 @@ logger = logging.getLogger(__name__)
 
 _INDEXES = (DUE, PARKED, FINISHED, HELD)
 _MAX_DUE = (1 << 64) - 1
+_PAST_INDEXES = b"\xff"
+"""A key past every index entry (`tables.keys`' prefixes are all below it)."""
 _STATUSES = frozenset(status.value for status in TimerStatus)
 _DUE_STATUSES = frozenset({TimerStatus.PENDING, TimerStatus.FIRING})
 _FIELDS = frozenset(Timer.model_fields)
@@ -357,41 +359,59 @@ class RocksDBTimerStore(PartitionedStore):
         records = records if isinstance(records, list) else list(records)
         if not records:
             return []
+        # The batch makes tens of thousands of acyclic objects: no collection among them.
+        with gc_paused():
+            batch, unreadable = self._restore_batch(partition, records)
+        self._unlogged.add(partition)
+        self._write(partition, batch, UNLOGGED)
+        return unreadable
+
+    def _restore_batch(
+        self, partition: int, records: list[tuple[int, bytes, bytes | None]]
+    ) -> tuple[WriteBatch, list[UnreadableRow]]:
         unreadable: list[UnreadableRow] = []
         batch = WriteBatch(raw_mode=True)
-        put, delete, lower = batch.put, batch.delete, self._lower
+        put, delete, check = batch.put, batch.delete, restored_index
         rows = [ROW + key for _, key, _ in records]
         # One multi-get for the batch: its rows' index entries as they were before it.
         held = cast(list[bytes | None], self._db(partition).get(cast(Any, rows)))
         indexed: dict[bytes, bytes | None] = {}
         """The index entry of each row this batch has written so far."""
+        first_due = first_finished = _PAST_INDEXES
         new: bytes | None
         for (offset, key, value), row, raw in zip(records, rows, held, strict=True):
             new = None
             if value is not None:
                 try:
-                    new, value = restored_index(partition, key, value)
+                    new, value = check(partition, key, value)
                 except ValueError as exc:
                     # The key's latest record is no row: the key holds none, as the
                     # tombstone its dead letter comes with will say (`unreadable_letters`).
                     unreadable.append(UnreadableRow(offset, key, value, unreadable_reason(exc)))
             if key in indexed:
                 old = indexed[key]
+            elif raw is not None and raw[:1] in _INDEXES:
+                old = raw
             else:
-                old = raw if raw is not None and raw[:1] in _INDEXES else None
+                old = None
             if new is None:
                 delete(row)
             else:
-                lower(partition, new)
                 put(new, value)
                 put(row, new)
+                if new < first_due and new[:1] == DUE:
+                    first_due = new
+                elif new < first_finished and new[:1] == FINISHED:
+                    first_finished = new
             if old is not None and old != new:
                 delete(old)
             indexed[key] = new
+        # The low-water marks go below the batch's first due and finished entries.
+        for first in (first_due, first_finished):
+            if first is not _PAST_INDEXES:
+                self._lower(partition, first)
         put(OFFSET_KEY, records[-1][0].to_bytes(8, "big", signed=True))
-        self._unlogged.add(partition)
-        self._write(partition, batch, UNLOGGED)
-        return unreadable
+        return batch, unreadable
 
     # --- partitions -------------------------------------------------------------------
 

@@ -52,20 +52,25 @@ _Jitter = Annotated[int, msgspec.Meta(ge=1, le=MAX_JITTER)]
 _NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]*")
 
 
-class _Ref(msgspec.Struct, forbid_unknown_fields=True):
+# `gc=False`: the structs hold only strings, numbers and other such structs (no cycle can
+# form), so the collector never tracks the ~6 of them a row makes (on the 2-core box,
+# decoding 20,000 rows into a list: 4.3-5.7 -> 2.4-2.9 µs a row).
+class _Ref(msgspec.Struct, forbid_unknown_fields=True, gc=False):
     context: _Name
     aggregate: _Name
     id: Annotated[str, msgspec.Meta(min_length=1, max_length=500)]
     tenant: _Text200 = "(0)"
 
 
-class _Once(msgspec.Struct, tag_field="kind", tag="once", forbid_unknown_fields=True):
+class _Once(msgspec.Struct, tag_field="kind", tag="once", forbid_unknown_fields=True, gc=False):
     at: _Instant
     coalesce: bool = True
     jitter: _Jitter | None = None
 
 
-class _Interval(msgspec.Struct, tag_field="kind", tag="interval", forbid_unknown_fields=True):
+class _Interval(
+    msgspec.Struct, tag_field="kind", tag="interval", forbid_unknown_fields=True, gc=False
+):
     start: _Instant
     every: Annotated[int, msgspec.Meta(gt=0, le=MAX_INT64)]
     coalesce: bool = True
@@ -74,7 +79,7 @@ class _Interval(msgspec.Struct, tag_field="kind", tag="interval", forbid_unknown
     count: _Count | None = None
 
 
-class _Cron(msgspec.Struct, tag_field="kind", tag="cron", forbid_unknown_fields=True):
+class _Cron(msgspec.Struct, tag_field="kind", tag="cron", forbid_unknown_fields=True, gc=False):
     expr: _Text200
     zone: str = "UTC"
     start: _Instant = 0
@@ -84,7 +89,7 @@ class _Cron(msgspec.Struct, tag_field="kind", tag="cron", forbid_unknown_fields=
     count: _Count | None = None
 
 
-class _Command(msgspec.Struct, forbid_unknown_fields=True):
+class _Command(msgspec.Struct, forbid_unknown_fields=True, gc=False):
     type: _Text200
     body: msgspec.Raw = msgspec.Raw(b"{}")
 
@@ -96,7 +101,7 @@ _Outcome = Literal[
 ]  # fmt: skip
 
 
-class _Row(msgspec.Struct, forbid_unknown_fields=True):
+class _Row(msgspec.Struct, forbid_unknown_fields=True, gc=False):
     id: _Text200
     owner: _Ref
     key: _Text200
@@ -174,24 +179,37 @@ def _fast_index(partition: int, key: bytes, value: bytes) -> bytes:
         row = _decode(value)
     except (msgspec.ValidationError, msgspec.DecodeError) as exc:
         raise _Refused from exc
-    owner, target, rule = row.owner, row.target, row.rule
+    owner = row.owner
     prefix = _owner_bytes(owner.context, owner.aggregate, owner.tenant)
-    if prefix is None:
+    if prefix is None or row.partition != partition:
         raise _Refused
+    # Its own key (`row_key`): the owner's prefix (once per owner's names), id and key.
+    i, name = owner.id.encode(), row.key.encode()
+    if key != b"".join((prefix, len(i).to_bytes(2, "big"), i, len(name).to_bytes(2, "big"), name)):
+        raise _Refused
+    target = row.target
     if target != owner and not (_name_ok(target.context) and _name_ok(target.aggregate)):
         raise _Refused
-    body = bytes(row.command.body)
-    if body != b"{}" and not _body_ok(body):
+    body = row.command.body
+    if body != _EMPTY and not _body_ok(bytes(body)):
         raise _Refused
-    if type(rule) is _Cron and (_cron_error(rule.expr) is not None or not _zone_ok(rule.zone)):
+    rule = row.rule
+    if not isinstance(rule, _Once) and (
+        not _ends_ok(rule)
+        or (type(rule) is _Cron and (_cron_error(rule.expr) is not None or not _zone_ok(rule.zone)))
+    ):
         raise _Refused
-    if not isinstance(rule, _Once) and not _ends_ok(rule):
-        raise _Refused
-    i, name = owner.id.encode(), row.key.encode()
-    own = b"".join((prefix, len(i).to_bytes(2, "big"), i, len(name).to_bytes(2, "big"), name))
-    if row.partition != partition or own != key:
-        raise _Refused  # not its own key (`row_key`), or another partition's row
+    status = row.status
+    if status == "PENDING" or status == "FIRING":
+        # `order_key` inlined (the common row): due_at is within 0..2^63-1, decoded so.
+        id = row.id.encode()
+        if b"\x00" in id:
+            id = id.replace(b"\x00", b"\x00\x01")
+        return b"".join((DUE, row.due_at.to_bytes(8, "big"), id, b"\x00\x00", key))
     return _index(row, key)
+
+
+_EMPTY = msgspec.Raw(b"{}")
 
 
 def _index(row: _Row, key: bytes) -> bytes:

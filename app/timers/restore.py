@@ -60,13 +60,16 @@ async def restore_partition(
         rows = [(r.offset, r.key, r.value) for r in batch if r.key is not None]
         if rows:
             bad = {row.offset: row.reason for row in await store.apply_changelog(partition, rows)}
-            for r in batch:
-                if r.key is None:
-                    continue
-                if r.offset in bad:
-                    passed[r.key] = (r, bad[r.offset])
-                else:
-                    passed.pop(r.key, None)  # replaced (or deleted) by a later record
+            # Only while some record was passed over (rarely): a key's later record may
+            # replace it (with every record good and none passed, nothing to look at).
+            if bad or passed:
+                for r in batch:
+                    if r.key is None:
+                        continue
+                    if r.offset in bad:
+                        passed[r.key] = (r, bad[r.offset])
+                    else:
+                        passed.pop(r.key, None)  # replaced (or deleted) by a later record
             count += len(rows)
         if batch and progress is not None:
             progress(min(batch[-1].offset + 1 - start, to_read), to_read)

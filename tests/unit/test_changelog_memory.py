@@ -11,7 +11,7 @@ from typing import cast
 import pytest
 
 from app.errors import Fenced, KafkaUnavailable
-from app.kafka import TopicSpec, TransactionalWriter
+from app.kafka import Record, TopicSpec, TransactionalWriter
 from app.kafka.memory import MemoryLog
 from app.node.partition_transaction import PartitionTransaction as TransactionalChangelog
 from app.timers.restore import restore_partition
@@ -249,3 +249,37 @@ async def test_a_producer_that_never_starts_fails_the_open_within_its_deadline()
         await changelog.open(3)
     assert writer.stopped
     assert not changelog.owns(3)
+
+
+@pytest.mark.parametrize("batch", [1, 2, 100])
+async def test_a_record_passed_over_is_reported_unless_a_later_record_of_its_key_replaced_it(
+    batch: int,
+) -> None:
+    """Whatever the read's batches: a key whose last record is no row is reported (first
+    offset, reason); one a later record replaced, in the same batch or a later one, and a
+    good key after it, are not."""
+    from tables.keys import encode_timer, row_key
+
+    log = memory_log()
+    publisher = log.publisher()
+    good, replaced, bad = timer(1), timer(2), timer(3)
+    key = {t.id: row_key(t.owner, t.key) for t in (good, replaced, bad)}
+    await publisher.send_many(
+        [
+            (TOPIC, 0, key["t-2"], b"not a row"),  # offset 0, replaced at 3
+            (TOPIC, 0, key["t-1"], encode_timer(good)),
+            (TOPIC, 0, key["t-3"], encode_timer(bad)),
+            (TOPIC, 0, key["t-2"], encode_timer(replaced)),
+            (TOPIC, 0, key["t-3"], b"{}"),  # offset 4: its last record, no row
+            (TOPIC, 0, key["t-1"], encode_timer(good)),
+        ]
+    )
+    store = open_timer_store("memory://", partitions=P)
+    unreadable: list[tuple[Record, str]] = []
+    assert (
+        await restore_partition(store, log.reader(batch=batch), TOPIC, 0, unreadable=unreadable)
+        == 6
+    )
+    assert [(r.offset, r.key) for r, _ in unreadable] == [(4, key["t-3"])]
+    assert "validation error" in unreadable[0][1]
+    assert [t.id for t in await store.due({0}, T0 + 10, 10)] == ["t-1", "t-2"]

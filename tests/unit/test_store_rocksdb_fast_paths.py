@@ -250,3 +250,34 @@ async def test_the_flush_before_the_first_write_after_a_restore_lets_the_loop_ru
     assert ran == ["during the first put"]
     await asyncio.gather(first, second)
     await store.close()
+
+
+async def test_a_restored_batch_lowers_the_low_water_marks_below_its_first_entries(
+    tmp_path: Path,
+) -> None:
+    """`due()` and the sweep start from low-water marks that an empty scan raises: a later
+    restore batch holding earlier due (and finished) rows must lower them again, whatever
+    its order (its first entry is not its first record)."""
+    from tables import TimerStatus
+
+    def finished(n: int, at: int) -> Timer:
+        return timer(n, 0, at).model_copy(update={"status": TimerStatus.FIRED})
+
+    store = open_timer_store(f"rocksdb://{tmp_path}/s", partitions=1)
+    memory = open_timer_store("memory://", partitions=1)
+    first = [timer(1, 0, 500), finished(2, 600)]
+    later = [timer(3, 0, 300), timer(4, 0, 20), finished(5, 40), finished(6, 90), timer(5, 0, 80)]
+    for s in (store, memory):
+        await s.apply_changelog(0, [record(i, t) for i, t in enumerate(first)])
+        # Nothing due or finished by 100: the marks move past it.
+        assert await s.due({0}, 100, 10) == []
+        assert await s.expire(0, now=100, retention=0, limit=10) == 0
+        await s.apply_changelog(0, [record(2 + i, t) for i, t in enumerate(later)])
+    # o5's row was rewritten in the batch: finished at 40 first, then pending at 80.
+    found = [(t.due_at, t.id) for t in await store.due({0}, 400, 10)]
+    assert found == [(20, "t4"), (80, "t5"), (300, "t3")]
+    assert found == [(t.due_at, t.id) for t in await memory.due({0}, 400, 10)]
+    assert await store.expire(0, now=100, retention=0, limit=10) == 1  # o6, finished at 90
+    assert await memory.expire(0, now=100, retention=0, limit=10) == 1
+    await store.close()
+    await memory.close()
