@@ -82,7 +82,7 @@ def _target(type_name: str, target_id: str, tenant: str, target_type: str | None
         )
     except ValidationError as exc:
         problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
-        raise fail(f"bad target: {problems}") from exc
+        raise fail(f"bad target: {problems}", CONFIG_ERROR) from exc
 
 
 @timers_cli.command()
@@ -192,7 +192,7 @@ def list_(
             wanted = TimerStatus(status.upper())
         except ValueError as exc:
             known = ", ".join(s.value for s in TimerStatus)
-            raise fail(f"unknown status {status!r}: one of {known}") from exc
+            raise fail(f"unknown status {status!r}: one of {known}", CONFIG_ERROR) from exc
     timers: list[Timer] = run(
         checked(settings.kafka, read_timers(settings.kafka, type_name, status=wanted))
     )

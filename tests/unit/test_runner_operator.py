@@ -182,19 +182,21 @@ async def test_a_recurring_timer_days_behind_jumps_in_one_write_and_sends_once(
 
 
 @pytest.mark.parametrize(
-    ("args", "message"),
+    ("args", "code", "message"),
     [
-        (["retry", "--type", "shop", "--target-id", "x"], "must be '<context>.<aggregate>'"),
-        (["skip", "--type", "shop.order", "--target-id", ""], "bad target: id"),
-        (["skip", "--type", "a.b", "--target-id", "x", "--target-type", "x.y.z"], "x.y.z"),
-        (["list", "--type", "shop.order", "--status", "LOST"], "unknown status 'LOST'"),
-        (["list", "--type", "a.b", "--bootstrap", "127.0.0.1:1"], "127.0.0.1:1"),
-        (["ledger", "--context", "a", "--bootstrap", "127.0.0.1:1"], "127.0.0.1:1"),
-        (["retry", "--type", "a.b", "--target-id", "x", "--bootstrap", "127.0.0.1:1"], "1"),
+        (["retry", "--type", "shop", "--target-id", "x"], 2, "must be '<context>.<aggregate>'"),
+        (["skip", "--type", "shop.order", "--target-id", ""], 2, "bad target: id"),
+        (["skip", "--type", "a.b", "--target-id", "x", "--target-type", "x.y.z"], 2, "x.y.z"),
+        (["list", "--type", "shop.order", "--status", "LOST"], 2, "unknown status 'LOST'"),
+        (["list", "--type", "a.b", "--bootstrap", "127.0.0.1:1"], 1, "127.0.0.1:1"),
+        (["ledger", "--context", "a", "--bootstrap", "127.0.0.1:1"], 1, "127.0.0.1:1"),
+        (["retry", "--type", "a.b", "--target-id", "x", "--bootstrap", "127.0.0.1:1"], 1, "1"),
     ],
 )
-def test_bad_input_and_no_broker_exit_1_with_a_message(args: list[str], message: str) -> None:
+def test_bad_input_exits_2_and_no_broker_1_with_a_message(
+    args: list[str], code: int, message: str
+) -> None:
     result = CliRunner().invoke(cli, ["timers", *args])
-    assert result.exit_code == 1, result.output
+    assert result.exit_code == code, result.output
     assert "error: " in result.stderr and message in result.stderr
     assert "Traceback" not in result.output
