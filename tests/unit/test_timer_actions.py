@@ -424,8 +424,8 @@ def test_an_actions_bad_options_exit_2_and_send_nothing(sent: list[CommandEnvelo
     assert long_key.exit_code == 2 and long_key.stderr.startswith("error: key:")
     bad_type = CliRunner().invoke(cli, ["timers", "resume", "--type", "nodot", "--owner", "o",
                                         "--key", "k"])  # fmt: skip
-    # as `timers set|cancel` say a bad type (exit 1, one line)
-    assert bad_type.exit_code == 1, bad_type.output
+    # as `timers set|cancel` say a bad type (exit 2, one line)
+    assert bad_type.exit_code == 2, bad_type.output
     assert bad_type.stderr.startswith("error: aggregate type 'nodot' must be")
     assert not sent
 
