@@ -13,13 +13,17 @@ The list is one metadata request naming no topic (`Admin.topic_names`: it never 
 one). It is taken at start, again when it is older than `max_age_ms` (a deleted topic is
 noticed), and again on a miss once the last listing is `min_interval_ms` old (a topic
 created since is found: the command's retry goes through). At most one listing is in
-flight; one that fails is logged, and the list stays as it was until the next.
+flight; one that fails, or does not answer within `list_timeout_ms` (given up), is logged,
+and the list stays as it was until the next.
 
 A caller that may wait (`exists`: a timer's send) is answered a miss only by a listing
-begun after it asked: a topic created after the last listing is found, never refused once.
-Such listings begin at most once per `min_interval_ms` (a miss just after one waits for
-the interval's end), and every miss waiting then shares the one listing. `missing` answers
-at once from the list (a decision, which cannot wait), listing again in the background.
+begun after it asked that succeeded: a topic created after the last listing is found, never
+refused once. When that listing failed the answer is unknown: `KafkaUnavailable`, a send
+failure like any other broker trouble (the runner retries it with backoff), never a false
+NO_TARGET. Such listings begin at most once per `min_interval_ms` (a miss just after one
+waits for the interval's end), and every miss waiting then shares the one listing.
+`missing` answers at once from the list (a decision, which cannot wait), listing again in
+the background.
 """
 
 from __future__ import annotations
@@ -30,12 +34,18 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Final
 
-__all__ = ["NO_TARGET", "TopicCatalog", "no_target_message"]
+from app.errors import KafkaUnavailable
+
+__all__ = ["LIST_TIMEOUT_MS", "NO_TARGET", "TopicCatalog", "no_target_message"]
 
 logger = logging.getLogger(__name__)
 
 NO_TARGET: Final = "NO_TARGET"
 """The failure code of a send to a command topic the cluster does not have."""
+
+LIST_TIMEOUT_MS: Final = 30_000
+"""How long a listing may take before it is given up (failed): the admin client's request
+timeout, so that one that never answers cannot hold every miss, and the list, for good."""
 
 
 def no_target_message(topic: str) -> str:
@@ -58,6 +68,7 @@ class TopicCatalog:
         min_interval_ms: int = 1_000,
         on_missing: Callable[[str], None] | None = None,
         sleep_ms: Callable[[int], Awaitable[None]] | None = None,
+        list_timeout_ms: int = LIST_TIMEOUT_MS,
     ) -> None:
         self._list = list_topics
         self._now = now
@@ -65,17 +76,23 @@ class TopicCatalog:
         self.min_interval_ms = min_interval_ms
         self._on_missing = on_missing
         self._sleep_ms = sleep_ms or _sleep_ms
+        self.list_timeout_ms = list_timeout_ms
         self._names: set[str] | None = None
         self._listed_at: int | None = None  # when the last listing began (the node's clock)
-        self._task: asyncio.Task[None] | None = None
+        # The listing in flight or last done: why it failed, None when it succeeded.
+        self._task: asyncio.Task[str | None] | None = None
         # The listing the misses of `exists` wait for, until it begins (then a new one).
-        self._next: asyncio.Task[None] | None = None
+        self._next: asyncio.Task[str | None] | None = None
 
-    async def refresh(self) -> None:
-        """Lists the topics now (waits for a listing in flight instead of starting one)."""
+    async def refresh(self) -> bool:
+        """Lists the topics now (waits for a listing in flight instead of starting one);
+        whether that listing succeeded."""
+        return await self._listed() is None
+
+    async def _listed(self) -> str | None:
         if self._task is None or self._task.done():
             self._task = asyncio.create_task(self._refresh(), name="topic catalog")
-        await asyncio.shield(self._task)
+        return await asyncio.shield(self._task)
 
     async def stop(self) -> None:
         for task in (self._next, self._task):
@@ -104,14 +121,20 @@ class TopicCatalog:
     async def exists(self, topic: str) -> bool:
         """Whether `topic` exists: for a caller that may wait (a timer's send). A miss is
         answered by a listing begun after it (at most one per `min_interval_ms`, waited
-        for), so a topic created since the last listing is found, not refused."""
+        for), so a topic created since the last listing is found, not refused.
+        `KafkaUnavailable` when that listing failed: whether it exists is not known."""
         if not self.known(topic):
             if self._next is None:
                 self._next = asyncio.create_task(self._list_next(), name="topic catalog (miss)")
-            await asyncio.shield(self._next)
+            failure = await asyncio.shield(self._next)
+            if failure is not None:
+                raise KafkaUnavailable(
+                    f"cannot tell whether topic {topic} exists: {failure} (nothing was sent; "
+                    "a retry lists again)"
+                )
         return not self.missing(topic)
 
-    async def _list_next(self) -> None:
+    async def _list_next(self) -> str | None:
         """A listing begun after the one in flight, if any, and `min_interval_ms` after the
         last one began; the misses asking until it begins all wait for it."""
         try:
@@ -124,7 +147,7 @@ class TopicCatalog:
                     await self._sleep_ms(wait)
         finally:
             self._next = None  # from here a miss needs the listing after this one
-        await self.refresh()
+        return await self._listed()
 
     def _stale(self, age_ms: int) -> bool:
         return self._listed_at is None or self._now() - self._listed_at >= age_ms
@@ -133,13 +156,36 @@ class TopicCatalog:
         if self._stale(age_ms) and (self._task is None or self._task.done()):
             self._task = asyncio.create_task(self._refresh(), name="topic catalog")
 
-    async def _refresh(self) -> None:
+    async def _refresh(self) -> str | None:
+        """Lists the topics; why the listing failed, None when it succeeded."""
         self._listed_at = self._now()
         try:
-            self._names = set(await self._list())
+            self._names = await self._listing()
         except Exception as exc:
             # The list stays as it was: the next miss or stale read tries again.
             logger.warning("listing the topics failed: %r", exc)
+            return f"listing the cluster's topics failed: {exc}"
+        return None
+
+    async def _listing(self) -> set[str]:
+        """The listing's answer, or `KafkaUnavailable` once `list_timeout_ms` passed (the
+        listing is cancelled and left: one that ignores it cannot hold the catalog)."""
+        listing = asyncio.ensure_future(self._list())
+        try:
+            done, _ = await asyncio.wait({listing}, timeout=self.list_timeout_ms / 1000)
+        finally:
+            if not listing.done():
+                listing.cancel()
+                listing.add_done_callback(_retrieved)
+        if not done:
+            raise KafkaUnavailable(f"listing the topics took over {self.list_timeout_ms} ms")
+        return set(listing.result())
+
+
+def _retrieved(task: asyncio.Future[set[str]]) -> None:
+    """Reads a given-up listing's end, so that a late failure is not reported unretrieved."""
+    if not task.cancelled():
+        task.exception()
 
 
 async def _sleep_ms(ms: int) -> None:

@@ -243,16 +243,14 @@ async def collect_report(
     parked: list[Timer] = []
     upcoming: list[Timer] = []
     jobs: list[Timer] = []
-    mine = sorted(
-        p for p in range(node.settings.partitions) if partition_state(p, health) is not None
-    )
+    # Read once: the node's health may change while the report yields.
+    states = {p: partition_state(p, health) for p in range(node.settings.partitions)}
+    mine = {p: state for p, state in states.items() if state is not None}
     for name, kept in sorted(node.types.items()):
         if contexts is not None and parse_aggregate_type(name).context not in contexts:
             continue
         read: set[int] = set()
-        for p in mine:
-            state = partition_state(p, health)
-            assert state is not None
+        for p, state in mine.items():
             row: dict[str, Any] = {
                 "type": name,
                 "partition": p,
@@ -268,7 +266,10 @@ async def collect_report(
                     )
                     counts = kept.store.status_counts(p)
                 except StoreClosed:
-                    continue  # let go while this was read: its next owner reports it
+                    # Let go while the report yielded: its row as the node says of it now.
+                    if (now_row := _closed_row(node, name, p)) is not None:
+                        parts.append(now_row)
+                    continue
                 except Exception as exc:
                     # The store's trouble is the partition's own: shown, never the report's end.
                     logger.warning("census of %s[%d] failed: %r", name, p, exc, exc_info=exc)
@@ -295,12 +296,9 @@ async def collect_report(
         if not read:
             continue
         try:
-            # The earliest of all its partitions at once: no more decoded than listed.
-            upcoming += await kept.store.due(read, MAX_INT64, upcoming_limit)
+            upcoming += await _due(kept.store, read, upcoming_limit)
             if parse_aggregate_type(name).aggregate == SCHEDULE:
-                jobs += await kept.store.due(read, MAX_INT64, JOBS_IN_REPORT)
-        except StoreClosed:
-            pass  # a partition let go meanwhile: the next report lists them
+                jobs += await _due(kept.store, read, JOBS_IN_REPORT)
         except Exception as exc:
             logger.warning("the next fires of %s were not read: %r", name, exc, exc_info=exc)
     upcoming.sort(key=lambda t: (t.due_at, t.id))
@@ -316,6 +314,35 @@ async def collect_report(
         upcoming=tuple(upcoming[:upcoming_limit]),
         jobs=tuple(sorted(jobs, key=lambda t: (t.slot_due_at, t.id))[:JOBS_IN_REPORT]),
     )
+
+
+def _closed_row(node: StatusSource, name: str, p: int) -> PartitionReport | None:
+    """The row of a partition whose store closed during the report: none when the node has
+    let it go (its next owner reports it), else its state now, its counts unread."""
+    state = partition_state(p, node.health())
+    if state is None:
+        logger.debug("%s[%d] was let go during the report: left out", name, p)
+        return None
+    what, why = state
+    if what in ("running", "stalled"):  # closed and taken again between two looks
+        what, why = "unknown", "its store closed while the report was read"
+    return PartitionReport(type=name, partition=p, state=what, why=clip(why))
+
+
+async def _due(store: TimerStore, partitions: set[int], limit: int) -> list[Timer]:
+    """The earliest `limit` due timers of `partitions`, read at once; when one of them was
+    let go meanwhile (`StoreClosed`), those of the others, each read on its own."""
+    try:
+        return await store.due(partitions, MAX_INT64, limit)
+    except StoreClosed:
+        pass
+    found: list[Timer] = []
+    for p in sorted(partitions):
+        try:
+            found += await store.due({p}, MAX_INT64, limit)
+        except StoreClosed:
+            continue  # this one went: its next owner lists them
+    return sorted(found, key=lambda t: (t.due_at, t.id))[:limit]
 
 
 def recent_p99(window: LatenessWindow, now_ms: int) -> float | None:

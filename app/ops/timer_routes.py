@@ -43,7 +43,7 @@ import orjson
 from aiohttp import web
 from pydantic import ValidationError
 
-from app.clients.timer_book import RULE_ENDED
+from app.clients.timer_book import RULE_ENDED, refusal_code
 from app.errors import KafkaUnavailable
 from app.ops.timer_api import (
     ACTIONS,
@@ -268,8 +268,10 @@ class TimerRoutes:
             return _json(answer, 502)
         if refused != 422:
             # An action on a key the book has no timer under: the path's key is wrong; on a
-            # timer whose rule ended: a 409, as this node says of a FIRED row it keeps.
-            status = 409 if RULE_ENDED in result.message else refused
+            # timer whose rule ended: a 409, as this node says of a FIRED row it keeps. By
+            # the book's code, never by text the message holds (the key is the caller's).
+            ended = refusal_code(result.code, result.message) == RULE_ENDED
+            status = 409 if ended else refused
             return _error(status, result.message, "key", request_id=cmd.request_id)
         return _json(answer, 422)
 

@@ -174,6 +174,67 @@ async def test_a_report_lets_the_loop_run_between_partitions_censuses() -> None:
         assert "other" in events[a + 1 : b], events
 
 
+class _Revoking(_Logged):
+    """A store whose partitions are revoked from the node at a census, as a rebalance lets
+    them go while the report yields: `at[p]` is revoked once partition p's census ran."""
+
+    def __init__(self, node: FakeNode, at: dict[int, int], events: list[str]) -> None:
+        super().__init__(node.store, events)
+        self._node, self._at = node, at
+        self.revoking: list[asyncio.Task[None]] = []
+
+    async def census(self, partition: int, now: int, **kwargs: Any) -> TimerCensus:
+        got = await super().census(partition, now, **kwargs)
+        if (gone := self._at.get(partition)) is not None:
+            self.revoking.append(asyncio.create_task(self._revoke(gone)))  # in the yield
+        return got
+
+    async def _revoke(self, partition: int) -> None:
+        self._node.owned = [q for q in self._node.owned if q != partition]  # a new health()
+        await self._inner.revoke([partition])
+        self._events.append(f"revoked {partition}")
+
+
+async def test_a_partition_revoked_during_a_report_is_left_out_alone() -> None:
+    # One partition revoked after its census made the type's `due()` fail: every upcoming
+    # fire and job of the type was left out of the report, for one partition gone.
+    node = FakeNode(owned=[0, 1, 2, 3])
+    for p in range(PAGE_PARTITIONS):
+        assert await node.store.put(timer(owner_in(p), f"k{p}", T0 + 1_000 * p))
+    events: list[str] = []
+    # 2 is revoked before its census (in the yield after 0's), 0 after the last census.
+    store = _Revoking(node, {0: 2, 3: 0}, events)
+    node.types[TYPE] = Kept(store)  # type: ignore[arg-type]
+    report = await collect_report(node, "n1", web=None, interval_ms=INTERVAL)
+    assert events == ["census 0", "revoked 2", "census 1", "census 2", "census 3", "revoked 0"]
+    # 2's row is left out (not this node's any more); 0's was read before it went.
+    assert [(r.partition, r.state, r.pending) for r in report.partitions] == [
+        (0, "running", 1),
+        (1, "running", 1),
+        (3, "running", 1),
+    ]
+    assert [t.key for t in report.upcoming] == ["k1", "k3"], "the others' fires still listed"
+    await asyncio.gather(*store.revoking)
+
+
+async def test_a_partition_closed_and_taken_again_during_a_report_keeps_its_row() -> None:
+    # Its census met a closed store and its row vanished, though the node still has it.
+    node = FakeNode(owned=[0, 1, 2, 3])
+    events: list[str] = []
+
+    class Retaken(_Revoking):
+        async def _revoke(self, partition: int) -> None:
+            await super()._revoke(partition)
+            node.restoring = [partition]  # failed, and being restored here again
+
+    store = Retaken(node, {0: 1}, events)
+    node.types[TYPE] = Kept(store)  # type: ignore[arg-type]
+    report = await collect_report(node, "n1", web=None, interval_ms=INTERVAL)
+    await asyncio.gather(*store.revoking)
+    rows = {r.partition: (r.state, r.pending) for r in report.partitions}
+    assert rows == {0: ("running", 0), 1: ("restoring", 0), 2: ("running", 0), 3: ("running", 0)}
+
+
 async def test_each_node_reads_every_nodes_report(group: Group) -> None:
     a_node, a = await group.join("node-a", [0, 1])
     _, b = await group.join("node-b", [2, 3])

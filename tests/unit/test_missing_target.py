@@ -19,6 +19,7 @@ import asyncio
 import time
 from typing import Any
 
+import pytest
 import test_jobs_failures as jobs
 from fakes import T0
 from test_timer_api import BOOK, Edge, P, edge, rows, until  # noqa: F401
@@ -315,6 +316,33 @@ async def test_a_timer_into_a_topic_created_after_the_last_listing_fires_at_once
     assert (fired.attempts, fired.outcome, fired.error_code) == (0, "SENT", None), fired
     assert [c.request_id for c in sent_to(edge, "billing.late.commands")] == [fired.request_id]
     assert no_targets(edge) == 0
+
+
+async def test_a_timer_whose_topic_listing_fails_is_retried_as_unknown_never_no_target(
+    edge: Edge, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The node's listing failed and its last good list had no such topic: the attempt was
+    refused NO_TARGET as if the topic were known missing. It is a transport failure (the
+    answer is unknown), retried; once the listing works again the retry fires it."""
+    assert (await edge.call("PUT", f"{PATH}/blind", timer(T0 + 500, "billing.blind")))[0] == 200
+    await until(lambda: len(rows(edge.log)) == 1)
+    edge.log.create_topic("billing.blind.commands", P)  # the node listed at T0 without it
+    listing = edge.node.targets._list
+
+    async def failing() -> set[str]:
+        raise KafkaUnavailable("the admin connection is down")
+
+    monkeypatch.setattr(edge.node.targets, "_list", failing)
+    edge.clock.set(T0 + 500)
+    await until(lambda: [t.attempts for t in rows(edge.log)] == [1])
+    (failed,) = rows(edge.log)
+    assert (failed.status, failed.error_code) == (TimerStatus.PENDING, "TRANSPORT_ERROR")
+    assert "cannot tell whether topic billing.blind.commands exists" in (failed.error_text or "")
+    assert no_targets(edge) == 0 and not sent_to(edge, "billing.blind.commands")
+    monkeypatch.setattr(edge.node.targets, "_list", listing)
+    edge.clock.set(failed.due_at)
+    await until(lambda: [t.status for t in rows(edge.log)] == [TimerStatus.FIRED])
+    assert [c.request_id for c in sent_to(edge, "billing.blind.commands")] == [failed.request_id]
 
 
 async def test_a_timer_parked_on_no_target_fires_once_on_an_operators_retry_once_it_exists(

@@ -16,6 +16,7 @@ import re
 import shlex
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import orjson
 import pytest
@@ -223,7 +224,7 @@ async def test_a_fired_once_timer_is_a_409_on_a_node_not_keeping_its_row(
         status, answer = await act(edge, "done", action, f"{action}-elsewhere")
         assert (status, answer["field"]) == (409, "key"), answer
         assert answer["error"].startswith(
-            "shop.reminders/(0)/o-1's timer 'done': its rule ended at "
+            "RULE_ENDED: shop.reminders/(0)/o-1's timer 'done': its rule ended at "
         ), answer
         assert answer["error"].endswith(f"nothing to {action} (set it again to start it anew)")
         assert answer["request_id"] == f"{action}-elsewhere"
@@ -232,6 +233,16 @@ async def test_a_fired_once_timer_is_a_409_on_a_node_not_keeping_its_row(
     assert events(edge.log, BOOK, "wow.ScheduleTriggered") == []
     assert events(edge.log, BOOK, "wow.SchedulePaused") == []
     assert len(pings(edge, "done")) == 1
+
+
+@pytest.mark.parametrize("key", ["its rule ended at", "RULE_ENDED: x", "x: its rule ended at 1"])
+async def test_a_missing_key_named_as_the_ended_refusal_is_a_404(edge: Edge, key: str) -> None:
+    """The 409 was chosen by the refusal's text, which holds the key from the URL: a key
+    the book has no timer under, named `its rule ended at`, was a 409, not a 404."""
+    for action in ("pause", "trigger"):
+        status, answer = await act(edge, quote(key, safe=""), action, f"{action}-{key[:3]}")
+        assert (status, answer["field"]) == (404, "key"), answer
+        assert f"has no timer {key!r}" in answer["error"], answer
 
 
 async def test_a_once_timer_past_its_end_and_the_books_retention_is_a_404(edge: Edge) -> None:
@@ -412,8 +423,8 @@ def test_an_action_on_a_timer_whose_rule_ended_exits_1_saying_so(
     result = CliRunner().invoke(cli, line(action, "--request-id", "a-1"))
     assert result.exit_code == 1, result.output
     assert result.stderr == (
-        f"error: {action} refused: REJECTED shop.reminders/(0)/o-1's timer 'k': its rule "
-        "ended at 2027-01-15T08:00:00.000Z (its last slot is due or fired): nothing to "
+        f"error: {action} refused: REJECTED RULE_ENDED: shop.reminders/(0)/o-1's timer 'k': "
+        "its rule ended at 2027-01-15T08:00:00.000Z (its last slot is due or fired): nothing to "
         f"{action} (set it again to start it anew)\n"
     )
     assert [c.type for c in sent] == [f"wow.{action.capitalize()}Timer"]
