@@ -8,6 +8,7 @@ import asyncio
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from fakes import RunningNode, wait_until
@@ -115,6 +116,7 @@ async def test_a_closing_partition_is_in_healthz_with_its_commit_age(
     kept.transactions.stage(0, [(TOPICS.events, 0, b"last", b"committed by the close")], {})
     consumer = node.node._consumer
     assert consumer is not None
+    revoking: asyncio.Task[Any]
     if how == "revoked":
         revoking = asyncio.create_task(node.node._revoked({(TOPICS.events, 0)}))
     else:
