@@ -218,6 +218,12 @@ class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
         await self._on_assigned({(tp.topic, tp.partition) for tp in assigned})
 
 
+def rebalance_timeout_ms(session_timeout_ms: int) -> int:
+    """How long the group waits for its members to rejoin a rebalance (their revoke
+    callbacks included) before it throws a late one out: three sessions, at least 30 s."""
+    return max(session_timeout_ms * 3, 30_000)
+
+
 class GroupConsumer:
     """A consumer-group member whose assignment is the node's partition ownership.
 
@@ -249,7 +255,7 @@ class GroupConsumer:
             partition_assignment_strategy=(RangePartitionAssignor,),
             session_timeout_ms=session_timeout_ms,
             heartbeat_interval_ms=max(300, session_timeout_ms // 4),
-            rebalance_timeout_ms=max(session_timeout_ms * 3, 30_000),
+            rebalance_timeout_ms=rebalance_timeout_ms(session_timeout_ms),
             max_poll_records=max_poll_records,
         )
 

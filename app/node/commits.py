@@ -47,6 +47,8 @@ class PartitionCommits:
         self._on_failure = on_failure
         self._started_at: dict[str, float] = {}
         self._in_flight: dict[str, asyncio.Task[bool]] = {}
+        # A commit of it failed: its transactions' work since is not whole (never marked).
+        self._failed = False
         # Offsets of batches that wrote nothing: committed by the poll loop, not in a
         # transaction (most of a busy log is not about timers).
         self._offsets: dict[tuple[str, int], int] = {}
@@ -117,21 +119,50 @@ class PartitionCommits:
             # p's local copy is not what its changelog says, so it is taken afresh.
             if not isinstance(exc, KafkaUnavailable):
                 logger.exception("partition %d: a commit failed", p)
+            self._failed = True
             self._on_failure("a commit", exc)
             return False
         return True
 
-    async def drop(self, kept: KeptType, *, clean: bool) -> bool:
-        """The task is closed: its commit of `kept` in flight is waited for (`clean`: a
-        hand-off) or cancelled (what it holds never counts); whether it committed (True:
-        none was in flight)."""
+    async def settle(self, kept: KeptType, *, until: float, rest: bool = True) -> bool:
+        """The task closes clean: its commit of `kept` in flight is waited for, then
+        (`rest`) what waits in its transaction is committed, each by `until` (the loop's
+        time: the close's one deadline); whether everything committed (True: nothing was
+        to). Nothing is cancelled here: a commit not done by then is `abandon`ed. The
+        close's commits are in flight as any (`lag`: /healthz sees them)."""
+        loop = asyncio.get_running_loop()
+        while True:
+            commit = self._in_flight.get(kept.name)
+            left = until - loop.time()
+            if commit is None:
+                if not rest or not kept.transactions.waits(self.p):
+                    return not self._failed
+                if left <= 0:
+                    return False
+                commit = self.start(kept, left)
+                if commit is None:
+                    return not self._failed
+            if not commit.done():
+                if left <= 0:
+                    return False
+                await asyncio.wait([commit], timeout=left)
+                if not commit.done():
+                    return False
+            if commit.cancelled() or commit.result() is not True:
+                return False
+            if self._in_flight.get(kept.name) is commit:
+                del self._in_flight[kept.name]  # its done callback has not run yet
+            if not rest:
+                return not self._failed
+
+    def abandon(self, kept: KeptType) -> asyncio.Task[bool] | None:
+        """The task closes: its commit of `kept` still in flight is cancelled (what it holds
+        never counts) and returned, not waited for (its producer's stop waits for it)."""
         commit = self._in_flight.pop(kept.name, None)
-        if commit is None:
-            return True
-        if not clean:
-            commit.cancel()
-        done = await asyncio.gather(commit, return_exceptions=True)
-        return done[0] is True
+        if commit is None or commit.done():
+            return None
+        commit.cancel()
+        return commit
 
 
 class Committing(Protocol):

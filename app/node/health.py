@@ -19,6 +19,7 @@ def node_health(
     tasks: Mapping[int, PartitionTask],
     *,
     running: frozenset[int],
+    closing: Mapping[int, float],
     given: set[int] | None,
     suspended: float | None,
     failing_loops: Iterable[str],
@@ -30,7 +31,9 @@ def node_health(
     restored, was let go on a failure and not taken again yet, or its firing loop keeps
     failing; nor when the node failed for good.
 
-    `running`: the partitions whose task runs; `given`: the group's assignment (None: not
+    `running`: the partitions whose task runs; `closing`: how long each partition's close
+    under way (a revoke's, or the group's assignment no longer giving it) has been going;
+    `given`: the group's assignment (None: not
     in the group yet); `suspended`: how long the process was stopped, if the group has
     not answered since; `failing_loops`: the types whose timer rounds keep failing."""
     stalled: dict[int, str] = {}
@@ -48,6 +51,9 @@ def node_health(
             stalled.setdefault(
                 p, f"the process was stopped for {suspended:.1f} s: waiting for the group"
             )
+    # Given (back) by the group, and closing still: taken once its close is done.
+    for p in sorted((given or set()) & set(closing)):
+        stalled.setdefault(p, f"closing for {closing[p]:.1f} s: taken again once closed")
     # Given by the group but neither worked on nor being taken: nobody runs it.
     for p in sorted((given or set()) - running - taking):
         stalled.setdefault(p, "assigned by the group, not taken")
@@ -69,6 +75,8 @@ def node_health(
         # not ready, whatever else holds.
         if any(t.failing.again_and_again(FAILING_IN_A_ROW) for t in tasks.values()):
             body["ready"] = False
+    if closing:
+        body["closing"] = {str(p): round(s, 3) for p, s in sorted(closing.items())}
     if suspended is not None:
         body["suspended_s"] = round(suspended, 3)
     if failure is not None:

@@ -159,11 +159,13 @@ class Node:
         return node_health(
             self._tasks,
             running=frozenset(self._owned),
+            closing=self.tasks.closes(),
             given=None if self._consumer is None else {p for _, p in self._consumer.assignment()},
             suspended=self._suspension.suspended(),
             failing_loops=[k.topics.type_name for k in self.types.values() if k.loop.failing],
             broker=self.broker.status(),
-            commit_lag_s=self.commits.lag(),
+            # A close's commits count: a hung one holds its partition's next take back.
+            commit_lag_s=max(self.commits.lag(), self.tasks.closing_commit_lag()),
             failure=None if self._failure is None else str(self._failure),
         )
 
@@ -226,6 +228,7 @@ class Node:
             now=self.clock.now,
             targets=self.targets,
             running=self._owned,
+            close_deadline_s=s.close_deadline_s,
         )
         await self._consumer.start()
 

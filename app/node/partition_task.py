@@ -34,6 +34,7 @@ from app.node.cycles import PartitionCycles
 from app.node.failing import FailingPartitions
 from app.node.kept import KeptType, is_fenced
 from app.node.metrics import NodeMetrics
+from app.node.partition_release import release_partition
 from app.node.partition_transaction import PartitionTransaction
 from app.node.settings import Settings
 from app.node.task_state import TaskState, closes_clean, transition
@@ -67,6 +68,9 @@ class TaskShared:
     # The task running each partition: the index every `owns` check reads (the commits,
     # the cycles, the poll loop), kept by the tasks as they start and stop running.
     running: dict[int, PartitionTask]
+    # How long a task's whole close may take (`Settings.close_deadline_s`: well below the
+    # group's rebalance timeout, which a revoke's closes are held to).
+    close_deadline_s: float
 
 
 class TaskManager(Protocol):
@@ -109,6 +113,8 @@ class PartitionTask:
         self._taking: asyncio.Task[None] | None = None
         # The group took p away: no take starts any more (a failure meanwhile included).
         self._leaving = False
+        # When its close for the group's revoke began (`time.monotonic`), if it did.
+        self.closing_since: float | None = None
 
     def __repr__(self) -> str:
         return f"PartitionTask({self.p}, {self.state.value})"
@@ -126,7 +132,7 @@ class PartitionTask:
         topics: set[str],
         *,
         after_failure: float | None = None,
-        behind: Collection[asyncio.Task[None]] = (),
+        behind: Collection[asyncio.Task[bool]] = (),
     ) -> None:
         """Takes p's `topics` (paused by the caller until it runs) in the background, once
         the closes `behind` (an earlier task's of p) are done."""
@@ -175,7 +181,7 @@ class PartitionTask:
         self,
         topics: set[str],
         after_failure: float | None,
-        behind: Collection[asyncio.Task[None]],
+        behind: Collection[asyncio.Task[bool]],
     ) -> None:
         """Takes p, then runs it. `after_failure`: its work stopped on a failure: it is
         closed first (nothing of its local copy is trusted), and taken again once the group
@@ -184,6 +190,15 @@ class PartitionTask:
         try:
             if behind:
                 await asyncio.wait(behind)  # never cancels them (a stop_taking cancels this)
+                if not all(not close.cancelled() and close.result() for close in behind):
+                    # p may be half open there (a close that crashed failed the node): its
+                    # transactional id is not opened again, nothing of p is taken.
+                    logger.error(
+                        "partition %d: its previous task's close failed: not taken", self.p
+                    )
+                    if any(close.cancelled() for close in behind):
+                        self._manager.fail(f"partition {self.p}: a close of it was cancelled")
+                    return
             await self._taking_partition(topics, after_failure)
         except Exception as exc:
             # A bug, whatever it is: never a partition left half taken, quietly.
@@ -265,8 +280,10 @@ class PartitionTask:
             self.start_firing()
 
     def revive(self) -> None:
-        """A closed task is created again, to be taken afresh."""
+        """A closed task is created again, to be taken afresh (its commits anew: none of
+        its earlier ones, failed or abandoned, says anything of the next take's)."""
         self._to(TaskState.CREATED)
+        self.commits = PartitionCommits(self.p, self.failed)
 
     async def _take(self, topics: set[str]) -> None:
         s, p = self._shared, self.p
@@ -356,35 +373,7 @@ class PartitionTask:
         )
 
     async def _release(self, *, clean: bool) -> None:
-        s, p = self._shared, self.p
-        s.cycles.drop_local(p)
-        # A cycle cut short wrote half of its work: nothing of p's transaction may commit.
-        clean = not s.cycles.cut_short(p) and clean
-        self.commits.take_offsets()  # passed over, not committed: read again by the next
-        for kept in s.types.values():
-            # A commit in flight that failed: the copy holds writes it never committed.
-            whole = await self.commits.drop(kept, clean=clean) and clean
-            try:
-                await kept.runner.stop_partition(p)
-                if whole:
-                    committed = await kept.transactions.close(p)
-                else:
-                    await kept.transactions.abandon(p)
-                    committed = False
-                if p in kept.store.assigned:
-                    await kept.store.revoke({p})
-                if committed:
-                    kept.marks.mark(p)
-                if self.processors.pop(kept.name, None) is not None:
-                    assert kept.states is not None
-                    kept.states.release(p)
-            except Exception:
-                logger.exception("letting partition %d of %s go failed", p, kept.topics.type_name)
-        for reader in s.results.values():
-            try:
-                await reader.remove_partition(p)
-            except Exception:
-                logger.exception("results reader: letting partition %d go failed", p)
+        await release_partition(self._shared, self.commits, self.processors, self.p, clean=clean)
 
 
 def _committer(transactions: PartitionTransaction, p: int) -> Commit:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 
 from app.commands.processor import CommandProcessor
@@ -42,7 +43,7 @@ class PartitionTasks:
         # until its close begins: what its cycles decide meanwhile is its own.
         self.running: dict[int, PartitionTask] = {}
         # The revoked tasks still closing.
-        self.closing: dict[PartitionTask, asyncio.Task[None]] = {}
+        self.closing: dict[PartitionTask, asyncio.Task[bool]] = {}
         self.shared: TaskShared | None = None  # what the tasks share, once the node started
         # Set (and replaced) at each assignment: a retake after a failure waits for it.
         self._answered = asyncio.Event()
@@ -97,21 +98,40 @@ class PartitionTasks:
             await asyncio.wait(closes)
         self._owning()
 
-    def _close(self, task: PartitionTask) -> asyncio.Task[None]:
+    def closes(self) -> dict[int, float]:
+        """How long each partition's close under way has been going, in seconds."""
+        now, closes = time.monotonic(), dict[int, float]()
+        for task in self.closing:
+            if task.closing_since is not None:
+                closes[task.p] = max(closes.get(task.p, 0.0), now - task.closing_since)
+        return closes
+
+    def closing_commit_lag(self) -> float:
+        """How long the oldest commit of a close under way has been going (0: none)."""
+        now = time.monotonic()
+        return max((task.commits.lag(now) for task in self.closing), default=0.0)
+
+    def _close(self, task: PartitionTask) -> asyncio.Task[bool]:
         """Closes a task taken out of the map, in the background (`PartitionTask.revoke`).
         Until its close begins it still runs p: what its cycles decide, and their commits,
         are its own (`running` finds it, not a new task of p)."""
 
-        async def closing() -> None:
+        async def closing() -> bool:
+            """Whether p was closed (a new task of p takes it only then)."""
             try:
                 await task.revoke()
+                return True
             except Exception as exc:  # a bug: p may be half open, so the node stops
                 logger.exception("closing partition %d failed", task.p)
                 self._fail(f"closing partition {task.p} failed: {exc!r}")
+                return False
             finally:
                 del self.closing[task]
 
-        task.leave()  # no retake starts now, not even on a failure before its close
+        task.leave()
+        task.closing_since = (
+            time.monotonic()
+        )  # no retake starts now, not even on a failure before its close
         self.closing[task] = close = asyncio.create_task(closing(), name=f"close {task.p}")
         return close
 

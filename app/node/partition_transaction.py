@@ -34,11 +34,6 @@ busy or out of reach, which the client library retries without end or a word) is
 up, so that the take fails and is tried again, and the node stops loudly if it never
 can be: never a partition left restoring, silently, for good."""
 
-CLOSE_DEADLINE_S = 30.0
-"""A close's last commit not done by then is given up (as a running partition's commit
-is, `app.node.commits.COMMIT_DEADLINE_S`): the partition is closed dirty rather than hold
-its revoke, and with it the group's rebalance and the node's stop, for ever."""
-
 
 class PartitionTransaction:
     """Per owned partition of one aggregate type, the one transaction everything commits in.
@@ -70,8 +65,9 @@ class PartitionTransaction:
         self._producers: dict[int, TransactionalWriter] = {}
         self._buffer: dict[int, list[OutRecord]] = {}
         self._staged: dict[int, _Staged] = {}
+        # The producers being stopped (an abandoned partition's), until they are.
+        self._stopping: dict[int, asyncio.Task[None]] = {}
         self.open_deadline_s = OPEN_DEADLINE_S
-        self.close_deadline_s = CLOSE_DEADLINE_S
 
     async def open(self, partition: int) -> None:
         """Starts the partition's producer, fencing its previous owner's; `KafkaUnavailable`
@@ -94,40 +90,53 @@ class PartitionTransaction:
         self._buffer[partition] = []
         self._staged[partition] = _Staged()
 
-    async def close(self, partition: int) -> bool | None:
-        """Commits what is buffered and stops the producer; whether everything was
-        committed (None: the partition was not open; False: it failed, or was given up at
-        `close_deadline_s`, and what it held never counts)."""
-        producer = self._producers.get(partition)
-        if producer is None:
-            return None
-        try:
-            if producer.broken is not None:
-                return False
-            async with asyncio.timeout(self.close_deadline_s):
-                await self.commit(partition)
-            return True
-        except TimeoutError:
-            logger.warning(
-                "%s[%d]: last commit given up after %g s",
-                self.topic,
-                partition,
-                self.close_deadline_s,
-            )
-            return False
-        except KafkaUnavailable as exc:
-            logger.warning("%s[%d]: last commit failed: %s", self.topic, partition, exc)
-            return False
-        finally:
-            await self.abandon(partition)
-
-    async def abandon(self, partition: int) -> None:
-        """Stops the producer without committing: what is buffered is thrown away."""
+    async def abandon(
+        self,
+        partition: int,
+        *,
+        within: float | None = None,
+        after: asyncio.Task[bool] | None = None,
+    ) -> None:
+        """Stops the producer without committing: what is buffered is thrown away, and the
+        producer stopped once `after` (its commit cancelled, aborting) has ended. The stop
+        runs in a task of its own, waited for up to `within` seconds (None: until it ends):
+        a close's deadline, or a cancelled caller, never cuts it in half (an aiokafka
+        producer half stopped leaks its connections and its sender); a second abandon of
+        the partition waits for the same stop."""
         self._buffer.pop(partition, None)
         self._staged.pop(partition, None)
         producer = self._producers.pop(partition, None)
+        stopping = self._stopping.get(partition)
         if producer is not None:
+            stopping = asyncio.create_task(
+                self._stop(partition, producer, after), name=f"stop {self.topic}[{partition}]"
+            )
+            self._stopping[partition] = stopping
+        if stopping is None:
+            return
+        try:
+            async with asyncio.timeout(within):
+                await asyncio.shield(stopping)
+        except TimeoutError:
+            logger.warning(
+                "%s[%d]: producer not stopped within %g s: left to stop on its own",
+                self.topic,
+                partition,
+                within,
+            )
+
+    async def _stop(
+        self, partition: int, producer: TransactionalWriter, after: asyncio.Task[bool] | None
+    ) -> None:
+        try:
+            if after is not None:
+                await asyncio.wait([after])  # its abort, bounded (`TransactionalProducer`)
             await producer.stop()
+        except Exception:
+            logger.exception("%s[%d]: stopping the producer failed", self.topic, partition)
+        finally:
+            if self._stopping.get(partition) is asyncio.current_task():
+                del self._stopping[partition]
 
     def waiting(self, partition: int) -> int:
         """How many records wait for the partition's next transaction."""

@@ -40,6 +40,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 
 from app.errors import ConfigError
 from app.kafka.connection import KafkaConnection, SaslMechanism, SecurityProtocol
+from app.kafka.consumers import rebalance_timeout_ms
 from app.kafka.records import Replication
 from app.protocol.limits import DEFAULT_MAX_KEY_BYTES, DEFAULT_MAX_RECORD_BYTES, InputLimits
 from app.protocol.topics import parse_aggregate_type
@@ -205,6 +206,14 @@ class Settings(BaseSettings):
             ssl_certfile=self.ssl_certfile,
             ssl_keyfile=self.ssl_keyfile,
         )
+
+    @property
+    def close_deadline_s(self) -> float:
+        """How long a partition task's whole close may take (its last commits and its
+        producers' stops, every type): half the group's rebalance timeout, so that a
+        revoke's closes end well before the group throws this node out (and moves every
+        partition it has). What is not done by then is abandoned dirty."""
+        return rebalance_timeout_ms(self.session_timeout_ms) / 2000
 
     @property
     def replication(self) -> Replication:

@@ -179,7 +179,9 @@ async def test_a_revoke_whose_commit_never_answers_is_given_up_at_its_deadline(
     assert isinstance(log, MemoryLog)
     await wait_until(node.runs)
     kept = node.node.types[TOPICS.type_name]
-    kept.transactions.close_deadline_s = node.node.commits.deadline_s = 0.3
+    shared = node.node.tasks.shared
+    assert shared is not None
+    shared.close_deadline_s = node.node.commits.deadline_s = 0.3
     hung = asyncio.Event()
 
     async def never(transactional_id: str) -> None:

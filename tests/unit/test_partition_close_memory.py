@@ -1,0 +1,216 @@
+"""A revoked task's close on the in-memory log (#19's review): bounded whole by one deadline
+below the group's rebalance timeout, seen in /healthz while it lasts, never cut in half by
+a revoke, and never overtaken by a new task of its partition when it crashed."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fakes import RunningNode, wait_until
+from test_node_memory import PARTITIONS, SERVICE, TOPICS
+
+from app.errors import NodeFailed
+from app.kafka.consumers import rebalance_timeout_ms
+from app.kafka.memory import MemoryLog, MemoryWriter
+from app.node.partition_task import PartitionTask
+from app.node.settings import Settings
+from app.node.task_state import TaskState
+from tables import StoreError
+
+ID0 = f"g.{TOPICS.timers_changelog}.0"
+
+
+@pytest.fixture
+async def node(tmp_path: Path) -> AsyncIterator[RunningNode]:
+    n = await RunningNode(MemoryLog(), tmp_path, "a", SERVICE, PARTITIONS).start()
+    yield n
+    await n.stop()
+
+
+def state_of(task: PartitionTask) -> TaskState:
+    return task.state  # read afresh (not narrowed by an earlier assert)
+
+
+@pytest.mark.parametrize("session_timeout_ms", [1_000, 10_000, 45_000, 300_000])
+def test_the_close_deadline_is_well_below_the_rebalance_timeout(session_timeout_ms: int) -> None:
+    settings = Settings(session_timeout_ms=session_timeout_ms)
+    rebalance_s = rebalance_timeout_ms(session_timeout_ms) / 1000
+    assert 0 < settings.close_deadline_s <= rebalance_s / 2
+
+
+async def test_a_close_whose_commit_and_producer_stop_hang_ends_at_its_one_deadline(
+    node: RunningNode, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A revoked task's commit in flight never answers (its own deadline is 30 s), and
+    neither does its producer's stop. The close ends at the task's one close deadline (well
+    below the group's rebalance timeout), whatever each part's own deadline: what is left
+    is abandoned dirty (the copy not marked clean), and the partition is taken again."""
+    log = node.node.clients
+    assert isinstance(log, MemoryLog)
+    await wait_until(node.runs)
+    kept = node.node.types[TOPICS.type_name]
+    assert node.node.commits.deadline_s >= 30
+    shared = node.node.tasks.shared
+    assert shared is not None
+    shared.close_deadline_s = 0.5
+    hung, release = asyncio.Event(), asyncio.Event()
+
+    async def never(transactional_id: str) -> None:
+        if transactional_id == ID0:
+            hung.set()
+            await release.wait()
+
+    stop = MemoryWriter.stop
+
+    async def stop_hanging(writer: MemoryWriter) -> None:
+        if writer.transactional_id == ID0:
+            await release.wait()
+        await stop(writer)
+
+    log.before_commit = never
+    monkeypatch.setattr(MemoryWriter, "stop", stop_hanging)
+    task = node.node._tasks[0]
+    try:
+        kept.transactions.stage(0, [(TOPICS.events, 0, b"hung", b"never committed")], {})
+        await wait_until(hung.is_set)
+        assert node.node.commits.in_flight(kept, 0)
+        began = time.monotonic()
+        await asyncio.wait_for(node.node._revoked({(TOPICS.events, 0)}), 5)
+        assert time.monotonic() - began < 2
+        assert state_of(task) is TaskState.CLOSED and not kept.transactions.owns(0)
+        assert not kept.marks._path(0).exists(), "a copy whose writes never committed marked"
+        log.before_commit = None
+        assert node.node._consumer is not None
+        await node.node._assigned(node.node._consumer.assignment())
+        await wait_until(node.runs)
+    finally:
+        release.set()
+    assert [r for r in log.records(TOPICS.events, 0) if r.key == b"hung"] == []
+
+
+@pytest.mark.parametrize("how", ["revoked", "not assigned"])
+async def test_a_closing_partition_is_in_healthz_with_its_commit_age(
+    node: RunningNode, how: str
+) -> None:
+    """While a revoked task's close waits for its commit, /healthz says the partition is
+    closing (and since when), not that nobody took it, and counts that commit's age in
+    the commit lag; so too for a close the group's assignment started (it no longer gives
+    the partition here), which nothing waits for."""
+    log = node.node.clients
+    assert isinstance(log, MemoryLog)
+    await wait_until(node.runs)
+    kept = node.node.types[TOPICS.type_name]
+    hung, release = asyncio.Event(), asyncio.Event()
+
+    async def held(transactional_id: str) -> None:
+        if transactional_id == ID0:
+            hung.set()
+            await release.wait()
+
+    log.before_commit = held
+    kept.transactions.stage(0, [(TOPICS.events, 0, b"last", b"committed by the close")], {})
+    consumer = node.node._consumer
+    assert consumer is not None
+    revoking: asyncio.Task[Any]
+    if how == "revoked":
+        revoking = asyncio.create_task(node.node._revoked({(TOPICS.events, 0)}))
+    else:
+        await node.node._assigned({(t, p) for t, p in consumer.assignment() if p != 0})
+        (revoking,) = node.node.tasks.closing.values()
+    try:
+        await wait_until(hung.is_set)
+        await wait_until(lambda: node.node.health()["commit_lag_s"] >= 0.2)
+        body = node.node.health()
+        assert body["closing"]["0"] >= 0.2 and body["owned"] == [1]
+        if how == "revoked":  # still given by the group (as in a revoke's callback)
+            assert body["stalled"]["0"].startswith("closing"), body
+            assert not body["ready"]
+    finally:
+        release.set()
+    await revoking
+    body = node.node.health()
+    assert "closing" not in body and body["commit_lag_s"] == 0
+    assert [r.value for r in log.records(TOPICS.events, 0) if r.key == b"last"] == [
+        b"committed by the close"
+    ]
+
+
+async def test_a_revoke_during_a_retakes_dirty_close_leaves_no_producer_half_stopped(
+    node: RunningNode, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A task fails; its retake closes it dirty and is stopping its producer when the group
+    revokes the partition, which cancels the retake there. The producer's stop is not cut
+    in half: it ends, and the revoke's close waits for it."""
+    await wait_until(node.runs)
+    kept = node.node.types[TOPICS.type_name]
+    writer = kept.transactions._producers[1]
+    assert isinstance(writer, MemoryWriter)
+    stopping, release = asyncio.Event(), asyncio.Event()
+    stopped: list[MemoryWriter] = []
+    stop = MemoryWriter.stop
+
+    async def slow_stop(w: MemoryWriter) -> None:
+        if w is writer:
+            stopping.set()
+            await release.wait()
+        await stop(w)
+        stopped.append(w)
+
+    monkeypatch.setattr(MemoryWriter, "stop", slow_stop)
+    task = node.node._tasks[1]
+    node.node._partition_failed(1, "a cycle", StoreError("the disk is gone"))
+    await wait_until(stopping.is_set)  # the retake's dirty close, stopping the producer
+    assert task.taking
+    revoking = asyncio.create_task(node.node._revoked({(TOPICS.events, 1)}))
+    await wait_until(lambda: not task.taking)  # the retake was cancelled
+    assert not revoking.done()
+    release.set()
+    await revoking
+    assert writer in stopped, "a producer left half stopped"
+    assert state_of(task) is TaskState.CLOSED and not kept.transactions.owns(1)
+
+
+async def test_a_new_task_behind_a_close_that_crashed_never_takes_the_partition(
+    node: RunningNode, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A new task of p waits for the close of p's revoked task, which crashes (a bug: p may
+    be half open, the node fails). The new task never opens p's transactional id."""
+    await wait_until(node.runs)
+    kept = node.node.types[TOPICS.type_name]
+    first = node.node._tasks[0]
+    releasing, crash = asyncio.Event(), asyncio.Event()
+
+    async def crashing(*, clean: bool) -> None:
+        releasing.set()
+        await crash.wait()
+        raise RuntimeError("a bug in the close")
+
+    monkeypatch.setattr(first, "_release", crashing)
+    opened: list[int] = []
+    open_ = kept.transactions.open
+
+    async def opening(p: int) -> None:
+        opened.append(p)
+        await open_(p)
+
+    monkeypatch.setattr(kept.transactions, "open", opening)
+    revoking = asyncio.create_task(node.node._revoked({(TOPICS.events, 0)}))
+    await wait_until(releasing.is_set)
+    assert node.node._consumer is not None
+    await node.node._assigned(node.node._consumer.assignment())
+    second = node.node._tasks[0]
+    assert second is not first and second.taking
+    crash.set()
+    await revoking
+    await wait_until(lambda: not second.taking)
+    assert node.node._failure is not None and "closing partition 0" in str(node.node._failure)
+    assert opened == [] and state_of(second) is not TaskState.RUNNING
+    assert node.task is not None
+    with pytest.raises(NodeFailed):
+        await node.task
+    node.task = None
