@@ -8,6 +8,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING
 
 import pytest
+from hypothesis import settings
 
 if TYPE_CHECKING:
     from kafka_broker import KafkaCluster, SecuredKafka
@@ -28,6 +29,11 @@ def _load_kafka_broker() -> ModuleType:
 
 
 kafka_broker = _load_kafka_broker()
+
+# No per-example time limit: on a loaded 2-core machine one example of a correct test can
+# take 400 ms; how long code takes is for bench/, never a test's verdict.
+settings.register_profile("tickwheel", deadline=None)
+settings.load_profile("tickwheel")
 
 
 @pytest.fixture(scope="session")
