@@ -1,9 +1,11 @@
-"""A faust app with durable reminders: an order placed gets a reminder, paying cancels it.
+"""A faust app with durable reminders: an order placed gets a reminder, paying cancels it;
+holding an order pauses its reminder, releasing it resumes it, a nudge sends it at once.
 
     tickwheel worker --service examples.reminders_service:service
     python -m examples.faust_app worker -l info
 
-`<context>.orders` takes `{"order_id": …, "kind": "placed"|"paid", "remind_in_ms": …}`
+`<context>.orders` takes `{"order_id": …, "kind": "placed"|"paid"|"held"|"released"|"nudged",
+"remind_in_ms": …}`
 keyed by the order id; each reminder that fires is written to `<context>.reminders-sent`.
 Environment: `KAFKA_BOOTSTRAP_SERVERS`, `TICKWHEEL_PARTITIONS` (the workers' count),
 `REMINDERS_CONTEXT`.
@@ -32,7 +34,7 @@ app = faust.App(
 
 class OrderEvent(faust.Record, serializer="json"):
     order_id: str
-    kind: str  # "placed" or "paid"
+    kind: str  # "placed", "paid", "held", "released" or "nudged"
     remind_in_ms: int = 0
 
 
@@ -66,6 +68,12 @@ async def on_order(stream: faust.StreamT[OrderEvent]) -> None:
             )
         elif order.kind == "paid":
             await timers.cancel(order.order_id, "reminder")
+        elif order.kind == "held":  # fires nothing until released (held again: UNCHANGED)
+            await timers.pause(order.order_id, "reminder")
+        elif order.kind == "released":
+            await timers.resume(order.order_id, "reminder")
+        elif order.kind == "nudged":  # the reminder once now; its due time stays as it was
+            await timers.trigger(order.order_id, "reminder")
 
 
 @app.agent(timers.commands)

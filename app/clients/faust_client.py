@@ -3,12 +3,13 @@
 A faust app keeps its state per key; for each key it may keep timers in a *timer book*
 (`app.clients.timer_book`): the aggregate `<context>.<book>/<key>`, decided by Tickwheel workers
 running a service that declares the book. The app never writes the book's log itself:
-`schedule` and `cancel` send `wow.SetTimer` / `wow.CancelTimer` commands to the book's
-command topic, keyed by the key, in murmur2(key)'s partition (computed here, so faust's
-partitioner choice cannot put it elsewhere), and the node owning that partition appends
-`wow.ScheduleSet` / `wow.ScheduleCancelled` at the book's next version, de-duplicated by
-request id. Writing the events directly would race the node: the version the app would
-pick is the one the node appends next, and a replayed faust event would set a timer twice.
+`schedule`, `cancel`, `pause`, `resume` and `trigger` send the book's commands
+(`app.clients.book_commands`) to its command topic, keyed by the key, in murmur2(key)'s
+partition (computed here, so faust's partitioner cannot put it elsewhere), and the node
+owning that partition appends the events (`wow.ScheduleSet`, …) at the book's next version,
+de-duplicated by request id. Writing the events directly would race the node: the version
+the app would pick is the one the node appends next, and a replayed faust event would set
+a timer twice.
 
 A timer fires its command into `<context>.<target>.commands` (the app's own type, the
 key's id), which `commands` reads: a faust topic whose values are `CommandEnvelope`s
@@ -31,12 +32,10 @@ unanswered command is sent again (same request id, `<timer id>#<slot>`) after th
 
 from __future__ import annotations
 
-import asyncio
-import hashlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any, Final, cast
+from typing import Any, cast
 
 try:
     import faust
@@ -48,93 +47,33 @@ except ImportError as exc:  # the extra is optional: say how to get it
         "app.clients.faust_client needs faust-streaming: pip install '.[faust]' (from a clone)"
     ) from exc
 
-from app.clients.timer_book import CANCEL_TIMER, SET_TIMER, book_reason, timer_book
+from app.clients.book_commands import BookCommands, Rule, request_id_for
+from app.clients.client_topics import ClientTopics
+from app.clients.timer_book import timer_book
 from app.commands.processor import misrouted
 from app.errors import BadRecord
-from app.kafka import Record, TopicSpec, ensure_topics
+from app.kafka import Record
 from app.kafka.connection import Connectable
-from app.node import node_topics
 from app.protocol.dead_letters import Stage, dead_letter
-from app.protocol.topics import AggregateTopics, ContextTopics, parse_aggregate_type
+from app.protocol.topics import AggregateTopics, parse_aggregate_type
 from app.protocol.wire import (
     CommandEnvelope,
     CommandResult,
     ResultCode,
-    ScheduleCancelled,
-    ScheduleSet,
     decode,
     encode,
 )
-from tables import AggregateRef, CommandSpec, CronRule, IntervalRule, OnceRule
+from tables import AggregateRef, CommandSpec
 from tables.partitioner import partition_of
 
 __all__ = ["CommandSchema", "CommandTopic", "TickwheelTimers", "bootstrap_of", "request_id_for"]
 
 logger = logging.getLogger(__name__)
 
-_MAX_REQUEST_ID: Final = 300  # CommandEnvelope.request_id's bound
-
 
 def bootstrap_of(app: AppT) -> str:
     """The app's brokers as `host:port,…`, for Tickwheel's own admin client."""
     return ",".join(f"{url.host}:{url.port or 9092}" for url in app.conf.broker)
-
-
-def request_id_for(op: str, key: str, message: Message | None) -> str:
-    """The request id of a command sent while an agent processes `message`: the same each
-    time that message is processed again, so the book applies the command once.
-
-    `<topic>[<partition>]@<offset>:<op>:<key>`, or its SHA-256 when longer than a request
-    id may be. Without a message (outside an agent) a `ValueError`: the caller must name
-    the request itself.
-    """
-    if message is None:
-        raise ValueError(
-            f"{op} {key!r} outside an agent's event: pass request_id= (a retry must send "
-            "the same one, so that the timer book applies it once)"
-        )
-    rid = f"{message.topic}[{message.partition}]@{message.offset}:{op}:{key}"
-    if len(rid) > _MAX_REQUEST_ID:
-        rid = "sha256:" + hashlib.sha256(rid.encode()).hexdigest()
-    return rid
-
-
-class _Topology:
-    """The topics a `TickwheelTimers` uses, made once with Tickwheel's own specs (the
-    partition count that co-partitioning needs; a mismatch is an error naming it)."""
-
-    def __init__(
-        self,
-        bootstrap: Connectable,
-        book: AggregateTopics,
-        target: AggregateTopics,
-        partitions: int,
-    ) -> None:
-        self.bootstrap = bootstrap
-        self.book = book
-        self.target = target
-        self.partitions = partitions
-        self.context = ContextTopics(book.context)
-        self._lock = asyncio.Lock()
-        self._made = False
-
-    @property
-    def specs(self) -> list[TopicSpec]:
-        # The book's topics as its workers make them (so either side may start first), and
-        # the target's command topic, which only this app reads.
-        return [
-            *node_topics([self.book], self.partitions),
-            TopicSpec(self.target.commands, self.partitions),
-        ]
-
-    async def ensure(self) -> None:
-        """Makes the topics once per process (a failed attempt is made again next time)."""
-        if self._made:
-            return
-        async with self._lock:
-            if not self._made:
-                await ensure_topics(self.bootstrap, self.specs)
-                self._made = True
 
 
 class CommandSchema(faust.Schema[str, CommandEnvelope]):
@@ -144,7 +83,7 @@ class CommandSchema(faust.Schema[str, CommandEnvelope]):
     its aggregate (murmur2 of the id) is a decode error: `CommandTopic` dead-letters it.
     """
 
-    def __init__(self, topology: _Topology) -> None:
+    def __init__(self, topology: ClientTopics) -> None:
         super().__init__(key_type=str, value_type=bytes)
         self.topology = topology
 
@@ -209,7 +148,7 @@ class CommandTopic(faust.Topic):
     on every delivery)."""
 
     @property
-    def _topology(self) -> _Topology:
+    def _topology(self) -> ClientTopics:
         return cast(CommandSchema, self.schema).topology
 
     async def declare(self) -> None:
@@ -232,9 +171,6 @@ class CommandTopic(faust.Topic):
             key=key, value=value, partition=partition, headers=pairs, force=True
         )
         await sent
-
-
-Rule = OnceRule | IntervalRule | CronRule
 
 
 class TickwheelTimers:
@@ -266,10 +202,12 @@ class TickwheelTimers:
         self.app = app
         self.partitions = partitions
         self.book = timer_book(context, book)
-        self.topology = _Topology(
+        self.topology = ClientTopics(
             bootstrap or bootstrap_of(app), book_topics, target_topics, partitions
         )
         self._now = now or (lambda: int(time.time() * 1000))
+        self.commands_of = BookCommands(self.book, target_topics, self._now)
+        """The book's commands, as this client builds them (`app.clients.book_commands`)."""
         self.commands: CommandTopic = CommandTopic(
             app,
             topics=[target_topics.commands],
@@ -281,12 +219,10 @@ class TickwheelTimers:
         self._topics: dict[str, faust.types.TopicT] = {}
 
     def book_ref(self, key: str) -> AggregateRef:
-        t = self.topology.book
-        return AggregateRef(context=t.context, aggregate=t.aggregate, id=key)
+        return self.commands_of.book_ref(key)
 
     def target_ref(self, key: str) -> AggregateRef:
-        t = self.topology.target
-        return AggregateRef(context=t.context, aggregate=t.aggregate, id=key)
+        return self.commands_of.target_ref(key)
 
     def set_command(
         self,
@@ -300,40 +236,22 @@ class TickwheelTimers:
     ) -> CommandEnvelope:
         """The `wow.SetTimer` that `schedule` sends; `ValueError` for what the book would
         refuse (bad key, rule, target), so that nothing is sent."""
-        body = ScheduleSet(
-            key=timer, rule=rule, target=target or self.target_ref(key), command=command
-        )
-        if (why := book_reason(self.book, body)) is not None:
-            raise ValueError(why)
-        return self._command(key, SET_TIMER, body, "set", timer, request_id)
+        rid = _request_id("set", timer, request_id)
+        return self.commands_of.set_command(key, timer, rule, command, rid, target)
 
     def cancel_command(
         self, key: str, timer: str, *, request_id: str | None = None
     ) -> CommandEnvelope:
         """The `wow.CancelTimer` that `cancel` sends."""
-        return self._command(
-            key, CANCEL_TIMER, ScheduleCancelled(key=timer), "cancel", timer, request_id
-        )
+        return self.commands_of.cancel_command(key, timer, _request_id("cancel", timer, request_id))
 
-    def _command(
-        self,
-        key: str,
-        type_: str,
-        body: ScheduleSet | ScheduleCancelled,
-        op: str,
-        timer: str,
-        request_id: str | None,
+    def key_command(
+        self, action: str, key: str, timer: str, *, request_id: str | None = None
     ) -> CommandEnvelope:
-        if request_id is None:
-            event = current_event()
-            request_id = request_id_for(op, timer, None if event is None else event.message)
-        return CommandEnvelope(
-            request_id=request_id,
-            type=type_,
-            aggregate=self.book_ref(key),
-            body=body.model_dump(mode="json"),
-            issued_at=self._now(),
-        )
+        """The `wow.PauseTimer`, `wow.ResumeTimer` or `wow.TriggerTimer` (`action`: pause,
+        resume, trigger) that `pause`, `resume` and `trigger` send."""
+        rid = _request_id(action, timer, request_id)
+        return self.commands_of.key_command(action, key, timer, rid)
 
     async def schedule(
         self,
@@ -360,6 +278,38 @@ class TickwheelTimers:
     ) -> CommandEnvelope:
         """Cancels `key`'s timer `timer` (nothing to cancel is no error)."""
         cmd = self.cancel_command(key, timer, request_id=request_id)
+        await self._send_to_book(cmd)
+        return cmd
+
+    async def pause(
+        self, key: str, timer: str, *, request_id: str | None = None
+    ) -> CommandEnvelope:
+        """Pauses `key`'s timer `timer`: it keeps its rule and fires nothing until resumed.
+        The book answers a paused one UNCHANGED (nothing written), a timer it does not
+        keep or whose rule ended REJECTED; its answers go to `<context>.results`, under
+        the command's request id (derived from the event being processed unless given,
+        as `schedule`'s; sent again, DUPLICATE)."""
+        return await self._act("pause", key, timer, request_id)
+
+    async def resume(
+        self, key: str, timer: str, *, request_id: str | None = None
+    ) -> CommandEnvelope:
+        """Resumes `key`'s paused timer `timer`, caught up by its rule's catch-up policy (a
+        running one: UNCHANGED, nothing written)."""
+        return await self._act("resume", key, timer, request_id)
+
+    async def trigger(
+        self, key: str, timer: str, *, request_id: str | None = None
+    ) -> CommandEnvelope:
+        """Has the book send `key`'s timer `timer`'s command once now (request id
+        `<this request id>>0`), its rule and next slot left as they were; the command
+        sent again with the same request id fires nothing more."""
+        return await self._act("trigger", key, timer, request_id)
+
+    async def _act(
+        self, action: str, key: str, timer: str, request_id: str | None
+    ) -> CommandEnvelope:
+        cmd = self.key_command(action, key, timer, request_id=request_id)
         await self._send_to_book(cmd)
         return cmd
 
@@ -435,3 +385,11 @@ class TickwheelTimers:
         sent: Awaitable[Any] = await channel.send(key=key, value=value, partition=partition)
         if current_event() is None:
             await sent
+
+
+def _request_id(op: str, timer: str, given: str | None) -> str:
+    """`given`, or the one derived from the event the agent processes (`request_id_for`)."""
+    if given is not None:
+        return given
+    event = current_event()
+    return request_id_for(op, timer, None if event is None else event.message)

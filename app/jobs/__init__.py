@@ -76,12 +76,8 @@ from app.jobs.declaration import (
     ref_of,
     shard_ref,
 )
-from app.jobs.schedule import (
-    DEFAULT_REQUEST_ID_WINDOW_MS,
-    ScheduleState,
-    run_key,
-    schedule_aggregate,
-)
+from app.jobs.schedule import DEFAULT_REQUEST_ID_WINDOW_MS, run_key, schedule_aggregate
+from app.jobs.schedule_state import ScheduleState
 
 __all__ = [
     "BACKFILL",

@@ -1,5 +1,6 @@
-"""The built-in `<context>.schedule` aggregate: a job instance's state and the decisions
-of its Enable, Reschedule, Disable, Tick, Run, Trigger and Backfill commands (see `app.jobs`)."""
+"""The built-in `<context>.schedule` aggregate: the decisions of a job instance's Enable,
+Reschedule, Disable, Tick, Run, Trigger and Backfill commands (see `app.jobs`); its state
+and how its events fold it are `app.jobs.schedule_state`'s."""
 
 from __future__ import annotations
 
@@ -7,8 +8,6 @@ import hashlib
 import logging
 from collections.abc import Iterable, Mapping
 from typing import Any, NoReturn, TypeGuard
-
-from pydantic import BaseModel
 
 from app.jobs.declaration import (
     BACKFILL,
@@ -37,29 +36,13 @@ from app.jobs.declaration import (
     effective_rule,
     instance_ids,
 )
-from app.model.aggregate import AggregateType, Command, Decision, Event
+from app.jobs.schedule_state import ScheduleState, apply_schedule_event
+from app.model.aggregate import AggregateType, Command, Decision
 from app.protocol.wire import SCHEDULE_CANCELLED, SCHEDULE_SET, ResultCode
 from tables import DEFAULT_TENANT, CommandSpec, OnceRule
 from tables.exceptions import InvalidRule
 
 logger = logging.getLogger(__name__)
-
-
-class ScheduleState(BaseModel):
-    """One job instance: its override, the rule it ticks by, and the last slot it ran."""
-
-    job: str = ""
-    enabled: bool = False
-    override: dict[str, Any] | None = None
-    """The instance's own parts of the rule; kept while disabled."""
-    rule: dict[str, Any] | None = None
-    """The rule of the current `tick` timer, as scheduled."""
-    timer_id: str | None = None
-    """The current `tick` timer: ticks of any other are of an older one."""
-    last_slot: int | None = None
-    """The last slot of `timer_id` that ran."""
-    last_due_at: int | None = None
-    """When the last slot that ran was due."""
 
 
 DEFAULT_REQUEST_ID_WINDOW_MS = 7 * 24 * 3_600_000
@@ -104,7 +87,7 @@ def schedule_aggregate(
         SCHEDULE_SET,
         SCHEDULE_CANCELLED,
     ):
-        agg.applies(event)(_apply)
+        agg.applies(event)(apply_schedule_event)
     return agg
 
 
@@ -387,25 +370,3 @@ def _shard_partition(job: Job, instance: str) -> int | None:
     if job.scope is not JobScope.SHARDED:
         return None
     return int(instance.split("~")[1])
-
-
-def _apply(state: ScheduleState, e: Event) -> ScheduleState:
-    body = e.body
-    if e.type in (SCHEDULE_SET, SCHEDULE_CANCELLED) and body.get("key") != TICK_KEY:
-        return state  # another timer of this aggregate: not the tick's
-    updates: dict[str, dict[str, Any]] = {
-        ENABLED: {"job": body.get("job"), "enabled": True, "override": body.get("override")},
-        RESCHEDULED: {"override": body.get("override")},
-        DISABLED: {"enabled": False},
-        TICKED: {"last_slot": body.get("slot"), "last_due_at": body.get("due_at")},
-        # A failed slot runs on its own timer: the instance's state does not wait for it.
-        RUN_FAILED: {},
-        RAN: {},
-        # Runs outside the live schedule: its state stays as it was.
-        TRIGGERED: {},
-        BACKFILLED: {},
-        # The event's id is the new timer's id: its slots count afresh.
-        SCHEDULE_SET: {"timer_id": e.id, "rule": body.get("rule"), "last_slot": None},
-        SCHEDULE_CANCELLED: {"timer_id": None, "last_slot": None},
-    }
-    return state.model_copy(update=updates[e.type])

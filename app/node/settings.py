@@ -26,14 +26,11 @@ the variables at fault; a secret's value is never shown.
 
 from __future__ import annotations
 
-import difflib
-import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Final, Literal
 
 import orjson
-from dotenv import dotenv_values
 from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
@@ -42,6 +39,7 @@ from app.errors import ConfigError
 from app.kafka.connection import KafkaConnection, SaslMechanism, SecurityProtocol
 from app.kafka.consumers import rebalance_timeout_ms
 from app.kafka.records import Replication
+from app.node.variables import ENV_FILE_VARIABLE, TOOLING_VARIABLES, VARIABLES, read_variables
 from app.protocol.limits import DEFAULT_MAX_KEY_BYTES, DEFAULT_MAX_RECORD_BYTES, InputLimits
 from app.protocol.topics import parse_aggregate_type
 from app.timers.runner.options import TimerOptions
@@ -67,59 +65,6 @@ LogFormat = Literal["text", "json"]
 LOG_LEVELS: Final[tuple[LogLevel, ...]] = ("DEBUG", "INFO", "WARNING", "ERROR")
 LOG_FORMATS: Final[tuple[LogFormat, ...]] = ("text", "json")
 
-VARIABLES: Final[Mapping[str, str]] = {
-    "bootstrap_servers": "KAFKA_BOOTSTRAP_SERVERS",
-    "aggregate_types": "TICKWHEEL_AGGREGATE_TYPES",
-    "partitions": "TICKWHEEL_PARTITIONS",
-    "data_dir": "TICKWHEEL_DATA_DIR",
-    "group_id": "TICKWHEEL_GROUP_ID",
-    "session_timeout_ms": "TICKWHEEL_SESSION_TIMEOUT_MS",
-    "web_port": "TICKWHEEL_WEB_PORT",
-    "web_host": "TICKWHEEL_WEB_HOST",
-    "web_token": "TICKWHEEL_WEB_TOKEN",
-    "web_url": "TICKWHEEL_WEB_URL",
-    "status_interval_ms": "TICKWHEEL_STATUS_INTERVAL_MS",
-    "busy_backlog": "TICKWHEEL_BUSY_BACKLOG",
-    "commit_interval_ms": "TICKWHEEL_COMMIT_INTERVAL_MS",
-    "request_id_window_ms": "TICKWHEEL_REQUEST_ID_WINDOW_MS",
-    "gc_threshold": "TICKWHEEL_GC_THRESHOLD",
-    "timers": "TICKWHEEL_TIMER_OPTIONS",
-    "max_key_bytes": "TICKWHEEL_MAX_KEY_BYTES",
-    "max_record_bytes": "TICKWHEEL_MAX_RECORD_BYTES",
-    "log_level": "TICKWHEEL_LOG_LEVEL",
-    "log_format": "TICKWHEEL_LOG_FORMAT",
-    "security_protocol": "KAFKA_SECURITY_PROTOCOL",
-    "sasl_mechanism": "KAFKA_SASL_MECHANISM",
-    "sasl_username": "KAFKA_SASL_USERNAME",
-    "sasl_password": "KAFKA_SASL_PASSWORD",
-    "ssl_cafile": "KAFKA_SSL_CAFILE",
-    "ssl_certfile": "KAFKA_SSL_CERTFILE",
-    "ssl_keyfile": "KAFKA_SSL_KEYFILE",
-    "replication_factor": "TICKWHEEL_REPLICATION_FACTOR",
-    "min_insync_replicas": "TICKWHEEL_MIN_INSYNC_REPLICAS",
-}
-"""Each setting's environment variable (each also as `<variable>_FILE`)."""
-
-ENV_FILE_VARIABLE: Final = "TICKWHEEL_ENV_FILE"
-
-TOOLING_VARIABLES: Final = frozenset(
-    {
-        "TICKWHEEL_BOOTSTRAP",  # tests/kafka_broker.py (the Docker broker's address)
-        "TICKWHEEL_BROKER",  # tests/kafka_broker.py: auto, docker or local
-        "TICKWHEEL_CACHE",  # scripts/kafka_local.py: where Kafka's jars are cached
-        "TICKWHEEL_DOCS_SCREENSHOT",  # tests/integration/test_operator_page.py
-        "TICKWHEEL_KAFKA_IMAGE",  # tests/kafka_broker.py
-        "TICKWHEEL_KAFKA_JVM_OPTS",  # scripts/kafka_local.py
-        "TICKWHEEL_KAFKA_VERSION",  # scripts/kafka_local.py, scripts/test, the README
-        "TICKWHEEL_RUN_DIR",  # scripts/run
-        "TICKWHEEL_STATE",  # scripts/kafka_local.py: the local broker's state directory
-    }
-)
-"""`TICKWHEEL_*` variables that are no setting of a node but the project's tools' own:
-a node's environment may hold them (a test run exports them to every worker it starts)."""
-
-_FILE = "_FILE"
-_PREFIX = "TICKWHEEL_"
 _SECRETS = frozenset({"web_token", "sasl_password"})
 """Fields whose values an error message never shows."""
 
@@ -341,93 +286,6 @@ class _Variables(PydanticBaseSettingsSource):
         return {
             name: self._variables[var] for name, var in VARIABLES.items() if var in self._variables
         }
-
-
-# --- reading the variables ------------------------------------------------------------
-
-
-def read_variables(env: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The settings' variables (`VARIABLES`' names) with their values: from `env` (the
-    process's environment by default) over those of its `.env` file, `_FILE` variables
-    read, empty values dropped. `ConfigError` for an unknown `TICKWHEEL_*` variable, a
-    file that cannot be read, a variable given twice."""
-    process = env is None
-    environ: Mapping[str, str] = os.environ if env is None else env
-    layers: list[tuple[str, Mapping[str, str | None]]] = [("in the environment", environ)]
-    env_file = (environ.get(ENV_FILE_VARIABLE) or "").strip()
-    if env_file:
-        path = Path(env_file)
-        if not path.is_file():
-            raise ConfigError(f"{ENV_FILE_VARIABLE}: no file {env_file!r}")
-        layers.append((f"in {env_file}", _dotenv(path, ENV_FILE_VARIABLE)))
-    elif process and Path(".env").is_file():
-        layers.append(("in .env", _dotenv(Path(".env"), ".env")))
-    problems = [p for where, values in layers for p in _unknown(values, where)]
-    if problems:
-        raise ConfigError("; ".join(problems))
-    merged: dict[str, str] = {}
-    for where, values in reversed(layers):  # the .env file first, the environment over it
-        merged.update(_resolved(values, where))
-    return merged
-
-
-def _dotenv(path: Path, name: str) -> Mapping[str, str | None]:
-    try:
-        return dotenv_values(path, encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{name}: cannot read {path}: {_reason(exc)}") from exc
-
-
-def _reason(exc: OSError | UnicodeDecodeError) -> str:
-    if isinstance(exc, OSError):
-        return exc.strerror or str(exc)
-    return f"not UTF-8 text ({exc.reason})"
-
-
-def _known() -> frozenset[str]:
-    settings = set(VARIABLES.values())
-    return frozenset(
-        {*settings, *(v + _FILE for v in settings), ENV_FILE_VARIABLE, *TOOLING_VARIABLES}
-    )
-
-
-_KNOWN = _known()
-
-
-def _unknown(values: Iterable[str], where: str) -> list[str]:
-    problems = []
-    for name in values:
-        if not name.upper().startswith(_PREFIX) or name in _KNOWN:
-            continue
-        # Suggest a setting's variable, as a file one when the name looks like one.
-        candidates = [*VARIABLES.values(), ENV_FILE_VARIABLE]
-        if name.upper().endswith(_FILE):
-            candidates = [v + _FILE for v in VARIABLES.values()] + [ENV_FILE_VARIABLE]
-        (closest,) = difflib.get_close_matches(name.upper(), candidates, n=1, cutoff=0.0)
-        problems.append(f"{name} ({where}) is no setting: did you mean {closest}?")
-    return problems
-
-
-def _resolved(values: Mapping[str, str | None], where: str) -> dict[str, str]:
-    """The settings' variables of one place, stripped, empty ones dropped, `X_FILE` read
-    into `X`."""
-    found: dict[str, str] = {}
-    for var in VARIABLES.values():
-        value = (values.get(var) or "").strip()
-        file_var = var + _FILE
-        path = (values.get(file_var) or "").strip()
-        if path and value:
-            raise ConfigError(f"{var} and {file_var} are both given ({where}): give one")
-        if path:
-            try:
-                value = Path(path).read_text(encoding="utf-8").strip()
-            except (OSError, UnicodeDecodeError) as exc:
-                raise ConfigError(
-                    f"{file_var} ({where}): cannot read {path!r}: {_reason(exc)}"
-                ) from exc
-        if value:
-            found[var] = value
-    return found
 
 
 # --- errors ----------------------------------------------------------------------------

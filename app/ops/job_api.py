@@ -1,11 +1,11 @@
 """What `tickwheel jobs …` and the web edge's `/jobs` routes (`app.ops.job_routes`) both do
 with a service's jobs: find a declared job, check an instance's rule override, make the
-`wow.schedule.*` commands of the instances named, plan a backfill of a past range, send
-commands and wait for their results, and read the instances' states (or one instance's
-events) from their schedule log.
+`wow.schedule.*` commands of the instances named, plan a backfill of a past range; and,
+from `app.ops.job_log`, send commands and wait for their results, and read the instances'
+states (or one instance's events) from their schedule log.
 
-The I/O here runs on the log's ports (`LogReader`, `Publisher`): the CLI opens its own
-clients on the bootstrap servers, the web edge uses its node's.
+The I/O runs on the log's ports (`LogReader`, `Publisher`): the CLI opens its own clients
+on the bootstrap servers, the web edge uses its node's.
 
 Errors are `JobInputError`s naming the wrong input (`field`); their messages spell it as
 the caller does (`Spelling`: the CLI's `--partition`, the JSON body's `partition`).
@@ -13,16 +13,13 @@ the caller does (`Spelling`: the CLI's `--partition`, the JSON body's `partition
 
 from __future__ import annotations
 
-import asyncio
-import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 from pydantic import ValidationError
 
-from app.errors import BadRecord, JobsCliError
+from app.errors import JobsCliError
 from app.jobs import (
     SCHEDULE,
     BackfillError,
@@ -30,33 +27,27 @@ from app.jobs import (
     Job,
     JobScope,
     RequestIdTooLong,
-    ScheduleState,
     backfill_slots,
     disable_command,
     effective_rule,
     enable_command,
     first_unheld,
     reschedule_command,
-    schedule_aggregate,
     shared_request_id,
     tick_timers,
     trigger_command,
 )
-from app.kafka.ports import LogReader, Publisher
-from app.model.decide import StoredAggregate, fold
-from app.protocol.topics import AggregateTopics, ContextTopics
-from app.protocol.wire import (
-    CommandEnvelope,
-    CommandResult,
-    EventEnvelope,
-    ResultCode,
-    decode,
-    encode,
+from app.ops.job_log import (
+    InstanceState,
+    fold_instances,
+    read_instance_events,
+    read_instances,
+    send_and_wait,
 )
+from app.protocol.wire import CommandEnvelope, EventEnvelope, ResultCode
 from app.service import Service
 from tables import DEFAULT_TENANT, AggregateRef
 from tables.exceptions import InvalidRule
-from tables.partitioner import partition_of
 
 __all__ = [
     "DECIDED_WITHIN_MS",
@@ -301,128 +292,6 @@ async def plan_backfill(
                 "backfill a later range",
             )
     return planned
-
-
-# --- the log -------------------------------------------------------------------------------
-
-
-async def send_and_wait(
-    publisher: Publisher,
-    reader: LogReader,
-    partitions: int,
-    commands: Sequence[CommandEnvelope],
-    wait_s: float,
-    *,
-    poll_s: float = 0.2,
-    clock: Callable[[], float] = time.monotonic,
-    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
-) -> dict[str, CommandResult]:
-    """Sends `commands` (all to one context's schedule) and, for up to `wait_s` seconds,
-    waits for their results: those that came, by request id."""
-    if not commands:
-        return {}
-    context = commands[0].aggregate.context
-    topics = AggregateTopics(context, SCHEDULE)
-    results_topic = ContextTopics(context).results
-    # Where each result will be written (`processor`: the request id picks the partition),
-    # and how far those partitions reach now: the results come after.
-    wanted = {c.request_id: partition_of(c.request_id, partitions) for c in commands}
-    start = {p: (await reader.offsets(results_topic, p))[1] for p in set(wanted.values())}
-    await publisher.send_many(
-        [
-            (
-                topics.commands,
-                partition_of(c.aggregate.id, partitions),
-                c.aggregate.id.encode(),
-                encode(c),
-            )
-            for c in commands
-        ]
-    )
-    found: dict[str, CommandResult] = {}
-    deadline = clock() + wait_s
-    while wait_s > 0 and len(found) < len(wanted):
-        for p in sorted(start):
-            async for batch in reader.read(results_topic, p, start[p]):
-                for r in batch:
-                    start[p] = r.offset + 1
-                    try:
-                        result = decode(CommandResult, r.value)
-                    except BadRecord:
-                        continue
-                    if result.request_id in wanted:
-                        found[result.request_id] = result
-        if len(found) == len(wanted) or clock() >= deadline:
-            break
-        await sleep(poll_s)
-    return found
-
-
-@dataclass(frozen=True, slots=True)
-class InstanceState:
-    """One instance as the schedule log has it."""
-
-    tenant: str
-    id: str
-    version: int
-    state: ScheduleState
-
-    def as_json(self) -> dict[str, Any]:
-        return {
-            "tenant": self.tenant,
-            "id": self.id,
-            "version": self.version,
-            **self.state.model_dump(),
-        }
-
-
-def fold_instances(
-    context: str, jobs: Iterable[Job], partitions: int, events: Iterable[EventEnvelope]
-) -> list[InstanceState]:
-    """The instances of `context`'s jobs folded from their events (in log order)."""
-    type_name = AggregateTopics(context, SCHEDULE).type_name
-    agg = schedule_aggregate(context, jobs, partitions)
-    stored: dict[tuple[str, str], StoredAggregate] = {}
-    for event in events:
-        if event.aggregate.type_name != type_name:
-            continue
-        key = (event.aggregate.tenant, event.aggregate.id)
-        stored[key] = fold(agg, stored.get(key), [event])
-    return [
-        InstanceState(t, i, s.version, ScheduleState.model_validate(s.state))
-        for (t, i), s in sorted(stored.items())
-    ]
-
-
-async def _events(reader: LogReader, topic: str, partitions: Iterable[int]) -> list[EventEnvelope]:
-    events: list[EventEnvelope] = []
-    for p in partitions:
-        async for batch in reader.read(topic, p, 0):
-            for r in batch:
-                try:
-                    events.append(decode(EventEnvelope, r.value))
-                except BadRecord:
-                    continue
-    return events
-
-
-async def read_instances(
-    reader: LogReader, context: str, jobs: Iterable[Job], partitions: int, have: int
-) -> list[InstanceState]:
-    """The instances of `context`'s jobs as their schedule log (of `have` partitions) has
-    them now; the caller knows the log is there (a read creates no topic)."""
-    events = await _events(reader, AggregateTopics(context, SCHEDULE).events, range(have))
-    return fold_instances(context, jobs, partitions, events)
-
-
-async def read_instance_events(
-    reader: LogReader, ref: AggregateRef, partitions: int
-) -> list[EventEnvelope]:
-    """The events of the job instance `ref`, in log order, from its partition of its
-    context's schedule log; the caller knows the log is there."""
-    topic = AggregateTopics(ref.context, SCHEDULE).events
-    events = await _events(reader, topic, [partition_of(ref.id, partitions)])
-    return [e for e in events if e.aggregate == ref]
 
 
 def _iso(ms: int) -> str:

@@ -23,7 +23,16 @@ from harness import ROOT, Client, Cluster, eventually, new_context
 
 from app.clients.timer_book import CANCEL_TIMER, SET_TIMER
 from app.kafka import Producer, Record, TopicSpec, ensure_topics, read_partitions
-from app.protocol.wire import SCHEDULE_CANCELLED, SCHEDULE_SET, EventEnvelope, decode
+from app.protocol.wire import (
+    SCHEDULE_CANCELLED,
+    SCHEDULE_PAUSED,
+    SCHEDULE_RESUMED,
+    SCHEDULE_SET,
+    SCHEDULE_TRIGGERED,
+    EventEnvelope,
+    ResultCode,
+    decode,
+)
 from tables import Outcome, TimerStatus
 from tables.partitioner import partition_of
 
@@ -211,6 +220,102 @@ async def test_a_faust_app_schedules_receives_answers_and_cancels(
                 (commands, b"x", b"{not a command")
             ], letters
             assert "not a valid CommandEnvelope" in letters[0].error
+            assert worker.alive
+    finally:
+        await producer.stop()
+
+
+async def test_a_faust_app_pauses_triggers_and_resumes_a_timer(
+    kafka_bootstrap: str,
+    tmp_path: Path,
+    context: str,
+    cluster: Cluster,
+    faust_app: subprocess.Popen[bytes],
+) -> None:
+    """Held (twice), nudged, released: the book answers as it answers the CLI, the nudge
+    sends the reminder once, and the timer is due again when it was."""
+    orders, sent_topic = f"{context}.orders", f"{context}.reminders-sent"
+    await ensure_topics(
+        kafka_bootstrap, [TopicSpec(orders, PARTITIONS), TopicSpec(sent_topic, PARTITIONS)]
+    )
+    producer = Producer(kafka_bootstrap)
+    await producer.start()
+    p = partition_of("d", PARTITIONS)
+    assert partition_of("f", PARTITIONS) != p
+
+    async def order(order_id: str, kind: str, remind_in_ms: int = 0) -> None:
+        value = {"order_id": order_id, "kind": kind, "remind_in_ms": remind_in_ms}
+        await producer.send(
+            orders, order_id.encode(), orjson.dumps(value), partition_of(order_id, PARTITIONS)
+        )
+
+    async def reminded() -> list[dict[str, str]]:
+        if faust_app.poll() is not None:
+            raise AssertionError(
+                f"the faust app exited {faust_app.returncode}:\n"
+                + (tmp_path / "faust.log").read_text(errors="replace")
+            )
+        found = await read_all(kafka_bootstrap, sent_topic, PARTITIONS)
+        return [orjson.loads(r.value or b"{}") for r in found]
+
+    try:
+        async with Client(cluster, aggregate=BOOK) as client:
+            worker = cluster.start_worker()
+            await order("d", "placed", remind_in_ms=600_000)  # not due while the test runs
+            # A trigger is decided against the worker's list of topics, and the app makes
+            # its command topic when it starts: a reminder fired (its send waits for a
+            # fresh list) says the worker knows the topic, so the trigger is not NO_TARGET.
+            # ("f": in another partition than "d", whose request ids count d's offsets.)
+            await order("f", "placed", remind_in_ms=500)
+
+            async def f_reminded() -> bool:
+                return any(s["order_id"] == "f" for s in await reminded())
+
+            await eventually(f_reminded, 90, "order f's reminder from the faust agent")
+            for kind in ("held", "held", "nudged", "released"):
+                await order("d", kind)
+            rid = [f"{orders}[{p}]@{offset}:" for offset in range(5)]
+
+            async def released() -> bool:
+                await reminded()  # fails at once if the app died
+                return rid[4] + "resume:reminder" in await client.results()
+
+            await eventually(released, 60, "the book's answer to order d's release")
+            results = await client.results()
+            ops = ["set", "pause", "pause", "trigger", "resume"]
+            answers = [
+                (results[f"{rid[i]}{op}:reminder"].code, results[f"{rid[i]}{op}:reminder"].version)
+                for i, op in enumerate(ops)
+            ]
+            assert answers == [
+                (ResultCode.COMMITTED, 1),
+                (ResultCode.COMMITTED, 2),
+                (ResultCode.UNCHANGED, 2),  # nothing written: the book's version
+                (ResultCode.COMMITTED, 3),
+                (ResultCode.COMMITTED, 4),
+            ], answers
+
+            log = await read_all(kafka_bootstrap, client.topics.events, PARTITIONS)
+            events = [decode(EventEnvelope, r.value) for r in log]
+            assert [(e.version, e.type) for e in events if e.aggregate.id == "d"] == [
+                (1, SCHEDULE_SET),
+                (2, SCHEDULE_PAUSED),
+                (3, SCHEDULE_TRIGGERED),
+                (4, SCHEDULE_RESUMED),
+            ]
+
+            async def nudged() -> bool:
+                return any(s["order_id"] == "d" for s in await reminded())
+
+            await eventually(nudged, 60, "order d's reminder, sent by its nudge")
+            sent = [s["request_id"] for s in await reminded() if s["order_id"] == "d"]
+            assert sent == [rid[3] + "trigger:reminder>0"], sent
+            (row,) = [t for t in (await client.timers()).values() if t.owner.id == "d"]
+            assert row.status == TimerStatus.PENDING, row
+            (placed, *_) = [
+                r for r in await read_all(kafka_bootstrap, orders, PARTITIONS) if r.key == b"d"
+            ]
+            assert row.due_at == placed.timestamp + 600_000, (row, placed)  # as it was set
             assert worker.alive
     finally:
         await producer.stop()

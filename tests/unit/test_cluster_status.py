@@ -18,7 +18,7 @@ import pytest
 from fakes import PAGE_PARTITIONS, T0, TYPE, FakeNode, Kept, ref
 from pydantic import ValidationError
 
-from app.cli.main import _run_node
+from app.cli.worker import _run_node
 from app.errors import KafkaUnavailable, NodeFailed
 from app.kafka import TopicSpec
 from app.kafka.memory import MemoryLog

@@ -22,9 +22,18 @@ from hypothesis import strategies as st
 from packaging.requirements import Requirement
 
 from app.clients.faust_client import TickwheelTimers, command_of, request_id_for
-from app.clients.timer_book import CANCEL_TIMER, SET_TIMER, timer_book
+from app.clients.timer_book import (
+    CANCEL_TIMER,
+    PAUSE_TIMER,
+    RESUME_TIMER,
+    SET_TIMER,
+    TRIGGER_TIMER,
+    timer_book,
+)
 from app.errors import ConfigError
+from app.model.aggregate import send_fits
 from app.model.decide import StoredAggregate, decide
+from app.ops.timer_api import key_command, owner_ref
 from app.protocol.dead_letters import DeadLetter, Stage
 from app.protocol.topics import AggregateTopics
 from app.protocol.wire import (
@@ -38,7 +47,7 @@ from app.protocol.wire import (
     encode,
 )
 from app.timers.subscription import PutTimer, timer_op
-from tables import AggregateRef, CommandSpec, OnceRule
+from tables import DEFAULT_TENANT, AggregateRef, CommandSpec, OnceRule
 from tables.partitioner import partition_of
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -385,7 +394,7 @@ async def test_the_topic_is_declared_with_tickwheels_specs(
         made.append([(s.name, s.partitions) for s in specs])
         assert bootstrap == "broker.invalid:9092"
 
-    monkeypatch.setattr("app.clients.faust_client.ensure_topics", ensure_topics)
+    monkeypatch.setattr("app.clients.client_topics.ensure_topics", ensure_topics)
     t = TickwheelTimers(app, context=CTX, book="order-timers", target="order", partitions=P)
     assert t.commands.internal  # faust declares it before it subscribes
     await t.commands.maybe_declare()
@@ -532,3 +541,111 @@ def test_the_book_rejects_what_is_not_a_timer_for_another_type(
     d = decide(book, stored, book_command(type_, body), now=NOW, seen=False)
     assert d.code == ResultCode.REJECTED and d.events == [] and d.stored is None
     assert reason in d.message, d.message
+
+
+# --- pause, resume, trigger: the book's commands on one timer, as the CLI and HTTP send them --
+
+
+ACTIONS = {"pause": PAUSE_TIMER, "resume": RESUME_TIMER, "trigger": TRIGGER_TIMER}
+
+
+@pytest.mark.parametrize("action", sorted(ACTIONS))
+async def test_pause_resume_and_trigger_send_the_books_command_in_the_keys_partition(
+    timers: TickwheelTimers, sent: list[tuple[str, int, bytes, bytes]], action: str
+) -> None:
+    cmd = await getattr(timers, action)("o-1", "reminder", request_id=f"{action}-1")
+    ((topic, partition, key, value),) = sent
+    assert (topic, partition, key) == (
+        f"{CTX}.order-timers.commands",
+        partition_of("o-1", P),
+        b"o-1",
+    )
+    assert decode(CommandEnvelope, value) == cmd
+    assert (cmd.type, cmd.body, cmd.request_id, cmd.issued_at) == (
+        ACTIONS[action],
+        {"key": "reminder"},
+        f"{action}-1",
+        NOW,
+    )
+    # The very command `tickwheel timers <action>` and POST .../<action> send for that
+    # request id, so the book decides it the same way.
+    owner = owner_ref(f"{CTX}.order-timers", "o-1", DEFAULT_TENANT)
+    assert cmd == key_command(action, owner, "reminder", f"{action}-1", NOW)
+
+
+async def test_in_an_agent_each_action_has_the_events_own_request_id(
+    timers: TickwheelTimers,
+    sent: list[tuple[str, int, bytes, bytes]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    processing = message("rem.orders", 2, 41, b"o-1", b"{}")
+    event = type("Event", (), {"message": processing})()
+    monkeypatch.setattr("app.clients.faust_client.current_event", lambda: event)
+    ids = [(await getattr(timers, a)("o-1", "reminder")).request_id for a in sorted(ACTIONS)]
+    assert ids == [f"rem.orders[2]@41:{a}:reminder" for a in sorted(ACTIONS)]
+    assert [decode(CommandEnvelope, r[3]).request_id for r in sent] == ids
+    # A trigger's long derived id is hashed short enough for the command the book sends.
+    long = message("t" * 277, 0, 0, None, None)  # 299 characters for a trigger
+    assert not send_fits(f"{long.topic}[0]@0:trigger:reminder")
+    rid = request_id_for("trigger", "reminder", long)
+    assert rid.startswith("sha256:") and send_fits(rid)
+    assert request_id_for("pause", "reminder", long) == f"{long.topic}[0]@0:pause:reminder"
+
+
+@pytest.mark.parametrize(
+    ("call", "error"),
+    [
+        (lambda t: t.pause("o-1", "reminder"), "pass request_id="),
+        (lambda t: t.resume("o-1", "", request_id="x"), "at least 1 character"),
+        (lambda t: t.trigger("o-1", "reminder", request_id="r" * 299), "at most 298 characters"),
+        (lambda t: t.key_command("stop", "o-1", "reminder", request_id="x"), "not one of"),
+    ],
+)
+async def test_a_bad_action_is_refused_before_anything_is_sent(
+    timers: TickwheelTimers,
+    sent: list[tuple[str, int, bytes, bytes]],
+    call: Callable[[TickwheelTimers], Any],
+    error: str,
+) -> None:
+    with pytest.raises(ValueError, match=error):
+        await call(timers)
+    assert sent == []
+
+
+def test_the_book_answers_the_clients_actions_as_the_clis(timers: TickwheelTimers) -> None:
+    """Set, pause, pause again, trigger, resume, resume again, a replay, an unknown key:
+    COMMITTED, UNCHANGED (nothing written), DUPLICATE, REJECTED, as the book answers any."""
+    book = timers.book
+    rule, spec = OnceRule(at=NOW + 60_000), CommandSpec(type="reminders.Remind")
+    stored = decide(
+        book, None, timers.set_command("o-1", "r", rule, spec, request_id="s"), now=NOW, seen=False
+    ).stored
+    answers: list[tuple[str, ResultCode, list[str]]] = []
+    for action, rid in [
+        ("pause", "p1"),
+        ("pause", "p2"),
+        ("trigger", "t1"),
+        ("resume", "r1"),
+        ("resume", "r2"),
+    ]:
+        d = decide(
+            book,
+            stored,
+            timers.key_command(action, "o-1", "r", request_id=rid),
+            now=NOW,
+            seen=False,
+        )
+        stored = d.stored or stored
+        answers.append((rid, d.code, [c.request_id for c in d.commands]))
+    assert answers == [
+        ("p1", ResultCode.COMMITTED, []),
+        ("p2", ResultCode.UNCHANGED, []),
+        ("t1", ResultCode.COMMITTED, ["t1>0"]),  # the timer's command, sent once now
+        ("r1", ResultCode.COMMITTED, []),
+        ("r2", ResultCode.UNCHANGED, []),
+    ]
+    again = timers.key_command("trigger", "o-1", "r", request_id="t1")
+    assert decide(book, stored, again, now=NOW, seen=True).code == ResultCode.DUPLICATE
+    unknown = timers.key_command("pause", "o-1", "nope", request_id="p3")
+    refused = decide(book, stored, unknown, now=NOW, seen=False)
+    assert refused.code == ResultCode.REJECTED and "has no timer 'nope'" in refused.message

@@ -1,0 +1,145 @@
+"""What a client of a timer book sends: the book's commands on one key's timers (set,
+cancel, pause, resume, trigger), each checked before anything is sent, and the request id
+that makes a command sent again for the same event a DUPLICATE.
+
+A client without an aggregate of its own (the faust client, `app.clients.faust_client`)
+sends these to the book's command topic rather than writing the book's events
+(`app.clients.timer_book` says why). The HTTP edge and the CLI build the same commands
+(`app.ops.timer_api`), with request ids their callers name.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from typing import Any, Final, Protocol
+
+from app.clients.timer_book import (
+    CANCEL_TIMER,
+    PAUSE_TIMER,
+    RESUME_TIMER,
+    SET_TIMER,
+    TRIGGER_TIMER,
+    BookState,
+    TimerKey,
+    book_reason,
+)
+from app.model.aggregate import AggregateType, send_fits, sent_request_id
+from app.protocol.topics import AggregateTopics
+from app.protocol.wire import MAX_REQUEST_ID, CommandEnvelope, ScheduleCancelled, ScheduleSet
+from tables import AggregateRef, CommandSpec, CronRule, IntervalRule, OnceRule
+
+__all__ = ["KEY_ACTIONS", "BookCommands", "Delivered", "Rule", "request_id_for"]
+
+Rule = OnceRule | IntervalRule | CronRule
+
+KEY_ACTIONS: Final[dict[str, str]] = {
+    "pause": PAUSE_TIMER,
+    "resume": RESUME_TIMER,
+    "trigger": TRIGGER_TIMER,
+}
+"""The actions on one timer by its key, and the book's command each sends (as
+`tickwheel timers pause|resume|trigger` and `POST .../{key}/pause|resume|trigger`)."""
+
+_TRIGGER_MAX: Final = MAX_REQUEST_ID - len(sent_request_id("", 0))
+"""A trigger's request id at most: the book sends the timer's command as `<id>>0`."""
+
+
+class Delivered(Protocol):
+    """Where the record an agent processes was read (a faust `Message`)."""
+
+    @property
+    def topic(self) -> str: ...
+    @property
+    def partition(self) -> int: ...
+    @property
+    def offset(self) -> int: ...
+
+
+def request_id_for(op: str, key: str, message: Delivered | None) -> str:
+    """The request id of a command sent while an agent processes `message`: the same each
+    time that message is processed again, so the book applies the command once.
+
+    `<topic>[<partition>]@<offset>:<op>:<key>`, or its SHA-256 when longer than a request
+    id may be (a trigger's: so that the command the book sends under `<id>>0` is one).
+    Without a message (outside an agent) a `ValueError`: the caller must name the request
+    itself.
+    """
+    if message is None:
+        raise ValueError(
+            f"{op} {key!r} outside an agent's event: pass request_id= (a retry must send "
+            "the same one, so that the timer book applies it once)"
+        )
+    rid = f"{message.topic}[{message.partition}]@{message.offset}:{op}:{key}"
+    if len(rid) > (_TRIGGER_MAX if op == "trigger" else MAX_REQUEST_ID):
+        rid = "sha256:" + hashlib.sha256(rid.encode()).hexdigest()
+    return rid
+
+
+class BookCommands:
+    """The commands on the timers of the book `book`'s keys, whose timers fire into
+    `target`'s aggregate of the same id unless told otherwise; `now`: epoch ms, their
+    `issued_at`. Each raises `ValueError` for what the book would refuse or the wire
+    cannot carry, so that nothing is sent."""
+
+    def __init__(
+        self, book: AggregateType[BookState], target: AggregateTopics, now: Callable[[], int]
+    ) -> None:
+        self.book = book
+        self.target = target
+        self._now = now
+
+    def book_ref(self, key: str) -> AggregateRef:
+        return AggregateRef(context=self.book.context, aggregate=self.book.name, id=key)
+
+    def target_ref(self, key: str) -> AggregateRef:
+        return AggregateRef(context=self.target.context, aggregate=self.target.aggregate, id=key)
+
+    def set_command(
+        self,
+        key: str,
+        timer: str,
+        rule: Rule,
+        command: CommandSpec,
+        request_id: str,
+        target: AggregateRef | None = None,
+    ) -> CommandEnvelope:
+        """The `wow.SetTimer` of `key`'s timer `timer` (replacing one of that name)."""
+        body = ScheduleSet(
+            key=timer, rule=rule, target=target or self.target_ref(key), command=command
+        )
+        if (why := book_reason(self.book, body)) is not None:
+            raise ValueError(why)
+        return self._command(key, SET_TIMER, body.model_dump(mode="json"), request_id)
+
+    def cancel_command(self, key: str, timer: str, request_id: str) -> CommandEnvelope:
+        """The `wow.CancelTimer` of `key`'s timer `timer` (nothing to cancel is no error)."""
+        body = ScheduleCancelled(key=timer)
+        return self._command(key, CANCEL_TIMER, body.model_dump(mode="json"), request_id)
+
+    def key_command(self, action: str, key: str, timer: str, request_id: str) -> CommandEnvelope:
+        """The book's command of `action` (`KEY_ACTIONS`) on `key`'s timer `timer`. The
+        book answers it as it answers the CLI's and the HTTP edge's: COMMITTED, UNCHANGED
+        (a pause of a paused timer, a resume of a running one: nothing written), REJECTED
+        (no timer under that name, or a pause or trigger of one whose rule ended), or
+        DUPLICATE when its request id was decided before."""
+        if action not in KEY_ACTIONS:
+            raise ValueError(f"not one of {', '.join(sorted(KEY_ACTIONS))}: {action!r}")
+        if action == "trigger" and not send_fits(request_id):
+            raise ValueError(
+                f"a trigger's request id is at most {_TRIGGER_MAX} characters (its command "
+                f"is sent as <request id>>0), got {len(request_id)}"
+            )
+        body = TimerKey(key=timer)
+        return self._command(key, KEY_ACTIONS[action], body.model_dump(mode="json"), request_id)
+
+    def _command(
+        self, key: str, type_: str, body: dict[str, Any], request_id: str
+    ) -> CommandEnvelope:
+        return CommandEnvelope(
+            request_id=request_id,
+            type=type_,
+            aggregate=self.book_ref(key),
+            body=body,
+            issued_at=self._now(),
+        )

@@ -1,0 +1,54 @@
+"""The topics a client of a timer book uses: the book's (as its workers make them, so that
+either side may start first) and the command topic of the type its timers fire into, which
+only the client reads. Made with Tickwheel's own specs: the partition count co-partitioning
+needs (a topic of another count is an error naming it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from app.kafka import TopicSpec, ensure_topics
+from app.kafka.connection import Connectable
+from app.node import node_topics
+from app.protocol.topics import AggregateTopics, ContextTopics
+
+__all__ = ["ClientTopics"]
+
+
+class ClientTopics:
+    """The topics a `TickwheelTimers` uses, made once with Tickwheel's own specs (the
+    partition count that co-partitioning needs; a mismatch is an error naming it)."""
+
+    def __init__(
+        self,
+        bootstrap: Connectable,
+        book: AggregateTopics,
+        target: AggregateTopics,
+        partitions: int,
+    ) -> None:
+        self.bootstrap = bootstrap
+        self.book = book
+        self.target = target
+        self.partitions = partitions
+        self.context = ContextTopics(book.context)
+        self._lock = asyncio.Lock()
+        self._made = False
+
+    @property
+    def specs(self) -> list[TopicSpec]:
+        # The book's topics as its workers make them (so either side may start first), and
+        # the target's command topic, which only this app reads.
+        return [
+            *node_topics([self.book], self.partitions),
+            TopicSpec(self.target.commands, self.partitions),
+        ]
+
+    async def ensure(self) -> None:
+        """Makes the topics once per process (a failed attempt is made again next time)."""
+        if self._made:
+            return
+        async with self._lock:
+            if not self._made:
+                await ensure_topics(self.bootstrap, self.specs)
+                self._made = True
