@@ -71,6 +71,19 @@ class TimerOptions(BaseModel):
     )
     batch_limit: int = Field(default=1000, gt=0, description="timers loaded per round")
     max_in_flight: int = Field(default=1000, gt=0, description="sends running at once")
+    fire_chunk: int = Field(
+        default=50,
+        gt=0,
+        description="timers of one partition handed at once to fire in-process (its next "
+        "chunk once it decided this one): small, so that a burst's first commit goes out "
+        "at once",
+    )
+    fire_window: int = Field(
+        default=500,
+        gt=0,
+        description="timers of one partition fired in-process whose transaction has not "
+        "committed yet, at most: its due timers wait beyond that",
+    )
     poll_interval_ms: int = Field(default=100, gt=0, description="longest wait between rounds")
     finished_retention: int = Field(
         default=7 * DAY_MS,

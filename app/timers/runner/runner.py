@@ -318,15 +318,24 @@ class TimerRunner:
             return [self._spawn(t, stats) for t in claimed if t.partition in self._owned]
 
     async def _due_now(self, owned: frozenset[int], now: int, stats: RoundStats) -> list[Timer]:
-        """The rows due now, from the wheel (see `Wheel.take_due`)."""
-        taken, stats.full = await self._wheel.take_due(owned, now)
+        """The rows due now, from the wheel, as many of each partition as its in-process
+        firer has room for (see `Wheel.take_due`)."""
+        room = None if self._local is None else self._local.room
+        taken, stats.full = await self._wheel.take_due(owned, now, room)
         stats.loaded = len(taken)
         return taken
+
+    @property
+    def held(self) -> frozenset[int]:
+        """Partitions whose due timers wait for room (`LocalFirer.room`): it wakes the loop."""
+        return self._wheel.held
 
     def _next_due(self, stats: RoundStats) -> None:
         if (next_due := self._wheel.next_due) is not None:
             stats.due_by(next_due)
-        stats.reload_at = self._wheel.until
+        # Past a full load with rows held: loaded again when room wakes it, not at once.
+        held = self._wheel.held and (self._wheel.until or 0) <= self._clock.now()
+        stats.reload_at = None if held else self._wheel.until
 
     def backlog(self, now: int) -> tuple[int, int | None]:
         """Due by `now` and neither sent nor fired yet: the wheel's rows due (not claimed
