@@ -212,15 +212,19 @@ class PartitionCycles:
                 if (batch := w.batch_of(p)) is None:
                     self.window.decided((type_name, p), len(timers), 0)
                     continue  # its commands are not decided here any more
-                # A cancel or reschedule applied since they were loaded stops them here.
-                handed, timers = len(timers), await kept.runner.still_due(timers)
-                self.window.decided((type_name, p), handed, len(timers))
-                w.fired += len(timers)
-                commands = [timer_command(t, batch.now, in_process=True) for t in timers]
-                decided = w.decider.decide_local(batch, commands)
-                await self._record_local(kept, timers, decided)
-                # After the settles: a Fire that reschedules its own key would fail them.
-                w.wrote = await self._carry_out(kept, batch, p) or w.wrote
+                chunk = kept.runner.options.fire_chunk
+                for i in range(0, len(timers), chunk):
+                    if i:  # a chunk per turn: other partitions' commits go on meanwhile
+                        await self.window.turn()
+                    # A cancel or reschedule applied since they were loaded stops them here.
+                    part = await kept.runner.still_due(timers[i : i + chunk])
+                    self.window.decided((type_name, p), len(timers[i : i + chunk]), len(part))
+                    w.fired += len(part)
+                    commands = [timer_command(t, batch.now, in_process=True) for t in part]
+                    decided = w.decider.decide_local(batch, commands)
+                    await self._record_local(kept, part, decided)
+                    # After the settles: a Fire that reschedules its own key would fail them.
+                    w.wrote = await self._carry_out(kept, batch, p) or w.wrote
             for w in work.values():
                 self._stage(p, w)
                 self.window.wake_held(w.kept, p)

@@ -58,10 +58,14 @@ class FireWindow:
         return self.left((type_name, p), options.fire_chunk, options.fire_window)
 
     def left(self, key: Key, chunk: int, window: int) -> int:
-        """Room of `key`: none while its last chunk is not decided, else a chunk at most."""
+        """Room of `key`: none while what it was handed last is not decided; a chunk when
+        nothing of it waits for a commit (its first commit goes out at once, small); else
+        what is left of the window (the next commit takes all that was decided meanwhile:
+        few, large transactions, as the broker's cost is per transaction)."""
         if self._undecided[key]:
             return 0
-        return max(0, min(chunk, window - self._uncommitted[key]))
+        waiting = self._uncommitted[key]
+        return min(chunk, window) if not waiting else max(0, window - waiting)
 
     def wake_held(self, kept: KeptType, p: int) -> None:
         """Wakes the runner that holds p's due timers back, once p has room for them."""

@@ -74,12 +74,12 @@ class TimerOptions(BaseModel):
     fire_chunk: int = Field(
         default=50,
         gt=0,
-        description="timers of one partition handed at once to fire in-process (its next "
-        "chunk once it decided this one): small, so that a burst's first commit goes out "
-        "at once",
+        description="timers fired in-process that a partition decides per turn of the event "
+        "loop, and is handed at once when none of its own waits for a commit: small, so "
+        "that a burst's first commit goes out at once",
     )
     fire_window: int = Field(
-        default=500,
+        default=1000,
         gt=0,
         description="timers of one partition fired in-process whose transaction has not "
         "committed yet, at most: its due timers wait beyond that",
