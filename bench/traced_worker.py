@@ -106,6 +106,9 @@ def install() -> None:
     _wrap(partitioned.PartitionedStore, "due_rows", "store.due_rows: the wheel's load")
     _wrap(wheel.Wheel, "take_due", "wheel.take_due: (load and) take the rows due")
     _wrap(producers.TransactionalProducer, "_append", "txn._append: a commit's records sent")
+    from aiokafka.client import AIOKafkaClient
+
+    _wrap(AIOKafkaClient, "_wait_on_metadata", "aiokafka metadata wait (each send)")
     _wrap(
         runner.TimerRunner, "_round", "runner._round: due → claim → sends → outcomes", round_stats
     )
