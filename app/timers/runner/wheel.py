@@ -7,7 +7,11 @@ fell due is never built.
 
 Rows are kept per partition, so that a take hands each partition at most what it has room
 for (`Room`: a partition firing in-process takes its timers in chunks, as fast as its
-transactions commit them) and leaves the rest of it, unbuilt, for a later take.
+transactions commit them) and leaves the rest of it, unbuilt, for a later take. A take
+serves partitions in the order of their earliest due row, each as much as it has room for
+(not one row of each in turn): a partition's chunk, decided in one cycle, commits in one
+transaction, and the broker's cost is per transaction. A load holds `LOAD_ROUNDS` takes'
+worth (rows are cheap until built), so that each partition's share is a large chunk.
 
 A full load (as many rows as `limit`) holds every row due before its last row's due time:
 its rows are taken before it is loaded again, so that a burst loaded just before it falls
@@ -30,6 +34,9 @@ Room = Callable[[int], int | None]
 """How many of a partition's due rows a take may hand out now (None: as many as due)."""
 
 _Entry = tuple[int, str, int, DueRow]
+
+LOAD_ROUNDS = 4
+"""A load reads this many takes' worth of rows (`limit` each)."""
 
 
 class Wheel:
@@ -65,14 +72,14 @@ class Wheel:
 
         if self._stale(partitions, now, left):
             until = now + self._horizon
-            rows = await self._load(set(partitions), until, self._limit)
+            rows = await self._load(set(partitions), until, self._limit * LOAD_ROUNDS)
             self._heaps = {}
             for r in rows:
                 self._heaps.setdefault(r.partition, []).append((r.due_at, r.id, next(self._seq), r))
             for heap in self._heaps.values():
                 heapq.heapify(heap)
             self._partitions = partitions
-            self._full = len(rows) >= self._limit
+            self._full = len(rows) >= self._limit * LOAD_ROUNDS
             self.until = max(r.due_at for r in rows) if self._full else until
         by_id: dict[str, DueRow] = {}
         held: set[int] = set()
@@ -87,12 +94,13 @@ class Wheel:
         while heads and len(by_id) < self._limit:
             _, p = heapq.heappop(heads)
             heap = self._heaps[p]
-            r = heapq.heappop(heap)[3]
-            if r.id not in by_id:
-                n = left(p)
-                if n is not None:
-                    budget[p] = n - 1
-            by_id[r.id] = r  # a row offered again: the later offer is the newer row
+            while heap and heap[0][0] <= now and left(p) != 0 and len(by_id) < self._limit:
+                r = heapq.heappop(heap)[3]
+                if r.id not in by_id:
+                    n = left(p)
+                    if n is not None:
+                        budget[p] = n - 1
+                by_id[r.id] = r  # a row offered again: the later offer is the newer row
             if heap and heap[0][0] <= now:
                 if left(p) == 0:
                     held.add(p)
