@@ -69,7 +69,9 @@ class TimerOptions(BaseModel):
     max_busy_retries: int = Field(
         default=10, ge=0, description="BUSY refusals in a row that do not count as attempts"
     )
-    batch_limit: int = Field(default=1000, gt=0, description="timers loaded per round")
+    batch_limit: int = Field(
+        default=1000, gt=0, description="timers taken per round; a load reads four rounds' worth"
+    )
     max_in_flight: int = Field(default=1000, gt=0, description="sends running at once")
     fire_chunk: int = Field(
         default=50,
