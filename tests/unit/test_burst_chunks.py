@@ -127,6 +127,31 @@ async def test_a_full_load_is_taken_before_it_is_loaded_again() -> None:
     assert len(loads) == 2, "its rows taken: loaded again"
 
 
+async def test_a_full_load_whose_due_rows_are_all_held_is_not_loaded_again() -> None:
+    """Past a full load, rounds while every due row waits for room do not read the same
+    rows again and again: the wheel is loaded again once its due rows were taken."""
+    rows = burst_rows(40, 2, T0)
+    loads: list[int] = []
+
+    async def load(partitions: set[int], until: int, n: int) -> list[DueRow]:
+        loads.append(n)
+        return rows[:n]
+
+    wheel = Wheel(load, horizon_ms=100, limit=5)
+    room: dict[int, int | None] = {0: 2, 1: 2}
+    taken, _ = await wheel.take_due(frozenset({0, 1}), T0, room.get)
+    assert len(taken) == 4 and len(loads) == 1
+    room.update({0: 0, 1: 0})
+    for _ in range(3):
+        taken, more = await wheel.take_due(frozenset({0, 1}), T0 + 1, room.get)
+        assert taken == [] and not more and wheel.held == {0, 1}
+    assert len(loads) == 1, "held rows are not read again"
+    room.update({0: None, 1: None})
+    while len(loads) == 1:
+        taken, _ = await wheel.take_due(frozenset({0, 1}), T0 + 1, room.get)
+    assert len(loads) == 2, "its due rows taken: loaded again"
+
+
 async def test_a_take_serves_a_partition_its_whole_room_before_the_next() -> None:
     """Not one row of each partition in turn: each partition's share is one chunk."""
     rows = burst_rows(12, 3, T0)

@@ -70,7 +70,7 @@ class Wheel:
                 budget[p] = None if room is None else room(p)
             return budget[p]
 
-        if self._stale(partitions, now, left):
+        if self._stale(partitions, now):
             until = now + self._horizon
             rows = await self._load(set(partitions), until, self._limit * LOAD_ROUNDS)
             self._heaps = {}
@@ -115,17 +115,19 @@ class Wheel:
         beyond = self._full and self.until is not None and now >= self.until
         return taken, bool(heads) or (beyond and not held and bool(taken))
 
-    def _stale(self, partitions: frozenset[int], now: int, left: Room) -> bool:
+    def _stale(self, partitions: frozenset[int], now: int) -> bool:
         """Whether it must be loaded before a take: invalidated, other partitions, or
-        past what it holds (after a full load: once none of its rows is due for a
-        partition with room)."""
+        past what it holds (after a full load: once none of its rows is due, but for
+        rows held for want of room: loading again would read the same rows, thousands,
+        at every round until their partitions have room)."""
         if self.until is None or partitions != self._partitions:
             return True
         if now < self.until:
             return False
         if not self._full:
             return True
-        return not any(h and h[0][0] <= now and left(p) != 0 for p, h in self._heaps.items())
+        due = [p for p, h in self._heaps.items() if h and h[0][0] <= now]
+        return not due
 
     @property
     def next_due(self) -> int | None:
