@@ -367,7 +367,7 @@ async def test_a_bursts_first_chunk_is_handed_to_the_producer_before_the_rest_is
     while await pending() < 300:
         assert time.monotonic() < deadline, "the burst was never put"
         await asyncio.sleep(0.01)
-    await within(lambda: not any(kept.changelog.staged(p) for p in range(PARTITIONS)))
+    await within(lambda: not any(kept.transactions.staged(p) for p in range(PARTITIONS)))
 
     decided: list[int] = []  # timers decided in-process, in order
     at_first_take: list[int] = []
