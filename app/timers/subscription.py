@@ -89,7 +89,7 @@ def timer_op(event: EventEnvelope, partition: int) -> TimerOp | None:
     """
     try:
         if event.type == SCHEDULE_SET:
-            schedule = ScheduleSet.model_validate(event.body)
+            schedule: ScheduleSet = _schedule_set(event.body)
             if _ended(schedule.rule, event.created_at):
                 # Set again to a rule whose end has passed: the timer under the key is
                 # done (left in place, it would go on firing by the rule it replaces).
@@ -121,24 +121,34 @@ def _ended(rule: ScheduleRule, at: int) -> bool:
     return first_slot(rule.model_copy(update={"until": None, "count": None}), at) is not None
 
 
+# Each ingested timer is validated twice here (its body, then its row): the models'
+# validators called directly, without the `model_validate` and `__init__` wrappers (a
+# third of a Timer's construction), validate exactly as those do.
+_schedule_set = ScheduleSet.__pydantic_validator__.validate_python
+_new_timer = Timer.__pydantic_validator__.validate_python
+
+
 def _timer(event: EventEnvelope, body: ScheduleSet, partition: int) -> Timer:
     # The first slot is counted from the event's own time, so a replay computes the same one.
     slot = first_slot(body.rule, event.created_at)
     if slot is None:
         raise BadRecord(f"{SCHEDULE_SET} {event.id}: rule {body.rule!r} has no slot to fire")
-    return Timer(
-        id=event.id,
-        owner=event.aggregate,
-        key=body.key,
-        version=event.version,
-        partition=partition,
-        rule=body.rule,
-        target=body.target or event.aggregate,
-        command=body.command,
-        slot=slot.index,
-        slot_due_at=slot.due_at,
-        due_at=jittered_due(body.rule, event.id, slot),  # the same on every replay
+    timer: Timer = _new_timer(
+        {
+            "id": event.id,
+            "owner": event.aggregate,
+            "key": body.key,
+            "version": event.version,
+            "partition": partition,
+            "rule": body.rule,
+            "target": body.target or event.aggregate,
+            "command": body.command,
+            "slot": slot.index,
+            "slot_due_at": slot.due_at,
+            "due_at": jittered_due(body.rule, event.id, slot),  # the same on every replay
+        }
     )
+    return timer
 
 
 async def apply(store: TimerStore, op: TimerOp) -> bool:
