@@ -243,6 +243,7 @@ class CpuMeter:
         return {
             "wall_s": round(wall, 2),
             "cores_used": {n: round(s / max(wall, 1e-9), 2) for n, s in spent.items()},
+            "cpu_s": {n: round(s, 3) for n, s in spent.items()},
             "machine_cores_busy": round(machine_cores, 2),
             "other_cores": round(max(0.0, machine_cores - known), 2),
             "loadavg_1m": [round(self._load, 2), round(os.getloadavg()[0], 2)],

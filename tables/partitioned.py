@@ -67,6 +67,10 @@ class PartitionedStore(ABC):
     @abstractmethod
     def _load(self, partition: int, row: bytes) -> Timer | None: ...
 
+    def _load_many(self, partition: int, rows: list[bytes]) -> list[Timer | None]:
+        """`_load` of each of `rows` (a backend may read them in one call)."""
+        return [self._load(partition, row) for row in rows]
+
     def _load_as_loaded(self, partition: int, row: bytes, loaded: Timer) -> Timer | None:
         """`_load` for a settle: may answer None when the row cannot be as `loaded`."""
         return self._load(partition, row)
@@ -220,17 +224,26 @@ class PartitionedStore(ABC):
         if not timers:
             return []
         async with self._writing():
-            # Each put sees the ones before it in the batch (the same key twice in a log).
-            latest: dict[tuple[int, bytes], Timer] = {}
-            writes: list[Write] = []
+            by_partition: dict[int, list[bytes]] = {}
+            ats: list[tuple[int, bytes]] = []
             for timer in timers:
                 self._check_served(timer.partition)
                 row = row_key(timer.owner, timer.key)
-                at = (timer.partition, row)
-                held = latest[at] if at in latest else self._load(timer.partition, row)
+                ats.append((timer.partition, row))
+                by_partition.setdefault(timer.partition, []).append(row)
+            # The rows held, each partition's read at once (a read per row cost as much).
+            latest: dict[tuple[int, bytes], Timer | None] = {}
+            for partition, rows in by_partition.items():
+                rows = list(dict.fromkeys(rows))
+                loaded = self._load_many(partition, rows)
+                latest.update(zip([(partition, r) for r in rows], loaded, strict=True))
+            # Each put sees the ones before it in the batch (the same key twice in a log).
+            writes: list[Write] = []
+            for timer, at in zip(timers, ats, strict=True):
+                held = latest[at]
                 new = put_row(held, timer)
                 if new is not None:
-                    writes.append(Write(timer.partition, row, held, new))
+                    writes.append(Write(at[0], at[1], held, new))
                     latest[at] = new
             await self._commit(writes)
             return [write.new for write in writes if write.new is not None]

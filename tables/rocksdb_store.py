@@ -156,6 +156,10 @@ class RocksDBTimerStore(PartitionedStore):
         raw = self._db(partition).get(ROW + row)
         return None if raw is None else load_timer(self._value(partition, raw))
 
+    def _load_many(self, partition: int, rows: list[bytes]) -> list[Timer | None]:
+        raws = cast(list[bytes | None], self._db(partition).get(cast(Any, [ROW + r for r in rows])))
+        return [None if raw is None else load_timer(self._value(partition, raw)) for raw in raws]
+
     def _load_as_loaded(self, partition: int, row: bytes, loaded: Timer) -> Timer | None:
         """A PENDING or FIRING row held as `loaded` is at `loaded`'s due entry (its key is
         due_at, id and row key): one read there, where the firing loop's scan just was,

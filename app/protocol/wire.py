@@ -222,7 +222,9 @@ def decode(model: type[M], data: bytes | None, max_bytes: int = MAX_RECORD_BYTES
     if len(data) > max_bytes:
         raise BadRecord(f"record of {len(data)} bytes exceeds {max_bytes}")
     try:
-        return model.model_validate_json(data)
+        # The validator itself: `model_validate_json`'s wrapper adds ~10 % to every record.
+        decoded: M = model.__pydantic_validator__.validate_json(data)
+        return decoded
     except ValidationError as exc:
         raise BadRecord(f"not a valid {model.__name__}: {_errors(exc)}") from exc
 

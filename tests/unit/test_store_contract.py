@@ -231,6 +231,34 @@ async def test_put_at_the_held_version_with_a_new_id_writes(store: TimerStore) -
     assert await store.find(same.owner, same.key) == same
 
 
+async def test_put_many_is_each_put_in_turn(opener: Opener) -> None:
+    """One batch (rows read at once, per partition) writes what its puts one by one do:
+    the same row twice, rows of several partitions, rows held before at other versions."""
+    a, b, c = ref("a"), ref("b"), ref("c")
+    before = [timer(a, version=3, partition=0), timer(c, "x", version=9, partition=2)]
+    batch = [
+        timer(a, version=2, partition=0),  # older than held: nothing
+        timer(b, version=1, partition=1),
+        timer(a, version=4, partition=0, due=4_000),
+        timer(b, id="again", version=1, partition=1),  # the row just put, a new id
+        timer(a, version=4, partition=0, due=4_000),  # the same timer again: nothing
+        timer(c, "x", version=9, partition=2, id="c/x/9"),  # this very timer: nothing
+        timer(c, "y", version=1, partition=2),
+    ]
+    one, many = await opener("one"), await opener("many")
+    for store in (one, many):
+        for t in before:
+            assert await store.put(t)
+    written = [t for t in batch if await one.put(t)]
+    assert await many.put_many(batch) == written
+    assert ids(written) == ["b/k/1", "a/k/4", "again", "c/y/1"]
+    for owner, key in ((a, "k"), (b, "k"), (c, "x"), (c, "y")):
+        assert await many.find(owner, key) == await one.find(owner, key)
+    assert ids(await many.due(set(range(P)), 10_000, 10)) == ids(
+        await one.due(set(range(P)), 10_000, 10)
+    )
+
+
 async def test_reschedule_replaces_the_timer_and_its_due_entry(store: TimerStore) -> None:
     assert await store.put(timer(id="old", version=1, due=1_000))
     new = timer(id="new", version=2, due=2_000)

@@ -1,0 +1,133 @@
+"""`timer_op`'s Timer of a `wow.ScheduleSet`: built without validating it a second time, it
+is the very Timer its validation builds, and one out of a Timer's bounds is still refused
+with the validation's reason."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from app.errors import BadRecord
+from app.protocol.wire import SCHEDULE_SET, EventEnvelope, ScheduleSet, decode, encode
+from app.timers.subscription import PutTimer, timer_op
+from tables import AggregateRef, Timer
+from tables.bounds import MAX_INSTANT
+from tables.keys import encode_timer
+
+T0 = 1_800_000_000_000
+
+_refs = st.builds(
+    AggregateRef,
+    context=st.just("shop"),
+    aggregate=st.just("order"),
+    tenant=st.sampled_from(["(0)", "t1"]),
+    id=st.text(min_size=1, max_size=8),
+)
+_rules = st.one_of(
+    st.fixed_dictionaries(
+        {"kind": st.just("once"), "at": st.integers(0, MAX_INSTANT)},
+        optional={"jitter": st.integers(1, 86_400_000), "coalesce": st.booleans()},
+    ),
+    st.fixed_dictionaries(
+        {
+            "kind": st.just("interval"),
+            "start": st.integers(0, MAX_INSTANT),
+            "every": st.integers(1, 10**15),
+        },
+        optional={"count": st.integers(1, 10**6)},
+    ),
+    st.fixed_dictionaries(
+        {"kind": st.just("cron"), "expr": st.sampled_from(["*/5 * * * *", "0 9 * * 1-5"])},
+        optional={"zone": st.sampled_from(["UTC", "Europe/Paris"])},
+    ),
+)
+
+
+def _validated(event: EventEnvelope, partition: int) -> Timer:
+    """The Timer as it was built before: every field through Timer's validation."""
+    body = ScheduleSet.model_validate(event.body)
+    op = timer_op(event, partition)
+    assert isinstance(op, PutTimer)
+    t = op.timer
+    return Timer(
+        id=event.id,
+        owner=event.aggregate,
+        key=body.key,
+        version=event.version,
+        partition=partition,
+        rule=body.rule,
+        target=body.target or event.aggregate,
+        command=body.command,
+        slot=t.slot,
+        slot_due_at=t.slot_due_at,
+        due_at=t.due_at,
+    )
+
+
+@given(
+    owner=_refs,
+    target=st.none() | _refs,
+    rule=_rules,
+    key=st.text(min_size=1, max_size=200),
+    id=st.text(min_size=1, max_size=200),
+    version=st.integers(1, 2**63 - 1),
+    created_at=st.integers(0, MAX_INSTANT),
+    partition=st.integers(0, 65_535),
+    command_body=st.dictionaries(st.text(max_size=3), st.integers() | st.text(max_size=3)),
+)
+def test_the_timer_is_the_one_its_validation_builds(
+    owner: AggregateRef,
+    target: AggregateRef | None,
+    rule: dict[str, Any],
+    key: str,
+    id: str,
+    version: int,
+    created_at: int,
+    partition: int,
+    command_body: dict[str, Any],
+) -> None:
+    body: dict[str, Any] = {"key": key, "rule": rule, "command": {"type": "Fire"}}
+    if target is not None:
+        body["target"] = target.model_dump()
+    if command_body and all(abs(v) < 2**63 for v in command_body.values() if isinstance(v, int)):
+        body["command"]["body"] = command_body
+    raw = encode(
+        EventEnvelope(
+            id=id,
+            type=SCHEDULE_SET,
+            aggregate=owner,
+            version=version,
+            created_at=created_at,
+            body=body,
+        )
+    )
+    event = decode(EventEnvelope, raw)
+    try:
+        op = timer_op(event, partition)
+    except BadRecord:
+        return  # a rule with no slot from then on: no Timer either way
+    assert isinstance(op, PutTimer)
+    expected = _validated(event, partition)
+    assert op.timer == expected
+    assert list(map(type, op.timer.__dict__.values())) == list(
+        map(type, expected.__dict__.values())
+    )
+    assert op.timer.model_fields_set == expected.model_fields_set
+    assert encode_timer(op.timer) == encode_timer(expected)
+    assert Timer.model_validate_json(encode_timer(op.timer)) == op.timer
+
+
+def test_a_timer_out_of_bounds_is_refused_with_its_validations_reason() -> None:
+    event = EventEnvelope(
+        id="e-1",
+        type=SCHEDULE_SET,
+        aggregate=AggregateRef(context="shop", aggregate="order", id="o-1"),
+        version=1,
+        created_at=T0,
+        body={"key": "k", "rule": {"kind": "once", "at": T0}, "command": {"type": "Fire"}},
+    )
+    with pytest.raises(BadRecord, match=r"^wow.ScheduleSet e-1: partition: Input should be"):
+        timer_op(event, 65_536)
