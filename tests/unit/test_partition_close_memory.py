@@ -214,3 +214,45 @@ async def test_a_new_task_behind_a_close_that_crashed_never_takes_the_partition(
     with pytest.raises(NodeFailed):
         await node.task
     node.task = None
+
+
+@pytest.mark.parametrize("where", ["settle", "stop_partition"])
+async def test_a_close_that_fails_partway_lets_everything_go_and_is_not_clean(
+    node: RunningNode, monkeypatch: pytest.MonkeyPatch, where: str
+) -> None:
+    """A revoked task's close fails partway (its commit's settling, or the runner's last
+    write to a store whose disk is gone). The rest of p is let go all the same (its
+    producer stopped, its store partition and processor released), its copy is never
+    marked clean, and the close says it failed: the node stops loudly, and a new task of
+    p never opens p's transactional id over the old producer."""
+    await wait_until(node.runs)
+    kept = node.node.types[TOPICS.type_name]
+    writer = kept.transactions._producers[0]
+    assert isinstance(writer, MemoryWriter)
+    stopped: list[MemoryWriter] = []
+    stop = MemoryWriter.stop
+
+    async def stop_noted(w: MemoryWriter) -> None:
+        await stop(w)
+        stopped.append(w)
+
+    async def failing(*args: Any, **kwargs: Any) -> bool:
+        raise StoreError("the disk is gone")
+
+    monkeypatch.setattr(MemoryWriter, "stop", stop_noted)
+    if where == "settle":
+        monkeypatch.setattr(node.node._tasks[0].commits, "settle", failing)
+    else:
+        monkeypatch.setattr(kept.runner, "stop_partition", failing)
+    first = node.node._tasks[0]
+    assert kept.states is not None and first.processors
+    await asyncio.wait_for(node.node._revoked({(TOPICS.events, 0)}), 5)
+    assert writer in stopped, "the producer of a close that failed never stopped"
+    assert not kept.transactions.owns(0) and 0 not in kept.store.assigned
+    assert not first.processors
+    assert not kept.marks._path(0).exists(), "a close that failed marked the copy clean"
+    assert node.node._failure is not None and "closing partition 0" in str(node.node._failure)
+    assert node.task is not None
+    with pytest.raises(NodeFailed):
+        await node.task
+    node.task = None
