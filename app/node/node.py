@@ -244,6 +244,8 @@ class Node:
         # Whatever the consumer did not revoke on leaving the group is let go here, and
         # the closes under way are waited for.
         await _stopping("the partitions", self.tasks.revoke(self.tasks.leftover()))
+        # Producer stops the closes left past their deadline, each type's at once.
+        await _stopping("the partitions' producers", self._producers_stopped())
         for reader in self._results.values():
             await _stopping("a results reader", reader.stop())
         for ledger in self._ledgers.values():
@@ -256,6 +258,9 @@ class Node:
             await _stopping(f"{kept.name} store", kept.store.close())
             if kept.states is not None:
                 kept.states.close()
+
+    async def _producers_stopped(self) -> None:
+        await asyncio.gather(*(kept.transactions.stopped() for kept in self.types.values()))
 
     async def run(self) -> None:
         """Reads the owned partitions' logs and commands until cancelled; `NodeFailed`

@@ -256,3 +256,65 @@ async def test_a_close_that_fails_partway_lets_everything_go_and_is_not_clean(
     with pytest.raises(NodeFailed):
         await node.task
     node.task = None
+
+
+async def test_a_producer_stop_left_by_a_close_is_awaited_when_the_node_stops(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A close's deadline passes while p's producer is stopping: the stop is left to end on
+    its own. The node's stop waits for it (not cancelled half way by the loop's end)."""
+    n = await RunningNode(MemoryLog(), tmp_path, "a", SERVICE, PARTITIONS).start()
+    await wait_until(n.runs)
+    kept = n.node.types[TOPICS.type_name]
+    shared = n.node.tasks.shared
+    assert shared is not None
+    shared.close_deadline_s = 0.1
+    stopped: list[str] = []
+    stop = MemoryWriter.stop
+
+    async def slow_stop(writer: MemoryWriter) -> None:
+        if writer.transactional_id == ID0:
+            await asyncio.sleep(0.5)  # the broker slow to answer, past the close deadline
+        await stop(writer)
+        stopped.append(writer.transactional_id)
+
+    monkeypatch.setattr(MemoryWriter, "stop", slow_stop)
+    await asyncio.wait_for(n.node._revoked({(TOPICS.events, 0)}), 5)
+    assert 0 in kept.transactions._stopping and ID0 not in stopped
+    await n.stop()
+    assert ID0 in stopped, "the node stopped before the producer's stop ended"
+    assert not kept.transactions._stopping
+
+
+async def test_a_producer_stop_that_never_ends_holds_the_node_stop_only_so_long(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A producer's stop left by a close never ends: the node's stop waits for it only up to
+    its deadline, and says which producer it left."""
+    n = await RunningNode(MemoryLog(), tmp_path, "a", SERVICE, PARTITIONS).start()
+    await wait_until(n.runs)
+    kept = n.node.types[TOPICS.type_name]
+    shared = n.node.tasks.shared
+    assert shared is not None
+    shared.close_deadline_s = 0.1
+    kept.transactions.stop_deadline_s = 0.3
+    release = asyncio.Event()
+    stop = MemoryWriter.stop
+
+    async def hung_stop(writer: MemoryWriter) -> None:
+        if writer.transactional_id == ID0:
+            await release.wait()
+        await stop(writer)
+
+    monkeypatch.setattr(MemoryWriter, "stop", hung_stop)
+    try:
+        await asyncio.wait_for(n.node._revoked({(TOPICS.events, 0)}), 5)
+        assert 0 in kept.transactions._stopping
+        began = time.monotonic()
+        await asyncio.wait_for(n.stop(), 5)
+        assert time.monotonic() - began < 2
+        left = [r.getMessage() for r in caplog.records if "when the node stops" in r.getMessage()]
+        assert len(left) == 1 and "[0]" in left[0], left
+    finally:
+        release.set()
+    await asyncio.wait_for(asyncio.gather(*kept.transactions._stopping.values()), 5)
