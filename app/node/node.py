@@ -32,7 +32,7 @@ from app.node.health import node_health
 from app.node.kept import KeptType, node_topics
 from app.node.local_state import keep_for_cluster
 from app.node.metrics import NodeMetrics
-from app.node.opening import dead_letter_limit, open_type
+from app.node.opening import dead_letter_limit, open_type, transaction_batch_limit
 from app.node.partition_task import TaskShared
 from app.node.partition_tasks import PartitionTasks
 from app.node.polling import poll_loop
@@ -204,6 +204,7 @@ class Node:
                 self,
                 results=self._results[t.context],
                 ledger=self.ledger or self._ledgers[t.context],
+                batch_bytes=await transaction_batch_limit(self._admin, t),
             )
             self._by_topic[t.events] = (kept, "events")
             self._by_topic[t.timer_ops] = (kept, "timer-ops")
