@@ -318,3 +318,49 @@ async def test_a_producer_stop_that_never_ends_holds_the_node_stop_only_so_long(
     finally:
         release.set()
     await asyncio.wait_for(asyncio.gather(*kept.transactions._stopping.values()), 5)
+
+
+async def test_a_retakes_close_that_fails_stops_the_producer_and_never_reopens_it(
+    node: RunningNode, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A task fails, and its retake's dirty close fails partway (the runner's last write to
+    a store whose disk is gone): p's producer is stopped all the same, and the retake never
+    opens p's transactional id over it; the node stops loudly."""
+    await wait_until(node.runs)
+    kept = node.node.types[TOPICS.type_name]
+    writer = kept.transactions._producers[1]
+    assert isinstance(writer, MemoryWriter)
+    stopped: list[MemoryWriter] = []
+    stop = MemoryWriter.stop
+
+    async def stop_noted(w: MemoryWriter) -> None:
+        await stop(w)
+        stopped.append(w)
+
+    stop_partition = kept.runner.stop_partition
+
+    async def failing(p: int) -> None:
+        if p == 1:
+            raise StoreError("the disk is gone")
+        await stop_partition(p)
+
+    opened: list[int] = []
+    open_ = kept.transactions.open
+
+    async def opening(p: int) -> None:
+        opened.append(p)
+        await open_(p)
+
+    monkeypatch.setattr(MemoryWriter, "stop", stop_noted)
+    monkeypatch.setattr(kept.runner, "stop_partition", failing)
+    monkeypatch.setattr(kept.transactions, "open", opening)
+    task = node.node._tasks[1]
+    node.node._partition_failed(1, "a cycle", StoreError("the disk is gone"))
+    await wait_until(lambda: not task.taking)
+    assert writer in stopped and not kept.transactions.owns(1)
+    assert opened == [], "p's transactional id opened again behind a close that failed"
+    assert node.node._failure is not None and "taking partition 1" in str(node.node._failure)
+    assert node.task is not None
+    with pytest.raises(NodeFailed):
+        await node.task
+    node.task = None
