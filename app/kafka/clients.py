@@ -54,8 +54,14 @@ class KafkaClients:
         self.bootstrap = bootstrap
         self.replication = replication
 
-    def transactional_writer(self, transactional_id: str) -> TransactionalProducer:
-        return TransactionalProducer(self.bootstrap, transactional_id)
+    def transactional_writer(
+        self, transactional_id: str, *, max_batch_bytes: int | None = None
+    ) -> TransactionalProducer:
+        if max_batch_bytes is None:
+            return TransactionalProducer(self.bootstrap, transactional_id)
+        return TransactionalProducer(
+            self.bootstrap, transactional_id, max_batch_bytes=max_batch_bytes
+        )
 
     def reader(self) -> Reader:
         return Reader(self.bootstrap)

@@ -142,8 +142,10 @@ class MemoryLog:
 
     # --- clients (`Clients`) --------------------------------------------------------
 
-    def transactional_writer(self, transactional_id: str) -> MemoryWriter:
-        return MemoryWriter(self, transactional_id)
+    def transactional_writer(
+        self, transactional_id: str, *, max_batch_bytes: int | None = None
+    ) -> MemoryWriter:
+        return MemoryWriter(self, transactional_id, max_batch_bytes=max_batch_bytes)
 
     def reader(self, *, read_committed: bool = True, batch: int = 5_000) -> MemoryReader:
         return MemoryReader(self, read_committed=read_committed, batch=batch)

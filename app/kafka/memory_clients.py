@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from typing import TYPE_CHECKING, TypeVar
 
 from app.errors import Fenced, KafkaUnavailable
+from app.kafka.producers import TRANSACTION_BATCH_BYTES
 from app.kafka.records import OutRecord, Record
 
 if TYPE_CHECKING:
@@ -27,8 +28,14 @@ class MemoryWriter:
     steps one is made of, for tests: `send` (into the open transaction, begun if none is),
     `send_offsets`, `commit_transaction` and `abort`."""
 
-    def __init__(self, log: MemoryLog, transactional_id: str) -> None:
+    def __init__(
+        self, log: MemoryLog, transactional_id: str, *, max_batch_bytes: int | None = None
+    ) -> None:
         self.transactional_id = transactional_id
+        # As asked (None: the default); nothing is batched here.
+        self.max_batch_bytes = (
+            TRANSACTION_BATCH_BYTES if max_batch_bytes is None else max_batch_bytes
+        )
         self.broken: KafkaUnavailable | None = None
         self._log = log
         self._epoch: int | None = None

@@ -218,7 +218,12 @@ class Admin(Protocol):
 class Clients(Protocol):
     """Makes the clients of one cluster (none of them started)."""
 
-    def transactional_writer(self, transactional_id: str) -> TransactionalWriter: ...
+    def transactional_writer(
+        self, transactional_id: str, *, max_batch_bytes: int | None = None
+    ) -> TransactionalWriter:
+        """`max_batch_bytes`: its batches' largest size per partition (None: 512 KiB),
+        under the `max.message.bytes` of the topics it writes."""
+        ...
 
     def reader(self) -> ReaderClient: ...
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from aiokafka import AIOKafkaProducer, TopicPartition
@@ -29,6 +29,21 @@ TRANSACTION_BATCH_BYTES = 512 * 1024
 1 MiB message limit, and far above aiokafka's 16 KiB, with which a send waits for its
 partition's last batch to go (one produce request in flight per broker): a commit of
 1,000 records took ~30 round trips, each behind the event loop's other work."""
+
+BATCH_HEADER_MARGIN = 1024
+"""Kept below a topic's `max.message.bytes` by a partition's batches: aiokafka counts a
+v2 batch's 61-byte header in its size; the rest is slack."""
+
+
+def transaction_batch_bytes(max_message_bytes: Iterable[int]) -> int:
+    """The batch size of a transactional producer writing topics with these
+    `max.message.bytes`: under the smallest by the margin, never above 512 KiB, at least 1
+    (one record a batch). aiokafka never splits a batch, and the broker's
+    MESSAGE_SIZE_TOO_LARGE is not retried: a batch above a topic's limit would fail every
+    commit of its partition, for good (a single larger record is sent alone all the
+    same, and only it fails)."""
+    smallest = min(max_message_bytes, default=TRANSACTION_BATCH_BYTES + BATCH_HEADER_MARGIN)
+    return max(1, min(TRANSACTION_BATCH_BYTES, smallest - BATCH_HEADER_MARGIN))
 
 
 class Producer:
@@ -78,7 +93,13 @@ class TransactionalProducer:
     and the partition taken afresh.
     """
 
-    def __init__(self, bootstrap: Connectable, transactional_id: str) -> None:
+    def __init__(
+        self,
+        bootstrap: Connectable,
+        transactional_id: str,
+        *,
+        max_batch_bytes: int = TRANSACTION_BATCH_BYTES,
+    ) -> None:
         self.transactional_id = transactional_id
         self._producer = AIOKafkaProducer(
             **client_options(bootstrap),
@@ -90,7 +111,8 @@ class TransactionalProducer:
             # A dead letter holds a whole record of the topics its context serves, and its
             # topic takes up to 4 MiB (`app.protocol.dead_letters`).
             max_request_size=TRANSACTION_REQUEST_BYTES,
-            max_batch_size=TRANSACTION_BATCH_BYTES,
+            # Under the topics' limits (`transaction_batch_bytes`).
+            max_batch_size=max_batch_bytes,
             # A commit's retries (CONCURRENT_TRANSACTIONS just after the previous commit,
             # NOT_ENOUGH_REPLICAS) wait this long: 100 ms by default, the tail of a commit.
             retry_backoff_ms=10,

@@ -32,7 +32,7 @@ from app.node.health import node_health
 from app.node.kept import KeptType, node_topics
 from app.node.local_state import keep_for_cluster
 from app.node.metrics import NodeMetrics
-from app.node.opening import dead_letter_limit, open_type
+from app.node.opening import dead_letter_limit, open_type, transaction_batch_limit
 from app.node.partition_task import TaskShared
 from app.node.partition_tasks import PartitionTasks
 from app.node.polling import poll_loop
@@ -204,6 +204,7 @@ class Node:
                 self,
                 results=self._results[t.context],
                 ledger=self.ledger or self._ledgers[t.context],
+                batch_bytes=await transaction_batch_limit(self._admin, t),
             )
             self._by_topic[t.events] = (kept, "events")
             self._by_topic[t.timer_ops] = (kept, "timer-ops")
@@ -244,6 +245,8 @@ class Node:
         # Whatever the consumer did not revoke on leaving the group is let go here, and
         # the closes under way are waited for.
         await _stopping("the partitions", self.tasks.revoke(self.tasks.leftover()))
+        # Producer stops the closes left past their deadline, each type's at once.
+        await _stopping("the partitions' producers", self._producers_stopped())
         for reader in self._results.values():
             await _stopping("a results reader", reader.stop())
         for ledger in self._ledgers.values():
@@ -256,6 +259,9 @@ class Node:
             await _stopping(f"{kept.name} store", kept.store.close())
             if kept.states is not None:
                 kept.states.close()
+
+    async def _producers_stopped(self) -> None:
+        await asyncio.gather(*(kept.transactions.stopped() for kept in self.types.values()))
 
     async def run(self) -> None:
         """Reads the owned partitions' logs and commands until cancelled; `NodeFailed`

@@ -3,13 +3,15 @@ its aggregate states, its timer runner and loop), and how large its dead letters
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from pathlib import Path
 from typing import Any, Protocol
 
 from app.errors import KafkaUnavailable
 from app.kafka.catalog import TopicCatalog
-from app.kafka.ports import Admin, Clients, PublisherClient
+from app.kafka.ports import Admin, Clients, PublisherClient, TransactionalWriter
+from app.kafka.producers import TRANSACTION_BATCH_BYTES, transaction_batch_bytes
 from app.kafka.records import BROKER_MAX_MESSAGE_BYTES
 from app.model.aggregate import AggregateType
 from app.node.commits import Commits
@@ -28,7 +30,7 @@ from tables import open_timer_store
 from tables.aggregate_store import RocksAggregateStore
 from tables.ledger import FailureLedger
 
-__all__ = ["Keeping", "dead_letter_limit", "open_type"]
+__all__ = ["Keeping", "dead_letter_limit", "open_type", "transaction_batch_limit"]
 
 logger = logging.getLogger(__name__)
 
@@ -57,6 +59,36 @@ async def dead_letter_limit(admin: Admin, topics: list[AggregateTopics]) -> int:
     return limit
 
 
+async def transaction_batch_limit(admin: Admin, t: AggregateTopics) -> int:
+    """The batch size of type `t`'s partition producers: under the smallest
+    `max.message.bytes` of the topics their transactions write (`transaction_batch_bytes`;
+    a topic made by its operator may take less than Kafka's 1 MiB default)."""
+    c = ContextTopics(t.context)
+    written = [t.timers_changelog, t.events, t.commands, c.results, c.dead_letters]
+    limits = await asyncio.gather(*(_max_message_bytes(admin, topic) for topic in written))
+    batch = transaction_batch_bytes(limits)
+    if batch < TRANSACTION_BATCH_BYTES:
+        smallest = min(zip(limits, written, strict=True))
+        logger.info(
+            "%s takes records of %d bytes at most (max.message.bytes): %s's transactions "
+            "are sent in batches of %d bytes",
+            smallest[1],
+            smallest[0],
+            t.type_name,
+            batch,
+        )
+    return batch
+
+
+async def _max_message_bytes(admin: Admin, topic: str) -> int:
+    try:
+        return await admin.max_message_bytes(topic)
+    except KafkaUnavailable as exc:
+        # Not allowed to describe its configs (an ACL): assume the broker's default.
+        logger.warning("%s: %s; assumed to take 1 MiB", topic, exc)
+        return BROKER_MAX_MESSAGE_BYTES
+
+
 class Keeping(Protocol):
     """What opening a type uses of the node (`Node` is one)."""
 
@@ -79,14 +111,21 @@ def open_type(
     *,
     results: ResultsReader,
     ledger: FailureLedger,
+    batch_bytes: int | None = None,
 ) -> KeptType:
     """Opens what the node keeps for type `t` (`agg`: None when its commands are decided
-    elsewhere); the runner's callbacks find it in `node.types` once it is kept there."""
+    elsewhere); the runner's callbacks find it in `node.types` once it is kept there.
+    `batch_bytes`: its partition producers' batch size (`transaction_batch_limit`)."""
     s, clock, metrics, types = node.settings, node.clock, node.metrics, node.types
     directory = Path(s.data_dir) / t.type_name
     (directory / "timers").mkdir(parents=True, exist_ok=True)
+    clients = node.clients
+
+    def writer(transactional_id: str) -> TransactionalWriter:
+        return clients.transactional_writer(transactional_id, max_batch_bytes=batch_bytes)
+
     transactions = PartitionTransaction(
-        node.clients.transactional_writer,
+        writer,
         t.timers_changelog,
         s.group_id,
         on_commit=metrics.commit_duration.labels(t.type_name).observe,

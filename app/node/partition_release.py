@@ -13,11 +13,17 @@ from app.commands.processor import CommandProcessor
 from app.node.commits import PartitionCommits
 
 if TYPE_CHECKING:
+    from app.node.kept import KeptType
     from app.node.partition_task import TaskShared
 
-__all__ = ["release_partition"]
+__all__ = ["CloseFailed", "release_partition"]
 
 logger = logging.getLogger(__name__)
+
+
+class CloseFailed(Exception):
+    """A part of a partition's close failed (the rest was let go all the same): p may be
+    half let go and its copy is not clean, so no new task takes it (as a crashed close)."""
 
 
 async def release_partition(
@@ -29,7 +35,9 @@ async def release_partition(
     clean: bool,
 ) -> None:
     """Lets everything of p go (its task's `close`): `clean`, what its transactions hold is
-    committed first and its local copy marked clean; all of it within one deadline."""
+    committed first and its local copy marked clean; all of it within one deadline.
+    `CloseFailed` when a part failed: every other part is done all the same (p's producer
+    always stopped), and the copy is not marked clean."""
     s.cycles.drop_local(p)
     # A cycle cut short wrote half of its work: nothing of p's transaction may commit.
     clean = not s.cycles.cut_short(p) and clean
@@ -40,7 +48,9 @@ async def release_partition(
     # a member not back within its rebalance timeout. What is not done by then is
     # abandoned: closed dirty, never marked clean.
     until = loop.time() + s.close_deadline_s
+    failed: list[str] = []
     for kept in s.types.values():
+        committed = False
         try:
             # The commit in flight first (the runner's claims may wait on it).
             whole = clean and await commits.settle(kept, until=until, rest=False)
@@ -49,18 +59,13 @@ async def release_partition(
             committed = (
                 whole and kept.transactions.owns(p) and await commits.settle(kept, until=until)
             )
-            await kept.transactions.abandon(
-                p, within=max(0.0, until - loop.time()), after=commits.abandon(kept)
-            )
-            if p in kept.store.assigned:
-                await kept.store.revoke({p})
-            if committed:
-                kept.marks.mark(p)
-            if processors.pop(kept.name, None) is not None:
-                assert kept.states is not None
-                kept.states.release(p)
-        except Exception:
+        except Exception as exc:
             logger.exception("letting partition %d of %s go failed", p, kept.topics.type_name)
+            failed.append(f"{kept.name}: {exc!r}")
+        finally:
+            # Whatever failed (or was cancelled) before: p's producer is stopped and its
+            # store and processor let go, or a retake's open would leak the producer.
+            failed += await _let_go(s, kept, commits, processors, p, until, committed)
     for reader in s.results.values():
         try:
             # Bounded too; past the deadline given a second (cut short, the reader
@@ -69,3 +74,45 @@ async def release_partition(
                 await reader.remove_partition(p)
         except Exception:
             logger.exception("results reader: letting partition %d go failed", p)
+    if failed:
+        # Not a clean close: p may be half let go, so no new task takes it (the node stops).
+        raise CloseFailed(f"partition {p}: " + "; ".join(failed))
+
+
+async def _let_go(
+    s: TaskShared,
+    kept: KeptType,
+    commits: PartitionCommits,
+    processors: dict[str, CommandProcessor],
+    p: int,
+    until: float,
+    committed: bool,
+) -> list[str]:
+    """Stops p's producer and lets its store partition and processor go, each whatever
+    the others raised; the copy is marked clean only when `committed` and all of it went
+    well. What failed, described."""
+    failed: list[str] = []
+    loop = asyncio.get_running_loop()
+    try:
+        await kept.transactions.abandon(
+            p, within=max(0.0, until - loop.time()), after=commits.abandon(kept)
+        )
+    except Exception as exc:
+        logger.exception("partition %d of %s: stopping its producer failed", p, kept.name)
+        failed.append(f"{kept.name} producer: {exc!r}")
+    try:
+        if p in kept.store.assigned:
+            await kept.store.revoke({p})
+    except Exception as exc:
+        logger.exception("partition %d of %s: letting its store go failed", p, kept.name)
+        failed.append(f"{kept.name} store: {exc!r}")
+    if committed and not failed:
+        kept.marks.mark(p)
+    if processors.pop(kept.name, None) is not None:
+        assert kept.states is not None
+        try:
+            kept.states.release(p)
+        except Exception as exc:
+            logger.exception("partition %d of %s: releasing its states failed", p, kept.name)
+            failed.append(f"{kept.name} states: {exc!r}")
+    return failed

@@ -34,7 +34,7 @@ from app.node.cycles import PartitionCycles
 from app.node.failing import FailingPartitions
 from app.node.kept import KeptType, is_fenced
 from app.node.metrics import NodeMetrics
-from app.node.partition_release import release_partition
+from app.node.partition_release import CloseFailed, release_partition
 from app.node.partition_transaction import PartitionTransaction
 from app.node.settings import Settings
 from app.node.task_state import TaskState, closes_clean, transition
@@ -348,7 +348,9 @@ class PartitionTask:
         await self.close(clean=True)
 
     async def close(self, *, clean: bool) -> None:
-        """Stops everything of p this node runs (whole or half taken); never raises.
+        """Stops everything of p this node runs (whole or half taken); `CloseFailed` when
+        a part of it failed (the rest let go all the same, the copy not marked clean): p
+        is then not taken again, the node stops (as for a crashed close).
         `clean`: commit what p's transactions hold first and mark the local copy clean;
         otherwise it is thrown away and the local copy restored from the changelog next
         time. Only a running task closes clean (`closes_clean`): a take cut short may not
@@ -363,7 +365,11 @@ class PartitionTask:
         self._stop_running()
         if was is not TaskState.CREATED or self._half_open():
             await self._shared.cycles.stop(self.p)
-            await self._release(clean=clean)
+            try:
+                await self._release(clean=clean)
+            except CloseFailed:
+                self._to(TaskState.CLOSED)  # all the rest of p was let go: not again
+                raise
         self._to(TaskState.CLOSED)
 
     def _half_open(self) -> bool:

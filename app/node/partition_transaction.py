@@ -35,6 +35,11 @@ up, so that the take fails and is tried again, and the node stops loudly if it n
 can be: never a partition left restoring, silently, for good."""
 
 
+STOP_DEADLINE_S = 5.0
+"""How long a node's stop waits for the producer stops its closes left to end on their own
+(past a close's deadline); one still stopping then is named in the log, not waited for."""
+
+
 class PartitionTransaction:
     """Per owned partition of one aggregate type, the one transaction everything commits in.
 
@@ -68,6 +73,7 @@ class PartitionTransaction:
         # The producers being stopped (an abandoned partition's), until they are.
         self._stopping: dict[int, asyncio.Task[None]] = {}
         self.open_deadline_s = OPEN_DEADLINE_S
+        self.stop_deadline_s = STOP_DEADLINE_S
 
     async def open(self, partition: int) -> None:
         """Starts the partition's producer, fencing its previous owner's; `KafkaUnavailable`
@@ -124,6 +130,23 @@ class PartitionTransaction:
                 partition,
                 within,
             )
+
+    async def stopped(self) -> None:
+        """Waits (the node stopping) up to `stop_deadline_s` for the producer stops that
+        closes left to end on their own: never cut half way by the event loop's end while
+        they can still end; one that does not by then is named in the log."""
+        stopping = dict(self._stopping)
+        if not stopping:
+            return
+        await asyncio.wait([*stopping.values()], timeout=self.stop_deadline_s)
+        for partition, task in sorted(stopping.items()):
+            if not task.done():
+                logger.warning(
+                    "%s[%d]: producer still stopping when the node stops, after %g s",
+                    self.topic,
+                    partition,
+                    self.stop_deadline_s,
+                )
 
     async def _stop(
         self, partition: int, producer: TransactionalWriter, after: asyncio.Task[bool] | None

@@ -214,3 +214,153 @@ async def test_a_new_task_behind_a_close_that_crashed_never_takes_the_partition(
     with pytest.raises(NodeFailed):
         await node.task
     node.task = None
+
+
+@pytest.mark.parametrize("where", ["settle", "stop_partition"])
+async def test_a_close_that_fails_partway_lets_everything_go_and_is_not_clean(
+    node: RunningNode, monkeypatch: pytest.MonkeyPatch, where: str
+) -> None:
+    """A revoked task's close fails partway (its commit's settling, or the runner's last
+    write to a store whose disk is gone). The rest of p is let go all the same (its
+    producer stopped, its store partition and processor released), its copy is never
+    marked clean, and the close says it failed: the node stops loudly, and a new task of
+    p never opens p's transactional id over the old producer."""
+    await wait_until(node.runs)
+    kept = node.node.types[TOPICS.type_name]
+    writer = kept.transactions._producers[0]
+    assert isinstance(writer, MemoryWriter)
+    stopped: list[MemoryWriter] = []
+    stop = MemoryWriter.stop
+
+    async def stop_noted(w: MemoryWriter) -> None:
+        await stop(w)
+        stopped.append(w)
+
+    async def failing(*args: Any, **kwargs: Any) -> bool:
+        raise StoreError("the disk is gone")
+
+    monkeypatch.setattr(MemoryWriter, "stop", stop_noted)
+    if where == "settle":
+        monkeypatch.setattr(node.node._tasks[0].commits, "settle", failing)
+    else:
+        monkeypatch.setattr(kept.runner, "stop_partition", failing)
+    first = node.node._tasks[0]
+    assert kept.states is not None and first.processors
+    await asyncio.wait_for(node.node._revoked({(TOPICS.events, 0)}), 5)
+    assert writer in stopped, "the producer of a close that failed never stopped"
+    assert not kept.transactions.owns(0) and 0 not in kept.store.assigned
+    assert not first.processors
+    assert not kept.marks._path(0).exists(), "a close that failed marked the copy clean"
+    assert node.node._failure is not None and "closing partition 0" in str(node.node._failure)
+    assert node.task is not None
+    with pytest.raises(NodeFailed):
+        await node.task
+    node.task = None
+
+
+async def test_a_producer_stop_left_by_a_close_is_awaited_when_the_node_stops(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A close's deadline passes while p's producer is stopping: the stop is left to end on
+    its own. The node's stop waits for it (not cancelled half way by the loop's end)."""
+    n = await RunningNode(MemoryLog(), tmp_path, "a", SERVICE, PARTITIONS).start()
+    await wait_until(n.runs)
+    kept = n.node.types[TOPICS.type_name]
+    shared = n.node.tasks.shared
+    assert shared is not None
+    shared.close_deadline_s = 0.1
+    stopped: list[str] = []
+    stop = MemoryWriter.stop
+
+    async def slow_stop(writer: MemoryWriter) -> None:
+        if writer.transactional_id == ID0:
+            await asyncio.sleep(0.5)  # the broker slow to answer, past the close deadline
+        await stop(writer)
+        stopped.append(writer.transactional_id)
+
+    monkeypatch.setattr(MemoryWriter, "stop", slow_stop)
+    await asyncio.wait_for(n.node._revoked({(TOPICS.events, 0)}), 5)
+    assert 0 in kept.transactions._stopping and ID0 not in stopped
+    await n.stop()
+    assert ID0 in stopped, "the node stopped before the producer's stop ended"
+    assert not kept.transactions._stopping
+
+
+async def test_a_producer_stop_that_never_ends_holds_the_node_stop_only_so_long(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A producer's stop left by a close never ends: the node's stop waits for it only up to
+    its deadline, and says which producer it left."""
+    n = await RunningNode(MemoryLog(), tmp_path, "a", SERVICE, PARTITIONS).start()
+    await wait_until(n.runs)
+    kept = n.node.types[TOPICS.type_name]
+    shared = n.node.tasks.shared
+    assert shared is not None
+    shared.close_deadline_s = 0.1
+    kept.transactions.stop_deadline_s = 0.3
+    release = asyncio.Event()
+    stop = MemoryWriter.stop
+
+    async def hung_stop(writer: MemoryWriter) -> None:
+        if writer.transactional_id == ID0:
+            await release.wait()
+        await stop(writer)
+
+    monkeypatch.setattr(MemoryWriter, "stop", hung_stop)
+    try:
+        await asyncio.wait_for(n.node._revoked({(TOPICS.events, 0)}), 5)
+        assert 0 in kept.transactions._stopping
+        began = time.monotonic()
+        await asyncio.wait_for(n.stop(), 5)
+        assert time.monotonic() - began < 2
+        left = [r.getMessage() for r in caplog.records if "when the node stops" in r.getMessage()]
+        assert len(left) == 1 and "[0]" in left[0], left
+    finally:
+        release.set()
+    await asyncio.wait_for(asyncio.gather(*kept.transactions._stopping.values()), 5)
+
+
+async def test_a_retakes_close_that_fails_stops_the_producer_and_never_reopens_it(
+    node: RunningNode, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A task fails, and its retake's dirty close fails partway (the runner's last write to
+    a store whose disk is gone): p's producer is stopped all the same, and the retake never
+    opens p's transactional id over it; the node stops loudly."""
+    await wait_until(node.runs)
+    kept = node.node.types[TOPICS.type_name]
+    writer = kept.transactions._producers[1]
+    assert isinstance(writer, MemoryWriter)
+    stopped: list[MemoryWriter] = []
+    stop = MemoryWriter.stop
+
+    async def stop_noted(w: MemoryWriter) -> None:
+        await stop(w)
+        stopped.append(w)
+
+    stop_partition = kept.runner.stop_partition
+
+    async def failing(p: int) -> None:
+        if p == 1:
+            raise StoreError("the disk is gone")
+        await stop_partition(p)
+
+    opened: list[int] = []
+    open_ = kept.transactions.open
+
+    async def opening(p: int) -> None:
+        opened.append(p)
+        await open_(p)
+
+    monkeypatch.setattr(MemoryWriter, "stop", stop_noted)
+    monkeypatch.setattr(kept.runner, "stop_partition", failing)
+    monkeypatch.setattr(kept.transactions, "open", opening)
+    task = node.node._tasks[1]
+    node.node._partition_failed(1, "a cycle", StoreError("the disk is gone"))
+    await wait_until(lambda: not task.taking)
+    assert writer in stopped and not kept.transactions.owns(1)
+    assert opened == [], "p's transactional id opened again behind a close that failed"
+    assert node.node._failure is not None and "taking partition 1" in str(node.node._failure)
+    assert node.task is not None
+    with pytest.raises(NodeFailed):
+        await node.task
+    node.task = None
