@@ -217,6 +217,52 @@ async def test_rows_that_take_no_room_are_handed_out_past_a_full_partition() -> 
     assert [t.id for t in taken] == ["t-007"] and wheel.held == frozenset()
 
 
+@given(
+    rows_st,
+    st.sets(st.integers(0, 39)),
+    st.lists(st.dictionaries(st.integers(0, 3), st.integers(0, 3)), min_size=1, max_size=8),
+    st.integers(1, 20),
+)
+async def test_takes_hand_each_row_once_and_only_rows_that_count_wait_for_room(
+    rows: list[tuple[int, int]], counting: set[int], rooms: list[dict[int, int]], limit: int
+) -> None:
+    """Whatever the rooms of successive takes: no row is handed out twice, a partition's
+    rows that count never pass its room, and every row that takes no room is handed out
+    at the first take not cut short by the limit."""
+    loaded = [
+        DueRow.of(make_timer(id=f"t-{i:02}", key=f"k{i}", partition=p, rule=OnceRule(at=T0 + d)))
+        for i, (p, d) in enumerate(rows)
+    ]
+    counts_ids = {f"t-{i:02}" for i in counting}
+
+    handed: list[str] = []
+
+    async def load(partitions: set[int], until: int, n: int) -> list[DueRow]:
+        # As a store whose rows handed out were claimed since (in hand, or FIRING).
+        left = [r for r in loaded if r.partition in partitions and r.id not in handed]
+        return sorted(left, key=lambda r: (r.due_at, r.id))[:n]
+
+    wheel = Wheel(load, horizon_ms=100, limit=limit)
+    for room in rooms:
+        taken, _ = await wheel.take_due(
+            frozenset(range(4)), T0 + 5, room.get, lambda t: t.id in counts_ids
+        )
+        handed += [t.id for t in taken]
+        for p, cap in room.items():
+            assert sum(t.partition == p and t.id in counts_ids for t in taken) <= cap
+        if len(taken) < limit:
+            free = {r.id for r in loaded if r.id not in counts_ids}
+            assert free <= set(handed), "a row that takes no room waited"
+    assert len(handed) == len(set(handed)), "a row handed out twice"
+    assert set(handed) <= {r.id for r in loaded}
+    for _ in range(len(loaded) + 1):  # room for all: every row handed out, once
+        taken, more = await wheel.take_due(frozenset(range(4)), T0 + 5)
+        handed += [t.id for t in taken]
+        if not more:
+            break
+    assert sorted(handed) == sorted(r.id for r in loaded)
+
+
 def burst_row(id: str, due: int, partition: int) -> DueRow:
     return DueRow.of(make_timer(id=id, key=id, partition=partition, rule=OnceRule(at=T0 + due)))
 
