@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fakes import OWNER, T0, FakeClock, FakeLocal, World, make_timer, raw_store, until, world
+from fakes import T0, FakeClock, FakeLocal, World, make_timer, raw_store, until, world
 from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import BaseModel
@@ -31,9 +31,8 @@ from app.protocol.topics import AggregateTopics
 from app.protocol.wire import CommandEnvelope, encode
 from app.service import Service
 from app.timers.runner import TimerLoop, TimerOptions, TimerRunner
-from app.timers.runner.decisions import SendResult, expire_or_claim
 from app.timers.runner.wheel import LOAD_ROUNDS, Wheel
-from tables import AggregateRef, CommandSpec, DueRow, OnceRule, Timer, TimerStatus
+from tables import AggregateRef, CommandSpec, DueRow, OnceRule, TimerStatus
 from tables.partitioner import partition_of
 
 __all__ = ["raw_store", "world"]  # the fixtures, imported for pytest
@@ -165,108 +164,6 @@ async def test_a_take_serves_a_partition_its_whole_room_before_the_next() -> Non
     assert [t.partition for t in taken] == [0, 0, 0, 1, 1, 1] and more
 
 
-async def test_a_held_partition_keeps_no_other_partitions_rows_beyond_a_full_load_out() -> None:
-    """p0 waits for room with due rows of a full load; p1's row due just past that load is
-    loaded (p1 alone: p0's held rows are neither read again nor handed out twice), and a
-    put of p1 past the old load is kept."""
-    store = [burst_row("a0", 0, 0), burst_row("a1", 1, 0), burst_row("a2", 2, 0)]
-    store += [burst_row("a3", 3, 0), burst_row("b", 5, 1)]
-    loads: list[set[int]] = []
-
-    async def load(partitions: set[int], until: int, limit: int) -> list[DueRow]:
-        loads.append(set(partitions))
-        return [r for r in store if r.partition in partitions and r.due_at <= until][:limit]
-
-    wheel = Wheel(load, horizon_ms=1_000, limit=1)  # a load reads 4: full, until T0+3
-    room: dict[int, int | None] = {0: 1, 1: None}
-    taken, _ = await wheel.take_due(frozenset({0, 1}), T0 + 10, room.get)
-    assert [t.id for t in taken] == ["a0"] and loads == [{0, 1}]
-    room[0] = 0  # p0's chunk not decided yet, or its commit slow
-    taken, _ = await wheel.take_due(frozenset({0, 1}), T0 + 20, room.get)
-    assert [t.id for t in taken] == ["b"] and wheel.held == {0}
-    assert loads == [{0, 1}, {1}], "p1 loaded past the full load, p0's held rows kept"
-    late = make_timer(id="c", key="c", partition=1, rule=OnceRule(at=T0 + 30))
-    wheel.offer([late], {0, 1})
-    taken, _ = await wheel.take_due(frozenset({0, 1}), T0 + 30, room.get)
-    assert [t.id for t in taken] == ["c"], "a put due past the old load's end is kept"
-    room[0] = None
-    handed: list[str] = []
-    for _ in range(3):
-        taken, _ = await wheel.take_due(frozenset({0, 1}), T0 + 30, room.get)
-        handed += [t.id for t in taken]
-    assert sorted(handed) == ["a1", "a2", "a3"], "p0's held rows, each once"
-
-
-async def test_rows_that_take_no_room_are_handed_out_past_a_full_partition() -> None:
-    """Only rows that `counts` (fired in-process) wait for room; the others are taken."""
-    rows = burst_rows(12, 1, T0)
-
-    async def load(partitions: set[int], until: int, n: int) -> list[DueRow]:
-        return rows
-
-    wheel = Wheel(load, horizon_ms=100, limit=100)
-    in_process = {"t-002", "t-005", "t-007"}
-    taken, more = await wheel.take_due(
-        frozenset({0}), T0, lambda p: 1, lambda t: t.id in in_process
-    )
-    assert len(taken) == 10 and {"t-005", "t-007"}.isdisjoint(t.id for t in taken)
-    assert wheel.held == {0} and not more and wheel.next_due is None
-    taken, more = await wheel.take_due(frozenset({0}), T0, lambda p: 1, lambda t: True)
-    assert [t.id for t in taken] == ["t-005"] and wheel.held == {0}
-    taken, _ = await wheel.take_due(frozenset({0}), T0, lambda p: 1, lambda t: True)
-    assert [t.id for t in taken] == ["t-007"] and wheel.held == frozenset()
-
-
-@given(
-    rows_st,
-    st.sets(st.integers(0, 39)),
-    st.lists(st.dictionaries(st.integers(0, 3), st.integers(0, 3)), min_size=1, max_size=8),
-    st.integers(1, 20),
-)
-async def test_takes_hand_each_row_once_and_only_rows_that_count_wait_for_room(
-    rows: list[tuple[int, int]], counting: set[int], rooms: list[dict[int, int]], limit: int
-) -> None:
-    """Whatever the rooms of successive takes: no row is handed out twice, a partition's
-    rows that count never pass its room, and every row that takes no room is handed out
-    at the first take not cut short by the limit."""
-    loaded = [
-        DueRow.of(make_timer(id=f"t-{i:02}", key=f"k{i}", partition=p, rule=OnceRule(at=T0 + d)))
-        for i, (p, d) in enumerate(rows)
-    ]
-    counts_ids = {f"t-{i:02}" for i in counting}
-
-    handed: list[str] = []
-
-    async def load(partitions: set[int], until: int, n: int) -> list[DueRow]:
-        # As a store whose rows handed out were claimed since (in hand, or FIRING).
-        left = [r for r in loaded if r.partition in partitions and r.id not in handed]
-        return sorted(left, key=lambda r: (r.due_at, r.id))[:n]
-
-    wheel = Wheel(load, horizon_ms=100, limit=limit)
-    for room in rooms:
-        taken, _ = await wheel.take_due(
-            frozenset(range(4)), T0 + 5, room.get, lambda t: t.id in counts_ids
-        )
-        handed += [t.id for t in taken]
-        for p, cap in room.items():
-            assert sum(t.partition == p and t.id in counts_ids for t in taken) <= cap
-        if len(taken) < limit:
-            free = {r.id for r in loaded if r.id not in counts_ids}
-            assert free <= set(handed), "a row that takes no room waited"
-    assert len(handed) == len(set(handed)), "a row handed out twice"
-    assert set(handed) <= {r.id for r in loaded}
-    for _ in range(len(loaded) + 1):  # room for all: every row handed out, once
-        taken, more = await wheel.take_due(frozenset(range(4)), T0 + 5)
-        handed += [t.id for t in taken]
-        if not more:
-            break
-    assert sorted(handed) == sorted(r.id for r in loaded)
-
-
-def burst_row(id: str, due: int, partition: int) -> DueRow:
-    return DueRow.of(make_timer(id=id, key=id, partition=partition, rule=OnceRule(at=T0 + due)))
-
-
 # --- the window ----------------------------------------------------------------------------
 
 steps_st = st.lists(st.tuples(st.sampled_from(["take", "decide", "commit"]), st.integers(0, 9)))
@@ -375,99 +272,6 @@ async def test_a_loop_whose_rows_are_held_waits_for_a_wake_not_the_clock(world: 
         await until(lambda: len(local.fired) == 4)
     finally:
         await loop.stop()
-
-
-class RemoteRoom(FakeLocal):
-    """A partition with a processor (a chunk of room, as a `FireWindow` with nothing
-    waiting gives) whose timers aimed at `remote` owners go over the command topic."""
-
-    def __init__(self, remote: set[str]) -> None:
-        super().__init__()
-        self.remote = remote
-
-    def accepts(self, timer: Timer) -> bool:
-        return timer.owner.id not in self.remote
-
-    def room(self, partition: int) -> int | None:
-        return 5
-
-
-async def test_remote_timers_of_an_in_process_partition_take_no_room(world: World) -> None:
-    """Commands sent over the topic (and expiries) never wait for the in-process room:
-    nothing would commit to wake the loop for them before the poll interval."""
-    other = AggregateRef(context="shop", aggregate="order", id="far")
-    for i in range(40):
-        owner = other if i % 4 else OWNER  # 10 in-process, 30 remote
-        rule = OnceRule(at=T0 - 120_000 if i == 4 else T0)  # t-04: expired, never sent
-        t = make_timer(id=f"t-{i:02}", key=f"k{i}", rule=rule, owner=owner)
-        assert await world.store.inner.put(t)
-    local = RemoteRoom({"far"})
-    world.runner()  # makes the world's sender
-    runner = TimerRunner(
-        world.store,
-        world.sender,
-        world.clock,
-        world.ledger,
-        TimerOptions(expires_after=60_000),
-        (0,),
-        local=local,
-    )
-    stats = await runner.run_round()
-    assert len(local.fired) == 5 and runner.held == {0}
-    assert stats.expired == 1
-    assert stats.claimed == 5 + 30, "every remote timer sent, not 5 of them"
-
-
-async def test_a_held_partition_holds_no_other_partitions_timers_up(world: World) -> None:
-    """p0 waits for its commit with rows of a full load still due; p1's timer, due just
-    past that load, fires at the next round rather than once p0 drained."""
-    for i in range(6):
-        assert await world.store.inner.put(make_timer(id=f"a-{i}", key=f"a{i}"))
-    assert await world.store.inner.put(
-        make_timer(id="b", key="b", partition=1, rule=OnceRule(at=T0 + 5))
-    )
-    local = RoomyLocal({0: 1, 1: None})
-    world.runner()
-    runner = TimerRunner(
-        world.store,
-        world.sender,
-        world.clock,
-        world.ledger,
-        TimerOptions(batch_limit=1),  # a load reads 4: all of p0's, full
-        (0, 1),
-        local=local,
-    )
-    await runner.run_round()
-    assert [t.id for t in local.fired] == ["a-0"]
-    local.rooms[0] = 0  # p0's chunk not committed yet
-    world.clock.set(T0 + 10)
-    await runner.run_round()
-    assert [t.id for t in local.fired] == ["a-0", "b"] and runner.held == {0}
-    local.rooms[0] = None  # committed: decided in the partition's transaction
-    await runner.record_outcomes([(t, SendResult("COMMITTED")) for t in local.fired])
-    for _ in range(6):
-        fired = len(local.fired)
-        await runner.run_round()  # one a round (batch_limit)
-        await runner.record_outcomes([(t, SendResult("COMMITTED")) for t in local.fired[fired:]])
-    ids = [t.id for t in local.fired]
-    assert sorted(ids) == ["a-0", "a-1", "a-2", "a-3", "a-4", "a-5", "b"], "each once"
-
-
-@given(
-    st.sampled_from(list(TimerStatus)),
-    st.integers(-200_000, 200_000),
-    st.integers(0, 5),
-)
-def test_what_takes_room_is_what_a_round_claims_to_send(
-    status: TimerStatus, due: int, attempts: int
-) -> None:
-    from app.timers.runner.runner import _sends  # private: the rule it must agree with
-
-    options = TimerOptions(expires_after=60_000)
-    t = make_timer(rule=OnceRule(at=T0 + due)).model_copy(
-        update={"status": status, "attempts": attempts}
-    )
-    assert _sends(t, T0, options) == expire_or_claim(t, T0, options).send
 
 
 # --- a node on the in-memory log -----------------------------------------------------------

@@ -44,8 +44,7 @@ class LocalFirer(Protocol):
     def room(self, partition: int) -> int | None:
         """How many of `partition`'s due timers it takes now (None: as many as are due):
         a partition's timers are handed over in chunks, each once the last was decided,
-        while not too many of them wait for the partition's transaction to commit. Only
-        the timers it is handed (`accepts`) count: the others are taken as ever."""
+        while not too many of them wait for the partition's transaction to commit."""
         ...
 
 

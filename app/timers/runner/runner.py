@@ -23,7 +23,6 @@ from app.timers.runner.decisions import (
     TRANSPORT_ERROR,
     Decision,
     SendResult,
-    due_since,
     expire_or_claim,
     guarded,
     on_outcome,
@@ -288,19 +287,8 @@ class TimerRunner:
     async def _due_now(self, owned: frozenset[int], now: int, stats: RoundStats) -> list[Timer]:
         """The rows due now, from the wheel, as many of each partition as its in-process
         firer has room for (see `Wheel.take_due`)."""
-        local = self._local
-        if local is None:
-            taken, stats.full = await self._wheel.take_due(owned, now)
-        else:
-
-            def in_process(t: Timer) -> bool:
-                # Only what this round hands `local` waits for its room: a send over the
-                # command topic, an expiry or a timer still in hand is taken as ever.
-                return (
-                    t.id not in self._in_hand and _sends(t, now, self._options) and local.accepts(t)
-                )
-
-            taken, stats.full = await self._wheel.take_due(owned, now, local.room, in_process)
+        room = None if self._local is None else self._local.room
+        taken, stats.full = await self._wheel.take_due(owned, now, room)
         stats.loaded = len(taken)
         return taken
 
@@ -312,8 +300,9 @@ class TimerRunner:
     def _next_due(self, stats: RoundStats) -> None:
         if (next_due := self._wheel.next_due) is not None:
             stats.due_by(next_due)
-        # Partitions past a full load with rows held: loaded again when room wakes them.
-        stats.reload_at = self._wheel.reload_at(self._clock.now())
+        # Past a full load with rows held: loaded again when room wakes it, not at once.
+        held = self._wheel.held and (self._wheel.until or 0) <= self._clock.now()
+        stats.reload_at = None if held else self._wheel.until
 
     def backlog(self, now: int) -> tuple[int, int | None]:
         """Due by `now` and neither sent nor fired yet: the wheel's rows due (not claimed
@@ -577,15 +566,6 @@ class TimerRunner:
 
 
 _TAKE_OVER_LIMIT = 100_000
-
-
-def _sends(timer: Timer, now: int, options: TimerOptions) -> bool:
-    """Whether `expire_or_claim` claims it to send it (due, not expired), in short."""
-    return (
-        timer.status in (TimerStatus.PENDING, TimerStatus.FIRING)
-        and timer.due_at <= now
-        and now - due_since(timer) <= options.expires_after
-    )
 
 
 def _from_loaded(change: TimerChange | None, loaded: Timer) -> TimerChange | None:
