@@ -295,15 +295,7 @@ async def burst(kafka: KafkaConnection, base: Path, args: argparse.Namespace) ->
             "all_settled_after_t0_s": round(settled_at - t0 / 1000, 2),
             "workers_settled_s": round(settled_s, 1),
             "cpu": cpu.figures,
-            **(
-                {
-                    "trace_worker1": traced_worker.diff(traced, trace),
-                    # The first steps after T0, in ms after it: where the first fire waits.
-                    "timeline_worker1": traced_worker.timeline(trace, t0 / 1000),
-                }
-                if trace
-                else {}
-            ),
+            **({"trace_worker1": traced_worker.diff(traced, trace)} if trace else {}),
         }
     finally:
         await s.stop()

@@ -11,7 +11,6 @@ The product code is not changed: its classes' methods are wrapped before the CLI
 
 from __future__ import annotations
 
-import collections
 import functools
 import json
 import os
@@ -22,18 +21,9 @@ from typing import Any
 
 _STATS: dict[str, list[float]] = {}
 _VALUES: dict[str, list[float]] = {}
-# Per label, its latest calls as (start epoch s, wall ms): when each step ran, so that a
-# bench can say what happened between its T0 and the first fire (`timeline`).
-_RECENT: dict[str, collections.deque[tuple[float, float]]] = {}
-_RECENT_CALLS = 3000
 
 
-def _add(label: str, seconds: float, began: float | None = None) -> None:
-    if began is not None:
-        recent = _RECENT.get(label)
-        if recent is None:
-            recent = _RECENT[label] = collections.deque(maxlen=_RECENT_CALLS)
-        recent.append((round(began, 4), round(seconds * 1e3, 2)))
+def _add(label: str, seconds: float) -> None:
     s = _STATS.get(label)
     if s is None:
         s = _STATS[label] = [0, 0.0, 0.0]
@@ -59,11 +49,10 @@ def _wrap(
     @functools.wraps(original)
     async def timed(*args: Any, **kwargs: Any) -> Any:
         began = time.perf_counter()
-        epoch = time.time()
         try:
             result = await original(*args, **kwargs)
         finally:
-            _add(label, time.perf_counter() - began, epoch)
+            _add(label, time.perf_counter() - began)
         if on_result is not None:
             on_result(result)
         return result
@@ -75,13 +64,10 @@ def install() -> None:
     from app.kafka import consumers, producers
     from app.node import cycles, partition_transaction
     from app.timers import sender
-    from app.timers.runner import runner, wheel
+    from app.timers.runner import runner
     from tables import partitioned
 
-    def round_stats(result: Any) -> None:
-        # `_round` returns (stats, sends): read as stats alone, every round failed (an
-        # AttributeError after the round's work) and the loop waited a poll interval.
-        stats = result[0] if isinstance(result, tuple) else result
+    def round_stats(stats: Any) -> None:
         if stats.loaded:
             _count("round.loaded", stats.loaded)
             _count("round.claimed", stats.claimed)
@@ -103,12 +89,6 @@ def install() -> None:
         partitioned.PartitionedStore, "_commit", "store._commit: sink (changelog append) + RocksDB"
     )
     _wrap(partitioned.PartitionedStore, "due", "store.due")
-    _wrap(partitioned.PartitionedStore, "due_rows", "store.due_rows: the wheel's load")
-    _wrap(wheel.Wheel, "take_due", "wheel.take_due: (load and) take the rows due")
-    _wrap(producers.TransactionalProducer, "_append", "txn._append: a commit's records sent")
-    from aiokafka.client import AIOKafkaClient
-
-    _wrap(AIOKafkaClient, "_wait_on_metadata", "aiokafka metadata wait (each send)")
     _wrap(
         runner.TimerRunner, "_round", "runner._round: due → claim → sends → outcomes", round_stats
     )
@@ -184,7 +164,6 @@ def _snapshot() -> dict[str, Any]:
         "at": time.time(),
         "timed": {k: list(v) for k, v in list(_STATS.items())},
         "counted": {k: list(v) for k, v in list(_VALUES.items())},
-        "recent": {k: list(v) for k, v in list(_RECENT.items())},
     }
 
 
@@ -223,18 +202,6 @@ def diff(before: dict[str, Any] | None, after: dict[str, Any]) -> dict[str, Any]
         if n - n0 > 0:
             counted[label] = {"count": int(n - n0), "mean": round((total - total0) / (n - n0), 1)}
     return {"wall_s": round(wall, 2), "timed": timed, "counted": counted}
-
-
-def timeline(after: dict[str, Any] | None, t0: float, first: int = 3) -> dict[str, Any]:
-    """Per label, its first `first` calls that ended after `t0` (epoch s), as [start, end]
-    in ms after t0, and how many started before the first fire's window closed."""
-    out: dict[str, Any] = {}
-    for label, calls in sorted(((after or {}).get("recent") or {}).items()):
-        ended = [(round((b - t0) * 1e3, 1), round((b - t0) * 1e3 + ms, 1)) for b, ms in calls]
-        ended = [c for c in ended if c[1] >= 0]
-        if ended:
-            out[label] = ended[:first]
-    return out
 
 
 def read(path: str) -> dict[str, Any] | None:

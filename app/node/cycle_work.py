@@ -29,7 +29,6 @@ class CycleWork:
     offsets: dict[tuple[str, int], int] = field(default_factory=dict)
     batch: CommandBatch | None = None
     wrote: bool = False  # timer rows written (buffered in the partition's transaction)
-    fired: int = 0  # timers fired in-process, committed with the batch (`FireWindow`)
 
     def dead_letter(self, record: Record, error: BaseException, stage: Stage) -> None:
         """Skips a bad record: its dead letter commits with the offset that passes it."""

@@ -21,7 +21,6 @@ from app.errors import BadRecord, KafkaUnavailable, node_fault
 from app.kafka import Record
 from app.node.commits import Commits, OnFailure
 from app.node.cycle_work import CycleWork
-from app.node.fire_window import FireWindow
 from app.node.kept import KeptType
 from app.node.metrics import NodeMetrics
 from app.protocol.dead_letters import Stage
@@ -95,7 +94,6 @@ class PartitionCycles:
         self._local: defaultdict[int, defaultdict[str, list[Timer]]] = defaultdict(
             lambda: defaultdict(list)
         )
-        self.window = FireWindow(types, processor)
 
     def queue(self, p: int) -> asyncio.Queue[Batch]:
         """p's worker's queue (the worker started on first use)."""
@@ -131,13 +129,11 @@ class PartitionCycles:
     def drop_local(self, p: int) -> None:
         """Forgets the timers handed over in p (let go: the next owner fires them)."""
         self._local.pop(p, None)
-        self.window.drop(p)
 
     def fire_local(self, type_name: str, timers: list[Timer]) -> None:
         """Takes claimed timers to fire in their partition's next cycle."""
         for t in timers:
             self._local[t.partition][type_name].append(t)
-            self.window.handed((type_name, t.partition), 1)
         for p in {t.partition for t in timers}:
             queue = self.queue(p)
             if not queue.full():  # else the worker has batches to do, and fires with them
@@ -151,8 +147,6 @@ class PartitionCycles:
             items = [await queue.get()]
             while not queue.empty():
                 items.append(queue.get_nowait())
-            if self._local.get(p):
-                await self.window.turn()
             async with self._locks[p]:
                 if not self._owns(p):
                     continue
@@ -210,24 +204,16 @@ class PartitionCycles:
                 kept = self._types[type_name]
                 w = work_of(kept)
                 if (batch := w.batch_of(p)) is None:
-                    self.window.decided((type_name, p), len(timers), 0)
                     continue  # its commands are not decided here any more
-                chunk = kept.runner.options.fire_chunk
-                for i in range(0, len(timers), chunk):
-                    if i:  # a chunk per turn: other partitions' commits go on meanwhile
-                        await self.window.turn()
-                    # A cancel or reschedule applied since they were loaded stops them here.
-                    part = await kept.runner.still_due(timers[i : i + chunk])
-                    self.window.decided((type_name, p), len(timers[i : i + chunk]), len(part))
-                    w.fired += len(part)
-                    commands = [timer_command(t, batch.now, in_process=True) for t in part]
-                    decided = w.decider.decide_local(batch, commands)
-                    await self._record_local(kept, part, decided)
-                    # After the settles: a Fire that reschedules its own key would fail them.
-                    w.wrote = await self._carry_out(kept, batch, p) or w.wrote
+                # A cancel or reschedule applied since they were loaded stops them here.
+                timers = await kept.runner.still_due(timers)
+                commands = [timer_command(t, batch.now, in_process=True) for t in timers]
+                decided = w.decider.decide_local(batch, commands)
+                await self._record_local(kept, timers, decided)
+                # After the settles: a Fire that reschedules its own key would fail them.
+                w.wrote = await self._carry_out(kept, batch, p) or w.wrote
             for w in work.values():
                 self._stage(p, w)
-                self.window.wake_held(w.kept, p)
         except Exception as exc:
             # Nothing of the cycle counts: the partition is taken again and read from its
             # committed offsets (every write is idempotent).
@@ -259,8 +245,6 @@ class PartitionCycles:
         kept = w.kept
         if w.batch is not None and w.batch.empty:
             w.batch = None
-        if w.batch is None:
-            self.window.committed((kept.name, p), w.fired)  # none waits for a commit
         if (
             w.batch is None
             and not w.out
@@ -278,7 +262,7 @@ class PartitionCycles:
         if (batch := w.batch) is not None:
             processor = w.decider
             processor.staged(batch)
-            committed = functools.partial(self._batch_committed, kept, p, w.fired, processor, batch)
+            committed = functools.partial(self._batch_committed, kept.name, processor, batch)
             for code, n in batch.stats.codes.items():
                 self._metrics.commands.labels(kept.name, code).inc(n)
             if batch.stats.dead_letters:
@@ -292,14 +276,11 @@ class PartitionCycles:
             self._commits.start(kept, p)
 
     def _batch_committed(
-        self, kept: KeptType, p: int, fired: int, processor: CommandProcessor,
-        batch: CommandBatch, written: list[int],
-    ) -> None:  # fmt: skip
+        self, type_name: str, processor: CommandProcessor, batch: CommandBatch, written: list[int]
+    ) -> None:
         processor.committed(batch, written[: len(batch.out)])
         # The timers' commands are applied now: their lateness is measured at the commit.
-        self._metrics.fired(kept.name, batch.fired_due, self._now())
-        self.window.committed((kept.name, p), fired)
-        self.window.wake_held(kept, p)
+        self._metrics.fired(type_name, batch.fired_due, self._now())
 
     async def _carry_out(self, kept: KeptType, batch: CommandBatch, p: int) -> bool:
         """Carries out on the timer table, at once, what the batch's decisions did to the

@@ -36,10 +36,6 @@ class InProcess:
             partition_of(target.id, self._partitions) == timer.partition
         )
 
-    def room(self, partition: int) -> int | None:
-        kept = self._kept()
-        return None if kept is None else self._cycles.window.room(kept.name, partition)
-
     def fire(self, timers: list[Timer]) -> None:
         kept = self._kept()
         if kept is not None:

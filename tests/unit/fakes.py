@@ -167,9 +167,6 @@ class FakeLocal:
     def fire(self, timers: list[Timer]) -> None:
         self.fired += timers
 
-    def room(self, partition: int) -> int | None:
-        return None
-
 
 # --- a store that counts, a ledger that spies ---------------------------------------------
 

@@ -39,7 +39,6 @@ from app.timers.runner import (
 )
 from app.timers.runner import runner as runner_module
 from app.timers.runner.options import RetryPolicy
-from app.timers.runner.wheel import LOAD_ROUNDS
 from tables.ledger import LedgerEntry
 from tables.rules import IntervalRule, OnceRule
 from tables.timer import Outcome, Timer, TimerChange, TimerStatus
@@ -442,9 +441,8 @@ async def test_one_due_query_and_two_settle_batches_per_round(world: World) -> N
         await world.put(id=f"t-{p}", key=f"k{p}", partition=p)
     runner = world.runner(partitions=range(PARTITIONS), batch_limit=50, poll_interval_ms=100)
     stats = await runner.run_round()
-    # One query loads the wheel: every owned partition, up to one poll interval ahead, as
-    # many rows as LOAD_ROUNDS rounds take.
-    assert world.store.due_calls == [(frozenset({0, 1, 2}), T0 + 100, 50 * LOAD_ROUNDS)]
+    # One query loads the wheel: every owned partition, up to one poll interval ahead.
+    assert world.store.due_calls == [(frozenset({0, 1, 2}), T0 + 100, 50)]
     claims, outcomes = world.store.settle_calls
     assert [c.next.status for c in claims] == [TimerStatus.FIRING] * 3
     assert [c.next.status for c in outcomes] == [TimerStatus.FIRED] * 3

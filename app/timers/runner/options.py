@@ -69,23 +69,8 @@ class TimerOptions(BaseModel):
     max_busy_retries: int = Field(
         default=10, ge=0, description="BUSY refusals in a row that do not count as attempts"
     )
-    batch_limit: int = Field(
-        default=1000, gt=0, description="timers taken per round; a load reads four rounds' worth"
-    )
+    batch_limit: int = Field(default=1000, gt=0, description="timers loaded per round")
     max_in_flight: int = Field(default=1000, gt=0, description="sends running at once")
-    fire_chunk: int = Field(
-        default=50,
-        gt=0,
-        description="timers fired in-process that a partition decides per turn of the event "
-        "loop, and is handed at once when none of its own waits for a commit: small, so "
-        "that a burst's first commit goes out at once",
-    )
-    fire_window: int = Field(
-        default=1000,
-        gt=0,
-        description="timers of one partition fired in-process whose transaction has not "
-        "committed yet, at most: its due timers wait beyond that",
-    )
     poll_interval_ms: int = Field(default=100, gt=0, description="longest wait between rounds")
     finished_retention: int = Field(
         default=7 * DAY_MS,

@@ -41,12 +41,6 @@ class LocalFirer(Protocol):
 
     def fire(self, timers: list[Timer]) -> None: ...
 
-    def room(self, partition: int) -> int | None:
-        """How many of `partition`'s due timers it takes now (None: as many as are due):
-        a partition's timers are handed over in chunks, each once the last was decided,
-        while not too many of them wait for the partition's transaction to commit."""
-        ...
-
 
 BeforeSend = Callable[[set[int]], Awaitable[None]]
 """Commits the given partitions' open writes (the claims) before their commands leave."""

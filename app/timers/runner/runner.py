@@ -16,11 +16,13 @@ import functools
 import logging
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence, Set
+from dataclasses import dataclass
 from typing import Any
 
 from app.timers.runner.decisions import (
     TIMEOUT,
     TRANSPORT_ERROR,
+    Action,
     Decision,
     SendResult,
     expire_or_claim,
@@ -33,7 +35,6 @@ from app.timers.runner.decisions import (
 )
 from app.timers.runner.options import TimerOptions
 from app.timers.runner.ports import BeforeSend, Clock, FiringStore, LocalFirer, Sender
-from app.timers.runner.round_stats import RoundStats, count_outcomes
 from app.timers.runner.wheel import Wheel
 from tables.exceptions import StoreError
 from tables.ledger import FailureLedger
@@ -43,6 +44,38 @@ from tables.timer import Timer, TimerChange, TimerStatus
 __all__ = ["RoundStats", "TimerRunner"]
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass
+class RoundStats:
+    """What one round did; `next_due` and `full` tell the loop when to run the next."""
+
+    loaded: int = 0
+    claimed: int = 0
+    lost_claims: int = 0
+    lapsed: int = 0
+    """FIRING rows due again: a claim that lapsed (its send never settled, or a previous
+    owner's), claimed again or expired."""
+    expired: int = 0
+    sent: int = 0
+    fired: int = 0
+    retried: int = 0
+    busy: int = 0
+    parked: int = 0
+    released: int = 0
+    swept: int = 0
+    """Finished rows deleted past their retention (`TimerOptions.finished_retention`)."""
+    ledger_failures: int = 0
+    written: int = 0
+    deferred: int = 0
+    """Due, but not claimed: as many sends were in flight as may be (`max_in_flight`)."""
+    full: bool = False
+    next_due: int | None = None
+    reload_at: int | None = None
+    """When the wheel must be loaded again (it holds the rows due until then)."""
+
+    def due_by(self, t: int) -> None:
+        self.next_due = t if self.next_due is None else min(self.next_due, t)
 
 
 class TimerRunner:
@@ -285,30 +318,21 @@ class TimerRunner:
             return [self._spawn(t, stats) for t in claimed if t.partition in self._owned]
 
     async def _due_now(self, owned: frozenset[int], now: int, stats: RoundStats) -> list[Timer]:
-        """The rows due now, from the wheel, as many of each partition as its in-process
-        firer has room for (see `Wheel.take_due`)."""
-        room = None if self._local is None else self._local.room
-        taken, stats.full = await self._wheel.take_due(owned, now, room)
+        """The rows due now, from the wheel (see `Wheel.take_due`)."""
+        taken, stats.full = await self._wheel.take_due(owned, now)
         stats.loaded = len(taken)
         return taken
-
-    @property
-    def held(self) -> frozenset[int]:
-        """Partitions whose due timers wait for room (`LocalFirer.room`): it wakes the loop."""
-        return self._wheel.held
 
     def _next_due(self, stats: RoundStats) -> None:
         if (next_due := self._wheel.next_due) is not None:
             stats.due_by(next_due)
-        # Past a full load with rows held: loaded again when room wakes it, not at once.
-        held = self._wheel.held and (self._wheel.until or 0) <= self._clock.now()
-        stats.reload_at = None if held else self._wheel.until
+        stats.reload_at = self._wheel.until
 
     def backlog(self, now: int) -> tuple[int, int | None]:
         """Due by `now` and neither sent nor fired yet: the wheel's rows due (not claimed
         yet) and the timers handed over to fire in-process (claimed, their partition's
         cycle not run yet); with the earliest due time among them. For metrics, read at a
-        scrape: O(wheel), which holds at most a load (four times `batch_limit`) plus the puts
+        scrape: O(wheel), which holds at most `batch_limit` rows loaded plus the puts
         offered since, so the count is a lower bound when more than a load were due."""
         due = self._wheel.due(now, self._owned)
         due |= {t.id: t.due_at for t in self._in_hand.values()}  # as loaded, before the claim
@@ -370,7 +394,7 @@ class TimerRunner:
         for change in changes:
             if change.next.status is TimerStatus.PENDING:
                 stats.due_by(change.next.due_at)
-        count_outcomes(stats, final)
+        _count(stats, final)
         return stats
 
     def _spawn(self, claimed: Timer, stats: RoundStats) -> asyncio.Task[Decision]:
@@ -480,7 +504,7 @@ class TimerRunner:
         for change in changes:
             if change.next.status is TimerStatus.PENDING and change.next.partition in self._owned:
                 stats.due_by(change.next.due_at)
-        count_outcomes(stats, final)
+        _count(stats, final)
 
     async def _park(self, decisions: list[Decision], stats: RoundStats) -> list[Decision]:
         """The decisions to write: a park once the ledger holds its target, and if the
@@ -590,3 +614,18 @@ def _result_of(claimed: Timer, send: asyncio.Future[SendResult]) -> SendResult:
         logger.warning("send of %s failed: %r", claimed.request_id, exc)
         return SendResult(TRANSPORT_ERROR, repr(exc))
     return send.result()
+
+
+def _count(stats: RoundStats, decisions: Iterable[Decision]) -> None:
+    for d in decisions:
+        match d.action:
+            case Action.FIRE | Action.NEXT_SLOT:
+                stats.fired += 1
+            case Action.RETRY:
+                stats.retried += 1
+            case Action.BUSY:
+                stats.busy += 1
+            case Action.PARK:
+                stats.parked += 1
+            case Action.RELEASE:
+                stats.released += 1
