@@ -39,6 +39,7 @@ from app.protocol.wire import (
     CommandEnvelope,
     CommandResult,
     EventEnvelope,
+    Refusal,
     ResultCode,
     decode,
     encode,
@@ -167,7 +168,7 @@ class CommandProcessor:
                 batch.stats.codes[ResultCode.ERROR] += 1
                 self._dead_letter(batch, r, exc, Stage.DECIDE)
                 continue
-            batch.out.append(self._result(cmd, d.code, d.message, version, now))
+            batch.out.append(self._result(cmd, d.code, d.message, version, now, refusal=d.refusal))
             if d.error is not None:
                 # Answered ERROR, and kept for an operator: its handler refused to run it.
                 self._dead_letter(batch, r, d.error, Stage.DECIDE)
@@ -355,6 +356,7 @@ class CommandProcessor:
         now: int,
         *,
         own: bool = False,
+        refusal: Refusal | None = None,
     ) -> OutRecord:
         """The command's result record: on its reply address (checked by `_bad_reply`), or
         with `own` on the context's results topic, in the request id's partition."""
@@ -363,6 +365,7 @@ class CommandProcessor:
             code=code,
             aggregate=cmd.aggregate,
             message=message,
+            refusal=refusal,
             version=version,
             decided_at=now,
         )
