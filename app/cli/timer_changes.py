@@ -98,7 +98,10 @@ def _answer(action: str, cmd: CommandEnvelope, result: CommandResult | None, as_
         )
     answer = answer_of(cmd, result)
     if result.code not in DONE:
-        raise fail(f"{action} refused: {result.code} {result.message}".rstrip())
+        # The refusal's typed code (the book's RULE_ENDED) before its text, as the web
+        # edge's 409 says it.
+        why = result.message if result.refusal is None else f"{result.refusal}: {result.message}"
+        raise fail(f"{action} refused: {result.code} {why}".rstrip())
     if as_json:
         json_line(answer.model_dump(mode="json"))
         return

@@ -59,7 +59,7 @@ from app.protocol.wire import (
     SCHEDULE_RESUMED,
     SCHEDULE_SET,
     SCHEDULE_TRIGGERED,
-    ResultCode,
+    Refusal,
     ScheduleCancelled,
     ScheduleSet,
     ScheduleTriggered,
@@ -84,7 +84,6 @@ __all__ = [
     "book_reason",
     "ended_refusal",
     "live_timers",
-    "refusal_code",
     "timer_book",
     "timer_end",
 ]
@@ -339,24 +338,10 @@ def _known(
     return key, timer
 
 
-RULE_ENDED: Final = "RULE_ENDED"
+RULE_ENDED: Final = Refusal.RULE_ENDED
 """The code of a pause or trigger a book refuses because the timer's rule ended
-(`ended_refusal`): its REJECTED answer's message begins `RULE_ENDED: ` (`refusal_code`),
-what the web edge answers 409 (a key it has no timer under is a 404)."""
-
-_CODES: Final = frozenset({RULE_ENDED})
-
-
-def refusal_code(code: ResultCode, message: str) -> str | None:
-    """The code a book put at the start of a refusal's message (`RULE_ENDED`), or None.
-
-    Only the book writes there: every other refusal begins with a fixed word or with the
-    owner, whose context (letters, digits, `_.-`) is followed by `.`, so no key, owner id
-    or tenant a caller chose can make a message begin with a code and `: `."""
-    if code is not ResultCode.REJECTED:
-        return None
-    head, sep, _ = message.partition(": ")
-    return head if sep and head in _CODES else None
+(`ended_refusal`): its REJECTED answer carries it as `CommandResult.refusal`, what the
+web edge answers 409 (a key it has no timer under is a 404), never read from the text."""
 
 
 _VERBS: Final = {PAUSE_TIMER: "pause", RESUME_TIMER: "resume", TRIGGER_TIMER: "trigger"}
@@ -369,7 +354,7 @@ def ended_refusal(action: str, timer: BookTimer, now: int) -> str | None:
     send the last slot's command a second time, and a pause would change nothing (the
     table's row is FIRED, or it is held by its retries then). A paused timer's slot has not
     fired (its row stays PAUSED whatever its end): it is triggered and resumed as before.
-    The book's refusal is `RULE_ENDED: <owner>'s timer <key>: ` and this text."""
+    The book's refusal (code `RULE_ENDED`) says `<owner>'s timer <key>: ` and this text."""
     if action not in (PAUSE_TIMER, TRIGGER_TIMER) or timer.paused or timer.ends is None:
         return None
     if timer.ends > now:
@@ -383,7 +368,7 @@ def ended_refusal(action: str, timer: BookTimer, now: int) -> str | None:
 
 def _refuse_if_ended(cmd: Command, action: str, key: str, timer: BookTimer, d: Decision) -> None:
     if (why := ended_refusal(action, timer, d.now)) is not None:
-        d.reject(f"{RULE_ENDED}: {cmd.aggregate}'s timer {key!r}: {why}")
+        d.reject(f"{cmd.aggregate}'s timer {key!r}: {why}", refusal=RULE_ENDED)
 
 
 def _first_error(exc: ValidationError) -> str:

@@ -1,30 +1,37 @@
-"""The command path of one partition of one aggregate type.
+"""The command path of one partition of one aggregate type: its decisions.
 
 For each batch of commands read from `<type>.commands[p]`, in order: de-duplicate by request
 id, refuse what is not due yet, refuse when the partition's backlog is full (BUSY), run the
 handler, and then append the events to `<type>.events[p]`, publish the results and commit
 the commands' offsets in ONE Kafka transaction. The aggregate states are written locally
-only after the transaction committed; they are a fold of the log, restored from it.
+only after the transaction committed; they are a fold of the log, restored from it
+(`app.commands.states`). What a transaction builds up is a `CommandBatch`
+(`app.commands.batch`); the records beside the events, `app.commands.records`.
 """
 
 from __future__ import annotations
 
 import logging
-import time
-from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
-from pydantic import ValidationError
-
+from app.commands.batch import BatchStats, CommandBatch
+from app.commands.records import (
+    applied_id,
+    command_record,
+    dead_letter_record,
+    misrouted,
+    result_record,
+    state_key,
+)
+from app.commands.states import PartitionStates
 from app.errors import BadRecord, MissingTopic, node_fault
 from app.kafka import LogReader, OutRecord, Record
 from app.kafka.catalog import TopicCatalog, no_target_message
 from app.kafka.records import RestoreProgress
 from app.model.aggregate import AggregateType
-from app.model.decide import Decided, StoredAggregate, decide, fold
-from app.protocol.dead_letters import Stage, dead_letter
+from app.model.decide import Decided, decide, fold
+from app.protocol.dead_letters import Stage
 from app.protocol.limits import InputLimits
 from app.protocol.topics import AggregateTopics, ContextTopics
 from app.protocol.wire import (
@@ -32,13 +39,13 @@ from app.protocol.wire import (
     CommandEnvelope,
     CommandResult,
     EventEnvelope,
+    Refusal,
     ResultCode,
     decode,
     encode,
 )
-from tables import AggregateRef, StoreError
+from tables import AggregateRef
 from tables.aggregate_store import AggregateStateStore
-from tables.partitioner import partition_of
 
 __all__ = [
     "BatchStats",
@@ -47,6 +54,8 @@ __all__ = [
     "Commit",
     "LocalDecided",
     "dead_letter_record",
+    "misrouted",
+    "state_key",
 ]
 
 Commit = Callable[[Sequence[OutRecord], dict[tuple[str, int], int]], Awaitable[list[int]]]
@@ -62,109 +71,6 @@ logger = logging.getLogger(__name__)
 _FIRED = frozenset({ResultCode.COMMITTED, ResultCode.UNCHANGED, ResultCode.REJECTED})
 """A command decided for good by its aggregate's handler (a duplicate was counted when first
 decided; BUSY, not due yet and ERROR are sent again)."""
-
-
-@dataclass(slots=True)
-class BatchStats:
-    commands: int = 0
-    committed: int = 0
-    events: int = 0
-    dead_letters: int = 0
-    codes: Counter[str] = field(default_factory=Counter)
-
-
-def dead_letter_record(
-    record: Record,
-    error: BaseException | str,
-    stage: Stage,
-    now: int,
-    limits: InputLimits,
-) -> OutRecord:
-    """The dead letter of `record` on its context's dead-letter topic: its bytes whole, why
-    in its headers (`app.protocol.dead_letters`)."""
-    logger.error(
-        "dead-lettering %s[%d]@%d (%s): %s",
-        record.topic,
-        record.partition,
-        record.offset,
-        stage.value,
-        str(error)[:500],
-    )
-    return dead_letter(record, error, stage, now, limit=limits.dead_letter_bytes)
-
-
-def misrouted(record: Record, aggregate: AggregateRef, partitions: int) -> str | None:
-    """Why `record` of `aggregate` is not where Kafka's default partitioner puts it, or
-    None. An aggregate's records are keyed by its id, in murmur2(id)'s partition: one
-    written elsewhere would split its log (or its commands) across two owners."""
-    if record.key is None:
-        return f"no key: records of {aggregate.id!r} are keyed by the aggregate id"
-    if record.key != aggregate.id.encode():
-        return f"key {record.key!r} is not the aggregate id {aggregate.id!r}"
-    expected = partition_of(aggregate.id, partitions)
-    if record.partition != expected:
-        return (
-            f"{aggregate.id!r} belongs in partition {expected} (murmur2, Kafka's default "
-            f"partitioner), not {record.partition}"
-        )
-    return None
-
-
-_REQUEST_SWEEP = 250
-"""Request ids forgotten per commit at most, once past the window."""
-
-
-def _applied_id(event: EventEnvelope) -> str:
-    """What marks an event as folded: its command's request id, or its own id."""
-    return event.request_id or f"event:{event.id}"
-
-
-def state_key(ref: AggregateRef) -> str:
-    """Where the state store keeps an aggregate: its tenant and id, which two tenants'
-    aggregates may share (the tenant is length-prefixed, so no pair is ambiguous)."""
-    return f"{len(ref.tenant)}:{ref.tenant}/{ref.id}"
-
-
-def _command_record(cmd: CommandEnvelope) -> OutRecord:
-    # The target's own partition count decides: the key picks it, as any producer's would.
-    topic = AggregateTopics(cmd.aggregate.context, cmd.aggregate.aggregate).commands
-    return (topic, None, cmd.aggregate.id.encode(), encode(cmd))
-
-
-@dataclass(slots=True, eq=False)
-class CommandBatch:
-    """What one transaction's decisions have built up so far: its records to write (events,
-    results, commands sent, dead letters), the commands' offsets, and the aggregates as
-    they will be once it commits."""
-
-    now: int
-    staged: dict[str, StoredAggregate] = field(default_factory=dict)
-    # The staged aggregates' bytes, encoded when decided: an aggregate that cannot be
-    # written is its command's fault then, not a commit's failure later.
-    encoded: dict[str, bytes] = field(default_factory=dict)
-    applied: set[tuple[str, str]] = field(default_factory=set)
-    out: list[OutRecord] = field(default_factory=list)
-    offsets: dict[tuple[str, int], int] = field(default_factory=dict)
-    stats: BatchStats = field(default_factory=lambda: BatchStats())
-    # The last offset of the partition's log read in this batch (other writers' events
-    # followed or passed over): the state store's offset moves past them with it, so a
-    # restore does not fold them a second time.
-    log_offset: int | None = None
-    # The due times (`not_before`, epoch ms) of the scheduled commands, every timer's, this
-    # batch decided for good: their lateness is measured once the batch commits.
-    fired_due: list[int] = field(default_factory=list)
-    # The timer events (`wow.*`) decided and not yet carried out on the timer table: the
-    # partition's cycle does so at once, before anything of it fires (`take_timer_events`).
-    timer_events: list[EventEnvelope] = field(default_factory=list)
-
-    def take_timer_events(self) -> list[EventEnvelope]:
-        events, self.timer_events = self.timer_events, []
-        return events
-
-    @property
-    def empty(self) -> bool:
-        """Nothing decided, followed or read: no need to commit it."""
-        return not (self.out or self.staged or self.applied or self.offsets)
 
 
 class CommandProcessor:
@@ -186,140 +92,33 @@ class CommandProcessor:
         # The cluster's topics: a decision sending to a command topic not there is refused
         # (its send would fail the partition's transaction, again at each retake).
         self.targets = targets
-        # How long an applied request id is kept to de-duplicate a command sent again.
-        self.request_id_window = request_id_window
         self.partition = partition
         self.partitions = partitions
         self.topics = AggregateTopics(agg.context, agg.name)
         self.results_topic = ContextTopics(agg.context).results
-        self._states = states
         self._commit = commit
         self._now = now
         self.busy_backlog = busy_backlog
         self.limits = limits or InputLimits()
-        # Batches decided and staged in the partition's transaction, not committed yet
-        # (oldest first): later decisions see their aggregates and request ids.
-        # Of the batches staged and not committed yet, the latest aggregate and every applied
-        # request id, each with the batch that wrote it (removed when that one commits).
-        self._pending_states: dict[str, tuple[StoredAggregate, CommandBatch]] = {}
-        self._pending_applied: dict[tuple[str, str], CommandBatch] = {}
+        self._states = PartitionStates(
+            agg,
+            partition,
+            partitions=partitions,
+            store=states,
+            limits=self.limits,
+            events_topic=self.topics.events,
+            request_id_window=request_id_window,
+        )
+
+    @property
+    def request_id_window(self) -> int:
+        """How long an applied request id is kept to de-duplicate a command sent again."""
+        return self._states.request_id_window
 
     async def restore(self, reader: LogReader, progress: RestoreProgress | None = None) -> int:
-        """Folds the events after the state store's offset into it; how many were read.
-        `progress` hears the log offsets read and to read as it goes.
-
-        The local states are a cache of the log: a copy that is not a prefix of the log the
-        broker holds (ahead of its end: a recreated topic, another cluster) is dropped and
-        folded again from the start.
-        """
-        held = self._states.offset(self.partition)
-        _, end = await reader.offsets(self.topics.events, self.partition)
-        if held is not None and held >= end:
-            logger.warning(
-                "%s[%d]: local states at offset %d, but the log ends at %d: "
-                "not this log's copy, folding it again",
-                self.topics.events,
-                self.partition,
-                held,
-                end,
-            )
-            self._states.drop(self.partition)
-            held = None
-        start = 0 if held is None else held + 1
-        began = time.monotonic()
-        count = 0
-        to_read = max(end - start, 0)
-        if progress is not None:
-            progress(0, to_read)
-        async for batch in reader.read(self.topics.events, self.partition, start):
-            if batch:
-                self._fold_records(batch)
-                count += len(batch)
-                if progress is not None:
-                    progress(min(batch[-1].offset + 1 - start, to_read), to_read)
-        if progress is not None:
-            progress(to_read, to_read)
-        logger.info(
-            "restored %s[%d] states: %d events in %.3f s",
-            self.topics.events,
-            self.partition,
-            count,
-            time.monotonic() - began,
-        )
-        return count
-
-    def _fold_records(self, batch: list[Record]) -> None:
-        by_id: dict[str, list[EventEnvelope]] = {}
-        for r in batch:
-            try:
-                self.limits.check(r.key, r.value)
-                event = decode(EventEnvelope, r.value, self.limits.max_record_bytes)
-            except BadRecord:
-                continue  # the timers subscription dead-letters it; nothing to fold
-            if event.aggregate.type_name != self.agg.type_name:
-                continue
-            if misrouted(r, event.aggregate, self.partitions) is None:
-                by_id.setdefault(state_key(event.aggregate), []).append(event)
-        states: dict[str, bytes] = {}
-        requests: list[tuple[str, str]] = []
-        newest = 0
-        for aggregate_id, events in by_id.items():
-            stored = self._stored(aggregate_id)
-            state, folded = self._fold_each(stored, events)
-            if state is not None:
-                states[aggregate_id] = state
-            requests += [(aggregate_id, _applied_id(e)) for e in folded]
-            newest = max([newest, *(e.created_at for e in folded)])
-        # Kept from the newest event's time: at least the window after each was applied.
-        self._states.write(self.partition, states, requests, batch[-1].offset, newest)
-
-    def _fold_each(
-        self, stored: StoredAggregate | None, events: list[EventEnvelope]
-    ) -> tuple[bytes | None, list[EventEnvelope]]:
-        """The aggregate's bytes after those of `events` its appliers take and whose result
-        can be written, and those events: one an applier raises on, or that makes an
-        aggregate no encoder writes, is passed over (the subscription dead-letters it when
-        it follows it; a restore reads it again each time). No bytes: nothing to write."""
-        try:
-            return encode(fold(self.agg, stored, events)), events
-        except Exception as exc:
-            if node_fault(exc):
-                raise
-        current, folded = stored, []
-        state = None if current is None else encode(current)
-        for e in events:
-            try:
-                after = fold(self.agg, current, [e])
-                state, current = encode(after), after
-            except Exception as exc:
-                if node_fault(exc):
-                    raise
-                logger.warning("restore passes over event %s (%s): %r", e.id, e.type, exc)
-                continue
-            folded.append(e)
-        return state, folded
-
-    def _stored(self, aggregate_id: str) -> StoredAggregate | None:
-        pending = self._pending_states.get(aggregate_id)
-        if pending is not None:
-            return pending[0]
-        raw = self._states.get(self.partition, aggregate_id)
-        if raw is None:
-            return None
-        try:
-            return StoredAggregate.model_validate_json(raw)
-        except ValidationError as exc:
-            # The local copy is damaged, not the log: it is dropped, and the retake this
-            # node fault causes folds the partition again from the log.
-            logger.error(
-                "%s[%d]: local state of %s unreadable (%s): dropping the partition's states",
-                self.topics.events,
-                self.partition,
-                aggregate_id,
-                exc.errors()[0]["msg"],
-            )
-            self._states.drop(self.partition)
-            raise StoreError(f"local state of {aggregate_id} unreadable; states dropped") from exc
+        """Folds the events after the state store's offset into it; how many were read
+        (`PartitionStates.restore`)."""
+        return await self._states.restore(reader, progress)
 
     def begin(self) -> CommandBatch:
         """A new batch of decisions, for one transaction of the partition."""
@@ -369,7 +168,7 @@ class CommandProcessor:
                 batch.stats.codes[ResultCode.ERROR] += 1
                 self._dead_letter(batch, r, exc, Stage.DECIDE)
                 continue
-            batch.out.append(self._result(cmd, d.code, d.message, version, now))
+            batch.out.append(self._result(cmd, d.code, d.message, version, now, refusal=d.refusal))
             if d.error is not None:
                 # Answered ERROR, and kept for an operator: its handler refused to run it.
                 self._dead_letter(batch, r, d.error, Stage.DECIDE)
@@ -442,38 +241,12 @@ class CommandProcessor:
     def staged(self, batch: CommandBatch) -> None:
         """The batch waits for the partition's next commit: what it decided counts for the
         batches decided after it."""
-        for aid, stored in batch.staged.items():
-            self._pending_states[aid] = (stored, batch)
-        for applied in batch.applied:
-            self._pending_applied[applied] = batch
+        self._states.staged(batch)
 
     def committed(self, batch: CommandBatch, written: Sequence[int]) -> None:
         """Writes the batch's aggregate states once its transaction committed; `written`:
         the offsets its records were written at."""
-        for aid in batch.staged:
-            if (pending := self._pending_states.get(aid)) is not None and pending[1] is batch:
-                del self._pending_states[aid]
-        for applied in batch.applied:
-            if self._pending_applied.get(applied) is batch:
-                del self._pending_applied[applied]
-        last_event = max(
-            (o for rec, o in zip(batch.out, written, strict=True) if rec[0] == self.topics.events),
-            default=None,
-        )
-        # Never back: the log read may trail this node's own events committed before.
-        marks = (last_event, batch.log_offset, self._states.offset(self.partition))
-        known = [o for o in marks if o is not None]
-        self._states.write(
-            self.partition,
-            {a: batch.encoded.get(a) or encode(s) for a, s in batch.staged.items()},
-            batch.applied,
-            max(known) if known else None,
-            batch.now,
-        )
-        # Bounded, so that a commit never waits long for it; the next commits go on.
-        self._states.expire_requests(
-            self.partition, batch.now - self.request_id_window, _REQUEST_SWEEP
-        )
+        self._states.committed(batch, written)
 
     async def handle(
         self,
@@ -502,10 +275,10 @@ class CommandProcessor:
             return False
         batch.log_offset = max(offset, batch.log_offset or 0)
         aid = state_key(event.aggregate)
-        applied = (aid, _applied_id(event))
-        if self._applied(batch, applied):
+        applied = (aid, applied_id(event))
+        if self._states.applied(batch, applied):
             return False
-        stored = batch.staged.get(aid) or self._stored(aid)
+        stored = batch.staged.get(aid) or self._states.stored(aid)
         if event.version <= (stored.version if stored is not None else 0):
             return False
         folded = fold(self.agg, stored, [event])
@@ -515,20 +288,13 @@ class CommandProcessor:
         return True
 
     def _seen(self, batch: CommandBatch, cmd: CommandEnvelope) -> bool:
-        return self._applied(batch, (state_key(cmd.aggregate), cmd.request_id))
-
-    def _applied(self, batch: CommandBatch, applied: tuple[str, str]) -> bool:
-        return (
-            applied in batch.applied
-            or applied in self._pending_applied
-            or self._states.seen(self.partition, *applied)
-        )
+        return self._states.applied(batch, (state_key(cmd.aggregate), cmd.request_id))
 
     def _decide(self, batch: CommandBatch, cmd: CommandEnvelope) -> tuple[Decided, int | None]:
         """Decides one command on the aggregate as the batch left it; its events and
         commands join the batch's records. The decision and the aggregate's version."""
         aid = state_key(cmd.aggregate)
-        stored = batch.staged.get(aid) or self._stored(aid)
+        stored = batch.staged.get(aid) or self._states.stored(aid)
         d = self._targeted(
             decide(
                 self.agg,
@@ -546,7 +312,7 @@ class CommandProcessor:
             out: list[OutRecord] = [
                 (self.topics.events, self.partition, key, encode(e)) for e in d.events
             ]
-            out += [_command_record(c) for c in d.commands]
+            out += [command_record(c) for c in d.commands]
             state = encode(d.stored)
             batch.staged[aid] = d.stored
             batch.encoded[aid] = state
@@ -574,7 +340,7 @@ class CommandProcessor:
         `Decision.send`'s check, for commands a handler put in `Decision.commands` itself."""
         if self.targets is None or not d.commands:
             return d
-        for topic in dict.fromkeys(_command_record(c)[0] for c in d.commands):
+        for topic in dict.fromkeys(command_record(c)[0] for c in d.commands):
             if self.targets.missing(topic):
                 message = no_target_message(topic)
                 logger.warning("%s[%d]: %s", self.topics.commands, self.partition, message)
@@ -590,6 +356,7 @@ class CommandProcessor:
         now: int,
         *,
         own: bool = False,
+        refusal: Refusal | None = None,
     ) -> OutRecord:
         """The command's result record: on its reply address (checked by `_bad_reply`), or
         with `own` on the context's results topic, in the request id's partition."""
@@ -598,13 +365,8 @@ class CommandProcessor:
             code=code,
             aggregate=cmd.aggregate,
             message=message,
+            refusal=refusal,
             version=version,
             decided_at=now,
         )
-        topic = self.results_topic
-        partition = (
-            cmd.reply_partition
-            if cmd.reply_partition is not None and not own
-            else partition_of(cmd.request_id, self.partitions)
-        )
-        return (topic, partition, cmd.request_id.encode(), encode(result))
+        return result_record(cmd, result, self.results_topic, self.partitions, own=own)

@@ -36,6 +36,7 @@ from app.protocol.wire import (
     SCHEDULE_RESUMED,
     SCHEDULE_SET,
     CommandEnvelope,
+    Refusal,
     ResultCode,
     ScheduleCancelled,
     SchedulePaused,
@@ -73,13 +74,23 @@ class Rejected(Exception):
     """Raised by `Decision.reject`: the state guard refused the command.
 
     `code` is the result the command gets: REJECTED unless the refusal has a code of its
-    own (SCHEDULE_JOB_INVALID), or ERROR for a failure the timer should retry.
+    own (SCHEDULE_JOB_INVALID), or ERROR for a failure the timer should retry. `refusal`:
+    with REJECTED, the code a client acts on (`CommandResult.refusal`), beside the text.
     """
 
-    def __init__(self, reason: str, code: ResultCode = ResultCode.REJECTED) -> None:
+    def __init__(
+        self,
+        reason: str,
+        code: ResultCode = ResultCode.REJECTED,
+        *,
+        refusal: Refusal | None = None,
+    ) -> None:
+        if refusal is not None and code is not ResultCode.REJECTED:
+            raise ValueError(f"a refusal code ({refusal}) goes with REJECTED, not {code}")
         super().__init__(reason)
         self.reason = reason
         self.code = code
+        self.refusal = refusal
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,8 +171,14 @@ class Decision:
             )
         )
 
-    def reject(self, reason: str, code: ResultCode = ResultCode.REJECTED) -> NoReturn:
-        raise Rejected(reason, code)
+    def reject(
+        self,
+        reason: str,
+        code: ResultCode = ResultCode.REJECTED,
+        *,
+        refusal: Refusal | None = None,
+    ) -> NoReturn:
+        raise Rejected(reason, code, refusal=refusal)
 
 
 Handler = Callable[[S, Command, Decision], None]

@@ -21,6 +21,7 @@ from app.protocol.wire import (
     MAX_EVENT_ID,
     CommandEnvelope,
     EventEnvelope,
+    Refusal,
     ResultCode,
 )
 from tables import AggregateRef
@@ -51,6 +52,8 @@ class Decided:
     """Commands the decision sends, committed with its events."""
     error: Exception | None = None
     """What the handler raised (the command is answered ERROR, and dead-lettered)."""
+    refusal: Refusal | None = None
+    """With REJECTED: the refusal's code, as the handler gave it (`Decision.reject`)."""
 
 
 def decide(
@@ -90,7 +93,7 @@ def decide(
         )
         handler(state, cmd, decision)
     except Rejected as exc:
-        return Decided(exc.code, exc.reason, [], None)
+        return Decided(exc.code, exc.reason, [], None, refusal=exc.refusal)
     except NoTarget as exc:
         logger.warning("%s %s: %s", cmd.type, cmd.request_id, exc)
         return Decided(ResultCode.ERROR, str(exc)[:1000], [], None, error=exc)

@@ -43,7 +43,7 @@ import orjson
 from aiohttp import web
 from pydantic import ValidationError
 
-from app.clients.timer_book import RULE_ENDED, refusal_code
+from app.clients.timer_book import RULE_ENDED
 from app.errors import KafkaUnavailable
 from app.ops.timer_api import (
     ACTIONS,
@@ -269,10 +269,12 @@ class TimerRoutes:
         if refused != 422:
             # An action on a key the book has no timer under: the path's key is wrong; on a
             # timer whose rule ended: a 409, as this node says of a FIRED row it keeps. By
-            # the book's code, never by text the message holds (the key is the caller's).
-            ended = refusal_code(result.code, result.message) == RULE_ENDED
-            status = 409 if ended else refused
-            return _error(status, result.message, "key", request_id=cmd.request_id)
+            # the result's typed code, never by its text (which holds the caller's key); a
+            # code this version does not know was read as none: a plain refusal.
+            if result.code is ResultCode.REJECTED and result.refusal is RULE_ENDED:
+                error = f"{result.refusal}: {result.message}"
+                return _error(409, error, "key", request_id=cmd.request_id)
+            return _error(refused, result.message, "key", request_id=cmd.request_id)
         return _json(answer, 422)
 
 

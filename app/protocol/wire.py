@@ -13,11 +13,19 @@ an older node must not silently ignore what a newer writer's rule says.
 from __future__ import annotations
 
 import logging
+import re
 from enum import StrEnum
 from typing import Annotated, Final, Self, TypeVar
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    model_validator,
+)
 
 from app.errors import BadRecord
 from tables import AggregateRef, CommandSpec, ScheduleRule
@@ -39,6 +47,7 @@ __all__ = [
     "CommandEnvelope",
     "CommandResult",
     "EventEnvelope",
+    "Refusal",
     "ResultCode",
     "ScheduleCancelled",
     "SchedulePaused",
@@ -197,6 +206,32 @@ class ResultCode(StrEnum):
     ERROR = "ERROR"
 
 
+class Refusal(StrEnum):
+    """Why a command was REJECTED, when a client acts on the why (`CommandResult.refusal`):
+    a code the aggregate's handler gave its refusal (`Decision.reject(..., refusal=)`)."""
+
+    RULE_ENDED = "RULE_ENDED"
+    """A timer book refused a pause or trigger of a running timer whose rule ended
+    (`app.clients.timer_book.ended_refusal`): the web edge answers 409, not 422."""
+
+
+_REFUSALS: Final = frozenset(Refusal)
+_REFUSAL_SHAPE: Final = re.compile(r"[A-Z][A-Z0-9_]{0,63}")
+"""What a refusal code looks like, the codes newer writers may add included."""
+
+
+def _known_refusal(value: object) -> object:
+    # A well-formed code this version does not know comes from a newer writer: the command
+    # is a plain rejection here (as it is to a reader without the field), not a bad record.
+    if (
+        isinstance(value, str)
+        and value not in _REFUSALS
+        and _REFUSAL_SHAPE.fullmatch(value) is not None
+    ):
+        return None
+    return value
+
+
 class CommandResult(_Envelope):
     """The outcome of one command, on the results topic, keyed by request id."""
 
@@ -208,6 +243,13 @@ class CommandResult(_Envelope):
         default=None, ge=0, le=MAX_INT64, description="the aggregate's version after it"
     )
     decided_at: Instant
+    refusal: Annotated[Refusal | None, BeforeValidator(_known_refusal)] = Field(
+        default=None,
+        description="with REJECTED: the refusal's code, when it has one a client acts on "
+        "(absent: a plain rejection). A reader takes a code it does not know (upper-case "
+        "letters, digits and `_`, at most 64) as a plain rejection; readers of 0.2.0 and before "
+        "keep the field and ignore it",
+    )
 
 
 def encode(model: BaseModel) -> bytes:

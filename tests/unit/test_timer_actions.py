@@ -37,11 +37,18 @@ from typer.testing import CliRunner
 from yarl import URL
 
 import app.cli.timer_changes
+import app.ops.timer_routes
 from app.cli import cli
 from app.clients.timer_book import BOOK_RETENTION, SET_TIMER, timer_book
 from app.model.decide import decide
 from app.ops.timer_routes import TimerRoutes
-from app.protocol.wire import CommandEnvelope, CommandResult, EventEnvelope, ResultCode
+from app.protocol.wire import (
+    CommandEnvelope,
+    CommandResult,
+    EventEnvelope,
+    ResultCode,
+    decode,
+)
 from app.timers.subscription import apply_all, timer_op
 from tables import AggregateRef, Timer, TimerStatus
 from tables.memory_store import MemoryTimerStore
@@ -245,6 +252,39 @@ async def test_a_missing_key_named_as_the_ended_refusal_is_a_404(edge: Edge, key
         assert f"has no timer {key!r}" in answer["error"], answer
 
 
+def _refused(cmd: CommandEnvelope, refusal: str | None) -> CommandResult:
+    """A REJECTED result as a book of any version writes it: without `refusal` (before it
+    was typed), with RULE_ENDED, or with a code a newer version added; its text unprefixed."""
+    raw: dict[str, Any] = {
+        "request_id": cmd.request_id,
+        "code": "REJECTED",
+        "aggregate": cmd.aggregate.model_dump(mode="json"),
+        "message": "the book's own words",
+        "decided_at": T0,
+    }
+    return decode(CommandResult, orjson.dumps(raw | ({"refusal": refusal} if refusal else {})))
+
+
+@pytest.mark.parametrize(
+    ("refusal", "status"), [("RULE_ENDED", 409), ("A_NEWER_REFUSAL", 404), (None, 404)]
+)
+async def test_the_409_comes_from_the_results_typed_refusal(
+    edge: Edge, monkeypatch: pytest.MonkeyPatch, refusal: str | None, status: int
+) -> None:
+    """The ended refusal is the result's typed code, whatever its text says; a code this
+    version does not know is a plain refusal (an action's 404), as is a result without it."""
+
+    async def submit(producer: Any, reader: Any, cmd: CommandEnvelope, *_: Any) -> CommandResult:
+        return _refused(cmd, refusal)
+
+    monkeypatch.setattr(app.ops.timer_routes, "submit", submit)
+    for action in ("pause", "trigger"):
+        got, answer = await act(edge, "k", action, f"{action}-1")
+        assert (got, answer["field"], answer["request_id"]) == (status, "key", f"{action}-1")
+        said = "the book's own words"
+        assert answer["error"] == (f"RULE_ENDED: {said}" if status == 409 else said), answer
+
+
 async def test_a_once_timer_past_its_end_and_the_books_retention_is_a_404(edge: Edge) -> None:
     """The book forgets a timer whose rule ended more than `BOOK_RETENTION` ago (#20), as
     the table deletes its finished row: an action on its key is then a never-set key's."""
@@ -416,6 +456,7 @@ def test_an_action_on_a_timer_whose_rule_ended_exits_1_saying_so(
             code=d.code,
             aggregate=cmd.aggregate,
             message=d.message,
+            refusal=d.refusal,
             decided_at=T0 + 5_000,
         )
 
@@ -428,6 +469,19 @@ def test_an_action_on_a_timer_whose_rule_ended_exits_1_saying_so(
         f"{action} (set it again to start it anew)\n"
     )
     assert [c.type for c in sent] == [f"wow.{action.capitalize()}Timer"]
+
+
+@pytest.mark.parametrize("refusal", ["A_NEWER_REFUSAL", None])
+def test_a_refusal_code_this_version_does_not_know_exits_1_as_a_plain_refusal(
+    monkeypatch: pytest.MonkeyPatch, refusal: str | None
+) -> None:
+    async def send(kafka: Any, cmd: CommandEnvelope, wait_s: float) -> CommandResult:
+        return _refused(cmd, refusal)
+
+    monkeypatch.setattr(app.cli.timer_changes, "send_change", send)
+    result = CliRunner().invoke(cli, line("trigger", "--request-id", "a-1"))
+    assert result.exit_code == 1, result.output
+    assert result.stderr == "error: trigger refused: REJECTED the book's own words\n"
 
 
 def test_an_actions_bad_options_exit_2_and_send_nothing(sent: list[CommandEnvelope]) -> None:

@@ -24,7 +24,6 @@ from app.clients.timer_book import (
     BookTimer,
     ended_refusal,
     live_timers,
-    refusal_code,
     timer_book,
     timer_end,
 )
@@ -125,7 +124,7 @@ def test_a_key_past_its_end_and_retention_is_refused_before_any_event_drops_it()
     book = Book()
     book.send(SET_TIMER, set_body("pay", {"kind": "once", "at": NOW}), NOW)
     ended = book.send(TRIGGER_TIMER, {"key": "pay"}, NOW + BOOK_RETENTION)
-    assert refusal_code(ended.code, ended.message) == RULE_ENDED  # known: ended
+    assert (ended.code, ended.refusal) == (ResultCode.REJECTED, RULE_ENDED)  # known: ended
     assert book.send(RESUME_TIMER, {"key": "pay"}, NOW + BOOK_RETENTION).code is (
         ResultCode.UNCHANGED
     )
@@ -133,7 +132,7 @@ def test_a_key_past_its_end_and_retention_is_refused_before_any_event_drops_it()
     late = book.send(TRIGGER_TIMER, {"key": "pay"}, NOW + BOOK_RETENTION + 1)
     assert late.code == ResultCode.REJECTED  # ...but a command after its retention is refused
     assert "has no timer 'pay'" in late.message
-    assert refusal_code(late.code, late.message) is None
+    assert late.refusal is None
 
 
 def test_endless_timers_are_kept_and_a_set_again_counts_from_its_new_end() -> None:
@@ -355,7 +354,8 @@ def test_a_pause_or_trigger_past_the_rules_end_is_refused(
         d = book.send(action, {"key": "pay"}, now)
         if ended:
             assert d.code == ResultCode.REJECTED and d.events == [], (action, d)
-            assert refusal_code(d.code, d.message) == RULE_ENDED and "'pay'" in d.message
+            assert d.refusal is RULE_ENDED and "'pay'" in d.message
+            assert not d.message.startswith("RULE_ENDED")  # the code is typed, not the text's
         else:
             assert d.code in (ResultCode.COMMITTED, ResultCode.UNCHANGED), (action, d)
     resumed = book.send(RESUME_TIMER, {"key": "pay"}, now)
@@ -367,9 +367,9 @@ def test_a_pause_or_trigger_past_the_rules_end_is_refused(
     key=st.text(min_size=1, max_size=40) | st.sampled_from(["RULE_ENDED: x", "its rule ended at"])
 )
 def test_no_key_makes_a_refusal_read_as_ended(key: str) -> None:
-    """The web edge's 409 is chosen by `refusal_code`: a key never set, whatever its text
+    """The web edge's 409 is chosen by the typed `refusal`: a key never set, whatever its text
     (one holding the ended refusal's words included), is refused without that code."""
     book = Book()
     for action in (TRIGGER_TIMER, PAUSE_TIMER):
         d = book.send(action, {"key": key}, NOW)
-        assert d.code == ResultCode.REJECTED and refusal_code(d.code, d.message) is None, d
+        assert d.code == ResultCode.REJECTED and d.refusal is None, d

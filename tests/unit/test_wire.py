@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import orjson
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from app.errors import BadRecord
+from app.model.aggregate import Rejected
 from app.protocol.schemas import render_schemas, stale_schemas
 from app.protocol.wire import (
     MAX_RECORD_BYTES,
     CommandEnvelope,
     CommandResult,
     EventEnvelope,
+    Refusal,
     ResultCode,
     ScheduleSet,
     decode,
@@ -109,3 +113,84 @@ def test_a_body_no_reader_holds_or_encoder_writes_back_is_bad_input(body: bytes)
         decode(EventEnvelope, event)
     with pytest.raises(BadRecord):
         decode(EventEnvelope, event.replace(b'"body":', b'"extra":'))
+
+
+RESULT = {
+    "request_id": "r-1",
+    "code": "REJECTED",
+    "aggregate": {"context": "shop", "aggregate": "reminders", "tenant": "(0)", "id": "o-1"},
+    "message": "shop.reminders/(0)/o-1's timer 'k': its rule ended at ...",
+    "version": None,
+    "decided_at": 1_700_000_000_000,
+}
+
+
+def test_a_result_written_before_the_refusal_was_typed_still_reads() -> None:
+    """A 0.2.0 result, as records already in the results topics hold it: no `refusal`
+    (its RULE_ENDED was the message's prefix then): a plain rejection."""
+    old = orjson.dumps(RESULT | {"message": "RULE_ENDED: " + str(RESULT["message"])})
+    result = decode(CommandResult, old)
+    assert (result.code, result.refusal, result.model_extra) == (ResultCode.REJECTED, None, {})
+    assert result.message.startswith("RULE_ENDED: ")  # the text is not read for a code
+
+
+def test_the_refusal_round_trips_and_the_schema_lists_every_code() -> None:
+    result = decode(CommandResult, orjson.dumps(RESULT | {"refusal": "RULE_ENDED"}))
+    assert result.refusal is Refusal.RULE_ENDED
+    assert orjson.loads(encode(result))["refusal"] == "RULE_ENDED"
+    assert decode(CommandResult, encode(result)) == result
+    schema = orjson.loads(render_schemas()["command-result.schema.json"])
+    assert schema["$defs"]["Refusal"]["enum"] == [r.value for r in Refusal]
+    assert "refusal" not in schema["required"]
+
+
+@pytest.mark.parametrize("code", ["A_NEWER_REFUSAL", "X", "RULE_ENDED_2", "A" * 64])
+def test_a_refusal_code_from_a_newer_writer_is_a_plain_rejection(code: str) -> None:
+    result = decode(CommandResult, orjson.dumps(RESULT | {"refusal": code}))
+    assert (result.code, result.refusal) == (ResultCode.REJECTED, None)
+
+
+@pytest.mark.parametrize("bad", ["rule_ended", "", "A" * 65, "RULE ENDED", 7, True, [], {}])
+def test_a_refusal_no_writer_makes_is_a_bad_record(bad: object) -> None:
+    with pytest.raises(BadRecord, match="refusal"):
+        decode(CommandResult, orjson.dumps(RESULT | {"refusal": bad}))
+
+
+_CODE_LIKE = st.from_regex(r"[A-Z][A-Z0-9_]{0,70}", fullmatch=True)
+_JSON = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**63), 2**63 - 1)
+    | st.floats(allow_nan=False)
+    | st.text(),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(), inner, max_size=3),
+    max_leaves=8,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(value=_CODE_LIKE | st.sampled_from([r.value for r in Refusal]) | _JSON)
+def test_any_refusal_reads_as_a_known_code_a_plain_rejection_or_a_bad_record(
+    value: object,
+) -> None:
+    """Whatever a writer puts in `refusal`, a reader never fails otherwise: a code it knows
+    is that code, a well-formed one it does not know none, anything else a `BadRecord`."""
+    raw = orjson.dumps(RESULT | {"refusal": value})
+    try:
+        result = decode(CommandResult, raw)
+    except BadRecord as exc:
+        assert str(exc).startswith("not a valid CommandResult: refusal"), exc
+        assert not (isinstance(value, str) and value in {r.value for r in Refusal})
+        return
+    if isinstance(value, str) and value in {r.value for r in Refusal}:
+        assert result.refusal == value
+    else:
+        assert result.refusal is None
+        assert value is None or (isinstance(value, str) and len(value) <= 64), value
+    assert decode(CommandResult, encode(result)) == result
+
+
+def test_a_refusal_code_goes_with_rejected_only() -> None:
+    assert Rejected("no", refusal=Refusal.RULE_ENDED).refusal is Refusal.RULE_ENDED
+    with pytest.raises(ValueError, match="goes with REJECTED"):
+        Rejected("no", ResultCode.ERROR, refusal=Refusal.RULE_ENDED)

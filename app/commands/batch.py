@@ -1,0 +1,59 @@
+"""What one transaction of a partition's command path builds up before it commits: the
+records to write, the offsets read, the aggregates as they will be (`CommandBatch`), and
+its counts (`BatchStats`)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+from app.kafka import OutRecord
+from app.model.decide import StoredAggregate
+from app.protocol.wire import EventEnvelope
+
+__all__ = ["BatchStats", "CommandBatch"]
+
+
+@dataclass(slots=True)
+class BatchStats:
+    commands: int = 0
+    committed: int = 0
+    events: int = 0
+    dead_letters: int = 0
+    codes: Counter[str] = field(default_factory=Counter)
+
+
+@dataclass(slots=True, eq=False)
+class CommandBatch:
+    """What one transaction's decisions have built up so far: its records to write (events,
+    results, commands sent, dead letters), the commands' offsets, and the aggregates as
+    they will be once it commits."""
+
+    now: int
+    staged: dict[str, StoredAggregate] = field(default_factory=dict)
+    # The staged aggregates' bytes, encoded when decided: an aggregate that cannot be
+    # written is its command's fault then, not a commit's failure later.
+    encoded: dict[str, bytes] = field(default_factory=dict)
+    applied: set[tuple[str, str]] = field(default_factory=set)
+    out: list[OutRecord] = field(default_factory=list)
+    offsets: dict[tuple[str, int], int] = field(default_factory=dict)
+    stats: BatchStats = field(default_factory=lambda: BatchStats())
+    # The last offset of the partition's log read in this batch (other writers' events
+    # followed or passed over): the state store's offset moves past them with it, so a
+    # restore does not fold them a second time.
+    log_offset: int | None = None
+    # The due times (`not_before`, epoch ms) of the scheduled commands, every timer's, this
+    # batch decided for good: their lateness is measured once the batch commits.
+    fired_due: list[int] = field(default_factory=list)
+    # The timer events (`wow.*`) decided and not yet carried out on the timer table: the
+    # partition's cycle does so at once, before anything of it fires (`take_timer_events`).
+    timer_events: list[EventEnvelope] = field(default_factory=list)
+
+    def take_timer_events(self) -> list[EventEnvelope]:
+        events, self.timer_events = self.timer_events, []
+        return events
+
+    @property
+    def empty(self) -> bool:
+        """Nothing decided, followed or read: no need to commit it."""
+        return not (self.out or self.staged or self.applied or self.offsets)

@@ -1,0 +1,100 @@
+"""The records the command path reads and writes: where each belongs (`misrouted`), the
+keys it keeps aggregates and request ids under, and the records it writes beside the
+events (commands sent, results, dead letters)."""
+
+from __future__ import annotations
+
+import logging
+
+from app.kafka import OutRecord, Record
+from app.protocol.dead_letters import Stage, dead_letter
+from app.protocol.limits import InputLimits
+from app.protocol.topics import AggregateTopics
+from app.protocol.wire import CommandEnvelope, CommandResult, EventEnvelope, encode
+from tables import AggregateRef
+from tables.partitioner import partition_of
+
+__all__ = [
+    "applied_id",
+    "command_record",
+    "dead_letter_record",
+    "misrouted",
+    "result_record",
+    "state_key",
+]
+
+logger = logging.getLogger(__name__)
+
+
+def dead_letter_record(
+    record: Record,
+    error: BaseException | str,
+    stage: Stage,
+    now: int,
+    limits: InputLimits,
+) -> OutRecord:
+    """The dead letter of `record` on its context's dead-letter topic: its bytes whole, why
+    in its headers (`app.protocol.dead_letters`)."""
+    logger.error(
+        "dead-lettering %s[%d]@%d (%s): %s",
+        record.topic,
+        record.partition,
+        record.offset,
+        stage.value,
+        str(error)[:500],
+    )
+    return dead_letter(record, error, stage, now, limit=limits.dead_letter_bytes)
+
+
+def misrouted(record: Record, aggregate: AggregateRef, partitions: int) -> str | None:
+    """Why `record` of `aggregate` is not where Kafka's default partitioner puts it, or
+    None. An aggregate's records are keyed by its id, in murmur2(id)'s partition: one
+    written elsewhere would split its log (or its commands) across two owners."""
+    if record.key is None:
+        return f"no key: records of {aggregate.id!r} are keyed by the aggregate id"
+    if record.key != aggregate.id.encode():
+        return f"key {record.key!r} is not the aggregate id {aggregate.id!r}"
+    expected = partition_of(aggregate.id, partitions)
+    if record.partition != expected:
+        return (
+            f"{aggregate.id!r} belongs in partition {expected} (murmur2, Kafka's default "
+            f"partitioner), not {record.partition}"
+        )
+    return None
+
+
+def applied_id(event: EventEnvelope) -> str:
+    """What marks an event as folded: its command's request id, or its own id."""
+    return event.request_id or f"event:{event.id}"
+
+
+def state_key(ref: AggregateRef) -> str:
+    """Where the state store keeps an aggregate: its tenant and id, which two tenants'
+    aggregates may share (the tenant is length-prefixed, so no pair is ambiguous)."""
+    return f"{len(ref.tenant)}:{ref.tenant}/{ref.id}"
+
+
+def command_record(cmd: CommandEnvelope) -> OutRecord:
+    """A command a decision sends, on its target's command topic."""
+    # The target's own partition count decides: the key picks it, as any producer's would.
+    topic = AggregateTopics(cmd.aggregate.context, cmd.aggregate.aggregate).commands
+    return (topic, None, cmd.aggregate.id.encode(), encode(cmd))
+
+
+def result_record(
+    cmd: CommandEnvelope,
+    result: CommandResult,
+    topic: str,
+    partitions: int,
+    *,
+    own: bool = False,
+) -> OutRecord:
+    """`result` of `cmd` on the context's results topic `topic`: in the command's reply
+    partition (checked by the processor), or with `own` (or none asked) in the request
+    id's partition."""
+    partition = (
+        cmd.reply_partition
+        if cmd.reply_partition is not None and not own
+        else partition_of(cmd.request_id, partitions)
+    )
+    return (topic, partition, cmd.request_id.encode(), encode(result))

@@ -1,0 +1,225 @@
+"""The aggregate states of one partition of one aggregate type: a fold of its events log,
+kept in the local state store, restored from the log, with the batches staged in the
+partition's transaction (decided, not committed yet) laid over it."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from pydantic import ValidationError
+
+from app.commands.batch import CommandBatch
+from app.commands.records import applied_id, misrouted, state_key
+from app.errors import BadRecord, node_fault
+from app.kafka import LogReader, Record
+from app.kafka.records import RestoreProgress
+from app.model.aggregate import AggregateType
+from app.model.decide import StoredAggregate, fold
+from app.protocol.limits import InputLimits
+from app.protocol.wire import EventEnvelope, decode, encode
+from tables import StoreError
+from tables.aggregate_store import AggregateStateStore
+
+__all__ = ["PartitionStates"]
+
+logger = logging.getLogger(__name__)
+
+_REQUEST_SWEEP = 250
+"""Request ids forgotten per commit at most, once past the window."""
+
+
+class PartitionStates:
+    """The aggregates of `agg` in `partition` and the request ids they applied: the state
+    store's, under the batches staged and not committed yet (a later batch's decisions see
+    an earlier one's aggregates and request ids)."""
+
+    def __init__(
+        self,
+        agg: AggregateType[Any],
+        partition: int,
+        *,
+        partitions: int,
+        store: AggregateStateStore,
+        limits: InputLimits,
+        events_topic: str,
+        request_id_window: int,
+    ) -> None:
+        self.agg = agg
+        self.partition = partition
+        self.partitions = partitions
+        self.limits = limits
+        self.events_topic = events_topic
+        # How long an applied request id is kept to de-duplicate a command sent again.
+        self.request_id_window = request_id_window
+        self._store = store
+        # Of the batches staged and not committed yet, the latest aggregate and every applied
+        # request id, each with the batch that wrote it (removed when that one commits).
+        self._pending_states: dict[str, tuple[StoredAggregate, CommandBatch]] = {}
+        self._pending_applied: dict[tuple[str, str], CommandBatch] = {}
+
+    async def restore(self, reader: LogReader, progress: RestoreProgress | None = None) -> int:
+        """Folds the events after the state store's offset into it; how many were read.
+        `progress` hears the log offsets read and to read as it goes.
+
+        The local states are a cache of the log: a copy that is not a prefix of the log the
+        broker holds (ahead of its end: a recreated topic, another cluster) is dropped and
+        folded again from the start.
+        """
+        held = self._store.offset(self.partition)
+        _, end = await reader.offsets(self.events_topic, self.partition)
+        if held is not None and held >= end:
+            logger.warning(
+                "%s[%d]: local states at offset %d, but the log ends at %d: "
+                "not this log's copy, folding it again",
+                self.events_topic,
+                self.partition,
+                held,
+                end,
+            )
+            self._store.drop(self.partition)
+            held = None
+        start = 0 if held is None else held + 1
+        began = time.monotonic()
+        count = 0
+        to_read = max(end - start, 0)
+        if progress is not None:
+            progress(0, to_read)
+        async for batch in reader.read(self.events_topic, self.partition, start):
+            if batch:
+                self._fold_records(batch)
+                count += len(batch)
+                if progress is not None:
+                    progress(min(batch[-1].offset + 1 - start, to_read), to_read)
+        if progress is not None:
+            progress(to_read, to_read)
+        logger.info(
+            "restored %s[%d] states: %d events in %.3f s",
+            self.events_topic,
+            self.partition,
+            count,
+            time.monotonic() - began,
+        )
+        return count
+
+    def _fold_records(self, batch: list[Record]) -> None:
+        by_id: dict[str, list[EventEnvelope]] = {}
+        for r in batch:
+            try:
+                self.limits.check(r.key, r.value)
+                event = decode(EventEnvelope, r.value, self.limits.max_record_bytes)
+            except BadRecord:
+                continue  # the timers subscription dead-letters it; nothing to fold
+            if event.aggregate.type_name != self.agg.type_name:
+                continue
+            if misrouted(r, event.aggregate, self.partitions) is None:
+                by_id.setdefault(state_key(event.aggregate), []).append(event)
+        states: dict[str, bytes] = {}
+        requests: list[tuple[str, str]] = []
+        newest = 0
+        for aggregate_id, events in by_id.items():
+            stored = self.stored(aggregate_id)
+            state, folded = self._fold_each(stored, events)
+            if state is not None:
+                states[aggregate_id] = state
+            requests += [(aggregate_id, applied_id(e)) for e in folded]
+            newest = max([newest, *(e.created_at for e in folded)])
+        # Kept from the newest event's time: at least the window after each was applied.
+        self._store.write(self.partition, states, requests, batch[-1].offset, newest)
+
+    def _fold_each(
+        self, stored: StoredAggregate | None, events: list[EventEnvelope]
+    ) -> tuple[bytes | None, list[EventEnvelope]]:
+        """The aggregate's bytes after those of `events` its appliers take and whose result
+        can be written, and those events: one an applier raises on, or that makes an
+        aggregate no encoder writes, is passed over (the subscription dead-letters it when
+        it follows it; a restore reads it again each time). No bytes: nothing to write."""
+        try:
+            return encode(fold(self.agg, stored, events)), events
+        except Exception as exc:
+            if node_fault(exc):
+                raise
+        current, folded = stored, []
+        state = None if current is None else encode(current)
+        for e in events:
+            try:
+                after = fold(self.agg, current, [e])
+                state, current = encode(after), after
+            except Exception as exc:
+                if node_fault(exc):
+                    raise
+                logger.warning("restore passes over event %s (%s): %r", e.id, e.type, exc)
+                continue
+            folded.append(e)
+        return state, folded
+
+    def stored(self, aggregate_id: str) -> StoredAggregate | None:
+        """The aggregate as the last batch staged left it, or as the store keeps it; None
+        when it has no events yet."""
+        pending = self._pending_states.get(aggregate_id)
+        if pending is not None:
+            return pending[0]
+        raw = self._store.get(self.partition, aggregate_id)
+        if raw is None:
+            return None
+        try:
+            return StoredAggregate.model_validate_json(raw)
+        except ValidationError as exc:
+            # The local copy is damaged, not the log: it is dropped, and the retake this
+            # node fault causes folds the partition again from the log.
+            logger.error(
+                "%s[%d]: local state of %s unreadable (%s): dropping the partition's states",
+                self.events_topic,
+                self.partition,
+                aggregate_id,
+                exc.errors()[0]["msg"],
+            )
+            self._store.drop(self.partition)
+            raise StoreError(f"local state of {aggregate_id} unreadable; states dropped") from exc
+
+    def applied(self, batch: CommandBatch, applied: tuple[str, str]) -> bool:
+        """Whether the aggregate `applied[0]` applied the request id `applied[1]`: in
+        `batch`, in a batch staged, or committed and still within the window."""
+        return (
+            applied in batch.applied
+            or applied in self._pending_applied
+            or self._store.seen(self.partition, *applied)
+        )
+
+    def staged(self, batch: CommandBatch) -> None:
+        """The batch waits for the partition's next commit: what it decided counts for the
+        batches decided after it."""
+        for aid, stored in batch.staged.items():
+            self._pending_states[aid] = (stored, batch)
+        for applied in batch.applied:
+            self._pending_applied[applied] = batch
+
+    def committed(self, batch: CommandBatch, written: Sequence[int]) -> None:
+        """Writes the batch's aggregate states once its transaction committed; `written`:
+        the offsets its records were written at."""
+        for aid in batch.staged:
+            if (pending := self._pending_states.get(aid)) is not None and pending[1] is batch:
+                del self._pending_states[aid]
+        for applied in batch.applied:
+            if self._pending_applied.get(applied) is batch:
+                del self._pending_applied[applied]
+        last_event = max(
+            (o for rec, o in zip(batch.out, written, strict=True) if rec[0] == self.events_topic),
+            default=None,
+        )
+        # Never back: the log read may trail this node's own events committed before.
+        marks = (last_event, batch.log_offset, self._store.offset(self.partition))
+        known = [o for o in marks if o is not None]
+        self._store.write(
+            self.partition,
+            {a: batch.encoded.get(a) or encode(s) for a, s in batch.staged.items()},
+            batch.applied,
+            max(known) if known else None,
+            batch.now,
+        )
+        # Bounded, so that a commit never waits long for it; the next commits go on.
+        self._store.expire_requests(
+            self.partition, batch.now - self.request_id_window, _REQUEST_SWEEP
+        )
