@@ -15,7 +15,7 @@ What is here:
   (`OnceRule`, `IntervalRule`, `CronRule`, `ScheduleRule`, `parse_rule`, `CommandSpec`)
   and addresses (`AggregateRef`);
 - the wire (docs/schemas): `CommandEnvelope`, `EventEnvelope`, `CommandResult`,
-  `ResultCode`, `encode`, `decode`, the system events' types, topic names
+  `ResultCode`, `Refusal`, `encode`, `decode`, the system events' types, topic names
   (`AggregateTopics`) and the partition of a key (`partition_of`, Kafka's murmur2); the
   job commands (`enable_command`, `disable_command`, `reschedule_command`); a timer as the
   table keeps it (`Timer`, `TimerStatus`, `Outcome`);
@@ -60,6 +60,7 @@ from app.protocol.wire import (
     CommandEnvelope,
     CommandResult,
     EventEnvelope,
+    Refusal,
     ResultCode,
     decode,
     encode,
@@ -114,6 +115,7 @@ __all__ = [
     "OnceRule",
     "Outcome",
     "Producer",
+    "Refusal",
     "Rejected",
     "ResultCode",
     "ScheduleRule",
