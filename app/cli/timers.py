@@ -96,7 +96,7 @@ def ledger(
     partition of its topic, however many it has)."""
     settings = settings_for(bootstrap, None)
     entries: list[LedgerEntry] = run(
-        checked(settings.kafka, read_ledger(settings.kafka, context_name(context)))
+        checked(settings.kafka, read_ledger(clients_for(settings), context_name(context)))
     )
     for e in entries:
         if as_json:
