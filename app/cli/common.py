@@ -37,6 +37,7 @@ import typer
 
 from app.cli.logs import configure_logging
 from app.errors import ConfigError, TickwheelError
+from app.kafka.clients import KafkaClients
 from app.kafka.connection import Connectable
 from app.kafka.probe import check_access
 from app.node.settings import LOG_FORMATS, LOG_LEVELS, Settings
@@ -54,6 +55,7 @@ __all__ = [
     "ServiceSpec",
     "begin_invocation",
     "checked",
+    "clients_for",
     "command_settings",
     "context_name",
     "fail",
@@ -188,6 +190,12 @@ def command_settings(*, log_level: str | None = None, **overrides: Any) -> Setti
 def settings_for(bootstrap: str | None, partitions: int | None) -> Settings:
     """`command_settings` with the two overrides most commands take."""
     return command_settings(bootstrap_servers=bootstrap, partitions=partitions)
+
+
+def clients_for(settings: Settings) -> KafkaClients:
+    """The clients of the settings' cluster (none started): what the commands hand to the
+    tools below the CLI, which reach Kafka through the ports only."""
+    return KafkaClients(settings.kafka, replication=settings.replication)
 
 
 def run(work: Coroutine[Any, Any, T]) -> T:

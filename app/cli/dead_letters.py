@@ -17,6 +17,7 @@ from app.cli.common import (
     Bootstrap,
     Json,
     checked,
+    clients_for,
     context_name,
     json_line,
     run,
@@ -67,7 +68,9 @@ def list_(
     when it was written, the stage that refused its record, the record's topic, partition
     and offset, the error, and whether it was replayed."""
     settings = settings_for(bootstrap, None)
-    where, book = run(checked(settings.kafka, list_letters(settings.kafka, context_name(context))))
+    where, book = run(
+        checked(settings.kafka, list_letters(clients_for(settings), context_name(context)))
+    )
     shown = [
         x
         for x in book.letters
@@ -96,7 +99,9 @@ def show(
     """Prints one dead letter whole: why and where from, its record's headers, key and
     value (as text when UTF-8, else base64), and its replay if any."""
     settings = settings_for(bootstrap, None)
-    _, book = run(checked(settings.kafka, list_letters(settings.kafka, context_name(context))))
+    _, book = run(
+        checked(settings.kafka, list_letters(clients_for(settings), context_name(context)))
+    )
     x = book.find(partition, offset)
     data = letter_json(x, whole=True)
     if as_json:
@@ -136,7 +141,12 @@ def replay_(
         checked(
             settings.kafka,
             replay(
-                settings.kafka, settings.group_id, context_name(context), partition, offset, now
+                clients_for(settings),
+                settings.group_id,
+                context_name(context),
+                partition,
+                offset,
+                now,
             ),
         )
     )

@@ -19,7 +19,7 @@ from typing import IO, Any
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskID, TextColumn
 
-from app.kafka import GroupOffsets
+from app.kafka import GroupOffsets, KafkaClients
 from app.kafka.connection import Connectable
 from app.ops import rebuild as rb
 from app.protocol.topics import AggregateTopics
@@ -207,7 +207,8 @@ async def run_rebuild(
     emptied and the log's offsets not reset) and then ends; while following, it ends the
     following only: the workers replay on.
     """
-    plan = await rb.plan_rebuild(bootstrap, group_id, types)
+    clients = KafkaClients(bootstrap)
+    plan = await rb.plan_rebuild(clients, group_id, types)
     if dry_run:
         return RebuildRun(plan, Ended.NOT_FOLLOWED)
     loop = asyncio.get_running_loop()
@@ -225,7 +226,7 @@ async def run_rebuild(
     except (RuntimeError, ValueError, NotImplementedError):
         handled = False  # not the main thread (an embedding caller): Ctrl-C is theirs
     try:
-        await rb.apply_plan(bootstrap, plan)
+        await rb.apply_plan(clients, plan)
         resetting = False
         for line in plan_lines(plan, done=True):
             out.print(line, highlight=False, soft_wrap=True)

@@ -22,6 +22,7 @@ from app.cli.common import (
     Json,
     Partitions,
     checked,
+    clients_for,
     context_name,
     fail,
     json_line,
@@ -95,7 +96,7 @@ def ledger(
     partition of its topic, however many it has)."""
     settings = settings_for(bootstrap, None)
     entries: list[LedgerEntry] = run(
-        checked(settings.kafka, read_ledger(settings.kafka, context_name(context)))
+        checked(settings.kafka, read_ledger(clients_for(settings), context_name(context)))
     )
     for e in entries:
         if as_json:
@@ -114,7 +115,9 @@ def _request(
 ) -> None:
     request = request_retry if action == "retry" else request_skip
     op: TimerOp = run(
-        checked(settings.kafka, request(settings.kafka, type_name, target, settings.partitions))
+        checked(
+            settings.kafka, request(clients_for(settings), type_name, target, settings.partitions)
+        )
     )
     if as_json:
         json_line(
@@ -194,7 +197,7 @@ def list_(
             known = ", ".join(s.value for s in TimerStatus)
             raise fail(f"unknown status {status!r}: one of {known}", CONFIG_ERROR) from exc
     timers: list[Timer] = run(
-        checked(settings.kafka, read_timers(settings.kafka, type_name, status=wanted))
+        checked(settings.kafka, read_timers(clients_for(settings), type_name, status=wanted))
     )
     for t in timers:
         if as_json:
@@ -257,7 +260,9 @@ def upcoming(
         query = query_of({k: v for k, v in given.items() if v is not None})
     except (BadQuery, BadInstant) as exc:
         raise fail(str(exc), CONFIG_ERROR) from exc
-    timers: list[Timer] = run(checked(settings.kafka, read_timers(settings.kafka, type_name)))
+    timers: list[Timer] = run(
+        checked(settings.kafka, read_timers(clients_for(settings), type_name))
+    )
     page = upcoming_page(timers, query)
     if as_json:
         json_line(page.model_dump(mode="json"))
@@ -302,7 +307,7 @@ def show(
         problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
         raise fail(f"bad owner: {problems}") from exc
     history: TimerHistory = run(
-        checked(settings.kafka, read_timer_history(settings.kafka, owner, key))
+        checked(settings.kafka, read_timer_history(clients_for(settings), owner, key))
     )
     if as_json:
         for versions in history.versions.values():

@@ -23,7 +23,8 @@ from aiokafka.errors import (
 )
 from aiokafka.protocol.metadata import MetadataRequest
 
-from app.errors import KafkaUnavailable, MissingTopic
+from app.errors import KafkaUnavailable
+from app.kafka.cluster import missing_topics
 from app.kafka.connection import Connectable, address, client_options
 from app.kafka.records import (
     Replication,
@@ -258,15 +259,9 @@ async def require_topics(bootstrap: Connectable, topics: dict[str, str]) -> dict
     """The partition count of each topic of `topics` (topic -> why it may be missing);
     `MissingTopic` naming every one the broker does not have. Creates nothing."""
     found = await existing_topics(bootstrap, topics)
-    missing = [t for t in topics if t not in found]
-    if missing:
-        said = "; ".join(
-            f"topic {t} does not exist at {address(bootstrap)}: {topics[t]}" for t in missing
-        )
-        raise MissingTopic(
-            f"{said} (nothing was created; is KAFKA_BOOTSTRAP_SERVERS or --bootstrap the "
-            "cluster's?)"
-        )
+    error = missing_topics(address(bootstrap), topics, found)
+    if error is not None:
+        raise error
     return found
 
 

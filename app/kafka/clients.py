@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
+from app.kafka import admin as kafka_admin
 from app.kafka.admin import cluster_id, ensure_topics, max_message_bytes, topic_names
-from app.kafka.connection import Connectable
+from app.kafka.connection import Connectable, address
 from app.kafka.consumers import GroupConsumer, PartitionReader, Reader
 from app.kafka.ports import Assigned
 from app.kafka.probe import api_versions_probe, check_access
@@ -45,6 +46,35 @@ class KafkaAdmin:
 
     async def check_access(self) -> None:
         await check_access(self.bootstrap)
+
+    # The operators' calls: looked up in `app.kafka.admin` when called, so that a test
+    # standing in for one there (a read-only command creates nothing) stands in here too.
+
+    def where(self) -> str:
+        return address(self.bootstrap)
+
+    async def existing_topics(self, names: Iterable[str]) -> dict[str, int]:
+        return await kafka_admin.existing_topics(self.bootstrap, names)
+
+    async def group_members(self, group_id: str) -> int:
+        return await kafka_admin.group_members(self.bootstrap, group_id)
+
+    async def committed_offsets(
+        self, group_id: str, partitions: Iterable[tuple[str, int]]
+    ) -> dict[tuple[str, int], int | None]:
+        async with kafka_admin.GroupOffsets(self.bootstrap, group_id) as offsets:
+            return await offsets.fetch(partitions)
+
+    async def log_offsets(self, topic: str, partitions: int) -> dict[int, tuple[int, int]]:
+        return await kafka_admin.log_offsets(self.bootstrap, topic, partitions)
+
+    async def delete_records(self, topic: str, before: dict[int, int]) -> dict[int, int]:
+        return await kafka_admin.delete_records(self.bootstrap, topic, before)
+
+    async def reset_group_offsets(
+        self, group_id: str, topic: str, partitions: int, offset: int = 0
+    ) -> None:
+        await kafka_admin.reset_group_offsets(self.bootstrap, group_id, topic, partitions, offset)
 
 
 class KafkaClients:

@@ -51,8 +51,14 @@ from typing import Literal
 from aiokafka.partitioner import murmur2
 
 from app.errors import KafkaUnavailable
-from app.kafka.memory_clients import MemoryFollower, MemoryPublisher, MemoryReader, MemoryWriter
-from app.kafka.memory_group import MemoryAdmin, MemoryGroup, MemoryGroupMember
+from app.kafka.memory_clients import (
+    MemoryClusterAdmin,
+    MemoryFollower,
+    MemoryPublisher,
+    MemoryReader,
+    MemoryWriter,
+)
+from app.kafka.memory_group import MemoryGroup, MemoryGroupMember
 from app.kafka.ports import Assigned
 from app.kafka.records import (
     BROKER_MAX_MESSAGE_BYTES,
@@ -156,8 +162,8 @@ class MemoryLog:
     def follower(self, topic: str) -> MemoryFollower:
         return MemoryFollower(self, topic)
 
-    def admin(self) -> MemoryAdmin:
-        return MemoryAdmin(self)
+    def admin(self) -> MemoryClusterAdmin:
+        return MemoryClusterAdmin(self)
 
     def group_member(
         self,

@@ -1,24 +1,33 @@
 """The ports' clients of a `MemoryLog` (`app.kafka.memory`, which describes what it
 models): the transactional writer (epochs and fencing, broken for good by a failure, as
-`TransactionalProducer`), the reader of whole partitions, the publisher and the follower.
-Each is made by the log (`MemoryLog.transactional_writer`, `reader`, `publisher`,
-`follower`) and acts on it through its internals.
+`TransactionalProducer`), the reader of whole partitions, the publisher, the follower, and
+the admin port with the operators' calls (`MemoryClusterAdmin`: topics found, groups'
+members and offsets, records deleted). Each is made by the log
+(`MemoryLog.transactional_writer`, `reader`, `publisher`, `follower`, `admin`) and acts on
+it through its internals.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, TypeVar
 
 from app.errors import Fenced, KafkaUnavailable
+from app.kafka.memory_group import MemoryAdmin
 from app.kafka.producers import TRANSACTION_BATCH_BYTES
 from app.kafka.records import OutRecord, Record
 
 if TYPE_CHECKING:
     from app.kafka.memory import MemoryLog, _Txn
 
-__all__ = ["MemoryFollower", "MemoryPublisher", "MemoryReader", "MemoryWriter"]
+__all__ = [
+    "MemoryClusterAdmin",
+    "MemoryFollower",
+    "MemoryPublisher",
+    "MemoryReader",
+    "MemoryWriter",
+]
 
 _T = TypeVar("_T")
 
@@ -248,10 +257,61 @@ class MemoryFollower:
         return got
 
 
+class MemoryClusterAdmin(MemoryAdmin):
+    """`app.kafka.ports.Admin` on a `MemoryLog`, with the operators' calls: as Kafka's, a
+    group's offsets cannot be set while it has members, and records cannot be deleted past
+    a partition's end."""
+
+    def __init__(self, log: MemoryLog) -> None:
+        super().__init__(log)
+        self._memory = log
+
+    def where(self) -> str:
+        return f"the memory log {self._memory.cluster_id}"
+
+    async def existing_topics(self, names: Iterable[str]) -> dict[str, int]:
+        self._memory.check_up()
+        have = self._memory.topic_names()
+        return {n: self._memory.partitions(n) for n in names if n in have}
+
+    async def group_members(self, group_id: str) -> int:
+        self._memory.check_up()
+        group = self._memory.groups.get(group_id)
+        return 0 if group is None else len(group.members)
+
+    async def committed_offsets(
+        self, group_id: str, partitions: Iterable[tuple[str, int]]
+    ) -> dict[tuple[str, int], int | None]:
+        self._memory.check_up()
+        return {(t, p): self._memory.committed(group_id, t, p) for t, p in partitions}
+
+    async def log_offsets(self, topic: str, partitions: int) -> dict[int, tuple[int, int]]:
+        self._memory.check_up()
+        return {p: self._memory.offsets(topic, p, committed=False) for p in range(partitions)}
+
+    async def delete_records(self, topic: str, before: dict[int, int]) -> dict[int, int]:
+        self._memory.check_up()
+        for p, offset in before.items():
+            self._memory.delete_records(topic, p, offset)
+        return {p: self._memory.offsets(topic, p)[0] for p in before}
+
+    async def reset_group_offsets(
+        self, group_id: str, topic: str, partitions: int, offset: int = 0
+    ) -> None:
+        members = await self.group_members(group_id)
+        if members:
+            raise KafkaUnavailable(
+                f"cannot reset {group_id}'s offsets of {topic}: the group has {members} member(s)"
+            )
+        self._memory.partitions(topic)  # an unknown topic is an error, as on Kafka
+        self._memory.commit_group_offsets(group_id, {(topic, p): offset for p in range(partitions)})
+
+
 if TYPE_CHECKING:
     from app.kafka.clients import KafkaClients
     from app.kafka.consumers import PartitionReader, Reader
     from app.kafka.ports import (
+        Admin,
         Clients,
         Follower,
         LogReader,
@@ -280,3 +340,4 @@ if TYPE_CHECKING:
         _writers: list[TransactionalWriter] = [writer, memory.transactional_writer("t")]
         _factories: list[WriterFactory] = [kafka.transactional_writer, memory.transactional_writer]
         _followers: list[Follower] = [follower, memory.follower("t")]
+        _admins: list[Admin] = [kafka.admin(), memory.admin()]

@@ -10,7 +10,9 @@ Derived from how the runtime uses its clients, and no more:
 - `Follower`: follows a changing set of one topic's partitions from their ends (the
   results of this node's sends, the ledger).
 - `GroupMember`: the consumer-group member whose assignment is the node's ownership.
-- `Admin`: topics created, the cluster's id, one look at the broker.
+- `Admin`: topics created, the cluster's id, one look at the broker; and what the
+  operators' tools ask (topics found, creating none; a group's members and committed
+  offsets, set back by a rebuild; a log's offsets and records deleted).
 - `Clients`: makes all of those; one per cluster (`KafkaClients` over aiokafka, or
   `app.kafka.memory.MemoryLog`).
 
@@ -22,7 +24,7 @@ transactions, fencing and read-committed visibility (its module checks both for 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
-from typing import Protocol
+from typing import Protocol, Self
 
 from app.errors import KafkaUnavailable
 from app.kafka.records import OutRecord, Record, TopicSpec
@@ -96,11 +98,15 @@ class LogReader(Protocol):
 
 
 class ReaderClient(LogReader, Protocol):
-    """A `LogReader` with its lifecycle."""
+    """A `LogReader` with its lifecycle (`async with`: started, and stopped after)."""
 
     async def start(self) -> None: ...
 
     async def stop(self) -> None: ...
+
+    async def __aenter__(self) -> Self: ...
+
+    async def __aexit__(self, *exc: object) -> None: ...
 
 
 class Publisher(Protocol):
@@ -212,6 +218,44 @@ class Admin(Protocol):
     async def check_access(self) -> None:
         """`KafkaUnavailable` at once when the cluster refuses this client (its TLS
         handshake, its SASL login): before the clients start, so that it is said once."""
+        ...
+
+    # What the operators' tools ask (`app.kafka.cluster`, `app.ops`, `app.timers`).
+
+    def where(self) -> str:
+        """Where the cluster is (and how it is reached), for messages."""
+        ...
+
+    async def existing_topics(self, names: Iterable[str]) -> dict[str, int]:
+        """The partition counts of those of `names` the cluster has; creates none."""
+        ...
+
+    async def group_members(self, group_id: str) -> int:
+        """How many members the consumer group has now."""
+        ...
+
+    async def committed_offsets(
+        self, group_id: str, partitions: Iterable[tuple[str, int]]
+    ) -> dict[tuple[str, int], int | None]:
+        """The group's committed offset of each (topic, partition); None where it has none.
+        Joins nothing: the group's members are not disturbed."""
+        ...
+
+    async def log_offsets(self, topic: str, partitions: int) -> dict[int, tuple[int, int]]:
+        """Per partition of an existing `topic`: (first offset held, high watermark; the
+        high watermark counts the records of transactions still open)."""
+        ...
+
+    async def delete_records(self, topic: str, before: dict[int, int]) -> dict[int, int]:
+        """Deletes the records of `topic` before `before[p]` in each partition p given; the
+        new first offset per partition."""
+        ...
+
+    async def reset_group_offsets(
+        self, group_id: str, topic: str, partitions: int, offset: int = 0
+    ) -> None:
+        """Sets the group's committed offset of every partition of `topic` to `offset`
+        (the group must have no member)."""
         ...
 
 

@@ -30,9 +30,8 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from app.errors import BadRecord, TickwheelError
-from app.kafka import KafkaClients, require_topic
-from app.kafka.connection import Connectable
-from app.kafka.ports import LogReader, TransactionalWriter
+from app.kafka.cluster import require_topic
+from app.kafka.ports import Clients, LogReader, TransactionalWriter
 from app.kafka.records import Record
 from app.protocol.dead_letters import DeadLetter, Headers
 from app.protocol.topics import ContextTopics
@@ -264,31 +263,31 @@ def letter_json(x: Letter, *, whole: bool = False) -> dict[str, Any]:
 _WHY = "no node of this context has written a dead letter to this cluster"
 
 
-async def list_letters(bootstrap: Connectable, context: str) -> tuple[str, LetterBook]:
+async def list_letters(clients: Clients, context: str) -> tuple[str, LetterBook]:
     """The dead-letter topic of `context` and what it holds. Creates nothing: `MissingTopic`
     when the topic is not there."""
     topic = ContextTopics(context).dead_letters
-    have = await require_topic(bootstrap, topic, _WHY)
-    async with KafkaClients(bootstrap).reader() as reader:
+    have = await require_topic(clients.admin(), topic, _WHY)
+    async with clients.reader() as reader:
         return topic, await read_letters(reader, topic, range(have))
 
 
 async def replay(
-    bootstrap: Connectable, group_id: str, context: str, partition: int, offset: int, now: int
+    clients: Clients, group_id: str, context: str, partition: int, offset: int, now: int
 ) -> Replayed:
     """Replays one letter of `context` (`replay_letter` on the cluster). Creates no topic:
     the dead-letter topic and the record's own must be there."""
     topic = ContextTopics(context).dead_letters
-    have = await require_topic(bootstrap, topic, _WHY)
+    admin = clients.admin()
+    have = await require_topic(admin, topic, _WHY)
     if not 0 <= partition < have:
         raise NoLetter(f"topic {topic} has no partition {partition} ({have} partition(s))")
-    clients = KafkaClients(bootstrap)
     writer = clients.transactional_writer(
         replay_transactional_id(group_id, topic, partition, offset)
     )
 
     async def check(name: str) -> None:
-        await require_topic(bootstrap, name, "the record's topic is gone: nothing was replayed")
+        await require_topic(admin, name, "the record's topic is gone: nothing was replayed")
 
     async with clients.reader() as reader:
         return await replay_letter(reader, writer, topic, partition, offset, now, check)

@@ -33,7 +33,7 @@ from pydantic import ValidationError
 from yarl import URL
 
 from app.errors import BadInput, KafkaUnavailable, TickwheelError
-from app.kafka.connection import Connectable
+from app.kafka.ports import Clients
 from app.ops.chart import CHART_SECONDS, lateness_chart
 from app.ops.cluster_page import UPCOMING_ROWS, ClusterView, cluster_view, when
 from app.ops.cluster_status import ChangelogBusy
@@ -106,6 +106,11 @@ class PageNode(StatusSource, Protocol):
     @property
     def metrics(self) -> NodeMetrics: ...
 
+    @property
+    def clients(self) -> Clients:
+        """The node's clients of its cluster: the forms' requests are written with them."""
+        ...
+
 
 class ClusterSource(Protocol):
     """The group's status as the page reads it (`app.ops.cluster_status.ClusterStatus`;
@@ -123,9 +128,9 @@ class ClusterSource(Protocol):
     async def recent_letters(self, limit: int) -> list[tuple[str, Letter]]: ...
 
 
-Requester = Callable[[Connectable, str, AggregateRef, int], Awaitable[TimerOp]]
-"""`(bootstrap, owner type, target, partitions) -> the op written`: `request_retry` or
-`request_skip` of `app.timers.operator` (a fake one in the unit tests)."""
+Requester = Callable[[Clients, str, AggregateRef, int], Awaitable[TimerOp]]
+"""`(clients, owner type, target, partitions) -> the op written`: `request_retry` or
+`request_skip` of `app.timers.operator` (a fake one in some unit tests)."""
 
 _REQUESTS: dict[TimerAction, Requester] = {
     TimerAction.RETRY: request_retry,
@@ -352,7 +357,7 @@ class OperatorPage:
         settings = self._node.settings
         try:
             op = await self._requests[wanted](
-                settings.kafka, parsed.type, target, settings.partitions
+                self._node.clients, parsed.type, target, settings.partitions
             )
         except TickwheelError as exc:
             logger.warning("operator page: %s of %s failed: %s", wanted, target, exc)

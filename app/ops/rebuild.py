@@ -10,6 +10,9 @@ A rebuild is planned first (`plan_rebuild`, which reads and changes nothing) and
 carried out as planned (`apply_plan`), so a dry run says exactly what the rebuild does.
 The replay is over once the group's committed offset on each partition of the log has
 reached that partition's replay end (`replay_progress`, `follow_replay`).
+
+The plan is read and carried out on the cluster's clients (`app.kafka.ports.Clients`):
+the CLI's are Kafka's, the tests' a `MemoryLog`.
 """
 
 from __future__ import annotations
@@ -22,16 +25,8 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from app.errors import GroupBusy, KafkaUnavailable
-from app.kafka import (
-    GroupOffsets,
-    Reader,
-    delete_records,
-    group_members,
-    log_offsets,
-    require_topics,
-    reset_group_offsets,
-)
-from app.kafka.connection import Connectable
+from app.kafka.cluster import delete_records, require_topics, reset_group_offsets
+from app.kafka.ports import Clients, LogReader
 from app.protocol.topics import AggregateTopics
 
 __all__ = [
@@ -110,7 +105,7 @@ class RebuildPlan:
         return {(t.topics.events, p.partition): p.replay for t in self.types for p in t.partitions}
 
 
-async def replay_span(reader: Reader, topic: str, partition: int) -> Span:
+async def replay_span(reader: LogReader, topic: str, partition: int) -> Span:
     """The span a replay of `topic[partition]` reads: from its first record held to just
     past its last committed one (read_committed, so aborted records do not count)."""
     begin, end = await reader.offsets(topic, partition)
@@ -131,7 +126,7 @@ async def replay_span(reader: Reader, topic: str, partition: int) -> Span:
 
 
 async def plan_rebuild(
-    bootstrap: Connectable, group_id: str, types: Sequence[AggregateTopics]
+    clients: Clients, group_id: str, types: Sequence[AggregateTopics]
 ) -> RebuildPlan:
     """What a rebuild of `types` would do now. Reads only: creates no topic, changes no
     offset; `MissingTopic` naming each topic that is not there."""
@@ -139,20 +134,21 @@ async def plan_rebuild(
     for t in types:
         wanted[t.events] = f"no worker or writer of {t.type_name} has run there"
         wanted[t.timers_changelog] = f"no worker has kept timers of {t.type_name} there"
-    counts = await require_topics(bootstrap, wanted)
+    admin = clients.admin()
+    counts = await require_topics(admin, wanted)
     for t in types:
         if counts[t.events] != counts[t.timers_changelog]:
             raise KafkaUnavailable(
                 f"{t.events} has {counts[t.events]} partitions but {t.timers_changelog} "
                 f"{counts[t.timers_changelog]}: co-partitioned topics must have the same count"
             )
-    members = await group_members(bootstrap, group_id)
+    members = await admin.group_members(group_id)
     planned = []
-    async with GroupOffsets(bootstrap, group_id) as offsets, Reader(bootstrap) as reader:
+    async with clients.reader() as reader:
         for t in types:
             n = counts[t.events]
-            changelog = await log_offsets(bootstrap, t.timers_changelog, n)
-            committed = await offsets.fetch((t.events, p) for p in range(n))
+            changelog = await admin.log_offsets(t.timers_changelog, n)
+            committed = await admin.committed_offsets(group_id, ((t.events, p) for p in range(n)))
             parts = [
                 PartitionPlan(
                     partition=p,
@@ -167,9 +163,10 @@ async def plan_rebuild(
     return RebuildPlan(group_id, members, tuple(planned))
 
 
-async def apply_plan(bootstrap: Connectable, plan: RebuildPlan) -> None:
+async def apply_plan(clients: Clients, plan: RebuildPlan) -> None:
     """Carries `plan` out: `GroupBusy` (and nothing changed) while the group has members."""
-    members = await group_members(bootstrap, plan.group_id)
+    admin = clients.admin()
+    members = await admin.group_members(plan.group_id)
     if members or plan.members:
         raise GroupBusy(
             f"group {plan.group_id!r} has {members or plan.members} running worker(s): "
@@ -177,17 +174,15 @@ async def apply_plan(bootstrap: Connectable, plan: RebuildPlan) -> None:
         )
     for t in plan.types:
         before = {p.partition: p.changelog_end for p in t.partitions}
-        await delete_records(bootstrap, t.topics.timers_changelog, before)
-        await reset_group_offsets(bootstrap, plan.group_id, t.topics.events, len(t.partitions), 0)
+        await delete_records(admin, t.topics.timers_changelog, before)
+        await reset_group_offsets(admin, plan.group_id, t.topics.events, len(t.partitions), 0)
         logger.info("%s: changelog emptied, log offsets reset", t.topics.type_name)
 
 
-async def rebuild(
-    bootstrap: Connectable, group_id: str, types: Sequence[AggregateTopics]
-) -> RebuildPlan:
+async def rebuild(clients: Clients, group_id: str, types: Sequence[AggregateTopics]) -> RebuildPlan:
     """Plans and carries out a rebuild of `types`; the plan it carried out."""
-    plan = await plan_rebuild(bootstrap, group_id, types)
-    await apply_plan(bootstrap, plan)
+    plan = await plan_rebuild(clients, group_id, types)
+    await apply_plan(clients, plan)
     return plan
 
 

@@ -30,15 +30,8 @@ import orjson
 from pydantic import ValidationError
 
 from app.errors import BadRecord, KafkaUnavailable
-from app.kafka import (
-    Clients,
-    KafkaClients,
-    Publisher,
-    Record,
-    read_partitions,
-    require_topic,
-)
-from app.kafka.connection import Connectable
+from app.kafka import Clients, Publisher, Record
+from app.kafka.cluster import require_topic
 from app.protocol.topics import ContextTopics
 from tables.ledger import LedgerEntry, merged
 from tables.partitioner import partition_of
@@ -163,7 +156,7 @@ class LedgerView:
 
 
 async def read_ledger(
-    bootstrap: Connectable, context: str, partitions: int | None = None
+    clients: Clients, context: str, partitions: int | None = None
 ) -> list[LedgerEntry]:
     """The open entries of `context`'s ledger as the topic has them now (for the CLI).
 
@@ -172,12 +165,15 @@ async def read_ledger(
     """
     view = LedgerView()
     topic = ContextTopics(context).ledger
-    have = await require_topic(bootstrap, topic, f"no worker of context {context} has run there")
+    why = f"no worker of context {context} has run there"
+    have = await require_topic(clients.admin(), topic, why)
     if partitions is not None and have != partitions:
         raise KafkaUnavailable(f"topic {topic} has {have} partitions, expected {partitions}")
-    async for batch in read_partitions(bootstrap, topic, range(have)):
-        for record in batch:
-            view.apply_record(record)
+    async with clients.reader() as reader:
+        for p in range(have):
+            async for batch in reader.read(topic, p, 0):
+                for record in batch:
+                    view.apply_record(record)
     return view.entries()
 
 
@@ -188,12 +184,12 @@ class KafkaFailureLedger:
     `record` and `resolve` return once the broker acknowledged the write, and raise
     (`KafkaUnavailable`, `TimeoutError`) when it did not: a park is then not written.
     The producer is the node's, started and stopped by it. `clients` makes the follower and
-    the reader (`app.kafka.ports.Clients`); a bootstrap address stands for Kafka's.
+    the reader (`app.kafka.ports.Clients`).
     """
 
     def __init__(
         self,
-        clients: Clients | str,
+        clients: Clients,
         context: str,
         partitions: int,
         producer: Publisher,
@@ -201,7 +197,7 @@ class KafkaFailureLedger:
         timeout_ms: int = DEFAULT_TIMEOUT_MS,
     ) -> None:
         self.topic = ContextTopics(context).ledger
-        self._clients: Clients = KafkaClients(clients) if isinstance(clients, str) else clients
+        self._clients = clients
         self._partitions = partitions
         self._producer = producer
         self._timeout = timeout_ms / 1000

@@ -11,6 +11,9 @@ resolving is idempotent.
 Also here: reading the timer table from its changelog, for `tickwheel timers list` and
 `tickwheel timers show`. Those reads create no topic: one that is not there is a
 `MissingTopic` error naming it.
+
+Everything here reaches the cluster through its clients (`app.kafka.ports.Clients`): the
+CLI's are Kafka's, a node's page hands its own, the tests a `MemoryLog`.
 """
 
 from __future__ import annotations
@@ -27,18 +30,9 @@ from app.errors import (
     MissingTopic,
     NoTimers,
 )
-from app.kafka import (
-    OutRecord,
-    Producer,
-    Record,
-    TopicSpec,
-    ensure_topics,
-    existing_topics,
-    read_partitions,
-    read_to_end,
-    require_topic,
-)
-from app.kafka.connection import Connectable, address
+from app.kafka.cluster import existing_topics, require_topic
+from app.kafka.ports import Clients
+from app.kafka.records import OutRecord, Record, TopicSpec
 from app.protocol.topics import parse_aggregate_type
 from app.protocol.wire import TimerAction, TimerOp, encode
 from app.timers.runner import TimerRunner
@@ -83,21 +77,21 @@ def op_records(topic: str, op: TimerOp, partitions: int) -> list[OutRecord]:
 
 
 async def request_retry(
-    bootstrap: Connectable, type_name: str, target: AggregateRef, partitions: int
+    clients: Clients, type_name: str, target: AggregateRef, partitions: int
 ) -> TimerOp:
     """Asks the owners of `type_name`'s timers to retry those PARKED on `target`."""
-    return await _request(bootstrap, type_name, TimerAction.RETRY, target, partitions)
+    return await _request(clients, type_name, TimerAction.RETRY, target, partitions)
 
 
 async def request_skip(
-    bootstrap: Connectable, type_name: str, target: AggregateRef, partitions: int
+    clients: Clients, type_name: str, target: AggregateRef, partitions: int
 ) -> TimerOp:
     """Asks the owners of `type_name`'s timers to skip those PARKED on `target`."""
-    return await _request(bootstrap, type_name, TimerAction.SKIP, target, partitions)
+    return await _request(clients, type_name, TimerAction.SKIP, target, partitions)
 
 
 async def _request(
-    bootstrap: Connectable,
+    clients: Clients,
     type_name: str,
     action: TimerAction,
     target: AggregateRef,
@@ -109,9 +103,9 @@ async def _request(
     the topic has another partition count than `partitions`.
     """
     topic = parse_aggregate_type(type_name).timer_ops
-    await ensure_topics(bootstrap, [TopicSpec(topic, partitions)])
+    await clients.admin().ensure_topics([TopicSpec(topic, partitions)])
     op = new_op(action, target)
-    producer = Producer(bootstrap)
+    producer = clients.publisher()
     try:
         await producer.start()
         await producer.send_many(op_records(topic, op, partitions))
@@ -137,7 +131,7 @@ async def carry_out(runner: TimerRunner, op: TimerOp, partition: int) -> int:
 
 
 async def read_timers(
-    bootstrap: Connectable,
+    clients: Clients,
     type_name: str,
     partitions: int | None = None,
     status: TimerStatus | None = None,
@@ -149,20 +143,23 @@ async def read_timers(
     given, is the count the topic must have (`KafkaUnavailable` otherwise).
     """
     topic = parse_aggregate_type(type_name).timers_changelog
-    have = await require_topic(bootstrap, topic, f"no worker has kept timers of {type_name} there")
+    why = f"no worker has kept timers of {type_name} there"
+    have = await require_topic(clients.admin(), topic, why)
     if partitions is not None and have != partitions:
         raise KafkaUnavailable(f"topic {topic} has {have} partitions, expected {partitions}")
     rows: dict[tuple[int, bytes], Timer] = {}
-    async for batch in read_partitions(bootstrap, topic, range(have)):
-        for r in batch:
-            if r.key is None:
-                continue
-            if r.value is None:
-                rows.pop((r.partition, r.key), None)
-                continue
-            row = _row(r)
-            if row is not None:
-                rows[(r.partition, r.key)] = row
+    async with clients.reader() as reader:
+        for p in range(have):
+            async for batch in reader.read(topic, p, 0):
+                for r in batch:
+                    if r.key is None:
+                        continue
+                    if r.value is None:
+                        rows.pop((r.partition, r.key), None)
+                        continue
+                    row = _row(r)
+                    if row is not None:
+                        rows[(r.partition, r.key)] = row
     timers = [t for t in rows.values() if status is None or t.status is status]
     return sorted(timers, key=lambda t: (t.partition, t.due_at, t.id))
 
@@ -207,7 +204,7 @@ class TimerHistory(BaseModel):
 
 
 async def read_timer_history(
-    bootstrap: Connectable, owner: AggregateRef, key: str | None = None
+    clients: Clients, owner: AggregateRef, key: str | None = None
 ) -> TimerHistory:
     """Every version of `owner`'s timers (of `key` only, if given) that the changelog's
     committed records still hold. Compaction keeps at least each key's last version; the
@@ -218,35 +215,29 @@ async def read_timer_history(
     """
     topics = parse_aggregate_type(owner.type_name)
     topic = topics.timers_changelog
-    found = await existing_topics(bootstrap, [topics.events, topic])
+    admin = clients.admin()
+    found = await existing_topics(admin, [topics.events, topic])
     if not found:
         raise MissingTopic(
             f"unknown type {owner.type_name}: topics {topics.events} and {topic} do not exist "
-            f"at {address(bootstrap)} (no worker has run against this cluster?); "
+            f"at {admin.where()} (no worker has run against this cluster?); "
             "nothing was created"
         )
     if topic not in found:
         raise MissingTopic(
-            f"topic {topic} does not exist at {address(bootstrap)} (no worker has kept timers of "
+            f"topic {topic} does not exist at {admin.where()} (no worker has kept timers of "
             f"{owner.type_name} there?); nothing was created"
         )
     # An owner's rows all sit in its partition: the one its id is keyed to.
     partition = partition_of(owner.id, found[topic])
     prefix = owner_prefix(owner)
     versions: dict[str, list[TimerVersion]] = {}
-    async for batch in read_to_end(bootstrap, topic, partition, 0):
-        for r in batch:
-            if r.key is None or not r.key.startswith(prefix):
-                continue
-            name = _key_of(r.key, len(prefix))
-            row = _row(r)
-            if name is None or (r.value is not None and row is None):
-                continue
-            versions.setdefault(name, []).append(
-                TimerVersion(
-                    key=name, partition=partition, offset=r.offset, timestamp=r.timestamp, row=row
-                )
-            )
+    async with clients.reader() as reader:
+        async for batch in reader.read(topic, partition, 0):
+            for r in batch:
+                version = _version(r, prefix, partition)
+                if version is not None:
+                    versions.setdefault(version.key, []).append(version)
     where = f"{topic}[{partition}]"
     if not versions:
         raise NoTimers(f"{owner} has no timers in {where}")
@@ -258,6 +249,20 @@ async def read_timer_history(
             )
         versions = {key: versions[key]}
     return TimerHistory(topic=topic, partition=partition, owner=owner, versions=versions)
+
+
+def _version(r: Record, prefix: bytes, partition: int) -> TimerVersion | None:
+    """The version of one of the owner's timers `r` holds; None for a record of another
+    owner's, or unreadable."""
+    if r.key is None or not r.key.startswith(prefix):
+        return None
+    name = _key_of(r.key, len(prefix))
+    row = _row(r)
+    if name is None or (r.value is not None and row is None):
+        return None
+    return TimerVersion(
+        key=name, partition=partition, offset=r.offset, timestamp=r.timestamp, row=row
+    )
 
 
 def _key_of(raw: bytes, start: int) -> str | None:

@@ -19,7 +19,7 @@ import orjson
 import pytest
 from harness import ROOT, Client, Cluster, eventually, owned
 
-from app.kafka import Producer, read_to_end
+from app.kafka import KafkaClients, Producer, read_to_end
 from app.protocol.wire import ResultCode
 from app.timers.ledger import KafkaFailureLedger, decode_key, read_ledger
 from app.timers.operator import read_timers, request_retry
@@ -128,7 +128,8 @@ async def test_parked_timers_are_retried_and_skipped_by_their_owners(cluster: Cl
         # A client's own view of the ledger, following the topic as every node does.
         producer = Producer(cluster.bootstrap)
         await producer.start()
-        follower = KafkaFailureLedger(cluster.bootstrap, cluster.context, PARTITIONS, producer)
+        kafka = KafkaClients(cluster.bootstrap)
+        follower = KafkaFailureLedger(kafka, cluster.context, PARTITIONS, producer)
         await follower.start()
         try:
             now = int(time.time() * 1000)
@@ -178,7 +179,7 @@ async def test_parked_timers_are_retried_and_skipped_by_their_owners(cluster: Cl
             await eventually(
                 lambda: _has_entry(follower, request_ids), 30, "the follower sees the entry"
             )
-            [entry] = await read_ledger(cluster.bootstrap, cluster.context, PARTITIONS)
+            [entry] = await read_ledger(kafka, cluster.context, PARTITIONS)
             assert (entry.subscription, entry.target) == (SUB, target)
             assert (entry.error_code, entry.error_text) == ("ERROR", no_handler)
             # Each node names the timers it parked; two parking at once: the later's win.
@@ -198,7 +199,7 @@ async def test_parked_timers_are_retried_and_skipped_by_their_owners(cluster: Cl
             # 2. An operator's retry from another client: PENDING again, attempts from zero,
             # sent again (and, still unanswered, PARKED again: the ledger entry re-created).
             before = {k: len(v) for k, v in (await history(client)).items()}
-            await request_retry(cluster.bootstrap, client.topics.type_name, target, PARTITIONS)
+            await request_retry(kafka, client.topics.type_name, target, PARTITIONS)
 
             def expected(key: str) -> int:
                 return 3 if key in local else 5
@@ -274,8 +275,8 @@ async def test_parked_timers_are_retried_and_skipped_by_their_owners(cluster: Cl
 
             await eventually(all_skipped, 60, "every timer CANCELLED/SKIPPED")
             await eventually(lambda: _is_empty(follower), 30, "the entry resolved")
-            assert await read_ledger(cluster.bootstrap, cluster.context, PARTITIONS) == []
-            timers = await read_timers(cluster.bootstrap, client.topics.type_name, PARTITIONS)
+            assert await read_ledger(kafka, cluster.context, PARTITIONS) == []
+            timers = await read_timers(kafka, client.topics.type_name, PARTITIONS)
             assert {t.key for t in timers if t.outcome is Outcome.SKIPPED} == set(keys)
             letters = await client.dead_letters()
             ops = [d for d in letters if d.topic == client.topics.timer_ops]

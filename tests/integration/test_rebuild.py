@@ -17,7 +17,7 @@ import pytest
 from harness import ROOT, Client, Cluster, OnceJson, TimerJson, eventually
 
 from app.errors import GroupBusy
-from app.kafka import GroupOffsets, group_members, log_offsets, topic_names
+from app.kafka import GroupOffsets, KafkaClients, group_members, log_offsets, topic_names
 from app.ops.rebuild import (
     plan_rebuild,
     rebuild,
@@ -124,7 +124,7 @@ async def test_rebuild_from_the_log_equals_the_live_table(cluster: Cluster) -> N
 
         await eventually(soon_fired, 60, "the soon timers fired")
         with pytest.raises(GroupBusy, match="stop them"):
-            await rebuild(cluster.bootstrap, cluster.group, [client.topics])
+            await rebuild(KafkaClients(cluster.bootstrap), cluster.group, [client.topics])
         busy = await finished(
             await start_cli(cluster, "rebuild", "--type", client.topics.type_name, "--dry-run"), 60
         )
@@ -145,7 +145,7 @@ async def test_rebuild_from_the_log_equals_the_live_table(cluster: Cluster) -> N
         )
         assert code == 0, out + err
         assert await cluster_state(cluster, client) == state
-        plan = await plan_rebuild(cluster.bootstrap, cluster.group, [client.topics])
+        plan = await plan_rebuild(KafkaClients(cluster.bootstrap), cluster.group, [client.topics])
         t = client.topics
         for part in plan.types[0].partitions:
             p = part.partition

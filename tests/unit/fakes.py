@@ -31,7 +31,8 @@ from fakes_node import web_node as web_node
 from pydantic import BaseModel
 
 from app.errors import TickwheelError
-from app.kafka.connection import Connectable, connection
+from app.kafka.clients import KafkaClients
+from app.kafka.ports import Clients
 from app.model.aggregate import AggregateType, Command, Decision
 from app.node.metrics import NodeMetrics
 from app.node.settings import Settings
@@ -424,10 +425,17 @@ class FakeNode:
     owned: list[int] = field(default_factory=lambda: [0, 1])
     restoring: list[int] = field(default_factory=list)
     stalled: dict[str, str] = field(default_factory=dict)
+    log: Clients | None = None
+    """The clients the page writes its requests with (a `MemoryLog`); None: Kafka's at the
+    settings' address, never started (a `Recorder` stands in for the requests)."""
 
     @property
     def ledgers(self) -> list[FailureLedger]:
         return [self.ledger]
+
+    @property
+    def clients(self) -> Clients:
+        return self.log if self.log is not None else KafkaClients(self.settings.kafka)
 
     def health(self) -> dict[str, Any]:
         return {
@@ -444,7 +452,8 @@ class FakeNode:
 
 
 class Recorder:
-    """Stands in for `request_retry`/`request_skip`: records the calls, or fails."""
+    """Stands in for `request_retry`/`request_skip`: records the calls (where the clients
+    given reach), or fails."""
 
     def __init__(self, action: TimerAction) -> None:
         self.action = action
@@ -452,11 +461,11 @@ class Recorder:
         self.fail: TickwheelError | None = None
 
     async def __call__(
-        self, bootstrap: Connectable, type_name: str, target: AggregateRef, partitions: int
+        self, clients: Clients, type_name: str, target: AggregateRef, partitions: int
     ) -> TimerOp:
         if self.fail is not None:
             raise self.fail
-        self.calls.append((connection(bootstrap).bootstrap_servers, type_name, target, partitions))
+        self.calls.append((clients.admin().where(), type_name, target, partitions))
         return new_op(self.action, target, now=T0)
 
 

@@ -23,7 +23,7 @@ import app.demo
 import app.ops.rebuild
 from app.cli import cli
 from app.cli.logs import JsonFormatter
-from app.kafka.connection import Connectable, address
+from app.kafka.ports import Clients
 from app.ops.rebuild import PartitionPlan, RebuildPlan, Span, TypePlan
 from app.protocol.topics import AggregateTopics
 from app.protocol.wire import TimerAction
@@ -270,10 +270,8 @@ def test_commands_that_read_every_partition_take_no_partition_count() -> None:
 def test_retry_as_json(monkeypatch: pytest.MonkeyPatch) -> None:
     asked: list[tuple[str, str, AggregateRef, int]] = []
 
-    async def retry(
-        bootstrap: Connectable, type_name: str, target: AggregateRef, partitions: int
-    ) -> Any:
-        asked.append((address(bootstrap), type_name, target, partitions))
+    async def retry(clients: Clients, type_name: str, target: AggregateRef, partitions: int) -> Any:
+        asked.append((clients.admin().where(), type_name, target, partitions))
         return new_op(TimerAction.RETRY, target, now=1_800_000_000_000)
 
     monkeypatch.setattr(app.cli.timers, "request_retry", retry)

@@ -1,18 +1,20 @@
-"""`tickwheel timers show` on a fake changelog: which records are an owner's, deleted rows,
-the owner's partition, and the errors for what is not there."""
+"""`tickwheel timers show` on a changelog in a memory log (the CLI's clients): which records
+are an owner's, deleted rows, the owner's partition, and the errors for what is not there."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterable
+import asyncio
+import itertools
 from typing import Any
 
 import orjson
 import pytest
 from typer.testing import CliRunner
 
-import app.timers.operator
+import app.cli.timers
 from app.cli import cli
-from app.kafka import Record
+from app.kafka import Record, TopicSpec
+from app.kafka.memory import MemoryLog
 from tables import AggregateRef, CommandSpec, OnceRule, Timer, TimerStatus
 from tables.keys import encode_timer, row_key
 from tables.partitioner import partition_of
@@ -21,6 +23,7 @@ PARTITIONS = 4
 OWNER = AggregateRef(context="shop", aggregate="order", id="o-42")
 NEIGHBOUR = AggregateRef(context="shop", aggregate="order", id="o-42", tenant="t2")
 TOPIC = "shop.order.timers"
+EVENTS = "shop.order.events"
 P = partition_of(OWNER.id, PARTITIONS)
 
 
@@ -63,25 +66,27 @@ LOG = [
 ]
 
 
+def cluster(
+    monkeypatch: pytest.MonkeyPatch, records: list[Record], topics: tuple[str, ...]
+) -> MemoryLog:
+    """The CLI's clients: a memory log of `topics` holding `records` (their timestamps
+    counting up from the first's, one per record)."""
+    ticks = itertools.count(1_700_000_000_000)
+    log = MemoryLog([TopicSpec(t, PARTITIONS) for t in topics], now=lambda: next(ticks))
+    written = [(r.topic, r.partition, r.key, r.value) for r in records]
+    assert asyncio.run(log.publisher().send_many(written)) == [r.offset for r in records]
+    monkeypatch.setattr(app.cli.timers, "clients_for", lambda settings: log)
+    return log
+
+
+DECOY = Record(TOPIC, (P + 1) % PARTITIONS, 0, REMIND, LOG[0].value, 0)
+"""One of the owner's rows in another partition than its own: never read."""
+
+
 @pytest.fixture
-def changelog(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int]]:
-    """The topics exist with `LOG` in the owner's partition; records which partitions
-    were read."""
-    read: list[tuple[str, int]] = []
-
-    async def existing(bootstrap: str, names: Iterable[str]) -> dict[str, int]:
-        return dict.fromkeys(names, PARTITIONS)
-
-    async def read_to_end(
-        bootstrap: str, topic: str, partition: int, start: int
-    ) -> AsyncIterator[list[Record]]:
-        read.append((topic, partition))
-        yield LOG[:4]
-        yield LOG[4:]
-
-    monkeypatch.setattr(app.timers.operator, "existing_topics", existing)
-    monkeypatch.setattr(app.timers.operator, "read_to_end", read_to_end)
-    return read
+def changelog(monkeypatch: pytest.MonkeyPatch) -> MemoryLog:
+    """The topics exist with `LOG` in the owner's partition (at `LOG`'s offsets)."""
+    return cluster(monkeypatch, [*LOG, DECOY], (EVENTS, TOPIC))
 
 
 def run(*args: str) -> Any:
@@ -91,11 +96,10 @@ def run(*args: str) -> Any:
 
 
 def test_json_lists_each_version_of_the_owners_timers_in_log_order(
-    changelog: list[tuple[str, int]],
+    changelog: MemoryLog,
 ) -> None:
     result = run("--owner", "o-42", "--json")
     assert result.exit_code == 0, result.output
-    assert changelog == [(TOPIC, P)]  # only the owner's partition is read
     versions = [orjson.loads(line) for line in result.stdout.splitlines()]
     assert [(v["key"], v["offset"]) for v in versions] == [
         ("remind", 0),
@@ -104,11 +108,11 @@ def test_json_lists_each_version_of_the_owners_timers_in_log_order(
         ("later", 6),
     ]
     assert versions[1]["row"]["status"] == "FIRED" and versions[3]["row"] is None
-    assert {v["partition"] for v in versions} == {P}
+    assert {v["partition"] for v in versions} == {P}  # only the owner's partition is read
     assert versions[0]["timestamp"] == 1_700_000_000_000
 
 
-def test_text_shows_each_timer_now_then_its_versions(changelog: list[tuple[str, int]]) -> None:
+def test_text_shows_each_timer_now_then_its_versions(changelog: MemoryLog) -> None:
     result = run("--owner", "o-42")
     assert result.exit_code == 0, result.output
     lines = result.stdout.splitlines()
@@ -124,13 +128,13 @@ def test_text_shows_each_timer_now_then_its_versions(changelog: list[tuple[str, 
     assert lines[5].startswith("  @3\t") and "\tPENDING\t" in lines[5]
 
 
-def test_a_key_narrows_it_to_one_timer(changelog: list[tuple[str, int]]) -> None:
+def test_a_key_narrows_it_to_one_timer(changelog: MemoryLog) -> None:
     result = run("--owner", "o-42", "--key", "later", "--json")
     assert result.exit_code == 0, result.output
     assert [orjson.loads(line)["offset"] for line in result.stdout.splitlines()] == [3, 6]
 
 
-def test_the_tenant_is_part_of_the_owner(changelog: list[tuple[str, int]]) -> None:
+def test_the_tenant_is_part_of_the_owner(changelog: MemoryLog) -> None:
     result = run("--owner", "o-42", "--tenant", "t2", "--json")
     assert result.exit_code == 0, result.output
     assert [orjson.loads(line)["offset"] for line in result.stdout.splitlines()] == [1]
@@ -148,7 +152,7 @@ def test_the_tenant_is_part_of_the_owner(changelog: list[tuple[str, int]]) -> No
     ],
 )
 def test_what_is_not_there_is_a_clear_error(
-    changelog: list[tuple[str, int]], args: list[str], message: str
+    changelog: MemoryLog, args: list[str], message: str
 ) -> None:
     result = run(*args)
     assert result.exit_code == 1, result.output
@@ -158,14 +162,13 @@ def test_what_is_not_there_is_a_clear_error(
 def test_a_type_without_a_changelog_says_which_topic_is_missing(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    async def only_events(bootstrap: str, names: Iterable[str]) -> dict[str, int]:
-        return {n: PARTITIONS for n in names if n.endswith(".events")}
-
-    monkeypatch.setattr(app.timers.operator, "existing_topics", only_events)
+    log = cluster(monkeypatch, [], (EVENTS,))
     result = run("--owner", "o-42")
     assert result.exit_code == 1
-    assert "error: topic shop.order.timers does not exist at b:9092" in result.stderr
+    where = log.admin().where()
+    assert f"error: topic shop.order.timers does not exist at {where}" in result.stderr
     assert "nothing was created" in result.stderr
+    assert log.topic_names() == {EVENTS}
 
 
 def test_a_malformed_type_is_refused() -> None:
@@ -173,26 +176,11 @@ def test_a_malformed_type_is_refused() -> None:
     assert result.exit_code == 2 and "must be '<context>.<aggregate>'" in result.stderr
 
 
-def test_a_paused_timer_shows_its_status(
-    changelog: list[tuple[str, int]], monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_paused_timer_shows_its_status(monkeypatch: pytest.MonkeyPatch) -> None:
     paused = timer(OWNER, "remind", TimerStatus.PAUSED, 1_000)
-    monkeypatch.setattr(
-        app.timers.operator,
-        "read_to_end",
-        _reading([record(0, REMIND, encode_timer(paused))]),
-    )
+    cluster(monkeypatch, [record(0, REMIND, encode_timer(paused))], (EVENTS, TOPIC))
     result = run("--owner", "o-42")
     assert result.exit_code == 0, result.output
     lines = result.stdout.splitlines()
     assert lines[1].startswith("remind: PAUSED\tslot 0\t")
     assert "\tPAUSED\t" in lines[2]
-
-
-def _reading(records: list[Record]) -> Any:
-    async def read_to_end(
-        bootstrap: str, topic: str, partition: int, start: int
-    ) -> AsyncIterator[list[Record]]:
-        yield records
-
-    return read_to_end

@@ -6,6 +6,7 @@ a missing one and a gone topic are refused with nothing written. And the CLI's o
 from __future__ import annotations
 
 import asyncio
+import re
 from typing import Any
 
 import orjson
@@ -23,7 +24,9 @@ from app.ops.letters import (
     LetterBook,
     NoLetter,
     Replayed,
+    list_letters,
     read_letters,
+    replay,
     replay_letter,
     replay_transactional_id,
 )
@@ -173,7 +176,35 @@ async def test_a_letter_of_every_stage_reads_back() -> None:
     assert [x.letter.context.stage for x in (await book(log)).letters] == list(Stage)
 
 
-# --- the command's output, over a stand-in for the cluster ---------------------------------
+# --- on the cluster's clients (`Clients`): the tools the CLI runs ---------------------------
+
+
+async def test_the_context_letters_are_listed_and_replayed_through_the_ports() -> None:
+    log = new_log()
+    at = await write_letter(log, bad_record())
+    topic, listed = await list_letters(log, "shop")
+    assert topic == DLT and [x.offset for x in listed.letters] == [at]
+    done = await replay(log, "g", "shop", 0, at, T + 1)
+    assert done.written == 0 and [r.value for r in events(log)] == [bad_record().value]
+    assert (await replay(log, "g", "shop", 0, at, T + 2)).written is None
+    assert len(events(log)) == 1
+    with pytest.raises(NoLetter, match="has no partition 1"):
+        await replay(log, "g", "shop", 1, at, T + 3)
+
+
+async def test_a_missing_topic_is_named_and_none_is_created() -> None:
+    log = MemoryLog([TopicSpec(DLT, 1)], now=lambda: T)
+    missing = re.escape(f"topic other.dead-letters does not exist at {log.admin().where()}")
+    with pytest.raises(MissingTopic, match=missing):
+        await list_letters(log, "other")
+    at = await write_letter(log, bad_record())
+    with pytest.raises(MissingTopic, match=re.escape(f"topic {EVENTS} does not exist")):
+        await replay(log, "g", "shop", 0, at, T + 1)
+    assert log.topic_names() == {DLT}
+    assert len(log.records(DLT, 0)) == 1  # no mark: nothing was replayed
+
+
+# --- the command's output, on a memory log standing for the cluster -------------------------
 
 
 @pytest.fixture
@@ -182,17 +213,7 @@ def letters(monkeypatch: pytest.MonkeyPatch) -> MemoryLog:
     log = new_log()
     asyncio.run(write_letter(log, bad_record(7, b"\xff\xfe")))
     asyncio.run(write_letter(log, bad_record(8, b'{"ok": 1}'), Stage.APPLY))
-
-    async def listed(bootstrap: Any, context: str) -> tuple[str, LetterBook]:
-        return DLT, await book(log)
-
-    async def replayed(
-        bootstrap: Any, group: str, context: str, partition: int, offset: int, now: int
-    ) -> Replayed:
-        return await do_replay(log, offset)
-
-    monkeypatch.setattr(app.cli.dead_letters, "list_letters", listed)
-    monkeypatch.setattr(app.cli.dead_letters, "replay", replayed)
+    monkeypatch.setattr(app.cli.dead_letters, "clients_for", lambda settings: log)
     return log
 
 

@@ -192,3 +192,47 @@ async def scenario(backend: Backend) -> None:
             await w.stop()
         await publisher.stop()
         await reader.stop()
+
+
+async def test_the_operators_admin_calls_agree_with_the_broker(backend: Backend) -> None:
+    """The `Admin` port's calls of the operators' tools (a rebuild, the read-only commands):
+    topics found without creating any, a log's offsets (the high watermark counts an open
+    transaction), records deleted, a group's members and committed offsets, set back."""
+    topic = await backend.topic()
+    clients = backend.clients
+    admin = clients.admin()
+    group = f"{topic}.group"
+    missing = f"{topic}-missing"
+    where = backend.bootstrap if isinstance(backend, KafkaBackend) else backend.log.cluster_id
+    assert where in admin.where()
+    assert await admin.existing_topics([topic, missing]) == {topic: 1}
+    assert missing not in await admin.topic_names(), "asking created the topic"
+    publisher, writer = clients.publisher(), clients.transactional_writer(f"{topic}.txn")
+    await publisher.start()
+    await writer.start()
+    try:
+        for value in (b"a", b"b", b"c"):
+            await publisher.send(topic, b"k", value, 0)
+        assert await admin.log_offsets(topic, 1) == {0: (0, 3)}
+        await backend.open_transaction(writer, [rec(topic, b"open")])
+        assert await admin.log_offsets(topic, 1) == {0: (0, 4)}
+    finally:
+        await writer.stop()
+        await publisher.stop()
+    fencer = clients.transactional_writer(f"{topic}.txn")
+    await fencer.start()  # aborts the open transaction: its marker at 4
+    await fencer.stop()
+    assert await admin.log_offsets(topic, 1) == {0: (0, 5)}
+
+    assert await admin.delete_records(topic, {0: 2}) == {0: 2}
+    assert await admin.log_offsets(topic, 1) == {0: (2, 5)}
+    async with clients.reader() as reader:
+        assert await values(reader, topic) == [(2, b"c")]
+
+    assert await admin.group_members(group) == 0
+    assert await admin.committed_offsets(group, [(topic, 0)]) == {(topic, 0): None}
+    await admin.reset_group_offsets(group, topic, 1, 2)
+    assert await admin.committed_offsets(group, [(topic, 0)]) == {(topic, 0): 2}
+    await admin.reset_group_offsets(group, topic, 1, 0)
+    assert await admin.committed_offsets(group, [(topic, 0)]) == {(topic, 0): 0}
+    assert await admin.group_members(group) == 0

@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
+from app.errors import KafkaUnavailable, MissingTopic
 from app.kafka import TopicSpec
 from app.kafka.memory import MemoryLog
 from app.protocol.topics import ContextTopics
-from app.timers.ledger import KafkaFailureLedger, decode_key
+from app.timers.ledger import KafkaFailureLedger, decode_key, read_ledger
 from tables import AggregateRef, CommandSpec, OnceRule, Timer
 from tables.ledger import LedgerEntry
 
@@ -74,3 +77,25 @@ async def test_parks_and_resolutions_reach_every_node() -> None:
     assert not await KafkaFailureLedger(log, "shop", PARTITIONS, log.publisher()).resolve(
         "shop.order", AggregateRef(context="billing", aggregate="invoice", id="unknown")
     )
+
+
+async def test_the_cli_reads_the_open_entries_from_the_topic() -> None:
+    """`read_ledger` (`tickwheel timers ledger`) on the cluster's clients: what a node
+    parked and did not resolve, creating no topic when no node of the context ran."""
+    log = MemoryLog([TopicSpec(TOPIC, PARTITIONS)])
+    ledger = KafkaFailureLedger(log, "shop", PARTITIONS, log.publisher())
+    await ledger.start()
+    try:
+        other = AggregateRef(context="billing", aggregate="invoice", id="i-2")
+        await ledger.record("shop.order", TARGET, [timer(1)])
+        await ledger.record("shop.order", other, [timer(2)])
+        assert await ledger.resolve("shop.order", other)
+        assert await read_ledger(log, "shop") == await ledger.entries()
+        assert [e.target for e in await read_ledger(log, "shop", PARTITIONS)] == [TARGET]
+    finally:
+        await ledger.stop()
+    with pytest.raises(KafkaUnavailable, match=f"has {PARTITIONS} partitions, expected 2"):
+        await read_ledger(log, "shop", 2)
+    with pytest.raises(MissingTopic, match=r"topic other\.failure-ledger does not exist"):
+        await read_ledger(log, "other")
+    assert log.topic_names() == {TOPIC}

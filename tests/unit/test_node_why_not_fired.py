@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import orjson
@@ -15,9 +15,8 @@ from fakes import RunningNode, wait_until
 from pydantic import BaseModel
 from typer.testing import CliRunner
 
-import app.timers.operator
+import app.cli.timers
 from app.cli import cli
-from app.kafka import Record
 from app.kafka.memory import MemoryLog
 from app.model.aggregate import AggregateType, Command, Decision
 from app.protocol.topics import AggregateTopics, ContextTopics
@@ -106,18 +105,8 @@ async def test_the_row_and_the_ledger_entry_keep_the_targets_error(parked: Memor
 def test_timers_show_prints_the_error_of_the_row_and_of_each_failed_version(
     parked: MemoryLog, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The CLI reads the same changelog (the memory log's records stand for the broker's)."""
-
-    async def existing(bootstrap: str, names: Iterable[str]) -> dict[str, int]:
-        return dict.fromkeys(names, PARTITIONS)
-
-    async def read_to_end(
-        bootstrap: str, topic: str, partition: int, start: int
-    ) -> AsyncIterator[list[Record]]:
-        yield parked.records(topic, partition, start=start)
-
-    monkeypatch.setattr(app.timers.operator, "existing_topics", existing)
-    monkeypatch.setattr(app.timers.operator, "read_to_end", read_to_end)
+    """The CLI reads the same changelog: the node's memory log is the CLI's cluster."""
+    monkeypatch.setattr(app.cli.timers, "clients_for", lambda settings: parked)
     args = ["timers", "show", "--type", "why.order", "--owner", "o-1", "--bootstrap", "b:9092"]
     result = CliRunner().invoke(cli, args)
     assert result.exit_code == 0, result.output
