@@ -107,7 +107,9 @@ async def poll_loop(
                 if h is None:
                     mine = [(t, q) for t, q in consumer.assignment() if q == p]
                     h = held[p] = _Held(task, task.takes, mine)
-                    consumer.pause(mine)
+                # Again on each batch kept: a new assignment (a lost membership that gave p
+                # back to its running task) forgets the pause, and p must not pile up here.
+                consumer.pause(h.paused)
                 h.batches.append((topic, records))
             await consumer.commit(commits.take_offsets())
         except KafkaUnavailable as exc:

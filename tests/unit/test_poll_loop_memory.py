@@ -5,15 +5,25 @@ no other partition's records or offsets up; unstuck, it gets every record once, 
 from __future__ import annotations
 
 import asyncio
+import time
+import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
-from fakes import wait_until
+from fakes import RunningNode, running, wait_until
+from pydantic import BaseModel
 
 from app.kafka.memory import MemoryLog
 from app.kafka.memory_group import MemoryGroupMember
+from app.model.aggregate import AggregateType, Command, Decision
 from app.node.polling import Batch, poll_loop
+from app.protocol.topics import AggregateTopics, ContextTopics
+from app.protocol.wire import CommandEnvelope, CommandResult, EventEnvelope, decode, encode
+from app.service import Service
+from tables import AggregateRef, CommandSpec, OnceRule
+from tables.partitioner import partition_of
 
 TOPIC = "log"
 
@@ -141,3 +151,87 @@ async def test_a_retake_drops_what_was_kept_and_reads_again_from_the_committed_o
     await loop.send(1, 1)
     await loop.committed(1, 1)
     assert w0.got == list(range(5)), "the kept batch (3, 4) was dropped, not handed over"
+
+
+class Counter(BaseModel):
+    pass
+
+
+counter = AggregateType("stuck", "counter", Counter)
+SERVICE = Service(aggregates=(counter,))
+TOPICS = AggregateTopics("stuck", "counter")
+
+
+@counter.command("Schedule")
+def _schedule(state: Counter, cmd: Command, d: Decision) -> None:
+    d.schedule("k", OnceRule(at=int(cmd.body["at"])), CommandSpec(type="Fire"))
+
+
+async def command(log: MemoryLog, owner: str) -> str:
+    """Sends a Schedule (due in an hour) to `owner`; its request id."""
+    now = int(time.time() * 1000)
+    cmd = CommandEnvelope(
+        request_id=uuid.uuid4().hex,
+        type="Schedule",
+        aggregate=AggregateRef(context="stuck", aggregate="counter", id=owner),
+        body={"at": now + 3_600_000},
+        issued_at=now,
+    )
+    await log.publisher().send(TOPICS.commands, owner.encode(), encode(cmd), partition_of(owner, 2))
+    return cmd.request_id
+
+
+def scheduled(log: MemoryLog, p: int) -> list[str]:
+    """The owners of the timers set in p's log, in its order."""
+    events = [decode(EventEnvelope, r.value) for r in log.records(TOPICS.events, p)]
+    return [e.aggregate.id for e in events if e.type == "wow.ScheduleSet"]
+
+
+async def test_a_node_goes_on_with_its_other_partitions_while_one_is_stuck(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Partition 0's cycles hang (as a store or a commit that does not answer): its queue
+    fills and it is paused, while partition 1's commands are decided and committed. Once
+    it answers, partition 0 decides every command it was sent, once each, in order."""
+    log = MemoryLog()
+    owners = [f"o{i}" for i in range(100)]
+    zero = [o for o in owners if partition_of(o, 2) == 0][:8]
+    one = [o for o in owners if partition_of(o, 2) == 1][:3]
+    async with running(RunningNode(log, tmp_path, "a", SERVICE, 2)) as n:
+        cycles, (member,) = n.node.cycles, log.groups["g"].members
+        stuck = asyncio.Event()
+        cycle = cycles._cycle
+
+        async def hanging(p: int, items: list[Batch]) -> bool:
+            if p == 0:
+                await stuck.wait()
+            return await cycle(p, items)
+
+        monkeypatch.setattr(cycles, "_cycle", hanging)
+
+        async def fetched() -> bool:
+            return await member.backlog(TOPICS.commands, 0) == 0
+
+        # One poll a command: the first in the hung cycle, four queued, the sixth kept.
+        for owner in zero[:6]:
+            await command(log, owner)
+            await wait_until(fetched)
+        # Partition 1 goes on: decided, its events and results committed.
+        requests = [await command(log, owner) for owner in one]
+        await wait_until(lambda: scheduled(log, 1) == one, within=5)
+        assert set(requests) <= results(log)
+        assert member.paused() == {(t, 0) for t, q in member.assignment() if q == 0}
+        for owner in zero[6:]:
+            await command(log, owner)  # not fetched while paused
+        assert scheduled(log, 0) == [] and await member.backlog(TOPICS.commands, 0) == 2
+        stuck.set()
+        await wait_until(lambda: len(scheduled(log, 0)) >= len(zero), within=5)
+        assert scheduled(log, 0) == zero, "every command once, in order"
+        await wait_until(lambda: member.paused() == set())
+
+
+def results(log: MemoryLog) -> set[str]:
+    topic = ContextTopics("stuck").results
+    return {
+        decode(CommandResult, r.value).request_id for p in range(2) for r in log.records(topic, p)
+    }
