@@ -14,7 +14,8 @@ one). It is taken at start, again when it is older than `max_age_ms` (a deleted 
 noticed), and again on a miss once the last listing is `min_interval_ms` old (a topic
 created since is found: the command's retry goes through). At most one listing is in
 flight; one that fails, or does not answer within `list_timeout_ms` (given up), is logged,
-and the list stays as it was until the next.
+and the list stays as it was until the next. Both the interval's waits and that deadline
+are timed on the catalog's clock (`now`, `sleep_ms`, `timer_ms`), so a fake one drives both.
 
 A caller that may wait (`exists`: a timer's send) is answered a miss only by a listing
 begun after it asked that succeeded: a topic created after the last listing is found, never
@@ -32,7 +33,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Final
+from typing import Any, Final
 
 from app.errors import KafkaUnavailable
 
@@ -69,13 +70,18 @@ class TopicCatalog:
         on_missing: Callable[[str], None] | None = None,
         sleep_ms: Callable[[int], Awaitable[None]] | None = None,
         list_timeout_ms: int = LIST_TIMEOUT_MS,
+        timer_ms: Callable[[int], Awaitable[None]] | None = None,
     ) -> None:
+        """`sleep_ms` waits that many ms of `now`'s clock (the interval between listings);
+        `timer_ms` times a listing's deadline, `sleep_ms` unless given (a fake sleep that
+        moves its clock on at once, for the interval, cannot time a deadline)."""
         self._list = list_topics
         self._now = now
         self.max_age_ms = max_age_ms
         self.min_interval_ms = min_interval_ms
         self._on_missing = on_missing
         self._sleep_ms = sleep_ms or _sleep_ms
+        self._timer_ms = timer_ms or self._sleep_ms
         self.list_timeout_ms = list_timeout_ms
         self._names: set[str] | None = None
         self._listed_at: int | None = None  # when the last listing began (the node's clock)
@@ -168,22 +174,25 @@ class TopicCatalog:
         return None
 
     async def _listing(self) -> set[str]:
-        """The listing's answer, or `KafkaUnavailable` once `list_timeout_ms` passed (the
-        listing is cancelled and left: one that ignores it cannot hold the catalog)."""
+        """The listing's answer, or `KafkaUnavailable` once `list_timeout_ms` passed on the
+        catalog's clock (the listing is cancelled and left: one that ignores it cannot hold
+        the catalog)."""
         listing = asyncio.ensure_future(self._list())
+        deadline = asyncio.ensure_future(self._timer_ms(self.list_timeout_ms))
         try:
-            done, _ = await asyncio.wait({listing}, timeout=self.list_timeout_ms / 1000)
+            await asyncio.wait({listing, deadline}, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            if not listing.done():
-                listing.cancel()
-                listing.add_done_callback(_retrieved)
-        if not done:
+            for task in (listing, deadline):
+                task.cancel()  # when not done
+                task.add_done_callback(_retrieved)
+        if not listing.done():
             raise KafkaUnavailable(f"listing the topics took over {self.list_timeout_ms} ms")
         return set(listing.result())
 
 
-def _retrieved(task: asyncio.Future[set[str]]) -> None:
-    """Reads a given-up listing's end, so that a late failure is not reported unretrieved."""
+def _retrieved(task: asyncio.Future[Any]) -> None:
+    """Reads a given-up listing's (or deadline's) end, so that a late failure is not
+    reported unretrieved."""
     if not task.cancelled():
         task.exception()
 

@@ -305,6 +305,10 @@ class GroupConsumer:
         assigned = self._consumer.assignment()
         self._consumer.resume(*[tp for tp in tps if tp in assigned])
 
+    def paused(self) -> set[tuple[str, int]]:
+        """The partitions paused (for tests, as `MemoryGroupMember.paused`)."""
+        return {(tp.topic, tp.partition) for tp in self._consumer.paused()}
+
     async def rewind(self, partitions: Iterable[tuple[str, int]]) -> None:
         """Reads these partitions again from the group's committed offsets (the start where
         none is committed): what was read after them never counted."""

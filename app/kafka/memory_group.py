@@ -221,6 +221,10 @@ class MemoryGroupMember:
     def resume(self, partitions: Iterable[_Key]) -> None:
         self._paused -= set(partitions)
 
+    def paused(self) -> set[_Key]:
+        """The partitions paused (as aiokafka's `paused()`): for tests."""
+        return set(self._paused)
+
     async def rewind(self, partitions: Iterable[_Key]) -> None:
         self._log.check_up()
         for key in partitions:

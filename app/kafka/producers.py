@@ -130,6 +130,7 @@ class TransactionalProducer:
             await self._producer.stop()
         except Exception as exc:
             logger.warning("%s: stop failed: %r", self.transactional_id, exc)
+        _left_behind(self._producer)
 
     async def commit(
         self,
@@ -210,12 +211,18 @@ class TransactionalProducer:
         cancellation half-way through a commit), the transaction's fate is unknown here:
         the broker aborts it (a newer owner's start, or the transaction timeout).
         """
-        if isinstance(exc, ProducerFenced):
+        # A fence seen by aiokafka's sender may reach the caller as another error (the
+        # next step's IllegalOperation, an invalid state transition) while the fence
+        # itself waits, never retrieved, in the transaction's end waiter.
+        fenced = isinstance(exc, ProducerFenced) or isinstance(
+            _left_behind(self._producer), ProducerFenced
+        )
+        if fenced:
             error: KafkaUnavailable = Fenced(f"{self.transactional_id} was fenced by a newer owner")
         else:
             error = KafkaUnavailable(f"{self.transactional_id}: transaction failed: {explain(exc)}")
         self.broken = error
-        if self._open and not isinstance(exc, ProducerFenced):
+        if self._open and not fenced:
             with contextlib.suppress(Exception):
                 async with asyncio.timeout(5):
                     await self._producer.abort_transaction()
@@ -223,6 +230,33 @@ class TransactionalProducer:
         if isinstance(exc, asyncio.CancelledError | KeyboardInterrupt | SystemExit):
             return exc
         return error
+
+
+def _left_behind(producer: Any) -> BaseException | None:
+    """Retrieves the exceptions aiokafka leaves set and unawaited when its sender dies (a
+    fence, a fatal error), which the event loop would log, at collection, as never
+    retrieved: the transaction's end waiter (awaited only by a commit or an abort that
+    never comes) and the failed batches' drain waiters (awaited only by a send waiting
+    for room). The transaction's end waiter's exception, if it failed."""
+    txn = getattr(producer, "_txn_manager", None)
+    waiter = getattr(txn, "_transaction_waiter", None)
+    cause = _exception(waiter) if isinstance(waiter, asyncio.Future) else None
+    accumulator = getattr(producer, "_message_accumulator", None)
+    queues = getattr(accumulator, "_batches", {})
+    batches = [*(b for q in queues.values() for b in q)]
+    batches += getattr(accumulator, "_pending_batches", ())
+    for batch in batches:
+        drain = getattr(batch, "_drain_waiter", None)
+        if isinstance(drain, asyncio.Future):
+            _exception(drain)
+    return cause
+
+
+def _exception(future: asyncio.Future[Any]) -> BaseException | None:
+    """The future's exception, retrieved (None while not done, or cancelled)."""
+    if not future.done() or future.cancelled():
+        return None
+    return future.exception()
 
 
 def _retrieve(future: asyncio.Future[Any]) -> None:

@@ -1,24 +1,25 @@
 """The topic catalog when its listing fails or never answers: a miss is answered "missing"
 only by a listing that succeeded after it was asked; otherwise the caller is told the
 answer is unknown (`KafkaUnavailable`, a transient send failure), never NO_TARGET, and a
-listing that hangs is given up after `list_timeout_ms`, so the next miss lists again."""
+listing that hangs is given up after `list_timeout_ms` of the catalog's clock (a fake one
+here, which the tests move on: nothing waits for real time), so the next miss lists again."""
 
 from __future__ import annotations
 
 import asyncio
 
 import pytest
-from fakes import T0
+from fakes import T0, FakeClock, wait_until
 
 from app.errors import KafkaUnavailable
-from app.kafka.catalog import TopicCatalog
+from app.kafka.catalog import LIST_TIMEOUT_MS, TopicCatalog
 
 
 class _Listings:
     """A cluster's topic list on a fake clock; each listing answers, fails or hangs."""
 
     def __init__(self, names: set[str]) -> None:
-        self.now = T0
+        self.clock = FakeClock(T0)
         self.names = names
         self.calls = 0
         self.fail = False
@@ -26,11 +27,10 @@ class _Listings:
         self.misses: list[str] = []
         self.catalog = TopicCatalog(
             self.list_topics,
-            lambda: self.now,
+            self.clock.now,
             min_interval_ms=1_000,
             on_missing=self.misses.append,
             sleep_ms=self.sleep_ms,
-            list_timeout_ms=20,
         )
 
     async def list_topics(self) -> set[str]:
@@ -42,14 +42,25 @@ class _Listings:
         return set(self.names)
 
     async def sleep_ms(self, ms: int) -> None:
-        self.now += ms
+        await self.clock.sleep_until(self.clock.now() + ms)
+
+    async def deadline_passes(self) -> None:
+        """Moves the clock to the hung listing's deadline: just short of it first."""
+        deadline = self.clock.now() + LIST_TIMEOUT_MS
+        await wait_until(lambda: self.clock.sleeping_until == [deadline])
+        self.clock.advance(LIST_TIMEOUT_MS - 1)
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert self.calls > 0 and self.catalog._task is not None
+        assert not self.catalog._task.done(), "given up before its deadline"
+        self.clock.advance(1)
 
 
 async def test_a_miss_whose_listing_fails_is_unknown_not_missing() -> None:
     c = _Listings({"a.b.commands"})
     await c.catalog.refresh()
     c.names.add("c.d.commands")  # created after the last good listing
-    c.now += 5_000
+    c.clock.advance(5_000)
     c.fail = True
     with pytest.raises(KafkaUnavailable, match=r"c\.d\.commands"):
         await c.catalog.exists("c.d.commands")
@@ -58,7 +69,7 @@ async def test_a_miss_whose_listing_fails_is_unknown_not_missing() -> None:
     assert await c.catalog.exists("a.b.commands") and c.calls == 2
     # The listing works again: the next miss lists again and finds the topic.
     c.fail = False
-    c.now += 1_000
+    c.clock.advance(1_000)
     assert await c.catalog.exists("c.d.commands") and c.calls == 3
     await c.catalog.stop()
 
@@ -76,25 +87,28 @@ async def test_a_missing_topic_is_still_refused_by_a_listing_that_succeeded() ->
     c = _Listings({"a.b.commands"})
     await c.catalog.refresh()
     c.fail = True
-    c.now += 1_000
+    c.clock.advance(1_000)
     with pytest.raises(KafkaUnavailable):
         await c.catalog.exists("x.y.commands")
     c.fail = False
-    c.now += 1_000
+    c.clock.advance(1_000)
     assert not await c.catalog.exists("x.y.commands") and c.misses == ["x.y.commands"]
     await c.catalog.stop()
 
 
 async def test_a_listing_that_never_answers_is_given_up_and_the_next_miss_lists_again() -> None:
+    """Given up at `list_timeout_ms` on the catalog's clock, which the test moves on."""
     c = _Listings({"a.b.commands"})
     c.hang = True
     async with asyncio.timeout(5):  # a regression fails here rather than hanging the run
         waiting = [asyncio.ensure_future(c.catalog.exists("a.b.commands")) for _ in range(3)]
+        await c.deadline_passes()
         outcomes = await asyncio.gather(*waiting, return_exceptions=True)
     assert all(isinstance(o, KafkaUnavailable) for o in outcomes), outcomes
-    assert "20 ms" in str(outcomes[0]) and c.calls == 1, "the misses shared the one listing"
+    assert f"{LIST_TIMEOUT_MS} ms" in str(outcomes[0]), outcomes
+    assert c.calls == 1, "the misses shared the one listing"
     c.hang = False
-    c.now += 1_000
+    c.clock.advance(1_000)
     assert await c.catalog.exists("a.b.commands") and c.calls == 2
     await c.catalog.stop()
 
@@ -103,14 +117,16 @@ async def test_a_background_listing_that_hangs_does_not_keep_the_list_stuck() ->
     c = _Listings({"a.b.commands"})
     await c.catalog.refresh()
     c.hang = True
-    c.now += 1_000
+    c.clock.advance(1_000)
     assert c.catalog.missing("x.y.commands")  # answered at once; lists in the background
     async with asyncio.timeout(5):
-        await c.catalog.refresh()  # joins that listing, which is given up
+        joined = asyncio.ensure_future(c.catalog.refresh())  # joins that listing
+        await c.deadline_passes()
+        assert not await joined, "given up"
     assert c.calls == 2
     c.hang = False
     c.names.add("x.y.commands")
-    c.now += 1_000
+    c.clock.advance(1_000)
     assert c.catalog.missing("x.y.commands")  # from the last good list; lists again
     await c.catalog.refresh()  # joins that listing
     assert c.calls == 3 and c.catalog.known("x.y.commands")

@@ -4,10 +4,13 @@ once, so no partition goes on with a producer in an unknown state."""
 
 from __future__ import annotations
 
+import asyncio
+import gc
 from typing import Any
 
 import pytest
-from aiokafka.errors import ProducerFenced
+from aiokafka.errors import IllegalOperation, ProducerFenced
+from aiokafka.producer.transaction_manager import TransactionManager
 
 from app.errors import (
     Fenced,
@@ -22,6 +25,8 @@ class FakeClient:
     def __init__(self, error: BaseException) -> None:
         self.error = error
         self.calls: list[str] = []
+        # aiokafka's transaction state, looked at when a step fails.
+        self._txn_manager: TransactionManager | None = None
 
     async def begin_transaction(self) -> None:
         self.calls.append("begin")
@@ -72,3 +77,31 @@ async def test_a_fenced_producer_says_so_and_does_not_abort() -> None:
     assert "abort" not in client.calls, "the newer owner's start aborted it"
     with pytest.raises(Fenced):
         await producer.flush({("shop.order.commands", 3): 11}, "g")
+
+
+async def test_a_fence_seen_by_the_sender_is_said_and_retrieved_whatever_the_step_raised() -> None:
+    """aiokafka's sender died on the fence: the next step raises something else (here
+    IllegalOperation: the transaction's state is FATAL_ERROR), and the fence waits in the
+    transaction's end waiter, which nobody awaits. It is `Fenced` (the partition let go,
+    not taken afresh at once, which would fence the newer owner in turn), and the waiter's
+    exception is retrieved, not left for the loop to log at collection."""
+    txn = TransactionManager("g.shop.order.timers.3", 60_000)
+    txn.set_pid_and_epoch(7, 0)
+    txn.begin_transaction()
+    txn.fatal_error(ProducerFenced())
+    client = FakeClient(IllegalOperation("Not in the middle of a transaction"))
+    client._txn_manager = txn
+    producer = await producer_with(client)
+    loop = asyncio.get_running_loop()
+    logged: list[dict[str, Any]] = []
+    loop.set_exception_handler(lambda _, context: logged.append(context))
+    try:
+        with pytest.raises(Fenced, match="fenced by a newer owner"):
+            await producer.flush({("shop.order.commands", 3): 10}, "g")
+        assert "abort" not in client.calls
+        await producer.stop()
+        del txn, client, producer
+        gc.collect()
+        assert logged == []
+    finally:
+        loop.set_exception_handler(None)

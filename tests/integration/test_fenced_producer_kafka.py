@@ -1,0 +1,64 @@
+"""A transactional producer fenced on a real broker (a newer producer of its transactional
+id started): it says `Fenced`, is broken for good, and leaves no failed future or task of
+aiokafka's behind unretrieved (which the event loop would only log, at collection)."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import pytest
+
+from app.errors import Fenced
+from app.kafka import OutRecord, TransactionalProducer
+
+pytestmark = pytest.mark.kafka
+
+TopicFactory = Callable[..., Awaitable[str]]
+
+
+@pytest.fixture
+async def unretrieved() -> AsyncIterator[list[dict[str, Any]]]:
+    """What reaches the event loop's exception handler (a future or task whose exception
+    nobody retrieved, among others)."""
+    loop = asyncio.get_running_loop()
+    got: list[dict[str, Any]] = []
+    before = loop.get_exception_handler()
+    loop.set_exception_handler(lambda _, context: got.append(context))
+    yield got
+    loop.set_exception_handler(before)
+
+
+@pytest.mark.parametrize("records", [1, 0], ids=["with records", "offsets only"])
+async def test_a_fenced_producer_says_so_and_leaves_nothing_unretrieved(
+    kafka_bootstrap: str,
+    topic_factory: TopicFactory,
+    unretrieved: list[dict[str, Any]],
+    records: int,
+) -> None:
+    topic = await topic_factory(partitions=1)
+    tid = f"fenced-{uuid.uuid4().hex[:8]}"
+    old = TransactionalProducer(kafka_bootstrap, tid)
+    await old.start()
+    await old.commit([(topic, 0, b"k", b"v0")], {(topic, 0): 1}, "g")
+    new = TransactionalProducer(kafka_bootstrap, tid)
+    await new.start()  # fences the old one
+    try:
+        batch: list[OutRecord] = [(topic, 0, b"k", b"v1")] * records
+        with pytest.raises(Fenced):
+            await old.commit(batch, {(topic, 0): 2}, "g")
+        assert isinstance(old.broken, Fenced)
+        with pytest.raises(Fenced):
+            await old.commit([], {(topic, 0): 3}, "g")
+        await old.stop()
+        del old
+        for _ in range(3):
+            gc.collect()
+            await asyncio.sleep(0)
+        assert unretrieved == []
+        assert await new.commit([(topic, 0, b"k", b"v2")], {(topic, 0): 2}, "g") != []
+    finally:
+        await new.stop()

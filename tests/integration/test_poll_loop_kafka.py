@@ -1,0 +1,132 @@
+"""The node's consumer loop (`app.node.polling.poll_loop`) over aiokafka on a real broker:
+a partition whose worker is stuck is paused on the consumer (aiokafka's pause drops what
+it fetched ahead of it, and fetches again from its position on resume), while the other
+partition's records are handed over and their offsets committed; unstuck, it gets every
+record once, in order."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+import pytest
+from harness import eventually
+
+from app.kafka import Producer
+from app.kafka.admin import GroupOffsets
+from app.kafka.consumers import GroupConsumer
+from app.node.polling import Batch, poll_loop
+
+pytestmark = pytest.mark.kafka
+
+TopicFactory = Callable[..., Awaitable[str]]
+
+
+@dataclass(eq=False)
+class Task:
+    takes: int = 1
+
+
+@dataclass
+class Worker:
+    """A partition's worker: takes its queue's batches once `go` is set, and says their
+    offsets done (as a cycle with nothing to write)."""
+
+    p: int
+    done: dict[tuple[str, int], int]
+    queue: asyncio.Queue[Batch] = field(default_factory=lambda: asyncio.Queue(maxsize=1))
+    go: asyncio.Event = field(default_factory=asyncio.Event)
+    got: list[int] = field(default_factory=list)
+
+    async def run(self) -> None:
+        while True:
+            await self.go.wait()
+            topic, records = await self.queue.get()
+            self.got += [r.offset for r in records]
+            self.done[(topic, self.p)] = records[-1].offset + 1
+
+
+class Workers:
+    def __init__(self) -> None:
+        self.done: dict[tuple[str, int], int] = {}
+        self.of = {p: Worker(p, self.done) for p in (0, 1)}
+
+    def queue(self, p: int) -> asyncio.Queue[Batch]:
+        return self.of[p].queue
+
+    def take_offsets(self) -> dict[tuple[str, int], int]:
+        done = dict(self.done)
+        self.done.clear()
+        return done
+
+
+async def test_a_stuck_partition_is_paused_and_the_other_flows_on_aiokafka(
+    kafka_bootstrap: str, topic_factory: TopicFactory
+) -> None:
+    topic = await topic_factory(partitions=2)
+    group = f"poll-{uuid.uuid4().hex[:8]}"
+    given: set[tuple[str, int]] = set()
+
+    async def assigned(tps: set[tuple[str, int]]) -> None:
+        given.update(tps)
+
+    async def revoked(tps: set[tuple[str, int]]) -> None:
+        given.difference_update(tps)
+
+    consumer = GroupConsumer(
+        kafka_bootstrap, group, [topic], on_assigned=assigned, on_revoked=revoked
+    )
+    producer = Producer(kafka_bootstrap)
+    workers = Workers()
+    w0, w1 = workers.of[0], workers.of[1]
+    w1.go.set()
+    failures: list[str] = []
+    await consumer.start()
+    await producer.start()
+    tasks = [asyncio.create_task(w.run()) for w in (w0, w1)]
+    running = {0: Task(), 1: Task()}
+    tasks.append(
+        asyncio.create_task(poll_loop(consumer, running, workers, workers, failures.append))
+    )
+
+    async def send(p: int, n: int) -> None:
+        await producer.send_many([(topic, p, b"k", b"%d" % i) for i in range(n)])
+
+    try:
+        async with GroupOffsets(kafka_bootstrap, group) as offsets:
+
+            async def committed(p: int) -> int | None:
+                return (await offsets.fetch([(topic, p)]))[(topic, p)]
+
+            await eventually(lambda: len(given) == 2, 60, "the group never gave both")
+            await send(0, 3)
+            await eventually(w0.queue.full, 30, "partition 0's batch never queued")
+            await send(0, 2)  # kept: partition 0 is paused
+            for n in (4, 8, 12):
+                await send(1, 4)
+
+                async def at(n: int = n) -> bool:
+                    return await committed(1) == n
+
+                await eventually(at, 30, "partition 1's offsets were not committed")
+            await eventually(lambda: (topic, 0) in consumer.paused(), 30, "never paused")
+            await send(0, 4)  # fetched only once partition 0 is resumed
+            assert w1.got == list(range(12))
+            assert w0.got == [] and await committed(0) is None
+            w0.go.set()
+
+            async def all_of_zero() -> bool:
+                return await committed(0) == 9
+
+            await eventually(all_of_zero, 30, "partition 0 never caught up")
+            assert w0.got == list(range(9)), "every record once, in order"
+            assert (topic, 0) not in consumer.paused()
+        assert failures == [] and not tasks[-1].done()
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await producer.stop()
+        await consumer.stop()
