@@ -92,7 +92,7 @@ async def test_list_show_and_replay_once(kafka_bootstrap: str) -> None:
 
     # Two replays at once (two processes, two producers of the letter's transactional id),
     # then a third: the record goes back once. Processes of their own, as operators run
-    # them: a fenced producer leaves aiokafka's failed future behind, logged when collected.
+    # them, each with its own producer.
     first, second = await asyncio.gather(
         replay_process(*args, "--offset", "0", "--json"),
         replay_process(*args, "--offset", "0", "--json"),
