@@ -90,8 +90,12 @@ def install() -> None:
     )
     _wrap(partitioned.PartitionedStore, "due", "store.due")
     _wrap(
-        runner.TimerRunner, "_round", "runner._round: due → claim → sends → outcomes", round_stats
+        runner.TimerRunner,
+        "_claim",
+        "runner._claim: due → claim (a round's first half)",
+        lambda r: round_stats(r.stats),
     )
+    _wrap(runner.TimerRunner, "_finish", "runner._finish: sends → outcomes → sweep")
     _wrap(runner.TimerRunner, "_settle_exactly", "runner claim write (settle of the claims)")
     _wrap(runner.TimerRunner, "_flush", "runner outcome write (settle of the outcomes)")
     _wrap(runner.TimerRunner, "record_outcomes", "runner in-process outcome write")

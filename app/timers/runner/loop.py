@@ -67,6 +67,11 @@ class TimerLoop:
             await self._task
             self._task = None
 
+    async def round(self) -> RoundStats:
+        """One round, its sends not waited for. A node's loop runs the runner's `round()`
+        instead, committing its claims before their commands leave."""
+        return await self._runner.run_round(wait=False)
+
     async def _run(self) -> None:
         while not self._stopping:
             # Cleared before the round, so that a wake-up during it is not lost.
@@ -74,7 +79,7 @@ class TimerLoop:
             self._answered.clear()
             stats: RoundStats | None
             try:
-                stats = await self._runner.run_round(wait=False)
+                stats = await self.round()
                 self.failures_in_a_row = 0
             except Exception:
                 self.failures_in_a_row += 1

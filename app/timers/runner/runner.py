@@ -7,15 +7,22 @@ the owned partitions whose wheels ran out, one `settle` batch for its claims and
 expiries, the sends run concurrently (`Sends`), and one `settle` batch for their
 outcomes. Time comes from a `Clock` and commands leave through a `Sender` (`ports`), so
 tests drive it all with fakes.
+
+In a node the runner calls nothing of the node: the node drives it. Its round
+(`round()`) hands the node the partitions whose claims must commit before their commands
+leave, and the node says which did; the timers a partition fires in-process wait in its
+`PartitionFiring` until the partition's cycle asks for them (`in_process_due`), decides
+them with its commands and settles them in its transaction (`record_outcomes`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import functools
 import logging
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 
 from app.timers.runner.decisions import (
     Decision,
@@ -27,8 +34,9 @@ from app.timers.runner.decisions import (
     skip_parked,
 )
 from app.timers.runner.options import TimerOptions
-from app.timers.runner.partition import PartitionFiring
-from app.timers.runner.ports import BeforeSend, Clock, FiringStore, LocalFirer, Sender
+from app.timers.runner.partition import InProcessTargets, PartitionFiring
+from app.timers.runner.ports import Clock, FiringStore, Sender
+from app.timers.runner.rounds import Round
 from app.timers.runner.sending import Sends
 from app.timers.runner.settling import from_loaded, park, reclaim, settle_exactly
 from app.timers.runner.stats import RoundStats, count
@@ -46,7 +54,8 @@ logger = logging.getLogger(__name__)
 
 class TimerRunner:
     """Sends the timers of the partitions this node owns (see the TimerRunner seed): a thin
-    driver over one `PartitionFiring` per partition."""
+    driver over one `PartitionFiring` per partition. `partitions`: those it fires from the
+    start, `in_process` the targets it fires in-process there (`start_partition`)."""
 
     def __init__(
         self,
@@ -57,12 +66,9 @@ class TimerRunner:
         options: TimerOptions | None = None,
         partitions: Iterable[int] = (),
         *,
-        local: LocalFirer | None = None,
-        before_send: BeforeSend | None = None,
+        in_process: InProcessTargets | None = None,
     ) -> None:
         self._store = store
-        self._local = local
-        self._before_send = before_send
         self._clock = clock
         self._ledger = ledger
         self._options = options or TimerOptions()
@@ -70,7 +76,7 @@ class TimerRunner:
         # One per partition it fires, from its start to its stop.
         self._firings: dict[int, PartitionFiring] = {}
         for p in partitions:
-            self._firings[p] = firing = self._new_firing(p)
+            self._firings[p] = firing = self._new_firing(p, in_process)
             firing.fresh = False  # given at the start: nobody else's claims to take over
         # Claims given back as their partition was stopped (its firing gone): written by
         # the next write of outcomes.
@@ -82,9 +88,11 @@ class TimerRunner:
         self._flush_lock = asyncio.Lock()
         self._sweep_turn = 0
 
-    def _new_firing(self, partition: int) -> PartitionFiring:
+    def _new_firing(
+        self, partition: int, in_process: InProcessTargets | None = None
+    ) -> PartitionFiring:
         wheel = Wheel(self._load, self._options.poll_interval_ms, self._options.batch_limit)
-        return PartitionFiring(partition, wheel)
+        return PartitionFiring(partition, wheel, in_process)
 
     async def _load(self, partitions: set[int], until: int, limit: int) -> list[DueRow]:
         return await self._store.due_rows(partitions, until=until, limit=limit)
@@ -118,10 +126,14 @@ class TimerRunner:
         """What the ledger parks this context's targets under."""
         return TimerOptions.PARKED_SUBSCRIPTION
 
-    def start_partition(self, partition: int) -> None:
-        """Starts sending the timers of `partition`; nothing when it does already."""
+    def start_partition(
+        self, partition: int, *, in_process: InProcessTargets | None = None
+    ) -> None:
+        """Starts sending the timers of `partition`; nothing when it does already.
+        `in_process`: the targets its node decides in the partition itself, whose timers
+        are claimed for its cycle to fire (`in_process_due`) rather than sent."""
         if partition not in self._firings:
-            self._firings[partition] = self._new_firing(partition)
+            self._firings[partition] = self._new_firing(partition, in_process)
             logger.info("timers of partition %d: started", partition)
 
     async def stop_partition(self, partition: int) -> None:
@@ -141,7 +153,8 @@ class TimerRunner:
         await self._flush([], RoundStats())  # claims given back meanwhile
 
     async def run_round(self, *, wait: bool = True) -> RoundStats:
-        """Loads the due timers of all owned partitions, claims, sends and records them.
+        """Loads the due timers of all owned partitions, claims, sends and records them
+        (their claims written are all it takes: nothing to commit before they leave).
 
         `wait`: until the round's sends are answered and their outcomes written (one round
         whole, as a test or a one-off run wants it). The loop does not wait: each send's
@@ -149,21 +162,36 @@ class TimerRunner:
         holds no other timer up.
         """
         async with self._round_lock:
-            stats, tasks = await self._round()
-            if wait and tasks:
-                await asyncio.wait(tasks)
-                await self._flush(None, stats)
-                self._next_due(stats)
-            return stats
+            r = await self._claim()
+            r.claims_committed(r.to_commit)
+            await self._finish(r)
+            if wait and r.tasks:
+                await asyncio.wait(r.tasks)
+                await self._flush(None, r.stats)
+                self._next_due(r.stats)
+            return r.stats
 
-    async def _round(self) -> tuple[RoundStats, list[asyncio.Task[Decision]]]:
-        stats = RoundStats()
-        if not self._firings:
-            return stats, []
+    @contextlib.asynccontextmanager
+    async def round(self) -> AsyncIterator[Round]:
+        """A node's round: the due timers claimed on entering, and on leaving the claims
+        its node committed (`Round.claims_committed`) sent, never the others (they lapse
+        and are claimed again), and the outcomes that came back written. In between, the
+        node commits the claims of `Round.to_commit` and has the partitions of
+        `Round.in_process` fire theirs. Its sends are not waited for (`answered`)."""
+        async with self._round_lock:
+            r = await self._claim()
+            yield r
+            await self._finish(r)
+
+    async def _claim(self) -> Round:
+        """Loads the due timers, decides them, and claims them: a remote one's claim written
+        (in its partition's transaction), an in-process one's kept for its cycle."""
         now = self._clock.now()
-        owned = frozenset(self._firings)
+        r = Round(RoundStats(), now, frozenset(self._firings))
+        if not r.owned:
+            return r
+        stats, o = r.stats, self._options
         wheels = {p: f.wheel for p, f in self._firings.items()}
-        o = self._options
         loaded, stats.full = await take_due_of(
             wheels, self._load, now, o.poll_interval_ms, o.batch_limit
         )
@@ -180,8 +208,7 @@ class TimerRunner:
             for d in decided
             if d.change is not None and d.change.loaded.status is TimerStatus.FIRING
         )
-        local: list[Timer] = []
-        remote: list[Timer] = []
+        in_process: set[int] = set()
         to_write: list[Decision] = []
         # Sends are not waited for: no more claimed than may be sent at once, the rest
         # loaded again when sends come back (a slow target holds no other timer up).
@@ -189,21 +216,24 @@ class TimerRunner:
         for d in decided:
             if d.change is None:
                 continue
-            local_target = self._local is not None and self._local.accepts(d.change.next)
-            if d.send and not local_target:
+            nxt = d.change.next
+            firing = self._firings.get(nxt.partition)
+            if firing is None:
+                continue  # stopped meanwhile: not claimed
+            if d.send and firing.fires_in_process(nxt):
+                # Claimed by the partition transaction that decides it and writes its
+                # outcome, so nothing is written before (nor can a fenced owner commit).
+                firing.hand(d.change.loaded, nxt)
+                in_process.add(nxt.partition)
+                r.handed += 1
+                continue
+            if d.send:
                 if room <= 0:
                     stats.deferred += 1
                     continue
                 room -= 1
-            if d.send and local_target:
-                # Fired in-process: claimed by the partition transaction that decides it and
-                # writes its outcome, so nothing is written before (nor can a fenced owner
-                # commit either).
-                if (firing := self._firings.get(d.change.next.partition)) is not None:
-                    firing.in_hand[d.change.next.id] = d.change.loaded
-                    local.append(d.change.next)
-            else:
-                to_write.append(d)
+            to_write.append(d)
+        r.in_process = frozenset(in_process)
         async with self._write_lock:
             written = await self._settle_exactly(to_write)
             for decision in written:
@@ -218,21 +248,41 @@ class TimerRunner:
                     # Handed off while its claim was being written: given back unsent.
                     self._orphans.append(release(nxt, now))
                 else:
-                    remote.append(nxt)
+                    r.remote.append(nxt)
             stats.lost_claims = sum(d.send for d in to_write) - sum(d.send for d in written)
             if stats.lost_claims:
                 self.invalidate()  # rows changed behind the wheel's back: a reschedule?
-        if local:
-            assert self._local is not None
-            self._local.fire(local)
         if stats.deferred:
             self.invalidate()  # taken from the wheel, not claimed: loaded again
-        tasks = await self._send_remote(remote, stats)
-        stats.claimed = len(local) + len(tasks)
+        return r
+
+    async def _finish(self, r: Round) -> None:
+        """Sends the claims committed, writes the outcomes in, sweeps a partition."""
+        stats = r.stats
+        if not r.owned:
+            return
+        unsent = [t for t in r.remote if t.partition not in r.committed]
+        if unsent:
+            # Their partitions are reset and restored: the claims never counted.
+            logger.warning("%d claim(s) not committed, none sent", len(unsent))
+        if len(unsent) < len(r.remote):
+            async with self._write_lock:
+                r.tasks = [
+                    self._sends.spawn(f, t, stats)
+                    for t in r.remote
+                    if t.partition in r.committed and (f := self._firings.get(t.partition))
+                ]
+        stats.claimed = r.handed + len(r.tasks)
         await self._flush(None, stats)
-        await self._sweep(owned, now, stats)
+        await self._sweep(r.owned, r.now, stats)
         self._next_due(stats)
-        return stats, tasks
+
+    def in_process_due(self, partition: int) -> list[Timer]:
+        """The timers of `partition` claimed to fire in-process since its cycle last asked:
+        the cycle checks them (`still_due`), decides them with its commands, and settles
+        them in its transaction (`record_outcomes`)."""
+        firing = self._firings.get(partition)
+        return [] if firing is None else firing.take_handed()
 
     async def _sweep(self, owned: frozenset[int], now: int, stats: RoundStats) -> None:
         """One owned partition a round, in turn: at most `sweep_limit` of its finished rows
@@ -267,27 +317,6 @@ class TimerRunner:
             for t in rows
             if t.status is TimerStatus.FIRING and t.due_at > now
         ]
-
-    async def _send_remote(
-        self, claimed: list[Timer], stats: RoundStats
-    ) -> list[asyncio.Task[Decision]]:
-        """Sends the claimed timers whose targets are elsewhere, once their claims are
-        committed: a fenced owner can commit no claim, so it sends nothing."""
-        if not claimed:
-            return []
-        if self._before_send is not None:
-            try:
-                await self._before_send({t.partition for t in claimed})
-            except Exception as exc:
-                # Its partition is reset and restored: the claims never counted.
-                logger.warning("%d claim(s) not committed, none sent: %s", len(claimed), exc)
-                return []
-        async with self._write_lock:
-            return [
-                self._sends.spawn(f, t, stats)
-                for t in claimed
-                if (f := self._firings.get(t.partition)) is not None
-            ]
 
     def _next_due(self, stats: RoundStats) -> None:
         untils = []
