@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from app.timers.runner.decisions import Decision, SendResult, guarded, on_outcome
@@ -18,7 +18,7 @@ from app.timers.runner.wheel import Wheel
 from tables.partitioner import partition_of
 from tables.timer import Timer, TimerStatus
 
-__all__ = ["InProcessTargets", "PartitionFiring"]
+__all__ = ["InProcessTargets", "PartitionFiring", "offer_to"]
 
 
 @dataclass(frozen=True)
@@ -124,3 +124,11 @@ class PartitionFiring:
         if tasks:
             await asyncio.wait(tasks)
         return len(tasks)
+
+
+def offer_to(firings: Mapping[int, PartitionFiring], timers: Iterable[Timer]) -> None:
+    """Puts rows just written (PENDING) in their partitions' wheels, when they fall within
+    them (a partition not fired here: nowhere)."""
+    for t in timers:
+        if (f := firings.get(t.partition)) is not None:
+            f.offer((t,))

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import functools
 import logging
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
@@ -34,14 +33,14 @@ from app.timers.runner.decisions import (
     skip_parked,
 )
 from app.timers.runner.options import TimerOptions
-from app.timers.runner.partition import InProcessTargets, PartitionFiring
+from app.timers.runner.outcomes import Outcomes
+from app.timers.runner.partition import InProcessTargets, PartitionFiring, offer_to
 from app.timers.runner.ports import Clock, FiringStore, Sender
 from app.timers.runner.rounds import Round
 from app.timers.runner.sending import Sends
-from app.timers.runner.settling import from_loaded, park, reclaim, settle_exactly
-from app.timers.runner.stats import RoundStats, count
+from app.timers.runner.settling import operate_parked, reclaim, settle_exactly
+from app.timers.runner.stats import RoundStats
 from app.timers.runner.wheel import Wheel, take_due_of
-from tables.exceptions import StoreError
 from tables.ledger import FailureLedger
 from tables.refs import AggregateRef
 from tables.store import DueRow
@@ -78,14 +77,13 @@ class TimerRunner:
         for p in partitions:
             self._firings[p] = firing = self._new_firing(p, in_process)
             firing.fresh = False  # given at the start: nobody else's claims to take over
-        # Claims given back as their partition was stopped (its firing gone): written by
-        # the next write of outcomes.
-        self._orphans: list[Decision] = []
         self._round_lock = asyncio.Lock()
         # Serialises the claim batch (and spawning its sends) with every outcome write, so
         # that stop_partition's write comes after anything a round already took of its part.
         self._write_lock = asyncio.Lock()
-        self._flush_lock = asyncio.Lock()
+        self._outcomes = Outcomes(
+            store, ledger, clock, self._options, self._firings, self._write_lock
+        )
         self._sweep_turn = 0
 
     def _new_firing(
@@ -143,14 +141,14 @@ class TimerRunner:
         if firing is None:
             return
         cut = await firing.cut_short()
-        await self._flush([firing], RoundStats())
+        await self._outcomes.flush([firing], RoundStats())
         logger.info("timers of partition %d: stopped (%d send(s) cut short)", partition, cut)
 
     async def stop_all(self) -> None:
         """Stops every partition, as a node does before it shuts down."""
         for partition in sorted(self._firings):
             await self.stop_partition(partition)
-        await self._flush([], RoundStats())  # claims given back meanwhile
+        await self._outcomes.flush([], RoundStats())  # claims given back meanwhile
 
     async def run_round(self, *, wait: bool = True) -> RoundStats:
         """Loads the due timers of all owned partitions, claims, sends and records them
@@ -167,7 +165,7 @@ class TimerRunner:
             await self._finish(r)
             if wait and r.tasks:
                 await asyncio.wait(r.tasks)
-                await self._flush(None, r.stats)
+                await self._outcomes.flush(None, r.stats)
                 self._next_due(r.stats)
             return r.stats
 
@@ -246,7 +244,7 @@ class TimerRunner:
                         stats.due_by(nxt.due_at)
                 elif nxt.partition not in self._firings:
                     # Handed off while its claim was being written: given back unsent.
-                    self._orphans.append(release(nxt, now))
+                    self._outcomes.orphans.append(release(nxt, now))
                 else:
                     r.remote.append(nxt)
             stats.lost_claims = sum(d.send for d in to_write) - sum(d.send for d in written)
@@ -273,7 +271,7 @@ class TimerRunner:
                     if t.partition in r.committed and (f := self._firings.get(t.partition))
                 ]
         stats.claimed = r.handed + len(r.tasks)
-        await self._flush(None, stats)
+        await self._outcomes.flush(None, stats)
         await self._sweep(r.owned, r.now, stats)
         self._next_due(stats)
 
@@ -340,9 +338,7 @@ class TimerRunner:
     def offer(self, timers: Iterable[Timer]) -> None:
         """Puts rows just written (PENDING) in their partitions' wheels, when they fall
         within them."""
-        for t in timers:
-            if (f := self._firings.get(t.partition)) is not None:
-                f.offer((t,))
+        offer_to(self._firings, timers)
 
     def invalidate(self) -> None:
         """The wheels are loaded again at the next round (rows changed behind their back)."""
@@ -350,97 +346,17 @@ class TimerRunner:
             f.wheel.invalidate()
 
     async def still_due(self, claimed: Sequence[Timer]) -> list[Timer]:
-        """Of the timers handed over to fire in-process, those whose rows are still as they
-        were loaded (a cancel or reschedule may have come since): called by the partition's
-        transaction just before it decides them."""
-        kept: list[Timer] = []
-        for t in claimed:
-            firing = self._firings.get(t.partition)
-            loaded = None if firing is None else firing.in_hand.get(t.id)
-            row = None if loaded is None else await self._store.find(t.owner, t.key)
-            if loaded is not None and row is not None and row.same_as_loaded(loaded):
-                kept.append(t)
-            elif firing is not None:
-                firing.in_hand.pop(t.id, None)
-        return kept
+        """Of the timers claimed to fire in-process, those whose rows are still as they were
+        loaded (a cancel or reschedule may have come since): called by the partition's
+        cycle just before it decides them."""
+        return await self._outcomes.still_due(claimed)
 
     async def record_outcomes(self, results: Sequence[tuple[Timer, SendResult]]) -> RoundStats:
-        """Writes the outcomes of timers fired in-process: called by the partition's
-        transaction before it commits, so that each settle commits with the events it
+        """Writes the outcomes of timers fired in-process: called by the partition's cycle
+        before its transaction commits, so that each settle commits with the events it
         records; each a conditional write against the row as it was loaded. Raises when
         the write fails: the transaction must not commit."""
-        stats = RoundStats()
-        decisions: list[Decision] = []
-        now = self._clock.now()
-        for claimed, result in results:
-            firing = self._firings.get(claimed.partition)
-            loaded = None if firing is None else firing.in_hand.pop(claimed.id, None)
-            if firing is None or loaded is None:
-                raise StoreError(f"{claimed.request_id} was fired but not handed over")
-            d = firing.decide(claimed, result, now, self._options)
-            decisions.append(
-                dataclasses.replace(
-                    d,
-                    change=from_loaded(d.change, loaded),
-                    fallback=from_loaded(d.fallback, loaded),
-                )
-            )
-        if not decisions:
-            return stats
-        # The ledger first, not under the write lock: its calls may take seconds, and
-        # every partition's rounds and settles wait for that lock.
-        final = await park(self._ledger, self.parked_subscription, decisions, stats)
-        async with self._write_lock:
-            self._count_busy(final)
-            changes = [d.change for d in final if d.change is not None]
-            stats.written = await self._store.settle(changes)
-        if stats.written != len(changes):
-            raise StoreError(f"{len(changes) - stats.written} in-process outcome(s) not written")
-        self.offer(c.next for c in changes)
-        for change in changes:
-            if change.next.status is TimerStatus.PENDING:
-                stats.due_by(change.next.due_at)
-        count(stats, final)
-        return stats
-
-    def _count_busy(self, decisions: Iterable[Decision]) -> None:
-        for d in decisions:
-            if d.change is not None and (f := self._firings.get(d.change.next.partition)):
-                f.count_busy((d,))
-
-    async def _flush(self, firings: Iterable[PartitionFiring] | None, stats: RoundStats) -> None:
-        """Writes the outcomes decided in `firings` (all when None) in one batch, with the
-        claims given back meanwhile, the targets of parks recorded in the ledger first."""
-        # Flushes one at a time (stop_partition's after any that took its outcomes); the
-        # ledger's calls are made outside the write lock, which every partition's rounds
-        # and settles wait for.
-        async with self._flush_lock:
-            async with self._write_lock:
-                chosen = list(self._firings.values()) if firings is None else list(firings)
-                taken, self._orphans = self._orphans, []
-                for f in chosen:
-                    taken += f.take_outcomes()
-            if not taken:
-                return
-            final = await park(self._ledger, self.parked_subscription, taken, stats)
-            async with self._write_lock:
-                by_partition = {f.partition: f for f in chosen}
-                for d in final:
-                    if d.change is not None and (own := by_partition.get(d.change.next.partition)):
-                        own.count_busy((d,))
-                changes = [d.change for d in final if d.change is not None]
-                try:
-                    stats.written = await self._store.settle(changes)
-                except Exception:
-                    # Not written: the claims lapse and are sent again; the target
-                    # de-duplicates.
-                    logger.exception("writing %d timer outcome(s) failed", len(changes))
-                    return
-        self.offer(c.next for c in changes)
-        for change in changes:
-            if change.next.status is TimerStatus.PENDING and change.next.partition in self._firings:
-                stats.due_by(change.next.due_at)
-        count(stats, final)
+        return await self._outcomes.record(results)
 
     async def _settle_exactly(self, decisions: list[Decision]) -> list[Decision]:
         """Settles the decisions' changes in one batch; the decisions that were written."""
@@ -472,21 +388,8 @@ class TimerRunner:
         # is either all before this or all after it: never an entry resolved between the
         # two, which would leave a PARKED timer that no ledger entry names.
         async with self._write_lock:
-            parked = [
-                t for t in await self._store.parked(target) if only is None or t.partition in only
-            ]
-            changes = [d.change for d in map(decide, parked) if d.change is not None]
-            written = await self._store.settle(changes) if changes else 0
+            written = await operate_parked(self._store, self._ledger, target, only, decide)
             self.invalidate()
-            # Resolved after the write: should the write fail, the entry stays for another try.
-            await self._ledger.resolve(self.parked_subscription, target)
-        logger.info(
-            "operator on %s%s: %d of %d parked timer(s) changed",
-            target,
-            "" if only is None else f" in partition(s) {sorted(only)}",
-            written,
-            len(parked),
-        )
         return written
 
 

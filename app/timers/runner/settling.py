@@ -1,12 +1,13 @@
 """How the runner's decisions are written: parks recorded in the ledger first, claims
 settled in one conditional batch, outcomes of in-process fires made against the row as
-loaded, and a previous owner's claims taken over. No lock and no state: the runner calls
-these under its own."""
+loaded, a previous owner's claims taken over, and an operator's retry or skip of parked
+timers. No lock and no state: the runner calls these under its own."""
 
 from __future__ import annotations
 
 import logging
 from collections import defaultdict
+from collections.abc import Callable, Set
 
 from app.timers.runner.decisions import Decision, expire_or_claim, unparked
 from app.timers.runner.options import TimerOptions
@@ -16,7 +17,7 @@ from tables.ledger import FailureLedger
 from tables.refs import AggregateRef
 from tables.timer import Timer, TimerChange
 
-__all__ = ["from_loaded", "park", "reclaim", "settle_exactly"]
+__all__ = ["from_loaded", "operate_parked", "park", "reclaim", "settle_exactly"]
 
 logger = logging.getLogger(__name__)
 
@@ -77,3 +78,27 @@ def reclaim(timer: Timer, now: int, options: TimerOptions) -> Decision:
         return decision
     change = decision.change.model_copy(update={"loaded": timer})
     return Decision(decision.action, change, decision.send, decision.fallback)
+
+
+async def operate_parked(
+    store: FiringStore,
+    ledger: FailureLedger,
+    target: AggregateRef,
+    only: Set[int] | None,
+    decide: Callable[[Timer], Decision],
+) -> int:
+    """An operator's `decide` (retry, skip) on the PARKED timers of `target` (of the
+    partitions `only`, all when None), then its ledger entry resolved; how many changed."""
+    parked = [t for t in await store.parked(target) if only is None or t.partition in only]
+    changes = [d.change for d in map(decide, parked) if d.change is not None]
+    written = await store.settle(changes) if changes else 0
+    # Resolved after the write: should the write fail, the entry stays for another try.
+    await ledger.resolve(TimerOptions.PARKED_SUBSCRIPTION, target)
+    logger.info(
+        "operator on %s%s: %d of %d parked timer(s) changed",
+        target,
+        "" if only is None else f" in partition(s) {sorted(only)}",
+        written,
+        len(parked),
+    )
+    return written
