@@ -6,8 +6,8 @@ Timer is built when it is taken (most of a load's cost): one dropped by a reload
 fell due is never built.
 
 Each partition the runner fires has a wheel of its own (`PartitionFiring`); `take_due_of`
-loads the wheels that ran out with one `due_rows()` of them all and takes the rows due
-across the wheels, earliest first, as one wheel of every partition would."""
+loads them together with one `due_rows()` when one ran out and takes the rows due across
+them, earliest first, as one wheel of every partition would."""
 
 from __future__ import annotations
 
@@ -105,10 +105,12 @@ async def take_due_of(
     wheels: Mapping[int, Wheel], load: Load, now: int, horizon_ms: int, limit: int
 ) -> tuple[list[Timer], bool]:
     """The rows due now across the partitions' `wheels` (at most `limit`, earliest first),
-    the wheels that ran out loaded first with one `load` of them all; and whether more may
-    be due now. A full load leaves each wheel it filled to be loaded again next round."""
-    stale = frozenset(p for p, w in wheels.items() if w.stale(now))
-    if stale:
+    all loaded first with one `load` when one ran out; and whether more may be due now. A
+    full load leaves each wheel to be loaded again next round."""
+    if any(w.stale(now) for w in wheels.values()):
+        # All of them, so that they run out together: one load a poll interval, as one
+        # wheel of every partition (a row offered since is in the store: loaded again).
+        stale = frozenset(wheels)
         until = now + horizon_ms
         rows = await load(set(stale), until, limit)
         by_partition: defaultdict[int, list[DueRow]] = defaultdict(list)
