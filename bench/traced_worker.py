@@ -64,7 +64,7 @@ def install() -> None:
     from app.kafka import consumers, producers
     from app.node import cycles, partition_transaction
     from app.timers import sender
-    from app.timers.runner import runner
+    from app.timers.runner import outcomes, runner, sending
     from tables import partitioned
 
     def round_stats(stats: Any) -> None:
@@ -90,12 +90,16 @@ def install() -> None:
     )
     _wrap(partitioned.PartitionedStore, "due", "store.due")
     _wrap(
-        runner.TimerRunner, "_round", "runner._round: due → claim → sends → outcomes", round_stats
+        runner.TimerRunner,
+        "_claim",
+        "runner._claim: due → claim (a round's first half)",
+        lambda r: round_stats(r.stats),
     )
+    _wrap(runner.TimerRunner, "_finish", "runner._finish: sends → outcomes → sweep")
     _wrap(runner.TimerRunner, "_settle_exactly", "runner claim write (settle of the claims)")
-    _wrap(runner.TimerRunner, "_flush", "runner outcome write (settle of the outcomes)")
+    _wrap(outcomes.Outcomes, "flush", "runner outcome write (settle of the outcomes)")
     _wrap(runner.TimerRunner, "record_outcomes", "runner in-process outcome write")
-    _wrap(runner.TimerRunner, "_send_one", "runner._send_one (incl. in-flight gate wait)")
+    _wrap(sending.Sends, "_send_one", "runner._send_one (incl. in-flight gate wait)")
     _wrap(sender.KafkaSender, "send", "sender.send: command sent → its result read")
 
 

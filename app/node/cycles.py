@@ -1,12 +1,13 @@
 """A partition's worker and its cycles: each cycle takes every batch that arrived for the
-partition (the log, commands, operators' requests) and the timers handed over to fire
-in-process, decides them, and stages them in the partition's transaction, one per type
-(`Commits` commits it). Whatever goes wrong with one record (its bytes, its envelope, its
-handler, its applier, what it does to the timer table, an operator's request) is that
-record's: it is dead-lettered in the cycle's transaction and the cycle goes on. Only a
-fault of the node itself (`app.errors.node_fault`) ends the partition's work
-(`on_failure`): nothing of the cycle counts, the partition is taken afresh, and
-`failed_at` says which offsets the failed cycle read from."""
+partition (the log, commands, operators' requests) and the timers its partition's firing
+holds claimed to fire in-process (`TimerRunner.in_process_due`), decides them together,
+and stages them in the partition's transaction, one per type (`Commits` commits it).
+Whatever goes wrong with one record (its bytes, its envelope, its handler, its applier,
+what it does to the timer table, an operator's request) is that record's: it is
+dead-lettered in the cycle's transaction and the cycle goes on. Only a fault of the node
+itself (`app.errors.node_fault`) ends the partition's work (`on_failure`): nothing of the
+cycle counts, the partition is taken afresh, and `failed_at` says which offsets the
+failed cycle read from."""
 
 from __future__ import annotations
 
@@ -41,7 +42,7 @@ Batch = tuple[str, list[Record]]
 """A polled batch of one topic of a partition."""
 
 _LOCAL: Batch = ("", [])
-"""Queued for a partition's worker: timers were handed over to fire in-process."""
+"""Queued for a partition's worker: timers were claimed to fire in-process."""
 
 
 def _after(records: list[Record], done: int) -> list[Record]:
@@ -90,10 +91,8 @@ class PartitionCycles:
         self._workers: dict[int, asyncio.Task[None]] = {}
         # Partitions whose worker was stopped in the middle of a cycle (`cut_short`).
         self._cut: set[int] = set()
-        # Claimed timers handed over to be fired in-process, per partition and type.
-        self._local: defaultdict[int, defaultdict[str, list[Timer]]] = defaultdict(
-            lambda: defaultdict(list)
-        )
+        # Per partition, the types whose firing holds timers claimed to fire in-process.
+        self._local: defaultdict[int, set[str]] = defaultdict(set)
 
     def queue(self, p: int) -> asyncio.Queue[Batch]:
         """p's worker's queue (the worker started on first use)."""
@@ -127,17 +126,17 @@ class PartitionCycles:
             await self.stop(p)
 
     def drop_local(self, p: int) -> None:
-        """Forgets the timers handed over in p (let go: the next owner fires them)."""
+        """Forgets that p has timers to fire in-process (let go: the next owner fires them;
+        the runner's stop drops them)."""
         self._local.pop(p, None)
 
-    def fire_local(self, type_name: str, timers: list[Timer]) -> None:
-        """Takes claimed timers to fire in their partition's next cycle."""
-        for t in timers:
-            self._local[t.partition][type_name].append(t)
-        for p in {t.partition for t in timers}:
-            queue = self.queue(p)
-            if not queue.full():  # else the worker has batches to do, and fires with them
-                queue.put_nowait(_LOCAL)
+    def fire_local(self, type_name: str, p: int) -> None:
+        """p's next cycle fires the timers type `type_name`'s runner claimed to fire
+        in-process in p (it asks the runner for them)."""
+        self._local[p].add(type_name)
+        queue = self.queue(p)
+        if not queue.full():  # else the worker has batches to do, and fires with them
+            queue.put_nowait(_LOCAL)
 
     async def _work(self, p: int, queue: asyncio.Queue[Batch]) -> None:
         done: dict[str, int] = {}  # per topic, the last offset done (a batch read twice)
@@ -200,11 +199,16 @@ class PartitionCycles:
                     backlog = await self._backlog(topic, p)
                     w.decider.decide_records(batch, records, backlog)
                     w.wrote = await self._carry_out(kept, batch, p) or w.wrote
-            for type_name, timers in self._local.pop(p, {}).items():
+            for type_name in sorted(self._local.pop(p, set())):
                 kept = self._types[type_name]
-                w = work_of(kept)
-                if (batch := w.batch_of(p)) is None:
+                if self.processor(kept.name, p) is None:
                     continue  # its commands are not decided here any more
+                # Asked now, after the cycle's own commands were carried out on the timer
+                # table: a cancel decided in this cycle stops its timer below.
+                timers = kept.runner.in_process_due(p)
+                w = work_of(kept)
+                if not timers or (batch := w.batch_of(p)) is None:
+                    continue
                 # A cancel or reschedule applied since they were loaded stops them here.
                 timers = await kept.runner.still_due(timers)
                 commands = [timer_command(t, batch.now, in_process=True) for t in timers]

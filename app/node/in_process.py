@@ -1,42 +1,62 @@
-"""In-process firing: the runner's `LocalFirer` that hands a partition's timers aimed at
-its own aggregates to the partition's cycles (`PartitionCycles.fire_local`)."""
+"""The node's timer loop (`NodeTimerLoop`): the node drives its runner's rounds, so that
+the runner never calls back into the node. Each round, the partitions with timers
+claimed to fire in-process have their cycles woken (each cycle asks its partition's
+firing for them, `TimerRunner.in_process_due`, and decides them with its commands, in
+its transaction), and the claims of remote timers are committed, partition by partition,
+before the runner is told it may send them (`Round.claims_committed`)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import logging
+from collections.abc import Callable, Mapping
 
+from app.node.commits import Commits
 from app.node.cycles import PartitionCycles
 from app.node.kept import KeptType
-from tables import Timer
-from tables.partitioner import partition_of
+from app.protocol.topics import AggregateTopics
+from app.timers.runner import InProcessTargets, RoundStats, TimerLoop, TimerRunner
 
-__all__ = ["InProcess"]
+__all__ = ["NodeTimerLoop", "in_process_targets"]
+
+logger = logging.getLogger(__name__)
 
 
-class InProcess:
-    """The runner's `LocalFirer`: a timer whose target is an aggregate of the same type in
-    the timer's own partition (the default: its owner) is decided by this node, in the
-    partition's transaction, instead of a round trip through the command topic."""
+def in_process_targets(topics: AggregateTopics, partitions: int) -> InProcessTargets:
+    """The targets a node decides itself in a partition of type `topics` whose commands
+    it decides: its aggregates there (a timer's owner, by default)."""
+    return InProcessTargets(topics.context, topics.aggregate, partitions)
+
+
+class NodeTimerLoop(TimerLoop):
+    """A type's timer loop in a node (`type_name`, found in `types` once it is kept)."""
 
     def __init__(
-        self, cycles: PartitionCycles, kept: Callable[[], KeptType | None], partitions: int
+        self,
+        runner: TimerRunner,
+        *,
+        type_name: str,
+        types: Mapping[str, KeptType],
+        commits: Commits,
+        cycles: PartitionCycles,
+        on_round: Callable[[RoundStats], None] | None = None,
     ) -> None:
+        super().__init__(runner, on_round)
+        self._type_name = type_name
+        self._types = types
+        self._commits = commits
         self._cycles = cycles
-        self._kept = kept
-        self._partitions = partitions
 
-    def accepts(self, timer: Timer) -> bool:
-        kept = self._kept()
-        if kept is None or self._cycles.processor(kept.name, timer.partition) is None:
-            return False
-        target = timer.target
-        if target.context != kept.topics.context or target.aggregate != kept.topics.aggregate:
-            return False
-        return target == timer.owner or (
-            partition_of(target.id, self._partitions) == timer.partition
-        )
-
-    def fire(self, timers: list[Timer]) -> None:
-        kept = self._kept()
-        if kept is not None:
-            self._cycles.fire_local(kept.name, timers)
+    async def round(self) -> RoundStats:
+        async with self._runner.round() as r:
+            for p in sorted(r.in_process):
+                self._cycles.fire_local(self._type_name, p)
+            for p in sorted(r.to_commit):
+                # A fenced owner commits no claim: it sends nothing. One partition's
+                # failure (its task is reset) holds no other's sends up.
+                try:
+                    await self._commits.commit_claims(self._types[self._type_name], {p})
+                except Exception as exc:
+                    logger.warning("partition %d: claims not committed, none sent: %s", p, exc)
+                else:
+                    r.claims_committed({p})
+        return r.stats

@@ -16,7 +16,7 @@ from app.kafka.records import BROKER_MAX_MESSAGE_BYTES
 from app.model.aggregate import AggregateType
 from app.node.commits import Commits
 from app.node.cycles import PartitionCycles
-from app.node.in_process import InProcess
+from app.node.in_process import NodeTimerLoop
 from app.node.kept import KeptType
 from app.node.local_state import CleanMarks
 from app.node.metrics import NodeMetrics
@@ -24,7 +24,7 @@ from app.node.partition_transaction import PartitionTransaction
 from app.node.settings import Settings
 from app.protocol.dead_letters import DEAD_LETTER_TOPIC_BYTES
 from app.protocol.topics import AggregateTopics, ContextTopics
-from app.timers.runner import Clock, TimerLoop, TimerOptions, TimerRunner
+from app.timers.runner import Clock, TimerOptions, TimerRunner
 from app.timers.sender import KafkaSender, ResultsReader
 from tables import open_timer_store
 from tables.aggregate_store import RocksAggregateStore
@@ -114,7 +114,7 @@ def open_type(
     batch_bytes: int | None = None,
 ) -> KeptType:
     """Opens what the node keeps for type `t` (`agg`: None when its commands are decided
-    elsewhere); the runner's callbacks find it in `node.types` once it is kept there.
+    elsewhere); its loop finds it in `node.types` once it is kept there.
     `batch_bytes`: its partition producers' batch size (`transaction_batch_limit`)."""
     s, clock, metrics, types = node.settings, node.clock, node.metrics, node.types
     directory = Path(s.data_dir) / t.type_name
@@ -137,23 +137,15 @@ def open_type(
     )
     sender = KafkaSender(node.producer, results, t.context, clock.now, node.targets)
 
-    async def before_send(partitions: set[int]) -> None:
-        await node.commits.commit_claims(types[t.type_name], partitions)
-
-    runner = TimerRunner(
-        store,
-        sender,
-        clock,
-        ledger,
-        node.options,
-        local=(
-            InProcess(node.cycles, lambda: types.get(t.type_name), s.partitions)
-            if agg is not None
-            else None
-        ),
-        before_send=before_send,
-    )
+    runner = TimerRunner(store, sender, clock, ledger, node.options)
     states = RocksAggregateStore(directory / "states") if agg is not None else None
     marks = CleanMarks(directory / "timers")
-    loop = TimerLoop(runner, on_round=lambda stats: metrics.round(t.type_name, stats))
+    loop = NodeTimerLoop(
+        runner,
+        type_name=t.type_name,
+        types=types,
+        commits=node.commits,
+        cycles=node.cycles,
+        on_round=lambda stats: metrics.round(t.type_name, stats),
+    )
     return KeptType(t, agg, store, runner, loop, states, transactions, marks)

@@ -32,6 +32,7 @@ from app.kafka.records import refused
 from app.node.commits import PartitionCommits
 from app.node.cycles import PartitionCycles
 from app.node.failing import FailingPartitions
+from app.node.in_process import in_process_targets
 from app.node.kept import KeptType, is_fenced
 from app.node.metrics import NodeMetrics
 from app.node.partition_release import CloseFailed, release_partition
@@ -268,8 +269,13 @@ class PartitionTask:
             del self._shared.running[self.p]
 
     def start_firing(self) -> None:
+        """p's timers fire from now on: those whose targets p decides itself in-process,
+        in its cycles (`in_process_targets`), the others sent."""
+        partitions = self._shared.settings.partitions
         for kept in self._shared.types.values():
-            kept.runner.start_partition(self.p)
+            local = kept.name in self.processors
+            in_process = in_process_targets(kept.topics, partitions) if local else None
+            kept.runner.start_partition(self.p, in_process=in_process)
             kept.loop.wake()
 
     def read_past(self, done: dict[str, int]) -> None:

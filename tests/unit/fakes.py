@@ -38,7 +38,7 @@ from app.node.metrics import NodeMetrics
 from app.node.settings import Settings
 from app.protocol.wire import TimerAction, TimerOp
 from app.timers.operator import new_op
-from app.timers.runner import SendResult, TimerOptions, TimerRunner
+from app.timers.runner import InProcessTargets, SendResult, TimerOptions, TimerRunner
 from tables.ledger import FailureLedger, MemoryFailureLedger
 from tables.memory_store import MemoryTimerStore
 from tables.refs import AggregateRef
@@ -156,17 +156,24 @@ class AnsweringSender:
 
 
 class FakeLocal:
-    """A `LocalFirer` that takes every timer (or none) and keeps what it was handed."""
+    """In-process firing as a node's cycles ask for it: the timers of `TARGET`'s type aimed
+    at their own partition fire in-process (or, `accept=False`, none does); `fired` is
+    every timer the runner claimed to fire in-process, as the partitions' cycles take them
+    (`TimerRunner.in_process_due`). Handed to the runner as its `in_process`, then bound."""
 
     def __init__(self, accept: bool = True) -> None:
-        self.accept = accept
-        self.fired: list[Timer] = []
+        self.targets = (
+            InProcessTargets(TARGET.context, TARGET.aggregate, PARTITIONS) if accept else None
+        )
+        self.runner: TimerRunner | None = None
+        self._fired: list[Timer] = []
 
-    def accepts(self, timer: Timer) -> bool:
-        return self.accept
-
-    def fire(self, timers: list[Timer]) -> None:
-        self.fired += timers
+    @property
+    def fired(self) -> list[Timer]:
+        assert self.runner is not None, "bind the runner first"
+        for p in sorted(self.runner.partitions):
+            self._fired += self.runner.in_process_due(p)
+        return self._fired
 
 
 # --- a store that counts, a ledger that spies ---------------------------------------------

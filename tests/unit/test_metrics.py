@@ -81,15 +81,18 @@ def timer(n: int, due: int, partition: int = 0) -> Timer:
 
 def runner(store: TimerStore, clock: StillClock, local: FakeLocal | None = None) -> TimerRunner:
     options = TimerOptions(claim_timeout=5_000, send_timeout=1_000, poll_interval_ms=100)
-    return TimerRunner(
+    r = TimerRunner(
         store,
         AnsweringSender(then=SENT),
         clock,
         MemoryFailureLedger(),
         options,
         partitions=range(P),
-        local=local,
+        in_process=None if local is None else local.targets,
     )
+    if local is not None:
+        local.runner = r
+    return r
 
 
 # --- lateness ---------------------------------------------------------------------------
@@ -203,7 +206,9 @@ async def test_backlog_counts_rows_due_and_timers_handed_over_but_not_fired_yet(
     clock = StillClock(T0)
     local = FakeLocal()
     r = runner(store, clock, local)
-    await store.put_many([timer(1, T0 + 10), timer(2, T0 + 20, partition=1), timer(3, T0 + 90)])
+    # Each aimed at its owner: fired in-process in its own partition.
+    aimed = [timer(1, T0 + 10), timer(2, T0 + 20, partition=1), timer(3, T0 + 90)]
+    await store.put_many([t.model_copy(update={"target": t.owner}) for t in aimed])
     stats = await r.run_round()  # nothing due yet: the wheel holds the three
     assert stats.claimed == 0
     assert r.backlog(T0) == (0, None)

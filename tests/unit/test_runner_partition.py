@@ -32,15 +32,18 @@ __all__ = ["raw_store", "world"]  # the fixtures, imported for pytest
 
 def runner_with(world: World, local: FakeLocal | None = None, **options: Any) -> TimerRunner:
     world.runner()  # makes the world's sender
-    return TimerRunner(
+    runner = TimerRunner(
         world.store,
         world.sender,
         world.clock,
         world.ledger,
         TimerOptions.model_validate(options),
         (0,),
-        local=local,
+        in_process=None if local is None else local.targets,
     )
+    if local is not None:
+        local.runner = runner
+    return runner
 
 
 async def test_a_local_target_is_handed_to_its_partition_and_settled_with_its_outcome(
@@ -146,40 +149,32 @@ async def test_a_row_offered_twice_fires_once(world: World) -> None:
     assert world.sender.request_ids == ["t-1#0"]
 
 
-async def test_a_remote_send_leaves_only_after_its_claim_committed(world: World) -> None:
+async def test_a_nodes_round_sends_a_remote_timer_only_after_its_claim_committed(
+    world: World,
+) -> None:
+    """A node's round (`round()`): the claim is written when the round hands it over, and
+    its command leaves only when the round ends with its partition's claims committed."""
     await world.put()
-    committed: list[tuple[set[int], TimerStatus]] = []
-
-    async def before_send(partitions: set[int]) -> None:
-        assert world.sender.sends == [], "nothing sent before the claims commit"
-        committed.append((partitions, (await world.row()).status))
-
     world.runner()
-    runner = TimerRunner(
-        world.store,
-        world.sender,
-        world.clock,
-        world.ledger,
-        partitions=(0,),
-        before_send=before_send,
-    )
-    await runner.run_round()
-    assert committed == [({0}, TimerStatus.FIRING)]
-    assert world.sender.request_ids == ["t-1#0"]
+    runner = TimerRunner(world.store, world.sender, world.clock, world.ledger, partitions=(0,))
+    async with runner.round() as r:
+        assert r.to_commit == {0}
+        assert (await world.row()).status is TimerStatus.FIRING, "claimed: to be committed"
+        assert world.sender.sends == [], "nothing sent before the claims commit"
+        r.claims_committed({0})
+    await until(lambda: world.sender.request_ids == ["t-1#0"])
+    assert r.stats.claimed == 1
 
 
 async def test_a_claim_that_cannot_commit_is_never_sent(world: World) -> None:
     await world.put()
-
-    async def fenced(partitions: set[int]) -> None:
-        raise ConnectionError("fenced by a newer owner")
-
     world.runner()
-    runner = TimerRunner(
-        world.store, world.sender, world.clock, world.ledger, partitions=(0,), before_send=fenced
-    )
-    stats = await runner.run_round()
-    assert world.sender.sends == [] and stats.claimed == 0
+    runner = TimerRunner(world.store, world.sender, world.clock, world.ledger, partitions=(0,))
+    async with runner.round() as r:
+        assert r.to_commit == {0}  # and the node's commit fails: nothing said
+    for _ in range(10):
+        await asyncio.sleep(0)
+    assert world.sender.sends == [] and r.stats.claimed == 0 and runner.in_flight == 0
 
 
 async def test_a_new_owner_claims_the_previous_owners_claims_at_once(world: World) -> None:

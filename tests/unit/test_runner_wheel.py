@@ -9,7 +9,7 @@ import orjson
 import pytest
 from fakes import OWNER, T0, make_timer
 
-from app.timers.runner.wheel import Wheel
+from app.timers.runner.wheel import Wheel, take_due_of
 from tables import DueRow, OnceRule, Timer, open_timer_store
 
 
@@ -87,3 +87,34 @@ async def test_a_row_that_cannot_be_built_fails_the_take_and_the_wheel_loads_aga
     assert wheel.until is None, "loaded again at the next take, as after a failed load"
     taken, _ = await wheel.take_due(frozenset({0}), T0)
     assert taken == [good] and answers == []
+
+
+async def test_the_partitions_wheels_load_together_and_give_the_earliest_rows_first() -> None:
+    """One wheel per partition (`take_due_of`): one load for all of them when one ran out,
+    and the rows due taken across them by due time, at most `limit` a take."""
+    rows = {
+        0: [at(0, "a0"), at(20, "c0"), at(500, "z0")],
+        1: [at(10, "b1"), at(30, "d1")],
+    }
+    loads: list[set[int]] = []
+
+    async def load(partitions: set[int], until: int, limit: int) -> list[DueRow]:
+        loads.append(set(partitions))
+        return [
+            DueRow.of(t.model_copy(update={"partition": p}))
+            for p in sorted(partitions)
+            for t in rows[p]
+            if t.due_at < until
+        ]
+
+    wheels = {p: Wheel(load, horizon_ms=100, limit=5) for p in (0, 1)}
+    taken, more = await take_due_of(wheels, load, T0 + 15, horizon_ms=100, limit=5)
+    assert [t.id for t in taken] == ["a0", "b1"] and not more
+    assert loads == [{0, 1}]
+    taken, more = await take_due_of(wheels, load, T0 + 30, horizon_ms=100, limit=5)
+    assert [t.id for t in taken] == ["c0", "d1"] and not more, "from the wheels: no load"
+    assert loads == [{0, 1}]
+    wheels[1].invalidate()  # one ran out: all loaded again, together
+    taken, _ = await take_due_of(wheels, load, T0 + 40, horizon_ms=100, limit=3)
+    assert loads == [{0, 1}, {0, 1}]
+    assert [t.id for t in taken] == ["a0", "b1", "c0"], "the earliest, at most the limit"

@@ -18,7 +18,9 @@ from app.timers.runner.decisions import (
 )
 from app.timers.runner.loop import TimerLoop
 from app.timers.runner.options import RetryPolicy, TimerOptions, backoff_ms
-from app.timers.runner.ports import BeforeSend, Clock, FiringStore, LocalFirer, Sender, SystemClock
+from app.timers.runner.partition import InProcessTargets
+from app.timers.runner.ports import Clock, FiringStore, Sender, SystemClock
+from app.timers.runner.rounds import Round
 from app.timers.runner.runner import RoundStats, TimerRunner
 
 __all__ = [
@@ -27,12 +29,12 @@ __all__ = [
     "TIMEOUT",
     "TRANSPORT_ERROR",
     "Action",
-    "BeforeSend",
     "Clock",
     "Decision",
     "FiringStore",
-    "LocalFirer",
+    "InProcessTargets",
     "RetryPolicy",
+    "Round",
     "RoundStats",
     "SendResult",
     "Sender",

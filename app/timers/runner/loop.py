@@ -33,7 +33,8 @@ class TimerLoop:
         self.rounds = 0
         self.failures_in_a_row = 0
         self._on_round = on_round
-        runner.on_outcome = lambda: self.wake(reload=False)  # written by the next round
+        # Set by the runner when a send's outcome is in: written by the next round, at once.
+        self._answered = runner.answered
 
     @property
     def failing(self) -> bool:
@@ -66,13 +67,19 @@ class TimerLoop:
             await self._task
             self._task = None
 
+    async def round(self) -> RoundStats:
+        """One round, its sends not waited for. A node's loop runs the runner's `round()`
+        instead, committing its claims before their commands leave."""
+        return await self._runner.run_round(wait=False)
+
     async def _run(self) -> None:
         while not self._stopping:
             # Cleared before the round, so that a wake-up during it is not lost.
             self._wake.clear()
+            self._answered.clear()
             stats: RoundStats | None
             try:
-                stats = await self._runner.run_round(wait=False)
+                stats = await self.round()
                 self.failures_in_a_row = 0
             except Exception:
                 self.failures_in_a_row += 1
@@ -96,13 +103,16 @@ class TimerLoop:
         return at
 
     async def _wait(self, until: int) -> None:
-        if until <= self._clock.now() or self._wake.is_set():
+        if until <= self._clock.now() or self._wake.is_set() or self._answered.is_set():
             await asyncio.sleep(0)  # let other tasks run between back-to-back rounds
             return
-        sleeper = asyncio.ensure_future(self._clock.sleep_until(until))
-        waker = asyncio.ensure_future(self._wake.wait())
+        waiting = {
+            asyncio.ensure_future(self._clock.sleep_until(until)),
+            asyncio.ensure_future(self._wake.wait()),
+            asyncio.ensure_future(self._answered.wait()),
+        }
         try:
-            await asyncio.wait({sleeper, waker}, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            sleeper.cancel()
-            waker.cancel()
+            for waiter in waiting:
+                waiter.cancel()

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
 from typing import Protocol
 
 from app.timers.runner.decisions import SendResult
@@ -17,7 +16,7 @@ from tables.refs import AggregateRef
 from tables.store import DueRow
 from tables.timer import Timer, TimerChange
 
-__all__ = ["BeforeSend", "Clock", "FiringStore", "LocalFirer", "Sender", "SystemClock"]
+__all__ = ["Clock", "FiringStore", "Sender", "SystemClock"]
 
 logger = logging.getLogger(__name__)
 
@@ -28,22 +27,6 @@ class Sender(Protocol):
         `timer.slot_due_at`; the result code, or `SENT` for another context's topic.
         Raises when there is no transport: the runner counts that as a failed attempt."""
         ...
-
-
-class LocalFirer(Protocol):
-    """Fires, in-process, timers whose target this node decides in the timer's own partition.
-
-    `fire` only hands the claimed timers over; the partition's transaction decides them
-    and calls `TimerRunner.record_outcomes` before it commits.
-    """
-
-    def accepts(self, timer: Timer) -> bool: ...
-
-    def fire(self, timers: list[Timer]) -> None: ...
-
-
-BeforeSend = Callable[[set[int]], Awaitable[None]]
-"""Commits the given partitions' open writes (the claims) before their commands leave."""
 
 
 class Clock(Protocol):

@@ -3,17 +3,22 @@ one `due_rows()` and kept current with what this node writes (puts offered, sett
 the loop wakes at each due instant. A row in it may be stale (cancelled meanwhile): its claim,
 a conditional write, then fails, so the wheel never decides what the store refuses. A row's
 Timer is built when it is taken (most of a load's cost): one dropped by a reload before it
-fell due is never built."""
+fell due is never built.
+
+Each partition the runner fires has a wheel of its own (`PartitionFiring`); `take_due_of`
+loads them together with one `due_rows()` when one ran out and takes the rows due across
+them, earliest first, as one wheel of every partition would."""
 
 from __future__ import annotations
 
 import heapq
 import itertools
-from collections.abc import Awaitable, Callable, Iterable, Set
+from collections import defaultdict
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Set
 
 from tables import DueRow, Timer, TimerStatus
 
-__all__ = ["Load", "Wheel"]
+__all__ = ["Load", "Wheel", "take_due_of"]
 
 Load = Callable[[set[int], int, int], Awaitable[list[DueRow]]]
 """`(partitions, until, limit) -> rows due by until`: the store's `due_rows()`."""
@@ -35,25 +40,44 @@ class Wheel:
         """The rows due now (at most `limit`), loaded again (one due() for every partition)
         when it ran out, was invalidated or the partitions changed; and whether more may be
         due now (in the wheel, or beyond a full load)."""
-        if self.until is None or now >= self.until or partitions != self._partitions:
+        if self.stale(now) or partitions != self._partitions:
             until = now + self._horizon
             rows = await self._load(set(partitions), until, self._limit)
-            self._heap = [(r.due_at, r.id, next(self._seq), r) for r in rows]
-            heapq.heapify(self._heap)  # due() sorts by due time; ties across partitions
-            self._partitions = partitions
-            # A full load may have left rows out: it is loaded again next round.
-            self.until = until if len(rows) < self._limit else None
+            self.fill(rows, partitions, until, full=len(rows) >= self._limit)
         by_id: dict[str, DueRow] = {}
-        while self._heap and self._heap[0][0] <= now and len(by_id) < self._limit:
-            r = heapq.heappop(self._heap)[3]
+        while len(by_id) < self._limit and (r := self.pop_due(now)) is not None:
             by_id[r.id] = r  # a row offered again: the later offer is the newer row
         try:
             taken = DueRow.built(by_id.values())
         except Exception:
             self.invalidate()  # the rows taken are loaded again, as after a failed load
             raise
+        return taken, self.more_due(now, took=bool(taken))
+
+    def stale(self, now: int) -> bool:
+        """Whether it is loaded again before it is taken from."""
+        return self.until is None or now >= self.until
+
+    def fill(
+        self, rows: list[DueRow], partitions: frozenset[int], until: int, *, full: bool
+    ) -> None:
+        """Holds `rows` (a load of `partitions` due by `until`) instead of what it held."""
+        self._heap = [(r.due_at, r.id, next(self._seq), r) for r in rows]
+        heapq.heapify(self._heap)  # due() sorts by due time; ties across partitions
+        self._partitions = partitions
+        # A full load may have left rows out: it is loaded again next round.
+        self.until = None if full else until
+
+    def pop_due(self, now: int) -> DueRow | None:
+        """Its earliest row, if due by `now`."""
+        if self._heap and self._heap[0][0] <= now:
+            return heapq.heappop(self._heap)[3]
+        return None
+
+    def more_due(self, now: int, *, took: bool) -> bool:
+        """Whether more may be due now: in it, or beyond a full load it was emptied of."""
         head_due = bool(self._heap) and self._heap[0][0] <= now
-        return taken, head_due or (self.until is None and not self._heap and bool(taken))
+        return head_due or (self.until is None and not self._heap and took)
 
     @property
     def next_due(self) -> int | None:
@@ -75,3 +99,43 @@ class Wheel:
     def invalidate(self) -> None:
         """Loaded again at the next take (rows changed behind its back)."""
         self.until = None
+
+
+async def take_due_of(
+    wheels: Mapping[int, Wheel], load: Load, now: int, horizon_ms: int, limit: int
+) -> tuple[list[Timer], bool]:
+    """The rows due now across the partitions' `wheels` (at most `limit`, earliest first),
+    all loaded first with one `load` when one ran out; and whether more may be due now. A
+    full load leaves each wheel to be loaded again next round."""
+    if any(w.stale(now) for w in wheels.values()):
+        # All of them, so that they run out together: one load a poll interval, as one
+        # wheel of every partition (a row offered since is in the store: loaded again).
+        stale = frozenset(wheels)
+        until = now + horizon_ms
+        rows = await load(set(stale), until, limit)
+        by_partition: defaultdict[int, list[DueRow]] = defaultdict(list)
+        for r in rows:
+            by_partition[r.partition].append(r)
+        for p in stale:
+            wheels[p].fill(by_partition[p], frozenset({p}), until, full=len(rows) >= limit)
+    heads = [(head, p) for p, w in wheels.items() if (head := w.next_due) is not None]
+    heads = [(head, p) for head, p in heads if head <= now]
+    heapq.heapify(heads)
+    by_id: dict[str, DueRow] = {}
+    took: set[int] = set()
+    while heads and len(by_id) < limit:
+        _, p = heapq.heappop(heads)
+        wheel = wheels[p]
+        row = wheel.pop_due(now)
+        assert row is not None  # its head was due
+        by_id[row.id] = row  # a row offered again: the later offer is the newer row
+        took.add(p)
+        if (head := wheel.next_due) is not None and head <= now:
+            heapq.heappush(heads, (head, p))
+    try:
+        taken = DueRow.built(by_id.values())
+    except Exception:
+        for p in took:
+            wheels[p].invalidate()  # loaded again, as after a failed load
+        raise
+    return taken, any(w.more_due(now, took=p in took) for p, w in wheels.items())

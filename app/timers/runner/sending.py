@@ -1,0 +1,105 @@
+"""`Sends`: the runner's remote sends, each in a task of its own, never outliving its claim;
+each outcome kept in its partition's `PartitionFiring` for the next write, and `answered`
+set so that the loop writes it without waiting for its next round."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from app.timers.runner.decisions import TIMEOUT, TRANSPORT_ERROR, Decision, SendResult, release
+from app.timers.runner.options import TimerOptions
+from app.timers.runner.partition import PartitionFiring
+from app.timers.runner.ports import Clock, Sender
+from app.timers.runner.stats import RoundStats
+from tables.timer import Timer
+
+__all__ = ["Sends"]
+
+logger = logging.getLogger(__name__)
+
+
+class Sends:
+    """At most `max_in_flight` sends at once (a gate, not a lock: sends run side by side)."""
+
+    def __init__(self, sender: Sender, clock: Clock, options: TimerOptions) -> None:
+        self._sender = sender
+        self._clock = clock
+        self._options = options
+        self._gate = asyncio.Semaphore(options.max_in_flight)
+        self.answered = asyncio.Event()
+        """Set when a send's outcome is in (to be written): the loop waits on it too."""
+
+    def spawn(
+        self, firing: PartitionFiring, claimed: Timer, stats: RoundStats
+    ) -> asyncio.Task[Decision]:
+        task = asyncio.create_task(
+            self._send_one(firing, claimed, stats), name=f"send {claimed.request_id}"
+        )
+        firing.in_flight.add(task)
+        task.add_done_callback(firing.in_flight.discard)
+        task.add_done_callback(self._sent)
+        return task
+
+    def _sent(self, task: asyncio.Task[Decision]) -> None:
+        if not task.cancelled() and (exc := task.exception()) is not None:
+            # No outcome: its claim lapses and it is sent again, by this node or the next.
+            logger.error("deciding the outcome of %s failed", task.get_name(), exc_info=exc)
+        self.answered.set()
+
+    async def _send_one(
+        self, firing: PartitionFiring, claimed: Timer, stats: RoundStats
+    ) -> Decision:
+        send: asyncio.Future[SendResult] | None = None
+        try:
+            async with self._gate:
+                now = self._clock.now()
+                # The send must end inside the claim, or another owner could send it too.
+                deadline = min(now + self._options.send_timeout, claimed.due_at)
+                if deadline <= now:
+                    decision = release(claimed, now)
+                else:
+                    send = asyncio.ensure_future(self._sender.send(claimed))
+                    stats.sent += 1
+                    result = await self._until(claimed, send, deadline)
+                    decision = firing.decide(claimed, result, self._clock.now(), self._options)
+        except asyncio.CancelledError:
+            # Cut short by a hand-off: a result already in is written all the same; without
+            # one, the claim is given back so that the next owner need not wait for it.
+            now = self._clock.now()
+            if send is not None and send.done() and not send.cancelled():
+                decision = firing.decide(claimed, _result_of(claimed, send), now, self._options)
+            else:
+                decision = release(claimed, now)
+            firing.outcomes.append(decision)
+            raise
+        firing.outcomes.append(decision)
+        return decision
+
+    async def _until(
+        self, claimed: Timer, send: asyncio.Future[SendResult], deadline: int
+    ) -> SendResult:
+        """The send's result by `deadline` on the runner's clock, else TIMEOUT."""
+        expiry = asyncio.ensure_future(self._clock.sleep_until(deadline))
+        try:
+            racing: set[asyncio.Future[Any]] = {send, expiry}
+            await asyncio.wait(racing, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            expiry.cancel()
+            if not send.done():
+                send.cancel()
+                # Waited for, so that no send outlives its claim; `wait` raises nothing of it.
+                await asyncio.wait({send})
+        if send.cancelled():
+            return SendResult(TIMEOUT, f"no result within {self._options.send_timeout} ms")
+        return _result_of(claimed, send)
+
+
+def _result_of(claimed: Timer, send: asyncio.Future[SendResult]) -> SendResult:
+    """A finished send's result; an exception is a technical failure (no transport)."""
+    exc = send.exception()
+    if exc is not None:
+        logger.warning("send of %s failed: %r", claimed.request_id, exc)
+        return SendResult(TRANSPORT_ERROR, repr(exc))
+    return send.result()

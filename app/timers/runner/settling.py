@@ -1,0 +1,104 @@
+"""How the runner's decisions are written: parks recorded in the ledger first, claims
+settled in one conditional batch, outcomes of in-process fires made against the row as
+loaded, a previous owner's claims taken over, and an operator's retry or skip of parked
+timers. No lock and no state: the runner calls these under its own."""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from collections.abc import Callable, Set
+
+from app.timers.runner.decisions import Decision, expire_or_claim, unparked
+from app.timers.runner.options import TimerOptions
+from app.timers.runner.ports import FiringStore
+from app.timers.runner.stats import RoundStats
+from tables.ledger import FailureLedger
+from tables.refs import AggregateRef
+from tables.timer import Timer, TimerChange
+
+__all__ = ["from_loaded", "operate_parked", "park", "reclaim", "settle_exactly"]
+
+logger = logging.getLogger(__name__)
+
+
+async def park(
+    ledger: FailureLedger, subscription: str, decisions: list[Decision], stats: RoundStats
+) -> list[Decision]:
+    """The decisions to write: a park once the ledger holds its target, and if the
+    ledger refuses it, its fallback (the last attempt sent again after the backoff)."""
+    by_target: dict[AggregateRef, list[Timer]] = defaultdict(list)
+    for d in decisions:
+        if d.park and d.change is not None:
+            by_target[d.change.next.target].append(d.change.next)
+    refused: set[AggregateRef] = set()
+    for target, timers in by_target.items():
+        try:
+            await ledger.record(subscription, target, timers)
+        except Exception:
+            logger.exception("the ledger refused target %s; its timers stay PENDING", target)
+            stats.ledger_failures += len(timers)
+            refused.add(target)
+    return [
+        unparked(d) if d.park and d.change and d.change.next.target in refused else d
+        for d in decisions
+    ]
+
+
+async def settle_exactly(store: FiringStore, decisions: list[Decision]) -> list[Decision]:
+    """Settles the decisions' changes in one batch; the decisions that were written."""
+    changes = [d.change for d in decisions if d.change is not None]
+    if not changes:
+        return []
+    count = await store.settle(changes)
+    if count == len(changes):
+        return decisions
+    if count == 0:
+        return []
+    # The store says how many, not which: only then ask it which rows now hold our write.
+    written = []
+    for d in decisions:
+        assert d.change is not None
+        row = await store.find(d.change.next.owner, d.change.next.key)
+        if row is not None and row.same_as_loaded(d.change.next):
+            written.append(d)
+    return written
+
+
+def from_loaded(change: TimerChange | None, loaded: Timer) -> TimerChange | None:
+    """`change` made against the row as loaded rather than the claim (never written)."""
+    return None if change is None else TimerChange(loaded=loaded, next=change.next)
+
+
+def reclaim(timer: Timer, now: int, options: TimerOptions) -> Decision:
+    """A claim of a FIRING row as if its claim had lapsed now (the previous owner's, which
+    is fenced): written conditionally against the row as it is."""
+    decision = expire_or_claim(timer.model_copy(update={"due_at": now}), now, options)
+    if decision.change is None:
+        return decision
+    change = decision.change.model_copy(update={"loaded": timer})
+    return Decision(decision.action, change, decision.send, decision.fallback)
+
+
+async def operate_parked(
+    store: FiringStore,
+    ledger: FailureLedger,
+    target: AggregateRef,
+    only: Set[int] | None,
+    decide: Callable[[Timer], Decision],
+) -> int:
+    """An operator's `decide` (retry, skip) on the PARKED timers of `target` (of the
+    partitions `only`, all when None), then its ledger entry resolved; how many changed."""
+    parked = [t for t in await store.parked(target) if only is None or t.partition in only]
+    changes = [d.change for d in map(decide, parked) if d.change is not None]
+    written = await store.settle(changes) if changes else 0
+    # Resolved after the write: should the write fail, the entry stays for another try.
+    await ledger.resolve(TimerOptions.PARKED_SUBSCRIPTION, target)
+    logger.info(
+        "operator on %s%s: %d of %d parked timer(s) changed",
+        target,
+        "" if only is None else f" in partition(s) {sorted(only)}",
+        written,
+        len(parked),
+    )
+    return written
