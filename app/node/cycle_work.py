@@ -13,7 +13,7 @@ from app.node.kept import KeptType
 from app.protocol.dead_letters import Stage
 from app.protocol.limits import InputLimits
 
-__all__ = ["CycleWork"]
+__all__ = ["CycleWork", "records_after"]
 
 
 @dataclass
@@ -47,3 +47,11 @@ class CycleWork:
         """The processor that began the cycle's batch (asked only once one was begun)."""
         assert self.processor is not None
         return self.processor
+
+
+def records_after(records: list[Record], done: int) -> list[Record]:
+    """The records of a batch after offset `done` (a batch read again after a lost
+    membership may hold records done and new ones)."""
+    if not records or records[0].offset > done:
+        return records
+    return [r for r in records if r.offset > done]

@@ -21,7 +21,7 @@ from app.commands.processor import CommandBatch, CommandProcessor, misrouted
 from app.errors import BadRecord, KafkaUnavailable, node_fault
 from app.kafka import Record
 from app.node.commits import Commits, OnFailure
-from app.node.cycle_work import CycleWork
+from app.node.cycle_work import CycleWork, records_after
 from app.node.kept import KeptType
 from app.node.metrics import NodeMetrics
 from app.protocol.dead_letters import Stage
@@ -43,13 +43,6 @@ Batch = tuple[str, list[Record]]
 
 _LOCAL: Batch = ("", [])
 """Queued for a partition's worker: timers were claimed to fire in-process."""
-
-
-def _after(records: list[Record], done: int) -> list[Record]:
-    """The records of a batch after offset `done`."""
-    if not records or records[0].offset > done:
-        return records
-    return [r for r in records if r.offset > done]
 
 
 class PartitionCycles:
@@ -98,10 +91,23 @@ class PartitionCycles:
         """p's worker's queue (the worker started on first use)."""
         queue = self._queues.get(p)
         if queue is None:
-            # Bounded: a partition that falls behind holds the poll loop up, not memory.
+            # Bounded: a partition that falls behind is paused by the poll loop.
             queue = self._queues[p] = asyncio.Queue(maxsize=4)
-            self._workers[p] = asyncio.create_task(self._work(p, queue), name=f"partition {p}")
+            worker = asyncio.create_task(self._work(p, queue), name=f"partition {p}")
+            worker.add_done_callback(functools.partial(self._worker_ended, p))
+            self._workers[p] = worker
         return queue
+
+    def _worker_ended(self, p: int, worker: asyncio.Task[None]) -> None:
+        """A worker ends only by `stop`; any other end is a fault of the node, and p's task
+        is closed and taken afresh: never a partition paused for ever while the rest go on."""
+        if worker.cancelled() or self._workers.get(p) is not worker:
+            return
+        del self._workers[p]
+        self._queues.pop(p, None)
+        exc = worker.exception() or RuntimeError("the worker returned")
+        logger.error("partition %d: its worker failed", p, exc_info=exc)
+        self._on_failure(p, "its worker", exc)
 
     async def stop(self, p: int) -> None:
         """Ends p's worker; what was queued for it is dropped (read again after a take)."""
@@ -111,7 +117,7 @@ class PartitionCycles:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
         while queue is not None and not queue.empty():
-            queue.get_nowait()  # frees a poll loop waiting to put; the batches are stale
+            queue.get_nowait()  # stale: read again after a take
 
     def cut_short(self, p: int) -> bool:
         """Whether p's worker was stopped in the middle of a cycle since last asked: what
@@ -155,7 +161,7 @@ class PartitionCycles:
                 fresh = [
                     (topic, rest)
                     for topic, records in items
-                    if (rest := _after(records, done.get(topic, -1)))
+                    if (rest := records_after(records, done.get(topic, -1)))
                 ]
                 try:
                     staged = await self._cycle(p, fresh)

@@ -235,3 +235,32 @@ def results(log: MemoryLog) -> set[str]:
     return {
         decode(CommandResult, r.value).request_id for p in range(2) for r in log.records(topic, p)
     }
+
+
+async def test_a_worker_that_dies_outside_its_cycle_has_its_partition_taken_afresh(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A fault of partition 0's worker itself (here the wait for room to stage, outside the
+    cycle's own handling) closes 0's task and takes it afresh: 0 is never left with no
+    worker while its queue fills, paused for ever and the node still ready, and its
+    commands are decided once each."""
+    log = MemoryLog()
+    owners = [f"o{i}" for i in range(100)]
+    zero = [o for o in owners if partition_of(o, 2) == 0][:3]
+    async with running(RunningNode(log, tmp_path, "a", SERVICE, 2)) as n:
+        commits = n.node.commits
+        room = commits.room
+        faults = [RuntimeError("the worker's own fault")]
+
+        async def failing(types: object, p: int) -> None:
+            if p == 0 and faults:
+                raise faults.pop()
+            await room(types, p)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(commits, "room", failing)
+        for owner in zero:
+            await command(log, owner)
+        await wait_until(lambda: scheduled(log, 0) == zero, within=10)
+        assert not faults
+        (member,) = log.groups["g"].members
+        await wait_until(lambda: member.paused() == set())
