@@ -47,7 +47,6 @@ from tables.keys import (
     due_upper_bound,
     finished_upper_bound,
     index_key,
-    load_timer,
     parked_prefix,
     row_key,
 )
@@ -55,6 +54,7 @@ from tables.partitioned import PartitionedStore
 from tables.refs import AggregateRef
 from tables.rocksdb_io import UNLOGGED, db_options, gc_paused, prefix_end, scan
 from tables.rowcheck import restored_index
+from tables.rowload import load_timer
 from tables.store import ChangelogSink, DueRow, UnreadableRow, unreadable_reason
 from tables.timer import Timer, TimerStatus
 from tables.writes import Write
@@ -154,11 +154,14 @@ class RocksDBTimerStore(PartitionedStore):
 
     def _load(self, partition: int, row: bytes) -> Timer | None:
         raw = self._db(partition).get(ROW + row)
-        return None if raw is None else load_timer(self._value(partition, raw))
+        return None if raw is None else load_timer(self._value(partition, raw), row)
 
     def _load_many(self, partition: int, rows: list[bytes]) -> list[Timer | None]:
         raws = cast(list[bytes | None], self._db(partition).get(cast(Any, [ROW + r for r in rows])))
-        return [None if raw is None else load_timer(self._value(partition, raw)) for raw in raws]
+        return [
+            None if raw is None else load_timer(self._value(partition, raw), row)
+            for raw, row in zip(raws, rows, strict=True)
+        ]
 
     def _load_as_loaded(self, partition: int, row: bytes, loaded: Timer) -> Timer | None:
         """A PENDING or FIRING row held as `loaded` is at `loaded`'s due entry (its key is
@@ -166,18 +169,19 @@ class RocksDBTimerStore(PartitionedStore):
         instead of a random read of the row and then of its entry."""
         if loaded.status not in _DUE_STATUSES:
             return self._load(partition, row)
-        value = self._db(partition).get(due_key(loaded.due_at, loaded.id, row))
-        return None if value is None else load_timer(value)
+        key = due_key(loaded.due_at, loaded.id, row)
+        value = self._db(partition).get(key)
+        return None if value is None else load_timer(value, key)
 
     def _owner_rows(self, partition: int, prefix: bytes) -> Iterator[tuple[bytes, Timer]]:
         start = ROW + prefix
         for key, raw in scan(self._db(partition), start, prefix_end(start)):
-            yield key[1:], load_timer(self._value(partition, raw))
+            yield key[1:], load_timer(self._value(partition, raw), key)
 
     def _due(self, partitions: list[int], until: int, limit: int) -> list[Timer]:
         found = self._found(partitions, until, limit)
         with gc_paused():
-            return [load_timer(value) for _, value, _ in found]
+            return [load_timer(value, key) for key, value, _ in found]
 
     def _due_rows(self, partitions: list[int], until: int, limit: int) -> list[DueRow]:
         rows = []
@@ -267,7 +271,7 @@ class RocksDBTimerStore(PartitionedStore):
             for key, value in scan(self._db(partition), start, finished_upper_bound(until)):
                 if not found:
                     self._finished_low[partition] = int.from_bytes(key[1:9], "big")
-                timer = load_timer(value)
+                timer = load_timer(value, key)
                 found.append((row_key(timer.owner, timer.key), timer))
                 if len(found) == limit:
                     return found
@@ -280,7 +284,7 @@ class RocksDBTimerStore(PartitionedStore):
         upper = prefix_end(start)
         runs = [scan(self._db(partition), start, upper) for partition in partitions]
         with gc_paused():
-            return [load_timer(value) for _, value in heapq.merge(*runs)]
+            return [load_timer(value, key) for key, value in heapq.merge(*runs)]
 
     def _due_entries(self, partition: int, start: int) -> Iterator[tuple[int, str]]:
         # From the low-water mark at least: the tombstones below it are skipped.
@@ -290,8 +294,8 @@ class RocksDBTimerStore(PartitionedStore):
             yield int.from_bytes(key[1:9], "big"), orjson.loads(value)["status"]
 
     def _parked_entries(self, partition: int) -> Iterator[Callable[[], Timer]]:
-        for _, value in scan(self._db(partition), PARKED, prefix_end(PARKED)):
-            yield partial(load_timer, value)
+        for key, value in scan(self._db(partition), PARKED, prefix_end(PARKED)):
+            yield partial(load_timer, value, key)
 
     def _held_count(self, partition: int) -> int:
         return sum(1 for _ in scan(self._db(partition), HELD, prefix_end(HELD)))

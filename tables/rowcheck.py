@@ -54,7 +54,8 @@ _NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]*")
 
 # `gc=False`: the structs hold only strings, numbers and other such structs (no cycle can
 # form), so the collector never tracks the ~6 of them a row makes (on the 2-core box,
-# decoding 20,000 rows into a list: 4.3-5.7 -> 2.4-2.9 µs a row).
+# decoding 20,000 rows into a list: 4.3-5.7 -> 2.4-2.9 µs a row). The rules are frozen:
+# hashable, `tables.rowload` keeps their models by them.
 class _Ref(msgspec.Struct, forbid_unknown_fields=True, gc=False):
     context: _Name
     aggregate: _Name
@@ -62,14 +63,21 @@ class _Ref(msgspec.Struct, forbid_unknown_fields=True, gc=False):
     tenant: _Text200 = "(0)"
 
 
-class _Once(msgspec.Struct, tag_field="kind", tag="once", forbid_unknown_fields=True, gc=False):
+class _Once(
+    msgspec.Struct, tag_field="kind", tag="once", forbid_unknown_fields=True, gc=False, frozen=True
+):
     at: _Instant
     coalesce: bool = True
     jitter: _Jitter | None = None
 
 
 class _Interval(
-    msgspec.Struct, tag_field="kind", tag="interval", forbid_unknown_fields=True, gc=False
+    msgspec.Struct,
+    tag_field="kind",
+    tag="interval",
+    forbid_unknown_fields=True,
+    gc=False,
+    frozen=True,
 ):
     start: _Instant
     every: Annotated[int, msgspec.Meta(gt=0, le=MAX_INT64)]
@@ -79,7 +87,9 @@ class _Interval(
     count: _Count | None = None
 
 
-class _Cron(msgspec.Struct, tag_field="kind", tag="cron", forbid_unknown_fields=True, gc=False):
+class _Cron(
+    msgspec.Struct, tag_field="kind", tag="cron", forbid_unknown_fields=True, gc=False, frozen=True
+):
     expr: _Text200
     zone: str = "UTC"
     start: _Instant = 0
@@ -232,7 +242,7 @@ def restored_index(partition: int, key: bytes, value: bytes) -> tuple[bytes, byt
     `partition` stored under its own row key: exactly `restored_row`'s verdict.
 
     A row only pydantic's lax mode takes (`"version": "3"`) is stored as the Timer's own
-    JSON, so that reads, which trust the store's rows (`tables.keys.load_timer`), find
+    JSON, so that reads, which trust the store's rows (`tables.rowload.load_timer`), find
     every field of its type."""
     try:
         return _fast_index(partition, key, value), value
