@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import functools
 import re
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal, TypeVar
 from zoneinfo import ZoneInfo
 
 import msgspec
@@ -39,6 +39,8 @@ from tables.rules import MAX_JITTER, _cron_error, _zones
 from tables.timer import MAX_ERROR_TEXT
 
 __all__ = ["restored_index"]
+
+_V = TypeVar("_V")
 
 _Text200 = Annotated[str, msgspec.Meta(min_length=1, max_length=200)]
 _Name = Annotated[str, msgspec.Meta(min_length=1, max_length=100)]
@@ -184,13 +186,41 @@ def _ends_ok(rule: _Interval | _Cron) -> bool:
     return not (type(rule) is _Interval and rule.jitter is not None and rule.jitter > rule.every)
 
 
+def _rule_ok(rule: _Once | _Interval | _Cron) -> bool:
+    """The rules' own checks (`tables.rules`) of a rule msgspec took."""
+    return isinstance(rule, _Once) or (
+        _ends_ok(rule)
+        and (type(rule) is not _Cron or (_cron_error(rule.expr) is None and _zone_ok(rule.zone)))
+    )
+
+
+_MISS: Any = object()
+_CACHE_SIZE = 4096
+# The checks' verdicts a restore looks up for every row, by owner names, body bytes and
+# rule: plain dicts (a hit is a third of an `lru_cache` call's cost), emptied when full.
+_PREFIXES: dict[tuple[str, str, str], bytes | None] = {}
+_BODIES: dict[bytes, bool] = {}
+_RULES: dict[_Once | _Interval | _Cron, bool] = {}
+
+
+def _kept(cache: dict[Any, Any], key: Any, value: _V) -> _V:
+    """`value`, kept in `cache` under `key`."""
+    if len(cache) >= _CACHE_SIZE:
+        cache.clear()
+    cache[key] = value
+    return value
+
+
 def _fast_index(partition: int, key: bytes, value: bytes) -> bytes:
     try:
         row = _decode(value)
     except (msgspec.ValidationError, msgspec.DecodeError) as exc:
         raise _Refused from exc
     owner = row.owner
-    prefix = _owner_bytes(owner.context, owner.aggregate, owner.tenant)
+    names = (owner.context, owner.aggregate, owner.tenant)
+    prefix = _PREFIXES.get(names, _MISS)
+    if prefix is _MISS:
+        prefix = _kept(_PREFIXES, names, _owner_bytes(*names))
     if prefix is None or row.partition != partition:
         raise _Refused
     # Its own key (`row_key`): the owner's prefix (once per owner's names), id and key.
@@ -201,13 +231,14 @@ def _fast_index(partition: int, key: bytes, value: bytes) -> bytes:
     if target != owner and not (_name_ok(target.context) and _name_ok(target.aggregate)):
         raise _Refused
     body = row.command.body
-    if body != _EMPTY and not _body_ok(bytes(body)):
-        raise _Refused
+    if body != _EMPTY:
+        raw = bytes(body)
+        ok = _BODIES.get(raw)
+        if not (ok or (ok is None and _kept(_BODIES, raw, _body_ok(raw)))):
+            raise _Refused
     rule = row.rule
-    if not isinstance(rule, _Once) and (
-        not _ends_ok(rule)
-        or (type(rule) is _Cron and (_cron_error(rule.expr) is not None or not _zone_ok(rule.zone)))
-    ):
+    ok = _RULES.get(rule)
+    if not (ok or (ok is None and _kept(_RULES, rule, _rule_ok(rule)))):
         raise _Refused
     status = row.status
     if status == "PENDING" or status == "FIRING":
