@@ -13,8 +13,11 @@ version, leaning on defaults) is decoded in full by pydantic, and one pydantic r
 too is a `StoreError` naming its key, never a half-built Timer
 (`tests/unit/test_rowload.py` holds this over mangled rows).
 
-Rules (frozen, scalar fields) and commands (frozen; a body is never changed in place)
-are shared by the rows that write them alike, as `model_copy` already shares them.
+A row's rule and command are kept as raw JSON and their models cached by those bytes:
+rules (frozen, scalar fields) and commands (frozen; a body is never changed in place)
+are shared by the rows that write them alike, as `model_copy` already shares them, and
+a row decodes and checks neither again. Measured in one process over the same 1,000
+rows of 1 M (bench.store_bench's store), `due()`'s CPU p50 went 7.2-8.1 -> 5.3-5.9 ms.
 """
 
 from __future__ import annotations
@@ -72,9 +75,9 @@ class _Row(msgspec.Struct, forbid_unknown_fields=True, gc=False, kw_only=True):
     version: _Int64
     partition: Annotated[int, msgspec.Meta(ge=0, le=65_535)]
     status: TimerStatus
-    rule: _Once | _Interval | _Cron
+    rule: msgspec.Raw  # its model kept by its bytes (`_rule`): rows repeat a few rules
     target: _Ref
-    command: _Command
+    command: msgspec.Raw  # likewise (`_command`)
     slot: _Int64
     slot_due_at: _Instant
     due_at: _Int64
@@ -88,6 +91,8 @@ class _Row(msgspec.Struct, forbid_unknown_fields=True, gc=False, kw_only=True):
 
 
 _decode = msgspec.json.Decoder(_Row).decode
+_decode_rule = msgspec.json.Decoder(_Once | _Interval | _Cron).decode
+_decode_command = msgspec.json.Decoder(_Command).decode
 _REFUSED = (msgspec.ValidationError, msgspec.DecodeError, UnicodeDecodeError)
 _ERRORS = ("error_code", "error_text")
 _asdict = msgspec.structs.asdict
@@ -107,9 +112,10 @@ _COMMAND_SET = set(CommandSpec.model_fields)
 _CACHE_SIZE = 4096
 """How many distinct names, rules and commands each cache holds; emptied when full."""
 _NAMES: dict[str, bool] = {}
-_RULE_CACHE: dict[_Once | _Interval | _Cron, BaseModel | None] = {}
-"""Each rule's model, by its struct (None: a rule pydantic refuses)."""
-_COMMANDS: dict[tuple[str, bytes], CommandSpec | None] = {}
+_RULE_CACHE: dict[bytes, BaseModel | None] = {}
+"""Each rule's model, by its JSON (None: a rule pydantic refuses)."""
+_COMMANDS: dict[bytes, CommandSpec | None] = {}
+"""Each command's model, by its JSON (None: a command pydantic refuses)."""
 
 
 def _model(cls: Any, values: dict[str, Any], named: set[str]) -> Any:
@@ -159,13 +165,17 @@ def _made_rule(rule: _Once | _Interval | _Cron) -> BaseModel | None:
     return made
 
 
-def _rule(rule: _Once | _Interval | _Cron) -> BaseModel | None:
-    """The rule's model, kept (None: the rules' checks refuse it)."""
-    made = _RULE_CACHE.get(rule, _new)
+def _rule(raw: bytes) -> BaseModel | None:
+    """The model of a rule's JSON, kept (None: msgspec or the rules' checks refuse it)."""
+    made = _RULE_CACHE.get(raw, _new)
     if made is _new:
         if len(_RULE_CACHE) >= _CACHE_SIZE:
             _RULE_CACHE.clear()
-        made = _RULE_CACHE[rule] = _made_rule(rule)
+        try:
+            made = _made_rule(_decode_rule(raw))
+        except _REFUSED:
+            made = None
+        _RULE_CACHE[raw] = made
     return made  # type: ignore[return-value]
 
 
@@ -182,21 +192,27 @@ def _made_command(type_: str, body: bytes) -> CommandSpec | None:
     return made
 
 
-def _command(key: tuple[str, bytes]) -> CommandSpec | None:
-    """The command of `(type, body's JSON)`, kept (None: its body is no `JsonObject`)."""
-    made = _COMMANDS.get(key, _new)
+def _command(raw: bytes) -> CommandSpec | None:
+    """The model of a command's JSON, kept (None: msgspec refuses it, or its body is no
+    `JsonObject`)."""
+    made = _COMMANDS.get(raw, _new)
     if made is _new:
         if len(_COMMANDS) >= _CACHE_SIZE:
             _COMMANDS.clear()
-        made = _COMMANDS[key] = _made_command(*key)
+        try:
+            command = _decode_command(raw)
+            made = _made_command(command.type, bytes(command.body))
+        except _REFUSED:
+            made = None
+        _COMMANDS[raw] = made
     return made  # type: ignore[return-value]
 
 
 def _built(
     struct: _Row,
     names: dict[str, bool] = _NAMES,
-    rules: dict[Any, BaseModel | None] = _RULE_CACHE,
-    commands: dict[tuple[str, bytes], CommandSpec | None] = _COMMANDS,
+    rules: dict[bytes, BaseModel | None] = _RULE_CACHE,
+    commands: dict[bytes, CommandSpec | None] = _COMMANDS,
     new: Any = _new,
     set_: Any = _set,
     asdict: Any = _asdict,
@@ -206,12 +222,12 @@ def _built(
 
     Written for speed (it builds each row of a `due()`): names bound as defaults, the
     caches' hits and the models' construction inlined, misses left to functions."""
-    owner, command = struct.owner, struct.command
+    owner = struct.owner
     context, aggregate = owner.context, owner.aggregate
     if not (names.get(context) or _name(context)) or not (names.get(aggregate) or _name(aggregate)):
         return None
-    rule = rules.get(struct.rule) or _rule(struct.rule)
-    made = commands.get(key := (command.type, bytes(command.body))) or _command(key)
+    rule = rules.get(raw := bytes(struct.rule)) or _rule(raw)
+    made = commands.get(raw := bytes(struct.command)) or _command(raw)
     if rule is None or made is None:
         return None
     row = asdict(struct)
