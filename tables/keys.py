@@ -27,16 +27,10 @@ Values are the Timer's JSON dict (the bytes orjson writes of ``model_dump(mode="
 
 from __future__ import annotations
 
-from typing import Any, TypeVar
-
-import orjson
-from pydantic import BaseModel
+from typing import Any
 
 from tables.refs import AggregateRef
-from tables.rules import CronRule, IntervalRule, OnceRule
-from tables.timer import CommandSpec, Outcome, Timer, TimerStatus
-
-_M = TypeVar("_M", bound=BaseModel)
+from tables.timer import Timer
 
 __all__ = [
     "DUE",
@@ -55,7 +49,6 @@ __all__ = [
     "finished_upper_bound",
     "index_key",
     "index_key_of",
-    "load_timer",
     "order_key",
     "owner_prefix",
     "parked_key",
@@ -200,170 +193,12 @@ _validate_json = Timer.__pydantic_validator__.validate_json
 def decode_timer(raw: bytes) -> Timer:
     """A row's value back into its Timer; `pydantic.ValidationError` if it is not one.
 
-    pydantic-core's JSON validation builds the five models about as fast as orjson plus
-    unvalidated construction in Python does (measured ~8.5 µs a row either way on the
-    2-core box), so reads validate for free; calling the validator directly skips
-    `model_validate_json`'s wrapper (~10 %).
+    Validates in full (~10 µs a row on the 2-core box): reads take the cheaper
+    `tables.rowload.load_timer`, which falls back to this. Calling the validator directly
+    skips `model_validate_json`'s wrapper (~10 %).
     """
     timer: Timer = _validate_json(raw)
     return timer
-
-
-_set = object.__setattr__
-_RULE_CLASSES: tuple[type[BaseModel], ...] = (OnceRule, IntervalRule, CronRule)
-# A rule's optional fields left out of its JSON while unset (`until`, `count`, `jitter`:
-# `exclude_if`), put back at their defaults so the model `load_timer` makes has each field.
-_OMITTED: dict[type[BaseModel], dict[str, Any]] = {
-    cls: {
-        name: field.default
-        for name, field in cls.model_fields.items()
-        if field.default is None and not field.is_required()
-    }
-    for cls in _RULE_CLASSES
-}
-# A timer's optional fields left out while unset (`error_code`, `error_text`), likewise.
-_OMITTED[Timer] = {
-    name: None
-    for name, field in Timer.model_fields.items()
-    if field.default is None and field.exclude_if is not None
-}
-_TIMER_FIELDS = len(Timer.model_fields)
-if list(Timer.model_fields)[-2:] != list(_OMITTED[Timer]) or len(_OMITTED[Timer]) != 2:
-    raise TypeError("load_timer expects error_code and error_text as Timer's last fields")
-_RULES: dict[str, tuple[type[BaseModel], int]] = {
-    cls.model_fields["kind"].default: (cls, len(cls.model_fields)) for cls in _RULE_CLASSES
-}
-_STATUSES = {status.value: status for status in TimerStatus}
-_OUTCOMES: dict[str | None, Outcome | None] = {outcome.value: outcome for outcome in Outcome}
-_OUTCOMES[None] = None
-# One set of field names a model class, shared by the instances `load_timer` makes: every
-# row names every field, and a frozen model never changes its set (`model_copy` changes a
-# copy: a frozenset would not do, its copy is itself).
-_ALL_SET: dict[type[BaseModel], set[str]] = {
-    cls: set(cls.model_fields) for cls in (Timer, AggregateRef, CommandSpec)
-}
-_ALL_SET.update((cls, set(cls.model_fields)) for cls, _ in _RULES.values())
-_NO_ERROR_SET = _ALL_SET[Timer] - set(_OMITTED[Timer])
-
-
-def _made(cls: type[_M], values: dict[str, Any], named: set[str] | None = None) -> _M:
-    """`cls.model_construct(**values)` without its per-field loop: `values` names every
-    field (pydantic's own construction sets these four attributes); `named`: the fields
-    counted as set (all of them unless given)."""
-    made = cls.__new__(cls)
-    _set(made, "__dict__", values)
-    _set(made, "__pydantic_fields_set__", _ALL_SET[cls] if named is None else named)
-    _set(made, "__pydantic_extra__", None)
-    _set(made, "__pydantic_private__", None)
-    return made
-
-
-def _with_omitted(cls: type[BaseModel], values: dict[str, Any]) -> dict[str, Any]:
-    """`values` (a rule's or a timer's) with its omitted optional fields at their defaults,
-    in the model's field order (the order its serializer writes a dict built this way back
-    in); `values` itself when it lacks anything else (then `load_timer` decodes the row in
-    full)."""
-    omitted = _OMITTED[cls]
-    if not all(name in values or name in omitted for name in _FIELD_NAMES[cls]):
-        return values
-    return {name: values[name] if name in values else omitted[name] for name in _FIELD_NAMES[cls]}
-
-
-_MODELS: tuple[type[BaseModel], ...] = (*_RULE_CLASSES, Timer)
-_FIELD_NAMES = {cls: tuple(cls.model_fields) for cls in _MODELS}
-_ABSENT = object()
-"""A required field no row named (`_RULE_FORMS`): such a rule is decoded in full."""
-# Per rule kind: its class, its field count and a dict of its fields in the model's order,
-# each at its default if it may be left out, else at `_ABSENT`. A copy updated with a row's
-# rule has every field in that order (a dict keeps its keys' first places): one C-level
-# copy and update where `_with_omitted` loops in Python (~3 µs of the ~12 a row took).
-_RULE_FORMS: dict[str, tuple[type[BaseModel], int, dict[str, Any]]] = {
-    cls.model_fields["kind"].default: (
-        cls,
-        len(cls.model_fields),
-        {name: _OMITTED[cls].get(name, _ABSENT) for name in cls.model_fields},
-    )
-    for cls in _RULE_CLASSES
-}
-_new = object.__new__
-
-
-def _model(
-    cls: type[_M], values: dict[str, Any], named: set[str], new: Any = _new, set_: Any = _set
-) -> _M:
-    """`_made` for `load_timer`'s hot loop: `named` given, names bound as defaults."""
-    made = new(cls)
-    set_(made, "__dict__", values)
-    set_(made, "__pydantic_fields_set__", named)
-    set_(made, "__pydantic_extra__", None)
-    set_(made, "__pydantic_private__", None)
-    return made  # type: ignore[no-any-return]
-
-
-_REF_SET, _COMMAND_SET = _ALL_SET[AggregateRef], _ALL_SET[CommandSpec]
-_RULE_CACHE: dict[tuple[tuple[str, Any], ...], BaseModel] = {}
-"""The rules `load_timer` made, by their JSON's items; emptied when full."""
-_RULE_CACHE_SIZE = 4096
-
-
-def load_timer(raw: bytes) -> Timer:
-    """A row's value as the store wrote it back into its Timer, without validating it again.
-
-    Only for the store's own rows: each was validated on its way in (`restored_row`, or a
-    Timer the store wrote), and reads do not pay for it twice (`decode_timer` builds a
-    Timer in ~10 µs on the 2-core box, this in about half, sharing the owner as target when
-    they are equal). A row that leaves out optional fields unset (`exclude_if`: a rule's
-    `until`, `count`, `jitter`, a timer's `error_code`, `error_text`) gets them at their
-    defaults; one that does not name every other field (written by another version) is
-    decoded in full.
-    """
-    row = orjson.loads(raw)
-    owner, target, rule, command = row["owner"], row["target"], row["rule"], row["command"]
-    form = _RULE_FORMS.get(rule.get("kind", ""))
-    if form is None:
-        return decode_timer(raw)
-    cls, size, template = form
-    # Rules repeat across a type's timers (their fields are all scalars) and are frozen:
-    # the rows share one instance a distinct rule.
-    shared = (rule_key := tuple(rule.items())) in _RULE_CACHE
-    if shared:
-        made_rule = _RULE_CACHE[rule_key]
-    elif len(rule) < size:
-        full = template.copy()
-        full.update(rule)
-        if len(full) == size and _ABSENT not in full.values():
-            rule = full
-    # As `decode_timer` would, a row's set fields are the ones its JSON names.
-    named = _ALL_SET[Timer]
-    if len(row) < _TIMER_FIELDS:
-        if len(row) == _TIMER_FIELDS - 2 and "error_code" not in row and "error_text" not in row:
-            # The usual row, with no error: both fields are the model's last, so appended
-            # they keep the model's field order (cheaper than `_with_omitted`'s new dict).
-            row["error_code"] = row["error_text"] = None
-            named = _NO_ERROR_SET
-        else:
-            named = set(row)
-            row = _with_omitted(Timer, row)
-    if (
-        len(row) != _TIMER_FIELDS
-        or (not shared and len(rule) != size)
-        or len(owner) != 4
-        or len(target) != 4
-        or len(command) != 2
-    ):
-        return decode_timer(raw)
-    row["owner"] = owner = _model(AggregateRef, owner, _REF_SET)
-    row["target"] = owner if target == owner.__dict__ else _model(AggregateRef, target, _REF_SET)
-    if not shared:
-        made_rule = _model(cls, rule, _ALL_SET[cls])
-        if len(_RULE_CACHE) >= _RULE_CACHE_SIZE:
-            _RULE_CACHE.clear()
-        _RULE_CACHE[rule_key] = made_rule
-    row["rule"] = made_rule
-    row["command"] = _model(CommandSpec, command, _COMMAND_SET)
-    row["status"] = _STATUSES[row["status"]]
-    row["outcome"] = _OUTCOMES[row["outcome"]]
-    return _model(Timer, row, named)
 
 
 def restored_row(partition: int, key: bytes, value: bytes) -> Timer:

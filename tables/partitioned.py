@@ -1,21 +1,20 @@
-"""The base both backends share: a store kept per partition (assign, revoke, close), its
-writes planned by `tables.writes`, its rows streamed to a changelog sink, and its status
-counts kept with each write."""
+"""The base both backends share: writes planned by `tables.writes`, their rows streamed to
+a changelog sink, the reads, and the status counts kept with each write (the partitions
+served, assigned, revoked and closed: `tables.served`)."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
-from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
-from contextlib import asynccontextmanager
+from abc import abstractmethod
+from collections.abc import Callable, Iterator, Sequence
 
 from tables.census import TimerCensus, tally
-from tables.exceptions import StoreClosed, StoreError
+from tables.exceptions import StoreError
 from tables.keys import encode_timer, owner_prefix, row_key
 from tables.refs import AggregateRef
 from tables.retention import expiry_cutoff, plan_expiry
-from tables.store import ChangelogRecord, ChangelogSink, DueRow, UnreadableRow
+from tables.served import ServedPartitions
+from tables.store import ChangelogRecord, ChangelogSink, DueRow
 from tables.timer import Timer, TimerChange, TimerStatus
 from tables.writes import (
     Write,
@@ -37,31 +36,20 @@ _COUNTED = frozenset(
 """What `status_counts` counts: the active statuses, each from an index of its own."""
 
 
-class PartitionedStore(ABC):
-    """What both backends share: argument checks, serving, the lock, the write path.
-
-    Writes are serialised by one lock (a write awaits its sink between deciding and
-    applying); reads are not. A backend supplies the per-partition primitives.
-    """
+class PartitionedStore(ServedPartitions):
+    """What both backends share: the write path, the reads, the status counts (serving
+    and the checks: `tables.served`)."""
 
     def __init__(self, partitions: int, changelog: ChangelogSink | None) -> None:
-        if isinstance(partitions, bool) or not isinstance(partitions, int) or partitions < 1:
-            raise ValueError(f"partitions must be a positive int, not {partitions!r}")
-        self._partitions = partitions
+        super().__init__(partitions)
         self._sink = changelog
-        self._served: set[int] = set(range(partitions))
-        self._closed = False
-        self._lock = asyncio.Lock()
-        # Per partition, its active rows by status (`status_counts`); absent: not counted
-        # since it was opened or restored (counted whole when next asked).
-        self._counts: dict[int, dict[TimerStatus, int]] = {}
 
     # --- what a backend supplies ------------------------------------------------------
 
     _values_needed = False
     """Whether `_apply` needs the rows' encoded values even without a sink."""
 
-    async def _durable(self, partitions: set[int]) -> None:  # noqa: B027 (none by default)
+    async def _durable(self, partitions: set[int]) -> None:
         """Before a write to `partitions`, under the write lock: what must be durable first."""
 
     @abstractmethod
@@ -110,67 +98,6 @@ class PartitionedStore(ABC):
     @abstractmethod
     def _held_count(self, partition: int) -> int:
         """How many PAUSED rows partition holds (its held entries)."""
-
-    @abstractmethod
-    def _restore(
-        self, partition: int, records: Iterable[tuple[int, bytes, bytes | None]]
-    ) -> list[UnreadableRow]: ...
-
-    @abstractmethod
-    def _offset(self, partition: int) -> int | None: ...
-
-    @abstractmethod
-    def _open_partition(self, partition: int) -> None: ...
-
-    @abstractmethod
-    def _close_partition(self, partition: int) -> None: ...
-
-    @abstractmethod
-    def _drop_partition(self, partition: int, served: bool) -> None: ...
-
-    @abstractmethod
-    def _close(self) -> None: ...
-
-    # --- checks -----------------------------------------------------------------------
-
-    @property
-    def partitions(self) -> int:
-        return self._partitions
-
-    @property
-    def assigned(self) -> frozenset[int]:
-        self._check_open()
-        return frozenset(self._served)
-
-    def _check_open(self) -> None:
-        if self._closed:
-            raise StoreClosed("the timer store is closed")
-
-    def _check_partition(self, partition: int) -> None:
-        if (
-            isinstance(partition, bool)
-            or not isinstance(partition, int)
-            or not 0 <= partition < self._partitions
-        ):
-            raise ValueError(
-                f"partition {partition!r} is out of range: this store has partitions "
-                f"0..{self._partitions - 1}"
-            )
-
-    def _check_served(self, partition: int) -> None:
-        self._check_partition(partition)
-        if partition not in self._served:
-            raise StoreClosed(f"partition {partition} is not assigned to this store (revoked)")
-
-    def _served_sorted(self) -> list[int]:
-        return sorted(self._served)
-
-    @asynccontextmanager
-    async def _writing(self) -> AsyncIterator[None]:
-        self._check_open()
-        async with self._lock:
-            self._check_open()
-            yield
 
     async def _commit(self, writes: list[Write]) -> None:
         """Hands the new rows to the sink, then writes them locally."""
@@ -397,58 +324,3 @@ class PartitionedStore(ABC):
             counts[TimerStatus.PAUSED] = self._held_count(partition)
             self._counts[partition] = counts
         return dict(counts)
-
-    async def apply_changelog(
-        self, partition: int, records: Iterable[tuple[int, bytes, bytes | None]]
-    ) -> list[UnreadableRow]:
-        self._check_open()
-        self._check_served(partition)
-        async with self._writing():
-            self._check_served(partition)
-            self._counts.pop(partition, None)
-            return self._restore(partition, records)
-
-    def changelog_offset(self, partition: int) -> int | None:
-        self._check_open()
-        self._check_served(partition)
-        return self._offset(partition)
-
-    async def assign(self, partitions: Iterable[int]) -> None:
-        self._check_open()
-        wanted = sorted(set(partitions))
-        for partition in wanted:
-            self._check_partition(partition)
-        async with self._writing():
-            for partition in wanted:
-                if partition not in self._served:
-                    self._counts.pop(partition, None)
-                    self._open_partition(partition)
-                    self._served.add(partition)
-
-    async def revoke(self, partitions: Iterable[int]) -> None:
-        self._check_open()
-        wanted = sorted(set(partitions))
-        for partition in wanted:
-            self._check_partition(partition)
-        async with self._writing():
-            for partition in wanted:
-                if partition in self._served:
-                    self._served.discard(partition)
-                    self._counts.pop(partition, None)
-                    self._close_partition(partition)
-
-    async def drop(self, partition: int) -> None:
-        self._check_open()
-        self._check_partition(partition)
-        async with self._writing():
-            self._counts.pop(partition, None)
-            self._drop_partition(partition, partition in self._served)
-
-    async def close(self) -> None:
-        if self._closed:
-            return
-        async with self._lock:
-            if self._closed:
-                return
-            self._closed = True
-            self._close()

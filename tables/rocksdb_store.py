@@ -6,15 +6,14 @@ Rows and their indexes share each partition's DB under one-byte key prefixes (se
 row and index entries go in one plain WriteBatch. An indexed row's value lives in its
 due or parked index entry and its ``r`` entry points there (see `tables.keys`), so
 ``due()`` is one range scan a partition with no point reads, and a pending timer's bytes
-are written once. rocksdict is imported here and in `tables.rocksdb_io` (options, scans).
+are written once. rocksdict is imported here, in `tables.rocksdb_io` (options, scans) and in
+`tables.rocksdb_restore` (the format marker, restore batches).
 """
 
 from __future__ import annotations
 
 import asyncio
 import heapq
-import json
-import logging
 import os
 import shutil
 from bisect import bisect_left
@@ -47,33 +46,25 @@ from tables.keys import (
     due_upper_bound,
     finished_upper_bound,
     index_key,
-    load_timer,
     parked_prefix,
     row_key,
 )
 from tables.partitioned import PartitionedStore
 from tables.refs import AggregateRef
 from tables.rocksdb_io import UNLOGGED, db_options, gc_paused, prefix_end, scan
-from tables.rowcheck import restored_index
-from tables.store import ChangelogSink, DueRow, UnreadableRow, unreadable_reason
+from tables.rocksdb_restore import INDEXES as _INDEXES
+from tables.rocksdb_restore import check_format, restore_batch
+from tables.rowload import load_timer
+from tables.store import ChangelogSink, DueRow, UnreadableRow
 from tables.timer import Timer, TimerStatus
 from tables.writes import Write
 
 __all__ = ["RocksDBTimerStore"]
 
-logger = logging.getLogger(__name__)
-
-_INDEXES = (DUE, PARKED, FINISHED, HELD)
 _MAX_DUE = (1 << 64) - 1
-_PAST_INDEXES = b"\xff"
-"""A key past every index entry (`tables.keys`' prefixes are all below it)."""
 _STATUSES = frozenset(status.value for status in TimerStatus)
 _DUE_STATUSES = frozenset({TimerStatus.PENDING, TimerStatus.FIRING})
 _FIELDS = frozenset(Timer.model_fields)
-_META = "STORE.json"
-_FORMAT = 2
-"""2: finished rows in the ``f`` index (1 kept them under ``r``): a store of format 1 is
-thrown away on open and restored from the changelog (it is only ever a copy of it)."""
 
 
 class RocksDBTimerStore(PartitionedStore):
@@ -98,7 +89,7 @@ class RocksDBTimerStore(PartitionedStore):
     ) -> None:
         super().__init__(partitions, changelog)
         self._path = os.path.abspath(path)
-        self._check_meta()
+        check_format(self._path, partitions, self._db_path)
         self._cache = Cache(block_cache_bytes)
         self._buffers = WriteBufferManager(write_buffer_bytes, False)
         self._dbs: dict[int, Rdict] = {}
@@ -112,28 +103,6 @@ class RocksDBTimerStore(PartitionedStore):
         except BaseException:
             self._close()
             raise
-
-    def _check_meta(self) -> None:
-        os.makedirs(self._path, exist_ok=True)
-        meta = os.path.join(self._path, _META)
-        if os.path.exists(meta):
-            with open(meta, encoding="utf-8") as file:
-                held = json.load(file)
-            if held.get("partitions") != self._partitions or held.get("format", 0) > _FORMAT:
-                raise ValueError(
-                    f"{self._path} holds a timer store of {held.get('partitions')} partitions "
-                    f"(format {held.get('format')}), not {self._partitions} (format {_FORMAT}): "
-                    "drop it or open it with its own partition count and version"
-                )
-            if held.get("format") == _FORMAT:
-                return
-            # An older layout: the copy goes, the changelog restores it (no offsets left).
-            logger.warning("%s: timer store format %s is replaced by %d, restored from the "
-                           "changelog", self._path, held.get("format"), _FORMAT)  # fmt: skip
-            for partition in range(self._partitions):
-                shutil.rmtree(self._db_path(partition), ignore_errors=True)
-        with open(meta, "w", encoding="utf-8") as file:
-            json.dump({"format": _FORMAT, "partitions": self._partitions}, file)
 
     def _db_path(self, partition: int) -> str:
         return os.path.join(self._path, f"p{partition}.db")
@@ -154,11 +123,14 @@ class RocksDBTimerStore(PartitionedStore):
 
     def _load(self, partition: int, row: bytes) -> Timer | None:
         raw = self._db(partition).get(ROW + row)
-        return None if raw is None else load_timer(self._value(partition, raw))
+        return None if raw is None else load_timer(self._value(partition, raw), row)
 
     def _load_many(self, partition: int, rows: list[bytes]) -> list[Timer | None]:
         raws = cast(list[bytes | None], self._db(partition).get(cast(Any, [ROW + r for r in rows])))
-        return [None if raw is None else load_timer(self._value(partition, raw)) for raw in raws]
+        return [
+            None if raw is None else load_timer(self._value(partition, raw), row)
+            for raw, row in zip(raws, rows, strict=True)
+        ]
 
     def _load_as_loaded(self, partition: int, row: bytes, loaded: Timer) -> Timer | None:
         """A PENDING or FIRING row held as `loaded` is at `loaded`'s due entry (its key is
@@ -166,18 +138,19 @@ class RocksDBTimerStore(PartitionedStore):
         instead of a random read of the row and then of its entry."""
         if loaded.status not in _DUE_STATUSES:
             return self._load(partition, row)
-        value = self._db(partition).get(due_key(loaded.due_at, loaded.id, row))
-        return None if value is None else load_timer(value)
+        key = due_key(loaded.due_at, loaded.id, row)
+        value = self._db(partition).get(key)
+        return None if value is None else load_timer(value, key)
 
     def _owner_rows(self, partition: int, prefix: bytes) -> Iterator[tuple[bytes, Timer]]:
         start = ROW + prefix
         for key, raw in scan(self._db(partition), start, prefix_end(start)):
-            yield key[1:], load_timer(self._value(partition, raw))
+            yield key[1:], load_timer(self._value(partition, raw), key)
 
     def _due(self, partitions: list[int], until: int, limit: int) -> list[Timer]:
         found = self._found(partitions, until, limit)
         with gc_paused():
-            return [load_timer(value) for _, value, _ in found]
+            return [load_timer(value, key) for key, value, _ in found]
 
     def _due_rows(self, partitions: list[int], until: int, limit: int) -> list[DueRow]:
         rows = []
@@ -267,7 +240,7 @@ class RocksDBTimerStore(PartitionedStore):
             for key, value in scan(self._db(partition), start, finished_upper_bound(until)):
                 if not found:
                     self._finished_low[partition] = int.from_bytes(key[1:9], "big")
-                timer = load_timer(value)
+                timer = load_timer(value, key)
                 found.append((row_key(timer.owner, timer.key), timer))
                 if len(found) == limit:
                     return found
@@ -280,7 +253,7 @@ class RocksDBTimerStore(PartitionedStore):
         upper = prefix_end(start)
         runs = [scan(self._db(partition), start, upper) for partition in partitions]
         with gc_paused():
-            return [load_timer(value) for _, value in heapq.merge(*runs)]
+            return [load_timer(value, key) for key, value in heapq.merge(*runs)]
 
     def _due_entries(self, partition: int, start: int) -> Iterator[tuple[int, str]]:
         # From the low-water mark at least: the tombstones below it are skipped.
@@ -290,8 +263,8 @@ class RocksDBTimerStore(PartitionedStore):
             yield int.from_bytes(key[1:9], "big"), orjson.loads(value)["status"]
 
     def _parked_entries(self, partition: int) -> Iterator[Callable[[], Timer]]:
-        for _, value in scan(self._db(partition), PARKED, prefix_end(PARKED)):
-            yield partial(load_timer, value)
+        for key, value in scan(self._db(partition), PARKED, prefix_end(PARKED)):
+            yield partial(load_timer, value, key)
 
     def _held_count(self, partition: int) -> int:
         return sum(1 for _ in scan(self._db(partition), HELD, prefix_end(HELD)))
@@ -365,57 +338,13 @@ class RocksDBTimerStore(PartitionedStore):
             return []
         # The batch makes tens of thousands of acyclic objects: no collection among them.
         with gc_paused():
-            batch, unreadable = self._restore_batch(partition, records)
+            batch, unreadable, firsts = restore_batch(self._db(partition), partition, records)
+        # The low-water marks go below the batch's first due and finished entries.
+        for first in firsts:
+            self._lower(partition, first)
         self._unlogged.add(partition)
         self._write(partition, batch, UNLOGGED)
         return unreadable
-
-    def _restore_batch(
-        self, partition: int, records: list[tuple[int, bytes, bytes | None]]
-    ) -> tuple[WriteBatch, list[UnreadableRow]]:
-        unreadable: list[UnreadableRow] = []
-        batch = WriteBatch(raw_mode=True)
-        put, delete, check = batch.put, batch.delete, restored_index
-        rows = [ROW + key for _, key, _ in records]
-        # One multi-get for the batch: its rows' index entries as they were before it.
-        held = cast(list[bytes | None], self._db(partition).get(cast(Any, rows)))
-        indexed: dict[bytes, bytes | None] = {}
-        """The index entry of each row this batch has written so far."""
-        first_due = first_finished = _PAST_INDEXES
-        new: bytes | None
-        for (offset, key, value), row, raw in zip(records, rows, held, strict=True):
-            new = None
-            if value is not None:
-                try:
-                    new, value = check(partition, key, value)
-                except ValueError as exc:
-                    # The key's latest record is no row: the key holds none, as the
-                    # tombstone its dead letter comes with will say (`unreadable_letters`).
-                    unreadable.append(UnreadableRow(offset, key, value, unreadable_reason(exc)))
-            if key in indexed:
-                old = indexed[key]
-            elif raw is not None and raw[:1] in _INDEXES:
-                old = raw
-            else:
-                old = None
-            if new is None:
-                delete(row)
-            else:
-                put(new, value)
-                put(row, new)
-                if new < first_due and new[:1] == DUE:
-                    first_due = new
-                elif new < first_finished and new[:1] == FINISHED:
-                    first_finished = new
-            if old is not None and old != new:
-                delete(old)
-            indexed[key] = new
-        # The low-water marks go below the batch's first due and finished entries.
-        for first in (first_due, first_finished):
-            if first is not _PAST_INDEXES:
-                self._lower(partition, first)
-        put(OFFSET_KEY, records[-1][0].to_bytes(8, "big", signed=True))
-        return batch, unreadable
 
     # --- partitions -------------------------------------------------------------------
 

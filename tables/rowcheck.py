@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import functools
 import re
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal, TypeVar
 from zoneinfo import ZoneInfo
 
 import msgspec
@@ -40,6 +40,8 @@ from tables.timer import MAX_ERROR_TEXT
 
 __all__ = ["restored_index"]
 
+_V = TypeVar("_V")
+
 _Text200 = Annotated[str, msgspec.Meta(min_length=1, max_length=200)]
 _Name = Annotated[str, msgspec.Meta(min_length=1, max_length=100)]
 _Instant = Annotated[int, msgspec.Meta(ge=0, le=MAX_INSTANT)]
@@ -54,7 +56,8 @@ _NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]*")
 
 # `gc=False`: the structs hold only strings, numbers and other such structs (no cycle can
 # form), so the collector never tracks the ~6 of them a row makes (on the 2-core box,
-# decoding 20,000 rows into a list: 4.3-5.7 -> 2.4-2.9 µs a row).
+# decoding 20,000 rows into a list: 4.3-5.7 -> 2.4-2.9 µs a row). The rules are frozen:
+# hashable, `tables.rowload` keeps their models by them.
 class _Ref(msgspec.Struct, forbid_unknown_fields=True, gc=False):
     context: _Name
     aggregate: _Name
@@ -62,14 +65,21 @@ class _Ref(msgspec.Struct, forbid_unknown_fields=True, gc=False):
     tenant: _Text200 = "(0)"
 
 
-class _Once(msgspec.Struct, tag_field="kind", tag="once", forbid_unknown_fields=True, gc=False):
+class _Once(
+    msgspec.Struct, tag_field="kind", tag="once", forbid_unknown_fields=True, gc=False, frozen=True
+):
     at: _Instant
     coalesce: bool = True
     jitter: _Jitter | None = None
 
 
 class _Interval(
-    msgspec.Struct, tag_field="kind", tag="interval", forbid_unknown_fields=True, gc=False
+    msgspec.Struct,
+    tag_field="kind",
+    tag="interval",
+    forbid_unknown_fields=True,
+    gc=False,
+    frozen=True,
 ):
     start: _Instant
     every: Annotated[int, msgspec.Meta(gt=0, le=MAX_INT64)]
@@ -79,7 +89,9 @@ class _Interval(
     count: _Count | None = None
 
 
-class _Cron(msgspec.Struct, tag_field="kind", tag="cron", forbid_unknown_fields=True, gc=False):
+class _Cron(
+    msgspec.Struct, tag_field="kind", tag="cron", forbid_unknown_fields=True, gc=False, frozen=True
+):
     expr: _Text200
     zone: str = "UTC"
     start: _Instant = 0
@@ -174,13 +186,41 @@ def _ends_ok(rule: _Interval | _Cron) -> bool:
     return not (type(rule) is _Interval and rule.jitter is not None and rule.jitter > rule.every)
 
 
+def _rule_ok(rule: _Once | _Interval | _Cron) -> bool:
+    """The rules' own checks (`tables.rules`) of a rule msgspec took."""
+    return isinstance(rule, _Once) or (
+        _ends_ok(rule)
+        and (type(rule) is not _Cron or (_cron_error(rule.expr) is None and _zone_ok(rule.zone)))
+    )
+
+
+_MISS: Any = object()
+_CACHE_SIZE = 4096
+# The checks' verdicts a restore looks up for every row, by owner names, body bytes and
+# rule: plain dicts (a hit is a third of an `lru_cache` call's cost), emptied when full.
+_PREFIXES: dict[tuple[str, str, str], bytes | None] = {}
+_BODIES: dict[bytes, bool] = {}
+_RULES: dict[_Once | _Interval | _Cron, bool] = {}
+
+
+def _kept(cache: dict[Any, Any], key: Any, value: _V) -> _V:
+    """`value`, kept in `cache` under `key`."""
+    if len(cache) >= _CACHE_SIZE:
+        cache.clear()
+    cache[key] = value
+    return value
+
+
 def _fast_index(partition: int, key: bytes, value: bytes) -> bytes:
     try:
         row = _decode(value)
     except (msgspec.ValidationError, msgspec.DecodeError) as exc:
         raise _Refused from exc
     owner = row.owner
-    prefix = _owner_bytes(owner.context, owner.aggregate, owner.tenant)
+    names = (owner.context, owner.aggregate, owner.tenant)
+    prefix = _PREFIXES.get(names, _MISS)
+    if prefix is _MISS:
+        prefix = _kept(_PREFIXES, names, _owner_bytes(*names))
     if prefix is None or row.partition != partition:
         raise _Refused
     # Its own key (`row_key`): the owner's prefix (once per owner's names), id and key.
@@ -191,13 +231,14 @@ def _fast_index(partition: int, key: bytes, value: bytes) -> bytes:
     if target != owner and not (_name_ok(target.context) and _name_ok(target.aggregate)):
         raise _Refused
     body = row.command.body
-    if body != _EMPTY and not _body_ok(bytes(body)):
-        raise _Refused
+    if body != _EMPTY:
+        raw = bytes(body)
+        ok = _BODIES.get(raw)
+        if not (ok or (ok is None and _kept(_BODIES, raw, _body_ok(raw)))):
+            raise _Refused
     rule = row.rule
-    if not isinstance(rule, _Once) and (
-        not _ends_ok(rule)
-        or (type(rule) is _Cron and (_cron_error(rule.expr) is not None or not _zone_ok(rule.zone)))
-    ):
+    ok = _RULES.get(rule)
+    if not (ok or (ok is None and _kept(_RULES, rule, _rule_ok(rule)))):
         raise _Refused
     status = row.status
     if status == "PENDING" or status == "FIRING":
@@ -232,7 +273,7 @@ def restored_index(partition: int, key: bytes, value: bytes) -> tuple[bytes, byt
     `partition` stored under its own row key: exactly `restored_row`'s verdict.
 
     A row only pydantic's lax mode takes (`"version": "3"`) is stored as the Timer's own
-    JSON, so that reads, which trust the store's rows (`tables.keys.load_timer`), find
+    JSON, so that reads, which trust the store's rows (`tables.rowload.load_timer`), find
     every field of its type."""
     try:
         return _fast_index(partition, key, value), value

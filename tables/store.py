@@ -13,9 +13,9 @@ from collections.abc import Iterable, Sequence
 from typing import NamedTuple, Protocol, runtime_checkable
 
 from tables.census import TimerCensus
-from tables.keys import load_timer
 from tables.refs import AggregateRef
 from tables.rocksdb_io import gc_paused
+from tables.rowload import load_timer
 from tables.timer import Timer, TimerChange, TimerStatus
 
 __all__ = [
@@ -65,7 +65,7 @@ class DueRow:
     def timer(self) -> Timer:
         """The row as the store held it when it was read; built once."""
         if self._timer is None:
-            self._timer = load_timer(self._raw)
+            self._timer = load_timer(self._raw, self)
             self._raw = b""
         return self._timer
 

@@ -21,8 +21,9 @@ from tables import (
     open_timer_store,
 )
 from tables.bounds import MAX_INSTANT, MAX_INT64
-from tables.keys import encode_timer, index_key, load_timer, restored_row, row_key
+from tables.keys import encode_timer, index_key, restored_row, row_key
 from tables.rowcheck import _fast_index, restored_index
+from tables.rowload import load_timer
 from tables.rules import MAX_JITTER
 from tables.timer import MAX_ERROR_TEXT, TimerStatus
 

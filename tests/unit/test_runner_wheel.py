@@ -5,12 +5,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import orjson
 import pytest
 from fakes import OWNER, T0, make_timer
 
 from app.timers.runner.wheel import Wheel, take_due_of
-from tables import DueRow, OnceRule, Timer, open_timer_store
+from tables import DueRow, OnceRule, StoreError, Timer, open_timer_store
 
 
 class SpyRow(DueRow):
@@ -82,7 +81,8 @@ async def test_a_row_that_cannot_be_built_fails_the_take_and_the_wheel_loads_aga
         return answers.pop(0)
 
     wheel = Wheel(load, horizon_ms=100, limit=10)
-    with pytest.raises(orjson.JSONDecodeError):
+    # The store's error, naming the row (#20: it was orjson's JSONDecodeError).
+    with pytest.raises(StoreError, match=rf"DueRow\({T0}, 'bad', partition=0\)"):
         await wheel.take_due(frozenset({0}), T0)
     assert wheel.until is None, "loaded again at the next take, as after a failed load"
     taken, _ = await wheel.take_due(frozenset({0}), T0)

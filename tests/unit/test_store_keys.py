@@ -24,7 +24,6 @@ from tables.keys import (
     finished_upper_bound,
     index_key,
     index_key_of,
-    load_timer,
     order_key,
     owner_prefix,
     parked_key,
@@ -34,6 +33,7 @@ from tables.keys import (
     row_key,
     row_key_of,
 )
+from tables.rowload import load_timer
 from tables.timer import TimerStatus
 
 text = st.text(st.characters(exclude_categories=["Cs"]), min_size=1, max_size=12)

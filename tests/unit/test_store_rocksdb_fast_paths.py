@@ -23,7 +23,8 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from tables import AggregateRef, CommandSpec, IntervalRule, Timer, open_timer_store
-from tables.keys import encode_timer, load_timer, row_key
+from tables.keys import encode_timer, row_key
+from tables.rowload import load_timer
 
 ROOT = Path(__file__).resolve().parents[2]
 PARTITIONS = 5
@@ -220,14 +221,14 @@ def test_rows_with_the_same_rule_share_its_instance() -> None:
 
 
 def test_the_rule_cache_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
-    import tables.keys as keys
+    import tables.rowload as rowload
 
-    monkeypatch.setattr(keys, "_RULE_CACHE_SIZE", 3)
-    monkeypatch.setattr(keys, "_RULE_CACHE", {})
+    monkeypatch.setattr(rowload, "_CACHE_SIZE", 3)
+    monkeypatch.setattr(rowload, "_RULE_CACHE", {})
     for n in range(10):
         value = encode_timer(timer(n, 0, 1_000 + n))
         assert load_timer(value) == timer(n, 0, 1_000 + n)
-        assert len(keys._RULE_CACHE) <= 3
+        assert len(rowload._RULE_CACHE) <= 3
 
 
 async def test_the_flush_before_the_first_write_after_a_restore_lets_the_loop_run(

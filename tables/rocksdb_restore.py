@@ -1,0 +1,105 @@
+"""The RocksDB store as a copy of its changelog: the on-disk format marker that has an
+older copy thrown away and restored (`check_format`), and the WriteBatch a restore
+writes of a batch of changelog records (`restore_batch`)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+from collections.abc import Callable
+from typing import Any, cast
+
+from rocksdict import Rdict, WriteBatch
+
+from tables.keys import DUE, FINISHED, HELD, OFFSET_KEY, PARKED, ROW
+from tables.rowcheck import restored_index
+from tables.store import UnreadableRow, unreadable_reason
+
+__all__ = ["FORMAT", "INDEXES", "check_format", "restore_batch"]
+
+logger = logging.getLogger(__name__)
+
+INDEXES = (DUE, PARKED, FINISHED, HELD)
+"""The first bytes of the index entries (an ``r`` entry holding one points to it)."""
+_PAST_INDEXES = b"\xff"
+"""A key past every index entry (`tables.keys`' prefixes are all below it)."""
+_META = "STORE.json"
+FORMAT = 2
+"""2: finished rows in the ``f`` index (1 kept them under ``r``): a store of format 1 is
+thrown away on open and restored from the changelog (it is only ever a copy of it)."""
+
+
+def check_format(path: str, partitions: int, db_path: Callable[[int], str]) -> None:
+    """Makes `path` a store of `partitions` partitions in this `FORMAT`: an older format's
+    partition DBs (`db_path`) are removed, to be restored from the changelog; `ValueError`
+    if it holds another partition count or a newer format."""
+    os.makedirs(path, exist_ok=True)
+    meta = os.path.join(path, _META)
+    if os.path.exists(meta):
+        with open(meta, encoding="utf-8") as file:
+            held = json.load(file)
+        if held.get("partitions") != partitions or held.get("format", 0) > FORMAT:
+            raise ValueError(
+                f"{path} holds a timer store of {held.get('partitions')} partitions "
+                f"(format {held.get('format')}), not {partitions} (format {FORMAT}): "
+                "drop it or open it with its own partition count and version"
+            )
+        if held.get("format") == FORMAT:
+            return
+        # An older layout: the copy goes, the changelog restores it (no offsets left).
+        logger.warning("%s: timer store format %s is replaced by %d, restored from the "
+                       "changelog", path, held.get("format"), FORMAT)  # fmt: skip
+        for partition in range(partitions):
+            shutil.rmtree(db_path(partition), ignore_errors=True)
+    with open(meta, "w", encoding="utf-8") as file:
+        json.dump({"format": FORMAT, "partitions": partitions}, file)
+
+
+def restore_batch(
+    db: Rdict, partition: int, records: list[tuple[int, bytes, bytes | None]]
+) -> tuple[WriteBatch, list[UnreadableRow], list[bytes]]:
+    """The batch that writes `records` (changelog `(offset, key, value)`) of `partition`
+    over what `db` holds, with the last offset; the records that are no row; and the
+    batch's first due and finished entries (for the store's low-water marks)."""
+    unreadable: list[UnreadableRow] = []
+    batch = WriteBatch(raw_mode=True)
+    put, delete, check = batch.put, batch.delete, restored_index
+    rows = [ROW + key for _, key, _ in records]
+    # One multi-get for the batch: its rows' index entries as they were before it.
+    held = cast(list[bytes | None], db.get(cast(Any, rows)))
+    indexed: dict[bytes, bytes | None] = {}
+    """The index entry of each row this batch has written so far."""
+    first_due = first_finished = _PAST_INDEXES
+    new: bytes | None
+    for (offset, key, value), row, raw in zip(records, rows, held, strict=True):
+        new = None
+        if value is not None:
+            try:
+                new, value = check(partition, key, value)
+            except ValueError as exc:
+                # The key's latest record is no row: the key holds none, as the
+                # tombstone its dead letter comes with will say (`unreadable_letters`).
+                unreadable.append(UnreadableRow(offset, key, value, unreadable_reason(exc)))
+        if key in indexed:
+            old = indexed[key]
+        elif raw is not None and raw[:1] in INDEXES:
+            old = raw
+        else:
+            old = None
+        if new is None:
+            delete(row)
+        else:
+            put(new, value)
+            put(row, new)
+            if new < first_due and new[:1] == DUE:
+                first_due = new
+            elif new < first_finished and new[:1] == FINISHED:
+                first_finished = new
+        if old is not None and old != new:
+            delete(old)
+        indexed[key] = new
+    put(OFFSET_KEY, records[-1][0].to_bytes(8, "big", signed=True))
+    firsts = [first for first in (first_due, first_finished) if first is not _PAST_INDEXES]
+    return batch, unreadable, firsts
