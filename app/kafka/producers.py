@@ -144,10 +144,10 @@ class TransactionalProducer:
         failure aborts the transaction and raises `KafkaUnavailable`.
         """
         async with self._lock:
-            futures = await self._append(records)
+            placed = await self._append(records)
             await self._commit(offsets, group_id)
         try:
-            return [(await f).offset for f in futures]
+            return [(await batch).offset + delta for batch, delta in placed]
         except KafkaError as exc:  # committed, so acknowledged: this would be a client bug
             raise KafkaUnavailable(f"{self.transactional_id}: no offsets: {explain(exc)}") from exc
 
@@ -166,23 +166,57 @@ class TransactionalProducer:
         """Whether records wait in an open transaction."""
         return self._open
 
-    async def _append(self, records: Sequence[OutRecord]) -> list[asyncio.Future[Any]]:
+    async def _append(self, records: Sequence[OutRecord]) -> list[tuple[asyncio.Future[Any], int]]:
+        """Appends `records` to the transaction, each partition's in their order and in as
+        few batches as fit: one future a batch, where aiokafka's `send` costs a coroutine,
+        a metadata check and a future a record. A topic with a record left to the key's
+        partition (a command to another aggregate) goes record by record, in order, as
+        aiokafka's partitioner places it. Each record's batch and its offset in it."""
         self._check()
         p = self._producer
         try:
             if not self._open:
                 await p.begin_transaction()
                 self._open = True
-            futures = [
-                await p.send(r[0], value=r[3], key=r[2], partition=r[1], headers=_headers(r))
-                for r in records
-            ]
-            for f in futures:
-                # A failed send fails the commit too, which is where it is reported.
-                f.add_done_callback(_retrieve)
-            return futures
+            keyed = {r[0] for r in records if r[1] is None}
+            placed: dict[int, tuple[asyncio.Future[Any], int]] = {}
+            by_partition: dict[tuple[str, int], list[int]] = {}
+            for i, r in enumerate(records):
+                if r[0] in keyed:
+                    placed[i] = (await p.send(r[0], r[3], r[2], r[1], headers=_headers(r)), 0)
+                    placed[i][0].add_done_callback(_retrieve)
+                elif r[1] is not None:
+                    by_partition.setdefault((r[0], r[1]), []).append(i)
+            for (topic, partition), indexes in by_partition.items():
+                batch, members = p.create_batch(), list[tuple[int, int]]()
+                for i in indexes:
+                    r = records[i]
+                    meta = batch.append(timestamp=None, key=r[2], value=r[3], headers=_headers(r))
+                    if meta is None:  # full: sent, and the record opens the next batch
+                        await self._send_batch(batch, topic, partition, members, placed)
+                        batch, members = p.create_batch(), []
+                        meta = batch.append(
+                            timestamp=None, key=r[2], value=r[3], headers=_headers(r)
+                        )
+                    members.append((i, meta.offset))
+                await self._send_batch(batch, topic, partition, members, placed)
+            return [placed[i] for i in range(len(records))]
         except BaseException as exc:
             raise await self._fail(exc) from exc
+
+    async def _send_batch(
+        self,
+        batch: Any,
+        topic: str,
+        partition: int,
+        members: list[tuple[int, int]],
+        placed: dict[int, tuple[asyncio.Future[Any], int]],
+    ) -> None:
+        sent = await self._producer.send_batch(batch, topic, partition=partition)
+        # A failed batch fails the commit too, which is where it is reported.
+        sent.add_done_callback(_retrieve)
+        for i, delta in members:
+            placed[i] = (sent, delta)
 
     async def _commit(self, offsets: dict[tuple[str, int], int], group_id: str) -> None:
         self._check()
@@ -264,5 +298,5 @@ def _retrieve(future: asyncio.Future[Any]) -> None:
         future.exception()
 
 
-def _headers(record: OutRecord) -> list[tuple[str, bytes | None]] | None:
-    return list(headers) if (headers := headers_of(record)) else None
+def _headers(record: OutRecord) -> list[tuple[str, bytes | None]]:
+    return list(headers) if (headers := headers_of(record)) else []

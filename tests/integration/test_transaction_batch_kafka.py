@@ -13,6 +13,7 @@ import pytest
 from app.errors import KafkaUnavailable
 from app.kafka import OutRecord, TransactionalProducer
 from app.kafka.clients import KafkaAdmin
+from app.kafka.consumers import read_partitions
 from app.kafka.producers import transaction_batch_bytes
 
 pytestmark = pytest.mark.kafka
@@ -47,3 +48,33 @@ async def test_a_transaction_commits_under_a_topics_smaller_limit(
         await _commit(kafka_bootstrap, records, None)  # 512 KiB batches: refused
     offsets = await _commit(kafka_bootstrap, records, transaction_batch_bytes([takes]))
     assert len(offsets) == 256 and offsets == sorted(offsets)
+
+
+async def test_each_record_is_told_the_offset_it_was_written_at(
+    kafka_bootstrap: str, topic_factory: TopicFactory
+) -> None:
+    """A transaction's records go in per partition batches, and a topic with records left
+    to the key's partition record by record: every record, in whichever way it went, is
+    told its own offset (its partition's committed work is told by them)."""
+    batched = await topic_factory(partitions=2)
+    keyed = await topic_factory(partitions=3)
+    # Three batches of partition 0 (4 KiB batches, 1 KiB records), partition 1
+    # interleaved, a record with headers, and records placed by their key.
+    records: list[OutRecord] = []
+    for i in range(10):
+        records.append((batched, 0, b"a%d" % i, bytes(1024)))
+        records.append((batched, 1, b"b%d" % i, b"small"))
+        records.append((keyed, None, b"k%d" % i, b"v%d" % i))
+    records.append((batched, 1, b"h", b"with headers", (("why", b"test"),)))
+    offsets = await _commit(kafka_bootstrap, records, 4 * 1024)
+    written: dict[tuple[str, int, int], bytes | None] = {}
+    for topic, partitions in ((batched, range(2)), (keyed, range(3))):
+        async for batch in read_partitions(kafka_bootstrap, topic, partitions):
+            for r in batch:
+                written[(topic, r.partition, r.offset)] = r.key
+    for out, at in zip(records, offsets, strict=True):
+        topic, partition, key = out[0], out[1], out[2]
+        where = [p for (t, p, o), k in written.items() if (t, o, k) == (topic, at, key)]
+        assert where, f"{key!r} is not at offset {at} of {topic}"
+        assert partition is None or where == [partition], (key, where)
+    assert len(written) == len(records)
