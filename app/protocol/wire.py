@@ -17,6 +17,7 @@ import re
 from enum import StrEnum
 from typing import Annotated, Final, Self, TypeVar
 
+import orjson
 from pydantic import (
     BaseModel,
     BeforeValidator,
@@ -252,9 +253,8 @@ class CommandResult(_Envelope):
 
 
 def encode(model: BaseModel) -> bytes:
-    """JSON bytes of an envelope, unknown fields included: pydantic-core's serializer
-    writes them at once (the same bytes as orjson over `model_dump`, ~40 % less CPU)."""
-    return model.__pydantic_serializer__.to_json(model)
+    """JSON bytes of an envelope, unknown fields included."""
+    return orjson.dumps(model.model_dump(mode="json"))
 
 
 def decode(model: type[M], data: bytes | None, max_bytes: int = MAX_RECORD_BYTES) -> M:

@@ -194,27 +194,3 @@ def test_a_refusal_code_goes_with_rejected_only() -> None:
     assert Rejected("no", refusal=Refusal.RULE_ENDED).refusal is Refusal.RULE_ENDED
     with pytest.raises(ValueError, match="goes with REJECTED"):
         Rejected("no", ResultCode.ERROR, refusal=Refusal.RULE_ENDED)
-
-
-@settings(max_examples=200)
-@given(body=st.dictionaries(st.text(), _JSON, max_size=4), extra=_JSON, tenant=st.text(max_size=8))
-def test_an_envelope_is_written_as_orjson_writes_its_dump(
-    body: dict[str, object], extra: object, tenant: str
-) -> None:
-    """`encode` writes the bytes it wrote before it took pydantic-core's serializer (what
-    is in the topics already, what request ids and tests compare)."""
-    raw = orjson.dumps(
-        {
-            "request_id": "r",
-            "type": "Fire",
-            "aggregate": {"context": "c", "aggregate": "a", "tenant": tenant or "(0)", "id": "i"},
-            "body": body,
-            "issued_at": 1,
-            "later": extra,
-        }
-    )
-    try:
-        cmd = decode(CommandEnvelope, raw)
-    except BadRecord:
-        return  # refused where it comes in: never written back
-    assert encode(cmd) == orjson.dumps(cmd.model_dump(mode="json"))
