@@ -77,7 +77,7 @@ class KafkaBackend:
         """Writes records in an open transaction and waits for the broker to have them (the
         runtime only ever commits at once: the producer's own step, for this scenario)."""
         assert isinstance(writer, TransactionalProducer)
-        await asyncio.gather(*await writer._append(records))
+        await asyncio.gather(*(batch for batch, _ in await writer._append(records)))
 
 
 Backend = MemoryBackend | KafkaBackend
