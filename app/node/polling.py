@@ -1,6 +1,7 @@
 """The node's one consumer loop, which its partition tasks share: each polled batch goes to
-its partition's cycle while the task still runs the take it was fetched for, and the
-offsets of work done with nothing to write are committed.
+the queue of the task running its partition (its input's, `PartitionInput`) while that
+task still runs the take it was fetched for, and the offsets of work done with nothing to
+write are committed.
 
 A partition whose worker falls behind (its queue full: a slow cycle, a commit that hangs)
 holds up no other: as Kafka Streams does, the consumer is paused on it, and the batches
@@ -20,14 +21,12 @@ from typing import Protocol
 
 from app.errors import KafkaUnavailable
 from app.kafka.ports import GroupMember
-from app.kafka.records import Record, refused
+from app.kafka.records import refused
+from app.node.partition_input import Batch
 
-__all__ = ["poll_loop"]
+__all__ = ["Batch", "poll_loop"]
 
 logger = logging.getLogger(__name__)
-
-Batch = tuple[str, list[Record]]
-"""A polled batch of one topic of a partition (as `app.node.cycles` queues it)."""
 
 POLL_MS = 200
 HELD_POLL_MS = 50
@@ -42,11 +41,10 @@ class Running(Protocol):
         """How many times it started running: a batch of an earlier take is stale."""
         ...
 
-
-class Queues(Protocol):
-    """The partitions' workers (`PartitionCycles`)."""
-
-    def queue(self, p: int) -> asyncio.Queue[Batch]: ...
+    @property
+    def queue(self) -> asyncio.Queue[Batch]:
+        """Its worker's queue (its take's, bounded)."""
+        ...
 
 
 class DoneOffsets(Protocol):
@@ -73,12 +71,12 @@ class _Held:
 async def poll_loop(
     consumer: GroupMember,
     running: Mapping[int, Running],
-    cycles: Queues,
     commits: DoneOffsets,
     fail: Callable[[str], None],
 ) -> None:
-    """Hands each polled batch to its partition's worker, and commits what they did; ends
-    after `fail` when the consumer is refused (no retry passes an ACL).
+    """Hands each polled batch to the worker of the task running its partition, and
+    commits what they did; ends after `fail` when the consumer is refused (no retry
+    passes an ACL).
 
     Partitions are independent: each has a worker of its own, so one partition's slow
     transaction does not hold up the others' commands, nor (paused on while its queue is
@@ -87,7 +85,7 @@ async def poll_loop(
     held: dict[int, _Held] = {}
     while True:
         try:
-            _hand_over(consumer, running, cycles, held)
+            _hand_over(consumer, running, held)
             batches = await consumer.poll(timeout_ms=HELD_POLL_MS if held else POLL_MS)
             # No await since the poll: the take of each running task as it was fetched.
             takes = {p: (task, task.takes) for p, task in running.items()}
@@ -100,7 +98,7 @@ async def poll_loop(
                 if h is not None and not h.of(task):
                     del held[p]  # of an earlier take (its pauses were that take's)
                     h = None
-                queue = cycles.queue(p)
+                queue = task.queue
                 if h is None and not queue.full():
                     queue.put_nowait((topic, records))
                     continue
@@ -125,17 +123,17 @@ async def poll_loop(
 def _hand_over(
     consumer: GroupMember,
     running: Mapping[int, Running],
-    cycles: Queues,
     held: dict[int, _Held],
 ) -> None:
     """Hands the held batches over as their queues have room, in order; a partition whose
     batches are all handed over is resumed. Those of a take that ended are dropped: the
     next take rewinds to the committed offsets, and resumes the partition itself."""
     for p, h in list(held.items()):
-        if not h.of(running.get(p)):
+        if not h.of(task := running.get(p)):
             del held[p]
             continue
-        queue = cycles.queue(p)
+        assert task is not None
+        queue = task.queue
         while h.batches and not queue.full():
             queue.put_nowait(h.batches.popleft())
         if not h.batches:

@@ -26,6 +26,9 @@ TopicFactory = Callable[..., Awaitable[str]]
 
 @dataclass(eq=False)
 class Task:
+    """A running task, as the loop sees it: its take and its worker's queue."""
+
+    queue: asyncio.Queue[Batch]
     takes: int = 1
 
 
@@ -86,10 +89,8 @@ async def test_a_stuck_partition_is_paused_and_the_other_flows_on_aiokafka(
     await consumer.start()
     await producer.start()
     tasks = [asyncio.create_task(w.run()) for w in (w0, w1)]
-    running = {0: Task(), 1: Task()}
-    tasks.append(
-        asyncio.create_task(poll_loop(consumer, running, workers, workers, failures.append))
-    )
+    running = {p: Task(workers.queue(p)) for p in (0, 1)}
+    tasks.append(asyncio.create_task(poll_loop(consumer, running, workers, failures.append)))
 
     async def send(p: int, n: int) -> None:
         await producer.send_many([(topic, p, b"k", b"%d" % i) for i in range(n)])
