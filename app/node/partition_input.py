@@ -1,5 +1,7 @@
 """One take of a partition task's input (`PartitionInput`): the queue the poll loop hands
-its partition's batches to, the worker that runs its cycles over them
+its partition's batches to, the batches that did not fit meanwhile (`Held`, the poll
+loop's to hand over, the consumer paused on the partition), the worker that runs its
+cycles over them
 (`PartitionCycles.work`), the lock a cycle holds so that what it writes commits in one
 transaction, the types with timers to fire in-process at its next cycle, whether a cycle
 was cut short, and where its last failed cycle read.
@@ -13,7 +15,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from app.kafka import Record
@@ -21,7 +25,7 @@ from app.kafka import Record
 if TYPE_CHECKING:
     from app.node.cycles import PartitionCycles
 
-__all__ = ["LOCAL", "QUEUE_SIZE", "Batch", "PartitionInput"]
+__all__ = ["LOCAL", "QUEUE_SIZE", "Batch", "Held", "PartitionInput"]
 
 logger = logging.getLogger(__name__)
 
@@ -36,6 +40,17 @@ QUEUE_SIZE = 4
 by the poll loop (its batches kept there), not piled up here."""
 
 
+@dataclass
+class Held:
+    """A partition's batches that did not fit in its queue, in order, to be handed over
+    before any later one (`app.node.polling`); the consumer is paused on `paused` while
+    there are any. They are their take's: a new take has a new input, and reads again
+    from the committed offsets (resuming the partition itself)."""
+
+    batches: deque[Batch] = field(default_factory=deque)
+    paused: list[tuple[str, int]] = field(default_factory=list)
+
+
 class PartitionInput:
     """One take of partition `p`'s input, its worker started at once; `on_failure` (its
     task's `failed`) is told when the worker ends other than by `stop`."""
@@ -48,6 +63,7 @@ class PartitionInput:
     ) -> None:
         self.p = p
         self.queue: asyncio.Queue[Batch] = asyncio.Queue(maxsize=QUEUE_SIZE)
+        self.held = Held()
         # Held by a cycle and around taking its transaction (`Commits`): what one cycle
         # writes (events, settles) commits in one transaction, never half of it.
         self.lock = asyncio.Lock()
@@ -99,5 +115,6 @@ class PartitionInput:
             await asyncio.gather(self._worker, return_exceptions=True)
             while not self.queue.empty():
                 self.queue.get_nowait()  # stale: read again after a take
+            self.held.batches.clear()
             self.local.clear()
         return self.cut

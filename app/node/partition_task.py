@@ -32,7 +32,7 @@ from app.node.commits import PartitionCommits
 from app.node.failing import FailingPartitions
 from app.node.in_process import in_process_targets
 from app.node.kept import is_fenced
-from app.node.partition_input import Batch, PartitionInput
+from app.node.partition_input import Batch, Held, PartitionInput
 from app.node.partition_release import CloseFailed, release_partition
 from app.node.partition_transaction import PartitionTransaction
 from app.node.task_shared import TaskManager, TaskShared
@@ -83,6 +83,12 @@ class PartitionTask:
         """Its input's queue, where the poll loop hands its batches (it runs)."""
         assert self.input is not None, f"partition {self.p} is not running"
         return self.input.queue
+
+    @property
+    def held(self) -> Held:
+        """Its input's batches that did not fit in its queue (the poll loop's to hand over)."""
+        assert self.input is not None, f"partition {self.p} is not running"
+        return self.input.held
 
     @property
     def lock(self) -> asyncio.Lock:

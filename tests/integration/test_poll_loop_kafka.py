@@ -17,6 +17,7 @@ from harness import eventually
 from app.kafka import Producer
 from app.kafka.admin import GroupOffsets
 from app.kafka.consumers import GroupConsumer
+from app.node.partition_input import Held
 from app.node.polling import Batch, poll_loop
 
 pytestmark = pytest.mark.kafka
@@ -26,10 +27,12 @@ TopicFactory = Callable[..., Awaitable[str]]
 
 @dataclass(eq=False)
 class Task:
-    """A running task, as the loop sees it: its take and its worker's queue."""
+    """A running task, as the loop sees it: its take, its worker's queue and what was
+    kept of its take."""
 
     queue: asyncio.Queue[Batch]
     takes: int = 1
+    held: Held = field(default_factory=Held)
 
 
 @dataclass

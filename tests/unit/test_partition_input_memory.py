@@ -1,8 +1,9 @@
-"""A partition task's input (`PartitionInput`: its queue, worker, lock, in-process wake-up)
-on the in-memory log: it is the task's, one per take, and nothing of it outlives the
-task's close: a wake-up of the timer loop that lands while (or after) the partition is
-let go starts no worker for a partition the node no longer runs, and a retake starts
-with a fresh input, nothing of the previous take's in it."""
+"""A partition task's input (`PartitionInput`: its queue, the batches the poll loop kept
+for it, its worker, lock and in-process wake-up) on the in-memory log: it is the task's,
+one per take, and nothing of it outlives the task's close: a wake-up of the timer loop
+that lands while (or after) the partition is let go starts no worker for a partition the
+node no longer runs, and a retake starts with a fresh input, nothing of the previous
+take's in it."""
 
 from __future__ import annotations
 
@@ -61,7 +62,7 @@ async def test_a_revoked_task_leaves_no_worker_or_queue_behind(
     await asyncio.sleep(0)
     assert workers(1) == [], "a worker of a partition the node no longer runs"
     assert task.input is None and not inp.running
-    assert inp.queue.empty() and inp.local == set()
+    assert inp.queue.empty() and not inp.held.batches and inp.local == set()
     # The other partition's task and worker are untouched.
     assert len(workers(0)) == 1 and node.node.tasks.running[0].state is TaskState.RUNNING
 
@@ -82,6 +83,6 @@ async def test_a_retake_starts_with_a_fresh_input(
     assert woken == [1]
     new = task.input
     assert new is not None and new is not old and not old.running
-    assert new.queue is not old.queue and new.lock is not old.lock
+    assert new.queue is not old.queue and new.held is not old.held and new.lock is not old.lock
     assert new.local == set() and new.failed_at == {}
     assert workers(1) and len(workers(1)) == 1

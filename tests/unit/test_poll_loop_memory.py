@@ -18,6 +18,7 @@ from pydantic import BaseModel
 from app.kafka.memory import MemoryLog
 from app.kafka.memory_group import MemoryGroupMember
 from app.model.aggregate import AggregateType, Command, Decision
+from app.node.partition_input import Held
 from app.node.polling import Batch, poll_loop
 from app.protocol.topics import AggregateTopics, ContextTopics
 from app.protocol.wire import CommandEnvelope, CommandResult, EventEnvelope, decode, encode
@@ -30,10 +31,12 @@ TOPIC = "log"
 
 @dataclass(eq=False)
 class Task:
-    """A running task, as the loop sees it: its take and its worker's queue."""
+    """A running task, as the loop sees it: its take, its worker's queue and what was
+    kept of its take."""
 
     queue: asyncio.Queue[Batch]
     takes: int = 1
+    held: Held = field(default_factory=Held)
 
 
 @dataclass
