@@ -295,8 +295,8 @@ class Node:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             # The partitions' workers stop with the loop (their tasks close in `stop`).
-            for running in list(self._owned.values()):
-                await running.stop_input()
+            for partition_task in [*self._tasks.values(), *self.tasks.closing]:
+                await partition_task.stop_input()
 
     async def _supervise(self, what: str, task: asyncio.Task[None]) -> None:
         """Stops the node loudly when `task` ends (they retry what passes by itself)."""

@@ -107,14 +107,16 @@ class PartitionInput:
         self._on_failure("its worker", exc)
 
     async def stop(self) -> bool:
-        """Ends the worker (waited for) and drops what was queued for it (read again after
-        a take); whether a cycle was cut short meanwhile. Stopping it again says the same."""
-        if not self._stopped:
-            self._stopped = True
-            self._worker.cancel()
-            await asyncio.gather(self._worker, return_exceptions=True)
-            while not self.queue.empty():
-                self.queue.get_nowait()  # stale: read again after a take
-            self.held.batches.clear()
-            self.local.clear()
+        """Ends the worker and drops what was queued or kept for it (read again after a
+        take); whether a cycle was cut short. Every caller waits for the worker's end: a
+        close must not commit before a cycle cut short has thrown its half away."""
+        self._stopped = True
+        self._worker.cancel()  # nothing, if it ended
+        await asyncio.wait([self._worker])
+        if not self._worker.cancelled():
+            self._worker.exception()  # seen (`_worker_ended` told the task, if it ran)
+        while not self.queue.empty():
+            self.queue.get_nowait()  # stale: read again after a take
+        self.held.batches.clear()
+        self.local.clear()
         return self.cut

@@ -10,12 +10,14 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import cast
 
 import pytest
 from fakes import RunningNode, wait_until
 from test_node_memory import PARTITIONS, SERVICE, TOPICS
 
 from app.kafka.memory import MemoryLog
+from app.node.cycles import PartitionCycles
 from app.node.partition_input import PartitionInput
 from app.node.task_state import TaskState
 from tables import StoreError
@@ -86,3 +88,37 @@ async def test_a_retake_starts_with_a_fresh_input(
     assert new.queue is not old.queue and new.held is not old.held and new.lock is not old.lock
     assert new.local == set() and new.failed_at == {}
     assert workers(1) and len(workers(1)) == 1
+
+
+class Cutting:
+    """Cycles whose worker is in the middle of a cycle, and throws its half away (a step
+    later) when it is stopped."""
+
+    def __init__(self) -> None:
+        self.in_cycle = asyncio.Event()
+        self.thrown_away = False
+
+    async def work(self, inp: PartitionInput) -> None:
+        try:
+            self.in_cycle.set()
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            await asyncio.sleep(0)  # the cycle's own clean-up takes a step
+            self.thrown_away = inp.cut = True
+            raise
+
+
+async def test_every_stop_waits_for_the_worker_and_says_it_was_cut_short() -> None:
+    """Two stops at once (the node's run ending while a revoke closes the task): neither
+    returns before the worker threw its half cycle away, and both say it was cut short,
+    so that no close commits what it staged."""
+    cycles = Cutting()
+    failures: list[str] = []
+    inp = PartitionInput(0, cast(PartitionCycles, cycles), lambda what, _: failures.append(what))
+    await cycles.in_cycle.wait()
+    inp.queue.put_nowait(("t", []))
+    first, second = await asyncio.gather(inp.stop(), inp.stop())
+    assert first and second and cycles.thrown_away
+    assert not inp.running and inp.queue.empty() and failures == []
+    inp.fire_local("a.type")  # stopped: nothing queued any more
+    assert inp.queue.empty() and inp.local == set()
