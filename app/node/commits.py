@@ -20,12 +20,9 @@ from app.errors import KafkaUnavailable
 from app.node.kept import KeptType
 from app.node.partition_transaction import Transaction
 
-__all__ = ["Commits", "Committing", "OnFailure", "PartitionCommits"]
+__all__ = ["Commits", "Committing", "PartitionCommits"]
 
 logger = logging.getLogger(__name__)
-
-OnFailure = Callable[[int, str, BaseException], None]
-"""Told the partition whose work failed, what failed and why."""
 
 COMMIT_DEADLINE_S = 30.0
 """A commit not done by then is given up: its partition is let go and taken afresh (below

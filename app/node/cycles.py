@@ -9,8 +9,8 @@ short and where its last failed cycle read.
 Whatever goes wrong with one record (its bytes, its envelope, its handler, its applier,
 what it does to the timer table, an operator's request) is that record's: it is
 dead-lettered in the cycle's transaction and the cycle goes on. Only a fault of the node
-itself (`app.errors.node_fault`) ends the partition's work (`on_failure`): nothing of the
-cycle counts, the partition is taken afresh, and its input's `failed_at` says which
+itself (`app.errors.node_fault`) ends the partition's work (its task's `failed`): nothing
+of the cycle counts, the partition is taken afresh, and its input's `failed_at` says which
 offsets the failed cycle read from."""
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from typing import Protocol
 from app.commands.processor import CommandBatch, CommandProcessor, misrouted
 from app.errors import BadRecord, KafkaUnavailable, node_fault
 from app.kafka import Record
-from app.node.commits import Commits, OnFailure
+from app.node.commits import Commits
 from app.node.cycle_work import CycleWork, records_after
 from app.node.kept import KeptType
 from app.node.metrics import NodeMetrics
@@ -39,17 +39,31 @@ from app.timers.sender import timer_command
 from app.timers.subscription import TimerOp, apply_all, timer_op
 from tables import StoreError, Timer
 
-__all__ = ["PartitionCycles", "RunningInput"]
+__all__ = ["CycleTask", "PartitionCycles"]
 
 logger = logging.getLogger(__name__)
 
 
-class RunningInput(Protocol):
-    """The task running a partition, as its cycles see it (`PartitionTask`)."""
+class CycleTask(Protocol):
+    """The task running a partition, as its cycles see it (`PartitionTask`): what a cycle
+    works on is its own, and what the cycle says goes to it."""
 
     @property
     def input(self) -> PartitionInput | None:
         """Its input while it runs (its take's)."""
+        ...
+
+    @property
+    def processors(self) -> Mapping[str, CommandProcessor]:
+        """Per type, the command processor of its partition (whose commands it decides)."""
+        ...
+
+    def failed(self, what: str, exc: BaseException) -> None:
+        """Its work failed: it is closed dirty and taken afresh."""
+        ...
+
+    def read_past(self, done: dict[str, int]) -> None:
+        """A cycle staged: the last offset done of each topic."""
         ...
 
 
@@ -62,12 +76,9 @@ class PartitionCycles:
         partitions: int,
         metrics: NodeMetrics,
         commits: Commits,
-        running: Mapping[int, RunningInput],
+        running: Mapping[int, CycleTask],
         backlog: Callable[[str, int], Awaitable[int]],
         now: Callable[[], int],
-        on_failure: OnFailure,
-        processor: Callable[[str, int], CommandProcessor | None],
-        on_done: Callable[[int, dict[str, int]], None] | None = None,
         limits: InputLimits | None = None,
     ) -> None:
         self._types = types
@@ -75,15 +86,10 @@ class PartitionCycles:
         self._partitions = partitions
         self._metrics = metrics
         self._commits = commits
-        # The task running each partition: a cycle's input is its task's.
+        # The task running each partition: what a cycle of it works on is the task's.
         self._running = running
         self._backlog = backlog
         self._now = now
-        self._on_failure = on_failure
-        # Told after each cycle of p that staged: the last offset done of each topic.
-        self._on_done = on_done
-        # A type's command processor of a partition (its task's), None: not decided here.
-        self.processor = processor
         self.limits = limits or InputLimits()
 
     def fire_local(self, type_name: str, p: int) -> None:
@@ -97,6 +103,12 @@ class PartitionCycles:
         """The input of the task running p (None: no task runs p)."""
         task = self._running.get(p)
         return None if task is None else task.input
+
+    def _processor(self, type_name: str, p: int) -> CommandProcessor | None:
+        """A type's command processor of the task running p; None: not decided here (any
+        more: the task may stop running during a cycle)."""
+        task = self._running.get(p)
+        return None if task is None else task.processors.get(type_name)
 
     async def work(self, inp: PartitionInput) -> None:
         """A partition's worker (`PartitionInput`): its cycles, one after the other, over
@@ -132,8 +144,8 @@ class PartitionCycles:
                 if staged:
                     for topic, records in fresh:
                         done[topic] = records[-1].offset
-                    if self._on_done is not None:
-                        self._on_done(p, done)
+                    if (task := self._running.get(p)) is not None:
+                        task.read_past(done)
 
     async def _cycle(self, p: int, items: list[Batch]) -> bool:
         """Decides what arrived for p and the timers handed over to fire, and stages it;
@@ -145,7 +157,7 @@ class PartitionCycles:
         def work_of(kept: KeptType) -> CycleWork:
             w = work.get(kept.name)
             if w is None:
-                processor = self.processor(kept.name, p)
+                processor = self._processor(kept.name, p)
                 w = work[kept.name] = CycleWork(kept, now, self.limits, processor)
             return w
 
@@ -165,7 +177,7 @@ class PartitionCycles:
                     w.wrote = await self._carry_out(kept, batch, p) or w.wrote
             for type_name in sorted(inp.take_local() if inp is not None else ()):
                 kept = self._types[type_name]
-                if self.processor(kept.name, p) is None:
+                if self._processor(kept.name, p) is None:
                     continue  # its commands are not decided here any more
                 # Asked now, after the cycle's own commands were carried out on the timer
                 # table: a cancel decided in this cycle stops its timer below.
@@ -189,7 +201,8 @@ class PartitionCycles:
                 logger.exception("partition %d: a cycle failed", p)
             if inp is not None:
                 inp.failed_at = {topic: records[-1].offset for topic, records in items}
-            self._on_failure(p, "a cycle", exc)
+            if (task := self._running.get(p)) is not None:
+                task.failed("a cycle", exc)
             return False
         if inp is not None:
             inp.failed_at = {}

@@ -115,9 +115,6 @@ class Node:
             running=self._owned,
             backlog=self._backlog,
             now=self.clock.now,
-            on_failure=self._partition_failed,
-            processor=self.tasks.processor,
-            on_done=self.tasks.read_past,
             limits=self.limits,
         )
         self.broker = BrokerWatch(
