@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping
 from typing import Protocol
 
@@ -21,12 +20,9 @@ from app.errors import KafkaUnavailable
 from app.node.kept import KeptType
 from app.node.partition_transaction import Transaction
 
-__all__ = ["Commits", "Committing", "OnFailure", "PartitionCommits"]
+__all__ = ["Commits", "Committing", "PartitionCommits"]
 
 logger = logging.getLogger(__name__)
-
-OnFailure = Callable[[int, str, BaseException], None]
-"""Told the partition whose work failed, what failed and why."""
 
 COMMIT_DEADLINE_S = 30.0
 """A commit not done by then is given up: its partition is let go and taken afresh (below
@@ -171,23 +167,21 @@ class Committing(Protocol):
     @property
     def commits(self) -> PartitionCommits: ...
 
+    @property
+    def lock(self) -> asyncio.Lock:
+        """Held by its cycle and around taking its transaction, so that what a cycle
+        writes (events, settles) commits in one transaction (its input's)."""
+        ...
+
 
 class Commits:
     """The node's commits: each call goes to the commits of the task that runs the
     partition (none: nothing is started, nothing waited for); `run` goes over them all.
     `running` is the node's map of the task running each partition."""
 
-    def __init__(
-        self,
-        interval_ms: int,
-        locks: defaultdict[int, asyncio.Lock],
-        running: Mapping[int, Committing],
-    ) -> None:
+    def __init__(self, interval_ms: int, running: Mapping[int, Committing]) -> None:
         self._interval = interval_ms / 1000
         self._tick = min(interval_ms, 10) / 1000
-        # A partition's lock: held by its cycle and around taking its transaction, so that
-        # what a cycle writes (events, settles) commits in one transaction.
-        self._locks = locks
         self._running = running
         self.deadline_s = COMMIT_DEADLINE_S
         self.max_staged = MAX_STAGED
@@ -224,8 +218,8 @@ class Commits:
         return own is not None and own.may_commit(kept, self._interval)
 
     def start(self, kept: KeptType, p: int) -> asyncio.Task[bool] | None:
-        """Takes what waits in p's transaction (under p's lock, so that no cycle is cut in
-        two) and commits it in the background; the commit (True: committed). One commit
+        """Takes what waits in p's transaction (under its task's lock, so that no cycle is
+        cut in two) and commits it in the background; the commit (True: committed). One commit
         in flight at a time: while one is, nothing is taken and that one is returned (what
         waits goes in the next); None: nothing in flight and nothing waits, or no task
         runs p (what waits is its close's)."""
@@ -243,22 +237,24 @@ class Commits:
         cycles' staged work and the runners' writes."""
         while True:
             await asyncio.sleep(self._tick)
-            for p in list(self._running):
+            for p, task in list(self._running.items()):
                 for kept in types():
                     if not kept.transactions.waits(p) or not self.may_commit(kept, p):
                         continue
-                    if self._locks[p].locked():
+                    if task.lock.locked():
                         continue  # a cycle of p: it commits at its end, or a later tick
-                    async with self._locks[p]:
-                        if kept.transactions.owns(p):
+                    async with task.lock:
+                        if self._running.get(p) is task and kept.transactions.owns(p):
                             self.start(kept, p)
 
     async def commit_claims(self, kept: KeptType, partitions: set[int]) -> None:
         """The runner's `before_send`: its claims commit before their commands leave."""
         for p in sorted(partitions):
             while True:
-                async with self._locks[p]:
-                    if self._of(p) is None or not kept.transactions.owns(p):
+                if (task := self._running.get(p)) is None:
+                    raise KafkaUnavailable(f"partition {p} is not owned")
+                async with task.lock:
+                    if self._running.get(p) is not task or not kept.transactions.owns(p):
                         raise KafkaUnavailable(f"partition {p} is not owned")
                     earlier = self.in_flight(kept, p)  # then the claims wait for the next
                     commit = self.start(kept, p)

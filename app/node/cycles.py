@@ -1,29 +1,34 @@
-"""A partition's worker and its cycles: each cycle takes every batch that arrived for the
+"""The cycles of every partition a node runs: the logic they share (deciding, staging),
+with no state of any partition's own. Each cycle takes every batch that arrived for its
 partition (the log, commands, operators' requests) and the timers its partition's firing
 holds claimed to fire in-process (`TimerRunner.in_process_due`), decides them together,
 and stages them in the partition's transaction, one per type (`Commits` commits it).
+What each partition's cycles run on is its task's own (`PartitionInput`, one per take):
+its queue, its worker (`work`), its lock, its in-process wake-up, whether a cycle was cut
+short and where its last failed cycle read.
 Whatever goes wrong with one record (its bytes, its envelope, its handler, its applier,
 what it does to the timer table, an operator's request) is that record's: it is
 dead-lettered in the cycle's transaction and the cycle goes on. Only a fault of the node
-itself (`app.errors.node_fault`) ends the partition's work (`on_failure`): nothing of the
-cycle counts, the partition is taken afresh, and `failed_at` says which offsets the
-failed cycle read from."""
+itself (`app.errors.node_fault`) ends the partition's work (its task's `failed`): nothing
+of the cycle counts, the partition is taken afresh, and its input's `failed_at` says which
+offsets the failed cycle read from."""
 
 from __future__ import annotations
 
 import asyncio
 import functools
 import logging
-from collections import defaultdict
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Protocol
 
 from app.commands.processor import CommandBatch, CommandProcessor, misrouted
 from app.errors import BadRecord, KafkaUnavailable, node_fault
 from app.kafka import Record
-from app.node.commits import Commits, OnFailure
+from app.node.commits import Commits
 from app.node.cycle_work import CycleWork, records_after
 from app.node.kept import KeptType
 from app.node.metrics import NodeMetrics
+from app.node.partition_input import Batch, PartitionInput
 from app.protocol.dead_letters import Stage
 from app.protocol.limits import InputLimits
 from app.protocol.wire import SYSTEM_EVENTS, CommandEnvelope, EventEnvelope, ResultCode, decode
@@ -34,15 +39,32 @@ from app.timers.sender import timer_command
 from app.timers.subscription import TimerOp, apply_all, timer_op
 from tables import StoreError, Timer
 
-__all__ = ["PartitionCycles"]
+__all__ = ["CycleTask", "PartitionCycles"]
 
 logger = logging.getLogger(__name__)
 
-Batch = tuple[str, list[Record]]
-"""A polled batch of one topic of a partition."""
 
-_LOCAL: Batch = ("", [])
-"""Queued for a partition's worker: timers were claimed to fire in-process."""
+class CycleTask(Protocol):
+    """The task running a partition, as its cycles see it (`PartitionTask`): what a cycle
+    works on is its own, and what the cycle says goes to it."""
+
+    @property
+    def input(self) -> PartitionInput | None:
+        """Its input while it runs (its take's)."""
+        ...
+
+    @property
+    def processors(self) -> Mapping[str, CommandProcessor]:
+        """Per type, the command processor of its partition (whose commands it decides)."""
+        ...
+
+    def failed(self, what: str, exc: BaseException) -> None:
+        """Its work failed: it is closed dirty and taken afresh."""
+        ...
+
+    def read_past(self, done: dict[str, int]) -> None:
+        """A cycle staged: the last offset done of each topic."""
+        ...
 
 
 class PartitionCycles:
@@ -54,13 +76,9 @@ class PartitionCycles:
         partitions: int,
         metrics: NodeMetrics,
         commits: Commits,
-        locks: defaultdict[int, asyncio.Lock],
-        owns: Callable[[int], bool],
+        running: Mapping[int, CycleTask],
         backlog: Callable[[str, int], Awaitable[int]],
         now: Callable[[], int],
-        on_failure: OnFailure,
-        processor: Callable[[str, int], CommandProcessor | None],
-        on_done: Callable[[int, dict[str, int]], None] | None = None,
         limits: InputLimits | None = None,
     ) -> None:
         self._types = types
@@ -68,83 +86,34 @@ class PartitionCycles:
         self._partitions = partitions
         self._metrics = metrics
         self._commits = commits
-        self._locks = locks
-        self._owns = owns
+        # The task running each partition: what a cycle of it works on is the task's.
+        self._running = running
         self._backlog = backlog
         self._now = now
-        self._on_failure = on_failure
-        # Told after each cycle of p that staged: the last offset done of each topic.
-        self._on_done = on_done
-        # A type's command processor of a partition (its task's), None: not decided here.
-        self.processor = processor
         self.limits = limits or InputLimits()
-        # Per partition, the last offset of each topic its last failed cycle read.
-        self.failed_at: dict[int, dict[str, int]] = {}
-        self._queues: dict[int, asyncio.Queue[Batch]] = {}
-        self._workers: dict[int, asyncio.Task[None]] = {}
-        # Partitions whose worker was stopped in the middle of a cycle (`cut_short`).
-        self._cut: set[int] = set()
-        # Per partition, the types whose firing holds timers claimed to fire in-process.
-        self._local: defaultdict[int, set[str]] = defaultdict(set)
-
-    def queue(self, p: int) -> asyncio.Queue[Batch]:
-        """p's worker's queue (the worker started on first use)."""
-        queue = self._queues.get(p)
-        if queue is None:
-            # Bounded: a partition that falls behind is paused by the poll loop.
-            queue = self._queues[p] = asyncio.Queue(maxsize=4)
-            worker = asyncio.create_task(self._work(p, queue), name=f"partition {p}")
-            worker.add_done_callback(functools.partial(self._worker_ended, p))
-            self._workers[p] = worker
-        return queue
-
-    def _worker_ended(self, p: int, worker: asyncio.Task[None]) -> None:
-        """A worker ends only by `stop`; any other end is a fault of the node, and p's task
-        is closed and taken afresh: never a partition paused for ever while the rest go on."""
-        if worker.cancelled() or self._workers.get(p) is not worker:
-            return
-        del self._workers[p]
-        self._queues.pop(p, None)
-        exc = worker.exception() or RuntimeError("the worker returned")
-        logger.error("partition %d: its worker failed", p, exc_info=exc)
-        self._on_failure(p, "its worker", exc)
-
-    async def stop(self, p: int) -> None:
-        """Ends p's worker; what was queued for it is dropped (read again after a take)."""
-        task = self._workers.pop(p, None)
-        queue = self._queues.pop(p, None)
-        if task is not None:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
-        while queue is not None and not queue.empty():
-            queue.get_nowait()  # stale: read again after a take
-
-    def cut_short(self, p: int) -> bool:
-        """Whether p's worker was stopped in the middle of a cycle since last asked: what
-        p's transaction holds is then half a cycle (one type's settles written, another's
-        not; settles without their events) and must never commit."""
-        cut = p in self._cut
-        self._cut.discard(p)
-        return cut
-
-    async def stop_all(self) -> None:
-        for p in list(self._workers):
-            await self.stop(p)
-
-    def drop_local(self, p: int) -> None:
-        """Forgets that p has timers to fire in-process (let go: the next owner fires them;
-        the runner's stop drops them)."""
-        self._local.pop(p, None)
 
     def fire_local(self, type_name: str, p: int) -> None:
         """p's next cycle fires the timers type `type_name`'s runner claimed to fire
-        in-process in p (it asks the runner for them)."""
-        self._local[p].add(type_name)
-        queue = self.queue(p)
-        if not queue.full():  # else the worker has batches to do, and fires with them
-            queue.put_nowait(_LOCAL)
+        in-process in p (it asks the runner for them); none: p is not run here any more
+        (the runner's stop drops them, the next owner fires them)."""
+        if (inp := self._input(p)) is not None:
+            inp.fire_local(type_name)
 
-    async def _work(self, p: int, queue: asyncio.Queue[Batch]) -> None:
+    def _input(self, p: int) -> PartitionInput | None:
+        """The input of the task running p (None: no task runs p)."""
+        task = self._running.get(p)
+        return None if task is None else task.input
+
+    def _processor(self, type_name: str, p: int) -> CommandProcessor | None:
+        """A type's command processor of the task running p; None: not decided here (any
+        more: the task may stop running during a cycle)."""
+        task = self._running.get(p)
+        return None if task is None else task.processors.get(type_name)
+
+    async def work(self, inp: PartitionInput) -> None:
+        """A partition's worker (`PartitionInput`): its cycles, one after the other, over
+        what its queue holds, while its task runs."""
+        p, queue = inp.p, inp.queue
         done: dict[str, int] = {}  # per topic, the last offset done (a batch read twice)
         while True:
             # Staging is bounded: batches wait in the queue (then the poll loop) meanwhile.
@@ -152,9 +121,9 @@ class PartitionCycles:
             items = [await queue.get()]
             while not queue.empty():
                 items.append(queue.get_nowait())
-            async with self._locks[p]:
-                if not self._owns(p):
-                    continue
+            async with inp.lock:
+                if self._input(p) is not inp:
+                    continue  # its task runs p no more (closed, or failed)
                 # Records done already are passed over one by one, not by batch: after a
                 # lost membership the consumer reads again from the committed offset, and
                 # a batch may hold records done (staged, not committed) and new ones.
@@ -168,26 +137,27 @@ class PartitionCycles:
                 except asyncio.CancelledError:
                     # Cut short (a hand-off): what it wrote so far is half a cycle, thrown
                     # away before the lock lets a commit take it.
-                    self._cut.add(p)
+                    inp.cut = True
                     for kept in self._types.values():
                         kept.transactions.discard(p)
                     raise
                 if staged:
                     for topic, records in fresh:
                         done[topic] = records[-1].offset
-                    if self._on_done is not None:
-                        self._on_done(p, done)
+                    if (task := self._running.get(p)) is not None:
+                        task.read_past(done)
 
     async def _cycle(self, p: int, items: list[Batch]) -> bool:
         """Decides what arrived for p and the timers handed over to fire, and stages it;
         whether it did (else p is let go and taken afresh)."""
         work: dict[str, CycleWork] = {}
         now = self._now()
+        inp = self._input(p)
 
         def work_of(kept: KeptType) -> CycleWork:
             w = work.get(kept.name)
             if w is None:
-                processor = self.processor(kept.name, p)
+                processor = self._processor(kept.name, p)
                 w = work[kept.name] = CycleWork(kept, now, self.limits, processor)
             return w
 
@@ -205,9 +175,9 @@ class PartitionCycles:
                     backlog = await self._backlog(topic, p)
                     w.decider.decide_records(batch, records, backlog)
                     w.wrote = await self._carry_out(kept, batch, p) or w.wrote
-            for type_name in sorted(self._local.pop(p, set())):
+            for type_name in sorted(inp.take_local() if inp is not None else ()):
                 kept = self._types[type_name]
-                if self.processor(kept.name, p) is None:
+                if self._processor(kept.name, p) is None:
                     continue  # its commands are not decided here any more
                 # Asked now, after the cycle's own commands were carried out on the timer
                 # table: a cancel decided in this cycle stops its timer below.
@@ -229,10 +199,13 @@ class PartitionCycles:
             # committed offsets (every write is idempotent).
             if not isinstance(exc, KafkaUnavailable | StoreError):
                 logger.exception("partition %d: a cycle failed", p)
-            self.failed_at[p] = {topic: records[-1].offset for topic, records in items}
-            self._on_failure(p, "a cycle", exc)
+            if inp is not None:
+                inp.failed_at = {topic: records[-1].offset for topic, records in items}
+            if (task := self._running.get(p)) is not None:
+                task.failed("a cycle", exc)
             return False
-        self.failed_at.pop(p, None)
+        if inp is not None:
+            inp.failed_at = {}
         return True
 
     async def _record_local(

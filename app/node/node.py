@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections import defaultdict
 from collections.abc import Awaitable
 from dataclasses import replace
 from pathlib import Path
@@ -96,8 +95,6 @@ class Node:
         )
         # Its maps by the node's names: each partition's task, and the task running it.
         self._tasks, self._owned = self.tasks.tasks, self.tasks.running
-        # A partition's lock: held by its worker's cycle and around taking its transaction.
-        locks: defaultdict[int, asyncio.Lock] = defaultdict(asyncio.Lock)
         self.limits = settings.limits
         self._failure: NodeFailed | None = None
         self._failed = asyncio.Event()
@@ -108,20 +105,16 @@ class Node:
             self.clock.now,
             on_missing=lambda _: self.metrics.no_target.inc(),
         )
-        self.commits = Commits(settings.commit_interval_ms, locks, self._owned)
+        self.commits = Commits(settings.commit_interval_ms, self._owned)
         self.cycles = PartitionCycles(
             types=self.types,
             by_topic=self._by_topic,
             partitions=settings.partitions,
             metrics=self.metrics,
             commits=self.commits,
-            locks=locks,
-            owns=self._owned.__contains__,
+            running=self._owned,
             backlog=self._backlog,
             now=self.clock.now,
-            on_failure=self._partition_failed,
-            processor=self.tasks.processor,
-            on_done=self.tasks.read_past,
             limits=self.limits,
         )
         self.broker = BrokerWatch(
@@ -273,7 +266,7 @@ class Node:
             self.commits.run(self.types.values), name="partition commits"
         )
         reader = asyncio.create_task(
-            poll_loop(self._consumer, self._owned, self.cycles, self.commits, self.fail),
+            poll_loop(self._consumer, self._owned, self.commits, self.fail),
             name="reader",
         )
         failed = asyncio.create_task(self._failed.wait(), name="failure")
@@ -298,7 +291,9 @@ class Node:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
-            await self.cycles.stop_all()
+            # The partitions' workers stop with the loop (their tasks close in `stop`).
+            for partition_task in [*self._tasks.values(), *self.tasks.closing]:
+                await partition_task.stop_input()
 
     async def _supervise(self, what: str, task: asyncio.Task[None]) -> None:
         """Stops the node loudly when `task` ends (they retry what passes by itself)."""

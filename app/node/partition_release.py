@@ -38,9 +38,6 @@ async def release_partition(
     committed first and its local copy marked clean; all of it within one deadline.
     `CloseFailed` when a part failed: every other part is done all the same (p's producer
     always stopped), and the copy is not marked clean."""
-    s.cycles.drop_local(p)
-    # A cycle cut short wrote half of its work: nothing of p's transaction may commit.
-    clean = not s.cycles.cut_short(p) and clean
     commits.take_offsets()  # passed over, not committed: read again by the next
     loop = asyncio.get_running_loop()
     # One deadline for the whole close, every type's commits and producer stops: a

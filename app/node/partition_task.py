@@ -8,10 +8,13 @@ its timers fired) and lets it go: cleanly when the group revokes p while it runs
 its transactions hold commits), dirty on a fault of its own or when a take is cut short
 (thrown away, the local copy restored next time), and then revived: taken afresh once
 the group answers, if it still gives p here. A fault in one task never touches another.
-Tasks share the consumer, the clock and the clients; and, until each runs its own cycle
-(#19), the types' partitioned stores, runners and cycles, of which a task touches only
-its partition's; each schedules its own commits (`PartitionCommits`). No task holds a
-lock across a Kafka call.
+Each task owns its commits' scheduling (`PartitionCommits`), its command processors, and,
+each time it runs, its input (`PartitionInput`: its queue, its worker, its lock, its
+in-process wake-up, its cycle's state), stopped with its close. Tasks share the consumer,
+the clock and the clients; the cycles' logic (`PartitionCycles`, no state of a
+partition's own); and, until the types' state moves into the tasks (#19), the types'
+partitioned stores, transactions and runners, of which a task touches only its
+partition's. No task holds a lock across a Kafka call.
 """
 
 from __future__ import annotations
@@ -19,29 +22,22 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Protocol
+from collections.abc import Collection, Sequence
 
 from app.commands.processor import CommandProcessor, Commit
 from app.errors import node_fault
-from app.kafka import LogReader, OutRecord, Record
-from app.kafka.catalog import TopicCatalog
-from app.kafka.ports import GroupMember
+from app.kafka import OutRecord, Record
 from app.kafka.records import refused
 from app.node.commits import PartitionCommits
-from app.node.cycles import PartitionCycles
 from app.node.failing import FailingPartitions
 from app.node.in_process import in_process_targets
-from app.node.kept import KeptType, is_fenced
-from app.node.metrics import NodeMetrics
+from app.node.kept import is_fenced
+from app.node.partition_input import Batch, Held, PartitionInput
 from app.node.partition_release import CloseFailed, release_partition
 from app.node.partition_transaction import PartitionTransaction
-from app.node.settings import Settings
+from app.node.task_shared import TaskManager, TaskShared
 from app.node.task_state import TaskState, closes_clean, transition
-from app.protocol.limits import InputLimits
 from app.timers.restore import restore_partition, unreadable_letters
-from app.timers.sender import ResultsReader
 
 __all__ = ["TAKE_ATTEMPTS", "PartitionTask", "TaskManager", "TaskShared"]
 
@@ -49,49 +45,6 @@ logger = logging.getLogger(__name__)
 
 TAKE_ATTEMPTS = 10
 """A partition not taken in this many attempts stops the node (loudly)."""
-
-
-@dataclass
-class TaskShared:
-    """What the node's tasks share; each touches only its own partition of it."""
-
-    settings: Settings
-    limits: InputLimits
-    types: Mapping[str, KeptType]
-    consumer: GroupMember
-    reader: LogReader
-    results: Mapping[str, ResultsReader]
-    cycles: PartitionCycles
-    metrics: NodeMetrics
-    now: Callable[[], int]
-    # The cluster's topics: a command into a missing one is refused (NO_TARGET).
-    targets: TopicCatalog
-    # The task running each partition: the index every `owns` check reads (the commits,
-    # the cycles, the poll loop), kept by the tasks as they start and stop running.
-    running: dict[int, PartitionTask]
-    # How long a task's whole close may take (`Settings.close_deadline_s`: well below the
-    # group's rebalance timeout, which a revoke's closes are held to).
-    close_deadline_s: float
-
-
-class TaskManager(Protocol):
-    """What a task tells the node (`PartitionTasks` is the task manager)."""
-
-    def answered(self) -> asyncio.Event:
-        """Set when the group next answers (an assignment): a retake waits for it."""
-        ...
-
-    def task_running(self, task: PartitionTask) -> None:
-        """The task runs (taken, or taken again after a failure)."""
-        ...
-
-    def task_gone(self, task: PartitionTask) -> None:
-        """The task was closed for good: the group gives its partition elsewhere now."""
-        ...
-
-    def fail(self, why: str) -> None:
-        """Stops the node loudly: it cannot do the work it was given."""
-        ...
 
 
 class PartitionTask:
@@ -116,12 +69,32 @@ class PartitionTask:
         self._leaving = False
         # When its close for the group's revoke began (`time.monotonic`), if it did.
         self.closing_since: float | None = None
+        # Its input while it runs (one per take: created running, stopped by its close).
+        self.input: PartitionInput | None = None
 
     def __repr__(self) -> str:
         return f"PartitionTask({self.p}, {self.state.value})"
 
     def _to(self, target: TaskState) -> None:
         self.state = transition(self.state, target)
+
+    @property
+    def queue(self) -> asyncio.Queue[Batch]:
+        """Its input's queue, where the poll loop hands its batches (it runs)."""
+        assert self.input is not None, f"partition {self.p} is not running"
+        return self.input.queue
+
+    @property
+    def held(self) -> Held:
+        """Its input's batches that did not fit in its queue (the poll loop's to hand over)."""
+        assert self.input is not None, f"partition {self.p} is not running"
+        return self.input.held
+
+    @property
+    def lock(self) -> asyncio.Lock:
+        """Its input's lock, held by its cycle and around taking its transaction."""
+        assert self.input is not None, f"partition {self.p} is not running"
+        return self.input.lock
 
     @property
     def taking(self) -> bool:
@@ -169,7 +142,8 @@ class PartitionTask:
         logger.warning("partition %d: %s failed: %s; %s", self.p, what, exc, then)
         self._to(TaskState.SUSPENDED)
         self._stop_running()
-        failing = self.failing.failed(self.p, s.cycles.failed_at.pop(self.p, {}), f"{what}: {exc}")
+        at = {} if self.input is None else self.input.failed_at
+        failing = self.failing.failed(self.p, at, f"{what}: {exc}")
         self.broken = failing.describe()
         mine = [(t, q) for t, q in s.consumer.assignment() if q == self.p]
         s.consumer.pause(mine)
@@ -256,6 +230,7 @@ class PartitionTask:
         """Taken: p's topics are read from here on, and its timers fire (unless it is
         held since a failure: then once its log is read past it)."""
         self._to(TaskState.RUNNING)
+        self.input = PartitionInput(self.p, self._shared.cycles, self.failed)
         self._shared.running[self.p] = self
         self.takes += 1
         self.broken = None
@@ -348,7 +323,7 @@ class PartitionTask:
         clean, what its transactions hold committed (a hand-off); any other closes dirty
         (see `close`)."""
         await self.stop_taking()
-        await self._shared.cycles.stop(self.p)
+        await self.stop_input()
         if self.state is TaskState.RUNNING:
             self._shared.metrics.let_go.labels("revoked").inc()
         await self.close(clean=True)
@@ -370,13 +345,20 @@ class PartitionTask:
             self._to(TaskState.SUSPENDED)
         self._stop_running()
         if was is not TaskState.CREATED or self._half_open():
-            await self._shared.cycles.stop(self.p)
+            # A cycle cut short wrote half of its work: nothing of p's transaction commits.
+            clean = not await self.stop_input() and clean
+            self.input = None
             try:
                 await self._release(clean=clean)
             except CloseFailed:
                 self._to(TaskState.CLOSED)  # all the rest of p was let go: not again
                 raise
         self._to(TaskState.CLOSED)
+
+    async def stop_input(self) -> bool:
+        """Stops its input's worker, what was queued for it dropped (read again by the next
+        take); whether a cycle of it was cut short."""
+        return self.input is not None and await self.input.stop()
 
     def _half_open(self) -> bool:
         """Whether something of p is open (a take cut short)."""

@@ -16,7 +16,6 @@ import logging
 import time
 from collections.abc import Callable
 
-from app.commands.processor import CommandProcessor
 from app.node.partition_task import PartitionTask, TaskShared
 
 __all__ = ["PartitionTasks"]
@@ -138,16 +137,6 @@ class PartitionTasks:
     def _owning(self) -> None:
         self._owned(len(self.running))
         logger.info("owning partitions %s", sorted(self.running))
-
-    # What a cycle of p asks of the task running p.
-
-    def processor(self, type_name: str, p: int) -> CommandProcessor | None:
-        task = self.running.get(p)
-        return None if task is None else task.processors.get(type_name)
-
-    def read_past(self, p: int, done: dict[str, int]) -> None:
-        if (task := self.running.get(p)) is not None:
-            task.read_past(done)
 
     # The task manager's side (`TaskManager`): what the tasks tell the node.
 

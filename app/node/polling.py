@@ -1,33 +1,31 @@
 """The node's one consumer loop, which its partition tasks share: each polled batch goes to
-its partition's cycle while the task still runs the take it was fetched for, and the
-offsets of work done with nothing to write are committed.
+the queue of the task running its partition (its input's, `PartitionInput`) while that
+task still runs the take it was fetched for, and the offsets of work done with nothing to
+write are committed.
 
 A partition whose worker falls behind (its queue full: a slow cycle, a commit that hangs)
 holds up no other: as Kafka Streams does, the consumer is paused on it, and the batches
 that did not fit are kept, in order, and handed over before any later one of it once its
-queue has room; then it is resumed. A take that ends (a revoke, a failure, a retake, which
-rewinds it to its committed offsets) drops what was kept, and its pauses are the take's.
+queue has room; then it is resumed. What was kept is the take's (`PartitionInput.held`):
+a take that ends (a revoke, a failure, a retake, which rewinds it to its committed
+offsets) drops it with its input, and its pauses are the take's.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections import deque
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from typing import Protocol
 
 from app.errors import KafkaUnavailable
 from app.kafka.ports import GroupMember
-from app.kafka.records import Record, refused
+from app.kafka.records import refused
+from app.node.partition_input import Batch, Held
 
-__all__ = ["poll_loop"]
+__all__ = ["Batch", "poll_loop"]
 
 logger = logging.getLogger(__name__)
-
-Batch = tuple[str, list[Record]]
-"""A polled batch of one topic of a partition (as `app.node.cycles` queues it)."""
 
 POLL_MS = 200
 HELD_POLL_MS = 50
@@ -35,18 +33,22 @@ HELD_POLL_MS = 50
 
 
 class Running(Protocol):
-    """A partition's task as the loop sees it (`PartitionTask`)."""
+    """A partition's task as the loop sees it (`PartitionTask`): its take's input."""
 
     @property
     def takes(self) -> int:
         """How many times it started running: a batch of an earlier take is stale."""
         ...
 
+    @property
+    def queue(self) -> asyncio.Queue[Batch]:
+        """Its worker's queue (its take's, bounded)."""
+        ...
 
-class Queues(Protocol):
-    """The partitions' workers (`PartitionCycles`)."""
-
-    def queue(self, p: int) -> asyncio.Queue[Batch]: ...
+    @property
+    def held(self) -> Held:
+        """Its batches that did not fit in its queue (its take's)."""
+        ...
 
 
 class DoneOffsets(Protocol):
@@ -55,40 +57,24 @@ class DoneOffsets(Protocol):
     def take_offsets(self) -> dict[tuple[str, int], int]: ...
 
 
-@dataclass(eq=False)
-class _Held:
-    """A partition's batches that did not fit in its queue, of one take of its task; the
-    consumer is paused on `paused` meanwhile."""
-
-    task: Running
-    takes: int
-    paused: list[tuple[str, int]]
-    batches: deque[Batch] = field(default_factory=deque)
-
-    def of(self, task: Running | None) -> bool:
-        """Whether `task` still runs the take these batches were fetched for."""
-        return task is self.task and task.takes == self.takes
-
-
 async def poll_loop(
     consumer: GroupMember,
     running: Mapping[int, Running],
-    cycles: Queues,
     commits: DoneOffsets,
     fail: Callable[[str], None],
 ) -> None:
-    """Hands each polled batch to its partition's worker, and commits what they did; ends
-    after `fail` when the consumer is refused (no retry passes an ACL).
+    """Hands each polled batch to the worker of the task running its partition, and
+    commits what they did; ends after `fail` when the consumer is refused (no retry
+    passes an ACL).
 
     Partitions are independent: each has a worker of its own, so one partition's slow
     transaction does not hold up the others' commands, nor (paused on while its queue is
     full) their records and offsets.
     """
-    held: dict[int, _Held] = {}
     while True:
         try:
-            _hand_over(consumer, running, cycles, held)
-            batches = await consumer.poll(timeout_ms=HELD_POLL_MS if held else POLL_MS)
+            holding = _hand_over(consumer, running)
+            batches = await consumer.poll(timeout_ms=HELD_POLL_MS if holding else POLL_MS)
             # No await since the poll: the take of each running task as it was fetched.
             takes = {p: (task, task.takes) for p, task in running.items()}
             for (topic, p), records in batches.items():
@@ -96,21 +82,16 @@ async def poll_loop(
                 task = running.get(p)
                 if task is None or takes.get(p) != (task, task.takes):
                     continue
-                h = held.get(p)
-                if h is not None and not h.of(task):
-                    del held[p]  # of an earlier take (its pauses were that take's)
-                    h = None
-                queue = cycles.queue(p)
-                if h is None and not queue.full():
+                held, queue = task.held, task.queue
+                if not held.batches and not queue.full():
                     queue.put_nowait((topic, records))
                     continue
-                if h is None:
-                    mine = [(t, q) for t, q in consumer.assignment() if q == p]
-                    h = held[p] = _Held(task, task.takes, mine)
+                if not held.batches:
+                    held.paused = [(t, q) for t, q in consumer.assignment() if q == p]
                 # Again on each batch kept: a new assignment (a lost membership that gave p
                 # back to its running task) forgets the pause, and p must not pile up here.
-                consumer.pause(h.paused)
-                h.batches.append((topic, records))
+                consumer.pause(held.paused)
+                held.batches.append((topic, records))
             await consumer.commit(commits.take_offsets())
         except KafkaUnavailable as exc:
             if refused(exc):
@@ -122,22 +103,20 @@ async def poll_loop(
             await asyncio.sleep(1)
 
 
-def _hand_over(
-    consumer: GroupMember,
-    running: Mapping[int, Running],
-    cycles: Queues,
-    held: dict[int, _Held],
-) -> None:
-    """Hands the held batches over as their queues have room, in order; a partition whose
-    batches are all handed over is resumed. Those of a take that ended are dropped: the
-    next take rewinds to the committed offsets, and resumes the partition itself."""
-    for p, h in list(held.items()):
-        if not h.of(running.get(p)):
-            del held[p]
+def _hand_over(consumer: GroupMember, running: Mapping[int, Running]) -> bool:
+    """Hands the running tasks' held batches over as their queues have room, in order; a
+    partition whose batches are all handed over is resumed. Whether any are still held.
+    (Those of a take that ended went with its input: the next take rewinds to the
+    committed offsets, and resumes the partition itself.)"""
+    holding = False
+    for task in list(running.values()):
+        held, queue = task.held, task.queue
+        if not held.batches:
             continue
-        queue = cycles.queue(p)
-        while h.batches and not queue.full():
-            queue.put_nowait(h.batches.popleft())
-        if not h.batches:
-            del held[p]
-            consumer.resume(h.paused)
+        while held.batches and not queue.full():
+            queue.put_nowait(held.batches.popleft())
+        if held.batches:
+            holding = True
+        else:
+            consumer.resume(held.paused)
+    return holding

@@ -17,6 +17,7 @@ from harness import eventually
 from app.kafka import Producer
 from app.kafka.admin import GroupOffsets
 from app.kafka.consumers import GroupConsumer
+from app.node.partition_input import Held
 from app.node.polling import Batch, poll_loop
 
 pytestmark = pytest.mark.kafka
@@ -26,7 +27,12 @@ TopicFactory = Callable[..., Awaitable[str]]
 
 @dataclass(eq=False)
 class Task:
+    """A running task, as the loop sees it: its take, its worker's queue and what was
+    kept of its take."""
+
+    queue: asyncio.Queue[Batch]
     takes: int = 1
+    held: Held = field(default_factory=Held)
 
 
 @dataclass
@@ -86,10 +92,8 @@ async def test_a_stuck_partition_is_paused_and_the_other_flows_on_aiokafka(
     await consumer.start()
     await producer.start()
     tasks = [asyncio.create_task(w.run()) for w in (w0, w1)]
-    running = {0: Task(), 1: Task()}
-    tasks.append(
-        asyncio.create_task(poll_loop(consumer, running, workers, workers, failures.append))
-    )
+    running = {p: Task(workers.queue(p)) for p in (0, 1)}
+    tasks.append(asyncio.create_task(poll_loop(consumer, running, workers, failures.append)))
 
     async def send(p: int, n: int) -> None:
         await producer.send_many([(topic, p, b"k", b"%d" % i) for i in range(n)])

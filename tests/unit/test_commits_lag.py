@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-from collections import defaultdict
 from typing import Any, cast
 
 from app.node.commits import Commits, PartitionCommits
@@ -29,10 +28,11 @@ class Transactions:
 
 
 class Running:
-    """A running partition task's commits, as `Commits` finds them."""
+    """A running partition task's commits and lock, as `Commits` finds them."""
 
     def __init__(self, commits: PartitionCommits) -> None:
         self.commits = commits
+        self.lock = asyncio.Lock()
 
 
 class Kept:
@@ -45,7 +45,7 @@ class Kept:
 async def test_a_hanging_commit_is_lag_until_it_ends() -> None:
     failures: list[Any] = []
     own = PartitionCommits(0, lambda *a: failures.append(a))
-    commits = Commits(10, defaultdict(asyncio.Lock), {0: Running(own)})
+    commits = Commits(10, {0: Running(own)})
     assert commits.lag() == 0.0
     hanging = HangingTransaction()
     kept = cast(KeptType, Kept(Transactions(hanging)))
@@ -90,7 +90,7 @@ async def test_claims_after_a_commit_that_ended_in_this_loop_iteration_do_not_sp
     (its group heartbeats too) stood still (seen on a three-broker cluster as a leader
     moved)."""
     own = PartitionCommits(0, lambda *a: None)
-    commits = Commits(10, defaultdict(asyncio.Lock), {0: Running(own)})
+    commits = Commits(10, {0: Running(own)})
     kept = cast(KeptType, Kept(cast(Transactions, Queue(2))))
     first = commits.start(kept, 0)
     assert first is not None

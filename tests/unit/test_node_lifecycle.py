@@ -255,9 +255,10 @@ async def test_a_hand_off_in_the_middle_of_a_cycle_commits_none_of_it(
             return result
 
         monkeypatch.setattr(runner, "still_due", stalling)
-    lock = node.node.commits._locks[p]
-    async with lock:  # both types' timers handed over before the cycle runs
-        await wait_until(lambda: len(node.node.cycles._local.get(p, {})) == 2)
+    inp = node.node.tasks.running[p].input
+    assert inp is not None
+    async with inp.lock:  # both types' timers handed over before the cycle runs
+        await wait_until(lambda: len(inp.local) == 2)
     await wait_until(lambda: calls == 2)
     await start(nodes, log, tmp_path, "b")  # the hand-off
     await wait_until(
@@ -397,7 +398,7 @@ async def test_staging_waits_for_a_commit_in_flight_beyond_its_bound(
     kept = node.node.types[COUNTER.type_name]
     member = log.groups["g"].members[0]
     commands = (TOPICS[COUNTER.name].commands, p)
-    queue = node.node.cycles.queue(p)
+    queue = node.node.tasks.running[p].queue
     most = 0
     for owner in owners:
         await command(log, COUNTER, owner, "Schedule", at=now_ms() + 3_600_000)

@@ -193,7 +193,7 @@ async def test_a_revoke_whose_commit_never_answers_is_given_up_at_its_deadline(
     task = node.node._tasks[0]
     # Held: the committer does not take what waits (the close's own commit hangs); or
     # let go once the committer's commit hangs in flight.
-    lock = node.node.commits._locks[0]
+    lock = node.node.tasks.running[0].lock
     async with lock:
         kept.transactions.stage(0, [(TOPICS.events, 0, b"hung", b"never committed")], {})
         if hanging == "in flight":

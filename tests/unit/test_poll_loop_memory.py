@@ -18,6 +18,7 @@ from pydantic import BaseModel
 from app.kafka.memory import MemoryLog
 from app.kafka.memory_group import MemoryGroupMember
 from app.model.aggregate import AggregateType, Command, Decision
+from app.node.partition_input import Held
 from app.node.polling import Batch, poll_loop
 from app.protocol.topics import AggregateTopics, ContextTopics
 from app.protocol.wire import CommandEnvelope, CommandResult, EventEnvelope, decode, encode
@@ -30,7 +31,12 @@ TOPIC = "log"
 
 @dataclass(eq=False)
 class Task:
+    """A running task, as the loop sees it: its take, its worker's queue and what was
+    kept of its take."""
+
+    queue: asyncio.Queue[Batch]
     takes: int = 1
+    held: Held = field(default_factory=Held)
 
 
 @dataclass
@@ -95,9 +101,9 @@ async def loop() -> AsyncIterator[Loop]:
     await member.start()
     workers = Workers()
     workers.of[1].go.set()
-    running = {0: Task(), 1: Task()}
+    running = {p: Task(workers.queue(p)) for p in (0, 1)}
     failures: list[str] = []
-    polling = asyncio.create_task(poll_loop(member, running, workers, workers, failures.append))
+    polling = asyncio.create_task(poll_loop(member, running, workers, failures.append))
     yield Loop(log, member, running, workers)
     for t in [polling, *workers.tasks]:
         t.cancel()
@@ -141,9 +147,9 @@ async def test_a_retake_drops_what_was_kept_and_reads_again_from_the_committed_o
     offset, and resumes it itself."""
     w0 = loop.workers.of[0]
     await stuck(loop)
-    while not w0.queue.empty():  # as `PartitionCycles.stop` does
+    while not w0.queue.empty():  # as `PartitionInput.stop` does
         w0.queue.get_nowait()
-    loop.running[0] = Task(takes=2)
+    loop.running[0] = Task(w0.queue, takes=2)
     await loop.member.rewind([(TOPIC, 0)])
     loop.member.resume([(TOPIC, 0)])
     w0.go.set()

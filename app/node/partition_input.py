@@ -1,0 +1,122 @@
+"""One take of a partition task's input (`PartitionInput`): the queue the poll loop hands
+its partition's batches to, the batches that did not fit meanwhile (`Held`, the poll
+loop's to hand over, the consumer paused on the partition), the worker that runs its
+cycles over them
+(`PartitionCycles.work`), the lock a cycle holds so that what it writes commits in one
+transaction, the types with timers to fire in-process at its next cycle, whether a cycle
+was cut short, and where its last failed cycle read.
+
+Its task creates one each time it starts running and stops it when it closes (clean or
+dirty): nothing of a take outlives it, and a retake starts with an empty queue. The
+worker is supervised: one that ends other than by `stop` fails its task (closed dirty,
+taken afresh), never a partition left paused for ever while the rest go on."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from app.kafka import Record
+
+if TYPE_CHECKING:
+    from app.node.cycles import PartitionCycles
+
+__all__ = ["LOCAL", "QUEUE_SIZE", "Batch", "Held", "PartitionInput"]
+
+logger = logging.getLogger(__name__)
+
+Batch = tuple[str, list[Record]]
+"""A polled batch of one topic of a partition."""
+
+LOCAL: Batch = ("", [])
+"""Queued for a partition's worker: timers were claimed to fire in-process."""
+
+QUEUE_SIZE = 4
+"""Batches queued for a worker: bounded, so that a partition that falls behind is paused
+by the poll loop (its batches kept there), not piled up here."""
+
+
+@dataclass
+class Held:
+    """A partition's batches that did not fit in its queue, in order, to be handed over
+    before any later one (`app.node.polling`); the consumer is paused on `paused` while
+    there are any. They are their take's: a new take has a new input, and reads again
+    from the committed offsets (resuming the partition itself)."""
+
+    batches: deque[Batch] = field(default_factory=deque)
+    paused: list[tuple[str, int]] = field(default_factory=list)
+
+
+class PartitionInput:
+    """One take of partition `p`'s input, its worker started at once; `on_failure` (its
+    task's `failed`) is told when the worker ends other than by `stop`."""
+
+    def __init__(
+        self,
+        p: int,
+        cycles: PartitionCycles,
+        on_failure: Callable[[str, BaseException], None],
+    ) -> None:
+        self.p = p
+        self.queue: asyncio.Queue[Batch] = asyncio.Queue(maxsize=QUEUE_SIZE)
+        self.held = Held()
+        # Held by a cycle and around taking its transaction (`Commits`): what one cycle
+        # writes (events, settles) commits in one transaction, never half of it.
+        self.lock = asyncio.Lock()
+        # The types whose firing holds timers claimed to fire in-process here.
+        self.local: set[str] = set()
+        # A cycle was stopped in its middle: what the transactions hold is half a cycle.
+        self.cut = False
+        # The last offset of each topic the last cycle read, if it failed.
+        self.failed_at: dict[str, int] = {}
+        self._on_failure = on_failure
+        self._stopped = False
+        self._worker = asyncio.create_task(cycles.work(self), name=f"partition {p}")
+        self._worker.add_done_callback(self._worker_ended)
+
+    @property
+    def running(self) -> bool:
+        """Whether its worker runs (neither stopped nor ended)."""
+        return not self._worker.done()
+
+    def fire_local(self, type_name: str) -> None:
+        """The next cycle fires the timers type `type_name`'s runner claimed to fire
+        in-process here (it asks the runner for them)."""
+        if self._stopped:
+            return  # let go: the runner's stop drops them, the next owner fires them
+        self.local.add(type_name)
+        if not self.queue.full():  # else the worker has batches to do, and fires with them
+            self.queue.put_nowait(LOCAL)
+
+    def take_local(self) -> set[str]:
+        """The types with timers to fire in-process, forgotten here (a cycle takes them)."""
+        local, self.local = self.local, set()
+        return local
+
+    def _worker_ended(self, worker: asyncio.Task[None]) -> None:
+        """A worker ends only by `stop`; any other end is a fault of the node, and the task
+        is closed and taken afresh."""
+        if self._stopped or worker.cancelled():
+            return
+        exc = worker.exception() or RuntimeError("the worker returned")
+        logger.error("partition %d: its worker failed", self.p, exc_info=exc)
+        self._on_failure("its worker", exc)
+
+    async def stop(self) -> bool:
+        """Ends the worker and drops what was queued or kept for it (read again after a
+        take); whether a cycle was cut short. Every caller waits for the worker's end: a
+        close must not commit before a cycle cut short has thrown its half away."""
+        self._stopped = True
+        self._worker.cancel()  # nothing, if it ended
+        await asyncio.wait([self._worker])
+        if not self._worker.cancelled():
+            self._worker.exception()  # seen (`_worker_ended` told the task, if it ran)
+        while not self.queue.empty():
+            self.queue.get_nowait()  # stale: read again after a take
+        self.held.batches.clear()
+        self.local.clear()
+        return self.cut

@@ -1,0 +1,68 @@
+"""What a node's partition tasks share (`TaskShared`), each touching only its own
+partition of it, and what a task tells the node (`TaskManager`, which `PartitionTasks`
+is)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+from app.kafka import LogReader
+from app.kafka.catalog import TopicCatalog
+from app.kafka.ports import GroupMember
+from app.node.cycles import PartitionCycles
+from app.node.kept import KeptType
+from app.node.metrics import NodeMetrics
+from app.node.settings import Settings
+from app.protocol.limits import InputLimits
+from app.timers.sender import ResultsReader
+
+if TYPE_CHECKING:
+    from app.node.partition_task import PartitionTask
+
+__all__ = ["TaskManager", "TaskShared"]
+
+
+@dataclass
+class TaskShared:
+    """What the node's tasks share; each touches only its own partition of it."""
+
+    settings: Settings
+    limits: InputLimits
+    types: Mapping[str, KeptType]
+    consumer: GroupMember
+    reader: LogReader
+    results: Mapping[str, ResultsReader]
+    cycles: PartitionCycles
+    metrics: NodeMetrics
+    now: Callable[[], int]
+    # The cluster's topics: a command into a missing one is refused (NO_TARGET).
+    targets: TopicCatalog
+    # The task running each partition: the index every `owns` check reads (the commits,
+    # the cycles, the poll loop), kept by the tasks as they start and stop running.
+    running: dict[int, PartitionTask]
+    # How long a task's whole close may take (`Settings.close_deadline_s`: well below the
+    # group's rebalance timeout, which a revoke's closes are held to).
+    close_deadline_s: float
+
+
+class TaskManager(Protocol):
+    """What a task tells the node (`PartitionTasks` is the task manager)."""
+
+    def answered(self) -> asyncio.Event:
+        """Set when the group next answers (an assignment): a retake waits for it."""
+        ...
+
+    def task_running(self, task: PartitionTask) -> None:
+        """The task runs (taken, or taken again after a failure)."""
+        ...
+
+    def task_gone(self, task: PartitionTask) -> None:
+        """The task was closed for good: the group gives its partition elsewhere now."""
+        ...
+
+    def fail(self, why: str) -> None:
+        """Stops the node loudly: it cannot do the work it was given."""
+        ...
