@@ -306,12 +306,6 @@ class Node:
         assert self._consumer is not None
         return await self._consumer.backlog(topic, p)
 
-    def _partition_failed(self, p: int, what: str, exc: BaseException) -> None:
-        """A failure of p's transaction, store or cycle: its task closes dirty and is
-        revived; no other task is touched."""
-        if (task := self._owned.get(p)) is not None:
-            task.failed(what, exc)
-
     async def _assigned(self, assigned: set[tuple[str, int]]) -> None:
         """The group answered: tasks for the partitions it gives (`PartitionTasks.assign`)."""
         self._suspension.group_answered()

@@ -163,7 +163,7 @@ async def test_a_revoke_during_a_retakes_dirty_close_leaves_no_producer_half_sto
 
     monkeypatch.setattr(MemoryWriter, "stop", slow_stop)
     task = node.node._tasks[1]
-    node.node._partition_failed(1, "a cycle", StoreError("the disk is gone"))
+    node.node.tasks.running[1].failed("a cycle", StoreError("the disk is gone"))
     await wait_until(stopping.is_set)  # the retake's dirty close, stopping the producer
     assert task.taking
     revoking = asyncio.create_task(node.node._revoked({(TOPICS.events, 1)}))
@@ -355,7 +355,7 @@ async def test_a_retakes_close_that_fails_stops_the_producer_and_never_reopens_i
     monkeypatch.setattr(kept.runner, "stop_partition", failing)
     monkeypatch.setattr(kept.transactions, "open", opening)
     task = node.node._tasks[1]
-    node.node._partition_failed(1, "a cycle", StoreError("the disk is gone"))
+    node.node.tasks.running[1].failed("a cycle", StoreError("the disk is gone"))
     await wait_until(lambda: not task.taking)
     assert writer in stopped and not kept.transactions.owns(1)
     assert opened == [], "p's transactional id opened again behind a close that failed"

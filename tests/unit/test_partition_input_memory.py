@@ -79,7 +79,7 @@ async def test_a_retake_starts_with_a_fresh_input(
     old = task.input
     assert old is not None
     woken = late_wake_ups(node, monkeypatch)
-    node.node._partition_failed(1, "a cycle", StoreError("the disk is gone"))
+    node.node.tasks.running[1].failed("a cycle", StoreError("the disk is gone"))
     assert task.state is TaskState.SUSPENDED and 1 not in node.node.tasks.running
     await wait_until(lambda: task.state is TaskState.RUNNING and task.takes == 2)
     assert woken == [1]

@@ -226,7 +226,7 @@ async def test_a_task_that_fails_while_it_is_revoked_is_closed_dirty_and_never_r
     kept = node.node.types[TOPICS.type_name]
     await task.stop_taking()  # as `_revoked` does first
     kept.transactions.stage(1, [(TOPICS.events, 1, b"half", b"a half cycle")], {})
-    node.node._partition_failed(1, "a cycle", StoreError("the disk is gone"))
+    node.node.tasks.running[1].failed("a cycle", StoreError("the disk is gone"))
     assert task.state is TaskState.SUSPENDED and not task.taking
     await node.node._revoked({(TOPICS.events, 1)})
     assert state_of(task) is TaskState.CLOSED and not task.taking
@@ -250,7 +250,7 @@ async def test_a_take_revoked_while_restoring_leaves_no_clean_mark_on_a_dirty_co
         await wait_until(lambda: [t.owner.id for t in timer_rows(log)] == [owner])
         # Taken afresh once, so that the local copy holds the changelog up to the timer's row
         # (a copy that holds none of it is restored from the changelog whatever its mark).
-        node._partition_failed(p, "a cycle", StoreError("the disk is gone"))
+        node.tasks.running[p].failed("a cycle", StoreError("the disk is gone"))
         await wait_until(lambda: node._tasks[p].state is TaskState.RUNNING)
         assert node._tasks[p].takes == 2 and kept.store.changelog_offset(p) is not None
         ref = AggregateRef(context="mem", aggregate="counter", id=owner)
@@ -272,7 +272,7 @@ async def test_a_take_revoked_while_restoring_leaves_no_clean_mark_on_a_dirty_co
         # Written locally, never committed: the task's failure throws the transaction away
         # (closed dirty, no clean mark), and its retake is held folding the states.
         assert await kept.store.cancel(ref, "k", timer.version)
-        node._partition_failed(p, "a cycle", StoreError("the disk is gone"))
+        node.tasks.running[p].failed("a cycle", StoreError("the disk is gone"))
         await wait_until(folding.is_set)
         task = node._tasks[p]
         assert task.state is TaskState.RESTORING and not kept.marks._path(p).exists()
