@@ -9,63 +9,19 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
 
 import pytest
+from fakes_poll import Workers
 from harness import eventually
 
 from app.kafka import Producer
 from app.kafka.admin import GroupOffsets
 from app.kafka.consumers import GroupConsumer
-from app.node.partition_input import Held
-from app.node.polling import Batch, poll_loop
+from app.node.polling import poll_loop
 
 pytestmark = pytest.mark.kafka
 
 TopicFactory = Callable[..., Awaitable[str]]
-
-
-@dataclass(eq=False)
-class Task:
-    """A running task, as the loop sees it: its take, its worker's queue and what was
-    kept of its take."""
-
-    queue: asyncio.Queue[Batch]
-    takes: int = 1
-    held: Held = field(default_factory=Held)
-
-
-@dataclass
-class Worker:
-    """A partition's worker: takes its queue's batches once `go` is set, and says their
-    offsets done (as a cycle with nothing to write)."""
-
-    p: int
-    done: dict[tuple[str, int], int]
-    queue: asyncio.Queue[Batch] = field(default_factory=lambda: asyncio.Queue(maxsize=1))
-    go: asyncio.Event = field(default_factory=asyncio.Event)
-    got: list[int] = field(default_factory=list)
-
-    async def run(self) -> None:
-        while True:
-            await self.go.wait()
-            topic, records = await self.queue.get()
-            self.got += [r.offset for r in records]
-            self.done[(topic, self.p)] = records[-1].offset + 1
-
-
-class Workers:
-    def __init__(self) -> None:
-        self.done: dict[tuple[str, int], int] = {}
-        self.of = {p: Worker(p, self.done) for p in (0, 1)}
-
-    def queue(self, p: int) -> asyncio.Queue[Batch]:
-        return self.of[p].queue
-
-    def take_offsets(self) -> dict[tuple[str, int], int]:
-        done = dict(self.done)
-        self.done.clear()
-        return done
 
 
 async def test_a_stuck_partition_is_paused_and_the_other_flows_on_aiokafka(
@@ -91,8 +47,8 @@ async def test_a_stuck_partition_is_paused_and_the_other_flows_on_aiokafka(
     failures: list[str] = []
     await consumer.start()
     await producer.start()
-    tasks = [asyncio.create_task(w.run()) for w in (w0, w1)]
-    running = {p: Task(workers.queue(p)) for p in (0, 1)}
+    running = workers.start()
+    tasks = [*workers.tasks]
     tasks.append(asyncio.create_task(poll_loop(consumer, running, workers, failures.append)))
 
     async def send(p: int, n: int) -> None:

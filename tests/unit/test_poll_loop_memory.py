@@ -8,17 +8,17 @@ import asyncio
 import time
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 from fakes import RunningNode, running, wait_until
+from fakes_poll import Task, Workers
 from pydantic import BaseModel
 
 from app.kafka.memory import MemoryLog
 from app.kafka.memory_group import MemoryGroupMember
 from app.model.aggregate import AggregateType, Command, Decision
-from app.node.partition_input import Held
 from app.node.polling import Batch, poll_loop
 from app.protocol.topics import AggregateTopics, ContextTopics
 from app.protocol.wire import CommandEnvelope, CommandResult, EventEnvelope, decode, encode
@@ -27,50 +27,6 @@ from tables import AggregateRef, CommandSpec, OnceRule
 from tables.partitioner import partition_of
 
 TOPIC = "log"
-
-
-@dataclass(eq=False)
-class Task:
-    """A running task, as the loop sees it: its take, its worker's queue and what was
-    kept of its take."""
-
-    queue: asyncio.Queue[Batch]
-    takes: int = 1
-    held: Held = field(default_factory=Held)
-
-
-@dataclass
-class Worker:
-    """A partition's worker: takes its queue's batches once `go` is set, and says their
-    offsets done (as a cycle with nothing to write)."""
-
-    p: int
-    done: dict[tuple[str, int], int]
-    queue: asyncio.Queue[Batch] = field(default_factory=lambda: asyncio.Queue(maxsize=1))
-    go: asyncio.Event = field(default_factory=asyncio.Event)
-    got: list[int] = field(default_factory=list)
-
-    async def run(self) -> None:
-        while True:
-            await self.go.wait()
-            topic, records = await self.queue.get()
-            self.got += [r.offset for r in records]
-            self.done[(topic, self.p)] = records[-1].offset + 1
-
-
-class Workers:
-    def __init__(self) -> None:
-        self.done: dict[tuple[str, int], int] = {}
-        self.of = {p: Worker(p, self.done) for p in (0, 1)}
-        self.tasks = [asyncio.create_task(w.run()) for w in self.of.values()]
-
-    def queue(self, p: int) -> asyncio.Queue[Batch]:
-        return self.of[p].queue
-
-    def take_offsets(self) -> dict[tuple[str, int], int]:
-        done = dict(self.done)
-        self.done.clear()
-        return done
 
 
 @dataclass
@@ -101,7 +57,7 @@ async def loop() -> AsyncIterator[Loop]:
     await member.start()
     workers = Workers()
     workers.of[1].go.set()
-    running = {p: Task(workers.queue(p)) for p in (0, 1)}
+    running = workers.start()
     failures: list[str] = []
     polling = asyncio.create_task(poll_loop(member, running, workers, failures.append))
     yield Loop(log, member, running, workers)

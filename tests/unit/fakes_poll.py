@@ -1,0 +1,58 @@
+"""What the node's poll loop (`app.node.polling.poll_loop`) sees of the tasks and their
+workers, for its tests on the in-memory log and on a real broker."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+
+from app.node.partition_input import Held
+from app.node.polling import Batch
+
+
+@dataclass(eq=False)
+class Task:
+    """A running task, as the loop sees it: its take, its worker's queue and what was
+    kept of its take."""
+
+    queue: asyncio.Queue[Batch]
+    takes: int = 1
+    held: Held = field(default_factory=Held)
+
+
+@dataclass
+class Worker:
+    """A partition's worker: takes its queue's batches once `go` is set, and says their
+    offsets done (as a cycle with nothing to write)."""
+
+    p: int
+    done: dict[tuple[str, int], int]
+    queue: asyncio.Queue[Batch] = field(default_factory=lambda: asyncio.Queue(maxsize=1))
+    go: asyncio.Event = field(default_factory=asyncio.Event)
+    got: list[int] = field(default_factory=list)
+
+    async def run(self) -> None:
+        while True:
+            await self.go.wait()
+            topic, records = await self.queue.get()
+            self.got += [r.offset for r in records]
+            self.done[(topic, self.p)] = records[-1].offset + 1
+
+
+class Workers:
+    """The workers of partitions 0 and 1, running from `start`, and the offsets they did."""
+
+    def __init__(self) -> None:
+        self.done: dict[tuple[str, int], int] = {}
+        self.of = {p: Worker(p, self.done) for p in (0, 1)}
+        self.tasks: list[asyncio.Task[None]] = []
+
+    def start(self) -> dict[int, Task]:
+        """Starts the workers; the running tasks the loop reads, one a partition."""
+        self.tasks = [asyncio.create_task(w.run()) for w in self.of.values()]
+        return {p: Task(w.queue) for p, w in self.of.items()}
+
+    def take_offsets(self) -> dict[tuple[str, int], int]:
+        done = dict(self.done)
+        self.done.clear()
+        return done
