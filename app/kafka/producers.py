@@ -63,6 +63,7 @@ class Producer:
 
     async def stop(self) -> None:
         await self._producer.stop()
+        _left_behind(self._producer)
 
     async def send_many(self, records: Sequence[OutRecord]) -> list[int]:
         """Sends (topic, partition, key, value) records; their offsets once acknowledged."""
@@ -73,6 +74,10 @@ class Producer:
                 )
                 for r in records
             ]
+            for f in futures:
+                # The first failure is raised; the others are retrieved, not left to the
+                # event loop to log at collection.
+                f.add_done_callback(_retrieve)
             return [(await f).offset for f in futures]
         except KafkaError as exc:
             raise KafkaUnavailable(f"send failed: {explain(exc)}") from exc

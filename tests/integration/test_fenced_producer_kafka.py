@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from app.errors import Fenced
-from app.kafka import OutRecord, TransactionalProducer
+from app.errors import Fenced, KafkaUnavailable
+from app.kafka import OutRecord, Producer, TransactionalProducer
 
 pytestmark = pytest.mark.kafka
 
@@ -62,3 +62,24 @@ async def test_a_fenced_producer_says_so_and_leaves_nothing_unretrieved(
         assert await new.commit([(topic, 0, b"k", b"v2")], {(topic, 0): 2}, "g") != []
     finally:
         await new.stop()
+
+
+async def test_a_refused_send_of_the_plain_producer_leaves_nothing_unretrieved(
+    kafka_bootstrap: str, topic_factory: TopicFactory, unretrieved: list[dict[str, Any]]
+) -> None:
+    """Two records the broker refuses (over the topic's `max.message.bytes`), in two
+    partitions: `send_many` says so (KafkaUnavailable) from the first, and the second's
+    failure is retrieved too, not left for the event loop to log at collection."""
+    topic = await topic_factory(partitions=2, configs={"max.message.bytes": "1024"})
+    producer = Producer(kafka_bootstrap)
+    await producer.start()
+    try:
+        with pytest.raises(KafkaUnavailable):
+            await producer.send_many([(topic, p, b"k", bytes(4096)) for p in (0, 1)])
+    finally:
+        await producer.stop()
+    del producer
+    for _ in range(3):
+        gc.collect()
+        await asyncio.sleep(0)
+    assert unretrieved == []
