@@ -1,6 +1,7 @@
-"""A transactional producer fenced on a real broker (a newer producer of its transactional
-id started): it says `Fenced`, is broken for good, and leaves no failed future or task of
-aiokafka's behind unretrieved (which the event loop would only log, at collection)."""
+"""Producers on a real broker leave no failed future or task of aiokafka's behind
+unretrieved (which the event loop would only log, at collection): a transactional
+producer fenced (a newer producer of its transactional id started) says `Fenced` and is
+broken for good; the plain producer's refused sends are all retrieved."""
 
 from __future__ import annotations
 
