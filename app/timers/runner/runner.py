@@ -39,8 +39,9 @@ from app.timers.runner.ports import Clock, FiringStore, Sender
 from app.timers.runner.rounds import Round
 from app.timers.runner.sending import Sends
 from app.timers.runner.settling import operate_parked, reclaim, settle_exactly
+from app.timers.runner.slow_start import round_slice, slice_after
 from app.timers.runner.stats import RoundStats
-from app.timers.runner.wheel import Wheel, take_due_of
+from app.timers.runner.wheel import Wheel, count_due_of, load_due_of, take_from
 from tables.ledger import FailureLedger
 from tables.refs import AggregateRef
 from tables.store import DueRow
@@ -85,6 +86,8 @@ class TimerRunner:
             store, ledger, clock, self._options, self._firings, self._write_lock
         )
         self._sweep_turn = 0
+        # The slice the last round took of a burst, rows left due (None: no burst).
+        self._burst: int | None = None
 
     def _new_firing(
         self, partition: int, in_process: InProcessTargets | None = None
@@ -190,9 +193,12 @@ class TimerRunner:
             return r
         stats, o = r.stats, self._options
         wheels = {p: f.wheel for p, f in self._firings.items()}
-        loaded, stats.full = await take_due_of(
-            wheels, self._load, now, o.poll_interval_ms, o.batch_limit
-        )
+        await load_due_of(wheels, self._load, now, o.poll_interval_ms, o.batch_limit)
+        # A burst is taken in growing slices (`slow_start`): the first fires at once.
+        due = count_due_of(wheels, now, o.batch_limit)
+        take = round_slice(due, self._burst, limit=o.batch_limit)
+        loaded, stats.full = take_from(wheels, now, take)
+        self._burst = slice_after(take, stats.full)
         stats.loaded = len(loaded)
         # Not a timer of a partition stopped while it was being loaded.
         decided = [
