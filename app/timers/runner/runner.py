@@ -39,7 +39,7 @@ from app.timers.runner.ports import Clock, FiringStore, Sender
 from app.timers.runner.rounds import Round
 from app.timers.runner.sending import Sends
 from app.timers.runner.settling import operate_parked, reclaim, settle_exactly
-from app.timers.runner.slow_start import round_slice, slice_after
+from app.timers.runner.slow_start import burst_after, round_slice
 from app.timers.runner.stats import RoundStats
 from app.timers.runner.wheel import Wheel, count_due_of, load_due_of, take_from
 from tables.ledger import FailureLedger
@@ -86,7 +86,7 @@ class TimerRunner:
             store, ledger, clock, self._options, self._firings, self._write_lock
         )
         self._sweep_turn = 0
-        # The slice the last round took of a burst, rows left due (None: no burst).
+        # The slice of a burst under way: its last round left rows due (None: no burst).
         self._burst: int | None = None
 
     def _new_firing(
@@ -172,19 +172,25 @@ class TimerRunner:
                 self._next_due(r.stats)
             return r.stats
 
+    @property
+    def bursting(self) -> bool:
+        """Whether a burst is under way: its last round was sliced and left rows due."""
+        return self._burst is not None
+
     @contextlib.asynccontextmanager
-    async def round(self) -> AsyncIterator[Round]:
+    async def round(self, *, grow: bool = True) -> AsyncIterator[Round]:
         """A node's round: the due timers claimed on entering, and on leaving the claims
         its node committed (`Round.claims_committed`) sent, never the others (they lapse
         and are claimed again), and the outcomes that came back written. In between, the
         node commits the claims of `Round.to_commit` and has the partitions of
-        `Round.in_process` fire theirs. Its sends are not waited for (`answered`)."""
+        `Round.in_process` fire theirs. Its sends are not waited for (`answered`).
+        `grow`: a burst's slice may double (`slow_start`), else it is taken again."""
         async with self._round_lock:
-            r = await self._claim()
+            r = await self._claim(grow)
             yield r
             await self._finish(r)
 
-    async def _claim(self) -> Round:
+    async def _claim(self, grow: bool = True) -> Round:
         """Loads the due timers, decides them, and claims them: a remote one's claim written
         (in its partition's transaction), an in-process one's kept for its cycle."""
         now = self._clock.now()
@@ -196,9 +202,9 @@ class TimerRunner:
         await load_due_of(wheels, self._load, now, o.poll_interval_ms, o.batch_limit)
         # A burst is taken in growing slices (`slow_start`): the first fires at once.
         due = count_due_of(wheels, now, o.batch_limit)
-        take = round_slice(due, self._burst, limit=o.batch_limit)
+        take = round_slice(due, self._burst, limit=o.batch_limit, grow=grow)
         loaded, stats.full = take_from(wheels, now, take)
-        self._burst = slice_after(take, stats.full)
+        self._burst = burst_after(take, stats.full)
         stats.loaded = len(loaded)
         # Not a timer of a partition stopped while it was being loaded.
         decided = [
