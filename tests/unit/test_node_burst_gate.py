@@ -15,6 +15,7 @@ from app.node.commits import Commits
 from app.node.cycles import PartitionCycles
 from app.node.in_process import NodeTimerLoop
 from app.timers.runner import Round, RoundStats, TimerOptions, TimerRunner
+from app.timers.runner.slow_start import HELD_AT_MOST
 
 
 class BurstRunner:
@@ -89,3 +90,19 @@ async def test_a_burst_grows_once_its_first_commit_landed() -> None:
     commits.commits[1].set_result(True)
     await loop.round()
     assert runner.grows[-1] is True
+
+
+async def test_a_burst_whose_first_commit_is_slow_grows_after_a_few_rounds_held() -> None:
+    runner, commits, cycles = BurstRunner(), FakeCommits(), Cycles()
+    loop = NodeTimerLoop(
+        cast(TimerRunner, runner),
+        type_name="order",
+        types=cast(Any, {"order": object()}),
+        commits=cast(Commits, commits),
+        cycles=cast(PartitionCycles, cycles),
+    )
+    commits.commits[0] = asyncio.get_running_loop().create_future()  # never lands
+    runner.due = HELD_AT_MOST + 5
+    for _ in range(HELD_AT_MOST + 3):
+        await loop.round()
+    assert runner.grows == [True] + [False] * HELD_AT_MOST + [True, True]
