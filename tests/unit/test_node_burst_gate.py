@@ -15,7 +15,7 @@ from app.node.commits import Commits
 from app.node.cycles import PartitionCycles
 from app.node.in_process import NodeTimerLoop
 from app.timers.runner import Round, RoundStats, TimerOptions, TimerRunner
-from app.timers.runner.slow_start import HELD_AT_MOST
+from app.timers.runner.slow_start import HELD_AT_MOST_MS
 
 
 class BurstRunner:
@@ -102,7 +102,13 @@ async def test_a_burst_whose_first_commit_is_slow_grows_after_a_few_rounds_held(
         cycles=cast(PartitionCycles, cycles),
     )
     commits.commits[0] = asyncio.get_running_loop().create_future()  # never lands
-    runner.due = HELD_AT_MOST + 5
-    for _ in range(HELD_AT_MOST + 3):
+    runner.due = 8
+    runner.clock.set(1_000)
+    await loop.round()  # the burst begins at 1,000
+    for _ in range(3):
+        runner.clock.advance(HELD_AT_MOST_MS // 3 - 1)
         await loop.round()
-    assert runner.grows == [True] + [False] * HELD_AT_MOST + [True, True]
+    runner.clock.advance(3)
+    await loop.round()
+    await loop.round()
+    assert runner.grows == [True, False, False, False, True, True]

@@ -15,16 +15,16 @@ round takes them all, as without slow start. Rows not taken stay in the wheel.
 
 from __future__ import annotations
 
-__all__ = ["FIRST_SLICE", "HELD_AT_MOST", "burst_after", "round_slice"]
+__all__ = ["FIRST_SLICE", "HELD_AT_MOST_MS", "burst_after", "round_slice"]
 
 FIRST_SLICE = 32
 """A burst's first rounds take this many each (spread over the partitions by due time and
 id): a few per partition, so that their cycles and first transactions are tiny."""
 
 
-HELD_AT_MOST = 8
-"""Rounds a burst's slice is held for at most while its first commits go: a broker slow to
-commit them (seconds on a saturated machine) must not hold the burst's rate down too."""
+HELD_AT_MOST_MS = 300
+"""How long a burst's slice is held at most while its first commits go: a broker slow to
+commit them (seconds on a saturated machine) must not hold the burst's rate down long."""
 
 
 def round_slice(

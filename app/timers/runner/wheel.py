@@ -5,9 +5,10 @@ a conditional write, then fails, so the wheel never decides what the store refus
 Timer is built when it is taken (most of a load's cost): one dropped by a reload before it
 fell due is never built.
 
-Each partition the runner fires has a wheel of its own (`PartitionFiring`); `take_due_of`
-loads them together with one `due_rows()` when one ran out and takes the rows due across
-them, earliest first, as one wheel of every partition would."""
+Each partition the runner fires has a wheel of its own (`PartitionFiring`); `load_due_of`
+loads them together with one `due_rows()` when one ran out (a full load: once its rows due
+were all taken), and `take_from` takes the rows due across them by (due, id), as one wheel
+of every partition would, as many as the round takes (`slow_start`)."""
 
 from __future__ import annotations
 
