@@ -174,7 +174,7 @@ class TimerRunner:
 
     @property
     def bursting(self) -> bool:
-        """Whether a burst is under way: its last round was sliced and left rows due."""
+        """Whether a burst is under way: its last round left rows due (`slow_start`)."""
         return self._burst is not None
 
     @contextlib.asynccontextmanager
