@@ -193,6 +193,10 @@ class Commits:
     def in_flight(self, kept: KeptType, p: int) -> bool:
         return (own := self._of(p)) is not None and own.running(kept) is not None
 
+    def running(self, kept: KeptType, p: int) -> asyncio.Task[bool] | None:
+        """p's commit of `kept` in flight, if one is (the timer loop watches it land)."""
+        return None if (own := self._of(p)) is None else own.running(kept)
+
     def lag(self) -> float:
         """How long the oldest commit in flight has been going, in seconds (0: none): a
         commit that hangs holds every later write of its partition back (readiness)."""

@@ -7,6 +7,7 @@ before the runner is told it may send them (`Round.claims_committed`)."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable, Mapping
 
@@ -15,6 +16,7 @@ from app.node.cycles import PartitionCycles
 from app.node.kept import KeptType
 from app.protocol.topics import AggregateTopics
 from app.timers.runner import InProcessTargets, RoundStats, TimerLoop, TimerRunner
+from app.timers.runner.slow_start import HELD_AT_MOST_MS
 
 __all__ = ["NodeTimerLoop", "in_process_targets"]
 
@@ -45,11 +47,40 @@ class NodeTimerLoop(TimerLoop):
         self._types = types
         self._commits = commits
         self._cycles = cycles
+        # A burst under way (`TimerRunner.bursting`): the partitions that fire its timers
+        # in-process, the first commit seen in flight of each, and whether one landed.
+        self._burst_partitions: set[int] = set()
+        self._first_commits: dict[int, asyncio.Task[bool]] = {}
+        self._landed = False
+        self._began = 0
+
+    def _burst_may_grow(self) -> bool:
+        """Whether the burst's slice may double (`slow_start`): once the first of its
+        commits landed (its first timers fired), not before, so that the round trips of
+        those commits never wait behind a turn of the loop grown large; or once it was
+        held `HELD_AT_MOST_MS` (a slow broker). Claims of timers sent, not fired here,
+        commit within the round: nothing to wait for."""
+        if not self._runner.bursting:
+            self._burst_partitions.clear()
+            self._first_commits.clear()
+            self._landed = False
+            self._began = self._clock.now()  # a burst that begins at this round, if one
+            return True
+        kept = self._types.get(self._type_name)
+        if self._landed or kept is None or not self._burst_partitions:
+            return True
+        for p in self._burst_partitions - self._first_commits.keys():
+            if (commit := self._commits.running(kept, p)) is not None:
+                self._first_commits[p] = commit
+        self._landed = any(c.done() for c in self._first_commits.values())
+        return self._landed or self._clock.now() - self._began >= HELD_AT_MOST_MS
 
     async def round(self) -> RoundStats:
-        async with self._runner.round() as r:
+        async with self._runner.round(grow=self._burst_may_grow()) as r:
             for p in sorted(r.in_process):
                 self._cycles.fire_local(self._type_name, p)
+            if self._runner.bursting:
+                self._burst_partitions |= r.in_process
             for p in sorted(r.to_commit):
                 # A fenced owner commits no claim: it sends nothing. One partition's
                 # failure (its task is reset) holds no other's sends up.

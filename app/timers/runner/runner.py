@@ -39,8 +39,9 @@ from app.timers.runner.ports import Clock, FiringStore, Sender
 from app.timers.runner.rounds import Round
 from app.timers.runner.sending import Sends
 from app.timers.runner.settling import operate_parked, reclaim, settle_exactly
+from app.timers.runner.slow_start import burst_after, round_slice
 from app.timers.runner.stats import RoundStats
-from app.timers.runner.wheel import Wheel, take_due_of
+from app.timers.runner.wheel import Wheel, count_due_of, load_due_of, take_from
 from tables.ledger import FailureLedger
 from tables.refs import AggregateRef
 from tables.store import DueRow
@@ -85,6 +86,8 @@ class TimerRunner:
             store, ledger, clock, self._options, self._firings, self._write_lock
         )
         self._sweep_turn = 0
+        # The slice of a burst under way: its last round left rows due (None: no burst).
+        self._burst: int | None = None
 
     def _new_firing(
         self, partition: int, in_process: InProcessTargets | None = None
@@ -169,19 +172,25 @@ class TimerRunner:
                 self._next_due(r.stats)
             return r.stats
 
+    @property
+    def bursting(self) -> bool:
+        """Whether a burst is under way: its last round left rows due (`slow_start`)."""
+        return self._burst is not None
+
     @contextlib.asynccontextmanager
-    async def round(self) -> AsyncIterator[Round]:
+    async def round(self, *, grow: bool = True) -> AsyncIterator[Round]:
         """A node's round: the due timers claimed on entering, and on leaving the claims
         its node committed (`Round.claims_committed`) sent, never the others (they lapse
         and are claimed again), and the outcomes that came back written. In between, the
         node commits the claims of `Round.to_commit` and has the partitions of
-        `Round.in_process` fire theirs. Its sends are not waited for (`answered`)."""
+        `Round.in_process` fire theirs. Its sends are not waited for (`answered`).
+        `grow`: a burst's slice may double (`slow_start`), else it is taken again."""
         async with self._round_lock:
-            r = await self._claim()
+            r = await self._claim(grow)
             yield r
             await self._finish(r)
 
-    async def _claim(self) -> Round:
+    async def _claim(self, grow: bool = True) -> Round:
         """Loads the due timers, decides them, and claims them: a remote one's claim written
         (in its partition's transaction), an in-process one's kept for its cycle."""
         now = self._clock.now()
@@ -190,9 +199,12 @@ class TimerRunner:
             return r
         stats, o = r.stats, self._options
         wheels = {p: f.wheel for p, f in self._firings.items()}
-        loaded, stats.full = await take_due_of(
-            wheels, self._load, now, o.poll_interval_ms, o.batch_limit
-        )
+        await load_due_of(wheels, self._load, now, o.poll_interval_ms, o.batch_limit)
+        # A burst is taken in growing slices (`slow_start`): the first fires at once.
+        due = count_due_of(wheels, now, o.batch_limit)
+        take = round_slice(due, self._burst, limit=o.batch_limit, grow=grow)
+        loaded, stats.full = take_from(wheels, now, take)
+        self._burst = burst_after(take, stats.full)
         stats.loaded = len(loaded)
         # Not a timer of a partition stopped while it was being loaded.
         decided = [

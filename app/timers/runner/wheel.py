@@ -5,9 +5,10 @@ a conditional write, then fails, so the wheel never decides what the store refus
 Timer is built when it is taken (most of a load's cost): one dropped by a reload before it
 fell due is never built.
 
-Each partition the runner fires has a wheel of its own (`PartitionFiring`); `take_due_of`
-loads them together with one `due_rows()` when one ran out and takes the rows due across
-them, earliest first, as one wheel of every partition would."""
+Each partition the runner fires has a wheel of its own (`PartitionFiring`); `load_due_of`
+loads them together with one `due_rows()` when one ran out (a full load: once its rows due
+were all taken), and `take_from` takes the rows due across them by (due, id), as one wheel
+of every partition would, as many as the round takes (`slow_start`)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping, Set
 
 from tables import DueRow, Timer, TimerStatus
 
-__all__ = ["Load", "Wheel", "take_due_of"]
+__all__ = ["Load", "Wheel", "count_due_of", "load_due_of", "take_due_of", "take_from"]
 
 Load = Callable[[set[int], int, int], Awaitable[list[DueRow]]]
 """`(partitions, until, limit) -> rows due by until`: the store's `due_rows()`."""
@@ -34,16 +35,17 @@ class Wheel:
         self._seq = itertools.count()
         self.until: int | None = None
         """It holds the rows due until then; None: it is loaded again at the next take."""
+        self._full = False
         self._partitions: frozenset[int] = frozenset()
 
     async def take_due(self, partitions: frozenset[int], now: int) -> tuple[list[Timer], bool]:
         """The rows due now (at most `limit`), loaded again (one due() for every partition)
         when it ran out, was invalidated or the partitions changed; and whether more may be
         due now (in the wheel, or beyond a full load)."""
-        if self.stale(now) or partitions != self._partitions:
-            until = now + self._horizon
-            rows = await self._load(set(partitions), until, self._limit)
-            self.fill(rows, partitions, until, full=len(rows) >= self._limit)
+        if self.stale(now) or self.exhausted(now) or partitions != self._partitions:
+            rows = await self._load(set(partitions), now + self._horizon, self._limit)
+            full = len(rows) >= self._limit
+            self.fill(rows, partitions, held_until(rows, now + self._horizon, full), full=full)
         by_id: dict[str, DueRow] = {}
         while len(by_id) < self._limit and (r := self.pop_due(now)) is not None:
             by_id[r.id] = r  # a row offered again: the later offer is the newer row
@@ -55,18 +57,33 @@ class Wheel:
         return taken, self.more_due(now, took=bool(taken))
 
     def stale(self, now: int) -> bool:
-        """Whether it is loaded again before it is taken from."""
-        return self.until is None or now >= self.until
+        """Whether it must be loaded again before it is taken from: never loaded,
+        invalidated, or past what it holds (a full load: see `exhausted`)."""
+        if self.until is None:
+            return True
+        return not self._full and now >= self.until
+
+    def exhausted(self, now: int) -> bool:
+        """Whether it holds a full load (more rows may be due, at or after its last row)
+        and no row of it is due any more: loaded again once all the wheels loaded with it
+        are, rather than each round of a burst, to take the same rows again."""
+        return (
+            self._full and self.until is not None and now >= self.until and not self._head_due(now)
+        )
+
+    def _head_due(self, now: int) -> bool:
+        return bool(self._heap) and self._heap[0][0] <= now
 
     def fill(
         self, rows: list[DueRow], partitions: frozenset[int], until: int, *, full: bool
     ) -> None:
-        """Holds `rows` (a load of `partitions` due by `until`) instead of what it held."""
+        """Holds `rows` (a load of `partitions`, every row due before `until`; `full`: more
+        may be due from `until` on) instead of what it held."""
         self._heap = [(r.due_at, r.id, next(self._seq), r) for r in rows]
         heapq.heapify(self._heap)  # due() sorts by due time; ties across partitions
         self._partitions = partitions
-        # A full load may have left rows out: it is loaded again next round.
-        self.until = None if full else until
+        self._full = full
+        self.until = until
 
     def pop_due(self, now: int) -> DueRow | None:
         """Its earliest row, if due by `now`."""
@@ -76,12 +93,26 @@ class Wheel:
 
     def more_due(self, now: int, *, took: bool) -> bool:
         """Whether more may be due now: in it, or beyond a full load it was emptied of."""
-        head_due = bool(self._heap) and self._heap[0][0] <= now
-        return head_due or (self.until is None and not self._heap and took)
+        return self._head_due(now) or (self._full and took)
 
     @property
     def next_due(self) -> int | None:
         return self._heap[0][0] if self._heap else None
+
+    @property
+    def head(self) -> tuple[int, str] | None:
+        """Its earliest row's (due, id): the order rows are taken in across wheels."""
+        return (self._heap[0][0], self._heap[0][1]) if self._heap else None
+
+    def count_due(self, now: int, cap: int) -> int:
+        """How many rows in it are due by `now`, counted up to `cap` (O(wheel) at most)."""
+        n = 0
+        for d, _, _, _ in self._heap:
+            if d <= now:
+                n += 1
+                if n >= cap:
+                    break
+        return n
 
     def due(self, now: int, partitions: Set[int]) -> dict[str, int]:
         """The rows in it due by `now` of `partitions`, by id (O(wheel): for metrics)."""
@@ -99,27 +130,60 @@ class Wheel:
     def invalidate(self) -> None:
         """Loaded again at the next take (rows changed behind its back)."""
         self.until = None
+        self._full = False
 
 
 async def take_due_of(
     wheels: Mapping[int, Wheel], load: Load, now: int, horizon_ms: int, limit: int
 ) -> tuple[list[Timer], bool]:
     """The rows due now across the partitions' `wheels` (at most `limit`, earliest first),
-    all loaded first with one `load` when one ran out; and whether more may be due now. A
-    full load leaves each wheel to be loaded again next round."""
-    if any(w.stale(now) for w in wheels.values()):
-        # All of them, so that they run out together: one load a poll interval, as one
-        # wheel of every partition (a row offered since is in the store: loaded again).
+    all loaded first with one `load` when one ran out (`load_due_of`); and whether more may
+    be due now."""
+    await load_due_of(wheels, load, now, horizon_ms, limit)
+    return take_from(wheels, now, limit)
+
+
+async def load_due_of(
+    wheels: Mapping[int, Wheel], load: Load, now: int, horizon_ms: int, limit: int
+) -> None:
+    """Loads all the partitions' `wheels` with one `load` (at most `limit` rows) when one
+    ran out: so that they run out together, one load a poll interval, as one wheel of
+    every partition (a row offered since is in the store: loaded again)."""
+    if any(w.stale(now) for w in wheels.values()) or (
+        wheels and all(w.exhausted(now) for w in wheels.values())
+    ):
         stale = frozenset(wheels)
-        until = now + horizon_ms
-        rows = await load(set(stale), until, limit)
+        rows = await load(set(stale), now + horizon_ms, limit)
+        full = len(rows) >= limit
+        until = held_until(rows, now + horizon_ms, full)
         by_partition: defaultdict[int, list[DueRow]] = defaultdict(list)
         for r in rows:
             by_partition[r.partition].append(r)
         for p in stale:
-            wheels[p].fill(by_partition[p], frozenset({p}), until, full=len(rows) >= limit)
-    heads = [(head, p) for p, w in wheels.items() if (head := w.next_due) is not None]
-    heads = [(head, p) for head, p in heads if head <= now]
+            wheels[p].fill(by_partition[p], frozenset({p}), until, full=full)
+
+
+def held_until(rows: list[DueRow], until: int, full: bool) -> int:
+    """Until when a load by `until` holds every row due: a full load, only before its last
+    row's due time (rows due then or later may have been left out; ties are by id)."""
+    return rows[-1].due_at if full and rows else until
+
+
+def count_due_of(wheels: Mapping[int, Wheel], now: int, cap: int) -> int:
+    """How many rows the `wheels` hold due by `now`, counted up to `cap`."""
+    n = 0
+    for w in wheels.values():
+        n += w.count_due(now, cap - n)
+        if n >= cap:
+            break
+    return n
+
+
+def take_from(wheels: Mapping[int, Wheel], now: int, limit: int) -> tuple[list[Timer], bool]:
+    """The rows due now in the `wheels` (at most `limit`), by due time then id across them
+    (so that a few taken are spread over the partitions); whether more may be due now."""
+    heads = [(head, p) for p, w in wheels.items() if (head := w.head) is not None]
+    heads = [(head, p) for head, p in heads if head[0] <= now]
     heapq.heapify(heads)
     by_id: dict[str, DueRow] = {}
     took: set[int] = set()
@@ -130,7 +194,7 @@ async def take_due_of(
         assert row is not None  # its head was due
         by_id[row.id] = row  # a row offered again: the later offer is the newer row
         took.add(p)
-        if (head := wheel.next_due) is not None and head <= now:
+        if (head := wheel.head) is not None and head[0] <= now:
             heapq.heappush(heads, (head, p))
     try:
         taken = DueRow.built(by_id.values())

@@ -1,0 +1,46 @@
+"""Slow start for a burst: how many due rows a round takes (`round_slice`).
+
+A round's claims are decided, then fired by their partitions' cycles and committed in
+their transactions, each in one turn of the event loop. When a thousand are due at once,
+the round that takes them all makes every cycle and transaction large, and the first
+timer fires only when its transaction's round trips have each waited behind all that
+work. So when a round would be full (`limit` or more due), it takes a small first slice,
+whose cycles and transactions are small and commit at once; the next rounds take as many
+until the burst may grow (`grow`: a node's loop, once the first of the burst's commits
+landed, so that its round trips never wait behind large turns), then each doubles the
+slice while rows are left due (a full round), up to `limit`; a round that leaves
+nothing due ends the burst. Fewer than `limit` due (steady load) is never sliced: such a
+round takes them all, as without slow start. Rows not taken stay in the wheel.
+"""
+
+from __future__ import annotations
+
+__all__ = ["FIRST_SLICE", "HELD_AT_MOST_MS", "burst_after", "round_slice"]
+
+FIRST_SLICE = 32
+"""A burst's first rounds take this many each (spread over the partitions by due time and
+id): a few per partition, so that their cycles and first transactions are tiny."""
+
+
+HELD_AT_MOST_MS = 300
+"""How long a burst's slice is held at most while its first commits go: a broker slow to
+commit them (seconds on a saturated machine) must not hold the burst's rate down long."""
+
+
+def round_slice(
+    due: int, burst: int | None, *, limit: int, first: int = FIRST_SLICE, grow: bool = True
+) -> int:
+    """How many rows this round takes: `due` rows are due now (counted up to `limit`);
+    `burst` the slice of the burst under way (its last round left rows due), if any;
+    `grow`: whether that slice may double now (else it is taken again)."""
+    if burst is not None:
+        return min(limit, 2 * burst if grow else burst)
+    if due >= limit:
+        return max(1, min(first, limit))  # a burst begins
+    return limit  # steady: all that is due, as many as a round may take
+
+
+def burst_after(taken: int, more: bool) -> int | None:
+    """The burst as the next round sees it, after a round whose slice (`round_slice`, what
+    it might take) was `taken`: None when it left nothing due (`more`)."""
+    return taken if more else None
