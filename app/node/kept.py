@@ -11,7 +11,7 @@ from app.errors import Fenced
 from app.kafka import TopicSpec
 from app.model.aggregate import AggregateType
 from app.node.local_state import CleanMarks
-from app.node.partition_transaction import PartitionTransaction
+from app.node.type_transactions import TypeTransactions
 from app.protocol.dead_letters import DEAD_LETTER_TOPIC_BYTES
 from app.protocol.topics import AggregateTopics, ContextTopics
 from app.timers.runner import TimerLoop, TimerRunner
@@ -33,7 +33,7 @@ class KeptType:
     states: RocksAggregateStore | None
     # Per owned partition, its one transaction (timer rows, the command path's records,
     # every offset of p).
-    transactions: PartitionTransaction
+    transactions: TypeTransactions
     marks: CleanMarks
 
     @property

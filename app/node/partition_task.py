@@ -34,9 +34,9 @@ from app.node.in_process import in_process_targets
 from app.node.kept import is_fenced
 from app.node.partition_input import Batch, Held, PartitionInput
 from app.node.partition_release import CloseFailed, release_partition
-from app.node.partition_transaction import PartitionTransaction
 from app.node.task_shared import TaskManager, TaskShared
 from app.node.task_state import TaskState, closes_clean, transition
+from app.node.type_transactions import TypeTransactions
 from app.timers.restore import restore_partition, unreadable_letters
 
 __all__ = ["TAKE_ATTEMPTS", "PartitionTask", "TaskManager", "TaskShared"]
@@ -370,7 +370,7 @@ class PartitionTask:
         await release_partition(self._shared, self.commits, self.processors, self.p, clean=clean)
 
 
-def _committer(transactions: PartitionTransaction, p: int) -> Commit:
+def _committer(transactions: TypeTransactions, p: int) -> Commit:
     """The command path's commit: p's one transaction."""
 
     async def commit(

@@ -13,7 +13,7 @@ import pytest
 from app.errors import Fenced, KafkaUnavailable
 from app.kafka import Record, TopicSpec, TransactionalWriter
 from app.kafka.memory import MemoryLog
-from app.node.partition_transaction import PartitionTransaction as TransactionalChangelog
+from app.node.type_transactions import TypeTransactions as TransactionalChangelog
 from app.timers.restore import restore_partition
 from tables import (
     AggregateRef,

@@ -148,7 +148,9 @@ async def test_a_revoke_during_a_retakes_dirty_close_leaves_no_producer_half_sto
     in half: it ends, and the revoke's close waits for it."""
     await wait_until(node.runs)
     kept = node.node.types[TOPICS.type_name]
-    writer = kept.transactions._producers[1]
+    txn = kept.transactions.of(1)
+    assert txn is not None
+    writer = txn.producer
     assert isinstance(writer, MemoryWriter)
     stopping, release = asyncio.Event(), asyncio.Event()
     stopped: list[MemoryWriter] = []
@@ -227,7 +229,9 @@ async def test_a_close_that_fails_partway_lets_everything_go_and_is_not_clean(
     p never opens p's transactional id over the old producer."""
     await wait_until(node.runs)
     kept = node.node.types[TOPICS.type_name]
-    writer = kept.transactions._producers[0]
+    txn = kept.transactions.of(0)
+    assert txn is not None
+    writer = txn.producer
     assert isinstance(writer, MemoryWriter)
     stopped: list[MemoryWriter] = []
     stop = MemoryWriter.stop
@@ -328,7 +332,9 @@ async def test_a_retakes_close_that_fails_stops_the_producer_and_never_reopens_i
     opens p's transactional id over it; the node stops loudly."""
     await wait_until(node.runs)
     kept = node.node.types[TOPICS.type_name]
-    writer = kept.transactions._producers[1]
+    txn = kept.transactions.of(1)
+    assert txn is not None
+    writer = txn.producer
     assert isinstance(writer, MemoryWriter)
     stopped: list[MemoryWriter] = []
     stop = MemoryWriter.stop

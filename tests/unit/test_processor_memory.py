@@ -16,7 +16,7 @@ from app.errors import Fenced
 from app.kafka import OutRecord, Record, TopicSpec
 from app.kafka.memory import MemoryLog
 from app.model.aggregate import AggregateType, Command, Decision
-from app.node.partition_transaction import PartitionTransaction as TransactionalChangelog
+from app.node.type_transactions import TypeTransactions as TransactionalChangelog
 from app.protocol.topics import AggregateTopics, ContextTopics
 from app.protocol.wire import CommandEnvelope, CommandResult, EventEnvelope, decode, encode
 from tables import AggregateRef

@@ -14,7 +14,7 @@ from app.commands.processor import CommandProcessor
 from app.kafka import OutRecord, TopicSpec
 from app.kafka.memory import MemoryLog
 from app.model.aggregate import AggregateType, Command, Decision
-from app.node.partition_transaction import PartitionTransaction as TransactionalChangelog
+from app.node.type_transactions import TypeTransactions as TransactionalChangelog
 from app.protocol.topics import AggregateTopics, ContextTopics
 from app.protocol.wire import CommandEnvelope, CommandResult, ResultCode, decode, encode
 from app.timers.runner import SENT

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from app.kafka import OutRecord, Record, TopicSpec
 from app.kafka.memory import MemoryLog
-from app.node.partition_transaction import PartitionTransaction as TransactionalChangelog
+from app.node.type_transactions import TypeTransactions as TransactionalChangelog
 from app.protocol.topics import AggregateTopics
 from app.protocol.wire import (
     SCHEDULE_CANCELLED,
