@@ -18,6 +18,7 @@ from app.errors import NodeFailed
 from app.kafka.consumers import rebalance_timeout_ms
 from app.kafka.memory import MemoryLog, MemoryWriter
 from app.node.partition_task import PartitionTask
+from app.node.partition_transaction import PartitionTransaction
 from app.node.settings import Settings
 from app.node.task_state import TaskState
 from tables import StoreError
@@ -196,9 +197,9 @@ async def test_a_new_task_behind_a_close_that_crashed_never_takes_the_partition(
     opened: list[int] = []
     open_ = kept.transactions.open
 
-    async def opening(p: int) -> None:
+    async def opening(p: int) -> PartitionTransaction:
         opened.append(p)
-        await open_(p)
+        return await open_(p)
 
     monkeypatch.setattr(kept.transactions, "open", opening)
     revoking = asyncio.create_task(node.node._revoked({(TOPICS.events, 0)}))
@@ -353,9 +354,9 @@ async def test_a_retakes_close_that_fails_stops_the_producer_and_never_reopens_i
     opened: list[int] = []
     open_ = kept.transactions.open
 
-    async def opening(p: int) -> None:
+    async def opening(p: int) -> PartitionTransaction:
         opened.append(p)
-        await open_(p)
+        return await open_(p)
 
     monkeypatch.setattr(MemoryWriter, "stop", stop_noted)
     monkeypatch.setattr(kept.runner, "stop_partition", failing)

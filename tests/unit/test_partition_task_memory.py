@@ -19,6 +19,7 @@ from app.kafka import LogReader
 from app.kafka.memory import MemoryLog
 from app.kafka.records import RestoreProgress
 from app.node.partition_task import PartitionTask
+from app.node.partition_transaction import PartitionTransaction
 from app.node.task_state import TaskState
 from tables import AggregateRef, StoreError, Timer, TimerStatus
 from tables.partitioner import partition_of
@@ -66,10 +67,10 @@ async def test_a_fault_in_one_task_closes_and_revives_it_alone_while_another_fir
             raise StoreError("the disk under partition 0 is gone")
         return await put_many(timers)
 
-    async def open_failing(partition: int) -> None:
+    async def open_failing(partition: int) -> PartitionTransaction:
         if faulty and partition == bad:
             raise KafkaUnavailable("partition 0's coordinator is away")
-        await open_(partition)
+        return await open_(partition)
 
     monkeypatch.setattr(kept.store, "put_many", put_failing)
     monkeypatch.setattr(kept.transactions, "open", open_failing)
