@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 from app.errors import KafkaUnavailable
-from app.kafka import OutRecord, TransactionalWriter, WriterFactory
-from app.node.partition_transaction import PartitionTransaction, Transaction
+from app.kafka import TransactionalWriter, WriterFactory
+from app.node.partition_transaction import PartitionTransaction
 from tables import ChangelogRecord
 
 __all__ = ["OPEN_DEADLINE_S", "STOP_DEADLINE_S", "TypeTransactions"]
@@ -80,15 +80,16 @@ class TypeTransactions:
         self._open[partition] = txn
         return txn
 
-    def of(self, partition: int) -> PartitionTransaction | None:
-        """The partition's open transaction (None: not owned here)."""
-        return self._open.get(partition)
-
-    def _owned(self, partition: int) -> PartitionTransaction:
+    def of(self, partition: int) -> PartitionTransaction:
+        """The partition's open transaction; `KafkaUnavailable` when it is not owned here."""
         txn = self._open.get(partition)
         if txn is None:
             raise KafkaUnavailable(f"{self.topic}[{partition}] is not owned by this node")
         return txn
+
+    def get(self, partition: int) -> PartitionTransaction | None:
+        """The partition's open transaction (None: not owned here)."""
+        return self._open.get(partition)
 
     async def abandon(
         self,
@@ -155,8 +156,11 @@ class TypeTransactions:
                 del self._stopping[partition]
 
     async def __call__(self, records: list[ChangelogRecord]) -> None:
+        """The store's changelog sink: each row buffered in its partition's transaction; a
+        row of a partition with none open here is refused (`KafkaUnavailable`: the store's
+        write fails, as for any partition this node does not own)."""
         for r in records:
-            self._owned(r.partition).add(r.key, r.value)
+            self.of(r.partition).add(r.key, r.value)
 
     def owns(self, partition: int) -> bool:
         return partition in self._open
@@ -164,45 +168,3 @@ class TypeTransactions:
     def pending(self) -> list[int]:
         """The partitions with rows or staged work waiting to be committed."""
         return [p for p, txn in self._open.items() if txn.waits()]
-
-    # By partition, what its transaction does (see `PartitionTransaction`).
-
-    def waiting(self, partition: int) -> int:
-        txn = self._open.get(partition)
-        return 0 if txn is None else txn.waiting()
-
-    def discard(self, partition: int) -> None:
-        if (txn := self._open.get(partition)) is not None:
-            txn.discard()
-
-    def broken(self, partition: int) -> KafkaUnavailable | None:
-        txn = self._open.get(partition)
-        return None if txn is None else txn.broken
-
-    def stage(
-        self,
-        partition: int,
-        records: Sequence[OutRecord],
-        offsets: dict[tuple[str, int], int],
-        committed: Callable[[list[int]], None] | None = None,
-    ) -> None:
-        self._owned(partition).stage(records, offsets, committed)
-
-    async def commit(
-        self,
-        partition: int,
-        offsets: dict[tuple[str, int], int] | None = None,
-        records: Sequence[OutRecord] = (),
-    ) -> list[int]:
-        return await self._owned(partition).commit(offsets, records)
-
-    def take(self, partition: int) -> Transaction | None:
-        return self._owned(partition).take()
-
-    def waits(self, partition: int) -> bool:
-        txn = self._open.get(partition)
-        return txn is not None and txn.waits()
-
-    def staged(self, partition: int) -> bool:
-        txn = self._open.get(partition)
-        return txn is not None and txn.staged()

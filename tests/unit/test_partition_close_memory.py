@@ -77,7 +77,7 @@ async def test_a_close_whose_commit_and_producer_stop_hang_ends_at_its_one_deadl
     monkeypatch.setattr(MemoryWriter, "stop", stop_hanging)
     task = node.node._tasks[0]
     try:
-        kept.transactions.stage(0, [(TOPICS.events, 0, b"hung", b"never committed")], {})
+        kept.transactions.of(0).stage([(TOPICS.events, 0, b"hung", b"never committed")], {})
         await wait_until(hung.is_set)
         assert node.node.commits.in_flight(kept, 0)
         began = time.monotonic()
@@ -114,7 +114,7 @@ async def test_a_closing_partition_is_in_healthz_with_its_commit_age(
             await release.wait()
 
     log.before_commit = held
-    kept.transactions.stage(0, [(TOPICS.events, 0, b"last", b"committed by the close")], {})
+    kept.transactions.of(0).stage([(TOPICS.events, 0, b"last", b"committed by the close")], {})
     consumer = node.node._consumer
     assert consumer is not None
     revoking: asyncio.Task[Any]
@@ -150,7 +150,6 @@ async def test_a_revoke_during_a_retakes_dirty_close_leaves_no_producer_half_sto
     await wait_until(node.runs)
     kept = node.node.types[TOPICS.type_name]
     txn = kept.transactions.of(1)
-    assert txn is not None
     writer = txn.producer
     assert isinstance(writer, MemoryWriter)
     stopping, release = asyncio.Event(), asyncio.Event()
@@ -231,7 +230,6 @@ async def test_a_close_that_fails_partway_lets_everything_go_and_is_not_clean(
     await wait_until(node.runs)
     kept = node.node.types[TOPICS.type_name]
     txn = kept.transactions.of(0)
-    assert txn is not None
     writer = txn.producer
     assert isinstance(writer, MemoryWriter)
     stopped: list[MemoryWriter] = []
@@ -334,7 +332,6 @@ async def test_a_retakes_close_that_fails_stops_the_producer_and_never_reopens_i
     await wait_until(node.runs)
     kept = node.node.types[TOPICS.type_name]
     txn = kept.transactions.of(1)
-    assert txn is not None
     writer = txn.producer
     assert isinstance(writer, MemoryWriter)
     stopped: list[MemoryWriter] = []

@@ -86,7 +86,7 @@ async def target_owner(log: MemoryLog) -> None:
     async def commit(
         records: Sequence[OutRecord], offsets: dict[tuple[str, int], int]
     ) -> list[int]:
-        return await changelog.commit(Q, offsets, records)
+        return await changelog.of(Q).commit(offsets, records)
 
     processor = CommandProcessor(
         orders,

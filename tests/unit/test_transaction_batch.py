@@ -92,7 +92,6 @@ async def test_a_partitions_producer_opens_with_the_batch_its_topics_take(
         kept = n.node.types[TOPICS.type_name]
         for p in range(PARTITIONS):
             txn = kept.transactions.of(p)
-            assert txn is not None
             writer = txn.producer
             assert isinstance(writer, MemoryWriter)
             assert writer.max_batch_bytes == batch
