@@ -1,6 +1,6 @@
-"""What a node keeps for each aggregate type (its store, runner, transactions; each
-partition's command processor is its task's), and the topics a node of some types reads
-and writes."""
+"""What a node keeps for each aggregate type (its store, runner, and the registry of its
+partitions' transactions; each partition's transaction and command processor are its
+task's), and the topics a node of some types reads and writes."""
 
 from __future__ import annotations
 
@@ -31,8 +31,8 @@ class KeptType:
     runner: TimerRunner
     loop: TimerLoop
     states: RocksAggregateStore | None
-    # Per owned partition, its one transaction (timer rows, the command path's records,
-    # every offset of p).
+    # Its partitions' transactions (each held by the task of its partition), opened here,
+    # and the store's changelog sink that routes each timer row to its partition's.
     transactions: TypeTransactions
     marks: CleanMarks
 
