@@ -18,7 +18,7 @@ from typing import Protocol
 
 from app.errors import KafkaUnavailable
 from app.node.kept import KeptType
-from app.node.partition_transaction import Transaction
+from app.node.partition_transaction import PartitionTransaction, Transaction
 
 __all__ = ["Commits", "Committing", "PartitionCommits"]
 
@@ -36,11 +36,18 @@ for the commit in flight: a hung or slow commit holds the poll loop, not memory.
 class PartitionCommits:
     """One partition task's commits, per type: when its last one started and the one in
     flight; and the offsets of its work done with nothing to write. `on_failure` is told
-    what failed and why when a commit fails (the task's own `failed`)."""
+    what failed and why when a commit fails (the task's own `failed`); `transactions` are
+    the task's, per type (those it holds open)."""
 
-    def __init__(self, p: int, on_failure: Callable[[str, BaseException], None]) -> None:
+    def __init__(
+        self,
+        p: int,
+        on_failure: Callable[[str, BaseException], None],
+        transactions: Mapping[str, PartitionTransaction],
+    ) -> None:
         self.p = p
         self._on_failure = on_failure
+        self._transactions = transactions
         self._started_at: dict[str, float] = {}
         self._in_flight: dict[str, asyncio.Task[bool]] = {}
         # A commit of it failed: its transactions' work since is not whole (never marked).
@@ -48,6 +55,24 @@ class PartitionCommits:
         # Offsets of batches that wrote nothing: committed by the poll loop, not in a
         # transaction (most of a busy log is not about timers).
         self._offsets: dict[tuple[str, int], int] = {}
+
+    def owns(self, kept: KeptType) -> bool:
+        """Whether its task holds its transaction of `kept` open."""
+        txn = self._transactions.get(kept.name)
+        return txn is not None and not txn.abandoned
+
+    def waits(self, kept: KeptType) -> bool:
+        """Whether rows or staged work wait in its transaction of `kept`."""
+        txn = self._transactions.get(kept.name)
+        return txn is not None and txn.waits()
+
+    def _transaction(self, kept: KeptType) -> PartitionTransaction:
+        txn = self._transactions.get(kept.name)
+        if txn is None:
+            raise KafkaUnavailable(
+                f"{kept.topics.timers_changelog}[{self.p}] is not owned by this node"
+            )
+        return txn
 
     def running(self, kept: KeptType) -> asyncio.Task[bool] | None:
         """The commit of `kept` still going: one that ended is not, though its done callback
@@ -79,7 +104,7 @@ class PartitionCommits:
         (see `Commits.start`)."""
         if (running := self.running(kept)) is not None:
             return running
-        taken = kept.transactions.take(self.p)
+        taken = self._transaction(kept).take()
         if taken is None:
             return None
         name = kept.name
@@ -95,7 +120,9 @@ class PartitionCommits:
         """Waits while a type's work waiting for its transaction is over `max_staged` with
         a commit in flight (bounded: each commit has a deadline)."""
         for kept in types:
-            while kept.transactions.waiting(self.p) > max_staged:
+            while (txn := self._transactions.get(kept.name)) is not None and (
+                txn.waiting() > max_staged
+            ):
                 commit = self.running(kept)
                 if commit is None:
                     break  # the next cycle's stage starts one
@@ -131,7 +158,7 @@ class PartitionCommits:
             commit = self._in_flight.get(kept.name)
             left = until - loop.time()
             if commit is None:
-                if not rest or not kept.transactions.waits(self.p):
+                if not rest or not self.waits(kept):
                     return not self._failed
                 if left <= 0:
                     return False
@@ -243,12 +270,12 @@ class Commits:
             await asyncio.sleep(self._tick)
             for p, task in list(self._running.items()):
                 for kept in types():
-                    if not kept.transactions.waits(p) or not self.may_commit(kept, p):
+                    if not task.commits.waits(kept) or not self.may_commit(kept, p):
                         continue
                     if task.lock.locked():
                         continue  # a cycle of p: it commits at its end, or a later tick
                     async with task.lock:
-                        if self._running.get(p) is task and kept.transactions.owns(p):
+                        if self._running.get(p) is task and task.commits.owns(kept):
                             self.start(kept, p)
 
     async def commit_claims(self, kept: KeptType, partitions: set[int]) -> None:
@@ -258,7 +285,7 @@ class Commits:
                 if (task := self._running.get(p)) is None:
                     raise KafkaUnavailable(f"partition {p} is not owned")
                 async with task.lock:
-                    if self._running.get(p) is not task or not kept.transactions.owns(p):
+                    if self._running.get(p) is not task or not task.commits.owns(kept):
                         raise KafkaUnavailable(f"partition {p} is not owned")
                     earlier = self.in_flight(kept, p)  # then the claims wait for the next
                     commit = self.start(kept, p)

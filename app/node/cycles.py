@@ -2,7 +2,8 @@
 with no state of any partition's own. Each cycle takes every batch that arrived for its
 partition (the log, commands, operators' requests) and the timers its partition's firing
 holds claimed to fire in-process (`TimerRunner.in_process_due`), decides them together,
-and stages them in the partition's transaction, one per type (`Commits` commits it).
+and stages them in the partition's transaction, one per type (its task's, which its input
+carries; `Commits` commits it).
 What each partition's cycles run on is its task's own (`PartitionInput`, one per take):
 its queue, its worker (`work`), its lock, its in-process wake-up, whether a cycle was cut
 short and where its last failed cycle read.
@@ -29,6 +30,7 @@ from app.node.cycle_work import CycleWork, records_after
 from app.node.kept import KeptType
 from app.node.metrics import NodeMetrics
 from app.node.partition_input import Batch, PartitionInput
+from app.node.partition_transaction import PartitionTransaction
 from app.protocol.dead_letters import Stage
 from app.protocol.limits import InputLimits
 from app.protocol.wire import SYSTEM_EVENTS, CommandEnvelope, EventEnvelope, ResultCode, decode
@@ -138,8 +140,8 @@ class PartitionCycles:
                     # Cut short (a hand-off): what it wrote so far is half a cycle, thrown
                     # away before the lock lets a commit take it.
                     inp.cut = True
-                    for kept in self._types.values():
-                        kept.transactions.discard(p)
+                    for txn in inp.transactions.values():
+                        txn.discard()
                     raise
                 if staged:
                     for topic, records in fresh:
@@ -192,8 +194,9 @@ class PartitionCycles:
                 await self._record_local(kept, timers, decided)
                 # After the settles: a Fire that reschedules its own key would fail them.
                 w.wrote = await self._carry_out(kept, batch, p) or w.wrote
+            transactions = inp.transactions if inp is not None else {}
             for w in work.values():
-                self._stage(p, w)
+                self._stage(p, w, transactions.get(w.kept.name))
         except Exception as exc:
             # Nothing of the cycle counts: the partition is taken again and read from its
             # committed offsets (every write is idempotent).
@@ -222,9 +225,10 @@ class PartitionCycles:
         ]
         self._metrics.round(kept.name, await kept.runner.record_outcomes(outcomes))
 
-    def _stage(self, p: int, w: CycleWork) -> None:
-        """Stages the cycle's work in p's transaction, and commits it at once unless p
-        committed less than a commit interval ago (then the committer does, by then)."""
+    def _stage(self, p: int, w: CycleWork, txn: PartitionTransaction | None) -> None:
+        """Stages the cycle's work in p's transaction of its type (`txn`; None: p's task
+        holds none, it stops running), and commits it at once unless p committed less than
+        a commit interval ago (then the committer does, by then)."""
         kept = w.kept
         if w.batch is not None and w.batch.empty:
             w.batch = None
@@ -232,7 +236,7 @@ class PartitionCycles:
             w.batch is None
             and not w.out
             and not w.wrote
-            and not kept.transactions.staged(p)
+            and (txn is None or not txn.staged())
             and not self._commits.in_flight(kept, p)
         ):
             # Nothing written (most of a busy log is not about timers): no transaction
@@ -254,7 +258,9 @@ class PartitionCycles:
                 )
         for topic, n in w.letters.items():
             self._metrics.dead_letters.labels(topic).inc(n)
-        kept.transactions.stage(p, records, offsets, committed)
+        if txn is None:
+            raise KafkaUnavailable(f"{kept.topics.timers_changelog}[{p}] is not owned by this node")
+        txn.stage(records, offsets, committed)
         if self._commits.may_commit(kept, p):
             self._commits.start(kept, p)
 

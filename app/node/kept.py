@@ -1,6 +1,6 @@
-"""What a node keeps for each aggregate type (its store, runner, transactions; each
-partition's command processor is its task's), and the topics a node of some types reads
-and writes."""
+"""What a node keeps for each aggregate type (its store, runner, and the registry of its
+partitions' transactions; each partition's transaction and command processor are its
+task's), and the topics a node of some types reads and writes."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from app.errors import Fenced
 from app.kafka import TopicSpec
 from app.model.aggregate import AggregateType
 from app.node.local_state import CleanMarks
-from app.node.partition_transaction import PartitionTransaction
+from app.node.type_transactions import TypeTransactions
 from app.protocol.dead_letters import DEAD_LETTER_TOPIC_BYTES
 from app.protocol.topics import AggregateTopics, ContextTopics
 from app.timers.runner import TimerLoop, TimerRunner
@@ -31,9 +31,9 @@ class KeptType:
     runner: TimerRunner
     loop: TimerLoop
     states: RocksAggregateStore | None
-    # Per owned partition, its one transaction (timer rows, the command path's records,
-    # every offset of p).
-    transactions: PartitionTransaction
+    # Its partitions' transactions (each held by the task of its partition), opened here,
+    # and the store's changelog sink that routes each timer row to its partition's.
+    transactions: TypeTransactions
     marks: CleanMarks
 
     @property

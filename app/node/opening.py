@@ -20,8 +20,8 @@ from app.node.in_process import NodeTimerLoop
 from app.node.kept import KeptType
 from app.node.local_state import CleanMarks
 from app.node.metrics import NodeMetrics
-from app.node.partition_transaction import PartitionTransaction
 from app.node.settings import Settings
+from app.node.type_transactions import TypeTransactions
 from app.protocol.dead_letters import DEAD_LETTER_TOPIC_BYTES
 from app.protocol.topics import AggregateTopics, ContextTopics
 from app.timers.runner import Clock, TimerOptions, TimerRunner
@@ -124,7 +124,7 @@ def open_type(
     def writer(transactional_id: str) -> TransactionalWriter:
         return clients.transactional_writer(transactional_id, max_batch_bytes=batch_bytes)
 
-    transactions = PartitionTransaction(
+    transactions = TypeTransactions(
         writer,
         t.timers_changelog,
         s.group_id,

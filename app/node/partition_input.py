@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -24,6 +24,7 @@ from app.kafka import Record
 
 if TYPE_CHECKING:
     from app.node.cycles import PartitionCycles
+    from app.node.partition_transaction import PartitionTransaction
 
 __all__ = ["LOCAL", "QUEUE_SIZE", "Batch", "Held", "PartitionInput"]
 
@@ -53,15 +54,18 @@ class Held:
 
 class PartitionInput:
     """One take of partition `p`'s input, its worker started at once; `on_failure` (its
-    task's `failed`) is told when the worker ends other than by `stop`."""
+    task's `failed`) is told when the worker ends other than by `stop`. `transactions`:
+    per type, its task's transaction of p, where the cycles stage their work."""
 
     def __init__(
         self,
         p: int,
         cycles: PartitionCycles,
         on_failure: Callable[[str, BaseException], None],
+        transactions: Mapping[str, PartitionTransaction],
     ) -> None:
         self.p = p
+        self.transactions = transactions
         self.queue: asyncio.Queue[Batch] = asyncio.Queue(maxsize=QUEUE_SIZE)
         self.held = Held()
         # Held by a cycle and around taking its transaction (`Commits`): what one cycle

@@ -15,6 +15,7 @@ from app.node.commits import PartitionCommits
 if TYPE_CHECKING:
     from app.node.kept import KeptType
     from app.node.partition_task import TaskShared
+    from app.node.partition_transaction import PartitionTransaction
 
 __all__ = ["CloseFailed", "release_partition"]
 
@@ -30,12 +31,14 @@ async def release_partition(
     s: TaskShared,
     commits: PartitionCommits,
     processors: dict[str, CommandProcessor],
+    transactions: dict[str, PartitionTransaction],
     p: int,
     *,
     clean: bool,
 ) -> None:
     """Lets everything of p go (its task's `close`): `clean`, what its transactions hold is
-    committed first and its local copy marked clean; all of it within one deadline.
+    committed first and its local copy marked clean; all of it within one deadline. Its
+    transactions (`transactions`, per type) are abandoned and dropped.
     `CloseFailed` when a part failed: every other part is done all the same (p's producer
     always stopped), and the copy is not marked clean."""
     commits.take_offsets()  # passed over, not committed: read again by the next
@@ -53,16 +56,14 @@ async def release_partition(
             whole = clean and await commits.settle(kept, until=until, rest=False)
             await kept.runner.stop_partition(p)
             # What waits (the runner's last writes included), if p's producer is open.
-            committed = (
-                whole and kept.transactions.owns(p) and await commits.settle(kept, until=until)
-            )
+            committed = whole and commits.owns(kept) and await commits.settle(kept, until=until)
         except Exception as exc:
             logger.exception("letting partition %d of %s go failed", p, kept.topics.type_name)
             failed.append(f"{kept.name}: {exc!r}")
         finally:
             # Whatever failed (or was cancelled) before: p's producer is stopped and its
             # store and processor let go, or a retake's open would leak the producer.
-            failed += await _let_go(s, kept, commits, processors, p, until, committed)
+            failed += await _let_go(s, kept, commits, processors, transactions, p, until, committed)
     for reader in s.results.values():
         try:
             # Bounded too; past the deadline given a second (cut short, the reader
@@ -81,16 +82,21 @@ async def _let_go(
     kept: KeptType,
     commits: PartitionCommits,
     processors: dict[str, CommandProcessor],
+    transactions: dict[str, PartitionTransaction],
     p: int,
     until: float,
     committed: bool,
 ) -> list[str]:
-    """Stops p's producer and lets its store partition and processor go, each whatever
-    the others raised; the copy is marked clean only when `committed` and all of it went
-    well. What failed, described."""
+    """Abandons p's transaction (its producer stopped) and lets its store partition and
+    processor go, each whatever the others raised; the copy is marked clean only when
+    `committed` and all of it went well. What failed, described."""
     failed: list[str] = []
     loop = asyncio.get_running_loop()
     try:
+        # Dropped first: whatever its producer's stop does, the task holds it no more (the
+        # type's registry holds it too, while it is p's one: no other task takes p before
+        # this close is done).
+        transactions.pop(kept.name, None)
         await kept.transactions.abandon(
             p, within=max(0.0, until - loop.time()), after=commits.abandon(kept)
         )

@@ -8,13 +8,15 @@ its timers fired) and lets it go: cleanly when the group revokes p while it runs
 its transactions hold commits), dirty on a fault of its own or when a take is cut short
 (thrown away, the local copy restored next time), and then revived: taken afresh once
 the group answers, if it still gives p here. A fault in one task never touches another.
-Each task owns its commits' scheduling (`PartitionCommits`), its command processors, and,
-each time it runs, its input (`PartitionInput`: its queue, its worker, its lock, its
-in-process wake-up, its cycle's state), stopped with its close. Tasks share the consumer,
-the clock and the clients; the cycles' logic (`PartitionCycles`, no state of a
-partition's own); and, until the types' state moves into the tasks (#19), the types'
-partitioned stores, transactions and runners, of which a task touches only its
-partition's. No task holds a lock across a Kafka call.
+Each task owns its transactions (`PartitionTransaction`, one a type, opened by its take
+and abandoned by its close), its commits' scheduling (`PartitionCommits`), its command
+processors, and, each time it runs, its input (`PartitionInput`: its queue, its worker,
+its lock, its in-process wake-up, its cycle's state), stopped with its close. Tasks
+share the consumer, the clock and the clients; the cycles' logic (`PartitionCycles`, no
+state of a partition's own); and, until the types' state moves into the tasks (#19), the types'
+partitioned stores and runners, of which a task touches only its partition's (and each
+type's `TypeTransactions`, which opens its transactions and routes its store's rows to
+them). No task holds a lock across a Kafka call.
 """
 
 from __future__ import annotations
@@ -62,8 +64,10 @@ class PartitionTask:
         self.failing = FailingPartitions()
         # Per type, the command processor of p (whose commands are decided here).
         self.processors: dict[str, CommandProcessor] = {}
+        # Per type, its transaction of p: opened by its take, abandoned by its close.
+        self.transactions: dict[str, PartitionTransaction] = {}
         # When its transactions commit (a failed commit fails the task).
-        self.commits = PartitionCommits(p, self.failed)
+        self.commits = PartitionCommits(p, self.failed, self.transactions)
         self._taking: asyncio.Task[None] | None = None
         # The group took p away: no take starts any more (a failure meanwhile included).
         self._leaving = False
@@ -230,7 +234,7 @@ class PartitionTask:
         """Taken: p's topics are read from here on, and its timers fire (unless it is
         held since a failure: then once its log is read past it)."""
         self._to(TaskState.RUNNING)
-        self.input = PartitionInput(self.p, self._shared.cycles, self.failed)
+        self.input = PartitionInput(self.p, self._shared.cycles, self.failed, self.transactions)
         self._shared.running[self.p] = self
         self.takes += 1
         self.broken = None
@@ -264,7 +268,7 @@ class PartitionTask:
         """A closed task is created again, to be taken afresh (its commits anew: none of
         its earlier ones, failed or abandoned, says anything of the next take's)."""
         self._to(TaskState.CREATED)
-        self.commits = PartitionCommits(self.p, self.failed)
+        self.commits = PartitionCommits(self.p, self.failed, self.transactions)
 
     async def _take(self, topics: set[str]) -> None:
         s, p = self._shared, self.p
@@ -275,14 +279,14 @@ class PartitionTask:
                 continue
             # One producer per partition and type: starting it fences the previous owner,
             # before anything of p is read.
-            await kept.transactions.open(p)
+            txn = self.transactions[kept.name] = await kept.transactions.open(p)
             if t.commands in topics and kept.agg is not None and kept.states is not None:
                 processor = CommandProcessor(
                     kept.agg,
                     p,
                     partitions=s.settings.partitions,
                     states=kept.states,
-                    commit=_committer(kept.transactions, p),
+                    commit=_committer(txn),
                     now=s.now,
                     busy_backlog=s.settings.busy_backlog,
                     limits=s.limits,
@@ -313,7 +317,7 @@ class PartitionTask:
             if unreadable:
                 # Their letters and tombstones commit in p's next transaction.
                 letters = unreadable_letters(unreadable, s.now(), s.limits.dead_letter_bytes)
-                kept.transactions.stage(p, letters, {})
+                txn.stage(letters, {})
                 s.metrics.dead_letters.labels(t.timers_changelog).inc(len(unreadable))
         for results in s.results.values():
             await results.add_partition(p)
@@ -362,20 +366,22 @@ class PartitionTask:
 
     def _half_open(self) -> bool:
         """Whether something of p is open (a take cut short)."""
-        return bool(self.processors) or any(
+        return bool(self.processors or self.transactions) or any(
             self.p in kept.store.assigned for kept in self._shared.types.values()
         )
 
     async def _release(self, *, clean: bool) -> None:
-        await release_partition(self._shared, self.commits, self.processors, self.p, clean=clean)
+        await release_partition(
+            self._shared, self.commits, self.processors, self.transactions, self.p, clean=clean
+        )
 
 
-def _committer(transactions: PartitionTransaction, p: int) -> Commit:
-    """The command path's commit: p's one transaction."""
+def _committer(txn: PartitionTransaction) -> Commit:
+    """The command path's commit: p's one transaction of the type."""
 
     async def commit(
         records: Sequence[OutRecord], offsets: dict[tuple[str, int], int]
     ) -> list[int]:
-        return await transactions.commit(p, offsets, records)
+        return await txn.commit(offsets, records)
 
     return commit

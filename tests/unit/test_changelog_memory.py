@@ -13,7 +13,7 @@ import pytest
 from app.errors import Fenced, KafkaUnavailable
 from app.kafka import Record, TopicSpec, TransactionalWriter
 from app.kafka.memory import MemoryLog
-from app.node.partition_transaction import PartitionTransaction as TransactionalChangelog
+from app.node.type_transactions import TypeTransactions as TransactionalChangelog
 from app.timers.restore import restore_partition
 from tables import (
     AggregateRef,
@@ -73,12 +73,12 @@ async def test_rows_records_and_offsets_commit_in_one_transaction() -> None:
     changelog, store = await node(log, 0)
     await store.put_many([timer(1), timer(2)])
     assert log.records(TOPIC, 0, committed=False) == [], "buffered until the commit"
-    written = await changelog.commit(0, {(COMMANDS, 0): 7}, [(EVENTS, 0, b"o-1", b"event")])
+    written = await changelog.of(0).commit({(COMMANDS, 0): 7}, [(EVENTS, 0, b"o-1", b"event")])
     assert written == [0], "the caller's records' offsets, in their own partition"
     assert [r.offset for r in log.records(TOPIC, 0)] == [0, 1]
     assert log.offsets(TOPIC, 0) == (0, 3) and log.offsets(EVENTS, 0) == (0, 2)
     assert log.committed(GROUP, COMMANDS, 0) == 7
-    assert await changelog.commit(0) == [], "nothing to commit: no transaction"
+    assert await changelog.of(0).commit() == [], "nothing to commit: no transaction"
     assert log.offsets(TOPIC, 0) == (0, 3)
     assert [t.id for t in await restored(log)] == ["t-1", "t-2"]
 
@@ -88,11 +88,11 @@ async def test_staged_cycles_hear_their_own_records_offsets() -> None:
     changelog, store = await node(log, 0)
     await store.put(timer(1))
     heard: list[list[int]] = []
-    changelog.stage(0, [(EVENTS, 0, b"a", b"1"), (EVENTS, 0, b"a", b"2")], {}, heard.append)
-    changelog.stage(0, [(EVENTS, 0, b"b", b"3")], {(COMMANDS, 0): 3}, heard.append)
-    assert changelog.pending() == [0] and changelog.staged(0)
-    taken = changelog.take(0)
-    assert taken is not None and changelog.take(0) is None
+    changelog.of(0).stage([(EVENTS, 0, b"a", b"1"), (EVENTS, 0, b"a", b"2")], {}, heard.append)
+    changelog.of(0).stage([(EVENTS, 0, b"b", b"3")], {(COMMANDS, 0): 3}, heard.append)
+    assert changelog.pending() == [0] and changelog.of(0).staged()
+    taken = changelog.of(0).take()
+    assert taken is not None and changelog.of(0).take() is None
     assert await taken.send() == [0, 0, 1, 2], "the row, then the staged records"
     assert heard == [[0, 1], [2]]
     assert log.committed(GROUP, COMMANDS, 0) == 3
@@ -102,19 +102,19 @@ async def test_a_new_owner_fences_the_old_one_whose_commit_then_fails_and_shows_
     log = memory_log()
     old, old_store = await node(log, 0)
     await old_store.put(timer(1))
-    await old.commit(0)
+    await old.of(0).commit()
     await old_store.put(timer(2))  # buffered when the new owner takes the partition over
     new, new_store = await node(log, 0)
     with pytest.raises(Fenced):
-        await old.commit(0, {(COMMANDS, 0): 9})
-    assert isinstance(old.broken(0), Fenced)
+        await old.of(0).commit({(COMMANDS, 0): 9})
+    assert isinstance(old.of(0).broken, Fenced)
     with pytest.raises(Fenced):
-        await old.commit(0, {(COMMANDS, 0): 10})  # broken: nothing more commits through it
+        await old.of(0).commit({(COMMANDS, 0): 10})  # broken: nothing more commits through it
     await old.abandon(0)
     assert [t.id for t in await restored(log)] == ["t-1"]
     assert log.committed(GROUP, COMMANDS, 0) is None
     await new_store.put(timer(3))
-    await new.commit(0)
+    await new.of(0).commit()
     await new.abandon(0)
     assert [t.id for t in await restored(log)] == ["t-1", "t-3"]
 
@@ -133,11 +133,11 @@ async def test_a_zombie_fenced_mid_commit_leaves_nothing_a_restore_would_read() 
     log.before_commit = take_over
     await old_store.put(timer(1))
     with pytest.raises(Fenced):
-        await old.commit(0, {(COMMANDS, 0): 4}, [(EVENTS, 0, b"o-1", b"event")])
+        await old.of(0).commit({(COMMANDS, 0): 4}, [(EVENTS, 0, b"o-1", b"event")])
     assert [r.key for r in log.records(TOPIC, 0, committed=False)] != []
     assert await restored(log) == []
     assert log.records(EVENTS, 0) == [] and log.committed(GROUP, COMMANDS, 0) is None
-    assert new.owns(0) and new.broken(0) is None
+    assert new.owns(0) and new.of(0).broken is None
 
 
 async def test_a_failed_commit_breaks_the_partition_and_commits_nothing() -> None:
@@ -146,10 +146,10 @@ async def test_a_failed_commit_breaks_the_partition_and_commits_nothing() -> Non
     await store.put(timer(1))
     log.down = True
     with pytest.raises(KafkaUnavailable) as failed:
-        await changelog.commit(0)
+        await changelog.of(0).commit()
     assert not isinstance(failed.value, Fenced)
     log.down = False
-    assert changelog.broken(0) is not None and changelog.broken(1) is None
+    assert changelog.of(0).broken is not None and changelog.of(1).broken is None
     await log.transactional_writer(f"{GROUP}.{TOPIC}.0").start()  # the next owner
     assert await restored(log) == []
 
@@ -168,12 +168,12 @@ async def test_a_restore_continues_a_clean_copy_after_its_offset() -> None:
     log = memory_log()
     changelog, store = await node(log, 0)
     await store.put(timer(1))
-    await changelog.commit(0)
+    await changelog.of(0).commit()
     copy = open_timer_store("memory://", partitions=P)
     assert await restore_partition(copy, log.reader(), TOPIC, 0) == 1
     assert copy.changelog_offset(0) == 0
     await store.put(timer(2))
-    await changelog.commit(0)
+    await changelog.of(0).commit()
     seen: list[tuple[int, int]] = []
     assert await restore_partition(copy, log.reader(), TOPIC, 0, progress=_to(seen)) == 1
     assert seen[0] == (0, 3) and seen[-1] == (3, 3), "offsets 1..3: a marker, a row, a marker"
@@ -185,7 +185,7 @@ async def test_a_copy_ahead_of_the_log_or_not_clean_is_dropped_and_restored_whol
     log = memory_log()
     changelog, store = await node(log, 0)
     await store.put(timer(1))
-    await changelog.commit(0)
+    await changelog.of(0).commit()
     ahead = open_timer_store("memory://", partitions=P)
     stray = timer(9)
     await ahead.put(stray)
@@ -203,11 +203,11 @@ async def test_a_copy_older_than_the_logs_first_offset_is_restored_from_the_log_
     log = memory_log()
     changelog, store = await node(log, 0)
     await store.put(timer(1))
-    await changelog.commit(0)
+    await changelog.of(0).commit()
     copy = open_timer_store("memory://", partitions=P)
     await restore_partition(copy, log.reader(), TOPIC, 0)
     await store.put(timer(2))
-    await changelog.commit(0)
+    await changelog.of(0).commit()
     log.delete_records(TOPIC, 0, 2)  # a rebuild deleted what the copy had read
     assert await restore_partition(copy, log.reader(), TOPIC, 0) == 1
     assert [t.id for t in await copy.due({0}, T0 + 10, 10)] == ["t-2"]

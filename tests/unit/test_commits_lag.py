@@ -7,6 +7,7 @@ from typing import Any, cast
 
 from app.node.commits import Commits, PartitionCommits
 from app.node.kept import KeptType
+from app.node.partition_transaction import PartitionTransaction
 
 
 class HangingTransaction:
@@ -19,10 +20,14 @@ class HangingTransaction:
 
 
 class Transactions:
+    """A partition's transaction of one type, as its task's commits use it."""
+
+    abandoned = False
+
     def __init__(self, taken: HangingTransaction) -> None:
         self.taken: HangingTransaction | None = taken
 
-    def take(self, p: int) -> HangingTransaction | None:
+    def take(self) -> HangingTransaction | None:
         taken, self.taken = self.taken, None
         return taken
 
@@ -38,17 +43,15 @@ class Running:
 class Kept:
     name = "shop.order"
 
-    def __init__(self, transactions: Transactions) -> None:
-        self.transactions = transactions
-
 
 async def test_a_hanging_commit_is_lag_until_it_ends() -> None:
     failures: list[Any] = []
-    own = PartitionCommits(0, lambda *a: failures.append(a))
+    hanging = HangingTransaction()
+    transactions = {Kept.name: cast(PartitionTransaction, Transactions(hanging))}
+    own = PartitionCommits(0, lambda *a: failures.append(a), transactions)
     commits = Commits(10, {0: Running(own)})
     assert commits.lag() == 0.0
-    hanging = HangingTransaction()
-    kept = cast(KeptType, Kept(Transactions(hanging)))
+    kept = cast(KeptType, Kept())
     task = commits.start(kept, 0)
     assert task is not None
     await asyncio.sleep(0.05)
@@ -65,21 +68,20 @@ class InstantTransaction:
 
 
 class Queue:
-    """Partition transactions whose partition has `n` to take, one after the other."""
+    """A partition's transaction with `n` to take, one after the other."""
+
+    abandoned = False
 
     def __init__(self, n: int) -> None:
         self.left = n
 
-    def take(self, p: int) -> InstantTransaction | None:
+    def take(self) -> InstantTransaction | None:
         if self.left == 0:
             return None
         self.left -= 1
         return InstantTransaction()
 
-    def owns(self, p: int) -> bool:
-        return True
-
-    def waiting(self, p: int) -> int:
+    def waiting(self) -> int:
         return self.left
 
 
@@ -89,9 +91,10 @@ async def test_claims_after_a_commit_that_ended_in_this_loop_iteration_do_not_sp
     awaited it without yielding and took it again, for ever, and the worker's whole loop
     (its group heartbeats too) stood still (seen on a three-broker cluster as a leader
     moved)."""
-    own = PartitionCommits(0, lambda *a: None)
+    queue = Queue(2)
+    own = PartitionCommits(0, lambda *a: None, {Kept.name: cast(PartitionTransaction, queue)})
     commits = Commits(10, {0: Running(own)})
-    kept = cast(KeptType, Kept(cast(Transactions, Queue(2))))
+    kept = cast(KeptType, Kept())
     first = commits.start(kept, 0)
     assert first is not None
     await asyncio.sleep(0)  # the commit's step ran before this one: done, not yet forgotten
@@ -110,4 +113,4 @@ async def test_claims_after_a_commit_that_ended_in_this_loop_iteration_do_not_sp
     setattr(commits, "start", counted)  # noqa: B010 (a method replaced on one instance)
     await commits.commit_claims(kept, {0})
     assert calls <= 2  # the second transaction taken and committed, once
-    assert cast(Queue, kept.transactions).left == 0
+    assert queue.left == 0

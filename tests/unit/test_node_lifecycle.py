@@ -409,7 +409,7 @@ async def test_staging_waits_for_a_commit_in_flight_beyond_its_bound(
             return member._positions[commands] == end or queue.full()
 
         await wait_until(read_or_held)
-        most = max(most, kept.transactions.waiting(p))
+        most = max(most, (txn.waiting() if (txn := kept.transactions.get(p)) else 0))
     assert held.entered.is_set()
     assert most <= 4 + 3, f"{most} records staged behind a hung commit"
     held.release()

@@ -18,6 +18,7 @@ from app.errors import NodeFailed
 from app.kafka.consumers import rebalance_timeout_ms
 from app.kafka.memory import MemoryLog, MemoryWriter
 from app.node.partition_task import PartitionTask
+from app.node.partition_transaction import PartitionTransaction
 from app.node.settings import Settings
 from app.node.task_state import TaskState
 from tables import StoreError
@@ -76,7 +77,7 @@ async def test_a_close_whose_commit_and_producer_stop_hang_ends_at_its_one_deadl
     monkeypatch.setattr(MemoryWriter, "stop", stop_hanging)
     task = node.node._tasks[0]
     try:
-        kept.transactions.stage(0, [(TOPICS.events, 0, b"hung", b"never committed")], {})
+        kept.transactions.of(0).stage([(TOPICS.events, 0, b"hung", b"never committed")], {})
         await wait_until(hung.is_set)
         assert node.node.commits.in_flight(kept, 0)
         began = time.monotonic()
@@ -113,7 +114,7 @@ async def test_a_closing_partition_is_in_healthz_with_its_commit_age(
             await release.wait()
 
     log.before_commit = held
-    kept.transactions.stage(0, [(TOPICS.events, 0, b"last", b"committed by the close")], {})
+    kept.transactions.of(0).stage([(TOPICS.events, 0, b"last", b"committed by the close")], {})
     consumer = node.node._consumer
     assert consumer is not None
     revoking: asyncio.Task[Any]
@@ -148,7 +149,8 @@ async def test_a_revoke_during_a_retakes_dirty_close_leaves_no_producer_half_sto
     in half: it ends, and the revoke's close waits for it."""
     await wait_until(node.runs)
     kept = node.node.types[TOPICS.type_name]
-    writer = kept.transactions._producers[1]
+    txn = kept.transactions.of(1)
+    writer = txn.producer
     assert isinstance(writer, MemoryWriter)
     stopping, release = asyncio.Event(), asyncio.Event()
     stopped: list[MemoryWriter] = []
@@ -194,9 +196,9 @@ async def test_a_new_task_behind_a_close_that_crashed_never_takes_the_partition(
     opened: list[int] = []
     open_ = kept.transactions.open
 
-    async def opening(p: int) -> None:
+    async def opening(p: int) -> PartitionTransaction:
         opened.append(p)
-        await open_(p)
+        return await open_(p)
 
     monkeypatch.setattr(kept.transactions, "open", opening)
     revoking = asyncio.create_task(node.node._revoked({(TOPICS.events, 0)}))
@@ -227,7 +229,8 @@ async def test_a_close_that_fails_partway_lets_everything_go_and_is_not_clean(
     p never opens p's transactional id over the old producer."""
     await wait_until(node.runs)
     kept = node.node.types[TOPICS.type_name]
-    writer = kept.transactions._producers[0]
+    txn = kept.transactions.of(0)
+    writer = txn.producer
     assert isinstance(writer, MemoryWriter)
     stopped: list[MemoryWriter] = []
     stop = MemoryWriter.stop
@@ -328,7 +331,8 @@ async def test_a_retakes_close_that_fails_stops_the_producer_and_never_reopens_i
     opens p's transactional id over it; the node stops loudly."""
     await wait_until(node.runs)
     kept = node.node.types[TOPICS.type_name]
-    writer = kept.transactions._producers[1]
+    txn = kept.transactions.of(1)
+    writer = txn.producer
     assert isinstance(writer, MemoryWriter)
     stopped: list[MemoryWriter] = []
     stop = MemoryWriter.stop
@@ -347,9 +351,9 @@ async def test_a_retakes_close_that_fails_stops_the_producer_and_never_reopens_i
     opened: list[int] = []
     open_ = kept.transactions.open
 
-    async def opening(p: int) -> None:
+    async def opening(p: int) -> PartitionTransaction:
         opened.append(p)
-        await open_(p)
+        return await open_(p)
 
     monkeypatch.setattr(MemoryWriter, "stop", stop_noted)
     monkeypatch.setattr(kept.runner, "stop_partition", failing)

@@ -114,7 +114,9 @@ async def test_every_stop_waits_for_the_worker_and_says_it_was_cut_short() -> No
     so that no close commits what it staged."""
     cycles = Cutting()
     failures: list[str] = []
-    inp = PartitionInput(0, cast(PartitionCycles, cycles), lambda what, _: failures.append(what))
+    inp = PartitionInput(
+        0, cast(PartitionCycles, cycles), lambda what, _: failures.append(what), {}
+    )
     await cycles.in_cycle.wait()
     inp.queue.put_nowait(("t", []))
     first, second = await asyncio.gather(inp.stop(), inp.stop())

@@ -19,6 +19,7 @@ from app.kafka import LogReader
 from app.kafka.memory import MemoryLog
 from app.kafka.records import RestoreProgress
 from app.node.partition_task import PartitionTask
+from app.node.partition_transaction import PartitionTransaction
 from app.node.task_state import TaskState
 from tables import AggregateRef, StoreError, Timer, TimerStatus
 from tables.partitioner import partition_of
@@ -66,10 +67,10 @@ async def test_a_fault_in_one_task_closes_and_revives_it_alone_while_another_fir
             raise StoreError("the disk under partition 0 is gone")
         return await put_many(timers)
 
-    async def open_failing(partition: int) -> None:
+    async def open_failing(partition: int) -> PartitionTransaction:
         if faulty and partition == bad:
             raise KafkaUnavailable("partition 0's coordinator is away")
-        await open_(partition)
+        return await open_(partition)
 
     monkeypatch.setattr(kept.store, "put_many", put_failing)
     monkeypatch.setattr(kept.transactions, "open", open_failing)
@@ -142,7 +143,7 @@ async def test_a_revoke_whose_commit_hangs_holds_up_no_other_partition(node: Run
 
     log.before_commit = hanging
     first, second = node.node._tasks[0], node.node._tasks[1]
-    kept.transactions.stage(0, [(TOPICS.events, 0, b"last", b"committed by the close")], {})
+    kept.transactions.of(0).stage([(TOPICS.events, 0, b"last", b"committed by the close")], {})
     revoking = asyncio.create_task(node.node._revoked({(TOPICS.events, 0)}))
     try:
         await wait_until(hung.is_set)
@@ -195,7 +196,7 @@ async def test_a_revoke_whose_commit_never_answers_is_given_up_at_its_deadline(
     # let go once the committer's commit hangs in flight.
     lock = node.node.tasks.running[0].lock
     async with lock:
-        kept.transactions.stage(0, [(TOPICS.events, 0, b"hung", b"never committed")], {})
+        kept.transactions.of(0).stage([(TOPICS.events, 0, b"hung", b"never committed")], {})
         if hanging == "in flight":
             lock.release()
             await wait_until(hung.is_set)
@@ -225,7 +226,7 @@ async def test_a_task_that_fails_while_it_is_revoked_is_closed_dirty_and_never_r
     task = node.node._tasks[1]
     kept = node.node.types[TOPICS.type_name]
     await task.stop_taking()  # as `_revoked` does first
-    kept.transactions.stage(1, [(TOPICS.events, 1, b"half", b"a half cycle")], {})
+    kept.transactions.of(1).stage([(TOPICS.events, 1, b"half", b"a half cycle")], {})
     node.node.tasks.running[1].failed("a cycle", StoreError("the disk is gone"))
     assert task.state is TaskState.SUSPENDED and not task.taking
     await node.node._revoked({(TOPICS.events, 1)})

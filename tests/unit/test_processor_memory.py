@@ -16,7 +16,7 @@ from app.errors import Fenced
 from app.kafka import OutRecord, Record, TopicSpec
 from app.kafka.memory import MemoryLog
 from app.model.aggregate import AggregateType, Command, Decision
-from app.node.partition_transaction import PartitionTransaction as TransactionalChangelog
+from app.node.type_transactions import TypeTransactions as TransactionalChangelog
 from app.protocol.topics import AggregateTopics, ContextTopics
 from app.protocol.wire import CommandEnvelope, CommandResult, EventEnvelope, decode, encode
 from tables import AggregateRef
@@ -56,7 +56,7 @@ def committer(changelog: TransactionalChangelog, p: int) -> Commit:
     async def commit(
         records: Sequence[OutRecord], offsets: dict[tuple[str, int], int]
     ) -> list[int]:
-        return await changelog.commit(p, offsets, records)
+        return await changelog.of(p).commit(offsets, records)
 
     return commit
 
@@ -195,7 +195,7 @@ async def test_a_fenced_owners_decisions_reach_neither_the_log_nor_its_states() 
     records = await send_commands(log, 2)
     with pytest.raises(Fenced):
         await old.handle(records)
-    assert isinstance(old_changelog.broken(P), Fenced)
+    assert isinstance(old_changelog.of(P).broken, Fenced)
     assert reminded(old_states) == 1, "the states are written only after a commit"
     assert len(log.records(TOPICS.events, P)) == 1
     assert log.committed(GROUP, TOPICS.commands, P) == 1

@@ -14,7 +14,7 @@ from app.commands.processor import CommandProcessor
 from app.kafka import OutRecord, TopicSpec
 from app.kafka.memory import MemoryLog
 from app.model.aggregate import AggregateType, Command, Decision
-from app.node.partition_transaction import PartitionTransaction as TransactionalChangelog
+from app.node.type_transactions import TypeTransactions as TransactionalChangelog
 from app.protocol.topics import AggregateTopics, ContextTopics
 from app.protocol.wire import CommandEnvelope, CommandResult, ResultCode, decode, encode
 from app.timers.runner import SENT
@@ -86,7 +86,7 @@ async def target_owner(log: MemoryLog) -> None:
     async def commit(
         records: Sequence[OutRecord], offsets: dict[tuple[str, int], int]
     ) -> list[int]:
-        return await changelog.commit(Q, offsets, records)
+        return await changelog.of(Q).commit(offsets, records)
 
     processor = CommandProcessor(
         orders,

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from app.kafka import OutRecord, Record, TopicSpec
 from app.kafka.memory import MemoryLog
-from app.node.partition_transaction import PartitionTransaction as TransactionalChangelog
+from app.node.type_transactions import TypeTransactions as TransactionalChangelog
 from app.protocol.topics import AggregateTopics
 from app.protocol.wire import (
     SCHEDULE_CANCELLED,
@@ -88,7 +88,7 @@ async def test_a_log_batch_is_applied_and_committed_with_its_offset() -> None:
     batch = [r for b in batches for r in b]
     changed, put = await apply_all(store, ops(batch))
     assert changed == 3 and [t.owner for t in put] == [A, B]
-    assert await changelog.commit(P, {(TOPICS.events, P): batch[-1].offset + 1}) == []
+    assert await changelog.of(P).commit({(TOPICS.events, P): batch[-1].offset + 1}) == []
     assert log.committed(GROUP, TOPICS.events, P) == 6
     expected = {
         A.id: (TimerStatus.PENDING, T0 + 1_000),
@@ -113,7 +113,7 @@ async def test_a_later_version_wins_whatever_order_two_batches_are_applied_in() 
     changelog, store = await owned(log)
     await apply_all(store, ops(second))
     assert await apply_all(store, ops(first)) == (0, []), "an older version moves nothing"
-    await changelog.commit(P)
+    await changelog.of(P).commit()
     copy = open_timer_store("memory://", partitions=PARTITIONS)
     await restore_partition(copy, log.reader(), TOPICS.timers_changelog, P)
     assert await rows(copy) == {A.id: (TimerStatus.PENDING, T0 + 5_000)}

@@ -91,7 +91,8 @@ async def test_a_partitions_producer_opens_with_the_batch_its_topics_take(
         await wait_until(n.runs)
         kept = n.node.types[TOPICS.type_name]
         for p in range(PARTITIONS):
-            writer = kept.transactions._producers[p]
+            txn = kept.transactions.of(p)
+            writer = txn.producer
             assert isinstance(writer, MemoryWriter)
             assert writer.max_batch_bytes == batch
     finally:
