@@ -200,6 +200,12 @@ class Committing(Protocol):
         writes (events, settles) commits in one transaction (its input's)."""
         ...
 
+    @property
+    def cut_short(self) -> bool:
+        """Whether its input is stopped or a cycle of it was cut short: what its
+        transactions held was thrown away, and nothing of it may count as committed."""
+        ...
+
 
 class Commits:
     """The node's commits: each call goes to the commits of the task that runs the
@@ -287,6 +293,10 @@ class Commits:
                 async with task.lock:
                     if self._running.get(p) is not task or not task.commits.owns(kept):
                         raise KafkaUnavailable(f"partition {p} is not owned")
+                    if task.cut_short:
+                        # A revoke cut p's cycle short while the claims waited for the
+                        # lock: its discard threw their rows away with the half cycle.
+                        raise KafkaUnavailable(f"partition {p} is being let go")
                     earlier = self.in_flight(kept, p)  # then the claims wait for the next
                     commit = self.start(kept, p)
                 if commit is None:
