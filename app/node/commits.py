@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from typing import Protocol
 
@@ -50,6 +51,8 @@ class PartitionCommits:
         self._transactions = transactions
         self._started_at: dict[str, float] = {}
         self._in_flight: dict[str, asyncio.Task[bool]] = {}
+        # Per type, its commits that committed (a burst's timer loop watches them land).
+        self.landed: Counter[str] = Counter()
         # A commit of it failed: its transactions' work since is not whole (never marked).
         self._failed = False
         # Offsets of batches that wrote nothing: committed by the poll loop, not in a
@@ -109,7 +112,9 @@ class PartitionCommits:
             return None
         name = kept.name
         self._started_at[name] = time.monotonic()
-        task = asyncio.create_task(self._send(taken, deadline_s), name=f"commit {(name, self.p)}")
+        task = asyncio.create_task(
+            self._send(name, taken, deadline_s), name=f"commit {(name, self.p)}"
+        )
         self._in_flight[name] = task
         task.add_done_callback(
             lambda t: self._in_flight.pop(name, None) if self._in_flight.get(name) is t else None
@@ -128,7 +133,7 @@ class PartitionCommits:
                     break  # the next cycle's stage starts one
                 await asyncio.wait([commit])
 
-    async def _send(self, taken: Transaction, deadline_s: float) -> bool:
+    async def _send(self, name: str, taken: Transaction, deadline_s: float) -> bool:
         p = self.p
         try:
             try:
@@ -145,6 +150,7 @@ class PartitionCommits:
             self._failed = True
             self._on_failure("a commit", exc)
             return False
+        self.landed[name] += 1
         return True
 
     async def settle(self, kept: KeptType, *, until: float, rest: bool = True) -> bool:
@@ -200,6 +206,12 @@ class Committing(Protocol):
         writes (events, settles) commits in one transaction (its input's)."""
         ...
 
+    @property
+    def cut_short(self) -> bool:
+        """Whether its input is stopped or a cycle of it was cut short: what its
+        transactions held was thrown away, and nothing of it may count as committed."""
+        ...
+
 
 class Commits:
     """The node's commits: each call goes to the commits of the task that runs the
@@ -220,9 +232,10 @@ class Commits:
     def in_flight(self, kept: KeptType, p: int) -> bool:
         return (own := self._of(p)) is not None and own.running(kept) is not None
 
-    def running(self, kept: KeptType, p: int) -> asyncio.Task[bool] | None:
-        """p's commit of `kept` in flight, if one is (the timer loop watches it land)."""
-        return None if (own := self._of(p)) is None else own.running(kept)
+    def landed(self, kept: KeptType, p: int) -> int:
+        """How many of p's commits of `kept` committed since its task took p (a burst's
+        timer loop watches them land)."""
+        return 0 if (own := self._of(p)) is None else own.landed[kept.name]
 
     def lag(self) -> float:
         """How long the oldest commit in flight has been going, in seconds (0: none): a
@@ -287,6 +300,10 @@ class Commits:
                 async with task.lock:
                     if self._running.get(p) is not task or not task.commits.owns(kept):
                         raise KafkaUnavailable(f"partition {p} is not owned")
+                    if task.cut_short:
+                        # A revoke cut p's cycle short while the claims waited for the
+                        # lock: its discard threw their rows away with the half cycle.
+                        raise KafkaUnavailable(f"partition {p} is being let go")
                     earlier = self.in_flight(kept, p)  # then the claims wait for the next
                     commit = self.start(kept, p)
                 if commit is None:

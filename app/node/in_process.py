@@ -7,7 +7,6 @@ before the runner is told it may send them (`Round.claims_committed`)."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Callable, Mapping
 
@@ -47,10 +46,10 @@ class NodeTimerLoop(TimerLoop):
         self._types = types
         self._commits = commits
         self._cycles = cycles
-        # A burst under way (`TimerRunner.bursting`): the partitions that fire its timers
-        # in-process, the first commit seen in flight of each, and whether one landed.
-        self._burst_partitions: set[int] = set()
-        self._first_commits: dict[int, asyncio.Task[bool]] = {}
+        # A burst under way (`TimerRunner.bursting`): of each partition that fires its
+        # timers in-process, its commits landed when the burst first reached it; and
+        # whether one has landed since.
+        self._landed_before: dict[int, int] = {}
         self._landed = False
         self._began = 0
 
@@ -61,26 +60,27 @@ class NodeTimerLoop(TimerLoop):
         held `HELD_AT_MOST_MS` (a slow broker). Claims of timers sent, not fired here,
         commit within the round: nothing to wait for."""
         if not self._runner.bursting:
-            self._burst_partitions.clear()
-            self._first_commits.clear()
+            self._landed_before.clear()
             self._landed = False
             self._began = self._clock.now()  # a burst that begins at this round, if one
             return True
         kept = self._types.get(self._type_name)
-        if self._landed or kept is None or not self._burst_partitions:
+        if self._landed or kept is None or not self._landed_before:
             return True
-        for p in self._burst_partitions - self._first_commits.keys():
-            if (commit := self._commits.running(kept, p)) is not None:
-                self._first_commits[p] = commit
-        self._landed = any(c.done() for c in self._first_commits.values())
+        self._landed = any(
+            self._commits.landed(kept, p) > before for p, before in self._landed_before.items()
+        )
         return self._landed or self._clock.now() - self._began >= HELD_AT_MOST_MS
 
     async def round(self) -> RoundStats:
         async with self._runner.round(grow=self._burst_may_grow()) as r:
             for p in sorted(r.in_process):
                 self._cycles.fire_local(self._type_name, p)
-            if self._runner.bursting:
-                self._burst_partitions |= r.in_process
+            if self._runner.bursting and (kept := self._types.get(self._type_name)):
+                # Before p's cycle can run (no await since its wake-up): a commit of it
+                # that lands from now on is one of the burst's.
+                for p in r.in_process - self._landed_before.keys():
+                    self._landed_before[p] = self._commits.landed(kept, p)
             for p in sorted(r.to_commit):
                 # A fenced owner commits no claim: it sends nothing. One partition's
                 # failure (its task is reset) holds no other's sends up.

@@ -89,6 +89,11 @@ class PartitionTask:
         return self.input.queue
 
     @property
+    def cut_short(self) -> bool:
+        """Whether its input is stopped or a cycle of it was cut short (a close under way)."""
+        return self.input is None or self.input.cut
+
+    @property
     def held(self) -> Held:
         """Its input's batches that did not fit in its queue (the poll loop's to hand over)."""
         assert self.input is not None, f"partition {self.p} is not running"

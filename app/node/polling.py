@@ -36,11 +36,6 @@ class Running(Protocol):
     """A partition's task as the loop sees it (`PartitionTask`): its take's input."""
 
     @property
-    def takes(self) -> int:
-        """How many times it started running: a batch of an earlier take is stale."""
-        ...
-
-    @property
     def queue(self) -> asyncio.Queue[Batch]:
         """Its worker's queue (its take's, bounded)."""
         ...
@@ -75,12 +70,12 @@ async def poll_loop(
         try:
             holding = _hand_over(consumer, running)
             batches = await consumer.poll(timeout_ms=HELD_POLL_MS if holding else POLL_MS)
-            # No await since the poll: the take of each running task as it was fetched.
-            takes = {p: (task, task.takes) for p, task in running.items()}
             for (topic, p), records in batches.items():
-                # else revoked, or taken again (and rewound) since it was fetched
+                # A take rewinds p (to its committed offsets) before it runs, and the
+                # consumer drops what it fetched of p before a seek: what comes back is
+                # the running take's. None running: revoked, read again by its next owner.
                 task = running.get(p)
-                if task is None or takes.get(p) != (task, task.takes):
+                if task is None:
                     continue
                 held, queue = task.held, task.queue
                 if not held.batches and not queue.full():

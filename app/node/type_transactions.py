@@ -56,6 +56,9 @@ class TypeTransactions:
         self._open: dict[int, PartitionTransaction] = {}
         # The producers being stopped (an abandoned partition's), until they are.
         self._stopping: dict[int, asyncio.Task[None]] = {}
+        # Every producer stop still running, a partition's earlier ones included (a stop
+        # left past its close's deadline, the partition taken and let go again since).
+        self._unstopped: dict[asyncio.Task[None], int] = {}
         self.open_deadline_s = OPEN_DEADLINE_S
         self.stop_deadline_s = STOP_DEADLINE_S
 
@@ -112,6 +115,7 @@ class TypeTransactions:
                 name=f"stop {self.topic}[{partition}]",
             )
             self._stopping[partition] = stopping
+            self._unstopped[stopping] = partition
         if stopping is None:
             return
         try:
@@ -129,11 +133,11 @@ class TypeTransactions:
         """Waits (the node stopping) up to `stop_deadline_s` for the producer stops that
         closes left to end on their own: never cut half way by the event loop's end while
         they can still end; one that does not by then is named in the log."""
-        stopping = dict(self._stopping)
+        stopping = dict(self._unstopped)
         if not stopping:
             return
-        await asyncio.wait([*stopping.values()], timeout=self.stop_deadline_s)
-        for partition, task in sorted(stopping.items()):
+        await asyncio.wait([*stopping], timeout=self.stop_deadline_s)
+        for task, partition in sorted(stopping.items(), key=lambda item: item[1]):
             if not task.done():
                 logger.warning(
                     "%s[%d]: producer still stopping when the node stops, after %g s",
@@ -152,7 +156,10 @@ class TypeTransactions:
         except Exception:
             logger.exception("%s[%d]: stopping the producer failed", self.topic, partition)
         finally:
-            if self._stopping.get(partition) is asyncio.current_task():
+            current = asyncio.current_task()
+            if current is not None:
+                self._unstopped.pop(current, None)
+            if self._stopping.get(partition) is current:
                 del self._stopping[partition]
 
     async def __call__(self, records: list[ChangelogRecord]) -> None:

@@ -12,11 +12,10 @@ from app.node.polling import Batch
 
 @dataclass(eq=False)
 class Task:
-    """A running task, as the loop sees it: its take, its worker's queue and what was
-    kept of its take."""
+    """A running task, as the loop sees it: its worker's queue and what was kept of its
+    take."""
 
     queue: asyncio.Queue[Batch]
-    takes: int = 1
     held: Held = field(default_factory=Held)
 
 

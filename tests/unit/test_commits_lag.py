@@ -38,6 +38,7 @@ class Running:
     def __init__(self, commits: PartitionCommits) -> None:
         self.commits = commits
         self.lock = asyncio.Lock()
+        self.cut_short = False
 
 
 class Kept:

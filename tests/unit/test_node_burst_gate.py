@@ -42,12 +42,13 @@ class BurstRunner:
 
 
 class FakeCommits:
-    def __init__(self) -> None:
-        self.commits: dict[int, asyncio.Future[bool]] = {}
+    """The commits of partitions 0 and 1 that landed, as the loop reads them."""
 
-    def running(self, kept: object, p: int) -> asyncio.Future[bool] | None:
-        commit = self.commits.get(p)
-        return None if commit is None or commit.done() else commit
+    def __init__(self) -> None:
+        self.landed_of: dict[int, int] = {0: 0, 1: 0}
+
+    def landed(self, kept: object, p: int) -> int:
+        return self.landed_of[p]
 
 
 class Cycles:
@@ -68,26 +69,25 @@ async def test_a_burst_grows_once_its_first_commit_landed() -> None:
         cycles=cast(PartitionCycles, cycles),
     )
     runner.due = 6
+    commits.landed_of[1] = 4  # commits of p1 before the burst: not the burst's
     await loop.round()  # the burst begins: its first slice, whatever `grow` says
     assert runner.bursting and cycles.fired == [0, 1]
-    await loop.round()  # its cycles have not staged yet: nothing in flight, held
-    first = commits.commits[0] = asyncio.get_running_loop().create_future()
     await loop.round()
     await loop.round()
-    assert runner.grows == [True, False, False, False], "held while the first commit goes"
-    # p0's commit lands; p1's starts only now (not its first, for the loop, any more).
-    first.set_result(True)
-    commits.commits[1] = asyncio.get_running_loop().create_future()
+    assert runner.grows == [True, False, False], "held while none of its commits landed"
+    # p0's first commit lands between two rounds (never seen in flight): it counts.
+    commits.landed_of[0] += 1
     await loop.round()
     assert runner.grows[-1] is True
+    await loop.round()
     await loop.round()
     assert runner.grows[-1] is True and not runner.bursting
     # A later burst is held again until one of its own commits lands.
     runner.due = 3
     await loop.round()
     await loop.round()
-    assert runner.grows[-2:] == [True, False], "p1's commit, seen in flight, has not landed"
-    commits.commits[1].set_result(True)
+    assert runner.grows[-2:] == [True, False], "no commit landed since this burst began"
+    commits.landed_of[1] += 1
     await loop.round()
     assert runner.grows[-1] is True
 
@@ -101,7 +101,7 @@ async def test_a_burst_whose_first_commit_is_slow_grows_after_a_few_rounds_held(
         commits=cast(Commits, commits),
         cycles=cast(PartitionCycles, cycles),
     )
-    commits.commits[0] = asyncio.get_running_loop().create_future()  # never lands
+    # No commit of the burst lands.
     runner.due = 8
     runner.clock.set(1_000)
     await loop.round()  # the burst begins at 1,000

@@ -16,9 +16,10 @@ import pytest
 from fakes import RunningNode, wait_until
 from test_node_memory import PARTITIONS, SERVICE, TOPICS
 
+from app.errors import KafkaUnavailable
 from app.kafka.memory import MemoryLog
 from app.node.cycles import PartitionCycles
-from app.node.partition_input import PartitionInput
+from app.node.partition_input import LOCAL, PartitionInput
 from app.node.task_state import TaskState
 from tables import StoreError
 
@@ -124,3 +125,36 @@ async def test_every_stop_waits_for_the_worker_and_says_it_was_cut_short() -> No
     assert not inp.running and inp.queue.empty() and failures == []
     inp.fire_local("a.type")  # stopped: nothing queued any more
     assert inp.queue.empty() and inp.local == set()
+
+
+async def test_claims_a_cut_cycle_threw_away_do_not_count_as_committed(
+    node: RunningNode, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A revoke cuts p's cycle short while the timer loop's claims of p wait for p's lock:
+    the cut throws every row of p's transaction away, the claim rows included, so the
+    claims must not count as committed (their commands would leave with no claim
+    committed); `commit_claims` raises, and the round sends none of them."""
+    await wait_until(node.runs)
+    n = node.node
+    task = n.tasks.running[1]
+    inp = task.input
+    assert inp is not None
+    kept = n.types[TOPICS.type_name]
+    never = asyncio.Event()
+
+    async def slow_cycle(p: int, items: object) -> bool:
+        await never.wait()  # a cycle in progress: it holds p's lock
+        return True
+
+    monkeypatch.setattr(n.cycles, "_cycle", slow_cycle)
+    inp.queue.put_nowait(LOCAL)
+    await wait_until(lambda: inp.lock.locked())
+    task.transactions[kept.name].add(b"claim-row", b"claimed")  # the round's claim row
+    claims = asyncio.create_task(n.commits.commit_claims(kept, {1}))
+    for _ in range(3):
+        await asyncio.sleep(0)
+    assert not claims.done(), "it waits for p's lock"
+    await n.tasks.revoke({1})
+    (result,) = await asyncio.gather(claims, return_exceptions=True)
+    assert inp.cut, "the cycle was cut short"
+    assert isinstance(result, KafkaUnavailable), result

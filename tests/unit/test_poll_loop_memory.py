@@ -105,7 +105,7 @@ async def test_a_retake_drops_what_was_kept_and_reads_again_from_the_committed_o
     await stuck(loop)
     while not w0.queue.empty():  # as `PartitionInput.stop` does
         w0.queue.get_nowait()
-    loop.running[0] = Task(w0.queue, takes=2)
+    loop.running[0] = Task(w0.queue)  # taken again: a new task, nothing kept
     await loop.member.rewind([(TOPIC, 0)])
     loop.member.resume([(TOPIC, 0)])
     w0.go.set()

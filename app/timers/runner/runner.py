@@ -38,7 +38,7 @@ from app.timers.runner.partition import InProcessTargets, PartitionFiring, offer
 from app.timers.runner.ports import Clock, FiringStore, Sender
 from app.timers.runner.rounds import Round
 from app.timers.runner.sending import Sends
-from app.timers.runner.settling import operate_parked, reclaim, settle_exactly
+from app.timers.runner.settling import operate_parked, settle_exactly, taken_over
 from app.timers.runner.slow_start import burst_after, round_slice
 from app.timers.runner.stats import RoundStats
 from app.timers.runner.wheel import Wheel, count_due_of, load_due_of, take_from
@@ -313,20 +313,11 @@ class TimerRunner:
                 logger.warning("sweeping partition %d's finished timers failed: %s", partition, exc)
 
     async def _taken_over(self, now: int) -> list[Decision]:
-        """Claims again, at once, the FIRING rows of the partitions started since the last
-        round: a previous owner's claims, which it can no longer settle (fenced)."""
+        """The FIRING rows of the partitions started since the last round, claimed again."""
         fresh = {p for p, f in self._firings.items() if f.fresh}
-        if not fresh:
-            return []
         for p in fresh:
             self._firings[p].fresh = False
-        horizon = now + self._options.claim_timeout + 1
-        rows = await self._store.due(fresh, until=horizon, limit=_TAKE_OVER_LIMIT)
-        return [
-            guarded(functools.partial(reclaim, t, now, self._options), t, now)
-            for t in rows
-            if t.status is TimerStatus.FIRING and t.due_at > now
-        ]
+        return await taken_over(self._store, fresh, now, self._options)
 
     def _next_due(self, stats: RoundStats) -> None:
         untils = []
@@ -403,6 +394,3 @@ class TimerRunner:
             written = await operate_parked(self._store, self._ledger, target, only, decide)
             self.invalidate()
         return written
-
-
-_TAKE_OVER_LIMIT = 100_000

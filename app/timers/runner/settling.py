@@ -5,19 +5,20 @@ timers. No lock and no state: the runner calls these under its own."""
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections import defaultdict
 from collections.abc import Callable, Set
 
-from app.timers.runner.decisions import Decision, expire_or_claim, unparked
+from app.timers.runner.decisions import Decision, expire_or_claim, guarded, unparked
 from app.timers.runner.options import TimerOptions
 from app.timers.runner.ports import FiringStore
 from app.timers.runner.stats import RoundStats
 from tables.ledger import FailureLedger
 from tables.refs import AggregateRef
-from tables.timer import Timer, TimerChange
+from tables.timer import Timer, TimerChange, TimerStatus
 
-__all__ = ["from_loaded", "operate_parked", "park", "reclaim", "settle_exactly"]
+__all__ = ["from_loaded", "operate_parked", "park", "reclaim", "settle_exactly", "taken_over"]
 
 logger = logging.getLogger(__name__)
 
@@ -78,6 +79,25 @@ def reclaim(timer: Timer, now: int, options: TimerOptions) -> Decision:
         return decision
     change = decision.change.model_copy(update={"loaded": timer})
     return Decision(decision.action, change, decision.send, decision.fallback)
+
+
+_TAKE_OVER_LIMIT = 100_000
+
+
+async def taken_over(
+    store: FiringStore, fresh: Set[int], now: int, options: TimerOptions
+) -> list[Decision]:
+    """Claims again, at once, the FIRING rows of the partitions in `fresh` (started since
+    the last round): a previous owner's claims, which it can no longer settle (fenced)."""
+    if not fresh:
+        return []
+    horizon = now + options.claim_timeout + 1
+    rows = await store.due(set(fresh), until=horizon, limit=_TAKE_OVER_LIMIT)
+    return [
+        guarded(functools.partial(reclaim, t, now, options), t, now)
+        for t in rows
+        if t.status is TimerStatus.FIRING and t.due_at > now
+    ]
 
 
 async def operate_parked(
