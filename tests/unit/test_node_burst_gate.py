@@ -59,7 +59,8 @@ class Cycles:
         self.fired.append(p)
 
 
-async def test_a_burst_grows_once_its_first_commit_landed() -> None:
+def gated() -> tuple[BurstRunner, FakeCommits, Cycles, NodeTimerLoop]:
+    """A node's timer loop over a burst runner, its commits and its cycles."""
     runner, commits, cycles = BurstRunner(), FakeCommits(), Cycles()
     loop = NodeTimerLoop(
         cast(TimerRunner, runner),
@@ -68,6 +69,11 @@ async def test_a_burst_grows_once_its_first_commit_landed() -> None:
         commits=cast(Commits, commits),
         cycles=cast(PartitionCycles, cycles),
     )
+    return runner, commits, cycles, loop
+
+
+async def test_a_burst_grows_once_its_first_commit_landed() -> None:
+    runner, commits, cycles, loop = gated()
     runner.due = 6
     commits.landed_of[1] = 4  # commits of p1 before the burst: not the burst's
     await loop.round()  # the burst begins: its first slice, whatever `grow` says
@@ -93,14 +99,7 @@ async def test_a_burst_grows_once_its_first_commit_landed() -> None:
 
 
 async def test_a_burst_whose_first_commit_is_slow_grows_after_a_few_rounds_held() -> None:
-    runner, commits, cycles = BurstRunner(), FakeCommits(), Cycles()
-    loop = NodeTimerLoop(
-        cast(TimerRunner, runner),
-        type_name="order",
-        types=cast(Any, {"order": object()}),
-        commits=cast(Commits, commits),
-        cycles=cast(PartitionCycles, cycles),
-    )
+    runner, _, _, loop = gated()
     # No commit of the burst lands.
     runner.due = 8
     runner.clock.set(1_000)
