@@ -26,6 +26,7 @@ from pydantic import (
     ValidationError,
     model_validator,
 )
+from pydantic.config import JsonDict
 
 from app.errors import BadRecord
 from tables import AggregateRef, CommandSpec, ScheduleRule
@@ -232,6 +233,21 @@ def _known_refusal(value: object) -> object:
     return value
 
 
+def _refusal_schema(schema: JsonDict) -> None:
+    # The schema names the codes this version writes, and also takes any well-formed code:
+    # a client validating against it must not refuse a newer writer's result.
+    alternatives = schema["anyOf"]
+    assert isinstance(alternatives, list)
+    alternatives.insert(
+        1,
+        {
+            "type": "string",
+            "pattern": f"^{_REFUSAL_SHAPE.pattern}$",
+            "description": "a code a newer writer may give: a plain rejection to this version",
+        },
+    )
+
+
 class CommandResult(_Envelope):
     """The outcome of one command, on the results topic, keyed by request id."""
 
@@ -249,6 +265,7 @@ class CommandResult(_Envelope):
         "(absent: a plain rejection). A reader takes a code it does not know (upper-case "
         "letters, digits and `_`, at most 64) as a plain rejection; readers of 0.2.0 and before "
         "keep the field and ignore it",
+        json_schema_extra=_refusal_schema,
     )
 
 

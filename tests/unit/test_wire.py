@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import orjson
 import pytest
 from hypothesis import given, settings
@@ -148,6 +150,36 @@ def test_the_refusal_round_trips_and_the_schema_lists_every_code() -> None:
 def test_a_refusal_code_from_a_newer_writer_is_a_plain_rejection(code: str) -> None:
     result = decode(CommandResult, orjson.dumps(RESULT | {"refusal": code}))
     assert (result.code, result.refusal) == (ResultCode.REJECTED, None)
+
+
+def _schema_takes(code: object) -> bool:
+    """Whether the published schema's `refusal` takes `code` (its anyOf, read by hand: no
+    JSON Schema validator is a dependency)."""
+    schema = orjson.loads(render_schemas()["command-result.schema.json"])
+    known = schema["$defs"]["Refusal"]["enum"]
+    for alternative in schema["properties"]["refusal"]["anyOf"]:
+        if alternative.get("$ref") == "#/$defs/Refusal" and code in known:
+            return True
+        if alternative.get("type") == "null" and code is None:
+            return True
+        if (
+            alternative.get("type") == "string"
+            and isinstance(code, str)
+            and re.search(alternative["pattern"], code)
+        ):
+            return True
+    return False
+
+
+@pytest.mark.parametrize("code", ["A_NEWER_REFUSAL", "X", "A" * 64, "RULE_ENDED", None])
+def test_the_schema_takes_every_code_a_reader_takes(code: str | None) -> None:
+    """A client validating against the schema does not refuse a newer writer's code."""
+    assert _schema_takes(code)
+
+
+@pytest.mark.parametrize("bad", ["rule_ended", "", "A" * 65, "RULE ENDED", 7, True, [], {}])
+def test_the_schema_refuses_what_a_reader_refuses(bad: object) -> None:
+    assert not _schema_takes(bad)
 
 
 @pytest.mark.parametrize("bad", ["rule_ended", "", "A" * 65, "RULE ENDED", 7, True, [], {}])
