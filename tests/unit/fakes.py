@@ -322,6 +322,25 @@ def make_timer(
     )
 
 
+def stored_timer(
+    owner: AggregateRef, key: str, status: TimerStatus, due: int, partition: int, id: str
+) -> Timer:
+    """A one-off `Remind` timer of `owner` aimed at itself, as a table holds it."""
+    return Timer(
+        id=id,
+        owner=owner,
+        key=key,
+        version=1,
+        partition=partition,
+        status=status,
+        rule=OnceRule(at=due),
+        target=owner,
+        command=CommandSpec(type="Remind"),
+        slot_due_at=due,
+        due_at=due,
+    )
+
+
 Rule = OnceRule | IntervalRule | CronRule
 
 

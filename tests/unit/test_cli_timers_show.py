@@ -9,13 +9,14 @@ from typing import Any
 
 import orjson
 import pytest
+from fakes import stored_timer
 from typer.testing import CliRunner
 
 import app.cli.timers
 from app.cli import cli
 from app.kafka import Record, TopicSpec
 from app.kafka.memory import MemoryLog
-from tables import AggregateRef, CommandSpec, OnceRule, Timer, TimerStatus
+from tables import AggregateRef, Timer, TimerStatus
 from tables.keys import encode_timer, row_key
 from tables.partitioner import partition_of
 
@@ -28,19 +29,7 @@ P = partition_of(OWNER.id, PARTITIONS)
 
 
 def timer(owner: AggregateRef, key: str, status: TimerStatus, due: int) -> Timer:
-    return Timer(
-        id=f"{key}-{due}",
-        owner=owner,
-        key=key,
-        version=1,
-        partition=P,
-        status=status,
-        rule=OnceRule(at=due),
-        target=owner,
-        command=CommandSpec(type="Remind"),
-        slot_due_at=due,
-        due_at=due,
-    )
+    return stored_timer(owner, key, status, due, P, id=f"{key}-{due}")
 
 
 def record(offset: int, key: bytes | None, value: bytes | None) -> Record:

@@ -6,7 +6,7 @@ creating no topic when it is not there; the page's form goes through the node's 
 from __future__ import annotations
 
 import pytest
-from fakes import GOOD, NODE, PAGE_PARTITIONS, TYPE, FakeNode, ref
+from fakes import GOOD, NODE, PAGE_PARTITIONS, TYPE, FakeNode, ref, stored_timer
 from multidict import MultiDict
 
 from app.errors import KafkaUnavailable, MissingTopic
@@ -16,7 +16,7 @@ from app.ops.page import OperatorPage, Requester
 from app.protocol.topics import parse_aggregate_type
 from app.protocol.wire import TimerAction, TimerOp, decode
 from app.timers.operator import read_timers, request_retry, request_skip
-from tables import AggregateRef, CommandSpec, OnceRule, Timer, TimerStatus
+from tables import AggregateRef, Timer, TimerStatus
 from tables.keys import encode_timer, row_key
 
 TOPICS = parse_aggregate_type(TYPE)
@@ -53,19 +53,7 @@ async def test_a_timer_ops_topic_of_another_partition_count_is_refused() -> None
 
 def row(owner_id: str, key: str, status: TimerStatus, due: int, partition: int) -> Timer:
     owner = AggregateRef(context="shop", aggregate="order", id=owner_id)
-    return Timer(
-        id=f"{owner_id}-{key}",
-        owner=owner,
-        key=key,
-        version=1,
-        partition=partition,
-        status=status,
-        rule=OnceRule(at=due),
-        target=owner,
-        command=CommandSpec(type="Remind"),
-        slot_due_at=due,
-        due_at=due,
-    )
+    return stored_timer(owner, key, status, due, partition, id=f"{owner_id}-{key}")
 
 
 async def test_the_table_is_read_back_from_its_changelog() -> None:
