@@ -83,6 +83,7 @@ class RdkafkaTransactionalWriter:
         self._producer: Producer | None = None
         self._lock = asyncio.Lock()
         self._open = False
+        self._stopped = False
         self.broken: KafkaUnavailable | None = None
 
     async def start(self) -> None:
@@ -96,6 +97,9 @@ class RdkafkaTransactionalWriter:
     async def stop(self) -> None:
         """Aborts an open transaction (unless broken) and closes the producer; never
         raises. Runs after the writer's last call, on its thread."""
+        if self._stopped:
+            return
+        self._stopped = True
         try:
             await self._run(self._close)
         except Exception as exc:
@@ -154,10 +158,14 @@ class RdkafkaTransactionalWriter:
             # `close` flushes with no deadline: whatever is left is dropped first (a
             # broken writer's records, never committed), so a stop cannot hang on them.
             # Closed here, not wherever the last reference goes (it joins threads).
-            try:
-                p.purge()
-            finally:
-                p.close()
+            for step in (p.purge, p.close):
+                try:
+                    step()
+                except Exception as exc:
+                    # a broken writer's fatal error (its fence) is raised again by the
+                    # close that destroys it (the producer is gone all the same)
+                    level = logging.DEBUG if self.broken is not None else logging.WARNING
+                    logger.log(level, "%s: close: %s", self.transactional_id, _said(exc))
 
     def _transaction(
         self,
