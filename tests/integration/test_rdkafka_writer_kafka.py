@@ -18,6 +18,7 @@ from harness import connection_of
 
 from app.errors import KafkaUnavailable
 from app.kafka import KafkaClients, ReaderClient
+from app.kafka.consumers import read_partitions
 from app.kafka.ports import Admin, GroupMember
 from app.kafka.rdkafka_writer import RdkafkaTransactionalWriter
 
@@ -128,3 +129,29 @@ async def test_over_sasl_ssl_it_commits_and_a_principal_without_acls_is_told_whi
             await d.start()
     finally:
         await d.stop()
+
+
+@pytest.mark.kafka
+async def test_a_keyed_record_lands_where_aiokafkas_would(
+    kafka_bootstrap: str, topic_factory: TopicFactory
+) -> None:
+    """A record left to its key's partition (a decision's command to another aggregate)
+    lands in the same partition whichever writer sends it: Java's murmur2, which aiokafka
+    uses, not librdkafka's default CRC32."""
+    topic = await topic_factory(partitions=6)
+    keys = [b"aggregate-%d" % i for i in range(40)]
+    for client in ("aiokafka", "confluent"):
+        writer = KafkaClients(kafka_bootstrap, client=client).transactional_writer(
+            f"{topic}.{client}"
+        )
+        await writer.start()
+        try:
+            await writer.commit([(topic, None, k, client.encode()) for k in keys], {}, "g")
+        finally:
+            await writer.stop()
+    where: dict[bytes, dict[bytes, int]] = {}
+    async for batch in read_partitions(kafka_bootstrap, topic, range(6)):
+        for r in batch:
+            where.setdefault(r.value or b"", {})[r.key or b""] = r.partition
+    assert where[b"confluent"] == where[b"aiokafka"]
+    assert len(set(where[b"aiokafka"].values())) > 1  # spread: not all in one partition
