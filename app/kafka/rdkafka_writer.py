@@ -55,9 +55,14 @@ class RdkafkaTransactionalWriter:
         *,
         max_batch_bytes: int = TRANSACTION_BATCH_BYTES,
         timeout: float = 30.0,
+        deadline: float | None = None,
     ) -> None:
+        """`timeout`: what each of librdkafka's calls may take. `deadline`: what a whole
+        call of the writer may take (5 timeouts by default: a commit's flush, offsets,
+        commit and abort), after which it is broken whatever librdkafka still does."""
         self.transactional_id = transactional_id
         self._timeout = timeout
+        self._deadline = 5 * timeout if deadline is None else deadline
         self._config: dict[str, Any] = {
             **rdkafka_options(bootstrap),
             "transactional.id": transactional_id,
@@ -76,7 +81,7 @@ class RdkafkaTransactionalWriter:
             "retry.backoff.ms": 10,
             # Java's and aiokafka's partitioner: a keyed record lands where theirs would.
             "partitioner": "murmur2_random",
-            "logger": logger,
+            "logger": _LOG,
             "error_cb": self._said,
         }
         self._thread = ThreadPoolExecutor(1, thread_name_prefix=f"rdkafka-{transactional_id}")
@@ -91,7 +96,7 @@ class RdkafkaTransactionalWriter:
         writer, whose open transaction the broker aborts."""
         try:
             await self._run(self._start)
-        except KafkaException as exc:
+        except (KafkaException, KafkaUnavailable) as exc:
             raise KafkaUnavailable(f"{self.transactional_id} cannot connect: {_said(exc)}") from exc
 
     async def stop(self) -> None:
@@ -271,7 +276,15 @@ class RdkafkaTransactionalWriter:
     # On the event loop.
 
     async def _run(self, call: Callable[..., T], *args: Any) -> T:
-        return await asyncio.get_running_loop().run_in_executor(self._thread, call, *args)
+        """`call` on the writer's thread. Past the deadline (librdkafka keeps a call past
+        its own timeout while the broker is unreachable) `KafkaUnavailable`: the caller
+        breaks the writer, and the call goes on on the thread, before the stop."""
+        done = asyncio.get_running_loop().run_in_executor(self._thread, call, *args)
+        try:
+            return await asyncio.wait_for(asyncio.shield(done), self._deadline)
+        except TimeoutError:
+            done.add_done_callback(_retrieve)
+            raise KafkaUnavailable(f"no answer in {self._deadline:g} s") from None
 
     def _check(self) -> None:
         if self.broken is not None:
@@ -297,6 +310,20 @@ class RdkafkaTransactionalWriter:
         return broken
 
 
+class _Log:
+    """librdkafka's log lines, into this module's logger (confluent-kafka calls `log`).
+    A fence is a partition moving to another node, which the node says itself: librdkafka
+    logs it as a fatal error (CRITICAL, ERROR), here it is INFO."""
+
+    def log(self, level: int, fmt: str, *args: object) -> None:
+        if level > logging.INFO and any("fenced" in str(a) for a in args):
+            level = logging.INFO
+        logger.log(level, fmt, *args)
+
+
+_LOG = _Log()
+
+
 def _produce(
     p: Producer, r: OutRecord, partition: int, report: Callable[[KafkaError | None, Message], None]
 ) -> None:
@@ -310,6 +337,11 @@ def _produce(
             return
         except BufferError:  # the local queue is full: serve deliveries, then again
             p.poll(_QUEUE_FULL_WAIT)
+
+
+def _retrieve(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled():
+        future.exception()
 
 
 def _offset(msg: Message) -> int:
