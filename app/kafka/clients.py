@@ -1,19 +1,29 @@
-"""The ports' factory over aiokafka: one cluster's clients from its bootstrap address."""
+"""The ports' factory over aiokafka: one cluster's clients from its bootstrap address.
+
+`client="confluent"` makes the transactional writers over librdkafka instead
+(`app.kafka.rdkafka_writer`, the `confluent` extra); every other client stays aiokafka's.
+"""
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Iterable, Sequence
+from typing import Literal, get_args
 
 from app.kafka import admin as kafka_admin
 from app.kafka.admin import cluster_id, ensure_topics, max_message_bytes, topic_names
 from app.kafka.connection import Connectable, address
 from app.kafka.consumers import GroupConsumer, PartitionReader, Reader
-from app.kafka.ports import Assigned
+from app.kafka.ports import Assigned, TransactionalWriter
 from app.kafka.probe import api_versions_probe, check_access
 from app.kafka.producers import Producer, TransactionalProducer
 from app.kafka.records import Replication, TopicSpec
 
-__all__ = ["KafkaAdmin", "KafkaClients"]
+__all__ = ["KafkaAdmin", "KafkaClient", "KafkaClients"]
+
+KafkaClient = Literal["aiokafka", "confluent"]
+"""Which library writes a partition's transactions: aiokafka (the default) or librdkafka
+(confluent-kafka, installed with `tickwheel[confluent]`)."""
 
 
 class KafkaAdmin:
@@ -80,18 +90,35 @@ class KafkaAdmin:
 class KafkaClients:
     """`app.kafka.ports.Clients` on a Kafka cluster: each call makes a new, unstarted client."""
 
-    def __init__(self, bootstrap: Connectable, replication: Replication | None = None) -> None:
+    def __init__(
+        self,
+        bootstrap: Connectable,
+        replication: Replication | None = None,
+        *,
+        client: KafkaClient = "aiokafka",
+    ) -> None:
+        if client not in get_args(KafkaClient):
+            raise ValueError(f"Kafka client {client!r}: aiokafka or confluent")
+        if client == "confluent" and importlib.util.find_spec("confluent_kafka") is None:
+            # said when the node is configured, not at its first partition's transaction
+            raise ValueError(
+                "the confluent Kafka client needs confluent-kafka: "
+                "pip install 'tickwheel[confluent]'"
+            )
         self.bootstrap = bootstrap
         self.replication = replication
+        self.client: KafkaClient = client
 
     def transactional_writer(
         self, transactional_id: str, *, max_batch_bytes: int | None = None
-    ) -> TransactionalProducer:
-        if max_batch_bytes is None:
-            return TransactionalProducer(self.bootstrap, transactional_id)
-        return TransactionalProducer(
-            self.bootstrap, transactional_id, max_batch_bytes=max_batch_bytes
-        )
+    ) -> TransactionalWriter:
+        batch = {} if max_batch_bytes is None else {"max_batch_bytes": max_batch_bytes}
+        if self.client == "confluent":
+            # imported here: confluent-kafka is an optional extra
+            from app.kafka.rdkafka_writer import RdkafkaTransactionalWriter
+
+            return RdkafkaTransactionalWriter(self.bootstrap, transactional_id, **batch)
+        return TransactionalProducer(self.bootstrap, transactional_id, **batch)
 
     def reader(self) -> Reader:
         return Reader(self.bootstrap)

@@ -1,7 +1,8 @@
 """Producers on a real broker leave no failed future or task of aiokafka's behind
 unretrieved (which the event loop would only log, at collection): a transactional
 producer fenced (a newer producer of its transactional id started) says `Fenced` and is
-broken for good; the plain producer's refused sends are all retrieved."""
+broken for good, aiokafka's and librdkafka's alike; the plain producer's refused sends are
+all retrieved."""
 
 from __future__ import annotations
 
@@ -12,9 +13,10 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import pytest
+from writer_kinds import MakeWriter, each_writer
 
 from app.errors import Fenced, KafkaUnavailable
-from app.kafka import OutRecord, Producer, TransactionalProducer
+from app.kafka import OutRecord, Producer
 
 pytestmark = pytest.mark.kafka
 
@@ -33,19 +35,21 @@ async def unretrieved() -> AsyncIterator[list[dict[str, Any]]]:
     loop.set_exception_handler(before)
 
 
+@each_writer
 @pytest.mark.parametrize("records", [1, 0], ids=["with records", "offsets only"])
 async def test_a_fenced_producer_says_so_and_leaves_nothing_unretrieved(
     kafka_bootstrap: str,
     topic_factory: TopicFactory,
     unretrieved: list[dict[str, Any]],
     records: int,
+    make: MakeWriter,
 ) -> None:
     topic = await topic_factory(partitions=1)
     tid = f"fenced-{uuid.uuid4().hex[:8]}"
-    old = TransactionalProducer(kafka_bootstrap, tid)
+    old = make(kafka_bootstrap, tid)
     await old.start()
     await old.commit([(topic, 0, b"k", b"v0")], {(topic, 0): 1}, "g")
-    new = TransactionalProducer(kafka_bootstrap, tid)
+    new = make(kafka_bootstrap, tid)
     await new.start()  # fences the old one
     try:
         batch: list[OutRecord] = [(topic, 0, b"k", b"v1")] * records

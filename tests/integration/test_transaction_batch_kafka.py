@@ -9,9 +9,10 @@ import uuid
 from collections.abc import Awaitable, Callable
 
 import pytest
+from writer_kinds import MakeWriter, each_writer
 
 from app.errors import KafkaUnavailable
-from app.kafka import OutRecord, TransactionalProducer
+from app.kafka import OutRecord
 from app.kafka.clients import KafkaAdmin
 from app.kafka.consumers import read_partitions
 from app.kafka.producers import transaction_batch_bytes
@@ -22,12 +23,12 @@ TopicFactory = Callable[..., Awaitable[str]]
 LIMIT = 64 * 1024
 
 
-async def _commit(bootstrap: str, records: list[OutRecord], batch: int | None) -> list[int]:
+async def _commit(
+    make: MakeWriter, bootstrap: str, records: list[OutRecord], batch: int | None
+) -> list[int]:
     tid = f"batch-{uuid.uuid4().hex[:8]}"
     producer = (
-        TransactionalProducer(bootstrap, tid)
-        if batch is None
-        else TransactionalProducer(bootstrap, tid, max_batch_bytes=batch)
+        make(bootstrap, tid) if batch is None else make(bootstrap, tid, max_batch_bytes=batch)
     )
     await producer.start()
     try:
@@ -36,8 +37,9 @@ async def _commit(bootstrap: str, records: list[OutRecord], batch: int | None) -
         await producer.stop()
 
 
+@each_writer
 async def test_a_transaction_commits_under_a_topics_smaller_limit(
-    kafka_bootstrap: str, topic_factory: TopicFactory
+    kafka_bootstrap: str, topic_factory: TopicFactory, make: MakeWriter
 ) -> None:
     topic = await topic_factory(configs={"max.message.bytes": str(LIMIT)})
     takes = await KafkaAdmin(kafka_bootstrap).max_message_bytes(topic)
@@ -45,13 +47,14 @@ async def test_a_transaction_commits_under_a_topics_smaller_limit(
     # 256 records of 1 KiB to one partition: 4 times what one batch of the topic may hold.
     records: list[OutRecord] = [(topic, 0, b"k%d" % i, bytes(1024)) for i in range(256)]
     with pytest.raises(KafkaUnavailable):
-        await _commit(kafka_bootstrap, records, None)  # 512 KiB batches: refused
-    offsets = await _commit(kafka_bootstrap, records, transaction_batch_bytes([takes]))
+        await _commit(make, kafka_bootstrap, records, None)  # 512 KiB batches: refused
+    offsets = await _commit(make, kafka_bootstrap, records, transaction_batch_bytes([takes]))
     assert len(offsets) == 256 and offsets == sorted(offsets)
 
 
+@each_writer
 async def test_each_record_is_told_the_offset_it_was_written_at(
-    kafka_bootstrap: str, topic_factory: TopicFactory
+    kafka_bootstrap: str, topic_factory: TopicFactory, make: MakeWriter
 ) -> None:
     """A transaction's records go in per partition batches, and a topic with records left
     to the key's partition record by record: every record, in whichever way it went, is
@@ -66,7 +69,7 @@ async def test_each_record_is_told_the_offset_it_was_written_at(
         records.append((batched, 1, b"b%d" % i, b"small"))
         records.append((keyed, None, b"k%d" % i, b"v%d" % i))
     records.append((batched, 1, b"h", b"with headers", (("why", b"test"),)))
-    offsets = await _commit(kafka_bootstrap, records, 4 * 1024)
+    offsets = await _commit(make, kafka_bootstrap, records, 4 * 1024)
     written: dict[tuple[str, int, int], bytes | None] = {}
     for topic, partitions in ((batched, range(2)), (keyed, range(3))):
         async for batch in read_partitions(kafka_bootstrap, topic, partitions):

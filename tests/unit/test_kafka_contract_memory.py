@@ -2,7 +2,9 @@
 on both, must see the same offsets, records, group offsets and fencing, so the fake cannot
 drift from Kafka's behaviour (markers taking offsets, read-committed visibility, the
 stable end held by an open transaction, a zombie's aborted writes, group offsets
-committed with a transaction). The Kafka run is marked `kafka`; the memory one is not."""
+committed with a transaction). The Kafka runs are marked `kafka`; the memory one is not.
+The Kafka scenario runs twice: with aiokafka's transactional writer (the default) and
+with librdkafka's (`KafkaClients(client="confluent")`), the same port contract for both."""
 
 from __future__ import annotations
 
@@ -25,7 +27,9 @@ from app.kafka import (
     TransactionalProducer,
     TransactionalWriter,
 )
+from app.kafka.clients import KafkaClient
 from app.kafka.memory import MemoryLog, MemoryWriter
+from app.kafka.rdkafka_writer import RdkafkaTransactionalWriter
 
 GROUP = "contract-group"
 
@@ -49,9 +53,11 @@ class MemoryBackend:
 
 
 class KafkaBackend:
-    def __init__(self, bootstrap: str, topics: Callable[..., Any]) -> None:
+    def __init__(
+        self, bootstrap: str, topics: Callable[..., Any], client: KafkaClient = "aiokafka"
+    ) -> None:
         self.bootstrap = bootstrap
-        self.clients = KafkaClients(bootstrap)
+        self.clients = KafkaClients(bootstrap, client=client)
         self._topics = topics
 
     async def topic(self) -> str:
@@ -76,19 +82,30 @@ class KafkaBackend:
     async def open_transaction(self, writer: TransactionalWriter, records: list[OutRecord]) -> None:
         """Writes records in an open transaction and waits for the broker to have them (the
         runtime only ever commits at once: the producer's own step, for this scenario)."""
-        assert isinstance(writer, TransactionalProducer)
-        await asyncio.gather(*(batch for batch, _ in await writer._append(records)))
+        if isinstance(writer, TransactionalProducer):
+            await asyncio.gather(*(batch for batch, _ in await writer._append(records)))
+        else:
+            assert isinstance(writer, RdkafkaTransactionalWriter)
+            await writer.send(records)  # returns once the broker has them
 
 
 Backend = MemoryBackend | KafkaBackend
 
 
-@pytest.fixture(params=["memory", pytest.param("kafka", marks=pytest.mark.kafka)])
+@pytest.fixture(
+    params=[
+        "memory",
+        pytest.param("kafka", marks=pytest.mark.kafka),
+        pytest.param("kafka-confluent", marks=pytest.mark.kafka),
+    ]
+)
 def backend(request: pytest.FixtureRequest) -> Backend:
     if request.param == "memory":
         return MemoryBackend()
     return KafkaBackend(
-        request.getfixturevalue("kafka_bootstrap"), request.getfixturevalue("topic_factory")
+        request.getfixturevalue("kafka_bootstrap"),
+        request.getfixturevalue("topic_factory"),
+        "confluent" if request.param == "kafka-confluent" else "aiokafka",
     )
 
 

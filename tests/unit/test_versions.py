@@ -32,15 +32,18 @@ UNBOUNDED = {
 
 
 def runtime() -> list[Requirement]:
-    """What `pip install tickwheel[faust]` asks for: the dependencies and the faust extra."""
-    deps = [*PROJECT["dependencies"], *PROJECT["optional-dependencies"]["faust"]]
+    """What `pip install tickwheel[faust,confluent]` asks for: the dependencies and the
+    optional extras a service installs beside its own packages."""
+    extras = PROJECT["optional-dependencies"]
+    deps = [*PROJECT["dependencies"], *extras["faust"], *extras["confluent"]]
     return [Requirement(r) for r in deps]
 
 
 def declared() -> list[Requirement]:
     """Every requirement pyproject declares, extras included."""
     extras = PROJECT["optional-dependencies"]
-    return [Requirement(r) for r in [*PROJECT["dependencies"], *extras["dev"], *extras["faust"]]]
+    every = [*PROJECT["dependencies"], *extras["dev"], *extras["faust"], *extras["confluent"]]
+    return [Requirement(r) for r in every]
 
 
 def constraints() -> dict[NormalizedName, Requirement]:

@@ -1,0 +1,98 @@
+"""librdkafka's settings for a cluster (`Connectable`), and its errors in our terms: the
+confluent-kafka adapter's counterpart of `connection.client_options` and `records.explain`.
+
+Pure (no confluent-kafka import): the mapping is tested without the extra installed.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Any
+
+from app.kafka.connection import Connectable, connection
+
+__all__ = [
+    "AUTHENTICATION_CODES",
+    "DENIED_CODES",
+    "FENCED_CODES",
+    "explain_code",
+    "group_metadata",
+    "rdkafka_options",
+]
+
+
+def rdkafka_options(where: Connectable) -> dict[str, Any]:
+    """librdkafka's connection settings for `where`: the same address, protocol, CA,
+    client certificate and SASL login as aiokafka's (`KafkaConnection.options`).
+
+    Without a CA file, librdkafka's wheels probe the system's CA paths, as aiokafka's
+    default context loads the system's CAs; both check the broker's host name (librdkafka's
+    `ssl.endpoint.identification.algorithm` is `https` by default)."""
+    c = connection(where)
+    options: dict[str, Any] = {
+        "bootstrap.servers": c.bootstrap_servers,
+        "security.protocol": c.security_protocol,
+    }
+    if c.ssl_cafile is not None:
+        options["ssl.ca.location"] = str(c.ssl_cafile)
+    if c.ssl_certfile is not None and c.ssl_keyfile is not None:
+        options["ssl.certificate.location"] = str(c.ssl_certfile)
+        options["ssl.key.location"] = str(c.ssl_keyfile)
+    if c.sasl_mechanism is not None:
+        assert c.sasl_password is not None  # checked by KafkaConnection's validator
+        options["sasl.mechanism"] = c.sasl_mechanism
+        options["sasl.username"] = c.sasl_username
+        options["sasl.password"] = c.sasl_password.get_secret_value()
+    return options
+
+
+_MAGIC = b"CGMDv2:"
+
+
+def group_metadata(group_id: str) -> bytes:
+    """What `Producer.send_offsets_to_transaction` takes for a group the producer's node
+    does not consume with librdkafka: the group id alone, generation -1 and no member.
+
+    confluent-kafka passes this object to `rd_kafka_consumer_group_metadata_read` as the
+    bytes `rd_kafka_consumer_group_metadata_write` makes (format v2: the magic, the
+    generation as a native int32, the group id and the member id NUL-terminated, then 1
+    for "no group instance id"); generation -1 with an empty member is what
+    `rd_kafka_consumer_group_metadata_new(group_id)` makes: the broker commits the
+    offsets without checking the group's generation (the pre-KIP-447 path, which
+    aiokafka's `send_offsets_to_transaction(offsets, group_id)` takes as well)."""
+    if not group_id.isascii() or not group_id.isprintable():
+        # librdkafka refuses a non-printable id (isprint), as _BAD_MSG
+        raise ValueError(f"group id {group_id!r}: librdkafka takes printable ASCII only")
+    return _MAGIC + struct.pack("=i", -1) + group_id.encode() + b"\0" + b"\0" + b"\1"
+
+
+FENCED_CODES = frozenset({-144, 90, 47})
+"""librdkafka's `_FENCED`, the broker's PRODUCER_FENCED and INVALID_PRODUCER_EPOCH: a
+newer writer of the transactional id started."""
+
+DENIED_CODES: dict[int, str] = {
+    29: "a topic (Describe, Read, Write or Create on it)",
+    30: "the consumer group (Read, Describe)",
+    53: "a transactional id (Write, Describe)",
+    31: "the cluster (IdempotentWrite)",
+}
+"""TOPIC_, GROUP_, TRANSACTIONAL_ID_ and CLUSTER_AUTHORIZATION_FAILED: what an ACL lacks."""
+
+AUTHENTICATION_CODES = frozenset({-169, 58})
+"""librdkafka's `_AUTHENTICATION` and the broker's SASL_AUTHENTICATION_FAILED."""
+
+
+def explain_code(code: int, said: str) -> str:
+    """A librdkafka error (its code and its text) in a user's terms, as `records.explain`
+    says aiokafka's."""
+    if (what := DENIED_CODES.get(code)) is not None:
+        return (
+            f"not authorized on {what}: {said}; the principal needs the ACLs the "
+            "README's 'Connecting to your Kafka' lists"
+        )
+    if code in AUTHENTICATION_CODES:
+        return (
+            f"authentication failed: {said}; check KAFKA_SASL_MECHANISM, "
+            "KAFKA_SASL_USERNAME and KAFKA_SASL_PASSWORD"
+        )
+    return said

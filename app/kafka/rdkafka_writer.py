@@ -1,0 +1,373 @@
+"""`TransactionalWriter` over librdkafka (confluent-kafka, the `confluent` extra): a
+partition's transaction encoded and sent by C, where aiokafka's costs Python work a record.
+
+librdkafka's transactional calls block, and a record's delivery report is served by the
+`flush` that waits for it: every call of a writer runs on the writer's own thread, one at
+a time and in order, so the event loop never waits on the broker and a `stop` comes after
+whatever the writer was doing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+from confluent_kafka import KafkaError, KafkaException, Message, Producer, TopicPartition
+
+from app.errors import Fenced, KafkaUnavailable
+from app.kafka.connection import Connectable
+from app.kafka.producers import TRANSACTION_BATCH_BYTES, TRANSACTION_REQUEST_BYTES
+from app.kafka.rdkafka_config import FENCED_CODES, explain_code, group_metadata, rdkafka_options
+from app.kafka.records import OutRecord, headers_of
+
+__all__ = ["RdkafkaTransactionalWriter"]
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+_QUEUE_FULL_WAIT = 0.05
+"""A `produce` refused for a full local queue waits this long for deliveries, then again."""
+
+
+class _Refused(Exception):
+    """A record the broker did not take (its delivery report's error)."""
+
+    def __init__(self, error: KafkaError) -> None:
+        super().__init__(error)
+        self.error = error
+
+
+class RdkafkaTransactionalWriter:
+    """A producer whose records and consumer offsets commit together, or not at all, on
+    librdkafka: the same contract as `TransactionalProducer` (start fences the previous
+    writer of the id; any failure breaks it for good, `Fenced` when a newer writer
+    started; an open transaction is aborted on any failure but a fence)."""
+
+    def __init__(
+        self,
+        bootstrap: Connectable,
+        transactional_id: str,
+        *,
+        max_batch_bytes: int = TRANSACTION_BATCH_BYTES,
+        timeout: float = 30.0,
+        deadline: float | None = None,
+    ) -> None:
+        """`timeout`: what each of librdkafka's calls may take. `deadline`: what a whole
+        call of the writer may take (5 timeouts by default: a commit's flush, offsets,
+        commit and abort), after which it is broken whatever librdkafka still does."""
+        self.transactional_id = transactional_id
+        self._timeout = timeout
+        self._deadline = 5 * timeout if deadline is None else deadline
+        self._config: dict[str, Any] = {
+            **rdkafka_options(bootstrap),
+            "transactional.id": transactional_id,
+            "enable.idempotence": True,
+            "acks": "all",
+            "linger.ms": 1,
+            "transaction.timeout.ms": 60_000,
+            # At most the transaction's timeout (librdkafka checks); a commit waits this
+            # long at most for its records.
+            "message.timeout.ms": int(timeout * 1000),
+            # A dead letter holds a whole record of its context's topics (4 MiB topic).
+            "message.max.bytes": TRANSACTION_REQUEST_BYTES,
+            # Under the topics' `max.message.bytes` (`producers.transaction_batch_bytes`);
+            # a larger single record goes alone, as with aiokafka.
+            "batch.size": max_batch_bytes,
+            "retry.backoff.ms": 10,
+            # Java's and aiokafka's partitioner: a keyed record lands where theirs would.
+            "partitioner": "murmur2_random",
+            "logger": _LOG,
+            "error_cb": self._said,
+        }
+        self._thread = ThreadPoolExecutor(1, thread_name_prefix=f"rdkafka-{transactional_id}")
+        self._producer: Producer | None = None
+        self._lock = asyncio.Lock()
+        self._open = False
+        self._stopped = False
+        self.broken: KafkaUnavailable | None = None
+
+    async def start(self) -> None:
+        """Registers the transactional id (`init_transactions`), fencing its previous
+        writer, whose open transaction the broker aborts."""
+        try:
+            await self._run(self._start)
+        except (KafkaException, KafkaUnavailable) as exc:
+            raise KafkaUnavailable(f"{self.transactional_id} cannot connect: {_said(exc)}") from exc
+
+    async def stop(self) -> None:
+        """Aborts an open transaction (unless broken) and closes the producer; never
+        raises. Runs after the writer's last call, on its thread."""
+        if self._stopped:
+            return
+        self._stopped = True
+        try:
+            await self._run(self._close)
+        except Exception as exc:
+            logger.warning("%s: stop failed: %r", self.transactional_id, exc)
+        finally:
+            self._thread.shutdown(wait=False)
+
+    async def commit(
+        self,
+        records: Sequence[OutRecord],
+        offsets: dict[tuple[str, int], int],
+        group_id: str,
+    ) -> list[int]:
+        """Sends `records` and commits `offsets` for `group_id` in one transaction; the
+        records' offsets. `Fenced` when a newer owner took over; any other failure aborts
+        the transaction and raises `KafkaUnavailable`."""
+        async with self._lock:
+            self._check()
+            try:
+                return await self._run(self._transaction, records, offsets, group_id)
+            except BaseException as exc:
+                raise self._fail(exc) from exc
+
+    async def send(self, records: Sequence[OutRecord]) -> list[int]:
+        """Sends `records` into the open transaction (begun if none is) and waits for the
+        broker to have them; their offsets. The commit comes with the next `commit`."""
+        async with self._lock:
+            self._check()
+            try:
+                return await self._run(self._append, records)
+            except BaseException as exc:
+                raise self._fail(exc) from exc
+
+    @property
+    def pending(self) -> bool:
+        """Whether records wait in an open transaction."""
+        return self._open
+
+    # On the writer's thread.
+
+    def _start(self) -> None:
+        self._producer = Producer(self._config)
+        self._producer.init_transactions(self._timeout)
+
+    def _close(self) -> None:
+        p, self._producer = self._producer, None
+        if p is None:
+            return
+        try:
+            if self._open and self.broken is None:
+                p.abort_transaction(self._timeout)
+        except Exception as exc:
+            logger.warning("%s: abort at stop failed: %s", self.transactional_id, _said(exc))
+        finally:
+            self._open = False
+            # `close` flushes with no deadline: whatever is left is dropped first (a
+            # broken writer's records, never committed), so a stop cannot hang on them.
+            # Closed here, not wherever the last reference goes (it joins threads).
+            for step in (p.purge, p.close):
+                try:
+                    step()
+                except Exception as exc:
+                    # a broken writer's fatal error (its fence) is raised again by the
+                    # close that destroys it (the producer is gone all the same)
+                    level = logging.DEBUG if self.broken is not None else logging.WARNING
+                    logger.log(level, "%s: close: %s", self.transactional_id, _said(exc))
+
+    def _transaction(
+        self,
+        records: Sequence[OutRecord],
+        offsets: dict[tuple[str, int], int],
+        group_id: str,
+    ) -> list[int]:
+        p = self._ready()
+        try:
+            placed = self._append(records)
+            if offsets:
+                p.send_offsets_to_transaction(
+                    [TopicPartition(t, part, o) for (t, part), o in offsets.items()],
+                    group_metadata(group_id),
+                    self._timeout,
+                )
+            p.commit_transaction(self._timeout)
+            self._open = False
+            return placed
+        except BaseException as exc:
+            self._abort(exc)
+            raise
+
+    def _append(self, records: Sequence[OutRecord]) -> list[int]:
+        """Produces `records` in the transaction and waits for their delivery reports;
+        their offsets. Records of a topic given their partition share one report
+        collector (a partition's offsets grow in the order its records were produced);
+        a topic with a record left to the key's partition is told record by record."""
+        p = self._ready()
+        if not self._open:
+            p.begin_transaction()
+            self._open = True
+        try:
+            return self._produce_all(p, records)
+        except BaseException as exc:
+            self._abort(exc)
+            raise
+
+    def _produce_all(self, p: Producer, records: Sequence[OutRecord]) -> list[int]:
+        keyed = {r[0] for r in records if r[1] is None}
+        at: list[int] = [-1] * len(records)
+        delivered: list[Message] = []
+        failed: list[KafkaError] = []
+
+        def collect(err: KafkaError | None, msg: Message) -> None:
+            if err is not None:
+                failed.append(err)
+            else:
+                delivered.append(msg)
+
+        def one(i: int, err: KafkaError | None, msg: Message) -> None:
+            if err is not None:
+                failed.append(err)
+            else:
+                at[i] = _offset(msg)
+
+        by_partition: dict[tuple[str, int], list[int]] = {}
+        for i, r in enumerate(records):
+            topic, partition = r[0], r[1]
+            if topic in keyed:
+                _produce(p, r, -1 if partition is None else partition, functools.partial(one, i))
+            else:
+                assert partition is not None
+                by_partition.setdefault((topic, partition), []).append(i)
+                _produce(p, r, partition, collect)
+        left = p.flush(self._timeout)
+        if failed:
+            raise _Refused(failed[0])
+        if left:
+            raise KafkaUnavailable(f"{left} records not delivered in {self._timeout:g} s")
+        offsets: dict[tuple[str, int], list[int]] = {}
+        for m in delivered:
+            offsets.setdefault((m.topic() or "", m.partition() or 0), []).append(_offset(m))
+        for where, indexes in by_partition.items():
+            for i, offset in zip(indexes, sorted(offsets.get(where, ())), strict=True):
+                at[i] = offset
+        return at
+
+    def _abort(self, exc: BaseException) -> None:
+        """Aborts the open transaction after `exc`, unless it was a fence or left the
+        producer in a fatal state (nothing more it can do: the broker aborts it)."""
+        if not self._open or self._producer is None:
+            return
+        self._open = False
+        error = _error_of(exc)
+        if error is not None and (error.fatal() or error.code() in FENCED_CODES):
+            return
+        try:
+            self._producer.abort_transaction(self._timeout)
+        except KafkaException as abort:
+            logger.warning("%s: abort failed: %s", self.transactional_id, _said(abort))
+
+    def _ready(self) -> Producer:
+        if self._producer is None:
+            raise KafkaUnavailable(f"{self.transactional_id}: not started")
+        return self._producer
+
+    def _said(self, error: KafkaError) -> None:
+        """librdkafka's error callback (a broker down, a fatal error): logged; the call it
+        concerns raises it too."""
+        logger.info("%s: %s", self.transactional_id, error)
+
+    # On the event loop.
+
+    async def _run(self, call: Callable[..., T], *args: Any) -> T:
+        """`call` on the writer's thread. Past the deadline (librdkafka keeps a call past
+        its own timeout while the broker is unreachable) `KafkaUnavailable`: the caller
+        breaks the writer, and the call goes on on the thread, before the stop."""
+        done = asyncio.get_running_loop().run_in_executor(self._thread, call, *args)
+        try:
+            return await asyncio.wait_for(asyncio.shield(done), self._deadline)
+        except TimeoutError:
+            done.add_done_callback(_retrieve)
+            raise KafkaUnavailable(f"no answer in {self._deadline:g} s") from None
+
+    def _check(self) -> None:
+        if self.broken is not None:
+            raise self.broken
+
+    def _fail(self, exc: BaseException) -> BaseException:
+        """Breaks the writer: what to raise for `exc`. A cancelled commit goes on on the
+        writer's thread, its end unknown here (the broker aborts an open transaction at
+        the next writer's start, or at its timeout)."""
+        error = _error_of(exc)
+        if error is not None and (error.code() in FENCED_CODES):
+            broken: KafkaUnavailable = Fenced(
+                f"{self.transactional_id} was fenced by a newer owner"
+            )
+        elif isinstance(exc, KafkaUnavailable):
+            broken = KafkaUnavailable(f"{self.transactional_id}: transaction failed: {exc}")
+        else:
+            why = _said(exc) if error is not None else repr(exc)
+            broken = KafkaUnavailable(f"{self.transactional_id}: transaction failed: {why}")
+        self.broken = broken
+        if isinstance(exc, asyncio.CancelledError | KeyboardInterrupt | SystemExit):
+            return exc
+        return broken
+
+
+class _Log:
+    """librdkafka's log lines, into this module's logger (confluent-kafka calls `log`).
+    A fence is a partition moving to another node, which the node says itself: librdkafka
+    logs it as a fatal error (CRITICAL, ERROR), here it is INFO."""
+
+    def log(self, level: int, fmt: str, *args: object) -> None:
+        if level > logging.INFO and any("fenced" in str(a) for a in args):
+            level = logging.INFO
+        logger.log(level, fmt, *args)
+
+
+_LOG = _Log()
+
+
+def _produce(
+    p: Producer, r: OutRecord, partition: int, report: Callable[[KafkaError | None, Message], None]
+) -> None:
+    headers = headers_of(r)
+    while True:
+        try:
+            if headers:
+                p.produce(r[0], r[3], r[2], partition, on_delivery=report, headers=list(headers))
+            else:
+                p.produce(r[0], r[3], r[2], partition, on_delivery=report)
+            return
+        except BufferError:  # the local queue is full: serve deliveries, then again
+            p.poll(_QUEUE_FULL_WAIT)
+
+
+def _retrieve(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled():
+        future.exception()
+
+
+def _offset(msg: Message) -> int:
+    offset = msg.offset()
+    if offset is None or offset < 0:  # acknowledged without one: a client bug
+        raise KafkaUnavailable(f"{msg.topic()}[{msg.partition()}]: delivered without offset")
+    return offset
+
+
+def _error_of(exc: BaseException | None) -> KafkaError | None:
+    """librdkafka's error in `exc` or in what it came from. confluent-kafka raises a fatal
+    error (a fence) from the callback dispatch of `flush` or `close`, and leaves it set
+    while the dispatch goes on: the next delivery report's callback then fails with a
+    `SystemError` whose cause is the fatal `KafkaException`."""
+    seen = 0
+    while exc is not None and seen < 8:
+        if isinstance(exc, _Refused):
+            return exc.error
+        if isinstance(exc, KafkaException) and exc.args and isinstance(exc.args[0], KafkaError):
+            return exc.args[0]
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return None
+
+
+def _said(exc: BaseException) -> str:
+    error = _error_of(exc)
+    if error is None:
+        return repr(exc)
+    return explain_code(error.code(), f"{error.name()}: {error.str()}")

@@ -1,0 +1,24 @@
+"""The transactional writers a real-broker test runs on: aiokafka's and librdkafka's, each
+made as `KafkaClients(client=...)` makes it (`make(bootstrap, transactional_id)`, with
+`max_batch_bytes=` where a test sets it)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+
+from app.kafka import TransactionalProducer, TransactionalWriter
+from app.kafka.rdkafka_writer import RdkafkaTransactionalWriter
+
+MakeWriter = Callable[..., TransactionalWriter]
+
+WRITERS: dict[str, MakeWriter] = {
+    "aiokafka": TransactionalProducer,
+    "confluent": RdkafkaTransactionalWriter,
+}
+
+each_writer: pytest.MarkDecorator = pytest.mark.parametrize(
+    "make", list(WRITERS.values()), ids=list(WRITERS)
+)
+"""Runs the test once with each writer, given as `make`."""
