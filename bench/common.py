@@ -273,6 +273,13 @@ class TracedCluster(Cluster):
         return self.base / f"{name}-txn.jsonl"
 
 
+class WarmCluster(Cluster):
+    """A `Cluster` whose workers run under `bench.txn_steps` untraced: for its experiments
+    (`TW_WARM_TOPICS`)."""
+
+    worker_module = "bench.txn_steps"
+
+
 async def wait_stable(workers: Sequence[Worker], partitions: int, within: float = 120) -> float:
     """Until the alive workers own all partitions between them, each a share, none twice
     (as their logs last said); how long it took."""

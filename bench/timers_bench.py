@@ -54,6 +54,7 @@ from bench.common import (
     Profiler,
     Tail,
     TracedCluster,
+    WarmCluster,
     Worker,
     admin_client,
     broker_pid,
@@ -152,7 +153,8 @@ class Setup:
         self.bootstrap = kafka.bootstrap_servers
         self.args = args
         self.context = new_bench_context(kind)
-        cluster_type = TracedCluster if args.trace else Cluster
+        experiment = any(kv.startswith("TW_WARM_TOPICS=") for kv in args.worker_env)
+        cluster_type = TracedCluster if args.trace else WarmCluster if experiment else Cluster
         self.cluster = cluster_type(
             self.bootstrap,
             base / self.context,

@@ -19,6 +19,7 @@ partition every `commit_interval_ms`, each through `app.kafka.TransactionalProdu
    `--busy-ms` (a node's loop runs cycles, rounds and store writes between a commit's
    round trips): the commit's time over the turn's is how many turns of the loop its
    round trips wait for (`turns`). `steps_p50_ms` splits the commit (`bench.txn_steps`).
+   `threaded`: warm, its producer's client on a loop of its own in a thread (`_Threaded`).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import asyncio
 import json
 import statistics
 import tempfile
+import threading
 import time
 import uuid
 from collections import defaultdict
@@ -95,8 +97,46 @@ def _steps_p50(txns: list[dict[str, Any]]) -> dict[str, list[float]]:
     return dict(sorted(rows.items(), key=lambda kv: kv[1][0]))
 
 
+class _Threaded:
+    """A `TransactionalProducer` whose client runs on an event loop of its own, in a
+    thread (`threaded`: what a node would gain if its producers' round trips did not
+    wait for turns of its busy loop; the GIL is what they share)."""
+
+    def __init__(self, kafka: KafkaConnection, transactional_id: str) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self._thread.start()
+        self._kafka, self._tid = kafka, transactional_id
+        self._producer: TransactionalProducer | None = None
+
+    async def _on(self, coro: Any) -> Any:
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, self._loop))
+
+    async def start(self) -> None:
+        async def make() -> TransactionalProducer:
+            producer = TransactionalProducer(self._kafka, self._tid)
+            await producer.start()
+            return producer
+
+        self._producer = await self._on(make())
+
+    async def commit(
+        self, records: list[OutRecord], offsets: dict[tuple[str, int], int], group_id: str
+    ) -> list[int]:
+        assert self._producer is not None
+        written: list[int] = await self._on(self._producer.commit(records, offsets, group_id))
+        return written
+
+    async def stop(self) -> None:
+        if self._producer is not None:
+            await self._on(self._producer.stop())
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join()
+        self._loop.close()
+
+
 async def burst_first(
-    kafka: KafkaConnection, busy: list[float], samples: int, steps_file: Path
+    kafka: KafkaConnection, busy: list[float], samples: int, steps_file: Path, kinds: list[str]
 ) -> dict[str, Any]:
     run = f"benchtxf{uuid.uuid4().hex[:8]}"
     changelog, source = f"{run}.timers", f"{run}.in"
@@ -107,9 +147,14 @@ async def burst_first(
         warm = (f"{run}.events", f"{run}.commands")
         await ensure_topics(kafka, [TopicSpec(t, 1) for t in warm])
         made += warm
-        for kind in ("cold", "warm", "offsets"):
+        for kind in kinds:
             for busy_ms in busy:
-                producer = TransactionalProducer(kafka, f"{run}.{kind}.{busy_ms}")
+                tid = f"{run}.{kind}.{busy_ms}"
+                producer: TransactionalProducer | _Threaded
+                if kind == "threaded":
+                    producer = _Threaded(kafka, tid)
+                else:
+                    producer = TransactionalProducer(kafka, tid)
                 await producer.start()
                 # The changelog's own transactions, as the ingest commits them.
                 await producer.commit(_records(changelog, changelog, changelog, 2), {}, "")
@@ -157,7 +202,8 @@ async def run(kafka: KafkaConnection, args: argparse.Namespace) -> dict[str, Any
             out |= await back_to_back(kafka, args.rounds)
         if "burst_first" in args.scenarios:
             busy = [float(b) for b in args.busy_ms.split(",")]
-            out["burst_first"] = await burst_first(kafka, busy, args.samples, steps_file)
+            kinds = args.kinds.split(",")
+            out["burst_first"] = await burst_first(kafka, busy, args.samples, steps_file, kinds)
     out["machine"]["loadavg_after"] = machine()["loadavg"]
     return out
 
@@ -168,6 +214,9 @@ def cli() -> None:
     parser.add_argument("--samples", type=int, default=12, help="burst_first: transactions")
     parser.add_argument("--busy-ms", default="0,10", help="burst_first: the loop's turns")
     parser.add_argument("--scenarios", default="back_to_back,burst_first")
+    parser.add_argument(
+        "--kinds", default="cold,warm,offsets,threaded", help="burst_first: which (see above)"
+    )
     args = parser.parse_args()
     with broker() as kafka:
         print(json.dumps(asyncio.run(run(kafka, args)), indent=2))

@@ -39,7 +39,7 @@ LAG_KEPT_MS = 3.0
 
 
 def _ms(record: dict[str, Any], at: float) -> float:
-    return round((at - record["t"]) * 1e3, 2)
+    return round((at - float(record["t"])) * 1e3, 2)
 
 
 def _step(record: dict[str, Any] | None, label: str, began: float, detail: str = "") -> None:
@@ -345,7 +345,29 @@ def around(path: str, t0_ms: int, first: int = 6) -> dict[str, Any]:
     }
 
 
+def warm_at_start() -> None:
+    """`TW_WARM_TOPICS=1`, the change proposed to the node, tried without editing it: each
+    partition's producer, at its start (the take), fetches the metadata of its type's
+    events, commands and changelog topics (`TransactionalProducer.warm`), which its
+    first fire writes."""
+    from app.kafka import producers
+
+    start = producers.TransactionalProducer.start
+
+    @functools.wraps(start)
+    async def warmed(self: Any) -> None:
+        await start(self)
+        context = os.environ["TW_TEST_CONTEXT"]
+        aggregate = self.transactional_id.rsplit(".", 3)[-3]
+        kinds = ("events", "commands", "timers")
+        await self.warm([f"{context}.{aggregate}.{kind}" for kind in kinds])
+
+    producers.TransactionalProducer.start = warmed  # type: ignore[method-assign]
+
+
 def main() -> None:
+    if os.environ.get("TW_WARM_TOPICS"):
+        warm_at_start()
     path = os.environ.get("TW_TXN_STEPS_FILE")
     if path:
         install(path)
@@ -356,9 +378,14 @@ def main() -> None:
             args=(path.replace(".jsonl", "-blocks.jsonl"), threading.get_ident()),
             daemon=True,
         ).start()
-    from bench import traced_worker
+    if os.environ.get("TW_TRACE_FILE"):
+        from bench import traced_worker
 
-    traced_worker.main()
+        traced_worker.main()
+    else:
+        from app.cli import main as cli_main
+
+        cli_main()
 
 
 if __name__ == "__main__":

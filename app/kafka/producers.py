@@ -105,8 +105,10 @@ class TransactionalProducer:
         transactional_id: str,
         *,
         max_batch_bytes: int = TRANSACTION_BATCH_BYTES,
+        topics: Iterable[str] = (),
     ) -> None:
         self.transactional_id = transactional_id
+        self._topics = tuple(topics)  # written for sure: their metadata fetched at start
         self._producer = AIOKafkaProducer(
             **client_options(bootstrap),
             transactional_id=transactional_id,
@@ -133,11 +135,11 @@ class TransactionalProducer:
         self._unsent: BaseException | None = None
         self._guard_commit()
 
-    async def start(self, topics: Iterable[str] = ()) -> None:
-        """Starts it; `topics`, those it will write, have their metadata fetched now (one
+    async def start(self) -> None:
+        """Starts it; the `topics` it was made with have their metadata fetched now (one
         request), not at its first transaction (`warm`)."""
         await start_client(self._producer, self.transactional_id)
-        await self.warm(topics)
+        await self.warm(self._topics)
 
     async def warm(self, topics: Iterable[str]) -> None:
         """Makes its client follow the metadata of `topics` and fetches what it lacks of
