@@ -255,15 +255,29 @@ class CpuMeter:
 
 class TracedCluster(Cluster):
     """A `Cluster` whose workers run `bench.traced_worker` (the same worker, its steps timed
-    into `<base>/<name>-trace.json`); otherwise started exactly as the harness starts them."""
+    into `<base>/<name>-trace.json`) under `bench.txn_steps` (each transaction's steps into
+    `<base>/<name>-txn.jsonl`); otherwise started exactly as the harness starts them."""
 
-    worker_module = "bench.traced_worker"
+    worker_module = "bench.txn_steps"
 
     def worker_env(self, name: str) -> dict[str, str]:
-        return {"TW_TRACE_FILE": str(self.trace_path(name))}
+        return {
+            "TW_TRACE_FILE": str(self.trace_path(name)),
+            "TW_TXN_STEPS_FILE": str(self.txn_steps_path(name)),
+        }
 
     def trace_path(self, name: str) -> Path:
         return self.base / f"{name}-trace.json"
+
+    def txn_steps_path(self, name: str) -> Path:
+        return self.base / f"{name}-txn.jsonl"
+
+
+class WarmCluster(Cluster):
+    """A `Cluster` whose workers run under `bench.txn_steps` untraced: for its experiments
+    (`TW_WARM_TOPICS`, `TW_THREADED_PRODUCERS`)."""
+
+    worker_module = "bench.txn_steps"
 
 
 async def wait_stable(workers: Sequence[Worker], partitions: int, within: float = 120) -> float:

@@ -45,7 +45,7 @@ import orjson
 from app.kafka.connection import KafkaConnection
 from app.protocol.wire import SCHEDULE_SET, EventEnvelope, ScheduleSet, encode
 from app.timers.runner import TimerOptions
-from bench import traced_worker
+from bench import traced_worker, txn_steps
 from bench.common import (
     Client,
     Cluster,
@@ -54,6 +54,7 @@ from bench.common import (
     Profiler,
     Tail,
     TracedCluster,
+    WarmCluster,
     Worker,
     admin_client,
     broker_pid,
@@ -152,7 +153,9 @@ class Setup:
         self.bootstrap = kafka.bootstrap_servers
         self.args = args
         self.context = new_bench_context(kind)
-        cluster_type = TracedCluster if args.trace else Cluster
+        experiments = ("TW_WARM_TOPICS=", "TW_THREADED_PRODUCERS=")
+        experiment = any(kv.startswith(experiments) for kv in args.worker_env)
+        cluster_type = TracedCluster if args.trace else WarmCluster if experiment else Cluster
         self.cluster = cluster_type(
             self.bootstrap,
             base / self.context,
@@ -194,6 +197,15 @@ class Setup:
         if not isinstance(self.cluster, TracedCluster) or not self.workers:
             return None
         return traced_worker.read(str(self.cluster.trace_path(self.workers[0].name)))
+
+    def txn_steps(self, t0_ms: int) -> dict[str, Any] | None:
+        """Each worker's transactions at a burst's due time, step by step (with --trace)."""
+        if not isinstance(self.cluster, TracedCluster):
+            return None
+        return {
+            w.name: txn_steps.around(str(self.cluster.txn_steps_path(w.name)), t0_ms)
+            for w in self.workers
+        }
 
     def pids(self) -> dict[str, int | None]:
         pids: dict[str, int | None] = {
@@ -266,6 +278,7 @@ async def burst(kafka: KafkaConnection, base: Path, args: argparse.Namespace) ->
             done = await wait_until(done_check, args.timeout, interval=0.1)
         await asyncio.sleep(0.6 if args.trace else 0)  # the next trace snapshot
         trace = s.trace()
+        txns = s.txn_steps(t0)
         rows = [fired.applied[i] for i in ids if i in fired.applied]
         applied_at = max((r[3] for r in rows), default=time.time())
         settled_at = max(fired.settled.values(), default=time.time())
@@ -291,11 +304,15 @@ async def burst(kafka: KafkaConnection, base: Path, args: argparse.Namespace) ->
             "applied_per_s": round(len(rows) / max(1e-3, applied_at - t0 / 1000), 1),
             "applied_per_s_worker_clock": round(len(rows) / max(1e-3, (last_created - t0) / 1000)),
             "first_fired_after_t0_ms": round((first - t0 / 1000) * 1000),
+            # When a worker decided it (the `Fired` event's created_at): the rest of the
+            # first fire is its transaction's commit and the bench's tail reading it.
+            "first_decided_after_t0_ms": min((r[1] for r in rows), default=t0) - t0,
             "all_applied_after_t0_s": round(applied_at - t0 / 1000, 2),
             "all_settled_after_t0_s": round(settled_at - t0 / 1000, 2),
             "workers_settled_s": round(settled_s, 1),
             "cpu": cpu.figures,
             **({"trace_worker1": traced_worker.diff(traced, trace)} if trace else {}),
+            **({"transactions_at_t0": txns} if txns else {}),
         }
     finally:
         await s.stop()

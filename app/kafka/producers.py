@@ -14,6 +14,7 @@ from aiokafka.errors import (
     KafkaError,
     ProducerFenced,
 )
+from aiokafka.producer.transaction_manager import TransactionResult
 
 from app.errors import Fenced, KafkaUnavailable
 from app.kafka.connection import Connectable, client_options
@@ -104,8 +105,10 @@ class TransactionalProducer:
         transactional_id: str,
         *,
         max_batch_bytes: int = TRANSACTION_BATCH_BYTES,
+        topics: Iterable[str] = (),
     ) -> None:
         self.transactional_id = transactional_id
+        self._topics = tuple(topics)  # written for sure: their metadata fetched at start
         self._producer = AIOKafkaProducer(
             **client_options(bootstrap),
             transactional_id=transactional_id,
@@ -125,9 +128,27 @@ class TransactionalProducer:
         self._lock = asyncio.Lock()
         self._open = False
         self.broken: KafkaUnavailable | None = None
+        # The topics its client's metadata follows (`_track`).
+        self._tracked: set[str] = set()
+        # The open transaction's sends, and the first of them that failed (`_end`).
+        self._sent: list[asyncio.Future[Any]] = []
+        self._unsent: BaseException | None = None
+        self._guard_commit()
 
     async def start(self) -> None:
+        """Starts it; the `topics` it was made with have their metadata fetched now (one
+        request), not at its first transaction (`warm`)."""
         await start_client(self._producer, self.transactional_id)
+        await self.warm(self._topics)
+
+    async def warm(self, topics: Iterable[str]) -> None:
+        """Makes its client follow the metadata of `topics` and fetches what it lacks of
+        them, in one request, so that a transaction writing them waits for none (a node's
+        first fire writes the events and commands topics its producer never wrote)."""
+        try:
+            await self._track(topics)
+        except KafkaError as exc:
+            raise KafkaUnavailable(f"{self.transactional_id}: no metadata: {explain(exc)}") from exc
 
     async def stop(self) -> None:
         """Closes the client; never raises (a broken producer may fail to say goodbye)."""
@@ -180,9 +201,8 @@ class TransactionalProducer:
         self._check()
         p = self._producer
         try:
-            if not self._open:
-                await p.begin_transaction()
-                self._open = True
+            await self._track(r[0] for r in records)
+            await self._begin()
             keyed = {r[0] for r in records if r[1] is None}
             placed: dict[int, tuple[asyncio.Future[Any], int]] = {}
             by_partition: dict[tuple[str, int], list[int]] = {}
@@ -190,6 +210,7 @@ class TransactionalProducer:
                 if r[0] in keyed:
                     placed[i] = (await p.send(r[0], r[3], r[2], r[1], headers=_headers(r)), 0)
                     placed[i][0].add_done_callback(_retrieve)
+                    self._sent.append(placed[i][0])
                 elif r[1] is not None:
                     by_partition.setdefault((r[0], r[1]), []).append(i)
             for (topic, partition), indexes in by_partition.items():
@@ -218,24 +239,80 @@ class TransactionalProducer:
         placed: dict[int, tuple[asyncio.Future[Any], int]],
     ) -> None:
         sent = await self._producer.send_batch(batch, topic, partition=partition)
-        # A failed batch fails the commit too, which is where it is reported.
+        # A failed batch fails the commit too (`_end`), which is where it is reported.
         sent.add_done_callback(_retrieve)
+        self._sent.append(sent)
         for i, delta in members:
             placed[i] = (sent, delta)
+
+    async def _track(self, topics: Iterable[str]) -> None:
+        """Makes its client follow each of `topics` before a record goes to it, and waits
+        for the metadata of those it lacks, all in one request. aiokafka's client asks
+        only for the topics it follows and forgets every other: one it knew from its
+        bootstrap but never followed would vanish at the next refresh (a topic new to it
+        in the same transaction), and a batch queued to it would wait its 40 s and fail
+        without a leader."""
+        new = {t for t in topics if t not in self._tracked}
+        if not new:
+            return
+        client = self._producer.client
+        for topic in new:  # all followed before the refresh they start is sent
+            client.add_topic(topic)
+        self._tracked |= new
+        for topic in new:
+            await self._producer.partitions_for(topic)  # at once when it is known
+
+    async def _begin(self) -> None:
+        """Opens a transaction if none is. aiokafka's `begin_transaction` waits for the
+        producer id in a task of its own, a turn of the loop even when the id is there
+        (at every transaction, and a turn of a busy node's loop is long): with the id,
+        the transaction manager's own begin is all it does."""
+        if self._open:
+            return
+        txn = self._producer._txn_manager
+        if txn is not None and txn.has_pid():
+            txn.begin_transaction()
+        else:
+            await self._producer.begin_transaction()
+        self._open = True
+        self._sent, self._unsent = [], None
+
+    def _guard_commit(self) -> None:
+        """aiokafka's sender ends a transaction by waiting for its batches, failed or not,
+        then committing it: a batch the broker refused (a record over the topic's limit)
+        or one that expired would be left out of a committed transaction, beside the
+        offsets of the input it came from. Guarded, a commit with a failed send aborts
+        instead (`_unsent`: `_commit` then raises). The sender's method of this producer's
+        own is replaced: its request, retries and answers are aiokafka's."""
+        sender = self._producer._sender
+        end = sender._do_txn_commit
+
+        async def commit_or_abort(result: TransactionResult) -> Any:
+            if result == TransactionResult.COMMIT:
+                await sender._message_accumulator.flush_for_commit()
+                if waiting := [f for f in self._sent if not f.done()]:
+                    await asyncio.wait(waiting)  # shields of the flushed batches: a turn
+                failed = (f.exception() for f in self._sent if not f.cancelled())
+                self._unsent = next((e for e in failed if e is not None), None)
+                if self._unsent is not None:
+                    result = TransactionResult.ABORT
+            return await end(result)
+
+        sender._do_txn_commit = commit_or_abort
 
     async def _commit(self, offsets: dict[tuple[str, int], int], group_id: str) -> None:
         self._check()
         p = self._producer
         try:
-            if not self._open:
-                await p.begin_transaction()
-                self._open = True
+            await self._begin()
             if offsets:
                 await p.send_offsets_to_transaction(
                     {TopicPartition(t, part): o for (t, part), o in offsets.items()}, group_id
                 )
             await p.commit_transaction()
             self._open = False
+            if self._unsent is not None:  # aborted (`_guard_commit`): nothing of it counts
+                raise self._unsent
         except BaseException as exc:
             raise await self._fail(exc) from exc
 
