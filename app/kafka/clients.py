@@ -110,15 +110,20 @@ class KafkaClients:
         self.client: KafkaClient = client
 
     def transactional_writer(
-        self, transactional_id: str, *, max_batch_bytes: int | None = None
+        self,
+        transactional_id: str,
+        *,
+        max_batch_bytes: int | None = None,
+        topics: Iterable[str] = (),
     ) -> TransactionalWriter:
         batch = {} if max_batch_bytes is None else {"max_batch_bytes": max_batch_bytes}
         if self.client == "confluent":
-            # imported here: confluent-kafka is an optional extra
+            # imported here: confluent-kafka is an optional extra; librdkafka fetches the
+            # metadata of the topics it writes on its own threads, off the node's loop
             from app.kafka.rdkafka_writer import RdkafkaTransactionalWriter
 
             return RdkafkaTransactionalWriter(self.bootstrap, transactional_id, **batch)
-        return TransactionalProducer(self.bootstrap, transactional_id, **batch)
+        return TransactionalProducer(self.bootstrap, transactional_id, topics=topics, **batch)
 
     def reader(self) -> Reader:
         return Reader(self.bootstrap)

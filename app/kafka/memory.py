@@ -149,7 +149,11 @@ class MemoryLog:
     # --- clients (`Clients`) --------------------------------------------------------
 
     def transactional_writer(
-        self, transactional_id: str, *, max_batch_bytes: int | None = None
+        self,
+        transactional_id: str,
+        *,
+        max_batch_bytes: int | None = None,
+        topics: Iterable[str] = (),  # a memory log has no metadata to fetch
     ) -> MemoryWriter:
         return MemoryWriter(self, transactional_id, max_batch_bytes=max_batch_bytes)
 

@@ -263,10 +263,15 @@ class Clients(Protocol):
     """Makes the clients of one cluster (none of them started)."""
 
     def transactional_writer(
-        self, transactional_id: str, *, max_batch_bytes: int | None = None
+        self,
+        transactional_id: str,
+        *,
+        max_batch_bytes: int | None = None,
+        topics: Iterable[str] = (),
     ) -> TransactionalWriter:
         """`max_batch_bytes`: its batches' largest size per partition (None: 512 KiB),
-        under the `max.message.bytes` of the topics it writes."""
+        under the `max.message.bytes` of the topics it writes. `topics`: those it will write
+        for sure, whose metadata its start fetches (so that its first commit need not)."""
         ...
 
     def reader(self) -> ReaderClient: ...
