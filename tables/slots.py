@@ -90,7 +90,10 @@ def jitter_offset(request_id: str, jitter: int | None) -> int:
 def jittered_due(rule: ScheduleRule, timer_id: str, slot: Slot) -> int:
     """When the timer `timer_id` fires `slot`: its due time plus its jitter. The slot's own
     due time (`slot_due_at`) stays unjittered: catch-up and expiry count from it."""
-    return slot.due_at + jitter_offset(f"{timer_id}#{slot.index}", rule.jitter)
+    jitter = rule.jitter
+    if not jitter or jitter <= 1:
+        return slot.due_at  # no request id to hash: every ingested timer without jitter
+    return slot.due_at + jitter_offset(f"{timer_id}#{slot.index}", jitter)
 
 
 def first_slot(rule: ScheduleRule, not_before: int) -> Slot | None:

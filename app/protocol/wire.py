@@ -100,8 +100,9 @@ class _Envelope(BaseModel):
     @model_validator(mode="after")
     def _extras_within_bounds(self) -> Self:
         # Unknown fields are kept and written back: they too must be JSON any encoder writes.
-        if self.model_extra:
-            check_json(self.model_extra, "record")
+        # (The slot itself, not the `model_extra` property: this runs for every record.)
+        if self.__pydantic_extra__:
+            check_json(self.__pydantic_extra__, "record")
         return self
 
 

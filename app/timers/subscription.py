@@ -128,11 +128,14 @@ def _ended(rule: ScheduleRule, at: int) -> bool:
 # validation, a little less per ingested timer.
 _schedule_set = ScheduleSet.__pydantic_validator__.validate_python
 _new_timer = Timer.__pydantic_validator__.validate_python
-_TIMER_SET = frozenset(
-    {"id", "owner", "key", "version", "partition", "rule", "target", "command"}
-    | {"slot", "slot_due_at", "due_at"}
-)
-"""The fields `_timer` names (a validated Timer's `model_fields_set`)."""
+_TIMER_SET = {"id", "owner", "key", "version", "partition", "rule", "target", "command"} | {
+    "slot",
+    "slot_due_at",
+    "due_at",
+}
+"""The fields `_timer` names (a validated Timer's `model_fields_set`): one set shared by
+every Timer it builds, as `tables.rowload` shares its own. A frozen model's set is never
+changed in place (`model_copy` copies it first)."""
 
 
 def _max_length(model: type[BaseModel], field: str) -> int:
@@ -144,6 +147,7 @@ _ID_FITS = _max_length(Timer, "id") >= MAX_EVENT_ID
 if not _ID_FITS or _max_length(Timer, "key") < _max_length(ScheduleSet, "key"):
     raise TypeError("_timer builds Timers unvalidated: an event id or key may not fit one")
 _set = object.__setattr__
+_new = object.__new__
 
 
 def _within(partition: int, slot: Slot, due_at: int) -> bool:
@@ -163,13 +167,24 @@ def _within(partition: int, slot: Slot, due_at: int) -> bool:
 
 
 def _timer(event: EventEnvelope, body: ScheduleSet, partition: int) -> Timer:
-    # The first slot is counted from the event's own time, so a replay computes the same one.
-    slot = first_slot(body.rule, event.created_at)
-    if slot is None:
-        raise BadRecord(f"{SCHEDULE_SET} {event.id}: rule {body.rule!r} has no slot to fire")
-    due_at = jittered_due(body.rule, event.id, slot)  # the same on every replay
+    rule = body.rule
+    if type(rule) is OnceRule:
+        # Its one slot: index 0 at `at`, validated an Instant, so within bounds jittered
+        # or not (`at + jitter` < 2**63); only the partition is left to check.
+        slot = Slot(0, rule.at)
+        due_at = jittered_due(rule, event.id, slot)
+        within = type(partition) is int and 0 <= partition <= MAX_PARTITION
+    else:
+        # The first slot is counted from the event's own time, so a replay computes the
+        # same one.
+        found = first_slot(rule, event.created_at)
+        if found is None:
+            raise BadRecord(f"{SCHEDULE_SET} {event.id}: rule {rule!r} has no slot to fire")
+        slot = found
+        due_at = jittered_due(rule, event.id, slot)  # the same on every replay
+        within = _within(partition, slot, due_at)
     target = body.target or event.aggregate
-    if not _within(partition, slot, due_at):
+    if not within:
         # Out of a Timer's bounds: its validation says why (a dead letter).
         timer: Timer = _new_timer(
             {
@@ -189,7 +204,7 @@ def _timer(event: EventEnvelope, body: ScheduleSet, partition: int) -> Timer:
         return timer
     # Every part was validated with the event and its body, and the computed numbers are
     # within bounds: the Timer is built as its validation would build it, at half the cost.
-    timer = Timer.__new__(Timer)
+    timer = _new(Timer)
     _set(
         timer,
         "__dict__",
@@ -213,7 +228,7 @@ def _timer(event: EventEnvelope, body: ScheduleSet, partition: int) -> Timer:
             "error_text": None,
         },
     )
-    _set(timer, "__pydantic_fields_set__", set(_TIMER_SET))
+    _set(timer, "__pydantic_fields_set__", _TIMER_SET)
     _set(timer, "__pydantic_extra__", None)
     _set(timer, "__pydantic_private__", None)
     return timer

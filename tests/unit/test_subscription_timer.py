@@ -133,3 +133,47 @@ def test_a_timer_out_of_bounds_is_refused_with_its_validations_reason() -> None:
     )
     with pytest.raises(BadRecord, match=r"^wow.ScheduleSet e-1: partition: Input should be"):
         timer_op(event, 65_536)
+
+
+@given(partition=st.integers(-3, 70_000), jitter=st.none() | st.integers(1, 86_400_000))
+def test_a_once_rules_timer_is_refused_outside_a_partitions_bounds_and_only_there(
+    partition: int, jitter: int | None
+) -> None:
+    rule: dict[str, Any] = {"kind": "once", "at": MAX_INSTANT}
+    if jitter is not None:
+        rule["jitter"] = jitter
+    event = EventEnvelope(
+        id="e-1",
+        type=SCHEDULE_SET,
+        aggregate=AggregateRef(context="shop", aggregate="order", id="o-1"),
+        version=1,
+        created_at=T0,
+        body={"key": "k", "rule": rule, "command": {"type": "Fire"}},
+    )
+    if 0 <= partition <= 65_535:
+        assert _validated(event, partition) == _validated(event, partition)
+        return
+    with pytest.raises(BadRecord, match=r"^wow.ScheduleSet e-1: partition: Input should be"):
+        timer_op(event, partition)
+
+
+def test_the_timers_share_a_fields_set_no_copy_changes() -> None:
+    event = decode(
+        EventEnvelope,
+        encode(
+            EventEnvelope(
+                id="e-1",
+                type=SCHEDULE_SET,
+                aggregate=AggregateRef(context="shop", aggregate="order", id="o-1"),
+                version=1,
+                created_at=T0,
+                body={"key": "k", "rule": {"kind": "once", "at": T0}, "command": {"type": "F"}},
+            )
+        ),
+    )
+    first, second = timer_op(event, 1), timer_op(event, 2)
+    assert isinstance(first, PutTimer) and isinstance(second, PutTimer)
+    named = set(first.timer.model_fields_set)
+    copied = first.timer.model_copy(update={"attempts": 1, "error_code": "BUSY"})
+    assert copied.model_fields_set == named | {"attempts", "error_code"}
+    assert first.timer.model_fields_set == second.timer.model_fields_set == named
