@@ -66,7 +66,11 @@ class Outcomes:
         groups = [plain, *parking] if plain else parking
         # Under way from here, each until its own rows are written: a stop waits for its.
         writes = [(group, begin_write(group)) for group in groups]
-        await asyncio.gather(*(self._write(group, stats, end) for group, end in writes))
+        if len(writes) == 1:  # the usual: one batch, no task of its own
+            group, end = writes[0]
+            await self._write(group, stats, end)
+        else:
+            await asyncio.gather(*(self._write(group, stats, end) for group, end in writes))
 
     async def _write(
         self,
