@@ -20,19 +20,18 @@ from tables.timer import Timer, TimerStatus
 __all__ = ["hand_over", "to_claim", "write_claims"]
 
 
-def _current(r: Round, firings: Mapping[int, PartitionFiring], p: int) -> PartitionFiring | None:
-    """The firing of `p` the round began with, if it is still the runner's and live."""
-    firing = r.firings.get(p)
-    return firing if firing is not None and firings.get(p) is firing and firing.live else None
+def _current(r: Round, firings: Mapping[int, PartitionFiring]) -> dict[int, PartitionFiring]:
+    """The firings the round began with that are still the runner's and live, by partition
+    (looked up once a step: not once a timer)."""
+    return {p: f for p, f in r.firings.items() if firings.get(p) is f and f.live}
 
 
 def to_claim(r: Round, firings: Mapping[int, PartitionFiring], loaded: list[Timer]) -> list[Timer]:
     """The timers loaded to decide: not one of a partition stopped while it was being
     loaded, nor one already handed over to fire in-process."""
+    current = _current(r, firings)
     return [
-        t
-        for t in loaded
-        if (f := _current(r, firings, t.partition)) is not None and t.id not in f.in_hand
+        t for t in loaded if (f := current.get(t.partition)) is not None and t.id not in f.in_hand
     ]
 
 
@@ -46,11 +45,12 @@ def hand_over(
     come back, so a slow target holds no other timer up)."""
     in_process: set[int] = set()
     to_write: list[Decision] = []
+    current = _current(r, firings)
     for d in decided:
         if d.change is None:
             continue
         nxt = d.change.next
-        firing = _current(r, firings, nxt.partition)
+        firing = current.get(nxt.partition)
         if firing is None:
             continue  # stopped meanwhile: not claimed
         if d.send and firing.fires_in_process(nxt):
@@ -79,14 +79,18 @@ async def write_claims(
     locks of their partitions: a claim written is the round's to send (`Round.remote`),
     an expiry's row offered back to its wheel (`offer`)."""
     stats = r.stats
-    touched = {f.partition: f for d in to_write if (f := r.firings.get(_partition(d)))}
+    partitions = {d.change.next.partition for d in to_write if d.change is not None}
+    touched = {p: f for p in partitions if (f := r.firings.get(p)) is not None}
     async with locked(touched.values()):
         # Not claimed in a partition stopped (or failed) while its lock was waited for.
-        mine = [d for d in to_write if _current(r, firings, _partition(d)) is not None]
+        current = _current(r, firings)
+        mine = to_write
+        if any(p not in current for p in partitions):
+            mine = [d for d in to_write if _partition(d) in current]
         batches, faults = await apart(settle, mine, _partition)
         for p, exc in faults.items():
             touched[p].fail(exc)
-        written = [d for batch in batches for d in batch]
+        written = batches[0] if len(batches) == 1 else [d for b in batches for d in b]
         for decision in written:
             assert decision.change is not None
             nxt = decision.change.next
@@ -102,7 +106,7 @@ async def write_claims(
                 firing.outcomes.append(release(nxt, r.now))
             else:
                 r.remote.append(nxt)
-        tried = [d for d in mine if _partition(d) not in faults]
+        tried = [d for d in mine if _partition(d) not in faults] if faults else mine
         stats.lost_claims = sum(d.send for d in tried) - sum(d.send for d in written)
 
 

@@ -97,11 +97,14 @@ class Outcomes:
                 return
         finally:
             end()
-        for p, exc in faults.items():
-            by_partition[p].fail(exc)
         stats.written += sum(counts)
-        self._written([c for c in changes if _partition(c) not in faults], stats)
-        count(stats, [d for d in final if d.change is None or _partition(d.change) not in faults])
+        if faults:
+            for p, exc in faults.items():
+                by_partition[p].fail(exc)
+            changes = [c for c in changes if _partition(c) not in faults]
+            final = [d for d in final if d.change is None or _partition(d.change) not in faults]
+        self._written(changes, stats)
+        count(stats, final)
 
     async def still_due(self, claimed: Sequence[Timer]) -> list[Timer]:
         """Of the timers claimed to fire in-process, those whose rows are still as they were

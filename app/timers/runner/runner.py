@@ -256,13 +256,15 @@ class TimerRunner:
         if unsent:
             # Their partitions are reset and restored: the claims never counted.
             logger.warning("%d claim(s) not committed, none sent", len(unsent))
-        for p in sorted({t.partition for t in r.remote} & r.committed):
+        to_send: dict[int, list[Timer]] = {}
+        for t in r.remote:
+            if t.partition in r.committed:
+                to_send.setdefault(t.partition, []).append(t)
+        for p, timers in sorted(to_send.items()):
             firing = r.firings[p]
             async with firing.lock:  # never after its stop began: it cuts what it finds
                 if firing.live and self._firings.get(p) is firing:
-                    r.tasks += [
-                        self._sends.spawn(firing, t, stats) for t in r.remote if t.partition == p
-                    ]
+                    r.tasks += [self._sends.spawn(firing, t, stats) for t in timers]
         stats.claimed = r.handed + len(r.tasks)
         await self._outcomes.flush(None, stats)
         await self._sweep(r.owned, r.now, stats)
