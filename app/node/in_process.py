@@ -17,8 +17,14 @@ from app.node.commits import Commits
 from app.node.cycles import PartitionCycles
 from app.node.kept import KeptType
 from app.protocol.topics import AggregateTopics
-from app.timers.runner import InProcessTargets, Round, RoundStats, TimerLoop, TimerRunner
-from app.timers.runner.partition import PartitionFiring
+from app.timers.runner import (
+    InProcessTargets,
+    PartitionFiring,
+    Round,
+    RoundStats,
+    TimerLoop,
+    TimerRunner,
+)
 from app.timers.runner.slow_start import HELD_AT_MOST_MS
 
 __all__ = ["FiringTask", "NodeTimerLoop", "in_process_targets"]
