@@ -14,7 +14,12 @@ class InvalidRule(TablesError, ValueError):
 
 
 class StoreError(TablesError):
-    """A store operation failed; nothing of it was written."""
+    """A store operation failed; nothing of it was written. `partition`: the partition it
+    failed in, when it is one's (a corrupt row's), so that only that one is restored."""
+
+    def __init__(self, *args: object, partition: int | None = None) -> None:
+        super().__init__(*args)
+        self.partition = partition
 
 
 class StoreClosed(StoreError):

@@ -117,17 +117,19 @@ class RocksDBTimerStore(PartitionedStore):
             return raw
         value = self._db(partition).get(raw)
         if value is None:
-            raise StoreError(f"partition {partition} is corrupt: no index entry {raw!r}")
+            raise StoreError(
+                f"partition {partition} is corrupt: no index entry {raw!r}", partition=partition
+            )
         return cast(bytes, value)
 
     def _load(self, partition: int, row: bytes) -> Timer | None:
         raw = self._db(partition).get(ROW + row)
-        return None if raw is None else load_timer(self._value(partition, raw), row)
+        return None if raw is None else load_timer(self._value(partition, raw), row, partition)
 
     def _load_many(self, partition: int, rows: list[bytes]) -> list[Timer | None]:
         raws = cast(list[bytes | None], self._db(partition).get(cast(Any, [ROW + r for r in rows])))
         return [
-            None if raw is None else load_timer(self._value(partition, raw), row)
+            None if raw is None else load_timer(self._value(partition, raw), row, partition)
             for raw, row in zip(raws, rows, strict=True)
         ]
 
@@ -139,17 +141,17 @@ class RocksDBTimerStore(PartitionedStore):
             return self._load(partition, row)
         key = due_key(loaded.due_at, loaded.id, row)
         value = self._db(partition).get(key)
-        return None if value is None else load_timer(value, key)
+        return None if value is None else load_timer(value, key, partition)
 
     def _owner_rows(self, partition: int, prefix: bytes) -> Iterator[tuple[bytes, Timer]]:
         start = ROW + prefix
         for key, raw in scan(self._db(partition), start, prefix_end(start)):
-            yield key[1:], load_timer(self._value(partition, raw), key)
+            yield key[1:], load_timer(self._value(partition, raw), key, partition)
 
     def _due(self, partitions: list[int], until: int, limit: int) -> list[Timer]:
         found = self._found(partitions, until, limit)
         with gc_paused():
-            return [load_timer(value, key) for key, value, _ in found]
+            return [load_timer(value, key, partition) for key, value, partition in found]
 
     def _due_rows(self, partitions: list[int], until: int, limit: int) -> list[DueRow]:
         rows: list[DueRow] = []
@@ -243,7 +245,7 @@ class RocksDBTimerStore(PartitionedStore):
             for key, value in scan(self._db(partition), start, finished_upper_bound(until)):
                 if not found:
                     self._finished_low[partition] = int.from_bytes(key[1:9], "big")
-                timer = load_timer(value, key)
+                timer = load_timer(value, key, partition)
                 found.append((row_key(timer.owner, timer.key), timer))
                 if len(found) == limit:
                     return found

@@ -261,10 +261,10 @@ def _built(
     return timer  # type: ignore[no-any-return]
 
 
-def load_timer(raw: bytes, where: object = None) -> Timer:
+def load_timer(raw: bytes, where: object = None, partition: int | None = None) -> Timer:
     """A row's value as the store wrote it back into its Timer: exactly what
     `decode_timer` makes of it, about twice as fast; `StoreError` naming `where` (the
-    row's key, or what holds the row) if it is no Timer."""
+    row's key, or what holds the row) and its `partition` if it is no Timer."""
     try:
         timer = _built(_decode(raw))
     except _REFUSED:  # (decoding all rows of a due() in one call measured slower)
@@ -275,4 +275,5 @@ def load_timer(raw: bytes, where: object = None) -> Timer:
         return decode_timer(raw)
     except ValueError as exc:  # a pydantic ValidationError is one
         name = "a stored row" if where is None else f"the stored row {where!r}"
-        raise StoreError(f"{name} is no Timer (corrupt?): {exc}") from exc
+        name += "" if partition is None else f" of partition {partition}"
+        raise StoreError(f"{name} is no Timer (corrupt?): {exc}", partition=partition) from exc

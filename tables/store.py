@@ -73,7 +73,7 @@ class DueRow:
     def timer(self) -> Timer:
         """The row as the store held it when it was read; built once."""
         if self._timer is None:
-            self._timer = load_timer(self._raw, self)
+            self._timer = load_timer(self._raw, self, self.partition)
             self._raw = b""
         return self._timer
 

@@ -3,21 +3,31 @@ the runner never calls back into the node. Each round, the partitions with timer
 claimed to fire in-process have their cycles woken (each cycle asks its partition's
 firing for them, `TimerRunner.in_process_due`, and decides them with its commands, in
 its transaction), and the claims of remote timers are committed, partition by partition,
-before the runner is told it may send them (`Round.claims_committed`)."""
+before the runner is told it may send them (`Round.claims_committed`). A partition whose
+store failed in the round (`Round.failed`: a corrupt row) fails its task alone, which
+closes dirty and is revived (its local copy restored from its changelog)."""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
+from typing import Protocol
 
 from app.node.commits import Commits
 from app.node.cycles import PartitionCycles
 from app.node.kept import KeptType
 from app.protocol.topics import AggregateTopics
-from app.timers.runner import InProcessTargets, RoundStats, TimerLoop, TimerRunner
+from app.timers.runner import (
+    InProcessTargets,
+    PartitionFiring,
+    Round,
+    RoundStats,
+    TimerLoop,
+    TimerRunner,
+)
 from app.timers.runner.slow_start import HELD_AT_MOST_MS
 
-__all__ = ["NodeTimerLoop", "in_process_targets"]
+__all__ = ["FiringTask", "NodeTimerLoop", "in_process_targets"]
 
 logger = logging.getLogger(__name__)
 
@@ -28,8 +38,22 @@ def in_process_targets(topics: AggregateTopics, partitions: int) -> InProcessTar
     return InProcessTargets(topics.context, topics.aggregate, partitions)
 
 
+class FiringTask(Protocol):
+    """The task running a partition, as its type's timer loop sees it (`PartitionTask`)."""
+
+    @property
+    def firings(self) -> Mapping[str, PartitionFiring]:
+        """Per type, its partition's firing (held from its start to its close)."""
+        ...
+
+    def failed(self, what: str, exc: BaseException) -> None:
+        """Its work failed: it is closed dirty and taken afresh."""
+        ...
+
+
 class NodeTimerLoop(TimerLoop):
-    """A type's timer loop in a node (`type_name`, found in `types` once it is kept)."""
+    """A type's timer loop in a node (`type_name`, found in `types` once it is kept);
+    `running`: the task running each partition."""
 
     def __init__(
         self,
@@ -39,10 +63,12 @@ class NodeTimerLoop(TimerLoop):
         types: Mapping[str, KeptType],
         commits: Commits,
         cycles: PartitionCycles,
+        running: Mapping[int, FiringTask],
         on_round: Callable[[RoundStats], None] | None = None,
     ) -> None:
         super().__init__(runner, on_round)
         self._type_name = type_name
+        self._running = running
         self._types = types
         self._commits = commits
         self._cycles = cycles
@@ -90,4 +116,13 @@ class NodeTimerLoop(TimerLoop):
                     logger.warning("partition %d: claims not committed, none sent: %s", p, exc)
                 else:
                     r.claims_committed({p})
+        self._fail_tasks(r)
         return r.stats
+
+    def _fail_tasks(self, r: Round) -> None:
+        """The tasks whose firing the store failed in: each closed dirty and revived, its
+        local copy dropped and restored from its changelog; no other task is touched."""
+        for p, (firing, exc) in sorted(r.failed.items()):
+            task = self._running.get(p)
+            if task is not None and task.firings.get(self._type_name) is firing:
+                task.failed(f"the timer store of {self._type_name}", exc)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from app.errors import KafkaUnavailable
 from app.kafka.catalog import TopicCatalog
@@ -29,6 +29,9 @@ from app.timers.sender import KafkaSender, ResultsReader
 from tables import open_timer_store
 from tables.aggregate_store import RocksAggregateStore
 from tables.ledger import FailureLedger
+
+if TYPE_CHECKING:
+    from app.node.partition_tasks import PartitionTasks
 
 __all__ = ["Keeping", "dead_letter_limit", "open_type", "transaction_batch_limit"]
 
@@ -102,6 +105,7 @@ class Keeping(Protocol):
     cycles: PartitionCycles
     types: dict[str, KeptType]
     targets: TopicCatalog
+    tasks: PartitionTasks
 
 
 def open_type(
@@ -146,6 +150,7 @@ def open_type(
         types=types,
         commits=node.commits,
         cycles=node.cycles,
+        running=node.tasks.running,
         on_round=lambda stats: metrics.round(t.type_name, stats),
     )
     return KeptType(t, agg, store, runner, loop, states, transactions, marks)

@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from app.node.kept import KeptType
     from app.node.partition_task import TaskShared
     from app.node.partition_transaction import PartitionTransaction
+    from app.timers.runner import PartitionFiring
 
 __all__ = ["CloseFailed", "release_partition"]
 
@@ -32,13 +33,15 @@ async def release_partition(
     commits: PartitionCommits,
     processors: dict[str, CommandProcessor],
     transactions: dict[str, PartitionTransaction],
+    firings: dict[str, PartitionFiring],
     p: int,
     *,
     clean: bool,
 ) -> None:
     """Lets everything of p go (its task's `close`): `clean`, what its transactions hold is
     committed first and its local copy marked clean; all of it within one deadline. Its
-    transactions (`transactions`, per type) are abandoned and dropped.
+    timer firings (`firings`, per type) are stopped and dropped, its transactions
+    (`transactions`) abandoned and dropped.
     `CloseFailed` when a part failed: every other part is done all the same (p's producer
     always stopped), and the copy is not marked clean."""
     commits.take_offsets()  # passed over, not committed: read again by the next
@@ -54,13 +57,14 @@ async def release_partition(
         try:
             # The commit in flight first (the runner's claims may wait on it).
             whole = clean and await commits.settle(kept, until=until, rest=False)
-            await kept.runner.stop_partition(p)
+            await kept.runner.stop_partition(p)  # the task's firing: its last writes made
             # What waits (the runner's last writes included), if p's producer is open.
             committed = whole and commits.owns(kept) and await commits.settle(kept, until=until)
         except Exception as exc:
             logger.exception("letting partition %d of %s go failed", p, kept.topics.type_name)
             failed.append(f"{kept.name}: {exc!r}")
         finally:
+            firings.pop(kept.name, None)
             # Whatever failed (or was cancelled) before: p's producer is stopped and its
             # store and processor let go, or a retake's open would leak the producer.
             failed += await _let_go(s, kept, commits, processors, transactions, p, until, committed)

@@ -10,13 +10,21 @@ its transactions hold commits), dirty on a fault of its own or when a take is cu
 the group answers, if it still gives p here. A fault in one task never touches another.
 Each task owns its transactions (`PartitionTransaction`, one a type, opened by its take
 and abandoned by its close), its commits' scheduling (`PartitionCommits`), its command
-processors, and, each time it runs, its input (`PartitionInput`: its queue, its worker,
-its lock, its in-process wake-up, its cycle's state), stopped with its close. Tasks
-share the consumer, the clock and the clients; the cycles' logic (`PartitionCycles`, no
-state of a partition's own); and, until the types' state moves into the tasks (#19), the types'
-partitioned stores and runners, of which a task touches only its partition's (and each
-type's `TypeTransactions`, which opens its transactions and routes its store's rows to
-them). No task holds a lock across a Kafka call.
+processors, its timer firings (`PartitionFiring`, one a type: its wheel, its sends and
+their outcomes, its write lock; obtained from the type's runner when it starts firing,
+stopped and dropped by its close), and, each time it runs, its input (`PartitionInput`:
+its queue, its worker, its lock, its in-process wake-up, its cycle's state), stopped
+with its close. A fault of its own, a corrupt row of its timer store included, fails it
+alone. Tasks share the consumer, the clock and the clients; the cycles' logic
+(`PartitionCycles`, no state of a partition's own); and still, per type, what holds all
+of the type's partitions on the node, of which a task touches only its own partition's:
+the timer store (one RocksDB store, which a task reaches its partition through; its one
+write lock serialises every partition's writes, across no Kafka call but across the
+memtable flush after a partition's restore), the aggregate states store, the clean
+marks, the runner (which keeps a reference to each task's firing and runs the type's
+rounds: one due query and one claim batch across the partitions, one gate on the sends
+in flight), and `TypeTransactions` (which opens the tasks' transactions and routes the
+store's rows to them). No task holds a lock across a Kafka call.
 """
 
 from __future__ import annotations
@@ -24,22 +32,22 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Collection, Sequence
+from collections.abc import Collection
 
-from app.commands.processor import CommandProcessor, Commit
+from app.commands.processor import CommandProcessor
 from app.errors import node_fault
-from app.kafka import OutRecord, Record
 from app.kafka.records import refused
 from app.node.commits import PartitionCommits
 from app.node.failing import FailingPartitions
 from app.node.in_process import in_process_targets
 from app.node.kept import is_fenced
 from app.node.partition_input import Batch, Held, PartitionInput
+from app.node.partition_open import open_partition
 from app.node.partition_release import CloseFailed, release_partition
 from app.node.partition_transaction import PartitionTransaction
 from app.node.task_shared import TaskManager, TaskShared
 from app.node.task_state import TaskState, closes_clean, transition
-from app.timers.restore import restore_partition, unreadable_letters
+from app.timers.runner import PartitionFiring
 
 __all__ = ["TAKE_ATTEMPTS", "PartitionTask", "TaskManager", "TaskShared"]
 
@@ -66,6 +74,8 @@ class PartitionTask:
         self.processors: dict[str, CommandProcessor] = {}
         # Per type, its transaction of p: opened by its take, abandoned by its close.
         self.transactions: dict[str, PartitionTransaction] = {}
+        # Per type, p's timer firing: obtained when p starts firing, stopped by its close.
+        self.firings: dict[str, PartitionFiring] = {}
         # When its transactions commit (a failed commit fails the task).
         self.commits = PartitionCommits(p, self.failed, self.transactions)
         self._taking: asyncio.Task[None] | None = None
@@ -259,7 +269,7 @@ class PartitionTask:
         for kept in self._shared.types.values():
             local = kept.name in self.processors
             in_process = in_process_targets(kept.topics, partitions) if local else None
-            kept.runner.start_partition(self.p, in_process=in_process)
+            self.firings[kept.name] = kept.runner.start_partition(self.p, in_process=in_process)
             kept.loop.wake()
 
     def read_past(self, done: dict[str, int]) -> None:
@@ -276,56 +286,8 @@ class PartitionTask:
         self.commits = PartitionCommits(self.p, self.failed, self.transactions)
 
     async def _take(self, topics: set[str]) -> None:
-        s, p = self._shared, self.p
         self._to(TaskState.RESTORING)
-        for kept in s.types.values():
-            t = kept.topics
-            if t.events not in topics:
-                continue
-            # One producer per partition and type: starting it fences the previous owner,
-            # before anything of p is read.
-            txn = self.transactions[kept.name] = await kept.transactions.open(p)
-            if t.commands in topics and kept.agg is not None and kept.states is not None:
-                processor = CommandProcessor(
-                    kept.agg,
-                    p,
-                    partitions=s.settings.partitions,
-                    states=kept.states,
-                    commit=_committer(txn),
-                    now=s.now,
-                    busy_backlog=s.settings.busy_backlog,
-                    limits=s.limits,
-                    request_id_window=s.settings.request_id_window_ms,
-                    targets=s.targets,
-                )
-                self.processors[kept.name] = processor
-                progress = s.metrics.restore_progress(t.type_name, p, "states")
-                with s.metrics.restore_duration.labels(t.type_name, "states").time():
-                    await processor.restore(s.reader, progress)
-            clean = kept.marks.take(p)
-            await kept.store.assign({p})
-            progress = s.metrics.restore_progress(t.type_name, p, "timers")
-            unreadable: list[tuple[Record, str]] = []
-            with s.metrics.restore_duration.labels(t.type_name, "timers").time():
-                await restore_partition(
-                    kept.store,
-                    s.reader,
-                    t.timers_changelog,
-                    p,
-                    clean=clean,
-                    progress=progress,
-                    unreadable=unreadable,
-                )
-                # Counted whole once, here, where a restore is waited for anyway: from now
-                # on each write keeps the count (the /metrics gauges scan nothing).
-                kept.store.status_counts(p)
-            if unreadable:
-                # Their letters and tombstones commit in p's next transaction.
-                letters = unreadable_letters(unreadable, s.now(), s.limits.dead_letter_bytes)
-                txn.stage(letters, {})
-                s.metrics.dead_letters.labels(t.timers_changelog).inc(len(unreadable))
-        for results in s.results.values():
-            await results.add_partition(p)
+        await open_partition(self._shared, self.p, topics, self.transactions, self.processors)
 
     async def revoke(self) -> None:
         """The group took p away: a take under way is stopped; a running task is closed
@@ -377,16 +339,11 @@ class PartitionTask:
 
     async def _release(self, *, clean: bool) -> None:
         await release_partition(
-            self._shared, self.commits, self.processors, self.transactions, self.p, clean=clean
+            self._shared,
+            self.commits,
+            self.processors,
+            self.transactions,
+            self.firings,
+            self.p,
+            clean=clean,
         )
-
-
-def _committer(txn: PartitionTransaction) -> Commit:
-    """The command path's commit: p's one transaction of the type."""
-
-    async def commit(
-        records: Sequence[OutRecord], offsets: dict[tuple[str, int], int]
-    ) -> list[int]:
-        return await txn.commit(offsets, records)
-
-    return commit

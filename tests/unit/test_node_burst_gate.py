@@ -68,6 +68,7 @@ def gated() -> tuple[BurstRunner, FakeCommits, Cycles, NodeTimerLoop]:
         types=cast(Any, {"order": object()}),
         commits=cast(Commits, commits),
         cycles=cast(PartitionCycles, cycles),
+        running={},
     )
     return runner, commits, cycles, loop
 

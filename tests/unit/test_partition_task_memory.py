@@ -124,6 +124,27 @@ async def test_a_revoked_task_is_closed_clean_and_forgotten(node: RunningNode) -
     assert node.node._tasks[1] is not before and node.node._tasks[1].takes == 1
 
 
+async def test_a_task_holds_its_partitions_firing_from_its_run_to_its_close(
+    node: RunningNode,
+) -> None:
+    """A running task holds its partition's timer firing (the runner keeps a reference to
+    it for its rounds); its close stops and drops it; a new task of the partition runs a
+    new one."""
+    await wait_until(node.runs)
+    kept = node.node.types[TOPICS.type_name]
+    task = node.node._tasks[1]
+    firing = task.firings[TOPICS.type_name]
+    assert firing.partition == 1 and firing.live
+    assert kept.runner.start_partition(1) is firing, "the runner's is the task's"
+    await node.node._revoked({(TOPICS.events, 1)})
+    assert task.firings == {} and firing.stopped and kept.runner.partitions == {0}
+    assert node.node._consumer is not None
+    await node.node._assigned(node.node._consumer.assignment())
+    await wait_until(lambda: node.node.owned == {0, 1})
+    again = node.node._tasks[1].firings[TOPICS.type_name]
+    assert again is not firing and again.live and kept.runner.start_partition(1) is again
+
+
 async def test_a_revoke_whose_commit_hangs_holds_up_no_other_partition(node: RunningNode) -> None:
     """A revoke closes its task clean, committing what its transaction holds, and that
     commit hangs (a broker that takes it and never answers). Meanwhile another partition

@@ -18,7 +18,7 @@ from app.timers.runner.decisions import (
 )
 from app.timers.runner.loop import TimerLoop
 from app.timers.runner.options import RetryPolicy, TimerOptions, backoff_ms
-from app.timers.runner.partition import InProcessTargets
+from app.timers.runner.partition import InProcessTargets, PartitionFiring
 from app.timers.runner.ports import Clock, FiringStore, Sender, SystemClock
 from app.timers.runner.rounds import Round
 from app.timers.runner.runner import RoundStats, TimerRunner
@@ -33,6 +33,7 @@ __all__ = [
     "Decision",
     "FiringStore",
     "InProcessTargets",
+    "PartitionFiring",
     "RetryPolicy",
     "Round",
     "RoundStats",

@@ -1,21 +1,30 @@
 """`Outcomes`: how the runner writes what its timers came to, each a conditional write: the
 outcomes of its sends, in one batch a round (`flush`), and those of the timers its
 partitions' cycles fire in-process, in the cycle's transaction (`still_due`, `record`).
-The targets of parks are recorded in the ledger first, outside the write lock (its calls
-may take seconds, and every partition's rounds and settles wait for that lock)."""
+The targets of parks are recorded in the ledger first, with no lock held (its calls may
+take seconds), and only the partitions that park wait for it: each writes apart once its
+own targets are recorded, while the others' outcomes are written at once. The rows are
+written under the locks of their partitions only, and a store fault in one partition's
+rows fails only that partition (`apart`)."""
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
 import logging
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from app.timers.runner.decisions import Decision, SendResult
 from app.timers.runner.options import TimerOptions
-from app.timers.runner.partition import PartitionFiring, offer_to
+from app.timers.runner.partition import (
+    PartitionFiring,
+    begin_write,
+    locked,
+    offer_to,
+    writing,
+)
 from app.timers.runner.ports import Clock, FiringStore
-from app.timers.runner.settling import from_loaded, park
+from app.timers.runner.settling import apart, from_loaded, park
 from app.timers.runner.stats import RoundStats, count
 from tables.exceptions import StoreError
 from tables.ledger import FailureLedger
@@ -27,8 +36,7 @@ logger = logging.getLogger(__name__)
 
 
 class Outcomes:
-    """The runner's outcome writes over its `firings` (the runner's map, read here), under
-    its `write_lock`."""
+    """The runner's outcome writes over its `firings` (the runner's map, read here)."""
 
     def __init__(
         self,
@@ -37,45 +45,64 @@ class Outcomes:
         clock: Clock,
         options: TimerOptions,
         firings: Mapping[int, PartitionFiring],
-        write_lock: asyncio.Lock,
     ) -> None:
         self._store = store
         self._ledger = ledger
         self._clock = clock
         self._options = options
         self._firings = firings
-        self._write_lock = write_lock
-        self._flush_lock = asyncio.Lock()
-        # Claims given back as their partition was stopped (its firing gone): written by
-        # the next flush.
-        self.orphans: list[Decision] = []
 
     async def flush(self, firings: Iterable[PartitionFiring] | None, stats: RoundStats) -> None:
-        """Writes the outcomes decided in `firings` (all when None) in one batch, with the
-        claims given back meanwhile, the targets of parks recorded in the ledger first."""
-        # One at a time (stop_partition's after any that took its outcomes).
-        async with self._flush_lock:
-            async with self._write_lock:
-                chosen = list(self._firings.values()) if firings is None else list(firings)
-                taken, self.orphans = self.orphans, []
-                for f in chosen:
-                    taken += f.take_outcomes()
-            if not taken:
+        """Writes the outcomes decided in `firings` (all when None): in one batch, but for
+        the partitions that park a target, each written apart once the ledger holds its
+        targets. A partition whose rows the store cannot write (a corrupt row) fails
+        (`PartitionFiring.fail`): its outcomes are not written (their claims lapse)."""
+        chosen = list(self._firings.values()) if firings is None else list(firings)
+        taken = {f: outcomes for f in chosen if (outcomes := f.take_outcomes())}
+        if not taken:
+            return
+        parking = [{f: o} for f, o in taken.items() if any(d.park for d in o)]
+        plain = {f: o for f, o in taken.items() if not any(d.park for d in o)}
+        groups = [plain, *parking] if plain else parking
+        # Under way from here, each until its own rows are written: a stop waits for its.
+        writes = [(group, begin_write(group)) for group in groups]
+        if len(writes) == 1:  # the usual: one batch, no task of its own
+            group, end = writes[0]
+            await self._write(group, stats, end)
+        else:
+            await asyncio.gather(*(self._write(group, stats, end) for group, end in writes))
+
+    async def _write(
+        self,
+        taken: dict[PartitionFiring, list[Decision]],
+        stats: RoundStats,
+        end: Callable[[], None],
+    ) -> None:
+        """Writes the outcomes `taken` of their partitions, the targets of parks recorded in
+        the ledger first; `end` once they are written (or not)."""
+        try:
+            decisions = [d for outcomes in taken.values() for d in outcomes]
+            final = await park(self._ledger, TimerOptions.PARKED_SUBSCRIPTION, decisions, stats)
+            by_partition = {f.partition: f for f in taken}
+            for d in final:
+                if d.change is not None and (own := by_partition.get(d.change.next.partition)):
+                    own.count_busy((d,))
+            changes = [d.change for d in final if d.change is not None]
+            try:
+                async with locked(taken):
+                    counts, faults = await apart(self._store.settle, changes, _partition)
+            except Exception:
+                # Not written: the claims lapse and are sent again; the target de-duplicates.
+                logger.exception("writing %d timer outcome(s) failed", len(changes))
                 return
-            final = await park(self._ledger, TimerOptions.PARKED_SUBSCRIPTION, taken, stats)
-            async with self._write_lock:
-                by_partition = {f.partition: f for f in chosen}
-                for d in final:
-                    if d.change is not None and (own := by_partition.get(d.change.next.partition)):
-                        own.count_busy((d,))
-                changes = [d.change for d in final if d.change is not None]
-                try:
-                    stats.written = await self._store.settle(changes)
-                except Exception:
-                    # Not written: the claims lapse and are sent again; the target
-                    # de-duplicates.
-                    logger.exception("writing %d timer outcome(s) failed", len(changes))
-                    return
+        finally:
+            end()
+        stats.written += sum(counts)
+        if faults:
+            for p, exc in faults.items():
+                by_partition[p].fail(exc)
+            changes = [c for c in changes if _partition(c) not in faults]
+            final = [d for d in final if d.change is None or _partition(d.change) not in faults]
         self._written(changes, stats)
         count(stats, final)
 
@@ -114,13 +141,15 @@ class Outcomes:
             )
         if not decisions:
             return stats
-        final = await park(self._ledger, TimerOptions.PARKED_SUBSCRIPTION, decisions, stats)
-        async with self._write_lock:
+        firings = {f for claimed, _ in results if (f := self._firings.get(claimed.partition))}
+        with writing(firings):
+            final = await park(self._ledger, TimerOptions.PARKED_SUBSCRIPTION, decisions, stats)
             for d in final:
                 if d.change is not None and (f := self._firings.get(d.change.next.partition)):
                     f.count_busy((d,))
             changes = [d.change for d in final if d.change is not None]
-            stats.written = await self._store.settle(changes)
+            async with locked(firings):
+                stats.written = await self._store.settle(changes)
         if stats.written != len(changes):
             raise StoreError(f"{len(changes) - stats.written} in-process outcome(s) not written")
         self._written(changes, stats)
@@ -133,3 +162,7 @@ class Outcomes:
         for change in changes:
             if change.next.status is TimerStatus.PENDING and change.next.partition in self._firings:
                 stats.due_by(change.next.due_at)
+
+
+def _partition(change: TimerChange) -> int:
+    return change.loaded.partition

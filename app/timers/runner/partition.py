@@ -1,15 +1,23 @@
-"""`PartitionFiring`: what the runner keeps of one partition whose timers it fires, from
-`start_partition` to `stop_partition`. Its wheel, which of its timers fire in-process
-(`InProcessTargets`) and those claimed to, waiting for its cycle to ask for them, its
-sends in flight and their outcomes not written yet, whether it was just started (a
-previous owner's claims taken over), and its BUSY counts. Nothing in it is shared with
-another partition: a partition's stop drops it whole."""
+"""`PartitionFiring`: one partition's timer firing, from `start_partition` to
+`stop_partition`: its wheel, which of its timers fire in-process (`InProcessTargets`) and
+those claimed to, waiting for its cycle to ask for them, its sends in flight and their
+outcomes not written yet, whether it was just started (a previous owner's claims taken
+over), its BUSY counts, its write lock and the fault that stopped it. A node's partition
+task holds it (the runner keeps a reference for its rounds); nothing in it is shared with
+another partition: a partition's stop drops it whole.
+
+Its lock (`locked`) is held across a store call only, never across a ledger or Kafka call:
+its claims, outcome writes, sweep and stop wait on no other partition's. Whoever holds
+the locks of several partitions takes them in partition order, so none waits in a cycle.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
-from collections.abc import Iterable, Mapping
+import logging
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
 from app.timers.runner.decisions import Decision, SendResult, guarded, on_outcome
@@ -18,7 +26,9 @@ from app.timers.runner.wheel import Wheel
 from tables.partitioner import partition_of
 from tables.timer import Timer, TimerStatus
 
-__all__ = ["InProcessTargets", "PartitionFiring", "offer_to"]
+__all__ = ["InProcessTargets", "PartitionFiring", "begin_write", "locked", "offer_to", "writing"]
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -63,9 +73,38 @@ class PartitionFiring:
         self.outcomes: list[Decision] = []
         # BUSY refusals in a row, by timer id: this node's memory only.
         self.busy: dict[str, int] = {}
+        # Its write lock (see the module): a claim batch, an outcome write, a sweep, a stop.
+        self.lock = asyncio.Lock()
+        # Set by its stop, under its lock: nothing of it is claimed, sent or swept after.
+        self.stopped = False
+        # The store failed in it (a corrupt row): nothing of it is loaded, claimed or swept
+        # any more; its owner lets it go and restores it (a task closes dirty, is revived).
+        self.fault: BaseException | None = None
+        # Its outcome writes under way, each from taking its outcomes (a park's ledger
+        # record first) to their rows written: its stop, and an operator's request on its
+        # parked timers, wait for them (`written`), not for a lock.
+        self.writing: set[asyncio.Future[None]] = set()
 
     def __repr__(self) -> str:
         return f"PartitionFiring({self.partition})"
+
+    @property
+    def live(self) -> bool:
+        """Whether its timers are claimed (neither stopped nor failed)."""
+        return not self.stopped and self.fault is None
+
+    def fail(self, exc: BaseException) -> None:
+        """The store failed in it: its firing stops here (`fault`), for its owner to see."""
+        if self.fault is None:
+            self.fault = exc
+            logger.error(
+                "timers of partition %d: the store failed, stopped: %s", self.partition, exc
+            )
+
+    async def written(self) -> None:
+        """Returns once the outcome writes under way now are done."""
+        if self.writing:
+            await asyncio.wait(list(self.writing))
 
     def fires_in_process(self, timer: Timer) -> bool:
         return self.in_process is not None and self.in_process.accepts(timer)
@@ -132,3 +171,39 @@ def offer_to(firings: Mapping[int, PartitionFiring], timers: Iterable[Timer]) ->
     for t in timers:
         if (f := firings.get(t.partition)) is not None:
             f.offer((t,))
+
+
+@contextlib.asynccontextmanager
+async def locked(firings: Iterable[PartitionFiring]) -> AsyncIterator[None]:
+    """Holds the write locks of `firings`, taken in partition order (see the module)."""
+    async with contextlib.AsyncExitStack() as stack:
+        for f in sorted(set(firings), key=lambda f: f.partition):
+            await stack.enter_async_context(f.lock)
+        yield
+
+
+def begin_write(firings: Iterable[PartitionFiring]) -> Callable[[], None]:
+    """An outcome write of `firings` under way (`PartitionFiring.writing`) from now until
+    the function returned is called."""
+    done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    held = list(firings)
+    for f in held:
+        f.writing.add(done)
+
+    def end() -> None:
+        for f in held:
+            f.writing.discard(done)
+        if not done.done():
+            done.set_result(None)
+
+    return end
+
+
+@contextlib.contextmanager
+def writing(firings: Iterable[PartitionFiring]) -> Iterator[None]:
+    """An outcome write of `firings` under way while it runs (`begin_write`)."""
+    end = begin_write(firings)
+    try:
+        yield
+    finally:
+        end()

@@ -1,14 +1,17 @@
 """`Round`: one round of the runner between its claims and its sends, as `TimerRunner.round`
 hands it to a node: the node commits the claims of the partitions it names, says which
 committed, and only those are sent when the round ends. A fenced owner can commit no
-claim, so it sends nothing."""
+claim, so it sends nothing. A partition whose store failed in it (`failed`) is for its
+owner to let go and restore: the round claimed nothing more of it."""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from app.timers.runner.decisions import Decision
+from app.timers.runner.partition import PartitionFiring
 from app.timers.runner.stats import RoundStats
 from tables.timer import Timer
 
@@ -28,6 +31,11 @@ class Round:
     handed: int = 0
     committed: set[int] = field(default_factory=set)
     tasks: list[asyncio.Task[Decision]] = field(default_factory=list)
+    firings: Mapping[int, PartitionFiring] = field(default_factory=dict)
+    """The partitions' firings as the round began (those it claims from)."""
+    failed: dict[int, tuple[PartitionFiring, BaseException]] = field(default_factory=dict)
+    """By partition, each firing the store failed in (`PartitionFiring.fault`), as the
+    round ended: its owner lets it go (a node's task of it closes dirty, is revived)."""
 
     @property
     def to_commit(self) -> frozenset[int]:

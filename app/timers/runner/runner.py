@@ -2,17 +2,25 @@
 
 The runner holds no rule of its own: `decisions` says what each timer becomes; this
 module loads, claims, sends and writes, in rounds, over one `PartitionFiring` per
-partition it fires (its wheel, sends, outcomes). One round is one `due_rows()` query for
-the owned partitions whose wheels ran out, one `settle` batch for its claims and
-expiries, the sends run concurrently (`Sends`), and one `settle` batch for their
-outcomes. Time comes from a `Clock` and commands leave through a `Sender` (`ports`), so
-tests drive it all with fakes.
+partition it fires (its wheel, sends, outcomes, write lock). One round is one `due_rows()`
+query for the owned partitions whose wheels ran out, one `settle` batch for its claims and
+expiries (under the locks of the partitions it touches), the sends run concurrently
+(`Sends`), and one `settle` batch for their outcomes. No lock is held across a ledger or
+a Kafka call: a round holds its own lock only while it loads and claims (store calls),
+and a partition's lock is held only across a store call of it. Time comes from a `Clock`
+and commands leave through a `Sender` (`ports`), so tests drive it all with fakes.
+
+A store fault in a partition (a corrupt row: `StoreError`) stops that partition's firing
+alone (`PartitionFiring.fault`, `Round.failed`): the others go on, and its owner lets it
+go and restores it.
 
 In a node the runner calls nothing of the node: the node drives it. Its round
 (`round()`) hands the node the partitions whose claims must commit before their commands
 leave, and the node says which did; the timers a partition fires in-process wait in its
 `PartitionFiring` until the partition's cycle asks for them (`in_process_due`), decides
-them with its commands and settles them in its transaction (`record_outcomes`).
+them with its commands and settles them in its transaction (`record_outcomes`). A node's
+partition task holds its partition's firing (`start_partition` returns it) and stops it
+at its close; the runner keeps a reference to each for its rounds.
 """
 
 from __future__ import annotations
@@ -23,25 +31,27 @@ import functools
 import logging
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 
+from app.timers.runner.claiming import hand_over, to_claim, write_claims
 from app.timers.runner.decisions import (
     Decision,
     SendResult,
     expire_or_claim,
     guarded,
-    release,
     retry_parked,
     skip_parked,
 )
+from app.timers.runner.operating import operate
 from app.timers.runner.options import TimerOptions
 from app.timers.runner.outcomes import Outcomes
 from app.timers.runner.partition import InProcessTargets, PartitionFiring, offer_to
 from app.timers.runner.ports import Clock, FiringStore, Sender
 from app.timers.runner.rounds import Round
 from app.timers.runner.sending import Sends
-from app.timers.runner.settling import operate_parked, settle_exactly, taken_over
+from app.timers.runner.settling import settle_exactly, taken_over
 from app.timers.runner.slow_start import burst_after, round_slice
 from app.timers.runner.stats import RoundStats
-from app.timers.runner.wheel import Wheel, count_due_of, load_due_of, take_from
+from app.timers.runner.wheel import Wheel, built_apart, count_due_of, load_due_of, pop_from
+from tables.exceptions import StoreError
 from tables.ledger import FailureLedger
 from tables.refs import AggregateRef
 from tables.store import DueRow
@@ -73,18 +83,16 @@ class TimerRunner:
         self._ledger = ledger
         self._options = options or TimerOptions()
         self._sends = Sends(sender, clock, self._options)
-        # One per partition it fires, from its start to its stop.
+        # A reference to each partition's firing, from its start to its stop (its owner,
+        # a node's partition task, holds it too).
         self._firings: dict[int, PartitionFiring] = {}
         for p in partitions:
             self._firings[p] = firing = self._new_firing(p, in_process)
             firing.fresh = False  # given at the start: nobody else's claims to take over
+        # One round's loads and claims at a time (store calls only: never held across a
+        # ledger or Kafka call, nor while a node commits the claims).
         self._round_lock = asyncio.Lock()
-        # Serialises the claim batch (and spawning its sends) with every outcome write, so
-        # that stop_partition's write comes after anything a round already took of its part.
-        self._write_lock = asyncio.Lock()
-        self._outcomes = Outcomes(
-            store, ledger, clock, self._options, self._firings, self._write_lock
-        )
+        self._outcomes = Outcomes(store, ledger, clock, self._options, self._firings)
         self._sweep_turn = 0
         # The slice of a burst under way: its last round left rows due (None: no burst).
         self._burst: int | None = None
@@ -129,13 +137,16 @@ class TimerRunner:
 
     def start_partition(
         self, partition: int, *, in_process: InProcessTargets | None = None
-    ) -> None:
-        """Starts sending the timers of `partition`; nothing when it does already.
+    ) -> PartitionFiring:
+        """Starts sending the timers of `partition`; nothing when it does already. Its
+        firing, for its owner to hold (a node's partition task) until it stops it.
         `in_process`: the targets its node decides in the partition itself, whose timers
         are claimed for its cycle to fire (`in_process_due`) rather than sent."""
-        if partition not in self._firings:
-            self._firings[partition] = self._new_firing(partition, in_process)
+        firing = self._firings.get(partition)
+        if firing is None:
+            firing = self._firings[partition] = self._new_firing(partition, in_process)
             logger.info("timers of partition %d: started", partition)
+        return firing
 
     async def stop_partition(self, partition: int) -> None:
         """Stops sending `partition`'s timers: sends in progress are cancelled (their claims
@@ -143,7 +154,10 @@ class TimerRunner:
         firing = self._firings.pop(partition, None)
         if firing is None:
             return
+        async with firing.lock:  # after a claim write or a sweep of it under way
+            firing.stopped = True
         cut = await firing.cut_short()
+        await firing.written()  # the writes that took its outcomes before, then the rest
         await self._outcomes.flush([firing], RoundStats())
         logger.info("timers of partition %d: stopped (%d send(s) cut short)", partition, cut)
 
@@ -151,7 +165,6 @@ class TimerRunner:
         """Stops every partition, as a node does before it shuts down."""
         for partition in sorted(self._firings):
             await self.stop_partition(partition)
-        await self._outcomes.flush([], RoundStats())  # claims given back meanwhile
 
     async def run_round(self, *, wait: bool = True) -> RoundStats:
         """Loads the due timers of all owned partitions, claims, sends and records them
@@ -164,13 +177,14 @@ class TimerRunner:
         """
         async with self._round_lock:
             r = await self._claim()
-            r.claims_committed(r.to_commit)
-            await self._finish(r)
-            if wait and r.tasks:
-                await asyncio.wait(r.tasks)
-                await self._outcomes.flush(None, r.stats)
-                self._next_due(r.stats)
-            return r.stats
+        r.claims_committed(r.to_commit)
+        await self._finish(r)
+        if wait and r.tasks:
+            await asyncio.wait(r.tasks)
+            await self._outcomes.flush(None, r.stats)
+            self._next_due(r.stats)
+            self._failed(r)
+        return r.stats
 
     @property
     def bursting(self) -> bool:
@@ -184,86 +198,53 @@ class TimerRunner:
         and are claimed again), and the outcomes that came back written. In between, the
         node commits the claims of `Round.to_commit` and has the partitions of
         `Round.in_process` fire theirs. Its sends are not waited for (`answered`).
-        `grow`: a burst's slice may double (`slow_start`), else it is taken again."""
+        `grow`: a burst's slice may double (`slow_start`), else it is taken again.
+        `Round.failed`: the partitions the store failed in, for the node to restore."""
         async with self._round_lock:
             r = await self._claim(grow)
-            yield r
-            await self._finish(r)
+        yield r
+        await self._finish(r)
 
     async def _claim(self, grow: bool = True) -> Round:
         """Loads the due timers, decides them, and claims them: a remote one's claim written
         (in its partition's transaction), an in-process one's kept for its cycle."""
         now = self._clock.now()
-        r = Round(RoundStats(), now, frozenset(self._firings))
+        live = {p: f for p, f in self._firings.items() if f.fault is None}
+        r = Round(RoundStats(), now, frozenset(live), firings=dict(self._firings))
         if not r.owned:
+            self._failed(r)
             return r
         stats, o = r.stats, self._options
-        wheels = {p: f.wheel for p, f in self._firings.items()}
+        wheels = {p: f.wheel for p, f in live.items()}
         await load_due_of(wheels, self._load, now, o.poll_interval_ms, o.batch_limit)
         # A burst is taken in growing slices (`slow_start`): the first fires at once.
         due = count_due_of(wheels, now, o.batch_limit)
         take = round_slice(due, self._burst, limit=o.batch_limit, grow=grow)
-        loaded, stats.full = take_from(wheels, now, take)
+        rows, took, stats.full = pop_from(wheels, now, take)
+        try:
+            loaded, faults = built_apart(rows)
+        except Exception:
+            for p in took:
+                wheels[p].invalidate()  # loaded again, as after a failed load
+            raise
+        for p, exc in faults.items():
+            live[p].fail(exc)
         self._burst = burst_after(take, stats.full)
         stats.loaded = len(loaded)
-        # Not a timer of a partition stopped while it was being loaded.
         decided = [
             guarded(functools.partial(expire_or_claim, t, now, o), t, now)
-            for t in loaded
-            if (f := self._firings.get(t.partition)) is not None and t.id not in f.in_hand
+            for t in to_claim(r, self._firings, loaded)
         ]
-        decided += await self._taken_over(now)
+        decided += await self._taken_over(now, live)
         stats.lapsed = sum(
             1
             for d in decided
             if d.change is not None and d.change.loaded.status is TimerStatus.FIRING
         )
-        in_process: set[int] = set()
-        to_write: list[Decision] = []
-        # Sends are not waited for: no more claimed than may be sent at once, the rest
-        # loaded again when sends come back (a slow target holds no other timer up).
-        room = o.max_in_flight - self.in_flight
-        for d in decided:
-            if d.change is None:
-                continue
-            nxt = d.change.next
-            firing = self._firings.get(nxt.partition)
-            if firing is None:
-                continue  # stopped meanwhile: not claimed
-            if d.send and firing.fires_in_process(nxt):
-                # Claimed by the partition transaction that decides it and writes its
-                # outcome, so nothing is written before (nor can a fenced owner commit).
-                firing.hand(d.change.loaded, nxt)
-                in_process.add(nxt.partition)
-                r.handed += 1
-                continue
-            if d.send:
-                if room <= 0:
-                    stats.deferred += 1
-                    continue
-                room -= 1
-            to_write.append(d)
-        r.in_process = frozenset(in_process)
-        async with self._write_lock:
-            written = await self._settle_exactly(to_write)
-            for decision in written:
-                assert decision.change is not None
-                nxt = decision.change.next
-                if not decision.send:
-                    stats.expired += 1
-                    self.offer([nxt])
-                    if nxt.status is TimerStatus.PENDING:
-                        stats.due_by(nxt.due_at)
-                elif nxt.partition not in self._firings:
-                    # Handed off while its claim was being written: given back unsent.
-                    self._outcomes.orphans.append(release(nxt, now))
-                else:
-                    r.remote.append(nxt)
-            stats.lost_claims = sum(d.send for d in to_write) - sum(d.send for d in written)
-            if stats.lost_claims:
-                self.invalidate()  # rows changed behind the wheel's back: a reschedule?
-        if stats.deferred:
-            self.invalidate()  # taken from the wheel, not claimed: loaded again
+        to_write = hand_over(r, self._firings, decided, o.max_in_flight - self.in_flight)
+        await write_claims(r, self._firings, to_write, self._settle_exactly, self.offer)
+        if stats.lost_claims or stats.deferred:
+            self.invalidate()  # rows changed behind the wheels' back, or not claimed
         return r
 
     async def _finish(self, r: Round) -> None:
@@ -275,17 +256,24 @@ class TimerRunner:
         if unsent:
             # Their partitions are reset and restored: the claims never counted.
             logger.warning("%d claim(s) not committed, none sent", len(unsent))
-        if len(unsent) < len(r.remote):
-            async with self._write_lock:
-                r.tasks = [
-                    self._sends.spawn(f, t, stats)
-                    for t in r.remote
-                    if t.partition in r.committed and (f := self._firings.get(t.partition))
-                ]
+        to_send: dict[int, list[Timer]] = {}
+        for t in r.remote:
+            if t.partition in r.committed:
+                to_send.setdefault(t.partition, []).append(t)
+        for p, timers in sorted(to_send.items()):
+            firing = r.firings[p]
+            async with firing.lock:  # never after its stop began: it cuts what it finds
+                if firing.live and self._firings.get(p) is firing:
+                    r.tasks += [self._sends.spawn(firing, t, stats) for t in timers]
         stats.claimed = r.handed + len(r.tasks)
         await self._outcomes.flush(None, stats)
         await self._sweep(r.owned, r.now, stats)
         self._next_due(stats)
+        self._failed(r)
+
+    def _failed(self, r: Round) -> None:
+        """The partitions the store failed in, as the round ends."""
+        r.failed = {p: (f, f.fault) for p, f in r.firings.items() if f.fault is not None}
 
     def in_process_due(self, partition: int) -> list[Timer]:
         """The timers of `partition` claimed to fire in-process since its cycle last asked:
@@ -301,27 +289,37 @@ class TimerRunner:
         ordered = sorted(owned)
         partition = ordered[self._sweep_turn % len(ordered)]
         self._sweep_turn += 1
-        async with self._write_lock:  # after a stop's last writes, never among them
-            if partition not in self._firings:
+        firing = self._firings.get(partition)
+        if firing is None:
+            return
+        async with firing.lock:  # after a stop's last writes, never among them
+            if not firing.live:
                 return
             try:
                 stats.swept = await self._store.expire(
                     partition, now, self._options.finished_retention, self._options.sweep_limit
                 )
+            except StoreError as exc:
+                firing.fail(exc)  # a corrupt finished row, say: restored
             except Exception as exc:
                 # Nothing was deleted (the changelog takes the tombstones first): next turn.
                 logger.warning("sweeping partition %d's finished timers failed: %s", partition, exc)
 
-    async def _taken_over(self, now: int) -> list[Decision]:
+    async def _taken_over(self, now: int, live: dict[int, PartitionFiring]) -> list[Decision]:
         """The FIRING rows of the partitions started since the last round, claimed again."""
-        fresh = {p for p, f in self._firings.items() if f.fresh}
+        fresh = {p for p, f in live.items() if f.fresh and f.live}
         for p in fresh:
-            self._firings[p].fresh = False
-        return await taken_over(self._store, fresh, now, self._options)
+            live[p].fresh = False
+        decided, faults = await taken_over(self._store, fresh, now, self._options)
+        for p, exc in faults.items():
+            live[p].fail(exc)
+        return decided
 
     def _next_due(self, stats: RoundStats) -> None:
         untils = []
         for f in self._firings.values():
+            if f.fault is not None:
+                continue  # nothing of it is taken: its rows due must not spin the loop
             stats.due_by(f.wheel.next_due)
             if f.wheel.until is not None:
                 untils.append(f.wheel.until)
@@ -387,10 +385,7 @@ class TimerRunner:
         decide: Callable[[Timer], Decision],
     ) -> int:
         only = None if partitions is None else frozenset(partitions)
-        # Under the write lock, so that a park being written (ledger first, then the row)
-        # is either all before this or all after it: never an entry resolved between the
-        # two, which would leave a PARKED timer that no ledger entry names.
-        async with self._write_lock:
-            written = await operate_parked(self._store, self._ledger, target, only, decide)
-            self.invalidate()
+        # No lock across its ledger calls: a park under way is waited for (`operating`).
+        written = await operate(self._store, self._ledger, self._firings, target, only, decide)
+        self.invalidate()
         return written

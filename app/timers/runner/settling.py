@@ -1,26 +1,54 @@
 """How the runner's decisions are written: parks recorded in the ledger first, claims
 settled in one conditional batch, outcomes of in-process fires made against the row as
-loaded, a previous owner's claims taken over, and an operator's retry or skip of parked
-timers. No lock and no state: the runner calls these under its own."""
+loaded, and a previous owner's claims taken over. A store fault in one partition's rows
+(`StoreError`: a corrupt row) fails only that partition's part (`apart`). No lock and no
+state: the runner calls these under its partitions' locks."""
 
 from __future__ import annotations
 
 import functools
 import logging
 from collections import defaultdict
-from collections.abc import Callable, Set
+from collections.abc import Awaitable, Callable, Set
+from typing import TypeVar
 
 from app.timers.runner.decisions import Decision, expire_or_claim, guarded, unparked
 from app.timers.runner.options import TimerOptions
 from app.timers.runner.ports import FiringStore
 from app.timers.runner.stats import RoundStats
+from tables.exceptions import StoreError
 from tables.ledger import FailureLedger
 from tables.refs import AggregateRef
 from tables.timer import Timer, TimerChange, TimerStatus
 
-__all__ = ["from_loaded", "operate_parked", "park", "reclaim", "settle_exactly", "taken_over"]
+__all__ = ["apart", "from_loaded", "park", "reclaim", "settle_exactly", "taken_over"]
 
 logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+async def apart(
+    call: Callable[[list[T]], Awaitable[R]], items: list[T], partition: Callable[[T], int]
+) -> tuple[list[R], dict[int, StoreError]]:
+    """`call` on all `items` at once; when the store fails it (`StoreError`: it wrote
+    nothing), on each partition's items apart, so that a fault in one partition (a corrupt
+    row) fails only its items: the results, and the fault of each partition that failed."""
+    try:
+        return [await call(items)], {}
+    except StoreError as exc:
+        partitions = sorted({partition(i) for i in items})
+        if len(partitions) == 1:
+            return [], {partitions[0]: exc}
+    results: list[R] = []
+    faults: dict[int, StoreError] = {}
+    for p in partitions:
+        try:
+            results.append(await call([i for i in items if partition(i) == p]))
+        except StoreError as exc:
+            faults[p] = exc
+    return results, faults
 
 
 async def park(
@@ -86,39 +114,22 @@ _TAKE_OVER_LIMIT = 100_000
 
 async def taken_over(
     store: FiringStore, fresh: Set[int], now: int, options: TimerOptions
-) -> list[Decision]:
+) -> tuple[list[Decision], dict[int, StoreError]]:
     """Claims again, at once, the FIRING rows of the partitions in `fresh` (started since
-    the last round): a previous owner's claims, which it can no longer settle (fenced)."""
+    the last round): a previous owner's claims, which it can no longer settle (fenced);
+    and the partitions whose rows the store could not read."""
     if not fresh:
-        return []
+        return [], {}
     horizon = now + options.claim_timeout + 1
-    rows = await store.due(set(fresh), until=horizon, limit=_TAKE_OVER_LIMIT)
-    return [
+
+    async def due(partitions: list[int]) -> list[Timer]:
+        return await store.due(set(partitions), until=horizon, limit=_TAKE_OVER_LIMIT)
+
+    found, faults = await apart(due, sorted(fresh), lambda p: p)
+    decided = [
         guarded(functools.partial(reclaim, t, now, options), t, now)
+        for rows in found
         for t in rows
         if t.status is TimerStatus.FIRING and t.due_at > now
     ]
-
-
-async def operate_parked(
-    store: FiringStore,
-    ledger: FailureLedger,
-    target: AggregateRef,
-    only: Set[int] | None,
-    decide: Callable[[Timer], Decision],
-) -> int:
-    """An operator's `decide` (retry, skip) on the PARKED timers of `target` (of the
-    partitions `only`, all when None), then its ledger entry resolved; how many changed."""
-    parked = [t for t in await store.parked(target) if only is None or t.partition in only]
-    changes = [d.change for d in map(decide, parked) if d.change is not None]
-    written = await store.settle(changes) if changes else 0
-    # Resolved after the write: should the write fail, the entry stays for another try.
-    await ledger.resolve(TimerOptions.PARKED_SUBSCRIPTION, target)
-    logger.info(
-        "operator on %s%s: %d of %d parked timer(s) changed",
-        target,
-        "" if only is None else f" in partition(s) {sorted(only)}",
-        written,
-        len(parked),
-    )
-    return written
+    return decided, faults

@@ -8,7 +8,8 @@ fell due is never built.
 Each partition the runner fires has a wheel of its own (`PartitionFiring`); `load_due_of`
 loads them together with one `due_rows()` when one ran out (a full load: once its rows due
 were all taken), and `take_from` takes the rows due across them by (due, id), as one wheel
-of every partition would, as many as the round takes (`slow_start`)."""
+of every partition would, as many as the round takes (`slow_start`). A row the store cannot
+read (a corrupt one) fails only its partition (`built_apart`)."""
 
 from __future__ import annotations
 
@@ -17,9 +18,18 @@ import itertools
 from collections import defaultdict
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Set
 
-from tables import DueRow, Timer, TimerStatus
+from tables import DueRow, StoreError, Timer, TimerStatus
 
-__all__ = ["Load", "Wheel", "count_due_of", "load_due_of", "take_due_of", "take_from"]
+__all__ = [
+    "Load",
+    "Wheel",
+    "built_apart",
+    "count_due_of",
+    "load_due_of",
+    "pop_from",
+    "take_due_of",
+    "take_from",
+]
 
 Load = Callable[[set[int], int, int], Awaitable[list[DueRow]]]
 """`(partitions, until, limit) -> rows due by until`: the store's `due_rows()`."""
@@ -182,6 +192,21 @@ def count_due_of(wheels: Mapping[int, Wheel], now: int, cap: int) -> int:
 def take_from(wheels: Mapping[int, Wheel], now: int, limit: int) -> tuple[list[Timer], bool]:
     """The rows due now in the `wheels` (at most `limit`), by due time then id across them
     (so that a few taken are spread over the partitions); whether more may be due now."""
+    rows, took, more = pop_from(wheels, now, limit)
+    try:
+        taken = DueRow.built(rows)
+    except Exception:
+        for p in took:
+            wheels[p].invalidate()  # loaded again, as after a failed load
+        raise
+    return taken, more
+
+
+def pop_from(
+    wheels: Mapping[int, Wheel], now: int, limit: int
+) -> tuple[list[DueRow], set[int], bool]:
+    """`take_from`'s rows, not built yet; the partitions they are of; whether more may be
+    due now."""
     heads = [(head, p) for p, w in wheels.items() if (head := w.head) is not None]
     heads = [(head, p) for head, p in heads if head[0] <= now]
     heapq.heapify(heads)
@@ -196,10 +221,23 @@ def take_from(wheels: Mapping[int, Wheel], now: int, limit: int) -> tuple[list[T
         took.add(p)
         if (head := wheel.head) is not None and head[0] <= now:
             heapq.heappush(heads, (head, p))
+    more = any(w.more_due(now, took=p in took) for p, w in wheels.items())
+    return list(by_id.values()), took, more
+
+
+def built_apart(rows: list[DueRow]) -> tuple[list[Timer], dict[int, StoreError]]:
+    """Each row's Timer, in order (`DueRow.built`); when the store cannot read one (a
+    corrupt row: `StoreError`), none of its partition's: the Timers, and the fault of each
+    partition whose row failed."""
     try:
-        taken = DueRow.built(by_id.values())
-    except Exception:
-        for p in took:
-            wheels[p].invalidate()  # loaded again, as after a failed load
-        raise
-    return taken, any(w.more_due(now, took=p in took) for p, w in wheels.items())
+        return DueRow.built(rows), {}
+    except StoreError:
+        pass
+    faults: dict[int, StoreError] = {}
+    for r in rows:
+        if r.partition not in faults:
+            try:
+                r.timer()  # built once: kept by the row
+            except StoreError as exc:
+                faults[r.partition] = exc
+    return [r.timer() for r in rows if r.partition not in faults], faults
