@@ -125,8 +125,15 @@ def open_type(
     (directory / "timers").mkdir(parents=True, exist_ok=True)
     clients = node.clients
 
+    # What a partition's transactions write for sure (all made at the node's start): their
+    # metadata fetched when its producer starts, at the take, not by the burst's first
+    # commit (one request for them all).
+    written = (t.events, t.commands, t.timers_changelog, ContextTopics(t.context).results)
+
     def writer(transactional_id: str) -> TransactionalWriter:
-        return clients.transactional_writer(transactional_id, max_batch_bytes=batch_bytes)
+        return clients.transactional_writer(
+            transactional_id, max_batch_bytes=batch_bytes, topics=written
+        )
 
     transactions = TypeTransactions(
         writer,
