@@ -195,7 +195,9 @@ def settings_for(bootstrap: str | None, partitions: int | None) -> Settings:
 def clients_for(settings: Settings) -> KafkaClients:
     """The clients of the settings' cluster (none started): what the commands hand to the
     tools below the CLI, which reach Kafka through the ports only."""
-    return KafkaClients(settings.kafka, replication=settings.replication)
+    return KafkaClients(
+        settings.kafka, replication=settings.replication, client=settings.kafka_client
+    )
 
 
 def run(work: Coroutine[Any, Any, T]) -> T:

@@ -26,6 +26,7 @@ the variables at fault; a secret's value is never shown.
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Final, Literal
@@ -36,6 +37,7 @@ from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from app.errors import ConfigError
+from app.kafka.clients import KafkaClient
 from app.kafka.connection import KafkaConnection, SaslMechanism, SecurityProtocol
 from app.kafka.consumers import rebalance_timeout_ms
 from app.kafka.records import Replication
@@ -114,6 +116,9 @@ class Settings(BaseSettings):
     of the broker's defaults takes, so that its dead letter always fits whole)."""
     timers: TimerOptions = Field(default_factory=TimerOptions)
     """The runner's options; in the environment as JSON, e.g. {"claim_timeout": 5000}."""
+    kafka_client: KafkaClient = "aiokafka"
+    """The client of the partitions' transactional producers: `aiokafka`, or `confluent`
+    (librdkafka, each producer on a thread of its own: needs the `confluent` extra)."""
     log_level: LogLevel = "INFO"
     """The level of the process's log (any case in the environment)."""
     log_format: LogFormat = "text"
@@ -231,6 +236,13 @@ class Settings(BaseSettings):
                 return orjson.loads(value)
             except orjson.JSONDecodeError as exc:
                 raise ValueError(f"not JSON ({exc})") from exc
+        return value
+
+    @field_validator("kafka_client")
+    @classmethod
+    def _client_installed(cls, value: KafkaClient) -> KafkaClient:
+        if value == "confluent" and importlib.util.find_spec("confluent_kafka") is None:
+            raise ValueError("needs confluent-kafka: pip install 'tickwheel[confluent]'")
         return value
 
     @field_validator("log_level", mode="before")

@@ -37,6 +37,7 @@ VARIABLES: Final[Mapping[str, str]] = {
     "timers": "TICKWHEEL_TIMER_OPTIONS",
     "max_key_bytes": "TICKWHEEL_MAX_KEY_BYTES",
     "max_record_bytes": "TICKWHEEL_MAX_RECORD_BYTES",
+    "kafka_client": "TICKWHEEL_KAFKA_CLIENT",
     "log_level": "TICKWHEEL_LOG_LEVEL",
     "log_format": "TICKWHEEL_LOG_FORMAT",
     "security_protocol": "KAFKA_SECURITY_PROTOCOL",

@@ -1,0 +1,60 @@
+"""`TICKWHEEL_KAFKA_CLIENT`: which client the partitions' transactional producers use."""
+
+from __future__ import annotations
+
+import importlib.util
+from typing import Any
+
+import pytest
+from test_node_memory import SERVICE
+
+from app.cli.common import clients_for
+from app.errors import ConfigError
+from app.kafka.clients import KafkaClients
+from app.kafka.memory import MemoryLog
+from app.node.node import Node
+from app.node.settings import Settings
+
+
+def test_aiokafka_is_the_default() -> None:
+    assert Settings.from_env({}).kafka_client == "aiokafka"
+
+
+def test_confluent_is_read_from_its_variable() -> None:
+    assert Settings.from_env({"TICKWHEEL_KAFKA_CLIENT": "confluent"}).kafka_client == "confluent"
+
+
+@pytest.mark.parametrize("value", ["librdkafka", "Confluent", "java"])
+def test_another_client_is_an_error_naming_the_variable(value: str) -> None:
+    with pytest.raises(ConfigError, match="TICKWHEEL_KAFKA_CLIENT"):
+        Settings.from_env({"TICKWHEEL_KAFKA_CLIENT": value})
+
+
+def test_confluent_without_its_package_is_an_error_saying_how_to_install_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    real = importlib.util.find_spec
+
+    def missing(name: str, *args: Any) -> Any:
+        return None if name == "confluent_kafka" else real(name, *args)
+
+    monkeypatch.setattr(importlib.util, "find_spec", missing)
+    with pytest.raises(ConfigError, match=r"TICKWHEEL_KAFKA_CLIENT.*tickwheel\[confluent\]"):
+        Settings.from_env({"TICKWHEEL_KAFKA_CLIENT": "confluent"})
+
+
+def test_the_commands_and_the_node_make_their_clients_with_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    settings = Settings.from_env({"TICKWHEEL_KAFKA_CLIENT": "confluent"})
+    clients = clients_for(settings)
+    assert isinstance(clients, KafkaClients) and clients.client == "confluent"
+    asked: list[Any] = []
+
+    def made(*args: Any, **kwargs: Any) -> MemoryLog:
+        asked.append(kwargs.get("client"))
+        return MemoryLog()
+
+    monkeypatch.setattr("app.node.node.KafkaClients", made)
+    Node(settings, SERVICE)
+    assert asked == ["confluent"]
