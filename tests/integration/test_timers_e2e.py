@@ -280,3 +280,16 @@ async def test_kill_9_at_random_moments(cluster: Cluster) -> None:
 
 async def test_a_third_worker_joins_mid_run(cluster: Cluster) -> None:
     await run_scenario(cluster, owners=40, per_owner=50, spread_ms=12_000, chaos="join")
+
+
+async def test_kill_9_with_librdkafka_producers(kafka_bootstrap: str, tmp_path: Path) -> None:
+    """The same guarantees with the partitions' transactional producers over librdkafka
+    (`TICKWHEEL_KAFKA_CLIENT=confluent`): each kill leaves a producer's transaction open,
+    which the next owner's fences and aborts."""
+    env = {"TICKWHEEL_TIMER_OPTIONS": OPTIONS, "TICKWHEEL_KAFKA_CLIENT": "confluent"}
+    c = Cluster(kafka_bootstrap, tmp_path, partitions=8, env=env)
+    try:
+        stats = await run_scenario(c, owners=20, per_owner=50, spread_ms=10_000, chaos="kill")
+    finally:
+        c.stop_all()
+    assert stats["kills"] >= 5 and stats["timers"] >= 900
