@@ -146,15 +146,17 @@ class PartitionedStore(ServedPartitions):
 
     async def put_many(self, timers: Sequence[Timer]) -> list[Timer]:
         self._check_open()
-        for timer in timers:
-            self._check_served(timer.partition)
+        partitions = {timer.partition for timer in timers}  # each checked once, not per row
+        for partition in partitions:
+            self._check_served(partition)
         if not timers:
             return []
         async with self._writing():
+            for partition in partitions:  # again: one may have been revoked meanwhile
+                self._check_served(partition)
             by_partition: dict[int, list[bytes]] = {}
             ats: list[tuple[int, bytes]] = []
             for timer in timers:
-                self._check_served(timer.partition)
                 row = row_key(timer.owner, timer.key)
                 ats.append((timer.partition, row))
                 by_partition.setdefault(timer.partition, []).append(row)
