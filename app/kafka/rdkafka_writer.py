@@ -181,12 +181,14 @@ class RdkafkaTransactionalWriter:
         p = self._ready()
         try:
             placed = self._append(records)
+            self._still_wanted()
             if offsets:
                 p.send_offsets_to_transaction(
                     [TopicPartition(t, part, o) for (t, part), o in offsets.items()],
                     group_metadata(group_id),
                     self._timeout,
                 )
+            self._still_wanted()
             p.commit_transaction(self._timeout)
             self._open = False
             return placed
@@ -263,6 +265,13 @@ class RdkafkaTransactionalWriter:
         except KafkaException as abort:
             logger.warning("%s: abort failed: %s", self.transactional_id, _said(abort))
 
+    def _still_wanted(self) -> None:
+        """Raises (the transaction is then aborted) once the event loop gave up on the
+        call (its deadline passed, its caller cancelled: the writer broken), so that no
+        step of it follows: its caller was told it failed."""
+        if (broken := self.broken) is not None:
+            raise KafkaUnavailable(f"given up on the thread: {broken}")
+
     def _ready(self) -> Producer:
         if self._producer is None:
             raise KafkaUnavailable(f"{self.transactional_id}: not started")
@@ -285,6 +294,9 @@ class RdkafkaTransactionalWriter:
         except TimeoutError:
             done.add_done_callback(_retrieve)
             raise KafkaUnavailable(f"no answer in {self._deadline:g} s") from None
+        except asyncio.CancelledError:
+            done.add_done_callback(_retrieve)  # its end, failed or not, is nobody's
+            raise
 
     def _check(self) -> None:
         if self.broken is not None:

@@ -5,6 +5,8 @@ callbacks go on) is still `Fenced`."""
 
 from __future__ import annotations
 
+import asyncio
+import gc
 import threading
 
 import pytest
@@ -58,3 +60,108 @@ async def test_a_fence_breaks_the_writer_as_fenced(monkeypatch: pytest.MonkeyPat
         await writer.commit([], {}, "g")
     assert isinstance(writer.broken, Fenced)
     await writer.stop()
+
+
+class FakeMessage:
+    def __init__(self, topic: str, partition: int, offset: int) -> None:
+        self._where = (topic, partition, offset)
+
+    def topic(self) -> str:
+        return self._where[0]
+
+    def partition(self) -> int:
+        return self._where[1]
+
+    def offset(self) -> int:
+        return self._where[2]
+
+
+class FakeProducer:
+    """confluent-kafka's producer whose `flush` waits for `release` (the broker slow to
+    answer), then delivers every record; its calls, in order."""
+
+    release = threading.Event()
+    calls: list[str] = []
+
+    def __init__(self, config: dict[str, object]) -> None:
+        self._reports: list[tuple[object, FakeMessage]] = []
+
+    def init_transactions(self, *_: object) -> None:
+        self.calls.append("init")
+
+    def begin_transaction(self) -> None:
+        self.calls.append("begin")
+
+    def produce(self, topic: str, value: object, key: object, partition: int, **kw: object) -> None:
+        self._reports.append((kw["on_delivery"], FakeMessage(topic, partition, len(self._reports))))
+
+    def flush(self, *_: object) -> int:
+        self.calls.append("flush")
+        self.release.wait()
+        for report, msg in self._reports:
+            report(None, msg)  # type: ignore[operator]
+        return 0
+
+    def poll(self, *_: object) -> int:
+        return 0
+
+    def send_offsets_to_transaction(self, *_: object) -> None:
+        self.calls.append("offsets")
+
+    def commit_transaction(self, *_: object) -> None:
+        self.calls.append("commit")
+
+    def abort_transaction(self, *_: object) -> None:
+        self.calls.append("abort")
+
+    def purge(self) -> None:
+        self.calls.append("purge")
+
+    def close(self) -> None:
+        self.calls.append("close")
+
+
+@pytest.fixture
+def slow_broker(monkeypatch: pytest.MonkeyPatch) -> type[FakeProducer]:
+    FakeProducer.release = threading.Event()
+    FakeProducer.calls = []
+    monkeypatch.setattr("app.kafka.rdkafka_writer.Producer", FakeProducer)
+    return FakeProducer
+
+
+async def test_a_commit_past_its_deadline_never_commits_after(
+    slow_broker: type[FakeProducer],
+) -> None:
+    """The caller of a commit past its deadline is told it failed: the call that goes on
+    on the writer's thread aborts its transaction instead of committing it later."""
+    writer = RdkafkaTransactionalWriter("127.0.0.1:1", "t", deadline=0.05)
+    await writer.start()
+    with pytest.raises(KafkaUnavailable):
+        await writer.commit([("events", 0, b"k", b"v")], {("in", 0): 1}, "g")
+    slow_broker.release.set()
+    await writer.stop()  # after the call, on its thread
+    assert "commit" not in slow_broker.calls and "abort" in slow_broker.calls
+
+
+async def test_a_cancelled_commit_never_commits_after(slow_broker: type[FakeProducer]) -> None:
+    """A cancelled commit breaks the writer; its call, still on the writer's thread, aborts
+    its transaction, and its failure is retrieved (never logged as unretrieved)."""
+    loop = asyncio.get_running_loop()
+    unhandled: list[dict[str, object]] = []
+    loop.set_exception_handler(lambda _loop, context: unhandled.append(context))
+    writer = RdkafkaTransactionalWriter("127.0.0.1:1", "t")
+    await writer.start()
+    commit = asyncio.ensure_future(writer.commit([("events", 0, b"k", b"v")], {}, "g"))
+    while "flush" not in slow_broker.calls:
+        await asyncio.sleep(0.01)  # waits on state: the records are being flushed
+    commit.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await commit
+    assert writer.broken is not None
+    slow_broker.release.set()
+    await writer.stop()
+    del commit
+    gc.collect()
+    await asyncio.sleep(0)
+    assert "commit" not in slow_broker.calls and "abort" in slow_broker.calls
+    assert unhandled == []
