@@ -155,3 +155,29 @@ async def test_a_keyed_record_lands_where_aiokafkas_would(
             where.setdefault(r.value or b"", {})[r.key or b""] = r.partition
     assert where[b"confluent"] == where[b"aiokafka"]
     assert len(set(where[b"aiokafka"].values())) > 1  # spread: not all in one partition
+
+
+@pytest.mark.kafka
+async def test_an_empty_key_lands_where_aiokafkas_would(
+    kafka_bootstrap: str, topic_factory: TopicFactory
+) -> None:
+    """An empty key is a key (hashed by murmur2 in both clients), not a missing one
+    (librdkafka's `murmur2_random` spreads only a NULL key at random): records with it
+    land in one partition, the same whichever writer sends them."""
+    topic = await topic_factory(partitions=6)
+    for client in ("aiokafka", "confluent"):
+        writer = KafkaClients(kafka_bootstrap, client=client).transactional_writer(
+            f"{topic}.{client}"
+        )
+        await writer.start()
+        try:
+            await writer.commit([(topic, None, b"", client.encode())] * 20, {}, "g")
+        finally:
+            await writer.stop()
+    where: dict[bytes, set[int]] = {}
+    async for batch in read_partitions(kafka_bootstrap, topic, range(6)):
+        for r in batch:
+            assert r.key == b""
+            where.setdefault(r.value or b"", set()).add(r.partition)
+    assert where[b"confluent"] == where[b"aiokafka"]
+    assert len(where[b"aiokafka"]) == 1
