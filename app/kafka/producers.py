@@ -282,7 +282,8 @@ class TransactionalProducer:
         then committing it: a batch the broker refused (a record over the topic's limit)
         or one that expired would be left out of a committed transaction, beside the
         offsets of the input it came from. Guarded, a commit with a failed send aborts
-        instead (`_unsent`: `_commit` then raises). The sender's method of this producer's
+        instead (`_unsent`: `_commit` then raises), and so does one whose caller gave up
+        before its batches were in (`broken`). The sender's method of this producer's
         own is replaced: its request, retries and answers are aiokafka's."""
         sender = self._producer._sender
         end = sender._do_txn_commit
@@ -294,7 +295,9 @@ class TransactionalProducer:
                     await asyncio.wait(waiting)  # shields of the flushed batches: a turn
                 failed = (f.exception() for f in self._sent if not f.cancelled())
                 self._unsent = next((e for e in failed if e is not None), None)
-                if self._unsent is not None:
+                # Broken meanwhile (its caller cancelled, its abort refused mid-commit):
+                # the caller was told it failed, so nothing of it may commit.
+                if self._unsent is not None or self.broken is not None:
                     result = TransactionResult.ABORT
             return await end(result)
 

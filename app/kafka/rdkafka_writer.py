@@ -12,8 +12,10 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import queue
+import threading
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future
 from typing import Any, TypeVar
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer, TopicPartition
@@ -84,7 +86,7 @@ class RdkafkaTransactionalWriter:
             "logger": _LOG,
             "error_cb": self._said,
         }
-        self._thread = ThreadPoolExecutor(1, thread_name_prefix=f"rdkafka-{transactional_id}")
+        self._thread = _Thread(f"rdkafka-{transactional_id}")
         self._producer: Producer | None = None
         self._lock = asyncio.Lock()
         self._open = False
@@ -110,7 +112,7 @@ class RdkafkaTransactionalWriter:
         except Exception as exc:
             logger.warning("%s: stop failed: %r", self.transactional_id, exc)
         finally:
-            self._thread.shutdown(wait=False)
+            self._thread.shutdown()
 
     async def commit(
         self,
@@ -181,12 +183,14 @@ class RdkafkaTransactionalWriter:
         p = self._ready()
         try:
             placed = self._append(records)
+            self._still_wanted()
             if offsets:
                 p.send_offsets_to_transaction(
                     [TopicPartition(t, part, o) for (t, part), o in offsets.items()],
                     group_metadata(group_id),
                     self._timeout,
                 )
+            self._still_wanted()
             p.commit_transaction(self._timeout)
             self._open = False
             return placed
@@ -263,6 +267,13 @@ class RdkafkaTransactionalWriter:
         except KafkaException as abort:
             logger.warning("%s: abort failed: %s", self.transactional_id, _said(abort))
 
+    def _still_wanted(self) -> None:
+        """Raises (the transaction is then aborted) once the event loop gave up on the
+        call (its deadline passed, its caller cancelled: the writer broken), so that no
+        step of it follows: its caller was told it failed."""
+        if (broken := self.broken) is not None:
+            raise KafkaUnavailable(f"given up on the thread: {broken}")
+
     def _ready(self) -> Producer:
         if self._producer is None:
             raise KafkaUnavailable(f"{self.transactional_id}: not started")
@@ -279,12 +290,15 @@ class RdkafkaTransactionalWriter:
         """`call` on the writer's thread. Past the deadline (librdkafka keeps a call past
         its own timeout while the broker is unreachable) `KafkaUnavailable`: the caller
         breaks the writer, and the call goes on on the thread, before the stop."""
-        done = asyncio.get_running_loop().run_in_executor(self._thread, call, *args)
+        done = asyncio.wrap_future(self._thread.submit(call, *args))  # set thread-safely
         try:
             return await asyncio.wait_for(asyncio.shield(done), self._deadline)
         except TimeoutError:
             done.add_done_callback(_retrieve)
             raise KafkaUnavailable(f"no answer in {self._deadline:g} s") from None
+        except asyncio.CancelledError:
+            done.add_done_callback(_retrieve)  # its end, failed or not, is nobody's
+            raise
 
     def _check(self) -> None:
         if self.broken is not None:
@@ -308,6 +322,54 @@ class RdkafkaTransactionalWriter:
         if isinstance(exc, asyncio.CancelledError | KeyboardInterrupt | SystemExit):
             return exc
         return broken
+
+
+class _Thread:
+    """A writer's thread: its calls, one at a time and in order. A daemon, where an
+    executor's thread is joined at the interpreter's exit: a call librdkafka holds past
+    its deadline (the writer broken, stopped) would hold the process for ever. Killed at
+    exit, it commits nothing: an open transaction is the broker's to abort."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+        self._calls: queue.SimpleQueue[tuple[Future[Any], Callable[..., Any], tuple[Any, ...]]]
+        self._calls = queue.SimpleQueue()
+        self._started = False
+        self._closed = False
+
+    def submit(self, call: Callable[..., T], *args: Any) -> Future[T]:
+        if self._closed:
+            raise KafkaUnavailable("stopped")
+        if not self._started:  # at its first call, as an executor's (many writers wait)
+            self._started = True
+            threading.Thread(target=self._serve, name=self._name, daemon=True).start()
+        future: Future[T] = Future()
+        self._calls.put((future, call, args))
+        return future
+
+    def shutdown(self) -> None:
+        """Ends the thread after the calls it was given; at once if it had none."""
+        if not self._closed:
+            self._closed = True
+            self._calls.put((Future(), _last, ()))
+
+    def _serve(self) -> None:
+        while True:
+            future, call, args = self._calls.get()
+            if call is _last:
+                return
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                result = call(*args)
+            except BaseException as exc:  # the caller's, as an executor's
+                future.set_exception(exc)
+            else:
+                future.set_result(result)
+
+
+def _last() -> None:
+    """The call that ends a writer's thread."""
 
 
 class _Log:

@@ -5,7 +5,12 @@ callbacks go on) is still `Fenced`."""
 
 from __future__ import annotations
 
+import asyncio
+import gc
+import subprocess
+import sys
 import threading
+from typing import ClassVar
 
 import pytest
 from confluent_kafka import KafkaError, KafkaException
@@ -58,3 +63,144 @@ async def test_a_fence_breaks_the_writer_as_fenced(monkeypatch: pytest.MonkeyPat
         await writer.commit([], {}, "g")
     assert isinstance(writer.broken, Fenced)
     await writer.stop()
+
+
+class FakeMessage:
+    def __init__(self, topic: str, partition: int, offset: int) -> None:
+        self._where = (topic, partition, offset)
+
+    def topic(self) -> str:
+        return self._where[0]
+
+    def partition(self) -> int:
+        return self._where[1]
+
+    def offset(self) -> int:
+        return self._where[2]
+
+
+class FakeProducer:
+    """confluent-kafka's producer whose `flush` waits for `release` (the broker slow to
+    answer), then delivers every record; its calls, in order."""
+
+    release = threading.Event()
+    flushing = threading.Event()
+    calls: ClassVar[list[str]] = []
+
+    def __init__(self, config: dict[str, object]) -> None:
+        self._reports: list[tuple[object, FakeMessage]] = []
+
+    def init_transactions(self, *_: object) -> None:
+        self.calls.append("init")
+
+    def begin_transaction(self) -> None:
+        self.calls.append("begin")
+
+    def produce(self, topic: str, value: object, key: object, partition: int, **kw: object) -> None:
+        self._reports.append((kw["on_delivery"], FakeMessage(topic, partition, len(self._reports))))
+
+    def flush(self, *_: object) -> int:
+        self.calls.append("flush")
+        self.flushing.set()
+        self.release.wait()
+        for report, msg in self._reports:
+            report(None, msg)  # type: ignore[operator]
+        return 0
+
+    def poll(self, *_: object) -> int:
+        return 0
+
+    def send_offsets_to_transaction(self, *_: object) -> None:
+        self.calls.append("offsets")
+
+    def commit_transaction(self, *_: object) -> None:
+        self.calls.append("commit")
+
+    def abort_transaction(self, *_: object) -> None:
+        self.calls.append("abort")
+
+    def purge(self) -> None:
+        self.calls.append("purge")
+
+    def close(self) -> None:
+        self.calls.append("close")
+
+
+@pytest.fixture
+def slow_broker(monkeypatch: pytest.MonkeyPatch) -> type[FakeProducer]:
+    FakeProducer.release = threading.Event()
+    FakeProducer.flushing = threading.Event()
+    FakeProducer.calls = []
+    monkeypatch.setattr("app.kafka.rdkafka_writer.Producer", FakeProducer)
+    return FakeProducer
+
+
+async def test_a_commit_past_its_deadline_never_commits_after(
+    slow_broker: type[FakeProducer],
+) -> None:
+    """The caller of a commit past its deadline is told it failed: the call that goes on
+    on the writer's thread aborts its transaction instead of committing it later."""
+    writer = RdkafkaTransactionalWriter("127.0.0.1:1", "t", deadline=0.05)
+    await writer.start()
+    with pytest.raises(KafkaUnavailable):
+        await writer.commit([("events", 0, b"k", b"v")], {("in", 0): 1}, "g")
+    slow_broker.release.set()
+    await writer.stop()  # after the call, on its thread
+    assert "commit" not in slow_broker.calls and "abort" in slow_broker.calls
+
+
+async def test_a_cancelled_commit_never_commits_after(slow_broker: type[FakeProducer]) -> None:
+    """A cancelled commit breaks the writer; its call, still on the writer's thread, aborts
+    its transaction, and its failure is retrieved (never logged as unretrieved)."""
+    loop = asyncio.get_running_loop()
+    unhandled: list[dict[str, object]] = []
+    loop.set_exception_handler(lambda _loop, context: unhandled.append(context))
+    writer = RdkafkaTransactionalWriter("127.0.0.1:1", "t")
+    await writer.start()
+    commit = asyncio.ensure_future(writer.commit([("events", 0, b"k", b"v")], {}, "g"))
+    await asyncio.to_thread(slow_broker.flushing.wait)  # the records are being flushed
+    commit.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await commit
+    assert writer.broken is not None
+    slow_broker.release.set()
+    await writer.stop()
+    del commit
+    gc.collect()
+    await asyncio.sleep(0)
+    assert "commit" not in slow_broker.calls and "abort" in slow_broker.calls
+    assert unhandled == []
+
+
+STUCK_AT_EXIT = """
+import asyncio, threading
+from app.errors import KafkaUnavailable
+from app.kafka.rdkafka_writer import RdkafkaTransactionalWriter
+
+async def main() -> None:
+    writer = RdkafkaTransactionalWriter("127.0.0.1:1", "t", deadline=0.05)
+    writer._transaction = lambda *_: threading.Event().wait()  # librdkafka never answers
+    try:
+        await writer.commit([], {}, "g")
+    except KafkaUnavailable:
+        pass
+    await writer.stop()
+    print("stopped", flush=True)
+
+asyncio.run(main())
+"""
+
+
+def test_a_call_stuck_on_its_thread_does_not_hold_the_interpreter_at_exit() -> None:
+    """A writer stopped while librdkafka still holds its thread (a call past its deadline)
+    lets the process exit: the thread is no reason to stay (an open transaction is the
+    broker's to abort), where an executor's thread is joined at exit, for ever."""
+    done = subprocess.run(
+        [sys.executable, "-c", STUCK_AT_EXIT],
+        capture_output=True,
+        text=True,
+        timeout=60,  # a hang guard, not a figure: the exit comes at once or never
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "stopped"

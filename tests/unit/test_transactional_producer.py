@@ -105,3 +105,38 @@ async def test_a_fence_seen_by_the_sender_is_said_and_retrieved_whatever_the_ste
         assert logged == []
     finally:
         loop.set_exception_handler(None)
+
+
+async def test_a_commit_whose_caller_gave_up_before_its_end_aborts(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A commit cancelled while its batches are still in flight breaks the producer at
+    once; aiokafka's sender, which goes on with the commit, then ends the transaction
+    with an abort: records the caller was told nothing of never commit after it."""
+    from aiokafka.producer.sender import Sender
+    from aiokafka.producer.transaction_manager import TransactionResult
+
+    ended: list[TransactionResult] = []
+
+    async def end(_sender: Sender, result: TransactionResult) -> None:
+        ended.append(result)
+
+    monkeypatch.setattr(Sender, "_do_txn_commit", end)
+    producer = TransactionalProducer("127.0.0.1:1", "g.shop.order.timers.3")
+    try:
+        sender = producer._producer._sender
+
+        async def flushed() -> None:
+            pass
+
+        monkeypatch.setattr(sender._message_accumulator, "flush_for_commit", flushed)
+        batch: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        producer._sent = [batch]
+        ending = asyncio.ensure_future(sender._do_txn_commit(TransactionResult.COMMIT))
+        await asyncio.sleep(0)  # the sender waits for the batch
+        producer.broken = KafkaUnavailable("cancelled mid-commit")  # as `_fail` does
+        batch.set_result(None)
+        await ending
+        assert ended == [TransactionResult.ABORT]
+    finally:
+        await producer._producer.stop()
