@@ -26,13 +26,20 @@ TopicFactory = Callable[..., Awaitable[str]]
 
 
 async def committed_once(
-    admin: Admin, group: str, tp: tuple[str, int], expected: int
+    admin: Admin, group: str, tp: tuple[str, int], expected: int | None
 ) -> int | None:
     """The group's offset of `tp` once it is `expected` (else the last one read, after 20 s):
-    a transaction's offsets show once its commit markers are written, after the commit."""
+    a transaction's offsets show once its commit markers are written, after the commit.
+    A coordinator not there yet (a fresh broker's) is asked again till then."""
     deadline = time.monotonic() + 20
     while True:
-        got: int | None = (await admin.committed_offsets(group, [tp]))[tp]
+        try:
+            got: int | None = (await admin.committed_offsets(group, [tp]))[tp]
+        except KafkaUnavailable:
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.2)
+            continue
         if got == expected or time.monotonic() > deadline:
             return got
         await asyncio.sleep(0.05)
@@ -125,6 +132,10 @@ async def test_over_sasl_ssl_it_commits_and_a_principal_without_acls_is_told_whi
     topic, group = kafka_broker.unique_topic("rdkafka"), f"rdkafka-{uuid.uuid4().hex[:8]}"
     await kafka_broker.create_topics_with(broker.client_kwargs("admin"), [topic])
     admin_clients = KafkaClients(connection_of(broker.env("admin")))
+    # The group's coordinator first (a fresh broker makes its offsets topic at the first
+    # ask): librdkafka's send_offsets_to_transaction may wait past its own timeout while
+    # there is none yet (librdkafka #5456), which is not what this test is about.
+    assert await committed_once(admin_clients.admin(), group, (topic, 0), None) is None
     writer = KafkaClients(connection_of(broker.env("admin")), client="confluent")
     w = writer.transactional_writer(f"{topic}.txn")
     await w.start()
