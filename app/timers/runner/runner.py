@@ -242,7 +242,9 @@ class TimerRunner:
             if d.change is not None and d.change.loaded.status is TimerStatus.FIRING
         )
         to_write = hand_over(r, self._firings, decided, o.max_in_flight - self.in_flight)
-        await write_claims(r, self._firings, to_write, self._settle_exactly, self.offer)
+        await write_claims(
+            r, self._firings, to_write, self._settle_exactly, self.offer, self._settle_landed
+        )
         if stats.lost_claims or stats.deferred:
             self.invalidate()  # rows changed behind the wheels' back, or not claimed
         return r
@@ -362,6 +364,11 @@ class TimerRunner:
     async def _settle_exactly(self, decisions: list[Decision]) -> list[Decision]:
         """Settles the decisions' changes in one batch; the decisions that were written."""
         return await settle_exactly(self._store, decisions)
+
+    async def _settle_landed(self, decisions: list[Decision]) -> list[Decision]:
+        """As `_settle_exactly`, for a part of a batch that failed, which may have landed:
+        a claim written then is sent, not left to lapse unsent."""
+        return await settle_exactly(self._store, decisions, landed=True)
 
     async def retry(self, target: AggregateRef, partitions: Iterable[int] | None = None) -> int:
         """An operator's retry: the PARKED timers of `target` due now, attempts reset, and its

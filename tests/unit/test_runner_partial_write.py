@@ -1,0 +1,62 @@
+"""A batch the store wrote only part of (#19 review): RocksDB writes a settle as one
+WriteBatch per partition, so a batch across partitions can land in one and fail in the
+next (`StoreError`: an I/O error, say). The runner then writes each partition's part apart
+(`apart`): a part that had landed is refused by its own conditional write, yet it is
+written, and its claims are sent in this round, not left to lapse unsent."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fakes import T0, CountingStore, FakeClock, SpyLedger, World, until
+
+from app.timers.runner import TimerRunner
+from tables import StoreError, open_timer_store
+from tables.timer import TimerStatus
+
+
+@pytest.fixture
+async def rocks(tmp_path: Path) -> AsyncIterator[World]:
+    raw = open_timer_store(f"rocksdb://{tmp_path / 'timers'}", partitions=3)
+    try:
+        yield World(CountingStore(raw), FakeClock(T0), SpyLedger(raw))
+    finally:
+        await raw.close()
+
+
+def failing_writes_to(world: World, partition: int) -> None:
+    """Every RocksDB write to `partition` fails; the others' land."""
+    inner = world.store.inner
+    write = inner._write
+
+    def _write(p: int, batch: Any, options: Any = None) -> None:
+        if p == partition:
+            raise StoreError(f"RocksDB write to partition {p} failed: disk")
+        write(p, batch, options)
+
+    inner._write = _write
+
+
+async def one_round(runner: TimerRunner) -> None:
+    async with runner.round() as r:
+        r.claims_committed(r.to_commit)
+
+
+async def test_a_claim_that_landed_before_another_partitions_write_failed_is_sent(
+    rocks: World,
+) -> None:
+    await rocks.put(id="a", key="a", partition=0)  # written first: its batch lands
+    await rocks.put(id="b", key="b", partition=1)
+    runner = rocks.runner(partitions=[0, 1])
+    failing_writes_to(rocks, 1)
+    async with runner.round() as r:
+        r.claims_committed(r.to_commit)
+    assert list(r.failed) == [1]
+    assert (await rocks.row("a")).status is TimerStatus.FIRING  # its claim landed
+    assert r.stats.lost_claims == 0 and r.stats.claimed == 1
+    await until(lambda: rocks.sender.request_ids == ["a#0"] and not runner.in_flight)
+    await one_round(runner)  # writes its outcome
+    assert (await rocks.row("a")).status is TimerStatus.FIRED
