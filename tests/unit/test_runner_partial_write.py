@@ -15,7 +15,7 @@ from fakes import T0, CountingStore, FakeClock, SpyLedger, World, until
 
 from app.timers.runner import TimerRunner
 from tables import StoreError, open_timer_store
-from tables.timer import TimerStatus
+from tables.timer import TimerChange, TimerStatus
 
 
 @pytest.fixture
@@ -60,3 +60,37 @@ async def test_a_claim_that_landed_before_another_partitions_write_failed_is_sen
     await until(lambda: rocks.sender.request_ids == ["a#0"] and not runner.in_flight)
     await one_round(runner)  # writes its outcome
     assert (await rocks.row("a")).status is TimerStatus.FIRED
+
+
+async def test_rows_taken_from_the_wheel_by_a_round_that_failed_are_loaded_again(
+    rocks: World,
+) -> None:
+    """A claim batch that fails with anything but a `StoreError` fails the round (the loop
+    tries again): the rows it took from the wheels are claimed by the next round, not
+    left out of the wheels until their next reload (a poll interval on)."""
+    await rocks.put(id="a", key="a", partition=0)
+    runner = rocks.runner(partitions=[0], poll_interval_ms=60_000)
+    rocks.store.fail_settle = lambda n: n == 1
+    with pytest.raises(OSError):
+        await runner.run_round()
+    assert (await rocks.row("a")).status is TimerStatus.PENDING
+    stats = await runner.run_round()  # the same instant: no reload is due
+    assert stats.claimed == 1 and rocks.sender.request_ids == ["a#0"]
+
+
+async def test_a_previous_owners_claims_are_taken_over_after_a_round_that_failed(
+    rocks: World,
+) -> None:
+    """The FIRING rows of a partition just started are claimed again at once: a round that
+    failed to write those claims leaves them to the next round, not to their lapse."""
+    rocks.runner()
+    loaded = await rocks.put(id="a", key="a", partition=0)
+    claim = loaded.model_copy(update={"status": TimerStatus.FIRING, "due_at": T0 + 30_000})
+    assert await rocks.store.inner.settle([TimerChange(loaded=loaded, next=claim)]) == 1
+    runner = TimerRunner(rocks.store, rocks.sender, rocks.clock, rocks.ledger)
+    runner.start_partition(0)
+    rocks.store.fail_settle = lambda n: n == 1  # its claim batch
+    with pytest.raises(OSError):
+        await runner.run_round()
+    stats = await runner.run_round()
+    assert stats.claimed == 1 and rocks.sender.request_ids == ["a#0"]
