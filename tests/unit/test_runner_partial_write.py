@@ -11,10 +11,21 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fakes import T0, CountingStore, FakeClock, SpyLedger, World, until
+from fakes import (
+    PARTITIONS,
+    T0,
+    TARGET,
+    CountingStore,
+    FakeClock,
+    FakeLocal,
+    SpyLedger,
+    World,
+    until,
+)
 
 from app.timers.runner import TimerRunner
 from tables import StoreError, open_timer_store
+from tables.partitioner import partition_of
 from tables.timer import TimerChange, TimerStatus
 
 
@@ -94,3 +105,32 @@ async def test_a_previous_owners_claims_are_taken_over_after_a_round_that_failed
         await runner.run_round()
     stats = await runner.run_round()
     assert stats.claimed == 1 and rocks.sender.request_ids == ["a#0"]
+
+
+async def test_a_timer_handed_over_by_a_round_that_failed_has_its_cycle_woken_next_round(
+    rocks: World,
+) -> None:
+    """An in-process timer handed to its partition in a round whose claim batch then
+    failed: the node never woke that partition's cycle (the round raised), and the timer,
+    in hand, is not handed over again. The next round names its partition again
+    (`Round.in_process`), or on a quiet partition it would never fire."""
+    local = FakeLocal()
+    assert local.targets is not None
+    here = partition_of(TARGET.id, PARTITIONS)
+    there = (here + 1) % PARTITIONS
+    await rocks.put(id="in", key="in", partition=here)
+    await rocks.put(id="out", key="out", partition=there)
+    rocks.runner()  # makes the world's sender
+    runner = TimerRunner(
+        rocks.store, rocks.sender, rocks.clock, rocks.ledger, in_process=local.targets
+    )
+    runner.start_partition(here, in_process=local.targets).fresh = False
+    runner.start_partition(there).fresh = False
+    rocks.store.fail_settle = lambda n: n == 1  # the remote timer's claim
+    with pytest.raises(OSError):
+        async with runner.round():
+            pass
+    async with runner.round() as r:
+        r.claims_committed(r.to_commit)
+    assert here in r.in_process
+    assert [t.id for t in runner.in_process_due(here)] == ["in"]

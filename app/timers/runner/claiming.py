@@ -43,7 +43,6 @@ def hand_over(
     before, nor can a fenced owner commit); the decisions to write. No more sends are
     claimed than `room` (sends are not waited for: the rest are loaded again when sends
     come back, so a slow target holds no other timer up)."""
-    in_process: set[int] = set()
     to_write: list[Decision] = []
     current = _current(r, firings)
     for d in decided:
@@ -55,7 +54,6 @@ def hand_over(
             continue  # stopped meanwhile: not claimed
         if d.send and firing.fires_in_process(nxt):
             firing.hand(d.change.loaded, nxt)
-            in_process.add(nxt.partition)
             r.handed += 1
             continue
         if d.send:
@@ -64,7 +62,9 @@ def hand_over(
                 continue
             room -= 1
         to_write.append(d)
-    r.in_process = frozenset(in_process)
+    # Those of earlier rounds too: a round that failed after handing timers over never
+    # had their cycles woken, and a timer in hand is not handed over again.
+    r.in_process = frozenset(p for p, f in current.items() if f.handed)
     return to_write
 
 
