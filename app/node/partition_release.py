@@ -60,6 +60,11 @@ async def release_partition(
             await kept.runner.stop_partition(p)  # the task's firing: its last writes made
             # What waits (the runner's last writes included), if p's producer is open.
             committed = whole and commits.owns(kept) and await commits.settle(kept, until=until)
+            if (firing := firings.get(kept.name)) is not None and firing.fault is not None:
+                # The store failed in p (a corrupt row): what landed commits, but the copy
+                # is not marked clean (a fault its round had not told the task yet, or met
+                # by the stop's last writes): the next take restores it from its changelog.
+                committed = False
         except Exception as exc:
             logger.exception("letting partition %d of %s go failed", p, kept.topics.type_name)
             failed.append(f"{kept.name}: {exc!r}")

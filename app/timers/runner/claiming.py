@@ -43,7 +43,6 @@ def hand_over(
     before, nor can a fenced owner commit); the decisions to write. No more sends are
     claimed than `room` (sends are not waited for: the rest are loaded again when sends
     come back, so a slow target holds no other timer up)."""
-    in_process: set[int] = set()
     to_write: list[Decision] = []
     current = _current(r, firings)
     for d in decided:
@@ -55,7 +54,6 @@ def hand_over(
             continue  # stopped meanwhile: not claimed
         if d.send and firing.fires_in_process(nxt):
             firing.hand(d.change.loaded, nxt)
-            in_process.add(nxt.partition)
             r.handed += 1
             continue
         if d.send:
@@ -64,7 +62,9 @@ def hand_over(
                 continue
             room -= 1
         to_write.append(d)
-    r.in_process = frozenset(in_process)
+    # Those of earlier rounds too: a round that failed after handing timers over never
+    # had their cycles woken, and a timer in hand is not handed over again.
+    r.in_process = frozenset(p for p, f in current.items() if f.handed)
     return to_write
 
 
@@ -74,10 +74,12 @@ async def write_claims(
     to_write: list[Decision],
     settle: Callable[[list[Decision]], Awaitable[list[Decision]]],
     offer: Callable[[Iterable[Timer]], None],
+    settle_again: Callable[[list[Decision]], Awaitable[list[Decision]]] | None = None,
 ) -> None:
     """Writes the round's claims and expiries (`settle`: one conditional batch) under the
     locks of their partitions: a claim written is the round's to send (`Round.remote`),
-    an expiry's row offered back to its wheel (`offer`)."""
+    an expiry's row offered back to its wheel (`offer`). `settle_again`: a partition's
+    part after the batch failed, which may have landed already (`apart`)."""
     stats = r.stats
     partitions = {d.change.next.partition for d in to_write if d.change is not None}
     touched = {p: f for p in partitions if (f := r.firings.get(p)) is not None}
@@ -87,7 +89,7 @@ async def write_claims(
         mine = to_write
         if any(p not in current for p in partitions):
             mine = [d for d in to_write if _partition(d) in current]
-        batches, faults = await apart(settle, mine, _partition)
+        batches, faults = await apart(settle, mine, _partition, settle_again)
         for p, exc in faults.items():
             touched[p].fail(exc)
         written = batches[0] if len(batches) == 1 else [d for b in batches for d in b]

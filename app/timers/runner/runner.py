@@ -221,15 +221,28 @@ class TimerRunner:
         due = count_due_of(wheels, now, o.batch_limit)
         take = round_slice(due, self._burst, limit=o.batch_limit, grow=grow)
         rows, took, stats.full = pop_from(wheels, now, take)
+        self._burst = burst_after(take, stats.full)
+        fresh = [f for f in live.values() if f.fresh]
         try:
-            loaded, faults = built_apart(rows)
+            await self._claim_taken(r, live, rows)
         except Exception:
+            # Taken, not claimed: loaded (and a previous owner's claims taken) again.
             for p in took:
-                wheels[p].invalidate()  # loaded again, as after a failed load
+                wheels[p].invalidate()
+            for f in fresh:
+                f.fresh = True
             raise
+        return r
+
+    async def _claim_taken(
+        self, r: Round, live: dict[int, PartitionFiring], rows: list[DueRow]
+    ) -> None:
+        """Decides and claims the `rows` taken from the wheels of the `live` firings, and
+        the FIRING rows of those just started."""
+        stats, o, now = r.stats, self._options, r.now
+        loaded, faults = built_apart(rows)
         for p, exc in faults.items():
             live[p].fail(exc)
-        self._burst = burst_after(take, stats.full)
         stats.loaded = len(loaded)
         decided = [
             guarded(functools.partial(expire_or_claim, t, now, o), t, now)
@@ -242,10 +255,11 @@ class TimerRunner:
             if d.change is not None and d.change.loaded.status is TimerStatus.FIRING
         )
         to_write = hand_over(r, self._firings, decided, o.max_in_flight - self.in_flight)
-        await write_claims(r, self._firings, to_write, self._settle_exactly, self.offer)
+        # A part of a batch that failed may have landed: its claims are sent all the same.
+        landed = functools.partial(settle_exactly, self._store, landed=True)
+        await write_claims(r, self._firings, to_write, self._settle_exactly, self.offer, landed)
         if stats.lost_claims or stats.deferred:
             self.invalidate()  # rows changed behind the wheels' back, or not claimed
-        return r
 
     async def _finish(self, r: Round) -> None:
         """Sends the claims committed, writes the outcomes in, sweeps a partition."""

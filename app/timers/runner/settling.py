@@ -30,11 +30,17 @@ R = TypeVar("R")
 
 
 async def apart(
-    call: Callable[[list[T]], Awaitable[R]], items: list[T], partition: Callable[[T], int]
+    call: Callable[[list[T]], Awaitable[R]],
+    items: list[T],
+    partition: Callable[[T], int],
+    again: Callable[[list[T]], Awaitable[R]] | None = None,
 ) -> tuple[list[R], dict[int, StoreError]]:
-    """`call` on all `items` at once; when the store fails it (`StoreError`: it wrote
-    nothing), on each partition's items apart, so that a fault in one partition (a corrupt
-    row) fails only its items: the results, and the fault of each partition that failed."""
+    """`call` on all `items` at once; when the store fails it (`StoreError`), `again` (by
+    default `call`) on each partition's items apart, so that a fault in one partition (a
+    corrupt row) fails only its items: the results, and the fault of each partition that
+    failed. A failed batch may have landed in some partitions (RocksDB writes one batch a
+    partition): their conditional writes are refused on the retry, so `again` is what
+    must tell a part that landed from one refused, when it matters (a claim to send)."""
     try:
         return [await call(items)], {}
     except StoreError as exc:
@@ -45,7 +51,7 @@ async def apart(
     faults: dict[int, StoreError] = {}
     for p in partitions:
         try:
-            results.append(await call([i for i in items if partition(i) == p]))
+            results.append(await (again or call)([i for i in items if partition(i) == p]))
         except StoreError as exc:
             faults[p] = exc
     return results, faults
@@ -74,15 +80,20 @@ async def park(
     ]
 
 
-async def settle_exactly(store: FiringStore, decisions: list[Decision]) -> list[Decision]:
-    """Settles the decisions' changes in one batch; the decisions that were written."""
+async def settle_exactly(
+    store: FiringStore, decisions: list[Decision], *, landed: bool = False
+) -> list[Decision]:
+    """Settles the decisions' changes in one batch; the decisions that were written.
+    `landed`: the batch may have been written already (a retry after a batch that failed
+    part way, `apart`): a row found as the change writes it counts as written, even when
+    the store refused them all."""
     changes = [d.change for d in decisions if d.change is not None]
     if not changes:
         return []
     count = await store.settle(changes)
     if count == len(changes):
         return decisions
-    if count == 0:
+    if count == 0 and not landed:
         return []
     # The store says how many, not which: only then ask it which rows now hold our write.
     written = []
