@@ -305,7 +305,9 @@ class RocksDBTimerStore(PartitionedStore):
             else:
                 self._db(partition).write(batch, options)
         except Exception as exc:
-            raise StoreError(f"RocksDB write to partition {partition} failed: {exc}") from exc
+            raise StoreError(
+                f"RocksDB write to partition {partition} failed: {exc}", partition=partition
+            ) from exc
 
     def _apply(self, writes: list[Write], values: list[bytes | None] | None) -> None:
         assert values is not None

@@ -558,6 +558,23 @@ async def test_the_loop_runs_at_once_when_the_next_slot_is_due_already(world: Wo
     await loop.stop()
 
 
+async def test_a_failing_round_observer_does_not_stop_the_loop(world: World) -> None:
+    seen: list[RoundStats] = []
+
+    def observer(stats: RoundStats) -> None:
+        seen.append(stats)
+        raise ValueError("a metric refused it")
+
+    loop = TimerLoop(world.runner(poll_interval_ms=100), on_round=observer)
+    loop.start()
+    await until(lambda: loop.rounds == 1 and bool(world.clock.sleeping_until))
+    await world.put(rule=OnceRule(at=T0 + 100))
+    world.clock.advance(100)
+    await until(lambda: len(world.sender.sends) == 1)
+    assert loop.running and len(seen) >= 2
+    await loop.stop()
+
+
 async def test_a_failing_round_does_not_stop_the_loop(world: World) -> None:
     calls = 0
 

@@ -87,7 +87,10 @@ class TimerLoop:
                 stats = None
             self.rounds += 1
             if stats is not None and self._on_round is not None:
-                self._on_round(stats)
+                try:
+                    self._on_round(stats)
+                except Exception:  # an observer's fault (its metrics) never stops firing
+                    logger.exception("a timer round's observer failed")
             if not self._stopping:
                 await self._wait(self._next_round_at(stats))
 
