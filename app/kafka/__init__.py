@@ -1,10 +1,13 @@
-"""The Kafka edge: the only package that imports aiokafka. Producers (plain and one
-transactional per partition), the group consumer, readers of whole partitions, admin
-calls (topics, offsets, groups, the cluster id) and the broker watch.
+"""The Kafka edge: the only package that imports aiokafka (and confluent-kafka, the
+optional extra). Producers (plain and one transactional per partition), the group
+consumer, readers of whole partitions, admin calls (topics, offsets, groups, the cluster
+id) and the broker watch.
 
 The ports (`ports`): Protocols for what the runtime needs of Kafka (a transactional
 writer per partition, a log reader, a publisher, a follower, and `Clients` making them),
-implemented over aiokafka (`KafkaClients`) and in memory (`memory.MemoryLog`, for tests).
+implemented over aiokafka (`KafkaClients`), in memory (`memory.MemoryLog`, for tests),
+and, for the transactional writer only, over librdkafka (`rdkafka_writer`, chosen with
+`KafkaClients(client="confluent")`, each writer's calls on a `call_thread.CallThread`).
 
 May import: `app.errors`.
 """
