@@ -299,6 +299,19 @@ def world(raw_store: Any) -> World:
     return World(store, FakeClock(T0), SpyLedger(raw_store))
 
 
+@pytest.fixture
+async def rocks(tmp_path: Path) -> AsyncIterator[World]:
+    """A runner's world on RocksDB alone (what only RocksDB does: its rows on disk, its
+    writes one partition at a time)."""
+    from tables.backends import open_timer_store
+
+    raw = open_timer_store(f"rocksdb://{tmp_path / 'timers'}", partitions=PARTITIONS)
+    try:
+        yield World(CountingStore(raw), FakeClock(T0), SpyLedger(raw))
+    finally:
+        await raw.close()
+
+
 def make_timer(
     id: str = "t-1",
     key: str = "remind",

@@ -7,26 +7,16 @@ one whose bytes can go bad), fake clock, scripted sender."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
-from pathlib import Path
 
-import pytest
-from fakes import T0, CountingStore, FakeClock, SpyLedger, World, until
+from fakes import T0, World, rocks, until
 
 from app.timers.runner import Round, SendResult, TimerRunner
-from tables import StoreError, open_timer_store
+from tables import StoreError
 from tables.keys import due_key, encode_timer, row_key
 from tables.rules import OnceRule
 from tables.timer import Timer, TimerChange, TimerStatus
 
-
-@pytest.fixture
-async def rocks(tmp_path: Path) -> AsyncIterator[World]:
-    raw = open_timer_store(f"rocksdb://{tmp_path / 'timers'}", partitions=3)
-    try:
-        yield World(CountingStore(raw), FakeClock(T0), SpyLedger(raw))
-    finally:
-        await raw.close()
+__all__ = ["rocks"]  # the fixture, imported for pytest
 
 
 def corrupt(world: World, timer: Timer) -> bytes:

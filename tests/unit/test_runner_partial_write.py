@@ -6,8 +6,6 @@ written, and its claims are sent in this round, not left to lapse unsent."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,27 +13,18 @@ from fakes import (
     PARTITIONS,
     T0,
     TARGET,
-    CountingStore,
-    FakeClock,
     FakeLocal,
-    SpyLedger,
     World,
+    rocks,
     until,
 )
 
 from app.timers.runner import TimerRunner
-from tables import StoreError, open_timer_store
+from tables import StoreError
 from tables.partitioner import partition_of
 from tables.timer import TimerChange, TimerStatus
 
-
-@pytest.fixture
-async def rocks(tmp_path: Path) -> AsyncIterator[World]:
-    raw = open_timer_store(f"rocksdb://{tmp_path / 'timers'}", partitions=3)
-    try:
-        yield World(CountingStore(raw), FakeClock(T0), SpyLedger(raw))
-    finally:
-        await raw.close()
+__all__ = ["rocks"]  # the fixture, imported for pytest
 
 
 def failing_writes_to(world: World, partition: int) -> None:
