@@ -14,8 +14,11 @@ class InvalidRule(TablesError, ValueError):
 
 
 class StoreError(TablesError):
-    """A store operation failed; nothing of it was written. `partition`: the partition it
-    failed in, when it is one's (a corrupt row's), so that only that one is restored."""
+    """A store operation failed. Nothing of it was written in the partition it failed in;
+    a write over several partitions is one RocksDB batch a partition, so the partitions
+    written before it may hold theirs (the runner checks each row when it retries).
+    `partition`: the partition it failed in, when it is one's (a corrupt row's, a
+    partition's write), so that only that one is restored."""
 
     def __init__(self, *args: object, partition: int | None = None) -> None:
         super().__init__(*args)
