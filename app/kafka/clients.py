@@ -87,6 +87,14 @@ class KafkaAdmin:
         await kafka_admin.reset_group_offsets(self.bootstrap, group_id, topic, partitions, offset)
 
 
+def client_missing(client: KafkaClient) -> str | None:
+    """What `client` needs that is not installed (None: nothing): the check both the
+    settings (`TICKWHEEL_KAFKA_CLIENT`) and `KafkaClients` make."""
+    if client == "confluent" and importlib.util.find_spec("confluent_kafka") is None:
+        return "needs confluent-kafka: pip install 'tickwheel[confluent]'"
+    return None
+
+
 class KafkaClients:
     """`app.kafka.ports.Clients` on a Kafka cluster: each call makes a new, unstarted client."""
 
@@ -99,12 +107,10 @@ class KafkaClients:
     ) -> None:
         if client not in get_args(KafkaClient):
             raise ValueError(f"Kafka client {client!r}: aiokafka or confluent")
-        if client == "confluent" and importlib.util.find_spec("confluent_kafka") is None:
+        missing = client_missing(client)
+        if missing is not None:
             # said when the node is configured, not at its first partition's transaction
-            raise ValueError(
-                "the confluent Kafka client needs confluent-kafka: "
-                "pip install 'tickwheel[confluent]'"
-            )
+            raise ValueError(f"the {client} Kafka client {missing}")
         self.bootstrap = bootstrap
         self.replication = replication
         self.client: KafkaClient = client

@@ -26,7 +26,6 @@ the variables at fault; a secret's value is never shown.
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Final, Literal
@@ -37,7 +36,7 @@ from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from app.errors import ConfigError
-from app.kafka.clients import KafkaClient
+from app.kafka.clients import KafkaClient, client_missing
 from app.kafka.connection import KafkaConnection, SaslMechanism, SecurityProtocol
 from app.kafka.consumers import rebalance_timeout_ms
 from app.kafka.records import Replication
@@ -241,8 +240,9 @@ class Settings(BaseSettings):
     @field_validator("kafka_client")
     @classmethod
     def _client_installed(cls, value: KafkaClient) -> KafkaClient:
-        if value == "confluent" and importlib.util.find_spec("confluent_kafka") is None:
-            raise ValueError("needs confluent-kafka: pip install 'tickwheel[confluent]'")
+        missing = client_missing(value)
+        if missing is not None:
+            raise ValueError(missing)
         return value
 
     @field_validator("log_level", mode="before")
