@@ -122,15 +122,20 @@ def test_the_timer_is_the_one_its_validation_builds(
     assert Timer.model_validate_json(encode_timer(op.timer)) == op.timer
 
 
-def test_a_timer_out_of_bounds_is_refused_with_its_validations_reason() -> None:
-    event = EventEnvelope(
+def schedule_set(rule: dict[str, Any]) -> EventEnvelope:
+    """A `wow.ScheduleSet` of timer `k` with `rule`, commanding `Fire`."""
+    return EventEnvelope(
         id="e-1",
         type=SCHEDULE_SET,
         aggregate=AggregateRef(context="shop", aggregate="order", id="o-1"),
         version=1,
         created_at=T0,
-        body={"key": "k", "rule": {"kind": "once", "at": T0}, "command": {"type": "Fire"}},
+        body={"key": "k", "rule": rule, "command": {"type": "Fire"}},
     )
+
+
+def test_a_timer_out_of_bounds_is_refused_with_its_validations_reason() -> None:
+    event = schedule_set({"kind": "once", "at": T0})
     with pytest.raises(BadRecord, match=r"^wow.ScheduleSet e-1: partition: Input should be"):
         timer_op(event, 65_536)
 
@@ -142,14 +147,7 @@ def test_a_once_rules_timer_is_refused_outside_a_partitions_bounds_and_only_ther
     rule: dict[str, Any] = {"kind": "once", "at": MAX_INSTANT}
     if jitter is not None:
         rule["jitter"] = jitter
-    event = EventEnvelope(
-        id="e-1",
-        type=SCHEDULE_SET,
-        aggregate=AggregateRef(context="shop", aggregate="order", id="o-1"),
-        version=1,
-        created_at=T0,
-        body={"key": "k", "rule": rule, "command": {"type": "Fire"}},
-    )
+    event = schedule_set(rule)
     if 0 <= partition <= 65_535:
         assert _validated(event, partition) == _validated(event, partition)
         return
