@@ -51,7 +51,7 @@ class PartitionedStore(ServedPartitions):
     """Whether `_apply` needs the rows' encoded values even without a sink."""
 
     async def _durable(self, partitions: set[int]) -> None:
-        """Before a write to `partitions`, under the write lock: what must be durable first."""
+        """Before a write to `partitions`, under their write locks: what must be durable first."""
 
     @abstractmethod
     def _load(self, partition: int, row: bytes) -> Timer | None: ...
