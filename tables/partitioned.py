@@ -14,7 +14,7 @@ from tables.keys import encode_timer, owner_prefix, row_key
 from tables.partition_handle import PartitionHandle
 from tables.refs import AggregateRef
 from tables.retention import expiry_cutoff, plan_expiry
-from tables.served import ServedPartitions
+from tables.served import Found, ServedPartitions
 from tables.store import ChangelogRecord, ChangelogSink, DueRow
 from tables.timer import Timer, TimerChange, TimerStatus
 from tables.writes import (
@@ -198,11 +198,8 @@ class PartitionedStore(ServedPartitions):
         self, owner: AggregateRef, key: str, version: int, only: tuple[int, int] | None
     ) -> bool:
         row = row_key(owner, key)
-        async with self._writing_found(lambda: self._found_in(self._find(row, only)), only):
-            held = self._find(row, only)
-            if held is None:
-                return False
-            writes = plan_cancel([held], version)
+        async with self._writing_found(lambda: self._found_row(row, only), only) as held:
+            writes = plan_cancel(held, version)
             await self._commit(writes)
             return bool(writes)
 
@@ -233,11 +230,11 @@ class PartitionedStore(ServedPartitions):
         """Writes what `decide` makes of `owner`'s row under `key`: the row written, or None
         (no such row, or `decide` wrote nothing)."""
         row = row_key(owner, key)
-        async with self._writing_found(lambda: self._found_in(self._find(row, only)), only):
-            found = self._find(row, only)
-            if found is None or (new := decide(found[2])) is None:
+        async with self._writing_found(lambda: self._found_row(row, only), only) as found:
+            if not found or (new := decide(found[0][2])) is None:
                 return None
-            await self._commit([Write(found[0], found[1], found[2], new)])
+            partition, _, held = found[0]
+            await self._commit([Write(partition, row, held, new)])
             return new
 
     async def cancel_all(self, owner: AggregateRef, version: int) -> int:
@@ -248,21 +245,22 @@ class PartitionedStore(ServedPartitions):
     ) -> int:
         prefix = owner_prefix(owner)
 
-        def rows() -> list[tuple[int, bytes, Timer]]:
+        def rows() -> list[Found]:
             return [
                 (partition, row, timer)
                 for partition in self._searched(only)
                 for row, timer in self._owner_rows(partition, prefix)
             ]
 
-        async with self._writing_found(lambda: {p for p, _, _ in rows()}, only):
-            writes = plan_cancel(rows(), version)
+        async with self._writing_found(rows, only) as held:
+            writes = plan_cancel(held, version)
             await self._commit(writes)
             return len(writes)
 
-    @staticmethod
-    def _found_in(found: tuple[int, bytes, Timer] | None) -> set[int]:
-        return set() if found is None else {found[0]}
+    def _found_row(self, row: bytes, only: tuple[int, int] | None) -> list[Found]:
+        """`_find`'s row, as a list (none or one)."""
+        found = self._find(row, only)
+        return [] if found is None else [found]
 
     async def settle(self, changes: list[TimerChange]) -> int:
         return await self._settle(changes, None)

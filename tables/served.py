@@ -11,9 +11,12 @@ from contextlib import AsyncExitStack, asynccontextmanager
 
 from tables.exceptions import StoreClosed
 from tables.store import UnreadableRow
-from tables.timer import TimerStatus
+from tables.timer import Timer, TimerStatus
 
-__all__ = ["ServedPartitions"]
+__all__ = ["Found", "ServedPartitions"]
+
+Found = tuple[int, bytes, Timer]
+"""A row found: its partition, its row key and the row."""
 
 
 class ServedPartitions(ABC):
@@ -107,35 +110,43 @@ class ServedPartitions(ABC):
 
     @asynccontextmanager
     async def _writing(self, partitions: Iterable[int]) -> AsyncIterator[None]:
-        """Holds the write locks of `partitions` (checked in range), taken in partition
-        order; the store open before and after waiting for them."""
+        """Holds the write locks of `partitions` (in range: the caller checked), taken in
+        partition order; the store open before and after waiting for them."""
         self._check_open()
+        order = sorted(set(partitions))
+        if len(order) == 1:  # most writes: one lock, without a stack's cost
+            async with self._locks[order[0]]:
+                self._check_open()
+                yield
+            return
         async with AsyncExitStack() as held:
-            for partition in sorted(set(partitions)):
+            for partition in order:
                 await held.enter_async_context(self._locks[partition])
             self._check_open()
             yield
 
     @asynccontextmanager
     async def _writing_found(
-        self, where: Callable[[], set[int]], only: tuple[int, int] | None
-    ) -> AsyncIterator[None]:
-        """Holds the write locks of the partitions `where` names (those an owner's rows are
-        found in): found without a lock, then looked for again under the locks, and the
-        locks of any found since taken too, until nothing is found outside those held.
-        A write found in no partition takes no lock (nor waits for another partition's)."""
+        self, search: Callable[[], list[Found]], only: tuple[int, int] | None
+    ) -> AsyncIterator[list[Found]]:
+        """The rows `search` finds (an owner's), under the write locks of the partitions
+        they are in: looked for without a lock, then again under the locks, the locks of a
+        partition found in since taken too, until none is found outside those held (at most
+        P rounds: the locks held only grow). Rows found in no partition: no lock taken, nor
+        waited for."""
         wanted: set[int] = set()
         while True:
             self._check_open()
             if only is not None:
                 self._check_serving(*only)
-            wanted |= where()
+            wanted |= {found[0] for found in search()}
             async with self._writing(wanted):
                 if only is not None:
                     self._check_serving(*only)
-                # No await from here to the caller's own look under the locks.
-                if where() <= wanted:
-                    yield
+                rows = search()
+                # No await from this look to the caller's write: it writes what it found.
+                if {found[0] for found in rows} <= wanted:
+                    yield rows
                     return
 
     def _searched(self, only: tuple[int, int] | None) -> list[int]:
