@@ -11,9 +11,10 @@ from collections.abc import Callable, Iterator, Sequence
 from tables.census import TimerCensus, tally
 from tables.exceptions import StoreError
 from tables.keys import encode_timer, owner_prefix, row_key
+from tables.partition_handle import PartitionHandle
 from tables.refs import AggregateRef
 from tables.retention import expiry_cutoff, plan_expiry
-from tables.served import ServedPartitions
+from tables.served import Found, ServedPartitions
 from tables.store import ChangelogRecord, ChangelogSink, DueRow
 from tables.timer import Timer, TimerChange, TimerStatus
 from tables.writes import (
@@ -50,7 +51,7 @@ class PartitionedStore(ServedPartitions):
     """Whether `_apply` needs the rows' encoded values even without a sink."""
 
     async def _durable(self, partitions: set[int]) -> None:
-        """Before a write to `partitions`, under the write lock: what must be durable first."""
+        """Before a write to `partitions`, under their write locks: what must be durable first."""
 
     @abstractmethod
     def _load(self, partition: int, row: bytes) -> Timer | None: ...
@@ -129,13 +130,23 @@ class PartitionedStore(ServedPartitions):
                 if write.new is not None and write.new.status in _COUNTED:
                     counts[write.new.status] += 1
 
+    def partition(self, partition: int) -> PartitionHandle:
+        """Partition `partition` alone, for the task that took it (`PartitionHandle`):
+        bound to this serving of it, refused once it is revoked or dropped."""
+        self._check_open()
+        self._check_served(partition)
+        return PartitionHandle(self, partition, self._servings[partition])
+
     # --- the TimerStore ---------------------------------------------------------------
 
     async def put(self, timer: Timer) -> bool:
+        return await self._put(timer, None)
+
+    async def _put(self, timer: Timer, serving: int | None) -> bool:
         self._check_open()
-        self._check_served(timer.partition)
-        async with self._writing():
-            self._check_served(timer.partition)
+        self._check_serving(timer.partition, serving)
+        async with self._writing([timer.partition]):
+            self._check_serving(timer.partition, serving)
             row = row_key(timer.owner, timer.key)
             held = self._load(timer.partition, row)
             new = put_row(held, timer)
@@ -145,15 +156,18 @@ class PartitionedStore(ServedPartitions):
             return True
 
     async def put_many(self, timers: Sequence[Timer]) -> list[Timer]:
+        return await self._put_many(timers, None)
+
+    async def _put_many(self, timers: Sequence[Timer], serving: int | None) -> list[Timer]:
         self._check_open()
         partitions = {timer.partition for timer in timers}  # each checked once, not per row
         for partition in partitions:
-            self._check_served(partition)
+            self._check_serving(partition, serving)
         if not timers:
             return []
-        async with self._writing():
+        async with self._writing(partitions):
             for partition in partitions:  # again: one may have been revoked meanwhile
-                self._check_served(partition)
+                self._check_serving(partition, serving)
             by_partition: dict[int, list[bytes]] = {}
             ats: list[tuple[int, bytes]] = []
             for timer in timers:
@@ -178,61 +192,100 @@ class PartitionedStore(ServedPartitions):
             return [write.new for write in writes if write.new is not None]
 
     async def cancel(self, owner: AggregateRef, key: str, version: int) -> bool:
-        async with self._writing():
-            row = row_key(owner, key)
-            held = self._find(row)
-            if held is None:
-                return False
-            writes = plan_cancel([held], version)
+        return await self._cancel(owner, key, version, None)
+
+    async def _cancel(
+        self, owner: AggregateRef, key: str, version: int, only: tuple[int, int] | None
+    ) -> bool:
+        row = row_key(owner, key)
+        async with self._writing_found(lambda: self._found_row(row, only), only) as held:
+            writes = plan_cancel(held, version)
             await self._commit(writes)
             return bool(writes)
 
     async def pause(self, owner: AggregateRef, key: str, version: int) -> bool:
-        return await self._rewrite(owner, key, lambda held: pause_row(held, version)) is not None
+        return await self._pause(owner, key, version, None)
+
+    async def _pause(
+        self, owner: AggregateRef, key: str, version: int, only: tuple[int, int] | None
+    ) -> bool:
+        paused = await self._rewrite(owner, key, lambda held: pause_row(held, version), only)
+        return paused is not None
 
     async def resume(self, owner: AggregateRef, key: str, version: int, now: int) -> Timer | None:
-        return await self._rewrite(owner, key, lambda held: resume_row(held, version, now))
+        return await self._resume(owner, key, version, now, None)
+
+    async def _resume(
+        self, owner: AggregateRef, key: str, version: int, now: int, only: tuple[int, int] | None
+    ) -> Timer | None:
+        return await self._rewrite(owner, key, lambda held: resume_row(held, version, now), only)
 
     async def _rewrite(
-        self, owner: AggregateRef, key: str, decide: Callable[[Timer], Timer | None]
+        self,
+        owner: AggregateRef,
+        key: str,
+        decide: Callable[[Timer], Timer | None],
+        only: tuple[int, int] | None,
     ) -> Timer | None:
         """Writes what `decide` makes of `owner`'s row under `key`: the row written, or None
         (no such row, or `decide` wrote nothing)."""
-        async with self._writing():
-            found = self._find(row_key(owner, key))
-            if found is None or (new := decide(found[2])) is None:
+        row = row_key(owner, key)
+        async with self._writing_found(lambda: self._found_row(row, only), only) as found:
+            if not found or (new := decide(found[0][2])) is None:
                 return None
-            await self._commit([Write(found[0], found[1], found[2], new)])
+            partition, _, held = found[0]
+            await self._commit([Write(partition, row, held, new)])
             return new
 
     async def cancel_all(self, owner: AggregateRef, version: int) -> int:
-        async with self._writing():
-            prefix = owner_prefix(owner)
-            rows = (
+        return await self._cancel_all(owner, version, None)
+
+    async def _cancel_all(
+        self, owner: AggregateRef, version: int, only: tuple[int, int] | None
+    ) -> int:
+        prefix = owner_prefix(owner)
+
+        def rows() -> list[Found]:
+            return [
                 (partition, row, timer)
-                for partition in self._served_sorted()
+                for partition in self._searched(only)
                 for row, timer in self._owner_rows(partition, prefix)
-            )
-            writes = plan_cancel(list(rows), version)
+            ]
+
+        async with self._writing_found(rows, only) as held:
+            writes = plan_cancel(held, version)
             await self._commit(writes)
             return len(writes)
 
+    def _found_row(self, row: bytes, only: tuple[int, int] | None) -> list[Found]:
+        """`_find`'s row, as a list (none or one)."""
+        found = self._find(row, only)
+        return [] if found is None else [found]
+
     async def settle(self, changes: list[TimerChange]) -> int:
+        return await self._settle(changes, None)
+
+    async def _settle(self, changes: list[TimerChange], serving: int | None) -> int:
         self._check_open()
         for change in changes:
             check_change(change)
-            self._check_served(change.loaded.partition)
+            self._check_serving(change.loaded.partition, serving)
         if not changes:
             return 0
-        async with self._writing():
+        async with self._writing({change.loaded.partition for change in changes}):
             for change in changes:
-                self._check_served(change.loaded.partition)
+                self._check_serving(change.loaded.partition, serving)
             rows = [row_key(change.loaded.owner, change.loaded.key) for change in changes]
             written, writes = plan_settle(changes, rows, self._load_as_loaded)
             await self._commit(writes)
             return written
 
     async def expire(self, partition: int, now: int, retention: int, limit: int) -> int:
+        return await self._expire(partition, now, retention, limit, None)
+
+    async def _expire(
+        self, partition: int, now: int, retention: int, limit: int, serving: int | None
+    ) -> int:
         self._check_open()
         for name, value, least in (
             ("now", now, 0),
@@ -241,9 +294,9 @@ class PartitionedStore(ServedPartitions):
         ):
             if isinstance(value, bool) or not isinstance(value, int) or value < least:
                 raise ValueError(f"{name} must be an int of at least {least}, not {value!r}")
-        self._check_served(partition)
-        async with self._writing():
-            self._check_served(partition)
+        self._check_serving(partition, serving)
+        async with self._writing([partition]):
+            self._check_serving(partition, serving)
             rows = self._expired(partition, expiry_cutoff(now, retention), limit)
             writes = plan_expiry(partition, rows, now, retention, limit)
             await self._commit(writes)
@@ -271,11 +324,11 @@ class PartitionedStore(ServedPartitions):
 
     async def find(self, owner: AggregateRef, key: str) -> Timer | None:
         self._check_open()
-        found = self._find(row_key(owner, key))
+        found = self._find(row_key(owner, key), None)
         return None if found is None else found[2]
 
-    def _find(self, row: bytes) -> tuple[int, bytes, Timer] | None:
-        for partition in self._served_sorted():
+    def _find(self, row: bytes, only: tuple[int, int] | None) -> tuple[int, bytes, Timer] | None:
+        for partition in self._searched(only):
             timer = self._load(partition, row)
             if timer is not None:
                 return partition, row, timer

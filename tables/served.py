@@ -1,25 +1,32 @@
-"""The partitions a store serves and the checks every call makes: assign, revoke, drop,
-close and restore (`ServedPartitions`, the base of `tables.partitioned.PartitionedStore`)."""
+"""The partitions a store serves, their write locks and the checks every call makes:
+assign, revoke, drop, close and restore (`ServedPartitions`, the base of
+`tables.partitioned.PartitionedStore`)."""
 
 from __future__ import annotations
 
 import asyncio
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator, Iterable
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable, Iterable
+from contextlib import AsyncExitStack, asynccontextmanager
 
 from tables.exceptions import StoreClosed
 from tables.store import UnreadableRow
-from tables.timer import TimerStatus
+from tables.timer import Timer, TimerStatus
 
-__all__ = ["ServedPartitions"]
+__all__ = ["Found", "ServedPartitions"]
+
+Found = tuple[int, bytes, Timer]
+"""A row found: its partition, its row key and the row."""
 
 
 class ServedPartitions(ABC):
-    """Which partitions a store serves, its lock and its open or closed state.
+    """Which partitions a store serves, their write locks and its open or closed state.
 
-    Writes are serialised by one lock (a write awaits its sink between deciding and
-    applying); reads are not. A backend supplies the per-partition primitives.
+    Each partition has a write lock of its own (a write awaits its sink, or a restore's
+    flush, between deciding and applying): a write takes the locks of the partitions it
+    writes, in partition order (two writes over several never wait on each other in a
+    circle), so a write of one partition never waits for another's. Reads take none.
+    `close` takes them all. A backend supplies the per-partition primitives.
     """
 
     def __init__(self, partitions: int) -> None:
@@ -28,7 +35,10 @@ class ServedPartitions(ABC):
         self._partitions = partitions
         self._served: set[int] = set(range(partitions))
         self._closed = False
-        self._lock = asyncio.Lock()
+        self._locks = [asyncio.Lock() for _ in range(partitions)]
+        # Per partition, how many times it stopped being served or was dropped: a
+        # `PartitionHandle` is bound to one value, and refuses once it moved on.
+        self._servings = [0] * partitions
         # Per partition, its active rows by status (`status_counts`); absent: not counted
         # since it was opened or restored (counted whole when next asked).
         self._counts: dict[int, dict[TimerStatus, int]] = {}
@@ -86,25 +96,81 @@ class ServedPartitions(ABC):
         if partition not in self._served:
             raise StoreClosed(f"partition {partition} is not assigned to this store (revoked)")
 
+    def _check_serving(self, partition: int, serving: int | None) -> None:
+        """`_check_served`, and when `serving` is given (a handle's write), that partition
+        was neither let go nor dropped since the handle was made."""
+        self._check_served(partition)
+        if serving is not None and self._servings[partition] != serving:
+            raise StoreClosed(
+                f"partition {partition} was revoked or dropped since its handle was made"
+            )
+
     def _served_sorted(self) -> list[int]:
         return sorted(self._served)
 
     @asynccontextmanager
-    async def _writing(self) -> AsyncIterator[None]:
+    async def _writing(self, partitions: Iterable[int]) -> AsyncIterator[None]:
+        """Holds the write locks of `partitions` (in range: the caller checked), taken in
+        partition order; the store open before and after waiting for them."""
         self._check_open()
-        async with self._lock:
+        order = sorted(set(partitions))
+        if len(order) == 1:  # most writes: one lock, without a stack's cost
+            async with self._locks[order[0]]:
+                self._check_open()
+                yield
+            return
+        async with AsyncExitStack() as held:
+            for partition in order:
+                await held.enter_async_context(self._locks[partition])
             self._check_open()
             yield
+
+    @asynccontextmanager
+    async def _writing_found(
+        self, search: Callable[[], list[Found]], only: tuple[int, int] | None
+    ) -> AsyncIterator[list[Found]]:
+        """The rows `search` finds (an owner's), under the write locks of the partitions
+        they are in: looked for without a lock, then again under the locks, the locks of a
+        partition found in since taken too, until none is found outside those held (at most
+        P rounds: the locks held only grow). Rows found in no partition: no lock taken, nor
+        waited for."""
+        wanted: set[int] = set()
+        while True:
+            self._check_open()
+            if only is not None:
+                self._check_serving(*only)
+            wanted |= {found[0] for found in search()}
+            async with self._writing(wanted):
+                if only is not None:
+                    self._check_serving(*only)
+                rows = search()
+                # No await from this look to the caller's write: it writes what it found.
+                if {found[0] for found in rows} <= wanted:
+                    yield rows
+                    return
+
+    def _searched(self, only: tuple[int, int] | None) -> list[int]:
+        """Where an owner's rows are looked for: every partition served, or a handle's
+        `(partition, serving)` alone."""
+        return self._served_sorted() if only is None else [only[0]]
 
     # --- restore and partitions -------------------------------------------------------
 
     async def apply_changelog(
         self, partition: int, records: Iterable[tuple[int, bytes, bytes | None]]
     ) -> list[UnreadableRow]:
+        return await self._apply_changelog(partition, records, None)
+
+    async def _apply_changelog(
+        self,
+        partition: int,
+        records: Iterable[tuple[int, bytes, bytes | None]],
+        serving: int | None,
+    ) -> list[UnreadableRow]:
         self._check_open()
-        self._check_served(partition)
-        async with self._writing():
-            self._check_served(partition)
+        self._check_serving(partition, serving)
+        async with self._writing([partition]):
+            self._check_serving(partition, serving)
             self._counts.pop(partition, None)
             return self._restore(partition, records)
 
@@ -118,7 +184,7 @@ class ServedPartitions(ABC):
         wanted = sorted(set(partitions))
         for partition in wanted:
             self._check_partition(partition)
-        async with self._writing():
+        async with self._writing(wanted):
             for partition in wanted:
                 if partition not in self._served:
                     self._counts.pop(partition, None)
@@ -130,24 +196,28 @@ class ServedPartitions(ABC):
         wanted = sorted(set(partitions))
         for partition in wanted:
             self._check_partition(partition)
-        async with self._writing():
+        async with self._writing(wanted):
             for partition in wanted:
                 if partition in self._served:
                     self._served.discard(partition)
+                    self._servings[partition] += 1
                     self._counts.pop(partition, None)
                     self._close_partition(partition)
 
     async def drop(self, partition: int) -> None:
         self._check_open()
         self._check_partition(partition)
-        async with self._writing():
+        async with self._writing([partition]):
             self._counts.pop(partition, None)
+            self._servings[partition] += 1
             self._drop_partition(partition, partition in self._served)
 
     async def close(self) -> None:
         if self._closed:
             return
-        async with self._lock:
+        async with AsyncExitStack() as held:
+            for lock in self._locks:  # in partition order, as every write takes them
+                await held.enter_async_context(lock)
             if self._closed:
                 return
             self._closed = True

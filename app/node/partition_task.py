@@ -18,13 +18,14 @@ with its close. A fault of its own, a corrupt row of its timer store included, f
 alone. Tasks share the consumer, the clock and the clients; the cycles' logic
 (`PartitionCycles`, no state of a partition's own); and still, per type, what holds all
 of the type's partitions on the node, of which a task touches only its own partition's:
-the timer store (one RocksDB store, which a task reaches its partition through; its one
-write lock serialises every partition's writes, across no Kafka call but across the
-memtable flush after a partition's restore), the aggregate states store, the clean
-marks, the runner (which keeps a reference to each task's firing and runs the type's
-rounds: one due query and one claim batch across the partitions, one gate on the sends
-in flight), and `TypeTransactions` (which opens the tasks' transactions and routes the
-store's rows to them). No task holds a lock across a Kafka call.
+the timer store (one RocksDB store, which a task reaches its partition through; a write
+lock per partition, so a partition's writes wait for its own alone, a restore's memtable
+flush included, never for another's), the aggregate states store (one RocksDB a
+partition, no lock), the clean marks (a file a partition), the runner (which keeps a
+reference to each task's firing and runs the type's rounds: one due query and one claim
+batch across the partitions, one gate on the sends in flight), and `TypeTransactions`
+(which opens the tasks' transactions and routes the store's rows to them). No task holds
+a lock across a Kafka call.
 """
 
 from __future__ import annotations

@@ -1,0 +1,127 @@
+"""A timer store's one partition, as the task that took it holds it (`PartitionHandle`,
+from `PartitionedStore.partition`): its reads and writes reach that partition alone, and
+it refuses (`StoreClosed`) once the partition is revoked or dropped, even if the store
+serves it again since (a new take holds a new handle)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
+
+from tables.census import TimerCensus
+from tables.keys import owner_prefix, row_key
+from tables.refs import AggregateRef
+from tables.store import DueRow, UnreadableRow
+from tables.timer import Timer, TimerChange, TimerStatus
+
+if TYPE_CHECKING:
+    from tables.partitioned import PartitionedStore
+
+__all__ = ["PartitionHandle"]
+
+
+class PartitionHandle:
+    """Partition `partition` of `store`, bound to the serving it was made in: each call
+    as the store's of the same name, for this partition only (a timer or change of
+    another partition is a `ValueError`); its writes take this partition's write lock
+    alone. `StoreClosed` once the partition was revoked or dropped, or the store closed."""
+
+    __slots__ = ("_at", "_serving", "_store", "partition")
+
+    def __init__(self, store: PartitionedStore, partition: int, serving: int) -> None:
+        self._store = store
+        self.partition = partition
+        self._serving = serving
+        self._at = (partition, serving)
+
+    @property
+    def serving(self) -> bool:
+        """Whether the store still serves the partition in the serving this handle is of."""
+        try:
+            self._check()
+        except Exception:
+            return False
+        return True
+
+    def _check(self) -> None:
+        self._store._check_open()
+        self._store._check_serving(self.partition, self._serving)
+
+    def _mine(self, partitions: Iterable[int], what: str) -> None:
+        for partition in partitions:
+            if partition != self.partition:
+                raise ValueError(
+                    f"{what} of partition {partition} given to partition {self.partition}'s handle"
+                )
+
+    # --- writes: this partition's lock alone ------------------------------------------
+
+    async def put(self, timer: Timer) -> bool:
+        self._mine([timer.partition], "a timer")
+        return await self._store._put(timer, self._serving)
+
+    async def put_many(self, timers: Sequence[Timer]) -> list[Timer]:
+        self._mine({timer.partition for timer in timers}, "a timer")
+        self._check()
+        return await self._store._put_many(timers, self._serving)
+
+    async def settle(self, changes: list[TimerChange]) -> int:
+        self._mine({change.loaded.partition for change in changes}, "a change")
+        self._check()
+        return await self._store._settle(changes, self._serving)
+
+    async def expire(self, now: int, retention: int, limit: int) -> int:
+        return await self._store._expire(self.partition, now, retention, limit, self._serving)
+
+    async def cancel(self, owner: AggregateRef, key: str, version: int) -> bool:
+        return await self._store._cancel(owner, key, version, self._at)
+
+    async def pause(self, owner: AggregateRef, key: str, version: int) -> bool:
+        return await self._store._pause(owner, key, version, self._at)
+
+    async def resume(self, owner: AggregateRef, key: str, version: int, now: int) -> Timer | None:
+        return await self._store._resume(owner, key, version, now, self._at)
+
+    async def cancel_all(self, owner: AggregateRef, version: int) -> int:
+        return await self._store._cancel_all(owner, version, self._at)
+
+    async def apply_changelog(
+        self, records: Iterable[tuple[int, bytes, bytes | None]]
+    ) -> list[UnreadableRow]:
+        return await self._store._apply_changelog(self.partition, records, self._serving)
+
+    # --- reads: no lock ---------------------------------------------------------------
+
+    def changelog_offset(self) -> int | None:
+        self._check()
+        return self._store.changelog_offset(self.partition)
+
+    async def due(self, until: int, limit: int) -> list[Timer]:
+        self._check()
+        return await self._store.due({self.partition}, until, limit)
+
+    async def due_rows(self, until: int, limit: int) -> list[DueRow]:
+        self._check()
+        return await self._store.due_rows({self.partition}, until, limit)
+
+    async def find(self, owner: AggregateRef, key: str) -> Timer | None:
+        self._check()
+        found = self._store._find(row_key(owner, key), self._at)
+        return None if found is None else found[2]
+
+    async def timers_of(self, owner: AggregateRef) -> list[Timer]:
+        self._check()
+        return [timer for _, timer in self._store._owner_rows(self.partition, owner_prefix(owner))]
+
+    def status_counts(self) -> dict[TimerStatus, int]:
+        self._check()
+        return self._store.status_counts(self.partition)
+
+    async def census(
+        self, now: int, *, limit: int = 100_000, parked_limit: int = 100
+    ) -> TimerCensus:
+        self._check()
+        return await self._store.census(self.partition, now, limit=limit, parked_limit=parked_limit)
+
+    def __repr__(self) -> str:
+        return f"PartitionHandle(partition={self.partition}, serving={self.serving})"
