@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from aiokafka.errors import (
     AuthenticationFailedError,
@@ -139,8 +139,12 @@ class TopicSpec:
     """The topic's `max.message.bytes` when created; None: the broker's default."""
 
 
-@dataclass(frozen=True, slots=True)
-class Record:
+class Record(NamedTuple):
+    """One record read. A named tuple, not a frozen dataclass: one is made for every record
+    a node reads (events, commands, changelog rows), and a tuple is made in a third of the
+    time (~0.3 against ~0.8 µs; a frozen dataclass sets each field through
+    `object.__setattr__`). Never compared with other tuples."""
+
     topic: str
     partition: int
     offset: int

@@ -16,6 +16,8 @@ from app.timers.subscription import CancelTimer, PutTimer, timer_op
 from tables import AggregateRef, Timer
 from tables.bounds import MAX_INSTANT
 from tables.keys import encode_timer
+from tables.rules import parse_rule
+from tables.slots import first_slot, jittered_due
 
 T0 = 1_800_000_000_000
 
@@ -175,3 +177,27 @@ def test_the_timers_share_a_fields_set_no_copy_changes() -> None:
     copied = first.timer.model_copy(update={"attempts": 1, "error_code": "BUSY"})
     assert copied.model_fields_set == named | {"attempts", "error_code"}
     assert first.timer.model_fields_set == second.timer.model_fields_set == named
+
+
+@given(
+    at=st.integers(0, MAX_INSTANT),
+    jitter=st.none() | st.sampled_from([1, 2, 86_400_000]) | st.integers(1, 86_400_000),
+    id=st.text(min_size=1, max_size=20),
+)
+def test_a_once_rules_timer_is_due_when_its_slot_is_with_its_jitter(
+    at: int, jitter: int | None, id: str
+) -> None:
+    # The once rule's Timer is built without a Slot when it has no jitter: its due time is
+    # still the one `first_slot` and `jittered_due` give, jittered or not.
+    rule: dict[str, Any] = {"kind": "once", "at": at}
+    if jitter is not None:
+        rule["jitter"] = jitter
+    event = schedule_set(rule).model_copy(update={"id": id})
+    op = timer_op(event, 3)
+    assert isinstance(op, PutTimer)
+    parsed = parse_rule(rule)
+    slot = first_slot(parsed, T0)
+    assert slot is not None
+    assert (op.timer.slot, op.timer.slot_due_at) == (slot.index, slot.due_at) == (0, at)
+    assert op.timer.due_at == jittered_due(parsed, id, slot)
+    assert op.timer == _validated(event, 3)
