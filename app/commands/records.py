@@ -12,7 +12,7 @@ from app.protocol.limits import InputLimits
 from app.protocol.topics import AggregateTopics
 from app.protocol.wire import CommandEnvelope, CommandResult, EventEnvelope, encode
 from tables import AggregateRef
-from tables.partitioner import partition_of
+from tables.partitioner import key_partition, partition_of
 
 __all__ = [
     "applied_id",
@@ -54,7 +54,7 @@ def misrouted(record: Record, aggregate: AggregateRef, partitions: int) -> str |
         return f"no key: records of {aggregate.id!r} are keyed by the aggregate id"
     if record.key != aggregate.id.encode():
         return f"key {record.key!r} is not the aggregate id {aggregate.id!r}"
-    expected = partition_of(aggregate.id, partitions)
+    expected = key_partition(record.key, partitions)  # the key is the id, encoded
     if record.partition != expected:
         return (
             f"{aggregate.id!r} belongs in partition {expected} (murmur2, Kafka's default "

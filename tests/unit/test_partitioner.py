@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tables.partitioner import murmur2, partition_of, to_positive
+from tables.partitioner import key_partition, murmur2, partition_of, to_positive
 
 # org.apache.kafka.common.utils.UtilsTest.testMurmur2 (apache/kafka, clients/src/test/java).
 KAFKA_TEST_VECTORS = [
@@ -113,3 +113,17 @@ def test_partition_of_is_in_range_and_deterministic(aggregate_id: str, partition
     assert 0 <= partition < partitions
     assert partition_of(aggregate_id, partitions) == partition
     assert partition == to_positive(murmur2(aggregate_id.encode("utf-8"))) % partitions
+
+
+@settings(max_examples=300)
+@given(st.text(max_size=64), st.integers(min_value=1, max_value=10_000))
+def test_key_partition_is_partition_of_the_encoded_id(aggregate_id: str, partitions: int) -> None:
+    key = aggregate_id.encode("utf-8")
+    assert key_partition(key, partitions) == partition_of(aggregate_id, partitions)
+    assert key_partition(key, partitions) == partition_of(aggregate_id, partitions)  # cached
+
+
+@pytest.mark.parametrize("partitions", [0, -1])
+def test_key_partition_needs_a_partition(partitions: int) -> None:
+    with pytest.raises(ValueError, match="partitions must be at least 1"):
+        key_partition(b"order-1", partitions)
