@@ -118,23 +118,33 @@ _COMMANDS: dict[bytes, CommandSpec | None] = {}
 """Each command's model, by its JSON (None: a command pydantic refuses)."""
 
 
-def _slot_setters() -> tuple[Any, Any, Any, Any]:
+_SLOTS = ("__dict__", "__pydantic_fields_set__", "__pydantic_extra__", "__pydantic_private__")
+
+
+def _slot_setters(*models: type[BaseModel]) -> tuple[Any, Any, Any, Any]:
     """The `__set__` of the four slots every pydantic model holds (`__dict__` and the
     three `model_construct` sets), as BaseModel defines them: calling a slot's own
-    setter skips `object.__setattr__`'s lookup of the name (4 x ~35 ns a model, two
-    models a row). Checked: the descriptors are BaseModel's slots, not shadowed."""
+    setter skips `object.__setattr__`'s lookup of the name (~35 ns a slot, eight slots
+    a row). `TypeError` if BaseModel holds one no longer, or one of `models` shadows it
+    (its setter would then not be the attribute those models' instances have)."""
     setters = []
     for name in _SLOTS:
-        found = [cls for cls in (Timer, AggregateRef) if name in vars(cls)]
         slot = vars(BaseModel).get(name)
-        if found or not hasattr(slot, "__set__") or not hasattr(slot, "__objclass__"):
-            raise TypeError(f"pydantic's BaseModel no longer holds {name} as a slot")
-        setters.append(slot.__set__)  # type: ignore[union-attr]
+        setter = getattr(slot, "__set__", None)
+        shadowed = [
+            model.__name__
+            for model in models
+            if next((cls for cls in model.__mro__ if name in vars(cls)), None) is not BaseModel
+        ]
+        if shadowed or setter is None or getattr(slot, "__objclass__", None) is not BaseModel:
+            raise TypeError(f"{name} is no slot of BaseModel's that {shadowed or 'pydantic'} keep")
+        setters.append(setter)
     return setters[0], setters[1], setters[2], setters[3]
 
 
-_SLOTS = ("__dict__", "__pydantic_fields_set__", "__pydantic_extra__", "__pydantic_private__")
-_set_dict, _set_fields, _set_extra, _set_private = _slot_setters()
+_set_dict, _set_fields, _set_extra, _set_private = _slot_setters(
+    Timer, AggregateRef, CommandSpec, OnceRule, IntervalRule, CronRule
+)
 
 
 def _model(cls: Any, values: dict[str, Any], named: set[str]) -> Any:
