@@ -117,8 +117,9 @@ async def test_due_names_the_row_it_cannot_read(tmp_path: Path, corrupt: object)
     bad = corrupt(raw)
     assert bad != raw
     store._db(0).put(key, bad)  # type: ignore[attr-defined]  # a RocksDB store's own DB
-    with pytest.raises(StoreError, match=re.escape(repr(key))):
+    with pytest.raises(StoreError, match=re.escape(repr(key))) as raised:
         await store.due({0}, 10, 10)
+    assert raised.value.partition == 0
     await store.close()
 
 
