@@ -20,6 +20,7 @@ from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator
 from functools import partial
 from itertools import islice
+from operator import itemgetter
 from typing import Any, cast
 
 import orjson
@@ -53,7 +54,7 @@ from tables.refs import AggregateRef
 from tables.rocksdb_io import UNLOGGED, db_options, gc_paused, prefix_end, scan
 from tables.rocksdb_restore import INDEXES as _INDEXES
 from tables.rocksdb_restore import check_format, restore_batch
-from tables.rowload import load_timer
+from tables.rowload import load_timer, load_timers
 from tables.store import ChangelogSink, DueRow, UnreadableRow
 from tables.timer import Timer, TimerStatus
 from tables.writes import Write
@@ -64,6 +65,8 @@ _MAX_DUE = (1 << 64) - 1
 _STATUSES = frozenset(status.value for status in TimerStatus)
 _DUE_STATUSES = frozenset({TimerStatus.PENDING, TimerStatus.FIRING})
 _FIELDS = frozenset(Timer.model_fields)
+_KEY = itemgetter(0)
+"""A due entry's key: sorting by it alone compares bytes, not tuples (half the time)."""
 
 
 class RocksDBTimerStore(PartitionedStore):
@@ -151,7 +154,7 @@ class RocksDBTimerStore(PartitionedStore):
     def _due(self, partitions: list[int], until: int, limit: int) -> list[Timer]:
         found = self._found(partitions, until, limit)
         with gc_paused():
-            return [load_timer(value, key, partition) for key, value, partition in found]
+            return load_timers(found)
 
     def _due_rows(self, partitions: list[int], until: int, limit: int) -> list[DueRow]:
         rows: list[DueRow] = []
@@ -204,10 +207,10 @@ class RocksDBTimerStore(PartitionedStore):
             found += [(key, value, partition) for key, value in got]
             if len(got) == step:
                 runs[partition], last[partition] = run, got[-1][0]
-        found.sort()
+        found.sort(key=_KEY)  # a key names its row: two partitions never hold the same one
         while runs:
             bound = min(last.values())
-            if bisect_left(found, (bound + b"\x00",)) >= limit:
+            if bisect_left(found, bound + b"\x00", key=_KEY) >= limit:
                 break
             for partition in [p for p, key in last.items() if key == bound]:
                 got = list(islice(runs[partition], step))
@@ -216,7 +219,7 @@ class RocksDBTimerStore(PartitionedStore):
                     last[partition] = got[-1][0]
                 else:
                     del runs[partition], last[partition]
-            found.sort()
+            found.sort(key=_KEY)
         del options
         return found[:limit]
 

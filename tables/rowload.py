@@ -22,6 +22,7 @@ rows of 1 M (bench.store_bench's store), `due()`'s CPU p50 went 7.2-8.1 -> 5.3-5
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Annotated, Any
 
 import msgspec
@@ -48,7 +49,7 @@ from tables.rowcheck import (
 from tables.rules import CronRule, IntervalRule, OnceRule, _cron_error
 from tables.timer import MAX_ERROR_TEXT, CommandSpec, Outcome, Timer, TimerStatus
 
-__all__ = ["load_timer"]
+__all__ = ["load_timer", "load_timers"]
 
 
 # Structs that refuse unknown fields (a TypedDict would drop them where pydantic refuses
@@ -104,7 +105,6 @@ if (
     raise TypeError("rowload's structs must name the models' fields in order")
 
 _new = object.__new__
-_set = object.__setattr__
 _ALL_SET = set(Timer.model_fields)
 _NO_ERROR_SET = _ALL_SET - set(_ERRORS)
 _REF_SET = set(AggregateRef.model_fields)
@@ -118,14 +118,43 @@ _COMMANDS: dict[bytes, CommandSpec | None] = {}
 """Each command's model, by its JSON (None: a command pydantic refuses)."""
 
 
+_SLOTS = ("__dict__", "__pydantic_fields_set__", "__pydantic_extra__", "__pydantic_private__")
+
+
+def _slot_setters(*models: type[BaseModel]) -> tuple[Any, Any, Any, Any]:
+    """The `__set__` of the four slots every pydantic model holds (`__dict__` and the
+    three `model_construct` sets), as BaseModel defines them: calling a slot's own
+    setter skips `object.__setattr__`'s lookup of the name (~35 ns a slot, eight slots
+    a row). `TypeError` if BaseModel holds one no longer, or one of `models` shadows it
+    (its setter would then not be the attribute those models' instances have)."""
+    setters = []
+    for name in _SLOTS:
+        slot = vars(BaseModel).get(name)
+        setter = getattr(slot, "__set__", None)
+        shadowed = [
+            model.__name__
+            for model in models
+            if next((cls for cls in model.__mro__ if name in vars(cls)), None) is not BaseModel
+        ]
+        if shadowed or setter is None or getattr(slot, "__objclass__", None) is not BaseModel:
+            raise TypeError(f"{name} is no slot of BaseModel's that {shadowed or 'pydantic'} keep")
+        setters.append(setter)
+    return setters[0], setters[1], setters[2], setters[3]
+
+
+_set_dict, _set_fields, _set_extra, _set_private = _slot_setters(
+    Timer, AggregateRef, CommandSpec, OnceRule, IntervalRule, CronRule
+)
+
+
 def _model(cls: Any, values: dict[str, Any], named: set[str]) -> Any:
     """`cls.model_construct(**values)` without its per-field loop: `values` names every
     field (pydantic's own construction sets these four attributes)."""
     made = _new(cls)
-    _set(made, "__dict__", values)
-    _set(made, "__pydantic_fields_set__", named)
-    _set(made, "__pydantic_extra__", None)
-    _set(made, "__pydantic_private__", None)
+    _set_dict(made, values)
+    _set_fields(made, named)
+    _set_extra(made, None)
+    _set_private(made, None)
     return made
 
 
@@ -214,14 +243,23 @@ def _built(
     rules: dict[bytes, BaseModel | None] = _RULE_CACHE,
     commands: dict[bytes, CommandSpec | None] = _COMMANDS,
     new: Any = _new,
-    set_: Any = _set,
     asdict: Any = _asdict,
+    set_dict: Any = _set_dict,
+    set_fields: Any = _set_fields,
+    set_extra: Any = _set_extra,
+    set_private: Any = _set_private,
+    timer_class: Any = Timer,
+    ref_class: Any = AggregateRef,
+    ref_set: set[str] = _REF_SET,
+    no_error: set[str] = _NO_ERROR_SET,
+    unset: Any = UNSET,
 ) -> Timer | None:
     """The Timer of a row msgspec took, if the cached checks take it too; None leaves
     the row to pydantic.
 
     Written for speed (it builds each row of a `due()`): names bound as defaults, the
-    caches' hits and the models' construction inlined, misses left to functions."""
+    caches' hits and the models' construction inlined (each slot set by its own
+    setter), misses left to functions."""
     owner = struct.owner
     context, aggregate = owner.context, owner.aggregate
     if not (names.get(context) or _name(context)) or not (names.get(aggregate) or _name(aggregate)):
@@ -232,12 +270,11 @@ def _built(
         return None
     row = asdict(struct)
     row["rule"], row["command"] = rule, made
-    ref = new(AggregateRef)
-    set_(ref, "__dict__", asdict(owner))
-    set_(ref, "__pydantic_fields_set__", _REF_SET)
-    set_(ref, "__pydantic_extra__", None)
-    set_(ref, "__pydantic_private__", None)
-    row["owner"] = ref
+    row["owner"] = ref = new(ref_class)
+    set_dict(ref, asdict(owner))
+    set_fields(ref, ref_set)
+    set_extra(ref, None)
+    set_private(ref, None)
     target = struct.target
     if target == owner:
         row["target"] = ref
@@ -245,19 +282,19 @@ def _built(
         row["target"] = _model(AggregateRef, asdict(target), _REF_SET)
     else:
         return None
-    named = _NO_ERROR_SET
-    if struct.error_code is UNSET and struct.error_text is UNSET:
+    named = no_error
+    if struct.error_code is unset and struct.error_text is unset:
         row["error_code"] = row["error_text"] = None  # the usual row: no error
     else:
         named = _ALL_SET - {name for name in _ERRORS if row[name] is UNSET}
         for name in _ERRORS:
             if row[name] is UNSET:
                 row[name] = None
-    timer = new(Timer)
-    set_(timer, "__dict__", row)
-    set_(timer, "__pydantic_fields_set__", named)
-    set_(timer, "__pydantic_extra__", None)
-    set_(timer, "__pydantic_private__", None)
+    timer = new(timer_class)
+    set_dict(timer, row)
+    set_fields(timer, named)
+    set_extra(timer, None)
+    set_private(timer, None)
     return timer  # type: ignore[no-any-return]
 
 
@@ -277,3 +314,18 @@ def load_timer(raw: bytes, where: object = None, partition: int | None = None) -
         name = "a stored row" if where is None else f"the stored row {where!r}"
         name += "" if partition is None else f" of partition {partition}"
         raise StoreError(f"{name} is no Timer (corrupt?): {exc}", partition=partition) from exc
+
+
+def load_timers(rows: Iterable[tuple[bytes, bytes, int]]) -> list[Timer]:
+    """`load_timer` of each `(key, value, partition)` read from a partition's index, in
+    order: a `due()`'s thousand rows in one loop (no call of `load_timer` a row; a row
+    the fast path leaves is decided by it, `StoreError` naming its key and partition)."""
+    timers: list[Timer] = []
+    append, decode, built = timers.append, _decode, _built
+    for key, value, partition in rows:
+        try:
+            timer = built(decode(value))
+        except _REFUSED:
+            timer = None
+        append(load_timer(value, key, partition) if timer is None else timer)
+    return timers

@@ -15,7 +15,7 @@ from test_rowcheck import mangled, timers
 
 from tables import AggregateRef, CommandSpec, IntervalRule, StoreError, Timer, open_timer_store
 from tables.keys import decode_timer, due_key, encode_timer, row_key
-from tables.rowload import load_timer
+from tables.rowload import _slot_setters, load_timer, load_timers
 
 
 def _same_fields(loaded: BaseModel, expected: BaseModel) -> None:
@@ -117,6 +117,63 @@ async def test_due_names_the_row_it_cannot_read(tmp_path: Path, corrupt: object)
     bad = corrupt(raw)
     assert bad != raw
     store._db(0).put(key, bad)  # type: ignore[attr-defined]  # a RocksDB store's own DB
-    with pytest.raises(StoreError, match=re.escape(repr(key))):
+    with pytest.raises(StoreError, match=re.escape(repr(key))) as raised:
         await store.due({0}, 10, 10)
+    assert raised.value.partition == 0
     await store.close()
+
+
+def _slots(model: BaseModel) -> tuple[object, ...]:
+    return (
+        type(model),
+        model.__dict__,
+        model.__pydantic_fields_set__,
+        model.__pydantic_extra__,
+        model.__pydantic_private__,
+    )
+
+
+def _all_slots(timer: Timer) -> list[tuple[object, ...]]:
+    """The four slots of the Timer and of each model it holds, as pydantic's
+    `model_construct` sets them (a slot left unset raises here)."""
+    return [_slots(m) for m in (timer, timer.owner, timer.target, timer.rule, timer.command)]
+
+
+@given(timers)
+def test_the_fast_build_sets_each_models_slots_as_pydantic_does(timer: Timer) -> None:
+    """`load_timer` sets the four slots of each model through BaseModel's own slot
+    setters (#20): the same values pydantic's full validation leaves, for any timer."""
+    value = encode_timer(timer)
+    loaded, expected = load_timer(value), decode_timer(value)
+    assert _all_slots(loaded) == _all_slots(expected)
+    assert loaded == expected and hash(loaded.rule) == hash(expected.rule)
+
+
+def test_a_slot_a_model_shadows_is_refused_at_import() -> None:
+    """The setters are BaseModel's slots: a model that defined one of those names itself
+    would keep its own attribute there, so the fast build refuses to start instead."""
+
+    class Shadowing(BaseModel):
+        x: int = 0
+
+    type.__setattr__(Shadowing, "__pydantic_extra__", None)
+    assert len(_slot_setters(Timer, AggregateRef)) == 4
+    with pytest.raises(TypeError, match="Shadowing"):
+        _slot_setters(Timer, Shadowing)
+
+
+@settings(max_examples=50)
+@given(st.lists(timers, min_size=1, max_size=8), st.data())
+def test_load_timers_is_load_timer_of_each_row_and_names_a_corrupt_ones_partition(
+    rows: list[Timer], data: st.DataObject
+) -> None:
+    """`due()`'s loop (`load_timers`) builds each row as `load_timer` does; one row it
+    cannot read is a `StoreError` naming that row's key and partition."""
+    read = [(row_key(t.owner, t.key), encode_timer(t), t.partition) for t in rows]
+    assert [encode_timer(t) for t in load_timers(read)] == [v for _, v, _ in read]
+    bad = data.draw(st.integers(0, len(read) - 1))
+    key, value, partition = read[bad]
+    read[bad] = (key, value.replace(b'"due_at":', b'"due_on":'), partition)
+    with pytest.raises(StoreError, match=re.escape(repr(key))) as raised:
+        load_timers(read)
+    assert raised.value.partition == partition
