@@ -121,17 +121,15 @@ class RdkafkaReader:
             if position >= end:
                 return
             consumer = self._started()
-            where = f"{topic}[{partition}]"
+            tp = (topic, partition)
             await self._run(consumer.assign, [TopicPartition(topic, partition, position)])
             pending: Future[tuple[list[Record], bool]] | None = None
             try:
-                pending = self._thread.submit(self._next, consumer, where, end)
+                pending = self._thread.submit(self._next, consumer, tp, end)
                 while pending is not None:
                     records, done = await self._wait(pending)
                     # The next batch is fetched while the caller applies this one.
-                    pending = (
-                        None if done else self._thread.submit(self._next, consumer, where, end)
-                    )
+                    pending = None if done else self._thread.submit(self._next, consumer, tp, end)
                     if records:
                         yield records
             finally:
@@ -142,9 +140,11 @@ class RdkafkaReader:
 
     # On the reader's thread.
 
-    def _next(self, consumer: Consumer, where: str, end: int) -> tuple[list[Record], bool]:
+    def _next(self, consumer: Consumer, tp: tuple[str, int], end: int) -> tuple[list[Record], bool]:
         """The next batch of records before `end`, and whether the read is over; raises
         `KafkaUnavailable` for a partition's error, or after `timeout` without progress."""
+        topic, partition = tp
+        where = f"{topic}[{partition}]"
         waited = 0.0
         while True:
             got = consumer.consume(num_messages=self._batch, timeout=_WAIT)
@@ -157,7 +157,7 @@ class RdkafkaReader:
                     offset = cast(int, m.offset())  # a record's is never None
                     offsets.append(offset)
                     if offset < end:
-                        records.append(_record(m, offset))
+                        records.append(_record(m, topic, partition, offset))
                 elif error.code() == KafkaError._PARTITION_EOF:
                     eof = m.offset()
                 elif error.code() in _QUIET_CODES or not (m.topic() or error.fatal()):
@@ -216,10 +216,12 @@ class RdkafkaReader:
             raise
 
 
-def _record(m: Any, offset: int) -> Record:
+def _record(m: Any, topic: str, partition: int, offset: int) -> Record:
+    """The node's record of a message of the partition read (its topic and partition
+    given: two calls into confluent-kafka fewer a record)."""
     headers = m.headers()
     return Record(
-        m.topic(), m.partition(), offset, m.key(), m.value(), m.timestamp()[1],
+        topic, partition, offset, m.key(), m.value(), m.timestamp()[1],
         tuple(headers) if headers else (),
     )  # fmt: skip
 
