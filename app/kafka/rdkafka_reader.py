@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Future
 from typing import Any, TypeVar, cast
@@ -145,7 +146,7 @@ class RdkafkaReader:
         `KafkaUnavailable` for a partition's error, or after `timeout` without progress."""
         topic, partition = tp
         where = f"{topic}[{partition}]"
-        waited = 0.0
+        deadline = time.monotonic() + self._timeout
         while True:
             got = consumer.consume(num_messages=self._batch, timeout=_WAIT)
             records: list[Record] = []
@@ -169,8 +170,7 @@ class RdkafkaReader:
                     raise KafkaUnavailable(f"cannot read {where}: {said}")
             if got and (offsets or eof is not None):
                 return records, batch_end(offsets, eof, end)
-            waited += _WAIT
-            if waited >= self._timeout:
+            if time.monotonic() >= deadline:  # no record, no end: the broker is gone
                 raise KafkaUnavailable(f"cannot read {where}: no records in {self._timeout:g} s")
 
     def _watermarks(self, consumer: Consumer, topic: str, partition: int) -> tuple[int, int]:

@@ -1,5 +1,7 @@
 """librdkafka's reader without a broker: when a read is over (the last record before the
-end, or the end-of-partition event past it, commit markers taking the last offsets);
+end, or the end-of-partition event past it, commit markers taking the last offsets); a
+partition's error or no progress ends it in `KafkaUnavailable`, an event about no
+partition (the group it never joins) does not;
 `KafkaClients(client="confluent")` reads with it; and a restore leaves the cyclic GC as
 it found it, whether it succeeds or fails (it holds the GC off while a batch is applied)."""
 
@@ -7,9 +9,10 @@ from __future__ import annotations
 
 import gc
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, cast
 
 import pytest
+from confluent_kafka import KafkaError
 
 from app.errors import KafkaUnavailable
 from app.kafka import KafkaClients, Reader, Record
@@ -88,3 +91,67 @@ async def test_a_restore_leaves_the_collector_on_whether_it_succeeds_or_fails(
         assert not gc.isenabled()
     finally:
         gc.enable()
+
+
+class _Message:
+    """What `consume` returns: a record, or an event (an error, the partition's end)."""
+
+    def __init__(
+        self, offset: int, error: KafkaError | None = None, topic: str | None = "t"
+    ) -> None:
+        self._offset, self._error, self._topic = offset, error, topic
+
+    def error(self) -> KafkaError | None:
+        return self._error
+
+    def offset(self) -> int:
+        return self._offset
+
+    def topic(self) -> str | None:
+        return self._topic
+
+    def key(self) -> bytes:
+        return b"k"
+
+    def value(self) -> bytes:
+        return b"v%d" % self._offset
+
+    def timestamp(self) -> tuple[int, int]:
+        return (1, 1_000)
+
+    def headers(self) -> None:
+        return None
+
+
+class _Consumer:
+    """Hands out its batches in turn, then nothing (a broker gone)."""
+
+    def __init__(self, *batches: list[_Message]) -> None:
+        self._batches = list(batches)
+
+    def consume(self, num_messages: int, timeout: float) -> list[_Message]:
+        return self._batches.pop(0) if self._batches else []
+
+
+def test_a_batch_ends_the_read_at_the_end_and_an_event_of_no_partition_is_passed() -> None:
+    reader = RdkafkaReader("127.0.0.1:1", timeout=5.0)
+    group_denied = KafkaError(30, "group")  # the group it never joins: not the read's
+    eof = KafkaError(KafkaError._PARTITION_EOF)
+    consumer = _Consumer([_Message(0, group_denied, topic=None)], [_Message(3), _Message(5, eof)])
+    records, done = reader._next(cast(Any, consumer), ("t", 0), 5)
+    assert [(r.topic, r.partition, r.offset, r.value) for r in records] == [("t", 0, 3, b"v3")]
+    assert done  # 4 was a commit marker
+
+
+def test_a_partitions_error_or_no_progress_ends_the_read_unavailable() -> None:
+    reader = RdkafkaReader("127.0.0.1:1", timeout=0.1)
+    deleted = KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART, "Broker: Unknown topic or partition")
+    with pytest.raises(KafkaUnavailable, match=r"cannot read t\[0\]: Broker: Unknown topic"):
+        reader._next(cast(Any, _Consumer([_Message(0, deleted)])), ("t", 0), 5)
+    denied = KafkaError(29, "Broker: Topic authorization failed")
+    with pytest.raises(KafkaUnavailable, match=r"not authorized on a topic"):
+        reader._next(cast(Any, _Consumer([_Message(0, denied)])), ("t", 0), 5)
+    gone = _Consumer([_Message(2)])  # then nothing: the broker down
+    assert [r.offset for r in reader._next(cast(Any, gone), ("t", 0), 5)[0]] == [2]
+    with pytest.raises(KafkaUnavailable, match=r"cannot read t\[0\]: no records in 0\.1 s"):
+        reader._next(cast(Any, gone), ("t", 0), 5)
