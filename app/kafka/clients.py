@@ -1,7 +1,8 @@
 """The ports' factory over aiokafka: one cluster's clients from its bootstrap address.
 
-`client="confluent"` makes the transactional writers over librdkafka instead
-(`app.kafka.rdkafka_writer`, the `confluent` extra); every other client stays aiokafka's.
+`client="confluent"` makes the transactional writers and the readers over librdkafka
+instead (`app.kafka.rdkafka_writer`, `app.kafka.rdkafka_reader`, the `confluent` extra);
+every other client stays aiokafka's.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from app.kafka import admin as kafka_admin
 from app.kafka.admin import cluster_id, ensure_topics, max_message_bytes, topic_names
 from app.kafka.connection import Connectable, address
 from app.kafka.consumers import GroupConsumer, PartitionReader, Reader
-from app.kafka.ports import Assigned, TransactionalWriter
+from app.kafka.ports import Assigned, ReaderClient, TransactionalWriter
 from app.kafka.probe import api_versions_probe, check_access
 from app.kafka.producers import Producer, TransactionalProducer
 from app.kafka.records import Replication, TopicSpec
@@ -131,7 +132,12 @@ class KafkaClients:
             return RdkafkaTransactionalWriter(self.bootstrap, transactional_id, **batch)
         return TransactionalProducer(self.bootstrap, transactional_id, topics=topics, **batch)
 
-    def reader(self) -> Reader:
+    def reader(self) -> ReaderClient:
+        if self.client == "confluent":
+            # a restore's read decoded by C (`app.kafka.rdkafka_reader`)
+            from app.kafka.rdkafka_reader import RdkafkaReader
+
+            return RdkafkaReader(self.bootstrap)
         return Reader(self.bootstrap)
 
     def publisher(self) -> Producer:

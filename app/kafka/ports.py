@@ -17,8 +17,10 @@ Derived from how the runtime uses its clients, and no more:
   `app.kafka.memory.MemoryLog`).
 
 `app.kafka`'s classes implement them over aiokafka (`TransactionalProducer`, `Reader`,
-`Producer`, `PartitionReader`), and `app.kafka.memory.MemoryLog` in memory, with the same
-transactions, fencing and read-committed visibility (its module checks both for mypy).
+`Producer`, `PartitionReader`), over librdkafka (`RdkafkaTransactionalWriter`,
+`RdkafkaReader`: `KafkaClients(client="confluent")`), and `app.kafka.memory.MemoryLog` in
+memory, with the same transactions, fencing and read-committed visibility (its module
+checks both for mypy).
 """
 
 from __future__ import annotations

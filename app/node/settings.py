@@ -116,8 +116,9 @@ class Settings(BaseSettings):
     timers: TimerOptions = Field(default_factory=TimerOptions)
     """The runner's options; in the environment as JSON, e.g. {"claim_timeout": 5000}."""
     kafka_client: KafkaClient = "aiokafka"
-    """The client of the partitions' transactional producers: `aiokafka`, or `confluent`
-    (librdkafka, each producer on a thread of its own: needs the `confluent` extra)."""
+    """The client of the partitions' transactional producers and of the changelog readers:
+    `aiokafka`, or `confluent` (librdkafka, each on a thread of its own: needs the
+    `confluent` extra)."""
     log_level: LogLevel = "INFO"
     """The level of the process's log (any case in the environment)."""
     log_format: LogFormat = "text"
