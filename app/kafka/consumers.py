@@ -31,11 +31,16 @@ class Reader:
     wait keeps the last, empty fetch of each read from idling.
     """
 
-    def __init__(self, bootstrap: Connectable, *, batch: int = 5_000) -> None:
+    def __init__(
+        self, bootstrap: Connectable, *, batch: int = 5_000, timeout: float = 40.0
+    ) -> None:
+        """`timeout`: how long a request may go unanswered (a missing topic's metadata is
+        waited for that long) before the read or the offsets fail."""
         self._batch = batch
         self._consumer = AIOKafkaConsumer(
             **client_options(bootstrap),
             group_id=None,
+            request_timeout_ms=int(timeout * 1000),
             enable_auto_commit=False,
             isolation_level="read_committed",
             max_poll_records=batch,
