@@ -132,22 +132,28 @@ class ServedPartitions(ABC):
         """The rows `search` finds (an owner's), under the write locks of the partitions
         they are in: looked for without a lock, then again under the locks, the locks of a
         partition found in since taken too, until none is found outside those held (at most
-        P rounds: the locks held only grow). Rows found in no partition: no lock taken, nor
-        waited for."""
-        wanted: set[int] = set()
+        P rounds: the locks held only grow). Rows found in no partition: looked for again
+        under the locks of every partition searched."""
+        # A row found nowhere may be a put still waiting in its sink, under its partition's
+        # lock: then every partition searched is locked, so that the look under the locks
+        # waits for it (a cancel must never miss the put before it).
+        wanted: set[int] = set() if only is None else {only[0]}
         while True:
             self._check_open()
             if only is not None:
                 self._check_serving(*only)
-            wanted |= {found[0] for found in search()}
+            found_in = {found[0] for found in search()}
+            wanted |= found_in or set(self._searched(only))
             async with self._writing(wanted):
                 if only is not None:
                     self._check_serving(*only)
                 rows = search()
+                found_in = {found[0] for found in rows}
                 # No await from this look to the caller's write: it writes what it found.
-                if {found[0] for found in rows} <= wanted:
+                if found_in <= wanted:
                     yield rows
                     return
+                wanted |= found_in  # the locks held only grow: at most P rounds
 
     def _searched(self, only: tuple[int, int] | None) -> list[int]:
         """Where an owner's rows are looked for: every partition served, or a handle's

@@ -122,8 +122,9 @@ class TimerStore(Protocol):
     apply_changelog, changelog_offset) raise `StoreClosed` for one this store does not
     serve (revoked); `find`, `cancel`, `cancel_all`, `pause`, `resume`, `parked` and
     `timers_of` look in the partitions it serves. After `close()` every call raises
-    `StoreClosed`. Bad arguments raise `ValueError`. Writes are serialised; each awaits
-    the changelog sink before it writes.
+    `StoreClosed`. Bad arguments raise `ValueError`. Writes of one partition are
+    serialised (those of others go on meanwhile); each awaits the changelog sink before
+    it writes, and a write of an owner's row waits for any write of that row under way.
     """
 
     @property

@@ -106,7 +106,9 @@ async def test_every_kind_of_write_of_another_partition_goes_on(
         store.pause(ref("o"), "k", 1),
         store.resume(ref("o"), "k", 1, 2_000),
         store.cancel(ref("o"), "k", 1),
-        store.cancel(ref("absent"), "k", 1),
+        # A row found nowhere: its partition's handle looks there alone (the store itself
+        # looks again under every partition's lock: it might be a put still in its sink).
+        store.partition(2).cancel(ref("absent"), "k", 1),
         store.cancel_all(ref("m"), 1),
         store.expire(3, 10_000_000, 0, 10),
         store.apply_changelog(2, []),
@@ -161,6 +163,34 @@ async def test_a_cancel_of_the_held_partitions_row_waits_for_its_write(
     found = await store.find(t.owner, t.key)
     assert found is not None and found.status is TimerStatus.CANCELLED
     await store.close()
+
+
+@pytest.mark.parametrize("through", ["store", "handle"])
+@pytest.mark.parametrize("op", ["cancel", "pause", "cancel_all"])
+async def test_an_owners_write_waits_for_a_put_of_its_row_still_in_its_sink(
+    gated: tuple[PartitionedStore, GatedSink], op: str, through: str
+) -> None:
+    # The put is not in the store yet: a look without its lock finds nothing, and the
+    # cancel (pause, cancel-all) must still come after it, never be lost before it.
+    store, sink = gated
+    t = timer(ref("o"), partition=0)
+    where: Any = store if through == "store" else store.partition(0)
+    put = start(where.put(t))
+    await sink.entered.wait()
+    if op == "cancel":
+        write = start(where.cancel(t.owner, t.key, 1))
+    elif op == "pause":
+        write = start(where.pause(t.owner, t.key, 1))
+    else:
+        write = start(where.cancel_all(t.owner, 1))
+    await turns()
+    assert not write.done()
+    sink.release()
+    assert await put is True
+    assert await write  # it found the row the put wrote
+    found = await store.find(t.owner, t.key)
+    assert found is not None
+    assert found.status is (TimerStatus.PAUSED if op == "pause" else TimerStatus.CANCELLED)
 
 
 async def test_close_waits_for_every_partitions_write(
