@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import AsyncIterator, Iterable, Sequence
 from typing import Any
 
@@ -37,9 +38,13 @@ class Reader:
         """`timeout`: how long a request may go unanswered (a missing topic's metadata is
         waited for that long) before the read or the offsets fail."""
         self._batch = batch
+        self._timeout = timeout
         self._consumer = AIOKafkaConsumer(
             **client_options(bootstrap),
             group_id=None,
+            # A position the log no longer holds (truncated under the read) fails the
+            # read, never jumps to the end past records not read.
+            auto_offset_reset="none",
             request_timeout_ms=int(timeout * 1000),
             enable_auto_commit=False,
             isolation_level="read_committed",
@@ -88,6 +93,8 @@ class Reader:
                 if position >= end:
                     return
                 c.seek(tp, position)
+                # aiokafka retries a lost broker for ever: no progress this long fails it.
+                deadline = time.monotonic() + self._timeout
                 while position < end:
                     # Short: what is left may be a transaction marker, which no fetch returns.
                     got = await c.getmany(tp, timeout_ms=100, max_records=self._batch)
@@ -95,7 +102,13 @@ class Reader:
                     if msgs:
                         yield [_record(m) for m in msgs if m.offset < end]
                     # Transaction markers take offsets too: trust the consumer's position.
-                    position = await c.position(tp)
+                    moved, position = position, await c.position(tp)
+                    if msgs or position != moved:
+                        deadline = time.monotonic() + self._timeout
+                    elif time.monotonic() >= deadline:
+                        raise KafkaUnavailable(
+                            f"cannot read {topic}[{partition}]: no progress in {self._timeout:g} s"
+                        )
             except KafkaError as exc:
                 raise KafkaUnavailable(f"cannot read {topic}[{partition}]: {explain(exc)}") from exc
 

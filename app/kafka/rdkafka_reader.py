@@ -73,6 +73,9 @@ class RdkafkaReader:
             "enable.auto.offset.store": False,
             "isolation.level": "read_committed",
             "enable.partition.eof": True,
+            # A position the log no longer holds (truncated under the read) is an error
+            # naming the partition, never a silent jump to its end past unread records.
+            "auto.offset.reset": "error",
             "fetch.wait.max.ms": 20,
             "fetch.max.bytes": 32 * 1024 * 1024,
             "max.partition.fetch.bytes": 16 * 1024 * 1024,

@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 from typing import Any, cast
 
 import pytest
+from aiokafka.errors import OffsetOutOfRangeError
 from confluent_kafka import KafkaError
 
 from app.errors import KafkaUnavailable
@@ -155,3 +156,65 @@ def test_a_partitions_error_or_no_progress_ends_the_read_unavailable() -> None:
     assert [r.offset for r in reader._next(cast(Any, gone), ("t", 0), 5)[0]] == [2]
     with pytest.raises(KafkaUnavailable, match=r"cannot read t\[0\]: no records in 0\.1 s"):
         reader._next(cast(Any, gone), ("t", 0), 5)
+
+
+def test_a_record_past_the_end_is_not_returned_and_ends_the_read() -> None:
+    reader = RdkafkaReader("127.0.0.1:1", timeout=5.0)
+    consumer = _Consumer([_Message(3), _Message(4), _Message(5), _Message(6)])
+    records, done = reader._next(cast(Any, consumer), ("t", 0), 5)
+    assert [r.offset for r in records] == [3, 4]  # 5 and 6 were written since the read began
+    assert done
+
+
+def test_a_position_the_log_no_longer_holds_fails_the_read() -> None:
+    # librdkafka reports it (auto.offset.reset=error) rather than jumping to the end past
+    # records the read never returned (the log truncated under it)
+    reader = RdkafkaReader("127.0.0.1:1", timeout=5.0)
+    assert reader._config["auto.offset.reset"] == "error"
+    reset = KafkaError(KafkaError._AUTO_OFFSET_RESET, "fetch failed: Offset out of range")
+    with pytest.raises(KafkaUnavailable, match=r"cannot read t\[0\]"):
+        reader._next(cast(Any, _Consumer([_Message(2, reset)])), ("t", 0), 5)
+
+
+class _StuckConsumer:
+    """aiokafka's consumer with a broker gone mid-read: fetches return nothing, the
+    position never moves; or, with `fault`, the fetch raises it."""
+
+    def __init__(self, fault: Exception | None = None) -> None:
+        self.fault = fault
+
+    def assign(self, tps: Any) -> None:
+        pass
+
+    async def end_offsets(self, tps: Any) -> dict[Any, int]:
+        return {tp: 5 for tp in tps}
+
+    async def beginning_offsets(self, tps: Any) -> dict[Any, int]:
+        return {tp: 0 for tp in tps}
+
+    def seek(self, tp: Any, offset: int) -> None:
+        pass
+
+    async def getmany(self, *tps: Any, timeout_ms: int, max_records: int) -> dict[Any, Any]:
+        if self.fault is not None:
+            raise self.fault
+        return {}
+
+    async def position(self, tp: Any) -> int:
+        return 0
+
+
+@pytest.mark.parametrize("fault", [None, "out of range"])
+async def test_aiokafkas_reader_fails_a_read_that_makes_no_progress_or_lost_its_position(
+    fault: str | None,
+) -> None:
+    reader = Reader("127.0.0.1:1", timeout=0.3)
+    real = reader._consumer
+    reader._consumer = cast(
+        Any, _StuckConsumer(None if fault is None else OffsetOutOfRangeError({}))
+    )
+    expected = "no progress in 0.3 s" if fault is None else "cannot read t"
+    with pytest.raises(KafkaUnavailable, match=expected):
+        async for _ in reader.read("t", 0, 0):
+            pass
+    await real.stop()
