@@ -293,7 +293,8 @@ class TransactionalProducer:
                 await sender._message_accumulator.flush_for_commit()
                 if waiting := [f for f in self._sent if not f.done()]:
                     await asyncio.wait(waiting)  # shields of the flushed batches: a turn
-                failed = (f.exception() for f in self._sent if not f.cancelled())
+                # A batch whose future was cancelled was never acknowledged: as failed.
+                failed = (_unacknowledged(f) for f in self._sent)
                 self._unsent = next((e for e in failed if e is not None), None)
                 # Broken meanwhile (its caller cancelled, its abort refused mid-commit):
                 # the caller was told it failed, so nothing of it may commit.
@@ -385,3 +386,10 @@ def _retrieve(future: asyncio.Future[Any]) -> None:
 
 def _headers(record: OutRecord) -> list[tuple[str, bytes | None]]:
     return list(headers) if (headers := headers_of(record)) else []
+
+
+def _unacknowledged(future: asyncio.Future[Any]) -> BaseException | None:
+    """Why a send of the transaction was not acknowledged (it is done), or None."""
+    if future.cancelled():
+        return KafkaUnavailable("a send of the transaction was cancelled before its answer")
+    return future.exception()

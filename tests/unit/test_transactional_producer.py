@@ -140,3 +140,43 @@ async def test_a_commit_whose_caller_gave_up_before_its_end_aborts(
         assert ended == [TransactionResult.ABORT]
     finally:
         await producer._producer.stop()
+
+
+@pytest.mark.parametrize("outcome", ["acknowledged", "cancelled", "refused"])
+async def test_a_commit_with_a_send_never_acknowledged_aborts(
+    monkeypatch: pytest.MonkeyPatch, outcome: str
+) -> None:
+    """A batch whose future was cancelled (or failed) was never acknowledged: the
+    transaction is aborted, not committed without it; an acknowledged one commits."""
+    from aiokafka.producer.sender import Sender
+    from aiokafka.producer.transaction_manager import TransactionResult
+
+    ended: list[TransactionResult] = []
+
+    async def end(_sender: Sender, result: TransactionResult) -> None:
+        ended.append(result)
+
+    monkeypatch.setattr(Sender, "_do_txn_commit", end)
+    producer = TransactionalProducer("127.0.0.1:1", "g.shop.order.timers.3")
+    try:
+        sender = producer._producer._sender
+
+        async def flushed() -> None:
+            pass
+
+        monkeypatch.setattr(sender._message_accumulator, "flush_for_commit", flushed)
+        batch: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        if outcome == "cancelled":
+            batch.cancel()
+        elif outcome == "refused":
+            batch.set_exception(KafkaUnavailable("record too large"))
+            batch.exception()  # retrieved, as the producer's callback does
+        else:
+            batch.set_result(None)
+        producer._sent = [batch]
+        await sender._do_txn_commit(TransactionResult.COMMIT)
+        committed = outcome == "acknowledged"
+        assert ended == [TransactionResult.COMMIT if committed else TransactionResult.ABORT]
+        assert (producer._unsent is None) is committed
+    finally:
+        await producer._producer.stop()
