@@ -219,14 +219,16 @@ class TimerRunner:
         await self._finish(r)
 
     @contextlib.asynccontextmanager
-    async def partition_round(self, partition: int, *, grow: bool = True) -> AsyncIterator[Round]:
+    async def partition_round(
+        self, partition: int, *, grow: bool = True, of: PartitionFiring | None = None
+    ) -> AsyncIterator[Round]:
         """A round of `partition` alone, as `round` is of them all, with the partition's
         own lock, burst and sweep (`PartitionFiring.rounds`) and its share of the sends
         (`share`): a node's partition runs its own, and nothing of another partition's
         (its store calls, its burst, its commits) holds it up. Nothing (an empty round)
-        when the partition is not fired here."""
+        when the partition is not fired here, or (`of`) no longer by that firing."""
         firing = self._firings.get(partition)
-        if firing is None:
+        if firing is None or (of is not None and firing is not of):
             yield Round(RoundStats(), self._clock.now(), frozenset())
             return
         group = {partition: firing}
@@ -235,6 +237,10 @@ class TimerRunner:
             r = await self._work.claim(group, firing.rounds, room, grow)
         yield r
         await self._work.finish(r, firing.rounds, group)
+
+    def firing_of(self, partition: int) -> PartitionFiring | None:
+        """The firing of `partition` from its start to its stop (None: not fired here)."""
+        return self._firings.get(partition)
 
     @property
     def share(self) -> int:
