@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 
 from app.timers.runner.claiming import hand_over, to_claim, write_claims
 from app.timers.runner.decisions import Decision
@@ -44,7 +44,8 @@ logger = logging.getLogger(__name__)
 class RoundWork:
     """The round logic over the runner's `firings` (its map, read here), its store, sends
     and outcome writes; `offer` puts rows just written back in their wheels, `decide`
-    says what a loaded timer becomes now (`expire_or_claim`, guarded)."""
+    says what a loaded timer becomes now (`expire_or_claim`, guarded), `settle` writes
+    a batch of claims (`settle_exactly`)."""
 
     def __init__(
         self,
@@ -57,6 +58,7 @@ class RoundWork:
         load: Load,
         offer: Callable[[Iterable[Timer]], None],
         decide: Callable[[Timer, int], Decision],
+        settle: Callable[[list[Decision]], Awaitable[list[Decision]]],
     ) -> None:
         self._store = store
         self._clock = clock
@@ -67,6 +69,7 @@ class RoundWork:
         self._load = load
         self._offer = offer
         self._decide = decide
+        self._settle = settle
 
     async def claim(
         self,
@@ -124,8 +127,7 @@ class RoundWork:
         to_write = hand_over(r, self._firings, decided, room)
         # A part of a batch that failed may have landed: its claims are sent all the same.
         landed = functools.partial(settle_exactly, self._store, landed=True)
-        settle = functools.partial(settle_exactly, self._store)
-        await write_claims(r, self._firings, to_write, settle, self._offer, landed)
+        await write_claims(r, self._firings, to_write, self._settle, self._offer, landed)
         if stats.lost_claims or stats.deferred:
             for f in live.values():
                 f.wheel.invalidate()  # rows changed behind the wheels' back, or not claimed

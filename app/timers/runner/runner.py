@@ -51,6 +51,7 @@ from app.timers.runner.round_state import RoundState
 from app.timers.runner.round_work import RoundWork, failed
 from app.timers.runner.rounds import Round
 from app.timers.runner.sending import Sends
+from app.timers.runner.settling import settle_exactly
 from app.timers.runner.stats import RoundStats
 from app.timers.runner.wheel import Wheel
 from tables.ledger import FailureLedger
@@ -103,6 +104,7 @@ class TimerRunner:
             self._load,
             self.offer,
             self._expire_or_claim,
+            self._settle_exactly,
         )
 
     def _new_firing(
@@ -231,12 +233,10 @@ class TimerRunner:
         if firing is None or (of is not None and firing is not of):
             yield Round(RoundStats(), self._clock.now(), frozenset())
             return
-        group = {partition: firing}
         async with firing.rounds.lock:
-            room = self.share - len(firing.in_flight)
-            r = await self._work.claim(group, firing.rounds, room, grow)
+            r = await self._claim(grow, firing)
         yield r
-        await self._work.finish(r, firing.rounds, group)
+        await self._finish(r, firing)
 
     def firing_of(self, partition: int) -> PartitionFiring | None:
         """The firing of `partition` from its start to its stop (None: not fired here)."""
@@ -250,12 +250,25 @@ class TimerRunner:
         (`Sends`) bounds the total whatever they add up to."""
         return max(1, self._options.max_in_flight // max(1, len(self._firings)))
 
-    async def _claim(self, grow: bool = True) -> Round:
-        room = self._options.max_in_flight - self.in_flight
-        return await self._work.claim(self._firings, self._rounds, room, grow)
+    async def _claim(self, grow: bool = True, firing: PartitionFiring | None = None) -> Round:
+        """A round's claims (`RoundWork.claim`): of `firing`'s partition alone, within its
+        share of the sends; of every partition when None (the seed's round)."""
+        if firing is None:
+            room = self._options.max_in_flight - self.in_flight
+            return await self._work.claim(self._firings, self._rounds, room, grow)
+        room = self.share - len(firing.in_flight)
+        return await self._work.claim({firing.partition: firing}, firing.rounds, room, grow)
 
-    async def _finish(self, r: Round) -> None:
-        await self._work.finish(r, self._rounds, None)
+    async def _finish(self, r: Round, firing: PartitionFiring | None = None) -> None:
+        """A round's sends, outcome writes and sweep (`RoundWork.finish`), as `_claim`."""
+        if firing is None:
+            await self._work.finish(r, self._rounds, None)
+        else:
+            await self._work.finish(r, firing.rounds, {firing.partition: firing})
+
+    async def _settle_exactly(self, decisions: list[Decision]) -> list[Decision]:
+        """Settles the decisions' changes in one batch; the decisions that were written."""
+        return await settle_exactly(self._store, decisions)
 
     def in_process_due(self, partition: int) -> list[Timer]:
         """The timers of `partition` claimed to fire in-process since its cycle last asked:
