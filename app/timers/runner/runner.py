@@ -208,8 +208,9 @@ class TimerRunner:
 
     @contextlib.asynccontextmanager
     async def round(self, *, grow: bool = True) -> AsyncIterator[Round]:
-        """A node's round: the due timers claimed on entering, and on leaving the claims
-        its node committed (`Round.claims_committed`) sent, never the others (they lapse
+        """The seed's round over every partition fired here (a node runs each partition's
+        apart: `partition_round`): the due timers claimed on entering, and on leaving the
+        claims its node committed (`Round.claims_committed`) sent, never the others (they lapse
         and are claimed again), and the outcomes that came back written. In between, the
         node commits the claims of `Round.to_commit` and has the partitions of
         `Round.in_process` fire theirs. Its sends are not waited for (`answered`).
