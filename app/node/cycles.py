@@ -296,12 +296,13 @@ class PartitionCycles:
         return writes > 0
 
     def _offer(self, kept: KeptType, put: list[Timer]) -> None:
-        """Timers the table was just given (set or rescheduled): counted, and offered to the
-        runner's wheel, which is woken to look at them without reloading it."""
+        """Timers the table was just given (set or rescheduled): counted, and offered to
+        their partitions' wheels, whose loops are woken to look at them without reloading."""
         if put:
             self._metrics.puts.labels(kept.name).inc(len(put))
             kept.runner.offer(put)
-            kept.loop.wake(reload=False)
+            for p in sorted({t.partition for t in put}):
+                kept.loop.wake_partition(p, reload=False)
 
     async def _subscribe(self, kept: KeptType, records: list[Record], w: CycleWork) -> bool:
         """Applies a log batch to the timer table, its bad records' dead letters added to

@@ -1,31 +1,22 @@
-"""The node's timer loop (`NodeTimerLoop`): the node drives its runner's rounds, so that
-the runner never calls back into the node. Each round, the partitions with timers
-claimed to fire in-process have their cycles woken (each cycle asks its partition's
-firing for them, `TimerRunner.in_process_due`, and decides them with its commands, in
-its transaction), and the claims of remote timers are committed, partition by partition,
-before the runner is told it may send them (`Round.claims_committed`). A partition whose
-store failed in the round (`Round.failed`: a corrupt row) fails its task alone, which
-closes dirty and is revived (its local copy restored from its changelog)."""
+"""A type's timer loop in a node (`NodeTimerLoop`): the node drives its runner's rounds, so
+that the runner never calls back into the node. It runs no round of its own: each
+partition task drives its own partition's rounds (`PartitionTimerLoop`, started by the
+task's `start_firing`), so that one partition's store calls, burst or commits hold no
+other partition's timers up. What it keeps is the type's view of them: it starts and
+stops them with the node, wakes them, and says whether they fail (`/healthz`) and how
+many rounds they ran."""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
-from typing import Protocol
 
 from app.node.commits import Commits
 from app.node.cycles import PartitionCycles
 from app.node.kept import KeptType
+from app.node.partition_timers import FiringTask, PartitionTimerLoop
 from app.protocol.topics import AggregateTopics
-from app.timers.runner import (
-    InProcessTargets,
-    PartitionFiring,
-    Round,
-    RoundStats,
-    TimerLoop,
-    TimerRunner,
-)
-from app.timers.runner.slow_start import HELD_AT_MOST_MS
+from app.timers.runner import InProcessTargets, PartitionFiring, RoundStats, TimerRunner
 
 __all__ = ["FiringTask", "NodeTimerLoop", "in_process_targets"]
 
@@ -38,22 +29,9 @@ def in_process_targets(topics: AggregateTopics, partitions: int) -> InProcessTar
     return InProcessTargets(topics.context, topics.aggregate, partitions)
 
 
-class FiringTask(Protocol):
-    """The task running a partition, as its type's timer loop sees it (`PartitionTask`)."""
-
-    @property
-    def firings(self) -> Mapping[str, PartitionFiring]:
-        """Per type, its partition's firing (held from its start to its close)."""
-        ...
-
-    def failed(self, what: str, exc: BaseException) -> None:
-        """Its work failed: it is closed dirty and taken afresh."""
-        ...
-
-
-class NodeTimerLoop(TimerLoop):
-    """A type's timer loop in a node (`type_name`, found in `types` once it is kept);
-    `running`: the task running each partition."""
+class NodeTimerLoop:
+    """The timer loops of type `type_name` (found in `types` once it is kept), one per
+    partition task firing it; `running`: the task running each partition."""
 
     def __init__(
         self,
@@ -63,66 +41,105 @@ class NodeTimerLoop(TimerLoop):
         types: Mapping[str, KeptType],
         commits: Commits,
         cycles: PartitionCycles,
-        running: Mapping[int, FiringTask],
+        running: Mapping[int, object],
         on_round: Callable[[RoundStats], None] | None = None,
     ) -> None:
-        super().__init__(runner, on_round)
+        self._runner = runner
         self._type_name = type_name
-        self._running = running
         self._types = types
         self._commits = commits
         self._cycles = cycles
-        # A burst under way (`TimerRunner.bursting`): of each partition that fires its
-        # timers in-process, its commits landed when the burst first reached it; and
-        # whether one has landed since.
-        self._landed_before: dict[int, int] = {}
-        self._landed = False
-        self._began = 0
+        self._running = running
+        self._on_round = on_round
+        # Each partition's loop, from its task's start_firing until another replaces it.
+        self._loops: dict[int, PartitionTimerLoop] = {}
+        # Those replaced or ended, until they are done (the node's stop waits for them).
+        self._ending: set[PartitionTimerLoop] = set()
+        self._ended_rounds = 0
+        self._started = False
 
-    def _burst_may_grow(self) -> bool:
-        """Whether the burst's slice may double (`slow_start`): once the first of its
-        commits landed (its first timers fired), not before, so that the round trips of
-        those commits never wait behind a turn of the loop grown large; or once it was
-        held `HELD_AT_MOST_MS` (a slow broker). Claims of timers sent, not fired here,
-        commit within the round: nothing to wait for."""
-        if not self._runner.bursting:
-            self._landed_before.clear()
-            self._landed = False
-            self._began = self._clock.now()  # a burst that begins at this round, if one
-            return True
-        kept = self._types.get(self._type_name)
-        if self._landed or kept is None or not self._landed_before:
-            return True
-        self._landed = any(
-            self._commits.landed(kept, p) > before for p, before in self._landed_before.items()
+    @property
+    def running(self) -> bool:
+        return self._started
+
+    @property
+    def rounds(self) -> int:
+        """Rounds its partitions' loops ran, all told."""
+        loops = [*self._loops.values(), *self._ending]
+        return self._ended_rounds + sum(loop.rounds for loop in loops)
+
+    @property
+    def failing(self) -> bool:
+        """Whether a partition's loop failed its last rounds: its timers do not fire."""
+        return any(loop.failing for loop in self._loops.values())
+
+    def start(self) -> None:
+        """The node runs: its partitions' loops run (those started already, and those
+        started from now on)."""
+        self._started = True
+        for loop in self._loops.values():
+            loop.start()
+
+    async def stop(self) -> None:
+        """Ends every partition's loop after its round in progress, and waits for them."""
+        self._started = False
+        loops = [*self._loops.values(), *self._ending]
+        for loop in loops:
+            await loop.stop()
+        self._ending.clear()
+
+    def wake(self, *, reload: bool = True) -> None:
+        """Runs every partition's next round now (`PartitionTimerLoop.wake`)."""
+        for loop in self._loops.values():
+            loop.wake(reload=reload)
+
+    def wake_partition(self, p: int, *, reload: bool = True) -> None:
+        """Runs p's next round now (puts offered to its wheel: `reload=False`)."""
+        if (loop := self._loops.get(p)) is not None:
+            loop.wake(reload=reload)
+
+    def start_partition(self, task: FiringTask, firing: PartitionFiring) -> PartitionTimerLoop:
+        """The loop of `task`'s partition firing `firing`, running while the node runs; one
+        of an earlier firing of it is ended (it ends by itself once its firing stopped)."""
+        p = firing.partition
+        loop = self._loops.get(p)
+        if loop is not None and loop.firing is firing:
+            loop.wake()
+            return loop
+        if loop is not None:
+            self._end(loop)
+        self._loops[p] = loop = PartitionTimerLoop(
+            self._runner,
+            firing,
+            task,
+            type_name=self._type_name,
+            types=self._types,
+            commits=self._commits,
+            cycles=self._cycles,
+            running=self._running,
+            on_round=self._on_round,
         )
-        return self._landed or self._clock.now() - self._began >= HELD_AT_MOST_MS
+        if self._started:
+            loop.start()
+        return loop
 
-    async def round(self) -> RoundStats:
-        async with self._runner.round(grow=self._burst_may_grow()) as r:
-            for p in sorted(r.in_process):
-                self._cycles.fire_local(self._type_name, p)
-            if self._runner.bursting and (kept := self._types.get(self._type_name)):
-                # Before p's cycle can run (no await since its wake-up): a commit of it
-                # that lands from now on is one of the burst's.
-                for p in r.in_process - self._landed_before.keys():
-                    self._landed_before[p] = self._commits.landed(kept, p)
-            for p in sorted(r.to_commit):
-                # A fenced owner commits no claim: it sends nothing. One partition's
-                # failure (its task is reset) holds no other's sends up.
-                try:
-                    await self._commits.commit_claims(self._types[self._type_name], {p})
-                except Exception as exc:
-                    logger.warning("partition %d: claims not committed, none sent: %s", p, exc)
-                else:
-                    r.claims_committed({p})
-        self._fail_tasks(r)
-        return r.stats
+    def end_partition(self, loop: PartitionTimerLoop) -> None:
+        """Ends a partition's loop (its task closes), not waited for: a round in progress
+        finds its firing stopped and claims, sends and sweeps nothing more of it."""
+        if self._loops.get(loop.p) is loop:
+            del self._loops[loop.p]
+        self._end(loop)
 
-    def _fail_tasks(self, r: Round) -> None:
-        """The tasks whose firing the store failed in: each closed dirty and revived, its
-        local copy dropped and restored from its changelog; no other task is touched."""
-        for p, (firing, exc) in sorted(r.failed.items()):
-            task = self._running.get(p)
-            if task is not None and task.firings.get(self._type_name) is firing:
-                task.failed(f"the timer store of {self._type_name}", exc)
+    def _end(self, loop: PartitionTimerLoop) -> None:
+        loop.end()
+        if not loop.running:
+            self._ended_rounds += loop.rounds
+            return
+        self._ending.add(loop)
+
+        def ended(_: object) -> None:
+            if loop in self._ending:
+                self._ending.discard(loop)
+                self._ended_rounds += loop.rounds
+
+        loop.when_done(ended)

@@ -5,7 +5,7 @@ task's), and the topics a node of some types reads and writes."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from app.errors import Fenced
 from app.kafka import TopicSpec
@@ -14,9 +14,12 @@ from app.node.local_state import CleanMarks
 from app.node.type_transactions import TypeTransactions
 from app.protocol.dead_letters import DEAD_LETTER_TOPIC_BYTES
 from app.protocol.topics import AggregateTopics, ContextTopics
-from app.timers.runner import TimerLoop, TimerRunner
+from app.timers.runner import TimerRunner
 from tables import TimerStore
 from tables.aggregate_store import RocksAggregateStore
+
+if TYPE_CHECKING:
+    from app.node.in_process import NodeTimerLoop
 
 __all__ = ["KeptType", "is_fenced", "node_topics"]
 
@@ -29,7 +32,7 @@ class KeptType:
     agg: AggregateType[Any] | None  # None: timers only (the type is decided elsewhere)
     store: TimerStore
     runner: TimerRunner
-    loop: TimerLoop
+    loop: NodeTimerLoop
     states: RocksAggregateStore | None
     # Its partitions' transactions (each held by the task of its partition), opened here,
     # and the store's changelog sink that routes each timer row to its partition's.

@@ -45,6 +45,7 @@ from app.node.kept import is_fenced
 from app.node.partition_input import Batch, Held, PartitionInput
 from app.node.partition_open import open_partition
 from app.node.partition_release import CloseFailed, release_partition
+from app.node.partition_timers import PartitionTimerLoop
 from app.node.partition_transaction import PartitionTransaction
 from app.node.task_shared import TaskManager, TaskShared
 from app.node.task_state import TaskState, closes_clean, transition
@@ -77,6 +78,8 @@ class PartitionTask:
         self.transactions: dict[str, PartitionTransaction] = {}
         # Per type, p's timer firing: obtained when p starts firing, stopped by its close.
         self.firings: dict[str, PartitionFiring] = {}
+        # Per type, the loop of p's own timer rounds over its firing (ended by its close).
+        self.timer_loops: dict[str, PartitionTimerLoop] = {}
         # When its transactions commit (a failed commit fails the task).
         self.commits = PartitionCommits(p, self.failed, self.transactions)
         self._taking: asyncio.Task[None] | None = None
@@ -265,13 +268,25 @@ class PartitionTask:
 
     def start_firing(self) -> None:
         """p's timers fire from now on: those whose targets p decides itself in-process,
-        in its cycles (`in_process_targets`), the others sent."""
+        in its cycles (`in_process_targets`), the others sent; each type's in rounds of
+        p's own (`PartitionTimerLoop`), which no other partition's hold up."""
         partitions = self._shared.settings.partitions
         for kept in self._shared.types.values():
             local = kept.name in self.processors
             in_process = in_process_targets(kept.topics, partitions) if local else None
-            self.firings[kept.name] = kept.runner.start_partition(self.p, in_process=in_process)
-            kept.loop.wake()
+            firing = kept.runner.start_partition(self.p, in_process=in_process)
+            self.firings[kept.name] = firing
+            self.timer_loops[kept.name] = kept.loop.start_partition(self, firing)
+
+    def _end_timer_loops(self) -> None:
+        """Its timer loops end (not waited for: a round in progress finds its firing
+        stopped by the close and does nothing more of it)."""
+        for name, loop in self.timer_loops.items():
+            if (kept := self._shared.types.get(name)) is not None:
+                kept.loop.end_partition(loop)
+            else:
+                loop.end()
+        self.timer_loops.clear()
 
     def read_past(self, done: dict[str, int]) -> None:
         """A cycle of p staged: a task held since a failure fires again once its log was
@@ -316,6 +331,7 @@ class PartitionTask:
         if was is not TaskState.SUSPENDED:
             self._to(TaskState.SUSPENDED)
         self._stop_running()
+        self._end_timer_loops()
         if was is not TaskState.CREATED or self._half_open():
             # A cycle cut short wrote half of its work: nothing of p's transaction commits.
             clean = not await self.stop_input() and clean

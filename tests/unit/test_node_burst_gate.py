@@ -1,48 +1,65 @@
-"""A node's timer loop lets a burst's slice grow (`slow_start`) only once the first of
-its commits landed (#20): until then its rounds stay small, so that the round trips of
-the first transactions, which fire the burst's first timers, wait behind small turns."""
+"""A partition's timer loop lets its burst's slice grow (`slow_start`) only once the first
+of the burst's commits of that partition landed (#20): until then its rounds stay small,
+so that the round trips of the first transactions, which fire the burst's first timers,
+wait behind small turns. Each partition's burst is its own (#19)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from typing import Any, cast
 
 from fakes_node import FakeClock
 
 from app.node.commits import Commits
 from app.node.cycles import PartitionCycles
-from app.node.in_process import NodeTimerLoop
-from app.timers.runner import Round, RoundStats, TimerOptions, TimerRunner
+from app.node.partition_timers import PartitionTimerLoop
+from app.timers.runner import PartitionFiring, Round, RoundStats, TimerOptions, TimerRunner
 from app.timers.runner.slow_start import HELD_AT_MOST_MS
+from app.timers.runner.wheel import Wheel
+from tables import DueRow
+
+
+async def _no_rows(partitions: set[int], until: int, limit: int) -> list[DueRow]:
+    return []
+
+
+def firing_of(p: int) -> PartitionFiring:
+    return PartitionFiring(p, Wheel(_no_rows, 100, 1000))
 
 
 class BurstRunner:
-    """A runner whose rounds hand timers to partitions 0 and 1 while `due` rounds are
-    left of a burst; it notes whether each round was let grow."""
+    """A runner whose rounds of a partition hand timers to it while `due` rounds are left
+    of its burst; it notes whether each round was let grow."""
 
-    def __init__(self) -> None:
+    def __init__(self, firings: dict[int, PartitionFiring]) -> None:
         self.clock = FakeClock(0)
         self.options = TimerOptions()
         self.answered = asyncio.Event()
-        self.bursting = False
-        self.due = 0
-        self.grows: list[bool] = []
+        self.firings = firings
+        self.due = dict.fromkeys(firings, 0)
+        self.grows: dict[int, list[bool]] = {p: [] for p in firings}
+
+    def firing_of(self, p: int) -> PartitionFiring | None:
+        return self.firings.get(p)
 
     @contextlib.asynccontextmanager
-    async def round(self, *, grow: bool = True) -> AsyncIterator[Round]:
-        self.grows.append(grow)
-        r = Round(RoundStats(), 0, frozenset({0, 1}))
-        if self.due:
-            self.due -= 1
-            r.in_process = frozenset({0, 1})
-        self.bursting = self.due > 0
+    async def partition_round(
+        self, p: int, *, grow: bool = True, of: PartitionFiring | None = None
+    ) -> AsyncIterator[Round]:
+        assert of is self.firings[p]
+        self.grows[p].append(grow)
+        r = Round(RoundStats(), 0, frozenset({p}))
+        if self.due[p]:
+            self.due[p] -= 1
+            r.in_process = frozenset({p})
+        of.rounds.burst = 32 if self.due[p] > 0 else None
         yield r
 
 
 class FakeCommits:
-    """The commits of partitions 0 and 1 that landed, as the loop reads them."""
+    """The commits of each partition that landed, as the loop reads them."""
 
     def __init__(self) -> None:
         self.landed_of: dict[int, int] = {0: 0, 1: 0}
@@ -59,50 +76,81 @@ class Cycles:
         self.fired.append(p)
 
 
-def gated() -> tuple[BurstRunner, FakeCommits, Cycles, NodeTimerLoop]:
-    """A node's timer loop over a burst runner, its commits and its cycles."""
-    runner, commits, cycles = BurstRunner(), FakeCommits(), Cycles()
-    loop = NodeTimerLoop(
-        cast(TimerRunner, runner),
-        type_name="order",
-        types=cast(Any, {"order": object()}),
-        commits=cast(Commits, commits),
-        cycles=cast(PartitionCycles, cycles),
-        running={},
-    )
-    return runner, commits, cycles, loop
+class Task:
+    def __init__(self, firings: Mapping[str, PartitionFiring]) -> None:
+        self.firings = firings
+
+    def failed(self, what: str, exc: BaseException) -> None:
+        raise AssertionError(f"{what}: {exc}")
+
+
+def gated() -> tuple[BurstRunner, FakeCommits, Cycles, dict[int, PartitionTimerLoop]]:
+    """The timer loops of partitions 0 and 1 over a burst runner, their commits and cycles."""
+    firings = {p: firing_of(p) for p in (0, 1)}
+    runner, commits, cycles = BurstRunner(firings), FakeCommits(), Cycles()
+    tasks = {p: Task({"order": f}) for p, f in firings.items()}
+    loops = {
+        p: PartitionTimerLoop(
+            cast(TimerRunner, runner),
+            firing,
+            tasks[p],
+            type_name="order",
+            types=cast(Any, {"order": object()}),
+            commits=cast(Commits, commits),
+            cycles=cast(PartitionCycles, cycles),
+            running=tasks,
+        )
+        for p, firing in firings.items()
+    }
+    return runner, commits, cycles, loops
 
 
 async def test_a_burst_grows_once_its_first_commit_landed() -> None:
-    runner, commits, cycles, loop = gated()
-    runner.due = 6
-    commits.landed_of[1] = 4  # commits of p1 before the burst: not the burst's
+    runner, commits, cycles, loops = gated()
+    loop = loops[0]
+    runner.due[0] = 6
+    commits.landed_of[0] = 4  # commits of p0 before the burst: not the burst's
     await loop.round()  # the burst begins: its first slice, whatever `grow` says
-    assert runner.bursting and cycles.fired == [0, 1]
+    assert runner.firings[0].rounds.bursting and cycles.fired == [0]
     await loop.round()
     await loop.round()
-    assert runner.grows == [True, False, False], "held while none of its commits landed"
+    assert runner.grows[0] == [True, False, False], "held while none of its commits landed"
+    commits.landed_of[1] += 1
+    await loop.round()
+    assert runner.grows[0][-1] is False, "another partition's commit is not its burst's"
     # p0's first commit lands between two rounds (never seen in flight): it counts.
     commits.landed_of[0] += 1
     await loop.round()
-    assert runner.grows[-1] is True
+    assert runner.grows[0][-1] is True
     await loop.round()
-    await loop.round()
-    assert runner.grows[-1] is True and not runner.bursting
+    assert runner.grows[0][-1] is True and not runner.firings[0].rounds.bursting
     # A later burst is held again until one of its own commits lands.
-    runner.due = 3
+    runner.due[0] = 3
     await loop.round()
     await loop.round()
-    assert runner.grows[-2:] == [True, False], "no commit landed since this burst began"
-    commits.landed_of[1] += 1
+    assert runner.grows[0][-2:] == [True, False], "no commit landed since this burst began"
+    commits.landed_of[0] += 1
     await loop.round()
-    assert runner.grows[-1] is True
+    assert runner.grows[0][-1] is True
+
+
+async def test_a_burst_in_one_partition_never_holds_anothers_slice() -> None:
+    runner, _, cycles, loops = gated()
+    runner.due[0] = 6
+    await loops[0].round()
+    await loops[0].round()
+    assert runner.grows[0] == [True, False], "p0's burst is held"
+    runner.due[1] = 1  # p1's timers: fewer than a round takes, no burst of its own
+    await loops[1].round()
+    await loops[1].round()
+    assert runner.grows[1] == [True, True] and cycles.fired == [0, 0, 1]
 
 
 async def test_a_burst_whose_first_commit_is_slow_grows_after_a_few_rounds_held() -> None:
-    runner, _, _, loop = gated()
+    runner, _, _, loops = gated()
+    loop = loops[0]
     # No commit of the burst lands.
-    runner.due = 8
+    runner.due[0] = 8
     runner.clock.set(1_000)
     await loop.round()  # the burst begins at 1,000
     for _ in range(3):
@@ -111,4 +159,4 @@ async def test_a_burst_whose_first_commit_is_slow_grows_after_a_few_rounds_held(
     runner.clock.advance(3)
     await loop.round()
     await loop.round()
-    assert runner.grows == [True, False, False, False, True, True]
+    assert runner.grows[0] == [True, False, False, False, True, True]

@@ -2,7 +2,8 @@
 `stop_partition`: its wheel, which of its timers fire in-process (`InProcessTargets`) and
 those claimed to, waiting for its cycle to ask for them, its sends in flight and their
 outcomes not written yet, whether it was just started (a previous owner's claims taken
-over), its BUSY counts, its write lock and the fault that stopped it. A node's partition
+over), its BUSY counts, its own rounds' state (`rounds`: lock, burst, sweep) and whether
+a send of it was answered since, its write lock and the fault that stopped it. A node's partition
 task holds it (the runner keeps a reference for its rounds); nothing in it is shared with
 another partition: a partition's stop drops it whole.
 
@@ -22,6 +23,7 @@ from dataclasses import dataclass
 
 from app.timers.runner.decisions import Decision, SendResult, guarded, on_outcome
 from app.timers.runner.options import TimerOptions
+from app.timers.runner.round_state import RoundState
 from app.timers.runner.wheel import Wheel
 from tables.partitioner import partition_of
 from tables.timer import Timer, TimerStatus
@@ -73,6 +75,10 @@ class PartitionFiring:
         self.outcomes: list[Decision] = []
         # BUSY refusals in a row, by timer id: this node's memory only.
         self.busy: dict[str, int] = {}
+        # Its own rounds' state (`TimerRunner.partition_round`): their lock, burst, sweep.
+        self.rounds = RoundState()
+        # Set when a send of it is answered: its next round writes the outcome at once.
+        self.answered = asyncio.Event()
         # Its write lock (see the module): a claim batch, an outcome write, a sweep, a stop.
         self.lock = asyncio.Lock()
         # Set by its stop, under its lock: nothing of it is claimed, sent or swept after.

@@ -1,21 +1,24 @@
 """TimerRunner: carries out the decisions against a store, a sender and a clock.
 
 The runner holds no rule of its own: `decisions` says what each timer becomes; this
-module loads, claims, sends and writes, in rounds, over one `PartitionFiring` per
-partition it fires (its wheel, sends, outcomes, write lock). One round is one `due_rows()`
-query for the owned partitions whose wheels ran out, one `settle` batch for its claims and
-expiries (under the locks of the partitions it touches), the sends run concurrently
-(`Sends`), and one `settle` batch for their outcomes. No lock is held across a ledger or
-a Kafka call: a round holds its own lock only while it loads and claims (store calls),
-and a partition's lock is held only across a store call of it. Time comes from a `Clock`
-and commands leave through a `Sender` (`ports`), so tests drive it all with fakes.
+module loads, claims, sends and writes, in rounds (`round_work`), over one
+`PartitionFiring` per partition it fires (its wheel, sends, outcomes, rounds' state,
+write lock). A node runs each partition's rounds apart (`partition_round`): one
+`due_rows()` of its partition when its wheel ran out, its own burst slice, its own share
+of the sends (`share`), one `settle` batch for its claims and expiries, the sends run
+concurrently (`Sends`), one `settle` batch for their outcomes, its own sweep; nothing of
+it waits on another partition's round. The seed's round (`round`, `run_round`) does the
+same over every partition at once. No lock is held across a ledger or a Kafka call: a
+round holds its lock only while it loads and claims (store calls), and a partition's
+write lock is held only across a store call of it. Time comes from a `Clock` and
+commands leave through a `Sender` (`ports`), so tests drive it all with fakes.
 
 A store fault in a partition (a corrupt row: `StoreError`) stops that partition's firing
 alone (`PartitionFiring.fault`, `Round.failed`): the others go on, and its owner lets it
 go and restores it.
 
-In a node the runner calls nothing of the node: the node drives it. Its round
-(`round()`) hands the node the partitions whose claims must commit before their commands
+In a node the runner calls nothing of the node: the node drives it. A partition's round
+(`partition_round()`) hands the node the claims that must commit before their commands
 leave, and the node says which did; the timers a partition fires in-process wait in its
 `PartitionFiring` until the partition's cycle asks for them (`in_process_due`), decides
 them with its commands and settles them in its transaction (`record_outcomes`). A node's
@@ -31,7 +34,6 @@ import functools
 import logging
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 
-from app.timers.runner.claiming import hand_over, to_claim, write_claims
 from app.timers.runner.decisions import (
     Decision,
     SendResult,
@@ -45,17 +47,17 @@ from app.timers.runner.options import TimerOptions
 from app.timers.runner.outcomes import Outcomes
 from app.timers.runner.partition import InProcessTargets, PartitionFiring, offer_to
 from app.timers.runner.ports import Clock, FiringStore, Sender
+from app.timers.runner.round_state import RoundState
+from app.timers.runner.round_work import RoundWork, failed
 from app.timers.runner.rounds import Round
 from app.timers.runner.sending import Sends
-from app.timers.runner.settling import settle_exactly, taken_over
-from app.timers.runner.slow_start import burst_after, round_slice
+from app.timers.runner.settling import settle_exactly
 from app.timers.runner.stats import RoundStats
-from app.timers.runner.wheel import Wheel, built_apart, count_due_of, load_due_of, pop_from
-from tables.exceptions import StoreError
+from app.timers.runner.wheel import Wheel
 from tables.ledger import FailureLedger
 from tables.refs import AggregateRef
 from tables.store import DueRow
-from tables.timer import Timer, TimerStatus
+from tables.timer import Timer
 
 __all__ = ["RoundStats", "TimerRunner"]
 
@@ -89,19 +91,31 @@ class TimerRunner:
         for p in partitions:
             self._firings[p] = firing = self._new_firing(p, in_process)
             firing.fresh = False  # given at the start: nobody else's claims to take over
-        # One round's loads and claims at a time (store calls only: never held across a
-        # ledger or Kafka call, nor while a node commits the claims).
-        self._round_lock = asyncio.Lock()
+        # The seed's rounds over every partition (`round`): their lock, burst and sweep.
+        self._rounds = RoundState()
         self._outcomes = Outcomes(store, ledger, clock, self._options, self._firings)
-        self._sweep_turn = 0
-        # The slice of a burst under way: its last round left rows due (None: no burst).
-        self._burst: int | None = None
+        self._work = RoundWork(
+            store,
+            clock,
+            self._options,
+            self._firings,
+            self._sends,
+            self._outcomes,
+            self._load,
+            self.offer,
+            self._expire_or_claim,
+            self._settle_exactly,
+        )
 
     def _new_firing(
         self, partition: int, in_process: InProcessTargets | None = None
     ) -> PartitionFiring:
         wheel = Wheel(self._load, self._options.poll_interval_ms, self._options.batch_limit)
         return PartitionFiring(partition, wheel, in_process)
+
+    def _expire_or_claim(self, timer: Timer, now: int) -> Decision:
+        """What a loaded timer becomes now; a rule that raises parks it alone (`guarded`)."""
+        return guarded(functools.partial(expire_or_claim, timer, now, self._options), timer, now)
 
     async def _load(self, partitions: set[int], until: int, limit: int) -> list[DueRow]:
         return await self._store.due_rows(partitions, until=until, limit=limit)
@@ -175,119 +189,87 @@ class TimerRunner:
         outcome is written by the round after it came back (`answered`), so a slow target
         holds no other timer up.
         """
-        async with self._round_lock:
+        async with self._rounds.lock:
             r = await self._claim()
         r.claims_committed(r.to_commit)
         await self._finish(r)
         if wait and r.tasks:
             await asyncio.wait(r.tasks)
             await self._outcomes.flush(None, r.stats)
-            self._next_due(r.stats)
-            self._failed(r)
+            self._work.next_due(self._firings.values(), r.stats)
+            failed(r)
         return r.stats
 
     @property
     def bursting(self) -> bool:
-        """Whether a burst is under way: its last round left rows due (`slow_start`)."""
-        return self._burst is not None
+        """Whether a burst is under way in the seed's rounds (`round`): the last left rows
+        due (`slow_start`). A partition's own: `PartitionFiring.rounds`."""
+        return self._rounds.bursting
 
     @contextlib.asynccontextmanager
     async def round(self, *, grow: bool = True) -> AsyncIterator[Round]:
-        """A node's round: the due timers claimed on entering, and on leaving the claims
-        its node committed (`Round.claims_committed`) sent, never the others (they lapse
+        """The seed's round over every partition fired here (a node runs each partition's
+        apart: `partition_round`): the due timers claimed on entering, and on leaving the
+        claims its node committed (`Round.claims_committed`) sent, never the others (they lapse
         and are claimed again), and the outcomes that came back written. In between, the
         node commits the claims of `Round.to_commit` and has the partitions of
         `Round.in_process` fire theirs. Its sends are not waited for (`answered`).
         `grow`: a burst's slice may double (`slow_start`), else it is taken again.
         `Round.failed`: the partitions the store failed in, for the node to restore."""
-        async with self._round_lock:
+        async with self._rounds.lock:
             r = await self._claim(grow)
         yield r
         await self._finish(r)
 
-    async def _claim(self, grow: bool = True) -> Round:
-        """Loads the due timers, decides them, and claims them: a remote one's claim written
-        (in its partition's transaction), an in-process one's kept for its cycle."""
-        now = self._clock.now()
-        live = {p: f for p, f in self._firings.items() if f.fault is None}
-        r = Round(RoundStats(), now, frozenset(live), firings=dict(self._firings))
-        if not r.owned:
-            self._failed(r)
-            return r
-        stats, o = r.stats, self._options
-        wheels = {p: f.wheel for p, f in live.items()}
-        await load_due_of(wheels, self._load, now, o.poll_interval_ms, o.batch_limit)
-        # A burst is taken in growing slices (`slow_start`): the first fires at once.
-        due = count_due_of(wheels, now, o.batch_limit)
-        take = round_slice(due, self._burst, limit=o.batch_limit, grow=grow)
-        rows, took, stats.full = pop_from(wheels, now, take)
-        self._burst = burst_after(take, stats.full)
-        fresh = [f for f in live.values() if f.fresh]
-        try:
-            await self._claim_taken(r, live, rows)
-        except Exception:
-            # Taken, not claimed: loaded (and a previous owner's claims taken) again.
-            for p in took:
-                wheels[p].invalidate()
-            for f in fresh:
-                f.fresh = True
-            raise
-        return r
-
-    async def _claim_taken(
-        self, r: Round, live: dict[int, PartitionFiring], rows: list[DueRow]
-    ) -> None:
-        """Decides and claims the `rows` taken from the wheels of the `live` firings, and
-        the FIRING rows of those just started."""
-        stats, o, now = r.stats, self._options, r.now
-        loaded, faults = built_apart(rows)
-        for p, exc in faults.items():
-            live[p].fail(exc)
-        stats.loaded = len(loaded)
-        decided = [
-            guarded(functools.partial(expire_or_claim, t, now, o), t, now)
-            for t in to_claim(r, self._firings, loaded)
-        ]
-        decided += await self._taken_over(now, live)
-        stats.lapsed = sum(
-            1
-            for d in decided
-            if d.change is not None and d.change.loaded.status is TimerStatus.FIRING
-        )
-        to_write = hand_over(r, self._firings, decided, o.max_in_flight - self.in_flight)
-        # A part of a batch that failed may have landed: its claims are sent all the same.
-        landed = functools.partial(settle_exactly, self._store, landed=True)
-        await write_claims(r, self._firings, to_write, self._settle_exactly, self.offer, landed)
-        if stats.lost_claims or stats.deferred:
-            self.invalidate()  # rows changed behind the wheels' back, or not claimed
-
-    async def _finish(self, r: Round) -> None:
-        """Sends the claims committed, writes the outcomes in, sweeps a partition."""
-        stats = r.stats
-        if not r.owned:
+    @contextlib.asynccontextmanager
+    async def partition_round(
+        self, partition: int, *, grow: bool = True, of: PartitionFiring | None = None
+    ) -> AsyncIterator[Round]:
+        """A round of `partition` alone, as `round` is of them all, with the partition's
+        own lock, burst and sweep (`PartitionFiring.rounds`) and its share of the sends
+        (`share`): a node's partition runs its own, and nothing of another partition's
+        (its store calls, its burst, its commits) holds it up. Nothing (an empty round)
+        when the partition is not fired here, or (`of`) no longer by that firing."""
+        firing = self._firings.get(partition)
+        if firing is None or (of is not None and firing is not of):
+            yield Round(RoundStats(), self._clock.now(), frozenset())
             return
-        unsent = [t for t in r.remote if t.partition not in r.committed]
-        if unsent:
-            # Their partitions are reset and restored: the claims never counted.
-            logger.warning("%d claim(s) not committed, none sent", len(unsent))
-        to_send: dict[int, list[Timer]] = {}
-        for t in r.remote:
-            if t.partition in r.committed:
-                to_send.setdefault(t.partition, []).append(t)
-        for p, timers in sorted(to_send.items()):
-            firing = r.firings[p]
-            async with firing.lock:  # never after its stop began: it cuts what it finds
-                if firing.live and self._firings.get(p) is firing:
-                    r.tasks += [self._sends.spawn(firing, t, stats) for t in timers]
-        stats.claimed = r.handed + len(r.tasks)
-        await self._outcomes.flush(None, stats)
-        await self._sweep(r.owned, r.now, stats)
-        self._next_due(stats)
-        self._failed(r)
+        async with firing.rounds.lock:
+            r = await self._claim(grow, firing)
+        yield r
+        await self._finish(r, firing)
 
-    def _failed(self, r: Round) -> None:
-        """The partitions the store failed in, as the round ends."""
-        r.failed = {p: (f, f.fault) for p, f in r.firings.items() if f.fault is not None}
+    def firing_of(self, partition: int) -> PartitionFiring | None:
+        """The firing of `partition` from its start to its stop (None: not fired here)."""
+        return self._firings.get(partition)
+
+    @property
+    def share(self) -> int:
+        """How many sends a partition's rounds keep in flight at most: `max_in_flight`
+        shared evenly among the partitions fired here (one at least). The shares add up to
+        no more than `max_in_flight` (as many partitions as sends, at most); the send gate
+        (`Sends`) bounds the total whatever they add up to."""
+        return max(1, self._options.max_in_flight // max(1, len(self._firings)))
+
+    async def _claim(self, grow: bool = True, firing: PartitionFiring | None = None) -> Round:
+        """A round's claims (`RoundWork.claim`): of `firing`'s partition alone, within its
+        share of the sends; of every partition when None (the seed's round)."""
+        if firing is None:
+            room = self._options.max_in_flight - self.in_flight
+            return await self._work.claim(self._firings, self._rounds, room, grow)
+        room = self.share - len(firing.in_flight)
+        return await self._work.claim({firing.partition: firing}, firing.rounds, room, grow)
+
+    async def _finish(self, r: Round, firing: PartitionFiring | None = None) -> None:
+        """A round's sends, outcome writes and sweep (`RoundWork.finish`), as `_claim`."""
+        if firing is None:
+            await self._work.finish(r, self._rounds, None)
+        else:
+            await self._work.finish(r, firing.rounds, {firing.partition: firing})
+
+    async def _settle_exactly(self, decisions: list[Decision]) -> list[Decision]:
+        """Settles the decisions' changes in one batch; the decisions that were written."""
+        return await settle_exactly(self._store, decisions)
 
     def in_process_due(self, partition: int) -> list[Timer]:
         """The timers of `partition` claimed to fire in-process since its cycle last asked:
@@ -295,49 +277,6 @@ class TimerRunner:
         them in its transaction (`record_outcomes`)."""
         firing = self._firings.get(partition)
         return [] if firing is None else firing.take_handed()
-
-    async def _sweep(self, owned: frozenset[int], now: int, stats: RoundStats) -> None:
-        """One owned partition a round, in turn: at most `sweep_limit` of its finished rows
-        past their retention deleted (a range scan of the store's finished index), so the
-        sweep never holds a round up for long."""
-        ordered = sorted(owned)
-        partition = ordered[self._sweep_turn % len(ordered)]
-        self._sweep_turn += 1
-        firing = self._firings.get(partition)
-        if firing is None:
-            return
-        async with firing.lock:  # after a stop's last writes, never among them
-            if not firing.live:
-                return
-            try:
-                stats.swept = await self._store.expire(
-                    partition, now, self._options.finished_retention, self._options.sweep_limit
-                )
-            except StoreError as exc:
-                firing.fail(exc)  # a corrupt finished row, say: restored
-            except Exception as exc:
-                # Nothing was deleted (the changelog takes the tombstones first): next turn.
-                logger.warning("sweeping partition %d's finished timers failed: %s", partition, exc)
-
-    async def _taken_over(self, now: int, live: dict[int, PartitionFiring]) -> list[Decision]:
-        """The FIRING rows of the partitions started since the last round, claimed again."""
-        fresh = {p for p, f in live.items() if f.fresh and f.live}
-        for p in fresh:
-            live[p].fresh = False
-        decided, faults = await taken_over(self._store, fresh, now, self._options)
-        for p, exc in faults.items():
-            live[p].fail(exc)
-        return decided
-
-    def _next_due(self, stats: RoundStats) -> None:
-        untils = []
-        for f in self._firings.values():
-            if f.fault is not None:
-                continue  # nothing of it is taken: its rows due must not spin the loop
-            stats.due_by(f.wheel.next_due)
-            if f.wheel.until is not None:
-                untils.append(f.wheel.until)
-        stats.reload_at = min(untils, default=None)
 
     def backlog(self, now: int) -> tuple[int, int | None]:
         """Due by `now` and neither sent nor fired yet: the wheels' rows due (not claimed
@@ -372,10 +311,6 @@ class TimerRunner:
         records; each a conditional write against the row as it was loaded. Raises when
         the write fails: the transaction must not commit."""
         return await self._outcomes.record(results)
-
-    async def _settle_exactly(self, decisions: list[Decision]) -> list[Decision]:
-        """Settles the decisions' changes in one batch; the decisions that were written."""
-        return await settle_exactly(self._store, decisions)
 
     async def retry(self, target: AggregateRef, partitions: Iterable[int] | None = None) -> int:
         """An operator's retry: the PARKED timers of `target` due now, attempts reset, and its

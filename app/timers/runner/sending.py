@@ -21,7 +21,10 @@ logger = logging.getLogger(__name__)
 
 
 class Sends:
-    """At most `max_in_flight` sends at once (a gate, not a lock: sends run side by side)."""
+    """At most `max_in_flight` sends at once (a gate, not a lock: sends run side by side).
+    A partition's rounds claim no more than its share of it (`TimerRunner.share`), so
+    the gate bounds the total and never holds one partition's sends behind another's
+    while the shares add up to no more than it (as many partitions as sends, at most)."""
 
     def __init__(self, sender: Sender, clock: Clock, options: TimerOptions) -> None:
         self._sender = sender
@@ -29,7 +32,8 @@ class Sends:
         self._options = options
         self._gate = asyncio.Semaphore(options.max_in_flight)
         self.answered = asyncio.Event()
-        """Set when a send's outcome is in (to be written): the loop waits on it too."""
+        """Set when a send's outcome is in (to be written): the loop waits on it too (a
+        partition's own loop on its firing's `answered`)."""
 
     def spawn(
         self, firing: PartitionFiring, claimed: Timer, stats: RoundStats
@@ -39,14 +43,15 @@ class Sends:
         )
         firing.in_flight.add(task)
         task.add_done_callback(firing.in_flight.discard)
-        task.add_done_callback(self._sent)
+        task.add_done_callback(lambda done: self._sent(firing, done))
         return task
 
-    def _sent(self, task: asyncio.Task[Decision]) -> None:
+    def _sent(self, firing: PartitionFiring, task: asyncio.Task[Decision]) -> None:
         if not task.cancelled() and (exc := task.exception()) is not None:
             # No outcome: its claim lapses and it is sent again, by this node or the next.
             logger.error("deciding the outcome of %s failed", task.get_name(), exc_info=exc)
         self.answered.set()
+        firing.answered.set()
 
     async def _send_one(
         self, firing: PartitionFiring, claimed: Timer, stats: RoundStats

@@ -1,0 +1,159 @@
+"""A partition task's timer loop of one type (`PartitionTimerLoop`): the task's own rounds
+(`TimerRunner.partition_round`), so that no partition's timers wait on another's store
+calls, burst or commits. It wakes at its firing's next due time, when a send of it is
+answered (`PartitionFiring.answered`), when puts are offered to its wheel, or when the
+task's cycle asks (`wake`); each round, its partition's cycle is woken when timers are
+claimed to fire in-process there (it asks the runner for them, and decides them with its
+commands in its transaction), and the claims of remote timers are committed in the
+partition's own transaction (`Commits.commit_claims`) before the runner is told it may
+send them (`Round.claims_committed`). A fault of the store in its partition (`Round.failed`:
+a corrupt row) fails its task alone, which closes dirty and is revived.
+
+It runs from its task's `start_firing` until its firing is no longer the runner's or no
+longer live (its task's close stopped it, or the store failed in it): then it ends by
+itself, never holding a lock of another partition."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from typing import Protocol
+
+from app.node.commits import Commits
+from app.node.cycles import PartitionCycles
+from app.node.kept import KeptType
+from app.timers.runner import PartitionFiring, Round, RoundStats, TimerLoop, TimerRunner
+from app.timers.runner.slow_start import HELD_AT_MOST_MS
+
+__all__ = ["FiringTask", "PartitionTimerLoop"]
+
+logger = logging.getLogger(__name__)
+
+
+class FiringTask(Protocol):
+    """The task running a partition, as its timer loops see it (`PartitionTask`)."""
+
+    @property
+    def firings(self) -> Mapping[str, PartitionFiring]:
+        """Per type, its partition's firing (held from its start to its close)."""
+        ...
+
+    def failed(self, what: str, exc: BaseException) -> None:
+        """Its work failed: it is closed dirty and taken afresh."""
+        ...
+
+
+class PartitionTimerLoop(TimerLoop):
+    """The rounds of `firing` (its partition's, of type `type_name`, found in `types` once
+    kept), driven for `task`; `running`: the task running each partition."""
+
+    def __init__(
+        self,
+        runner: TimerRunner,
+        firing: PartitionFiring,
+        task: FiringTask,
+        *,
+        type_name: str,
+        types: Mapping[str, KeptType],
+        commits: Commits,
+        cycles: PartitionCycles,
+        running: Mapping[int, object],
+        on_round: Callable[[RoundStats], None] | None = None,
+    ) -> None:
+        super().__init__(runner, on_round)
+        self.firing = firing
+        self.p = firing.partition
+        # Its task (`_task` is the loop's own asyncio task).
+        self._owner = task
+        self._type_name = type_name
+        self._types = types
+        self._commits = commits
+        self._cycles = cycles
+        self._running = running
+        # Its own wake-up on answers: another partition's sends never wake it.
+        self._answered = firing.answered
+        # A burst under way in it (`PartitionFiring.rounds`): its commits landed when the
+        # burst began (None: it fires nothing in-process in this burst yet), and whether
+        # one has landed since.
+        self._landed_before: int | None = None
+        self._landed = False
+        self._began = 0
+
+    def wake(self, *, reload: bool = True) -> None:
+        """Runs its next round now; `reload`: its wheel is loaded again first."""
+        if reload:
+            self.firing.wheel.invalidate()
+        self._wake.set()
+
+    def end(self) -> None:
+        """Ends it after the round in progress, not waited for (its task's close)."""
+        self._stopping = True
+        self._wake.set()
+
+    def when_done(self, callback: Callable[[object], None]) -> None:
+        """`callback` once its run is over (now, when it does not run)."""
+        if self._task is None:
+            callback(None)
+        else:
+            self._task.add_done_callback(callback)
+
+    def _current(self) -> bool:
+        """Whether its firing is still its partition's in the runner, and live."""
+        return self.firing.live and self._runner.firing_of(self.p) is self.firing
+
+    def _burst_may_grow(self) -> bool:
+        """Whether its burst's slice may double (`slow_start`): once the first of its
+        commits landed (its first timers fired), not before, so that the round trips of
+        those commits never wait behind a turn of the loop grown large; or once it was
+        held `HELD_AT_MOST_MS` (a slow broker). Claims of timers sent, not fired here,
+        commit within the round: nothing to wait for."""
+        if not self.firing.rounds.bursting:
+            self._landed_before = None
+            self._landed = False
+            self._began = self._clock.now()  # a burst that begins at this round, if one
+            return True
+        kept = self._types.get(self._type_name)
+        if self._landed or kept is None or self._landed_before is None:
+            return True
+        self._landed = self._commits.landed(kept, self.p) > self._landed_before
+        return self._landed or self._clock.now() - self._began >= HELD_AT_MOST_MS
+
+    async def round(self) -> RoundStats:
+        if not self._current():
+            self._stopping = True  # stopped or failed: its task's next firing has a loop
+            return RoundStats()
+        p = self.p
+        async with self._runner.partition_round(
+            p, grow=self._burst_may_grow(), of=self.firing
+        ) as r:
+            if p in r.in_process:
+                self._cycles.fire_local(self._type_name, p)
+                kept = self._types.get(self._type_name)
+                if self.firing.rounds.bursting and kept and self._landed_before is None:
+                    # Before p's cycle can run (no await since its wake-up): a commit of
+                    # it that lands from now on is one of the burst's.
+                    self._landed_before = self._commits.landed(kept, p)
+            if p in r.to_commit:
+                await self._commit_claims(r)
+        self._fail_task(r)
+        return r.stats
+
+    async def _commit_claims(self, r: Round) -> None:
+        """Commits the round's claims in p's transaction (its task's, only while it runs
+        p): a fenced owner commits none, so it sends nothing."""
+        if self._running.get(self.p) is not self._owner:
+            logger.warning("partition %d: its task runs no more, claims not sent", self.p)
+            return
+        try:
+            await self._commits.commit_claims(self._types[self._type_name], {self.p})
+        except Exception as exc:
+            logger.warning("partition %d: claims not committed, none sent: %s", self.p, exc)
+        else:
+            r.claims_committed({self.p})
+
+    def _fail_task(self, r: Round) -> None:
+        """Its task, when the store failed in its firing: closed dirty and revived, its
+        local copy dropped and restored from its changelog; no other task is touched."""
+        for firing, exc in r.failed.values():
+            if self._owner.firings.get(self._type_name) is firing:
+                self._owner.failed(f"the timer store of {self._type_name}", exc)
