@@ -17,7 +17,7 @@ from tables.keys import DUE, FINISHED, HELD, OFFSET_KEY, PARKED, ROW
 from tables.rowcheck import restored_index
 from tables.store import UnreadableRow, unreadable_reason
 
-__all__ = ["FORMAT", "INDEXES", "check_format", "restore_batch"]
+__all__ = ["FORMAT", "INDEXES", "RESTORED_KEYS_LIMIT", "check_format", "restore_batch"]
 
 logger = logging.getLogger(__name__)
 
@@ -58,17 +58,22 @@ def check_format(path: str, partitions: int, db_path: Callable[[int], str]) -> N
 
 
 def restore_batch(
-    db: Rdict, partition: int, records: list[tuple[int, bytes, bytes | None]]
+    db: Rdict,
+    partition: int,
+    records: list[tuple[int, bytes, bytes | None]],
+    restored: set[int] | None = None,
 ) -> tuple[WriteBatch, list[UnreadableRow], list[bytes]]:
     """The batch that writes `records` (changelog `(offset, key, value)`) of `partition`
     over what `db` holds, with the last offset; the records that are no row; and the
-    batch's first due and finished entries (for the store's low-water marks)."""
+    batch's first due and finished entries (for the store's low-water marks).
+
+    `restored`, if given, holds the `hash` of every key `db` holds a row of (it held none
+    before its restore began); the batch's keys are added to it."""
     unreadable: list[UnreadableRow] = []
     batch = WriteBatch(raw_mode=True)
     put, delete, check = batch.put, batch.delete, restored_index
     rows = [ROW + key for _, key, _ in records]
-    # One multi-get for the batch: its rows' index entries as they were before it.
-    held = cast(list[bytes | None], db.get(cast(Any, rows)))
+    held = _held(db, records, rows, restored)
     indexed: dict[bytes, bytes | None] = {}
     """The index entry of each row this batch has written so far."""
     first_due = first_finished = _PAST_INDEXES
@@ -103,3 +108,34 @@ def restore_batch(
     put(OFFSET_KEY, records[-1][0].to_bytes(8, "big", signed=True))
     firsts = [first for first in (first_due, first_finished) if first is not _PAST_INDEXES]
     return batch, unreadable, firsts
+
+
+RESTORED_KEYS_LIMIT = 2_000_000
+"""The most key hashes a store keeps for restores into emptied partitions (~70 bytes
+each: ~140 MB at most); past it, a restore reads every key's old entry back instead."""
+
+
+def _held(
+    db: Rdict,
+    records: list[tuple[int, bytes, bytes | None]],
+    rows: list[bytes],
+    restored: set[int] | None,
+) -> list[bytes | None]:
+    """The `rows`' entries as `db` holds them before the batch (None: no row).
+
+    One multi-get for them all, ~0.85 µs a row; or, into a partition that held nothing
+    when its restore began (`restored`), only for the keys whose hash an earlier batch
+    wrote (none, unless the changelog holds a key twice, or two hashes collide: an entry
+    read that is not there is None, which is right too)."""
+    if restored is None:
+        return cast(list[bytes | None], db.get(cast(Any, rows)))
+    hashes = set(map(hash, [key for _, key, _ in records]))
+    again = restored.intersection(hashes)
+    restored |= hashes
+    held: list[bytes | None] = [None] * len(rows)
+    if again:
+        at = [i for i, (_, key, _) in enumerate(records) if hash(key) in again]
+        got = cast(list[bytes | None], db.get(cast(Any, [rows[i] for i in at])))
+        for i, entry in zip(at, got, strict=True):
+            held[i] = entry
+    return held
