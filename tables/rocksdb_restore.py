@@ -14,10 +14,10 @@ from typing import Any, cast
 from rocksdict import Rdict, WriteBatch
 
 from tables.keys import DUE, FINISHED, HELD, OFFSET_KEY, PARKED, ROW
-from tables.rowcheck import restored_index
+from tables.rowcheck import restored_index_as_is, restored_model_index
 from tables.store import UnreadableRow, unreadable_reason
 
-__all__ = ["FORMAT", "INDEXES", "check_format", "restore_batch"]
+__all__ = ["FORMAT", "INDEXES", "RESTORED_KEYS_LIMIT", "check_format", "restore_batch"]
 
 logger = logging.getLogger(__name__)
 
@@ -58,26 +58,68 @@ def check_format(path: str, partitions: int, db_path: Callable[[int], str]) -> N
 
 
 def restore_batch(
-    db: Rdict, partition: int, records: list[tuple[int, bytes, bytes | None]]
+    db: Rdict,
+    partition: int,
+    records: list[tuple[int, bytes, bytes | None]],
+    restored: set[int] | None = None,
 ) -> tuple[WriteBatch, list[UnreadableRow], list[bytes]]:
     """The batch that writes `records` (changelog `(offset, key, value)`) of `partition`
     over what `db` holds, with the last offset; the records that are no row; and the
-    batch's first due and finished entries (for the store's low-water marks)."""
+    batch's first due and finished entries (for the store's low-water marks).
+
+    `restored`, if given, holds the `hash` of every key `db` holds a row of (it held none
+    before its restore began); the batch's keys are added to it. Their old index entries
+    are read back in one multi-get (~0.85 µs a row), but with `restored` only those of
+    keys whose hash an earlier batch wrote: none, unless the changelog holds a key twice
+    or two hashes collide (an entry read that is not there is None, which is right too)."""
+    if restored is None:
+        held = _multi_get(db, records, None)
+    else:
+        hashes = set(map(hash, [key for _, key, _ in records]))
+        again = restored.intersection(hashes)
+        restored |= hashes
+        if not again and len(hashes) == len(records):
+            return _new_rows(partition, records)  # keys none before held, each once
+        held = _multi_get(db, records, again)
+    return _rows_over(partition, records, held)
+
+
+RESTORED_KEYS_LIMIT = 2_000_000
+"""The most key hashes a store keeps for restores into emptied partitions (~70 bytes
+each: ~140 MB at most); past it, a restore reads every key's old entry back instead."""
+
+
+def _multi_get(
+    db: Rdict, records: list[tuple[int, bytes, bytes | None]], hashes: set[int] | None
+) -> list[bytes | None]:
+    """The records' ``r`` entries as `db` holds them (None: no row): of every key, or only
+    of those whose hash is in `hashes` (None for the others)."""
+    if hashes is None:
+        return cast(list[bytes | None], db.get(cast(Any, [ROW + key for _, key, _ in records])))
+    held: list[bytes | None] = [None] * len(records)
+    at = [i for i, (_, key, _) in enumerate(records) if hash(key) in hashes]
+    got = cast(list[bytes | None], db.get(cast(Any, [ROW + records[i][1] for i in at])))
+    for i, entry in zip(at, got, strict=True):
+        held[i] = entry
+    return held
+
+
+def _rows_over(
+    partition: int, records: list[tuple[int, bytes, bytes | None]], held: list[bytes | None]
+) -> tuple[WriteBatch, list[UnreadableRow], list[bytes]]:
+    """`restore_batch` over rows whose ``r`` entries were `held`, a key maybe twice."""
     unreadable: list[UnreadableRow] = []
     batch = WriteBatch(raw_mode=True)
-    put, delete, check = batch.put, batch.delete, restored_index
-    rows = [ROW + key for _, key, _ in records]
-    # One multi-get for the batch: its rows' index entries as they were before it.
-    held = cast(list[bytes | None], db.get(cast(Any, rows)))
+    put, delete, as_is = batch.put, batch.delete, restored_index_as_is
     indexed: dict[bytes, bytes | None] = {}
     """The index entry of each row this batch has written so far."""
     first_due = first_finished = _PAST_INDEXES
     new: bytes | None
-    for (offset, key, value), row, raw in zip(records, rows, held, strict=True):
+    for (offset, key, value), raw in zip(records, held, strict=True):
         new = None
-        if value is not None:
+        if value is not None and (new := as_is(partition, key, value)) is None:
             try:
-                new, value = check(partition, key, value)
+                new, value = restored_model_index(partition, key, value)
             except ValueError as exc:
                 # The key's latest record is no row: the key holds none, as the
                 # tombstone its dead letter comes with will say (`unreadable_letters`).
@@ -89,10 +131,10 @@ def restore_batch(
         else:
             old = None
         if new is None:
-            delete(row)
+            delete(ROW + key)
         else:
             put(new, value)
-            put(row, new)
+            put(ROW + key, new)
             if new < first_due and new[:1] == DUE:
                 first_due = new
             elif new < first_finished and new[:1] == FINISHED:
@@ -100,6 +142,48 @@ def restore_batch(
         if old is not None and old != new:
             delete(old)
         indexed[key] = new
-    put(OFFSET_KEY, records[-1][0].to_bytes(8, "big", signed=True))
+    return _ended(batch, records, unreadable, first_due, first_finished)
+
+
+def _new_rows(
+    partition: int, records: list[tuple[int, bytes, bytes | None]]
+) -> tuple[WriteBatch, list[UnreadableRow], list[bytes]]:
+    """`restore_batch` of keys that held no row before, each once: no old entry to
+    delete (a fresh restore's common batch: ~0.3 µs a row less than `_rows_over`)."""
+    unreadable: list[UnreadableRow] = []
+    batch = WriteBatch(raw_mode=True)
+    put, delete, as_is = batch.put, batch.delete, restored_index_as_is
+    first_due = first_finished = _PAST_INDEXES
+    for offset, key, value in records:
+        if value is None:
+            delete(ROW + key)
+            continue
+        new = as_is(partition, key, value)
+        if new is None:
+            try:
+                new, value = restored_model_index(partition, key, value)
+            except ValueError as exc:
+                # As in `_rows_over`: the key holds no row.
+                unreadable.append(UnreadableRow(offset, key, value, unreadable_reason(exc)))
+                delete(ROW + key)
+                continue
+        put(new, value)
+        put(ROW + key, new)
+        if new < first_due and new[:1] == DUE:
+            first_due = new
+        elif new < first_finished and new[:1] == FINISHED:
+            first_finished = new
+    return _ended(batch, records, unreadable, first_due, first_finished)
+
+
+def _ended(
+    batch: WriteBatch,
+    records: list[tuple[int, bytes, bytes | None]],
+    unreadable: list[UnreadableRow],
+    first_due: bytes,
+    first_finished: bytes,
+) -> tuple[WriteBatch, list[UnreadableRow], list[bytes]]:
+    """The batch with its last offset put, and its result."""
+    batch.put(OFFSET_KEY, records[-1][0].to_bytes(8, "big", signed=True))
     firsts = [first for first in (first_due, first_finished) if first is not _PAST_INDEXES]
     return batch, unreadable, firsts

@@ -53,7 +53,7 @@ from tables.partitioned import PartitionedStore
 from tables.refs import AggregateRef
 from tables.rocksdb_io import UNLOGGED, db_options, gc_paused, prefix_end, scan
 from tables.rocksdb_restore import INDEXES as _INDEXES
-from tables.rocksdb_restore import check_format, restore_batch
+from tables.rocksdb_restore import RESTORED_KEYS_LIMIT, check_format, restore_batch
 from tables.rowload import load_timer, load_timers
 from tables.store import ChangelogSink, DueRow, UnreadableRow
 from tables.timer import Timer, TimerStatus
@@ -97,6 +97,10 @@ class RocksDBTimerStore(PartitionedStore):
         self._dbs: dict[int, Rdict] = {}
         # Partitions with restored rows written without the WAL and not flushed yet.
         self._unlogged: set[int] = set()
+        # Partitions that held nothing when opened (or dropped) and were written by
+        # restores alone since: the hash of every key they hold a row of, so that a
+        # restore batch reads back only the old entries of keys an earlier one wrote.
+        self._restored: dict[int, set[int]] = {}
         self._low = [0] * partitions
         self._finished_low = [0] * partitions
         try:
@@ -297,6 +301,9 @@ class RocksDBTimerStore(PartitionedStore):
         self, partition: int, batch: WriteBatch, options: WriteOptions | None = None
     ) -> None:
         try:
+            if options is None:
+                # A write of the node's: no longer a partition only restores wrote.
+                self._restored.pop(partition, None)
             if options is None and partition in self._unlogged:
                 # Restored rows written without the WAL are made durable before the first
                 # write with it: a crash can then lose a suffix of the writes, never a
@@ -347,8 +354,17 @@ class RocksDBTimerStore(PartitionedStore):
         if not records:
             return []
         # The batch makes tens of thousands of acyclic objects: no collection among them.
+        restored = self._restored.get(partition)
+        if restored is not None and (
+            sum(map(len, self._restored.values())) + len(records) > RESTORED_KEYS_LIMIT
+        ):
+            # Past the hashes' memory bound: this partition reads its old entries back.
+            del self._restored[partition]
+            restored = None
         with gc_paused():
-            batch, unreadable, firsts = restore_batch(self._db(partition), partition, records)
+            batch, unreadable, firsts = restore_batch(
+                self._db(partition), partition, records, restored
+            )
         # The low-water marks go below the batch's first due and finished entries.
         for first in firsts:
             self._lower(partition, first)
@@ -361,13 +377,19 @@ class RocksDBTimerStore(PartitionedStore):
     def _open_partition(self, partition: int) -> None:
         self._low[partition] = self._finished_low[partition] = 0
         try:
-            self._dbs[partition] = Rdict(
+            db = self._dbs[partition] = Rdict(
                 self._db_path(partition), db_options(self._cache, self._buffers)
             )
+            keys = db.iter()
+            keys.seek_to_first()
+            if not keys.valid():  # empty: restores into it need not read old entries
+                self._restored[partition] = set()
+            del keys  # a DB closes only once its iterators are gone
         except Exception as exc:
             raise StoreError(f"cannot open {self._db_path(partition)}: {exc}") from exc
 
     def _close_partition(self, partition: int) -> None:
+        self._restored.pop(partition, None)
         db = self._dbs.pop(partition, None)
         if db is not None:
             if partition in self._unlogged:

@@ -38,7 +38,7 @@ from tables.keys import (
 from tables.rules import MAX_JITTER, _cron_error, _zones
 from tables.timer import MAX_ERROR_TEXT
 
-__all__ = ["restored_index"]
+__all__ = ["restored_index", "restored_index_as_is", "restored_model_index"]
 
 _V = TypeVar("_V")
 
@@ -139,23 +139,19 @@ _decode_command = msgspec.json.Decoder(_Command).decode
 _UNDECODED = (msgspec.ValidationError, msgspec.DecodeError, UnicodeDecodeError)
 
 
-class _Refused(Exception):
-    """The fast path cannot accept the row: pydantic decides."""
-
-
 @functools.lru_cache(maxsize=4096)
 def _name_ok(name: str) -> bool:
     return _NAME.fullmatch(name) is not None
 
 
-@functools.lru_cache(maxsize=4096)
-def _owner_bytes(context: str, aggregate: str, tenant: str) -> bytes | None:
-    """The start of a row key (`ref_parts` without the id) of an owner whose names
-    `AggregateRef` takes, once per distinct triple (they repeat across timers); None
-    if a name is not one it takes."""
+def _key_ends(context: str, aggregate: str, tenant: str, key: str) -> tuple[bytes, bytes] | None:
+    """A row key's bytes (`row_key`) before its owner's id (`ref_parts` without it) and
+    after it (the key's name), of an owner whose names `AggregateRef` takes; None if a
+    name is not one it takes."""
     if not (_name_ok(context) and _name_ok(aggregate)):
         return None
-    return ref_parts(context, aggregate, tenant, "")[:-2]
+    name = key.encode()
+    return ref_parts(context, aggregate, tenant, "")[:-2], len(name).to_bytes(2, "big") + name
 
 
 @functools.lru_cache(maxsize=4096)
@@ -217,11 +213,11 @@ def _command_ok(raw: bytes) -> bool:
 
 _MISS: Any = object()
 _CACHE_SIZE = 4096
-# The checks' verdicts a restore looks up for every row, by owner names and by the bytes
+# The checks' verdicts a restore looks up for every row, by owner and key names and by the bytes
 # of its rule and command (a type's timers repeat a few: their structs are never built
 # for a hit): plain dicts (a hit is a third of an `lru_cache` call's cost), emptied when
 # full.
-_PREFIXES: dict[tuple[str, str, str], bytes | None] = {}
+_KEY_ENDS: dict[tuple[str, str, str, str], tuple[bytes, bytes] | None] = {}
 _COMMANDS: dict[bytes, bool] = {}
 _RULES: dict[bytes, bool] = {}
 
@@ -234,41 +230,51 @@ def _kept(cache: dict[Any, Any], key: Any, value: _V) -> _V:
     return value
 
 
-def _fast_index(partition: int, key: bytes, value: bytes) -> bytes:
+def restored_index_as_is(partition: int, key: bytes, value: bytes) -> bytes | None:
+    """`restored_index` of a row msgspec and the checks above take as it is (its bytes
+    are stored): the restore's common row, in one Python call; None: `restored_model_index`
+    decides (a row that is no row of `partition`'s, or one only pydantic's lax mode takes)."""
     try:
         row = _decode(value)
-    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
-        raise _Refused from exc
-    owner = row.owner
-    names = (owner.context, owner.aggregate, owner.tenant)
-    prefix = _PREFIXES.get(names, _MISS)
-    if prefix is _MISS:
-        prefix = _kept(_PREFIXES, names, _owner_bytes(*names))
-    if prefix is None or row.partition != partition:
-        raise _Refused
-    # Its own key (`row_key`): the owner's prefix (once per owner's names), id and key.
-    i, name = owner.id.encode(), row.key.encode()
-    if key != b"".join((prefix, len(i).to_bytes(2, "big"), i, len(name).to_bytes(2, "big"), name)):
-        raise _Refused
-    target = row.target
-    if target != owner and not (_name_ok(target.context) and _name_ok(target.aggregate)):
-        raise _Refused
-    raw = bytes(row.command)
-    ok = _COMMANDS.get(raw)
-    if not (ok or (ok is None and _kept(_COMMANDS, raw, _command_ok(raw)))):
-        raise _Refused
-    raw = bytes(row.rule)
-    ok = _RULES.get(raw)
-    if not (ok or (ok is None and _kept(_RULES, raw, _rule_bytes_ok(raw)))):
-        raise _Refused
-    status = row.status
-    if status == "PENDING" or status == "FIRING":
-        # `order_key` inlined (the common row): due_at is within 0..2^63-1, decoded so.
-        id = row.id.encode()
-        if b"\x00" in id:
-            id = id.replace(b"\x00", b"\x00\x01")
-        return b"".join((DUE, row.due_at.to_bytes(8, "big"), id, b"\x00\x00", key))
-    return _index(row, key)
+        owner = row.owner
+        # Its own key (`row_key`): the owner's prefix and the key's name, once per
+        # distinct four names (they repeat across a type's timers), around the owner's id.
+        names = (owner.context, owner.aggregate, owner.tenant, row.key)
+        ends = _KEY_ENDS.get(names, _MISS)
+        if ends is _MISS:
+            ends = _kept(_KEY_ENDS, names, _key_ends(*names))
+        if ends is None or row.partition != partition:
+            return None
+        i = owner.id.encode()
+        if key != ends[0] + len(i).to_bytes(2, "big") + i + ends[1]:
+            return None
+        target = row.target
+        if target != owner and not (_name_ok(target.context) and _name_ok(target.aggregate)):
+            return None
+        raw = bytes(row.command)
+        ok = _COMMANDS.get(raw)
+        if not (ok or (ok is None and _kept(_COMMANDS, raw, _command_ok(raw)))):
+            return None
+        raw = bytes(row.rule)
+        ok = _RULES.get(raw)
+        if not (ok or (ok is None and _kept(_RULES, raw, _rule_bytes_ok(raw)))):
+            return None
+        status = row.status
+        if status == "PENDING" or status == "FIRING":
+            # `order_key` inlined (the common row): due_at is within 0..2^63-1, decoded so.
+            id = row.id.encode()
+            if b"\x00" in id:
+                id = id.replace(b"\x00", b"\x00\x01")
+            return b"".join((DUE, row.due_at.to_bytes(8, "big"), id, b"\x00\x00", key))
+        return _index(row, key)
+    except (msgspec.ValidationError, msgspec.DecodeError):
+        return None
+    except (UnicodeEncodeError, OverflowError):  # a lone surrogate; an int past 64 bits
+        return None
+
+
+_fast_index = restored_index_as_is
+"""The name `tests/unit/test_rowcheck.py` knows it by."""
 
 
 _EMPTY = msgspec.Raw(b"{}")
@@ -291,16 +297,19 @@ def _index(row: _Row, key: bytes) -> bytes:
 def restored_index(partition: int, key: bytes, value: bytes) -> tuple[bytes, bytes]:
     """The index entry of a changelog row a restore takes (see `tables.keys.index_key`),
     and the bytes to store; `ValueError` with the reason if it is no whole, valid row of
-    `partition` stored under its own row key: exactly `restored_row`'s verdict.
+    `partition` stored under its own row key: exactly `restored_row`'s verdict."""
+    index = restored_index_as_is(partition, key, value)
+    if index is not None:
+        return index, value
+    return restored_model_index(partition, key, value)
+
+
+def restored_model_index(partition: int, key: bytes, value: bytes) -> tuple[bytes, bytes]:
+    """`restored_index` decided by pydantic (`restored_row`), for a row
+    `restored_index_as_is` did not take.
 
     A row only pydantic's lax mode takes (`"version": "3"`) is stored as the Timer's own
     JSON, so that reads, which trust the store's rows (`tables.rowload.load_timer`), find
     every field of its type."""
-    try:
-        return _fast_index(partition, key, value), value
-    except _Refused:
-        pass
-    except (UnicodeEncodeError, OverflowError):
-        pass
     timer = restored_row(partition, key, value)
     return index_key(timer, key), encode_timer(timer)
