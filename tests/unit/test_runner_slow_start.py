@@ -72,6 +72,32 @@ def test_a_round_without_a_burst_under_way_is_sliced_only_when_it_would_be_full(
     assert burst_after(n, more=False) is None, "a round that leaves nothing due ends it"
 
 
+@given(
+    due=st.integers(0, 5_000),
+    limit=st.integers(1, 2_000),
+    spread=st.integers(1, 64),
+    grow=st.booleans(),
+)
+def test_a_partitions_own_round_begins_a_burst_at_its_share_with_its_share_of_the_slice(
+    due: int, limit: int, spread: int, grow: bool
+) -> None:
+    # `spread` partitions' rounds run side by side, each with its own slice: each begins
+    # a burst at its share of a full round, and their first slices together are one's.
+    n = round_slice(due, None, limit=limit, grow=grow, spread=spread)
+    if due >= max(1, limit // spread):
+        assert n == max(1, min(FIRST_SLICE // spread, limit))
+        assert n * spread <= max(FIRST_SLICE, spread)
+    else:
+        assert n == limit  # steady: all that is due
+    assert round_slice(due, None, limit=limit, grow=grow) == round_slice(
+        due, None, limit=limit, grow=grow, spread=1
+    )
+    # a burst under way grows as any other, whatever the spread
+    assert round_slice(due, 7, limit=limit, grow=grow, spread=spread) == min(
+        limit, 14 if grow else 7
+    )
+
+
 def at(ms: int, id: str, partition: int) -> DueRow:
     return DueRow.of(make_timer(id=id, key=id, rule=OnceRule(at=T0 + ms), partition=partition))
 

@@ -77,6 +77,7 @@ class RoundWork:
         state: RoundState,
         room: int,
         grow: bool = True,
+        spread: int = 1,
     ) -> Round:
         """Loads the due timers of `group`, decides them, and claims them: a remote one's
         claim written (in its partition's transaction), an in-process one's kept for its
@@ -92,7 +93,7 @@ class RoundWork:
         await load_due_of(wheels, self._load, now, o.poll_interval_ms, o.batch_limit)
         # A burst is taken in growing slices (`slow_start`): the first fires at once.
         due = count_due_of(wheels, now, o.batch_limit)
-        take = round_slice(due, state.burst, limit=o.batch_limit, grow=grow)
+        take = round_slice(due, state.burst, limit=o.batch_limit, grow=grow, spread=spread)
         rows, took, stats.full = pop_from(wheels, now, take)
         state.burst = burst_after(take, stats.full)
         fresh = [f for f in live.values() if f.fresh]

@@ -258,7 +258,10 @@ class TimerRunner:
             room = self._options.max_in_flight - self.in_flight
             return await self._work.claim(self._firings, self._rounds, room, grow)
         room = self.share - len(firing.in_flight)
-        return await self._work.claim({firing.partition: firing}, firing.rounds, room, grow)
+        # Its burst's slices are its share of a round's (`round_slice`): the partitions'
+        # rounds run side by side on one loop.
+        spread = len(self._firings)
+        return await self._work.claim({firing.partition: firing}, firing.rounds, room, grow, spread)
 
     async def _finish(self, r: Round, firing: PartitionFiring | None = None) -> None:
         """A round's sends, outcome writes and sweep (`RoundWork.finish`), as `_claim`."""

@@ -11,6 +11,12 @@ landed, so that its round trips never wait behind large turns), then each double
 slice while rows are left due (a full round), up to `limit`; a round that leaves
 nothing due ends the burst. Fewer than `limit` due (steady load) is never sliced: such a
 round takes them all, as without slow start. Rows not taken stay in the wheel.
+
+A node runs each partition's rounds on their own (`spread` of them side by side on one
+loop): a burst of 10,000 over 12 partitions leaves ~830 due in each, under a round's
+`limit`, so without `spread` no partition sliced its burst and every first transaction
+waited behind the others' cycles of ~830 timers (first fire ~650 ms after due against
+~120 ms with it, 2 workers, 2026-12-02).
 """
 
 from __future__ import annotations
@@ -28,15 +34,26 @@ commit them (seconds on a saturated machine) must not hold the burst's rate down
 
 
 def round_slice(
-    due: int, burst: int | None, *, limit: int, first: int = FIRST_SLICE, grow: bool = True
+    due: int,
+    burst: int | None,
+    *,
+    limit: int,
+    first: int = FIRST_SLICE,
+    grow: bool = True,
+    spread: int = 1,
 ) -> int:
     """How many rows this round takes: `due` rows are due now (counted up to `limit`);
     `burst` the slice of the burst under way (its last round left rows due), if any;
-    `grow`: whether that slice may double now (else it is taken again)."""
+    `grow`: whether that slice may double now (else it is taken again). `spread`: how many
+    partitions' rounds run side by side on this loop, each with its own slice (a node's
+    partitions each run theirs): a burst then begins at their share of `limit` due, and
+    each first slice is their share of `first`, so that the first turns of them all
+    together stay as small as one round's over all of them."""
     if burst is not None:
         return min(limit, 2 * burst if grow else burst)
-    if due >= limit:
-        return max(1, min(first, limit))  # a burst begins
+    spread = max(1, spread)
+    if due >= max(1, limit // spread):
+        return max(1, min(first // spread, limit))  # a burst begins
     return limit  # steady: all that is due, as many as a round may take
 
 
