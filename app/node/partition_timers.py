@@ -9,9 +9,11 @@ partition's own transaction (`Commits.commit_claims`) before the runner is told 
 send them (`Round.claims_committed`). A fault of the store in its partition (`Round.failed`:
 a corrupt row) fails its task alone, which closes dirty and is revived.
 
-It runs from its task's `start_firing` until its firing is no longer the runner's or no
-longer live (its task's close stopped it, or the store failed in it): then it ends by
-itself, never holding a lock of another partition."""
+It runs from its task's `start_firing` until its firing is no longer the runner's, is
+stopped (its task's close), or failed (the store failed in it: its task is told, even
+when the round that failed it raised before it could say so): then it ends by itself,
+never holding a lock of another partition. Rows due that its share of the sends has no
+room for wait for an answer, a wake-up or the poll interval: never a round at once."""
 
 from __future__ import annotations
 
@@ -98,8 +100,9 @@ class PartitionTimerLoop(TimerLoop):
             self._task.add_done_callback(callback)
 
     def _current(self) -> bool:
-        """Whether its firing is still its partition's in the runner, and live."""
-        return self.firing.live and self._runner.firing_of(self.p) is self.firing
+        """Whether its firing is still its partition's in the runner, and not stopped (a
+        faulted one is: its fault is for its task to hear, `round`)."""
+        return not self.firing.stopped and self._runner.firing_of(self.p) is self.firing
 
     def _burst_may_grow(self) -> bool:
         """Whether its burst's slice may double (`slow_start`): once the first of its
@@ -120,7 +123,13 @@ class PartitionTimerLoop(TimerLoop):
 
     async def round(self) -> RoundStats:
         if not self._current():
-            self._stopping = True  # stopped or failed: its task's next firing has a loop
+            self._stopping = True  # stopped: its task's next firing has a loop
+            return RoundStats()
+        if (fault := self.firing.fault) is not None:
+            # Failed in a round that raised before it could say so: its task hears it now
+            # (closed dirty, revived with a firing and a loop of its own), never nothing.
+            self._stopping = True
+            self._owner.failed(f"the timer store of {self._type_name}", fault)
             return RoundStats()
         p = self.p
         async with self._runner.partition_round(

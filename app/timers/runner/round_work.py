@@ -158,6 +158,12 @@ class RoundWork:
         await self._outcomes.flush(None if group is None else group.values(), stats)
         await self._sweep(r, state)
         self.next_due((self._firings if group is None else group).values(), stats)
+        if stats.deferred:
+            # Rows due it had no room to send: the next round waits for an answer
+            # (`answered`: room), a wake-up or the poll interval, never goes again at once
+            # to reload rows it cannot send.
+            stats.full = False
+            stats.next_due = None
         failed(r)
 
     async def _sweep(self, r: Round, state: RoundState) -> None:
@@ -167,9 +173,9 @@ class RoundWork:
         ordered = sorted(r.owned)
         partition = ordered[state.sweep_turn % len(ordered)]
         state.sweep_turn += 1
-        firing = self._firings.get(partition)
-        if firing is None:
-            return
+        firing = r.firings.get(partition)
+        if firing is None or self._firings.get(partition) is not firing:
+            return  # stopped since the round began (a newer firing sweeps its own)
         async with firing.lock:  # after a stop's last writes, never among them
             if not firing.live:
                 return

@@ -1,0 +1,107 @@
+"""A partition task's timer loop (`PartitionTimerLoop`) on a fake clock and store: a fault
+of its firing always reaches its task, even from a round that raised before it could say
+so; and rows due that its share of the sends has no room for never make it spin (the
+clock never moves here: a round after the first is a wake-up or a spin)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, cast
+
+import pytest
+from fakes import World, never, raw_store, world
+
+from app.node.commits import Commits
+from app.node.cycles import PartitionCycles
+from app.node.partition_timers import PartitionTimerLoop
+from app.timers.runner import TimerRunner
+from tables import StoreError
+
+__all__ = ["raw_store", "world"]  # the fixtures, imported for pytest
+
+TURNS = 500
+"""Loop turns given to a loop that must wait (a spinning one runs a round every few)."""
+
+
+class _Commits:
+    def landed(self, kept: object, p: int) -> int:
+        return 0
+
+    async def commit_claims(self, kept: object, partitions: set[int]) -> None:
+        pass
+
+
+class _Cycles:
+    def fire_local(self, type_name: str, p: int) -> None:
+        pass
+
+
+class _Task:
+    def __init__(self, firings: dict[str, Any]) -> None:
+        self.firings = firings
+        self.told: list[str] = []
+
+    def failed(self, what: str, exc: BaseException) -> None:
+        self.told.append(f"{what}: {exc}")
+
+
+def loop_of(runner: TimerRunner, p: int) -> tuple[PartitionTimerLoop, _Task]:
+    firing = runner.firing_of(p)
+    assert firing is not None
+    task = _Task({"order": firing})
+    loop = PartitionTimerLoop(
+        runner,
+        firing,
+        task,
+        type_name="order",
+        types=cast(Any, {"order": object()}),
+        commits=cast(Commits, _Commits()),
+        cycles=cast(PartitionCycles, _Cycles()),
+        running={p: task},
+    )
+    return loop, task
+
+
+async def turns(n: int = TURNS) -> None:
+    for _ in range(n):
+        await asyncio.sleep(0)
+
+
+@pytest.mark.parametrize("due", [30, 150, 2_500])
+async def test_rows_due_beyond_its_share_of_the_sends_do_not_make_it_go_again(
+    world: World, due: int
+) -> None:
+    for i in range(due):
+        await world.put(id=f"a-{i:04d}", key=f"a{i:04d}", partition=0)
+    # 2 partitions, 4 sends: a share of 2, its sends never answered, the rest left due
+    runner = world.runner(never, partitions=[0, 1], batch_limit=50, max_in_flight=4)
+    loop, _ = loop_of(runner, 0)
+    loop.start()
+    await turns()
+    rounds, loads = loop.rounds, len(world.store.due_calls)
+    await runner.stop_all()
+    await loop.stop()
+    assert runner.in_flight == 0
+    assert rounds == 1, f"{rounds} rounds ({loads} loads) with the clock stopped: it spins"
+
+
+async def test_a_fault_its_round_raised_past_reaches_its_task(world: World) -> None:
+    await world.put()
+    runner = world.runner(partitions=[])
+    runner.start_partition(0)  # fresh: a previous owner's claims are taken over first
+    firing = runner.firing_of(0)
+    assert firing is not None
+    loop, task = loop_of(runner, 0)
+
+    async def corrupt_then_raise(*args: Any, **kwargs: Any) -> Any:
+        firing.fail(StoreError("corrupt row", partition=0))  # as a row built apart does
+        raise RuntimeError("the store call failed")  # ... before the round could say so
+
+    world.store.due = corrupt_then_raise  # type: ignore[method-assign]
+    loop.start()
+    await turns(50)
+    assert loop.rounds >= 1 and not task.told  # the round raised: nothing said yet
+    world.clock.advance(runner.options.poll_interval_ms)  # the next round
+    await turns(50)
+    assert task.told == ["the timer store of order: corrupt row"]
+    assert not loop.running  # it ends: the task's revival starts a firing of its own
