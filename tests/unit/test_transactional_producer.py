@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import gc
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 from aiokafka.errors import IllegalOperation, ProducerFenced
-from aiokafka.producer.transaction_manager import TransactionManager
+from aiokafka.producer.sender import Sender
+from aiokafka.producer.transaction_manager import TransactionManager, TransactionResult
 
 from app.errors import (
     Fenced,
@@ -107,76 +109,67 @@ async def test_a_fence_seen_by_the_sender_is_said_and_retrieved_whatever_the_ste
         loop.set_exception_handler(None)
 
 
-async def test_a_commit_whose_caller_gave_up_before_its_end_aborts(
+@pytest.fixture
+async def guarded(
     monkeypatch: pytest.MonkeyPatch,
+) -> AsyncIterator[tuple[TransactionalProducer, list[TransactionResult]]]:
+    """A producer (never started) whose guarded commit step (`_guard_commit`) runs alone:
+    the batches it waits for are the test's futures, and how aiokafka's own step would
+    end the transaction is recorded (commit or abort), not sent."""
+    ended: list[TransactionResult] = []
+
+    async def end(_sender: Sender, result: TransactionResult) -> None:
+        ended.append(result)
+
+    monkeypatch.setattr(Sender, "_do_txn_commit", end)
+    producer = TransactionalProducer("127.0.0.1:1", "g.shop.order.timers.3")
+
+    async def flushed() -> None:
+        pass
+
+    sender = producer._producer._sender
+    monkeypatch.setattr(sender._message_accumulator, "flush_for_commit", flushed)
+    try:
+        yield producer, ended
+    finally:
+        await producer._producer.stop()
+
+
+async def test_a_commit_whose_caller_gave_up_before_its_end_aborts(
+    guarded: tuple[TransactionalProducer, list[TransactionResult]],
 ) -> None:
     """A commit cancelled while its batches are still in flight breaks the producer at
     once; aiokafka's sender, which goes on with the commit, then ends the transaction
     with an abort: records the caller was told nothing of never commit after it."""
-    from aiokafka.producer.sender import Sender
-    from aiokafka.producer.transaction_manager import TransactionResult
-
-    ended: list[TransactionResult] = []
-
-    async def end(_sender: Sender, result: TransactionResult) -> None:
-        ended.append(result)
-
-    monkeypatch.setattr(Sender, "_do_txn_commit", end)
-    producer = TransactionalProducer("127.0.0.1:1", "g.shop.order.timers.3")
-    try:
-        sender = producer._producer._sender
-
-        async def flushed() -> None:
-            pass
-
-        monkeypatch.setattr(sender._message_accumulator, "flush_for_commit", flushed)
-        batch: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        producer._sent = [batch]
-        ending = asyncio.ensure_future(sender._do_txn_commit(TransactionResult.COMMIT))
-        await asyncio.sleep(0)  # the sender waits for the batch
-        producer.broken = KafkaUnavailable("cancelled mid-commit")  # as `_fail` does
-        batch.set_result(None)
-        await ending
-        assert ended == [TransactionResult.ABORT]
-    finally:
-        await producer._producer.stop()
+    producer, ended = guarded
+    sender = producer._producer._sender
+    batch: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+    producer._sent = [batch]
+    ending = asyncio.ensure_future(sender._do_txn_commit(TransactionResult.COMMIT))
+    await asyncio.sleep(0)  # the sender waits for the batch
+    producer.broken = KafkaUnavailable("cancelled mid-commit")  # as `_fail` does
+    batch.set_result(None)
+    await ending
+    assert ended == [TransactionResult.ABORT]
 
 
 @pytest.mark.parametrize("outcome", ["acknowledged", "cancelled", "refused"])
 async def test_a_commit_with_a_send_never_acknowledged_aborts(
-    monkeypatch: pytest.MonkeyPatch, outcome: str
+    guarded: tuple[TransactionalProducer, list[TransactionResult]], outcome: str
 ) -> None:
     """A batch whose future was cancelled (or failed) was never acknowledged: the
     transaction is aborted, not committed without it; an acknowledged one commits."""
-    from aiokafka.producer.sender import Sender
-    from aiokafka.producer.transaction_manager import TransactionResult
-
-    ended: list[TransactionResult] = []
-
-    async def end(_sender: Sender, result: TransactionResult) -> None:
-        ended.append(result)
-
-    monkeypatch.setattr(Sender, "_do_txn_commit", end)
-    producer = TransactionalProducer("127.0.0.1:1", "g.shop.order.timers.3")
-    try:
-        sender = producer._producer._sender
-
-        async def flushed() -> None:
-            pass
-
-        monkeypatch.setattr(sender._message_accumulator, "flush_for_commit", flushed)
-        batch: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        if outcome == "cancelled":
-            batch.cancel()
-        elif outcome == "refused":
-            batch.set_exception(KafkaUnavailable("record too large"))
-            batch.exception()  # retrieved, as the producer's callback does
-        else:
-            batch.set_result(None)
-        producer._sent = [batch]
-        await sender._do_txn_commit(TransactionResult.COMMIT)
-        committed = outcome == "acknowledged"
-        assert ended == [TransactionResult.COMMIT if committed else TransactionResult.ABORT]
-        assert (producer._unsent is None) is committed
-    finally:
-        await producer._producer.stop()
+    producer, ended = guarded
+    batch: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+    if outcome == "cancelled":
+        batch.cancel()
+    elif outcome == "refused":
+        batch.set_exception(KafkaUnavailable("record too large"))
+        batch.exception()  # retrieved, as the producer's callback does
+    else:
+        batch.set_result(None)
+    producer._sent = [batch]
+    await producer._producer._sender._do_txn_commit(TransactionResult.COMMIT)
+    committed = outcome == "acknowledged"
+    assert ended == [TransactionResult.COMMIT if committed else TransactionResult.ABORT]
+    assert (producer._unsent is None) is committed
