@@ -9,13 +9,14 @@ import asyncio
 from typing import Any, cast
 
 import pytest
-from fakes import World, never, raw_store, world
+from fakes import PARTITIONS, T0, TARGET, World, make_timer, never, raw_store, world
 
 from app.node.commits import Commits
 from app.node.cycles import PartitionCycles
 from app.node.partition_timers import PartitionTimerLoop
-from app.timers.runner import TimerRunner
-from tables import StoreError
+from app.timers.runner import InProcessTargets, TimerRunner
+from tables import AggregateRef, OnceRule, StoreError
+from tables.partitioner import partition_of
 
 __all__ = ["raw_store", "world"]  # the fixtures, imported for pytest
 
@@ -105,3 +106,28 @@ async def test_a_fault_its_round_raised_past_reaches_its_task(world: World) -> N
     await turns(50)
     assert task.told == ["the timer store of order: corrupt row"]
     assert not loop.running  # it ends: the task's revival starts a firing of its own
+
+
+async def test_a_timer_due_later_still_wakes_it_while_its_sends_are_full(world: World) -> None:
+    # Its sends full (a target that never answers) leave remote rows due it cannot send:
+    # no round at once for them, but a timer of its own due later is handed on time.
+    p = partition_of(TARGET.id, PARTITIONS)
+    elsewhere = AggregateRef(context="shop", aggregate="invoice", id="x")
+    for i in range(4):  # sent, due now
+        remote = make_timer(id=f"r-{i}", key=f"r{i}", partition=p)
+        assert await world.store.inner.put(remote.model_copy(update={"target": elsewhere}))
+    await world.put(id="l-1", key="l1", partition=p, rule=OnceRule(at=T0 + 30))
+    runner = world.runner(never, partitions=[], max_in_flight=2, poll_interval_ms=100)
+    in_process = InProcessTargets(TARGET.context, TARGET.aggregate, PARTITIONS)
+    firing = runner.start_partition(p, in_process=in_process)
+    firing.fresh = False
+    loop, _ = loop_of(runner, p)
+    loop.start()
+    await turns()
+    assert loop.rounds == 1 and not firing.handed
+    world.clock.advance(30)
+    await turns()
+    handed = [t.id for t in firing.handed]
+    await runner.stop_all()
+    await loop.stop()
+    assert handed == ["l-1"], "the timer due at T0+30 waited for the poll interval"

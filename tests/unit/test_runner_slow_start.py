@@ -98,6 +98,38 @@ def test_a_partitions_own_round_begins_a_burst_at_its_share_with_its_share_of_th
     )
 
 
+@given(
+    due=st.integers(0, 5_000),
+    before=st.integers(0, 5_000),
+    limit=st.integers(1, 2_000),
+    spread=st.integers(1, 64),
+)
+def test_a_burst_begins_on_a_rise_never_again_and_again_under_a_steady_backlog(
+    due: int, before: int, limit: int, spread: int
+) -> None:
+    # A steady load whose rounds keep as many due (slow rounds) is taken whole each round:
+    # restarting it at a small slice every time would only add round trips to a backlog.
+    n = round_slice(due, None, limit=limit, spread=spread, before=before)
+    mark = max(1, limit // spread)
+    if due >= mark and before < mark:
+        assert n == max(1, min(FIRST_SLICE // spread, limit))
+    else:
+        assert n == limit
+
+
+def test_a_steady_backlog_is_sliced_once_then_taken_whole() -> None:
+    # 12 partitions, rounds too slow for the load: 100 due at every round (over the mark
+    # of 83); sliced when it first rose over it, then never again once the burst ended.
+    limit, spread, before, burst = 1_000, 12, 0, None
+    takes = []
+    for _ in range(12):
+        take = round_slice(100, burst, limit=limit, spread=spread, before=before)
+        burst, before = burst_after(take, more=take < 100), 100
+        takes.append(min(take, 100))
+    assert takes[0] == 2  # the rise: a small first slice
+    assert takes[-4:] == [100] * 4  # then the backlog whole, each round
+
+
 def at(ms: int, id: str, partition: int) -> DueRow:
     return DueRow.of(make_timer(id=id, key=id, rule=OnceRule(at=T0 + ms), partition=partition))
 

@@ -14,11 +14,13 @@ __all__ = ["RoundState"]
 class RoundState:
     """Its lock (one round's loads and claims at a time: store calls only, never held
     across a ledger or Kafka call, nor while a node commits the claims), the slice of its
-    burst under way (its last round left rows due; None: no burst, `slow_start`) and whose
-    turn its sweep is."""
+    burst under way (its last round left rows due; None: no burst, `slow_start`), how many
+    its last round found due (a burst begins only on a rise: `round_slice`'s `rising`) and
+    whose turn its sweep is."""
 
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     burst: int | None = None
+    last_due: int = 0
     sweep_turn: int = 0
 
     @property

@@ -93,7 +93,10 @@ class RoundWork:
         await load_due_of(wheels, self._load, now, o.poll_interval_ms, o.batch_limit)
         # A burst is taken in growing slices (`slow_start`): the first fires at once.
         due = count_due_of(wheels, now, o.batch_limit)
-        take = round_slice(due, state.burst, limit=o.batch_limit, grow=grow, spread=spread)
+        take = round_slice(
+            due, state.burst, limit=o.batch_limit, grow=grow, spread=spread, before=state.last_due
+        )
+        state.last_due = due
         rows, took, stats.full = pop_from(wheels, now, take)
         state.burst = burst_after(take, stats.full)
         fresh = [f for f in live.values() if f.fresh]
@@ -163,7 +166,8 @@ class RoundWork:
             # (`answered`: room), a wake-up or the poll interval, never goes again at once
             # to reload rows it cannot send.
             stats.full = False
-            stats.next_due = None
+            if stats.next_due is not None and stats.next_due <= r.now:
+                stats.next_due = None  # a timer due later (in-process, say) still wakes it
         failed(r)
 
     async def _sweep(self, r: Round, state: RoundState) -> None:

@@ -41,6 +41,7 @@ def round_slice(
     first: int = FIRST_SLICE,
     grow: bool = True,
     spread: int = 1,
+    before: int = 0,
 ) -> int:
     """How many rows this round takes: `due` rows are due now (counted up to `limit`);
     `burst` the slice of the burst under way (its last round left rows due), if any;
@@ -48,12 +49,15 @@ def round_slice(
     partitions' rounds run side by side on this loop, each with its own slice (a node's
     partitions each run theirs): a burst then begins at their share of `limit` due, and
     each first slice is their share of `first`, so that the first turns of them all
-    together stay as small as one round's over all of them."""
+    together stay as small as one round's over all of them. `before`: how many the last
+    round found due: a burst begins only where that was under the mark (a step), never
+    again and again under a steady load that keeps as many due (slow rounds, a backlog:
+    restarting each at a small slice would only add round trips)."""
     if burst is not None:
         return min(limit, 2 * burst if grow else burst)
-    spread = max(1, spread)
-    if due >= max(1, limit // spread):
-        return max(1, min(first // spread, limit))  # a burst begins
+    mark = max(1, limit // max(1, spread))
+    if due >= mark and before < mark:
+        return max(1, min(first // max(1, spread), limit))  # a burst begins
     return limit  # steady: all that is due, as many as a round may take
 
 
