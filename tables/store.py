@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Sequence
-from typing import NamedTuple, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, NamedTuple, Protocol, runtime_checkable
 
 from tables.census import TimerCensus
 from tables.refs import AggregateRef
@@ -18,11 +18,15 @@ from tables.rocksdb_io import gc_paused
 from tables.rowload import load_timer
 from tables.timer import Timer, TimerChange, TimerStatus
 
+if TYPE_CHECKING:
+    from tables.partition_handle import PartitionHandle
+
 __all__ = [
     "ChangelogRecord",
     "ChangelogSink",
     "DueRow",
     "TimerStore",
+    "TimerWrites",
 ]
 
 logger = logging.getLogger(__name__)
@@ -110,6 +114,26 @@ class ChangelogSink(Protocol):
     """Sends a write's changelog records; the store writes locally only once it returns."""
 
     async def __call__(self, records: list[ChangelogRecord]) -> None: ...
+
+
+class TimerWrites(Protocol):
+    """The writes the timers subscription makes (`app.timers.subscription.apply_all`), each
+    as `TimerStore`'s of the same name: the whole store's, or one partition's alone
+    (`PartitionHandle`, whose writes take that partition's lock alone)."""
+
+    async def put(self, timer: Timer) -> bool: ...
+
+    async def put_many(self, timers: Sequence[Timer]) -> list[Timer]: ...
+
+    async def cancel(self, owner: AggregateRef, key: str, version: int) -> bool: ...
+
+    async def pause(self, owner: AggregateRef, key: str, version: int) -> bool: ...
+
+    async def resume(
+        self, owner: AggregateRef, key: str, version: int, now: int
+    ) -> Timer | None: ...
+
+    async def cancel_all(self, owner: AggregateRef, version: int) -> int: ...
 
 
 @runtime_checkable
@@ -239,6 +263,11 @@ class TimerStore(Protocol):
 
     async def drop(self, partition: int) -> None:
         """Deletes `partition`'s local data and offset (before a full restore)."""
+        ...
+
+    def partition(self, partition: int) -> PartitionHandle:
+        """`partition` alone, served now, for the task that took it (`PartitionHandle`):
+        refused (`StoreClosed`) once it is revoked or dropped, even if served again."""
         ...
 
     async def close(self) -> None:

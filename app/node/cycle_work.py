@@ -1,6 +1,7 @@
 """What one cycle of a partition has for one type (`CycleWork`): the records and offsets it
 decided, its command batch and its dead letters, all staged in the partition's one
-transaction (`PartitionCycles._stage`)."""
+transaction (`PartitionCycles._stage`); and the handle of the partition's timers it
+writes them through (its task's)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ from app.kafka import OutRecord, Record
 from app.node.kept import KeptType
 from app.protocol.dead_letters import Stage
 from app.protocol.limits import InputLimits
+from tables import StoreClosed
+from tables.store import TimerWrites
 
 __all__ = ["CycleWork", "records_after"]
 
@@ -24,6 +27,9 @@ class CycleWork:
     now: int
     limits: InputLimits
     processor: CommandProcessor | None  # None: the partition's commands are not decided here
+    # The partition's handle of the type's timer store (its task's take's); None: its
+    # task does not hold one (not running it any more).
+    store: TimerWrites | None = None
     out: list[OutRecord] = field(default_factory=list)  # beside the command batch's
     letters: Counter[str] = field(default_factory=Counter)  # dead letters in `out`, by topic
     offsets: dict[tuple[str, int], int] = field(default_factory=dict)
@@ -41,6 +47,14 @@ class CycleWork:
         if self.batch is None and self.processor is not None:
             self.batch = self.processor.begin()
         return self.batch
+
+    @property
+    def timers(self) -> TimerWrites:
+        """The partition's timers, written through its task's handle (its lock alone);
+        `StoreClosed` when its task holds none (the partition is not run here any more)."""
+        if self.store is None:
+            raise StoreClosed(f"{self.kept.name}: the partition's task holds no timer store")
+        return self.store
 
     @property
     def decider(self) -> CommandProcessor:

@@ -40,6 +40,7 @@ from app.timers.runner import SendResult
 from app.timers.sender import timer_command
 from app.timers.subscription import TimerOp, apply_all, timer_op
 from tables import StoreError, Timer
+from tables.store import TimerWrites
 
 __all__ = ["CycleTask", "PartitionCycles"]
 
@@ -58,6 +59,12 @@ class CycleTask(Protocol):
     @property
     def processors(self) -> Mapping[str, CommandProcessor]:
         """Per type, the command processor of its partition (whose commands it decides)."""
+        ...
+
+    @property
+    def stores(self) -> Mapping[str, TimerWrites]:
+        """Per type, its partition's handle of the timer store (its take's): a cycle writes
+        its partition's timers through it, under that partition's lock alone."""
         ...
 
     def failed(self, what: str, exc: BaseException) -> None:
@@ -112,6 +119,11 @@ class PartitionCycles:
         task = self._running.get(p)
         return None if task is None else task.processors.get(type_name)
 
+    def _store(self, type_name: str, p: int) -> TimerWrites | None:
+        """A type's handle of p's timers, the task running p's; None: no task runs p."""
+        task = self._running.get(p)
+        return None if task is None else task.stores.get(type_name)
+
     async def work(self, inp: PartitionInput) -> None:
         """A partition's worker (`PartitionInput`): its cycles, one after the other, over
         what its queue holds, while its task runs."""
@@ -160,7 +172,8 @@ class PartitionCycles:
             w = work.get(kept.name)
             if w is None:
                 processor = self._processor(kept.name, p)
-                w = work[kept.name] = CycleWork(kept, now, self.limits, processor)
+                store = self._store(kept.name, p)
+                w = work[kept.name] = CycleWork(kept, now, self.limits, processor, store=store)
             return w
 
         try:
@@ -176,7 +189,7 @@ class PartitionCycles:
                 elif (batch := w.batch_of(p)) is not None:
                     backlog = await self._backlog(topic, p)
                     w.decider.decide_records(batch, records, backlog)
-                    w.wrote = await self._carry_out(kept, batch, p) or w.wrote
+                    w.wrote = await self._carry_out(w, batch, p) or w.wrote
             for type_name in sorted(inp.take_local() if inp is not None else ()):
                 kept = self._types[type_name]
                 if self._processor(kept.name, p) is None:
@@ -193,7 +206,7 @@ class PartitionCycles:
                 decided = w.decider.decide_local(batch, commands)
                 await self._record_local(kept, timers, decided)
                 # After the settles: a Fire that reschedules its own key would fail them.
-                w.wrote = await self._carry_out(kept, batch, p) or w.wrote
+                w.wrote = await self._carry_out(w, batch, p) or w.wrote
             transactions = inp.transactions if inp is not None else {}
             for w in work.values():
                 self._stage(p, w, transactions.get(w.kept.name))
@@ -271,11 +284,12 @@ class PartitionCycles:
         # The timers' commands are applied now: their lateness is measured at the commit.
         self._metrics.fired(type_name, batch.fired_due, self._now())
 
-    async def _carry_out(self, kept: KeptType, batch: CommandBatch, p: int) -> bool:
+    async def _carry_out(self, w: CycleWork, batch: CommandBatch, p: int) -> bool:
         """Carries out on the timer table, at once, what the batch's decisions did to the
         timers (a cancel, a reschedule): a timer must not fire after its cancel was
         decided, and the subscription reads the events back only once they commit. Read
         back, they find it done (every timer operation is idempotent). Whether it wrote."""
+        kept = w.kept
         ops: list[TimerOp] = []
         for event in batch.take_timer_events():
             try:
@@ -287,7 +301,7 @@ class PartitionCycles:
         if not ops:
             return False
         try:
-            writes, put = await apply_all(kept.store, ops)
+            writes, put = await apply_all(w.timers, ops)
         except Exception as exc:
             if node_fault(exc):
                 raise
@@ -347,14 +361,14 @@ class PartitionCycles:
         the store's own) is its record's: the others are carried out one by one and that
         record dead-lettered."""
         try:
-            return await apply_all(kept.store, [op for _, op in ops])
+            return await apply_all(w.timers, [op for _, op in ops])
         except Exception as exc:
             if node_fault(exc):
                 raise
         writes, put = 0, list[Timer]()
         for record, op in ops:
             try:
-                n, timers = await apply_all(kept.store, [op])
+                n, timers = await apply_all(w.timers, [op])
             except Exception as exc:
                 if node_fault(exc):
                     raise

@@ -1,9 +1,11 @@
 """Opening a partition, as its task takes it (`open_partition`): per type, its
 transactional producer started (fencing the previous owner), its command processor made
 and its aggregate states folded from the log, and its timer table restored from its
-changelog (read on from a clean local copy, else dropped and restored whole); then the
-results readers follow it. What is opened is the task's (`transactions`, `processors`),
-for its close to let go (`partition_release`) however far the take got."""
+changelog (read on from a clean local copy, else dropped and restored whole), and the
+handle its cycles write its timers through made (`PartitionHandle`: p's lock alone, and
+refused once p is let go, so each take makes its own); then the results readers follow it.
+What is opened is the task's (`transactions`, `processors`, `stores`), for its close to
+let go (`partition_release`) however far the take got."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from app.kafka import OutRecord, Record
 from app.node.partition_transaction import PartitionTransaction
 from app.node.task_shared import TaskShared
 from app.timers.restore import restore_partition, unreadable_letters
+from tables.partition_handle import PartitionHandle
 
 __all__ = ["open_partition"]
 
@@ -24,6 +27,7 @@ async def open_partition(
     topics: set[str],
     transactions: dict[str, PartitionTransaction],
     processors: dict[str, CommandProcessor],
+    stores: dict[str, PartitionHandle],
 ) -> None:
     """Opens p of every type whose log is in `topics` (see the module)."""
     for kept in s.types.values():
@@ -67,6 +71,8 @@ async def open_partition(
             # Counted whole once, here, where a restore is waited for anyway: from now
             # on each write keeps the count (the /metrics gauges scan nothing).
             kept.store.status_counts(p)
+        # After the restore (a full one drops p: a handle made before it is refused).
+        stores[kept.name] = kept.store.partition(p)
         if unreadable:
             # Their letters and tombstones commit in p's next transaction.
             letters = unreadable_letters(unreadable, s.now(), s.limits.dead_letter_bytes)

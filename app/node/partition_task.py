@@ -12,11 +12,13 @@ Each task owns its transactions (`PartitionTransaction`, one a type, opened by i
 and abandoned by its close), its commits' scheduling (`PartitionCommits`), its command
 processors, its timer firings (`PartitionFiring`, one a type: its wheel, its sends and
 their outcomes, its write lock; obtained from the type's runner when it starts firing,
-stopped and dropped by its close), and, each time it runs, its input (`PartitionInput`:
-its queue, its worker, its lock, its in-process wake-up, its cycle's state), stopped
-with its close. A fault of its own, a corrupt row of its timer store included, fails it
-alone. Tasks share the consumer, the clock and the clients; the cycles' logic
-(`PartitionCycles`, no state of a partition's own); and still, per type, what holds all
+stopped and dropped by its close), per type its partition's handle of the timer store
+(`PartitionHandle`, made by its take, dropped by its close: its cycles write p's timers
+through it), and, each time it runs, its input (`PartitionInput`: its queue, its worker,
+its lock, its in-process wake-up, its cycle's state), stopped with its close. A fault
+of its own, a corrupt row of its timer store included, fails it alone. Tasks share the
+consumer, the clock and the clients; the cycles' logic (`PartitionCycles`, no state of a
+partition's own); and still, per type, what holds all
 of the type's partitions on the node, of which a task touches only its own partition's:
 the timer store (one RocksDB store, which a task reaches its partition through; a write
 lock per partition, so a partition's writes wait for its own alone, a restore's memtable
@@ -50,6 +52,7 @@ from app.node.partition_transaction import PartitionTransaction
 from app.node.task_shared import TaskManager, TaskShared
 from app.node.task_state import TaskState, closes_clean, transition
 from app.timers.runner import PartitionFiring
+from tables.partition_handle import PartitionHandle
 
 __all__ = ["TAKE_ATTEMPTS", "PartitionTask", "TaskManager", "TaskShared"]
 
@@ -76,6 +79,9 @@ class PartitionTask:
         self.processors: dict[str, CommandProcessor] = {}
         # Per type, its transaction of p: opened by its take, abandoned by its close.
         self.transactions: dict[str, PartitionTransaction] = {}
+        # Per type, p's handle of the timer store, its cycles' writes' (made by its take,
+        # after the restore; dropped by its close: a retake's is a new one).
+        self.stores: dict[str, PartitionHandle] = {}
         # Per type, p's timer firing: obtained when p starts firing, stopped by its close.
         self.firings: dict[str, PartitionFiring] = {}
         # Per type, the loop of p's own timer rounds over its firing (ended by its close).
@@ -303,7 +309,9 @@ class PartitionTask:
 
     async def _take(self, topics: set[str]) -> None:
         self._to(TaskState.RESTORING)
-        await open_partition(self._shared, self.p, topics, self.transactions, self.processors)
+        await open_partition(
+            self._shared, self.p, topics, self.transactions, self.processors, self.stores
+        )
 
     async def revoke(self) -> None:
         """The group took p away: a take under way is stopped; a running task is closed
@@ -331,6 +339,7 @@ class PartitionTask:
         if was is not TaskState.SUSPENDED:
             self._to(TaskState.SUSPENDED)
         self._stop_running()
+        self.stores.clear()  # refused from p's revoke on anyway; a retake makes new ones
         self._end_timer_loops()
         if was is not TaskState.CREATED or self._half_open():
             # A cycle cut short wrote half of its work: nothing of p's transaction commits.

@@ -28,10 +28,11 @@ from app.protocol.wire import (
     ScheduleResumed,
     ScheduleSet,
 )
-from tables import AggregateRef, Timer, TimerStatus, TimerStore
+from tables import AggregateRef, Timer, TimerStatus
 from tables.bounds import MAX_INSTANT, MAX_INT64
 from tables.rules import OnceRule, ScheduleRule
 from tables.slots import Slot, first_slot, jittered_due
+from tables.store import TimerWrites
 
 __all__ = [
     "CancelAllTimers",
@@ -252,8 +253,9 @@ def _built(
     return timer
 
 
-async def apply(store: TimerStore, op: TimerOp) -> bool:
-    """Carries `op` out on `store`; whether it changed anything."""
+async def apply(store: TimerWrites, op: TimerOp) -> bool:
+    """Carries `op` out on `store` (the whole store, or a partition's handle); whether it
+    changed anything."""
     match op:
         case PutTimer(timer):
             return await store.put(timer)
@@ -267,7 +269,7 @@ async def apply(store: TimerStore, op: TimerOp) -> bool:
             return await store.cancel_all(owner, version) > 0
 
 
-async def apply_all(store: TimerStore, ops: list[TimerOp]) -> tuple[int, list[Timer]]:
+async def apply_all(store: TimerWrites, ops: list[TimerOp]) -> tuple[int, list[Timer]]:
     """Carries `ops` out in order, each run of puts as one store write: how many changed
     anything, and the timers the puts and resumes wrote (due again: the runner's wheel is
     offered them)."""

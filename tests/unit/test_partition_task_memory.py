@@ -59,20 +59,21 @@ async def test_a_fault_in_one_task_closes_and_revives_it_alone_while_another_fir
 
     monkeypatch.setattr(PartitionTask, "_to", recording)
     kept = node.node.types[TOPICS.type_name]
-    put_many, open_ = kept.store.put_many, kept.transactions.open
+    # Under `put_many`, which the store's and its partition handles' (the cycles') share.
+    put_many, open_ = kept.store._put_many, kept.transactions.open  # type: ignore[attr-defined]
     faulty = True
 
-    async def put_failing(timers: list[Timer]) -> list[Timer]:
+    async def put_failing(timers: list[Timer], serving: int | None) -> list[Timer]:
         if faulty and any(t.partition == bad for t in timers):
             raise StoreError("the disk under partition 0 is gone")
-        return await put_many(timers)
+        return await put_many(timers, serving)  # type: ignore[no-any-return]
 
     async def open_failing(partition: int) -> PartitionTransaction:
         if faulty and partition == bad:
             raise KafkaUnavailable("partition 0's coordinator is away")
         return await open_(partition)
 
-    monkeypatch.setattr(kept.store, "put_many", put_failing)
+    monkeypatch.setattr(kept.store, "_put_many", put_failing)
     monkeypatch.setattr(kept.transactions, "open", open_failing)
     # The bad partition's cycle meets the fault; its retakes fail while `faulty` holds.
     await schedule(log, owner_in(bad), int(time.time() * 1000) + 200)
