@@ -1,6 +1,7 @@
 """Worker CPU per timer fired in-process, without a broker (#20): `CommandProcessor.decide_local`
 over a burst of due timers, each the first command of its own aggregate (as in
-`bench.timers_bench --phases a`: one timer per owner), with the in-memory state store.
+`bench.timers_bench --phases a`: one timer per owner, whose state is stored), with the
+in-memory state store.
 
     python -m bench.decide_bench [--timers 1000] [--rounds 20] [--profile]
 
@@ -21,10 +22,11 @@ from collections.abc import Sequence
 import orjson
 from pydantic import BaseModel
 
-from app.commands.processor import CommandProcessor
+from app.commands.processor import CommandProcessor, state_key
 from app.kafka import OutRecord
 from app.model.aggregate import AggregateType, Command, Decision, Event
-from app.protocol.wire import CommandEnvelope
+from app.model.decide import StoredAggregate
+from app.protocol.wire import CommandEnvelope, encode
 from tables import AggregateRef
 from tables.aggregate_store import MemoryAggregateStore
 
@@ -69,10 +71,14 @@ def _commands(n: int, round_: int) -> list[CommandEnvelope]:
 
 def _round(n: int, round_: int) -> float:
     """Seconds to decide `n` due timers on a fresh partition."""
-    processor = CommandProcessor(
-        counter, 0, partitions=1, states=MemoryAggregateStore(), commit=_commit, now=lambda: T0
-    )
+    store = MemoryAggregateStore()
     commands = _commands(n, round_)
+    # Each owner has an event already (its timer's `wow.ScheduleSet`): its state is read.
+    stored = encode(StoredAggregate(version=1, state=Counter().model_dump(mode="json")))
+    store.write(0, {state_key(c.aggregate): stored for c in commands}, [], None)
+    processor = CommandProcessor(
+        counter, 0, partitions=1, states=store, commit=_commit, now=lambda: T0
+    )
     batch = processor.begin()
     start = time.process_time()
     decided = processor.decide_local(batch, commands)
