@@ -95,6 +95,9 @@ class CommandProcessor:
         self.partition = partition
         self.partitions = partitions
         self.topics = AggregateTopics(agg.context, agg.name)
+        # Named once: each fired timer writes to both (#20).
+        self._events_topic = self.topics.events
+        self._commands_topic = self.topics.commands
         self.results_topic = ContextTopics(agg.context).results
         self._commit = commit
         self._now = now
@@ -222,6 +225,7 @@ class CommandProcessor:
         """
         batch.stats.commands += len(commands)
         decided: list[tuple[CommandEnvelope, ResultCode, str]] = []
+        topic, partition, out = self._commands_topic, self.partition, batch.out
         for cmd in commands:
             try:
                 d, _ = self._decide(batch, cmd)
@@ -232,9 +236,7 @@ class CommandProcessor:
                 # As a target answers a command it cannot decide: the timer retries it.
                 code, message = ResultCode.ERROR, f"{type(exc).__name__}: {exc}"[:1000]
                 batch.stats.codes[code] += 1
-            batch.out.append(
-                (self.topics.commands, self.partition, cmd.aggregate.id.encode(), encode(cmd))
-            )
+            out.append((topic, partition, cmd.aggregate.id.encode(), encode(cmd)))
             decided.append((cmd, code, message))
         return decided
 
@@ -287,9 +289,6 @@ class CommandProcessor:
         batch.applied.add(applied)
         return True
 
-    def _seen(self, batch: CommandBatch, cmd: CommandEnvelope) -> bool:
-        return self._states.applied(batch, (state_key(cmd.aggregate), cmd.request_id))
-
     def _decide(self, batch: CommandBatch, cmd: CommandEnvelope) -> tuple[Decided, int | None]:
         """Decides one command on the aggregate as the batch left it; its events and
         commands join the batch's records. The decision and the aggregate's version."""
@@ -301,7 +300,7 @@ class CommandProcessor:
                 stored,
                 cmd,
                 now=batch.now,
-                seen=self._seen(batch, cmd),
+                seen=self._states.applied(batch, (aid, cmd.request_id)),
                 unreachable=self._unreachable if self.targets is not None else None,
             )
         )
@@ -310,7 +309,7 @@ class CommandProcessor:
             # or aggregate cannot be written raises here and leaves the batch as it was.
             key = cmd.aggregate.id.encode()
             out: list[OutRecord] = [
-                (self.topics.events, self.partition, key, encode(e)) for e in d.events
+                (self._events_topic, self.partition, key, encode(e)) for e in d.events
             ]
             out += [command_record(c) for c in d.commands]
             state = encode(d.stored)
