@@ -143,9 +143,10 @@ def fold(
 ) -> StoredAggregate:
     """The aggregate after `events` (of one aggregate, in log order)."""
     current = stored or _NO_EVENTS
-    state: BaseModel = (
-        agg.state_type.model_validate(current.state) if stored is not None else agg.initial()
-    )
+    # A fresh dict for an aggregate without events: a state type may keep the dict it is
+    # given, and an applier change it in place (never the one shared `_NO_EVENTS`'s).
+    raw = {} if current is _NO_EVENTS else current.state
+    state: BaseModel = agg.state_type.model_validate(raw) if stored is not None else agg.initial()
     deleted = current.deleted
     version = current.version
     for e in events:
