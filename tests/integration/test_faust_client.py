@@ -180,6 +180,17 @@ async def test_a_faust_app_schedules_receives_answers_and_cancels(
             found = await reminded()
             assert set(found) == {"a", "c"}, found
             assert [len(v) for v in found.values()] == [1, 1], found
+
+            # The app writes the reminder before its command's result, which the worker
+            # then reads and settles: the rows are waited for, not read at once.
+            async def settled() -> bool:
+                now = {t.owner.id: t for t in (await client.timers()).values()}
+                return all(
+                    now.get(k) is not None and now[k].status is TimerStatus.FIRED
+                    for k in ("a", "c")
+                )
+
+            await eventually(settled, 30, "a's and c's rows settled from the app's results")
             rows = {t.owner.id: t for t in (await client.timers()).values()}
             for fired in ("a", "c"):
                 row = rows[fired]
