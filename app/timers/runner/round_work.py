@@ -31,7 +31,14 @@ from app.timers.runner.sending import Sends
 from app.timers.runner.settling import settle_exactly, taken_over
 from app.timers.runner.slow_start import burst_after, round_slice
 from app.timers.runner.stats import RoundStats
-from app.timers.runner.wheel import Load, built_apart, count_due_of, load_due_of, pop_from
+from app.timers.runner.wheel import (
+    Load,
+    built_apart,
+    count_due_of,
+    due_span_of,
+    load_due_of,
+    pop_from,
+)
 from tables.exceptions import StoreError
 from tables.store import DueRow
 from tables.timer import Timer, TimerStatus
@@ -93,8 +100,16 @@ class RoundWork:
         await load_due_of(wheels, self._load, now, o.poll_interval_ms, o.batch_limit)
         # A burst is taken in growing slices (`slow_start`): the first fires at once.
         due = count_due_of(wheels, now, o.batch_limit)
+        # A stream's backlog is no burst (`slow_start`): how far apart the rows due lie.
+        span = due_span_of(wheels, now) if state.burst is None and due > 1 else 0
         take = round_slice(
-            due, state.burst, limit=o.batch_limit, grow=grow, spread=spread, before=state.last_due
+            due,
+            state.burst,
+            limit=o.batch_limit,
+            grow=grow,
+            spread=spread,
+            before=state.last_due,
+            span=span,
         )
         state.last_due = due
         rows, took, stats.full = pop_from(wheels, now, take)

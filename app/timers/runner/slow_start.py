@@ -17,11 +17,17 @@ loop): a burst of 10,000 over 12 partitions leaves ~830 due in each, under a rou
 `limit`, so without `spread` no partition sliced its burst and every first transaction
 waited behind the others' cycles of ~830 timers (first fire ~650 ms after due against
 ~120 ms with it, 2 workers, 2026-12-02).
+
+A burst is rows falling due together. Rows due over a span of `STREAM_SPAN_MS` or more
+are a steady stream's backlog (its rounds were held up: a loop busy with other work), not
+a burst, and are taken whole: at 5,000 timers/s such a stall left ~170 due in a
+partition, which began a burst of 5 a round growing only as its commits landed, so its
+backlog grew for a second before it was taken (the lateness tail, docs/performance.md).
 """
 
 from __future__ import annotations
 
-__all__ = ["FIRST_SLICE", "HELD_AT_MOST_MS", "burst_after", "round_slice"]
+__all__ = ["FIRST_SLICE", "HELD_AT_MOST_MS", "STREAM_SPAN_MS", "burst_after", "round_slice"]
 
 FIRST_SLICE = 32
 """A burst's first rounds take this many each (spread over the partitions by due time and
@@ -33,6 +39,11 @@ HELD_AT_MOST_MS = 300
 commit them (seconds on a saturated machine) must not hold the burst's rate down long."""
 
 
+STREAM_SPAN_MS = 100
+"""Rows due now spread over this long or more (earliest to latest due time) are a stream's
+backlog, never a burst: a burst is a step of rows due at one instant (or within jitter)."""
+
+
 def round_slice(
     due: int,
     burst: int | None,
@@ -42,6 +53,7 @@ def round_slice(
     grow: bool = True,
     spread: int = 1,
     before: int = 0,
+    span: int = 0,
 ) -> int:
     """How many rows this round takes: `due` rows are due now (counted up to `limit`);
     `burst` the slice of the burst under way (its last round left rows due), if any;
@@ -52,11 +64,13 @@ def round_slice(
     together stay as small as one round's over all of them. `before`: how many the last
     round found due: a burst begins only where that was under the mark (a step), never
     again and again under a steady load that keeps as many due (slow rounds, a backlog:
-    restarting each at a small slice would only add round trips)."""
+    restarting each at a small slice would only add round trips). `span`: how far apart
+    the due times of the rows due now lie: `STREAM_SPAN_MS` or more, they are a stream's
+    backlog, taken whole (`limit`) rather than begun as a burst."""
     if burst is not None:
         return min(limit, 2 * burst if grow else burst)
     mark = max(1, limit // max(1, spread))
-    if due >= mark and before < mark:
+    if due >= mark and before < mark and span < STREAM_SPAN_MS:
         return max(1, min(first // max(1, spread), limit))  # a burst begins
     return limit  # steady: all that is due, as many as a round may take
 

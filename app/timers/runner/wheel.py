@@ -25,6 +25,7 @@ __all__ = [
     "Wheel",
     "built_apart",
     "count_due_of",
+    "due_span_of",
     "load_due_of",
     "pop_from",
     "take_due_of",
@@ -124,6 +125,14 @@ class Wheel:
                     break
         return n
 
+    def due_span(self, now: int) -> tuple[int, int] | None:
+        """The earliest and latest due times of its rows due by `now` (O(wheel)); None:
+        none is due."""
+        if not self._head_due(now):
+            return None
+        latest = max(d for d, _, _, _ in self._heap if d <= now)
+        return self._heap[0][0], latest
+
     def due(self, now: int, partitions: Set[int]) -> dict[str, int]:
         """The rows in it due by `now` of `partitions`, by id (O(wheel): for metrics)."""
         return {r.id: d for d, _, _, r in self._heap if d <= now and r.partition in partitions}
@@ -187,6 +196,15 @@ def count_due_of(wheels: Mapping[int, Wheel], now: int, cap: int) -> int:
         if n >= cap:
             break
     return n
+
+
+def due_span_of(wheels: Mapping[int, Wheel], now: int) -> int:
+    """How far apart the due times of the rows due by `now` in the `wheels` lie (latest -
+    earliest; 0: one instant, or none due)."""
+    spans = [s for w in wheels.values() if (s := w.due_span(now)) is not None]
+    if not spans:
+        return 0
+    return max(s[1] for s in spans) - min(s[0] for s in spans)
 
 
 def take_from(wheels: Mapping[int, Wheel], now: int, limit: int) -> tuple[list[Timer], bool]:
