@@ -29,7 +29,7 @@ from app.timers.runner.round_state import RoundState
 from app.timers.runner.rounds import Round
 from app.timers.runner.sending import Sends
 from app.timers.runner.settling import settle_exactly, taken_over
-from app.timers.runner.slow_start import burst_after, round_slice
+from app.timers.runner.slow_start import burst_after, may_begin_burst, round_slice
 from app.timers.runner.stats import RoundStats
 from app.timers.runner.wheel import (
     Load,
@@ -101,7 +101,11 @@ class RoundWork:
         # A burst is taken in growing slices (`slow_start`): the first fires at once.
         due = count_due_of(wheels, now, o.batch_limit)
         # A stream's backlog is no burst (`slow_start`): how far apart the rows due lie.
-        span = due_span_of(wheels, now) if state.burst is None and due > 1 else 0
+        # Scanned only where a burst would begin: a scan of the wheels is O(rows loaded).
+        begins = state.burst is None and may_begin_burst(
+            due, limit=o.batch_limit, spread=spread, before=state.last_due
+        )
+        span = due_span_of(wheels, now) if begins else 0
         take = round_slice(
             due,
             state.burst,

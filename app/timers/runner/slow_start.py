@@ -27,7 +27,14 @@ backlog grew for a second before it was taken (the lateness tail, docs/performan
 
 from __future__ import annotations
 
-__all__ = ["FIRST_SLICE", "HELD_AT_MOST_MS", "STREAM_SPAN_MS", "burst_after", "round_slice"]
+__all__ = [
+    "FIRST_SLICE",
+    "HELD_AT_MOST_MS",
+    "STREAM_SPAN_MS",
+    "burst_after",
+    "may_begin_burst",
+    "round_slice",
+]
 
 FIRST_SLICE = 32
 """A burst's first rounds take this many each (spread over the partitions by due time and
@@ -69,10 +76,17 @@ def round_slice(
     backlog, taken whole (`limit`) rather than begun as a burst."""
     if burst is not None:
         return min(limit, 2 * burst if grow else burst)
-    mark = max(1, limit // max(1, spread))
-    if due >= mark and before < mark and span < STREAM_SPAN_MS:
+    if may_begin_burst(due, limit=limit, spread=spread, before=before) and span < STREAM_SPAN_MS:
         return max(1, min(first // max(1, spread), limit))  # a burst begins
     return limit  # steady: all that is due, as many as a round may take
+
+
+def may_begin_burst(due: int, *, limit: int, spread: int = 1, before: int = 0) -> bool:
+    """Whether `due` rows due now (the last round found `before`) are a step over the mark,
+    where a burst begins unless they are a stream's backlog (`round_slice`): only then is
+    their span worth its scan of the wheels."""
+    mark = max(1, limit // max(1, spread))
+    return due >= mark and before < mark
 
 
 def burst_after(taken: int, more: bool) -> int | None:
