@@ -29,13 +29,18 @@ from app.timers.runner.round_state import RoundState
 from app.timers.runner.rounds import Round
 from app.timers.runner.sending import Sends
 from app.timers.runner.settling import settle_exactly, taken_over
-from app.timers.runner.slow_start import burst_after, may_begin_burst, round_slice
+from app.timers.runner.slow_start import (
+    STREAM_SPAN_MS,
+    burst_after,
+    may_begin_burst,
+    round_slice,
+)
 from app.timers.runner.stats import RoundStats
 from app.timers.runner.wheel import (
     Load,
     built_apart,
     count_due_of,
-    due_span_of,
+    due_step_of,
     load_due_of,
     pop_from,
 )
@@ -100,12 +105,12 @@ class RoundWork:
         await load_due_of(wheels, self._load, now, o.poll_interval_ms, o.batch_limit)
         # A burst is taken in growing slices (`slow_start`): the first fires at once.
         due = count_due_of(wheels, now, o.batch_limit)
-        # A stream's backlog is no burst (`slow_start`): how far apart the rows due lie.
+        # A stream's backlog is no burst (`slow_start`): how many rows due make its step.
         # Scanned only where a burst would begin: a scan of the wheels is O(rows loaded).
         begins = state.burst is None and may_begin_burst(
             due, limit=o.batch_limit, spread=spread, before=state.last_due
         )
-        span = due_span_of(wheels, now) if begins else 0
+        step = due_step_of(wheels, now, STREAM_SPAN_MS) if begins else None
         take = round_slice(
             due,
             state.burst,
@@ -113,7 +118,7 @@ class RoundWork:
             grow=grow,
             spread=spread,
             before=state.last_due,
-            span=span,
+            step=step,
         )
         state.last_due = due
         rows, took, stats.full = pop_from(wheels, now, take)

@@ -25,7 +25,7 @@ __all__ = [
     "Wheel",
     "built_apart",
     "count_due_of",
-    "due_span_of",
+    "due_step_of",
     "load_due_of",
     "pop_from",
     "take_due_of",
@@ -125,13 +125,15 @@ class Wheel:
                     break
         return n
 
-    def due_span(self, now: int) -> tuple[int, int] | None:
-        """The earliest and latest due times of its rows due by `now` (O(wheel)); None:
-        none is due."""
+    def latest_due(self, now: int) -> int | None:
+        """The latest due time of its rows due by `now` (O(wheel)); None: none is due."""
         if not self._head_due(now):
             return None
-        latest = max(d for d, _, _, _ in self._heap if d <= now)
-        return self._heap[0][0], latest
+        return max(d for d, _, _, _ in self._heap if d <= now)
+
+    def count_due_from(self, since: int, now: int) -> int:
+        """How many of its rows fall due from `since` to `now` (O(wheel))."""
+        return sum(1 for d, _, _, _ in self._heap if since <= d <= now)
 
     def due(self, now: int, partitions: Set[int]) -> dict[str, int]:
         """The rows in it due by `now` of `partitions`, by id (O(wheel): for metrics)."""
@@ -198,13 +200,15 @@ def count_due_of(wheels: Mapping[int, Wheel], now: int, cap: int) -> int:
     return n
 
 
-def due_span_of(wheels: Mapping[int, Wheel], now: int) -> int:
-    """How far apart the due times of the rows due by `now` in the `wheels` lie (latest -
-    earliest; 0: one instant, or none due)."""
-    spans = [s for w in wheels.values() if (s := w.due_span(now)) is not None]
-    if not spans:
+def due_step_of(wheels: Mapping[int, Wheel], now: int, within: int) -> int:
+    """How many rows due by `now` in the `wheels` fall due less than `within` ms before
+    the latest of them: the step a burst is (a few older ones, deferred or late, are not
+    of it); 0 when none is due."""
+    latest = [d for w in wheels.values() if (d := w.latest_due(now)) is not None]
+    if not latest:
         return 0
-    return max(s[1] for s in spans) - min(s[0] for s in spans)
+    since = max(latest) - within + 1
+    return sum(w.count_due_from(since, now) for w in wheels.values())
 
 
 def take_from(wheels: Mapping[int, Wheel], now: int, limit: int) -> tuple[list[Timer], bool]:
