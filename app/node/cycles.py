@@ -143,13 +143,18 @@ class PartitionCycles:
                 for topic, records in items
                 if (rest := records_after(records, done.get(topic, -1)))
             ]
-            for part in cycle_slices(fresh):
-                staged = await self._one_cycle(inp, part, done)
-                # The loop's other work (other partitions' timers) between two cycles: a
-                # queue that holds batches is taken from without a pause.
-                await asyncio.sleep(0)
-                if not staged:
-                    break
+            slices = cycle_slices(fresh)
+            try:
+                for i, part in enumerate(slices):
+                    inp.holding = i < len(slices) - 1  # the handed-over timers fire in the last
+                    staged = await self._one_cycle(inp, part, done)
+                    # The loop's other work (other partitions' timers) between two cycles: a
+                    # queue that holds batches is taken from without a pause.
+                    await asyncio.sleep(0)
+                    if not staged:
+                        break
+            finally:
+                inp.holding = False
 
     async def _one_cycle(
         self, inp: PartitionInput, part: list[Batch], done: dict[str, int]
