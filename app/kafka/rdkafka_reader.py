@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Future
@@ -96,9 +97,10 @@ class RdkafkaReader:
     async def start(self) -> None:
         if self._consumer is not None:
             return
-        made = self._thread.submit(Consumer, self._config)
+        thread = self._thread
+        made = thread.submit(Consumer, self._config)
         try:
-            self._consumer = await self._wait(made)
+            consumer = await self._wait(made)
         except BaseException:
             # Its thread would wait for calls for ever: ended (after closing the consumer
             # if it is made all the same), and a fresh one for the next start.
@@ -106,6 +108,10 @@ class RdkafkaReader:
             self._thread.shutdown()
             self._thread = CallThread("tickwheel-reader")
             raise
+        if thread.closed:  # stopped while it started: its consumer is nobody's
+            made.add_done_callback(_close_made)
+            raise KafkaUnavailable("reader stopped during its start")
+        self._consumer = consumer
 
     async def stop(self) -> None:
         """Closes the consumer (never raises), on its thread after the call in flight; a
@@ -262,12 +268,17 @@ def _record(m: Any, topic: str, partition: int, offset: int) -> Record:
 
 
 def _close_made(made: Future[Consumer]) -> None:
-    """Closes a consumer made after its start gave up on it (on the reader's thread)."""
+    """Closes a consumer made after its start gave up on it, on a thread of its own: this
+    may run on the event loop (`made` done already), and a close blocks."""
     if not made.cancelled() and made.exception() is None:
-        try:
-            made.result().close()
-        except (KafkaException, RuntimeError) as exc:
-            logger.info("reader: closing: %s", exc)
+        threading.Thread(target=_close, args=(made.result(),), daemon=True).start()
+
+
+def _close(consumer: Consumer) -> None:
+    try:
+        consumer.close()
+    except (KafkaException, RuntimeError) as exc:
+        logger.info("reader: closing: %s", exc)
 
 
 def _retrieve(done: Any) -> None:

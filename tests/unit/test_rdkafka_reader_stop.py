@@ -164,6 +164,33 @@ async def test_a_start_that_fails_leaves_no_thread_and_may_be_tried_again(
     await reader.stop()
 
 
+async def test_a_stop_during_a_start_closes_the_consumer_the_start_makes(
+    fake: type[_Consumer], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    making, made, closed = threading.Event(), threading.Event(), threading.Event()
+
+    class Slow(_Consumer):
+        def __init__(self, config: dict[str, Any]) -> None:
+            making.set()
+            made.wait(10)
+            super().__init__(config)
+
+        def close(self) -> None:
+            super().close()
+            closed.set()
+
+    monkeypatch.setattr(rdkafka_reader, "Consumer", Slow)
+    reader = RdkafkaReader("127.0.0.1:1", timeout=5.0)
+    starting = asyncio.create_task(reader.start())
+    await asyncio.to_thread(making.wait, 10)
+    await reader.stop()  # nothing to close yet
+    made.set()
+    with pytest.raises(KafkaUnavailable, match="stopped during its start"):
+        await starting
+    assert await asyncio.to_thread(closed.wait, 10), "the consumer made is left open"
+    assert fake.made[0].calls == ["close"]
+
+
 @pytest.mark.parametrize(
     "code",
     [29, 30, 31, 58, KafkaError._AUTHENTICATION],
