@@ -109,6 +109,10 @@ class PartitionHandle:
         found = self._store._find(row_key(owner, key), self._at)
         return None if found is None else found[2]
 
+    async def parked(self, target: AggregateRef) -> list[Timer]:
+        self._check()
+        return self._store._parked([self.partition], target)
+
     async def timers_of(self, owner: AggregateRef) -> list[Timer]:
         self._check()
         return [timer for _, timer in self._store._owner_rows(self.partition, owner_prefix(owner))]

@@ -52,6 +52,7 @@ from app.node.partition_transaction import PartitionTransaction
 from app.node.task_shared import TaskManager, TaskShared
 from app.node.task_state import TaskState, closes_clean, transition
 from app.timers.runner import PartitionFiring
+from app.timers.runner.partition_store import PartitionStore
 from tables.partition_handle import PartitionHandle
 
 __all__ = ["TAKE_ATTEMPTS", "PartitionTask", "TaskManager", "TaskShared"]
@@ -280,7 +281,10 @@ class PartitionTask:
         for kept in self._shared.types.values():
             local = kept.name in self.processors
             in_process = in_process_targets(kept.topics, partitions) if local else None
-            firing = kept.runner.start_partition(self.p, in_process=in_process)
+            # Its store calls through p's own handle: refused once p is let go.
+            handle = self.stores.get(kept.name)
+            store = None if handle is None else PartitionStore(handle)
+            firing = kept.runner.start_partition(self.p, in_process=in_process, store=store)
             self.firings[kept.name] = firing
             self.timer_loops[kept.name] = kept.loop.start_partition(self, firing)
 
