@@ -71,7 +71,9 @@ class PartitionStore:
 
     def _wanted(self, partitions: Set[int]) -> bool:
         if not partitions <= {self.partition}:
-            raise ValueError(f"partitions {sorted(partitions)} asked of {self!r}")
+            raise ValueError(
+                f"partitions {sorted(partitions)} asked of partition {self.partition}'s store"
+            )
         return bool(partitions)
 
     async def due(self, partitions: Set[int], until: int, limit: int) -> list[Timer]:
