@@ -14,20 +14,20 @@ processors, its timer firings (`PartitionFiring`, one a type: its wheel, its sen
 their outcomes, its write lock; obtained from the type's runner when it starts firing,
 stopped and dropped by its close), per type its partition's handle of the timer store
 (`PartitionHandle`, made by its take, dropped by its close: its cycles write p's timers
-through it), and, each time it runs, its input (`PartitionInput`: its queue, its worker,
-its lock, its in-process wake-up, its cycle's state), stopped with its close. A fault
-of its own, a corrupt row of its timer store included, fails it alone. Tasks share the
-consumer, the clock and the clients; the cycles' logic (`PartitionCycles`, no state of a
-partition's own); and still, per type, what holds all
-of the type's partitions on the node, of which a task touches only its own partition's:
-the timer store (one RocksDB store, which a task reaches its partition through; a write
-lock per partition, so a partition's writes wait for its own alone, a restore's memtable
-flush included, never for another's), the aggregate states store (one RocksDB a
-partition, no lock), the clean marks (a file a partition), the runner (which keeps a
-reference to each task's firing and runs the type's rounds: one due query and one claim
-batch across the partitions, one gate on the sends in flight), and `TypeTransactions`
-(which opens the tasks' transactions and routes the store's rows to them). No task holds
-a lock across a Kafka call.
+through it, and its firings reach them through it too, so a firing of a take let go
+writes nothing), and, each time it runs, its input (`PartitionInput`: its queue, its
+worker, its lock, its in-process wake-up, its cycle's state), stopped with its close. A
+fault of its own, a corrupt row of its timer store included, fails it alone. Tasks share
+the consumer, the clock and the clients; the cycles' logic (`PartitionCycles`, no state
+of a partition's own); and still, per type, what holds all of the type's partitions on
+the node, of which a task touches only its own partition's: the timer store (one RocksDB
+store, which a task reaches its partition through its handle; a write lock per
+partition, so a partition's writes wait for its own alone, a restore's memtable flush
+included, never for another's), the aggregate states store (one RocksDB a partition, no
+lock), the clean marks (a file a partition), the runner (which keeps a reference to each
+task's firing and runs its rounds, each through the firing's own store; one gate on the
+sends in flight), and `TypeTransactions` (which opens the tasks' transactions and routes
+the store's rows to them). No task holds a lock across a Kafka call.
 """
 
 from __future__ import annotations

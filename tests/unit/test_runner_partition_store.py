@@ -211,9 +211,10 @@ def test_a_call_of_one_firing_goes_to_its_own_store_and_one_of_several_to_each()
         def __init__(self, partition: int, store: Any) -> None:
             self.partition, self.store = partition, store
 
-    default, mine = object(), object()
-    assert store_of([F(0, None), F(1, None)], default) is default  # type: ignore[arg-type]
-    assert store_of([F(0, mine)], default) is mine  # type: ignore[arg-type]
-    routed = store_of([F(0, mine), F(1, None)], default)  # type: ignore[arg-type]
+    default: Any = object()
+    mine: Any = object()
+    assert store_of([F(0, None), F(1, None)], default) is default
+    assert store_of([F(0, mine)], default) is mine
+    routed = store_of([F(0, mine), F(1, None)], default)
     assert routed is not mine and routed is not default
-    assert store_of([F(0, mine)], default, others=True) is not mine  # type: ignore[arg-type]
+    assert store_of([F(0, mine)], default, others=True) is not mine
