@@ -17,7 +17,7 @@ from fakes import T0, World, raw_store, until, world
 from app.timers.runner import Round, SendResult, TimerRunner
 from app.timers.runner.partition_store import PartitionStore, store_of
 from app.timers.runner.stats import RoundStats
-from tables import StoreClosed, Timer, TimerStatus
+from tables import StoreClosed, Timer, TimerChange, TimerStatus
 from tables.rules import OnceRule
 
 __all__ = ["raw_store", "world"]  # the fixtures, imported for pytest
@@ -195,6 +195,30 @@ async def test_the_seeds_round_writes_each_partitions_part_through_its_own_store
     assert "settle" in spy1.calls
     # The runner's store wrote partition 2's rows alone.
     assert {c.loaded.partition for calls in world.store.settle_calls for c in calls} == {2}
+
+
+async def parked(world: World, id: str, p: int) -> Timer:
+    """A timer of `p` put, then PARKED by a conditional write, as the runner parks."""
+    loaded = await world.put(id=id, key=id, partition=p)
+    row = loaded.model_copy(update={"status": TimerStatus.PARKED, "attempts": 5})
+    assert await world.store.inner.settle([TimerChange(loaded=loaded, next=row)]) == 1
+    return row
+
+
+async def test_an_operators_retry_in_a_partition_goes_through_its_own_store(
+    world: World,
+) -> None:
+    a = await parked(world, "a", 0)
+    await parked(world, "b", 1)
+    (s0, spy0), (s1, _) = own(world, 0), own(world, 1)
+    runner = started(world, {0: s0, 1: s1})
+    assert await runner.retry(a.target, partitions={0}) == 1
+    assert {"parked", "settle"} <= set(spy0.calls) and world.store.settle_calls == []
+    assert (await world.row("a")).status is TimerStatus.PENDING
+    await let_go(world, 1)  # refused: nothing of it is written
+    with pytest.raises(StoreClosed):
+        await runner.retry(a.target, partitions={1})
+    assert (await world.row("b")).status is TimerStatus.PARKED
 
 
 async def test_a_partitions_own_store_refuses_another_partitions_call(world: World) -> None:

@@ -44,9 +44,10 @@ async def operate(
     def mine(timers: list[Timer]) -> list[Timer]:
         return [t for t in timers if only is None or t.partition in only]
 
-    # The partitions of `only` (all served) fired here through their own stores.
+    # Those of `only` (all served) fired here through their own stores, the rest not.
+    others = only is None or any(p not in firings for p in only)
     store = store_of(
-        (f for p, f in firings.items() if only is None or p in only), store, others=True
+        (f for p, f in firings.items() if only is None or p in only), store, others=others
     )
 
     parked = mine(await store.parked(target))
