@@ -26,8 +26,9 @@ partition, so a partition's writes wait for its own alone, a restore's memtable 
 included, never for another's), the aggregate states store (one RocksDB a partition, no
 lock), the clean marks (a file a partition), the runner (which keeps a reference to each
 task's firing and runs its rounds, each through the firing's own store; one gate on the
-sends in flight), and `TypeTransactions` (which opens the tasks' transactions and routes
-the store's rows to them). No task holds a lock across a Kafka call.
+sends in flight), and `TypeTransactions` (which opens the tasks' transactions and stops
+their producers; a take attaches its transaction to its handle, which hands it p's
+rows). No task holds a lock across a Kafka call.
 """
 
 from __future__ import annotations

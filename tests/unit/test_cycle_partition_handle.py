@@ -103,8 +103,8 @@ async def test_a_cancel_in_one_partition_goes_on_while_anothers_write_is_held(
     kept = node.node.types[TOPICS.type_name]
     store = kept.store
     assert isinstance(store, PartitionedStore)  # the node's (RocksDB), on the memory log
-    sink = store._sink
-    assert sink is not None
+    # Partition 1's own sink: its transaction, attached to its handle by its take.
+    serving, sink = store._sinks[1]
     entered, release = asyncio.Event(), asyncio.Event()
 
     async def holding(records: list[ChangelogRecord]) -> None:
@@ -113,7 +113,7 @@ async def test_a_cancel_in_one_partition_goes_on_while_anothers_write_is_held(
             await release.wait()
         await sink(records)
 
-    monkeypatch.setattr(store, "_sink", holding)
+    monkeypatch.setitem(store._sinks, 1, (serving, holding))
     cancels: list[tuple[str, bool]] = []
     cancel = store._cancel
 
@@ -233,3 +233,34 @@ async def test_a_tasks_timers_fire_through_its_own_takes_handle(
     again = task.firings[TOPICS.type_name]
     assert again is not firing and isinstance(again.store, PartitionStore)
     assert again.store._handle is task.stores[TOPICS.type_name] is not handle
+
+
+async def test_a_partitions_rows_go_to_its_takes_transaction_directly(
+    node: RunningNode, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A take attaches p's transaction to p's handle: p's rows go to it directly, never
+    through the type's sink (`TypeTransactions`, which would route them by partition);
+    a retake's rows go to the retake's transaction."""
+    log = node.node.clients
+    assert isinstance(log, MemoryLog)
+    kept = node.node.types[TOPICS.type_name]
+    routed: list[ChangelogRecord] = []
+    route = type(kept.transactions).__call__
+
+    async def routing(self: Any, records: list[ChangelogRecord]) -> None:
+        routed.extend(records)
+        await route(self, records)
+
+    monkeypatch.setattr(type(kept.transactions), "__call__", routing)
+    p = 1
+    task = node.node._tasks[p]
+    await command(log, owner_in(p), "Set", key="k", at=FAR)
+    await wait_until(lambda: rows(log, p) == 1, what=lambda: f"{task.broken}")
+    task.failed("a test", KafkaUnavailable("the coordinator is away"))
+    await wait_until(
+        lambda: task.state is TaskState.RUNNING and task.takes == 2,
+        what=lambda: f"partition {p} never ran again: {task}",
+    )
+    await command(log, owner_in(p), "Set", key="j", at=FAR)
+    await wait_until(lambda: rows(log, p) == 2, what=lambda: f"{task.broken}")
+    assert routed == [], "a row went through the type's sink"
