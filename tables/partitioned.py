@@ -127,8 +127,11 @@ class PartitionedStore(ServedPartitions):
                 for sink, records in by_sink.values():
                     await sink(records)
             except Exception as exc:
+                # A sink before it holds its part (a write over several partitions, one
+                # sink each): nothing is written locally, and the caller writes each
+                # partition apart again (`settling.apart`), a conditional write landing once.
                 raise StoreError(
-                    f"the changelog sink failed, nothing was written: {exc!r}"
+                    f"the changelog sink failed, nothing was written locally: {exc!r}"
                 ) from exc
         self._apply(writes, values)
         # No await since the rows were applied: a count taken in between cannot miss them.

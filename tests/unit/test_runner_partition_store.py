@@ -242,3 +242,32 @@ def test_a_call_of_one_firing_goes_to_its_own_store_and_one_of_several_to_each()
     routed = store_of([F(0, mine), F(1, None)], default)
     assert routed is not mine and routed is not default
     assert store_of([F(0, mine)], default, others=True) is not mine
+
+
+async def test_a_lookup_over_several_stores_asks_the_rows_own_partition_alone(
+    world: World,
+) -> None:
+    """The seed's round finds a row (a claim's retry after a part failed) through the
+    row's own partition: another partition let go does not refuse it."""
+    a = await world.put(id="a", key="a", partition=0, rule=SOON)
+    b = await world.put(id="b", key="b", partition=1, rule=SOON)
+    (s0, spy0), (s1, _) = own(world, 0), own(world, 1)
+    firings: Any = [type("F", (), {"partition": p, "store": s})() for p, s in ((1, s1), (0, s0))]
+    routed = store_of(firings, world.store)
+    await let_go(world, 1)
+    found = await routed.find(a.owner, "a")
+    assert found is not None and found.id == "a" and "find" in spy0.calls
+    with pytest.raises(StoreClosed):  # its own partition's lookup is refused, as before
+        await routed.find(b.owner, "b")
+
+
+async def test_a_take_whose_partition_is_still_fired_by_an_earlier_take_fails(
+    world: World,
+) -> None:
+    s0, _ = own(world, 0)
+    runner = started(world, {0: s0})
+    assert runner.start_partition(0, store=s0).store is s0  # the same take: nothing to do
+    await let_go(world, 0)
+    newer, _ = own(world, 0)
+    with pytest.raises(RuntimeError, match="still fired by an earlier take"):
+        runner.start_partition(0, store=newer)

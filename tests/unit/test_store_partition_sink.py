@@ -4,7 +4,7 @@ partition's rows go there, whichever call wrote them (the handle's or the whole 
 the other partitions' to the store's sink; once the partition is revoked (or dropped) and
 served again, its rows go to the store's sink again until a new handle attaches its own.
 A write over several partitions hands each sink its part, nothing written locally when
-one fails. Both backends."""
+one fails (a sink called before the failing one holds its part). Both backends."""
 
 from __future__ import annotations
 

@@ -173,11 +173,12 @@ class _Routed:
         return sum([await store.settle(part) for store, part in by_store.values()])
 
     async def find(self, owner: AggregateRef, key: str) -> Timer | None:
-        for store in self._own.values():
-            if (row := await store.find(owner, key)) is not None:
-                return row
+        # Found where it is, then read again through its partition's own store (if it has
+        # one): a partition let go refuses its own rows' lookups, never another's.
         row = await self._default.find(owner, key)
-        return None if row is None or row.partition in self._own else row
+        if row is None or (own := self._own.get(row.partition)) is None:
+            return row
+        return await own.find(owner, key)
 
     async def parked(self, target: AggregateRef) -> list[Timer]:
         rows = [t for t in await self._default.parked(target) if t.partition not in self._own]

@@ -175,6 +175,10 @@ class TimerRunner:
             firing = self._new_firing(partition, in_process, store)
             self._firings[partition] = firing
             logger.info("timers of partition %d: started", partition)
+        elif store is not None and firing.store is not store:
+            # An earlier take's firing never stopped: its store (that take's handle) would
+            # refuse all; the take fails, loudly, rather than fire through it.
+            raise RuntimeError(f"timers of partition {partition}: still fired by an earlier take")
         return firing
 
     async def stop_partition(self, partition: int) -> None:
