@@ -61,10 +61,11 @@ async def restore_partition(
         progress(0, to_read)
     passed: dict[bytes, tuple[Record, str]] = {}
     # The cyclic GC held off over the read, the awaits of the next batch too: a record
-    # makes ~10 acyclic objects, and with the collector on while a batch was fetched the
-    # batches outlived enough collections to bring on full ones (~20-70 ms each, ~20 a
-    # million records: ~15 % of aiokafka's restore). It is on again for the await of one
-    # batch in `GC_WINDOW` records, so that the node's other tasks' cycles are collected.
+    # makes ~10 acyclic objects, and with Python's own collector on while a batch was
+    # fetched the batches outlived enough collections to bring on full ones (~20-70 ms
+    # each, ~20 a million records: ~15 % of aiokafka's restore; a worker's tuned one,
+    # `app.node.collector`, runs far fewer). It is on again for the await of one batch
+    # in `GC_WINDOW` records, so that the node's other tasks' cycles are collected.
     collecting = gc.isenabled()
     uncollected = 0  # records read since the collector last ran
     if collecting:
