@@ -3,24 +3,20 @@ end, or the end-of-partition event past it, commit markers taking the last offse
 partition's error or no progress ends it in `KafkaUnavailable`, an event about no
 partition (the group it never joins) does not;
 `KafkaClients(client="confluent")` reads with it; and a restore leaves the cyclic GC as
-it found it, whether it succeeds or fails (it holds the GC off over its read, on again for
-the await of one batch now and then)."""
+it found it, whether it succeeds or fails (it holds the GC off while a batch is applied)."""
 
 from __future__ import annotations
 
 import gc
 from collections.abc import AsyncIterator
-from types import SimpleNamespace
 from typing import Any, cast
 
 import pytest
 from aiokafka.errors import OffsetOutOfRangeError
 from confluent_kafka import KafkaError
 
-import app.timers.restore
 from app.errors import KafkaUnavailable
 from app.kafka import KafkaClients, Reader, Record
-from app.kafka.consumers import _record as _aiokafka_record
 from app.kafka.memory import MemoryLog
 from app.kafka.rdkafka_reader import RdkafkaReader, batch_end
 from app.kafka.records import TopicSpec
@@ -53,24 +49,19 @@ async def test_an_unstarted_reader_is_unavailable() -> None:
 
 
 class _FailingReader:
-    """A log whose read fails after its batches (the broker gone mid-restore), or after
-    `fail_after` of them; `collecting` is whether the cyclic GC was on as each batch and
-    the failure were awaited."""
+    """A log whose read fails after its first batch (the broker gone mid-restore)."""
 
-    def __init__(self, log: MemoryLog, fail_after: int | None = 1) -> None:
-        self._reader = log.reader(batch=1)
-        self._fail_after = fail_after
-        self.collecting: list[bool] = []
+    def __init__(self, log: MemoryLog) -> None:
+        self._reader = log.reader()
 
     async def offsets(self, topic: str, partition: int) -> tuple[int, int]:
         return await self._reader.offsets(topic, partition)
 
     async def read(self, topic: str, partition: int, start: int) -> AsyncIterator[list[Record]]:
         async for batch in self._reader.read(topic, partition, start):
-            self.collecting.append(gc.isenabled())
+            assert gc.isenabled()  # the previous batch's pause is over
             yield batch
-            if len(self.collecting) == self._fail_after:
-                raise KafkaUnavailable("gone")
+            raise KafkaUnavailable("gone")
 
 
 async def test_a_restore_leaves_the_collector_on_whether_it_succeeds_or_fails(
@@ -92,10 +83,8 @@ async def test_a_restore_leaves_the_collector_on_whether_it_succeeds_or_fails(
     assert await restore_partition(store, log.reader(batch=2), "t", 0) == 3
     assert collecting == [False, False]  # held off while each batch is applied
     assert gc.isenabled()
-    failing = _FailingReader(log)
     with pytest.raises(KafkaUnavailable, match="gone"):
-        await restore_partition(store, failing, "t", 0, clean=False)
-    assert failing.collecting == [False]  # held off while the batch was awaited too
+        await restore_partition(store, _FailingReader(log), "t", 0, clean=False)
     assert gc.isenabled()
     gc.disable()  # a caller's pause is left as it was
     try:
@@ -103,23 +92,6 @@ async def test_a_restore_leaves_the_collector_on_whether_it_succeeds_or_fails(
         assert not gc.isenabled()
     finally:
         gc.enable()
-
-
-async def test_a_restore_lets_the_collector_run_while_it_awaits_a_batch_now_and_then(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    # Held off over the read (the batches outlived collections that brought on full ones),
-    # on again for the await of one batch every `GC_WINDOW` records: the node's other
-    # tasks' cycles are collected during a long restore.
-    monkeypatch.setattr(app.timers.restore, "GC_WINDOW", 2)
-    log = MemoryLog([TopicSpec("t", 1)])
-    await log.publisher().send_many([("t", 0, b"k%d" % i, None) for i in range(5)])
-    store = open_timer_store("memory://", partitions=1)
-    await store.assign({0})
-    reader = _FailingReader(log, fail_after=None)
-    assert await restore_partition(store, reader, "t", 0) == 5
-    assert reader.collecting == [False, False, True, False, True]
-    assert gc.isenabled()
 
 
 class _Message:
@@ -246,19 +218,3 @@ async def test_aiokafkas_reader_fails_a_read_that_makes_no_progress_or_lost_its_
         async for _ in reader.read("t", 0, 0):
             pass
     await real.stop()
-
-
-def test_the_readers_make_the_nodes_records_each_field_in_its_place() -> None:
-    # Both make a `Record` from its seven fields as a plain tuple (no named tuple `__new__`).
-    reader = RdkafkaReader("127.0.0.1:1", timeout=5.0)
-    (made,), _ = reader._next(cast(Any, _Consumer([_Message(3)])), ("t", 0), 5)
-    assert type(made) is Record
-    assert made == Record("t", 0, 3, b"k", b"v3", 1_000, ())
-    assert (made.timestamp, made.headers) == (1_000, ())
-    aiokafkas = SimpleNamespace(
-        topic="t", partition=1, offset=7, key=b"k", value=None, timestamp=5, headers=[("h", b"x")]
-    )
-    made = _aiokafka_record(aiokafkas)
-    assert type(made) is Record
-    assert made == Record("t", 1, 7, b"k", None, 5, (("h", b"x"),))
-    assert (made.value, made.timestamp, made.headers) == (None, 5, (("h", b"x"),))
