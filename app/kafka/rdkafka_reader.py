@@ -261,10 +261,15 @@ def _record(m: Any, topic: str, partition: int, offset: int) -> Record:
     """The node's record of a message of the partition read (its topic and partition
     given: two calls into confluent-kafka fewer a record)."""
     headers = m.headers()
-    return Record(
+    return _new_record(Record, (
         topic, partition, offset, m.key(), m.value(), m.timestamp()[1],
         tuple(headers) if headers else (),
-    )  # fmt: skip
+    ))  # fmt: skip
+
+
+_new_record = tuple.__new__
+"""`Record`'s fields given in order, all seven: made without the named tuple's Python
+`__new__` (~0.2 µs a record less, on a restore's path)."""
 
 
 def _close_made(made: Future[Consumer]) -> None:
