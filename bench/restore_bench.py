@@ -28,6 +28,11 @@ the frozen dataclass `Record`, whose construction costs ~1 µs a record in Pytho
 
 A given `--topic` that already holds `--timers` records over `--partitions` is read as
 it is (runs of two code versions can then restore the very same records, in turn).
+
+The restores run with the collector as a worker runs it once started, when its partitions
+are restored (`--collector node`, the default: start-up frozen, the young generation
+collected every 50,000 allocations, `app.node.collector`), or with Python's own
+(`--collector python`, what this bench ran with before 2026-12-03).
 """
 
 from __future__ import annotations
@@ -54,7 +59,7 @@ from app.kafka.rdkafka_reader import RdkafkaReader
 from app.kafka.records import OutRecord
 from app.timers.restore import restore_partition
 from bench.common import _proc_cpu_s, admin_client, broker, broker_pid, machine
-from bench.store_bench import records
+from bench.store_bench import records, tune_collector
 from tables import TimerStore, open_timer_store
 
 
@@ -203,6 +208,8 @@ async def run(args: argparse.Namespace, kafka: KafkaConnection, work: str) -> di
         raise SystemExit(f"{topic} holds {held}, not {args.timers} over {args.partitions}")
     pid = broker_pid(kafka.bootstrap_servers)
     figures["reader"] = {"batch": args.reader_batch, "experiment": args.experiment}
+    figures["collector"] = args.collector
+    tune_collector(args.collector)
     if args.experiment == "light_record":
         app.kafka.consumers._record = _light_record
     rounds = []
@@ -247,6 +254,10 @@ def cli() -> None:
         default=["aiokafka", "confluent"], help="the readers to run, in turn",
     )  # fmt: skip
     parser.add_argument("--experiment", choices=("light_record",), help="see the docstring")
+    parser.add_argument(
+        "--collector", choices=("node", "python"), default="node",
+        help="the cyclic GC as a started worker tunes it, or Python's own",
+    )  # fmt: skip
     parser.add_argument("--dir", help="work directory (default: a temporary one, removed)")
     args = parser.parse_args()
     work = args.dir or tempfile.mkdtemp(prefix="tickwheel-restore-")

@@ -1,7 +1,9 @@
 """A timer store's one partition, as the task that took it holds it (`PartitionHandle`,
 from `PartitionedStore.partition`): its reads and writes reach that partition alone, and
 it refuses (`StoreClosed`) once the partition is revoked or dropped, even if the store
-serves it again since (a new take holds a new handle)."""
+serves it again since (a new take holds a new handle). Its holder may attach the
+partition's own changelog sink (`attach`): the partition's rows go there, whichever call
+wrote them, until it is revoked or dropped."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ from typing import TYPE_CHECKING
 from tables.census import TimerCensus
 from tables.keys import owner_prefix, row_key
 from tables.refs import AggregateRef
-from tables.store import DueRow, UnreadableRow
+from tables.store import ChangelogSink, DueRow, UnreadableRow
 from tables.timer import Timer, TimerChange, TimerStatus
 
 if TYPE_CHECKING:
@@ -53,6 +55,11 @@ class PartitionHandle:
                 raise ValueError(
                     f"{what} of partition {partition} given to partition {self.partition}'s handle"
                 )
+
+    def attach(self, sink: ChangelogSink) -> None:
+        """The partition's rows, written through this handle or the whole store, go to
+        `sink` rather than the store's sink, until the partition is revoked or dropped."""
+        self._store._attach(self.partition, self._serving, sink)
 
     # --- writes: this partition's lock alone ------------------------------------------
 
@@ -108,6 +115,10 @@ class PartitionHandle:
         self._check()
         found = self._store._find(row_key(owner, key), self._at)
         return None if found is None else found[2]
+
+    async def parked(self, target: AggregateRef) -> list[Timer]:
+        self._check()
+        return self._store._parked([self.partition], target)
 
     async def timers_of(self, owner: AggregateRef) -> list[Timer]:
         self._check()

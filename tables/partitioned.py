@@ -1,5 +1,6 @@
 """The base both backends share: writes planned by `tables.writes`, their rows streamed to
-a changelog sink, the reads, and the status counts kept with each write (the partitions
+a changelog sink (a partition's own, attached by its handle while its serving lasts, else
+the store's), the reads, and the status counts kept with each write (the partitions
 served, assigned, revoked and closed: `tables.served`)."""
 
 from __future__ import annotations
@@ -44,6 +45,9 @@ class PartitionedStore(ServedPartitions):
     def __init__(self, partitions: int, changelog: ChangelogSink | None) -> None:
         super().__init__(partitions)
         self._sink = changelog
+        # By partition, the sink its handle attached (`PartitionHandle.attach`) and the
+        # serving it holds for: its rows go there, not to `_sink`, while it lasts.
+        self._sinks: dict[int, tuple[int, ChangelogSink]] = {}
 
     # --- what a backend supplies ------------------------------------------------------
 
@@ -104,21 +108,30 @@ class PartitionedStore(ServedPartitions):
         """Hands the new rows to the sink, then writes them locally."""
         if not writes:
             return
-        await self._durable({write.partition for write in writes})
+        partitions = {write.partition for write in writes}
+        await self._durable(partitions)
+        sinks = {p: self._sink_of(p) for p in partitions}
+        sunk = any(sink is not None for sink in sinks.values())
         values: list[bytes | None] | None = None
-        if self._sink is not None or self._values_needed:
+        if sunk or self._values_needed:
             values = [None if w.new is None else encode_timer(w.new) for w in writes]
-        if self._sink is not None:
+        if sunk:
             assert values is not None
-            records = [
-                ChangelogRecord(write.partition, write.row, value)
-                for write, value in zip(writes, values, strict=True)
-            ]
+            # One call a sink (the usual: one, of one partition or of the store).
+            by_sink: dict[int, tuple[ChangelogSink, list[ChangelogRecord]]] = {}
+            for write, value in zip(writes, values, strict=True):
+                if (sink := sinks[write.partition]) is not None:
+                    record = ChangelogRecord(write.partition, write.row, value)
+                    by_sink.setdefault(id(sink), (sink, []))[1].append(record)
             try:
-                await self._sink(records)
+                for sink, records in by_sink.values():
+                    await sink(records)
             except Exception as exc:
+                # A sink before it holds its part (a write over several partitions, one
+                # sink each): nothing is written locally, and the caller writes each
+                # partition apart again (`settling.apart`), a conditional write landing once.
                 raise StoreError(
-                    f"the changelog sink failed, nothing was written: {exc!r}"
+                    f"the changelog sink failed, nothing was written locally: {exc!r}"
                 ) from exc
         self._apply(writes, values)
         # No await since the rows were applied: a count taken in between cannot miss them.
@@ -129,6 +142,21 @@ class PartitionedStore(ServedPartitions):
                     counts[write.old.status] -= 1
                 if write.new is not None and write.new.status in _COUNTED:
                     counts[write.new.status] += 1
+
+    def _sink_of(self, partition: int) -> ChangelogSink | None:
+        """Where `partition`'s rows go: its handle's sink while its serving lasts."""
+        attached = self._sinks.get(partition)
+        if attached is None:
+            return self._sink
+        if attached[0] != self._servings[partition]:
+            del self._sinks[partition]  # revoked or dropped since: its holder is gone
+            return self._sink
+        return attached[1]
+
+    def _attach(self, partition: int, serving: int, sink: ChangelogSink) -> None:
+        self._check_open()
+        self._check_serving(partition, serving)
+        self._sinks[partition] = (serving, sink)
 
     def partition(self, partition: int) -> PartitionHandle:
         """Partition `partition` alone, for the task that took it (`PartitionHandle`):

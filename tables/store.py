@@ -2,8 +2,9 @@
 
 A store keeps the timers of one aggregate type in P partitions, each timer in its
 owner's partition (`Timer.partition`). Every write decides its new rows (`tables.writes`),
-hands them all to the changelog sink in one call, and only then writes them locally, so
-the changelog is never behind the local rows. Restoring is `apply_changelog`.
+hands them to the changelog sink (one call a sink: a partition's own when its handle
+attached one, `PartitionHandle.attach`, else the store's), and only then writes them
+locally, so the changelog is never behind the local rows. Restoring is `apply_changelog`.
 """
 
 from __future__ import annotations

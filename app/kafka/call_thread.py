@@ -40,6 +40,11 @@ class CallThread:
         self._calls.put((future, call, args))
         return future
 
+    @property
+    def closed(self) -> bool:
+        """Whether it was shut down (it takes no call more)."""
+        return self._closed
+
     def shutdown(self) -> None:
         """Ends the thread after the calls it was given; at once if it had none."""
         if not self._closed:

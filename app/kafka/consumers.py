@@ -158,9 +158,15 @@ async def tail(
 
 
 def _record(m: Any) -> Record:
-    return Record(
-        m.topic, m.partition, m.offset, m.key, m.value, m.timestamp, tuple(m.headers or ())
+    # All seven fields in order, without the named tuple's Python `__new__` (~0.2 µs a
+    # record less: every record a node reads is made here).
+    return _new_record(
+        Record,
+        (m.topic, m.partition, m.offset, m.key, m.value, m.timestamp, tuple(m.headers or ())),
     )
+
+
+_new_record = tuple.__new__
 
 
 class PartitionReader:

@@ -9,6 +9,8 @@ from __future__ import annotations
 import struct
 from typing import Any
 
+from aiokafka.errors import AuthenticationFailedError, for_code
+
 from app.kafka.connection import Connectable, connection
 
 __all__ = [
@@ -18,6 +20,7 @@ __all__ = [
     "explain_code",
     "group_metadata",
     "rdkafka_options",
+    "refusal",
 ]
 
 
@@ -96,3 +99,15 @@ def explain_code(code: int, said: str) -> str:
             "KAFKA_SASL_USERNAME and KAFKA_SASL_PASSWORD"
         )
     return said
+
+
+def refusal(code: int, said: str) -> Exception | None:
+    """aiokafka's error for a librdkafka refusal (an ACL missing: `DENIED_CODES`; the login
+    refused: `AUTHENTICATION_CODES`), None for any other error: a failure raised from it
+    is a refusal (`records.refused`: no retry passes it), as the aiokafka clients' are."""
+    error: Exception | None = None
+    if code in DENIED_CODES or code == 58:  # the broker's codes: aiokafka's own
+        error = for_code(code)(said)
+    elif code in AUTHENTICATION_CODES:
+        error = AuthenticationFailedError(said)
+    return error

@@ -21,7 +21,13 @@ from app.errors import Fenced, KafkaUnavailable
 from app.kafka.call_thread import CallThread
 from app.kafka.connection import Connectable
 from app.kafka.producers import TRANSACTION_BATCH_BYTES, TRANSACTION_REQUEST_BYTES
-from app.kafka.rdkafka_config import FENCED_CODES, explain_code, group_metadata, rdkafka_options
+from app.kafka.rdkafka_config import (
+    FENCED_CODES,
+    explain_code,
+    group_metadata,
+    rdkafka_options,
+    refusal,
+)
 from app.kafka.records import OutRecord, headers_of
 
 __all__ = ["RdkafkaTransactionalWriter"]
@@ -97,7 +103,9 @@ class RdkafkaTransactionalWriter:
         try:
             await self._run(self._start)
         except (KafkaException, KafkaUnavailable) as exc:
-            raise KafkaUnavailable(f"{self.transactional_id} cannot connect: {_said(exc)}") from exc
+            raise KafkaUnavailable(
+                f"{self.transactional_id} cannot connect: {_said(exc)}"
+            ) from _refusal_or(exc)
 
     async def stop(self) -> None:
         """Aborts an open transaction (unless broken) and closes the producer; never
@@ -126,7 +134,7 @@ class RdkafkaTransactionalWriter:
             try:
                 return await self._run(self._transaction, records, offsets, group_id)
             except BaseException as exc:
-                raise self._fail(exc) from exc
+                raise self._fail(exc)  # noqa: B904 (its cause is set by _fail)
 
     async def send(self, records: Sequence[OutRecord]) -> list[int]:
         """Sends `records` into the open transaction (begun if none is) and waits for the
@@ -136,7 +144,7 @@ class RdkafkaTransactionalWriter:
             try:
                 return await self._run(self._append, records)
             except BaseException as exc:
-                raise self._fail(exc) from exc
+                raise self._fail(exc)  # noqa: B904 (its cause is set by _fail)
 
     @property
     def pending(self) -> bool:
@@ -316,6 +324,7 @@ class RdkafkaTransactionalWriter:
         else:
             why = _said(exc) if error is not None else repr(exc)
             broken = KafkaUnavailable(f"{self.transactional_id}: transaction failed: {why}")
+        broken.__cause__ = _refusal_or(exc)
         self.broken = broken
         if isinstance(exc, asyncio.CancelledError | KeyboardInterrupt | SystemExit):
             return exc
@@ -376,6 +385,18 @@ def _error_of(exc: BaseException | None) -> KafkaError | None:
             return exc.args[0]
         exc, seen = exc.__cause__ or exc.__context__, seen + 1
     return None
+
+
+def _refusal_or(exc: BaseException) -> BaseException:
+    """aiokafka's error for `exc` when librdkafka's error in it is a refusal (an ACL missing,
+    the login refused), caused by `exc`, so that `records.refused` knows it as the aiokafka
+    writer's (no retry passes it); `exc` otherwise."""
+    error = _error_of(exc)
+    cause = None if error is None else refusal(error.code(), error.str())
+    if cause is None:
+        return exc
+    cause.__cause__ = exc
+    return cause
 
 
 def _said(exc: BaseException) -> str:

@@ -9,16 +9,12 @@ many rounds they ran."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
 
-from app.node.commits import Commits
-from app.node.cycles import PartitionCycles
-from app.node.kept import KeptType
-from app.node.partition_timers import FiringTask, PartitionTimerLoop
+from app.node.partition_timers import FiringTask, PartitionTimerLoop, TypeLoops
 from app.protocol.topics import AggregateTopics
-from app.timers.runner import InProcessTargets, PartitionFiring, RoundStats, TimerRunner
+from app.timers.runner import InProcessTargets, PartitionFiring
 
-__all__ = ["FiringTask", "NodeTimerLoop", "in_process_targets"]
+__all__ = ["FiringTask", "NodeTimerLoop", "TypeLoops", "in_process_targets"]
 
 logger = logging.getLogger(__name__)
 
@@ -30,27 +26,10 @@ def in_process_targets(topics: AggregateTopics, partitions: int) -> InProcessTar
 
 
 class NodeTimerLoop:
-    """The timer loops of type `type_name` (found in `types` once it is kept), one per
-    partition task firing it; `running`: the task running each partition."""
+    """The timer loops of the type of `shared`, one per partition task firing it."""
 
-    def __init__(
-        self,
-        runner: TimerRunner,
-        *,
-        type_name: str,
-        types: Mapping[str, KeptType],
-        commits: Commits,
-        cycles: PartitionCycles,
-        running: Mapping[int, object],
-        on_round: Callable[[RoundStats], None] | None = None,
-    ) -> None:
-        self._runner = runner
-        self._type_name = type_name
-        self._types = types
-        self._commits = commits
-        self._cycles = cycles
-        self._running = running
-        self._on_round = on_round
+    def __init__(self, shared: TypeLoops) -> None:
+        self._shared = shared
         # Each partition's loop, from its task's start_firing until another replaces it.
         self._loops: dict[int, PartitionTimerLoop] = {}
         # Those replaced or ended, until they are done (the node's stop waits for them).
@@ -108,17 +87,7 @@ class NodeTimerLoop:
             return loop
         if loop is not None:
             self._end(loop)
-        self._loops[p] = loop = PartitionTimerLoop(
-            self._runner,
-            firing,
-            task,
-            type_name=self._type_name,
-            types=self._types,
-            commits=self._commits,
-            cycles=self._cycles,
-            running=self._running,
-            on_round=self._on_round,
-        )
+        self._loops[p] = loop = PartitionTimerLoop(self._shared, firing, task)
         if self._started:
             loop.start()
         return loop

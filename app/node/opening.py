@@ -16,7 +16,7 @@ from app.kafka.records import BROKER_MAX_MESSAGE_BYTES
 from app.model.aggregate import AggregateType
 from app.node.commits import Commits
 from app.node.cycles import PartitionCycles
-from app.node.in_process import NodeTimerLoop
+from app.node.in_process import NodeTimerLoop, TypeLoops
 from app.node.kept import KeptType
 from app.node.local_state import CleanMarks
 from app.node.metrics import NodeMetrics
@@ -152,12 +152,14 @@ def open_type(
     states = RocksAggregateStore(directory / "states") if agg is not None else None
     marks = CleanMarks(directory / "timers")
     loop = NodeTimerLoop(
-        runner,
-        type_name=t.type_name,
-        types=types,
-        commits=node.commits,
-        cycles=node.cycles,
-        running=node.tasks.running,
-        on_round=lambda stats: metrics.round(t.type_name, stats),
+        TypeLoops(
+            runner,
+            type_name=t.type_name,
+            types=types,
+            commits=node.commits,
+            cycles=node.cycles,
+            running=node.tasks.running,
+            on_round=lambda stats: metrics.round(t.type_name, stats),
+        )
     )
     return KeptType(t, agg, store, runner, loop, states, transactions, marks)

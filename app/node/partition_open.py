@@ -3,7 +3,8 @@ transactional producer started (fencing the previous owner), its command process
 and its aggregate states folded from the log, and its timer table restored from its
 changelog (read on from a clean local copy, else dropped and restored whole), and the
 handle its cycles write its timers through made (`PartitionHandle`: p's lock alone, and
-refused once p is let go, so each take makes its own); then the results readers follow it.
+refused once p is let go, so each take makes its own), with p's transaction attached to
+it as p's changelog sink (p's rows go to it directly); then the results readers follow it.
 What is opened is the task's (`transactions`, `processors`, `stores`), for its close to
 let go (`partition_release`) however far the take got."""
 
@@ -17,6 +18,7 @@ from app.node.partition_transaction import PartitionTransaction
 from app.node.task_shared import TaskShared
 from app.timers.restore import restore_partition, unreadable_letters
 from tables.partition_handle import PartitionHandle
+from tables.store import ChangelogRecord, ChangelogSink
 
 __all__ = ["open_partition"]
 
@@ -72,7 +74,8 @@ async def open_partition(
             # on each write keeps the count (the /metrics gauges scan nothing).
             kept.store.status_counts(p)
         # After the restore (a full one drops p: a handle made before it is refused).
-        stores[kept.name] = kept.store.partition(p)
+        handle = stores[kept.name] = kept.store.partition(p)
+        handle.attach(_sink(txn))
         if unreadable:
             # Their letters and tombstones commit in p's next transaction.
             letters = unreadable_letters(unreadable, s.now(), s.limits.dead_letter_bytes)
@@ -80,6 +83,16 @@ async def open_partition(
             s.metrics.dead_letters.labels(t.timers_changelog).inc(len(unreadable))
     for results in s.results.values():
         await results.add_partition(p)
+
+
+def _sink(txn: PartitionTransaction) -> ChangelogSink:
+    """p's changelog sink: each row buffered in its transaction (refused once abandoned)."""
+
+    async def sink(records: list[ChangelogRecord]) -> None:
+        for r in records:
+            txn.add(r.key, r.value)
+
+    return sink
 
 
 def _committer(txn: PartitionTransaction) -> Commit:

@@ -14,20 +14,21 @@ processors, its timer firings (`PartitionFiring`, one a type: its wheel, its sen
 their outcomes, its write lock; obtained from the type's runner when it starts firing,
 stopped and dropped by its close), per type its partition's handle of the timer store
 (`PartitionHandle`, made by its take, dropped by its close: its cycles write p's timers
-through it), and, each time it runs, its input (`PartitionInput`: its queue, its worker,
-its lock, its in-process wake-up, its cycle's state), stopped with its close. A fault
-of its own, a corrupt row of its timer store included, fails it alone. Tasks share the
-consumer, the clock and the clients; the cycles' logic (`PartitionCycles`, no state of a
-partition's own); and still, per type, what holds all
-of the type's partitions on the node, of which a task touches only its own partition's:
-the timer store (one RocksDB store, which a task reaches its partition through; a write
-lock per partition, so a partition's writes wait for its own alone, a restore's memtable
-flush included, never for another's), the aggregate states store (one RocksDB a
-partition, no lock), the clean marks (a file a partition), the runner (which keeps a
-reference to each task's firing and runs the type's rounds: one due query and one claim
-batch across the partitions, one gate on the sends in flight), and `TypeTransactions`
-(which opens the tasks' transactions and routes the store's rows to them). No task holds
-a lock across a Kafka call.
+through it, and its firings reach them through it too, so a firing of a take let go
+writes nothing), and, each time it runs, its input (`PartitionInput`: its queue, its
+worker, its lock, its in-process wake-up, its cycle's state), stopped with its close. A
+fault of its own, a corrupt row of its timer store included, fails it alone. Tasks share
+the consumer, the clock and the clients; the cycles' logic (`PartitionCycles`, no state
+of a partition's own); and still, per type, what holds all of the type's partitions on
+the node, of which a task touches only its own partition's: the timer store (one RocksDB
+store, which a task reaches its partition through its handle; a write lock per
+partition, so a partition's writes wait for its own alone, a restore's memtable flush
+included, never for another's), the aggregate states store (one RocksDB a partition, no
+lock), the clean marks (a file a partition), the runner (which keeps a reference to each
+task's firing and runs its rounds, each through the firing's own store; one gate on the
+sends in flight), and `TypeTransactions` (which opens the tasks' transactions and stops
+their producers; a take attaches its transaction to its handle, which hands it p's
+rows). No task holds a lock across a Kafka call.
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ from app.node.partition_transaction import PartitionTransaction
 from app.node.task_shared import TaskManager, TaskShared
 from app.node.task_state import TaskState, closes_clean, transition
 from app.timers.runner import PartitionFiring
+from app.timers.runner.partition_store import PartitionStore
 from tables.partition_handle import PartitionHandle
 
 __all__ = ["TAKE_ATTEMPTS", "PartitionTask", "TaskManager", "TaskShared"]
@@ -280,7 +282,10 @@ class PartitionTask:
         for kept in self._shared.types.values():
             local = kept.name in self.processors
             in_process = in_process_targets(kept.topics, partitions) if local else None
-            firing = kept.runner.start_partition(self.p, in_process=in_process)
+            # Its store calls through p's own handle: refused once p is let go.
+            handle = self.stores.get(kept.name)
+            store = None if handle is None else PartitionStore(handle)
+            firing = kept.runner.start_partition(self.p, in_process=in_process, store=store)
             self.firings[kept.name] = firing
             self.timer_loops[kept.name] = kept.loop.start_partition(self, firing)
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Protocol
 
 from app.node.commits import Commits
@@ -27,7 +28,7 @@ from app.node.kept import KeptType
 from app.timers.runner import PartitionFiring, Round, RoundStats, TimerLoop, TimerRunner
 from app.timers.runner.slow_start import HELD_AT_MOST_MS
 
-__all__ = ["FiringTask", "PartitionTimerLoop"]
+__all__ = ["FiringTask", "PartitionTimerLoop", "TypeLoops"]
 
 logger = logging.getLogger(__name__)
 
@@ -45,33 +46,37 @@ class FiringTask(Protocol):
         ...
 
 
-class PartitionTimerLoop(TimerLoop):
-    """The rounds of `firing` (its partition's, of type `type_name`, found in `types` once
-    kept), driven for `task`; `running`: the task running each partition."""
+@dataclass(frozen=True, slots=True)
+class TypeLoops:
+    """What every timer loop of a type works with, the node's (`NodeTimerLoop`) and each
+    partition's: the type's runner, its name (its `KeptType` found in `types` once kept),
+    the node's commits and cycles, `running` (the task running each partition), and what
+    is told each round's stats."""
 
-    def __init__(
-        self,
-        runner: TimerRunner,
-        firing: PartitionFiring,
-        task: FiringTask,
-        *,
-        type_name: str,
-        types: Mapping[str, KeptType],
-        commits: Commits,
-        cycles: PartitionCycles,
-        running: Mapping[int, object],
-        on_round: Callable[[RoundStats], None] | None = None,
-    ) -> None:
-        super().__init__(runner, on_round)
+    runner: TimerRunner
+    type_name: str
+    types: Mapping[str, KeptType]
+    commits: Commits
+    cycles: PartitionCycles
+    running: Mapping[int, object]
+    on_round: Callable[[RoundStats], None] | None = None
+
+
+class PartitionTimerLoop(TimerLoop):
+    """The rounds of `firing` (its partition's, of the type of `shared`), driven for
+    `task`."""
+
+    def __init__(self, shared: TypeLoops, firing: PartitionFiring, task: FiringTask) -> None:
+        super().__init__(shared.runner, shared.on_round)
         self.firing = firing
         self.p = firing.partition
         # Its task (`_task` is the loop's own asyncio task).
         self._owner = task
-        self._type_name = type_name
-        self._types = types
-        self._commits = commits
-        self._cycles = cycles
-        self._running = running
+        self._type_name = shared.type_name
+        self._types = shared.types
+        self._commits = shared.commits
+        self._cycles = shared.cycles
+        self._running = shared.running
         # Its own wake-up on answers: another partition's sends never wake it.
         self._answered = firing.answered
         # A burst under way in it (`PartitionFiring.rounds`): its commits landed when the

@@ -12,8 +12,9 @@ is thrown away and restored from the changelog (`app.timers.restore`; which copi
 clean: `app.node.local_state.CleanMarks`).
 
 `PartitionTransaction` is one partition's, held by the task that runs the partition from
-its take to its close; `app.node.type_transactions.TypeTransactions` opens them, routes
-the type's timer rows to them and stops their producers.
+its take to its close; `app.node.type_transactions.TypeTransactions` opens them and stops
+their producers, and the take attaches each to its partition's handle of the timer store,
+which hands it the partition's timer rows (`app.node.partition_open`).
 """
 
 from __future__ import annotations

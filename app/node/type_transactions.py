@@ -1,8 +1,10 @@
 """One aggregate type's partition transactions (`PartitionTransaction`, each held by the
 task running its partition): opened as a task takes its partition (fencing the previous
-owner), found by partition as the type's timer store writes (this is the store's
-changelog sink), and their producers stopped as the tasks close, a node's stop waiting for
-the stops left to end on their own."""
+owner), and their producers stopped as the tasks close, a node's stop waiting for the
+stops left to end on their own. A take attaches its transaction to its partition's handle
+of the timer store, which hands it that partition's rows directly; this is the store's own
+changelog sink, which finds a row's transaction by partition only for a partition no take
+attached one to (a store written without a take, as in the seed's tests)."""
 
 from __future__ import annotations
 
@@ -163,7 +165,8 @@ class TypeTransactions:
                 del self._stopping[partition]
 
     async def __call__(self, records: list[ChangelogRecord]) -> None:
-        """The store's changelog sink: each row buffered in its partition's transaction; a
+        """The store's own changelog sink (a partition whose take attached its transaction
+        to its handle is not routed here): each row buffered in its partition's transaction; a
         row of a partition with none open here is refused (`KafkaUnavailable`: the store's
         write fails, as for any partition this node does not own)."""
         for r in records:

@@ -9,11 +9,12 @@ operation is idempotent and ordered by the owner's version.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from pydantic import BaseModel, ValidationError
 
-from app.errors import BadRecord
+from app.errors import BadRecord, node_fault
 from app.protocol.wire import (
     AGGREGATE_DELETED,
     MAX_EVENT_ID,
@@ -269,28 +270,59 @@ async def apply(store: TimerWrites, op: TimerOp) -> bool:
             return await store.cancel_all(owner, version) > 0
 
 
-async def apply_all(store: TimerWrites, ops: list[TimerOp]) -> tuple[int, list[Timer]]:
+async def apply_all(
+    store: TimerWrites,
+    ops: list[TimerOp],
+    refused: Callable[[int, Exception], None] | None = None,
+) -> tuple[int, list[Timer]]:
     """Carries `ops` out in order, each run of puts as one store write: how many changed
     anything, and the timers the puts and resumes wrote (due again: the runner's wheel is
-    offered them)."""
+    offered them). An op the store refuses (not a fault of its own, `node_fault`) changes
+    nothing and is told to `refused` (its index in `ops`); every other op is carried out
+    all the same (a run of puts refused is written again put by put). Without `refused`
+    the first op refused raises."""
     changed = 0
     written: list[Timer] = []
-    puts: list[Timer] = []
-    for op in ops:
+    run: list[Timer] = []  # the puts of the run under way
+    at: list[int] = []  # their indices in `ops`
+
+    async def carry(i: int, op: TimerOp) -> None:
+        nonlocal changed
+        try:
+            if isinstance(op, PutTimer):
+                written.extend(await store.put_many([op.timer]))
+            elif isinstance(op, ResumeTimer):
+                if (resumed := await store.resume(op.owner, op.key, op.version, op.at)) is not None:
+                    written.append(resumed)
+            else:
+                changed += await apply(store, op)
+        except Exception as exc:
+            if node_fault(exc) or refused is None:
+                raise
+            refused(i, exc)
+
+    async def put_run() -> None:
+        try:
+            written.extend(await store.put_many(run))
+        except Exception as exc:
+            if node_fault(exc) or refused is None:
+                raise
+            # Which of them: each alone (a store refusing a write writes none of it).
+            for i in at:
+                await carry(i, ops[i])
+        run.clear()
+        at.clear()
+
+    for i, op in enumerate(ops):
         if isinstance(op, PutTimer):
-            puts.append(op.timer)
+            run.append(op.timer)
+            at.append(i)
             continue
-        if puts:
-            written += await store.put_many(puts)
-            puts = []
-        if isinstance(op, ResumeTimer):
-            resumed = await store.resume(op.owner, op.key, op.version, op.at)
-            if resumed is not None:
-                written.append(resumed)
-            continue
-        changed += await apply(store, op)
-    if puts:
-        written += await store.put_many(puts)
+        if run:
+            await put_run()
+        await carry(i, op)
+    if run:
+        await put_run()
     return changed + len(written), written
 
 

@@ -2,7 +2,8 @@
 store (`PartitionHandle`, issue #19), on the in-memory log: a cancel that finds its row
 nowhere waits for its own partition's lock alone, never for another partition's write
 held in the changelog sink; and a partition let go and taken again is written through a
-handle made by the new take (the old one refused)."""
+handle made by the new take (the old one refused); and its timers fire through the
+handle too (its firing's store)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from fakes import RunningNode, wait_until
@@ -23,8 +25,9 @@ from app.node.task_state import TaskState
 from app.protocol.topics import AggregateTopics
 from app.protocol.wire import CommandEnvelope, encode
 from app.service import Service
+from app.timers.runner.partition_store import PartitionStore
 from app.timers.subscription import PutTimer, apply_all
-from tables import AggregateRef, CommandSpec, OnceRule, Timer
+from tables import AggregateRef, CommandSpec, OnceRule, Timer, TimerStatus
 from tables.memory_store import MemoryTimerStore
 from tables.partitioned import PartitionedStore
 from tables.partitioner import partition_of
@@ -100,8 +103,8 @@ async def test_a_cancel_in_one_partition_goes_on_while_anothers_write_is_held(
     kept = node.node.types[TOPICS.type_name]
     store = kept.store
     assert isinstance(store, PartitionedStore)  # the node's (RocksDB), on the memory log
-    sink = store._sink
-    assert sink is not None
+    # Partition 1's own sink: its transaction, attached to its handle by its take.
+    serving, sink = store._sinks[1]
     entered, release = asyncio.Event(), asyncio.Event()
 
     async def holding(records: list[ChangelogRecord]) -> None:
@@ -110,7 +113,7 @@ async def test_a_cancel_in_one_partition_goes_on_while_anothers_write_is_held(
             await release.wait()
         await sink(records)
 
-    monkeypatch.setattr(store, "_sink", holding)
+    monkeypatch.setitem(store._sinks, 1, (serving, holding))
     cancels: list[tuple[str, bool]] = []
     cancel = store._cancel
 
@@ -187,3 +190,77 @@ async def test_another_partitions_timer_given_to_a_handle_is_a_records_error() -
     assert not node_fault(raised.value)
     assert await store.timers_of(timer.owner) == []
     await store.close()
+
+
+async def test_a_tasks_timers_fire_through_its_own_takes_handle(
+    node: RunningNode, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A task's firing is given its take's handle (`PartitionStore`): a timer fired
+    in-process (its claim handed over, checked still due, its outcome settled) reaches
+    the timer store through p's handle alone, never the type's whole store; a retake's
+    firing is given the retake's handle."""
+    log = node.node.clients
+    assert isinstance(log, MemoryLog)
+    store = node.node.types[TOPICS.type_name].store
+    whole: list[str] = []
+    for name in ("settle", "find"):
+        real = getattr(store, name)
+
+        async def counted(*args: object, _name: str = name, _real: Any = real) -> object:
+            whole.append(_name)
+            return await _real(*args)
+
+        monkeypatch.setattr(store, name, counted)
+    p = 1
+    task = node.node._tasks[p]
+    firing = task.firings[TOPICS.type_name]
+    handle = task.stores[TOPICS.type_name]
+    assert isinstance(firing.store, PartitionStore) and firing.store._handle is handle
+    owner = AggregateRef(context="h19", aggregate="clock", id=owner_in(p))
+    await command(log, owner.id, "Set", key="k", at=int(time.time() * 1000))
+
+    async def fired() -> bool:
+        timer = await handle.find(owner, "k")
+        return timer is not None and timer.status is TimerStatus.FIRED
+
+    await wait_until(fired, what=lambda: f"never fired: {task.broken}")
+    assert whole == [], "the firing reached the type's whole store"
+    task.failed("a test", KafkaUnavailable("the coordinator is away"))
+    await wait_until(
+        lambda: task.state is TaskState.RUNNING and task.takes == 2,
+        what=lambda: f"partition {p} never ran again: {task}",
+    )
+    again = task.firings[TOPICS.type_name]
+    assert again is not firing and isinstance(again.store, PartitionStore)
+    assert again.store._handle is task.stores[TOPICS.type_name] is not handle
+
+
+async def test_a_partitions_rows_go_to_its_takes_transaction_directly(
+    node: RunningNode, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A take attaches p's transaction to p's handle: p's rows go to it directly, never
+    through the type's sink (`TypeTransactions`, which would route them by partition);
+    a retake's rows go to the retake's transaction."""
+    log = node.node.clients
+    assert isinstance(log, MemoryLog)
+    kept = node.node.types[TOPICS.type_name]
+    routed: list[ChangelogRecord] = []
+    route = type(kept.transactions).__call__
+
+    async def routing(self: Any, records: list[ChangelogRecord]) -> None:
+        routed.extend(records)
+        await route(self, records)
+
+    monkeypatch.setattr(type(kept.transactions), "__call__", routing)
+    p = 1
+    task = node.node._tasks[p]
+    await command(log, owner_in(p), "Set", key="k", at=FAR)
+    await wait_until(lambda: rows(log, p) == 1, what=lambda: f"{task.broken}")
+    task.failed("a test", KafkaUnavailable("the coordinator is away"))
+    await wait_until(
+        lambda: task.state is TaskState.RUNNING and task.takes == 2,
+        what=lambda: f"partition {p} never ran again: {task}",
+    )
+    await command(log, owner_in(p), "Set", key="j", at=FAR)
+    await wait_until(lambda: rows(log, p) == 2, what=lambda: f"{task.broken}")
+    assert routed == [], "a row went through the type's sink"

@@ -14,7 +14,7 @@ from fakes_node import FakeClock
 
 from app.node.commits import Commits
 from app.node.cycles import PartitionCycles
-from app.node.partition_timers import PartitionTimerLoop
+from app.node.partition_timers import PartitionTimerLoop, TypeLoops
 from app.timers.runner import PartitionFiring, Round, RoundStats, TimerOptions, TimerRunner
 from app.timers.runner.slow_start import HELD_AT_MOST_MS
 from app.timers.runner.wheel import Wheel
@@ -89,19 +89,15 @@ def gated() -> tuple[BurstRunner, FakeCommits, Cycles, dict[int, PartitionTimerL
     firings = {p: firing_of(p) for p in (0, 1)}
     runner, commits, cycles = BurstRunner(firings), FakeCommits(), Cycles()
     tasks = {p: Task({"order": f}) for p, f in firings.items()}
-    loops = {
-        p: PartitionTimerLoop(
-            cast(TimerRunner, runner),
-            firing,
-            tasks[p],
-            type_name="order",
-            types=cast(Any, {"order": object()}),
-            commits=cast(Commits, commits),
-            cycles=cast(PartitionCycles, cycles),
-            running=tasks,
-        )
-        for p, firing in firings.items()
-    }
+    shared = TypeLoops(
+        cast(TimerRunner, runner),
+        type_name="order",
+        types=cast(Any, {"order": object()}),
+        commits=cast(Commits, commits),
+        cycles=cast(PartitionCycles, cycles),
+        running=tasks,
+    )
+    loops = {p: PartitionTimerLoop(shared, firing, tasks[p]) for p, firing in firings.items()}
     return runner, commits, cycles, loops
 
 

@@ -13,7 +13,7 @@ from fakes import PARTITIONS, T0, TARGET, World, make_timer, never, raw_store, w
 
 from app.node.commits import Commits
 from app.node.cycles import PartitionCycles
-from app.node.partition_timers import PartitionTimerLoop
+from app.node.partition_timers import PartitionTimerLoop, TypeLoops
 from app.timers.runner import InProcessTargets, TimerRunner
 from tables import AggregateRef, OnceRule, StoreError
 from tables.partitioner import partition_of
@@ -50,16 +50,15 @@ def loop_of(runner: TimerRunner, p: int) -> tuple[PartitionTimerLoop, _Task]:
     firing = runner.firing_of(p)
     assert firing is not None
     task = _Task({"order": firing})
-    loop = PartitionTimerLoop(
+    shared = TypeLoops(
         runner,
-        firing,
-        task,
         type_name="order",
         types=cast(Any, {"order": object()}),
         commits=cast(Commits, _Commits()),
         cycles=cast(PartitionCycles, _Cycles()),
         running={p: task},
     )
+    loop = PartitionTimerLoop(shared, firing, task)
     return loop, task
 
 

@@ -17,6 +17,7 @@ from confluent_kafka import KafkaError, KafkaException
 
 from app.errors import Fenced, KafkaUnavailable
 from app.kafka.rdkafka_writer import RdkafkaTransactionalWriter, _error_of
+from app.kafka.records import refused
 
 
 async def test_a_call_past_its_deadline_breaks_the_writer(
@@ -204,3 +205,55 @@ def test_a_call_stuck_on_its_thread_does_not_hold_the_interpreter_at_exit() -> N
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "stopped"
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
+        KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
+        KafkaError.TOPIC_AUTHORIZATION_FAILED,
+        KafkaError.GROUP_AUTHORIZATION_FAILED,
+        KafkaError.SASL_AUTHENTICATION_FAILED,
+    ],
+)
+async def test_a_refusal_is_one_for_records_refused_in_start_and_commit(
+    monkeypatch: pytest.MonkeyPatch, code: int
+) -> None:
+    """A denial is not retried (`records.refused`), as the aiokafka writer's is not."""
+    writer = RdkafkaTransactionalWriter("127.0.0.1:1", "t")
+
+    def denied(*_: object) -> list[int]:
+        raise KafkaException(KafkaError(code, "denied"))
+
+    monkeypatch.setattr(writer, "_start", denied)
+    monkeypatch.setattr(writer, "_transaction", denied)
+    try:
+        with pytest.raises(KafkaUnavailable) as started:
+            await writer.start()
+        assert refused(started.value)
+        with pytest.raises(KafkaUnavailable) as committed:
+            await writer.commit([], {}, "g")
+        assert refused(committed.value) and writer.broken is committed.value
+    finally:
+        await writer.stop()
+
+
+async def test_a_failure_other_than_a_refusal_is_no_refusal(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    writer = RdkafkaTransactionalWriter("127.0.0.1:1", "t")
+
+    def down(*_: object) -> list[int]:
+        raise KafkaException(KafkaError(KafkaError._TRANSPORT, "down"))
+
+    monkeypatch.setattr(writer, "_start", down)
+    monkeypatch.setattr(writer, "_transaction", down)
+    try:
+        with pytest.raises(KafkaUnavailable) as started:
+            await writer.start()
+        assert not refused(started.value)
+        with pytest.raises(KafkaUnavailable) as committed:
+            await writer.commit([], {}, "g")
+        assert not refused(committed.value)
+    finally:
+        await writer.stop()

@@ -137,3 +137,46 @@ def test_a_state_past_64_bits_is_refused_as_before() -> None:
     stored = StoredAggregate(version=1, state={"n": 1 << 70})
     with pytest.raises(orjson.JSONEncodeError):
         encode(stored)
+
+
+@pytest.mark.parametrize("n", [1 << 64, -(1 << 63) - 1, 1 << 70], ids=["u64+1", "i64-1", "2^70"])
+@pytest.mark.parametrize("maker", MAKERS, ids=["event", "command", "result"])
+def test_an_integer_past_64_bits_put_in_after_validation_is_refused_as_before(
+    maker: Any, n: int
+) -> None:
+    # Mutated after validation (its bounds no longer checked): pydantic would write it.
+    ref = AggregateRef(context="c", aggregate="a", id="o-1")
+    model = maker(ref, {}, {"x_n": 1}, 1)
+    if isinstance(model, CommandResult):
+        model.__pydantic_extra__ = {"x_n": {"deep": [n]}}
+    else:
+        assert isinstance(model, EventEnvelope | CommandEnvelope)
+        model.body["n"] = {"deep": [n]}
+    with pytest.raises(orjson.JSONEncodeError):
+        reference(model)
+    with pytest.raises(orjson.JSONEncodeError):
+        encode(model)
+
+
+@pytest.mark.parametrize(
+    "value", [MAX_INT64, -MAX_INT64 - 1, (1 << 64) - 1, "1" * 40, 1e300], ids=repr
+)
+def test_a_long_number_within_64_bits_or_a_long_string_of_digits_is_written_as_before(
+    value: Any,
+) -> None:
+    # Put in after validation too: a u64 past the bounds is one orjson writes.
+    ref = AggregateRef(context="c", aggregate="a", id="9" * 30)
+    event = _event(ref, {}, {"x_v": 0}, MAX_INSTANT)
+    assert isinstance(event, EventEnvelope)
+    event.body.update(v=value, w=[value])
+    event.__pydantic_extra__ = {"x_v": value}
+    assert encode(event) == reference(event)
+
+
+def test_an_integer_past_64_bits_put_in_a_schedules_command_after_validation_is_refused() -> None:
+    schedule = ScheduleSet(key="k", rule=OnceRule(at=1), command=CommandSpec(type="t"))
+    schedule.command.body["n"] = 1 << 64
+    with pytest.raises(orjson.JSONEncodeError):
+        reference(schedule)
+    with pytest.raises(orjson.JSONEncodeError):
+        encode(schedule)

@@ -7,6 +7,7 @@ the resolve and write its row after: a PARKED timer no entry names, which no ope
 would see. So once the entry is resolved, the request waits for the outcome writes under
 way in its partitions then (`PartitionFiring.writing`: a park of theirs among them), and
 records again what is PARKED after them. A park begun after the resolve records after it.
+A partition fired here is read and written through its firing's store (`store_of`).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from collections.abc import Callable, Mapping, Set
 from app.timers.runner.decisions import Decision
 from app.timers.runner.options import TimerOptions
 from app.timers.runner.partition import PartitionFiring, locked
+from app.timers.runner.partition_store import store_of
 from app.timers.runner.ports import FiringStore
 from tables.ledger import FailureLedger
 from tables.refs import AggregateRef
@@ -41,6 +43,12 @@ async def operate(
 
     def mine(timers: list[Timer]) -> list[Timer]:
         return [t for t in timers if only is None or t.partition in only]
+
+    # Those of `only` (all served) fired here through their own stores, the rest not.
+    others = only is None or any(p not in firings for p in only)
+    store = store_of(
+        (f for p, f in firings.items() if only is None or p in only), store, others=others
+    )
 
     parked = mine(await store.parked(target))
     changes = [d.change for d in map(decide, parked) if d.change is not None]

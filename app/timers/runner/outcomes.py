@@ -5,7 +5,8 @@ The targets of parks are recorded in the ledger first, with no lock held (its ca
 take seconds), and only the partitions that park wait for it: each writes apart once its
 own targets are recorded, while the others' outcomes are written at once. The rows are
 written under the locks of their partitions only, and a store fault in one partition's
-rows fails only that partition (`apart`)."""
+rows fails only that partition (`apart`). Each partition's rows are written through its
+firing's store (`partition_store.store_of`)."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from app.timers.runner.partition import (
     offer_to,
     writing,
 )
+from app.timers.runner.partition_store import store_of
 from app.timers.runner.ports import Clock, FiringStore
 from app.timers.runner.settling import apart, from_loaded, park
 from app.timers.runner.stats import RoundStats, count
@@ -88,9 +90,10 @@ class Outcomes:
                 if d.change is not None and (own := by_partition.get(d.change.next.partition)):
                     own.count_busy((d,))
             changes = [d.change for d in final if d.change is not None]
+            store = store_of(taken, self._store)
             try:
                 async with locked(taken):
-                    counts, faults = await apart(self._store.settle, changes, _partition)
+                    counts, faults = await apart(store.settle, changes, _partition)
             except Exception:
                 # Not written: the claims lapse and are sent again; the target de-duplicates.
                 logger.exception("writing %d timer outcome(s) failed", len(changes))
@@ -113,7 +116,10 @@ class Outcomes:
         for t in claimed:
             firing = self._firings.get(t.partition)
             loaded = None if firing is None else firing.in_hand.get(t.id)
-            row = None if loaded is None else await self._store.find(t.owner, t.key)
+            if loaded is None or firing is None:
+                row = None
+            else:
+                row = await store_of((firing,), self._store).find(t.owner, t.key)
             if loaded is not None and row is not None and row.same_as_loaded(loaded):
                 kept.append(t)
             elif firing is not None:
@@ -149,7 +155,7 @@ class Outcomes:
                     f.count_busy((d,))
             changes = [d.change for d in final if d.change is not None]
             async with locked(firings):
-                stats.written = await self._store.settle(changes)
+                stats.written = await store_of(firings, self._store).settle(changes)
         if stats.written != len(changes):
             raise StoreError(f"{len(changes) - stats.written} in-process outcome(s) not written")
         self._written(changes, stats)

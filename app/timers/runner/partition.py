@@ -3,7 +3,9 @@
 those claimed to, waiting for its cycle to ask for them, its sends in flight and their
 outcomes not written yet, whether it was just started (a previous owner's claims taken
 over), its BUSY counts, its own rounds' state (`rounds`: lock, burst, sweep) and whether
-a send of it was answered since, its write lock and the fault that stopped it. A node's partition
+a send of it was answered since, its write lock and the fault that stopped it, and the
+store its calls reach (`store`: a node's task gives its partition's own handle, so a
+firing whose partition was let go writes nothing; None: the runner's). A node's partition
 task holds it (the runner keeps a reference for its rounds); nothing in it is shared with
 another partition: a partition's stop drops it whole.
 
@@ -23,6 +25,7 @@ from dataclasses import dataclass
 
 from app.timers.runner.decisions import Decision, SendResult, guarded, on_outcome
 from app.timers.runner.options import TimerOptions
+from app.timers.runner.ports import FiringStore
 from app.timers.runner.round_state import RoundState
 from app.timers.runner.wheel import Wheel
 from tables.partitioner import partition_of
@@ -55,10 +58,17 @@ class PartitionFiring:
     """One partition's firing state (the runner's, per partition it fires)."""
 
     def __init__(
-        self, partition: int, wheel: Wheel, in_process: InProcessTargets | None = None
+        self,
+        partition: int,
+        wheel: Wheel,
+        in_process: InProcessTargets | None = None,
+        store: FiringStore | None = None,
     ) -> None:
         self.partition = partition
         self.wheel = wheel
+        # The store its calls reach (`partition_store`): its partition's own (a node's
+        # task's handle, refused once the partition is let go), or None: the runner's.
+        self.store = store
         # None: every timer of it is sent (its commands are not decided here).
         self.in_process = in_process
         # Started since the last round: its FIRING rows are a previous owner's claims (or

@@ -10,7 +10,8 @@ lock are the partition's own, so a store call of one partition, or a burst in it
 no other partition's round up. The seed's round (`TimerRunner.round`, `run_round`) is one
 round over every partition the runner fires, with the runner's own state, as one wheel
 of them all. Both may run side by side (as two nodes' rounds may): every claim and
-outcome is a conditional write, and a timer in hand is never handed over twice.
+outcome is a conditional write, and a timer in hand is never handed over twice. A
+firing's store calls go to its own store when it has one (`partition_store.store_of`).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from app.timers.runner.decisions import Decision
 from app.timers.runner.options import TimerOptions
 from app.timers.runner.outcomes import Outcomes
 from app.timers.runner.partition import PartitionFiring
+from app.timers.runner.partition_store import store_of
 from app.timers.runner.ports import Clock, FiringStore
 from app.timers.runner.round_state import RoundState
 from app.timers.runner.rounds import Round
@@ -102,7 +104,17 @@ class RoundWork:
             return r
         stats, o = r.stats, self._options
         wheels = {p: f.wheel for p, f in live.items()}
-        await load_due_of(wheels, self._load, now, o.poll_interval_ms, o.batch_limit)
+        store = store_of(live.values(), self._store)
+        load = self._load if store is self._store else store.due_rows
+        try:
+            await load_due_of(wheels, load, now, o.poll_interval_ms, o.batch_limit)
+        except StoreError as exc:
+            f = None if exc.partition is None else live.get(exc.partition)
+            if f is None or f.store is None:
+                raise
+            f.fail(exc)  # its own store refused it (let go since its take): it stops here
+            failed(r)
+            return r
         # A burst is taken in growing slices (`slow_start`): the first fires at once.
         due = count_due_of(wheels, now, o.batch_limit)
         # A stream's backlog is no burst (`slow_start`): how many rows due make its step.
@@ -154,7 +166,9 @@ class RoundWork:
         )
         to_write = hand_over(r, self._firings, decided, room)
         # A part of a batch that failed may have landed: its claims are sent all the same.
-        landed = functools.partial(settle_exactly, self._store, landed=True)
+        landed = functools.partial(
+            settle_exactly, store_of(live.values(), self._store), landed=True
+        )
         await write_claims(r, self._firings, to_write, self._settle, self._offer, landed)
         if stats.lost_claims or stats.deferred:
             for f in live.values():
@@ -208,7 +222,7 @@ class RoundWork:
             if not firing.live:
                 return
             try:
-                r.stats.swept = await self._store.expire(
+                r.stats.swept = await store_of((firing,), self._store).expire(
                     partition, r.now, self._options.finished_retention, self._options.sweep_limit
                 )
             except StoreError as exc:
@@ -222,7 +236,8 @@ class RoundWork:
         fresh = {p for p, f in live.items() if f.fresh and f.live}
         for p in fresh:
             live[p].fresh = False
-        decided, faults = await taken_over(self._store, fresh, now, self._options)
+        store = store_of((live[p] for p in fresh), self._store)
+        decided, faults = await taken_over(store, fresh, now, self._options)
         for p, exc in faults.items():
             live[p].fail(exc)
         return decided

@@ -13,7 +13,10 @@ round holds its lock only while it loads and claims (store calls), and a partiti
 write lock is held only across a store call of it. Time comes from a `Clock` and
 commands leave through a `Sender` (`ports`), so tests drive it all with fakes.
 
-A store fault in a partition (a corrupt row: `StoreError`) stops that partition's firing
+A firing started with a store of its own (`start_partition`'s `store`: a node's task's
+handle of its partition) makes all its store calls through it (`partition_store`); the
+others use the runner's store. A store fault in a partition (a corrupt row, or its
+handle refused since the partition was let go: `StoreError`) stops that partition's firing
 alone (`PartitionFiring.fault`, `Round.failed`): the others go on, and its owner lets it
 go and restores it.
 
@@ -46,6 +49,7 @@ from app.timers.runner.operating import operate
 from app.timers.runner.options import TimerOptions
 from app.timers.runner.outcomes import Outcomes
 from app.timers.runner.partition import InProcessTargets, PartitionFiring, offer_to
+from app.timers.runner.partition_store import store_of
 from app.timers.runner.ports import Clock, FiringStore, Sender
 from app.timers.runner.round_state import RoundState
 from app.timers.runner.round_work import RoundWork, failed
@@ -108,10 +112,14 @@ class TimerRunner:
         )
 
     def _new_firing(
-        self, partition: int, in_process: InProcessTargets | None = None
+        self,
+        partition: int,
+        in_process: InProcessTargets | None = None,
+        store: FiringStore | None = None,
     ) -> PartitionFiring:
-        wheel = Wheel(self._load, self._options.poll_interval_ms, self._options.batch_limit)
-        return PartitionFiring(partition, wheel, in_process)
+        load = self._load if store is None else store.due_rows
+        wheel = Wheel(load, self._options.poll_interval_ms, self._options.batch_limit)
+        return PartitionFiring(partition, wheel, in_process, store)
 
     def _expire_or_claim(self, timer: Timer, now: int) -> Decision:
         """What a loaded timer becomes now; a rule that raises parks it alone (`guarded`)."""
@@ -150,16 +158,27 @@ class TimerRunner:
         return TimerOptions.PARKED_SUBSCRIPTION
 
     def start_partition(
-        self, partition: int, *, in_process: InProcessTargets | None = None
+        self,
+        partition: int,
+        *,
+        in_process: InProcessTargets | None = None,
+        store: FiringStore | None = None,
     ) -> PartitionFiring:
         """Starts sending the timers of `partition`; nothing when it does already. Its
         firing, for its owner to hold (a node's partition task) until it stops it.
         `in_process`: the targets its node decides in the partition itself, whose timers
-        are claimed for its cycle to fire (`in_process_due`) rather than sent."""
+        are claimed for its cycle to fire (`in_process_due`) rather than sent. `store`:
+        the partition's own (`partition_store.PartitionStore`), which every store call of
+        the firing goes through (None: the runner's)."""
         firing = self._firings.get(partition)
         if firing is None:
-            firing = self._firings[partition] = self._new_firing(partition, in_process)
+            firing = self._new_firing(partition, in_process, store)
+            self._firings[partition] = firing
             logger.info("timers of partition %d: started", partition)
+        elif store is not None and firing.store is not store:
+            # An earlier take's firing never stopped: its store (that take's handle) would
+            # refuse all; the take fails, loudly, rather than fire through it.
+            raise RuntimeError(f"timers of partition {partition}: still fired by an earlier take")
         return firing
 
     async def stop_partition(self, partition: int) -> None:
@@ -271,8 +290,11 @@ class TimerRunner:
             await self._work.finish(r, firing.rounds, {firing.partition: firing})
 
     async def _settle_exactly(self, decisions: list[Decision]) -> list[Decision]:
-        """Settles the decisions' changes in one batch; the decisions that were written."""
-        return await settle_exactly(self._store, decisions)
+        """Settles the decisions' changes in one batch (each partition's through its
+        firing's store); the decisions that were written."""
+        touched = {d.change.next.partition for d in decisions if d.change is not None}
+        firings = [f for p, f in self._firings.items() if p in touched]
+        return await settle_exactly(store_of(firings, self._store), decisions)
 
     def in_process_due(self, partition: int) -> list[Timer]:
         """The timers of `partition` claimed to fire in-process since its cycle last asked:
