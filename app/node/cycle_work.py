@@ -69,3 +69,34 @@ def records_after(records: list[Record], done: int) -> list[Record]:
     if not records or records[0].offset > done:
         return records
     return [r for r in records if r.offset > done]
+
+
+CYCLE_RECORDS = 256
+"""Records one cycle decides at most: what a partition's queue holds beyond that is
+decided in the cycles that follow, the event loop let run between them. A cycle is one
+turn of the loop (its store calls do not yield), so a partition catching up on thousands
+of records (a poll's batches queued behind a pause) held every other partition's timers
+and cycles for hundreds of milliseconds: the tail of the lateness at 5,000 timers/s
+(docs/performance.md)."""
+
+
+def cycle_slices(
+    items: list[tuple[str, list[Record]]], budget: int = CYCLE_RECORDS
+) -> list[list[tuple[str, list[Record]]]]:
+    """`items` (batches of a partition, in order) cut into the cycles that decide them, in
+    order, each of at most `budget` records (one batch split where it overflows); one
+    empty cycle when there are none (it fires the timers handed over). Concatenated, the
+    cycles' batches hold the records of `items` in their order."""
+    cycles: list[list[tuple[str, list[Record]]]] = [[]]
+    room = max(1, budget)
+    for topic, records in items:
+        start = 0
+        while start < len(records):
+            if room == 0:
+                cycles.append([])
+                room = max(1, budget)
+            end = start + min(room, len(records) - start)
+            cycles[-1].append((topic, records[start:end]))
+            room -= end - start
+            start = end
+    return cycles

@@ -26,7 +26,7 @@ from app.commands.processor import CommandBatch, CommandProcessor, misrouted
 from app.errors import BadRecord, KafkaUnavailable, node_fault
 from app.kafka import Record
 from app.node.commits import Commits
-from app.node.cycle_work import CycleWork, records_after
+from app.node.cycle_work import CycleWork, cycle_slices, records_after
 from app.node.kept import KeptType
 from app.node.metrics import NodeMetrics
 from app.node.partition_input import Batch, PartitionInput
@@ -135,31 +135,51 @@ class PartitionCycles:
             items = [await queue.get()]
             while not queue.empty():
                 items.append(queue.get_nowait())
-            async with inp.lock:
-                if self._input(p) is not inp:
-                    continue  # its task runs p no more (closed, or failed)
-                # Records done already are passed over one by one, not by batch: after a
-                # lost membership the consumer reads again from the committed offset, and
-                # a batch may hold records done (staged, not committed) and new ones.
-                fresh = [
-                    (topic, rest)
-                    for topic, records in items
-                    if (rest := records_after(records, done.get(topic, -1)))
-                ]
-                try:
-                    staged = await self._cycle(p, fresh)
-                except asyncio.CancelledError:
-                    # Cut short (a hand-off): what it wrote so far is half a cycle, thrown
-                    # away before the lock lets a commit take it.
-                    inp.cut = True
-                    for txn in inp.transactions.values():
-                        txn.discard()
-                    raise
-                if staged:
-                    for topic, records in fresh:
-                        done[topic] = records[-1].offset
-                    if (task := self._running.get(p)) is not None:
-                        task.read_past(done)
+            # Records done already are passed over one by one, not by batch: after a lost
+            # membership the consumer reads again from the committed offset, and a batch
+            # may hold records done (staged, not committed) and new ones.
+            fresh = [
+                (topic, rest)
+                for topic, records in items
+                if (rest := records_after(records, done.get(topic, -1)))
+            ]
+            slices = cycle_slices(fresh)
+            try:
+                for i, part in enumerate(slices):
+                    inp.holding = i < len(slices) - 1  # the handed-over timers fire in the last
+                    staged = await self._one_cycle(inp, part, done)
+                    # The loop's other work (other partitions' timers) between two cycles: a
+                    # queue that holds batches is taken from without a pause.
+                    await asyncio.sleep(0)
+                    if not staged:
+                        break
+            finally:
+                inp.holding = False
+
+    async def _one_cycle(
+        self, inp: PartitionInput, part: list[Batch], done: dict[str, int]
+    ) -> bool:
+        """One cycle of p over `part` under its input's lock; whether it staged (else its
+        task is failed, or runs p no more: the rest is read again by the next take)."""
+        p = inp.p
+        async with inp.lock:
+            if self._input(p) is not inp:
+                return False  # its task runs p no more (closed, or failed)
+            try:
+                staged = await self._cycle(p, part)
+            except asyncio.CancelledError:
+                # Cut short (a hand-off): what it wrote so far is half a cycle, thrown
+                # away before the lock lets a commit take it.
+                inp.cut = True
+                for txn in inp.transactions.values():
+                    txn.discard()
+                raise
+            if staged:
+                for topic, records in part:
+                    done[topic] = records[-1].offset
+                if (task := self._running.get(p)) is not None:
+                    task.read_past(done)
+            return staged
 
     async def _cycle(self, p: int, items: list[Batch]) -> bool:
         """Decides what arrived for p and the timers handed over to fire, and stages it;

@@ -73,6 +73,9 @@ class PartitionInput:
         self.lock = asyncio.Lock()
         # The types whose firing holds timers claimed to fire in-process here.
         self.local: set[str] = set()
+        # While the earlier slices of a poll are decided: the timers handed over fire in
+        # its last, so that a cancel read in the same poll is decided before them.
+        self.holding = False
         # A cycle was stopped in its middle: what the transactions hold is half a cycle.
         self.cut = False
         # The last offset of each topic the last cycle read, if it failed.
@@ -97,7 +100,10 @@ class PartitionInput:
             self.queue.put_nowait(LOCAL)
 
     def take_local(self) -> set[str]:
-        """The types with timers to fire in-process, forgotten here (a cycle takes them)."""
+        """The types with timers to fire in-process, forgotten here (a cycle takes them);
+        none while `holding` (kept for the cycle after)."""
+        if self.holding:
+            return set()
         local, self.local = self.local, set()
         return local
 

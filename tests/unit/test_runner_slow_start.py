@@ -13,7 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from app.timers.runner.slow_start import FIRST_SLICE, burst_after, round_slice
-from app.timers.runner.wheel import Wheel, count_due_of, load_due_of, take_from
+from app.timers.runner.wheel import Wheel, count_due_of, due_step_of, load_due_of, take_from
 from tables import DueRow, OnceRule
 
 __all__ = ["raw_store", "world"]  # the fixtures, imported for pytest
@@ -200,3 +200,73 @@ async def test_a_burst_held_takes_the_same_slice_until_it_may_grow(world: World)
     # Held at 32 (the first slice); then 64, of which the 4 left of the load of 100;
     # then 128, at most the limit: loaded again, 100.
     assert claimed == [32, 32, 32, 4, 100]
+
+
+@given(
+    due=st.integers(0, 5_000),
+    before=st.integers(0, 5_000),
+    limit=st.integers(1, 2_000),
+    spread=st.integers(1, 64),
+    data=st.data(),
+)
+def test_a_streams_backlog_is_never_begun_as_a_burst(
+    due: int, before: int, limit: int, spread: int, data: st.DataObject
+) -> None:
+    # Rows due spread wide (a steady stream whose rounds were held up: fewer than half of
+    # them in the step) are taken whole: a burst begun on them took 5 a round, growing
+    # only as commits landed, while the stream kept adding to them.
+    step = data.draw(st.integers(0, max(0, (due - 1) // 2)))
+    assert round_slice(due, None, limit=limit, spread=spread, before=before, step=step) == limit
+
+
+@given(
+    due=st.integers(0, 5_000),
+    before=st.integers(0, 5_000),
+    limit=st.integers(1, 2_000),
+    spread=st.integers(1, 64),
+    data=st.data(),
+)
+def test_a_step_of_half_the_rows_due_or_more_begins_a_burst_as_if_all_were_in_it(
+    due: int, before: int, limit: int, spread: int, data: st.DataObject
+) -> None:
+    step = data.draw(st.integers((due + 1) // 2, due))
+    whole = round_slice(due, None, limit=limit, spread=spread, before=before)
+    assert round_slice(due, None, limit=limit, spread=spread, before=before, step=step) == whole
+
+
+async def test_the_step_of_the_rows_due_is_over_the_wheels() -> None:
+    rows = [at(0, "a", 0), at(40, "b", 1), at(90, "c", 1), at(95, "e", 0), at(500, "d", 2)]
+
+    async def load(partitions: set[int], until: int, limit: int) -> list[DueRow]:
+        return [r for r in rows if r.partition in partitions and r.due_at < until]
+
+    wheels = {p: Wheel(load, horizon_ms=1_000, limit=60) for p in range(3)}
+    await load_due_of(wheels, load, T0, 1_000, 60)
+    assert due_step_of(wheels, T0 - 1, 100) == 0, "none due"
+    assert due_step_of(wheels, T0, 100) == 1, "one instant"
+    assert due_step_of(wheels, T0 + 100, 100) == 4, "all within 100 ms of the latest"
+    assert due_step_of(wheels, T0 + 100, 60) == 3, "a, 95 ms before the latest, is not"
+    assert due_step_of(wheels, T0 + 600, 100) == 1, "d alone: 405 ms after e"
+
+
+async def test_a_burst_beside_an_older_straggler_still_begins_slow(world: World) -> None:
+    # A deferred send, a hand-off's gap or a timer set in the past: one row due 300 ms
+    # before a burst at one instant does not make the burst a stream's backlog.
+    await world.put(id="old", key="old", rule=OnceRule(at=T0 - 300))
+    for i in range(250):
+        await world.put(id=f"t-{i:03d}", key=f"k{i:03d}", rule=OnceRule(at=T0))
+    runner = world.runner(partitions=range(PARTITIONS), batch_limit=200)
+    world.clock.set(T0)
+    stats = await runner.run_round()
+    assert stats.claimed == FIRST_SLICE
+
+
+async def test_a_streams_backlog_after_a_stall_is_claimed_in_one_round(world: World) -> None:
+    # A stream of a row every 2 ms whose rounds stalled for 400 ms: 200 due, a full round,
+    # over a span of 400 ms. Taken in one round, not begun as a burst of 32.
+    for i in range(250):
+        await world.put(id=f"t-{i:03d}", key=f"k{i:03d}", rule=OnceRule(at=T0 + 2 * i))
+    runner = world.runner(partitions=range(PARTITIONS), batch_limit=200)
+    world.clock.set(T0 + 398)
+    stats = await runner.run_round()
+    assert stats.claimed == 200

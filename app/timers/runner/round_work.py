@@ -31,9 +31,21 @@ from app.timers.runner.round_state import RoundState
 from app.timers.runner.rounds import Round
 from app.timers.runner.sending import Sends
 from app.timers.runner.settling import settle_exactly, taken_over
-from app.timers.runner.slow_start import burst_after, round_slice
+from app.timers.runner.slow_start import (
+    STREAM_SPAN_MS,
+    burst_after,
+    may_begin_burst,
+    round_slice,
+)
 from app.timers.runner.stats import RoundStats
-from app.timers.runner.wheel import Load, built_apart, count_due_of, load_due_of, pop_from
+from app.timers.runner.wheel import (
+    Load,
+    built_apart,
+    count_due_of,
+    due_step_of,
+    load_due_of,
+    pop_from,
+)
 from tables.exceptions import StoreError
 from tables.store import DueRow
 from tables.timer import Timer, TimerStatus
@@ -105,8 +117,20 @@ class RoundWork:
             return r
         # A burst is taken in growing slices (`slow_start`): the first fires at once.
         due = count_due_of(wheels, now, o.batch_limit)
+        # A stream's backlog is no burst (`slow_start`): how many rows due make its step.
+        # Scanned only where a burst would begin: a scan of the wheels is O(rows loaded).
+        begins = state.burst is None and may_begin_burst(
+            due, limit=o.batch_limit, spread=spread, before=state.last_due
+        )
+        step = due_step_of(wheels, now, STREAM_SPAN_MS) if begins else None
         take = round_slice(
-            due, state.burst, limit=o.batch_limit, grow=grow, spread=spread, before=state.last_due
+            due,
+            state.burst,
+            limit=o.batch_limit,
+            grow=grow,
+            spread=spread,
+            before=state.last_due,
+            step=step,
         )
         state.last_due = due
         rows, took, stats.full = pop_from(wheels, now, take)

@@ -25,6 +25,7 @@ __all__ = [
     "Wheel",
     "built_apart",
     "count_due_of",
+    "due_step_of",
     "load_due_of",
     "pop_from",
     "take_due_of",
@@ -124,6 +125,16 @@ class Wheel:
                     break
         return n
 
+    def latest_due(self, now: int) -> int | None:
+        """The latest due time of its rows due by `now` (O(wheel)); None: none is due."""
+        if not self._head_due(now):
+            return None
+        return max(d for d, _, _, _ in self._heap if d <= now)
+
+    def count_due_from(self, since: int, now: int) -> int:
+        """How many of its rows fall due from `since` to `now` (O(wheel))."""
+        return sum(1 for d, _, _, _ in self._heap if since <= d <= now)
+
     def due(self, now: int, partitions: Set[int]) -> dict[str, int]:
         """The rows in it due by `now` of `partitions`, by id (O(wheel): for metrics)."""
         return {r.id: d for d, _, _, r in self._heap if d <= now and r.partition in partitions}
@@ -187,6 +198,17 @@ def count_due_of(wheels: Mapping[int, Wheel], now: int, cap: int) -> int:
         if n >= cap:
             break
     return n
+
+
+def due_step_of(wheels: Mapping[int, Wheel], now: int, within: int) -> int:
+    """How many rows due by `now` in the `wheels` fall due less than `within` ms before
+    the latest of them: the step a burst is (a few older ones, deferred or late, are not
+    of it); 0 when none is due."""
+    latest = [d for w in wheels.values() if (d := w.latest_due(now)) is not None]
+    if not latest:
+        return 0
+    since = max(latest) - within + 1
+    return sum(w.count_due_from(since, now) for w in wheels.values())
 
 
 def take_from(wheels: Mapping[int, Wheel], now: int, limit: int) -> tuple[list[Timer], bool]:
