@@ -100,3 +100,17 @@ def cycle_slices(
             room -= end - start
             start = end
     return cycles
+
+
+def behind_of(cycles: list[list[tuple[str, list[Record]]]]) -> list[dict[str, int]]:
+    """For each of a poll's cycles (`cycle_slices`), how many records of each topic wait in
+    the cycles after it: a command's backlog counts them (BUSY), as it did when the whole
+    poll was one cycle."""
+    after: dict[str, int] = {}
+    behind: list[dict[str, int]] = []
+    for cycle in reversed(cycles):
+        behind.append(dict(after))
+        for topic, records in cycle:
+            after[topic] = after.get(topic, 0) + len(records)
+    behind.reverse()
+    return behind

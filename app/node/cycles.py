@@ -26,7 +26,7 @@ from app.commands.processor import CommandBatch, CommandProcessor, misrouted
 from app.errors import BadRecord, KafkaUnavailable, node_fault
 from app.kafka import Record
 from app.node.commits import Commits
-from app.node.cycle_work import CycleWork, cycle_slices, records_after
+from app.node.cycle_work import CycleWork, behind_of, cycle_slices, records_after
 from app.node.kept import KeptType
 from app.node.metrics import NodeMetrics
 from app.node.partition_input import Batch, PartitionInput
@@ -145,8 +145,9 @@ class PartitionCycles:
             ]
             slices = cycle_slices(fresh)
             try:
-                for i, part in enumerate(slices):
-                    inp.holding = i < len(slices) - 1  # the handed-over timers fire in the last
+                for part, behind in zip(slices, behind_of(slices), strict=True):
+                    inp.holding = part is not slices[-1]  # the handed-over timers fire in the last
+                    inp.behind = behind
                     staged = await self._one_cycle(inp, part, done)
                     # The loop's other work (other partitions' timers) between two cycles: a
                     # queue that holds batches is taken from without a pause.
@@ -154,7 +155,7 @@ class PartitionCycles:
                     if not staged:
                         break
             finally:
-                inp.holding = False
+                inp.holding, inp.behind = False, {}
 
     async def _one_cycle(
         self, inp: PartitionInput, part: list[Batch], done: dict[str, int]
@@ -207,7 +208,8 @@ class PartitionCycles:
                     await self._operate(kept, records, w)
                     w.wrote = True
                 elif (batch := w.batch_of(p)) is not None:
-                    backlog = await self._backlog(topic, p)
+                    behind = inp.behind.get(topic, 0) if inp is not None else 0
+                    backlog = await self._backlog(topic, p) + behind
                     w.decider.decide_records(batch, records, backlog)
                     w.wrote = await self._carry_out(w, batch, p) or w.wrote
             for type_name in sorted(inp.take_local() if inp is not None else ()):

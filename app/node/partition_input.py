@@ -76,6 +76,8 @@ class PartitionInput:
         # While the earlier slices of a poll are decided: the timers handed over fire in
         # its last, so that a cancel read in the same poll is decided before them.
         self.holding = False
+        # While a poll's slices are decided: per topic, the records of the slices after.
+        self.behind: dict[str, int] = {}
         # A cycle was stopped in its middle: what the transactions hold is half a cycle.
         self.cut = False
         # The last offset of each topic the last cycle read, if it failed.

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from app.kafka import Record
 from app.node.commits import Commits
-from app.node.cycle_work import CYCLE_RECORDS, cycle_slices
+from app.node.cycle_work import CYCLE_RECORDS, behind_of, cycle_slices
 from app.node.cycles import PartitionCycles
 from app.node.metrics import NodeMetrics
 from app.node.partition_input import LOCAL, Batch, PartitionInput
@@ -41,6 +41,23 @@ def test_slices_keep_every_record_in_order_each_within_the_budget(
     assert all(rs for c in cycles for _, rs in c), "an empty batch in a cycle"
     flat = [(topic, r.offset) for c in cycles for topic, rs in c for r in rs]
     assert flat == [(topic, r.offset) for topic, rs in items for r in rs]
+
+
+@given(batches, st.integers(1, 300))
+def test_each_cycle_knows_the_records_of_each_topic_in_the_cycles_after_it(
+    sizes: list[tuple[str, int]], budget: int
+) -> None:
+    # A command's backlog counts them (BUSY), as when a whole poll was one cycle.
+    items = [batch(topic, 1_000 * i, n) for i, (topic, n) in enumerate(sizes)]
+    cycles = cycle_slices(items, budget)
+    behind = behind_of(cycles)
+    assert len(behind) == len(cycles)
+    for i, after in enumerate(behind):
+        expected: dict[str, int] = {}
+        for cycle in cycles[i + 1 :]:
+            for topic, records in cycle:
+                expected[topic] = expected.get(topic, 0) + len(records)
+        assert after == expected
 
 
 def test_nothing_queued_but_timers_to_fire_is_one_empty_cycle() -> None:
@@ -81,10 +98,12 @@ async def test_a_backlog_is_decided_in_bounded_cycles_with_the_loop_let_run_betw
         now=lambda: 0,
     )
     seen: list[str] = []
+    waits: list[int] = []  # the records behind each cycle, counted in its commands' backlog
     done = asyncio.Event()
 
     async def cycle(p: int, items: list[Batch]) -> bool:
         firing = " firing" if inp.take_local() else ""
+        waits.append(inp.behind.get("a.events", 0))
         seen.append(f"cycle of {sum(len(rs) for _, rs in items)}{firing}")
         if items and items[-1][1][-1].offset == 999:
             done.set()
@@ -113,6 +132,7 @@ async def test_a_backlog_is_decided_in_bounded_cycles_with_the_loop_let_run_betw
     # The timers handed over fire in the last: a cancel among the records is decided first.
     last = f"cycle of {1_000 - 3 * CYCLE_RECORDS} firing"
     assert mine == [f"cycle of {CYCLE_RECORDS}"] * 3 + [last]
+    assert waits == [1_000 - n * CYCLE_RECORDS for n in (1, 2, 3)] + [0]
     between = [seen[i + 1] for i, s in enumerate(seen[:-1]) if s.startswith("cycle")]
     assert all(s == "other" for s in between[:-1]), seen
     assert task.read[-1] == {"a.events": 999}
