@@ -12,13 +12,12 @@ from typing import Any
 from aiokafka import AIOKafkaProducer, TopicPartition
 from aiokafka.errors import (
     KafkaError,
-    ProducerFenced,
 )
 from aiokafka.producer.transaction_manager import TransactionResult
 
 from app.errors import Fenced, KafkaUnavailable
 from app.kafka.connection import Connectable, client_options
-from app.kafka.records import OutRecord, explain, headers_of, start_client
+from app.kafka.records import OutRecord, explain, fenced_by, headers_of, start_client
 
 logger = logging.getLogger(__name__)
 
@@ -334,13 +333,13 @@ class TransactionalProducer:
         # A fence seen by aiokafka's sender may reach the caller as another error (the
         # next step's IllegalOperation, an invalid state transition) while the fence
         # itself waits, never retrieved, in the transaction's end waiter.
-        fenced = isinstance(exc, ProducerFenced) or isinstance(
-            _left_behind(self._producer), ProducerFenced
-        )
+        fenced = fenced_by(exc) or fenced_by(_left_behind(self._producer))
         if fenced:
             error: KafkaUnavailable = Fenced(f"{self.transactional_id} was fenced by a newer owner")
         else:
-            error = KafkaUnavailable(f"{self.transactional_id}: transaction failed: {explain(exc)}")
+            error = KafkaUnavailable(
+                f"{self.transactional_id}: transaction failed: {_with_causes(exc)}"
+            )
         self.broken = error
         if self._open and not fenced:
             with contextlib.suppress(Exception):
@@ -350,6 +349,14 @@ class TransactionalProducer:
         if isinstance(exc, asyncio.CancelledError | KeyboardInterrupt | SystemExit):
             return exc
         return error
+
+
+def _with_causes(exc: BaseException) -> str:
+    """`exc` in a user's terms, with what it came from (aiokafka's sender wraps it)."""
+    said, cause = explain(exc), exc.__cause__
+    if cause is not None and cause is not exc:
+        said += f", from {explain(cause)}"
+    return said
 
 
 def _left_behind(producer: Any) -> BaseException | None:

@@ -8,12 +8,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+from aiokafka import errors as aiokafka_errors
 from aiokafka.errors import (
     AuthenticationFailedError,
+    BrokerResponseError,
     ClusterAuthorizationFailedError,
     GroupAuthorizationFailedError,
+    InvalidProducerEpoch,
     KafkaError,
     NoError,
+    ProducerFenced,
     SaslAuthenticationFailed,
     TopicAlreadyExistsError,
     TopicAuthorizationFailedError,
@@ -174,3 +178,30 @@ def headers_of(record: OutRecord) -> Headers:
 
 RestoreProgress = Callable[[int, int], None]
 """Told the offsets read so far and to read, as a restore goes."""
+
+
+class ProducerFencedCode(BrokerResponseError):  # type: ignore[misc]  # aiokafka's is untyped
+    """Kafka's PRODUCER_FENCED (90), which aiokafka does not know: a broker answers it to a
+    transactional request of a newer version than aiokafka's fence handling expects (seen
+    from Kafka 4.1's AddPartitionsToTxn), and aiokafka's sender dies on it as on an
+    unknown error ("Unexpected error during batch delivery")."""
+
+    errno = 90
+    message = "PRODUCER_FENCED"
+    description = "There is a newer producer with the same transactional id."
+
+
+aiokafka_errors.kafka_errors.setdefault(ProducerFencedCode.errno, ProducerFencedCode)
+
+_FENCES = (ProducerFenced, InvalidProducerEpoch, ProducerFencedCode)
+
+
+def fenced_by(exc: BaseException | None) -> bool:
+    """Whether `exc`, or what it came from (aiokafka's sender wraps what killed it), is
+    a fence: a newer producer of the transactional id."""
+    seen = 0
+    while exc is not None and seen < 8:
+        if isinstance(exc, _FENCES):
+            return True
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return False
