@@ -103,7 +103,12 @@ async def test_list_show_and_replay_once(kafka_bootstrap: str) -> None:
             written.append(orjson.loads(out)["written"])
         else:  # fenced by the other replay of the same letter: it wrote nothing
             assert code == 1 and "fenced" in err, (code, out, err)
-    assert sorted(written, key=str) in ([0, None], [0]), (first, second)
+    # One wrote it (the other fenced, or told it was replayed before: None). Not always at
+    # offset 0: a replay fenced after its send leaves its aborted record and the abort
+    # marker before the winner's (CI, 2026-12-03: written at 2); read_committed below
+    # sees the one record.
+    winners = [w for w in written if w is not None]
+    assert len(winners) == 1 and isinstance(winners[0], int), (first, second)
     third = await invoke("replay", *args, "--offset", "0")
     assert third.exit_code == 0 and "was replayed before" in third.stdout, third.output
 
