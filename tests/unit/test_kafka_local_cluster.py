@@ -101,7 +101,7 @@ def test_a_kept_cluster_takes_its_ports() -> None:
 def test_a_kept_cluster_whose_client_port_is_taken_is_a_clear_error(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(script, "probe", lambda bootstrap, timeout=3.0, **kw: False)
+    monkeypatch.setattr("kafka_local_parts.ports.probe", lambda bootstrap, timeout=3.0, **kw: False)
     remembered = Remembered("c", nodes=3, node_ports=PORTS)
     with pytest.raises(script.BrokerError, match=r"node 2: port 39192 of this broker"):
         script.choose_cluster_ports(
@@ -312,7 +312,11 @@ def test_a_stopped_cluster(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
 
 def test_a_refused_start_stops_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     stopped: list[object] = []
-    monkeypatch.setattr(script, "stop", lambda *args, **kwargs: stopped.append(args))
+    # Where start (broker.py) and start_cluster (cluster_start.py) look stop up.
+    for module in ("broker", "cluster_start"):
+        monkeypatch.setattr(
+            f"kafka_local_parts.{module}.stop", lambda *args, **kwargs: stopped.append(args)
+        )
     cluster, single = tmp_path / "cluster", tmp_path / "single"
     cluster.mkdir()
     script.write_remembered(cluster, Remembered("c", nodes=3, node_ports=PORTS))

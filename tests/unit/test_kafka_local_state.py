@@ -135,7 +135,7 @@ def _free_ports(*ports: int) -> Callable[[int], list[int]]:
 def test_a_taken_remembered_port_is_a_clear_error(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(script, "probe", lambda bootstrap, timeout=3.0: False)
+    monkeypatch.setattr("kafka_local_parts.ports.probe", lambda bootstrap, timeout=3.0: False)
     plan = script.plan_start(Remembered("c", 39092, 39093), "c", fresh=False)
     with pytest.raises(script.BrokerError) as error:
         script.choose_ports(
@@ -148,7 +148,7 @@ def test_a_taken_remembered_port_is_a_clear_error(
 
 
 def test_a_taken_port_held_by_another_kafka_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(script, "probe", lambda bootstrap, timeout=3.0: True)
+    monkeypatch.setattr("kafka_local_parts.ports.probe", lambda bootstrap, timeout=3.0: True)
     plan = script.plan_start(Remembered(), None, fresh=False, port=40000)
     with pytest.raises(script.BrokerError, match=r"port 40000 \(--port\).*another Kafka broker"):
         script.choose_ports(plan, is_free=lambda p: False, free_ports=_free_ports(1, 2, 3))

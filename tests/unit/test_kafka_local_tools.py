@@ -42,7 +42,7 @@ def test_env_puts_kafka_acls_on_path_with_the_admin_settings(
     secured_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     libs = _libs(tmp_path, ["kafka.admin.AclCommand"])
-    monkeypatch.setattr(script, "ensure_jars", lambda version: libs)
+    monkeypatch.setattr("kafka_local_parts.admin_tools.ensure_jars", lambda version: libs)
     lines = script.tool_env_lines(secured_dir, "sasl_ssl", "3.9.2")
     assert lines == [
         f'export PATH={secured_dir / "bin"}:"$PATH"',
@@ -69,7 +69,9 @@ def test_env_puts_kafka_acls_on_path_with_the_admin_settings(
 def test_a_mutual_tls_admin_presents_its_certificate(
     secured_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(script, "ensure_jars", lambda version: _libs(tmp_path, []))
+    monkeypatch.setattr(
+        "kafka_local_parts.admin_tools.ensure_jars", lambda version: _libs(tmp_path, [])
+    )
     script.write_admin_tools(secured_dir, "ssl", "3.9.2")
     settings = _properties(secured_dir / "admin.properties")
     keystore = Path(settings["ssl.keystore.location"])
@@ -84,7 +86,7 @@ def test_on_kafka_4_without_its_tools_jar_the_command_says_so(
 ) -> None:
     # 4.x moved AclCommand to kafka-tools, which the broker's jars do not include.
     libs = _libs(tmp_path, ["kafka.admin.AclCommand"])
-    monkeypatch.setattr(script, "ensure_jars", lambda version: libs)
+    monkeypatch.setattr("kafka_local_parts.admin_tools.ensure_jars", lambda version: libs)
     bin_dir = script.write_admin_tools(secured_dir, "sasl_ssl", "4.1.2")
     done = subprocess.run(
         [str(bin_dir / "kafka-acls.sh"), "--list"], capture_output=True, text=True, check=False
