@@ -1,0 +1,35 @@
+"""The Timers reads built last, by their index entry's key with the bytes they came from
+(`load_at`): a fired timer's row is read twice in a cycle, when it checks the row is still
+as loaded (`find`) and when it settles it against that (`_load_as_loaded`), and the
+second read builds it again from the same bytes (#20).
+
+A row is given back only for the very bytes it was built from, so what a read returns is
+what `load_timer` makes of the bytes read, whatever wrote them since: Timers are frozen,
+and a body is never changed in place (`tables.rowload` shares rules and commands alike).
+Bounded: the oldest entry goes when full; a cycle's timers fit many times over.
+"""
+
+from __future__ import annotations
+
+from tables.rowload import load_timer
+from tables.timer import Timer
+
+__all__ = ["LIMIT", "load_at"]
+
+LIMIT = 2048
+"""How many rows are kept (a partition's cycle fires at most a round's slice of 1,000)."""
+
+_ROWS: dict[bytes, tuple[bytes, Timer]] = {}
+
+
+def load_at(key: bytes, value: bytes, partition: int, where: object = None) -> Timer:
+    """`load_timer(value, where, partition)` (`where`: `key` when None), the Timer built
+    last from these bytes at `key` when there is one."""
+    held = _ROWS.get(key)
+    if held is not None and held[0] == value:
+        return held[1]
+    timer = load_timer(value, key if where is None else where, partition)
+    if held is None and len(_ROWS) >= LIMIT:
+        del _ROWS[next(iter(_ROWS))]
+    _ROWS[key] = (value, timer)
+    return timer
