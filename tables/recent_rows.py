@@ -1,7 +1,8 @@
 """The Timers reads built last, by their index entry's key with the bytes they came from
-(`load_at`): a fired timer's row is read twice in a cycle, when it checks the row is still
-as loaded (`find`) and when it settles it against that (`_load_as_loaded`), and the
-second read builds it again from the same bytes (#20).
+(`load_at`): a fired timer's row is built when its round takes it from the due index
+(`DueRow`), then read again in its cycle, when it checks the row is still as loaded
+(`find`) and when it settles it against that (`_load_as_loaded`): each read built it
+again from the same bytes (#20).
 
 A row is given back only for the very bytes it was built from, so what a read returns is
 what `load_timer` makes of the bytes read, whatever wrote them since: Timers are frozen,
@@ -16,8 +17,9 @@ from tables.timer import Timer
 
 __all__ = ["LIMIT", "load_at"]
 
-LIMIT = 2048
-"""How many rows are kept (a partition's cycle fires at most a round's slice of 1,000)."""
+LIMIT = 4096
+"""How many rows are kept: those a node's rounds built (`DueRow`) and its cycles read next
+to fire them (a round takes at most `batch_limit`, 1,000, of a partition)."""
 
 _ROWS: dict[bytes, tuple[bytes, Timer]] = {}
 

@@ -174,7 +174,7 @@ class RocksDBTimerStore(PartitionedStore):
                 raw_id = key[9 : key.index(b"\x00\x00", 9)]
                 if b"\x00" in raw_id:
                     raw_id = raw_id.replace(b"\x00\x01", b"\x00")
-                append(unbuilt(from_bytes(key[1:9], "big"), raw_id.decode(), partition, value))
+                append(unbuilt(from_bytes(key[1:9], "big"), raw_id.decode(), partition, value, key))
         return rows
 
     def _found(

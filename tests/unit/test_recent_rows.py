@@ -61,3 +61,19 @@ async def test_a_read_after_a_settle_gives_the_row_as_written(tmp_path: Path) ->
     # Back at the key it was first read at, with bytes equal to the first: the same row.
     assert await store.find(t.owner, t.key) == done == t
     await store.close()
+
+
+async def test_a_due_row_built_is_what_its_find_and_settle_read(tmp_path: Path) -> None:
+    """The row a round takes from the due index is built once: the cycle's check (`find`)
+    and its settle read that very Timer back while the row is unchanged."""
+    store = open_timer_store(f"rocksdb://{tmp_path / 's'}", partitions=1)
+    t = timer(8, 0, 100)
+    await store.put(t)
+    [row] = await store.due_rows({0}, 1_000, 10)
+    built = row.timer()
+    assert built == t
+    assert await store.find(t.owner, t.key) is built
+    fired = built.model_copy(update={"status": TimerStatus.FIRED})
+    assert await store.settle([TimerChange(loaded=built, next=fired)]) == 1
+    assert await store.find(t.owner, t.key) == fired
+    await store.close()
