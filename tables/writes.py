@@ -138,7 +138,9 @@ def settle_row(held: Timer | None, change: TimerChange) -> Timer | None:
 def check_change(change: TimerChange) -> None:
     """`ValueError` unless `change.next` is the same row (owner, key, partition) as `loaded`."""
     loaded, new = change.loaded, change.next
-    if new.owner != loaded.owner or new.key != loaded.key or new.partition != loaded.partition:
+    # The owner compared by identity first: a change's next is a copy of its loaded row.
+    owner_moved = new.owner is not loaded.owner and new.owner != loaded.owner
+    if owner_moved or new.key != loaded.key or new.partition != loaded.partition:
         raise ValueError(
             "a TimerChange must keep its row: next is "
             f"({new.owner}, {new.key!r}, partition {new.partition}), loaded is "
