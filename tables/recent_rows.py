@@ -15,11 +15,13 @@ from __future__ import annotations
 from tables.rowload import load_timer
 from tables.timer import Timer
 
-__all__ = ["LIMIT", "load_at"]
+__all__ = ["LIMIT", "forget", "load_at"]
 
-LIMIT = 4096
+LIMIT = 16_384
 """How many rows are kept: those a node's rounds built (`DueRow`) and its cycles read next
-to fire them (a round takes at most `batch_limit`, 1,000, of a partition)."""
+to fire them (a round takes at most `batch_limit`, 1,000, of each of a node's partitions,
+all before their cycles run). A row written over is forgotten (`forget`), so what is kept
+is mostly rows in flight, alive in the runner meanwhile."""
 
 _ROWS: dict[bytes, tuple[bytes, Timer]] = {}
 
@@ -35,3 +37,8 @@ def load_at(key: bytes, value: bytes, partition: int, where: object = None) -> T
         del _ROWS[next(iter(_ROWS))]
     _ROWS[key] = (value, timer)
     return timer
+
+
+def forget(key: bytes) -> None:
+    """The row at index entry `key` was written over or deleted: not kept any more."""
+    _ROWS.pop(key, None)

@@ -50,7 +50,7 @@ from tables.keys import (
     row_key,
 )
 from tables.partitioned import PartitionedStore
-from tables.recent_rows import load_at
+from tables.recent_rows import forget, load_at
 from tables.refs import AggregateRef
 from tables.rocksdb_io import UNLOGGED, db_options, gc_paused, prefix_end, scan
 from tables.rocksdb_restore import INDEXES as _INDEXES
@@ -332,6 +332,8 @@ class RocksDBTimerStore(PartitionedStore):
             if batch is None:
                 batch = batches[write.partition] = WriteBatch(raw_mode=True)
             old = None if write.old is None else index_key(write.old, write.row)
+            if old is not None:
+                forget(old)
             if write.new is None or value is None:  # a tombstone
                 batch.delete(ROW + write.row)
                 if old is not None:

@@ -73,7 +73,10 @@ async def test_a_due_row_built_is_what_its_find_and_settle_read(tmp_path: Path) 
     built = row.timer()
     assert built == t
     assert await store.find(t.owner, t.key) is built
+    key = due_key(t.due_at, t.id, row_key(t.owner, t.key))
+    assert recent_rows._ROWS[key][1] is built
     fired = built.model_copy(update={"status": TimerStatus.FIRED})
     assert await store.settle([TimerChange(loaded=built, next=fired)]) == 1
+    assert key not in recent_rows._ROWS  # written over: forgotten
     assert await store.find(t.owner, t.key) == fired
     await store.close()
