@@ -7,7 +7,8 @@ again from the same bytes (#20).
 A row is given back only for the very bytes it was built from, so what a read returns is
 what `load_timer` makes of the bytes read, whatever wrote them since: Timers are frozen,
 and a body is never changed in place (`tables.rowload` shares rules and commands alike).
-Bounded: the oldest entry goes when full; a cycle's timers fit many times over.
+Bounded: the oldest entry goes when full. Used by the store's reads on the event loop's
+thread only (a dict shared by every store of the process: the bytes decide, not the store).
 """
 
 from __future__ import annotations
