@@ -6,7 +6,8 @@
 Loads N pending timers through `apply_changelog` (the restore rate), then measures
 `due()` latency (limit 1000; all 12 partitions and 4 of them; `due_rows()`, which builds
 no Timer, and `due()` asked in turn), put and settle
-throughput, the sweep of finished rows (`expire`, as the runner calls it), and the RSS
+throughput, the store's CPU per timer fired in-process (`fire`: due rows, still-due check, settle),
+the sweep of finished rows (`expire`, as the runner calls it), and the RSS
 of a fresh process that opens the N-timer store and serves `due()` from it. Targets:
 restore >= 200,000 timers/s, due() p99 <= 5 ms at 1M, RSS <= 200 MB at 10M pending.
 
@@ -226,6 +227,34 @@ async def settle_rate(store: TimerStore, batches: int) -> dict[str, Any]:
     return {"batch": 100, "changes": written, "changes_per_s": round(written / elapsed)}
 
 
+async def fire_cost(store: TimerStore, count: int, batch: int = 250) -> dict[str, Any]:
+    """The store's share of timers fired in-process (#20), `batch` a cycle, as a node does
+    it: the round's `due_rows()` and build, the cycle's still-due check (`find`) of each
+    and the settle of each FIRED against the row as loaded. CPU µs per timer (the node's
+    decisions, commands and transaction are not in it: `bench.decide_bench`)."""
+    every = set(range(PARTITIONS))
+    fired = 0
+    started = time.process_time()
+    while fired < count:
+        rows = await store.due_rows(every, BASE + SPREAD, min(batch, count - fired))
+        if not rows:
+            break
+        loaded = [row.timer() for row in rows]
+        kept = []
+        for t in loaded:
+            row = await store.find(t.owner, t.key)
+            if row is not None and row.same_as_loaded(t):
+                kept.append(t)
+        changes = [
+            TimerChange(loaded=t, next=t.model_copy(update={"status": TimerStatus.FIRED}))
+            for t in kept
+        ]
+        fired += await store.settle(changes)
+    cpu = time.process_time() - started
+    return {"fired": fired, "batch": batch,
+            "cpu_us_per_timer": round(cpu / max(1, fired) * 1e6, 1)}  # fmt: skip
+
+
 async def sweep_rate(store: TimerStore, count: int, limit: int = 1_000) -> dict[str, Any]:
     """`count` due timers settled FIRED, then swept past their retention `limit` at a time,
     as the runner's rounds do: each call's latency (what a round spends sweeping)."""
@@ -323,6 +352,7 @@ async def serve(path: str, timers: int, collector: str) -> dict[str, Any]:
     figures["due_draining"] = await due_draining(store, 50)
     figures["full_collections_during_due"] = full_collections() - full_before
     figures["settle"] = await settle_rate(store, 100)
+    figures["fire"] = await fire_cost(store, min(20_000, timers // 4))
     figures["sweep"] = await sweep_rate(store, min(20_000, timers // 2))
     await store.close()
     return figures

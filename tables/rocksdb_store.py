@@ -50,6 +50,7 @@ from tables.keys import (
     row_key,
 )
 from tables.partitioned import PartitionedStore
+from tables.recent_rows import forget, load_at
 from tables.refs import AggregateRef
 from tables.rocksdb_io import UNLOGGED, db_options, gc_paused, prefix_end, scan
 from tables.rocksdb_restore import INDEXES as _INDEXES
@@ -131,7 +132,11 @@ class RocksDBTimerStore(PartitionedStore):
 
     def _load(self, partition: int, row: bytes) -> Timer | None:
         raw = self._db(partition).get(ROW + row)
-        return None if raw is None else load_timer(self._value(partition, raw), row, partition)
+        if raw is None:
+            return None
+        if raw[:1] in _INDEXES:  # at its index entry: settled next, from the same bytes
+            return load_at(raw, self._value(partition, raw), partition, row)
+        return load_timer(raw, row, partition)
 
     def _load_many(self, partition: int, rows: list[bytes]) -> list[Timer | None]:
         raws = cast(list[bytes | None], self._db(partition).get(cast(Any, [ROW + r for r in rows])))
@@ -148,7 +153,7 @@ class RocksDBTimerStore(PartitionedStore):
             return self._load(partition, row)
         key = due_key(loaded.due_at, loaded.id, row)
         value = self._db(partition).get(key)
-        return None if value is None else load_timer(value, key, partition)
+        return None if value is None else load_at(key, value, partition)
 
     def _owner_rows(self, partition: int, prefix: bytes) -> Iterator[tuple[bytes, Timer]]:
         start = ROW + prefix
@@ -169,7 +174,7 @@ class RocksDBTimerStore(PartitionedStore):
                 raw_id = key[9 : key.index(b"\x00\x00", 9)]
                 if b"\x00" in raw_id:
                     raw_id = raw_id.replace(b"\x00\x01", b"\x00")
-                append(unbuilt(from_bytes(key[1:9], "big"), raw_id.decode(), partition, value))
+                append(unbuilt(from_bytes(key[1:9], "big"), raw_id.decode(), partition, value, key))
         return rows
 
     def _found(
@@ -327,6 +332,8 @@ class RocksDBTimerStore(PartitionedStore):
             if batch is None:
                 batch = batches[write.partition] = WriteBatch(raw_mode=True)
             old = None if write.old is None else index_key(write.old, write.row)
+            if old is not None:
+                forget(old)
             if write.new is None or value is None:  # a tombstone
                 batch.delete(ROW + write.row)
                 if old is not None:

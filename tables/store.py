@@ -14,6 +14,7 @@ from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, NamedTuple, Protocol, runtime_checkable
 
 from tables.census import TimerCensus
+from tables.recent_rows import load_at
 from tables.refs import AggregateRef
 from tables.rocksdb_io import gc_paused
 from tables.rowload import load_timer
@@ -49,7 +50,7 @@ class DueRow:
     rows; a caller that orders many rows and acts on few builds only those it acts on.
     """
 
-    __slots__ = ("_raw", "_timer", "due_at", "id", "partition")
+    __slots__ = ("_key", "_raw", "_timer", "due_at", "id", "partition")
 
     def __init__(
         self, due_at: int, id: str, partition: int, *, raw: bytes = b"", timer: Timer | None = None
@@ -61,13 +62,16 @@ class DueRow:
         self.partition = partition
         self._raw = raw
         self._timer = timer
+        self._key = b""
 
     @staticmethod
-    def unbuilt(due_at: int, id: str, partition: int, raw: bytes) -> DueRow:
+    def unbuilt(due_at: int, id: str, partition: int, raw: bytes, key: bytes = b"") -> DueRow:
         """A row of a store's own due index, its bytes not empty (a store reads a thousand
-        a `due_rows()`: this skips `__init__`'s keyword call and check, a third of it)."""
+        a `due_rows()`: this skips `__init__`'s keyword call and check, a third of it).
+        `key`: its index entry's, where its Timer is kept once built (`recent_rows`)."""
         row = _new_row(DueRow)
         row.due_at, row.id, row.partition, row._raw, row._timer = due_at, id, partition, raw, None
+        row._key = key
         return row
 
     @classmethod
@@ -78,7 +82,10 @@ class DueRow:
     def timer(self) -> Timer:
         """The row as the store held it when it was read; built once."""
         if self._timer is None:
-            self._timer = load_timer(self._raw, self, self.partition)
+            if self._key:  # read again to fire it (`find`, a settle): built once (#20)
+                self._timer = load_at(self._key, self._raw, self.partition, self)
+            else:
+                self._timer = load_timer(self._raw, self, self.partition)
             self._raw = b""
         return self._timer
 

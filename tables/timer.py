@@ -137,7 +137,7 @@ class Timer(BaseModel):
 
     def same_as_loaded(self, loaded: Timer) -> bool:
         """Whether this row is still `loaded`, as a conditional write compares them."""
-        return (
+        return self is loaded or (  # the very row (`recent_rows` gives back the row built)
             self.id == loaded.id
             and self.status == loaded.status
             and self.slot == loaded.slot

@@ -11,6 +11,7 @@ import logging
 from collections.abc import Callable, Iterable, Sequence
 from typing import NamedTuple
 
+from tables.copies import copied
 from tables.slots import Slot, caught_up, jittered_due
 from tables.timer import ACTIVE, Outcome, Timer, TimerChange, TimerStatus
 
@@ -45,7 +46,7 @@ def put_row(held: Timer | None, timer: Timer) -> Timer | None:
         return None
     if timer.status is TimerStatus.PENDING:
         return timer
-    return timer.model_copy(update={"status": TimerStatus.PENDING})
+    return copied(timer, {"status": TimerStatus.PENDING})
 
 
 def cancel_row(held: Timer | None, version: int) -> Timer | None:
@@ -56,8 +57,8 @@ def cancel_row(held: Timer | None, version: int) -> Timer | None:
     """
     if held is None or held.status not in ACTIVE or held.version > version:
         return None
-    return held.model_copy(
-        update={"status": TimerStatus.CANCELLED, "outcome": Outcome.CANCELLED, "version": version}
+    return copied(
+        held, {"status": TimerStatus.CANCELLED, "outcome": Outcome.CANCELLED, "version": version}
     )
 
 
@@ -80,7 +81,7 @@ def pause_row(held: Timer | None, version: int) -> Timer | None:
     update: dict[str, object] = {"status": TimerStatus.PAUSED, "version": version}
     if held.status is TimerStatus.FIRING:
         update["due_at"] = jittered_due(held.rule, held.id, Slot(held.slot, held.slot_due_at))
-    return held.model_copy(update=update)
+    return copied(held, update)
 
 
 def resume_row(held: Timer | None, version: int, now: int) -> Timer | None:
@@ -97,9 +98,10 @@ def resume_row(held: Timer | None, version: int, now: int) -> Timer | None:
         return None
     catch = caught_up(held.rule, Slot(held.slot, held.slot_due_at), now)
     if catch.slot.index <= held.slot:
-        return held.model_copy(update={"status": TimerStatus.PENDING, "version": version})
-    return held.model_copy(
-        update={
+        return copied(held, {"status": TimerStatus.PENDING, "version": version})
+    return copied(
+        held,
+        {
             "status": TimerStatus.PENDING,
             "version": version,
             "slot": catch.slot.index,
@@ -107,7 +109,7 @@ def resume_row(held: Timer | None, version: int, now: int) -> Timer | None:
             "due_at": jittered_due(held.rule, held.id, catch.slot),
             "attempts": 0,
             "skipped": held.skipped + catch.skipped,
-        }
+        },
     )
 
 
@@ -117,8 +119,9 @@ def settle_row(held: Timer | None, change: TimerChange) -> Timer | None:
     if held is None or not held.same_as_loaded(change.loaded):
         return None
     new = change.next
-    return held.model_copy(
-        update={
+    return copied(
+        held,
+        {
             "status": new.status,
             "slot": new.slot,
             "slot_due_at": new.slot_due_at,
@@ -128,14 +131,16 @@ def settle_row(held: Timer | None, change: TimerChange) -> Timer | None:
             "outcome": new.outcome,
             "error_code": new.error_code,
             "error_text": new.error_text,
-        }
+        },
     )
 
 
 def check_change(change: TimerChange) -> None:
     """`ValueError` unless `change.next` is the same row (owner, key, partition) as `loaded`."""
     loaded, new = change.loaded, change.next
-    if new.owner != loaded.owner or new.key != loaded.key or new.partition != loaded.partition:
+    # The owner compared by identity first: a change's next is a copy of its loaded row.
+    owner_moved = new.owner is not loaded.owner and new.owner != loaded.owner
+    if owner_moved or new.key != loaded.key or new.partition != loaded.partition:
         raise ValueError(
             "a TimerChange must keep its row: next is "
             f"({new.owner}, {new.key!r}, partition {new.partition}), loaded is "

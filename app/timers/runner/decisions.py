@@ -16,6 +16,7 @@ from typing import Any, Final
 
 from app.protocol.wire import ResultCode
 from app.timers.runner.options import TimerOptions, backoff_ms
+from tables.copies import change_of, copied
 from tables.slots import Slot, caught_up, jittered_due, latest_due, next_slot
 from tables.timer import Outcome, Timer, TimerChange, TimerStatus, error_text
 
@@ -133,7 +134,7 @@ _NOTHING: Final = Decision(Action.NOTHING)
 
 
 def _change(loaded: Timer, **update: Any) -> TimerChange:
-    return TimerChange(loaded=loaded, next=loaded.model_copy(update=update))
+    return change_of(loaded, copied(loaded, update))
 
 
 def _slot(timer: Timer) -> Slot:

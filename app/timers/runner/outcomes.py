@@ -113,13 +113,17 @@ class Outcomes:
         """Of the timers claimed to fire in-process, those whose rows are still as they were
         loaded (a cancel or reschedule may have come since)."""
         kept: list[Timer] = []
+        # Each firing's store, looked up once (a cycle asks for a partition's timers).
+        stores: dict[PartitionFiring, FiringStore] = {}
         for t in claimed:
             firing = self._firings.get(t.partition)
             loaded = None if firing is None else firing.in_hand.get(t.id)
             if loaded is None or firing is None:
                 row = None
             else:
-                row = await store_of((firing,), self._store).find(t.owner, t.key)
+                if (store := stores.get(firing)) is None:
+                    store = stores[firing] = store_of((firing,), self._store)
+                row = await store.find(t.owner, t.key)
             if loaded is not None and row is not None and row.same_as_loaded(loaded):
                 kept.append(t)
             elif firing is not None:

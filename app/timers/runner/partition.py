@@ -51,7 +51,13 @@ class InProcessTargets:
         target = timer.target
         if target.context != self.context or target.aggregate != self.aggregate:
             return False
-        return target == timer.owner or partition_of(target.id, self.partitions) == timer.partition
+        # Identity first: a row whose target is its owner holds one object for both (rowload).
+        owner = timer.owner
+        return (
+            target is owner
+            or target == owner
+            or partition_of(target.id, self.partitions) == timer.partition
+        )
 
 
 class PartitionFiring:

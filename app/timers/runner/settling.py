@@ -16,6 +16,7 @@ from app.timers.runner.decisions import Decision, expire_or_claim, guarded, unpa
 from app.timers.runner.options import TimerOptions
 from app.timers.runner.ports import FiringStore
 from app.timers.runner.stats import RoundStats
+from tables.copies import change_of
 from tables.exceptions import StoreError
 from tables.ledger import FailureLedger
 from tables.refs import AggregateRef
@@ -107,7 +108,7 @@ async def settle_exactly(
 
 def from_loaded(change: TimerChange | None, loaded: Timer) -> TimerChange | None:
     """`change` made against the row as loaded rather than the claim (never written)."""
-    return None if change is None else TimerChange(loaded=loaded, next=change.next)
+    return None if change is None else change_of(loaded, change.next)
 
 
 def reclaim(timer: Timer, now: int, options: TimerOptions) -> Decision:
