@@ -268,14 +268,14 @@ def restored_index_as_is(partition: int, key: bytes, value: bytes) -> bytes | No
             ok = _COMMANDS.get(raw)
             if not (ok or (ok is None and _kept(_COMMANDS, raw, _command_ok(raw)))):
                 return None
-            _last[0] = command
+            _last[0] = msgspec.Raw(raw)  # a copy: a caller's buffer may change
         rule = row.rule
         if rule != _last[1]:
             raw = bytes(rule)
             ok = _RULES.get(raw)
             if not (ok or (ok is None and _kept(_RULES, raw, _rule_bytes_ok(raw)))):
                 return None
-            _last[1] = rule
+            _last[1] = msgspec.Raw(raw)
         status = row.status
         if (status == "PENDING" or status == "FIRING") and "\x00" not in row.id:
             # `order_key` inlined (the common row, an id without NUL to escape): due_at is

@@ -4,6 +4,7 @@ one built from other bytes."""
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from pathlib import Path
 
 import pytest
@@ -38,12 +39,29 @@ def test_a_corrupt_row_is_named_as_asked_and_not_kept() -> None:
 
 
 def test_it_holds_at_most_its_limit(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(recent_rows, "_ROWS", {})
+    monkeypatch.setattr(recent_rows, "_ROWS", OrderedDict())
+    monkeypatch.setattr(recent_rows, "_held_bytes", 0)
     monkeypatch.setattr(recent_rows, "LIMIT", 3)
     timers = [timer(n, 0, 100 + n) for n in range(5)]
     for t in timers:
         load_at(t.id.encode(), encode_timer(t), 0)
     assert list(recent_rows._ROWS) == [b"t2", b"t3", b"t4"]
+
+
+def test_it_holds_at_most_its_bytes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rows may be up to a MiB each: the bytes kept are bounded too, and counted right
+    through rows written over and forgotten."""
+    monkeypatch.setattr(recent_rows, "_ROWS", OrderedDict())
+    monkeypatch.setattr(recent_rows, "_held_bytes", 0)
+    values = {t.id.encode(): encode_timer(t) for t in (timer(n, 0, 100 + n) for n in range(6))}
+    size = max(len(v) for v in values.values())
+    monkeypatch.setattr(recent_rows, "LIMIT_BYTES", 3 * size)
+    for key, value in values.items():
+        load_at(key, value, 0)
+        load_at(key, value, 0)  # the same row again: not counted twice
+    assert list(recent_rows._ROWS) == [b"t3", b"t4", b"t5"]
+    recent_rows.forget(b"t4")
+    assert recent_rows._held_bytes == len(values[b"t3"]) + len(values[b"t5"])
 
 
 async def test_a_read_after_a_settle_gives_the_row_as_written(tmp_path: Path) -> None:

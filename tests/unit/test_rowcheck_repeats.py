@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from tables import AggregateRef, CommandSpec, IntervalRule, Timer
+from tables import AggregateRef, CommandSpec, IntervalRule, Timer, rowcheck
 from tables.keys import encode_timer, index_key, row_key
 from tables.rowcheck import _fast_index, restored_index
 
@@ -53,3 +53,14 @@ def test_a_good_command_with_a_bad_rule_is_refused() -> None:
 def test_an_id_with_a_nul_is_indexed_escaped() -> None:
     timer = GOOD.model_copy(update={"id": "a\x00b"})
     assert _fast_index(0, KEY, encode_timer(timer)) == index_key(timer, KEY)
+
+
+def test_bytes_taken_are_kept_as_a_copy_not_a_view_of_the_callers_buffer() -> None:
+    """A caller that hands a buffer and changes it after: the last command taken is still
+    the one checked, so a bad command written into that buffer is checked, and refused."""
+    rowcheck._last[:] = [None, None]  # taken from this buffer, not from an earlier test
+    buffer = bytearray(encode_timer(GOOD))
+    assert _fast_index(0, KEY, buffer) == index_key(GOOD, KEY)  # type: ignore[arg-type]
+    at = buffer.index(b'{"n":1}')
+    buffer[at : at + 7] = b"[1,222]"  # a body that is no object, of the same length
+    assert _fast_index(0, KEY, bytes(buffer)) is None
