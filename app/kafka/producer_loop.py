@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import sys
 import threading
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any, TypeVar
@@ -37,11 +38,18 @@ _LOCK = threading.Lock()
 _LOOP: list[asyncio.AbstractEventLoop] = []
 
 
+SWITCH_INTERVAL_S = 0.001
+"""The process's GIL switch interval once the loop runs (Python's default is 5 ms): a turn
+of the loop that waits for the GIL while the node's loop computes waits this long at most,
+and a commit takes ~24 of them."""
+
+
 def kafka_loop() -> asyncio.AbstractEventLoop:
     """The process's loop for its producers' clients, in a daemon thread started at the
     first call (one for all: each client's work is a few requests at a time)."""
     with _LOCK:
         if not _LOOP or _LOOP[0].is_closed():
+            sys.setswitchinterval(min(sys.getswitchinterval(), SWITCH_INTERVAL_S))
             loop = asyncio.new_event_loop()
             threading.Thread(target=loop.run_forever, name="tickwheel-kafka", daemon=True).start()
             _LOOP[:] = [loop]
