@@ -17,7 +17,8 @@ from app.kafka.connection import Connectable, address
 from app.kafka.consumers import GroupConsumer, PartitionReader, Reader
 from app.kafka.ports import Assigned, ReaderClient, TransactionalWriter
 from app.kafka.probe import api_versions_probe, check_access
-from app.kafka.producers import Producer, TransactionalProducer
+from app.kafka.producer_loop import OwnLoopProducer
+from app.kafka.producers import TRANSACTION_BATCH_BYTES, Producer
 from app.kafka.records import Replication, TopicSpec
 
 __all__ = ["KafkaAdmin", "KafkaClient", "KafkaClients"]
@@ -130,7 +131,13 @@ class KafkaClients:
             from app.kafka.rdkafka_writer import RdkafkaTransactionalWriter
 
             return RdkafkaTransactionalWriter(self.bootstrap, transactional_id, **batch)
-        return TransactionalProducer(self.bootstrap, transactional_id, topics=topics, **batch)
+        # its client on a loop of its own: a commit's turns never wait for the node's
+        return OwnLoopProducer(
+            self.bootstrap,
+            transactional_id,
+            topics=topics,
+            max_batch_bytes=TRANSACTION_BATCH_BYTES if max_batch_bytes is None else max_batch_bytes,
+        )
 
     def reader(self) -> ReaderClient:
         if self.client == "confluent":
