@@ -275,7 +275,7 @@ class TracedCluster(Cluster):
 
 class WarmCluster(Cluster):
     """A `Cluster` whose workers run under `bench.txn_steps` untraced: for its experiments
-    (`TW_WARM_TOPICS`, `TW_THREADED_PRODUCERS`)."""
+    (`TW_WARM_TOPICS`)."""
 
     worker_module = "bench.txn_steps"
 

@@ -153,7 +153,7 @@ class Setup:
         self.bootstrap = kafka.bootstrap_servers
         self.args = args
         self.context = new_bench_context(kind)
-        experiments = ("TW_WARM_TOPICS=", "TW_THREADED_PRODUCERS=")
+        experiments = ("TW_WARM_TOPICS=",)
         experiment = any(kv.startswith(experiments) for kv in args.worker_env)
         cluster_type = TracedCluster if args.trace else WarmCluster if experiment else Cluster
         self.cluster = cluster_type(

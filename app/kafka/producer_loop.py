@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import sys
 import threading
 from collections.abc import Awaitable, Callable, Iterable, Sequence
@@ -34,8 +35,15 @@ __all__ = ["OwnLoopProducer", "kafka_loop", "on_loop"]
 
 T = TypeVar("T")
 
+logger = logging.getLogger(__name__)
+
 _LOCK = threading.Lock()
-_LOOP: list[asyncio.AbstractEventLoop] = []
+_LOOP: list[tuple[asyncio.AbstractEventLoop, threading.Thread]] = []
+
+CANCEL_WAIT_S = 10.0
+"""How long a cancelled caller waits for its producer's call to end (its abort: 5 s at
+most) before its cancellation goes on anyway, loudly: a loop that no longer runs (its
+thread ended) never answers, and a caller must not wait for ever."""
 
 
 SWITCH_INTERVAL_S = 0.001
@@ -44,16 +52,30 @@ of the loop that waits for the GIL while the node's loop computes waits this lon
 and a commit takes ~24 of them."""
 
 
+def _serve(loop: asyncio.AbstractEventLoop) -> None:
+    try:
+        loop.run_forever()
+    finally:  # only if something escaped the loop (a SystemExit raised in a callback)
+        logger.error("the producers' event loop ended; producers made later run on a new one")
+
+
 def kafka_loop() -> asyncio.AbstractEventLoop:
     """The process's loop for its producers' clients, in a daemon thread started at the
-    first call (one for all: each client's work is a few requests at a time)."""
+    first call (one for all: each client's work is a few requests at a time); a new one if
+    that thread ended (its producers' callers give up at their deadlines, `on_loop`, and
+    their partitions are taken afresh, with producers made here)."""
     with _LOCK:
-        if not _LOOP or _LOOP[0].is_closed():
+        if not _LOOP or _LOOP[0][0].is_closed() or not _LOOP[0][1].is_alive():
+            if _LOOP and not _LOOP[0][0].is_running():
+                _LOOP[0][0].close()  # its thread ended: what it held is dropped
             sys.setswitchinterval(min(sys.getswitchinterval(), SWITCH_INTERVAL_S))
             loop = asyncio.new_event_loop()
-            threading.Thread(target=loop.run_forever, name="tickwheel-kafka", daemon=True).start()
-            _LOOP[:] = [loop]
-        return _LOOP[0]
+            thread = threading.Thread(
+                target=_serve, args=(loop,), name="tickwheel-kafka", daemon=True
+            )
+            thread.start()
+            _LOOP[:] = [(loop, thread)]
+        return _LOOP[0][0]
 
 
 def _copy(source: asyncio.Future[T], done: asyncio.Future[T]) -> None:
@@ -71,8 +93,8 @@ def _copy(source: asyncio.Future[T], done: asyncio.Future[T]) -> None:
 async def on_loop(loop: asyncio.AbstractEventLoop, call: Callable[[], Awaitable[T]]) -> T:
     """Runs `call()` as a task of `loop` (another thread's) and returns what it returned,
     or raises what it raised. Cancelled, the task is cancelled and waited for to its end
-    before the cancellation goes on: what it does on its way out (an abort) is never cut
-    off from its caller."""
+    (`CANCEL_WAIT_S` at most) before the cancellation goes on: what it does on its way out
+    (an abort) is not cut off from its caller. A second cancel meanwhile ends the wait."""
     here = asyncio.get_running_loop()
     done: asyncio.Future[T] = here.create_future()
     tasks: list[asyncio.Task[T]] = []
@@ -94,8 +116,15 @@ async def on_loop(loop: asyncio.AbstractEventLoop, call: Callable[[], Awaitable[
         return await asyncio.shield(done)
     except asyncio.CancelledError:
         # `begin` ran before this (the loop runs its callbacks in order).
-        loop.call_soon_threadsafe(lambda: tasks[0].cancel())
-        await asyncio.wait([done])
+        with contextlib.suppress(RuntimeError):  # its loop closed: nothing runs there
+            loop.call_soon_threadsafe(lambda: tasks[0].cancel())
+        await asyncio.wait([done], timeout=CANCEL_WAIT_S)
+        if not done.done():
+            logger.error(
+                "a producer's call did not end within %g s of its cancel: its loop is stuck "
+                "or ended; the caller goes on",
+                CANCEL_WAIT_S,
+            )
         raise
 
 

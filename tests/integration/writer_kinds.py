@@ -8,13 +8,14 @@ from collections.abc import Callable
 
 import pytest
 
-from app.kafka import TransactionalProducer, TransactionalWriter
+from app.kafka import TransactionalWriter
+from app.kafka.producer_loop import OwnLoopProducer
 from app.kafka.rdkafka_writer import RdkafkaTransactionalWriter
 
 MakeWriter = Callable[..., TransactionalWriter]
 
 WRITERS: dict[str, MakeWriter] = {
-    "aiokafka": TransactionalProducer,
+    "aiokafka": OwnLoopProducer,  # aiokafka's on the producers' loop, as a node makes it
     "confluent": RdkafkaTransactionalWriter,
 }
 

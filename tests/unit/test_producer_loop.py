@@ -13,7 +13,7 @@ from typing import cast
 import pytest
 
 from app.errors import Fenced, KafkaUnavailable
-from app.kafka import KafkaClients, OutRecord, TransactionalProducer
+from app.kafka import KafkaClients, OutRecord, TransactionalProducer, producer_loop
 from app.kafka.producer_loop import SWITCH_INTERVAL_S, OwnLoopProducer, kafka_loop
 
 
@@ -131,3 +131,37 @@ def test_its_loop_waits_for_the_gil_a_millisecond_at_most() -> None:
     p99 (docs/performance.md)."""
     kafka_loop()
     assert sys.getswitchinterval() <= SWITCH_INTERVAL_S
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")  # its end
+async def test_a_loop_whose_thread_ended_is_replaced_and_its_callers_give_up(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The producers' loop thread ended (a SystemExit escaped it: not closed, not running):
+    a call waits only until its caller's deadline, its cancel only `CANCEL_WAIT_S`, and
+    producers made later get a new loop, which runs their calls."""
+    monkeypatch.setattr(producer_loop, "CANCEL_WAIT_S", 0.2)
+    inner = FakeInner()
+    p = producer(inner)
+    await p.start()
+    dead = kafka_loop()
+
+    def end_thread() -> None:
+        raise SystemExit
+
+    dead.call_soon_threadsafe(end_thread)
+    for _ in range(200):
+        if not producer_loop._LOOP[0][1].is_alive():
+            break
+        await asyncio.sleep(0.01)
+    assert not producer_loop._LOOP[0][1].is_alive() and not dead.is_closed()
+    with pytest.raises(TimeoutError):
+        async with asyncio.timeout(0.1):  # its deadline; its cancel waits 0.2 s, no more
+            await p.commit([("t", 3, b"k", b"v")], {}, "g")
+    assert kafka_loop() is not dead
+    again = FakeInner()
+    fresh = producer(again)
+    await fresh.start()
+    assert await fresh.commit([("t", 3, b"k", b"v")], {}, "g") == [0]
+    assert [loop for _, _, loop in again.calls] == [kafka_loop()] * 2
+    await fresh.stop()
