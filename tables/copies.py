@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from tables.rowload import _new, _set_dict, _set_extra, _set_fields, _set_private
+from tables.rowload import _model
 from tables.timer import Timer, TimerChange
 
 __all__ = ["change_of", "copied"]
@@ -26,20 +26,15 @@ _CHANGE_FIELDS = frozenset(TimerChange.model_fields)
 def copied(timer: Timer, update: Mapping[str, Any]) -> Timer:
     """`timer.model_copy(update=update)`: the same fields, fields set and (empty) extras.
     As with `model_copy`, `update` is not validated: its values must be the fields' types."""
-    made = _new(Timer)
-    _set_dict(made, {**timer.__dict__, **update})
-    _set_fields(made, timer.__pydantic_fields_set__ | update.keys())
-    # A Timer forbids extras and holds no private attributes: None, as pydantic copies them.
-    _set_extra(made, None)
-    _set_private(made, None)
+    # A Timer forbids extras and holds no private attributes: `_model` sets both None, as
+    # pydantic copies them.
+    made: Timer = _model(
+        Timer, {**timer.__dict__, **update}, timer.__pydantic_fields_set__ | update.keys()
+    )
     return made
 
 
 def change_of(loaded: Timer, next: Timer) -> TimerChange:
     """`TimerChange(loaded=loaded, next=next)` of two Timers."""
-    made = _new(TimerChange)
-    _set_dict(made, {"loaded": loaded, "next": next})
-    _set_fields(made, set(_CHANGE_FIELDS))
-    _set_extra(made, None)
-    _set_private(made, None)
+    made: TimerChange = _model(TimerChange, {"loaded": loaded, "next": next}, set(_CHANGE_FIELDS))
     return made
