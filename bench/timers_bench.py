@@ -87,8 +87,12 @@ class Fired:
         self.applied: dict[str, tuple[int, int, int, float]] = {}
         self.duplicates = 0
         self.settled: dict[bytes, float] = {}
-        # request id of the first slot -> when its PENDING row (the put) was read
+        # request id of the first slot -> when the worker wrote its PENDING row (the put:
+        # the record's timestamp, not when the bench read it, which the bench's own lag
+        # would inflate)
         self.stored: dict[str, float] = {}
+        # how long after it was written each PENDING row was read (the tails' own lag)
+        self.read_lag_ms: list[float] = []
 
     def on_events(self, partition: int, records: list[Any], received: float) -> None:
         for r in records:
@@ -108,7 +112,8 @@ class Fired:
             if b'"status":"FIRED"' in r.value:
                 self.settled.setdefault(r.key, received)
             elif b'"status":"PENDING"' in r.value:
-                self.stored.setdefault(orjson.loads(r.value)["id"] + "#0", received)
+                self.stored.setdefault(orjson.loads(r.value)["id"] + "#0", r.timestamp / 1e3)
+                self.read_lag_ms.append(received * 1e3 - r.timestamp)
 
 
 class Scheduler:
@@ -310,6 +315,9 @@ async def burst(kafka: KafkaConnection, base: Path, args: argparse.Namespace) ->
             "all_applied_after_t0_s": round(applied_at - t0 / 1000, 2),
             "all_settled_after_t0_s": round(settled_at - t0 / 1000, 2),
             "workers_settled_s": round(settled_s, 1),
+            # From a PENDING row's write to the bench reading it: the bench's own lag (not
+            # in any figure above), with its commit's.
+            "bench_read_lag": percentiles(s.fired.read_lag_ms),
             "cpu": cpu.figures,
             **({"trace_worker1": traced_worker.diff(traced, trace)} if trace else {}),
             **({"transactions_at_t0": txns} if txns else {}),
@@ -386,8 +394,9 @@ async def lateness(kafka: KafkaConnection, base: Path, args: argparse.Namespace)
             "duplicates": s.fired.duplicates,
             "applied_per_s": round(len(rows) / span, 1) if span else None,
             "lateness": _lateness(rows),
-            # From the bench writing the ScheduleSet to reading its PENDING changelog row: how
-            # far behind the timers subscription was (lateness includes it when > lead).
+            # From the bench writing the ScheduleSet to the worker writing its PENDING
+            # changelog row: how far behind the timers subscription was (lateness includes
+            # it when > lead).
             "put_lag": percentiles(
                 [
                     s.fired.stored[i] * 1e3 - (r[2] - args.lead_ms)
@@ -402,7 +411,7 @@ async def lateness(kafka: KafkaConnection, base: Path, args: argparse.Namespace)
                 and (r := s.fired.applied.get(i))
                 and s.fired.stored[i] * 1e3 > r[2]
             ),
-            # From reading the PENDING row (or the due time, if later) to the target applying it.
+            # From the PENDING row's write (or the due time, if later) to the target applying it.
             "fire_lag": percentiles(
                 [
                     r[1] - max(r[2], s.fired.stored[i] * 1e3)
@@ -410,6 +419,9 @@ async def lateness(kafka: KafkaConnection, base: Path, args: argparse.Namespace)
                     if i in s.fired.stored and (r := s.fired.applied.get(i))
                 ]
             ),
+            # From a PENDING row's write to the bench reading it: the bench's own lag (not
+            # in any figure above), with its commit's.
+            "bench_read_lag": percentiles(s.fired.read_lag_ms),
             "cpu": cpu.figures,
             **({"trace_worker1": traced_worker.diff(traced, trace)} if trace else {}),
         }

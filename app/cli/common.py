@@ -196,7 +196,10 @@ def clients_for(settings: Settings) -> KafkaClients:
     """The clients of the settings' cluster (none started): what the commands hand to the
     tools below the CLI, which reach Kafka through the ports only."""
     return KafkaClients(
-        settings.kafka, replication=settings.replication, client=settings.kafka_client
+        settings.kafka,
+        replication=settings.replication,
+        client=settings.kafka_client,
+        producer_thread=settings.producer_thread,
     )
 
 

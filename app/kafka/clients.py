@@ -18,7 +18,7 @@ from app.kafka.consumers import GroupConsumer, PartitionReader, Reader
 from app.kafka.ports import Assigned, ReaderClient, TransactionalWriter
 from app.kafka.probe import api_versions_probe, check_access
 from app.kafka.producer_loop import OwnLoopProducer
-from app.kafka.producers import TRANSACTION_BATCH_BYTES, Producer
+from app.kafka.producers import TRANSACTION_BATCH_BYTES, Producer, TransactionalProducer
 from app.kafka.records import Replication, TopicSpec
 
 __all__ = ["KafkaAdmin", "KafkaClient", "KafkaClients"]
@@ -106,6 +106,7 @@ class KafkaClients:
         replication: Replication | None = None,
         *,
         client: KafkaClient = "aiokafka",
+        producer_thread: bool = False,
     ) -> None:
         if client not in get_args(KafkaClient):
             raise ValueError(f"Kafka client {client!r}: aiokafka or confluent")
@@ -116,6 +117,8 @@ class KafkaClients:
         self.bootstrap = bootstrap
         self.replication = replication
         self.client: KafkaClient = client
+        # aiokafka's transactional producers on a loop of their own (`OwnLoopProducer`)
+        self.producer_thread = producer_thread
 
     def transactional_writer(
         self,
@@ -131,12 +134,14 @@ class KafkaClients:
             from app.kafka.rdkafka_writer import RdkafkaTransactionalWriter
 
             return RdkafkaTransactionalWriter(self.bootstrap, transactional_id, **batch)
-        # its client on a loop of its own: a commit's turns never wait for the node's
-        return OwnLoopProducer(
-            self.bootstrap,
-            transactional_id,
-            topics=topics,
-            max_batch_bytes=TRANSACTION_BATCH_BYTES if max_batch_bytes is None else max_batch_bytes,
+        size = TRANSACTION_BATCH_BYTES if max_batch_bytes is None else max_batch_bytes
+        if self.producer_thread:
+            # its client on a loop of its own: a commit's turns never wait for the node's
+            return OwnLoopProducer(
+                self.bootstrap, transactional_id, topics=topics, max_batch_bytes=size
+            )
+        return TransactionalProducer(
+            self.bootstrap, transactional_id, topics=topics, max_batch_bytes=size
         )
 
     def reader(self) -> ReaderClient:

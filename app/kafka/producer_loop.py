@@ -1,5 +1,7 @@
 """A partition's transactional producer whose client runs on an event loop of its own
-(`OwnLoopProducer`), the loop of a thread that does nothing else (`kafka_loop`).
+(`OwnLoopProducer`), the loop of a thread that does nothing else (`kafka_loop`): what
+`KafkaClients(producer_thread=True)` makes (`TICKWHEEL_PRODUCER_THREAD`; off by default,
+as the trade-off below costs a saturated steady load more than it gains).
 
 aiokafka takes a commit through ~24 turns of the event loop its client was made on (the
 tasks and futures of AddPartitionsToTxn, Produce, the flush before EndTxn, EndTxn). On a
@@ -14,6 +16,11 @@ loop at the start, and each call is handed over to it and waited for, one at a t
 the callers make them. A caller that gives up (cancelled: a deadline, a partition's close)
 has the producer's call cancelled and waits for it to end (its abort), as when it ran on
 the caller's loop: a commit never ends for its caller while its producer is mid-way.
+
+What it costs: the loop's thread takes the GIL whenever a commit wants it, so at a steady
+load that saturates the machine the node's firing waits behind commit work it would
+otherwise have run first (5,000 timers/s on two cores: lateness p50 and p99 ~1.5-2x
+worse, docs/performance.md).
 """
 
 from __future__ import annotations

@@ -230,7 +230,11 @@ class Commits:
         return None if task is None else task.commits
 
     def in_flight(self, kept: KeptType, p: int) -> bool:
-        return (own := self._of(p)) is not None and own.running(kept) is not None
+        return self.running(kept, p) is not None
+
+    def running(self, kept: KeptType, p: int) -> asyncio.Task[bool] | None:
+        """p's commit of `kept` in flight, if any (a burst's timer loop waits for its first)."""
+        return None if (own := self._of(p)) is None else own.running(kept)
 
     def landed(self, kept: KeptType, p: int) -> int:
         """How many of p's commits of `kept` committed since its task took p (a burst's

@@ -79,7 +79,10 @@ class Node:
         self.topics = [parse_aggregate_type(n) for n in names]
         # Kafka's clients at the settings' address, unless others are given (a MemoryLog).
         self.clients: Clients = clients or KafkaClients(
-            settings.kafka, replication=settings.replication, client=settings.kafka_client
+            settings.kafka,
+            replication=settings.replication,
+            client=settings.kafka_client,
+            producer_thread=settings.producer_thread,
         )
         self._admin = self.clients.admin()
         self.producer = self.clients.publisher()

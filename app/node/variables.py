@@ -38,6 +38,7 @@ VARIABLES: Final[Mapping[str, str]] = {
     "max_key_bytes": "TICKWHEEL_MAX_KEY_BYTES",
     "max_record_bytes": "TICKWHEEL_MAX_RECORD_BYTES",
     "kafka_client": "TICKWHEEL_KAFKA_CLIENT",
+    "producer_thread": "TICKWHEEL_PRODUCER_THREAD",
     "log_level": "TICKWHEEL_LOG_LEVEL",
     "log_format": "TICKWHEEL_LOG_FORMAT",
     "security_protocol": "KAFKA_SECURITY_PROTOCOL",

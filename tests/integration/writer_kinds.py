@@ -1,5 +1,6 @@
-"""The transactional writers a real-broker test runs on: aiokafka's and librdkafka's, each
-made as `KafkaClients(client=...)` makes it (`make(bootstrap, transactional_id)`, with
+"""The transactional writers a real-broker test runs on: aiokafka's (on the caller's loop, or
+on the producers' own: `producer_thread`) and librdkafka's, each made as
+`KafkaClients(client=..., producer_thread=...)` makes it (`make(bootstrap, transactional_id)`, with
 `max_batch_bytes=` where a test sets it)."""
 
 from __future__ import annotations
@@ -10,12 +11,14 @@ import pytest
 
 from app.kafka import TransactionalWriter
 from app.kafka.producer_loop import OwnLoopProducer
+from app.kafka.producers import TransactionalProducer
 from app.kafka.rdkafka_writer import RdkafkaTransactionalWriter
 
 MakeWriter = Callable[..., TransactionalWriter]
 
 WRITERS: dict[str, MakeWriter] = {
-    "aiokafka": OwnLoopProducer,  # aiokafka's on the producers' loop, as a node makes it
+    "aiokafka": TransactionalProducer,  # on the node's loop, as a node makes it by default
+    "aiokafka-thread": OwnLoopProducer,  # on the producers' loop (TICKWHEEL_PRODUCER_THREAD)
     "confluent": RdkafkaTransactionalWriter,
 }
 

@@ -1,7 +1,8 @@
 """A partition's timer loop lets its burst's slice grow (`slow_start`) only once the first
 of the burst's commits of that partition landed (#20): until then its rounds stay small,
 so that the round trips of the first transactions, which fire the burst's first timers,
-wait behind small turns. Each partition's burst is its own (#19)."""
+wait behind small turns; and while that first commit is in flight it takes no slice at
+all. Each partition's burst is its own (#19)."""
 
 from __future__ import annotations
 
@@ -59,13 +60,19 @@ class BurstRunner:
 
 
 class FakeCommits:
-    """The commits of each partition that landed, as the loop reads them."""
+    """The commits of each partition that landed, and the one in flight, as the loop reads
+    them."""
 
     def __init__(self) -> None:
         self.landed_of: dict[int, int] = {0: 0, 1: 0}
+        self.in_flight: dict[int, asyncio.Future[bool]] = {}
 
     def landed(self, kept: object, p: int) -> int:
         return self.landed_of[p]
+
+    def running(self, kept: object, p: int) -> asyncio.Future[bool] | None:
+        commit = self.in_flight.get(p)
+        return None if commit is None or commit.done() else commit
 
 
 class Cycles:
@@ -156,3 +163,50 @@ async def test_a_burst_whose_first_commit_is_slow_grows_after_a_few_rounds_held(
     await loop.round()
     await loop.round()
     assert runner.grows[0] == [True, False, False, False, True, True]
+
+
+async def settle() -> None:
+    for _ in range(10):
+        await asyncio.sleep(0)
+
+
+async def test_a_burst_takes_no_slice_while_its_first_commit_is_in_flight() -> None:
+    runner, commits, cycles, loops = gated()
+    runner.due[0] = 6
+    runner.due[1] = 6
+    await loops[0].round()  # p0's burst begins: its first slice, fired in-process
+    await loops[1].round()
+    first = asyncio.get_running_loop().create_future()
+    commits.in_flight[0] = first  # the commit of that slice goes
+    commits.in_flight[1] = asyncio.get_running_loop().create_future()
+    held = asyncio.create_task(loops[0].round())
+    await settle()
+    assert not held.done() and runner.grows[0] == [True], "no round while it is in flight"
+    commits.landed_of[0] += 1
+    first.set_result(True)
+    await held
+    assert runner.grows[0] == [True, True], "its commit landed: the round goes on, grown"
+    assert cycles.fired == [0, 1, 0]
+    # Once one of its commits landed, a commit in flight holds no round of this burst.
+    commits.in_flight[0] = asyncio.get_running_loop().create_future()
+    await asyncio.wait_for(loops[0].round(), 1)
+
+
+async def test_a_first_commit_in_flight_past_the_hold_holds_no_round() -> None:
+    runner, commits, _, loops = gated()
+    runner.due[0] = 8
+    runner.clock.set(1_000)
+    await loops[0].round()  # the burst begins at 1,000
+    commits.in_flight[0] = asyncio.get_running_loop().create_future()  # never ends
+    runner.clock.advance(HELD_AT_MOST_MS)
+    await asyncio.wait_for(loops[0].round(), 1)
+    assert runner.grows[0] == [True, True], "held long enough: it grows, without the commit"
+
+
+async def test_a_round_without_a_burst_is_never_held() -> None:
+    runner, commits, _, loops = gated()
+    runner.due[0] = 1  # fewer than a round takes: no burst
+    commits.in_flight[0] = asyncio.get_running_loop().create_future()
+    await asyncio.wait_for(loops[0].round(), 1)
+    await asyncio.wait_for(loops[0].round(), 1)
+    assert runner.grows[0] == [True, True]

@@ -67,11 +67,18 @@ def producer(inner: FakeInner) -> OwnLoopProducer:
     )
 
 
-async def test_a_nodes_aiokafka_writer_is_a_transactional_producer_on_its_own_loop() -> None:
-    writer = KafkaClients("127.0.0.1:1").transactional_writer("g.shop.order.timers.3")
+async def test_with_producer_thread_a_writer_is_a_transactional_producer_on_its_own_loop() -> None:
+    clients = KafkaClients("127.0.0.1:1", producer_thread=True)
+    writer = clients.transactional_writer("g.shop.order.timers.3")
     assert isinstance(writer, OwnLoopProducer)
     assert isinstance(writer, TransactionalProducer)  # its tests' steps (`_append`)
     await writer.stop()  # never started: nothing to close
+
+
+async def test_by_default_a_writer_runs_on_the_callers_loop() -> None:
+    writer = KafkaClients("127.0.0.1:1").transactional_writer("g.shop.order.timers.3")
+    assert type(writer) is TransactionalProducer
+    await writer.stop()
 
 
 async def test_every_call_runs_on_the_producers_loop_not_the_callers() -> None:

@@ -1,4 +1,5 @@
-"""`TICKWHEEL_KAFKA_CLIENT`: which client the partitions' transactional producers use."""
+"""`TICKWHEEL_KAFKA_CLIENT`: which client the partitions' transactional producers use;
+`TICKWHEEL_PRODUCER_THREAD`: whether aiokafka's run on a loop of their own."""
 
 from __future__ import annotations
 
@@ -58,3 +59,24 @@ def test_the_commands_and_the_node_make_their_clients_with_it(
     monkeypatch.setattr("app.node.node.KafkaClients", made)
     Node(settings, SERVICE)
     assert asked == ["confluent"]
+
+
+def test_the_producer_thread_is_off_by_default_and_read_from_its_variable(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert Settings.from_env({}).producer_thread is False
+    assert clients_for(Settings.from_env({})).producer_thread is False
+    settings = Settings.from_env({"TICKWHEEL_PRODUCER_THREAD": "true"})
+    assert settings.producer_thread is True
+    assert clients_for(settings).producer_thread is True
+    asked: list[Any] = []
+
+    def made(*args: Any, **kwargs: Any) -> MemoryLog:
+        asked.append(kwargs.get("producer_thread"))
+        return MemoryLog()
+
+    monkeypatch.setattr("app.node.node.KafkaClients", made)
+    Node(settings, SERVICE)
+    assert asked == [True]
+    with pytest.raises(ConfigError, match="TICKWHEEL_PRODUCER_THREAD"):
+        Settings.from_env({"TICKWHEEL_PRODUCER_THREAD": "sometimes"})
