@@ -118,10 +118,6 @@ def experiments(names: str) -> None:
       `<group>.<ctx>.<agg>.timers.<p>`) linger 50 ms instead of 1 ms, so that the rows of
       one commit interval go out in a few produce requests instead of about one per
       store write (a commit still sends what waits at once: aiokafka closes the batches).
-    - `hold_first_commit`: in a burst, a partition's timer loop takes no further slice
-      while its burst's first commit is in flight (at most `HELD_AT_MOST_MS`), so that
-      the round trips of that commit do not wait behind turns of the loop spent on the
-      next slices (`app.node.partition_timers`, a change proposed to the timer loop).
     """
     for name in filter(None, (n.strip() for n in names.split(","))):
         if name == "changelog_linger":
@@ -157,29 +153,6 @@ def experiments(names: str) -> None:
                             future.set_result(result)
 
             sender.ResultsReader._run = _run  # type: ignore[method-assign]
-        elif name == "hold_first_commit":
-            import asyncio
-
-            from app.node import partition_timers
-            from app.timers.runner.slow_start import HELD_AT_MOST_MS
-
-            loop_type = partition_timers.PartitionTimerLoop
-            original_round = loop_type.round
-
-            async def held(self: Any, original_round: Any = original_round) -> Any:
-                kept = self._types.get(self._type_name)
-                own = None if kept is None else self._commits._of(self.p)
-                if (
-                    own is not None
-                    and self.firing.rounds.bursting
-                    and self._landed_before is not None
-                    and own.landed[kept.name] <= self._landed_before
-                    and (commit := own.running(kept)) is not None
-                ):
-                    await asyncio.wait([commit], timeout=HELD_AT_MOST_MS / 1000)
-                return await original_round(self)
-
-            loop_type.round = held  # type: ignore[method-assign]
         elif name == "batch1m":
             from app.kafka import producers
 

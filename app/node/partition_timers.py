@@ -130,7 +130,8 @@ class PartitionTimerLoop(TimerLoop):
         return self._landed or self._clock.now() - self._began >= HELD_AT_MOST_MS
 
     async def round(self) -> RoundStats:
-        if not self._current():
+        await self._hold_for_first_commit()  # before the checks: its task may close meanwhile
+        if self._stopping or not self._current():
             self._stopping = True  # stopped: its task's next firing has a loop
             return RoundStats()
         if (fault := self.firing.fault) is not None:
@@ -139,7 +140,6 @@ class PartitionTimerLoop(TimerLoop):
             self._stopping = True
             self._owner.failed(f"the timer store of {self._type_name}", fault)
             return RoundStats()
-        await self._hold_for_first_commit()
         p = self.p
         async with self._runner.partition_round(
             p, grow=self._burst_may_grow(), of=self.firing
@@ -149,8 +149,10 @@ class PartitionTimerLoop(TimerLoop):
                 kept = self._types.get(self._type_name)
                 if self.firing.rounds.bursting and kept and self._landed_before is None:
                     # Before p's cycle can run (no await since its wake-up): a commit of
-                    # it that lands from now on is one of the burst's.
-                    self._landed_before = self._commits.landed(kept, p)
+                    # it that lands from now on is one of the burst's, but for one in
+                    # flight now (earlier work, none of the burst's timers).
+                    earlier = self._commits.running(kept, p) is not None
+                    self._landed_before = self._commits.landed(kept, p) + earlier
             if p in r.to_commit:
                 await self._commit_claims(r)
         self._fail_task(r)
@@ -162,15 +164,23 @@ class PartitionTimerLoop(TimerLoop):
         at most from the burst's start: the next slices' rounds and cycles would take the
         turns of the loop that its requests and their answers wait for (10,000 due at
         once, aiokafka's producers on the node's loop: first fire ~130 -> ~40 ms after
-        due, docs/performance.md). Its round goes on when the commit ends, however."""
-        if not self.firing.rounds.bursting or self._landed or self._landed_before is None:
-            return
-        kept = self._types.get(self._type_name)
-        if kept is None or self._commits.landed(kept, self.p) > self._landed_before:
-            return
-        left_ms = HELD_AT_MOST_MS - (self._clock.now() - self._began)
-        if left_ms > 0 and (commit := self._commits.running(kept, self.p)) is not None:
-            await asyncio.wait([commit], timeout=left_ms / 1000)
+        due, docs/performance.md). A commit of earlier work still in flight is waited
+        for, then the burst's own if it follows at once; its round goes on when none is in
+        flight, or the time is up."""
+        # Clamped: a wall clock stepped back never holds it longer; then timed by the loop.
+        left_ms = min(HELD_AT_MOST_MS, HELD_AT_MOST_MS - (self._clock.now() - self._began))
+        loop = asyncio.get_running_loop()
+        until = loop.time() + left_ms / 1000
+        while not self._stopping:
+            if not self.firing.rounds.bursting or self._landed or self._landed_before is None:
+                return
+            kept = self._types.get(self._type_name)
+            if kept is None or self._commits.landed(kept, self.p) > self._landed_before:
+                return
+            commit = self._commits.running(kept, self.p)
+            if (left := until - loop.time()) <= 0 or commit is None:
+                return
+            await asyncio.wait([commit], timeout=left)
 
     async def _commit_claims(self, r: Round) -> None:
         """Commits the round's claims in p's transaction (its task's, only while it runs

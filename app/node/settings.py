@@ -122,10 +122,10 @@ class Settings(BaseSettings):
     producer_thread: bool = False
     """`aiokafka` only: the partitions' transactional producers run on an event loop of
     their own, in one thread, not on the node's. A commit's ~24 turns of the loop then
-    never wait behind the partitions' work, so a burst's first fire lands ~4x sooner
-    (31 against ~130 ms after due at 10,000 due at once); but commits then take the GIL
-    from the firing as often as they want it, and at a saturated steady load (5,000/s on
-    two cores) lateness p50 and p99 were ~1.5-2x worse (docs/performance.md)."""
+    never wait behind the partitions' work, so a burst's first fire lands a little
+    sooner (33-38 against 41-55 ms after due at 10,000 due at once); but commits then
+    take the GIL from the firing as often as they want it, and at a saturated steady load
+    (5,000/s on two cores) lateness p50 and p99 were ~1.5-2x worse (docs/performance.md)."""
     log_level: LogLevel = "INFO"
     """The level of the process's log (any case in the environment)."""
     log_format: LogFormat = "text"

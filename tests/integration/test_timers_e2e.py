@@ -293,3 +293,16 @@ async def test_kill_9_with_librdkafka_producers(kafka_bootstrap: str, tmp_path: 
     finally:
         c.stop_all()
     assert stats["kills"] >= 5 and stats["timers"] >= 900
+
+
+async def test_kill_9_with_the_producer_thread(kafka_bootstrap: str, tmp_path: Path) -> None:
+    """The same guarantees with aiokafka's producers on a loop of their own
+    (`TICKWHEEL_PRODUCER_THREAD=true`; off by default): a kill leaves a transaction open
+    on that loop, which the next owner's fences and aborts."""
+    env = {"TICKWHEEL_TIMER_OPTIONS": OPTIONS, "TICKWHEEL_PRODUCER_THREAD": "true"}
+    c = Cluster(kafka_bootstrap, tmp_path, partitions=8, env=env)
+    try:
+        stats = await run_scenario(c, owners=20, per_owner=50, spread_ms=10_000, chaos="kill")
+    finally:
+        c.stop_all()
+    assert stats["kills"] >= 5 and stats["timers"] >= 900

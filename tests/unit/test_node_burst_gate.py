@@ -11,8 +11,10 @@ import contextlib
 from collections.abc import AsyncIterator, Mapping
 from typing import Any, cast
 
+import pytest
 from fakes_node import FakeClock
 
+from app.node import partition_timers
 from app.node.commits import Commits
 from app.node.cycles import PartitionCycles
 from app.node.partition_timers import PartitionTimerLoop, TypeLoops
@@ -170,26 +172,76 @@ async def settle() -> None:
         await asyncio.sleep(0)
 
 
+QUICK_S = 0.05
+"""Well under the hold's 300 ms: a round that ends within it was not held."""
+
+
+@pytest.fixture
+def long_hold(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A hold's bound far beyond any stall of a loaded machine: what ends a hold in these
+    tests is the commit, never its time."""
+    monkeypatch.setattr(partition_timers, "HELD_AT_MOST_MS", 60_000)
+
+
+def pending() -> asyncio.Future[bool]:
+    return asyncio.get_running_loop().create_future()
+
+
+@pytest.mark.usefixtures("long_hold")
 async def test_a_burst_takes_no_slice_while_its_first_commit_is_in_flight() -> None:
     runner, commits, cycles, loops = gated()
     runner.due[0] = 6
     runner.due[1] = 6
     await loops[0].round()  # p0's burst begins: its first slice, fired in-process
     await loops[1].round()
-    first = asyncio.get_running_loop().create_future()
-    commits.in_flight[0] = first  # the commit of that slice goes
-    commits.in_flight[1] = asyncio.get_running_loop().create_future()
+    first = commits.in_flight[0] = pending()  # the commit of that slice goes
+    commits.in_flight[1] = pending()  # another partition's: never holds p0
     held = asyncio.create_task(loops[0].round())
     await settle()
     assert not held.done() and runner.grows[0] == [True], "no round while it is in flight"
     commits.landed_of[0] += 1
     first.set_result(True)
-    await held
+    await asyncio.wait_for(held, QUICK_S)
     assert runner.grows[0] == [True, True], "its commit landed: the round goes on, grown"
     assert cycles.fired == [0, 1, 0]
     # Once one of its commits landed, a commit in flight holds no round of this burst.
-    commits.in_flight[0] = asyncio.get_running_loop().create_future()
-    await asyncio.wait_for(loops[0].round(), 1)
+    commits.in_flight[0] = pending()
+    await asyncio.wait_for(loops[0].round(), QUICK_S)
+
+
+@pytest.mark.usefixtures("long_hold")
+async def test_a_commit_of_earlier_work_in_flight_is_not_the_bursts_first() -> None:
+    runner, commits, _, loops = gated()
+    earlier = commits.in_flight[0] = pending()  # p0's steady work, committing
+    runner.due[0] = 6
+    await loops[0].round()  # the burst begins while it is in flight
+    held = asyncio.create_task(loops[0].round())
+    await settle()
+    assert not held.done(), "the burst's first commit starts only after it"
+    commits.landed_of[0] += 1
+    earlier.set_result(True)
+    first = commits.in_flight[0] = pending()  # now the burst's own
+    await settle()
+    assert not held.done(), "the earlier commit landing is not the burst's"
+    commits.landed_of[0] += 1
+    first.set_result(True)
+    await asyncio.wait_for(held, QUICK_S)
+    assert runner.grows[0] == [True, True], "its own commit landed: it grows"
+
+
+@pytest.mark.usefixtures("long_hold")
+async def test_a_loop_ended_while_held_takes_no_round() -> None:
+    runner, commits, _, loops = gated()
+    runner.due[0] = 6
+    await loops[0].round()
+    first = commits.in_flight[0] = pending()
+    held = asyncio.create_task(loops[0].round())
+    await settle()
+    loops[0].end()  # its task closes while it waits
+    commits.landed_of[0] += 1
+    first.set_result(True)
+    await asyncio.wait_for(held, QUICK_S)
+    assert runner.grows[0] == [True], "no slice claimed for a closing task"
 
 
 async def test_a_first_commit_in_flight_past_the_hold_holds_no_round() -> None:
@@ -197,16 +249,28 @@ async def test_a_first_commit_in_flight_past_the_hold_holds_no_round() -> None:
     runner.due[0] = 8
     runner.clock.set(1_000)
     await loops[0].round()  # the burst begins at 1,000
-    commits.in_flight[0] = asyncio.get_running_loop().create_future()  # never ends
+    commits.in_flight[0] = pending()  # never ends
     runner.clock.advance(HELD_AT_MOST_MS)
-    await asyncio.wait_for(loops[0].round(), 1)
+    await asyncio.wait_for(loops[0].round(), QUICK_S)
     assert runner.grows[0] == [True, True], "held long enough: it grows, without the commit"
+
+
+async def test_a_wall_clock_stepped_back_holds_no_longer() -> None:
+    runner, commits, _, loops = gated()
+    runner.due[0] = 8
+    runner.clock.set(1_000_000)
+    await loops[0].round()
+    commits.in_flight[0] = pending()  # never ends
+    runner.clock.set(1_000)  # stepped back by ~1,000 s
+    done = asyncio.create_task(loops[0].round())
+    await asyncio.wait([done], timeout=HELD_AT_MOST_MS / 1000 + 1)
+    assert done.done(), "held its bound at most, not until the clock caught up"
 
 
 async def test_a_round_without_a_burst_is_never_held() -> None:
     runner, commits, _, loops = gated()
     runner.due[0] = 1  # fewer than a round takes: no burst
-    commits.in_flight[0] = asyncio.get_running_loop().create_future()
-    await asyncio.wait_for(loops[0].round(), 1)
-    await asyncio.wait_for(loops[0].round(), 1)
+    commits.in_flight[0] = pending()
+    await asyncio.wait_for(loops[0].round(), QUICK_S)
+    await asyncio.wait_for(loops[0].round(), QUICK_S)
     assert runner.grows[0] == [True, True]
