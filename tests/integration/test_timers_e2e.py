@@ -282,27 +282,26 @@ async def test_a_third_worker_joins_mid_run(cluster: Cluster) -> None:
     await run_scenario(cluster, owners=40, per_owner=50, spread_ms=12_000, chaos="join")
 
 
-async def test_kill_9_with_librdkafka_producers(kafka_bootstrap: str, tmp_path: Path) -> None:
-    """The same guarantees with the partitions' transactional producers over librdkafka
-    (`TICKWHEEL_KAFKA_CLIENT=confluent`): each kill leaves a producer's transaction open,
-    which the next owner's fences and aborts."""
-    env = {"TICKWHEEL_TIMER_OPTIONS": OPTIONS, "TICKWHEEL_KAFKA_CLIENT": "confluent"}
+async def kill_9_with(variables: dict[str, str], kafka_bootstrap: str, tmp_path: Path) -> None:
+    """The kill -9 scenario on a cluster of workers given `variables` as well."""
+    env = {"TICKWHEEL_TIMER_OPTIONS": OPTIONS, **variables}
     c = Cluster(kafka_bootstrap, tmp_path, partitions=8, env=env)
     try:
         stats = await run_scenario(c, owners=20, per_owner=50, spread_ms=10_000, chaos="kill")
     finally:
         c.stop_all()
     assert stats["kills"] >= 5 and stats["timers"] >= 900
+
+
+async def test_kill_9_with_librdkafka_producers(kafka_bootstrap: str, tmp_path: Path) -> None:
+    """The same guarantees with the partitions' transactional producers over librdkafka
+    (`TICKWHEEL_KAFKA_CLIENT=confluent`): each kill leaves a producer's transaction open,
+    which the next owner's fences and aborts."""
+    await kill_9_with({"TICKWHEEL_KAFKA_CLIENT": "confluent"}, kafka_bootstrap, tmp_path)
 
 
 async def test_kill_9_with_the_producer_thread(kafka_bootstrap: str, tmp_path: Path) -> None:
     """The same guarantees with aiokafka's producers on a loop of their own
     (`TICKWHEEL_PRODUCER_THREAD=true`; off by default): a kill leaves a transaction open
     on that loop, which the next owner's fences and aborts."""
-    env = {"TICKWHEEL_TIMER_OPTIONS": OPTIONS, "TICKWHEEL_PRODUCER_THREAD": "true"}
-    c = Cluster(kafka_bootstrap, tmp_path, partitions=8, env=env)
-    try:
-        stats = await run_scenario(c, owners=20, per_owner=50, spread_ms=10_000, chaos="kill")
-    finally:
-        c.stop_all()
-    assert stats["kills"] >= 5 and stats["timers"] >= 900
+    await kill_9_with({"TICKWHEEL_PRODUCER_THREAD": "true"}, kafka_bootstrap, tmp_path)

@@ -44,21 +44,28 @@ def test_confluent_without_its_package_is_an_error_saying_how_to_install_it(
         Settings.from_env({"TICKWHEEL_KAFKA_CLIENT": "confluent"})
 
 
+def node_clients_made(monkeypatch: pytest.MonkeyPatch, settings: Settings) -> list[Any]:
+    """What a node of `settings` asked its clients for (each `KafkaClients` made)."""
+    asked: list[Any] = []
+
+    def made(*args: Any, client: str, producer_thread: bool, **kwargs: Any) -> MemoryLog:
+        asked.append({"client": client, "producer_thread": producer_thread})
+        return MemoryLog()
+
+    monkeypatch.setattr("app.node.node.KafkaClients", made)
+    Node(settings, SERVICE)
+    return asked
+
+
 def test_the_commands_and_the_node_make_their_clients_with_it(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     settings = Settings.from_env({"TICKWHEEL_KAFKA_CLIENT": "confluent"})
     clients = clients_for(settings)
     assert isinstance(clients, KafkaClients) and clients.client == "confluent"
-    asked: list[Any] = []
-
-    def made(*args: Any, **kwargs: Any) -> MemoryLog:
-        asked.append(kwargs.get("client"))
-        return MemoryLog()
-
-    monkeypatch.setattr("app.node.node.KafkaClients", made)
-    Node(settings, SERVICE)
-    assert asked == ["confluent"]
+    assert node_clients_made(monkeypatch, settings) == [
+        {"client": "confluent", "producer_thread": False}
+    ]
 
 
 def test_the_producer_thread_is_off_by_default_and_read_from_its_variable(
@@ -69,14 +76,8 @@ def test_the_producer_thread_is_off_by_default_and_read_from_its_variable(
     settings = Settings.from_env({"TICKWHEEL_PRODUCER_THREAD": "true"})
     assert settings.producer_thread is True
     assert clients_for(settings).producer_thread is True
-    asked: list[Any] = []
-
-    def made(*args: Any, **kwargs: Any) -> MemoryLog:
-        asked.append(kwargs.get("producer_thread"))
-        return MemoryLog()
-
-    monkeypatch.setattr("app.node.node.KafkaClients", made)
-    Node(settings, SERVICE)
-    assert asked == [True]
+    assert node_clients_made(monkeypatch, settings) == [
+        {"client": "aiokafka", "producer_thread": True}
+    ]
     with pytest.raises(ConfigError, match="TICKWHEEL_PRODUCER_THREAD"):
         Settings.from_env({"TICKWHEEL_PRODUCER_THREAD": "sometimes"})
