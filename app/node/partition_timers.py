@@ -127,7 +127,8 @@ class PartitionTimerLoop(TimerLoop):
         if self._landed or kept is None or self._landed_before is None:
             return True
         self._landed = self._commits.landed(kept, self.p) > self._landed_before
-        return self._landed or self._clock.now() - self._began >= HELD_AT_MOST_MS
+        held_ms = self._clock.now() - self._began
+        return self._landed or not 0 <= held_ms < HELD_AT_MOST_MS  # < 0: the clock went back
 
     async def round(self) -> RoundStats:
         await self._hold_for_first_commit()  # before the checks: its task may close meanwhile
@@ -141,17 +142,18 @@ class PartitionTimerLoop(TimerLoop):
             self._owner.failed(f"the timer store of {self._type_name}", fault)
             return RoundStats()
         p = self.p
+        kept = self._types.get(self._type_name)
+        # A commit of p in flight before this round's claims: earlier work, none of them.
+        before = None if kept is None else self._commits.running(kept, p)
         async with self._runner.partition_round(
             p, grow=self._burst_may_grow(), of=self.firing
         ) as r:
             if p in r.in_process:
                 self._cycles.fire_local(self._type_name, p)
-                kept = self._types.get(self._type_name)
                 if self.firing.rounds.bursting and kept and self._landed_before is None:
-                    # Before p's cycle can run (no await since its wake-up): a commit of
-                    # it that lands from now on is one of the burst's, but for one in
-                    # flight now (earlier work, none of the burst's timers).
-                    earlier = self._commits.running(kept, p) is not None
+                    # A commit of p that lands from now on is one of the burst's, but for
+                    # the one in flight since before the claims, if it still is.
+                    earlier = before is not None and self._commits.running(kept, p) is before
                     self._landed_before = self._commits.landed(kept, p) + earlier
             if p in r.to_commit:
                 await self._commit_claims(r)
@@ -167,8 +169,10 @@ class PartitionTimerLoop(TimerLoop):
         due, docs/performance.md). A commit of earlier work still in flight is waited
         for, then the burst's own if it follows at once; its round goes on when none is in
         flight, or the time is up."""
-        # Clamped: a wall clock stepped back never holds it longer; then timed by the loop.
-        left_ms = min(HELD_AT_MOST_MS, HELD_AT_MOST_MS - (self._clock.now() - self._began))
+        # A wall clock stepped back since the burst began: its time is taken as up (never
+        # a hold of every round until the clock catches up); then timed by the loop.
+        elapsed_ms = self._clock.now() - self._began
+        left_ms = HELD_AT_MOST_MS - elapsed_ms if elapsed_ms >= 0 else 0
         loop = asyncio.get_running_loop()
         until = loop.time() + left_ms / 1000
         while not self._stopping:

@@ -28,6 +28,9 @@ class _Commits:
     def landed(self, kept: object, p: int) -> int:
         return 0
 
+    def running(self, kept: object, p: int) -> None:
+        return None  # no commit in flight
+
     async def commit_claims(self, kept: object, partitions: set[int]) -> None:
         pass
 
