@@ -71,6 +71,20 @@ def test_rocksdb_survives_reopen(tmp_path: Path) -> None:
     again.close()
 
 
+def test_rocksdb_request_ids_are_filtered(tmp_path: Path) -> None:
+    """Nearly every command's id was never applied: each partition's tables carry a bloom
+    filter, so such a miss reads no block of a level (`bench.dedupe_bench`). RocksDB
+    writes the options a DB was opened with beside it."""
+    s = RocksAggregateStore(tmp_path)
+    s.write(0, {}, [("a", "r")], 1)
+    s.close()
+    (options,) = sorted((tmp_path / "p0.db").glob("OPTIONS-*"))[-1:]
+    policies = [
+        line.strip() for line in options.read_text().splitlines() if "filter_policy" in line
+    ]
+    assert policies and all("bloomfilter" in line for line in policies), policies
+
+
 def test_two_tenants_aggregates_of_one_id_are_kept_apart() -> None:
     from app.commands.processor import state_key
     from tables import AggregateRef
