@@ -123,12 +123,24 @@ class PartitionTimerLoop(TimerLoop):
             self._landed = False
             self._began = self._clock.now()  # a burst that begins at this round, if one
             return True
+        return self._awaiting_first_commit() is None or self._held_left_ms() == 0
+
+    def _awaiting_first_commit(self) -> KeptType | None:
+        """The type, while its burst's first commit of p has not landed (None: no burst
+        under way fires here, or it landed: noted in `_landed` once seen)."""
+        if not self.firing.rounds.bursting or self._landed or self._landed_before is None:
+            return None
         kept = self._types.get(self._type_name)
-        if self._landed or kept is None or self._landed_before is None:
-            return True
+        if kept is None:
+            return None
         self._landed = self._commits.landed(kept, self.p) > self._landed_before
+        return None if self._landed else kept
+
+    def _held_left_ms(self) -> int:
+        """What is left of `HELD_AT_MOST_MS` since the burst began: 0 once up, and when the
+        wall clock stepped back since (never a hold until it catches up)."""
         held_ms = self._clock.now() - self._began
-        return self._landed or not 0 <= held_ms < HELD_AT_MOST_MS  # < 0: the clock went back
+        return HELD_AT_MOST_MS - held_ms if 0 <= held_ms < HELD_AT_MOST_MS else 0
 
     async def round(self) -> RoundStats:
         await self._hold_for_first_commit()  # before the checks: its task may close meanwhile
@@ -169,18 +181,9 @@ class PartitionTimerLoop(TimerLoop):
         due, docs/performance.md). A commit of earlier work still in flight is waited
         for, then the burst's own if it follows at once; its round goes on when none is in
         flight, or the time is up."""
-        # A wall clock stepped back since the burst began: its time is taken as up (never
-        # a hold of every round until the clock catches up); then timed by the loop.
-        elapsed_ms = self._clock.now() - self._began
-        left_ms = HELD_AT_MOST_MS - elapsed_ms if elapsed_ms >= 0 else 0
         loop = asyncio.get_running_loop()
-        until = loop.time() + left_ms / 1000
-        while not self._stopping:
-            if not self.firing.rounds.bursting or self._landed or self._landed_before is None:
-                return
-            kept = self._types.get(self._type_name)
-            if kept is None or self._commits.landed(kept, self.p) > self._landed_before:
-                return
+        until = loop.time() + self._held_left_ms() / 1000  # then timed by the loop
+        while not self._stopping and (kept := self._awaiting_first_commit()) is not None:
             commit = self._commits.running(kept, self.p)
             if (left := until - loop.time()) <= 0 or commit is None:
                 return
