@@ -127,14 +127,15 @@ class KafkaClients:
         max_batch_bytes: int | None = None,
         topics: Iterable[str] = (),
     ) -> TransactionalWriter:
-        batch = {} if max_batch_bytes is None else {"max_batch_bytes": max_batch_bytes}
+        size = TRANSACTION_BATCH_BYTES if max_batch_bytes is None else max_batch_bytes
         if self.client == "confluent":
             # imported here: confluent-kafka is an optional extra; librdkafka fetches the
             # metadata of the topics it writes on its own threads, off the node's loop
             from app.kafka.rdkafka_writer import RdkafkaTransactionalWriter
 
-            return RdkafkaTransactionalWriter(self.bootstrap, transactional_id, **batch)
-        size = TRANSACTION_BATCH_BYTES if max_batch_bytes is None else max_batch_bytes
+            return RdkafkaTransactionalWriter(
+                self.bootstrap, transactional_id, max_batch_bytes=size
+            )
         if self.producer_thread:
             # its client on a loop of its own: a commit's turns never wait for the node's
             return OwnLoopProducer(
