@@ -80,6 +80,11 @@ class FakeCommits:
         commit = self.in_flight.get(p)
         return None if commit is None or commit.done() else commit
 
+    def land(self, p: int) -> None:
+        """p's commit in flight lands: counted, then done (as `PartitionCommits._send`)."""
+        self.landed_of[p] += 1
+        self.in_flight[p].set_result(True)
+
 
 class Cycles:
     def __init__(self) -> None:
@@ -201,13 +206,12 @@ async def test_a_burst_takes_no_slice_while_its_first_commit_is_in_flight() -> N
     runner.due[1] = 6
     await loops[0].round()  # p0's burst begins: its first slice, fired in-process
     await loops[1].round()
-    first = commits.in_flight[0] = pending()  # the commit of that slice goes
+    commits.in_flight[0] = pending()  # the commit of that slice goes
     commits.in_flight[1] = pending()  # another partition's: never holds p0
     held = asyncio.create_task(loops[0].round())
     await settle()
     assert not held.done() and runner.grows[0] == [True], "no round while it is in flight"
-    commits.landed_of[0] += 1
-    first.set_result(True)
+    commits.land(0)
     await asyncio.wait_for(held, QUICK_S)
     assert runner.grows[0] == [True, True], "its commit landed: the round goes on, grown"
     assert cycles.fired == [0, 1, 0]
@@ -219,19 +223,17 @@ async def test_a_burst_takes_no_slice_while_its_first_commit_is_in_flight() -> N
 @pytest.mark.usefixtures("long_hold")
 async def test_a_commit_of_earlier_work_in_flight_is_not_the_bursts_first() -> None:
     runner, commits, _, loops = gated()
-    earlier = commits.in_flight[0] = pending()  # p0's steady work, committing
+    commits.in_flight[0] = pending()  # p0's steady work, committing
     runner.due[0] = 6
     await loops[0].round()  # the burst begins while it is in flight
     held = asyncio.create_task(loops[0].round())
     await settle()
     assert not held.done(), "the burst's first commit starts only after it"
-    commits.landed_of[0] += 1
-    earlier.set_result(True)
-    first = commits.in_flight[0] = pending()  # now the burst's own
+    commits.land(0)
+    commits.in_flight[0] = pending()  # now the burst's own
     await settle()
     assert not held.done(), "the earlier commit landing is not the burst's"
-    commits.landed_of[0] += 1
-    first.set_result(True)
+    commits.land(0)
     await asyncio.wait_for(held, QUICK_S)
     assert runner.grows[0] == [True, True], "its own commit landed: it grows"
 
@@ -241,12 +243,11 @@ async def test_a_loop_ended_while_held_takes_no_round() -> None:
     runner, commits, _, loops = gated()
     runner.due[0] = 6
     await loops[0].round()
-    first = commits.in_flight[0] = pending()
+    commits.in_flight[0] = pending()
     held = asyncio.create_task(loops[0].round())
     await settle()
     loops[0].end()  # its task closes while it waits
-    commits.landed_of[0] += 1
-    first.set_result(True)
+    commits.land(0)
     await asyncio.wait_for(held, QUICK_S)
     assert runner.grows[0] == [True], "no slice claimed for a closing task"
 
@@ -287,8 +288,7 @@ async def test_a_commit_started_during_the_claims_is_the_bursts_own() -> None:
     held = asyncio.create_task(loops[0].round())
     await settle()
     assert not held.done()
-    commits.landed_of[0] += 1
-    first.set_result(True)
+    commits.land(0)
     await asyncio.wait_for(held, QUICK_S)
     assert runner.grows[0] == [True, True], "the burst's own commit landed: it grows"
 
