@@ -27,13 +27,18 @@ from tables.aggregate_store import RocksAggregateStore
 P = 0
 
 
+def _request(i: int) -> tuple[str, str]:
+    """The i-th request: its own aggregate (as timers' owners) and its first slot's id."""
+    return f"o{i}", f"t{i}#0"
+
+
 def _fill(store: RocksAggregateStore, ids: int, batch: int) -> float:
     """Writes `ids` applied request ids (one aggregate each, as timers' owners), in
     batches as cycles write them; then flushes and compacts, as a store that ran a while
     is on disk; seconds taken."""
     began = time.perf_counter()
     for start in range(0, ids, batch):
-        requests = [(f"o{i}", f"t{i}#0") for i in range(start, min(ids, start + batch))]
+        requests = [_request(i) for i in range(start, min(ids, start + batch))]
         store.write(P, {}, requests, start, applied_at=1_700_000_000_000 + start)
     db = store._db(P)
     db.flush()
@@ -64,14 +69,13 @@ def bench(ids: int, lookups: int, batch: int, rounds: int) -> dict[str, Any]:
 
             def hits(r: int) -> None:
                 for i in range(lookups):
-                    store.seen(P, f"o{i * step}", f"t{i * step}#0")
+                    store.seen(P, *_request(i * step))
 
             def writes(r: int) -> None:
                 base = ids + r * lookups
                 for start in range(0, lookups, batch):
                     requests = [
-                        (f"o{base + i}", f"t{base + i}#0")
-                        for i in range(start, min(lookups, start + batch))
+                        _request(base + i) for i in range(start, min(lookups, start + batch))
                     ]
                     store.write(P, {}, requests, None, applied_at=1_800_000_000_000)
 
