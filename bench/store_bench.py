@@ -7,7 +7,8 @@ Loads N pending timers through `apply_changelog` (the restore rate), then measur
 `due()` latency (limit 1000; all 12 partitions and 4 of them; `due_rows()`, which builds
 no Timer, and `due()` asked in turn), put and settle
 throughput, the store's CPU per timer fired in-process (`fire`: due rows, still-due check, settle),
-the sweep of finished rows (`expire`, as the runner calls it), and the RSS
+the sweep of finished rows (`expire`, as the runner calls it), a burst's drain (`--burst`
+timers due at one instant, claimed round by round), and the RSS
 of a fresh process that opens the N-timer store and serves `due()` from it. Targets:
 restore >= 200,000 timers/s, due() p99 <= 5 ms at 1M, RSS <= 200 MB at 10M pending.
 
@@ -77,13 +78,16 @@ def template(partition: int = 0) -> Timer:
     )
 
 
-def records(partition: int, count: int, seed: int) -> Iterator[tuple[int, bytes, bytes]]:
-    """`count` changelog records of pending timers of `partition`, due over a day."""
+def records(
+    partition: int, count: int, seed: int, *, spread: int = SPREAD
+) -> Iterator[tuple[int, bytes, bytes]]:
+    """`count` changelog records of pending timers of `partition`, due over `spread` ms
+    from BASE (a day; 1: all at BASE)."""
     rng = random.Random(seed)
     row = template(partition).model_dump(mode="json")
     for offset in range(count):
         n = offset * PARTITIONS + partition
-        due = BASE + rng.randrange(SPREAD)
+        due = BASE + rng.randrange(spread)
         row["id"] = f"01JGZ{n:022d}"
         row["owner"] = row["target"] = {**row["owner"], "id": f"order-{n}"}
         row["due_at"] = row["slot_due_at"] = due
@@ -281,6 +285,37 @@ async def sweep_rate(store: TimerStore, count: int, limit: int = 1_000) -> dict[
             **percentiles(samples, cpu)}  # fmt: skip
 
 
+async def burst_drain(path: str, count: int, limit: int = 1_000) -> dict[str, Any]:
+    """`count` timers all due at one instant, drained as the firing loop drains a burst:
+    each round's `due_rows()` (limit 1000, all 12 partitions) and the claim of every row
+    it found (moved 30 s on, FIRING). Each claim leaves a tombstone at the instant: a
+    scan that stepped over all of them again would cost more a timer the larger the
+    burst. The rounds' `due_rows()` wall time, and the CPU per timer of the whole drain."""
+    store = open_timer_store(f"rocksdb://{path}", partitions=PARTITIONS)
+    for partition in range(PARTITIONS):
+        await store.apply_changelog(
+            partition, list(records(partition, count // PARTITIONS, partition, spread=1))
+        )
+    every, samples, claimed = set(range(PARTITIONS)), [], 0
+    claim = {"status": TimerStatus.FIRING, "due_at": BASE + 30_000}
+    started = time.process_time()
+    while True:
+        asked = time.perf_counter()
+        rows = await store.due_rows(every, BASE, limit)
+        samples.append(time.perf_counter() - asked)
+        if not rows:
+            break
+        loaded = [row.timer() for row in rows]
+        changes = [TimerChange(loaded=t, next=t.model_copy(update=claim)) for t in loaded]
+        for start in range(0, len(changes), 250):
+            claimed += await store.settle(changes[start : start + 250])
+    cpu = time.process_time() - started
+    await store.close()
+    return {"timers": count, "claimed": claimed, "rounds": len(samples) - 1,
+            "cpu_us_per_timer": round(cpu / max(1, claimed) * 1e6, 1),
+            "due_rows": percentiles(samples)}  # fmt: skip
+
+
 async def put_rate(path: str, count: int) -> dict[str, Any]:
     """Puts one after another, as the timers subscription writes them: new timers into
     an empty store, then each rescheduled (a new id over a held row)."""
@@ -358,7 +393,7 @@ async def serve(path: str, timers: int, collector: str) -> dict[str, Any]:
     return figures
 
 
-def main(timers: int, workdir: str, puts: int, collector: str) -> dict[str, Any]:
+def main(timers: int, workdir: str, puts: int, collector: str, burst: int) -> dict[str, Any]:
     path = os.path.join(workdir, "timers")
     figures: dict[str, Any] = {"timers": timers, "partitions": PARTITIONS, "cpus": os.cpu_count()}
     figures["loadavg_before"] = [round(load, 2) for load in os.getloadavg()]
@@ -375,6 +410,7 @@ def main(timers: int, workdir: str, puts: int, collector: str) -> dict[str, Any]
     size = sum(f.stat().st_size for f in Path(path).rglob("*") if f.is_file())
     figures["disk_mb"] = round(size / 2**20, 1)
     figures["put"] = asyncio.run(put_rate(os.path.join(workdir, "puts"), puts))
+    figures["burst_drain"] = asyncio.run(burst_drain(os.path.join(workdir, "burst"), burst))
     figures["loadavg_after"] = [round(load, 2) for load in os.getloadavg()]
     return figures
 
@@ -383,6 +419,9 @@ def cli() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--timers", type=int, default=1_000_000)
     parser.add_argument("--puts", type=int, default=50_000)
+    parser.add_argument(
+        "--burst", type=int, default=96_000, help="timers due at one instant, drained"
+    )
     parser.add_argument("--dir", help="work directory (default: a temporary one, removed)")
     parser.add_argument(
         "--collector",
@@ -397,7 +436,9 @@ def cli() -> None:
         return
     workdir = args.dir or tempfile.mkdtemp(prefix="tickwheel-bench-")
     try:
-        print(json.dumps(main(args.timers, workdir, args.puts, args.collector), indent=2))
+        print(
+            json.dumps(main(args.timers, workdir, args.puts, args.collector, args.burst), indent=2)
+        )
     finally:
         if not args.dir:
             shutil.rmtree(workdir, ignore_errors=True)

@@ -62,7 +62,6 @@ from tables.writes import Write
 
 __all__ = ["RocksDBTimerStore"]
 
-_MAX_DUE = (1 << 64) - 1
 _STATUSES = frozenset(status.value for status in TimerStatus)
 _DUE_STATUSES = frozenset({TimerStatus.PENDING, TimerStatus.FIRING})
 _FIELDS = frozenset(Timer.model_fields)
@@ -102,8 +101,9 @@ class RocksDBTimerStore(PartitionedStore):
         # restores alone since: the hash of every key they hold a row of, so that a
         # restore batch reads back only the old entries of keys an earlier one wrote.
         self._restored: dict[int, set[int]] = {}
-        self._low = [0] * partitions
-        self._finished_low = [0] * partitions
+        # Each partition's low-water keys of its due and finished indexes (see `_found`).
+        self._low = [DUE] * partitions
+        self._finished_low = [FINISHED] * partitions
         try:
             for partition in range(partitions):
                 self._open_partition(partition)
@@ -192,9 +192,11 @@ class RocksDBTimerStore(PartitionedStore):
         The firing loop deletes entries from the front of the due index (each claim moves
         one to its deadline), and their tombstones stay until compaction: a scan from the
         index's first key would step over all of them on every call. So a partition's run
-        starts at `_low[p]`, a due time below which p has no due entry: lowered by every
-        write of one, raised to the first entry each scan finds (or past `until` when it
-        finds none).
+        starts at `_low[p]`, a key below which p has no due entry: lowered by every write
+        of one, raised to the first entry each scan finds (or past `until` when it finds
+        none). A key, not a due time: a burst's rows are all due at one instant, and a
+        scan from that instant's first key would step over the tombstones of every row
+        of it claimed so far, not only those of the last round's claims.
         """
         options = ReadOptions()  # held to the end: the iterators read their bound from it
         options.set_iterate_upper_bound(due_upper_bound(until))
@@ -206,13 +208,13 @@ class RocksDBTimerStore(PartitionedStore):
             low = self._low[partition]
             run = cast(
                 Iterator[tuple[bytes, bytes]],
-                self._db(partition).items(from_key=due_key_prefix(low), read_opt=options),
+                self._db(partition).items(from_key=low, read_opt=options),
             )
             got = list(islice(run, step))
             if not got:
-                self._low[partition] = max(low, min(until + 1, _MAX_DUE))
+                self._low[partition] = max(low, due_upper_bound(until))
                 continue
-            self._low[partition] = int.from_bytes(got[0][0][1:9], "big")
+            self._low[partition] = got[0][0]
             found += [(key, value, partition) for key, value in got]
             if len(got) == step:
                 runs[partition], last[partition] = run, got[-1][0]
@@ -236,13 +238,10 @@ class RocksDBTimerStore(PartitionedStore):
         """Keeps `_low` (`_finished_low`) below a due (finished) entry about to be written."""
         kind = index[:1]
         if kind == DUE:
-            due_at = int.from_bytes(index[1:9], "big")
-            if due_at < self._low[partition]:
-                self._low[partition] = due_at
-        elif kind == FINISHED:
-            at = int.from_bytes(index[1:9], "big")
-            if at < self._finished_low[partition]:
-                self._finished_low[partition] = at
+            if index < self._low[partition]:
+                self._low[partition] = index
+        elif kind == FINISHED and index < self._finished_low[partition]:
+            self._finished_low[partition] = index
 
     def _expired(self, partition: int, until: int, limit: int) -> list[tuple[bytes, Timer]]:
         """Like `_due`, from a low-water mark: each sweep deletes entries from the
@@ -251,18 +250,18 @@ class RocksDBTimerStore(PartitionedStore):
         if until < 0:
             return []
         low = self._finished_low[partition]
-        start = FINISHED + low.to_bytes(8, "big")
+        upper = finished_upper_bound(until)
         found: list[tuple[bytes, Timer]] = []
         with gc_paused():
-            for key, value in scan(self._db(partition), start, finished_upper_bound(until)):
+            for key, value in scan(self._db(partition), low, upper):
                 if not found:
-                    self._finished_low[partition] = int.from_bytes(key[1:9], "big")
+                    self._finished_low[partition] = key
                 timer = load_timer(value, key, partition)
                 found.append((row_key(timer.owner, timer.key), timer))
                 if len(found) == limit:
                     return found
         if not found:
-            self._finished_low[partition] = max(low, min(until + 1, _MAX_DUE))
+            self._finished_low[partition] = max(low, upper)
         return found
 
     def _parked(self, partitions: list[int], target: AggregateRef) -> list[Timer]:
@@ -274,7 +273,7 @@ class RocksDBTimerStore(PartitionedStore):
 
     def _due_entries(self, partition: int, start: int) -> Iterator[tuple[int, str]]:
         # From the low-water mark at least: the tombstones below it are skipped.
-        first = due_key_prefix(max(start, self._low[partition]))
+        first = max(due_key_prefix(start), self._low[partition])
         for key, value in scan(self._db(partition), first, prefix_end(DUE)):
             # The status alone: orjson without the model is several times cheaper.
             yield int.from_bytes(key[1:9], "big"), orjson.loads(value)["status"]
@@ -382,7 +381,7 @@ class RocksDBTimerStore(PartitionedStore):
     # --- partitions -------------------------------------------------------------------
 
     def _open_partition(self, partition: int) -> None:
-        self._low[partition] = self._finished_low[partition] = 0
+        self._low[partition], self._finished_low[partition] = DUE, FINISHED
         try:
             db = self._dbs[partition] = Rdict(
                 self._db_path(partition), db_options(self._cache, self._buffers)
