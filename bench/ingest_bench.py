@@ -12,7 +12,7 @@ the body validated, the first slot, the Timer), and a batch's puts (`apply`: `ap
 → `put_many` on a RocksDB store, the rows encoded for a changelog sink that keeps
 nothing). `total` is their sum; `decode` + `timer_op` + `apply` is what this bench
 measured before the other two stages were added (2026-12-02). The records are the timers
-benchmark's (`bench.timers_bench.Scheduler`), one partition's batch at a time, with the
+benchmark's (`bench.timers_setup.Scheduler`), one partition's batch at a time, with the
 collector as a worker runs it. Not measured here: the Kafka clients (the fetch, the
 changelog producer, the transaction), which `bench.timers_bench`'s `ingest_cpu` includes.
 Each figure is the least of `--repeat` runs (process CPU time, µs a timer): the machine
@@ -38,7 +38,7 @@ from app.protocol.limits import InputLimits
 from app.protocol.wire import EventEnvelope, decode
 from app.timers.subscription import TimerOp, apply_all, timer_op
 from bench.common import machine, now_ms
-from bench.timers_bench import Scheduler
+from bench.timers_setup import Scheduler
 from tables import ChangelogRecord
 from tables.rocksdb_store import RocksDBTimerStore
 

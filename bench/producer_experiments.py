@@ -21,9 +21,9 @@ def warm_at_start() -> None:
     partition's producer, at its start (the take), fetches the metadata of its type's
     events, commands and changelog topics (`TransactionalProducer.warm`), which its
     first fire writes."""
-    from app.kafka import producers
+    from app.kafka.transactional_producer import TransactionalProducer
 
-    start = producers.TransactionalProducer.start
+    start = TransactionalProducer.start
 
     @functools.wraps(start)
     async def warmed(self: Any) -> None:
@@ -33,4 +33,4 @@ def warm_at_start() -> None:
         kinds = ("events", "commands", "timers")
         await self.warm([f"{context}.{aggregate}.{kind}" for kind in kinds])
 
-    producers.TransactionalProducer.start = warmed  # type: ignore[method-assign]
+    TransactionalProducer.start = warmed  # type: ignore[method-assign]

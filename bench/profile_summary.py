@@ -24,7 +24,16 @@ GROUPS = [
     ("pydantic validate / construct", ("pydantic", "model_validate", "model_copy")),
     ("pydantic serialise (model_dump)", ("model_dump",)),
     ("orjson", ("orjson",)),
-    ("rocksdb", ("rocksdict", "rocksdb_store.py", "rocksdb_io.py", "aggregate_store.py")),
+    (
+        "rocksdb",
+        (
+            "rocksdict",
+            "rocksdb_store.py",
+            "rocksdb_reads.py",
+            "rocksdb_io.py",
+            "aggregate_store.py",
+        ),
+    ),
     ("aiokafka producer", ("aiokafka/producer",)),
     ("aiokafka consumer / fetch", ("aiokafka/consumer",)),
     (

@@ -54,9 +54,9 @@ import app.kafka.consumers
 from app.kafka.connection import KafkaConnection
 from app.kafka.consumers import Reader
 from app.kafka.ports import ReaderClient
-from app.kafka.producers import TransactionalProducer
 from app.kafka.rdkafka_reader import RdkafkaReader
 from app.kafka.records import OutRecord
+from app.kafka.transactional_producer import TransactionalProducer
 from app.timers.restore import restore_partition
 from bench.common import _proc_cpu_s, admin_client, broker, broker_pid, machine
 from bench.store_bench import records, tune_collector

@@ -28,6 +28,9 @@ c. failover: two workers, timers due continuously at `--failover-rate`; `kill -9
    death), then a rebalance and the restore of the partitions.
 
 Targets: >= 15,000 timers/s; lateness p99 <= 50 ms at 5,000 timers/s; failover <= 10 s.
+
+What the phases run on (the workers, the bench's producer and tails, the events written):
+`bench.timers_setup`; phase c: `bench.timers_failover`.
 """
 
 from __future__ import annotations
@@ -35,214 +38,30 @@ from __future__ import annotations
 import argparse
 import asyncio
 import time
-from datetime import datetime
-from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
 import orjson
 
 from app.kafka.connection import KafkaConnection
-from app.protocol.wire import SCHEDULE_SET, EventEnvelope, ScheduleSet, encode
 from app.timers.runner import TimerOptions
-from bench import traced_worker, txn_steps
+from bench import traced_worker
 from bench.common import (
-    Client,
-    Cluster,
     CpuMeter,
-    Producer,
     Profiler,
-    Tail,
-    TracedCluster,
-    WarmCluster,
-    Worker,
     admin_client,
-    broker_pid,
-    delete_context_topics,
-    group_committed,
     machine,
-    new_bench_context,
     now_ms,
-    owned,
     percentiles,
     run_and_print,
-    wait_stable,
     wait_until,
 )
-from tables import AggregateRef, CommandSpec, OnceRule
-from tables.partitioner import partition_of
+from bench.timers_failover import failover
+from bench.timers_setup import Setup, lateness_of, steady
 
 TARGET_PER_S = 15_000
 TARGET_P99_MS = 50.0
 TARGET_FAILOVER_S = 10.0
-
-Encoded = tuple[int, bytes, bytes, str]  # partition, key, value, the slot's request id
-
-
-class Fired:
-    """The `Fired` events and the PENDING and FIRED changelog rows the tails read."""
-
-    def __init__(self) -> None:
-        # request id -> (partition, created_at, not_before, read at)
-        self.applied: dict[str, tuple[int, int, int, float]] = {}
-        self.duplicates = 0
-        self.settled: dict[bytes, float] = {}
-        # request id of the first slot -> when the worker wrote its PENDING row (the put:
-        # the record's timestamp, not when the bench read it, which the bench's own lag
-        # would inflate)
-        self.stored: dict[str, float] = {}
-        # how long after it was written each PENDING row was read (the tails' own lag)
-        self.read_lag_ms: list[float] = []
-
-    def on_events(self, partition: int, records: list[Any], received: float) -> None:
-        for r in records:
-            if b'"type":"Fired"' not in r.value:
-                continue
-            e = orjson.loads(r.value)
-            rid = e["request_id"]
-            if rid in self.applied:
-                self.duplicates += 1  # applied twice: what must never happen
-                continue
-            self.applied[rid] = (partition, e["created_at"], e["body"]["not_before"], received)
-
-    def on_changelog(self, partition: int, records: list[Any], received: float) -> None:
-        for r in records:
-            if r.value is None:
-                continue
-            if b'"status":"FIRED"' in r.value:
-                self.settled.setdefault(r.key, received)
-            elif b'"status":"PENDING"' in r.value:
-                self.stored.setdefault(orjson.loads(r.value)["id"] + "#0", r.timestamp / 1e3)
-                self.read_lag_ms.append(received * 1e3 - r.timestamp)
-
-
-class Scheduler:
-    """Encodes `wow.ScheduleSet` events of a bench context's `counter` owners."""
-
-    def __init__(self, context: str, partitions: int, owners: int) -> None:
-        self.partitions = partitions
-        self.owners = owners
-        owner = AggregateRef(context=context, aggregate="counter", id="o0")
-        event = EventEnvelope(
-            id="x",
-            type=SCHEDULE_SET,
-            aggregate=owner,
-            version=1,
-            created_at=0,
-            body=ScheduleSet(
-                key="k", rule=OnceRule(at=0), command=CommandSpec(type="Fire")
-            ).model_dump(mode="json"),
-        )
-        self._base = orjson.loads(encode(event))
-        self._parts = [partition_of(f"o{i}", partitions) for i in range(owners)]
-
-    def event(self, n: int, tag: str, due: int) -> Encoded:
-        o = n % self.owners
-        b = self._base
-        timer_id = f"{tag}-{n}"
-        b["id"] = timer_id
-        b["aggregate"]["id"] = f"o{o}"
-        b["created_at"] = now_ms()
-        b["body"]["key"] = timer_id
-        b["body"]["rule"]["at"] = due
-        return self._parts[o], f"o{o}".encode(), orjson.dumps(b), f"{timer_id}#0"
-
-
-class Setup:
-    """A cluster of workers, the bench's producer and the tails of one phase."""
-
-    def __init__(
-        self, kafka: KafkaConnection, base: Path, args: argparse.Namespace, kind: str
-    ) -> None:
-        self.kafka = kafka
-        self.bootstrap = kafka.bootstrap_servers
-        self.args = args
-        self.context = new_bench_context(kind)
-        experiments = ("TW_WARM_TOPICS=",)
-        experiment = any(kv.startswith(experiments) for kv in args.worker_env)
-        cluster_type = TracedCluster if args.trace else WarmCluster if experiment else Cluster
-        self.cluster = cluster_type(
-            self.bootstrap,
-            base / self.context,
-            context=self.context,
-            partitions=args.partitions,
-            env={
-                "TICKWHEEL_TIMER_OPTIONS": args.timer_options,
-                "TICKWHEEL_SESSION_TIMEOUT_MS": str(args.session_timeout_ms),
-                **dict(kv.split("=", 1) for kv in args.worker_env),
-            },
-            kafka=kafka,
-        )
-        self.client = Client(self.cluster)
-        self.fired = Fired()
-        self.scheduler = Scheduler(self.context, args.partitions, args.owners)
-        self.producer = Producer(kafka)
-        self.workers: list[Worker] = []
-        self.tails: list[Tail] = []
-
-    async def start(self, workers: int) -> float:
-        await self.client.__aenter__()
-        began = time.monotonic()
-        self.workers = [self.cluster.start_worker() for _ in range(workers)]
-        await wait_stable(self.workers, self.args.partitions)
-        settled = time.monotonic() - began
-        parts = range(self.args.partitions)
-        t = self.client.topics
-        self.tails = [
-            Tail(self.kafka, t.events, parts, self.fired.on_events),
-            Tail(self.kafka, t.timers_changelog, parts, self.fired.on_changelog),
-        ]
-        for tail in self.tails:
-            await tail.start()
-        await self.producer.start()
-        return settled
-
-    def trace(self) -> dict[str, Any] | None:
-        """The first worker's cumulative step timings (with --trace)."""
-        if not isinstance(self.cluster, TracedCluster) or not self.workers:
-            return None
-        return traced_worker.read(str(self.cluster.trace_path(self.workers[0].name)))
-
-    def txn_steps(self, t0_ms: int) -> dict[str, Any] | None:
-        """Each worker's transactions at a burst's due time, step by step (with --trace)."""
-        if not isinstance(self.cluster, TracedCluster):
-            return None
-        return {
-            w.name: txn_steps.around(str(self.cluster.txn_steps_path(w.name)), t0_ms)
-            for w in self.workers
-        }
-
-    def pids(self) -> dict[str, int | None]:
-        pids: dict[str, int | None] = {
-            f"worker{i + 1}": w.proc.pid for i, w in enumerate(self.workers) if w.alive
-        }
-        pids["broker"] = broker_pid(self.bootstrap)
-        return pids
-
-    async def stop(self) -> None:
-        try:
-            await self.producer.stop()
-            for tail in self.tails:
-                await tail.stop()
-            await self.client.__aexit__()
-        finally:
-            self.cluster.stop_all()
-            await delete_context_topics(self.kafka, self.context)
-
-    async def write(self, events: list[Encoded]) -> dict[int, int]:
-        topic = self.client.topics.events
-        for p, key, value, _ in events:
-            await self.producer.send(topic, p, key, value)
-        return await self.producer.flush()
-
-    async def ingested(self, ends: dict[int, int], admin: Any) -> bool:
-        """Whether the timers subscription committed its log offsets past `ends`."""
-        committed = await group_committed(admin, self.cluster.group, self.client.topics.events)
-        return all(committed.get(p, -1) >= end for p, end in ends.items())
-
-
-def _lateness(rows: list[tuple[int, int, int, float]]) -> dict[str, Any]:
-    return percentiles([created - due for _, created, due, _ in rows])
 
 
 async def burst(kafka: KafkaConnection, base: Path, args: argparse.Namespace) -> dict[str, Any]:
@@ -326,37 +145,6 @@ async def burst(kafka: KafkaConnection, base: Path, args: argparse.Namespace) ->
         await s.stop()
 
 
-async def steady(
-    s: Setup,
-    rate: float,
-    seconds: float,
-    lead_ms: int,
-    tag: str,
-    during: Any = None,
-) -> tuple[list[str], float, float]:
-    """Writes timers at `rate` for `seconds`, each due `lead_ms` after it is written;
-    `during(elapsed)` is awaited on the way (the failover's kill). (ids, start, end)."""
-    topic = s.client.topics.events
-    ids: list[str] = []
-    start = time.time()
-    n = 0
-    total = int(rate * seconds)
-    while n < total:
-        elapsed = time.time() - start
-        upto = min(total, int(elapsed * rate) + 1)
-        due = now_ms() + lead_ms
-        while n < upto:
-            p, key, value, rid = s.scheduler.event(n, tag, due)
-            await s.producer.send(topic, p, key, value)
-            ids.append(rid)
-            n += 1
-        if during is not None:
-            await during(elapsed)
-        await asyncio.sleep(0.002)
-    await s.producer.flush()
-    return ids, start, time.time()
-
-
 async def lateness(kafka: KafkaConnection, base: Path, args: argparse.Namespace) -> dict[str, Any]:
     """b. Lateness at a steady rate."""
     s = Setup(kafka, base, args, "tb")
@@ -393,7 +181,7 @@ async def lateness(kafka: KafkaConnection, base: Path, args: argparse.Namespace)
             "complete": done,
             "duplicates": s.fired.duplicates,
             "applied_per_s": round(len(rows) / span, 1) if span else None,
-            "lateness": _lateness(rows),
+            "lateness": lateness_of(rows),
             # From the bench writing the ScheduleSet to the worker writing its PENDING
             # changelog row: how far behind the timers subscription was (lateness includes
             # it when > lead).
@@ -434,137 +222,6 @@ async def lateness(kafka: KafkaConnection, base: Path, args: argparse.Namespace)
         return figures
     finally:
         await s.stop()
-
-
-async def failover(kafka: KafkaConnection, base: Path, args: argparse.Namespace) -> dict[str, Any]:
-    """c. kill -9 of one of two workers: until its partitions' timers fire again."""
-    s = Setup(kafka, base, args, "tc")
-    try:
-        await s.start(2)
-        victim, survivor = s.workers[1], s.workers[0]
-        lost = sorted(owned(victim))
-        kept = sorted(owned(survivor))
-        killed_at: list[float] = []
-
-        async def kill_when(elapsed: float) -> None:
-            if not killed_at and elapsed >= args.failover_warm_s:
-                killed_at.append(time.time())
-                victim.kill9()
-
-        seconds = args.failover_warm_s + args.failover_observe_s
-        with CpuMeter(s.pids()) as cpu:
-            ids, _, _ = await steady(
-                s, args.failover_rate, seconds, args.lead_ms, "fo", during=kill_when
-            )
-            # Wait for the timers still due (and the claims the dead worker held to lapse).
-            await wait_until(
-                lambda: all(i in s.fired.applied for i in ids),
-                args.lead_ms / 1000 + args.failover_drain_s,
-                interval=0.2,
-            )
-        kill_ms = int(killed_at[0] * 1000)
-        rows = [s.fired.applied[i] for i in ids if i in s.fired.applied]
-        lost_set, kept_set = set(lost), set(kept)
-        after = sorted((r for r in rows if r[0] in lost_set and r[1] > kill_ms), key=lambda r: r[1])
-        first = after[0] if after else None
-        # The survivor's own partitions: the longest gap between two applied timers around
-        # the kill (an eager rebalance makes it let go of and take back its partitions too).
-        around = sorted(
-            r[1] for r in rows if r[0] in kept_set and kill_ms - 2_000 <= r[1] <= kill_ms + 30_000
-        )
-        gap = max((b - a for a, b in pairwise(around)), default=None)
-        # Slots due before the kill on the lost partitions that the dead worker had not applied.
-        overdue = [r for r in rows if r[0] in lost_set and r[2] <= kill_ms < r[1]]
-        unfired = [i for i in ids if i not in s.fired.applied]
-        # Lateness before the kill (all partitions): what "normal" is on this machine.
-        baseline = [r for r in rows if r[2] < kill_ms - 500 and r[1] < kill_ms]
-        base_p99 = _lateness(baseline).get("p99_ms", 0)
-        normal_ms = max(1_000.0, 2 * float(base_p99))
-        # When the lost partitions were back to normal: the first applied timer after which
-        # every later one of theirs was applied within `normal_ms` of its due time.
-        lost_rows = sorted(
-            (r for r in rows if r[0] in lost_set and r[1] > kill_ms), key=lambda r: r[1]
-        )
-        normal_at = None
-        for i in range(len(lost_rows) - 1, -1, -1):
-            if lost_rows[i][1] - lost_rows[i][2] > normal_ms:
-                normal_at = lost_rows[i + 1][1] if i + 1 < len(lost_rows) else None
-                break
-        else:
-            normal_at = lost_rows[0][1] if lost_rows else None
-
-        def series(parts: set[int]) -> list[list[float]]:
-            """Per second after the kill (by due time): [s, applied, lateness p50, max]."""
-            by: dict[int, list[int]] = {}
-            for r in rows:
-                if r[0] in parts and r[2] >= kill_ms - 2_000:
-                    by.setdefault((r[2] - kill_ms) // 1_000, []).append(r[1] - r[2])
-            return [[k, len(v), sorted(v)[len(v) // 2], max(v)] for k, v in sorted(by.items())]
-
-        return {
-            "workers": 2,
-            "rate_per_s": args.failover_rate,
-            "lost_partitions": lost,
-            "kept_partitions": kept,
-            "failover_s": None if first is None else round((first[1] - kill_ms) / 1000, 2),
-            "failover_read_s": None if first is None else round(first[3] - killed_at[0], 2),
-            "back_to_normal_s": None
-            if normal_at is None
-            else round((normal_at - kill_ms) / 1000, 2),
-            "normal_lateness_ms": normal_ms,
-            "baseline_lateness_before_kill": _lateness(baseline),
-            "survivor_longest_gap_ms": gap,
-            "survivor_log": _survivor_steps(survivor, killed_at[0], lost),
-            "due_before_kill_fired_after": len(overdue),
-            "due_before_kill_max_lateness_ms": max((r[1] - r[2] for r in overdue), default=None),
-            "lost_partitions_lateness_after_kill": _lateness(
-                [r for r in rows if r[0] in lost_set and r[2] > kill_ms]
-            ),
-            "timers": len(ids),
-            "unfired_at_end": len(unfired),
-            "duplicates": s.fired.duplicates,
-            "lateness_by_due_second_lost": series(lost_set),
-            "lateness_by_due_second_kept": series(kept_set),
-            "cpu": cpu.figures,
-        }
-    finally:
-        await s.stop()
-
-
-def _log_times(worker: Worker, since: float) -> list[tuple[float, str]]:
-    """The worker's log lines after `since` (epoch s), with their times."""
-    out = []
-    for line in worker.text().splitlines():
-        try:
-            at = datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp()
-        except ValueError:
-            continue
-        if at >= since:
-            out.append((at, line[24:]))
-    return out
-
-
-def _survivor_steps(survivor: Worker, killed: float, lost: list[int]) -> dict[str, Any]:
-    """What the survivor's log says it did after the kill, in seconds after it."""
-    lines = _log_times(survivor, killed)
-    steps: dict[str, Any] = {}
-
-    def first(pred: Any) -> float | None:
-        return next((round(at - killed, 2) for at, text in lines if pred(text)), None)
-
-    steps["revoked_own_partitions_s"] = first(lambda t: ": stopped" in t)
-    started = [
-        round(at - killed, 2)
-        for at, text in lines
-        if "timers of partition" in text
-        and "started" in text
-        and int(text.split("timers of partition ", 1)[1].split(":", 1)[0]) in lost
-    ]
-    steps["lost_partitions_started_s"] = [min(started), max(started)] if started else None
-    steps["owning_all_s"] = first(
-        lambda t: "owning partitions [" in t and len(t.split("[", 1)[1].split(",")) >= len(lost) * 2
-    )
-    return steps
 
 
 async def run(kafka: KafkaConnection, base: Path, args: argparse.Namespace) -> dict[str, Any]:

@@ -61,7 +61,7 @@ def _wrap(
 
 
 def install() -> None:
-    from app.kafka import consumers, producers
+    from app.kafka import consumers, producers, transactional_producer
     from app.node import cycles, partition_transaction
     from app.timers import sender
     from app.timers.runner import outcomes, runner, sending
@@ -81,7 +81,11 @@ def install() -> None:
         "send",
         "txn.send: a partition's commit (incl. lock wait)",
     )
-    _wrap(producers.TransactionalProducer, "_commit", "txn._commit: offsets + EndTxn round trips")
+    _wrap(
+        transactional_producer.TransactionalProducer,
+        "_commit",
+        "txn._commit: offsets + EndTxn round trips",
+    )
     _wrap(producers.Producer, "send_many", "producer.send_many: a command to the broker (ack)")
     _wrap(partitioned.PartitionedStore, "put", "store.put")
     _wrap(partitioned.PartitionedStore, "settle", "store.settle (incl. store lock + sink)")
@@ -121,18 +125,18 @@ def experiments(names: str) -> None:
     """
     for name in filter(None, (n.strip() for n in names.split(","))):
         if name == "changelog_linger":
-            from app.kafka import producers
+            from app.kafka import transactional_producer
 
             # The module's global, looked up when a producer is made (another
             # experiment's replacement, if one ran first).
-            original = vars(producers)["AIOKafkaProducer"]
+            original = vars(transactional_producer)["AIOKafkaProducer"]
 
             def lingering(*args: Any, original: Any = original, **kwargs: Any) -> Any:
                 if ".timers." in (kwargs.get("transactional_id") or ""):
                     kwargs["linger_ms"] = 50
                 return original(*args, **kwargs)
 
-            vars(producers)["AIOKafkaProducer"] = lingering
+            vars(transactional_producer)["AIOKafkaProducer"] = lingering
         elif name == "results_key_first":
             from app.errors import BadRecord
             from app.protocol.wire import CommandResult, decode
@@ -154,11 +158,13 @@ def experiments(names: str) -> None:
 
             sender.ResultsReader._run = _run  # type: ignore[method-assign]
         elif name == "batch1m":
-            from app.kafka import producers
+            from app.kafka import producers, transactional_producer
 
-            vars(producers)["AIOKafkaProducer"] = functools.partial(
-                vars(producers)["AIOKafkaProducer"], max_batch_size=1 << 20
-            )
+            # Both modules make aiokafka producers: the plain one's and the partitions'.
+            for module in (producers, transactional_producer):
+                vars(module)["AIOKafkaProducer"] = functools.partial(
+                    vars(module)["AIOKafkaProducer"], max_batch_size=1 << 20
+                )
         else:
             raise SystemExit(f"unknown experiment {name!r}")
 

@@ -262,14 +262,12 @@ def install(path: str) -> None:
     from aiokafka.client import AIOKafkaClient
     from aiokafka.producer import message_accumulator, sender
 
-    from app.kafka import producers
+    from app.kafka.transactional_producer import TransactionalProducer
 
     _OUT[0] = open(path, "a", encoding="utf-8", buffering=1)  # noqa: SIM115 (the process's)
-    _wrap_commit(producers.TransactionalProducer)
-    _wrap_caller_step(producers.TransactionalProducer, "_append", "ours: _append (sends queued)")
-    _wrap_caller_step(
-        producers.TransactionalProducer, "_commit", "ours: _commit (offsets + EndTxn)"
-    )
+    _wrap_commit(TransactionalProducer)
+    _wrap_caller_step(TransactionalProducer, "_append", "ours: _append (sends queued)")
+    _wrap_caller_step(TransactionalProducer, "_commit", "ours: _commit (offsets + EndTxn)")
     _wrap_caller_step(AIOKafkaProducer, "begin_transaction", "aiokafka: begin_transaction")
     _wrap_caller_step(
         AIOKafkaProducer, "send_offsets_to_transaction", "aiokafka: send_offsets_to_transaction"

@@ -1,22 +1,23 @@
 """The base both backends share: writes planned by `tables.writes`, their rows streamed to
 a changelog sink (a partition's own, attached by its handle while its serving lasts, else
-the store's), the reads, and the status counts kept with each write (the partitions
-served, assigned, revoked and closed: `tables.served`)."""
+the store's), and the status counts kept with each write (the reads:
+`tables.partitioned_reads`; the partitions served, assigned, revoked and closed:
+`tables.served`)."""
 
 from __future__ import annotations
 
 import logging
 from abc import abstractmethod
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 
-from tables.census import TimerCensus, tally
 from tables.exceptions import StoreError
 from tables.keys import encode_timer, owner_prefix, row_key
 from tables.partition_handle import PartitionHandle
+from tables.partitioned_reads import PartitionedReads
 from tables.refs import AggregateRef
 from tables.retention import expiry_cutoff, plan_expiry
-from tables.served import Found, ServedPartitions
-from tables.store import ChangelogRecord, ChangelogSink, DueRow
+from tables.served import Found
+from tables.store import ChangelogRecord, ChangelogSink
 from tables.timer import Timer, TimerChange, TimerStatus
 from tables.writes import (
     Write,
@@ -38,9 +39,9 @@ _COUNTED = frozenset(
 """What `status_counts` counts: the active statuses, each from an index of its own."""
 
 
-class PartitionedStore(ServedPartitions):
-    """What both backends share: the write path, the reads, the status counts (serving
-    and the checks: `tables.served`)."""
+class PartitionedStore(PartitionedReads):
+    """What both backends share: the write path, the status counts (the reads:
+    `tables.partitioned_reads`; serving and the checks: `tables.served`)."""
 
     def __init__(self, partitions: int, changelog: ChangelogSink | None) -> None:
         super().__init__(partitions)
@@ -58,51 +59,9 @@ class PartitionedStore(ServedPartitions):
         """Before a write to `partitions`, under their write locks: what must be durable first."""
 
     @abstractmethod
-    def _load(self, partition: int, row: bytes) -> Timer | None: ...
-
-    def _load_many(self, partition: int, rows: list[bytes]) -> list[Timer | None]:
-        """`_load` of each of `rows` (a backend may read them in one call)."""
-        return [self._load(partition, row) for row in rows]
-
-    def _load_as_loaded(self, partition: int, row: bytes, loaded: Timer) -> Timer | None:
-        """`_load` for a settle: may answer None when the row cannot be as `loaded`."""
-        return self._load(partition, row)
-
-    @abstractmethod
-    def _owner_rows(self, partition: int, prefix: bytes) -> Iterator[tuple[bytes, Timer]]:
-        """The rows of partition whose key starts with `prefix`, in row-key order."""
-
-    @abstractmethod
     def _apply(self, writes: list[Write], values: list[bytes | None] | None) -> None:
         """Writes rows and their index entries (deletes a row whose `new` is None): one
         atomic write per partition."""
-
-    @abstractmethod
-    def _expired(self, partition: int, until: int, limit: int) -> list[tuple[bytes, Timer]]:
-        """Up to `limit` FIRED and CANCELLED rows of partition finished at or before
-        `until`, oldest first: `(row key, row)`."""
-
-    @abstractmethod
-    def _due(self, partitions: list[int], until: int, limit: int) -> list[Timer]: ...
-
-    @abstractmethod
-    def _due_rows(self, partitions: list[int], until: int, limit: int) -> list[DueRow]:
-        """`_due`'s rows, unbuilt (`DueRow`)."""
-
-    @abstractmethod
-    def _parked(self, partitions: list[int], target: AggregateRef) -> list[Timer]: ...
-
-    @abstractmethod
-    def _due_entries(self, partition: int, start: int) -> Iterator[tuple[int, str]]:
-        """The due index of partition from `start` on: `(due_at, status)`, in due order."""
-
-    @abstractmethod
-    def _parked_entries(self, partition: int) -> Iterator[Callable[[], Timer]]:
-        """The parked index of partition in order: a loader of each entry's row."""
-
-    @abstractmethod
-    def _held_count(self, partition: int) -> int:
-        """How many PAUSED rows partition holds (its held entries)."""
 
     async def _commit(self, writes: list[Write]) -> None:
         """Hands the new rows to the sink, then writes them locally."""
@@ -329,70 +288,6 @@ class PartitionedStore(ServedPartitions):
             writes = plan_expiry(partition, rows, now, retention, limit)
             await self._commit(writes)
             return len(writes)
-
-    async def due(self, partitions: set[int], until: int, limit: int) -> list[Timer]:
-        wanted = self._due_partitions(partitions, until, limit)
-        return self._due(wanted, until, limit) if wanted else []
-
-    async def due_rows(self, partitions: set[int], until: int, limit: int) -> list[DueRow]:
-        wanted = self._due_partitions(partitions, until, limit)
-        return self._due_rows(wanted, until, limit) if wanted else []
-
-    def _due_partitions(self, partitions: set[int], until: int, limit: int) -> list[int]:
-        """The partitions a `due()` reads, its arguments checked; none when nothing is due."""
-        self._check_open()
-        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-            raise ValueError(f"limit must be an int of at least 1, not {limit!r}")
-        if isinstance(until, bool) or not isinstance(until, int):
-            raise ValueError(f"until must be epoch milliseconds (int), not {until!r}")
-        wanted = sorted(partitions)
-        for partition in wanted:
-            self._check_served(partition)
-        return [] if until < 0 else wanted
-
-    async def find(self, owner: AggregateRef, key: str) -> Timer | None:
-        self._check_open()
-        found = self._find(row_key(owner, key), None)
-        return None if found is None else found[2]
-
-    def _find(self, row: bytes, only: tuple[int, int] | None) -> tuple[int, bytes, Timer] | None:
-        for partition in self._searched(only):
-            timer = self._load(partition, row)
-            if timer is not None:
-                return partition, row, timer
-        return None
-
-    async def parked(self, target: AggregateRef) -> list[Timer]:
-        self._check_open()
-        return self._parked(self._served_sorted(), target)
-
-    async def timers_of(self, owner: AggregateRef) -> list[Timer]:
-        self._check_open()
-        prefix = owner_prefix(owner)
-        return [
-            timer
-            for partition in self._served_sorted()
-            for _, timer in self._owner_rows(partition, prefix)
-        ]
-
-    async def census(
-        self, partition: int, now: int, *, limit: int = 100_000, parked_limit: int = 100
-    ) -> TimerCensus:
-        self._check_open()
-        for name, value, least in (("limit", limit, 1), ("parked_limit", parked_limit, 0)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < least:
-                raise ValueError(f"{name} must be an int of at least {least}, not {value!r}")
-        if isinstance(now, bool) or not isinstance(now, int) or now < 0:
-            raise ValueError(f"now must be epoch milliseconds (int), not {now!r}")
-        self._check_served(partition)
-        return tally(
-            partition,
-            now,
-            limit,
-            parked_limit,
-            lambda start: self._due_entries(partition, start),
-            self._parked_entries(partition),
-        )
 
     def status_counts(self, partition: int) -> dict[TimerStatus, int]:
         self._check_open()

@@ -6,76 +6,40 @@ Rows and their indexes share each partition's DB under one-byte key prefixes (se
 row and index entries go in one plain WriteBatch. An indexed row's value lives in its
 due or parked index entry and its ``r`` entry points there (see `tables.keys`), so
 ``due()`` is one range scan a partition with no point reads, and a pending timer's bytes
-are written once. rocksdict is imported here, in `tables.rocksdb_io` (options, scans) and in
-`tables.rocksdb_restore` (the format marker, restore batches).
+are written once. rocksdict is imported here, in `tables.rocksdb_reads` (the reads), in
+`tables.rocksdb_io` (options, scans) and in `tables.rocksdb_restore` (the format marker,
+restore batches).
 """
 
 from __future__ import annotations
 
 import asyncio
-import heapq
 import os
 import shutil
-from bisect import bisect_left
-from collections.abc import Callable, Iterable, Iterator
-from functools import partial
-from itertools import islice
-from operator import itemgetter
-from typing import Any, cast
+from collections.abc import Iterable
 
-import orjson
-from rocksdict import (
-    Cache,
-    Rdict,
-    ReadOptions,
-    WriteBatch,
-    WriteBufferManager,
-    WriteOptions,
-)
+from rocksdict import Cache, Rdict, WriteBatch, WriteBufferManager, WriteOptions
 
 from tables.exceptions import StoreError
-from tables.keys import (
-    DUE,
-    FINISHED,
-    HELD,
-    OFFSET_KEY,
-    PARKED,
-    ROW,
-    due_key,
-    due_key_prefix,
-    due_upper_bound,
-    finished_upper_bound,
-    index_key,
-    parked_prefix,
-    row_key,
-)
-from tables.partitioned import PartitionedStore
-from tables.recent_rows import forget, load_at
-from tables.refs import AggregateRef
-from tables.rocksdb_io import UNLOGGED, db_options, gc_paused, prefix_end, scan
-from tables.rocksdb_restore import INDEXES as _INDEXES
+from tables.keys import DUE, FINISHED, ROW, index_key
+from tables.recent_rows import forget
+from tables.rocksdb_io import UNLOGGED, db_options, gc_paused
+from tables.rocksdb_reads import RocksDBReads
 from tables.rocksdb_restore import RESTORED_KEYS_LIMIT, check_format, restore_batch
-from tables.rowload import load_timer, load_timers
-from tables.store import ChangelogSink, DueRow, UnreadableRow
-from tables.timer import Timer, TimerStatus
+from tables.store import ChangelogSink, UnreadableRow
 from tables.writes import Write
 
 __all__ = ["RocksDBTimerStore"]
 
-_STATUSES = frozenset(status.value for status in TimerStatus)
-_DUE_STATUSES = frozenset({TimerStatus.PENDING, TimerStatus.FIRING})
-_FIELDS = frozenset(Timer.model_fields)
-_KEY = itemgetter(0)
-"""A due entry's key: sorting by it alone compares bytes, not tuples (half the time)."""
 
-
-class RocksDBTimerStore(PartitionedStore):
+class RocksDBTimerStore(RocksDBReads):
     """Durable, restartable; restored from its changelog with `apply_changelog`.
 
     Tuned for a small box: one LRU block cache and one write-buffer budget shared by all
     partitions' DBs, index and filter blocks charged to the cache, LZ4. The WAL stays on
     for every write but a restore's (not fsynced per write: a crashed process loses
-    nothing, a crashed machine restores from the changelog; see `_restore`).
+    nothing, a crashed machine restores from the changelog; see `_restore`). Its reads:
+    `tables.rocksdb_reads`.
     """
 
     _values_needed = True
@@ -101,7 +65,7 @@ class RocksDBTimerStore(PartitionedStore):
         # restores alone since: the hash of every key they hold a row of, so that a
         # restore batch reads back only the old entries of keys an earlier one wrote.
         self._restored: dict[int, set[int]] = {}
-        # Each partition's low-water keys of its due and finished indexes (see `_found`).
+        # Each partition's low-water keys of its due and finished indexes (`_found`).
         self._low = [DUE] * partitions
         self._finished_low = [FINISHED] * partitions
         try:
@@ -113,181 +77,6 @@ class RocksDBTimerStore(PartitionedStore):
 
     def _db_path(self, partition: int) -> str:
         return os.path.join(self._path, f"p{partition}.db")
-
-    def _db(self, partition: int) -> Rdict:
-        return self._dbs[partition]
-
-    # --- reads ------------------------------------------------------------------------
-
-    def _value(self, partition: int, raw: bytes) -> bytes:
-        """A row's JSON from its ``r`` entry: there, or in the index entry it points to."""
-        if raw[:1] not in _INDEXES:
-            return raw
-        value = self._db(partition).get(raw)
-        if value is None:
-            raise StoreError(
-                f"partition {partition} is corrupt: no index entry {raw!r}", partition=partition
-            )
-        return cast(bytes, value)
-
-    def _load(self, partition: int, row: bytes) -> Timer | None:
-        raw = self._db(partition).get(ROW + row)
-        if raw is None:
-            return None
-        if raw[:1] in _INDEXES:  # at its index entry: settled next, from the same bytes
-            return load_at(raw, self._value(partition, raw), partition, row)
-        return load_timer(raw, row, partition)
-
-    def _load_many(self, partition: int, rows: list[bytes]) -> list[Timer | None]:
-        raws = cast(list[bytes | None], self._db(partition).get(cast(Any, [ROW + r for r in rows])))
-        return [
-            None if raw is None else load_timer(self._value(partition, raw), row, partition)
-            for raw, row in zip(raws, rows, strict=True)
-        ]
-
-    def _load_as_loaded(self, partition: int, row: bytes, loaded: Timer) -> Timer | None:
-        """A PENDING or FIRING row held as `loaded` is at `loaded`'s due entry (its key is
-        due_at, id and row key): one read there, where the firing loop's scan just was,
-        instead of a random read of the row and then of its entry."""
-        if loaded.status not in _DUE_STATUSES:
-            return self._load(partition, row)
-        key = due_key(loaded.due_at, loaded.id, row)
-        value = self._db(partition).get(key)
-        return None if value is None else load_at(key, value, partition)
-
-    def _owner_rows(self, partition: int, prefix: bytes) -> Iterator[tuple[bytes, Timer]]:
-        start = ROW + prefix
-        for key, raw in scan(self._db(partition), start, prefix_end(start)):
-            yield key[1:], load_timer(self._value(partition, raw), key, partition)
-
-    def _due(self, partitions: list[int], until: int, limit: int) -> list[Timer]:
-        found = self._found(partitions, until, limit)
-        with gc_paused():
-            return load_timers(found)
-
-    def _due_rows(self, partitions: list[int], until: int, limit: int) -> list[DueRow]:
-        rows: list[DueRow] = []
-        append, unbuilt, from_bytes = rows.append, DueRow.unbuilt, int.from_bytes
-        with gc_paused():
-            for key, value, partition in self._found(partitions, until, limit):
-                # `due_key_order` inlined: most ids hold no NUL, nothing to unescape.
-                raw_id = key[9 : key.index(b"\x00\x00", 9)]
-                if b"\x00" in raw_id:
-                    raw_id = raw_id.replace(b"\x00\x01", b"\x00")
-                append(unbuilt(from_bytes(key[1:9], "big"), raw_id.decode(), partition, value, key))
-        return rows
-
-    def _found(
-        self, partitions: list[int], until: int, limit: int
-    ) -> list[tuple[bytes, bytes, int]]:
-        """The first `limit` due entries of `partitions`, merged by key: `(key, value,
-        partition)`.
-
-        Each partition's entries are taken in chunks (`list(islice(..))` runs in C, where a
-        merge of generators stepped each entry through three Python frames): all entries
-        up to the least last key of the runs that may hold more are taken, so once
-        `limit` of them are, they are the first `limit` of all; else the runs at that key
-        give another chunk.
-
-        The firing loop deletes entries from the front of the due index (each claim moves
-        one to its deadline), and their tombstones stay until compaction: a scan from the
-        index's first key would step over all of them on every call. So a partition's run
-        starts at `_low[p]`, a key below which p has no due entry: lowered by every write
-        of one, raised to the first entry each scan finds (or past `until` when it finds
-        none). A key, not a due time: a burst's rows are all due at one instant, and a
-        scan from that instant's first key would step over the tombstones of every row
-        of it claimed so far, not only those of the last round's claims.
-        """
-        options = ReadOptions()  # held to the end: the iterators read their bound from it
-        options.set_iterate_upper_bound(due_upper_bound(until))
-        step = min(limit, limit // len(partitions) + limit // (4 * len(partitions)) + 8)
-        found: list[tuple[bytes, bytes, int]] = []
-        runs: dict[int, Iterator[tuple[bytes, bytes]]] = {}
-        last: dict[int, bytes] = {}
-        for partition in partitions:
-            low = self._low[partition]
-            run = cast(
-                Iterator[tuple[bytes, bytes]],
-                self._db(partition).items(from_key=low, read_opt=options),
-            )
-            got = list(islice(run, step))
-            if not got:
-                self._low[partition] = max(low, due_upper_bound(until))
-                continue
-            self._low[partition] = got[0][0]
-            found += [(key, value, partition) for key, value in got]
-            if len(got) == step:
-                runs[partition], last[partition] = run, got[-1][0]
-        found.sort(key=_KEY)  # a key names its row: two partitions never hold the same one
-        while runs:
-            bound = min(last.values())
-            if bisect_left(found, bound + b"\x00", key=_KEY) >= limit:
-                break
-            for partition in [p for p, key in last.items() if key == bound]:
-                got = list(islice(runs[partition], step))
-                found += [(key, value, partition) for key, value in got]
-                if len(got) == step:
-                    last[partition] = got[-1][0]
-                else:
-                    del runs[partition], last[partition]
-            found.sort(key=_KEY)
-        del options
-        return found[:limit]
-
-    def _lower(self, partition: int, index: bytes) -> None:
-        """Keeps `_low` (`_finished_low`) below a due (finished) entry about to be written."""
-        kind = index[:1]
-        if kind == DUE:
-            if index < self._low[partition]:
-                self._low[partition] = index
-        elif kind == FINISHED and index < self._finished_low[partition]:
-            self._finished_low[partition] = index
-
-    def _expired(self, partition: int, until: int, limit: int) -> list[tuple[bytes, Timer]]:
-        """Like `_due`, from a low-water mark: each sweep deletes entries from the
-        front of the finished index, and a scan from its first key would step over their
-        tombstones every time."""
-        if until < 0:
-            return []
-        low = self._finished_low[partition]
-        upper = finished_upper_bound(until)
-        found: list[tuple[bytes, Timer]] = []
-        with gc_paused():
-            for key, value in scan(self._db(partition), low, upper):
-                if not found:
-                    self._finished_low[partition] = key
-                timer = load_timer(value, key, partition)
-                found.append((row_key(timer.owner, timer.key), timer))
-                if len(found) == limit:
-                    return found
-        if not found:
-            self._finished_low[partition] = max(low, upper)
-        return found
-
-    def _parked(self, partitions: list[int], target: AggregateRef) -> list[Timer]:
-        start = parked_prefix(target)
-        upper = prefix_end(start)
-        runs = [scan(self._db(partition), start, upper) for partition in partitions]
-        with gc_paused():
-            return [load_timer(value, key) for key, value in heapq.merge(*runs)]
-
-    def _due_entries(self, partition: int, start: int) -> Iterator[tuple[int, str]]:
-        # From the low-water mark at least: the tombstones below it are skipped.
-        first = max(due_key_prefix(start), self._low[partition])
-        for key, value in scan(self._db(partition), first, prefix_end(DUE)):
-            # The status alone: orjson without the model is several times cheaper.
-            yield int.from_bytes(key[1:9], "big"), orjson.loads(value)["status"]
-
-    def _parked_entries(self, partition: int) -> Iterator[Callable[[], Timer]]:
-        for key, value in scan(self._db(partition), PARKED, prefix_end(PARKED)):
-            yield partial(load_timer, value, key)
-
-    def _held_count(self, partition: int) -> int:
-        return sum(1 for _ in scan(self._db(partition), HELD, prefix_end(HELD)))
-
-    def _offset(self, partition: int) -> int | None:
-        raw = self._db(partition).get(OFFSET_KEY)
-        return None if raw is None else int.from_bytes(raw, "big", signed=True)
 
     # --- writes -----------------------------------------------------------------------
 

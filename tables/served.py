@@ -1,6 +1,6 @@
 """The partitions a store serves, their write locks and the checks every call makes:
 assign, revoke, drop, close and restore (`ServedPartitions`, the base of
-`tables.partitioned.PartitionedStore`)."""
+`tables.partitioned_reads.PartitionedReads` and so of `tables.partitioned.PartitionedStore`)."""
 
 from __future__ import annotations
 

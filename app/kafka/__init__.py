@@ -45,8 +45,9 @@ from app.kafka.ports import (
     TransactionalWriter,
     WriterFactory,
 )
-from app.kafka.producers import Producer, TransactionalProducer
+from app.kafka.producers import Producer
 from app.kafka.records import Headers, OutRecord, Record, TopicSpec, headers_of, refused
+from app.kafka.transactional_producer import TransactionalProducer
 
 __all__ = [
     "Clients",

@@ -18,8 +18,9 @@ from app.kafka.consumers import GroupConsumer, PartitionReader, Reader
 from app.kafka.ports import Assigned, ReaderClient, TransactionalWriter
 from app.kafka.probe import api_versions_probe, check_access
 from app.kafka.producer_loop import OwnLoopProducer
-from app.kafka.producers import TRANSACTION_BATCH_BYTES, Producer, TransactionalProducer
+from app.kafka.producers import TRANSACTION_BATCH_BYTES, Producer
 from app.kafka.records import Replication, TopicSpec
+from app.kafka.transactional_producer import TransactionalProducer
 
 __all__ = ["KafkaAdmin", "KafkaClient", "KafkaClients"]
 

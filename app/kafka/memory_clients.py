@@ -321,7 +321,8 @@ if TYPE_CHECKING:
         TransactionalWriter,
         WriterFactory,
     )
-    from app.kafka.producers import Producer, TransactionalProducer
+    from app.kafka.producers import Producer
+    from app.kafka.transactional_producer import TransactionalProducer
 
     def _conforms(
         kafka: KafkaClients,

@@ -35,8 +35,9 @@ from typing import Any, TypeVar
 
 from app.errors import KafkaUnavailable
 from app.kafka.connection import Connectable
-from app.kafka.producers import TRANSACTION_BATCH_BYTES, TransactionalProducer
+from app.kafka.producers import TRANSACTION_BATCH_BYTES
 from app.kafka.records import OutRecord
+from app.kafka.transactional_producer import TransactionalProducer
 
 __all__ = ["OwnLoopProducer", "kafka_loop", "on_loop"]
 

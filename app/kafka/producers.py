@@ -1,23 +1,23 @@
-"""Producers: a plain one (commands, results, ledger records) and the transactional one
-of each partition (its changelog rows, events and consumed offsets in one transaction)."""
+"""The plain producer (commands, results, ledger records); the batch and request sizes of
+each partition's transactional producer (`transactional_producer`, and librdkafka's
+`rdkafka_writer`); and what both aiokafka producers do with the futures and exceptions
+aiokafka leaves them."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from aiokafka import AIOKafkaProducer, TopicPartition
+from aiokafka import AIOKafkaProducer
 from aiokafka.errors import (
     KafkaError,
 )
-from aiokafka.producer.transaction_manager import TransactionResult
 
-from app.errors import Fenced, KafkaUnavailable
+from app.errors import KafkaUnavailable
 from app.kafka.connection import Connectable, client_options
-from app.kafka.records import OutRecord, explain, fenced_by, headers_of, start_client
+from app.kafka.records import OutRecord, explain, headers_of, start_client
 
 logger = logging.getLogger(__name__)
 
@@ -63,21 +63,21 @@ class Producer:
 
     async def stop(self) -> None:
         await self._producer.stop()
-        _left_behind(self._producer)
+        left_behind(self._producer)
 
     async def send_many(self, records: Sequence[OutRecord]) -> list[int]:
         """Sends (topic, partition, key, value) records; their offsets once acknowledged."""
         try:
             futures = [
                 await self._producer.send(
-                    r[0], value=r[3], key=r[2], partition=r[1], headers=_headers(r)
+                    r[0], value=r[3], key=r[2], partition=r[1], headers=headers_list(r)
                 )
                 for r in records
             ]
             for f in futures:
                 # The first failure is raised; the others are retrieved, not left to the
                 # event loop to log at collection.
-                f.add_done_callback(_retrieve)
+                f.add_done_callback(retrieve)
             return [(await f).offset for f in futures]
         except KafkaError as exc:
             raise KafkaUnavailable(f"send failed: {explain(exc)}") from exc
@@ -88,278 +88,7 @@ class Producer:
         return (await self.send_many([(topic, partition, key, value)]))[0]
 
 
-class TransactionalProducer:
-    """A producer whose records and consumer offsets commit together, or not at all.
-
-    One per owned partition (transactional id `<group>.<ctx>.<agg>.timers.<partition>`):
-    starting it fences a previous owner's producer, so a zombie can never commit beside
-    the new owner. Any failure breaks it for good (`broken`): every later call raises at
-    once, so a caller can never go on with a producer in an unknown state; it is closed
-    and the partition taken afresh.
-    """
-
-    def __init__(
-        self,
-        bootstrap: Connectable,
-        transactional_id: str,
-        *,
-        max_batch_bytes: int = TRANSACTION_BATCH_BYTES,
-        topics: Iterable[str] = (),
-    ) -> None:
-        self.transactional_id = transactional_id
-        self._topics = tuple(topics)  # written for sure: their metadata fetched at start
-        self._producer = AIOKafkaProducer(
-            **client_options(bootstrap),
-            transactional_id=transactional_id,
-            enable_idempotence=True,
-            acks="all",
-            linger_ms=1,
-            transaction_timeout_ms=60_000,
-            # A dead letter holds a whole record of the topics its context serves, and its
-            # topic takes up to 4 MiB (`app.protocol.dead_letters`).
-            max_request_size=TRANSACTION_REQUEST_BYTES,
-            # Under the topics' limits (`transaction_batch_bytes`).
-            max_batch_size=max_batch_bytes,
-            # A commit's retries (CONCURRENT_TRANSACTIONS just after the previous commit,
-            # NOT_ENOUGH_REPLICAS) wait this long: 100 ms by default, the tail of a commit.
-            retry_backoff_ms=10,
-        )
-        self._lock = asyncio.Lock()
-        self._open = False
-        self.broken: KafkaUnavailable | None = None
-        # The topics its client's metadata follows (`_track`).
-        self._tracked: set[str] = set()
-        # The open transaction's sends, and the first of them that failed (`_end`).
-        self._sent: list[asyncio.Future[Any]] = []
-        self._unsent: BaseException | None = None
-        self._guard_commit()
-
-    async def start(self) -> None:
-        """Starts it; the `topics` it was made with have their metadata fetched now (one
-        request), not at its first transaction (`warm`)."""
-        await start_client(self._producer, self.transactional_id)
-        await self.warm(self._topics)
-
-    async def warm(self, topics: Iterable[str]) -> None:
-        """Makes its client follow the metadata of `topics` and fetches what it lacks of
-        them, in one request, so that a transaction writing them waits for none (a node's
-        first fire writes the events and commands topics its producer never wrote)."""
-        try:
-            await self._track(topics)
-        except KafkaError as exc:
-            raise KafkaUnavailable(f"{self.transactional_id}: no metadata: {explain(exc)}") from exc
-
-    async def stop(self) -> None:
-        """Closes the client; never raises (a broken producer may fail to say goodbye)."""
-        try:
-            await self._producer.stop()
-        except Exception as exc:
-            logger.warning("%s: stop failed: %r", self.transactional_id, exc)
-        _left_behind(self._producer)
-
-    async def commit(
-        self,
-        records: Sequence[OutRecord],
-        offsets: dict[tuple[str, int], int],
-        group_id: str,
-    ) -> list[int]:
-        """Sends `records` and commits `offsets` for `group_id` in one transaction.
-
-        Returns the records' offsets. `Fenced` when a newer owner took over; any other
-        failure aborts the transaction and raises `KafkaUnavailable`.
-        """
-        async with self._lock:
-            placed = await self._append(records)
-            await self._commit(offsets, group_id)
-        try:
-            return [(await batch).offset + delta for batch, delta in placed]
-        except KafkaError as exc:  # committed, so acknowledged: this would be a client bug
-            raise KafkaUnavailable(f"{self.transactional_id}: no offsets: {explain(exc)}") from exc
-
-    async def flush(
-        self, offsets: dict[tuple[str, int], int] | None = None, group_id: str = ""
-    ) -> bool:
-        """Commits the open transaction (with `offsets`, if any); whether there was one."""
-        async with self._lock:
-            if not self._open and not offsets:
-                return False
-            await self._commit(offsets or {}, group_id)
-            return True
-
-    @property
-    def pending(self) -> bool:
-        """Whether records wait in an open transaction."""
-        return self._open
-
-    async def _append(self, records: Sequence[OutRecord]) -> list[tuple[asyncio.Future[Any], int]]:
-        """Appends `records` to the transaction, each partition's in their order and in as
-        few batches as fit: one future a batch, where aiokafka's `send` costs a coroutine,
-        a metadata check and a future a record. A topic with a record left to the key's
-        partition (a command to another aggregate) goes record by record, in order, as
-        aiokafka's partitioner places it. Each record's batch and its offset in it."""
-        self._check()
-        p = self._producer
-        try:
-            await self._track(r[0] for r in records)
-            await self._begin()
-            keyed = {r[0] for r in records if r[1] is None}
-            placed: dict[int, tuple[asyncio.Future[Any], int]] = {}
-            by_partition: dict[tuple[str, int], list[int]] = {}
-            for i, r in enumerate(records):
-                if r[0] in keyed:
-                    placed[i] = (await p.send(r[0], r[3], r[2], r[1], headers=_headers(r)), 0)
-                    placed[i][0].add_done_callback(_retrieve)
-                    self._sent.append(placed[i][0])
-                elif r[1] is not None:
-                    by_partition.setdefault((r[0], r[1]), []).append(i)
-            for (topic, partition), indexes in by_partition.items():
-                batch, members = p.create_batch(), list[tuple[int, int]]()
-                for i in indexes:
-                    r = records[i]
-                    meta = batch.append(timestamp=None, key=r[2], value=r[3], headers=_headers(r))
-                    if meta is None:  # full: sent, and the record opens the next batch
-                        await self._send_batch(batch, topic, partition, members, placed)
-                        batch, members = p.create_batch(), []
-                        meta = batch.append(
-                            timestamp=None, key=r[2], value=r[3], headers=_headers(r)
-                        )
-                    members.append((i, meta.offset))
-                await self._send_batch(batch, topic, partition, members, placed)
-            return [placed[i] for i in range(len(records))]
-        except BaseException as exc:
-            raise await self._fail(exc) from exc
-
-    async def _send_batch(
-        self,
-        batch: Any,
-        topic: str,
-        partition: int,
-        members: list[tuple[int, int]],
-        placed: dict[int, tuple[asyncio.Future[Any], int]],
-    ) -> None:
-        sent = await self._producer.send_batch(batch, topic, partition=partition)
-        # A failed batch fails the commit too (`_end`), which is where it is reported.
-        sent.add_done_callback(_retrieve)
-        self._sent.append(sent)
-        for i, delta in members:
-            placed[i] = (sent, delta)
-
-    async def _track(self, topics: Iterable[str]) -> None:
-        """Makes its client follow each of `topics` before a record goes to it, and waits
-        for the metadata of those it lacks, all in one request. aiokafka's client asks
-        only for the topics it follows and forgets every other: one it knew from its
-        bootstrap but never followed would vanish at the next refresh (a topic new to it
-        in the same transaction), and a batch queued to it would wait its 40 s and fail
-        without a leader."""
-        new = {t for t in topics if t not in self._tracked}
-        if not new:
-            return
-        client = self._producer.client
-        for topic in new:  # all followed before the refresh they start is sent
-            client.add_topic(topic)
-        self._tracked |= new
-        for topic in new:
-            await self._producer.partitions_for(topic)  # at once when it is known
-
-    async def _begin(self) -> None:
-        """Opens a transaction if none is. aiokafka's `begin_transaction` waits for the
-        producer id in a task of its own, a turn of the loop even when the id is there
-        (at every transaction, and a turn of a busy node's loop is long): with the id,
-        the transaction manager's own begin is all it does."""
-        if self._open:
-            return
-        txn = self._producer._txn_manager
-        if txn is not None and txn.has_pid():
-            txn.begin_transaction()
-        else:
-            await self._producer.begin_transaction()
-        self._open = True
-        self._sent, self._unsent = [], None
-
-    def _guard_commit(self) -> None:
-        """aiokafka's sender ends a transaction by waiting for its batches, failed or not,
-        then committing it: a batch the broker refused (a record over the topic's limit)
-        or one that expired would be left out of a committed transaction, beside the
-        offsets of the input it came from. Guarded, a commit with a failed send aborts
-        instead (`_unsent`: `_commit` then raises), and so does one whose caller gave up
-        before its batches were in (`broken`). The sender's method of this producer's
-        own is replaced: its request, retries and answers are aiokafka's."""
-        sender = self._producer._sender
-        end = sender._do_txn_commit
-
-        async def commit_or_abort(result: TransactionResult) -> Any:
-            if result == TransactionResult.COMMIT:
-                await sender._message_accumulator.flush_for_commit()
-                if waiting := [f for f in self._sent if not f.done()]:
-                    await asyncio.wait(waiting)  # shields of the flushed batches: a turn
-                # A batch whose future was cancelled was never acknowledged: as failed.
-                failed = (_unacknowledged(f) for f in self._sent)
-                self._unsent = next((e for e in failed if e is not None), None)
-                # Broken meanwhile (its caller cancelled, its abort refused mid-commit):
-                # the caller was told it failed, so nothing of it may commit.
-                if self._unsent is not None or self.broken is not None:
-                    result = TransactionResult.ABORT
-            return await end(result)
-
-        sender._do_txn_commit = commit_or_abort
-
-    async def _commit(self, offsets: dict[tuple[str, int], int], group_id: str) -> None:
-        self._check()
-        p = self._producer
-        try:
-            await self._begin()
-            if offsets:
-                await p.send_offsets_to_transaction(
-                    {TopicPartition(t, part): o for (t, part), o in offsets.items()}, group_id
-                )
-            await p.commit_transaction()
-            self._open = False
-            if self._unsent is not None:  # aborted (`_guard_commit`): nothing of it counts
-                raise self._unsent
-        except BaseException as exc:
-            raise await self._fail(exc) from exc
-
-    def _check(self) -> None:
-        if self.broken is not None:
-            raise self.broken
-
-    async def _fail(self, exc: BaseException) -> BaseException:
-        """Breaks the producer: what to raise for `exc`.
-
-        Whatever went wrong (fenced, a fatal client state, an aiokafka assertion, a
-        cancellation half-way through a commit), the transaction's fate is unknown here:
-        the broker aborts it (a newer owner's start, or the transaction timeout).
-        """
-        # A fence seen by aiokafka's sender may reach the caller as another error (the
-        # next step's IllegalOperation, an invalid state transition) while the fence
-        # itself waits, never retrieved, in the transaction's end waiter.
-        fenced = fenced_by(exc) or fenced_by(_left_behind(self._producer))
-        if fenced:
-            error: KafkaUnavailable = Fenced(f"{self.transactional_id} was fenced by a newer owner")
-        else:
-            error = KafkaUnavailable(
-                f"{self.transactional_id}: transaction failed: {_with_causes(exc)}"
-            )
-        self.broken = error
-        if self._open and not fenced:
-            with contextlib.suppress(Exception):
-                async with asyncio.timeout(5):
-                    await self._producer.abort_transaction()
-        self._open = False
-        if isinstance(exc, asyncio.CancelledError | KeyboardInterrupt | SystemExit):
-            return exc
-        return error
-
-
-def _with_causes(exc: BaseException) -> str:
-    """`exc` in a user's terms, with what it came from (aiokafka's sender wraps it)."""
-    said, cause = explain(exc), exc.__cause__
-    if cause is not None and cause is not exc:
-        said += f", from {explain(cause)}"
-    return said
-
-
-def _left_behind(producer: Any) -> BaseException | None:
+def left_behind(producer: Any) -> BaseException | None:
     """Retrieves the exceptions aiokafka leaves set and unawaited when its sender dies (a
     fence, a fatal error), which the event loop would log, at collection, as never
     retrieved: the transaction's end waiter (awaited only by a commit or an abort that
@@ -386,17 +115,10 @@ def _exception(future: asyncio.Future[Any]) -> BaseException | None:
     return future.exception()
 
 
-def _retrieve(future: asyncio.Future[Any]) -> None:
+def retrieve(future: asyncio.Future[Any]) -> None:
     if not future.cancelled():
         future.exception()
 
 
-def _headers(record: OutRecord) -> list[tuple[str, bytes | None]]:
+def headers_list(record: OutRecord) -> list[tuple[str, bytes | None]]:
     return list(headers) if (headers := headers_of(record)) else []
-
-
-def _unacknowledged(future: asyncio.Future[Any]) -> BaseException | None:
-    """Why a send of the transaction was not acknowledged (it is done), or None."""
-    if future.cancelled():
-        return KafkaUnavailable("a send of the transaction was cancelled before its answer")
-    return future.exception()

@@ -10,42 +10,26 @@ whatever the writer was doing.
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
-from confluent_kafka import KafkaError, KafkaException, Message, Producer, TopicPartition
+from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
 
 from app.errors import Fenced, KafkaUnavailable
 from app.kafka.call_thread import CallThread
 from app.kafka.connection import Connectable
 from app.kafka.producers import TRANSACTION_BATCH_BYTES, TRANSACTION_REQUEST_BYTES
-from app.kafka.rdkafka_config import (
-    FENCED_CODES,
-    explain_code,
-    group_metadata,
-    rdkafka_options,
-    refusal,
-)
-from app.kafka.records import OutRecord, headers_of
+from app.kafka.rdkafka_config import FENCED_CODES, group_metadata, rdkafka_options
+from app.kafka.rdkafka_delivery import produce_all
+from app.kafka.rdkafka_errors import error_of, refusal_or, said
+from app.kafka.records import OutRecord
 
 __all__ = ["RdkafkaTransactionalWriter"]
 
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
-
-_QUEUE_FULL_WAIT = 0.05
-"""A `produce` refused for a full local queue waits this long for deliveries, then again."""
-
-
-class _Refused(Exception):
-    """A record the broker did not take (its delivery report's error)."""
-
-    def __init__(self, error: KafkaError) -> None:
-        super().__init__(error)
-        self.error = error
 
 
 class RdkafkaTransactionalWriter:
@@ -104,8 +88,8 @@ class RdkafkaTransactionalWriter:
             await self._run(self._start)
         except (KafkaException, KafkaUnavailable) as exc:
             raise KafkaUnavailable(
-                f"{self.transactional_id} cannot connect: {_said(exc)}"
-            ) from _refusal_or(exc)
+                f"{self.transactional_id} cannot connect: {said(exc)}"
+            ) from refusal_or(exc)
 
     async def stop(self) -> None:
         """Aborts an open transaction (unless broken) and closes the producer; never
@@ -165,7 +149,7 @@ class RdkafkaTransactionalWriter:
             if self._open and self.broken is None:
                 p.abort_transaction(self._timeout)
         except Exception as exc:
-            logger.warning("%s: abort at stop failed: %s", self.transactional_id, _said(exc))
+            logger.warning("%s: abort at stop failed: %s", self.transactional_id, said(exc))
         finally:
             self._open = False
             # `close` flushes with no deadline: whatever is left is dropped first (a
@@ -178,7 +162,7 @@ class RdkafkaTransactionalWriter:
                     # a broken writer's fatal error (its fence) is raised again by the
                     # close that destroys it (the producer is gone all the same)
                     level = logging.DEBUG if self.broken is not None else logging.WARNING
-                    logger.log(level, "%s: close: %s", self.transactional_id, _said(exc))
+                    logger.log(level, "%s: close: %s", self.transactional_id, said(exc))
 
     def _transaction(
         self,
@@ -205,59 +189,17 @@ class RdkafkaTransactionalWriter:
             raise
 
     def _append(self, records: Sequence[OutRecord]) -> list[int]:
-        """Produces `records` in the transaction and waits for their delivery reports;
-        their offsets. Records of a topic given their partition share one report
-        collector (a partition's offsets grow in the order its records were produced);
-        a topic with a record left to the key's partition is told record by record."""
+        """Produces `records` in the transaction and waits for their delivery reports
+        (`produce_all`); their offsets."""
         p = self._ready()
         if not self._open:
             p.begin_transaction()
             self._open = True
         try:
-            return self._produce_all(p, records)
+            return produce_all(p, records, self._timeout)
         except BaseException as exc:
             self._abort(exc)
             raise
-
-    def _produce_all(self, p: Producer, records: Sequence[OutRecord]) -> list[int]:
-        keyed = {r[0] for r in records if r[1] is None}
-        at: list[int] = [-1] * len(records)
-        delivered: list[Message] = []
-        failed: list[KafkaError] = []
-
-        def collect(err: KafkaError | None, msg: Message) -> None:
-            if err is not None:
-                failed.append(err)
-            else:
-                delivered.append(msg)
-
-        def one(i: int, err: KafkaError | None, msg: Message) -> None:
-            if err is not None:
-                failed.append(err)
-            else:
-                at[i] = _offset(msg)
-
-        by_partition: dict[tuple[str, int], list[int]] = {}
-        for i, r in enumerate(records):
-            topic, partition = r[0], r[1]
-            if topic in keyed:
-                _produce(p, r, -1 if partition is None else partition, functools.partial(one, i))
-            else:
-                assert partition is not None
-                by_partition.setdefault((topic, partition), []).append(i)
-                _produce(p, r, partition, collect)
-        left = p.flush(self._timeout)
-        if failed:
-            raise _Refused(failed[0])
-        if left:
-            raise KafkaUnavailable(f"{left} records not delivered in {self._timeout:g} s")
-        offsets: dict[tuple[str, int], list[int]] = {}
-        for m in delivered:
-            offsets.setdefault((m.topic() or "", m.partition() or 0), []).append(_offset(m))
-        for where, indexes in by_partition.items():
-            for i, offset in zip(indexes, sorted(offsets.get(where, ())), strict=True):
-                at[i] = offset
-        return at
 
     def _abort(self, exc: BaseException) -> None:
         """Aborts the open transaction after `exc`, unless it was a fence or left the
@@ -265,13 +207,13 @@ class RdkafkaTransactionalWriter:
         if not self._open or self._producer is None:
             return
         self._open = False
-        error = _error_of(exc)
+        error = error_of(exc)
         if error is not None and (error.fatal() or error.code() in FENCED_CODES):
             return
         try:
             self._producer.abort_transaction(self._timeout)
         except KafkaException as abort:
-            logger.warning("%s: abort failed: %s", self.transactional_id, _said(abort))
+            logger.warning("%s: abort failed: %s", self.transactional_id, said(abort))
 
     def _still_wanted(self) -> None:
         """Raises (the transaction is then aborted) once the event loop gave up on the
@@ -314,7 +256,7 @@ class RdkafkaTransactionalWriter:
         """Breaks the writer: what to raise for `exc`. A cancelled commit goes on on the
         writer's thread, its end unknown here (the broker aborts an open transaction at
         the next writer's start, or at its timeout)."""
-        error = _error_of(exc)
+        error = error_of(exc)
         if error is not None and (error.code() in FENCED_CODES):
             broken: KafkaUnavailable = Fenced(
                 f"{self.transactional_id} was fenced by a newer owner"
@@ -322,9 +264,9 @@ class RdkafkaTransactionalWriter:
         elif isinstance(exc, KafkaUnavailable):
             broken = KafkaUnavailable(f"{self.transactional_id}: transaction failed: {exc}")
         else:
-            why = _said(exc) if error is not None else repr(exc)
+            why = said(exc) if error is not None else repr(exc)
             broken = KafkaUnavailable(f"{self.transactional_id}: transaction failed: {why}")
-        broken.__cause__ = _refusal_or(exc)
+        broken.__cause__ = refusal_or(exc)
         self.broken = broken
         if isinstance(exc, asyncio.CancelledError | KeyboardInterrupt | SystemExit):
             return exc
@@ -345,62 +287,6 @@ class _Log:
 _LOG = _Log()
 
 
-def _produce(
-    p: Producer, r: OutRecord, partition: int, report: Callable[[KafkaError | None, Message], None]
-) -> None:
-    headers = headers_of(r)
-    while True:
-        try:
-            if headers:
-                p.produce(r[0], r[3], r[2], partition, on_delivery=report, headers=list(headers))
-            else:
-                p.produce(r[0], r[3], r[2], partition, on_delivery=report)
-            return
-        except BufferError:  # the local queue is full: serve deliveries, then again
-            p.poll(_QUEUE_FULL_WAIT)
-
-
 def _retrieve(future: asyncio.Future[Any]) -> None:
     if not future.cancelled():
         future.exception()
-
-
-def _offset(msg: Message) -> int:
-    offset = msg.offset()
-    if offset is None or offset < 0:  # acknowledged without one: a client bug
-        raise KafkaUnavailable(f"{msg.topic()}[{msg.partition()}]: delivered without offset")
-    return offset
-
-
-def _error_of(exc: BaseException | None) -> KafkaError | None:
-    """librdkafka's error in `exc` or in what it came from. confluent-kafka raises a fatal
-    error (a fence) from the callback dispatch of `flush` or `close`, and leaves it set
-    while the dispatch goes on: the next delivery report's callback then fails with a
-    `SystemError` whose cause is the fatal `KafkaException`."""
-    seen = 0
-    while exc is not None and seen < 8:
-        if isinstance(exc, _Refused):
-            return exc.error
-        if isinstance(exc, KafkaException) and exc.args and isinstance(exc.args[0], KafkaError):
-            return exc.args[0]
-        exc, seen = exc.__cause__ or exc.__context__, seen + 1
-    return None
-
-
-def _refusal_or(exc: BaseException) -> BaseException:
-    """aiokafka's error for `exc` when librdkafka's error in it is a refusal (an ACL missing,
-    the login refused), caused by `exc`, so that `records.refused` knows it as the aiokafka
-    writer's (no retry passes it); `exc` otherwise."""
-    error = _error_of(exc)
-    cause = None if error is None else refusal(error.code(), error.str())
-    if cause is None:
-        return exc
-    cause.__cause__ = exc
-    return cause
-
-
-def _said(exc: BaseException) -> str:
-    error = _error_of(exc)
-    if error is None:
-        return repr(exc)
-    return explain_code(error.code(), f"{error.name()}: {error.str()}")

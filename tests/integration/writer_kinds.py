@@ -11,8 +11,8 @@ import pytest
 
 from app.kafka import TransactionalWriter
 from app.kafka.producer_loop import OwnLoopProducer
-from app.kafka.producers import TransactionalProducer
 from app.kafka.rdkafka_writer import RdkafkaTransactionalWriter
+from app.kafka.transactional_producer import TransactionalProducer
 
 MakeWriter = Callable[..., TransactionalWriter]
 

@@ -16,7 +16,8 @@ import pytest
 from confluent_kafka import KafkaError, KafkaException
 
 from app.errors import Fenced, KafkaUnavailable
-from app.kafka.rdkafka_writer import RdkafkaTransactionalWriter, _error_of
+from app.kafka.rdkafka_errors import error_of as _error_of
+from app.kafka.rdkafka_writer import RdkafkaTransactionalWriter
 from app.kafka.records import refused
 
 
