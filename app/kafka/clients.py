@@ -115,6 +115,8 @@ class KafkaClients:
         if missing is not None:
             # said when the node is configured, not at its first partition's transaction
             raise ValueError(f"the {client} Kafka client {missing}")
+        if producer_thread and client != "aiokafka":
+            raise ValueError(f"a producers' thread is aiokafka's only, not {client}'s")
         self.bootstrap = bootstrap
         self.replication = replication
         self.client: KafkaClient = client

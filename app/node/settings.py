@@ -188,6 +188,18 @@ class Settings(BaseSettings):
         return self
 
     @model_validator(mode="after")
+    def _thread_of_aiokafka(self) -> Settings:
+        # librdkafka's producers have threads of their own: a thread asked for them would
+        # be silently not there.
+        if self.producer_thread and self.kafka_client != "aiokafka":
+            raise ValueError(
+                "TICKWHEEL_PRODUCER_THREAD=true is for TICKWHEEL_KAFKA_CLIENT=aiokafka only "
+                f"(this is {self.kafka_client}, whose producers run on threads of their "
+                "own): unset it or set it false"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _connectable(self) -> Settings:
         # A wrong security setting (a missing file, a SASL protocol without credentials)
         # is one clear error now, before anything connects.

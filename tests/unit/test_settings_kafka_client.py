@@ -81,3 +81,17 @@ def test_the_producer_thread_is_off_by_default_and_read_from_its_variable(
     ]
     with pytest.raises(ConfigError, match="TICKWHEEL_PRODUCER_THREAD"):
         Settings.from_env({"TICKWHEEL_PRODUCER_THREAD": "sometimes"})
+
+
+def test_the_producer_thread_with_librdkafka_is_an_error_naming_both_variables() -> None:
+    """librdkafka's producers run on threads of their own: the setting would do nothing."""
+    with pytest.raises(
+        ConfigError, match=r"TICKWHEEL_PRODUCER_THREAD=true.*TICKWHEEL_KAFKA_CLIENT=aiokafka only"
+    ):
+        Settings.from_env(
+            {"TICKWHEEL_KAFKA_CLIENT": "confluent", "TICKWHEEL_PRODUCER_THREAD": "true"}
+        )
+    plain = {"TICKWHEEL_KAFKA_CLIENT": "confluent", "TICKWHEEL_PRODUCER_THREAD": "false"}
+    assert Settings.from_env(plain).producer_thread is False
+    with pytest.raises(ValueError, match="aiokafka's only"):
+        KafkaClients("127.0.0.1:9092", client="confluent", producer_thread=True)
