@@ -88,6 +88,9 @@ class PartitionTimerLoop(TimerLoop):
         self._landed_before: int | None = None
         self._landed = False
         self._began = 0
+        # Set by `end()`: a hold in progress ends at once (not on `_wake`, which every put
+        # or answer of a burst sets).
+        self._ended = asyncio.Event()
 
     def wake(self, *, reload: bool = True) -> None:
         """Runs its next round now; `reload`: its wheel is loaded again first."""
@@ -98,6 +101,7 @@ class PartitionTimerLoop(TimerLoop):
     def end(self) -> None:
         """Ends it after the round in progress, not waited for (its task's close)."""
         self._stopping = True
+        self._ended.set()
         self._wake.set()
 
     def when_done(self, callback: Callable[[object], None]) -> None:
@@ -180,14 +184,22 @@ class PartitionTimerLoop(TimerLoop):
         once, aiokafka's producers on the node's loop: first fire ~130 -> ~40 ms after
         due, docs/performance.md). A commit of earlier work still in flight is waited
         for, then the burst's own if it follows at once; its round goes on when none is in
-        flight, or the time is up."""
+        flight, or the time is up; `end()` ends it at once."""
         loop = asyncio.get_running_loop()
         until = loop.time() + self._held_left_ms() / 1000  # then timed by the loop
-        while not self._stopping and (kept := self._awaiting_first_commit()) is not None:
-            commit = self._commits.running(kept, self.p)
-            if (left := until - loop.time()) <= 0 or commit is None:
-                return
-            await asyncio.wait([commit], timeout=left)
+        ended: asyncio.Task[bool] | None = None
+        try:
+            while not self._stopping and (kept := self._awaiting_first_commit()) is not None:
+                commit = self._commits.running(kept, self.p)
+                if (left := until - loop.time()) <= 0 or commit is None:
+                    return
+                ended = ended or asyncio.create_task(self._ended.wait())
+                await asyncio.wait(
+                    [commit, ended], timeout=left, return_when=asyncio.FIRST_COMPLETED
+                )
+        finally:
+            if ended is not None:
+                ended.cancel()
 
     async def _commit_claims(self, r: Round) -> None:
         """Commits the round's claims in p's transaction (its task's, only while it runs

@@ -253,6 +253,22 @@ async def test_a_loop_ended_while_held_takes_no_round() -> None:
 
 
 @pytest.mark.usefixtures("long_hold")
+async def test_ending_a_held_loop_ends_its_hold_at_once() -> None:
+    """Its task's close does not wait out the hold for a commit that may never land."""
+    runner, commits, _, loops = gated()
+    runner.due[0] = 6
+    await loops[0].round()
+    commits.in_flight[0] = pending()  # the burst's first commit, not landing
+    held = asyncio.create_task(loops[0].round())
+    await settle()
+    assert not held.done()
+    loops[0].end()
+    await asyncio.wait_for(held, QUICK_S)
+    assert runner.grows[0] == [True], "no slice claimed for a closing task"
+    assert not commits.in_flight[0].done()
+
+
+@pytest.mark.usefixtures("long_hold")
 async def test_a_first_commit_in_flight_past_the_hold_holds_no_round() -> None:
     runner, commits, _, loops = gated()
     runner.due[0] = 8
