@@ -54,9 +54,9 @@ class RocksDBReads(PartitionedStore):
     _dbs: dict[int, Rdict]
     """By partition, its DB (`RocksDBTimerStore._open_partition`)."""
     _low: list[bytes]
-    """By partition, a due time below which it has no due entry (`_found`)."""
+    """By partition, a key below which it has no due entry (`_found`)."""
     _finished_low: list[bytes]
-    """By partition, a finish time below which it has no finished entry (`_expired`)."""
+    """By partition, a key below which it has no finished entry (`_expired`)."""
 
     def _db(self, partition: int) -> Rdict:
         return self._dbs[partition]

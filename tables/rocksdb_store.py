@@ -7,8 +7,8 @@ row and index entries go in one plain WriteBatch. An indexed row's value lives i
 due or parked index entry and its ``r`` entry points there (see `tables.keys`), so
 ``due()`` is one range scan a partition with no point reads, and a pending timer's bytes
 are written once. rocksdict is imported here, in `tables.rocksdb_reads` (the reads), in
-`tables.rocksdb_io` (options, scans) and in `tables.rocksdb_restore` (the format marker,
-restore batches).
+`tables.rocksdb_io` (options, scans), in `tables.rocksdb_restore` (the format marker,
+restore batches) and in `tables.aggregate_store` (the command path's states and ids).
 """
 
 from __future__ import annotations

@@ -6,8 +6,9 @@ id) and the broker watch.
 The ports (`ports`): Protocols for what the runtime needs of Kafka (a transactional
 writer per partition, a log reader, a publisher, a follower, and `Clients` making them),
 implemented over aiokafka (`KafkaClients`), in memory (`memory.MemoryLog`, for tests),
-and, for the transactional writer only, over librdkafka (`rdkafka_writer`, chosen with
-`KafkaClients(client="confluent")`, each writer's calls on a `call_thread.CallThread`).
+and, for the transactional writer and the changelog reader, over librdkafka
+(`rdkafka_writer`, `rdkafka_reader`, chosen with `KafkaClients(client="confluent")`, each
+writer's and reader's calls on a `call_thread.CallThread`).
 
 May import: `app.errors`.
 """

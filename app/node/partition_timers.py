@@ -104,6 +104,16 @@ class PartitionTimerLoop(TimerLoop):
         self._ended.set()
         self._wake.set()
 
+    def start(self) -> None:
+        if not self.running:
+            self._ended.clear()  # a loop started again holds as a new one
+        super().start()
+
+    async def stop(self) -> None:
+        """Ends it after the round in progress, cutting a hold short (the node's stop)."""
+        self._ended.set()
+        await super().stop()
+
     def when_done(self, callback: Callable[[object], None]) -> None:
         """`callback` once its run is over (now, when it does not run)."""
         if self._task is None:

@@ -269,6 +269,24 @@ async def test_ending_a_held_loop_ends_its_hold_at_once() -> None:
 
 
 @pytest.mark.usefixtures("long_hold")
+async def test_stopping_a_held_loop_ends_its_hold_at_once() -> None:
+    """The node's stop does not wait out the hold either; a loop started again holds as
+    a new one."""
+    runner, commits, _, loops = gated()
+    runner.due[0] = 6
+    await loops[0].round()
+    commits.in_flight[0] = pending()
+    held = asyncio.create_task(loops[0].round())
+    await settle()
+    await asyncio.wait_for(loops[0].stop(), QUICK_S)
+    await asyncio.wait_for(held, QUICK_S)
+    assert runner.grows[0] == [True]
+    loops[0].start()
+    assert not loops[0]._ended.is_set()
+    await loops[0].stop()
+
+
+@pytest.mark.usefixtures("long_hold")
 async def test_a_first_commit_in_flight_past_the_hold_holds_no_round() -> None:
     runner, commits, _, loops = gated()
     runner.due[0] = 8
