@@ -49,7 +49,7 @@ GROUPS = [
 STAGES = [
     (
         "subscription: log → timer table (PartitionCycles._subscribe)",
-        ("_subscribe (app/node/cycles.py",),
+        ("_subscribe (app/node/cycle_timers.py",),
     ),
     (
         "command path (CommandProcessor.decide_records / decide_local)",

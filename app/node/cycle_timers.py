@@ -1,0 +1,144 @@
+"""What a partition's cycles do to its timer table (`TimerTableCycles`, the base of
+`app.node.cycles.PartitionCycles`): a log batch applied to it (the subscription: each
+record's events, its bad records dead-lettered in the cycle), the timer operations of the
+cycle's own decisions carried out at once, operators' retry/skip requests carried out, and
+the timers just set offered to their partitions' wheels. A record whose operation the
+store refuses is that record's; only a fault of the node ends the cycle."""
+
+from __future__ import annotations
+
+import logging
+
+from app.commands.processor import CommandBatch, misrouted
+from app.errors import BadRecord, KafkaUnavailable, node_fault
+from app.kafka import Record
+from app.node.cycle_work import CycleWork
+from app.node.kept import KeptType
+from app.node.metrics import NodeMetrics
+from app.protocol.dead_letters import Stage
+from app.protocol.limits import InputLimits
+from app.protocol.wire import SYSTEM_EVENTS, EventEnvelope, decode
+from app.protocol.wire import TimerOp as OperatorRequest
+from app.timers.operator import carry_out
+from app.timers.subscription import TimerOp, apply_all, timer_op
+from tables import Timer
+
+__all__ = ["TimerTableCycles"]
+
+logger = logging.getLogger(__name__)
+
+
+class TimerTableCycles:
+    """The timer-table side of `PartitionCycles` (which sets what it reads)."""
+
+    _partitions: int
+    """The partitions of the node's topics (a record's key decides its partition)."""
+    _metrics: NodeMetrics
+    limits: InputLimits
+    """The bounds of an input record."""
+
+    async def _carry_out(self, w: CycleWork, batch: CommandBatch, p: int) -> bool:
+        """Carries out on the timer table, at once, what the batch's decisions did to the
+        timers (a cancel, a reschedule): a timer must not fire after its cancel was
+        decided, and the subscription reads the events back only once they commit. Read
+        back, they find it done (every timer operation is idempotent). Whether it wrote."""
+        kept = w.kept
+        ops: list[TimerOp] = []
+        for event in batch.take_timer_events():
+            try:
+                op = timer_op(event, p)  # the batch's events go to p's log
+            except BadRecord:
+                continue  # dead-lettered when the subscription reads it back
+            if op is not None:
+                ops.append(op)
+        if not ops:
+            return False
+        # One the store refuses is dead-lettered when the subscription reads it back; the
+        # ops after it are carried out now all the same (a cancel among them included).
+        writes, put = await apply_all(w.timers, ops, _refused_now)
+        self._offer(kept, put)
+        return writes > 0
+
+    def _offer(self, kept: KeptType, put: list[Timer]) -> None:
+        """Timers the table was just given (set or rescheduled): counted, and offered to
+        their partitions' wheels, whose loops are woken to look at them without reloading."""
+        if put:
+            self._metrics.puts.labels(kept.name).inc(len(put))
+            kept.runner.offer(put)
+            for p in sorted({t.partition for t in put}):
+                kept.loop.wake_partition(p, reload=False)
+
+    async def _subscribe(self, kept: KeptType, records: list[Record], w: CycleWork) -> bool:
+        """Applies a log batch to the timer table, its bad records' dead letters added to
+        the cycle's records; whether it wrote anything."""
+        ops: list[tuple[Record, TimerOp]] = []
+        p = records[0].partition
+        batch = w.batch_of(p)  # None: p's aggregates are not decided here
+        known = SYSTEM_EVENTS | (kept.agg.appliers.keys() if kept.agg is not None else set())
+        for record in records:
+            stage = Stage.READ
+            try:
+                self.limits.check(record.key, record.value)
+                event = decode(EventEnvelope, record.value, self.limits.max_record_bytes)
+                if event.aggregate.type_name != kept.name:
+                    raise BadRecord(f"event of {event.aggregate.type_name} on {record.topic}")
+                if (why := misrouted(record, event.aggregate, self._partitions)) is not None:
+                    raise BadRecord(why)
+                if event.type.startswith("wow.") and event.type not in known:
+                    raise BadRecord(f"unknown system event type {event.type!r}")
+                stage = Stage.FOLLOW
+                if batch is not None and w.decider.follow(batch, event, record.offset):
+                    self._metrics.followed.labels(kept.name).inc()
+                stage = Stage.APPLY
+                op = timer_op(event, record.partition)
+            except Exception as exc:
+                if node_fault(exc):
+                    raise
+                w.dead_letter(record, exc, stage)
+                continue
+            if op is not None:
+                ops.append((record, op))
+        if not ops:
+            return False
+        writes, put = await self._apply(kept, ops, w)
+        self._offer(kept, put)
+        return writes > 0
+
+    async def _apply(
+        self, kept: KeptType, ops: list[tuple[Record, TimerOp]], w: CycleWork
+    ) -> tuple[int, list[Timer]]:
+        """Carries the batch's timer operations out; one the store refuses (not a fault of
+        the store's own) is its record's: that record is dead-lettered, the others carried
+        out all the same."""
+
+        def refused(i: int, exc: Exception) -> None:
+            w.dead_letter(ops[i][0], exc, Stage.APPLY)
+
+        return await apply_all(w.timers, [op for _, op in ops], refused)
+
+    async def _operate(self, kept: KeptType, records: list[Record], w: CycleWork) -> None:
+        """Carries out operators' retry/skip requests on this partition's parked timers."""
+        for record in records:
+            stage = Stage.READ
+            try:
+                self.limits.check(record.key, record.value)
+                op = decode(OperatorRequest, record.value, self.limits.max_record_bytes)
+                stage = Stage.OPERATE
+                await carry_out(kept.runner, op, record.partition)
+            except TimeoutError as exc:
+                # Not carried out (the ledger did not answer in time): read it again.
+                raise KafkaUnavailable(f"operator request at {record.offset}: {exc!r}") from exc
+            except Exception as exc:
+                if node_fault(exc):
+                    raise
+                w.dead_letter(record, exc, stage)
+                continue
+            self._metrics.operator_requests.labels(
+                kept.name, op.action.value, str(record.partition)
+            ).inc()
+
+
+def _refused_now(i: int, exc: Exception) -> None:
+    """A timer op the store refused as a cycle carried it out (dead-lettered later, when its
+    event is read back): said at debug level, so a store bug does not vanish unseen."""
+    logger.debug("timer op %d refused by the store, left for its read-back: %s", i, exc)
