@@ -363,9 +363,9 @@ async def probe(path: str, timers: int, collector: str) -> dict[str, Any]:
     tune_collector(collector)
     opened = rss_mb()
     latency = await due_latency(store, set(range(PARTITIONS)), 200, until=BASE + SPREAD)
-    owner = template().owner.model_copy(update={"id": "order-7"})
-    assert await store.find(owner, "payment-reminder") is not None or timers < 8
-    await store.due({0, 1, 2, 3}, BASE + SPREAD, 1_000)
+    # The store serves what the first process left pending (some of it was fired and
+    # swept there, which rows depends on their random due times).
+    assert await store.due({0, 1, 2, 3}, BASE + SPREAD, 1_000) or timers < PARTITIONS
     figures = {"rss_mb_opened": round(opened, 1), "rss_mb_serving": round(rss_mb(), 1),
                "due_all_12_fresh_process": latency}  # fmt: skip
     await store.close()
