@@ -238,15 +238,22 @@ async def test_a_commit_of_earlier_work_in_flight_is_not_the_bursts_first() -> N
     assert runner.grows[0] == [True, True], "its own commit landed: it grows"
 
 
-@pytest.mark.usefixtures("long_hold")
-async def test_a_loop_ended_while_held_takes_no_round() -> None:
+async def held_round() -> tuple[BurstRunner, FakeCommits, PartitionTimerLoop, asyncio.Task[Any]]:
+    """p0's burst begun, its first commit in flight (not landing), its next round held."""
     runner, commits, _, loops = gated()
     runner.due[0] = 6
     await loops[0].round()
     commits.in_flight[0] = pending()
     held = asyncio.create_task(loops[0].round())
     await settle()
-    loops[0].end()  # its task closes while it waits
+    assert not held.done()
+    return runner, commits, loops[0], held
+
+
+@pytest.mark.usefixtures("long_hold")
+async def test_a_loop_ended_while_held_takes_no_round() -> None:
+    runner, commits, loop, held = await held_round()
+    loop.end()  # its task closes while it waits
     commits.land(0)
     await asyncio.wait_for(held, QUICK_S)
     assert runner.grows[0] == [True], "no slice claimed for a closing task"
@@ -255,14 +262,8 @@ async def test_a_loop_ended_while_held_takes_no_round() -> None:
 @pytest.mark.usefixtures("long_hold")
 async def test_ending_a_held_loop_ends_its_hold_at_once() -> None:
     """Its task's close does not wait out the hold for a commit that may never land."""
-    runner, commits, _, loops = gated()
-    runner.due[0] = 6
-    await loops[0].round()
-    commits.in_flight[0] = pending()  # the burst's first commit, not landing
-    held = asyncio.create_task(loops[0].round())
-    await settle()
-    assert not held.done()
-    loops[0].end()
+    runner, commits, loop, held = await held_round()
+    loop.end()
     await asyncio.wait_for(held, QUICK_S)
     assert runner.grows[0] == [True], "no slice claimed for a closing task"
     assert not commits.in_flight[0].done()
@@ -272,18 +273,13 @@ async def test_ending_a_held_loop_ends_its_hold_at_once() -> None:
 async def test_stopping_a_held_loop_ends_its_hold_at_once() -> None:
     """The node's stop does not wait out the hold either; a loop started again holds as
     a new one."""
-    runner, commits, _, loops = gated()
-    runner.due[0] = 6
-    await loops[0].round()
-    commits.in_flight[0] = pending()
-    held = asyncio.create_task(loops[0].round())
-    await settle()
-    await asyncio.wait_for(loops[0].stop(), QUICK_S)
+    runner, _, loop, held = await held_round()
+    await asyncio.wait_for(loop.stop(), QUICK_S)
     await asyncio.wait_for(held, QUICK_S)
     assert runner.grows[0] == [True]
-    loops[0].start()
-    assert not loops[0]._ended.is_set()
-    await loops[0].stop()
+    loop.start()
+    assert not loop._ended.is_set()
+    await loop.stop()
 
 
 @pytest.mark.usefixtures("long_hold")
