@@ -88,8 +88,8 @@ class PartitionTimerLoop(TimerLoop):
         self._landed_before: int | None = None
         self._landed = False
         self._began = 0
-        # Set by `end()`: a hold in progress ends at once (not on `_wake`, which every put
-        # or answer of a burst sets).
+        # Set by `end()` and `stop()`: a hold in progress ends at once (not on `_wake`,
+        # which every put or answer of a burst sets).
         self._ended = asyncio.Event()
 
     def wake(self, *, reload: bool = True) -> None:
@@ -194,7 +194,7 @@ class PartitionTimerLoop(TimerLoop):
         once, aiokafka's producers on the node's loop: first fire ~130 -> ~40 ms after
         due, docs/performance.md). A commit of earlier work still in flight is waited
         for, then the burst's own if it follows at once; its round goes on when none is in
-        flight, or the time is up; `end()` ends it at once."""
+        flight, or the time is up; `end()` or `stop()` ends it at once."""
         loop = asyncio.get_running_loop()
         until = loop.time() + self._held_left_ms() / 1000  # then timed by the loop
         ended: asyncio.Task[bool] | None = None
