@@ -23,7 +23,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from tables import AggregateRef, CommandSpec, IntervalRule, Timer, open_timer_store
+from tables import AggregateRef, CommandSpec, IntervalRule, Timer, TimerStore, open_timer_store
 from tables.keys import encode_timer, row_key
 from tables.rowload import load_timer
 
@@ -49,6 +49,13 @@ def timer(n: int, partition: int, due: int, id: str | None = None) -> Timer:
 
 def record(offset: int, t: Timer) -> tuple[int, bytes, bytes]:
     return offset, row_key(t.owner, t.key), encode_timer(t)
+
+
+async def restored(store: TimerStore, timers: list[Timer]) -> None:
+    """Each partition's `timers` restored into `store`, as from its changelog."""
+    for partition in range(PARTITIONS):
+        rows = [t for t in timers if t.partition == partition]
+        await store.apply_changelog(partition, [record(i, t) for i, t in enumerate(rows)])
 
 
 # Per timer: its partition, due time and id. Few due times and ids, so that ties (equal
@@ -91,11 +98,7 @@ def test_due_merges_the_partitions_as_the_reference_store_does(
             memory = open_timer_store("memory://", partitions=PARTITIONS)
             rocks = open_timer_store(f"rocksdb://{directory}/s", partitions=PARTITIONS)
             for store in (memory, rocks):
-                for partition in range(PARTITIONS):
-                    rows = [t for t in timers if t.partition == partition]
-                    await store.apply_changelog(
-                        partition, [record(i, t) for i, t in enumerate(rows)]
-                    )
+                await restored(store, timers)
             found = await memory.due(asked, until, limit), await rocks.due(asked, until, limit)
             # Asked again (the low-water marks moved): the same answer.
             assert await rocks.due(asked, until, limit) == found[1]
@@ -321,11 +324,7 @@ def test_a_burst_drained_round_by_round_is_found_as_the_reference_store_finds_it
             rocks = open_timer_store(f"rocksdb://{directory}/s", partitions=PARTITIONS)
             stores = (memory, rocks)
             for store in stores:
-                for partition in range(PARTITIONS):
-                    rows = [t for t in timers if t.partition == partition]
-                    await store.apply_changelog(
-                        partition, [record(i, t) for i, t in enumerate(rows)]
-                    )
+                await restored(store, timers)
             every = set(range(PARTITIONS))
             for n, step in enumerate(steps, start=len(timers)):
                 if step[0] == "put":
