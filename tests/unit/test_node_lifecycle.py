@@ -37,7 +37,9 @@ class Count(BaseModel):
 def timed_type(name: str) -> AggregateType[Count]:
     """ "Schedule" sets timer "k" (firing "Fire" on the aggregate itself: in-process),
     "Unschedule" cancels it, "Remind" sets timer "r" firing "Fire" on another aggregate (a
-    remote send, through the commands topic), "Fire" emits "Fired"."""
+    remote send, through the commands topic), "Fire" emits "Fired". "Doom" and
+    "Misremind" set timers whose command ("Nope") has no handler, fired in-process and
+    sent remotely."""
     agg = AggregateType("life", name, Count)
 
     @agg.command("Schedule")
@@ -56,6 +58,11 @@ def timed_type(name: str) -> AggregateType[Count]:
     @agg.command("Doom")
     def _doom(state: Count, cmd: Command, d: Decision) -> None:
         d.schedule("d", OnceRule(at=int(cmd.body["at"])), CommandSpec(type="Nope"))
+
+    @agg.command("Misremind")
+    def _misremind(state: Count, cmd: Command, d: Decision) -> None:
+        target = AggregateRef(context="life", aggregate=name, id=cmd.body["target"])
+        d.schedule("m", OnceRule(at=int(cmd.body["at"])), CommandSpec(type="Nope"), target)
 
     @agg.command("Fire")
     def _fire(state: Count, cmd: Command, d: Decision) -> None:
@@ -416,11 +423,46 @@ async def test_staging_waits_for_a_commit_in_flight_beyond_its_bound(
     await wait_until(lambda: len(timer_rows(log, COUNTER)) == len(owners))
 
 
-async def test_a_ledger_call_that_hangs_holds_no_other_partition_up(
+async def test_an_in_process_park_calls_no_ledger_and_commits_its_entry_with_its_row(
     log: MemoryLog, nodes: list[RunningNode], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A timer of one partition is parked and the ledger does not answer (its calls may
-    take seconds): the runner's other partitions claim, fire and commit meanwhile."""
+    """A timer fired in-process is parked: its cycle, which holds its partition's lock,
+    makes no ledger call (one may take seconds); the ledger's entry commits in the cycle's
+    transaction with the PARKED row, and the other partitions fire meanwhile. A ledger
+    whose calls never answer shows it: the park lands all the same."""
+    options = TimerOptions(retry=RetryPolicy(max_attempts=1))
+    node = await start(nodes, log, tmp_path, "a", options)
+    await wait_until(node.runs)
+    called = asyncio.Event()
+
+    async def hanging(*args: Any) -> None:
+        called.set()
+        await asyncio.Event().wait()
+
+    ledger = node.node._ledgers["life"]
+    monkeypatch.setattr(ledger, "record", hanging)
+    await command(log, COUNTER, "o1", "Doom", at=now_ms() + 100)
+    other = elsewhere("o1")
+    await command(log, COUNTER, other, "Schedule", at=now_ms() + 100)
+    await wait_until(lambda: [e.aggregate.id for e in events(log, COUNTER, "Fired")] == [other])
+
+    def parked() -> bool:
+        return [t.status for t in timer_rows(log, COUNTER) if t.owner.id == "o1"] == [
+            TimerStatus.PARKED
+        ]
+
+    await wait_until(parked)
+    [entry] = await ledger.entries()
+    assert [t.owner.id for t in timer_rows(log, COUNTER) if t.request_id in entry.timers] == ["o1"]
+    assert not called.is_set(), "the cycle called the ledger"
+
+
+async def test_a_remote_park_whose_ledger_call_hangs_holds_no_other_partition_up(
+    log: MemoryLog, nodes: list[RunningNode], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A timer sent through the commands topic fails and is parked, and the ledger does
+    not answer (its calls may take seconds): its partition's outcomes wait for it, the
+    other partition's timers fire and settle meanwhile (no lock of theirs is held)."""
     options = TimerOptions(retry=RetryPolicy(max_attempts=1))
     node = await start(nodes, log, tmp_path, "a", options)
     await wait_until(node.runs)
@@ -431,11 +473,17 @@ async def test_a_ledger_call_that_hangs_holds_no_other_partition_up(
         await asyncio.Event().wait()
 
     monkeypatch.setattr(node.node._ledgers["life"], "record", hanging)
-    await command(log, COUNTER, "o1", "Doom", at=now_ms() + 100)
-    await wait_until(parking.is_set)
     other = elsewhere("o1")
+    await command(log, COUNTER, "o1", "Misremind", at=now_ms() + 100, target=other)
+    await wait_until(parking.is_set)
     await command(log, COUNTER, other, "Schedule", at=now_ms() + 100)
     await wait_until(lambda: [e.aggregate.id for e in events(log, COUNTER, "Fired")] == [other])
+
+    def settled() -> bool:
+        rows = {t.owner.id: t.status for t in timer_rows(log, COUNTER)}
+        return rows == {"o1": TimerStatus.FIRING, other: TimerStatus.FIRED}
+
+    await wait_until(settled)
 
 
 async def test_claims_wait_for_the_commit_in_flight_and_never_commit_beside_it(

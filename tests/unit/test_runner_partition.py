@@ -66,7 +66,7 @@ async def test_a_local_target_is_handed_to_its_partition_and_settled_with_its_ou
     outcome = await runner.record_outcomes([(claimed, SendResult("COMMITTED"))])
     row = await world.row()
     assert (row.status, row.outcome) == (TimerStatus.FIRED, Outcome.COMMITTED)
-    assert (outcome.fired, outcome.written) == (1, 1)
+    assert (outcome.stats.fired, outcome.stats.written) == (1, 1)
 
 
 async def test_a_timer_cancelled_after_it_was_handed_over_is_not_decided(

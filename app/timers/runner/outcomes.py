@@ -1,9 +1,12 @@
 """`Outcomes`: how the runner writes what its timers came to, each a conditional write: the
 outcomes of its sends, in one batch a round (`flush`), and those of the timers its
 partitions' cycles fire in-process, in the cycle's transaction (`still_due`, `record`).
-The targets of parks are recorded in the ledger first, with no lock held (its calls may
-take seconds), and only the partitions that park wait for it: each writes apart once its
-own targets are recorded, while the others' outcomes are written at once. The rows are
+The targets of a round's parks are recorded in the ledger first, with no lock held (its
+calls may take seconds), and only the partitions that park wait for it: each writes apart
+once its own targets are recorded, while the others' outcomes are written at once. The
+parks of in-process fires call no ledger: their ledger writes commit in the cycle's
+transaction with the PARKED rows (`Recorded.ledger`), so the cycle holds its partition's
+lock across no Kafka call. The rows are
 written under the locks of their partitions only, and a store fault in one partition's
 rows fails only that partition (`apart`). Each partition's rows are written through its
 firing's store (`partition_store.store_of`)."""
@@ -14,6 +17,7 @@ import asyncio
 import dataclasses
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import NamedTuple
 
 from app.timers.runner.decisions import Decision, SendResult
 from app.timers.runner.options import TimerOptions
@@ -26,15 +30,23 @@ from app.timers.runner.partition import (
 )
 from app.timers.runner.partition_store import store_of
 from app.timers.runner.ports import Clock, FiringStore
-from app.timers.runner.settling import apart, from_loaded, park
+from app.timers.runner.settling import apart, from_loaded, park, staged_parks
 from app.timers.runner.stats import RoundStats, count
 from tables.exceptions import StoreError
-from tables.ledger import FailureLedger
+from tables.ledger import FailureLedger, LedgerWrite
 from tables.timer import Timer, TimerChange, TimerStatus
 
-__all__ = ["Outcomes"]
+__all__ = ["Outcomes", "Recorded"]
 
 logger = logging.getLogger(__name__)
+
+
+class Recorded(NamedTuple):
+    """What `Outcomes.record` wrote, and the ledger writes of its parks that the caller's
+    transaction must commit with the rows (and apply once it did)."""
+
+    stats: RoundStats
+    ledger: list[LedgerWrite]
 
 
 class Outcomes:
@@ -130,9 +142,10 @@ class Outcomes:
                 firing.in_hand.pop(t.id, None)
         return kept
 
-    async def record(self, results: Sequence[tuple[Timer, SendResult]]) -> RoundStats:
+    async def record(self, results: Sequence[tuple[Timer, SendResult]]) -> Recorded:
         """Writes the outcomes of timers fired in-process, each against the row as it was
-        loaded; raises when the write fails (the transaction must not commit)."""
+        loaded; raises when the write fails (the transaction must not commit). Their parks'
+        ledger writes are returned for the same transaction, not made here."""
         stats = RoundStats()
         decisions: list[Decision] = []
         now = self._clock.now()
@@ -142,29 +155,24 @@ class Outcomes:
             if firing is None or loaded is None:
                 raise StoreError(f"{claimed.request_id} was fired but not handed over")
             d = firing.decide(claimed, result, now, self._options)
-            decisions.append(
-                dataclasses.replace(
-                    d,
-                    change=from_loaded(d.change, loaded),
-                    fallback=from_loaded(d.fallback, loaded),
-                )
-            )
+            # No fallback: a park's ledger write commits with its row (`staged_parks`).
+            decisions.append(dataclasses.replace(d, change=from_loaded(d.change, loaded)))
         if not decisions:
-            return stats
+            return Recorded(stats, [])
+        ledger = staged_parks(self._ledger, TimerOptions.PARKED_SUBSCRIPTION, decisions)
         firings = {f for claimed, _ in results if (f := self._firings.get(claimed.partition))}
         with writing(firings):
-            final = await park(self._ledger, TimerOptions.PARKED_SUBSCRIPTION, decisions, stats)
-            for d in final:
+            for d in decisions:
                 if d.change is not None and (f := self._firings.get(d.change.next.partition)):
                     f.count_busy((d,))
-            changes = [d.change for d in final if d.change is not None]
+            changes = [d.change for d in decisions if d.change is not None]
             async with locked(firings):
                 stats.written = await store_of(firings, self._store).settle(changes)
         if stats.written != len(changes):
             raise StoreError(f"{len(changes) - stats.written} in-process outcome(s) not written")
         self._written(changes, stats)
-        count(stats, final)
-        return stats
+        count(stats, decisions)
+        return Recorded(stats, ledger)
 
     def _written(self, changes: list[TimerChange], stats: RoundStats) -> None:
         """Rows just written: back in their wheels when due again soon."""
