@@ -296,7 +296,9 @@ class Commits:
                             self.start(kept, p)
 
     async def commit_claims(self, kept: KeptType, partitions: set[int]) -> None:
-        """The runner's `before_send`: its claims commit before their commands leave."""
+        """Commits the claims of a partition's timer round (`PartitionTimerLoop`) before
+        their commands leave: each partition's in its own transaction, taken under its task's
+        lock (never in the middle of a cycle)."""
         for p in sorted(partitions):
             while True:
                 if (task := self._running.get(p)) is None:
