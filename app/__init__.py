@@ -24,7 +24,9 @@ What is here:
   (`TickwheelTimers`, `request_id_for`);
 - talking to a cluster: how to reach it (`KafkaConnection`: address, TLS, SASL; any of
   these takes a plain bootstrap string too, `Connectable`), `Producer`, `tail`,
-  `read_partitions`, `ensure_topics` and the topics a node needs (`node_topics`).
+  `read_partitions`, `ensure_topics` and the topics a node needs (`node_topics`); or its
+  clients made once (`KafkaClients`, over a connection) and handed to what takes the
+  ports' factory, `Clients` (as the demo does).
 
 The faust client and the cluster helpers are loaded on first use (PEP 562): importing `app`
 imports neither faust nor aiokafka, and without faust installed everything else works
@@ -82,7 +84,7 @@ from tables.partitioner import partition_of
 
 if TYPE_CHECKING:
     from app.clients.faust_client import TickwheelTimers, request_id_for
-    from app.kafka import Producer, ensure_topics, read_partitions, tail
+    from app.kafka import Clients, KafkaClients, Producer, ensure_topics, read_partitions, tail
     from app.kafka.connection import Connectable, KafkaConnection
     from app.node import node_topics
 
@@ -98,6 +100,7 @@ __all__ = [
     "AggregateTopics",
     "AggregateType",
     "BookState",
+    "Clients",
     "Command",
     "CommandEnvelope",
     "CommandResult",
@@ -111,6 +114,7 @@ __all__ = [
     "Job",
     "JobRun",
     "JobScope",
+    "KafkaClients",
     "KafkaConnection",
     "OnceRule",
     "Outcome",
@@ -147,6 +151,8 @@ _LAZY: Final[dict[str, str]] = {
     # The aiokafka edge and the node: loaded by who talks to a cluster, not by a service
     # module that only declares its aggregates.
     "Producer": "app.kafka",
+    "Clients": "app.kafka",
+    "KafkaClients": "app.kafka",
     "KafkaConnection": "app.kafka.connection",
     "Connectable": "app.kafka.connection",
     "ensure_topics": "app.kafka",

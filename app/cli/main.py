@@ -161,8 +161,12 @@ def demo(
 ) -> None:
     """Places a few orders (their timers fire on the workers) and prints what happens."""
     from app.demo import run_demo
+    from app.kafka import KafkaClients
 
     settings = command_settings(bootstrap_servers=bootstrap)
+    # Made here, the demo's edge; no replication given, as the demo always asked: its
+    # topics get one replica (`clients_for` would ask TICKWHEEL_REPLICATION_FACTOR's).
+    clients = KafkaClients(settings.kafka)
 
     def show(line: str) -> None:
         typer.echo(line, err=as_json)
@@ -176,7 +180,7 @@ def demo(
                 checked(
                     settings.kafka,
                     run_demo(
-                        settings.kafka,
+                        clients,
                         settings.partitions,
                         count=orders,
                         seconds=seconds,

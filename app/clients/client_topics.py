@@ -1,15 +1,16 @@
 """The topics a client of a timer book uses: the book's (as its workers make them, so that
 either side may start first) and the command topic of the type its timers fire into, which
 only the client reads. Made with Tickwheel's own specs: the partition count co-partitioning
-needs (a topic of another count is an error naming it).
+needs (a topic of another count is an error naming it), through the cluster's `Admin` port
+(the client's edge, `TickwheelTimers`, makes it from the app's brokers).
 """
 
 from __future__ import annotations
 
 import asyncio
 
-from app.kafka import TopicSpec, ensure_topics
-from app.kafka.connection import Connectable
+from app.kafka import TopicSpec
+from app.kafka.ports import Admin
 from app.node import node_topics
 from app.protocol.topics import AggregateTopics, ContextTopics
 
@@ -22,12 +23,12 @@ class ClientTopics:
 
     def __init__(
         self,
-        bootstrap: Connectable,
+        admin: Admin,
         book: AggregateTopics,
         target: AggregateTopics,
         partitions: int,
     ) -> None:
-        self.bootstrap = bootstrap
+        self.admin = admin
         self.book = book
         self.target = target
         self.partitions = partitions
@@ -50,5 +51,5 @@ class ClientTopics:
             return
         async with self._lock:
             if not self._made:
-                await ensure_topics(self.bootstrap, self.specs)
+                await self.admin.ensure_topics(self.specs)
                 self._made = True

@@ -52,7 +52,7 @@ from app.clients.client_topics import ClientTopics
 from app.clients.timer_book import timer_book
 from app.commands.processor import misrouted
 from app.errors import BadRecord
-from app.kafka import Record
+from app.kafka import KafkaClients, Record
 from app.kafka.connection import Connectable
 from app.protocol.dead_letters import Stage, dead_letter
 from app.protocol.topics import AggregateTopics, parse_aggregate_type
@@ -202,9 +202,10 @@ class TickwheelTimers:
         self.app = app
         self.partitions = partitions
         self.book = timer_book(context, book)
-        self.topology = ClientTopics(
-            bootstrap or bootstrap_of(app), book_topics, target_topics, partitions
-        )
+        # The client's edge, as the CLI is: its one `KafkaClients`, made from the brokers;
+        # below it only the ports.
+        clients = KafkaClients(bootstrap or bootstrap_of(app))
+        self.topology = ClientTopics(clients.admin(), book_topics, target_topics, partitions)
         self._now = now or (lambda: int(time.time() * 1000))
         self.commands_of = BookCommands(self.book, target_topics, self._now)
         """The book's commands, as this client builds them (`app.clients.book_commands`)."""

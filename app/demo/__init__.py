@@ -6,7 +6,7 @@ The `shop` context also declares a job, `unpaid-report`, run every 5 seconds (cr
 seconds field): each slot records a `shop.ReportRun` on the `shop.report` aggregate
 `unpaid-orders`, in the same transaction as the slot's `wow.Ticked` on `shop.schedule`.
 `run_demo` enables the job, places a few orders, pays one, and prints what the logs record
-as it happens.
+as it happens; it reaches Kafka through the `Clients` it is given (the CLI makes them).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 
 from pydantic import BaseModel
 
@@ -26,10 +26,10 @@ from app import (
     AggregateRef,
     AggregateTopics,
     AggregateType,
+    Clients,
     Command,
     CommandEnvelope,
     CommandSpec,
-    Connectable,
     CronRule,
     Decision,
     Event,
@@ -39,17 +39,13 @@ from app import (
     JobRun,
     JobScope,
     OnceRule,
-    Producer,
     Service,
     Timer,
     decode,
     enable_command,
     encode,
-    ensure_topics,
     node_topics,
     partition_of,
-    read_partitions,
-    tail,
 )
 
 __all__ = [
@@ -193,18 +189,20 @@ def command(order_id: str, type_: str, body: dict[str, object] | None = None) ->
     )
 
 
-async def timer_table(bootstrap: Connectable, partitions: int) -> dict[bytes, Timer]:
+async def timer_table(clients: Clients, partitions: int) -> dict[bytes, Timer]:
     """The timers as the table's changelog has them now (the latest row per key)."""
     rows: dict[bytes, Timer] = {}
-    async for batch in read_partitions(bootstrap, ORDERS.timers_changelog, range(partitions)):
-        for r in batch:
-            if r.key is not None and r.value is not None:
-                rows[r.key] = Timer.model_validate_json(r.value)
+    async with clients.reader() as reader:
+        for p in range(partitions):
+            async for batch in reader.read(ORDERS.timers_changelog, p, 0):
+                for r in batch:
+                    if r.key is not None and r.value is not None:
+                        rows[r.key] = Timer.model_validate_json(r.value)
     return rows
 
 
 async def run_demo(
-    bootstrap: Connectable,
+    clients: Clients,
     partitions: int,
     *,
     count: int = 3,
@@ -213,13 +211,20 @@ async def run_demo(
 ) -> dict[bytes, Timer]:
     """Enables the report job, places `count` orders, pays the first, prints the logs for
     `seconds`; the orders' timers."""
-    await ensure_topics(bootstrap, node_topics([ORDERS, REPORTS, SCHEDULES], partitions))
-    producer = Producer(bootstrap)
+    await clients.admin().ensure_topics(node_topics([ORDERS, REPORTS, SCHEDULES], partitions))
+    producer = clients.publisher()
     await producer.start()
     started = time.monotonic()
+
+    async def send(cmd: CommandEnvelope) -> None:
+        key = cmd.aggregate.id
+        await producer.send(
+            ORDERS.commands, key.encode(), encode(cmd), partition_of(key, partitions)
+        )
+
     watchers = [
-        asyncio.create_task(_watch(bootstrap, partitions, started, show)),
-        asyncio.create_task(_watch_schedule(bootstrap, partitions, started, show)),
+        asyncio.create_task(_watch(clients, partitions, started, show)),
+        asyncio.create_task(_watch_schedule(clients, partitions, started, show)),
     ]
     await asyncio.sleep(1)  # the tails start at the logs' ends: let them get there first
     try:
@@ -232,10 +237,10 @@ async def run_demo(
         show(f"enabled job {unpaid_report.name}: a report by cron {REPORT_EVERY!r} (every 5 s)")
         ids = [f"order-{uuid.uuid4().hex[:6]}" for _ in range(count)]
         for order_id in ids:
-            await _send(producer, partitions, command(order_id, "shop.PlaceOrder", {"amount": 42}))
+            await send(command(order_id, "shop.PlaceOrder", {"amount": 42}))
         show(f"placed {', '.join(ids)}: each schedules a deadline (10 s) and a reminder (2 s)")
         await asyncio.sleep(3)
-        await _send(producer, partitions, command(ids[0], "shop.PayOrder"))
+        await send(command(ids[0], "shop.PayOrder"))
         show(f"paid {ids[0]}: its timers are cancelled")
         await asyncio.sleep(max(0.0, seconds - (time.monotonic() - started)))
     finally:
@@ -243,21 +248,30 @@ async def run_demo(
             watcher.cancel()
         await asyncio.gather(*watchers, return_exceptions=True)
         await producer.stop()
-    rows = await timer_table(bootstrap, partitions)
+    rows = await timer_table(clients, partitions)
     show(render(rows))
     return rows
 
 
-async def _send(producer: Producer, partitions: int, cmd: CommandEnvelope) -> None:
-    key = cmd.aggregate.id
-    await producer.send(ORDERS.commands, key.encode(), encode(cmd), partition_of(key, partitions))
+async def _tail(clients: Clients, topic: str, partitions: int) -> AsyncIterator[bytes | None]:
+    """The values of the records written to `topic` from now on, until cancelled."""
+    follower = clients.follower(topic)
+    await follower.start()
+    try:
+        for p in range(partitions):
+            await follower.add(p)  # from the partition's end
+        while True:
+            for record in await follower.poll(timeout_ms=500):
+                yield record.value
+    finally:
+        await follower.stop()
 
 
 async def _watch(
-    bootstrap: Connectable, partitions: int, started: float, show: Callable[[str], None]
+    clients: Clients, partitions: int, started: float, show: Callable[[str], None]
 ) -> None:
-    async for record in tail(bootstrap, ORDERS.events, range(partitions)):
-        e = decode(EventEnvelope, record.value)
+    async for value in _tail(clients, ORDERS.events, partitions):
+        e = decode(EventEnvelope, value)
         what = e.type
         if e.type in (SCHEDULE_SET, SCHEDULE_CANCELLED):
             what = f"{e.type} {e.body.get('key')}"
@@ -266,10 +280,10 @@ async def _watch(
 
 
 async def _watch_schedule(
-    bootstrap: Connectable, partitions: int, started: float, show: Callable[[str], None]
+    clients: Clients, partitions: int, started: float, show: Callable[[str], None]
 ) -> None:
-    async for record in tail(bootstrap, SCHEDULES.events, range(partitions)):
-        e = decode(EventEnvelope, record.value)
+    async for value in _tail(clients, SCHEDULES.events, partitions):
+        e = decode(EventEnvelope, value)
         if e.type == TICKED:
             due = time.strftime("%H:%M:%S", time.gmtime(e.body["due_at"] / 1000))
             what = f"{e.type} slot {e.body['slot']} due {due} UTC: the report runs"

@@ -359,7 +359,7 @@ def test_the_demo_as_json_prints_its_timers_and_tells_its_story_on_stderr(
         due_at=5,
     )
 
-    async def demo(bootstrap: str, partitions: int, **kwargs: Any) -> dict[bytes, Timer]:
+    async def demo(clients: object, partitions: int, **kwargs: Any) -> dict[bytes, Timer]:
         kwargs["show"]("placed order-1")
         return {b"k": row}
 

@@ -390,11 +390,12 @@ async def test_the_topic_is_declared_with_tickwheels_specs(
 ) -> None:
     made: list[list[tuple[str, int]]] = []
 
-    async def ensure_topics(bootstrap: str, specs: Any) -> None:
+    async def ensure_topics(bootstrap: str, specs: Any, replication: Any = None) -> None:
         made.append([(s.name, s.partitions) for s in specs])
         assert bootstrap == "broker.invalid:9092"
 
-    monkeypatch.setattr("app.clients.client_topics.ensure_topics", ensure_topics)
+    # the admin port's call, on the clients the client makes from the app's brokers
+    monkeypatch.setattr("app.kafka.clients.ensure_topics", ensure_topics)
     t = TickwheelTimers(app, context=CTX, book="order-timers", target="order", partitions=P)
     assert t.commands.internal  # faust declares it before it subscribes
     await t.commands.maybe_declare()
