@@ -8,7 +8,7 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Iterable, Sequence
-from typing import Any
+from typing import Any, Final
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.coordinator.assignors.range import RangePartitionAssignor
@@ -248,6 +248,10 @@ def rebalance_timeout_ms(session_timeout_ms: int) -> int:
     return max(session_timeout_ms * 3, 30_000)
 
 
+POSITION_WAIT_S: Final = 0.05
+"""How long `GroupConsumer.backlog` waits for a position (a fetched partition has its own)."""
+
+
 class GroupConsumer:
     """A consumer-group member whose assignment is the node's partition ownership.
 
@@ -311,12 +315,20 @@ class GroupConsumer:
                 raise KafkaUnavailable(f"offset commit failed: {explain(exc)}") from exc
 
     async def backlog(self, topic: str, partition: int) -> int:
-        """How many records of the partition wait behind what was fetched."""
+        """How many records of the partition wait behind what was fetched; 0 when that is
+        not known at once (its position being reset, or no longer assigned). A partition's
+        cycle asks with its lock held: aiokafka's `position` waits, for as long as it takes,
+        for a position being reset, and a cycle must not wait on the broker."""
         tp = TopicPartition(topic, partition)
         high = self._consumer.highwater(tp)
         if high is None:
             return 0
-        return max(0, int(high) - int(await self._consumer.position(tp)))
+        try:
+            async with asyncio.timeout(POSITION_WAIT_S):
+                position = await self._consumer.position(tp)
+        except (TimeoutError, IllegalStateError):
+            return 0
+        return max(0, int(high) - int(position))
 
     def pause(self, partitions: Iterable[tuple[str, int]]) -> None:
         """Stops fetching these partitions (they are restored first)."""
