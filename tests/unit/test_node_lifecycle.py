@@ -466,11 +466,14 @@ async def test_a_remote_park_whose_ledger_call_hangs_holds_no_other_partition_up
     options = TimerOptions(retry=RetryPolicy(max_attempts=1))
     node = await start(nodes, log, tmp_path, "a", options)
     await wait_until(node.runs)
-    parking = asyncio.Event()
+    parking, answer = asyncio.Event(), asyncio.Event()
 
     async def hanging(*args: Any) -> None:
+        """Answers when the test ends, as the real ledger's timeout does (a node's stop
+        waits for the outcomes under way)."""
         parking.set()
-        await asyncio.Event().wait()
+        await answer.wait()
+        raise TimeoutError("the ledger did not answer")
 
     monkeypatch.setattr(node.node._ledgers["life"], "record", hanging)
     other = elsewhere("o1")
@@ -484,6 +487,7 @@ async def test_a_remote_park_whose_ledger_call_hangs_holds_no_other_partition_up
         return rows == {"o1": TimerStatus.FIRING, other: TimerStatus.FIRED}
 
     await wait_until(settled)
+    answer.set()
 
 
 async def test_claims_wait_for_the_commit_in_flight_and_never_commit_beside_it(
