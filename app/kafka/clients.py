@@ -26,7 +26,7 @@ __all__ = ["KafkaAdmin", "KafkaClient", "KafkaClients"]
 
 KafkaClient = Literal["aiokafka", "confluent"]
 """Which library writes a partition's transactions: aiokafka (the default) or librdkafka
-(confluent-kafka, installed with `tickwheel[confluent]`)."""
+(confluent-kafka, the `confluent` extra)."""
 
 
 class KafkaAdmin:
@@ -94,7 +94,7 @@ def client_missing(client: KafkaClient) -> str | None:
     """What `client` needs that is not installed (None: nothing): the check both the
     settings (`TICKWHEEL_KAFKA_CLIENT`) and `KafkaClients` make."""
     if client == "confluent" and importlib.util.find_spec("confluent_kafka") is None:
-        return "needs confluent-kafka: pip install 'tickwheel[confluent]'"
+        return "needs confluent-kafka: pip install '.[confluent]' from a clone of Tickwheel"
     return None
 
 

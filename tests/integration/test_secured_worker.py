@@ -35,11 +35,9 @@ NODE_ACLS: Final[tuple[tuple[str, str, str, tuple[str, ...]], ...]] = (
     # (resource type, name, pattern type, operations): what a node of the bounded context
     # `{context}` in the consumer group `{group}` (TICKWHEEL_GROUP_ID) needs, no more.
     # Its topics, all named `<context>.…`: created at start, read and written (Describe
-    # comes with Read and Write).
-    ("topic", "{context}.", "prefixed", ("read", "write", "create")),
-    # The dead letters' max.message.bytes, read at start (without it: a warning, and
-    # dead letters cut to 1 MiB).
-    ("topic", "{context}.dead-letters", "literal", ("describe_configs",)),
+    # comes with Read and Write); their max.message.bytes, read at start (the partitions'
+    # transaction batches, the dead letters' cut; without it: a warning, 1 MiB assumed).
+    ("topic", "{context}.", "prefixed", ("read", "write", "create", "describe_configs")),
     # The group: joining it, committing its offsets (Describe comes with Read).
     ("group", "{group}", "literal", ("read",)),
     # One transactional producer per partition and type, `<group>.<context>.<aggregate>.
@@ -283,9 +281,9 @@ async def test_a_node_without_the_create_acl_stops_at_once_naming_the_topic(
 ) -> None:
     broker = kafka_secured
     cluster = secured_cluster(broker, tmp_path)
-    topics = ("topic", "{context}.", "prefixed", ("read", "write", "create"))
+    topics = ("topic", "{context}.", "prefixed", ("read", "write", "create", "describe_configs"))
     assert topics in NODE_ACLS
-    without_create = ("topic", "{context}.", "prefixed", ("read", "write"))
+    without_create = ("topic", "{context}.", "prefixed", ("read", "write", "describe_configs"))
     await grant(broker, cluster, [without_create if a == topics else a for a in NODE_ACLS])
     began = time.monotonic()
     worker = cluster.start_worker()
@@ -313,8 +311,8 @@ async def test_a_node_without_the_create_acl_runs_on_topics_made_beforehand(
 ) -> None:
     broker = kafka_secured
     cluster = secured_cluster(broker, tmp_path)
-    topics = ("topic", "{context}.", "prefixed", ("read", "write", "create"))
-    without_create = ("topic", "{context}.", "prefixed", ("read", "write"))
+    topics = ("topic", "{context}.", "prefixed", ("read", "write", "create", "describe_configs"))
+    without_create = ("topic", "{context}.", "prefixed", ("read", "write", "describe_configs"))
     await grant(broker, cluster, [without_create if a == topics else a for a in NODE_ACLS])
     try:
         async with Client(cluster):  # the administrator creates the topics
