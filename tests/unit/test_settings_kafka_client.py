@@ -40,7 +40,9 @@ def test_confluent_without_its_package_is_an_error_saying_how_to_install_it(
         return None if name == "confluent_kafka" else real(name, *args)
 
     monkeypatch.setattr(importlib.util, "find_spec", missing)
-    with pytest.raises(ConfigError, match=r"TICKWHEEL_KAFKA_CLIENT.*tickwheel\[confluent\]"):
+    with pytest.raises(
+        ConfigError, match=r"TICKWHEEL_KAFKA_CLIENT.*pip install '\.\[confluent\]' from a clone"
+    ):
         Settings.from_env({"TICKWHEEL_KAFKA_CLIENT": "confluent"})
 
 
