@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -18,14 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from tables.refs import AggregateRef
 from tables.timer import MAX_ERROR_TEXT, Timer
 
-__all__ = [
-    "FailureLedger",
-    "LedgerEntry",
-    "LedgerWrite",
-    "MemoryFailureLedger",
-    "log_parked",
-    "merged",
-]
+__all__ = ["FailureLedger", "LedgerEntry", "MemoryFailureLedger", "merged"]
 
 logger = logging.getLogger(__name__)
 
@@ -73,31 +65,11 @@ def merged(
     )
 
 
-@dataclass(frozen=True)
-class LedgerWrite:
-    """A park's ledger write, for the caller to commit in its own transaction (`stage`):
-    `record` (topic, partition, key, value), None when the ledger keeps no topic; the
-    caller calls `applied` with the record's offset (None without a record) once it
-    committed, and never when it did not."""
-
-    record: tuple[str, int, bytes, bytes | None] | None
-    applied: Callable[[int | None], None]
-
-
 class FailureLedger(Protocol):
     async def record(
         self, subscription: str, target: AggregateRef, timers: Sequence[Timer]
     ) -> None:
         """Adds `timers` to the entry of `(subscription, target)`; raises if not recorded."""
-        ...
-
-    def stage(
-        self, subscription: str, target: AggregateRef, timers: Sequence[Timer]
-    ) -> LedgerWrite:
-        """The write that adds `timers` to the entry, to commit with the caller's own
-        (its rows PARKED): no I/O, so a caller may hold its lock across it. The entry is
-        as this ledger knows it now; two stages of one target before either applied each
-        name their own timers, and the later wins (as two nodes' `record`s)."""
         ...
 
     async def resolve(self, subscription: str, target: AggregateRef) -> bool:
@@ -124,19 +96,9 @@ class MemoryFailureLedger:
         async with self._lock:
             key = (subscription, target)
             self._entries[key] = merged(self._entries.get(key), subscription, target, timers)
-        log_parked(timers, target, subscription)
-
-    def stage(
-        self, subscription: str, target: AggregateRef, timers: Sequence[Timer]
-    ) -> LedgerWrite:
-        key = (subscription, target)
-        entry = merged(self._entries.get(key), subscription, target, timers)
-
-        def applied(offset: int | None) -> None:
-            self._entries[key] = entry
-            log_parked(timers, target, subscription)
-
-        return LedgerWrite(None, applied)
+        logger.warning(
+            "parked %d timer(s) of target %s under %s", len(timers), target, subscription
+        )
 
     async def resolve(self, subscription: str, target: AggregateRef) -> bool:
         async with self._lock:
@@ -145,7 +107,3 @@ class MemoryFailureLedger:
     async def entries(self) -> list[LedgerEntry]:
         async with self._lock:
             return list(self._entries.values())
-
-
-def log_parked(timers: Sequence[Timer], target: AggregateRef, subscription: str) -> None:
-    logger.warning("parked %d timer(s) of target %s under %s", len(timers), target, subscription)

@@ -14,7 +14,6 @@ from app.node.kept import KeptType
 from app.protocol.dead_letters import Stage
 from app.protocol.limits import InputLimits
 from tables import StoreClosed
-from tables.ledger import LedgerWrite
 from tables.store import TimerWrites
 
 __all__ = ["CycleWork", "records_after"]
@@ -36,8 +35,6 @@ class CycleWork:
     offsets: dict[tuple[str, int], int] = field(default_factory=dict)
     batch: CommandBatch | None = None
     wrote: bool = False  # timer rows written (buffered in the partition's transaction)
-    # The ledger writes of in-process parks: they commit with the PARKED rows.
-    ledger: list[LedgerWrite] = field(default_factory=list)
 
     def dead_letter(self, record: Record, error: BaseException, stage: Stage) -> None:
         """Skips a bad record: its dead letter commits with the offset that passes it."""

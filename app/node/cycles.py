@@ -3,8 +3,7 @@ with no state of any partition's own. Each cycle takes every batch that arrived 
 partition (the log, commands, operators' requests) and the timers its partition's firing
 holds claimed to fire in-process (`TimerRunner.in_process_due`), decides them together,
 and stages them in the partition's transaction, one per type (its task's, which its input
-carries; `Commits` commits it). An in-process timer that parks stages its ledger write in
-that transaction too: a cycle holds its lock across no Kafka call.
+carries; `Commits` commits it).
 What each partition's cycles run on is its task's own (`PartitionInput`, one per take):
 its queue, its worker (`work`), its lock, its in-process wake-up, whether a cycle was cut
 short and where its last failed cycle read.
@@ -37,7 +36,6 @@ from app.protocol.wire import CommandEnvelope, ResultCode
 from app.timers.runner import SendResult
 from app.timers.sender import timer_command
 from tables import StoreError, Timer
-from tables.ledger import LedgerWrite
 from tables.store import TimerWrites
 
 __all__ = ["CycleTask", "PartitionCycles"]
@@ -224,7 +222,7 @@ class PartitionCycles(TimerTableCycles):
                 timers = await kept.runner.still_due(timers)
                 commands = [timer_command(t, batch.now, in_process=True) for t in timers]
                 decided = w.decider.decide_local(batch, commands)
-                w.ledger += await self._record_local(kept, timers, decided)
+                await self._record_local(kept, timers, decided)
                 # After the settles: a Fire that reschedules its own key would fail them.
                 w.wrote = await self._carry_out(w, batch, p) or w.wrote
             transactions = inp.transactions if inp is not None else {}
@@ -249,17 +247,14 @@ class PartitionCycles(TimerTableCycles):
         kept: KeptType,
         timers: list[Timer],
         decided: list[tuple[CommandEnvelope, ResultCode, str]],
-    ) -> list[LedgerWrite]:
-        """Settles the timers fired in-process (before the cycle commits); the ledger
-        writes of their parks, to commit with them."""
+    ) -> None:
+        """Settles the timers fired in-process (before the cycle commits)."""
         by_request = {t.request_id: t for t in timers}
         outcomes = [
             (by_request[cmd.request_id], SendResult(code.value, message))
             for cmd, code, message in decided
         ]
-        recorded = await kept.runner.record_outcomes(outcomes)
-        self._metrics.round(kept.name, recorded.stats)
-        return recorded.ledger
+        self._metrics.round(kept.name, await kept.runner.record_outcomes(outcomes))
 
     def _stage(self, p: int, w: CycleWork, txn: PartitionTransaction | None) -> None:
         """Stages the cycle's work in p's transaction of its type (`txn`; None: p's task
@@ -272,7 +267,6 @@ class PartitionCycles(TimerTableCycles):
             w.batch is None
             and not w.out
             and not w.wrote
-            and not w.ledger
             and (txn is None or not txn.staged())
             and not self._commits.in_flight(kept, p)
         ):
@@ -295,9 +289,6 @@ class PartitionCycles(TimerTableCycles):
                 )
         for topic, n in w.letters.items():
             self._metrics.dead_letters.labels(topic).inc(n)
-        if w.ledger:
-            records = records + [lw.record for lw in w.ledger if lw.record is not None]
-            committed = functools.partial(_ledger_committed, w.ledger, committed)
         if txn is None:
             raise KafkaUnavailable(f"{kept.topics.timers_changelog}[{p}] is not owned by this node")
         txn.stage(records, offsets, committed)
@@ -310,17 +301,3 @@ class PartitionCycles(TimerTableCycles):
         processor.committed(batch, written[: len(batch.out)])
         # The timers' commands are applied now: their lateness is measured at the commit.
         self._metrics.fired(type_name, batch.fired_due, self._now())
-
-
-def _ledger_committed(
-    writes: list[LedgerWrite],
-    then: Callable[[list[int]], None] | None,
-    written: list[int],
-) -> None:
-    """A cycle committed: its batch told, then its parks' ledger writes applied, each with
-    its record's offset (the last of the cycle's records)."""
-    if then is not None:
-        then(written)
-    offsets = iter(written[len(written) - sum(lw.record is not None for lw in writes) :])
-    for lw in writes:
-        lw.applied(next(offsets) if lw.record is not None else None)

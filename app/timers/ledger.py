@@ -33,8 +33,8 @@ from app.errors import BadRecord, KafkaUnavailable
 from app.kafka import Clients, Publisher, Record
 from app.kafka.cluster import require_topic
 from app.protocol.topics import ContextTopics
-from tables.ledger import LedgerEntry, LedgerWrite, log_parked, merged
-from tables.partitioner import key_partition, partition_of
+from tables.ledger import LedgerEntry, merged
+from tables.partitioner import partition_of
 from tables.refs import AggregateRef
 from tables.timer import Timer
 
@@ -273,25 +273,9 @@ class KafkaFailureLedger:
         async with self._lock:
             entry = merged(self._view.get(key), subscription, target, timers)
             await self._write(key, entry)
-        log_parked(timers, target, subscription)
-
-    def stage(
-        self, subscription: str, target: AggregateRef, timers: Sequence[Timer]
-    ) -> LedgerWrite:
-        """The park's record, for the caller's transaction (`tables.ledger.FailureLedger`);
-        applied to the view once committed (the follower reads it back as well)."""
-        key = LedgerKey(subscription, target)
-        entry = merged(self._view.get(key), subscription, target, timers)
-        raw = ledger_key(*key)
-        # Where the default partitioner puts the key, as `record`'s own producer does.
-        partition = key_partition(raw, self._partitions)
-
-        def applied(offset: int | None) -> None:
-            if offset is not None:
-                self._view.apply(key, partition, offset, entry)
-            log_parked(timers, target, subscription)
-
-        return LedgerWrite((self.topic, partition, raw, encode_entry(entry)), applied)
+        logger.warning(
+            "parked %d timer(s) of target %s under %s", len(timers), target, subscription
+        )
 
     async def resolve(self, subscription: str, target: AggregateRef) -> bool:
         """Writes the entry's tombstone if this node knows the entry; whether it did.

@@ -14,7 +14,7 @@ from app.kafka.memory import MemoryLog
 from app.protocol.topics import ContextTopics
 from app.timers.ledger import KafkaFailureLedger, decode_key, read_ledger
 from tables import AggregateRef, CommandSpec, OnceRule, Timer
-from tables.ledger import LedgerEntry, MemoryFailureLedger
+from tables.ledger import LedgerEntry
 
 T0 = 1_800_000_000_000
 PARTITIONS = 4
@@ -99,53 +99,3 @@ async def test_the_cli_reads_the_open_entries_from_the_topic() -> None:
     with pytest.raises(MissingTopic, match=r"topic other\.failure-ledger does not exist"):
         await read_ledger(log, "other")
     assert log.topic_names() == {TOPIC}
-
-
-async def test_a_staged_park_lands_with_its_transaction_or_not_at_all() -> None:
-    """A park staged for a caller's transaction (an in-process fire's cycle): its record goes
-    where `record` would write it; the view holds it only once applied, and another node
-    reads it only once committed; an aborted one is never seen, and the view keeps the
-    entry it held."""
-    log = MemoryLog([TopicSpec(TOPIC, PARTITIONS)])
-    first = KafkaFailureLedger(log, "shop", PARTITIONS, log.publisher())
-    await first.start()
-    try:
-        await first.record("shop.order", TARGET, [timer(1)])
-        [recorded] = [r for p in range(PARTITIONS) for r in log.records(TOPIC, p)]
-
-        aborted = first.stage("shop.order", TARGET, [timer(2)])
-        assert aborted.record is not None
-        writer = log.transactional_writer("cycle")
-        await writer.start()
-        await writer.send([aborted.record])
-        await writer.abort()
-        assert [e.timers for e in await first.entries()] == [("t-1#0",)]
-
-        staged = first.stage("shop.order", TARGET, [timer(3)])
-        assert staged.record is not None
-        topic, partition, key, _ = staged.record
-        assert (topic, partition, key) == (TOPIC, recorded.partition, recorded.key)
-        [offset] = await writer.send([staged.record])
-        assert [e.timers for e in await first.entries()] == [("t-1#0",)], "not applied yet"
-        await writer.commit_transaction()
-        staged.applied(offset)
-        [entry] = await first.entries()
-        assert entry.timers == ("t-1#0", "t-3#0")
-
-        second = KafkaFailureLedger(log, "shop", PARTITIONS, log.publisher())
-        await second.start()
-        try:
-            assert await second.entries() == [entry]
-        finally:
-            await second.stop()
-    finally:
-        await first.stop()
-
-
-async def test_the_memory_ledger_holds_a_staged_park_once_applied() -> None:
-    ledger = MemoryFailureLedger()
-    staged = ledger.stage("shop.order", TARGET, [timer(1)])
-    assert staged.record is None
-    assert await ledger.entries() == []
-    staged.applied(None)
-    assert [e.timers for e in await ledger.entries()] == [("t-1#0",)]

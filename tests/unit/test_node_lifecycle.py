@@ -423,38 +423,47 @@ async def test_staging_waits_for_a_commit_in_flight_beyond_its_bound(
     await wait_until(lambda: len(timer_rows(log, COUNTER)) == len(owners))
 
 
-async def test_an_in_process_park_calls_no_ledger_and_commits_its_entry_with_its_row(
+async def test_an_in_process_park_waits_for_the_ledger_outside_its_partitions_cycle(
     log: MemoryLog, nodes: list[RunningNode], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A timer fired in-process is parked: its cycle, which holds its partition's lock,
-    makes no ledger call (one may take seconds); the ledger's entry commits in the cycle's
-    transaction with the PARKED row, and the other partitions fire meanwhile. A ledger
-    whose calls never answer shows it: the park lands all the same."""
+    """A timer fired in-process is parked while the ledger does not answer (its calls may
+    take seconds): its partition's cycles go on meanwhile (a command of the same partition
+    is decided and committed; no cycle holds its lock across the ledger call), and so do
+    the other partitions' timers. Its row waits as its last attempt to send again after
+    the backoff, and is parked once the ledger has its target."""
     options = TimerOptions(retry=RetryPolicy(max_attempts=1))
     node = await start(nodes, log, tmp_path, "a", options)
     await wait_until(node.runs)
-    called = asyncio.Event()
-
-    async def hanging(*args: Any) -> None:
-        called.set()
-        await asyncio.Event().wait()
-
+    calling, answer = asyncio.Event(), asyncio.Event()
     ledger = node.node._ledgers["life"]
-    monkeypatch.setattr(ledger, "record", hanging)
+    record = ledger.record
+
+    async def slow(*args: Any) -> None:
+        calling.set()
+        await answer.wait()
+        await record(*args)
+
+    monkeypatch.setattr(ledger, "record", slow)
     await command(log, COUNTER, "o1", "Doom", at=now_ms() + 100)
+    await wait_until(calling.is_set)
+
+    def doomed() -> list[TimerStatus]:
+        return [t.status for t in timer_rows(log, COUNTER) if t.owner.id == "o1"]
+
+    await wait_until(lambda: doomed() == [TimerStatus.PENDING])
+    neighbour = next(f"o{i}" for i in range(2, 50) if same_partition("o1", f"o{i}"))
+    await command(log, COUNTER, neighbour, "Schedule", at=now_ms() + 3_600_000)
+    await wait_until(lambda: neighbour in {t.owner.id for t in timer_rows(log, COUNTER)})
     other = elsewhere("o1")
     await command(log, COUNTER, other, "Schedule", at=now_ms() + 100)
     await wait_until(lambda: [e.aggregate.id for e in events(log, COUNTER, "Fired")] == [other])
+    assert doomed() == [TimerStatus.PENDING] and await ledger.entries() == []
 
-    def parked() -> bool:
-        return [t.status for t in timer_rows(log, COUNTER) if t.owner.id == "o1"] == [
-            TimerStatus.PARKED
-        ]
-
-    await wait_until(parked)
+    answer.set()
+    await wait_until(lambda: doomed() == [TimerStatus.PARKED])
     [entry] = await ledger.entries()
-    assert [t.owner.id for t in timer_rows(log, COUNTER) if t.request_id in entry.timers] == ["o1"]
-    assert not called.is_set(), "the cycle called the ledger"
+    [parked] = [t for t in timer_rows(log, COUNTER) if t.owner.id == "o1"]
+    assert parked.request_id in entry.timers
 
 
 async def test_a_remote_park_whose_ledger_call_hangs_holds_no_other_partition_up(

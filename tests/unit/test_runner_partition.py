@@ -66,7 +66,42 @@ async def test_a_local_target_is_handed_to_its_partition_and_settled_with_its_ou
     outcome = await runner.record_outcomes([(claimed, SendResult("COMMITTED"))])
     row = await world.row()
     assert (row.status, row.outcome) == (TimerStatus.FIRED, Outcome.COMMITTED)
-    assert (outcome.stats.fired, outcome.stats.written) == (1, 1)
+    assert (outcome.fired, outcome.written) == (1, 1)
+
+
+@pytest.mark.parametrize("ledger_failures", [0, 1])
+async def test_an_in_process_park_is_written_as_its_retry_then_parked_by_the_next_round(
+    world: World, ledger_failures: int
+) -> None:
+    """The cycle that decides a spent in-process timer calls no ledger (it holds its
+    partition's lock): it writes the last attempt to send again after the backoff, and the
+    partition's next round records the target in the ledger first, then parks the row
+    against that retry. A ledger that refuses leaves the retry as it is."""
+    world.ledger.failures = ledger_failures
+    await world.put()
+    local = FakeLocal()
+    runner = runner_with(world, local, retry={"max_attempts": 1})
+    await runner.run_round()
+    [claimed] = local.fired
+    stats = await runner.record_outcomes([(claimed, SendResult("ERROR", "no handler"))])
+    assert world.ledger.seen == [], "no ledger call from the cycle"
+    retry = await world.row()
+    assert (retry.status, retry.attempts, retry.outcome) == (
+        TimerStatus.PENDING,
+        0,
+        Outcome.FAILED,
+    )
+    assert retry.due_at > world.clock.now() and (stats.retried, stats.parked) == (1, 0)
+    stats = await runner.run_round()
+    assert world.ledger.seen == [TimerStatus.PENDING], "the ledger first, then the row"
+    row = await world.row()
+    if ledger_failures:
+        assert row == retry and await world.ledger.entries() == []
+        assert (stats.parked, stats.ledger_failures) == (0, 1)
+    else:
+        assert (row.status, row.attempts, row.error_text) == (TimerStatus.PARKED, 1, "no handler")
+        [entry] = await world.ledger.entries()
+        assert entry.timers == (row.request_id,) and stats.parked == 1
 
 
 async def test_a_timer_cancelled_after_it_was_handed_over_is_not_decided(

@@ -30,6 +30,7 @@ __all__ = [
     "SendResult",
     "Verdict",
     "classify",
+    "deferred_park",
     "due_since",
     "error_of",
     "expire_or_claim",
@@ -291,10 +292,25 @@ def on_outcome(
 
 
 def unparked(decision: Decision) -> Decision:
-    """A park whose ledger record failed: its fallback, the last attempt sent again."""
-    if not decision.park or decision.fallback is None:
+    """A park whose ledger record failed: its fallback, the last attempt sent again; none
+    (the row stays as it is) for a park deferred from its fallback (`deferred_park`)."""
+    if not decision.park:
         return decision
+    if decision.fallback is None:
+        return _NOTHING
     return Decision(Action.RETRY, decision.fallback, busy_in_a_row=decision.busy_in_a_row)
+
+
+def deferred_park(decision: Decision) -> Decision:
+    """A park written later than its timer's outcome: from its fallback's row (the last
+    attempt sent again after the backoff, written now) to the park's. If the ledger then
+    refuses, or that row changed meanwhile, nothing more is written: the fallback stands."""
+    assert decision.park and decision.change is not None and decision.fallback is not None
+    return Decision(
+        Action.PARK,
+        change_of(decision.fallback.next, decision.change.next),
+        busy_in_a_row=decision.busy_in_a_row,
+    )
 
 
 def _fired(claimed: Timer, outcome: Outcome, error: dict[str, str | None]) -> Decision:

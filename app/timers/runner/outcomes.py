@@ -1,12 +1,11 @@
 """`Outcomes`: how the runner writes what its timers came to, each a conditional write: the
 outcomes of its sends, in one batch a round (`flush`), and those of the timers its
 partitions' cycles fire in-process, in the cycle's transaction (`still_due`, `record`).
-The targets of a round's parks are recorded in the ledger first, with no lock held (its
-calls may take seconds), and only the partitions that park wait for it: each writes apart
-once its own targets are recorded, while the others' outcomes are written at once. The
-parks of in-process fires call no ledger: their ledger writes commit in the cycle's
-transaction with the PARKED rows (`Recorded.ledger`), so the cycle holds its partition's
-lock across no Kafka call. The rows are
+The targets of parks are recorded in the ledger first, with no lock held (its calls may
+take seconds), and only the partitions that park wait for it: each writes apart once its
+own targets are recorded, while the others' outcomes are written at once. A cycle calls no
+ledger (it holds its partition's lock): an in-process fire's park is written there as its
+fallback, and parked by its partition's next flush (`deferred_park`). The rows are
 written under the locks of their partitions only, and a store fault in one partition's
 rows fails only that partition (`apart`). Each partition's rows are written through its
 firing's store (`partition_store.store_of`)."""
@@ -17,9 +16,8 @@ import asyncio
 import dataclasses
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import NamedTuple
 
-from app.timers.runner.decisions import Decision, SendResult
+from app.timers.runner.decisions import Decision, SendResult, deferred_park, unparked
 from app.timers.runner.options import TimerOptions
 from app.timers.runner.partition import (
     PartitionFiring,
@@ -30,23 +28,15 @@ from app.timers.runner.partition import (
 )
 from app.timers.runner.partition_store import store_of
 from app.timers.runner.ports import Clock, FiringStore
-from app.timers.runner.settling import apart, from_loaded, park, staged_parks
+from app.timers.runner.settling import apart, from_loaded, park
 from app.timers.runner.stats import RoundStats, count
 from tables.exceptions import StoreError
-from tables.ledger import FailureLedger, LedgerWrite
+from tables.ledger import FailureLedger
 from tables.timer import Timer, TimerChange, TimerStatus
 
-__all__ = ["Outcomes", "Recorded"]
+__all__ = ["Outcomes"]
 
 logger = logging.getLogger(__name__)
-
-
-class Recorded(NamedTuple):
-    """What `Outcomes.record` wrote, and the ledger writes of its parks that the caller's
-    transaction must commit with the rows (and apply once it did)."""
-
-    stats: RoundStats
-    ledger: list[LedgerWrite]
 
 
 class Outcomes:
@@ -142,12 +132,15 @@ class Outcomes:
                 firing.in_hand.pop(t.id, None)
         return kept
 
-    async def record(self, results: Sequence[tuple[Timer, SendResult]]) -> Recorded:
+    async def record(self, results: Sequence[tuple[Timer, SendResult]]) -> RoundStats:
         """Writes the outcomes of timers fired in-process, each against the row as it was
-        loaded; raises when the write fails (the transaction must not commit). Their parks'
-        ledger writes are returned for the same transaction, not made here."""
+        loaded; raises when the write fails (the transaction must not commit). A park is
+        written as its fallback here (the cycle calls no ledger: it holds its partition's
+        lock) and parked by the partition's next outcome write, the ledger first, as a
+        sent timer's is (`deferred_park`)."""
         stats = RoundStats()
         decisions: list[Decision] = []
+        parks: list[tuple[PartitionFiring, Decision]] = []
         now = self._clock.now()
         for claimed, result in results:
             firing = self._firings.get(claimed.partition)
@@ -155,11 +148,15 @@ class Outcomes:
             if firing is None or loaded is None:
                 raise StoreError(f"{claimed.request_id} was fired but not handed over")
             d = firing.decide(claimed, result, now, self._options)
-            # No fallback: a park's ledger write commits with its row (`staged_parks`).
-            decisions.append(dataclasses.replace(d, change=from_loaded(d.change, loaded)))
+            d = dataclasses.replace(
+                d, change=from_loaded(d.change, loaded), fallback=from_loaded(d.fallback, loaded)
+            )
+            if d.park:
+                parks.append((firing, deferred_park(d)))
+                d = unparked(d)
+            decisions.append(d)
         if not decisions:
-            return Recorded(stats, [])
-        ledger = staged_parks(self._ledger, TimerOptions.PARKED_SUBSCRIPTION, decisions)
+            return stats
         firings = {f for claimed, _ in results if (f := self._firings.get(claimed.partition))}
         with writing(firings):
             for d in decisions:
@@ -172,7 +169,10 @@ class Outcomes:
             raise StoreError(f"{len(changes) - stats.written} in-process outcome(s) not written")
         self._written(changes, stats)
         count(stats, decisions)
-        return Recorded(stats, ledger)
+        for firing, d in parks:
+            firing.outcomes.append(d)
+            firing.answered.set()  # its next round writes it, with no wait
+        return stats
 
     def _written(self, changes: list[TimerChange], stats: RoundStats) -> None:
         """Rows just written: back in their wheels when due again soon."""

@@ -47,7 +47,7 @@ from app.timers.runner.decisions import (
 )
 from app.timers.runner.operating import operate
 from app.timers.runner.options import TimerOptions
-from app.timers.runner.outcomes import Outcomes, Recorded
+from app.timers.runner.outcomes import Outcomes
 from app.timers.runner.partition import InProcessTargets, PartitionFiring, offer_to
 from app.timers.runner.partition_store import store_of
 from app.timers.runner.ports import Clock, FiringStore, Sender
@@ -330,12 +330,11 @@ class TimerRunner:
         cycle just before it decides them."""
         return await self._outcomes.still_due(claimed)
 
-    async def record_outcomes(self, results: Sequence[tuple[Timer, SendResult]]) -> Recorded:
+    async def record_outcomes(self, results: Sequence[tuple[Timer, SendResult]]) -> RoundStats:
         """Writes the outcomes of timers fired in-process: called by the partition's cycle
         before its transaction commits, so that each settle commits with the events it
         records; each a conditional write against the row as it was loaded. Raises when
-        the write fails: the transaction must not commit. The ledger writes of its parks
-        (`Recorded.ledger`) are the caller's to commit in that transaction."""
+        the write fails: the transaction must not commit."""
         return await self._outcomes.record(results)
 
     async def retry(self, target: AggregateRef, partitions: Iterable[int] | None = None) -> int:

@@ -1,5 +1,4 @@
-"""How the runner's decisions are written: parks recorded in the ledger first (those of
-in-process fires staged to commit with their rows instead, `staged_parks`), claims
+"""How the runner's decisions are written: parks recorded in the ledger first, claims
 settled in one conditional batch, outcomes of in-process fires made against the row as
 loaded, and a previous owner's claims taken over. A store fault in one partition's rows
 (`StoreError`: a corrupt row) fails only that partition's part (`apart`). No lock and no
@@ -19,19 +18,11 @@ from app.timers.runner.ports import FiringStore
 from app.timers.runner.stats import RoundStats
 from tables.copies import change_of
 from tables.exceptions import StoreError
-from tables.ledger import FailureLedger, LedgerWrite
+from tables.ledger import FailureLedger
 from tables.refs import AggregateRef
 from tables.timer import Timer, TimerChange, TimerStatus
 
-__all__ = [
-    "apart",
-    "from_loaded",
-    "park",
-    "reclaim",
-    "settle_exactly",
-    "staged_parks",
-    "taken_over",
-]
+__all__ = ["apart", "from_loaded", "park", "reclaim", "settle_exactly", "taken_over"]
 
 logger = logging.getLogger(__name__)
 
@@ -88,18 +79,6 @@ async def park(
         unparked(d) if d.park and d.change and d.change.next.target in refused else d
         for d in decisions
     ]
-
-
-def staged_parks(
-    ledger: FailureLedger, subscription: str, decisions: list[Decision]
-) -> list[LedgerWrite]:
-    """The ledger writes of the decisions' parks, one a target, for the caller's own
-    transaction: they land with the PARKED rows or not at all, so no fallback is needed."""
-    by_target: dict[AggregateRef, list[Timer]] = defaultdict(list)
-    for d in decisions:
-        if d.park and d.change is not None:
-            by_target[d.change.next.target].append(d.change.next)
-    return [ledger.stage(subscription, target, timers) for target, timers in by_target.items()]
 
 
 async def settle_exactly(
