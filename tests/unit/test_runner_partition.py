@@ -104,6 +104,38 @@ async def test_an_in_process_park_is_written_as_its_retry_then_parked_by_the_nex
         assert entry.timers == (row.request_id,) and stats.parked == 1
 
 
+async def test_an_in_process_park_is_written_before_its_retry_can_fire_again(
+    world: World,
+) -> None:
+    """A backoff shorter than the ledger's answer: the next round writes the park before
+    it claims anything, so the retry row is not handed over to fire a second time while
+    the ledger is asked (the partition's cycle runs meanwhile)."""
+    await world.put()
+    local = FakeLocal()
+    runner = runner_with(world, local, retry={"max_attempts": 1, "initial_backoff_ms": 1})
+    await runner.run_round()
+    [claimed] = local.fired
+    await runner.record_outcomes([(claimed, SendResult("ERROR", "no handler"))])
+    record = world.ledger.record
+    fired_again: list[Timer] = []
+
+    async def slow(*args: Any) -> None:
+        """A Kafka round trip: the partition's cycle fires what it was handed meanwhile."""
+        world.clock.set(world.clock.now() + 10)  # the retry's backoff is over
+        handed = await runner.still_due(runner.in_process_due(0))
+        fired_again.extend(handed)
+        await runner.record_outcomes([(t, SendResult("ERROR", "again")) for t in handed])
+        await record(*args)
+
+    world.ledger.record = slow  # type: ignore[method-assign]
+    for _ in range(3):
+        world.clock.set(world.clock.now() + 10)
+        await runner.run_round()
+    assert fired_again == [] and local.fired == [claimed]
+    row = await world.row()
+    assert (row.status, row.attempts) == (TimerStatus.PARKED, 1)
+
+
 async def test_a_timer_cancelled_after_it_was_handed_over_is_not_decided(
     world: World,
 ) -> None:

@@ -87,6 +87,9 @@ class Outcomes:
         try:
             decisions = [d for outcomes in taken.values() for d in outcomes]
             final = await park(self._ledger, TimerOptions.PARKED_SUBSCRIPTION, decisions, stats)
+            # A deferred park the ledger refused: its fallback row stands, due after the
+            # backoff, and goes to its wheel now (`record` held it back).
+            offer_to(self._firings, refused_fallbacks(decisions, final))
             by_partition = {f.partition: f for f in taken}
             for d in final:
                 if d.change is not None and (own := by_partition.get(d.change.next.partition)):
@@ -167,7 +170,10 @@ class Outcomes:
                 stats.written = await store_of(firings, self._store).settle(changes)
         if stats.written != len(changes):
             raise StoreError(f"{len(changes) - stats.written} in-process outcome(s) not written")
-        self._written(changes, stats)
+        # Not offered to its wheel: its park is written first (the partition's next round
+        # begins with it), and a refused park offers it then.
+        parking = {d.change.next.id for _, d in parks if d.change is not None}
+        self._written([c for c in changes if c.next.id not in parking], stats)
         count(stats, decisions)
         for firing, d in parks:
             firing.outcomes.append(d)
@@ -180,6 +186,15 @@ class Outcomes:
         for change in changes:
             if change.next.status is TimerStatus.PENDING and change.next.partition in self._firings:
                 stats.due_by(change.next.due_at)
+
+
+def refused_fallbacks(decisions: list[Decision], final: list[Decision]) -> list[Timer]:
+    """The rows of deferred parks (`deferred_park`) that `park` turned into nothing."""
+    return [
+        d.change.loaded
+        for d, f in zip(decisions, final, strict=True)
+        if d.park and d.fallback is None and d.change is not None and f.change is None
+    ]
 
 
 def _partition(change: TimerChange) -> int:
