@@ -127,7 +127,7 @@ async def test_an_in_process_park_is_written_before_its_retry_can_fire_again(
         await runner.record_outcomes([(t, SendResult("ERROR", "again")) for t in handed])
         await record(*args)
 
-    world.ledger.record = slow  # type: ignore[method-assign]
+    world.ledger.record = slow  # type: ignore[method-assign,assignment]
     for _ in range(3):
         world.clock.set(world.clock.now() + 10)
         await runner.run_round()
