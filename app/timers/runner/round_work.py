@@ -92,13 +92,15 @@ class RoundWork:
         room: int,
         grow: bool = True,
         spread: int = 1,
+        stats: RoundStats | None = None,
     ) -> Round:
         """Loads the due timers of `group`, decides them, and claims them: a remote one's
         claim written (in its partition's transaction), an in-process one's kept for its
-        cycle; at most `room` sends claimed. The caller holds `state.lock`."""
+        cycle; at most `room` sends claimed. The caller holds `state.lock`. `stats`: the
+        round's, begun by the caller's writes before it (a new one when None)."""
         now = self._clock.now()
         live = {p: f for p, f in group.items() if f.fault is None}
-        r = Round(RoundStats(), now, frozenset(live), firings=dict(group))
+        r = Round(stats or RoundStats(), now, frozenset(live), firings=dict(group))
         if not r.owned:
             failed(r)
             return r

@@ -277,22 +277,19 @@ class TimerRunner:
         fired again before, however short the backoff and slow the ledger."""
         chosen = list(self._firings.values()) if firing is None else [firing]
         parking = [f for f in chosen if any(d.park for d in f.outcomes)]
-        parked = RoundStats()
+        stats = RoundStats()
         if parking:
-            await self._outcomes.flush(parking, parked)
+            await self._outcomes.flush(parking, stats)
         if firing is None:
             room = self._options.max_in_flight - self.in_flight
-            r = await self._work.claim(self._firings, self._rounds, room, grow)
-        else:
-            room = self.share - len(firing.in_flight)
-            # Its burst's slices are its share of a round's (`round_slice`): the
-            # partitions' rounds run side by side on one loop.
-            spread = len(self._firings)
-            r = await self._work.claim(
-                {firing.partition: firing}, firing.rounds, room, grow, spread
-            )
-        r.stats.add(parked)
-        return r
+            return await self._work.claim(self._firings, self._rounds, room, grow, stats=stats)
+        room = self.share - len(firing.in_flight)
+        # Its burst's slices are its share of a round's (`round_slice`): the partitions'
+        # rounds run side by side on one loop.
+        spread = len(self._firings)
+        return await self._work.claim(
+            {firing.partition: firing}, firing.rounds, room, grow, spread, stats
+        )
 
     async def _finish(self, r: Round, firing: PartitionFiring | None = None) -> None:
         """A round's sends, outcome writes and sweep (`RoundWork.finish`), as `_claim`."""

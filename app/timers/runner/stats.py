@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, fields
-from typing import Final
+from dataclasses import dataclass
 
 from app.timers.runner.decisions import Action, Decision
 
@@ -39,21 +38,9 @@ class RoundStats:
     reload_at: int | None = None
     """When the wheel must be loaded again (it holds the rows due until then)."""
 
-    def add(self, other: RoundStats) -> None:
-        """Adds the counts of `other` (a write of the same round's) to its own."""
-        for name in _COUNTS:
-            setattr(self, name, getattr(self, name) + getattr(other, name))
-
     def due_by(self, t: int | None) -> None:
         if t is not None:
             self.next_due = t if self.next_due is None else min(self.next_due, t)
-
-
-_COUNTS: Final = tuple(
-    f.name
-    for f in fields(RoundStats)
-    if f.type == "int" and f.name not in ("next_due", "reload_at")
-)
 
 
 def count(stats: RoundStats, decisions: Iterable[Decision]) -> None:
