@@ -124,9 +124,12 @@ class TimerTableCycles:
                 self.limits.check(record.key, record.value)
                 op = decode(OperatorRequest, record.value, self.limits.max_record_bytes)
                 stage = Stage.OPERATE
-                await carry_out(kept.runner, op, record.partition)
+                # The entry resolved by the partition's next round: a cycle holds its
+                # partition's lock, and the ledger's calls may take seconds.
+                await carry_out(kept.runner, op, record.partition, resolve_later=True)
             except TimeoutError as exc:
-                # Not carried out (the ledger did not answer in time): read it again.
+                # Not carried out (the ledger did not answer in time, where p's timers are
+                # not fired here to resolve it later): read it again.
                 raise KafkaUnavailable(f"operator request at {record.offset}: {exc!r}") from exc
             except Exception as exc:
                 if node_fault(exc):

@@ -57,7 +57,8 @@ async def release_partition(
         try:
             # The commit in flight first (the runner's claims may wait on it).
             whole = clean and await commits.settle(kept, until=until, rest=False)
-            await kept.runner.stop_partition(p)  # the task's firing: its last writes made
+            # The task's firing: its last writes made, and counted as its rounds' are.
+            s.metrics.round(kept.name, await kept.runner.stop_partition(p))
             # What waits (the runner's last writes included), if p's producer is open.
             committed = whole and commits.owns(kept) and await commits.settle(kept, until=until)
             if (firing := firings.get(kept.name)) is not None and firing.fault is not None:

@@ -5,7 +5,8 @@ every partition of the owner type's `<context>.<aggregate>.timer-ops` topic, bec
 parked timers of one target can sit in any partition. The node that owns partition p of
 that type (the same p of every topic: one consumer group, range assignment) reads the
 record in its group and retries or skips the PARKED timers of partition p only
-(`carry_out`), then commits the record's offset. The ledger entry is resolved by each;
+(`carry_out`), then commits the record's offset. The ledger entry is resolved by each,
+by its partition's next timer round once the rows are settled (a cycle calls no ledger);
 resolving is idempotent.
 
 Also here: reading the timer table from its changelog, for `tickwheel timers list` and
@@ -115,9 +116,13 @@ async def _request(
     return op
 
 
-async def carry_out(runner: TimerRunner, op: TimerOp, partition: int) -> int:
+async def carry_out(
+    runner: TimerRunner, op: TimerOp, partition: int, *, resolve_later: bool = False
+) -> int:
     """What the owner of `partition` does with an op read from it: acts on the PARKED
-    timers of that partition only (the owners of the others read their own copy)."""
+    timers of that partition only (the owners of the others read their own copy).
+    `resolve_later`: the ledger entry is resolved by the partition's next round, not here
+    (its cycle calls no ledger)."""
     logger.info(
         "operator %s of %s (request %s) in partition %d",
         op.action,
@@ -126,8 +131,8 @@ async def carry_out(runner: TimerRunner, op: TimerOp, partition: int) -> int:
         partition,
     )
     if op.action is TimerAction.RETRY:
-        return await runner.retry(op.target, partitions={partition})
-    return await runner.skip(op.target, partitions={partition})
+        return await runner.retry(op.target, {partition}, resolve_later=resolve_later)
+    return await runner.skip(op.target, {partition}, resolve_later=resolve_later)
 
 
 async def read_timers(

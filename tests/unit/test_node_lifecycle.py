@@ -23,6 +23,7 @@ from app.model.aggregate import AggregateType, Command, Decision, Event
 from app.protocol.topics import AggregateTopics
 from app.protocol.wire import CommandEnvelope, EventEnvelope, decode, encode
 from app.service import Service
+from app.timers.operator import request_skip
 from app.timers.runner import RetryPolicy, TimerOptions
 from tables import AggregateRef, CommandSpec, OnceRule, Timer, TimerStatus
 from tables.partitioner import partition_of
@@ -464,6 +465,49 @@ async def test_an_in_process_park_waits_for_the_ledger_outside_its_partitions_cy
     [entry] = await ledger.entries()
     [parked] = [t for t in timer_rows(log, COUNTER) if t.owner.id == "o1"]
     assert parked.request_id in entry.timers
+
+
+async def test_an_operators_request_resolves_its_entry_outside_its_partitions_cycle(
+    log: MemoryLog, nodes: list[RunningNode], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An operator's skip is read in the cycle of its partition, which settles the PARKED
+    row there; its ledger entry is resolved by the partition's next round, so while the
+    ledger does not answer, the partition's cycles go on (a command of it is decided and
+    committed). The entry is resolved once the ledger answers."""
+    options = TimerOptions(retry=RetryPolicy(max_attempts=1))
+    node = await start(nodes, log, tmp_path, "a", options)
+    await wait_until(node.runs)
+    ledger = node.node._ledgers["life"]
+    await command(log, COUNTER, "o1", "Doom", at=now_ms() + 100)
+
+    def doomed() -> list[TimerStatus]:
+        return [t.status for t in timer_rows(log, COUNTER) if t.owner.id == "o1"]
+
+    await wait_until(lambda: doomed() == [TimerStatus.PARKED])
+    [entry] = await ledger.entries()
+    calling, answer, resolved = asyncio.Event(), asyncio.Event(), asyncio.Event()
+    resolve = ledger.resolve
+
+    async def slow(*args: Any) -> bool:
+        calling.set()
+        await answer.wait()
+        try:
+            return await resolve(*args)
+        finally:
+            resolved.set()
+
+    monkeypatch.setattr(ledger, "resolve", slow)
+    await request_skip(log, COUNTER.type_name, entry.target, PARTITIONS)
+    await wait_until(calling.is_set)
+    await wait_until(lambda: doomed() == [TimerStatus.CANCELLED])
+    neighbour = next(f"o{i}" for i in range(2, 50) if same_partition("o1", f"o{i}"))
+    await command(log, COUNTER, neighbour, "Schedule", at=now_ms() + 3_600_000)
+    await wait_until(lambda: neighbour in {t.owner.id for t in timer_rows(log, COUNTER)})
+    assert len(await ledger.entries()) == 1
+
+    answer.set()
+    await wait_until(resolved.is_set)
+    assert await ledger.entries() == []
 
 
 async def test_a_remote_park_whose_ledger_call_hangs_holds_no_other_partition_up(

@@ -15,7 +15,7 @@ from fakes import RunningNode, wait_until
 from test_node_memory import PARTITIONS, SERVICE, TOPICS
 
 from app.kafka.memory import MemoryLog
-from app.timers.runner import TimerRunner
+from app.timers.runner import RoundStats, TimerRunner
 from tables import StoreError
 
 
@@ -35,10 +35,10 @@ async def test_a_clean_close_of_a_firing_the_store_failed_in_is_not_marked_clean
     firing = node.node._tasks[0].firings[TOPICS.type_name]
     stop = TimerRunner.stop_partition
 
-    async def stop_meeting_a_corrupt_row(runner: TimerRunner, p: int) -> None:
+    async def stop_meeting_a_corrupt_row(runner: TimerRunner, p: int) -> RoundStats:
         if faulted and p == 0:
             firing.fail(StoreError("the stored row 'r' of partition 0 is no Timer", partition=0))
-        await stop(runner, p)
+        return await stop(runner, p)
 
     monkeypatch.setattr(TimerRunner, "stop_partition", stop_meeting_a_corrupt_row)
     await asyncio.wait_for(node.node._revoked({(TOPICS.events, 0)}), 5)

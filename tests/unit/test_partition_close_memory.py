@@ -21,6 +21,7 @@ from app.node.partition_task import PartitionTask
 from app.node.partition_transaction import PartitionTransaction
 from app.node.settings import Settings
 from app.node.task_state import TaskState
+from app.timers.runner import RoundStats
 from tables import StoreError
 
 ID0 = f"g.{TOPICS.timers_changelog}.0"
@@ -343,10 +344,10 @@ async def test_a_retakes_close_that_fails_stops_the_producer_and_never_reopens_i
 
     stop_partition = kept.runner.stop_partition
 
-    async def failing(p: int) -> None:
+    async def failing(p: int) -> RoundStats:
         if p == 1:
             raise StoreError("the disk is gone")
-        await stop_partition(p)
+        return await stop_partition(p)
 
     opened: list[int] = []
     open_ = kept.transactions.open

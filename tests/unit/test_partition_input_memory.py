@@ -21,6 +21,7 @@ from app.kafka.memory import MemoryLog
 from app.node.cycles import PartitionCycles
 from app.node.partition_input import LOCAL, PartitionInput
 from app.node.task_state import TaskState
+from app.timers.runner import RoundStats
 from tables import StoreError
 
 
@@ -42,10 +43,10 @@ def late_wake_ups(node: RunningNode, monkeypatch: pytest.MonkeyPatch) -> list[in
     kept = node.node.types[TOPICS.type_name]
     stop_partition, woken = kept.runner.stop_partition, list[int]()
 
-    async def waking(p: int) -> None:
+    async def waking(p: int) -> RoundStats:
         node.node.cycles.fire_local(TOPICS.type_name, p)
         woken.append(p)
-        await stop_partition(p)
+        return await stop_partition(p)
 
     monkeypatch.setattr(kept.runner, "stop_partition", waking)
     return woken

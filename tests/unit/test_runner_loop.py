@@ -260,6 +260,36 @@ async def test_a_technical_failure_is_retried_with_backoff_until_parked(
     assert {s.not_before for s in world.sender.sends} == {T0}
 
 
+async def test_a_park_whose_row_was_cancelled_meanwhile_is_not_counted_as_parked(
+    world: World,
+) -> None:
+    """The outcome's conditional write is refused (the row was cancelled while its last
+    attempt was in flight): the round counts what it wrote, not what it decided."""
+    await world.put()
+
+    async def cancelled_meanwhile(timer: Timer) -> SendResult:
+        row = await world.row()
+        assert await world.store.inner.cancel(OWNER, "remind", row.version + 1)
+        return SendResult("ERROR")
+
+    runner = world.runner(script=cancelled_meanwhile, retry={"max_attempts": 1})
+    stats = await runner.run_round()
+    assert (stats.sent, stats.parked, stats.written) == (1, 0, 0)
+    assert (await world.row()).status is TimerStatus.CANCELLED
+
+
+async def test_a_partitions_stop_says_what_its_last_writes_did(world: World) -> None:
+    """An outcome that came back before the stop is written by it, and counted (a node adds
+    it to its rounds' metrics)."""
+    await world.put()
+    runner = world.runner(script=always("ERROR"), retry={"max_attempts": 1})
+    assert (await runner.run_round(wait=False)).parked == 0
+    await until(lambda: runner.in_flight == 0)
+    stats = await runner.stop_partition(0)
+    assert (stats.parked, stats.written) == (1, 1)
+    assert (await world.row()).status is TimerStatus.PARKED
+
+
 async def test_a_failing_ledger_leaves_the_timer_pending_and_its_last_attempt_sent_again(
     world: World,
 ) -> None:
@@ -488,7 +518,7 @@ async def test_a_partition_stopped_while_its_claims_are_written_gives_them_back(
 ) -> None:
     await world.put()
     runner = world.runner()
-    stopping: list[asyncio.Task[None]] = []
+    stopping: list[asyncio.Task[RoundStats]] = []
 
     async def hand_off() -> None:
         if not stopping:

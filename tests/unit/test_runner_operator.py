@@ -3,12 +3,23 @@ owner acting on its own partition only, the expiry jump in a round, and the CLI'
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
 import orjson
 import pytest
-from fakes import MIN, OWNER, T0, TARGET, AnsweringSender, CountingStore, StillClock, slot_timer
+from fakes import (
+    MIN,
+    OWNER,
+    T0,
+    TARGET,
+    AnsweringSender,
+    CountingStore,
+    FakeClock,
+    StillClock,
+    slot_timer,
+)
 from pydantic import ValidationError
 from typer.testing import CliRunner
 
@@ -25,9 +36,11 @@ from app.timers.operator import (
     new_op,
     op_records,
 )
-from app.timers.runner import TimerOptions, TimerRunner
+from app.timers.runner import TimerOptions, TimerRunner, operating
+from app.timers.runner.operating import RESOLVE_BACKOFF_MS
 from tables import open_timer_store
 from tables.ledger import MemoryFailureLedger
+from tables.refs import AggregateRef
 from tables.rules import IntervalRule
 from tables.store import TimerStore
 from tables.timer import Outcome, Timer, TimerChange, TimerStatus
@@ -147,6 +160,148 @@ async def test_skip_in_one_partition_cancels_only_its_parked_timers(store: Timer
     assert c is not None and c.status is TimerStatus.PENDING
     # Without partitions: every partition the store serves, as before.
     assert await runner.skip(TARGET) == 1
+
+
+# --- carried out in a cycle: the entry resolved by the partition's next round -------------
+
+
+class FlakyLedger(MemoryFailureLedger):
+    """Its first `fail` resolves raise (as a ledger that did not answer in time); each
+    resolve waits for `held` when it is set."""
+
+    def __init__(self, fail: int = 0) -> None:
+        super().__init__()
+        self.fail = fail
+        self.resolves = 0
+        self.held: asyncio.Event | None = None
+        self.calling = asyncio.Event()
+
+    async def resolve(self, subscription: str, target: AggregateRef) -> bool:
+        self.resolves += 1
+        self.calling.set()
+        if self.held is not None:
+            await self.held.wait()
+        if self.fail > 0:
+            self.fail -= 1
+            raise TimeoutError("the ledger did not answer")
+        return await super().resolve(subscription, target)
+
+
+async def parked_ledger(store: TimerStore, ledger: MemoryFailureLedger, *keys: str) -> None:
+    """Timers of TARGET in partition 1 parked, their target recorded first (as a park)."""
+    for key in keys:
+        await ledger.record(SUB, TARGET, [make(key, 1)])
+        await park(store, key, 1)
+
+
+def skipping(store: TimerStore, ledger: FlakyLedger, clock: Any = None) -> TimerRunner:
+    clock = clock or StillClock(T0)
+    return TimerRunner(store, AnsweringSender(), clock, ledger, partitions=[0, 1, 2])
+
+
+SKIP = new_op(TimerAction.SKIP, TARGET, now=T0)
+
+
+async def test_a_request_in_a_cycle_settles_at_once_and_its_round_resolves_the_entry(
+    store: TimerStore,
+) -> None:
+    """A partition's cycle holds its lock: its operator's request settles the PARKED rows
+    there and calls no ledger; the partition's next round resolves the entry."""
+    ledger = FlakyLedger()
+    await parked_ledger(store, ledger, "a", "b")
+    runner = skipping(store, ledger)
+    assert await carry_out(runner, SKIP, 1, resolve_later=True) == 2
+    rows = [await store.find(OWNER, k) for k in "ab"]
+    assert [r.status if r else None for r in rows] == [TimerStatus.CANCELLED] * 2
+    assert ledger.resolves == 0 and len(await ledger.entries()) == 1
+    await runner.run_round()
+    assert ledger.resolves == 1 and await ledger.entries() == []
+    await runner.run_round()
+    assert ledger.resolves == 1  # resolved once
+
+
+async def test_an_entry_whose_target_was_parked_again_meanwhile_stays(
+    store: TimerStore,
+) -> None:
+    """A park between the request and the round recorded the target first: the round
+    resolves nothing, so the PARKED timer stays named (never a timer no entry names)."""
+    ledger = FlakyLedger()
+    await parked_ledger(store, ledger, "a")
+    runner = skipping(store, ledger)
+    assert await carry_out(runner, SKIP, 1, resolve_later=True) == 1
+    await parked_ledger(store, ledger, "c")  # parked after the skip, before its resolve
+    await runner.run_round()
+    [entry] = await ledger.entries()
+    c = await store.find(OWNER, "c")
+    assert c is not None and c.request_id in entry.timers and ledger.resolves == 0
+
+
+async def test_an_entry_the_ledger_does_not_resolve_waits_then_is_resolved_again(
+    store: TimerStore,
+) -> None:
+    ledger = FlakyLedger(fail=1)
+    await parked_ledger(store, ledger, "a")
+    clock = FakeClock(T0)
+    runner = skipping(store, ledger, clock)
+    assert await carry_out(runner, SKIP, 1, resolve_later=True) == 1
+    await runner.run_round()  # the ledger fails it: kept for a later round
+    assert len(await ledger.entries()) == 1
+    clock.set(T0 + RESOLVE_BACKOFF_MS - 1)
+    await runner.run_round()
+    assert ledger.resolves == 1, "tried again before its backoff"
+    clock.set(T0 + RESOLVE_BACKOFF_MS)
+    await runner.run_round()
+    assert (ledger.resolves, await ledger.entries()) == (2, [])
+
+
+async def test_a_partitions_stop_resolves_what_its_round_had_not_yet(store: TimerStore) -> None:
+    ledger = FlakyLedger()
+    await parked_ledger(store, ledger, "a")
+    runner = skipping(store, ledger)
+    assert await carry_out(runner, SKIP, 1, resolve_later=True) == 1
+    await runner.stop_partition(1)
+    assert await ledger.entries() == []
+
+
+async def test_a_partitions_stop_waits_for_the_ledger_a_bounded_time(
+    store: TimerStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A ledger that does not answer holds a stop (a close has a deadline) for
+    `STOP_RESOLVE_S` at most: the entry stays as it was."""
+    monkeypatch.setattr(operating, "STOP_RESOLVE_S", 0.05)
+    ledger = FlakyLedger()
+    await parked_ledger(store, ledger, "a")
+    runner = skipping(store, ledger)
+    assert await carry_out(runner, SKIP, 1, resolve_later=True) == 1
+    ledger.held = asyncio.Event()  # never set
+    await asyncio.wait_for(runner.stop_partition(1), 5)
+    assert ledger.resolves == 1 and len(await ledger.entries()) == 1
+
+
+async def test_a_stop_during_a_rounds_resolve_resolves_each_entry_once(
+    store: TimerStore,
+) -> None:
+    ledger = FlakyLedger()
+    await parked_ledger(store, ledger, "a")
+    runner = skipping(store, ledger)
+    assert await carry_out(runner, SKIP, 1, resolve_later=True) == 1
+    ledger.held = asyncio.Event()
+    round_ = asyncio.create_task(runner.run_round())
+    await ledger.calling.wait()
+    stop = asyncio.create_task(runner.stop_partition(1))
+    await asyncio.sleep(0.01)
+    ledger.held.set()
+    await asyncio.wait_for(asyncio.gather(round_, stop), 5)
+    assert (ledger.resolves, await ledger.entries()) == (1, [])
+
+
+async def test_a_partition_not_fired_here_resolves_its_entry_at_once(store: TimerStore) -> None:
+    """No round of it here to leave the entry to: resolved by the request itself."""
+    ledger = FlakyLedger()
+    await parked_ledger(store, ledger, "a")
+    runner = TimerRunner(store, AnsweringSender(), StillClock(T0), ledger, partitions=[0])
+    assert await carry_out(runner, SKIP, 1, resolve_later=True) == 1
+    assert (ledger.resolves, await ledger.entries()) == (1, [])
 
 
 # --- the expiry jump, in a round ----------------------------------------------------------

@@ -2,16 +2,24 @@
 across its ledger calls.
 
 A park writes the ledger first, then the PARKED row; an operator's request settles the
-PARKED rows, then resolves the entry. Interleaved, a park could record the target before
-the resolve and write its row after: a PARKED timer no entry names, which no operator
-would see. So once the entry is resolved, the request waits for the outcome writes under
-way in its partitions then (`PartitionFiring.writing`: a park of theirs among them), and
-records again what is PARKED after them. A park begun after the resolve records after it.
-A partition fired here is read and written through its firing's store (`store_of`).
+PARKED rows (`settle_parked`), then resolves the entry (`resolve_entry`). Interleaved, a
+park could record the target before the resolve and write its row after: a PARKED timer
+no entry names, which no operator would see. So once the entry is resolved, the request
+waits for the outcome writes under way in its partitions then (`PartitionFiring.writing`:
+a park of theirs among them), and records again what is PARKED after them. A park begun
+after the resolve records after it. A partition fired here is read and written through
+its firing's store (`store_of`).
+
+A partition's cycle, which holds its lock, calls no ledger: a request it carries out
+settles the rows there and leaves the entry to its partition's next round
+(`PartitionFiring.resolving`, `resolve_pending`), which resolves it only when nothing of
+the target is PARKED in the partition by then, in one ledger write.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 from collections.abc import Callable, Mapping, Set
 
@@ -24,7 +32,15 @@ from tables.ledger import FailureLedger
 from tables.refs import AggregateRef
 from tables.timer import Timer
 
-__all__ = ["operate"]
+__all__ = [
+    "RESOLVE_BACKOFF_MS",
+    "STOP_RESOLVE_S",
+    "operate",
+    "resolve_at_stop",
+    "resolve_entry",
+    "resolve_pending",
+    "settle_parked",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -36,36 +52,44 @@ async def operate(
     target: AggregateRef,
     only: Set[int] | None,
     decide: Callable[[Timer], Decision],
+    *,
+    later: bool = False,
 ) -> int:
     """An operator's `decide` (retry, skip) on the PARKED timers of `target` (of the
     partitions `only`, all the store serves when None), then its ledger entry resolved;
-    how many changed. `firings`: the partitions fired here, whose locks its write takes."""
+    how many changed. `firings`: the partitions fired here, whose locks its write takes.
+    `later`: resolved by the next round of each partition of `only` (a cycle's request),
+    when all are fired here; else now."""
+    written = await settle_parked(store, firings, target, only, decide)
+    mine = [] if only is None else [firings.get(p) for p in sorted(only)]
+    if later and mine and all(f is not None for f in mine):
+        for f in mine:
+            assert f is not None
+            f.resolving.append(target)
+            f.answered.set()  # its next round resolves it, with no wait
+        return written
+    # Resolved after the write: should the write fail, the entry stays for another try.
+    await resolve_entry(store, ledger, firings, target, only)
+    return written
 
-    def mine(timers: list[Timer]) -> list[Timer]:
-        return [t for t in timers if only is None or t.partition in only]
 
-    # Those of `only` (all served) fired here through their own stores, the rest not.
-    others = only is None or any(p not in firings for p in only)
-    store = store_of(
-        (f for p, f in firings.items() if only is None or p in only), store, others=others
-    )
-
-    parked = mine(await store.parked(target))
+async def settle_parked(
+    store: FiringStore,
+    firings: Mapping[int, PartitionFiring],
+    target: AggregateRef,
+    only: Set[int] | None,
+    decide: Callable[[Timer], Decision],
+) -> int:
+    """`decide` on the PARKED timers of `target` (of `only`, all when None), written under
+    their partitions' locks (store calls only); how many changed."""
+    store = _store(store, firings, only)
+    parked = _mine(await store.parked(target), only)
     changes = [d.change for d in map(decide, parked) if d.change is not None]
     written = 0
     if changes:
         touched = {c.loaded.partition for c in changes}
         async with locked(f for p, f in firings.items() if p in touched):
             written = await store.settle(changes)
-    # Resolved after the write: should the write fail, the entry stays for another try.
-    subscription = TimerOptions.PARKED_SUBSCRIPTION
-    await ledger.resolve(subscription, target)
-    under_way = [f for p, f in firings.items() if (only is None or p in only) and f.writing]
-    for f in under_way:
-        await f.written()
-    if under_way and (again := mine(await store.parked(target))):
-        await ledger.record(subscription, target, again)
-        logger.info("operator on %s: %d timer(s) parked meanwhile, kept", target, len(again))
     logger.info(
         "operator on %s%s: %d of %d parked timer(s) changed",
         target,
@@ -74,3 +98,101 @@ async def operate(
         len(parked),
     )
     return written
+
+
+async def resolve_entry(
+    store: FiringStore,
+    ledger: FailureLedger,
+    firings: Mapping[int, PartitionFiring],
+    target: AggregateRef,
+    only: Set[int] | None,
+) -> None:
+    """The ledger entry of `target` resolved once its PARKED rows were settled, and what
+    was parked meanwhile in `only` (all when None) recorded again (see the module)."""
+    subscription = TimerOptions.PARKED_SUBSCRIPTION
+    await ledger.resolve(subscription, target)
+    under_way = [f for p, f in firings.items() if (only is None or p in only) and f.writing]
+    for f in under_way:
+        await f.written()
+    if under_way and (again := _mine(await _store(store, firings, only).parked(target), only)):
+        await ledger.record(subscription, target, again)
+        logger.info("operator on %s: %d timer(s) parked meanwhile, kept", target, len(again))
+
+
+async def resolve_pending(
+    store: FiringStore, ledger: FailureLedger, firing: PartitionFiring, now: int
+) -> None:
+    """Resolves the entries whose rows the cycle of `firing`'s partition settled
+    (`PartitionFiring.resolving`), by its round, which no park of the partition runs
+    beside: once the outcome writes under way are done, an entry is resolved only if
+    nothing of its target is PARKED in the partition. One that is was recorded by its
+    park (the ledger first), so the entry stays as it is (naming the settled timers too,
+    which retry and skip pass over: they act on PARKED rows). One write at most, so any
+    failure leaves an entry behind, never a PARKED timer no entry names; the entries a
+    failure leaves wait `RESOLVE_BACKOFF_MS` (`now`: the runner's clock) for the next
+    try, so that a ledger that does not answer holds up no round after round."""
+    if now < firing.resolve_after:
+        return
+    p = firing.partition
+    await firing.written()
+    while firing.resolving:
+        target = firing.resolving.pop(0)  # taken: a round beside this one takes the next
+        done = False
+        try:
+            if not _mine(await store_of((firing,), store).parked(target), {p}):
+                await ledger.resolve(TimerOptions.PARKED_SUBSCRIPTION, target)
+            done = True
+        except Exception as exc:
+            firing.resolve_after = now + RESOLVE_BACKOFF_MS
+            logger.warning(
+                "operator on %s in partition %d: entry not resolved yet (%d waiting): %r",
+                target,
+                p,
+                len(firing.resolving),
+                exc,
+            )
+            return
+        finally:
+            if not done:  # failed or cut short: tried again later
+                firing.resolving.insert(0, target)
+
+
+async def resolve_at_stop(
+    store: FiringStore, ledger: FailureLedger, firing: PartitionFiring, now: int
+) -> None:
+    """What `firing`'s rounds had not resolved yet, tried once more as its partition
+    stops, within `STOP_RESOLVE_S` (a close has a deadline); what is left stays in the
+    ledger as it was, said in a warning."""
+    if not firing.resolving:
+        return
+    firing.resolve_after = 0
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(STOP_RESOLVE_S):
+            await resolve_pending(store, ledger, firing, now)
+    if firing.resolving:
+        logger.warning(
+            "timers of partition %d: the ledger entries of %s are left unresolved",
+            firing.partition,
+            ", ".join(str(t) for t in firing.resolving),
+        )
+
+
+STOP_RESOLVE_S = 2.0
+"""How long a partition's stop may spend resolving the entries its rounds had not yet."""
+
+RESOLVE_BACKOFF_MS = 10_000
+"""How long entries whose resolve failed wait for the next try (`resolve_pending`)."""
+
+
+def _store(
+    store: FiringStore, firings: Mapping[int, PartitionFiring], only: Set[int] | None
+) -> FiringStore:
+    # Those of `only` (all served) fired here through their own stores, the rest not.
+    others = only is None or any(p not in firings for p in only)
+    return store_of(
+        (f for p, f in firings.items() if only is None or p in only), store, others=others
+    )
+
+
+def _mine(timers: list[Timer], only: Set[int] | None) -> list[Timer]:
+    return [t for t in timers if only is None or t.partition in only]

@@ -99,18 +99,25 @@ class Outcomes:
             try:
                 async with locked(taken):
                     counts, faults = await apart(store.settle, changes, _partition)
+                    decided = len(changes)
+                    if faults:
+                        changes = [c for c in changes if _partition(c) not in faults]
+                    if sum(counts) < len(changes):
+                        # Some refused (their rows changed since loaded): only those written
+                        # are counted and offered to their wheels. Rare: asked row by row.
+                        changes = await _landed(store, changes)
             except Exception:
                 # Not written: the claims lapse and are sent again; the target de-duplicates.
                 logger.exception("writing %d timer outcome(s) failed", len(changes))
                 return
         finally:
             end()
-        stats.written += sum(counts)
-        if faults:
-            for p, exc in faults.items():
-                by_partition[p].fail(exc)
-            changes = [c for c in changes if _partition(c) not in faults]
-            final = [d for d in final if d.change is None or _partition(d.change) not in faults]
+        stats.written += len(changes)
+        for p, exc in faults.items():
+            by_partition[p].fail(exc)
+        if len(changes) < decided:
+            written = {id(c) for c in changes}
+            final = [d for d in final if d.change is None or id(d.change) in written]
         self._written(changes, stats)
         count(stats, final)
 
@@ -195,6 +202,21 @@ def refused_fallbacks(decisions: list[Decision], final: list[Decision]) -> list[
         for d, f in zip(decisions, final, strict=True)
         if d.park and d.fallback is None and d.change is not None and f.change is None
     ]
+
+
+async def _landed(store: FiringStore, changes: list[TimerChange]) -> list[TimerChange]:
+    """Of `changes`, those whose rows now hold their writes; all of them when the store
+    cannot tell (its faults are the write's to report, not this count's)."""
+    landed = []
+    try:
+        for change in changes:
+            row = await store.find(change.next.owner, change.next.key)
+            if row is not None and row.same_as_loaded(change.next):
+                landed.append(change)
+    except Exception as exc:
+        logger.warning("which timer outcomes were written is not known: %r", exc)
+        return changes
+    return landed
 
 
 def _partition(change: TimerChange) -> int:

@@ -29,6 +29,7 @@ from app.timers.runner.ports import FiringStore
 from app.timers.runner.round_state import RoundState
 from app.timers.runner.wheel import Wheel
 from tables.partitioner import partition_of
+from tables.refs import AggregateRef
 from tables.timer import Timer, TimerStatus
 
 __all__ = ["InProcessTargets", "PartitionFiring", "begin_write", "locked", "offer_to", "writing"]
@@ -106,6 +107,11 @@ class PartitionFiring:
         # record first) to their rows written: its stop, and an operator's request on its
         # parked timers, wait for them (`written`), not for a lock.
         self.writing: set[asyncio.Future[None]] = set()
+        # Targets whose PARKED rows an operator's request settled in its cycle (which calls
+        # no ledger): their entries resolved by its next round (`operating.resolve_pending`).
+        self.resolving: list[AggregateRef] = []
+        # Not tried again before (runner's clock, ms): the last try failed.
+        self.resolve_after = 0
 
     def __repr__(self) -> str:
         return f"PartitionFiring({self.partition})"

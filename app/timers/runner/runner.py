@@ -45,7 +45,7 @@ from app.timers.runner.decisions import (
     retry_parked,
     skip_parked,
 )
-from app.timers.runner.operating import operate
+from app.timers.runner.operating import operate, resolve_at_stop, resolve_pending
 from app.timers.runner.options import TimerOptions
 from app.timers.runner.outcomes import Outcomes
 from app.timers.runner.partition import InProcessTargets, PartitionFiring, offer_to
@@ -181,18 +181,22 @@ class TimerRunner:
             raise RuntimeError(f"timers of partition {partition}: still fired by an earlier take")
         return firing
 
-    async def stop_partition(self, partition: int) -> None:
+    async def stop_partition(self, partition: int) -> RoundStats:
         """Stops sending `partition`'s timers: sends in progress are cancelled (their claims
-        given back), and the outcomes of those that came back are written before it returns."""
+        given back), and the outcomes of those that came back are written before it returns;
+        what those writes did (a round's figures, for its metrics)."""
+        stats = RoundStats()
         firing = self._firings.pop(partition, None)
         if firing is None:
-            return
+            return stats
         async with firing.lock:  # after a claim write or a sweep of it under way
             firing.stopped = True
         cut = await firing.cut_short()
         await firing.written()  # the writes that took its outcomes before, then the rest
-        await self._outcomes.flush([firing], RoundStats())
+        await self._outcomes.flush([firing], stats)
+        await resolve_at_stop(self._store, self._ledger, firing, self._clock.now())
         logger.info("timers of partition %d: stopped (%d send(s) cut short)", partition, cut)
+        return stats
 
     async def stop_all(self) -> None:
         """Stops every partition, as a node does before it shuts down."""
@@ -280,6 +284,9 @@ class TimerRunner:
         stats = RoundStats()
         if parking:
             await self._outcomes.flush(parking, stats)
+        for f in chosen:
+            if f.resolving:  # after those parks: an entry they recorded in stays
+                await resolve_pending(self._store, self._ledger, f, self._clock.now())
         if firing is None:
             room = self._options.max_in_flight - self.in_flight
             return await self._work.claim(self._firings, self._rounds, room, grow, stats=stats)
@@ -346,29 +353,45 @@ class TimerRunner:
         the write fails: the transaction must not commit."""
         return await self._outcomes.record(results)
 
-    async def retry(self, target: AggregateRef, partitions: Iterable[int] | None = None) -> int:
+    async def retry(
+        self,
+        target: AggregateRef,
+        partitions: Iterable[int] | None = None,
+        *,
+        resolve_later: bool = False,
+    ) -> int:
         """An operator's retry: the PARKED timers of `target` due now, attempts reset, and its
         ledger entry resolved. Any node may call it; the partition's owner sends them.
 
         `partitions`: only the timers of these partitions (a node carrying out an operator's
         request read from one partition of the ops topic); all the store serves when None.
+        `resolve_later`: the entry is resolved by the next round of each of `partitions`
+        fired here (its cycle, which holds the partition's lock, calls no ledger).
         """
-        now = self._clock.now()
-        return await self._operate(target, partitions, lambda t: retry_parked(t, now))
+        decide = functools.partial(retry_parked, now=self._clock.now())
+        return await self._operate(target, partitions, decide, resolve_later)
 
-    async def skip(self, target: AggregateRef, partitions: Iterable[int] | None = None) -> int:
+    async def skip(
+        self,
+        target: AggregateRef,
+        partitions: Iterable[int] | None = None,
+        *,
+        resolve_later: bool = False,
+    ) -> int:
         """An operator's skip: the PARKED timers of `target` CANCELLED/SKIPPED, entry resolved;
-        `partitions` as for `retry`."""
-        return await self._operate(target, partitions, skip_parked)
+        `partitions` and `resolve_later` as for `retry`."""
+        return await self._operate(target, partitions, skip_parked, resolve_later)
 
     async def _operate(
         self,
         target: AggregateRef,
         partitions: Iterable[int] | None,
         decide: Callable[[Timer], Decision],
+        later: bool,
     ) -> int:
         only = None if partitions is None else frozenset(partitions)
         # No lock across its ledger calls: a park under way is waited for (`operating`).
-        written = await operate(self._store, self._ledger, self._firings, target, only, decide)
+        store, ledger = self._store, self._ledger
+        written = await operate(store, ledger, self._firings, target, only, decide, later=later)
         self.invalidate()
         return written
