@@ -1,25 +1,25 @@
-"""When each partition's transaction commits: a quiet partition at once, a busy one at
-most every commit interval, one commit in flight per partition and type, in the
+"""When each partition task's transaction commits: a quiet partition at once, a busy one
+at most every commit interval, one commit in flight per task (a type's partition), in the
 background; the runner's claims before their commands leave (`commit_claims`). A failed
-commit ends the work of its partition's task (`PartitionCommits.on_failure`): it is let
-go and taken afresh.
+commit ends the work of its task (`PartitionCommits.on_failure`): it is let go and taken
+afresh, no other type's task of the partition touched.
 
 Each partition task keeps its own scheduling (`PartitionCommits`: when its last commit
 started, the one in flight, its offsets passed over); `Commits` is the node-wide piece,
-which finds the task that runs a partition and goes over the running tasks."""
+which finds the task that runs a type's partition and goes over the running tasks."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import time
-from collections import Counter
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from typing import Protocol
 
 from app.errors import KafkaUnavailable
 from app.node.kept import KeptType
 from app.node.partition_transaction import PartitionTransaction, Transaction
+from app.node.task_id import TaskId
 
 __all__ = ["Commits", "Committing", "PartitionCommits"]
 
@@ -35,58 +35,57 @@ for the commit in flight: a hung or slow commit holds the poll loop, not memory.
 
 
 class PartitionCommits:
-    """One partition task's commits, per type: when its last one started and the one in
-    flight; and the offsets of its work done with nothing to write. `on_failure` is told
-    what failed and why when a commit fails (the task's own `failed`); `transactions` are
-    the task's, per type (those it holds open)."""
+    """One partition task's commits (its type's partition): when its last one started and
+    the one in flight; and the offsets of its work done with nothing to write.
+    `on_failure` is told what failed and why when a commit fails (the task's own
+    `failed`); `transaction` gives the task's transaction (None: it holds none open)."""
 
     def __init__(
         self,
-        p: int,
+        key: TaskId,
         on_failure: Callable[[str, BaseException], None],
-        transactions: Mapping[str, PartitionTransaction],
+        transaction: Callable[[], PartitionTransaction | None],
     ) -> None:
-        self.p = p
+        self.key = key
+        self.p = key.p
         self._on_failure = on_failure
-        self._transactions = transactions
-        self._started_at: dict[str, float] = {}
-        self._in_flight: dict[str, asyncio.Task[bool]] = {}
-        # Per type, its commits that committed (a burst's timer loop watches them land).
-        self.landed: Counter[str] = Counter()
-        # A commit of it failed: its transactions' work since is not whole (never marked).
+        self._transaction_of = transaction
+        self._started_at = 0.0
+        self._in_flight: asyncio.Task[bool] | None = None
+        # Its commits that committed (a burst's timer loop watches them land).
+        self.landed = 0
+        # A commit of it failed: its transaction's work since is not whole (never marked).
         self._failed = False
         # Offsets of batches that wrote nothing: committed by the poll loop, not in a
         # transaction (most of a busy log is not about timers).
         self._offsets: dict[tuple[str, int], int] = {}
 
-    def owns(self, kept: KeptType) -> bool:
-        """Whether its task holds its transaction of `kept` open."""
-        txn = self._transactions.get(kept.name)
+    def owns(self) -> bool:
+        """Whether its task holds its transaction open."""
+        txn = self._transaction_of()
         return txn is not None and not txn.abandoned
 
-    def waits(self, kept: KeptType) -> bool:
-        """Whether rows or staged work wait in its transaction of `kept`."""
-        txn = self._transactions.get(kept.name)
+    def waits(self) -> bool:
+        """Whether rows or staged work wait in its transaction."""
+        txn = self._transaction_of()
         return txn is not None and txn.waits()
 
-    def _transaction(self, kept: KeptType) -> PartitionTransaction:
-        txn = self._transactions.get(kept.name)
+    def _transaction(self) -> PartitionTransaction:
+        txn = self._transaction_of()
         if txn is None:
-            raise KafkaUnavailable(
-                f"{kept.topics.timers_changelog}[{self.p}] is not owned by this node"
-            )
+            raise KafkaUnavailable(f"{self.key} is not owned by this node")
         return txn
 
-    def running(self, kept: KeptType) -> asyncio.Task[bool] | None:
-        """The commit of `kept` still going: one that ended is not, though its done callback
-        (which forgets it) runs an iteration of the loop later. Taken for one in flight,
-        it was awaited without yielding, again and again: the loop stood still."""
-        task = self._in_flight.get(kept.name)
+    def running(self) -> asyncio.Task[bool] | None:
+        """Its commit still going: one that ended is not, though its done callback (which
+        forgets it) runs an iteration of the loop later. Taken for one in flight, it was
+        awaited without yielding, again and again: the loop stood still."""
+        task = self._in_flight
         return None if task is None or task.done() else task
 
     def lag(self, now: float) -> float:
-        """How long its oldest commit in flight has been going at `now` (0: none)."""
-        return max((now - self._started_at[name] for name in self._in_flight), default=0.0)
+        """How long its commit in flight has been going at `now` (0: none)."""
+        return 0.0 if self._in_flight is None else now - self._started_at
 
     def pass_over(self, key: tuple[str, int], offset: int) -> None:
         self._offsets[key] = offset
@@ -95,80 +94,76 @@ class PartitionCommits:
         done, self._offsets = self._offsets, {}
         return done
 
-    def may_commit(self, kept: KeptType, interval: float) -> bool:
-        """Whether it may start a commit of `kept` now: none in flight (the next takes all
-        that waits meanwhile), and the last started `interval` seconds ago."""
-        if self.running(kept) is not None:
+    def may_commit(self, interval: float) -> bool:
+        """Whether it may start a commit now: none in flight (the next takes all that
+        waits meanwhile), and the last started `interval` seconds ago."""
+        if self.running() is not None:
             return False
-        return time.monotonic() - self._started_at.get(kept.name, 0.0) >= interval
+        return time.monotonic() - self._started_at >= interval
 
-    def start(self, kept: KeptType, deadline_s: float) -> asyncio.Task[bool] | None:
-        """Takes what waits in its transaction of `kept` and commits it in the background
-        (see `Commits.start`)."""
-        if (running := self.running(kept)) is not None:
+    def start(self, deadline_s: float) -> asyncio.Task[bool] | None:
+        """Takes what waits in its transaction and commits it in the background (see
+        `Commits.start`)."""
+        if (running := self.running()) is not None:
             return running
-        taken = self._transaction(kept).take()
+        taken = self._transaction().take()
         if taken is None:
             return None
-        name = kept.name
-        self._started_at[name] = time.monotonic()
-        task = asyncio.create_task(
-            self._send(name, taken, deadline_s), name=f"commit {(name, self.p)}"
-        )
-        self._in_flight[name] = task
-        task.add_done_callback(
-            lambda t: self._in_flight.pop(name, None) if self._in_flight.get(name) is t else None
-        )
+        self._started_at = time.monotonic()
+        task = asyncio.create_task(self._send(taken, deadline_s), name=f"commit {tuple(self.key)}")
+        self._in_flight = task
+        task.add_done_callback(self._forget)
         return task
 
-    async def room(self, types: Iterable[KeptType], max_staged: int) -> None:
-        """Waits while a type's work waiting for its transaction is over `max_staged` with
-        a commit in flight (bounded: each commit has a deadline)."""
-        for kept in types:
-            while (txn := self._transactions.get(kept.name)) is not None and (
-                txn.waiting() > max_staged
-            ):
-                commit = self.running(kept)
-                if commit is None:
-                    break  # the next cycle's stage starts one
-                await asyncio.wait([commit])
+    def _forget(self, task: asyncio.Task[bool]) -> None:
+        if self._in_flight is task:
+            self._in_flight = None
 
-    async def _send(self, name: str, taken: Transaction, deadline_s: float) -> bool:
-        p = self.p
+    async def room(self, max_staged: int) -> None:
+        """Waits while its work waiting for its transaction is over `max_staged` with a
+        commit in flight (bounded: each commit has a deadline)."""
+        while (txn := self._transaction_of()) is not None and txn.waiting() > max_staged:
+            commit = self.running()
+            if commit is None:
+                break  # the next cycle's stage starts one
+            await asyncio.wait([commit])
+
+    async def _send(self, taken: Transaction, deadline_s: float) -> bool:
+        key = self.key
         try:
             try:
                 async with asyncio.timeout(deadline_s):
                     await taken.send()
             except TimeoutError as exc:
                 # A hung commit holds every later write of p: given up, p taken afresh.
-                raise KafkaUnavailable(f"partition {p}: no commit within {deadline_s:g} s") from exc
+                raise KafkaUnavailable(f"{key}: no commit within {deadline_s:g} s") from exc
         except Exception as exc:
             # Kafka's or the local store's (a state write after the commit): either way
             # p's local copy is not what its changelog says, so it is taken afresh.
             if not isinstance(exc, KafkaUnavailable):
-                logger.exception("partition %d: a commit failed", p)
+                logger.exception("%s: a commit failed", key)
             self._failed = True
             self._on_failure("a commit", exc)
             return False
-        self.landed[name] += 1
+        self.landed += 1
         return True
 
-    async def settle(self, kept: KeptType, *, until: float, rest: bool = True) -> bool:
-        """The task closes clean: its commit of `kept` in flight is waited for, then
-        (`rest`) what waits in its transaction is committed, each by `until` (the loop's
-        time: the close's one deadline); whether everything committed (True: nothing was
-        to). Nothing is cancelled here: a commit not done by then is `abandon`ed. The
-        close's commits are in flight as any (`lag`: /healthz sees them)."""
+    async def settle(self, *, until: float, rest: bool = True) -> bool:
+        """The task closes clean: its commit in flight is waited for, then (`rest`) what
+        waits in its transaction is committed, each by `until` (the loop's time: the
+        close's one deadline); whether everything committed (True: nothing was to).
+        Nothing is cancelled here: a commit not done by then is `abandon`ed. The close's
+        commits are in flight as any (`lag`: /healthz sees them)."""
         loop = asyncio.get_running_loop()
         while True:
-            commit = self._in_flight.get(kept.name)
+            commit = self._in_flight
             left = until - loop.time()
             if commit is None:
-                if not rest or not self.waits(kept):
+                if not rest or not self.waits():
                     return not self._failed
                 if left <= 0:
                     return False
-                commit = self.start(kept, left)
+                commit = self.start(left)
                 if commit is None:
                     return not self._failed
             if not commit.done():
@@ -179,15 +174,15 @@ class PartitionCommits:
                     return False
             if commit.cancelled() or commit.result() is not True:
                 return False
-            if self._in_flight.get(kept.name) is commit:
-                del self._in_flight[kept.name]  # its done callback has not run yet
+            if self._in_flight is commit:
+                self._in_flight = None  # its done callback has not run yet
             if not rest:
                 return not self._failed
 
-    def abandon(self, kept: KeptType) -> asyncio.Task[bool] | None:
-        """The task closes: its commit of `kept` still in flight is cancelled (what it holds
-        never counts) and returned, not waited for (its producer's stop waits for it)."""
-        commit = self._in_flight.pop(kept.name, None)
+    def abandon(self) -> asyncio.Task[bool] | None:
+        """The task closes: its commit still in flight is cancelled (what it holds never
+        counts) and returned, not waited for (its producer's stop waits for it)."""
+        commit, self._in_flight = self._in_flight, None
         if commit is None or commit.done():
             return None
         commit.cancel()
@@ -195,7 +190,7 @@ class PartitionCommits:
 
 
 class Committing(Protocol):
-    """A running partition task, as the node-wide commits see it."""
+    """A running partition task (a type's partition), as the node-wide commits see it."""
 
     @property
     def commits(self) -> PartitionCommits: ...
@@ -209,24 +204,24 @@ class Committing(Protocol):
     @property
     def cut_short(self) -> bool:
         """Whether its input is stopped or a cycle of it was cut short: what its
-        transactions held was thrown away, and nothing of it may count as committed."""
+        transaction held was thrown away, and nothing of it may count as committed."""
         ...
 
 
 class Commits:
-    """The node's commits: each call goes to the commits of the task that runs the
+    """The node's commits: each call goes to the commits of the task that runs the type's
     partition (none: nothing is started, nothing waited for); `run` goes over them all.
-    `running` is the node's map of the task running each partition."""
+    `running` is the node's map of the task running each type's partition."""
 
-    def __init__(self, interval_ms: int, running: Mapping[int, Committing]) -> None:
+    def __init__(self, interval_ms: int, running: Mapping[TaskId, Committing]) -> None:
         self._interval = interval_ms / 1000
         self._tick = min(interval_ms, 10) / 1000
         self._running = running
         self.deadline_s = COMMIT_DEADLINE_S
         self.max_staged = MAX_STAGED
 
-    def _of(self, p: int) -> PartitionCommits | None:
-        task = self._running.get(p)
+    def _of(self, kept: KeptType, p: int) -> PartitionCommits | None:
+        task = self._running.get(TaskId(kept.name, p))
         return None if task is None else task.commits
 
     def in_flight(self, kept: KeptType, p: int) -> bool:
@@ -234,12 +229,12 @@ class Commits:
 
     def running(self, kept: KeptType, p: int) -> asyncio.Task[bool] | None:
         """p's commit of `kept` in flight, if any (a burst's timer loop waits for its first)."""
-        return None if (own := self._of(p)) is None else own.running(kept)
+        return None if (own := self._of(kept, p)) is None else own.running()
 
     def landed(self, kept: KeptType, p: int) -> int:
         """How many of p's commits of `kept` committed since its task took p (a burst's
         timer loop watches them land)."""
-        return 0 if (own := self._of(p)) is None else own.landed[kept.name]
+        return 0 if (own := self._of(kept, p)) is None else own.landed
 
     def lag(self) -> float:
         """How long the oldest commit in flight has been going, in seconds (0: none): a
@@ -247,10 +242,11 @@ class Commits:
         now = time.monotonic()
         return max((t.commits.lag(now) for t in list(self._running.values())), default=0.0)
 
-    def pass_over(self, offsets: dict[tuple[str, int], int]) -> None:
-        """Offsets read and done with nothing to write: the poll loop commits them."""
+    def pass_over(self, kept: KeptType, offsets: dict[tuple[str, int], int]) -> None:
+        """Offsets of `kept`'s topics read and done with nothing to write: the poll loop
+        commits them."""
         for key, offset in offsets.items():
-            if (own := self._of(key[1])) is not None:
+            if (own := self._of(kept, key[1])) is not None:
                 own.pass_over(key, offset)
 
     def take_offsets(self) -> dict[tuple[str, int], int]:
@@ -260,51 +256,52 @@ class Commits:
         return done
 
     def may_commit(self, kept: KeptType, p: int) -> bool:
-        """Whether p may start a commit now: none in flight (the next takes all that waits
-        meanwhile), and the last started a commit interval ago."""
-        own = self._of(p)
-        return own is not None and own.may_commit(kept, self._interval)
+        """Whether p of `kept` may start a commit now: none in flight (the next takes all
+        that waits meanwhile), and the last started a commit interval ago."""
+        own = self._of(kept, p)
+        return own is not None and own.may_commit(self._interval)
 
     def start(self, kept: KeptType, p: int) -> asyncio.Task[bool] | None:
-        """Takes what waits in p's transaction (under its task's lock, so that no cycle is
-        cut in two) and commits it in the background; the commit (True: committed). One commit
-        in flight at a time: while one is, nothing is taken and that one is returned (what
-        waits goes in the next); None: nothing in flight and nothing waits, or no task
-        runs p (what waits is its close's)."""
-        own = self._of(p)
-        return None if own is None else own.start(kept, self.deadline_s)
+        """Takes what waits in p's transaction of `kept` (under its task's lock, so that no
+        cycle is cut in two) and commits it in the background; the commit (True:
+        committed). One commit in flight at a time: while one is, nothing is taken and that
+        one is returned (what waits goes in the next); None: nothing in flight and nothing
+        waits, or no task runs p of `kept` (what waits is its close's)."""
+        own = self._of(kept, p)
+        return None if own is None else own.start(self.deadline_s)
 
-    async def room(self, types: Iterable[KeptType], p: int) -> None:
-        """Waits while a type's work waiting for p's transaction is over `max_staged` with
-        a commit in flight (bounded: each commit has a deadline)."""
-        if (own := self._of(p)) is not None:
-            await own.room(types, self.max_staged)
+    async def room(self, kept: KeptType, p: int) -> None:
+        """Waits while the work waiting for p's transaction of `kept` is over `max_staged`
+        with a commit in flight (bounded: each commit has a deadline)."""
+        if (own := self._of(kept, p)) is not None:
+            await own.room(self.max_staged)
 
-    async def run(self, types: Callable[[], Iterable[KeptType]]) -> None:
-        """Commits what waits in each running task's transactions as soon as it may: the
+    async def run(self, types: Mapping[str, KeptType]) -> None:
+        """Commits what waits in each running task's transaction as soon as it may: the
         cycles' staged work and the runners' writes."""
         while True:
             await asyncio.sleep(self._tick)
-            for p, task in list(self._running.items()):
-                for kept in types():
-                    if not task.commits.waits(kept) or not self.may_commit(kept, p):
-                        continue
-                    if task.lock.locked():
-                        continue  # a cycle of p: it commits at its end, or a later tick
-                    async with task.lock:
-                        if self._running.get(p) is task and task.commits.owns(kept):
-                            self.start(kept, p)
+            for key, task in list(self._running.items()):
+                kept = types.get(key.type_name)
+                if kept is None or not task.commits.waits() or not self.may_commit(kept, key.p):
+                    continue
+                if task.lock.locked():
+                    continue  # a cycle of it: it commits at its end, or a later tick
+                async with task.lock:
+                    if self._running.get(key) is task and task.commits.owns():
+                        self.start(kept, key.p)
 
     async def commit_claims(self, kept: KeptType, partitions: set[int]) -> None:
         """Commits the claims of a partition's timer round (`PartitionTimerLoop`) before
         their commands leave: each partition's in its own transaction, taken under its task's
         lock (never in the middle of a cycle)."""
         for p in sorted(partitions):
+            key = TaskId(kept.name, p)
             while True:
-                if (task := self._running.get(p)) is None:
+                if (task := self._running.get(key)) is None:
                     raise KafkaUnavailable(f"partition {p} is not owned")
                 async with task.lock:
-                    if self._running.get(p) is not task or not task.commits.owns(kept):
+                    if self._running.get(key) is not task or not task.commits.owns():
                         raise KafkaUnavailable(f"partition {p} is not owned")
                     if task.cut_short:
                         # A revoke cut p's cycle short while the claims waited for the

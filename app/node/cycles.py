@@ -1,18 +1,18 @@
-"""The cycles of every partition a node runs: the logic they share (deciding, staging),
-with no state of any partition's own. Each cycle takes every batch that arrived for its
-partition (the log, commands, operators' requests) and the timers its partition's firing
-holds claimed to fire in-process (`TimerRunner.in_process_due`), decides them together,
-and stages them in the partition's transaction, one per type (its task's, which its input
-carries; `Commits` commits it).
-What each partition's cycles run on is its task's own (`PartitionInput`, one per take):
-its queue, its worker (`work`), its lock, its in-process wake-up, whether a cycle was cut
-short and where its last failed cycle read.
+"""The cycles of every partition task a node runs (one a type's partition): the logic they
+share (deciding, staging), with no state of any task's own. Each cycle takes every batch
+that arrived for its task's topics of its partition (the type's log, commands, operators'
+requests) and the timers its firing holds claimed to fire in-process
+(`TimerRunner.in_process_due`), decides them together, and stages them in its task's
+transaction (which its input gives; `Commits` commits it).
+What each task's cycles run on is its own (`PartitionInput`, one per take): its queue, its
+worker (`work`), its lock, its in-process wake-up, whether a cycle was cut short and
+where its last failed cycle read.
 Whatever goes wrong with one record (its bytes, its envelope, its handler, its applier,
 what it does to the timer table, an operator's request) is that record's: it is
 dead-lettered in the cycle's transaction and the cycle goes on. Only a fault of the node
-itself (`app.errors.node_fault`) ends the partition's work (its task's `failed`): nothing
-of the cycle counts, the partition is taken afresh, and its input's `failed_at` says which
-offsets the failed cycle read from."""
+itself (`app.errors.node_fault`) ends the task's work (its `failed`): nothing of the cycle
+counts, its type's partition is taken afresh (no other type's task of the partition is
+touched), and its input's `failed_at` says which offsets the failed cycle read from."""
 
 from __future__ import annotations
 
@@ -31,6 +31,7 @@ from app.node.kept import KeptType
 from app.node.metrics import NodeMetrics
 from app.node.partition_input import Batch, PartitionInput
 from app.node.partition_transaction import PartitionTransaction
+from app.node.task_id import TaskId
 from app.protocol.limits import InputLimits
 from app.protocol.wire import CommandEnvelope, ResultCode
 from app.timers.runner import SendResult
@@ -44,8 +45,8 @@ logger = logging.getLogger(__name__)
 
 
 class CycleTask(Protocol):
-    """The task running a partition, as its cycles see it (`PartitionTask`): what a cycle
-    works on is its own, and what the cycle says goes to it."""
+    """The task running a type's partition, as its cycles see it (`PartitionTask`): what a
+    cycle works on is its own, and what the cycle says goes to it."""
 
     @property
     def input(self) -> PartitionInput | None:
@@ -53,13 +54,14 @@ class CycleTask(Protocol):
         ...
 
     @property
-    def processors(self) -> Mapping[str, CommandProcessor]:
-        """Per type, the command processor of its partition (whose commands it decides)."""
+    def processor(self) -> CommandProcessor | None:
+        """The command processor of its partition (None: its commands are not decided
+        here)."""
         ...
 
     @property
-    def stores(self) -> Mapping[str, TimerWrites]:
-        """Per type, its partition's handle of the timer store (its take's): a cycle writes
+    def store(self) -> TimerWrites | None:
+        """Its partition's handle of its type's timer store (its take's): a cycle writes
         its partition's timers through it, under that partition's lock alone."""
         ...
 
@@ -81,7 +83,7 @@ class PartitionCycles(TimerTableCycles):
         partitions: int,
         metrics: NodeMetrics,
         commits: Commits,
-        running: Mapping[int, CycleTask],
+        running: Mapping[TaskId, CycleTask],
         backlog: Callable[[str, int], Awaitable[int]],
         now: Callable[[], int],
         limits: InputLimits | None = None,
@@ -91,43 +93,43 @@ class PartitionCycles(TimerTableCycles):
         self._partitions = partitions
         self._metrics = metrics
         self._commits = commits
-        # The task running each partition: what a cycle of it works on is the task's.
+        # The task running each type's partition: what a cycle of it works on is its own.
         self._running = running
         self._backlog = backlog
         self._now = now
         self.limits = limits or InputLimits()
 
     def fire_local(self, type_name: str, p: int) -> None:
-        """p's next cycle fires the timers type `type_name`'s runner claimed to fire
-        in-process in p (it asks the runner for them); none: p is not run here any more
-        (the runner's stop drops them, the next owner fires them)."""
-        if (inp := self._input(p)) is not None:
-            inp.fire_local(type_name)
+        """The next cycle of type `type_name`'s task of p fires the timers its runner
+        claimed to fire in-process in p (it asks the runner for them); none: p is not run
+        here any more (the runner's stop drops them, the next owner fires them)."""
+        if (inp := self._input(TaskId(type_name, p))) is not None:
+            inp.fire_local()
 
-    def _input(self, p: int) -> PartitionInput | None:
-        """The input of the task running p (None: no task runs p)."""
-        task = self._running.get(p)
+    def _input(self, key: TaskId) -> PartitionInput | None:
+        """The input of the task running `key` (None: none runs it)."""
+        task = self._running.get(key)
         return None if task is None else task.input
 
-    def _processor(self, type_name: str, p: int) -> CommandProcessor | None:
-        """A type's command processor of the task running p; None: not decided here (any
+    def _processor(self, key: TaskId) -> CommandProcessor | None:
+        """The command processor of the task running `key`; None: not decided here (any
         more: the task may stop running during a cycle)."""
-        task = self._running.get(p)
-        return None if task is None else task.processors.get(type_name)
+        task = self._running.get(key)
+        return None if task is None else task.processor
 
-    def _store(self, type_name: str, p: int) -> TimerWrites | None:
-        """A type's handle of p's timers, the task running p's; None: no task runs p."""
-        task = self._running.get(p)
-        return None if task is None else task.stores.get(type_name)
+    def _store(self, key: TaskId) -> TimerWrites | None:
+        """The handle of `key`'s timers, the task running it's; None: no task runs it."""
+        task = self._running.get(key)
+        return None if task is None else task.store
 
     async def work(self, inp: PartitionInput) -> None:
-        """A partition's worker (`PartitionInput`): its cycles, one after the other, over
-        what its queue holds, while its task runs."""
-        p, queue = inp.p, inp.queue
+        """A task's worker (`PartitionInput`): its cycles, one after the other, over what
+        its queue holds, while it runs."""
+        p, queue, kept = inp.p, inp.queue, self._types[inp.type_name]
         done: dict[str, int] = {}  # per topic, the last offset done (a batch read twice)
         while True:
             # Staging is bounded: batches wait in the queue (then the poll loop) meanwhile.
-            await self._commits.room(self._types.values(), p)
+            await self._commits.room(kept, p)
             items = [await queue.get()]
             while not queue.empty():
                 items.append(queue.get_nowait())
@@ -156,47 +158,48 @@ class PartitionCycles(TimerTableCycles):
     async def _one_cycle(
         self, inp: PartitionInput, part: list[Batch], done: dict[str, int]
     ) -> bool:
-        """One cycle of p over `part` under its input's lock; whether it staged (else its
-        task is failed, or runs p no more: the rest is read again by the next take)."""
-        p = inp.p
+        """One cycle of its task over `part` under its input's lock; whether it staged (else
+        its task is failed, or runs no more: the rest is read again by the next take)."""
+        key = inp.key
         async with inp.lock:
-            if self._input(p) is not inp:
-                return False  # its task runs p no more (closed, or failed)
+            if self._input(key) is not inp:
+                return False  # its task runs no more (closed, or failed)
             try:
-                staged = await self._cycle(p, part)
+                staged = await self._cycle(key, part)
             except asyncio.CancelledError:
                 # Cut short (a hand-off): what it wrote so far is half a cycle, thrown
                 # away before the lock lets a commit take it.
                 inp.cut = True
-                for txn in inp.transactions.values():
+                if (txn := inp.transaction()) is not None:
                     txn.discard()
                 raise
             if staged:
                 for topic, records in part:
                     done[topic] = records[-1].offset
-                if (task := self._running.get(p)) is not None:
+                if (task := self._running.get(key)) is not None:
                     task.read_past(done)
             return staged
 
-    async def _cycle(self, p: int, items: list[Batch]) -> bool:
-        """Decides what arrived for p and the timers handed over to fire, and stages it;
-        whether it did (else p is let go and taken afresh)."""
-        work: dict[str, CycleWork] = {}
+    async def _cycle(self, key: TaskId, items: list[Batch]) -> bool:
+        """Decides what arrived for its task's p and the timers handed over to fire, and
+        stages it; whether it did (else the task is let go and taken afresh)."""
+        p, kept = key.p, self._types[key.type_name]
+        work: CycleWork | None = None
         now = self._now()
-        inp = self._input(p)
+        inp = self._input(key)
 
-        def work_of(kept: KeptType) -> CycleWork:
-            w = work.get(kept.name)
-            if w is None:
-                processor = self._processor(kept.name, p)
-                store = self._store(kept.name, p)
-                w = work[kept.name] = CycleWork(kept, now, self.limits, processor, store=store)
-            return w
+        def work_of() -> CycleWork:
+            nonlocal work
+            if work is None:
+                processor, store = self._processor(key), self._store(key)
+                work = CycleWork(kept, now, self.limits, processor, store=store)
+            return work
 
         try:
             for topic, records in items:
-                kept, kind = self._by_topic[topic]
-                w = work_of(kept)
+                # The poll loop hands a task its own type's topics alone.
+                kind = self._by_topic[topic][1]
+                w = work_of()
                 w.offsets[(topic, p)] = records[-1].offset + 1
                 if kind == "events":
                     w.wrote = await self._subscribe(kept, records, w) or w.wrote
@@ -208,34 +211,30 @@ class PartitionCycles(TimerTableCycles):
                     backlog = await self._backlog(topic, p) + behind
                     w.decider.decide_records(batch, records, backlog)
                     w.wrote = await self._carry_out(w, batch, p) or w.wrote
-            for type_name in sorted(inp.take_local() if inp is not None else ()):
-                kept = self._types[type_name]
-                if self._processor(kept.name, p) is None:
-                    continue  # its commands are not decided here any more
+            # Its commands decided here (still: its task may stop running meanwhile).
+            if inp is not None and inp.take_local() and self._processor(key) is not None:
                 # Asked now, after the cycle's own commands were carried out on the timer
                 # table: a cancel decided in this cycle stops its timer below.
                 timers = kept.runner.in_process_due(p)
-                w = work_of(kept)
-                if not timers or (batch := w.batch_of(p)) is None:
-                    continue
-                # A cancel or reschedule applied since they were loaded stops them here.
-                timers = await kept.runner.still_due(timers)
-                commands = [timer_command(t, batch.now, in_process=True) for t in timers]
-                decided = w.decider.decide_local(batch, commands)
-                await self._record_local(kept, timers, decided)
-                # After the settles: a Fire that reschedules its own key would fail them.
-                w.wrote = await self._carry_out(w, batch, p) or w.wrote
-            transactions = inp.transactions if inp is not None else {}
-            for w in work.values():
-                self._stage(p, w, transactions.get(w.kept.name))
+                w = work_of()
+                if timers and (batch := w.batch_of(p)) is not None:
+                    # A cancel or reschedule applied since they were loaded stops them here.
+                    timers = await kept.runner.still_due(timers)
+                    commands = [timer_command(t, batch.now, in_process=True) for t in timers]
+                    decided = w.decider.decide_local(batch, commands)
+                    await self._record_local(kept, timers, decided)
+                    # After the settles: a Fire that reschedules its own key would fail them.
+                    w.wrote = await self._carry_out(w, batch, p) or w.wrote
+            if work is not None:
+                self._stage(p, work, inp.transaction() if inp is not None else None)
         except Exception as exc:
             # Nothing of the cycle counts: the partition is taken again and read from its
             # committed offsets (every write is idempotent).
             if not isinstance(exc, KafkaUnavailable | StoreError):
-                logger.exception("partition %d: a cycle failed", p)
+                logger.exception("partition %d of %s: a cycle failed", p, kept.name)
             if inp is not None:
                 inp.failed_at = {topic: records[-1].offset for topic, records in items}
-            if (task := self._running.get(p)) is not None:
+            if (task := self._running.get(key)) is not None:
                 task.failed("a cycle", exc)
             return False
         if inp is not None:
@@ -257,7 +256,7 @@ class PartitionCycles(TimerTableCycles):
         self._metrics.round(kept.name, await kept.runner.record_outcomes(outcomes))
 
     def _stage(self, p: int, w: CycleWork, txn: PartitionTransaction | None) -> None:
-        """Stages the cycle's work in p's transaction of its type (`txn`; None: p's task
+        """Stages the cycle's work in its task's transaction of p (`txn`; None: the task
         holds none, it stops running), and commits it at once unless p committed less than
         a commit interval ago (then the committer does, by then)."""
         kept = w.kept
@@ -272,7 +271,7 @@ class PartitionCycles(TimerTableCycles):
         ):
             # Nothing written (most of a busy log is not about timers): no transaction
             # needed; the offsets are committed with the others.
-            self._commits.pass_over(w.offsets)
+            self._commits.pass_over(kept, w.offsets)
             return
         records = w.batch.out + w.out if w.batch is not None else w.out
         offsets = w.offsets if w.batch is None else w.offsets | w.batch.offsets

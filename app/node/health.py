@@ -1,6 +1,8 @@
-"""What `/healthz` says of a node, read from its partition tasks' states. Pure: the node
-hands over what it sees (its tasks, the group's assignment, the broker, the clock's
-gaps) and gets the body back."""
+"""What `/healthz` says of a node, read from its partition tasks' states (one task per
+type and partition; what it says is of the partitions, as before: a partition is
+restoring while a task of it is taken, stalled while one is). Pure: the node hands over
+what it sees (its tasks, the group's assignment, the broker, the clock's gaps) and gets
+the body back."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from app.node.partition_task import PartitionTask
+from app.node.task_id import TaskId
 
 __all__ = ["FAILING_IN_A_ROW", "node_health"]
 
@@ -16,7 +19,7 @@ FAILING_IN_A_ROW = 3
 
 
 def node_health(
-    tasks: Mapping[int, PartitionTask],
+    tasks: Mapping[TaskId, PartitionTask],
     *,
     running: frozenset[int],
     closing: Mapping[int, float],
@@ -31,21 +34,21 @@ def node_health(
     restored, was let go on a failure and not taken again yet, or its firing loop keeps
     failing; nor when the node failed for good.
 
-    `running`: the partitions whose task runs; `closing`: how long each partition's close
+    `running`: the partitions of which a task runs; `closing`: how long each partition's close
     under way (a revoke's, or the group's assignment no longer giving it) has been going;
     `given`: the group's assignment (None: not
     in the group yet); `suspended`: how long the process was stopped, if the group has
     not answered since; `failing_loops`: the types whose timer rounds keep failing."""
     stalled: dict[int, str] = {}
     failing: dict[int, dict[str, object]] = {}
-    for p, task in tasks.items():
+    for (_, p), task in sorted(tasks.items()):
         if task.broken is not None:
-            stalled[p] = task.broken
+            stalled.setdefault(p, task.broken)
         # A held partition says so whether or not it is being taken again: it is what an
         # operator needs to know (the message names the failure too).
         stalled.update(task.failing.stalled())
         failing.update({int(q): f for q, f in task.failing.report().items()})
-    taking = {p for p, task in tasks.items() if task.taking}
+    taking = {p for (_, p), task in tasks.items() if task.taking}
     if suspended is not None:
         for p in running | taking:
             stalled.setdefault(

@@ -1,14 +1,14 @@
 """A node: one worker process, a member of the service's consumer group, and the manager
 of its partition tasks.
 
-Its assignment of the aggregate types' partitions is its ownership: for each partition
-it is given a task (`partition_task`) takes the partition (fencing its previous owner,
-restoring) and runs it, and on revocation that task is closed (`partition_tasks`). What a
-partition's task does not own the node runs for all of them: the consumer, which reads
-three topics per type: the log (into the timer table: the timers subscription), the
-commands (the command path, `processor`) and the operators' retry/skip requests on its
-parked timers (`operator`); each context's failure ledger, read whole by every node
-(`ledger`); and `/healthz`, read from the tasks' states.
+Its assignment of the aggregate types' partitions is its ownership: for each type's
+partition it is given a task (`partition_task`, one per type and partition) takes the
+partition (fencing its previous owner, restoring) and runs it, and on revocation that task
+is closed (`partition_tasks`). What a task does not own the node runs for all of them:
+the consumer, which reads three topics per type: the log (into the timer table: the
+timers subscription), the commands (the command path, `processor`) and the operators'
+retry/skip requests on its parked timers (`operator`); each context's failure ledger,
+read whole by every node (`ledger`); and `/healthz`, read from the tasks' states.
 """
 
 from __future__ import annotations
@@ -88,6 +88,8 @@ class Node:
         self.producer = self.clients.publisher()
         self.types: dict[str, KeptType] = {}
         self._by_topic: dict[str, tuple[KeptType, str]] = {}
+        # Each topic read: its type's name (the poll loop's routing to a type's task).
+        self._type_of: dict[str, str] = {}
         self._results: dict[str, ResultsReader] = {}
         self._consumer: GroupMember | None = None
         self.metrics = NodeMetrics()
@@ -96,7 +98,7 @@ class Node:
         self.tasks = PartitionTasks(
             owned=self.metrics.owned.set, all_running=self.ready.set, fail=self.fail
         )
-        # Its maps by the node's names: each partition's task, and the task running it.
+        # Its maps by the node's names: each type's partition's task, and the task running it.
         self._tasks, self._owned = self.tasks.tasks, self.tasks.running
         self.limits = settings.limits
         self._failure: NodeFailed | None = None
@@ -146,15 +148,16 @@ class Node:
 
     @property
     def owned(self) -> frozenset[int]:
-        """The partitions this node owns now (the same p of every type)."""
-        return frozenset(self._owned)
+        """The partitions this node owns now (the same p of every type): those of which a
+        task runs."""
+        return self.tasks.owned
 
     def health(self) -> dict[str, Any]:
         """What `/healthz` says (`node_health`): ready only while every partition given to
         this node runs."""
         return node_health(
             self._tasks,
-            running=frozenset(self._owned),
+            running=self.tasks.owned,
             closing=self.tasks.closes(),
             given=None if self._consumer is None else {p for _, p in self._consumer.assignment()},
             suspended=self._suspension.suspended(),
@@ -206,6 +209,7 @@ class Node:
             self._by_topic[t.timer_ops] = (kept, "timer-ops")
             if kept.agg is not None:
                 self._by_topic[t.commands] = (kept, "commands")
+        self._type_of.update({topic: kept.name for topic, (kept, _) in self._by_topic.items()})
         self._consumer = self.clients.group_member(
             s.group_id,
             list(self._by_topic),
@@ -217,6 +221,7 @@ class Node:
             settings=s,
             limits=self.limits,
             types=self.types,
+            by_topic=self._by_topic,
             consumer=self._consumer,
             reader=self.reader,
             results=self._results,
@@ -265,11 +270,9 @@ class Node:
         assert self._consumer is not None, "start() first"
         for kept in self.types.values():
             kept.loop.start()
-        committer = asyncio.create_task(
-            self.commits.run(self.types.values), name="partition commits"
-        )
+        committer = asyncio.create_task(self.commits.run(self.types), name="partition commits")
         reader = asyncio.create_task(
-            poll_loop(self._consumer, self._owned, self.commits, self.fail),
+            poll_loop(self._consumer, self._owned, self.commits, self.fail, self._type_of),
             name="reader",
         )
         failed = asyncio.create_task(self._failed.wait(), name="failure")
@@ -316,7 +319,7 @@ class Node:
 
     async def _revoked(self, revoked: set[tuple[str, int]]) -> None:
         """The group takes partitions away: their tasks closed (`PartitionTasks.revoke`)."""
-        await self.tasks.revoke({p for _, p in revoked})
+        await self.tasks.revoke(self.tasks.keys(revoked))
 
     def fail(self, why: str) -> None:
         """Stops the node: it cannot do the work it was given."""

@@ -1,9 +1,9 @@
-"""One take of a partition task's input (`PartitionInput`): the queue the poll loop hands
-its partition's batches to, the batches that did not fit meanwhile (`Held`, the poll
-loop's to hand over, the consumer paused on the partition), the worker that runs its
-cycles over them
+"""One take of a partition task's input (`PartitionInput`, of one type's partition): the
+queue the poll loop hands its type's batches of the partition to, the batches that did
+not fit meanwhile (`Held`, the poll loop's to hand over, the consumer paused on the
+task's topics of the partition), the worker that runs its cycles over them
 (`PartitionCycles.work`), the lock a cycle holds so that what it writes commits in one
-transaction, the types with timers to fire in-process at its next cycle, whether a cycle
+transaction, whether timers wait to fire in-process at its next cycle, whether a cycle
 was cut short, and where its last failed cycle read.
 
 Its task creates one each time it starts running and stops it when it closes (clean or
@@ -16,11 +16,12 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from app.kafka import Record
+from app.node.task_id import TaskId
 
 if TYPE_CHECKING:
     from app.node.cycles import PartitionCycles
@@ -53,38 +54,42 @@ class Held:
 
 
 class PartitionInput:
-    """One take of partition `p`'s input, its worker started at once; `on_failure` (its
-    task's `failed`) is told when the worker ends other than by `stop`. `transactions`:
-    per type, its task's transaction of p, where the cycles stage their work."""
+    """One take of the input of task `key` (a type's partition), its worker started at
+    once; `on_failure` (its task's `failed`) is told when the worker ends other than by
+    `stop`. `transaction` gives its task's transaction of p, where the cycles stage their
+    work (None: it holds none)."""
 
     def __init__(
         self,
-        p: int,
+        key: TaskId,
         cycles: PartitionCycles,
         on_failure: Callable[[str, BaseException], None],
-        transactions: Mapping[str, PartitionTransaction],
+        transaction: Callable[[], PartitionTransaction | None],
     ) -> None:
-        self.p = p
-        self.transactions = transactions
+        self.key = key
+        self.type_name, self.p = key
+        self.transaction = transaction
         self.queue: asyncio.Queue[Batch] = asyncio.Queue(maxsize=QUEUE_SIZE)
         self.held = Held()
         # Held by a cycle and around taking its transaction (`Commits`): what one cycle
         # writes (events, settles) commits in one transaction, never half of it.
         self.lock = asyncio.Lock()
-        # The types whose firing holds timers claimed to fire in-process here.
-        self.local: set[str] = set()
+        # Whether its firing holds timers claimed to fire in-process here.
+        self.local = False
         # While the earlier slices of a poll are decided: the timers handed over fire in
         # its last, so that a cancel read in the same poll is decided before them.
         self.holding = False
         # While a poll's slices are decided: per topic, the records of the slices after.
         self.behind: dict[str, int] = {}
-        # A cycle was stopped in its middle: what the transactions hold is half a cycle.
+        # A cycle was stopped in its middle: what the transaction holds is half a cycle.
         self.cut = False
         # The last offset of each topic the last cycle read, if it failed.
         self.failed_at: dict[str, int] = {}
         self._on_failure = on_failure
         self._stopped = False
-        self._worker = asyncio.create_task(cycles.work(self), name=f"partition {p}")
+        self._worker = asyncio.create_task(
+            cycles.work(self), name=f"partition {self.p} of {self.type_name}"
+        )
         self._worker.add_done_callback(self._worker_ended)
 
     @property
@@ -92,21 +97,21 @@ class PartitionInput:
         """Whether its worker runs (neither stopped nor ended)."""
         return not self._worker.done()
 
-    def fire_local(self, type_name: str) -> None:
-        """The next cycle fires the timers type `type_name`'s runner claimed to fire
-        in-process here (it asks the runner for them)."""
+    def fire_local(self) -> None:
+        """The next cycle fires the timers its type's runner claimed to fire in-process
+        here (it asks the runner for them)."""
         if self._stopped:
             return  # let go: the runner's stop drops them, the next owner fires them
-        self.local.add(type_name)
+        self.local = True
         if not self.queue.full():  # else the worker has batches to do, and fires with them
             self.queue.put_nowait(LOCAL)
 
-    def take_local(self) -> set[str]:
-        """The types with timers to fire in-process, forgotten here (a cycle takes them);
-        none while `holding` (kept for the cycle after)."""
+    def take_local(self) -> bool:
+        """Whether timers wait to fire in-process, forgotten here (a cycle takes them);
+        False while `holding` (kept for the cycle after)."""
         if self.holding:
-            return set()
-        local, self.local = self.local, set()
+            return False
+        local, self.local = self.local, False
         return local
 
     def _worker_ended(self, worker: asyncio.Task[None]) -> None:
@@ -115,7 +120,7 @@ class PartitionInput:
         if self._stopped or worker.cancelled():
             return
         exc = worker.exception() or RuntimeError("the worker returned")
-        logger.error("partition %d: its worker failed", self.p, exc_info=exc)
+        logger.error("%s: its worker failed", self.key, exc_info=exc)
         self._on_failure("its worker", exc)
 
     async def stop(self) -> bool:
@@ -130,5 +135,5 @@ class PartitionInput:
         while not self.queue.empty():
             self.queue.get_nowait()  # stale: read again after a take
         self.held.batches.clear()
-        self.local.clear()
+        self.local = False
         return self.cut

@@ -1,44 +1,40 @@
-"""Opening a partition, as its task takes it (`open_partition`): per type, its
-transactional producer started (fencing the previous owner), its command processor made
-and its aggregate states folded from the log, and its timer table restored from its
+"""Opening a partition of one type, as its task takes it (`open_partition`): the type's
+transactional producer of p started (fencing the previous owner), its command processor
+made and its aggregate states folded from the log, and its timer table restored from its
 changelog (read on from a clean local copy, else dropped and restored whole), and the
 handle its cycles write its timers through made (`PartitionHandle`: p's lock alone, and
 refused once p is let go, so each take makes its own), with p's transaction attached to
-it as p's changelog sink (p's rows go to it directly); then the results readers follow it.
-What is opened is the task's (`transactions`, `processors`, `stores`), for its close to
+it as p's changelog sink (p's rows go to it directly); then the results readers follow p
+(`TaskShared.reading_results`: once for all the types' tasks of p).
+What is opened is the task's (`transaction`, `processor`, `store`), for its close to
 let go (`partition_release`) however far the take got."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from app.commands.processor import CommandProcessor, Commit
 from app.kafka import OutRecord, Record
 from app.node.partition_transaction import PartitionTransaction
 from app.node.task_shared import TaskShared
 from app.timers.restore import restore_partition, unreadable_letters
-from tables.partition_handle import PartitionHandle
 from tables.store import ChangelogRecord, ChangelogSink
+
+if TYPE_CHECKING:
+    from app.node.partition_task import PartitionTask
 
 __all__ = ["open_partition"]
 
 
-async def open_partition(
-    s: TaskShared,
-    p: int,
-    topics: set[str],
-    transactions: dict[str, PartitionTransaction],
-    processors: dict[str, CommandProcessor],
-    stores: dict[str, PartitionHandle],
-) -> None:
-    """Opens p of every type whose log is in `topics` (see the module)."""
-    for kept in s.types.values():
-        t = kept.topics
-        if t.events not in topics:
-            continue
+async def open_partition(s: TaskShared, task: PartitionTask, topics: set[str]) -> None:
+    """Opens p of `task`'s type, whose `topics` are given here (see the module)."""
+    kept, p = task.kept, task.p
+    t = kept.topics
+    if t.events in topics:
         # One producer per partition and type: starting it fences the previous owner,
         # before anything of p is read.
-        txn = transactions[kept.name] = await kept.transactions.open(p)
+        txn = task.transaction = await kept.transactions.open(p)
         if t.commands in topics and kept.agg is not None and kept.states is not None:
             processor = CommandProcessor(
                 kept.agg,
@@ -52,7 +48,7 @@ async def open_partition(
                 request_id_window=s.settings.request_id_window_ms,
                 targets=s.targets,
             )
-            processors[kept.name] = processor
+            task.processor = processor
             progress = s.metrics.restore_progress(t.type_name, p, "states")
             with s.metrics.restore_duration.labels(t.type_name, "states").time():
                 await processor.restore(s.reader, progress)
@@ -74,13 +70,15 @@ async def open_partition(
             # on each write keeps the count (the /metrics gauges scan nothing).
             kept.store.status_counts(p)
         # After the restore (a full one drops p: a handle made before it is refused).
-        handle = stores[kept.name] = kept.store.partition(p)
+        handle = task.store = kept.store.partition(p)
         handle.attach(_sink(txn))
         if unreadable:
             # Their letters and tombstones commit in p's next transaction.
             letters = unreadable_letters(unreadable, s.now(), s.limits.dead_letter_bytes)
             txn.stage(letters, {})
             s.metrics.dead_letters.labels(t.timers_changelog).inc(len(unreadable))
+    # Read from its end from now on (idempotent): a type's task of p reads it already.
+    s.reading_results.setdefault(p, set()).add(task.type_name)
     for results in s.results.values():
         await results.add_partition(p)
 

@@ -1,34 +1,37 @@
-"""A partition task: one per partition the node owns, and the one owner of its lifecycle.
+"""A partition task: one per aggregate type and partition the node owns (`TaskId`), and
+the one owner of its lifecycle.
 
 Co-partitioning puts everything of partition p on one node: the log's p, the aggregates
-decided from it, their timers and the command partition p of the same type. The task
-takes p (its transactional producers, one a type, fence the previous owner; the log is
-folded into the aggregate states; the timer table restored), runs it (its topics read,
-its timers fired) and lets it go: cleanly when the group revokes p while it runs (what
-its transactions hold commits), dirty on a fault of its own or when a take is cut short
-(thrown away, the local copy restored next time), and then revived: taken afresh once
-the group answers, if it still gives p here. A fault in one task never touches another.
-Each task owns its transactions (`PartitionTransaction`, one a type, opened by its take
-and abandoned by its close), its commits' scheduling (`PartitionCommits`), its command
-processors, its timer firings (`PartitionFiring`, one a type: its wheel, its sends and
-their outcomes, its write lock; obtained from the type's runner when it starts firing,
-stopped and dropped by its close), per type its partition's handle of the timer store
-(`PartitionHandle`, made by its take, dropped by its close: its cycles write p's timers
-through it, and its firings reach them through it too, so a firing of a take let go
-writes nothing), and, each time it runs, its input (`PartitionInput`: its queue, its
-worker, its lock, its in-process wake-up, its cycle's state), stopped with its close. A
-fault of its own, a corrupt row of its timer store included, fails it alone. Tasks share
-the consumer, the clock and the clients; the cycles' logic (`PartitionCycles`, no state
-of a partition's own); and still, per type, what holds all of the type's partitions on
-the node, of which a task touches only its own partition's: the timer store (one RocksDB
-store, which a task reaches its partition through its handle; a write lock per
-partition, so a partition's writes wait for its own alone, a restore's memtable flush
-included, never for another's), the aggregate states store (one RocksDB a partition, no
-lock), the clean marks (a file a partition), the runner (which keeps a reference to each
-task's firing and runs its rounds, each through the firing's own store; one gate on the
-sends in flight), and `TypeTransactions` (which opens the tasks' transactions and stops
-their producers; a take attaches its transaction to its handle, which hands it p's
-rows). No task holds a lock across a Kafka call.
+decided from it, their timers and the command partition p of the same type; a Service of
+several types is given the same p of each, and each type's p is a task of its own, so a
+fault in one type's work of p never touches another type's. The task takes its type's p
+(its transactional producer fences the previous owner; the log is folded into the
+aggregate states; the timer table restored), runs it (its topics read, its timers fired)
+and lets it go: cleanly when the group revokes p while it runs (what its transaction
+holds commits), dirty on a fault of its own or when a take is cut short (thrown away, the
+local copy restored next time), and then revived: taken afresh once the group answers, if
+it still gives p here. A fault in one task never touches another.
+Each task owns its transaction (`PartitionTransaction`, opened by its take and abandoned
+by its close), its commits' scheduling (`PartitionCommits`), its command processor, its
+timer firing (`PartitionFiring`: its wheel, its sends and their outcomes, its write lock;
+obtained from the type's runner when it starts firing, stopped and dropped by its close),
+its partition's handle of the type's timer store (`PartitionHandle`, made by its take,
+dropped by its close: its cycles write p's timers through it, and its firing reaches them
+through it too, so a firing of a take let go writes nothing), and, each time it runs, its
+input (`PartitionInput`: its queue, its worker, its lock, its in-process wake-up, its
+cycle's state), stopped with its close. A fault of its own, a corrupt row of its timer
+store included, fails it alone. Tasks share the consumer, the clock and the clients; the
+cycles' logic (`PartitionCycles`, no state of a task's own); and still, per type, what
+holds all of the type's partitions on the node, of which a task touches only its own
+partition's: the timer store (one RocksDB store, which a task reaches its partition
+through its handle; a write lock per partition, so a partition's writes wait for its own
+alone, a restore's memtable flush included, never for another's), the aggregate states
+store (one RocksDB a partition, no lock), the clean marks (a file a partition), the
+runner (which keeps a reference to each task's firing and runs its rounds, each through
+the firing's own store; one gate on the sends in flight), and `TypeTransactions` (which
+opens the tasks' transactions and stops their producers; a take attaches its transaction
+to its handle, which hands it p's rows). The results readers read p while any type's task
+of p is open (`TaskShared.reading_results`). No task holds a lock across a Kafka call.
 """
 
 from __future__ import annotations
@@ -44,19 +47,20 @@ from app.kafka.records import refused
 from app.node.commits import PartitionCommits
 from app.node.failing import FailingPartitions
 from app.node.in_process import in_process_targets
-from app.node.kept import is_fenced
+from app.node.kept import KeptType, is_fenced
 from app.node.partition_input import Batch, Held, PartitionInput
 from app.node.partition_open import open_partition
 from app.node.partition_release import CloseFailed, release_partition
 from app.node.partition_timers import PartitionTimerLoop
 from app.node.partition_transaction import PartitionTransaction
+from app.node.task_id import TaskId
 from app.node.task_shared import TaskManager, TaskShared
 from app.node.task_state import TaskState, closes_clean, transition
 from app.timers.runner import PartitionFiring
 from app.timers.runner.partition_store import PartitionStore
 from tables.partition_handle import PartitionHandle
 
-__all__ = ["TAKE_ATTEMPTS", "PartitionTask", "TaskManager", "TaskShared"]
+__all__ = ["TAKE_ATTEMPTS", "PartitionTask", "TaskId", "TaskManager", "TaskShared"]
 
 logger = logging.getLogger(__name__)
 
@@ -65,8 +69,9 @@ TAKE_ATTEMPTS = 10
 
 
 class PartitionTask:
-    def __init__(self, p: int, shared: TaskShared, manager: TaskManager) -> None:
-        self.p = p
+    def __init__(self, key: TaskId, shared: TaskShared, manager: TaskManager) -> None:
+        self.key = key
+        self.type_name, self.p = key
         self.state = TaskState.CREATED
         self._shared = shared
         self._manager = manager
@@ -77,19 +82,19 @@ class PartitionTask:
         self.broken: str | None = None
         # Its failures until read past, and whether it fires nothing till then.
         self.failing = FailingPartitions()
-        # Per type, the command processor of p (whose commands are decided here).
-        self.processors: dict[str, CommandProcessor] = {}
-        # Per type, its transaction of p: opened by its take, abandoned by its close.
-        self.transactions: dict[str, PartitionTransaction] = {}
-        # Per type, p's handle of the timer store, its cycles' writes' (made by its take,
-        # after the restore; dropped by its close: a retake's is a new one).
-        self.stores: dict[str, PartitionHandle] = {}
-        # Per type, p's timer firing: obtained when p starts firing, stopped by its close.
-        self.firings: dict[str, PartitionFiring] = {}
-        # Per type, the loop of p's own timer rounds over its firing (ended by its close).
-        self.timer_loops: dict[str, PartitionTimerLoop] = {}
-        # When its transactions commit (a failed commit fails the task).
-        self.commits = PartitionCommits(p, self.failed, self.transactions)
+        # The command processor of p (None: its type's commands are not decided here).
+        self.processor: CommandProcessor | None = None
+        # Its transaction of p: opened by its take, abandoned by its close.
+        self.transaction: PartitionTransaction | None = None
+        # p's handle of the timer store, its cycles' writes' (made by its take, after the
+        # restore; dropped by its close: a retake's is a new one).
+        self.store: PartitionHandle | None = None
+        # p's timer firing: obtained when p starts firing, stopped by its close.
+        self.firing: PartitionFiring | None = None
+        # The loop of p's own timer rounds over its firing (ended by its close).
+        self.timer_loop: PartitionTimerLoop | None = None
+        # When its transaction commits (a failed commit fails the task).
+        self.commits = PartitionCommits(key, self.failed, self._transaction)
         self._taking: asyncio.Task[None] | None = None
         # The group took p away: no take starts any more (a failure meanwhile included).
         self._leaving = False
@@ -98,8 +103,17 @@ class PartitionTask:
         # Its input while it runs (one per take: created running, stopped by its close).
         self.input: PartitionInput | None = None
 
+    def _transaction(self) -> PartitionTransaction | None:
+        """Its transaction now, as its commits and input read it (each take's own)."""
+        return self.transaction
+
+    @property
+    def kept(self) -> KeptType:
+        """What the node keeps of its type."""
+        return self._shared.types[self.type_name]
+
     def __repr__(self) -> str:
-        return f"PartitionTask({self.p}, {self.state.value})"
+        return f"PartitionTask({self.type_name}, {self.p}, {self.state.value})"
 
     def _to(self, target: TaskState) -> None:
         self.state = transition(self.state, target)
@@ -107,7 +121,7 @@ class PartitionTask:
     @property
     def queue(self) -> asyncio.Queue[Batch]:
         """Its input's queue, where the poll loop hands its batches (it runs)."""
-        assert self.input is not None, f"partition {self.p} is not running"
+        assert self.input is not None, f"{self.key} is not running"
         return self.input.queue
 
     @property
@@ -118,13 +132,13 @@ class PartitionTask:
     @property
     def held(self) -> Held:
         """Its input's batches that did not fit in its queue (the poll loop's to hand over)."""
-        assert self.input is not None, f"partition {self.p} is not running"
+        assert self.input is not None, f"{self.key} is not running"
         return self.input.held
 
     @property
     def lock(self) -> asyncio.Lock:
         """Its input's lock, held by its cycle and around taking its transaction."""
-        assert self.input is not None, f"partition {self.p} is not running"
+        assert self.input is not None, f"{self.key} is not running"
         return self.input.lock
 
     @property
@@ -139,11 +153,11 @@ class PartitionTask:
         after_failure: float | None = None,
         behind: Collection[asyncio.Task[bool]] = (),
     ) -> None:
-        """Takes p's `topics` (paused by the caller until it runs) in the background, once
-        the closes `behind` (an earlier task's of p) are done."""
+        """Takes p's `topics` of its type (paused by the caller until it runs) in the
+        background, once the closes `behind` (an earlier task's of its type's p) are done."""
         self._taking = asyncio.create_task(
             self._take_in_background(topics, after_failure, behind),
-            name=f"{'retake' if after_failure is not None else 'take'} {self.p}",
+            name=f"{'retake' if after_failure is not None else 'take'} {self.type_name} {self.p}",
         )
 
     def leave(self) -> None:
@@ -170,18 +184,27 @@ class PartitionTask:
         fenced = is_fenced(exc)
         s.metrics.let_go.labels("fenced" if fenced else "failed").inc()
         then = "let go" if fenced else "taken afresh"
-        logger.warning("partition %d: %s failed: %s; %s", self.p, what, exc, then)
+        logger.warning("%s: %s failed: %s; %s", self.key, what, exc, then)
         self._to(TaskState.SUSPENDED)
         self._stop_running()
         at = {} if self.input is None else self.input.failed_at
         failing = self.failing.failed(self.p, at, f"{what}: {exc}")
         self.broken = failing.describe()
-        mine = [(t, q) for t, q in s.consumer.assignment() if q == self.p]
+        mine = self._given()
         s.consumer.pause(mine)
         if self._leaving:
             return  # being revoked: closed dirty there (it is suspended), never taken again
         delay = 2 * s.settings.session_timeout_ms / 1000 if fenced else 0.0
         self.take({t for t, _ in mine}, after_failure=delay)
+
+    def _given(self) -> list[tuple[str, int]]:
+        """Its topics' p as the group gives them to this node now (its type's alone)."""
+        by_topic = self._shared.by_topic
+        return [
+            (t, q)
+            for t, q in self._shared.consumer.assignment()
+            if q == self.p and t in by_topic and by_topic[t][0].name == self.type_name
+        ]
 
     async def _take_in_background(
         self,
@@ -199,17 +222,15 @@ class PartitionTask:
                 if not all(not close.cancelled() and close.result() for close in behind):
                     # p may be half open there (a close that crashed failed the node): its
                     # transactional id is not opened again, nothing of p is taken.
-                    logger.error(
-                        "partition %d: its previous task's close failed: not taken", self.p
-                    )
+                    logger.error("%s: its previous task's close failed: not taken", self.key)
                     if any(close.cancelled() for close in behind):
-                        self._manager.fail(f"partition {self.p}: a close of it was cancelled")
+                        self._manager.fail(f"{self.key}: a close of it was cancelled")
                     return
             await self._taking_partition(topics, after_failure)
         except Exception as exc:
             # A bug, whatever it is: never a partition left half taken, quietly.
-            logger.exception("taking partition %d failed", self.p)
-            self._manager.fail(f"taking partition {self.p} failed: {exc!r}")
+            logger.exception("taking %s failed", self.key)
+            self._manager.fail(f"taking {self.key} failed: {exc!r}")
         finally:
             if self._taking is asyncio.current_task():
                 self._taking = None
@@ -224,7 +245,7 @@ class PartitionTask:
                     await answered.wait()
             # As the group gives it now (a lost membership empties the assignment the
             # failure saw; the next one may give p back).
-            topics = {t for t, q in consumer.assignment() if q == p}
+            topics = {t for t, _ in self._given()}
             if not topics:
                 self._manager.task_gone(self)  # the group moved it meanwhile
                 return
@@ -244,16 +265,16 @@ class PartitionTask:
                 # either way p is tried again, and the node stops loudly if it never
                 # can be taken: never a take that dies quietly, half done.
                 log = logger.warning if node_fault(exc) else logger.exception
-                log("taking partition %d failed (%d/%d): %s", p, attempt, TAKE_ATTEMPTS, exc)
+                log("taking %s failed (%d/%d): %s", self.key, attempt, TAKE_ATTEMPTS, exc)
                 await self.close(clean=False)
                 self.revive()
                 await asyncio.sleep(min(0.2 * 2**attempt, 5))
         else:
-            why = f"partition {p} could not be taken in {TAKE_ATTEMPTS} attempts: {last}"
+            why = f"{self.key} could not be taken in {TAKE_ATTEMPTS} attempts: {last}"
             self._manager.fail(why)
             return
         if last is not None and refused(last):
-            self._manager.fail(f"partition {p} could not be taken: {last}")
+            self._manager.fail(f"{self.key} could not be taken: {last}")
             return
         self._run(topics)
 
@@ -261,8 +282,8 @@ class PartitionTask:
         """Taken: p's topics are read from here on, and its timers fire (unless it is
         held since a failure: then once its log is read past it)."""
         self._to(TaskState.RUNNING)
-        self.input = PartitionInput(self.p, self._shared.cycles, self.failed, self.transactions)
-        self._shared.running[self.p] = self
+        self.input = PartitionInput(self.key, self._shared.cycles, self.failed, self._transaction)
+        self._shared.running[self.key] = self
         self.takes += 1
         self.broken = None
         self._shared.consumer.resume([(t, self.p) for t in topics])
@@ -271,56 +292,53 @@ class PartitionTask:
         self._manager.task_running(self)
 
     def _stop_running(self) -> None:
-        if self._shared.running.get(self.p) is self:
-            del self._shared.running[self.p]
+        if self._shared.running.get(self.key) is self:
+            del self._shared.running[self.key]
 
     def start_firing(self) -> None:
-        """p's timers fire from now on: those whose targets p decides itself in-process,
-        in its cycles (`in_process_targets`), the others sent; each type's in rounds of
+        """p's timers of its type fire from now on: those whose targets p decides itself
+        in-process, in its cycles (`in_process_targets`), the others sent; in rounds of
         p's own (`PartitionTimerLoop`), which no other partition's hold up."""
+        kept = self.kept
         partitions = self._shared.settings.partitions
-        for kept in self._shared.types.values():
-            local = kept.name in self.processors
-            in_process = in_process_targets(kept.topics, partitions) if local else None
-            # Its store calls through p's own handle: refused once p is let go.
-            handle = self.stores.get(kept.name)
-            store = None if handle is None else PartitionStore(handle)
-            firing = kept.runner.start_partition(self.p, in_process=in_process, store=store)
-            self.firings[kept.name] = firing
-            self.timer_loops[kept.name] = kept.loop.start_partition(self, firing)
+        local = self.processor is not None
+        in_process = in_process_targets(kept.topics, partitions) if local else None
+        # Its store calls through p's own handle: refused once p is let go.
+        store = None if self.store is None else PartitionStore(self.store)
+        firing = kept.runner.start_partition(self.p, in_process=in_process, store=store)
+        self.firing = firing
+        self.timer_loop = kept.loop.start_partition(self, firing)
 
-    def _end_timer_loops(self) -> None:
-        """Its timer loops end (not waited for: a round in progress finds its firing
+    def _end_timer_loop(self) -> None:
+        """Its timer loop ends (not waited for: a round in progress finds its firing
         stopped by the close and does nothing more of it)."""
-        for name, loop in self.timer_loops.items():
-            if (kept := self._shared.types.get(name)) is not None:
+        if (loop := self.timer_loop) is not None:
+            if (kept := self._shared.types.get(self.type_name)) is not None:
                 kept.loop.end_partition(loop)
             else:
                 loop.end()
-        self.timer_loops.clear()
+        self.timer_loop = None
 
     def read_past(self, done: dict[str, int]) -> None:
         """A cycle of p staged: a task held since a failure fires again once its log was
         read past where the failure was."""
         if self.failing.read(self.p, done) and self.state is TaskState.RUNNING:
-            logger.info("partition %d: its log read past its failure, firing again", self.p)
+            logger.info("%s: its log read past its failure, firing again", self.key)
             self.start_firing()
 
     def revive(self) -> None:
         """A closed task is created again, to be taken afresh (its commits anew: none of
         its earlier ones, failed or abandoned, says anything of the next take's)."""
         self._to(TaskState.CREATED)
-        self.commits = PartitionCommits(self.p, self.failed, self.transactions)
+        self.commits = PartitionCommits(self.key, self.failed, self._transaction)
 
     async def _take(self, topics: set[str]) -> None:
         self._to(TaskState.RESTORING)
-        await open_partition(
-            self._shared, self.p, topics, self.transactions, self.processors, self.stores
-        )
+        await open_partition(self._shared, self, topics)
 
     async def revoke(self) -> None:
         """The group took p away: a take under way is stopped; a running task is closed
-        clean, what its transactions hold committed (a hand-off); any other closes dirty
+        clean, what its transaction holds committed (a hand-off); any other closes dirty
         (see `close`)."""
         await self.stop_taking()
         await self.stop_input()
@@ -332,7 +350,7 @@ class PartitionTask:
         """Stops everything of p this node runs (whole or half taken); `CloseFailed` when
         a part of it failed (the rest let go all the same, the copy not marked clean): p
         is then not taken again, the node stops (as for a crashed close).
-        `clean`: commit what p's transactions hold first and mark the local copy clean;
+        `clean`: commit what its transaction holds first and mark the local copy clean;
         otherwise it is thrown away and the local copy restored from the changelog next
         time. Only a running task closes clean (`closes_clean`): a take cut short may not
         have restored a dirty copy yet, and a failed task's work may be half done. Closing
@@ -344,8 +362,8 @@ class PartitionTask:
         if was is not TaskState.SUSPENDED:
             self._to(TaskState.SUSPENDED)
         self._stop_running()
-        self.stores.clear()  # refused from p's revoke on anyway; a retake makes new ones
-        self._end_timer_loops()
+        self.store = None  # refused from p's revoke on anyway; a retake makes a new one
+        self._end_timer_loop()
         if was is not TaskState.CREATED or self._half_open():
             # A cycle cut short wrote half of its work: nothing of p's transaction commits.
             clean = not await self.stop_input() and clean
@@ -363,18 +381,13 @@ class PartitionTask:
         return self.input is not None and await self.input.stop()
 
     def _half_open(self) -> bool:
-        """Whether something of p is open (a take cut short)."""
-        return bool(self.processors or self.transactions) or any(
-            self.p in kept.store.assigned for kept in self._shared.types.values()
+        """Whether something of its type's p is open (a take cut short)."""
+        return (
+            self.processor is not None
+            or self.transaction is not None
+            or self.p in self.kept.store.assigned
+            or self.type_name in self._shared.reading_results.get(self.p, ())
         )
 
     async def _release(self, *, clean: bool) -> None:
-        await release_partition(
-            self._shared,
-            self.commits,
-            self.processors,
-            self.transactions,
-            self.firings,
-            self.p,
-            clean=clean,
-        )
+        await release_partition(self._shared, self, clean=clean)

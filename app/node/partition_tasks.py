@@ -1,9 +1,12 @@
 """A node's partition tasks as the group gives and takes their partitions (Kafka Streams'
-`TaskManager`): an assignment creates a task for each partition given here and starts
-taking it in the background; a revoke takes each of its tasks out of the map and closes
-it in the background, and waits for that close. A new task of a partition still closing
+`TaskManager`): an assignment creates a task for each aggregate type and partition given
+here (`TaskId`: the type of each topic given, and its partition) and starts taking it in
+the background; a revoke takes each of its tasks out of the map and closes it in the
+background, and waits for that close. A new task of a type's partition still closing
 takes it only once that close is done (it reopens the transactional id the close
-commits on).
+commits on). What the node says of its partitions (owned, restoring, closing) is of the
+partitions, whatever their types: p is owned while a task of it runs, restoring while
+one is taken.
 
 No lock: the maps change only between awaits, and each task's state guards its own
 lifecycle, so that no task's close (a commit, which may hang until its deadline) holds
@@ -17,6 +20,7 @@ import time
 from collections.abc import Callable
 
 from app.node.partition_task import PartitionTask, TaskShared
+from app.node.task_id import TaskId
 
 __all__ = ["PartitionTasks"]
 
@@ -24,9 +28,9 @@ logger = logging.getLogger(__name__)
 
 
 class PartitionTasks:
-    """The tasks of the partitions given to a node, and what they tell it (the tasks'
-    `TaskManager`). `owned` is told how many partitions run, `all_running` that every
-    task given runs, `fail` why the node must stop."""
+    """The tasks of the types' partitions given to a node, and what they tell it (the
+    tasks' `TaskManager`). `owned` is told how many partitions run, `all_running` that
+    every task given runs, `fail` why the node must stop."""
 
     def __init__(
         self,
@@ -35,12 +39,13 @@ class PartitionTasks:
         all_running: Callable[[], None],
         fail: Callable[[str], None],
     ) -> None:
-        # One task per partition given to this node, from its assignment to its revoke.
-        self.tasks: dict[int, PartitionTask] = {}
-        # The task running each partition (kept by the tasks): what `owns` reads, and where
-        # a cycle's processor, failure and progress go. A revoked task runs its partition
-        # until its close begins: what its cycles decide meanwhile is its own.
-        self.running: dict[int, PartitionTask] = {}
+        # One task per type and partition given to this node, from its assignment to its
+        # revoke.
+        self.tasks: dict[TaskId, PartitionTask] = {}
+        # The task running each type's partition (kept by the tasks): what `owns` reads,
+        # and where a cycle's processor, failure and progress go. A revoked task runs its
+        # partition until its close begins: what its cycles decide meanwhile is its own.
+        self.running: dict[TaskId, PartitionTask] = {}
         # The revoked tasks still closing.
         self.closing: dict[PartitionTask, asyncio.Task[bool]] = {}
         self.shared: TaskShared | None = None  # what the tasks share, once the node started
@@ -52,16 +57,28 @@ class PartitionTasks:
 
     @property
     def restoring(self) -> frozenset[int]:
-        """The partitions given to this node that it is still restoring."""
-        return frozenset(p for p, task in self.tasks.items() if task.taking)
+        """The partitions given to this node that it is still restoring (a task of any of
+        their types is being taken)."""
+        return frozenset(key.p for key, task in self.tasks.items() if task.taking)
 
-    def leftover(self) -> set[int]:
-        """The partitions of every task, and of every close under way."""
-        return {*self.tasks, *(task.p for task in self.closing)}
+    @property
+    def owned(self) -> frozenset[int]:
+        """The partitions of which a task runs here."""
+        return frozenset(key.p for key in self.running)
+
+    def keys(self, assigned: set[tuple[str, int]]) -> set[TaskId]:
+        """The tasks of topics' partitions: each topic's type (the node's), and p."""
+        assert self.shared is not None, "the node is not started"
+        by_topic = self.shared.by_topic
+        return {TaskId(by_topic[t][0].name, p) for t, p in assigned if t in by_topic}
+
+    def leftover(self) -> set[TaskId]:
+        """Every task, and every task whose close is under way."""
+        return {*self.tasks, *(task.key for task in self.closing)}
 
     def assign(self, assigned: set[tuple[str, int]]) -> None:
-        """Creates a task for each new partition and starts taking it in the background,
-        the consumer paused on it until it runs.
+        """Creates a task for each new type's partition and starts taking it in the
+        background, the consumer paused on its topics until it runs.
 
         Restoring inside the rebalance callback would hold the group up (and a long restore
         would cost the node its membership): the consumer is paused on them instead.
@@ -70,35 +87,40 @@ class PartitionTasks:
         # Retakes waiting after a failure go on now: the group has answered.
         self._answered.set()
         self._answered = asyncio.Event()
-        given = {p for _, p in assigned}
+        by_topic = self.shared.by_topic
+        topics: dict[TaskId, set[str]] = {}
+        for t, p in assigned:
+            if t in by_topic:
+                topics.setdefault(TaskId(by_topic[t][0].name, p), set()).add(t)
         # The group is the authority: what it no longer gives here is let go (a revoke
         # after a lost membership may have named none of it); not waited for here.
-        for p in set(self.tasks) - given:
-            self._close(self.tasks.pop(p))
-        new = sorted(given - set(self.tasks))
-        self.shared.consumer.pause([(t, p) for t, p in assigned if p in new])
-        for p in new:
-            self.tasks[p] = task = PartitionTask(p, self.shared, self)
-            # Its take reopens the transactional id a close of p under way still commits on.
-            behind = [closing for gone, closing in self.closing.items() if gone.p == p]
-            task.take({t for t, q in assigned if q == p}, behind=behind)
+        for key in set(self.tasks) - set(topics):
+            self._close(self.tasks.pop(key))
+        new = sorted(set(topics) - set(self.tasks))
+        self.shared.consumer.pause([(t, key.p) for key in new for t in topics[key]])
+        for key in new:
+            self.tasks[key] = task = PartitionTask(key, self.shared, self)
+            # Its take reopens the transactional id a close of it under way still commits on.
+            behind = [closing for gone, closing in self.closing.items() if gone.key == key]
+            task.take(topics[key], behind=behind)
         if not new:
             self._owning()
 
-    async def revoke(self, gone: set[int]) -> None:
-        """Closes the tasks of the partitions `gone` clean (a hand-off), each in a task of
-        its own, and waits for them, and for the closes of these partitions under way: a
-        close whose commit hangs holds up no other task's."""
-        for p in sorted(gone & set(self.tasks)):
-            self._close(self.tasks.pop(p))
-        closes = [closing for task, closing in self.closing.items() if task.p in gone]
+    async def revoke(self, gone: set[TaskId]) -> None:
+        """Closes the tasks `gone` clean (a hand-off), each in a task of its own, and waits
+        for them, and for their closes under way: a close whose commit hangs holds up no
+        other task's."""
+        for key in sorted(gone & set(self.tasks)):
+            self._close(self.tasks.pop(key))
+        closes = [closing for task, closing in self.closing.items() if task.key in gone]
         if closes:
             # Not cancelled with the revoke: a close cut in two would leave p half open.
             await asyncio.wait(closes)
         self._owning()
 
     def closes(self) -> dict[int, float]:
-        """How long each partition's close under way has been going, in seconds."""
+        """How long each partition's close under way has been going (the longest of its
+        types'), in seconds."""
         now, closes = time.monotonic(), dict[int, float]()
         for task in self.closing:
             if task.closing_since is not None:
@@ -121,8 +143,8 @@ class PartitionTasks:
                 await task.revoke()
                 return True
             except Exception as exc:  # a bug: p may be half open, so the node stops
-                logger.exception("closing partition %d failed", task.p)
-                self._fail(f"closing partition {task.p} failed: {exc!r}")
+                logger.exception("closing partition %d of %s failed", task.p, task.type_name)
+                self._fail(f"closing partition {task.p} of {task.type_name} failed: {exc!r}")
                 return False
             finally:
                 del self.closing[task]
@@ -131,12 +153,15 @@ class PartitionTasks:
         task.closing_since = (
             time.monotonic()
         )  # no retake starts now, not even on a failure before its close
-        self.closing[task] = close = asyncio.create_task(closing(), name=f"close {task.p}")
+        self.closing[task] = close = asyncio.create_task(
+            closing(), name=f"close {task.type_name} {task.p}"
+        )
         return close
 
     def _owning(self) -> None:
-        self._owned(len(self.running))
-        logger.info("owning partitions %s", sorted(self.running))
+        owned = self.owned
+        self._owned(len(owned))
+        logger.info("owning partitions %s", sorted(owned))
 
     # The task manager's side (`TaskManager`): what the tasks tell the node.
 
@@ -149,8 +174,8 @@ class PartitionTasks:
             self._all_running()
 
     def task_gone(self, task: PartitionTask) -> None:
-        if self.tasks.get(task.p) is task:
-            del self.tasks[task.p]
+        if self.tasks.get(task.key) is task:
+            del self.tasks[task.key]
 
     def fail(self, why: str) -> None:
         self._fail(why)

@@ -1,4 +1,4 @@
-"""A partition task's timer loop of one type (`PartitionTimerLoop`): the task's own rounds
+"""A partition task's timer loop (`PartitionTimerLoop`, of the task's type): its own rounds
 (`TimerRunner.partition_round`), so that no partition's timers wait on another's store
 calls, burst or commits. It wakes at its firing's next due time, when a send of it is
 answered (`PartitionFiring.answered`), when puts are offered to its wheel, or when the
@@ -28,6 +28,7 @@ from typing import Protocol
 from app.node.commits import Commits
 from app.node.cycles import PartitionCycles
 from app.node.kept import KeptType
+from app.node.task_id import TaskId
 from app.timers.runner import PartitionFiring, Round, RoundStats, TimerLoop, TimerRunner
 from app.timers.runner.slow_start import HELD_AT_MOST_MS
 
@@ -37,11 +38,11 @@ logger = logging.getLogger(__name__)
 
 
 class FiringTask(Protocol):
-    """The task running a partition, as its timer loops see it (`PartitionTask`)."""
+    """The task running a type's partition, as its timer loop sees it (`PartitionTask`)."""
 
     @property
-    def firings(self) -> Mapping[str, PartitionFiring]:
-        """Per type, its partition's firing (held from its start to its close)."""
+    def firing(self) -> PartitionFiring | None:
+        """Its partition's firing (held from its start to its close)."""
         ...
 
     def failed(self, what: str, exc: BaseException) -> None:
@@ -53,15 +54,15 @@ class FiringTask(Protocol):
 class TypeLoops:
     """What every timer loop of a type works with, the node's (`NodeTimerLoop`) and each
     partition's: the type's runner, its name (its `KeptType` found in `types` once kept),
-    the node's commits and cycles, `running` (the task running each partition), and what
-    is told each round's stats."""
+    the node's commits and cycles, `running` (the task running each type's partition), and
+    what is told each round's stats."""
 
     runner: TimerRunner
     type_name: str
     types: Mapping[str, KeptType]
     commits: Commits
     cycles: PartitionCycles
-    running: Mapping[int, object]
+    running: Mapping[TaskId, object]
     on_round: Callable[[RoundStats], None] | None = None
 
 
@@ -214,7 +215,7 @@ class PartitionTimerLoop(TimerLoop):
     async def _commit_claims(self, r: Round) -> None:
         """Commits the round's claims in p's transaction (its task's, only while it runs
         p): a fenced owner commits none, so it sends nothing."""
-        if self._running.get(self.p) is not self._owner:
+        if self._running.get(TaskId(self._type_name, self.p)) is not self._owner:
             logger.warning("partition %d: its task runs no more, claims not sent", self.p)
             return
         try:
@@ -228,5 +229,5 @@ class PartitionTimerLoop(TimerLoop):
         """Its task, when the store failed in its firing: closed dirty and revived, its
         local copy dropped and restored from its changelog; no other task is touched."""
         for firing, exc in r.failed.values():
-            if self._owner.firings.get(self._type_name) is firing:
+            if self._owner.firing is firing:
                 self._owner.failed(f"the timer store of {self._type_name}", exc)

@@ -1,12 +1,13 @@
-"""The node's one consumer loop, which its partition tasks share: each polled batch goes to
-the queue of the task running its partition (its input's, `PartitionInput`) while that
-task still runs the take it was fetched for, and the offsets of work done with nothing to
-write are committed.
+"""The node's one consumer loop, which its partition tasks share: each polled batch of a
+topic's partition goes to the queue of the task running that partition of the topic's
+type (its input's, `PartitionInput`) while that task still runs the take it was fetched
+for, and the offsets of work done with nothing to write are committed.
 
-A partition whose worker falls behind (its queue full: a slow cycle, a commit that hangs)
-holds up no other: as Kafka Streams does, the consumer is paused on it, and the batches
-that did not fit are kept, in order, and handed over before any later one of it once its
-queue has room; then it is resumed. What was kept is the take's (`PartitionInput.held`):
+A task whose worker falls behind (its queue full: a slow cycle, a commit that hangs)
+holds up no other, not even another type's task of its partition: as Kafka Streams does,
+the consumer is paused on its topics of the partition, and the batches that did not fit
+are kept, in order, and handed over before any later one of it once its queue has room;
+then they are resumed. What was kept is the take's (`PartitionInput.held`):
 a take that ends (a revoke, a failure, a retake, which rewinds it to its committed
 offsets) drops it with its input, and its pauses are the take's.
 """
@@ -22,6 +23,7 @@ from app.errors import KafkaUnavailable
 from app.kafka.ports import GroupMember
 from app.kafka.records import refused
 from app.node.partition_input import Batch, Held
+from app.node.task_id import TaskId
 
 __all__ = ["Batch", "poll_loop"]
 
@@ -33,7 +35,7 @@ HELD_POLL_MS = 50
 
 
 class Running(Protocol):
-    """A partition's task as the loop sees it (`PartitionTask`): its take's input."""
+    """A type's partition's task as the loop sees it (`PartitionTask`): its take's input."""
 
     @property
     def queue(self) -> asyncio.Queue[Batch]:
@@ -54,17 +56,18 @@ class DoneOffsets(Protocol):
 
 async def poll_loop(
     consumer: GroupMember,
-    running: Mapping[int, Running],
+    running: Mapping[TaskId, Running],
     commits: DoneOffsets,
     fail: Callable[[str], None],
+    type_of: Mapping[str, str],
 ) -> None:
-    """Hands each polled batch to the worker of the task running its partition, and
-    commits what they did; ends after `fail` when the consumer is refused (no retry
-    passes an ACL).
+    """Hands each polled batch to the worker of the task running its partition of its
+    topic's type (`type_of`: each topic read, its type's name), and commits what they did;
+    ends after `fail` when the consumer is refused (no retry passes an ACL).
 
-    Partitions are independent: each has a worker of its own, so one partition's slow
-    transaction does not hold up the others' commands, nor (paused on while its queue is
-    full) their records and offsets.
+    Tasks are independent: each has a worker of its own, so one task's slow transaction
+    does not hold up the others' commands, nor (paused on while its queue is full) their
+    records and offsets.
     """
     while True:
         try:
@@ -74,7 +77,8 @@ async def poll_loop(
                 # A take rewinds p (to its committed offsets) before it runs, and the
                 # consumer drops what it fetched of p before a seek: what comes back is
                 # the running take's. None running: revoked, read again by its next owner.
-                task = running.get(p)
+                key = TaskId(type_of.get(topic, ""), p)
+                task = running.get(key)
                 if task is None:
                     continue
                 held, queue = task.held, task.queue
@@ -82,7 +86,11 @@ async def poll_loop(
                     queue.put_nowait((topic, records))
                     continue
                 if not held.batches:
-                    held.paused = [(t, q) for t, q in consumer.assignment() if q == p]
+                    held.paused = [
+                        (t, q)
+                        for t, q in consumer.assignment()
+                        if q == p and type_of.get(t) == key.type_name
+                    ]
                 # Again on each batch kept: a new assignment (a lost membership that gave p
                 # back to its running task) forgets the pause, and p must not pile up here.
                 consumer.pause(held.paused)
@@ -98,9 +106,9 @@ async def poll_loop(
             await asyncio.sleep(1)
 
 
-def _hand_over(consumer: GroupMember, running: Mapping[int, Running]) -> bool:
+def _hand_over(consumer: GroupMember, running: Mapping[TaskId, Running]) -> bool:
     """Hands the running tasks' held batches over as their queues have room, in order; a
-    partition whose batches are all handed over is resumed. Whether any are still held.
+    task whose batches are all handed over is resumed on its topics. Whether any are still held.
     (Those of a take that ended went with its input: the next take rewinds to the
     committed offsets, and resumes the partition itself.)"""
     holding = False

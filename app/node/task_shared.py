@@ -1,4 +1,4 @@
-"""What a node's partition tasks share (`TaskShared`), each touching only its own
+"""What a node's partition tasks share (`TaskShared`), each touching only its own type's
 partition of it, and what a task tells the node (`TaskManager`, which `PartitionTasks`
 is)."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 from app.kafka import LogReader
@@ -16,6 +16,7 @@ from app.node.cycles import PartitionCycles
 from app.node.kept import KeptType
 from app.node.metrics import NodeMetrics
 from app.node.settings import Settings
+from app.node.task_id import TaskId
 from app.protocol.limits import InputLimits
 from app.timers.sender import ResultsReader
 
@@ -27,11 +28,14 @@ __all__ = ["TaskManager", "TaskShared"]
 
 @dataclass
 class TaskShared:
-    """What the node's tasks share; each touches only its own partition of it."""
+    """What the node's tasks share; each touches only its own type's partition of it."""
 
     settings: Settings
     limits: InputLimits
     types: Mapping[str, KeptType]
+    # Each topic the consumer reads: its type and its kind ("events", "commands",
+    # "timer-ops"); a task's topics are those of its type.
+    by_topic: Mapping[str, tuple[KeptType, str]]
     consumer: GroupMember
     reader: LogReader
     results: Mapping[str, ResultsReader]
@@ -40,12 +44,16 @@ class TaskShared:
     now: Callable[[], int]
     # The cluster's topics: a command into a missing one is refused (NO_TARGET).
     targets: TopicCatalog
-    # The task running each partition: the index every `owns` check reads (the commits,
-    # the cycles, the poll loop), kept by the tasks as they start and stop running.
-    running: dict[int, PartitionTask]
+    # The task running each type's partition: the index every `owns` check reads (the
+    # commits, the cycles, the poll loop), kept by the tasks as they start and stop running.
+    running: dict[TaskId, PartitionTask]
     # How long a task's whole close may take (`Settings.close_deadline_s`: well below the
     # group's rebalance timeout, which a revoke's closes are held to).
     close_deadline_s: float
+    # Per partition, the types whose task reads its results (opened it, not closed yet):
+    # the results readers read p while any does (each type's task of p adds it; the last
+    # to close removes it).
+    reading_results: dict[int, set[str]] = field(default_factory=dict)
 
 
 class TaskManager(Protocol):

@@ -49,7 +49,11 @@ async def test_a_stuck_partition_is_paused_and_the_other_flows_on_aiokafka(
     await producer.start()
     running = workers.start()
     tasks = [*workers.tasks]
-    tasks.append(asyncio.create_task(poll_loop(consumer, running, workers, failures.append)))
+    tasks.append(
+        asyncio.create_task(
+            poll_loop(consumer, running, workers, failures.append, workers.type_of([topic]))
+        )
+    )
 
     async def send(p: int, n: int) -> None:
         await producer.send_many([(topic, p, b"k", b"%d" % i) for i in range(n)])

@@ -8,6 +8,10 @@ from dataclasses import dataclass, field
 
 from app.node.partition_input import Held
 from app.node.polling import Batch
+from app.node.task_id import TaskId
+
+TYPE = "t"
+"""The one type the workers' topics are of."""
 
 
 @dataclass(eq=False)
@@ -39,17 +43,23 @@ class Worker:
 
 
 class Workers:
-    """The workers of partitions 0 and 1, running from `start`, and the offsets they did."""
+    """The workers of partitions 0 and 1 (of one type, `TYPE`), running from `start`, and
+    the offsets they did."""
 
     def __init__(self) -> None:
         self.done: dict[tuple[str, int], int] = {}
         self.of = {p: Worker(p, self.done) for p in (0, 1)}
         self.tasks: list[asyncio.Task[None]] = []
 
-    def start(self) -> dict[int, Task]:
+    def start(self) -> dict[TaskId, Task]:
         """Starts the workers; the running tasks the loop reads, one a partition."""
         self.tasks = [asyncio.create_task(w.run()) for w in self.of.values()]
-        return {p: Task(w.queue) for p, w in self.of.items()}
+        return {TaskId(TYPE, p): Task(w.queue) for p, w in self.of.items()}
+
+    @staticmethod
+    def type_of(topics: list[str]) -> dict[str, str]:
+        """The loop's map of the topics read to their type: all of `TYPE`."""
+        return dict.fromkeys(topics, TYPE)
 
     def take_offsets(self) -> dict[tuple[str, int], int]:
         done = dict(self.done)

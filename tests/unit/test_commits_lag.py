@@ -8,6 +8,7 @@ from typing import Any, cast
 from app.node.commits import Commits, PartitionCommits
 from app.node.kept import KeptType
 from app.node.partition_transaction import PartitionTransaction
+from app.node.task_id import TaskId
 
 
 class HangingTransaction:
@@ -48,9 +49,10 @@ class Kept:
 async def test_a_hanging_commit_is_lag_until_it_ends() -> None:
     failures: list[Any] = []
     hanging = HangingTransaction()
-    transactions = {Kept.name: cast(PartitionTransaction, Transactions(hanging))}
-    own = PartitionCommits(0, lambda *a: failures.append(a), transactions)
-    commits = Commits(10, {0: Running(own)})
+    transaction = cast(PartitionTransaction, Transactions(hanging))
+    key = TaskId(Kept.name, 0)
+    own = PartitionCommits(key, lambda *a: failures.append(a), lambda: transaction)
+    commits = Commits(10, {key: Running(own)})
     assert commits.lag() == 0.0
     kept = cast(KeptType, Kept())
     task = commits.start(kept, 0)
@@ -93,13 +95,14 @@ async def test_claims_after_a_commit_that_ended_in_this_loop_iteration_do_not_sp
     (its group heartbeats too) stood still (seen on a three-broker cluster as a leader
     moved)."""
     queue = Queue(2)
-    own = PartitionCommits(0, lambda *a: None, {Kept.name: cast(PartitionTransaction, queue)})
-    commits = Commits(10, {0: Running(own)})
+    key = TaskId(Kept.name, 0)
+    own = PartitionCommits(key, lambda *a: None, lambda: cast(PartitionTransaction, queue))
+    commits = Commits(10, {key: Running(own)})
     kept = cast(KeptType, Kept())
     first = commits.start(kept, 0)
     assert first is not None
     await asyncio.sleep(0)  # the commit's step ran before this one: done, not yet forgotten
-    assert first.done() and kept.name in own._in_flight  # the window
+    assert first.done() and own._in_flight is first  # the window
 
     calls = 0
     start = commits.start

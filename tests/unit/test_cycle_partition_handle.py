@@ -21,6 +21,7 @@ from pydantic import BaseModel
 from app.errors import KafkaUnavailable, node_fault
 from app.kafka.memory import MemoryLog
 from app.model.aggregate import AggregateType, Command, Decision
+from app.node.task_id import TaskId
 from app.node.task_state import TaskState
 from app.protocol.topics import AggregateTopics
 from app.protocol.wire import CommandEnvelope, encode
@@ -35,6 +36,11 @@ from tables.store import ChangelogRecord
 
 PARTITIONS = 2
 TOPICS = AggregateTopics("h19", "clock")
+
+
+def task_of(p: int) -> TaskId:
+    """The task of p of the type these tests run (one task per type and partition)."""
+    return TaskId(TOPICS.type_name, p)
 
 
 class Clock(BaseModel):
@@ -148,16 +154,16 @@ async def test_a_partition_taken_again_is_written_through_its_new_takes_handle(
     log = node.node.clients
     assert isinstance(log, MemoryLog)
     p = 1
-    task = node.node._tasks[p]
-    old = task.stores[TOPICS.type_name]
-    assert old.partition == p and old.serving
+    task = node.node._tasks[task_of(p)]
+    old = task.store
+    assert old is not None and old.partition == p and old.serving
     task.failed("a test", KafkaUnavailable("the coordinator is away"))
     await wait_until(
         lambda: task.state is TaskState.RUNNING and task.takes == 2,
         what=lambda: f"partition {p} never ran again: {task}",
     )
-    new = task.stores[TOPICS.type_name]
-    assert new is not old and new.serving
+    new = task.store
+    assert new is not None and new is not old and new.serving
     assert not old.serving, "the first take's handle is refused once p was let go"
     await command(log, owner_in(p), "Set", key="k", at=FAR)
     await wait_until(lambda: rows(log, p) == 1, what=lambda: f"{task.broken}")
@@ -212,9 +218,10 @@ async def test_a_tasks_timers_fire_through_its_own_takes_handle(
 
         monkeypatch.setattr(store, name, counted)
     p = 1
-    task = node.node._tasks[p]
-    firing = task.firings[TOPICS.type_name]
-    handle = task.stores[TOPICS.type_name]
+    task = node.node._tasks[task_of(p)]
+    firing = task.firing
+    handle = task.store
+    assert handle is not None and firing is not None
     assert isinstance(firing.store, PartitionStore) and firing.store._handle is handle
     owner = AggregateRef(context="h19", aggregate="clock", id=owner_in(p))
     await command(log, owner.id, "Set", key="k", at=int(time.time() * 1000))
@@ -230,9 +237,9 @@ async def test_a_tasks_timers_fire_through_its_own_takes_handle(
         lambda: task.state is TaskState.RUNNING and task.takes == 2,
         what=lambda: f"partition {p} never ran again: {task}",
     )
-    again = task.firings[TOPICS.type_name]
-    assert again is not firing and isinstance(again.store, PartitionStore)
-    assert again.store._handle is task.stores[TOPICS.type_name] is not handle
+    again = task.firing
+    assert again is not None and again is not firing and isinstance(again.store, PartitionStore)
+    assert again.store._handle is task.store is not handle
 
 
 async def test_a_partitions_rows_go_to_its_takes_transaction_directly(
@@ -253,7 +260,7 @@ async def test_a_partitions_rows_go_to_its_takes_transaction_directly(
 
     monkeypatch.setattr(type(kept.transactions), "__call__", routing)
     p = 1
-    task = node.node._tasks[p]
+    task = node.node._tasks[task_of(p)]
     await command(log, owner_in(p), "Set", key="k", at=FAR)
     await wait_until(lambda: rows(log, p) == 1, what=lambda: f"{task.broken}")
     task.failed("a test", KafkaUnavailable("the coordinator is away"))

@@ -16,8 +16,10 @@ from app.kafka import Record
 from app.node.commits import Commits
 from app.node.cycle_work import CYCLE_RECORDS, behind_of, cycle_slices
 from app.node.cycles import PartitionCycles
+from app.node.kept import KeptType
 from app.node.metrics import NodeMetrics
 from app.node.partition_input import LOCAL, Batch, PartitionInput
+from app.node.task_id import TaskId
 
 
 def batch(topic: str, first: int, n: int) -> Batch:
@@ -77,7 +79,7 @@ class _Task:
 
 
 class _Commits:
-    async def room(self, types: object, p: int) -> None:
+    async def room(self, kept: object, p: int) -> None:
         return None
 
 
@@ -86,9 +88,10 @@ async def test_a_backlog_is_decided_in_bounded_cycles_with_the_loop_let_run_betw
     and another task (another partition's timer round) runs between two of them: without
     the slices, one cycle of 1,000 records held the loop throughout."""
     task = _Task()
-    running: Mapping[int, Any] = {0: task}
+    key = TaskId("a", 0)
+    running: Mapping[TaskId, Any] = {key: task}
     cycles = PartitionCycles(
-        types={},
+        types={"a": cast(KeptType, None)},  # its commits' `room` is all a worker asks of it
         by_topic={},
         partitions=1,
         metrics=cast(NodeMetrics, None),
@@ -101,7 +104,7 @@ async def test_a_backlog_is_decided_in_bounded_cycles_with_the_loop_let_run_betw
     waits: list[int] = []  # the records behind each cycle, counted in its commands' backlog
     done = asyncio.Event()
 
-    async def cycle(p: int, items: list[Batch]) -> bool:
+    async def cycle(key: TaskId, items: list[Batch]) -> bool:
         firing = " firing" if inp.take_local() else ""
         waits.append(inp.behind.get("a.events", 0))
         seen.append(f"cycle of {sum(len(rs) for _, rs in items)}{firing}")
@@ -110,12 +113,12 @@ async def test_a_backlog_is_decided_in_bounded_cycles_with_the_loop_let_run_betw
         return True
 
     cycles._cycle = cycle  # type: ignore[method-assign]
-    inp = PartitionInput(0, cycles, task.failed, {})
+    inp = PartitionInput(key, cycles, task.failed, lambda: None)
     task.input = inp
     try:
         for first in (0, 400, 800):
             inp.queue.put_nowait(batch("a.events", first, 200 if first == 800 else 400))
-        inp.local.add("a")  # timers handed over to fire (as `InProcess.fire` hands them)
+        inp.local = True  # timers handed over to fire (as `InProcess.fire` hands them)
         inp.queue.put_nowait(LOCAL)
 
         async def other_round() -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable
 from typing import Any, cast
 
 import pytest
@@ -18,6 +18,7 @@ from app.node import partition_timers
 from app.node.commits import Commits
 from app.node.cycles import PartitionCycles
 from app.node.partition_timers import PartitionTimerLoop, TypeLoops
+from app.node.task_id import TaskId
 from app.timers.runner import PartitionFiring, Round, RoundStats, TimerOptions, TimerRunner
 from app.timers.runner.slow_start import HELD_AT_MOST_MS
 from app.timers.runner.wheel import Wheel
@@ -95,8 +96,8 @@ class Cycles:
 
 
 class Task:
-    def __init__(self, firings: Mapping[str, PartitionFiring]) -> None:
-        self.firings = firings
+    def __init__(self, firing: PartitionFiring) -> None:
+        self.firing = firing
 
     def failed(self, what: str, exc: BaseException) -> None:
         raise AssertionError(f"{what}: {exc}")
@@ -106,14 +107,14 @@ def gated() -> tuple[BurstRunner, FakeCommits, Cycles, dict[int, PartitionTimerL
     """The timer loops of partitions 0 and 1 over a burst runner, their commits and cycles."""
     firings = {p: firing_of(p) for p in (0, 1)}
     runner, commits, cycles = BurstRunner(firings), FakeCommits(), Cycles()
-    tasks = {p: Task({"order": f}) for p, f in firings.items()}
+    tasks = {p: Task(f) for p, f in firings.items()}
     shared = TypeLoops(
         cast(TimerRunner, runner),
         type_name="order",
         types=cast(Any, {"order": object()}),
         commits=cast(Commits, commits),
         cycles=cast(PartitionCycles, cycles),
-        running=tasks,
+        running={TaskId("order", p): task for p, task in tasks.items()},
     )
     loops = {p: PartitionTimerLoop(shared, firing, tasks[p]) for p, firing in firings.items()}
     return runner, commits, cycles, loops

@@ -27,6 +27,7 @@ from test_node_lifecycle import (
 )
 
 from app.kafka.memory import MemoryLog
+from app.node.task_id import TaskId
 from app.protocol.wire import CommandEnvelope, decode
 from tables import Timer, TimerStatus
 from tables.partitioner import partition_of
@@ -102,12 +103,13 @@ async def test_an_in_process_timer_cancelled_in_the_same_cycle_is_not_fired(
     await wait_until(lambda: [t.key for t in timer_rows(log, COUNTER)] == ["k"])
     cycles = node.node.cycles
     cycle = cycles._cycle
-    inp = node.node.tasks.running[p].input
+    key = TaskId(COUNTER.type_name, p)
+    inp = node.node.tasks.running[key].input
     assert inp is not None
     together: list[bool] = []
 
-    async def late(q: int, items: list[tuple[str, list[Any]]]) -> bool:
-        if q == p and any(topic == TOPICS[COUNTER.name].commands for topic, _ in items):
+    async def late(q: TaskId, items: list[tuple[str, list[Any]]]) -> bool:
+        if q == key and any(topic == TOPICS[COUNTER.name].commands for topic, _ in items):
             # The cancel is in this cycle: it runs once the timer is claimed to fire here.
             await wait_until(lambda: bool(inp.local))
             together.append(True)
@@ -128,4 +130,4 @@ async def test_an_in_process_timer_cancelled_in_the_same_cycle_is_not_fired(
     assert events(log, COUNTER, "wow.ScheduleCancelled")
     assert events(log, COUNTER, "Fired") == [], "fired in the cycle that decided its cancel"
     # Dropped before it was decided: not a failed cycle (its settle refused) and a retake.
-    assert node.node.tasks.running[p].takes == 1 and inp.failed_at == {}
+    assert node.node.tasks.running[key].takes == 1 and inp.failed_at == {}

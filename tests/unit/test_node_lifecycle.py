@@ -20,6 +20,7 @@ from app.errors import KafkaUnavailable, NodeFailed
 from app.kafka.memory import MemoryLog
 from app.kafka.memory_group import MemoryGroupMember
 from app.model.aggregate import AggregateType, Command, Decision, Event
+from app.node.task_id import TaskId
 from app.protocol.topics import AggregateTopics
 from app.protocol.wire import CommandEnvelope, EventEnvelope, decode, encode
 from app.service import Service
@@ -238,10 +239,13 @@ async def test_a_timer_does_not_fire_after_its_cancel_was_decided(
 async def test_a_hand_off_in_the_middle_of_a_cycle_commits_none_of_it(
     log: MemoryLog, nodes: list[RunningNode], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Two types' timers of the same partition fire in one cycle; the first type's outcome
-    is written (its row FIRED, buffered for the transaction) and the partition is handed
-    off while the second type's is being decided. Nothing of the cycle may commit: a FIRED
-    row whose Fired event was never written is a timer lost."""
+    """Each type's timer of the same partition fires in its task's cycle; each outcome is
+    written (its row FIRED, buffered for the transaction) and the partition is handed off
+    while the cycles are still deciding (their Fired events not staged yet). Nothing of
+    either cycle may commit: a FIRED row whose Fired event was never written is a timer
+    lost. (One cycle held both types' work before a task per type and partition: the
+    second type's was cut short after the first's settle; now each type's cycle is cut
+    short after its own.)"""
     node = await start(nodes, log, tmp_path, "a")
     await wait_until(node.runs)
     p = partition_of("o1", PARTITIONS)
@@ -252,21 +256,16 @@ async def test_a_hand_off_in_the_middle_of_a_cycle_commits_none_of_it(
     calls = 0
     for agg in (COUNTER, GAUGE):
         runner = node.node.types[agg.type_name].runner
-        still_due = runner.still_due
+        record_outcomes = runner.record_outcomes
 
-        async def stalling(claimed: Any, still_due: Any = still_due) -> list[Timer]:
+        async def stalling(results: Any, record_outcomes: Any = record_outcomes) -> Any:
             nonlocal calls
+            stats = await record_outcomes(results)  # the settle written, in the transaction
             calls += 1
-            if calls == 2:
-                await asyncio.Event().wait()  # the second type's: until cut short
-            result: list[Timer] = await still_due(claimed)
-            return result
+            await asyncio.Event().wait()  # the cycle goes no further: until cut short
+            return stats
 
-        monkeypatch.setattr(runner, "still_due", stalling)
-    inp = node.node.tasks.running[p].input
-    assert inp is not None
-    async with inp.lock:  # both types' timers handed over before the cycle runs
-        await wait_until(lambda: len(inp.local) == 2)
+        monkeypatch.setattr(runner, "record_outcomes", stalling)
     await wait_until(lambda: calls == 2)
     await start(nodes, log, tmp_path, "b")  # the hand-off
     await wait_until(
@@ -406,7 +405,7 @@ async def test_staging_waits_for_a_commit_in_flight_beyond_its_bound(
     kept = node.node.types[COUNTER.type_name]
     member = log.groups["g"].members[0]
     commands = (TOPICS[COUNTER.name].commands, p)
-    queue = node.node.tasks.running[p].queue
+    queue = node.node.tasks.running[TaskId(COUNTER.type_name, p)].queue
     most = 0
     for owner in owners:
         await command(log, COUNTER, owner, "Schedule", at=now_ms() + 3_600_000)

@@ -18,6 +18,7 @@ from pydantic import BaseModel
 from app.errors import BadRecord
 from app.kafka.memory import MemoryLog
 from app.model.aggregate import AggregateType, Command, Decision, Event
+from app.node.task_id import TaskId
 from app.protocol.dead_letters import DeadLetter
 from app.protocol.topics import AggregateTopics, ContextTopics
 from app.protocol.wire import CommandEnvelope, CommandResult, EventEnvelope, decode, encode
@@ -27,6 +28,11 @@ from tables.partitioner import partition_of
 
 PARTITIONS = 2
 TOPICS = AggregateTopics("mem", "counter")
+
+
+def task_of(p: int) -> TaskId:
+    """The task of p of the type these tests run (one task per type and partition)."""
+    return TaskId(TOPICS.type_name, p)
 
 
 class Counter(BaseModel):
@@ -172,7 +178,7 @@ async def test_a_partition_the_group_gives_but_nobody_works_on_is_not_ready(
     partition the group gave this node is neither worked on nor being taken."""
     node = await start(nodes, log, tmp_path, "a")
     await wait_until(node.runs)
-    del node.node._owned[1]  # as if its work had ended with no retake under way
+    del node.node._owned[task_of(1)]  # as if its work had ended with no retake under way
     health = node.node.health()
     assert not health["ready"]
     assert health["stalled"] == {"1": "assigned by the group, not taken"}

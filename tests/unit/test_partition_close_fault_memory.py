@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from fakes import RunningNode, wait_until
-from test_node_memory import PARTITIONS, SERVICE, TOPICS
+from test_node_memory import PARTITIONS, SERVICE, TOPICS, task_of
 
 from app.kafka.memory import MemoryLog
 from app.timers.runner import RoundStats, TimerRunner
@@ -32,7 +32,8 @@ async def test_a_clean_close_of_a_firing_the_store_failed_in_is_not_marked_clean
 ) -> None:
     await wait_until(node.runs)
     kept = node.node.types[TOPICS.type_name]
-    firing = node.node._tasks[0].firings[TOPICS.type_name]
+    firing = node.node._tasks[task_of(0)].firing
+    assert firing is not None
     stop = TimerRunner.stop_partition
 
     async def stop_meeting_a_corrupt_row(runner: TimerRunner, p: int) -> RoundStats:

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 from fakes import RunningNode, wait_until
-from test_node_memory import PARTITIONS, SERVICE, TOPICS
+from test_node_memory import PARTITIONS, SERVICE, TOPICS, task_of
 
 from app.errors import NodeFailed
 from app.kafka.consumers import rebalance_timeout_ms
@@ -76,7 +76,7 @@ async def test_a_close_whose_commit_and_producer_stop_hang_ends_at_its_one_deadl
 
     log.before_commit = never
     monkeypatch.setattr(MemoryWriter, "stop", stop_hanging)
-    task = node.node._tasks[0]
+    task = node.node._tasks[task_of(0)]
     try:
         kept.transactions.of(0).stage([(TOPICS.events, 0, b"hung", b"never committed")], {})
         await wait_until(hung.is_set)
@@ -165,8 +165,8 @@ async def test_a_revoke_during_a_retakes_dirty_close_leaves_no_producer_half_sto
         stopped.append(w)
 
     monkeypatch.setattr(MemoryWriter, "stop", slow_stop)
-    task = node.node._tasks[1]
-    node.node.tasks.running[1].failed("a cycle", StoreError("the disk is gone"))
+    task = node.node._tasks[task_of(1)]
+    node.node.tasks.running[task_of(1)].failed("a cycle", StoreError("the disk is gone"))
     await wait_until(stopping.is_set)  # the retake's dirty close, stopping the producer
     assert task.taking
     revoking = asyncio.create_task(node.node._revoked({(TOPICS.events, 1)}))
@@ -185,7 +185,7 @@ async def test_a_new_task_behind_a_close_that_crashed_never_takes_the_partition(
     be half open, the node fails). The new task never opens p's transactional id."""
     await wait_until(node.runs)
     kept = node.node.types[TOPICS.type_name]
-    first = node.node._tasks[0]
+    first = node.node._tasks[task_of(0)]
     releasing, crash = asyncio.Event(), asyncio.Event()
 
     async def crashing(*, clean: bool) -> None:
@@ -206,7 +206,7 @@ async def test_a_new_task_behind_a_close_that_crashed_never_takes_the_partition(
     await wait_until(releasing.is_set)
     assert node.node._consumer is not None
     await node.node._assigned(node.node._consumer.assignment())
-    second = node.node._tasks[0]
+    second = node.node._tasks[task_of(0)]
     assert second is not first and second.taking
     crash.set()
     await revoking
@@ -245,15 +245,15 @@ async def test_a_close_that_fails_partway_lets_everything_go_and_is_not_clean(
 
     monkeypatch.setattr(MemoryWriter, "stop", stop_noted)
     if where == "settle":
-        monkeypatch.setattr(node.node._tasks[0].commits, "settle", failing)
+        monkeypatch.setattr(node.node._tasks[task_of(0)].commits, "settle", failing)
     else:
         monkeypatch.setattr(kept.runner, "stop_partition", failing)
-    first = node.node._tasks[0]
-    assert kept.states is not None and first.processors
+    first = node.node._tasks[task_of(0)]
+    assert kept.states is not None and first.processor is not None
     await asyncio.wait_for(node.node._revoked({(TOPICS.events, 0)}), 5)
     assert writer in stopped, "the producer of a close that failed never stopped"
     assert not kept.transactions.owns(0) and 0 not in kept.store.assigned
-    assert not first.processors
+    assert first.processor is None
     assert not kept.marks._path(0).exists(), "a close that failed marked the copy clean"
     assert node.node._failure is not None and "closing partition 0" in str(node.node._failure)
     assert node.task is not None
@@ -359,8 +359,8 @@ async def test_a_retakes_close_that_fails_stops_the_producer_and_never_reopens_i
     monkeypatch.setattr(MemoryWriter, "stop", stop_noted)
     monkeypatch.setattr(kept.runner, "stop_partition", failing)
     monkeypatch.setattr(kept.transactions, "open", opening)
-    task = node.node._tasks[1]
-    node.node.tasks.running[1].failed("a cycle", StoreError("the disk is gone"))
+    task = node.node._tasks[task_of(1)]
+    node.node.tasks.running[task_of(1)].failed("a cycle", StoreError("the disk is gone"))
     await wait_until(lambda: not task.taking)
     assert writer in stopped and not kept.transactions.owns(1)
     assert opened == [], "p's transactional id opened again behind a close that failed"

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 from fakes import RunningNode, wait_until
-from test_node_memory import PARTITIONS, SERVICE, TOPICS, events, schedule
+from test_node_memory import PARTITIONS, SERVICE, TOPICS, events, schedule, task_of
 
 from app.kafka.memory import MemoryLog
 from app.node.partition_task import PartitionTask
@@ -39,7 +39,7 @@ async def test_a_corrupt_row_fails_only_its_partition_which_is_restored_from_its
     log = node.node.clients
     assert isinstance(log, MemoryLog)
     await wait_until(node.runs)
-    tasks = dict(node.node._tasks)
+    tasks = {key.p: task for key, task in node.node._tasks.items()}  # one type: by p
     bad, good = 0, 1
     moves: list[tuple[int, TaskState]] = []
     failures: list[tuple[int, BaseException]] = []
@@ -62,7 +62,8 @@ async def test_a_corrupt_row_fails_only_its_partition_which_is_restored_from_its
     monkeypatch.setattr(PartitionTask, "failed", failing)
     monkeypatch.setattr("app.node.partition_open.restore_partition", restoring)
     kept = node.node.types[TOPICS.type_name]
-    firing = tasks[bad].firings[TOPICS.type_name]
+    firing = tasks[bad].firing
+    assert firing is not None
     # Due together, beyond the wheels' horizon: loaded (the bad one as the corrupt bytes
     # below) and taken in the same round.
     at = int(time.time() * 1000) + 1_500
@@ -87,7 +88,7 @@ async def test_a_corrupt_row_fails_only_its_partition_which_is_restored_from_its
     await schedule(log, other, int(time.time() * 1000) + 200)
     await wait_until(lambda: [e.aggregate.id for e in events(log, "Fired")].count(other) == 2)
     assert [p for p, _ in moves if p == good] == [] and [p for p, _ in failures] == [bad]
-    assert node.node._tasks[good] is tasks[good] and tasks[good].takes == 1
+    assert node.node._tasks[task_of(good)] is tasks[good] and tasks[good].takes == 1
     exc = failures[0][1]
     assert isinstance(exc, StoreError) and exc.partition == bad, exc
     assert f"partition {bad}" in str(exc)
@@ -106,6 +107,6 @@ async def test_a_corrupt_row_fails_only_its_partition_which_is_restored_from_its
     assert [e.aggregate.id for e in events(log, "Fired")].count(mine) == 1
     # Its failed firing was stopped and dropped with its close; it runs a fresh one.
     assert firing.fault is exc and firing.stopped
-    assert tasks[bad].firings[TOPICS.type_name] is not firing
-    assert kept.runner.start_partition(bad) is tasks[bad].firings[TOPICS.type_name]
+    assert tasks[bad].firing is not firing
+    assert kept.runner.start_partition(bad) is tasks[bad].firing
     await wait_until(node.runs)

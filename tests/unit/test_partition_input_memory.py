@@ -14,12 +14,13 @@ from typing import cast
 
 import pytest
 from fakes import RunningNode, wait_until
-from test_node_memory import PARTITIONS, SERVICE, TOPICS
+from test_node_memory import PARTITIONS, SERVICE, TOPICS, task_of
 
 from app.errors import KafkaUnavailable
 from app.kafka.memory import MemoryLog
 from app.node.cycles import PartitionCycles
 from app.node.partition_input import LOCAL, PartitionInput
+from app.node.task_id import TaskId
 from app.node.task_state import TaskState
 from app.timers.runner import RoundStats
 from tables import StoreError
@@ -33,8 +34,9 @@ async def node(tmp_path: Path) -> AsyncIterator[RunningNode]:
 
 
 def workers(p: int) -> list[asyncio.Task[object]]:
-    """The workers of partition p still alive (each named for its partition)."""
-    return [t for t in asyncio.all_tasks() if t.get_name() == f"partition {p}" and not t.done()]
+    """The workers of partition p still alive (each named for its partition and type)."""
+    name = f"partition {p} of {TOPICS.type_name}"
+    return [t for t in asyncio.all_tasks() if t.get_name() == name and not t.done()]
 
 
 def late_wake_ups(node: RunningNode, monkeypatch: pytest.MonkeyPatch) -> list[int]:
@@ -56,7 +58,7 @@ async def test_a_revoked_task_leaves_no_worker_or_queue_behind(
     node: RunningNode, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     await wait_until(node.runs)
-    task = node.node.tasks.running[1]
+    task = node.node.tasks.running[task_of(1)]
     inp = task.input
     assert isinstance(inp, PartitionInput) and inp.running and len(workers(1)) == 1
     woken = late_wake_ups(node, monkeypatch)
@@ -66,9 +68,9 @@ async def test_a_revoked_task_leaves_no_worker_or_queue_behind(
     await asyncio.sleep(0)
     assert workers(1) == [], "a worker of a partition the node no longer runs"
     assert task.input is None and not inp.running
-    assert inp.queue.empty() and not inp.held.batches and inp.local == set()
+    assert inp.queue.empty() and not inp.held.batches and not inp.local
     # The other partition's task and worker are untouched.
-    assert len(workers(0)) == 1 and node.node.tasks.running[0].state is TaskState.RUNNING
+    assert len(workers(0)) == 1 and node.node.tasks.running[task_of(0)].state is TaskState.RUNNING
 
 
 async def test_a_retake_starts_with_a_fresh_input(
@@ -77,18 +79,18 @@ async def test_a_retake_starts_with_a_fresh_input(
     """A failure closes the task dirty and takes it afresh: the new take's input is a new
     one, empty (no batch, no wake-up of the previous take's); the old one's worker ended."""
     await wait_until(node.runs)
-    task = node.node.tasks.running[1]
+    task = node.node.tasks.running[task_of(1)]
     old = task.input
     assert old is not None
     woken = late_wake_ups(node, monkeypatch)
-    node.node.tasks.running[1].failed("a cycle", StoreError("the disk is gone"))
-    assert task.state is TaskState.SUSPENDED and 1 not in node.node.tasks.running
+    node.node.tasks.running[task_of(1)].failed("a cycle", StoreError("the disk is gone"))
+    assert task.state is TaskState.SUSPENDED and task_of(1) not in node.node.tasks.running
     await wait_until(lambda: task.state is TaskState.RUNNING and task.takes == 2)
     assert woken == [1]
     new = task.input
     assert new is not None and new is not old and not old.running
     assert new.queue is not old.queue and new.held is not old.held and new.lock is not old.lock
-    assert new.local == set() and new.failed_at == {}
+    assert not new.local and new.failed_at == {}
     assert workers(1) and len(workers(1)) == 1
 
 
@@ -117,15 +119,18 @@ async def test_every_stop_waits_for_the_worker_and_says_it_was_cut_short() -> No
     cycles = Cutting()
     failures: list[str] = []
     inp = PartitionInput(
-        0, cast(PartitionCycles, cycles), lambda what, _: failures.append(what), {}
+        TaskId("a.type", 0),
+        cast(PartitionCycles, cycles),
+        lambda what, _: failures.append(what),
+        lambda: None,
     )
     await cycles.in_cycle.wait()
     inp.queue.put_nowait(("t", []))
     first, second = await asyncio.gather(inp.stop(), inp.stop())
     assert first and second and cycles.thrown_away
     assert not inp.running and inp.queue.empty() and failures == []
-    inp.fire_local("a.type")  # stopped: nothing queued any more
-    assert inp.queue.empty() and inp.local == set()
+    inp.fire_local()  # stopped: nothing queued any more
+    assert inp.queue.empty() and not inp.local
 
 
 async def test_claims_a_cut_cycle_threw_away_do_not_count_as_committed(
@@ -137,25 +142,26 @@ async def test_claims_a_cut_cycle_threw_away_do_not_count_as_committed(
     committed); `commit_claims` raises, and the round sends none of them."""
     await wait_until(node.runs)
     n = node.node
-    task = n.tasks.running[1]
+    task = n.tasks.running[task_of(1)]
     inp = task.input
     assert inp is not None
     kept = n.types[TOPICS.type_name]
     never = asyncio.Event()
 
-    async def slow_cycle(p: int, items: object) -> bool:
+    async def slow_cycle(key: TaskId, items: object) -> bool:
         await never.wait()  # a cycle in progress: it holds p's lock
         return True
 
     monkeypatch.setattr(n.cycles, "_cycle", slow_cycle)
     inp.queue.put_nowait(LOCAL)
     await wait_until(lambda: inp.lock.locked())
-    task.transactions[kept.name].add(b"claim-row", b"claimed")  # the round's claim row
+    assert task.transaction is not None
+    task.transaction.add(b"claim-row", b"claimed")  # the round's claim row
     claims = asyncio.create_task(n.commits.commit_claims(kept, {1}))
     for _ in range(3):
         await asyncio.sleep(0)
     assert not claims.done(), "it waits for p's lock"
-    await n.tasks.revoke({1})
+    await n.tasks.revoke({task_of(1)})
     (result,) = await asyncio.gather(claims, return_exceptions=True)
     assert inp.cut, "the cycle was cut short"
     assert isinstance(result, KafkaUnavailable), result

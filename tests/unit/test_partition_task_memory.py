@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from fakes import T0, FakeClock, RunningNode, running, wait_until
-from test_node_memory import PARTITIONS, SERVICE, TOPICS, events, schedule, timer_rows
+from test_node_memory import PARTITIONS, SERVICE, TOPICS, events, schedule, task_of, timer_rows
 
 from app.commands.processor import CommandProcessor
 from app.errors import KafkaUnavailable
@@ -46,7 +46,7 @@ async def test_a_fault_in_one_task_closes_and_revives_it_alone_while_another_fir
     log = node.node.clients
     assert isinstance(log, MemoryLog)
     await wait_until(node.runs)
-    tasks = dict(node.node._tasks)
+    tasks = {key.p: task for key, task in node.node._tasks.items()}  # one type: by p
     assert sorted(tasks) == list(range(PARTITIONS))
     assert all(t.state is TaskState.RUNNING and t.takes == 1 for t in tasks.values())
     bad, good = 0, 1
@@ -85,7 +85,7 @@ async def test_a_fault_in_one_task_closes_and_revives_it_alone_while_another_fir
     await wait_until(lambda: [e.aggregate.id for e in events(log, "Fired")] == [owner_in(good)])
     assert tasks[bad].state is not TaskState.RUNNING
     assert [p for p, _ in moves if p == good] == []
-    assert node.node._tasks[good] is tasks[good]
+    assert node.node._tasks[task_of(good)] is tasks[good]
     assert tasks[good].state is TaskState.RUNNING and tasks[good].takes == 1
     # Closed dirty, then revived: the same task, taken afresh.
     mine = [s for p, s in moves if p == bad]
@@ -97,7 +97,7 @@ async def test_a_fault_in_one_task_closes_and_revives_it_alone_while_another_fir
     ]
     faulty = False
     await wait_until(node.runs, within=15)
-    assert node.node._tasks[bad] is tasks[bad]
+    assert node.node._tasks[task_of(bad)] is tasks[bad]
     assert tasks[bad].state is TaskState.RUNNING and tasks[bad].takes == 2
     assert [s for p, s in moves if p == bad][-1] is TaskState.RUNNING
     # Taken afresh from the committed log, its own timer fires too, once.
@@ -113,16 +113,16 @@ async def test_a_revoked_task_is_closed_clean_and_forgotten(node: RunningNode) -
     """A revoke closes the task (committing what its transactions hold) and the node keeps
     no task of the partition; the group giving it back creates a new task."""
     await wait_until(node.runs)
-    before = node.node._tasks[1]
+    before = node.node._tasks[task_of(1)]
     await node.node._revoked({(TOPICS.events, 1)})
     assert before.state is TaskState.CLOSED
-    assert 1 not in node.node._tasks and node.node.owned == {0}
+    assert task_of(1) not in node.node._tasks and node.node.owned == {0}
     kept = node.node.types[TOPICS.type_name]
     assert not kept.transactions.owns(1) and 1 not in kept.store.assigned
     assert node.node._consumer is not None
     await node.node._assigned(node.node._consumer.assignment())
     await wait_until(lambda: node.node.owned == {0, 1})
-    assert node.node._tasks[1] is not before and node.node._tasks[1].takes == 1
+    assert node.node._tasks[task_of(1)] is not before and node.node._tasks[task_of(1)].takes == 1
 
 
 async def test_a_task_holds_its_partitions_firing_from_its_run_to_its_close(
@@ -133,17 +133,22 @@ async def test_a_task_holds_its_partitions_firing_from_its_run_to_its_close(
     new one."""
     await wait_until(node.runs)
     kept = node.node.types[TOPICS.type_name]
-    task = node.node._tasks[1]
-    firing = task.firings[TOPICS.type_name]
-    assert firing.partition == 1 and firing.live
+    task = node.node._tasks[task_of(1)]
+    firing = task.firing
+    assert firing is not None and firing.partition == 1 and firing.live
     assert kept.runner.start_partition(1) is firing, "the runner's is the task's"
     await node.node._revoked({(TOPICS.events, 1)})
-    assert task.firings == {} and firing.stopped and kept.runner.partitions == {0}
+    assert task.firing is None and firing.stopped and kept.runner.partitions == {0}
     assert node.node._consumer is not None
     await node.node._assigned(node.node._consumer.assignment())
     await wait_until(lambda: node.node.owned == {0, 1})
-    again = node.node._tasks[1].firings[TOPICS.type_name]
-    assert again is not firing and again.live and kept.runner.start_partition(1) is again
+    again = node.node._tasks[task_of(1)].firing
+    assert (
+        again is not None
+        and again is not firing
+        and again.live
+        and kept.runner.start_partition(1) is again
+    )
 
 
 async def test_a_revoke_whose_commit_hangs_holds_up_no_other_partition(node: RunningNode) -> None:
@@ -164,7 +169,10 @@ async def test_a_revoke_whose_commit_hangs_holds_up_no_other_partition(node: Run
             await release.wait()
 
     log.before_commit = hanging
-    first, second = node.node._tasks[0], node.node._tasks[1]
+    first, second = (
+        node.node._tasks[task_of(0)],
+        node.node._tasks[task_of(1)],
+    )
     kept.transactions.of(0).stage([(TOPICS.events, 0, b"last", b"committed by the close")], {})
     revoking = asyncio.create_task(node.node._revoked({(TOPICS.events, 0)}))
     try:
@@ -175,9 +183,9 @@ async def test_a_revoke_whose_commit_hangs_holds_up_no_other_partition(node: Run
         assert node.node._consumer is not None
         await node.node._assigned(node.node._consumer.assignment())
         await wait_until(lambda: node.node.owned == {1})
-        assert node.node._tasks[1] is not second
+        assert node.node._tasks[task_of(1)] is not second
         assert not revoking.done() and state_of(first) is not TaskState.CLOSED
-        assert node.node._tasks[0] is not first and node.node._tasks[0].taking
+        assert node.node._tasks[task_of(0)] is not first and node.node._tasks[task_of(0)].taking
     finally:
         release.set()
     await revoking
@@ -186,7 +194,7 @@ async def test_a_revoke_whose_commit_hangs_holds_up_no_other_partition(node: Run
         b"committed by the close"
     ]
     await wait_until(node.runs)
-    assert node.node._tasks[0].takes == 1
+    assert node.node._tasks[task_of(0)].takes == 1
 
 
 @pytest.mark.parametrize("hanging", ["its own", "in flight"])
@@ -213,10 +221,10 @@ async def test_a_revoke_whose_commit_never_answers_is_given_up_at_its_deadline(
             await asyncio.Event().wait()
 
     log.before_commit = never
-    task = node.node._tasks[0]
+    task = node.node._tasks[task_of(0)]
     # Held: the committer does not take what waits (the close's own commit hangs); or
     # let go once the committer's commit hangs in flight.
-    lock = node.node.tasks.running[0].lock
+    lock = node.node.tasks.running[task_of(0)].lock
     async with lock:
         kept.transactions.of(0).stage([(TOPICS.events, 0, b"hung", b"never committed")], {})
         if hanging == "in flight":
@@ -245,15 +253,15 @@ async def test_a_task_that_fails_while_it_is_revoked_is_closed_dirty_and_never_r
     log = node.node.clients
     assert isinstance(log, MemoryLog)
     await wait_until(node.runs)
-    task = node.node._tasks[1]
+    task = node.node._tasks[task_of(1)]
     kept = node.node.types[TOPICS.type_name]
     await task.stop_taking()  # as `_revoked` does first
     kept.transactions.of(1).stage([(TOPICS.events, 1, b"half", b"a half cycle")], {})
-    node.node.tasks.running[1].failed("a cycle", StoreError("the disk is gone"))
+    node.node.tasks.running[task_of(1)].failed("a cycle", StoreError("the disk is gone"))
     assert task.state is TaskState.SUSPENDED and not task.taking
     await node.node._revoked({(TOPICS.events, 1)})
     assert state_of(task) is TaskState.CLOSED and not task.taking
-    assert 1 not in node.node._tasks and node.node.owned == {0}
+    assert task_of(1) not in node.node._tasks and node.node.owned == {0}
     assert [r for r in log.records(TOPICS.events, 1) if r.key == b"half"] == []
 
 
@@ -273,9 +281,9 @@ async def test_a_take_revoked_while_restoring_leaves_no_clean_mark_on_a_dirty_co
         await wait_until(lambda: [t.owner.id for t in timer_rows(log)] == [owner])
         # Taken afresh once, so that the local copy holds the changelog up to the timer's row
         # (a copy that holds none of it is restored from the changelog whatever its mark).
-        node.tasks.running[p].failed("a cycle", StoreError("the disk is gone"))
-        await wait_until(lambda: node._tasks[p].state is TaskState.RUNNING)
-        assert node._tasks[p].takes == 2 and kept.store.changelog_offset(p) is not None
+        node.tasks.running[task_of(p)].failed("a cycle", StoreError("the disk is gone"))
+        await wait_until(lambda: node._tasks[task_of(p)].state is TaskState.RUNNING)
+        assert node._tasks[task_of(p)].takes == 2 and kept.store.changelog_offset(p) is not None
         ref = AggregateRef(context="mem", aggregate="counter", id=owner)
         timer = await kept.store.find(ref, "k")
         assert timer is not None and timer.status is TimerStatus.PENDING
@@ -295,9 +303,9 @@ async def test_a_take_revoked_while_restoring_leaves_no_clean_mark_on_a_dirty_co
         # Written locally, never committed: the task's failure throws the transaction away
         # (closed dirty, no clean mark), and its retake is held folding the states.
         assert await kept.store.cancel(ref, "k", timer.version)
-        node.tasks.running[p].failed("a cycle", StoreError("the disk is gone"))
+        node.tasks.running[task_of(p)].failed("a cycle", StoreError("the disk is gone"))
         await wait_until(folding.is_set)
-        task = node._tasks[p]
+        task = node._tasks[task_of(p)]
         assert task.state is TaskState.RESTORING and not kept.marks._path(p).exists()
         await node._revoked({(TOPICS.events, p)})
         assert state_of(task) is TaskState.CLOSED
@@ -306,7 +314,9 @@ async def test_a_take_revoked_while_restoring_leaves_no_clean_mark_on_a_dirty_co
         folded.set()
         assert node._consumer is not None
         await node._assigned(node._consumer.assignment())
-        await wait_until(lambda: p in node.owned and node._tasks[p].state is TaskState.RUNNING)
+        await wait_until(
+            lambda: p in node.owned and node._tasks[task_of(p)].state is TaskState.RUNNING
+        )
         found = await kept.store.find(ref, "k")
         assert found is not None and found.status is TimerStatus.PENDING
         clock.set(T0 + 60_000)
@@ -334,7 +344,7 @@ async def test_a_node_stopped_during_a_take_marks_only_what_ran_clean(
     n = await RunningNode(MemoryLog(), tmp_path, "a", SERVICE, PARTITIONS).start()
     try:
         await wait_until(lambda: folding.is_set() and n.node.owned == {0})
-        task = n.node._tasks[held]
+        task = n.node._tasks[task_of(held)]
         assert task.state is TaskState.RESTORING
     finally:
         await n.stop()

@@ -14,6 +14,7 @@ from fakes import PARTITIONS, T0, TARGET, World, make_timer, never, raw_store, w
 from app.node.commits import Commits
 from app.node.cycles import PartitionCycles
 from app.node.partition_timers import PartitionTimerLoop, TypeLoops
+from app.node.task_id import TaskId
 from app.timers.runner import InProcessTargets, TimerRunner
 from tables import AggregateRef, OnceRule, StoreError
 from tables.partitioner import partition_of
@@ -41,8 +42,8 @@ class _Cycles:
 
 
 class _Task:
-    def __init__(self, firings: dict[str, Any]) -> None:
-        self.firings = firings
+    def __init__(self, firing: Any) -> None:
+        self.firing = firing
         self.told: list[str] = []
 
     def failed(self, what: str, exc: BaseException) -> None:
@@ -52,14 +53,14 @@ class _Task:
 def loop_of(runner: TimerRunner, p: int) -> tuple[PartitionTimerLoop, _Task]:
     firing = runner.firing_of(p)
     assert firing is not None
-    task = _Task({"order": firing})
+    task = _Task(firing)
     shared = TypeLoops(
         runner,
         type_name="order",
         types=cast(Any, {"order": object()}),
         commits=cast(Commits, _Commits()),
         cycles=cast(PartitionCycles, _Cycles()),
-        running={p: task},
+        running={TaskId("order", p): task},
     )
     loop = PartitionTimerLoop(shared, firing, task)
     return loop, task

@@ -13,13 +13,14 @@ from pathlib import Path
 
 import pytest
 from fakes import RunningNode, running, wait_until
-from fakes_poll import Task, Workers
+from fakes_poll import TYPE, Task, Workers
 from pydantic import BaseModel
 
 from app.kafka.memory import MemoryLog
 from app.kafka.memory_group import MemoryGroupMember
 from app.model.aggregate import AggregateType, Command, Decision
 from app.node.polling import Batch, poll_loop
+from app.node.task_id import TaskId
 from app.protocol.topics import AggregateTopics, ContextTopics
 from app.protocol.wire import CommandEnvelope, CommandResult, EventEnvelope, decode, encode
 from app.service import Service
@@ -33,7 +34,7 @@ TOPIC = "log"
 class Loop:
     log: MemoryLog
     member: MemoryGroupMember
-    running: dict[int, Task]
+    running: dict[TaskId, Task]
     workers: Workers
 
     async def send(self, p: int, n: int) -> None:
@@ -59,7 +60,9 @@ async def loop() -> AsyncIterator[Loop]:
     workers.of[1].go.set()
     running = workers.start()
     failures: list[str] = []
-    polling = asyncio.create_task(poll_loop(member, running, workers, failures.append))
+    polling = asyncio.create_task(
+        poll_loop(member, running, workers, failures.append, workers.type_of([TOPIC]))
+    )
     yield Loop(log, member, running, workers)
     for t in [polling, *workers.tasks]:
         t.cancel()
@@ -105,7 +108,7 @@ async def test_a_retake_drops_what_was_kept_and_reads_again_from_the_committed_o
     await stuck(loop)
     while not w0.queue.empty():  # as `PartitionInput.stop` does
         w0.queue.get_nowait()
-    loop.running[0] = Task(w0.queue)  # taken again: a new task, nothing kept
+    loop.running[TaskId(TYPE, 0)] = Task(w0.queue)  # taken again: a new task, nothing kept
     await loop.member.rewind([(TOPIC, 0)])
     loop.member.resume([(TOPIC, 0)])
     w0.go.set()
@@ -164,10 +167,10 @@ async def test_a_node_goes_on_with_its_other_partitions_while_one_is_stuck(
         stuck = asyncio.Event()
         cycle = cycles._cycle
 
-        async def hanging(p: int, items: list[Batch]) -> bool:
-            if p == 0:
+        async def hanging(key: TaskId, items: list[Batch]) -> bool:
+            if key.p == 0:
                 await stuck.wait()
-            return await cycle(p, items)
+            return await cycle(key, items)
 
         monkeypatch.setattr(cycles, "_cycle", hanging)
 
