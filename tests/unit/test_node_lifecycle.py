@@ -21,6 +21,7 @@ from app.kafka.memory import MemoryLog
 from app.kafka.memory_group import MemoryGroupMember
 from app.model.aggregate import AggregateType, Command, Decision, Event
 from app.node.task_id import TaskId
+from app.node.task_state import TaskState
 from app.protocol.topics import AggregateTopics
 from app.protocol.wire import CommandEnvelope, EventEnvelope, decode, encode
 from app.service import Service
@@ -576,3 +577,55 @@ async def test_claims_wait_for_the_commit_in_flight_and_never_commit_beside_it(
         return [t.status for t in timer_rows(log, COUNTER) if t.key == "r"] == [TimerStatus.FIRED]
 
     await wait_until(sent)
+
+
+async def test_a_fault_in_one_types_work_of_a_partition_leaves_the_other_types_task_running(
+    log: MemoryLog, nodes: list[RunningNode], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A task per type and partition: COUNTER's commit of p fails, so its task of p is
+    closed dirty and taken afresh (its retake held here); meanwhile GAUGE's task of p is
+    never touched: it runs the same take, and its commands of p are decided, fired and
+    committed while COUNTER's p is still being taken. (One task per partition failed and
+    retook both types' p together: GAUGE's work waited for COUNTER's retake.)"""
+    node = await start(nodes, log, tmp_path, "a")
+    await wait_until(node.runs)
+    p = partition_of("o1", PARTITIONS)
+    counter_key, gauge_key = TaskId(COUNTER.type_name, p), TaskId(GAUGE.type_name, p)
+    running = node.node.tasks.running
+    counter, gauge = running[counter_key], running[gauge_key]
+    assert counter is not gauge and counter.takes == gauge.takes == 1
+    # COUNTER's next commit of p fails (once); its retake is held while `retaking` is unset.
+    failing_id = f"{TOPICS[COUNTER.name].timers_changelog}.{p}"
+    failed_commits: list[str] = []
+
+    async def failing_once(transactional_id: str) -> None:
+        if transactional_id.endswith(failing_id) and not failed_commits:
+            failed_commits.append(transactional_id)
+            raise KafkaUnavailable(f"{transactional_id}: the commit failed")
+
+    log.before_commit = failing_once
+    kept = node.node.types[COUNTER.type_name]
+    open_, retaking = kept.transactions.open, asyncio.Event()
+
+    async def held_open(partition: int) -> Any:
+        if partition == p and failed_commits:
+            await retaking.wait()
+        return await open_(partition)
+
+    monkeypatch.setattr(kept.transactions, "open", held_open)
+    await command(log, COUNTER, "o1", "Schedule", at=now_ms() + 3_600_000)
+    await wait_until(lambda: bool(failed_commits) and counter.taking)
+    assert counter_key not in running and p in node.node.restoring
+    # GAUGE's task of p runs on, untouched: its command decided, its timer fired in-process
+    # and its Fired event committed, while COUNTER's p is still being taken.
+    await command(log, GAUGE, "o1", "Schedule", at=now_ms() + 200)
+    await wait_until(lambda: len(events(log, GAUGE, "Fired")) == 1)
+    assert counter.taking and not retaking.is_set()
+    assert running[gauge_key] is gauge and gauge.takes == 1
+    assert gauge.state is TaskState.RUNNING and gauge.broken is None
+    assert [t.status for t in timer_rows(log, GAUGE)] == [TimerStatus.FIRED]
+    # COUNTER's task, revived, runs again (taken afresh: its Schedule read again, decided).
+    retaking.set()
+    await wait_until(lambda: running.get(counter_key) is counter and counter.takes == 2)
+    await wait_until(lambda: [t.key for t in timer_rows(log, COUNTER)] == ["k"])
+    assert running[gauge_key] is gauge and gauge.takes == 1
