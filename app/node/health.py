@@ -6,7 +6,7 @@ the body back."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
 from app.node.partition_task import PartitionTask
@@ -21,24 +21,25 @@ FAILING_IN_A_ROW = 3
 def node_health(
     tasks: Mapping[TaskId, PartitionTask],
     *,
-    running: frozenset[int],
-    closing: Mapping[int, float],
-    given: set[int] | None,
+    running: frozenset[TaskId],
+    closing: Mapping[TaskId, float],
+    given: set[TaskId] | None,
     suspended: float | None,
-    failing_loops: Iterable[str],
+    failing_loops: Collection[str],
     broker: dict[str, Any],
     commit_lag_s: float,
     failure: str | None,
 ) -> dict[str, Any]:
-    """Ready only while every partition given to this node runs: not while a partition is
+    """Ready only while every type's partition given to this node runs: not while one is
     restored, was let go on a failure and not taken again yet, or its firing loop keeps
-    failing; nor when the node failed for good.
+    failing; nor when the node failed for good. What it says is of the partitions: p is
+    owned while a task of it runs, and restoring or stalled while one of its types' is.
 
-    `running`: the partitions of which a task runs; `closing`: how long each partition's close
-    under way (a revoke's, or the group's assignment no longer giving it) has been going;
-    `given`: the group's assignment (None: not
-    in the group yet); `suspended`: how long the process was stopped, if the group has
-    not answered since; `failing_loops`: the types whose timer rounds keep failing."""
+    `running`: the tasks that run; `closing`: how long each task's close under way (a
+    revoke's, or the group's assignment no longer giving it) has been going; `given`: the
+    tasks of the group's assignment (None: not in the group yet); `suspended`: how long
+    the process was stopped, if the group has not answered since; `failing_loops`: the
+    types whose timer rounds keep failing."""
     stalled: dict[int, str] = {}
     failing: dict[int, dict[str, object]] = {}
     for (_, p), task in sorted(tasks.items()):
@@ -48,24 +49,27 @@ def node_health(
         # operator needs to know (the message names the failure too).
         stalled.update(task.failing.stalled())
         failing.update({int(q): f for q, f in task.failing.report().items()})
-    taking = {p for (_, p), task in tasks.items() if task.taking}
+    taking = {key for key, task in tasks.items() if task.taking}
     if suspended is not None:
-        for p in running | taking:
+        for key in sorted(running | taking):
             stalled.setdefault(
-                p, f"the process was stopped for {suspended:.1f} s: waiting for the group"
+                key.p, f"the process was stopped for {suspended:.1f} s: waiting for the group"
             )
     # Given (back) by the group, and closing still: taken once its close is done.
-    for p in sorted((given or set()) & set(closing)):
-        stalled.setdefault(p, f"closing for {closing[p]:.1f} s: taken again once closed")
+    for key in sorted((given or set()) & set(closing)):
+        stalled.setdefault(key.p, f"closing for {closing[key]:.1f} s: taken again once closed")
     # Given by the group but neither worked on nor being taken: nobody runs it.
-    for p in sorted((given or set()) - running - taking):
-        stalled.setdefault(p, "assigned by the group, not taken")
-    for type_name in failing_loops:
-        for p in running:
-            stalled.setdefault(p, f"{type_name}: timer rounds failing")
-    restoring = sorted(taking)
+    for key in sorted((given or set()) - running - taking):
+        stalled.setdefault(key.p, "assigned by the group, not taken")
+    for key in sorted(running):
+        if key.type_name in failing_loops:
+            stalled.setdefault(key.p, f"{key.type_name}: timer rounds failing")
+    closes: dict[int, float] = {}
+    for (_, p), seconds in closing.items():
+        closes[p] = max(closes.get(p, 0.0), seconds)
+    restoring = sorted({key.p for key in taking})
     body: dict[str, Any] = {
-        "owned": sorted(running),
+        "owned": sorted({key.p for key in running}),
         "restoring": restoring,
         "stalled": {str(p): why for p, why in sorted(stalled.items())},
         "broker": broker,
@@ -78,8 +82,8 @@ def node_health(
         # not ready, whatever else holds.
         if any(t.failing.again_and_again(FAILING_IN_A_ROW) for t in tasks.values()):
             body["ready"] = False
-    if closing:
-        body["closing"] = {str(p): round(s, 3) for p, s in sorted(closing.items())}
+    if closes:
+        body["closing"] = {str(p): round(s, 3) for p, s in sorted(closes.items())}
     if suspended is not None:
         body["suspended_s"] = round(suspended, 3)
     if failure is not None:

@@ -37,6 +37,7 @@ from app.node.partition_tasks import PartitionTasks
 from app.node.polling import poll_loop
 from app.node.settings import Settings
 from app.node.suspension import SuspensionWatch
+from app.node.task_id import TaskId
 from app.protocol.topics import parse_aggregate_type
 from app.service import Service
 from app.timers.ledger import KafkaFailureLedger
@@ -148,18 +149,25 @@ class Node:
 
     @property
     def owned(self) -> frozenset[int]:
-        """The partitions this node owns now (the same p of every type): those of which a
-        task runs."""
+        """The partitions this node owns now: those of which a task (of any type) runs."""
         return self.tasks.owned
+
+    def owns(self, type_name: str, p: int) -> bool:
+        """Whether the task of `type_name`'s partition p runs here (its store serves p)."""
+        return TaskId(type_name, p) in self._owned
+
+    def owned_of(self, type_name: str) -> frozenset[int]:
+        """The partitions of `type_name` whose task runs here."""
+        return self.tasks.owned_of(type_name)
 
     def health(self) -> dict[str, Any]:
         """What `/healthz` says (`node_health`): ready only while every partition given to
         this node runs."""
         return node_health(
             self._tasks,
-            running=self.tasks.owned,
+            running=frozenset(self._owned),
             closing=self.tasks.closes(),
-            given=None if self._consumer is None else {p for _, p in self._consumer.assignment()},
+            given=None if (c := self._consumer) is None else self.tasks.keys(c.assignment()),
             suspended=self._suspension.suspended(),
             failing_loops=[k.topics.type_name for k in self.types.values() if k.loop.failing],
             broker=self.broker.status(),

@@ -62,7 +62,9 @@ async def release_partition(s: TaskShared, task: PartitionTask, *, clean: bool) 
     readers = s.reading_results.get(p, set())
     readers.discard(kept.name)
     if not readers:
-        # No other type's task of p reads its results: the readers let p go.
+        # No other type's task of p reads its results: the readers let p go. No await
+        # between the pop and the removes' calls: a type's task opening p meanwhile adds
+        # it after them (each reader takes its calls in order).
         s.reading_results.pop(p, None)
         for reader in s.results.values():
             try:

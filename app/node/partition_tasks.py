@@ -66,9 +66,15 @@ class PartitionTasks:
         """The partitions of which a task runs here."""
         return frozenset(key.p for key in self.running)
 
+    def owned_of(self, type_name: str) -> frozenset[int]:
+        """The partitions of `type_name` whose task runs here."""
+        return frozenset(key.p for key in self.running if key.type_name == type_name)
+
     def keys(self, assigned: set[tuple[str, int]]) -> set[TaskId]:
-        """The tasks of topics' partitions: each topic's type (the node's), and p."""
-        assert self.shared is not None, "the node is not started"
+        """The tasks of topics' partitions: each topic's type (the node's), and p (none
+        before the node started)."""
+        if self.shared is None:
+            return set()
         by_topic = self.shared.by_topic
         return {TaskId(by_topic[t][0].name, p) for t, p in assigned if t in by_topic}
 
@@ -118,13 +124,12 @@ class PartitionTasks:
             await asyncio.wait(closes)
         self._owning()
 
-    def closes(self) -> dict[int, float]:
-        """How long each partition's close under way has been going (the longest of its
-        types'), in seconds."""
-        now, closes = time.monotonic(), dict[int, float]()
+    def closes(self) -> dict[TaskId, float]:
+        """How long each task's close under way has been going, in seconds."""
+        now, closes = time.monotonic(), dict[TaskId, float]()
         for task in self.closing:
             if task.closing_since is not None:
-                closes[task.p] = max(closes.get(task.p, 0.0), now - task.closing_since)
+                closes[task.key] = max(closes.get(task.key, 0.0), now - task.closing_since)
         return closes
 
     def closing_commit_lag(self) -> float:

@@ -111,6 +111,10 @@ class PageNode(StatusSource, Protocol):
         """The node's clients of its cluster: the forms' requests are written with them."""
         ...
 
+    def owns(self, type_name: str, p: int) -> bool:
+        """Whether the node runs `type_name`'s partition p (its store serves p)."""
+        ...
+
 
 class ClusterSource(Protocol):
     """The group's status as the page reads it (`app.ops.cluster_status.ClusterStatus`;
@@ -309,7 +313,6 @@ class OperatorPage:
         partition, else from the partition's changelog (the group's status read)."""
         owner_id, tenant = owner
         now = self._node.clock.now()
-        owned = set(self._node.health()["owned"])
         cluster = self.cluster
         parts = []
         for type_name, kept in sorted(self._node.types.items()):
@@ -321,7 +324,7 @@ class OperatorPage:
             except ValidationError as exc:
                 raise BadInput(f"bad owner: {problems(exc)}") from exc
             p = partition_of(owner_id, self._node.settings.partitions)
-            here = p in owned
+            here = self._node.owns(type_name, p)
             timers: list[Timer] = []
             if here:
                 try:

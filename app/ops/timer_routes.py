@@ -203,7 +203,7 @@ class TimerRoutes:
         or another node keeps the partition: the book decides alone then)."""
         p = partition_of(owner.id, self._node.settings.partitions)
         kept = self._node.types.get(owner.type_name)
-        if kept is None or p not in self._node.owned:
+        if kept is None or not self._node.owns(kept.name, p):
             return None
         return await kept.store.find(owner, key)
 
@@ -218,7 +218,7 @@ class TimerRoutes:
         key = request.match_info["key"]
         p = partition_of(owner.id, self._node.settings.partitions)
         kept = self._node.types.get(owner.type_name)
-        if kept is None or p not in self._node.owned:
+        if kept is None or not self._node.owns(kept.name, p):
             return _error(
                 409,
                 f"partition {p} of {owner.type_name} is kept by another node of the group "

@@ -237,7 +237,7 @@ class WebServer:
         for name, kept in sorted(types.items()):
             if query.type not in (None, name):
                 continue
-            for p in owned:
+            for p in sorted(self._node.owned_of(name)):
                 try:
                     got = await kept.store.due({p}, until, UPCOMING_SCAN)
                 except StoreClosed:

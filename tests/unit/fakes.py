@@ -476,6 +476,12 @@ class FakeNode:
     def clients(self) -> Clients:
         return self.log if self.log is not None else KafkaClients(self.settings.kafka)
 
+    def owns(self, type_name: str, p: int) -> bool:
+        return type_name in self.types and p in self.owned
+
+    def owned_of(self, type_name: str) -> frozenset[int]:
+        return frozenset(self.owned) if type_name in self.types else frozenset()
+
     def health(self) -> dict[str, Any]:
         return {
             "owned": self.owned,

@@ -274,7 +274,7 @@ async def test_a_hand_off_in_the_middle_of_a_cycle_commits_none_of_it(
     )
     for agg in (COUNTER, GAUGE):
         assert [t.status for t in timer_rows(log, agg)] == [TimerStatus.FIRED]
-        # Its local copy holds the first type's settle, never committed: not marked clean.
+        # Its local copy holds its settle, never committed: not marked clean.
         clean = tmp_path / "a" / agg.type_name / "timers" / f"clean-p{p}"
         assert not clean.exists(), "a local copy with uncommitted writes marked clean"
 
@@ -616,6 +616,8 @@ async def test_a_fault_in_one_types_work_of_a_partition_leaves_the_other_types_t
     await command(log, COUNTER, "o1", "Schedule", at=now_ms() + 3_600_000)
     await wait_until(lambda: bool(failed_commits) and counter.taking)
     assert counter_key not in running and p in node.node.restoring
+    # What the operator page and the timer API ask before they read a type's store of p.
+    assert not node.node.owns(COUNTER.type_name, p) and node.node.owns(GAUGE.type_name, p)
     # GAUGE's task of p runs on, untouched: its command decided, its timer fired in-process
     # and its Fired event committed, while COUNTER's p is still being taken.
     await command(log, GAUGE, "o1", "Schedule", at=now_ms() + 200)

@@ -1,0 +1,73 @@
+"""`/healthz` of a node of several types (`node_health`): one task per type and
+partition, what it says of the partitions. A partition of which one type's task runs and
+another type's, given by the group, does not, is not well."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+from app.node.failing import FailingPartitions
+from app.node.health import node_health
+from app.node.partition_task import PartitionTask
+from app.node.task_id import TaskId
+
+A, B = TaskId("shop.order", 1), TaskId("shop.cart", 1)
+
+
+@dataclass
+class Task:
+    """What `node_health` reads of a task."""
+
+    taking: bool = False
+    broken: str | None = None
+    failing: FailingPartitions = field(default_factory=FailingPartitions)
+
+
+def health(
+    tasks: dict[TaskId, Task], running: set[TaskId], given: set[TaskId], **more: Any
+) -> dict[str, Any]:
+    return node_health(
+        cast(dict[TaskId, PartitionTask], tasks),
+        running=frozenset(running),
+        closing=more.get("closing", {}),
+        given=given,
+        suspended=None,
+        failing_loops=more.get("failing_loops", []),
+        broker={"reachable": True},
+        commit_lag_s=0.0,
+        failure=None,
+    )
+
+
+def test_a_partition_is_ready_when_every_types_task_of_it_runs() -> None:
+    body = health({A: Task(), B: Task()}, {A, B}, {A, B})
+    assert body["ready"] and body["owned"] == [1] and body["stalled"] == {}
+
+
+def test_a_types_partition_given_and_not_taken_stalls_it_while_another_type_runs() -> None:
+    body = health({A: Task()}, {A}, {A, B})
+    assert body["owned"] == [1] and not body["ready"]
+    assert body["stalled"] == {"1": "assigned by the group, not taken"}
+
+
+def test_a_types_partition_being_taken_makes_it_restoring() -> None:
+    body = health({A: Task(), B: Task(taking=True)}, {A}, {A, B})
+    assert body["restoring"] == [1] and body["owned"] == [1] and not body["ready"]
+
+
+def test_a_close_of_a_type_no_longer_given_here_does_not_stall_the_partition() -> None:
+    """B's p moved to another node while A's stays: B's close under way is no retake."""
+    body = health({A: Task()}, {A}, {A}, closing={B: 2.5})
+    assert body["ready"] and body["stalled"] == {} and body["closing"] == {"1": 2.5}
+
+
+def test_a_close_of_a_type_given_back_stalls_the_partition_until_it_is_done() -> None:
+    body = health({A: Task()}, {A}, {A, B}, closing={B: 2.5})
+    assert body["stalled"] == {"1": "closing for 2.5 s: taken again once closed"}
+
+
+def test_a_types_failing_timer_rounds_stall_only_its_partitions() -> None:
+    c = TaskId("shop.cart", 2)
+    body = health({A: Task(), c: Task()}, {A, c}, {A, c}, failing_loops=["shop.cart"])
+    assert body["stalled"] == {"2": "shop.cart: timer rounds failing"}
