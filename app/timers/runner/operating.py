@@ -61,12 +61,10 @@ async def operate(
     `later`: resolved by the next round of each partition of `only` (a cycle's request),
     when all are fired here; else now."""
     written = await settle_parked(store, firings, target, only, decide)
-    mine = [] if only is None else [firings.get(p) for p in sorted(only)]
-    if later and mine and all(f is not None for f in mine):
-        for f in mine:
-            assert f is not None
-            f.resolving.append(target)
-            f.answered.set()  # its next round resolves it, with no wait
+    if later and only and all(p in firings for p in only):
+        for p in sorted(only):
+            firings[p].resolving.append(target)
+            firings[p].answered.set()  # its next round resolves it, with no wait
         return written
     # Resolved after the write: should the write fail, the entry stays for another try.
     await resolve_entry(store, ledger, firings, target, only)

@@ -28,7 +28,7 @@ from app.timers.runner.partition import (
 )
 from app.timers.runner.partition_store import store_of
 from app.timers.runner.ports import Clock, FiringStore
-from app.timers.runner.settling import apart, from_loaded, park
+from app.timers.runner.settling import apart, from_loaded, holds, park
 from app.timers.runner.stats import RoundStats, count
 from tables.exceptions import StoreError
 from tables.ledger import FailureLedger
@@ -207,16 +207,11 @@ def refused_fallbacks(decisions: list[Decision], final: list[Decision]) -> list[
 async def _landed(store: FiringStore, changes: list[TimerChange]) -> list[TimerChange]:
     """Of `changes`, those whose rows now hold their writes; all of them when the store
     cannot tell (its faults are the write's to report, not this count's)."""
-    landed = []
     try:
-        for change in changes:
-            row = await store.find(change.next.owner, change.next.key)
-            if row is not None and row.same_as_loaded(change.next):
-                landed.append(change)
+        return [c for c in changes if await holds(store, c)]
     except Exception as exc:
         logger.warning("which timer outcomes were written is not known: %r", exc)
         return changes
-    return landed
 
 
 def _partition(change: TimerChange) -> int:

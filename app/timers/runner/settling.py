@@ -22,7 +22,7 @@ from tables.ledger import FailureLedger
 from tables.refs import AggregateRef
 from tables.timer import Timer, TimerChange, TimerStatus
 
-__all__ = ["apart", "from_loaded", "park", "reclaim", "settle_exactly", "taken_over"]
+__all__ = ["apart", "from_loaded", "holds", "park", "reclaim", "settle_exactly", "taken_over"]
 
 logger = logging.getLogger(__name__)
 
@@ -100,10 +100,16 @@ async def settle_exactly(
     written = []
     for d in decisions:
         assert d.change is not None
-        row = await store.find(d.change.next.owner, d.change.next.key)
-        if row is not None and row.same_as_loaded(d.change.next):
+        if await holds(store, d.change):
             written.append(d)
     return written
+
+
+async def holds(store: FiringStore, change: TimerChange) -> bool:
+    """Whether `change`'s row now holds its write (the store's `settle` counts, it does
+    not say which)."""
+    row = await store.find(change.next.owner, change.next.key)
+    return row is not None and row.same_as_loaded(change.next)
 
 
 def from_loaded(change: TimerChange | None, loaded: Timer) -> TimerChange | None:
