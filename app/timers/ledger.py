@@ -241,6 +241,14 @@ class KafkaFailureLedger:
             await reader.stop()
         return count
 
+    async def _catch_up(self, key: LedgerKey) -> None:
+        """Applies the partition of `key` from its start to its end as it is now."""
+        partition = partition_of(ledger_key(*key).decode(), self._partitions)
+        async with self._clients.reader() as reader:
+            async for batch in reader.read(self.topic, partition, 0):
+                for record in batch:
+                    self._view.apply_record(record)
+
     @property
     def task(self) -> asyncio.Task[None] | None:
         """The following task (started by `start`): it ends only on an error no retry
@@ -278,15 +286,21 @@ class KafkaFailureLedger:
         )
 
     async def resolve(self, subscription: str, target: AggregateRef) -> bool:
-        """Writes the entry's tombstone if this node knows the entry; whether it did.
+        """Writes the entry's tombstone if the entry is open; whether it did.
 
-        An entry this node does not know is not written over: should its record still be
-        on its way here, a tombstone could land after a newer park of the same target.
+        An entry this node does not know yet (parked by another node, its record not yet
+        followed here) is looked for in the key's partition, read to its end as it is now:
+        a record acknowledged before this call is then known, so an entry that exists is
+        resolved, never left naming timers an operator already settled. A tombstone is
+        written only over an entry read: written blind, it could land after a newer park
+        of the same target.
         """
         key = LedgerKey(subscription, target)
         async with self._lock:
             if self._view.get(key) is None:
-                return False
+                await asyncio.wait_for(self._catch_up(key), self._timeout)
+                if self._view.get(key) is None:
+                    return False
             await self._write(key, None)
         logger.info("resolved the ledger entry of %s under %s", target, subscription)
         return True

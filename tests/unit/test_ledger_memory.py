@@ -79,6 +79,29 @@ async def test_parks_and_resolutions_reach_every_node() -> None:
     )
 
 
+async def test_an_entry_not_yet_followed_here_is_resolved_all_the_same() -> None:
+    # Another node parked the target; this node's follower has not read that record yet
+    # (here: it stopped), and an operator's request settled the rows here. The entry is
+    # found in its partition and resolved, not left naming timers already settled.
+    log = MemoryLog([TopicSpec(TOPIC, PARTITIONS)])
+    first = KafkaFailureLedger(log, "shop", PARTITIONS, log.publisher())
+    second = KafkaFailureLedger(log, "shop", PARTITIONS, log.publisher())
+    await first.start()
+    await second.start()
+    try:
+        assert second.task is not None
+        second.task.cancel()
+        await first.record("shop.order", TARGET, [timer(1)])
+        assert await second.entries() == []
+        assert await second.resolve("shop.order", TARGET)
+        assert await eventually_entries(first, 0) == []
+        assert await second.entries() == []
+        assert not await second.resolve("shop.order", TARGET)  # read, and resolved
+    finally:
+        await second.stop()
+        await first.stop()
+
+
 async def test_the_cli_reads_the_open_entries_from_the_topic() -> None:
     """`read_ledger` (`tickwheel timers ledger`) on the cluster's clients: what a node
     parked and did not resolve, creating no topic when no node of the context ran."""

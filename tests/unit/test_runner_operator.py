@@ -254,6 +254,30 @@ async def test_an_entry_the_ledger_does_not_resolve_waits_then_is_resolved_again
     assert (ledger.resolves, await ledger.entries()) == (2, [])
 
 
+async def test_two_requests_for_one_target_are_resolved_by_one_ledger_write(
+    store: TimerStore,
+) -> None:
+    """Asked twice before its round (an operator's second click, or a request read again):
+    queued once, resolved once; and once more when a request comes while its resolve fails."""
+    ledger = FlakyLedger(fail=1)
+    await parked_ledger(store, ledger, "a")
+    clock = FakeClock(T0)
+    runner = skipping(store, ledger, clock)
+    assert await carry_out(runner, SKIP, 1, resolve_later=True) == 1
+    assert await carry_out(runner, SKIP, 1, resolve_later=True) == 0
+    ledger.held = asyncio.Event()
+    round_ = asyncio.create_task(runner.run_round())
+    await ledger.calling.wait()  # the resolve under way (it fails) ...
+    assert await carry_out(runner, SKIP, 1, resolve_later=True) == 0  # ... and asked again
+    ledger.held.set()
+    await asyncio.wait_for(round_, 5)
+    assert ledger.resolves == 1 and len(await ledger.entries()) == 1
+    clock.set(T0 + RESOLVE_BACKOFF_MS)
+    await runner.run_round()
+    await runner.run_round()
+    assert (ledger.resolves, await ledger.entries()) == (2, [])
+
+
 async def test_a_partitions_stop_resolves_what_its_round_had_not_yet(store: TimerStore) -> None:
     ledger = FlakyLedger()
     await parked_ledger(store, ledger, "a")

@@ -63,7 +63,8 @@ async def operate(
     written = await settle_parked(store, firings, target, only, decide)
     if later and only and all(p in firings for p in only):
         for p in sorted(only):
-            firings[p].resolving.append(target)
+            if target not in firings[p].resolving:  # one resolve answers both requests
+                firings[p].resolving.append(target)
             firings[p].answered.set()  # its next round resolves it, with no wait
         return written
     # Resolved after the write: should the write fail, the entry stays for another try.
@@ -151,7 +152,8 @@ async def resolve_pending(
             )
             return
         finally:
-            if not done:  # failed or cut short: tried again later
+            # Failed or cut short: tried again later, once (a request meanwhile queued it).
+            if not done and target not in firing.resolving:
                 firing.resolving.insert(0, target)
 
 
