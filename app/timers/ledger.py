@@ -296,11 +296,13 @@ class KafkaFailureLedger:
         of the same target.
         """
         key = LedgerKey(subscription, target)
+        if self._view.get(key) is None:
+            # Outside the lock: the read only adds records to the view, as the follower
+            # does, and holds up no park of another target meanwhile.
+            await asyncio.wait_for(self._catch_up(key), self._timeout)
         async with self._lock:
             if self._view.get(key) is None:
-                await asyncio.wait_for(self._catch_up(key), self._timeout)
-                if self._view.get(key) is None:
-                    return False
+                return False
             await self._write(key, None)
         logger.info("resolved the ledger entry of %s under %s", target, subscription)
         return True
