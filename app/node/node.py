@@ -14,6 +14,7 @@ read whole by every node (`ledger`); and `/healthz`, read from the tasks' states
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Awaitable
 from dataclasses import replace
@@ -32,6 +33,7 @@ from app.node.kept import KeptType, node_topics
 from app.node.local_state import keep_for_cluster
 from app.node.metrics import NodeMetrics
 from app.node.opening import dead_letter_limit, open_type, transaction_batch_limit
+from app.node.parked_names import keep_parked_named
 from app.node.partition_task import TaskShared
 from app.node.partition_tasks import PartitionTasks
 from app.node.polling import poll_loop
@@ -41,7 +43,7 @@ from app.node.task_id import TaskId
 from app.protocol.topics import parse_aggregate_type
 from app.service import Service
 from app.timers.ledger import KafkaFailureLedger
-from app.timers.runner import Clock, SystemClock, TimerOptions
+from app.timers.runner import Clock, SystemClock, TimerOptions, TimerRunner
 from app.timers.sender import ResultsReader
 from tables.ledger import FailureLedger
 
@@ -289,6 +291,15 @@ class Node:
         # The readers the sends and the ledgers depend on: one that ends stops the node.
         following = {f"the results reader of {c}": r.task for c, r in self._results.items()}
         following |= {f"the ledger of {c}": ledger.task for c, ledger in self._ledgers.items()}
+        # Each ledger's resolved entries: the PARKED timers they may hide named again.
+        naming = {
+            c: asyncio.create_task(
+                keep_parked_named(ledger, functools.partial(self._runners_of, c)),
+                name=f"naming the parked timers of {c}",
+            )
+            for c, ledger in self._ledgers.items()
+        }
+        following |= {f"naming the parked timers of {c}": t for c, t in naming.items()}
         tasks += [
             asyncio.create_task(self._supervise(what, task), name=f"supervising {what}")
             for what, task in following.items()
@@ -302,12 +313,15 @@ class Node:
             if self._failure is not None:
                 raise self._failure
         finally:
-            for task in tasks:
+            for task in [*tasks, *naming.values()]:
                 task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            await asyncio.gather(*tasks, *naming.values(), return_exceptions=True)
             # The partitions' workers stop with the loop (their tasks close in `stop`).
             for partition_task in [*self._tasks.values(), *self.tasks.closing]:
                 await partition_task.stop_input()
+
+    def _runners_of(self, context: str) -> list[TimerRunner]:
+        return [k.runner for k in self.types.values() if k.topics.context == context]
 
     async def _supervise(self, what: str, task: asyncio.Task[None]) -> None:
         """Stops the node loudly when `task` ends (they retry what passes by itself)."""

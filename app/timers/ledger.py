@@ -145,6 +145,10 @@ class LedgerView:
             return False
         return self.apply(key, record.partition, record.offset, entry)
 
+    def seen(self, key: LedgerKey) -> bool:
+        """Whether a record of `key` was taken, a tombstone included."""
+        return key in self._held
+
     def get(self, key: LedgerKey) -> LedgerEntry | None:
         held = self._held.get(key)
         return None if held is None else held.entry
@@ -205,6 +209,11 @@ class KafkaFailureLedger:
         self._reader = self._clients.follower(self.topic)
         self._follower: asyncio.Task[None] | None = None
         self._lock = asyncio.Lock()
+        # The pairs whose entries were resolved since start (a tombstone taken, this
+        # node's or another's): their PARKED timers here are recorded again by the node
+        # (`app.node.parked_names`), should the tombstone have hidden a newer park.
+        # Each with when it was taken (the loop's clock).
+        self.resolved: asyncio.Queue[tuple[LedgerKey, float]] = asyncio.Queue()
 
     async def start(self) -> None:
         """Reads the ledger to its end, then follows it."""
@@ -241,14 +250,6 @@ class KafkaFailureLedger:
             await reader.stop()
         return count
 
-    async def _catch_up(self, key: LedgerKey) -> None:
-        """Applies the partition of `key` from its start to its end as it is now."""
-        partition = partition_of(ledger_key(*key).decode(), self._partitions)
-        async with self._clients.reader() as reader:
-            async for batch in reader.read(self.topic, partition, 0):
-                for record in batch:
-                    self._view.apply_record(record)
-
     @property
     def task(self) -> asyncio.Task[None] | None:
         """The following task (started by `start`): it ends only on an error no retry
@@ -272,7 +273,15 @@ class KafkaFailureLedger:
                 await asyncio.sleep(1)
                 continue
             for record in records:
-                self._view.apply_record(record)
+                if self._view.apply_record(record) and record.value is None:
+                    self._resolved(record)
+
+    def _resolved(self, record: Record) -> None:
+        with contextlib.suppress(BadRecord):  # applied: its key was read
+            self._taken_resolved(decode_key(record.key))
+
+    def _taken_resolved(self, key: LedgerKey) -> None:
+        self.resolved.put_nowait((key, asyncio.get_running_loop().time()))
 
     async def record(
         self, subscription: str, target: AggregateRef, timers: Sequence[Timer]
@@ -286,26 +295,23 @@ class KafkaFailureLedger:
         )
 
     async def resolve(self, subscription: str, target: AggregateRef) -> bool:
-        """Writes the entry's tombstone if the entry is open; whether it did.
+        """Writes the entry's tombstone if this node knows the entry; whether it did.
 
-        An entry this node does not know yet (parked by another node, its record not yet
-        followed here) is looked for in the key's partition, read to its end as it is now:
-        a record acknowledged before this call is then known, so an entry that exists is
-        resolved, never left naming timers an operator already settled. A tombstone is
-        written only over an entry read: written blind, it could land after a newer park
-        of the same target.
+        An entry this node does not know is not written over: should its record still be
+        on its way here, a tombstone could land after a newer park of the same target.
         """
         key = LedgerKey(subscription, target)
-        if self._view.get(key) is None:
-            # Outside the lock: the read only adds records to the view, as the follower
-            # does, and holds up no park of another target meanwhile.
-            await asyncio.wait_for(self._catch_up(key), self._timeout)
         async with self._lock:
             if self._view.get(key) is None:
                 return False
             await self._write(key, None)
         logger.info("resolved the ledger entry of %s under %s", target, subscription)
         return True
+
+    def unseen(self, subscription: str, target: AggregateRef) -> bool:
+        """Whether this node never read a record of the pair, not even a tombstone: another
+        node's park may be on its way here (`resolve` wrote nothing over it)."""
+        return not self._view.seen(LedgerKey(subscription, target))
 
     async def entries(self) -> list[LedgerEntry]:
         return self._view.entries()
@@ -318,4 +324,5 @@ class KafkaFailureLedger:
             self._producer.send(self.topic, raw, value, None), self._timeout
         )
         partition = partition_of(raw.decode(), self._partitions)
-        self._view.apply(key, partition, offset, entry)
+        if self._view.apply(key, partition, offset, entry) and entry is None:
+            self._taken_resolved(key)

@@ -19,13 +19,12 @@ import orjson
 import pytest
 from harness import ROOT, Client, Cluster, eventually, owned
 
-from app.kafka import KafkaClients, Producer, TopicSpec, read_to_end
-from app.protocol.topics import ContextTopics
+from app.kafka import KafkaClients, Producer, read_to_end
 from app.protocol.wire import ResultCode
 from app.timers.ledger import KafkaFailureLedger, decode_key, read_ledger
 from app.timers.operator import read_timers, request_retry
 from app.timers.runner import TimerOptions
-from tables import AggregateRef, CommandSpec, OnceRule, Outcome, Timer, TimerStatus
+from tables import Outcome, Timer, TimerStatus
 from tables.ledger import LedgerEntry
 from tables.partitioner import partition_of
 
@@ -298,49 +297,6 @@ async def test_parked_timers_are_retried_and_skipped_by_their_owners(cluster: Cl
             await follower.stop()
             await producer.stop()
     print(f"operator scenario: {time.monotonic() - began:.1f} s")
-
-
-async def test_an_entry_another_node_parked_is_resolved_before_this_node_follows_it(
-    kafka_bootstrap: str,
-) -> None:
-    # The real broker's side of test_ledger_memory's case: this node's follower has not
-    # read the other node's park (stopped here), and its resolve reads the key's partition.
-    kafka = KafkaClients(kafka_bootstrap)
-    context = f"ledger{int(time.time() * 1000)}"
-    await kafka.admin().ensure_topics(
-        [TopicSpec(ContextTopics(context).ledger, PARTITIONS, compacted=True)]
-    )
-    producer = Producer(kafka_bootstrap)
-    await producer.start()
-    first = KafkaFailureLedger(kafka, context, PARTITIONS, producer)
-    second = KafkaFailureLedger(kafka, context, PARTITIONS, producer)
-    await first.start()
-    await second.start()
-    try:
-        assert second.task is not None
-        second.task.cancel()
-        target = AggregateRef(context="billing", aggregate="invoice", id="i-1")
-        timer = Timer(
-            id="t-1",
-            owner=AggregateRef(context=context, aggregate="order", id="o-1"),
-            key="k-1",
-            version=1,
-            partition=0,
-            rule=OnceRule(at=1_800_000_000_000),
-            target=target,
-            command=CommandSpec(type="billing.Remind"),
-            slot_due_at=1_800_000_000_000,
-            due_at=1_800_000_000_000,
-        )
-        await first.record(SUB, target, [timer])
-        assert await second.entries() == []
-        assert await second.resolve(SUB, target)
-        await eventually(lambda: _is_empty(first), 30, "the first node reading the tombstone")
-        assert await read_ledger(kafka, context) == []
-    finally:
-        await second.stop()
-        await first.stop()
-        await producer.stop()
 
 
 async def _has_entry(ledger: KafkaFailureLedger, request_ids: set[str]) -> bool:

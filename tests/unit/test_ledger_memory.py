@@ -79,10 +79,10 @@ async def test_parks_and_resolutions_reach_every_node() -> None:
     )
 
 
-async def test_an_entry_not_yet_followed_here_is_resolved_all_the_same() -> None:
+async def test_a_pair_never_read_here_is_unseen_until_a_record_of_it_is() -> None:
     # Another node parked the target; this node's follower has not read that record yet
-    # (here: it stopped), and an operator's request settled the rows here. The entry is
-    # found in its partition and resolved, not left naming timers already settled.
+    # (here: it stopped). Its resolve writes nothing over it, and says it has not seen it
+    # (the runner asks again later); a tombstone read is seen: resolved, not unseen.
     log = MemoryLog([TopicSpec(TOPIC, PARTITIONS)])
     first = KafkaFailureLedger(log, "shop", PARTITIONS, log.publisher())
     second = KafkaFailureLedger(log, "shop", PARTITIONS, log.publisher())
@@ -92,14 +92,22 @@ async def test_an_entry_not_yet_followed_here_is_resolved_all_the_same() -> None
         assert second.task is not None
         second.task.cancel()
         await first.record("shop.order", TARGET, [timer(1)])
-        assert await second.entries() == []
-        assert await second.resolve("shop.order", TARGET)
-        assert await eventually_entries(first, 0) == []
-        assert await second.entries() == []
-        assert not await second.resolve("shop.order", TARGET)  # read, and resolved
+        assert first.unseen("shop.order", TARGET) is False
+        assert not await second.resolve("shop.order", TARGET)
+        assert second.unseen("shop.order", TARGET) is True
+        assert len(await eventually_entries(first, 1)) == 1  # nothing written over it
+        assert await first.resolve("shop.order", TARGET)
+        assert first.unseen("shop.order", TARGET) is False  # its tombstone is seen
     finally:
         await second.stop()
         await first.stop()
+    third = KafkaFailureLedger(log, "shop", PARTITIONS, log.publisher())
+    await third.start()  # reads the record and the tombstone
+    try:
+        assert third.unseen("shop.order", TARGET) is False
+        assert not await third.resolve("shop.order", TARGET)
+    finally:
+        await third.stop()
 
 
 async def test_the_cli_reads_the_open_entries_from_the_topic() -> None:

@@ -37,7 +37,7 @@ from app.timers.operator import (
     op_records,
 )
 from app.timers.runner import TimerOptions, TimerRunner, operating
-from app.timers.runner.operating import RESOLVE_BACKOFF_MS
+from app.timers.runner.operating import RESOLVE_BACKOFF_MS, UNSEEN_TRIES
 from tables import open_timer_store
 from tables.ledger import MemoryFailureLedger
 from tables.refs import AggregateRef
@@ -276,6 +276,62 @@ async def test_two_requests_for_one_target_are_resolved_by_one_ledger_write(
     await runner.run_round()
     await runner.run_round()
     assert (ledger.resolves, await ledger.entries()) == (2, [])
+
+
+class UnseenLedger(FlakyLedger):
+    """A followed ledger that has not read the entry yet while `hidden`: its resolve
+    writes nothing and it says it has not seen the pair."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.hidden = True
+
+    async def resolve(self, subscription: str, target: AggregateRef) -> bool:
+        if self.hidden:
+            self.resolves += 1
+            return False
+        return await super().resolve(subscription, target)
+
+    def unseen(self, subscription: str, target: AggregateRef) -> bool:
+        return self.hidden
+
+
+async def test_an_entry_the_ledger_has_not_seen_yet_is_asked_for_again_after_the_wait(
+    store: TimerStore,
+) -> None:
+    """Another node parked the target, and this node's ledger has not followed that
+    record yet: the round asks again after `RESOLVE_BACKOFF_MS`, not never."""
+    ledger = UnseenLedger()
+    await parked_ledger(store, ledger, "a")
+    clock = FakeClock(T0)
+    runner = skipping(store, ledger, clock)
+    assert await carry_out(runner, SKIP, 1, resolve_later=True) == 1
+    await runner.run_round()
+    assert ledger.resolves == 1 and len(await ledger.entries()) == 1
+    await runner.run_round()
+    assert ledger.resolves == 1, "asked again before the wait"
+    ledger.hidden = False  # followed meanwhile
+    clock.set(T0 + RESOLVE_BACKOFF_MS)
+    await runner.run_round()
+    assert (ledger.resolves, await ledger.entries()) == (2, [])
+
+
+async def test_an_entry_never_seen_is_asked_for_a_bounded_number_of_times(
+    store: TimerStore,
+) -> None:
+    """A target with no entry anywhere (never parked, or resolved by a node whose
+    tombstone this one never read): `UNSEEN_TRIES` asks, then it is let be."""
+    ledger = UnseenLedger()
+    await parked_ledger(store, ledger, "a")
+    clock = FakeClock(T0)
+    runner = skipping(store, ledger, clock)
+    assert await carry_out(runner, SKIP, 1, resolve_later=True) == 1
+    for n in range(UNSEEN_TRIES + 2):
+        clock.set(T0 + n * RESOLVE_BACKOFF_MS)
+        await runner.run_round()
+    firing = runner.firing_of(1)
+    assert ledger.resolves == UNSEEN_TRIES
+    assert firing is not None and not firing.resolving and not firing.unseen
 
 
 async def test_a_partitions_stop_resolves_what_its_round_had_not_yet(store: TimerStore) -> None:

@@ -28,6 +28,7 @@ from app.timers.runner.options import TimerOptions
 from app.timers.runner.partition import PartitionFiring, locked
 from app.timers.runner.partition_store import store_of
 from app.timers.runner.ports import FiringStore
+from tables.exceptions import StoreError
 from tables.ledger import FailureLedger
 from tables.refs import AggregateRef
 from tables.timer import Timer
@@ -35,6 +36,8 @@ from tables.timer import Timer
 __all__ = [
     "RESOLVE_BACKOFF_MS",
     "STOP_RESOLVE_S",
+    "UNSEEN_TRIES",
+    "name_parked",
     "operate",
     "resolve_at_stop",
     "resolve_entry",
@@ -129,32 +132,64 @@ async def resolve_pending(
     which retry and skip pass over: they act on PARKED rows). One write at most, so any
     failure leaves an entry behind, never a PARKED timer no entry names; the entries a
     failure leaves wait `RESOLVE_BACKOFF_MS` (`now`: the runner's clock) for the next
-    try, so that a ledger that does not answer holds up no round after round."""
+    try, so that a ledger that does not answer holds up no round after round. An entry
+    the ledger has not seen (`FailureLedger.unseen`: another node's park, its record
+    perhaps still on its way here) is asked for again after that wait, up to
+    `UNSEEN_TRIES` times."""
     if now < firing.resolve_after:
         return
     p = firing.partition
     await firing.written()
-    while firing.resolving:
-        target = firing.resolving.pop(0)  # taken: a round beside this one takes the next
-        done = False
-        try:
-            if not _mine(await store_of((firing,), store).parked(target), {p}):
-                await ledger.resolve(TimerOptions.PARKED_SUBSCRIPTION, target)
-            done = True
-        except Exception as exc:
-            firing.resolve_after = now + RESOLVE_BACKOFF_MS
-            logger.warning(
-                "operator on %s in partition %d: entry not resolved yet (%d waiting): %r",
-                target,
-                p,
-                len(firing.resolving),
-                exc,
-            )
-            return
-        finally:
-            # Failed or cut short: tried again later, once (a request meanwhile queued it).
-            if not done and target not in firing.resolving:
-                firing.resolving.insert(0, target)
+    later: list[AggregateRef] = []  # not seen yet: after the wait, not in this loop again
+    try:
+        while firing.resolving:
+            target = firing.resolving.pop(0)  # taken: a round beside this takes the next
+            done = False
+            try:
+                if not _mine(await store_of((firing,), store).parked(target), {p}):
+                    await _resolve(ledger, firing, target, later)
+                done = True
+            except Exception as exc:
+                firing.resolve_after = now + RESOLVE_BACKOFF_MS
+                logger.warning(
+                    "operator on %s in partition %d: entry not resolved yet (%d waiting): %r",
+                    target,
+                    p,
+                    len(firing.resolving),
+                    exc,
+                )
+                return
+            finally:
+                # Failed or cut short: tried again later, once (a request meanwhile
+                # queued it).
+                if not done and target not in firing.resolving:
+                    firing.resolving.insert(0, target)
+    finally:
+        if later:
+            firing.resolving.extend(t for t in later if t not in firing.resolving)
+            firing.resolve_after = max(firing.resolve_after, now + RESOLVE_BACKOFF_MS)
+
+
+async def _resolve(
+    ledger: FailureLedger, firing: PartitionFiring, target: AggregateRef, later: list[AggregateRef]
+) -> None:
+    """The entry of `target` resolved; appended to `later` when the ledger had not seen it
+    (not after `UNSEEN_TRIES` tries: then there is none, or it is left as it is)."""
+    subscription = TimerOptions.PARKED_SUBSCRIPTION
+    if await ledger.resolve(subscription, target) or not ledger.unseen(subscription, target):
+        firing.unseen.pop(target, None)
+        return
+    tries = firing.unseen[target] = firing.unseen.get(target, 0) + 1
+    if tries < UNSEEN_TRIES:
+        later.append(target)
+        return
+    del firing.unseen[target]
+    logger.info(
+        "operator on %s in partition %d: no ledger entry of it seen here after %d tries",
+        target,
+        firing.partition,
+        tries,
+    )
 
 
 async def resolve_at_stop(
@@ -177,11 +212,47 @@ async def resolve_at_stop(
         )
 
 
+async def name_parked(
+    store: FiringStore,
+    ledger: FailureLedger,
+    firings: Mapping[int, PartitionFiring],
+    target: AggregateRef,
+) -> int:
+    """The PARKED timers of `target` in the partitions fired here (`firings`) recorded
+    again; how many. Called once its entry was resolved, by whatever node: a request's
+    copy read late in another partition may resolve an entry a newer park recorded after
+    the request, here or on another node, and no entry would name that timer. Recorded
+    again, an entry names it (one a request still to be carried out here is resolved again
+    by it). A partition let go meanwhile is passed over (its next owner holds its rows)."""
+    parked: list[Timer] = []
+    for p, firing in sorted(firings.items()):
+        if firing.stopped:
+            continue
+        try:
+            parked += _mine(await store_of((firing,), store).parked(target), {p})
+        except StoreError as exc:  # let go (`StoreClosed`), or a row it cannot read
+            logger.info("parked timers of %s in partition %d not read: %s", target, p, exc)
+    if parked:
+        await ledger.record(TimerOptions.PARKED_SUBSCRIPTION, target, parked)
+        logger.warning(
+            "%d parked timer(s) of %s named again after its entry was resolved",
+            len(parked),
+            target,
+        )
+    return len(parked)
+
+
 STOP_RESOLVE_S = 2.0
 """How long a partition's stop may spend resolving the entries its rounds had not yet."""
 
 RESOLVE_BACKOFF_MS = 10_000
-"""How long entries whose resolve failed wait for the next try (`resolve_pending`)."""
+"""How long entries whose resolve failed, or whose entry the ledger had not seen, wait for
+the next try (`resolve_pending`)."""
+
+UNSEEN_TRIES = 3
+"""How many times an entry the ledger has not seen is asked for (`resolve_pending`): a
+followed ledger reads another node's park within a few seconds, and a target that was
+never parked has none to find."""
 
 
 def _store(

@@ -110,7 +110,11 @@ class PartitionFiring:
         # Targets whose PARKED rows an operator's request settled in its cycle (which calls
         # no ledger): their entries resolved by its next round (`operating.resolve_pending`).
         self.resolving: list[AggregateRef] = []
-        # Not tried again before (runner's clock, ms): the last try failed.
+        # Of those, how many times the ledger did not know the entry yet (another node's
+        # park, perhaps not followed here yet): asked again a few times, then let be.
+        self.unseen: dict[AggregateRef, int] = {}
+        # Not tried again before (runner's clock, ms): the last try failed, or found an
+        # entry the ledger had not seen.
         self.resolve_after = 0
 
     def __repr__(self) -> str:

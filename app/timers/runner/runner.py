@@ -45,7 +45,12 @@ from app.timers.runner.decisions import (
     retry_parked,
     skip_parked,
 )
-from app.timers.runner.operating import operate, resolve_at_stop, resolve_pending
+from app.timers.runner.operating import (
+    name_parked,
+    operate,
+    resolve_at_stop,
+    resolve_pending,
+)
 from app.timers.runner.options import TimerOptions
 from app.timers.runner.outcomes import Outcomes
 from app.timers.runner.partition import InProcessTargets, PartitionFiring, offer_to
@@ -381,6 +386,11 @@ class TimerRunner:
         """An operator's skip: the PARKED timers of `target` CANCELLED/SKIPPED, entry resolved;
         `partitions` and `resolve_later` as for `retry`."""
         return await self._operate(target, partitions, skip_parked, resolve_later)
+
+    async def name_parked(self, target: AggregateRef) -> int:
+        """`target`'s PARKED timers in the partitions fired here recorded in the ledger
+        again, once its entry was resolved (`operating.name_parked`); how many."""
+        return await name_parked(self._store, self._ledger, self._firings, target)
 
     async def _operate(
         self,

@@ -1,0 +1,181 @@
+"""Every PARKED timer named by a ledger entry after a resolve (`app.node.parked_names`):
+a copy of an operator's request read late in one partition resolves the entry a newer
+park in another partition recorded after the request; the node records that timer again."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+
+import pytest
+from fakes import OWNER, T0, TARGET, AnsweringSender, StillClock, slot_timer
+
+from app.kafka import TopicSpec
+from app.kafka.memory import MemoryLog
+from app.node.parked_names import keep_parked_named
+from app.protocol.topics import ContextTopics
+from app.protocol.wire import TimerAction
+from app.timers.ledger import KafkaFailureLedger
+from app.timers.operator import carry_out, new_op
+from app.timers.runner import TimerOptions, TimerRunner
+from tables import TimerStore, open_timer_store
+from tables.ledger import LedgerEntry
+from tables.timer import Outcome, Timer, TimerChange, TimerStatus
+
+SUB = TimerOptions.PARKED_SUBSCRIPTION
+PARTITIONS = 3
+
+
+async def park(store: TimerStore, key: str, partition: int) -> Timer:
+    """A timer of TARGET parked in `partition` (its row; the ledger is the caller's)."""
+    timer = slot_timer(id=f"t-{key}", key=key, partition=partition)
+    assert await store.put(timer)
+    row = await store.find(OWNER, key)
+    assert row is not None
+    parked = row.model_copy(
+        update={"status": TimerStatus.PARKED, "attempts": 5, "outcome": Outcome.FAILED}
+    )
+    assert await store.settle([TimerChange(loaded=row, next=parked)]) == 1
+    return parked
+
+
+async def round_of(runner: TimerRunner, p: int) -> None:
+    async with runner.partition_round(p) as r:
+        r.claims_committed(r.to_commit)
+
+
+@pytest.fixture
+async def ledger() -> AsyncIterator[KafkaFailureLedger]:
+    log = MemoryLog([TopicSpec(ContextTopics("shop").ledger, PARTITIONS, compacted=True)])
+    kept = KafkaFailureLedger(log, "shop", PARTITIONS, log.publisher())
+    await kept.start()
+    yield kept
+    await kept.stop()
+
+
+async def entries_naming(ledger: KafkaFailureLedger, timer: Timer) -> list[LedgerEntry]:
+    """The entries once one names `timer` (a few turns of the loop), or none after them."""
+    for _ in range(200):
+        entries = await ledger.entries()
+        if any(timer.request_id in e.timers for e in entries):
+            return entries
+        await asyncio.sleep(0)
+    return await ledger.entries()
+
+
+@pytest.mark.parametrize("keeper", [True, False], ids=["named-again", "without-the-keeper"])
+async def test_a_late_copy_of_a_request_leaves_no_parked_timer_unnamed(
+    ledger: KafkaFailureLedger, keeper: bool
+) -> None:
+    store = open_timer_store("memory://", partitions=PARTITIONS)
+    runner = TimerRunner(
+        store, AnsweringSender(), StillClock(T0), ledger, partitions=range(PARTITIONS)
+    )
+    naming = asyncio.create_task(keep_parked_named(ledger, lambda: [runner], after_s=0))
+    if not keeper:
+        naming.cancel()
+    try:
+        a, b = await park(store, "a", 1), await park(store, "b", 2)
+        await ledger.record(SUB, TARGET, [a, b])
+        skip = new_op(TimerAction.SKIP, TARGET, now=T0)
+        # Partition 2 reads its copy at once; its round resolves the entry.
+        await carry_out(runner, skip, 2, resolve_later=True)
+        await round_of(runner, 2)
+        # The target fails again: a timer of it in partition 2 parked (the ledger first).
+        c = await park(store, "c", 2)
+        await ledger.record(SUB, TARGET, [c])
+        # Partition 1 reads its copy of the same request only now: it settles its own
+        # row, and its round resolves the entry as it is, the newer park's.
+        await carry_out(runner, skip, 1, resolve_later=True)
+        await round_of(runner, 1)
+        row = await store.find(OWNER, "c")
+        assert row is not None and row.status is TimerStatus.PARKED
+        entries = await entries_naming(ledger, c)
+        if keeper:
+            [entry] = entries
+            assert entry.timers == (c.request_id,)
+        else:
+            assert entries == []  # what the keeper is for
+    finally:
+        naming.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await naming
+        await store.close()
+
+
+async def test_a_failing_ledger_is_tried_again_and_the_keeper_goes_on(
+    ledger: KafkaFailureLedger, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A record refused is tried again (1 s apart, `NAME_TRIES` at most); the keeper never
+    ends on a failure, so the next resolve is heard."""
+    monkeypatch.setattr(asyncio, "sleep", _no_wait)
+    calls: list[str] = []
+
+    class Failing:
+        async def name_parked(self, target: object) -> int:
+            calls.append(str(target))
+            raise RuntimeError("the ledger did not answer")
+
+    naming = asyncio.create_task(
+        keep_parked_named(ledger, lambda: [Failing()], after_s=0)  # type: ignore[list-item]
+    )
+    try:
+        store = open_timer_store("memory://", partitions=PARTITIONS)
+        a = await park(store, "a", 1)
+        await ledger.record(SUB, TARGET, [a])
+        assert await ledger.resolve(SUB, TARGET)
+        for _ in range(100):
+            if len(calls) == 5:
+                break
+            await _real_sleep(0)
+        assert len(calls) == 5 and not naming.done()
+        await ledger.record(SUB, TARGET, [a])
+        assert await ledger.resolve(SUB, TARGET)
+        for _ in range(100):
+            if len(calls) == 10:
+                break
+            await _real_sleep(0)
+        assert len(calls) == 10 and not naming.done()
+        await store.close()
+    finally:
+        naming.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await naming
+
+
+_real_sleep = asyncio.sleep
+
+
+async def _no_wait(delay: float, result: object = None) -> object:
+    await _real_sleep(0)
+    return result
+
+
+async def test_a_copy_carried_out_soon_after_is_not_recorded_again(
+    ledger: KafkaFailureLedger,
+) -> None:
+    """The request's copies carried out within the wait (`NAME_AFTER_S`, here 0.2 s) leave
+    nothing to record: no entry brought back only to be resolved again."""
+    store = open_timer_store("memory://", partitions=PARTITIONS)
+    runner = TimerRunner(
+        store, AnsweringSender(), StillClock(T0), ledger, partitions=range(PARTITIONS)
+    )
+    naming = asyncio.create_task(keep_parked_named(ledger, lambda: [runner], after_s=0.2))
+    try:
+        a, b = await park(store, "a", 1), await park(store, "b", 2)
+        await ledger.record(SUB, TARGET, [a, b])
+        skip = new_op(TimerAction.SKIP, TARGET, now=T0)
+        await carry_out(runner, skip, 2, resolve_later=True)
+        await round_of(runner, 2)
+        await asyncio.sleep(0.05)
+        assert await ledger.entries() == []  # a, still PARKED, not recorded again yet
+        await carry_out(runner, skip, 1, resolve_later=True)  # a moment later
+        await round_of(runner, 1)
+        await asyncio.sleep(0.4)
+        assert await ledger.entries() == []
+    finally:
+        naming.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await naming
+        await store.close()
