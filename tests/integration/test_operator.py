@@ -9,6 +9,7 @@ the owners of the timers' partitions carry it out, each for its own partition.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import sys
 import time
@@ -19,12 +20,23 @@ import orjson
 import pytest
 from harness import ROOT, Client, Cluster, eventually, owned
 
-from app.kafka import KafkaClients, Producer, read_to_end
+from app.kafka import KafkaClients, Producer, TopicSpec, read_to_end
+from app.node.parked_names import keep_parked_named
+from app.protocol.topics import ContextTopics
 from app.protocol.wire import ResultCode
 from app.timers.ledger import KafkaFailureLedger, decode_key, read_ledger
 from app.timers.operator import read_timers, request_retry
-from app.timers.runner import TimerOptions
-from tables import Outcome, Timer, TimerStatus
+from app.timers.runner import SendResult, SystemClock, TimerOptions, TimerRunner
+from tables import (
+    AggregateRef,
+    CommandSpec,
+    OnceRule,
+    Outcome,
+    Timer,
+    TimerChange,
+    TimerStatus,
+    open_timer_store,
+)
 from tables.ledger import LedgerEntry
 from tables.partitioner import partition_of
 
@@ -297,6 +309,72 @@ async def test_parked_timers_are_retried_and_skipped_by_their_owners(cluster: Cl
             await follower.stop()
             await producer.stop()
     print(f"operator scenario: {time.monotonic() - began:.1f} s")
+
+
+class _NoSends:
+    async def send(self, timer: Timer) -> SendResult:
+        raise AssertionError(f"nothing is sent here: {timer.request_id}")
+
+
+async def test_a_resolve_another_node_wrote_brings_this_nodes_parked_timers_back(
+    kafka_bootstrap: str,
+) -> None:
+    # The real broker's side of test_parked_names: node B resolves an entry that names a
+    # timer PARKED on node A (a late copy of a request, there); A follows the tombstone
+    # and records the timer again, so that both nodes' views name it.
+    kafka = KafkaClients(kafka_bootstrap)
+    context = f"names{int(time.time() * 1000)}"
+    await kafka.admin().ensure_topics(
+        [TopicSpec(ContextTopics(context).ledger, PARTITIONS, compacted=True)]
+    )
+    producer = Producer(kafka_bootstrap)
+    await producer.start()
+    a = KafkaFailureLedger(kafka, context, PARTITIONS, producer)
+    b = KafkaFailureLedger(kafka, context, PARTITIONS, producer)
+    store = open_timer_store("memory://", partitions=PARTITIONS)
+    now = int(time.time() * 1000)
+    runner = TimerRunner(store, _NoSends(), SystemClock(), a, partitions=[2])
+    await a.start()
+    await b.start()
+    keeper = asyncio.create_task(keep_parked_named(a, lambda: [runner], after_s=0))
+    try:
+        target = AggregateRef(context=context, aggregate="invoice", id="i-1")
+        pending = Timer(
+            id="t-1",
+            owner=AggregateRef(context=context, aggregate="order", id="o-1"),
+            key="k-1",
+            version=1,
+            partition=2,
+            rule=OnceRule(at=now),
+            target=target,
+            command=CommandSpec(type="billing.Remind"),
+            slot_due_at=now,
+            due_at=now,
+        )
+        assert await store.put(pending)
+        parked = pending.model_copy(
+            update={"status": TimerStatus.PARKED, "attempts": 5, "outcome": Outcome.FAILED}
+        )
+        assert await store.settle([TimerChange(loaded=pending, next=parked)]) == 1
+        await a.record(SUB, target, [parked])
+
+        async def b_names_it() -> bool:
+            return [e.timers for e in await b.entries()] == [(parked.request_id,)]
+
+        await eventually(b_names_it, 30, "node B following the park")
+        assert await b.resolve(SUB, target)
+        await eventually(lambda: _is_empty(b), 30, "B's tombstone")
+        await eventually(b_names_it, 30, "the timer named again by A, as B reads it")
+        assert [e.timers for e in await a.entries()] == [(parked.request_id,)]
+        assert not keeper.done()
+    finally:
+        keeper.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await keeper
+        await b.stop()
+        await a.stop()
+        await producer.stop()
+        await store.close()
 
 
 async def _has_entry(ledger: KafkaFailureLedger, request_ids: set[str]) -> bool:
