@@ -76,12 +76,6 @@ class FailureLedger(Protocol):
         """Removes the entry; whether there was one."""
         ...
 
-    def unseen(self, subscription: str, target: AggregateRef) -> bool:
-        """Whether an entry of the pair may exist that this ledger has not read yet (one
-        followed from a topic, which never saw the pair): `resolve` answered False
-        without knowing. False for a ledger that holds every entry itself."""
-        ...
-
     async def entries(self) -> list[LedgerEntry]:
         """Every open entry."""
         ...
@@ -109,9 +103,6 @@ class MemoryFailureLedger:
     async def resolve(self, subscription: str, target: AggregateRef) -> bool:
         async with self._lock:
             return self._entries.pop((subscription, target), None) is not None
-
-    def unseen(self, subscription: str, target: AggregateRef) -> bool:
-        return False  # every entry is here
 
     async def entries(self) -> list[LedgerEntry]:
         async with self._lock:

@@ -7,7 +7,8 @@ may be one a newer park recorded, in another partition, after the request: that 
 would be PARKED with no entry naming it, invisible to `timers ledger` and the operator
 page. So every node, for each entry resolved (its own tombstones and those it follows),
 records the target's PARKED timers of the partitions it fires again
-(`TimerRunner.name_parked`): within moments an entry names them again.
+(`TimerRunner.name_parked`): within moments an entry is open for the target again (one
+node's names, should two nodes record at once: the ledger keeps the later write).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from app.errors import node_fault
 from app.timers.ledger import KafkaFailureLedger
 from app.timers.runner import TimerOptions, TimerRunner
 
-__all__ = ["NAME_AFTER_S", "NAME_TRIES", "keep_parked_named"]
+__all__ = ["NAME_AFTER_S", "RETRY_S", "keep_parked_named"]
 
 logger = logging.getLogger(__name__)
 
@@ -29,9 +30,9 @@ NAME_AFTER_S = 5.0
 request's copies in the other partitions are carried out by then (a timer they are about
 to settle is not recorded again only to be resolved again), a late one excepted."""
 
-NAME_TRIES = 5
-"""How many times a target's PARKED timers are recorded again when the ledger refuses
-(one second apart): then the failure is logged, and the next resolve tries again."""
+RETRY_S = 30.0
+"""How long a target whose PARKED timers could not be recorded waits for the next try
+(put back in the queue: the other targets are not held up meanwhile)."""
 
 
 async def keep_parked_named(
@@ -39,33 +40,31 @@ async def keep_parked_named(
     runners: Callable[[], Iterable[TimerRunner]],
     *,
     after_s: float = NAME_AFTER_S,
+    retry_s: float = RETRY_S,
 ) -> None:
     """For each entry of `ledger` resolved, `runners()` (its context's types') record
-    their PARKED timers of its target again, `after_s` after the resolve was read. Runs
-    until cancelled; a failure of one target is logged and passed (never the end of the
-    task)."""
+    their PARKED timers of its target again, `after_s` after the resolve was read; a
+    target that failed is tried again `retry_s` later, until it passes. Runs until
+    cancelled; a failure never ends it."""
     me = asyncio.current_task()
     loop = asyncio.get_running_loop()
-    # Python 3.11's `wait_for` (the ledger's writes) may swallow a cancellation that
-    # comes as its write completes: a stop asked is read here, never waited past.
+    resolved = ledger.resolved
+    # Python 3.11's `wait_for` (the ledger's writes) may swallow a cancellation that comes
+    # as its write completes: a stop asked is heard before the next target and runner.
     while me is None or not me.cancelling():
-        key, taken = await ledger.resolved.get()
+        key, taken = await resolved.get()
         if key.subscription != TimerOptions.PARKED_SUBSCRIPTION:
             continue
         await asyncio.sleep(max(0.0, taken + after_s - loop.time()))
         for runner in runners():
-            for attempt in range(1, NAME_TRIES + 1):
-                try:
-                    await runner.name_parked(key.target)
-                    break
-                except Exception as exc:
-                    log = logger.warning if node_fault(exc) else logger.exception
-                    log(
-                        "parked timers of %s not named again (%d/%d): %s",
-                        key.target,
-                        attempt,
-                        NAME_TRIES,
-                        exc,
-                    )
-                    await asyncio.sleep(1)
+            if me is not None and me.cancelling():
+                break
+            try:
+                await runner.name_parked(key.target)
+            except Exception as exc:
+                log = logger.warning if node_fault(exc) else logger.exception
+                log("parked timers of %s not named again, tried again later: %s", key.target, exc)
+                # Back in the queue when due, behind no other target's wait.
+                loop.call_later(retry_s, resolved.put_nowait, (key, -after_s))
+                break
     raise asyncio.CancelledError

@@ -145,10 +145,6 @@ class LedgerView:
             return False
         return self.apply(key, record.partition, record.offset, entry)
 
-    def seen(self, key: LedgerKey) -> bool:
-        """Whether a record of `key` was taken, a tombstone included."""
-        return key in self._held
-
     def get(self, key: LedgerKey) -> LedgerEntry | None:
         held = self._held.get(key)
         return None if held is None else held.entry
@@ -307,11 +303,6 @@ class KafkaFailureLedger:
             await self._write(key, None)
         logger.info("resolved the ledger entry of %s under %s", target, subscription)
         return True
-
-    def unseen(self, subscription: str, target: AggregateRef) -> bool:
-        """Whether this node never read a record of the pair, not even a tombstone: another
-        node's park may be on its way here (`resolve` wrote nothing over it)."""
-        return not self._view.seen(LedgerKey(subscription, target))
 
     async def entries(self) -> list[LedgerEntry]:
         return self._view.entries()

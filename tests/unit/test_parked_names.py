@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 from fakes import OWNER, T0, TARGET, AnsweringSender, StillClock, slot_timer
@@ -19,7 +20,7 @@ from app.protocol.wire import TimerAction
 from app.timers.ledger import KafkaFailureLedger
 from app.timers.operator import carry_out, new_op
 from app.timers.runner import TimerOptions, TimerRunner
-from tables import TimerStore, open_timer_store
+from tables import AggregateRef, TimerStore, open_timer_store
 from tables.ledger import LedgerEntry
 from tables.timer import Outcome, Timer, TimerChange, TimerStatus
 
@@ -104,52 +105,41 @@ async def test_a_late_copy_of_a_request_leaves_no_parked_timer_unnamed(
         await store.close()
 
 
-async def test_a_failing_ledger_is_tried_again_and_the_keeper_goes_on(
-    ledger: KafkaFailureLedger, monkeypatch: pytest.MonkeyPatch
+async def test_a_target_that_failed_is_tried_again_later_behind_no_other(
+    ledger: KafkaFailureLedger,
 ) -> None:
-    """A record refused is tried again (1 s apart, `NAME_TRIES` at most); the keeper never
-    ends on a failure, so the next resolve is heard."""
-    monkeypatch.setattr(asyncio, "sleep", _no_wait)
+    """A record refused puts the target back `retry_s` later: meanwhile another target's
+    resolve is heard at once, and the keeper never ends on a failure."""
     calls: list[str] = []
+    fail = {"i-bad"}
 
-    class Failing:
-        async def name_parked(self, target: object) -> int:
-            calls.append(str(target))
-            raise RuntimeError("the ledger did not answer")
+    class Runner:
+        async def name_parked(self, target: AggregateRef) -> int:
+            calls.append(target.id)
+            if target.id in fail:
+                raise RuntimeError("the ledger did not answer")
+            return 0
 
     naming = asyncio.create_task(
-        keep_parked_named(ledger, lambda: [Failing()], after_s=0)  # type: ignore[list-item]
+        keep_parked_named(ledger, lambda: [Runner()], after_s=0, retry_s=0.3)  # type: ignore[list-item]
     )
+    store = open_timer_store("memory://", partitions=PARTITIONS)
     try:
-        store = open_timer_store("memory://", partitions=PARTITIONS)
         a = await park(store, "a", 1)
-        await ledger.record(SUB, TARGET, [a])
-        assert await ledger.resolve(SUB, TARGET)
-        for _ in range(100):
-            if len(calls) == 5:
-                break
-            await _real_sleep(0)
-        assert len(calls) == 5 and not naming.done()
-        await ledger.record(SUB, TARGET, [a])
-        assert await ledger.resolve(SUB, TARGET)
-        for _ in range(100):
-            if len(calls) == 10:
-                break
-            await _real_sleep(0)
-        assert len(calls) == 10 and not naming.done()
-        await store.close()
+        bad, good = (AggregateRef(context="shop", aggregate="inv", id=i) for i in ("i-bad", "i-ok"))
+        for target in (bad, good):
+            await ledger.record(SUB, target, [a])
+            assert await ledger.resolve(SUB, target)
+        await asyncio.sleep(0.1)
+        assert calls == ["i-bad", "i-ok"] and not naming.done()
+        fail.clear()
+        await asyncio.sleep(0.4)
+        assert calls == ["i-bad", "i-ok", "i-bad"] and not naming.done()
     finally:
         naming.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await naming
-
-
-_real_sleep = asyncio.sleep
-
-
-async def _no_wait(delay: float, result: object = None) -> object:
-    await _real_sleep(0)
-    return result
+        await store.close()
 
 
 async def test_a_copy_carried_out_soon_after_is_not_recorded_again(
@@ -179,3 +169,16 @@ async def test_a_copy_carried_out_soon_after_is_not_recorded_again(
         with contextlib.suppress(asyncio.CancelledError):
             await naming
         await store.close()
+
+
+async def test_a_running_node_keeps_its_contexts_parked_timers_named(tmp_path: Path) -> None:
+    """The node runs a keeper per context ledger while it runs, stopped with it."""
+    from fakes import RunningNode, running
+    from test_cycle_partition_handle import SERVICE, TOPICS
+
+    name = f"naming the parked timers of {TOPICS.context}"
+    node = RunningNode(MemoryLog(), tmp_path, "a", SERVICE, 2)
+    async with running(node):
+        assert name in {t.get_name() for t in asyncio.all_tasks() if not t.done()}
+    await asyncio.sleep(0)
+    assert name not in {t.get_name() for t in asyncio.all_tasks() if not t.done()}

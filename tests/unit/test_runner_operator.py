@@ -278,9 +278,9 @@ async def test_two_requests_for_one_target_are_resolved_by_one_ledger_write(
     assert (ledger.resolves, await ledger.entries()) == (2, [])
 
 
-class UnseenLedger(FlakyLedger):
+class LaggingLedger(FlakyLedger):
     """A followed ledger that has not read the entry yet while `hidden`: its resolve
-    writes nothing and it says it has not seen the pair."""
+    finds none and writes nothing."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -292,16 +292,14 @@ class UnseenLedger(FlakyLedger):
             return False
         return await super().resolve(subscription, target)
 
-    def unseen(self, subscription: str, target: AggregateRef) -> bool:
-        return self.hidden
 
-
-async def test_an_entry_the_ledger_has_not_seen_yet_is_asked_for_again_after_the_wait(
+async def test_an_entry_the_ledger_has_not_read_yet_is_asked_for_again_after_the_wait(
     store: TimerStore,
 ) -> None:
     """Another node parked the target, and this node's ledger has not followed that
-    record yet: the round asks again after `RESOLVE_BACKOFF_MS`, not never."""
-    ledger = UnseenLedger()
+    record yet (a re-park after a tombstone it read included): the partition settled
+    PARKED rows of it, so the round asks again after `RESOLVE_BACKOFF_MS`, not never."""
+    ledger = LaggingLedger()
     await parked_ledger(store, ledger, "a")
     clock = FakeClock(T0)
     runner = skipping(store, ledger, clock)
@@ -316,12 +314,12 @@ async def test_an_entry_the_ledger_has_not_seen_yet_is_asked_for_again_after_the
     assert (ledger.resolves, await ledger.entries()) == (2, [])
 
 
-async def test_an_entry_never_seen_is_asked_for_a_bounded_number_of_times(
+async def test_an_entry_never_found_is_asked_for_a_bounded_number_of_times(
     store: TimerStore,
 ) -> None:
-    """A target with no entry anywhere (never parked, or resolved by a node whose
-    tombstone this one never read): `UNSEEN_TRIES` asks, then it is let be."""
-    ledger = UnseenLedger()
+    """An entry never found although rows were settled (its names lost to another
+    node's write, say): `UNSEEN_TRIES` asks, then it is let be."""
+    ledger = LaggingLedger()
     await parked_ledger(store, ledger, "a")
     clock = FakeClock(T0)
     runner = skipping(store, ledger, clock)
@@ -331,7 +329,20 @@ async def test_an_entry_never_seen_is_asked_for_a_bounded_number_of_times(
         await runner.run_round()
     firing = runner.firing_of(1)
     assert ledger.resolves == UNSEEN_TRIES
-    assert firing is not None and not firing.resolving and not firing.unseen
+    assert firing is not None and not firing.resolving and not firing.expecting
+
+
+async def test_no_entry_is_expected_where_the_request_settled_nothing(store: TimerStore) -> None:
+    """A copy of the request that found nothing PARKED in its partition expects no
+    entry: one resolve, not asked again."""
+    ledger = LaggingLedger()
+    clock = FakeClock(T0)
+    runner = skipping(store, ledger, clock)
+    assert await carry_out(runner, SKIP, 1, resolve_later=True) == 0
+    for n in range(3):
+        clock.set(T0 + n * RESOLVE_BACKOFF_MS)
+        await runner.run_round()
+    assert ledger.resolves == 1
 
 
 async def test_a_partitions_stop_resolves_what_its_round_had_not_yet(store: TimerStore) -> None:

@@ -68,6 +68,8 @@ async def operate(
         for p in sorted(only):
             if target not in firings[p].resolving:  # one resolve answers both requests
                 firings[p].resolving.append(target)
+            if written:
+                firings[p].expecting[target] = UNSEEN_TRIES
             firings[p].answered.set()  # its next round resolves it, with no wait
         return written
     # Resolved after the write: should the write fail, the entry stays for another try.
@@ -133,9 +135,9 @@ async def resolve_pending(
     failure leaves an entry behind, never a PARKED timer no entry names; the entries a
     failure leaves wait `RESOLVE_BACKOFF_MS` (`now`: the runner's clock) for the next
     try, so that a ledger that does not answer holds up no round after round. An entry
-    the ledger has not seen (`FailureLedger.unseen`: another node's park, its record
-    perhaps still on its way here) is asked for again after that wait, up to
-    `UNSEEN_TRIES` times."""
+    the ledger does not hold although the partition settled PARKED rows of its target
+    (`PartitionFiring.expecting`: another node's park, its record perhaps still on its
+    way here) is asked for again after that wait, `UNSEEN_TRIES` times in all."""
     if now < firing.resolve_after:
         return
     p = firing.partition
@@ -148,6 +150,8 @@ async def resolve_pending(
             try:
                 if not _mine(await store_of((firing,), store).parked(target), {p}):
                     await _resolve(ledger, firing, target, later)
+                else:  # parked again: its entry stays, as it is
+                    firing.expecting.pop(target, None)
                 done = True
             except Exception as exc:
                 firing.resolve_after = now + RESOLVE_BACKOFF_MS
@@ -173,22 +177,22 @@ async def resolve_pending(
 async def _resolve(
     ledger: FailureLedger, firing: PartitionFiring, target: AggregateRef, later: list[AggregateRef]
 ) -> None:
-    """The entry of `target` resolved; appended to `later` when the ledger had not seen it
-    (not after `UNSEEN_TRIES` tries: then there is none, or it is left as it is)."""
-    subscription = TimerOptions.PARKED_SUBSCRIPTION
-    if await ledger.resolve(subscription, target) or not ledger.unseen(subscription, target):
-        firing.unseen.pop(target, None)
+    """The entry of `target` resolved; appended to `later` when the ledger holds none
+    although one was expected (tries left in `PartitionFiring.expecting`)."""
+    tries = firing.expecting.get(target, 0)  # kept should the resolve raise
+    if await ledger.resolve(TimerOptions.PARKED_SUBSCRIPTION, target) or tries == 0:
+        firing.expecting.pop(target, None)
         return
-    tries = firing.unseen[target] = firing.unseen.get(target, 0) + 1
-    if tries < UNSEEN_TRIES:
+    if tries > 1:
+        firing.expecting[target] = tries - 1
         later.append(target)
         return
-    del firing.unseen[target]
+    del firing.expecting[target]
     logger.info(
-        "operator on %s in partition %d: no ledger entry of it seen here after %d tries",
+        "operator on %s in partition %d: no ledger entry of it found after %d tries",
         target,
         firing.partition,
-        tries,
+        UNSEEN_TRIES,
     )
 
 
@@ -250,9 +254,10 @@ RESOLVE_BACKOFF_MS = 10_000
 the next try (`resolve_pending`)."""
 
 UNSEEN_TRIES = 3
-"""How many times an entry the ledger has not seen is asked for (`resolve_pending`): a
-followed ledger reads another node's park within a few seconds, and a target that was
-never parked has none to find."""
+"""How many times an entry is asked for when the partition settled PARKED rows of its
+target but the ledger holds none (`resolve_pending`): a followed ledger reads another
+node's park within seconds; one never found (its names lost to a concurrent write) is
+let be."""
 
 
 def _store(

@@ -110,11 +110,12 @@ class PartitionFiring:
         # Targets whose PARKED rows an operator's request settled in its cycle (which calls
         # no ledger): their entries resolved by its next round (`operating.resolve_pending`).
         self.resolving: list[AggregateRef] = []
-        # Of those, how many times the ledger did not know the entry yet (another node's
-        # park, perhaps not followed here yet): asked again a few times, then let be.
-        self.unseen: dict[AggregateRef, int] = {}
-        # Not tried again before (runner's clock, ms): the last try failed, or found an
-        # entry the ledger had not seen.
+        # Of those, the ones whose PARKED rows it settled, with the tries left when the
+        # ledger holds no entry of them (one should be open: another node's park, perhaps
+        # not followed here yet): asked again after the wait, then let be.
+        self.expecting: dict[AggregateRef, int] = {}
+        # Not tried again before (runner's clock, ms): the last try failed, or found no
+        # entry where one was expected.
         self.resolve_after = 0
 
     def __repr__(self) -> str:
