@@ -305,7 +305,9 @@ class PartitionTask:
         in_process = in_process_targets(kept.topics, partitions) if local else None
         # Its store calls through p's own handle: refused once p is let go.
         store = None if self.store is None else PartitionStore(self.store)
-        firing = kept.runner.start_partition(self.p, in_process=in_process, store=store)
+        firing = kept.runner.start_partition(
+            self.p, in_process=in_process, store=store, check_named=True
+        )
         self.firing = firing
         self.timer_loop = kept.loop.start_partition(self, firing)
 

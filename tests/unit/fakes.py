@@ -39,6 +39,7 @@ from app.node.settings import Settings
 from app.protocol.wire import TimerAction, TimerOp
 from app.timers.operator import new_op
 from app.timers.runner import InProcessTargets, SendResult, TimerOptions, TimerRunner
+from tables.census import TimerCensus
 from tables.ledger import FailureLedger, MemoryFailureLedger
 from tables.memory_store import MemoryTimerStore
 from tables.refs import AggregateRef
@@ -224,6 +225,14 @@ class CountingStore:
 
     async def expire(self, partition: int, now: int, retention: int, limit: int) -> int:
         return int(await self.inner.expire(partition, now, retention, limit))
+
+    async def census(
+        self, partition: int, now: int, *, limit: int = 100_000, parked_limit: int = 100
+    ) -> TimerCensus:
+        census: TimerCensus = await self.inner.census(
+            partition, now, limit=limit, parked_limit=parked_limit
+        )
+        return census
 
 
 class SpyLedger(MemoryFailureLedger):

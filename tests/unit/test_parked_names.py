@@ -28,9 +28,9 @@ SUB = TimerOptions.PARKED_SUBSCRIPTION
 PARTITIONS = 3
 
 
-async def park(store: TimerStore, key: str, partition: int) -> Timer:
-    """A timer of TARGET parked in `partition` (its row; the ledger is the caller's)."""
-    timer = slot_timer(id=f"t-{key}", key=key, partition=partition)
+async def park(store: TimerStore, key: str, partition: int, target: AggregateRef = TARGET) -> Timer:
+    """A timer of `target` parked in `partition` (its row; the ledger is the caller's)."""
+    timer = slot_timer(id=f"t-{key}", key=key, partition=partition, target=target)
     assert await store.put(timer)
     row = await store.find(OWNER, key)
     assert row is not None
@@ -168,6 +168,32 @@ async def test_a_copy_carried_out_soon_after_is_not_recorded_again(
         naming.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await naming
+        await store.close()
+
+
+async def test_a_partition_started_here_names_its_parked_timers_that_no_entry_names(
+    ledger: KafkaFailureLedger,
+) -> None:
+    """A resolve read while its partition changed owner found its firing on neither
+    node: the partition's first round here records what no open entry names, once."""
+    store = open_timer_store("memory://", partitions=PARTITIONS)
+    runner = TimerRunner(store, AnsweringSender(), StillClock(T0), ledger, partitions=[])
+    try:
+        c, d = await park(store, "c", 2), await park(store, "d", 1)
+        other = AggregateRef(context="shop", aggregate="inv", id="named")
+        named = await park(store, "e", 2, target=other)
+        await ledger.record(SUB, other, [named])
+        runner.start_partition(2, check_named=True)
+        runner.start_partition(1)  # not asked: its rows are left as they are
+        await round_of(runner, 2)
+        await round_of(runner, 1)
+        entries = {e.target: e.timers for e in await ledger.entries()}
+        assert entries == {TARGET: (c.request_id,), other: (named.request_id,)}
+        await ledger.resolve(SUB, TARGET)
+        await round_of(runner, 2)  # once: not at every round
+        assert TARGET not in {e.target for e in await ledger.entries()}
+        assert d.partition == 1
+    finally:
         await store.close()
 
 

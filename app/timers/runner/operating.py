@@ -34,10 +34,12 @@ from tables.refs import AggregateRef
 from tables.timer import Timer
 
 __all__ = [
+    "NAMED_LIMIT",
     "RESOLVE_BACKOFF_MS",
     "STOP_RESOLVE_S",
     "UNSEEN_TRIES",
     "name_parked",
+    "name_unnamed",
     "operate",
     "resolve_at_stop",
     "resolve_entry",
@@ -245,6 +247,44 @@ async def name_parked(
         )
     return len(parked)
 
+
+async def name_unnamed(
+    store: FiringStore, ledger: FailureLedger, firing: PartitionFiring, now: int
+) -> None:
+    """At a partition's start here (`PartitionFiring.naming_at`), by its round: its
+    PARKED timers (the first `NAMED_LIMIT`) whose targets have no open ledger entry are
+    recorded. A resolve read while the partition changed owner finds no firing of it on
+    either node (`name_parked`), so its timers are looked at here. A failure tries again
+    after `RESOLVE_BACKOFF_MS`."""
+    if firing.naming_at is None or now < firing.naming_at:
+        return
+    p, subscription = firing.partition, TimerOptions.PARKED_SUBSCRIPTION
+    try:
+        census = await store_of((firing,), store).census(
+            p, now, limit=NAMED_LIMIT, parked_limit=NAMED_LIMIT
+        )
+        if census.parked_timers:
+            open_ = {e.target for e in await ledger.entries() if e.subscription == subscription}
+            unnamed: dict[AggregateRef, list[Timer]] = {}
+            for timer in census.parked_timers:
+                if timer.target not in open_:
+                    unnamed.setdefault(timer.target, []).append(timer)
+            for target, timers in unnamed.items():
+                await ledger.record(subscription, target, timers)
+                logger.warning(
+                    "partition %d: %d parked timer(s) of %s had no ledger entry: recorded",
+                    p,
+                    len(timers),
+                    target,
+                )
+        firing.naming_at = None
+    except Exception as exc:
+        firing.naming_at = now + RESOLVE_BACKOFF_MS
+        logger.warning("partition %d: its parked timers not checked yet: %r", p, exc)
+
+
+NAMED_LIMIT = 10_000
+"""How many PARKED timers of a partition its start checks (`name_unnamed`)."""
 
 STOP_RESOLVE_S = 2.0
 """How long a partition's stop may spend resolving the entries its rounds had not yet."""

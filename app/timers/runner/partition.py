@@ -117,6 +117,10 @@ class PartitionFiring:
         # Not tried again before (runner's clock, ms): the last try failed, or found no
         # entry where one was expected.
         self.resolve_after = 0
+        # When its PARKED timers are next checked for an open ledger entry
+        # (`operating.name_unnamed`; runner's clock, ms): at its first round when its
+        # owner asks, None once done.
+        self.naming_at: int | None = None
 
     def __repr__(self) -> str:
         return f"PartitionFiring({self.partition})"

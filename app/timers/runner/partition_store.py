@@ -18,6 +18,7 @@ from collections.abc import Awaitable, Callable, Iterable, Set
 from typing import Protocol, TypeVar
 
 from app.timers.runner.ports import FiringStore
+from tables.census import TimerCensus
 from tables.exceptions import StoreError
 from tables.refs import AggregateRef
 from tables.store import DueRow
@@ -45,6 +46,10 @@ class PartitionCalls(Protocol):
     async def parked(self, target: AggregateRef) -> list[Timer]: ...
 
     async def expire(self, now: int, retention: int, limit: int) -> int: ...
+
+    async def census(
+        self, now: int, *, limit: int = 100_000, parked_limit: int = 100
+    ) -> TimerCensus: ...
 
 
 class PartitionStore:
@@ -98,6 +103,12 @@ class PartitionStore:
     async def expire(self, partition: int, now: int, retention: int, limit: int) -> int:
         self._wanted({partition})
         return await self._call(self._handle.expire(now, retention, limit))
+
+    async def census(
+        self, partition: int, now: int, *, limit: int = 100_000, parked_limit: int = 100
+    ) -> TimerCensus:
+        self._wanted({partition})
+        return await self._call(self._handle.census(now, limit=limit, parked_limit=parked_limit))
 
 
 class Owned(Protocol):
@@ -189,3 +200,9 @@ class _Routed:
     async def expire(self, partition: int, now: int, retention: int, limit: int) -> int:
         store = self._own.get(partition, self._default)
         return await store.expire(partition, now, retention, limit)
+
+    async def census(
+        self, partition: int, now: int, *, limit: int = 100_000, parked_limit: int = 100
+    ) -> TimerCensus:
+        store = self._own.get(partition, self._default)
+        return await store.census(partition, now, limit=limit, parked_limit=parked_limit)

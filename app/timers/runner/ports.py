@@ -12,6 +12,7 @@ import time
 from typing import Protocol
 
 from app.timers.runner.decisions import SendResult
+from tables.census import TimerCensus
 from tables.refs import AggregateRef
 from tables.store import DueRow
 from tables.timer import Timer, TimerChange
@@ -65,3 +66,7 @@ class FiringStore(Protocol):
     async def parked(self, target: AggregateRef) -> list[Timer]: ...
 
     async def expire(self, partition: int, now: int, retention: int, limit: int) -> int: ...
+
+    async def census(
+        self, partition: int, now: int, *, limit: int = 100_000, parked_limit: int = 100
+    ) -> TimerCensus: ...

@@ -47,6 +47,7 @@ from app.timers.runner.decisions import (
 )
 from app.timers.runner.operating import (
     name_parked,
+    name_unnamed,
     operate,
     resolve_at_stop,
     resolve_pending,
@@ -168,16 +169,20 @@ class TimerRunner:
         *,
         in_process: InProcessTargets | None = None,
         store: FiringStore | None = None,
+        check_named: bool = False,
     ) -> PartitionFiring:
         """Starts sending the timers of `partition`; nothing when it does already. Its
         firing, for its owner to hold (a node's partition task) until it stops it.
         `in_process`: the targets its node decides in the partition itself, whose timers
         are claimed for its cycle to fire (`in_process_due`) rather than sent. `store`:
         the partition's own (`partition_store.PartitionStore`), which every store call of
-        the firing goes through (None: the runner's)."""
+        the firing goes through (None: the runner's). `check_named`: its first round
+        records its PARKED timers that no open ledger entry names (`name_unnamed`)."""
         firing = self._firings.get(partition)
         if firing is None:
             firing = self._new_firing(partition, in_process, store)
+            if check_named:
+                firing.naming_at = 0
             self._firings[partition] = firing
             logger.info("timers of partition %d: started", partition)
         elif store is not None and firing.store is not store:
@@ -292,6 +297,8 @@ class TimerRunner:
         for f in chosen:
             if f.resolving:  # after those parks: an entry they recorded in stays
                 await resolve_pending(self._store, self._ledger, f, self._clock.now())
+            if f.naming_at is not None:
+                await name_unnamed(self._store, self._ledger, f, self._clock.now())
         if firing is None:
             room = self._options.max_in_flight - self.in_flight
             return await self._work.claim(self._firings, self._rounds, room, grow, stats=stats)
