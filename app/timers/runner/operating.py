@@ -283,8 +283,10 @@ async def name_unnamed(
         logger.warning("partition %d: its parked timers not checked yet: %r", p, exc)
 
 
-NAMED_LIMIT = 10_000
-"""How many PARKED timers of a partition its start checks (`name_unnamed`)."""
+NAMED_LIMIT = 1_000
+"""How many PARKED timers of a partition its start checks (`name_unnamed`): its census
+walks as many due entries too, ~3 ms at 1,000 (~30 ms at 10,000) on a partition of
+100,000 pending timers, once a take."""
 
 STOP_RESOLVE_S = 2.0
 """How long a partition's stop may spend resolving the entries its rounds had not yet."""
