@@ -45,8 +45,8 @@ from tables.memory_store import MemoryTimerStore
 from tables.refs import AggregateRef
 from tables.rules import CronRule, IntervalRule, OnceRule
 from tables.slots import Slot, first_slot
-from tables.store import DueRow
-from tables.timer import CommandSpec, Timer, TimerChange, TimerStatus
+from tables.store import DueRow, TimerStore
+from tables.timer import CommandSpec, Outcome, Timer, TimerChange, TimerStatus
 
 T0 = 1_800_000_000_000
 MIN = 60_000
@@ -386,6 +386,22 @@ def slot_timer(rule: Rule = ONCE, slot: Slot | None = None, **fields: object) ->
     }
     values.update(fields)
     return Timer.model_validate(values)
+
+
+async def parked_slot_timer(
+    store: TimerStore, key: str, partition: int, target: AggregateRef = TARGET
+) -> Timer:
+    """A `slot_timer` of `target` (id t-`key`) put, then PARKED by a conditional write, as
+    the runner parks; its row (the ledger is the caller's)."""
+    timer = slot_timer(id=f"t-{key}", key=key, partition=partition, target=target)
+    assert await store.put(timer)
+    row = await store.find(OWNER, key)
+    assert row is not None
+    parked = row.model_copy(
+        update={"status": TimerStatus.PARKED, "attempts": 5, "outcome": Outcome.FAILED}
+    )
+    assert await store.settle([TimerChange(loaded=row, next=parked)]) == 1
+    return parked
 
 
 async def until(condition: Callable[[], bool], turns: int = 2000) -> None:

@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from fakes import OWNER, T0, TARGET, AnsweringSender, StillClock, slot_timer
+from fakes import OWNER, T0, TARGET, AnsweringSender, StillClock, parked_slot_timer
 
 from app.kafka import TopicSpec
 from app.kafka.memory import MemoryLog
@@ -22,23 +22,10 @@ from app.timers.operator import carry_out, new_op
 from app.timers.runner import TimerOptions, TimerRunner
 from tables import AggregateRef, TimerStore, open_timer_store
 from tables.ledger import LedgerEntry
-from tables.timer import Outcome, Timer, TimerChange, TimerStatus
+from tables.timer import Timer, TimerStatus
 
 SUB = TimerOptions.PARKED_SUBSCRIPTION
 PARTITIONS = 3
-
-
-async def park(store: TimerStore, key: str, partition: int, target: AggregateRef = TARGET) -> Timer:
-    """A timer of `target` parked in `partition` (its row; the ledger is the caller's)."""
-    timer = slot_timer(id=f"t-{key}", key=key, partition=partition, target=target)
-    assert await store.put(timer)
-    row = await store.find(OWNER, key)
-    assert row is not None
-    parked = row.model_copy(
-        update={"status": TimerStatus.PARKED, "attempts": 5, "outcome": Outcome.FAILED}
-    )
-    assert await store.settle([TimerChange(loaded=row, next=parked)]) == 1
-    return parked
 
 
 async def round_of(runner: TimerRunner, p: int) -> None:
@@ -55,6 +42,28 @@ async def ledger() -> AsyncIterator[KafkaFailureLedger]:
     await kept.stop()
 
 
+@contextlib.asynccontextmanager
+async def keeping(
+    ledger: KafkaFailureLedger, after_s: float, *, keeper: bool = True
+) -> AsyncIterator[tuple[TimerStore, TimerRunner]]:
+    """A store and a runner firing every partition, with a keeper of `ledger` running
+    (`after_s`) unless `keeper` is False; all stopped after."""
+    store = open_timer_store("memory://", partitions=PARTITIONS)
+    runner = TimerRunner(
+        store, AnsweringSender(), StillClock(T0), ledger, partitions=range(PARTITIONS)
+    )
+    naming = asyncio.create_task(keep_parked_named(ledger, lambda: [runner], after_s=after_s))
+    if not keeper:
+        naming.cancel()
+    try:
+        yield store, runner
+    finally:
+        naming.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await naming
+        await store.close()
+
+
 async def entries_naming(ledger: KafkaFailureLedger, timer: Timer) -> list[LedgerEntry]:
     """The entries once one names `timer` (a few turns of the loop), or none after them."""
     for _ in range(200):
@@ -69,22 +78,15 @@ async def entries_naming(ledger: KafkaFailureLedger, timer: Timer) -> list[Ledge
 async def test_a_late_copy_of_a_request_leaves_no_parked_timer_unnamed(
     ledger: KafkaFailureLedger, keeper: bool
 ) -> None:
-    store = open_timer_store("memory://", partitions=PARTITIONS)
-    runner = TimerRunner(
-        store, AnsweringSender(), StillClock(T0), ledger, partitions=range(PARTITIONS)
-    )
-    naming = asyncio.create_task(keep_parked_named(ledger, lambda: [runner], after_s=0))
-    if not keeper:
-        naming.cancel()
-    try:
-        a, b = await park(store, "a", 1), await park(store, "b", 2)
+    async with keeping(ledger, after_s=0, keeper=keeper) as (store, runner):
+        a, b = await parked_slot_timer(store, "a", 1), await parked_slot_timer(store, "b", 2)
         await ledger.record(SUB, TARGET, [a, b])
         skip = new_op(TimerAction.SKIP, TARGET, now=T0)
         # Partition 2 reads its copy at once; its round resolves the entry.
         await carry_out(runner, skip, 2, resolve_later=True)
         await round_of(runner, 2)
         # The target fails again: a timer of it in partition 2 parked (the ledger first).
-        c = await park(store, "c", 2)
+        c = await parked_slot_timer(store, "c", 2)
         await ledger.record(SUB, TARGET, [c])
         # Partition 1 reads its copy of the same request only now: it settles its own
         # row, and its round resolves the entry as it is, the newer park's.
@@ -98,11 +100,6 @@ async def test_a_late_copy_of_a_request_leaves_no_parked_timer_unnamed(
             assert entry.timers == (c.request_id,)
         else:
             assert entries == []  # what the keeper is for
-    finally:
-        naming.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await naming
-        await store.close()
 
 
 async def test_a_target_that_failed_is_tried_again_later_behind_no_other(
@@ -125,7 +122,7 @@ async def test_a_target_that_failed_is_tried_again_later_behind_no_other(
     )
     store = open_timer_store("memory://", partitions=PARTITIONS)
     try:
-        a = await park(store, "a", 1)
+        a = await parked_slot_timer(store, "a", 1)
         bad, good = (AggregateRef(context="shop", aggregate="inv", id=i) for i in ("i-bad", "i-ok"))
         for target in (bad, good):
             await ledger.record(SUB, target, [a])
@@ -147,13 +144,8 @@ async def test_a_copy_carried_out_soon_after_is_not_recorded_again(
 ) -> None:
     """The request's copies carried out within the wait (`NAME_AFTER_S`, here 0.2 s) leave
     nothing to record: no entry brought back only to be resolved again."""
-    store = open_timer_store("memory://", partitions=PARTITIONS)
-    runner = TimerRunner(
-        store, AnsweringSender(), StillClock(T0), ledger, partitions=range(PARTITIONS)
-    )
-    naming = asyncio.create_task(keep_parked_named(ledger, lambda: [runner], after_s=0.2))
-    try:
-        a, b = await park(store, "a", 1), await park(store, "b", 2)
+    async with keeping(ledger, after_s=0.2) as (store, runner):
+        a, b = await parked_slot_timer(store, "a", 1), await parked_slot_timer(store, "b", 2)
         await ledger.record(SUB, TARGET, [a, b])
         skip = new_op(TimerAction.SKIP, TARGET, now=T0)
         await carry_out(runner, skip, 2, resolve_later=True)
@@ -164,11 +156,6 @@ async def test_a_copy_carried_out_soon_after_is_not_recorded_again(
         await round_of(runner, 1)
         await asyncio.sleep(0.4)
         assert await ledger.entries() == []
-    finally:
-        naming.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await naming
-        await store.close()
 
 
 async def test_a_partition_started_here_names_its_parked_timers_that_no_entry_names(
@@ -179,9 +166,9 @@ async def test_a_partition_started_here_names_its_parked_timers_that_no_entry_na
     store = open_timer_store("memory://", partitions=PARTITIONS)
     runner = TimerRunner(store, AnsweringSender(), StillClock(T0), ledger, partitions=[])
     try:
-        c, d = await park(store, "c", 2), await park(store, "d", 1)
+        c, d = await parked_slot_timer(store, "c", 2), await parked_slot_timer(store, "d", 1)
         other = AggregateRef(context="shop", aggregate="inv", id="named")
-        named = await park(store, "e", 2, target=other)
+        named = await parked_slot_timer(store, "e", 2, target=other)
         await ledger.record(SUB, other, [named])
         runner.start_partition(2, check_named=True)
         runner.start_partition(1)  # not asked: its rows are left as they are

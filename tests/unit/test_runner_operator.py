@@ -18,6 +18,7 @@ from fakes import (
     CountingStore,
     FakeClock,
     StillClock,
+    parked_slot_timer,
     slot_timer,
 )
 from pydantic import ValidationError
@@ -37,13 +38,13 @@ from app.timers.operator import (
     op_records,
 )
 from app.timers.runner import TimerOptions, TimerRunner, operating
-from app.timers.runner.operating import RESOLVE_BACKOFF_MS, UNSEEN_TRIES
+from app.timers.runner.operating import EXPECTED_TRIES, RESOLVE_BACKOFF_MS
 from tables import open_timer_store
 from tables.ledger import MemoryFailureLedger
 from tables.refs import AggregateRef
 from tables.rules import IntervalRule
 from tables.store import TimerStore
-from tables.timer import Outcome, Timer, TimerChange, TimerStatus
+from tables.timer import Outcome, Timer, TimerStatus
 
 DAY = 24 * 60 * MIN
 SUB = TimerOptions.PARKED_SUBSCRIPTION
@@ -58,18 +59,6 @@ async def store() -> AsyncIterator[TimerStore]:
 
 def make(key: str, partition: int, **fields: Any) -> Timer:
     return slot_timer(id=f"t-{key}", key=key, partition=partition, **fields)
-
-
-async def park(store: TimerStore, key: str, partition: int) -> Timer:
-    """A timer of TARGET put, then PARKED by a conditional write, as the runner parks."""
-    assert await store.put(make(key, partition))
-    row = await store.find(OWNER, key)
-    assert row is not None
-    parked = row.model_copy(
-        update={"status": TimerStatus.PARKED, "attempts": 5, "outcome": Outcome.FAILED}
-    )
-    assert await store.settle([TimerChange(loaded=row, next=parked)]) == 1
-    return parked
 
 
 # --- the record ---------------------------------------------------------------------------
@@ -125,7 +114,7 @@ def test_an_op_goes_once_to_every_partition_keyed_by_its_target() -> None:
 
 async def test_retry_in_one_partition_leaves_the_others_parked(store: TimerStore) -> None:
     for key, p in [("a", 0), ("b", 1), ("c", 1)]:
-        await park(store, key, p)
+        await parked_slot_timer(store, key, p)
     ledger = MemoryFailureLedger()
     await ledger.record(SUB, TARGET, [make("a", 0)])
     runner = TimerRunner(
@@ -148,8 +137,8 @@ async def test_retry_in_one_partition_leaves_the_others_parked(store: TimerStore
 
 
 async def test_skip_in_one_partition_cancels_only_its_parked_timers(store: TimerStore) -> None:
-    await park(store, "a", 0)
-    await park(store, "b", 2)
+    await parked_slot_timer(store, "a", 0)
+    await parked_slot_timer(store, "b", 2)
     assert await store.put(make("c", 2))
     runner = TimerRunner(store, AnsweringSender(), StillClock(T0), MemoryFailureLedger())
     assert await runner.skip(TARGET, partitions={2}) == 1
@@ -191,7 +180,7 @@ async def parked_ledger(store: TimerStore, ledger: MemoryFailureLedger, *keys: s
     """Timers of TARGET in partition 1 parked, their target recorded first (as a park)."""
     for key in keys:
         await ledger.record(SUB, TARGET, [make(key, 1)])
-        await park(store, key, 1)
+        await parked_slot_timer(store, key, 1)
 
 
 def skipping(store: TimerStore, ledger: FlakyLedger, clock: Any = None) -> TimerRunner:
@@ -318,17 +307,17 @@ async def test_an_entry_never_found_is_asked_for_a_bounded_number_of_times(
     store: TimerStore,
 ) -> None:
     """An entry never found although rows were settled (its names lost to another
-    node's write, say): `UNSEEN_TRIES` asks, then it is let be."""
+    node's write, say): `EXPECTED_TRIES` asks, then it is let be."""
     ledger = LaggingLedger()
     await parked_ledger(store, ledger, "a")
     clock = FakeClock(T0)
     runner = skipping(store, ledger, clock)
     assert await carry_out(runner, SKIP, 1, resolve_later=True) == 1
-    for n in range(UNSEEN_TRIES + 2):
+    for n in range(EXPECTED_TRIES + 2):
         clock.set(T0 + n * RESOLVE_BACKOFF_MS)
         await runner.run_round()
     firing = runner.firing_of(1)
-    assert ledger.resolves == UNSEEN_TRIES
+    assert ledger.resolves == EXPECTED_TRIES
     assert firing is not None and not firing.resolving and not firing.expecting
 
 

@@ -34,10 +34,10 @@ from tables.refs import AggregateRef
 from tables.timer import Timer
 
 __all__ = [
+    "EXPECTED_TRIES",
     "NAMED_LIMIT",
     "RESOLVE_BACKOFF_MS",
     "STOP_RESOLVE_S",
-    "UNSEEN_TRIES",
     "name_parked",
     "name_unnamed",
     "operate",
@@ -71,7 +71,7 @@ async def operate(
             if target not in firings[p].resolving:  # one resolve answers both requests
                 firings[p].resolving.append(target)
             if written:
-                firings[p].expecting[target] = UNSEEN_TRIES
+                firings[p].expecting[target] = EXPECTED_TRIES
             firings[p].answered.set()  # its next round resolves it, with no wait
         return written
     # Resolved after the write: should the write fail, the entry stays for another try.
@@ -139,12 +139,12 @@ async def resolve_pending(
     try, so that a ledger that does not answer holds up no round after round. An entry
     the ledger does not hold although the partition settled PARKED rows of its target
     (`PartitionFiring.expecting`: another node's park, its record perhaps still on its
-    way here) is asked for again after that wait, `UNSEEN_TRIES` times in all."""
+    way here) is asked for again after that wait, `EXPECTED_TRIES` times in all."""
     if now < firing.resolve_after:
         return
     p = firing.partition
     await firing.written()
-    later: list[AggregateRef] = []  # not seen yet: after the wait, not in this loop again
+    later: list[AggregateRef] = []  # expected, not found: after the wait, not in this loop again
     try:
         while firing.resolving:
             target = firing.resolving.pop(0)  # taken: a round beside this takes the next
@@ -194,7 +194,7 @@ async def _resolve(
         "operator on %s in partition %d: no ledger entry of it found after %d tries",
         target,
         firing.partition,
-        UNSEEN_TRIES,
+        EXPECTED_TRIES,
     )
 
 
@@ -292,10 +292,11 @@ STOP_RESOLVE_S = 2.0
 """How long a partition's stop may spend resolving the entries its rounds had not yet."""
 
 RESOLVE_BACKOFF_MS = 10_000
-"""How long entries whose resolve failed, or whose entry the ledger had not seen, wait for
-the next try (`resolve_pending`)."""
+"""How long entries whose resolve failed, or which the ledger did not hold although their
+partition settled PARKED rows of the target (`PartitionFiring.expecting`), wait for the
+next try (`resolve_pending`)."""
 
-UNSEEN_TRIES = 3
+EXPECTED_TRIES = 3
 """How many times an entry is asked for when the partition settled PARKED rows of its
 target but the ledger holds none (`resolve_pending`): a followed ledger reads another
 node's park within seconds; one never found (its names lost to a concurrent write) is
