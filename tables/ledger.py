@@ -76,6 +76,10 @@ class FailureLedger(Protocol):
         """Removes the entry; whether there was one."""
         ...
 
+    async def entry(self, subscription: str, target: AggregateRef) -> LedgerEntry | None:
+        """The open entry of `(subscription, target)`, if there is one."""
+        ...
+
     async def entries(self) -> list[LedgerEntry]:
         """Every open entry."""
         ...
@@ -103,6 +107,10 @@ class MemoryFailureLedger:
     async def resolve(self, subscription: str, target: AggregateRef) -> bool:
         async with self._lock:
             return self._entries.pop((subscription, target), None) is not None
+
+    async def entry(self, subscription: str, target: AggregateRef) -> LedgerEntry | None:
+        async with self._lock:
+            return self._entries.get((subscription, target))
 
     async def entries(self) -> list[LedgerEntry]:
         async with self._lock:

@@ -1,38 +1,54 @@
-"""Every PARKED timer named by a ledger entry, after a resolve (`keep_parked_named`).
+"""Every PARKED timer named by a ledger entry (`keep_parked_named`).
 
-An operator's request goes to every partition of the type's ops topic, and each owner
-resolves the target's entry once it settled its own partition's rows. A copy read late
-(its partition being taken, its input behind) resolves the entry as it is then, which
-may be one a newer park recorded, in another partition, after the request: that timer
-would be PARKED with no entry naming it, invisible to `timers ledger` and the operator
-page. So every node, for each entry resolved (its own tombstones and those it follows),
-records the target's PARKED timers of the partitions it fires again
-(`TimerRunner.name_parked`): within moments an entry is open for the target again (one
-node's names, should two nodes record at once: the ledger keeps the later write).
+A park records its target's entry, then writes its PARKED row; an entry changed by
+another's hand may no longer name such a timer:
+- a resolve. An operator's request goes to every partition of the type's ops topic, and
+  each owner resolves the target's entry once it settled its own partition's rows. A
+  copy read late (its partition being taken, its input behind) resolves the entry as it
+  is then, which may be one a newer park recorded, in another partition, after the
+  request.
+- another node's record. Two nodes parking timers of one target at the same moment each
+  write the entry they know with their own timers added; the ledger keeps the later
+  write, which names the other node's timers only.
+
+Such a timer would be PARKED with no entry naming it, invisible to `timers ledger` and
+the operator page. So every node, for each entry changed so (the ledger's `changed`: its
+own tombstones, and whatever it follows of others), records its PARKED timers of the
+target that the entry does not name, in the partitions it fires
+(`TimerRunner.name_parked`), `after_s` later. A target looked at since the change was
+taken is not looked at again for it: one look a target per `after_s` in a burst of
+parks, whatever their number. Should two nodes record again at the same moment, each
+hears the other's write and records what it still misses: the names only grow.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
+from collections import OrderedDict
 from collections.abc import Callable, Iterable
 
 from app.errors import node_fault
-from app.timers.ledger import KafkaFailureLedger
+from app.timers.ledger import KafkaFailureLedger, LedgerKey
 from app.timers.runner import TimerOptions, TimerRunner
 
-__all__ = ["NAME_AFTER_S", "RETRY_S", "keep_parked_named"]
+__all__ = ["LOOKED_KEPT", "NAME_AFTER_S", "RETRY_S", "keep_parked_named"]
 
 logger = logging.getLogger(__name__)
 
 NAME_AFTER_S = 5.0
-"""How long after an entry's resolve its target's PARKED timers are looked for: the
-request's copies in the other partitions are carried out by then (a timer they are about
-to settle is not recorded again only to be resolved again), a late one excepted."""
+"""How long after an entry's change (a resolve, another node's record) its target's
+PARKED timers are looked for: a request's copies in the other partitions are carried out
+by then (a timer they are about to settle is not recorded again only to be resolved
+again), a late one excepted."""
+
+LOOKED_KEPT = 10_000
+"""How many targets the keeper remembers looking for (`keep_parked_named`)."""
 
 RETRY_S = 30.0
-"""How long a target whose PARKED timers could not be recorded waits for the next try
-(put back in the queue: the other targets are not held up meanwhile)."""
+"""How long a target whose PARKED timers could not be recorded waits to be put back in
+the queue (then `NAME_AFTER_S` more: the other targets are not held up meanwhile)."""
 
 
 async def keep_parked_named(
@@ -42,20 +58,28 @@ async def keep_parked_named(
     after_s: float = NAME_AFTER_S,
     retry_s: float = RETRY_S,
 ) -> None:
-    """For each entry of `ledger` resolved, `runners()` (its context's types') record
-    their PARKED timers of its target again, `after_s` after the resolve was read; a
-    target that failed is tried again `retry_s` later, until it passes. Runs until
-    cancelled; a failure never ends it."""
+    """For each entry of `ledger` changed by another's hand (`KafkaFailureLedger.changed`),
+    `runners()` (its context's types') record their PARKED timers of its target that the
+    entry does not name, `after_s` after the change was read, unless they were looked for
+    since; a target that failed is tried again `retry_s` + `after_s` later, until it
+    passes. Runs until cancelled; a failure never ends it."""
     me = asyncio.current_task()
     loop = asyncio.get_running_loop()
-    resolved = ledger.resolved
+    changed = ledger.changed
+    # When each target was last looked for (the loop's clock), to pass over the changes
+    # taken before: bounded, the oldest forgotten first (a change of one forgotten is
+    # looked at once more).
+    looked: OrderedDict[LedgerKey, float] = OrderedDict()
     # Python 3.11's `wait_for` (the ledger's writes) may swallow a cancellation that comes
     # as its write completes: a stop asked is heard before the next target and runner.
     while me is None or not me.cancelling():
-        key, taken = await resolved.get()
+        key, taken = await changed.get()
         if key.subscription != TimerOptions.PARKED_SUBSCRIPTION:
             continue
+        if looked.get(key, -math.inf) >= taken:
+            continue
         await asyncio.sleep(max(0.0, taken + after_s - loop.time()))
+        began = loop.time()
         for runner in runners():
             if me is not None and me.cancelling():
                 break
@@ -64,7 +88,17 @@ async def keep_parked_named(
             except Exception as exc:
                 log = logger.warning if node_fault(exc) else logger.exception
                 log("parked timers of %s not named again, tried again later: %s", key.target, exc)
-                # Back in the queue when due, behind no other target's wait.
-                loop.call_later(retry_s, resolved.put_nowait, (key, -after_s))
+                # Back in the queue `retry_s` from now, as a change taken then (its
+                # wait after it too), behind no other target's wait.
+                loop.call_later(retry_s, _again, changed, key)
                 break
+        else:
+            looked[key] = began
+            looked.move_to_end(key)
+            if len(looked) > LOOKED_KEPT:
+                looked.popitem(last=False)
     raise asyncio.CancelledError
+
+
+def _again(changed: asyncio.Queue[tuple[LedgerKey, float]], key: LedgerKey) -> None:
+    changed.put_nowait((key, asyncio.get_running_loop().time()))

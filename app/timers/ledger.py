@@ -13,9 +13,12 @@ record read twice (the follower starts before the read to the end, so that nothi
 between them) or read after the node applied a newer one of its own changes nothing.
 
 `record` merges the timers with the entry this node knows. Two nodes parking timers of
-one target at the same moment each write what they know, and the later record wins: the
-entry stays, but may name only one node's timers. Retry and skip act on the store's
-PARKED rows, not on these names, so nothing is lost to an operator.
+one target at the same moment each write what they know, and the later record wins, which
+may name only one node's timers; so each node hears the changes it follows (`changed`,
+another node's writes and every tombstone) and records again its PARKED timers of their
+targets that the entry then does not name (`app.node.parked_names`). Retry and skip act
+on the store's PARKED rows, not on these names, so nothing is lost to an operator
+meanwhile.
 """
 
 from __future__ import annotations
@@ -205,11 +208,12 @@ class KafkaFailureLedger:
         self._reader = self._clients.follower(self.topic)
         self._follower: asyncio.Task[None] | None = None
         self._lock = asyncio.Lock()
-        # The pairs whose entries were resolved since start (a tombstone taken, this
-        # node's or another's): their PARKED timers here are recorded again by the node
-        # (`app.node.parked_names`), should the tombstone have hidden a newer park.
-        # Each with when it was taken (the loop's clock).
-        self.resolved: asyncio.Queue[tuple[LedgerKey, float]] = asyncio.Queue()
+        # The pairs whose entries changed since start, other than by this node's own
+        # records: a tombstone taken (this node's or another's), which may have hidden a
+        # newer park, or another node's record, which may have written over this node's
+        # names. The node records again its PARKED timers the entry does not name
+        # (`app.node.parked_names`). Each with when it was taken (the loop's clock).
+        self.changed: asyncio.Queue[tuple[LedgerKey, float]] = asyncio.Queue()
 
     async def start(self) -> None:
         """Reads the ledger to its end, then follows it."""
@@ -268,16 +272,19 @@ class KafkaFailureLedger:
                 logger.warning("following %s failed, trying again: %s", self.topic, exc)
                 await asyncio.sleep(1)
                 continue
-            for record in records:
-                if self._view.apply_record(record) and record.value is None:
-                    self._resolved(record)
+            # Under the writes' lock: a record of this node's own read back before its
+            # write's acknowledgement applied it is not taken for another's change.
+            async with self._lock:
+                for record in records:
+                    if self._view.apply_record(record):
+                        self._followed(record)
 
-    def _resolved(self, record: Record) -> None:
+    def _followed(self, record: Record) -> None:
         with contextlib.suppress(BadRecord):  # applied: its key was read
-            self._taken_resolved(decode_key(record.key))
+            self._taken(decode_key(record.key))
 
-    def _taken_resolved(self, key: LedgerKey) -> None:
-        self.resolved.put_nowait((key, asyncio.get_running_loop().time()))
+    def _taken(self, key: LedgerKey) -> None:
+        self.changed.put_nowait((key, asyncio.get_running_loop().time()))
 
     async def record(
         self, subscription: str, target: AggregateRef, timers: Sequence[Timer]
@@ -304,6 +311,9 @@ class KafkaFailureLedger:
         logger.info("resolved the ledger entry of %s under %s", target, subscription)
         return True
 
+    async def entry(self, subscription: str, target: AggregateRef) -> LedgerEntry | None:
+        return self._view.get(LedgerKey(subscription, target))
+
     async def entries(self) -> list[LedgerEntry]:
         return self._view.entries()
 
@@ -316,4 +326,4 @@ class KafkaFailureLedger:
         )
         partition = partition_of(raw.decode(), self._partitions)
         if self._view.apply(key, partition, offset, entry) and entry is None:
-            self._taken_resolved(key)
+            self._taken(key)

@@ -8,20 +8,21 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
-from fakes import OWNER, T0, TARGET, AnsweringSender, StillClock, parked_slot_timer
+from fakes import OWNER, T0, TARGET, AnsweringSender, StillClock, parked_slot_timer, slot_timer
 
 from app.kafka import TopicSpec
 from app.kafka.memory import MemoryLog
 from app.node.parked_names import keep_parked_named
 from app.protocol.topics import ContextTopics
 from app.protocol.wire import TimerAction
-from app.timers.ledger import KafkaFailureLedger
+from app.timers.ledger import KafkaFailureLedger, encode_entry, ledger_key
 from app.timers.operator import carry_out, new_op
 from app.timers.runner import TimerOptions, TimerRunner
 from tables import AggregateRef, TimerStore, open_timer_store
-from tables.ledger import LedgerEntry
+from tables.ledger import LedgerEntry, MemoryFailureLedger
 from tables.timer import Timer, TimerStatus
 
 SUB = TimerOptions.PARKED_SUBSCRIPTION
@@ -34,8 +35,12 @@ async def round_of(runner: TimerRunner, p: int) -> None:
 
 
 @pytest.fixture
-async def ledger() -> AsyncIterator[KafkaFailureLedger]:
-    log = MemoryLog([TopicSpec(ContextTopics("shop").ledger, PARTITIONS, compacted=True)])
+def log() -> MemoryLog:
+    return MemoryLog([TopicSpec(ContextTopics("shop").ledger, PARTITIONS, compacted=True)])
+
+
+@pytest.fixture
+async def ledger(log: MemoryLog) -> AsyncIterator[KafkaFailureLedger]:
     kept = KafkaFailureLedger(log, "shop", PARTITIONS, log.publisher())
     await kept.start()
     yield kept
@@ -100,6 +105,98 @@ async def test_a_late_copy_of_a_request_leaves_no_parked_timer_unnamed(
             assert entry.timers == (c.request_id,)
         else:
             assert entries == []  # what the keeper is for
+
+
+async def written_by_another(log: MemoryLog, target: AggregateRef, *named: str) -> None:
+    """The entry of `target` naming `named` alone, as another node writes it."""
+    entry = LedgerEntry(subscription=SUB, target=target, timers=named)
+    topic = ContextTopics("shop").ledger
+    await log.publisher().send(topic, ledger_key(SUB, target), encode_entry(entry))
+
+
+async def names(ledger: KafkaFailureLedger, request_id: str) -> tuple[str, ...]:
+    """The names of TARGET's entry once they hold `request_id` (a few turns of the loop),
+    or as they are after them."""
+    for _ in range(200):
+        entry = await ledger.entry(SUB, TARGET)
+        if entry is not None and request_id in entry.timers:
+            break
+        await asyncio.sleep(0)
+    entry = await ledger.entry(SUB, TARGET)
+    return () if entry is None else entry.timers
+
+
+@pytest.mark.parametrize("keeper", [True, False], ids=["named-again", "without-the-keeper"])
+async def test_another_nodes_record_over_this_nodes_names_is_followed_by_them_again(
+    log: MemoryLog, ledger: KafkaFailureLedger, keeper: bool
+) -> None:
+    """Two nodes parking timers of one target at once each write the entry they know: the
+    later write names the other node's timers only. Following it, this node records its
+    own again."""
+    async with keeping(ledger, after_s=0, keeper=keeper) as (store, _):
+        a = await parked_slot_timer(store, "a", 1)
+        await ledger.record(SUB, TARGET, [a])
+        b = slot_timer(id="t-b", key="b", partition=2)  # parked on the other node
+        await written_by_another(log, TARGET, b.request_id)
+        assert await names(ledger, b.request_id) == (b.request_id,)  # followed
+        if keeper:
+            assert set(await names(ledger, a.request_id)) == {a.request_id, b.request_id}
+        else:
+            assert await names(ledger, a.request_id) == (b.request_id,)  # what it is for
+
+
+async def test_a_burst_of_changes_of_one_target_is_looked_at_once(
+    log: MemoryLog, ledger: KafkaFailureLedger
+) -> None:
+    """Every change taken before a target is looked for is answered by that look: one a
+    target per `after_s` (here 0.2 s), however many parks elsewhere wrote its entry."""
+    looked: list[str] = []
+
+    class Runner:
+        async def name_parked(self, target: AggregateRef) -> int:
+            looked.append(target.id)
+            return 0
+
+    other = AggregateRef(context="shop", aggregate="inv", id="i-2")
+    naming = asyncio.create_task(
+        keep_parked_named(ledger, lambda: [Runner()], after_s=0.2)  # type: ignore[list-item]
+    )
+    try:
+        for n in range(20):
+            await written_by_another(log, TARGET, *(f"r{i}" for i in range(n + 1)))
+        await written_by_another(log, other, "r")
+        assert "r19" in await names(ledger, "r19")
+        await asyncio.sleep(0.5)
+        assert looked == [TARGET.id, other.id]
+    finally:
+        naming.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await naming
+
+
+async def test_naming_again_records_only_what_the_entry_does_not_name() -> None:
+    recorded: list[int] = []
+
+    class Ledger(MemoryFailureLedger):
+        async def record(self, subscription: str, target: AggregateRef, timers: Any) -> None:
+            recorded.append(len(timers))
+            await super().record(subscription, target, timers)
+
+    ledger = Ledger()
+    store = open_timer_store("memory://", partitions=PARTITIONS)
+    runner = TimerRunner(
+        store, AnsweringSender(), StillClock(T0), ledger, partitions=range(PARTITIONS)
+    )
+    try:
+        a, b = await parked_slot_timer(store, "a", 1), await parked_slot_timer(store, "b", 2)
+        await ledger.record(SUB, TARGET, [a])
+        assert await runner.name_parked(TARGET) == 1  # b
+        assert await runner.name_parked(TARGET) == 0
+        assert recorded == [1, 1]
+        entry = await ledger.entry(SUB, TARGET)
+        assert entry is not None and entry.timers == (a.request_id, b.request_id)
+    finally:
+        await store.close()
 
 
 async def test_a_target_that_failed_is_tried_again_later_behind_no_other(
@@ -170,12 +267,17 @@ async def test_a_partition_started_here_names_its_parked_timers_that_no_entry_na
         other = AggregateRef(context="shop", aggregate="inv", id="named")
         named = await parked_slot_timer(store, "e", 2, target=other)
         await ledger.record(SUB, other, [named])
+        # Its target's entry open, but not naming it (another node's write over it).
+        unnamed = await parked_slot_timer(store, "f", 2, target=other)
         runner.start_partition(2, check_named=True)
         runner.start_partition(1)  # not asked: its rows are left as they are
         await round_of(runner, 2)
         await round_of(runner, 1)
         entries = {e.target: e.timers for e in await ledger.entries()}
-        assert entries == {TARGET: (c.request_id,), other: (named.request_id,)}
+        assert entries == {
+            TARGET: (c.request_id,),
+            other: (named.request_id, unnamed.request_id),
+        }
         await ledger.resolve(SUB, TARGET)
         await round_of(runner, 2)  # once: not at every round
         assert TARGET not in {e.target for e in await ledger.entries()}

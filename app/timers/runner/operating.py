@@ -224,12 +224,14 @@ async def name_parked(
     firings: Mapping[int, PartitionFiring],
     target: AggregateRef,
 ) -> int:
-    """The PARKED timers of `target` in the partitions fired here (`firings`) recorded
-    again; how many. Called once its entry was resolved, by whatever node: a request's
-    copy read late in another partition may resolve an entry a newer park recorded after
-    the request, here or on another node, and no entry would name that timer. Recorded
-    again, an entry names it (one a request still to be carried out here is resolved again
-    by it). A partition let go meanwhile is passed over (its next owner holds its rows)."""
+    """The PARKED timers of `target` in the partitions fired here (`firings`) that its
+    ledger entry does not name, recorded; how many. Called once its entry changed by
+    another's hand: a resolve, by whatever node (a request's copy read late in another
+    partition may resolve an entry a newer park recorded after the request, here or on
+    another node, and no entry would name that timer), or another node's record, written
+    over this node's at the same moment (the ledger keeps the later write). Recorded, an
+    entry names them (one a request still to be carried out here is resolved again by it).
+    A partition let go meanwhile is passed over (its next owner holds its rows)."""
     parked: list[Timer] = []
     for p, firing in sorted(firings.items()):
         if firing.stopped:
@@ -238,10 +240,13 @@ async def name_parked(
             parked += _mine(await store_of((firing,), store).parked(target), {p})
         except StoreError as exc:  # let go (`StoreClosed`), or a row it cannot read
             logger.info("parked timers of %s in partition %d not read: %s", target, p, exc)
+    subscription = TimerOptions.PARKED_SUBSCRIPTION
+    if parked and (entry := await ledger.entry(subscription, target)) is not None:
+        parked = [t for t in parked if t.request_id not in entry.timers]
     if parked:
-        await ledger.record(TimerOptions.PARKED_SUBSCRIPTION, target, parked)
+        await ledger.record(subscription, target, parked)
         logger.warning(
-            "%d parked timer(s) of %s named again after its entry was resolved",
+            "%d parked timer(s) of %s named again: its ledger entry did not name them",
             len(parked),
             target,
         )
@@ -252,7 +257,7 @@ async def name_unnamed(
     store: FiringStore, ledger: FailureLedger, firing: PartitionFiring, now: int
 ) -> None:
     """At a partition's start here (`PartitionFiring.naming_at`), by its round: its
-    PARKED timers (the first `NAMED_LIMIT`) whose targets have no open ledger entry are
+    PARKED timers (the first `NAMED_LIMIT`) that no open ledger entry names are
     recorded. A resolve read while the partition changed owner finds no firing of it on
     either node (`name_parked`), so its timers are looked at here. A failure tries again
     after `RESOLVE_BACKOFF_MS`."""
@@ -264,15 +269,20 @@ async def name_unnamed(
             p, now, limit=NAMED_LIMIT, parked_limit=NAMED_LIMIT
         )
         if census.parked_timers:
-            open_ = {e.target for e in await ledger.entries() if e.subscription == subscription}
+            named = {
+                request_id
+                for e in await ledger.entries()
+                if e.subscription == subscription
+                for request_id in e.timers
+            }
             unnamed: dict[AggregateRef, list[Timer]] = {}
             for timer in census.parked_timers:
-                if timer.target not in open_:
+                if timer.request_id not in named:
                     unnamed.setdefault(timer.target, []).append(timer)
             for target, timers in unnamed.items():
                 await ledger.record(subscription, target, timers)
                 logger.warning(
-                    "partition %d: %d parked timer(s) of %s had no ledger entry: recorded",
+                    "partition %d: %d parked timer(s) of %s no ledger entry named: recorded",
                     p,
                     len(timers),
                     target,
