@@ -18,11 +18,15 @@ from aiokafka.errors import (
 )
 
 from app.errors import KafkaUnavailable
+from app.kafka import lenient_headers
 from app.kafka.connection import Connectable, client_options
 from app.kafka.ports import Assigned
 from app.kafka.records import Record, explain, start_client
 
 logger = logging.getLogger(__name__)
+
+# A header key that is not UTF-8 stops no consumer (see the module).
+lenient_headers.install()
 
 
 class Reader:

@@ -260,11 +260,27 @@ class RdkafkaReader:
 def _record(m: Any, topic: str, partition: int, offset: int) -> Record:
     """The node's record of a message of the partition read (its topic and partition
     given: two calls into confluent-kafka fewer a record)."""
-    headers = m.headers()
+    try:
+        headers = m.headers()
+    except (SystemError, UnicodeError):
+        # A header key that is not UTF-8: confluent-kafka cannot give it, nor any of them
+        # (its error surfaces as a SystemError); the record is read without them.
+        headers = _unreadable_headers(topic, partition, offset)
     return _new_record(Record, (
         topic, partition, offset, m.key(), m.value(), m.timestamp()[1],
         tuple(headers) if headers else (),
     ))  # fmt: skip
+
+
+def _unreadable_headers(topic: str, partition: int, offset: int) -> tuple[()]:
+    logger.warning(
+        "%s[%d]@%d: a header key is not UTF-8, which librdkafka's Python client cannot"
+        " read: the record is read without its headers",
+        topic,
+        partition,
+        offset,
+    )
+    return ()
 
 
 _new_record = tuple.__new__

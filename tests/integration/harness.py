@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -519,3 +520,19 @@ __all__ = [
     "owned",
     "sleep_until",
 ]
+
+
+def kcat_produce(bootstrap: str, topic: str, partition: int, key: bytes, value: bytes) -> None:
+    """Writes one record whose header key is the bytes ff fe (not UTF-8), as any producer
+    that is not Python's may: kcat hands librdkafka the key's bytes as they are."""
+    assert shutil.which("kcat"), "kcat is not installed: apt-get install kcat"
+    args = [b"kcat", b"-b", bootstrap.encode(), b"-P", b"-t", topic.encode()]
+    args += [b"-p", str(partition).encode(), b"-k", key, b"-H", b"\xff\xfe=team-a"]
+    run = subprocess.run(
+        args,
+        input=value,
+        capture_output=True,
+        timeout=60,
+        check=False,
+    )
+    assert run.returncode == 0, run.stderr.decode(errors="replace")

@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
-from harness import Client, Cluster, eventually
+from harness import Client, Cluster, eventually, kcat_produce
 
 from app.kafka import Record, read_partitions
 from app.protocol.dead_letters import HEADER_PREFIX, DeadLetter, Headers, Stage
@@ -396,3 +396,46 @@ async def test_bad_records_are_dead_lettered_once_each_and_every_timer_fires(
             assert let_go == 0, (reason, w.text()[-4000:])
         assert "a cycle failed" not in w.text()
         assert w.alive
+
+
+async def test_a_header_key_that_is_not_utf8_stops_nothing(cluster: Cluster) -> None:
+    """Kafka's Java clients read such a key with the replacement character and aiokafka
+    raised on it at every poll (the node stopped, and the next owner of the partition
+    after it): the command and the event carrying one are taken as they are, and the
+    partition goes on past them."""
+    async with Client(cluster) as client:
+        w = cluster.start_worker()
+        await cluster.wait_owned(w)
+        p = 1
+        writer = Writer(client, p)
+        owner = ids_in(p, "hdr", 1)[0]
+        due = int(time.time() * 1000) + 1_000
+        cmd = client.command(
+            owner, "Schedule", {"key": "hdr", "rule": {"kind": "once", "at": due}}, request_id="hdr"
+        )
+        kcat_produce(cluster.bootstrap, client.topics.commands, p, owner.encode(), encode(cmd))
+        event = writer.schedule_set("hdr-event", {"kind": "once", "at": due})
+        kcat_produce(cluster.bootstrap, client.topics.events, p, writer.ref["id"].encode(), event)
+        after = client.command(
+            owner,
+            "Schedule",
+            {"key": "after", "rule": {"kind": "once", "at": due}},
+            request_id="after",
+        )
+        await client.send(after)
+        results = await client.wait_results(["hdr", "after"])
+        assert {r.code for r in results.values()} == {ResultCode.COMMITTED}, results
+
+        async def fired() -> bool:
+            rows = list((await client.timers()).values())
+            done = {t.key for t in rows if t.status is TimerStatus.FIRED}
+            return {"hdr", "after", "hdr-event"} <= done
+
+        await eventually(fired, 30, "the three timers fired")
+        health = w.health()
+        assert health is not None and health["ready"] is True, health
+        assert health["stalled"] == {}, health
+        for reason in ("failed", "fenced"):
+            assert w.metric("tickwheel_partitions_let_go_total", reason=reason) == 0, reason
+        assert w.alive
+        assert await client.dead_letters() == []

@@ -1,0 +1,129 @@
+"""A record whose header key is not UTF-8, read through aiokafka's own fetcher classes
+(`app.kafka.lenient_headers`): every record of the fetch handed out once, in order, the
+key with the replacement character, aborted transactions still passed over."""
+
+from __future__ import annotations
+
+import struct
+from typing import Any
+
+import pytest
+from aiokafka.consumer import fetcher
+from aiokafka.record.default_records import _DefaultRecordBatchBuilderPy
+from aiokafka.record.util import calc_crc32c
+from aiokafka.structs import TopicPartition
+
+from app.kafka import consumers  # noqa: F401  (installs the lenient reading)
+from app.kafka.lenient_headers import _MemoryRecords, _PartitionRecords, lenient_batches
+
+TP = TopicPartition("shop.order.events", 0)
+GZIP = 1
+PRODUCER = 7
+
+
+class NotUtf8(str):
+    """A header key the builder writes as bytes that are not UTF-8."""
+
+    def encode(self, encoding: str = "utf-8", errors: str = "strict") -> bytes:
+        return b"\xff\xfe" + str.encode(self, encoding, errors)
+
+
+def batch(
+    base: int,
+    count: int,
+    *,
+    bad: int | None = None,
+    compression: int = 0,
+    producer: int = -1,
+    abort_marker: bool = False,
+) -> bytes:
+    """A v2 batch of `count` records from offset `base` (`bad`: the index of the one
+    whose header key is not UTF-8), or a control batch of an abort (`abort_marker`)."""
+    builder = _DefaultRecordBatchBuilderPy(
+        magic=2,
+        compression_type=compression,
+        is_transactional=int(producer >= 0),
+        producer_id=producer,
+        producer_epoch=0 if producer >= 0 else -1,
+        base_sequence=0 if producer >= 0 else -1,
+        batch_size=1 << 20,
+    )
+    for i in range(count):
+        if abort_marker:
+            builder.append(i, timestamp=1, key=struct.pack(">hh", 0, 0), value=b"", headers=[])
+            continue
+        key = NotUtf8("h") if i == bad else "h"
+        builder.append(
+            i, timestamp=1, key=f"k{base + i}".encode(), value=b"{}", headers=[(key, b"v")]
+        )
+    raw = bytearray(builder.build())
+    struct.pack_into(">q", raw, 0, base)
+    if abort_marker:  # the control flag, which the builder does not set
+        (attributes,) = struct.unpack_from(">h", raw, 21)
+        struct.pack_into(">h", raw, 21, attributes | 0x20)
+        struct.pack_into(">I", raw, 17, calc_crc32c(bytes(raw[21:])))
+    return bytes(raw)
+
+
+def records(raw: bytes, aborted: list[tuple[int, int]] | None = None) -> list[Any]:
+    """What aiokafka's fetcher hands out of the fetch `raw`, as its consumer reads it."""
+    unpacked = fetcher.PartitionRecords(
+        TP, fetcher.MemoryRecords(raw), aborted, 0, None, None, True, fetcher.READ_COMMITTED
+    )
+    return list(unpacked)
+
+
+def test_without_it_aiokafka_stops_on_the_record_and_at_every_read_again() -> None:
+    strict = _PartitionRecords(
+        TP, _MemoryRecords(batch(0, 3, bad=1)), None, 0, None, None, True, fetcher.READ_COMMITTED
+    )
+    with pytest.raises(UnicodeDecodeError):
+        list(strict)
+    assert strict.next_fetch_offset == 1  # the record before it handed out, not past it
+
+
+@pytest.mark.parametrize("compression", [0, GZIP], ids=["plain", "gzip"])
+@pytest.mark.parametrize("bad", [0, 1, 2], ids=["first", "middle", "last"])
+def test_every_record_of_the_fetch_is_handed_out_once_in_order(compression: int, bad: int) -> None:
+    raw = (
+        batch(0, 3, compression=compression)
+        + batch(3, 3, bad=bad, compression=compression)
+        + batch(6, 2, compression=compression)
+    )
+    got = records(raw)
+    assert [r.offset for r in got] == list(range(8))
+    assert [r.key for r in got] == [f"k{i}".encode() for i in range(8)]
+    assert [r.headers for r in got] == [
+        (("\ufffd\ufffdh" if i == 3 + bad else "h", b"v"),) for i in range(8)
+    ]
+
+
+def test_aborted_transactions_around_the_record_are_still_passed_over() -> None:
+    raw = (
+        batch(0, 2)
+        + batch(2, 2, producer=PRODUCER)  # aborted
+        + batch(4, 1, producer=PRODUCER, abort_marker=True)
+        + batch(5, 3, bad=1)
+        + batch(8, 2, producer=PRODUCER)  # aborted again, after the record
+        + batch(10, 1, producer=PRODUCER, abort_marker=True)
+        + batch(11, 1)
+    )
+    got = records(raw, aborted=[(PRODUCER, 2), (PRODUCER, 8)])
+    assert [r.offset for r in got] == [0, 1, 5, 6, 7, 11]
+
+
+def test_a_batch_cut_short_at_the_end_of_the_fetch_is_left_as_aiokafka_leaves_it() -> None:
+    whole = batch(0, 2, bad=0)
+    raw = whole + batch(2, 2)[:20]
+    assert [r.offset for r in records(raw)] == [0, 1]
+    assert [b.next_offset for b in lenient_batches(raw, 0)] == [2]
+    assert [b.next_offset for b in lenient_batches(whole + batch(2, 2), 2)] == [4]
+
+
+def test_a_fetch_with_good_keys_is_read_by_aiokafka_alone() -> None:
+    unpacked = fetcher.PartitionRecords(
+        TP, fetcher.MemoryRecords(batch(0, 3)), None, 0, None, None, True, fetcher.READ_COMMITTED
+    )
+    kept = unpacked._records
+    assert [r.offset for r in unpacked] == [0, 1, 2]
+    assert unpacked._records is kept  # never read again
