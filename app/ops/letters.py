@@ -7,8 +7,10 @@ offset) and whether it was replayed.
 
 A replay writes the letter's original key, value and headers back to the topic and
 partition they came from, and, in the same transaction, a replay mark on the dead-letter
-topic: a record beside the letter (its partition) whose header `__tickwheel.replay.of`
-names the letter's offset and whose value says where the record went. The transaction's id
+topic: a record beside the letter (its partition, after it) whose only header,
+`__tickwheel.replay.of`, names the letter's offset and whose value says where the record
+went. Only that shape is a mark: a record refused with that header among its own is a
+letter like any other, and its replay writes the header back. The transaction's id
 is the letter's own (`<group>.<context>.dead-letters.replay.<partition>.<offset>`), and the
 mark is looked for only after that id's writer started: starting fences any other replay
 of the same letter still under way (its transaction is aborted), and waits for one that is
@@ -97,13 +99,28 @@ class LetterBook:
         raise NoLetter(f"no dead letter at partition {partition}, offset {offset}")
 
 
+def _is_mark(r: Record) -> bool:
+    # A mark carries this header alone. Every letter ends with its own nine or ten headers,
+    # so the letter of a record that carried this header is still read as a letter.
+    return len(r.headers) == 1 and r.headers[0][0] == REPLAY_HEADER
+
+
 def _mark_of(r: Record) -> ReplayMark | None:
-    if not any(k == REPLAY_HEADER for k, _ in r.headers) or r.value is None:
+    """The replay mark `r` is, else None: as a replay writes one, beside its letter and
+    after it, its header the letter's offset."""
+    if not _is_mark(r) or r.value is None:
         return None
     try:
-        return ReplayMark.model_validate_json(r.value)
+        mark = ReplayMark.model_validate_json(r.value)
     except ValidationError:
         return None
+    if (
+        mark.letter_partition != r.partition
+        or mark.letter_offset >= r.offset
+        or r.headers[0][1] != str(mark.letter_offset).encode()
+    ):
+        return None
+    return mark
 
 
 async def read_letters(reader: LogReader, topic: str, partitions: Iterable[int]) -> LetterBook:
@@ -113,7 +130,7 @@ async def read_letters(reader: LogReader, topic: str, partitions: Iterable[int])
     for p in partitions:
         async for batch in reader.read(topic, p, 0):
             for r in batch:
-                if any(k == REPLAY_HEADER for k, _ in r.headers):
+                if _is_mark(r):
                     mark = _mark_of(r)
                     if mark is None:
                         book.unreadable += 1
@@ -142,7 +159,7 @@ async def recent_letters(reader: LogReader, topic: str, limit: int) -> LetterBoo
     marks: dict[int, ReplayMark] = {}
     async for batch in reader.read(topic, 0, max(begin, end - limit)):
         for r in batch:
-            if any(k == REPLAY_HEADER for k, _ in r.headers):
+            if _is_mark(r):
                 if (mark := _mark_of(r)) is not None:
                     marks.setdefault(mark.letter_offset, mark)
                 continue

@@ -7,6 +7,10 @@ under `__tickwheel.errors.`: the source topic, partition, offset and timestamp, 
 that refused it, the exception's class and message, the node and the time. A letter larger
 than the dead-letter topic takes (only a record larger than the topics it serves accept)
 is cut to fit, and says so in `__tickwheel.errors.truncated` (its original size).
+
+Ours are always the letter's last headers, in that order, after the record's own. A record
+may carry headers of any name, ours included: a letter is read from its end, so nothing
+the record carries is taken for why it was refused, and all of it goes back on a replay.
 """
 
 from __future__ import annotations
@@ -56,6 +60,22 @@ NODE: Final = f"{socket.gethostname()}:{os.getpid()}"
 """Which process wrote a letter: host and process id."""
 
 
+_NAMES: Final = {
+    "topic": "topic",
+    "partition": "partition",
+    "offset": "offset",
+    "timestamp": "timestamp",
+    "stage": "stage",
+    "exception_class": "exception.class.name",
+    "exception_message": "exception.message",
+    "node": "node",
+    "time": "time",
+}
+"""A letter's fields and their headers, in the order written: `truncated` follows when set."""
+
+_TRUNCATED: Final = HEADER_PREFIX + "truncated"
+
+
 class Stage(StrEnum):
     """Where a record was refused."""
 
@@ -93,7 +113,8 @@ class SourceRecord(Protocol):
 
 
 class DeadLetterContext(BaseModel):
-    """Where a dead letter came from and why: its `__tickwheel.errors.*` headers."""
+    """Where a dead letter came from and why: its `__tickwheel.errors.*` headers, the
+    letter's last, in this order (the record's own come before them, whatever their names)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -111,45 +132,34 @@ class DeadLetterContext(BaseModel):
     )
 
     def headers(self) -> Headers:
-        fields = {
-            "topic": self.topic,
-            "partition": str(self.partition),
-            "offset": str(self.offset),
-            "timestamp": str(self.timestamp),
-            "stage": self.stage.value,
-            "exception.class.name": self.exception_class,
-            "exception.message": self.exception_message,
-            "node": self.node,
-            "time": str(self.time),
-        }
+        fields = {h: str(getattr(self, f)) for f, h in _NAMES.items()}
         if self.truncated is not None:
             fields["truncated"] = str(self.truncated)
         return tuple((HEADER_PREFIX + k, v.encode()) for k, v in fields.items())
 
     @classmethod
     def from_headers(cls, headers: Sequence[tuple[str, bytes | None]]) -> DeadLetterContext:
-        """The context of a letter read back; `BadRecord` for a record that is none."""
-        raw = {
-            k[len(HEADER_PREFIX) :]: (v or b"").decode("utf-8", "replace")
-            for k, v in headers
-            if k.startswith(HEADER_PREFIX)
-        }
-        names = {
-            "topic": "topic",
-            "partition": "partition",
-            "offset": "offset",
-            "timestamp": "timestamp",
-            "stage": "stage",
-            "exception_class": "exception.class.name",
-            "exception_message": "exception.message",
-            "node": "node",
-            "time": "time",
-            "truncated": "truncated",
-        }
-        try:
-            return cls.model_validate({f: raw[h] for f, h in names.items() if h in raw})
-        except ValidationError as exc:
-            raise BadRecord(f"not a dead letter: {exc.errors()[0]['msg']}") from exc
+        """The context of a letter read back (its last headers); `BadRecord` for a record
+        that is none."""
+        return _split(headers)[1]
+
+
+def _split(headers: Sequence[tuple[str, bytes | None]]) -> tuple[Headers, DeadLetterContext]:
+    """The record's own headers and the letter's context: the context is read from the
+    last headers alone, which the record's cannot reach whatever their names."""
+    names = dict(_NAMES)
+    if headers and headers[-1][0] == _TRUNCATED:
+        names["truncated"] = "truncated"
+    n = len(names)
+    tail = list(headers[-n:])
+    if len(headers) < n or [k for k, _ in tail] != [HEADER_PREFIX + h for h in names.values()]:
+        raise BadRecord(f"not a dead letter: its last headers are not {HEADER_PREFIX}*")
+    raw = [(v or b"").decode("utf-8", "replace") for _, v in tail]
+    try:
+        context = DeadLetterContext.model_validate(dict(zip(names, raw, strict=True)))
+    except ValidationError as exc:
+        raise BadRecord(f"not a dead letter: {exc.errors()[0]['msg']}") from exc
+    return tuple(headers[:-n]), context
 
 
 def _size(key: bytes | None, value: bytes | None, headers: Headers) -> int:
@@ -210,7 +220,7 @@ class DeadLetter:
     key: bytes | None
     value: bytes | None
     headers: Headers = ()
-    """The bad record's own headers (ours taken off)."""
+    """The bad record's own headers, all of them (ours, the last, taken off)."""
 
     @classmethod
     def read(
@@ -220,12 +230,8 @@ class DeadLetter:
         headers: Sequence[tuple[str, bytes | None]],
     ) -> DeadLetter:
         """A letter from a record of a dead-letter topic; `BadRecord` if it is none."""
-        return cls(
-            DeadLetterContext.from_headers(headers),
-            key,
-            value,
-            tuple((k, v) for k, v in headers if not k.startswith(HEADER_PREFIX)),
-        )
+        own, context = _split(headers)
+        return cls(context, key, value, own)
 
     @property
     def topic(self) -> str:

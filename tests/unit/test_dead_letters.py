@@ -5,12 +5,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from app.errors import BadRecord
 from app.node.failing import FailingPartitions
-from app.protocol.dead_letters import DeadLetter, Stage, dead_letter
+from app.protocol.dead_letters import HEADER_PREFIX, DeadLetter, Stage, dead_letter
 
 
 @dataclass(frozen=True)
@@ -24,9 +25,26 @@ class Bad:
     headers: tuple[tuple[str, bytes | None], ...] = ()
 
 
-headers = st.lists(
-    st.tuples(st.text(max_size=20), st.one_of(st.none(), st.binary(max_size=50))), max_size=4
-)
+OURS = [
+    f"{HEADER_PREFIX}{n}"
+    for n in (
+        "topic",
+        "partition",
+        "offset",
+        "timestamp",
+        "stage",
+        "exception.class.name",
+        "exception.message",
+        "node",
+        "time",
+        "truncated",
+        "trace",
+    )
+]
+# A producer may name its headers as ours: the names a letter's reading must not take.
+names = st.one_of(st.text(max_size=20), st.sampled_from([*OURS, "__tickwheel.replay.of"]))
+values = st.one_of(st.none(), st.binary(max_size=50), st.sampled_from([b"1", b"abc", b"read"]))
+headers = st.lists(st.tuples(names, values), max_size=6)
 
 
 @given(
@@ -69,12 +87,61 @@ def test_a_letter_larger_than_its_topic_takes_is_cut_to_fit_and_says_so() -> Non
 
 
 def test_a_record_that_is_no_letter_is_bad_input() -> None:
-    try:
-        DeadLetter.read(b"k", b"v", [("other", b"1")])
-    except BadRecord as exc:
-        assert "not a dead letter" in str(exc)
-    else:
-        raise AssertionError("read a letter without its headers")
+    *_, ours = dead_letter(Bad("shop.order.events", 0, 1, b"k", b"v"), "x", Stage.READ, 0)
+    not_letters: list[list[tuple[str, bytes | None]]] = [
+        [("other", b"1")],
+        [*ours, ("other", b"1")],  # ours not last
+        [*ours[1:], ours[0]],  # nor in their order
+        list(ours[1:]),  # nor all there
+    ]
+    for h in not_letters:
+        with pytest.raises(BadRecord, match="not a dead letter"):
+            DeadLetter.read(b"k", b"v", h)
+
+
+def test_headers_of_the_record_named_as_ours_are_its_own_not_the_letters() -> None:
+    """A producer's record carrying `__tickwheel.errors.*` headers: its letter reads as
+    any other (not cut, from where it came), and keeps those headers as the record's."""
+    own = (
+        (f"{HEADER_PREFIX}truncated", b"1"),
+        (f"{HEADER_PREFIX}topic", b"shop.forged.events"),
+        ("app", b"x"),
+        (f"{HEADER_PREFIX}trace", b"abc"),
+        (f"{HEADER_PREFIX}truncated", b"abc"),
+    )
+    record = Bad("shop.order.commands", 1, 7, b"o1", b"not json", headers=own)
+    *_, h = dead_letter(record, BadRecord("not json"), Stage.READ, 1)
+    letter = DeadLetter.read(b"o1", b"not json", h)
+    assert letter.context.truncated is None
+    assert (letter.topic, letter.partition, letter.offset) == ("shop.order.commands", 1, 7)
+    assert letter.headers == own
+
+
+def test_a_letter_as_written_before_reads_the_same() -> None:
+    """The layout letters already on topics have: the record's headers, then ours."""
+    ours = [
+        ("topic", b"shop.order.events"),
+        ("partition", b"6"),
+        ("offset", b"1"),
+        ("timestamp", b"1767225601000"),
+        ("stage", b"read"),
+        ("exception.class.name", b"BadRecord"),
+        ("exception.message", b"not JSON"),
+        ("node", b"worker-1:7"),
+        ("time", b"1767225601042"),
+    ]
+    h = [("trace", b"t"), *((HEADER_PREFIX + k, v) for k, v in ours)]
+    letter = DeadLetter.read(b"o-42", b"{", h)
+    assert (letter.topic, letter.partition, letter.offset, letter.error) == (
+        "shop.order.events",
+        6,
+        1,
+        "not JSON",
+    )
+    assert letter.context.node == "worker-1:7" and letter.context.truncated is None
+    assert letter.headers == (("trace", b"t"),)
+    cut = DeadLetter.read(None, b"{", [*h[1:], (f"{HEADER_PREFIX}truncated", b"5000000")])
+    assert cut.context.truncated == 5_000_000 and cut.headers == ()
 
 
 def test_a_partition_is_held_only_when_its_failed_cycle_read_records() -> None:
