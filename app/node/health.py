@@ -25,7 +25,7 @@ def node_health(
     closing: Mapping[TaskId, float],
     given: set[TaskId] | None,
     suspended: float | None,
-    failing_loops: Collection[str],
+    failing_loops: Collection[TaskId],
     broker: dict[str, Any],
     commit_lag_s: float,
     failure: str | None,
@@ -39,7 +39,7 @@ def node_health(
     revoke's, or the group's assignment no longer giving it) has been going; `given`: the
     tasks of the group's assignment (None: not in the group yet); `suspended`: how long
     the process was stopped, if the group has not answered since; `failing_loops`: the
-    types whose timer rounds keep failing."""
+    tasks whose timer rounds keep failing."""
     stalled: dict[int, str] = {}
     failing: dict[int, dict[str, object]] = {}
     for (_, p), task in sorted(tasks.items()):
@@ -62,7 +62,7 @@ def node_health(
     for key in sorted((given or set()) - running - taking):
         stalled.setdefault(key.p, "assigned by the group, not taken")
     for key in sorted(running):
-        if key.type_name in failing_loops:
+        if key in failing_loops:
             stalled.setdefault(key.p, f"{key.type_name}: timer rounds failing")
     closes: dict[int, float] = {}
     for (_, p), seconds in closing.items():

@@ -48,9 +48,9 @@ class NodeTimerLoop:
         return self._ended_rounds + sum(loop.rounds for loop in loops)
 
     @property
-    def failing(self) -> bool:
-        """Whether a partition's loop failed its last rounds: its timers do not fire."""
-        return any(loop.failing for loop in self._loops.values())
+    def failing(self) -> frozenset[int]:
+        """The partitions whose loop failed its last rounds: their timers do not fire."""
+        return frozenset(p for p, loop in self._loops.items() if loop.failing)
 
     def start(self) -> None:
         """The node runs: its partitions' loops run (those started already, and those

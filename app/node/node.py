@@ -171,7 +171,9 @@ class Node:
             closing=self.tasks.closes(),
             given=None if (c := self._consumer) is None else self.tasks.keys(c.assignment()),
             suspended=self._suspension.suspended(),
-            failing_loops=[k.topics.type_name for k in self.types.values() if k.loop.failing],
+            failing_loops={
+                TaskId(k.topics.type_name, p) for k in self.types.values() for p in k.loop.failing
+            },
             broker=self.broker.status(),
             # A close's commits count: a hung one holds its partition's next take back.
             commit_lag_s=max(self.commits.lag(), self.tasks.closing_commit_lag()),

@@ -9,7 +9,7 @@ partition's own transaction (`Commits.commit_claims`) before the runner is told 
 send them (`Round.claims_committed`). In a burst, its rounds take no slice while the
 burst's first commit is in flight (`_hold_for_first_commit`). A fault of the store in
 its partition (`Round.failed`: a corrupt row) fails its task alone, which closes dirty
-and is revived.
+and is revived; so do rounds that raise `FAILED_ROUNDS` times in a row.
 
 It runs from its task's `start_firing` until its firing is no longer the runner's, is
 stopped (its task's close), or failed (the store failed in it: its task is told, even
@@ -32,9 +32,13 @@ from app.node.task_id import TaskId
 from app.timers.runner import PartitionFiring, Round, RoundStats, TimerLoop, TimerRunner
 from app.timers.runner.slow_start import HELD_AT_MOST_MS
 
-__all__ = ["FiringTask", "PartitionTimerLoop", "TypeLoops"]
+__all__ = ["FAILED_ROUNDS", "FiringTask", "PartitionTimerLoop", "TypeLoops"]
 
 logger = logging.getLogger(__name__)
+
+FAILED_ROUNDS = 3
+"""How many rounds of a partition may fail in a row before its task is closed and taken
+afresh (a round that raises; a `StoreError` fails it at once, `Round.failed`)."""
 
 
 class FiringTask(Protocol):
@@ -158,6 +162,20 @@ class PartitionTimerLoop(TimerLoop):
         return HELD_AT_MOST_MS - held_ms if 0 <= held_ms < HELD_AT_MOST_MS else 0
 
     async def round(self) -> RoundStats:
+        try:
+            return await self._round()
+        except Exception as exc:
+            # A store call that raised something other than `StoreError` (rocksdict's own
+            # error on a read: an I/O error, a checksum mismatch), or a bug: tried again,
+            # and after `FAILED_ROUNDS` in a row its task is closed dirty and taken afresh
+            # (its local copy restored), never a partition that stops firing while the rest
+            # of the node goes on.
+            if self.failures_in_a_row + 1 >= FAILED_ROUNDS and self._current():
+                self._stopping = True
+                self._owner.failed(f"the timer rounds of {self._type_name}", exc)
+            raise
+
+    async def _round(self) -> RoundStats:
         await self._hold_for_first_commit()  # before the checks: its task may close meanwhile
         if self._stopping or not self._current():
             self._stopping = True  # stopped: its task's next firing has a loop

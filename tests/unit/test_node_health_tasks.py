@@ -68,6 +68,6 @@ def test_a_close_of_a_type_given_back_stalls_the_partition_until_it_is_done() ->
 
 
 def test_a_types_failing_timer_rounds_stall_only_its_partitions() -> None:
-    c = TaskId("shop.cart", 2)
-    body = health({A: Task(), c: Task()}, {A, c}, {A, c}, failing_loops=["shop.cart"])
+    c, d = TaskId("shop.cart", 2), TaskId("shop.cart", 3)
+    body = health({A: Task(), c: Task(), d: Task()}, {A, c, d}, {A, c, d}, failing_loops={c})
     assert body["stalled"] == {"2": "shop.cart: timer rounds failing"}

@@ -1,0 +1,92 @@
+"""A partition's timer rounds that keep raising something other than `StoreError` (as
+rocksdict raises on a read that meets an I/O error or a checksum mismatch): its task is
+closed and taken afresh after `FAILED_ROUNDS` in a row, never a partition that stops
+firing while the other goes on; `/healthz` names that partition alone meanwhile."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fakes import RunningNode, wait_until
+from test_node_memory import PARTITIONS, SERVICE, TOPICS, events, schedule, task_of
+
+from app.kafka.memory import MemoryLog
+from app.node.node import Node
+from app.node.partition_timers import FAILED_ROUNDS
+from app.node.task_id import TaskId
+from tables.partitioner import partition_of
+from tables.rocksdb_reads import RocksDBReads
+
+BAD, GOOD = 0, 1
+
+
+@pytest.fixture
+async def node(tmp_path: Path) -> AsyncIterator[RunningNode]:
+    n = await RunningNode(MemoryLog(), tmp_path, "a", SERVICE, PARTITIONS).start()
+    yield n
+    await n.stop()
+
+
+def owner_in(p: int) -> str:
+    return next(f"o{i}" for i in range(1, 99) if partition_of(f"o{i}", PARTITIONS) == p)
+
+
+def failing_reads(monkeypatch: pytest.MonkeyPatch, times: int) -> list[int]:
+    """The due reads of partition BAD raise a plain Exception `times` times; the calls."""
+    found = RocksDBReads._found
+    raised: list[int] = []
+
+    def reads(self: Any, partitions: Any, until: Any, limit: Any) -> Any:
+        if BAD in partitions and len(raised) < times:
+            raised.append(BAD)
+            raise Exception("Corruption: block checksum mismatch")  # as rocksdict raises
+        return found(self, partitions, until, limit)
+
+    monkeypatch.setattr(RocksDBReads, "_found", reads)
+    return raised
+
+
+async def test_rounds_that_keep_raising_take_the_partition_afresh(
+    node: RunningNode, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    log = node.node.clients
+    assert isinstance(log, MemoryLog)
+    await wait_until(node.runs)
+    raised = failing_reads(monkeypatch, FAILED_ROUNDS)
+    at = int(time.time() * 1000) + 300
+    await schedule(log, owner_in(BAD), at)
+    await schedule(log, owner_in(GOOD), at)
+
+    def fired() -> set[str]:
+        return {e.aggregate.id for e in events(log, "Fired")}
+
+    await wait_until(lambda: {owner_in(BAD), owner_in(GOOD)} <= fired())
+    assert len(raised) == FAILED_ROUNDS
+    task = node.node._tasks[task_of(BAD)]
+    assert task.takes == 2  # closed dirty and taken afresh, once
+    assert node.node._tasks[task_of(GOOD)].takes == 1  # never touched
+    assert node.node._failure is None
+    await wait_until(lambda: node.node.health()["ready"])
+
+
+async def test_health_names_the_failing_partition_alone(
+    node: RunningNode, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While the rounds of BAD fail (fewer in a row than retake it), only BAD is stalled."""
+    log = node.node.clients
+    assert isinstance(log, MemoryLog)
+    await wait_until(node.runs)
+    monkeypatch.setattr("app.node.partition_timers.FAILED_ROUNDS", 1_000)
+    raised = failing_reads(monkeypatch, 1_000)
+    await schedule(log, owner_in(BAD), int(time.time() * 1000))
+    typed: Node = node.node
+    loop = typed.types[TOPICS.type_name].loop
+    await wait_until(lambda: bool(loop.failing))
+    assert raised and loop.failing == frozenset({BAD})
+    health = typed.health()
+    assert health["stalled"] == {str(BAD): f"{TOPICS.type_name}: timer rounds failing"}
+    assert TaskId(TOPICS.type_name, BAD) in typed._tasks
