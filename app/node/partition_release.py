@@ -42,8 +42,22 @@ async def release_partition(s: TaskShared, task: PartitionTask, *, clean: bool) 
     try:
         # The commit in flight first (the runner's claims may wait on it).
         whole = clean and await commits.settle(until=until, rest=False)
-        # The task's firing: its last writes made, and counted as its rounds' are.
-        s.metrics.round(kept.name, await kept.runner.stop_partition(p))
+        # The task's firing: its last writes made, and counted as its rounds' are. They may
+        # wait on the failure ledger (a park's record, each up to its timeout, behind the
+        # context's other writes): past the deadline they are cut short and p closes
+        # dirty, its copy restored by the next take, whose rounds fire those timers again.
+        try:
+            async with asyncio.timeout(max(until - loop.time(), 0.0)):
+                s.metrics.round(kept.name, await kept.runner.stop_partition(p))
+        except TimeoutError:
+            logger.warning(
+                "partition %d of %s: its timers' last writes not done within the close's"
+                " deadline (%.1f s): let go dirty",
+                p,
+                kept.name,
+                s.close_deadline_s,
+            )
+            whole = False
         # What waits (the runner's last writes included), if p's producer is open.
         committed = whole and commits.owns() and await commits.settle(until=until)
         if (firing := task.firing) is not None and firing.fault is not None:
