@@ -29,14 +29,10 @@ repeated hour's second pass.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator
-from datetime import UTC, datetime, timedelta
 from typing import NamedTuple
-from zoneinfo import ZoneInfo
-
-from cronsim import CronSim
 
 from tables.bounds import MAX_INSTANT
+from tables.cron_matches import WINDOW_STEPS, count_matches, cron_after, nth_match_after
 from tables.rules import CronRule, IntervalRule, OnceRule, ScheduleRule
 
 __all__ = [
@@ -57,10 +53,10 @@ __all__ = [
 # to 0.4 s) the latest due slot is found by bisection instead and its index estimated.
 MAX_CRON_STEPS = 10_000
 
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-_SECOND = timedelta(seconds=1)
-# what datetime cannot represent: a cron rule has no slot there
-_OUT_OF_RANGE = (OverflowError, OSError, ValueError)
+# Under a count, catch-ups past this many steps count the slots instead: as many as a
+# catch-up without one steps, so that whatever was exact in one call stays exact (the
+# count is exact but for the cases `tables.cron_matches` names, far behind in some zones).
+_COUNTED_STEPS = MAX_CRON_STEPS
 
 
 class Slot(NamedTuple):
@@ -109,7 +105,7 @@ def first_slot(rule: ScheduleRule, not_before: int) -> Slot | None:
         behind = not_before - rule.start
         n = -(-behind // rule.every) if behind > 0 else 0
         return _interval_slot(rule, n)
-    due = next(_cron_after(rule, max(rule.start, not_before) - 1), None)
+    due = next(cron_after(rule, max(rule.start, not_before) - 1), None)
     return None if due is None else _within(rule, Slot(0, due))
 
 
@@ -119,7 +115,7 @@ def next_slot(rule: ScheduleRule, slot: Slot) -> Slot | None:
         return None
     if isinstance(rule, IntervalRule):
         return _interval_slot(rule, slot.index + 1, slot.due_at + rule.every)
-    due = next(_cron_after(rule, slot.due_at), None)
+    due = next(cron_after(rule, slot.due_at), None)
     return None if due is None else _within(rule, Slot(slot.index + 1, due))
 
 
@@ -138,7 +134,7 @@ def nth_slot(rule: ScheduleRule, n: int) -> Slot | None:
         return None
     if n > MAX_CRON_STEPS:
         raise ValueError(f"cron slot {n} is more than {MAX_CRON_STEPS} steps from its start")
-    for index, due in enumerate(_cron_after(rule, rule.start - 1)):
+    for index, due in enumerate(cron_after(rule, rule.start - 1)):
         if index == n:
             return _within(rule, Slot(n, due))
     return None
@@ -150,7 +146,9 @@ def latest_due(rule: ScheduleRule, slot: Slot, now: int) -> Slot:
     Cron rules count the slots in between one by one up to `MAX_CRON_STEPS`; further behind,
     the latest slot's due time is still exact but the rest of its index is estimated as one
     slot per minute (per second with a seconds field): an upper bound of the slots in
-    between that keeps each slot's index unique and increasing.
+    between that keeps each slot's index unique and increasing. Under a count the index is
+    never estimated: past a few steps the slots in between are counted without stepping
+    (`tables.cron_matches`, exact but for the cases its docstring names), in one call.
     """
     if isinstance(rule, OnceRule):
         return slot
@@ -199,70 +197,44 @@ def _within(rule: IntervalRule | CronRule, slot: Slot) -> Slot | None:
     return slot
 
 
-def _cron_after(rule: CronRule, after: int) -> Iterator[int]:
-    """The due times (ms, whole seconds) of `rule`'s matches strictly after `after`, in order."""
-    zone = rule.tz
-    last = after // 1000
-    start = last
-    try:
-        # Started just before or in the hour after a clock change, cronsim can set the clock
-        # to a local time the change skipped and miss a match; from hours before, it walks
-        # through the change as an iteration from long before does.
-        if _offset(last - 2 * 3600, zone) != _offset(last + 3600, zone):
-            start = last - 4 * 3600
-    except _OUT_OF_RANGE:
-        return
-    jump = 0
-    while True:
-        try:
-            matches = CronSim(rule.expr, datetime.fromtimestamp(start, zone))
-        except _OUT_OF_RANGE:
-            return
-        previous, wraps = start, 0
-        while wraps < 2:
-            try:
-                match = next(matches)
-            except StopIteration:  # no match within 50 years of cronsim's search
-                return
-            except _OUT_OF_RANGE:
-                return
-            second = (match - _EPOCH) // _SECOND
-            if second <= previous:
-                # Fixed-time jobs step on the wall clock, so one started in the second pass
-                # of a fall-back hour first matches in the first pass: once is expected.
-                wraps += 1
-            previous = second
-            if second > last:
-                last, jump = second, 0
-                yield second * 1000
-        # Going round in circles (fall-back hours not on the hour, e.g. Pacific/Chatham, can
-        # send cronsim back to the hour's start for ever): restart ever further past `last`.
-        jump = max(1, 2 * jump)
-        start = last + jump
-
-
-def _offset(second: int, zone: ZoneInfo) -> timedelta | None:
-    return datetime.fromtimestamp(second, zone).utcoffset()
-
-
 def _cron_latest(rule: CronRule, slot: Slot, now: int) -> Slot:
     """`latest_due` of a cron rule (`now` already no later than its `until`)."""
+    if rule.count is not None:
+        return _cron_latest_counted(rule, slot, now, rule.count - 1)
     latest = slot
-    # With a count, indexes must be exact to stop at the last: never estimated, so a
-    # catch-up further behind than MAX_CRON_STEPS moves that far per call.
-    last = None if rule.count is None else rule.count - 1
-    for step, due in enumerate(_cron_after(rule, slot.due_at), start=1):
-        if due > now or (last is not None and slot.index + step > last):
+    for step, due in enumerate(cron_after(rule, slot.due_at), start=1):
+        if due > now:
             return latest
         latest = Slot(slot.index + step, due)
         if step == MAX_CRON_STEPS:
-            if last is not None:
-                return latest
             break
     else:
         return latest  # the rule has no later match
     due = _cron_bisect(rule, latest.due_at, now)
     return Slot(latest.index + (due - latest.due_at) // _resolution(rule), due)
+
+
+def _cron_latest_counted(rule: CronRule, slot: Slot, now: int, last: int) -> Slot:
+    """`_cron_latest` under a count: the index is exact, to stop at the `last` index."""
+    latest = slot
+    for step, due in enumerate(cron_after(rule, slot.due_at), start=1):
+        if due > now or slot.index + step > last:
+            return latest
+        latest = Slot(slot.index + step, due)
+        if step == _COUNTED_STEPS:
+            break
+    else:
+        return latest  # the rule has no later match
+    # Further behind: the latest match by bisection, the matches up to it counted (a few
+    # ms for decades of per-second matches, where stepping took minutes).
+    due = _cron_bisect(rule, latest.due_at, now)
+    between, steps = count_matches(rule, latest.due_at, due, WINDOW_STEPS)
+    if latest.index + between <= last:
+        # a count off (tables.cron_matches) must still move the index with the due time
+        return Slot(latest.index + max(between, 1 if due > latest.due_at else 0), due)
+    if latest.index == last:
+        return latest
+    return Slot(last, nth_match_after(rule, latest.due_at, last - latest.index, due, steps))
 
 
 def _resolution(rule: CronRule) -> int:
@@ -284,10 +256,10 @@ def _cron_bisect(rule: CronRule, due: int, now: int) -> int:
     low, high = due // 1000 - 1, now // 1000
     while high - low > 1:
         middle = (low + high) // 2
-        match = next(_cron_after(rule, middle * 1000), None)
+        match = next(cron_after(rule, middle * 1000), None)
         if match is not None and match <= now:
             low = middle
         else:
             high = middle
-    match = next(_cron_after(rule, low * 1000), None)
+    match = next(cron_after(rule, low * 1000), None)
     return due if match is None or match > now else match
