@@ -262,13 +262,18 @@ def _record(m: Any, topic: str, partition: int, offset: int) -> Record:
     given: two calls into confluent-kafka fewer a record)."""
     try:
         headers = m.headers()
+        return _new_record(Record, (
+            topic, partition, offset, m.key(), m.value(), m.timestamp()[1],
+            tuple(headers) if headers else (),
+        ))  # fmt: skip
     except (SystemError, UnicodeError):
-        # A header key that is not UTF-8: confluent-kafka cannot give it, nor any of them
-        # (its error surfaces as a SystemError); the record is read without them.
-        headers = _unreadable_headers(topic, partition, offset)
+        # A header key that is not UTF-8: confluent-kafka's conversion of the headers fails
+        # and leaves its error pending, raised by a later call (here), its list with an
+        # item missing: none of it is used, the record is read without headers.
+        pass
     return _new_record(Record, (
         topic, partition, offset, m.key(), m.value(), m.timestamp()[1],
-        tuple(headers) if headers else (),
+        _unreadable_headers(topic, partition, offset),
     ))  # fmt: skip
 
 
