@@ -229,7 +229,9 @@ class Settings(BaseSettings):
         # The client library fails on such a port with a bare OverflowError or ValueError.
         for entry in (a.strip() for a in value.split(",")):
             host, colon, port = entry.rpartition(":")
-            if colon and host and not (port.isdigit() and 0 < int(port) < 65536):
+            # isascii: isdigit() is true of "²", which int() refuses; len: of 4,301 digits.
+            numeric = port.isascii() and port.isdigit() and len(port) <= 5
+            if colon and host and not (numeric and 0 < int(port) < 65536):
                 raise ValueError(f"{entry!r}: the port must be a number from 1 to 65535")
         return value
 

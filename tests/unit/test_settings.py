@@ -35,6 +35,9 @@ def test_defaults_and_environment() -> None:
         # connection (OverflowError, ValueError).
         ({"KAFKA_BOOTSTRAP_SERVERS": "127.0.0.1:99999"}, "KAFKA_BOOTSTRAP_SERVERS.*99999"),
         ({"KAFKA_BOOTSTRAP_SERVERS": "b1:9093,b2:x"}, "KAFKA_BOOTSTRAP_SERVERS.*'b2:x'"),
+        # isdigit() is true of "\u00b2", which int() refuses, and of 4,301 digits.
+        ({"KAFKA_BOOTSTRAP_SERVERS": "b:\u00b2"}, "KAFKA_BOOTSTRAP_SERVERS.*port must be"),
+        ({"KAFKA_BOOTSTRAP_SERVERS": "b:" + "9" * 5000}, "KAFKA_BOOTSTRAP_SERVERS.*port must be"),
     ],
 )
 def test_bad_values_name_their_variable(env: dict[str, str], names: str) -> None:
