@@ -52,7 +52,8 @@ __all__ = [
 Rule = OnceRule | IntervalRule | CronRule
 
 _UNITS = {"d": 86_400_000, "h": 3_600_000, "m": 60_000, "s": 1_000, "ms": 1}
-_PART = re.compile(r"(\d+)(ms|d|h|m|s)")
+_PART = re.compile(r"([0-9]+)(ms|d|h|m|s)")
+_MAX_DIGITS = 19
 _KINDS = ("cron", "interval", "once")
 
 
@@ -71,18 +72,21 @@ def parse_instant(text: str, what: str = "instant") -> int:
 
 def parse_duration(text: str, what: str = "interval") -> int:
     """Milliseconds of `900000` or of whole units, `1h30m`, `15m`, `500ms`."""
-    if text.isdigit():
-        ms = int(text)
-    else:
-        parts = _PART.findall(text)
-        if not parts or "".join(n + u for n, u in parts) != text:
-            raise BadExpression(
-                f"{what} {text!r} is neither milliseconds nor a duration like 15m, 1h30m, "
-                "500ms (units d, h, m, s, ms)"
-            )
-        ms = sum(int(n) * _UNITS[u] for n, u in parts)
+    shown = repr(text if len(text) <= 40 else text[:40] + "...")
+    # ASCII digits alone: isdigit() and \d take "²" and other digits int() refuses or reads.
+    bare = text.isascii() and text.isdigit()
+    parts = [(text, "ms")] if bare else _PART.findall(text)
+    if not bare and (not parts or "".join(n + u for n, u in parts) != text):
+        raise BadExpression(
+            f"{what} {shown} is neither milliseconds nor a duration like 15m, 1h30m, "
+            "500ms (units d, h, m, s, ms)"
+        )
+    # int() refuses more than 4,300 digits; a rule's every and jitter fit in 64 bits.
+    if any(len(n.lstrip("0")) > _MAX_DIGITS for n, _ in parts):
+        raise BadExpression(f"{what} {shown} is too large")
+    ms = sum(int(n) * _UNITS[u] for n, u in parts)
     if ms < 1:
-        raise BadExpression(f"{what} {text!r} must be at least 1 ms")
+        raise BadExpression(f"{what} {shown} must be at least 1 ms")
     return ms
 
 

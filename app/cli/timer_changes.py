@@ -17,7 +17,6 @@ from __future__ import annotations
 import time
 from typing import Annotated
 
-import orjson
 import typer
 from pydantic import ValidationError
 
@@ -52,7 +51,7 @@ from app.ops.timer_api import (
     submit,
 )
 from app.protocol.topics import ContextTopics, parse_aggregate_type
-from app.protocol.wire import CommandEnvelope, CommandResult, ResultCode
+from app.protocol.wire import CommandEnvelope, CommandResult, ResultCode, load_json
 from tables import DEFAULT_TENANT, CommandSpec
 
 __all__ = ["cancel", "pause", "resume", "set_", "trigger"]
@@ -154,7 +153,10 @@ def set_(
         book = parse_aggregate_type(_type(type_name))
         spread = None if jitter is None else parse_duration(jitter, "--jitter")
         parsed = parse_expr(rule, zone, now, jitter=spread)
-        data = orjson.loads(body)
+        try:
+            data = load_json(body)
+        except ValueError as exc:
+            raise fail(f"--body is not JSON: {exc}", CONFIG_ERROR) from exc
         if not isinstance(data, dict):
             raise BadRequest("--body", "must be a JSON object")
         try:
@@ -173,8 +175,6 @@ def set_(
             put,
             now,
         )
-    except orjson.JSONDecodeError as exc:
-        raise fail(f"--body is not JSON: {exc}", CONFIG_ERROR) from exc
     except (BadExpression, BadRequest) as exc:
         raise fail(str(exc), CONFIG_ERROR) from exc
     result = run(checked(settings.kafka, send_change(settings.kafka, cmd, wait)))

@@ -130,7 +130,8 @@ class _ScheduleModel:
             d.cancel_schedule(TICK_KEY)
             return
         timer_id, sep, slot_text = cmd.request_id.rpartition("#")
-        if not sep or not slot_text.isdigit():
+        # isascii: isdigit() is true of "²", which int() refuses.
+        if not sep or not (slot_text.isascii() and slot_text.isdigit()):
             d.reject(f"a {TICK} comes from a timer: {cmd.request_id!r} is not '<timer id>#<slot>'")
         slot = int(slot_text)
         if timer_id != state.timer_id or (state.last_slot is not None and slot <= state.last_slot):

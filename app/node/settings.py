@@ -43,7 +43,7 @@ from app.kafka.records import Replication
 from app.node.variables import ENV_FILE_VARIABLE, TOOLING_VARIABLES, VARIABLES, read_variables
 from app.protocol.limits import DEFAULT_MAX_KEY_BYTES, DEFAULT_MAX_RECORD_BYTES, InputLimits
 from app.protocol.topics import parse_aggregate_type
-from app.timers.runner.options import TimerOptions
+from app.timers.runner.options import YEAR_MS, TimerOptions
 
 __all__ = [
     "ENV_FILE_VARIABLE",
@@ -100,9 +100,10 @@ class Settings(BaseSettings):
     """How often the node publishes its status to `<context>.nodes` (`app.ops.cluster_status`)."""
     commit_interval_ms: int = Field(default=100, ge=1, le=60_000)
     """How often the timer runners' changelog writes are committed."""
-    busy_backlog: int = Field(default=50_000, ge=1)
-    """Commands waiting in a partition beyond which the node answers BUSY."""
-    request_id_window_ms: int = Field(default=7 * 24 * 3_600_000, ge=60_000)
+    busy_backlog: int = Field(default=50_000, ge=1, le=1_000_000)
+    """Commands waiting in a partition beyond which the node answers BUSY (at most a
+    million: past that the waiting commands, not BUSY, bound the node's memory)."""
+    request_id_window_ms: int = Field(default=7 * 24 * 3_600_000, ge=60_000, le=10 * YEAR_MS)
     """How long each applied request id is kept: a command sent again within it is
     answered DUPLICATE, later it is applied again (7 days)."""
     gc_threshold: int = Field(default=50_000, ge=0, le=10_000_000)
@@ -229,7 +230,9 @@ class Settings(BaseSettings):
         # The client library fails on such a port with a bare OverflowError or ValueError.
         for entry in (a.strip() for a in value.split(",")):
             host, colon, port = entry.rpartition(":")
-            if colon and host and not (port.isdigit() and 0 < int(port) < 65536):
+            # isascii: isdigit() is true of "²", which int() refuses; len: of 4,301 digits.
+            numeric = port.isascii() and port.isdigit() and len(port) <= 5
+            if colon and host and not (numeric and 0 < int(port) < 65536):
                 raise ValueError(f"{entry!r}: the port must be a number from 1 to 65535")
         return value
 

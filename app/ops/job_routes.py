@@ -56,7 +56,13 @@ from app.ops.job_models import (
 )
 from app.ops.timer_api import DONE, ApiError
 from app.protocol.instants import BadInstant, parse_instant
-from app.protocol.wire import CommandEnvelope, CommandResult, EventEnvelope, ResultCode
+from app.protocol.wire import (
+    CommandEnvelope,
+    CommandResult,
+    EventEnvelope,
+    ResultCode,
+    load_json,
+)
 from tables import AggregateRef
 from tables.partitioner import partition_of
 
@@ -309,8 +315,8 @@ async def _body(request: web.Request) -> dict[str, Any]:
     if not raw.strip():
         return {}
     try:
-        data = orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
+        data = load_json(raw)
+    except ValueError as exc:
         raise JobInputError("body", f"not JSON: {exc}") from exc
     if not isinstance(data, dict):
         raise JobInputError("body", "must be a JSON object")

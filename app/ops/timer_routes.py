@@ -60,7 +60,7 @@ from app.ops.timer_api import (
     set_command,
     submit,
 )
-from app.protocol.wire import CommandEnvelope, ResultCode
+from app.protocol.wire import CommandEnvelope, ResultCode, load_json
 from tables import DEFAULT_TENANT, TimerStatus
 from tables.partitioner import partition_of
 
@@ -124,8 +124,8 @@ class TimerRoutes:
             book = self._book(request)
             owner = self._owner(request)
             try:
-                data = orjson.loads(await request.read())
-            except orjson.JSONDecodeError as exc:
+                data = load_json(await request.read())
+            except ValueError as exc:
                 raise BadRequest("body", f"not JSON: {exc}") from exc
             if not isinstance(data, dict):
                 raise BadRequest("body", "must be a JSON object")

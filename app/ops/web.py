@@ -387,4 +387,9 @@ def _same_site(request: web.Request) -> bool:
     if request.headers.get("Sec-Fetch-Site", "same-origin") not in ("same-origin", "none"):
         return False
     origin = request.headers.get("Origin")
-    return origin is None or URL(origin).raw_authority == request.host
+    if origin is None:
+        return True
+    try:
+        return URL(origin).raw_authority == request.host
+    except ValueError:  # `http://[`, a port past 65535: no page of this server sent it
+        return False

@@ -13,6 +13,7 @@ __all__ = ["BadInstant", "parse_instant"]
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MS = timedelta(milliseconds=1)
+_MAX_DIGITS = len(str(MAX_INSTANT))
 
 
 class BadInstant(ValueError):
@@ -23,21 +24,25 @@ def parse_instant(text: str, what: str = "instant") -> int:
     """Epoch ms of an ISO 8601 time with its offset, or of epoch ms given as digits;
     `BadInstant` naming `what` otherwise, or outside 1970 to 9999."""
     text = text.strip()
-    if text.isdigit():
-        ms = int(text)
+    shown = repr(text if len(text) <= 40 else text[:40] + "...")
+    # isdigit() alone is true of "²", which int() refuses; and int() refuses more than
+    # 4,300 digits: leading zeros aside, more digits than MAX_INSTANT's is out of range.
+    if text.isascii() and text.isdigit():
+        digits = text.lstrip("0") or "0"
+        ms = int(digits) if len(digits) <= _MAX_DIGITS else MAX_INSTANT + 1
     else:
         try:
             moment = datetime.fromisoformat(text)
         except ValueError as exc:
             raise BadInstant(
-                f"{what} {text!r} is neither ISO 8601 (2026-12-24T18:00:00Z) nor epoch ms"
+                f"{what} {shown} is neither ISO 8601 (2026-12-24T18:00:00Z) nor epoch ms"
             ) from exc
         if moment.utcoffset() is None:
             raise BadInstant(
-                f"{what} {text!r} has no offset: add Z or +hh:mm (a local time can name two "
+                f"{what} {shown} has no offset: add Z or +hh:mm (a local time can name two "
                 "instants)"
             )
         ms = (moment - _EPOCH) // _MS
     if not 0 <= ms <= MAX_INSTANT:
-        raise BadInstant(f"{what} {text!r} is outside 1970-01-01 to 9999-12-31 (UTC)")
+        raise BadInstant(f"{what} {shown} is outside 1970-01-01 to 9999-12-31 (UTC)")
     return ms

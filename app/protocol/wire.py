@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import re
 from enum import StrEnum
-from typing import Annotated, Final, Self, TypeVar
+from typing import Annotated, Any, Final, Self, TypeVar
 
 import orjson
 from pydantic import (
@@ -27,7 +27,7 @@ from pydantic import (
     model_validator,
 )
 from pydantic.config import JsonDict
-from pydantic_core import PydanticSerializationError
+from pydantic_core import PydanticSerializationError, from_json
 
 from app.errors import BadRecord
 from tables import AggregateRef, CommandSpec, ScheduleRule
@@ -60,6 +60,7 @@ __all__ = [
     "TimerOp",
     "decode",
     "encode",
+    "load_json",
 ]
 
 logger = logging.getLogger(__name__)
@@ -320,6 +321,15 @@ def decode(model: type[M], data: bytes | None, max_bytes: int = MAX_RECORD_BYTES
         return decoded
     except ValidationError as exc:
         raise BadRecord(f"not a valid {model.__name__}: {_errors(exc)}") from exc
+
+
+def load_json(data: bytes | str) -> Any:
+    """JSON given by a person (an HTTP body, a command line's), read by the parser `decode`
+    reads records with: orjson reads an integer past 64 bits as a float, silently rounded,
+    where the same number in a record is refused (`check_json`); this keeps it whole for
+    the same check. `ValueError` with the parser's reason for text that is not JSON (NaN
+    and Infinity included)."""
+    return from_json(data, allow_inf_nan=False)
 
 
 def _errors(exc: ValidationError) -> str:

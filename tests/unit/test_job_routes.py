@@ -263,7 +263,11 @@ async def test_every_write_needs_the_web_token(edge: Edge, action: str) -> None:
         ("ops/minutely/reschedule", {}, "rule", "Field required"),
         ("ops/minutely/backfill", {"until": T0}, "from", "Field required"),
         ("ops/minutely/backfill", {"from": "yesterday", "until": T0}, "from", "neither ISO 8601"),
+        ("ops/minutely/backfill", {"from": "\u00b2", "until": T0}, "from", "neither ISO 8601"),
+        ("ops/minutely/backfill", {"from": T0, "until": "9" * 5000}, "until", "is outside 1970"),
         ("ops/minutely/backfill", {"from": T0, "until": 1.5}, "until", "or epoch ms (an integer)"),
+        # orjson read it as a float: "give ... epoch ms (an integer)"
+        ("ops/minutely/backfill", b'{"from":0,"until":%d}' % 10**29, "until", "is outside 1970"),
         ("ops/minutely/backfill", {"from": T0 + MIN, "until": T0}, "until", "is before from"),
         ("ops/minutely/backfill", {"from": T0, "until": T0 + DAY}, "until", "is after now"),
         (

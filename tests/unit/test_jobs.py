@@ -426,9 +426,10 @@ def test_a_disabled_instance_runs_nothing(
     assert recorder.runs == []
 
 
-def test_a_tick_not_sent_by_a_timer_is_rejected(enabled: Instance) -> None:
+@pytest.mark.parametrize("request_id", ["by-hand", "t#\u00b2"])  # isdigit(), not int()'s
+def test_a_tick_not_sent_by_a_timer_is_rejected(enabled: Instance, request_id: str) -> None:
     cmd = CommandEnvelope(
-        request_id="by-hand", type=TICK, aggregate=ref_of(CONTEXT, "nightly"), issued_at=1
+        request_id=request_id, type=TICK, aggregate=ref_of(CONTEXT, "nightly"), issued_at=1
     )
     d = enabled.run(cmd)
     assert d.code is ResultCode.REJECTED

@@ -31,10 +31,18 @@ def test_defaults_and_environment() -> None:
         ({"TICKWHEEL_PARTITIONS": "0"}, "TICKWHEEL_PARTITIONS"),
         ({"TICKWHEEL_AGGREGATE_TYPES": "shop"}, "TICKWHEEL_AGGREGATE_TYPES"),
         ({"TICKWHEEL_SESSION_TIMEOUT_MS": "5"}, "TICKWHEEL_SESSION_TIMEOUT_MS"),
+        ({"TICKWHEEL_BUSY_BACKLOG": "1000001"}, "TICKWHEEL_BUSY_BACKLOG: .* less than or equal"),
+        (
+            {"TICKWHEEL_REQUEST_ID_WINDOW_MS": str(2**63 - 1)},
+            "TICKWHEEL_REQUEST_ID_WINDOW_MS: .* less than or equal",
+        ),
         # A port no client can connect to: said here, not a traceback from the first
         # connection (OverflowError, ValueError).
         ({"KAFKA_BOOTSTRAP_SERVERS": "127.0.0.1:99999"}, "KAFKA_BOOTSTRAP_SERVERS.*99999"),
         ({"KAFKA_BOOTSTRAP_SERVERS": "b1:9093,b2:x"}, "KAFKA_BOOTSTRAP_SERVERS.*'b2:x'"),
+        # isdigit() is true of "\u00b2", which int() refuses, and of 4,301 digits.
+        ({"KAFKA_BOOTSTRAP_SERVERS": "b:\u00b2"}, "KAFKA_BOOTSTRAP_SERVERS.*port must be"),
+        ({"KAFKA_BOOTSTRAP_SERVERS": "b:" + "9" * 5000}, "KAFKA_BOOTSTRAP_SERVERS.*port must be"),
     ],
 )
 def test_bad_values_name_their_variable(env: dict[str, str], names: str) -> None:

@@ -219,6 +219,15 @@ async def test_a_bad_request_is_a_4xx_naming_its_field_and_sends_nothing(
     assert all(edge.log.records(BOOK.commands, p) == [] for p in range(P))
 
 
+async def test_a_body_integer_past_64_bits_is_a_400_as_on_the_commands_topic(edge: Edge) -> None:
+    # orjson read it as a float, 1.2e+29, and the timer was set with that
+    big = orjson.dumps(put_body(T0 + 1)).replace(b'"hi"', b"%d" % 10**29)
+    status, answer = await edge.call("PUT", "/timers/shop.reminders/o/k", big)
+    assert (status, answer["field"]) == (400, "command.body"), answer
+    assert f"body.note: integer {10**29} is outside signed 64 bits" in answer["error"]
+    assert all(edge.log.records(BOOK.commands, p) == [] for p in range(P))
+
+
 async def test_the_openapi_document_describes_every_json_route(edge: Edge) -> None:
     status, doc = await edge.call("GET", "/openapi.json", token=None)
     assert status == 200 and doc["openapi"].startswith("3.1")
@@ -413,6 +422,9 @@ def test_a_duplicate_is_done_and_a_refusal_or_silence_exits_1(
         (["--rule", "every:5"], "error: rule 'every:5' is none of"),
         (["--rule", "once:0", "--body", "[1]"], "error: --body: must be a JSON object"),
         (["--rule", "once:0", "--body", "{"], "error: --body is not JSON"),
+        (["--rule", "once:0", "--body", '{"a":NaN}'], "error: --body is not JSON"),
+        # orjson read it as a float, 1.2e+29, and sent that
+        (["--rule", "once:0", "--body", f'{{"a":{10**29}}}'], f"a: integer {10**29} is outside"),
         (["--rule", "once:0", "--target-type", "shop.reminders"], "is the book itself"),
         (
             ["--rule", '{"kind":"interval","every":1000,"start":0,"count":1}'],

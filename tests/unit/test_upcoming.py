@@ -141,6 +141,8 @@ def test_query_of_names_what_is_wrong() -> None:
         ({"limit": "0"}, "limit: Input should be greater than or equal to 1"),
         ({"limit": "many"}, "limit: Input should be a valid integer"),
         ({"due_until": "2026-12-24"}, "due_until '2026-12-24' has no offset"),
+        ({"due_from": "\u00b2"}, "due_from '\u00b2' is neither ISO 8601"),
+        ({"due_until": "9" * 5000}, "is outside 1970-01-01 to 9999-12-31"),
         ({"cursor": "nope"}, "cursor 'nope' is not a next_cursor of this listing"),
     ]:
         with pytest.raises(BadQuery, match=re.escape(message)):
@@ -209,6 +211,7 @@ def test_the_command_filters_and_prints_one_json_object(
     ("args", "message"),
     [
         (["--due-from", "tomorrow"], "error: --due-from 'tomorrow' is neither ISO 8601"),
+        (["--due-from", "\u00b2"], "error: --due-from '\u00b2' is neither ISO 8601"),
         (
             ["--due-until", "2026-12-24T00:00"],
             "error: --due-until '2026-12-24T00:00' has no offset",
@@ -310,6 +313,8 @@ async def test_a_scan_that_stops_ends_the_pages_where_it_did(
     [
         ("limit=0", "limit: Input should be greater than or equal to 1"),
         ("due_from=soon", "due_from 'soon' is neither ISO 8601"),
+        ("due_from=\u00b2", "due_from '\u00b2' is neither ISO 8601"),
+        ("due_until=" + "9" * 5000, "due_until '9999999999"),
         ("cursor=zz", "cursor 'zz' is not a next_cursor"),
         ("colour=red", "colour: no such parameter"),
         ("type=shop.basket", "type: this node keeps no timers of shop.basket (shop.order)"),

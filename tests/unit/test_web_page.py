@@ -384,6 +384,8 @@ async def test_a_form_from_another_site_is_refused(site: Site) -> None:
     for headers in (
         {"Origin": "http://elsewhere.example"},
         {"Sec-Fetch-Site": "cross-site"},
+        {"Origin": "http://["},  # no URL: refused as another site's, not a 500
+        {"Origin": "http://127.0.0.1:99999"},
     ):
         status, html, _ = await site.post("retry", GOOD, headers)
         assert status == 403

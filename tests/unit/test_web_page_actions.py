@@ -230,6 +230,7 @@ async def test_a_form_submitted_again_is_the_same_request_and_writes_nothing_mor
         (None, {"Accept": "text/html"}, 401),  # a browser: the page asking for the token
         ("forged", {}, 401),
         (TOKEN, {"Origin": "http://evil.example"}, 403),
+        (TOKEN, {"Origin": "http://["}, 403),  # no URL yarl reads: not a 500
         (TOKEN, {"Sec-Fetch-Site": "cross-site"}, 403),
     ],
 )

@@ -7,11 +7,28 @@ from typing import ClassVar, Final, Self
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-__all__ = ["DAY_MS", "RetryPolicy", "TimerOptions", "backoff_ms"]
+__all__ = [
+    "DAY_MS",
+    "MAX_COUNT",
+    "MAX_WAIT",
+    "YEAR_MS",
+    "RetryPolicy",
+    "TimerOptions",
+    "backoff_ms",
+]
 
 logger = logging.getLogger(__name__)
 
 DAY_MS: Final = 24 * 60 * 60 * 1000
+YEAR_MS: Final = 365 * DAY_MS
+
+# Upper bounds: each far past any use, and each keeps what the runner computes from it (a
+# claim's or a retry's due time, now plus a wait) inside the store's 64-bit due times; a
+# claim_timeout of 2**63 - 1 loaded, then every claim wrote a row no store could read.
+MAX_WAIT: Final = 7 * DAY_MS
+"""The longest claim, send or retry wait."""
+MAX_COUNT: Final = 100_000
+"""The most timers a round loads, sends at once or sweeps; attempts and BUSY retries."""
 
 
 class RetryPolicy(BaseModel):
@@ -19,10 +36,16 @@ class RetryPolicy(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    initial_backoff_ms: int = Field(default=1000, gt=0, description="wait after the first failure")
-    multiplier: float = Field(default=2.0, ge=1.0, description="growth per failure; 1 = constant")
-    max_backoff_ms: int = Field(default=60_000, gt=0, description="the longest wait")
-    max_attempts: int = Field(default=5, gt=0, description="failed attempts before parking")
+    initial_backoff_ms: int = Field(
+        default=1000, gt=0, le=MAX_WAIT, description="wait after the first failure"
+    )
+    multiplier: float = Field(
+        default=2.0, ge=1.0, le=100.0, description="growth per failure; 1 = constant"
+    )
+    max_backoff_ms: int = Field(default=60_000, gt=0, le=MAX_WAIT, description="the longest wait")
+    max_attempts: int = Field(
+        default=5, gt=0, le=MAX_COUNT, description="failed attempts before parking"
+    )
 
     @model_validator(mode="after")
     def _ceiling_above_floor(self) -> Self:
@@ -56,30 +79,47 @@ class TimerOptions(BaseModel):
     expires_after: int = Field(
         default=DAY_MS,
         gt=0,
+        le=YEAR_MS,
         description="a slot due longer ago than this is not sent; a retry (a send's or an "
         "operator's) counts from when it was due",
     )
     claim_timeout: int = Field(
-        default=30_000, gt=0, description="how long a claim holds before another node may"
+        default=30_000,
+        gt=0,
+        le=MAX_WAIT,
+        description="how long a claim holds before another node may",
     )
     send_timeout: int = Field(
-        default=10_000, gt=0, description="a send not answered by then is a failed attempt"
+        default=10_000,
+        gt=0,
+        le=MAX_WAIT,
+        description="a send not answered by then is a failed attempt",
     )
     retry: RetryPolicy = Field(default_factory=RetryPolicy)
     max_busy_retries: int = Field(
-        default=10, ge=0, description="BUSY refusals in a row that do not count as attempts"
+        default=10,
+        ge=0,
+        le=MAX_COUNT,
+        description="BUSY refusals in a row that do not count as attempts",
     )
-    batch_limit: int = Field(default=1000, gt=0, description="timers loaded per round")
-    max_in_flight: int = Field(default=1000, gt=0, description="sends running at once")
-    poll_interval_ms: int = Field(default=100, gt=0, description="longest wait between rounds")
+    batch_limit: int = Field(
+        default=1000, gt=0, le=MAX_COUNT, description="timers loaded per round"
+    )
+    max_in_flight: int = Field(
+        default=1000, gt=0, le=MAX_COUNT, description="sends running at once"
+    )
+    poll_interval_ms: int = Field(
+        default=100, gt=0, le=60_000, description="longest wait between rounds"
+    )
     finished_retention: int = Field(
         default=7 * DAY_MS,
         gt=0,
+        le=2 * YEAR_MS,
         description="a FIRED or CANCELLED timer's row is deleted this long after it finished, "
         "with a tombstone in the changelog; must exceed expires_after",
     )
     sweep_limit: int = Field(
-        default=250, gt=0, description="finished rows deleted per round at most"
+        default=250, gt=0, le=MAX_COUNT, description="finished rows deleted per round at most"
     )
 
     @model_validator(mode="after")
