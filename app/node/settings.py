@@ -168,9 +168,9 @@ class Settings(BaseSettings):
     @property
     def close_deadline_s(self) -> float:
         """How long a partition task's whole close may take (its timers' last writes, its
-        last commits and its producers' stops, every type): half the group's rebalance timeout, so that a
-        revoke's closes end well before the group throws this node out (and moves every
-        partition it has). What is not done by then is abandoned dirty."""
+        last commits and its producers' stops, every type): half the group's rebalance
+        timeout, so that a revoke's closes end well before the group throws this node out
+        (and moves every partition it has). What is not done by then is abandoned dirty."""
         return rebalance_timeout_ms(self.session_timeout_ms) / 2000
 
     @property
