@@ -109,7 +109,7 @@ class TimerOptions(BaseModel):
         default=1000, gt=0, le=MAX_COUNT, description="sends running at once"
     )
     poll_interval_ms: int = Field(
-        default=100, gt=0, le=60_000, description="longest wait between rounds"
+        default=100, gt=0, le=3_600_000, description="longest wait between rounds"
     )
     finished_retention: int = Field(
         default=7 * DAY_MS,
