@@ -50,13 +50,9 @@ __all__ = [
 ]
 
 # Counting cron matches costs ~7-40 µs each on the runner's event loop: past this many (70 ms
-# to 0.4 s) the latest due slot is found by bisection instead and its index estimated.
+# to 0.4 s) the latest due slot is found by bisection instead and its index estimated, or,
+# under a count, counted (`tables.cron_matches`).
 MAX_CRON_STEPS = 10_000
-
-# Under a count, catch-ups past this many steps count the slots instead: as many as a
-# catch-up without one steps, so that whatever was exact in one call stays exact (the
-# count is exact but for the cases `tables.cron_matches` names, far behind in some zones).
-_COUNTED_STEPS = MAX_CRON_STEPS
 
 
 class Slot(NamedTuple):
@@ -199,35 +195,16 @@ def _within(rule: IntervalRule | CronRule, slot: Slot) -> Slot | None:
 
 def _cron_latest(rule: CronRule, slot: Slot, now: int) -> Slot:
     """`latest_due` of a cron rule (`now` already no later than its `until`)."""
-    if rule.count is not None:
-        return _cron_latest_counted(rule, slot, now, rule.count - 1)
-    latest = slot
-    for step, due in enumerate(cron_after(rule, slot.due_at), start=1):
-        if due > now:
-            return latest
-        latest = Slot(slot.index + step, due)
-        if step == MAX_CRON_STEPS:
-            break
-    else:
-        return latest  # the rule has no later match
+    # Under a count the index is exact, to stop at the last one.
+    last = None if rule.count is None else rule.count - 1
+    latest, more = _stepped(rule, slot, now, last)
+    if not more:
+        return latest
     due = _cron_bisect(rule, latest.due_at, now)
-    return Slot(latest.index + (due - latest.due_at) // _resolution(rule), due)
-
-
-def _cron_latest_counted(rule: CronRule, slot: Slot, now: int, last: int) -> Slot:
-    """`_cron_latest` under a count: the index is exact, to stop at the `last` index."""
-    latest = slot
-    for step, due in enumerate(cron_after(rule, slot.due_at), start=1):
-        if due > now or slot.index + step > last:
-            return latest
-        latest = Slot(slot.index + step, due)
-        if step == _COUNTED_STEPS:
-            break
-    else:
-        return latest  # the rule has no later match
-    # Further behind: the latest match by bisection, the matches up to it counted (a few
-    # ms for decades of per-second matches, where stepping took minutes).
-    due = _cron_bisect(rule, latest.due_at, now)
+    if last is None:
+        return Slot(latest.index + (due - latest.due_at) // _resolution(rule), due)
+    # Under a count, the matches up to the latest counted (a few ms for decades of
+    # per-second matches, where stepping took minutes).
     between, steps = count_matches(rule, latest.due_at, due, WINDOW_STEPS)
     if latest.index + between <= last:
         # a count off (tables.cron_matches) must still move the index with the due time
@@ -235,6 +212,19 @@ def _cron_latest_counted(rule: CronRule, slot: Slot, now: int, last: int) -> Slo
     if latest.index == last:
         return latest
     return Slot(last, nth_match_after(rule, latest.due_at, last - latest.index, due, steps))
+
+
+def _stepped(rule: CronRule, slot: Slot, now: int, last: int | None) -> tuple[Slot, bool]:
+    """The latest slot due by `now` (of index `last` at most) within `MAX_CRON_STEPS` of
+    `slot`, exact; and whether later ones may be due past those steps."""
+    latest = slot
+    for step, due in enumerate(cron_after(rule, slot.due_at), start=1):
+        if due > now or (last is not None and slot.index + step > last):
+            return latest, False
+        latest = Slot(slot.index + step, due)
+        if step == MAX_CRON_STEPS:
+            return latest, True
+    return latest, False  # the rule has no later match
 
 
 def _resolution(rule: CronRule) -> int:

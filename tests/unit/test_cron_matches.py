@@ -110,7 +110,7 @@ def test_a_catch_up_under_a_count_equals_stepping_one_slot_at_a_time(
     brute = first
     while (after := next_slot(rule, brute)) is not None and after.due_at <= now:
         brute = after
-    with patch.object(slots, "_COUNTED_STEPS", 2):  # counted past the second step
+    with patch.object(slots, "MAX_CRON_STEPS", 2):  # counted past the second step
         assert latest_due(rule, first, now) == brute
 
 
