@@ -3,17 +3,18 @@
 Kafka's wire format calls a header key a string, but any producer may write any bytes
 there. Java's clients decode them with the replacement character; aiokafka decodes them
 strictly (in its C and its Python record readers alike) and its fetch raises
-`UnicodeDecodeError`, which its consumer neither skips nor can be told to: the fetch
-position stays on the record and every later poll raises again, so one such record would
-stop whatever reads its partition, and every node the partition moved to after.
+`UnicodeDecodeError` (wrapped in `CorruptRecordException` by the Python reader), which
+its consumer neither skips nor can be told to: the fetch position stays on the record and
+every later poll raises again, so one such record would stop whatever reads its
+partition, and every node the partition moved to after.
 
-So a fetch is unpacked as aiokafka unpacks it, and only should that raise
-`UnicodeDecodeError` is the rest of it read again by a Python reader that decodes keys as
-Java does (`install()` puts both in aiokafka's fetcher). The records already handed out
-are passed over by offset, and the batches before the failing one are not looked at
-again (their abort markers were taken once), so nothing is handed out twice, and a
-record skipped as aborted is not handed out. The record then goes its usual way: used
-when it is good, dead-lettered when it is not.
+So a fetch is unpacked as aiokafka unpacks it, and only should a header key's decoding
+raise is the rest of it read again by a Python reader that decodes keys as Java does
+(`install()` puts both in aiokafka's fetcher). The records already handed out are passed
+over by offset, and the batches before the failing one are not looked at again (their
+abort markers were taken once), so nothing is handed out twice, and a record skipped as
+aborted is not handed out. The record then goes its usual way: used when it is good,
+dead-lettered when it is not.
 
 This reaches into aiokafka's private record classes; the aiokafka range in
 `pyproject.toml` and the tests of this module hold it to the version in use.
@@ -27,6 +28,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from aiokafka.consumer import fetcher
+from aiokafka.errors import CorruptRecordException
 from aiokafka.record.default_records import _DefaultRecordBatchPy
 from aiokafka.record.legacy_records import LegacyRecordBatch
 
@@ -89,6 +91,8 @@ def lenient_batches(raw: bytes, after: int) -> Iterator[Any]:
         if end > len(raw) or length < 0:
             return
         piece = view[pos:end]
+        if len(piece) <= _MAGIC_OFFSET:  # as aiokafka's reader says of it
+            raise CorruptRecordException(f"a batch of {length} bytes is too short")
         magic = piece[_MAGIC_OFFSET]
         batch = LenientBatch(piece) if magic >= 2 else LegacyRecordBatch(piece, magic)
         pos = end
@@ -142,16 +146,18 @@ class _LenientRecords(_PartitionRecords):  # type: ignore[misc]
         except StopIteration:
             self._records_iterator = None
             raise
-        except UnicodeDecodeError as exc:
+        except (UnicodeDecodeError, CorruptRecordException) as exc:
+            # aiokafka's Python reader (no C extension) wraps the decode error.
+            cause = exc if isinstance(exc, UnicodeDecodeError) else exc.__cause__
             kept = self._records  # type: ignore[has-type]
-            if not isinstance(kept, _KeptRecords):
+            if not isinstance(kept, _KeptRecords) or not isinstance(cause, UnicodeDecodeError):
                 raise
             logger.warning(
                 "%s: a record at or after offset %d has a header key that is not UTF-8 (%s):"
                 " read with the replacement character, as Java's clients read it",
                 self._tp,
                 self.next_fetch_offset,
-                exc.reason,
+                cause.reason,
             )
             self._records = _Batches(lenient_batches(kept.raw, self.next_fetch_offset))
             self._records_iterator = self._unpack_records()

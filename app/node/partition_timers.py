@@ -36,9 +36,10 @@ __all__ = ["FAILED_ROUNDS", "FiringTask", "PartitionTimerLoop", "TypeLoops"]
 
 logger = logging.getLogger(__name__)
 
-FAILED_ROUNDS = 3
+FAILED_ROUNDS = 5
 """How many rounds of a partition may fail in a row before its task is closed and taken
-afresh (a round that raises; a `StoreError` fails it at once, `Round.failed`)."""
+afresh (a round that raises; a `StoreError` fails it at once, `Round.failed`): more than
+the loop's own `failing` count, so that `/healthz` says so meanwhile."""
 
 
 class FiringTask(Protocol):

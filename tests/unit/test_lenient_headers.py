@@ -4,11 +4,15 @@ key with the replacement character, aborted transactions still passed over."""
 
 from __future__ import annotations
 
+import os
 import struct
+import subprocess
+import sys
 from typing import Any
 
 import pytest
 from aiokafka.consumer import fetcher
+from aiokafka.errors import CorruptRecordException
 from aiokafka.record.default_records import _DefaultRecordBatchBuilderPy
 from aiokafka.record.util import calc_crc32c
 from aiokafka.structs import TopicPartition
@@ -127,3 +131,25 @@ def test_a_fetch_with_good_keys_is_read_by_aiokafka_alone() -> None:
     kept = unpacked._records
     assert [r.offset for r in unpacked] == [0, 1, 2]
     assert unpacked._records is kept  # never read again
+
+
+def test_a_batch_too_short_after_the_record_is_corrupt_as_aiokafka_says() -> None:
+    tiny = struct.pack(">qi", 9, 2) + b"\x00\x00"
+    with pytest.raises(CorruptRecordException):
+        records(batch(0, 2, bad=0) + tiny)
+
+
+def test_aiokafka_without_its_c_extension_is_read_past_too() -> None:
+    """Its Python reader wraps the decode error in `CorruptRecordException`."""
+    env = {**os.environ, "AIOKAFKA_NO_EXTENSIONS": "1"}
+    script = (
+        "import sys; sys.path[:0] = ['tests/unit', '.'];"
+        "from test_lenient_headers import batch, records;"
+        "from aiokafka.util import NO_EXTENSIONS; assert NO_EXTENSIONS;"
+        "print([r.offset for r in records(batch(0, 3) + batch(3, 3, bad=1))])"
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, check=False
+    )
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == str(list(range(6)))

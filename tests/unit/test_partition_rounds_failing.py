@@ -15,7 +15,9 @@ from fakes import RunningNode, wait_until
 from test_node_memory import PARTITIONS, SERVICE, TOPICS, events, schedule, task_of
 
 from app.kafka.memory import MemoryLog
+from app.node.failing import Failing
 from app.node.node import Node
+from app.node.partition_task import RETAKE_BACKOFF_S, retake_after
 from app.node.partition_timers import FAILED_ROUNDS
 from app.node.task_id import TaskId
 from tables.partitioner import partition_of
@@ -90,3 +92,28 @@ async def test_health_names_the_failing_partition_alone(
     health = typed.health()
     assert health["stalled"] == {str(BAD): f"{TOPICS.type_name}: timer rounds failing"}
     assert TaskId(TOPICS.type_name, BAD) in typed._tasks
+
+
+async def test_a_fault_that_never_passes_is_retaken_ever_later(
+    node: RunningNode, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """At once after its first failure, then after `RETAKE_BACKOFF_S` doubling: a fault
+    that never passes costs a restore every few seconds, not four a second."""
+    log = node.node.clients
+    assert isinstance(log, MemoryLog)
+    await wait_until(node.runs)
+    monkeypatch.setattr("app.node.partition_timers.FAILED_ROUNDS", 1)  # failed at once
+    failing_reads(monkeypatch, 10**9)
+    task = node.node._tasks[task_of(BAD)]
+
+    def failures() -> int:
+        report = task.failing.report().get(str(BAD))
+        return 0 if report is None else int(str(report["failures"]))
+
+    began = time.monotonic()
+    await schedule(log, owner_in(BAD), int(time.time() * 1000))
+    await wait_until(lambda: failures() >= 4, within=30)
+    # Retaken at once after the first failure, then after 0.5 s, then after 1 s.
+    assert time.monotonic() - began >= RETAKE_BACKOFF_S * 3
+    assert [retake_after(Failing({}, "x", n)) for n in range(1, 8)] == [0, 0.5, 1, 2, 4, 8, 10]
+    assert node.node._failure is None

@@ -38,6 +38,7 @@ from app.timers.runner import (
     decisions,
 )
 from app.timers.runner import runner as runner_module
+from app.timers.runner.loop import FAILED_ROUND_RETRY_MS
 from app.timers.runner.options import RetryPolicy
 from tables.ledger import LedgerEntry
 from tables.rules import IntervalRule, OnceRule
@@ -653,3 +654,25 @@ async def test_a_timer_its_rule_arithmetic_fails_on_is_parked_and_the_others_fir
     assert stats.fired == 1
     assert (await world.row("poison")).status is TimerStatus.PARKED
     assert (await world.row("fine")).status is TimerStatus.FIRED
+
+
+async def test_a_failed_round_is_tried_again_within_a_second_however_long_the_poll(
+    world: World,
+) -> None:
+    runner = world.runner(poll_interval_ms=3_600_000)
+    loop = TimerLoop(runner)
+    failing = True
+
+    async def round_() -> RoundStats:
+        if failing:
+            raise RuntimeError("a fault that passes")
+        return await TimerLoop.round(loop)
+
+    loop.round = round_  # type: ignore[method-assign]
+    loop.start()
+    await until(lambda: loop.failures_in_a_row == 1 and bool(world.clock.sleeping_until))
+    assert world.clock.sleeping_until == [T0 + FAILED_ROUND_RETRY_MS]
+    failing = False
+    world.clock.set(T0 + FAILED_ROUND_RETRY_MS)
+    await until(lambda: loop.failures_in_a_row == 0)
+    await loop.stop()

@@ -9,12 +9,15 @@ from collections.abc import Callable
 from app.timers.runner.ports import Clock
 from app.timers.runner.runner import RoundStats, TimerRunner
 
-__all__ = ["Clock", "TimerLoop"]
+__all__ = ["FAILED_ROUND_RETRY_MS", "Clock", "TimerLoop"]
 
 logger = logging.getLogger(__name__)
 
 
 _FAILING_AFTER = 3
+
+FAILED_ROUND_RETRY_MS = 1_000
+"""The longest wait for the next round after a failed one."""
 
 
 class TimerLoop:
@@ -98,7 +101,10 @@ class TimerLoop:
         now = self._clock.now()
         if stats is not None and stats.full:
             return now
-        at = now + self._options.poll_interval_ms
+        # After a failed round (no stats), within a second: however long the poll, a fault
+        # that passed holds no timer longer.
+        poll = self._options.poll_interval_ms
+        at = now + (poll if stats is not None else min(poll, FAILED_ROUND_RETRY_MS))
         if stats is not None:
             for t in (stats.next_due, stats.reload_at):
                 if t is not None:
