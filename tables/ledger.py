@@ -10,20 +10,41 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Final, Protocol
 
+import orjson
 from pydantic import BaseModel, ConfigDict, Field
 
 from tables.refs import AggregateRef
 from tables.timer import MAX_ERROR_TEXT, Timer
 
-__all__ = ["FailureLedger", "LedgerEntry", "MemoryFailureLedger", "merged"]
+__all__ = [
+    "MAX_NAMED",
+    "MAX_NAMED_BYTES",
+    "FailureLedger",
+    "LedgerEntry",
+    "MemoryFailureLedger",
+    "merged",
+]
 
 logger = logging.getLogger(__name__)
 
 
+MAX_NAMED: Final = 1_000
+"""An entry names at most this many timers, in at most `MAX_NAMED_BYTES` of JSON: it stays
+well under a Kafka record's 1 MB default however many timers its target parks (past it, a
+park's write would fail, and with it every later park of the target)."""
+
+MAX_NAMED_BYTES: Final = 256 * 1024
+"""The JSON of an entry's names, at most (a name is ~230 bytes, more if not ASCII)."""
+
+
 def _absent(value: object) -> bool:
     return value is None
+
+
+def _false(value: object) -> bool:
+    return value is False
 
 
 class LedgerEntry(BaseModel):
@@ -31,7 +52,11 @@ class LedgerEntry(BaseModel):
 
     `error_code` and `error_text`: why the latest park recorded was made, the parked row's
     last attempt's error (`Timer.error_code`, `Timer.error_text`); left out of the JSON
-    while unset, so entries without them read and are written as before they existed."""
+    while unset, so entries without them read and are written as before they existed.
+
+    `truncated`: the target has more PARKED timers than the entry names (the first parked,
+    `MAX_NAMED` and `MAX_NAMED_BYTES` at most); left out of the JSON while false. Retry
+    and skip act on the store's PARKED rows, so they reach the timers not named too."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -42,17 +67,26 @@ class LedgerEntry(BaseModel):
     error_text: str | None = Field(
         default=None, min_length=1, max_length=MAX_ERROR_TEXT, exclude_if=_absent
     )
+    truncated: bool = Field(default=False, exclude_if=_false)
 
 
 def merged(
     known: LedgerEntry | None, subscription: str, target: AggregateRef, timers: Sequence[Timer]
 ) -> LedgerEntry:
     """The entry after parking `timers`: the known one's timers, then the new ones, each
-    once; the error of the last of them that has one, else the known entry's."""
-    ids = list(known.timers) if known is not None else []
+    once, the first that fit (`MAX_NAMED`, `MAX_NAMED_BYTES`; `truncated` past them, and
+    once it was); the error of the last of them that has one, else the known entry's."""
+    ids = dict.fromkeys(known.timers) if known is not None else {}
+    truncated = known is not None and known.truncated
+    size = sum(_json_size(i) for i in ids)
     for timer in timers:
-        if timer.request_id not in ids:
-            ids.append(timer.request_id)
+        if timer.request_id in ids:
+            continue
+        size += _json_size(timer.request_id)
+        if len(ids) >= MAX_NAMED or size > MAX_NAMED_BYTES:
+            truncated = True
+            break
+        ids[timer.request_id] = None
     error: Timer | LedgerEntry | None = next(
         (t for t in reversed(timers) if t.error_code is not None), known
     )
@@ -62,7 +96,12 @@ def merged(
         timers=tuple(ids),
         error_code=None if error is None else error.error_code,
         error_text=None if error is None else error.error_text,
+        truncated=truncated,
     )
+
+
+def _json_size(name: str) -> int:
+    return len(orjson.dumps(name)) + 1  # and its comma
 
 
 class FailureLedger(Protocol):

@@ -103,7 +103,8 @@ def ledger(
             json_line(e.model_dump(mode="json"))
         else:
             typer.echo(
-                f"{e.subscription}\t{e.target}\t{len(e.timers)} timer(s): {', '.join(e.timers)}"
+                f"{e.subscription}\t{e.target}\t{len(e.timers)}{'+' if e.truncated else ''}"
+                f" timer(s): {', '.join(e.timers)}{', and more' if e.truncated else ''}"
                 f"{_error(e)}"
             )
     if not as_json:

@@ -17,6 +17,7 @@ import pytest
 from fakes import GOOD, NODE, PAGE_PARTITIONS, T0, TYPE, FakeNode, Kept, Recorder, ref
 from yarl import URL
 
+import tables.ledger
 from app.errors import KafkaUnavailable
 from app.ops.page import CHART_SECONDS, OperatorPage
 from app.ops.web import WebServer
@@ -179,6 +180,18 @@ async def test_the_ledger_lists_every_entry_with_a_type_to_pick(site: Site) -> N
     assert row[:3] == ["tickwheel.timers", str(ref("elsewhere")), t.request_id]
     options = re.findall(r'<option value="([^"]+)"( selected)?>', html)
     assert options == [("shop.cart", ""), (TYPE, " selected")]
+
+
+async def test_an_entry_that_names_not_every_timer_says_so(
+    site: Site, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(tables.ledger, "MAX_NAMED", 1)
+    t = await put(site.node.store, owner_in(2), "k", T0, target=ref("z"))
+    u = await put(site.node.store, owner_in(2), "l", T0, target=ref("z"))
+    await site.node.ledger.record("tickwheel.timers", ref("z"), [t, u])
+    _, html = await site.get()
+    [row] = cells(html, "ledger")
+    assert row[2] == f"{t.request_id}, and more"
 
 
 async def test_a_ledger_entry_is_shown_by_a_node_of_no_type(site: Site) -> None:

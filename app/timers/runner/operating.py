@@ -242,7 +242,12 @@ async def name_parked(
             logger.info("parked timers of %s in partition %d not read: %s", target, p, exc)
     subscription = TimerOptions.PARKED_SUBSCRIPTION
     if parked and (entry := await ledger.entry(subscription, target)) is not None:
-        parked = [t for t in parked if t.request_id not in entry.timers]
+        if entry.truncated:
+            # It names no more (`MAX_NAMED`) and says so: recording would only write it
+            # again, which every other node would follow and look here again, for ever.
+            return 0
+        named = set(entry.timers)
+        parked = [t for t in parked if t.request_id not in named]
     if parked:
         await ledger.record(subscription, target, parked)
         logger.warning(
@@ -269,15 +274,13 @@ async def name_unnamed(
             p, now, limit=NAMED_LIMIT, parked_limit=NAMED_LIMIT
         )
         if census.parked_timers:
-            named = {
-                request_id
-                for e in await ledger.entries()
-                if e.subscription == subscription
-                for request_id in e.timers
-            }
+            entries = [e for e in await ledger.entries() if e.subscription == subscription]
+            named = {request_id for e in entries for request_id in e.timers}
+            # An entry that says it names no more (`MAX_NAMED`) is left as it is.
+            full = {e.target for e in entries if e.truncated}
             unnamed: dict[AggregateRef, list[Timer]] = {}
             for timer in census.parked_timers:
-                if timer.request_id not in named:
+                if timer.request_id not in named and timer.target not in full:
                     unnamed.setdefault(timer.target, []).append(timer)
             for target, timers in unnamed.items():
                 await ledger.record(subscription, target, timers)
