@@ -25,7 +25,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import heapq
+import itertools
 import logging
+from collections import defaultdict
 from collections.abc import Sequence
 from typing import Final, NamedTuple
 
@@ -118,12 +121,19 @@ class _Held(NamedTuple):
 class LedgerView:
     """The ledger as read so far: per pair, the newest record by offset. No I/O.
 
-    Tombstones are kept (as None), so that an older record read late cannot bring a
-    resolved entry back; one small tuple per target ever parked since the node started.
+    A tombstone is kept (as None) until the follower read past it (`read_past`), so that
+    an older record read late (the read to the end and the follower overlap at start; a
+    node's own write is applied before the follower reads what came before it) cannot
+    bring a resolved entry back. Past it, the follower only reads newer records, so the
+    view holds the open entries and the tombstones still ahead of the follower.
     """
 
     def __init__(self) -> None:
         self._held: dict[LedgerKey, _Held] = {}
+        # Per partition, the tombstones held, by offset (a heap: own writes come early),
+        # then by when taken (a recreated topic's offsets repeat; keys do not compare).
+        self._tombstones: dict[int, list[tuple[int, int, LedgerKey]]] = defaultdict(list)
+        self._seq = itertools.count()
 
     def apply(self, key: LedgerKey, partition: int, offset: int, entry: LedgerEntry | None) -> bool:
         """Takes a record of `key` unless one as new or newer is held; whether it did."""
@@ -133,7 +143,22 @@ class LedgerView:
         if held is not None and held.partition == partition and held.offset >= offset:
             return False
         self._held[key] = _Held(partition, offset, entry)
+        if entry is None:
+            heapq.heappush(self._tombstones[partition], (offset, next(self._seq), key))
         return True
+
+    def read_past(self, partition: int, offset: int) -> None:
+        """The follower read `partition` up to `offset`: what it reads next is newer than
+        the tombstones up to there, which are forgotten."""
+        heap = self._tombstones.get(partition)
+        while heap and heap[0][0] <= offset:
+            at, _, key = heapq.heappop(heap)
+            if self._held.get(key) == _Held(partition, at, None):
+                del self._held[key]
+
+    def __len__(self) -> int:
+        """How many pairs it holds (open entries and tombstones)."""
+        return len(self._held)
 
     def apply_record(self, record: Record) -> bool:
         """Takes a record read from the topic; an unreadable one is logged and skipped."""
@@ -275,9 +300,13 @@ class KafkaFailureLedger:
             # Under the writes' lock: a record of this node's own read back before its
             # write's acknowledgement applied it is not taken for another's change.
             async with self._lock:
+                read: dict[int, int] = {}
                 for record in records:
                     if self._view.apply_record(record):
                         self._followed(record)
+                    read[record.partition] = max(record.offset, read.get(record.partition, -1))
+                for partition, offset in read.items():
+                    self._view.read_past(partition, offset)
 
     def _followed(self, record: Record) -> None:
         with contextlib.suppress(BadRecord):  # applied: its key was read
@@ -316,6 +345,12 @@ class KafkaFailureLedger:
 
     async def entries(self) -> list[LedgerEntry]:
         return self._view.entries()
+
+    @property
+    def held(self) -> int:
+        """How many pairs this node holds: the open entries, and the tombstones its
+        follower has not read past yet (`LedgerView`); not every target ever parked."""
+        return len(self._view)
 
     async def _write(self, key: LedgerKey, entry: LedgerEntry | None) -> None:
         raw = ledger_key(*key)

@@ -187,6 +187,39 @@ def test_a_tombstone_resolves_and_an_older_record_read_late_does_not_bring_it_ba
     assert view.entries() == [entry("t-1#1")]
 
 
+def test_a_tombstone_is_forgotten_once_the_follower_read_past_it() -> None:
+    view = LedgerView()
+    key, pair = ledger_key(SUB, TARGET), LedgerKey(SUB, TARGET)
+    view.apply(pair, 0, 9, None)  # this node's own resolve, at 9 (acknowledged)
+    view.read_past(0, 8)  # the follower still behind it: an older record may come
+    assert not view.apply_record(record(key, encode_entry(entry("t-1#0")), offset=8))
+    assert len(view) == 1
+    view.read_past(0, 9)  # read back: what comes next is newer
+    assert len(view) == 0 and view.get(pair) is None
+    view.read_past(0, 20)  # nothing left to forget
+    # A park after it opens the entry again, as with the tombstone held.
+    assert view.apply_record(record(key, encode_entry(entry("t-1#1")), offset=21))
+    assert view.entries() == [entry("t-1#1")]
+
+
+def test_only_a_tombstone_read_past_is_forgotten() -> None:
+    """An entry opened again after its tombstone, a tombstone in another partition or
+    further on: each stays (offsets repeat across partitions and recreated topics)."""
+    view = LedgerView()
+    a, b, c = (LedgerKey(SUB, AggregateRef(context="s", aggregate="o", id=i)) for i in "abc")
+    view.apply(a, 0, 3, None)
+    view.apply(a, 0, 5, entry("t-1#0", target=a.target))  # opened again
+    view.apply(b, 1, 3, None)  # the same offset in another partition
+    view.apply(c, 0, 3, None)
+    view.apply(c, 0, 7, None)  # resolved twice: the newer one is held
+    view.read_past(0, 6)
+    assert view.get(a) == entry("t-1#0", target=a.target)
+    assert len(view) == 3  # a open, b in partition 1, c's newer tombstone at 7
+    view.read_past(1, 3)
+    view.read_past(0, 7)
+    assert len(view) == 1 and view.entries() == [entry("t-1#0", target=a.target)]
+
+
 def test_own_writes_and_read_records_agree_on_the_key() -> None:
     view = LedgerView()
     view.apply(LedgerKey(SUB, TARGET), 1, 4, entry("t-1#0"))

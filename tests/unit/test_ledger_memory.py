@@ -79,6 +79,36 @@ async def test_parks_and_resolutions_reach_every_node() -> None:
     )
 
 
+async def test_a_node_holds_the_open_entries_not_every_target_ever_parked() -> None:
+    """Parks and resolves of many targets, by this node and another: once the follower
+    read them back, the node holds the one still open."""
+    log = MemoryLog([TopicSpec(TOPIC, PARTITIONS)])
+    first = KafkaFailureLedger(log, "shop", PARTITIONS, log.publisher())
+    second = KafkaFailureLedger(log, "shop", PARTITIONS, log.publisher())
+    await first.start()
+    await second.start()
+    try:
+        targets = [
+            AggregateRef(context="billing", aggregate="invoice", id=f"i-{n}") for n in range(50)
+        ]
+        for n, target in enumerate(targets):
+            writer = (first, second)[n % 2]
+            await writer.record("shop.order", target, [timer(n)])
+            await eventually_entries(writer, 1)
+            assert await writer.resolve("shop.order", target)
+        await first.record("shop.order", TARGET, [timer(99)])
+        for ledger in (first, second):
+            assert len(await eventually_entries(ledger, 1)) == 1
+            for _ in range(50):
+                if ledger.held == 1:
+                    break
+                await asyncio.sleep(0)
+            assert ledger.held == 1
+    finally:
+        await second.stop()
+        await first.stop()
+
+
 async def test_an_entry_not_read_here_yet_is_not_written_over() -> None:
     # Another node parked the target; this node's follower has not read that record yet
     # (here: it stopped). Its resolve finds no entry and writes nothing over the other's
