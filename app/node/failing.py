@@ -12,7 +12,27 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["Failing", "FailingPartitions"]
+__all__ = [
+    "RETAKE_BACKOFF_MAX_S",
+    "RETAKE_BACKOFF_S",
+    "Failing",
+    "FailingPartitions",
+    "retake_after",
+]
+
+RETAKE_BACKOFF_S = 0.5
+RETAKE_BACKOFF_MAX_S = 10.0
+"""A partition failing again and again where it failed before waits before each retake:
+none after its first failure, then `RETAKE_BACKOFF_S` doubling up to this (`retake_after`),
+so that a fault that never passes costs a restore every 10 s, not four a second."""
+
+
+def retake_after(failing: Failing) -> float:
+    """How long a partition whose work failed waits before it is taken afresh (unless the
+    group answers first): at once the first time, then longer each time in a row."""
+    if failing.failures <= 1:
+        return 0.0
+    return float(min(RETAKE_BACKOFF_MAX_S, RETAKE_BACKOFF_S * 2 ** (failing.failures - 2)))
 
 
 @dataclass(frozen=True, slots=True)

@@ -45,7 +45,7 @@ from app.commands.processor import CommandProcessor
 from app.errors import node_fault
 from app.kafka.records import refused
 from app.node.commits import PartitionCommits
-from app.node.failing import Failing, FailingPartitions
+from app.node.failing import FailingPartitions, retake_after
 from app.node.in_process import in_process_targets
 from app.node.kept import KeptType, is_fenced
 from app.node.partition_input import Batch, Held, PartitionInput
@@ -61,34 +61,17 @@ from app.timers.runner.partition_store import PartitionStore
 from tables.partition_handle import PartitionHandle
 
 __all__ = [
-    "RETAKE_BACKOFF_MAX_S",
-    "RETAKE_BACKOFF_S",
     "TAKE_ATTEMPTS",
     "PartitionTask",
     "TaskId",
     "TaskManager",
     "TaskShared",
-    "retake_after",
 ]
 
 logger = logging.getLogger(__name__)
 
 TAKE_ATTEMPTS = 10
 """A partition not taken in this many attempts stops the node (loudly)."""
-
-RETAKE_BACKOFF_S = 0.5
-RETAKE_BACKOFF_MAX_S = 10.0
-"""A partition failing again and again where it failed before waits before each retake:
-none after its first failure, then `RETAKE_BACKOFF_S` doubling up to this (`retake_after`),
-so that a fault that never passes costs a restore every 10 s, not four a second."""
-
-
-def retake_after(failing: Failing) -> float:
-    """How long a partition whose work failed waits before it is taken afresh (unless the
-    group answers first): at once the first time, then longer each time in a row."""
-    if failing.failures <= 1:
-        return 0.0
-    return float(min(RETAKE_BACKOFF_MAX_S, RETAKE_BACKOFF_S * 2 ** (failing.failures - 2)))
 
 
 class PartitionTask:

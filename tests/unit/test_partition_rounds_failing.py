@@ -15,9 +15,8 @@ from fakes import RunningNode, wait_until
 from test_node_memory import PARTITIONS, SERVICE, TOPICS, events, schedule, task_of
 
 from app.kafka.memory import MemoryLog
-from app.node.failing import Failing
+from app.node.failing import RETAKE_BACKOFF_S, Failing, retake_after
 from app.node.node import Node
-from app.node.partition_task import RETAKE_BACKOFF_S, retake_after
 from app.node.partition_timers import FAILED_ROUNDS
 from app.node.task_id import TaskId
 from tables.partitioner import partition_of
