@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping
 from typing import Protocol
 
 from app.errors import KafkaUnavailable
+from app.node.failing import A_COMMIT
 from app.node.kept import KeptType
 from app.node.partition_transaction import PartitionTransaction, Transaction
 from app.node.task_id import TaskId
@@ -38,17 +39,21 @@ class PartitionCommits:
     """One partition task's commits (its type's partition): when its last one started and
     the one in flight; and the offsets of its work done with nothing to write.
     `on_failure` is told what failed and why when a commit fails (the task's own
-    `failed`); `transaction` gives the task's transaction (None: it holds none open)."""
+    `failed`), `landed` when one landed; `transaction` gives the task's transaction
+    (None: it holds none open)."""
 
     def __init__(
         self,
         key: TaskId,
         on_failure: Callable[[str, BaseException], None],
         transaction: Callable[[], PartitionTransaction | None],
+        *,
+        landed: Callable[[], None] | None = None,
     ) -> None:
         self.key = key
         self.p = key.p
         self._on_failure = on_failure
+        self._on_landed = landed
         self._transaction_of = transaction
         self._started_at = 0.0
         self._in_flight: asyncio.Task[bool] | None = None
@@ -143,9 +148,11 @@ class PartitionCommits:
             if not isinstance(exc, KafkaUnavailable):
                 logger.exception("%s: a commit failed", key)
             self._failed = True
-            self._on_failure("a commit", exc)
+            self._on_failure(A_COMMIT, exc)
             return False
         self.landed += 1
+        if self._on_landed is not None:
+            self._on_landed()
         return True
 
     async def settle(self, *, until: float, rest: bool = True) -> bool:

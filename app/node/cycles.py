@@ -27,6 +27,7 @@ from app.errors import KafkaUnavailable
 from app.node.commits import Commits
 from app.node.cycle_timers import TimerTableCycles
 from app.node.cycle_work import CycleWork, behind_of, cycle_slices, records_after
+from app.node.failing import A_CYCLE
 from app.node.kept import KeptType
 from app.node.metrics import NodeMetrics
 from app.node.partition_input import Batch, PartitionInput
@@ -235,7 +236,7 @@ class PartitionCycles(TimerTableCycles):
             if inp is not None:
                 inp.failed_at = {topic: records[-1].offset for topic, records in items}
             if (task := self._running.get(key)) is not None:
-                task.failed("a cycle", exc)
+                task.failed(A_CYCLE, exc)
             return False
         if inp is not None:
             inp.failed_at = {}

@@ -13,12 +13,22 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 __all__ = [
+    "A_COMMIT",
+    "A_CYCLE",
+    "ITS_WORKER",
     "RETAKE_BACKOFF_MAX_S",
     "RETAKE_BACKOFF_S",
     "Failing",
     "FailingPartitions",
     "retake_after",
 ]
+
+A_CYCLE = "a cycle"
+ITS_WORKER = "its worker"
+A_COMMIT = "a commit"
+"""What failed, where a partition's work names it (`FailingPartitions.failed`)."""
+
+_PASSED_BY_A_CYCLE = frozenset({A_CYCLE, ITS_WORKER})
 
 RETAKE_BACKOFF_S = 0.5
 RETAKE_BACKOFF_MAX_S = 10.0
@@ -43,6 +53,7 @@ class Failing:
     at: dict[str, int]
     error: str
     failures: int
+    what: str = A_CYCLE
 
     def describe(self) -> str:
         where = ", ".join(f"{topic}@{offset}" for topic, offset in sorted(self.at.items()))
@@ -55,22 +66,31 @@ class FailingPartitions:
         self._failing: dict[int, Failing] = {}
         self._held: set[int] = set()
 
-    def failed(self, p: int, at: dict[str, int], error: str) -> Failing:
-        """p's work failed while its cycle read up to `at` (the last offset of each topic);
-        p is held when it read records. A failure while held keeps every offset it was held
-        at (a commit's failure reads nothing, a retry may read less): the hold is released
-        only past all of them."""
+    def failed(self, p: int, at: dict[str, int], error: str, what: str = A_CYCLE) -> Failing:
+        """p's work (`what`) failed while its cycle read up to `at` (the last offset of
+        each topic); p is held when it read records. A failure while held keeps every
+        offset it was held at (a commit's failure reads nothing, a retry may read less):
+        the hold is released only past all of them. A failure reading no records counts
+        as again while the same work failed last and has not worked since (`worked`)."""
         before = self._failing.get(p)
         if before is not None and p in self._held:
             at = {t: max(o, before.at.get(t, -1)) for t, o in at.items()} | {
                 t: o for t, o in before.at.items() if t not in at
             }
-        again = before is not None and before.at == at
-        failing = Failing(dict(at), error, before.failures + 1 if again and before else 1)
+        again = before is not None and before.at == at and (bool(at) or before.what == what)
+        failing = Failing(dict(at), error, before.failures + 1 if again and before else 1, what)
         self._failing[p] = failing
         if at:
             self._held.add(p)
         return failing
+
+    def worked(self, p: int, what: str) -> None:
+        """p's `what` worked (a commit landed, a timer round passed): a failure of it that
+        read no records is forgotten. Not a cycle's staging: a commit refused for good
+        fails after every cycle, and would otherwise never count up."""
+        failing = self._failing.get(p)
+        if failing is not None and not failing.at and failing.what == what:
+            del self._failing[p]
 
     def held(self, p: int) -> bool:
         """Whether p's timers wait for its log to be read past where it failed."""
@@ -82,6 +102,8 @@ class FailingPartitions:
         failing = self._failing.get(p)
         if failing is None:
             return False
+        if not failing.at and failing.what not in _PASSED_BY_A_CYCLE:
+            return False  # a commit's, a round's: passed when it works (`worked`)
         if any(done.get(topic, -1) < offset for topic, offset in failing.at.items()):
             return False
         del self._failing[p]

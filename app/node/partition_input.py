@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from app.kafka import Record
+from app.node.failing import ITS_WORKER
 from app.node.task_id import TaskId
 
 if TYPE_CHECKING:
@@ -121,7 +122,7 @@ class PartitionInput:
             return
         exc = worker.exception() or RuntimeError("the worker returned")
         logger.error("%s: its worker failed", self.key, exc_info=exc)
-        self._on_failure("its worker", exc)
+        self._on_failure(ITS_WORKER, exc)
 
     async def stop(self) -> bool:
         """Ends the worker and drops what was queued or kept for it (read again after a

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 from collections.abc import Collection
 
@@ -45,7 +46,7 @@ from app.commands.processor import CommandProcessor
 from app.errors import node_fault
 from app.kafka.records import refused
 from app.node.commits import PartitionCommits
-from app.node.failing import FailingPartitions, retake_after
+from app.node.failing import A_COMMIT, FailingPartitions, retake_after
 from app.node.in_process import in_process_targets
 from app.node.kept import KeptType, is_fenced
 from app.node.partition_input import Batch, Held, PartitionInput
@@ -100,7 +101,9 @@ class PartitionTask:
         # The loop of p's own timer rounds over its firing (ended by its close).
         self.timer_loop: PartitionTimerLoop | None = None
         # When its transaction commits (a failed commit fails the task).
-        self.commits = PartitionCommits(key, self.failed, self._transaction)
+        self.commits = PartitionCommits(
+            key, self.failed, self._transaction, landed=functools.partial(self.worked, A_COMMIT)
+        )
         self._taking: asyncio.Task[None] | None = None
         # The group took p away: no take starts any more (a failure meanwhile included).
         self._leaving = False
@@ -194,12 +197,18 @@ class PartitionTask:
         self._to(TaskState.SUSPENDED)
         self._stop_running()
         at = {} if self.input is None else self.input.failed_at
-        failing = self.failing.failed(self.p, at, f"{what}: {exc}")
+        failing = self.failing.failed(self.p, at, f"{what}: {exc}", what)
         self.broken = failing.describe()
         mine = self._given()
         s.consumer.pause(mine)
         if self._leaving:
             return  # being revoked: closed dirty there (it is suspended), never taken again
+        if refused(exc):
+            # An ACL or the credentials (a commands topic of another context not writable):
+            # every retake would fail the same way, so the node stops, loudly, as a take
+            # refused does.
+            self._manager.fail(f"{self.key}: {what} refused: {exc}")
+            return
         delay = 2 * s.settings.session_timeout_ms / 1000 if fenced else retake_after(failing)
         self.take({t for t, _ in mine}, after_failure=delay)
 
@@ -326,6 +335,10 @@ class PartitionTask:
             else:
                 loop.end()
         self.timer_loop = None
+
+    def worked(self, what: str) -> None:
+        """Its `what` worked: a failure of it that read nothing is forgotten."""
+        self.failing.worked(self.p, what)
 
     def read_past(self, done: dict[str, int]) -> None:
         """A cycle of p staged: a task held since a failure fires again once its log was

@@ -54,6 +54,10 @@ class FiringTask(Protocol):
         """Its work failed: it is closed dirty and taken afresh."""
         ...
 
+    def worked(self, what: str) -> None:
+        """Its `what` worked: a failure of it before counts no more."""
+        ...
+
 
 @dataclass(frozen=True, slots=True)
 class TypeLoops:
@@ -82,6 +86,9 @@ class PartitionTimerLoop(TimerLoop):
         # Its task (`_task` is the loop's own asyncio task).
         self._owner = task
         self._type_name = shared.type_name
+        # What its task is told failed, and worked once a round passes.
+        self._rounds = f"the timer rounds of {shared.type_name}"
+        self._store = f"the timer store of {shared.type_name}"
         self._types = shared.types
         self._commits = shared.commits
         self._cycles = shared.cycles
@@ -173,7 +180,7 @@ class PartitionTimerLoop(TimerLoop):
             # of the node goes on.
             if self.failures_in_a_row + 1 >= FAILED_ROUNDS and self._current():
                 self._stopping = True
-                self._owner.failed(f"the timer rounds of {self._type_name}", exc)
+                self._owner.failed(self._rounds, exc)
             raise
 
     async def _round(self) -> RoundStats:
@@ -185,7 +192,7 @@ class PartitionTimerLoop(TimerLoop):
             # Failed in a round that raised before it could say so: its task hears it now
             # (closed dirty, revived with a firing and a loop of its own), never nothing.
             self._stopping = True
-            self._owner.failed(f"the timer store of {self._type_name}", fault)
+            self._owner.failed(self._store, fault)
             return RoundStats()
         p = self.p
         kept = self._types.get(self._type_name)
@@ -204,6 +211,9 @@ class PartitionTimerLoop(TimerLoop):
             if p in r.to_commit:
                 await self._commit_claims(r)
         self._fail_task(r)
+        if not r.failed:
+            self._owner.worked(self._rounds)
+            self._owner.worked(self._store)
         return r.stats
 
     async def _hold_for_first_commit(self) -> None:
@@ -249,4 +259,4 @@ class PartitionTimerLoop(TimerLoop):
         local copy dropped and restored from its changelog; no other task is touched."""
         for firing, exc in r.failed.values():
             if self._owner.firing is firing:
-                self._owner.failed(f"the timer store of {self._type_name}", exc)
+                self._owner.failed(self._store, exc)

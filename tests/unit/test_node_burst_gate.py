@@ -102,6 +102,9 @@ class Task:
     def failed(self, what: str, exc: BaseException) -> None:
         raise AssertionError(f"{what}: {exc}")
 
+    def worked(self, what: str) -> None:
+        pass
+
 
 def gated() -> tuple[BurstRunner, FakeCommits, Cycles, dict[int, PartitionTimerLoop]]:
     """The timer loops of partitions 0 and 1 over a burst runner, their commits and cycles."""

@@ -45,9 +45,13 @@ class _Task:
     def __init__(self, firing: Any) -> None:
         self.firing = firing
         self.told: list[str] = []
+        self.worked_of: list[str] = []
 
     def failed(self, what: str, exc: BaseException) -> None:
         self.told.append(f"{what}: {exc}")
+
+    def worked(self, what: str) -> None:
+        self.worked_of.append(what)
 
 
 def loop_of(runner: TimerRunner, p: int) -> tuple[PartitionTimerLoop, _Task]:

@@ -1,0 +1,107 @@
+"""A partition whose commits fail for good: a refusal stops the node loudly, anything else
+retakes it with a growing wait and makes `/healthz` say so, never a quiet hot loop of
+retakes (a commit's failure reads no records, so a cycle's staging is no sign it passed).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from pathlib import Path
+
+import pytest
+from aiokafka.errors import TopicAuthorizationFailedError
+from fakes import RunningNode, wait_until
+from test_node_memory import PARTITIONS, SERVICE, schedule
+
+from app.errors import KafkaUnavailable, NodeFailed
+from app.kafka.memory import MemoryLog
+from app.node.failing import A_COMMIT, A_CYCLE, ITS_WORKER, FailingPartitions
+from app.node.health import FAILING_IN_A_ROW
+from tables.partitioner import partition_of
+
+BAD = 0
+OWNER = next(f"o{i}" for i in range(1, 99) if partition_of(f"o{i}", PARTITIONS) == BAD)
+
+
+def test_a_commit_failing_again_counts_up_through_the_cycles_between() -> None:
+    failing = FailingPartitions()
+    for n in range(1, 4):
+        assert failing.failed(0, {}, "a commit: no", A_COMMIT).failures == n
+        assert not failing.read(0, {"t": 7})  # a cycle staged: the commit may fail still
+    failing.worked(0, "the timer rounds of x")  # another work's: not this one
+    assert failing.report()["0"]["failures"] == 3
+    failing.worked(0, A_COMMIT)  # a commit landed
+    assert failing.report() == {}
+    assert failing.failed(0, {}, "a commit: no", A_COMMIT).failures == 1
+
+
+def test_a_failure_of_other_work_is_no_failure_again() -> None:
+    failing = FailingPartitions()
+    failing.failed(0, {}, "a commit: no", A_COMMIT)
+    assert failing.failed(0, {}, "the timer rounds of x: no", "the timer rounds of x").failures == 1
+
+
+def test_a_cycles_failure_reading_nothing_is_passed_by_a_cycle_staged() -> None:
+    for what in (A_CYCLE, ITS_WORKER):
+        failing = FailingPartitions()
+        failing.failed(0, {}, "x", what)
+        assert not failing.read(0, {})  # nothing held: nothing released
+        assert failing.report() == {}
+
+
+def fail_commits_of_bad(log: MemoryLog, error: BaseException | None = None) -> list[float]:
+    """Every commit of partition BAD's transactions fails from now on (with `error` as its
+    cause); when each failed."""
+    failed: list[float] = []
+
+    async def before_commit(tid: str) -> None:
+        if tid.endswith(f".{BAD}"):
+            failed.append(time.monotonic())
+            raise KafkaUnavailable(f"{tid}: the transaction failed") from error
+
+    log.before_commit = before_commit
+    return failed
+
+
+async def test_a_commit_that_never_passes_backs_off_and_is_not_ready(tmp_path: Path) -> None:
+    log = MemoryLog()
+    node = await RunningNode(log, tmp_path, "a", SERVICE, PARTITIONS).start()
+    try:
+        await wait_until(node.runs)
+        failed = fail_commits_of_bad(log)
+        began = time.monotonic()
+        await schedule(log, OWNER, int(time.time() * 1000) + 3_600_000)
+
+        def not_ready() -> bool:
+            h = node.node.health()
+            return not h["ready"] and h["failing"][str(BAD)]["failures"] >= FAILING_IN_A_ROW
+
+        await wait_until(not_ready, within=10, what=lambda: f"{node.node.health()}")
+        # Retaken at once, then after 0.5 s, then 1 s: not hundreds of retakes a second
+        # (each a fence and a restore).
+        assert len(failed) <= FAILING_IN_A_ROW + 1
+        assert time.monotonic() - began >= 0.5
+        assert "failed" not in node.node.health()  # it may pass: the node goes on
+    finally:
+        await node.stop()
+
+
+async def test_a_commit_refused_stops_the_node(tmp_path: Path) -> None:
+    """A topic this principal may not write (another context's commands, results): no
+    retake passes it, so the node stops, loudly, as a take refused does."""
+    log = MemoryLog()
+    node = await RunningNode(log, tmp_path, "a", SERVICE, PARTITIONS).start()
+    try:
+        await wait_until(node.runs)
+        failed = fail_commits_of_bad(log, TopicAuthorizationFailedError("mem.results"))
+        await schedule(log, OWNER, int(time.time() * 1000) + 3_600_000)
+        await wait_until(lambda: "failed" in node.node.health(), within=10)
+        assert "a commit refused" in str(node.node.health()["failed"])
+        assert len(failed) == 1
+        assert node.task is not None
+        with pytest.raises(NodeFailed, match="a commit refused"):
+            await node.task
+    finally:
+        with contextlib.suppress(NodeFailed):
+            await node.stop()
