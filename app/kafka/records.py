@@ -14,7 +14,10 @@ from aiokafka.errors import (
     BrokerResponseError,
     ClusterAuthorizationFailedError,
     GroupAuthorizationFailedError,
+    InconsistentGroupProtocolError,
+    InvalidGroupIdError,
     InvalidProducerEpoch,
+    InvalidSessionTimeoutError,
     KafkaError,
     NoError,
     ProducerFenced,
@@ -100,6 +103,21 @@ def check_created(
 
 
 _CREATE_DENIED = (TopicAuthorizationFailedError, ClusterAuthorizationFailedError)
+
+
+_NEVER_JOINS = (InvalidSessionTimeoutError, InvalidGroupIdError, InconsistentGroupProtocolError)
+
+
+def never_joins(exc: BaseException | None) -> bool:
+    """Whether `exc` (or what it wraps) is the group turning this member's join down for
+    good: a session timeout outside the broker's `group.min/max.session.timeout.ms`, a
+    group id it does not take, a protocol its other members do not share. Retrying does
+    not help; the node's settings or the group must change."""
+    while exc is not None:
+        if isinstance(exc, _NEVER_JOINS):
+            return True
+        exc = exc.__cause__
+    return False
 
 
 def refused(exc: BaseException | None) -> bool:

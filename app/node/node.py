@@ -309,9 +309,11 @@ class Node:
         ]
         try:
             await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-            for task in (committer, reader):
-                if task.done() and not task.cancelled() and task.exception() is not None:
-                    raise NodeFailed(f"{task.get_name()} failed: {task.exception()!r}")
+            for task in (committer, reader, watch):
+                if task.done():
+                    # Never a quiet end (a cancellation leaking out of a client library
+                    # included): the worker would exit 0 with its partitions unworked.
+                    raise NodeFailed(f"{task.get_name()} {_ended(task)}")
             if self._failure is not None:
                 raise self._failure
         finally:
@@ -328,9 +330,9 @@ class Node:
     async def _supervise(self, what: str, task: asyncio.Task[None]) -> None:
         """Stops the node loudly when `task` ends (they retry what passes by itself)."""
         await asyncio.wait([task])
-        if task.cancelled():
-            return  # stopped: the node is stopping
-        self.fail(f"{what} stopped: {task.exception()!r}")
+        # Its task is stopped by `stop`, after the run (this supervisor with it) ended: an
+        # end seen here, a cancellation included, is while the node runs.
+        self.fail(f"{what} {_ended(task)}")
 
     async def _backlog(self, topic: str, p: int) -> int:
         assert self._consumer is not None
@@ -364,3 +366,11 @@ async def _stopping(what: str, stop: Awaitable[None]) -> None:
         logger.warning("stopping %s: cancelled inside the client library", what)
     except Exception as exc:
         logger.warning("stopping %s failed: %r", what, exc)
+
+
+def _ended(task: asyncio.Task[Any]) -> str:
+    """How a task that should run until cancelled by the node ended."""
+    if task.cancelled():
+        return "was cancelled"
+    exc = task.exception()
+    return "returned" if exc is None else f"failed: {exc!r}"

@@ -21,7 +21,7 @@ from typing import Protocol
 
 from app.errors import KafkaUnavailable
 from app.kafka.ports import GroupMember
-from app.kafka.records import refused
+from app.kafka.records import never_joins, refused
 from app.node.partition_input import Batch, Held
 from app.node.task_id import TaskId
 
@@ -100,6 +100,10 @@ async def poll_loop(
             if refused(exc):
                 # An ACL missing (the group's Read, a topic's): no retry will pass it.
                 fail(f"the group consumer was refused: {exc}")
+                return
+            if never_joins(exc):
+                # Else the node would own nothing, for good, and say it was ready.
+                fail(f"the group turned the node's join down: {exc}")
                 return
             # The broker or the group is in flux: the node keeps going and reads again.
             logger.warning("reading paused: %s", exc)

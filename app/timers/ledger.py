@@ -38,6 +38,7 @@ from pydantic import ValidationError
 from app.errors import BadRecord, KafkaUnavailable
 from app.kafka import Clients, Publisher, Record
 from app.kafka.cluster import require_topic
+from app.kafka.records import refused
 from app.protocol.topics import ContextTopics
 from tables.ledger import LedgerEntry, merged
 from tables.partitioner import partition_of
@@ -294,6 +295,8 @@ class KafkaFailureLedger:
             try:
                 records = await self._reader.poll()
             except KafkaUnavailable as exc:
+                if refused(exc):
+                    raise  # an ACL or the credentials: no retry passes it (the node stops)
                 logger.warning("following %s failed, trying again: %s", self.topic, exc)
                 await asyncio.sleep(1)
                 continue

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from app.errors import BadRecord, KafkaUnavailable
 from app.kafka import FollowerFactory, Publisher
 from app.kafka.catalog import NO_TARGET, TopicCatalog, no_target_message
+from app.kafka.records import refused
 from app.protocol.topics import AggregateTopics, ContextTopics
 from app.protocol.wire import CommandEnvelope, CommandResult, decode, encode
 from app.timers.runner.decisions import SENT, SendResult
@@ -102,6 +103,8 @@ class ResultsReader:
             try:
                 records = await self._reader.poll()
             except KafkaUnavailable as exc:
+                if refused(exc):
+                    raise  # an ACL or the credentials: no retry passes it (the node stops)
                 # The broker or a leader away: read on once it is back, from where it was.
                 logger.warning("reading %s failed, trying again: %s", self.topic, exc)
                 await asyncio.sleep(1)

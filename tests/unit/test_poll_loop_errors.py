@@ -1,0 +1,79 @@
+"""What the node's consumer loop does with an error of its group: retried while it may
+pass (the broker or the group in flux), the node stopped, loudly, when no retry passes it
+(an ACL, or a join the group turns down for good): never a node owning nothing for ever
+while `/healthz` says ready."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, cast
+
+import pytest
+from aiokafka.errors import (
+    GroupAuthorizationFailedError,
+    InconsistentGroupProtocolError,
+    InvalidSessionTimeoutError,
+    KafkaConnectionError,
+)
+
+from app.errors import KafkaUnavailable
+from app.kafka.ports import GroupMember
+from app.node.polling import poll_loop
+
+
+class Failing:
+    """A group member whose polls raise `cause` (wrapped as the adapter wraps it)."""
+
+    def __init__(self, cause: BaseException) -> None:
+        self.cause = cause
+        self.polls = 0
+
+    def assignment(self) -> set[tuple[str, int]]:
+        return set()
+
+    def pause(self, partitions: Any) -> None:
+        pass
+
+    def resume(self, partitions: Any) -> None:
+        pass
+
+    async def poll(self, timeout_ms: int = 500) -> dict[tuple[str, int], list[Any]]:
+        self.polls += 1
+        raise KafkaUnavailable(f"poll failed: {self.cause!r}") from self.cause
+
+    async def commit(self, offsets: dict[tuple[str, int], int]) -> None:
+        pass
+
+
+class Offsets:
+    def take_offsets(self) -> dict[tuple[str, int], int]:
+        return {}
+
+
+@pytest.mark.parametrize(
+    ("cause", "said"),
+    [
+        (InvalidSessionTimeoutError(), "turned the node's join down"),
+        (InconsistentGroupProtocolError(), "turned the node's join down"),
+        (GroupAuthorizationFailedError("g"), "was refused"),
+    ],
+    ids=["session-timeout", "protocol", "acl"],
+)
+async def test_an_error_no_retry_passes_stops_the_node(cause: BaseException, said: str) -> None:
+    consumer, failed = Failing(cause), list[str]()
+    await asyncio.wait_for(
+        poll_loop(cast(GroupMember, consumer), {}, Offsets(), failed.append, {}), 2
+    )
+    [why] = failed
+    assert said in why and consumer.polls == 1
+
+
+async def test_the_group_in_flux_is_retried() -> None:
+    consumer, failed = Failing(KafkaConnectionError()), list[str]()
+    loop = asyncio.create_task(
+        poll_loop(cast(GroupMember, consumer), {}, Offsets(), failed.append, {})
+    )
+    await asyncio.sleep(1.2)
+    assert not loop.done() and failed == [] and consumer.polls == 2
+    loop.cancel()
+    await asyncio.gather(loop, return_exceptions=True)
