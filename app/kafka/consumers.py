@@ -221,6 +221,7 @@ class PartitionReader:
                 self._consumer.seek(t, position)
 
     async def poll(self, timeout_ms: int = 200) -> list[Record]:
+        fetching(self._consumer)
         if not self._consumer.assignment():
             self._changed.clear()
             with contextlib.suppress(TimeoutError):
@@ -232,6 +233,15 @@ class PartitionReader:
             except KafkaError as exc:
                 raise KafkaUnavailable(f"reading {self.topic} failed: {explain(exc)}") from exc
         return [_record(m) for ms in got.values() for m in ms]
+
+
+def fetching(consumer: AIOKafkaConsumer) -> None:
+    """Raises if aiokafka's fetcher task ended (a bug of its own: its errors are logged and
+    it goes on otherwise): `getmany` would then return nothing, for good, quietly."""
+    task = getattr(getattr(consumer, "_fetcher", None), "error_future", None)
+    if isinstance(task, asyncio.Future) and task.done():
+        why = "cancelled" if task.cancelled() else repr(task.exception())
+        raise RuntimeError(f"aiokafka's fetcher stopped ({why}): nothing would be read again")
 
 
 class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
@@ -254,6 +264,11 @@ def rebalance_timeout_ms(session_timeout_ms: int) -> int:
 
 POSITION_WAIT_S: Final = 0.05
 """How long `GroupConsumer.backlog` waits for a position (a fetched partition has its own)."""
+
+GROUP_CALL_S: Final = 30.0
+"""How long an offset commit or a read of the committed offsets may take: aiokafka retries
+them for as long as the group's coordinator is away, which would hold the poll loop of
+every partition (a commit) or a take (never counted against its attempts) for good."""
 
 
 class GroupConsumer:
@@ -299,6 +314,7 @@ class GroupConsumer:
         await self._consumer.stop()
 
     async def poll(self, timeout_ms: int = 500) -> dict[tuple[str, int], list[Record]]:
+        fetching(self._consumer)
         try:
             got = await self._consumer.getmany(timeout_ms=timeout_ms)
         except KafkaError as exc:
@@ -314,9 +330,12 @@ class GroupConsumer:
         if offsets:
             tps = {TopicPartition(t, p): o for (t, p), o in offsets.items()}
             try:
-                await self._consumer.commit(tps)
+                async with asyncio.timeout(GROUP_CALL_S):
+                    await self._consumer.commit(tps)
             except KafkaError as exc:
                 raise KafkaUnavailable(f"offset commit failed: {explain(exc)}") from exc
+            except TimeoutError as exc:
+                raise KafkaUnavailable(f"no offset commit within {GROUP_CALL_S:g} s") from exc
 
     async def backlog(self, topic: str, partition: int) -> int:
         """How many records of the partition wait behind what was fetched; 0 when that is
@@ -359,7 +378,8 @@ class GroupConsumer:
                 tp = TopicPartition(t, p)
                 if tp not in assigned:
                     continue
-                offset = await self._consumer.committed(tp)
+                async with asyncio.timeout(GROUP_CALL_S):
+                    offset = await self._consumer.committed(tp)
                 if offset is None or offset < 0:
                     offset = (await self._consumer.beginning_offsets([tp]))[tp]
                 targets[tp] = offset
@@ -374,6 +394,8 @@ class GroupConsumer:
             return  # revoked in between
         except KafkaError as exc:
             raise KafkaUnavailable(f"cannot read committed offsets: {explain(exc)}") from exc
+        except TimeoutError as exc:
+            raise KafkaUnavailable(f"no committed offsets within {GROUP_CALL_S:g} s") from exc
 
     def seek(self, topic: str, partition: int, offset: int) -> bool:
         """Reads the partition again from `offset`; False when it is no longer assigned."""

@@ -6,9 +6,12 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import pytest
 from aiokafka import TopicPartition
 from aiokafka.errors import IllegalStateError
 
+import app.kafka.consumers
+from app.errors import KafkaUnavailable
 from app.kafka.consumers import GroupConsumer
 
 
@@ -48,3 +51,30 @@ async def test_a_position_being_reset_counts_none_and_is_not_waited_for() -> Non
 async def test_a_partition_no_longer_assigned_counts_none() -> None:
     revoked = StubConsumer(high=120, position=IllegalStateError("not assigned"))
     assert await member(revoked).backlog("t", 0) == 0
+
+
+class HungGroup:
+    """aiokafka's consumer while the group's coordinator is away: its offset commit and
+    its read of committed offsets retry for as long as that lasts."""
+
+    def assignment(self) -> set[TopicPartition]:
+        return {TopicPartition("t", 0)}
+
+    async def commit(self, offsets: object) -> None:
+        await asyncio.Event().wait()
+
+    async def committed(self, tp: TopicPartition) -> int:
+        await asyncio.Event().wait()
+        return 0
+
+
+async def test_a_group_call_that_never_ends_is_cut_short(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The offset commit (it holds every partition's poll loop) and the take's read of
+    the committed offsets end as `KafkaUnavailable`: retried, or a take's failed attempt."""
+    monkeypatch.setattr(app.kafka.consumers, "GROUP_CALL_S", 0.05)
+    group = GroupConsumer.__new__(GroupConsumer)
+    group._consumer = HungGroup()
+    with pytest.raises(KafkaUnavailable, match="no offset commit within"):
+        await group.commit({("t", 0): 5})
+    with pytest.raises(KafkaUnavailable, match="no committed offsets within"):
+        await group.rewind([("t", 0)])
