@@ -130,7 +130,7 @@ def rule_override(parts: object, job: Job, spell: Spelling = json_field) -> dict
             f"not {type(parts).__name__}",
         )
     try:
-        effective_rule(job.rule, parts)
+        effective_rule(job.rule, parts, strict=True)
     except InvalidRule as exc:
         raise JobInputError("rule", f"invalid rule for job {job.name!r}: {exc}") from exc
     return parts

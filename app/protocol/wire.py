@@ -27,7 +27,7 @@ from pydantic import (
     model_validator,
 )
 from pydantic.config import JsonDict
-from pydantic_core import PydanticSerializationError, from_json
+from pydantic_core import ErrorDetails, PydanticSerializationError, from_json
 
 from app.errors import BadRecord
 from tables import AggregateRef, CommandSpec, ScheduleRule
@@ -60,6 +60,7 @@ __all__ = [
     "TimerOp",
     "decode",
     "encode",
+    "error_reason",
     "load_json",
 ]
 
@@ -310,14 +311,23 @@ def encode(model: BaseModel) -> bytes:
 
 
 def decode(model: type[M], data: bytes | None, max_bytes: int = MAX_RECORD_BYTES) -> M:
-    """An envelope from JSON bytes; `BadRecord` with a clear reason otherwise."""
+    """An envelope from JSON bytes; `BadRecord` with a clear reason otherwise.
+
+    Strict, as the published schemas are: an integer is a JSON integer (not `"3"`, `3.0`
+    or `true`), a boolean a JSON boolean (not `"true"` or `1`), a string a JSON string;
+    a number field takes an integer too, and an enum its value's string. Lax coercion
+    would write back a record other than the one read, and take a producer's bug for
+    data. A system event's body and a command's are checked alike where they are read
+    (`validate_python(..., strict=True)`). The timer table's rows stay lax
+    (`tables.keys.decode_timer`): a node wrote them, and one an older version stored
+    must still load."""
     if data is None:
         raise BadRecord("empty record (tombstone) where an envelope was expected")
     if len(data) > max_bytes:
         raise BadRecord(f"record of {len(data)} bytes exceeds {max_bytes}")
     try:
         # The validator itself: `model_validate_json`'s wrapper adds ~10 % to every record.
-        decoded: M = model.__pydantic_validator__.validate_json(data)
+        decoded: M = model.__pydantic_validator__.validate_json(data, strict=True)
         return decoded
     except ValidationError as exc:
         raise BadRecord(f"not a valid {model.__name__}: {_errors(exc)}") from exc
@@ -333,11 +343,24 @@ def load_json(data: bytes | str) -> Any:
 
 
 def _errors(exc: ValidationError) -> str:
-    parts = []
-    for err in exc.errors()[:5]:
-        where = ".".join(str(p) for p in err["loc"]) or "record"
-        parts.append(f"{where}: {err['msg']}")
-    return "; ".join(parts)
+    return "; ".join(error_reason(err, "record") for err in exc.errors()[:5])
+
+
+_JSON_KINDS: Final = {str: "string", bool: "boolean", int: "integer", float: "number"}
+
+
+def error_reason(err: ErrorDetails, whole: str = "body") -> str:
+    """One validation error as a reason: where, what, and for a value of the wrong type
+    (which strict validation refuses: `"3"` for an integer) what it was, as `"3"` alone
+    reads like an integer to a producer looking for the fault."""
+    where = ".".join(str(p) for p in err["loc"]) or whole
+    reason = f"{where}: {err['msg']}"
+    kind = _JSON_KINDS.get(type(err.get("input")))
+    if err["type"].endswith("_type") and kind is not None:
+        shown = orjson.dumps(err["input"]).decode()
+        shown = shown if len(shown) <= 40 else shown[:40] + "..."
+        reason += f" (got the {kind} {shown})"
+    return reason
 
 
 class TimerAction(StrEnum):
