@@ -355,12 +355,23 @@ def error_reason(err: ErrorDetails, whole: str = "body") -> str:
     reads like an integer to a producer looking for the fault."""
     where = ".".join(str(p) for p in err["loc"]) or whole
     reason = f"{where}: {err['msg']}"
-    kind = _JSON_KINDS.get(type(err.get("input")))
+    value = err.get("input")
+    kind = _JSON_KINDS.get(type(value))
     if err["type"].endswith("_type") and kind is not None:
-        shown = orjson.dumps(err["input"]).decode()
-        shown = shown if len(shown) <= 40 else shown[:40] + "..."
-        reason += f" (got the {kind} {shown})"
+        reason += f" (got the {kind} {_shown(value)})"
     return reason
+
+
+def _shown(value: str | bool | int | float) -> str:
+    """A JSON scalar as its JSON, cut short: a record's value may be any size (an integer
+    of thousands of digits, past what orjson or `str` writes)."""
+    if isinstance(value, str):
+        return orjson.dumps(value[:40]).decode() + ("..." if len(value) > 40 else "")
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int) and value.bit_length() > 64:
+        return f"of {value.bit_length()} bits"
+    return repr(value)
 
 
 class TimerAction(StrEnum):

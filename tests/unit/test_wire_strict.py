@@ -4,6 +4,8 @@ coerced. The timer table's rows stay lax: an older version's row still loads."""
 
 from __future__ import annotations
 
+import json
+import re
 from typing import Any
 
 import orjson
@@ -175,3 +177,21 @@ def test_a_timer_row_stays_lax_so_a_row_stored_before_still_loads() -> None:
     loose = orjson.loads(encode_timer(row))
     loose["version"], loose["rule"]["at"] = "3", 5.0
     assert decode_timer(orjson.dumps(loose)) == row
+
+
+@pytest.mark.parametrize(
+    ("value", "shown"),
+    [
+        (10**4000, "the integer of 13288 bits"),  # past what orjson or str() writes
+        (2**64 + 5, "the integer of 65 bits"),
+        (2**63, "the integer 9223372036854775808"),
+        ("x" * 100, 'the string "' + "x" * 40 + '"...'),
+        (1e300, "the number 1e+300"),
+    ],
+)
+def test_a_value_of_any_size_is_named_in_the_reason_never_an_error_of_its_own(
+    value: object, shown: str
+) -> None:
+    raw = json.dumps({**CMD, "in_process": value}).encode()  # orjson writes no such integer
+    with pytest.raises(BadRecord, match=re.escape(f"in_process: {BOOL} (got {shown})")):
+        decode(CommandEnvelope, raw)
