@@ -1,7 +1,7 @@
 """A whole node on the in-memory log given records another producer coerced: a
-`wow.ScheduleSet` whose version is `"3"`, one whose rule's `at` is a float,
-and a command whose `issued_at` is `true`. Each is dead-lettered with its reason, and the
-partition goes on: a valid timer of the same owner fires after them."""
+`wow.ScheduleSet` whose version is `"3"`, one whose rule's `at` is a float, a command
+whose `issued_at` is `true`, and a timer key with a NUL. Each is dead-lettered with its
+reason, and the partition goes on: a valid timer of the same owner fires after them."""
 
 from __future__ import annotations
 
@@ -26,6 +26,7 @@ from tables.partitioner import partition_of
 
 PARTITIONS = 2
 INT = "Input should be a valid integer"
+CONTROL = "Value error, holds the control character"
 TOPICS = AggregateTopics("mem", "counter")
 
 
@@ -92,12 +93,18 @@ async def test_coerced_records_are_dead_lettered_with_the_reason_and_the_partiti
     rule = {"kind": "once", "at": now * 1.0}
     float_at = {**event, "id": "bad-2", "version": 4}
     float_at["body"] = {**body, "key": "k2", "rule": rule}
+    nul_key = {**event, "id": "bad-3", "version": 5, "body": {**body, "key": "k\x00"}}
     cmd = CommandEnvelope(request_id="r-bad", type="Schedule", aggregate=owner, issued_at=now)
     command = {**orjson.loads(encode(cmd)), "body": {"at": now}, "issued_at": True}
     bad = [
         (TOPICS.events, orjson.dumps(event), f'version: {INT} (got the string "3")'),
         (TOPICS.events, orjson.dumps(float_at), f"rule.once.at: {INT} (got the number"),
         (TOPICS.commands, orjson.dumps(command), f"issued_at: {INT} (got the boolean true)"),
+        (
+            TOPICS.events,
+            orjson.dumps(nul_key),
+            f"key: {CONTROL} U+0000",
+        ),
     ]
     publisher = log.publisher()
     offsets = [await publisher.send(topic, b"o1", value, p) for topic, value, _ in bad]
