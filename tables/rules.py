@@ -150,10 +150,14 @@ ScheduleRule = Annotated[OnceRule | IntervalRule | CronRule, Field(discriminator
 _RULE: TypeAdapter[OnceRule | IntervalRule | CronRule] = TypeAdapter(ScheduleRule)
 
 
-def parse_rule(data: object) -> OnceRule | IntervalRule | CronRule:
-    """A rule from its JSON form (a dict); `InvalidRule` with the reason otherwise."""
+def parse_rule(data: object, *, strict: bool = False) -> OnceRule | IntervalRule | CronRule:
+    """A rule from its JSON form (a dict); `InvalidRule` with the reason otherwise.
+
+    `strict`: as a record's rule is read (`app.protocol.wire.decode`), an integer must be
+    a JSON integer and a boolean a JSON boolean (`"3"`, `3.0` or `true` for 3 refused); for
+    new input. Lax (the default) for a rule stored before, which an older version took."""
     try:
-        return _RULE.validate_python(data)
+        return _RULE.validate_python(data, strict=strict)
     except ValidationError as exc:
         raise InvalidRule(_reason(exc)) from exc
 

@@ -151,7 +151,7 @@ def parse_expr(
 
 def _rule(data: object) -> Rule:
     try:
-        return parse_rule(data)
+        return parse_rule(data, strict=True)  # as a record's rule is read
     except InvalidRule as exc:
         raise BadExpression(f"bad rule: {exc}") from exc
 

@@ -28,6 +28,7 @@ from app.model.aggregate import AggregateType, send_fits, sent_request_id
 from app.protocol.topics import AggregateTopics
 from app.protocol.wire import MAX_REQUEST_ID, CommandEnvelope, ScheduleCancelled, ScheduleSet
 from tables import AggregateRef, CommandSpec, CronRule, IntervalRule, OnceRule
+from tables.refs import NEW_INPUT
 
 __all__ = ["KEY_ACTIONS", "BookCommands", "Delivered", "Rule", "request_id_for"]
 
@@ -90,10 +91,10 @@ class BookCommands:
         self._now = now
 
     def book_ref(self, key: str) -> AggregateRef:
-        return AggregateRef(context=self.book.context, aggregate=self.book.name, id=key)
+        return _new_ref(self.book.context, self.book.name, key)
 
     def target_ref(self, key: str) -> AggregateRef:
-        return AggregateRef(context=self.target.context, aggregate=self.target.aggregate, id=key)
+        return _new_ref(self.target.context, self.target.aggregate, key)
 
     def set_command(
         self,
@@ -105,9 +106,10 @@ class BookCommands:
         target: AggregateRef | None = None,
     ) -> CommandEnvelope:
         """The `wow.SetTimer` of `key`'s timer `timer` (replacing one of that name)."""
-        body = ScheduleSet(
-            key=timer, rule=rule, target=target or self.target_ref(key), command=command
-        )
+        # Validated as the book will read it: a name with a control character is refused.
+        to = (target or self.target_ref(key)).model_dump()
+        fields = {"key": timer, "rule": rule, "target": to, "command": command}
+        body = ScheduleSet.model_validate(fields, context=NEW_INPUT)
         if (why := book_reason(self.book, body)) is not None:
             raise ValueError(why)
         return self._command(key, SET_TIMER, body.model_dump(mode="json"), request_id)
@@ -143,3 +145,10 @@ class BookCommands:
             body=body,
             issued_at=self._now(),
         )
+
+
+def _new_ref(context: str, aggregate: str, key: str) -> AggregateRef:
+    """The aggregate of `key`, a name the book's node will refuse (a control character in
+    it, `tables.refs`) refused here: `ValueError` (a pydantic `ValidationError`)."""
+    fields = {"context": context, "aggregate": aggregate, "id": key}
+    return AggregateRef.model_validate(fields, context=NEW_INPUT)

@@ -63,9 +63,11 @@ from app.protocol.wire import (
     ScheduleCancelled,
     ScheduleSet,
     ScheduleTriggered,
+    error_reason,
 )
 from tables import AggregateRef, CommandSpec
 from tables.bounds import MAX_INSTANT
+from tables.refs import NEW_INPUT
 from tables.rules import CronRule, IntervalRule, OnceRule, ScheduleRule
 from tables.slots import first_slot, next_slot
 
@@ -227,7 +229,7 @@ def timer_book(
     @book.command(SET_TIMER)
     def _set(state: BookState, cmd: Command, d: Decision) -> None:
         try:
-            body = ScheduleSet.model_validate(cmd.body)
+            body = ScheduleSet.model_validate(cmd.body, strict=True, context=NEW_INPUT)
         except ValidationError as exc:
             d.reject(f"invalid {SET_TIMER}: {_first_error(exc)}")
         if (why := book_reason(book, body, d.now)) is not None:
@@ -237,7 +239,7 @@ def timer_book(
     @book.command(CANCEL_TIMER)
     def _cancel(state: BookState, cmd: Command, d: Decision) -> None:
         try:
-            body = ScheduleCancelled.model_validate(cmd.body)
+            body = ScheduleCancelled.model_validate(cmd.body, strict=True, context=NEW_INPUT)
         except ValidationError as exc:
             d.reject(f"invalid {CANCEL_TIMER}: {_first_error(exc)}")
         # Emitted whether the key is set or not: the table cancels only what is active, and
@@ -277,7 +279,7 @@ def timer_book(
 
     @book.applies(SCHEDULE_SET)
     def _set_applied(state: BookState, event: Event) -> BookState:
-        body = ScheduleSet.model_validate(event.body)
+        body = ScheduleSet.model_validate(event.body, strict=True, context=NEW_INPUT)
         timers = {k: t for k, t in state.timers.items() if k != body.key}
         if body.target is not None:
             # A set without one (another writer's: a book refuses it, `book_reason`) fires
@@ -290,7 +292,7 @@ def timer_book(
     # the state folded by a replay of the log is the state folded live.
     @book.applies(SCHEDULE_CANCELLED)
     def _cancel_applied(state: BookState, event: Event) -> BookState:
-        key = ScheduleCancelled.model_validate(event.body).key
+        key = ScheduleCancelled.model_validate(event.body, strict=True, context=NEW_INPUT).key
         timers = {k: t for k, t in state.timers.items() if k != key}
         return pruned(state, timers, event.created_at)
 
@@ -326,7 +328,7 @@ def _known(
     cancelled, or running past its end and retention at the command's time: no event
     has dropped it yet, the next one would)."""
     try:
-        key = TimerKey.model_validate(cmd.body).key
+        key = TimerKey.model_validate(cmd.body, strict=True, context=NEW_INPUT).key
     except ValidationError as exc:
         d.reject(f"invalid {name}: {_first_error(exc)}")
     timer = state.timers.get(key)
@@ -372,6 +374,4 @@ def _refuse_if_ended(cmd: Command, action: str, key: str, timer: BookTimer, d: D
 
 
 def _first_error(exc: ValidationError) -> str:
-    err = exc.errors()[0]
-    where = ".".join(str(p) for p in err["loc"]) or "body"
-    return f"{where}: {err['msg']}"
+    return error_reason(exc.errors()[0])

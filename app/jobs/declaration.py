@@ -136,14 +136,17 @@ def instance_ids(context: str, job: Job, partitions: int) -> set[str]:
     return {job.name}
 
 
-def effective_rule(default: Rule, override: Mapping[str, Any] | None) -> Rule:
-    """`default` under `override` (parts of a rule, see the module); `InvalidRule` if bad."""
+def effective_rule(
+    default: Rule, override: Mapping[str, Any] | None, *, strict: bool = False
+) -> Rule:
+    """`default` under `override` (parts of a rule, see the module); `InvalidRule` if bad.
+    `strict` for an override given now (`parse_rule`); lax for one an instance kept."""
     if not override:
         return default
     base = default.model_dump(mode="json")
     if override.get("kind", base["kind"]) != base["kind"]:
-        return parse_rule(dict(override))
-    return parse_rule({**base, **override})
+        return parse_rule(dict(override), strict=strict)
+    return parse_rule({**base, **override}, strict=strict)
 
 
 def _name(job: str | Job) -> str:

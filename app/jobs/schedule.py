@@ -313,7 +313,7 @@ def _set_rule(state: ScheduleState, job: Job, parts: object, event: str, d: Deci
         _invalid(d, f"invalid rule for job {job.name!r}: expected an object of rule fields")
     override = parts or None  # no parts: the default itself
     try:
-        rule = effective_rule(job.rule, override)
+        rule = effective_rule(job.rule, override, strict=True)  # a command's: new input
     except InvalidRule as exc:
         _invalid(d, f"invalid rule for job {job.name!r}: {exc}")
     dumped = _dump(rule)

@@ -122,7 +122,10 @@ class TimerTableCycles:
             stage = Stage.READ
             try:
                 self.limits.check(record.key, record.value)
-                op = decode(OperatorRequest, record.value, self.limits.max_record_bytes)
+                # It names parked timers' target as stored: not refused for its characters.
+                op = decode(
+                    OperatorRequest, record.value, self.limits.max_record_bytes, new_names=False
+                )
                 stage = Stage.OPERATE
                 # The entry resolved by the partition's next round: a cycle holds its
                 # partition's lock, and the ledger's calls may take seconds.

@@ -13,8 +13,10 @@ a `.env` file, and `<VARIABLE>_FILE` for secrets.
 
 In the environment and in the `.env` file alike, `X_FILE` names a file whose contents
 (whitespace around them stripped) are the value of `X`, for every setting's variable `X`
-(`TICKWHEEL_WEB_TOKEN_FILE=/run/secrets/web-token`); a file that cannot be read is an
-error naming the variable, as is giving both `X` and `X_FILE` in one place. Values are
+(`TICKWHEEL_WEB_TOKEN_FILE=/run/secrets/web-token`); a file that cannot be read, that is
+no regular file (a FIFO, `/dev/zero`) or that holds more than 64 KiB is an error naming
+the variable (`app.node.variables.MAX_FILE_BYTES`), as is giving both `X` and `X_FILE` in
+one place. Values are
 stripped, and an empty one is no value (the default holds).
 
 A `TICKWHEEL_*` variable (in either place, in any case) that no setting knows is an error

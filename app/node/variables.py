@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import stat
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Final
@@ -16,7 +17,13 @@ from dotenv import dotenv_values
 
 from app.errors import ConfigError
 
-__all__ = ["ENV_FILE_VARIABLE", "TOOLING_VARIABLES", "VARIABLES", "read_variables"]
+__all__ = [
+    "ENV_FILE_VARIABLE",
+    "MAX_FILE_BYTES",
+    "TOOLING_VARIABLES",
+    "VARIABLES",
+    "read_variables",
+]
 
 VARIABLES: Final[Mapping[str, str]] = {
     "bootstrap_servers": "KAFKA_BOOTSTRAP_SERVERS",
@@ -54,6 +61,10 @@ VARIABLES: Final[Mapping[str, str]] = {
 """Each setting's environment variable (each also as `<variable>_FILE`)."""
 
 ENV_FILE_VARIABLE: Final = "TICKWHEEL_ENV_FILE"
+
+MAX_FILE_BYTES: Final = 64 * 1024
+"""The most an `X_FILE` variable's file may hold: a secret, a token or any setting's value
+is far smaller; a larger file is no such value (a log or an image named by mistake)."""
 
 TOOLING_VARIABLES: Final = frozenset(
     {
@@ -148,12 +159,57 @@ def _resolved(values: Mapping[str, str | None], where: str) -> dict[str, str]:
         if path and value:
             raise ConfigError(f"{var} and {file_var} are both given ({where}): give one")
         if path:
-            try:
-                value = Path(path).read_text(encoding="utf-8").strip()
-            except (OSError, UnicodeDecodeError) as exc:
-                raise ConfigError(
-                    f"{file_var} ({where}): cannot read {path!r}: {_reason(exc)}"
-                ) from exc
+            value = _file_value(path, f"{file_var} ({where})")
         if value:
             found[var] = value
     return found
+
+
+def _file_value(path: str, name: str) -> str:
+    """The stripped text of an `X_FILE` variable's file; `ConfigError` starting with `name`
+    unless it is a regular file of at most `MAX_FILE_BYTES` of UTF-8.
+
+    Only a regular file is opened: a FIFO's open blocks until a writer comes, and a device
+    (`/dev/zero`, `/dev/urandom`) never ends. It is opened non-blocking and checked again
+    once open (it may have been swapped since), and at most `MAX_FILE_BYTES` + 1 bytes are
+    read whatever its size says (a file of /proc says 0): the start never hangs on it nor
+    fills the memory with it."""
+
+    def refused(why: str) -> ConfigError:
+        return ConfigError(f"{name}: cannot read {path!r}: {why}")
+
+    try:
+        if (kind := _not_regular(os.stat(path).st_mode)) is not None:
+            raise refused(f"it is {kind}, not a regular file")
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        with os.fdopen(fd, "rb") as f:
+            if (kind := _not_regular(os.fstat(fd).st_mode)) is not None:
+                raise refused(f"it is {kind}, not a regular file")
+            data = f.read(MAX_FILE_BYTES + 1)
+    except OSError as exc:
+        raise refused(_reason(exc)) from exc
+    if len(data) > MAX_FILE_BYTES:
+        raise refused(
+            f"it holds more than {MAX_FILE_BYTES} bytes, more than any setting's value (a "
+            "secret, a token): name the file that holds the value alone"
+        )
+    try:
+        return data.decode("utf-8").strip()
+    except UnicodeDecodeError as exc:
+        raise refused(_reason(exc)) from exc
+
+
+_KINDS: Final = (
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISFIFO, "a FIFO (named pipe)"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+)
+
+
+def _not_regular(mode: int) -> str | None:
+    """What a file of `mode` is when it is no regular file, else None."""
+    if stat.S_ISREG(mode):
+        return None
+    return next((kind for test, kind in _KINDS if test(mode)), "no regular file")

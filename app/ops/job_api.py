@@ -48,6 +48,7 @@ from app.protocol.wire import CommandEnvelope, EventEnvelope, ResultCode
 from app.service import Service
 from tables import DEFAULT_TENANT, AggregateRef
 from tables.exceptions import InvalidRule
+from tables.refs import NEW_INPUT
 
 __all__ = [
     "DECIDED_WITHIN_MS",
@@ -130,7 +131,7 @@ def rule_override(parts: object, job: Job, spell: Spelling = json_field) -> dict
             f"not {type(parts).__name__}",
         )
     try:
-        effective_rule(job.rule, parts)
+        effective_rule(job.rule, parts, strict=True)
     except InvalidRule as exc:
         raise JobInputError("rule", f"invalid rule for job {job.name!r}: {exc}") from exc
     return parts
@@ -177,7 +178,8 @@ def instance_commands(
         )
     for tenant in tenants:
         try:
-            AggregateRef(context=context, aggregate=SCHEDULE, tenant=tenant, id=job.name)
+            fields = {"context": context, "aggregate": SCHEDULE, "tenant": tenant, "id": job.name}
+            AggregateRef.model_validate(fields, context=NEW_INPUT)
         except ValidationError as exc:
             raise JobInputError(
                 "tenants", f"{spell('tenants')} {tenant[:40]!r}: {exc.errors()[0]['msg']}"

@@ -47,6 +47,7 @@ from app.protocol.wire import (
 )
 from tables import AggregateRef, CommandSpec, ScheduleRule
 from tables.partitioner import partition_of
+from tables.refs import NEW_INPUT
 
 __all__ = [
     "ACTIONS",
@@ -174,7 +175,8 @@ def owner_ref(type_name: str, owner: str, tenant: str) -> AggregateRef:
     """The book `type_name`'s aggregate `owner`; `BadRequest` naming the part that is wrong."""
     context, _, aggregate = type_name.partition(".")
     try:
-        return AggregateRef(context=context, aggregate=aggregate, tenant=tenant, id=owner)
+        fields = {"context": context, "aggregate": aggregate, "tenant": tenant, "id": owner}
+        return AggregateRef.model_validate(fields, context=NEW_INPUT)
     except ValidationError as exc:
         bad = field_of(exc)
         names = {"context": "type", "aggregate": "type", "id": "owner"}
@@ -192,10 +194,12 @@ def set_command(
     would refuse (its target, a rule with no slot left)."""
     context, _, aggregate = put.target.type.partition(".")
     try:
-        target = AggregateRef(
-            context=context, aggregate=aggregate, tenant=owner.tenant, id=put.target.id or owner.id
+        parts = {"context": context, "aggregate": aggregate, "tenant": owner.tenant}
+        target = AggregateRef.model_validate(
+            {**parts, "id": put.target.id or owner.id}, context=NEW_INPUT
         )
-        body = ScheduleSet(key=key, rule=put.rule, target=target, command=put.command)
+        fields = {"key": key, "rule": put.rule, "target": target, "command": put.command}
+        body = ScheduleSet.model_validate(fields, context=NEW_INPUT)
     except ValidationError as exc:
         bad = field_of(exc)
         where = "key" if bad.field == "key" else f"target.{bad.field}"

@@ -136,7 +136,8 @@ class TimerRoutes:
             if header is not None:
                 data = {**data, "request_id": header}
             try:
-                put = TimerPut.model_validate(data)
+                # Strict, as records are (`wire.decode`): `"at": "1"` is refused, not read as 1.
+                put = TimerPut.model_validate(data, strict=True)
             except ValidationError as exc:
                 raise field_of(exc) from exc
             cmd = set_command(book, owner, request.match_info["key"], put, self._now())

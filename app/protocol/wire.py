@@ -27,11 +27,12 @@ from pydantic import (
     model_validator,
 )
 from pydantic.config import JsonDict
-from pydantic_core import PydanticSerializationError, from_json
+from pydantic_core import ErrorDetails, PydanticSerializationError, from_json
 
 from app.errors import BadRecord
 from tables import AggregateRef, CommandSpec, ScheduleRule
 from tables.bounds import MAX_INT64, Instant, JsonObject, check_json
+from tables.refs import NEW_INPUT, Identifier
 
 __all__ = [
     "AGGREGATE_DELETED",
@@ -60,6 +61,7 @@ __all__ = [
     "TimerOp",
     "decode",
     "encode",
+    "error_reason",
     "load_json",
 ]
 
@@ -111,7 +113,9 @@ class _Envelope(BaseModel):
 class ScheduleSet(_Envelope):
     """Body of `wow.ScheduleSet`: send `command` to `target` by `rule`, unique by `key`."""
 
-    key: str = Field(min_length=1, max_length=200)
+    # A new timer's name: no control character (`tables.refs`). The keys of a cancel, pause,
+    # resume or trigger only point at a timer, maybe one an older version took with one.
+    key: Identifier = Field(min_length=1, max_length=200)
     rule: ScheduleRule
     target: AggregateRef | None = Field(
         default=None, description="where the command goes; the owner itself when absent"
@@ -309,15 +313,33 @@ def encode(model: BaseModel) -> bytes:
     return orjson.dumps(model.__pydantic_serializer__.to_python(model, mode="json"))
 
 
-def decode(model: type[M], data: bytes | None, max_bytes: int = MAX_RECORD_BYTES) -> M:
-    """An envelope from JSON bytes; `BadRecord` with a clear reason otherwise."""
+def decode(
+    model: type[M], data: bytes | None, max_bytes: int = MAX_RECORD_BYTES, *, new_names: bool = True
+) -> M:
+    """An envelope from JSON bytes; `BadRecord` with a clear reason otherwise.
+
+    Strict, as the published schemas are: an integer is a JSON integer (not `"3"`, `3.0`
+    or `true`), a boolean a JSON boolean (not `"true"` or `1`), a string a JSON string;
+    a number field takes an integer too, and an enum its value's string. Lax coercion
+    would write back a record other than the one read, and take a producer's bug for
+    data. A system event's body and a command's are checked alike where they are read
+    (`validate_python(..., strict=True, context=NEW_INPUT)`). The timer table's rows stay
+    lax (`tables.keys.decode_timer`): a node wrote them, and one an older version stored
+    must still load.
+
+    `new_names`: a tenant, an aggregate id or a timer key holding a control character is
+    refused (`tables.refs.control_character`). False for a record that only names what
+    is stored (an operator's timer op names the target of parked timers, which an older
+    version may have taken with one: they must stay retryable and skippable)."""
     if data is None:
         raise BadRecord("empty record (tombstone) where an envelope was expected")
     if len(data) > max_bytes:
         raise BadRecord(f"record of {len(data)} bytes exceeds {max_bytes}")
     try:
         # The validator itself: `model_validate_json`'s wrapper adds ~10 % to every record.
-        decoded: M = model.__pydantic_validator__.validate_json(data)
+        decoded: M = model.__pydantic_validator__.validate_json(
+            data, strict=True, context=NEW_INPUT if new_names else None
+        )
         return decoded
     except ValidationError as exc:
         raise BadRecord(f"not a valid {model.__name__}: {_errors(exc)}") from exc
@@ -333,11 +355,35 @@ def load_json(data: bytes | str) -> Any:
 
 
 def _errors(exc: ValidationError) -> str:
-    parts = []
-    for err in exc.errors()[:5]:
-        where = ".".join(str(p) for p in err["loc"]) or "record"
-        parts.append(f"{where}: {err['msg']}")
-    return "; ".join(parts)
+    return "; ".join(error_reason(err, "record") for err in exc.errors()[:5])
+
+
+_JSON_KINDS: Final = {str: "string", bool: "boolean", int: "integer", float: "number"}
+
+
+def error_reason(err: ErrorDetails, whole: str = "body") -> str:
+    """One validation error as a reason: where, what, and for a value of the wrong type
+    (which strict validation refuses: `"3"` for an integer) what it was, as `"3"` alone
+    reads like an integer to a producer looking for the fault."""
+    where = ".".join(str(p) for p in err["loc"]) or whole
+    reason = f"{where}: {err['msg']}"
+    value = err.get("input")
+    kind = _JSON_KINDS.get(type(value))
+    if err["type"].endswith("_type") and kind is not None:
+        reason += f" (got the {kind} {_shown(value)})"
+    return reason
+
+
+def _shown(value: str | bool | int | float) -> str:
+    """A JSON scalar as its JSON, cut short: a record's value may be any size (an integer
+    of thousands of digits, past what orjson or `str` writes)."""
+    if isinstance(value, str):
+        return orjson.dumps(value[:40]).decode() + ("..." if len(value) > 40 else "")
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int) and value.bit_length() > 64:
+        return f"of {value.bit_length()} bits"
+    return repr(value)
 
 
 class TimerAction(StrEnum):

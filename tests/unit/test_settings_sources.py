@@ -1,10 +1,12 @@
 """Where settings come from (pydantic-settings): the environment, a `.env` file, `X_FILE`
 for secrets, and what is refused: a `TICKWHEEL_*` name no setting has (with the closest
-one), a file that cannot be read, a value given twice; the log level and format, the web
-token (never shown). `Settings(...)` reads nothing but its arguments."""
+one), a file that cannot be read (no regular file, too large), a value given twice; the
+log level and format, the web token (never shown). `Settings(...)` reads nothing but its
+arguments."""
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -12,6 +14,7 @@ import pytest
 
 from app.errors import ConfigError
 from app.node.settings import TOOLING_VARIABLES, VARIABLES, Settings
+from app.node.variables import MAX_FILE_BYTES
 
 
 def test_every_field_has_its_variable() -> None:
@@ -174,12 +177,61 @@ def test_a_file_that_cannot_be_read_names_its_variable(tmp_path: Path) -> None:
         f"TICKWHEEL_WEB_TOKEN_FILE (in the environment): cannot read '{missing}': "
         "No such file or directory"
     )
-    with pytest.raises(ConfigError, match=r"TICKWHEEL_WEB_TOKEN_FILE .*Is a directory"):
+    with pytest.raises(ConfigError, match=r"TICKWHEEL_WEB_TOKEN_FILE .*a directory"):
         Settings.from_env({"TICKWHEEL_WEB_TOKEN_FILE": str(tmp_path)})
     binary = tmp_path / "binary"
     binary.write_bytes(b"\xff\xfe")
     with pytest.raises(ConfigError, match=r"TICKWHEEL_PARTITIONS_FILE .*not UTF-8 text"):
         Settings.from_env({"TICKWHEEL_PARTITIONS_FILE": str(binary)})
+
+
+def test_a_fifo_is_refused_without_opening_it(tmp_path: Path) -> None:
+    # Its open would wait for a writer: the start hung.
+    fifo = tmp_path / "token"
+    os.mkfifo(fifo)
+    with pytest.raises(ConfigError) as caught:
+        Settings.from_env({"TICKWHEEL_WEB_TOKEN_FILE": str(fifo)})
+    assert str(caught.value) == (
+        f"TICKWHEEL_WEB_TOKEN_FILE (in the environment): cannot read '{fifo}': it is a FIFO "
+        "(named pipe), not a regular file"
+    )
+
+
+@pytest.mark.skipif(not Path("/dev/zero").exists(), reason="no /dev/zero here")
+def test_a_device_is_refused_without_reading_it() -> None:
+    # /dev/zero never ends: the start read it until the memory ran out.
+    with pytest.raises(
+        ConfigError,
+        match=r"^TICKWHEEL_WEB_TOKEN_FILE \(in the environment\): cannot read '/dev/zero': "
+        r"it is a character device, not a regular file$",
+    ):
+        Settings.from_env({"TICKWHEEL_WEB_TOKEN_FILE": "/dev/zero"})
+
+
+def test_a_file_larger_than_any_value_is_refused_and_one_at_the_bound_is_read(
+    tmp_path: Path,
+) -> None:
+    big = tmp_path / "big"
+    big.write_bytes(b"t" * (MAX_FILE_BYTES + 1))
+    with pytest.raises(ConfigError) as caught:
+        Settings.from_env({"TICKWHEEL_WEB_TOKEN_FILE": str(big)})
+    assert str(caught.value).startswith(
+        f"TICKWHEEL_WEB_TOKEN_FILE (in the environment): cannot read '{big}': it holds more "
+        f"than {MAX_FILE_BYTES} bytes"
+    )
+    assert "ttt" not in str(caught.value)  # a secret's value is never shown
+    fits = tmp_path / "fits"
+    fits.write_bytes(b"t" * MAX_FILE_BYTES)
+    s = Settings.from_env({"TICKWHEEL_WEB_TOKEN_FILE": str(fits)})
+    assert s.web_token is not None and len(s.web_token.get_secret_value()) == MAX_FILE_BYTES
+
+
+def test_a_symlink_to_a_regular_file_is_read(tmp_path: Path) -> None:
+    # as a Kubernetes secret's file is (`..data/token`)
+    (tmp_path / "real").write_text("s3cret\n")
+    (tmp_path / "token").symlink_to(tmp_path / "real")
+    s = Settings.from_env({"TICKWHEEL_WEB_TOKEN_FILE": str(tmp_path / "token")})
+    assert s.web_token is not None and s.web_token.get_secret_value() == "s3cret"
 
 
 def test_a_value_and_its_file_both_given_is_an_error(tmp_path: Path) -> None:

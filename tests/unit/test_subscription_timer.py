@@ -20,13 +20,15 @@ from tables.rules import parse_rule
 from tables.slots import first_slot, jittered_due
 
 T0 = 1_800_000_000_000
+_NAMED = st.characters(codec="utf-8", exclude_characters=[*map(chr, range(32)), "\x7f"])
+"""What a new name may hold: no control character (`tables.refs.control_character`)."""
 
 _refs = st.builds(
     AggregateRef,
     context=st.just("shop"),
     aggregate=st.just("order"),
     tenant=st.sampled_from(["(0)", "t1"]),
-    id=st.text(min_size=1, max_size=8),
+    id=st.text(_NAMED, min_size=1, max_size=8),
 )
 _rules = st.one_of(
     st.fixed_dictionaries(
@@ -73,7 +75,7 @@ def _validated(event: EventEnvelope, partition: int) -> Timer:
     owner=_refs,
     target=st.none() | _refs,
     rule=_rules,
-    key=st.text(min_size=1, max_size=200),
+    key=st.text(_NAMED, min_size=1, max_size=200),
     id=st.text(min_size=1, max_size=200),
     version=st.integers(1, 2**63 - 1),
     created_at=st.integers(0, MAX_INSTANT),

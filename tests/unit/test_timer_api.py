@@ -201,7 +201,36 @@ async def test_writes_need_the_token_and_send_nothing_without_it(edge: Edge) -> 
             "target",
         ),
         ("/timers/shop.reminders/o/k", put_body(T0 + 1, extra=1), 400, "extra"),
+        # strict, as records are: a string or a float is no epoch ms, `true` no jitter
+        (
+            "/timers/shop.reminders/o/k",
+            put_body(T0 + 1, rule={"kind": "once", "at": str(T0)}),
+            400,
+            "rule.once.at",
+        ),
+        (
+            "/timers/shop.reminders/o/k",
+            put_body(T0 + 1, rule={"kind": "once", "at": T0 * 1.0}),
+            400,
+            "rule.once.at",
+        ),
+        (
+            "/timers/shop.reminders/o/k",
+            put_body(T0 + 1, rule={"kind": "once", "at": T0, "jitter": True}),
+            400,
+            "rule.once.jitter",
+        ),
         ("/timers/shop.reminders/o/" + "k" * 201, put_body(T0 + 1), 400, "key"),
+        # a control character in a new name (`tables.refs.control_character`)
+        ("/timers/shop.reminders/o%00/k", put_body(T0 + 1), 400, "owner"),
+        ("/timers/shop.reminders/o/k%0A", put_body(T0 + 1), 400, "key"),
+        ("/timers/shop.reminders/o/k?tenant=t%1B", put_body(T0 + 1), 400, "tenant"),
+        (
+            "/timers/shop.reminders/o/k",
+            put_body(T0 + 1, target={"type": "shop.order", "id": "p\u007f"}),
+            400,
+            "target.id",
+        ),
         (
             "/timers/shop.reminders/o/k",
             put_body(T0 + 1, rule={"kind": "interval", "every": 1000, "start": 0, "count": 1}),
@@ -426,6 +455,8 @@ def test_a_duplicate_is_done_and_a_refusal_or_silence_exits_1(
         # orjson read it as a float, 1.2e+29, and sent that
         (["--rule", "once:0", "--body", f'{{"a":{10**29}}}'], f"a: integer {10**29} is outside"),
         (["--rule", "once:0", "--target-type", "shop.reminders"], "is the book itself"),
+        (["--rule", '{"kind":"once","at":"0"}'], "once.at: Input should be a valid integer"),
+        (["--rule", "once:0", "--target", "p\x00"], "target.id: Value error, holds the control"),
         (
             ["--rule", '{"kind":"interval","every":1000,"start":0,"count":1}'],
             "error: rule: the rule has no slot left",

@@ -1,0 +1,128 @@
+"""A whole node on the in-memory log given records another producer coerced: a
+`wow.ScheduleSet` whose version is `"3"`, one whose rule's `at` is a float, a command
+whose `issued_at` is `true`, and a timer key with a NUL. Each is dead-lettered with its
+reason, and the partition goes on: a valid timer of the same owner fires after them."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from fakes import RunningNode, wait_until
+from pydantic import BaseModel
+
+from app.kafka.memory import MemoryLog
+from app.model.aggregate import AggregateType, Command, Decision, Event
+from app.protocol.dead_letters import DeadLetter
+from app.protocol.topics import AggregateTopics, ContextTopics
+from app.protocol.wire import CommandEnvelope, EventEnvelope, decode, encode
+from app.service import Service
+from tables import AggregateRef, CommandSpec, OnceRule
+from tables.partitioner import partition_of
+
+PARTITIONS = 2
+INT = "Input should be a valid integer"
+CONTROL = "Value error, holds the control character"
+TOPICS = AggregateTopics("mem", "counter")
+
+
+class Counter(BaseModel):
+    fired: int = 0
+
+
+counter = AggregateType("mem", "counter", Counter)
+
+
+@counter.command("Schedule")
+def _schedule(state: Counter, cmd: Command, d: Decision) -> None:
+    d.schedule("k", OnceRule(at=int(cmd.body["at"])), CommandSpec(type="Fire"))
+
+
+@counter.command("Fire")
+def _fire(state: Counter, cmd: Command, d: Decision) -> None:
+    d.emit("Fired", {"n": state.fired + 1})
+
+
+@counter.applies("Fired")
+def _fired(state: Counter, e: Event) -> Counter:
+    return state.model_copy(update={"fired": e.body["n"]})
+
+
+@pytest.fixture
+async def log() -> AsyncIterator[MemoryLog]:
+    yield MemoryLog()
+
+
+@pytest.fixture
+async def node(log: MemoryLog, tmp_path: Path) -> AsyncIterator[RunningNode]:
+    n = await RunningNode(log, tmp_path, "a", Service(aggregates=(counter,)), PARTITIONS).start()
+    yield n
+    await n.stop()
+
+
+def fired(log: MemoryLog) -> int:
+    return sum(
+        decode(EventEnvelope, r.value).type == "Fired"
+        for p in range(PARTITIONS)
+        for r in log.records(TOPICS.events, p)
+        if r.value is not None and b'"Fired"' in r.value
+    )
+
+
+async def test_coerced_records_are_dead_lettered_with_the_reason_and_the_partition_goes_on(
+    log: MemoryLog, node: RunningNode
+) -> None:
+    await wait_until(node.runs)
+    owner = AggregateRef(context="mem", aggregate="counter", id="o1")
+    p = partition_of("o1", PARTITIONS)
+    now = int(time.time() * 1000)
+    body: dict[str, Any] = {"key": "k1", "rule": {"kind": "once", "at": now}}
+    body["command"] = {"type": "Fire"}
+    event: dict[str, Any] = {
+        "id": "bad-1",
+        "type": "wow.ScheduleSet",
+        "aggregate": owner.model_dump(),
+        "version": "3",
+        "created_at": now,
+        "body": body,
+    }
+    rule = {"kind": "once", "at": now * 1.0}
+    float_at = {**event, "id": "bad-2", "version": 4}
+    float_at["body"] = {**body, "key": "k2", "rule": rule}
+    nul_key = {**event, "id": "bad-3", "version": 5, "body": {**body, "key": "k\x00"}}
+    cmd = CommandEnvelope(request_id="r-bad", type="Schedule", aggregate=owner, issued_at=now)
+    command = {**orjson.loads(encode(cmd)), "body": {"at": now}, "issued_at": True}
+    bad = [
+        (TOPICS.events, orjson.dumps(event), f'version: {INT} (got the string "3")'),
+        (TOPICS.events, orjson.dumps(float_at), f"rule.once.at: {INT} (got the number"),
+        (TOPICS.commands, orjson.dumps(command), f"issued_at: {INT} (got the boolean true)"),
+        (
+            TOPICS.events,
+            orjson.dumps(nul_key),
+            f"key: {CONTROL} U+0000",
+        ),
+    ]
+    publisher = log.publisher()
+    offsets = [await publisher.send(topic, b"o1", value, p) for topic, value, _ in bad]
+    good = CommandEnvelope(
+        request_id="r-good", type="Schedule", aggregate=owner, body={"at": now + 50}, issued_at=now
+    )
+    await publisher.send(TOPICS.commands, b"o1", encode(good), p)
+
+    await wait_until(lambda: fired(log) == 1)
+    letters = {
+        (d.topic, d.offset): d
+        for d in (
+            DeadLetter.read(r.key, r.value, r.headers)
+            for r in log.records(ContextTopics("mem").dead_letters, 0)
+        )
+    }
+    for (topic, value, reason), offset in zip(bad, offsets, strict=True):
+        letter = letters[(topic, offset)]
+        assert letter.value == value  # the record whole, as it came
+        assert reason in letter.context.exception_message, letter.context.exception_message
+    assert "failing" not in node.node.health()
