@@ -2,6 +2,7 @@
 
 TickwheelError
 ├── BadRecord          a record that cannot be read: dead-lettered
+├── RecordTooLarge     a record a decision would write is too large: its command ERROR
 ├── ConfigError        a bad setting
 ├── KafkaUnavailable   the broker did not answer or refused
 │   └── Fenced         another node took the partition over
@@ -28,6 +29,7 @@ __all__ = [
     "MissingTopic",
     "NoTimers",
     "NodeFailed",
+    "RecordTooLarge",
     "TickwheelError",
     "node_fault",
 ]
@@ -39,6 +41,13 @@ class TickwheelError(Exception):
 
 class BadRecord(TickwheelError, ValueError):
     """A record on a topic that cannot be read: it is dead-lettered and skipped."""
+
+
+class RecordTooLarge(TickwheelError, ValueError):
+    """A record a command's decision would write (an event, a command it sends, the stored
+    aggregate) is larger than `TICKWHEEL_MAX_RECORD_BYTES`: nothing of the decision is
+    written, the command is answered ERROR and dead-lettered. Written, it could fail the
+    partition's transaction (Kafka's own limit) at every retake of the partition."""
 
 
 class ConfigError(TickwheelError, ValueError):

@@ -25,12 +25,12 @@ from app.commands.records import (
     state_key,
 )
 from app.commands.states import PartitionStates
-from app.errors import BadRecord, MissingTopic, node_fault
+from app.errors import BadRecord, MissingTopic, RecordTooLarge, node_fault
 from app.kafka import LogReader, OutRecord, Record
 from app.kafka.catalog import TopicCatalog, no_target_message
 from app.kafka.records import RestoreProgress
 from app.model.aggregate import AggregateType
-from app.model.decide import Decided, decide, fold
+from app.model.decide import Decided, cut_message, decide, fold
 from app.protocol.dead_letters import Stage
 from app.protocol.limits import InputLimits
 from app.protocol.topics import AggregateTopics, ContextTopics
@@ -166,7 +166,7 @@ class CommandProcessor:
                     raise
                 # The aggregate this command is decided on cannot be read or folded: the
                 # command's fault, answered and kept, and the partition goes on.
-                message = f"{type(exc).__name__}: {exc}"[:1000]
+                message = cut_message(f"{type(exc).__name__}: {exc}")
                 batch.out.append(self._result(cmd, ResultCode.ERROR, message, None, now))
                 batch.stats.codes[ResultCode.ERROR] += 1
                 self._dead_letter(batch, r, exc, Stage.DECIDE)
@@ -234,7 +234,7 @@ class CommandProcessor:
                 if node_fault(exc):
                     raise
                 # As a target answers a command it cannot decide: the timer retries it.
-                code, message = ResultCode.ERROR, f"{type(exc).__name__}: {exc}"[:1000]
+                code, message = ResultCode.ERROR, cut_message(f"{type(exc).__name__}: {exc}")
                 batch.stats.codes[code] += 1
             out.append((topic, partition, cmd.aggregate.id.encode(), encode(cmd)))
             decided.append((cmd, code, message))
@@ -313,6 +313,7 @@ class CommandProcessor:
             ]
             out += [command_record(c) for c in d.commands]
             state = encode(d.stored)
+            self._check_sizes(out, state)
             batch.staged[aid] = d.stored
             batch.encoded[aid] = state
             batch.applied.add((aid, cmd.request_id))
@@ -325,6 +326,23 @@ class CommandProcessor:
             batch.fired_due.append(cmd.not_before)
         version = d.stored.version if d.stored else (stored.version if stored else None)
         return d, version
+
+    def _check_sizes(self, out: list[OutRecord], state: bytes) -> None:
+        """`RecordTooLarge` when a record the decision writes, or the aggregate it stores,
+        is over `max_record_bytes`: larger, it may fail the transaction (Kafka's 1 MiB by
+        default) at every retake, and this node's own reader would refuse it anyway."""
+        bound = self.limits.max_record_bytes
+        for record in out:
+            if (value := record[3]) is not None and len(value) > bound:
+                raise RecordTooLarge(
+                    f"the decision writes a record of {len(value)} bytes to {record[0]}, over "
+                    f"{bound} (TICKWHEEL_MAX_RECORD_BYTES): nothing of it is written"
+                )
+        if len(state) > bound:
+            raise RecordTooLarge(
+                f"the aggregate after the decision is {len(state)} bytes, over {bound} "
+                "(TICKWHEEL_MAX_RECORD_BYTES): nothing of the decision is written"
+            )
 
     def _unreachable(self, target: AggregateRef) -> str | None:
         """Why a command to `target` cannot be sent (`Decision.send` raises it), or None."""
@@ -363,7 +381,7 @@ class CommandProcessor:
             request_id=cmd.request_id,
             code=code,
             aggregate=cmd.aggregate,
-            message=message,
+            message=cut_message(message),
             refusal=refusal,
             version=version,
             decided_at=now,

@@ -38,6 +38,7 @@ from app.jobs.declaration import (
 )
 from app.jobs.schedule_state import ScheduleState, apply_schedule_event
 from app.model.aggregate import AggregateType, Command, Decision
+from app.model.decide import cut_message
 from app.protocol.wire import SCHEDULE_CANCELLED, SCHEDULE_SET, ResultCode
 from tables import DEFAULT_TENANT, CommandSpec, OnceRule
 from tables.exceptions import InvalidRule
@@ -333,7 +334,9 @@ def run_key(timer_id: str, slot: int) -> str:
 
 
 def _run_handler(job: Job, run: JobRun) -> str | None:
-    """Runs the handler; None when it returned, else what it raised."""
+    """Runs the handler; None when it returned, else what it raised, cut to
+    `MAX_ERROR_TEXT` characters (an exception's text has no bound: whole, it could outgrow
+    the record of the event or result that carries it)."""
     try:
         job.handler(run)
     except Exception as exc:
@@ -344,7 +347,7 @@ def _run_handler(job: Job, run: JobRun) -> str | None:
         else:
             what = "failed (its run: timer runs it again)"
         logger.exception("job %s on slot %d of %s %s", job.name, run.slot, run.instance, what)
-        return repr(exc)
+        return cut_message(repr(exc))
     return None
 
 

@@ -25,8 +25,9 @@ from app.protocol.wire import (
     ResultCode,
 )
 from tables import AggregateRef
+from tables.timer import error_text
 
-__all__ = ["Decided", "StoredAggregate", "decide", "event_id", "fold"]
+__all__ = ["Decided", "StoredAggregate", "cut_message", "decide", "event_id", "fold"]
 
 logger = logging.getLogger(__name__)
 
@@ -97,17 +98,17 @@ def decide(
         )
         handler(state, cmd, decision)
     except Rejected as exc:
-        return Decided(exc.code, exc.reason, [], None, refusal=exc.refusal)
+        return Decided(exc.code, cut_message(exc.reason), [], None, refusal=exc.refusal)
     except NoTarget as exc:
         logger.warning("%s %s: %s", cmd.type, cmd.request_id, exc)
-        return Decided(ResultCode.ERROR, str(exc)[:1000], [], None, error=exc)
+        return Decided(ResultCode.ERROR, cut_message(str(exc)), [], None, error=exc)
     except Exception as exc:
         if node_fault(exc):
             raise
         # Whatever the handler raises is the command's (it cannot be read, or the handler
         # fails on it), not the node's: answered, and the partition goes on.
-        logger.warning("%s %s failed: %r", cmd.type, cmd.request_id, exc)
-        message = f"{type(exc).__name__}: {exc}"[:1000]
+        message = cut_message(f"{type(exc).__name__}: {exc}")
+        logger.warning("%s %s failed: %s", cmd.type, cmd.request_id, message)
         return Decided(ResultCode.ERROR, message, [], None, error=exc)
     if not decision.events:
         # Commands without events would be sent again by every retry: they need a fact.
@@ -126,6 +127,13 @@ def decide(
         for i, (type_, body) in enumerate(decision.events)
     ]
     return Decided(ResultCode.COMMITTED, "", events, fold(agg, current, events), decision.commands)
+
+
+def cut_message(message: str) -> str:
+    """`message` as a result or an event keeps it: at most `MAX_ERROR_TEXT` characters, a
+    longer one cut, ending in ' …[cut]' (`tables.timer.error_text`). A handler's exception
+    text has no bound: uncut, it could outgrow a record and fail the partition's commit."""
+    return error_text(message) or ""
 
 
 def event_id(request_id: str, i: int) -> str:
