@@ -63,4 +63,10 @@ def apply_schedule_event(state: ScheduleState, e: Event) -> ScheduleState:
         SCHEDULE_SET: {"timer_id": e.id, "rule": body.get("rule"), "last_slot": None},
         SCHEDULE_CANCELLED: {"timer_id": None, "last_slot": None},
     }
-    return state.model_copy(update=updates[e.type])
+    update = updates[e.type]
+    if not update:
+        return state
+    # Validated, not `model_copy`'d: another writer's event (`follow`) may carry anything,
+    # and a state holding `{"job": 5}` would fail every later command of the instance.
+    # Raised here, the event is dead-lettered by `follow` and passed over by a restore.
+    return ScheduleState.model_validate({**state.model_dump(), **update})
