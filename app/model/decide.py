@@ -25,6 +25,7 @@ from app.protocol.wire import (
     ResultCode,
 )
 from tables import AggregateRef
+from tables.bounds import check_json
 from tables.timer import error_text
 
 __all__ = ["Decided", "StoredAggregate", "cut_message", "decide", "event_id", "fold"]
@@ -161,5 +162,10 @@ def fold(
         state = agg.apply(state, Event(e.type, e.body, e.version, e.created_at, e.id))
         deleted = deleted or e.type == AGGREGATE_DELETED
         version = max(version, e.version)
+    dumped = state.model_dump(mode="json")
+    # A float field takes "nan" and "inf", which JSON cannot hold: written as null, the
+    # stored aggregate would fail every later command on it. Refused here, the command
+    # that made it is answered ERROR (a followed event dead-lettered) instead.
+    check_json(dumped, "state")
     # Validated, not `model_construct`ed: pydantic's validator builds it faster (#20).
-    return StoredAggregate(version=version, deleted=deleted, state=state.model_dump(mode="json"))
+    return StoredAggregate(version=version, deleted=deleted, state=dumped)

@@ -4,7 +4,8 @@ A handler's exception text, a refusal's reason or an event's body has no bound o
 written whole, a record over Kafka's limit fails the partition's transaction, the partition
 is taken afresh and the same command fails again, for ever. Error texts are cut where they
 are built; a decision that would still write too large a record is answered ERROR and
-dead-lettered, the aggregate as it was, and the batch goes on.
+dead-lettered, the aggregate as it was, and the batch goes on. So is one whose aggregate
+holds a number JSON cannot (NaN, infinity): written as null, it could not be read back.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import orjson
+import pytest
 from pydantic import BaseModel
 
 from app.commands.processor import CommandProcessor, state_key
@@ -234,3 +236,53 @@ async def test_an_aggregate_grown_over_the_record_bound_is_not_stored() -> None:
     assert "the aggregate after the decision" in results[2]["message"]
     stored = proc._states.stored(state_key(NOTE))
     assert stored is not None and stored.version == 2
+
+
+class Account(BaseModel):
+    ratio: float = 0.0
+
+
+accounts = AggregateType("bank", "account", Account)
+
+
+@accounts.command("bank.Set")
+def set_ratio(state: Account, cmd: Command, d: Decision) -> None:
+    d.emit("bank.Set", cmd.body)
+
+
+@accounts.applies("bank.Set")
+def ratio_set(state: Account, e: Any) -> Account:
+    # pydantic takes "nan" and "inf" for a float: JSON holds neither.
+    return state.model_copy(update={"ratio": float(e.body["ratio"])})
+
+
+ACCOUNT = AggregateRef(context="bank", aggregate="account", id="a-1")
+
+
+@pytest.mark.parametrize("ratio", ["nan", "inf", "-inf"])
+async def test_a_state_with_a_number_json_cannot_hold_is_not_stored(ratio: str) -> None:
+    log, states = Log(), MemoryAggregateStore()
+    p = partition_of(ACCOUNT.id, PARTITIONS)
+    proc = CommandProcessor(
+        accounts, p, partitions=PARTITIONS, states=states, commit=log, now=lambda: T0
+    )
+
+    def set_to(request_id: str, value: str) -> CommandEnvelope:
+        return CommandEnvelope(
+            request_id=request_id,
+            type="bank.Set",
+            aggregate=ACCOUNT,
+            issued_at=T0,
+            body={"ratio": value},
+        )
+
+    await proc.handle([record(set_to("r-1", ratio), 0), record(set_to("r-2", "0.5"), 1)])
+    results = log.last("results")
+    assert [(r["request_id"], r["code"]) for r in results] == [
+        ("r-1", ResultCode.ERROR),
+        ("r-2", ResultCode.COMMITTED),
+    ]
+    assert "is not a finite number" in results[0]["message"]
+    assert len(log.last("dead-letters")) == 1
+    stored = proc._states.stored(state_key(ACCOUNT))
+    assert stored is not None and stored.state == {"ratio": 0.5} and stored.version == 1
