@@ -73,6 +73,7 @@ from app.jobs.declaration import (
     Rule,
     effective_rule,
     instance_ids,
+    is_instance_id,
     ref_of,
     shard_ref,
 )
@@ -119,6 +120,7 @@ __all__ = [
     "enable_commands",
     "first_unheld",
     "instance_ids",
+    "is_instance_id",
     "ref_of",
     "reschedule_command",
     "run_key",

@@ -136,6 +136,22 @@ def instance_ids(context: str, job: Job, partitions: int) -> set[str]:
     return {job.name}
 
 
+def is_instance_id(job: Job, instance: str, partitions: int) -> bool:
+    """Whether `instance` is in `instance_ids` of `job`, without listing them: a SHARDED
+    instance's id `<job>~<partition>~<n>` names its partition, whose one id is found alone
+    (listing them all tries about `partitions` ids for each partition)."""
+    if job.scope is not JobScope.SHARDED:
+        return instance == job.name
+    parts = instance.split("~")
+    if len(parts) != 3 or parts[0] != job.name:
+        return False
+    partition = parts[1]
+    # isascii: isdigit() is true of "²", which int() refuses.
+    if not (partition.isascii() and partition.isdigit()) or int(partition) >= partitions:
+        return False
+    return instance == _shard_id(job.name, int(partition), partitions)
+
+
 def effective_rule(
     default: Rule, override: Mapping[str, Any] | None, *, strict: bool = False
 ) -> Rule:

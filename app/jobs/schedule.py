@@ -34,7 +34,7 @@ from app.jobs.declaration import (
     JobScope,
     Rule,
     effective_rule,
-    instance_ids,
+    is_instance_id,
 )
 from app.jobs.schedule_state import ScheduleState, apply_schedule_event
 from app.model.aggregate import AggregateType, Command, Decision
@@ -299,7 +299,7 @@ class _ScheduleModel:
                 f"job {name!r} is {job.scope}: its instances are in the default tenant "
                 f"{DEFAULT_TENANT!r}, not in {ref.tenant!r}",
             )
-        if ref.id not in instance_ids(self.context, job, self.partitions):
+        if not is_instance_id(job, ref.id, self.partitions):
             expected = (
                 f"shard_ref(context, {name!r}, partition, {self.partitions}) gives them"
                 if job.scope is JobScope.SHARDED

@@ -17,10 +17,14 @@ from app.jobs import (
     Job,
     JobRun,
     JobScope,
+    declaration,
     disable_command,
     enable_command,
+    instance_ids,
+    is_instance_id,
     ref_of,
     schedule_aggregate,
+    shard_ref,
 )
 from app.kafka import OutRecord, Record
 from app.model.decide import fold
@@ -102,3 +106,56 @@ async def test_another_writers_malformed_schedule_event_is_not_folded(
     # The instance goes on.
     await proc.handle([record(disable_command("ops", JOB, now=T0, request_id="dis-1"), 6)])
     assert [r["code"] for r in log.results()] == [ResultCode.COMMITTED]
+
+
+@pytest.mark.parametrize("partitions", [1, 3, 16])
+def test_an_instance_id_is_checked_without_listing_every_partitions(partitions: int) -> None:
+    sweep = Job("sweep", JobScope.SHARDED, IntervalRule(start=0, every=MIN), handler)
+    ids = instance_ids("ops", sweep, partitions)
+    near = {f"sweep~{p}~{n}" for p in range(partitions + 2) for n in range(3 * partitions)}
+    odd = {
+        "sweep",
+        "nightly",
+        "sweep~0",
+        "sweep~~0",
+        "sweep~0~0~0",
+        "sweep~²~0",
+        "sweep~-1~0",
+        "nightly~0~0",
+        f"sweep~{10**400}~0",
+        shard_ref("ops", sweep, 0, partitions).id.replace("~0~", "~00~"),
+    }
+    for candidate in ids | near | odd:
+        assert is_instance_id(sweep, candidate, partitions) == (candidate in ids), candidate
+    assert all(is_instance_id(sweep, i, partitions) for i in ids)
+    assert is_instance_id(JOB, "nightly", partitions)
+    assert not is_instance_id(JOB, "nightly~0~0", partitions)
+
+
+async def test_enabling_a_sharded_instance_finds_one_partitions_id_only(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each id of a partition takes about `partitions` tries to find: an Enable finding
+    every partition's (1,024 partitions: ~2.5 s) blocked its partition that long."""
+    partitions = 16
+    sweep = Job("sweep", JobScope.SHARDED, IntervalRule(start=0, every=MIN), handler)
+    agg = schedule_aggregate("ops", [sweep], partitions)
+    found: list[int] = []
+    shard_id = declaration._shard_id
+
+    def counted(job: str, partition: int, partitions: int) -> str:
+        found.append(partition)
+        return shard_id(job, partition, partitions)
+
+    ref = shard_ref("ops", sweep, 5, partitions)
+    cmd = enable_command("ops", sweep, partition=5, partitions=partitions, now=T0)
+    monkeypatch.setattr(declaration, "_shard_id", counted)
+    p = partition_of(ref.id, partitions)
+    log = Log()
+    proc = CommandProcessor(
+        agg, p, partitions=partitions, states=MemoryAggregateStore(), commit=log, now=lambda: T0
+    )
+    record = Record("ops.schedule.commands", p, 0, ref.id.encode(), encode(cmd), T0)
+    await proc.handle([record])
+    assert [r["code"] for r in log.results()] == [ResultCode.COMMITTED]
+    assert found == [5]
