@@ -46,6 +46,7 @@ __all__ = [
     "latest_due",
     "next_slot",
     "nth_slot",
+    "reachable",
     "slots_between",
 ]
 
@@ -134,6 +135,27 @@ def nth_slot(rule: ScheduleRule, n: int) -> Slot | None:
         if index == n:
             return _within(rule, Slot(n, due))
     return None
+
+
+def reachable(rule: ScheduleRule, index: int, set_at: int, by: int) -> bool:
+    """Whether slot `index` of a timer of `rule` set at `set_at` may be due at or before
+    `by`: what a command claiming to be that slot, sent no later than `by`, must pass.
+
+    Exact for once and interval rules. A cron timer's indices count from its first slot,
+    due at or after `max(start, set_at)`, and each step of an index stands for one match
+    or more, which are `_resolution` apart at least (even where `latest_due` estimates
+    them): slot `index` is due `index` resolutions after that at the earliest.
+    """
+    if index < 0:
+        return False
+    if isinstance(rule, OnceRule):
+        return index == 0 and rule.at <= by
+    if isinstance(rule, IntervalRule):
+        slot = _interval_slot(rule, index)
+        return slot is not None and slot.due_at <= by
+    if rule.count is not None and index >= rule.count:
+        return False
+    return max(rule.start, set_at) + index * _resolution(rule) <= by
 
 
 def latest_due(rule: ScheduleRule, slot: Slot, now: int) -> Slot:

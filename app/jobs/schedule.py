@@ -42,6 +42,8 @@ from app.model.decide import cut_message
 from app.protocol.wire import SCHEDULE_CANCELLED, SCHEDULE_SET, ResultCode
 from tables import DEFAULT_TENANT, CommandSpec, OnceRule
 from tables.exceptions import InvalidRule
+from tables.rules import parse_rule
+from tables.slots import reachable
 
 logger = logging.getLogger(__name__)
 
@@ -142,6 +144,12 @@ class _ScheduleModel:
             return
         # A timer's send always carries its slot's due time; a hand-made tick is due now.
         due_at = cmd.not_before if cmd.not_before is not None else d.now
+        if not _reachable(state, slot, due_at):
+            # Taken, it would run no real slot up to it: the job would stop, silently.
+            d.reject(
+                f"slot {slot} of {timer_id} is not due by {due_at} under its rule: a "
+                f"{TICK} is its timer's send of a slot that is due"
+            )
         d.emit(TICKED, {"slot": slot, "due_at": due_at, "timer_id": timer_id})
         # The handler decides into a scratch decision: a failure keeps none of its commands.
         scratch = Decision(
@@ -349,6 +357,18 @@ def _run_handler(job: Job, run: JobRun) -> str | None:
         logger.exception("job %s on slot %d of %s %s", job.name, run.slot, run.instance, what)
         return cut_message(repr(exc))
     return None
+
+
+def _reachable(state: ScheduleState, slot: int, by: int) -> bool:
+    """Whether `slot` of the instance's tick timer may be due by `by` under the timer's
+    rule (`tables.slots.reachable`); True when there is no rule to tell."""
+    if state.rule is None:
+        return True
+    try:
+        rule = parse_rule(state.rule)
+    except InvalidRule:
+        return True  # not this check's to refuse: the timer table has the rule it fires by
+    return reachable(rule, slot, state.timer_set_at or 0, by)
 
 
 def _is_count(value: object) -> TypeGuard[int]:

@@ -37,6 +37,8 @@ class ScheduleState(BaseModel):
     """The rule of the current `tick` timer, as scheduled."""
     timer_id: str | None = None
     """The current `tick` timer: ticks of any other are of an older one."""
+    timer_set_at: int | None = None
+    """When the current `tick` timer was set: its first slot is due no earlier."""
     last_slot: int | None = None
     """The last slot of `timer_id` that ran."""
     last_due_at: int | None = None
@@ -60,8 +62,13 @@ def apply_schedule_event(state: ScheduleState, e: Event) -> ScheduleState:
         TRIGGERED: {},
         BACKFILLED: {},
         # The event's id is the new timer's id: its slots count afresh.
-        SCHEDULE_SET: {"timer_id": e.id, "rule": body.get("rule"), "last_slot": None},
-        SCHEDULE_CANCELLED: {"timer_id": None, "last_slot": None},
+        SCHEDULE_SET: {
+            "timer_id": e.id,
+            "timer_set_at": e.created_at,
+            "rule": body.get("rule"),
+            "last_slot": None,
+        },
+        SCHEDULE_CANCELLED: {"timer_id": None, "timer_set_at": None, "last_slot": None},
     }
     update = updates[e.type]
     if not update:

@@ -105,7 +105,9 @@ class Instance:
     def tick(self, slot: int, timer_id: str | None = None, due_at: int | None = None) -> Decided:
         timer = timer_id or self.state.timer_id
         assert timer is not None
-        due = self.now if due_at is None else due_at
+        # By default when the slot may be due: a minute a slot after now, which is after the
+        # timer was set (the rules here fire a minute apart at least).
+        due = self.now + slot * 60_000 if due_at is None else due_at
         ref = self.log[-1].aggregate
         return self.run(tick_command(ref, timer, slot, due), now=due)
 
@@ -668,6 +670,7 @@ def test_the_handler_runs_once_per_newer_slot_in_order(slots: list[int], dedup: 
             expected.append(slot)
         if not dedup:
             instance.seen.clear()  # with or without the request-id dedup in front
-        instance.tick(slot, due_at=1_000_000 + slot)
+        # Slot n of the nightly timer set at 1_000_001 is due n minutes after it at least.
+        instance.tick(slot, due_at=2_000_000 + slot * 60_000)
     assert [r.slot for r in recorder.runs] == expected
-    assert [r.due_at for r in recorder.runs] == [1_000_000 + s for s in expected]
+    assert [r.due_at for r in recorder.runs] == [2_000_000 + s * 60_000 for s in expected]

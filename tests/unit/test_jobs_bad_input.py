@@ -13,6 +13,7 @@ import pytest
 from app.commands.processor import CommandProcessor, state_key
 from app.jobs import (
     ENABLED,
+    TICK,
     TICKED,
     Job,
     JobRun,
@@ -27,11 +28,12 @@ from app.jobs import (
     shard_ref,
 )
 from app.kafka import OutRecord, Record
-from app.model.decide import fold
+from app.model.decide import Decided, StoredAggregate, decide, fold
 from app.protocol.wire import CommandEnvelope, EventEnvelope, ResultCode, encode
-from tables import IntervalRule
+from tables import CronRule, IntervalRule, OnceRule
 from tables.aggregate_store import MemoryAggregateStore
 from tables.partitioner import partition_of
+from tables.slots import caught_up, first_slot, reachable
 
 T0 = 1_800_000_000_000
 MIN = 60_000
@@ -159,3 +161,80 @@ async def test_enabling_a_sharded_instance_finds_one_partitions_id_only(
     await proc.handle([record])
     assert [r["code"] for r in log.results()] == [ResultCode.COMMITTED]
     assert found == [5]
+
+
+# --- a tick of a slot its rule has not reached -----------------------------------------------
+
+
+def ticked(
+    agg: Any, stored: StoredAggregate, timer_id: str, slot: int, now: int, due: int | None
+) -> Decided:
+    tick = CommandEnvelope(
+        request_id=f"{timer_id}#{slot}", type=TICK, aggregate=REF, issued_at=now, not_before=due
+    )
+    return decide(agg, stored, tick, now=now, seen=False)
+
+
+def enabled_at(agg: Any, job: Job, now: int) -> tuple[StoredAggregate, str]:
+    d = decide(agg, None, enable_command("ops", job, now=now), now=now, seen=False)
+    assert d.code is ResultCode.COMMITTED and d.stored is not None
+    return d.stored, d.stored.state["timer_id"]
+
+
+@pytest.mark.parametrize("slot", [2**63 - 1, 2**70, 30_000_001])
+@pytest.mark.parametrize("not_before", [T0, None])
+def test_a_tick_of_a_slot_not_due_yet_is_rejected(slot: int, not_before: int | None) -> None:
+    """Taken, a hand-made tick of a far slot made every real slot up to it a slot already
+    run: the job stopped, every later tick UNCHANGED."""
+    runs.clear()
+    stored, timer_id = enabled_at(AGG, JOB, T0)
+    d = ticked(AGG, stored, timer_id, slot, T0, not_before)
+    assert d.code is ResultCode.REJECTED
+    assert f"slot {slot} of {timer_id} is not due by {T0}" in d.message
+    assert runs == []
+    # The real slot due now runs.
+    real = T0 // MIN
+    d = ticked(AGG, stored, timer_id, real, T0, real * MIN)
+    assert d.code is ResultCode.COMMITTED
+    assert runs == [real]
+
+
+def test_a_slot_is_checked_against_its_due_time_not_only_now() -> None:
+    stored, timer_id = enabled_at(AGG, JOB, T0)
+    slot = T0 // MIN
+    # Due at slot * MIN: sent as due one minute before that, it is no send of its timer.
+    assert ticked(AGG, stored, timer_id, slot, T0, T0 - MIN).code is ResultCode.REJECTED
+    assert ticked(AGG, stored, timer_id, slot, T0, T0).code is ResultCode.COMMITTED
+
+
+@pytest.mark.parametrize("expr", ["* * * * *", "*/5 * * * *", "0 3 * * *", "*/10 * * * * *"])
+def test_a_cron_timers_caught_up_slot_ticks_and_a_later_one_is_rejected(expr: str) -> None:
+    """After a long stop a coalescing timer sends the latest slot due, its index estimated
+    past `MAX_CRON_STEPS` (one per minute, or second): it is taken, one far past it not."""
+    job = Job("nightly", JobScope.SYSTEM, CronRule(expr=expr), handler)
+    agg = schedule_aggregate("ops", [job], PARTITIONS)
+    stored, timer_id = enabled_at(agg, job, T0)
+    rule = CronRule(expr=expr)
+    first = first_slot(rule, T0)
+    assert first is not None
+    now = T0 + 40 * 24 * 3_600_000
+    latest = caught_up(rule, first, now).slot
+    assert latest.index > 0
+    assert ticked(agg, stored, timer_id, latest.index, now, latest.due_at).code is (
+        ResultCode.COMMITTED
+    )
+    far = latest.index + 41 * 24 * 3_600
+    assert ticked(agg, stored, timer_id, far, now, latest.due_at).code is ResultCode.REJECTED
+
+
+def test_reachable_slots_of_each_kind_of_rule() -> None:
+    every = IntervalRule(start=1_000, every=10, count=5)
+    assert reachable(every, 4, 0, 1_040) and not reachable(every, 4, 0, 1_039)
+    assert not reachable(every, 5, 0, 10**12)  # past its count
+    once = OnceRule(at=500)
+    assert reachable(once, 0, 10**6, 500) and not reachable(once, 1, 0, 10**6)
+    assert not reachable(once, 0, 0, 499)
+    cron = CronRule(expr="* * * * *", count=3)
+    assert reachable(cron, 2, 60_000, 180_000) and not reachable(cron, 2, 60_000, 179_999)
+    assert not reachable(cron, 3, 0, 10**12)
+    assert not reachable(every, -1, 0, 10**12)
