@@ -277,7 +277,7 @@ def list_(
 
 
 def _state_json(s: InstanceState) -> dict[str, Any]:
-    return {"tenant": s.tenant, "id": s.id, "version": s.version, **s.state.model_dump()}
+    return s.as_json()
 
 
 def _state_line(s: InstanceState) -> str:
@@ -289,4 +289,6 @@ def _state_line(s: InstanceState) -> str:
         due = "?" if st.last_due_at is None else time_iso(st.last_due_at)
         last = f"slot {st.last_slot} due {due}"
     rule = orjson.dumps(st.rule).decode() if st.rule else "-"
-    return f"{s.tenant}/{s.id}: {status}, override {override}, rule {rule}, last run {last}"
+    line = f"{s.tenant}/{s.id}: {status}, override {override}, rule {rule}, last run {last}"
+    # One line: an error's text may span several (a validation error's does).
+    return line if s.error is None else f"{line}; {' '.join(s.error.split())}"

@@ -15,7 +15,7 @@ from typing import Any
 from app.errors import BadRecord
 from app.jobs import SCHEDULE, Job, ScheduleState, schedule_aggregate
 from app.kafka.ports import LogReader, Publisher
-from app.model.decide import StoredAggregate, fold
+from app.model.decide import StoredAggregate, cut_message, fold
 from app.protocol.topics import AggregateTopics, ContextTopics
 from app.protocol.wire import CommandEnvelope, CommandResult, EventEnvelope, decode, encode
 from tables import AggregateRef
@@ -90,6 +90,8 @@ class InstanceState:
     id: str
     version: int
     state: ScheduleState
+    error: str | None = None
+    """Why events of the instance could not be folded (passed over, as the workers do)."""
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -97,25 +99,51 @@ class InstanceState:
             "id": self.id,
             "version": self.version,
             **self.state.model_dump(),
+            **({"error": self.error} if self.error is not None else {}),
         }
 
 
 def fold_instances(
     context: str, jobs: Iterable[Job], partitions: int, events: Iterable[EventEnvelope]
 ) -> list[InstanceState]:
-    """The instances of `context`'s jobs folded from their events (in log order)."""
+    """The instances of `context`'s jobs folded from their events (in log order). An event
+    that cannot be folded (another writer's) is passed over, as the workers pass it over
+    (dead-lettered), and its instance says so (`InstanceState.error`): one bad instance
+    does not hide the others."""
     type_name = AggregateTopics(context, SCHEDULE).type_name
     agg = schedule_aggregate(context, jobs, partitions)
     stored: dict[tuple[str, str], StoredAggregate] = {}
+    errors: dict[tuple[str, str], list[str]] = {}
     for event in events:
         if event.aggregate.type_name != type_name:
             continue
         key = (event.aggregate.tenant, event.aggregate.id)
-        stored[key] = fold(agg, stored.get(key), [event])
+        try:
+            stored[key] = fold(agg, stored.get(key), [event])
+        except Exception as exc:
+            why = cut_message(f"{type(exc).__name__}: {exc}")
+            errors.setdefault(key, []).append(f"event {event.id} (version {event.version}): {why}")
     return [
-        InstanceState(t, i, s.version, ScheduleState.model_validate(s.state))
-        for (t, i), s in sorted(stored.items())
+        InstanceState(
+            t,
+            i,
+            s.version,
+            ScheduleState.model_validate(s.state),
+            _passed_over(errors.get((t, i), [])),
+        )
+        for (t, i), s in sorted({**dict.fromkeys(errors, _NEVER), **stored}.items())
     ]
+
+
+_NEVER = StoredAggregate()
+"""An instance none of whose events could be folded."""
+
+
+def _passed_over(errors: list[str]) -> str | None:
+    if not errors:
+        return None
+    more = f" (and {len(errors) - 1} more events passed over)" if len(errors) > 1 else ""
+    return f"passed over {errors[0]}{more}"
 
 
 async def _events(reader: LogReader, topic: str, partitions: Iterable[int]) -> list[EventEnvelope]:

@@ -29,6 +29,7 @@ from app.jobs import (
 )
 from app.kafka import OutRecord, Record
 from app.model.decide import Decided, StoredAggregate, decide, fold
+from app.ops.job_log import fold_instances
 from app.protocol.wire import CommandEnvelope, EventEnvelope, ResultCode, encode
 from tables import CronRule, IntervalRule, OnceRule
 from tables.aggregate_store import MemoryAggregateStore
@@ -238,3 +239,42 @@ def test_reachable_slots_of_each_kind_of_rule() -> None:
     assert reachable(cron, 2, 60_000, 180_000) and not reachable(cron, 2, 60_000, 179_999)
     assert not reachable(cron, 3, 0, 10**12)
     assert not reachable(every, -1, 0, 10**12)
+
+
+# --- the instances' states as an operator reads them ----------------------------------------
+
+
+def test_an_instance_whose_events_cannot_be_folded_is_listed_with_why() -> None:
+    """`GET /jobs?state=true` and `jobs list --state` fold every instance of a context: one
+    bad event used to fail them all (a 500, a traceback)."""
+    report = Job("report", JobScope.TENANT, CronRule(expr="0 8 * * 1"), handler)
+    other = ref_of("ops", report, "t1")
+
+    def enabled_event(ref: Any, version: int, body: dict[str, Any]) -> EventEnvelope:
+        return EventEnvelope(
+            id=f"{ref.id}/{version}",
+            type=ENABLED,
+            aggregate=ref,
+            version=version,
+            created_at=T0,
+            body=body,
+        )
+
+    good = enabled_event(REF, 1, {"job": "nightly", "override": None})
+    bad = enabled_event(REF, 2, {"job": ["nightly"]})
+    worse = enabled_event(REF, 3, {"job": 5})
+    only_bad = enabled_event(ref_of("ops", report, "t2"), 1, {"job": 5})
+    fine = enabled_event(other, 1, {"job": "report"})
+    listed = fold_instances("ops", [JOB, report], PARTITIONS, [fine, good, bad, worse, only_bad])
+    by_id = {(s.tenant, s.id): s for s in listed}
+    assert by_id[("t1", "report")].error is None
+    assert by_id[("t1", "report")].state.enabled
+    nightly = by_id[(REF.tenant, "nightly")]
+    assert (nightly.version, nightly.state.job, nightly.state.enabled) == (1, "nightly", True)
+    assert nightly.error is not None
+    assert nightly.error.startswith(f"passed over event {REF.id}/2 (version 2): ValidationError")
+    assert nightly.error.endswith("(and 1 more events passed over)")
+    assert nightly.as_json()["error"] == nightly.error
+    assert "error" not in by_id[("t1", "report")].as_json()
+    never = by_id[("t2", "report")]
+    assert (never.version, never.state.enabled, never.error is not None) == (0, False, True)
