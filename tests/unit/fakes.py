@@ -33,6 +33,7 @@ from pydantic import BaseModel
 from app.errors import TickwheelError
 from app.kafka.clients import KafkaClients
 from app.kafka.ports import Clients
+from app.kafka.records import OutRecord
 from app.model.aggregate import AggregateType, Command, Decision
 from app.node.metrics import NodeMetrics
 from app.node.settings import Settings
@@ -571,3 +572,23 @@ def doc_modules(path: Path) -> dict[str, str]:
             assert named[1] not in found, f"{path.name} shows {named[1]}.py twice"
             found[named[1]] = code
     return found
+
+
+class CommitLog:
+    """A `CommandProcessor`'s commit: what each of its transactions wrote, offsets counted
+    from 0 over them all."""
+
+    def __init__(self) -> None:
+        self.commits: list[list[OutRecord]] = []
+        self.n = 0
+
+    async def __call__(
+        self, records: Sequence[OutRecord], offsets: dict[tuple[str, int], int]
+    ) -> list[int]:
+        self.commits.append(list(records))
+        first, self.n = self.n, self.n + len(records)
+        return list(range(first, self.n))
+
+    def last(self, topic_end: str) -> list[dict[str, Any]]:
+        """The JSON of the last transaction's records of the topics named so at the end."""
+        return [json.loads(r[3] or b"") for r in self.commits[-1] if r[0].endswith(topic_end)]

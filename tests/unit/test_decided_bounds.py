@@ -10,11 +10,10 @@ holds a number JSON cannot (NaN, infinity): written as null, it could not be rea
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
-import orjson
 import pytest
+from fakes import CommitLog
 from pydantic import BaseModel
 
 from app.commands.processor import CommandProcessor, state_key
@@ -30,7 +29,7 @@ from app.jobs import (
     schedule_aggregate,
     trigger_command,
 )
-from app.kafka import OutRecord, Record
+from app.kafka import Record
 from app.model.aggregate import AggregateType, Command, Decision
 from app.protocol.limits import InputLimits
 from app.protocol.wire import CommandEnvelope, ResultCode, encode
@@ -45,25 +44,7 @@ HUGE = "x" * 1_500_000
 LIMIT = InputLimits().max_record_bytes
 
 
-class Log:
-    """The partition's transactions: what each wrote."""
-
-    def __init__(self) -> None:
-        self.commits: list[list[OutRecord]] = []
-        self.n = 0
-
-    async def __call__(
-        self, records: Sequence[OutRecord], offsets: dict[tuple[str, int], int]
-    ) -> list[int]:
-        self.commits.append(list(records))
-        first, self.n = self.n, self.n + len(records)
-        return list(range(first, self.n))
-
-    def last(self, topic_end: str) -> list[dict[str, Any]]:
-        return [orjson.loads(r[3] or b"") for r in self.commits[-1] if r[0].endswith(topic_end)]
-
-
-def within_bounds(log: Log) -> None:
+def within_bounds(log: CommitLog) -> None:
     for records in log.commits:
         for r in records:
             assert r[3] is None or len(r[3]) <= LIMIT, (r[0], len(r[3]))
@@ -78,8 +59,8 @@ REF = ref_of("ops", JOB)
 P = partition_of(REF.id, PARTITIONS)
 
 
-def job_processor() -> tuple[CommandProcessor, Log]:
-    log = Log()
+def job_processor() -> tuple[CommandProcessor, CommitLog]:
+    log = CommitLog()
     agg = schedule_aggregate("ops", [JOB], PARTITIONS)
     states = MemoryAggregateStore()
     return CommandProcessor(
@@ -167,8 +148,8 @@ def note(request_id: str, type_: str, **body: Any) -> CommandEnvelope:
     )
 
 
-def note_processor() -> tuple[CommandProcessor, Log, MemoryAggregateStore]:
-    log, states = Log(), MemoryAggregateStore()
+def note_processor() -> tuple[CommandProcessor, CommitLog, MemoryAggregateStore]:
+    log, states = CommitLog(), MemoryAggregateStore()
     p = partition_of(NOTE.id, PARTITIONS)
     proc = CommandProcessor(
         notes, p, partitions=PARTITIONS, states=states, commit=log, now=lambda: T0
@@ -261,7 +242,7 @@ ACCOUNT = AggregateRef(context="bank", aggregate="account", id="a-1")
 
 @pytest.mark.parametrize("ratio", ["nan", "inf", "-inf"])
 async def test_a_state_with_a_number_json_cannot_hold_is_not_stored(ratio: str) -> None:
-    log, states = Log(), MemoryAggregateStore()
+    log, states = CommitLog(), MemoryAggregateStore()
     p = partition_of(ACCOUNT.id, PARTITIONS)
     proc = CommandProcessor(
         accounts, p, partitions=PARTITIONS, states=states, commit=log, now=lambda: T0

@@ -4,11 +4,10 @@ without listing every partition's."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
-import orjson
 import pytest
+from fakes import CommitLog
 
 from app.commands.processor import CommandProcessor, state_key
 from app.jobs import (
@@ -27,7 +26,7 @@ from app.jobs import (
     schedule_aggregate,
     shard_ref,
 )
-from app.kafka import OutRecord, Record
+from app.kafka import Record
 from app.model.decide import Decided, StoredAggregate, decide, fold
 from app.ops.job_log import fold_instances
 from app.protocol.wire import CommandEnvelope, EventEnvelope, ResultCode, encode
@@ -52,29 +51,13 @@ P = partition_of(REF.id, PARTITIONS)
 AGG = schedule_aggregate("ops", [JOB], PARTITIONS)
 
 
-class Log:
-    def __init__(self) -> None:
-        self.commits: list[list[OutRecord]] = []
-        self.n = 0
-
-    async def __call__(
-        self, records: Sequence[OutRecord], offsets: dict[tuple[str, int], int]
-    ) -> list[int]:
-        self.commits.append(list(records))
-        first, self.n = self.n, self.n + len(records)
-        return list(range(first, self.n))
-
-    def results(self) -> list[dict[str, Any]]:
-        return [orjson.loads(r[3] or b"") for r in self.commits[-1] if r[0] == "ops.results"]
-
-
 def record(cmd: CommandEnvelope, offset: int) -> Record:
     return Record("ops.schedule.commands", P, offset, REF.id.encode(), encode(cmd), T0)
 
 
-async def enabled(now: int = T0) -> tuple[CommandProcessor, Log, str]:
+async def enabled(now: int = T0) -> tuple[CommandProcessor, CommitLog, str]:
     """An instance of JOB enabled at `now`; its processor, log and tick timer's id."""
-    log = Log()
+    log = CommitLog()
     proc = CommandProcessor(
         AGG, P, partitions=PARTITIONS, states=MemoryAggregateStore(), commit=log, now=lambda: now
     )
@@ -108,7 +91,7 @@ async def test_another_writers_malformed_schedule_event_is_not_folded(
 
     # The instance goes on.
     await proc.handle([record(disable_command("ops", JOB, now=T0, request_id="dis-1"), 6)])
-    assert [r["code"] for r in log.results()] == [ResultCode.COMMITTED]
+    assert [r["code"] for r in log.last("ops.results")] == [ResultCode.COMMITTED]
 
 
 @pytest.mark.parametrize("partitions", [1, 3, 16])
@@ -154,13 +137,13 @@ async def test_enabling_a_sharded_instance_finds_one_partitions_id_only(
     cmd = enable_command("ops", sweep, partition=5, partitions=partitions, now=T0)
     monkeypatch.setattr(declaration, "_shard_id", counted)
     p = partition_of(ref.id, partitions)
-    log = Log()
+    log = CommitLog()
     proc = CommandProcessor(
         agg, p, partitions=partitions, states=MemoryAggregateStore(), commit=log, now=lambda: T0
     )
     record = Record("ops.schedule.commands", p, 0, ref.id.encode(), encode(cmd), T0)
     await proc.handle([record])
-    assert [r["code"] for r in log.results()] == [ResultCode.COMMITTED]
+    assert [r["code"] for r in log.last("ops.results")] == [ResultCode.COMMITTED]
     assert found == [5]
 
 

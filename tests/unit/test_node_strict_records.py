@@ -13,43 +13,17 @@ from typing import Any
 import orjson
 import pytest
 from fakes import RunningNode, wait_until
-from pydantic import BaseModel
+from test_node_memory import PARTITIONS, SERVICE, TOPICS
 
 from app.kafka.memory import MemoryLog
-from app.model.aggregate import AggregateType, Command, Decision, Event
 from app.protocol.dead_letters import DeadLetter
-from app.protocol.topics import AggregateTopics, ContextTopics
+from app.protocol.topics import ContextTopics
 from app.protocol.wire import CommandEnvelope, EventEnvelope, decode, encode
-from app.service import Service
-from tables import AggregateRef, CommandSpec, OnceRule
+from tables import AggregateRef
 from tables.partitioner import partition_of
 
-PARTITIONS = 2
 INT = "Input should be a valid integer"
 CONTROL = "Value error, holds the control character"
-TOPICS = AggregateTopics("mem", "counter")
-
-
-class Counter(BaseModel):
-    fired: int = 0
-
-
-counter = AggregateType("mem", "counter", Counter)
-
-
-@counter.command("Schedule")
-def _schedule(state: Counter, cmd: Command, d: Decision) -> None:
-    d.schedule("k", OnceRule(at=int(cmd.body["at"])), CommandSpec(type="Fire"))
-
-
-@counter.command("Fire")
-def _fire(state: Counter, cmd: Command, d: Decision) -> None:
-    d.emit("Fired", {"n": state.fired + 1})
-
-
-@counter.applies("Fired")
-def _fired(state: Counter, e: Event) -> Counter:
-    return state.model_copy(update={"fired": e.body["n"]})
 
 
 @pytest.fixture
@@ -59,7 +33,7 @@ async def log() -> AsyncIterator[MemoryLog]:
 
 @pytest.fixture
 async def node(log: MemoryLog, tmp_path: Path) -> AsyncIterator[RunningNode]:
-    n = await RunningNode(log, tmp_path, "a", Service(aggregates=(counter,)), PARTITIONS).start()
+    n = await RunningNode(log, tmp_path, "a", SERVICE, PARTITIONS).start()
     yield n
     await n.stop()
 
