@@ -309,13 +309,13 @@ class Node:
         ]
         try:
             await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+            if self._failure is not None:
+                raise self._failure  # why it failed (the poll loop returns after `fail`)
             for task in (committer, reader, watch):
                 if task.done():
                     # Never a quiet end (a cancellation leaking out of a client library
                     # included): the worker would exit 0 with its partitions unworked.
                     raise NodeFailed(f"{task.get_name()} {_ended(task)}")
-            if self._failure is not None:
-                raise self._failure
         finally:
             for task in [*tasks, *naming.values()]:
                 task.cancel()

@@ -101,9 +101,7 @@ class PartitionTask:
         # The loop of p's own timer rounds over its firing (ended by its close).
         self.timer_loop: PartitionTimerLoop | None = None
         # When its transaction commits (a failed commit fails the task).
-        self.commits = PartitionCommits(
-            key, self.failed, self._transaction, landed=functools.partial(self.worked, A_COMMIT)
-        )
+        self.commits = self._new_commits()
         self._taking: asyncio.Task[None] | None = None
         # The group took p away: no take starts any more (a failure meanwhile included).
         self._leaving = False
@@ -203,12 +201,6 @@ class PartitionTask:
         s.consumer.pause(mine)
         if self._leaving:
             return  # being revoked: closed dirty there (it is suspended), never taken again
-        if refused(exc):
-            # An ACL or the credentials (a commands topic of another context not writable):
-            # every retake would fail the same way, so the node stops, loudly, as a take
-            # refused does.
-            self._manager.fail(f"{self.key}: {what} refused: {exc}")
-            return
         delay = 2 * s.settings.session_timeout_ms / 1000 if fenced else retake_after(failing)
         self.take({t for t, _ in mine}, after_failure=delay)
 
@@ -351,7 +343,11 @@ class PartitionTask:
         """A closed task is created again, to be taken afresh (its commits anew: none of
         its earlier ones, failed or abandoned, says anything of the next take's)."""
         self._to(TaskState.CREATED)
-        self.commits = PartitionCommits(self.key, self.failed, self._transaction)
+        self.commits = self._new_commits()
+
+    def _new_commits(self) -> PartitionCommits:
+        landed = functools.partial(self.worked, A_COMMIT)
+        return PartitionCommits(self.key, self.failed, self._transaction, landed=landed)
 
     async def _take(self, topics: set[str]) -> None:
         self._to(TaskState.RESTORING)

@@ -6,6 +6,8 @@ while `/healthz` says ready."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from pathlib import Path
 from typing import Any, cast
 
 import pytest
@@ -15,8 +17,12 @@ from aiokafka.errors import (
     InvalidSessionTimeoutError,
     KafkaConnectionError,
 )
+from fakes import RunningNode, wait_until
+from test_node_memory import PARTITIONS, SERVICE
 
-from app.errors import KafkaUnavailable
+from app.errors import KafkaUnavailable, NodeFailed
+from app.kafka.memory import MemoryLog
+from app.kafka.memory_group import MemoryGroupMember
 from app.kafka.ports import GroupMember
 from app.node.polling import poll_loop
 
@@ -77,3 +83,27 @@ async def test_the_group_in_flux_is_retried() -> None:
     assert not loop.done() and failed == [] and consumer.polls == 2
     loop.cancel()
     await asyncio.gather(loop, return_exceptions=True)
+
+
+async def test_the_nodes_run_ends_with_the_reason(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The poll loop returns after telling the node why: its run raises that, not
+    'the reader returned' (the worker's last words say what an operator must fix)."""
+    log = MemoryLog()
+    node = await RunningNode(log, tmp_path, "a", SERVICE, PARTITIONS).start()
+
+    async def refused(self: MemoryGroupMember, timeout_ms: int = 500) -> None:
+        cause = GroupAuthorizationFailedError("g")
+        raise KafkaUnavailable(f"poll failed: {cause!r}") from cause
+
+    try:
+        await wait_until(node.runs)
+        monkeypatch.setattr(MemoryGroupMember, "poll", refused)
+        assert node.task is not None
+        with pytest.raises(NodeFailed, match="the group consumer was refused"):
+            await asyncio.wait_for(node.task, 5)
+    finally:
+        monkeypatch.undo()
+        with contextlib.suppress(NodeFailed):
+            await node.stop()
