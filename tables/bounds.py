@@ -20,6 +20,7 @@ __all__ = [
     "Interval",
     "JsonObject",
     "Version",
+    "check_finite",
     "check_json",
 ]
 
@@ -112,6 +113,32 @@ def _check_json(value: Any, where: str, depth: int) -> None:
             _check_json(item, f"{where}.{key}", depth + 1)
     else:
         raise ValueError(f"{where}: {type(value).__name__} is not JSON")
+
+
+def check_finite(value: Any, where: str = "state") -> None:
+    """`ValueError` where `value` holds a float that JSON cannot (NaN, an infinity: orjson
+    writes it as null). Only that: a stored aggregate holding a number past 64 bits or
+    nested deep (which `check_json` refuses in a record) was written and read back before,
+    and must still be."""
+    stack: list[Any] = [value]
+    while stack:  # a plain walk first: a state is checked at every command
+        item = stack.pop()
+        t = type(item)
+        if t is dict:
+            stack.extend(item.values())
+        elif t is list:
+            stack.extend(item)
+        elif t is float and not math.isfinite(item):
+            _say_not_finite(value, where)
+
+
+def _say_not_finite(value: Any, where: str) -> None:
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"{where}: {value} is not a finite number")
+    if isinstance(value, dict | list):
+        items = value.items() if isinstance(value, dict) else enumerate(value)
+        for key, item in items:
+            _say_not_finite(item, f"{where}.{key}")
 
 
 def _checked(value: dict[str, Any]) -> dict[str, Any]:

@@ -313,7 +313,7 @@ class CommandProcessor:
             ]
             out += [command_record(c) for c in d.commands]
             state = encode(d.stored)
-            self._check_sizes(out, state)
+            self._check_sizes(out)
             batch.staged[aid] = d.stored
             batch.encoded[aid] = state
             batch.applied.add((aid, cmd.request_id))
@@ -327,10 +327,12 @@ class CommandProcessor:
         version = d.stored.version if d.stored else (stored.version if stored else None)
         return d, version
 
-    def _check_sizes(self, out: list[OutRecord], state: bytes) -> None:
-        """`RecordTooLarge` when a record the decision writes, or the aggregate it stores,
-        is over `max_record_bytes`: larger, it may fail the transaction (Kafka's 1 MiB by
-        default) at every retake, and this node's own reader would refuse it anyway."""
+    def _check_sizes(self, out: list[OutRecord]) -> None:
+        """`RecordTooLarge` when a record the decision writes is over `max_record_bytes`:
+        larger, it may fail the transaction (Kafka's 1 MiB by default) at every retake, and
+        this node's own reader would refuse it anyway. Not the aggregate it stores: no
+        record holds that (it is folded from the events), and one grown past the bound
+        before must still take commands."""
         bound = self.limits.max_record_bytes
         for record in out:
             if (value := record[3]) is not None and len(value) > bound:
@@ -338,11 +340,6 @@ class CommandProcessor:
                     f"the decision writes a record of {len(value)} bytes to {record[0]}, over "
                     f"{bound} (TICKWHEEL_MAX_RECORD_BYTES): nothing of it is written"
                 )
-        if len(state) > bound:
-            raise RecordTooLarge(
-                f"the aggregate after the decision is {len(state)} bytes, over {bound} "
-                "(TICKWHEEL_MAX_RECORD_BYTES): nothing of the decision is written"
-            )
 
     def _unreachable(self, target: AggregateRef) -> str | None:
         """Why a command to `target` cannot be sent (`Decision.send` raises it), or None."""

@@ -25,7 +25,7 @@ from app.protocol.wire import (
     ResultCode,
 )
 from tables import AggregateRef
-from tables.bounds import check_json
+from tables.bounds import check_finite
 from tables.timer import error_text
 
 __all__ = ["Decided", "StoredAggregate", "cut_message", "decide", "event_id", "fold"]
@@ -166,6 +166,6 @@ def fold(
     # A float field takes "nan" and "inf", which JSON cannot hold: written as null, the
     # stored aggregate would fail every later command on it. Refused here, the command
     # that made it is answered ERROR (a followed event dead-lettered) instead.
-    check_json(dumped, "state")
+    check_finite(dumped, "state")
     # Validated, not `model_construct`ed: pydantic's validator builds it faster (#20).
     return StoredAggregate(version=version, deleted=deleted, state=dumped)
