@@ -106,9 +106,10 @@ class _ScheduleModel:
     def enable(self, state: ScheduleState, cmd: Command, d: Decision) -> None:
         job = self._job_to_enable(cmd, d)
         override = cmd.body.get("rule")
-        if override is None:
-            override = state.override
-        _set_rule(state, job, override, ENABLED, d)
+        if override is None:  # the one kept: stored, perhaps by an earlier, lax version
+            _set_rule(state, job, state.override, ENABLED, d, strict=False)
+        else:
+            _set_rule(state, job, override, ENABLED, d)
 
     def reschedule(self, state: ScheduleState, cmd: Command, d: Decision) -> None:
         if not state.enabled:
@@ -317,12 +318,15 @@ class _ScheduleModel:
         return job
 
 
-def _set_rule(state: ScheduleState, job: Job, parts: object, event: str, d: Decision) -> None:
+def _set_rule(
+    state: ScheduleState, job: Job, parts: object, event: str, d: Decision, *, strict: bool = True
+) -> None:
+    """`strict`: `parts` are a command's (new input), not the instance's kept override."""
     if parts is not None and not isinstance(parts, dict):
         _invalid(d, f"invalid rule for job {job.name!r}: expected an object of rule fields")
     override = parts or None  # no parts: the default itself
     try:
-        rule = effective_rule(job.rule, override, strict=True)  # a command's: new input
+        rule = effective_rule(job.rule, override, strict=strict)
     except InvalidRule as exc:
         _invalid(d, f"invalid rule for job {job.name!r}: {exc}")
     dumped = _dump(rule)

@@ -60,6 +60,7 @@ __all__ = [
     "TimerAction",
     "TimerOp",
     "decode",
+    "decode_event",
     "encode",
     "error_reason",
     "load_json",
@@ -343,6 +344,25 @@ def decode(
         return decoded
     except ValidationError as exc:
         raise BadRecord(f"not a valid {model.__name__}: {_errors(exc)}") from exc
+
+
+def decode_event(
+    data: bytes | None, max_bytes: int = MAX_RECORD_BYTES
+) -> tuple[EventEnvelope, str | None]:
+    """An event of an aggregate's log, to fold into its state: read strictly (`decode`),
+    or else as an earlier version read it (pydantic's coercion, any names), with why the
+    strict read refused it. An event an earlier version took is the aggregate's history:
+    a state folded again from the log (a restore, a rebuild) must take it as that version
+    did, and a node following the log live alike; what only a strict read refuses is kept
+    from the timers (dead-lettered there). `BadRecord` for what no version took."""
+    try:
+        return decode(EventEnvelope, data, max_bytes), None
+    except BadRecord as exc:
+        try:
+            lax = EventEnvelope.__pydantic_validator__.validate_json(data or b"")
+        except ValidationError:
+            raise exc from None
+        return lax, str(exc)
 
 
 def load_json(data: bytes | str) -> Any:

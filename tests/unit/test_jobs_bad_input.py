@@ -261,3 +261,20 @@ def test_an_instance_whose_events_cannot_be_folded_is_listed_with_why() -> None:
     assert "error" not in by_id[("t1", "report")].as_json()
     never = by_id[("t2", "report")]
     assert (never.version, never.state.enabled, never.error is not None) == (0, False, True)
+
+
+async def test_enabled_again_with_the_override_an_earlier_version_kept() -> None:
+    """An instance's kept override stored as an earlier, lax version took it (`"every":
+    "120000"`): enabled again without a rule, it is read as that version read it, not
+    refused as a command's new rule would be."""
+    proc, log, _ = await enabled()
+    await proc.handle([record(disable_command("ops", JOB, now=T0, request_id="dis-1"), 1)])
+    stored = proc._states.stored(state_key(REF))
+    assert stored is not None and not stored.state["enabled"]
+    lax = stored.model_copy(update={"state": {**stored.state, "override": {"every": "120000"}}})
+    proc._states._store.write(P, {state_key(REF): encode(lax)}, set(), None, T0)
+    await proc.handle([record(enable_command("ops", JOB, now=T0, request_id="en-2"), 2)])
+    assert [r["code"] for r in log.last("ops.results")] == [ResultCode.COMMITTED]
+    again = proc._states.stored(state_key(REF))
+    assert again is not None and again.state["enabled"]
+    assert again.state["rule"]["every"] == 120_000

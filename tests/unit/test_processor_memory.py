@@ -205,3 +205,17 @@ async def test_a_fenced_owners_decisions_reach_neither_the_log_nor_its_states() 
         "r-1",
         "r-2",
     ]
+
+
+async def test_a_restore_folds_an_event_an_earlier_version_took() -> None:
+    """An event whose version a strict read refuses (`"2"`, written by another producer
+    before this version read strictly) was folded by the nodes of then: a restore folds it
+    as they did, or the state folded again would not be the state they decided on."""
+    log = memory_log()
+    processor, _, _ = await owner(log)
+    await processor.handle(await send_commands(log, 1))
+    lax = orjson.loads(log.records(TOPICS.events, P)[0].value or b"")
+    lax.update(id="e-lax", version="2", request_id="r-lax")
+    await log.publisher().send(TOPICS.events, ORDER.id.encode(), orjson.dumps(lax), P)
+    _, _, states = await owner(log)  # a new owner: its states folded from the log
+    assert reminded(states) == 2
