@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,7 +17,14 @@ from app.jobs import SCHEDULE, Job, ScheduleState, schedule_aggregate
 from app.kafka.ports import LogReader, Publisher
 from app.model.decide import StoredAggregate, cut_message, fold
 from app.protocol.topics import AggregateTopics, ContextTopics
-from app.protocol.wire import CommandEnvelope, CommandResult, EventEnvelope, decode, encode
+from app.protocol.wire import (
+    CommandEnvelope,
+    CommandResult,
+    EventEnvelope,
+    decode,
+    decode_event,
+    encode,
+)
 from tables import AggregateRef
 from tables.partitioner import partition_of
 
@@ -110,29 +117,47 @@ def fold_instances(
     that cannot be folded (another writer's) is passed over, as the workers pass it over
     (dead-lettered), and its instance says so (`InstanceState.error`): one bad instance
     does not hide the others."""
-    type_name = AggregateTopics(context, SCHEDULE).type_name
-    agg = schedule_aggregate(context, jobs, partitions)
-    stored: dict[tuple[str, str], StoredAggregate] = {}
-    errors: dict[tuple[str, str], list[str]] = {}
-    for event in events:
-        if event.aggregate.type_name != type_name:
-            continue
-        key = (event.aggregate.tenant, event.aggregate.id)
-        try:
-            stored[key] = fold(agg, stored.get(key), [event])
-        except Exception as exc:
-            why = cut_message(f"{type(exc).__name__}: {exc}")
-            errors.setdefault(key, []).append(f"event {event.id} (version {event.version}): {why}")
-    return [
-        InstanceState(
-            t,
-            i,
-            s.version,
-            ScheduleState.model_validate(s.state),
-            _passed_over(errors.get((t, i), [])),
-        )
-        for (t, i), s in sorted({**dict.fromkeys(errors, _NEVER), **stored}.items())
-    ]
+    folding = _Folding(context, jobs, partitions)
+    folding.add(events)
+    return folding.instances()
+
+
+class _Folding:
+    """`fold_instances` a batch at a time: a whole schedule log is never held, and the
+    event loop is given back between batches."""
+
+    def __init__(self, context: str, jobs: Iterable[Job], partitions: int) -> None:
+        self._type_name = AggregateTopics(context, SCHEDULE).type_name
+        self._agg = schedule_aggregate(context, jobs, partitions)
+        self._stored: dict[tuple[str, str], StoredAggregate] = {}
+        self._errors: dict[tuple[str, str], list[str]] = {}
+
+    def add(self, events: Iterable[EventEnvelope]) -> None:
+        stored, errors = self._stored, self._errors
+        for event in events:
+            if event.aggregate.type_name != self._type_name:
+                continue
+            key = (event.aggregate.tenant, event.aggregate.id)
+            try:
+                stored[key] = fold(self._agg, stored.get(key), [event])
+            except Exception as exc:
+                why = cut_message(f"{type(exc).__name__}: {exc}")
+                errors.setdefault(key, []).append(
+                    f"event {event.id} (version {event.version}): {why}"
+                )
+
+    def instances(self) -> list[InstanceState]:
+        every = {**dict.fromkeys(self._errors, _NEVER), **self._stored}
+        return [
+            InstanceState(
+                t,
+                i,
+                s.version,
+                ScheduleState.model_validate(s.state),
+                _passed_over(self._errors.get((t, i), [])),
+            )
+            for (t, i), s in sorted(every.items())
+        ]
 
 
 _NEVER = StoredAggregate()
@@ -146,25 +171,38 @@ def _passed_over(errors: list[str]) -> str | None:
     return f"passed over {errors[0]}{more}"
 
 
-async def _events(reader: LogReader, topic: str, partitions: Iterable[int]) -> list[EventEnvelope]:
-    events: list[EventEnvelope] = []
+async def _batches(
+    reader: LogReader, topic: str, partitions: Iterable[int]
+) -> AsyncIterator[list[EventEnvelope]]:
+    """The events of `topic`'s `partitions`, a fetch at a time: each as the workers fold
+    it (`decode_event`), none that no version took."""
     for p in partitions:
         async for batch in reader.read(topic, p, 0):
+            events = []
             for r in batch:
                 try:
-                    events.append(decode(EventEnvelope, r.value))
+                    events.append(decode_event(r.value)[0])
                 except BadRecord:
                     continue
-    return events
+            yield events
+
+
+async def _events(reader: LogReader, topic: str, partitions: Iterable[int]) -> list[EventEnvelope]:
+    return [e async for batch in _batches(reader, topic, partitions) for e in batch]
 
 
 async def read_instances(
     reader: LogReader, context: str, jobs: Iterable[Job], partitions: int, have: int
 ) -> list[InstanceState]:
     """The instances of `context`'s jobs as their schedule log (of `have` partitions) has
-    them now; the caller knows the log is there (a read creates no topic)."""
-    events = await _events(reader, AggregateTopics(context, SCHEDULE).events, range(have))
-    return fold_instances(context, jobs, partitions, events)
+    them now; the caller knows the log is there (a read creates no topic). Folded a fetch
+    at a time, between the reads: a node serving it keeps its event loop for its work."""
+    folding = _Folding(context, jobs, partitions)
+    topic = AggregateTopics(context, SCHEDULE).events
+    async for batch in _batches(reader, topic, range(have)):
+        folding.add(batch)
+        await asyncio.sleep(0)
+    return folding.instances()
 
 
 async def read_instance_events(

@@ -4,6 +4,8 @@ without listing every partition's."""
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -28,6 +30,7 @@ from app.jobs import (
 )
 from app.kafka import Record
 from app.model.decide import Decided, StoredAggregate, decide, fold
+from app.ops import job_log
 from app.ops.job_log import fold_instances
 from app.protocol.wire import CommandEnvelope, EventEnvelope, ResultCode, encode
 from tables import CronRule, IntervalRule, OnceRule
@@ -278,3 +281,55 @@ async def test_enabled_again_with_the_override_an_earlier_version_kept() -> None
     again = proc._states.stored(state_key(REF))
     assert again is not None and again.state["enabled"]
     assert again.state["rule"]["every"] == 120_000
+
+
+async def test_a_schedule_log_is_folded_a_fetch_at_a_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`GET /jobs?state=true` folds the whole schedule log on the node's event loop: a
+    fetch at a time, the loop given back between them (a log of millions of events held
+    it for a minute and more, and its partitions' transactions with it)."""
+    events = [
+        EventEnvelope(
+            id=f"{REF.id}/{v}",
+            type=ENABLED if v == 1 else TICKED,
+            aggregate=REF,
+            version=v,
+            created_at=T0,
+            body={"job": "nightly", "override": None} if v == 1 else {"slot": v},
+        )
+        for v in range(1, 31)
+    ]
+    turns: list[int] = []
+
+    class Reader:
+        async def read(self, topic: str, partition: int, start: int) -> AsyncIterator[list[Record]]:
+            for i in range(0, len(events), 10):
+                yield [
+                    Record(topic, P, i + j, REF.id.encode(), encode(e), T0)
+                    for j, e in enumerate(events[i : i + 10])
+                ]
+
+    folded: list[int] = []
+    original = job_log._Folding.add
+
+    def add(self: Any, batch: list[EventEnvelope]) -> None:
+        folded.append(len(batch))
+        turns.append(ticks)
+        original(self, batch)
+
+    monkeypatch.setattr(job_log._Folding, "add", add)
+    ticks = 0
+
+    async def ticking() -> None:
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await asyncio.sleep(0)
+
+    ticker = asyncio.create_task(ticking())
+    try:
+        [instance] = await job_log.read_instances(Reader(), "ops", [JOB], PARTITIONS, 1)  # type: ignore[arg-type]
+    finally:
+        ticker.cancel()
+    assert folded == [10, 10, 10]
+    assert turns[0] < turns[1] < turns[2]  # the loop turned between them
+    assert instance.version == 30
