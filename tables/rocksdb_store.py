@@ -172,8 +172,12 @@ class RocksDBTimerStore(RocksDBReads):
     def _open_partition(self, partition: int) -> None:
         self._low[partition], self._finished_low[partition] = DUE, FINISHED
         try:
+            options = db_options(self._cache, self._buffers)
+            # The default family's options given too: without them rocksdict opens an
+            # existing DB with those of its last OPTIONS file (a block cache of its own
+            # rather than the store's shared one, its memtable), not these.
             db = self._dbs[partition] = Rdict(
-                self._db_path(partition), db_options(self._cache, self._buffers)
+                self._db_path(partition), options, column_families={"default": options}
             )
             keys = db.iter()
             keys.seek_to_first()
