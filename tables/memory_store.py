@@ -187,6 +187,9 @@ class MemoryTimerStore(PartitionedStore):
         data.offset = last
         return unreadable
 
+    async def _end_restore(self, partition: int) -> None:
+        pass  # nothing kept for restores alone
+
     def _offset(self, partition: int) -> int | None:
         return self._data[partition].offset
 

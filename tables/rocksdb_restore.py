@@ -58,7 +58,7 @@ def check_format(path: str, partitions: int, db_path: Callable[[int], str]) -> N
 
 
 def restore_batch(
-    db: Rdict,
+    db: Rdict | Callable[[], Rdict],
     partition: int,
     records: list[tuple[int, bytes, bytes | None]],
     restored: set[int] | None = None,
@@ -71,17 +71,24 @@ def restore_batch(
     before its restore began); the batch's keys are added to it. Their old index entries
     are read back in one multi-get (~0.85 µs a row), but with `restored` only those of
     keys whose hash an earlier batch wrote: none, unless the changelog holds a key twice
-    or two hashes collide (an entry read that is not there is None, which is right too)."""
+    or two hashes collide (an entry read that is not there is None, which is right too).
+
+    `db` may be a function returning the DB to read, called only when an entry is read
+    (the store's DB of a bulk restore is not read: `RocksDBTimerStore._bulk`)."""
     if restored is None:
-        held = _multi_get(db, records, None)
+        held = _multi_get(_readable(db), records, None)
     else:
         hashes = set(map(hash, [key for _, key, _ in records]))
         again = restored.intersection(hashes)
         restored |= hashes
         if not again and len(hashes) == len(records):
             return _rows_over(partition, records, None)  # keys none before held, each once
-        held = _multi_get(db, records, again)
+        held = _multi_get(_readable(db), records, again)
     return _rows_over(partition, records, held)
+
+
+def _readable(db: Rdict | Callable[[], Rdict]) -> Rdict:
+    return db if isinstance(db, Rdict) else db()
 
 
 RESTORED_KEYS_LIMIT = 2_000_000

@@ -16,7 +16,8 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from functools import partial
 
 from rocksdict import Cache, Rdict, WriteBatch, WriteBufferManager, WriteOptions
 
@@ -38,8 +39,9 @@ class RocksDBTimerStore(RocksDBReads):
     Tuned for a small box: one LRU block cache and one write-buffer budget shared by all
     partitions' DBs, index and filter blocks charged to the cache, LZ4. The WAL stays on
     for every write but a restore's (not fsynced per write: a crashed process loses
-    nothing, a crashed machine restores from the changelog; see `_restore`). Its reads:
-    `tables.rocksdb_reads`.
+    nothing, a crashed machine restores from the changelog; see `_restore`), and a
+    restore into an emptied partition writes to vector memtables until it ends (`_bulk`).
+    Its reads: `tables.rocksdb_reads`.
     """
 
     _values_needed = True
@@ -65,6 +67,11 @@ class RocksDBTimerStore(RocksDBReads):
         # restores alone since: the hash of every key they hold a row of, so that a
         # restore batch reads back only the old entries of keys an earlier one wrote.
         self._restored: dict[int, set[int]] = {}
+        # Partitions whose DB is open for a bulk restore (`db_options(bulk=True)`): opened
+        # empty, and written by restores alone since. The end of the restore or the first
+        # write of the node's reopens it as every other DB is (`_leave_bulk`); reads of it
+        # in between are right, only slower (each copies and sorts its memtable).
+        self._bulk: set[int] = set()
         # Each partition's low-water keys of its due and finished indexes (`_found`).
         self._low = [DUE] * partitions
         self._finished_low = [FINISHED] * partitions
@@ -82,13 +89,23 @@ class RocksDBTimerStore(RocksDBReads):
 
     async def _durable(self, partitions: set[int]) -> None:
         """Flushes restored rows written without the WAL before a write with it (see
-        `_write`), in a thread: a memtable's flush takes tens of ms, the loop goes on."""
-        for partition in sorted(partitions & self._unlogged):
-            try:
-                await asyncio.to_thread(self._db(partition).flush, True)
-            except Exception as exc:
-                raise StoreError(f"RocksDB flush of partition {partition} failed: {exc}") from exc
-            self._unlogged.discard(partition)
+        `_write`), in a thread: a memtable's flush takes tens of ms, the loop goes on. A
+        bulk restore's DB is then reopened as the others are."""
+        for partition in sorted(partitions & (self._unlogged | self._bulk)):
+            if partition in self._unlogged:
+                try:
+                    await asyncio.to_thread(self._db(partition).flush, True)
+                except Exception as exc:
+                    raise StoreError(
+                        f"RocksDB flush of partition {partition} failed: {exc}"
+                    ) from exc
+                self._unlogged.discard(partition)
+            if partition in self._bulk:
+                self._leave_bulk(partition)  # flushed: closed and opened in ms
+
+    async def _end_restore(self, partition: int) -> None:
+        if partition in self._bulk:
+            await self._durable({partition})
 
     def _write(
         self, partition: int, batch: WriteBatch, options: WriteOptions | None = None
@@ -97,6 +114,8 @@ class RocksDBTimerStore(RocksDBReads):
             if options is None:
                 # A write of the node's: no longer a partition only restores wrote.
                 self._restored.pop(partition, None)
+                if partition in self._bulk:
+                    self._leave_bulk(partition)  # unless `_durable` did, before
             if options is None and partition in self._unlogged:
                 # Restored rows written without the WAL are made durable before the first
                 # write with it: a crash can then lose a suffix of the writes, never a
@@ -156,10 +175,13 @@ class RocksDBTimerStore(RocksDBReads):
             # Past the hashes' memory bound: this partition reads its old entries back.
             del self._restored[partition]
             restored = None
+        db: Rdict | Callable[[], Rdict] = self._db(partition)
+        if partition in self._bulk:
+            # Past the hashes' bound, or a key an earlier batch wrote: the old entries are
+            # read from the DB reopened as usual (the rest of the restore writes to it).
+            db = partial(self._readable, partition)
         with gc_paused():
-            batch, unreadable, firsts = restore_batch(
-                self._db(partition), partition, records, restored
-            )
+            batch, unreadable, firsts = restore_batch(db, partition, records, restored)
         # The low-water marks go below the batch's first due and finished entries.
         for first in firsts:
             self._lower(partition, first)
@@ -172,19 +194,51 @@ class RocksDBTimerStore(RocksDBReads):
     def _open_partition(self, partition: int) -> None:
         self._low[partition], self._finished_low[partition] = DUE, FINISHED
         try:
-            db = self._dbs[partition] = Rdict(
-                self._db_path(partition), db_options(self._cache, self._buffers)
-            )
+            db = self._dbs[partition] = self._open_db(partition, bulk=False)
             keys = db.iter()
             keys.seek_to_first()
-            if not keys.valid():  # empty: restores into it need not read old entries
-                self._restored[partition] = set()
+            empty = not keys.valid()
             del keys  # a DB closes only once its iterators are gone
+            if empty:
+                # Restores into it need not read old entries, and it takes them in bulk
+                # until the restore ends or the node writes to it (`_bulk`).
+                self._restored[partition] = set()
+                db.close()
+                self._dbs[partition] = self._open_db(partition, bulk=True)
+                self._bulk.add(partition)
         except Exception as exc:
             raise StoreError(f"cannot open {self._db_path(partition)}: {exc}") from exc
 
+    def _open_db(self, partition: int, *, bulk: bool) -> Rdict:
+        options = db_options(self._cache, self._buffers, bulk=bulk)
+        # The default family's options given too: without them rocksdict opens an existing
+        # DB with those of its last OPTIONS file (memtable, block size, a block cache of its
+        # own rather than the store's shared one), not these.
+        return Rdict(self._db_path(partition), options, column_families={"default": options})
+
+    def _readable(self, partition: int) -> Rdict:
+        if partition in self._bulk:
+            self._leave_bulk(partition)
+        return self._db(partition)
+
+    def _leave_bulk(self, partition: int) -> None:
+        """Reopens a bulk restore's DB as every other DB is, its memtables flushed."""
+        self._bulk.discard(partition)
+        try:
+            db = self._dbs.pop(partition)
+            if partition in self._unlogged:
+                self._unlogged.discard(partition)
+                db.flush(True)  # the restored rows, written without the WAL
+            db.close()
+            self._dbs[partition] = self._open_db(partition, bulk=False)
+        except Exception as exc:
+            raise StoreError(
+                f"cannot reopen {self._db_path(partition)}: {exc}", partition=partition
+            ) from exc
+
     def _close_partition(self, partition: int) -> None:
         self._restored.pop(partition, None)
+        self._bulk.discard(partition)
         db = self._dbs.pop(partition, None)
         if db is not None:
             if partition in self._unlogged:

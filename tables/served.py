@@ -51,6 +51,10 @@ class ServedPartitions(ABC):
     ) -> list[UnreadableRow]: ...
 
     @abstractmethod
+    async def _end_restore(self, partition: int) -> None:
+        """Once a restore of `partition` is over, under its write lock (`end_restore`)."""
+
+    @abstractmethod
     def _offset(self, partition: int) -> int | None: ...
 
     @abstractmethod
@@ -179,6 +183,12 @@ class ServedPartitions(ABC):
             self._check_serving(partition, serving)
             self._counts.pop(partition, None)
             return self._restore(partition, records)
+
+    async def end_restore(self, partition: int) -> None:
+        self._check_open()
+        self._check_served(partition)
+        async with self._writing([partition]):
+            await self._end_restore(partition)
 
     def changelog_offset(self, partition: int) -> int | None:
         self._check_open()

@@ -257,6 +257,12 @@ class TimerStore(Protocol):
         partition is returned, and its key holds no row after it (as after a tombstone)."""
         ...
 
+    async def end_restore(self, partition: int) -> None:
+        """After the last `apply_changelog` of a restore of `partition`: whatever the
+        backend kept for restores alone ends here, not at the next read or write (RocksDB
+        reopens a bulk restore's DB, its flush in a thread)."""
+        ...
+
     def changelog_offset(self, partition: int) -> int | None:
         """The offset of the last changelog record applied to `partition`, or None."""
         ...

@@ -79,6 +79,7 @@ async def restore_partition(
                 count += len(rows)
             if batch and progress is not None:
                 progress(min(batch[-1].offset + 1 - start, to_read), to_read)
+    await store.end_restore(partition)
     if progress is not None:
         progress(to_read, to_read)
     if passed:
