@@ -171,7 +171,13 @@ class RocksAggregateStore:
             raise StoreClosed("aggregate store is closed")
         db = self._dbs.get(partition)
         if db is None:
-            db = Rdict(str(self._dir / f"p{partition}.db"), self._options)
+            # The default family's options given too: else rocksdict opens an existing DB
+            # with those of its last OPTIONS file, not these (the timer store's alike).
+            db = Rdict(
+                str(self._dir / f"p{partition}.db"),
+                self._options,
+                column_families={"default": self._options},
+            )
             self._dbs[partition] = db
         return db
 

@@ -15,6 +15,7 @@ from app.kafka.memory import MemoryLog
 from app.kafka.records import TopicSpec
 from app.timers.restore import restore_partition
 from tables import AggregateRef, CommandSpec, OnceRule, Timer, open_timer_store
+from tables.aggregate_store import RocksAggregateStore
 from tables.keys import encode_timer, row_key
 
 VECTOR = "{id=VectorRepFactory;count=0;}"
@@ -124,3 +125,13 @@ def test_a_restore_of_a_changelog_ends_its_bulk_writes(tmp_path: Path) -> None:
             await store.close()
 
     asyncio.run(run())
+
+
+def test_an_aggregate_states_db_is_reopened_with_the_stores_options(tmp_path: Path) -> None:
+    other = Options(raw_mode=True)
+    other.set_write_buffer_size(1 << 20)
+    Rdict(str(tmp_path / "p0.db"), other, column_families={"default": other}).close()
+    states = RocksAggregateStore(tmp_path)
+    assert states.get(0, "a-1") is None  # opens p0
+    states.close()
+    assert _latest_options(tmp_path / "p0.db")["write_buffer_size"] == str(8 << 20)
