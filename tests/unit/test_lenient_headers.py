@@ -13,60 +13,13 @@ from typing import Any
 import pytest
 from aiokafka.consumer import fetcher
 from aiokafka.errors import CorruptRecordException
-from aiokafka.record.default_records import _DefaultRecordBatchBuilderPy
-from aiokafka.record.util import calc_crc32c
 from aiokafka.structs import TopicPartition
+from kafka_batches import GZIP, PRODUCER, batch
 
 from app.kafka import consumers  # noqa: F401  (installs the lenient reading)
 from app.kafka.lenient_headers import _MemoryRecords, _PartitionRecords, lenient_batches
 
 TP = TopicPartition("shop.order.events", 0)
-GZIP = 1
-PRODUCER = 7
-
-
-class NotUtf8(str):
-    """A header key the builder writes as bytes that are not UTF-8."""
-
-    def encode(self, encoding: str = "utf-8", errors: str = "strict") -> bytes:
-        return b"\xff\xfe" + str.encode(self, encoding, errors)
-
-
-def batch(
-    base: int,
-    count: int,
-    *,
-    bad: int | None = None,
-    compression: int = 0,
-    producer: int = -1,
-    abort_marker: bool = False,
-) -> bytes:
-    """A v2 batch of `count` records from offset `base` (`bad`: the index of the one
-    whose header key is not UTF-8), or a control batch of an abort (`abort_marker`)."""
-    builder = _DefaultRecordBatchBuilderPy(
-        magic=2,
-        compression_type=compression,
-        is_transactional=int(producer >= 0),
-        producer_id=producer,
-        producer_epoch=0 if producer >= 0 else -1,
-        base_sequence=0 if producer >= 0 else -1,
-        batch_size=1 << 20,
-    )
-    for i in range(count):
-        if abort_marker:
-            builder.append(i, timestamp=1, key=struct.pack(">hh", 0, 0), value=b"", headers=[])
-            continue
-        key = NotUtf8("h") if i == bad else "h"
-        builder.append(
-            i, timestamp=1, key=f"k{base + i}".encode(), value=b"{}", headers=[(key, b"v")]
-        )
-    raw = bytearray(builder.build())
-    struct.pack_into(">q", raw, 0, base)
-    if abort_marker:  # the control flag, which the builder does not set
-        (attributes,) = struct.unpack_from(">h", raw, 21)
-        struct.pack_into(">h", raw, 21, attributes | 0x20)
-        struct.pack_into(">I", raw, 17, calc_crc32c(bytes(raw[21:])))
-    return bytes(raw)
 
 
 def records(raw: bytes, aborted: list[tuple[int, int]] | None = None) -> list[Any]:
