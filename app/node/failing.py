@@ -71,13 +71,13 @@ class FailingPartitions:
         each topic); p is held when it read records. A failure while held keeps every
         offset it was held at (a commit's failure reads nothing, a retry may read less):
         the hold is released only past all of them. A failure reading no records counts
-        as again while the same work failed last and has not worked since (`worked`)."""
+        as again while the last one (of whatever work) is not forgotten (`worked`)."""
         before = self._failing.get(p)
         if before is not None and p in self._held:
             at = {t: max(o, before.at.get(t, -1)) for t, o in at.items()} | {
                 t: o for t, o in before.at.items() if t not in at
             }
-        again = before is not None and before.at == at and (bool(at) or before.what == what)
+        again = before is not None and before.at == at
         failing = Failing(dict(at), error, before.failures + 1 if again and before else 1, what)
         self._failing[p] = failing
         if at:

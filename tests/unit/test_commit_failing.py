@@ -35,10 +35,17 @@ def test_a_commit_failing_again_counts_up_through_the_cycles_between() -> None:
     assert failing.failed(0, {}, "a commit: no", A_COMMIT).failures == 1
 
 
-def test_a_failure_of_other_work_is_no_failure_again() -> None:
+def test_failures_of_other_work_in_a_row_count_up_too() -> None:
+    """A commit failing, then a timer round, then a commit: the partition keeps failing,
+    its retakes wait longer; a commit landing forgets only a commit's failure."""
     failing = FailingPartitions()
     failing.failed(0, {}, "a commit: no", A_COMMIT)
-    assert failing.failed(0, {}, "the timer rounds of x: no", "the timer rounds of x").failures == 1
+    rounds = "the timer rounds of x"
+    assert failing.failed(0, {}, "the timer rounds of x: no", rounds).failures == 2
+    failing.worked(0, A_COMMIT)
+    assert failing.report()["0"]["failures"] == 2
+    failing.worked(0, rounds)
+    assert failing.report() == {}
 
 
 def test_a_cycles_failure_reading_nothing_is_passed_by_a_cycle_staged() -> None:
