@@ -107,23 +107,25 @@ _CREATE_DENIED = (TopicAuthorizationFailedError, ClusterAuthorizationFailedError
 
 _NEVER_JOINS = (InvalidSessionTimeoutError, InvalidGroupIdError, InconsistentGroupProtocolError)
 
+_REFUSED = (*(kind for kind, _ in _DENIED), SaslAuthenticationFailed, AuthenticationFailedError)
+
 
 def never_joins(exc: BaseException | None) -> bool:
     """Whether `exc` (or what it wraps) is the group turning this member's join down for
     good: a session timeout outside the broker's `group.min/max.session.timeout.ms`, a
     group id it does not take, a protocol its other members do not share. Retrying does
     not help; the node's settings or the group must change."""
-    while exc is not None:
-        if isinstance(exc, _NEVER_JOINS):
-            return True
-        exc = exc.__cause__
-    return False
+    return _caused_by(exc, _NEVER_JOINS)
 
 
 def refused(exc: BaseException | None) -> bool:
     """Whether `exc` (or what it wraps) is the cluster refusing this principal: an ACL
     missing or credentials wrong. Retrying does not help; an operator must act."""
-    kinds = (*(kind for kind, _ in _DENIED), SaslAuthenticationFailed, AuthenticationFailedError)
+    return _caused_by(exc, _REFUSED)
+
+
+def _caused_by(exc: BaseException | None, kinds: tuple[type[BaseException], ...]) -> bool:
+    """Whether `exc` or any exception down its chain of causes is one of `kinds`."""
     while exc is not None:
         if isinstance(exc, kinds):
             return True
