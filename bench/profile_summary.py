@@ -47,21 +47,47 @@ GROUPS = [
 
 # Checked root-first: a sample counts for the outermost step of the worker it is under.
 STAGES = [
+    # A partition's cycle, most specific first: its in-process timers (asked for,
+    # decided, settled), the log's records and the commands read, then the rest of it.
+    (
+        "cycle: in-process timers settled (PartitionCycles._record_local)",
+        ("_record_local (app/node/cycles.py",),
+    ),
+    (
+        "cycle: in-process timers decided (CommandProcessor.decide_local)",
+        ("decide_local (app/commands/processor.py",),
+    ),
+    (
+        "cycle: in-process timers asked for (still_due, timer_command)",
+        ("still_due (app/timers/runner", "timer_command (app/timers/sender.py"),
+    ),
     (
         "subscription: log → timer table (PartitionCycles._subscribe)",
         ("_subscribe (app/node/cycle_timers.py",),
     ),
     (
-        "command path (CommandProcessor.decide_records / decide_local)",
-        ("decide_records (app/commands/processor.py", "decide_local (app/commands/processor.py"),
+        "command path: commands read (CommandProcessor.decide_records)",
+        ("decide_records (app/commands/processor.py",),
     ),
-    ("runner: due/claim/outcomes (TimerRunner._round)", ("_round (app/timers/runner/runner.py",)),
+    ("cycle: the rest (staging, timer operations)", ("_cycle (app/node/cycles.py",)),
+    (
+        "commit landed: aggregate states written, metrics (PartitionCycles._batch_committed)",
+        ("_batch_committed (app/node/cycles.py",),
+    ),
+    (
+        "commit: records encoded and sent (TransactionalProducer)",
+        ("app/kafka/transactional_producer.py", "app/kafka/producer_loop.py"),
+    ),
+    ("partition commits: the rest (Commits)", ("app/node/commits.py",)),
+    (
+        "runner: due/claim/outcomes (TimerRunner.partition_round)",
+        ("partition_round (app/timers/runner/runner.py", "_round (app/timers/runner/runner.py"),
+    ),
     (
         "runner: a send (TimerRunner._send_one, KafkaSender)",
         ("_send_one (app/timers/runner", "send (app/timers/sender.py"),
     ),
     ("results reader (ResultsReader._run)", ("_run (app/timers/sender.py",)),
-    ("partition commits (Commits.run)", ("run (app/node/commits.py",)),
     ("consumer poll / offsets (poll_loop)", ("poll_loop (app/node/polling.py",)),
     ("aiokafka producer tasks (produce + txn requests)", ("aiokafka/producer/",)),
     ("aiokafka fetcher task", ("aiokafka/consumer/fetcher.py",)),
