@@ -38,6 +38,8 @@ current by the writes themselves, so a scrape scans nothing of the store.
 from __future__ import annotations
 
 import platform
+from bisect import bisect_left
+from collections import Counter as Tally
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import fields
 from importlib import metadata
@@ -59,6 +61,7 @@ __all__ = [
     "NodeMetrics",
     "TimerSource",
     "build_info",
+    "observe_all",
 ]
 
 _ROUND_FIELDS = [
@@ -261,9 +264,7 @@ class NodeMetrics:
         if not due:
             return
         latenesses = [(now_ms - d) / 1000 for d in due]
-        observe = self.lateness.labels(type_name).observe
-        for seconds in latenesses:
-            observe(seconds)
+        observe_all(self.lateness.labels(type_name), latenesses)
         self.recent_lateness.observe_many(latenesses, now_ms / 1000)
 
     def restore_progress(self, type_name: str, partition: int, store: str) -> RestoreGauges:
@@ -311,3 +312,22 @@ class RestoreGauges:
     def __call__(self, read: int, to_read: int) -> None:
         self._read.set(read)
         self._to_read.set(to_read)
+
+
+def observe_all(histogram: Histogram, amounts: Sequence[float]) -> None:
+    """`histogram.observe` of each of `amounts`, counted a bucket at a time: an
+    observation takes a lock twice and walks the buckets in Python (~3 µs), once per fired
+    timer otherwise. Through prometheus_client's own parts of a child; one by one when it
+    has none of them (another version's, or a labelled parent, which refuses)."""
+    bounds = getattr(histogram, "_upper_bounds", None)
+    buckets = getattr(histogram, "_buckets", None)
+    total = getattr(histogram, "_sum", None)
+    if bounds is None or buckets is None or total is None or len(bounds) != len(buckets):
+        for amount in amounts:
+            histogram.observe(amount)
+        return
+    # The first bound at or above an amount is its bucket, as `observe` counts it (the
+    # last bound is +Inf). Amounts are finite (latenesses of integer milliseconds).
+    for i, n in Tally(bisect_left(bounds, a) for a in amounts).items():
+        buckets[i].inc(n)
+    total.inc(sum(amounts))
