@@ -35,6 +35,8 @@ from app.protocol.dead_letters import Stage
 from app.protocol.limits import InputLimits
 from app.protocol.topics import AggregateTopics, ContextTopics
 from app.protocol.wire import (
+    IN_PROCESS_HEADER,
+    IN_PROCESS_HEADERS,
     SYSTEM_EVENTS,
     CommandEnvelope,
     CommandResult,
@@ -146,13 +148,19 @@ class CommandProcessor:
             except BadRecord as exc:
                 self._dead_letter(batch, r, exc, Stage.READ)
                 continue
-            if cmd.in_process:
+            if cmd.in_process and (_written_by_a_node(r) or self._applied(batch, cmd)):
                 continue  # fired in-process: decided in the transaction that wrote it
             if (wrong := self._bad_reply(cmd)) is not None:
                 # Never written where it asks: answered where its context's answers go.
-                batch.out.append(self._result(cmd, ResultCode.ERROR, wrong, None, now, own=True))
-                batch.stats.codes[ResultCode.ERROR] += 1
-                self._dead_letter(batch, r, BadRecord(wrong), Stage.READ)
+                self._refuse(batch, r, cmd, BadRecord(wrong), Stage.READ, own=True)
+                continue
+            if cmd.in_process:
+                why = (
+                    f"in_process is true but the record lacks the {IN_PROCESS_HEADER} header "
+                    "a node writes with the commands it decided itself: not decided (send "
+                    "a command without in_process)"
+                )
+                self._refuse(batch, r, cmd, BadRecord(why), Stage.READ)
                 continue
             if waiting > self.busy_backlog:
                 message = f"{waiting} commands waiting (bound {self.busy_backlog})"
@@ -166,10 +174,7 @@ class CommandProcessor:
                     raise
                 # The aggregate this command is decided on cannot be read or folded: the
                 # command's fault, answered and kept, and the partition goes on.
-                message = cut_message(f"{type(exc).__name__}: {exc}")
-                batch.out.append(self._result(cmd, ResultCode.ERROR, message, None, now))
-                batch.stats.codes[ResultCode.ERROR] += 1
-                self._dead_letter(batch, r, exc, Stage.DECIDE)
+                self._refuse(batch, r, cmd, exc, Stage.DECIDE)
                 continue
             batch.out.append(self._result(cmd, d.code, d.message, version, now, refusal=d.refusal))
             if d.error is not None:
@@ -205,6 +210,28 @@ class CommandProcessor:
             )
         return None
 
+    def _applied(self, batch: CommandBatch, cmd: CommandEnvelope) -> bool:
+        """Whether `cmd`'s request id is applied to its aggregate: an in-process command an
+        earlier version wrote without the header, read back after an upgrade."""
+        return self._states.applied(batch, (state_key(cmd.aggregate), cmd.request_id))
+
+    def _refuse(
+        self,
+        batch: CommandBatch,
+        record: Record,
+        cmd: CommandEnvelope,
+        error: BaseException,
+        stage: Stage,
+        *,
+        own: bool = False,
+    ) -> None:
+        """`cmd` not decided: answered ERROR (with `own`, on its context's results topic)
+        and dead-lettered with why."""
+        message = str(error) if isinstance(error, BadRecord) else f"{type(error).__name__}: {error}"
+        batch.out.append(self._result(cmd, ResultCode.ERROR, message, None, batch.now, own=own))
+        batch.stats.codes[ResultCode.ERROR] += 1
+        self._dead_letter(batch, record, error, stage)
+
     def _dead_letter(
         self, batch: CommandBatch, record: Record, error: BaseException, stage: Stage
     ) -> None:
@@ -236,7 +263,8 @@ class CommandProcessor:
                 # As a target answers a command it cannot decide: the timer retries it.
                 code, message = ResultCode.ERROR, cut_message(f"{type(exc).__name__}: {exc}")
                 batch.stats.codes[code] += 1
-            out.append((topic, partition, cmd.aggregate.id.encode(), encode(cmd)))
+            key = cmd.aggregate.id.encode()
+            out.append((topic, partition, key, encode(cmd), IN_PROCESS_HEADERS))
             decided.append((cmd, code, message))
         return decided
 
@@ -384,3 +412,9 @@ class CommandProcessor:
             decided_at=now,
         )
         return result_record(cmd, result, self.results_topic, self.partitions, own=own)
+
+
+def _written_by_a_node(record: Record) -> bool:
+    """Whether a command record carries the header a node writes with an in-process
+    command it decided (`IN_PROCESS_HEADER`)."""
+    return any(name == IN_PROCESS_HEADER for name, _ in record.headers)

@@ -36,6 +36,8 @@ from tables.refs import NEW_INPUT, Identifier
 
 __all__ = [
     "AGGREGATE_DELETED",
+    "IN_PROCESS_HEADER",
+    "IN_PROCESS_HEADERS",
     "MAX_EVENT_ID",
     "MAX_PARTITION",
     "MAX_RECORD_BYTES",
@@ -69,6 +71,15 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 M = TypeVar("M", bound=BaseModel)
+
+IN_PROCESS_HEADER: Final = "__tickwheel.in-process"
+"""The header of a command record a node wrote as the record of a timer's command it
+decided in-process (`in_process: true`): read back, such a record is passed over. One
+with `in_process: true` and without it was not written by a node (another producer's): it
+is answered ERROR and dead-lettered, never passed over in silence."""
+
+IN_PROCESS_HEADERS: Final = ((IN_PROCESS_HEADER, b"1"),)
+"""The headers of a node's in-process command record."""
 
 SCHEDULE_SET: Final = "wow.ScheduleSet"
 SCHEDULE_CANCELLED: Final = "wow.ScheduleCancelled"
@@ -200,7 +211,8 @@ class CommandEnvelope(_Envelope):
     in_process: bool = Field(
         default=False,
         description="a timer's command its owner decided in the same transaction that wrote "
-        "it here: a record of what was sent, passed over by the processor",
+        "it here: a record of what was sent, passed over by the processor when it carries "
+        "the node's __tickwheel.in-process header (else answered ERROR, dead-lettered)",
     )
 
 

@@ -100,3 +100,49 @@ async def test_coerced_records_are_dead_lettered_with_the_reason_and_the_partiti
         assert letter.value == value  # the record whole, as it came
         assert reason in letter.context.exception_message, letter.context.exception_message
     assert "failing" not in node.node.health()
+
+
+async def test_an_in_process_command_from_another_producer_is_dead_lettered_not_dropped(
+    log: MemoryLog, node: RunningNode
+) -> None:
+    """`in_process: true` is a node's record of a command it decided itself, written with
+    its header. Another producer's command saying so, without the header, is answered
+    ERROR and dead-lettered (before, it was passed over without a word); the node's own
+    in-process records, read back, are passed over with no letter."""
+    await wait_until(node.runs)
+    owner = AggregateRef(context="mem", aggregate="counter", id="o1")
+    p = partition_of("o1", PARTITIONS)
+    now = int(time.time() * 1000)
+    publisher = log.publisher()
+    forged = CommandEnvelope(
+        request_id="r-forged", type="Schedule", aggregate=owner, body={"at": now},
+        issued_at=now, in_process=True,
+    )  # fmt: skip
+    forged_at = await publisher.send(TOPICS.commands, b"o1", encode(forged), p)
+    good = CommandEnvelope(
+        request_id="r-good", type="Schedule", aggregate=owner, body={"at": now + 50}, issued_at=now
+    )
+    await publisher.send(TOPICS.commands, b"o1", encode(good), p)
+    await wait_until(lambda: fired(log) == 1)  # its Fire decided in-process, and written
+    own = [
+        r
+        for r in log.records(TOPICS.commands, p)
+        if r.value is not None and decode(CommandEnvelope, r.value).type == "Fire"
+    ]
+    assert [r.headers for r in own] == [(("__tickwheel.in-process", b"1"),)]
+    # Read back past the node's own record: committed past it.
+    await wait_until(lambda: (log.committed("g", TOPICS.commands, p) or 0) > own[0].offset)
+
+    letters = [
+        DeadLetter.read(r.key, r.value, r.headers)
+        for r in log.records(ContextTopics("mem").dead_letters, 0)
+    ]
+    assert [(d.topic, d.offset) for d in letters] == [(TOPICS.commands, forged_at)]
+    assert "__tickwheel.in-process" in letters[0].context.exception_message
+    results = [
+        orjson.loads(r.value)
+        for q in range(PARTITIONS)
+        for r in log.records(ContextTopics("mem").results, q)
+        if r.value is not None and b"r-forged" in r.value
+    ]
+    assert [r["code"] for r in results] == ["ERROR"]

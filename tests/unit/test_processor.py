@@ -12,8 +12,16 @@ from fakes import T0, order_type
 
 from app.commands.processor import CommandProcessor, misrouted, state_key
 from app.kafka import OutRecord, Record
+from app.kafka.records import Headers, headers_of
 from app.protocol.dead_letters import DeadLetterContext, Stage
-from app.protocol.wire import CommandEnvelope, EventEnvelope, ResultCode, encode
+from app.protocol.wire import (
+    IN_PROCESS_HEADER,
+    IN_PROCESS_HEADERS,
+    CommandEnvelope,
+    EventEnvelope,
+    ResultCode,
+    encode,
+)
 from tables import AggregateRef, StoreError
 from tables.aggregate_store import MemoryAggregateStore
 from tables.partitioner import partition_of
@@ -63,8 +71,8 @@ def command(request_id: str = "t-1#0", **fields: Any) -> CommandEnvelope:
     )
 
 
-def record(cmd: CommandEnvelope, offset: int = 0) -> Record:
-    return Record("shop.order.commands", P, offset, ORDER.id.encode(), encode(cmd), T0)
+def record(cmd: CommandEnvelope, offset: int = 0, headers: Headers = ()) -> Record:
+    return Record("shop.order.commands", P, offset, ORDER.id.encode(), encode(cmd), T0, headers)
 
 
 async def test_a_timer_fired_in_process_commits_its_events_and_the_command_sent() -> None:
@@ -77,6 +85,7 @@ async def test_a_timer_fired_in_process_commits_its_events_and_the_command_sent(
     assert txn.topics() == ["shop.order.events", "shop.order.commands"]
     sent = orjson.loads(txn.commits[0][0][1][3] or b"")
     assert sent["in_process"] is True and sent["request_id"] == "t-1#0"
+    assert headers_of(txn.commits[0][0][1]) == IN_PROCESS_HEADERS, "a node's own record"
     assert states.seen(P, state_key(ORDER), "t-1#0")
     assert states.offset(P) == 0, "the last event's offset: the fold's position in the log"
 
@@ -101,9 +110,37 @@ async def test_the_command_read_back_from_the_topic_is_passed_over() -> None:
 
 async def test_an_in_process_command_is_never_decided_again_whatever_its_outcome() -> None:
     """Its decision (even a rejection, which applies nothing) committed in the transaction
-    that wrote it: read back, it is passed over, so a final outcome stays final."""
+    that wrote it: read back with the node's header, it is passed over, so a final outcome
+    stays final."""
     processor, txn, _ = make()
-    await processor.handle([record(command(in_process=True))])
+    await processor.handle([record(command(in_process=True), headers=IN_PROCESS_HEADERS)])
+    assert txn.topics() == []
+
+
+async def test_an_in_process_command_another_producer_wrote_is_answered_and_dead_lettered() -> None:
+    """`in_process: true` without the node's header, its request id not applied: not a
+    node's record of what it decided. Passed over, it would vanish without an answer; it is
+    answered ERROR and dead-lettered with why, and nothing is decided."""
+    processor, txn, states = make()
+    stats = await processor.handle([record(command(in_process=True), offset=3)])
+    assert txn.topics() == ["shop.results", "shop.dead-letters"]
+    result = orjson.loads(txn.commits[-1][0][0][3] or b"")
+    assert result["code"] == "ERROR" and result["request_id"] == "t-1#0"
+    assert IN_PROCESS_HEADER in result["message"]
+    letter = txn.commits[-1][0][1]
+    reason = dict(headers_of(letter))["__tickwheel.errors.exception.message"] or b""
+    assert IN_PROCESS_HEADER.encode() in reason
+    assert stats.codes == {ResultCode.ERROR: 1}
+    assert not states.seen(P, state_key(ORDER), "t-1#0"), "not decided"
+    assert txn.commits[-1][1] == {("shop.order.commands", P): 4}, "and read past"
+
+
+async def test_an_earlier_versions_in_process_record_without_the_header_is_passed_over() -> None:
+    """Written before the header existed, read back after an upgrade: its request id is
+    applied, so it is the node's own, passed over as before."""
+    processor, txn, _ = make()
+    await processor.handle([], local=[command(in_process=True)])
+    await processor.handle([record(command(in_process=True), offset=7)])
     assert txn.topics() == []
 
 
