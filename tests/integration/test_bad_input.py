@@ -216,6 +216,18 @@ class Writer:
                 f"reply_to {ev!r} is not {self.client.ctx.results}",
             ),
             Bad(
+                "in_process without the node's header",
+                cmd,
+                p,
+                key,
+                self.schedule_command("in-process-forged", in_process=True),
+                (("team", b"orders"),),
+                # Passed over in silence before: a node's own in-process record (those of
+                # the local owners here, read back) has the header and is passed over.
+                Stage.READ,
+                "lacks the __tickwheel.in-process header",
+            ),
+            Bad(
                 "reply_partition that does not exist",
                 cmd,
                 p,
@@ -298,7 +310,8 @@ async def test_bad_records_are_dead_lettered_once_each_and_every_timer_fires(
             c.request_id: str(c.body.get("target", {"id": c.aggregate.id})["id"])
             for c in before + after
         }
-        results = await client.wait_results([*valid, "reply-to-events", "reply-partition"])
+        refused = ["reply-to-events", "reply-partition", "in-process-forged"]
+        results = await client.wait_results([*valid, *refused])
 
         for rid in valid:
             assert results[rid].code == ResultCode.COMMITTED, results[rid]
@@ -319,6 +332,16 @@ async def test_bad_records_are_dead_lettered_once_each_and_every_timer_fires(
         on_events = await raw(client, client.topics.events)
         for misaddressed in (b"reply-to-events", b"reply-partition"):
             assert not [r for r in on_events if misaddressed in (r.value or b"")], misaddressed
+        # The node's own in-process command records carry its header (read back, passed
+        # over: no letter of them below).
+        own_fires = [
+            r
+            for r in await raw(client, client.topics.commands)
+            if b'"in_process":true' in (r.value or b"")
+            and (r.topic, r.partition, r.offset) not in mine
+        ]
+        assert len(own_fires) == 2 * len(local_owners), len(own_fires)
+        assert {r.headers for r in own_fires} == {(("__tickwheel.in-process", b"1"),)}
         events = [
             decode(EventEnvelope, r.value)
             for r in on_events
@@ -374,7 +397,7 @@ async def test_bad_records_are_dead_lettered_once_each_and_every_timer_fires(
 
         # The misaddressed commands: answered ERROR on the context's results topic, in the
         # request id's partition; never decided, and nothing written where they asked.
-        for rid in ("reply-to-events", "reply-partition"):
+        for rid in refused:
             assert results[rid].code == ResultCode.ERROR, results[rid]
         answered = {
             (decode(CommandResult, r.value).request_id, r.partition)
