@@ -18,14 +18,16 @@ from typing import Any
 from app.commands.batch import BatchStats, CommandBatch
 from app.commands.records import (
     applied_id,
+    check_sizes,
     command_record,
     dead_letter_record,
     misrouted,
     result_record,
     state_key,
+    written_in_process,
 )
 from app.commands.states import PartitionStates
-from app.errors import BadRecord, MissingTopic, RecordTooLarge, node_fault
+from app.errors import BadRecord, MissingTopic, node_fault
 from app.kafka import LogReader, OutRecord, Record
 from app.kafka.catalog import TopicCatalog, no_target_message
 from app.kafka.records import RestoreProgress
@@ -148,7 +150,7 @@ class CommandProcessor:
             except BadRecord as exc:
                 self._dead_letter(batch, r, exc, Stage.READ)
                 continue
-            if cmd.in_process and (_written_by_a_node(r) or self._applied(batch, cmd)):
+            if cmd.in_process and (written_in_process(r) or self._applied(batch, cmd)):
                 continue  # fired in-process: decided in the transaction that wrote it
             if (wrong := self._bad_reply(cmd)) is not None:
                 # Never written where it asks: answered where its context's answers go.
@@ -341,7 +343,7 @@ class CommandProcessor:
             ]
             out += [command_record(c) for c in d.commands]
             state = encode(d.stored)
-            self._check_sizes(out)
+            check_sizes(out, self.limits.max_record_bytes)
             batch.staged[aid] = d.stored
             batch.encoded[aid] = state
             batch.applied.add((aid, cmd.request_id))
@@ -354,20 +356,6 @@ class CommandProcessor:
             batch.fired_due.append(cmd.not_before)
         version = d.stored.version if d.stored else (stored.version if stored else None)
         return d, version
-
-    def _check_sizes(self, out: list[OutRecord]) -> None:
-        """`RecordTooLarge` when a record the decision writes is over `max_record_bytes`:
-        larger, it may fail the transaction (Kafka's 1 MiB by default) at every retake, and
-        this node's own reader would refuse it anyway. Not the aggregate it stores: no
-        record holds that (it is folded from the events), and one grown past the bound
-        before must still take commands."""
-        bound = self.limits.max_record_bytes
-        for record in out:
-            if (value := record[3]) is not None and len(value) > bound:
-                raise RecordTooLarge(
-                    f"the decision writes a record of {len(value)} bytes to {record[0]}, over "
-                    f"{bound} (TICKWHEEL_MAX_RECORD_BYTES): nothing of it is written"
-                )
 
     def _unreachable(self, target: AggregateRef) -> str | None:
         """Why a command to `target` cannot be sent (`Decision.send` raises it), or None."""
@@ -412,9 +400,3 @@ class CommandProcessor:
             decided_at=now,
         )
         return result_record(cmd, result, self.results_topic, self.partitions, own=own)
-
-
-def _written_by_a_node(record: Record) -> bool:
-    """Whether a command record carries the header a node writes with an in-process
-    command it decided (`IN_PROCESS_HEADER`)."""
-    return any(name == IN_PROCESS_HEADER for name, _ in record.headers)

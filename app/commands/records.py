@@ -6,21 +6,30 @@ from __future__ import annotations
 
 import logging
 
+from app.errors import RecordTooLarge
 from app.kafka import OutRecord, Record
 from app.protocol.dead_letters import Stage, dead_letter
 from app.protocol.limits import InputLimits
 from app.protocol.topics import AggregateTopics
-from app.protocol.wire import CommandEnvelope, CommandResult, EventEnvelope, encode
+from app.protocol.wire import (
+    IN_PROCESS_HEADER,
+    CommandEnvelope,
+    CommandResult,
+    EventEnvelope,
+    encode,
+)
 from tables import AggregateRef
 from tables.partitioner import key_partition, partition_of
 
 __all__ = [
     "applied_id",
+    "check_sizes",
     "command_record",
     "dead_letter_record",
     "misrouted",
     "result_record",
     "state_key",
+    "written_in_process",
 ]
 
 logger = logging.getLogger(__name__)
@@ -98,3 +107,23 @@ def result_record(
         else partition_of(cmd.request_id, partitions)
     )
     return (topic, partition, cmd.request_id.encode(), encode(result))
+
+
+def check_sizes(out: list[OutRecord], bound: int) -> None:
+    """`RecordTooLarge` when a record a decision writes is over `bound` (the node's
+    `max_record_bytes`): larger, it may fail the transaction (Kafka's 1 MiB by default)
+    at every retake, and this node's own reader would refuse it anyway. Not the aggregate
+    it stores: no record holds that (it is folded from the events), and one grown past
+    the bound before must still take commands."""
+    for record in out:
+        if (value := record[3]) is not None and len(value) > bound:
+            raise RecordTooLarge(
+                f"the decision writes a record of {len(value)} bytes to {record[0]}, over "
+                f"{bound} (TICKWHEEL_MAX_RECORD_BYTES): nothing of it is written"
+            )
+
+
+def written_in_process(record: Record) -> bool:
+    """Whether a command record carries the header a node writes with a command it
+    decided in-process (`IN_PROCESS_HEADER`): its own record of what it sent."""
+    return any(name == IN_PROCESS_HEADER for name, _ in record.headers)
