@@ -45,7 +45,8 @@ GROUPS = [
 ]
 
 
-# Checked root-first: a sample counts for the outermost step of the worker it is under.
+# Checked in list order: a sample counts for the first step whose function is anywhere on
+# its stack (so a step nested in another is listed before it).
 STAGES = [
     # A partition's cycle, most specific first: its in-process timers (asked for,
     # decided, settled), the log's records and the commands read, then the rest of it.
@@ -81,7 +82,7 @@ STAGES = [
     ("partition commits: the rest (Commits)", ("app/node/commits.py",)),
     (
         "runner: due/claim/outcomes (TimerRunner.partition_round)",
-        ("partition_round (app/timers/runner/runner.py", "_round (app/timers/runner/runner.py"),
+        ("partition_round (app/timers/runner/runner.py", "round (app/timers/runner/runner.py"),
     ),
     (
         "runner: a send (TimerRunner._send_one, KafkaSender)",

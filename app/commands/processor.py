@@ -150,13 +150,13 @@ class CommandProcessor:
             except BadRecord as exc:
                 self._dead_letter(batch, r, exc, Stage.READ)
                 continue
-            if cmd.in_process and (written_in_process(r) or self._applied(batch, cmd)):
+            if cmd.in_process and written_in_process(r):
                 continue  # fired in-process: decided in the transaction that wrote it
             if (wrong := self._bad_reply(cmd)) is not None:
                 # Never written where it asks: answered where its context's answers go.
                 self._refuse(batch, r, cmd, BadRecord(wrong), Stage.READ, own=True)
                 continue
-            if cmd.in_process:
+            if cmd.in_process and not self._applied(batch, cmd):
                 why = (
                     f"in_process is true but the record lacks the {IN_PROCESS_HEADER} header "
                     "a node writes with the commands it decided itself: not decided (send "
@@ -164,6 +164,8 @@ class CommandProcessor:
                 )
                 self._refuse(batch, r, cmd, BadRecord(why), Stage.READ)
                 continue
+            # (Without the header but applied: an earlier version's own record, or a
+            # request sent again; decided as any command, it is answered DUPLICATE.)
             if waiting > self.busy_backlog:
                 message = f"{waiting} commands waiting (bound {self.busy_backlog})"
                 batch.out.append(self._result(cmd, ResultCode.BUSY, message, None, now))
@@ -250,7 +252,7 @@ class CommandProcessor:
         but no result record: the caller settles the timers before the commit, so that
         each settle is in the same transaction as its events. The command itself is
         written to the command topic in that transaction too, as the record of what was
-        sent; read back, its request id is found applied and it is passed over.
+        sent, with the node's header (`IN_PROCESS_HEADER`): read back, it is passed over.
         """
         batch.stats.commands += len(commands)
         decided: list[tuple[CommandEnvelope, ResultCode, str]] = []

@@ -102,7 +102,8 @@ async def test_a_timer_fired_again_in_process_is_a_duplicate_with_no_event() -> 
 async def test_the_command_read_back_from_the_topic_is_passed_over() -> None:
     processor, txn, _ = make()
     await processor.handle([], local=[command(in_process=True)])
-    stats = await processor.handle([record(command(in_process=True), offset=7)])
+    own = record(command(in_process=True), offset=7, headers=IN_PROCESS_HEADERS)
+    stats = await processor.handle([own])
     assert txn.topics() == [], "no result, no event: it was decided in its own transaction"
     assert txn.commits[-1][1] == {("shop.order.commands", P): 8}, "its offset passes it"
     assert stats.codes == {}
@@ -135,13 +136,17 @@ async def test_an_in_process_command_another_producer_wrote_is_answered_and_dead
     assert txn.commits[-1][1] == {("shop.order.commands", P): 4}, "and read past"
 
 
-async def test_an_earlier_versions_in_process_record_without_the_header_is_passed_over() -> None:
-    """Written before the header existed, read back after an upgrade: its request id is
-    applied, so it is the node's own, passed over as before."""
+async def test_an_in_process_record_without_the_header_but_applied_is_a_duplicate() -> None:
+    """Written before the header existed and read back after an upgrade, or a request
+    applied and sent again with `in_process: true`: decided as any command, it is answered
+    DUPLICATE, nothing applied twice, no dead letter."""
     processor, txn, _ = make()
     await processor.handle([], local=[command(in_process=True)])
-    await processor.handle([record(command(in_process=True), offset=7)])
-    assert txn.topics() == []
+    stats = await processor.handle([record(command(in_process=True), offset=7)])
+    assert txn.topics() == ["shop.results"]
+    result = orjson.loads(txn.commits[-1][0][0][3] or b"")
+    assert result["code"] == "DUPLICATE" and result["request_id"] == "t-1#0"
+    assert stats.codes == {ResultCode.DUPLICATE: 1}
 
 
 async def test_a_remote_send_of_a_slot_fired_in_process_is_answered_duplicate() -> None:
