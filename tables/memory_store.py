@@ -193,6 +193,9 @@ class MemoryTimerStore(PartitionedStore):
     def _offset(self, partition: int) -> int | None:
         return self._data[partition].offset
 
+    def _set_offset(self, partition: int, offset: int) -> None:
+        self._data[partition].offset = offset
+
     def _open_partition(self, partition: int) -> None:
         pass
 

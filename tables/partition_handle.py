@@ -97,6 +97,10 @@ class PartitionHandle:
     ) -> list[UnreadableRow]:
         return await self._store._apply_changelog(self.partition, records, self._serving)
 
+    async def applied_through(self, offset: int) -> None:
+        """The partition's changelog records up to `offset` committed (see the store's)."""
+        await self._store._applied_through(self.partition, offset, self._serving)
+
     # --- reads: no lock ---------------------------------------------------------------
 
     def changelog_offset(self) -> int | None:

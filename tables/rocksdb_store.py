@@ -22,7 +22,7 @@ from functools import partial
 from rocksdict import Cache, Rdict, WriteBatch, WriteBufferManager, WriteOptions
 
 from tables.exceptions import StoreError
-from tables.keys import DUE, FINISHED, ROW, index_key
+from tables.keys import DUE, FINISHED, OFFSET_KEY, ROW, index_key
 from tables.recent_rows import forget
 from tables.rocksdb_io import UNLOGGED, db_options, gc_paused
 from tables.rocksdb_reads import RocksDBReads
@@ -130,6 +130,11 @@ class RocksDBTimerStore(RocksDBReads):
             raise StoreError(
                 f"RocksDB write to partition {partition} failed: {exc}", partition=partition
             ) from exc
+
+    def _set_offset(self, partition: int, offset: int) -> None:
+        batch = WriteBatch(raw_mode=True)
+        batch.put(OFFSET_KEY, offset.to_bytes(8, "big", signed=True))
+        self._write(partition, batch)
 
     def _apply(self, writes: list[Write], values: list[bytes | None] | None) -> None:
         assert values is not None

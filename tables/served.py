@@ -58,6 +58,10 @@ class ServedPartitions(ABC):
     def _offset(self, partition: int) -> int | None: ...
 
     @abstractmethod
+    def _set_offset(self, partition: int, offset: int) -> None:
+        """Records `offset` as the last changelog record `partition` reflects."""
+
+    @abstractmethod
     def _open_partition(self, partition: int) -> None: ...
 
     @abstractmethod
@@ -194,6 +198,18 @@ class ServedPartitions(ABC):
         self._check_open()
         self._check_served(partition)
         return self._offset(partition)
+
+    async def applied_through(self, partition: int, offset: int) -> None:
+        await self._applied_through(partition, offset, None)
+
+    async def _applied_through(self, partition: int, offset: int, serving: int | None) -> None:
+        self._check_open()
+        self._check_serving(partition, serving)
+        async with self._writing([partition]):
+            self._check_serving(partition, serving)
+            held = self._offset(partition)
+            if held is None or offset > held:
+                self._set_offset(partition, offset)
 
     async def assign(self, partitions: Iterable[int]) -> None:
         self._check_open()

@@ -267,6 +267,13 @@ class TimerStore(Protocol):
         """The offset of the last changelog record applied to `partition`, or None."""
         ...
 
+    async def applied_through(self, partition: int, offset: int) -> None:
+        """Every changelog record of `partition` up to `offset` is in the store: its writer's
+        transaction of them committed (their rows were written here before it). A copy
+        closed clean is then read on from there, not from its last restore. Never moves
+        the offset back."""
+        ...
+
     async def assign(self, partitions: Iterable[int]) -> None:
         """Serves `partitions` too (opens their local data)."""
         ...

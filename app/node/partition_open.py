@@ -72,6 +72,7 @@ async def open_partition(s: TaskShared, task: PartitionTask, topics: set[str]) -
         # After the restore (a full one drops p: a handle made before it is refused).
         handle = task.store = kept.store.partition(p)
         handle.attach(_sink(txn))
+        txn.rows_landed = handle.applied_through
         if unreadable:
             # Their letters and tombstones commit in p's next transaction.
             letters = unreadable_letters(unreadable, s.now(), s.limits.dead_letter_bytes)

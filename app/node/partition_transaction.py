@@ -9,7 +9,8 @@ row buffered; the rows go out in p's next transaction (a command batch, a log ba
 offsets, or every `commit_interval` for the runner's writes). A local copy that may
 hold writes that were never committed (the node stopped uncleanly, or a commit failed)
 is thrown away and restored from the changelog (`app.timers.restore`; which copies are
-clean: `app.node.local_state.CleanMarks`).
+clean: `app.node.local_state.CleanMarks`); a clean one is read on from the last timer row
+its commits landed (`TimerStore.applied_through`, told as each commit lands).
 
 `PartitionTransaction` is one partition's, held by the task that runs the partition from
 its take to its close; `app.node.type_transactions.TypeTransactions` opens them and stops
@@ -19,14 +20,18 @@ which hands it the partition's timer rows (`app.node.partition_open`).
 
 from __future__ import annotations
 
+import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
 from app.errors import KafkaUnavailable
 from app.kafka import OutRecord, TransactionalWriter
+from tables.exceptions import StoreClosed
 
 __all__ = ["PartitionTransaction", "Transaction"]
+
+logger = logging.getLogger(__name__)
 
 
 class PartitionTransaction:
@@ -61,6 +66,9 @@ class PartitionTransaction:
         self._staged = _Staged()
         # Abandoned (its producer stopped or stopping): it takes and commits nothing more.
         self.abandoned = False
+        # Told the offset of the last timer row of each commit that landed (the store's
+        # `applied_through`): a copy closed clean is read on from there.
+        self.rows_landed: Callable[[int], Awaitable[None]] | None = None
 
     def __repr__(self) -> str:
         state = "abandoned" if self.abandoned else "open"
@@ -143,7 +151,8 @@ class PartitionTransaction:
             return None
         self._rows = []
         self._staged = _Staged()
-        return Transaction(self.producer, self.group_id, rows, staged, self._on_commit)
+        landed = self.rows_landed if rows else None
+        return Transaction(self.producer, self.group_id, rows, staged, self._on_commit, landed)
 
     def waits(self) -> bool:
         """Whether rows or staged work wait for its next commit."""
@@ -164,12 +173,14 @@ class Transaction:
         rows: list[OutRecord],
         staged: _Staged,
         on_commit: Callable[[float], None] | None = None,
+        rows_landed: Callable[[int], Awaitable[None]] | None = None,
     ) -> None:
         self._producer = producer
         self._group_id = group_id
         self._rows = rows
         self._staged = staged
         self._on_commit = on_commit
+        self._rows_landed = rows_landed
 
     async def send(self) -> list[int]:
         """Commits; tells each staged cycle its records' offsets; all the offsets."""
@@ -181,9 +192,24 @@ class Transaction:
         if self._on_commit is not None:
             self._on_commit(time.perf_counter() - began)
         base = len(rows)
+        if self._rows_landed is not None and base:
+            await self._landed(max(written[:base]))
         for start, end, committed in staged.after:
             committed(written[base + start : base + end])
         return written
+
+    async def _landed(self, offset: int) -> None:
+        """The store told its rows up to `offset` landed; a store let go meanwhile (the
+        partition's close) is not: its copy is read on from an earlier offset, which is
+        only slower."""
+        assert self._rows_landed is not None
+        try:
+            await self._rows_landed(offset)
+        except StoreClosed as exc:
+            logger.debug("rows landed through %d, not recorded in the store: %s", offset, exc)
+        except Exception as exc:
+            # The store's next write meets the same fault, and fails its partition there.
+            logger.warning("rows landed through %d, not recorded in the store: %s", offset, exc)
 
 
 @dataclass

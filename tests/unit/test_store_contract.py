@@ -893,6 +893,35 @@ async def test_drop_deletes_a_partitions_data_and_offset(store: TimerStore) -> N
     assert await store.find(in0.owner, in0.key) is None
 
 
+async def test_applied_through_moves_the_offset_on_never_back(store: TimerStore) -> None:
+    """A committed transaction's last row offset: a copy closed clean is read on from
+    there. Never back (an earlier commit told late), and one partition's alone."""
+    t = timer(ref("a"), partition=1)
+    assert await store.put(t)
+    assert store.changelog_offset(1) is None
+    await store.applied_through(1, 12)
+    assert store.changelog_offset(1) == 12
+    await store.applied_through(1, 9)
+    assert store.changelog_offset(1) == 12
+    await store.applied_through(1, 30)
+    assert (store.changelog_offset(0), store.changelog_offset(1)) == (None, 30)
+    await store.revoke({1})
+    with pytest.raises(StoreClosed, match="partition 1"):
+        await store.applied_through(1, 31)
+
+
+async def test_applied_through_is_kept_across_a_rocksdb_reopen(tmp_path: Path) -> None:
+    url = f"rocksdb://{tmp_path / 'kept'}"
+    first = open_timer_store(url, partitions=P)
+    await first.applied_through(2, 77)
+    await first.close()
+    again = open_timer_store(url, partitions=P)
+    try:
+        assert again.changelog_offset(2) == 77
+    finally:
+        await again.close()
+
+
 # --- the changelog ----------------------------------------------------------------------
 
 
