@@ -97,9 +97,20 @@ class PartitionHandle:
     ) -> list[UnreadableRow]:
         return await self._store._apply_changelog(self.partition, records, self._serving)
 
-    async def applied_through(self, offset: int) -> None:
-        """The partition's changelog records up to `offset` committed (see the store's)."""
-        await self._store._applied_through(self.partition, offset, self._serving)
+    async def applied_through(self, offset: int, rows: int = 0) -> None:
+        """The partition's changelog records up to `offset` committed (see the store's),
+        `rows` of them the oldest rows written since the sink was attached and not landed
+        yet: undone no more (`roll_back`)."""
+        await self._store._applied_through(self.partition, offset, self._serving, rows)
+
+    async def roll_back(self) -> int:
+        """Its commit failed: every row written since the sink was attached whose commit
+        did not land is written back, locally, as the landed commits left it (so the copy
+        holds committed writes only, and is read on from its changelog); how many rows.
+        From then on its writes are refused (`StoreClosed`) and no landing is recorded:
+        its holder lets it go next. `StoreError` when no sink is attached, or rolled back
+        already."""
+        return await self._store._roll_back(self.partition, self._serving)
 
     # --- reads: no lock ---------------------------------------------------------------
 

@@ -10,7 +10,7 @@ import logging
 from abc import abstractmethod
 from collections.abc import Callable, Sequence
 
-from tables.exceptions import StoreError
+from tables.exceptions import StoreClosed, StoreError
 from tables.keys import encode_timer, owner_prefix, row_key
 from tables.partition_handle import PartitionHandle
 from tables.partitioned_reads import PartitionedReads
@@ -19,6 +19,7 @@ from tables.retention import expiry_cutoff, plan_expiry
 from tables.served import Found
 from tables.store import ChangelogRecord, ChangelogSink
 from tables.timer import Timer, TimerChange, TimerStatus
+from tables.undo import Undo
 from tables.writes import (
     Write,
     check_change,
@@ -46,9 +47,10 @@ class PartitionedStore(PartitionedReads):
     def __init__(self, partitions: int, changelog: ChangelogSink | None) -> None:
         super().__init__(partitions)
         self._sink = changelog
-        # By partition, the sink its handle attached (`PartitionHandle.attach`) and the
-        # serving it holds for: its rows go there, not to `_sink`, while it lasts.
-        self._sinks: dict[int, tuple[int, ChangelogSink]] = {}
+        # By partition, the sink its handle attached (`PartitionHandle.attach`), the
+        # serving it holds for and what its writes changed since their last landed commit:
+        # its rows go there, not to `_sink`, while it lasts.
+        self._sinks: dict[int, tuple[int, ChangelogSink, Undo]] = {}
 
     # --- what a backend supplies ------------------------------------------------------
 
@@ -70,6 +72,10 @@ class PartitionedStore(PartitionedReads):
         partitions = {write.partition for write in writes}
         await self._durable(partitions)
         sinks = {p: self._sink_of(p) for p in partitions}
+        undos = {p: self._undo_of(p) for p in partitions}
+        for p, undo in undos.items():
+            if undo is not None and undo.rolled_back:
+                raise StoreClosed(f"partition {p} was rolled back: it takes no write")
         sunk = any(sink is not None for sink in sinks.values())
         values: list[bytes | None] | None = None
         if sunk or self._values_needed:
@@ -92,6 +98,13 @@ class PartitionedStore(PartitionedReads):
                 raise StoreError(
                     f"the changelog sink failed, nothing was written locally: {exc!r}"
                 ) from exc
+        self._write_locally(writes, values)
+        for write in writes:
+            if (undo := undos[write.partition]) is not None:
+                undo.record(write.row, write.old)
+
+    def _write_locally(self, writes: list[Write], values: list[bytes | None] | None) -> None:
+        """Applies `writes` and keeps the status counts with them."""
         self._apply(writes, values)
         # No await since the rows were applied: a count taken in between cannot miss them.
         for write in writes:
@@ -102,20 +115,70 @@ class PartitionedStore(PartitionedReads):
                 if write.new is not None and write.new.status in _COUNTED:
                     counts[write.new.status] += 1
 
+    def _attached(self, partition: int) -> tuple[int, ChangelogSink, Undo] | None:
+        """`partition`'s attached sink while its serving lasts."""
+        attached = self._sinks.get(partition)
+        if attached is not None and attached[0] != self._servings[partition]:
+            del self._sinks[partition]  # revoked or dropped since: its holder is gone
+            return None
+        return attached
+
     def _sink_of(self, partition: int) -> ChangelogSink | None:
         """Where `partition`'s rows go: its handle's sink while its serving lasts."""
-        attached = self._sinks.get(partition)
-        if attached is None:
-            return self._sink
-        if attached[0] != self._servings[partition]:
-            del self._sinks[partition]  # revoked or dropped since: its holder is gone
-            return self._sink
-        return attached[1]
+        attached = self._attached(partition)
+        return self._sink if attached is None else attached[1]
+
+    def _undo_of(self, partition: int) -> Undo | None:
+        attached = self._attached(partition)
+        return None if attached is None else attached[2]
 
     def _attach(self, partition: int, serving: int, sink: ChangelogSink) -> None:
         self._check_open()
         self._check_serving(partition, serving)
-        self._sinks[partition] = (serving, sink)
+        self._sinks[partition] = (serving, sink, Undo())
+
+    async def _applied_through(
+        self, partition: int, offset: int, serving: int | None, rows: int = 0
+    ) -> None:
+        """`applied_through`; `rows`: how many of the partition's attached writes (the
+        oldest) that commit held, undone no more. A partition rolled back since (its sink
+        gone) records nothing: the commit's rows are no longer here."""
+        self._check_open()
+        self._check_serving(partition, serving)
+        async with self._writing([partition]):
+            self._check_serving(partition, serving)
+            undo = self._undo_of(partition)
+            if serving is not None and (undo is None or undo.rolled_back):
+                return
+            held = self._offset(partition)
+            if held is None or offset > held:
+                self._set_offset(partition, offset)
+            if undo is not None:
+                undo.landed(rows)
+
+    async def _roll_back(self, partition: int, serving: int) -> int:
+        """Writes back, locally, each row the attached writes not landed replaced, as the
+        landed commits left it (no changelog: none of those writes committed); the
+        partition takes no write of that serving's any more (`StoreClosed`), and no
+        landing is recorded. How many rows were written back."""
+        self._check_open()
+        self._check_serving(partition, serving)
+        async with self._writing([partition]):
+            self._check_serving(partition, serving)
+            undo = self._undo_of(partition)
+            if undo is None or undo.rolled_back:
+                raise StoreError(f"partition {partition}: no sink attached, or rolled back")
+            await self._durable({partition})
+            undo.rolled_back = True
+            writes = []
+            for row, before in undo.befores().items():
+                now = self._load(partition, row)
+                if now != before:
+                    writes.append(Write(partition, row, now, before))
+            undo.clear()
+            values = [None if w.new is None else encode_timer(w.new) for w in writes]
+            self._write_locally(writes, values)
+            return len(writes)
 
     def partition(self, partition: int) -> PartitionHandle:
         """Partition `partition` alone, for the task that took it (`PartitionHandle`):

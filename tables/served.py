@@ -202,14 +202,10 @@ class ServedPartitions(ABC):
     async def applied_through(self, partition: int, offset: int) -> None:
         await self._applied_through(partition, offset, None)
 
-    async def _applied_through(self, partition: int, offset: int, serving: int | None) -> None:
-        self._check_open()
-        self._check_serving(partition, serving)
-        async with self._writing([partition]):
-            self._check_serving(partition, serving)
-            held = self._offset(partition)
-            if held is None or offset > held:
-                self._set_offset(partition, offset)
+    @abstractmethod
+    async def _applied_through(
+        self, partition: int, offset: int, serving: int | None, rows: int = 0
+    ) -> None: ...
 
     async def assign(self, partitions: Iterable[int]) -> None:
         self._check_open()

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from app.node.partition_task import PartitionTask, TaskShared
+    from tables.partition_handle import PartitionHandle
 
 __all__ = ["CloseFailed", "release_partition"]
 
@@ -23,12 +24,17 @@ class CloseFailed(Exception):
     half let go and its copy is not clean, so no new task takes it (as a crashed close)."""
 
 
-async def release_partition(s: TaskShared, task: PartitionTask, *, clean: bool) -> None:
+async def release_partition(
+    s: TaskShared, task: PartitionTask, *, clean: bool, store: PartitionHandle | None = None
+) -> None:
     """Lets everything of `task`'s p go (its `close`): `clean`, what its transaction holds
     is committed first and its local copy marked clean; all of it within one deadline. Its
     timer firing is stopped and dropped, its transaction abandoned and dropped.
-    `CloseFailed` when a part failed: every other part is done all the same (p's producer
-    always stopped), and the copy is not marked clean."""
+    Not clean (or its commits failed), its copy is rolled back through `store` (its
+    handle) to what its landed commits left and marked clean, unless the store itself
+    failed in p or rows were thrown away uncommitted (then the next take restores it
+    whole). `CloseFailed` when a part failed: every other part is done all the same (p's
+    producer always stopped), and the copy is not marked clean."""
     kept, p, commits = task.kept, task.p, task.commits
     commits.take_offsets()  # passed over, not committed: read again by the next
     loop = asyncio.get_running_loop()
@@ -65,14 +71,19 @@ async def release_partition(s: TaskShared, task: PartitionTask, *, clean: bool) 
             # is not marked clean (a fault its round had not told the task yet, or met
             # by the stop's last writes): the next take restores it from its changelog.
             committed = False
+            task.store_failed = True
     except Exception as exc:
         logger.exception("letting partition %d of %s go failed", p, kept.name)
         failed.append(f"{kept.name}: {exc!r}")
     finally:
         task.firing = None
+        txn = task.transaction
+        undo = None
+        if not (committed or failed or task.store_failed or (txn and txn.discarded)):
+            undo = store
         # Whatever failed (or was cancelled) before: p's producer is stopped and its
         # store and processor let go, or a retake's open would leak the producer.
-        failed += await _let_go(s, task, until, committed)
+        failed += await _let_go(s, task, until, committed, undo)
     readers = s.reading_results.get(p, set())
     readers.discard(kept.name)
     if not readers:
@@ -93,10 +104,17 @@ async def release_partition(s: TaskShared, task: PartitionTask, *, clean: bool) 
         raise CloseFailed(f"partition {p} of {kept.name}: " + "; ".join(failed))
 
 
-async def _let_go(s: TaskShared, task: PartitionTask, until: float, committed: bool) -> list[str]:
+async def _let_go(
+    s: TaskShared,
+    task: PartitionTask,
+    until: float,
+    committed: bool,
+    undo: PartitionHandle | None = None,
+) -> list[str]:
     """Abandons the task's transaction (its producer stopped) and lets its store partition
     and processor go, each whatever the others raised; the copy is marked clean only when
-    `committed` and all of it went well. What failed, described."""
+    `committed`, or rolled back through `undo` once the producer stopped, and all of it
+    went well. What failed, described."""
     kept, p, commits = task.kept, task.p, task.commits
     failed: list[str] = []
     loop = asyncio.get_running_loop()
@@ -111,6 +129,23 @@ async def _let_go(s: TaskShared, task: PartitionTask, until: float, committed: b
     except Exception as exc:
         logger.exception("partition %d of %s: stopping its producer failed", p, kept.name)
         failed.append(f"{kept.name} producer: {exc!r}")
+    if undo is not None and not failed:
+        # No commit of p lands from now on (its producer stopped): what did not land is
+        # written back, so the copy holds committed writes only, read on from there.
+        try:
+            rolled = await undo.roll_back()
+            committed = True
+            logger.info(
+                "partition %d of %s: %d timer row(s) not committed rolled back; its copy"
+                " is read on from its changelog next",
+                p,
+                kept.name,
+                rolled,
+            )
+        except Exception as exc:
+            logger.warning(
+                "partition %d of %s: not rolled back (%s): restored whole next", p, kept.name, exc
+            )
     try:
         if p in kept.store.assigned:
             await kept.store.revoke({p})

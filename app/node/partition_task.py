@@ -59,6 +59,7 @@ from app.node.task_shared import TaskManager, TaskShared
 from app.node.task_state import TaskState, closes_clean, transition
 from app.timers.runner import PartitionFiring
 from app.timers.runner.partition_store import PartitionStore
+from tables.exceptions import StoreClosed, StoreError
 from tables.partition_handle import PartitionHandle
 
 __all__ = [
@@ -96,6 +97,9 @@ class PartitionTask:
         # p's handle of the timer store, its cycles' writes' (made by its take, after the
         # restore; dropped by its close: a retake's is a new one).
         self.store: PartitionHandle | None = None
+        # Whether its store failed in p since its take (a corrupt row, RocksDB's error):
+        # then its copy is restored whole, never rolled back to its landed commits.
+        self.store_failed = False
         # p's timer firing: obtained when p starts firing, stopped by its close.
         self.firing: PartitionFiring | None = None
         # The loop of p's own timer rounds over its firing (ended by its close).
@@ -194,6 +198,7 @@ class PartitionTask:
         logger.warning("%s: %s failed: %s; %s", self.key, what, exc, then)
         self._to(TaskState.SUSPENDED)
         self._stop_running()
+        self.store_failed = self.store_failed or store_fault(exc)
         at = {} if self.input is None else self.input.failed_at
         failing = self.failing.failed(self.p, at, f"{what}: {exc}", what)
         self.broken = failing.describe()
@@ -344,6 +349,7 @@ class PartitionTask:
         its earlier ones, failed or abandoned, says anything of the next take's)."""
         self._to(TaskState.CREATED)
         self.commits = self._new_commits()
+        self.store_failed = False
 
     def _new_commits(self) -> PartitionCommits:
         landed = functools.partial(self.worked, A_COMMIT)
@@ -379,14 +385,16 @@ class PartitionTask:
         if was is not TaskState.SUSPENDED:
             self._to(TaskState.SUSPENDED)
         self._stop_running()
-        self.store = None  # refused from p's revoke on anyway; a retake makes a new one
+        # Refused from p's revoke on anyway; a retake makes a new one. Its close may roll
+        # back through it what did not commit.
+        store, self.store = self.store, None
         self._end_timer_loop()
         if was is not TaskState.CREATED or self._half_open():
             # A cycle cut short wrote half of its work: nothing of p's transaction commits.
             clean = not await self.stop_input() and clean
             self.input = None
             try:
-                await self._release(clean=clean)
+                await self._release(clean=clean, store=store)
             except CloseFailed:
                 self._to(TaskState.CLOSED)  # all the rest of p was let go: not again
                 raise
@@ -406,5 +414,11 @@ class PartitionTask:
             or self.type_name in self._shared.reading_results.get(self.p, ())
         )
 
-    async def _release(self, *, clean: bool) -> None:
-        await release_partition(self._shared, self, clean=clean)
+    async def _release(self, *, clean: bool, store: PartitionHandle | None) -> None:
+        await release_partition(self._shared, self, clean=clean, store=store)
+
+
+def store_fault(exc: BaseException) -> bool:
+    """Whether `exc` is a fault of the timer store's own (a corrupt row, RocksDB's error),
+    not a partition let go (`StoreClosed`)."""
+    return isinstance(exc, StoreError) and not isinstance(exc, StoreClosed)

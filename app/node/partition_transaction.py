@@ -7,10 +7,12 @@ that lost p but has not noticed yet (a zombie) can write, but never commit, so n
 and no compaction ever sees its writes. A store write is applied locally at once and its
 row buffered; the rows go out in p's next transaction (a command batch, a log batch's
 offsets, or every `commit_interval` for the runner's writes). A local copy that may
-hold writes that were never committed (the node stopped uncleanly, or a commit failed)
-is thrown away and restored from the changelog (`app.timers.restore`; which copies are
-clean: `app.node.local_state.CleanMarks`); a clean one is read on from the last timer row
-its commits landed (`TimerStore.applied_through`, told as each commit lands).
+hold writes that were never committed (the node stopped uncleanly, the store failed) is
+thrown away and restored from the changelog (`app.timers.restore`; which copies are
+clean: `app.node.local_state.CleanMarks`); after a failed commit with the store sound,
+the writes not landed are rolled back instead (`PartitionHandle.roll_back`, at the
+partition's close). A clean copy is read on from the last timer row its commits landed
+(told the store as each commit lands: `PartitionHandle.applied_through`).
 
 `PartitionTransaction` is one partition's, held by the task that runs the partition from
 its take to its close; `app.node.type_transactions.TypeTransactions` opens them and stops
@@ -66,9 +68,13 @@ class PartitionTransaction:
         self._staged = _Staged()
         # Abandoned (its producer stopped or stopping): it takes and commits nothing more.
         self.abandoned = False
-        # Told the offset of the last timer row of each commit that landed (the store's
-        # `applied_through`): a copy closed clean is read on from there.
-        self.rows_landed: Callable[[int], Awaitable[None]] | None = None
+        # Told the offset of the last timer row of each commit that landed and how many
+        # rows it held (the store handle's `applied_through`): a copy closed clean is read
+        # on from there, and a failed one rolled back to there.
+        self.rows_landed: Callable[[int, int], Awaitable[None]] | None = None
+        # Rows thrown away uncommitted (`discard`): the store cannot tell which of its
+        # writes later commits hold, so its copy is restored, not rolled back.
+        self.discarded = False
 
     def __repr__(self) -> str:
         state = "abandoned" if self.abandoned else "open"
@@ -104,6 +110,7 @@ class PartitionTransaction:
         """Throws away what waits for its next transaction, its producer kept: a cycle cut
         short left half of its work there (the partition is let go uncleanly next, its
         local copy restored from the changelog)."""
+        self.discarded = self.discarded or bool(self._rows)
         self._rows = []
         self._staged = _Staged()
 
@@ -173,7 +180,7 @@ class Transaction:
         rows: list[OutRecord],
         staged: _Staged,
         on_commit: Callable[[float], None] | None = None,
-        rows_landed: Callable[[int], Awaitable[None]] | None = None,
+        rows_landed: Callable[[int, int], Awaitable[None]] | None = None,
     ) -> None:
         self._producer = producer
         self._group_id = group_id
@@ -193,18 +200,18 @@ class Transaction:
             self._on_commit(time.perf_counter() - began)
         base = len(rows)
         if self._rows_landed is not None and base:
-            await self._landed(max(written[:base]))
+            await self._landed(max(written[:base]), base)
         for start, end, committed in staged.after:
             committed(written[base + start : base + end])
         return written
 
-    async def _landed(self, offset: int) -> None:
-        """The store told its rows up to `offset` landed; a store let go meanwhile (the
-        partition's close) is not: its copy is read on from an earlier offset, which is
-        only slower."""
+    async def _landed(self, offset: int, rows: int) -> None:
+        """The store told its `rows` rows up to `offset` landed; a store let go or rolled
+        back meanwhile (the partition's close) is not: its copy is read on from an earlier
+        offset, which is only slower."""
         assert self._rows_landed is not None
         try:
-            await self._rows_landed(offset)
+            await self._rows_landed(offset, rows)
         except StoreClosed as exc:
             logger.debug("rows landed through %d, not recorded in the store: %s", offset, exc)
         except Exception as exc:

@@ -51,7 +51,8 @@ async def test_a_close_whose_commit_and_producer_stop_hang_ends_at_its_one_deadl
     """A revoked task's commit in flight never answers (its own deadline is 30 s), and
     neither does its producer's stop. The close ends at the task's one close deadline (well
     below the group's rebalance timeout), whatever each part's own deadline: what is left
-    is abandoned dirty (the copy not marked clean), and the partition is taken again."""
+    is abandoned (the copy rolled back to its landed commits, and so marked clean), and the
+    partition is taken again."""
     log = node.node.clients
     assert isinstance(log, MemoryLog)
     await wait_until(node.runs)
@@ -85,7 +86,7 @@ async def test_a_close_whose_commit_and_producer_stop_hang_ends_at_its_one_deadl
         await asyncio.wait_for(node.node._revoked({(TOPICS.events, 0)}), 5)
         assert time.monotonic() - began < 2
         assert state_of(task) is TaskState.CLOSED and not kept.transactions.owns(0)
-        assert not kept.marks._path(0).exists(), "a copy whose writes never committed marked"
+        assert kept.marks._path(0).exists(), "rolled back to its landed commits: clean"
         log.before_commit = None
         assert node.node._consumer is not None
         await node.node._assigned(node.node._consumer.assignment())
@@ -188,7 +189,7 @@ async def test_a_new_task_behind_a_close_that_crashed_never_takes_the_partition(
     first = node.node._tasks[task_of(0)]
     releasing, crash = asyncio.Event(), asyncio.Event()
 
-    async def crashing(*, clean: bool) -> None:
+    async def crashing(*, clean: bool, store: object = None) -> None:
         releasing.set()
         await crash.wait()
         raise RuntimeError("a bug in the close")

@@ -204,8 +204,9 @@ async def test_a_revoke_whose_commit_never_answers_is_given_up_at_its_deadline(
     """A revoke's close commits what its transaction holds (its own last commit, or the
     one in flight it waits for), and that commit never answers. It is given up at its
     deadline rather than hold the rebalance (and the node's stop) for ever: the task is
-    closed, its local copy not marked clean (what it wrote never committed), nothing of
-    the hung transaction committed; the group giving the partition back takes it afresh."""
+    closed, its local copy rolled back to what its landed commits left and marked clean
+    (read on from its changelog next), nothing of the hung transaction committed; the group
+    giving the partition back takes it afresh."""
     log = node.node.clients
     assert isinstance(log, MemoryLog)
     await wait_until(node.runs)
@@ -236,7 +237,7 @@ async def test_a_revoke_whose_commit_never_answers_is_given_up_at_its_deadline(
         await wait_until(hung.is_set)
         await wait_until(revoking.done)
     assert state_of(task) is TaskState.CLOSED and not kept.transactions.owns(0)
-    assert not kept.marks._path(0).exists(), "a copy whose writes never committed marked clean"
+    assert kept.marks._path(0).exists(), "rolled back to its landed commits: clean"
     log.before_commit = None
     assert node.node._consumer is not None
     await node.node._assigned(node.node._consumer.assignment())

@@ -25,6 +25,7 @@ from tables import (
     open_timer_store,
 )
 from tables.keys import row_key
+from tables.partitioned import PartitionedStore
 
 P = 4
 PENDING, FIRING, FIRED, CANCELLED, PARKED, PAUSED = (
@@ -920,6 +921,55 @@ async def test_applied_through_is_kept_across_a_rocksdb_reopen(tmp_path: Path) -
         assert again.changelog_offset(2) == 77
     finally:
         await again.close()
+
+
+async def test_roll_back_writes_back_what_the_landed_commits_left(
+    opener: Opener, sink: Sink
+) -> None:
+    """Through a handle with its sink attached: a commit landed (its rows no longer undone),
+    then writes that never landed (a cancel of a landed row, a new row, a row put and
+    cancelled). Rolled back, the partition holds what the landed commit left: rows,
+    indexes and counts; the sink is detached, and a landing told late records nothing."""
+    store = await opener()
+    assert isinstance(store, PartitionedStore)
+    handle = store.partition(0)
+    handle.attach(sink)
+    a, b, c = timer(ref("a"), due=500), timer(ref("b"), due=600), timer(ref("c"), due=700)
+    assert await handle.put(a)
+    await handle.applied_through(40, rows=1)
+    assert await handle.cancel(a.owner, a.key, a.version)
+    assert await handle.put(b)
+    assert await handle.put(c)
+    assert await handle.cancel(c.owner, c.key, c.version)
+    assert store.status_counts(0)[PENDING] == 1
+    assert len(sink.records) == 5
+
+    assert await handle.roll_back() == 3
+    assert await store.find(a.owner, a.key) == a
+    assert await store.find(b.owner, b.key) is None
+    assert await store.find(c.owner, c.key) is None
+    assert await store.due({0}, 10_000, 10) == [a]
+    assert store.status_counts(0) == {PENDING: 1, FIRING: 0, PARKED: 0, PAUSED: 0}
+    assert len(sink.records) == 5, "a roll back writes no changelog"
+    await handle.applied_through(90, rows=4)  # the failed commit's landing, told late
+    assert store.changelog_offset(0) == 40
+    with pytest.raises(StoreClosed, match="rolled back"):
+        await handle.put(timer(ref("d")))
+    with pytest.raises(StoreError, match="rolled back"):
+        await handle.roll_back()
+
+
+async def test_roll_back_of_nothing_not_landed_writes_nothing(opener: Opener, sink: Sink) -> None:
+    store = await opener()
+    assert isinstance(store, PartitionedStore)
+    handle = store.partition(1)
+    handle.attach(sink)
+    t = timer(ref("a"), partition=1)
+    assert await handle.put(t)
+    assert await handle.cancel(t.owner, t.key, t.version)
+    await handle.applied_through(7, rows=2)
+    assert await handle.roll_back() == 0
+    assert (await store.find(t.owner, t.key) or t).status is CANCELLED
 
 
 # --- the changelog ----------------------------------------------------------------------
