@@ -7,7 +7,7 @@ wrote them, until it is revoked or dropped."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from tables.census import TimerCensus
@@ -97,20 +97,19 @@ class PartitionHandle:
     ) -> list[UnreadableRow]:
         return await self._store._apply_changelog(self.partition, records, self._serving)
 
-    async def applied_through(self, offset: int, rows: int = 0) -> None:
-        """The partition's changelog records up to `offset` committed (see the store's),
-        `rows` of them the oldest rows written since the sink was attached and not landed
-        yet: undone no more (`roll_back`)."""
-        await self._store._applied_through(self.partition, offset, self._serving, rows)
+    async def applied_through(self, offset: int) -> None:
+        """The partition's changelog records up to `offset` committed (see the store's);
+        nothing once rolled back."""
+        await self._store._applied_through(self.partition, offset, self._serving)
 
-    async def roll_back(self) -> int:
-        """Its commit failed: every row written since the sink was attached whose commit
-        did not land is written back, locally, as the landed commits left it (so the copy
-        holds committed writes only, and is read on from its changelog); how many rows.
-        From then on its writes are refused (`StoreClosed`) and no landing is recorded:
-        its holder lets it go next. `StoreError` when no sink is attached, or rolled back
-        already."""
-        return await self._store._roll_back(self.partition, self._serving)
+    async def roll_back(self, befores: Mapping[bytes, Timer | None]) -> int:
+        """Its commits failed: each row of `befores` (row key: the row it held before the
+        first write whose commit did not land, None for none) is written back, locally, so
+        the copy holds committed writes only and is read on from its changelog; how many.
+        From then on the partition's writes through this serving are refused
+        (`StoreClosed`) and no landing is recorded: its holder lets it go next.
+        `StoreError` when it was rolled back already."""
+        return await self._store._roll_back(self.partition, self._serving, befores)
 
     # --- reads: no lock ---------------------------------------------------------------
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 from abc import abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from tables.exceptions import StoreClosed, StoreError
 from tables.keys import encode_timer, owner_prefix, row_key
@@ -19,7 +19,6 @@ from tables.retention import expiry_cutoff, plan_expiry
 from tables.served import Found
 from tables.store import ChangelogRecord, ChangelogSink
 from tables.timer import Timer, TimerChange, TimerStatus
-from tables.undo import Undo
 from tables.writes import (
     Write,
     check_change,
@@ -47,10 +46,11 @@ class PartitionedStore(PartitionedReads):
     def __init__(self, partitions: int, changelog: ChangelogSink | None) -> None:
         super().__init__(partitions)
         self._sink = changelog
-        # By partition, the sink its handle attached (`PartitionHandle.attach`), the
-        # serving it holds for and what its writes changed since their last landed commit:
-        # its rows go there, not to `_sink`, while it lasts.
-        self._sinks: dict[int, tuple[int, ChangelogSink, Undo]] = {}
+        # By partition, the sink its handle attached (`PartitionHandle.attach`) and the
+        # serving it holds for: its rows go there, not to `_sink`, while it lasts.
+        self._sinks: dict[int, tuple[int, ChangelogSink]] = {}
+        # By partition, the serving rolled back (`_roll_back`): it takes no write any more.
+        self._rolled_back: dict[int, int] = {}
 
     # --- what a backend supplies ------------------------------------------------------
 
@@ -71,11 +71,19 @@ class PartitionedStore(PartitionedReads):
             return
         partitions = {write.partition for write in writes}
         await self._durable(partitions)
-        sinks = {p: self._sink_of(p) for p in partitions}
-        undos = {p: self._undo_of(p) for p in partitions}
-        for p, undo in undos.items():
-            if undo is not None and undo.rolled_back:
+        for p in partitions:
+            if self._rolled_back.get(p) == self._servings[p]:
                 raise StoreClosed(f"partition {p} was rolled back: it takes no write")
+        sinks = {p: self._sink_of(p) for p in partitions}
+        if len({id(sink) for sink in sinks.values()}) > 1:
+            # Partitions of sinks of their own (their transactions): each handed its rows
+            # and written apart, so a sink failing leaves no row in another's transaction
+            # that was not written here too (a commit would then land a row this copy
+            # lacks, past the offset it reads on from). The partitions before it are
+            # written; the caller's retry finds them so (`settling.apart`).
+            for p in sorted(partitions):
+                await self._commit([w for w in writes if w.partition == p])
+            return
         sunk = any(sink is not None for sink in sinks.values())
         values: list[bytes | None] | None = None
         if sunk or self._values_needed:
@@ -86,7 +94,7 @@ class PartitionedStore(PartitionedReads):
             by_sink: dict[int, tuple[ChangelogSink, list[ChangelogRecord]]] = {}
             for write, value in zip(writes, values, strict=True):
                 if (sink := sinks[write.partition]) is not None:
-                    record = ChangelogRecord(write.partition, write.row, value)
+                    record = ChangelogRecord(write.partition, write.row, value, write.old)
                     by_sink.setdefault(id(sink), (sink, []))[1].append(record)
             try:
                 for sink, records in by_sink.values():
@@ -99,9 +107,6 @@ class PartitionedStore(PartitionedReads):
                     f"the changelog sink failed, nothing was written locally: {exc!r}"
                 ) from exc
         self._write_locally(writes, values)
-        for write in writes:
-            if (undo := undos[write.partition]) is not None:
-                undo.record(write.row, write.old)
 
     def _write_locally(self, writes: list[Write], values: list[bytes | None] | None) -> None:
         """Applies `writes` and keeps the status counts with them."""
@@ -115,67 +120,54 @@ class PartitionedStore(PartitionedReads):
                 if write.new is not None and write.new.status in _COUNTED:
                     counts[write.new.status] += 1
 
-    def _attached(self, partition: int) -> tuple[int, ChangelogSink, Undo] | None:
-        """`partition`'s attached sink while its serving lasts."""
-        attached = self._sinks.get(partition)
-        if attached is not None and attached[0] != self._servings[partition]:
-            del self._sinks[partition]  # revoked or dropped since: its holder is gone
-            return None
-        return attached
-
     def _sink_of(self, partition: int) -> ChangelogSink | None:
         """Where `partition`'s rows go: its handle's sink while its serving lasts."""
-        attached = self._attached(partition)
-        return self._sink if attached is None else attached[1]
-
-    def _undo_of(self, partition: int) -> Undo | None:
-        attached = self._attached(partition)
-        return None if attached is None else attached[2]
+        attached = self._sinks.get(partition)
+        if attached is None:
+            return self._sink
+        if attached[0] != self._servings[partition]:
+            del self._sinks[partition]  # revoked or dropped since: its holder is gone
+            return self._sink
+        return attached[1]
 
     def _attach(self, partition: int, serving: int, sink: ChangelogSink) -> None:
         self._check_open()
         self._check_serving(partition, serving)
-        self._sinks[partition] = (serving, sink, Undo())
+        self._sinks[partition] = (serving, sink)
 
-    async def _applied_through(
-        self, partition: int, offset: int, serving: int | None, rows: int = 0
-    ) -> None:
-        """`applied_through`; `rows`: how many of the partition's attached writes (the
-        oldest) that commit held, undone no more. A partition rolled back since (its sink
-        gone) records nothing: the commit's rows are no longer here."""
+    async def _applied_through(self, partition: int, offset: int, serving: int | None) -> None:
+        """`applied_through`; of a serving rolled back since, nothing: the commit's rows
+        were written back, and are read on from the changelog."""
         self._check_open()
         self._check_serving(partition, serving)
         async with self._writing([partition]):
             self._check_serving(partition, serving)
-            undo = self._undo_of(partition)
-            if serving is not None and (undo is None or undo.rolled_back):
+            if self._rolled_back.get(partition) == self._servings[partition]:
                 return
             held = self._offset(partition)
             if held is None or offset > held:
                 self._set_offset(partition, offset)
-            if undo is not None:
-                undo.landed(rows)
 
-    async def _roll_back(self, partition: int, serving: int) -> int:
-        """Writes back, locally, each row the attached writes not landed replaced, as the
-        landed commits left it (no changelog: none of those writes committed); the
-        partition takes no write of that serving's any more (`StoreClosed`), and no
-        landing is recorded. How many rows were written back."""
+    async def _roll_back(
+        self, partition: int, serving: int, befores: Mapping[bytes, Timer | None]
+    ) -> int:
+        """Writes back, locally, each row of `befores` as it held before writes whose
+        commits did not land (no changelog: none of them committed); from then on this
+        serving of the partition takes no write (`StoreClosed`) and records no landing.
+        How many rows were written back."""
         self._check_open()
         self._check_serving(partition, serving)
         async with self._writing([partition]):
             self._check_serving(partition, serving)
-            undo = self._undo_of(partition)
-            if undo is None or undo.rolled_back:
-                raise StoreError(f"partition {partition}: no sink attached, or rolled back")
+            if self._rolled_back.get(partition) == serving:
+                raise StoreError(f"partition {partition} was rolled back already")
+            self._rolled_back[partition] = serving
             await self._durable({partition})
-            undo.rolled_back = True
             writes = []
-            for row, before in undo.befores().items():
+            for row, before in befores.items():
                 now = self._load(partition, row)
                 if now != before:
                     writes.append(Write(partition, row, now, before))
-            undo.clear()
             values = [None if w.new is None else encode_timer(w.new) for w in writes]
             self._write_locally(writes, values)
             return len(writes)

@@ -203,9 +203,7 @@ class ServedPartitions(ABC):
         await self._applied_through(partition, offset, None)
 
     @abstractmethod
-    async def _applied_through(
-        self, partition: int, offset: int, serving: int | None, rows: int = 0
-    ) -> None: ...
+    async def _applied_through(self, partition: int, offset: int, serving: int | None) -> None: ...
 
     async def assign(self, partitions: Iterable[int]) -> None:
         self._check_open()

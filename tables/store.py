@@ -35,11 +35,14 @@ logger = logging.getLogger(__name__)
 
 
 class ChangelogRecord(NamedTuple):
-    """One row as the changelog carries it: key `row_key(owner, key)`, value the row's JSON."""
+    """One row as the changelog carries it: key `row_key(owner, key)`, value the row's JSON;
+    with the row the write replaced (None: none), which its transaction keeps until its
+    commit lands: a failed commit's rows are written back to it (`PartitionHandle.roll_back`)."""
 
     partition: int
     key: bytes
     value: bytes | None
+    before: Timer | None = None
 
 
 class DueRow:

@@ -89,7 +89,7 @@ def _sink(txn: PartitionTransaction) -> ChangelogSink:
 
     async def sink(records: list[ChangelogRecord]) -> None:
         for r in records:
-            txn.add(r.key, r.value)
+            txn.add(r.key, r.value, r.before)
 
     return sink
 

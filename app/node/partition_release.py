@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from app.node.partition_task import PartitionTask, TaskShared
+    from app.node.partition_transaction import PartitionTransaction
     from tables.partition_handle import PartitionHandle
 
 __all__ = ["CloseFailed", "release_partition"]
@@ -71,7 +72,7 @@ async def release_partition(
             # is not marked clean (a fault its round had not told the task yet, or met
             # by the stop's last writes): the next take restores it from its changelog.
             committed = False
-            task.store_failed = True
+            task.copy_doubtful = True
     except Exception as exc:
         logger.exception("letting partition %d of %s go failed", p, kept.name)
         failed.append(f"{kept.name}: {exc!r}")
@@ -79,11 +80,11 @@ async def release_partition(
         task.firing = None
         txn = task.transaction
         undo = None
-        if not (committed or failed or task.store_failed or (txn and txn.discarded)):
+        if txn is not None and not (committed or failed or task.copy_doubtful or txn.discarded):
             undo = store
         # Whatever failed (or was cancelled) before: p's producer is stopped and its
         # store and processor let go, or a retake's open would leak the producer.
-        failed += await _let_go(s, task, until, committed, undo)
+        failed += await _let_go(s, task, until, committed, undo, txn)
     readers = s.reading_results.get(p, set())
     readers.discard(kept.name)
     if not readers:
@@ -110,11 +111,12 @@ async def _let_go(
     until: float,
     committed: bool,
     undo: PartitionHandle | None = None,
+    txn: PartitionTransaction | None = None,
 ) -> list[str]:
     """Abandons the task's transaction (its producer stopped) and lets its store partition
     and processor go, each whatever the others raised; the copy is marked clean only when
-    `committed`, or rolled back through `undo` once the producer stopped, and all of it
-    went well. What failed, described."""
+    `committed`, or rolled back through `undo` to what `txn`'s landed commits left once
+    the producer stopped, and all of it went well. What failed, described."""
     kept, p, commits = task.kept, task.p, task.commits
     failed: list[str] = []
     loop = asyncio.get_running_loop()
@@ -129,11 +131,12 @@ async def _let_go(
     except Exception as exc:
         logger.exception("partition %d of %s: stopping its producer failed", p, kept.name)
         failed.append(f"{kept.name} producer: {exc!r}")
-    if undo is not None and not failed:
-        # No commit of p lands from now on (its producer stopped): what did not land is
-        # written back, so the copy holds committed writes only, read on from there.
+    if undo is not None and txn is not None and not failed:
+        # What did not land is written back, so the copy holds committed writes only, read
+        # on from there (a commit landing later is read on too: its landing is not
+        # recorded, and the store takes no write any more).
         try:
-            rolled = await undo.roll_back()
+            rolled = await undo.roll_back(txn.unlanded())
             committed = True
             logger.info(
                 "partition %d of %s: %d timer row(s) not committed rolled back; its copy"

@@ -43,7 +43,7 @@ import logging
 from collections.abc import Collection
 
 from app.commands.processor import CommandProcessor
-from app.errors import node_fault
+from app.errors import KafkaUnavailable, node_fault
 from app.kafka.records import refused
 from app.node.commits import PartitionCommits
 from app.node.failing import A_COMMIT, FailingPartitions, retake_after
@@ -59,7 +59,6 @@ from app.node.task_shared import TaskManager, TaskShared
 from app.node.task_state import TaskState, closes_clean, transition
 from app.timers.runner import PartitionFiring
 from app.timers.runner.partition_store import PartitionStore
-from tables.exceptions import StoreClosed, StoreError
 from tables.partition_handle import PartitionHandle
 
 __all__ = [
@@ -97,9 +96,10 @@ class PartitionTask:
         # p's handle of the timer store, its cycles' writes' (made by its take, after the
         # restore; dropped by its close: a retake's is a new one).
         self.store: PartitionHandle | None = None
-        # Whether its store failed in p since its take (a corrupt row, RocksDB's error):
-        # then its copy is restored whole, never rolled back to its landed commits.
-        self.store_failed = False
+        # Whether it failed since its take in a way not known to leave its store sound (a
+        # corrupt row, RocksDB's own error, a bug): then its copy is restored whole, never
+        # rolled back to what its landed commits left.
+        self.copy_doubtful = False
         # p's timer firing: obtained when p starts firing, stopped by its close.
         self.firing: PartitionFiring | None = None
         # The loop of p's own timer rounds over its firing (ended by its close).
@@ -189,16 +189,18 @@ class PartitionTask:
         afresh: restored from the changelog and the log, read again from the committed
         offsets); when fenced, a newer owner has p, and it is taken again only if the
         group still gives it here."""
+        fenced = is_fenced(exc)
+        # Only Kafka's side failing is known to leave the store sound.
+        sound = what == A_COMMIT or fenced or isinstance(exc, KafkaUnavailable)
+        self.copy_doubtful = self.copy_doubtful or not sound
         if self.state is not TaskState.RUNNING:
             return
         s = self._shared
-        fenced = is_fenced(exc)
         s.metrics.let_go.labels("fenced" if fenced else "failed").inc()
         then = "let go" if fenced else "taken afresh"
         logger.warning("%s: %s failed: %s; %s", self.key, what, exc, then)
         self._to(TaskState.SUSPENDED)
         self._stop_running()
-        self.store_failed = self.store_failed or store_fault(exc)
         at = {} if self.input is None else self.input.failed_at
         failing = self.failing.failed(self.p, at, f"{what}: {exc}", what)
         self.broken = failing.describe()
@@ -349,7 +351,7 @@ class PartitionTask:
         its earlier ones, failed or abandoned, says anything of the next take's)."""
         self._to(TaskState.CREATED)
         self.commits = self._new_commits()
-        self.store_failed = False
+        self.copy_doubtful = False
 
     def _new_commits(self) -> PartitionCommits:
         landed = functools.partial(self.worked, A_COMMIT)
@@ -416,9 +418,3 @@ class PartitionTask:
 
     async def _release(self, *, clean: bool, store: PartitionHandle | None) -> None:
         await release_partition(self._shared, self, clean=clean, store=store)
-
-
-def store_fault(exc: BaseException) -> bool:
-    """Whether `exc` is a fault of the timer store's own (a corrupt row, RocksDB's error),
-    not a partition let go (`StoreClosed`)."""
-    return isinstance(exc, StoreError) and not isinstance(exc, StoreClosed)

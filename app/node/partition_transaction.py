@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from app.errors import KafkaUnavailable
 from app.kafka import OutRecord, TransactionalWriter
 from tables.exceptions import StoreClosed
+from tables.timer import Timer
 
 __all__ = ["PartitionTransaction", "Transaction"]
 
@@ -68,12 +69,15 @@ class PartitionTransaction:
         self._staged = _Staged()
         # Abandoned (its producer stopped or stopping): it takes and commits nothing more.
         self.abandoned = False
-        # Told the offset of the last timer row of each commit that landed and how many
-        # rows it held (the store handle's `applied_through`): a copy closed clean is read
-        # on from there, and a failed one rolled back to there.
-        self.rows_landed: Callable[[int, int], Awaitable[None]] | None = None
-        # Rows thrown away uncommitted (`discard`): the store cannot tell which of its
-        # writes later commits hold, so its copy is restored, not rolled back.
+        # Told the offset of the last timer row of each commit that landed (the store
+        # handle's `applied_through`): a copy closed clean is read on from there.
+        self.rows_landed: Callable[[int], Awaitable[None]] | None = None
+        # Per buffered row, its key and the row it replaced (None: none); and what it
+        # took, of which those not landed are rolled back by a failed close (`unlanded`).
+        self._befores: list[tuple[bytes, Timer | None]] = []
+        self._taken: list[Transaction] = []
+        # Rows thrown away uncommitted (`discard`): their local writes cannot be told
+        # apart any more, so the copy is restored whole, never rolled back.
         self.discarded = False
 
     def __repr__(self) -> str:
@@ -85,7 +89,7 @@ class PartitionTransaction:
 
     def abandon(self) -> TransactionalWriter:
         """Ends it (its caller stops the producer, returned): what is buffered is thrown
-        away, and nothing is taken any more."""
+        away (the rows it replaced kept for `unlanded`), and nothing is taken any more."""
         self.abandoned = True
         self._rows = []
         self._staged = _Staged()
@@ -96,11 +100,13 @@ class PartitionTransaction:
         """The failure that broke its producer, if one did."""
         return self.producer.broken
 
-    def add(self, key: bytes, value: bytes | None) -> None:
-        """Buffers a timer row of the partition for its next transaction."""
+    def add(self, key: bytes, value: bytes | None, before: Timer | None = None) -> None:
+        """Buffers a timer row of the partition for its next transaction, with the row it
+        replaced in the store (None: none)."""
         if self.abandoned:
             raise self._not_owned()
         self._rows.append((self.topic, self.partition, key, value))
+        self._befores.append((key, before))
 
     def waiting(self) -> int:
         """How many records wait for its next transaction."""
@@ -112,6 +118,7 @@ class PartitionTransaction:
         local copy restored from the changelog)."""
         self.discarded = self.discarded or bool(self._rows)
         self._rows = []
+        self._befores = []
         self._staged = _Staged()
 
     def stage(
@@ -156,10 +163,28 @@ class PartitionTransaction:
         rows, staged = self._rows, self._staged
         if not rows and not staged.records and not staged.offsets:
             return None
+        befores, self._befores = self._befores, []
         self._rows = []
         self._staged = _Staged()
         landed = self.rows_landed if rows else None
-        return Transaction(self.producer, self.group_id, rows, staged, self._on_commit, landed)
+        taken = Transaction(self.producer, self.group_id, rows, staged, self._on_commit, landed)
+        taken.befores = befores
+        self._taken = [t for t in self._taken if not t.landed]
+        self._taken.append(taken)
+        return taken
+
+    def unlanded(self) -> dict[bytes, Timer | None]:
+        """Per row key written and not landed (taken by a commit that did not land, or
+        still buffered), the row it held before the first such write (None: none): what
+        the landed commits left there, which a failed close rolls the store back to."""
+        out: dict[bytes, Timer | None] = {}
+        for taken in self._taken:
+            if not taken.landed:
+                for key, before in taken.befores:
+                    out.setdefault(key, before)
+        for key, before in self._befores:
+            out.setdefault(key, before)
+        return out
 
     def waits(self) -> bool:
         """Whether rows or staged work wait for its next commit."""
@@ -180,7 +205,7 @@ class Transaction:
         rows: list[OutRecord],
         staged: _Staged,
         on_commit: Callable[[float], None] | None = None,
-        rows_landed: Callable[[int, int], Awaitable[None]] | None = None,
+        rows_landed: Callable[[int], Awaitable[None]] | None = None,
     ) -> None:
         self._producer = producer
         self._group_id = group_id
@@ -188,6 +213,10 @@ class Transaction:
         self._staged = staged
         self._on_commit = on_commit
         self._rows_landed = rows_landed
+        # Its rows' keys and the rows they replaced (`PartitionTransaction.unlanded`).
+        self.befores: list[tuple[bytes, Timer | None]] = []
+        # Its commit returned: what it holds landed.
+        self.landed = False
 
     async def send(self) -> list[int]:
         """Commits; tells each staged cycle its records' offsets; all the offsets."""
@@ -196,22 +225,23 @@ class Transaction:
         written = await self._producer.commit(
             [*rows, *staged.records], staged.offsets, self._group_id
         )
+        self.landed = True
         if self._on_commit is not None:
             self._on_commit(time.perf_counter() - began)
         base = len(rows)
         if self._rows_landed is not None and base:
-            await self._landed(max(written[:base]), base)
+            await self._landed(max(written[:base]))
         for start, end, committed in staged.after:
             committed(written[base + start : base + end])
         return written
 
-    async def _landed(self, offset: int, rows: int) -> None:
-        """The store told its `rows` rows up to `offset` landed; a store let go or rolled
-        back meanwhile (the partition's close) is not: its copy is read on from an earlier
+    async def _landed(self, offset: int) -> None:
+        """The store told its rows up to `offset` landed; a store let go or rolled back
+        meanwhile (the partition's close) is not: its copy is read on from an earlier
         offset, which is only slower."""
         assert self._rows_landed is not None
         try:
-            await self._rows_landed(offset, rows)
+            await self._rows_landed(offset)
         except StoreClosed as exc:
             logger.debug("rows landed through %d, not recorded in the store: %s", offset, exc)
         except Exception as exc:

@@ -170,7 +170,7 @@ class TypeTransactions:
         row of a partition with none open here is refused (`KafkaUnavailable`: the store's
         write fails, as for any partition this node does not own)."""
         for r in records:
-            self.of(r.partition).add(r.key, r.value)
+            self.of(r.partition).add(r.key, r.value, r.before)
 
     def owns(self, partition: int) -> bool:
         return partition in self._open

@@ -110,7 +110,7 @@ async def test_a_cancel_in_one_partition_goes_on_while_anothers_write_is_held(
     store = kept.store
     assert isinstance(store, PartitionedStore)  # the node's (RocksDB), on the memory log
     # Partition 1's own sink: its transaction, attached to its handle by its take.
-    serving, sink, undo = store._sinks[1]
+    serving, sink = store._sinks[1]
     entered, release = asyncio.Event(), asyncio.Event()
 
     async def holding(records: list[ChangelogRecord]) -> None:
@@ -119,7 +119,7 @@ async def test_a_cancel_in_one_partition_goes_on_while_anothers_write_is_held(
             await release.wait()
         await sink(records)
 
-    monkeypatch.setitem(store._sinks, 1, (serving, holding, undo))
+    monkeypatch.setitem(store._sinks, 1, (serving, holding))
     cancels: list[tuple[str, bool]] = []
     cancel = store._cancel
 

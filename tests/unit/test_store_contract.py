@@ -923,20 +923,37 @@ async def test_applied_through_is_kept_across_a_rocksdb_reopen(tmp_path: Path) -
         await again.close()
 
 
+def not_landed(records: list[ChangelogRecord]) -> dict[bytes, Timer | None]:
+    """Per row key, the row before the first of `records` (as a transaction keeps them)."""
+    out: dict[bytes, Timer | None] = {}
+    for r in records:
+        out.setdefault(r.key, r.before)
+    return out
+
+
+async def test_each_record_carries_the_row_it_replaced(store: TimerStore, sink: Sink) -> None:
+    t = timer(ref("a"))
+    assert await store.put(t)
+    assert await store.cancel(t.owner, t.key, t.version)
+    put, cancel = sink.records
+    assert (put.before, cancel.before) == (None, t)
+
+
 async def test_roll_back_writes_back_what_the_landed_commits_left(
     opener: Opener, sink: Sink
 ) -> None:
-    """Through a handle with its sink attached: a commit landed (its rows no longer undone),
-    then writes that never landed (a cancel of a landed row, a new row, a row put and
-    cancelled). Rolled back, the partition holds what the landed commit left: rows,
-    indexes and counts; the sink is detached, and a landing told late records nothing."""
+    """Through a handle with its sink attached: a commit landed, then writes that never
+    landed (a cancel of a landed row, a new row, a row put and cancelled). Rolled back to
+    the rows they replaced, the partition holds what the landed commit left: rows,
+    indexes and counts; it takes no write any more, and a landing told late records
+    nothing."""
     store = await opener()
     assert isinstance(store, PartitionedStore)
     handle = store.partition(0)
     handle.attach(sink)
     a, b, c = timer(ref("a"), due=500), timer(ref("b"), due=600), timer(ref("c"), due=700)
     assert await handle.put(a)
-    await handle.applied_through(40, rows=1)
+    await handle.applied_through(40)
     assert await handle.cancel(a.owner, a.key, a.version)
     assert await handle.put(b)
     assert await handle.put(c)
@@ -944,19 +961,23 @@ async def test_roll_back_writes_back_what_the_landed_commits_left(
     assert store.status_counts(0)[PENDING] == 1
     assert len(sink.records) == 5
 
-    assert await handle.roll_back() == 3
+    assert await handle.roll_back(not_landed(sink.records[1:])) == 3
     assert await store.find(a.owner, a.key) == a
     assert await store.find(b.owner, b.key) is None
     assert await store.find(c.owner, c.key) is None
     assert await store.due({0}, 10_000, 10) == [a]
     assert store.status_counts(0) == {PENDING: 1, FIRING: 0, PARKED: 0, PAUSED: 0}
     assert len(sink.records) == 5, "a roll back writes no changelog"
-    await handle.applied_through(90, rows=4)  # the failed commit's landing, told late
+    await handle.applied_through(90)  # the failed commit's landing, told late
     assert store.changelog_offset(0) == 40
     with pytest.raises(StoreClosed, match="rolled back"):
         await handle.put(timer(ref("d")))
     with pytest.raises(StoreError, match="rolled back"):
-        await handle.roll_back()
+        await handle.roll_back({})
+    # A new serving of the partition takes writes again.
+    await store.revoke({0})
+    await store.assign({0})
+    assert await store.put(timer(ref("d")))
 
 
 async def test_roll_back_of_nothing_not_landed_writes_nothing(opener: Opener, sink: Sink) -> None:
@@ -967,9 +988,33 @@ async def test_roll_back_of_nothing_not_landed_writes_nothing(opener: Opener, si
     t = timer(ref("a"), partition=1)
     assert await handle.put(t)
     assert await handle.cancel(t.owner, t.key, t.version)
-    await handle.applied_through(7, rows=2)
-    assert await handle.roll_back() == 0
+    await handle.applied_through(7)
+    assert await handle.roll_back({}) == 0
     assert (await store.find(t.owner, t.key) or t).status is CANCELLED
+
+
+async def test_a_write_over_partitions_of_their_own_sinks_is_written_apart(
+    opener: Opener,
+) -> None:
+    """Partitions 0 and 1 each with its own sink (their transactions), 1's failing: a
+    settle of both writes partition 0 whole (its sink has the row, and so does the store)
+    and partition 1 not at all, then says so. Before, neither was written here while 0's
+    transaction held its row: committed, a row this copy lacked, past its offset."""
+    store = await opener()
+    assert isinstance(store, PartitionedStore)
+    sinks = {0: Sink(), 1: Sink()}
+    for p, sink in sinks.items():
+        store.partition(p).attach(sink)
+    t0, t1 = timer(ref("a"), partition=0), timer(ref("b"), partition=1)
+    assert await store.put(t0) and await store.put(t1)
+    sinks[1].failing = True
+    fired = {"status": FIRED, "attempts": 1}
+    with pytest.raises(StoreError, match="sink"):
+        await store.settle([change(t0, **fired), change(t1, **fired)])
+    assert [r.key for r in sinks[0].records] == [row_key(t0.owner, t0.key)] * 2
+    assert (await store.find(t0.owner, t0.key) or t0).status is FIRED
+    assert await store.find(t1.owner, t1.key) == t1
+    assert len(sinks[1].records) == 1
 
 
 # --- the changelog ----------------------------------------------------------------------
@@ -982,11 +1027,11 @@ def encode(t: Timer) -> bytes:
 async def test_each_write_hands_its_rows_to_the_sink(store: TimerStore, sink: Sink) -> None:
     t = timer(partition=2)
     assert await store.put(t)
-    assert sink.calls == [[ChangelogRecord(2, row_key(t.owner, t.key), encode(t))]]
+    assert sink.calls == [[ChangelogRecord(2, row_key(t.owner, t.key), encode(t), None)]]
     assert await store.cancel(t.owner, t.key, 1)
     held = await store.find(t.owner, t.key)
     assert held is not None
-    assert sink.calls[-1] == [ChangelogRecord(2, row_key(t.owner, t.key), encode(held))]
+    assert sink.calls[-1] == [ChangelogRecord(2, row_key(t.owner, t.key), encode(held), t)]
     assert Timer.model_validate_json(sink.records[-1].value or b"") == held
 
 

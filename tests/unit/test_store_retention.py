@@ -148,8 +148,8 @@ async def test_the_sweep_deletes_expired_rows_with_a_tombstone_each(opener: Open
     # The fake clock: at 10,000 with a retention of 5,000, rows finished by 5,000 go.
     assert await store.expire(0, now=10_000, retention=5_000, limit=100) == 2
     assert sink.records == [
-        ChangelogRecord(0, row_key(fired.owner, "k"), None),
-        ChangelogRecord(0, row_key(cancelled.owner, "k"), None),
+        ChangelogRecord(0, row_key(fired.owner, "k"), None, fired),
+        ChangelogRecord(0, row_key(cancelled.owner, "k"), None, cancelled),
     ]
     assert await store.find(fired.owner, "k") is None
     assert await store.find(cancelled.owner, "k") is None
