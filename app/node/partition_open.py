@@ -77,6 +77,7 @@ async def open_partition(s: TaskShared, task: PartitionTask, topics: set[str]) -
             # Their letters and tombstones commit in p's next transaction.
             letters = unreadable_letters(unreadable, s.now(), s.limits.dead_letter_bytes)
             txn.stage(letters, {})
+            txn.letters_staged = True
             s.metrics.dead_letters.labels(t.timers_changelog).inc(len(unreadable))
     # Read from its end from now on (idempotent): a type's task of p reads it already.
     s.reading_results.setdefault(p, set()).add(task.type_name)

@@ -77,10 +77,12 @@ async def release_partition(
         logger.exception("letting partition %d of %s go failed", p, kept.name)
         failed.append(f"{kept.name}: {exc!r}")
     finally:
+        if (firing := task.firing) is not None and firing.fault is not None:
+            task.copy_doubtful = True  # a close cut short before the check above
         task.firing = None
         txn = task.transaction
         undo = None
-        if txn is not None and not (committed or failed or task.copy_doubtful or txn.discarded):
+        if txn is not None and not (committed or failed or txn.discarded or txn.letters_staged):
             undo = store
         # Whatever failed (or was cancelled) before: p's producer is stopped and its
         # store and processor let go, or a retake's open would leak the producer.
@@ -131,12 +133,14 @@ async def _let_go(
     except Exception as exc:
         logger.exception("partition %d of %s: stopping its producer failed", p, kept.name)
         failed.append(f"{kept.name} producer: {exc!r}")
-    if undo is not None and txn is not None and not failed:
+    if undo is not None and txn is not None and not failed and not task.copy_doubtful:
         # What did not land is written back, so the copy holds committed writes only, read
         # on from there (a commit landing later is read on too: its landing is not
-        # recorded, and the store takes no write any more).
+        # recorded, and the store takes no write any more). Within the close's deadline:
+        # cut short, the copy is not marked, and restored whole next.
         try:
-            rolled = await undo.roll_back(txn.unlanded())
+            async with asyncio.timeout(max(until - loop.time(), 1.0)):
+                rolled = await undo.roll_back(txn.unlanded())
             committed = True
             logger.info(
                 "partition %d of %s: %d timer row(s) not committed rolled back; its copy"

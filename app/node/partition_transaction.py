@@ -77,8 +77,11 @@ class PartitionTransaction:
         self._befores: list[tuple[bytes, Timer | None]] = []
         self._taken: list[Transaction] = []
         # Rows thrown away uncommitted (`discard`): their local writes cannot be told
-        # apart any more, so the copy is restored whole, never rolled back.
+        # apart any more, so the copy is restored whole, never rolled back. So is one
+        # whose take staged the letters and tombstones of rows its restore passed over
+        # (`letters_staged`): its offset is past them, a roll back would lose them.
         self.discarded = False
+        self.letters_staged = False
 
     def __repr__(self) -> str:
         state = "abandoned" if self.abandoned else "open"

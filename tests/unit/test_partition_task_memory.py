@@ -21,7 +21,7 @@ from app.kafka.records import RestoreProgress
 from app.node.partition_task import PartitionTask
 from app.node.partition_transaction import PartitionTransaction
 from app.node.task_state import TaskState
-from tables import AggregateRef, StoreError, Timer, TimerStatus
+from tables import AggregateRef, CommandSpec, OnceRule, StoreError, Timer, TimerStatus
 from tables.partitioner import partition_of
 
 
@@ -221,12 +221,24 @@ async def test_a_revoke_whose_commit_never_answers_is_given_up_at_its_deadline(
             hung.set()
             await asyncio.Event().wait()
 
+    # A timer row committed first: the copy is read on from it (else restored whole).
+    owner = next(f"o{i}" for i in range(1, 99) if partition_of(f"o{i}", PARTITIONS) == 0)
+    await schedule(log, owner, int(time.time() * 1000) + 3_600_000)
+    await wait_until(lambda: bool(timer_rows(log)))
     log.before_commit = never
     task = node.node._tasks[task_of(0)]
+    # A timer row in the hung transaction: written to the local copy, never committed.
+    ref = AggregateRef(context="mem", aggregate="counter", id=owner)
+    hung_timer = Timer(
+        id="hung", owner=ref, key="hung", version=1, partition=0, rule=OnceRule(at=T0),
+        target=ref, command=CommandSpec(type="Fire"), slot_due_at=T0 + 3_600_000,
+        due_at=T0 + 3_600_000,
+    )  # fmt: skip
     # Held: the committer does not take what waits (the close's own commit hangs); or
     # let go once the committer's commit hangs in flight.
     lock = node.node.tasks.running[task_of(0)].lock
     async with lock:
+        assert task.store is not None and await task.store.put(hung_timer)
         kept.transactions.of(0).stage([(TOPICS.events, 0, b"hung", b"never committed")], {})
         if hanging == "in flight":
             lock.release()
@@ -243,6 +255,8 @@ async def test_a_revoke_whose_commit_never_answers_is_given_up_at_its_deadline(
     await node.node._assigned(node.node._consumer.assignment())
     await wait_until(node.runs)
     assert [r for r in log.records(TOPICS.events, 0) if r.key == b"hung"] == []
+    # Read on from the landed commits: the row never committed is not in the copy.
+    assert await kept.store.find(ref, "hung") is None
 
 
 async def test_a_task_that_fails_while_it_is_revoked_is_closed_dirty_and_never_retaken(
