@@ -70,7 +70,6 @@ class PartitionedStore(PartitionedReads):
         if not writes:
             return
         partitions = {write.partition for write in writes}
-        await self._durable(partitions)
         for p in partitions:
             if self._rolled_back.get(p) == self._servings[p]:
                 raise StoreClosed(f"partition {p} was rolled back: it takes no write")
@@ -84,6 +83,7 @@ class PartitionedStore(PartitionedReads):
             for p in sorted(partitions):
                 await self._commit([w for w in writes if w.partition == p])
             return
+        await self._durable(partitions)
         sunk = any(sink is not None for sink in sinks.values())
         values: list[bytes | None] | None = None
         if sunk or self._values_needed:
@@ -134,6 +134,9 @@ class PartitionedStore(PartitionedReads):
         self._check_open()
         self._check_serving(partition, serving)
         self._sinks[partition] = (serving, sink)
+
+    async def applied_through(self, partition: int, offset: int) -> None:
+        await self._applied_through(partition, offset, None)
 
     async def _applied_through(self, partition: int, offset: int, serving: int | None) -> None:
         """`applied_through`; of a serving rolled back since, nothing: the commit's rows

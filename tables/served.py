@@ -199,12 +199,6 @@ class ServedPartitions(ABC):
         self._check_served(partition)
         return self._offset(partition)
 
-    async def applied_through(self, partition: int, offset: int) -> None:
-        await self._applied_through(partition, offset, None)
-
-    @abstractmethod
-    async def _applied_through(self, partition: int, offset: int, serving: int | None) -> None: ...
-
     async def assign(self, partitions: Iterable[int]) -> None:
         self._check_open()
         wanted = sorted(set(partitions))

@@ -72,13 +72,12 @@ async def release_partition(
             # is not marked clean (a fault its round had not told the task yet, or met
             # by the stop's last writes): the next take restores it from its changelog.
             committed = False
-            task.copy_doubtful = True
     except Exception as exc:
         logger.exception("letting partition %d of %s go failed", p, kept.name)
         failed.append(f"{kept.name}: {exc!r}")
     finally:
         if (firing := task.firing) is not None and firing.fault is not None:
-            task.copy_doubtful = True  # a close cut short before the check above
+            task.copy_doubtful = True  # never rolled back (a close cut short included)
         task.firing = None
         txn = task.transaction
         undo = None

@@ -170,8 +170,9 @@ class PartitionTransaction:
         self._rows = []
         self._staged = _Staged()
         landed = self.rows_landed if rows else None
-        taken = Transaction(self.producer, self.group_id, rows, staged, self._on_commit, landed)
-        taken.befores = befores
+        taken = Transaction(
+            self.producer, self.group_id, rows, staged, self._on_commit, landed, befores=befores
+        )
         self._taken = [t for t in self._taken if not t.landed]
         self._taken.append(taken)
         return taken
@@ -209,15 +210,17 @@ class Transaction:
         staged: _Staged,
         on_commit: Callable[[float], None] | None = None,
         rows_landed: Callable[[int], Awaitable[None]] | None = None,
+        *,
+        befores: Sequence[tuple[bytes, Timer | None]] = (),
     ) -> None:
         self._producer = producer
         self._group_id = group_id
         self._rows = rows
+        # Its rows' keys and the rows they replaced (`PartitionTransaction.unlanded`).
+        self.befores = befores
         self._staged = staged
         self._on_commit = on_commit
         self._rows_landed = rows_landed
-        # Its rows' keys and the rows they replaced (`PartitionTransaction.unlanded`).
-        self.befores: list[tuple[bytes, Timer | None]] = []
         # Its commit returned: what it holds landed.
         self.landed = False
 
