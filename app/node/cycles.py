@@ -162,11 +162,17 @@ class PartitionCycles(TimerTableCycles):
         """One cycle of its task over `part` under its input's lock; whether it staged (else
         its task is failed, or runs no more: the rest is read again by the next take)."""
         key = inp.key
+        # Asked before the lock: a Kafka client's call, however short, holds no lock.
+        backlogs = {
+            topic: await self._backlog(topic, key.p)
+            for topic, _ in part
+            if self._by_topic[topic][1] == "commands"
+        }
         async with inp.lock:
             if self._input(key) is not inp:
                 return False  # its task runs no more (closed, or failed)
             try:
-                staged = await self._cycle(key, part)
+                staged = await self._cycle(key, part, backlogs)
             except asyncio.CancelledError:
                 # Cut short (a hand-off): what it wrote so far is half a cycle, thrown
                 # away before the lock lets a commit take it.
@@ -181,9 +187,12 @@ class PartitionCycles(TimerTableCycles):
                     task.read_past(done)
             return staged
 
-    async def _cycle(self, key: TaskId, items: list[Batch]) -> bool:
+    async def _cycle(
+        self, key: TaskId, items: list[Batch], backlogs: Mapping[str, int] | None = None
+    ) -> bool:
         """Decides what arrived for its task's p and the timers handed over to fire, and
-        stages it; whether it did (else the task is let go and taken afresh)."""
+        stages it; whether it did (else the task is let go and taken afresh). `backlogs`:
+        the consumer's backlog of each commands topic in `items`, asked before the lock."""
         p, kept = key.p, self._types[key.type_name]
         work: CycleWork | None = None
         now = self._now()
@@ -209,7 +218,7 @@ class PartitionCycles(TimerTableCycles):
                     w.wrote = True
                 elif (batch := w.batch_of(p)) is not None:
                     behind = inp.behind.get(topic, 0) if inp is not None else 0
-                    backlog = await self._backlog(topic, p) + behind
+                    backlog = (backlogs or {}).get(topic, 0) + behind
                     w.decider.decide_records(batch, records, backlog)
                     w.wrote = await self._carry_out(w, batch, p) or w.wrote
             # Its commands decided here (still: its task may stop running meanwhile).
