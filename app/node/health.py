@@ -6,11 +6,12 @@ the body back."""
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from app.node.partition_task import PartitionTask
 from app.node.task_id import TaskId
+from app.node.task_state import TaskState
 
 __all__ = ["FAILING_IN_A_ROW", "node_health"]
 
@@ -21,11 +22,9 @@ FAILING_IN_A_ROW = 3
 def node_health(
     tasks: Mapping[TaskId, PartitionTask],
     *,
-    running: frozenset[TaskId],
     closing: Mapping[TaskId, float],
     given: set[TaskId] | None,
     suspended: float | None,
-    failing_loops: Collection[TaskId],
     broker: dict[str, Any],
     commit_lag_s: float,
     failure: str | None,
@@ -33,13 +32,14 @@ def node_health(
     """Ready only while every type's partition given to this node runs: not while one is
     restored, was let go on a failure and not taken again yet, or its firing loop keeps
     failing; nor when the node failed for good. What it says is of the partitions: p is
-    owned while a task of it runs, and restoring or stalled while one of its types' is.
+    owned while a task of it runs (its state RUNNING), and restoring or stalled while one
+    of its types' is.
 
-    `running`: the tasks that run; `closing`: how long each task's close under way (a
-    revoke's, or the group's assignment no longer giving it) has been going; `given`: the
-    tasks of the group's assignment (None: not in the group yet); `suspended`: how long
-    the process was stopped, if the group has not answered since; `failing_loops`: the
-    tasks whose timer rounds keep failing."""
+    `closing`: how long each task's close under way (a revoke's, or the group's assignment
+    no longer giving it) has been going; `given`: the tasks of the group's assignment
+    (None: not in the group yet); `suspended`: how long the process was stopped, if the
+    group has not answered since."""
+    running = frozenset(key for key, task in tasks.items() if task.state is TaskState.RUNNING)
     stalled: dict[int, str] = {}
     failing: dict[int, dict[str, object]] = {}
     for (_, p), task in sorted(tasks.items()):
@@ -62,7 +62,7 @@ def node_health(
     for key in sorted((given or set()) - running - taking):
         stalled.setdefault(key.p, "assigned by the group, not taken")
     for key in sorted(running):
-        if key in failing_loops:
+        if tasks[key].rounds_failing:
             stalled.setdefault(key.p, f"{key.type_name}: timer rounds failing")
     closes: dict[int, float] = {}
     for (_, p), seconds in closing.items():

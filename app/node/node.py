@@ -167,13 +167,9 @@ class Node:
         this node runs."""
         return node_health(
             self._tasks,
-            running=frozenset(self._owned),
             closing=self.tasks.closes(),
             given=None if (c := self._consumer) is None else self.tasks.keys(c.assignment()),
             suspended=self._suspension.suspended(),
-            failing_loops={
-                TaskId(k.topics.type_name, p) for k in self.types.values() for p in k.loop.failing
-            },
             broker=self.broker.status(),
             # A close's commits count: a hung one holds its partition's next take back.
             commit_lag_s=max(self.commits.lag(), self.tasks.closing_commit_lag()),

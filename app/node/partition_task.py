@@ -309,6 +309,11 @@ class PartitionTask:
         if self._shared.running.get(self.key) is self:
             del self._shared.running[self.key]
 
+    @property
+    def rounds_failing(self) -> bool:
+        """Whether its timer loop's last rounds all failed: its timers do not fire."""
+        return self.timer_loop is not None and self.timer_loop.failing
+
     def start_firing(self) -> None:
         """p's timers of its type fire from now on: those whose targets p decides itself
         in-process, in its cycles (`in_process_targets`), the others sent; in rounds of

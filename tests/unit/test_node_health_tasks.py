@@ -11,6 +11,7 @@ from app.node.failing import FailingPartitions
 from app.node.health import node_health
 from app.node.partition_task import PartitionTask
 from app.node.task_id import TaskId
+from app.node.task_state import TaskState
 
 A, B = TaskId("shop.order", 1), TaskId("shop.cart", 1)
 
@@ -22,18 +23,23 @@ class Task:
     taking: bool = False
     broken: str | None = None
     failing: FailingPartitions = field(default_factory=FailingPartitions)
+    state: TaskState = TaskState.CREATED
+    rounds_failing: bool = False
 
 
 def health(
     tasks: dict[TaskId, Task], running: set[TaskId], given: set[TaskId], **more: Any
 ) -> dict[str, Any]:
+    """`running`: those of `tasks` whose state is RUNNING; `failing_loops`: those whose
+    timer rounds keep failing."""
+    for key, task in tasks.items():
+        task.state = TaskState.RUNNING if key in running else task.state
+        task.rounds_failing = key in more.get("failing_loops", ())
     return node_health(
         cast(dict[TaskId, PartitionTask], tasks),
-        running=frozenset(running),
         closing=more.get("closing", {}),
         given=given,
         suspended=None,
-        failing_loops=more.get("failing_loops", []),
         broker={"reachable": True},
         commit_lag_s=0.0,
         failure=None,
