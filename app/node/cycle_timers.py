@@ -136,8 +136,8 @@ class TimerTableCycles:
                 # partition's lock, and the ledger's calls may take seconds.
                 await carry_out(kept.runner, op, record.partition, resolve_later=True)
             except TimeoutError as exc:
-                # Not carried out (the ledger did not answer in time, where p's timers are
-                # not fired here to resolve it later): read it again.
+                # Not carried out, and not the request's fault (a call that timed out):
+                # read it again, never dead-lettered.
                 raise KafkaUnavailable(f"operator request at {record.offset}: {exc!r}") from exc
             except Exception as exc:
                 if node_fault(exc):

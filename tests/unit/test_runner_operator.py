@@ -375,12 +375,35 @@ async def test_a_stop_during_a_rounds_resolve_resolves_each_entry_once(
     assert (ledger.resolves, await ledger.entries()) == (1, [])
 
 
-async def test_a_partition_not_fired_here_resolves_its_entry_at_once(store: TimerStore) -> None:
-    """No round of it here to leave the entry to: resolved by the request itself."""
+async def test_a_partition_not_fired_yet_leaves_its_entry_to_its_next_firing(
+    store: TimerStore,
+) -> None:
+    """A cycle's request in a partition whose timers are not fired here yet (held since a
+    failure, its cycles running): its rows settled, no ledger call (the cycle holds the
+    partition's lock); the first round of its next firing here resolves the entry."""
     ledger = FlakyLedger()
     await parked_ledger(store, ledger, "a")
     runner = TimerRunner(store, AnsweringSender(), StillClock(T0), ledger, partitions=[0])
     assert await carry_out(runner, SKIP, 1, resolve_later=True) == 1
+    row = await store.find(OWNER, "a")
+    assert row is not None and row.status is TimerStatus.CANCELLED
+    assert ledger.resolves == 0 and len(await ledger.entries()) == 1
+    await runner.run_round()
+    assert ledger.resolves == 0  # no round of partition 1 yet
+    runner.start_partition(1)
+    await runner.run_round()
+    assert (ledger.resolves, await ledger.entries()) == (1, [])
+    await runner.run_round()
+    assert ledger.resolves == 1  # resolved once
+
+
+async def test_a_request_not_in_a_cycle_resolves_its_entry_at_once(store: TimerStore) -> None:
+    """An operator's request of its own (the HTTP API's): the entry is resolved by the
+    request itself, in a partition fired here or not."""
+    ledger = FlakyLedger()
+    await parked_ledger(store, ledger, "a")
+    runner = TimerRunner(store, AnsweringSender(), StillClock(T0), ledger, partitions=[0])
+    assert await runner.skip(TARGET, {1}) == 1
     assert (ledger.resolves, await ledger.entries()) == (1, [])
 
 

@@ -13,7 +13,10 @@ its firing's store (`store_of`).
 A partition's cycle, which holds its lock, calls no ledger: a request it carries out
 settles the rows there and leaves the entry to its partition's next round
 (`PartitionFiring.resolving`, `resolve_pending`), which resolves it only when nothing of
-the target is PARKED in the partition by then, in one ledger write.
+the target is PARKED in the partition by then, in one ledger write. A partition whose
+cycles run but whose timers are not fired yet (held since a failure, until its log is read
+past it) keeps the entry for its next firing here (`Unresolved`): a cycle never waits for
+the ledger, which may not answer for seconds.
 """
 
 from __future__ import annotations
@@ -21,7 +24,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Mapping, Set
+from collections.abc import Callable, Mapping, MutableMapping, Set
+from dataclasses import dataclass, field
 
 from app.timers.runner.decisions import Decision
 from app.timers.runner.options import TimerOptions
@@ -38,6 +42,7 @@ __all__ = [
     "NAMED_LIMIT",
     "RESOLVE_BACKOFF_MS",
     "STOP_RESOLVE_S",
+    "Unresolved",
     "name_parked",
     "name_unnamed",
     "operate",
@@ -50,6 +55,20 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 
+@dataclass
+class Unresolved:
+    """The entries a cycle's requests settled in a partition not fired here (held since
+    a failure), as a firing holds them (`PartitionFiring.resolving`, `expecting`): handed
+    to the partition's next firing here, whose first round resolves them."""
+
+    resolving: list[AggregateRef] = field(default_factory=list)
+    expecting: dict[AggregateRef, int] = field(default_factory=dict)
+
+    def hand_to(self, firing: PartitionFiring) -> None:
+        firing.resolving.extend(t for t in self.resolving if t not in firing.resolving)
+        firing.expecting |= self.expecting
+
+
 async def operate(
     store: FiringStore,
     ledger: FailureLedger,
@@ -58,21 +77,24 @@ async def operate(
     only: Set[int] | None,
     decide: Callable[[Timer], Decision],
     *,
-    later: bool = False,
+    later: MutableMapping[int, Unresolved] | None = None,
 ) -> int:
     """An operator's `decide` (retry, skip) on the PARKED timers of `target` (of the
     partitions `only`, all the store serves when None), then its ledger entry resolved;
     how many changed. `firings`: the partitions fired here, whose locks its write takes.
-    `later`: resolved by the next round of each partition of `only` (a cycle's request),
-    when all are fired here; else now."""
+    `later` (a cycle's request, which holds its partition's lock: no ledger call): the
+    entry is resolved by the next round of each partition of `only`; one not fired here
+    (held since a failure) keeps it in `later` for its next firing. None: resolved now."""
     written = await settle_parked(store, firings, target, only, decide)
-    if later and only and all(p in firings for p in only):
+    if later is not None and only:
         for p in sorted(only):
-            if target not in firings[p].resolving:  # one resolve answers both requests
-                firings[p].resolving.append(target)
+            holder = firings.get(p) or later.setdefault(p, Unresolved())
+            if target not in holder.resolving:  # one resolve answers both requests
+                holder.resolving.append(target)
             if written:
-                firings[p].expecting[target] = EXPECTED_TRIES
-            firings[p].answered.set()  # its next round resolves it, with no wait
+                holder.expecting[target] = EXPECTED_TRIES
+            if (firing := firings.get(p)) is not None:
+                firing.answered.set()  # its next round resolves it, with no wait
         return written
     # Resolved after the write: should the write fail, the entry stays for another try.
     await resolve_entry(store, ledger, firings, target, only)

@@ -46,6 +46,7 @@ from app.timers.runner.decisions import (
     skip_parked,
 )
 from app.timers.runner.operating import (
+    Unresolved,
     name_parked,
     name_unnamed,
     operate,
@@ -98,6 +99,8 @@ class TimerRunner:
         # A reference to each partition's firing, from its start to its stop (its owner,
         # a node's partition task, holds it too).
         self._firings: dict[int, PartitionFiring] = {}
+        # Entries a cycle's request settled in a partition not fired here: its next firing's.
+        self._unresolved: dict[int, Unresolved] = {}
         for p in partitions:
             self._firings[p] = firing = self._new_firing(p, in_process)
             firing.fresh = False  # given at the start: nobody else's claims to take over
@@ -183,6 +186,8 @@ class TimerRunner:
             firing = self._new_firing(partition, in_process, store)
             if check_named:
                 firing.naming_at = 0
+            if (unresolved := self._unresolved.pop(partition, None)) is not None:
+                unresolved.hand_to(firing)
             self._firings[partition] = firing
             logger.info("timers of partition %d: started", partition)
         elif store is not None and firing.store is not store:
@@ -378,7 +383,8 @@ class TimerRunner:
         `partitions`: only the timers of these partitions (a node carrying out an operator's
         request read from one partition of the ops topic); all the store serves when None.
         `resolve_later`: the entry is resolved by the next round of each of `partitions`
-        fired here (its cycle, which holds the partition's lock, calls no ledger).
+        (its cycle, which holds the partition's lock, calls no ledger); of one not fired
+        here yet, by the first round of its next firing here (`start_partition`).
         """
         decide = functools.partial(retry_parked, now=self._clock.now())
         return await self._operate(target, partitions, decide, resolve_later)
@@ -409,6 +415,9 @@ class TimerRunner:
         only = None if partitions is None else frozenset(partitions)
         # No lock across its ledger calls: a park under way is waited for (`operating`).
         store, ledger = self._store, self._ledger
-        written = await operate(store, ledger, self._firings, target, only, decide, later=later)
+        unresolved = self._unresolved if later else None
+        written = await operate(
+            store, ledger, self._firings, target, only, decide, later=unresolved
+        )
         self.invalidate()
         return written
