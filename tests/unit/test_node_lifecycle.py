@@ -237,56 +237,6 @@ async def test_a_timer_does_not_fire_after_its_cancel_was_decided(
     assert [t.status for t in timer_rows(log, COUNTER)] == [TimerStatus.CANCELLED]
 
 
-async def test_a_timer_does_not_fire_when_its_cancel_is_decided_in_the_same_cycle(
-    log: MemoryLog, nodes: list[RunningNode], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The cancel arrives in the very cycle that fires the timer in-process: the runner
-    handed the due timer over while the cycle was held back, and the Unschedule command
-    was read meanwhile. The cycle decides its commands first and the cancel stops the
-    timer it would fire (`still_due`): never fired, its row CANCELLED."""
-    node = await start(nodes, log, tmp_path, "a")
-    await wait_until(node.runs)
-    n, p = node.node, partition_of("o1", PARTITIONS)
-    due = now_ms() + 1_000
-    await command(log, COUNTER, "o1", "Schedule", at=due)
-    await wait_until(lambda: len(timer_rows(log, COUNTER)) == 1)
-    task = n.tasks.running[TaskId(COUNTER.type_name, p)]
-    inp, kept = task.input, n.types[COUNTER.type_name]
-    assert inp is not None
-    # The task's worker waits here before it takes its next cycle's batches.
-    let_go = asyncio.Event()
-    room = n.commits.room
-
-    async def held_room(k: Any, q: int) -> None:
-        if q == p:
-            await let_go.wait()
-        await room(k, q)
-
-    monkeypatch.setattr(n.commits, "room", held_room)
-    # A cycle of p's own, after which its worker is held at `room`.
-    neighbour = next(f"o{i}" for i in range(2, 50) if same_partition("o1", f"o{i}"))
-    await command(log, COUNTER, neighbour, "Schedule", at=now_ms() + 3_600_000)
-    await wait_until(lambda: len(timer_rows(log, COUNTER)) == 2)
-    firing = kept.runner.firing_of(p)
-    assert firing is not None
-    await wait_until(lambda: "o1" in {t.owner.id for t in firing.in_hand.values()})
-    await command(log, COUNTER, "o1", "Unschedule")
-    await wait_until(lambda: not inp.queue.empty() and inp.local)  # both in one cycle
-    let_go.set()
-
-    def o1() -> list[TimerStatus]:
-        return [t.status for t in timer_rows(log, COUNTER) if t.owner.id == "o1"]
-
-    await wait_until(lambda: o1() == [TimerStatus.CANCELLED])
-    rounds = kept.loop.rounds
-    await wait_until(lambda: kept.loop.rounds >= rounds + 2 and not firing.in_hand)
-    assert events(log, COUNTER, "wow.ScheduleCancelled")
-    assert events(log, COUNTER, "Fired") == [], "fired in the cycle that decided its cancel"
-    # Stopped before it was decided, not by its settle failing the cycle (the task would
-    # have been closed dirty and taken afresh, with an input of its new take).
-    assert n.tasks.running[TaskId(COUNTER.type_name, p)].input is inp
-
-
 async def test_a_cycle_asks_the_consumers_backlog_holding_no_lock(
     log: MemoryLog, nodes: list[RunningNode], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -167,10 +167,12 @@ async def test_a_node_goes_on_with_its_other_partitions_while_one_is_stuck(
         stuck = asyncio.Event()
         cycle = cycles._cycle
 
-        async def hanging(key: TaskId, items: list[Batch]) -> bool:
+        async def hanging(
+            key: TaskId, items: list[Batch], backlogs: Mapping[str, int] | None = None
+        ) -> bool:
             if key.p == 0:
                 await stuck.wait()
-            return await cycle(key, items)
+            return await cycle(key, items, backlogs)
 
         monkeypatch.setattr(cycles, "_cycle", hanging)
 
