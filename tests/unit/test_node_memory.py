@@ -19,6 +19,7 @@ from app.errors import BadRecord
 from app.kafka.memory import MemoryLog
 from app.model.aggregate import AggregateType, Command, Decision, Event
 from app.node.task_id import TaskId
+from app.node.task_state import TaskState
 from app.protocol.dead_letters import DeadLetter
 from app.protocol.topics import AggregateTopics, ContextTopics
 from app.protocol.wire import CommandEnvelope, CommandResult, EventEnvelope, decode, encode
@@ -178,8 +179,12 @@ async def test_a_partition_the_group_gives_but_nobody_works_on_is_not_ready(
     partition the group gave this node is neither worked on nor being taken."""
     node = await start(nodes, log, tmp_path, "a")
     await wait_until(node.runs)
-    del node.node._owned[task_of(1)]  # as if its work had ended with no retake under way
-    health = node.node.health()
+    task = node.node.tasks.running[task_of(1)]
+    task.state = TaskState.CLOSED  # as if its work had ended with no retake under way
+    try:
+        health = node.node.health()
+    finally:
+        task.state = TaskState.RUNNING  # the node's stop closes it
     assert not health["ready"]
     assert health["stalled"] == {"1": "assigned by the group, not taken"}
 
