@@ -343,8 +343,8 @@ class GroupConsumer:
     async def backlog(self, topic: str, partition: int) -> int:
         """How many records of the partition wait behind what was fetched; 0 when that is
         not known at once (its position being reset, or no longer assigned). A partition's
-        cycle asks with its lock held: aiokafka's `position` waits, for as long as it takes,
-        for a position being reset, and a cycle must not wait on the broker."""
+        cycle asks, just before it takes its lock: aiokafka's `position` waits, for as long
+        as it takes, for a position being reset, and a cycle must not wait on the broker."""
         tp = TopicPartition(topic, partition)
         high = self._consumer.highwater(tp)
         if high is None:

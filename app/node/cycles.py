@@ -162,12 +162,7 @@ class PartitionCycles(TimerTableCycles):
         """One cycle of its task over `part` under its input's lock; whether it staged (else
         its task is failed, or runs no more: the rest is read again by the next take)."""
         key = inp.key
-        # Asked before the lock: a Kafka client's call, however short, holds no lock.
-        backlogs = {
-            topic: await self._backlog(topic, key.p)
-            for topic, _ in part
-            if self._by_topic[topic][1] == "commands"
-        }
+        backlogs = await self._backlogs(key.p, part)
         async with inp.lock:
             if self._input(key) is not inp:
                 return False  # its task runs no more (closed, or failed)
@@ -186,6 +181,23 @@ class PartitionCycles(TimerTableCycles):
                 if (task := self._running.get(key)) is not None:
                     task.read_past(done)
             return staged
+
+    async def _backlogs(self, p: int, part: list[Batch]) -> dict[str, int]:
+        """The consumer's backlog of each commands topic in `part`, asked before the cycle
+        takes its lock (a Kafka client's call, however short, holds no lock). It only
+        bounds how busy the partition says it is: one the consumer cannot tell (its
+        coordinator failing, the partition no longer assigned) counts 0, never a cycle's
+        failure."""
+        found: dict[str, int] = {}
+        for topic, _ in part:
+            if self._by_topic[topic][1] != "commands":
+                continue
+            try:
+                found[topic] = await self._backlog(topic, p)
+            except Exception as exc:
+                logger.warning("%s[%d]: backlog not known, counted 0: %r", topic, p, exc)
+                found[topic] = 0
+        return found
 
     async def _cycle(
         self, key: TaskId, items: list[Batch], backlogs: Mapping[str, int] | None = None

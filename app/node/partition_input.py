@@ -117,10 +117,15 @@ class PartitionInput:
 
     def _worker_ended(self, worker: asyncio.Task[None]) -> None:
         """A worker ends only by `stop`; any other end is a fault of the node, and the task
-        is closed and taken afresh."""
-        if self._stopped or worker.cancelled():
+        is closed and taken afresh: a worker cancelled by anything but its stop (a
+        `CancelledError` leaking out of a client's call) too, never a partition whose
+        cycles stopped while its task looks as if it runs."""
+        if self._stopped:
             return
-        exc = worker.exception() or RuntimeError("the worker returned")
+        if worker.cancelled():
+            exc: BaseException = RuntimeError("the worker was cancelled, not stopped")
+        else:
+            exc = worker.exception() or RuntimeError("the worker returned")
         logger.error("%s: its worker failed", self.key, exc_info=exc)
         self._on_failure(ITS_WORKER, exc)
 

@@ -22,8 +22,8 @@ from app.kafka.memory_group import MemoryGroupMember
 from app.model.aggregate import AggregateType, Command, Decision, Event
 from app.node.task_id import TaskId
 from app.node.task_state import TaskState
-from app.protocol.topics import AggregateTopics
-from app.protocol.wire import CommandEnvelope, EventEnvelope, decode, encode
+from app.protocol.topics import AggregateTopics, ContextTopics
+from app.protocol.wire import CommandEnvelope, CommandResult, EventEnvelope, decode, encode
 from app.service import Service
 from app.timers.operator import request_skip
 from app.timers.runner import RetryPolicy, TimerOptions
@@ -261,6 +261,87 @@ async def test_a_cycle_asks_the_consumers_backlog_holding_no_lock(
     p = partition_of("o1", PARTITIONS)
     assert (TOPICS[COUNTER.name].commands, p, False) in asked
     assert not any(locked for _, _, locked in asked), asked
+
+
+@pytest.mark.parametrize("raised", [KafkaUnavailable, AssertionError], ids=["kafka", "client"])
+async def test_a_backlog_the_consumer_cannot_tell_counts_none_and_the_cycle_goes_on(
+    log: MemoryLog,
+    nodes: list[RunningNode],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    raised: type[Exception],
+) -> None:
+    """The consumer's backlog only bounds how busy a partition says it is: when it cannot
+    tell (its coordinator failing; aiokafka asserts for a partition no longer assigned),
+    the commands are decided all the same and the task is not taken afresh."""
+    node = await start(nodes, log, tmp_path, "a")
+    await wait_until(node.runs)
+    n, p = node.node, partition_of("o1", PARTITIONS)
+    task = n.tasks.running[TaskId(COUNTER.type_name, p)]
+    takes = task.takes
+
+    async def failing(topic: str, q: int) -> int:
+        raise raised("the consumer cannot tell")
+
+    monkeypatch.setattr(n.cycles, "_backlog", failing)
+    await command(log, COUNTER, "o1", "Schedule", at=now_ms() + 3_600_000)
+    await wait_until(lambda: len(timer_rows(log, COUNTER)) == 1)
+    assert task.takes == takes and n.tasks.running[task.key] is task
+
+
+async def test_the_consumers_backlog_bounds_how_busy_a_partition_answers(
+    log: MemoryLog, nodes: list[RunningNode], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The backlog a cycle asked for is the one its commands are decided with: past the
+    busy bound, a command is answered BUSY rather than decided."""
+    node = await start(nodes, log, tmp_path, "a")
+    await wait_until(node.runs)
+    n = node.node
+
+    async def flooded(topic: str, q: int) -> int:
+        return 10**6
+
+    monkeypatch.setattr(n.cycles, "_backlog", flooded)
+    cmd = await command(log, COUNTER, "o1", "Schedule", at=now_ms() + 3_600_000)
+
+    def answer() -> str | None:
+        for p in range(PARTITIONS):
+            for r in log.records(ContextTopics("life").results, p):
+                res = decode(CommandResult, r.value)
+                if res.request_id == cmd.request_id:
+                    return res.code.value
+        return None
+
+    await wait_until(lambda: answer() is not None)
+    assert answer() == "BUSY" and timer_rows(log, COUNTER) == []
+
+
+async def test_a_worker_cancelled_by_anything_but_its_stop_has_its_task_taken_afresh(
+    log: MemoryLog, nodes: list[RunningNode], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A `CancelledError` leaking out of a client's call ends the partition's worker as a
+    cancellation would: its task is closed and taken afresh (never a task that looks as if
+    it runs while nothing decides its partition), and the command is decided after."""
+    node = await start(nodes, log, tmp_path, "a")
+    await wait_until(node.runs)
+    n, p = node.node, partition_of("o1", PARTITIONS)
+    task = n.tasks.running[TaskId(COUNTER.type_name, p)]
+    takes = task.takes
+    backlog = n.cycles._backlog
+    leaked = False
+
+    async def leaking(topic: str, q: int) -> int:
+        nonlocal leaked
+        if q == p and not leaked:
+            leaked = True
+            raise asyncio.CancelledError  # as from a client's future cancelled under it
+        return await backlog(topic, q)
+
+    monkeypatch.setattr(n.cycles, "_backlog", leaking)
+    await command(log, COUNTER, "o1", "Schedule", at=now_ms() + 3_600_000)
+    await wait_until(lambda: leaked)
+    await wait_until(lambda: len(timer_rows(log, COUNTER)) == 1)
+    assert task.takes > takes
 
 
 async def test_a_hand_off_in_the_middle_of_a_cycle_commits_none_of_it(

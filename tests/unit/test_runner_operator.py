@@ -397,6 +397,24 @@ async def test_a_partition_not_fired_yet_leaves_its_entry_to_its_next_firing(
     assert ledger.resolves == 1  # resolved once
 
 
+async def test_a_partition_stopped_before_it_fired_again_resolves_its_entry_at_its_stop(
+    store: TimerStore,
+) -> None:
+    """The partition whose cycle settled the rows is let go before its timers fired here
+    again (revoked while held, or the node stops): its stop tries the entry once more, as
+    a firing's stop does; nothing is left for a firing that will not come."""
+    ledger = FlakyLedger()
+    await parked_ledger(store, ledger, "a")
+    runner = TimerRunner(store, AnsweringSender(), StillClock(T0), ledger, partitions=[0])
+    assert await carry_out(runner, SKIP, 1, resolve_later=True) == 1
+    assert ledger.resolves == 0
+    await runner.stop_partition(1)
+    assert (ledger.resolves, await ledger.entries()) == (1, [])
+    runner.start_partition(1)
+    await runner.run_round()
+    assert ledger.resolves == 1  # nothing was left to hand over
+
+
 async def test_a_request_not_in_a_cycle_resolves_its_entry_at_once(store: TimerStore) -> None:
     """An operator's request of its own (the HTTP API's): the entry is resolved by the
     request itself, in a partition fired here or not."""

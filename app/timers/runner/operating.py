@@ -59,7 +59,8 @@ logger = logging.getLogger(__name__)
 class Unresolved:
     """The entries a cycle's requests settled in a partition not fired here (held since
     a failure), as a firing holds them (`PartitionFiring.resolving`, `expecting`): handed
-    to the partition's next firing here, whose first round resolves them."""
+    to the partition's next firing here, whose first round resolves them, or tried once
+    more at the partition's stop (`TimerRunner.stop_partition`), as a firing's are."""
 
     resolving: list[AggregateRef] = field(default_factory=list)
     expecting: dict[AggregateRef, int] = field(default_factory=dict)

@@ -199,10 +199,18 @@ class TimerRunner:
     async def stop_partition(self, partition: int) -> RoundStats:
         """Stops sending `partition`'s timers: sends in progress are cancelled (their claims
         given back), and the outcomes of those that came back are written before it returns;
-        what those writes did (a round's figures, for its metrics)."""
+        what those writes did (a round's figures, for its metrics). The ledger entries its
+        rounds had not resolved yet (`resolve_later`, also of a partition never fired since)
+        are tried once more, within `STOP_RESOLVE_S`."""
         stats = RoundStats()
         firing = self._firings.pop(partition, None)
         if firing is None:
+            if (unresolved := self._unresolved.pop(partition, None)) is not None:
+                # Never fired here since a cycle's request settled its rows (held): its
+                # entries are tried once more now, as a firing's are at its stop.
+                holder = self._new_firing(partition)
+                unresolved.hand_to(holder)
+                await resolve_at_stop(self._store, self._ledger, holder, self._clock.now())
             return stats
         async with firing.lock:  # after a claim write or a sweep of it under way
             firing.stopped = True
