@@ -89,7 +89,7 @@ async def operate(
     written = await settle_parked(store, firings, target, only, decide)
     if later is not None and only:
         for p in sorted(only):
-            holder = firings.get(p) or later.setdefault(p, Unresolved())
+            holder = firings[p] if p in firings else later.setdefault(p, Unresolved())
             if target not in holder.resolving:  # one resolve answers both requests
                 holder.resolving.append(target)
             if written:
