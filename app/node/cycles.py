@@ -199,9 +199,7 @@ class PartitionCycles(TimerTableCycles):
                 found[topic] = 0
         return found
 
-    async def _cycle(
-        self, key: TaskId, items: list[Batch], backlogs: Mapping[str, int] | None = None
-    ) -> bool:
+    async def _cycle(self, key: TaskId, items: list[Batch], backlogs: Mapping[str, int]) -> bool:
         """Decides what arrived for its task's p and the timers handed over to fire, and
         stages it; whether it did (else the task is let go and taken afresh). `backlogs`:
         the consumer's backlog of each commands topic in `items`, asked before the lock."""
@@ -230,7 +228,7 @@ class PartitionCycles(TimerTableCycles):
                     w.wrote = True
                 elif (batch := w.batch_of(p)) is not None:
                     behind = inp.behind.get(topic, 0) if inp is not None else 0
-                    backlog = (backlogs or {}).get(topic, 0) + behind
+                    backlog = backlogs.get(topic, 0) + behind
                     w.decider.decide_records(batch, records, backlog)
                     w.wrote = await self._carry_out(w, batch, p) or w.wrote
             # Its commands decided here (still: its task may stop running meanwhile).

@@ -47,11 +47,6 @@ class NodeTimerLoop:
         loops = [*self._loops.values(), *self._ending]
         return self._ended_rounds + sum(loop.rounds for loop in loops)
 
-    @property
-    def failing(self) -> frozenset[int]:
-        """The partitions whose loop failed its last rounds: their timers do not fire."""
-        return frozenset(p for p, loop in self._loops.items() if loop.failing)
-
     def start(self) -> None:
         """The node runs: its partitions' loops run (those started already, and those
         started from now on)."""

@@ -104,9 +104,7 @@ async def test_a_backlog_is_decided_in_bounded_cycles_with_the_loop_let_run_betw
     waits: list[int] = []  # the records behind each cycle, counted in its commands' backlog
     done = asyncio.Event()
 
-    async def cycle(
-        key: TaskId, items: list[Batch], backlogs: Mapping[str, int] | None = None
-    ) -> bool:
+    async def cycle(key: TaskId, items: list[Batch], backlogs: Mapping[str, int]) -> bool:
         firing = " firing" if inp.take_local() else ""
         waits.append(inp.behind.get("a.events", 0))
         seen.append(f"cycle of {sum(len(rs) for _, rs in items)}{firing}")

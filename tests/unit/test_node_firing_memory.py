@@ -108,7 +108,7 @@ async def test_an_in_process_timer_cancelled_in_the_same_cycle_is_not_fired(
     assert inp is not None
     together: list[bool] = []
 
-    async def late(q: TaskId, items: list[tuple[str, list[Any]]], backlogs: Any = None) -> bool:
+    async def late(q: TaskId, items: list[tuple[str, list[Any]]], backlogs: Any) -> bool:
         if q == key and any(topic == TOPICS[COUNTER.name].commands for topic, _ in items):
             # The cancel is in this cycle: it runs once the timer is claimed to fire here.
             await wait_until(lambda: bool(inp.local))

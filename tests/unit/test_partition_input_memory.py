@@ -148,7 +148,7 @@ async def test_claims_a_cut_cycle_threw_away_do_not_count_as_committed(
     kept = n.types[TOPICS.type_name]
     never = asyncio.Event()
 
-    async def slow_cycle(key: TaskId, items: object, backlogs: object = None) -> bool:
+    async def slow_cycle(key: TaskId, items: object, backlogs: object) -> bool:
         await never.wait()  # a cycle in progress: it holds p's lock
         return True
 

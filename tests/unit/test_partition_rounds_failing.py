@@ -85,9 +85,12 @@ async def test_health_names_the_failing_partition_alone(
     raised = failing_reads(monkeypatch, 1_000)
     await schedule(log, owner_in(BAD), int(time.time() * 1000))
     typed: Node = node.node
-    loop = typed.types[TOPICS.type_name].loop
-    await wait_until(lambda: bool(loop.failing))
-    assert raised and loop.failing == frozenset({BAD})
+
+    def failing() -> set[int]:
+        return {key.p for key, task in typed._tasks.items() if task.rounds_failing}
+
+    await wait_until(lambda: bool(failing()))
+    assert raised and failing() == {BAD}
     health = typed.health()
     assert health["stalled"] == {str(BAD): f"{TOPICS.type_name}: timer rounds failing"}
     assert TaskId(TOPICS.type_name, BAD) in typed._tasks

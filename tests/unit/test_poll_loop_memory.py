@@ -167,9 +167,7 @@ async def test_a_node_goes_on_with_its_other_partitions_while_one_is_stuck(
         stuck = asyncio.Event()
         cycle = cycles._cycle
 
-        async def hanging(
-            key: TaskId, items: list[Batch], backlogs: Mapping[str, int] | None = None
-        ) -> bool:
+        async def hanging(key: TaskId, items: list[Batch], backlogs: Mapping[str, int]) -> bool:
             if key.p == 0:
                 await stuck.wait()
             return await cycle(key, items, backlogs)
