@@ -160,9 +160,16 @@ def fold(
     version = current.version
     for e in events:
         state = agg.apply(state, Event(e.type, e.body, e.version, e.created_at, e.id))
+        if not isinstance(state, agg.state_type):
+            raise TypeError(
+                f"the applier of {e.type} returned {type(state).__name__}, "
+                f"not {agg.state_type.__name__}"
+            )
         deleted = deleted or e.type == AGGREGATE_DELETED
         version = max(version, e.version)
-    dumped = state.model_dump(mode="json")
+    # `warnings="error"`: a field holding what its type cannot (an applier's `model_copy`
+    # is not validated) is refused here, not written as what no later load could read.
+    dumped = state.model_dump(mode="json", warnings="error")
     # A float field takes "nan" and "inf", which JSON cannot hold: written as null, the
     # stored aggregate would fail every later command on it. Refused here, the command
     # that made it is answered ERROR (a followed event dead-lettered) instead.
