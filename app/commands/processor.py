@@ -258,7 +258,11 @@ class CommandProcessor:
         decided: list[tuple[CommandEnvelope, ResultCode, str]] = []
         topic, partition, out = self._commands_topic, self.partition, batch.out
         for cmd in commands:
+            sent: bytes | None = None
             try:
+                # Before its handler, which may change the body it is given: the record
+                # says what was sent.
+                sent = encode(cmd)
                 d, _ = self._decide(batch, cmd)
                 code, message = d.code, d.message
             except Exception as exc:
@@ -267,8 +271,8 @@ class CommandProcessor:
                 # As a target answers a command it cannot decide: the timer retries it.
                 code, message = ResultCode.ERROR, cut_message(f"{type(exc).__name__}: {exc}")
                 batch.stats.codes[code] += 1
-            key = cmd.aggregate.id.encode()
-            out.append((topic, partition, key, encode(cmd), IN_PROCESS_HEADERS))
+            if sent is not None:
+                out.append((topic, partition, cmd.aggregate.id.encode(), sent, IN_PROCESS_HEADERS))
             decided.append((cmd, code, message))
         return decided
 

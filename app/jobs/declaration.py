@@ -13,6 +13,7 @@ from functools import lru_cache
 from typing import Any, Final
 
 from app.model.aggregate import Decision
+from app.model.user_code import plain_function
 from tables import DEFAULT_TENANT, AggregateRef, CronRule, IntervalRule, OnceRule
 from tables.partitioner import partition_of
 from tables.rules import parse_rule
@@ -102,6 +103,7 @@ class Job:
         if not _JOB_NAME.match(self.name):
             raise ValueError(f"job name {self.name!r}: use 1-100 letters, digits, '-' or '_'")
         object.__setattr__(self, "scope", JobScope(self.scope))
+        plain_function(self.handler, f"the handler of job {self.name}")
 
 
 def ref_of(context: str, job: str | Job, tenant: str = DEFAULT_TENANT) -> AggregateRef:

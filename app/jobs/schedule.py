@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, NoReturn, TypeGuard
 
 from app.jobs.declaration import (
@@ -39,6 +39,7 @@ from app.jobs.declaration import (
 from app.jobs.schedule_state import ScheduleState, apply_schedule_event
 from app.model.aggregate import AggregateType, Command, Decision
 from app.model.decide import cut_message
+from app.model.user_code import not_awaitable, user_code
 from app.protocol.wire import SCHEDULE_CANCELLED, SCHEDULE_SET, ResultCode
 from tables import DEFAULT_TENANT, CommandSpec, OnceRule
 from tables.exceptions import InvalidRule
@@ -350,7 +351,12 @@ def _run_handler(job: Job, run: JobRun) -> str | None:
     `MAX_ERROR_TEXT` characters (an exception's text has no bound: whole, it could outgrow
     the record of the event or result that carries it)."""
     try:
-        job.handler(run)
+        with user_code(f"the handler of job {job.name}"):
+            # Declared returning None; an object whose `__call__` is async returns a
+            # coroutine all the same.
+            handler: Callable[[JobRun], object] = job.handler
+            result = handler(run)
+            not_awaitable(result, f"the handler of job {job.name}")
     except Exception as exc:
         if run.retried:
             what = "failed again"

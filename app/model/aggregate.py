@@ -28,6 +28,7 @@ from typing import Any, Generic, NoReturn, TypeVar
 from pydantic import BaseModel
 
 from app.errors import NoTarget
+from app.model.user_code import plain_function
 from app.protocol.wire import (
     AGGREGATE_DELETED,
     MAX_REQUEST_ID,
@@ -206,6 +207,7 @@ class AggregateType(Generic[S]):
 
     def command(self, type_: str) -> Callable[[Handler[S]], Handler[S]]:
         def register(fn: Handler[S]) -> Handler[S]:
+            plain_function(fn, f"the handler of {type_}")
             if type_ in self.handlers:
                 raise ValueError(f"{self.type_name} already handles {type_}")
             self.handlers[type_] = fn
@@ -215,6 +217,7 @@ class AggregateType(Generic[S]):
 
     def applies(self, type_: str) -> Callable[[Applier[S]], Applier[S]]:
         def register(fn: Applier[S]) -> Applier[S]:
+            plain_function(fn, f"the applier of {type_}")
             self.appliers[type_] = fn
             return fn
 

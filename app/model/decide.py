@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from app.errors import NoTarget, node_fault
 from app.model.aggregate import AggregateType, Decision, Event, Rejected
+from app.model.user_code import not_awaitable, user_code
 from app.protocol.wire import (
     AGGREGATE_DELETED,
     MAX_EVENT_ID,
@@ -93,11 +94,19 @@ def decide(
     if current.deleted:
         return Decided(ResultCode.REJECTED, f"{cmd.aggregate} was deleted", [], None)
     try:
-        state = agg.state_type.model_validate(current.state) if stored else agg.initial()
-        decision = Decision(
-            aggregate=cmd.aggregate, now=now, request_id=cmd.request_id, unreachable=unreachable
-        )
-        handler(state, cmd, decision)
+        with user_code(f"the handler of {cmd.type}"):
+            # From a copy: a handler that changes what it is given (a nested dict of the
+            # state, then a refusal) never changes the aggregate as the batch holds it.
+            state = (
+                agg.state_type.model_validate(json_copy(current.state)) if stored else agg.initial()
+            )
+            decision = Decision(
+                aggregate=cmd.aggregate,
+                now=now,
+                request_id=cmd.request_id,
+                unreachable=unreachable,
+            )
+            not_awaitable(handler(state, cmd, decision), f"the handler of {cmd.type}")
     except Rejected as exc:
         return Decided(exc.code, cut_message(exc.reason), [], None, refusal=exc.refusal)
     except NoTarget as exc:
@@ -130,6 +139,17 @@ def decide(
     return Decided(ResultCode.COMMITTED, "", events, fold(agg, current, events), decision.commands)
 
 
+def json_copy(value: Any) -> Any:
+    """`value` with every dict and list in it copied (what JSON holds; anything else is
+    kept as it is): cheaper than `copy.deepcopy` for the small bodies and states here."""
+    kind = type(value)
+    if kind is dict:
+        return {k: json_copy(v) for k, v in value.items()}
+    if kind is list:
+        return [json_copy(v) for v in value]
+    return value
+
+
 def cut_message(message: str) -> str:
     """`message` as a result or an event keeps it: at most `MAX_ERROR_TEXT` characters, a
     longer one cut, ending in ' …[cut]' (`tables.timer.error_text`). A handler's exception
@@ -152,24 +172,33 @@ def fold(
 ) -> StoredAggregate:
     """The aggregate after `events` (of one aggregate, in log order)."""
     current = stored or _NO_EVENTS
-    # A fresh dict for an aggregate without events: a state type may keep the dict it is
-    # given, and an applier change it in place (never the one shared `_NO_EVENTS`'s).
-    raw = {} if current is _NO_EVENTS else current.state
-    state: BaseModel = agg.state_type.model_validate(raw) if stored is not None else agg.initial()
     deleted = current.deleted
     version = current.version
-    for e in events:
-        state = agg.apply(state, Event(e.type, e.body, e.version, e.created_at, e.id))
-        if not isinstance(state, agg.state_type):
-            raise TypeError(
-                f"the applier of {e.type} returned {type(state).__name__}, "
-                f"not {agg.state_type.__name__}"
-            )
-        deleted = deleted or e.type == AGGREGATE_DELETED
-        version = max(version, e.version)
-    # `warnings="error"`: a field holding what its type cannot (an applier's `model_copy`
-    # is not validated) is refused here, not written as what no later load could read.
-    dumped = state.model_dump(mode="json", warnings="error")
+    with user_code(f"the appliers of {agg.type_name}"):
+        # Copies of the state and of each event's body: an applier that changes what it is
+        # given in place never changes the aggregate as stored or staged, nor an event
+        # still to be written or read for its timer.
+        state: BaseModel = (
+            agg.state_type.model_validate(json_copy(current.state))
+            if stored is not None
+            else agg.initial()
+        )
+        for e in events:
+            event = Event(e.type, json_copy(e.body), e.version, e.created_at, e.id)
+            state = agg.apply(state, event)
+            if not isinstance(state, agg.state_type):
+                not_awaitable(state, f"the applier of {e.type}")
+                raise TypeError(
+                    f"the applier of {e.type} returned {type(state).__name__}, "
+                    f"not {agg.state_type.__name__}"
+                )
+            deleted = deleted or e.type == AGGREGATE_DELETED
+            version = max(version, e.version)
+        # `warnings="error"`: a field holding what its type cannot (an applier's
+        # `model_copy` is not validated) is refused here, not written as what no later load
+        # could read; nor is a state its own model refuses (a constraint, a validator).
+        dumped = state.model_dump(mode="json", warnings="error")
+        agg.state_type.model_validate(dumped)
     # A float field takes "nan" and "inf", which JSON cannot hold: written as null, the
     # stored aggregate would fail every later command on it. Refused here, the command
     # that made it is answered ERROR (a followed event dead-lettered) instead.

@@ -469,6 +469,29 @@ async def test_a_take_that_fails_on_an_unexpected_error_stops_the_node_loudly(
     assert "resuming failed" in node.node.health()["failed"]
 
 
+async def test_a_cancelled_error_leaking_out_of_a_take_stops_the_node_loudly(
+    log: MemoryLog, nodes: list[RunningNode], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A CancelledError raised out of a call the take makes (a client's), not a cancel of
+    the take: it had ended the take's task with nothing said, its partition left
+    restoring for ever with /healthz not ready. The node stops, naming the partition."""
+    resume = MemoryGroupMember.resume
+    calls = 0
+
+    def leaking_once(self: MemoryGroupMember, partitions: Any) -> None:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise asyncio.CancelledError("leaked by a client")
+        resume(self, partitions)
+
+    monkeypatch.setattr(MemoryGroupMember, "resume", leaking_once)
+    node = await start(nodes, log, tmp_path, "a")
+    error = await failed_node(node)
+    assert "taking partition" in str(error) and "CancelledError" in str(error)
+    assert "leaked by a client" in node.node.health()["failed"]
+
+
 class HeldOnce(HeldCommits):
     """Holds the first transaction of the log for good; the later ones commit."""
 

@@ -1,0 +1,433 @@
+"""What a service author's code does is the record's that ran it, never the node's.
+
+What an applier returns is stored only when a later load can read it back.
+
+An applier's result is the aggregate's next state. pydantic's `model_copy(update=...)`
+validates nothing, so an applier may hand back a field its type cannot hold (an int
+field holding "many"); dumped as it is (pydantic only warns), the stored state would
+fail every later load, so every later command on the aggregate would be answered ERROR.
+An applier may also return something that is not the state at all. Either way, the
+command that emitted the event is answered ERROR and dead-lettered, the aggregate stays
+as it was and takes the next command. A restore passes over such an event.
+
+Whatever a handler, an applier or a job function raises (SystemExit, KeyboardInterrupt,
+GeneratorExit, a CancelledError, a MemoryError, an exception whose text cannot be read)
+answers its command ERROR, and the partition goes on: before, the first two ended the
+worker on every node that took the partition, the others retook it for ever. Neither can
+change in place what the batch holds (the state it is given, an event's body), and an
+`async def` handler is refused where it is declared.
+
+pydantic's serializer warning is ignored here, as it is in production: the suite's
+`-W error` would otherwise turn it into the very refusal under test.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import pytest
+from fakes import CommitLog
+from pydantic import BaseModel, Field
+
+from app.commands.processor import CommandProcessor, state_key
+from app.jobs import Job, JobRun, JobScope
+from app.kafka import Record
+from app.model.aggregate import AggregateType, Command, Decision
+from app.model.decide import StoredAggregate, fold
+from app.model.user_code import UserCodeFailed
+from app.protocol.wire import CommandEnvelope, EventEnvelope, ResultCode, encode
+from tables import AggregateRef, IntervalRule
+from tables.aggregate_store import MemoryAggregateStore
+from tables.partitioner import partition_of
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+
+T0 = 1_800_000_000_000
+PARTITIONS = 4
+
+
+class Counter(BaseModel):
+    count: int = 0
+
+
+class Other(BaseModel):
+    count: int = 0
+
+
+counters = AggregateType("shop", "counter", Counter)
+
+
+@counters.command("shop.Count")
+def count(state: Counter, cmd: Command, d: Decision) -> None:
+    d.emit(cmd.body["as"], {"to": cmd.body["to"]})
+
+
+@counters.applies("shop.Counted")
+def counted(state: Counter, e: Any) -> Counter:
+    return state.model_copy(update={"count": e.body["to"]})  # not validated
+
+
+@counters.applies("shop.AsDict")
+def as_dict(state: Counter, e: Any) -> Any:
+    return {"count": e.body["to"]}
+
+
+@counters.applies("shop.AsOther")
+def as_other(state: Counter, e: Any) -> Any:
+    return Other(count=e.body["to"])
+
+
+@counters.applies("shop.AsNone")
+def as_none(state: Counter, e: Any) -> Any:
+    return None
+
+
+REF = AggregateRef(context="shop", aggregate="counter", id="c-1")
+P = partition_of(REF.id, PARTITIONS)
+
+
+def command(request_id: str, as_: str, to: Any, offset: int) -> Record:
+    cmd = CommandEnvelope(
+        request_id=request_id,
+        type="shop.Count",
+        aggregate=REF,
+        issued_at=T0,
+        body={"as": as_, "to": to},
+    )
+    return Record("shop.counter.commands", P, offset, REF.id.encode(), encode(cmd), T0)
+
+
+@pytest.mark.parametrize(
+    ("as_", "to", "why"),
+    [
+        ("shop.Counted", "many", "serializ"),  # pydantic's serialization error
+        ("shop.Counted", 1.5, "serializ"),
+        ("shop.AsDict", 2, "returned dict, not Counter"),
+        ("shop.AsOther", 2, "returned Other, not Counter"),
+        ("shop.AsNone", 2, "returned NoneType, not Counter"),
+    ],
+)
+async def test_a_state_an_applier_made_unreadable_is_not_stored(
+    as_: str, to: Any, why: str
+) -> None:
+    log, states = CommitLog(), MemoryAggregateStore()
+    proc = CommandProcessor(
+        counters, P, partitions=PARTITIONS, states=states, commit=log, now=lambda: T0
+    )
+    await proc.handle([command("r-1", "shop.Counted", 1, 0)])
+    await proc.handle([command("r-2", as_, to, 1), command("r-3", "shop.Counted", 3, 2)])
+    results = log.last("results")
+    assert [(r["request_id"], r["code"]) for r in results] == [
+        ("r-2", ResultCode.ERROR),
+        ("r-3", ResultCode.COMMITTED),
+    ]
+    assert why in results[0]["message"]
+    assert len(log.last("dead-letters")) == 1
+    stored = proc._states.stored(state_key(REF))
+    assert stored is not None and stored.state == {"count": 3} and stored.version == 2
+    # And the aggregate still takes commands: its stored state loads.
+    await proc.handle([command("r-4", "shop.Counted", 4, 3)])
+    assert [r["code"] for r in log.last("results")] == [ResultCode.COMMITTED]
+
+
+def event(version: int, as_: str, to: Any) -> EventEnvelope:
+    return EventEnvelope(
+        id=f"e-{version}",
+        type=as_,
+        aggregate=REF,
+        version=version,
+        created_at=T0,
+        body={"to": to},
+    )
+
+
+def test_fold_refuses_a_wrong_typed_field_and_folds_a_valid_one() -> None:
+    stored = StoredAggregate(version=1, state={"count": 1})
+    with pytest.raises(Exception, match="serializ"):
+        fold(counters, stored, [event(2, "shop.Counted", "many")])
+    with pytest.raises(TypeError, match="returned dict"):
+        fold(counters, stored, [event(2, "shop.AsDict", 2)])
+    folded = fold(counters, stored, [event(2, "shop.Counted", 7)])
+    assert folded.state == {"count": 7} and folded.version == 2
+
+
+class Counted(BaseModel):
+    to: int
+
+
+@counters.command("shop.CountModel")
+def count_model(state: Counter, cmd: Command, d: Decision) -> None:
+    body = Counted(to=1).model_copy(update={"to": cmd.body["to"]})  # not validated
+    d.emit("shop.Noted", body)  # no applier: only the event carries it
+
+
+async def test_an_event_body_model_with_a_wrong_typed_field_is_the_handlers_error() -> None:
+    log, states = CommitLog(), MemoryAggregateStore()
+    proc = CommandProcessor(
+        counters, P, partitions=PARTITIONS, states=states, commit=log, now=lambda: T0
+    )
+    bad = CommandEnvelope(
+        request_id="r-1", type="shop.CountModel", aggregate=REF, issued_at=T0, body={"to": "x"}
+    )
+    good = bad.model_copy(update={"request_id": "r-2", "body": {"to": 5}})
+    await proc.handle(
+        [
+            Record("shop.counter.commands", P, 0, REF.id.encode(), encode(bad), T0),
+            Record("shop.counter.commands", P, 1, REF.id.encode(), encode(good), T0),
+        ]
+    )
+    results = log.last("results")
+    assert [(r["request_id"], r["code"]) for r in results] == [
+        ("r-1", ResultCode.ERROR),
+        ("r-2", ResultCode.COMMITTED),
+    ]
+    assert "serializ" in results[0]["message"]
+    assert [e["body"] for e in log.last("events")] == [{"to": 5}]
+
+
+class Limited(BaseModel):
+    count: int = Field(default=0, ge=0)
+
+
+limited = AggregateType("shop", "limited", Limited)
+
+
+@limited.command("shop.Count")
+def count_limited(state: Limited, cmd: Command, d: Decision) -> None:
+    d.emit("shop.Counted", {"to": cmd.body["to"]})
+
+
+@limited.applies("shop.Counted")
+def counted_limited(state: Limited, e: Any) -> Limited:
+    return state.model_copy(update={"count": e.body["to"]})  # its constraint not checked
+
+
+async def test_a_state_its_own_model_refuses_is_not_stored() -> None:
+    """`ge=0` holds for no -1, though -1 is an int: the state is validated as a load
+    would, not only dumped."""
+    log, states = CommitLog(), MemoryAggregateStore()
+    ref = REF.model_copy(update={"aggregate": "limited"})
+    p = partition_of(ref.id, PARTITIONS)
+    proc = CommandProcessor(
+        limited, p, partitions=PARTITIONS, states=states, commit=log, now=lambda: T0
+    )
+
+    def rec(request_id: str, to: int, offset: int) -> Record:
+        cmd = CommandEnvelope(
+            request_id=request_id, type="shop.Count", aggregate=ref, issued_at=T0, body={"to": to}
+        )
+        return Record("shop.limited.commands", p, offset, ref.id.encode(), encode(cmd), T0)
+
+    await proc.handle([rec("r-1", -1, 0), rec("r-2", 2, 1), rec("r-3", 3, 2)])
+    codes = [(r["request_id"], r["code"]) for r in log.last("results")]
+    assert codes == [
+        ("r-1", ResultCode.ERROR),
+        ("r-2", ResultCode.COMMITTED),
+        ("r-3", ResultCode.COMMITTED),
+    ]
+    stored = proc._states.stored(state_key(ref))
+    assert stored is not None and stored.state == {"count": 3}
+
+
+class Raises(Exception):
+    """An exception whose text cannot be read: its __str__ returns an int."""
+
+    def __str__(self) -> str:
+        return 7  # type: ignore[return-value]
+
+    def __repr__(self) -> str:
+        return 7  # type: ignore[return-value]
+
+
+RAISED: dict[str, BaseException] = {
+    "SystemExit": SystemExit(3),
+    "KeyboardInterrupt": KeyboardInterrupt(),
+    "GeneratorExit": GeneratorExit(),
+    "CancelledError": asyncio.CancelledError(),
+    "MemoryError": MemoryError(),
+    "Raises": Raises(),
+}
+
+raisers = AggregateType("shop", "raiser", Counter)
+
+
+@raisers.command("shop.Raise")
+def raise_in_handler(state: Counter, cmd: Command, d: Decision) -> None:
+    if cmd.body.get("in") == "handler":
+        raise RAISED[cmd.body["what"]]
+    d.emit("shop.Raised", cmd.body)
+
+
+@raisers.applies("shop.Raised")
+def raise_in_applier(state: Counter, e: Any) -> Counter:
+    if e.body.get("in") == "applier":
+        raise RAISED[e.body["what"]]
+    return state.model_copy(update={"count": state.count + 1})
+
+
+@pytest.mark.parametrize("where", ["handler", "applier"])
+@pytest.mark.parametrize("what", sorted(RAISED))
+async def test_whatever_user_code_raises_answers_its_command_error(where: str, what: str) -> None:
+    log, states = CommitLog(), MemoryAggregateStore()
+    ref = REF.model_copy(update={"aggregate": "raiser"})
+    p = partition_of(ref.id, PARTITIONS)
+    proc = CommandProcessor(
+        raisers, p, partitions=PARTITIONS, states=states, commit=log, now=lambda: T0
+    )
+
+    def rec(request_id: str, body: dict[str, Any], offset: int) -> Record:
+        cmd = CommandEnvelope(
+            request_id=request_id, type="shop.Raise", aggregate=ref, issued_at=T0, body=body
+        )
+        return Record("shop.raiser.commands", p, offset, ref.id.encode(), encode(cmd), T0)
+
+    await proc.handle([rec("r-1", {"in": where, "what": what}, 0), rec("r-2", {}, 1)])
+    results = log.last("results")
+    assert [(r["request_id"], r["code"]) for r in results] == [
+        ("r-1", ResultCode.ERROR),
+        ("r-2", ResultCode.COMMITTED),
+    ]
+    assert what in results[0]["message"] or "cannot be read" in results[0]["message"]
+    assert len(log.last("dead-letters")) == 1
+    stored = proc._states.stored(state_key(ref))
+    assert stored is not None and stored.state == {"count": 1}
+
+
+def test_a_restore_passes_over_an_event_whose_applier_raises_systemexit() -> None:
+    event = EventEnvelope(
+        id="e-1",
+        type="shop.Raised",
+        aggregate=REF.model_copy(update={"aggregate": "raiser"}),
+        version=1,
+        created_at=T0,
+        body={"in": "applier", "what": "SystemExit"},
+    )
+    with pytest.raises(UserCodeFailed, match="SystemExit"):
+        fold(raisers, None, [event])
+
+
+class Holder(BaseModel):
+    data: dict[str, Any] = Field(default_factory=dict)
+
+
+holders = AggregateType("shop", "holder", Holder)
+
+
+@holders.command("shop.Touch")
+def touch(state: Holder, cmd: Command, d: Decision) -> None:
+    if cmd.body.get("refuse"):
+        state.data["inner"]["v"] += 1000  # changed in place, then refused
+        d.reject("refused after changing what it was given")
+    d.emit("shop.Touched", {"inner": {"v": cmd.body["v"]}, "keep": cmd.body["v"]})
+
+
+@holders.applies("shop.Touched")
+def touched(state: Holder, e: Any) -> Holder:
+    keep = e.body.pop("keep")  # changes the body it is given
+    state.data.setdefault("inner", {"v": 0})["v"] = e.body["inner"]["v"]
+    e.body["inner"]["v"] = -1
+    return state.model_copy(update={"data": {**state.data, "keep": keep}})
+
+
+async def test_user_code_changing_what_it_is_given_changes_nothing_stored_or_written() -> None:
+    """A handler that changes the state it is given in place and then refuses, and an
+    applier that changes the event's body: the aggregate is what the log's events fold
+    to, and the events are written as the handler emitted them."""
+    log, states = CommitLog(), MemoryAggregateStore()
+    ref = REF.model_copy(update={"aggregate": "holder"})
+    p = partition_of(ref.id, PARTITIONS)
+    proc = CommandProcessor(
+        holders, p, partitions=PARTITIONS, states=states, commit=log, now=lambda: T0
+    )
+
+    def rec(request_id: str, body: dict[str, Any], offset: int) -> Record:
+        cmd = CommandEnvelope(
+            request_id=request_id, type="shop.Touch", aggregate=ref, issued_at=T0, body=body
+        )
+        return Record("shop.holder.commands", p, offset, ref.id.encode(), encode(cmd), T0)
+
+    await proc.handle([rec("r-1", {"v": 1}, 0), rec("r-2", {"v": 1, "refuse": True}, 1)])
+    assert [r["body"] for r in log.last("events")] == [{"inner": {"v": 1}, "keep": 1}]
+    await proc.handle([rec("r-3", {"v": 2}, 2)])
+    stored = proc._states.stored(state_key(ref))
+    assert stored is not None and stored.state == {"data": {"inner": {"v": 2}, "keep": 2}}
+    # The same as a fold of the events written, from nothing.
+    written = [
+        EventEnvelope.model_validate(json.loads(r[3] or b""))
+        for c in log.commits
+        for r in c
+        if r[0].endswith("events")
+    ]
+    assert fold(holders, None, written).state == stored.state
+
+
+def test_async_handlers_appliers_and_jobs_are_refused_where_declared() -> None:
+    agg = AggregateType("shop", "asyncs", Counter)
+
+    async def handler(state: Counter, cmd: Command, d: Decision) -> None:
+        d.emit("shop.X", {})
+
+    async def applier(state: Counter, e: Any) -> Counter:
+        return state
+
+    with pytest.raises(TypeError, match="not async def"):
+        agg.command("shop.X")(handler)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="not async def"):
+        agg.applies("shop.X")(applier)  # type: ignore[arg-type]
+
+    async def job(run: JobRun) -> None:
+        run.send(REF, "shop.X")
+
+    with pytest.raises(TypeError, match="not async def"):
+        Job("nightly", JobScope.SYSTEM, IntervalRule(start=0, every=60_000), job)  # type: ignore[arg-type]
+
+
+class AsyncCall:
+    """A handler object whose `__call__` is async: declared, but its result is refused."""
+
+    async def __call__(self, state: Counter, cmd: Command, d: Decision) -> None:
+        d.emit("shop.Counted", {"to": 1})
+
+
+async def test_a_handler_object_whose_call_is_async_answers_error() -> None:
+    agg = AggregateType("shop", "counter", Counter)
+    agg.command("shop.Count")(AsyncCall())  # type: ignore[arg-type]
+    log, states = CommitLog(), MemoryAggregateStore()
+    proc = CommandProcessor(
+        agg, P, partitions=PARTITIONS, states=states, commit=log, now=lambda: T0
+    )
+    await proc.handle([command("r-1", "shop.Counted", 1, 0)])
+    results = log.last("results")
+    assert [r["code"] for r in results] == [ResultCode.ERROR]
+    assert "must not be async" in results[0]["message"]
+
+
+changers = AggregateType("shop", "changer", Counter)
+
+
+@changers.command("shop.Fire")
+def fire(state: Counter, cmd: Command, d: Decision) -> None:
+    cmd.body["seen"] = object()  # changes the command it is given: nothing JSON holds
+    d.emit("shop.Fired", {})
+
+
+def test_a_timers_command_its_handler_changes_is_written_as_sent() -> None:
+    """A timer's command fired in-process is written to the command topic as the record
+    of what was sent: encoded before its handler ran, which may change its body (here to
+    what no encoder writes, which had failed the cycle and retaken the partition)."""
+    log, states = CommitLog(), MemoryAggregateStore()
+    ref = REF.model_copy(update={"aggregate": "changer"})
+    p = partition_of(ref.id, PARTITIONS)
+    proc = CommandProcessor(
+        changers, p, partitions=PARTITIONS, states=states, commit=log, now=lambda: T0
+    )
+    cmd = CommandEnvelope(
+        request_id="t-1", type="shop.Fire", aggregate=ref, issued_at=T0, body={"n": 1}
+    )
+    batch = proc.begin()
+    decided = proc.decide_local(batch, [cmd])
+    assert [(c.request_id, code) for c, code, _ in decided] == [("t-1", ResultCode.COMMITTED)]
+    sent = [r for r in batch.out if r[0].endswith("commands")]
+    assert len(sent) == 1 and json.loads(sent[0][3] or b"")["body"] == {"n": 1}
