@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import TypeVar
 
+from aiohttp import web
 from multidict import MultiDict, MultiMapping
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from yarl import URL
@@ -94,10 +95,24 @@ def form_target(form: OperatorForm) -> AggregateRef:
         raise BadInput(f"bad target: {problems(exc)}") from exc
 
 
+async def posted_form(
+    request: web.Request,
+) -> MultiMapping[str | bytes | bytearray | web.FileField]:
+    """The request's form; a body no form parser reads (a multipart body without its
+    boundary, an unknown charset, bytes not of its charset) is a 400, not a 500."""
+    try:
+        return await request.post()
+    except (ValueError, LookupError, UnicodeError, AssertionError) as exc:
+        raise web.HTTPBadRequest(reason=f"the form cannot be read: {type(exc).__name__}") from exc
+
+
 def local_path(back: str) -> str:
     """`back` if it is a path of this server, else the page: a form cannot send the
     browser elsewhere."""
-    url = URL(back)
+    try:
+        url = URL(back)
+    except (ValueError, UnicodeError):
+        return "/"  # no URL at all (`http://[`, a port past 65535): never a 500 after the act
     if url.is_absolute() or not back.startswith("/") or back.startswith("//"):
         return "/"
     return back

@@ -56,8 +56,8 @@ from aiohttp.typedefs import Middleware
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from yarl import URL
 
-from app.errors import TickwheelError
-from app.ops.forms import TOKEN_FIELD, without_token
+from app.errors import KafkaUnavailable, TickwheelError
+from app.ops.forms import TOKEN_FIELD, posted_form, without_token
 from app.ops.job_routes import JobRoutes
 from app.ops.openapi import openapi_document
 from app.ops.page import Acted, OperatorPage, Rendered, default_node_id
@@ -107,10 +107,18 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
         return await handler(request)
     except web.HTTPException as exc:
         return _json({"error": exc.reason, "path": request.path}, exc.status)
+    except (KafkaUnavailable, StoreClosed) as exc:
+        # The broker away, or a partition handed over while it was read: the request may
+        # be sent again (routes that say more answer it themselves), never a 500.
+        answer = _json({"error": f"unavailable: {str(exc)[:500]}", "path": request.path}, 503)
+        answer.headers["Retry-After"] = "5" if isinstance(exc, KafkaUnavailable) else "1"
+        return answer
 
 
 def _digest(text: str) -> bytes:
-    return hashlib.sha256(text.encode()).digest()
+    # aiohttp hands a header's bytes that are not UTF-8 on as lone surrogates: encoded as
+    # they came, never a UnicodeEncodeError (a 500 before the token is even compared).
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).digest()
 
 
 class WebServer:
@@ -277,15 +285,15 @@ class WebServer:
 
     async def _timer_form(self, request: web.Request) -> web.Response:
         assert self.page is not None and self.page.actions is not None
-        return _acted(await self.page.actions.timer(without_token(await request.post())))
+        return _acted(await self.page.actions.timer(without_token(await posted_form(request))))
 
     async def _job_form(self, request: web.Request) -> web.Response:
         assert self.page is not None and self.page.actions is not None
-        return _acted(await self.page.actions.job(without_token(await request.post())))
+        return _acted(await self.page.actions.job(without_token(await posted_form(request))))
 
     async def _act(self, request: web.Request, action: str) -> web.Response:
         assert self.page is not None
-        return _acted(await self.page.act(action, without_token(await request.post())))
+        return _acted(await self.page.act(action, without_token(await posted_form(request))))
 
     def _guard(self) -> Middleware:
         """The middleware every action passes: from this server's own page (or no
@@ -309,7 +317,7 @@ class WebServer:
             if self._is_cookie(request.cookies.get(TOKEN_COOKIE)):
                 return await handler(request)
             if request.content_type in _FORMS:
-                form = await request.post()
+                form = await posted_form(request)
                 given = form.get(TOKEN_FIELD)
                 if isinstance(given, str) and self._is_token(given.strip()):
                     response = await handler(request)
@@ -343,7 +351,7 @@ class WebServer:
     def _is_cookie(self, given: str | None) -> bool:
         if given is None or self._cookie is None:
             return False
-        return hmac.compare_digest(given.encode(), self._cookie.encode())
+        return hmac.compare_digest(given.encode("utf-8", "surrogatepass"), self._cookie.encode())
 
 
 _FORMS = frozenset({"application/x-www-form-urlencoded", "multipart/form-data"})

@@ -21,7 +21,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import BaseModel
 
-from app.errors import BadRecord
+from app.errors import BadRecord, KafkaUnavailable
 from app.jobs import BACKFILLED, TICKED, Job, JobRun, JobScope, shard_ref
 from app.kafka.memory import MemoryLog
 from app.model.aggregate import AggregateType, Command, Decision, Event
@@ -373,3 +373,33 @@ def test_an_answers_status_is_200_only_when_every_command_is_done(
         assert status in (422, 502, 503, 504)
     if None in codes and status == 504:
         assert all(c in DONE or c is None for c in codes)
+
+
+async def test_reads_the_broker_does_not_answer_are_a_503_to_retry(
+    edge: Edge, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The list's states and a backfill read the schedule's log: with the broker away they
+    answer 503 with Retry-After (they were a 500), and nothing is sent."""
+    clients = edge.node.clients
+    made = clients.reader
+
+    def away() -> Any:
+        reader = made()
+
+        async def start() -> None:
+            raise KafkaUnavailable("the broker is away")
+
+        reader.start = start  # type: ignore[method-assign]
+        return reader
+
+    monkeypatch.setattr(clients, "reader", away)
+    sent = commands_sent(edge.log)
+    async with edge.http.get(edge.url.with_path("/jobs").with_query(state="true")) as r:
+        assert r.status == 503 and r.headers["Retry-After"] == "5"
+        assert "the broker is away" in (await r.json())["error"]
+    edge.clock.set(T0 + 10 * MIN)  # a past range
+    status, answer = await edge.call(
+        "POST", f"/jobs/{CONTEXT}/minutely/backfill", {"from": T0, "until": T0 + MIN}
+    )
+    assert status == 503, answer
+    assert commands_sent(edge.log) == sent

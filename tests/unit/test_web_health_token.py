@@ -6,6 +6,7 @@ stay open. The fake node of the page's tests, behind the real `WebServer`."""
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import re
 from collections.abc import AsyncIterator, Callable
@@ -282,3 +283,30 @@ async def test_the_token_field_is_no_field_of_the_form(serve: Serve) -> None:
     async with serve() as edge:  # no token set: a field given anyway is let through
         r = await edge.post({**GOOD, "web_token": "whatever"})
         assert r.status == 303
+
+
+async def raw_post(edge: Edge, header: bytes) -> int:
+    """A form posted with one header line of raw bytes (not UTF-8: no client sends it)."""
+    assert edge.url.port is not None
+    reader, writer = await asyncio.open_connection("127.0.0.1", edge.url.port)
+    body = b"tenant=default"
+    writer.write(
+        b"POST /timers/retry HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n"
+        + header
+        + b"\r\nContent-Type: application/x-www-form-urlencoded\r\n"
+        + b"Content-Length: %d\r\n\r\n" % len(body)
+        + body
+    )
+    await writer.drain()
+    status = int((await reader.readline()).split()[1])
+    writer.close()
+    await writer.wait_closed()
+    return status
+
+
+async def test_a_token_or_cookie_that_is_not_utf8_is_a_wrong_one(serve: Serve) -> None:
+    """aiohttp hands such bytes on as lone surrogates; they were encoded strictly, a 500."""
+    async with serve(token=TOKEN) as edge:
+        assert await raw_post(edge, b"Authorization: Bearer \xff\xfe") == 401
+        assert await raw_post(edge, b"Cookie: " + TOKEN_COOKIE.encode() + b"=\xff\xfe") == 401
+        assert edge.retry.calls == []

@@ -418,3 +418,32 @@ async def test_a_request_kafka_does_not_take_is_a_503_page(site: Site) -> None:
 async def test_a_get_of_a_form_url_is_a_405(site: Site) -> None:
     status, _ = await site.get("/timers/retry")
     assert status == 405
+
+
+@pytest.mark.parametrize("back", ["http://[", "//[", "http://a:99999/"])
+async def test_a_back_that_is_no_url_goes_back_to_the_page(site: Site, back: str) -> None:
+    """A form's `back` that no URL parser reads: the action is carried out and answered
+    with a 303 to the page, not a 500 after it was carried out."""
+    status, _, location = await site.post("retry", {**GOOD, "back": back})
+    assert status == 303 and location is not None and location.startswith("/?done="), location
+    assert site.sent == 1
+
+
+@pytest.mark.parametrize(
+    ("content_type", "body"),
+    [
+        ("multipart/form-data", b"x=1"),  # no boundary
+        ("multipart/form-data; boundary=zz", b"--nope\r\n\r\n"),
+        ("application/x-www-form-urlencoded; charset=nope", b"a=1"),
+        ("application/x-www-form-urlencoded", b"\xff\xfe=1"),
+    ],
+)
+async def test_a_form_body_no_parser_reads_is_a_400(
+    site: Site, content_type: str, body: bytes
+) -> None:
+    async with site.http.post(
+        site.url / "timers" / "retry", data=body, headers={"Content-Type": content_type}
+    ) as r:
+        assert r.status == 400, await r.text()
+        assert "the form cannot be read" in (await r.json())["error"]
+    assert site.sent == 0
