@@ -29,7 +29,7 @@ import sys
 from collections.abc import Callable, Coroutine, Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any, TypeVar
 
 import orjson
@@ -244,8 +244,10 @@ def load_service(spec: str) -> Service:
     module_name, _, attr = spec.partition(":")
     try:
         found = getattr(importlib.import_module(module_name), attr or "service")
-    except (ImportError, AttributeError, ValueError) as exc:
-        raise fail(f"cannot load service {spec!r}: {exc}") from exc
+    except Exception as exc:
+        # Not found, a relative name ('../x': TypeError), or the module's own import
+        # failing (a SyntaxError, whatever its top level raises): said, never a traceback.
+        raise fail(f"cannot load service {spec!r}: {type(exc).__name__}: {exc}") from exc
     if not isinstance(found, Service):
         raise fail(f"{spec!r} is a {type(found).__name__}, not a Service")
     return found
@@ -255,5 +257,14 @@ def json_line(data: object) -> None:
     sys.stdout.write(orjson.dumps(data, option=orjson.OPT_SORT_KEYS).decode() + "\n")
 
 
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
 def time_iso(ms: int) -> str:
-    return datetime.fromtimestamp(ms / 1000, UTC).isoformat(timespec="milliseconds")
+    """`ms` as an ISO instant, or said in words past what a date holds (a deadline of a
+    timer due near year 9999 plus its jitter, a forged record's time): never an error that
+    ends a listing partway."""
+    try:  # exact: a float of the seconds rounds the last millisecond of 9999 into 10000
+        return (_EPOCH + timedelta(milliseconds=ms)).isoformat(timespec="milliseconds")
+    except (ValueError, OverflowError):
+        return "after 9999-12-31" if ms > 0 else f"before 0001-01-01 ({ms} ms)"

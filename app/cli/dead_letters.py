@@ -8,6 +8,7 @@ back to its topic, once: a second replay of the same letter writes nothing and s
 
 from __future__ import annotations
 
+import re
 import time
 from typing import Annotated
 
@@ -38,6 +39,16 @@ Partition = Annotated[
 ]
 
 
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def _printable(text: str) -> str:
+    """`text` with its control characters written as `\\xNN`: what another writer put in
+    a record or its headers never reaches the terminal as an escape sequence (a title
+    change, a cursor move, a hidden line)."""
+    return _CONTROL.sub(lambda m: f"\\x{ord(m[0]):02x}", text)
+
+
 def _line(x: Letter) -> str:
     c = x.letter.context
     replayed = (
@@ -50,7 +61,7 @@ def _line(x: Letter) -> str:
         message = message[:159] + "…"
     return (
         f"{x.partition}:{x.offset}\t{time_iso(c.time)}\t{c.stage}\t{c.topic}[{c.partition}]@"
-        f"{c.offset}\t{c.exception_class}: {message}\t{replayed}"
+        f"{c.offset}\t{_printable(c.exception_class)}: {_printable(message)}\t{replayed}"
     )
 
 
@@ -109,11 +120,11 @@ def show(
         return
     typer.echo(_line(x))
     for name, value in data["error"].items():
-        typer.echo(f"  {name}: {value}")
+        typer.echo(f"  {name}: {_printable(str(value))}")
     for name, value in data["headers"]:
-        typer.echo(f"  header {name}: {_shown(value)}")
-    typer.echo(f"  key: {_shown(data['key'])}")
-    typer.echo(f"  value: {_shown(data['value'])}")
+        typer.echo(f"  header {_printable(name)}: {_printable(_shown(value))}")
+    typer.echo(f"  key: {_printable(_shown(data['key']))}")
+    typer.echo(f"  value: {_printable(_shown(data['value']))}")
 
 
 def _shown(data: dict[str, str | None]) -> str:

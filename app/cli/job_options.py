@@ -38,7 +38,9 @@ Partition = Annotated[
 ]
 Wait = Annotated[
     float,
-    typer.Option(min=0.0, help="seconds to wait for the workers' results; 0: do not wait"),
+    typer.Option(
+        min=0.0, max=600.0, help="seconds to wait for the workers' results; 0: do not wait"
+    ),
 ]
 
 

@@ -305,6 +305,10 @@ def schemas(
     """Writes the JSON Schemas of the wire envelopes into a directory (or checks them)."""
     command_settings()  # no setting is used; a bad configuration is still an error
     where = default_dir() if directory is None else directory
+    if where.exists() and not where.is_dir():
+        raise fail(f"{where} is not a directory", CONFIG_ERROR)
+    if check and not where.is_dir():
+        raise fail(f"no directory {where}: nothing to check", CONFIG_ERROR)
     if check:
         stale = stale_schemas(where)
         if as_json:

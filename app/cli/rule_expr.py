@@ -198,8 +198,16 @@ class SlotLine(BaseModel):
     )
 
 
+_PAST_DATES = "after 9999-12-31"
+"""What is printed of an instant past what a date holds (a slot near the end of year 9999
+plus its jitter, or in a zone ahead of UTC): never an OverflowError."""
+
+
 def utc_text(ms: int) -> str:
-    moment = datetime.fromtimestamp(ms // 1000, UTC).replace(microsecond=(ms % 1000) * 1000)
+    try:
+        moment = datetime.fromtimestamp(ms // 1000, UTC).replace(microsecond=(ms % 1000) * 1000)
+    except (OverflowError, ValueError, OSError):
+        return _PAST_DATES
     return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
@@ -209,13 +217,17 @@ def slot_line(slot: Slot, zone: ZoneInfo, fires_at: int | None = None) -> SlotLi
     moment = datetime.fromtimestamp(slot.due_at // 1000, UTC).replace(
         microsecond=(slot.due_at % 1000) * 1000
     )
-    local = moment.astimezone(zone)
+    try:
+        local = moment.astimezone(zone)
+        local_text, offset = local.isoformat(timespec="milliseconds"), local.tzname() or ""
+    except (OverflowError, ValueError):
+        local_text, offset = _PAST_DATES, ""  # the zone's date is past 9999-12-31
     return SlotLine(
         index=slot.index,
         due_at=slot.due_at,
         utc=utc_text(slot.due_at),
-        local=local.isoformat(timespec="milliseconds"),
+        local=local_text,
         zone=str(zone.key),
-        offset=local.tzname() or "",
+        offset=offset,
         fires_at=fires_at,
     )

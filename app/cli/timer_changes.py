@@ -153,6 +153,9 @@ def set_(
         book = parse_aggregate_type(_type(type_name))
         spread = None if jitter is None else parse_duration(jitter, "--jitter")
         parsed = parse_expr(rule, zone, now, jitter=spread)
+        if zone is not None and parsed.kind != "cron":
+            # It was dropped without a word: a once or interval rule keeps no zone.
+            raise BadRequest("--zone", f"is a cron rule's zone; a {parsed.kind} rule has none")
         try:
             data = load_json(body)
         except ValueError as exc:

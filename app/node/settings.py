@@ -28,6 +28,7 @@ the variables at fault; a secret's value is never shown.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Final, Literal
@@ -65,6 +66,9 @@ turn into script (`javascript:`) or out of its attribute."""
 
 LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR"]
 LogFormat = Literal["text", "json"]
+_BRACKETED: Final = re.compile(r"^\[[0-9A-Fa-f:.]+\](:[^:]*)?$")
+"""A bootstrap entry with brackets: an IPv6 address in them, then its port if any."""
+
 LOG_LEVELS: Final[tuple[LogLevel, ...]] = ("DEBUG", "INFO", "WARNING", "ERROR")
 LOG_FORMATS: Final[tuple[LogFormat, ...]] = ("text", "json")
 
@@ -231,6 +235,14 @@ class Settings(BaseSettings):
     def _ports(cls, value: str) -> str:
         # The client library fails on such a port with a bare OverflowError or ValueError.
         for entry in (a.strip() for a in value.split(",")):
+            if "[" in entry or "]" in entry:
+                if (bracketed := _BRACKETED.match(entry)) is None:
+                    # The client library fails on it with a bare "not enough values to unpack".
+                    raise ValueError(
+                        f"{entry!r}: an IPv6 address is written [address] or [address]:port"
+                    )
+                if bracketed[1] is None:
+                    continue  # the default port
             host, colon, port = entry.rpartition(":")
             # isascii: isdigit() is true of "²", which int() refuses; len: of 4,301 digits.
             numeric = port.isascii() and port.isdigit() and len(port) <= 5

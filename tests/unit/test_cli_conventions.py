@@ -229,6 +229,24 @@ def test_a_service_that_cannot_be_loaded_exits_1_on_every_command_that_takes_one
         assert "cannot load service 'no.such.module:svc'" in one_error_line(result)
 
 
+def test_a_relative_name_or_a_module_whose_import_raises_is_no_service(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Both ended in "unexpected TypeError" (importlib's for '../x') or the module's own."""
+    (tmp_path / "raising_service.py").write_text("1 / 0\n")
+    (tmp_path / "broken_service.py").write_text("def (:\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for spec, why in (
+        ("../x:y", "TypeError"),
+        ("raising_service:service", "ZeroDivisionError"),
+        ("broken_service:service", "SyntaxError"),
+    ):
+        result = invoke(["worker", "--service", spec])
+        assert result.exit_code == 1, (spec, result.output)
+        line = one_error_line(result)
+        assert f"cannot load service {spec!r}: {why}" in line, line
+
+
 def test_an_unexpected_exception_exits_1_with_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
     async def broken(*args: Any, **kwargs: Any) -> list[Timer]:
         raise RuntimeError("boom")
@@ -456,3 +474,43 @@ def test_a_json_log_line_carries_the_exception() -> None:
     assert (line["level"], line["logger"], line["message"]) == ("ERROR", "x", "failed it")
     assert line["exception"].startswith("Traceback") and "ValueError: bad" in line["exception"]
     assert line["time"].endswith("+00:00")
+
+
+@pytest.mark.parametrize("wait", ["inf", "1e308", "601"])
+def test_a_jobs_wait_past_ten_minutes_is_refused(wait: str) -> None:
+    """With a broker and no worker, an endless wait never returned."""
+    result = invoke(["jobs", "enable", *JOB, "--wait", wait])
+    assert result.exit_code == 2, result.output
+    assert "--wait" in result.output
+
+
+def test_schemas_in_a_file_or_a_missing_directory_exit_2(tmp_path: Path) -> None:
+    """A file as the directory was "unexpected FileExistsError"; a check of a directory
+    that does not exist said its schemas were stale."""
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    for args in (["schemas", "--dir", str(afile)], ["schemas", "--check", "--dir", str(afile)]):
+        result = invoke(args)
+        assert result.exit_code == 2, result.output
+        assert "is not a directory" in one_error_line(result)
+    missing = tmp_path / "missing"
+    result = invoke(["schemas", "--check", "--dir", str(missing)])
+    assert result.exit_code == 2, result.output
+    assert "no directory" in one_error_line(result) and not missing.exists()
+    result = invoke(["schemas", "--dir", str(missing)])  # written: made as before
+    assert result.exit_code == 0, result.output
+    assert any(missing.iterdir())
+
+
+def test_timers_set_refuses_a_zone_its_rule_keeps_not() -> None:
+    """A once or interval rule has no zone: `--zone` with one was dropped without a word."""
+    for rule in ("once:2030-01-01T00:00:00Z", "interval:1h"):
+        result = invoke(
+            [
+                "timers", "set", "--type", "shop.reminders", "--owner", "o-42", "--key", "pay",
+                "--rule", rule, "--target-type", "shop.order", "--command", "RemindToPay",
+                "--zone", "Europe/Berlin", "--bootstrap", "127.0.0.1:1",
+            ]
+        )  # fmt: skip
+        assert result.exit_code == 2, result.output
+        assert "--zone" in one_error_line(result) and "cron" in one_error_line(result)

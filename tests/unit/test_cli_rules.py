@@ -303,3 +303,15 @@ def test_instants_round_trip(ms: int) -> None:
 def test_an_interval_without_start_starts_at_from() -> None:
     assert parse_expr("interval:15m", None, 1234) == IntervalRule(start=1234, every=900_000)
     assert parse_expr("once:5", "Europe/Berlin", 0) == OnceRule(at=5)
+
+
+def test_the_last_instant_in_a_zone_ahead_of_utc_or_with_its_jitter_is_said_in_words() -> None:
+    """The last instant a rule takes, shown in a zone 14 h ahead of UTC or fired a day of
+    jitter later, is past what a date holds: printed so (it was an OverflowError)."""
+    last = str(MAX_INSTANT)
+    result = invoke(f"once:{last}", "--zone", "Etc/GMT-14", "--from", "0")
+    assert result.exit_code == 0, result.output
+    assert "after 9999-12-31" in result.stdout.splitlines()[0]
+    result = invoke(f"once:{last}", "--jitter", "1d", "--timer-id", "x", "--from", "0")
+    assert result.exit_code == 0, result.output
+    assert "fires after 9999-12-31" in result.stdout.splitlines()[0]

@@ -268,3 +268,29 @@ def test_a_letter_read_back_keeps_its_headers_in_order() -> None:
     letter = dead_letter(bad_record(), "x", Stage.READ, T)
     back = DeadLetter.read(letter[2], letter[3], letter[4])
     assert back.headers == HEADERS
+
+
+def test_what_another_writer_put_in_a_letter_reaches_no_terminal_as_control_characters(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A record's value and header, and the error text, holding an escape sequence (here
+    one that retitles the terminal) are shown with it written out; a letter whose time is
+    past what a date holds is listed (it ended the listing with "year ... is out of
+    range")."""
+    log = new_log()
+    evil = "\x1b]0;owned\x07"
+    record = Record(
+        EVENTS, 2, 7, b"o-42", f'{{"x": "{evil}"}}'.encode(), T, (("h", evil.encode()),)
+    )
+    letter = dead_letter(record, f"bad {evil}", Stage.READ, 2**62)
+    asyncio.run(log.publisher().send_many([letter]))
+    monkeypatch.setattr(app.cli.dead_letters, "clients_for", lambda settings: log)
+    listed = invoke("list")
+    assert listed.exit_code == 0, listed.output
+    assert "after 9999-12-31" in listed.stdout and "\x1b" not in listed.stdout
+    assert "bad \\x1b]0;owned\\x07" in listed.stdout
+    shown = invoke("show", "--offset", "0")
+    assert shown.exit_code == 0, shown.output
+    assert "\x1b" not in shown.stdout and "\x07" not in shown.stdout
+    assert "  header h: \\x1b]0;owned\\x07" in shown.stdout
+    assert '  value: {"x": "\\x1b]0;owned\\x07"}' in shown.stdout

@@ -43,11 +43,22 @@ def test_defaults_and_environment() -> None:
         # isdigit() is true of "\u00b2", which int() refuses, and of 4,301 digits.
         ({"KAFKA_BOOTSTRAP_SERVERS": "b:\u00b2"}, "KAFKA_BOOTSTRAP_SERVERS.*port must be"),
         ({"KAFKA_BOOTSTRAP_SERVERS": "b:" + "9" * 5000}, "KAFKA_BOOTSTRAP_SERVERS.*port must be"),
+        # An IPv6 address with a bracket missing: the client failed on it with "not enough
+        # values to unpack", an unexpected error, not a config one.
+        ({"KAFKA_BOOTSTRAP_SERVERS": "[::1"}, "KAFKA_BOOTSTRAP_SERVERS.*IPv6 address"),
+        ({"KAFKA_BOOTSTRAP_SERVERS": "a:1,["}, "KAFKA_BOOTSTRAP_SERVERS.*IPv6 address"),
+        ({"KAFKA_BOOTSTRAP_SERVERS": "[::1]x"}, "KAFKA_BOOTSTRAP_SERVERS.*IPv6 address"),
+        ({"KAFKA_BOOTSTRAP_SERVERS": "[::1]:99999"}, "KAFKA_BOOTSTRAP_SERVERS.*port must be"),
     ],
 )
 def test_bad_values_name_their_variable(env: dict[str, str], names: str) -> None:
     with pytest.raises(ConfigError, match=names):
         Settings.from_env(env)
+
+
+@pytest.mark.parametrize("servers", ["[::1]:9092", "[::1]", "b1:9092,[fe80::1]:9093"])
+def test_an_ipv6_address_in_brackets_is_taken(servers: str) -> None:
+    assert Settings.from_env({"KAFKA_BOOTSTRAP_SERVERS": servers}).bootstrap_servers == servers
 
 
 def test_topic_names() -> None:
