@@ -106,6 +106,22 @@ async def posted_form(
         raise web.HTTPBadRequest(reason=f"the form cannot be read: {type(exc).__name__}") from exc
 
 
+def query_problem(query: MultiMapping[str], raw: str) -> str | None:
+    """What is wrong with a request's query as a whole, or None: a parameter given twice
+    (read as its first, the second was dropped without a word), or percent-encoded bytes
+    that are no UTF-8 (decoded to U+FFFD: a tenant or request id no one wrote). `raw`:
+    the query string as sent."""
+    seen: set[str] = set()
+    for name, _ in query.items():  # every pair (iterating a MultiDict gives each name once)
+        if name in seen:
+            return f"{name} given more than once"
+        seen.add(name)
+    decoded = any("\ufffd" in k or "\ufffd" in v for k, v in query.items())
+    if decoded and "%EF%BF%BD" not in raw.upper() and "\ufffd" not in raw:
+        return "the query's percent-encoded bytes are not UTF-8"
+    return None
+
+
 def local_path(back: str) -> str:
     """`back` if it is a path of this server, else the page: a form cannot send the
     browser elsewhere."""

@@ -36,7 +36,6 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, TypeVar
 
-import orjson
 from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
@@ -54,6 +53,7 @@ from app.ops.job_models import (
     JobOutcome,
     RescheduleBody,
 )
+from app.ops.json_answers import json_response
 from app.ops.timer_api import DONE, ApiError
 from app.protocol.instants import BadInstant, parse_instant
 from app.protocol.wire import (
@@ -81,14 +81,8 @@ def job_path(action: str) -> str:
     return f"/jobs/{{context}}/{{job}}/{action}"
 
 
-def _json(data: object, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
-    return web.Response(
-        body=orjson.dumps(data), status=status, content_type="application/json", headers=headers
-    )
-
-
 def _error(status: int, error: str, field: str | None = None, **more: Any) -> web.Response:
-    return _json(ApiError(error=error, field=field, **more).model_dump(mode="json"), status)
+    return json_response(ApiError(error=error, field=field, **more).model_dump(mode="json"), status)
 
 
 _TRUE, _FALSE = frozenset({"true", "1", "yes"}), frozenset({"false", "0", "no", ""})
@@ -164,7 +158,7 @@ class JobRoutes:
                     state=seen if state in _TRUE else None,
                 )
             )
-        return _json(JobList(partitions=n, jobs=out).model_dump(mode="json"))
+        return json_response(JobList(partitions=n, jobs=out).model_dump(mode="json"))
 
     # --- writes --------------------------------------------------------------------------
 
@@ -242,7 +236,7 @@ class JobRoutes:
                 answered=False,
                 dry_run=True,
             )
-            return _json(answer.model_dump(mode="json"))
+            return json_response(answer.model_dump(mode="json"))
         return await self._send("backfill", context, job, commands)
 
     async def _send(
@@ -261,7 +255,7 @@ class JobRoutes:
         except KafkaUnavailable as exc:
             # Sent or not: the same request ids, sent again, change nothing more.
             ids = ", ".join(c.request_id for c in commands)
-            return _json(
+            return json_response(
                 ApiError(
                     error=f"the broker did not take or answer the commands ({exc}): send them "
                     f"again with the same request ids ({ids})",
@@ -280,7 +274,7 @@ class JobRoutes:
         )
         status = answer_status([o.code for o in outcomes])
         headers = {"Retry-After": "1"} if status == 503 else None
-        return _json(answer.model_dump(mode="json"), status, headers)
+        return json_response(answer.model_dump(mode="json"), status, headers)
 
 
 def answer_status(codes: Iterable[ResultCode | None]) -> int:

@@ -39,12 +39,12 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
-import orjson
 from aiohttp import web
 from pydantic import ValidationError
 
 from app.clients.timer_book import RULE_ENDED
 from app.errors import KafkaUnavailable
+from app.ops.json_answers import json_response
 from app.ops.timer_api import (
     ACTIONS,
     DONE,
@@ -79,14 +79,8 @@ _DONE_WITH = frozenset({TimerStatus.FIRED, TimerStatus.CANCELLED})
 IDEMPOTENCY_HEADER = "Idempotency-Key"
 
 
-def _json(data: object, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
-    return web.Response(
-        body=orjson.dumps(data), status=status, content_type="application/json", headers=headers
-    )
-
-
 def _error(status: int, error: str, field: str | None = None, **more: Any) -> web.Response:
-    return _json(ApiError(error=error, field=field, **more).model_dump(mode="json"), status)
+    return json_response(ApiError(error=error, field=field, **more).model_dump(mode="json"), status)
 
 
 class TimerRoutes:
@@ -229,7 +223,7 @@ class TimerRoutes:
         timer = await kept.store.find(owner, key)
         if timer is None:
             return _error(404, f"{owner} has no timer {key!r}", "key")
-        return _json(timer.model_dump(mode="json"))
+        return json_response(timer.model_dump(mode="json"))
 
     async def _send(self, cmd: CommandEnvelope, refused: int = 422) -> web.Response:
         node = self._node
@@ -244,7 +238,7 @@ class TimerRoutes:
                 await reader.stop()
         except KafkaUnavailable as exc:
             # Sent or not: the same request id, sent again, changes nothing more.
-            return _json(
+            return json_response(
                 ApiError(
                     error=f"the broker did not take or answer the change ({exc}): send it "
                     "again with the same request id",
@@ -262,11 +256,11 @@ class TimerRoutes:
             )
         answer = answer_of(cmd, result).model_dump(mode="json")
         if result.code in DONE:
-            return _json(answer)
+            return json_response(answer)
         if result.code is ResultCode.BUSY:
-            return _json(answer, 503, {"Retry-After": "1"})
+            return json_response(answer, 503, {"Retry-After": "1"})
         if result.code is ResultCode.ERROR:
-            return _json(answer, 502)
+            return json_response(answer, 502)
         if refused != 422:
             # An action on a key the book has no timer under: the path's key is wrong; on a
             # timer whose rule ended: a 409, as this node says of a FIRED row it keeps. By
@@ -276,7 +270,7 @@ class TimerRoutes:
                 error = f"{result.refusal}: {result.message}"
                 return _error(409, error, "key", request_id=cmd.request_id)
             return _error(refused, result.message, "key", request_id=cmd.request_id)
-        return _json(answer, 422)
+        return json_response(answer, 422)
 
 
 class _NotBook(Exception):

@@ -50,15 +50,15 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Final
 
-import orjson
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from yarl import URL
 
-from app.errors import KafkaUnavailable, TickwheelError
+from app.errors import TickwheelError
 from app.ops.forms import TOKEN_FIELD, posted_form, without_token
 from app.ops.job_routes import JobRoutes
+from app.ops.json_answers import errors_middleware, json_response
 from app.ops.openapi import openapi_document
 from app.ops.page import Acted, OperatorPage, Rendered, default_node_id
 from app.ops.page_actions import JOB_FORM, TIMER_FORM, PageActions
@@ -95,24 +95,6 @@ request costs a bounded scan however large a partition grows."""
 _READS = frozenset({"GET", "HEAD", "OPTIONS"})
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
-
-def _json(data: object, status: int = 200) -> web.Response:
-    return web.Response(body=orjson.dumps(data), status=status, content_type="application/json")
-
-
-@web.middleware
-async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
-    try:
-        return await handler(request)
-    except web.HTTPException as exc:
-        return _json({"error": exc.reason, "path": request.path}, exc.status)
-    except (KafkaUnavailable, StoreClosed) as exc:
-        # The broker away, or a partition handed over while it was read: the request may
-        # be sent again (routes that say more answer it themselves), never a 500.
-        answer = _json({"error": f"unavailable: {str(exc)[:500]}", "path": request.path}, 503)
-        answer.headers["Retry-After"] = "5" if isinstance(exc, KafkaUnavailable) else "1"
-        return answer
 
 
 def _digest(text: str) -> bytes:
@@ -153,7 +135,7 @@ class WebServer:
         )
 
     async def start(self) -> None:
-        app = web.Application(middlewares=[_errors, self._guard()])
+        app = web.Application(middlewares=[errors_middleware, self._guard()])
         app.router.add_get("/livez", self._live)
         app.router.add_get("/readyz", self._ready)
         app.router.add_get("/healthz", self._ready)
@@ -193,8 +175,8 @@ class WebServer:
         uptime = round(time.monotonic() - self._started, 3)
         failed = self._node.health().get("failed")
         if failed is not None:
-            return _json({"live": False, "failed": failed, "uptime_s": uptime}, 503)
-        return _json({"live": True, "uptime_s": uptime})
+            return json_response({"live": False, "failed": failed, "uptime_s": uptime}, 503)
+        return json_response({"live": True, "uptime_s": uptime})
 
     async def _ready(self, request: web.Request) -> web.Response:
         body = self._node.health()
@@ -210,7 +192,7 @@ class WebServer:
                 f"the oldest write waiting to commit is {lag:.1f} s old "
                 f"(more than {self._max_commit_lag_s:g} s)"
             )
-        return _json(body, 200 if body["ready"] else 503)
+        return json_response(body, 200 if body["ready"] else 503)
 
     # --- reads -------------------------------------------------------------------------
 
@@ -225,7 +207,7 @@ class WebServer:
         entries = []
         for ledger in self._node.ledgers:
             entries += [e.model_dump(mode="json") for e in await ledger.entries()]
-        return _json({"entries": entries})
+        return json_response({"entries": entries})
 
     async def _upcoming(self, request: web.Request) -> web.Response:
         types = self._node.types
@@ -237,7 +219,7 @@ class WebServer:
                     known = ", ".join(sorted(types)) or "none"
                     raise BadQuery(f"type: this node keeps no timers of {query.type} ({known})")
         except (BadQuery, TickwheelError) as exc:
-            return _json({"error": str(exc)}, 400)
+            return json_response({"error": str(exc)}, 400)
         owned = sorted(self._node.health()["owned"])
         until = MAX_INT64 if query.due_until is None else query.due_until
         rows: list[Timer] = []
@@ -257,8 +239,8 @@ class WebServer:
         try:
             page = upcoming_page(rows, query, horizon)
         except BadQuery as exc:
-            return _json({"error": str(exc)}, 400)
-        return _json(
+            return json_response({"error": str(exc)}, 400)
+        return json_response(
             {
                 **page.model_dump(mode="json"),
                 "partitions": owned,
@@ -269,7 +251,7 @@ class WebServer:
     async def _openapi(self, request: web.Request) -> web.Response:
         from app import __version__  # the package root imports this module's package
 
-        return _json(openapi_document(__version__))
+        return json_response(openapi_document(__version__))
 
     async def _page(self, request: web.Request) -> web.Response:
         assert self.page is not None
@@ -359,7 +341,7 @@ _FORMS = frozenset({"application/x-www-form-urlencoded", "multipart/form-data"})
 
 def _unauthorized(reason: str, *, invalid: bool = False) -> web.Response:
     challenge = 'Bearer realm="tickwheel"' + (', error="invalid_token"' if invalid else "")
-    response = _json({"error": reason}, 401)
+    response = json_response({"error": reason}, 401)
     response.headers["WWW-Authenticate"] = challenge
     return response
 

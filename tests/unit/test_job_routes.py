@@ -20,6 +20,7 @@ from fakes import MIN, T0, WEB_TOKEN, FakeClock, WebNode, web_node
 from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import BaseModel
+from yarl import URL
 
 from app.errors import BadRecord, KafkaUnavailable
 from app.jobs import BACKFILLED, TICKED, Job, JobRun, JobScope, shard_ref
@@ -403,3 +404,25 @@ async def test_reads_the_broker_does_not_answer_are_a_503_to_retry(
     )
     assert status == 503, answer
     assert commands_sent(edge.log) == sent
+
+
+async def test_a_query_naming_a_parameter_twice_or_not_utf8_is_a_400(edge: Edge) -> None:
+    """Read as its first value, the second was dropped without a word; bytes no UTF-8 were
+    decoded to U+FFFD, a tenant no one wrote. The page's own search answers on a page."""
+    base = str(edge.url)
+    for path, why in (
+        ("/jobs?context=ops&context=shop", "context given more than once"),
+        ("/timers/upcoming?limit=1&limit=2", "limit given more than once"),
+        ("/jobs?context=%ED%A0%80", "not UTF-8"),
+    ):
+        async with edge.http.get(URL(base + path, encoded=True)) as r:
+            assert r.status == 400, path
+            assert why in (await r.json())["error"], path
+    sent = commands_sent(edge.log)
+    put = URL(base + "/timers/ops.report/r-1/k?tenant=%ED%A0%80", encoded=True)
+    async with edge.http.put(put, json={}, headers={"Authorization": f"Bearer {TOKEN}"}) as r:
+        assert r.status == 400 and "not UTF-8" in (await r.json())["error"]
+    assert commands_sent(edge.log) == sent
+    # U+FFFD itself, percent-encoded as UTF-8, is a character like any: the route answers.
+    async with edge.http.get(URL(base + "/jobs?context=%EF%BF%BD", encoded=True)) as r:
+        assert "UTF-8" not in (await r.json())["error"]

@@ -1,0 +1,47 @@
+"""The HTTP edge's JSON answers: one response maker for every route, and the middleware
+that answers what no route did (a bad query, an HTTP error raised, the broker away or a
+partition handed over) with JSON instead of aiohttp's plain-text 500."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+
+import orjson
+from aiohttp import web
+
+from app.errors import KafkaUnavailable
+from app.ops.forms import query_problem
+from tables import StoreClosed
+
+__all__ = ["errors_middleware", "json_response"]
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def json_response(
+    data: object, status: int = 200, headers: dict[str, str] | None = None
+) -> web.Response:
+    return web.Response(
+        body=orjson.dumps(data), status=status, content_type="application/json", headers=headers
+    )
+
+
+@web.middleware
+async def errors_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    # The page ("/") says what is wrong with its own search, on a page.
+    raw = request.rel_url.raw_query_string
+    if request.path != "/" and (why := query_problem(request.query, raw)):
+        return json_response({"error": why, "path": request.path}, 400)
+    try:
+        return await handler(request)
+    except web.HTTPException as exc:
+        return json_response({"error": exc.reason, "path": request.path}, exc.status)
+    except (KafkaUnavailable, StoreClosed) as exc:
+        # The broker away, or a partition handed over while it was read: the request may
+        # be sent again (routes that say more answer it themselves), never a 500.
+        retry = "5" if isinstance(exc, KafkaUnavailable) else "1"
+        return json_response(
+            {"error": f"unavailable: {str(exc)[:500]}", "path": request.path},
+            503,
+            {"Retry-After": retry},
+        )
