@@ -54,13 +54,15 @@ def _line(x: Letter) -> str:
     replayed = (
         "-"
         if x.replayed is None
-        else f"replayed {time_iso(x.replayed.time)} to {x.replayed.topic}[{x.replayed.partition}]"
+        else f"replayed {time_iso(x.replayed.time)} to "
+        f"{_printable(x.replayed.topic)}[{x.replayed.partition}]"
     )
     message = " ".join(c.exception_message.split())
     if len(message) > 160:
         message = message[:159] + "…"
     return (
-        f"{x.partition}:{x.offset}\t{time_iso(c.time)}\t{c.stage}\t{c.topic}[{c.partition}]@"
+        f"{x.partition}:{x.offset}\t{time_iso(c.time)}\t{c.stage}\t{_printable(c.topic)}"
+        f"[{c.partition}]@"
         f"{c.offset}\t{_printable(c.exception_class)}: {_printable(message)}\t{replayed}"
     )
 

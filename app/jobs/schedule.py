@@ -351,7 +351,7 @@ def _run_handler(job: Job, run: JobRun) -> str | None:
     `MAX_ERROR_TEXT` characters (an exception's text has no bound: whole, it could outgrow
     the record of the event or result that carries it)."""
     try:
-        with user_code(f"the handler of job {job.name}"):
+        with user_code("the handler of job", job.name):
             # Declared returning None; an object whose `__call__` is async returns a
             # coroutine all the same.
             handler: Callable[[JobRun], object] = job.handler

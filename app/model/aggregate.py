@@ -124,9 +124,7 @@ class Decision:
 
     def emit(self, type_: str, body: Mapping[str, Any] | BaseModel | None = None) -> None:
         if isinstance(body, BaseModel):
-            # A field holding what its type cannot (a `model_copy`, an assignment) is the
-            # handler's error, never an event written with what its readers cannot read.
-            body = body.model_dump(mode="json", warnings="error")
+            body = body.model_dump(mode="json")
         self.events.append((type_, dict(body or {})))
 
     def schedule(

@@ -94,7 +94,7 @@ def decide(
     if current.deleted:
         return Decided(ResultCode.REJECTED, f"{cmd.aggregate} was deleted", [], None)
     try:
-        with user_code(f"the handler of {cmd.type}"):
+        with user_code("the handler of", cmd.type):
             # From a copy: a handler that changes what it is given (a nested dict of the
             # state, then a refusal) never changes the aggregate as the batch holds it.
             state = (
@@ -106,7 +106,11 @@ def decide(
                 request_id=cmd.request_id,
                 unreachable=unreachable,
             )
-            not_awaitable(handler(state, cmd, decision), f"the handler of {cmd.type}")
+            # The command's body a copy too: an in-process timer's command shares its
+            # row's, from which its next slot's command is made.
+            given = cmd.model_copy(update={"body": json_copy(cmd.body)})
+            if (result := handler(state, given, decision)) is not None:
+                not_awaitable(result, f"the handler of {cmd.type}")
     except Rejected as exc:
         return Decided(exc.code, cut_message(exc.reason), [], None, refusal=exc.refusal)
     except NoTarget as exc:
@@ -174,7 +178,7 @@ def fold(
     current = stored or _NO_EVENTS
     deleted = current.deleted
     version = current.version
-    with user_code(f"the appliers of {agg.type_name}"):
+    with user_code("the appliers of", agg.type_name):
         # Copies of the state and of each event's body: an applier that changes what it is
         # given in place never changes the aggregate as stored or staged, nor an event
         # still to be written or read for its timer.
@@ -194,11 +198,14 @@ def fold(
                 )
             deleted = deleted or e.type == AGGREGATE_DELETED
             version = max(version, e.version)
-        # `warnings="error"`: a field holding what its type cannot (an applier's
-        # `model_copy` is not validated) is refused here, not written as what no later load
-        # could read; nor is a state its own model refuses (a constraint, a validator).
-        dumped = state.model_dump(mode="json", warnings="error")
-        agg.state_type.model_validate(dumped)
+        # Loaded back as the next command will load it (from a copy: a validator may
+        # change what it is given): a field holding what its type cannot (an applier's
+        # `model_copy` validates nothing), or a state its own model refuses (a constraint,
+        # a validator), is refused here, not stored as what no later load could read.
+        # Without pydantic's warnings: a list in a tuple field, an int in a Decimal one,
+        # dump and load back as they should.
+        dumped = state.model_dump(mode="json", warnings=False)
+        agg.state_type.model_validate(json_copy(dumped))
     # A float field takes "nan" and "inf", which JSON cannot hold: written as null, the
     # stored aggregate would fail every later command on it. Refused here, the command
     # that made it is answered ERROR (a followed event dead-lettered) instead.

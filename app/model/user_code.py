@@ -13,9 +13,8 @@ event loop (`app.cli.worker`), so no `KeyboardInterrupt` met here comes from a s
 
 from __future__ import annotations
 
-import contextlib
 import inspect
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 __all__ = ["UserCodeFailed", "not_awaitable", "plain_function", "user_code"]
@@ -25,22 +24,35 @@ class UserCodeFailed(Exception):
     """User code raised what its record answers for, but no caller could take as it was."""
 
 
-@contextlib.contextmanager
-def user_code(what: str) -> Iterator[None]:
-    """Runs the block as user code (`what`: whose, for the message): an `Exception` it
-    raises passes unchanged when its text can be read; anything else is `UserCodeFailed`
-    (the original as its cause)."""
-    try:
-        yield
-    except MemoryError as exc:
-        raise UserCodeFailed(f"{what} ran out of memory: {_text(exc)}") from exc
-    except Exception as exc:
-        if _readable(exc):
-            raise
-        raise UserCodeFailed(
-            f"{what} raised {type(exc).__name__} (its text cannot be read)"
-        ) from exc
-    except BaseException as exc:
+class user_code:
+    """Runs a `with` block as user code (`whose` and `name` say whose, for the message,
+    formatted on a failure only): an `Exception` it raises passes unchanged when its text
+    can be read; anything else is `UserCodeFailed` (the original as its cause). A class,
+    not a generator: it runs once a command and once an event folded (#20)."""
+
+    __slots__ = ("name", "whose")
+
+    def __init__(self, whose: str, name: str = "") -> None:
+        self.whose = whose
+        self.name = name
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: object
+    ) -> None:
+        if exc is None:
+            return
+        what = f"{self.whose} {self.name}".strip()
+        if isinstance(exc, MemoryError):
+            raise UserCodeFailed(f"{what} ran out of memory: {_text(exc)}") from exc
+        if isinstance(exc, Exception):
+            if _readable(exc):
+                return  # raised as it is
+            raise UserCodeFailed(
+                f"{what} raised {type(exc).__name__} (its text cannot be read)"
+            ) from exc
         raise UserCodeFailed(f"{what} raised {type(exc).__name__}: {_text(exc)}") from exc
 
 
@@ -67,7 +79,7 @@ def _readable(exc: BaseException) -> bool:
     try:
         str(exc)
         repr(exc)
-    except Exception:
+    except BaseException:  # a __str__ raising SystemExit is no text either
         return False
     return True
 
@@ -76,5 +88,5 @@ def _text(exc: BaseException) -> str:
     """What `exc` says, or its type's name when that cannot be read."""
     try:
         return repr(exc)
-    except Exception:
+    except BaseException:
         return type(exc).__name__

@@ -66,7 +66,7 @@ turn into script (`javascript:`) or out of its attribute."""
 
 LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR"]
 LogFormat = Literal["text", "json"]
-_BRACKETED: Final = re.compile(r"^\[[0-9A-Fa-f:.]+\](:[^:]*)?$")
+_BRACKETED: Final = re.compile(r"^\[[^\[\]]+\](:[^:]*)?$")
 """A bootstrap entry with brackets: an IPv6 address in them, then its port if any."""
 
 LOG_LEVELS: Final[tuple[LogLevel, ...]] = ("DEBUG", "INFO", "WARNING", "ERROR")

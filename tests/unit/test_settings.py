@@ -56,7 +56,10 @@ def test_bad_values_name_their_variable(env: dict[str, str], names: str) -> None
         Settings.from_env(env)
 
 
-@pytest.mark.parametrize("servers", ["[::1]:9092", "[::1]", "b1:9092,[fe80::1]:9093"])
+@pytest.mark.parametrize(
+    "servers",
+    ["[::1]:9092", "[::1]", "b1:9092,[fe80::1]:9093", "[fe80::1%eth0]:9092", "[b.local]:9092"],
+)
 def test_an_ipv6_address_in_brackets_is_taken(servers: str) -> None:
     assert Settings.from_env({"KAFKA_BOOTSTRAP_SERVERS": servers}).bootstrap_servers == servers
 
