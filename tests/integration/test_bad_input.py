@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
+from aiokafka import AIOKafkaProducer
 from harness import Client, Cluster, eventually, kcat_produce
 
 from app.kafka import Record, read_partitions
@@ -461,4 +462,50 @@ async def test_a_header_key_that_is_not_utf8_stops_nothing(cluster: Cluster) -> 
         for reason in ("failed", "fenced"):
             assert w.metric("tickwheel_partitions_let_go_total", reason=reason) == 0, reason
         assert w.alive
+        assert await client.dead_letters() == []
+
+
+async def produce_compressed(
+    bootstrap: str, topic: str, p: int, key: bytes, value: bytes, codec: str
+) -> None:
+    """One record in a batch compressed with `codec`, as another team's producer (a Java
+    one's `compression.type`) may write it."""
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, compression_type=codec)
+    await producer.start()
+    try:
+        await producer.send_and_wait(topic, value, key=key, partition=p)
+    finally:
+        await producer.stop()
+
+
+async def test_batches_compressed_with_every_codec_kafka_has_are_read(cluster: Cluster) -> None:
+    """A batch compressed with lz4, snappy or zstd raised UnsupportedCodecError at every
+    poll (aiokafka reads them with cramjam, which the project did not install): its
+    partition stopped for good on every node, and records other partitions' fetches held
+    were dropped. Each codec's command is decided, its timer fires, nothing is let go."""
+    codecs = ["gzip", "lz4", "snappy", "zstd"]
+    async with Client(cluster) as client:
+        w = cluster.start_worker()
+        await cluster.wait_owned(w)
+        due = int(time.time() * 1000) + 1_000
+        for i, codec in enumerate(codecs):
+            p = i % PARTITIONS
+            owner = ids_in(p, f"codec-{codec}", 1)[0]
+            rule = {"kind": "once", "at": due}
+            cmd = client.command(owner, "Schedule", {"key": codec, "rule": rule}, request_id=codec)
+            await produce_compressed(
+                cluster.bootstrap, client.topics.commands, p, owner.encode(), encode(cmd), codec
+            )
+        results = await client.wait_results(codecs)
+        assert {r.code for r in results.values()} == {ResultCode.COMMITTED}, results
+
+        async def fired() -> bool:
+            rows = list((await client.timers()).values())
+            return set(codecs) <= {t.key for t in rows if t.status is TimerStatus.FIRED}
+
+        await eventually(fired, 30, "every codec's timer fired")
+        health = w.health()
+        assert health is not None and health["ready"] is True and health["stalled"] == {}, health
+        for reason in ("failed", "fenced"):
+            assert w.metric("tickwheel_partitions_let_go_total", reason=reason) == 0, reason
         assert await client.dead_letters() == []
