@@ -8,6 +8,7 @@ ledger (a compacted topic keyed the same way) implements the same protocol.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 from collections.abc import Sequence
 from typing import Final, Protocol
@@ -76,17 +77,22 @@ def merged(
     """The entry after parking `timers`: the known one's timers, then the new ones, each
     once, the first that fit (`MAX_NAMED`, `MAX_NAMED_BYTES`; `truncated` past them, and
     once it was); the error of the last of them that has one, else the known entry's."""
-    ids = dict.fromkeys(known.timers) if known is not None else {}
+    ids: dict[str, None] = {}
     truncated = known is not None and known.truncated
-    size = sum(_json_size(i) for i in ids)
-    for timer in timers:
-        if timer.request_id in ids:
+    size = 0
+    # The known names within the bounds too: another writer's entry may name more (up to
+    # what a record holds), and written back whole with ours it would outgrow the record.
+    names = itertools.chain(
+        known.timers if known is not None else (), (t.request_id for t in timers)
+    )
+    for name in names:
+        if name in ids:
             continue
-        size += _json_size(timer.request_id)
+        size += _json_size(name)
         if len(ids) >= MAX_NAMED or size > MAX_NAMED_BYTES:
             truncated = True
             break
-        ids[timer.request_id] = None
+        ids[name] = None
     error: Timer | LedgerEntry | None = next(
         (t for t in reversed(timers) if t.error_code is not None), known
     )

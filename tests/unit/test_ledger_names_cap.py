@@ -50,6 +50,21 @@ def test_an_entry_names_the_first_timers_parked_and_says_it_names_no_more() -> N
     assert again.truncated and again.timers == entry.timers
 
 
+def test_another_writers_entry_naming_more_than_the_bounds_is_cut_when_written_again() -> None:
+    """An entry another writer put on the ledger topic may name 5,000 timers (a record of
+    ~1 MB): kept whole beside a new park's names, the rewrite outgrew the record, the
+    park's write failed and the target's timers never parked (every backoff they sent
+    again, for good). Written again, it names the first within the bounds, truncated."""
+    forged = LedgerEntry(
+        subscription=SUB, target=TARGET, timers=tuple(timer(i).request_id for i in range(5_000))
+    )
+    assert len(encode_entry(forged)) > ONE_MB // 2
+    entry = merged(forged, SUB, TARGET, [timer(9_999)])
+    assert entry.truncated and len(entry.timers) <= MAX_NAMED
+    assert entry.timers == forged.timers[: len(entry.timers)]
+    assert len(encode_entry(entry)) < ONE_MB // 2
+
+
 @pytest.mark.parametrize("chars", ["x", "\U0001f600", "\u0001"], ids=["ascii", "emoji", "escaped"])
 def test_the_largest_entry_fits_a_kafka_record(chars: str) -> None:
     """Names of 200 characters of 4 bytes each, or of 6 once escaped: the byte cap holds
