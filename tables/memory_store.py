@@ -173,9 +173,10 @@ class MemoryTimerStore(PartitionedStore):
             try:
                 decoded.append((key, restored_row(partition, key, value)))
             except ValueError as exc:
-                # No row: the key holds none, as the tombstone its letter comes with says.
+                # No row: the key keeps what it held before (another writer's garbage
+                # under a live timer's key never deletes it), as the row written again
+                # after its letter says (`app.timers.restore.unreadable_letters`).
                 unreadable.append(UnreadableRow(offset, key, value, _reason(exc)))
-                decoded.append((key, None))
         if last is None:
             return unreadable
         data = self._data[partition]

@@ -133,9 +133,12 @@ def _rows_over(
             try:
                 new, value = restored_model_index(partition, key, value)
             except ValueError as exc:
-                # The key's latest record is no row: the key holds none, as the
-                # tombstone its dead letter comes with will say (`unreadable_letters`).
+                # No row: the key keeps what it held before, in the store or earlier in
+                # this batch (another writer's garbage under a live timer's key never
+                # deletes it), as the row written again after its dead letter says
+                # (`unreadable_letters`; a tombstone when it held none).
                 unreadable.append(UnreadableRow(offset, key, value, unreadable_reason(exc)))
+                continue
         if held is not None:
             if key in indexed:
                 old = indexed[key]

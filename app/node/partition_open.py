@@ -74,8 +74,11 @@ async def open_partition(s: TaskShared, task: PartitionTask, topics: set[str]) -
         handle.attach(_sink(txn))
         txn.rows_landed = handle.applied_through
         if unreadable:
-            # Their letters and tombstones commit in p's next transaction.
-            letters = unreadable_letters(unreadable, s.now(), s.limits.dead_letter_bytes)
+            # Their letters, and the rows held before them or tombstones, commit in p's
+            # next transaction.
+            letters = unreadable_letters(
+                unreadable, s.now(), s.limits.dead_letter_bytes, handle.held_row
+            )
             txn.stage(letters, {})
             txn.letters_staged = True
             s.metrics.dead_letters.labels(t.timers_changelog).inc(len(unreadable))

@@ -60,7 +60,7 @@ from app.protocol.wire import (
 )
 from app.service import Service
 from app.timers.subscription import timer_op
-from tables import AggregateRef, CommandSpec, OnceRule, Timer
+from tables import AggregateRef, CommandSpec, OnceRule, Timer, TimerStatus
 from tables.bounds import MAX_DEPTH, MAX_INSTANT, MAX_INT64, MIN_INT64
 from tables.keys import row_key
 from tables.partitioner import partition_of
@@ -1103,6 +1103,37 @@ async def test_a_restore_letters_an_unreadable_row_once_and_takes_the_partition(
         assert_letters(log, expected)
         assert_healthy(a2)
     assert fired(log)[survivor] == 1
+
+
+async def test_garbage_under_a_live_timers_key_leaves_the_timer(tmp_path: Path) -> None:
+    """Another writer's unreadable record under the changelog key of a live timer: the
+    next owner's restore keeps the row it held before, letters the record, and writes that
+    row again after it (a tombstone there deleted the timer for every owner after it)."""
+    log = MemoryLog()
+    log.ensure_topics(node_topics([TOPICS], PARTITIONS))
+    p = 1
+    owner = owners(p, 1, prefix="victim")[0]
+    key = row_key(AggregateRef(**ref(owner)), "k")
+    due = now_ms() + 3_000
+
+    def rows() -> list[bytes | None]:
+        return [r.value for r in log.records(TOPICS.timers_changelog, p) if r.key == key]
+
+    async with running(fuzz_node(log, tmp_path, "a")):
+        await write(log, valid_timer(owner, due, "event"))
+        await wait_until(lambda: any(rows()), within=10, what=lambda: "the timer's row")
+    await log.publisher().send_many([(TOPICS.timers_changelog, p, key, b"garbage")])
+    async with running(fuzz_node(log, tmp_path, "b")) as b:  # a full restore
+        await wait_until(lambda: len(letters(log)) == 1, within=10, what=lambda: f"{letters(log)}")
+        await wait_until(
+            lambda: rows()[-1] not in (None, b"garbage"), within=10, what=lambda: f"{rows()}"
+        )
+        found = await b.node.types[TOPICS.type_name].store.find(AggregateRef(**ref(owner)), "k")
+        assert found is not None and found.status is TimerStatus.PENDING
+        assert_healthy(b)
+    async with running(fuzz_node(log, tmp_path, "c")):  # and the owner after it
+        await wait_until(lambda: fired(log)[owner] == 1, within=15, what=lambda: f"{fired(log)}")
+    assert len(letters(log)) == 1
 
 
 # --- integers beyond 64 bits inside a body: found by this file (fixed since) -----------------
