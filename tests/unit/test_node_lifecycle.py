@@ -447,11 +447,23 @@ async def test_a_results_reader_that_stops_stops_the_node_loudly(
     assert not health["ready"] and "a bug in the reader" in health["failed"]
 
 
+@pytest.mark.parametrize(
+    "raised",
+    [RuntimeError("resuming failed"), asyncio.CancelledError("leaked by a client")],
+    ids=["error", "cancelled"],
+)
 async def test_a_take_that_fails_on_an_unexpected_error_stops_the_node_loudly(
-    log: MemoryLog, nodes: list[RunningNode], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    log: MemoryLog,
+    nodes: list[RunningNode],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    raised: BaseException,
 ) -> None:
     """A take that fails outside its retried steps (here resuming the consumer) leaves no
-    partition half taken and quietly so: the node stops, naming the partition."""
+    partition half taken and quietly so: the node stops, naming the partition. So does a
+    CancelledError raised out of a call the take makes (a client's), not a cancel of the
+    take: it had ended the take's task with nothing said, its partition left restoring
+    for ever with /healthz not ready."""
     resume = MemoryGroupMember.resume
     calls = 0
 
@@ -459,37 +471,14 @@ async def test_a_take_that_fails_on_an_unexpected_error_stops_the_node_loudly(
         nonlocal calls
         calls += 1
         if calls == 1:
-            raise RuntimeError("resuming failed")
+            raise raised
         resume(self, partitions)
 
     monkeypatch.setattr(MemoryGroupMember, "resume", failing_once)
     node = await start(nodes, log, tmp_path, "a")
     error = await failed_node(node)
-    assert "taking partition" in str(error) and "resuming failed" in str(error)
-    assert "resuming failed" in node.node.health()["failed"]
-
-
-async def test_a_cancelled_error_leaking_out_of_a_take_stops_the_node_loudly(
-    log: MemoryLog, nodes: list[RunningNode], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A CancelledError raised out of a call the take makes (a client's), not a cancel of
-    the take: it had ended the take's task with nothing said, its partition left
-    restoring for ever with /healthz not ready. The node stops, naming the partition."""
-    resume = MemoryGroupMember.resume
-    calls = 0
-
-    def leaking_once(self: MemoryGroupMember, partitions: Any) -> None:
-        nonlocal calls
-        calls += 1
-        if calls == 1:
-            raise asyncio.CancelledError("leaked by a client")
-        resume(self, partitions)
-
-    monkeypatch.setattr(MemoryGroupMember, "resume", leaking_once)
-    node = await start(nodes, log, tmp_path, "a")
-    error = await failed_node(node)
-    assert "taking partition" in str(error) and "CancelledError" in str(error)
-    assert "leaked by a client" in node.node.health()["failed"]
+    assert "taking partition" in str(error) and type(raised).__name__ in str(error)
+    assert str(raised) in str(error) and str(raised) in node.node.health()["failed"]
 
 
 class HeldOnce(HeldCommits):

@@ -26,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import json
 from decimal import Decimal
-from typing import Any
+from typing import Any, NamedTuple
 
 import pytest
 from fakes import CommitLog
@@ -89,15 +89,43 @@ REF = AggregateRef(context="shop", aggregate="counter", id="c-1")
 P = partition_of(REF.id, PARTITIONS)
 
 
-def command(request_id: str, as_: str, to: Any, offset: int) -> Record:
-    cmd = CommandEnvelope(
-        request_id=request_id,
-        type="shop.Count",
-        aggregate=REF,
-        issued_at=T0,
-        body={"as": as_, "to": to},
+class OnLog(NamedTuple):
+    """A processor of `agg`'s aggregate `ref` (its partition's) committing to `log`."""
+
+    proc: CommandProcessor
+    log: CommitLog
+    ref: AggregateRef
+
+    def record(self, request_id: str, type_: str, body: dict[str, Any], offset: int) -> Record:
+        """A command to `ref`, as its partition of the command topic holds it."""
+        ref = self.ref
+        cmd = CommandEnvelope(
+            request_id=request_id, type=type_, aggregate=ref, issued_at=T0, body=body
+        )
+        topic = f"{ref.context}.{ref.aggregate}.commands"
+        return Record(topic, self.proc.partition, offset, ref.id.encode(), encode(cmd), T0)
+
+    def stored(self) -> dict[str, Any] | None:
+        stored = self.proc._states.stored(state_key(self.ref))
+        return None if stored is None else stored.state
+
+
+def on_log(agg: AggregateType[Any]) -> OnLog:
+    ref = REF.model_copy(update={"aggregate": agg.name})
+    log = CommitLog()
+    proc = CommandProcessor(
+        agg,
+        partition_of(ref.id, PARTITIONS),
+        partitions=PARTITIONS,
+        states=MemoryAggregateStore(),
+        commit=log,
+        now=lambda: T0,
     )
-    return Record("shop.counter.commands", P, offset, REF.id.encode(), encode(cmd), T0)
+    return OnLog(proc, log, ref)
+
+
+def command(request_id: str, as_: str, to: Any, offset: int) -> Record:
+    return on_log(counters).record(request_id, "shop.Count", {"as": as_, "to": to}, offset)
 
 
 @pytest.mark.parametrize(
@@ -113,10 +141,7 @@ def command(request_id: str, as_: str, to: Any, offset: int) -> Record:
 async def test_a_state_an_applier_made_unreadable_is_not_stored(
     as_: str, to: Any, why: str
 ) -> None:
-    log, states = CommitLog(), MemoryAggregateStore()
-    proc = CommandProcessor(
-        counters, P, partitions=PARTITIONS, states=states, commit=log, now=lambda: T0
-    )
+    proc, log, _ = on = on_log(counters)
     await proc.handle([command("r-1", "shop.Counted", 1, 0)])
     await proc.handle([command("r-2", as_, to, 1), command("r-3", "shop.Counted", 3, 2)])
     results = log.last("results")
@@ -126,8 +151,7 @@ async def test_a_state_an_applier_made_unreadable_is_not_stored(
     ]
     assert why in results[0]["message"]
     assert len(log.last("dead-letters")) == 1
-    stored = proc._states.stored(state_key(REF))
-    assert stored is not None and stored.state == {"count": 3} and stored.version == 2
+    assert on.stored() == {"count": 3}
     # And the aggregate still takes commands: its stored state loads.
     await proc.handle([command("r-4", "shop.Counted", 4, 3)])
     assert [r["code"] for r in log.last("results")] == [ResultCode.COMMITTED]
@@ -174,28 +198,17 @@ def counted_limited(state: Limited, e: Any) -> Limited:
 async def test_a_state_its_own_model_refuses_is_not_stored() -> None:
     """`ge=0` holds for no -1, though -1 is an int: the state is validated as a load
     would, not only dumped."""
-    log, states = CommitLog(), MemoryAggregateStore()
-    ref = REF.model_copy(update={"aggregate": "limited"})
-    p = partition_of(ref.id, PARTITIONS)
-    proc = CommandProcessor(
-        limited, p, partitions=PARTITIONS, states=states, commit=log, now=lambda: T0
+    proc, log, _ = on = on_log(limited)
+    await proc.handle(
+        [on.record(f"r-{i}", "shop.Count", {"to": to}, i) for i, to in enumerate([-1, 2, 3])]
     )
-
-    def rec(request_id: str, to: int, offset: int) -> Record:
-        cmd = CommandEnvelope(
-            request_id=request_id, type="shop.Count", aggregate=ref, issued_at=T0, body={"to": to}
-        )
-        return Record("shop.limited.commands", p, offset, ref.id.encode(), encode(cmd), T0)
-
-    await proc.handle([rec("r-1", -1, 0), rec("r-2", 2, 1), rec("r-3", 3, 2)])
     codes = [(r["request_id"], r["code"]) for r in log.last("results")]
     assert codes == [
-        ("r-1", ResultCode.ERROR),
+        ("r-0", ResultCode.ERROR),
+        ("r-1", ResultCode.COMMITTED),
         ("r-2", ResultCode.COMMITTED),
-        ("r-3", ResultCode.COMMITTED),
     ]
-    stored = proc._states.stored(state_key(ref))
-    assert stored is not None and stored.state == {"count": 3}
+    assert on.stored() == {"count": 3}
 
 
 class Raises(Exception):
@@ -237,20 +250,13 @@ def raise_in_applier(state: Counter, e: Any) -> Counter:
 @pytest.mark.parametrize("where", ["handler", "applier"])
 @pytest.mark.parametrize("what", sorted(RAISED))
 async def test_whatever_user_code_raises_answers_its_command_error(where: str, what: str) -> None:
-    log, states = CommitLog(), MemoryAggregateStore()
-    ref = REF.model_copy(update={"aggregate": "raiser"})
-    p = partition_of(ref.id, PARTITIONS)
-    proc = CommandProcessor(
-        raisers, p, partitions=PARTITIONS, states=states, commit=log, now=lambda: T0
+    proc, log, _ = on = on_log(raisers)
+    await proc.handle(
+        [
+            on.record("r-1", "shop.Raise", {"in": where, "what": what}, 0),
+            on.record("r-2", "shop.Raise", {}, 1),
+        ]
     )
-
-    def rec(request_id: str, body: dict[str, Any], offset: int) -> Record:
-        cmd = CommandEnvelope(
-            request_id=request_id, type="shop.Raise", aggregate=ref, issued_at=T0, body=body
-        )
-        return Record("shop.raiser.commands", p, offset, ref.id.encode(), encode(cmd), T0)
-
-    await proc.handle([rec("r-1", {"in": where, "what": what}, 0), rec("r-2", {}, 1)])
     results = log.last("results")
     assert [(r["request_id"], r["code"]) for r in results] == [
         ("r-1", ResultCode.ERROR),
@@ -258,8 +264,7 @@ async def test_whatever_user_code_raises_answers_its_command_error(where: str, w
     ]
     assert what in results[0]["message"] or "cannot be read" in results[0]["message"]
     assert len(log.last("dead-letters")) == 1
-    stored = proc._states.stored(state_key(ref))
-    assert stored is not None and stored.state == {"count": 1}
+    assert on.stored() == {"count": 1}
 
 
 def test_a_restore_passes_over_an_event_whose_applier_raises_systemexit() -> None:
@@ -302,24 +307,15 @@ async def test_user_code_changing_what_it_is_given_changes_nothing_stored_or_wri
     """A handler that changes the state it is given in place and then refuses, and an
     applier that changes the event's body: the aggregate is what the log's events fold
     to, and the events are written as the handler emitted them."""
-    log, states = CommitLog(), MemoryAggregateStore()
-    ref = REF.model_copy(update={"aggregate": "holder"})
-    p = partition_of(ref.id, PARTITIONS)
-    proc = CommandProcessor(
-        holders, p, partitions=PARTITIONS, states=states, commit=log, now=lambda: T0
-    )
+    proc, log, _ = on = on_log(holders)
 
     def rec(request_id: str, body: dict[str, Any], offset: int) -> Record:
-        cmd = CommandEnvelope(
-            request_id=request_id, type="shop.Touch", aggregate=ref, issued_at=T0, body=body
-        )
-        return Record("shop.holder.commands", p, offset, ref.id.encode(), encode(cmd), T0)
+        return on.record(request_id, "shop.Touch", body, offset)
 
     await proc.handle([rec("r-1", {"v": 1}, 0), rec("r-2", {"v": 1, "refuse": True}, 1)])
     assert [r["body"] for r in log.last("events")] == [{"inner": {"v": 1}, "keep": 1}]
     await proc.handle([rec("r-3", {"v": 2}, 2)])
-    stored = proc._states.stored(state_key(ref))
-    assert stored is not None and stored.state == {"data": {"inner": {"v": 2}, "keep": 2}}
+    assert on.stored() == {"data": {"inner": {"v": 2}, "keep": 2}}
     # The same as a fold of the events written, from nothing.
     written = [
         EventEnvelope.model_validate(json.loads(r[3] or b""))
@@ -327,7 +323,7 @@ async def test_user_code_changing_what_it_is_given_changes_nothing_stored_or_wri
         for r in c
         if r[0].endswith("events")
     ]
-    assert fold(holders, None, written).state == stored.state
+    assert fold(holders, None, written).state == on.stored()
 
 
 def test_async_handlers_appliers_and_jobs_are_refused_where_declared() -> None:
@@ -361,10 +357,7 @@ class AsyncCall:
 async def test_a_handler_object_whose_call_is_async_answers_error() -> None:
     agg = AggregateType("shop", "counter", Counter)
     agg.command("shop.Count")(AsyncCall())  # type: ignore[arg-type]
-    log, states = CommitLog(), MemoryAggregateStore()
-    proc = CommandProcessor(
-        agg, P, partitions=PARTITIONS, states=states, commit=log, now=lambda: T0
-    )
+    proc, log, _ = on_log(agg)
     await proc.handle([command("r-1", "shop.Counted", 1, 0)])
     results = log.last("results")
     assert [r["code"] for r in results] == [ResultCode.ERROR]
@@ -386,12 +379,7 @@ def test_a_timers_command_its_handler_changes_is_written_as_sent() -> None:
     """A timer's command fired in-process is written to the command topic as the record
     of what was sent: encoded before its handler ran, which may change its body (here to
     what no encoder writes, which had failed the cycle and retaken the partition)."""
-    log, states = CommitLog(), MemoryAggregateStore()
-    ref = REF.model_copy(update={"aggregate": "changer"})
-    p = partition_of(ref.id, PARTITIONS)
-    proc = CommandProcessor(
-        changers, p, partitions=PARTITIONS, states=states, commit=log, now=lambda: T0
-    )
+    proc, _, ref = on_log(changers)
     cmd = CommandEnvelope(
         request_id="t-1", type="shop.Fire", aggregate=ref, issued_at=T0, body={"n": 1}
     )
