@@ -11,7 +11,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from tables.census import TimerCensus
-from tables.keys import encode_timer, owner_prefix, row_key
+from tables.keys import owner_prefix, row_key
 from tables.refs import AggregateRef
 from tables.store import ChangelogSink, DueRow, UnreadableRow
 from tables.timer import Timer, TimerChange, TimerStatus
@@ -130,12 +130,11 @@ class PartitionHandle:
         found = self._store._find(row_key(owner, key), self._at)
         return None if found is None else found[2]
 
-    def held_row(self, row: bytes) -> bytes | None:
-        """The value the partition holds under its changelog key `row` (None: no row), as
-        the changelog carries it."""
+    def held(self, row: bytes) -> Timer | None:
+        """The timer the partition holds under its changelog key `row` (None: no row)."""
         self._check()
         found = self._store._find(row, self._at)
-        return None if found is None else encode_timer(found[2])
+        return None if found is None else found[2]
 
     async def parked(self, target: AggregateRef) -> list[Timer]:
         self._check()

@@ -19,6 +19,7 @@ from app.kafka import OutRecord, Record
 from app.node.partition_transaction import PartitionTransaction
 from app.node.task_shared import TaskShared
 from app.timers.restore import restore_partition, unreadable_letters
+from tables.keys import encode_timer
 from tables.store import ChangelogRecord, ChangelogSink
 
 if TYPE_CHECKING:
@@ -74,11 +75,14 @@ async def open_partition(s: TaskShared, task: PartitionTask, topics: set[str]) -
         handle.attach(_sink(txn))
         txn.rows_landed = handle.applied_through
         if unreadable:
-            # Their letters, and the rows held before them or tombstones, commit in p's
-            # next transaction.
-            letters = unreadable_letters(
-                unreadable, s.now(), s.limits.dead_letter_bytes, handle.held_row
-            )
+            # Their letters commit in p's next transaction, and after each record, the row
+            # its key held before it written again (a tombstone when none): as p's rows,
+            # so that a row its first cycles write for the key follows it in the changelog.
+            letters = unreadable_letters(unreadable, s.now(), s.limits.dead_letter_bytes)
+            for record, _ in unreadable:
+                assert record.key is not None  # a restore passes over keyed records only
+                held = handle.held(record.key)
+                txn.add(record.key, None if held is None else encode_timer(held), held)
             txn.stage(letters, {})
             txn.letters_staged = True
             s.metrics.dead_letters.labels(t.timers_changelog).inc(len(unreadable))

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 from app.errors import BadRecord
 from app.kafka import LogReader, OutRecord, Record
@@ -105,18 +105,14 @@ async def restore_partition(
 
 
 def unreadable_letters(
-    unreadable: Sequence[tuple[Record, str]],
-    now: int,
-    limit: int,
-    held: Callable[[bytes], bytes | None],
+    unreadable: Sequence[tuple[Record, str]], now: int, limit: int
 ) -> list[OutRecord]:
-    """For each changelog record a restore passed over: its dead letter, and after it what
-    the store held under its key before it (`held`: the row's value), or a tombstone when
-    it held nothing, so that no later restore meets it again (one letter a record) and a
-    live timer's row is not deleted by another writer's garbage under its key."""
-    out: list[OutRecord] = []
-    for record, reason in unreadable:
-        assert record.key is not None  # a restore passes over keyed records only
-        out.append(dead_letter(record, BadRecord(reason), Stage.RESTORE, now, limit=limit))
-        out.append((record.topic, record.partition, record.key, held(record.key)))
-    return out
+    """For each changelog record a restore passed over, its dead letter (one letter a
+    record). The caller writes after it what the store held under its key before it, or a
+    tombstone when it held none (`app.node.partition_open`), so that no later restore
+    meets it again and another writer's garbage under a live timer's key never deletes
+    the timer."""
+    return [
+        dead_letter(record, BadRecord(reason), Stage.RESTORE, now, limit=limit)
+        for record, reason in unreadable
+    ]

@@ -1105,34 +1105,57 @@ async def test_a_restore_letters_an_unreadable_row_once_and_takes_the_partition(
     assert fired(log)[survivor] == 1
 
 
-async def test_garbage_under_a_live_timers_key_leaves_the_timer(tmp_path: Path) -> None:
+@pytest.mark.parametrize("overdue", [False, True], ids=["later", "overdue"])
+async def test_garbage_under_a_live_timers_key_leaves_the_timer(
+    tmp_path: Path, overdue: bool
+) -> None:
     """Another writer's unreadable record under the changelog key of a live timer: the
     next owner's restore keeps the row it held before, letters the record, and writes that
-    row again after it (a tombstone there deleted the timer for every owner after it)."""
+    row again after it (a tombstone there deleted the timer for every owner after it).
+    Overdue at the takeover, the timer fires at once: the row written again comes before
+    its FIRED row in the changelog (staged after it, it came last, and the next owner
+    fired the timer again)."""
     log = MemoryLog()
     log.ensure_topics(node_topics([TOPICS], PARTITIONS))
     p = 1
-    owner = owners(p, 1, prefix="victim")[0]
+    owner, later = owners(p, 2, prefix="victim")
     key = row_key(AggregateRef(**ref(owner)), "k")
-    due = now_ms() + 3_000
+    due = now_ms() + (1_000 if overdue else 3_000)
 
     def rows() -> list[bytes | None]:
         return [r.value for r in log.records(TOPICS.timers_changelog, p) if r.key == key]
+
+    def sends() -> int:
+        return sum(r.key == owner.encode() for r in log.records(TOPICS.commands, p))
 
     async with running(fuzz_node(log, tmp_path, "a")):
         await write(log, valid_timer(owner, due, "event"))
         await wait_until(lambda: any(rows()), within=10, what=lambda: "the timer's row")
     await log.publisher().send_many([(TOPICS.timers_changelog, p, key, b"garbage")])
+    if overdue:
+        await wait_until(lambda: now_ms() > due, within=5, what=lambda: "its due time")
     async with running(fuzz_node(log, tmp_path, "b")) as b:  # a full restore
         await wait_until(lambda: len(letters(log)) == 1, within=10, what=lambda: f"{letters(log)}")
-        await wait_until(
-            lambda: rows()[-1] not in (None, b"garbage"), within=10, what=lambda: f"{rows()}"
-        )
-        found = await b.node.types[TOPICS.type_name].store.find(AggregateRef(**ref(owner)), "k")
-        assert found is not None and found.status is TimerStatus.PENDING
+        if overdue:
+            await wait_until(lambda: fired(log)[owner] == 1, within=15, what=lambda: f"{rows()}")
+            await wait_until(
+                lambda: b"FIRED" in (rows()[-1] or b""), within=10, what=lambda: f"{rows()}"
+            )
+        else:
+            await wait_until(
+                lambda: rows()[-1] not in (None, b"garbage"), within=10, what=lambda: f"{rows()}"
+            )
+            store = b.node.types[TOPICS.type_name].store
+            found = await store.find(AggregateRef(**ref(owner)), "k")
+            assert found is not None and found.status is TimerStatus.PENDING
         assert_healthy(b)
     async with running(fuzz_node(log, tmp_path, "c")):  # and the owner after it
         await wait_until(lambda: fired(log)[owner] == 1, within=15, what=lambda: f"{fired(log)}")
+        # A timer due now fires after the victim would have fired again, if it were to.
+        await write(log, valid_timer(later, now_ms(), "event"))
+        await wait_until(lambda: fired(log)[later] == 1, within=15, what=lambda: f"{fired(log)}")
+    assert b"FIRED" in (rows()[-1] or b"")
+    assert sends() == 1, "the victim's command was sent again"
     assert len(letters(log)) == 1
 
 
