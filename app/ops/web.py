@@ -60,6 +60,7 @@ from app.ops.forms import TOKEN_FIELD, posted_form, without_token
 from app.ops.job_routes import JobRoutes
 from app.ops.json_answers import errors_middleware, json_response
 from app.ops.openapi import openapi_document
+from app.ops.origin import browser_write, known_host, same_site
 from app.ops.page import Acted, OperatorPage, Rendered, default_node_id
 from app.ops.page_actions import JOB_FORM, TIMER_FORM, PageActions
 from app.ops.timer_api import DEFAULT_WAIT_S
@@ -124,6 +125,9 @@ class WebServer:
         self._started = time.monotonic()
         self.port = port
         self.page: OperatorPage | None = None
+        # Besides IP addresses and localhost, the names a browser may reach it under.
+        url = node.settings.web_url
+        self._names = frozenset([(URL(url).raw_host or "").lower()] if url else [])
         token = node.settings.web_token
         secret = token.get_secret_value() if token is not None else ""
         self._token = _digest(secret) if secret else None
@@ -286,9 +290,15 @@ class WebServer:
             if request.method in _READS or request.match_info.http_exception is not None:
                 return await handler(request)  # a read, or a 404/405 answered as such
             assert self.page is not None
-            if not _same_site(request):
+            if not same_site(request):
                 return _html(self.page.error(403, "a form posted from another site is refused"))
             if self._token is None:
+                if browser_write(request) and not known_host(request, self._names):
+                    why = (
+                        f"this node is not known as {request.host!r}: set TICKWHEEL_WEB_URL "
+                        "to the address its page is reached at, or a web token"
+                    )
+                    return _html(self.page.error(403, why))
                 return await handler(request)
             # Another scheme (a proxy's Basic credentials, say) is not this node's to judge.
             scheme, _, bearer = request.headers.get("Authorization", "").partition(" ")
@@ -369,17 +379,3 @@ def _acted(acted: Acted) -> web.Response:
         return web.Response(status=303, headers={"Location": acted.location})
     assert acted.rendered is not None
     return _html(acted.rendered)
-
-
-def _same_site(request: web.Request) -> bool:
-    """Whether a POST comes from this server's own page: a browser names the page's origin
-    (and says whether it is cross-site); a client that says neither (curl) is let through."""
-    if request.headers.get("Sec-Fetch-Site", "same-origin") not in ("same-origin", "none"):
-        return False
-    origin = request.headers.get("Origin")
-    if origin is None:
-        return True
-    try:
-        return URL(origin).raw_authority == request.host
-    except ValueError:  # `http://[`, a port past 65535: no page of this server sent it
-        return False

@@ -77,8 +77,12 @@ Serve = Callable[..., Any]
 @pytest.fixture
 def serve() -> Serve:
     @asynccontextmanager
-    async def serving(token: str | None = None, **node: Any) -> AsyncIterator[Edge]:
-        settings = Settings(partitions=P, group_id="g1", bootstrap_servers="b:1", web_token=token)
+    async def serving(
+        token: str | None = None, web_url: str | None = None, **node: Any
+    ) -> AsyncIterator[Edge]:
+        settings = Settings(
+            partitions=P, group_id="g1", bootstrap_servers="b:1", web_token=token, web_url=web_url
+        )
         fake = HealthNode(settings=settings, **node)
         server = WebServer(fake, 0)  # type: ignore[arg-type]
         await server.start()
@@ -310,3 +314,40 @@ async def test_a_token_or_cookie_that_is_not_utf8_is_a_wrong_one(serve: Serve) -
         assert await raw_post(edge, b"Authorization: Bearer \xff\xfe") == 401
         assert await raw_post(edge, b"Cookie: " + TOKEN_COOKIE.encode() + b"=\xff\xfe") == 401
         assert edge.retry.calls == []
+
+
+async def test_a_browsers_write_to_a_name_the_node_does_not_know_is_refused_without_a_token(
+    serve: Serve,
+) -> None:
+    """DNS rebinding: a page of the attacker's name, resolved to this node's address,
+    posts to it; its origin and the request's Host agree, so the same-site check passes.
+    Without a token, a browser's write must come to an IP address, localhost, or the host
+    of TICKWHEEL_WEB_URL; a client that is no browser is let through as before."""
+    async with serve() as edge:
+        port = edge.url.port
+        rebound = {
+            "Host": f"evil.example:{port}",
+            "Origin": f"http://evil.example:{port}",
+            "Sec-Fetch-Site": "same-origin",
+        }
+        r = await edge.post(GOOD, rebound)
+        assert r.status == 403
+        assert edge.retry.calls == []
+        for host in (f"localhost:{port}", f"127.0.0.1:{port}", f"[::1]:{port}"):
+            same = {"Host": host, "Origin": f"http://{host}", "Sec-Fetch-Site": "same-origin"}
+            assert (await edge.post(GOOD, same)).status == 303, host
+        assert (await edge.post(GOOD, {"Host": f"evil.example:{port}"})).status == 303  # curl
+    async with serve(web_url="http://Tickwheel.Internal:9400") as edge:
+        port = edge.url.port
+        named = {
+            "Host": f"tickwheel.internal:{port}",
+            "Origin": f"http://tickwheel.internal:{port}",
+            "Sec-Fetch-Site": "same-origin",
+        }
+        assert (await edge.post(GOOD, named)).status == 303
+    async with serve(token=TOKEN) as edge:  # the token decides
+        port = edge.url.port
+        rebound = {"Host": f"evil.example:{port}", "Origin": f"http://evil.example:{port}"}
+        assert (await edge.post(GOOD, rebound)).status == 401
+        rebound["Authorization"] = f"Bearer {TOKEN}"
+        assert (await edge.post(GOOD, rebound)).status == 303
