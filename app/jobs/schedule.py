@@ -44,7 +44,7 @@ from app.protocol.wire import SCHEDULE_CANCELLED, SCHEDULE_SET, ResultCode
 from tables import DEFAULT_TENANT, CommandSpec, OnceRule
 from tables.exceptions import InvalidRule
 from tables.rules import parse_rule
-from tables.slots import reachable
+from tables.slots import first_slot, reachable
 
 logger = logging.getLogger(__name__)
 
@@ -195,6 +195,12 @@ class _ScheduleModel:
             and isinstance(tick_id, str)
         ):
             d.reject(f"a {RUN} names the slot it runs: slot, due_at, timer_id and request_id")
+        if timer_id == state.timer_id and (state.last_slot is None or slot > state.last_slot):
+            # Only a slot that ticked can have failed: run now, it would run again live.
+            d.reject(
+                f"slot {slot} of {timer_id} has not ticked: a {RUN} runs again a slot "
+                "whose handler failed"
+            )
         if not state.enabled:
             logger.info("%s is disabled: slot %d of %s is not run", cmd.aggregate, slot, timer_id)
             return
@@ -241,6 +247,10 @@ class _ScheduleModel:
             )
         if due_at > d.now:
             _invalid(d, f"slot {slot} of {timer_id} is due at {due_at}, after now ({d.now})")
+        if timer_id == state.timer_id and not _reachable(state, slot, d.now):
+            # Its due_at is the sender's word: a slot the rule has not made due yet would
+            # run early, and its live tick, under the same request id, never.
+            _invalid(d, f"slot {slot} of {timer_id} is not due by now ({d.now}) under its rule")
         # Checked here, when it is decided, not only by its sender: a command that waited
         # in its topic may reach a node that forgot the live run's request id (applied at
         # the slot's due time at the earliest, forgotten `window_ms` after), and run twice.
@@ -330,6 +340,10 @@ def _set_rule(
         rule = effective_rule(job.rule, override, strict=strict)
     except InvalidRule as exc:
         _invalid(d, f"invalid rule for job {job.name!r}: {exc}")
+    if strict and first_slot(rule, d.now) is None:
+        # Its tick timer would be cancelled at once (`app.timers.subscription`): the job
+        # would look enabled and never run.
+        _invalid(d, f"the rule of job {job.name!r} has no slot left at {d.now}: it ended")
     dumped = _dump(rule)
     if state.enabled and state.override == override and state.rule == dumped:
         return

@@ -22,6 +22,7 @@ from app.errors import JobsCliError
 from app.jobs import (
     BACKFILLED,
     DEFAULT_REQUEST_ID_WINDOW_MS,
+    RUN,
     TICK,
     TICKED,
     TRIGGER,
@@ -203,6 +204,56 @@ def test_a_backfill_is_refused_for_a_slot_not_due_or_not_under_its_own_request_i
     renamed = renamed.model_copy(update={"request_id": "my-own"})
     assert s.run(renamed, T0 + 2 * MIN) is ResultCode.SCHEDULE_JOB_INVALID
     assert s.sent == []
+
+
+def test_a_backfill_of_a_slot_not_due_under_its_rule_is_refused_whatever_its_due_at() -> None:
+    """Its due_at is the sender's word: a slot of the current timer due at T0+5 min, sent
+    at T0+1 min naming T0, ran early, and its live tick (the same request id) was then a
+    DUPLICATE: the slot never ran on time."""
+    h = Handler()
+    s = enabled(h)
+    timer = s.state.timer_id
+    assert timer is not None
+    lying = backfill_command(ref_of(CONTEXT, "report"), BackfillSlot(timer, 5, T0))
+    assert s.run(lying, T0 + MIN) is ResultCode.SCHEDULE_JOB_INVALID
+    assert h.runs == []
+    assert s.tick(5, T0 + 5 * MIN) is ResultCode.COMMITTED
+    assert [r.slot for r in h.runs] == [5]
+
+
+def test_a_run_of_a_slot_that_has_not_ticked_is_refused() -> None:
+    """A `wow.schedule.Run` runs again a slot whose handler failed, so its slot ticked: one
+    another writer sends for a slot to come ran it early, and the live tick again (under
+    another request id: the target applied both)."""
+    h = Handler()
+    s = enabled(h)
+    timer = s.state.timer_id
+    assert timer is not None
+    body = {"slot": 3, "due_at": T0 + 3 * MIN, "timer_id": timer, "request_id": f"{timer}#3"}
+    forged = CommandEnvelope(
+        request_id="forged-run",
+        type=RUN,
+        aggregate=ref_of(CONTEXT, "report"),
+        issued_at=T0 + MIN,
+        body=body,
+    )
+    assert s.run(forged, T0 + MIN) is ResultCode.REJECTED
+    assert h.runs == []
+    assert s.tick(3, T0 + 3 * MIN) is ResultCode.COMMITTED
+    assert [(r.slot, r.retried) for r in h.runs] == [(3, False)]
+
+
+@pytest.mark.parametrize("ends", [{"count": 1}, {"until": T0 + 30_000}])
+def test_a_rule_that_has_ended_is_refused_not_taken_to_tick_never(ends: dict[str, int]) -> None:
+    """Its tick timer was cancelled at once (the subscription takes an ended rule for a
+    cancel): the instance said enabled and never ran again."""
+    h = Handler()
+    s = enabled(h)
+    assert s.tick(0, T0) is ResultCode.COMMITTED
+    rule = {"kind": "interval", "start": T0, "every": MIN, **ends}
+    cmd = reschedule_command(CONTEXT, s.job, rule, now=T0 + 5 * MIN)
+    assert s.run(cmd, T0 + 5 * MIN) is ResultCode.SCHEDULE_JOB_INVALID
+    assert s.state.rule is not None and "count" not in s.state.rule and "until" not in s.state.rule
 
 
 def test_a_backfill_decided_once_its_slot_left_the_request_id_window_is_refused() -> None:
