@@ -21,7 +21,7 @@ from app.kafka.records import refused
 from app.protocol.topics import AggregateTopics, ContextTopics
 from app.protocol.wire import CommandEnvelope, CommandResult, decode, encode
 from app.timers.runner.decisions import SENT, SendResult
-from tables import Timer
+from tables import AggregateRef, Timer
 
 __all__ = ["KafkaSender", "ResultsReader", "timer_command"]
 
@@ -60,7 +60,8 @@ class ResultsReader:
     def __init__(self, followers: FollowerFactory, context: str) -> None:
         self.topic = ContextTopics(context).results
         self._reader = followers(self.topic)
-        self._waiting: dict[str, asyncio.Future[CommandResult]] = {}
+        # By request id: the aggregate the send went to, and its answer to be.
+        self._waiting: dict[str, tuple[AggregateRef | None, asyncio.Future[CommandResult]]] = {}
         self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
@@ -72,7 +73,7 @@ class ResultsReader:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
         await self._reader.stop()
-        for f in self._waiting.values():
+        for _, f in self._waiting.values():
             f.cancel()
 
     async def add_partition(self, partition: int) -> None:
@@ -82,12 +83,17 @@ class ResultsReader:
     async def remove_partition(self, partition: int) -> None:
         await self._reader.remove(partition)
 
-    def expect(self, request_id: str) -> asyncio.Future[CommandResult]:
-        future = self._waiting.get(request_id)
-        if future is None or future.done():
-            future = asyncio.get_running_loop().create_future()
-            self._waiting[request_id] = future
-        return future
+    def expect(
+        self, request_id: str, target: AggregateRef | None = None
+    ) -> asyncio.Future[CommandResult]:
+        """The answer to the send of `request_id`: a result of that request id and, when
+        `target` is given, of that aggregate alone (another writer's result naming the
+        request id of a send in flight is no answer to it)."""
+        waiting = self._waiting.get(request_id)
+        if waiting is None or waiting[1].done():
+            waiting = (target, asyncio.get_running_loop().create_future())
+            self._waiting[request_id] = waiting
+        return waiting[1]
 
     def forget(self, request_id: str) -> None:
         self._waiting.pop(request_id, None)
@@ -115,8 +121,21 @@ class ResultsReader:
                 except BadRecord as exc:
                     logger.warning("unreadable result at %s: %s", record.offset, exc)
                     continue
-                future = self._waiting.pop(result.request_id, None)
-                if future is not None and not future.done():
+                waiting = self._waiting.get(result.request_id)
+                if waiting is None:
+                    continue
+                target, future = waiting
+                if target is not None and result.aggregate != target:
+                    logger.warning(
+                        "a result for %s names %s, not the aggregate it was sent to (%s): "
+                        "passed over",
+                        result.request_id,
+                        result.aggregate,
+                        target,
+                    )
+                    continue
+                del self._waiting[result.request_id]
+                if not future.done():
                     future.set_result(result)
 
 
@@ -155,7 +174,7 @@ class KafkaSender:
             # Another context's partition count is its own: the key picks the partition.
             await self._producer.send(topic, target.id.encode(), encode(command))
             return SendResult(SENT)
-        waiting = self._results.expect(timer.request_id)
+        waiting = self._results.expect(timer.request_id, target)
         try:
             await self._producer.send(topic, target.id.encode(), encode(command))
             result = await waiting

@@ -160,3 +160,26 @@ async def test_only_results_committed_after_the_partition_was_added_are_read(
     assert not waiting.done()
     await writer.commit_transaction()
     assert (await asyncio.wait_for(waiting, 5)).code.value == "COMMITTED"
+
+
+async def test_a_result_naming_another_aggregate_is_no_answer_to_a_send(
+    results: tuple[MemoryLog, ResultsReader],
+) -> None:
+    """Another writer's result for the request id of a send in flight, of an aggregate the
+    send did not go to, settled the send (its slot counted as done, a real failure of it
+    never retried): it is passed over, and the target's answer settles it."""
+    log, reader = results
+    sender = KafkaSender(log.publisher(), reader, "shop", lambda: T0)
+    sending = asyncio.create_task(sender.send(timer()))
+    await asyncio.sleep(0.05)
+    other = AggregateRef(context="elsewhere", aggregate="x", id="y")
+    forged = CommandResult(
+        request_id="t-1#0", code=ResultCode.REJECTED, aggregate=other, decided_at=T0, message="x"
+    )
+    await log.publisher().send(RESULTS, b"t-1#0", encode(forged), P)
+    await asyncio.sleep(0.05)
+    assert not sending.done(), "settled by a result of another aggregate"
+    answer = forged.model_copy(update={"code": ResultCode.COMMITTED, "aggregate": TARGET})
+    await log.publisher().send(RESULTS, b"t-1#0", encode(answer), P)
+    outcome = await asyncio.wait_for(sending, 5)
+    assert outcome.code == "COMMITTED"
