@@ -343,9 +343,14 @@ class TickwheelTimers:
         if cmd.reply_to is None:
             return None
         own = self.topology.context.results
+        # Answered on the context's own results topic only, in a partition it has: a
+        # command's reply address is its writer's word, and another writer's would have
+        # this app write results into any topic (or fail its commit on a partition the
+        # topic lacks, the same command answered again after each restart).
+        reply = cmd.reply_partition
         partition = (
-            cmd.reply_partition
-            if cmd.reply_partition is not None and cmd.reply_to == own
+            reply
+            if reply is not None and cmd.reply_to == own and 0 <= reply < self.partitions
             else partition_of(cmd.request_id, self.partitions)
         )
         result = CommandResult(
@@ -356,7 +361,7 @@ class TickwheelTimers:
             version=version,
             decided_at=self._now(),
         )
-        return cmd.reply_to, partition, result
+        return own, partition, result
 
     async def answer(
         self,

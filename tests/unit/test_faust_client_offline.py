@@ -430,12 +430,24 @@ async def test_an_answer_goes_to_reply_to_in_the_partition_the_node_reads(
     assert result.aggregate == command().aggregate
 
 
-async def test_an_answer_to_another_results_topic_goes_by_request_id(
-    timers: TickwheelTimers, sent: list[tuple[str, int, bytes, bytes]]
+@pytest.mark.parametrize(
+    "reply",
+    [
+        {"reply_to": "other.results"},
+        {"reply_to": "payments.events"},  # another team's topic
+        {"reply_partition": 4095},  # a partition the results topic does not have
+    ],
+)
+async def test_an_answer_goes_to_the_own_results_topic_whatever_reply_to_says(
+    timers: TickwheelTimers, sent: list[tuple[str, int, bytes, bytes]], reply: dict[str, Any]
 ) -> None:
-    await timers.answer(command(reply_to="other.results"), ResultCode.REJECTED, "no")
+    """A command's reply address is its writer's word: followed, the app wrote results
+    into any topic, or failed its commit on a partition the topic lacks (and answered the
+    same command again after each restart). As a node, it answers on its context's
+    results topic only, in the partition of the request id when the given one is not."""
+    await timers.answer(command(**reply), ResultCode.REJECTED, "no")
     ((topic, partition, _, value),) = sent
-    assert (topic, partition) == ("other.results", partition_of("tid#0", P))
+    assert (topic, partition) == (f"{CTX}.results", partition_of("tid#0", P))
     assert decode(CommandResult, value).code == ResultCode.REJECTED
 
 
