@@ -180,6 +180,11 @@ class _ScheduleModel:
             logger.error("%s: the default under the override is invalid: %s", cmd.aggregate, exc)
             return
         if (dumped := _dump(rule)) != state.rule:
+            if first_slot(rule, d.now) is None:
+                # Scheduled, its tick timer would be cancelled at once: tick on as before
+                # until an operator reschedules the instance.
+                logger.error("%s: the new default rule has no slot left: not taken", cmd.aggregate)
+                return
             d.emit(RESCHEDULED, {"override": state.override, "rule": dumped, "reason": "default"})
             _schedule_tick(d, rule)
 
@@ -340,13 +345,14 @@ def _set_rule(
         rule = effective_rule(job.rule, override, strict=strict)
     except InvalidRule as exc:
         _invalid(d, f"invalid rule for job {job.name!r}: {exc}")
-    if strict and first_slot(rule, d.now) is None:
-        # Its tick timer would be cancelled at once (`app.timers.subscription`): the job
-        # would look enabled and never run.
-        _invalid(d, f"the rule of job {job.name!r} has no slot left at {d.now}: it ended")
     dumped = _dump(rule)
     if state.enabled and state.override == override and state.rule == dumped:
         return
+    if first_slot(rule, d.now) is None:
+        # Its tick timer would be cancelled at once (`app.timers.subscription`): the job
+        # would look enabled and never run. (The rule it already has, sent again, is no
+        # change: that answers as before, above.)
+        _invalid(d, f"the rule of job {job.name!r} has no slot left at {d.now}: it ended")
     d.emit(event, {"job": job.name, "override": override, "rule": dumped})
     # Only a new rule needs a new timer: the current one keeps its slots otherwise.
     if not state.enabled or state.rule != dumped:

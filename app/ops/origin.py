@@ -5,8 +5,8 @@ A browser names the page's origin and says whether a request is cross-site: a fo
 another site posts is refused (`same_site`). A name of the attacker's own that resolves
 to this node's address (DNS rebinding) makes the browser's origin and the request's
 `Host` agree, so without a web token a browser's write must also come to a name this
-node knows (`known_host`): an IP address, `localhost`, or the host of
-`TICKWHEEL_WEB_URL`. A client that is no browser (curl) says neither and is let through:
+node knows (`known_host`): an IP address, `localhost`, `TICKWHEEL_WEB_HOST` or the host
+of `TICKWHEEL_WEB_URL`. A client that is no browser (curl) says neither and is let through:
 only the token guards against it."""
 
 from __future__ import annotations

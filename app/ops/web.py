@@ -125,9 +125,11 @@ class WebServer:
         self._started = time.monotonic()
         self.port = port
         self.page: OperatorPage | None = None
-        # Besides IP addresses and localhost, the names a browser may reach it under.
-        url = node.settings.web_url
-        self._names = frozenset([(URL(url).raw_host or "").lower()] if url else [])
+        # Besides IP addresses and localhost, the names a browser may reach it under: its
+        # page's address as the other nodes link to it, and the host it listens on.
+        settings = node.settings
+        named = [URL(settings.web_url).raw_host or ""] if settings.web_url else []
+        self._names = frozenset(n.lower().rstrip(".") for n in [*named, settings.web_host] if n)
         token = node.settings.web_token
         secret = token.get_secret_value() if token is not None else ""
         self._token = _digest(secret) if secret else None

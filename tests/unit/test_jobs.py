@@ -487,6 +487,18 @@ def test_a_changed_default_reschedules_from_the_next_tick(
     assert types(enabled.tick(0)) == [TICKED]  # the new rule is the default: no reschedule
 
 
+def test_a_changed_default_that_has_ended_is_not_taken(
+    enabled: Instance, recorder: Recorder
+) -> None:
+    """A new default with no slot left (its `until` passed): scheduled, its tick timer would
+    be cancelled at once and the instance never run again. It ticks on as before."""
+    old = enabled.state.timer_id
+    redeploy(enabled, recorder, CronRule(expr="0 4 * * *", zone="UTC", start=0, until=1))
+    d = enabled.tick(1)
+    assert types(d) == [TICKED]
+    assert enabled.state.timer_id == old
+
+
 def test_a_partial_override_follows_the_defaults_other_parts(
     agg: AggregateType[ScheduleState], nightly: Job, recorder: Recorder
 ) -> None:

@@ -256,6 +256,26 @@ def test_a_rule_that_has_ended_is_refused_not_taken_to_tick_never(ends: dict[str
     assert s.state.rule is not None and "count" not in s.state.rule and "until" not in s.state.rule
 
 
+def test_an_enable_of_a_default_or_kept_rule_that_has_ended_is_refused() -> None:
+    """An Enable naming no rule takes the kept override or the default: ended, it was taken
+    as any (its tick timer cancelled at once). The same rule sent again to an instance that
+    has it is no change, answered as before."""
+    ended = IntervalRule(start=T0 - 10 * MIN, every=MIN, count=2)
+    s = Instance(Handler(), ended)
+    assert s.run(enable_command(CONTEXT, s.job, now=T0), T0) is ResultCode.SCHEDULE_JOB_INVALID
+    s = enabled(Handler())
+    kept = enable_command(CONTEXT, s.job, rule={"count": 3}, now=T0)
+    assert s.run(kept, T0) is ResultCode.COMMITTED
+    again = enable_command(CONTEXT, s.job, rule={"count": 3}, now=T0 + 10 * MIN)
+    assert s.run(again, T0 + 10 * MIN) is ResultCode.UNCHANGED  # no change, as before
+    assert (
+        s.run(disable_command(CONTEXT, s.job, now=T0 + 10 * MIN), T0 + 10 * MIN)
+        is ResultCode.COMMITTED
+    )
+    later = enable_command(CONTEXT, s.job, now=T0 + 11 * MIN)
+    assert s.run(later, T0 + 11 * MIN) is ResultCode.SCHEDULE_JOB_INVALID
+
+
 def test_a_backfill_decided_once_its_slot_left_the_request_id_window_is_refused() -> None:
     """The node forgets a request id applied at or before `now - window`; a live run is
     applied at its slot's due time at the earliest, so a slot due then may have run."""

@@ -351,3 +351,17 @@ async def test_a_browsers_write_to_a_name_the_node_does_not_know_is_refused_with
         assert (await edge.post(GOOD, rebound)).status == 401
         rebound["Authorization"] = f"Bearer {TOKEN}"
         assert (await edge.post(GOOD, rebound)).status == 303
+
+
+def test_the_names_a_browser_may_reach_the_node_under_are_its_links_and_its_host() -> None:
+    """The other nodes' pages link to TICKWHEEL_WEB_URL, else to its host and port: a
+    browser following either link is at a known name (a trailing dot or capitals as any)."""
+    settings = Settings(
+        partitions=P,
+        group_id="g1",
+        bootstrap_servers="b:1",
+        web_host="TW-Node",
+        web_url="http://TW.Internal.:9400",
+    )
+    server = WebServer(HealthNode(settings=settings), 0)  # type: ignore[arg-type]
+    assert server._names == {"tw-node", "tw.internal"}
