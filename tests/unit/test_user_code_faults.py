@@ -30,7 +30,7 @@ from typing import Any, NamedTuple
 
 import pytest
 from fakes import CommitLog
-from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, Field, ValidationError, model_validator
 
 from app.commands.processor import CommandProcessor, state_key
 from app.jobs import Job, JobRun, JobScope
@@ -399,11 +399,6 @@ class Loose(BaseModel):
     balance: Decimal = Decimal("1.5")
     count: int | None = None
     price: float = 0.0
-
-    @field_validator("price", mode="before")
-    @classmethod
-    def migrated(cls, value: Any) -> Any:
-        return value  # stands for a before-validator: it is handed the stored dict's value
 
 
 looses = AggregateType("shop", "loose", Loose)
