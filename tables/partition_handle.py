@@ -126,9 +126,7 @@ class PartitionHandle:
         return await self._store.due_rows({self.partition}, until, limit)
 
     async def find(self, owner: AggregateRef, key: str) -> Timer | None:
-        self._check()
-        found = self._store._find(row_key(owner, key), self._at)
-        return None if found is None else found[2]
+        return self.held(row_key(owner, key))
 
     def held(self, row: bytes) -> Timer | None:
         """The timer the partition holds under its changelog key `row` (None: no row)."""

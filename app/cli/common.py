@@ -29,7 +29,6 @@ import sys
 from collections.abc import Callable, Coroutine, Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any, TypeVar
 
 import orjson
@@ -41,6 +40,7 @@ from app.kafka.clients import KafkaClients
 from app.kafka.connection import Connectable
 from app.kafka.probe import check_access
 from app.node.settings import LOG_FORMATS, LOG_LEVELS, Settings
+from app.protocol.instants import iso_text
 from app.service import Service
 
 __all__ = [
@@ -257,14 +257,5 @@ def json_line(data: object) -> None:
     sys.stdout.write(orjson.dumps(data, option=orjson.OPT_SORT_KEYS).decode() + "\n")
 
 
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-
-
-def time_iso(ms: int) -> str:
-    """`ms` as an ISO instant, or said in words past what a date holds (a deadline of a
-    timer due near year 9999 plus its jitter, a forged record's time): never an error that
-    ends a listing partway."""
-    try:  # exact: a float of the seconds rounds the last millisecond of 9999 into 10000
-        return (_EPOCH + timedelta(milliseconds=ms)).isoformat(timespec="milliseconds")
-    except (ValueError, OverflowError):
-        return "after 9999-12-31" if ms > 0 else f"before 0001-01-01 ({ms} ms)"
+time_iso = iso_text
+"""An instant as the commands print it (`app.protocol.instants.iso_text`)."""

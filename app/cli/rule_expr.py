@@ -198,17 +198,8 @@ class SlotLine(BaseModel):
     )
 
 
-_PAST_DATES = "after 9999-12-31"
-"""What is printed of an instant past what a date holds (a slot near the end of year 9999
-plus its jitter, or in a zone ahead of UTC): never an OverflowError."""
-
-
 def utc_text(ms: int) -> str:
-    try:
-        moment = datetime.fromtimestamp(ms // 1000, UTC).replace(microsecond=(ms % 1000) * 1000)
-    except (OverflowError, ValueError, OSError):
-        return _PAST_DATES
-    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    return instants.iso_text(ms).replace("+00:00", "Z")
 
 
 def slot_line(slot: Slot, zone: ZoneInfo, fires_at: int | None = None) -> SlotLine:
@@ -221,7 +212,7 @@ def slot_line(slot: Slot, zone: ZoneInfo, fires_at: int | None = None) -> SlotLi
         local = moment.astimezone(zone)
         local_text, offset = local.isoformat(timespec="milliseconds"), local.tzname() or ""
     except (OverflowError, ValueError):
-        local_text, offset = _PAST_DATES, ""  # the zone's date is past 9999-12-31
+        local_text, offset = instants.PAST_DATES, ""  # the zone's date is past 9999-12-31
     return SlotLine(
         index=slot.index,
         due_at=slot.due_at,

@@ -241,14 +241,12 @@ class PartitionTask:
                         self._manager.fail(f"{self.key}: a close of it was cancelled")
                     return
             await self._taking_partition(topics, after_failure)
-        except asyncio.CancelledError as exc:
-            if (me := asyncio.current_task()) is not None and me.cancelling():
+        except (Exception, asyncio.CancelledError) as exc:
+            cancelled = isinstance(exc, asyncio.CancelledError)
+            if cancelled and (me := asyncio.current_task()) is not None and me.cancelling():
                 raise  # its stop_taking (or the node's stop)
-            # Leaked out of a call (a client's, user code's), not a cancel of this take.
-            logger.error("taking %s failed: %r", self.key, exc)
-            self._manager.fail(f"taking {self.key} failed: {exc!r}")
-        except Exception as exc:
-            # A bug, whatever it is: never a partition left half taken, quietly.
+            # A bug, whatever it is, or a CancelledError leaked out of a call (a client's),
+            # not a cancel of this take: never a partition left half taken, quietly.
             logger.exception("taking %s failed", self.key)
             self._manager.fail(f"taking {self.key} failed: {exc!r}")
         finally:

@@ -130,7 +130,7 @@ class WebServer:
         settings = node.settings
         named = [URL(settings.web_url).raw_host or ""] if settings.web_url else []
         self._names = frozenset(n.lower().rstrip(".") for n in [*named, settings.web_host] if n)
-        token = node.settings.web_token
+        token = settings.web_token
         secret = token.get_secret_value() if token is not None else ""
         self._token = _digest(secret) if secret else None
         # What the browser's cookie holds: derived from the token, useless as a token.

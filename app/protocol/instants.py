@@ -9,11 +9,25 @@ from datetime import UTC, datetime, timedelta
 
 from tables.bounds import MAX_INSTANT
 
-__all__ = ["BadInstant", "parse_instant"]
+__all__ = ["PAST_DATES", "BadInstant", "iso_text", "parse_instant"]
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MS = timedelta(milliseconds=1)
 _MAX_DIGITS = len(str(MAX_INSTANT))
+
+
+PAST_DATES = "after 9999-12-31"
+"""What is printed of an instant past what a date holds (a timer due near the end of 9999
+plus its jitter, a forged record's time, a slot in a zone ahead of UTC)."""
+
+
+def iso_text(ms: int) -> str:
+    """`ms` as an ISO instant with its offset (`+00:00`), or said in words past what a date
+    holds: never an error that ends a listing partway."""
+    try:  # exact: a float of the seconds rounds the last millisecond of 9999 into 10000
+        return (_EPOCH + timedelta(milliseconds=ms)).isoformat(timespec="milliseconds")
+    except (ValueError, OverflowError):
+        return PAST_DATES if ms > 0 else f"before 0001-01-01 ({ms} ms)"
 
 
 class BadInstant(ValueError):

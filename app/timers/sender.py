@@ -61,7 +61,7 @@ class ResultsReader:
         self.topic = ContextTopics(context).results
         self._reader = followers(self.topic)
         # By request id: the aggregate the send went to, and its answer to be.
-        self._waiting: dict[str, tuple[AggregateRef | None, asyncio.Future[CommandResult]]] = {}
+        self._waiting: dict[str, tuple[AggregateRef, asyncio.Future[CommandResult]]] = {}
         self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
@@ -83,12 +83,10 @@ class ResultsReader:
     async def remove_partition(self, partition: int) -> None:
         await self._reader.remove(partition)
 
-    def expect(
-        self, request_id: str, target: AggregateRef | None = None
-    ) -> asyncio.Future[CommandResult]:
-        """The answer to the send of `request_id`: a result of that request id and, when
-        `target` is given, of that aggregate alone (another writer's result naming the
-        request id of a send in flight is no answer to it)."""
+    def expect(self, request_id: str, target: AggregateRef) -> asyncio.Future[CommandResult]:
+        """The answer to the send of `request_id` to `target`: a result of that request id
+        and that aggregate alone (another writer's result naming the request id of a send
+        in flight is no answer to it)."""
         waiting = self._waiting.get(request_id)
         if waiting is None or waiting[1].done():
             waiting = (target, asyncio.get_running_loop().create_future())
@@ -125,7 +123,7 @@ class ResultsReader:
                 if waiting is None:
                     continue
                 target, future = waiting
-                if target is not None and result.aggregate != target:
+                if result.aggregate != target:
                     logger.warning(
                         "a result for %s names %s, not the aggregate it was sent to (%s): "
                         "passed over",

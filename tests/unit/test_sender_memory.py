@@ -145,7 +145,7 @@ async def test_only_results_committed_after_the_partition_was_added_are_read(
     results: tuple[MemoryLog, ResultsReader],
 ) -> None:
     log, reader = results
-    waiting = reader.expect("t-1#0")
+    waiting = reader.expect("t-1#0", TARGET)
     # A result of another partition, and an uncommitted one on ours: neither resolves it.
     writer = log.transactional_writer("x")
     await writer.start()
