@@ -135,7 +135,7 @@ def percentiles(samples: list[float], cpu: list[float] | None = None) -> dict[st
 
 
 async def restore(store: TimerStore, timers: int) -> dict[str, Any]:
-    """Only `apply_changelog` is timed, not the making of the records."""
+    """Only `apply_changelog` and `end_restore` are timed, not the making of the records."""
     per_partition = timers // PARTITIONS
     elapsed = cpu = 0.0
     for partition in range(PARTITIONS):
@@ -145,6 +145,13 @@ async def restore(store: TimerStore, timers: int) -> dict[str, Any]:
             await store.apply_changelog(partition, batch)
             elapsed += time.perf_counter() - started
             cpu += time.process_time() - started_cpu
+        # As a node's restore ends (app.timers.restore): the restore's memtables flushed
+        # and the DB reopened as usual. Part of the restore's cost, and due() below reads
+        # the store as a node serves it (unended, a scan sorts the memtable each time).
+        started, started_cpu = time.perf_counter(), time.process_time()
+        await store.end_restore(partition)
+        elapsed += time.perf_counter() - started
+        cpu += time.process_time() - started_cpu
     total = per_partition * PARTITIONS
     return {
         "timers": total,
