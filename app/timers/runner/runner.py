@@ -95,7 +95,7 @@ class TimerRunner:
         self._clock = clock
         self._ledger = ledger
         self._options = options or TimerOptions()
-        self._sends = Sends(sender, clock, self._options)
+        self._sends = Sends(store, sender, clock, self._options)
         # A reference to each partition's firing, from its start to its stop (its owner,
         # a node's partition task, holds it too).
         self._firings: dict[int, PartitionFiring] = {}

@@ -1,18 +1,28 @@
-"""`Sends`: the runner's remote sends, each in a task of its own, never outliving its claim;
-each outcome kept in its partition's `PartitionFiring` for the next write, and `answered`
-set so that the loop writes it without waiting for its next round."""
+"""`Sends`: the runner's remote sends, each in a task of its own, never outliving its claim
+nor leaving once its row changed (a cancel, a pause or a reschedule carried out while its
+claim was committed); each outcome kept in its partition's `PartitionFiring` for the next
+write, and `answered` set so that the loop writes it without waiting for its next round."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
+from typing import Any, Final
 
-from app.timers.runner.decisions import TIMEOUT, TRANSPORT_ERROR, Decision, SendResult, release
+from app.timers.runner.decisions import (
+    TIMEOUT,
+    TRANSPORT_ERROR,
+    Action,
+    Decision,
+    SendResult,
+    release,
+)
 from app.timers.runner.options import TimerOptions
 from app.timers.runner.partition import PartitionFiring
-from app.timers.runner.ports import Clock, Sender
+from app.timers.runner.partition_store import store_of
+from app.timers.runner.ports import Clock, FiringStore, Sender
 from app.timers.runner.stats import RoundStats
+from tables.exceptions import StoreClosed
 from tables.timer import Timer
 
 __all__ = ["Sends"]
@@ -26,7 +36,10 @@ class Sends:
     the gate bounds the total and never holds one partition's sends behind another's
     while the shares add up to no more than it (as many partitions as sends, at most)."""
 
-    def __init__(self, sender: Sender, clock: Clock, options: TimerOptions) -> None:
+    def __init__(
+        self, store: FiringStore, sender: Sender, clock: Clock, options: TimerOptions
+    ) -> None:
+        self._store = store
         self._sender = sender
         self._clock = clock
         self._options = options
@@ -65,22 +78,46 @@ class Sends:
                 if deadline <= now:
                     decision = release(claimed, now)
                 else:
-                    send = asyncio.ensure_future(self._sender.send(claimed))
-                    stats.sent += 1
+                    send = asyncio.ensure_future(self._send_if_claimed(firing, claimed, stats))
                     result = await self._until(claimed, send, deadline)
-                    decision = firing.decide(claimed, result, self._clock.now(), self._options)
+                    decision = self._decide(firing, claimed, result)
         except asyncio.CancelledError:
             # Cut short by a hand-off: a result already in is written all the same; without
             # one, the claim is given back so that the next owner need not wait for it.
             now = self._clock.now()
             if send is not None and send.done() and not send.cancelled():
-                decision = firing.decide(claimed, _result_of(claimed, send), now, self._options)
+                decision = self._decide(firing, claimed, _result_of(claimed, send))
             else:
                 decision = release(claimed, now)
             firing.outcomes.append(decision)
             raise
         firing.outcomes.append(decision)
         return decision
+
+    def _decide(self, firing: PartitionFiring, claimed: Timer, result: SendResult) -> Decision:
+        if result is _WITHDRAWN:
+            return _LEFT  # the row holds what came since: left as it is
+        return firing.decide(claimed, result, self._clock.now(), self._options)
+
+    async def _send_if_claimed(
+        self, firing: PartitionFiring, claimed: Timer, stats: RoundStats
+    ) -> SendResult:
+        """The send of `claimed` if its row is still as claimed, `_WITHDRAWN` otherwise.
+
+        A cycle may carry out a cancel, a pause or a reschedule of the timer while its
+        claim's commit is in flight (it holds the partition's lock, the commit does not):
+        the row is then written over, and the command must not leave after it. Looked at
+        in the step that starts the send (a store's find does not suspend here), so that
+        no cycle runs between the look and the send; a change carried out after that is
+        one after the fire, whose outcome write the row then refuses."""
+        try:
+            row = await store_of((firing,), self._store).find(claimed.owner, claimed.key)
+        except StoreClosed:
+            return _WITHDRAWN  # let go: the claim is the next owner's to send
+        if row is None or not row.same_as_loaded(claimed):
+            return _WITHDRAWN
+        stats.sent += 1
+        return await self._sender.send(claimed)
 
     async def _until(
         self, claimed: Timer, send: asyncio.Future[SendResult], deadline: int
@@ -99,6 +136,11 @@ class Sends:
         if send.cancelled():
             return SendResult(TIMEOUT, f"no result within {self._options.send_timeout} ms")
         return _result_of(claimed, send)
+
+
+_WITHDRAWN: Final = SendResult("WITHDRAWN", "its row changed since the claim: not sent")
+"""The result of a send not made (`Sends._send_if_claimed`): compared by identity."""
+_LEFT: Final = Decision(Action.NOTHING)
 
 
 def _result_of(claimed: Timer, send: asyncio.Future[SendResult]) -> SendResult:
