@@ -32,7 +32,7 @@ from typing import Any
 from aiokafka.structs import ConsumerRecord
 
 from app.commands.records import misrouted
-from app.kafka.consumers import _record as consumer_record  # what every consumer hands on
+from app.kafka.consumers import as_record as consumer_record  # what every consumer hands on
 from app.node.collector import tune_collector
 from app.protocol.limits import InputLimits
 from app.protocol.wire import EventEnvelope, decode

@@ -211,7 +211,7 @@ async def run(args: argparse.Namespace, kafka: KafkaConnection, work: str) -> di
     figures["collector"] = args.collector
     tune_collector(args.collector)
     if args.experiment == "light_record":
-        app.kafka.consumers._record = _light_record
+        app.kafka.consumers.as_record = _light_record
     rounds = []
     try:
         for _ in range(args.rounds):

@@ -29,12 +29,12 @@ from app.kafka.admin import (
 from app.kafka.clients import KafkaClients
 from app.kafka.consumers import (
     GroupConsumer,
-    PartitionReader,
     Reader,
     read_partitions,
     read_to_end,
     tail,
 )
+from app.kafka.partition_reader import PartitionReader
 from app.kafka.ports import (
     Clients,
     Follower,

@@ -4,10 +4,9 @@ consumer whose assignment is the node's ownership."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from typing import Any, Final
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
@@ -21,6 +20,7 @@ from app.errors import KafkaUnavailable
 from app.kafka import lenient_headers
 from app.kafka.connection import Connectable, client_options
 from app.kafka.ports import Assigned
+from app.kafka.read_positions import ReadPositions
 from app.kafka.records import Record, explain, start_client
 
 logger = logging.getLogger(__name__)
@@ -159,12 +159,12 @@ async def tail(
             got = await consumer.getmany(timeout_ms=500)
             for ms in got.values():
                 for m in ms:
-                    yield _record(m)
+                    yield as_record(m)
     finally:
         await consumer.stop()
 
 
-def _record(m: Any) -> Record:
+def as_record(m: Any) -> Record:
     # All seven fields in order, without the named tuple's Python `__new__` (~0.2 µs a
     # record less: every record a node reads is made here).
     return _new_record(
@@ -174,68 +174,6 @@ def _record(m: Any) -> Record:
 
 
 _new_record = tuple.__new__
-
-
-class PartitionReader:
-    """Reads a changing set of one topic's partitions, each from where it was added.
-
-    For the results of this node's own sends: no group, no committed offsets.
-    """
-
-    def __init__(self, bootstrap: Connectable, topic: str) -> None:
-        self.topic = topic
-        self._consumer = AIOKafkaConsumer(
-            **client_options(bootstrap),
-            group_id=None,
-            enable_auto_commit=False,
-            isolation_level="read_committed",
-            fetch_max_wait_ms=50,
-        )
-        self._lock = asyncio.Lock()
-        self._changed = asyncio.Event()
-
-    async def start(self) -> None:
-        await start_client(self._consumer, f"reader of {self.topic}")
-
-    async def stop(self) -> None:
-        await self._consumer.stop()
-
-    async def add(self, partition: int) -> None:
-        async with self._lock:
-            tp = TopicPartition(self.topic, partition)
-            kept = {t: await self._consumer.position(t) for t in self._consumer.assignment()}
-            if tp in kept:
-                return
-            end = (await self._consumer.end_offsets([tp]))[tp]
-            # assign() forgets positions: put back those of the partitions already read.
-            self._consumer.assign([*kept, tp])
-            for t, position in kept.items():
-                self._consumer.seek(t, position)
-            self._consumer.seek(tp, end)
-            self._changed.set()
-
-    async def remove(self, partition: int) -> None:
-        async with self._lock:
-            tp = TopicPartition(self.topic, partition)
-            kept = {t: await self._consumer.position(t) for t in self._consumer.assignment()}
-            kept.pop(tp, None)
-            self._consumer.assign(list(kept))
-            for t, position in kept.items():
-                self._consumer.seek(t, position)
-
-    async def poll(self, timeout_ms: int = 200) -> list[Record]:
-        fetching(self._consumer)
-        if not self._consumer.assignment():
-            self._changed.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._changed.wait(), timeout_ms / 1000)
-            return []
-        async with self._lock:
-            try:
-                got = await self._consumer.getmany(timeout_ms=timeout_ms)
-            except KafkaError as exc:
-                raise KafkaUnavailable(f"reading {self.topic} failed: {explain(exc)}") from exc
-        return [_record(m) for ms in got.values() for m in ms]
 
 
 def fetching(consumer: AIOKafkaConsumer) -> None:
@@ -248,14 +186,22 @@ def fetching(consumer: AIOKafkaConsumer) -> None:
 
 
 class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
-    def __init__(self, on_assigned: Assigned, on_revoked: Assigned) -> None:
+    def __init__(
+        self,
+        on_assigned: Assigned,
+        on_revoked: Assigned,
+        forget: Callable[[Iterable[TopicPartition]], None],
+    ) -> None:
         self._on_assigned = on_assigned
         self._on_revoked = on_revoked
+        self._forget = forget  # a partition's reading starts again where it is assigned
 
     async def on_partitions_revoked(self, revoked: Any) -> None:
+        self._forget(revoked)
         await self._on_revoked({(tp.topic, tp.partition) for tp in revoked})
 
     async def on_partitions_assigned(self, assigned: Any) -> None:
+        self._forget(assigned)
         await self._on_assigned({(tp.topic, tp.partition) for tp in assigned})
 
 
@@ -295,7 +241,8 @@ class GroupConsumer:
         max_poll_records: int = 2_000,
     ) -> None:
         self._topics = list(topics)
-        self._listener = _Listener(on_assigned, on_revoked)
+        self._read = ReadPositions()
+        self._listener = _Listener(on_assigned, on_revoked, self._read.forget)
         self._consumer = AIOKafkaConsumer(
             **client_options(bootstrap),
             group_id=group_id,
@@ -317,12 +264,19 @@ class GroupConsumer:
         await self._consumer.stop()
 
     async def poll(self, timeout_ms: int = 500) -> dict[tuple[str, int], list[Record]]:
+        """A poll that raises hands nothing out and leaves every partition where the last
+        one's records ended (`ReadPositions`): none of them is skipped."""
         fetching(self._consumer)
         try:
             got = await self._consumer.getmany(timeout_ms=timeout_ms)
         except KafkaError as exc:
+            self._read.undo(self._consumer)
             raise KafkaUnavailable(f"poll failed: {explain(exc)}") from exc
-        return {(tp.topic, tp.partition): [_record(m) for m in ms] for tp, ms in got.items()}
+        except BaseException:
+            self._read.undo(self._consumer)
+            raise
+        self._read.handed(got)
+        return {(tp.topic, tp.partition): [as_record(m) for m in ms] for tp, ms in got.items()}
 
     async def commit(self, offsets: dict[tuple[str, int], int]) -> None:
         """Commits `offsets` (the next offset to read, per partition).
@@ -393,6 +347,7 @@ class GroupConsumer:
             for tp, offset in targets.items():
                 if tp in assigned:
                     self._consumer.seek(tp, offset)
+                    self._read.moved(tp, offset)
         except IllegalStateError:
             return  # revoked in between
         except KafkaError as exc:
@@ -409,6 +364,7 @@ class GroupConsumer:
             self._consumer.seek(tp, offset)
         except IllegalStateError:
             return False  # revoked in between
+        self._read.moved(tp, offset)
         return True
 
     def assignment(self) -> set[tuple[str, int]]:

@@ -309,7 +309,8 @@ class MemoryClusterAdmin(MemoryAdmin):
 
 if TYPE_CHECKING:
     from app.kafka.clients import KafkaClients
-    from app.kafka.consumers import PartitionReader, Reader
+    from app.kafka.consumers import Reader
+    from app.kafka.partition_reader import PartitionReader
     from app.kafka.ports import (
         Admin,
         Clients,

@@ -148,7 +148,8 @@ class Follower(Protocol):
     async def remove(self, partition: int) -> None: ...
 
     async def poll(self, timeout_ms: int = 200) -> list[Record]:
-        """The records committed since the last poll; [] after `timeout_ms` without any."""
+        """The records committed since the last poll; [] after `timeout_ms` without any.
+        One that raises hands nothing out and skips nothing: the next reads it again."""
         ...
 
 
@@ -173,7 +174,8 @@ class GroupMember(Protocol):
 
     async def poll(self, timeout_ms: int = 500) -> dict[tuple[str, int], list[Record]]:
         """The records fetched of the assigned, unpaused partitions; `KafkaUnavailable`
-        when the broker or the group does not answer."""
+        when the broker or the group does not answer. One that raises hands nothing out
+        and moves no partition past a record it did not hand out."""
         ...
 
     async def commit(self, offsets: dict[tuple[str, int], int]) -> None:

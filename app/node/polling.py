@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable, Mapping
 from typing import Protocol
 
@@ -32,6 +33,13 @@ logger = logging.getLogger(__name__)
 POLL_MS = 200
 HELD_POLL_MS = 50
 """How long a poll waits while a partition is held: its queue is looked at between polls."""
+POLL_RETRY_S = 1.0
+"""The pause after a poll that failed, before the next."""
+POLL_FAILING_S = 60.0
+"""Polls failing for this long, none passing, stop the node, loudly: a batch corrupt on a
+broker's disk fails every poll that fetches it, for good (the consumer reads every other
+partition again each time, and passes none), and the node would read nothing while it
+said it was ready. A broker or a group in flux passes well within it."""
 
 
 class Running(Protocol):
@@ -69,10 +77,12 @@ async def poll_loop(
     does not hold up the others' commands, nor (paused on while its queue is full) their
     records and offsets.
     """
+    failing_since: float | None = None
     while True:
         try:
             holding = _hand_over(consumer, running)
             batches = await consumer.poll(timeout_ms=HELD_POLL_MS if holding else POLL_MS)
+            failing_since = None
             for (topic, p), records in batches.items():
                 # A take rewinds p (to its committed offsets) before it runs, and the
                 # consumer drops what it fetched of p before a seek: what comes back is
@@ -105,9 +115,15 @@ async def poll_loop(
                 # Else the node would own nothing, for good, and say it was ready.
                 fail(f"the group turned the node's join down: {exc}")
                 return
-            # The broker or the group is in flux: the node keeps going and reads again.
+            # The broker or the group is in flux: the node keeps going and reads again (a
+            # poll that fails hands nothing out and moves no partition: `GroupMember.poll`).
+            now = time.monotonic()
+            failing_since = now if failing_since is None else failing_since
+            if now - failing_since >= POLL_FAILING_S:
+                fail(f"the group consumer's polls failed for {now - failing_since:.0f} s: {exc}")
+                return
             logger.warning("reading paused: %s", exc)
-            await asyncio.sleep(1)
+            await asyncio.sleep(POLL_RETRY_S)
 
 
 def _hand_over(consumer: GroupMember, running: Mapping[TaskId, Running]) -> bool:

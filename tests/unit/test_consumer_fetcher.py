@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 
-from app.kafka.consumers import GroupConsumer, PartitionReader, fetching
+from app.kafka.consumers import GroupConsumer, fetching
+from app.kafka.partition_reader import PartitionReader
 
 
 async def _ended() -> None:

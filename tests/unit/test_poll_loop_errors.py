@@ -12,6 +12,7 @@ from typing import Any, cast
 
 import pytest
 from aiokafka.errors import (
+    CorruptRecordException,
     GroupAuthorizationFailedError,
     InconsistentGroupProtocolError,
     InvalidSessionTimeoutError,
@@ -24,6 +25,7 @@ from app.errors import KafkaUnavailable, NodeFailed
 from app.kafka.memory import MemoryLog
 from app.kafka.memory_group import MemoryGroupMember
 from app.kafka.ports import GroupMember
+from app.node import polling
 from app.node.polling import poll_loop
 
 
@@ -83,6 +85,20 @@ async def test_the_group_in_flux_is_retried() -> None:
     assert not loop.done() and failed == [] and consumer.polls == 2
     loop.cancel()
     await asyncio.gather(loop, return_exceptions=True)
+
+
+async def test_polls_failing_for_good_stop_the_node(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A batch corrupt on a broker's disk fails every poll that fetches it: past
+    `POLL_FAILING_S` of them, none passing, the node stops, loudly, saying why (it read
+    nothing, and said it was ready; found by a failure-path hunt)."""
+    monkeypatch.setattr(polling, "POLL_RETRY_S", 0.01)
+    monkeypatch.setattr(polling, "POLL_FAILING_S", 0.2)
+    consumer, failed = Failing(CorruptRecordException("Invalid CRC")), list[str]()
+    await asyncio.wait_for(
+        poll_loop(cast(GroupMember, consumer), {}, Offsets(), failed.append, {}), 5
+    )
+    [why] = failed
+    assert "polls failed for" in why and "Invalid CRC" in why and consumer.polls > 2
 
 
 async def test_the_nodes_run_ends_with_the_reason(

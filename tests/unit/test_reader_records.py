@@ -40,7 +40,7 @@ def test_the_readers_records_are_those_the_consumer_records_make(compression: in
     assert all(type(r) is ConsumerRecord for r in plain)
     got = unpacked(raw, aborted, node_records)
     assert all(type(r) is Record for r in got)
-    assert got == [consumers._record(r) for r in plain]
+    assert got == [consumers.as_record(r) for r in plain]
     assert [r.offset for r in got] == [0, 1, 5, 6, 7, 8, 9]
     assert got[3].headers == (("\ufffd\ufffdh", b"v"),)
 

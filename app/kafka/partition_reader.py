@@ -1,0 +1,89 @@
+"""`PartitionReader`: a changing set of one topic's partitions read without a group (the
+results of this node's own sends), each from where it was added."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.errors import KafkaError
+
+from app.errors import KafkaUnavailable
+from app.kafka.connection import Connectable, client_options
+from app.kafka.consumers import as_record, fetching
+from app.kafka.read_positions import ReadPositions
+from app.kafka.records import Record, explain, start_client
+
+__all__ = ["PartitionReader"]
+
+
+class PartitionReader:
+    """Reads a changing set of one topic's partitions, each from where it was added.
+
+    For the results of this node's own sends: no group, no committed offsets.
+    """
+
+    def __init__(self, bootstrap: Connectable, topic: str) -> None:
+        self.topic = topic
+        self._consumer = AIOKafkaConsumer(
+            **client_options(bootstrap),
+            group_id=None,
+            enable_auto_commit=False,
+            isolation_level="read_committed",
+            fetch_max_wait_ms=50,
+        )
+        self._lock = asyncio.Lock()
+        self._changed = asyncio.Event()
+        self._read = ReadPositions()
+
+    async def start(self) -> None:
+        await start_client(self._consumer, f"reader of {self.topic}")
+
+    async def stop(self) -> None:
+        await self._consumer.stop()
+
+    async def add(self, partition: int) -> None:
+        async with self._lock:
+            tp = TopicPartition(self.topic, partition)
+            kept = {t: await self._consumer.position(t) for t in self._consumer.assignment()}
+            if tp in kept:
+                return
+            end = (await self._consumer.end_offsets([tp]))[tp]
+            # assign() forgets positions: put back those of the partitions already read.
+            self._consumer.assign([*kept, tp])
+            self._seek({**kept, tp: end})
+            self._changed.set()
+
+    async def remove(self, partition: int) -> None:
+        async with self._lock:
+            tp = TopicPartition(self.topic, partition)
+            kept = {t: await self._consumer.position(t) for t in self._consumer.assignment()}
+            kept.pop(tp, None)
+            self._consumer.assign(list(kept))
+            self._read.forget([tp])
+            self._seek(kept)
+
+    def _seek(self, positions: dict[TopicPartition, int]) -> None:
+        for tp, position in positions.items():
+            self._consumer.seek(tp, position)
+            self._read.moved(tp, position)
+
+    async def poll(self, timeout_ms: int = 200) -> list[Record]:
+        fetching(self._consumer)
+        if not self._consumer.assignment():
+            self._changed.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._changed.wait(), timeout_ms / 1000)
+            return []
+        async with self._lock:
+            try:
+                got = await self._consumer.getmany(timeout_ms=timeout_ms)
+            except KafkaError as exc:
+                self._read.undo(self._consumer)  # as a group's poll (`GroupConsumer.poll`)
+                raise KafkaUnavailable(f"reading {self.topic} failed: {explain(exc)}") from exc
+            except BaseException:
+                self._read.undo(self._consumer)
+                raise
+            self._read.handed(got)
+        return [as_record(m) for ms in got.values() for m in ms]
