@@ -143,6 +143,11 @@ class BrokerWatch:
         self._filter.attach(self)
         self._task = asyncio.create_task(self._run(), name="broker watch")
 
+    @property
+    def task(self) -> asyncio.Task[None] | None:
+        """Its probing, from `start` to `stop` (ends only with `stop`, or by a bug)."""
+        return self._task
+
     async def stop(self) -> None:
         self._filter.detach(self)
         task, self._task = self._task, None

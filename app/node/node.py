@@ -298,6 +298,9 @@ class Node:
             for c, ledger in self._ledgers.items()
         }
         following |= {f"naming the parked timers of {c}": t for c, t in naming.items()}
+        # Stuck where it ended, it would say the broker is up through an outage, or down
+        # for good (and the node never ready).
+        following["the broker watch"] = self.broker.task
         tasks += [
             asyncio.create_task(self._supervise(what, task), name=f"supervising {what}")
             for what, task in following.items()

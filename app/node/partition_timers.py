@@ -120,7 +120,20 @@ class PartitionTimerLoop(TimerLoop):
     def start(self) -> None:
         if not self.running:
             self._ended.clear()  # a loop started again holds as a new one
+        was = self._task
         super().start()
+        if self._task is not None and self._task is not was:
+            self._task.add_done_callback(self._run_ended)
+
+    def _run_ended(self, run: asyncio.Task[None]) -> None:
+        """A run that ended other than by `end()` or `stop()` (a BaseException out of a
+        round, such as a cancel leaking from a client call; a cancel from elsewhere) fails
+        its task, closed dirty and taken afresh: never a partition whose timers no longer
+        fire while its commands are decided and `/healthz` says ready."""
+        if self._stopping or not self._current():
+            return
+        exc = None if run.cancelled() else run.exception()
+        self._owner.failed(self._rounds, exc or RuntimeError("its timer loop was cancelled"))
 
     async def stop(self) -> None:
         """Ends it after the round in progress, cutting a hold short (the node's stop)."""

@@ -5,6 +5,7 @@ firing while the other goes on; `/healthz` names that partition alone meanwhile.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -14,6 +15,7 @@ import pytest
 from fakes import RunningNode, wait_until
 from test_node_memory import PARTITIONS, SERVICE, TOPICS, events, schedule, task_of
 
+from app.errors import NodeFailed
 from app.kafka.memory import MemoryLog
 from app.node.failing import RETAKE_BACKOFF_S, Failing, retake_after
 from app.node.node import Node
@@ -119,3 +121,53 @@ async def test_a_fault_that_never_passes_is_retaken_ever_later(
     assert time.monotonic() - began >= RETAKE_BACKOFF_S * 3
     assert [retake_after(Failing({}, "x", n)) for n in range(1, 8)] == [0, 0.5, 1, 2, 4, 8, 10]
     assert node.node._failure is None
+
+
+async def test_a_round_that_raises_a_base_exception_takes_the_partition_afresh(
+    node: RunningNode, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cancel leaking out of a call in a round is no `Exception`: the loop's run ended
+    with it, quietly, and the partition's timers never fired again while its commands were
+    decided and `/healthz` said ready (failure-path hunt, finding 2)."""
+    log = node.node.clients
+    assert isinstance(log, MemoryLog)
+    await wait_until(node.runs)
+    found = RocksDBReads._found
+    raised: list[int] = []
+
+    def reads(self: Any, partitions: Any, until: Any, limit: Any) -> Any:
+        if BAD in partitions and not raised:
+            raised.append(BAD)
+            raise asyncio.CancelledError  # leaked out of a call, not a cancel of the loop
+        return found(self, partitions, until, limit)
+
+    monkeypatch.setattr(RocksDBReads, "_found", reads)
+    at = int(time.time() * 1000) + 300
+    await schedule(log, owner_in(BAD), at)
+    await schedule(log, owner_in(GOOD), at)
+    await wait_until(lambda: {owner_in(BAD), owner_in(GOOD)} <= fired(log))
+    assert raised == [BAD]
+    assert node.node._tasks[task_of(BAD)].takes == 2  # closed dirty and taken afresh
+    assert node.node._tasks[task_of(GOOD)].takes == 1
+    assert node.node._failure is None
+
+
+async def test_a_broker_watch_that_ends_stops_the_node(tmp_path: Path) -> None:
+    """Ended, it would say the broker is up through an outage (or down for good)."""
+    node = await RunningNode(MemoryLog(), tmp_path, "a", SERVICE, PARTITIONS).start()
+    try:
+        await wait_until(node.runs)
+        watch = node.node.broker.task
+        assert watch is not None and node.task is not None
+        watch.cancel()
+        with pytest.raises(NodeFailed, match="the broker watch"):
+            await asyncio.wait_for(asyncio.shield(node.task), 5)
+    finally:
+        try:
+            await node.stop()
+        except NodeFailed:
+            await node.node.stop()  # its run raised before `stop` could stop the node
+
+
+def fired(log: MemoryLog) -> set[str]:
+    return {e.aggregate.id for e in events(log, "Fired")}
