@@ -109,6 +109,9 @@ class PartitionTask:
         self._taking: asyncio.Task[None] | None = None
         # The group took p away: no take starts any more (a failure meanwhile included).
         self._leaving = False
+        # The closes of an earlier task of p its take waits for: p's state open until then
+        # is theirs (a close of this task meanwhile lets none of it go).
+        self._behind: tuple[asyncio.Task[bool], ...] = ()
         # When its close for the group's revoke began (`time.monotonic`), if it did.
         self.closing_since: float | None = None
         # Its input while it runs (one per take: created running, stopped by its close).
@@ -166,6 +169,7 @@ class PartitionTask:
     ) -> None:
         """Takes p's `topics` of its type (paused by the caller until it runs) in the
         background, once the closes `behind` (an earlier task's of its type's p) are done."""
+        self._behind = tuple(behind)
         self._taking = asyncio.create_task(
             self._take_in_background(topics, after_failure, behind),
             name=f"{'retake' if after_failure is not None else 'take'} {self.type_name} {self.p}",
@@ -417,11 +421,15 @@ class PartitionTask:
         return self.input is not None and await self.input.stop()
 
     def _half_open(self) -> bool:
-        """Whether something of its type's p is open (a take cut short)."""
+        """Whether something of its type's p is open (a take cut short). What the node
+        holds of p while an earlier task's close of it still runs is that task's: never
+        let go here (its firing, transaction and store would be cut from under it)."""
+        if self.processor is not None or self.transaction is not None:
+            return True
+        if any(not close.done() for close in self._behind):
+            return False
         return (
-            self.processor is not None
-            or self.transaction is not None
-            or self.p in self.kept.store.assigned
+            self.p in self.kept.store.assigned
             or self.type_name in self._shared.reading_results.get(self.p, ())
         )
 
