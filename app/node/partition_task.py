@@ -116,6 +116,8 @@ class PartitionTask:
         self.closing_since: float | None = None
         # Its input while it runs (one per take: created running, stopped by its close).
         self.input: PartitionInput | None = None
+        # Its close under way, or its last (`close`).
+        self._closing: asyncio.Task[None] | None = None
 
     def _transaction(self) -> PartitionTransaction | None:
         """Its transaction now, as its commits and input read it (each take's own)."""
@@ -392,9 +394,20 @@ class PartitionTask:
         otherwise it is thrown away and the local copy restored from the changelog next
         time. Only a running task closes clean (`closes_clean`): a take cut short may not
         have restored a dirty copy yet, and a failed task's work may be half done. Closing
-        a closed task does nothing."""
-        if self.state is TaskState.CLOSED:
-            return
+        a closed task does nothing.
+
+        It runs in a task of its own: a caller cut short (a revoke cancelling the retake
+        that closes it after a failure) cuts none of it, and a close asked for while one
+        runs waits for that one."""
+        if (closing := self._closing) is None or closing.done():
+            if self.state is TaskState.CLOSED:
+                return
+            closing = self._closing = asyncio.create_task(
+                self._close(clean=clean), name=f"close {self.type_name} {self.p}"
+            )
+        await asyncio.shield(closing)
+
+    async def _close(self, *, clean: bool) -> None:
         was = self.state
         clean = closes_clean(was, clean)
         if was is not TaskState.SUSPENDED:
