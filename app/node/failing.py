@@ -65,13 +65,22 @@ class FailingPartitions:
     def __init__(self) -> None:
         self._failing: dict[int, Failing] = {}
         self._held: set[int] = set()
+        # A hold released by a cycle's staging (`read`), until the commit that carries that
+        # cycle lands (`committed`): the failure it passed, and that commit's number.
+        self._passed: dict[int, tuple[Failing, int]] = {}
 
     def failed(self, p: int, at: dict[str, int], error: str, what: str = A_CYCLE) -> Failing:
         """p's work (`what`) failed while its cycle read up to `at` (the last offset of
         each topic); p is held when it read records. A failure while held keeps every
         offset it was held at (a commit's failure reads nothing, a retry may read less):
         the hold is released only past all of them. A failure reading no records counts
-        as again while the last one (of whatever work) is not forgotten (`worked`)."""
+        as again while the last one (of whatever work) is not forgotten (`worked`). A
+        failure before the commit of the cycle that released p's hold landed (`read`)
+        holds p again where it was held: that cycle never counted, and p is read again
+        from its committed offsets."""
+        if (passed := self._passed.pop(p, None)) is not None and p not in self._failing:
+            self._failing[p] = passed[0]
+            self._held.add(p)
         before = self._failing.get(p)
         if before is not None and p in self._held:
             at = {t: max(o, before.at.get(t, -1)) for t, o in at.items()} | {
@@ -96,9 +105,15 @@ class FailingPartitions:
         """Whether p's timers wait for its log to be read past where it failed."""
         return p in self._held
 
-    def read(self, p: int, done: dict[str, int]) -> bool:
-        """A cycle of p staged, the last offsets done per topic as given; whether that
-        releases p's hold (it read past every offset the failed cycle read)."""
+    def committed(self, p: int, landed: int) -> None:
+        """p's `landed`-th commit landed: a hold released by a cycle it carries is gone."""
+        if (passed := self._passed.get(p)) is not None and landed >= passed[1]:
+            del self._passed[p]
+
+    def read(self, p: int, done: dict[str, int], carried_by: int = 0) -> bool:
+        """A cycle of p staged, the last offsets done per topic as given, to be carried
+        by p's `carried_by`-th commit; whether that releases p's hold (it read past every
+        offset the failed cycle read). Released until that commit lands (`committed`)."""
         failing = self._failing.get(p)
         if failing is None:
             return False
@@ -109,6 +124,7 @@ class FailingPartitions:
         del self._failing[p]
         if p in self._held:
             self._held.discard(p)
+            self._passed[p] = (failing, carried_by)
             return True
         return False
 
@@ -120,6 +136,7 @@ class FailingPartitions:
         """p was let go for good (revoked): a next owner starts with a clean slate."""
         self._failing.pop(p, None)
         self._held.discard(p)
+        self._passed.pop(p, None)
 
     def stalled(self) -> dict[int, str]:
         """Why each held partition fires nothing, for `/healthz`."""

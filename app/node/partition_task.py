@@ -353,11 +353,15 @@ class PartitionTask:
     def worked(self, what: str) -> None:
         """Its `what` worked: a failure of it that read nothing is forgotten."""
         self.failing.worked(self.p, what)
+        if what == A_COMMIT:
+            self.failing.committed(self.p, self.commits.landed)
 
     def read_past(self, done: dict[str, int]) -> None:
         """A cycle of p staged: a task held since a failure fires again once its log was
         read past where the failure was."""
-        if self.failing.read(self.p, done) and self.state is TaskState.RUNNING:
+        commits = self.commits  # the cycle is carried by the next commit to start
+        carried_by = commits.landed + (2 if commits.running() is not None else 1)
+        if self.failing.read(self.p, done, carried_by) and self.state is TaskState.RUNNING:
             logger.info("%s: its log read past its failure, firing again", self.key)
             self.start_firing()
 

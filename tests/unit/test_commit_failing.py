@@ -56,6 +56,27 @@ def test_a_cycles_failure_reading_nothing_is_passed_by_a_cycle_staged() -> None:
         assert failing.report() == {}
 
 
+def test_a_hold_released_by_a_cycle_is_back_when_a_failure_comes_before_its_commit() -> None:
+    """The cycle that read past where p failed released p's hold once it staged; its
+    commit then failed, so it never counted (p is read again from its committed offsets):
+    p is held again where it was, until a cycle reads past that again (found by a
+    lifecycle hunt: the retake fired p's timers before the commands at the failed offsets,
+    a cancel among them maybe, were decided again)."""
+    failing = FailingPartitions()
+    failing.failed(0, {"t": 5}, "a cycle: no")
+    assert failing.held(0)
+    assert failing.read(0, {"t": 6}, carried_by=3)  # staged, carried by the 3rd commit
+    assert not failing.held(0)
+    failing.committed(0, 2)  # an earlier commit (in flight while it staged) landed
+    failing.failed(0, {}, "a commit: no", A_COMMIT)
+    assert failing.held(0) and failing.report()["0"]["at"] == {"t": 5}
+    assert not failing.read(0, {"t": 4}, carried_by=1)
+    assert failing.read(0, {"t": 5}, carried_by=1)
+    failing.committed(0, 1)  # the commit that carries it landed: the hold is gone for good
+    failing.failed(0, {}, "a commit: no", A_COMMIT)
+    assert not failing.held(0)
+
+
 def fail_commits_of_bad(log: MemoryLog, error: BaseException | None = None) -> list[float]:
     """Every commit of partition BAD's transactions fails from now on (with `error` as its
     cause); when each failed."""
