@@ -9,6 +9,7 @@ attached one to (a store written without a take, as in the seed's tests)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Callable
 
@@ -73,7 +74,15 @@ class TypeTransactions:
             async with asyncio.timeout(self.open_deadline_s):
                 await producer.start()
         except BaseException as exc:
-            await producer.stop()
+            # Stopped in a task of its own: librdkafka's stop waits behind the start it cut
+            # short (its producer's calls run one at a time), up to that call's own timeout,
+            # and a revoke cancelling the take must not wait that long. A timeout or an
+            # error waits for it within the deadline; the node's stop waits for the rest.
+            stopping = self._stop_in_background(partition, producer, None)
+            if not isinstance(exc, asyncio.CancelledError):
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(self.open_deadline_s):
+                        await asyncio.shield(stopping)
             if isinstance(exc, TimeoutError):
                 raise KafkaUnavailable(
                     f"{transactional_id}: its producer did not start within "
@@ -112,12 +121,7 @@ class TypeTransactions:
         txn = self._open.pop(partition, None)
         stopping = self._stopping.get(partition)
         if txn is not None:
-            stopping = asyncio.create_task(
-                self._stop(partition, txn.abandon(), after),
-                name=f"stop {self.topic}[{partition}]",
-            )
-            self._stopping[partition] = stopping
-            self._unstopped[stopping] = partition
+            stopping = self._stop_in_background(partition, txn.abandon(), after)
         if stopping is None:
             return
         try:
@@ -147,6 +151,16 @@ class TypeTransactions:
                     partition,
                     self.stop_deadline_s,
                 )
+
+    def _stop_in_background(
+        self, partition: int, producer: TransactionalWriter, after: asyncio.Task[bool] | None
+    ) -> asyncio.Task[None]:
+        stopping = asyncio.create_task(
+            self._stop(partition, producer, after), name=f"stop {self.topic}[{partition}]"
+        )
+        self._stopping[partition] = stopping
+        self._unstopped[stopping] = partition
+        return stopping
 
     async def _stop(
         self, partition: int, producer: TransactionalWriter, after: asyncio.Task[bool] | None

@@ -44,3 +44,58 @@ async def test_an_earlier_stop_of_a_partition_is_still_waited_for(
     txns.stop_deadline_s = 5
     await txns.stopped()
     assert not txns._unstopped
+
+
+class _OneCallAtATime:
+    """A producer as librdkafka's runs one (`RdkafkaTransactionalWriter`): its calls one
+    at a time on its own thread, each left running when its caller gives up; its start
+    (`init_transactions`) blocks up to its own timeout."""
+
+    transactional_id = "g.t.0"
+    broken = None
+
+    def __init__(self) -> None:
+        self._last: asyncio.Future[None] | None = None
+        self._calls: list[asyncio.Future[None]] = []
+        self.stopped = asyncio.Event()
+
+    def cut(self) -> None:
+        """Ends its calls (the test's end)."""
+        for call in self._calls:
+            call.cancel()
+
+    def _call(self, seconds: float) -> asyncio.Future[None]:
+        before = self._last
+
+        async def call() -> None:
+            if before is not None:
+                await asyncio.wait([before])
+            await asyncio.sleep(seconds)
+
+        self._last = asyncio.ensure_future(call())
+        self._calls.append(self._last)
+        return self._last
+
+    async def start(self) -> None:
+        await asyncio.shield(self._call(30))
+
+    async def stop(self) -> None:
+        await asyncio.shield(self._call(0))
+        self.stopped.set()
+
+
+async def test_a_cancelled_open_does_not_wait_for_its_producers_stop() -> None:
+    """A revoke cancels the take that opens p (found by a failure-path hunt: the open
+    waited for librdkafka's stop behind its start, up to 30 s and more, and the revoke
+    with it, past the group's rebalance timeout); the stop goes on, in view."""
+    producer = _OneCallAtATime()
+    txns = TypeTransactions(lambda _tid: producer, "t.timers", "g")  # type: ignore[arg-type,return-value]
+    opening = asyncio.create_task(txns.open(0))
+    await asyncio.sleep(0)
+    await asyncio.sleep(0)
+    opening.cancel()
+    await asyncio.wait_for(asyncio.gather(opening, return_exceptions=True), 1)
+    assert opening.cancelled() and not producer.stopped.is_set()
+    assert list(txns._unstopped.values()) == [0]  # its stop still running, waited at the end
+    producer.cut()
+    await asyncio.gather(*txns._unstopped, return_exceptions=True)
