@@ -295,8 +295,11 @@ class Commits:
                 if task.lock.locked():
                     continue  # a cycle of it: it commits at its end, or a later tick
                 async with task.lock:
+                    # Not after a revoke cut its cycle short (as `commit_claims`): the
+                    # half cycle was thrown away, p is being let go.
                     if self._running.get(key) is task and task.commits.owns():
-                        self.start(kept, key.p)
+                        if not task.cut_short:
+                            self.start(kept, key.p)
 
     async def commit_claims(self, kept: KeptType, partitions: set[int]) -> None:
         """Commits the claims of a partition's timer round (`PartitionTimerLoop`) before
