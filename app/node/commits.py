@@ -297,9 +297,9 @@ class Commits:
                 async with task.lock:
                     # Not after a revoke cut its cycle short (as `commit_claims`): the
                     # half cycle was thrown away, p is being let go.
-                    if self._running.get(key) is task and task.commits.owns():
-                        if not task.cut_short:
-                            self.start(kept, key.p)
+                    mine = self._running.get(key) is task and task.commits.owns()
+                    if mine and not task.cut_short:
+                        self.start(kept, key.p)
 
     async def commit_claims(self, kept: KeptType, partitions: set[int]) -> None:
         """Commits the claims of a partition's timer round (`PartitionTimerLoop`) before

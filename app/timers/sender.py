@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from app.errors import BadRecord, KafkaUnavailable
 from app.kafka import FollowerFactory, Publisher
@@ -20,7 +20,7 @@ from app.kafka.catalog import NO_TARGET, TopicCatalog, no_target_message
 from app.kafka.records import refused
 from app.protocol.topics import AggregateTopics, ContextTopics
 from app.protocol.wire import CommandEnvelope, CommandResult, decode, encode
-from app.timers.runner.decisions import SENT, SendResult
+from app.timers.runner.decisions import SENT, WITHDRAWN, SendResult
 from tables import AggregateRef, Timer
 
 __all__ = ["KafkaSender", "ResultsReader", "timer_command"]
@@ -157,6 +157,11 @@ class KafkaSender:
         self._targets = targets
 
     async def send(self, timer: Timer) -> SendResult:
+        return await self.send_if(timer, _always)
+
+    async def send_if(self, timer: Timer, still: Callable[[], Awaitable[bool]]) -> SendResult:
+        """As `send`, the command handed to the producer only if `still()` says so after
+        the topic listing this send may wait for (`CheckingSender`)."""
         target = timer.target
         own = target.context == self._context
         command = timer_command(
@@ -168,6 +173,8 @@ class KafkaSender:
         topic = AggregateTopics(target.context, target.aggregate).commands
         if self._targets is not None and not await self._targets.exists(topic):
             return SendResult(NO_TARGET, no_target_message(topic))
+        if not await still():  # no wait of this send's own from here to the producer's
+            return SendResult(WITHDRAWN, "its row changed since the claim: not sent")
         if not own:
             # Another context's partition count is its own: the key picks the partition.
             await self._producer.send(topic, target.id.encode(), encode(command))
@@ -179,3 +186,7 @@ class KafkaSender:
         finally:
             self._results.forget(timer.request_id)
         return SendResult(result.code.value, result.message)
+
+
+async def _always() -> bool:
+    return True

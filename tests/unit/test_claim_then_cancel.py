@@ -89,3 +89,55 @@ async def test_a_remote_command_claimed_then_cancelled_before_its_commit_landed_
     assert events(log, COUNTER, "Fired") == []
     row = await kept.store.find(owner, "r")
     assert row is not None and row.status is TimerStatus.CANCELLED
+
+
+async def test_a_remote_command_waiting_for_the_topic_listing_is_not_sent_once_cancelled(
+    log: MemoryLog, nodes: list[RunningNode], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The send's own wait (a listing of the cluster's topics, for a topic not in the last)
+    comes after the runner's look at the row: the sender looks again as it hands the
+    command over (review of the fix above: the command left after a cancel committed)."""
+    node = await start(nodes, log, tmp_path, "a")
+    await wait_until(node.runs)
+    kept = node.node.types[COUNTER.type_name]
+    owner = AggregateRef(context="life", aggregate=COUNTER.name, id="o1")
+    commands = TOPICS[COUNTER.name].commands
+    sent: list[str] = []
+    send = node.node.producer.send
+
+    async def watched(topic: str, *args: Any, **kwargs: Any) -> Any:
+        if topic == commands:
+            sent.append(topic)
+        return await send(topic, *args, **kwargs)
+
+    monkeypatch.setattr(node.node.producer, "send", watched)
+    entered, gate = asyncio.Event(), asyncio.Event()
+    targets = node.node.targets
+    assert targets is not None
+    exists = targets.exists
+    asked: list[bool] = []
+
+    async def listing(topic: str) -> bool:
+        if topic == commands and not gate.is_set():
+            entered.set()
+            await gate.wait()
+        found = await exists(topic)
+        if topic == commands:
+            asked.append(found)
+        return found
+
+    monkeypatch.setattr(targets, "exists", listing)
+    await command(log, COUNTER, "o1", "Remind", at=now_ms() + 300, target=elsewhere("o1"))
+    await wait_until(entered.is_set)  # the runner looked at the row, the send waits
+    await command(log, COUNTER, "o1", "Unschedule", key="r")
+
+    async def cancelled() -> bool:
+        row = await kept.store.find(owner, "r")
+        return row is not None and row.status is TimerStatus.CANCELLED
+
+    await wait_until(cancelled)
+    await wait_until(lambda: not kept.transactions.pending())  # the cancel committed
+    gate.set()
+    await wait_until(lambda: asked == [True] and kept.runner.in_flight == 0)
+    assert sent == [], "the command left after its cancel was carried out"
+    assert events(log, COUNTER, "Fired") == []

@@ -25,6 +25,7 @@ __all__ = [
     "SENT",
     "TIMEOUT",
     "TRANSPORT_ERROR",
+    "WITHDRAWN",
     "Action",
     "Decision",
     "SendResult",
@@ -50,6 +51,9 @@ TIMEOUT: Final = "TIMEOUT"
 """The runner's code for a send not answered within `TimerOptions.send_timeout`."""
 TRANSPORT_ERROR: Final = "TRANSPORT_ERROR"
 """The runner's code for a sender that raised: no transport, a broken connection."""
+WITHDRAWN: Final = "WITHDRAWN"
+"""A send not made: its row changed since its claim (a cancel, a pause or a reschedule
+carried out meanwhile), or its partition was let go; nothing is written of it."""
 RULE_ERROR: Final = "RULE_ERROR"
 """The runner's code for a timer parked because no decision could be made on it (its rule's
 arithmetic failed: `guarded`)."""

@@ -9,7 +9,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Protocol
+from collections.abc import Awaitable, Callable
+from typing import Protocol, runtime_checkable
 
 from app.timers.runner.decisions import SendResult
 from tables.census import TimerCensus
@@ -17,7 +18,7 @@ from tables.refs import AggregateRef
 from tables.store import DueRow
 from tables.timer import Timer, TimerChange
 
-__all__ = ["Clock", "FiringStore", "Sender", "SystemClock"]
+__all__ = ["CheckingSender", "Clock", "FiringStore", "Sender", "SystemClock"]
 
 logger = logging.getLogger(__name__)
 
@@ -27,6 +28,17 @@ class Sender(Protocol):
         """Sends `timer.command` to `timer.target`, request id `timer.request_id`, not before
         `timer.slot_due_at`; the result code, or `SENT` for another context's topic.
         Raises when there is no transport: the runner counts that as a failed attempt."""
+        ...
+
+
+@runtime_checkable
+class CheckingSender(Protocol):
+    """A `Sender` whose send may wait before it hands its record over (for a listing of
+    the cluster's topics, say): it asks `still` at that last moment."""
+
+    async def send_if(self, timer: Timer, still: Callable[[], Awaitable[bool]]) -> SendResult:
+        """As `send`, the record handed over only if `still()` (awaited in the step that
+        hands it over) says the timer is still as claimed; `WITHDRAWN` otherwise."""
         ...
 
 

@@ -12,6 +12,7 @@ from typing import Any, Final
 from app.timers.runner.decisions import (
     TIMEOUT,
     TRANSPORT_ERROR,
+    WITHDRAWN,
     Action,
     Decision,
     SendResult,
@@ -20,9 +21,9 @@ from app.timers.runner.decisions import (
 from app.timers.runner.options import TimerOptions
 from app.timers.runner.partition import PartitionFiring
 from app.timers.runner.partition_store import store_of
-from app.timers.runner.ports import Clock, FiringStore, Sender
+from app.timers.runner.ports import CheckingSender, Clock, FiringStore, Sender
 from app.timers.runner.stats import RoundStats
-from tables.exceptions import StoreClosed
+from tables.exceptions import StoreClosed, StoreError
 from tables.timer import Timer
 
 __all__ = ["Sends"]
@@ -95,28 +96,42 @@ class Sends:
         return decision
 
     def _decide(self, firing: PartitionFiring, claimed: Timer, result: SendResult) -> Decision:
-        if result is _WITHDRAWN:
+        if result.code == WITHDRAWN:
             return _LEFT  # the row holds what came since: left as it is
         return firing.decide(claimed, result, self._clock.now(), self._options)
 
     async def _send_if_claimed(
         self, firing: PartitionFiring, claimed: Timer, stats: RoundStats
     ) -> SendResult:
-        """The send of `claimed` if its row is still as claimed, `_WITHDRAWN` otherwise.
+        """The send of `claimed` if its row is still as claimed, `WITHDRAWN` otherwise.
 
         A cycle may carry out a cancel, a pause or a reschedule of the timer while its
         claim's commit is in flight (it holds the partition's lock, the commit does not):
         the row is then written over, and the command must not leave after it. Looked at
-        in the step that starts the send (a store's find does not suspend here), so that
-        no cycle runs between the look and the send; a change carried out after that is
-        one after the fire, whose outcome write the row then refuses."""
-        try:
-            row = await store_of((firing,), self._store).find(claimed.owner, claimed.key)
-        except StoreClosed:
-            return _WITHDRAWN  # let go: the claim is the next owner's to send
-        if row is None or not row.same_as_loaded(claimed):
+        in the step that hands the record over (a store's find does not suspend here; a
+        `CheckingSender` asks after its own waits, a topic listing), so that no cycle runs
+        between the look and the hand-over. Left open: a wait inside the producer's own
+        send (its first metadata of a topic, room in its buffer under a burst), and a
+        change carried out after the hand-over, one after the fire, whose outcome write
+        the row then refuses."""
+
+        async def still() -> bool:
+            try:
+                row = await store_of((firing,), self._store).find(claimed.owner, claimed.key)
+            except StoreClosed:
+                return False  # let go: the claim is the next owner's to send
+            except StoreError as exc:
+                firing.fail(exc)  # a corrupt row: its partition is restored, never sent
+                return False
+            if row is None or not row.same_as_loaded(claimed):
+                return False
+            stats.sent += 1
+            return True
+
+        if isinstance(self._sender, CheckingSender):
+            return await self._sender.send_if(claimed, still)
+        if not await still():
             return _WITHDRAWN
-        stats.sent += 1
         return await self._sender.send(claimed)
 
     async def _until(
@@ -138,8 +153,7 @@ class Sends:
         return _result_of(claimed, send)
 
 
-_WITHDRAWN: Final = SendResult("WITHDRAWN", "its row changed since the claim: not sent")
-"""The result of a send not made (`Sends._send_if_claimed`): compared by identity."""
+_WITHDRAWN: Final = SendResult(WITHDRAWN, "its row changed since the claim: not sent")
 _LEFT: Final = Decision(Action.NOTHING)
 
 
