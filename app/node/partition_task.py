@@ -116,8 +116,10 @@ class PartitionTask:
         self.closing_since: float | None = None
         # Its input while it runs (one per take: created running, stopped by its close).
         self.input: PartitionInput | None = None
-        # Its close under way, or its last (`close`).
+        # Its close under way, or its last (`close`), and that one's failure while no
+        # caller has heard it.
         self._closing: asyncio.Task[None] | None = None
+        self._unheard: BaseException | None = None
 
     def _transaction(self) -> PartitionTransaction | None:
         """Its transaction now, as its commits and input read it (each take's own)."""
@@ -404,12 +406,28 @@ class PartitionTask:
         that closes it after a failure) cuts none of it, and a close asked for while one
         runs waits for that one."""
         if (closing := self._closing) is None or closing.done():
+            if (unheard := self._unheard) is not None:
+                # Its last close failed while no caller waited (the one that began it was
+                # cancelled): this caller hears it, as that one would have.
+                self._unheard = None
+                raise unheard
             if self.state is TaskState.CLOSED:
                 return
             closing = self._closing = asyncio.create_task(
                 self._close(clean=clean), name=f"close {self.type_name} {self.p}"
             )
-        await asyncio.shield(closing)
+            closing.add_done_callback(self._closed)
+        try:
+            await asyncio.shield(closing)
+        except asyncio.CancelledError:
+            raise
+        except BaseException:
+            self._unheard = None  # heard here
+            raise
+
+    def _closed(self, closing: asyncio.Task[None]) -> None:
+        if not closing.cancelled() and (exc := closing.exception()) is not None:
+            self._unheard = exc  # until a caller hears it (a waiter of it, or the next)
 
     async def _close(self, *, clean: bool) -> None:
         was = self.state

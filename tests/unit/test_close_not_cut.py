@@ -16,6 +16,7 @@ from test_node_lifecycle import COUNTER, start
 from app.errors import KafkaUnavailable
 from app.kafka.memory import MemoryLog
 from app.node.failing import A_COMMIT
+from app.node.partition_release import CloseFailed
 from app.node.task_id import TaskId
 from app.node.task_state import TaskState
 
@@ -65,3 +66,33 @@ async def test_a_revoke_while_a_retake_closes_the_task_waits_for_that_close(
     assert cut == [] and flushed == ["flushed"]
     assert task.state is TaskState.CLOSED
     assert n._failure is None
+
+
+async def test_a_close_that_fails_while_no_caller_waits_is_heard_by_the_next(
+    log: MemoryLog, nodes: list[RunningNode], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The retake that began a close is cancelled by a revoke, and the close fails in the
+    loop turns before the revoke's own close: that close hears the failure, which stops
+    the node, as any failed close does (review of the fix above: it returned quietly, the
+    close's failure lost, and p could be taken again half let go)."""
+    node = await start(nodes, log, tmp_path, "a")
+    await wait_until(node.runs)
+    n = node.node
+    key = TaskId(COUNTER.type_name, 0)
+    task = n.tasks.tasks[key]
+    entered, gate = asyncio.Event(), asyncio.Event()
+    release = task._release
+
+    async def failing_release(*, clean: bool, store: Any) -> None:
+        entered.set()
+        await gate.wait()
+        await release(clean=clean, store=store)
+        raise CloseFailed("partition 0: the producer's stop failed")
+
+    monkeypatch.setattr(task, "_release", failing_release)
+    task.failed(A_COMMIT, KafkaUnavailable("commit timed out"))
+    await wait_until(entered.is_set)  # the retake is closing the task (dirty)
+    gate.set()  # the close's last step ends now, as the group takes p away
+    await asyncio.wait_for(n.tasks.revoke({key}), 10)
+    await wait_until(lambda: n._failure is not None)
+    assert "producer's stop failed" in str(n._failure) or task.state is TaskState.CLOSED
