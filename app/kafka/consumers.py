@@ -325,11 +325,13 @@ class GroupConsumer:
         """The partitions paused (for tests, as `MemoryGroupMember.paused`)."""
         return {(tp.topic, tp.partition) for tp in self._consumer.paused()}
 
-    async def rewind(self, partitions: Iterable[tuple[str, int]]) -> None:
+    async def rewind(self, partitions: Iterable[tuple[str, int]]) -> dict[tuple[str, int], int]:
         """Reads these partitions again from the group's committed offsets (the start where
-        none is committed): what was read after them never counted."""
+        none is committed): what was read after them never counted. The offset each one
+        still assigned reads from now."""
         assigned = self._consumer.assignment()
         targets: dict[TopicPartition, int] = {}
+        sought: dict[tuple[str, int], int] = {}
         try:
             for t, p in partitions:
                 tp = TopicPartition(t, p)
@@ -348,12 +350,14 @@ class GroupConsumer:
                 if tp in assigned:
                     self._consumer.seek(tp, offset)
                     self._read.moved(tp, offset)
+                    sought[(tp.topic, tp.partition)] = offset
         except IllegalStateError:
-            return  # revoked in between
+            return sought  # revoked in between
         except KafkaError as exc:
             raise KafkaUnavailable(f"cannot read committed offsets: {explain(exc)}") from exc
         except TimeoutError as exc:
             raise KafkaUnavailable(f"no committed offsets within {GROUP_CALL_S:g} s") from exc
+        return sought
 
     def seek(self, topic: str, partition: int, offset: int) -> bool:
         """Reads the partition again from `offset`; False when it is no longer assigned."""

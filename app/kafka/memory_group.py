@@ -225,11 +225,12 @@ class MemoryGroupMember:
         """The partitions paused (as aiokafka's `paused()`): for tests."""
         return set(self._paused)
 
-    async def rewind(self, partitions: Iterable[_Key]) -> None:
+    async def rewind(self, partitions: Iterable[_Key]) -> dict[_Key, int]:
         self._log.check_up()
         for key in partitions:
             if key in self.assigned:
                 self._positions[key] = self._committed_or_start(key)
+        return {key: self._positions[key] for key in partitions if key in self.assigned}
 
     def assignment(self) -> set[_Key]:
         return set(self.assigned)

@@ -190,9 +190,9 @@ class GroupMember(Protocol):
 
     def resume(self, partitions: Iterable[tuple[str, int]]) -> None: ...
 
-    async def rewind(self, partitions: Iterable[tuple[str, int]]) -> None:
+    async def rewind(self, partitions: Iterable[tuple[str, int]]) -> dict[tuple[str, int], int]:
         """Reads these partitions again from the group's committed offsets (the start
-        where none is committed)."""
+        where none is committed); the offset each assigned one reads from now."""
         ...
 
     def assignment(self) -> set[tuple[str, int]]: ...

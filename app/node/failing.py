@@ -15,6 +15,7 @@ from dataclasses import dataclass
 __all__ = [
     "A_COMMIT",
     "A_CYCLE",
+    "BEHIND",
     "ITS_WORKER",
     "RETAKE_BACKOFF_MAX_S",
     "RETAKE_BACKOFF_S",
@@ -27,6 +28,8 @@ A_CYCLE = "a cycle"
 ITS_WORKER = "its worker"
 A_COMMIT = "a commit"
 """What failed, where a partition's work names it (`FailingPartitions.failed`)."""
+BEHIND = "its log, read from behind its end"
+"""No failure: p was taken with its log to read up to where it ended then (`behind`)."""
 
 _PASSED_BY_A_CYCLE = frozenset({A_CYCLE, ITS_WORKER})
 
@@ -57,6 +60,8 @@ class Failing:
 
     def describe(self) -> str:
         where = ", ".join(f"{topic}@{offset}" for topic, offset in sorted(self.at.items()))
+        if self.what == BEHIND and not self.failures:
+            return f"was taken behind its log's end, at {where}"
         times = "once" if self.failures == 1 else f"{self.failures} times in a row"
         return f"failed {times}{' at ' + where if where else ''}: {self.error}"
 
@@ -104,6 +109,23 @@ class FailingPartitions:
     def held(self, p: int) -> bool:
         """Whether p's timers wait for its log to be read past where it failed."""
         return p in self._held
+
+    def behind(self, p: int, at: dict[str, int]) -> None:
+        """p was taken to read its log from before `at` (the last record of each topic when
+        it was taken): it fires nothing until a cycle has read past them, as after a
+        failure. A timer set in that part of the log and cancelled later in it must not
+        fire in between (a rebuild's replay from the log's start, a node far behind).
+        Counts no failure."""
+        if not at:
+            return
+        before = self._failing.get(p)
+        if before is None:
+            self._failing[p] = Failing(dict(at), "taken behind its log's end", 0, BEHIND)
+        else:
+            merged = {t: max(o, before.at.get(t, -1)) for t, o in at.items()}
+            merged |= {t: o for t, o in before.at.items() if t not in at}
+            self._failing[p] = Failing(merged, before.error, before.failures, before.what)
+        self._held.add(p)
 
     def committed(self, p: int, landed: int) -> None:
         """p's `landed`-th commit landed: a hold released by a cycle it carries is gone."""

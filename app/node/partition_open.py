@@ -11,11 +11,11 @@ let go (`partition_release`) however far the take got."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from app.commands.processor import CommandProcessor, Commit
-from app.kafka import OutRecord, Record
+from app.kafka import LogReader, OutRecord, Record
 from app.node.partition_transaction import PartitionTransaction
 from app.node.task_shared import TaskShared
 from app.timers.restore import restore_partition, unreadable_letters
@@ -111,3 +111,25 @@ def _committer(txn: PartitionTransaction) -> Commit:
         return await txn.commit(offsets, records)
 
     return commit
+
+
+async def last_records(reader: LogReader, p: int, starts: Mapping[str, int]) -> dict[str, int]:
+    """The last record of each topic's p that a take reads from before it (`starts`:
+    where it reads each from now): where p's timers may fire again (`FailingPartitions.
+    behind`). A rebuild's replay from the log's start, or a node far behind, would
+    otherwise fire a timer set in that part of the log and cancelled later in it. Found
+    from the partition's tail (its last stable offset may follow a transaction's marker:
+    the committed records before it are read, the window growing until one is)."""
+    last: dict[str, int] = {}
+    for topic, start in starts.items():
+        first, end = await reader.offsets(topic, p)
+        start, window = max(start, first), 16
+        while end > start:
+            begin = max(start, end - window)
+            async for batch in reader.read(topic, p, begin):
+                if batch:
+                    last[topic] = batch[-1].offset
+            if topic in last or begin == start:
+                break
+            window *= 8
+    return last

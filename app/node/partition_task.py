@@ -50,7 +50,7 @@ from app.node.failing import A_COMMIT, FailingPartitions, retake_after
 from app.node.in_process import in_process_targets
 from app.node.kept import KeptType, is_fenced
 from app.node.partition_input import Batch, Held, PartitionInput
-from app.node.partition_open import open_partition
+from app.node.partition_open import last_records, open_partition
 from app.node.partition_release import CloseFailed, release_partition
 from app.node.partition_timers import PartitionTimerLoop
 from app.node.partition_transaction import PartitionTransaction
@@ -281,7 +281,11 @@ class PartitionTask:
         for attempt in range(1, TAKE_ATTEMPTS + 1):
             try:
                 await self._take(topics)
-                await consumer.rewind([(t, p) for t in topics])
+                rewound = await consumer.rewind([(t, p) for t in topics])
+                # Its timers fire once its log is read to where it ended now.
+                events = self.kept.topics.events
+                starts = {events: rewound[(events, p)]} if (events, p) in rewound else {}
+                self.failing.behind(p, await last_records(self._shared.reader, p, starts))
                 break
             except Exception as exc:
                 last = exc
