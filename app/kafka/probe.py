@@ -23,6 +23,7 @@ from aiokafka.errors import (
 )
 
 from app.errors import KafkaUnavailable
+from app.kafka.addresses import broker_addresses
 from app.kafka.connection import Connectable, KafkaConnection, connection
 
 __all__ = ["Probe", "api_versions_probe", "check_access"]
@@ -38,11 +39,6 @@ def _api_versions_request(correlation: int) -> bytes:
     return struct.pack(">i", len(payload)) + payload
 
 
-def _address(hostport: str) -> tuple[str, int]:
-    host, _, port = hostport.strip().rpartition(":")
-    return host.strip("[]") or "127.0.0.1", int(port)
-
-
 _correlations = itertools.count(1)
 
 
@@ -52,18 +48,16 @@ async def api_versions_probe(bootstrap: Connectable, within: float = 2.0) -> str
     not answer (frozen: the kernel accepts for it) is a failure, like a refused one."""
     kafka = connection(bootstrap)
     context = kafka.ssl_context()  # an SSL listener answers only after a TLS handshake
-    addresses = [a.strip() for a in kafka.bootstrap_servers.split(",") if a.strip()]
+    try:
+        addresses = broker_addresses(kafka.bootstrap_servers)
+    except ValueError as exc:
+        return str(exc)  # the settings refuse it at start; a probe says why all the same
     reasons: list[tuple[str, str]] = []
-    for hostport in addresses:
-        try:
-            host, port = _address(hostport)
-        except ValueError:
-            reasons.append((hostport, "not host:port"))
-            continue
+    for host, port in addresses:
         why = await _probe_one(host, port, within, context)
         if why is None:
             return None
-        reasons.append((hostport, why))
+        reasons.append((f"{host}:{port}", why))
     if len(reasons) == 1:
         return reasons[0][1]
     return "; ".join(f"{a}: {why}" for a, why in reasons) or "no bootstrap address"
@@ -118,11 +112,11 @@ async def check_access(where: Connectable, within: float = 10.0) -> None:
         return  # nothing to refuse: a broker that answers serves this client
     options = kafka.options()
     del options["bootstrap_servers"]
-    for hostport in (a.strip() for a in kafka.bootstrap_servers.split(",") if a.strip()):
-        try:
-            host, port = _address(hostport)
-        except ValueError:
-            continue  # the clients say so
+    try:
+        addresses = broker_addresses(kafka.bootstrap_servers)
+    except ValueError:
+        return  # the settings refuse it at start: the clients say so
+    for host, port in addresses:
         try:
             conn = await create_conn(
                 host,
@@ -133,7 +127,7 @@ async def check_access(where: Connectable, within: float = 10.0) -> None:
             )
         except (OSError, KafkaError, TimeoutError) as exc:
             if (why := refusal(kafka, exc)) is not None:
-                raise KafkaUnavailable(f"{kafka.describe(hostport)}: {why}") from exc
+                raise KafkaUnavailable(f"{kafka.describe(f'{host}:{port}')}: {why}") from exc
             continue
         conn.close()
         return

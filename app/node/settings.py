@@ -28,7 +28,6 @@ the variables at fault; a secret's value is never shown.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Final, Literal
@@ -39,6 +38,7 @@ from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from app.errors import ConfigError
+from app.kafka.addresses import broker_addresses
 from app.kafka.clients import KafkaClient, client_missing
 from app.kafka.connection import KafkaConnection, SaslMechanism, SecurityProtocol
 from app.kafka.consumers import rebalance_timeout_ms
@@ -66,8 +66,6 @@ turn into script (`javascript:`) or out of its attribute."""
 
 LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR"]
 LogFormat = Literal["text", "json"]
-_BRACKETED: Final = re.compile(r"^\[[^\[\]]+\](:[^:]*)?$")
-"""A bootstrap entry with brackets: an IPv6 address in them, then its port if any."""
 
 LOG_LEVELS: Final[tuple[LogLevel, ...]] = ("DEBUG", "INFO", "WARNING", "ERROR")
 LOG_FORMATS: Final[tuple[LogFormat, ...]] = ("text", "json")
@@ -232,22 +230,10 @@ class Settings(BaseSettings):
 
     @field_validator("bootstrap_servers")
     @classmethod
-    def _ports(cls, value: str) -> str:
-        # The client library fails on such a port with a bare OverflowError or ValueError.
-        for entry in (a.strip() for a in value.split(",")):
-            if "[" in entry or "]" in entry:
-                if (bracketed := _BRACKETED.match(entry)) is None:
-                    # The client library fails on it with a bare "not enough values to unpack".
-                    raise ValueError(
-                        f"{entry!r}: an IPv6 address is written [address] or [address]:port"
-                    )
-                if bracketed[1] is None:
-                    continue  # the default port
-            host, colon, port = entry.rpartition(":")
-            # isascii: isdigit() is true of "²", which int() refuses; len: of 4,301 digits.
-            numeric = port.isascii() and port.isdigit() and len(port) <= 5
-            if colon and host and not (numeric and 0 < int(port) < 65536):
-                raise ValueError(f"{entry!r}: the port must be a number from 1 to 65535")
+    def _addresses(cls, value: str) -> str:
+        # Read as the probe and the clients read it (the clients fail on a bad port with a
+        # bare OverflowError, on a scheme or an empty host by retrying for ever).
+        broker_addresses(value)
         return value
 
     @field_validator("aggregate_types", mode="before")

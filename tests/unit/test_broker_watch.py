@@ -28,6 +28,7 @@ from aiokafka.errors import (
 from prometheus_client import CollectorRegistry
 
 from app.kafka import log_filter as filtering
+from app.kafka import probe as probe_module
 from app.kafka.broker_watch import (
     AIOKAFKA_LOGGERS,
     BrokerLogFilter,
@@ -574,4 +575,22 @@ async def test_one_answering_bootstrap_address_is_enough(
         f"{closed_port}: connection refused; "
         f"{frozen}: connected, but no answer to ApiVersions within 0.2 s"
     )
-    assert await api_versions_probe("nonsense", within=1) == "not host:port"
+    assert "without a scheme" in str(await api_versions_probe("PLAINTEXT://k:9092", within=1))
+
+
+async def test_a_host_without_a_port_is_probed_at_9092_as_the_clients_read_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Found by a hunt of the settings: a bootstrap host without a port (which both client
+    libraries read at 9092) was "not host:port" to the probe, the broker never answered
+    the watch and the node was never ready; the access check at start tried nothing."""
+    seen: list[tuple[str, int]] = []
+
+    async def one(host: str, port: int, within: float, context: object) -> str | None:
+        seen.append((host, port))
+        return "refused here"
+
+    monkeypatch.setattr(probe_module, "_probe_one", one)
+    assert await api_versions_probe("localhost", within=0.2) == "refused here"
+    await api_versions_probe("[::1],kafka-0.kafka:9093", within=0.2)
+    assert seen == [("localhost", 9092), ("::1", 9092), ("kafka-0.kafka", 9093)]

@@ -49,6 +49,14 @@ def test_defaults_and_environment() -> None:
         ({"KAFKA_BOOTSTRAP_SERVERS": "a:1,["}, "KAFKA_BOOTSTRAP_SERVERS.*IPv6 address"),
         ({"KAFKA_BOOTSTRAP_SERVERS": "[::1]x"}, "KAFKA_BOOTSTRAP_SERVERS.*IPv6 address"),
         ({"KAFKA_BOOTSTRAP_SERVERS": "[::1]:99999"}, "KAFKA_BOOTSTRAP_SERVERS.*port must be"),
+        # What no client can use, each of them reading it otherwise (a settings hunt): no
+        # address, an empty host, a listener's scheme, a space in a host, bare IPv6.
+        ({"KAFKA_BOOTSTRAP_SERVERS": ",,,"}, "KAFKA_BOOTSTRAP_SERVERS.*no broker address"),
+        ({"KAFKA_BOOTSTRAP_SERVERS": "a:9092,"}, "KAFKA_BOOTSTRAP_SERVERS.*empty entry"),
+        ({"KAFKA_BOOTSTRAP_SERVERS": ":9092"}, "KAFKA_BOOTSTRAP_SERVERS.*no host"),
+        ({"KAFKA_BOOTSTRAP_SERVERS": "PLAINTEXT://k:9092"}, "KAFKA_BOOTSTRAP_SERVERS.*scheme"),
+        ({"KAFKA_BOOTSTRAP_SERVERS": "a b:9092"}, "KAFKA_BOOTSTRAP_SERVERS.*space"),
+        ({"KAFKA_BOOTSTRAP_SERVERS": "::1"}, "KAFKA_BOOTSTRAP_SERVERS.*IPv6 address"),
     ],
 )
 def test_bad_values_name_their_variable(env: dict[str, str], names: str) -> None:

@@ -1,0 +1,55 @@
+"""`broker_addresses`: a bootstrap list (`host[:port],…`) read one way everywhere: by the
+settings' check, by the broker watch's probe and by the access check at start, as both
+client libraries read it (a host without a port is at 9092). May import nothing of app.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Final
+
+__all__ = ["DEFAULT_PORT", "broker_addresses"]
+
+DEFAULT_PORT: Final = 9092
+_BRACKETED: Final = re.compile(r"^\[([^\[\]]+)\](?::(.*))?$")
+_IPV6: Final = "an IPv6 address is written [address] or [address]:port"
+
+
+def broker_addresses(value: str) -> list[tuple[str, int]]:
+    """Each `host[:port]` of a comma-separated bootstrap list (an IPv6 address in brackets,
+    `[::1]:9093`), a port 9092 when none is given; `ValueError` saying which entry is not
+    one: none at all, an empty host, a scheme (`PLAINTEXT://`, as a broker's listeners
+    are written), whitespace in a host, a bare IPv6 address, a port not from 1 to 65535."""
+    entries = [entry.strip() for entry in value.split(",")]
+    if not any(entries):
+        raise ValueError("no broker address (host:port, comma-separated)")
+    found: list[tuple[str, int]] = []
+    for entry in entries:
+        if not entry:
+            raise ValueError(f"{value!r}: an empty entry between commas")
+        if "://" in entry:
+            raise ValueError(f"{entry!r}: host:port, without a scheme (the protocol is its own)")
+        if any(c.isspace() for c in entry):
+            raise ValueError(f"{entry!r}: a space inside an address")
+        if "[" in entry or "]" in entry:
+            if (bracketed := _BRACKETED.match(entry)) is None:
+                raise ValueError(
+                    f"{entry!r}: an IPv6 address is written [address] or [address]:port"
+                )
+            host, port = bracketed[1], bracketed[2]
+        elif entry.count(":") > 1:
+            raise ValueError(f"{entry!r}: {_IPV6}")
+        else:
+            host, colon, port_text = entry.partition(":")
+            port = port_text if colon else None
+        if not host:
+            raise ValueError(f"{entry!r}: no host")
+        found.append((host, DEFAULT_PORT if port is None else _port(entry, port)))
+    return found
+
+
+def _port(entry: str, port: str) -> int:
+    # isascii: isdigit() is true of "²", which int() refuses; len: of 4,301 digits.
+    if port.isascii() and port.isdigit() and len(port) <= 5 and 0 < int(port) < 65536:
+        return int(port)
+    raise ValueError(f"{entry!r}: the port must be a number from 1 to 65535")
