@@ -78,7 +78,8 @@ class Settings(BaseSettings):
     """What a node (and a command) needs to know; every field has an environment variable
     (`VARIABLES`; see README)."""
 
-    model_config = SettingsConfigDict(frozen=True, extra="forbid")
+    # A validation error chained under ConfigError shows no input (a password among them).
+    model_config = SettingsConfigDict(frozen=True, extra="forbid", hide_input_in_errors=True)
 
     bootstrap_servers: str = Field(default="127.0.0.1:9092", min_length=1)
     aggregate_types: tuple[str, ...] = ()

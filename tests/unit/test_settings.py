@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import traceback
 from pathlib import Path
 
 import pytest
@@ -94,3 +95,21 @@ def test_timer_options_as_json() -> None:
         Settings.from_env({"TICKWHEEL_TIMER_OPTIONS": "{nope"})
     with pytest.raises(ConfigError, match=r"TICKWHEEL_TIMER_OPTIONS\.claim_timeout"):
         Settings.from_env({"TICKWHEEL_TIMER_OPTIONS": '{"claim_timeout": -1}'})
+
+
+def test_a_config_errors_traceback_shows_no_secret() -> None:
+    """The ValidationError chained under the ConfigError showed every input, the SASL
+    password and the web token among them, to whoever logs or prints its traceback (a
+    settings hunt)."""
+    env = {
+        "KAFKA_SECURITY_PROTOCOL": "SASL_PLAINTEXT",
+        "KAFKA_SASL_MECHANISM": "PLAIN",
+        "KAFKA_SASL_USERNAME": "u",
+        "KAFKA_SASL_PASSWORD": "hunter2-secret",
+        "TICKWHEEL_WEB_TOKEN": "tok-secret-token",
+        "TICKWHEEL_REQUEST_ID_WINDOW_MS": "60000",
+    }
+    with pytest.raises(ConfigError) as raised:
+        Settings.from_env(env)
+    shown = "".join(traceback.format_exception(raised.value))
+    assert "hunter2-secret" not in shown and "tok-secret-token" not in shown
