@@ -46,6 +46,8 @@ class KafkaConnection(BaseModel):
     ssl_certfile: Path | None = None
     """This client's certificate, for mutual TLS (with `ssl_keyfile`)."""
     ssl_keyfile: Path | None = None
+    ssl_key_password: SecretStr | None = None
+    """The password of an encrypted `ssl_keyfile` (never asked for on a terminal)."""
 
     @model_validator(mode="after")
     def _consistent(self) -> KafkaConnection:
@@ -79,6 +81,8 @@ class KafkaConnection(BaseModel):
             )
         if (self.ssl_certfile is None) != (self.ssl_keyfile is None):
             raise ValueError("mutual TLS needs both KAFKA_SSL_CERTFILE and KAFKA_SSL_KEYFILE")
+        if self.ssl_key_password is not None and self.ssl_keyfile is None:
+            raise ValueError("KAFKA_SSL_KEY_PASSWORD given without KAFKA_SSL_KEYFILE")
         for name, path in given.items():
             if not path.is_file():
                 raise ValueError(f"{name}: no such file {str(path)!r}")
@@ -94,7 +98,13 @@ class KafkaConnection(BaseModel):
         """The TLS context of SSL and SASL_SSL (made once); None without TLS."""
         if not self.security_protocol.endswith("SSL"):
             return None
-        return _context(self.ssl_cafile, self.ssl_certfile, self.ssl_keyfile)
+        password = self.ssl_key_password
+        return _context(
+            self.ssl_cafile,
+            self.ssl_certfile,
+            self.ssl_keyfile,
+            None if password is None else password.get_secret_value(),
+        )
 
     def describe(self, at: str | None = None) -> str:
         """Where (`at`: one of the brokers; else the bootstrap addresses) and how, for
@@ -123,17 +133,36 @@ class KafkaConnection(BaseModel):
         return options
 
 
+class _NoKeyPassword(ValueError):
+    pass
+
+
 @functools.cache
-def _context(cafile: Path | None, certfile: Path | None, keyfile: Path | None) -> ssl.SSLContext:
+def _context(
+    cafile: Path | None, certfile: Path | None, keyfile: Path | None, password: str | None
+) -> ssl.SSLContext:
+    def key_password() -> bytes:
+        # Called only for an encrypted key: without this, OpenSSL asks on the terminal
+        # (a worker's start hangs there, or reads nothing and fails without saying why).
+        if password is None:
+            raise _NoKeyPassword(
+                f"KAFKA_SSL_KEYFILE {str(keyfile)!r} is encrypted: set KAFKA_SSL_KEY_PASSWORD "
+                "(or KAFKA_SSL_KEY_PASSWORD_FILE)"
+            )
+        return password.encode()
+
     try:
         context: ssl.SSLContext = create_ssl_context(
             cafile=None if cafile is None else str(cafile),
             certfile=None if certfile is None else str(certfile),
             keyfile=None if keyfile is None else str(keyfile),
+            password=key_password,
         )
+    except _NoKeyPassword:
+        raise
     except (ssl.SSLError, OSError) as exc:
         raise ValueError(
-            f"TLS material unusable (CA {cafile}, certificate {certfile}): {exc}"
+            f"TLS material unusable (CA {cafile}, certificate {certfile}, key {keyfile}): {exc}"
         ) from exc
     return context
 

@@ -41,6 +41,8 @@ def rdkafka_options(where: Connectable) -> dict[str, Any]:
     if c.ssl_certfile is not None and c.ssl_keyfile is not None:
         options["ssl.certificate.location"] = str(c.ssl_certfile)
         options["ssl.key.location"] = str(c.ssl_keyfile)
+        if c.ssl_key_password is not None:
+            options["ssl.key.password"] = c.ssl_key_password.get_secret_value()
     if c.sasl_mechanism is not None:
         assert c.sasl_password is not None  # checked by KafkaConnection's validator
         options["sasl.mechanism"] = c.sasl_mechanism

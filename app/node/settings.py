@@ -70,7 +70,7 @@ LogFormat = Literal["text", "json"]
 LOG_LEVELS: Final[tuple[LogLevel, ...]] = ("DEBUG", "INFO", "WARNING", "ERROR")
 LOG_FORMATS: Final[tuple[LogFormat, ...]] = ("text", "json")
 
-_SECRETS = frozenset({"web_token", "sasl_password"})
+_SECRETS = frozenset({"web_token", "sasl_password", "ssl_key_password"})
 """Fields whose values an error message never shows."""
 
 
@@ -149,6 +149,8 @@ class Settings(BaseSettings):
     ssl_certfile: Path | None = None
     """This client's certificate, for mutual TLS (with `ssl_keyfile`)."""
     ssl_keyfile: Path | None = None
+    ssl_key_password: SecretStr | None = None
+    """The password of an encrypted `ssl_keyfile`; best given as `KAFKA_SSL_KEY_PASSWORD_FILE`."""
     replication_factor: int = Field(default=3, ge=1, le=32)
     """Replicas of every topic the node creates (fewer when the cluster has fewer brokers:
     a warning says so)."""
@@ -168,6 +170,7 @@ class Settings(BaseSettings):
             ssl_cafile=self.ssl_cafile,
             ssl_certfile=self.ssl_certfile,
             ssl_keyfile=self.ssl_keyfile,
+            ssl_key_password=self.ssl_key_password,
         )
 
     @property

@@ -55,6 +55,7 @@ VARIABLES: Final[Mapping[str, str]] = {
     "ssl_cafile": "KAFKA_SSL_CAFILE",
     "ssl_certfile": "KAFKA_SSL_CERTFILE",
     "ssl_keyfile": "KAFKA_SSL_KEYFILE",
+    "ssl_key_password": "KAFKA_SSL_KEY_PASSWORD",
     "replication_factor": "TICKWHEEL_REPLICATION_FACTOR",
     "min_insync_replicas": "TICKWHEEL_MIN_INSYNC_REPLICAS",
 }

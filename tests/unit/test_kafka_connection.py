@@ -4,12 +4,14 @@ client options every client the project creates is made with."""
 from __future__ import annotations
 
 import ssl
+import subprocess
 from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
 
 from app.kafka.connection import KafkaConnection, address, client_options
+from app.kafka.rdkafka_config import rdkafka_options
 
 
 def test_a_bootstrap_string_is_plaintext() -> None:
@@ -104,3 +106,35 @@ def test_a_refusal_is_known_through_what_wraps_it() -> None:
         assert refused(wrapped)
     assert not refused(KafkaUnavailable("the broker is away"))
     assert not refused(KafkaConnectionError("x"))
+
+
+@pytest.fixture
+def encrypted_key_pair(tmp_path: Path) -> tuple[Path, Path]:
+    """A self-signed client certificate and its key, encrypted with "s3cret" (openssl)."""
+    cert, key = tmp_path / "client.pem", tmp_path / "client.key"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-keyout", str(key), "-out",
+         str(cert), "-days", "1", "-subj", "/CN=client", "-passout", "pass:s3cret"],
+        check=True, capture_output=True, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    return cert, key
+
+
+def test_an_encrypted_client_key_needs_its_password_and_is_never_asked_for(
+    encrypted_key_pair: tuple[Path, Path],
+) -> None:
+    """Found by a settings hunt: OpenSSL asked for the key's password on the terminal (a
+    worker's start hung there; without one it failed naming neither the key nor the
+    missing password), and there was no setting for it."""
+    cert, key = encrypted_key_pair
+    tls = {"bootstrap_servers": "b:9093", "security_protocol": "SSL"}
+    with pytest.raises(ValueError, match=r"is encrypted: set KAFKA_SSL_KEY_PASSWORD"):
+        KafkaConnection(**tls, ssl_certfile=cert, ssl_keyfile=key)
+    with pytest.raises(ValueError, match=r"TLS material unusable .*key"):
+        KafkaConnection(**tls, ssl_certfile=cert, ssl_keyfile=key, ssl_key_password="wrong")
+    given = KafkaConnection(**tls, ssl_certfile=cert, ssl_keyfile=key, ssl_key_password="s3cret")
+    assert given.ssl_context() is not None
+    assert rdkafka_options(given)["ssl.key.password"] == "s3cret"
+    assert "s3cret" not in repr(given)
+    with pytest.raises(ValueError, match="KAFKA_SSL_KEY_PASSWORD given without"):
+        KafkaConnection(**tls, ssl_key_password="s3cret")

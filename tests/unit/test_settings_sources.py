@@ -22,7 +22,7 @@ def test_every_field_has_its_variable() -> None:
     assert VARIABLES["bootstrap_servers"] == "KAFKA_BOOTSTRAP_SERVERS"
     assert VARIABLES["timers"] == "TICKWHEEL_TIMER_OPTIONS"
     # How to reach Kafka is named as Kafka's clients name it; the rest is Tickwheel's own.
-    kafka = {"security_protocol", "ssl_cafile", "ssl_certfile", "ssl_keyfile"}
+    kafka = {"security_protocol", "ssl_cafile", "ssl_certfile", "ssl_keyfile", "ssl_key_password"}
     kafka |= {f for f in VARIABLES if f.startswith("sasl_")}
     for field, var in VARIABLES.items():
         if field in kafka:
