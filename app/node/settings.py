@@ -300,12 +300,32 @@ class Settings(BaseSettings):
         `_FILE` variables, then `overrides` (those None are not given); a `ConfigError`
         naming every variable at fault."""
         variables = read_variables(env)
+        undecodable = [
+            var
+            for var in VARIABLES.values()
+            if (value := variables.get(var)) is not None and not _utf8(value)
+        ]
+        if undecodable:
+            # os.environ holds bytes that are not UTF-8 as lone surrogates: every later use
+            # (a login, a header) would fail on them, naming no setting (never shown here:
+            # a secret's value among them).
+            raise ConfigError(
+                "; ".join(f"{var}: not valid UTF-8 (its value not shown)" for var in undecodable)
+            )
         raw = _Variables(cls, variables)()
         raw.update({k: v for k, v in overrides.items() if v is not None})
         try:
             return cls.model_validate(raw)
         except ValidationError as exc:
             raise ConfigError(_explain(exc)) from exc
+
+
+def _utf8(value: str) -> bool:
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 class _Variables(PydanticBaseSettingsSource):

@@ -113,3 +113,12 @@ def test_a_config_errors_traceback_shows_no_secret() -> None:
         Settings.from_env(env)
     shown = "".join(traceback.format_exception(raised.value))
     assert "hunter2-secret" not in shown and "tok-secret-token" not in shown
+
+
+def test_a_value_that_is_not_utf8_names_its_variable_and_shows_nothing_of_it() -> None:
+    """The environment holds bytes that are not UTF-8 as lone surrogates: the worker failed
+    later with a bare UnicodeEncodeError that named no setting and showed a character of
+    the token and its position (a settings hunt)."""
+    with pytest.raises(ConfigError, match="TICKWHEEL_WEB_TOKEN: not valid UTF-8") as raised:
+        Settings.from_env({"TICKWHEEL_WEB_TOKEN": "t\udcf6ken-secret"})
+    assert "secret" not in str(raised.value) and "\udcf6" not in str(raised.value)
