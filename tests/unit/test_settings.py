@@ -95,6 +95,21 @@ def test_timer_options_as_json() -> None:
         Settings.from_env({"TICKWHEEL_TIMER_OPTIONS": "{nope"})
     with pytest.raises(ConfigError, match=r"TICKWHEEL_TIMER_OPTIONS\.claim_timeout"):
         Settings.from_env({"TICKWHEEL_TIMER_OPTIONS": '{"claim_timeout": -1}'})
+    # Read strictly (a settings hunt): `true` was 1 (one send at a time, retries off), a
+    # string a number.
+    for given, name in [
+        ('{"max_in_flight": true}', "max_in_flight"),
+        ('{"retry": {"max_attempts": true}}', "retry.max_attempts"),
+        ('{"batch_limit": "  7 "}', "batch_limit"),
+    ]:
+        with pytest.raises(ConfigError, match=rf"TICKWHEEL_TIMER_OPTIONS\.{name}"):
+            Settings.from_env({"TICKWHEEL_TIMER_OPTIONS": given})
+    assert (
+        Settings.from_env(
+            {"TICKWHEEL_TIMER_OPTIONS": '{"retry": {"multiplier": 3, "max_attempts": 2}}'}
+        ).timers.retry.multiplier
+        == 3.0
+    )
 
 
 def test_a_config_errors_traceback_shows_no_secret() -> None:

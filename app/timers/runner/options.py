@@ -34,7 +34,9 @@ MAX_COUNT: Final = 100_000
 class RetryPolicy(BaseModel):
     """Exponential backoff between the failed attempts of one slot, and how many it gets."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    # Strict: JSON's `true` is no count (it was read as 1: one attempt, retries off), "7"
+    # no number.
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
 
     initial_backoff_ms: int = Field(
         default=1000, gt=0, le=MAX_WAIT, description="wait after the first failure"
@@ -71,7 +73,7 @@ def backoff_ms(policy: RetryPolicy, failures: int) -> int:
 class TimerOptions(BaseModel):
     """The runner's knobs; every time is in milliseconds and must be positive."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)  # as RetryPolicy
 
     PARKED_SUBSCRIPTION: ClassVar[str] = "tickwheel.timers"
     """The subscription name the failure ledger parks this context's targets under."""
