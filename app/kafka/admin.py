@@ -44,6 +44,8 @@ _COMPACTED = {"cleanup.policy": "compact,delete", "retention.ms": "-1", "retenti
 def topic_configs(spec: TopicSpec, replication: Replication) -> dict[str, str]:
     """The configs a topic is created with (docs/configuration.md lists them)."""
     configs = dict(_COMPACTED) if spec.compacted else {}
+    if spec.retained:
+        configs |= {"retention.ms": "-1", "retention.bytes": "-1"}
     configs["min.insync.replicas"] = str(replication.min_insync)
     if spec.max_message_bytes is not None:
         configs["max.message.bytes"] = str(spec.max_message_bytes)

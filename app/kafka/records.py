@@ -161,6 +161,9 @@ class TopicSpec:
     compacted: bool = False
     max_message_bytes: int | None = None
     """The topic's `max.message.bytes` when created; None: the broker's default."""
+    retained: bool = False
+    """Every record kept for ever (`retention.ms=-1`, `retention.bytes=-1`): a log the node
+    folds its states from again (a new node, a lost local copy) must hold it all."""
 
 
 class Record(NamedTuple):

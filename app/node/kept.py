@@ -58,7 +58,8 @@ def node_topics(types: list[AggregateTopics], partitions: int) -> list[TopicSpec
     specs: list[TopicSpec] = []
     for t in types:
         specs += [
-            TopicSpec(t.events, partitions),
+            # The aggregates' log: their states are folded from it again, whole.
+            TopicSpec(t.events, partitions, retained=True),
             TopicSpec(t.commands, partitions),
             TopicSpec(t.timers_changelog, partitions, compacted=True),
             TopicSpec(t.timer_ops, partitions),
