@@ -207,8 +207,15 @@ class _ScheduleModel:
                 "whose handler failed"
             )
         if not state.enabled:
-            logger.info("%s is disabled: slot %d of %s is not run", cmd.aggregate, slot, timer_id)
-            return
+            # Not answered UNCHANGED: its run timer would count the slot as done, and the
+            # slot, which failed, would never run again once enabled (a backfill of it is
+            # its tick's DUPLICATE). ERROR: the run timer retries it, then parks it, and a
+            # retry of the parked timer after the enable runs it.
+            d.reject(
+                f"{cmd.aggregate} is disabled: slot {slot} of {timer_id} waits to run again "
+                "(retry its parked run timer once enabled)",
+                ResultCode.ERROR,
+            )
         job = self.jobs.get(state.job)
         if job is None:
             logger.warning(

@@ -167,15 +167,23 @@ def test_a_run_that_succeeds_commits_ran_with_the_slots_commands_once() -> None:
     assert len(s.sent) == 1
 
 
-def test_a_disabled_instance_runs_no_failed_slot() -> None:
+def test_a_disabled_instances_failed_slot_waits_and_runs_once_enabled() -> None:
+    """A disabled instance runs no failed slot, but keeps it: its run is answered ERROR, so
+    its run timer retries it, then parks it, and a retry after the enable runs it (jobs
+    hunt: it was answered UNCHANGED, the run timer counted the slot done, and the slot,
+    whose backfill is its tick's DUPLICATE, was never run again)."""
     handler = Handler(failing={1})
     s = Schedule(handler)
     s.run(enable_command(CONTEXT, s.job, now=T0 - SEC), T0 - SEC)
     _, events = tick(s, 1, T0 + MIN)
     s.run(disable_command(CONTEXT, s.job), T0 + MIN + SEC)
     handler.failing.clear()
-    assert s.run(run_command(events[2], T0 + MIN), T0 + 2 * MIN)[0] is ResultCode.UNCHANGED
+    code, _ = s.run(run_command(events[2], T0 + MIN), T0 + 2 * MIN)
+    assert code is ResultCode.ERROR
     assert s.sent == [] and handler.calls == [(1, False)]
+    s.run(enable_command(CONTEXT, s.job, now=T0 + 3 * MIN), T0 + 3 * MIN)
+    assert s.run(run_command(events[2], T0 + MIN), T0 + 4 * MIN)[0] is ResultCode.COMMITTED
+    assert handler.calls == [(1, False), (1, True)] and len(s.sent) == 1
 
 
 @pytest.mark.parametrize(
