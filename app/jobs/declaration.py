@@ -154,6 +154,25 @@ def is_instance_id(job: Job, instance: str, partitions: int) -> bool:
     return instance == _shard_id(job.name, int(partition), partitions)
 
 
+def not_its_instance(job: Job, ref: AggregateRef, partitions: int) -> str | None:
+    """Why `ref` is not an instance of `job` as the job is declared now (its scope, its
+    shards: an instance enabled under another scope is not), or None."""
+    name = job.name
+    if job.scope is not JobScope.TENANT and ref.tenant != DEFAULT_TENANT:
+        return (
+            f"job {name!r} is {job.scope}: its instances are in the default tenant "
+            f"{DEFAULT_TENANT!r}, not in {ref.tenant!r}"
+        )
+    if not is_instance_id(job, ref.id, partitions):
+        expected = (
+            f"shard_ref(context, {name!r}, partition, {partitions}) gives them"
+            if job.scope is JobScope.SHARDED
+            else f"its id is {name!r}"
+        )
+        return f"{ref.id!r} is not an instance of job {name!r}: {expected}"
+    return None
+
+
 def effective_rule(
     default: Rule, override: Mapping[str, Any] | None, *, strict: bool = False
 ) -> Rule:

@@ -34,14 +34,14 @@ from app.jobs.declaration import (
     JobScope,
     Rule,
     effective_rule,
-    is_instance_id,
+    not_its_instance,
 )
 from app.jobs.schedule_state import ScheduleState, apply_schedule_event
 from app.model.aggregate import AggregateType, Command, Decision
 from app.model.decide import cut_message
 from app.model.user_code import not_awaitable, user_code
 from app.protocol.wire import SCHEDULE_CANCELLED, SCHEDULE_SET, ResultCode
-from tables import DEFAULT_TENANT, CommandSpec, OnceRule
+from tables import CommandSpec, OnceRule
 from tables.exceptions import InvalidRule
 from tables.rules import parse_rule
 from tables.slots import first_slot, reachable
@@ -129,9 +129,16 @@ class _ScheduleModel:
         if not state.enabled:
             return
         job = self.jobs.get(state.job)
-        if job is None:
-            logger.warning("%s: job %r is no longer declared: disabling", cmd.aggregate, state.job)
-            d.emit(DISABLED, {"reason": f"job {state.job!r} is no longer declared"})
+        why = (
+            f"job {state.job!r} is no longer declared"
+            if job is None
+            else not_its_instance(job, cmd.aggregate, self.partitions)
+        )
+        if job is None or why is not None:
+            # Its job gone, or its scope changed (another instance runs its slots now, or
+            # none should): it would run them as well, or fail every tick.
+            logger.warning("%s: %s: disabling", cmd.aggregate, why)
+            d.emit(DISABLED, {"reason": why})
             d.cancel_schedule(TICK_KEY)
             return
         timer_id, sep, slot_text = cmd.request_id.rpartition("#")
@@ -217,9 +224,10 @@ class _ScheduleModel:
                 ResultCode.ERROR,
             )
         job = self.jobs.get(state.job)
-        if job is None:
+        why = None if job is None else not_its_instance(job, cmd.aggregate, self.partitions)
+        if job is None or why is not None:
             logger.warning(
-                "%s: job %r is no longer declared: nothing run", cmd.aggregate, state.job
+                "%s: nothing run: %s", cmd.aggregate, why or f"job {state.job!r} is not declared"
             )
             return
         d.emit(
@@ -285,6 +293,8 @@ class _ScheduleModel:
         job = self.jobs.get(state.job)
         if job is None:
             _invalid(d, f"job {state.job!r} is not declared in {self.context} any more")
+        if (why := not_its_instance(job, cmd.aggregate, self.partitions)) is not None:
+            _invalid(d, f"{why} (its scope changed since it was enabled)")
         return job
 
     def _run(
@@ -324,20 +334,8 @@ class _ScheduleModel:
         if job is None:
             known = ", ".join(sorted(self.jobs)) or "none"
             _invalid(d, f"unknown job {name!r} in {self.context} (its jobs: {known})")
-        ref = cmd.aggregate
-        if job.scope is not JobScope.TENANT and ref.tenant != DEFAULT_TENANT:
-            _invalid(
-                d,
-                f"job {name!r} is {job.scope}: its instances are in the default tenant "
-                f"{DEFAULT_TENANT!r}, not in {ref.tenant!r}",
-            )
-        if not is_instance_id(job, ref.id, self.partitions):
-            expected = (
-                f"shard_ref(context, {name!r}, partition, {self.partitions}) gives them"
-                if job.scope is JobScope.SHARDED
-                else f"its id is {name!r}"
-            )
-            _invalid(d, f"{ref.id!r} is not an instance of job {name!r}: {expected}")
+        if (why := not_its_instance(job, cmd.aggregate, self.partitions)) is not None:
+            _invalid(d, why)
         return job
 
 
