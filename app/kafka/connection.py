@@ -31,6 +31,10 @@ SecurityProtocol = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]
 SaslMechanism = Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"]
 
 
+MAX_TLS_FILE_BYTES = 1024 * 1024
+"""The most a CA, certificate or key file may hold (a CA bundle is ~200 KiB)."""
+
+
 class KafkaConnection(BaseModel):
     """A cluster's address and the client side of its security."""
 
@@ -84,12 +88,20 @@ class KafkaConnection(BaseModel):
         if self.ssl_key_password is not None and self.ssl_keyfile is None:
             raise ValueError("KAFKA_SSL_KEY_PASSWORD given without KAFKA_SSL_KEYFILE")
         for name, path in given.items():
-            if not path.is_file():
+            if not path.exists():
                 raise ValueError(f"{name}: no such file {str(path)!r}")
+            if not path.is_file():
+                what = "a directory" if path.is_dir() else "not a regular file"
+                raise ValueError(f"{name}: {str(path)!r} is {what}")
             try:
-                path.read_bytes()
+                with path.open("rb") as f:
+                    held = len(f.read(MAX_TLS_FILE_BYTES + 1))
             except OSError as exc:
                 raise ValueError(f"{name}: cannot read {str(path)!r}: {exc.strerror}") from exc
+            if held == 0:
+                raise ValueError(f"{name}: {str(path)!r} is empty")
+            if held > MAX_TLS_FILE_BYTES:
+                raise ValueError(f"{name}: {str(path)!r} holds more than a PEM file would")
         if tls:
             self.ssl_context()  # a bad CA or key pair is a setting error, said now
         return self

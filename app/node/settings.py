@@ -191,8 +191,8 @@ class Settings(BaseSettings):
         # request id: the target must still know an id it applied by then.
         if self.request_id_window_ms <= self.timers.expires_after:
             raise ValueError(
-                f"request_id_window_ms ({self.request_id_window_ms}) must exceed the timer "
-                f"options' expires_after ({self.timers.expires_after})"
+                f"TICKWHEEL_REQUEST_ID_WINDOW_MS ({self.request_id_window_ms}) must exceed "
+                f"TICKWHEEL_TIMER_OPTIONS.expires_after ({self.timers.expires_after})"
             )
         return self
 

@@ -138,3 +138,15 @@ def test_an_encrypted_client_key_needs_its_password_and_is_never_asked_for(
     assert "s3cret" not in repr(given)
     with pytest.raises(ValueError, match="KAFKA_SSL_KEY_PASSWORD given without"):
         KafkaConnection(**tls, ssl_key_password="s3cret")
+
+
+def test_a_tls_file_that_is_no_file_says_what_it_is(tmp_path: Path) -> None:
+    """A directory was "no such file", an empty key an OpenSSL "PEM lib" naming the
+    certificate (a settings hunt)."""
+    tls = {"bootstrap_servers": "b:9093", "security_protocol": "SSL"}
+    with pytest.raises(ValueError, match=r"KAFKA_SSL_CAFILE: .* is a directory"):
+        KafkaConnection(**tls, ssl_cafile=tmp_path)
+    empty = tmp_path / "empty.pem"
+    empty.write_bytes(b"")
+    with pytest.raises(ValueError, match=r"KAFKA_SSL_CAFILE: .* is empty"):
+        KafkaConnection(**tls, ssl_cafile=empty)

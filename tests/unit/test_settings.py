@@ -137,3 +137,13 @@ def test_a_value_that_is_not_utf8_names_its_variable_and_shows_nothing_of_it() -
     with pytest.raises(ConfigError, match="TICKWHEEL_WEB_TOKEN: not valid UTF-8") as raised:
         Settings.from_env({"TICKWHEEL_WEB_TOKEN": "t\udcf6ken-secret"})
     assert "secret" not in str(raised.value) and "\udcf6" not in str(raised.value)
+
+
+def test_a_check_of_two_settings_names_their_variables() -> None:
+    """It named the fields (request_id_window_ms), not what an operator sets (a hunt)."""
+    with pytest.raises(
+        ConfigError,
+        match=r"TICKWHEEL_REQUEST_ID_WINDOW_MS \(60000\) must exceed "
+        r"TICKWHEEL_TIMER_OPTIONS\.expires_after",
+    ):
+        Settings.from_env({"TICKWHEEL_REQUEST_ID_WINDOW_MS": "60000"})
