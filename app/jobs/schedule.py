@@ -213,6 +213,13 @@ class _ScheduleModel:
                 f"slot {slot} of {timer_id} has not ticked: a {RUN} runs again a slot "
                 "whose handler failed"
             )
+        job = self.jobs.get(state.job)
+        why = None if job is None else not_its_instance(job, cmd.aggregate, self.partitions)
+        if job is None or why is not None:
+            logger.warning(
+                "%s: nothing run: %s", cmd.aggregate, why or f"job {state.job!r} is not declared"
+            )
+            return
         if not state.enabled:
             # Not answered UNCHANGED: its run timer would count the slot as done, and the
             # slot, which failed, would never run again once enabled (a backfill of it is
@@ -223,13 +230,6 @@ class _ScheduleModel:
                 "(retry its parked run timer once enabled)",
                 ResultCode.ERROR,
             )
-        job = self.jobs.get(state.job)
-        why = None if job is None else not_its_instance(job, cmd.aggregate, self.partitions)
-        if job is None or why is not None:
-            logger.warning(
-                "%s: nothing run: %s", cmd.aggregate, why or f"job {state.job!r} is not declared"
-            )
-            return
         d.emit(
             RAN,
             {"slot": slot, "due_at": due_at, "timer_id": timer_id, "request_id": tick_id},

@@ -127,6 +127,24 @@ class FailingPartitions:
             self._failing[p] = Failing(merged, before.error, before.failures, before.what)
         self._held.add(p)
 
+    def rewound(self, p: int, starts: dict[str, int]) -> None:
+        """p's take reads each topic again from `starts` (the group's committed offsets).
+        What its hold waits for below them was read and committed (a cycle that wrote
+        nothing commits its offsets outside any transaction, so no landed commit of its own
+        says so): no cycle reads it again, and it is not waited for; the hold ends once
+        nothing is left of it."""
+        failing = self._failing.get(p)
+        if failing is None or p not in self._held:
+            return
+        left = {t: o for t, o in failing.at.items() if not (t in starts and o < starts[t])}
+        if left == failing.at:
+            return
+        if left:
+            self._failing[p] = Failing(left, failing.error, failing.failures, failing.what)
+        else:
+            del self._failing[p]
+            self._held.discard(p)
+
     def committed(self, p: int, landed: int) -> None:
         """p's `landed`-th commit landed: a hold released by a cycle it carries is gone."""
         if (passed := self._passed.get(p)) is not None and landed >= passed[1]:

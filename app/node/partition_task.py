@@ -282,10 +282,12 @@ class PartitionTask:
             try:
                 await self._take(topics)
                 rewound = await consumer.rewind([(t, p) for t in topics])
+                starts = {t: offset for (t, q), offset in rewound.items() if q == p}
+                self.failing.rewound(p, starts)  # a hold below them was read and committed
                 # Its timers fire once its log is read to where it ended now.
                 events = self.kept.topics.events
-                starts = {events: rewound[(events, p)]} if (events, p) in rewound else {}
-                self.failing.behind(p, await last_records(self._shared.reader, p, starts))
+                tail = {events: starts[events]} if events in starts else {}
+                self.failing.behind(p, await last_records(self._shared.reader, p, tail))
                 break
             except Exception as exc:
                 last = exc

@@ -77,6 +77,15 @@ def test_a_hold_released_by_a_cycle_is_back_when_a_failure_comes_before_its_comm
     assert not failing.held(0)
 
 
+def test_a_retake_drops_what_a_hold_waits_for_below_the_committed_offsets() -> None:
+    failing = FailingPartitions()
+    failing.failed(0, {"t.events": 5, "t.commands": 9}, "a cycle: no")
+    failing.rewound(0, {"t.events": 6, "t.commands": 3})  # events read and committed past 5
+    assert failing.held(0) and failing.report()["0"]["at"] == {"t.commands": 9}
+    failing.rewound(0, {"t.commands": 10})
+    assert not failing.held(0) and failing.report() == {}
+
+
 def fail_commits_of_bad(log: MemoryLog, error: BaseException | None = None) -> list[float]:
     """Every commit of partition BAD's transactions fails from now on (with `error` as its
     cause); when each failed."""

@@ -14,6 +14,8 @@ from test_node_lifecycle import COUNTER, PARTITIONS, TOPICS, events, now_ms, sam
 
 from app.kafka import OutRecord
 from app.kafka.memory import MemoryLog
+from app.node.task_id import TaskId
+from app.node.task_state import TaskState
 from app.protocol.wire import SCHEDULE_CANCELLED, SCHEDULE_SET, EventEnvelope, encode
 from tables import AggregateRef, TimerStatus
 from tables.partitioner import partition_of
@@ -70,3 +72,40 @@ async def test_a_timer_set_and_cancelled_in_the_log_a_take_replays_never_fires(
     assert [e for e in events(log, COUNTER, "Fired") if e.aggregate.id == target] == []
     row = await kept.store.find(owner, "r")
     assert row is not None and row.status is TimerStatus.CANCELLED
+
+
+async def test_a_hold_a_failure_brings_back_ends_where_the_group_committed_past_it(
+    log: MemoryLog, nodes: list[RunningNode], tmp_path: Path
+) -> None:
+    """The cycle that read the replay to its end wrote nothing (events of no timer): its
+    offsets were committed outside any transaction, so a failure before p's next commit
+    landed brought the hold back, and the retake, reading from past it, never released
+    it: p fired nothing again (a review of the hold above). A retake drops what a hold
+    waits for below the offsets the group committed."""
+    p = partition_of("o1", PARTITIONS)
+    other = next(f"o{i}" for i in range(2, 50) if partition_of(f"o{i}", PARTITIONS) == p)
+    first = await start(nodes, log, tmp_path, "a")
+    await wait_until(first.runs)
+    await first.stop()
+    nodes.remove(first)
+    at = now_ms() - 60_000
+    to = {"context": "life", "aggregate": COUNTER.name, "id": "o1"}
+    rule = {"kind": "once", "at": now_ms() + 8_000}
+    body = {"key": "r", "rule": rule, "command": {"type": "Fire"}, "target": to}
+    records = [event("o1", 1, SCHEDULE_SET, body, at)]
+    records += [event(other, i, "Fired", {"n": i}, at) for i in range(1, 3_000)]
+    await log.publisher().send_many(records)
+    node = await start(nodes, log, tmp_path, "b")
+    tasks = node.node.tasks.tasks
+    key = TaskId(COUNTER.type_name, p)
+    await wait_until(lambda: key in tasks and tasks[key].firing is not None, within=20)
+    task = tasks[key]
+    log_topic = TOPICS[COUNTER.name].events
+    end = log.offsets(log_topic, p)[1]
+    await wait_until(lambda: (log.committed("g", log_topic, p) or 0) >= end, within=20)
+    task.failed("the timer rounds of counter", RuntimeError("a store read failed"))
+    await wait_until(lambda: task.state is TaskState.RUNNING and task.takes == 2, within=20)
+    assert not task.failing.held(p), task.failing.report()
+    await wait_until(
+        lambda: any(e.aggregate.id == "o1" for e in events(log, COUNTER, "Fired")), within=20
+    )
