@@ -88,9 +88,7 @@ class FailingPartitions:
             self._held.add(p)
         before = self._failing.get(p)
         if before is not None and p in self._held:
-            at = {t: max(o, before.at.get(t, -1)) for t, o in at.items()} | {
-                t: o for t, o in before.at.items() if t not in at
-            }
+            at = _furthest(at, before.at)
         again = before is not None and before.at == at
         failing = Failing(dict(at), error, before.failures + 1 if again and before else 1, what)
         self._failing[p] = failing
@@ -122,8 +120,7 @@ class FailingPartitions:
         if before is None:
             self._failing[p] = Failing(dict(at), "taken behind its log's end", 0, BEHIND)
         else:
-            merged = {t: max(o, before.at.get(t, -1)) for t, o in at.items()}
-            merged |= {t: o for t, o in before.at.items() if t not in at}
+            merged = _furthest(at, before.at)
             self._failing[p] = Failing(merged, before.error, before.failures, before.what)
         self._held.add(p)
 
@@ -192,3 +189,10 @@ class FailingPartitions:
             str(p): {"at": f.at, "error": f.error, "failures": f.failures, "held": p in self._held}
             for p, f in sorted(self._failing.items())
         }
+
+
+def _furthest(at: dict[str, int], before: dict[str, int]) -> dict[str, int]:
+    """The offsets of both holds, the further of the two where both name a topic."""
+    return {t: max(o, before.get(t, -1)) for t, o in at.items()} | {
+        t: o for t, o in before.items() if t not in at
+    }

@@ -20,7 +20,7 @@ from app.kafka.catalog import NO_TARGET, TopicCatalog, no_target_message
 from app.kafka.records import refused
 from app.protocol.topics import AggregateTopics, ContextTopics
 from app.protocol.wire import CommandEnvelope, CommandResult, decode, encode
-from app.timers.runner.decisions import SENT, WITHDRAWN, SendResult
+from app.timers.runner.decisions import NOT_CLAIMED, SENT, SendResult
 from tables import AggregateRef, Timer
 
 __all__ = ["KafkaSender", "ResultsReader", "timer_command"]
@@ -174,7 +174,7 @@ class KafkaSender:
         if self._targets is not None and not await self._targets.exists(topic):
             return SendResult(NO_TARGET, no_target_message(topic))
         if not await still():  # no wait of this send's own from here to the producer's
-            return SendResult(WITHDRAWN, "its row changed since the claim: not sent")
+            return NOT_CLAIMED
         if not own:
             # Another context's partition count is its own: the key picks the partition.
             await self._producer.send(topic, target.id.encode(), encode(command))

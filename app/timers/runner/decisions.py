@@ -21,6 +21,8 @@ from tables.slots import Slot, caught_up, jittered_due, latest_due, next_slot
 from tables.timer import Outcome, Timer, TimerChange, TimerStatus, error_text
 
 __all__ = [
+    "NOTHING",
+    "NOT_CLAIMED",
     "RULE_ERROR",
     "SENT",
     "TIMEOUT",
@@ -74,6 +76,10 @@ class SendResult:
 
     code: str
     message: str = ""
+
+
+NOT_CLAIMED: Final = SendResult(WITHDRAWN, "its row changed since the claim: not sent")
+"""The result of a send `WITHDRAWN`."""
 
 
 class Verdict(StrEnum):
@@ -135,7 +141,8 @@ class Decision:
         return self.action is Action.PARK
 
 
-_NOTHING: Final = Decision(Action.NOTHING)
+NOTHING: Final = Decision(Action.NOTHING)
+"""The decision that writes nothing."""
 
 
 def _change(loaded: Timer, **update: Any) -> TimerChange:
@@ -194,7 +201,7 @@ def expire_or_claim(timer: Timer, now: int, options: TimerOptions) -> Decision:
     as skipped.
     """
     if timer.status not in (TimerStatus.PENDING, TimerStatus.FIRING) or timer.due_at > now:
-        return _NOTHING
+        return NOTHING
     if now - due_since(timer) > options.expires_after:
         nxt = _first_unexpired(timer, now - options.expires_after)
         if nxt is None:
@@ -246,7 +253,7 @@ def on_outcome(
     expiry and an operator's retry or skip, until an attempt the target takes clears them.
     """
     if claimed.status is not TimerStatus.FIRING:
-        return _NOTHING
+        return NOTHING
     verdict = classify(result.code)
     error = error_of(result)
     if verdict is Verdict.FIRED:
@@ -301,7 +308,7 @@ def unparked(decision: Decision) -> Decision:
     if not decision.park:
         return decision
     if decision.fallback is None:
-        return _NOTHING
+        return NOTHING
     return Decision(Action.RETRY, decision.fallback, busy_in_a_row=decision.busy_in_a_row)
 
 
@@ -355,7 +362,7 @@ def release(claimed: Timer, now: int) -> Decision:
     the target, which then finds the request id committed.
     """
     if claimed.status is not TimerStatus.FIRING:
-        return _NOTHING
+        return NOTHING
     return Decision(Action.RELEASE, _change(claimed, status=TimerStatus.PENDING, due_at=now))
 
 
@@ -367,7 +374,7 @@ def retry_parked(timer: Timer, now: int) -> Decision:
     was due.
     """
     if timer.status is not TimerStatus.PARKED:
-        return _NOTHING
+        return NOTHING
     outcome = timer.outcome if timer.outcome in _RETRIED else Outcome.FAILED
     return Decision(
         Action.OPERATOR_RETRY,
@@ -378,7 +385,7 @@ def retry_parked(timer: Timer, now: int) -> Decision:
 def skip_parked(timer: Timer) -> Decision:
     """An operator's skip: a PARKED timer cancelled with the outcome SKIPPED."""
     if timer.status is not TimerStatus.PARKED:
-        return _NOTHING
+        return NOTHING
     return Decision(
         Action.OPERATOR_SKIP,
         _change(timer, status=TimerStatus.CANCELLED, outcome=Outcome.SKIPPED),

@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, Final
+from typing import Any
 
 from app.timers.runner.decisions import (
+    NOT_CLAIMED,
+    NOTHING,
     TIMEOUT,
     TRANSPORT_ERROR,
     WITHDRAWN,
-    Action,
     Decision,
     SendResult,
     release,
@@ -42,6 +43,8 @@ class Sends:
     ) -> None:
         self._store = store
         self._sender = sender
+        # Asked once: a runtime Protocol check walks its members on every call.
+        self._checking = sender if isinstance(sender, CheckingSender) else None
         self._clock = clock
         self._options = options
         self._gate = asyncio.Semaphore(options.max_in_flight)
@@ -97,7 +100,7 @@ class Sends:
 
     def _decide(self, firing: PartitionFiring, claimed: Timer, result: SendResult) -> Decision:
         if result.code == WITHDRAWN:
-            return _LEFT  # the row holds what came since: left as it is
+            return NOTHING  # the row holds what came since: left as it is
         return firing.decide(claimed, result, self._clock.now(), self._options)
 
     async def _send_if_claimed(
@@ -128,10 +131,10 @@ class Sends:
             stats.sent += 1
             return True
 
-        if isinstance(self._sender, CheckingSender):
-            return await self._sender.send_if(claimed, still)
+        if self._checking is not None:
+            return await self._checking.send_if(claimed, still)
         if not await still():
-            return _WITHDRAWN
+            return NOT_CLAIMED
         return await self._sender.send(claimed)
 
     async def _until(
@@ -151,10 +154,6 @@ class Sends:
         if send.cancelled():
             return SendResult(TIMEOUT, f"no result within {self._options.send_timeout} ms")
         return _result_of(claimed, send)
-
-
-_WITHDRAWN: Final = SendResult(WITHDRAWN, "its row changed since the claim: not sent")
-_LEFT: Final = Decision(Action.NOTHING)
 
 
 def _result_of(claimed: Timer, send: asyncio.Future[SendResult]) -> SendResult:
