@@ -37,21 +37,20 @@ of p is open (`TaskShared.reading_results`). No task holds a lock across a Kafka
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import logging
 from collections.abc import Collection
 
 from app.commands.processor import CommandProcessor
-from app.errors import KafkaUnavailable, node_fault
-from app.kafka.records import refused
+from app.errors import KafkaUnavailable
 from app.node.commits import PartitionCommits
 from app.node.failing import A_COMMIT, FailingPartitions, retake_after
 from app.node.in_process import in_process_targets
 from app.node.kept import KeptType, is_fenced
 from app.node.partition_input import Batch, Held, PartitionInput
-from app.node.partition_open import last_records, open_partition
+from app.node.partition_open import open_partition
 from app.node.partition_release import CloseFailed, release_partition
+from app.node.partition_take import take_partition
 from app.node.partition_timers import PartitionTimerLoop
 from app.node.partition_transaction import PartitionTransaction
 from app.node.task_id import TaskId
@@ -62,7 +61,6 @@ from app.timers.runner.partition_store import PartitionStore
 from tables.partition_handle import PartitionHandle
 
 __all__ = [
-    "TAKE_ATTEMPTS",
     "PartitionTask",
     "TaskId",
     "TaskManager",
@@ -71,17 +69,14 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-TAKE_ATTEMPTS = 10
-"""A partition not taken in this many attempts stops the node (loudly)."""
-
 
 class PartitionTask:
     def __init__(self, key: TaskId, shared: TaskShared, manager: TaskManager) -> None:
         self.key = key
         self.type_name, self.p = key
         self.state = TaskState.CREATED
-        self._shared = shared
-        self._manager = manager
+        self.shared = shared
+        self.manager = manager
         # How many times it started running: a batch polled before a take is stale (the
         # take rewound p to its committed offsets) and is never handed over.
         self.takes = 0
@@ -128,7 +123,7 @@ class PartitionTask:
     @property
     def kept(self) -> KeptType:
         """What the node keeps of its type."""
-        return self._shared.types[self.type_name]
+        return self.shared.types[self.type_name]
 
     def __repr__(self) -> str:
         return f"PartitionTask({self.type_name}, {self.p}, {self.state.value})"
@@ -203,7 +198,7 @@ class PartitionTask:
         self.copy_doubtful = self.copy_doubtful or not sound
         if self.state is not TaskState.RUNNING:
             return
-        s = self._shared
+        s = self.shared
         s.metrics.let_go.labels("fenced" if fenced else "failed").inc()
         then = "let go" if fenced else "taken afresh"
         logger.warning("%s: %s failed: %s; %s", self.key, what, exc, then)
@@ -212,19 +207,19 @@ class PartitionTask:
         at = {} if self.input is None else self.input.failed_at
         failing = self.failing.failed(self.p, at, f"{what}: {exc}", what)
         self.broken = failing.describe()
-        mine = self._given()
+        mine = self.given()
         s.consumer.pause(mine)
         if self._leaving:
             return  # being revoked: closed dirty there (it is suspended), never taken again
         delay = 2 * s.settings.session_timeout_ms / 1000 if fenced else retake_after(failing)
         self.take({t for t, _ in mine}, after_failure=delay)
 
-    def _given(self) -> list[tuple[str, int]]:
+    def given(self) -> list[tuple[str, int]]:
         """Its topics' p as the group gives them to this node now (its type's alone)."""
-        by_topic = self._shared.by_topic
+        by_topic = self.shared.by_topic
         return [
             (t, q)
-            for t, q in self._shared.consumer.assignment()
+            for t, q in self.shared.consumer.assignment()
             if q == self.p and t in by_topic and by_topic[t][0].name == self.type_name
         ]
 
@@ -234,98 +229,28 @@ class PartitionTask:
         after_failure: float | None,
         behind: Collection[asyncio.Task[bool]],
     ) -> None:
-        """Takes p, then runs it. `after_failure`: its work stopped on a failure: it is
-        closed first (nothing of its local copy is trusted), and taken again once the group
-        answers (its next assignment) or after that many seconds, if the group gives it to
-        this node then. A partition that cannot be taken stops the node."""
         try:
-            if behind:
-                await asyncio.wait(behind)  # never cancels them (a stop_taking cancels this)
-                if not all(not close.cancelled() and close.result() for close in behind):
-                    # p may be half open there (a close that crashed failed the node): its
-                    # transactional id is not opened again, nothing of p is taken.
-                    logger.error("%s: its previous task's close failed: not taken", self.key)
-                    if any(close.cancelled() for close in behind):
-                        self._manager.fail(f"{self.key}: a close of it was cancelled")
-                    return
-            await self._taking_partition(topics, after_failure)
-        except (Exception, asyncio.CancelledError) as exc:
-            cancelled = isinstance(exc, asyncio.CancelledError)
-            if cancelled and (me := asyncio.current_task()) is not None and me.cancelling():
-                raise  # its stop_taking (or the node's stop)
-            # A bug, whatever it is, or a CancelledError leaked out of a call (a client's),
-            # not a cancel of this take: never a partition left half taken, quietly.
-            logger.exception("taking %s failed", self.key)
-            self._manager.fail(f"taking {self.key} failed: {exc!r}")
+            await take_partition(self, topics, after_failure, behind)
         finally:
             if self._taking is asyncio.current_task():
                 self._taking = None
 
-    async def _taking_partition(self, topics: set[str], after_failure: float | None) -> None:
-        p, consumer = self.p, self._shared.consumer
-        if after_failure is not None:
-            answered = self._manager.answered()
-            await self.close(clean=False)
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(after_failure):
-                    await answered.wait()
-            # As the group gives it now (a lost membership empties the assignment the
-            # failure saw; the next one may give p back).
-            topics = {t for t, _ in self._given()}
-            if not topics:
-                self._manager.task_gone(self)  # the group moved it meanwhile
-                return
-            consumer.pause([(t, p) for t in topics])
-            self.revive()
-        last: BaseException | None = None
-        for attempt in range(1, TAKE_ATTEMPTS + 1):
-            try:
-                await self._take(topics)
-                rewound = await consumer.rewind([(t, p) for t in topics])
-                starts = {t: offset for (t, q), offset in rewound.items() if q == p}
-                self.failing.rewound(p, starts)  # a hold below them was read and committed
-                # Its timers fire once its log is read to where it ended now.
-                events = self.kept.topics.events
-                tail = {events: starts[events]} if events in starts else {}
-                self.failing.behind(p, await last_records(self._shared.reader, p, tail))
-                break
-            except Exception as exc:
-                last = exc
-                if refused(exc):
-                    break  # an ACL or the credentials: no retry passes it
-                # A node fault is expected to pass; anything else is a bug to see, but
-                # either way p is tried again, and the node stops loudly if it never
-                # can be taken: never a take that dies quietly, half done.
-                log = logger.warning if node_fault(exc) else logger.exception
-                log("taking %s failed (%d/%d): %s", self.key, attempt, TAKE_ATTEMPTS, exc)
-                await self.close(clean=False)
-                self.revive()
-                await asyncio.sleep(min(0.2 * 2**attempt, 5))
-        else:
-            why = f"{self.key} could not be taken in {TAKE_ATTEMPTS} attempts: {last}"
-            self._manager.fail(why)
-            return
-        if last is not None and refused(last):
-            self._manager.fail(f"{self.key} could not be taken: {last}")
-            return
-        self._run(topics)
-
-    def _run(self, topics: set[str]) -> None:
+    def run(self, topics: set[str]) -> None:
         """Taken: p's topics are read from here on, and its timers fire (unless it is
         held since a failure: then once its log is read past it)."""
         self._to(TaskState.RUNNING)
-        self.input = PartitionInput(self.key, self._shared.cycles, self.failed, self._transaction)
-        self._shared.running[self.key] = self
+        self.input = PartitionInput(self.key, self.shared.cycles, self.failed, self._transaction)
+        self.shared.running[self.key] = self
         self.takes += 1
         self.broken = None
-        self._shared.consumer.resume([(t, self.p) for t in topics])
+        self.shared.consumer.resume([(t, self.p) for t in topics])
         if not self.failing.held(self.p):
             self.start_firing()
-        self._manager.task_running(self)
+        self.manager.task_running(self)
 
     def _stop_running(self) -> None:
-        if self._shared.running.get(self.key) is self:
-            del self._shared.running[self.key]
+        if self.shared.running.get(self.key) is self:
+            del self.shared.running[self.key]
 
     @property
     def rounds_failing(self) -> bool:
@@ -337,7 +262,7 @@ class PartitionTask:
         in-process, in its cycles (`in_process_targets`), the others sent; in rounds of
         p's own (`PartitionTimerLoop`), which no other partition's hold up."""
         kept = self.kept
-        partitions = self._shared.settings.partitions
+        partitions = self.shared.settings.partitions
         local = self.processor is not None
         in_process = in_process_targets(kept.topics, partitions) if local else None
         # Its store calls through p's own handle: refused once p is let go.
@@ -352,7 +277,7 @@ class PartitionTask:
         """Its timer loop ends (not waited for: a round in progress finds its firing
         stopped by the close and does nothing more of it)."""
         if (loop := self.timer_loop) is not None:
-            if (kept := self._shared.types.get(self.type_name)) is not None:
+            if (kept := self.shared.types.get(self.type_name)) is not None:
                 kept.loop.end_partition(loop)
             else:
                 loop.end()
@@ -384,9 +309,10 @@ class PartitionTask:
         landed = functools.partial(self.worked, A_COMMIT)
         return PartitionCommits(self.key, self.failed, self._transaction, landed=landed)
 
-    async def _take(self, topics: set[str]) -> None:
+    async def open_topics(self, topics: set[str]) -> None:
+        """Restores p's state and opens its transaction (`open_partition`)."""
         self._to(TaskState.RESTORING)
-        await open_partition(self._shared, self, topics)
+        await open_partition(self.shared, self, topics)
 
     async def revoke(self) -> None:
         """The group took p away: a take under way is stopped; a running task is closed
@@ -395,7 +321,7 @@ class PartitionTask:
         await self.stop_taking()
         await self.stop_input()
         if self.state is TaskState.RUNNING:
-            self._shared.metrics.let_go.labels("revoked").inc()
+            self.shared.metrics.let_go.labels("revoked").inc()
         await self.close(clean=True)
 
     async def close(self, *, clean: bool) -> None:
@@ -471,8 +397,8 @@ class PartitionTask:
             return False
         return (
             self.p in self.kept.store.assigned
-            or self.type_name in self._shared.reading_results.get(self.p, ())
+            or self.type_name in self.shared.reading_results.get(self.p, ())
         )
 
     async def _release(self, *, clean: bool, store: PartitionHandle | None) -> None:
-        await release_partition(self._shared, self, clean=clean, store=store)
+        await release_partition(self.shared, self, clean=clean, store=store)

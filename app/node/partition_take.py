@@ -1,0 +1,108 @@
+"""Taking a partition of one type, as its task's take runs in the background
+(`take_partition`): after the closes of an earlier task of it, and after a failure its own
+close first, then its state restored and its transaction opened (`open_partition`), its
+topics rewound to the group's committed offsets, and its timers held until its log is
+read to where it ended now. Tried `TAKE_ATTEMPTS` times; a partition that cannot be taken
+stops the node (loudly), never a take that dies quietly, half done."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Collection
+from typing import TYPE_CHECKING
+
+from app.errors import node_fault
+from app.kafka.records import refused
+from app.node.partition_open import last_records
+
+if TYPE_CHECKING:
+    from app.node.partition_task import PartitionTask
+
+__all__ = ["TAKE_ATTEMPTS", "take_partition"]
+
+logger = logging.getLogger(__name__)
+
+TAKE_ATTEMPTS = 10
+"""A partition not taken in this many attempts stops the node (loudly)."""
+
+
+async def take_partition(
+    task: PartitionTask,
+    topics: set[str],
+    after_failure: float | None,
+    behind: Collection[asyncio.Task[bool]],
+) -> None:
+    """Takes `task`'s p, then runs it. `after_failure`: its work stopped on a failure: it
+    is closed first (nothing of its local copy is trusted), and taken again once the group
+    answers (its next assignment) or after that many seconds, if the group gives it to
+    this node then. A partition that cannot be taken stops the node."""
+    manager = task.manager
+    try:
+        if behind:
+            await asyncio.wait(behind)  # never cancels them (a stop_taking cancels this)
+            if not all(not close.cancelled() and close.result() for close in behind):
+                # p may be half open there (a close that crashed failed the node): its
+                # transactional id is not opened again, nothing of p is taken.
+                logger.error("%s: its previous task's close failed: not taken", task.key)
+                if any(close.cancelled() for close in behind):
+                    manager.fail(f"{task.key}: a close of it was cancelled")
+                return
+        await _taking(task, topics, after_failure)
+    except (Exception, asyncio.CancelledError) as exc:
+        cancelled = isinstance(exc, asyncio.CancelledError)
+        if cancelled and (me := asyncio.current_task()) is not None and me.cancelling():
+            raise  # its stop_taking (or the node's stop)
+        # A bug, whatever it is, or a CancelledError leaked out of a call (a client's),
+        # not a cancel of this take: never a partition left half taken, quietly.
+        logger.exception("taking %s failed", task.key)
+        manager.fail(f"taking {task.key} failed: {exc!r}")
+
+
+async def _taking(task: PartitionTask, topics: set[str], after_failure: float | None) -> None:
+    p, manager, consumer = task.p, task.manager, task.shared.consumer
+    if after_failure is not None:
+        answered = manager.answered()
+        await task.close(clean=False)
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(after_failure):
+                await answered.wait()
+        # As the group gives it now (a lost membership empties the assignment the
+        # failure saw; the next one may give p back).
+        topics = {t for t, _ in task.given()}
+        if not topics:
+            manager.task_gone(task)  # the group moved it meanwhile
+            return
+        consumer.pause([(t, p) for t in topics])
+        task.revive()
+    last: BaseException | None = None
+    for attempt in range(1, TAKE_ATTEMPTS + 1):
+        try:
+            await task.open_topics(topics)
+            rewound = await consumer.rewind([(t, p) for t in topics])
+            starts = {t: offset for (t, q), offset in rewound.items() if q == p}
+            task.failing.rewound(p, starts)  # a hold below them was read and committed
+            # Its timers fire once its log is read to where it ended now.
+            events = task.kept.topics.events
+            tail = {events: starts[events]} if events in starts else {}
+            task.failing.behind(p, await last_records(task.shared.reader, p, tail))
+            break
+        except Exception as exc:
+            last = exc
+            if refused(exc):
+                break  # an ACL or the credentials: no retry passes it
+            # A node fault is expected to pass; anything else is a bug to see, but either
+            # way p is tried again, and the node stops loudly if it never can be taken.
+            log = logger.warning if node_fault(exc) else logger.exception
+            log("taking %s failed (%d/%d): %s", task.key, attempt, TAKE_ATTEMPTS, exc)
+            await task.close(clean=False)
+            task.revive()
+            await asyncio.sleep(min(0.2 * 2**attempt, 5))
+    else:
+        manager.fail(f"{task.key} could not be taken in {TAKE_ATTEMPTS} attempts: {last}")
+        return
+    if last is not None and refused(last):
+        manager.fail(f"{task.key} could not be taken: {last}")
+        return
+    task.run(topics)
