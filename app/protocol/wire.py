@@ -27,9 +27,11 @@ from pydantic import (
     model_validator,
 )
 from pydantic.config import JsonDict
-from pydantic_core import ErrorDetails, PydanticSerializationError, from_json
+from pydantic_core import PydanticSerializationError, from_json
 
 from app.errors import BadRecord
+from app.protocol.reasons import error_reason
+from app.protocol.timer_ops import TimerAction, TimerOp
 from tables import AggregateRef, CommandSpec, ScheduleRule
 from tables.bounds import MAX_INT64, Instant, JsonObject, check_json
 from tables.refs import NEW_INPUT, Identifier
@@ -388,52 +390,3 @@ def load_json(data: bytes | str) -> Any:
 
 def _errors(exc: ValidationError) -> str:
     return "; ".join(error_reason(err, "record") for err in exc.errors()[:5])
-
-
-_JSON_KINDS: Final = {str: "string", bool: "boolean", int: "integer", float: "number"}
-
-
-def error_reason(err: ErrorDetails, whole: str = "body") -> str:
-    """One validation error as a reason: where, what, and for a value of the wrong type
-    (which strict validation refuses: `"3"` for an integer) what it was, as `"3"` alone
-    reads like an integer to a producer looking for the fault."""
-    where = ".".join(str(p) for p in err["loc"]) or whole
-    reason = f"{where}: {err['msg']}"
-    value = err.get("input")
-    kind = _JSON_KINDS.get(type(value))
-    if err["type"].endswith("_type") and kind is not None:
-        reason += f" (got the {kind} {_shown(value)})"
-    return reason
-
-
-def _shown(value: str | bool | int | float) -> str:
-    """A JSON scalar as its JSON, cut short: a record's value may be any size (an integer
-    of thousands of digits, past what orjson or `str` writes)."""
-    if isinstance(value, str):
-        return orjson.dumps(value[:40]).decode() + ("..." if len(value) > 40 else "")
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int) and value.bit_length() > 64:
-        return f"of {value.bit_length()} bits"
-    return repr(value)
-
-
-class TimerAction(StrEnum):
-    RETRY = "retry"
-    """The PARKED timers due now, their attempts reset."""
-    SKIP = "skip"
-    """The PARKED timers CANCELLED with the outcome SKIPPED."""
-
-
-class TimerOp(BaseModel):
-    """One operator's request on the PARKED timers of `target`, on the timer-ops topic.
-
-    Unknown fields are kept, as on every other topic.
-    """
-
-    model_config = ConfigDict(frozen=True, extra="allow")
-
-    request_id: str = Field(min_length=1, max_length=200, description="unique per request")
-    action: TimerAction
-    target: AggregateRef = Field(description="the aggregate the parked timers send to")
-    requested_at: Instant = Field(description="epoch ms when the operator asked")
