@@ -130,7 +130,7 @@ def decide(
     version = current.version + 1
     events = [
         EventEnvelope(
-            id=event_id(cmd.request_id, i),
+            id=event_id(cmd.aggregate, cmd.request_id, i),
             type=type_,
             aggregate=cmd.aggregate,
             version=version,
@@ -161,14 +161,30 @@ def cut_message(message: str) -> str:
     return error_text(message) or ""
 
 
-def event_id(request_id: str, i: int) -> str:
-    """The id of the `i`-th event of the command `request_id`: `<request id>/<i>`, or, when
-    that is longer than an event id may be (a request id may be longer than an event id),
-    `sha256:<hex of the request id>/<i>`, the same on every retry."""
-    made = f"{request_id}/{i}"
+def event_id(aggregate: AggregateRef, request_id: str, i: int) -> str:
+    """The id of the `i`-th event of the command `request_id` on `aggregate`:
+    `<request id>/<i>@<aggregate's digest>`, or, when that is longer than an event id may be
+    (a request id may be longer than an event id), `sha256:<hex of the request id>/<i>@<the
+    digest>`, the same on every retry.
+
+    The digest (`aggregate_digest`) makes it unique in the log: a request id is unique per
+    aggregate alone (two aggregates may each take a command `req-42`), and a timer's id is
+    the id of the event that set it, the request id of its slots `<timer id>#<slot>`. Two
+    owners' timers of one id, sent to one target, would share their request ids there: the
+    second answered DUPLICATE, never applied."""
+    digest = aggregate_digest(aggregate)
+    made = f"{request_id}/{i}@{digest}"
     if len(made) <= MAX_EVENT_ID:
         return made
-    return f"sha256:{hashlib.sha256(request_id.encode()).hexdigest()}/{i}"
+    return f"sha256:{hashlib.sha256(request_id.encode()).hexdigest()}/{i}@{digest}"
+
+
+def aggregate_digest(aggregate: AggregateRef) -> str:
+    """16 hex digits of a hash of the aggregate's whole address (context, type, tenant, id;
+    each length-prefixed, so no two addresses are written alike)."""
+    parts = (aggregate.context, aggregate.aggregate, aggregate.tenant, aggregate.id)
+    text = "".join(f"{len(part)}:{part}" for part in parts)
+    return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=8).hexdigest()
 
 
 def fold(

@@ -18,6 +18,7 @@ from aiokafka import AIOKafkaProducer
 from harness import Client, Cluster, eventually, kcat_produce
 
 from app.kafka import Record, read_partitions
+from app.model.decide import event_id
 from app.protocol.dead_letters import HEADER_PREFIX, DeadLetter, Headers, Stage
 from app.protocol.wire import (
     SCHEDULE_SET,
@@ -92,16 +93,16 @@ class Writer:
         self.now = int(time.time() * 1000)
         self.ref = client.ref(ids_in(partition, "bad", 1)[0]).model_dump()
 
-    def schedule_set(self, event_id: str, rule: dict[str, object], **extra: object) -> bytes:
+    def schedule_set(self, eid: str, rule: dict[str, object], **extra: object) -> bytes:
         """A `wow.ScheduleSet` as JSON of any integer size (json, not orjson: 64 bits)."""
         return json.dumps(
             {
-                "id": event_id,
+                "id": eid,
                 "type": SCHEDULE_SET,
                 "aggregate": self.ref,
                 "version": 1,
                 "created_at": self.now,
-                "body": {"key": event_id, "rule": rule, "command": {"type": "Fire"}, **extra},
+                "body": {"key": eid, "rule": rule, "command": {"type": "Fire"}, **extra},
             }
         ).encode()
 
@@ -308,7 +309,9 @@ async def test_bad_records_are_dead_lettered_once_each_and_every_timer_fires(
         await client.send(*after)
         valid = [c.request_id for c in before + after]
         targets_of = {
-            c.request_id: str(c.body.get("target", {"id": c.aggregate.id})["id"])
+            event_id(c.aggregate, c.request_id, 0): str(
+                c.body.get("target", {"id": c.aggregate.id})["id"]
+            )
             for c in before + after
         }
         refused = ["reply-to-events", "reply-partition", "in-process-forged"]
@@ -316,8 +319,8 @@ async def test_bad_records_are_dead_lettered_once_each_and_every_timer_fires(
 
         for rid in valid:
             assert results[rid].code == ResultCode.COMMITTED, results[rid]
-        # Timer ids: a Schedule's one ScheduleSet event, `<request id>/0`; its slot 0.
-        timers = {f"{rid}/0" for rid in valid}
+        # Timer ids: a Schedule's one ScheduleSet event's (`event_id`); its slot 0.
+        timers = {event_id(c.aggregate, c.request_id, 0) for c in before + after}
         await eventually(
             lambda: settled(client, timers), 30, f"{len(timers)} timers fired and settled"
         )
@@ -355,7 +358,7 @@ async def test_bad_records_are_dead_lettered_once_each_and_every_timer_fires(
         assert Counter(e.request_id for e in fired) == Counter(f"{t}#0" for t in timers)
         for e in fired:
             assert e.request_id is not None
-            assert e.aggregate.id == targets_of[e.request_id.removesuffix("/0#0")], e
+            assert e.aggregate.id == targets_of[e.request_id.removesuffix("#0")], e
             assert e.created_at >= e.body["not_before"], e
         rows = {t.id: t for t in (await client.timers()).values()}
         assert {rows[t].status for t in timers} == {TimerStatus.FIRED}

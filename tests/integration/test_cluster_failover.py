@@ -44,6 +44,7 @@ from harness import Client, Cluster, Worker, eventually
 
 from app.errors import KafkaUnavailable
 from app.kafka.records import Replication
+from app.model.decide import event_id
 from app.ops.web import MAX_COMMIT_LAG_S
 from app.protocol.topics import AggregateTopics, ContextTopics
 from app.protocol.wire import CommandEnvelope, ResultCode
@@ -129,7 +130,7 @@ async def schedule_load(client: Client, plan: Plan, stop: asyncio.Event) -> None
             at = now + rng.randrange(*AHEAD_MS)
             target = client.ref(f"target-{(tick * 7 + k) % TARGETS}").model_dump()
             timers.append({"key": key, "rule": {"kind": "once", "at": at}, "target": target})
-            timer_id = f"{request_id}/{k}"
+            timer_id = event_id(client.ref(owner), request_id, k)
             plan.due[timer_id] = at
             plan.owner_key[timer_id] = (owner, key)
             ids.append(timer_id)

@@ -9,6 +9,7 @@ cancel, nothing applied before its slot's due time, recurring slots without gaps
 from __future__ import annotations
 
 import asyncio
+import functools
 import random
 import time
 from collections import Counter, defaultdict
@@ -19,6 +20,7 @@ from pathlib import Path
 import pytest
 from harness import Client, Cluster, IntervalJson, OnceJson, TimerJson, Worker, eventually
 
+from app.model.decide import event_id
 from tables import ACTIVE, TimerStatus
 
 pytestmark = pytest.mark.kafka
@@ -73,7 +75,7 @@ async def schedule(
         commands.append(cmd)
         recurring_keys.append((owner, rec))
         for k, t in enumerate(timers):
-            timer_id = f"{cmd.request_id}/{k}"
+            timer_id = event_id(cmd.aggregate, cmd.request_id, k)
             rule = t["rule"]
             if rule["kind"] == "once":
                 plan.once[timer_id] = rule["at"]
@@ -97,7 +99,8 @@ async def cancel_some(
         picked = rng.sample(keys, max(2, len(keys) // 10))
         half = len(picked) // 2
         cancel, replace = picked[:half], picked[half:]
-        due_later = [k for k in cancel if plan.once[f"plan-{owner}/{k}"] > now + 2_500]
+        plan_id = functools.partial(event_id, client.ref(owner), f"plan-{owner}")
+        due_later = [k for k in cancel if plan.once[plan_id(k)] > now + 2_500]
         if due_later:
             commands.append(
                 client.command(
@@ -107,9 +110,9 @@ async def cancel_some(
                     request_id=f"cancel-{owner}",
                 )
             )
-            plan.cancelled |= {f"plan-{owner}/{k}" for k in due_later}
+            plan.cancelled |= {plan_id(k) for k in due_later}
         for k in replace:
-            if plan.once[f"plan-{owner}/{k}"] <= now + 2_500:
+            if plan.once[plan_id(k)] <= now + 2_500:
                 continue
             at = now + 6_000 + rng.randrange(4_000)
             cmd = client.command(
@@ -123,8 +126,8 @@ async def cancel_some(
                 request_id=f"re-{owner}-{k}",
             )
             commands.append(cmd)
-            plan.replaced.add(f"plan-{owner}/{k}")
-            plan.once[f"{cmd.request_id}/0"] = at
+            plan.replaced.add(plan_id(k))
+            plan.once[event_id(cmd.aggregate, cmd.request_id, 0)] = at
     await client.send(*commands)
     await client.wait_results([c.request_id for c in commands], within=120)
 

@@ -15,7 +15,7 @@ from pydantic import BaseModel, ValidationError
 
 from app.clients.timer_book import SET_TIMER, TRIGGER_TIMER, timer_book
 from app.model.aggregate import AggregateType, Command, Decision, send_fits, sent_request_id
-from app.model.decide import StoredAggregate, decide, event_id
+from app.model.decide import StoredAggregate, aggregate_digest, decide, event_id
 from app.protocol.wire import MAX_EVENT_ID, MAX_REQUEST_ID, CommandEnvelope, ResultCode
 from tables import AggregateRef
 
@@ -39,13 +39,31 @@ def command(type_: str, body: dict[str, Any], request_id: str) -> CommandEnvelop
 def test_an_event_id_fits_is_the_same_on_a_retry_and_differs_by_request_id(
     a: str, b: str, i: int
 ) -> None:
-    made = event_id(a, i)
+    made = event_id(OWNER, a, i)
     assert 0 < len(made) <= MAX_EVENT_ID
-    assert made == event_id(a, i)
-    assert made == f"{a}/{i}" or len(f"{a}/{i}") > MAX_EVENT_ID
+    assert made == event_id(OWNER, a, i)
+    digest = aggregate_digest(OWNER)
+    assert made == f"{a}/{i}@{digest}" or len(f"{a}/{i}@{digest}") > MAX_EVENT_ID
     if a != b:
-        assert made != event_id(b, i)
-    assert made != event_id(a, i + 1)
+        assert made != event_id(OWNER, b, i)
+    assert made != event_id(OWNER, a, i + 1)
+
+
+@settings(max_examples=300, deadline=None)
+@given(a=_REQUEST_ID, i=st.integers(0, 50), tenant=st.text(min_size=1, max_size=20))
+def test_an_event_id_differs_by_aggregate(a: str, i: int, tenant: str) -> None:
+    # A request id is unique per aggregate alone: two aggregates' commands of one request id
+    # make events of different ids (their timers' request ids at a shared target differ).
+    others = [
+        OWNER.model_copy(update={"id": OWNER.id + "x"}),
+        OWNER.model_copy(update={"aggregate": OWNER.aggregate + "x"}),
+        OWNER.model_copy(update={"context": OWNER.context + "x"}),
+        OWNER.model_copy(update={"tenant": tenant}),
+    ]
+    made = event_id(OWNER, a, i)
+    for other in others:
+        if other != OWNER:
+            assert event_id(other, a, i) != made
 
 
 class Counter(BaseModel):
