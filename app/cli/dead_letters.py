@@ -3,7 +3,9 @@ replayed (`app.ops.letters`).
 
 `list` and `show` are read-only: they create nothing, and a dead-letter topic that is not
 there is an error naming it (exit code 1). `replay` writes the letter's original record
-back to its topic, once: a second replay of the same letter writes nothing and says so.
+back to its topic, once: a second replay of the same letter writes nothing and says so. It
+writes only to an input topic of the context (`app.ops.letters.replay_refusal`); a letter
+naming another is refused (exit code 1), nothing written.
 """
 
 from __future__ import annotations
@@ -147,7 +149,9 @@ def replay_(
 ) -> None:
     """Writes a dead letter's original record (key, value, headers) back to its topic and
     partition, once, and marks the letter replayed; a letter replayed before is left as
-    it is (exit 0, nothing written)."""
+    it is (exit 0, nothing written). Only to an events, commands or timer-ops topic of the
+    context, in a partition it has: a letter naming any other (the timer changelog, another
+    context's topic) is refused, nothing written (exit 1)."""
     settings = settings_for(bootstrap, None)
     now = time.time_ns() // 1_000_000
     done: Replayed = run(
@@ -176,7 +180,9 @@ def replay_(
     if done.written is None:
         typer.echo(
             f"{partition}:{offset} was replayed before ({time_iso(m.time)}, to "
-            f"{m.topic}[{m.partition}]): nothing written"
+            f"{_printable(m.topic)}[{m.partition}]): nothing written"
         )
     else:
-        typer.echo(f"{partition}:{offset} replayed to {m.topic}[{m.partition}]@{done.written}")
+        typer.echo(
+            f"{partition}:{offset} replayed to {_printable(m.topic)}[{m.partition}]@{done.written}"
+        )

@@ -20,6 +20,16 @@ the mark and writes nothing.
 A letter cut to fit its topic (`truncated`) has lost bytes: it is never replayed. A
 record of the dead-letter topic that is neither a letter nor a mark (another writer's) is
 counted and passed over.
+
+Where a letter says its record came from is only its headers, and anyone who may write to
+the dead-letter topic may write those. A replay writes with the operator's rights, so it
+writes only where a letter of that dead-letter topic can come from (`replay_refusal`): an
+input topic of the same context that a node reads and dead-letters (an aggregate type's
+events, commands or timer-ops), with a stage that topic's records are refused at, and a
+partition the topic has. Never the timer changelog (a restore's letters are of records
+that are no timer rows: written back, they would only be refused again, and a forged one
+would be loaded as a timer), the results, ledger or nodes topics, nor another context's
+topics. Anything else is `ReplayRefused`, and nothing is written.
 """
 
 from __future__ import annotations
@@ -31,12 +41,12 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from app.errors import BadRecord, TickwheelError
+from app.errors import BadRecord, ConfigError, TickwheelError
 from app.kafka.cluster import require_topic
 from app.kafka.ports import Clients, LogReader, TransactionalWriter
 from app.kafka.records import Record
-from app.protocol.dead_letters import DeadLetter, Headers
-from app.protocol.topics import ContextTopics
+from app.protocol.dead_letters import DeadLetter, DeadLetterContext, Headers, Stage
+from app.protocol.topics import AggregateTopics, ContextTopics, parse_aggregate_type
 
 __all__ = [
     "REPLAY_HEADER",
@@ -44,6 +54,7 @@ __all__ = [
     "LetterBook",
     "NoLetter",
     "ReplayMark",
+    "ReplayRefused",
     "Replayed",
     "letter_json",
     "list_letters",
@@ -51,6 +62,7 @@ __all__ = [
     "recent_letters",
     "replay",
     "replay_letter",
+    "replay_refusal",
     "replay_transactional_id",
 ]
 
@@ -60,6 +72,11 @@ REPLAY_HEADER = "__tickwheel.replay.of"
 
 class NoLetter(TickwheelError):
     """No dead letter at the coordinates asked for (or one that cannot be replayed)."""
+
+
+class ReplayRefused(NoLetter):
+    """A letter whose record may not be written where its headers say it came from: not an
+    input topic a letter of its dead-letter topic comes from, or a partition it has not."""
 
 
 class ReplayMark(BaseModel):
@@ -181,6 +198,56 @@ async def recent_letters(reader: LogReader, topic: str, limit: int) -> LetterBoo
     return book
 
 
+def _stages(t: AggregateTopics) -> dict[str, frozenset[Stage]]:
+    """The topics of an aggregate type that a node reads and dead-letters, each with the
+    stages its records are refused at (`app.node.cycle_timers`, `app.commands.processor`;
+    a faust client's command topic: `read`). Not its timer changelog: a restore's letters
+    (`restore`) are never replayed."""
+    return {
+        t.events: frozenset({Stage.READ, Stage.FOLLOW, Stage.APPLY}),
+        t.commands: frozenset({Stage.READ, Stage.DECIDE}),
+        t.timer_ops: frozenset({Stage.READ, Stage.OPERATE}),
+    }
+
+
+def replay_refusal(dead_letters: str, letter: DeadLetterContext) -> str | None:
+    """Why the record of a letter read on the dead-letter topic `dead_letters` may not be
+    written back where the letter says it came from, or None when it may: that topic is
+    an events, commands or timer-ops topic of an aggregate type of the context whose dead
+    letters `dead_letters` holds, and the letter's stage one its records are refused at.
+    (The partition is checked against the topic's own count by `replay_letter`.)"""
+    topic = letter.topic
+    context, _, rest = topic.partition(".")
+    if ContextTopics(context).dead_letters != dead_letters:
+        return (
+            f"{topic!r} is not a topic of the context whose dead letters {dead_letters} "
+            "holds: no letter there comes from it"
+        )
+    try:
+        types = parse_aggregate_type(f"{context}.{rest.partition('.')[0]}")
+    except ConfigError:
+        types = None
+    if types is not None and topic == types.timers_changelog:
+        return (
+            f"{topic} is a timer changelog: its only letters are a restore's, of records "
+            "that are no timer rows, and none is ever written back into it (replaying one "
+            "is never useful, and a forged one would be loaded as a timer)"
+        )
+    stages = {} if types is None else _stages(types)
+    if topic not in stages:
+        return (
+            f"{topic!r} is not a topic a node reads records from and dead-letters: only an "
+            "aggregate type's events, commands and timer-ops topics are replayed to"
+        )
+    if letter.stage not in stages[topic]:
+        allowed = ", ".join(sorted(stages[topic]))
+        return (
+            f"no letter of {topic} is refused at stage {letter.stage} (only {allowed}): "
+            "not one a node wrote"
+        )
+    return None
+
+
 def replay_transactional_id(group_id: str, topic: str, partition: int, offset: int) -> str:
     """The transactional id of a letter's replay: the same for every replay of it (under the
     group's prefix, as the workers' are)."""
@@ -204,15 +271,17 @@ async def replay_letter(
     partition: int,
     offset: int,
     now: int,
-    check_topic: Callable[[str], Awaitable[object]] | None = None,
+    check_topic: Callable[[str], Awaitable[int]] | None = None,
 ) -> Replayed:
     """Replays the letter at (`partition`, `offset`) of the dead-letter `topic` with
     `writer` (of `replay_transactional_id`, not started), unless it was replayed before.
 
-    `NoLetter` when there is no letter there or it was cut; `KafkaUnavailable` (`Fenced`:
-    another replay of it started meanwhile) when the write failed, and nothing was written.
-    `check_topic` is awaited with the record's topic before it is written (a broker may
-    create a topic a record is sent to: a replay must not).
+    `NoLetter` when there is no letter there or it was cut; `ReplayRefused` when its record
+    may not be written where the letter says it came from (`replay_refusal`, or a partition
+    the topic has not); `KafkaUnavailable` (`Fenced`: another replay of it started
+    meanwhile) when the write failed. Nothing is written then, not even the mark.
+    `check_topic` is awaited with the record's topic before it is written, and returns its
+    partition count (a broker may create a topic a record is sent to: a replay must not).
     """
     try:
         await writer.start()  # fences another replay of this letter still under way
@@ -227,8 +296,19 @@ async def replay_letter(
                 "whole and cannot be replayed"
             )
         ctx = found.letter.context
+        if (why := replay_refusal(topic, ctx)) is not None:
+            raise ReplayRefused(
+                f"the dead letter at partition {partition}, offset {offset} is not replayed: "
+                f"{why}; nothing was written"
+            )
         if check_topic is not None:
-            await check_topic(ctx.topic)
+            have = await check_topic(ctx.topic)
+            if not 0 <= ctx.partition < have:
+                raise ReplayRefused(
+                    f"the dead letter at partition {partition}, offset {offset} is not "
+                    f"replayed: topic {ctx.topic} has no partition {ctx.partition} ({have} "
+                    "partition(s)); nothing was written"
+                )
         headers: Headers = found.letter.headers
         original = (ctx.topic, ctx.partition, found.letter.key, found.letter.value, headers)
         mark = ReplayMark(
@@ -303,8 +383,8 @@ async def replay(
         replay_transactional_id(group_id, topic, partition, offset)
     )
 
-    async def check(name: str) -> None:
-        await require_topic(admin, name, "the record's topic is gone: nothing was replayed")
+    async def check(name: str) -> int:
+        return await require_topic(admin, name, "the record's topic is gone: nothing was replayed")
 
     async with clients.reader() as reader:
         return await replay_letter(reader, writer, topic, partition, offset, now, check)
