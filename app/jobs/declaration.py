@@ -15,6 +15,8 @@ from typing import Any, Final
 from app.model.aggregate import Decision
 from app.model.user_code import plain_function
 from tables import DEFAULT_TENANT, AggregateRef, CronRule, IntervalRule, OnceRule
+from tables.bounds import MAX_INSTANT
+from tables.exceptions import InvalidRule
 from tables.partitioner import partition_of
 from tables.rules import parse_rule
 
@@ -47,6 +49,16 @@ TICK_KEY: Final = "tick"
 RUN_KEY_PREFIX: Final = "run:"
 
 Rule = OnceRule | IntervalRule | CronRule
+
+MIN_JOB_EVERY_MS: Final = 1_000
+"""The shortest `every` of a job's interval rule, a second: a cron rule's finest step (six
+fields, seconds first). Each slot is a tick, a transaction of its own and a handler's run,
+for each instance: a job of a millisecond's interval would flood its node. A timer's
+interval rule has no such floor."""
+
+MAX_JOB_EVERY_MS: Final = MAX_INSTANT
+"""The longest `every` of a job's interval rule: any longer, its second slot is past
+9999-12-31T23:59:59.999Z whatever its start, and the job runs once at most."""
 
 # No `~`: it separates a SHARDED instance's parts, so no job's ids can be another's.
 _JOB_NAME = re.compile(r"^[A-Za-z0-9_-]{1,100}$")
@@ -103,6 +115,8 @@ class Job:
         if not _JOB_NAME.match(self.name):
             raise ValueError(f"job name {self.name!r}: use 1-100 letters, digits, '-' or '_'")
         object.__setattr__(self, "scope", JobScope(self.scope))
+        if (why := job_rule_error(self.rule)) is not None:
+            raise ValueError(f"job {self.name!r}: {why}")
         plain_function(self.handler, f"the handler of job {self.name}")
 
 
@@ -173,17 +187,41 @@ def not_its_instance(job: Job, ref: AggregateRef, partitions: int) -> str | None
     return None
 
 
+def job_rule_error(rule: Rule) -> str | None:
+    """Why `rule` can be no job's (an interval rule's `every` shorter than
+    `MIN_JOB_EVERY_MS` or longer than `MAX_JOB_EVERY_MS`), or None."""
+    if not isinstance(rule, IntervalRule):
+        return None
+    if rule.every < MIN_JOB_EVERY_MS:
+        return (
+            f"every {rule.every} ms is shorter than a job's shortest interval, "
+            f"{MIN_JOB_EVERY_MS} ms (1 s, a cron rule's finest step)"
+        )
+    if rule.every > MAX_JOB_EVERY_MS:
+        return (
+            f"every {rule.every} ms is longer than a job's longest interval, "
+            f"{MAX_JOB_EVERY_MS} ms: its second slot would be past the year 9999 "
+            "(a once rule runs a job once)"
+        )
+    return None
+
+
 def effective_rule(
     default: Rule, override: Mapping[str, Any] | None, *, strict: bool = False
 ) -> Rule:
     """`default` under `override` (parts of a rule, see the module); `InvalidRule` if bad.
-    `strict` for an override given now (`parse_rule`); lax for one an instance kept."""
+    `strict` for an override given now (`parse_rule`), which must also be a job's rule
+    (`job_rule_error`); lax for one an instance kept, as an earlier version took it."""
     if not override:
         return default
     base = default.model_dump(mode="json")
     if override.get("kind", base["kind"]) != base["kind"]:
-        return parse_rule(dict(override), strict=strict)
-    return parse_rule({**base, **override}, strict=strict)
+        rule = parse_rule(dict(override), strict=strict)
+    else:
+        rule = parse_rule({**base, **override}, strict=strict)
+    if strict and (why := job_rule_error(rule)) is not None:
+        raise InvalidRule(why)
+    return rule
 
 
 def _name(job: str | Job) -> str:

@@ -8,6 +8,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from app.jobs import MAX_JOB_EVERY_MS, MIN_JOB_EVERY_MS
 from app.protocol.wire import ResultCode
 from tables import AggregateRef
 
@@ -22,6 +23,11 @@ __all__ = [
     "RescheduleBody",
     "job_paths",
 ]
+
+_EVERY = (
+    f"; an interval's every is {MIN_JOB_EVERY_MS} to {MAX_JOB_EVERY_MS} ms (a job ticks "
+    "once a second at most), else a 400 naming rule"
+)
 
 
 class JobBody(BaseModel):
@@ -42,7 +48,8 @@ class JobBody(BaseModel):
         description="names this request: sent again with it, it changes nothing more",
     )
     rule: dict[str, Any] | None = Field(
-        None, description="enable only: the instances' own rule parts (their override)"
+        None,
+        description="enable only: the instances' own rule parts (their override)" + _EVERY,
     )
 
 
@@ -50,7 +57,7 @@ class RescheduleBody(JobBody):
     """A reschedule's body: `rule` is required (null: follow the job's default again)."""
 
     rule: dict[str, Any] | None = Field(
-        description='the instances\' own rule parts, e.g. {"every": 60000}; null: none'
+        description='the instances\' own rule parts, e.g. {"every": 60000}; null: none' + _EVERY
     )
 
 

@@ -260,6 +260,20 @@ async def test_every_write_needs_the_web_token(edge: Edge, action: str) -> None:
         ("ops/minutely/trigger", {"rule": {"every": 1}}, "rule", "a trigger takes no rule"),
         ("ops/sweep/disable", {"partition": P}, "partition", f"partition {P} is not one of {P}"),
         ("ops/minutely/enable", {"rule": {"every": 0}}, "rule", "invalid rule for job 'minutely'"),
+        # a job ticks once a second at most: a millisecond's interval flooded the node
+        (
+            "ops/minutely/enable",
+            {"rule": {"every": 1}},
+            "rule",
+            "invalid rule for job 'minutely': every 1 ms is shorter than a job's shortest "
+            "interval, 1000 ms",
+        ),
+        (
+            "ops/sweep/reschedule",
+            {"rule": {"every": 999}},
+            "rule",
+            "invalid rule for job 'sweep': every 999 ms is shorter",
+        ),
         ("ops/minutely/enable", {"rule": [1]}, "rule", "valid dictionary"),
         ("ops/minutely/reschedule", {}, "rule", "Field required"),
         ("ops/minutely/backfill", {"until": T0}, "from", "Field required"),

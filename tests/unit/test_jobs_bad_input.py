@@ -25,6 +25,7 @@ from app.jobs import (
     instance_ids,
     is_instance_id,
     ref_of,
+    reschedule_command,
     schedule_aggregate,
     shard_ref,
 )
@@ -35,6 +36,7 @@ from app.ops.job_log import fold_instances
 from app.protocol.wire import CommandEnvelope, EventEnvelope, ResultCode, encode
 from tables import CronRule, IntervalRule, OnceRule
 from tables.aggregate_store import MemoryAggregateStore
+from tables.bounds import MAX_INSTANT, MAX_INT64
 from tables.partitioner import partition_of
 from tables.slots import caught_up, first_slot, reachable
 
@@ -225,6 +227,81 @@ def test_reachable_slots_of_each_kind_of_rule() -> None:
     assert reachable(cron, 2, 60_000, 180_000) and not reachable(cron, 2, 60_000, 179_999)
     assert not reachable(cron, 3, 0, 10**12)
     assert not reachable(every, -1, 0, 10**12)
+
+
+# --- a job's interval: a second at least, a second slot before the year 9999 ----------------
+
+
+@pytest.mark.parametrize(
+    ("every", "why"),
+    [
+        (1, "every 1 ms is shorter than a job's shortest interval, 1000 ms"),
+        (999, "every 999 ms is shorter than a job's shortest interval, 1000 ms"),
+        (MAX_INSTANT + 1, f"every {MAX_INSTANT + 1} ms is longer than a job's longest interval"),
+        (MAX_INT64, f"every {MAX_INT64} ms is longer than a job's longest interval"),
+    ],
+)
+def test_a_job_ticking_more_than_once_a_second_or_never_twice_is_refused_at_declaration(
+    every: int, why: str
+) -> None:
+    """A job of `every=1` was declared, enabled and ticked a thousand times a second per
+    instance (a transaction and a handler's run each); one past the calendar ran once."""
+    with pytest.raises(ValueError, match=f"^job 'sweep': {why}"):
+        Job("sweep", JobScope.SHARDED, IntervalRule(start=0, every=every), handler)
+
+
+def test_a_job_of_the_shortest_and_longest_interval_and_a_cron_of_seconds_are_taken() -> None:
+    for every in (declaration.MIN_JOB_EVERY_MS, MAX_INSTANT):
+        assert Job("sweep", JobScope.SYSTEM, IntervalRule(start=0, every=every), handler)
+    assert Job("sweep", JobScope.SYSTEM, CronRule(expr="* * * * * *"), handler)
+    # A timer's rule has no such floor: only a job's.
+    assert IntervalRule(start=0, every=1).every == 1
+
+
+@pytest.mark.parametrize(
+    ("default", "override"),
+    [
+        (IntervalRule(start=0, every=MIN), {"every": 999}),
+        (IntervalRule(start=0, every=MIN), {"every": 1}),
+        (IntervalRule(start=0, every=MIN), {"every": MAX_INSTANT + 1}),
+        # another kind than the default's: a rule of its own
+        (CronRule(expr="0 3 * * *"), {"kind": "interval", "start": 0, "every": 500}),
+    ],
+)
+def test_an_override_of_an_interval_no_job_may_have_is_refused_naming_job_and_value(
+    default: IntervalRule | CronRule, override: dict[str, Any]
+) -> None:
+    """As the HTTP edge and the CLI check it first (`job_api.rule_override`), and a command
+    written to the topic by anyone else: SCHEDULE_JOB_INVALID, nothing scheduled."""
+    job = Job("nightly", JobScope.SYSTEM, default, handler)
+    agg = schedule_aggregate("ops", [job], PARTITIONS)
+    every = override["every"]
+    d = decide(agg, None, enable_command("ops", job, rule=override, now=T0), now=T0, seen=False)
+    assert (d.code, d.stored) == (ResultCode.SCHEDULE_JOB_INVALID, None)
+    assert d.message.startswith(f"invalid rule for job 'nightly': every {every} ms is "), d.message
+    stored, _ = enabled_at(agg, job, T0)
+    cmd = reschedule_command("ops", job, override, now=T0)
+    d = decide(agg, stored, cmd, now=T0, seen=False)
+    assert (d.code, d.stored) == (ResultCode.SCHEDULE_JOB_INVALID, None)
+    assert f"invalid rule for job 'nightly': every {every} ms is " in d.message
+    # A second is a job's shortest interval.
+    cmd = reschedule_command("ops", job, {**override, "every": 1_000}, now=T0)
+    assert decide(agg, stored, cmd, now=T0, seen=False).code is ResultCode.COMMITTED
+
+
+async def test_an_instance_kept_override_shorter_than_a_second_is_enabled_again() -> None:
+    """An override an earlier version took is read as it took it (as a lax one is, above):
+    refused, a paused instance could not be resumed at all."""
+    proc, log, _ = await enabled()
+    await proc.handle([record(disable_command("ops", JOB, now=T0, request_id="dis-1"), 1)])
+    stored = proc._states.stored(state_key(REF))
+    assert stored is not None
+    kept = stored.model_copy(update={"state": {**stored.state, "override": {"every": 500}}})
+    proc._states._store.write(P, {state_key(REF): encode(kept)}, set(), None, T0)
+    await proc.handle([record(enable_command("ops", JOB, now=T0, request_id="en-2"), 2)])
+    assert [r["code"] for r in log.last("ops.results")] == [ResultCode.COMMITTED]
+    again = proc._states.stored(state_key(REF))
+    assert again is not None and again.state["rule"]["every"] == 500
 
 
 # --- the instances' states as an operator reads them ----------------------------------------

@@ -55,6 +55,7 @@ def test_find_job_names_what_is_declared() -> None:
         ("{every: 1}", "--rule is not JSON"),
         ("[1]", "must be a JSON object of rule fields (or null), not list"),
         ('{"every": 0}', "invalid rule for job 'sweep': interval.every: Input should be greater"),
+        ('{"every": 999}', "invalid rule for job 'sweep': every 999 ms is shorter than a job's"),
         ('{"kind": "cron", "expr": "nope"}', "invalid cron expression"),
         ('{"colour": "red"}', "colour"),
     ],
@@ -65,7 +66,7 @@ def test_a_bad_rule_is_refused_before_anything_is_sent(text: str, message: str) 
 
 
 def test_a_rule_is_an_override_and_null_is_none() -> None:
-    assert parse_rule_option('{"every": 700}', SWEEP) == {"every": 700}
+    assert parse_rule_option('{"every": 1500}', SWEEP) == {"every": 1500}
     assert parse_rule_option("null", SWEEP) is None
     assert parse_rule_option(None, SWEEP) is None
     # another kind is a rule of its own: whole
@@ -93,9 +94,11 @@ def test_a_tenant_job_has_one_instance_per_tenant_named() -> None:
 
 
 def test_a_sharded_job_has_one_instance_per_partition_or_the_one_named() -> None:
-    commands = instance_commands("enable", "ops", SWEEP, partitions=PARTITIONS, rule={"every": 500})
+    commands = instance_commands(
+        "enable", "ops", SWEEP, partitions=PARTITIONS, rule={"every": 1500}
+    )
     assert [partition_of(c.aggregate.id, PARTITIONS) for c in commands] == list(range(PARTITIONS))
-    assert all(c.body == {"job": "sweep", "rule": {"every": 500}} for c in commands)
+    assert all(c.body == {"job": "sweep", "rule": {"every": 1500}} for c in commands)
     (one,) = instance_commands("reschedule", "ops", SWEEP, partitions=PARTITIONS, partition=5)
     assert one.aggregate == shard_ref("ops", SWEEP, 5, PARTITIONS)
     assert (one.type, one.body) == (RESCHEDULE, {"rule": None})
@@ -171,6 +174,10 @@ RANGE = ["--from", "0", "--until", "60000"]
     [
         (["enable", *SHOP, "--rule", "{"], "--rule is not JSON"),
         (["reschedule", *SHOP, "--rule", "3"], "must be a JSON object"),
+        (
+            ["enable", *SHOP, "--rule", '{"kind": "interval", "start": 0, "every": 100}'],
+            "invalid rule for job 'unpaid-report': every 100 ms is shorter than a job's shortest",
+        ),
         (["enable", *SHOP, "--partition", "0"], "--partition is for SHARDED jobs"),
         (["disable", *SHOP, "--tenant", "t"], "--tenant is for TENANT jobs"),
         (["disable", *SHOP, "--partition", "0"], "--partition is for SHARDED jobs"),
