@@ -24,7 +24,7 @@ from app.clients.timer_book import (
     TimerKey,
     book_reason,
 )
-from app.model.aggregate import AggregateType, send_fits, sent_request_id
+from app.model.aggregate import AggregateType, send_fits, sent_suffix_length
 from app.protocol.topics import AggregateTopics
 from app.protocol.wire import MAX_REQUEST_ID, CommandEnvelope, ScheduleCancelled, ScheduleSet
 from tables import AggregateRef, CommandSpec, CronRule, IntervalRule, OnceRule
@@ -42,8 +42,8 @@ KEY_ACTIONS: Final[dict[str, str]] = {
 """The actions on one timer by its key, and the book's command each sends (as
 `tickwheel timers pause|resume|trigger` and `POST .../{key}/pause|resume|trigger`)."""
 
-_TRIGGER_MAX: Final = MAX_REQUEST_ID - len(sent_request_id("", 0))
-"""A trigger's request id at most: the book sends the timer's command as `<id>>0`."""
+_TRIGGER_MAX: Final = MAX_REQUEST_ID - sent_suffix_length(0)
+"""A trigger's request id at most: the book sends the timer's command as `<id>>0@<digest>`."""
 
 
 class Delivered(Protocol):
@@ -62,7 +62,7 @@ def request_id_for(op: str, key: str, message: Delivered | None) -> str:
     time that message is processed again, so the book applies the command once.
 
     `<topic>[<partition>]@<offset>:<op>:<key>`, or its SHA-256 when longer than a request
-    id may be (a trigger's: so that the command the book sends under `<id>>0` is one).
+    id may be (a trigger's: so that the command the book sends under `<id>>0@<digest>` is one).
     Without a message (outside an agent) a `ValueError`: the caller must name the request
     itself.
     """
@@ -130,7 +130,7 @@ class BookCommands:
         if action == "trigger" and not send_fits(request_id):
             raise ValueError(
                 f"a trigger's request id is at most {_TRIGGER_MAX} characters (its command "
-                f"is sent as <request id>>0), got {len(request_id)}"
+                f"is sent as <request id>>0@<digest>), got {len(request_id)}"
             )
         body = TimerKey(key=timer)
         return self._command(key, KEY_ACTIONS[action], body.model_dump(mode="json"), request_id)

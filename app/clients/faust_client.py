@@ -303,7 +303,7 @@ class TickwheelTimers:
         self, key: str, timer: str, *, request_id: str | None = None
     ) -> CommandEnvelope:
         """Has the book send `key`'s timer `timer`'s command once now (request id
-        `<this request id>>0`), its rule and next slot left as they were; the command
+        `<this request id>>0@<digest>`), its rule and next slot left as they were; the command
         sent again with the same request id fires nothing more."""
         return await self._act("trigger", key, timer, request_id)
 

@@ -101,7 +101,7 @@ PAUSE_TIMER: Final = "wow.PauseTimer"
 RESUME_TIMER: Final = "wow.ResumeTimer"
 """Body: a `TimerKey`; decided into `wow.ScheduleResumed` (UNCHANGED when running)."""
 TRIGGER_TIMER: Final = "wow.TriggerTimer"
-"""Body: a `TimerKey`; the timer's command sent once now, as `<request id>>0`, recorded by
+"""Body: a `TimerKey`; the timer's command sent once now, as `<request id>>0@<digest>`, recorded by
 `wow.ScheduleTriggered`; its rule and next slot as they were."""
 
 BOOK_RETENTION: Final = 7 * 24 * 60 * 60 * 1000
@@ -268,7 +268,7 @@ def timer_book(
             # the derived one would not be a request id (the send would raise: ERROR).
             d.reject(
                 f"{TRIGGER_TIMER} {cmd.request_id[:40]}…: its command's request id "
-                f"<request id>>0 would be longer than {MAX_REQUEST_ID} characters"
+                f"<request id>>0@<digest> would be longer than {MAX_REQUEST_ID} characters"
             )
         # Sent in this decision's transaction, its request id derived from the trigger's
         # (`Decision.send`): a trigger sent again is a DUPLICATE and sends nothing more. A

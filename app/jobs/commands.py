@@ -20,13 +20,13 @@ from app.jobs.declaration import (
     ref_of,
     shard_ref,
 )
-from app.model.aggregate import sent_request_id
+from app.model.aggregate import sent_suffix_length
 from app.protocol.wire import MAX_REQUEST_ID, CommandEnvelope
 from tables import DEFAULT_TENANT, AggregateRef
 
 TRIGGER_SENDS: Final = 1000
 """A triggered run of several instances under one request id may send this many commands
-(`JobRun.send`, each `<request id>>n`): the per-instance ids keep room for them."""
+(`JobRun.send`, each `<request id>>n@<digest>`): the per-instance ids keep room for them."""
 
 
 class RequestIdTooLong(ValueError):
@@ -53,7 +53,7 @@ def shared_request_id(
         c.model_copy(update={"request_id": f"{request_id}@{c.aggregate.tenant}/{c.aggregate.id}"})
         for c in commands
     ]
-    limit = MAX_REQUEST_ID - (len(sent_request_id("", TRIGGER_SENDS - 1)) if trigger else 0)
+    limit = MAX_REQUEST_ID - (sent_suffix_length(TRIGGER_SENDS - 1) if trigger else 0)
     longest = max(made, key=lambda c: len(c.request_id))
     if len(longest.request_id) > limit:
         room = limit - (len(longest.request_id) - len(request_id))

@@ -21,9 +21,10 @@ fold events into the state; the state is a pure function of the aggregate's even
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Generic, NoReturn, TypeVar
+from typing import Any, Final, Generic, NoReturn, TypeVar
 
 from pydantic import BaseModel
 
@@ -52,23 +53,48 @@ __all__ = [
     "Decision",
     "Event",
     "Rejected",
+    "aggregate_digest",
     "send_fits",
     "sent_request_id",
+    "sent_suffix_length",
 ]
 
 S = TypeVar("S", bound=BaseModel)
 
 
-def sent_request_id(request_id: str, n: int) -> str:
-    """The request id of the `n`-th command a decision on `request_id` sends: derived, so a
-    retried decision sends the same one and its target de-duplicates it."""
-    return f"{request_id}>{n}"
+DIGEST_CHARS: Final = 16
+"""The hex digits of an aggregate's digest (`aggregate_digest`)."""
+
+
+def aggregate_digest(aggregate: AggregateRef) -> str:
+    """`DIGEST_CHARS` hex digits of a hash of the aggregate's whole address (context, type,
+    tenant, id; each length-prefixed, so no two addresses are written alike): what makes
+    an id derived from a request id, which is unique per aggregate alone, unique in the
+    log (`sent_request_id`, `app.model.decide.event_id`)."""
+    parts = (aggregate.context, aggregate.aggregate, aggregate.tenant, aggregate.id)
+    text = "".join(f"{len(part)}:{part}" for part in parts)
+    digest = hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=DIGEST_CHARS // 2)
+    return digest.hexdigest()
+
+
+def sent_request_id(sender: AggregateRef, request_id: str, n: int) -> str:
+    """The request id of the `n`-th command a decision of `sender` on `request_id` sends,
+    `<request id>>n@<sender's digest>`: derived, so a retried decision sends the same one
+    and its target de-duplicates it; the sender's digest, so two aggregates' commands of
+    one request id (a request id is unique per aggregate alone) sending to one target are
+    two requests there, not a DUPLICATE of the first."""
+    return f"{request_id}>{n}@{aggregate_digest(sender)}"
+
+
+def sent_suffix_length(n: int = 0) -> int:
+    """How much longer than its decision's request id the `n`-th sent command's is."""
+    return len(f">{n}@") + DIGEST_CHARS
 
 
 def send_fits(request_id: str, n: int = 0) -> bool:
     """Whether a decision on `request_id` can send its `n`-th command: the derived id must
     fit a command's request id (`MAX_REQUEST_ID`), or the send raises."""
-    return len(sent_request_id(request_id, n)) <= MAX_REQUEST_ID
+    return len(request_id) + sent_suffix_length(n) <= MAX_REQUEST_ID
 
 
 class Rejected(Exception):
@@ -164,7 +190,7 @@ class Decision:
             raise NoTarget(why)
         self.commands.append(
             CommandEnvelope(
-                request_id=sent_request_id(self.request_id, len(self.commands)),
+                request_id=sent_request_id(self.aggregate, self.request_id, len(self.commands)),
                 type=type_,
                 aggregate=target,
                 body=dict(body or {}),

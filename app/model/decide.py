@@ -15,7 +15,7 @@ from typing import Any, Final
 from pydantic import BaseModel, ConfigDict, Field
 
 from app.errors import NoTarget, node_fault
-from app.model.aggregate import AggregateType, Decision, Event, Rejected
+from app.model.aggregate import AggregateType, Decision, Event, Rejected, aggregate_digest
 from app.model.user_code import not_awaitable, user_code
 from app.protocol.wire import (
     AGGREGATE_DELETED,
@@ -177,14 +177,6 @@ def event_id(aggregate: AggregateRef, request_id: str, i: int) -> str:
     if len(made) <= MAX_EVENT_ID:
         return made
     return f"sha256:{hashlib.sha256(request_id.encode()).hexdigest()}/{i}@{digest}"
-
-
-def aggregate_digest(aggregate: AggregateRef) -> str:
-    """16 hex digits of a hash of the aggregate's whole address (context, type, tenant, id;
-    each length-prefixed, so no two addresses are written alike)."""
-    parts = (aggregate.context, aggregate.aggregate, aggregate.tenant, aggregate.id)
-    text = "".join(f"{len(part)}:{part}" for part in parts)
-    return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=8).hexdigest()
 
 
 def fold(

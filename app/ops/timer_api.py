@@ -33,7 +33,7 @@ from app.clients.timer_book import (
 )
 from app.errors import BadRecord
 from app.kafka.ports import LogReader, Publisher
-from app.model.aggregate import AggregateType, send_fits, sent_request_id
+from app.model.aggregate import AggregateType, send_fits, sent_suffix_length
 from app.protocol.topics import AggregateTopics, ContextTopics
 from app.protocol.wire import (
     MAX_REQUEST_ID,
@@ -240,12 +240,12 @@ def key_command(
     if action not in ACTIONS:
         raise BadRequest("action", f"not one of {', '.join(sorted(ACTIONS))}: {action!r}")
     if action == "trigger" and request_id is not None and not send_fits(request_id):
-        # The book sends the timer's command under `<request id>>0`: it must fit too.
+        # The book sends the timer's command under `<request id>>0@<digest>`: it must fit too.
         raise BadRequest(
             "request_id",
-            f"a trigger's request id is at most {MAX_REQUEST_ID - len(sent_request_id('', 0))} "
+            f"a trigger's request id is at most {MAX_REQUEST_ID - sent_suffix_length(0)} "
             "characters (its "
-            f"command is sent as <request id>>0), got {len(request_id)}",
+            f"command is sent as <request id>>0@<digest>), got {len(request_id)}",
         )
     try:
         body = TimerKey(key=key)

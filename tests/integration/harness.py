@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import shutil
 import signal
 import socket
@@ -348,6 +349,12 @@ def _owns(worker: Worker) -> bool:
     if not worker.alive:
         raise AssertionError(f"{worker.name} exited {worker.proc.returncode}:\n{worker.text()}")
     return bool(owned(worker))
+
+
+def sent_base(request_id: str) -> str:
+    """A sent command's request id without its sender's digest
+    (`app.model.aggregate.sent_request_id`): `<request id>>n`, as a test names it."""
+    return re.sub(r"@[0-9a-f]{16}$", "", request_id)
 
 
 async def eventually(

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import orjson
 import pytest
-from harness import ROOT, Client, Cluster, eventually, new_context
+from harness import ROOT, Client, Cluster, eventually, new_context, sent_base
 
 from app.clients.timer_book import CANCEL_TIMER, SET_TIMER
 from app.kafka import Producer, Record, TopicSpec, ensure_topics, read_partitions
@@ -319,7 +319,7 @@ async def test_a_faust_app_pauses_triggers_and_resumes_a_timer(
                 return any(s["order_id"] == "d" for s in await reminded())
 
             await eventually(nudged, 60, "order d's reminder, sent by its nudge")
-            sent = [s["request_id"] for s in await reminded() if s["order_id"] == "d"]
+            sent = [sent_base(s["request_id"]) for s in await reminded() if s["order_id"] == "d"]
             assert sent == [rid[3] + "trigger:reminder>0"], sent
             (row,) = [t for t in (await client.timers()).values() if t.owner.id == "d"]
             assert row.status == TimerStatus.PENDING, row

@@ -592,3 +592,12 @@ class CommitLog:
     def last(self, topic_end: str) -> list[dict[str, Any]]:
         """The JSON of the last transaction's records of the topics named so at the end."""
         return [json.loads(r[3] or b"") for r in self.commits[-1] if r[0].endswith(topic_end)]
+
+
+_SENDER_DIGEST = re.compile(r"@[0-9a-f]{16}$")
+
+
+def sent_base(request_id: str) -> str:
+    """A sent command's request id without its sender's digest (`sent_request_id`):
+    `<request id>>n`, as a test names it."""
+    return _SENDER_DIGEST.sub("", request_id)

@@ -20,6 +20,7 @@ from app.cli.jobs import (
 from app.errors import JobsCliError
 from app.jobs import DISABLE, ENABLE, RESCHEDULE, Job, JobRun, JobScope, shard_ref
 from app.jobs.commands import TRIGGER_SENDS
+from app.model.aggregate import sent_suffix_length
 from app.ops.job_api import JobInputError
 from app.protocol.wire import MAX_REQUEST_ID
 from app.service import Service
@@ -278,9 +279,9 @@ def test_per_instance_request_ids_fit_or_are_refused_naming_the_request_id(
     action: str, request_id: str, tenants: list[str]
 ) -> None:
     """`<request id>@<tenant>/<instance>` is never longer than a request id may be (a
-    trigger's leaves room for its run's `>n` sends): refused up front otherwise, and the
+    trigger's leaves room for its run's `>n@<digest>` sends): refused up front otherwise, and the
     same request makes the same ids (sent again, each is a DUPLICATE)."""
-    limit = MAX_REQUEST_ID - (len(f">{TRIGGER_SENDS - 1}") if action == "trigger" else 0)
+    limit = MAX_REQUEST_ID - (sent_suffix_length(TRIGGER_SENDS - 1) if action == "trigger" else 0)
 
     def made() -> list[str]:
         cmds = instance_commands(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from fakes import sent_base
+
 from app.demo import reports, service, unpaid_report
 from app.jobs import ENABLE, TICK, TICKED, enable_command
 from app.model.decide import decide, fold
@@ -41,7 +43,7 @@ def test_each_tick_runs_the_report_once_in_the_ticks_transaction() -> None:
         "shop.RunReport",
     )
     assert run.body == {"slot": 0, "due_at": T0 + 5_000}
-    assert run.request_id == f"{tick.request_id}>0"
+    assert sent_base(run.request_id) == f"{tick.request_id}>0"
 
     report = decide(reports, None, run, now=T0 + 5_002, seen=False)
     assert [(e.type, e.body) for e in report.events] == [

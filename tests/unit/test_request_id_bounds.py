@@ -14,8 +14,16 @@ from hypothesis import strategies as st
 from pydantic import BaseModel, ValidationError
 
 from app.clients.timer_book import SET_TIMER, TRIGGER_TIMER, timer_book
-from app.model.aggregate import AggregateType, Command, Decision, send_fits, sent_request_id
-from app.model.decide import StoredAggregate, aggregate_digest, decide, event_id
+from app.model.aggregate import (
+    AggregateType,
+    Command,
+    Decision,
+    aggregate_digest,
+    send_fits,
+    sent_request_id,
+    sent_suffix_length,
+)
+from app.model.decide import StoredAggregate, decide, event_id
 from app.protocol.wire import MAX_EVENT_ID, MAX_REQUEST_ID, CommandEnvelope, ResultCode
 from tables import AggregateRef
 
@@ -119,11 +127,12 @@ def test_a_books_trigger_whose_sent_id_would_not_fit_is_rejected(length: int) ->
 
 
 def test_a_books_trigger_with_the_longest_id_that_leaves_room_sends_once() -> None:
-    rid = "t" * (MAX_REQUEST_ID - 2)
+    rid = "t" * (MAX_REQUEST_ID - sent_suffix_length(0))
     d = decide(BOOK, booked(), command(TRIGGER_TIMER, {"key": "k"}, rid), now=NOW, seen=False)
     assert d.code is ResultCode.COMMITTED, d.message
     (sent,) = d.commands
-    assert sent.request_id == sent_request_id(rid, 0) == rid + ">0"
+    assert sent.request_id == sent_request_id(OWNER, rid, 0)
+    assert sent.request_id == f"{rid}>0@{aggregate_digest(OWNER)}"
     assert len(sent.request_id) == MAX_REQUEST_ID
     (triggered,) = d.events
     assert triggered.body["request_id"] == sent.request_id
@@ -135,7 +144,7 @@ def test_a_decision_sends_exactly_when_send_fits_says_it_can(rid: str, n: int) -
     d.commands.extend([command(TRIGGER_TIMER, {}, "x")] * n)  # its n-th send comes next
     if send_fits(rid, n):
         d.send(OWNER, "rem.Remind")
-        assert d.commands[-1].request_id == f"{rid}>{n}"
+        assert d.commands[-1].request_id == f"{rid}>{n}@{aggregate_digest(OWNER)}"
     else:
         with pytest.raises(ValidationError):
             d.send(OWNER, "rem.Remind")
