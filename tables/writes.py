@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Sequence
-from typing import NamedTuple
+from typing import Final, NamedTuple
 
 from tables.copies import copied
 from tables.slots import Slot, caught_up, jittered_due
@@ -24,6 +24,7 @@ __all__ = [
     "plan_settle",
     "put_row",
     "resume_row",
+    "sent_at_its_version",
     "settle_row",
 ]
 
@@ -41,12 +42,36 @@ class Write(NamedTuple):
 
 
 def put_row(held: Timer | None, timer: Timer) -> Timer | None:
-    """`timer`, PENDING, unless `held` is at a later version or is this very timer (its id)."""
+    """`timer`, PENDING, unless `held` is at a later version, is this very timer (its id),
+    or is at `timer`'s version and has sent a command at it (`sent_at_its_version`).
+
+    A set at the held version with another id is what one command's events do (the key set
+    twice, or cancelled and set again: the last one wins). After the held timer fired,
+    though, it is the set read again under another id (a producer's retry that wrote the
+    event anew; a command's earlier set of the key read back after its later one fired):
+    written, it would revive a timer that fired and send its command again."""
     if held is not None and (held.version > timer.version or held.id == timer.id):
+        return None
+    if held is not None and held.version == timer.version and sent_at_its_version(held):
         return None
     if timer.status is TimerStatus.PENDING:
         return timer
     return copied(timer, {"status": TimerStatus.PENDING})
+
+
+SENT: Final = frozenset({TimerStatus.FIRING, TimerStatus.FIRED, TimerStatus.PARKED})
+"""A timer that sent its command (or is sending it)."""
+
+
+def sent_at_its_version(held: Timer) -> bool:
+    """Whether `held` sent a command (or is sending one) at its version: in flight, fired,
+    parked, or PENDING with a slot attempted or passed over (an outcome). Not a cancelled
+    one (a set after its cancel is a new timer), nor a paused one: a pause gives the row
+    its own version and keeps the outcome of an earlier one's slots, and a set after it in
+    one command must replace it. (A resume does the same: a set after a resume of its key
+    in one command is passed over; sets and resumes of one key go in commands of their
+    own.)"""
+    return held.status in SENT or (held.status is TimerStatus.PENDING and held.outcome is not None)
 
 
 def cancel_row(held: Timer | None, version: int) -> Timer | None:

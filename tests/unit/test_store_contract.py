@@ -232,6 +232,59 @@ async def test_put_at_the_held_version_with_a_new_id_writes(store: TimerStore) -
     assert await store.find(same.owner, same.key) == same
 
 
+@pytest.mark.parametrize(
+    ("status", "outcome"),
+    [
+        (FIRING, None),
+        (FIRED, Outcome.COMMITTED),
+        (PARKED, Outcome.FAILED),
+        (PENDING, Outcome.COMMITTED),  # a recurring timer whose slot fired
+    ],
+)
+async def test_put_at_the_held_version_with_a_new_id_never_revives_what_sent_at_it(
+    store: TimerStore, status: TimerStatus, outcome: Outcome | None
+) -> None:
+    # The set read again under another id (a producer's retry that wrote the event anew):
+    # written, it would send the timer's command again.
+    t = timer(version=5)
+    if status is PENDING:
+        assert await store.put(t)
+        fired = t.model_copy(update={"slot": 1, "slot_due_at": 61_000, "due_at": 61_000})
+        assert await store.settle([change(t, outcome=outcome, **_slot(fired))]) == 1
+        held = await store.find(t.owner, t.key)
+    else:
+        held = await into(store, t, status, outcome=outcome)
+    assert not await store.put(timer(id="retried", version=5))
+    assert await store.find(t.owner, t.key) == held
+    # A later version is a new timer whatever the held one did.
+    later = timer(id="later", version=6)
+    assert await store.put(later)
+    assert await store.find(t.owner, t.key) == later
+
+
+@pytest.mark.parametrize("status", [CANCELLED, PAUSED])
+async def test_put_at_the_held_version_after_its_cancel_or_pause_writes(
+    store: TimerStore, status: TimerStatus
+) -> None:
+    # One command's events: the key cancelled (or paused) and set again, the last one wins.
+    t = timer(version=5)
+    assert await store.put(t)
+    assert await store.settle([change(t, outcome=Outcome.COMMITTED)]) == 1
+    held = await store.find(t.owner, t.key)
+    assert held is not None
+    if status is CANCELLED:
+        assert await store.cancel(t.owner, t.key, 5)
+    else:
+        assert await store.pause(t.owner, t.key, 5)
+    again = timer(id="again", version=5)
+    assert await store.put(again)
+    assert await store.find(t.owner, t.key) == again
+
+
+def _slot(t: Timer) -> dict[str, Any]:
+    return {"slot": t.slot, "slot_due_at": t.slot_due_at, "due_at": t.due_at}
+
+
 async def test_put_many_is_each_put_in_turn(opener: Opener) -> None:
     """One batch (rows read at once, per partition) writes what its puts one by one do:
     the same row twice, rows of several partitions, rows held before at other versions."""
