@@ -79,21 +79,30 @@ def aggregate_digest(aggregate: AggregateRef) -> str:
 
 def sent_request_id(sender: AggregateRef, request_id: str, n: int) -> str:
     """The request id of the `n`-th command a decision of `sender` on `request_id` sends,
-    `<request id>>n@<sender's digest>`: derived, so a retried decision sends the same one
-    and its target de-duplicates it; the sender's digest, so two aggregates' commands of
-    one request id (a request id is unique per aggregate alone) sending to one target are
-    two requests there, not a DUPLICATE of the first."""
-    return f"{request_id}>{n}@{aggregate_digest(sender)}"
+    `<request id>>n@<sender's digest>`, or `sha256:<hex of the request id>>n@<the digest>`
+    when that is longer than a request id may be: derived, so a retried decision sends the
+    same one and its target de-duplicates it; the sender's digest, so two aggregates'
+    commands of one request id (a request id is unique per aggregate alone) sending to one
+    target are two requests there, not a DUPLICATE of the first. Hashed rather than
+    refused, so a chain of sends (a sent command's handler sending again) never runs out
+    of room."""
+    digest = aggregate_digest(sender)
+    made = f"{request_id}>{n}@{digest}"
+    if len(made) <= MAX_REQUEST_ID:
+        return made
+    hashed = hashlib.sha256(request_id.encode("utf-8", "surrogatepass")).hexdigest()
+    return f"sha256:{hashed}>{n}@{digest}"
 
 
 def sent_suffix_length(n: int = 0) -> int:
-    """How much longer than its decision's request id the `n`-th sent command's is."""
-    return len(f">{n}@") + DIGEST_CHARS
+    """The room a request id leaves for its decision's `n`-th send (`send_fits`)."""
+    return len(f">{n}")
 
 
 def send_fits(request_id: str, n: int = 0) -> bool:
-    """Whether a decision on `request_id` can send its `n`-th command: the derived id must
-    fit a command's request id (`MAX_REQUEST_ID`), or the send raises."""
+    """Whether `<request id>>n` fits a request id: the bound a trigger's request id keeps
+    (a timer book's, a job's), as it did before sent ids carried their sender's digest. A
+    decision sends whatever its request id's length (`sent_request_id` hashes a long one)."""
     return len(request_id) + sent_suffix_length(n) <= MAX_REQUEST_ID
 
 

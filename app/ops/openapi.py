@@ -145,7 +145,7 @@ def openapi_document(version: str) -> dict[str, Any]:
         "the book; UNCHANGED when it runs",
         "trigger": "sends the timer's command once now, through the book (its request id is "
         "<request_id>>0@<digest>, so a trigger sent again fires nothing more, and a trigger's "
-        "request id is at most 281 characters); its rule and next "
+        "request id is at most 298 characters); its rule and next "
         "slot are left as they were",
     }
     acted = {

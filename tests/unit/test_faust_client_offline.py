@@ -623,7 +623,7 @@ async def test_in_an_agent_each_action_has_the_events_own_request_id(
     [
         (lambda t: t.pause("o-1", "reminder"), "pass request_id="),
         (lambda t: t.resume("o-1", "", request_id="x"), "at least 1 character"),
-        (lambda t: t.trigger("o-1", "reminder", request_id="r" * 282), "at most 281 characters"),
+        (lambda t: t.trigger("o-1", "reminder", request_id="r" * 299), "at most 298 characters"),
         (lambda t: t.key_command("stop", "o-1", "reminder", request_id="x"), "not one of"),
     ],
 )

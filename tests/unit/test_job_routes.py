@@ -302,13 +302,13 @@ async def test_every_write_needs_the_web_token(edge: Edge, action: str) -> None:
             "too long for 2 instances: ops.schedule/" + "t" * 200 + "/per-tenant's would be "
             "412 characters (<request id>@<tenant>/<instance>, at most 300); give at most 88",
         ),
-        # a triggered run's sends `<id>>n@<digest>` must fit as well
+        # a triggered run's sends `<id>>n` must fit as well
         (
             "ops/per-tenant/trigger",
             {"tenants": ["a", "t" * 100], "request_id": "r" * 186},
             "request_id",
-            "would be 298 characters (<request id>@<tenant>/<instance>, at most 279); give "
-            "at most 167",
+            "would be 298 characters (<request id>@<tenant>/<instance>, at most 296); give "
+            "at most 184",
         ),
     ],
 )
@@ -331,8 +331,8 @@ async def test_ids_made_from_the_longest_request_id_that_fits_are_sent_and_dedup
     assert [len(o["request_id"]) for o in answer["outcomes"]] == [201, 300]
     assert codes(answer) == ["COMMITTED", "COMMITTED"], answer
     assert codes(await edge.act("enable", body, job="per-tenant")) == ["DUPLICATE"] * 2
-    # a trigger keeps room for its run's sends: 279, and its run sends and commits once
-    body = {"tenants": tenants, "request_id": "r" * 167}
+    # a trigger keeps room for its run's sends: 296, and its run sends and commits once
+    body = {"tenants": tenants, "request_id": "r" * 184}
     assert codes(await edge.act("trigger", body, job="per-tenant")) == ["COMMITTED"] * 2
     assert codes(await edge.act("trigger", body, job="per-tenant")) == ["DUPLICATE"] * 2
     await until(lambda: runs(edge.log).count(-1) == 2)

@@ -279,7 +279,7 @@ def test_per_instance_request_ids_fit_or_are_refused_naming_the_request_id(
     action: str, request_id: str, tenants: list[str]
 ) -> None:
     """`<request id>@<tenant>/<instance>` is never longer than a request id may be (a
-    trigger's leaves room for its run's `>n@<digest>` sends): refused up front otherwise, and the
+    trigger's leaves room for its run's `>n` sends): refused up front otherwise, and the
     same request makes the same ids (sent again, each is a DUPLICATE)."""
     limit = MAX_REQUEST_ID - (sent_suffix_length(TRIGGER_SENDS - 1) if action == "trigger" else 0)
 

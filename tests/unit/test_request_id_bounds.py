@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 
 from app.clients.timer_book import SET_TIMER, TRIGGER_TIMER, timer_book
 from app.model.aggregate import (
@@ -127,24 +127,40 @@ def test_a_books_trigger_whose_sent_id_would_not_fit_is_rejected(length: int) ->
 
 
 def test_a_books_trigger_with_the_longest_id_that_leaves_room_sends_once() -> None:
-    rid = "t" * (MAX_REQUEST_ID - sent_suffix_length(0))
+    rid = "t" * (MAX_REQUEST_ID - sent_suffix_length(0))  # 298: as long as before
     d = decide(BOOK, booked(), command(TRIGGER_TIMER, {"key": "k"}, rid), now=NOW, seen=False)
     assert d.code is ResultCode.COMMITTED, d.message
     (sent,) = d.commands
     assert sent.request_id == sent_request_id(OWNER, rid, 0)
-    assert sent.request_id == f"{rid}>0@{aggregate_digest(OWNER)}"
-    assert len(sent.request_id) == MAX_REQUEST_ID
+    # `<request id>>0@<digest>` would be 317 characters: hashed, the sender's digest kept
+    assert sent.request_id.startswith("sha256:")
+    assert sent.request_id.endswith(f">0@{aggregate_digest(OWNER)}")
     (triggered,) = d.events
     assert triggered.body["request_id"] == sent.request_id
 
 
 @given(rid=_REQUEST_ID, n=st.integers(0, 2000))
-def test_a_decision_sends_exactly_when_send_fits_says_it_can(rid: str, n: int) -> None:
+def test_a_decision_sends_whatever_its_request_ids_length(rid: str, n: int) -> None:
+    # Whole while `<request id>>n@<digest>` fits a request id, hashed past it: a chain of
+    # sends (each hop's handler sending again) never runs out of room.
     d = Decision(aggregate=OWNER, now=NOW, request_id=rid)
     d.commands.extend([command(TRIGGER_TIMER, {}, "x")] * n)  # its n-th send comes next
+    d.send(OWNER, "rem.Remind")
+    sent = d.commands[-1].request_id
+    whole = f"{rid}>{n}@{aggregate_digest(OWNER)}"
+    assert sent == (whole if len(whole) <= MAX_REQUEST_ID else sent)
+    assert len(sent) <= MAX_REQUEST_ID
+    if len(whole) > MAX_REQUEST_ID:
+        assert sent.startswith("sha256:") and sent.endswith(f">{n}@{aggregate_digest(OWNER)}")
+    assert sent == sent_request_id(OWNER, rid, n)  # the same on a retried decision
     if send_fits(rid, n):
+        assert len(f"{rid}>{n}") <= MAX_REQUEST_ID
+
+
+def test_a_chain_of_sends_never_runs_out_of_room() -> None:
+    rid = uuid_like = "0" * 36
+    for _hop in range(200):
+        d = Decision(aggregate=OWNER, now=NOW, request_id=rid)
         d.send(OWNER, "rem.Remind")
-        assert d.commands[-1].request_id == f"{rid}>{n}@{aggregate_digest(OWNER)}"
-    else:
-        with pytest.raises(ValidationError):
-            d.send(OWNER, "rem.Remind")
+        rid = d.commands[-1].request_id
+    assert len(rid) <= MAX_REQUEST_ID and rid != uuid_like

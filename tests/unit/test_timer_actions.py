@@ -40,6 +40,7 @@ import app.cli.timer_changes
 import app.ops.timer_routes
 from app.cli import cli
 from app.clients.timer_book import BOOK_RETENTION, SET_TIMER, timer_book
+from app.model.aggregate import sent_request_id
 from app.model.decide import decide
 from app.ops.timer_routes import TimerRoutes
 from app.protocol.wire import (
@@ -162,22 +163,26 @@ async def test_a_trigger_fires_once_even_sent_again_and_leaves_the_rule(edge: Ed
 
 
 async def test_a_trigger_id_that_leaves_no_room_for_its_send_is_a_400(edge: Edge) -> None:
-    """The book sends the timer's command as `<request id>>0@<digest>`: at most 300 characters, so a
-    trigger's own id is at most 281 (a longer one was a 502, an ERROR and a dead letter)."""
+    """The book sends the timer's command as `<request id>>0@<digest>` (hashed when that is
+    longer than 300 characters); a trigger's own id is at most 298, as `<request id>>0` was
+    (a longer one was a 502, an ERROR and a dead letter)."""
     assert (await edge.call("PUT", f"{PATH}/edge", interval(T0 + 60_000, 60_000, "edge")))[0] == 200
     for rid in ("t" * 299, "t" * 300):
         status, answer = await act(edge, "edge", "trigger", rid)
         assert (status, answer["field"]) == (400, "request_id"), answer
-        assert "at most 281 characters" in answer["error"], answer
+        assert "at most 298 characters" in answer["error"], answer
         query = await edge.call("POST", f"{PATH}/edge/trigger?request_id={rid}")
         assert (query[0], query[1]["field"]) == (400, "request_id"), query
     assert events(edge.log, BOOK, "wow.ScheduleTriggered") == []
     # the longest that fits fires once, sent again too (its events' ids fit as well)
-    rid = "t" * 281
+    rid = "t" * 298
     assert (await act(edge, "edge", "trigger", rid))[1]["code"] == "COMMITTED"
     assert (await act(edge, "edge", "trigger", rid))[1]["code"] == "DUPLICATE"
     await until(lambda: len(pings(edge, "edge")) == 1)
-    assert [sent_base(e.request_id or "") for e in pings(edge, "edge")] == [rid + ">0"]
+    (triggered,) = events(edge.log, BOOK, "wow.ScheduleTriggered")
+    sent = sent_request_id(triggered.aggregate, rid, 0)  # hashed: 317 characters whole
+    assert sent.startswith("sha256:") and triggered.body["request_id"] == sent
+    assert [e.request_id for e in pings(edge, "edge")] == [sent]
 
 
 async def test_a_paused_timer_can_be_triggered_and_stays_paused(edge: Edge) -> None:
@@ -500,7 +505,7 @@ def test_a_trigger_id_too_long_for_its_send_exits_2_and_sends_nothing(
 ) -> None:
     result = CliRunner().invoke(cli, line("trigger", "--request-id", "t" * 299))
     assert result.exit_code == 2, result.output
-    assert result.stderr.startswith("error: request_id: a trigger's request id is at most 281")
+    assert result.stderr.startswith("error: request_id: a trigger's request id is at most 298")
     assert not sent
     # a pause's id is sent as it is: 300 characters are fine
     assert CliRunner().invoke(cli, line("pause", "--request-id", "p" * 300)).exit_code == 0
