@@ -44,6 +44,7 @@ class TimerTableCycles:
         back, they find it done (every timer operation is idempotent). Whether it wrote."""
         kept = w.kept
         ops: list[TimerOp] = []
+        ids: list[str] = []
         for event in batch.take_timer_events():
             try:
                 op = timer_op(event, p)  # the batch's events go to p's log
@@ -51,11 +52,19 @@ class TimerTableCycles:
                 continue  # dead-lettered when the subscription reads it back
             if op is not None:
                 ops.append(op)
+                ids.append(event.id)
         if not ops:
             return False
         # One the store refuses is dead-lettered when the subscription reads it back; the
         # ops after it are carried out now all the same (a cancel among them included).
-        writes, put = await apply_all(w.timers, ops, _refused_now)
+        refused: set[int] = set()
+
+        def refused_now(i: int, exc: Exception) -> None:
+            refused.add(i)
+            _refused_now(i, exc)
+
+        writes, put = await apply_all(w.timers, ops, refused_now)
+        w.carried.update(event_id for i, event_id in enumerate(ids) if i not in refused)
         self._offer(kept, put)
         return writes > 0
 
@@ -96,6 +105,10 @@ class TimerTableCycles:
                     raise BadRecord(lax)
                 stage = Stage.APPLY
                 op = timer_op(event, record.partition)
+                if op is not None and event.id in w.carried:
+                    # Its own event, carried out when its command was decided: done.
+                    w.carried.discard(event.id)
+                    continue
             except Exception as exc:
                 if node_fault(exc):
                     raise

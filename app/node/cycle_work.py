@@ -35,6 +35,9 @@ class CycleWork:
     offsets: dict[tuple[str, int], int] = field(default_factory=dict)
     batch: CommandBatch | None = None
     wrote: bool = False  # timer rows written (buffered in the partition's transaction)
+    # The ids of the events whose timer operations its task's cycles carried out at once
+    # (`PartitionInput.carried`): read back, they are passed over.
+    carried: set[str] = field(default_factory=set)
 
     def dead_letter(self, record: Record, error: BaseException, stage: Stage) -> None:
         """Skips a bad record: its dead letter commits with the offset that passes it."""

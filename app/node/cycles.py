@@ -212,7 +212,8 @@ class PartitionCycles(TimerTableCycles):
             nonlocal work
             if work is None:
                 processor, store = self._processor(key), self._store(key)
-                work = CycleWork(kept, now, self.limits, processor, store=store)
+                carried = inp.carried if inp is not None else set()
+                work = CycleWork(kept, now, self.limits, processor, store=store, carried=carried)
             return work
 
         try:

@@ -86,6 +86,13 @@ class PartitionInput:
         self.cut = False
         # The last offset of each topic the last cycle read, if it failed.
         self.failed_at: dict[str, int] = {}
+        # The ids of its own events whose timer operations its cycles carried out at once
+        # (`TimerTableCycles._carry_out`), until the subscription reads them back: then
+        # they are passed over. Applied again, one command's events read back one by one
+        # would undo what the command did as a whole (its cancel of a key read back after
+        # its set of the key again cancelled the new timer). A retake starts with none:
+        # read back by it, they are applied as any event is.
+        self.carried: set[str] = set()
         self._on_failure = on_failure
         self._stopped = False
         self._worker = asyncio.create_task(
