@@ -74,6 +74,11 @@ class FakeClock:
     def advance(self, ms: int) -> None:
         self.set(self._now + ms)
 
+    def step(self, t: int) -> None:
+        """The wall clock stepped to `t`, back as well as forward (NTP, a resumed VM)."""
+        self._now = t
+        self.set(t)
+
 
 async def wait_until(
     check: Callable[[], bool | Awaitable[bool]],

@@ -27,7 +27,7 @@ from app.timers.runner.decisions import (
 )
 from app.timers.runner.options import DAY_MS, RetryPolicy, TimerOptions, backoff_ms
 from tables.rules import CronRule, IntervalRule, OnceRule
-from tables.slots import Slot, first_slot, next_slot
+from tables.slots import Slot, first_slot, jittered_due, next_slot
 from tables.timer import Outcome, Timer, TimerStatus
 
 OPTIONS = TimerOptions()
@@ -244,6 +244,29 @@ def test_on_outcome_invariants(
         assert firing.attempts + 1 < options.retry.max_attempts
         assert decision.action is Action.RETRY and nxt.status is TimerStatus.PENDING
         assert nxt.due_at == now + backoff_ms(options.retry, nxt.attempts) > now
+
+
+@given(due_timers(), options_st, codes, st.integers(0, 6), st.integers(1, DAY_MS))
+def test_after_the_clock_stepped_back_no_retry_or_release_is_due_before_its_slot(
+    case: tuple[Timer, int], options: TimerOptions, code: str, busy: int, back: int
+) -> None:
+    # NTP stepped the clock back while the send was out: a retry at `now + backoff` (or a
+    # claim given back due `now`) would be sent before its slot is due on this very clock,
+    # refused by its target as not due, and the timer parked.
+    timer, claim_time = case
+    if claim_time - timer.slot_due_at > options.expires_after:
+        timer = timer.model_copy(update={"due_at": timer.slot_due_at})
+        claim_time = timer.slot_due_at
+    firing = claimed(timer, claim_time, options)
+    now = claim_time - back
+    slot_due = jittered_due(firing.rule, firing.id, Slot(firing.slot, firing.slot_due_at))
+    outcome = on_outcome(firing, SendResult(code), now, options, busy)
+    for decision in (outcome, release(firing, now)):
+        for change in (decision.change, decision.fallback):
+            if change is None or change.next.slot != firing.slot:
+                continue  # fired: its next slot's own due time
+            if change.next.status is TimerStatus.PENDING:
+                assert change.next.due_at >= slot_due
 
 
 @settings(max_examples=150, deadline=None)

@@ -28,11 +28,24 @@ def _current(r: Round, firings: Mapping[int, PartitionFiring]) -> dict[int, Part
 
 def to_claim(r: Round, firings: Mapping[int, PartitionFiring], loaded: list[Timer]) -> list[Timer]:
     """The timers loaded to decide: not one of a partition stopped while it was being
-    loaded, nor one already handed over to fire in-process."""
+    loaded, one already handed over to fire in-process, one whose send runs here, nor one
+    whose outcome waits to be written (a claim of theirs lapsed only as the clock jumped)."""
     current = _current(r, firings)
+    busy = {p: _busy(f) for p, f in current.items()}
     return [
-        t for t in loaded if (f := current.get(t.partition)) is not None and t.id not in f.in_hand
+        t
+        for t in loaded
+        if (f := current.get(t.partition)) is not None
+        and t.id not in f.in_hand
+        and t.id not in busy[t.partition]
     ]
+
+
+def _busy(firing: PartitionFiring) -> set[str]:
+    """The ids of `firing`'s timers sent, whose outcomes are not written yet."""
+    if not firing.outcomes:
+        return firing.sending
+    return firing.sending | {d.change.loaded.id for d in firing.outcomes if d.change is not None}
 
 
 def hand_over(

@@ -38,6 +38,7 @@ __all__ = [
     "error_of",
     "expire_or_claim",
     "guarded",
+    "not_before_its_slot",
     "on_outcome",
     "release",
     "retry_parked",
@@ -191,6 +192,14 @@ def due_since(timer: Timer) -> int:
     return jittered_due(timer.rule, timer.id, _slot(timer))
 
 
+def not_before_its_slot(timer: Timer, at: int) -> int:
+    """`at`, or the timer's slot's own due time (its jitter included) when that is later: a
+    retry, a BUSY wait or a claim given back is never due before its slot is. Only a clock
+    stepped back (NTP, a resumed VM) between the claim and the outcome makes it later; sent
+    then, the target would refuse the command as not due on its clock, and the timer park."""
+    return max(at, jittered_due(timer.rule, timer.id, _slot(timer)))
+
+
 def expire_or_claim(timer: Timer, now: int, options: TimerOptions) -> Decision:
     """What a round does with a timer `due()` loaded: expire it, or claim it to send it.
 
@@ -265,7 +274,7 @@ def on_outcome(
             _change(
                 claimed,
                 status=TimerStatus.PENDING,
-                due_at=now + backoff_ms(options.retry, 1),
+                due_at=not_before_its_slot(claimed, now + backoff_ms(options.retry, 1)),
                 outcome=Outcome.BUSY,
                 **error,
             ),
@@ -279,7 +288,7 @@ def on_outcome(
         claimed,
         status=TimerStatus.PENDING,
         attempts=failures,
-        due_at=now + backoff_ms(options.retry, failures),
+        due_at=not_before_its_slot(claimed, now + backoff_ms(options.retry, failures)),
         outcome=outcome,
         **error,
     )
@@ -290,7 +299,7 @@ def on_outcome(
     again = _change(
         claimed,
         status=TimerStatus.PENDING,
-        due_at=now + backoff_ms(options.retry, failures),
+        due_at=not_before_its_slot(claimed, now + backoff_ms(options.retry, failures)),
         outcome=outcome,
         **error,
     )
@@ -356,14 +365,19 @@ def _at_slot(
 
 
 def release(claimed: Timer, now: int) -> Decision:
-    """Gives back a claim whose send was cancelled: due now, for the partition's next owner.
+    """Gives back a claim whose send was cancelled, for the partition's next owner: due at
+    its slot's own time (its first attempt), or now (a retry: its expiry is measured from
+    its due time), never before its slot.
 
     Without it the next owner would wait for the claim to lapse; the send may have reached
-    the target, which then finds the request id committed.
+    the target, which then finds the request id committed. Not due at `now` on a first
+    attempt: a node whose clock runs ahead would have the next owner wait for the skew.
     """
     if claimed.status is not TimerStatus.FIRING:
         return NOTHING
-    return Decision(Action.RELEASE, _change(claimed, status=TimerStatus.PENDING, due_at=now))
+    retried = claimed.attempts > 0 or claimed.outcome in _RETRIED
+    due_at = not_before_its_slot(claimed, now if retried else 0)
+    return Decision(Action.RELEASE, _change(claimed, status=TimerStatus.PENDING, due_at=due_at))
 
 
 def retry_parked(timer: Timer, now: int) -> Decision:
@@ -378,7 +392,13 @@ def retry_parked(timer: Timer, now: int) -> Decision:
     outcome = timer.outcome if timer.outcome in _RETRIED else Outcome.FAILED
     return Decision(
         Action.OPERATOR_RETRY,
-        _change(timer, status=TimerStatus.PENDING, due_at=now, attempts=0, outcome=outcome),
+        _change(
+            timer,
+            status=TimerStatus.PENDING,
+            due_at=not_before_its_slot(timer, now),
+            attempts=0,
+            outcome=outcome,
+        ),
     )
 
 

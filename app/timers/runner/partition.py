@@ -87,6 +87,10 @@ class PartitionFiring:
         # Of those, the claims its cycle has not asked for yet (`take_handed`).
         self.handed: list[Timer] = []
         self.in_flight: set[asyncio.Task[Decision]] = set()
+        # The ids of its timers whose send runs: a claim of one that lapsed meanwhile (the
+        # clock jumped forward past its deadline) is neither claimed again under it (two
+        # sends of one claim at once) nor expired (a command the target may have applied).
+        self.sending: set[str] = set()
         # Outcomes decided but not written yet, so that its stop can write them before the
         # hand-off without waiting for the round.
         self.outcomes: list[Decision] = []

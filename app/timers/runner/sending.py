@@ -59,7 +59,9 @@ class Sends:
             self._send_one(firing, claimed, stats), name=f"send {claimed.request_id}"
         )
         firing.in_flight.add(task)
+        firing.sending.add(claimed.id)
         task.add_done_callback(firing.in_flight.discard)
+        task.add_done_callback(lambda _: firing.sending.discard(claimed.id))
         task.add_done_callback(lambda done: self._sent(firing, done))
         return task
 
