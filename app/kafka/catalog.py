@@ -148,7 +148,11 @@ class TopicCatalog:
             if running is not None and not running.done():
                 await asyncio.wait([running])  # one listing at a time (it began before)
             if self._listed_at is not None:
-                wait = self._listed_at + self.min_interval_ms - self._now()
+                # At most the interval: a clock stepped back (NTP) since the last listing
+                # would make it the step's length, an hour for an hour.
+                wait = min(
+                    self._listed_at + self.min_interval_ms - self._now(), self.min_interval_ms
+                )
                 if wait > 0:
                     await self._sleep_ms(wait)
         finally:
@@ -156,7 +160,10 @@ class TopicCatalog:
         return await self._listed()
 
     def _stale(self, age_ms: int) -> bool:
-        return self._listed_at is None or self._now() - self._listed_at >= age_ms
+        if self._listed_at is None:
+            return True
+        age = self._now() - self._listed_at
+        return age >= age_ms or age < 0  # < 0: the clock stepped back since it listed
 
     def _maybe_refresh(self, age_ms: int) -> None:
         if self._stale(age_ms) and (self._task is None or self._task.done()):

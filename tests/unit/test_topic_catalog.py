@@ -131,3 +131,34 @@ async def test_a_background_listing_that_hangs_does_not_keep_the_list_stuck() ->
     await c.catalog.refresh()  # joins that listing
     assert c.calls == 3 and c.catalog.known("x.y.commands")
     await c.catalog.stop()
+
+
+async def test_a_clock_stepped_back_neither_stops_the_listings_nor_makes_a_miss_wait_the_step() -> (
+    None
+):
+    # NTP steps the node's clock back an hour after a listing: before, the catalog found its
+    # listing fresh for that hour (a topic created since stayed missing) and a miss slept
+    # the hour out before it listed again.
+    now = [T0]
+    names = {"a.x.commands"}
+    listings: list[int] = []
+    slept: list[int] = []
+
+    async def list_topics() -> set[str]:
+        listings.append(now[0])
+        return set(names)
+
+    async def sleep_ms(ms: int) -> None:
+        slept.append(ms)
+        await asyncio.sleep(0)
+
+    catalog = TopicCatalog(list_topics, lambda: now[0], min_interval_ms=1_000, sleep_ms=sleep_ms)
+    try:
+        assert await catalog.refresh()
+        now[0] -= 3_600_000
+        names.add("b.y.commands")  # created since
+        assert await asyncio.wait_for(catalog.exists("b.y.commands"), 5)
+        assert len(listings) == 2
+        assert all(ms <= LIST_TIMEOUT_MS for ms in slept), slept  # its listings' deadlines
+    finally:
+        await catalog.stop()
