@@ -68,9 +68,9 @@ def sent_at_its_version(held: Timer) -> bool:
     parked, or PENDING with a slot attempted or passed over (an outcome). Not a cancelled
     one (a set after its cancel is a new timer), nor a paused one: a pause gives the row
     its own version and keeps the outcome of an earlier one's slots, and a set after it in
-    one command must replace it. (A resume does the same: a set after a resume of its key
-    in one command is passed over; sets and resumes of one key go in commands of their
-    own.)"""
+    one command must replace it. (A resume does the same, and a set after a resume of its
+    key in one command is passed over when the timer had sent a slot before its pause: a
+    set alone replaces a paused timer, no resume needed.)"""
     return held.status in SENT or (held.status is TimerStatus.PENDING and held.outcome is not None)
 
 

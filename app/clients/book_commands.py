@@ -43,7 +43,8 @@ KEY_ACTIONS: Final[dict[str, str]] = {
 `tickwheel timers pause|resume|trigger` and `POST .../{key}/pause|resume|trigger`)."""
 
 _TRIGGER_MAX: Final = MAX_REQUEST_ID - sent_suffix_length(0)
-"""A trigger's request id at most: the book sends the timer's command as `<id>>0@<digest>`."""
+"""A trigger's request id at most: the room `<id>>0` left when the book sent the timer's
+command under it (`send_fits`; now `<id>>0@<digest>`, hashed when longer)."""
 
 
 class Delivered(Protocol):
@@ -62,7 +63,7 @@ def request_id_for(op: str, key: str, message: Delivered | None) -> str:
     time that message is processed again, so the book applies the command once.
 
     `<topic>[<partition>]@<offset>:<op>:<key>`, or its SHA-256 when longer than a request
-    id may be (a trigger's: so that the command the book sends under `<id>>0@<digest>` is one).
+    id may be (a trigger's: longer than `_TRIGGER_MAX`, `send_fits`).
     Without a message (outside an agent) a `ValueError`: the caller must name the request
     itself.
     """
@@ -129,8 +130,8 @@ class BookCommands:
             raise ValueError(f"not one of {', '.join(sorted(KEY_ACTIONS))}: {action!r}")
         if action == "trigger" and not send_fits(request_id):
             raise ValueError(
-                f"a trigger's request id is at most {_TRIGGER_MAX} characters (its command "
-                f"is sent as <request id>>0@<digest>), got {len(request_id)}"
+                f"a trigger's request id is at most {_TRIGGER_MAX} characters, "
+                f"got {len(request_id)}"
             )
         body = TimerKey(key=timer)
         return self._command(key, KEY_ACTIONS[action], body.model_dump(mode="json"), request_id)

@@ -51,7 +51,14 @@ from typing import Final
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from app.model.aggregate import AggregateType, Command, Decision, Event, send_fits
+from app.model.aggregate import (
+    AggregateType,
+    Command,
+    Decision,
+    Event,
+    send_fits,
+    sent_suffix_length,
+)
 from app.protocol.wire import (
     MAX_REQUEST_ID,
     SCHEDULE_CANCELLED,
@@ -264,11 +271,11 @@ def timer_book(
         key, timer = _known(state, cmd, TRIGGER_TIMER, d, retention)
         _refuse_if_ended(cmd, TRIGGER_TIMER, key, timer, d)
         if not send_fits(cmd.request_id):
-            # Another producer may write any request id a command may have: refused, as
-            # the derived one would not be a request id (the send would raise: ERROR).
+            # Another producer may write any request id a command may have: a trigger's
+            # keeps the bound it had when its command was sent as `<request id>>0`.
             d.reject(
-                f"{TRIGGER_TIMER} {cmd.request_id[:40]}…: its command's request id "
-                f"<request id>>0@<digest> would be longer than {MAX_REQUEST_ID} characters"
+                f"{TRIGGER_TIMER} {cmd.request_id[:40]}…: a trigger's request id is at most "
+                f"{MAX_REQUEST_ID - sent_suffix_length(0)} characters"
             )
         # Sent in this decision's transaction, its request id derived from the trigger's
         # (`Decision.send`): a trigger sent again is a DUPLICATE and sends nothing more. A

@@ -26,7 +26,8 @@ from tables import DEFAULT_TENANT, AggregateRef
 
 TRIGGER_SENDS: Final = 1000
 """A triggered run of several instances under one request id may send this many commands
-(`JobRun.send`, each `<request id>>n@<digest>`): the per-instance ids keep room for them."""
+(`JobRun.send`, each `<request id>>n@<digest>`, hashed when longer than a request id): the
+per-instance ids keep the room `<request id>>n` took (`send_fits`)."""
 
 
 class RequestIdTooLong(ValueError):

@@ -240,12 +240,11 @@ def key_command(
     if action not in ACTIONS:
         raise BadRequest("action", f"not one of {', '.join(sorted(ACTIONS))}: {action!r}")
     if action == "trigger" and request_id is not None and not send_fits(request_id):
-        # The book sends the timer's command under `<request id>>0@<digest>`: it must fit too.
+        # The bound a trigger's request id keeps (`send_fits`), as the book refuses past it.
         raise BadRequest(
             "request_id",
             f"a trigger's request id is at most {MAX_REQUEST_ID - sent_suffix_length(0)} "
-            "characters (its "
-            f"command is sent as <request id>>0@<digest>), got {len(request_id)}",
+            f"characters, got {len(request_id)}",
         )
     try:
         body = TimerKey(key=key)

@@ -117,12 +117,12 @@ def booked() -> StoredAggregate:
 
 
 @pytest.mark.parametrize("length", [MAX_REQUEST_ID - 1, MAX_REQUEST_ID])
-def test_a_books_trigger_whose_sent_id_would_not_fit_is_rejected(length: int) -> None:
+def test_a_books_trigger_longer_than_a_triggers_request_id_is_rejected(length: int) -> None:
     d = decide(
         BOOK, booked(), command(TRIGGER_TIMER, {"key": "k"}, "t" * length), now=NOW, seen=False
     )
     assert d.code is ResultCode.REJECTED, (d.code, d.message)
-    assert f"longer than {MAX_REQUEST_ID} characters" in d.message
+    assert f"a trigger's request id is at most {MAX_REQUEST_ID - 2} characters" in d.message
     assert d.events == [] and d.commands == []
 
 
