@@ -130,7 +130,9 @@ class ChangelogSink(Protocol):
 class TimerWrites(Protocol):
     """The writes the timers subscription makes (`app.timers.subscription.apply_all`), each
     as `TimerStore`'s of the same name: the whole store's, or one partition's alone
-    (`PartitionHandle`, whose writes take that partition's lock alone)."""
+    (`PartitionHandle`, whose writes take that partition's lock alone), and `find`."""
+
+    async def find(self, owner: AggregateRef, key: str) -> Timer | None: ...
 
     async def put(self, timer: Timer) -> bool: ...
 

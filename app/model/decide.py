@@ -15,7 +15,14 @@ from typing import Any, Final
 from pydantic import BaseModel, ConfigDict, Field
 
 from app.errors import NoTarget, node_fault
-from app.model.aggregate import AggregateType, Decision, Event, Rejected, aggregate_digest
+from app.model.aggregate import (
+    DIGEST_CHARS,
+    AggregateType,
+    Decision,
+    Event,
+    Rejected,
+    aggregate_digest,
+)
 from app.model.user_code import not_awaitable, user_code
 from app.protocol.wire import (
     AGGREGATE_DELETED,
@@ -29,7 +36,15 @@ from tables import AggregateRef
 from tables.bounds import check_finite
 from tables.timer import error_text
 
-__all__ = ["Decided", "StoredAggregate", "cut_message", "decide", "event_id", "fold"]
+__all__ = [
+    "Decided",
+    "StoredAggregate",
+    "command_of_event",
+    "cut_message",
+    "decide",
+    "event_id",
+    "fold",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -177,6 +192,20 @@ def event_id(aggregate: AggregateRef, request_id: str, i: int) -> str:
     if len(made) <= MAX_EVENT_ID:
         return made
     return f"sha256:{hashlib.sha256(request_id.encode()).hexdigest()}/{i}@{digest}"
+
+
+def command_of_event(event_id: str) -> tuple[str, int] | None:
+    """Of an id `event_id` made (`<request id>/<i>@<digest>`, or its hashed form), the part
+    naming its command (the request id and the aggregate's digest) and `i`, its place among
+    the command's events; None for any other id (another writer's, or one made before the
+    digest). One command's events share one version: their ids alone tell their order."""
+    left, at, digest = event_id.rpartition("@")
+    if not at or len(digest) != DIGEST_CHARS or digest.strip("0123456789abcdef"):
+        return None
+    command, slash, index = left.rpartition("/")
+    if not slash or not index.isascii() or not index.isdigit() or len(index) > 6:
+        return None
+    return f"{command}@{digest}", int(index)
 
 
 def fold(

@@ -12,15 +12,16 @@ import logging
 from app.commands.processor import CommandBatch, misrouted
 from app.errors import BadRecord, KafkaUnavailable, node_fault
 from app.kafka import Record
+from app.model.decide import command_of_event
 from app.node.cycle_work import CycleWork
 from app.node.kept import KeptType
 from app.node.metrics import NodeMetrics
 from app.protocol.dead_letters import Stage
 from app.protocol.limits import InputLimits
-from app.protocol.wire import SYSTEM_EVENTS, decode, decode_event
+from app.protocol.wire import SYSTEM_EVENTS, EventEnvelope, decode, decode_event
 from app.protocol.wire import TimerOp as OperatorRequest
 from app.timers.operator import carry_out
-from app.timers.subscription import TimerOp, apply_all, timer_op
+from app.timers.subscription import TimerOp, apply_all, op_key, timer_op
 from tables import Timer
 
 __all__ = ["TimerTableCycles"]
@@ -109,6 +110,8 @@ class TimerTableCycles:
                     # Its own event, carried out when its command was decided: done.
                     w.carried.discard(event.id)
                     continue
+                if op is not None and await _superseded(w, event, op):
+                    continue
             except Exception as exc:
                 if node_fault(exc):
                     raise
@@ -160,6 +163,24 @@ class TimerTableCycles:
             self._metrics.operator_requests.labels(
                 kept.name, op.action.value, str(record.partition)
             ).inc()
+
+
+async def _superseded(w: CycleWork, event: EventEnvelope, op: TimerOp) -> bool:
+    """Whether the row `op` is about holds what a later event of `event`'s own command did
+    to it: a node's own events read back by a take that did not carry them out (a retake
+    between their commit and their read-back). Applied again, the command's cancel (or
+    pause) of a key would hit the timer it set after it, which then never fired. Only ids
+    a node made tell a command's events apart (`command_of_event`); the row is looked up
+    only for those."""
+    made = command_of_event(event.id)
+    key = op_key(op)
+    if made is None or key is None:
+        return False
+    held = await w.timers.find(*key)
+    if held is None or held.version != event.version:
+        return False
+    setter = command_of_event(held.id)
+    return setter is not None and setter[0] == made[0] and setter[1] > made[1]
 
 
 def _refused_now(i: int, exc: Exception) -> None:

@@ -46,6 +46,7 @@ __all__ = [
     "TimerOp",
     "apply",
     "apply_all",
+    "op_key",
     "timer_op",
 ]
 
@@ -256,6 +257,15 @@ def _built(
     _set(timer, "__pydantic_extra__", None)
     _set(timer, "__pydantic_private__", None)
     return timer
+
+
+def op_key(op: TimerOp) -> tuple[AggregateRef, str] | None:
+    """The timer an op is about (its owner and key); None for a `CancelAllTimers`."""
+    if isinstance(op, PutTimer):
+        return op.timer.owner, op.timer.key
+    if isinstance(op, CancelAllTimers):
+        return None
+    return op.owner, op.key
 
 
 async def apply(store: TimerWrites, op: TimerOp) -> bool:

@@ -110,3 +110,30 @@ async def test_one_commands_last_word_on_a_key_stands_after_its_events_are_read_
         assert row.command.body == {"tag": "new"}
         clock.set(T0 + 2 * MIN + 5)
         await wait_until(lambda: _pinged_tags(log) == ["new"])
+
+
+@pytest.mark.parametrize("command", ["CancelSet", "PauseSet", "SetTwice"])
+@pytest.mark.parametrize("same_copy", [True, False])
+async def test_a_retake_that_reads_one_commands_events_back_keeps_its_last_word(
+    tmp_path: Path, command: str, same_copy: bool
+) -> None:
+    # The command's transaction committed; its owner stopped before its subscription read
+    # the events back (the group's offset on the log still before them). The next take,
+    # on this node's copy or another's, reads them back without having carried them out.
+    log, clock = MemoryLog(), FakeClock(T0)
+    first = RunningNode(log, tmp_path, "n", SERVICE, PARTITIONS, clock=clock)
+    async with running(first, within=10):
+        await _send(log, "Set", {"at": T0 + MIN, "tag": "old"}, "r1")
+        await wait_until(lambda: len(_events(log)) == 1)
+        await _send(log, command, {"at": T0 + 2 * MIN, "tag": "new"}, "r2")
+        await wait_until(lambda: len(_events(log)) == 3)
+        await wait_until(lambda: _read_back(log))
+    log.commit_group_offsets("g", {(BOX.events, P): 1})
+    second = RunningNode(log, tmp_path, "n" if same_copy else "m", SERVICE, PARTITIONS, clock=clock)
+    async with running(second, within=10):
+        await wait_until(lambda: _read_back(log))
+        row = await second.node.types["rv.box"].store.find(OWNER, "k")
+        assert row is not None and row.status is TimerStatus.PENDING, row
+        assert row.command.body == {"tag": "new"}
+        clock.set(T0 + 2 * MIN + 5)
+        await wait_until(lambda: _pinged_tags(log) == ["new"])
