@@ -32,13 +32,16 @@ def to_claim(r: Round, firings: Mapping[int, PartitionFiring], loaded: list[Time
     whose outcome waits to be written (a claim of theirs lapsed only as the clock jumped)."""
     current = _current(r, firings)
     busy = {p: _busy(f) for p, f in current.items()}
-    return [
-        t
-        for t in loaded
-        if (f := current.get(t.partition)) is not None
-        and t.id not in f.in_hand
-        and t.id not in busy[t.partition]
-    ]
+    taken: list[Timer] = []
+    for t in loaded:
+        f = current.get(t.partition)
+        if f is None or t.id in f.in_hand:
+            continue
+        if t.id in busy[t.partition]:
+            f.wheel.invalidate()  # taken from the wheel, not claimed: loaded again later
+            continue
+        taken.append(t)
+    return taken
 
 
 def _busy(firing: PartitionFiring) -> set[str]:
