@@ -24,6 +24,20 @@ async def _first_send(world: World) -> None:
     raise AssertionError("the first send never left")
 
 
+async def _sent_and_held(world: World, gate: asyncio.Event) -> TimerRunner:
+    """A runner whose timer (due T0) was sent at T0, its answer (COMMITTED) held by `gate`."""
+    await world.put()
+
+    async def script(timer: Timer) -> SendResult:
+        await gate.wait()
+        return SendResult("COMMITTED")
+
+    runner = world.runner(script)
+    await runner.run_round(wait=False)
+    await _first_send(world)
+    return runner
+
+
 async def test_a_step_back_while_a_send_is_out_sends_its_retry_only_once_its_slot_is_due(
     world: World,
 ) -> None:
@@ -60,16 +74,8 @@ async def test_a_jump_forward_while_a_send_is_out_neither_claims_nor_sends_it_ag
 ) -> None:
     # The claim's deadline is wall time, the send's wait is not: past the jump the claim
     # looked lapsed and the next round claimed and sent it again, the first still out.
-    await world.put()
     gate = asyncio.Event()
-
-    async def script(timer: Timer) -> SendResult:
-        await gate.wait()
-        return SendResult("COMMITTED")
-
-    runner = world.runner(script)
-    await runner.run_round(wait=False)
-    await _first_send(world)
+    runner = await _sent_and_held(world, gate)
     world.clock.step(T0 + HOUR)
     await runner.run_round(wait=False)
     for _ in range(5):
@@ -82,16 +88,8 @@ async def test_a_jump_forward_while_a_send_is_out_neither_claims_nor_sends_it_ag
 async def test_a_jump_past_expiry_while_a_send_is_out_does_not_expire_it(world: World) -> None:
     # A VM resumed after more than `expires_after`: the round expired the FIRING row while
     # its send was out, and the target's COMMITTED came back to a row that said EXPIRED.
-    await world.put()
     gate = asyncio.Event()
-
-    async def script(timer: Timer) -> SendResult:
-        await gate.wait()
-        return SendResult("COMMITTED")
-
-    runner = world.runner(script)
-    await runner.run_round(wait=False)
-    await _first_send(world)
+    runner = await _sent_and_held(world, gate)
     world.clock.step(T0 + TimerOptions().expires_after + HOUR)
     await runner.run_round(wait=False)
     gate.set()

@@ -51,6 +51,16 @@ def claimed(timer: Timer, now: int, options: TimerOptions = OPTIONS) -> Timer:
     return decision.change.next
 
 
+def claimed_in_time(case: tuple[Timer, int], options: TimerOptions) -> tuple[Timer, int]:
+    """The FIRING row a claim of `case`'s timer at its time wrote, and that time: one due
+    longer ago than `expires_after` is claimed at its slot's own time (expired otherwise)."""
+    timer, claim_time = case
+    if claim_time - timer.slot_due_at > options.expires_after:
+        timer = timer.model_copy(update={"due_at": timer.slot_due_at})
+        claim_time = timer.slot_due_at
+    return claimed(timer, claim_time, options), claim_time
+
+
 # --- strategies -------------------------------------------------------------------------
 
 rules: st.SearchStrategy[Rule] = st.one_of(
@@ -197,12 +207,7 @@ def test_expire_or_claim_invariants(case: tuple[Timer, int], options: TimerOptio
 def test_on_outcome_invariants(
     case: tuple[Timer, int], options: TimerOptions, code: str, busy: int, took: int
 ) -> None:
-    timer, claim_time = case
-    if claim_time - timer.slot_due_at > options.expires_after:
-        # Keep it claimable: due at its slot's own time, and claimed then.
-        timer = timer.model_copy(update={"due_at": timer.slot_due_at})
-        claim_time = timer.slot_due_at
-    firing = claimed(timer, claim_time, options)
+    firing, claim_time = claimed_in_time(case, options)
     now = claim_time + took
     decision = on_outcome(firing, SendResult(code), now, options, busy)
     nxt = assert_written_from(decision, firing)
@@ -253,11 +258,7 @@ def test_after_the_clock_stepped_back_no_retry_or_release_is_due_before_its_slot
     # NTP stepped the clock back while the send was out: a retry at `now + backoff` (or a
     # claim given back due `now`) would be sent before its slot is due on this very clock,
     # refused by its target as not due, and the timer parked.
-    timer, claim_time = case
-    if claim_time - timer.slot_due_at > options.expires_after:
-        timer = timer.model_copy(update={"due_at": timer.slot_due_at})
-        claim_time = timer.slot_due_at
-    firing = claimed(timer, claim_time, options)
+    firing, claim_time = claimed_in_time(case, options)
     now = claim_time - back
     slot_due = jittered_due(firing.rule, firing.id, Slot(firing.slot, firing.slot_due_at))
     outcome = on_outcome(firing, SendResult(code), now, options, busy)
