@@ -59,8 +59,8 @@ def put_row(held: Timer | None, timer: Timer) -> Timer | None:
     return copied(timer, {"status": TimerStatus.PENDING})
 
 
-SENT: Final = frozenset({TimerStatus.FIRING, TimerStatus.FIRED, TimerStatus.PARKED})
-"""A timer that sent its command (or is sending it)."""
+_HAS_SENT: Final = frozenset({TimerStatus.FIRING, TimerStatus.FIRED, TimerStatus.PARKED})
+"""The statuses of a timer that sent its command (or is sending it)."""
 
 
 def sent_at_its_version(held: Timer) -> bool:
@@ -71,7 +71,9 @@ def sent_at_its_version(held: Timer) -> bool:
     one command must replace it. (A resume does the same, and a set after a resume of its
     key in one command is passed over when the timer had sent a slot before its pause: a
     set alone replaces a paused timer, no resume needed.)"""
-    return held.status in SENT or (held.status is TimerStatus.PENDING and held.outcome is not None)
+    return held.status in _HAS_SENT or (
+        held.status is TimerStatus.PENDING and held.outcome is not None
+    )
 
 
 def cancel_row(held: Timer | None, version: int) -> Timer | None:

@@ -24,7 +24,7 @@ from app.clients.timer_book import (
     TimerKey,
     book_reason,
 )
-from app.model.aggregate import AggregateType, send_fits, sent_suffix_length
+from app.model.aggregate import MAX_TRIGGER_REQUEST_ID, AggregateType, send_fits
 from app.protocol.topics import AggregateTopics
 from app.protocol.wire import MAX_REQUEST_ID, CommandEnvelope, ScheduleCancelled, ScheduleSet
 from tables import AggregateRef, CommandSpec, CronRule, IntervalRule, OnceRule
@@ -41,10 +41,6 @@ KEY_ACTIONS: Final[dict[str, str]] = {
 }
 """The actions on one timer by its key, and the book's command each sends (as
 `tickwheel timers pause|resume|trigger` and `POST .../{key}/pause|resume|trigger`)."""
-
-_TRIGGER_MAX: Final = MAX_REQUEST_ID - sent_suffix_length(0)
-"""A trigger's request id at most: the room `<id>>0` left when the book sent the timer's
-command under it (`send_fits`; now `<id>>0@<digest>`, hashed when longer)."""
 
 
 class Delivered(Protocol):
@@ -63,7 +59,7 @@ def request_id_for(op: str, key: str, message: Delivered | None) -> str:
     time that message is processed again, so the book applies the command once.
 
     `<topic>[<partition>]@<offset>:<op>:<key>`, or its SHA-256 when longer than a request
-    id may be (a trigger's: longer than `_TRIGGER_MAX`, `send_fits`).
+    id may be (a trigger's: longer than `MAX_TRIGGER_REQUEST_ID`).
     Without a message (outside an agent) a `ValueError`: the caller must name the request
     itself.
     """
@@ -73,7 +69,7 @@ def request_id_for(op: str, key: str, message: Delivered | None) -> str:
             "the same one, so that the timer book applies it once)"
         )
     rid = f"{message.topic}[{message.partition}]@{message.offset}:{op}:{key}"
-    if len(rid) > (_TRIGGER_MAX if op == "trigger" else MAX_REQUEST_ID):
+    if len(rid) > (MAX_TRIGGER_REQUEST_ID if op == "trigger" else MAX_REQUEST_ID):
         rid = "sha256:" + hashlib.sha256(rid.encode()).hexdigest()
     return rid
 
@@ -130,7 +126,7 @@ class BookCommands:
             raise ValueError(f"not one of {', '.join(sorted(KEY_ACTIONS))}: {action!r}")
         if action == "trigger" and not send_fits(request_id):
             raise ValueError(
-                f"a trigger's request id is at most {_TRIGGER_MAX} characters, "
+                f"a trigger's request id is at most {MAX_TRIGGER_REQUEST_ID} characters, "
                 f"got {len(request_id)}"
             )
         body = TimerKey(key=timer)

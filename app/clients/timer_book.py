@@ -52,15 +52,14 @@ from typing import Final
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from app.model.aggregate import (
+    MAX_TRIGGER_REQUEST_ID,
     AggregateType,
     Command,
     Decision,
     Event,
     send_fits,
-    sent_suffix_length,
 )
 from app.protocol.wire import (
-    MAX_REQUEST_ID,
     SCHEDULE_CANCELLED,
     SCHEDULE_PAUSED,
     SCHEDULE_RESUMED,
@@ -275,7 +274,7 @@ def timer_book(
             # keeps the bound it had when its command was sent as `<request id>>0`.
             d.reject(
                 f"{TRIGGER_TIMER} {cmd.request_id[:40]}…: a trigger's request id is at most "
-                f"{MAX_REQUEST_ID - sent_suffix_length(0)} characters"
+                f"{MAX_TRIGGER_REQUEST_ID} characters"
             )
         # Sent in this decision's transaction, its request id derived from the trigger's
         # (`Decision.send`): a trigger sent again is a DUPLICATE and sends nothing more. A

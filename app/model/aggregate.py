@@ -48,6 +48,7 @@ from app.protocol.wire import (
 from tables import AggregateRef, CommandSpec, CronRule, IntervalRule, OnceRule
 
 __all__ = [
+    "MAX_TRIGGER_REQUEST_ID",
     "AggregateType",
     "Command",
     "Decision",
@@ -97,6 +98,12 @@ def sent_request_id(sender: AggregateRef, request_id: str, n: int) -> str:
 def sent_suffix_length(n: int = 0) -> int:
     """The room a request id leaves for its decision's `n`-th send (`send_fits`)."""
     return len(f">{n}")
+
+
+MAX_TRIGGER_REQUEST_ID: Final = MAX_REQUEST_ID - sent_suffix_length(0)
+"""A trigger's request id at most (a timer book's; a job's per instance keeps room for its
+run's sends): the room `<request id>>0` left, kept since sent ids carry their sender's
+digest (`send_fits`)."""
 
 
 def send_fits(request_id: str, n: int = 0) -> bool:

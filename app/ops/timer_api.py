@@ -33,10 +33,9 @@ from app.clients.timer_book import (
 )
 from app.errors import BadRecord
 from app.kafka.ports import LogReader, Publisher
-from app.model.aggregate import AggregateType, send_fits, sent_suffix_length
+from app.model.aggregate import MAX_TRIGGER_REQUEST_ID, AggregateType, send_fits
 from app.protocol.topics import AggregateTopics, ContextTopics
 from app.protocol.wire import (
-    MAX_REQUEST_ID,
     CommandEnvelope,
     CommandResult,
     ResultCode,
@@ -243,8 +242,8 @@ def key_command(
         # The bound a trigger's request id keeps (`send_fits`), as the book refuses past it.
         raise BadRequest(
             "request_id",
-            f"a trigger's request id is at most {MAX_REQUEST_ID - sent_suffix_length(0)} "
-            f"characters, got {len(request_id)}",
+            f"a trigger's request id is at most {MAX_TRIGGER_REQUEST_ID} characters, "
+            f"got {len(request_id)}",
         )
     try:
         body = TimerKey(key=key)

@@ -189,6 +189,11 @@ def due_since(timer: Timer) -> int:
     """
     if timer.outcome in _RETRIED:
         return max(timer.slot_due_at, timer.due_at)
+    return _slot_due(timer)
+
+
+def _slot_due(timer: Timer) -> int:
+    """The timer's slot's own due time, its jitter included."""
     return jittered_due(timer.rule, timer.id, _slot(timer))
 
 
@@ -197,7 +202,7 @@ def not_before_its_slot(timer: Timer, at: int) -> int:
     retry, a BUSY wait or a claim given back is never due before its slot is. Only a clock
     stepped back (NTP, a resumed VM) between the claim and the outcome makes it later; sent
     then, the target would refuse the command as not due on its clock, and the timer park."""
-    return max(at, jittered_due(timer.rule, timer.id, _slot(timer)))
+    return max(at, _slot_due(timer))
 
 
 def expire_or_claim(timer: Timer, now: int, options: TimerOptions) -> Decision:
@@ -284,11 +289,12 @@ def on_outcome(
     outcome = Outcome.BUSY if verdict is Verdict.BUSY else Outcome.FAILED
     busy_after = busy_in_a_row + 1 if verdict is Verdict.BUSY else 0
     failures = claimed.attempts + 1
+    retry_due = not_before_its_slot(claimed, now + backoff_ms(options.retry, failures))
     retry = _change(
         claimed,
         status=TimerStatus.PENDING,
         attempts=failures,
-        due_at=not_before_its_slot(claimed, now + backoff_ms(options.retry, failures)),
+        due_at=retry_due,
         outcome=outcome,
         **error,
     )
@@ -299,7 +305,7 @@ def on_outcome(
     again = _change(
         claimed,
         status=TimerStatus.PENDING,
-        due_at=not_before_its_slot(claimed, now + backoff_ms(options.retry, failures)),
+        due_at=retry_due,
         outcome=outcome,
         **error,
     )
