@@ -80,7 +80,8 @@ from app.jobs.declaration import (
     ref_of,
     shard_ref,
 )
-from app.jobs.schedule import DEFAULT_REQUEST_ID_WINDOW_MS, run_key, schedule_aggregate
+from app.jobs.runs import run_key
+from app.jobs.schedule import DEFAULT_REQUEST_ID_WINDOW_MS, schedule_aggregate
 from app.jobs.schedule_state import ScheduleState
 
 __all__ = [

@@ -4,9 +4,8 @@ and how its events fold it are `app.jobs.schedule_state`'s."""
 
 from __future__ import annotations
 
-import hashlib
 import logging
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, NoReturn, TypeGuard
 
 from app.jobs.declaration import (
@@ -21,7 +20,6 @@ from app.jobs.declaration import (
     RESCHEDULED,
     RUN,
     RUN_FAILED,
-    RUN_KEY_PREFIX,
     SCHEDULE,
     TICK,
     TICK_KEY,
@@ -36,15 +34,13 @@ from app.jobs.declaration import (
     effective_rule,
     not_its_instance,
 )
+from app.jobs.runs import run_handler, run_key, slot_reachable
 from app.jobs.schedule_state import ScheduleState, apply_schedule_event
 from app.model.aggregate import AggregateType, Command, Decision
-from app.model.decide import cut_message
-from app.model.user_code import not_awaitable, user_code
 from app.protocol.wire import SCHEDULE_CANCELLED, SCHEDULE_SET, ResultCode
 from tables import CommandSpec, OnceRule
 from tables.exceptions import InvalidRule
-from tables.rules import parse_rule
-from tables.slots import first_slot, reachable
+from tables.slots import first_slot
 
 logger = logging.getLogger(__name__)
 
@@ -153,7 +149,7 @@ class _ScheduleModel:
             return
         # A timer's send always carries its slot's due time; a hand-made tick is due now.
         due_at = cmd.not_before if cmd.not_before is not None else d.now
-        if not _reachable(state, slot, due_at):
+        if not slot_reachable(state, slot, due_at):
             # Taken, it would run no real slot up to it: the job would stop, silently.
             d.reject(
                 f"slot {slot} of {timer_id} is not due by {due_at} under its rule: a "
@@ -164,7 +160,7 @@ class _ScheduleModel:
         scratch = Decision(
             aggregate=d.aggregate, now=d.now, request_id=d.request_id, unreachable=d.unreachable
         )
-        error = _run_handler(job, self._run(job, cmd, slot, due_at, cmd.request_id, scratch))
+        error = run_handler(job, self._run(job, cmd, slot, due_at, cmd.request_id, scratch))
         if error is None:
             d.commands.extend(scratch.commands)
         else:
@@ -234,7 +230,7 @@ class _ScheduleModel:
             RAN,
             {"slot": slot, "due_at": due_at, "timer_id": timer_id, "request_id": tick_id},
         )
-        error = _run_handler(job, self._run(job, cmd, slot, due_at, tick_id, d, retried=True))
+        error = run_handler(job, self._run(job, cmd, slot, due_at, tick_id, d, retried=True))
         if error is not None:
             # ERROR: nothing commits; the run timer retries the slot, then parks it.
             d.reject(f"job {job.name!r} failed again on slot {slot}: {error}", ResultCode.ERROR)
@@ -247,7 +243,7 @@ class _ScheduleModel:
         job = self._declared(state, cmd, d)
         d.emit(TRIGGERED, {"at": d.now})
         run = self._run(job, cmd, TRIGGERED_SLOT, d.now, cmd.request_id, d, triggered=True)
-        if (error := _run_handler(job, run)) is not None:
+        if (error := run_handler(job, run)) is not None:
             d.reject(f"job {job.name!r} failed on its triggered run: {error}", ResultCode.ERROR)
 
     def backfill(self, state: ScheduleState, cmd: Command, d: Decision) -> None:
@@ -267,7 +263,7 @@ class _ScheduleModel:
             )
         if due_at > d.now:
             _invalid(d, f"slot {slot} of {timer_id} is due at {due_at}, after now ({d.now})")
-        if timer_id == state.timer_id and not _reachable(state, slot, d.now):
+        if timer_id == state.timer_id and not slot_reachable(state, slot, d.now):
             # Its due_at is the sender's word: a slot the rule has not made due yet would
             # run early, and its live tick, under the same request id, never.
             _invalid(d, f"slot {slot} of {timer_id} is not due by now ({d.now}) under its rule")
@@ -283,7 +279,7 @@ class _ScheduleModel:
             )
         d.emit(BACKFILLED, {"slot": slot, "due_at": due_at, "timer_id": timer_id})
         run = self._run(job, cmd, slot, due_at, cmd.request_id, d, backfilled=True)
-        if (error := _run_handler(job, run)) is not None:
+        if (error := run_handler(job, run)) is not None:
             d.reject(f"job {job.name!r} failed on slot {slot}: {error}", ResultCode.ERROR)
 
     def _declared(self, state: ScheduleState, cmd: Command, d: Decision) -> Job:
@@ -362,48 +358,6 @@ def _set_rule(
     # Only a new rule needs a new timer: the current one keeps its slots otherwise.
     if not state.enabled or state.rule != dumped:
         _schedule_tick(d, rule)
-
-
-def run_key(timer_id: str, slot: int) -> str:
-    """The key of the one-off timer that runs `slot` of the tick timer `timer_id` again:
-    `run:<digest of the timer id>#<slot>`, one per failed slot of an instance."""
-    digest = hashlib.blake2b(timer_id.encode(), digest_size=6).hexdigest()
-    return f"{RUN_KEY_PREFIX}{digest}#{slot}"
-
-
-def _run_handler(job: Job, run: JobRun) -> str | None:
-    """Runs the handler; None when it returned, else what it raised, cut to
-    `MAX_ERROR_TEXT` characters (an exception's text has no bound: whole, it could outgrow
-    the record of the event or result that carries it)."""
-    try:
-        with user_code("the handler of job", job.name):
-            # Declared returning None; an object whose `__call__` is async returns a
-            # coroutine all the same.
-            handler: Callable[[JobRun], object] = job.handler
-            result = handler(run)
-            not_awaitable(result, f"the handler of job {job.name}")
-    except Exception as exc:
-        if run.retried:
-            what = "failed again"
-        elif run.triggered or run.backfilled:
-            what = "failed (nothing of the run commits)"
-        else:
-            what = "failed (its run: timer runs it again)"
-        logger.exception("job %s on slot %d of %s %s", job.name, run.slot, run.instance, what)
-        return cut_message(repr(exc))
-    return None
-
-
-def _reachable(state: ScheduleState, slot: int, by: int) -> bool:
-    """Whether `slot` of the instance's tick timer may be due by `by` under the timer's
-    rule (`tables.slots.reachable`); True when there is no rule to tell."""
-    if state.rule is None:
-        return True
-    try:
-        rule = parse_rule(state.rule)
-    except InvalidRule:
-        return True  # not this check's to refuse: the timer table has the rule it fires by
-    return reachable(rule, slot, state.timer_set_at or 0, by)
 
 
 def _is_count(value: object) -> TypeGuard[int]:

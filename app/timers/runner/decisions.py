@@ -14,11 +14,23 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Final
 
-from app.protocol.wire import ResultCode
 from app.timers.runner.options import TimerOptions, backoff_ms
+from app.timers.runner.send_results import (
+    FIRED_OUTCOMES,
+    NOT_CLAIMED,
+    RULE_ERROR,
+    SENT,
+    TIMEOUT,
+    TRANSPORT_ERROR,
+    WITHDRAWN,
+    SendResult,
+    Verdict,
+    classify,
+    error_of,
+)
 from tables.copies import change_of, copied
 from tables.slots import Slot, caught_up, jittered_due, latest_due, next_slot
-from tables.timer import Outcome, Timer, TimerChange, TimerStatus, error_text
+from tables.timer import Outcome, Timer, TimerChange, TimerStatus
 
 __all__ = [
     "NOTHING",
@@ -47,59 +59,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
-
-SENT: Final = "SENT"
-"""A cross-context send the broker acknowledged: the runner hears no command result."""
-TIMEOUT: Final = "TIMEOUT"
-"""The runner's code for a send not answered within `TimerOptions.send_timeout`."""
-TRANSPORT_ERROR: Final = "TRANSPORT_ERROR"
-"""The runner's code for a sender that raised: no transport, a broken connection."""
-WITHDRAWN: Final = "WITHDRAWN"
-"""A send not made: its row changed since its claim (a cancel, a pause or a reschedule
-carried out meanwhile), or its partition was let go; nothing is written of it."""
-RULE_ERROR: Final = "RULE_ERROR"
-"""The runner's code for a timer parked because no decision could be made on it (its rule's
-arithmetic failed: `guarded`)."""
-
-_FIRED_CODES: Final = {
-    ResultCode.COMMITTED.value: Outcome.COMMITTED,
-    ResultCode.DUPLICATE.value: Outcome.DUPLICATE,
-    ResultCode.UNCHANGED.value: Outcome.UNCHANGED,
-    # A rejection is the target's state guard doing its work: the slot is done, not retried.
-    ResultCode.REJECTED.value: Outcome.REJECTED,
-    SENT: Outcome.SENT,
-}
-
-
-@dataclass(frozen=True, slots=True)
-class SendResult:
-    """What a send came back with: a `ResultCode` value, `SENT`, or a runner failure code."""
-
-    code: str
-    message: str = ""
-
-
-NOT_CLAIMED: Final = SendResult(WITHDRAWN, "its row changed since the claim: not sent")
-"""The result of a send `WITHDRAWN`."""
-
-
-class Verdict(StrEnum):
-    FIRED = "FIRED"
-    BUSY = "BUSY"
-    FAILED = "FAILED"
-
-
-def classify(code: str) -> Verdict:
-    """Whether a result code fired the slot, is backpressure, or a technical failure.
-
-    Anything not known to fire the slot is a failure (unknown codes included): retrying a
-    command the target de-duplicates is safe, dropping a slot is not.
-    """
-    if code in _FIRED_CODES:
-        return Verdict.FIRED
-    if code == ResultCode.BUSY.value:
-        return Verdict.BUSY
-    return Verdict.FAILED
 
 
 class Action(StrEnum):
@@ -246,17 +205,6 @@ def expire_or_claim(timer: Timer, now: int, options: TimerOptions) -> Decision:
     )
 
 
-def error_of(result: SendResult) -> dict[str, str | None]:
-    """The row's error fields after an attempt that came back with `result`: none when the
-    target took the command (COMMITTED, DUPLICATE, UNCHANGED, or a cross-context SENT),
-    else its code and message (bounded, `tables.timer.error_text`). A REJECTED slot is done
-    but its command was refused, so it keeps the target's reason."""
-    if classify(result.code) is Verdict.FIRED and result.code != ResultCode.REJECTED.value:
-        return {"error_code": None, "error_text": None}
-    code = (result.code or "UNKNOWN")[:100]
-    return {"error_code": code, "error_text": error_text(result.message)}
-
-
 def on_outcome(
     claimed: Timer, result: SendResult, now: int, options: TimerOptions, busy_in_a_row: int = 0
 ) -> Decision:
@@ -271,7 +219,7 @@ def on_outcome(
     verdict = classify(result.code)
     error = error_of(result)
     if verdict is Verdict.FIRED:
-        return _fired(claimed, _FIRED_CODES[result.code], error)
+        return _fired(claimed, FIRED_OUTCOMES[result.code], error)
     if verdict is Verdict.BUSY and busy_in_a_row < options.max_busy_retries:
         # Backpressure, not a failure: the first backoff, attempts as they were.
         return Decision(

@@ -24,14 +24,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Mapping, MutableMapping, Set
+from collections.abc import Callable, Mapping, MutableMapping, Sequence, Set
 from dataclasses import dataclass, field
 
 from app.timers.runner.decisions import Decision
 from app.timers.runner.options import TimerOptions
 from app.timers.runner.partition import PartitionFiring, locked
 from app.timers.runner.partition_store import store_of
-from app.timers.runner.ports import FiringStore
+from app.timers.runner.ports import Clock, FiringStore
 from tables.exceptions import StoreError
 from tables.ledger import FailureLedger
 from tables.refs import AggregateRef
@@ -50,6 +50,7 @@ __all__ = [
     "resolve_entry",
     "resolve_pending",
     "settle_parked",
+    "tend_ledger",
 ]
 
 logger = logging.getLogger(__name__)
@@ -279,6 +280,19 @@ async def name_parked(
             target,
         )
     return len(parked)
+
+
+async def tend_ledger(
+    store: FiringStore, ledger: FailureLedger, chosen: Sequence[PartitionFiring], clock: Clock
+) -> None:
+    """A round's ledger work before its claims, for each partition of `chosen`: the entries
+    a cycle's request left to resolve (`resolve_pending`) and, at its firing's first round,
+    its PARKED timers that no open entry names (`name_unnamed`)."""
+    for f in chosen:
+        if f.resolving:
+            await resolve_pending(store, ledger, f, clock.now())
+        if f.naming_at is not None:
+            await name_unnamed(store, ledger, f, clock.now())
 
 
 async def name_unnamed(

@@ -32,7 +32,15 @@ from tables.partitioner import partition_of
 from tables.refs import AggregateRef
 from tables.timer import Timer, TimerStatus
 
-__all__ = ["InProcessTargets", "PartitionFiring", "begin_write", "locked", "offer_to", "writing"]
+__all__ = [
+    "InProcessTargets",
+    "PartitionFiring",
+    "backlog_of",
+    "begin_write",
+    "locked",
+    "offer_to",
+    "writing",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -204,6 +212,18 @@ class PartitionFiring:
         if tasks:
             await asyncio.wait(tasks)
         return len(tasks)
+
+
+def backlog_of(firings: Iterable[PartitionFiring], now: int) -> tuple[int, int | None]:
+    """Due by `now` and neither sent nor fired yet: the wheels' rows due (not claimed yet)
+    and the timers handed over to fire in-process (claimed, their partition's cycle not run
+    yet); with the earliest due time among them. O(wheel), which holds at most
+    `batch_limit` rows loaded plus the puts offered since, so the count is a lower bound
+    when more than a load were due."""
+    due: dict[str, int] = {}
+    for f in firings:
+        due |= f.backlog(now)
+    return len(due), min(due.values(), default=None)
 
 
 def offer_to(firings: Mapping[int, PartitionFiring], timers: Iterable[Timer]) -> None:

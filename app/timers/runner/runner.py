@@ -3,30 +3,23 @@
 The runner holds no rule of its own: `decisions` says what each timer becomes; this
 module loads, claims, sends and writes, in rounds (`round_work`), over one
 `PartitionFiring` per partition it fires (its wheel, sends, outcomes, rounds' state,
-write lock). A node runs each partition's rounds apart (`partition_round`): one
-`due_rows()` of its partition when its wheel ran out, its own burst slice, its own share
-of the sends (`share`), one `settle` batch for its claims and expiries, the sends run
-concurrently (`Sends`), one `settle` batch for their outcomes, its own sweep; nothing of
-it waits on another partition's round. The seed's round (`round`, `run_round`) does the
-same over every partition at once. No lock is held across a ledger or a Kafka call: a
-round holds its lock only while it loads and claims (store calls), and a partition's
-write lock is held only across a store call of it. Time comes from a `Clock` and
+write lock). A node runs each partition's rounds apart (`partition_round`: its own load,
+burst slice, share of the sends, claim and outcome batches and sweep), so nothing of one
+waits on another's round; the seed's round (`round`, `run_round`) does the same over
+every partition at once. No lock is held across a ledger or a Kafka call, and a
+partition's write lock only across a store call of it. Time comes from a `Clock` and
 commands leave through a `Sender` (`ports`), so tests drive it all with fakes.
 
 A firing started with a store of its own (`start_partition`'s `store`: a node's task's
-handle of its partition) makes all its store calls through it (`partition_store`); the
-others use the runner's store. A store fault in a partition (a corrupt row, or its
-handle refused since the partition was let go: `StoreError`) stops that partition's firing
-alone (`PartitionFiring.fault`, `Round.failed`): the others go on, and its owner lets it
-go and restores it.
+handle of its partition) makes all its store calls through it (`partition_store`). A
+store fault in a partition (`StoreError`) stops that partition's firing alone
+(`PartitionFiring.fault`, `Round.failed`): its owner lets it go and restores it.
 
 In a node the runner calls nothing of the node: the node drives it. A partition's round
-(`partition_round()`) hands the node the claims that must commit before their commands
-leave, and the node says which did; the timers a partition fires in-process wait in its
-`PartitionFiring` until the partition's cycle asks for them (`in_process_due`), decides
-them with its commands and settles them in its transaction (`record_outcomes`). A node's
-partition task holds its partition's firing (`start_partition` returns it) and stops it
-at its close; the runner keeps a reference to each for its rounds.
+hands the node the claims that must commit before their commands leave; the timers fired
+in-process wait in the `PartitionFiring` (which the node's partition task holds from
+`start_partition` to its stop) until the partition's cycle takes them (`in_process_due`),
+decides them with its commands and settles them in its transaction (`record_outcomes`).
 """
 
 from __future__ import annotations
@@ -48,14 +41,18 @@ from app.timers.runner.decisions import (
 from app.timers.runner.operating import (
     Unresolved,
     name_parked,
-    name_unnamed,
     operate,
     resolve_at_stop,
-    resolve_pending,
+    tend_ledger,
 )
 from app.timers.runner.options import TimerOptions
 from app.timers.runner.outcomes import Outcomes
-from app.timers.runner.partition import InProcessTargets, PartitionFiring, offer_to
+from app.timers.runner.partition import (
+    InProcessTargets,
+    PartitionFiring,
+    backlog_of,
+    offer_to,
+)
 from app.timers.runner.partition_store import store_of
 from app.timers.runner.ports import Clock, FiringStore, Sender
 from app.timers.runner.round_state import RoundState
@@ -307,11 +304,8 @@ class TimerRunner:
         stats = RoundStats()
         if parking:
             await self._outcomes.flush(parking, stats)
-        for f in chosen:
-            if f.resolving:  # after those parks: an entry they recorded in stays
-                await resolve_pending(self._store, self._ledger, f, self._clock.now())
-            if f.naming_at is not None:
-                await name_unnamed(self._store, self._ledger, f, self._clock.now())
+        # After those parks: an entry they recorded in stays.
+        await tend_ledger(self._store, self._ledger, chosen, self._clock)
         if firing is None:
             room = self._options.max_in_flight - self.in_flight
             return await self._work.claim(self._firings, self._rounds, room, grow, stats=stats)
@@ -345,15 +339,9 @@ class TimerRunner:
         return [] if firing is None else firing.take_handed()
 
     def backlog(self, now: int) -> tuple[int, int | None]:
-        """Due by `now` and neither sent nor fired yet: the wheels' rows due (not claimed
-        yet) and the timers handed over to fire in-process (claimed, their partition's
-        cycle not run yet); with the earliest due time among them. For metrics, read at a
-        scrape: O(wheel), which holds at most `batch_limit` rows loaded plus the puts
-        offered since, so the count is a lower bound when more than a load were due."""
-        due: dict[str, int] = {}
-        for f in self._firings.values():
-            due |= f.backlog(now)
-        return len(due), min(due.values(), default=None)
+        """Due by `now` and neither sent nor fired yet, with the earliest due time among
+        them (`partition.backlog_of`): for metrics, read at a scrape."""
+        return backlog_of(self._firings.values(), now)
 
     def offer(self, timers: Iterable[Timer]) -> None:
         """Puts rows just written (PENDING) in their partitions' wheels, when they fall
@@ -422,10 +410,10 @@ class TimerRunner:
     ) -> int:
         only = None if partitions is None else frozenset(partitions)
         # No lock across its ledger calls: a park under way is waited for (`operating`).
-        store, ledger = self._store, self._ledger
         unresolved = self._unresolved if later else None
+        firings = self._firings
         written = await operate(
-            store, ledger, self._firings, target, only, decide, later=unresolved
+            self._store, self._ledger, firings, target, only, decide, later=unresolved
         )
         self.invalidate()
         return written
