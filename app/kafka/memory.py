@@ -240,6 +240,14 @@ class MemoryLog:
             raise KafkaUnavailable(f"{topic}[{partition}]: {before} is past the end {part.end}")
         part.start = max(part.start, before)
 
+    async def add_partitions(self, topics: Iterable[str], count: int) -> None:
+        """Adds `count` partitions to each of `topics` (CreatePartitions); then every group
+        rebalances, as a consumer's metadata refresh has its group do in Kafka."""
+        for topic in topics:
+            self._topic(topic).extend(_Partition() for _ in range(count))
+        for group in list(self.groups.values()):
+            await group.rebalance()
+
     def committed(self, group_id: str, topic: str, partition: int) -> int | None:
         """The group's committed offset of the partition, if any."""
         return self._groups.get(group_id, {}).get((topic, partition))

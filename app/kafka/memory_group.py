@@ -67,13 +67,13 @@ class MemoryGroup:
     async def join(self, member: MemoryGroupMember) -> None:
         if member not in self.members:
             self.members.append(member)
-        await self._rebalance()
+        await self.rebalance()
 
     async def leave(self, member: MemoryGroupMember) -> None:
         if member in self.members:
             self.members.remove(member)
             member.assigned = set()
-            await self._rebalance()
+            await self.rebalance()
 
     async def expel(self, member: MemoryGroupMember) -> None:
         """Its session expired (a frozen process): the others rebalance without it, and it
@@ -81,9 +81,10 @@ class MemoryGroup:
         if member in self.members:
             self.members.remove(member)
             member.expelled = True
-            await self._rebalance()
+            await self.rebalance()
 
-    async def _rebalance(self) -> None:
+    async def rebalance(self) -> None:
+        """Every member gives its partitions back and is given its share of them again."""
         self.generation += 1
         for m in list(self.members):
             await m.revoked(m.assigned)

@@ -232,6 +232,10 @@ class PartitionCycles(TimerTableCycles):
                     backlog = backlogs.get(topic, 0) + behind
                     w.decider.decide_records(batch, records, backlog)
                     w.wrote = await self._carry_out(w, batch, p) or w.wrote
+                elif self._running.get(key) is not None:
+                    # Never committed past undecided (an assignment that splits p is
+                    # refused: `PartitionTasks.assign`); a task no longer running commits none.
+                    raise RuntimeError(f"{topic}[{p}]: given to a task that decides no commands")
             # Its commands decided here (still: its task may stop running meanwhile).
             if inp is not None and inp.take_local() and self._processor(key) is not None:
                 # Asked now, after the cycle's own commands were carried out on the timer

@@ -17,8 +17,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
+from app.node.kept import KeptType
 from app.node.partition_task import PartitionTask, TaskShared
 from app.node.task_id import TaskId
 
@@ -98,6 +99,12 @@ class PartitionTasks:
         for t, p in assigned:
             if t in by_topic:
                 topics.setdefault(TaskId(by_topic[t][0].name, p), set()).add(t)
+        if (split := _unrunnable(topics, by_topic, self.shared.settings.partitions)) is not None:
+            # Run, such a task would pass over the commands it cannot decide, or fire
+            # timers into a partition whose commands no task decides: nothing is taken.
+            self.shared.consumer.pause(sorted(assigned))
+            self._fail(split)
+            return
         # The group is the authority: what it no longer gives here is let go (a revoke
         # after a lost membership may have named none of it); not waited for here.
         for key in set(self.tasks) - set(topics):
@@ -184,3 +191,37 @@ class PartitionTasks:
 
     def fail(self, why: str) -> None:
         self._fail(why)
+
+
+def _unrunnable(
+    topics: dict[TaskId, set[str]], by_topic: Mapping[str, tuple[KeptType, str]], partitions: int
+) -> str | None:
+    """Why the group's assignment cannot be run (None: it can): a partition past the
+    context's count, or a type's partition given without all of the type's topics. The
+    range assignor gives p of every topic to one member only while co-partitioned topics
+    have one partition count: partitions added to some of them, or one deleted, splits p
+    between members; added to all, the keys' partitions move under the aggregates."""
+    wanted: dict[str, set[str]] = {}
+    for topic, (kept, _) in by_topic.items():
+        wanted.setdefault(kept.name, set()).add(topic)
+    missing = [
+        f"{key.type_name}[{key.p}] without {', '.join(sorted(wanted[key.type_name] - given))}"
+        for key, given in sorted(topics.items(), key=lambda item: item[0])
+        if given != wanted[key.type_name]
+    ]
+    if not missing:
+        if past := sorted({key.p for key in topics if key.p >= partitions}):
+            return (
+                f"the group gave partition(s) {past[:5]} of topics this node keeps with "
+                f"{partitions} partitions (TICKWHEEL_PARTITIONS): partitions were added to "
+                "a context's topics while it ran. A context's partition count never "
+                "changes: each aggregate's records and timers are placed by it (see "
+                "docs/operations.md)"
+            )
+        return None
+    shown = "; ".join(missing[:5]) + (f"; and {len(missing) - 5} more" if len(missing) > 5 else "")
+    return (
+        f"the group split co-partitioned topics between members: {shown}. Their partition "
+        "counts differ (partitions added to some of them?) or one was deleted; every "
+        "topic of a context has the same partition count, for good (see docs/operations.md)"
+    )

@@ -1,0 +1,93 @@
+"""Topics changed under running nodes (on the in-memory log): partitions added to a
+context's topics. The range assignor then gives p of each topic to whichever member its
+own count puts it on, so a node could be given a type's commands without its log (it
+passed them over, committed, never decided: no result), or a partition past the count its
+tables are kept with. The node stops loudly instead, and takes nothing of it."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import pytest
+from fakes import RunningNode, wait_until
+from test_node_memory import PARTITIONS, SERVICE, TOPICS, results, schedule
+
+from app.errors import NodeFailed
+from app.kafka.memory import MemoryLog
+from app.node import partition_tasks
+from tables.partitioner import partition_of
+
+
+def owner_in(p: int) -> str:
+    i = 0
+    while partition_of(f"x{i}", PARTITIONS) != p:
+        i += 1
+    return f"x{i}"
+
+
+async def failure_of(node: RunningNode) -> str:
+    """What the node stopped on (its run ends raising `NodeFailed`)."""
+    await wait_until(lambda: node.task is not None and node.task.done(), within=10)
+    assert node.task is not None
+    exc = node.task.exception()
+    node.task = None  # its end read: `stop` stops the node alone
+    assert isinstance(exc, NodeFailed), exc
+    return str(exc)
+
+
+async def test_a_partition_split_between_members_stops_them_and_decides_nothing(
+    tmp_path: Path,
+) -> None:
+    log = MemoryLog()
+    a = await RunningNode(log, tmp_path, "a", SERVICE, PARTITIONS).start()
+    b = await RunningNode(log, tmp_path, "b", SERVICE, PARTITIONS).start()
+    try:
+        await wait_until(lambda: a.runs(1) and b.runs(1), within=10)
+        # The events topic alone grows: a keeps events[0, 1], b gets events[2, 3] with
+        # commands[1] and timer-ops[1], whose log stays a's.
+        await log.add_partitions([TOPICS.events], 2)
+        why = await failure_of(b)
+        assert "split co-partitioned topics" in why and f"{TOPICS.type_name}[1]" in why
+        assert "split co-partitioned topics" in await failure_of(a)
+        cmd = await schedule(log, owner_in(1), int(time.time() * 1000) + 3_600_000)
+        await asyncio.sleep(0.2)  # what a node that took the partition would have done
+        assert log.committed("g", TOPICS.commands, 1) in (None, 0)
+        assert cmd.request_id not in results(log)
+    finally:
+        await b.stop()
+        await a.stop()
+
+
+async def test_partitions_added_to_every_topic_stop_the_node_at_once(tmp_path: Path) -> None:
+    log = MemoryLog()
+    a = await RunningNode(log, tmp_path, "a", SERVICE, PARTITIONS).start()
+    try:
+        await wait_until(a.runs, within=10)
+        await log.add_partitions([TOPICS.events, TOPICS.commands, TOPICS.timer_ops], 1)
+        why = await failure_of(a)
+        assert f"partition(s) [{PARTITIONS}]" in why and "TICKWHEEL_PARTITIONS" in why
+        assert a.node.health()["failed"] == why and not a.node.health()["ready"]
+    finally:
+        await a.stop()
+
+
+async def test_commands_given_without_their_log_are_never_passed_over(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Should such an assignment be run all the same, the task given p's commands without
+    its log fails its cycles rather than commit past commands nobody decided."""
+    monkeypatch.setattr(partition_tasks, "_unrunnable", lambda *args: None)
+    log = MemoryLog()
+    a = await RunningNode(log, tmp_path, "a", SERVICE, PARTITIONS).start()
+    b = await RunningNode(log, tmp_path, "b", SERVICE, PARTITIONS).start()
+    try:
+        await wait_until(lambda: a.runs(1) and b.runs(1), within=10)
+        await log.add_partitions([TOPICS.events], 2)
+        await schedule(log, owner_in(1), int(time.time() * 1000) + 3_600_000)
+        await wait_until(lambda: "1" in b.node.health().get("failing", {}), within=10)
+        assert log.committed("g", TOPICS.commands, 1) in (None, 0)
+    finally:
+        await b.stop()
+        await a.stop()
