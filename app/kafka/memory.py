@@ -248,6 +248,10 @@ class MemoryLog:
         for group in list(self.groups.values()):
             await group.rebalance()
 
+    def recreate(self, topic: str) -> None:
+        """Deletes `topic` and creates it again, empty, with as many partitions."""
+        self._topics[topic] = [_Partition() for _ in self._topic(topic)]
+
     def committed(self, group_id: str, topic: str, partition: int) -> int | None:
         """The group's committed offset of the partition, if any."""
         return self._groups.get(group_id, {}).get((topic, partition))

@@ -28,10 +28,12 @@ if TYPE_CHECKING:
 __all__ = ["open_partition"]
 
 
-async def open_partition(s: TaskShared, task: PartitionTask, topics: set[str]) -> None:
-    """Opens p of `task`'s type, whose `topics` are given here (see the module)."""
+async def open_partition(s: TaskShared, task: PartitionTask, topics: set[str]) -> str | None:
+    """Opens p of `task`'s type, whose `topics` are given here (see the module); why its
+    changelog lost rows its clean copy held, if it did (`restore_partition`'s `lost`)."""
     kept, p = task.kept, task.p
     t = kept.topics
+    lost: list[str] = []
     if t.events in topics:
         # One producer per partition and type: starting it fences the previous owner,
         # before anything of p is read.
@@ -66,6 +68,7 @@ async def open_partition(s: TaskShared, task: PartitionTask, topics: set[str]) -
                 clean=clean,
                 progress=progress,
                 unreadable=unreadable,
+                lost=lost,
             )
             # Counted whole once, here, where a restore is waited for anyway: from now
             # on each write keeps the count (the /metrics gauges scan nothing).
@@ -90,6 +93,7 @@ async def open_partition(s: TaskShared, task: PartitionTask, topics: set[str]) -
     s.reading_results.setdefault(p, set()).add(task.type_name)
     for results in s.results.values():
         await results.add_partition(p)
+    return lost[0] if lost else None
 
 
 def _sink(txn: PartitionTransaction) -> ChangelogSink:

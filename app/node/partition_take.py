@@ -79,9 +79,11 @@ async def _taking(task: PartitionTask, topics: set[str], after_failure: float | 
     last: BaseException | None = None
     for attempt in range(1, TAKE_ATTEMPTS + 1):
         try:
-            await task.open_topics(topics)
+            lost = await task.open_topics(topics)
             rewound = await consumer.rewind([(t, p) for t in topics])
             starts = {t: offset for (t, q), offset in rewound.items() if q == p}
+            if lost is not None:
+                await _replayed(task, starts, lost)
             task.failing.rewound(p, starts)  # a hold below them was read and committed
             # Its timers fire once its log is read to where it ended now.
             events = task.kept.topics.events
@@ -90,7 +92,7 @@ async def _taking(task: PartitionTask, topics: set[str], after_failure: float | 
             break
         except Exception as exc:
             last = exc
-            if refused(exc):
+            if refused(exc) or isinstance(exc, ChangelogLost):
                 break  # an ACL or the credentials: no retry passes it
             # A node fault is expected to pass; anything else is a bug to see, but either
             # way p is tried again, and the node stops loudly if it never can be taken.
@@ -102,7 +104,34 @@ async def _taking(task: PartitionTask, topics: set[str], after_failure: float | 
     else:
         manager.fail(f"{task.key} could not be taken in {TAKE_ATTEMPTS} attempts: {last}")
         return
-    if last is not None and refused(last):
+    if last is not None and (refused(last) or isinstance(last, ChangelogLost)):
         manager.fail(f"{task.key} could not be taken: {last}")
         return
     task.run(topics)
+
+
+class ChangelogLost(Exception):
+    """The timer changelog of a partition lost rows and nothing will make them again: no
+    retake passes it, an operator must rebuild."""
+
+
+async def _replayed(task: PartitionTask, starts: dict[str, int], lost: str) -> None:
+    """Passes when the subscription reads p's log from its start (a rebuild's replay, the
+    changelog emptied on purpose), which makes the lost rows again; else `ChangelogLost`.
+    Restored from what is left, the table would be missing timers for good, its node
+    ready all the same."""
+    events = task.kept.topics.events
+    if events not in starts:
+        return
+    first, _ = await task.shared.reader.offsets(events, task.p)
+    if starts[events] <= first:
+        logger.info(
+            "%s: %s; the log is read from its start, which writes them again", task.key, lost
+        )
+        return
+    raise ChangelogLost(
+        f"{lost}: rows it held are gone (the topic was deleted and made again, or cut by "
+        f"an unclean leader election) and the log is read on from offset {starts[events]}, "
+        "past the events that made them. Stop every worker and rebuild the timer table "
+        "from the log (`tickwheel rebuild`, docs/operations.md)"
+    )

@@ -309,10 +309,11 @@ class PartitionTask:
         landed = functools.partial(self.worked, A_COMMIT)
         return PartitionCommits(self.key, self.failed, self._transaction, landed=landed)
 
-    async def open_topics(self, topics: set[str]) -> None:
-        """Restores p's state and opens its transaction (`open_partition`)."""
+    async def open_topics(self, topics: set[str]) -> str | None:
+        """Restores p's state and opens its transaction (`open_partition`); why its
+        changelog lost rows, if it did."""
         self._to(TaskState.RESTORING)
-        await open_partition(self.shared, self, topics)
+        return await open_partition(self.shared, self, topics)
 
     async def revoke(self) -> None:
         """The group took p away: a take under way is stopped; a running task is closed

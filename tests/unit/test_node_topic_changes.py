@@ -2,7 +2,11 @@
 context's topics. The range assignor then gives p of each topic to whichever member its
 own count puts it on, so a node could be given a type's commands without its log (it
 passed them over, committed, never decided: no result), or a partition past the count its
-tables are kept with. The node stops loudly instead, and takes nothing of it."""
+tables are kept with. The node stops loudly instead, and takes nothing of it.
+
+And a timer changelog made again under a node's clean copy of it: restored from what is
+left, the table lost its timers for good while the node said it was ready. It stops
+loudly, unless the log is read again from its start (a rebuild's replay)."""
 
 from __future__ import annotations
 
@@ -12,7 +16,7 @@ from pathlib import Path
 
 import pytest
 from fakes import RunningNode, wait_until
-from test_node_memory import PARTITIONS, SERVICE, TOPICS, results, schedule
+from test_node_memory import PARTITIONS, SERVICE, TOPICS, results, schedule, timer_rows
 
 from app.errors import NodeFailed
 from app.kafka.memory import MemoryLog
@@ -90,4 +94,57 @@ async def test_commands_given_without_their_log_are_never_passed_over(
         assert log.committed("g", TOPICS.commands, 1) in (None, 0)
     finally:
         await b.stop()
+        await a.stop()
+
+
+async def stopped_with_a_timer(log: MemoryLog, tmp_path: Path) -> None:
+    """Node "a" sets a timer an hour ahead on p0, has its log's offset committed past the
+    event that set it, and stops clean."""
+    a = await RunningNode(log, tmp_path, "a", SERVICE, PARTITIONS).start()
+    try:
+        await wait_until(a.runs, within=10)
+        await schedule(log, owner_in(0), int(time.time() * 1000) + 3_600_000)
+        await wait_until(lambda: len(timer_rows(log)) == 1, within=10)
+        await wait_until(lambda: (log.committed("g", TOPICS.events, 0) or 0) >= 1, within=10)
+    finally:
+        await a.stop()
+
+
+async def test_a_recreated_changelog_stops_the_node_instead_of_losing_its_timers(
+    tmp_path: Path,
+) -> None:
+    log = MemoryLog()
+    await stopped_with_a_timer(log, tmp_path)
+    log.recreate(TOPICS.timers_changelog)  # deleted and made again (or by `ensure_topics`)
+    a = await RunningNode(log, tmp_path, "a", SERVICE, PARTITIONS).start()
+    try:
+        why = await failure_of(a)
+        assert f"{TOPICS.timers_changelog}[0]" in why and "tickwheel rebuild" in why
+        assert not a.node.health()["ready"]
+    finally:
+        await a.stop()
+
+
+@pytest.mark.parametrize("emptied", ["deleted", "recreated"])
+async def test_a_changelog_emptied_for_a_replay_of_the_log_is_restored_from_it(
+    tmp_path: Path, emptied: str
+) -> None:
+    """As a rebuild does (its records deleted), or an operator by hand (the topic made
+    again): the changelog emptied and the log's offsets set back to its start, whose replay
+    makes the timer again."""
+    log = MemoryLog()
+    await stopped_with_a_timer(log, tmp_path)
+    _, end = log.offsets(TOPICS.timers_changelog, 0)
+    if emptied == "deleted":
+        log.delete_records(TOPICS.timers_changelog, 0, end)
+    else:
+        log.recreate(TOPICS.timers_changelog)
+        end = 0
+    log.commit_group_offsets("g", {(TOPICS.events, 0): 0})
+    a = await RunningNode(log, tmp_path, "a", SERVICE, PARTITIONS).start()
+    try:
+        await wait_until(a.runs, within=10)
+        await wait_until(lambda: log.offsets(TOPICS.timers_changelog, 0)[1] > end, within=10)
+        assert [t.status for t in timer_rows(log)] == ["PENDING"]
+    finally:
         await a.stop()
