@@ -34,6 +34,7 @@ from app.kafka.records import (
     explain,
     start_client,
 )
+from app.kafka.topic_policy import check_compacted
 
 logger = logging.getLogger(__name__)
 
@@ -154,6 +155,7 @@ async def ensure_topics(
                     replicas,
                     used.factor,
                 )
+        await check_compacted(admin, [s.name for s in specs if s.compacted and s.name in found])
     except KafkaError as exc:
         raise KafkaUnavailable(
             f"cannot create topics at {address(bootstrap)}: {explain(exc)}"

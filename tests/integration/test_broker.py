@@ -12,6 +12,9 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.partitioner import murmur2
 from aiokafka.structs import OffsetAndMetadata
 
+from app.errors import KafkaUnavailable
+from app.kafka import TopicSpec, ensure_topics
+
 pytestmark = pytest.mark.kafka
 
 TopicFactory = Callable[..., Awaitable[str]]
@@ -210,3 +213,19 @@ async def test_the_cluster_id_is_the_brokers_own_and_stable(kafka_bootstrap: str
     assert first and first == await cluster_id(kafka_bootstrap)
     with pytest.raises(KafkaUnavailable):
         await cluster_id("127.0.0.1:1")
+
+
+async def test_a_compacted_table_found_with_a_deleting_policy_stops_the_start(
+    kafka_bootstrap: str, topic_factory: TopicFactory
+) -> None:
+    """Made beforehand with the broker's default policy (delete after 7 days), a timer
+    changelog would lose its rows quietly: the node refuses it at its start, and takes one
+    made compacted, or made by a node (compact,delete, retentions -1)."""
+    deleting = await topic_factory(2, configs={"cleanup.policy": "delete"})
+    compacted = await topic_factory(2, configs={"cleanup.policy": "compact"})
+    made = f"{compacted}.made"
+    specs = [TopicSpec(compacted, 2, compacted=True), TopicSpec(made, 2, compacted=True)]
+    await ensure_topics(kafka_bootstrap, specs)  # the second made here, as a node does
+    await ensure_topics(kafka_bootstrap, specs)  # and found
+    with pytest.raises(KafkaUnavailable, match=rf"{deleting} has cleanup\.policy=delete"):
+        await ensure_topics(kafka_bootstrap, [TopicSpec(deleting, 2, compacted=True)])

@@ -1,0 +1,66 @@
+"""Whether the compacted topics a node finds already there are kept as it would make them:
+compacted, deleting nothing. A timer changelog (or any table's) whose policy deletes after
+a retention loses its rows then, and every restore after that loses the timers with them,
+quietly; an operator who made the topics beforehand with the broker's default policy would
+find out weeks later. Read with the node's admin client at its start
+(`app.kafka.admin.ensure_topics`)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+
+from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+from aiokafka.errors import KafkaError
+
+from app.errors import KafkaUnavailable
+
+__all__ = ["check_compacted", "policy_refusal"]
+
+logger = logging.getLogger(__name__)
+
+
+_READ = ("cleanup.policy", "retention.ms", "retention.bytes")
+
+
+def policy_refusal(topic: str, configs: Mapping[str, str]) -> str | None:
+    """Why `topic`, kept compacted, cannot be used with `configs` (None: it can): its
+    policy must compact, and may delete only what no retention ever reaches (-1, as the
+    node makes its tables: `compact,delete` with both retentions -1)."""
+    policy = configs.get("cleanup.policy", "")
+    kinds = {part.strip() for part in policy.split(",")}
+    retained = {configs.get(name) for name in ("retention.ms", "retention.bytes")} == {"-1"}
+    if "compact" in kinds and ("delete" not in kinds or retained):
+        return None
+    shown = ", ".join(f"{name}={configs.get(name)}" for name in _READ if name in configs)
+    return (
+        f"topic {topic} has {shown}: a compacted table's rows would be deleted (after "
+        "retention.ms), and the timers or states with them. Set cleanup.policy=compact "
+        f"(kafka-configs --alter --entity-type topics --entity-name {topic} "
+        "--add-config cleanup.policy=compact)"
+    )
+
+
+async def check_compacted(admin: AIOKafkaAdminClient, topics: Sequence[str]) -> None:
+    """`KafkaUnavailable` naming the first of `topics` that deletes rows (`policy_refusal`).
+    A cluster that does not let this node read topic configs (no DescribeConfigs ACL) is
+    only warned about: the node can run without it."""
+    if not topics:
+        return
+    try:
+        responses = await admin.describe_configs(
+            [ConfigResource(ConfigResourceType.TOPIC, t, dict.fromkeys(_READ)) for t in topics]
+        )
+    except KafkaError as exc:
+        logger.warning("cannot read the cleanup.policy of %s: %r", ", ".join(topics), exc)
+        return
+    for response in responses:
+        for resource in response.resources:
+            error_code, message, name, entries = resource[0], resource[1], resource[3], resource[4]
+            if error_code:
+                logger.warning("cannot read the cleanup.policy of %s: %s", name, message)
+                continue
+            configs = {entry[0]: entry[1] or "" for entry in entries if entry[0] in _READ}
+            if (why := policy_refusal(name, configs)) is not None:
+                raise KafkaUnavailable(why)
