@@ -115,6 +115,7 @@ class CommandProcessor:
             limits=self.limits,
             events_topic=self.topics.events,
             request_id_window=request_id_window,
+            now=now,
         )
 
     @property

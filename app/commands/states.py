@@ -4,9 +4,10 @@ partition's transaction (decided, not committed yet) laid over it."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from pydantic import ValidationError
@@ -31,6 +32,10 @@ _REQUEST_SWEEP = 250
 """Request ids forgotten per commit at most, once past the window."""
 
 
+def _wall_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
 class PartitionStates:
     """The aggregates of `agg` in `partition` and the request ids they applied: the state
     store's, under the batches staged and not committed yet (a later batch's decisions see
@@ -46,6 +51,7 @@ class PartitionStates:
         limits: InputLimits,
         events_topic: str,
         request_id_window: int,
+        now: Callable[[], int] | None = None,
     ) -> None:
         self.agg = agg
         self.partition = partition
@@ -54,6 +60,10 @@ class PartitionStates:
         self.events_topic = events_topic
         # How long an applied request id is kept to de-duplicate a command sent again.
         self.request_id_window = request_id_window
+        # The node's clock (epoch ms), which a restore dates the request ids it writes by:
+        # an event's `created_at` is its writer's word. Without one, the wall clock (the
+        # node's own: `SystemClock`).
+        self._now = now or _wall_ms
         self._store = store
         # Of the batches staged and not committed yet, the latest aggregate and every applied
         # request id, each with the batch that wrote it (removed when that one commits).
@@ -89,22 +99,38 @@ class PartitionStates:
             progress(0, to_read)
         async for batch in reader.read(self.events_topic, self.partition, start):
             if batch:
-                self._fold_records(batch)
+                self._fold_records(batch, self._now())
                 count += len(batch)
                 if progress is not None:
                     progress(min(batch[-1].offset + 1 - start, to_read), to_read)
         if progress is not None:
             progress(to_read, to_read)
+        forgotten = await self._forget_expired(self._now())
         logger.info(
-            "restored %s[%d] states: %d events in %.3f s",
+            "restored %s[%d] states: %d events in %.3f s, %d request ids past the window forgotten",
             self.events_topic,
             self.partition,
             count,
             time.monotonic() - began,
+            forgotten,
         )
         return count
 
-    def _fold_records(self, batch: list[Record]) -> None:
+    async def _forget_expired(self, now: int) -> int:
+        """Forgets every request id past the window; how many. Only commits sweep them
+        otherwise, so a partition that decides no command would keep a local copy's ids
+        for good; a take, which waits for its restore anyway, clears them."""
+        forgotten = 0
+        while True:
+            n = self._store.expire_requests(
+                self.partition, now - self.request_id_window, _REQUEST_SWEEP
+            )
+            forgotten += n
+            if n < _REQUEST_SWEEP:
+                return forgotten
+            await asyncio.sleep(0)  # in bounded steps: the other partitions' tasks run between
+
+    def _fold_records(self, batch: list[Record], now: int) -> None:
         by_id: dict[str, list[EventEnvelope]] = {}
         for r in batch:
             try:
@@ -121,14 +147,20 @@ class PartitionStates:
         states: dict[str, bytes] = {}
         requests: list[tuple[str, str]] = []
         newest = 0
+        floor = now - self.request_id_window
         for aggregate_id, events in by_id.items():
             stored = self.stored(aggregate_id)
             state, folded = self._fold_each(stored, events)
             if state is not None:
                 states[aggregate_id] = state
-            requests += [(aggregate_id, applied_id(e)) for e in folded]
-            newest = max([newest, *(e.created_at for e in folded)])
-        # Kept from the newest event's time: at least the window after each was applied.
+            for e in folded:
+                # Never after now: a writer's date in the future (year 9999) would keep the
+                # id past any sweep, and with it every id of its batch.
+                at = min(e.created_at, now)
+                if at > floor:  # else past the window: a commit's sweep would forget it
+                    requests.append((aggregate_id, applied_id(e)))
+                    newest = max(newest, at)
+        # Kept from the newest id's time: at least the window after each was applied.
         self._store.write(self.partition, states, requests, batch[-1].offset, newest)
 
     def _fold_each(

@@ -1,0 +1,153 @@
+"""The request ids a restore of the aggregate states writes: dated by the node's clock, never
+by the events' writers alone, none already past the de-duplication window, and those of a
+local copy that went past it while the partition decided nothing forgotten."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+from fakes import T0, order_type
+
+from app.commands.batch import CommandBatch
+from app.commands.records import state_key
+from app.commands.states import PartitionStates
+from app.kafka import Record
+from app.protocol.limits import InputLimits
+from app.protocol.wire import EventEnvelope, encode
+from tables import AggregateRef
+from tables.aggregate_store import AggregateStateStore, MemoryAggregateStore, RocksAggregateStore
+from tables.bounds import MAX_INSTANT
+from tables.partitioner import partition_of
+
+ORDER = AggregateRef(context="shop", aggregate="order", id="o-1")
+AID = state_key(ORDER)
+P = partition_of(ORDER.id, 4)
+EVENTS = "shop.order.events"
+HOUR = 3_600_000
+WINDOW = 7 * 24 * HOUR
+NOW = T0
+
+
+@pytest.fixture(params=["memory", "rocksdb"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[AggregateStateStore]:
+    made: AggregateStateStore = (
+        MemoryAggregateStore() if request.param == "memory" else RocksAggregateStore(tmp_path)
+    )
+    yield made
+    made.close()
+
+
+class Log:
+    """The partition's events log, read in one batch."""
+
+    def __init__(self, records: list[Record]) -> None:
+        self.records = records
+
+    async def offsets(self, topic: str, partition: int) -> tuple[int, int]:
+        return 0, len(self.records)
+
+    async def read(self, topic: str, partition: int, start: int) -> AsyncIterator[list[Record]]:
+        yield self.records[start:]
+
+
+def log_of(*events: tuple[str, int]) -> Log:
+    """Events of the order, one a `(request id, created_at)`, at offsets 0, 1, …"""
+    records = [
+        Record(
+            EVENTS,
+            P,
+            n,
+            ORDER.id.encode(),
+            encode(
+                EventEnvelope(
+                    id=f"e-{n}",
+                    type="shop.Reminded",
+                    aggregate=ORDER,
+                    version=n + 1,
+                    request_id=request_id,
+                    created_at=created_at,
+                    body={"n": n + 1},
+                )
+            ),
+            created_at,
+        )
+        for n, (request_id, created_at) in enumerate(events)
+    ]
+    return Log(records)
+
+
+def states_on(store: AggregateStateStore, now: int | None = NOW) -> PartitionStates:
+    return PartitionStates(
+        order_type(),
+        P,
+        partitions=4,
+        store=store,
+        limits=InputLimits(),
+        events_topic=EVENTS,
+        request_id_window=WINDOW,
+        now=None if now is None else (lambda: now),
+    )
+
+
+def sweep_at(store: AggregateStateStore, t: int) -> int:
+    """What a commit's sweep at time `t` forgets."""
+    return store.expire_requests(P, t - WINDOW, 1_000)
+
+
+async def test_a_restore_writes_no_request_id_already_past_the_window(
+    store: AggregateStateStore,
+) -> None:
+    """A fresh node folding a log kept forever keeps only the ids it would not forget."""
+    log = log_of(("old", NOW - WINDOW - HOUR), ("edge", NOW - WINDOW), ("in", NOW - WINDOW + 1))
+    assert await states_on(store).restore(log) == 3
+    assert not store.seen(P, AID, "old")
+    assert not store.seen(P, AID, "edge"), "a sweep now forgets it: not written"
+    assert store.seen(P, AID, "in")
+    assert store.get(P, AID) is not None and store.offset(P) == 2, "the states folded all"
+
+
+async def test_a_restore_dates_no_request_id_after_now(store: AggregateStateStore) -> None:
+    """A writer's event dated year 9999 does not keep its id, nor its batch's, for good."""
+    log = log_of(("mine", NOW - HOUR), ("forged", MAX_INSTANT))
+    await states_on(store).restore(log)
+    assert store.seen(P, AID, "mine") and store.seen(P, AID, "forged")
+    assert sweep_at(store, NOW + WINDOW) == 2, "both forgotten a window after now"
+    assert not store.seen(P, AID, "mine") and not store.seen(P, AID, "forged")
+
+
+async def test_without_a_clock_a_restore_dates_request_ids_by_the_wall_clock(
+    store: AggregateStateStore,
+) -> None:
+    await states_on(store, now=None).restore(log_of(("forged", MAX_INSTANT)))
+    assert store.expire_requests(P, time.time_ns() // 1_000_000, 10) == 1
+
+
+async def test_a_request_id_within_the_window_is_a_duplicate_after_a_restore_for_its_window(
+    store: AggregateStateStore,
+) -> None:
+    """Restored, an id applied an hour ago (or dated a little ahead: a skewed clock) is
+    found, and kept until the window after it was applied has passed."""
+    log = log_of(("r-1", NOW - HOUR), ("r-2", NOW + 5_000))
+    states = states_on(store)
+    await states.restore(log)
+    batch = CommandBatch(now=NOW)
+    assert states.applied(batch, (AID, "r-1")) and states.applied(batch, (AID, "r-2"))
+    assert sweep_at(store, NOW) == 0, "the next commit's sweep keeps them"
+    assert sweep_at(store, NOW - HOUR + WINDOW - 1) == 0, "within r-1's window"
+    assert store.seen(P, AID, "r-1") and store.seen(P, AID, "r-2")
+
+
+async def test_a_restore_forgets_a_local_copys_request_ids_past_the_window(
+    store: AggregateStateStore,
+) -> None:
+    """A partition that decides no command never sweeps: its take does, all of them (more
+    than one sweep's worth)."""
+    old = [(AID, f"old-{n}") for n in range(600)]
+    store.write(P, {}, old, None, NOW - WINDOW - HOUR)
+    store.write(P, {}, [(AID, "fresh")], 0, NOW - HOUR)
+    assert await states_on(store).restore(log_of(("r-0", NOW - HOUR))) == 0, "read past 0"
+    assert not any(store.seen(P, a, r) for a, r in old)
+    assert store.seen(P, AID, "fresh")
