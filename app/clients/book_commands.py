@@ -47,7 +47,7 @@ class Delivered(Protocol):
     """Where the record an agent processes was read (a faust `Message`)."""
 
     @property
-    def topic(self) -> str: ...
+    def topic(self) -> str | None: ...
     @property
     def partition(self) -> int: ...
     @property
@@ -60,13 +60,21 @@ def request_id_for(op: str, key: str, message: Delivered | None) -> str:
 
     `<topic>[<partition>]@<offset>:<op>:<key>`, or its SHA-256 when longer than a request
     id may be (a trigger's: longer than `MAX_TRIGGER_REQUEST_ID`).
-    Without a message (outside an agent) a `ValueError`: the caller must name the request
-    itself.
+    Without a message (outside an agent), or of one read from no topic (an `app.channel()`'s:
+    no topic, offset -1), a `ValueError`: the caller must name the request itself.
     """
     if message is None:
         raise ValueError(
             f"{op} {key!r} outside an agent's event: pass request_id= (a retry must send "
             "the same one, so that the timer book applies it once)"
+        )
+    if not message.topic or message.offset < 0:
+        # Every such event would give the same id: each command after the first on a key
+        # would be answered DUPLICATE and dropped.
+        raise ValueError(
+            f"{op} {key!r} in an event read from no topic (topic {message.topic!r}, offset "
+            f"{message.offset}: an app.channel()'s?): pass request_id= (one per command, the "
+            "same when the event is processed again)"
         )
     rid = f"{message.topic}[{message.partition}]@{message.offset}:{op}:{key}"
     if len(rid) > (MAX_TRIGGER_REQUEST_ID if op == "trigger" else MAX_REQUEST_ID):

@@ -35,7 +35,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any, cast
+from typing import Any, Final, cast
 
 try:
     import faust
@@ -49,26 +49,34 @@ except ImportError as exc:  # the extra is optional: say how to get it
 
 from app.clients.book_commands import BookCommands, Rule, request_id_for
 from app.clients.client_topics import ClientTopics
+from app.clients.fired import command_in, letter_of, reply_partition
 from app.clients.timer_book import timer_book
-from app.commands.processor import misrouted
 from app.errors import BadRecord
-from app.kafka import KafkaClients, Record
+from app.kafka import KafkaClients
 from app.kafka.connection import Connectable
-from app.protocol.dead_letters import Stage, dead_letter
+from app.kafka.records import Replication
+from app.node.settings import Settings
 from app.protocol.topics import AggregateTopics, parse_aggregate_type
-from app.protocol.wire import (
-    CommandEnvelope,
-    CommandResult,
-    ResultCode,
-    decode,
-    encode,
-)
+from app.protocol.wire import CommandEnvelope, CommandResult, ResultCode, encode
 from tables import AggregateRef, CommandSpec
 from tables.partitioner import partition_of
 
-__all__ = ["CommandSchema", "CommandTopic", "TickwheelTimers", "bootstrap_of", "request_id_for"]
+__all__ = [
+    "NODE_REPLICATION",
+    "CommandSchema",
+    "CommandTopic",
+    "TickwheelTimers",
+    "bootstrap_of",
+    "request_id_for",
+]
 
 logger = logging.getLogger(__name__)
+
+NODE_REPLICATION: Final = Replication(
+    Settings.model_fields["replication_factor"].default,
+    Settings.model_fields["min_insync_replicas"].default,
+)
+"""A worker's replication unless configured: the topics the app creates first are theirs."""
 
 
 def bootstrap_of(app: AppT) -> str:
@@ -113,32 +121,9 @@ class CommandSchema(faust.Schema[str, CommandEnvelope]):
 def command_of(message: Message, target: AggregateTopics, partitions: int) -> CommandEnvelope:
     """The command `message` carries; `ValueDecodeError` saying why it is not one."""
     try:
-        cmd = decode(CommandEnvelope, message.value)
-        if cmd.aggregate.type_name != target.type_name:
-            raise BadRecord(f"command for {cmd.aggregate.type_name} on {message.topic}")
-        if (why := misrouted(_record(message), cmd.aggregate, partitions)) is not None:
-            raise BadRecord(why)
+        return command_in(message, target, partitions)
     except BadRecord as exc:
         raise ValueDecodeError(str(exc)) from exc
-    return cmd
-
-
-def _record(message: Message) -> Record:
-    return Record(
-        topic=message.topic,
-        partition=message.partition,
-        offset=message.offset,
-        key=message.key,
-        value=message.value,
-        timestamp=int(message.timestamp * 1000),
-        headers=_headers(message.headers),
-    )
-
-
-def _headers(headers: Any) -> tuple[tuple[str, bytes], ...]:
-    """A faust message's headers (a mapping or pairs) as a record's."""
-    pairs = headers.items() if isinstance(headers, dict) else (headers or ())
-    return tuple((str(k), bytes(v or b"")) for k, v in pairs)
 
 
 class CommandTopic(faust.Topic):
@@ -161,16 +146,26 @@ class CommandTopic(faust.Topic):
         await self._dead_letter(exc, message)
 
     async def _dead_letter(self, exc: Exception, message: Message) -> None:
-        # faust's producer sends requests of 1 MiB at most (its max_request_size).
-        topic, partition, key, value, headers = dead_letter(
-            _record(message), exc, Stage.READ, int(time.time() * 1000), limit=1_000_000
-        )
+        topic, partition, key, value, headers = letter_of(message, exc, int(time.time() * 1000))
         letters = self.app.topic(topic, key_type=bytes, value_type=bytes)
-        pairs = [(k, v or b"") for k, v in headers]  # faust sends no null header value
-        sent = await letters.send(
-            key=key, value=value, partition=partition, headers=pairs, force=True
-        )
-        await sent
+        try:
+            sent = await letters.send(
+                key=key, value=value, partition=partition, headers=headers, force=True
+            )
+            await sent
+        except Exception:
+            # Logged, not raised: faust acked the record before calling this, so raising
+            # would not keep it (its offset commits all the same) but would stop the
+            # fetcher, and every partition with it. Its coordinates say where to read it.
+            logger.exception(
+                "could not dead-letter %s[%d]@%d (%s) to %s: the record is skipped, read it "
+                "again from there",
+                message.topic,
+                message.partition,
+                message.offset,
+                exc,
+                topic,
+            )
 
 
 class TickwheelTimers:
@@ -179,7 +174,10 @@ class TickwheelTimers:
     `context`, `book`, `target`: the book is `<context>.<book>` (the workers' service must
     declare `timer_book(context, book)`), the timers fire into `<context>.<target>` by
     default. `partitions`: the workers' `TICKWHEEL_PARTITIONS`. `bootstrap`: the app's
-    brokers unless given. `now`: epoch ms (the clock `early_by` and results use).
+    brokers unless given. `replication`: of the topics this client creates, the workers'
+    default unless given (their `TICKWHEEL_REPLICATION_FACTOR`, `…MIN_INSYNC_REPLICAS`),
+    fewer on a smaller cluster as theirs. `now`: epoch ms (the clock `early_by` and results
+    use).
     """
 
     def __init__(
@@ -191,6 +189,7 @@ class TickwheelTimers:
         target: str,
         partitions: int,
         bootstrap: Connectable | None = None,
+        replication: Replication = NODE_REPLICATION,
         now: Callable[[], int] | None = None,
     ) -> None:
         book_topics = parse_aggregate_type(f"{context}.{book}")
@@ -204,7 +203,7 @@ class TickwheelTimers:
         self.book = timer_book(context, book)
         # The client's edge, as the CLI is: its one `KafkaClients`, made from the brokers;
         # below it only the ports.
-        clients = KafkaClients(bootstrap or bootstrap_of(app))
+        clients = KafkaClients(bootstrap or bootstrap_of(app), replication)
         self.topology = ClientTopics(clients.admin(), book_topics, target_topics, partitions)
         self._now = now or (lambda: int(time.time() * 1000))
         self.commands_of = BookCommands(self.book, target_topics, self._now)
@@ -266,10 +265,10 @@ class TickwheelTimers:
     ) -> CommandEnvelope:
         """Sets `key`'s timer `timer`: `command` goes to `target` (this app's
         `<context>.<target>/<key>` by default) by `rule`; a timer already set under that
-        name is replaced. Inside an agent the command is published before the event's
-        offset commits, outside one it is on the broker when this returns; the book
-        decides it then. The request id is derived from the event being processed unless
-        given (outside an agent it must be)."""
+        name is replaced. The command is on the broker when this returns (inside an agent
+        too; a failed send raises); the book decides it then. The request id is derived
+        from the event being processed unless given (outside an agent, or in one fed by
+        `app.channel()`, it must be)."""
         cmd = self.set_command(key, timer, rule, command, target=target, request_id=request_id)
         await self._send_to_book(cmd)
         return cmd
@@ -339,20 +338,11 @@ class TickwheelTimers:
         version: int | None = None,
     ) -> tuple[str, int, CommandResult] | None:
         """Where the answer to `cmd` goes and what it says; None: no answer is expected
-        (a command sent from another context is fire-and-forget)."""
-        if cmd.reply_to is None:
-            return None
+        (`app.clients.fired.reply_partition`)."""
         own = self.topology.context.results
-        # Answered on the context's own results topic only, in a partition it has: a
-        # command's reply address is its writer's word, and another writer's would have
-        # this app write results into any topic (or fail its commit on a partition the
-        # topic lacks, the same command answered again after each restart).
-        reply = cmd.reply_partition
-        partition = (
-            reply
-            if reply is not None and cmd.reply_to == own and 0 <= reply < self.partitions
-            else partition_of(cmd.request_id, self.partitions)
-        )
+        partition = reply_partition(cmd, own, self.partitions)
+        if partition is None:
+            return None
         result = CommandResult(
             request_id=cmd.request_id,
             code=code,
@@ -381,16 +371,17 @@ class TickwheelTimers:
         return True
 
     async def _send(self, topic: str, key: bytes, value: bytes, partition: int) -> None:
-        # Inside an agent the record is attached to the event being processed, as any faust
-        # send: published, with the agent's other sends, before that event's offset commits
-        # (a crash before then processes the event again, and the same request id is
-        # de-duplicated). Outside an agent it is sent now and awaited.
+        # Awaited inside an agent too: faust does not wait for an agent's sends (nor raise a
+        # failed one, published at commit with stream_publish_on_commit) before it commits
+        # the event's offset. `force`: not attached to the event, whose commit would wait
+        # for this very send.
         channel = self._topics.get(topic)
         if channel is None:
             channel = self._topics[topic] = self.app.topic(topic, key_type=bytes, value_type=bytes)
-        sent: Awaitable[Any] = await channel.send(key=key, value=value, partition=partition)
-        if current_event() is None:
-            await sent
+        sent: Awaitable[Any] = await channel.send(
+            key=key, value=value, partition=partition, force=True
+        )
+        await sent
 
 
 def _request_id(op: str, timer: str, given: str | None) -> str:
