@@ -26,7 +26,7 @@ import importlib
 import logging
 import re
 import sys
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Annotated, Any, TypeVar
@@ -53,6 +53,7 @@ __all__ = [
     "Partitions",
     "RootOptions",
     "ServiceSpec",
+    "Unsettled",
     "begin_invocation",
     "checked",
     "clients_for",
@@ -65,6 +66,7 @@ __all__ = [
     "run",
     "settings_for",
     "time_iso",
+    "unsettled",
 ]
 
 T = TypeVar("T")
@@ -211,6 +213,24 @@ def run(work: Coroutine[Any, Any, T]) -> T:
             return asyncio.run(work)
     except TickwheelError as exc:
         raise fail(str(exc)) from exc
+
+
+class Unsettled(TickwheelError):
+    """A change whose send, or the wait for its answer, failed: it may be written or not
+    (`unsettled`)."""
+
+
+async def unsettled(work: Awaitable[T], resend: str) -> T:
+    """`work`: a change sent under a request id (the command's own when not given) and its
+    answer waited for. Failing (the broker gone during or after the send, a send that
+    timed out: written or not), it ends as `run` ends any error, its message followed by
+    `resend`: how to send it again under the same request id, which applies it at most
+    once; under a fresh one it could apply twice (a trigger would fire twice)."""
+    try:
+        return await work
+    except (TickwheelError, TimeoutError) as exc:
+        why = str(exc) or type(exc).__name__
+        raise Unsettled(f"{why}: sent or not, {resend}") from exc
 
 
 async def checked(kafka: Connectable, work: Coroutine[Any, Any, T]) -> T:

@@ -5,13 +5,15 @@ with clients of the CLI's own."""
 from __future__ import annotations
 
 import logging
+import shlex
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 import orjson
 
+from app.cli.common import unsettled
 from app.errors import JobsCliError
-from app.jobs import SCHEDULE, Job
+from app.jobs import SCHEDULE, TRIGGER, Job
 from app.kafka import Producer, Reader, ensure_topics, require_topic
 from app.kafka.connection import Connectable
 from app.node import node_topics
@@ -20,6 +22,7 @@ from app.ops.job_api import FAILED_CODES, InstanceState, cli_option, find_job, i
 from app.protocol.topics import AggregateTopics
 from app.protocol.wire import CommandEnvelope, CommandResult, EventEnvelope
 from tables import AggregateRef
+from tables.partitioner import partition_of
 
 __all__ = [
     "FAILED_CODES",
@@ -60,9 +63,37 @@ async def send_and_wait(
         producer = Producer(bootstrap)
         await producer.start()
         try:
-            return await job_api.send_and_wait(producer, reader, partitions, commands, wait_s)
+            sending = job_api.send_and_wait(producer, reader, partitions, commands, wait_s)
+            if commands[0].type != TRIGGER:
+                # The others apply at most once again anyway: an instance already so is
+                # UNCHANGED, a backfilled slot keeps its live tick's request id.
+                return await sending
+            # A failure may follow the send: it names each run's request id, as a retry
+            # under a fresh one would run it again.
+            return await unsettled(sending, _resend(commands, partitions))
         finally:
             await producer.stop()
+
+
+def _resend(commands: Sequence[CommandEnvelope], partitions: int) -> str:
+    """How to send each trigger again under its request id: `--request-id` alone for one
+    instance; for several, with the option that names its instance alone (one instance,
+    its request id kept as given): `--tenant` for a TENANT job's (one id in each tenant),
+    `--partition` for a SHARDED job's (its id lies in that partition)."""
+    learn = "to learn what became of it (under its request id it runs at most once)"
+    if len(commands) == 1:
+        return f"send it again with --request-id {shlex.quote(commands[0].request_id)} {learn}"
+    by_tenant = len({c.aggregate.id for c in commands}) == 1
+    each = "; ".join(
+        (
+            f"--tenant {shlex.quote(c.aggregate.tenant)}"
+            if by_tenant
+            else f"--partition {partition_of(c.aggregate.id, partitions)}"
+        )
+        + f" --request-id {shlex.quote(c.request_id)}"
+        for c in commands
+    )
+    return f"send each run again {learn}: {each}"
 
 
 async def read_instances(

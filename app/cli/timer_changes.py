@@ -7,13 +7,15 @@ appends the event, and a command sent again with the same `--request-id` changes
 All need the book's command and results topics (made by a worker running the book) and
 create none. Exit 0 once the book answered COMMITTED or DUPLICATE, or UNCHANGED (a pause
 of a paused timer, a resume of a running one); 1 when it refused (REJECTED: a key it has
-no timer under; ERROR, BUSY) or did not answer within `--wait` (send it again with the
-request id printed to learn what became of it); 2 for a bad option (a rule that does not
+no timer under; ERROR, BUSY), did not answer within `--wait`, or the broker failed during
+or after the send (send it again with the request id printed to learn what became of it;
+under a fresh one a trigger would fire again); 2 for a bad option (a rule that does not
 parse, a target that is the book itself, a rule with no slot left).
 """
 
 from __future__ import annotations
 
+import shlex
 import time
 from typing import Annotated
 
@@ -25,17 +27,18 @@ from app.cli.common import (
     Bootstrap,
     Json,
     checked,
+    clients_for,
     fail,
     json_line,
     run,
     settings_for,
+    unsettled,
 )
 from app.cli.rule_expr import BadExpression, parse_duration, parse_expr
 from app.cli.timers import TypeName, _type, timers_cli
 from app.clients.timer_book import timer_book
-from app.kafka import require_topics
-from app.kafka.clients import KafkaClients
-from app.kafka.connection import Connectable
+from app.kafka.cluster import require_topics
+from app.kafka.ports import Clients
 from app.ops.timer_api import (
     DEFAULT_WAIT_S,
     DONE,
@@ -71,29 +74,43 @@ def _now() -> int:
 
 
 async def send_change(
-    kafka: Connectable, cmd: CommandEnvelope, wait_s: float
+    clients: Clients, cmd: CommandEnvelope, wait_s: float
 ) -> CommandResult | None:
     """Sends a book's command and waits for its result. Creates no topic: the book's
     command and results topics must be there (a worker running the book made them)."""
     topics = parse_aggregate_type(cmd.aggregate.type_name)
     results = ContextTopics(cmd.aggregate.context).results
     why = f"no worker has run the timer book {topics.type_name} against this cluster"
-    found = await require_topics(kafka, {topics.commands: why, results: why})
-    clients = KafkaClients(kafka)
+    found = await require_topics(clients.admin(), {topics.commands: why, results: why})
+    # From the clients' start on, a failure may follow the send: it names the request id
+    # (the user's retry under a fresh one would apply the change again).
+    return await unsettled(_send(clients, cmd, found[topics.commands], wait_s), _resend(cmd))
+
+
+async def _send(
+    clients: Clients, cmd: CommandEnvelope, partitions: int, wait_s: float
+) -> CommandResult | None:
     publisher = clients.publisher()
     await publisher.start()
     try:
         async with clients.reader() as reader:
-            return await submit(publisher, reader, cmd, found[topics.commands], wait_s)
+            return await submit(publisher, reader, cmd, partitions, wait_s)
     finally:
         await publisher.stop()
+
+
+def _resend(cmd: CommandEnvelope) -> str:
+    return (
+        f"send it again with --request-id {shlex.quote(cmd.request_id)} to learn what became "
+        "of it (under its request id it is written at most once)"
+    )
 
 
 def _answer(action: str, cmd: CommandEnvelope, result: CommandResult | None, as_json: bool) -> None:
     if result is None:
         raise fail(
             f"no answer from the book in time: send it again with --request-id "
-            f"{cmd.request_id} to learn it (that writes nothing more)"
+            f"{shlex.quote(cmd.request_id)} to learn it (that writes nothing more)"
         )
     answer = answer_of(cmd, result)
     if result.code not in DONE:
@@ -180,7 +197,7 @@ def set_(
         )
     except (BadExpression, BadRequest) as exc:
         raise fail(str(exc), CONFIG_ERROR) from exc
-    result = run(checked(settings.kafka, send_change(settings.kafka, cmd, wait)))
+    result = run(checked(settings.kafka, send_change(clients_for(settings), cmd, wait)))
     _answer("set", cmd, result, as_json)
 
 
@@ -202,7 +219,7 @@ def cancel(
         cmd = cancel_command(owner_ref(book.type_name, owner, tenant), key, request_id, _now())
     except BadRequest as exc:
         raise fail(str(exc), CONFIG_ERROR) from exc
-    result = run(checked(settings.kafka, send_change(settings.kafka, cmd, wait)))
+    result = run(checked(settings.kafka, send_change(clients_for(settings), cmd, wait)))
     _answer("cancel", cmd, result, as_json)
 
 
@@ -223,7 +240,7 @@ def _act(
         cmd = key_command(action, owner_ref(book.type_name, owner, tenant), key, request_id, _now())
     except BadRequest as exc:
         raise fail(str(exc), CONFIG_ERROR) from exc
-    result = run(checked(settings.kafka, send_change(settings.kafka, cmd, wait)))
+    result = run(checked(settings.kafka, send_change(clients_for(settings), cmd, wait)))
     _answer(action, cmd, result, as_json)
 
 

@@ -15,10 +15,9 @@ ever written twice.
 from __future__ import annotations
 
 import asyncio
-import time
 import uuid
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -67,6 +66,8 @@ __all__ = [
     "set_command",
     "submit",
 ]
+
+T = TypeVar("T")
 
 DEFAULT_WAIT_S = 30.0
 """How long a request waits for its answer by default."""
@@ -266,22 +267,55 @@ async def submit(
     wait_s: float = DEFAULT_WAIT_S,
     *,
     poll_s: float = 0.1,
-    clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
 ) -> CommandResult | None:
     """Sends `cmd` to its aggregate's command topic and waits up to `wait_s` seconds for
-    its result; None when none came (it may still come: send it again with its request
-    id to learn it, which changes nothing more)."""
+    its result; None when none came in time (it may still come: send it again with its
+    request id to learn it, which changes nothing more).
+
+    `wait_s` bounds the reads as a whole: each of the reader's requests may wait far
+    longer (a `Reader`'s 40 s) for a partition's leader that is gone. The send is not
+    bounded by it: cut short, it would be as ambiguous as a send that failed."""
     owner = cmd.aggregate
     topics = AggregateTopics(owner.context, owner.aggregate)
     results = ContextTopics(owner.context).results
     at = partition_of(cmd.request_id, partitions)
-    # The results partition's end before the send: the answer is written after it.
-    start = (await reader.offsets(results, at))[1]
+    deadline = asyncio.get_running_loop().time() + wait_s
+    # The results partition's end before the send: the answer is written after it. Not
+    # known in time, the change is sent all the same (a `--wait 0` sends and waits not).
+    ends = await _by(deadline, reader.offsets(results, at))
     await publisher.send(
         topics.commands, owner.id.encode(), encode(cmd), partition_of(owner.id, partitions)
     )
-    deadline = clock() + wait_s
+    if ends is None:
+        return None
+    return await _by(deadline, _result_of(reader, cmd, results, at, ends[1], poll_s, sleep))
+
+
+async def _by(deadline: float, work: Awaitable[T]) -> T | None:
+    """`work`'s value, or None once the event loop's clock reaches `deadline` first (a
+    `TimeoutError` of `work`'s own is raised)."""
+    timeout = asyncio.timeout_at(deadline)
+    try:
+        async with timeout:
+            return await work
+    except TimeoutError:
+        if timeout.expired():
+            return None
+        raise
+
+
+async def _result_of(
+    reader: LogReader,
+    cmd: CommandEnvelope,
+    results: str,
+    at: int,
+    start: int,
+    poll_s: float,
+    sleep: Callable[[float], Awaitable[None]],
+) -> CommandResult:
+    """`cmd`'s result, read from partition `at` of `results` from `start` (waited for: the
+    caller bounds it)."""
     while True:
         async for batch in reader.read(results, at, start):
             for r in batch:
@@ -290,10 +324,8 @@ async def submit(
                     result = decode(CommandResult, r.value)
                 except BadRecord:
                     continue
-                if result.request_id == cmd.request_id and result.aggregate == owner:
+                if result.request_id == cmd.request_id and result.aggregate == cmd.aggregate:
                     return result
-        if clock() >= deadline:
-            return None
         await sleep(poll_s)
 
 
