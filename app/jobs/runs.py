@@ -10,6 +10,7 @@ from collections.abc import Callable
 
 from app.jobs.declaration import RUN_KEY_PREFIX, Job, JobRun
 from app.jobs.schedule_state import ScheduleState
+from app.log_limit import LogLimit
 from app.model.decide import cut_message
 from app.model.user_code import not_awaitable, user_code
 from tables.exceptions import InvalidRule
@@ -20,6 +21,11 @@ __all__ = ["run_handler", "run_key", "slot_reachable"]
 
 logger = logging.getLogger(__name__)
 
+# A job failing on every slot of every instance (a 1-second job, a thousand tenants, each
+# run tried again) would log thousands of tracebacks a second: per job and exception type,
+# the first in full, then one a minute with the count.
+_HANDLER_FAILURES = LogLimit()
+
 
 def run_key(timer_id: str, slot: int) -> str:
     """The key of the one-off timer that runs `slot` of the tick timer `timer_id` again:
@@ -28,10 +34,11 @@ def run_key(timer_id: str, slot: int) -> str:
     return f"{RUN_KEY_PREFIX}{digest}#{slot}"
 
 
-def run_handler(job: Job, run: JobRun) -> str | None:
+def run_handler(job: Job, run: JobRun, *, log_limit: LogLimit = _HANDLER_FAILURES) -> str | None:
     """Runs the handler; None when it returned, else what it raised, cut to
     `MAX_ERROR_TEXT` characters (an exception's text has no bound: whole, it could outgrow
-    the record of the event or result that carries it)."""
+    the record of the event or result that carries it). `log_limit` bounds the lines about
+    its failures (the node's one, shared by every job, by default)."""
     try:
         with user_code("the handler of job", job.name):
             # Declared returning None; an object whose `__call__` is async returns a
@@ -46,7 +53,10 @@ def run_handler(job: Job, run: JobRun) -> str | None:
             what = "failed (nothing of the run commits)"
         else:
             what = "failed (its run: timer runs it again)"
-        logger.exception("job %s on slot %d of %s %s", job.name, run.slot, run.instance, what)
+        if (more := log_limit.check((job.name, type(exc)))) is not None:
+            logger.exception(
+                "job %s on slot %d of %s %s%s", job.name, run.slot, run.instance, what, more
+            )
         return cut_message(repr(exc))
     return None
 

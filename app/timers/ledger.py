@@ -39,6 +39,7 @@ from app.errors import BadRecord, KafkaUnavailable
 from app.kafka import Clients, Publisher, Record
 from app.kafka.cluster import require_topic
 from app.kafka.records import refused
+from app.log_limit import LogLimit
 from app.protocol.topics import ContextTopics
 from tables.ledger import LedgerEntry, merged
 from tables.partitioner import partition_of
@@ -127,10 +128,16 @@ class LedgerView:
     node's own write is applied before the follower reads what came before it) cannot
     bring a resolved entry back. Past it, the follower only reads newer records, so the
     view holds the open entries and the tombstones still ahead of the follower.
+
+    `log_limit` bounds the lines about unreadable records (by default, one a minute after
+    the first).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, log_limit: LogLimit | None = None) -> None:
         self._held: dict[LedgerKey, _Held] = {}
+        # Every node reads every bad record, again at each start (the topic is compacted,
+        # not emptied): the first in full, then a count, whoever wrote them.
+        self._bad_log = log_limit or LogLimit()
         # Per partition, the tombstones held, by offset (a heap: own writes come early),
         # then by when taken (a recreated topic's offsets repeat; keys do not compare).
         self._tombstones: dict[int, list[tuple[int, int, LedgerKey]]] = defaultdict(list)
@@ -168,9 +175,15 @@ class LedgerView:
             entry = decode_value(key, record.value)
         except BadRecord as exc:
             # Every node reads the whole ledger: a dead letter from each would be noise.
-            logger.error(
-                "skipping %s[%d]@%d: %s", record.topic, record.partition, record.offset, exc
-            )
+            if (more := self._bad_log.check()) is not None:
+                logger.error(
+                    "skipping %s[%d]@%d: %s%s",
+                    record.topic,
+                    record.partition,
+                    record.offset,
+                    exc,
+                    more,
+                )
             return False
         return self.apply(key, record.partition, record.offset, entry)
 

@@ -18,6 +18,7 @@ from app.errors import BadRecord, KafkaUnavailable
 from app.kafka import FollowerFactory, Publisher
 from app.kafka.catalog import NO_TARGET, TopicCatalog, no_target_message
 from app.kafka.records import refused
+from app.log_limit import LogLimit
 from app.protocol.topics import AggregateTopics, ContextTopics
 from app.protocol.wire import CommandEnvelope, CommandResult, decode, encode
 from app.timers.runner.decisions import NOT_CLAIMED, SENT, SendResult
@@ -54,12 +55,18 @@ def timer_command(
 class ResultsReader:
     """Reads the owned partitions of a context's results topic; resolves waiting sends.
 
-    `followers` makes the topic's follower (`Clients.follower`).
+    `followers` makes the topic's follower (`Clients.follower`); `log_limit` bounds the
+    lines about unreadable results (by default, one a minute after the first).
     """
 
-    def __init__(self, followers: FollowerFactory, context: str) -> None:
+    def __init__(
+        self, followers: FollowerFactory, context: str, *, log_limit: LogLimit | None = None
+    ) -> None:
         self.topic = ContextTopics(context).results
         self._reader = followers(self.topic)
+        # Anyone who may write to the results topic could otherwise set this node's log
+        # volume, one line per record of garbage.
+        self._unreadable_log = log_limit or LogLimit()
         # By request id: the aggregate the send went to, and its answer to be.
         self._waiting: dict[str, tuple[AggregateRef, asyncio.Future[CommandResult]]] = {}
         self._task: asyncio.Task[None] | None = None
@@ -117,7 +124,15 @@ class ResultsReader:
                 try:
                     result = decode(CommandResult, record.value)
                 except BadRecord as exc:
-                    logger.warning("unreadable result at %s: %s", record.offset, exc)
+                    if (more := self._unreadable_log.check()) is not None:
+                        logger.warning(
+                            "unreadable result at %s[%d]@%d: %s%s",
+                            record.topic,
+                            record.partition,
+                            record.offset,
+                            exc,
+                            more,
+                        )
                     continue
                 waiting = self._waiting.get(result.request_id)
                 if waiting is None:

@@ -239,7 +239,8 @@ def test_bad_records_are_skipped_and_logged_and_the_rest_is_read(
     assert not view.apply_record(record(ledger_key(SUB, OTHER), encode_entry(entry()), offset=3))
     assert view.apply_record(record(key, encode_entry(entry("t-1#0")), offset=4))
     assert view.entries() == [entry("t-1#0")]
-    assert caplog.text.count("skipping shop.failure-ledger[0]@") == 3
+    # The first in full; the others counted, told by a line a minute (test_log_floods).
+    assert caplog.text.count("skipping shop.failure-ledger[0]@") == 1
 
 
 def test_entries_are_sorted_and_only_the_open_ones() -> None:

@@ -6,6 +6,7 @@ import asyncio
 import logging
 from collections.abc import Callable
 
+from app.log_limit import LogLimit
 from app.timers.runner.ports import Clock
 from app.timers.runner.runner import RoundStats, TimerRunner
 
@@ -25,7 +26,11 @@ class TimerLoop:
     poll interval at the latest, or at once after `wake()` (a put made a timer due sooner)."""
 
     def __init__(
-        self, runner: TimerRunner, on_round: Callable[[RoundStats], None] | None = None
+        self,
+        runner: TimerRunner,
+        on_round: Callable[[RoundStats], None] | None = None,
+        *,
+        log_limit: LogLimit | None = None,
     ) -> None:
         self._runner = runner
         self._clock = runner.clock
@@ -36,6 +41,9 @@ class TimerLoop:
         self.rounds = 0
         self.failures_in_a_row = 0
         self._on_round = on_round
+        # A round failing for as long as its store does: a traceback a second, otherwise.
+        # Per exception type, so that another fault meanwhile is logged in full at once.
+        self._failure_log = log_limit or LogLimit()
         # Set by the runner when a send's outcome is in: written by the next round, at once.
         self._answered = runner.answered
 
@@ -84,9 +92,12 @@ class TimerLoop:
             try:
                 stats = await self.round()
                 self.failures_in_a_row = 0
-            except Exception:
+            except Exception as exc:
                 self.failures_in_a_row += 1
-                logger.exception("timer round failed; trying again after the poll interval")
+                if (more := self._failure_log.check(type(exc))) is not None:
+                    logger.exception(
+                        "timer round failed; trying again after the poll interval%s", more
+                    )
                 stats = None
             self.rounds += 1
             if stats is not None and self._on_round is not None:
