@@ -22,6 +22,8 @@ logger = logging.getLogger(__name__)
 
 
 _READ = ("cleanup.policy", "retention.ms", "retention.bytes")
+# A retention that never deletes: -1, or the largest a broker takes (Long.MAX_VALUE).
+_FOR_EVER = frozenset({"-1", str(2**63 - 1)})
 
 
 def policy_refusal(topic: str, configs: Mapping[str, str]) -> str | None:
@@ -30,15 +32,16 @@ def policy_refusal(topic: str, configs: Mapping[str, str]) -> str | None:
     node makes its tables: `compact,delete` with both retentions -1)."""
     policy = configs.get("cleanup.policy", "")
     kinds = {part.strip() for part in policy.split(",")}
-    retained = {configs.get(name) for name in ("retention.ms", "retention.bytes")} == {"-1"}
+    retained = all(configs.get(name) in _FOR_EVER for name in ("retention.ms", "retention.bytes"))
     if "compact" in kinds and ("delete" not in kinds or retained):
         return None
     shown = ", ".join(f"{name}={configs.get(name)}" for name in _READ if name in configs)
     return (
         f"topic {topic} has {shown}: a compacted table's rows would be deleted (after "
-        "retention.ms), and the timers or states with them. Set cleanup.policy=compact "
-        f"(kafka-configs --alter --entity-type topics --entity-name {topic} "
-        "--add-config cleanup.policy=compact)"
+        "retention.ms), and the timers or states with them. Set it as a node makes it "
+        f"(kafka-configs --alter --entity-type topics --entity-name {topic} --add-config "
+        "'cleanup.policy=[compact,delete],retention.ms=-1,retention.bytes=-1'; delete "
+        "with no retention lets `tickwheel rebuild` empty it)"
     )
 
 

@@ -73,3 +73,21 @@ class CleanMarks:
 
     def mark(self, partition: int) -> None:
         self._path(partition).touch()
+
+    def lost(self, partition: int) -> str | None:
+        """Why the partition's changelog lost rows its copy had applied, as a take found it
+        (`note_lost`); None: no take did, or the log was replayed since."""
+        path = self._dir / f"lost-p{partition}"
+        return path.read_text() if path.exists() else None
+
+    def note_lost(self, partition: int, why: str) -> None:
+        """Kept until a take sees the log read from its start (`clear_lost`): the copy is
+        restored from the changelog's remains at that take, and every later take of this
+        node must still refuse, not run without the timers."""
+        path = self._dir / f"lost-p{partition}"
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(why)
+        tmp.replace(path)
+
+    def clear_lost(self, partition: int) -> None:
+        (self._dir / f"lost-p{partition}").unlink(missing_ok=True)

@@ -93,7 +93,9 @@ async def open_partition(s: TaskShared, task: PartitionTask, topics: set[str]) -
     s.reading_results.setdefault(p, set()).add(task.type_name)
     for results in s.results.values():
         await results.add_partition(p)
-    return lost[0] if lost else None
+    if lost:
+        kept.marks.note_lost(p, lost[0])
+    return kept.marks.lost(p)
 
 
 def _sink(txn: PartitionTransaction) -> ChangelogSink:

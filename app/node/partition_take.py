@@ -119,7 +119,9 @@ async def _replayed(task: PartitionTask, starts: dict[str, int], lost: str) -> N
     """Passes when the subscription reads p's log from its start (a rebuild's replay, the
     changelog emptied on purpose), which makes the lost rows again; else `ChangelogLost`.
     Restored from what is left, the table would be missing timers for good, its node
-    ready all the same."""
+    ready all the same. The loss is noted in the node's data directory (`CleanMarks.lost`)
+    until such a replay: the copy is restored from the remains at the first take, and no
+    later take of this node may run without the rows either."""
     events = task.kept.topics.events
     if events not in starts:
         return
@@ -128,6 +130,7 @@ async def _replayed(task: PartitionTask, starts: dict[str, int], lost: str) -> N
         logger.info(
             "%s: %s; the log is read from its start, which writes them again", task.key, lost
         )
+        task.kept.marks.clear_lost(task.p)
         return
     raise ChangelogLost(
         f"{lost}: rows it held are gone (the topic was deleted and made again, or cut by "

@@ -23,9 +23,13 @@ from app.node.kept import KeptType
 from app.node.partition_task import PartitionTask, TaskShared
 from app.node.task_id import TaskId
 
-__all__ = ["PartitionTasks"]
+__all__ = ["SPLIT_GRACE_S", "PartitionTasks"]
 
 logger = logging.getLogger(__name__)
+
+SPLIT_GRACE_S = 30.0
+"""How long the group's assignments may stay ones that cannot be run (`_unrunnable`)
+before the node stops."""
 
 
 class PartitionTasks:
@@ -55,6 +59,10 @@ class PartitionTasks:
         self._owned = owned
         self._all_running = all_running
         self._fail = fail
+        # Since when the group's assignments are split (`assign`), and the watch that
+        # fails the node once they were for `SPLIT_GRACE_S`.
+        self._split_since: float | None = None
+        self._split_watch: asyncio.Task[None] | None = None
 
     @property
     def restoring(self) -> frozenset[int]:
@@ -99,11 +107,23 @@ class PartitionTasks:
         for t, p in assigned:
             if t in by_topic:
                 topics.setdefault(TaskId(by_topic[t][0].name, p), set()).add(t)
-        if (split := _unrunnable(topics, by_topic, self.shared.settings.partitions)) is not None:
+        split = _unrunnable(topics, by_topic, self.shared.settings.partitions)
+        self._cancel_split_watch()
+        if split is None:
+            self._split_since = None
+        else:
             # Run, such a task would pass over the commands it cannot decide, or fire
             # timers into a partition whose commands no task decides: nothing is taken.
+            # A topic missing from the group leader's metadata for a moment (just made)
+            # splits an assignment too, until the next one: the node stops only when the
+            # assignments stay split for the grace.
             self.shared.consumer.pause(sorted(assigned))
-            self._fail(split)
+            now = time.monotonic()
+            since = self._split_since = self._split_since or now
+            logger.error("%s; the node stops unless the group assigns otherwise", split)
+            self._split_watch = asyncio.create_task(
+                self._fail_after(since + SPLIT_GRACE_S - now, split), name="split assignment"
+            )
             return
         # The group is the authority: what it no longer gives here is let go (a revoke
         # after a lost membership may have named none of it); not waited for here.
@@ -119,10 +139,21 @@ class PartitionTasks:
         if not new:
             self._owning()
 
+    async def _fail_after(self, seconds: float, why: str) -> None:
+        await asyncio.sleep(max(seconds, 0.0))
+        self._fail(why)
+
+    def _cancel_split_watch(self) -> None:
+        if self._split_watch is not None:
+            self._split_watch.cancel()
+            self._split_watch = None
+
     async def revoke(self, gone: set[TaskId]) -> None:
         """Closes the tasks `gone` clean (a hand-off), each in a task of its own, and waits
         for them, and for their closes under way: a close whose commit hangs holds up no
-        other task's."""
+        other task's. A split assignment's watch ends: the group assigns again, or the
+        node stops."""
+        self._cancel_split_watch()
         for key in sorted(gone & set(self.tasks)):
             self._close(self.tasks.pop(key))
         closes = [closing for task, closing in self.closing.items() if task.key in gone]

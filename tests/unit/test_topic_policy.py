@@ -23,6 +23,11 @@ DEFAULT = {"retention.ms": "604800000", "retention.bytes": "-1"}
         {"cleanup.policy": "compact", **DEFAULT},
         {"cleanup.policy": " compact ", **DEFAULT},
         {"cleanup.policy": "compact,delete", **KEPT},  # as the node makes its tables
+        {
+            "cleanup.policy": "compact,delete",
+            "retention.ms": "9223372036854775807",
+            "retention.bytes": "-1",
+        },
     ],
 )
 def test_compacted_tables_that_delete_nothing_are_kept(configs: dict[str, str]) -> None:
@@ -42,7 +47,8 @@ def test_a_table_that_deletes_rows_is_refused_saying_how_to_set_it(
     configs: dict[str, str],
 ) -> None:
     why = policy_refusal("ctx.a.timers", configs)
-    assert why is not None and "ctx.a.timers" in why and "cleanup.policy=compact" in why
+    assert why is not None and "ctx.a.timers" in why
+    assert "cleanup.policy=[compact,delete],retention.ms=-1,retention.bytes=-1" in why
 
 
 class _Answer:
