@@ -10,7 +10,8 @@ of a paused timer, a resume of a running one); 1 when it refused (REJECTED: a ke
 no timer under; ERROR, BUSY), did not answer within `--wait`, or the broker failed during
 or after the send (send it again with the request id printed to learn what became of it;
 under a fresh one a trigger would fire again); 2 for a bad option (a rule that does not
-parse, a target that is the book itself, a rule with no slot left).
+parse, a target that is the book itself, a rule with no slot left, a set larger than the
+node reads: `TICKWHEEL_MAX_RECORD_BYTES`, whose record it would drop unanswered).
 """
 
 from __future__ import annotations
@@ -194,6 +195,7 @@ def set_(
             key,
             put,
             now,
+            limits=settings.limits,
         )
     except (BadExpression, BadRequest) as exc:
         raise fail(str(exc), CONFIG_ERROR) from exc

@@ -24,13 +24,21 @@ from app.clients.timer_book import (
     TimerKey,
     book_reason,
 )
+from app.errors import BadRecord
 from app.model.aggregate import MAX_TRIGGER_REQUEST_ID, AggregateType, send_fits
+from app.protocol.limits import InputLimits
 from app.protocol.topics import AggregateTopics
-from app.protocol.wire import MAX_REQUEST_ID, CommandEnvelope, ScheduleCancelled, ScheduleSet
+from app.protocol.wire import (
+    MAX_REQUEST_ID,
+    CommandEnvelope,
+    ScheduleCancelled,
+    ScheduleSet,
+    encode,
+)
 from tables import AggregateRef, CommandSpec, CronRule, IntervalRule, OnceRule
 from tables.refs import NEW_INPUT
 
-__all__ = ["KEY_ACTIONS", "BookCommands", "Delivered", "Rule", "request_id_for"]
+__all__ = ["KEY_ACTIONS", "BookCommands", "Delivered", "Rule", "request_id_for", "unreadable"]
 
 Rule = OnceRule | IntervalRule | CronRule
 
@@ -82,18 +90,41 @@ def request_id_for(op: str, key: str, message: Delivered | None) -> str:
     return rid
 
 
+def unreadable(cmd: CommandEnvelope, limits: InputLimits) -> tuple[str, str] | None:
+    """Which part of `cmd`'s record ("key": its aggregate's id; "value": the command) the
+    node would refuse to read (`InputLimits.check`, with its `limits`), and why; None when
+    it reads it. Checked before the send: such a record is dead-lettered at read with no
+    result, so its sender would wait for an answer that never comes."""
+    for part, key, value in (
+        ("key", cmd.aggregate.id.encode(), None),
+        ("value", None, encode(cmd)),
+    ):
+        try:
+            limits.check(key, value)
+        except BadRecord as exc:
+            return part, f"the {cmd.type}'s {exc}: the node would drop it unread, unanswered"
+    return None
+
+
 class BookCommands:
     """The commands on the timers of the book `book`'s keys, whose timers fire into
     `target`'s aggregate of the same id unless told otherwise; `now`: epoch ms, their
     `issued_at`. Each raises `ValueError` for what the book would refuse or the wire
-    cannot carry, so that nothing is sent."""
+    cannot carry, so that nothing is sent. `limits`: the record sizes the book's nodes read
+    (their `TICKWHEEL_MAX_KEY_BYTES`, `TICKWHEEL_MAX_RECORD_BYTES`; the defaults unless
+    given)."""
 
     def __init__(
-        self, book: AggregateType[BookState], target: AggregateTopics, now: Callable[[], int]
+        self,
+        book: AggregateType[BookState],
+        target: AggregateTopics,
+        now: Callable[[], int],
+        limits: InputLimits | None = None,
     ) -> None:
         self.book = book
         self.target = target
         self._now = now
+        self.limits = limits or InputLimits()
 
     def book_ref(self, key: str) -> AggregateRef:
         return _new_ref(self.book.context, self.book.name, key)
@@ -143,13 +174,16 @@ class BookCommands:
     def _command(
         self, key: str, type_: str, body: dict[str, Any], request_id: str
     ) -> CommandEnvelope:
-        return CommandEnvelope(
+        cmd = CommandEnvelope(
             request_id=request_id,
             type=type_,
             aggregate=self.book_ref(key),
             body=body,
             issued_at=self._now(),
         )
+        if (bad := unreadable(cmd, self.limits)) is not None:
+            raise ValueError(bad[1])
+        return cmd
 
 
 def _new_ref(context: str, aggregate: str, key: str) -> AggregateRef:

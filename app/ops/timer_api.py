@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from app.clients.book_commands import unreadable
 from app.clients.timer_book import (
     CANCEL_TIMER,
     PAUSE_TIMER,
@@ -33,6 +34,7 @@ from app.clients.timer_book import (
 from app.errors import BadRecord
 from app.kafka.ports import LogReader, Publisher
 from app.model.aggregate import MAX_TRIGGER_REQUEST_ID, AggregateType, send_fits
+from app.protocol.limits import InputLimits
 from app.protocol.topics import AggregateTopics, ContextTopics
 from app.protocol.wire import (
     CommandEnvelope,
@@ -189,9 +191,12 @@ def set_command(
     key: str,
     put: TimerPut,
     now: int,
+    *,
+    limits: InputLimits,
 ) -> CommandEnvelope:
     """The `wow.SetTimer` of `put` to `owner`'s book; `BadRequest` naming what the book
-    would refuse (its target, a rule with no slot left)."""
+    would refuse (its target, a rule with no slot left) or the node would not read (a
+    record larger than its `limits`: the owner's id, or the command the timer sends)."""
     context, _, aggregate = put.target.type.partition(".")
     try:
         parts = {"context": context, "aggregate": aggregate, "tenant": owner.tenant}
@@ -206,13 +211,19 @@ def set_command(
         raise BadRequest(where, bad.message) from exc
     if (why := book_reason(book, body, now)) is not None:
         raise BadRequest("rule" if why.startswith("the rule") else "target", why)
-    return CommandEnvelope(
+    cmd = CommandEnvelope(
         request_id=put.request_id or new_request_id(),
         type=SET_TIMER,
         aggregate=owner,
         body=body.model_dump(mode="json"),
         issued_at=now,
     )
+    if (unread := unreadable(cmd, limits)) is not None:
+        # Refused here: the node would drop it unanswered, and every retry with it. Its
+        # value is over mostly by the timer's command (the rest of it is bounded).
+        part, why = unread
+        raise BadRequest("owner" if part == "key" else "command", why)
+    return cmd
 
 
 def cancel_command(

@@ -26,12 +26,13 @@ a change that timed out (504, with the request id) with the same id.
 
 Errors are JSON `ApiError`s naming the wrong `field`: 400 for a request that cannot be
 sent (a body that is not JSON, does not validate or that the book would refuse: its rule
-has no slot left, its target is the book; a wrong path), as on the job routes, 404 for a
-type that is no timer book here, 503 (with `Retry-After`) when the book's partition is
-busy or the broker did not take the command, 504 when no answer came in time (with the
-request id to send again). A command the book answered is a `TimerAnswer`: 422 when it
-REJECTED it, 502 when it answered ERROR. The writes need the web token, as every action
-does.
+has no slot left, its target is the book; or the node would not read: `command` for a
+set past `TICKWHEEL_MAX_RECORD_BYTES`, `owner` past `TICKWHEEL_MAX_KEY_BYTES`; a wrong
+path), as on the job routes, 404 for a type that is no timer book here, 503 (with
+`Retry-After`) when the book's partition is busy or the broker did not take the command,
+504 when no answer came in time (with the request id to send again). A command the book
+answered is a `TimerAnswer`: 422 when it REJECTED it, 502 when it answered ERROR. The
+writes need the web token, as every action does.
 """
 
 from __future__ import annotations
@@ -134,7 +135,9 @@ class TimerRoutes:
                 put = TimerPut.model_validate(data, strict=True)
             except ValidationError as exc:
                 raise field_of(exc) from exc
-            cmd = set_command(book, owner, request.match_info["key"], put, self._now())
+            key = request.match_info["key"]
+            limits = self._node.settings.limits
+            cmd = set_command(book, owner, key, put, self._now(), limits=limits)
         except _NotBook as exc:
             return _error(404, str(exc), "type")
         except BadRequest as exc:
