@@ -38,8 +38,10 @@ from app.jobs import (
     trigger_command,
 )
 from app.ops.job_log import (
+    InstanceEvents,
     InstanceState,
     fold_instances,
+    read_events_of,
     read_instance_events,
     read_instances,
     send_and_wait,
@@ -53,6 +55,7 @@ from tables.refs import NEW_INPUT
 __all__ = [
     "DECIDED_WITHIN_MS",
     "FAILED_CODES",
+    "InstanceEvents",
     "InstanceState",
     "JobInputError",
     "Spelling",
@@ -64,6 +67,7 @@ __all__ = [
     "instance_refs",
     "json_field",
     "plan_backfill",
+    "read_events_of",
     "read_instance_events",
     "read_instances",
     "rule_override",
@@ -270,10 +274,12 @@ async def plan_backfill(
     window_ms: int,
     limit: int,
 ) -> list[tuple[AggregateRef, list[BackfillSlot]]]:
-    """Each instance's slots due in the range, from its events (`events_of`), under their
-    live ticks' request ids; `JobInputError` when one has more than `limit`, or one was due
-    so long ago (before the de-duplication window of `window_ms` less `DECIDED_WITHIN_MS`)
-    that the node may have forgotten whether it ran live."""
+    """Each instance's slots due in the range, from its events (`events_of`, asked once
+    for each, in the order of `refs`: `InstanceEvents` reads each partition once for all
+    its instances), under their live ticks' request ids; `JobInputError` when one has
+    more than `limit`, or one was due so long ago (before the de-duplication window of
+    `window_ms` less `DECIDED_WITHIN_MS`) that the node may have forgotten whether it ran
+    live."""
     planned = []
     for ref in refs:
         timers = tick_timers(await events_of(ref))

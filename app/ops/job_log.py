@@ -7,10 +7,9 @@ event log. On the log's ports (`LogReader`, `Publisher`); a read creates no topi
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from app.errors import BadRecord
 from app.jobs import SCHEDULE, Job, ScheduleState, schedule_aggregate
@@ -29,12 +28,16 @@ from tables import AggregateRef
 from tables.partitioner import partition_of
 
 __all__ = [
+    "InstanceEvents",
     "InstanceState",
     "fold_instances",
+    "read_events_of",
     "read_instance_events",
     "read_instances",
     "send_and_wait",
 ]
+
+T = TypeVar("T")
 
 
 async def send_and_wait(
@@ -45,11 +48,14 @@ async def send_and_wait(
     wait_s: float,
     *,
     poll_s: float = 0.2,
-    clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
 ) -> dict[str, CommandResult]:
     """Sends `commands` (all to one context's schedule) and, for up to `wait_s` seconds,
-    waits for their results: those that came, by request id."""
+    waits for their results: those that came, by request id.
+
+    `wait_s` bounds the reads as a whole (as `timer_api.submit`'s): each of a `Reader`'s
+    requests may wait far longer (40 s) for a partition's leader that is gone. The send is
+    not bounded by it: cut short, it would be as ambiguous as a send that failed."""
     if not commands:
         return {}
     context = commands[0].aggregate.context
@@ -58,7 +64,10 @@ async def send_and_wait(
     # Where each result will be written (`processor`: the request id picks the partition),
     # and how far those partitions reach now: the results come after.
     wanted = {c.request_id: partition_of(c.request_id, partitions) for c in commands}
-    start = {p: (await reader.offsets(results_topic, p))[1] for p in set(wanted.values())}
+    deadline = asyncio.get_running_loop().time() + wait_s
+    # Not known in time, the commands are sent all the same (a `--wait 0` sends and waits
+    # not), and no result is looked for.
+    start = await _by(deadline, _ends(reader, results_topic, set(wanted.values())))
     await publisher.send_many(
         [
             (
@@ -71,10 +80,30 @@ async def send_and_wait(
         ]
     )
     found: dict[str, CommandResult] = {}
-    deadline = clock() + wait_s
-    while wait_s > 0 and len(found) < len(wanted):
+    if start is not None and wait_s > 0:
+        # `found` is filled as they come: the results read before the deadline are kept.
+        await _by(deadline, _results(reader, results_topic, start, wanted, found, poll_s, sleep))
+    return found
+
+
+async def _ends(reader: LogReader, topic: str, partitions: Iterable[int]) -> dict[int, int]:
+    return {p: (await reader.offsets(topic, p))[1] for p in sorted(partitions)}
+
+
+async def _results(
+    reader: LogReader,
+    topic: str,
+    start: dict[int, int],
+    wanted: dict[str, int],
+    found: dict[str, CommandResult],
+    poll_s: float,
+    sleep: Callable[[float], Awaitable[None]],
+) -> None:
+    """Reads `topic`'s partitions from `start` into `found` until every request id of
+    `wanted` has its result (waited for: the caller bounds it)."""
+    while True:
         for p in sorted(start):
-            async for batch in reader.read(results_topic, p, start[p]):
+            async for batch in reader.read(topic, p, start[p]):
                 for r in batch:
                     start[p] = r.offset + 1
                     try:
@@ -83,10 +112,22 @@ async def send_and_wait(
                         continue
                     if result.request_id in wanted:
                         found[result.request_id] = result
-        if len(found) == len(wanted) or clock() >= deadline:
-            break
+        if len(found) == len(wanted):
+            return
         await sleep(poll_s)
-    return found
+
+
+async def _by(deadline: float, work: Awaitable[T]) -> T | None:
+    """`work`'s value, or None once the event loop's clock reaches `deadline` first (a
+    `TimeoutError` of `work`'s own is raised)."""
+    timeout = asyncio.timeout_at(deadline)
+    try:
+        async with timeout:
+            return await work
+    except TimeoutError:
+        if timeout.expired():
+            return None
+        raise
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,10 +228,6 @@ async def _batches(
             yield events
 
 
-async def _events(reader: LogReader, topic: str, partitions: Iterable[int]) -> list[EventEnvelope]:
-    return [e async for batch in _batches(reader, topic, partitions) for e in batch]
-
-
 async def read_instances(
     reader: LogReader, context: str, jobs: Iterable[Job], partitions: int, have: int
 ) -> list[InstanceState]:
@@ -210,6 +247,59 @@ async def read_instance_events(
 ) -> list[EventEnvelope]:
     """The events of the job instance `ref`, in log order, from its partition of its
     context's schedule log; the caller knows the log is there."""
-    topic = AggregateTopics(ref.context, SCHEDULE).events
-    events = await _events(reader, topic, [partition_of(ref.id, partitions)])
-    return [e for e in events if e.aggregate == ref]
+    return (await read_events_of(reader, [ref], partitions))[ref]
+
+
+async def read_events_of(
+    reader: LogReader, refs: Iterable[AggregateRef], partitions: int
+) -> dict[AggregateRef, list[EventEnvelope]]:
+    """The events of each job instance of `refs`, in log order; the caller knows their
+    logs are there. The schedule log is kept for good and grows by a tick at a time: each
+    partition is read once for all of its instances, a fetch at a time, and only their
+    own events are decoded and held."""
+    where: dict[tuple[str, int], dict[AggregateRef, list[EventEnvelope]]] = {}
+    for ref in refs:
+        where.setdefault(_log_of(ref, partitions), {})[ref] = []
+    for (topic, p), found in where.items():
+        keys = {ref.id.encode() for ref in found}
+        async for batch in reader.read(topic, p, 0):
+            for r in batch:
+                # An instance's records are keyed by its id; one keyed otherwise is not
+                # folded by the workers either (`misrouted`). Decoding is the cost: most
+                # of a partition is other instances' ticks.
+                if r.key not in keys:
+                    continue
+                try:
+                    event = decode_event(r.value)[0]
+                except BadRecord:
+                    continue
+                if (mine := found.get(event.aggregate)) is not None:
+                    mine.append(event)
+            await asyncio.sleep(0)  # a node serving it keeps its event loop for its work
+    return {ref: events for found in where.values() for ref, events in found.items()}
+
+
+def _log_of(ref: AggregateRef, partitions: int) -> tuple[str, int]:
+    """The schedule log's topic and partition of the job instance `ref`."""
+    return AggregateTopics(ref.context, SCHEDULE).events, partition_of(ref.id, partitions)
+
+
+class InstanceEvents:
+    """`plan_backfill`'s `events_of` over the instances `refs`: the first ask of one reads
+    its partition once for all of `refs` there (`read_events_of`), and each instance's
+    events are handed out once and let go, not kept for the whole plan."""
+
+    def __init__(self, reader: LogReader, refs: Iterable[AggregateRef], partitions: int) -> None:
+        self._reader = reader
+        self._partitions = partitions
+        self._unread: dict[tuple[str, int], list[AggregateRef]] = {}
+        for ref in refs:
+            self._unread.setdefault(_log_of(ref, partitions), []).append(ref)
+        self._read: dict[AggregateRef, list[EventEnvelope]] = {}
+
+    async def __call__(self, ref: AggregateRef) -> list[EventEnvelope]:
+        if ref not in self._read:
+            # An instance not among `refs`, or asked for again, is read on its own.
+            together = [ref, *self._unread.pop(_log_of(ref, self._partitions), [])]
+            self._read.update(await read_events_of(self._reader, together, self._partitions))
+        return self._read.pop(ref)

@@ -3,8 +3,9 @@
 
 - `GET /jobs` lists the jobs (context, name, scope, default rule) and their instances (id,
   log partition); `?context=`, `?job=` narrow it, `?state=true` adds each instance as its
-  schedule log has it (enabled, override, rule, last slot run). It reads, and creates
-  nothing;
+  schedule log has it (enabled, override, rule, last slot run), read one such list at a
+  time on a node (another waits up to `STATE_WAIT_S`, then is a 503 with Retry-After). It
+  reads, and creates nothing;
 - `POST /jobs/{context}/{job}/trigger` runs the job's instances once now (the schedule
   left as it is);
 - `POST /jobs/{context}/{job}/enable` (resume), `.../disable` (pause), and
@@ -33,6 +34,7 @@ commands. The writes need the web token, as every action does.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -59,22 +61,31 @@ from app.protocol.instants import BadInstant, parse_instant
 from app.protocol.wire import (
     CommandEnvelope,
     CommandResult,
-    EventEnvelope,
     ResultCode,
     load_json,
 )
-from tables import AggregateRef
 from tables.partitioner import partition_of
 
 if TYPE_CHECKING:
     from app.node import Node
 
-__all__ = ["IDEMPOTENCY_HEADER", "JOB_ACTIONS", "JobRoutes", "answer_status", "job_path"]
+__all__ = [
+    "IDEMPOTENCY_HEADER",
+    "JOB_ACTIONS",
+    "STATE_WAIT_S",
+    "JobRoutes",
+    "answer_status",
+    "job_path",
+]
 
 JOB_ACTIONS = ("trigger", "enable", "disable", "reschedule", "backfill")
 IDEMPOTENCY_HEADER = "Idempotency-Key"
 _M = TypeVar("_M", bound=BaseModel)
 _REFUSED = frozenset({ResultCode.REJECTED, ResultCode.SCHEDULE_JOB_INVALID})
+
+STATE_WAIT_S = 5.0
+"""How long a `GET /jobs?state=true` waits for another one's fold on the node to end before
+it is a 503 (Retry-After)."""
 
 
 def job_path(action: str) -> str:
@@ -94,6 +105,9 @@ class JobRoutes:
     def __init__(self, node: Node, wait_s: float) -> None:
         self._node = node
         self._wait_s = wait_s
+        # A `?state=true` list folds a whole schedule log, kept for good, on the node's
+        # event loop: one at a time (`_states`).
+        self._folding = asyncio.Lock()
 
     def add_to(self, app: web.Application) -> None:
         app.router.add_get("/jobs", self.list_jobs)
@@ -137,13 +151,17 @@ class JobRoutes:
             return _error(400, str(exc), exc.field)
         states: dict[str, list[job_api.InstanceState]] = {}
         if state in _TRUE:
-            for ctx in sorted({c for c, _ in listed}):
-                reader = self._node.clients.reader()
-                await reader.start()
-                try:
-                    states[ctx] = await job_api.read_instances(reader, ctx, service.jobs[ctx], n, n)
-                finally:
-                    await reader.stop()
+            got = await self._states(sorted({c for c, _ in listed}))
+            if got is None:
+                return json_response(
+                    ApiError(
+                        error=f"another state=true list is being read on this node (for over "
+                        f"{STATE_WAIT_S:g} s): ask again later, or leave state out"
+                    ).model_dump(mode="json"),
+                    503,
+                    {"Retry-After": "5"},
+                )
+            states = got
         out = []
         for ctx, job in listed:
             ids = sorted(instance_ids(ctx, job, n), key=lambda i: partition_of(i, n))
@@ -159,6 +177,31 @@ class JobRoutes:
                 )
             )
         return json_response(JobList(partitions=n, jobs=out).model_dump(mode="json"))
+
+    async def _states(self, contexts: list[str]) -> dict[str, list[job_api.InstanceState]] | None:
+        """The instances of `contexts`' jobs as their schedule logs have them; None when
+        another list's fold did not end within `STATE_WAIT_S`. A second caller waits for
+        the first (two people or dashboards at once are answered), but not without bound:
+        each waiter folds the whole log again in turn, so a queue of them would answer ever
+        later while holding their connections; a 503 says when to come back instead."""
+        service, n = self._node.service, self._node.settings.partitions
+        try:
+            async with asyncio.timeout(STATE_WAIT_S):
+                await self._folding.acquire()
+        except TimeoutError:
+            return None
+        try:
+            states = {}
+            for ctx in contexts:
+                reader = self._node.clients.reader()
+                await reader.start()
+                try:
+                    states[ctx] = await job_api.read_instances(reader, ctx, service.jobs[ctx], n, n)
+                finally:
+                    await reader.stop()
+            return states
+        finally:
+            self._folding.release()
 
     # --- writes --------------------------------------------------------------------------
 
@@ -210,12 +253,8 @@ class JobRoutes:
         reader = node.clients.reader()
         await reader.start()
         try:
-
-            async def events(ref: AggregateRef) -> list[EventEnvelope]:
-                return await job_api.read_instance_events(reader, ref, n)
-
             planned = await job_api.plan_backfill(
-                events,
+                job_api.InstanceEvents(reader, refs, n),
                 refs,
                 start,
                 end,
