@@ -56,6 +56,7 @@ from app.kafka import KafkaClients
 from app.kafka.connection import Connectable
 from app.kafka.records import Replication
 from app.node.settings import Settings
+from app.protocol.limits import DEFAULT_MAX_RECORD_BYTES, InputLimits
 from app.protocol.topics import AggregateTopics, parse_aggregate_type
 from app.protocol.wire import CommandEnvelope, CommandResult, ResultCode, encode
 from tables import AggregateRef, CommandSpec
@@ -177,7 +178,7 @@ class TickwheelTimers:
     brokers unless given. `replication`: of the topics this client creates, the workers'
     default unless given (their `TICKWHEEL_REPLICATION_FACTOR`, `…MIN_INSYNC_REPLICAS`),
     fewer on a smaller cluster as theirs. `now`: epoch ms (the clock `early_by` and results
-    use).
+    use). `max_record_bytes`: the workers' `TICKWHEEL_MAX_RECORD_BYTES`.
     """
 
     def __init__(
@@ -191,6 +192,7 @@ class TickwheelTimers:
         bootstrap: Connectable | None = None,
         replication: Replication = NODE_REPLICATION,
         now: Callable[[], int] | None = None,
+        max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
     ) -> None:
         book_topics = parse_aggregate_type(f"{context}.{book}")
         target_topics = parse_aggregate_type(f"{context}.{target}")
@@ -206,7 +208,10 @@ class TickwheelTimers:
         clients = KafkaClients(bootstrap or bootstrap_of(app), replication)
         self.topology = ClientTopics(clients.admin(), book_topics, target_topics, partitions)
         self._now = now or (lambda: int(time.time() * 1000))
-        self.commands_of = BookCommands(self.book, target_topics, self._now)
+        # The workers' TICKWHEEL_MAX_RECORD_BYTES: a command past it is refused here, as
+        # they would drop it unanswered.
+        limits = InputLimits(max_record_bytes=max_record_bytes)
+        self.commands_of = BookCommands(self.book, target_topics, self._now, limits)
         """The book's commands, as this client builds them (`app.clients.book_commands`)."""
         self.commands: CommandTopic = CommandTopic(
             app,

@@ -29,6 +29,10 @@ logger = logging.getLogger(__name__)
 lenient_headers.install()
 
 
+GROUP_METADATA_MAX_AGE_MS = 10_000
+"""How old the group member's metadata may get (aiokafka's default: 5 minutes)."""
+
+
 class Reader:
     """Reads partitions to their current end (committed records only), one at a time.
 
@@ -254,6 +258,10 @@ class GroupConsumer:
             heartbeat_interval_ms=max(300, session_timeout_ms // 4),
             rebalance_timeout_ms=rebalance_timeout_ms(session_timeout_ms),
             max_poll_records=max_poll_records,
+            # The group's leader assigns again when its metadata changes: a topic missing
+            # from it for a moment (just made) or partitions added are seen within this,
+            # well within the node's grace for an assignment it cannot run (30 s).
+            metadata_max_age_ms=GROUP_METADATA_MAX_AGE_MS,
         )
 
     async def start(self) -> None:

@@ -93,9 +93,12 @@ async def open_partition(s: TaskShared, task: PartitionTask, topics: set[str]) -
     s.reading_results.setdefault(p, set()).add(task.type_name)
     for results in s.results.values():
         await results.add_partition(p)
-    if lost:
-        kept.marks.note_lost(p, lost[0])
-    return kept.marks.lost(p)
+    if lost or kept.marks.has_lost(p):
+        _, end = await s.reader.offsets(t.timers_changelog, p)
+        if lost:
+            kept.marks.note_lost(p, lost[0], end)
+        return kept.marks.lost(p, end)
+    return None
 
 
 def _sink(txn: PartitionTransaction) -> ChangelogSink:

@@ -186,3 +186,22 @@ async def test_a_split_the_next_assignment_mends_does_not_stop_the_node(
         assert a.runs() and a.task is not None and not a.task.done()
     finally:
         await a.stop()
+
+
+async def test_a_loss_noted_goes_once_the_changelog_was_written_since(tmp_path: Path) -> None:
+    """Another node ran the partition meanwhile (and wrote its changelog): the note of this
+    node knows no more than that node did, and stops it no more."""
+    log = MemoryLog()
+    await stopped_with_a_timer(log, tmp_path)
+    log.recreate(TOPICS.timers_changelog)
+    a = await RunningNode(log, tmp_path, "a", SERVICE, PARTITIONS).start()
+    try:
+        assert "tickwheel rebuild" in await failure_of(a)
+    finally:
+        await a.stop()
+    await log.publisher().send(TOPICS.timers_changelog, b"another node's row", None, 0)
+    a = await RunningNode(log, tmp_path, "a", SERVICE, PARTITIONS).start()
+    try:
+        await wait_until(a.runs, within=10)
+    finally:
+        await a.stop()

@@ -250,3 +250,16 @@ def test_book_commands_take_the_nodes_limits() -> None:
             "o-1", "k", OnceRule(at=LATER), CommandSpec(type="R", body=padded(2048)), "r"
         )
     commands.set_command("o-1", "k", OnceRule(at=LATER), CommandSpec(type="R", body=padded(1)), "r")
+
+
+def test_a_faust_app_takes_the_workers_raised_record_size() -> None:
+    """Workers with TICKWHEEL_MAX_RECORD_BYTES raised read larger commands: the app given
+    the same refuses none of them."""
+    fapp = faust.App("unit-command-size-raised", broker="kafka://broker.invalid:9092")
+    kw: dict[str, Any] = {"context": "shop", "book": "reminders", "target": "order"}
+    raised = TickwheelTimers(fapp, **kw, partitions=P, max_record_bytes=512 * 1024)
+    spec = CommandSpec(type="RemindToPay", body=padded(DEFAULT_MAX_RECORD_BYTES))
+    raised.set_command("o-1", "k", OnceRule(at=LATER), spec, request_id="r")
+    default = TickwheelTimers(fapp, **kw, partitions=P)
+    with pytest.raises(ValueError, match="TICKWHEEL_MAX_RECORD_BYTES"):
+        default.set_command("o-1", "k", OnceRule(at=LATER), spec, request_id="r")
