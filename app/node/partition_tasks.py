@@ -116,7 +116,10 @@ class PartitionTasks:
             # timers into a partition whose commands no task decides: nothing is taken.
             # A topic missing from the group leader's metadata for a moment (just made)
             # splits an assignment too, until the next one: the node stops only when the
-            # assignments stay split for the grace.
+            # assignments stay split for the grace. A task left from before (a revoke after
+            # a lost membership may have named none) is let go too: nothing of it runs.
+            for key in list(self.tasks):
+                self._close(self.tasks.pop(key))
             self.shared.consumer.pause(sorted(assigned))
             now = time.monotonic()
             since = self._split_since = self._split_since or now

@@ -205,3 +205,21 @@ async def test_a_loss_noted_goes_once_the_changelog_was_written_since(tmp_path: 
         await wait_until(a.runs, within=10)
     finally:
         await a.stop()
+
+
+async def test_a_split_assignment_lets_go_the_tasks_left_from_before(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A revoke after a lost membership may name none of the partitions: a split
+    assignment that comes next lets every task go, none runs on, paused."""
+    log = MemoryLog()
+    a = await RunningNode(log, tmp_path, "a", SERVICE, PARTITIONS).start()
+    try:
+        await wait_until(a.runs, within=10)
+        monkeypatch.setattr(partition_tasks, "_unrunnable", lambda *args: "split")
+        assert a.node._consumer is not None
+        a.node.tasks.assign(a.node._consumer.assignment())  # no revoke before it
+        await wait_until(lambda: not a.node.tasks.owned, within=10)
+        assert not a.node.tasks.tasks
+    finally:
+        await a.stop()
