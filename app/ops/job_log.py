@@ -9,12 +9,13 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 from app.errors import BadRecord
 from app.jobs import SCHEDULE, Job, ScheduleState, schedule_aggregate
 from app.kafka.ports import LogReader, Publisher
 from app.model.decide import StoredAggregate, cut_message, fold
+from app.ops.deadline import by
 from app.protocol.topics import AggregateTopics, ContextTopics
 from app.protocol.wire import (
     CommandEnvelope,
@@ -36,8 +37,6 @@ __all__ = [
     "read_instances",
     "send_and_wait",
 ]
-
-T = TypeVar("T")
 
 
 async def send_and_wait(
@@ -67,7 +66,7 @@ async def send_and_wait(
     deadline = asyncio.get_running_loop().time() + wait_s
     # Not known in time, the commands are sent all the same (a `--wait 0` sends and waits
     # not), and no result is looked for.
-    start = await _by(deadline, _ends(reader, results_topic, set(wanted.values())))
+    start = await by(deadline, _ends(reader, results_topic, set(wanted.values())))
     await publisher.send_many(
         [
             (
@@ -82,7 +81,7 @@ async def send_and_wait(
     found: dict[str, CommandResult] = {}
     if start is not None and wait_s > 0:
         # `found` is filled as they come: the results read before the deadline are kept.
-        await _by(deadline, _results(reader, results_topic, start, wanted, found, poll_s, sleep))
+        await by(deadline, _results(reader, results_topic, start, wanted, found, poll_s, sleep))
     return found
 
 
@@ -115,19 +114,6 @@ async def _results(
         if len(found) == len(wanted):
             return
         await sleep(poll_s)
-
-
-async def _by(deadline: float, work: Awaitable[T]) -> T | None:
-    """`work`'s value, or None once the event loop's clock reaches `deadline` first (a
-    `TimeoutError` of `work`'s own is raised)."""
-    timeout = asyncio.timeout_at(deadline)
-    try:
-        async with timeout:
-            return await work
-    except TimeoutError:
-        if timeout.expired():
-            return None
-        raise
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -34,6 +34,7 @@ from app.clients.timer_book import (
 from app.errors import BadRecord
 from app.kafka.ports import LogReader, Publisher
 from app.model.aggregate import MAX_TRIGGER_REQUEST_ID, AggregateType, send_fits
+from app.ops.deadline import by
 from app.protocol.limits import InputLimits
 from app.protocol.topics import AggregateTopics, ContextTopics
 from app.protocol.wire import (
@@ -69,7 +70,6 @@ __all__ = [
     "submit",
 ]
 
-T = TypeVar("T")
 
 DEFAULT_WAIT_S = 30.0
 """How long a request waits for its answer by default."""
@@ -294,26 +294,13 @@ async def submit(
     deadline = asyncio.get_running_loop().time() + wait_s
     # The results partition's end before the send: the answer is written after it. Not
     # known in time, the change is sent all the same (a `--wait 0` sends and waits not).
-    ends = await _by(deadline, reader.offsets(results, at))
+    ends = await by(deadline, reader.offsets(results, at))
     await publisher.send(
         topics.commands, owner.id.encode(), encode(cmd), partition_of(owner.id, partitions)
     )
     if ends is None:
         return None
-    return await _by(deadline, _result_of(reader, cmd, results, at, ends[1], poll_s, sleep))
-
-
-async def _by(deadline: float, work: Awaitable[T]) -> T | None:
-    """`work`'s value, or None once the event loop's clock reaches `deadline` first (a
-    `TimeoutError` of `work`'s own is raised)."""
-    timeout = asyncio.timeout_at(deadline)
-    try:
-        async with timeout:
-            return await work
-    except TimeoutError:
-        if timeout.expired():
-            return None
-        raise
+    return await by(deadline, _result_of(reader, cmd, results, at, ends[1], poll_s, sleep))
 
 
 async def _result_of(
