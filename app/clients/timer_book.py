@@ -81,6 +81,7 @@ __all__ = [
     "BOOK_RETENTION",
     "CANCEL_TIMER",
     "CRON_END_STEPS",
+    "MAX_BOOK_TIMERS",
     "PAUSE_TIMER",
     "RESUME_TIMER",
     "RULE_ENDED",
@@ -118,6 +119,10 @@ CRON_END_STEPS: Final = 24
 """The largest `count` whose last slot a cron rule's end is stepped to, slot by slot, when
 its timer is set (each step 0.1 ms or so in a zone with clock changes: a few ms at most);
 a larger one without `until` counts as endless."""
+MAX_BOOK_TIMERS: Final = 1_000
+"""Timers one book keeps at most: a set of a new key past it is REJECTED (a cancel, or the
+end of a rule, makes room), so that one client key's endless timers cannot grow a state
+each of its commands folds whole (`TICKWHEEL_MAX_STATE_BYTES` bounds its bytes too)."""
 
 
 class TimerKey(BaseModel):
@@ -240,6 +245,12 @@ def timer_book(
             d.reject(f"invalid {SET_TIMER}: {_first_error(exc)}")
         if (why := book_reason(book, body, d.now)) is not None:
             d.reject(why)
+        live = live_timers(state.timers, d.now, retention)  # as the applier will prune it
+        if body.key not in live and len(live) >= MAX_BOOK_TIMERS:
+            d.reject(
+                f"{cmd.aggregate} keeps {len(live)} timers, the most a book keeps "
+                f"({MAX_BOOK_TIMERS}): cancel one, or set it under another book key"
+            )
         d.schedule(body.key, body.rule, body.command, body.target)
 
     @book.command(CANCEL_TIMER)

@@ -320,8 +320,8 @@ class CommandProcessor:
         stored = batch.staged.get(aid) or self._states.stored(aid)
         if event.version <= (stored.version if stored is not None else 0):
             return False
-        folded = fold(self.agg, stored, [event])
-        batch.encoded[aid] = encode(folded)  # before the batch changes: it may raise
+        folded = fold(self.agg, stored, [event])  # before the batch changes: it may raise
+        batch.encoded[aid] = self._states.encode(aid, stored, folded, logged=True)
         batch.staged[aid] = folded
         batch.applied.add(applied)
         return True
@@ -349,7 +349,7 @@ class CommandProcessor:
                 (self._events_topic, self.partition, key, encode(e)) for e in d.events
             ]
             out += [command_record(c) for c in d.commands]
-            state = encode(d.stored)
+            state = self._states.encode(aid, stored, d.stored)  # past its bound: refused
             check_sizes(out, self.limits.max_record_bytes)
             batch.staged[aid] = d.stored
             batch.encoded[aid] = state

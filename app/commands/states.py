@@ -19,7 +19,7 @@ from app.kafka import LogReader, Record
 from app.kafka.records import RestoreProgress
 from app.model.aggregate import AggregateType
 from app.model.decide import StoredAggregate, fold
-from app.protocol.limits import InputLimits
+from app.protocol.limits import InputLimits, StateTooLarge
 from app.protocol.wire import EventEnvelope, decode_event, encode
 from tables import StoreError
 from tables.aggregate_store import AggregateStateStore
@@ -30,6 +30,9 @@ logger = logging.getLogger(__name__)
 
 _REQUEST_SWEEP = 250
 """Request ids forgotten per commit at most, once past the window."""
+
+_WARNED_MAX = 10_000
+"""Aggregates remembered as warned of past the state bound (then forgotten, warned anew)."""
 
 
 def _wall_ms() -> int:
@@ -69,6 +72,8 @@ class PartitionStates:
         # request id, each with the batch that wrote it (removed when that one commits).
         self._pending_states: dict[str, tuple[StoredAggregate, CommandBatch]] = {}
         self._pending_applied: dict[tuple[str, str], CommandBatch] = {}
+        # The aggregates the log grew past `max_state_bytes`, warned of once each.
+        self._warned: set[str] = set()
 
     async def restore(self, reader: LogReader, progress: RestoreProgress | None = None) -> int:
         """Folds the events after the state store's offset into it; how many were read.
@@ -153,6 +158,7 @@ class PartitionStates:
             state, folded = self._fold_each(stored, events)
             if state is not None:
                 states[aggregate_id] = state
+                self._warn_over(aggregate_id, len(state))
             for e in folded:
                 # Never after now: a writer's date in the future (year 9999) would keep the
                 # id past any sweep, and with it every id of its batch.
@@ -188,6 +194,49 @@ class PartitionStates:
                 continue
             folded.append(e)
         return state, folded
+
+    def encode(
+        self,
+        aggregate_id: str,
+        before: StoredAggregate | None,
+        after: StoredAggregate,
+        *,
+        logged: bool = False,
+    ) -> bytes:
+        """`after`'s bytes as the store keeps them. Past `max_state_bytes`, a decision's is
+        refused (`StateTooLarge`) unless it does not grow the aggregate (one grown past the
+        bound by the log, or under a larger bound before, must take what shrinks it); the
+        log's (`logged`: another writer's events followed) never is: the log is the truth,
+        refused here it would be lost, so it is folded and warned of."""
+        state = encode(after)
+        size, bound = len(state), self.limits.max_state_bytes
+        if size <= bound:
+            return state
+        if logged:
+            self._warn_over(aggregate_id, size)
+        elif size > (0 if before is None else len(encode(before))):
+            raise StateTooLarge(
+                f"the decision would grow the aggregate's state to {size} bytes, over "
+                f"{bound} (TICKWHEEL_MAX_STATE_BYTES): nothing of it is written"
+            )
+        return state
+
+    def _warn_over(self, aggregate_id: str, size: int) -> None:
+        bound = self.limits.max_state_bytes
+        if size <= bound or aggregate_id in self._warned:
+            return
+        if len(self._warned) >= _WARNED_MAX:
+            self._warned.clear()  # bounded memory; a few warnings again at worst
+        self._warned.add(aggregate_id)
+        logger.warning(
+            "%s[%d]: the log grew %s's state to %d bytes, over %d (TICKWHEEL_MAX_STATE_BYTES):"
+            " folded all the same; commands that grow it further are refused",
+            self.events_topic,
+            self.partition,
+            aggregate_id,
+            size,
+            bound,
+        )
 
     def stored(self, aggregate_id: str) -> StoredAggregate | None:
         """The aggregate as the last batch staged left it, or as the store keeps it; None

@@ -44,7 +44,13 @@ from app.kafka.connection import KafkaConnection, SaslMechanism, SecurityProtoco
 from app.kafka.consumers import rebalance_timeout_ms
 from app.kafka.records import Replication
 from app.node.variables import ENV_FILE_VARIABLE, TOOLING_VARIABLES, VARIABLES, read_variables
-from app.protocol.limits import DEFAULT_MAX_KEY_BYTES, DEFAULT_MAX_RECORD_BYTES, InputLimits
+from app.protocol.limits import (
+    DEFAULT_MAX_KEY_BYTES,
+    DEFAULT_MAX_RECORD_BYTES,
+    DEFAULT_MAX_STATE_BYTES,
+    MAX_STATE_BYTES,
+    InputLimits,
+)
 from app.protocol.topics import parse_aggregate_type
 from app.timers.runner.options import YEAR_MS, TimerOptions
 
@@ -119,6 +125,9 @@ class Settings(BaseSettings):
     max_record_bytes: int = Field(default=DEFAULT_MAX_RECORD_BYTES, ge=1024, le=1024 * 1024)
     """A record of an input topic with a larger value is dead-lettered (at most what a topic
     of the broker's defaults takes, so that its dead letter always fits whole)."""
+    max_state_bytes: int = Field(default=DEFAULT_MAX_STATE_BYTES, ge=1024, le=MAX_STATE_BYTES)
+    """An aggregate's stored state at most (at least `max_record_bytes`): a command whose
+    decision would grow it past is answered ERROR; the log's events are folded whatever."""
     timers: TimerOptions = Field(default_factory=TimerOptions)
     """The runner's options; in the environment as JSON, e.g. {"claim_timeout": 5000}."""
     kafka_client: KafkaClient = "aiokafka"
@@ -197,6 +206,17 @@ class Settings(BaseSettings):
         return self
 
     @model_validator(mode="after")
+    def _state_holds_a_record(self) -> Settings:
+        # One event may be as large as a record: a state bound below it would refuse
+        # what the node reads.
+        if self.max_state_bytes < self.max_record_bytes:
+            raise ValueError(
+                f"TICKWHEEL_MAX_STATE_BYTES {self.max_state_bytes} is less than "
+                f"TICKWHEEL_MAX_RECORD_BYTES {self.max_record_bytes}"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _thread_of_aiokafka(self) -> Settings:
         # librdkafka's producers have threads of their own: a thread asked for them would
         # be silently not there.
@@ -229,8 +249,13 @@ class Settings(BaseSettings):
 
     @property
     def limits(self) -> InputLimits:
-        """The bounds of an input record (the dead letters' size is the topic's)."""
-        return InputLimits(max_key_bytes=self.max_key_bytes, max_record_bytes=self.max_record_bytes)
+        """The bounds of an input record and of an aggregate's state (the dead letters'
+        size is the topic's)."""
+        return InputLimits(
+            max_key_bytes=self.max_key_bytes,
+            max_record_bytes=self.max_record_bytes,
+            max_state_bytes=self.max_state_bytes,
+        )
 
     @field_validator("bootstrap_servers")
     @classmethod

@@ -44,6 +44,7 @@ VARIABLES: Final[Mapping[str, str]] = {
     "timers": "TICKWHEEL_TIMER_OPTIONS",
     "max_key_bytes": "TICKWHEEL_MAX_KEY_BYTES",
     "max_record_bytes": "TICKWHEEL_MAX_RECORD_BYTES",
+    "max_state_bytes": "TICKWHEEL_MAX_STATE_BYTES",
     "kafka_client": "TICKWHEEL_KAFKA_CLIENT",
     "producer_thread": "TICKWHEEL_PRODUCER_THREAD",
     "log_level": "TICKWHEEL_LOG_LEVEL",

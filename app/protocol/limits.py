@@ -1,21 +1,44 @@
 """The bounds a record must keep to be read at all: its key's and value's sizes, and how
-large a dead letter may be. Each is a setting (`TICKWHEEL_MAX_KEY_BYTES`,
-`TICKWHEEL_MAX_RECORD_BYTES`); the dead-letter size is what the topic accepts."""
+large a dead letter may be; and how large an aggregate's stored state may grow. Each is a
+setting (`TICKWHEEL_MAX_KEY_BYTES`, `TICKWHEEL_MAX_RECORD_BYTES`,
+`TICKWHEEL_MAX_STATE_BYTES`); the dead-letter size is what the topic accepts."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from app.errors import BadRecord
+from app.errors import BadRecord, RecordTooLarge
 from app.protocol.dead_letters import DEAD_LETTER_TOPIC_BYTES
 
-__all__ = ["DEFAULT_MAX_KEY_BYTES", "DEFAULT_MAX_RECORD_BYTES", "InputLimits"]
+__all__ = [
+    "DEFAULT_MAX_KEY_BYTES",
+    "DEFAULT_MAX_RECORD_BYTES",
+    "DEFAULT_MAX_STATE_BYTES",
+    "MAX_STATE_BYTES",
+    "InputLimits",
+    "StateTooLarge",
+]
 
 DEFAULT_MAX_KEY_BYTES = 4096
 """An aggregate id is at most 500 characters (2,000 bytes of UTF-8): twice that is room."""
 
 DEFAULT_MAX_RECORD_BYTES = 256 * 1024
 """A timer's command is not a blob store."""
+
+DEFAULT_MAX_STATE_BYTES = 4 * 1024 * 1024
+"""An aggregate's stored state (its JSON) at most: each command folds it whole, copied
+several times, so a state grown without bound (a timer book of endless timers under one
+key) makes each command dearer until the worker runs out of memory."""
+
+MAX_STATE_BYTES = 64 * 1024 * 1024
+"""The largest `TICKWHEEL_MAX_STATE_BYTES` may be set to."""
+
+
+class StateTooLarge(RecordTooLarge):
+    """A decision would store its aggregate's state past `TICKWHEEL_MAX_STATE_BYTES`:
+    answered ERROR and dead-lettered as a too large record is (a bound of the node, which
+    an operator may raise and replay the letter, not the aggregate's own refusal), nothing
+    of the decision written."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,6 +47,9 @@ class InputLimits:
     max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES
     dead_letter_bytes: int = DEAD_LETTER_TOPIC_BYTES
     """The largest dead letter its topic accepts: a larger one is cut to fit."""
+    max_state_bytes: int = DEFAULT_MAX_STATE_BYTES
+    """An aggregate's stored state at most: a command growing it past is refused (the
+    log's events are folded whatever the size: `app.commands.states`)."""
 
     def check(self, key: bytes | None, value: bytes | None) -> None:
         """`BadRecord` unless the record's key and value are within bounds."""

@@ -34,6 +34,14 @@ def test_defaults_and_environment() -> None:
         ({"TICKWHEEL_SESSION_TIMEOUT_MS": "5"}, "TICKWHEEL_SESSION_TIMEOUT_MS"),
         ({"TICKWHEEL_BUSY_BACKLOG": "1000001"}, "TICKWHEEL_BUSY_BACKLOG: .* less than or equal"),
         (
+            {"TICKWHEEL_MAX_STATE_BYTES": str(64 * 1024 * 1024 + 1)},
+            "TICKWHEEL_MAX_STATE_BYTES: .* less than or equal",
+        ),
+        (
+            {"TICKWHEEL_MAX_STATE_BYTES": "524288", "TICKWHEEL_MAX_RECORD_BYTES": "1048576"},
+            "TICKWHEEL_MAX_STATE_BYTES 524288 is less than TICKWHEEL_MAX_RECORD_BYTES 1048576",
+        ),
+        (
             {"TICKWHEEL_REQUEST_ID_WINDOW_MS": str(2**63 - 1)},
             "TICKWHEEL_REQUEST_ID_WINDOW_MS: .* less than or equal",
         ),
