@@ -74,26 +74,19 @@ class CleanMarks:
     def mark(self, partition: int) -> None:
         self._path(partition).touch()
 
-    def lost(self, partition: int, end: int) -> str | None:
-        """Why the partition's changelog lost rows its copy had applied, as a take of this
-        node found it (`note_lost`); None: no take did, the log was replayed since, or the
-        changelog, ending at `end` now, was written since (another node ran p meanwhile:
-        whatever it did, this node's note knows no more than it)."""
+    def lost(self, partition: int) -> tuple[int, str] | None:
+        """Where the partition's changelog ended and why it lost rows its copy had applied,
+        as a take of this node found it (`note_lost`); None: no take did, or the log was
+        replayed since (`clear_lost`)."""
         path = self._dir / f"lost-p{partition}"
         if not path.exists():
             return None
         noted, _, why = path.read_text().partition("\n")
-        if not noted.isdigit() or end > int(noted):
-            path.unlink(missing_ok=True)
-            return None
-        return why
-
-    def has_lost(self, partition: int) -> bool:
-        return (self._dir / f"lost-p{partition}").exists()
+        return (int(noted) if noted.isdigit() else 0), why
 
     def note_lost(self, partition: int, why: str, end: int) -> None:
-        """Kept until a take sees the log read from its start (`clear_lost`) or the
-        changelog, ending at `end` now, written since: the copy is restored from the
+        """Kept until a take sees the log read from its start, or records written to the
+        changelog after `end` (where it ended then): the copy is restored from the
         changelog's remains at that take, and every later take of this node must still
         refuse, not run without the timers."""
         path = self._dir / f"lost-p{partition}"

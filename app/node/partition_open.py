@@ -93,12 +93,27 @@ async def open_partition(s: TaskShared, task: PartitionTask, topics: set[str]) -
     s.reading_results.setdefault(p, set()).add(task.type_name)
     for results in s.results.values():
         await results.add_partition(p)
-    if lost or kept.marks.has_lost(p):
+    if lost:
         _, end = await s.reader.offsets(t.timers_changelog, p)
-        if lost:
-            kept.marks.note_lost(p, lost[0], end)
-        return kept.marks.lost(p, end)
-    return None
+        kept.marks.note_lost(p, lost[0], end)
+        return lost[0]
+    if (noted := kept.marks.lost(p)) is None:
+        return None
+    end, why = noted
+    if await _written_since(s.reader, t.timers_changelog, p, end):
+        # Another node ran p since, whatever it did: this node's note knows no more.
+        kept.marks.clear_lost(p)
+        return None
+    return why
+
+
+async def _written_since(reader: LogReader, topic: str, p: int, start: int) -> bool:
+    """Whether a record was committed to `topic[p]` at `start` or after (the markers of
+    transactions, which take offsets too, are no records)."""
+    async for batch in reader.read(topic, p, start):
+        if batch:
+            return True
+    return False
 
 
 def _sink(txn: PartitionTransaction) -> ChangelogSink:

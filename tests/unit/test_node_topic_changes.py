@@ -199,6 +199,18 @@ async def test_a_loss_noted_goes_once_the_changelog_was_written_since(tmp_path: 
         assert "tickwheel rebuild" in await failure_of(a)
     finally:
         await a.stop()
+    # A transaction aborted there (a fenced writer's) leaves a marker, no record: the
+    # note stays.
+    writer = log.transactional_writer("another")
+    await writer.start()
+    await writer.send([(TOPICS.timers_changelog, 0, b"aborted row", None)])
+    await writer.abort()
+    await writer.stop()
+    a = await RunningNode(log, tmp_path, "a", SERVICE, PARTITIONS).start()
+    try:
+        assert "tickwheel rebuild" in await failure_of(a)
+    finally:
+        await a.stop()
     await log.publisher().send(TOPICS.timers_changelog, b"another node's row", None, 0)
     a = await RunningNode(log, tmp_path, "a", SERVICE, PARTITIONS).start()
     try:
