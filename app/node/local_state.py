@@ -74,15 +74,15 @@ class CleanMarks:
     def mark(self, partition: int) -> None:
         self._path(partition).touch()
 
-    def lost(self, partition: int) -> tuple[int, str] | None:
-        """Where the partition's changelog ended and why it lost rows its copy had applied,
-        as a take of this node found it (`note_lost`); None: no take did, or the log was
-        replayed since (`clear_lost`)."""
+    def lost(self, partition: int) -> tuple[int | None, str] | None:
+        """Where the partition's changelog ended (None: not known) and why it lost rows its
+        copy had applied, as a take of this node found it (`note_lost`); None: no take did,
+        or the log was replayed since (`clear_lost`)."""
         path = self._dir / f"lost-p{partition}"
         if not path.exists():
             return None
         noted, _, why = path.read_text().partition("\n")
-        return (int(noted) if noted.isdigit() else 0), why
+        return (int(noted) if noted.isdigit() else None), why or noted
 
     def note_lost(self, partition: int, why: str, end: int) -> None:
         """Kept until a take sees the log read from its start, or records written to the

@@ -11,11 +11,13 @@ let go (`partition_release`) however far the take got."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from app.commands.processor import CommandProcessor, Commit
 from app.kafka import LogReader, OutRecord, Record
+from app.node.kept import KeptType
 from app.node.partition_transaction import PartitionTransaction
 from app.node.task_shared import TaskShared
 from app.timers.restore import restore_partition, unreadable_letters
@@ -68,7 +70,7 @@ async def open_partition(s: TaskShared, task: PartitionTask, topics: set[str]) -
                 clean=clean,
                 progress=progress,
                 unreadable=unreadable,
-                lost=lost,
+                lost=functools.partial(_note_lost, kept, p, lost),
             )
             # Counted whole once, here, where a restore is waited for anyway: from now
             # on each write keeps the count (the /metrics gauges scan nothing).
@@ -94,13 +96,11 @@ async def open_partition(s: TaskShared, task: PartitionTask, topics: set[str]) -
     for results in s.results.values():
         await results.add_partition(p)
     if lost:
-        _, end = await s.reader.offsets(t.timers_changelog, p)
-        kept.marks.note_lost(p, lost[0], end)
         return lost[0]
     if (noted := kept.marks.lost(p)) is None:
         return None
     end, why = noted
-    if await _written_since(s.reader, t.timers_changelog, p, end):
+    if end is not None and await _written_since(s.reader, t.timers_changelog, p, end):
         # Another node ran p since, whatever it did: this node's note knows no more.
         kept.marks.clear_lost(p)
         return None
@@ -157,3 +157,9 @@ async def last_records(reader: LogReader, p: int, starts: Mapping[str, int]) -> 
                 break
             window *= 8
     return last
+
+
+def _note_lost(kept: KeptType, p: int, lost: list[str], why: str, end: int) -> None:
+    """Noted in the data directory at once, before the restore drops the copy."""
+    kept.marks.note_lost(p, why, end)
+    lost.append(why)

@@ -120,6 +120,7 @@ class PartitionTasks:
             # a lost membership may have named none) is let go too: nothing of it runs.
             for key in list(self.tasks):
                 self._close(self.tasks.pop(key))
+            self._owning()
             self.shared.consumer.pause(sorted(assigned))
             now = time.monotonic()
             since = self._split_since = self._split_since or now

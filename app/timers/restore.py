@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from app.errors import BadRecord
 from app.kafka import LogReader, OutRecord, Record
@@ -34,24 +34,26 @@ async def restore_partition(
     clean: bool = True,
     progress: RestoreProgress | None = None,
     unreadable: list[tuple[Record, str]] | None = None,
-    lost: list[str] | None = None,
+    lost: Callable[[str, int], None] | None = None,
 ) -> int:
     """Applies `topic[partition]` after the store's last applied offset; how many records.
     `progress` hears the offsets read and to read as it goes.
 
     A record that is no row of the partition's is passed over (the store keeps what its
     key held before); those that no later record of their key replaced are added to
-    `unreadable` with the reason, for `unreadable_letters`. `lost` is told why, when the
-    changelog ends before the offset this clean copy applied it through: the topic was
+    `unreadable` with the reason, for `unreadable_letters`. `lost` is told why, and where
+    the changelog ends, when it ends before the offset this clean copy applied it through
+    (before the copy is dropped: told later, a take cut short would forget it): the topic was
     recreated (or cut by an unclean leader election), and only a replay of the log from its
     start (a rebuild's) makes its rows again. (A changelog whose start moved past the copy
     is not told: compaction moves it too, once its first segments hold nothing live.)"""
     held = store.changelog_offset(partition)
     begin, end = await reader.offsets(topic, partition)
     if clean and held is not None and held >= end and lost is not None:
-        lost.append(
+        lost(
             f"{topic}[{partition}] holds offsets {begin} to {end}, and this node's clean "
-            f"copy of it applied its records through offset {held}"
+            f"copy of it applied its records through offset {held}",
+            end,
         )
     if not clean or held is None or held < begin or held >= end:
         # The local copy may hold uncommitted writes, or is unknown, or older than what the

@@ -18,9 +18,10 @@ import pytest
 from fakes import RunningNode, wait_until
 from test_node_memory import PARTITIONS, SERVICE, TOPICS, results, schedule, timer_rows
 
-from app.errors import NodeFailed
+from app.errors import KafkaUnavailable, NodeFailed
 from app.kafka.memory import MemoryLog
 from app.node import partition_tasks
+from app.timers.sender import ResultsReader
 from tables.partitioner import partition_of
 
 
@@ -233,5 +234,31 @@ async def test_a_split_assignment_lets_go_the_tasks_left_from_before(
         a.node.tasks.assign(a.node._consumer.assignment())  # no revoke before it
         await wait_until(lambda: not a.node.tasks.owned, within=10)
         assert not a.node.tasks.tasks
+    finally:
+        await a.stop()
+
+
+async def test_a_loss_found_by_a_take_cut_short_is_not_forgotten(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The take that found the loss fails after its restore dropped the copy (the broker
+    away for a moment): the next attempt must still refuse, the copy's clean mark gone."""
+    log = MemoryLog()
+    await stopped_with_a_timer(log, tmp_path)
+    log.recreate(TOPICS.timers_changelog)
+    add_partition = ResultsReader.add_partition
+    failed: list[int] = []
+
+    async def once_away(self: ResultsReader, partition: int) -> None:
+        if partition == 0 and not failed:
+            failed.append(partition)
+            raise KafkaUnavailable("the broker is away for a moment")
+        await add_partition(self, partition)
+
+    monkeypatch.setattr(ResultsReader, "add_partition", once_away)
+    a = await RunningNode(log, tmp_path, "a", SERVICE, PARTITIONS).start()
+    try:
+        assert "tickwheel rebuild" in await failure_of(a)
+        assert failed
     finally:
         await a.stop()
