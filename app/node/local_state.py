@@ -78,7 +78,7 @@ class CleanMarks:
         """Where the partition's changelog ended (None: not known) and why it lost rows its
         copy had applied, as a take of this node found it (`note_lost`); None: no take did,
         or the log was replayed since (`clear_lost`)."""
-        path = self._dir / f"lost-p{partition}"
+        path = self._lost(partition)
         if not path.exists():
             return None
         noted, _, why = path.read_text().partition("\n")
@@ -89,10 +89,13 @@ class CleanMarks:
         changelog after `end` (where it ended then): the copy is restored from the
         changelog's remains at that take, and every later take of this node must still
         refuse, not run without the timers."""
-        path = self._dir / f"lost-p{partition}"
+        path = self._lost(partition)
         tmp = path.with_suffix(".tmp")
         tmp.write_text(f"{end}\n{why}")
         tmp.replace(path)
 
     def clear_lost(self, partition: int) -> None:
-        (self._dir / f"lost-p{partition}").unlink(missing_ok=True)
+        self._lost(partition).unlink(missing_ok=True)
+
+    def _lost(self, partition: int) -> Path:
+        return self._dir / f"lost-p{partition}"

@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING
 
 from app.commands.processor import CommandProcessor, Commit
 from app.kafka import LogReader, OutRecord, Record
-from app.node.kept import KeptType
 from app.node.partition_transaction import PartitionTransaction
 from app.node.task_shared import TaskShared
 from app.timers.restore import restore_partition, unreadable_letters
@@ -32,10 +31,10 @@ __all__ = ["open_partition"]
 
 async def open_partition(s: TaskShared, task: PartitionTask, topics: set[str]) -> str | None:
     """Opens p of `task`'s type, whose `topics` are given here (see the module); why its
-    changelog lost rows its clean copy held, if it did (`restore_partition`'s `lost`)."""
+    changelog lost rows its clean copy held, if this take or an earlier one of this node
+    found it did (`restore_partition`'s `lost`, noted in `CleanMarks`)."""
     kept, p = task.kept, task.p
     t = kept.topics
-    lost: list[str] = []
     if t.events in topics:
         # One producer per partition and type: starting it fences the previous owner,
         # before anything of p is read.
@@ -70,7 +69,9 @@ async def open_partition(s: TaskShared, task: PartitionTask, topics: set[str]) -
                 clean=clean,
                 progress=progress,
                 unreadable=unreadable,
-                lost=functools.partial(_note_lost, kept, p, lost),
+                # Noted at once, before the restore drops the copy: told later, a take
+                # cut short would forget it.
+                lost=functools.partial(kept.marks.note_lost, p),
             )
             # Counted whole once, here, where a restore is waited for anyway: from now
             # on each write keeps the count (the /metrics gauges scan nothing).
@@ -95,8 +96,7 @@ async def open_partition(s: TaskShared, task: PartitionTask, topics: set[str]) -
     s.reading_results.setdefault(p, set()).add(task.type_name)
     for results in s.results.values():
         await results.add_partition(p)
-    if lost:
-        return lost[0]
+    # Noted by this take's restore, or by an earlier take of this node.
     if (noted := kept.marks.lost(p)) is None:
         return None
     end, why = noted
@@ -157,9 +157,3 @@ async def last_records(reader: LogReader, p: int, starts: Mapping[str, int]) -> 
                 break
             window *= 8
     return last
-
-
-def _note_lost(kept: KeptType, p: int, lost: list[str], why: str, end: int) -> None:
-    """Noted in the data directory at once, before the restore drops the copy."""
-    kept.marks.note_lost(p, why, end)
-    lost.append(why)

@@ -92,8 +92,8 @@ async def _taking(task: PartitionTask, topics: set[str], after_failure: float | 
             break
         except Exception as exc:
             last = exc
-            if refused(exc) or isinstance(exc, ChangelogLost):
-                break  # an ACL or the credentials: no retry passes it
+            if _final(exc):
+                break
             # A node fault is expected to pass; anything else is a bug to see, but either
             # way p is tried again, and the node stops loudly if it never can be taken.
             log = logger.warning if node_fault(exc) else logger.exception
@@ -104,10 +104,16 @@ async def _taking(task: PartitionTask, topics: set[str], after_failure: float | 
     else:
         manager.fail(f"{task.key} could not be taken in {TAKE_ATTEMPTS} attempts: {last}")
         return
-    if last is not None and (refused(last) or isinstance(last, ChangelogLost)):
+    if last is not None and _final(last):
         manager.fail(f"{task.key} could not be taken: {last}")
         return
     task.run(topics)
+
+
+def _final(exc: BaseException) -> bool:
+    """Whether no retake passes `exc`: an ACL or the credentials (`refused`), or a lost
+    changelog; an operator must act."""
+    return refused(exc) or isinstance(exc, ChangelogLost)
 
 
 class ChangelogLost(Exception):
