@@ -35,10 +35,6 @@ _WARNED_MAX = 10_000
 """Aggregates remembered as warned of past the state bound (then forgotten, warned anew)."""
 
 
-def _wall_ms() -> int:
-    return time.time_ns() // 1_000_000
-
-
 class PartitionStates:
     """The aggregates of `agg` in `partition` and the request ids they applied: the state
     store's, under the batches staged and not committed yet (a later batch's decisions see
@@ -54,7 +50,7 @@ class PartitionStates:
         limits: InputLimits,
         events_topic: str,
         request_id_window: int,
-        now: Callable[[], int] | None = None,
+        now: Callable[[], int],
     ) -> None:
         self.agg = agg
         self.partition = partition
@@ -64,9 +60,8 @@ class PartitionStates:
         # How long an applied request id is kept to de-duplicate a command sent again.
         self.request_id_window = request_id_window
         # The node's clock (epoch ms), which a restore dates the request ids it writes by:
-        # an event's `created_at` is its writer's word. Without one, the wall clock (the
-        # node's own: `SystemClock`).
-        self._now = now or _wall_ms
+        # an event's `created_at` is its writer's word.
+        self._now = now
         self._store = store
         # Of the batches staged and not committed yet, the latest aggregate and every applied
         # request id, each with the batch that wrote it (removed when that one commits).

@@ -4,7 +4,6 @@ local copy that went past it while the partition decided nothing forgotten."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -79,7 +78,7 @@ def log_of(*events: tuple[str, int]) -> Log:
     return Log(records)
 
 
-def states_on(store: AggregateStateStore, now: int | None = NOW) -> PartitionStates:
+def states_on(store: AggregateStateStore, now: int = NOW) -> PartitionStates:
     return PartitionStates(
         order_type(),
         P,
@@ -88,7 +87,7 @@ def states_on(store: AggregateStateStore, now: int | None = NOW) -> PartitionSta
         limits=InputLimits(),
         events_topic=EVENTS,
         request_id_window=WINDOW,
-        now=None if now is None else (lambda: now),
+        now=lambda: now,
     )
 
 
@@ -116,13 +115,6 @@ async def test_a_restore_dates_no_request_id_after_now(store: AggregateStateStor
     assert store.seen(P, AID, "mine") and store.seen(P, AID, "forged")
     assert sweep_at(store, NOW + WINDOW) == 2, "both forgotten a window after now"
     assert not store.seen(P, AID, "mine") and not store.seen(P, AID, "forged")
-
-
-async def test_without_a_clock_a_restore_dates_request_ids_by_the_wall_clock(
-    store: AggregateStateStore,
-) -> None:
-    await states_on(store, now=None).restore(log_of(("forged", MAX_INSTANT)))
-    assert store.expire_requests(P, time.time_ns() // 1_000_000, 10) == 1
 
 
 async def test_a_request_id_within_the_window_is_a_duplicate_after_a_restore_for_its_window(
