@@ -7,7 +7,7 @@ event log. On the log's ports (`LogReader`, `Publisher`); a read creates no topi
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -199,14 +199,20 @@ def _passed_over(errors: list[str]) -> str | None:
 
 
 async def _batches(
-    reader: LogReader, topic: str, partitions: Iterable[int]
+    reader: LogReader,
+    topic: str,
+    partitions: Iterable[int],
+    keys: Collection[bytes | None] | None = None,
 ) -> AsyncIterator[list[EventEnvelope]]:
     """The events of `topic`'s `partitions`, a fetch at a time: each as the workers fold
-    it (`decode_event`), none that no version took."""
+    it (`decode_event`), none that no version took. `keys`: only records keyed by one of
+    them are decoded (decoding is the cost; None: all)."""
     for p in partitions:
         async for batch in reader.read(topic, p, 0):
             events = []
             for r in batch:
+                if keys is not None and r.key not in keys:
+                    continue
                 try:
                     events.append(decode_event(r.value)[0])
                 except BadRecord:
@@ -247,18 +253,11 @@ async def read_events_of(
     for ref in refs:
         where.setdefault(_log_of(ref, partitions), {})[ref] = []
     for (topic, p), found in where.items():
+        # An instance's records are keyed by its id; one keyed otherwise is not folded by
+        # the workers either (`misrouted`). Most of a partition is other instances' ticks.
         keys = {ref.id.encode() for ref in found}
-        async for batch in reader.read(topic, p, 0):
-            for r in batch:
-                # An instance's records are keyed by its id; one keyed otherwise is not
-                # folded by the workers either (`misrouted`). Decoding is the cost: most
-                # of a partition is other instances' ticks.
-                if r.key not in keys:
-                    continue
-                try:
-                    event = decode_event(r.value)[0]
-                except BadRecord:
-                    continue
+        async for batch in _batches(reader, topic, [p], keys):
+            for event in batch:
                 if (mine := found.get(event.aggregate)) is not None:
                     mine.append(event)
             await asyncio.sleep(0)  # a node serving it keeps its event loop for its work
