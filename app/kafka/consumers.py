@@ -22,6 +22,7 @@ from app.kafka.connection import Connectable, client_options
 from app.kafka.ports import Assigned
 from app.kafka.read_positions import ReadPositions
 from app.kafka.records import Record, explain, start_client
+from app.kafka.resume_offset import resume_offset
 
 logger = logging.getLogger(__name__)
 
@@ -338,6 +339,7 @@ class GroupConsumer:
         none is committed): what was read after them never counted. The offset each one
         still assigned reads from now."""
         assigned = self._consumer.assignment()
+        committed: dict[TopicPartition, int | None] = {}
         targets: dict[TopicPartition, int] = {}
         sought: dict[tuple[str, int], int] = {}
         try:
@@ -346,10 +348,14 @@ class GroupConsumer:
                 if tp not in assigned:
                     continue
                 async with asyncio.timeout(GROUP_CALL_S):
-                    offset = await self._consumer.committed(tp)
-                if offset is None or offset < 0:
-                    offset = (await self._consumer.beginning_offsets([tp]))[tp]
-                targets[tp] = offset
+                    committed[tp] = await self._consumer.committed(tp)
+            if committed:
+                # Every start read, not only where none is committed: a committed offset
+                # below it missed records deleted unread, which is said (`resume_offset`).
+                async with asyncio.timeout(GROUP_CALL_S):
+                    starts = await self._consumer.beginning_offsets(list(committed))
+                for tp, offset in committed.items():
+                    targets[tp] = resume_offset(tp.topic, tp.partition, offset, starts[tp])
             # All seeks at once, after the last await: a caller that marks the rewind
             # (a new take generation) right after it returns sees no batch fetched from
             # the old positions delivered after the mark.

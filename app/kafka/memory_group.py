@@ -14,6 +14,7 @@ from typing import Protocol
 from app.errors import KafkaUnavailable
 from app.kafka.ports import Assigned
 from app.kafka.records import Record, TopicSpec
+from app.kafka.resume_offset import resume_offset
 
 __all__ = ["MemoryAdmin", "MemoryGroup", "MemoryGroupMember"]
 
@@ -238,7 +239,7 @@ class MemoryGroupMember:
 
     def _committed_or_start(self, key: _Key) -> int:
         committed = self._log.committed(self._group.group_id, *key)
-        return committed if committed is not None else self._log.offsets(*key)[0]
+        return resume_offset(*key, committed, self._log.offsets(*key)[0])
 
 
 class MemoryAdmin:

@@ -7,6 +7,7 @@ record once, in order."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import uuid
 from collections.abc import Awaitable, Callable
 
@@ -15,7 +16,7 @@ from fakes_poll import Workers
 from harness import eventually
 
 from app.kafka import Producer
-from app.kafka.admin import GroupOffsets
+from app.kafka.admin import GroupOffsets, delete_records
 from app.kafka.consumers import GroupConsumer
 from app.node.polling import poll_loop
 
@@ -94,3 +95,52 @@ async def test_a_stuck_partition_is_paused_and_the_other_flows_on_aiokafka(
         await asyncio.gather(*tasks, return_exceptions=True)
         await producer.stop()
         await consumer.stop()
+
+
+async def test_a_group_rewound_below_the_start_reads_on_from_it_and_says_so(
+    kafka_bootstrap: str, topic_factory: TopicFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Records deleted before the group read them (a committed offset below the start, as
+    retention leaves it): the take reads on from the start, as aiokafka's reset would, but
+    says how many were missed (`app.kafka.resume_offset`); as the in-memory group does
+    (`tests/unit/test_resume_offset.py`)."""
+    topic = await topic_factory(partitions=1)
+    group = f"gap-{uuid.uuid4().hex[:8]}"
+    given: set[tuple[str, int]] = set()
+
+    async def assigned(tps: set[tuple[str, int]]) -> None:
+        given.update(tps)
+
+    async def revoked(tps: set[tuple[str, int]]) -> None:
+        given.difference_update(tps)
+
+    producer = Producer(kafka_bootstrap)
+    consumer = GroupConsumer(
+        kafka_bootstrap, group, [topic], on_assigned=assigned, on_revoked=revoked
+    )
+    await producer.start()
+    await consumer.start()
+    try:
+        await producer.send_many([(topic, 0, b"k", b"%d" % i) for i in range(10)])
+
+        async def assigned_after_a_poll() -> bool:
+            await consumer.poll(200)
+            return (topic, 0) in given
+
+        await eventually(assigned_after_a_poll, 60, "the group never gave the partition")
+        await consumer.commit({(topic, 0): 2})
+        assert await delete_records(kafka_bootstrap, topic, {0: 6}) == {0: 6}
+        with caplog.at_level(logging.ERROR, logger="app.kafka.resume_offset"):
+            assert await consumer.rewind([(topic, 0)]) == {(topic, 0): 6}
+        assert "4 records were deleted before this group read them" in caplog.text
+        offsets: list[int] = []
+
+        async def read_on() -> bool:
+            offsets.extend(r.offset for r in (await consumer.poll(200)).get((topic, 0), []))
+            return len(offsets) >= 4
+
+        await eventually(read_on, 30, "nothing read after the rewind")
+        assert offsets == [6, 7, 8, 9]
+    finally:
+        await consumer.stop()
+        await producer.stop()
