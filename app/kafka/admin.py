@@ -155,7 +155,11 @@ async def ensure_topics(
                     replicas,
                     used.factor,
                 )
-        await check_compacted(admin, [s.name for s in specs if s.compacted and s.name in found])
+        await check_compacted(
+            admin,
+            [s.name for s in specs if s.compacted and s.name in found],
+            [s.name for s in specs if s.retained and s.name in found],
+        )
     except KafkaError as exc:
         raise KafkaUnavailable(
             f"cannot create topics at {address(bootstrap)}: {explain(exc)}"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import uuid
 from collections import defaultdict
 from collections.abc import Awaitable, Callable
@@ -229,3 +230,19 @@ async def test_a_compacted_table_found_with_a_deleting_policy_stops_the_start(
     await ensure_topics(kafka_bootstrap, specs)  # and found
     with pytest.raises(KafkaUnavailable, match=rf"{deleting} has cleanup\.policy=delete"):
         await ensure_topics(kafka_bootstrap, [TopicSpec(deleting, 2, compacted=True)])
+
+
+async def test_a_log_found_dropping_records_is_warned_about_and_one_made_is_not(
+    kafka_bootstrap: str, topic_factory: TopicFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An aggregate's log made beforehand with the broker's default retention (7 days)
+    loses its events for every node that folds it again: said at the start, not refused
+    (the log is its team's). One the node makes keeps every record: nothing said."""
+    found = await topic_factory(2, configs={"cleanup.policy": "delete"})
+    made = f"{found}.made"
+    specs = [TopicSpec(found, 2, retained=True), TopicSpec(made, 2, retained=True)]
+    await ensure_topics(kafka_bootstrap, specs)  # the second made here, as a node does
+    with caplog.at_level(logging.WARNING, logger="app.kafka.topic_policy"):
+        await ensure_topics(kafka_bootstrap, specs)  # and both found
+    assert f"the log {found} has cleanup.policy=delete, retention.ms=604800000" in caplog.text
+    assert f"the log {made} has" not in caplog.text

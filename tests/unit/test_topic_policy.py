@@ -1,7 +1,8 @@
 """A compacted topic found already there is kept as the node makes it, `cleanup.policy`
 compact alone: with `delete` in it, a table's rows go after `retention.ms` and every
 restore after that loses them, quietly. The node refuses to start on it instead; one that
-may not read topic configs is only warned about."""
+may not read topic configs is only warned about. An aggregate's log found dropping records
+(a retention, compaction) is warned about, never refused: it is its team's."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import pytest
 from aiokafka.errors import ClusterAuthorizationFailedError
 
 from app.errors import KafkaUnavailable
-from app.kafka.topic_policy import check_compacted, policy_refusal
+from app.kafka.topic_policy import check_compacted, log_warning, policy_refusal
 
 KEPT = {"retention.ms": "-1", "retention.bytes": "-1"}
 DEFAULT = {"retention.ms": "604800000", "retention.bytes": "-1"}
@@ -105,3 +106,32 @@ async def test_configs_it_may_not_read_are_warned_about(caplog: pytest.LogCaptur
     admin = _Admin({}, error=ClusterAuthorizationFailedError())
     await check_compacted(admin, ["ctx.a.timers"])
     assert "cannot read the cleanup.policy of ctx.a.timers" in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("configs", "warned"),
+    [
+        ({"cleanup.policy": "delete", **KEPT}, False),  # as the node makes a log
+        ({"cleanup.policy": "delete", **DEFAULT}, True),  # the broker's default
+        ({"cleanup.policy": "compact", **KEPT}, True),
+        ({"cleanup.policy": "compact,delete", **KEPT}, True),
+        ({"cleanup.policy": "delete", "retention.ms": "-1", "retention.bytes": "1000"}, True),
+    ],
+)
+def test_a_log_that_drops_records_is_warned_about(configs: dict[str, str], warned: bool) -> None:
+    warning = log_warning("ctx.a.events", configs)
+    assert (warning is not None) is warned
+    if warning is not None:
+        assert "ctx.a.events" in warning and "retention.ms=-1,retention.bytes=-1" in warning
+
+
+async def test_logs_are_read_with_the_tables_and_warned_about_not_refused(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    admin = _Admin({"ctx.a.timers": "compact", "ctx.a.events": "delete"})
+    await check_compacted(admin, ["ctx.a.timers"], ["ctx.a.events"])
+    assert admin.asked == ["ctx.a.timers", "ctx.a.events"]
+    assert "the log ctx.a.events has cleanup.policy=delete, retention.ms=604800000" in caplog.text
+    caplog.clear()
+    await check_compacted(_Admin({"ctx.a.events": "compact"}), [], ["ctx.a.events"])
+    assert "the log ctx.a.events has cleanup.policy=compact" in caplog.text
