@@ -18,7 +18,6 @@ import functools
 import re
 import struct
 from typing import Annotated, Any, Literal, TypeVar
-from zoneinfo import ZoneInfo
 
 import msgspec
 from pydantic_core import from_json
@@ -36,8 +35,10 @@ from tables.keys import (
     ref_parts,
     restored_row,
 )
-from tables.rules import MAX_JITTER, _cron_error, _zones
+from tables.rules import MAX_JITTER, _cron_error
 from tables.timer import MAX_ERROR_TEXT
+from tables.zones import UnknownZone
+from tables.zones import zone as tz_zone
 
 __all__ = ["restored_index", "restored_index_as_is", "restored_model_index"]
 
@@ -172,11 +173,9 @@ def _body_ok(raw: bytes) -> bool:
 
 @functools.lru_cache(maxsize=1024)
 def _zone_ok(zone: str) -> bool:
-    if zone not in _zones():
-        return False
     try:
-        ZoneInfo(zone)
-    except (ValueError, OSError):
+        tz_zone(zone)
+    except UnknownZone:
         return False
     return True
 

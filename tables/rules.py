@@ -6,7 +6,7 @@ import functools
 import operator
 from datetime import UTC, datetime
 from typing import Annotated, Final, Literal
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError, available_timezones
+from zoneinfo import ZoneInfo
 
 from cronsim import CronSim, CronSimError
 from pydantic import (
@@ -21,6 +21,7 @@ from pydantic import (
 
 from tables.bounds import MAX_INT64, Instant, Interval
 from tables.exceptions import InvalidRule
+from tables.zones import zone as tz_zone
 
 __all__ = ["MAX_JITTER", "CronRule", "IntervalRule", "OnceRule", "ScheduleRule", "parse_rule"]
 
@@ -107,13 +108,9 @@ class CronRule(_Recurring):
     @field_validator("zone")
     @classmethod
     def _known_zone(cls, zone: str) -> str:
-        # A directory ("America") or a non-portable name ("localtime") is no zone either.
-        if zone not in _zones():
-            raise ValueError(f"unknown time zone {zone!r} (use an IANA name)")
-        try:
-            ZoneInfo(zone)
-        except (ZoneInfoNotFoundError, ValueError, OSError) as exc:
-            raise ValueError(f"unknown time zone {zone!r} (use an IANA name)") from exc
+        # The tzdata package's zones alone (`tables.zones`): no directory ("America"), no
+        # non-portable name ("localtime"), nothing of the system's database.
+        tz_zone(zone)  # an `UnknownZone` is a ValueError: pydantic reports it
         return zone
 
     @field_validator("expr")
@@ -125,7 +122,7 @@ class CronRule(_Recurring):
 
     @property
     def tz(self) -> ZoneInfo:
-        return ZoneInfo(self.zone)
+        return tz_zone(self.zone)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -137,12 +134,6 @@ def _cron_error(expr: str) -> str | None:
     except CronSimError as exc:
         return f"invalid cron expression {expr!r}: {exc}"
     return None
-
-
-@functools.cache
-def _zones() -> frozenset[str]:
-    # tzdata ships a few files that are no zone one can name portably.
-    return frozenset(available_timezones()) - {"localtime", "posixrules", "Factory"}
 
 
 ScheduleRule = Annotated[OnceRule | IntervalRule | CronRule, Field(discriminator="kind")]

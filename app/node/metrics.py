@@ -24,9 +24,10 @@ with `_total`, histograms for durations. What each measures, and where:
   and `tickwheel_restore_duration_seconds{type,store}`: restores of the timer table
   (`store="timers"`, from its changelog) and of the aggregate states (`"states"`, from the
   log), in log offsets.
-- `tickwheel_build_info{version,python,aiokafka,kafka_client_api}`: always 1; what runs
-  (`build_info`): Tickwheel's version, Python's, aiokafka's, and how the client picks the
-  Kafka protocol's API versions (`auto`: from each broker's ApiVersions answer). Joined
+- `tickwheel_build_info{version,python,aiokafka,kafka_client_api,tzdata}`: always 1; what
+  runs (`build_info`): Tickwheel's version, Python's, aiokafka's, how the client picks the
+  Kafka protocol's API versions (`auto`: from each broker's ApiVersions answer), and the
+  IANA release of the zones rules are stepped in (`tables.zones`). Joined
   on in queries (`* on(instance) group_left(version) tickwheel_build_info`) it shows which
   release each node runs, as during a rolling upgrade.
 
@@ -52,6 +53,7 @@ from app.node.lateness import LatenessWindow
 from app.timers.runner import RoundStats
 from tables import TimerStatus
 from tables.ledger import FailureLedger
+from tables.zones import IANA_VERSION
 
 __all__ = [
     "BUILD_LABELS",
@@ -102,7 +104,7 @@ class _Runner(Protocol):
 TimerSource = tuple[str, _Store, _Runner]
 """What `refresh` reads of one aggregate type: its name, timer store and runner."""
 
-BUILD_LABELS: Final = ("version", "python", "aiokafka", "kafka_client_api")
+BUILD_LABELS: Final = ("version", "python", "aiokafka", "kafka_client_api", "tzdata")
 
 KAFKA_CLIENT_API: Final = "auto"
 """How the Kafka clients pick each request's API version: negotiated, as aiokafka's old
@@ -118,6 +120,7 @@ def build_info() -> dict[str, str]:
         "python": platform.python_version(),
         "aiokafka": metadata.version("aiokafka"),
         "kafka_client_api": KAFKA_CLIENT_API,
+        "tzdata": IANA_VERSION,
     }
 
 
@@ -128,8 +131,8 @@ class NodeMetrics:
         # A gauge, not an Info: its family and its sample are both `tickwheel_build_info`.
         self.build_info = Gauge(
             "tickwheel_build_info",
-            "What this node runs: Tickwheel's version, Python's, aiokafka's and the Kafka "
-            "client's API version choice; always 1",
+            "What this node runs: Tickwheel's version, Python's, aiokafka's, the Kafka "
+            "client's API version choice and the time zones' IANA release; always 1",
             list(BUILD_LABELS),
             registry=r,
         )

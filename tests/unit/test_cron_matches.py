@@ -6,12 +6,13 @@ from __future__ import annotations
 import importlib
 from collections.abc import Iterator
 from datetime import date
+from importlib import resources
 from itertools import pairwise, takewhile
 from typing import Any
 from unittest.mock import patch
-from zoneinfo import available_timezones
 
 import pytest
+import tzdata
 from cronsim import CronSim
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -21,6 +22,7 @@ from tables.bounds import MAX_INT64
 from tables.cron_matches import SCAN_SECONDS, count_matches, cron_after, nth_match_after
 from tables.rules import CronRule
 from tables.slots import MAX_CRON_STEPS, Slot, first_slot, latest_due, next_slot
+from tables.zones import zone_names
 
 HOUR = 3_600_000
 DAY = 24 * HOUR
@@ -160,10 +162,13 @@ def test_the_zone_scan_cannot_step_over_two_changes() -> None:
     # _pieces reads the offset SCAN_SECONDS apart: two changes closer could hide each other.
     # The pure-Python zoneinfo lists a zone's changes (the C one does not); tests only.
     pure_zoneinfo: Any = importlib.import_module("zoneinfo._zoneinfo")
+
+    def changes(key: str) -> list[int]:
+        # The package's file, as rules step in (`tables.zones`), not the system's.
+        with resources.files(tzdata).joinpath("zoneinfo", *key.split("/")).open("rb") as data:
+            return [t for t in pure_zoneinfo.ZoneInfo.from_file(data, key=key)._trans_utc if t >= 0]
+
     closest = min(
-        later - earlier
-        for key in available_timezones() - {"localtime", "posixrules", "Factory"}
-        for changes in [[t for t in pure_zoneinfo.ZoneInfo.no_cache(key)._trans_utc if t >= 0]]
-        for earlier, later in pairwise(changes)
+        later - earlier for key in zone_names() for earlier, later in pairwise(changes(key))
     )
     assert closest > SCAN_SECONDS

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import tzdata
 from packaging.requirements import Requirement
 from packaging.utils import NormalizedName, canonicalize_name
 from packaging.version import Version
@@ -124,6 +125,7 @@ def test_a_node_exports_its_build_info() -> None:
         "python": platform.python_version(),
         "aiokafka": md.version("aiokafka"),
         "kafka_client_api": KAFKA_CLIENT_API,
+        "tzdata": tzdata.IANA_VERSION,
     }
     assert registry.get_sample_value("tickwheel_build_info", labels) == 1
     [family] = [f for f in registry.collect() if f.name == "tickwheel_build_info"]
