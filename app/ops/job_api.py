@@ -13,6 +13,7 @@ the caller does (`Spelling`: the CLI's `--partition`, the JSON body's `partition
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from datetime import UTC, datetime
 from typing import Any
@@ -284,9 +285,12 @@ async def plan_backfill(
     for ref in refs:
         timers = tick_timers(await events_of(ref))
         try:
-            planned.append((ref, backfill_slots(timers, start, end, limit=limit)))
+            # In a thread: a per-second rule over a long range steps ~200,000 slots an
+            # instance (seconds of CPU), which on the loop would hold up the node's work.
+            slots = await asyncio.to_thread(backfill_slots, timers, start, end, limit=limit)
         except BackfillError as exc:
             raise JobInputError("until", f"{ref}: {exc}") from exc
+        planned.append((ref, slots))
     # A live run's request id is applied at its slot's due time at the earliest, and kept
     # for the window after: later than this, the node could not tell that it ran.
     held_after = now - window_ms + DECIDED_WITHIN_MS

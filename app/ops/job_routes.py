@@ -12,7 +12,8 @@
   `.../reschedule` (set the instances' override; `"rule": null` follows the default);
 - `POST /jobs/{context}/{job}/backfill` runs each slot due in `[from, until]` (a past range)
   once, under the request id its live tick has, so a slot that ran live, or was backfilled
-  before, is a DUPLICATE; `"dry_run": true` answers the slots and sends nothing.
+  before, is a DUPLICATE; `"dry_run": true` answers the slots and sends nothing. Its plan
+  reads the schedule logs whole, as a state=true list does: it waits its turn alike.
 
 A write's JSON body names the instances: `tenants` (a TENANT job's), `partition` (a
 SHARDED job's one shard; all of them when absent). Its request id is the body's
@@ -35,6 +36,7 @@ commands. The writes need the web token, as every action does.
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -84,12 +86,25 @@ _M = TypeVar("_M", bound=BaseModel)
 _REFUSED = frozenset({ResultCode.REJECTED, ResultCode.SCHEDULE_JOB_INVALID})
 
 STATE_WAIT_S = 5.0
-"""How long a `GET /jobs?state=true` waits for another one's fold on the node to end before
-it is a 503 (Retry-After)."""
+"""How long a `GET /jobs?state=true` or a backfill waits for another one's read of the
+schedule logs on the node to end before it is a 503 (Retry-After)."""
 
 
 def job_path(action: str) -> str:
     return f"/jobs/{{context}}/{{job}}/{action}"
+
+
+def _folding_busy(or_else: str) -> web.Response:
+    """503: another read of schedule logs whole (a state=true list, a backfill's plan) held
+    the node's turn for `STATE_WAIT_S`."""
+    return json_response(
+        ApiError(
+            error="another state=true list or backfill is being read on this node (for over "
+            f"{STATE_WAIT_S:g} s): ask again later{', ' + or_else if or_else else ''}"
+        ).model_dump(mode="json"),
+        503,
+        {"Retry-After": str(math.ceil(STATE_WAIT_S))},  # whole seconds, as HTTP has it
+    )
 
 
 def _error(status: int, error: str, field: str | None = None, **more: Any) -> web.Response:
@@ -153,14 +168,7 @@ class JobRoutes:
         if state in _TRUE:
             got = await self._states(sorted({c for c, _ in listed}))
             if got is None:
-                return json_response(
-                    ApiError(
-                        error=f"another state=true list is being read on this node (for over "
-                        f"{STATE_WAIT_S:g} s): ask again later, or leave state out"
-                    ).model_dump(mode="json"),
-                    503,
-                    {"Retry-After": "5"},
-                )
+                return _folding_busy("or leave state out")
             states = got
         out = []
         for ctx, job in listed:
@@ -185,10 +193,7 @@ class JobRoutes:
         each waiter folds the whole log again in turn, so a queue of them would answer ever
         later while holding their connections; a 503 says when to come back instead."""
         service, n = self._node.service, self._node.settings.partitions
-        try:
-            async with asyncio.timeout(STATE_WAIT_S):
-                await self._folding.acquire()
-        except TimeoutError:
+        if not await self._fold_turn():
             return None
         try:
             states = {}
@@ -202,6 +207,18 @@ class JobRoutes:
             return states
         finally:
             self._folding.release()
+
+    async def _fold_turn(self) -> bool:
+        """Whether this caller's turn to read schedule logs whole came within
+        `STATE_WAIT_S` (then it holds `_folding` and releases it): one such read at a time
+        on a node, a state=true list's or a backfill's plan, each seconds of CPU for a
+        large log or a long range."""
+        try:
+            async with asyncio.timeout(STATE_WAIT_S):
+                await self._folding.acquire()
+        except TimeoutError:
+            return False
+        return True
 
     # --- writes --------------------------------------------------------------------------
 
@@ -250,20 +267,25 @@ class JobRoutes:
             partition=body.partition,
             spell=json_field,
         )
-        reader = node.clients.reader()
-        await reader.start()
+        if not await self._fold_turn():
+            return _folding_busy("")
         try:
-            planned = await job_api.plan_backfill(
-                job_api.InstanceEvents(reader, refs, n),
-                refs,
-                start,
-                end,
-                now=now,
-                window_ms=node.settings.request_id_window_ms,
-                limit=MAX_BACKFILL_SLOTS,
-            )
+            reader = node.clients.reader()
+            await reader.start()
+            try:
+                planned = await job_api.plan_backfill(
+                    job_api.InstanceEvents(reader, refs, n),
+                    refs,
+                    start,
+                    end,
+                    now=now,
+                    window_ms=node.settings.request_id_window_ms,
+                    limit=MAX_BACKFILL_SLOTS,
+                )
+            finally:
+                await reader.stop()
         finally:
-            await reader.stop()
+            self._folding.release()
         commands = [backfill_command(ref, s, now=now) for ref, slots in planned for s in slots]
         if body.dry_run:
             outcomes = [_outcome(c, None) for c in commands]

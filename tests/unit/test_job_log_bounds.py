@@ -6,6 +6,7 @@ for all its instances; a `?state=true` list folds the log one at a time per node
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import AsyncIterator, Iterator, Sequence
 from pathlib import Path
@@ -15,9 +16,11 @@ import pytest
 from fakes import MIN, T0, FakeClock, WebNode, wait_until, web_node
 from pydantic import BaseModel
 
+import app.ops.job_api
 import app.ops.job_log
 import app.ops.job_routes
 from app.jobs import TICKED, Job, JobRun, JobScope, trigger_command
+from app.jobs.backfill import backfill_slots
 from app.kafka.memory import MemoryLog
 from app.kafka.records import Record
 from app.model.aggregate import AggregateType, Command, Decision, Event
@@ -248,8 +251,15 @@ async def test_state_lists_fold_the_log_one_at_a_time_and_a_long_wait_is_a_503(
         # another, while the first folds: turned away once it has waited STATE_WAIT_S
         url = edge.url.with_path("/jobs").with_query(state="true")
         async with asyncio.timeout(3), edge.http.get(url) as r:
-            assert (r.status, r.headers["Retry-After"]) == (503, "5")
+            assert (r.status, r.headers["Retry-After"]) == (503, "1")  # 0.3 s, in whole s
             assert "another state=true list" in (await r.json())["error"]
+        # a backfill's plan reads the schedule logs whole too: it waits its turn alike
+        status, answer = await edge.call(
+            "POST",
+            f"/jobs/{CONTEXT}/per-tenant/backfill",
+            {"from": T0 - 90_000, "until": T0 - 40_000, "tenants": ["a"], "dry_run": True},
+        )
+        assert status == 503 and "or backfill is being read" in answer["error"]
         second = get()  # waits for the first, which ends within its wait
         await asyncio.sleep(0.05)
         assert not second.done() and len(folding) == 1
@@ -317,3 +327,39 @@ async def test_send_and_wait_waits_no_longer_than_told_when_its_reader_hangs(
     # sent all the same; a result read before the deadline is kept
     assert sum(len(log.records(SCHEDULE.commands, p)) for p in range(P)) == 2
     assert found == ({} if offsets_hang else {"run-a": _result(commands[0])})
+
+
+async def test_a_backfills_plan_steps_its_slots_off_the_event_loop(
+    edge: Edge, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A per-second rule over a long range steps ~200,000 slots an instance, seconds of
+    CPU: on the loop, the node's rounds, cycles and heartbeats would wait that long."""
+    stepping = threading.Event()
+    stepped = backfill_slots
+
+    def slow(*args: Any, **kwargs: Any) -> Any:
+        stepping.set()
+        time.sleep(0.5)  # as a long range's stepping holds its thread
+        return stepped(*args, **kwargs)
+
+    monkeypatch.setattr(app.ops.job_api, "backfill_slots", slow)
+    turns = 0
+
+    async def ticking() -> None:
+        nonlocal turns
+        while True:
+            await asyncio.sleep(0.01)
+            if stepping.is_set():
+                turns += 1
+
+    ticker = asyncio.create_task(ticking())
+    try:
+        status, _ = await edge.call(
+            "POST",
+            f"/jobs/{CONTEXT}/per-tenant/backfill",
+            {"from": T0 - 90_000, "until": T0 - 40_000, "tenants": ["a"], "dry_run": True},
+        )
+    finally:
+        ticker.cancel()
+    assert status == 200 and stepping.is_set()
+    assert turns >= 10, f"the loop turned {turns} times in the plan's 0.5 s"
