@@ -72,8 +72,10 @@ def aggregate_digest(aggregate: AggregateRef) -> str:
     tenant, id; each length-prefixed, so no two addresses are written alike): what makes
     an id derived from a request id, which is unique per aggregate alone, unique in the
     log (`sent_request_id`, `app.model.decide.event_id`)."""
-    parts = (aggregate.context, aggregate.aggregate, aggregate.tenant, aggregate.id)
-    text = "".join(f"{len(part)}:{part}" for part in parts)
+    c, a, t, i = aggregate.context, aggregate.aggregate, aggregate.tenant, aggregate.id
+    # One f-string, not a join over a generator: a third of the call (made for every event
+    # decided and command sent).
+    text = f"{len(c)}:{c}{len(a)}:{a}{len(t)}:{t}{len(i)}:{i}"
     digest = hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=DIGEST_CHARS // 2)
     return digest.hexdigest()
 

@@ -164,3 +164,12 @@ def test_a_chain_of_sends_never_runs_out_of_room() -> None:
         d.send(OWNER, "rem.Remind")
         rid = d.commands[-1].request_id
     assert len(rid) <= MAX_REQUEST_ID and rid != uuid_like
+
+
+def test_an_aggregates_digest_is_the_same_in_every_release() -> None:
+    """Ids derived from it are stored (events, request ids sent, de-duplication): a node of
+    another release must make the same ones (length-prefixed parts, so none are alike)."""
+    ref = AggregateRef(context="shop", aggregate="order", tenant="acme", id="o-1:x")
+    assert aggregate_digest(ref) == "4a3ddbfc2146247d"
+    moved = AggregateRef(context="shop", aggregate="order", tenant="acme:o", id="-1:x")
+    assert aggregate_digest(moved) != aggregate_digest(ref)
