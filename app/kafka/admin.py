@@ -50,6 +50,8 @@ def topic_configs(spec: TopicSpec, replication: Replication) -> dict[str, str]:
     configs["min.insync.replicas"] = str(replication.min_insync)
     if spec.max_message_bytes is not None:
         configs["max.message.bytes"] = str(spec.max_message_bytes)
+    if spec.segment_ms is not None:
+        configs["segment.ms"] = str(spec.segment_ms)
     return configs
 
 

@@ -164,6 +164,8 @@ class TopicSpec:
     retained: bool = False
     """Every record kept for ever (`retention.ms=-1`, `retention.bytes=-1`): a log the node
     folds its states from again (a new node, a lost local copy) must hold it all."""
+    segment_ms: int | None = None
+    """The topic's `segment.ms` when created; None: the broker's default (7 days)."""
 
 
 class Record(NamedTuple):

@@ -53,6 +53,10 @@ def is_fenced(exc: BaseException | None) -> bool:
     return False
 
 
+NODES_SEGMENT_MS = 3_600_000
+"""`segment.ms` of `<ctx>.nodes` when a node creates it."""
+
+
 def node_topics(types: list[AggregateTopics], partitions: int) -> list[TopicSpec]:
     """Every topic a node of these aggregate types reads or writes."""
     specs: list[TopicSpec] = []
@@ -71,7 +75,10 @@ def node_topics(types: list[AggregateTopics], partitions: int) -> list[TopicSpec
             # A letter holds a whole record of the topics it serves, and its headers.
             TopicSpec(c.dead_letters, 1, max_message_bytes=DEAD_LETTER_TOPIC_BYTES),
             TopicSpec(c.ledger, partitions, compacted=True),
-            # One small record per node: one partition keeps them in the order written.
-            TopicSpec(c.nodes, 1, compacted=True),
+            # One small record per node: one partition keeps them in the order written. A
+            # report every few seconds a node, and the segment being written is never
+            # compacted: rolled hourly, not weekly, a node's start reads an hour's reports
+            # and the nodes' last ones, not up to a week's (~1 GiB).
+            TopicSpec(c.nodes, 1, compacted=True, segment_ms=NODES_SEGMENT_MS),
         ]
     return specs

@@ -21,7 +21,9 @@ from pydantic import ValidationError
 from app.cli.worker import _run_node
 from app.errors import KafkaUnavailable, NodeFailed
 from app.kafka import TopicSpec
+from app.kafka.admin import topic_configs
 from app.kafka.memory import MemoryLog
+from app.kafka.records import Replication
 from app.node.kept import node_topics
 from app.node.settings import Settings
 from app.ops.cluster_page import cluster_view
@@ -107,7 +109,10 @@ def timer(owner: str, key: str, due: int, target: AggregateRef | None = None) ->
 
 def test_the_status_topic_is_one_compacted_partition_per_context() -> None:
     specs = {s.name: s for s in node_topics([parse_aggregate_type(TYPE)], 12)}
-    assert specs[TOPIC] == TopicSpec(TOPIC, 1, compacted=True)
+    # Rolled hourly: the segment being written is never compacted, and every node's start
+    # reads the topic whole.
+    assert specs[TOPIC] == TopicSpec(TOPIC, 1, compacted=True, segment_ms=3_600_000)
+    assert topic_configs(specs[TOPIC], Replication(3, 2))["segment.ms"] == "3600000"
 
 
 async def test_a_report_counts_each_owned_partitions_timers(group: Group) -> None:
