@@ -10,9 +10,10 @@ naming another is refused (exit code 1), nothing written.
 
 from __future__ import annotations
 
+import base64
 import re
 import time
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -27,8 +28,16 @@ from app.cli.common import (
     settings_for,
     time_iso,
 )
-from app.ops.letters import Letter, Replayed, letter_json, list_letters, replay
-from app.protocol.dead_letters import Stage
+from app.ops.letters import (
+    LIST_LIMIT,
+    MAX_LIST_LIMIT,
+    Letter,
+    Replayed,
+    list_letters,
+    replay,
+    show_letter,
+)
+from app.protocol.dead_letters import DeadLetterContext, Stage
 
 __all__ = ["dead_letters_cli"]
 
@@ -39,6 +48,32 @@ Offset = Annotated[int, typer.Option(min=0, help="the letter's offset on the dea
 Partition = Annotated[
     int, typer.Option(min=0, help="the letter's partition on the dead-letter topic")
 ]
+
+
+def _bytes(data: bytes | None) -> dict[str, Any]:
+    if data is None:
+        return {"text": None, "base64": None}
+    try:
+        text: str | None = data.decode()
+    except UnicodeDecodeError:
+        text = None
+    return {"text": text, "base64": base64.b64encode(data).decode()}
+
+
+def letter_json(x: Letter, *, whole: bool = False) -> dict[str, Any]:
+    """A letter as `dead-letters list|show --json` print it (`whole`: with its bytes)."""
+    data: dict[str, Any] = {
+        "partition": x.partition,
+        "offset": x.offset,
+        "timestamp": x.timestamp,
+        "error": x.letter.context.model_dump(mode="json"),
+        "replayed": None if x.replayed is None else x.replayed.model_dump(mode="json"),
+    }
+    if whole:
+        data["key"] = _bytes(x.letter.key)
+        data["value"] = _bytes(x.letter.value)
+        data["headers"] = [[k, _bytes(v)] for k, v in x.letter.headers]
+    return data
 
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
@@ -76,23 +111,25 @@ def list_(
         Stage | None, typer.Option(case_sensitive=False, help="only letters of this stage")
     ] = None,
     topic: Annotated[str | None, typer.Option(help="only letters of records of this topic")] = None,
+    limit: Annotated[
+        int, typer.Option(min=1, max=MAX_LIST_LIMIT, help="the newest so many letters")
+    ] = LIST_LIMIT,
     bootstrap: Bootstrap = None,
     as_json: Json = False,
 ) -> None:
-    """Prints a context's dead letters, oldest first: where each sits (partition:offset),
-    when it was written, the stage that refused its record, the record's topic, partition
-    and offset, the error, and whether it was replayed."""
+    """Prints a context's newest dead letters (--limit), oldest first: where each sits
+    (partition:offset), when it was written, the stage that refused its record, the
+    record's topic, partition and offset, the error, and whether it was replayed. The
+    topic is read back from its end, never whole: the last line says when older records
+    were left out."""
+
+    def want(c: DeadLetterContext) -> bool:
+        return (stage is None or c.stage is stage) and (topic is None or c.topic == topic)
+
     settings = settings_for(bootstrap, None)
-    where, book = run(
-        checked(settings.kafka, list_letters(clients_for(settings), context_name(context)))
-    )
-    shown = [
-        x
-        for x in book.letters
-        if (stage is None or x.letter.context.stage is stage)
-        and (topic is None or x.letter.context.topic == topic)
-    ]
-    for x in shown:
+    listed = list_letters(clients_for(settings), context_name(context), limit, want)
+    where, book = run(checked(settings.kafka, listed))
+    for x in book.letters:
         if as_json:
             json_line(letter_json(x))
         else:
@@ -100,7 +137,12 @@ def list_(
     unreadable = (
         f"; {book.unreadable} record(s) of {where} are no dead letter" if book.unreadable else ""
     )
-    typer.echo(f"{len(shown)} dead letter(s) in {where}{unreadable}", err=True)
+    older = (
+        f"; {book.older} older record(s) not listed (--limit, up to {MAX_LIST_LIMIT}, lists more)"
+        if book.older
+        else ""
+    )
+    typer.echo(f"{len(book.letters)} dead letter(s) in {where}{unreadable}{older}", err=True)
 
 
 @dead_letters_cli.command()
@@ -114,10 +156,8 @@ def show(
     """Prints one dead letter whole: why and where from, its record's headers, key and
     value (as text when UTF-8, else base64), and its replay if any."""
     settings = settings_for(bootstrap, None)
-    _, book = run(
-        checked(settings.kafka, list_letters(clients_for(settings), context_name(context)))
-    )
-    x = book.find(partition, offset)
+    shown = show_letter(clients_for(settings), context_name(context), partition, offset)
+    x = run(checked(settings.kafka, shown))
     data = letter_json(x, whole=True)
     if as_json:
         json_line(data)

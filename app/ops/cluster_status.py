@@ -10,7 +10,10 @@ its parked timers and of its upcoming fires. A clean stop writes its tombstone.
 Every node reads those topics whole (from their start, then follows them; no group, no
 commit), so that any node's operator page shows every partition of the group: its owner
 by the newest report that claims it, stale once that report is older than
-`STALE_INTERVALS` of its node's interval, unowned when no report claims it. A record that
+`STALE_INTERVALS` of its node's interval, unowned when no report claims it. A report older
+than `FORGET_MS` is shown no more, and one older than `PURGE_MS` (its node died without its
+tombstone) is tombstoned by the live nodes, so that the topic holds the nodes heard of in
+the last day, not every node id that ever ran. A record that
 is not a report of its key (another producer's, a broken one) is skipped and counted
 (`tickwheel_cluster_status_bad_records_total`); it never stops the reading.
 
@@ -43,7 +46,7 @@ from app.ops.node_report import (
     fit_report,
     recent_p99,
 )
-from app.ops.status_view import FORGET_MS, MAX_HELD_KEYS, StatusView
+from app.ops.status_view import FORGET_MS, MAX_HELD_KEYS, PURGE_MS, StatusView
 from app.protocol.topics import ContextTopics, parse_aggregate_type
 from tables import AggregateRef, Timer
 from tables.keys import owner_prefix
@@ -54,6 +57,8 @@ if TYPE_CHECKING:
 __all__ = [
     "FORGET_MS",
     "MAX_HELD_KEYS",
+    "PURGE_BATCH",
+    "PURGE_MS",
     "ChangelogBusy",
     "ClusterStatus",
     "StatusView",
@@ -71,6 +76,10 @@ CHANGELOG_READS: Final = 1
 CHANGELOG_WAIT_S: Final = 5.0
 """A search of an owner elsewhere reads a whole changelog partition: one such read at a
 time per node, and a search that waits longer than this for it is answered busy (503)."""
+
+PURGE_BATCH: Final = 100
+"""Tombstones of silent nodes' keys a publish writes at most (the rest at the next ones): a
+topic holding thousands of dead node ids does not hold up the node's own report."""
 
 PUBLISH_SCAN: Final = 1_000
 """Due-index entries a report reads per partition for its oldest overdue and next due
@@ -203,7 +212,34 @@ class ClusterStatus:
             logger.info("publishing the node's status again")
         self._failing = not took
         self.published += took
+        if took:
+            await self.purge()
         return took
+
+    async def purge(self) -> int:
+        """Writes the tombstones of up to `PURGE_BATCH` keys silent past `PURGE_MS`
+        (`StatusView.silent`); how many. Every live node does, at each publish: a dead
+        node's record goes a day after its last report, and two tombstones of a key (two
+        nodes purging at once) do no harm."""
+        silent = self.view.silent(self._node.clock.now())[:PURGE_BATCH]
+        if not silent:
+            return 0
+        try:
+            offsets = await asyncio.wait_for(
+                self._producer.send_many([(t, 0, k, None) for t, k in silent]), _SEND_TIMEOUT_S
+            )
+        except (KafkaUnavailable, TimeoutError) as exc:
+            logger.debug("the silent nodes' tombstones were not written: %r", exc)
+            return 0  # tried again at the next publish
+        for (topic, key), offset in zip(silent, offsets, strict=True):
+            self.view.apply(topic, key, offset, None)
+        logger.info(
+            "tombstoned %d status record(s) of nodes silent for over %d h: %s",
+            len(silent),
+            PURGE_MS // 3_600_000,
+            ", ".join(sorted({k.decode(errors="replace")[:100] for _, k in silent})[:10]),
+        )
+        return len(silent)
 
     def reports(self) -> list[NodeReport]:
         return self.view.reports(self._node.clock.now())

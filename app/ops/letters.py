@@ -1,9 +1,10 @@
 """Reading a context's dead letters back, and replaying one to its topic once.
 
 A dead letter (`app.protocol.dead_letters`) holds the refused record's own key, value and
-headers, and why in `__tickwheel.errors.*` headers. `read_letters` reads the dead-letter
-topic whole (committed records) into letters, each with its coordinates there (partition,
-offset) and whether it was replayed.
+headers, and why in `__tickwheel.errors.*` headers. `read_letters` reads the newest
+letters of the dead-letter topic (committed records), each with its coordinates there
+(partition, offset) and whether it was replayed; `find_letter` one letter. Neither reads
+the topic whole (`app.ops.letter_reads`, re-exported here).
 
 A replay writes the letter's original key, value and headers back to the topic and
 partition they came from, and, in the same transaction, a replay mark on the dead-letter
@@ -34,29 +35,42 @@ topics. Anything else is `ReplayRefused`, and nothing is written.
 
 from __future__ import annotations
 
-import base64
-from collections.abc import Awaitable, Callable, Iterable
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
-
-from app.errors import BadRecord, ConfigError, TickwheelError
+from app.errors import ConfigError
 from app.kafka.cluster import require_topic
 from app.kafka.ports import Clients, LogReader, TransactionalWriter
-from app.kafka.records import Record
-from app.protocol.dead_letters import DeadLetter, DeadLetterContext, Headers, Stage
+from app.ops.letter_reads import (
+    LIST_LIMIT,
+    MAX_LIST_LIMIT,
+    REPLAY_HEADER,
+    SCAN_RECORDS,
+    Letter,
+    LetterBook,
+    NoLetter,
+    ReplayMark,
+    Want,
+    find_letter,
+    read_letters,
+    recent_letters,
+)
+from app.protocol.dead_letters import DeadLetterContext, Headers, Stage
 from app.protocol.topics import AggregateTopics, ContextTopics, parse_aggregate_type
 
 __all__ = [
+    "LIST_LIMIT",
+    "MAX_LIST_LIMIT",
     "REPLAY_HEADER",
+    "SCAN_RECORDS",
     "Letter",
     "LetterBook",
     "NoLetter",
     "ReplayMark",
     "ReplayRefused",
     "Replayed",
-    "letter_json",
+    "Want",
+    "find_letter",
     "list_letters",
     "read_letters",
     "recent_letters",
@@ -64,138 +78,13 @@ __all__ = [
     "replay_letter",
     "replay_refusal",
     "replay_transactional_id",
+    "show_letter",
 ]
-
-REPLAY_HEADER = "__tickwheel.replay.of"
-"""On a replay mark: the offset of the letter it marks, in the mark's own partition."""
-
-
-class NoLetter(TickwheelError):
-    """No dead letter at the coordinates asked for (or one that cannot be replayed)."""
 
 
 class ReplayRefused(NoLetter):
     """A letter whose record may not be written where its headers say it came from: not an
     input topic a letter of its dead-letter topic comes from, or a partition it has not."""
-
-
-class ReplayMark(BaseModel):
-    """The value of a replay mark: which letter, where its record went, and when."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    letter_partition: int = Field(ge=0)
-    letter_offset: int = Field(ge=0)
-    topic: str = Field(min_length=1, max_length=249, description="where the record went")
-    partition: int = Field(ge=0)
-    time: int = Field(description="when it was replayed (epoch ms)")
-
-
-@dataclass(frozen=True, slots=True)
-class Letter:
-    """A dead letter where it sits on the dead-letter topic, and its replay if any."""
-
-    partition: int
-    offset: int
-    timestamp: int
-    letter: DeadLetter
-    replayed: ReplayMark | None = None
-
-
-@dataclass(slots=True)
-class LetterBook:
-    """A dead-letter topic read: its letters in log order, and what was not one."""
-
-    letters: list[Letter] = field(default_factory=list)
-    unreadable: int = 0
-
-    def find(self, partition: int, offset: int) -> Letter:
-        for letter in self.letters:
-            if (letter.partition, letter.offset) == (partition, offset):
-                return letter
-        raise NoLetter(f"no dead letter at partition {partition}, offset {offset}")
-
-
-def _is_mark(r: Record) -> bool:
-    # A mark carries this header alone. Every letter ends with its own nine or ten headers,
-    # so the letter of a record that carried this header is still read as a letter.
-    return len(r.headers) == 1 and r.headers[0][0] == REPLAY_HEADER
-
-
-def _mark_of(r: Record) -> ReplayMark | None:
-    """The replay mark `r` is, else None: as a replay writes one, beside its letter and
-    after it, its header the letter's offset."""
-    if not _is_mark(r) or r.value is None:
-        return None
-    try:
-        mark = ReplayMark.model_validate_json(r.value)
-    except ValidationError:
-        return None
-    if (
-        mark.letter_partition != r.partition
-        or mark.letter_offset >= r.offset
-        or r.headers[0][1] != str(mark.letter_offset).encode()
-    ):
-        return None
-    return mark
-
-
-async def read_letters(reader: LogReader, topic: str, partitions: Iterable[int]) -> LetterBook:
-    """The letters and replay marks of `partitions` of the dead-letter `topic`."""
-    book = LetterBook()
-    marks: dict[tuple[int, int], ReplayMark] = {}
-    for p in partitions:
-        async for batch in reader.read(topic, p, 0):
-            for r in batch:
-                if _is_mark(r):
-                    mark = _mark_of(r)
-                    if mark is None:
-                        book.unreadable += 1
-                    else:  # the first replay of a letter is the one that counts
-                        marks.setdefault((mark.letter_partition, mark.letter_offset), mark)
-                    continue
-                try:
-                    letter = DeadLetter.read(r.key, r.value, r.headers)
-                except BadRecord:
-                    book.unreadable += 1
-                    continue
-                book.letters.append(Letter(r.partition, r.offset, r.timestamp, letter))
-    book.letters = [
-        Letter(x.partition, x.offset, x.timestamp, x.letter, marks.get((x.partition, x.offset)))
-        for x in book.letters
-    ]
-    return book
-
-
-async def recent_letters(reader: LogReader, topic: str, limit: int) -> LetterBook:
-    """The letters among the last `limit` records of the dead-letter `topic` (one
-    partition), newest first, with the replays marked among them: a bounded read for the
-    operator page, however long the topic."""
-    begin, end = await reader.offsets(topic, 0)
-    book = LetterBook()
-    marks: dict[int, ReplayMark] = {}
-    async for batch in reader.read(topic, 0, max(begin, end - limit)):
-        for r in batch:
-            if _is_mark(r):
-                if (mark := _mark_of(r)) is not None:
-                    marks.setdefault(mark.letter_offset, mark)
-                continue
-            try:
-                book.letters.append(
-                    Letter(
-                        r.partition,
-                        r.offset,
-                        r.timestamp,
-                        DeadLetter.read(r.key, r.value, r.headers),
-                    )
-                )
-            except BadRecord:
-                book.unreadable += 1
-    book.letters = [
-        Letter(x.partition, x.offset, x.timestamp, x.letter, marks.get(x.offset))
-        for x in reversed(book.letters)
-    ]
-    return book
 
 
 def _stages(t: AggregateTopics) -> dict[str, frozenset[Stage]]:
@@ -285,8 +174,7 @@ async def replay_letter(
     """
     try:
         await writer.start()  # fences another replay of this letter still under way
-        book = await read_letters(reader, topic, [partition])
-        found = book.find(partition, offset)
+        found = await find_letter(reader, topic, partition, offset)
         if found.replayed is not None:
             return Replayed(found, found.replayed, written=None)
         if found.letter.context.truncated is not None:
@@ -331,42 +219,30 @@ def _mark_record(topic: str, mark: ReplayMark) -> tuple[str, int, bytes, bytes, 
     return (topic, mark.letter_partition, key, mark.model_dump_json().encode(), header)
 
 
-def _bytes(data: bytes | None) -> dict[str, Any]:
-    if data is None:
-        return {"text": None, "base64": None}
-    try:
-        text: str | None = data.decode()
-    except UnicodeDecodeError:
-        text = None
-    return {"text": text, "base64": base64.b64encode(data).decode()}
-
-
-def letter_json(x: Letter, *, whole: bool = False) -> dict[str, Any]:
-    """A letter as `dead-letters list|show --json` print it (`whole`: with its bytes)."""
-    data: dict[str, Any] = {
-        "partition": x.partition,
-        "offset": x.offset,
-        "timestamp": x.timestamp,
-        "error": x.letter.context.model_dump(mode="json"),
-        "replayed": None if x.replayed is None else x.replayed.model_dump(mode="json"),
-    }
-    if whole:
-        data["key"] = _bytes(x.letter.key)
-        data["value"] = _bytes(x.letter.value)
-        data["headers"] = [[k, _bytes(v)] for k, v in x.letter.headers]
-    return data
-
-
 _WHY = "no node of this context has written a dead letter to this cluster"
 
 
-async def list_letters(clients: Clients, context: str) -> tuple[str, LetterBook]:
-    """The dead-letter topic of `context` and what it holds. Creates nothing: `MissingTopic`
-    when the topic is not there."""
+async def list_letters(
+    clients: Clients, context: str, limit: int = LIST_LIMIT, want: Want = None
+) -> tuple[str, LetterBook]:
+    """The dead-letter topic of `context` and its newest `limit` letters that `want` takes
+    (their errors alone, `read_letters`). Creates nothing: `MissingTopic` when the topic is
+    not there."""
     topic = ContextTopics(context).dead_letters
     have = await require_topic(clients.admin(), topic, _WHY)
     async with clients.reader() as reader:
-        return topic, await read_letters(reader, topic, range(have))
+        book = await read_letters(reader, topic, range(have), limit, want=want, whole=False)
+        return topic, book
+
+
+async def show_letter(clients: Clients, context: str, partition: int, offset: int) -> Letter:
+    """One letter of `context`, whole (`find_letter`). Creates nothing."""
+    topic = ContextTopics(context).dead_letters
+    have = await require_topic(clients.admin(), topic, _WHY)
+    if not 0 <= partition < have:
+        raise NoLetter(f"no dead letter at partition {partition}, offset {offset}")
+    async with clients.reader() as reader:
+        return await find_letter(reader, topic, partition, offset)
 
 
 async def replay(

@@ -2,7 +2,9 @@
 
 Pure (no I/O): `app.ops.cluster_status` feeds it the records it reads and writes. What it
 holds is bounded: `MAX_REPORT_BYTES` per record, `MAX_HELD_KEYS` keys, only the group's
-reports, none past `FORGET_MS`.
+reports, none past `FORGET_MS`. And, for every key whose newest record is a report of any
+group, when that report was written: the keys `silent` past `PURGE_MS`, whose node is gone
+without its tombstone, are the ones the live nodes delete (`ClusterStatus.purge`).
 """
 
 from __future__ import annotations
@@ -13,13 +15,21 @@ from typing import Final
 
 from app.ops.node_report import NodeReport, decode_report, from_the_future
 
-__all__ = ["FORGET_MS", "MAX_HELD_KEYS", "StatusView"]
+__all__ = ["FORGET_MS", "MAX_HELD_KEYS", "PURGE_MS", "StatusView"]
 
 logger = logging.getLogger(__name__)
 
 FORGET_MS: Final = 3_600_000
 """A report older than an hour is left out altogether (a node that died without its
 tombstone; the compacted topic keeps its last record)."""
+
+PURGE_MS: Final = 24 * FORGET_MS
+"""A key whose newest report is older than a day is tombstoned by the live nodes that read
+it: a node that died without its tombstone (killed, its pod gone; a new pod may be a new
+node id) would otherwise stay in the compacted topic, and be read by every node's start,
+for ever. Far past `FORGET_MS` (no page shows it any more), so that only a node silent for
+a day, or with its clock that far behind the reader's, is deleted; one that writes again
+is back with its next report."""
 
 MAX_HELD_KEYS: Final = 10_000
 """Status records a node holds at most (one per key of the topics): past it the oldest
@@ -35,6 +45,9 @@ class StatusView:
         self._partitions = partitions
         self._clock = clock
         self._held: dict[tuple[str, bytes], tuple[int, NodeReport]] = {}
+        # Per key whose newest record is a report of any group: its offset and time, the
+        # oldest written first (bounded as `_held`): what `silent` picks from.
+        self._heard: dict[tuple[str, bytes], tuple[int, int]] = {}
         self._applied = 0
         self.max_keys = MAX_HELD_KEYS
         self.dropped = 0
@@ -56,6 +69,8 @@ class StatusView:
             ):
                 raise ValueError(f"dated {report.at}, ahead of this node's clock")
         except ValueError as exc:
+            if key:  # the key's newest record is none of a node's: not `silent`'s to delete
+                self._hear(topic, key, offset, None)
             self.bad += 1
             if self.on_bad is not None:
                 self.on_bad()
@@ -66,6 +81,7 @@ class StatusView:
         held = self._held.get((topic, key))
         if held is not None and held[0] >= offset:
             return False
+        self._hear(topic, key, offset, report)
         # Held in the order written (the oldest first), and only what a page shows: a
         # tombstone or another group's report lets its key go. (A record read again from
         # before it, as `start` and the follower overlap, holds it until it is read again.)
@@ -83,6 +99,21 @@ class StatusView:
             self.sweep(self._clock())
         self._applied += 1
         return True
+
+    def _hear(self, topic: str, key: bytes, offset: int, report: NodeReport | None) -> None:
+        heard = self._heard.get((topic, key))
+        if heard is not None and heard[0] >= offset:
+            return  # read again (`start` and the follower overlap): the newer one holds
+        self._heard.pop((topic, key), None)
+        if report is not None:
+            self._heard[(topic, key)] = (offset, report.at)
+            while len(self._heard) > self.max_keys:
+                self._heard.pop(next(iter(self._heard)))
+
+    def silent(self, now: int) -> list[tuple[str, bytes]]:
+        """The (topic, key)s whose newest record is a report, of any group, written more
+        than `PURGE_MS` before `now`: nodes gone without their tombstones."""
+        return [k for k, (_, at) in self._heard.items() if now - at > PURGE_MS]
 
     def sweep(self, now: int) -> None:
         """Lets the reports past `FORGET_MS` go: never shown again unless rewritten."""
