@@ -33,7 +33,7 @@ from app.kafka.catalog import TopicCatalog, no_target_message
 from app.kafka.records import RestoreProgress
 from app.model.aggregate import AggregateType
 from app.model.decide import Decided, cut_message, decide, fold
-from app.protocol.dead_letters import Stage
+from app.protocol.dead_letters import Stage, error_message
 from app.protocol.limits import InputLimits
 from app.protocol.topics import AggregateTopics, ContextTopics
 from app.protocol.wire import (
@@ -232,7 +232,8 @@ class CommandProcessor:
     ) -> None:
         """`cmd` not decided: answered ERROR (with `own`, on its context's results topic)
         and dead-lettered with why."""
-        message = str(error) if isinstance(error, BadRecord) else f"{type(error).__name__}: {error}"
+        text = error_message(error)  # a service's exception's text may fail when read
+        message = text if isinstance(error, BadRecord) else f"{type(error).__name__}: {text}"
         batch.out.append(self._result(cmd, ResultCode.ERROR, message, None, batch.now, own=own))
         batch.stats.codes[ResultCode.ERROR] += 1
         self._dead_letter(batch, record, error, stage)

@@ -8,7 +8,7 @@ import logging
 
 from app.errors import RecordTooLarge
 from app.kafka import OutRecord, Record
-from app.protocol.dead_letters import Stage, dead_letter
+from app.protocol.dead_letters import Stage, dead_letter, error_message
 from app.protocol.limits import InputLimits
 from app.protocol.topics import AggregateTopics
 from app.protocol.wire import (
@@ -50,7 +50,7 @@ def dead_letter_record(
         record.partition,
         record.offset,
         stage.value,
-        str(error)[:500],
+        (error if isinstance(error, str) else error_message(error))[:500],
     )
     return dead_letter(record, error, stage, now, limit=limits.dead_letter_bytes)
 

@@ -130,12 +130,34 @@ class Rejected(Exception):
         *,
         refusal: Refusal | None = None,
     ) -> None:
+        # Read here, in the handler's own call: a code given as a plain string ("ERROR"),
+        # or one that is none ("NOPE"), is the handler's error (answered ERROR), never a
+        # value that fails the partition's cycle once it is answered.
+        code = _one_of(ResultCode, code, "code")
+        refusal = None if refusal is None else _one_of(Refusal, refusal, "refusal")
+        if not isinstance(reason, str):
+            raise TypeError(f"a rejection's reason is a str, not {type(reason).__name__}")
         if refusal is not None and code is not ResultCode.REJECTED:
             raise ValueError(f"a refusal code ({refusal}) goes with REJECTED, not {code}")
         super().__init__(reason)
         self.reason = reason
         self.code = code
         self.refusal = refusal
+
+
+E = TypeVar("E", ResultCode, Refusal)
+
+
+def _one_of(kind: type[E], value: object, what: str) -> E:
+    if isinstance(value, kind):
+        return value
+    if isinstance(value, str):
+        try:
+            return kind(value)
+        except ValueError:
+            pass
+    known = ", ".join(kind)
+    raise ValueError(f"a rejection's {what} is one of {known}, not {value!r:.100}")
 
 
 @dataclass(frozen=True, slots=True)

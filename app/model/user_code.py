@@ -13,6 +13,7 @@ event loop (`app.cli.worker`), so no `KeyboardInterrupt` met here comes from a s
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 from collections.abc import Callable
 from typing import Any
@@ -69,6 +70,10 @@ def not_awaitable(result: object, what: str) -> None:
     """Refuses a result that is awaitable (a callable object whose `__call__` is async): it
     is closed, so no 'never awaited' warning follows, and its body never ran."""
     if inspect.isawaitable(result):
+        if isinstance(result, asyncio.Future):
+            # A task it started (asyncio.ensure_future): refused, so it must not run on
+            # after the answer, as a coroutine closed never ran.
+            result.cancel()
         close = getattr(result, "close", None)
         if callable(close):
             close()

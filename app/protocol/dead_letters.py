@@ -38,6 +38,7 @@ __all__ = [
     "SourceRecord",
     "Stage",
     "dead_letter",
+    "error_message",
 ]
 
 Headers = tuple[tuple[str, bytes | None], ...]
@@ -173,6 +174,16 @@ def _size(key: bytes | None, value: bytes | None, headers: Headers) -> int:
     )
 
 
+def error_message(error: BaseException) -> str:
+    """What `error` says (its `str`, else its `repr`), or that it cannot be read: a
+    handler's exception whose text read once may fail when read again (it reads a response
+    closed since), and the dead letter of its record must still be written."""
+    try:
+        return str(error) or repr(error)
+    except Exception:
+        return f"{type(error).__name__} (its text cannot be read)"
+
+
 def dead_letter(
     record: SourceRecord,
     error: BaseException | str,
@@ -184,7 +195,7 @@ def dead_letter(
     """The dead letter of `record`: its key, value and headers unchanged, with where it came
     from and why. Cut to `limit` bytes (and marked so) only when it could not fit whole."""
     if isinstance(error, BaseException):
-        kind, message = type(error).__name__, str(error) or repr(error)
+        kind, message = type(error).__name__, error_message(error)
     else:
         kind, message = BadRecord.__name__, error
     context = DeadLetterContext(

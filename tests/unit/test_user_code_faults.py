@@ -506,3 +506,103 @@ def test_a_handler_changing_its_commands_body_changes_not_the_command_given() ->
     )
     decide(changers, None, cmd, now=T0, seen=False)
     assert cmd.body == {"cfg": {"level": 1}} and body == {"cfg": {"level": 1}}
+
+
+rejecters = AggregateType("shop", "rejecter", Counter)
+
+
+@rejecters.command("shop.Reject")
+def reject_as_told(state: Counter, cmd: Command, d: Decision) -> None:
+    d.reject("told so", code=cmd.body["code"], refusal=cmd.body.get("refusal"))
+
+
+@pytest.mark.parametrize(
+    ("code", "refusal", "answered"),
+    [
+        ("ERROR", None, ResultCode.ERROR),  # a plain string: read as its code
+        ("REJECTED", "RULE_ENDED", ResultCode.REJECTED),
+        ("NOPE", None, ResultCode.ERROR),  # no code: the handler's error
+        (42, None, ResultCode.ERROR),
+        ("REJECTED", "NOPE", ResultCode.ERROR),
+    ],
+)
+async def test_a_rejections_code_given_as_a_string_or_none_answers_and_goes_on(
+    code: Any, refusal: Any, answered: ResultCode
+) -> None:
+    """A code given as a plain string was kept as it was, and failed the partition's cycle
+    once it was answered (`.value` of a str, for a timer fired in-process; a code that is
+    none failed the result's validation): the partition was retaken for ever."""
+    proc, log, _ = on = on_log(rejecters)
+    body = {"code": code, "refusal": refusal}
+    await proc.handle(
+        [on.record("r-1", "shop.Reject", body, 0), on.record("r-2", "shop.Reject", body, 1)]
+    )
+    results = log.last("results")
+    assert [r["code"] for r in results] == [answered, answered]
+    if answered is ResultCode.ERROR and code != "ERROR":
+        assert "a rejection's" in results[0]["message"]
+        assert len(log.last("dead-letters")) == 2
+    stored = decide(
+        rejecters,
+        None,
+        CommandEnvelope(
+            request_id="r-3", type="shop.Reject", aggregate=REF, issued_at=T0, body=body
+        ),
+        now=T0,
+        seen=False,
+    )
+    assert type(stored.code) is ResultCode
+
+
+class ReadOnce(Exception):
+    """An exception whose text can be read once (it reads a response closed since)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reads = 0
+
+    def __str__(self) -> str:
+        self.reads += 1
+        if self.reads > 2:
+            raise RuntimeError("the response is closed")
+        return "the first read"
+
+
+failers = AggregateType("shop", "failer", Counter)
+
+
+@failers.command("shop.Fail")
+def fail_once_readable(state: Counter, cmd: Command, d: Decision) -> None:
+    raise ReadOnce()
+
+
+async def test_an_exception_whose_text_fails_when_read_again_is_still_dead_lettered() -> None:
+    proc, log, _ = on = on_log(failers)
+    await proc.handle([on.record("r-1", "shop.Fail", {}, 0), on.record("r-2", "shop.Fail", {}, 1)])
+    assert [r["code"] for r in log.last("results")] == [ResultCode.ERROR, ResultCode.ERROR]
+    assert len(log.last("dead-letters")) == 2
+
+
+starters = AggregateType("shop", "starter", Counter)
+STARTED: list[str] = []
+
+
+async def _side_effect() -> None:
+    STARTED.append("ran")
+
+
+@starters.command("shop.Start")
+def start_a_task(state: Counter, cmd: Command, d: Decision) -> Any:
+    d.emit("shop.Started", {})
+    return asyncio.ensure_future(_side_effect())
+
+
+async def test_a_task_a_handler_returns_is_cancelled_with_its_refusal() -> None:
+    proc, log, _ = on = on_log(starters)
+    await proc.handle([on.record("r-1", "shop.Start", {}, 0)])
+    results = log.last("results")
+    assert [r["code"] for r in results] == [ResultCode.ERROR]
+    assert "must not be async" in results[0]["message"]
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert STARTED == [], "the refused handler's task ran on"
