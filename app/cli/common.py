@@ -225,12 +225,20 @@ async def unsettled(work: Awaitable[T], resend: str) -> T:
     answer waited for. Failing (the broker gone during or after the send, a send that
     timed out: written or not), it ends as `run` ends any error, its message followed by
     `resend`: how to send it again under the same request id, which applies it at most
-    once; under a fresh one it could apply twice (a trigger would fire twice)."""
+    once; under a fresh one it could apply twice (a trigger would fire twice). Interrupted
+    (Ctrl-C), it says the same, `interrupted: sent or not, …`, and the command exits 130
+    as any interrupted one."""
     try:
         return await work
     except (TickwheelError, TimeoutError) as exc:
         why = str(exc) or type(exc).__name__
         raise Unsettled(f"{why}: sent or not, {resend}") from exc
+    except (asyncio.CancelledError, KeyboardInterrupt):
+        # Ctrl-C: `asyncio.run` cancels the command's task (a second one raises
+        # KeyboardInterrupt in it), and typer exits 130 without a word; the change may
+        # be written all the same, so the resend under its request id is said first.
+        typer.echo(f"error: interrupted: sent or not, {resend}", err=True)
+        raise
 
 
 async def checked(kafka: Connectable, work: Coroutine[Any, Any, T]) -> T:

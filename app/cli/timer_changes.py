@@ -10,12 +10,14 @@ of a paused timer, a resume of a running one); 1 when it refused (REJECTED: a ke
 no timer under; ERROR, BUSY), did not answer within `--wait`, or the broker failed during
 or after the send (send it again with the request id printed to learn what became of it;
 under a fresh one a trigger would fire again); 2 for a bad option (a rule that does not
-parse, a target that is the book itself, a rule with no slot left, a set larger than the
-node reads: `TICKWHEEL_MAX_RECORD_BYTES`, whose record it would drop unanswered).
+parse, a target that is the book itself, a rule with no slot left, a once rule's `at` in
+epoch seconds, `app.clients.book_commands.seconds_reason`, a set larger than the node
+reads: `TICKWHEEL_MAX_RECORD_BYTES`, whose record it would drop unanswered).
 """
 
 from __future__ import annotations
 
+import asyncio
 import shlex
 import time
 from typing import Annotated
@@ -40,6 +42,7 @@ from app.cli.timers import TypeName, _type, timers_cli
 from app.clients.timer_book import timer_book
 from app.kafka.cluster import require_topics
 from app.kafka.ports import Clients
+from app.ops.deadline import stop_by
 from app.ops.timer_api import (
     DEFAULT_WAIT_S,
     DONE,
@@ -94,8 +97,15 @@ async def _send(
     publisher = clients.publisher()
     await publisher.start()
     try:
-        async with clients.reader() as reader:
+        reader = clients.reader()
+        await reader.start()
+        deadline = asyncio.get_running_loop().time() + wait_s
+        try:
             return await submit(publisher, reader, cmd, partitions, wait_s)
+        finally:
+            # `--wait` bounds the reader's stop too: librdkafka's closes after the read's
+            # call in flight, which a read cut at the deadline leaves waiting up to 30 s.
+            await stop_by(deadline, reader.stop(), "the results' reader")
     finally:
         await publisher.stop()
 

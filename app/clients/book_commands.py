@@ -26,6 +26,7 @@ from app.clients.timer_book import (
 )
 from app.errors import BadRecord
 from app.model.aggregate import MAX_TRIGGER_REQUEST_ID, AggregateType, send_fits
+from app.protocol.instants import iso_text
 from app.protocol.limits import InputLimits
 from app.protocol.topics import AggregateTopics
 from app.protocol.wire import (
@@ -38,7 +39,16 @@ from app.protocol.wire import (
 from tables import AggregateRef, CommandSpec, CronRule, IntervalRule, OnceRule
 from tables.refs import NEW_INPUT
 
-__all__ = ["KEY_ACTIONS", "BookCommands", "Delivered", "Rule", "request_id_for", "unreadable"]
+__all__ = [
+    "KEY_ACTIONS",
+    "SECONDS_BELOW",
+    "BookCommands",
+    "Delivered",
+    "Rule",
+    "request_id_for",
+    "seconds_reason",
+    "unreadable",
+]
 
 Rule = OnceRule | IntervalRule | CronRule
 
@@ -49,6 +59,33 @@ KEY_ACTIONS: Final[dict[str, str]] = {
 }
 """The actions on one timer by its key, and the book's command each sends (as
 `tickwheel timers pause|resume|trigger` and `POST .../{key}/pause|resume|trigger`)."""
+
+
+SECONDS_BELOW: Final = 10**11
+"""Epoch ms 1973-03-03T09:46:40Z. A once rule's `at` below it that reads as a date past it
+in seconds (from 10**8) is taken for seconds by the client edges (`seconds_reason`)."""
+
+
+def seconds_reason(rule: Rule) -> str | None:
+    """Why a once rule's `at` looks like epoch seconds where milliseconds are meant, or
+    None: a client (a CLI line, an HTTP body, a faust app) giving 1733400000 for
+    2024-12-05 would set a timer in January 1970, which fires at once. An `at` that no
+    reading makes a date after 1973 (0, 5: what a test or a script gives for "now") is no
+    unit mistake. Only the clients refuse it: the node takes any `at` the wire allows.
+
+    A recurring rule's `start` or `until` in seconds fires nothing at once (a start only
+    shifts its slots; an until long past leaves no slot, which `book_reason` refuses)."""
+    if not isinstance(rule, OnceRule) or not SECONDS_BELOW // 1000 <= rule.at < SECONDS_BELOW:
+        return None
+    return (
+        f"at is in epoch milliseconds; {rule.at} looks like seconds (as milliseconds it is "
+        f"{_utc(rule.at)}, long past: it would fire at once; as seconds "
+        f"{_utc(rule.at * 1000)}: give {rule.at * 1000})"
+    )
+
+
+def _utc(ms: int) -> str:
+    return iso_text(ms).replace("+00:00", "Z")
 
 
 class Delivered(Protocol):
@@ -147,6 +184,8 @@ class BookCommands:
         fields = {"key": timer, "rule": rule, "target": to, "command": command}
         body = ScheduleSet.model_validate(fields, context=NEW_INPUT)
         if (why := book_reason(self.book, body)) is not None:
+            raise ValueError(why)
+        if (why := seconds_reason(body.rule)) is not None:
             raise ValueError(why)
         return self._command(key, SET_TIMER, body.model_dump(mode="json"), request_id)
 

@@ -115,14 +115,20 @@ class RdkafkaReader:
 
     async def stop(self) -> None:
         """Closes the consumer (never raises), on its thread after the call in flight; a
-        read under way calls it no more (`_submit`)."""
+        read under way calls it no more (`_submit`). The thread ends after the close
+        whether or not the stop waits for it: a stop cancelled (a caller's deadline,
+        `app.ops.deadline.stop_by`) or given up at the reader's timeout leaves the close
+        to end there, and no thread waiting for calls."""
         consumer, self._consumer = self._consumer, None
-        if consumer is not None:
+        closing = None if consumer is None else self._thread.submit(consumer.close)
+        # Queued before any await: a cancel of the wait below would skip it, and the
+        # thread would wait for calls for ever.
+        self._thread.shutdown()
+        if closing is not None:
             try:
-                await self._run(consumer.close)
+                await self._wait(closing)
             except (KafkaUnavailable, KafkaException, RuntimeError) as exc:
                 logger.info("reader: closing: %s", exc)
-        self._thread.shutdown()
 
     async def __aenter__(self) -> RdkafkaReader:
         await self.start()

@@ -1,16 +1,25 @@
 """A wait bounded by one deadline over several awaits (`by`): an operator's request waits
 for its answer through calls that may each wait far longer (a `Reader`'s requests, 40 s,
-for a partition leader that is gone) than the caller's `--wait`."""
+for a partition leader that is gone) than the caller's `--wait`; and the stop of the client
+it read through, bounded by the same deadline (`stop_by`)."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Awaitable
 from typing import TypeVar
 
-__all__ = ["by"]
+__all__ = ["STOP_GRACE_S", "by", "stop_by"]
+
+logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
+
+STOP_GRACE_S = 2.0
+"""How long past the deadline (or from now, when it is past) a client's stop is waited for:
+a read cut at the deadline stops after it, and a close that nothing holds up (aiokafka's,
+librdkafka's with no call in flight) takes milliseconds."""
 
 
 async def by(deadline: float, work: Awaitable[T]) -> T | None:
@@ -24,3 +33,25 @@ async def by(deadline: float, work: Awaitable[T]) -> T | None:
         if timeout.expired():
             return None
         raise
+
+
+async def stop_by(deadline: float, stop: Awaitable[None], what: str) -> None:
+    """Awaits `stop`, a client's, until `deadline` or `STOP_GRACE_S` from now, whichever is
+    later; cut short there (cancelled), with a warning naming `what`. librdkafka's reader
+    closes its consumer on its thread after the call in flight, which a read cut at the
+    deadline left waiting up to the reader's own timeout (30 s): its close, cancelled, ends
+    there, and the thread with it (`RdkafkaReader.stop`)."""
+    loop = asyncio.get_running_loop()
+    if await by(max(deadline, loop.time() + STOP_GRACE_S), _done(stop)) is None:
+        logger.warning(
+            "%s did not stop within the wait (and %g s more): left to end on its own "
+            "(librdkafka's reader closes on its thread, after the call to the broker in "
+            "flight)",
+            what,
+            STOP_GRACE_S,
+        )
+
+
+async def _done(stop: Awaitable[None]) -> bool:
+    await stop
+    return True

@@ -21,7 +21,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from app.clients.book_commands import unreadable
+from app.clients.book_commands import seconds_reason, unreadable
 from app.clients.timer_book import (
     CANCEL_TIMER,
     PAUSE_TIMER,
@@ -195,8 +195,10 @@ def set_command(
     limits: InputLimits,
 ) -> CommandEnvelope:
     """The `wow.SetTimer` of `put` to `owner`'s book; `BadRequest` naming what the book
-    would refuse (its target, a rule with no slot left) or the node would not read (a
-    record larger than its `limits`: the owner's id, or the command the timer sends)."""
+    would refuse (its target, a rule with no slot left), what is plainly a caller's unit
+    mistake (a once rule's `at` in epoch seconds, `seconds_reason`) or what the node would
+    not read (a record larger than its `limits`: the owner's id, or the command the timer
+    sends)."""
     context, _, aggregate = put.target.type.partition(".")
     try:
         parts = {"context": context, "aggregate": aggregate, "tenant": owner.tenant}
@@ -211,6 +213,9 @@ def set_command(
         raise BadRequest(where, bad.message) from exc
     if (why := book_reason(book, body, now)) is not None:
         raise BadRequest("rule" if why.startswith("the rule") else "target", why)
+    if (why := seconds_reason(body.rule)) is not None:
+        # Named as a validation error names the field (`rule.once.at`).
+        raise BadRequest("rule.once.at", why)
     cmd = CommandEnvelope(
         request_id=put.request_id or new_request_id(),
         type=SET_TIMER,

@@ -26,7 +26,8 @@ a change that timed out (504, with the request id) with the same id.
 
 Errors are JSON `ApiError`s naming the wrong `field`: 400 for a request that cannot be
 sent (a body that is not JSON, does not validate or that the book would refuse: its rule
-has no slot left, its target is the book; or the node would not read: `command` for a
+has no slot left, its target is the book; a once rule's `at` in epoch seconds,
+`rule.once.at`; or the node would not read: `command` for a
 set past `TICKWHEEL_MAX_RECORD_BYTES`, `owner` past `TICKWHEEL_MAX_KEY_BYTES`; a wrong
 path), as on the job routes, 404 for a type that is no timer book here, 503 (with
 `Retry-After`) when the book's partition is busy or the broker did not take the command,
@@ -37,6 +38,7 @@ writes need the web token, as every action does.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -45,6 +47,7 @@ from pydantic import ValidationError
 
 from app.clients.timer_book import RULE_ENDED
 from app.errors import KafkaUnavailable
+from app.ops.deadline import stop_by
 from app.ops.json_answers import json_response
 from app.ops.timer_api import (
     ACTIONS,
@@ -233,12 +236,15 @@ class TimerRoutes:
         reader = node.clients.reader()
         try:
             await reader.start()
+            deadline = asyncio.get_running_loop().time() + self._wait_s
             try:
                 result = await submit(
                     node.producer, reader, cmd, node.settings.partitions, self._wait_s
                 )
             finally:
-                await reader.stop()
+                # The wait bounds the reader's stop too: librdkafka's closes after the
+                # read's call in flight, which a read cut at the deadline leaves waiting.
+                await stop_by(deadline, reader.stop(), "the results' reader")
         except KafkaUnavailable as exc:
             # Sent or not: the same request id, sent again, changes nothing more.
             return json_response(
