@@ -48,10 +48,12 @@ from app.protocol.wire import (
 from tables import AggregateRef, CommandSpec, CronRule, IntervalRule, OnceRule
 
 __all__ = [
+    "MAX_DECISION_RECORDS",
     "MAX_TRIGGER_REQUEST_ID",
     "AggregateType",
     "Command",
     "Decision",
+    "DecisionTooLarge",
     "Event",
     "Rejected",
     "aggregate_digest",
@@ -174,6 +176,14 @@ class Event:
 
 Command = CommandEnvelope
 
+MAX_DECISION_RECORDS: Final = 10_000
+"""The events and commands one decision may make (each is a record of its partition's one
+transaction)."""
+
+
+class DecisionTooLarge(ValueError):
+    """A handler made more than `MAX_DECISION_RECORDS` events and commands in one decision."""
+
 
 @dataclass(slots=True)
 class Decision:
@@ -189,9 +199,20 @@ class Decision:
     runtime, so that `send` fails in the handler, where a job's run counts it as failed."""
 
     def emit(self, type_: str, body: Mapping[str, Any] | BaseModel | None = None) -> None:
+        self._room()
         if isinstance(body, BaseModel):
             body = body.model_dump(mode="json")
         self.events.append((type_, dict(body or {})))
+
+    def _room(self) -> None:
+        """`DecisionTooLarge` once the decision holds `MAX_DECISION_RECORDS` events and
+        commands: raised in the handler, so its command is answered ERROR, nothing of it
+        written, before a loop in it grows one transaction (and the node's memory) without
+        bound."""
+        if len(self.events) + len(self.commands) >= MAX_DECISION_RECORDS:
+            raise DecisionTooLarge(
+                f"a decision makes at most {MAX_DECISION_RECORDS} events and commands"
+            )
 
     def schedule(
         self,
@@ -226,6 +247,7 @@ class Decision:
         command topic does not exist (a handler need not catch it: the command is answered
         ERROR, and a retry once the topic exists goes through).
         """
+        self._room()
         if self.unreachable is not None and (why := self.unreachable(target)) is not None:
             raise NoTarget(why)
         self.commands.append(

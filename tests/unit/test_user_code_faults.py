@@ -35,7 +35,7 @@ from pydantic import BaseModel, Field, ValidationError, model_validator
 from app.commands.processor import CommandProcessor, state_key
 from app.jobs import Job, JobRun, JobScope
 from app.kafka import Record
-from app.model.aggregate import AggregateType, Command, Decision
+from app.model.aggregate import MAX_DECISION_RECORDS, AggregateType, Command, Decision
 from app.model.decide import StoredAggregate, decide, fold
 from app.model.user_code import UserCodeFailed
 from app.protocol.wire import CommandEnvelope, EventEnvelope, ResultCode, encode
@@ -606,3 +606,44 @@ async def test_a_task_a_handler_returns_is_cancelled_with_its_refusal() -> None:
     for _ in range(5):
         await asyncio.sleep(0)
     assert STARTED == [], "the refused handler's task ran on"
+
+
+floods = AggregateType("shop", "flood", Counter)
+
+
+@floods.command("shop.Flood")
+def flood(state: Counter, cmd: Command, d: Decision) -> None:
+    for i in range(cmd.body["events"]):
+        d.emit("shop.Counted", {"to": i})
+    for _ in range(cmd.body["sends"]):
+        d.send(REF, "shop.Count", {})
+
+
+@floods.applies("shop.Counted")
+def flooded(state: Counter, e: Any) -> Counter:
+    return state.model_copy(update={"count": e.body["to"]})
+
+
+@pytest.mark.parametrize(
+    ("events", "sends", "code"),
+    [
+        (MAX_DECISION_RECORDS, 0, ResultCode.COMMITTED),
+        (MAX_DECISION_RECORDS - 1, 1, ResultCode.COMMITTED),
+        (MAX_DECISION_RECORDS + 1, 0, ResultCode.ERROR),
+        (MAX_DECISION_RECORDS, 1, ResultCode.ERROR),
+        (1_000_000, 0, ResultCode.ERROR),  # refused at the bound, not after a million
+    ],
+)
+async def test_a_decision_makes_a_bounded_number_of_records(
+    events: int, sends: int, code: ResultCode
+) -> None:
+    """One command emitting 100,000 events was one transaction of 100,002 records, the
+    loop held 5 s and 169 MiB; a million ran the node out of memory on every retake."""
+    proc, log, _ = on = on_log(floods)
+    body = {"events": events, "sends": sends}
+    await proc.handle([on.record("r-1", "shop.Flood", body, 0)])
+    [result] = log.last("results")
+    assert result["code"] == code
+    if code is ResultCode.ERROR:
+        assert f"at most {MAX_DECISION_RECORDS} events and commands" in result["message"]
+        assert on.stored() is None and len(log.last("dead-letters")) == 1
