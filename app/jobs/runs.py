@@ -1,23 +1,33 @@
 """A job instance's runs: the key of the timer that runs a failed slot again (`run_key`),
-its handler run as user code (`run_handler`), and whether a slot may be due under the
+which of those timers a new failure drops (`runs_to_drop`, `drop_oldest_runs`), its
+handler run as user code (`run_handler`), and whether a slot may be due under the
 instance's tick timer (`slot_reachable`). Used by `app.jobs.schedule`'s decisions."""
 
 from __future__ import annotations
 
-import hashlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import Final
 
-from app.jobs.declaration import RUN_KEY_PREFIX, Job, JobRun
-from app.jobs.schedule_state import ScheduleState
+from app.jobs.declaration import Job, JobRun
+from app.jobs.schedule_state import ScheduleState, run_key
 from app.log_limit import LogLimit
+from app.model.aggregate import Decision
 from app.model.decide import cut_message
 from app.model.user_code import not_awaitable, user_code
 from tables.exceptions import InvalidRule
 from tables.rules import parse_rule
 from tables.slots import reachable
 
-__all__ = ["run_handler", "run_key", "slot_reachable"]
+__all__ = [
+    "MAX_DROPS_PER_FAILURE",
+    "MAX_FAILED_RUNS",
+    "drop_oldest_runs",
+    "run_handler",
+    "run_key",
+    "runs_to_drop",
+    "slot_reachable",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -25,13 +35,49 @@ logger = logging.getLogger(__name__)
 # run tried again) would log thousands of tracebacks a second: per job and exception type,
 # the first in full, then one a minute with the count.
 _HANDLER_FAILURES = LogLimit()
+# A job failing every second drops a slot a second: a line a minute per job, with a count.
+_DROPS = LogLimit()
 
 
-def run_key(timer_id: str, slot: int) -> str:
-    """The key of the one-off timer that runs `slot` of the tick timer `timer_id` again:
-    `run:<digest of the timer id>#<slot>`, one per failed slot of an instance."""
-    digest = hashlib.blake2b(timer_id.encode(), digest_size=6).hexdigest()
-    return f"{RUN_KEY_PREFIX}{digest}#{slot}"
+MAX_FAILED_RUNS: Final = 100
+"""The failed slots an instance keeps to run again, by default: its newest. Each has a
+`run:` timer, retried, then parked until an operator retries or skips it; a job failing
+every minute for a week would otherwise leave some 10,000 parked timers that nothing
+removes. A slot failing past it drops the oldest (`runs_to_drop`)."""
+
+MAX_DROPS_PER_FAILURE: Final = 10
+"""The run timers one failed tick drops at most: more than `MAX_FAILED_RUNS` are named
+only by a state folded again from a log written before the bound (a rebuild), and one
+decision cancelling thousands at once would be a transaction of thousands of events.
+Each later failure drops as many, so the backlog drains."""
+
+
+def runs_to_drop(failed: Sequence[str], keep: int = MAX_FAILED_RUNS) -> list[str]:
+    """Of the run keys of an instance's failed slots (`ScheduleState.failed_runs`, oldest
+    first), those whose timers a new failure cancels: the oldest, so that with the new one
+    `keep` are left, `MAX_DROPS_PER_FAILURE` at most."""
+    over = len(failed) + 1 - keep
+    return list(failed[: min(max(over, 0), MAX_DROPS_PER_FAILURE)])
+
+
+def drop_oldest_runs(state: ScheduleState, d: Decision, keep: int, instance: object) -> None:
+    """On a slot's failure, the oldest failed slots past `keep` given up (`runs_to_drop`):
+    their run timers cancelled (PENDING, or PARKED in the failure ledger), so that a job
+    failing for weeks keeps its newest failures, not one parked timer per slot. Only a
+    slot still waiting is dropped: one that ran (`Ran`) left `failed_runs`."""
+    dropped = runs_to_drop(state.failed_runs, keep)
+    for key in dropped:
+        d.cancel_schedule(key)
+    if dropped and (more := _DROPS.check(state.job)) is not None:
+        logger.warning(
+            "%s: more than %d failed slots wait to run again: the oldest %d dropped (%s) "
+            "and will not run%s",
+            instance,
+            keep,
+            len(dropped),
+            ", ".join(dropped),
+            more,
+        )
 
 
 def run_handler(job: Job, run: JobRun, *, log_limit: LogLimit = _HANDLER_FAILURES) -> str | None:

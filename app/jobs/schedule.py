@@ -34,7 +34,7 @@ from app.jobs.declaration import (
     effective_rule,
     not_its_instance,
 )
-from app.jobs.runs import run_handler, run_key, slot_reachable
+from app.jobs.runs import MAX_FAILED_RUNS, drop_oldest_runs, run_handler, run_key, slot_reachable
 from app.jobs.schedule_state import ScheduleState, apply_schedule_event
 from app.model.aggregate import AggregateType, Command, Decision
 from app.protocol.wire import SCHEDULE_CANCELLED, SCHEDULE_SET, ResultCode
@@ -55,18 +55,22 @@ def schedule_aggregate(
     partitions: int,
     *,
     request_id_window_ms: int = DEFAULT_REQUEST_ID_WINDOW_MS,
+    max_failed_runs: int = MAX_FAILED_RUNS,
 ) -> AggregateType[ScheduleState]:
     """The model of `<context>.schedule`, deciding for `jobs` on a log of `partitions`,
     on a node that keeps applied request ids for `request_id_window_ms` (a Backfill of a
-    slot due before that window is refused: its live run may be forgotten)."""
+    slot due before that window is refused: its live run may be forgotten); an instance
+    keeps its newest `max_failed_runs` failed slots to run again (`runs_to_drop`)."""
     if partitions < 1:
         raise ValueError(f"partitions must be at least 1, got {partitions}")
+    if max_failed_runs < 1:
+        raise ValueError(f"max_failed_runs must be at least 1, got {max_failed_runs}")
     by_name: dict[str, Job] = {}
     for job in jobs:
         if job.name in by_name:
             raise ValueError(f"job {job.name!r} declared twice in {context}")
         by_name[job.name] = job
-    model = _ScheduleModel(context, by_name, partitions, request_id_window_ms)
+    model = _ScheduleModel(context, by_name, partitions, request_id_window_ms, max_failed_runs)
     agg = AggregateType(context, SCHEDULE, ScheduleState)
     agg.command(ENABLE)(model.enable)
     agg.command(RESCHEDULE)(model.reschedule)
@@ -93,12 +97,18 @@ def schedule_aggregate(
 
 class _ScheduleModel:
     def __init__(
-        self, context: str, jobs: Mapping[str, Job], partitions: int, window_ms: int
+        self,
+        context: str,
+        jobs: Mapping[str, Job],
+        partitions: int,
+        window_ms: int,
+        max_failed_runs: int,
     ) -> None:
         self.context = context
         self.jobs = jobs
         self.partitions = partitions
         self.window_ms = window_ms
+        self.max_failed_runs = max_failed_runs
 
     def enable(self, state: ScheduleState, cmd: Command, d: Decision) -> None:
         job = self._job_to_enable(cmd, d)
@@ -175,6 +185,8 @@ class _ScheduleModel:
             }
             d.emit(RUN_FAILED, {**slot_ref, "key": key, "error": error})
             d.schedule(key, OnceRule(at=d.now), CommandSpec(type=RUN, body=slot_ref))
+            # Past `max_failed_runs` waiting, the oldest failed slots are given up.
+            drop_oldest_runs(state, d, self.max_failed_runs, cmd.aggregate)
         try:
             rule = effective_rule(job.rule, state.override)
         except InvalidRule as exc:

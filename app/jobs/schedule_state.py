@@ -1,13 +1,16 @@
 """One job instance's state (`<context>.schedule/<instance>`) and how its events fold it:
-the job it runs, its override and rule, its current `tick` timer and the last slot it ran.
-The decisions that emit those events are `app.jobs.schedule`'s.
+the job it runs, its override and rule, its current `tick` timer, the last slot it ran
+and the `run:` timers of its failed slots not run yet. The decisions that emit those
+events are `app.jobs.schedule`'s.
 """
 
 from __future__ import annotations
 
+import hashlib
+from collections.abc import Mapping
 from typing import Any
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from app.jobs.declaration import (
     BACKFILLED,
@@ -16,6 +19,7 @@ from app.jobs.declaration import (
     RAN,
     RESCHEDULED,
     RUN_FAILED,
+    RUN_KEY_PREFIX,
     TICK_KEY,
     TICKED,
     TRIGGERED,
@@ -23,7 +27,19 @@ from app.jobs.declaration import (
 from app.model.aggregate import Event
 from app.protocol.wire import SCHEDULE_CANCELLED, SCHEDULE_SET
 
-__all__ = ["ScheduleState", "apply_schedule_event"]
+__all__ = ["ScheduleState", "apply_schedule_event", "run_key"]
+
+
+def run_key(timer_id: str, slot: int) -> str:
+    """The key of the one-off timer that runs `slot` of the tick timer `timer_id` again:
+    `run:<digest of the timer id>#<slot>`, one per failed slot of an instance. (Here, not
+    in `app.jobs.runs`, because the fold needs it to tell which failed slot a `Ran` ran.)"""
+    digest = hashlib.blake2b(timer_id.encode(), digest_size=6).hexdigest()
+    return f"{RUN_KEY_PREFIX}{digest}#{slot}"
+
+
+def _empty(value: object) -> bool:
+    return not value
 
 
 class ScheduleState(BaseModel):
@@ -43,21 +59,39 @@ class ScheduleState(BaseModel):
     """The last slot of `timer_id` that ran."""
     last_due_at: int | None = None
     """When the last slot that ran was due."""
+    failed_runs: list[str] = Field(default_factory=list, exclude_if=_empty)
+    """The keys of the `run:` timers of the failed slots not run yet, oldest first: at most
+    `app.jobs.runs.MAX_FAILED_RUNS` once a tick dropped the older ones (that is what keeps
+    a job failing for weeks from leaving a parked timer per slot for ever). Left out of the
+    JSON while empty, so a state without failures is stored and listed as before it
+    existed. A slot an operator skipped stays named until it is dropped (a skip is the
+    timer table's, no event of the instance): its cancel then changes nothing."""
 
 
 def apply_schedule_event(state: ScheduleState, e: Event) -> ScheduleState:
     """`state` after `e`: the applier of every event of `<context>.schedule`."""
     body = e.body
-    if e.type in (SCHEDULE_SET, SCHEDULE_CANCELLED) and body.get("key") != TICK_KEY:
-        return state  # another timer of this aggregate: not the tick's
+    key = body.get("key")
+    if e.type in (SCHEDULE_SET, SCHEDULE_CANCELLED) and key != TICK_KEY:
+        if e.type == SCHEDULE_CANCELLED and key in state.failed_runs:
+            # A failed slot's run timer dropped (`app.jobs.runs.runs_to_drop`).
+            return _without(state, key)
+        return state  # another timer of this aggregate: not the tick's, nor a failed run's
+    if e.type == RUN_FAILED:
+        failed = key if isinstance(key, str) else _run_key_of(body)
+        if failed is None or failed in state.failed_runs:
+            return state
+        return ScheduleState.model_validate(
+            {**state.model_dump(), "failed_runs": [*state.failed_runs, failed]}
+        )
+    if e.type == RAN:
+        ran = _run_key_of(body)
+        return state if ran is None else _without(state, ran)
     updates: dict[str, dict[str, Any]] = {
         ENABLED: {"job": body.get("job"), "enabled": True, "override": body.get("override")},
         RESCHEDULED: {"override": body.get("override")},
         DISABLED: {"enabled": False},
         TICKED: {"last_slot": body.get("slot"), "last_due_at": body.get("due_at")},
-        # A failed slot runs on its own timer: the instance's state does not wait for it.
-        RUN_FAILED: {},
-        RAN: {},
         # Runs outside the live schedule: its state stays as it was.
         TRIGGERED: {},
         BACKFILLED: {},
@@ -77,3 +111,17 @@ def apply_schedule_event(state: ScheduleState, e: Event) -> ScheduleState:
     # and a state holding `{"job": 5}` would fail every later command of the instance.
     # Raised here, the event is dead-lettered by `follow` and passed over by a restore.
     return ScheduleState.model_validate({**state.model_dump(), **update})
+
+
+def _run_key_of(body: Mapping[str, Any]) -> str | None:
+    """The run key of the slot a `RunFailed` or `Ran` names (its timer and slot)."""
+    timer_id, slot = body.get("timer_id"), body.get("slot")
+    if not isinstance(timer_id, str) or not isinstance(slot, int) or isinstance(slot, bool):
+        return None
+    return run_key(timer_id, slot)
+
+
+def _without(state: ScheduleState, key: str) -> ScheduleState:
+    if key not in state.failed_runs:
+        return state
+    return state.model_copy(update={"failed_runs": [k for k in state.failed_runs if k != key]})

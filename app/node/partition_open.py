@@ -78,7 +78,7 @@ async def open_partition(s: TaskShared, task: PartitionTask, topics: set[str]) -
             kept.store.status_counts(p)
         # After the restore (a full one drops p: a handle made before it is refused).
         handle = task.store = kept.store.partition(p)
-        handle.attach(_sink(txn))
+        handle.attach(_sink(txn, task))
         txn.rows_landed = handle.applied_through
         if unreadable:
             # Their letters commit in p's next transaction, and after each record, the row
@@ -116,12 +116,17 @@ async def _written_since(reader: LogReader, topic: str, p: int, start: int) -> b
     return False
 
 
-def _sink(txn: PartitionTransaction) -> ChangelogSink:
-    """p's changelog sink: each row buffered in its transaction (refused once abandoned)."""
+def _sink(txn: PartitionTransaction, task: PartitionTask) -> ChangelogSink:
+    """p's changelog sink: each row buffered in its transaction (refused once abandoned),
+    and the rows that were PARKED noted for p's firing, whose round takes their names out
+    of the ledger (`app.timers.unparked`: a cancel, a replace or an owner deleted would
+    leave them named for ever)."""
 
     async def sink(records: list[ChangelogRecord]) -> None:
         for r in records:
             txn.add(r.key, r.value, r.before)
+        if (firing := task.firing) is not None:
+            firing.unparked.note(r.before for r in records)
 
     return sink
 

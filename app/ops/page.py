@@ -3,9 +3,10 @@
 `GET /` shows what the node owns and how its partitions are (restoring, running,
 stalled), its timers per aggregate type, status and partition (read from its local
 timer stores with `TimerStore.census`), its parked timers, the whole cluster's failure
-ledger (every node follows the compacted ledger topic whole), each timer and entry with
-its last error (why it did not fire, #22), a search by owner id
-(`?owner=<id>&tenant=<tenant>`) and a chart of timer lateness over the last minutes.
+ledger (every node follows the compacted ledger topic whole; the newest entries shown,
+`app.ops.page_ledger`), each timer and entry with its last error (why it did not fire,
+#22), a search by owner id (`?owner=<id>&tenant=<tenant>`) and a chart of timer lateness
+over the last minutes.
 
 Retry and Skip are HTML forms posted to `/timers/retry` and `/timers/skip`: they go
 through Kafka exactly as `tickwheel timers retry|skip` does (`app.timers.operator`), to the
@@ -47,6 +48,7 @@ from app.ops.forms import (
 )
 from app.ops.letters import Letter
 from app.ops.node_report import NodeReport, StatusSource, collect_report, recent_p99
+from app.ops.page_ledger import ledger_rows
 from app.protocol.topics import parse_aggregate_type
 from app.protocol.wire import (
     TimerAction,
@@ -57,7 +59,7 @@ from app.timers.operator import (
     request_skip,
 )
 from tables import AggregateRef, StoreClosed, Timer
-from tables.ledger import FailureLedger, LedgerEntry
+from tables.ledger import FailureLedger
 from tables.partitioner import partition_of
 
 if TYPE_CHECKING:
@@ -170,13 +172,6 @@ class Acted:
 
 
 @dataclass(frozen=True)
-class _LedgerRow:
-    entry: LedgerEntry
-    types: list[str]
-    default_type: str
-
-
-@dataclass(frozen=True)
 class _OwnerPart:
     type_name: str
     partition: int
@@ -263,7 +258,8 @@ class OperatorPage:
             "parked_limit": PARKED_LIMIT,
             **(self.actions.context(view.jobs) if self.actions is not None else _NO_ACTIONS),
         }
-        context["ledger"] = await self._ledger()
+        # The newest entries only (`app.ops.page_ledger`): the ledger may hold thousands.
+        context["ledger"] = await ledger_rows(self._node.ledgers, sorted(node.types))
         context["letters"], context["letters_error"] = await self._letters()
         context["letters_limit"] = LETTERS_LIMIT
         return Rendered(200, _PAGE.render(context))
@@ -295,18 +291,6 @@ class OperatorPage:
         except KafkaUnavailable as exc:
             return [], f"the dead letters were not read: {exc}"
         return [(topic, x, when(x.timestamp)) for topic, x in found], ""
-
-    async def _ledger(self) -> list[_LedgerRow]:
-        types = sorted(self._node.types)
-        rows = []
-        for ledger in self._node.ledgers:
-            for entry in await ledger.entries():
-                name = entry.target.type_name
-                # The ledger names the target, not the owner type of the parked timers:
-                # the operator picks it (the target's own type first, the usual case).
-                default = name if name in types or not types else types[0]
-                rows.append(_LedgerRow(entry, types, default))
-        return sorted(rows, key=lambda r: (r.entry.subscription, str(r.entry.target)))
 
     async def _owner(self, owner: tuple[str, str], view: ClusterView) -> list[_OwnerPart]:
         """The owner's timers of each type: from the store when this node owns the

@@ -1,11 +1,11 @@
 """The failure ledger on Kafka: the compacted topic `<context>.failure-ledger`.
 
 One record per `(subscription, target)`: its key the JSON of both (orjson, sorted keys),
-its value the `LedgerEntry` as JSON, a tombstone once resolved. The topic is small (one
-record per parked target), so every node keeps all of it in memory: it reads the topic
-to its end on start and then follows it, and `entries()` answers from memory. A node's
-own writes are applied as soon as the broker acknowledged them, so it reads them back at
-once.
+its value the `LedgerEntry` as JSON, a tombstone once resolved (the records and the view
+of them: `app.timers.ledger_view`). The topic is small (one record per parked target), so
+every node keeps all of it in memory: it reads the topic to its end on start and then
+follows it, and `entries()` answers from memory. A node's own writes are applied as soon
+as the broker acknowledged them, so it reads them back at once.
 
 Which record of a key is newer is told by its offset; all records of one key sit in the
 same partition (Kafka's default partitioner on the key), so their offsets compare. A
@@ -19,28 +19,35 @@ another node's writes and every tombstone) and records again its PARKED timers o
 targets that the entry then does not name (`app.node.parked_names`). Retry and skip act
 on the store's PARKED rows, not on these names, so nothing is lost to an operator
 meanwhile.
+
+`forget` takes out of an entry the names of timers that are no longer PARKED (cancelled,
+replaced, deleted with their owner, retried or skipped), so that an entry names what an
+operator can still act on, and goes once nothing is left (`app.timers.unparked`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import heapq
-import itertools
 import logging
-from collections import defaultdict
-from collections.abc import Sequence
-from typing import Final, NamedTuple
-
-import orjson
-from pydantic import ValidationError
+import time
+from collections.abc import Collection, Sequence
+from typing import Final
 
 from app.errors import BadRecord, KafkaUnavailable
 from app.kafka import Clients, Publisher, Record
-from app.kafka.cluster import require_topic
 from app.kafka.records import refused
-from app.log_limit import LogLimit
 from app.protocol.topics import ContextTopics
+from app.timers.ledger_view import (
+    LedgerKey,
+    LedgerView,
+    decode_key,
+    decode_value,
+    encode_entry,
+    ledger_key,
+    read_ledger,
+)
+from app.timers.unparked import pruned_entry
 from tables.ledger import LedgerEntry, merged
 from tables.partitioner import partition_of
 from tables.refs import AggregateRef
@@ -61,169 +68,14 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 DEFAULT_TIMEOUT_MS: Final = 10_000
-"""How long `record` and `resolve` wait for the broker's acknowledgement."""
-
-
-class LedgerKey(NamedTuple):
-    subscription: str
-    target: AggregateRef
-
-
-def ledger_key(subscription: str, target: AggregateRef) -> bytes:
-    """The record key of `(subscription, target)`: the same bytes for the same pair."""
-    return orjson.dumps(
-        {"subscription": subscription, "target": target.model_dump(mode="json")},
-        option=orjson.OPT_SORT_KEYS,
-    )
-
-
-def encode_entry(entry: LedgerEntry) -> bytes:
-    return orjson.dumps(entry.model_dump(mode="json"), option=orjson.OPT_SORT_KEYS)
-
-
-def decode_key(key: bytes | None) -> LedgerKey:
-    """The pair a record key names; `BadRecord` for anything else."""
-    if key is None:
-        raise BadRecord("ledger record without a key")
-    try:
-        raw = orjson.loads(key)
-        if not isinstance(raw, dict) or set(raw) != {"subscription", "target"}:
-            raise BadRecord(f"ledger key is not {{subscription, target}}: {key[:200]!r}")
-        subscription = raw["subscription"]
-        if not isinstance(subscription, str) or not subscription:
-            raise BadRecord(f"ledger key without a subscription: {key[:200]!r}")
-        return LedgerKey(subscription, AggregateRef.model_validate(raw["target"]))
-    except (orjson.JSONDecodeError, ValidationError) as exc:
-        raise BadRecord(f"unreadable ledger key {key[:200]!r}: {exc}") from exc
-
-
-def decode_value(key: LedgerKey, value: bytes | None) -> LedgerEntry | None:
-    """The entry a record holds, None for a tombstone; `BadRecord` if it is unreadable or
-    names another pair than its key."""
-    if value is None:
-        return None
-    try:
-        entry = LedgerEntry.model_validate_json(value)
-    except ValidationError as exc:
-        raise BadRecord(f"unreadable ledger entry for {key.target}: {exc}") from exc
-    if (entry.subscription, entry.target) != key:
-        raise BadRecord(
-            f"ledger entry of {entry.subscription}/{entry.target} under the key of "
-            f"{key.subscription}/{key.target}"
-        )
-    return entry
-
-
-class _Held(NamedTuple):
-    partition: int
-    offset: int
-    entry: LedgerEntry | None
-
-
-class LedgerView:
-    """The ledger as read so far: per pair, the newest record by offset. No I/O.
-
-    A tombstone is kept (as None) until the follower read past it (`read_past`), so that
-    an older record read late (the read to the end and the follower overlap at start; a
-    node's own write is applied before the follower reads what came before it) cannot
-    bring a resolved entry back. Past it, the follower only reads newer records, so the
-    view holds the open entries and the tombstones still ahead of the follower.
-
-    `log_limit` bounds the lines about unreadable records (by default, one a minute after
-    the first).
-    """
-
-    def __init__(self, *, log_limit: LogLimit | None = None) -> None:
-        self._held: dict[LedgerKey, _Held] = {}
-        # Every node reads every bad record, again at each start (the topic is compacted,
-        # not emptied): the first in full, then a count, whoever wrote them.
-        self._bad_log = log_limit or LogLimit()
-        # Per partition, the tombstones held, by offset (a heap: own writes come early),
-        # then by when taken (a recreated topic's offsets repeat; keys do not compare).
-        self._tombstones: dict[int, list[tuple[int, int, LedgerKey]]] = defaultdict(list)
-        self._seq = itertools.count()
-
-    def apply(self, key: LedgerKey, partition: int, offset: int, entry: LedgerEntry | None) -> bool:
-        """Takes a record of `key` unless one as new or newer is held; whether it did."""
-        held = self._held.get(key)
-        # Offsets compare within one partition; a key found in another (the topic was
-        # recreated, or a foreign writer picked the partition) is taken as it comes.
-        if held is not None and held.partition == partition and held.offset >= offset:
-            return False
-        self._held[key] = _Held(partition, offset, entry)
-        if entry is None:
-            heapq.heappush(self._tombstones[partition], (offset, next(self._seq), key))
-        return True
-
-    def read_past(self, partition: int, offset: int) -> None:
-        """The follower read `partition` up to `offset`: what it reads next is newer than
-        the tombstones up to there, which are forgotten."""
-        heap = self._tombstones.get(partition)
-        while heap and heap[0][0] <= offset:
-            at, _, key = heapq.heappop(heap)
-            if self._held.get(key) == _Held(partition, at, None):
-                del self._held[key]
-
-    def __len__(self) -> int:
-        """How many pairs it holds (open entries and tombstones)."""
-        return len(self._held)
-
-    def apply_record(self, record: Record) -> bool:
-        """Takes a record read from the topic; an unreadable one is logged and skipped."""
-        try:
-            key = decode_key(record.key)
-            entry = decode_value(key, record.value)
-        except BadRecord as exc:
-            # Every node reads the whole ledger: a dead letter from each would be noise.
-            if (more := self._bad_log.check()) is not None:
-                logger.error(
-                    "skipping %s[%d]@%d: %s%s",
-                    record.topic,
-                    record.partition,
-                    record.offset,
-                    exc,
-                    more,
-                )
-            return False
-        return self.apply(key, record.partition, record.offset, entry)
-
-    def get(self, key: LedgerKey) -> LedgerEntry | None:
-        held = self._held.get(key)
-        return None if held is None else held.entry
-
-    def entries(self) -> list[LedgerEntry]:
-        """The open entries, by subscription and target."""
-        open_ = [h.entry for h in self._held.values() if h.entry is not None]
-        return sorted(open_, key=lambda e: (e.subscription, str(e.target)))
-
-
-async def read_ledger(
-    clients: Clients, context: str, partitions: int | None = None
-) -> list[LedgerEntry]:
-    """The open entries of `context`'s ledger as the topic has them now (for the CLI).
-
-    Creates no topic: `MissingTopic` when no worker of the context has run on this
-    broker. `partitions`, when given, is the count the topic must have.
-    """
-    view = LedgerView()
-    topic = ContextTopics(context).ledger
-    why = f"no worker of context {context} has run there"
-    have = await require_topic(clients.admin(), topic, why)
-    if partitions is not None and have != partitions:
-        raise KafkaUnavailable(f"topic {topic} has {have} partitions, expected {partitions}")
-    async with clients.reader() as reader:
-        for p in range(have):
-            async for batch in reader.read(topic, p, 0):
-                for record in batch:
-                    view.apply_record(record)
-    return view.entries()
+"""How long `record`, `resolve` and `forget` wait for the broker's acknowledgement."""
 
 
 class KafkaFailureLedger:
     """`tables.ledger.FailureLedger` on the context's compacted ledger topic.
 
     `start()` reads the topic to its end before it returns, then a task follows it;
-    `record` and `resolve` return once the broker acknowledged the write, and raise
+    `record`, `resolve` and `forget` return once the broker acknowledged the write, and raise
     (`KafkaUnavailable`, `TimeoutError`) when it did not: a park is then not written.
     The producer is the node's, started and stopped by it. `clients` makes the follower and
     the reader (`app.kafka.ports.Clients`).
@@ -356,11 +208,42 @@ class KafkaFailureLedger:
         logger.info("resolved the ledger entry of %s under %s", target, subscription)
         return True
 
+    async def forget(
+        self,
+        subscription: str,
+        target: AggregateRef,
+        gone: Collection[str],
+        parked: Sequence[Timer] = (),
+    ) -> bool:
+        """Takes the names `gone` out of the entry of `(subscription, target)` this node
+        knows and names `parked` in it (`pruned_entry`), in one write, a tombstone when nothing
+        is left; whether it wrote. An entry it does not know, or that names none of `gone`
+        (or only ones `parked` still has), is left as it is."""
+        key = LedgerKey(subscription, target)
+        async with self._lock:
+            known = self._view.get(key)
+            if known is None or (entry := pruned_entry(known, gone, parked)) is known:
+                return False
+            await self._write(key, entry)
+        left = () if entry is None else entry.timers
+        logger.info(
+            "the ledger entry of %s under %s named %d timer(s) no longer parked: %s",
+            target,
+            subscription,
+            len(set(known.timers) - set(left)),
+            "resolved" if entry is None else f"{len(left)} named now",
+        )
+        return True
+
     async def entry(self, subscription: str, target: AggregateRef) -> LedgerEntry | None:
         return self._view.get(LedgerKey(subscription, target))
 
     async def entries(self) -> list[LedgerEntry]:
         return self._view.entries()
+
+    async def dated(self) -> list[tuple[int, LedgerEntry]]:
+        """The open entries with when they were written, the newest first (`LedgerView`)."""
+        return self._view.dated()
 
     @property
     def held(self) -> int:
@@ -376,5 +259,7 @@ class KafkaFailureLedger:
             self._producer.send(self.topic, raw, value, None), self._timeout
         )
         partition = partition_of(raw.decode(), self._partitions)
-        if self._view.apply(key, partition, offset, entry) and entry is None:
+        # When it was written, as its record's timestamp says it to the nodes that read it.
+        at = time.time_ns() // 1_000_000
+        if self._view.apply(key, partition, offset, entry, at) and entry is None:
             self._taken(key)

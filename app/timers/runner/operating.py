@@ -286,11 +286,17 @@ async def tend_ledger(
     store: FiringStore, ledger: FailureLedger, chosen: Sequence[PartitionFiring], clock: Clock
 ) -> None:
     """A round's ledger work before its claims, for each partition of `chosen`: the entries
-    a cycle's request left to resolve (`resolve_pending`) and, at its firing's first round,
-    its PARKED timers that no open entry names (`name_unnamed`)."""
+    a cycle's request left to resolve (`resolve_pending`), the names of its timers no longer
+    PARKED (`Unparked.forget`) and, at its firing's first round, its PARKED timers that no
+    open entry names (`name_unnamed`)."""
     for f in chosen:
         if f.resolving:
             await resolve_pending(store, ledger, f, clock.now())
+        if f.unparked:
+            # After the outcome writes under way: a park records its entry, then its row.
+            await f.written()
+            subscription = TimerOptions.PARKED_SUBSCRIPTION
+            await f.unparked.forget(store_of((f,), store), ledger, subscription, clock.now())
         if f.naming_at is not None:
             await name_unnamed(store, ledger, f, clock.now())
 

@@ -28,6 +28,7 @@ from app.timers.runner.options import TimerOptions
 from app.timers.runner.ports import FiringStore
 from app.timers.runner.round_state import RoundState
 from app.timers.runner.wheel import Wheel
+from app.timers.unparked import Unparked
 from tables.partitioner import partition_of
 from tables.refs import AggregateRef
 from tables.timer import Timer, TimerStatus
@@ -129,6 +130,10 @@ class PartitionFiring:
         # Not tried again before (runner's clock, ms): the last try failed, or found no
         # entry where one was expected.
         self.resolve_after = 0
+        # Its rows that left PARKED by any write (a cancel, a replace, an owner deleted),
+        # noted by its changelog sink: its next round takes their names out of the ledger
+        # (`app.timers.unparked`; `operating.tend_ledger`).
+        self.unparked = Unparked(partition)
         # When its PARKED timers are next checked for an open ledger entry
         # (`operating.name_unnamed`; runner's clock, ms): at its first round when its
         # owner asks, None once done.

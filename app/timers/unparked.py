@@ -1,0 +1,199 @@
+"""The ledger names of timers that left PARKED other than by an operator's retry or skip,
+taken out of their entries (`Unparked`).
+
+A park records its target's entry (naming the timer), and an operator's retry or skip
+resolves it (`app.timers.runner.operating`). A PARKED row may also leave PARKED by its
+owner's hand: a `wow.ScheduleCancelled` of its key (a job dropping its oldest failed
+slot, `app.jobs.runs.runs_to_drop`), a `wow.ScheduleSet` of its key replacing it, its
+owner deleted. Nothing then told the ledger: the entry named the timer for ever, and once
+it named only such timers, the target stayed on the operator page with nothing to retry.
+
+A partition's changelog sink sees every write of its rows with the row it replaced
+(`ChangelogRecord.before`): `note` keeps those that were PARKED, by target, and the
+partition's next round (`forget`), once the outcome writes under way are done (a park's
+row written after its record), takes their names out of the entries of their targets,
+passing over any PARKED again by then (a retried timer that failed again keeps its request
+id), and names the target's PARKED timers of the partition (`pruned_entry`, written by
+`KafkaFailureLedger.forget` in one write, a tombstone when nothing is left). Should a
+write noted roll back (its commit failed), its row is PARKED again with its name taken
+out: the partition is then taken afresh, and its first round names its PARKED timers no
+entry names (`name_unnamed`).
+
+Notes are bounded (`MAX_NOTED`): one dropped leaves a name in its entry, as before, never
+a PARKED timer unnamed.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Collection, Iterable, Sequence
+from typing import Final, Protocol, runtime_checkable
+
+from tables.ledger import FailureLedger, LedgerEntry, merged
+from tables.refs import AggregateRef
+from tables.timer import Timer, TimerStatus
+
+__all__ = [
+    "MAX_NOTED",
+    "RETRY_AFTER_MS",
+    "Forgetting",
+    "ParkedRows",
+    "Unparked",
+    "forget_unparked",
+    "pruned_entry",
+]
+
+logger = logging.getLogger(__name__)
+
+MAX_NOTED: Final = 10_000
+"""The names a partition keeps to take out of the ledger at most; past it, notes are
+dropped (their names stay in their entries, as before this existed)."""
+
+RETRY_AFTER_MS: Final = 10_000
+"""How long a partition whose `forget` failed (the ledger did not answer) waits to try
+again: its rounds are not held up by a ledger that does not answer."""
+
+
+def pruned_entry(
+    known: LedgerEntry, gone: Collection[str], parked: Sequence[Timer]
+) -> LedgerEntry | None:
+    """`known` without the names of `gone` (timers no longer PARKED: cancelled, replaced,
+    deleted with their owner, retried, skipped), with `parked` (the target's PARKED timers
+    where the caller looked) named; None when it names nothing then; `known` itself when
+    none of `gone` is named but by a timer `parked` still has (nothing to write).
+
+    A name taken out makes room: `truncated` is cleared, and the PARKED timers it did not
+    name are named again, `parked` here and each other node's by `app.node.parked_names`
+    when it follows this write (the names stay within `MAX_NAMED`, as `merged` keeps them).
+    """
+    still = {t.request_id for t in parked}
+    names = tuple(n for n in known.timers if n not in gone or n in still)
+    if len(names) == len(known.timers):
+        return known
+    entry = merged(
+        known.model_copy(update={"timers": names, "truncated": False}),
+        known.subscription,
+        known.target,
+        parked,
+    )
+    return entry if entry.timers or entry.truncated else None
+
+
+@runtime_checkable
+class Forgetting(Protocol):
+    """A ledger that writes an entry's names back itself (`KafkaFailureLedger.forget`)."""
+
+    async def forget(
+        self,
+        subscription: str,
+        target: AggregateRef,
+        gone: Collection[str],
+        parked: Sequence[Timer] = (),
+    ) -> bool: ...
+
+
+async def forget_unparked(
+    ledger: FailureLedger,
+    subscription: str,
+    target: AggregateRef,
+    gone: Collection[str],
+    parked: Sequence[Timer],
+) -> bool:
+    """The names `gone` taken out of the entry of `(subscription, target)`, `parked` named
+    (`pruned_entry`); whether the ledger was written. A ledger that can only record and
+    resolve (the memory one: no I/O between its calls) is resolved and `parked` recorded
+    again, only when the entry names nothing else: it cannot write back the names of
+    timers the caller did not look at (another partition's), so such an entry stays."""
+    if isinstance(ledger, Forgetting):
+        return await ledger.forget(subscription, target, gone, parked)
+    known = await ledger.entry(subscription, target)
+    if known is None or (entry := pruned_entry(known, gone, parked)) is known:
+        return False
+    if entry is not None and not set(entry.timers) <= {t.request_id for t in parked}:
+        return False
+    await ledger.resolve(subscription, target)
+    if parked:
+        await ledger.record(subscription, target, parked)
+    return True
+
+
+class ParkedRows(Protocol):
+    """What `forget` reads of the partition's store: a target's PARKED rows."""
+
+    async def parked(self, target: AggregateRef) -> list[Timer]: ...
+
+
+class Unparked:
+    """One partition's timers that left PARKED, by target, waiting to be taken out of the
+    ledger by its round (see the module). Its owner's: one partition, one event loop."""
+
+    def __init__(self, partition: int, *, limit: int = MAX_NOTED) -> None:
+        self.partition = partition
+        self._limit = limit
+        self._names: dict[AggregateRef, set[str]] = {}
+        self._count = 0
+        self.dropped = 0
+        """Notes not kept (`MAX_NOTED`): their names stay in their entries."""
+        self.after = 0
+        """Not tried again before then (the runner's clock), after a failure."""
+
+    def __len__(self) -> int:
+        return self._count
+
+    def note(self, before: Iterable[Timer | None]) -> None:
+        """Of the rows a write replaced (`ChangelogRecord.before`), keeps those that were
+        PARKED (whatever they became: the round looks at what they are then)."""
+        for row in before:
+            if row is None or row.status is not TimerStatus.PARKED:
+                continue
+            if row.partition != self.partition:
+                continue  # another partition's round answers for it
+            names = self._names.get(row.target)
+            if names is not None and row.request_id in names:
+                continue
+            if self._count >= self._limit:
+                self.dropped += 1
+                continue
+            self._names.setdefault(row.target, set()).add(row.request_id)
+            self._count += 1
+
+    async def forget(
+        self, store: ParkedRows, ledger: FailureLedger, subscription: str, now: int
+    ) -> int:
+        """Takes the names noted out of their targets' entries under `subscription`; how
+        many entries it wrote. The caller waits first for the partition's outcome writes
+        under way (`PartitionFiring.written`): a park of one of them records its entry
+        before it writes its row. A failure keeps what is left for `RETRY_AFTER_MS`."""
+        if not self._names or now < self.after:
+            return 0
+        written = 0
+        while self._names:
+            # Taken out first: a note of this target made while the ledger is awaited
+            # starts a set of its own, for the next round.
+            target, gone = next(iter(self._names.items()))
+            del self._names[target]
+            self._count -= len(gone)
+            try:
+                rows = await store.parked(target)
+                parked = [t for t in rows if t.partition == self.partition]
+                if await forget_unparked(ledger, subscription, target, gone, parked):
+                    written += 1
+            except Exception as exc:
+                self._keep(target, gone)
+                self.after = now + RETRY_AFTER_MS
+                logger.warning(
+                    "partition %d: the ledger names of %d timer(s) no longer parked not "
+                    "taken out yet (%d waiting): %r",
+                    self.partition,
+                    len(gone),
+                    self._count,
+                    exc,
+                )
+                break
+        return written
+
+    def _keep(self, target: AggregateRef, gone: set[str]) -> None:
+        names = self._names.setdefault(target, set())
+        before = len(names)
+        names |= gone
+        self._count += len(names) - before
