@@ -49,9 +49,15 @@ MAX_NOTED: Final = 10_000
 """The names a partition keeps to take out of the ledger at most; past it, notes are
 dropped (their names stay in their entries, as before this existed)."""
 
-RETRY_AFTER_MS: Final = 10_000
-"""How long a partition whose `forget` failed (the ledger did not answer) waits to try
-again: its rounds are not held up by a ledger that does not answer."""
+RETRY_AFTER_MS: Final = 30_000
+"""How long after its round began a partition whose `forget` failed (the ledger did not
+answer) waits to try again: longer than a ledger write's own timeout (10 s), so that a
+ledger that does not answer holds up one round in three at most, not every one."""
+
+TARGETS_PER_ROUND: Final = 20
+"""The entries one round writes at most (each a ledger write acknowledged): a partition
+whose owners cancelled thousands of parked timers at once takes them out over its next
+rounds, none of them held up for long."""
 
 
 def pruned_entry(
@@ -167,7 +173,9 @@ class Unparked:
         if not self._names or now < self.after:
             return 0
         written = 0
-        while self._names:
+        for _ in range(TARGETS_PER_ROUND):
+            if not self._names:
+                break
             # Taken out first: a note of this target made while the ledger is awaited
             # starts a set of its own, for the next round.
             target, gone = next(iter(self._names.items()))

@@ -26,7 +26,13 @@ from app.protocol.wire import ResultCode
 from app.timers.ledger import KafkaFailureLedger
 from app.timers.runner import SendResult, TimerOptions, TimerRunner
 from app.timers.runner.options import RetryPolicy
-from app.timers.unparked import RETRY_AFTER_MS, Unparked, forget_unparked, pruned_entry
+from app.timers.unparked import (
+    RETRY_AFTER_MS,
+    TARGETS_PER_ROUND,
+    Unparked,
+    forget_unparked,
+    pruned_entry,
+)
 from tables import open_timer_store
 from tables.ledger import MAX_NAMED, FailureLedger, LedgerEntry, MemoryFailureLedger
 from tables.refs import AggregateRef
@@ -291,4 +297,25 @@ async def test_a_ledger_that_does_not_answer_keeps_the_notes_for_later() -> None
     assert await notes.forget(store, ledger, SUB, T0 + 1) == 0, "waits"
     assert await notes.forget(store, ledger, SUB, T0 + RETRY_AFTER_MS) == 1
     assert len(notes) == 0 and await ledger.entries() == []
+    await store.close()
+
+
+async def test_a_round_writes_a_bounded_number_of_entries() -> None:
+    """Owners that cancelled thousands of parked timers of as many targets at once: each
+    round writes `TARGETS_PER_ROUND` entries at most (each an acknowledged ledger write),
+    the rest in the next rounds, so none of them is held up for long."""
+    notes = Unparked(0)
+    store = open_timer_store("memory://", partitions=1)
+    ledger = MemoryFailureLedger()
+    targets = [TARGET.model_copy(update={"id": f"i-{n}"}) for n in range(TARGETS_PER_ROUND + 5)]
+    rows = [
+        parked(n).model_copy(update={"target": t, "id": f"t-{n}"}) for n, t in enumerate(targets)
+    ]
+    for row in rows:
+        await ledger.record(SUB, row.target, [row])
+    notes.note(rows)
+    assert await notes.forget(store, ledger, SUB, T0) == TARGETS_PER_ROUND
+    assert len(await ledger.entries()) == 5 and len(notes) == 5
+    assert await notes.forget(store, ledger, SUB, T0) == 5
+    assert await ledger.entries() == [] and len(notes) == 0
     await store.close()
