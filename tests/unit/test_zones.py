@@ -5,6 +5,8 @@ job's slot twice in a day, or not at all."""
 
 from __future__ import annotations
 
+import copy
+import pickle
 import shutil
 import zoneinfo
 from collections.abc import Iterator
@@ -33,13 +35,13 @@ def forged_system_zones(tmp_path: Path) -> Iterator[None]:
     with resources.as_file(resources.files(tzdata).joinpath("zoneinfo", "Asia", "Tokyo")) as tokyo:
         shutil.copy(tokyo, berlin)
     zoneinfo.reset_tzpath(to=[str(tmp_path)])
-    zones.zone.cache_clear()
+    zones.forget_zones()
     _zone_ok.cache_clear()
     try:
         yield
     finally:
         zoneinfo.reset_tzpath()
-        zones.zone.cache_clear()
+        zones.forget_zones()
         _zone_ok.cache_clear()
 
 
@@ -67,3 +69,28 @@ def test_only_the_packages_zone_names_are_zones() -> None:
     assert zones.zone("Europe/Berlin") is zones.zone("Europe/Berlin")
     assert str(zones.zone("Europe/Berlin")) == "Europe/Berlin"
     assert zones.IANA_VERSION == tzdata.IANA_VERSION
+    # Copied and pickled by name, as ZoneInfo(name) is (one read from a file is not).
+    moment = datetime(2026, 1, 1, tzinfo=zones.zone("Europe/Berlin"))
+    assert copy.deepcopy(moment) == moment
+    assert pickle.loads(pickle.dumps(moment)).tzinfo is zones.zone("Europe/Berlin")
+
+
+def test_a_zone_only_the_system_holds_is_still_a_zone(tmp_path: Path) -> None:
+    """A zone the package lacks (a newer system database) is read from the system, as
+    before: a stored timer of it is kept on a restore, never refused as no Timer."""
+    mars = tmp_path / "Mars" / "Olympus_Mons"
+    mars.parent.mkdir()
+    with resources.as_file(resources.files(tzdata).joinpath("zoneinfo", "Asia", "Tokyo")) as tokyo:
+        shutil.copy(tokyo, mars)
+    zoneinfo.reset_tzpath(to=[str(tmp_path)])
+    zones.forget_zones()
+    _zone_ok.cache_clear()
+    try:
+        assert "Mars/Olympus_Mons" in zones.zone_names() and _zone_ok("Mars/Olympus_Mons")
+        rule = CronRule(expr="0 9 * * *", zone="Mars/Olympus_Mons")
+        slot = first_slot(rule, _ms(2026, 1, 10, 0, 0))
+        assert slot is not None and slot.due_at == _ms(2026, 1, 10, 0, 0), "09:00 at +9"
+    finally:
+        zoneinfo.reset_tzpath()
+        zones.forget_zones()
+        _zone_ok.cache_clear()
