@@ -45,9 +45,10 @@ class StatusView:
         self._partitions = partitions
         self._clock = clock
         self._held: dict[tuple[str, bytes], tuple[int, NodeReport]] = {}
-        # Per key whose newest record is a report of any group: its offset and time, the
-        # oldest written first (bounded as `_held`): what `silent` picks from.
-        self._heard: dict[tuple[str, bytes], tuple[int, int]] = {}
+        # Per key whose newest record is a report of any group: its offset, its time, and
+        # this node's clock when it was read (None without a clock), the oldest written
+        # first (bounded as `_held`): what `silent` picks from.
+        self._heard: dict[tuple[str, bytes], tuple[int, int, int | None]] = {}
         self._applied = 0
         self.max_keys = MAX_HELD_KEYS
         self.dropped = 0
@@ -106,14 +107,24 @@ class StatusView:
             return  # read again (`start` and the follower overlap): the newer one holds
         self._heard.pop((topic, key), None)
         if report is not None:
-            self._heard[(topic, key)] = (offset, report.at)
+            read_at = None if self._clock is None else self._clock()
+            self._heard[(topic, key)] = (offset, report.at, read_at)
             while len(self._heard) > self.max_keys:
                 self._heard.pop(next(iter(self._heard)))
 
     def silent(self, now: int) -> list[tuple[str, bytes]]:
         """The (topic, key)s whose newest record is a report, of any group, written more
-        than `PURGE_MS` before `now`: nodes gone without their tombstones."""
-        return [k for k, (_, at) in self._heard.items() if now - at > PURGE_MS]
+        than `PURGE_MS` before `now`, and read here more than `FORGET_MS` ago: nodes gone
+        without their tombstones. Both: a reader whose clock runs a day ahead of the
+        others' finds every live node's report a day old (its time is its writer's clock),
+        but never one it read an hour ago (a live node reports every few seconds, and the
+        moment it was read is this reader's own clock); so a node that just started
+        purges nothing for its first hour."""
+        return [
+            k
+            for k, (_, at, read_at) in self._heard.items()
+            if now - at > PURGE_MS and (read_at is None or now - read_at > FORGET_MS)
+        ]
 
     def sweep(self, now: int) -> None:
         """Lets the reports past `FORGET_MS` go: never shown again unless rewritten."""

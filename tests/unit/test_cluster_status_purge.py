@@ -67,7 +67,12 @@ async def test_nodes_silent_past_the_window_are_tombstoned_whatever_their_group(
     await join(log, "dead-other-group", T0, None, group="g2")
     await join(log, "forgotten", T0 + PURGE_MS - FORGET_MS, None)
     later = T0 + PURGE_MS + 1
-    a_node, a = await join(log, "node-a", later, running)  # its start publishes, and purges
+    a_node, a = await join(log, "node-a", later, running)  # its start publishes
+    # Nothing purged in its first hour: a report it read is a day old by its clock alone.
+    assert last_records(log)[b"dead-1"] is not None
+    later += FORGET_MS + 1
+    a_node.clock.t = later
+    assert await a.publish()  # and purges
 
     newest = last_records(log)
     assert newest[b"dead-1"] is None and newest[b"dead-other-group"] is None
@@ -76,14 +81,17 @@ async def test_nodes_silent_past_the_window_are_tombstoned_whatever_their_group(
     assert [r.node for r in a.reports()] == ["node-a"]
     assert a.view.silent(later) == []
     # A node started now reads the topic whole: the dead ids are gone from its view too.
-    _, b = await join(log, "node-b", later, running)
+    b_node, b = await join(log, "node-b", later, running)
     assert {r.node for r in b.reports()} == {"node-a", "node-b"}
     assert b.view.silent(later) == []
     assert await a.purge() == 0  # nothing left to tombstone: nothing written again
     assert await b.purge() == 0
 
     # A day later "forgotten" goes too, and the live nodes stay.
-    a_node.clock.t = T0 + 2 * PURGE_MS
+    a_node.clock.t = b_node.clock.t = T0 + 2 * PURGE_MS
+    assert await b.publish()
+    for r in await a._contexts["shop"].follower.poll(timeout_ms=10):
+        a.view.apply(r.topic, r.key, r.offset, r.value)  # b heard a minute ago
     assert await a.publish()
     newest = last_records(log)
     assert newest[b"forgotten"] is None
@@ -98,7 +106,10 @@ async def test_a_node_that_writes_again_is_back_and_records_that_are_no_report_s
     await log.publisher().send(TOPIC, b"someone-else", b"not a report", 0)
     await log.publisher().send(TOPIC, b"node-e", b"another producer's, under its key", 0)
     later = T0 + PURGE_MS + 1
-    _, a = await join(log, "node-a", later, running)
+    a_node, a = await join(log, "node-a", later, running)
+    later += FORGET_MS + 1
+    a_node.clock.t = later
+    assert await a.publish()
     assert last_records(log)[b"node-d"] is None
     assert last_records(log)[b"someone-else"] == b"not a report"  # not ours to delete
     assert last_records(log)[b"node-e"] == b"another producer's, under its key"
@@ -119,7 +130,11 @@ async def test_many_dead_ids_are_tombstoned_a_batch_per_publish(
     for n in range(dead):
         await join(log, f"pod-{n:03}", T0, None)
     later = T0 + PURGE_MS + 1
-    _, a = await join(log, "node-a", later, running)
+    a_node, a = await join(log, "node-a", later, running)
+    assert a.view.silent(later) == []  # its first hour
+    later += FORGET_MS + 1
+    a_node.clock.t = later
+    assert await a.publish()
     assert len(a.view.silent(later)) == dead - PURGE_BATCH
     assert await a.publish() and await a.publish()
     assert a.view.silent(later) == []
@@ -147,3 +162,21 @@ def test_the_view_picks_the_keys_silent_past_the_window_in_the_order_written() -
     view.max_keys = 1
     view.apply(TOPIC, b"d", 5, report("d", T0))
     assert view.silent(T0 + 2 * PURGE_MS) == [(TOPIC, b"d")]  # held at most max_keys
+
+
+async def test_a_reader_whose_clock_runs_a_day_ahead_purges_no_live_node(
+    log: MemoryLog, running: list[ClusterStatus]
+) -> None:
+    """A live node's report is a day old by a reader whose clock runs a day ahead; but it
+    was read a moment ago, by that reader's own clock: never tombstoned (a review found
+    every live node tombstoned at each of such a reader's publishes)."""
+    live_node, live = await join(log, "live", T0, running)
+    ahead_node, ahead = await join(log, "ahead", T0 + PURGE_MS + 1, running)
+    for step in range(1, 4):
+        live_node.clock.t = T0 + step * FORGET_MS
+        ahead_node.clock.t = T0 + PURGE_MS + 1 + step * FORGET_MS
+        assert await live.publish()
+        for r in await ahead._contexts["shop"].follower.poll(timeout_ms=10):
+            ahead.view.apply(r.topic, r.key, r.offset, r.value)
+        assert await ahead.publish()
+        assert last_records(log)[b"live"] is not None
