@@ -9,6 +9,10 @@ own fault (`app.errors.node_fault`), so one record asking for a huge allocation 
 retake its partition for ever; and an exception whose text cannot be read would fail the
 very code that writes its dead letter. The worker takes SIGINT and SIGTERM through its
 event loop (`app.cli.worker`), so no `KeyboardInterrupt` met here comes from a signal.
+
+Each block run on the main thread is the current invocation while it runs (`current`):
+the node's watchdog (`app.node.user_code_watch`) ends one that overruns its time with
+`UserCodeTimeout`, raised in it.
 """
 
 from __future__ import annotations
@@ -16,36 +20,82 @@ from __future__ import annotations
 import asyncio
 import inspect
 from collections.abc import Callable
+from threading import get_ident, main_thread
+from time import monotonic
 from typing import Any
 
-__all__ = ["UserCodeFailed", "not_awaitable", "plain_function", "user_code"]
+__all__ = [
+    "UserCodeFailed",
+    "UserCodeTimeout",
+    "current",
+    "not_awaitable",
+    "plain_function",
+    "user_code",
+]
+
+_MAIN_THREAD = main_thread().ident
+"""Only the main thread's user code is watched: the watchdog's signal interrupts it alone."""
 
 
 class UserCodeFailed(Exception):
     """User code raised what its record answers for, but no caller could take as it was."""
 
 
+class UserCodeTimeout(Exception):
+    """User code ran past the node's handler timeout (`TICKWHEEL_HANDLER_TIMEOUT_MS`) and
+    was interrupted: its record's failure (answered ERROR, dead-lettered), not the node's."""
+
+    def __init__(self, what: str, ran_s: float, timeout_s: float) -> None:
+        super().__init__(
+            f"{what} ran for {ran_s:.2f} s, past the handler timeout of {timeout_s:g} s "
+            "(TICKWHEEL_HANDLER_TIMEOUT_MS): interrupted"
+        )
+        self.what = what
+        self.ran_s = ran_s
+
+
 class user_code:
     """Runs a `with` block as user code (`whose` and `name` say whose, for the message,
     formatted on a failure only): an `Exception` it raises passes unchanged when its text
     can be read; anything else is `UserCodeFailed` (the original as its cause). A class,
-    not a generator: it runs once a command and once an event folded (#20)."""
+    not a generator: it runs once a command and once an event folded (#20).
 
-    __slots__ = ("name", "whose")
+    On the main thread the block is the current invocation (`current`) from its start
+    (`started`, monotonic) until it ends, when the one it was nested in is again."""
+
+    __slots__ = ("_outer", "name", "started", "whose")
+    # Set by `__enter__` on the main thread only, read only while it is `current`: not
+    # set at construction, one object made per command decided.
+    _outer: user_code | None
+    started: float
 
     def __init__(self, whose: str, name: str = "") -> None:
         self.whose = whose
         self.name = name
 
+    @property
+    def what(self) -> str:
+        """Whose code this is, as messages name it."""
+        return f"{self.whose} {self.name}".strip()
+
     def __enter__(self) -> None:
-        return None
+        # On the hot path (twice per command decided): a few assignments. The slot is set
+        # last, so an interruption before it leaves the slot as it was.
+        global _current
+        if get_ident() == _MAIN_THREAD and _current is not self:
+            self._outer = _current
+            self.started = monotonic()
+            _current = self
 
     def __exit__(
         self, kind: type[BaseException] | None, exc: BaseException | None, tb: object
     ) -> None:
+        global _current
+        if _current is self:  # first: whatever follows, the watch never sees it run on
+            _current = self._outer
         if exc is None:
             return
-        what = f"{self.whose} {self.name}".strip()
+        what = self.what
         if isinstance(exc, MemoryError):
             raise UserCodeFailed(f"{what} ran out of memory: {_text(exc)}") from exc
         if isinstance(exc, Exception):
@@ -55,6 +105,15 @@ class user_code:
                 f"{what} raised {type(exc).__name__} (its text cannot be read)"
             ) from exc
         raise UserCodeFailed(f"{what} raised {type(exc).__name__}: {_text(exc)}") from exc
+
+
+_current: user_code | None = None
+"""The main thread's user code running now (the innermost), or None."""
+
+
+def current() -> user_code | None:
+    """The main thread's user code running now (the innermost block), or None."""
+    return _current
 
 
 def plain_function(fn: Callable[..., Any], what: str) -> None:

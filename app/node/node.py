@@ -40,6 +40,7 @@ from app.node.polling import poll_loop
 from app.node.settings import Settings
 from app.node.suspension import SuspensionWatch
 from app.node.task_id import TaskId
+from app.node.user_code_watch import UserCodeWatch, watch_user_code
 from app.protocol.topics import parse_aggregate_type
 from app.service import Service
 from app.timers.ledger import KafkaFailureLedger
@@ -129,6 +130,7 @@ class Node:
             settings.kafka, registry=self.metrics.registry, probe=self._admin.probe
         )
         self.reader = self.clients.reader()
+        self._watch: UserCodeWatch | None = None
 
     @property
     def restoring(self) -> frozenset[int]:
@@ -241,11 +243,14 @@ class Node:
             close_deadline_s=s.close_deadline_s,
         )
         await self._consumer.start()
+        # From here partitions may be given, and their user code runs: it is timed.
+        self._watch = watch_user_code(s.handler_timeout_ms / 1000)
 
     async def stop(self) -> None:
         """Stops everything the node runs, each part whatever another's stop raised (a
         consumer stopped while the broker is away re-raises its fetcher's cancellation);
         the stores are closed last, always."""
+        self._unwatch()  # first, whatever a part's stop raises
         for kept in self.types.values():
             await _stopping(f"{kept.name} runner", kept.runner.stop_all())
             await _stopping(f"{kept.name} loop", kept.loop.stop())
@@ -322,6 +327,14 @@ class Node:
             # The partitions' workers stop with the loop (their tasks close in `stop`).
             for partition_task in [*self._tasks.values(), *self.tasks.closing]:
                 await partition_task.stop_input()
+            # Its work stopped, no user code of the node runs: a node left unstopped (a
+            # failed run) holds the process's watch (and its signal) no longer.
+            self._unwatch()
+
+    def _unwatch(self) -> None:
+        if self._watch is not None:
+            self._watch.stop()
+            self._watch = None
 
     def _runners_of(self, context: str) -> list[TimerRunner]:
         return [k.runner for k in self.types.values() if k.topics.context == context]

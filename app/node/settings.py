@@ -34,7 +34,6 @@ from typing import Any, Final, Literal
 
 import orjson
 from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
-from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from app.errors import ConfigError
@@ -43,6 +42,7 @@ from app.kafka.clients import KafkaClient, client_missing
 from app.kafka.connection import KafkaConnection, SaslMechanism, SecurityProtocol
 from app.kafka.consumers import rebalance_timeout_ms
 from app.kafka.records import Replication
+from app.node.settings_sources import VariablesSource, explain, utf8
 from app.node.variables import ENV_FILE_VARIABLE, TOOLING_VARIABLES, VARIABLES, read_variables
 from app.protocol.limits import (
     DEFAULT_MAX_KEY_BYTES,
@@ -55,6 +55,7 @@ from app.protocol.topics import parse_aggregate_type
 from app.timers.runner.options import YEAR_MS, TimerOptions
 
 __all__ = [
+    "DEFAULT_HANDLER_TIMEOUT_MS",
     "ENV_FILE_VARIABLE",
     "LOG_FORMATS",
     "LOG_LEVELS",
@@ -65,6 +66,8 @@ __all__ = [
     "LogLevel",
     "Settings",
 ]
+
+DEFAULT_HANDLER_TIMEOUT_MS: Final = 5_000
 
 WEB_URL_PATTERN: Final = r"^https?://[^\s/?#\"'<>\\]+[^\s\"'<>\\]*$"
 """A node page's address as pages link to it: http(s) with a host, nothing a link could
@@ -128,6 +131,13 @@ class Settings(BaseSettings):
     max_state_bytes: int = Field(default=DEFAULT_MAX_STATE_BYTES, ge=1024, le=MAX_STATE_BYTES)
     """An aggregate's stored state at most (at least `max_record_bytes`): a command whose
     decision would grow it past is answered ERROR; the log's events are folded whatever."""
+    handler_timeout_ms: int = Field(default=DEFAULT_HANDLER_TIMEOUT_MS, ge=100, le=600_000)
+    """How long one run of user code (a handler, the appliers of a command's events, a job's
+    handler) may take: past it, it is interrupted and its record fails (answered ERROR,
+    dead-lettered); still running at twice it (10 s after it at least), the worker exits
+    (`app.node.user_code_watch`).
+    Below `session_timeout_ms`; when not given, the default or half the session timeout,
+    whichever is less."""
     timers: TimerOptions = Field(default_factory=TimerOptions)
     """The runner's options; in the environment as JSON, e.g. {"claim_timeout": 5000}."""
     kafka_client: KafkaClient = "aiokafka"
@@ -193,6 +203,32 @@ class Settings(BaseSettings):
     @property
     def replication(self) -> Replication:
         return Replication(self.replication_factor, self.min_insync_replicas)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _handler_timeout_in_session(cls, data: Any) -> Any:
+        # Not given, it fits a short session timeout (set alone, as tests and a fast
+        # failover do) rather than refuse a start over a setting never touched.
+        if not isinstance(data, dict) or data.get("handler_timeout_ms") is not None:
+            return data
+        try:
+            session = int(
+                data.get("session_timeout_ms", cls.model_fields["session_timeout_ms"].default)
+            )
+        except (TypeError, ValueError):
+            return data  # the field's own error says why
+        return {**data, "handler_timeout_ms": min(DEFAULT_HANDLER_TIMEOUT_MS, session // 2)}
+
+    @model_validator(mode="after")
+    def _handler_within_session(self) -> Settings:
+        # The loop is the handler's while it runs: no heartbeat goes out. A handler allowed
+        # past the session would get the node expelled before its timeout ends it.
+        if self.handler_timeout_ms >= self.session_timeout_ms:
+            raise ValueError(
+                f"TICKWHEEL_HANDLER_TIMEOUT_MS ({self.handler_timeout_ms}) must be below "
+                f"TICKWHEEL_SESSION_TIMEOUT_MS ({self.session_timeout_ms})"
+            )
+        return self
 
     @model_validator(mode="after")
     def _window_outlasts_retries(self) -> Settings:
@@ -328,7 +364,7 @@ class Settings(BaseSettings):
         undecodable = [
             var
             for var in VARIABLES.values()
-            if (value := variables.get(var)) is not None and not _utf8(value)
+            if (value := variables.get(var)) is not None and not utf8(value)
         ]
         if undecodable:
             # os.environ holds bytes that are not UTF-8 as lone surrogates: every later use
@@ -337,55 +373,9 @@ class Settings(BaseSettings):
             raise ConfigError(
                 "; ".join(f"{var}: not valid UTF-8 (its value not shown)" for var in undecodable)
             )
-        raw = _Variables(cls, variables)()
+        raw = VariablesSource(cls, variables)()
         raw.update({k: v for k, v in overrides.items() if v is not None})
         try:
             return cls.model_validate(raw)
         except ValidationError as exc:
-            raise ConfigError(_explain(exc)) from exc
-
-
-def _utf8(value: str) -> bool:
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
-
-
-class _Variables(PydanticBaseSettingsSource):
-    """The settings' values as text, from variables already read (the environment over the
-    `.env` file, `_FILE` variables read), each under its own variable's name (`VARIABLES`);
-    the fields' validators parse them."""
-
-    def __init__(self, settings_cls: type[BaseSettings], variables: Mapping[str, str]) -> None:
-        super().__init__(settings_cls)
-        self._variables = variables
-
-    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
-        var = VARIABLES[field_name]
-        return self._variables.get(var), var, False
-
-    def __call__(self) -> dict[str, Any]:
-        return {
-            name: self._variables[var] for name, var in VARIABLES.items() if var in self._variables
-        }
-
-
-# --- errors ----------------------------------------------------------------------------
-
-
-def _explain(exc: ValidationError) -> str:
-    parts = []
-    for err in exc.errors():
-        if not err["loc"]:
-            # The settings as a whole (their consistency): the message names the variables,
-            # and the input is every value, secrets too: never shown.
-            parts.append(str(err["msg"]).removeprefix("Value error, "))
-            continue
-        field = str(err["loc"][0])
-        var = VARIABLES.get(field, field)
-        where = ".".join(str(p) for p in err["loc"][1:])
-        got = "a secret, not shown" if field in _SECRETS else repr(err.get("input"))
-        parts.append(f"{var}{'.' + where if where else ''}: {err['msg']} (got {got})")
-    return "bad configuration: " + "; ".join(parts)
+            raise ConfigError(explain(exc, _SECRETS)) from exc

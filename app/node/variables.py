@@ -45,6 +45,7 @@ VARIABLES: Final[Mapping[str, str]] = {
     "max_key_bytes": "TICKWHEEL_MAX_KEY_BYTES",
     "max_record_bytes": "TICKWHEEL_MAX_RECORD_BYTES",
     "max_state_bytes": "TICKWHEEL_MAX_STATE_BYTES",
+    "handler_timeout_ms": "TICKWHEEL_HANDLER_TIMEOUT_MS",
     "kafka_client": "TICKWHEEL_KAFKA_CLIENT",
     "producer_thread": "TICKWHEEL_PRODUCER_THREAD",
     "log_level": "TICKWHEEL_LOG_LEVEL",

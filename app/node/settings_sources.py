@@ -1,0 +1,62 @@
+"""Where `Settings.from_env` reads the settings' values from (`VariablesSource`: the
+variables already read, each under its own name), and how a refusal of them is said
+(`explain`: naming each variable, never a secret's value). May import pydantic and
+`app.node.variables`."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Set
+from typing import Any
+
+from pydantic import ValidationError
+from pydantic.fields import FieldInfo
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource
+
+from app.node.variables import VARIABLES
+
+__all__ = ["VariablesSource", "explain", "utf8"]
+
+
+def utf8(value: str) -> bool:
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+class VariablesSource(PydanticBaseSettingsSource):
+    """The settings' values as text, from variables already read (the environment over the
+    `.env` file, `_FILE` variables read), each under its own variable's name (`VARIABLES`);
+    the fields' validators parse them."""
+
+    def __init__(self, settings_cls: type[BaseSettings], variables: Mapping[str, str]) -> None:
+        super().__init__(settings_cls)
+        self._variables = variables
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        var = VARIABLES[field_name]
+        return self._variables.get(var), var, False
+
+    def __call__(self) -> dict[str, Any]:
+        return {
+            name: self._variables[var] for name, var in VARIABLES.items() if var in self._variables
+        }
+
+
+def explain(exc: ValidationError, secrets: Set[str]) -> str:
+    """`exc` as one line naming each variable at fault; the values of `secrets` (field
+    names) never shown."""
+    parts = []
+    for err in exc.errors():
+        if not err["loc"]:
+            # The settings as a whole (their consistency): the message names the variables,
+            # and the input is every value, secrets too: never shown.
+            parts.append(str(err["msg"]).removeprefix("Value error, "))
+            continue
+        field = str(err["loc"][0])
+        var = VARIABLES.get(field, field)
+        where = ".".join(str(p) for p in err["loc"][1:])
+        got = "a secret, not shown" if field in secrets else repr(err.get("input"))
+        parts.append(f"{var}{'.' + where if where else ''}: {err['msg']} (got {got})")
+    return "bad configuration: " + "; ".join(parts)

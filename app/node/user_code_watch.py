@@ -1,0 +1,230 @@
+"""The handler timeout: user code that blocks the node's event loop is interrupted, and a
+node that cannot interrupt it stops.
+
+User code (`app.model.user_code`) runs synchronously on the worker's one event loop, on
+the main thread: a handler that never returns (an HTTP call without a timeout, a wait on
+a lock) would take the whole node with it (no heartbeat, no /livez, no SIGTERM), and then
+every node the group gives its partition next. While a node runs, a daemon thread here
+looks at the current invocation every `TICK_S`:
+
+- past the timeout, it sends `SIGUSR2` to the main thread; the handler installed for it
+  raises `UserCodeTimeout` there, in the user code (a signal handler that raises ends
+  `time.sleep`, a socket's or a lock's wait, and interrupts any Python loop: PEP 475).
+  Raised out of user code, it is that record's failure: the command answered ERROR and
+  dead-lettered, the job's run failed; the partition goes on;
+- still the same invocation at twice the timeout, and `HUNG_GRACE_S` after it at least
+  (a C call that never checks for signals), it dumps every thread's stack to stderr,
+  logs CRITICAL and ends the process with `HUNG_EXIT_CODE`: a node that stops loudly is
+  restarted and its partitions move, one that hangs silently stops the cluster.
+
+Only a node started from the main thread is watched (a signal's handler runs there
+alone); one started elsewhere runs without a timeout, said once in a warning.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import logging
+import os
+import signal
+import sys
+import threading
+from collections.abc import Callable
+from time import monotonic
+from types import FrameType
+from typing import Any, Final, Literal
+
+from app.model.user_code import UserCodeTimeout, current, user_code
+
+__all__ = [
+    "HUNG_EXIT_CODE",
+    "HUNG_GRACE_S",
+    "INTERRUPT_SIGNAL",
+    "TICK_S",
+    "UserCodeWatch",
+    "Verdict",
+    "Watchdog",
+    "exit_hung",
+    "verdict",
+    "watch_user_code",
+]
+
+logger = logging.getLogger(__name__)
+
+HUNG_EXIT_CODE: Final = 70
+"""The worker's exit code when user code could not be interrupted (sysexits' EX_SOFTWARE)."""
+
+INTERRUPT_SIGNAL: Final = signal.SIGUSR2
+
+HUNG_GRACE_S: Final = 10.0
+"""How long past its timeout an interrupted invocation may still run before the process
+ends, at the least: a short timeout (a test's, a fast failover's) must not end a process
+that a moment's stall (a full garbage collection, a loaded machine) held up."""
+
+TICK_S: Final = 0.05
+"""How often the watch looks: an overrun is interrupted at most this late."""
+
+Verdict = Literal["interrupt", "exit"]
+
+_Handler = Callable[[int, FrameType | None], Any] | int | signal.Handlers | None
+
+# Interrupted at the very start of its own `__enter__`/`__exit__` (the invocation ending
+# just as it was found overdue), a block would not clear its slot: the signal is then
+# declined and sent again at the next look.
+_ENTRY_CODES: Final = frozenset({user_code.__enter__.__code__, user_code.__exit__.__code__})
+
+
+def verdict(
+    ran_s: float, timeout_s: float, interrupted: bool, grace_s: float = HUNG_GRACE_S
+) -> Verdict | None:
+    """What the watch does about an invocation running for `ran_s`: interrupt it once past
+    the timeout, end the process at twice the timeout and `grace_s` past it at least (the
+    interruption did not end it), else nothing."""
+    if ran_s >= timeout_s + max(timeout_s, grace_s):
+        return "exit"
+    if ran_s >= timeout_s and not interrupted:
+        return "interrupt"
+    return None
+
+
+class UserCodeWatch:
+    """One node's hold on the watch (`watch_user_code`); `stop` lets go of it."""
+
+    def __init__(self, watchdog: Watchdog, timeout_s: float | None) -> None:
+        self._watchdog = watchdog
+        self.timeout_s = timeout_s
+        """None: the node is not watched (started off the main thread)."""
+
+    def stop(self) -> None:
+        if self.timeout_s is not None:
+            self._watchdog.release(self)
+            self.timeout_s = None
+
+
+def watch_user_code(timeout_s: float) -> UserCodeWatch:
+    """Watches the main thread's user code until the returned hold's `stop` (held by each
+    node that runs: the watch runs while any does, with the shortest of their timeouts)."""
+    return _WATCHDOG.watch(timeout_s)
+
+
+class Watchdog:
+    """A watch: its thread and its signal handler, while any hold is. The process has one
+    (`watch_user_code`); `die` ends the process (a test's records the call instead)."""
+
+    def __init__(
+        self, die: Callable[[user_code, float, float], None], grace_s: float = HUNG_GRACE_S
+    ) -> None:
+        self._grace_s = grace_s
+        self._holds: list[UserCodeWatch] = []
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._stopping = threading.Event()
+        self._previous: _Handler = None
+        self._warned = False
+        self._die = die
+        self.timeout_s = 0.0
+        self._target: tuple[user_code, float] | None = None
+        """The invocation interrupted (and its start), or None: the same is not sent twice."""
+
+    def watch(self, timeout_s: float) -> UserCodeWatch:
+        """A hold on the watch, with `timeout_s`; none off the main thread (said once)."""
+        if threading.current_thread() is not threading.main_thread():
+            self._warn_off_main()
+            return UserCodeWatch(self, None)
+        hold = UserCodeWatch(self, timeout_s)
+        self._hold(hold)
+        return hold
+
+    def _warn_off_main(self) -> None:
+        if not self._warned:
+            self._warned = True
+            logger.warning(
+                "the node was started off the main thread: user code runs without a "
+                "timeout (TICKWHEEL_HANDLER_TIMEOUT_MS is not applied)"
+            )
+
+    def _hold(self, hold: UserCodeWatch) -> None:
+        assert hold.timeout_s is not None
+        with self._lock:
+            self._holds.append(hold)
+            self.timeout_s = min(h.timeout_s for h in self._holds if h.timeout_s is not None)
+            if self._thread is not None:
+                return
+            self._previous = signal.signal(INTERRUPT_SIGNAL, self._on_signal)
+            self._stopping.clear()
+            self._target = None
+            self._thread = threading.Thread(
+                target=self._run, name="tickwheel-user-code-watch", daemon=True
+            )
+            self._thread.start()
+
+    def release(self, hold: UserCodeWatch) -> None:
+        with self._lock:
+            if hold not in self._holds:
+                return
+            self._holds.remove(hold)
+            if self._holds:
+                self.timeout_s = min(h.timeout_s for h in self._holds if h.timeout_s is not None)
+                return
+            thread, self._thread = self._thread, None
+            self._stopping.set()
+        if thread is not None:
+            thread.join()
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(INTERRUPT_SIGNAL, self._previous or signal.SIG_DFL)
+        # Else left installed: it raises nothing without a target, which none is now.
+        self._target = None
+
+    def _run(self) -> None:
+        while not self._stopping.wait(TICK_S):
+            self._look()
+
+    def _look(self) -> None:
+        invocation = current()
+        if invocation is None:
+            return
+        started = invocation.started
+        ran_s = monotonic() - started
+        interrupted = self._target == (invocation, started)
+        match verdict(ran_s, self.timeout_s, interrupted, self._grace_s):
+            case "interrupt":
+                self._target = (invocation, started)
+                main = threading.main_thread().ident
+                assert main is not None
+                signal.pthread_kill(main, INTERRUPT_SIGNAL)
+            case "exit" if current() is invocation and invocation.started == started:
+                self._die(invocation, ran_s, self.timeout_s)
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        """In the main thread: `UserCodeTimeout` raised in the interrupted invocation, if it
+        is still the one running (it may have just ended: then nothing)."""
+        target, invocation = self._target, current()
+        if target is None or invocation is not target[0] or invocation.started != target[1]:
+            return
+        if frame is not None and frame.f_code in _ENTRY_CODES:
+            self._target = None  # sent again next look, once its slot is settled
+            return
+        raise UserCodeTimeout(invocation.what, monotonic() - invocation.started, self.timeout_s)
+
+
+def exit_hung(invocation: user_code, ran_s: float, timeout_s: float) -> None:
+    """Ends the process: the invocation outlived its interruption (a C call that never
+    looks for signals). Its stack, with every thread's, says where it hangs."""
+    logger.critical(
+        "%s has run for %.1f s and could not be interrupted at the handler timeout "
+        "(%g s, TICKWHEEL_HANDLER_TIMEOUT_MS): the node stops (exit code %d) rather than "
+        "hang; every thread's stack follows on stderr",
+        invocation.what,
+        ran_s,
+        timeout_s,
+        HUNG_EXIT_CODE,
+    )
+    for handler in logging.getLogger().handlers:
+        handler.flush()
+    if sys.__stderr__ is not None:
+        sys.__stderr__.flush()
+    faulthandler.dump_traceback(file=2, all_threads=True)
+    os._exit(HUNG_EXIT_CODE)
+
+
+_WATCHDOG: Final = Watchdog(exit_hung)

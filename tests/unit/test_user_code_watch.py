@@ -1,0 +1,176 @@
+"""The handler timeout's watch alone (`app.node.user_code_watch`): user code on the main
+thread that blocks past the timeout is interrupted with `UserCodeTimeout`; one that ends
+in time, or a signal arriving after it ended, raises nothing; and what the watch does at
+each time (interrupt, end the process, nothing) is a pure function of it."""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from app.model.user_code import UserCodeTimeout, current, user_code
+from app.node.user_code_watch import (
+    INTERRUPT_SIGNAL,
+    TICK_S,
+    UserCodeWatch,
+    Watchdog,
+    verdict,
+    watch_user_code,
+)
+
+TIMEOUT_S = 0.2
+
+
+@pytest.fixture
+def watch() -> Iterator[UserCodeWatch]:
+    """A watch of the test's own (a node an earlier test left running may hold the
+    process's), whose end of the process is recorded: a broken interruption fails the
+    test rather than end the test run."""
+    ended: list[str] = []
+    hold = Watchdog(lambda invocation, *_: ended.append(invocation.what)).watch(TIMEOUT_S)
+    try:
+        yield hold
+    finally:
+        hold.stop()
+    assert ended == [], "the watch would have ended the process"
+
+
+@pytest.mark.usefixtures("watch")
+def test_a_sleep_past_the_timeout_is_interrupted() -> None:
+    started = time.monotonic()
+    with pytest.raises(UserCodeTimeout) as raised, user_code("the handler of", "Sleepy"):
+        time.sleep(10)
+    took = time.monotonic() - started
+    assert TIMEOUT_S <= took < 1.0
+    assert "the handler of Sleepy ran for" in str(raised.value)
+    assert "TICKWHEEL_HANDLER_TIMEOUT_MS" in str(raised.value)
+    assert current() is None
+
+
+@pytest.mark.usefixtures("watch")
+def test_a_wait_on_an_event_and_a_python_loop_are_interrupted() -> None:
+    # Bounded (5 s) only so that a watch that does not work fails the test, not hangs it.
+    with pytest.raises(UserCodeTimeout), user_code("the handler of", "Waits"):
+        threading.Event().wait(5)
+    deadline = time.monotonic() + 5
+    with pytest.raises(UserCodeTimeout), user_code("the applier of", "Spins"):
+        while time.monotonic() < deadline:
+            pass
+
+
+@pytest.mark.usefixtures("watch")
+def test_user_code_ending_in_time_raises_nothing() -> None:
+    for _ in range(3):
+        with user_code("the handler of", "Quick"):
+            time.sleep(TIMEOUT_S / 2)
+    # Time outside user code is no one's to bound.
+    time.sleep(TIMEOUT_S + 3 * TICK_S)
+    assert current() is None
+
+
+@pytest.mark.usefixtures("watch")
+def test_a_signal_after_the_invocation_ended_raises_nothing() -> None:
+    with pytest.raises(UserCodeTimeout), user_code("the handler of", "First"):
+        time.sleep(10)
+    # The same signal again, late: its invocation is over, a new one is not overdue.
+    signal.raise_signal(INTERRUPT_SIGNAL)
+    with user_code("the handler of", "Next"):
+        signal.raise_signal(INTERRUPT_SIGNAL)
+        time.sleep(TIMEOUT_S / 4)
+    signal.raise_signal(INTERRUPT_SIGNAL)
+
+
+@pytest.mark.usefixtures("watch")
+def test_nested_user_code_the_inner_is_interrupted_the_outer_goes_on() -> None:
+    with user_code("the handler of", "Outer"):
+        outer = current()
+        with (
+            pytest.raises(UserCodeTimeout, match="the appliers of Inner"),
+            user_code("the appliers of", "Inner"),
+        ):
+            time.sleep(10)
+        assert current() is outer
+    assert current() is None
+
+
+def test_a_watch_runs_while_any_node_holds_it_and_restores_the_signal() -> None:
+    # A watch of its own: a node an earlier test left running may hold the process's.
+    watchdog = Watchdog(lambda *_: None)
+    before = signal.getsignal(INTERRUPT_SIGNAL)
+    first, second = watchdog.watch(5.0), watchdog.watch(TIMEOUT_S)
+    try:
+        assert signal.getsignal(INTERRUPT_SIGNAL) is not before
+        first.stop()
+        first.stop()  # a second stop is nothing
+        # The other node's hold (and its timeout) still holds.
+        with pytest.raises(UserCodeTimeout), user_code("the handler of", "Held"):
+            time.sleep(10)
+    finally:
+        second.stop()
+    assert signal.getsignal(INTERRUPT_SIGNAL) is before
+
+
+def test_user_code_the_interruption_cannot_end_is_the_process_end() -> None:
+    """As a C call that never looks for signals: the interruption goes unseen (here the
+    handler swallows it and blocks on), and at twice the timeout the watch ends the
+    process (`exit_hung`; recorded here instead)."""
+    ended: list[tuple[str, float]] = []
+    watchdog = Watchdog(
+        lambda invocation, ran_s, _: ended.append((invocation.what, ran_s)), grace_s=0
+    )
+    hold = watchdog.watch(TIMEOUT_S)
+    try:
+        with user_code("the handler of", "Stubborn"):
+            try:
+                time.sleep(10)
+            except UserCodeTimeout:
+                time.sleep(2 * TIMEOUT_S + 3 * TICK_S)
+    finally:
+        hold.stop()
+    assert ended, "the watch never ended the process"
+    what, ran_s = ended[0]
+    assert what == "the handler of Stubborn"
+    assert 2 * TIMEOUT_S <= ran_s < 2 * TIMEOUT_S + 2 * TICK_S + 0.2
+
+
+def test_off_the_main_thread_nothing_is_watched() -> None:
+    holds: list[UserCodeWatch] = []
+    thread = threading.Thread(target=lambda: holds.append(watch_user_code(TIMEOUT_S)))
+    thread.start()
+    thread.join()
+    assert holds[0].timeout_s is None
+    holds[0].stop()
+
+
+@pytest.mark.parametrize(
+    ("ran_s", "interrupted", "expected"),
+    [
+        (0.0, False, None),
+        (4.99, False, None),
+        (5.0, False, "interrupt"),
+        (7.0, False, "interrupt"),
+        (7.0, True, None),  # interrupted once: its exception is on its way
+        (9.99, True, None),
+        (10.0, True, "exit"),  # the interruption could not end it (a C call)
+        (10.0, False, "exit"),
+        (60.0, True, "exit"),
+    ],
+)
+def test_the_verdict_by_time(ran_s: float, interrupted: bool, expected: str | None) -> None:
+    assert verdict(ran_s, 5.0, interrupted, grace_s=0) == expected
+    assert verdict(ran_s, 5.0, interrupted, grace_s=5.0) == expected
+
+
+@pytest.mark.parametrize(
+    ("ran_s", "expected"), [(1.0, None), (10.49, None), (10.5, "exit"), (11.0, "exit")]
+)
+def test_a_short_timeout_ends_the_process_only_its_grace_after(
+    ran_s: float, expected: str | None
+) -> None:
+    """A test's or a fast failover's 0.5 s timeout: a stall of a second (a garbage
+    collection, a loaded machine) is interrupted, but ends no process before 10 s more."""
+    assert verdict(ran_s, 0.5, True) == expected
