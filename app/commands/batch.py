@@ -1,17 +1,27 @@
 """What one transaction of a partition's command path builds up before it commits: the
 records to write, the offsets read, the aggregates as they will be (`CommandBatch`), and
-its counts (`BatchStats`)."""
+its counts (`BatchStats`); and how it commits (`Commit`)."""
 
 from __future__ import annotations
 
+import time
 from collections import Counter
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
 from app.kafka import OutRecord
 from app.model.decide import StoredAggregate
-from app.protocol.wire import EventEnvelope
+from app.protocol.wire import CommandEnvelope, EventEnvelope, ResultCode
 
-__all__ = ["BatchStats", "CommandBatch"]
+__all__ = ["BatchStats", "CommandBatch", "Commit", "LocalDecided"]
+
+Commit = Callable[[Sequence[OutRecord], dict[tuple[str, int], int]], Awaitable[list[int]]]
+"""Sends records and commits consumer offsets in the partition's one transaction; the
+records' offsets (`PartitionTransaction.commit`, bound to the partition)."""
+
+LocalDecided = Callable[[list[tuple[CommandEnvelope, ResultCode, str]]], Awaitable[None]]
+"""Told, before the commit, what each command fired in-process came to, so that the
+timers' settles join the same transaction (`TimerRunner.record_outcomes`)."""
 
 
 @dataclass(slots=True)
@@ -48,10 +58,18 @@ class CommandBatch:
     # The timer events (`wow.*`) decided and not yet carried out on the timer table: the
     # partition's cycle does so at once, before anything of it fires (`take_timer_events`).
     timer_events: list[EventEnvelope] = field(default_factory=list)
+    # When its cycle's budget for deciding ends (`app.node.cycle_work.DECIDE_BUDGET_S`), on
+    # the process's monotonic clock (the node's own is injected, and frozen by tests):
+    # past it, no more is begun but the first of a call. None: no end.
+    deadline: float | None = None
 
     def take_timer_events(self) -> list[EventEnvelope]:
         events, self.timer_events = self.timer_events, []
         return events
+
+    def past_deadline(self) -> bool:
+        """Whether its cycle's budget for deciding is spent (`deadline`)."""
+        return self.deadline is not None and time.monotonic() > self.deadline
 
     @property
     def empty(self) -> bool:

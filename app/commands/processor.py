@@ -12,10 +12,10 @@ only after the transaction committed; they are a fold of the log, restored from 
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from app.commands.batch import BatchStats, CommandBatch
+from app.commands.batch import BatchStats, CommandBatch, Commit, LocalDecided
 from app.commands.records import (
     applied_id,
     check_sizes,
@@ -61,14 +61,6 @@ __all__ = [
     "misrouted",
     "state_key",
 ]
-
-Commit = Callable[[Sequence[OutRecord], dict[tuple[str, int], int]], Awaitable[list[int]]]
-"""Sends records and commits consumer offsets in the partition's one transaction; the
-records' offsets (`PartitionTransaction.commit`, bound to the partition)."""
-
-LocalDecided = Callable[[list[tuple[CommandEnvelope, ResultCode, str]]], Awaitable[None]]
-"""Told, before the commit, what each command fired in-process came to, so that the
-timers' settles join the same transaction (`TimerRunner.record_outcomes`)."""
 
 logger = logging.getLogger(__name__)
 
@@ -132,8 +124,11 @@ class CommandProcessor:
         """A new batch of decisions, for one transaction of the partition."""
         return CommandBatch(now=self._now())
 
-    def decide_records(self, batch: CommandBatch, records: list[Record], backlog: int = 0) -> None:
-        """Decides `records` (commands of this partition, in order) into `batch`.
+    def decide_records(self, batch: CommandBatch, records: list[Record], backlog: int = 0) -> int:
+        """Decides `records` (commands of this partition, in order) into `batch`; how many.
+        None is begun past the batch's deadline but the first (slow handlers hold the event
+        loop that long and one more at most): the offset committed passes those decided
+        alone, the rest are the caller's to decide in a later batch.
 
         `backlog`: how many commands of the partition wait behind these. A command reached
         while more than `busy_backlog` commands wait (itself, the rest of the records and
@@ -141,11 +136,12 @@ class CommandProcessor:
         sheds its oldest work until it is back within bounds, and the senders retry.
         """
         if not records:
-            return
-        batch.stats.commands += len(records)
-        now = batch.now
+            return 0
+        now, decided = batch.now, 0
         for i, r in enumerate(records):
-            waiting = len(records) - i + backlog
+            if i and batch.past_deadline():
+                break
+            decided, waiting = i + 1, len(records) - i + backlog
             try:
                 cmd = self._read(r)
             except BadRecord as exc:
@@ -188,7 +184,9 @@ class CommandProcessor:
             elif cmd.type not in self.agg.handlers:
                 # Answered ERROR, and kept for an operator: no handler will ever take it.
                 self._dead_letter(batch, r, BadRecord(d.message), Stage.DECIDE)
-        batch.offsets[(self.topics.commands, self.partition)] = records[-1].offset + 1
+        batch.stats.commands += decided
+        batch.offsets[(self.topics.commands, self.partition)] = records[decided - 1].offset + 1
+        return decided
 
     def _read(self, r: Record) -> CommandEnvelope:
         """A command record of this partition's, read and checked; `BadRecord` otherwise."""
@@ -248,7 +246,8 @@ class CommandProcessor:
         self, batch: CommandBatch, commands: Sequence[CommandEnvelope]
     ) -> list[tuple[CommandEnvelope, ResultCode, str]]:
         """Decides commands of timers of this partition fired in-process into `batch`; what
-        each came to.
+        each came to, in order (none begun past the batch's deadline but the first, as in
+        `decide_records`: the rest are the caller's to fire later).
 
         The same code as for a command read from the topic (dedup, not-before, handler),
         but no result record: the caller settles the timers before the commit, so that
@@ -256,10 +255,11 @@ class CommandProcessor:
         written to the command topic in that transaction too, as the record of what was
         sent, with the node's header (`IN_PROCESS_HEADER`): read back, it is passed over.
         """
-        batch.stats.commands += len(commands)
         decided: list[tuple[CommandEnvelope, ResultCode, str]] = []
         topic, partition, out = self._commands_topic, self.partition, batch.out
         for cmd in commands:
+            if decided and batch.past_deadline():
+                break
             sent: bytes | None = None
             try:
                 # Before its handler, which may change the body it is given: the record
@@ -276,6 +276,7 @@ class CommandProcessor:
             if sent is not None:
                 out.append((topic, partition, cmd.aggregate.id.encode(), sent, IN_PROCESS_HEADERS))
             decided.append((cmd, code, message))
+        batch.stats.commands += len(decided)
         return decided
 
     def staged(self, batch: CommandBatch) -> None:

@@ -5,6 +5,8 @@ writes them through (its task's)."""
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -16,7 +18,16 @@ from app.protocol.limits import InputLimits
 from tables import StoreClosed
 from tables.store import TimerWrites
 
-__all__ = ["CycleWork", "records_after"]
+__all__ = [
+    "DECIDE_BUDGET_S",
+    "CycleWork",
+    "decide_deadline",
+    "let_the_loop_turn",
+    "past_deadline",
+    "records_after",
+    "records_decided",
+    "records_to_do",
+]
 
 
 @dataclass
@@ -38,6 +49,8 @@ class CycleWork:
     # The ids of the events whose timer operations its task's cycles carried out at once
     # (`PartitionInput.carried`): read back, they are passed over.
     carried: set[str] = field(default_factory=set)
+    # When it stops deciding (`decide_deadline`; None: never): its command batch's.
+    deadline: float | None = None
 
     def dead_letter(self, record: Record, error: BaseException, stage: Stage) -> None:
         """Skips a bad record: its dead letter commits with the offset that passes it."""
@@ -49,6 +62,7 @@ class CycleWork:
         decided here."""
         if self.batch is None and self.processor is not None:
             self.batch = self.processor.begin()
+            self.batch.deadline = self.deadline
         return self.batch
 
     @property
@@ -72,6 +86,60 @@ def records_after(records: list[Record], done: int) -> list[Record]:
     if not records or records[0].offset > done:
         return records
     return [r for r in records if r.offset > done]
+
+
+def records_to_do(
+    items: list[tuple[str, list[Record]]], done: dict[str, int]
+) -> list[tuple[str, list[Record]]]:
+    """The records of `items` (batches, in order) still to decide, in their batches and
+    order: of each topic, those after its last offset `done` and after those of it earlier
+    in `items` (a batch read again after a lost membership, queued behind the first read
+    of its records, holds them a second time). No empty batch."""
+    last = dict(done)
+    to_do: list[tuple[str, list[Record]]] = []
+    for topic, records in items:
+        if rest := records_after(records, last.get(topic, -1)):
+            to_do.append((topic, rest))
+            last[topic] = rest[-1].offset
+    return to_do
+
+
+def records_decided(
+    items: list[tuple[str, list[Record]]], unreached: int
+) -> list[tuple[str, list[Record]]]:
+    """The batches of a cycle's `items` it decided, its last `unreached` records left for
+    the next cycle (its budget spent): a prefix of `items`' records, in their batches."""
+    keep = sum(len(records) for _, records in items) - unreached
+    decided: list[tuple[str, list[Record]]] = []
+    for topic, records in items:
+        if keep <= 0:
+            break
+        decided.append((topic, records[:keep]))
+        keep -= len(records)
+    return decided
+
+
+DECIDE_BUDGET_S = 0.2
+"""How long a cycle decides at most, in seconds of the process's monotonic clock (not the
+node's injectable one): past it, the cycle decides no more records (at least one, though,
+whatever it takes) and no more in-process timers (at least one of those it takes), and
+stages and commits what it decided; the rest is decided by the cycles after it. A cycle
+is one run of the event loop: a service's handler that is slow but finishes (0.5 s, a
+sync HTTP call), 256 of them in one cycle, held the loop for minutes, the node was
+expelled from its group mid-cycle (no heartbeat), its commit fenced, and the next owner
+did the same cycle again, for ever. With it, the loop turns (heartbeats, other
+partitions, /livez) within about the budget and one handler."""
+
+
+def decide_deadline() -> float:
+    """The `time.monotonic()` time past which a cycle starting now decides no more
+    (`DECIDE_BUDGET_S`, read at each call so that a test may patch it)."""
+    return time.monotonic() + DECIDE_BUDGET_S
+
+
+def past_deadline(deadline: float) -> bool:
+    """Whether a cycle's budget for deciding (`decide_deadline`) is spent."""
+    return time.monotonic() > deadline
 
 
 CYCLE_RECORDS = 256
@@ -117,3 +185,13 @@ def behind_of(cycles: list[list[tuple[str, list[Record]]]]) -> list[dict[str, in
             after[topic] = after.get(topic, 0) + len(records)
     behind.reverse()
     return behind
+
+
+async def let_the_loop_turn() -> None:
+    """Between two cycles of a partition: what became ready during the first (I/O, timers
+    due: heartbeats, other partitions' cycles and rounds, /livez) runs before the second.
+    `asyncio.sleep(0)` put the worker back first in the loop's next run, ahead of the
+    timers fallen due meanwhile: they waited for one more cycle (two budgets). A timer of
+    its own, the smallest, puts it behind them: the loop's timers run in their order, and
+    the I/O before them."""
+    await asyncio.sleep(1e-6)

@@ -3,10 +3,13 @@ share (deciding, staging), with no state of any task's own. Each cycle takes eve
 that arrived for its task's topics of its partition (the type's log, commands, operators'
 requests) and the timers its firing holds claimed to fire in-process
 (`TimerRunner.in_process_due`), decides them together, and stages them in its task's
-transaction (which its input gives; `Commits` commits it).
+transaction (which its input gives; `Commits` commits it). It decides for a bounded time
+(`DECIDE_BUDGET_S`: a cycle is one run of the event loop, and a service's handlers may be
+slow): what it did not reach, records and timers, the cycles after it decide, in order,
+the loop let run between; the offsets it commits pass what it decided alone.
 What each task's cycles run on is its own (`PartitionInput`, one per take): its queue, its
-worker (`work`), its lock, its in-process wake-up, whether a cycle was cut short and
-where its last failed cycle read.
+worker (`work`), its lock, its in-process wake-up, whether a cycle was cut short, where
+its last failed cycle read and the timers its budget left.
 Whatever goes wrong with one record (its bytes, its envelope, its handler, its applier,
 what it does to the timer table, an operator's request) is that record's: it is
 dead-lettered in the cycle's transaction and the cycle goes on. Only a fault of the node
@@ -26,7 +29,16 @@ from app.commands.processor import CommandBatch, CommandProcessor
 from app.errors import KafkaUnavailable
 from app.node.commits import Commits
 from app.node.cycle_timers import TimerTableCycles
-from app.node.cycle_work import CycleWork, behind_of, cycle_slices, records_after
+from app.node.cycle_work import (
+    CycleWork,
+    behind_of,
+    cycle_slices,
+    decide_deadline,
+    let_the_loop_turn,
+    past_deadline,
+    records_decided,
+    records_to_do,
+)
 from app.node.failing import A_CYCLE
 from app.node.kept import KeptType
 from app.node.metrics import NodeMetrics
@@ -137,21 +149,20 @@ class PartitionCycles(TimerTableCycles):
             # Records done already are passed over one by one, not by batch: after a lost
             # membership the consumer reads again from the committed offset, and a batch
             # may hold records done (staged, not committed) and new ones.
-            fresh = [
-                (topic, rest)
-                for topic, records in items
-                if (rest := records_after(records, done.get(topic, -1)))
-            ]
-            slices = cycle_slices(fresh)
+            to_do = records_to_do(items, done)
             try:
-                for part, behind in zip(slices, behind_of(slices), strict=True):
-                    inp.holding = part is not slices[-1]  # the handed-over timers fire in the last
-                    inp.behind = behind
-                    staged = await self._one_cycle(inp, part, done)
-                    # The loop's other work (other partitions' timers) between two cycles: a
-                    # queue that holds batches is taken from without a pause.
-                    await asyncio.sleep(0)
-                    if not staged:
+                while True:
+                    slices = cycle_slices(to_do)
+                    inp.holding = len(slices) > 1  # the handed-over timers fire in the last
+                    inp.behind = behind_of(slices)[0]
+                    staged = await self._one_cycle(inp, slices[0], done)
+                    # The loop's other work (other partitions' timers, heartbeats) between
+                    # two cycles: a queue that holds batches is taken from without a pause.
+                    await let_the_loop_turn()
+                    # What the cycle's budget left undecided, then the slices after it: in
+                    # order, before anything queued since.
+                    to_do = records_to_do(to_do, done)
+                    if not staged or not to_do:
                         break
             finally:
                 inp.holding, inp.behind = False, {}
@@ -166,6 +177,7 @@ class PartitionCycles(TimerTableCycles):
         async with inp.lock:
             if self._input(key) is not inp:
                 return False  # its task runs no more (closed, or failed)
+            inp.unreached = 0
             try:
                 staged = await self._cycle(key, part, backlogs)
             except asyncio.CancelledError:
@@ -176,7 +188,7 @@ class PartitionCycles(TimerTableCycles):
                     txn.discard()
                 raise
             if staged:
-                for topic, records in part:
+                for topic, records in records_decided(part, inp.unreached):
                     done[topic] = records[-1].offset
                 if (task := self._running.get(key)) is not None:
                     task.read_past(done)
@@ -205,7 +217,7 @@ class PartitionCycles(TimerTableCycles):
         the consumer's backlog of each commands topic in `items`, asked before the lock."""
         p, kept = key.p, self._types[key.type_name]
         work: CycleWork | None = None
-        now = self._now()
+        now, deadline = self._now(), decide_deadline()
         inp = self._input(key)
 
         def work_of() -> CycleWork:
@@ -214,14 +226,18 @@ class PartitionCycles(TimerTableCycles):
                 processor, store = self._processor(key), self._store(key)
                 carried = inp.carried if inp is not None else set()
                 work = CycleWork(kept, now, self.limits, processor, store=store, carried=carried)
+                work.deadline = deadline  # its command batch's (`CommandBatch.deadline`)
             return work
 
+        unreached = 0  # the records its budget leaves for the next cycle (its last ones)
         try:
-            for topic, records in items:
+            for i, (topic, records) in enumerate(items):
+                if i and past_deadline(deadline):  # the rest is the next cycle's
+                    unreached = sum(len(rest) for _, rest in items[i:])
+                    break
                 # The poll loop hands a task its own type's topics alone.
                 kind = self._by_topic[topic][1]
                 w = work_of()
-                w.offsets[(topic, p)] = records[-1].offset + 1
                 if kind == "events":
                     w.wrote = await self._subscribe(kept, records, w) or w.wrote
                 elif kind == "timer-ops":
@@ -230,24 +246,42 @@ class PartitionCycles(TimerTableCycles):
                 elif (batch := w.batch_of(p)) is not None:
                     behind = inp.behind.get(topic, 0) if inp is not None else 0
                     backlog = backlogs.get(topic, 0) + behind
-                    w.decider.decide_records(batch, records, backlog)
+                    decided = w.decider.decide_records(batch, records, backlog)
+                    records, unreached = records[:decided], len(records) - decided
                     w.wrote = await self._carry_out(w, batch, p) or w.wrote
                 elif self._running.get(key) is not None:
                     # Never committed past undecided (an assignment that splits p is
                     # refused: `PartitionTasks.assign`); a task no longer running commits none.
                     raise RuntimeError(f"{topic}[{p}]: given to a task that decides no commands")
-            # Its commands decided here (still: its task may stop running meanwhile).
-            if inp is not None and inp.take_local() and self._processor(key) is not None:
+                # The offsets passed: of the records decided alone.
+                w.offsets[(topic, p)] = records[-1].offset + 1
+                if unreached:  # its budget spent in the batch: the rest is the next cycle's
+                    unreached += sum(len(rest) for _, rest in items[i + 1 :])
+                    break
+            if inp is not None:
+                inp.unreached = unreached
+            # Its commands decided here (still: its task may stop running meanwhile), and
+            # its records all (a cancel among those its budget left is decided first).
+            if (
+                not unreached
+                and inp is not None
+                and inp.take_local()
+                and self._processor(key) is not None
+            ):
                 # Asked now, after the cycle's own commands were carried out on the timer
-                # table: a cancel decided in this cycle stops its timer below.
-                timers = kept.runner.in_process_due(p)
+                # table: a cancel decided in this cycle stops its timer below. Those an
+                # earlier cycle's budget left first (claimed before).
+                timers = inp.take_timers_left() + kept.runner.in_process_due(p)
                 w = work_of()
                 if timers and (batch := w.batch_of(p)) is not None:
                     # A cancel or reschedule applied since they were loaded stops them here.
                     timers = await kept.runner.still_due(timers)
                     commands = [timer_command(t, batch.now, in_process=True) for t in timers]
-                    decided = w.decider.decide_local(batch, commands)
-                    await self._record_local(kept, timers, decided)
+                    fired = w.decider.decide_local(batch, commands)
+                    # Those its budget left stay claimed (in their firing's hand: no round
+                    # claims them again), fired by the next cycle.
+                    inp.keep_timers(timers[len(fired) :])
+                    await self._record_local(kept, timers, fired)
                     # After the settles: a Fire that reschedules its own key would fail them.
                     w.wrote = await self._carry_out(w, batch, p) or w.wrote
             if work is not None:

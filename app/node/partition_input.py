@@ -3,8 +3,8 @@ queue the poll loop hands its type's batches of the partition to, the batches th
 not fit meanwhile (`Held`, the poll loop's to hand over, the consumer paused on the
 task's topics of the partition), the worker that runs its cycles over them
 (`PartitionCycles.work`), the lock a cycle holds so that what it writes commits in one
-transaction, whether timers wait to fire in-process at its next cycle, whether a cycle
-was cut short, and where its last failed cycle read.
+transaction, whether timers wait to fire in-process at its next cycle (and those a
+cycle's budget left), whether a cycle was cut short, and where its last failed cycle read.
 
 Its task creates one each time it starts running and stops it when it closes (clean or
 dirty): nothing of a take outlives it, and a retake starts with an empty queue. The
@@ -27,6 +27,7 @@ from app.node.task_id import TaskId
 if TYPE_CHECKING:
     from app.node.cycles import PartitionCycles
     from app.node.partition_transaction import PartitionTransaction
+    from tables import Timer
 
 __all__ = ["LOCAL", "QUEUE_SIZE", "Batch", "Held", "PartitionInput"]
 
@@ -84,6 +85,13 @@ class PartitionInput:
         self.behind: dict[str, int] = {}
         # A cycle was stopped in its middle: what the transaction holds is half a cycle.
         self.cut = False
+        # The records of the last cycle's batches its budget for deciding left (its last
+        # ones, `DECIDE_BUDGET_S`): not done, its worker's next cycle decides them first.
+        self.unreached = 0
+        # Timers claimed to fire in-process here that a cycle's budget left (in its order):
+        # still in their firing's hand (claimed), fired first by the next cycle. Dropped
+        # with the take, as the runner's stop drops their claims (the next owner fires them).
+        self._timers_left: list[Timer] = []
         # The last offset of each topic the last cycle read, if it failed.
         self.failed_at: dict[str, int] = {}
         # The ids of its own events whose timer operations its cycles carried out at once
@@ -122,6 +130,18 @@ class PartitionInput:
         local, self.local = self.local, False
         return local
 
+    def keep_timers(self, timers: list[Timer]) -> None:
+        """Timers taken to fire in-process that a cycle's budget left: the next cycle fires
+        them first (its worker woken for it)."""
+        if timers:
+            self._timers_left = timers + self._timers_left
+            self.fire_local()
+
+    def take_timers_left(self) -> list[Timer]:
+        """The timers a cycle's budget left (`keep_timers`), forgotten here."""
+        left, self._timers_left = self._timers_left, []
+        return left
+
     def _worker_ended(self, worker: asyncio.Task[None]) -> None:
         """A worker ends only by `stop`; any other end is a fault of the node, and the task
         is closed and taken afresh: a worker cancelled by anything but its stop (a
@@ -149,4 +169,5 @@ class PartitionInput:
             self.queue.get_nowait()  # stale: read again after a take
         self.held.batches.clear()
         self.local = False
+        self._timers_left = []
         return self.cut
