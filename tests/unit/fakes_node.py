@@ -137,11 +137,14 @@ class RunningNode:
         return self
 
     async def stop(self) -> None:
-        if self.task is not None:
-            self.task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self.task
-        await self.node.stop()
+        """Stops the node, its run's own failure (if it ended by one) raised after."""
+        try:
+            if self.task is not None:
+                self.task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await self.task
+        finally:
+            await self.node.stop()
 
     def runs(self, partitions: int | None = None) -> bool:
         """Ready, owning `partitions` partitions (all of them unless told)."""
