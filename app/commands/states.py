@@ -19,6 +19,7 @@ from app.kafka import LogReader, Record
 from app.kafka.records import RestoreProgress
 from app.model.aggregate import AggregateType
 from app.model.decide import StoredAggregate, fold
+from app.model.user_code import UserCodeTimeout
 from app.protocol.limits import InputLimits, StateTooLarge
 from app.protocol.wire import EventEnvelope, decode_event, encode
 from tables import StoreError
@@ -182,6 +183,11 @@ class PartitionStates:
             try:
                 after = fold(self.agg, current, [e])
                 state, current = encode(after), after
+            except UserCodeTimeout:
+                # The machine's load or the timeout, not the event's: passed over, the
+                # restored state would differ from the live one. The restore fails (taken
+                # again; the node stops loudly if it never passes: raise the timeout).
+                raise
             except Exception as exc:
                 if node_fault(exc):
                     raise

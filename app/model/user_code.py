@@ -60,13 +60,14 @@ class user_code:
     can be read; anything else is `UserCodeFailed` (the original as its cause). A class,
     not a generator: it runs once a command and once an event folded (#20).
 
-    On the main thread the block is the current invocation (`current`) from its start
-    (`started`, monotonic) until it ends, when the one it was nested in is again."""
+    On the main thread the outermost block is the current invocation (`current`) from its
+    start (`started`, monotonic) until it ends: a block nested in it (a job's handler in
+    its schedule's tick) is timed as part of it, so that the inner one's timeout, caught
+    where the inner one is answered for, leaves no outer one overdue as well."""
 
-    __slots__ = ("_outer", "name", "started", "whose")
+    __slots__ = ("name", "started", "whose")
     # Set by `__enter__` on the main thread only, read only while it is `current`: not
     # set at construction, one object made per command decided.
-    _outer: user_code | None
     started: float
 
     def __init__(self, whose: str, name: str = "") -> None:
@@ -82,8 +83,7 @@ class user_code:
         # On the hot path (twice per command decided): a few assignments. The slot is set
         # last, so an interruption before it leaves the slot as it was.
         global _current
-        if get_ident() == _MAIN_THREAD and _current is not self:
-            self._outer = _current
+        if _current is None and get_ident() == _MAIN_THREAD:
             self.started = monotonic()
             _current = self
 
@@ -92,7 +92,7 @@ class user_code:
     ) -> None:
         global _current
         if _current is self:  # first: whatever follows, the watch never sees it run on
-            _current = self._outer
+            _current = None
         if exc is None:
             return
         what = self.what
@@ -108,11 +108,11 @@ class user_code:
 
 
 _current: user_code | None = None
-"""The main thread's user code running now (the innermost), or None."""
+"""The main thread's user code running now (the outermost block), or None."""
 
 
 def current() -> user_code | None:
-    """The main thread's user code running now (the innermost block), or None."""
+    """The main thread's user code running now (the outermost block), or None."""
     return _current
 
 

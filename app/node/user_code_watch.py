@@ -23,11 +23,11 @@ alone); one started elsewhere runs without a timeout, said once in a warning.
 
 from __future__ import annotations
 
+import contextlib
 import faulthandler
 import logging
 import os
 import signal
-import sys
 import threading
 from collections.abc import Callable
 from time import monotonic
@@ -40,6 +40,7 @@ __all__ = [
     "HUNG_EXIT_CODE",
     "HUNG_GRACE_S",
     "INTERRUPT_SIGNAL",
+    "RESEND_S",
     "TICK_S",
     "UserCodeWatch",
     "Verdict",
@@ -74,15 +75,27 @@ _Handler = Callable[[int, FrameType | None], Any] | int | signal.Handlers | None
 _ENTRY_CODES: Final = frozenset({user_code.__enter__.__code__, user_code.__exit__.__code__})
 
 
+RESEND_S: Final = 1.0
+"""How often an invocation still running after its interruption is interrupted again: one
+that caught the first (a retry loop's `except Exception`, a logging handler's error
+handling) is given another, not left to the process's end."""
+
+
 def verdict(
-    ran_s: float, timeout_s: float, interrupted: bool, grace_s: float = HUNG_GRACE_S
+    ran_s: float,
+    timeout_s: float,
+    first_sent_s: float | None,
+    last_sent_s: float | None,
+    grace_s: float = HUNG_GRACE_S,
 ) -> Verdict | None:
-    """What the watch does about an invocation running for `ran_s`: interrupt it once past
-    the timeout, end the process at twice the timeout and `grace_s` past it at least (the
-    interruption did not end it), else nothing."""
-    if ran_s >= timeout_s + max(timeout_s, grace_s):
+    """What the watch does about an invocation running for `ran_s`, interrupted first and
+    last `first_sent_s` and `last_sent_s` ago (None: never): interrupt it once past the
+    timeout, and again every `RESEND_S` while it runs on; end the process once the first
+    interruption is the timeout and `grace_s` old at least (none ended it), never before
+    one was sent (a process frozen past it, SIGSTOP or a paused VM, is interrupted first)."""
+    if first_sent_s is not None and first_sent_s >= max(timeout_s, grace_s):
         return "exit"
-    if ran_s >= timeout_s and not interrupted:
+    if ran_s >= timeout_s and (last_sent_s is None or last_sent_s >= RESEND_S):
         return "interrupt"
     return None
 
@@ -124,7 +137,11 @@ class Watchdog:
         self._die = die
         self.timeout_s = 0.0
         self._target: tuple[user_code, float] | None = None
-        """The invocation interrupted (and its start), or None: the same is not sent twice."""
+        """The invocation interrupted (and its start), or None: the signal raises in it
+        alone."""
+        self._sent: tuple[float, float] = (0.0, 0.0)
+        """When `_target` was first and last sent the signal (monotonic)."""
+        self._lost_signal = False
 
     def watch(self, timeout_s: float) -> UserCodeWatch:
         """A hold on the watch, with `timeout_s`; none off the main thread (said once)."""
@@ -170,7 +187,10 @@ class Watchdog:
             self._stopping.set()
         if thread is not None:
             thread.join()
-        if threading.current_thread() is threading.main_thread():
+        if (
+            threading.current_thread() is threading.main_thread()
+            and signal.getsignal(INTERRUPT_SIGNAL) == self._on_signal
+        ):  # not another's, installed since
             signal.signal(INTERRUPT_SIGNAL, self._previous or signal.SIG_DFL)
         # Else left installed: it raises nothing without a target, which none is now.
         self._target = None
@@ -183,17 +203,37 @@ class Watchdog:
         invocation = current()
         if invocation is None:
             return
-        started = invocation.started
-        ran_s = monotonic() - started
-        interrupted = self._target == (invocation, started)
-        match verdict(ran_s, self.timeout_s, interrupted, self._grace_s):
+        now, started = monotonic(), invocation.started
+        sent = self._target == (invocation, started)
+        first, last = (now - self._sent[0], now - self._sent[1]) if sent else (None, None)
+        match verdict(now - started, self.timeout_s, first, last, self._grace_s):
             case "interrupt":
-                self._target = (invocation, started)
+                if not self._ours():
+                    return  # said once; the node runs on untimed, as without the watch
+                if not sent:
+                    self._target, self._sent = (invocation, started), (now, now)
+                else:
+                    self._sent = (self._sent[0], now)
                 main = threading.main_thread().ident
                 assert main is not None
                 signal.pthread_kill(main, INTERRUPT_SIGNAL)
             case "exit" if current() is invocation and invocation.started == started:
-                self._die(invocation, ran_s, self.timeout_s)
+                self._die(invocation, now - started, self.timeout_s)
+
+    def _ours(self) -> bool:
+        """Whether the signal's handler is still this watch's: another library may have
+        taken the signal over since (a server's reload, a profiler); sent, it would run
+        that one's action and interrupt nothing."""
+        if signal.getsignal(INTERRUPT_SIGNAL) == self._on_signal:
+            return True
+        if not self._lost_signal:
+            self._lost_signal = True
+            logger.error(
+                "%s's handler was replaced by another's: user code runs without a timeout "
+                "(TICKWHEEL_HANDLER_TIMEOUT_MS is not applied)",
+                INTERRUPT_SIGNAL.name,
+            )
+        return False
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         """In the main thread: `UserCodeTimeout` raised in the interrupted invocation, if it
@@ -202,28 +242,24 @@ class Watchdog:
         if target is None or invocation is not target[0] or invocation.started != target[1]:
             return
         if frame is not None and frame.f_code in _ENTRY_CODES:
-            self._target = None  # sent again next look, once its slot is settled
-            return
+            return  # sent again (`RESEND_S`), once its slot is settled
         raise UserCodeTimeout(invocation.what, monotonic() - invocation.started, self.timeout_s)
 
 
 def exit_hung(invocation: user_code, ran_s: float, timeout_s: float) -> None:
     """Ends the process: the invocation outlived its interruption (a C call that never
     looks for signals). Its stack, with every thread's, says where it hangs."""
-    logger.critical(
-        "%s has run for %.1f s and could not be interrupted at the handler timeout "
-        "(%g s, TICKWHEEL_HANDLER_TIMEOUT_MS): the node stops (exit code %d) rather than "
-        "hang; every thread's stack follows on stderr",
-        invocation.what,
-        ran_s,
-        timeout_s,
-        HUNG_EXIT_CODE,
+    # No lock taken on the way out (no logging, no flush): the main thread, hung, may hold
+    # a log handler's (a handler that blocks writing its log was its way of hanging).
+    said = (
+        f"CRITICAL {invocation.what} has run for {ran_s:.1f} s and could not be interrupted "
+        f"at the handler timeout ({timeout_s:g} s, TICKWHEEL_HANDLER_TIMEOUT_MS): the node "
+        f"stops (exit code {HUNG_EXIT_CODE}) rather than hang; every thread's stack follows\n"
     )
-    for handler in logging.getLogger().handlers:
-        handler.flush()
-    if sys.__stderr__ is not None:
-        sys.__stderr__.flush()
-    faulthandler.dump_traceback(file=2, all_threads=True)
+    with contextlib.suppress(OSError):
+        os.write(2, said.encode("utf-8", "replace"))
+    with contextlib.suppress(OSError, RuntimeError, ValueError):
+        faulthandler.dump_traceback(file=2, all_threads=True)
     os._exit(HUNG_EXIT_CODE)
 
 

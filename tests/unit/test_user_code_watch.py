@@ -15,6 +15,7 @@ import pytest
 from app.model.user_code import UserCodeTimeout, current, user_code
 from app.node.user_code_watch import (
     INTERRUPT_SIGNAL,
+    RESEND_S,
     TICK_S,
     UserCodeWatch,
     Watchdog,
@@ -85,16 +86,41 @@ def test_a_signal_after_the_invocation_ended_raises_nothing() -> None:
 
 
 @pytest.mark.usefixtures("watch")
-def test_nested_user_code_the_inner_is_interrupted_the_outer_goes_on() -> None:
+def test_nested_user_code_is_timed_as_the_outer_which_goes_on_once_caught() -> None:
+    """A job's handler in its schedule's tick: timed as part of the tick (the outermost
+    block), so that once the job's timeout is caught where the job is answered for (its
+    run failed), no outer one is overdue too and interrupted a second time."""
     with user_code("the handler of", "Outer"):
         outer = current()
         with (
-            pytest.raises(UserCodeTimeout, match="the appliers of Inner"),
-            user_code("the appliers of", "Inner"),
+            pytest.raises(UserCodeTimeout, match="the handler of Outer"),
+            user_code("the handler of job", "Inner"),
         ):
+            assert current() is outer
             time.sleep(10)
         assert current() is outer
+        time.sleep(TIMEOUT_S)  # the rest of the tick's work: not interrupted again
     assert current() is None
+
+
+def test_an_interruption_caught_is_sent_again() -> None:
+    """A retry loop's `except Exception` (or a logging handler's error handling) that
+    swallows the timeout and blocks again is interrupted again, `RESEND_S` later, not
+    left to the end of the process."""
+    ended: list[str] = []
+    watchdog = Watchdog(lambda invocation, *_: ended.append(invocation.what), grace_s=30)
+    hold = watchdog.watch(TIMEOUT_S)
+    caught = 0
+    try:
+        with user_code("the handler of", "Retrying"):
+            for _ in range(3):
+                try:
+                    time.sleep(10)
+                except UserCodeTimeout:
+                    caught += 1
+    finally:
+        hold.stop()
+    assert caught == 3 and ended == []
 
 
 def test_a_watch_runs_while_any_node_holds_it_and_restores_the_signal() -> None:
@@ -147,30 +173,60 @@ def test_off_the_main_thread_nothing_is_watched() -> None:
 
 
 @pytest.mark.parametrize(
-    ("ran_s", "interrupted", "expected"),
+    ("ran_s", "first", "last", "expected"),
     [
-        (0.0, False, None),
-        (4.99, False, None),
-        (5.0, False, "interrupt"),
-        (7.0, False, "interrupt"),
-        (7.0, True, None),  # interrupted once: its exception is on its way
-        (9.99, True, None),
-        (10.0, True, "exit"),  # the interruption could not end it (a C call)
-        (10.0, False, "exit"),
-        (60.0, True, "exit"),
+        (0.0, None, None, None),
+        (4.99, None, None, None),
+        (5.0, None, None, "interrupt"),
+        (7.0, None, None, "interrupt"),
+        (7.0, 2.0, 0.5, None),  # interrupted: its exception is on its way
+        (7.0, 2.0, RESEND_S, "interrupt"),  # caught, it runs on: again
+        (9.99, 4.99, 0.5, None),
+        (10.0, 5.0, 0.5, "exit"),  # no interruption ended it (a C call)
+        (60.0, None, None, "interrupt"),  # frozen past it (SIGSTOP): interrupted first
+        (60.0, 55.0, 0.1, "exit"),
     ],
 )
-def test_the_verdict_by_time(ran_s: float, interrupted: bool, expected: str | None) -> None:
-    assert verdict(ran_s, 5.0, interrupted, grace_s=0) == expected
-    assert verdict(ran_s, 5.0, interrupted, grace_s=5.0) == expected
+def test_the_verdict_by_time(
+    ran_s: float, first: float | None, last: float | None, expected: str | None
+) -> None:
+    assert verdict(ran_s, 5.0, first, last, grace_s=0) == expected
+    assert verdict(ran_s, 5.0, first, last, grace_s=5.0) == expected
 
 
 @pytest.mark.parametrize(
-    ("ran_s", "expected"), [(1.0, None), (10.49, None), (10.5, "exit"), (11.0, "exit")]
+    ("first", "expected"), [(None, "interrupt"), (1.0, None), (9.99, None), (10.0, "exit")]
 )
 def test_a_short_timeout_ends_the_process_only_its_grace_after(
-    ran_s: float, expected: str | None
+    first: float | None, expected: str | None
 ) -> None:
     """A test's or a fast failover's 0.5 s timeout: a stall of a second (a garbage
     collection, a loaded machine) is interrupted, but ends no process before 10 s more."""
-    assert verdict(ran_s, 0.5, True) == expected
+    assert verdict(12.0, 0.5, first, 0.5 if first is not None else None) == expected
+
+
+def test_a_signal_taken_over_by_another_library_is_not_sent(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Another library's handler installed since (a server's reload, a profiler): sent, the
+    signal would run that one's action and interrupt nothing, and the process would end.
+    Not sent: said once, the code runs on untimed; the other's handler stays at the stop."""
+    ended: list[str] = []
+    others: list[int] = []
+    before = signal.getsignal(INTERRUPT_SIGNAL)
+    watchdog = Watchdog(lambda invocation, *_: ended.append(invocation.what), grace_s=0)
+    hold = watchdog.watch(TIMEOUT_S)
+
+    def theirs(signum: int, frame: object) -> None:
+        others.append(signum)
+
+    signal.signal(INTERRUPT_SIGNAL, theirs)
+    try:
+        with user_code("the handler of", "Untimed"):
+            time.sleep(3 * TIMEOUT_S)
+    finally:
+        hold.stop()
+        assert signal.getsignal(INTERRUPT_SIGNAL) is theirs
+        signal.signal(INTERRUPT_SIGNAL, before)
+    assert others == [] and ended == []
+    assert caplog.text.count("was replaced by another's") == 1
