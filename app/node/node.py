@@ -244,7 +244,8 @@ class Node:
         )
         await self._consumer.start()
         # From here partitions may be given, and their user code runs: it is timed.
-        self._watch = watch_user_code(s.handler_timeout_ms / 1000)
+        if s.handler_timeout_ms:  # 0: untimed
+            self._watch = watch_user_code(s.handler_timeout_ms / 1000)
 
     async def stop(self) -> None:
         """Stops everything the node runs, each part whatever another's stop raised (a

@@ -131,13 +131,13 @@ class Settings(BaseSettings):
     max_state_bytes: int = Field(default=DEFAULT_MAX_STATE_BYTES, ge=1024, le=MAX_STATE_BYTES)
     """An aggregate's stored state at most (at least `max_record_bytes`): a command whose
     decision would grow it past is answered ERROR; the log's events are folded whatever."""
-    handler_timeout_ms: int = Field(default=DEFAULT_HANDLER_TIMEOUT_MS, ge=100, le=600_000)
+    handler_timeout_ms: int = Field(default=DEFAULT_HANDLER_TIMEOUT_MS, ge=0, le=600_000)
     """How long one run of user code (a handler, the appliers of a command's events, a job's
     handler) may take: past it, it is interrupted and its record fails (answered ERROR,
     dead-lettered); still running at twice it (10 s after it at least), the worker exits
     (`app.node.user_code_watch`).
     Below `session_timeout_ms`; when not given, the default or half the session timeout,
-    whichever is less."""
+    whichever is less. 0: no timeout (a debugger's breakpoint in a handler)."""
     timers: TimerOptions = Field(default_factory=TimerOptions)
     """The runner's options; in the environment as JSON, e.g. {"claim_timeout": 5000}."""
     kafka_client: KafkaClient = "aiokafka"
@@ -223,6 +223,11 @@ class Settings(BaseSettings):
     def _handler_within_session(self) -> Settings:
         # The loop is the handler's while it runs: no heartbeat goes out. A handler allowed
         # past the session would get the node expelled before its timeout ends it.
+        if 0 < self.handler_timeout_ms < 100:
+            raise ValueError(
+                f"TICKWHEEL_HANDLER_TIMEOUT_MS ({self.handler_timeout_ms}) is 0 (no timeout) "
+                "or 100 at least"
+            )
         if self.handler_timeout_ms >= self.session_timeout_ms:
             raise ValueError(
                 f"TICKWHEEL_HANDLER_TIMEOUT_MS ({self.handler_timeout_ms}) must be below "

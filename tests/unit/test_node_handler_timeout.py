@@ -166,7 +166,9 @@ def test_the_handler_timeout_is_below_the_session_timeout() -> None:
         Settings.from_env(
             {"TICKWHEEL_HANDLER_TIMEOUT_MS": "2000", "TICKWHEEL_SESSION_TIMEOUT_MS": "2000"}
         )
-    for bad in ("99", "600001"):
+    untimed = {"TICKWHEEL_HANDLER_TIMEOUT_MS": "0"}
+    assert Settings.from_env(untimed).handler_timeout_ms == 0  # a debugger's breakpoint
+    for bad in ("99", "1", "-1", "600001"):
         with pytest.raises(ConfigError, match="TICKWHEEL_HANDLER_TIMEOUT_MS"):
             Settings.from_env(
                 {"TICKWHEEL_HANDLER_TIMEOUT_MS": bad, "TICKWHEEL_SESSION_TIMEOUT_MS": "300000"}
