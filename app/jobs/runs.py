@@ -70,8 +70,8 @@ def drop_oldest_runs(state: ScheduleState, d: Decision, keep: int, instance: obj
         d.cancel_schedule(key)
     if dropped and (more := _DROPS.check(state.job)) is not None:
         logger.warning(
-            "%s: more than %d failed slots wait to run again: the oldest %d dropped (%s) "
-            "and will not run%s",
+            "%s: more than %d failed slots wait to run again: the oldest %d dropped (%s), "
+            "their run timers cancelled (a run already sent still runs once)%s",
             instance,
             keep,
             len(dropped),
