@@ -13,6 +13,7 @@ from app.commands.processor import CommandBatch, misrouted
 from app.errors import BadRecord, KafkaUnavailable, node_fault
 from app.kafka import Record
 from app.model.decide import command_of_event
+from app.model.user_code import UserCodeTimeout
 from app.node.cycle_work import CycleWork
 from app.node.kept import KeptType
 from app.node.metrics import NodeMetrics
@@ -112,6 +113,11 @@ class TimerTableCycles:
                     continue
                 if op is not None and await _superseded(w, event, op):
                     continue
+            except UserCodeTimeout:
+                # The machine's load or the timeout, not the event's: passed over, the live
+                # state would differ from what a restore of the same log folds (a restore
+                # fails on it too). The cycle fails; the partition is taken again.
+                raise
             except Exception as exc:
                 if node_fault(exc):
                     raise

@@ -13,7 +13,8 @@ its last failed cycle read and the timers its budget left.
 Whatever goes wrong with one record (its bytes, its envelope, its handler, its applier,
 what it does to the timer table, an operator's request) is that record's: it is
 dead-lettered in the cycle's transaction and the cycle goes on. Only a fault of the node
-itself (`app.errors.node_fault`) ends the task's work (its `failed`): nothing of the cycle
+itself (`app.errors.node_fault`), or an applier timed out on an event the log holds (the
+timeout is not the event's), ends the task's work (its `failed`): nothing of the cycle
 counts, its type's partition is taken afresh (no other type's task of the partition is
 touched), and its input's `failed_at` says which offsets the failed cycle read from."""
 

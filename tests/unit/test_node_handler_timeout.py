@@ -67,6 +67,23 @@ def done(state: Count, e: Event) -> Count:
     return state.model_copy(update={"n": state.n + 1})
 
 
+SLOW_CALLS: list[str] = []
+
+
+@agg.applies("Grown")
+def grown(state: Count, e: Event) -> Count:
+    """Another writer's event; its applier hangs the first time it is called."""
+    SLOW_CALLS.append(e.id)
+    if len(SLOW_CALLS) == 1:
+        RELEASE.wait()
+    return state.model_copy(update={"n": state.n + 100})
+
+
+@agg.command("Tell")
+def tell(state: Count, cmd: Command, d: Decision) -> None:
+    d.emit("Told", {"n": state.n})
+
+
 SERVICE = Service(aggregates=(agg,))
 
 
@@ -152,6 +169,43 @@ async def test_a_hanging_handler_is_answered_error_and_the_partition_goes_on(
     assert decode(CommandEnvelope, letter.value).request_id == hung
     assert [e.request_id for e in done_events(log)] == [after]
     assert took < 4  # a timeout's worth, not the hang's
+
+
+async def test_an_applier_timed_out_on_another_writers_event_retakes_the_partition(
+    tmp_path: Path,
+) -> None:
+    """An applier that times out while the live node follows another writer's event is not
+    the event's fault (the machine's load, a slow call): passed over and dead-lettered, the
+    live state would miss what a restore of the same log folds (or fails on). The partition
+    is taken again and the event folded: the next command sees it."""
+    log = MemoryLog()
+    RELEASE.clear()
+    SLOW_CALLS.clear()
+    release = threading.Timer(5, RELEASE.set)
+    owner = owner_in(1)
+    grown_event = EventEnvelope(
+        id=uuid.uuid4().hex,
+        type="Grown",
+        aggregate=AggregateRef(context="hang", aggregate="thing", id=owner),
+        version=1,
+        created_at=time.time_ns() // 1_000_000,
+    )
+    try:
+        async with running(timed_node(log, tmp_path)):
+            release.start()
+            await log.publisher().send(TOPICS.events, owner.encode(), encode(grown_event), 1)
+            await wait_until(lambda: len(SLOW_CALLS) >= 2, within=10)
+            told = await send(log, owner, "Tell")
+            await wait_until(lambda: told in results(log), within=10)
+    finally:
+        release.cancel()
+        RELEASE.set()
+
+    assert results(log)[told].code == ResultCode.COMMITTED
+    [event] = [e for e in done_events(log) if e.request_id == told]
+    assert event.body == {"n": 100}  # the other writer's event folded
+    assert event.version == 2
+    assert [x for x in letters(log) if x.context.topic == TOPICS.events] == []
 
 
 def test_the_handler_timeout_is_below_the_session_timeout() -> None:
