@@ -19,6 +19,7 @@ from app.ops.job_models import (
     job_paths,
 )
 from app.ops.job_routes import JOB_ACTIONS, job_path
+from app.ops.page_ledger import LEDGER_LIMIT, LEDGER_LIMIT_MAX
 from app.ops.timer_api import ApiError, TimerAnswer, TimerPut
 from app.ops.timer_routes import ACTION_PATHS, IDEMPOTENCY_HEADER, TIMER_PATH
 from app.ops.upcoming import DEFAULT_LIMIT, MAX_LIMIT, UpcomingPage
@@ -187,8 +188,23 @@ def openapi_document(version: str) -> dict[str, Any]:
             "/healthz": _health("readiness (as /readyz)"),
             "/ledger": {
                 "get": {
-                    "summary": "the open entries of the failure ledgers",
-                    "responses": {"200": _json("entries", _OBJECT)},
+                    "summary": "the newest open entries of the failure ledgers, whole",
+                    "parameters": [
+                        _query(
+                            "limit",
+                            "how many entries, the newest first (`more` counts the others)",
+                            {
+                                "type": "integer",
+                                "minimum": 1,
+                                "maximum": LEDGER_LIMIT_MAX,
+                                "default": LEDGER_LIMIT,
+                            },
+                        ),
+                    ],
+                    "responses": {
+                        "200": _json("entries", _OBJECT),
+                        "400": _error("a bad limit, or another parameter"),
+                    },
                 }
             },
             "/timers/upcoming": {

@@ -3,25 +3,42 @@
 Every node follows its contexts' ledgers whole, and an entry names up to `MAX_NAMED`
 timers: rendered whole, a ledger of thousands of parked targets made a page of megabytes
 on every load. The page shows the `LEDGER_ROWS` entries written last, each with its first
-`NAMES_SHOWN` names, and counts the rest; `tickwheel timers ledger` and `GET /ledger` list
-them all.
+`NAMES_SHOWN` names, and counts the rest. `GET /ledger` lists the newest `limit` whole
+(`ledger_json`: 1,000 unless asked, `LEDGER_LIMIT_MAX` at most, a body of tens of MiB
+at worst, never the whole of a flooded ledger), with how many it left; `tickwheel timers
+ledger` lists them all.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final, Protocol, runtime_checkable
 
 from tables.ledger import FailureLedger, LedgerEntry
 
-__all__ = ["LEDGER_ROWS", "NAMES_SHOWN", "LedgerRow", "LedgerRows", "ledger_rows"]
+__all__ = [
+    "LEDGER_LIMIT",
+    "LEDGER_LIMIT_MAX",
+    "LEDGER_ROWS",
+    "NAMES_SHOWN",
+    "LedgerRow",
+    "LedgerRows",
+    "ledger_json",
+    "ledger_rows",
+]
 
 LEDGER_ROWS: Final = 50
 """Ledger entries the page shows, the newest first."""
 
 NAMES_SHOWN: Final = 10
 """Timer names shown per entry (the others counted)."""
+
+LEDGER_LIMIT: Final = 1_000
+"""Entries `GET /ledger` lists unless asked for another number."""
+
+LEDGER_LIMIT_MAX: Final = 10_000
+"""Entries `GET /ledger` lists at most."""
 
 
 @runtime_checkable
@@ -75,3 +92,24 @@ async def ledger_rows(
         shown = entry.timers[:names]
         rows.append(LedgerRow(entry, list(types), default, shown, len(entry.timers) - len(shown)))
     return LedgerRows(rows, max(0, len(dated) - limit))
+
+
+async def ledger_json(
+    ledgers: Sequence[FailureLedger], params: Mapping[str, str]
+) -> tuple[int, dict[str, object]]:
+    """`GET /ledger`'s status and body: the newest `limit` open entries, whole (every named
+    timer), and how many older ones it left (`more`); 400 naming what is wrong with the
+    query (`limit` alone is known)."""
+    unknown = sorted(set(params) - {"limit"})
+    if unknown:
+        why = f"unknown parameter {unknown[0]!r}: only limit is known"
+        return 400, {"error": why, "field": unknown[0]}
+    limit, text = LEDGER_LIMIT, params.get("limit")
+    if text is not None:
+        limit = int(text) if text.isascii() and text.isdigit() and len(text) < 7 else 0
+        if not 1 <= limit <= LEDGER_LIMIT_MAX:
+            why = f"limit: a whole number from 1 to {LEDGER_LIMIT_MAX}"
+            return 400, {"error": why, "field": "limit"}
+    found = await ledger_rows(ledgers, [], limit=limit, names=0)
+    entries = [r.entry.model_dump(mode="json") for r in found.rows]
+    return 200, {"entries": entries, "more": found.more}

@@ -13,8 +13,10 @@ Health, for an orchestrator's two questions:
   (when the node reports it: `commit_lag_s`). The body is the node's `health()`.
   `GET /healthz` is the same readiness (kept for what probes it already).
 
-`GET /metrics`, `GET /ledger` (open entries as JSON). `GET /timers/upcoming` lists the
-PENDING and FIRING timers of the node's own partitions by due time (`app.ops.upcoming`):
+`GET /metrics`, `GET /ledger` (the newest open entries as JSON, `limit` of them: 1 to
+10,000, default 1,000; `more` counts the older ones; `app.ops.page_ledger`).
+`GET /timers/upcoming` lists the PENDING and FIRING timers of the node's own partitions
+by due time (`app.ops.upcoming`):
 query parameters `type`, `owner`, `tenant`, `target`, `target_type`, `due_from`,
 `due_until` (ISO 8601 with offset, or epoch ms), `limit` (1 to 1000, default 50) and
 `cursor` (a page's `next_cursor`); a bad one is a 400 naming it. It reads at most
@@ -63,6 +65,7 @@ from app.ops.openapi import openapi_document
 from app.ops.origin import browser_write, known_host, same_site
 from app.ops.page import Acted, OperatorPage, Rendered, default_node_id
 from app.ops.page_actions import JOB_FORM, TIMER_FORM, PageActions
+from app.ops.page_ledger import ledger_json
 from app.ops.timer_api import DEFAULT_WAIT_S
 from app.ops.timer_routes import TimerRoutes
 from app.ops.upcoming import BadQuery, SortKey, query_of, sort_key, upcoming_page
@@ -210,10 +213,9 @@ class WebServer:
         )
 
     async def _ledger(self, request: web.Request) -> web.Response:
-        entries = []
-        for ledger in self._node.ledgers:
-            entries += [e.model_dump(mode="json") for e in await ledger.entries()]
-        return json_response({"entries": entries})
+        query = {k: request.query.getone(k) for k in request.query}
+        status, body = await ledger_json(self._node.ledgers, query)
+        return json_response(body, status)
 
     async def _upcoming(self, request: web.Request) -> web.Response:
         types = self._node.types

@@ -170,7 +170,7 @@ async def test_http_health_metrics_and_errors(cluster: Cluster) -> None:
                 assert 'tickwheel_commands_total{code="COMMITTED"' in text
                 assert "tickwheel_owned_partitions 3.0" in text
             async with http.get(f"http://127.0.0.1:{port}/ledger") as r:
-                assert await r.json() == {"entries": []}
+                assert await r.json() == {"entries": [], "more": 0}
             async with http.get(f"http://127.0.0.1:{port}/nope") as r:
                 assert r.status == 404
                 assert (await r.json())["error"] == "Not Found"

@@ -5,11 +5,13 @@ naming up to `MAX_NAMED` timers, made a page of megabytes on every load."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 
+import pytest
 from test_web_page import Site, cells, owner_in, put, site
 
-from app.ops.page_ledger import LEDGER_ROWS, NAMES_SHOWN, ledger_rows
+from app.ops.page_ledger import LEDGER_LIMIT, LEDGER_ROWS, NAMES_SHOWN, ledger_rows
 from tables import AggregateRef
 from tables.ledger import LedgerEntry, MemoryFailureLedger
 from tables.timer import Timer
@@ -85,3 +87,33 @@ async def test_the_contexts_ledgers_are_merged_newest_first() -> None:
     assert found.more == 1
     assert found.rows[0].default_type == "shop.order"
     assert (await ledger_rows([MemoryFailureLedger()], [])).rows == []
+
+
+async def test_get_ledger_lists_the_newest_entries_whole_and_counts_the_rest(site: Site) -> None:
+    """`GET /ledger` listed every open entry: a flooded ledger made one answer of its whole
+    size on every call. It lists the newest `limit` (whole: every named timer)."""
+    owner = owner_in(1)
+    for n in range(12):
+        timers = [
+            await put(site.node.store, owner, f"k{n}-{m}", T0, target=target(n)) for m in (0, 1)
+        ]
+        await site.node.ledger.record(SUB, target(n), timers)
+    status, text = await site.get("/ledger", limit="5")
+    body = json.loads(text)
+    assert status == 200
+    assert [e["target"]["id"] for e in body["entries"]] == [f"t-{n:03d}" for n in (11, 10, 9, 8, 7)]
+    assert [len(e["timers"]) for e in body["entries"]] == [2] * 5
+    assert body["more"] == 7
+    status, text = await site.get("/ledger")
+    assert status == 200 and len(json.loads(text)["entries"]) == 12
+    assert json.loads(text)["more"] == 0
+    assert LEDGER_LIMIT == 1_000
+
+
+@pytest.mark.parametrize("bad", ["0", "-1", "x", "10001", "1e3", "٣", "99999999999", ""])
+async def test_get_ledger_refuses_a_bad_limit(site: Site, bad: str) -> None:
+    status, text = await site.get("/ledger", limit=bad)
+    assert status == 400
+    assert json.loads(text)["field"] == "limit"
+    status, text = await site.get("/ledger", limt="5")
+    assert status == 400 and "limt" in json.loads(text)["error"]
