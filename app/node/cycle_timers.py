@@ -14,7 +14,7 @@ from app.errors import BadRecord, KafkaUnavailable, node_fault
 from app.kafka import Record
 from app.model.decide import command_of_event
 from app.model.user_code import UserCodeTimeout
-from app.node.cycle_work import CycleWork
+from app.node.cycle_work import CycleWork, past_deadline
 from app.node.kept import KeptType
 from app.node.metrics import NodeMetrics
 from app.protocol.dead_letters import Stage
@@ -79,14 +79,23 @@ class TimerTableCycles:
             for p in sorted({t.partition for t in put}):
                 kept.loop.wake_partition(p, reload=False)
 
-    async def _subscribe(self, kept: KeptType, records: list[Record], w: CycleWork) -> bool:
+    async def _subscribe(
+        self, kept: KeptType, records: list[Record], w: CycleWork
+    ) -> tuple[bool, int]:
         """Applies a log batch to the timer table, its bad records' dead letters added to
-        the cycle's records; whether it wrote anything."""
+        the cycle's records; whether it wrote anything, and how many of `records` it took
+        (all, or those before the cycle's budget was spent: the appliers of another
+        writer's events it follows are a service's code, as slow as its handlers; one
+        record at least)."""
         ops: list[tuple[Record, TimerOp]] = []
         p = records[0].partition
         batch = w.batch_of(p)  # None: p's aggregates are not decided here
         known = SYSTEM_EVENTS | (kept.agg.appliers.keys() if kept.agg is not None else set())
-        for record in records:
+        taken = len(records)
+        for i, record in enumerate(records):
+            if i and w.deadline is not None and past_deadline(w.deadline):
+                taken = i  # the rest is the next cycle's
+                break
             stage = Stage.READ
             try:
                 self.limits.check(record.key, record.value)
@@ -126,10 +135,10 @@ class TimerTableCycles:
             if op is not None:
                 ops.append((record, op))
         if not ops:
-            return False
+            return False, taken
         writes, put = await self._apply(kept, ops, w)
         self._offer(kept, put)
-        return writes > 0
+        return writes > 0, taken
 
     async def _apply(
         self, kept: KeptType, ops: list[tuple[Record, TimerOp]], w: CycleWork

@@ -240,7 +240,9 @@ class PartitionCycles(TimerTableCycles):
                 kind = self._by_topic[topic][1]
                 w = work_of()
                 if kind == "events":
-                    w.wrote = await self._subscribe(kept, records, w) or w.wrote
+                    wrote, taken = await self._subscribe(kept, records, w)
+                    w.wrote = wrote or w.wrote
+                    records, unreached = records[:taken], len(records) - taken
                 elif kind == "timer-ops":
                     await self._operate(kept, records, w)
                     w.wrote = True

@@ -91,6 +91,13 @@ def _fired(state: Thing, e: Event) -> Thing:
     return state
 
 
+@thing.applies("Grown")
+def _grown(state: Thing, e: Event) -> Thing:
+    CALLS[e.id] += 1
+    time.sleep(HANDLER_S)  # an applier as slow as a handler
+    return state.model_copy(update={"n": state.n + 1})
+
+
 SERVICE = Service(aggregates=(thing,))
 
 
@@ -132,11 +139,11 @@ def results(log: MemoryLog) -> list[CommandResult]:
 
 class Watch:
     """On the node's loop: the longest gap between two ticks of a task sleeping 5 ms (a
-    heartbeat, another partition's round), and each committed offset of the commands of
-    partition 0 seen, in order."""
+    heartbeat, another partition's round), and each committed offset of the commands (or
+    `topic`) of partition 0 seen, in order."""
 
-    def __init__(self, log: MemoryLog) -> None:
-        self.log = log
+    def __init__(self, log: MemoryLog, topic: str = TOPICS.commands) -> None:
+        self.log, self.topic = log, topic
         self.longest = 0.0
         self.committed: list[int] = []
         self.task = asyncio.create_task(self._run())
@@ -147,7 +154,7 @@ class Watch:
             await asyncio.sleep(0.005)
             now = time.monotonic()
             self.longest, last = max(self.longest, now - last), now
-            at = self.log.committed("g", TOPICS.commands, 0)
+            at = self.log.committed("g", self.topic, 0)
             if at is not None and (not self.committed or self.committed[-1] != at):
                 self.committed.append(at)
 
@@ -264,6 +271,40 @@ async def test_in_process_timers_fired_at_once_are_decided_a_budget_a_cycle_each
     assert len(fired) == timers and sorted(CALLS.values()) == [1] * timers, CALLS
     assert sum(fired_per_cycle) == timers and max(fired_per_cycle) <= PER_CYCLE, fired_per_cycle
     assert watch.longest < BUDGET_S + HANDLER_S + SLACK_S, watch.longest
+
+
+async def test_another_writers_events_with_slow_appliers_are_followed_a_budget_a_cycle(
+    node: RunningNode,
+) -> None:
+    """The appliers of another writer's events, which the node follows, are the service's
+    code too: a log batch of them was followed whole in one cycle, the loop held for the
+    batch's appliers (0.96 s here). Now cut as commands are; each folded once, in order."""
+    log, n = log_of(node), 16
+    grown = [
+        EventEnvelope(
+            id=uuid.uuid4().hex,
+            type="Grown",
+            aggregate=AggregateRef(context="bud", aggregate="thing", id=OWNER),
+            version=v,
+            created_at=int(time.time() * 1000),
+        )
+        for v in range(1, n + 1)
+    ]
+    watch = Watch(log, TOPICS.events)
+    try:
+        publisher = log.publisher()
+        for e in grown:
+            await publisher.send(TOPICS.events, OWNER.encode(), encode_wire(e), 0)
+        await wait_until(lambda: log.committed("g", TOPICS.events, 0) == n, within=20)
+    finally:
+        watch.stop()
+    assert [CALLS[e.id] for e in grown] == [1] * n, CALLS
+    assert watch.longest < BUDGET_S + HANDLER_S + SLACK_S, watch.longest
+    assert len(watch.committed) >= n // PER_CYCLE // 2, watch.committed
+    # Folded whole: the next decision is on the aggregate at version n.
+    await send_all(log, [command("Slow", i=0)])
+    await wait_until(lambda: len(events(log, "Done")) == 1)
+    assert events(log, "Done")[0].version == n + 1
 
 
 def batch(topic: str, offsets: range) -> tuple[str, list[Record]]:
