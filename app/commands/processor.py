@@ -6,7 +6,8 @@ handler, and then append the events to `<type>.events[p]`, publish the results a
 the commands' offsets in ONE Kafka transaction. The aggregate states are written locally
 only after the transaction committed; they are a fold of the log, restored from it
 (`app.commands.states`). What a transaction builds up is a `CommandBatch`
-(`app.commands.batch`); the records beside the events, `app.commands.records`.
+(`app.commands.batch`); the records beside the events, `app.commands.records`; the checks
+of a record before it is decided, `app.commands.intake`.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from app.commands.batch import BatchStats, CommandBatch, Commit, LocalDecided
+from app.commands.intake import bad_reply, read_command
 from app.commands.records import (
     applied_id,
     check_sizes,
@@ -45,7 +47,6 @@ from app.protocol.wire import (
     EventEnvelope,
     Refusal,
     ResultCode,
-    decode,
     encode,
 )
 from tables import AggregateRef
@@ -143,13 +144,13 @@ class CommandProcessor:
                 break
             decided, waiting = i + 1, len(records) - i + backlog
             try:
-                cmd = self._read(r)
+                cmd = read_command(r, self.agg.type_name, self.limits, self.partitions)
             except BadRecord as exc:
                 self._dead_letter(batch, r, exc, Stage.READ)
                 continue
             if cmd.in_process and written_in_process(r):
                 continue  # fired in-process: decided in the transaction that wrote it
-            if (wrong := self._bad_reply(cmd)) is not None:
+            if (wrong := bad_reply(cmd, self.results_topic, self.partitions)) is not None:
                 # Never written where it asks: answered where its context's answers go.
                 self._refuse(batch, r, cmd, BadRecord(wrong), Stage.READ, own=True)
                 continue
@@ -187,31 +188,6 @@ class CommandProcessor:
         batch.stats.commands += decided
         batch.offsets[(self.topics.commands, self.partition)] = records[decided - 1].offset + 1
         return decided
-
-    def _read(self, r: Record) -> CommandEnvelope:
-        """A command record of this partition's, read and checked; `BadRecord` otherwise."""
-        self.limits.check(r.key, r.value)
-        cmd = decode(CommandEnvelope, r.value, self.limits.max_record_bytes)
-        if cmd.aggregate.type_name != self.agg.type_name:
-            raise BadRecord(f"command for {cmd.aggregate.type_name} on {r.topic}")
-        if (why := misrouted(r, cmd.aggregate, self.partitions)) is not None:
-            raise BadRecord(why)
-        return cmd
-
-    def _bad_reply(self, cmd: CommandEnvelope) -> str | None:
-        """Why the command's reply address is not one this node answers on, or None: only
-        its context's results topic, in a partition that topic has."""
-        if cmd.reply_to is not None and cmd.reply_to != self.results_topic:
-            return (
-                f"reply_to {cmd.reply_to[:300]!r} is not {self.results_topic}: commands are "
-                "answered on their context's results topic only"
-            )
-        if cmd.reply_partition is not None and cmd.reply_partition >= self.partitions:
-            return (
-                f"reply_partition {cmd.reply_partition} does not exist: "
-                f"{self.results_topic} has {self.partitions} partitions"
-            )
-        return None
 
     def _applied(self, batch: CommandBatch, cmd: CommandEnvelope) -> bool:
         """Whether `cmd`'s request id is applied to its aggregate: an in-process command an
@@ -397,7 +373,7 @@ class CommandProcessor:
         own: bool = False,
         refusal: Refusal | None = None,
     ) -> OutRecord:
-        """The command's result record: on its reply address (checked by `_bad_reply`), or
+        """The command's result record: on its reply address (checked by `bad_reply`), or
         with `own` on the context's results topic, in the request id's partition."""
         result = CommandResult(
             request_id=cmd.request_id,

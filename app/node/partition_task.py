@@ -53,6 +53,7 @@ from app.node.partition_release import CloseFailed, release_partition
 from app.node.partition_take import take_partition
 from app.node.partition_timers import PartitionTimerLoop
 from app.node.partition_transaction import PartitionTransaction
+from app.node.shielded_close import ShieldedClose
 from app.node.task_id import TaskId
 from app.node.task_shared import TaskManager, TaskShared
 from app.node.task_state import TaskState, closes_clean, transition
@@ -113,8 +114,7 @@ class PartitionTask:
         self.input: PartitionInput | None = None
         # Its close under way, or its last (`close`), and that one's failure while no
         # caller has heard it.
-        self._closing: asyncio.Task[None] | None = None
-        self._unheard: BaseException | None = None
+        self._closes = ShieldedClose()
 
     def _transaction(self) -> PartitionTransaction | None:
         """Its transaction now, as its commits and input read it (each take's own)."""
@@ -337,30 +337,12 @@ class PartitionTask:
 
         It runs in a task of its own: a caller cut short (a revoke cancelling the retake
         that closes it after a failure) cuts none of it, and a close asked for while one
-        runs waits for that one."""
-        if (closing := self._closing) is None or closing.done():
-            if (unheard := self._unheard) is not None:
-                # Its last close failed while no caller waited (the one that began it was
-                # cancelled): this caller hears it, as that one would have.
-                self._unheard = None
-                raise unheard
-            if self.state is TaskState.CLOSED:
-                return
-            closing = self._closing = asyncio.create_task(
-                self._close(clean=clean), name=f"close {self.type_name} {self.p}"
-            )
-            closing.add_done_callback(self._closed)
-        try:
-            await asyncio.shield(closing)
-        except asyncio.CancelledError:
-            raise
-        except BaseException:
-            self._unheard = None  # heard here
-            raise
-
-    def _closed(self, closing: asyncio.Task[None]) -> None:
-        if not closing.cancelled() and (exc := closing.exception()) is not None:
-            self._unheard = exc  # until a caller hears it (a waiter of it, or the next)
+        runs waits for that one (`ShieldedClose`)."""
+        await self._closes.run(
+            functools.partial(self._close, clean=clean),
+            closed=self.state is TaskState.CLOSED,
+            name=f"close {self.type_name} {self.p}",
+        )
 
     async def _close(self, *, clean: bool) -> None:
         was = self.state

@@ -19,7 +19,8 @@ is not a report of its key (another producer's, a broken one) is skipped and cou
 
 No node talks to another over HTTP: the status travels through Kafka, as the operators'
 retry and skip do (`app.timers.operator`), and a search of an owner whose partition lives
-elsewhere reads that partition of the timer table's changelog (`changelog_timers`).
+elsewhere reads that partition of the timer table's changelog (`changelog_timers`, carried
+out by `app.ops.changelog_search`).
 """
 
 from __future__ import annotations
@@ -32,11 +33,16 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
 from prometheus_client import CollectorRegistry, Counter
-from pydantic import ValidationError
 
-from app.errors import KafkaUnavailable, TickwheelError
+from app.errors import KafkaUnavailable
 from app.kafka.ports import Clients, Follower, Publisher
 from app.node.settings import Settings
+from app.ops.changelog_search import (
+    CHANGELOG_READS,
+    CHANGELOG_WAIT_S,
+    ChangelogBusy,
+    search_changelog,
+)
 from app.ops.letters import Letter, recent_letters
 from app.ops.node_report import (
     NodeReport,
@@ -49,7 +55,6 @@ from app.ops.node_report import (
 from app.ops.status_view import FORGET_MS, MAX_HELD_KEYS, PURGE_MS, StatusView
 from app.protocol.topics import ContextTopics, parse_aggregate_type
 from tables import AggregateRef, Timer
-from tables.keys import owner_prefix
 
 if TYPE_CHECKING:
     from app.node import Node
@@ -72,11 +77,6 @@ logger = logging.getLogger(__name__)
 
 _SEND_TIMEOUT_S: Final = 10.0
 
-CHANGELOG_READS: Final = 1
-CHANGELOG_WAIT_S: Final = 5.0
-"""A search of an owner elsewhere reads a whole changelog partition: one such read at a
-time per node, and a search that waits longer than this for it is answered busy (503)."""
-
 PURGE_BATCH: Final = 100
 """Tombstones of silent nodes' keys a publish writes at most (the rest at the next ones): a
 topic holding thousands of dead node ids does not hold up the node's own report."""
@@ -88,10 +88,6 @@ write): a report every few seconds costs little however large the partition."""
 
 
 # --- on Kafka ----------------------------------------------------------------------------
-
-
-class ChangelogBusy(TickwheelError):
-    """Another search is reading a changelog on this node: try again shortly."""
 
 
 @dataclass
@@ -315,40 +311,9 @@ class ClusterStatus:
         owner whose partition lives on another node): the last row per key, by key. The
         whole partition is read, but only the owner's rows (by their key) are decoded, and
         one such read at a time (`ChangelogBusy` after `changelog_wait_s`)."""
-        try:
-            async with asyncio.timeout(self.changelog_wait_s):
-                await self._changelog_reads.acquire()
-        except TimeoutError:
-            raise ChangelogBusy(
-                f"another search is reading a changelog on this node (waited "
-                f"{self.changelog_wait_s:g} s): try again shortly"
-            ) from None
-        try:
-            return await self._read_changelog(type_name, partition, owner)
-        finally:
-            self._changelog_reads.release()
-
-    async def _read_changelog(
-        self, type_name: str, partition: int, owner: AggregateRef
-    ) -> list[Timer]:
-        topic = parse_aggregate_type(type_name).timers_changelog
-        prefix = owner_prefix(owner)
-        rows: dict[bytes, Timer | None] = {}
-        reader = self._clients.reader()
-        await reader.start()
-        try:
-            async for batch in reader.read(topic, partition, 0):
-                for r in batch:
-                    if r.key is None or not r.key.startswith(prefix):
-                        continue
-                    try:
-                        row = None if r.value is None else Timer.model_validate_json(r.value)
-                    except ValidationError:
-                        row = None  # a restore letters it; nothing for a search to show
-                    rows[r.key] = row if row is not None and row.owner == owner else None
-        finally:
-            await reader.stop()
-        return sorted((t for t in rows.values() if t is not None), key=lambda t: t.key)
+        return await search_changelog(
+            self._clients, self._changelog_reads, self.changelog_wait_s, type_name, partition, owner
+        )
 
 
 def web_address(settings: Settings, port: int) -> str | None:

@@ -20,6 +20,9 @@ hands the node the claims that must commit before their commands leave; the time
 in-process wait in the `PartitionFiring` (which the node's partition task holds from
 `start_partition` to its stop) until the partition's cycle takes them (`in_process_due`),
 decides them with its commands and settles them in its transaction (`record_outcomes`).
+
+The runner inherits the operator's actions on PARKED timers (`retry`, `skip`,
+`name_parked`) from `parked_actions.ParkedActions`.
 """
 
 from __future__ import annotations
@@ -28,25 +31,13 @@ import asyncio
 import contextlib
 import functools
 import logging
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Iterable, Sequence
 
-from app.timers.runner.decisions import (
-    Decision,
-    SendResult,
-    expire_or_claim,
-    guarded,
-    retry_parked,
-    skip_parked,
-)
-from app.timers.runner.operating import (
-    Unresolved,
-    name_parked,
-    operate,
-    resolve_at_stop,
-    tend_ledger,
-)
+from app.timers.runner.decisions import Decision, SendResult, expire_or_claim, guarded
+from app.timers.runner.operating import Unresolved, resolve_at_stop, tend_ledger
 from app.timers.runner.options import TimerOptions
 from app.timers.runner.outcomes import Outcomes
+from app.timers.runner.parked_actions import ParkedActions
 from app.timers.runner.partition import (
     InProcessTargets,
     PartitionFiring,
@@ -63,7 +54,6 @@ from app.timers.runner.settling import settle_exactly
 from app.timers.runner.stats import RoundStats
 from app.timers.runner.wheel import Wheel
 from tables.ledger import FailureLedger
-from tables.refs import AggregateRef
 from tables.store import DueRow
 from tables.timer import Timer
 
@@ -72,10 +62,11 @@ __all__ = ["RoundStats", "TimerRunner"]
 logger = logging.getLogger(__name__)
 
 
-class TimerRunner:
+class TimerRunner(ParkedActions):
     """Sends the timers of the partitions this node owns (see the TimerRunner seed): a thin
     driver over one `PartitionFiring` per partition. `partitions`: those it fires from the
-    start, `in_process` the targets it fires in-process there (`start_partition`)."""
+    start, `in_process` the targets it fires in-process there (`start_partition`). The
+    operator's actions on PARKED timers are `ParkedActions`'."""
 
     def __init__(
         self,
@@ -348,11 +339,6 @@ class TimerRunner:
         within them."""
         offer_to(self._firings, timers)
 
-    def invalidate(self) -> None:
-        """The wheels are loaded again at the next round (rows changed behind their back)."""
-        for f in self._firings.values():
-            f.wheel.invalidate()
-
     async def still_due(self, claimed: Sequence[Timer]) -> list[Timer]:
         """Of the timers claimed to fire in-process, those whose rows are still as they were
         loaded (a cancel or reschedule may have come since): called by the partition's
@@ -365,55 +351,3 @@ class TimerRunner:
         records; each a conditional write against the row as it was loaded. Raises when
         the write fails: the transaction must not commit."""
         return await self._outcomes.record(results)
-
-    async def retry(
-        self,
-        target: AggregateRef,
-        partitions: Iterable[int] | None = None,
-        *,
-        resolve_later: bool = False,
-    ) -> int:
-        """An operator's retry: the PARKED timers of `target` due now, attempts reset, and its
-        ledger entry resolved. Any node may call it; the partition's owner sends them.
-
-        `partitions`: only the timers of these partitions (a node carrying out an operator's
-        request read from one partition of the ops topic); all the store serves when None.
-        `resolve_later`: the entry is resolved by the next round of each of `partitions`
-        (its cycle, which holds the partition's lock, calls no ledger); of one not fired
-        here yet, by the first round of its next firing here (`start_partition`).
-        """
-        decide = functools.partial(retry_parked, now=self._clock.now())
-        return await self._operate(target, partitions, decide, resolve_later)
-
-    async def skip(
-        self,
-        target: AggregateRef,
-        partitions: Iterable[int] | None = None,
-        *,
-        resolve_later: bool = False,
-    ) -> int:
-        """An operator's skip: the PARKED timers of `target` CANCELLED/SKIPPED, entry resolved;
-        `partitions` and `resolve_later` as for `retry`."""
-        return await self._operate(target, partitions, skip_parked, resolve_later)
-
-    async def name_parked(self, target: AggregateRef) -> int:
-        """`target`'s PARKED timers in the partitions fired here recorded in the ledger
-        again, once its entry was resolved (`operating.name_parked`); how many."""
-        return await name_parked(self._store, self._ledger, self._firings, target)
-
-    async def _operate(
-        self,
-        target: AggregateRef,
-        partitions: Iterable[int] | None,
-        decide: Callable[[Timer], Decision],
-        later: bool,
-    ) -> int:
-        only = None if partitions is None else frozenset(partitions)
-        # No lock across its ledger calls: a park under way is waited for (`operating`).
-        unresolved = self._unresolved if later else None
-        firings = self._firings
-        written = await operate(
-            self._store, self._ledger, firings, target, only, decide, later=unresolved
-        )
-        self.invalidate()
-        return written

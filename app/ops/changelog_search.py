@@ -1,0 +1,86 @@
+"""The search of an owner whose partition lives on another node: its timers read from that
+partition of the timer table's changelog, one such read at a time per node.
+
+No node talks to another over HTTP, so a search of an owner elsewhere reads the owner's
+rows from the changelog instead (`ClusterStatus.changelog_timers`). It is apart from
+`cluster_status` because it has nothing to do with the status reports published and
+followed there: it only shares that module's clients, and the limit on how many whole
+changelog partitions a node reads at once (`CHANGELOG_READS`, `CHANGELOG_WAIT_S`), which
+is its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Final
+
+from pydantic import ValidationError
+
+from app.errors import TickwheelError
+from app.kafka.ports import Clients
+from app.protocol.topics import parse_aggregate_type
+from tables import AggregateRef, Timer
+from tables.keys import owner_prefix
+
+__all__ = [
+    "CHANGELOG_READS",
+    "CHANGELOG_WAIT_S",
+    "ChangelogBusy",
+    "search_changelog",
+]
+
+CHANGELOG_READS: Final = 1
+CHANGELOG_WAIT_S: Final = 5.0
+"""A search of an owner elsewhere reads a whole changelog partition: one such read at a
+time per node, and a search that waits longer than this for it is answered busy (503)."""
+
+
+class ChangelogBusy(TickwheelError):
+    """Another search is reading a changelog on this node: try again shortly."""
+
+
+async def search_changelog(
+    clients: Clients,
+    reads: asyncio.Semaphore,
+    wait_s: float,
+    type_name: str,
+    partition: int,
+    owner: AggregateRef,
+) -> list[Timer]:
+    """`owner`'s timers as the changelog of its partition has them, by key, once one of
+    `reads` is free (`ChangelogBusy` after `wait_s`): see `ClusterStatus.changelog_timers`."""
+    try:
+        async with asyncio.timeout(wait_s):
+            await reads.acquire()
+    except TimeoutError:
+        raise ChangelogBusy(
+            f"another search is reading a changelog on this node (waited "
+            f"{wait_s:g} s): try again shortly"
+        ) from None
+    try:
+        return await _read_changelog(clients, type_name, partition, owner)
+    finally:
+        reads.release()
+
+
+async def _read_changelog(
+    clients: Clients, type_name: str, partition: int, owner: AggregateRef
+) -> list[Timer]:
+    topic = parse_aggregate_type(type_name).timers_changelog
+    prefix = owner_prefix(owner)
+    rows: dict[bytes, Timer | None] = {}
+    reader = clients.reader()
+    await reader.start()
+    try:
+        async for batch in reader.read(topic, partition, 0):
+            for r in batch:
+                if r.key is None or not r.key.startswith(prefix):
+                    continue
+                try:
+                    row = None if r.value is None else Timer.model_validate_json(r.value)
+                except ValidationError:
+                    row = None  # a restore letters it; nothing for a search to show
+                rows[r.key] = row if row is not None and row.owner == owner else None
+    finally:
+        await reader.stop()
+    return sorted((t for t in rows.values() if t is not None), key=lambda t: t.key)
