@@ -2,5 +2,5 @@
 decided into one transaction's records, aggregate state folded from the log, dead letters.
 
 May import: `app.model`, `app.protocol`, `app.kafka` (records, the reader port, the topic
-catalog), `tables`.
+catalog), `tables`, `app.errors`.
 """

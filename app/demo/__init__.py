@@ -7,6 +7,8 @@ seconds field): each slot records a `shop.ReportRun` on the `shop.report` aggreg
 `unpaid-orders`, in the same transaction as the slot's `wow.Ticked` on `shop.schedule`.
 `run_demo` enables the job, places a few orders, pays one, and prints what the logs record
 as it happens; it reaches Kafka through the `Clients` it is given (the CLI makes them).
+
+May import: the package root alone (`app`), as a service would.
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ the default changes (from the instance's next tick). `{"expr": "*/5 * * * *"}` k
 default's zone and coalesce. An override whose `kind` is not the default's is a rule of its
 own: fields of two kinds do not mix, so it follows nothing of the default.
 
-May import: `app.model`, `app.protocol`, `tables`.
+May import: `app.model`, `app.protocol`, `tables`, `app.log_limit`.
 """
 
 from app.jobs.backfill import (

@@ -3,5 +3,5 @@
 (`operator`) and the failure ledger (`ledger`). The changelog's rows are written in each
 partition's one transaction, which is the node's (`app.node.partition_transaction`).
 
-May import: `app.protocol`, `app.kafka`, `tables`, `app.errors`.
+May import: `app.protocol`, `app.kafka`, `tables`, `app.errors`, `app.log_limit`.
 """
