@@ -1,28 +1,37 @@
 """The node's data directory is a cache of one Kafka cluster's topics: a copy made against
 another cluster (TICKWHEEL_DATA_DIR reused, a broker replaced) is dropped before anything
-of it is read, and restored from the topics. Within it, which partitions' local copies hold
-committed writes only (`CleanMarks`)."""
+of it is read, and restored from the topics. It is one worker's alone (`DataDirLock`),
+and within it, which partitions' local copies hold committed writes only (`CleanMarks`)."""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import logging
+import os
 import shutil
-from collections.abc import Iterable
 from pathlib import Path
 
-__all__ = ["CleanMarks", "keep_for_cluster"]
+from app.errors import ConfigError, TickwheelError
+from app.protocol.topics import parse_aggregate_type
+
+__all__ = ["CleanMarks", "DataDirLock", "keep_for_cluster"]
 
 logger = logging.getLogger(__name__)
 
 _MARK = "cluster-id"
 
 
-def keep_for_cluster(data_dir: Path, cluster_id: str, type_names: Iterable[str]) -> list[Path]:
-    """Drops the types' local state when it was written against another cluster than
+def keep_for_cluster(data_dir: Path, cluster_id: str) -> list[Path]:
+    """Drops every type's local state when it was written against another cluster than
     `cluster_id`, and marks the directory as this cluster's; the directories dropped.
 
-    A directory without a mark (first run, or made by an older version) is kept: the
-    restores still drop a copy ahead of its topic's end."""
+    Every type's, not only those the node runs now: the mark is the whole directory's, so
+    a type run again later would otherwise read its old copy on (its clean marks, its
+    offsets) as the new cluster's, and fire the old cluster's timers there. What is not a
+    type's directory (`<context>.<aggregate>`) is left as it is. A directory without a
+    mark (first run, or made by an older version) is kept: the restores still drop a copy
+    ahead of its topic's end."""
     if not cluster_id.strip():
         raise ValueError("a cluster id must not be empty")
     data_dir.mkdir(parents=True, exist_ok=True)
@@ -30,9 +39,8 @@ def keep_for_cluster(data_dir: Path, cluster_id: str, type_names: Iterable[str])
     before = mark.read_text().strip() if mark.exists() else None
     dropped: list[Path] = []
     if before is not None and before != cluster_id:
-        for name in type_names:
-            directory = data_dir / name
-            if directory.exists():
+        for directory in sorted(data_dir.iterdir()):
+            if directory.is_dir() and _is_type_name(directory.name):
                 shutil.rmtree(directory)
                 dropped.append(directory)
         logger.warning(
@@ -48,6 +56,57 @@ def keep_for_cluster(data_dir: Path, cluster_id: str, type_names: Iterable[str])
         tmp.write_text(cluster_id + "\n")
         tmp.replace(mark)
     return dropped
+
+
+def _is_type_name(name: str) -> bool:
+    try:
+        parse_aggregate_type(name)
+    except TickwheelError:
+        return False
+    return True
+
+
+class DataDirLock:
+    """The data directory held by one worker while it runs (an advisory `flock` on
+    `<data dir>/.lock`, released when the worker stops or its process ends, however).
+
+    RocksDB's own lock is taken only as each store opens, after a start dropped a copy made
+    against another cluster (`keep_for_cluster`): a second worker given the directory (a
+    copied configuration, another cluster's broker) deleted the first's live stores, and
+    both wrote into one copy. The lock is taken first, and a second worker is refused."""
+
+    def __init__(self, data_dir: Path) -> None:
+        self.path = data_dir / ".lock"
+        self._fd: int | None = None
+
+    def acquire(self) -> None:
+        """Holds the directory; `ConfigError` naming it when another worker holds it."""
+        if self._fd is not None:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            raise ConfigError(
+                f"the data directory {self.path.parent} is in use by another worker (pid "
+                f"{holder}): each worker needs its own (TICKWHEEL_DATA_DIR)"
+            ) from None
+        except BaseException:
+            os.close(fd)
+            raise
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self._fd = fd
+
+    def release(self) -> None:
+        """Lets the directory go (the file stays: removing it would race a next holder)."""
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(fd)
 
 
 class CleanMarks:
@@ -72,7 +131,16 @@ class CleanMarks:
         return clean
 
     def mark(self, partition: int) -> None:
-        self._path(partition).touch()
+        """Marks the copy clean, durably: the mark and its directory entry synced, so that
+        a power loss never leaves a mark without the writes it vouches for having been
+        synced before it (the store's close syncs them)."""
+        path = self._path(partition)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        _sync_dir(self._dir)
 
     def lost(self, partition: int) -> tuple[int | None, str] | None:
         """Where the partition's changelog ended (None: not known) and why it lost rows its
@@ -99,3 +167,11 @@ class CleanMarks:
 
     def _lost(self, partition: int) -> Path:
         return self._dir / f"lost-p{partition}"
+
+
+def _sync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -30,7 +30,7 @@ from app.node.commits import Commits
 from app.node.cycles import PartitionCycles
 from app.node.health import node_health
 from app.node.kept import KeptType, node_topics
-from app.node.local_state import keep_for_cluster
+from app.node.local_state import DataDirLock, keep_for_cluster
 from app.node.metrics import NodeMetrics
 from app.node.opening import dead_letter_limit, open_type, transaction_batch_limit
 from app.node.parked_names import keep_parked_named
@@ -66,6 +66,7 @@ class Node:
     ) -> None:
         self.settings = settings
         self.service = service
+        self._data_lock = DataDirLock(Path(settings.data_dir))
         self.clock: Clock = clock or SystemClock()
         self.options = options or settings.timers
         # One ledger per context, on its topic (started in `start`), unless one is given.
@@ -180,6 +181,7 @@ class Node:
 
     async def start(self) -> None:
         s = self.settings
+        self._data_lock.acquire()  # before anything of the directory is read or dropped
         # Wrong credentials or an untrusted certificate: one error now, not the clients'
         # retries ending in "Unable to bootstrap".
         await self._admin.check_access()
@@ -191,11 +193,7 @@ class Node:
         self.cycles.limits = self.limits
         await self.targets.refresh()
         # Before any local store is opened: a copy of another cluster's topics is dropped.
-        keep_for_cluster(
-            Path(s.data_dir),
-            await self._admin.cluster_id(),
-            [t.type_name for t in self.topics],
-        )
+        keep_for_cluster(Path(s.data_dir), await self._admin.cluster_id())
         await self.producer.start()
         await self.reader.start()
         for ctx in sorted({t.context for t in self.topics}):
@@ -270,10 +268,13 @@ class Node:
         await _stopping("the reader", self.reader.stop())
         await _stopping("the broker watch", self.broker.stop())
         await _stopping("the topic catalog", self.targets.stop())
-        for kept in self.types.values():
-            await _stopping(f"{kept.name} store", kept.store.close())
-            if kept.states is not None:
-                kept.states.close()
+        try:
+            for kept in self.types.values():
+                await _stopping(f"{kept.name} store", kept.store.close())
+                if kept.states is not None:
+                    kept.states.close()
+        finally:
+            self._data_lock.release()  # the stores closed: another worker may have it now
 
     async def _producers_stopped(self) -> None:
         await asyncio.gather(*(kept.transactions.stopped() for kept in self.types.values()))

@@ -159,7 +159,11 @@ async def _let_go(
         logger.exception("partition %d of %s: letting its store go failed", p, kept.name)
         failed.append(f"{kept.name} store: {exc!r}")
     if committed and not failed:
-        kept.marks.mark(p)
+        try:
+            kept.marks.mark(p)
+        except OSError as exc:  # a full disk: not marked, restored whole next
+            logger.exception("partition %d of %s: marking its copy clean failed", p, kept.name)
+            failed.append(f"{kept.name} clean mark: {exc!r}")
     if task.processor is not None:
         task.processor = None
         assert kept.states is not None

@@ -1,13 +1,33 @@
 """A data directory written against another Kafka cluster is dropped before it is read
-(issue 10, item 1: TICKWHEEL_DATA_DIR reused against another cluster)."""
+(issue 10, item 1: TICKWHEEL_DATA_DIR reused against another cluster), every type's copy
+in it, and a data directory is one worker's alone (`DataDirLock`)."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
+from fakes import RunningNode, wait_until
+from pydantic import BaseModel
+from test_node_memory import PARTITIONS, SERVICE, TOPICS, schedule, timer_rows
 
-from app.node.local_state import keep_for_cluster
+from app.errors import ConfigError
+from app.kafka.memory import MemoryLog
+from app.model.aggregate import AggregateType
+from app.node.local_state import DataDirLock, keep_for_cluster
+from app.service import Service
+from tables import AggregateRef
+
+
+class Nothing(BaseModel):
+    pass
+
+
+OTHER = Service(aggregates=(AggregateType("mem", "other", Nothing),))
+"""A service of another type alone."""
 
 
 def state_of(data: Path, name: str) -> Path:
@@ -18,29 +38,121 @@ def state_of(data: Path, name: str) -> Path:
 
 def test_a_first_run_marks_the_directory_and_keeps_what_is_there(tmp_path: Path) -> None:
     kept = state_of(tmp_path, "shop.order")
-    assert keep_for_cluster(tmp_path, "c-1", ["shop.order"]) == []
+    assert keep_for_cluster(tmp_path, "c-1") == []
     assert kept.exists() and (tmp_path / "cluster-id").read_text() == "c-1\n"
 
 
 def test_the_same_cluster_keeps_the_local_state(tmp_path: Path) -> None:
-    keep_for_cluster(tmp_path, "c-1", ["shop.order"])
+    keep_for_cluster(tmp_path, "c-1")
     kept = state_of(tmp_path, "shop.order")
-    assert keep_for_cluster(tmp_path, "c-1", ["shop.order"]) == []
+    assert keep_for_cluster(tmp_path, "c-1") == []
     assert (kept / "timers" / "000001.sst").exists()
 
 
-def test_another_cluster_drops_the_types_state_and_marks_the_new_one(tmp_path: Path) -> None:
-    keep_for_cluster(tmp_path, "c-1", ["shop.order", "shop.invoice"])
+def test_another_cluster_drops_every_types_state_and_marks_the_new_one(tmp_path: Path) -> None:
+    keep_for_cluster(tmp_path, "c-1")
     order = state_of(tmp_path, "shop.order")
-    other = state_of(tmp_path, "billing.account")  # not this node's type: left alone
-    assert keep_for_cluster(tmp_path, "c-2", ["shop.order", "shop.invoice"]) == [order]
-    assert not order.exists() and other.exists()
+    # Not run by the node now, but its copy is of the old cluster all the same.
+    other = state_of(tmp_path, "billing.account")
+    (tmp_path / "notes").mkdir()  # not a type's: left alone
+    (tmp_path / "a.b.c").mkdir()
+    assert keep_for_cluster(tmp_path, "c-2") == [other, order]
+    assert not order.exists() and not other.exists()
+    assert (tmp_path / "notes").exists() and (tmp_path / "a.b.c").exists()
     assert (tmp_path / "cluster-id").read_text() == "c-2\n"
-    assert keep_for_cluster(tmp_path, "c-2", ["shop.order"]) == []
+    assert keep_for_cluster(tmp_path, "c-2") == []
 
 
 def test_an_empty_cluster_id_is_refused_and_changes_nothing(tmp_path: Path) -> None:
     kept = state_of(tmp_path, "shop.order")
     with pytest.raises(ValueError, match="cluster id"):
-        keep_for_cluster(tmp_path, " ", ["shop.order"])
+        keep_for_cluster(tmp_path, " ")
     assert kept.exists() and not (tmp_path / "cluster-id").exists()
+
+
+async def test_a_type_not_run_at_a_cluster_change_fires_nothing_of_the_old_cluster(
+    tmp_path: Path,
+) -> None:
+    """The hunt's scenario: the directory marked as the new cluster's by a node running
+    another type; its old copy of mem.counter was kept, and read on (clean) when the
+    type ran again: the old cluster's timer was found, and fired, in the new one."""
+    old, new = MemoryLog(), MemoryLog()
+    a = await RunningNode(old, tmp_path, "a", SERVICE, PARTITIONS).start()
+    try:
+        await wait_until(a.runs)
+        await schedule(old, "o-old", int(time.time() * 1000) + 3_600_000)
+        await wait_until(lambda: len(timer_rows(old)) == 1)
+    finally:
+        await a.stop()
+    a = await RunningNode(new, tmp_path, "a", OTHER, PARTITIONS).start()
+    try:
+        await wait_until(a.runs)
+    finally:
+        await a.stop()
+    # The new cluster's own timers (another node's), its changelog past the old copy's
+    # offset: else the copy is dropped as ahead of its topic's end.
+    b = await RunningNode(new, tmp_path, "b", SERVICE, PARTITIONS).start()
+    try:
+        await wait_until(b.runs)
+        for i in range(6):
+            await schedule(new, f"n{i}", int(time.time() * 1000) + 3_600_000)
+        await wait_until(lambda: len(timer_rows(new)) == 6)
+    finally:
+        await b.stop()
+    a = await RunningNode(new, tmp_path, "a", SERVICE, PARTITIONS).start()
+    try:
+        await wait_until(a.runs)
+        store = a.node.types[TOPICS.type_name].store
+        owner = AggregateRef(context="mem", aggregate="counter", id="o-old")
+        assert await store.find(owner, "k") is None
+    finally:
+        await a.stop()
+
+
+def test_a_second_holder_of_a_data_directory_is_refused_until_the_first_lets_go(
+    tmp_path: Path,
+) -> None:
+    first, second = DataDirLock(tmp_path), DataDirLock(tmp_path)
+    first.acquire()
+    with pytest.raises(ConfigError, match=rf"{tmp_path} is in use by another worker \(pid \d+\)"):
+        second.acquire()
+    first.release()
+    second.acquire()
+    second.release()
+
+
+def test_a_worker_that_died_leaves_the_data_directory_free(tmp_path: Path) -> None:
+    """Held by a process: one killed (no stop, no release) holds nothing."""
+    code = (
+        "import os, sys; from pathlib import Path; "
+        "from app.node.local_state import DataDirLock; "
+        f"DataDirLock(Path({str(tmp_path)!r})).acquire(); os._exit(0)"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).parents[2])
+    lock = DataDirLock(tmp_path)
+    lock.acquire()
+    lock.release()
+
+
+async def test_a_second_node_on_a_data_directory_is_refused_and_drops_nothing(
+    tmp_path: Path,
+) -> None:
+    """A second worker given the directory against another cluster dropped the first's
+    live stores (its copy of another cluster's topics) before RocksDB's own lock was
+    asked, and both wrote into one copy."""
+    first_log, second_log = MemoryLog(), MemoryLog()
+    a = await RunningNode(first_log, tmp_path, "a", SERVICE, PARTITIONS).start()
+    try:
+        await wait_until(a.runs)
+        await schedule(first_log, "o-1", int(time.time() * 1000) + 3_600_000)
+        await wait_until(lambda: len(timer_rows(first_log)) == 1)
+        b = RunningNode(second_log, tmp_path, "a", SERVICE, PARTITIONS)
+        with pytest.raises(ConfigError, match="in use by another worker"):
+            await b.node.start()
+        await b.node.stop()
+        store = a.node.types[TOPICS.type_name].store
+        owner = AggregateRef(context="mem", aggregate="counter", id="o-1")
+        assert await store.find(owner, "k") is not None
+        assert (tmp_path / "a" / TOPICS.type_name).exists()
+    finally:
+        await a.stop()

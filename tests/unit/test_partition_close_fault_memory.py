@@ -7,6 +7,8 @@ than reading on from a copy known to hold a corrupt row."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import errno
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -46,3 +48,30 @@ async def test_a_clean_close_of_a_firing_the_store_failed_in_is_not_marked_clean
     assert firing.stopped and 0 not in kept.store.assigned
     assert kept.marks._path(0).exists() is not faulted
     assert node.node._failure is None
+
+
+async def test_a_clean_mark_that_cannot_be_written_still_releases_the_states(
+    node: RunningNode, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A full disk as the close marks the copy clean: the mark's error skipped the rest of
+    the close (the partition's aggregate states never released). It is now one of the
+    close's failures, said, and the close goes on."""
+    await wait_until(node.runs)
+    kept = node.node.types[TOPICS.type_name]
+    assert kept.states is not None
+    released: list[int] = []
+    release = kept.states.release
+
+    def full_disk(p: int) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    def spied(p: int) -> None:
+        released.append(p)
+        release(p)
+
+    monkeypatch.setattr(kept.marks, "mark", full_disk)
+    monkeypatch.setattr(kept.states, "release", spied)
+    with contextlib.suppress(Exception):
+        await asyncio.wait_for(node.node._revoked({(TOPICS.events, 0)}), 5)
+    await wait_until(lambda: released == [0], within=5)
+    assert not kept.marks._path(0).exists()
