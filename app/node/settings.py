@@ -42,7 +42,7 @@ from app.kafka.clients import KafkaClient, client_missing
 from app.kafka.connection import KafkaConnection, SaslMechanism, SecurityProtocol
 from app.kafka.consumers import rebalance_timeout_ms
 from app.kafka.records import Replication
-from app.node.settings_sources import VariablesSource, explain, utf8
+from app.node.settings_sources import VariablesSource, explain, given_expiry, utf8
 from app.node.variables import ENV_FILE_VARIABLE, TOOLING_VARIABLES, VARIABLES, read_variables
 from app.protocol.limits import (
     DEFAULT_MAX_KEY_BYTES,
@@ -52,7 +52,7 @@ from app.protocol.limits import (
     InputLimits,
 )
 from app.protocol.topics import parse_aggregate_type
-from app.timers.runner.options import YEAR_MS, TimerOptions
+from app.timers.runner.options import DAY_MS, YEAR_MS, TimerOptions
 
 __all__ = [
     "DEFAULT_HANDLER_TIMEOUT_MS",
@@ -234,6 +234,19 @@ class Settings(BaseSettings):
                 f"TICKWHEEL_SESSION_TIMEOUT_MS ({self.session_timeout_ms})"
             )
         return self
+
+    @model_validator(mode="before")
+    @classmethod
+    def _window_past_expiry(cls, data: Any) -> Any:
+        # Not given, it outlasts the timers' `expires_after` (a week, or a day past it): a
+        # configuration with a long expiry, from before the window existed, still starts.
+        if not isinstance(data, dict) or data.get("request_id_window_ms") is not None:
+            return data
+        expires = given_expiry(data.get("timers"))
+        window = cls.model_fields["request_id_window_ms"].default
+        if type(expires) is not int or expires < window:
+            return data  # the default, or the field's own error says why
+        return {**data, "request_id_window_ms": expires + DAY_MS}
 
     @model_validator(mode="after")
     def _window_outlasts_retries(self) -> Settings:

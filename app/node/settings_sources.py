@@ -1,20 +1,23 @@
 """Where `Settings.from_env` reads the settings' values from (`VariablesSource`: the
 variables already read, each under its own name), and how a refusal of them is said
-(`explain`: naming each variable, never a secret's value). May import pydantic and
-`app.node.variables`."""
+(`explain`: naming each variable, never a secret's value), and what a default computed
+from another setting reads of it before validation (`given_expiry`). May import pydantic,
+`app.node.variables` and the timer options."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Set
 from typing import Any
 
+import orjson
 from pydantic import ValidationError
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource
 
 from app.node.variables import VARIABLES
+from app.timers.runner.options import TimerOptions
 
-__all__ = ["VariablesSource", "explain", "utf8"]
+__all__ = ["VariablesSource", "explain", "given_expiry", "utf8"]
 
 
 def utf8(value: str) -> bool:
@@ -60,3 +63,18 @@ def explain(exc: ValidationError, secrets: Set[str]) -> str:
         got = "a secret, not shown" if field in secrets else repr(err.get("input"))
         parts.append(f"{var}{'.' + where if where else ''}: {err['msg']} (got {got})")
     return "bad configuration: " + "; ".join(parts)
+
+
+def given_expiry(timers: object) -> int | None:
+    """The timer options' `expires_after` as given, before they are validated (the
+    variable's JSON, a mapping, or the options themselves); None when not told, or not a
+    whole number (the options' own validation says why)."""
+    if isinstance(timers, str | bytes):
+        try:
+            timers = orjson.loads(timers)
+        except orjson.JSONDecodeError:
+            return None
+    if isinstance(timers, TimerOptions):
+        return timers.expires_after
+    expires = timers.get("expires_after") if isinstance(timers, dict) else None
+    return expires if type(expires) is int else None

@@ -3,11 +3,14 @@ from __future__ import annotations
 import traceback
 from pathlib import Path
 
+import orjson
 import pytest
+from pydantic import ValidationError
 
 from app.errors import ConfigError
 from app.node.settings import Settings
 from app.protocol.topics import AggregateTopics, ContextTopics, parse_aggregate_type
+from app.timers.runner.options import DAY_MS, TimerOptions
 
 
 def test_defaults_and_environment() -> None:
@@ -155,3 +158,29 @@ def test_a_check_of_two_settings_names_their_variables() -> None:
         r"TICKWHEEL_TIMER_OPTIONS\.expires_after",
     ):
         Settings.from_env({"TICKWHEEL_REQUEST_ID_WINDOW_MS": "60000"})
+
+
+def test_a_long_expiry_alone_still_starts_its_defaults_outlasting_it() -> None:
+    """A 0.2.0 configuration, `expires_after` of 10 days (which had no retention and no
+    de-duplication window to outlast), stopped the worker at start: both defaults are a
+    week. Not given, each is now a day past the expiry when that is longer."""
+    ten_days = 10 * DAY_MS
+    env = {"TICKWHEEL_TIMER_OPTIONS": orjson.dumps({"expires_after": ten_days}).decode()}
+    s = Settings.from_env(env)
+    assert s.timers.finished_retention == s.request_id_window_ms == ten_days + DAY_MS
+    assert Settings(timers=TimerOptions(expires_after=ten_days)).request_id_window_ms == (
+        ten_days + DAY_MS
+    )
+    # Under a week, or given, they are as they were.
+    short = {"TICKWHEEL_TIMER_OPTIONS": '{"expires_after": 3600000}'}
+    assert Settings.from_env(short).request_id_window_ms == 7 * DAY_MS
+    assert Settings.from_env(short).timers.finished_retention == 7 * DAY_MS
+    given = {**env, "TICKWHEEL_REQUEST_ID_WINDOW_MS": str(ten_days)}
+    with pytest.raises(ConfigError, match=r"TICKWHEEL_REQUEST_ID_WINDOW_MS \(864000000\) must"):
+        Settings.from_env(given)
+    kept = {"expires_after": ten_days, "finished_retention": ten_days}
+    with pytest.raises(ValidationError, match="finished_retention"):
+        TimerOptions.model_validate(kept)
+    # What is not a number is the options' own error, as before.
+    with pytest.raises(ConfigError, match="expires_after"):
+        Settings.from_env({"TICKWHEEL_TIMER_OPTIONS": '{"expires_after": true}'})

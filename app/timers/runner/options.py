@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import logging
-from typing import ClassVar, Final, Self
+from typing import Any, ClassVar, Final, Self
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 __all__ = [
     "DAY_MS",
+    "FINISHED_RETENTION_MS",
     "MAX_COUNT",
     "MAX_WAIT",
     "YEAR_MS",
@@ -21,6 +22,8 @@ logger = logging.getLogger(__name__)
 
 DAY_MS: Final = 24 * 60 * 60 * 1000
 YEAR_MS: Final = 365 * DAY_MS
+FINISHED_RETENTION_MS: Final = 7 * DAY_MS
+"""`finished_retention` when not given (or a day past `expires_after`, when that is longer)."""
 
 # Upper bounds: each far past any use, and each keeps what the runner computes from it (a
 # claim's or a retry's due time, now plus a wait) inside the store's 64-bit due times; a
@@ -114,7 +117,7 @@ class TimerOptions(BaseModel):
         default=100, gt=0, le=3_600_000, description="longest wait between rounds"
     )
     finished_retention: int = Field(
-        default=7 * DAY_MS,
+        default=FINISHED_RETENTION_MS,
         gt=0,
         le=2 * YEAR_MS,
         description="a FIRED or CANCELLED timer's row is deleted this long after it finished, "
@@ -123,6 +126,18 @@ class TimerOptions(BaseModel):
     sweep_limit: int = Field(
         default=250, gt=0, le=MAX_COUNT, description="finished rows deleted per round at most"
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _retention_past_expiry(cls, data: Any) -> Any:
+        # Not given, it outlasts `expires_after` (a week, or a day past it): a configuration
+        # with a long expiry, from before the retention existed, still starts.
+        if not isinstance(data, dict) or data.get("finished_retention") is not None:
+            return data
+        expires = data.get("expires_after")
+        if type(expires) is not int or expires < FINISHED_RETENTION_MS:
+            return data  # the default, or the field's own error says why
+        return {**data, "finished_retention": min(expires + DAY_MS, 2 * YEAR_MS)}
 
     @model_validator(mode="after")
     def _replay_expires(self) -> Self:
