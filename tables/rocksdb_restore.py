@@ -1,9 +1,10 @@
 """The RocksDB store as a copy of its changelog: the on-disk format marker that has an
-older copy thrown away and restored (`check_format`), and the WriteBatch a restore
-writes of a batch of changelog records (`restore_batch`)."""
+older copy thrown away and restored (`check_format`), a copy's removal (`remove_copy`),
+and the WriteBatch a restore writes of a batch of changelog records (`restore_batch`)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -13,11 +14,19 @@ from typing import Any, cast
 
 from rocksdict import Rdict, WriteBatch
 
+from tables.exceptions import StoreError
 from tables.keys import DUE, FINISHED, HELD, OFFSET_KEY, PARKED, ROW
 from tables.rowcheck import restored_index_as_is, restored_model_index
 from tables.store import UnreadableRow, unreadable_reason
 
-__all__ = ["FORMAT", "INDEXES", "RESTORED_KEYS_LIMIT", "check_format", "restore_batch"]
+__all__ = [
+    "FORMAT",
+    "INDEXES",
+    "RESTORED_KEYS_LIMIT",
+    "check_format",
+    "remove_copy",
+    "restore_batch",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -33,28 +42,91 @@ thrown away on open and restored from the changelog (it is only ever a copy of i
 
 def check_format(path: str, partitions: int, db_path: Callable[[int], str]) -> None:
     """Makes `path` a store of `partitions` partitions in this `FORMAT`: an older format's
-    partition DBs (`db_path`) are removed, to be restored from the changelog; `ValueError`
-    if it holds another partition count or a newer format."""
+    partition DBs (`db_path`) are removed, to be restored from the changelog, and so are
+    those of an unreadable format file; `ValueError` if it holds another partition count
+    or a newer format, `StoreError` naming the file if it cannot be read or written."""
     os.makedirs(path, exist_ok=True)
     meta = os.path.join(path, _META)
-    if os.path.exists(meta):
-        with open(meta, encoding="utf-8") as file:
-            held = json.load(file)
-        if held.get("partitions") != partitions or held.get("format", 0) > FORMAT:
-            raise ValueError(
-                f"{path} holds a timer store of {held.get('partitions')} partitions "
-                f"(format {held.get('format')}), not {partitions} (format {FORMAT}): "
-                "drop it or open it with its own partition count and version"
-            )
-        if held.get("format") == FORMAT:
-            return
-        # An older layout: the copy goes, the changelog restores it (no offsets left).
-        logger.warning("%s: timer store format %s is replaced by %d, restored from the "
-                       "changelog", path, held.get("format"), FORMAT)  # fmt: skip
+    try:
+        with open(meta, "rb") as file:
+            raw: bytes | None = file.read()
+    except FileNotFoundError:
+        raw = None
+    except OSError as exc:
+        raise StoreError(f"cannot read {meta}: {exc}") from exc
+    if raw is not None:
+        held = _format_of(raw)
+        if held is None:
+            # Cut short (a full disk, a crash: written in place by earlier versions) or
+            # damaged: the copies' format is unknown, and they are only copies of the
+            # changelog (no offsets left: each is restored whole).
+            logger.error("%s is unreadable (%r): the timer store's copies are dropped and "
+                         "restored from the changelog", meta, raw[:60])  # fmt: skip
+        else:
+            if held.get("partitions") != partitions or held.get("format", 0) > FORMAT:
+                raise ValueError(
+                    f"{path} holds a timer store of {held.get('partitions')} partitions "
+                    f"(format {held.get('format')}), not {partitions} (format {FORMAT}): "
+                    "drop it or open it with its own partition count and version"
+                )
+            if held.get("format") == FORMAT:
+                return
+            # An older layout: the copy goes, the changelog restores it (no offsets left).
+            logger.warning("%s: timer store format %s is replaced by %d, restored from the "
+                           "changelog", path, held.get("format"), FORMAT)  # fmt: skip
         for partition in range(partitions):
-            shutil.rmtree(db_path(partition), ignore_errors=True)
-    with open(meta, "w", encoding="utf-8") as file:
-        json.dump({"format": FORMAT, "partitions": partitions}, file)
+            remove_copy(db_path(partition), partition)
+    _write_format(meta, {"format": FORMAT, "partitions": partitions})
+
+
+def _format_of(raw: bytes) -> dict[str, Any] | None:
+    """What a format file holds, or None if it is no format file's JSON."""
+    try:
+        held = json.loads(raw)
+    except ValueError:  # JSON or UTF-8 that does not decode
+        return None
+    if not isinstance(held, dict) or not isinstance(held.get("format", 0), int):
+        return None
+    return held
+
+
+def _write_format(meta: str, held: dict[str, Any]) -> None:
+    """Writes the format file whole or not at all: a temporary file beside it, synced, put
+    in its place, so that a full disk or a crash leaves the old file (or none), never an
+    empty or half-written one."""
+    temp = f"{meta}.tmp"
+    try:
+        with open(temp, "w", encoding="utf-8") as file:
+            json.dump(held, file)
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(temp, meta)
+        directory = os.open(os.path.dirname(meta), os.O_RDONLY)
+        try:
+            os.fsync(directory)  # the rename itself survives a power loss
+        finally:
+            os.close(directory)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            os.remove(temp)
+        raise StoreError(
+            f"cannot write {meta}: {exc}; the timer store opens once it can be written "
+            "(disk space, permissions)"
+        ) from exc
+
+
+def remove_copy(db: str, partition: int) -> None:
+    """Removes a partition's DB directory `db` (none there is fine); `StoreError` naming it
+    if it cannot: a copy that failed to go must not be opened again as if it had."""
+
+    def missing_is_fine(function: object, name: str, exc_info: Any) -> None:
+        if not isinstance(exc_info[1], FileNotFoundError):
+            raise exc_info[1]
+
+    try:
+        shutil.rmtree(db, onerror=missing_is_fine)
+    except OSError as exc:
+        raise StoreError(f"cannot drop {db}: {exc}", partition=partition) from exc
 
 
 def restore_batch(

@@ -14,8 +14,8 @@ restore batches) and in `tables.aggregate_store` (the command path's states and 
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
-import shutil
 from collections.abc import Callable, Iterable
 from functools import partial
 
@@ -26,11 +26,13 @@ from tables.keys import DUE, FINISHED, OFFSET_KEY, ROW, index_key
 from tables.recent_rows import forget
 from tables.rocksdb_io import UNLOGGED, db_options, gc_paused
 from tables.rocksdb_reads import RocksDBReads
-from tables.rocksdb_restore import RESTORED_KEYS_LIMIT, check_format, restore_batch
+from tables.rocksdb_restore import RESTORED_KEYS_LIMIT, check_format, remove_copy, restore_batch
 from tables.store import ChangelogSink, UnreadableRow
 from tables.writes import Write
 
 __all__ = ["RocksDBTimerStore"]
+
+logger = logging.getLogger(__name__)
 
 
 class RocksDBTimerStore(RocksDBReads):
@@ -60,7 +62,7 @@ class RocksDBTimerStore(RocksDBReads):
         check_format(self._path, partitions, self._db_path)
         self._cache = Cache(block_cache_bytes)
         self._buffers = WriteBufferManager(write_buffer_bytes, False)
-        self._dbs: dict[int, Rdict] = {}
+        self._dbs: dict[int, Rdict] = _OpenDBs(self._db_path)
         # Partitions with restored rows written without the WAL and not flushed yet.
         self._unlogged: set[int] = set()
         # Partitions that held nothing when opened (or dropped) and were written by
@@ -197,22 +199,43 @@ class RocksDBTimerStore(RocksDBReads):
     # --- partitions -------------------------------------------------------------------
 
     def _open_partition(self, partition: int) -> None:
+        """Opens p's DB; a copy RocksDB finds damaged is dropped and opened empty: it is
+        only a cache of p's changelog, and an empty one holds no changelog offset, so the
+        restore that follows reads the changelog whole (`changelog_offset` None)."""
         self._low[partition], self._finished_low[partition] = DUE, FINISHED
+        path = self._db_path(partition)
         try:
-            db = self._dbs[partition] = self._open_db(partition, bulk=False)
-            keys = db.iter()
-            keys.seek_to_first()
-            empty = not keys.valid()
-            del keys  # a DB closes only once its iterators are gone
-            if empty:
-                # Restores into it need not read old entries, and it takes them in bulk
-                # until the restore ends or the node writes to it (`_bulk`).
-                self._restored[partition] = set()
-                db.close()
-                self._dbs[partition] = self._open_db(partition, bulk=True)
-                self._bulk.add(partition)
+            try:
+                self._open_checked(partition)
+            except Exception as exc:
+                if not _damaged(exc, os.path.join(path, "LOCK")):
+                    raise
+                logger.error("%s cannot be read (%s): dropped, to be restored whole from "
+                             "the changelog", path, exc)  # fmt: skip
+                remove_copy(path, partition)
+                self._open_checked(partition)
+        except StoreError:
+            raise
         except Exception as exc:
-            raise StoreError(f"cannot open {self._db_path(partition)}: {exc}") from exc
+            raise StoreError(f"cannot open {path}: {exc}", partition=partition) from exc
+
+    def _open_checked(self, partition: int) -> None:
+        """Opens p's DB, in bulk if it holds nothing; raises what RocksDB raises (its
+        first block unreadable too, which an iterator would take for an empty DB)."""
+        db = self._open_db(partition, bulk=False)
+        try:
+            empty = _empty(db)
+        except BaseException:
+            db.close()
+            raise
+        if empty:
+            # Restores into it need not read old entries, and it takes them in bulk
+            # until the restore ends or the node writes to it (`_bulk`).
+            db.close()
+            db = self._open_db(partition, bulk=True)
+            self._restored[partition] = set()
+            self._bulk.add(partition)
+        self._dbs[partition] = db
 
     def _open_db(self, partition: int, *, bulk: bool) -> Rdict:
         options = db_options(self._cache, self._buffers, bulk=bulk)
@@ -227,16 +250,21 @@ class RocksDBTimerStore(RocksDBReads):
         return self._db(partition)
 
     def _leave_bulk(self, partition: int) -> None:
-        """Reopens a bulk restore's DB as every other DB is, its memtables flushed."""
+        """Reopens a bulk restore's DB as every other DB is, its memtables flushed. If
+        that fails, p is left with no DB (closed: a retake opens it again), and its reads
+        and writes raise `StoreError` until then (`_OpenDBs`)."""
         self._bulk.discard(partition)
         try:
             db = self._dbs.pop(partition)
-            if partition in self._unlogged:
-                self._unlogged.discard(partition)
-                db.flush(True)  # the restored rows, written without the WAL
-            db.close()
+            try:
+                if partition in self._unlogged:
+                    self._unlogged.discard(partition)
+                    db.flush(True)  # the restored rows, written without the WAL
+            finally:
+                db.close()
             self._dbs[partition] = self._open_db(partition, bulk=False)
         except Exception as exc:
+            self._restored.pop(partition, None)
             raise StoreError(
                 f"cannot reopen {self._db_path(partition)}: {exc}", partition=partition
             ) from exc
@@ -254,10 +282,53 @@ class RocksDBTimerStore(RocksDBReads):
     def _drop_partition(self, partition: int, served: bool) -> None:
         self._unlogged.discard(partition)  # its rows are thrown away: nothing to flush
         self._close_partition(partition)
-        shutil.rmtree(self._db_path(partition), ignore_errors=True)
+        remove_copy(self._db_path(partition), partition)  # raises: never reopened as dropped
         if served:
             self._open_partition(partition)
 
     def _close(self) -> None:
         for partition in list(self._dbs):
             self._close_partition(partition)
+
+
+class _OpenDBs(dict[int, Rdict]):
+    """The open DBs by partition. A served partition may have none: its reopen failed
+    (`_leave_bulk`, a drop's); a read or write of it is then a `StoreError` of it, which
+    its retake clears, never a KeyError, which would be taken for a bug."""
+
+    def __init__(self, db_path: Callable[[int], str]) -> None:
+        super().__init__()
+        self._db_path = db_path
+
+    def __missing__(self, partition: int) -> Rdict:
+        raise StoreError(
+            f"partition {partition} has no open DB ({self._db_path(partition)} failed to "
+            "open): it is opened again when retaken",
+            partition=partition,
+        )
+
+
+def _empty(db: Rdict) -> bool:
+    """Whether `db` holds no key; raises RocksDB's error if its first block cannot be read
+    (rocksdict's iterator stops there as at the end: only its status tells them apart)."""
+    keys = db.iter()
+    try:
+        keys.seek_to_first()
+        if keys.valid():
+            return False
+        keys.status()
+        return True
+    finally:
+        del keys  # a DB closes only once its iterators are gone (a traceback holds this frame)
+
+
+def _damaged(exc: Exception, lock: str) -> bool:
+    """Whether RocksDB refused a DB for what its files hold (a corrupt or missing file: a
+    power loss, a disk fault), rather than for how it is used: its `lock` file held is
+    another worker on the directory, whose copy must stay."""
+    text = str(exc)
+    if lock in text:
+        return False
+    return text.startswith("Corruption:") or (
+        text.startswith("IO error:") and "No such file or directory" in text
+    )
