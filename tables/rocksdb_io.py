@@ -1,5 +1,6 @@
-"""What the RocksDB timer store reads and writes with: its DBs' options, range scans,
-the GC pause of a bulk decode, and the write options of a restore."""
+"""What the RocksDB timer store reads and writes with: its DBs' options, range scans (and
+the check of where one ended), the read faults it raises as `StoreError`, the GC pause of
+a bulk decode, and the write options of a restore."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from rocksdict import (
     BlockBasedIndexType,
     BlockBasedOptions,
     Cache,
+    DbClosedError,
     DBCompressionType,
     MemtableFactory,
     Options,
@@ -21,7 +23,18 @@ from rocksdict import (
     WriteOptions,
 )
 
-__all__ = ["UNLOGGED", "db_options", "gc_paused", "prefix_end", "scan"]
+from tables.exceptions import StoreError
+
+__all__ = [
+    "UNLOGGED",
+    "check_ended",
+    "db_options",
+    "gc_paused",
+    "prefix_end",
+    "read_fault",
+    "rocksdb_fault",
+    "scan",
+]
 
 UNLOGGED = WriteOptions()
 """A restore's writes: without the WAL (see `RocksDBTimerStore._restore`)."""
@@ -55,8 +68,46 @@ def gc_paused() -> Iterator[None]:
         gc.enable()
 
 
-def scan(db: Rdict, start: bytes, upper: bytes) -> Iterator[tuple[bytes, bytes]]:
-    """The items of `db` from `start` up to `upper` (exclusive), in key order.
+def rocksdb_fault(exc: Exception) -> bool:
+    """Whether `exc` is rocksdict's report of RocksDB failing: a plain `Exception` ("IO
+    error: ...", "Corruption: ...") or `DbClosedError`. Not its `KeyError` of a key that
+    is no bytes, nor anything a subclass names (a `StoreError` of the store's own)."""
+    return type(exc) is Exception or isinstance(exc, DbClosedError)
+
+
+def read_fault(exc: Exception, partition: int | None) -> StoreError:
+    """The `StoreError` of a failed RocksDB read of `partition` (`rocksdb_fault(exc)`)."""
+    return StoreError(f"RocksDB read of partition {partition} failed: {exc}", partition=partition)
+
+
+def check_ended(db: Rdict, options: ReadOptions, past: bytes, partition: int | None) -> None:
+    """Raises `StoreError` when a scan of `db` with `options` that ended before `past`
+    ended at a block RocksDB could not read (a checksum mismatch, an I/O error), not at
+    its upper bound: `past` is the least key the scan did not answer.
+
+    rocksdict's `items()` stops at such a block as at the bound and keeps the error to
+    itself: a fresh iterator's seek to `past` reads that block again, and its `status()`
+    tells. One seek a scan that ran out, none a row.
+    """
+    # status() alone, not valid(): the check sees rows written since the scan began.
+    try:
+        check = db.iter(options)
+        check.seek(past)
+        check.status()
+    except Exception as exc:
+        if not rocksdb_fault(exc):
+            raise
+        raise StoreError(
+            f"RocksDB scan of partition {partition} failed at {past!r}: {exc}",
+            partition=partition,
+        ) from exc
+
+
+def scan(
+    db: Rdict, start: bytes, upper: bytes, partition: int | None = None
+) -> Iterator[tuple[bytes, bytes]]:
+    """The items of `db` from `start` up to `upper` (exclusive), in key order; a
+    `StoreError` of `partition` if a block it meets cannot be read (`check_ended`).
 
     The generator holds the ReadOptions: rocksdict's iterator does not keep its options
     alive, and once they are collected the iterator reads freed memory as its upper
@@ -65,7 +116,10 @@ def scan(db: Rdict, start: bytes, upper: bytes) -> Iterator[tuple[bytes, bytes]]
     options = ReadOptions()
     options.set_iterate_upper_bound(upper)
     items = cast(Iterator[tuple[bytes, bytes]], db.items(from_key=start, read_opt=options))
-    yield from items
+    item: tuple[bytes, bytes] | None = None
+    for item in items:
+        yield item
+    check_ended(db, options, start if item is None else item[0] + b"\x00", partition)
     del options
 
 

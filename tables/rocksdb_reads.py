@@ -2,7 +2,9 @@
 `tables.rocksdb_store.RocksDBTimerStore`): rows, whose values may live in their index
 entries, and the scans of the due and finished indexes, each from a low-water mark of its
 partition (`_low`, `_finished_low`) above the tombstones the firing loop and the sweep
-leave at the indexes' fronts."""
+leave at the indexes' fronts. A read RocksDB fails (rocksdict's plain `Exception`: a
+checksum mismatch, an I/O error) raises `StoreError` of its partition, and so does a scan
+that a block it cannot read ended (`tables.rocksdb_io.check_ended`)."""
 
 from __future__ import annotations
 
@@ -35,7 +37,7 @@ from tables.keys import (
 from tables.partitioned import PartitionedStore
 from tables.recent_rows import load_at
 from tables.refs import AggregateRef
-from tables.rocksdb_io import gc_paused, prefix_end, scan
+from tables.rocksdb_io import check_ended, gc_paused, prefix_end, read_fault, rocksdb_fault, scan
 from tables.rocksdb_restore import INDEXES as _INDEXES
 from tables.rowload import load_timer, load_timers
 from tables.store import DueRow
@@ -61,21 +63,33 @@ class RocksDBReads(PartitionedStore):
     def _db(self, partition: int) -> Rdict:
         return self._dbs[partition]
 
+    def _get(self, partition: int, key: bytes) -> bytes | None:
+        """`key`'s value in `partition`'s DB; `StoreError` of it if RocksDB fails the read
+        (else the cycle reading would take it for its record's fault)."""
+        db = self._dbs[partition]  # a KeyError as `_db`'s: outside the backend's faults
+        try:
+            value: bytes | None = db.get(key)  # annotated, not cast: no call a read
+        except Exception as exc:
+            if not rocksdb_fault(exc):
+                raise
+            raise read_fault(exc, partition) from exc
+        return value
+
     # --- reads ------------------------------------------------------------------------
 
     def _value(self, partition: int, raw: bytes) -> bytes:
         """A row's JSON from its ``r`` entry: there, or in the index entry it points to."""
         if raw[:1] not in _INDEXES:
             return raw
-        value = self._db(partition).get(raw)
+        value = self._get(partition, raw)
         if value is None:
             raise StoreError(
                 f"partition {partition} is corrupt: no index entry {raw!r}", partition=partition
             )
-        return cast(bytes, value)
+        return value
 
     def _load(self, partition: int, row: bytes) -> Timer | None:
-        raw = self._db(partition).get(ROW + row)
+        raw = self._get(partition, ROW + row)
         if raw is None:
             return None
         if raw[:1] in _INDEXES:  # at its index entry: settled next, from the same bytes
@@ -83,7 +97,13 @@ class RocksDBReads(PartitionedStore):
         return load_timer(raw, row, partition)
 
     def _load_many(self, partition: int, rows: list[bytes]) -> list[Timer | None]:
-        raws = cast(list[bytes | None], self._db(partition).get(cast(Any, [ROW + r for r in rows])))
+        db = self._dbs[partition]
+        try:
+            raws = cast(list[bytes | None], db.get(cast(Any, [ROW + r for r in rows])))
+        except Exception as exc:
+            if not rocksdb_fault(exc):
+                raise
+            raise read_fault(exc, partition) from exc
         return [
             None if raw is None else load_timer(self._value(partition, raw), row, partition)
             for raw, row in zip(raws, rows, strict=True)
@@ -96,12 +116,12 @@ class RocksDBReads(PartitionedStore):
         if loaded.status not in _DUE_STATUSES:
             return self._load(partition, row)
         key = due_key(loaded.due_at, loaded.id, row)
-        value = self._db(partition).get(key)
+        value = self._get(partition, key)
         return None if value is None else load_at(key, value, partition)
 
     def _owner_rows(self, partition: int, prefix: bytes) -> Iterator[tuple[bytes, Timer]]:
         start = ROW + prefix
-        for key, raw in scan(self._db(partition), start, prefix_end(start)):
+        for key, raw in scan(self._db(partition), start, prefix_end(start), partition):
             yield key[1:], load_timer(self._value(partition, raw), key, partition)
 
     def _due(self, partitions: list[int], until: int, limit: int) -> list[Timer]:
@@ -141,6 +161,10 @@ class RocksDBReads(PartitionedStore):
         none). A key, not a due time: a burst's rows are all due at one instant, and a
         scan from that instant's first key would step over the tombstones of every row
         of it claimed so far, not only those of the last round's claims.
+
+        A run that ends short of its chunk is checked (`check_ended`): rocksdict's items()
+        end silently at a block RocksDB cannot read, and the rows past it would never
+        fire. Full chunks, the bulk of a busy round, cost no check.
         """
         options = ReadOptions()  # held to the end: the iterators read their bound from it
         options.set_iterate_upper_bound(due_upper_bound(until))
@@ -155,6 +179,10 @@ class RocksDBReads(PartitionedStore):
                 self._db(partition).items(from_key=low, read_opt=options),
             )
             got = list(islice(run, step))
+            if len(got) < step:
+                check_ended(
+                    self._db(partition), options, got[-1][0] + b"\x00" if got else low, partition
+                )
             if not got:
                 self._low[partition] = max(low, due_upper_bound(until))
                 continue
@@ -173,7 +201,9 @@ class RocksDBReads(PartitionedStore):
                 if len(got) == step:
                     last[partition] = got[-1][0]
                 else:
+                    past = (got[-1][0] if got else last[partition]) + b"\x00"
                     del runs[partition], last[partition]
+                    check_ended(self._db(partition), options, past, partition)
             found.sort(key=_KEY)
         del options
         return found[:limit]
@@ -197,7 +227,7 @@ class RocksDBReads(PartitionedStore):
         upper = finished_upper_bound(until)
         found: list[tuple[bytes, Timer]] = []
         with gc_paused():
-            for key, value in scan(self._db(partition), low, upper):
+            for key, value in scan(self._db(partition), low, upper, partition):
                 if not found:
                     self._finished_low[partition] = key
                 timer = load_timer(value, key, partition)
@@ -211,24 +241,24 @@ class RocksDBReads(PartitionedStore):
     def _parked(self, partitions: list[int], target: AggregateRef) -> list[Timer]:
         start = parked_prefix(target)
         upper = prefix_end(start)
-        runs = [scan(self._db(partition), start, upper) for partition in partitions]
+        runs = [scan(self._db(partition), start, upper, partition) for partition in partitions]
         with gc_paused():
             return [load_timer(value, key) for key, value in heapq.merge(*runs)]
 
     def _due_entries(self, partition: int, start: int) -> Iterator[tuple[int, str]]:
         # From the low-water mark at least: the tombstones below it are skipped.
         first = max(due_key_prefix(start), self._low[partition])
-        for key, value in scan(self._db(partition), first, prefix_end(DUE)):
+        for key, value in scan(self._db(partition), first, prefix_end(DUE), partition):
             # The status alone: orjson without the model is several times cheaper.
             yield int.from_bytes(key[1:9], "big"), orjson.loads(value)["status"]
 
     def _parked_entries(self, partition: int) -> Iterator[Callable[[], Timer]]:
-        for key, value in scan(self._db(partition), PARKED, prefix_end(PARKED)):
+        for key, value in scan(self._db(partition), PARKED, prefix_end(PARKED), partition):
             yield partial(load_timer, value, key)
 
     def _held_count(self, partition: int) -> int:
-        return sum(1 for _ in scan(self._db(partition), HELD, prefix_end(HELD)))
+        return sum(1 for _ in scan(self._db(partition), HELD, prefix_end(HELD), partition))
 
     def _offset(self, partition: int) -> int | None:
-        raw = self._db(partition).get(OFFSET_KEY)
+        raw = self._get(partition, OFFSET_KEY)
         return None if raw is None else int.from_bytes(raw, "big", signed=True)
