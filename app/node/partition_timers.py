@@ -186,8 +186,8 @@ class PartitionTimerLoop(TimerLoop):
         try:
             return await self._round()
         except Exception as exc:
-            # A store call that raised something other than `StoreError` (rocksdict's own
-            # error on a read: an I/O error, a checksum mismatch), or a bug: tried again,
+            # A store call that raised something other than `StoreError` (a bug: RocksDB's
+            # own read errors are `StoreError`s of their partition now): tried again,
             # and after `FAILED_ROUNDS` in a row its task is closed dirty and taken afresh
             # (its local copy restored), never a partition that stops firing while the rest
             # of the node goes on.
