@@ -8,10 +8,18 @@ after the transaction committed; a crash in between is mended by the restore.
 Each request id is kept with when it was applied, so that ids older than the
 de-duplication window can be forgotten (`expire_requests`, in bounded batches, oldest
 first): a command sent again with such an id is applied again.
+
+A partition's copy found damaged (a state the service cannot read, a RocksDB read or
+write that failed) is marked bad (`mark_bad`): from then on it reads as empty and each
+write to it is refused (`StoreError`), so that a commit of the failing take still in
+flight cannot start a new copy at its recent offset (its restore would fold only the
+events after it, every other aggregate lost); the partition's next restore drops it and
+folds the log whole, once that take's commits are abandoned.
 """
 
 from __future__ import annotations
 
+import contextlib
 import heapq
 import shutil
 from collections.abc import Iterable, Iterator, Mapping
@@ -20,7 +28,7 @@ from typing import Protocol, cast
 
 from rocksdict import BlockBasedOptions, Options, Rdict, ReadOptions, WriteBatch
 
-from tables.exceptions import StoreClosed
+from tables.exceptions import StoreClosed, StoreError
 
 __all__ = ["AggregateStateStore", "MemoryAggregateStore", "RocksAggregateStore"]
 
@@ -66,7 +74,17 @@ class AggregateStateStore(Protocol):
         ...
 
     def drop(self, partition: int) -> None:
-        """Forgets the partition (before a restore from the start)."""
+        """Forgets the partition (before a restore from the start), a bad mark included;
+        `StoreError` when it could not."""
+        ...
+
+    def mark_bad(self, partition: int) -> None:
+        """The partition's copy is damaged: it reads as empty, and each write to it is
+        refused (`StoreError`), until `drop` forgets it."""
+        ...
+
+    def is_bad(self, partition: int) -> bool:
+        """Whether the partition's copy is marked bad (its next restore drops it)."""
         ...
 
     def close(self) -> None: ...
@@ -82,19 +100,29 @@ class MemoryAggregateStore:
         # to forget looks at none).
         self._oldest: dict[int, int] = {}
         self._offsets: dict[int, int] = {}
+        self._bad: set[int] = set()
         self._closed = False
 
-    def _check(self) -> None:
+    def _check(self, partition: int) -> None:
         if self._closed:
             raise StoreClosed("aggregate store is closed")
+        if partition in self._bad:
+            raise StoreError(
+                f"aggregate states of partition {partition} are bad", partition=partition
+            )
+
+    def _readable(self, partition: int) -> bool:
+        if self._closed:
+            raise StoreClosed("aggregate store is closed")
+        return partition not in self._bad
 
     def get(self, partition: int, aggregate_id: str) -> bytes | None:
-        self._check()
+        if not self._readable(partition):
+            return None
         return self._states.get((partition, aggregate_id))
 
     def seen(self, partition: int, aggregate_id: str, request_id: str) -> bool:
-        self._check()
-        return (partition, aggregate_id, request_id) in self._requests
+        return self._readable(partition) and (partition, aggregate_id, request_id) in self._requests
 
     def write(
         self,
@@ -104,7 +132,7 @@ class MemoryAggregateStore:
         offset: int | None,
         applied_at: int = 0,
     ) -> None:
-        self._check()
+        self._check(partition)
         for aggregate_id, state in states.items():
             self._states[(partition, aggregate_id)] = state
         for a, r in requests:
@@ -115,7 +143,7 @@ class MemoryAggregateStore:
             self._offsets[partition] = offset
 
     def expire_requests(self, partition: int, before: int, limit: int) -> int:
-        self._check()
+        self._check(partition)
         if before < self._oldest.get(partition, before + 1):
             return 0
         held = [
@@ -132,14 +160,20 @@ class MemoryAggregateStore:
         return len(doomed)
 
     def offset(self, partition: int) -> int | None:
-        self._check()
-        return self._offsets.get(partition)
+        return self._offsets.get(partition) if self._readable(partition) else None
 
     def drop(self, partition: int) -> None:
         self._states = {k: v for k, v in self._states.items() if k[0] != partition}
         self._requests = {k: v for k, v in self._requests.items() if k[0] != partition}
         self._oldest.pop(partition, None)
         self._offsets.pop(partition, None)
+        self._bad.discard(partition)
+
+    def mark_bad(self, partition: int) -> None:
+        self._bad.add(partition)
+
+    def is_bad(self, partition: int) -> bool:
+        return partition in self._bad
 
     def close(self) -> None:
         self._closed = True
@@ -155,6 +189,8 @@ class RocksAggregateStore:
         # Per partition, no request id's sweep entry is below this key (the last one
         # forgotten): a sweep scans from it, not over the tombstones of those before.
         self._low: dict[int, bytes] = {}
+        # Kept through `release`: the partition's next take (its restore) drops the copy.
+        self._bad: set[int] = set()
         self._closed = False
         self._options = Options(raw_mode=True)
         self._options.create_if_missing(True)
@@ -166,28 +202,73 @@ class RocksAggregateStore:
         table.set_bloom_filter(10, False)
         self._options.set_block_based_table_factory(table)
 
+    def _path(self, partition: int) -> Path:
+        return self._dir / f"p{partition}.db"
+
     def _db(self, partition: int) -> Rdict:
+        """The partition's DB, to write to: refused while it is bad."""
+        if (db := self._readable(partition)) is None:
+            raise StoreError(
+                f"aggregate states {self._path(partition)} are bad: refused until the"
+                " partition's next restore drops them",
+                partition=partition,
+            )
+        return db
+
+    def _readable(self, partition: int) -> Rdict | None:
+        """The partition's DB, opened on first use; None while it is bad (read as empty,
+        never opened afresh: see the module)."""
         if self._closed:
             raise StoreClosed("aggregate store is closed")
+        if partition in self._bad:
+            return None
         db = self._dbs.get(partition)
         if db is None:
-            # The default family's options given too: else rocksdict opens an existing DB
-            # with those of its last OPTIONS file, not these (the timer store's alike).
-            db = Rdict(
-                str(self._dir / f"p{partition}.db"),
-                self._options,
-                column_families={"default": self._options},
-            )
+            try:
+                # The default family's options given too: else rocksdict opens an existing
+                # DB with those of its last OPTIONS file, not these (the timer store's alike).
+                db = Rdict(
+                    str(self._path(partition)),
+                    self._options,
+                    column_families={"default": self._options},
+                )
+            except Exception as exc:
+                # Not marked bad: a lock another holder keeps is no reason to drop a copy.
+                raise StoreError(
+                    f"cannot open {self._path(partition)}: {exc}", partition=partition
+                ) from exc
             self._dbs[partition] = db
         return db
 
+    @contextlib.contextmanager
+    def _reading(self, partition: int) -> Iterator[None]:
+        """rocksdict's errors (plain `Exception`s: an I/O error, a checksum mismatch) as
+        `StoreError`s of the partition, whose copy is marked bad: read on, it could fail
+        at every retake (a table file gone); written on after a failed write, a later
+        batch's offset would pass over the states it did not write."""
+        try:
+            yield
+        except StoreError:
+            raise
+        except Exception as exc:
+            self._bad.add(partition)
+            raise StoreError(
+                f"aggregate states {self._path(partition)}: {exc}", partition=partition
+            ) from exc
+
     def get(self, partition: int, aggregate_id: str) -> bytes | None:
-        value = self._db(partition).get(_STATE + _id(aggregate_id))
+        if (db := self._readable(partition)) is None:
+            return None
+        with self._reading(partition):
+            value = db.get(_STATE + _id(aggregate_id))
         return None if value is None else bytes(value)
 
     def seen(self, partition: int, aggregate_id: str, request_id: str) -> bool:
         key = _REQUEST + _id(aggregate_id) + request_id.encode()
-        return self._db(partition).get(key) is not None
+        if (db := self._readable(partition)) is None:
+            return False
+        with self._reading(partition):
+            return db.get(key) is not None
 
     def write(
         self,
@@ -198,6 +279,18 @@ class RocksAggregateStore:
         applied_at: int = 0,
     ) -> None:
         db = self._db(partition)
+        with self._reading(partition):
+            self._write(db, partition, states, requests, offset, applied_at)
+
+    def _write(
+        self,
+        db: Rdict,
+        partition: int,
+        states: Mapping[str, bytes],
+        requests: Iterable[tuple[str, str]],
+        offset: int | None,
+        applied_at: int,
+    ) -> None:
         batch = WriteBatch(raw_mode=True)
         for aggregate_id, state in states.items():
             batch.put(_STATE + _id(aggregate_id), state)
@@ -227,34 +320,80 @@ class RocksAggregateStore:
         batch = WriteBatch(raw_mode=True)
         count = 0
         last = b""
-        for entry in cast(Iterator[bytes], db.keys(from_key=low, read_opt=options)):
-            if count == limit:
-                break
-            batch.delete(entry)
-            batch.delete(_REQUEST + entry[9:])
-            count += 1
-            last = entry
+        with self._reading(partition):
+            for entry in cast(Iterator[bytes], db.keys(from_key=low, read_opt=options)):
+                if count == limit:
+                    break
+                batch.delete(entry)
+                batch.delete(_REQUEST + entry[9:])
+                count += 1
+                last = entry
+            if count < limit:
+                self._ended(db, partition, options, last or low, skip=bool(count))
+            if count:
+                db.write(batch)
         del options  # kept alive through the scan (see rocksdb_io.scan)
-        if count:
-            db.write(batch)
         # Until compacted away, the tombstones of the entries forgotten would be stepped
         # over by every later scan from the front (one a commit).
         self._low[partition] = last if count else max(low, upper)
         return count
 
+    def _ended(
+        self, db: Rdict, partition: int, options: ReadOptions, start: bytes, *, skip: bool
+    ) -> None:
+        """Checks that a sweep's scan, which ended at `start` (`skip`: past it), reached
+        the end of its range: `keys()` stops at a block it cannot read as at the end,
+        silently (no sweep would forget the ids past it). A raw iterator from there, whose
+        `status` tells, reads that block again; `StoreError` when it is not the end."""
+        probe = db.iter(options)
+        try:
+            probe.seek(start)
+            if skip and probe.valid() and bytes(probe.key()) == start:
+                probe.next()
+            probe.status()
+            if probe.valid():
+                self._bad.add(partition)  # (read again: the fault has passed, or moved)
+                raise StoreError(
+                    f"aggregate states {self._path(partition)}: a sweep stopped before "
+                    f"{bytes(probe.key())!r}",
+                    partition=partition,
+                )
+        finally:
+            del probe  # a DB closes only once its iterators are gone (a drop may follow)
+
     def offset(self, partition: int) -> int | None:
-        value = self._db(partition).get(_OFFSET)
+        if (db := self._readable(partition)) is None:
+            return None
+        with self._reading(partition):
+            value = db.get(_OFFSET)
         return None if value is None else int(bytes(value))
 
     def drop(self, partition: int) -> None:
         db = self._dbs.pop(partition, None)
         self._low.pop(partition, None)
-        if db is not None:
-            db.close()
-        shutil.rmtree(self._dir / f"p{partition}.db", ignore_errors=True)
+        path = self._path(partition)
+        try:
+            if db is not None:
+                db.close()
+            shutil.rmtree(path)
+        except Exception as exc:
+            if path.exists():
+                # Left in part, it must not be opened and read on as a whole copy.
+                self._bad.add(partition)
+                raise StoreError(
+                    f"cannot drop the aggregate states {path}: {exc}", partition=partition
+                ) from exc
+        self._bad.discard(partition)
+
+    def mark_bad(self, partition: int) -> None:
+        self._bad.add(partition)
+
+    def is_bad(self, partition: int) -> bool:
+        return partition in self._bad
 
     def release(self, partition: int) -> None:
-        """Closes a partition's DB (kept on disk) when the node hands the partition off."""
+        """Closes a partition's DB (kept on disk, and its bad mark) when the node hands
+        the partition off."""
         db = self._dbs.pop(partition, None)
         self._low.pop(partition, None)
         if db is not None:

@@ -76,9 +76,18 @@ class PartitionStates:
         `progress` hears the log offsets read and to read as it goes.
 
         The local states are a cache of the log: a copy that is not a prefix of the log the
-        broker holds (ahead of its end: a recreated topic, another cluster) is dropped and
-        folded again from the start.
+        broker holds (ahead of its end: a recreated topic, another cluster), or that an
+        earlier take found damaged (marked bad), is dropped and folded again from the start.
         """
+        if self._store.is_bad(self.partition):
+            # Dropped here, not where it was found: the earlier take's commits are
+            # abandoned by now, so none of them writes into the copy folded afresh.
+            logger.warning(
+                "%s[%d]: local states found damaged by the last take: folding them again",
+                self.events_topic,
+                self.partition,
+            )
+            self._store.drop(self.partition)
         held = self._store.offset(self.partition)
         _, end = await reader.offsets(self.events_topic, self.partition)
         if held is not None and held >= end:
@@ -251,17 +260,24 @@ class PartitionStates:
         try:
             return StoredAggregate.model_validate_json(raw)
         except ValidationError as exc:
-            # The local copy is damaged, not the log: it is dropped, and the retake this
-            # node fault causes folds the partition again from the log.
+            # The local copy is damaged, not the log. Marked bad (it reads as empty and
+            # takes no write), not dropped now: a commit of this take still in flight would
+            # write its batch and a recent offset into a copy opened afresh, and the retake
+            # would fold only the events after it (the other aggregates lost). The retake
+            # this node fault causes drops it.
             logger.error(
-                "%s[%d]: local state of %s unreadable (%s): dropping the partition's states",
+                "%s[%d]: local state of %s unreadable (%s): the partition's states are "
+                "folded again from the log by its next take",
                 self.events_topic,
                 self.partition,
                 aggregate_id,
                 exc.errors()[0]["msg"],
             )
-            self._store.drop(self.partition)
-            raise StoreError(f"local state of {aggregate_id} unreadable; states dropped") from exc
+            self._store.mark_bad(self.partition)
+            raise StoreError(
+                f"local state of {aggregate_id} unreadable; states to fold again",
+                partition=self.partition,
+            ) from exc
 
     def applied(self, batch: CommandBatch, applied: tuple[str, str]) -> bool:
         """Whether the aggregate `applied[0]` applied the request id `applied[1]`: in
