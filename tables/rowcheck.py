@@ -22,7 +22,7 @@ from typing import Annotated, Any, Literal, TypeVar
 import msgspec
 from pydantic_core import from_json
 
-from tables.bounds import MAX_INSTANT, MAX_INT64, check_json
+from tables.bounds import MAX_INSTANT, MAX_INT64, check_stored
 from tables.keys import (
     DUE,
     FINISHED,
@@ -160,12 +160,14 @@ def _key_ends(context: str, aggregate: str, tenant: str, key: str) -> tuple[byte
 
 @functools.lru_cache(maxsize=4096)
 def _body_ok(raw: bytes) -> bool:
-    """Whether a body's bytes are a JSON object `JsonObject` takes, once per distinct body.
+    """Whether a body's bytes are a JSON object a stored `CommandSpec` takes
+    (`tables.bounds.check_stored`: a row is stored, maybe by 0.2.0, which bounded no
+    body), once per distinct body.
 
     Parsed by pydantic's own parser: orjson reads an integer past 64 bits as a float."""
     try:
         body = from_json(raw)
-        check_json(body)
+        check_stored(body)
     except ValueError:
         return False
     return isinstance(body, dict)
@@ -204,7 +206,7 @@ def _rule_bytes_ok(raw: bytes) -> bool:
 
 
 def _command_ok(raw: bytes) -> bool:
-    """Whether a command's JSON is one msgspec takes, its body a `JsonObject`."""
+    """Whether a command's JSON is one msgspec takes, its body a stored one (`_body_ok`)."""
     try:
         command = _decode_command(raw)
     except _UNDECODED:

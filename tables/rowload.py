@@ -6,9 +6,9 @@ The store's rows were validated on their way in (a put's Timer, or a restore's c
 the same types and bounds (about as fast as orjson into unchecked dicts), and the
 models are made around their fields without validation (`model_construct` without its
 per-field loop). What msgspec cannot express (an aggregate name's pattern, a body's
-integer bounds and depth, a rule's cron expression, zone and ends) is checked once per
-distinct value: they repeat across a type's timers. So a row loads as exactly the Timer
-pydantic would make of it, or not at all: one msgspec refuses (written by another
+stored bounds, `tables.bounds.check_stored`, a rule's cron expression, zone and ends) is
+checked once per distinct value: they repeat across a type's timers. So a row loads as
+exactly the Timer pydantic would make of it, or not at all: one msgspec refuses (written by another
 version, leaning on defaults) is decoded in full by pydantic, and one pydantic refuses
 too is a `StoreError` naming its key, never a half-built Timer
 (`tests/unit/test_rowload.py` holds this over mangled rows).
@@ -30,7 +30,7 @@ from msgspec import UNSET, UnsetType
 from pydantic import BaseModel
 from pydantic_core import from_json
 
-from tables.bounds import check_json
+from tables.bounds import StoredObject, check_json, check_stored
 from tables.exceptions import StoreError
 from tables.keys import decode_timer
 from tables.refs import AggregateRef
@@ -209,13 +209,19 @@ def _rule(raw: bytes) -> BaseModel | None:
 
 
 def _made_command(type_: str, body: bytes) -> CommandSpec | None:
-    # pydantic's own parser: orjson reads an integer past 64 bits as a float.
+    # pydantic's own parser: orjson reads an integer past 64 bits as a float. A row is
+    # stored (maybe by 0.2.0, which bounded no body): its body is held to `check_stored`,
+    # one past the new-input bounds kept as a `StoredObject`, as `Timer` validates it.
     try:
         value = from_json(body)
-        check_json(value)
+        if not isinstance(value, dict):
+            return None
+        try:
+            check_json(value)
+        except ValueError:
+            check_stored(value)
+            value = StoredObject(value)
     except ValueError:
-        return None
-    if not isinstance(value, dict):
         return None
     made: CommandSpec = _model(CommandSpec, {"type": type_, "body": value}, _COMMAND_SET)
     return made
@@ -223,7 +229,7 @@ def _made_command(type_: str, body: bytes) -> CommandSpec | None:
 
 def _command(raw: bytes) -> CommandSpec | None:
     """The model of a command's JSON, kept (None: msgspec refuses it, or its body is no
-    `JsonObject`)."""
+    stored `CommandSpec`'s)."""
     made = _COMMANDS.get(raw, _new)
     if made is _new:
         if len(_COMMANDS) >= _CACHE_SIZE:

@@ -5,11 +5,26 @@ from __future__ import annotations
 import functools
 import operator
 from enum import StrEnum
-from typing import Final
+from typing import Annotated, Any, Final
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    ValidatorFunctionWrapHandler,
+    WrapValidator,
+)
 
-from tables.bounds import Count, Deadline, Instant, JsonObject, Version
+from tables.bounds import (
+    STORED_BODIES,
+    STORED_INPUT,
+    CommandBody,
+    Count,
+    Deadline,
+    Instant,
+    Version,
+)
 from tables.refs import AggregateRef
 from tables.rules import ScheduleRule
 
@@ -19,6 +34,7 @@ __all__ = [
     "MAX_ERROR_TEXT",
     "CommandSpec",
     "Outcome",
+    "StoredCommand",
     "Timer",
     "TimerChange",
     "TimerStatus",
@@ -86,7 +102,32 @@ class CommandSpec(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     type: str = Field(min_length=1, max_length=200)
-    body: JsonObject = Field(default_factory=dict)
+    body: CommandBody = Field(default_factory=dict)
+
+
+_validate_command = CommandSpec.__pydantic_validator__.validate_python
+
+
+def _stored_command(
+    value: Any, handler: ValidatorFunctionWrapHandler, info: ValidationInfo
+) -> CommandSpec:
+    # A row is stored: its body is held to `check_stored` unless the validation says
+    # otherwise (`NEW_INPUT` without `STORED_BODIES`). A model is taken as it is.
+    context = info.context
+    said = context is not None and (
+        context.get("new_input") is True or context.get(STORED_BODIES) is True
+    )
+    if said or isinstance(value, CommandSpec):
+        command: CommandSpec = handler(value)
+    else:
+        command = _validate_command(value, context=STORED_INPUT)
+    return command
+
+
+StoredCommand = Annotated[CommandSpec, WrapValidator(_stored_command)]
+"""A stored timer's command (a `Timer`'s, a timer book's): its body validated as read back
+as stored (`tables.bounds.check_stored`), not as new input, unless the validation's
+context says it is (`tables.refs.NEW_INPUT`)."""
 
 
 class Timer(BaseModel):
@@ -107,7 +148,7 @@ class Timer(BaseModel):
     status: TimerStatus = TimerStatus.PENDING
     rule: ScheduleRule
     target: AggregateRef
-    command: CommandSpec
+    command: StoredCommand
     slot: Version = 0
     slot_due_at: Instant
     due_at: Deadline

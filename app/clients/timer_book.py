@@ -71,11 +71,12 @@ from app.protocol.wire import (
     ScheduleTriggered,
     error_reason,
 )
-from tables import AggregateRef, CommandSpec
-from tables.bounds import MAX_INSTANT
+from tables import AggregateRef
+from tables.bounds import MAX_INSTANT, STORED_INPUT
 from tables.refs import NEW_INPUT
 from tables.rules import CronRule, IntervalRule, OnceRule, ScheduleRule
 from tables.slots import first_slot, next_slot
+from tables.timer import StoredCommand
 
 __all__ = [
     "BOOK_RETENTION",
@@ -139,7 +140,7 @@ class BookTimer(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     target: AggregateRef
-    command: CommandSpec
+    command: StoredCommand
     paused: bool = False
     ends: int | None = Field(
         default=None,
@@ -296,7 +297,10 @@ def timer_book(
 
     @book.applies(SCHEDULE_SET)
     def _set_applied(state: BookState, event: Event) -> BookState:
-        body = ScheduleSet.model_validate(event.body, strict=True, context=NEW_INPUT)
+        # The book's own event, read back as stored (`STORED_INPUT`): its key and its
+        # command's body as the version that took it did (a key with a control character,
+        # a body past 64 bits: 0.2.0 took both), not refused as new input on a refold.
+        body = ScheduleSet.model_validate(event.body, strict=True, context=STORED_INPUT)
         timers = {k: t for k, t in state.timers.items() if k != body.key}
         if body.target is not None:
             # A set without one (another writer's: a book refuses it, `book_reason`) fires
@@ -309,7 +313,7 @@ def timer_book(
     # the state folded by a replay of the log is the state folded live.
     @book.applies(SCHEDULE_CANCELLED)
     def _cancel_applied(state: BookState, event: Event) -> BookState:
-        key = ScheduleCancelled.model_validate(event.body, strict=True, context=NEW_INPUT).key
+        key = ScheduleCancelled.model_validate(event.body, strict=True, context=STORED_INPUT).key
         timers = {k: t for k, t in state.timers.items() if k != key}
         return pruned(state, timers, event.created_at)
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import re
 from enum import StrEnum
-from typing import Annotated, Any, Final, Self, TypeVar
+from typing import Annotated, Any, Final, Self, TypeVar, cast
 
 import orjson
 from pydantic import (
@@ -24,6 +24,7 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationError,
+    ValidationInfo,
     model_validator,
 )
 from pydantic.config import JsonDict
@@ -33,7 +34,16 @@ from app.errors import BadRecord
 from app.protocol.reasons import error_reason
 from app.protocol.timer_ops import TimerAction, TimerOp
 from tables import AggregateRef, CommandSpec, ScheduleRule
-from tables.bounds import MAX_INT64, Instant, JsonObject, check_json
+from tables.bounds import (
+    MAX_INT64,
+    STORED_BODIES,
+    STORED_INPUT,
+    Instant,
+    JsonObject,
+    check_json,
+    check_stored,
+    stored_bodies,
+)
 from tables.refs import NEW_INPUT, Identifier
 
 __all__ = [
@@ -116,11 +126,16 @@ class _Envelope(BaseModel):
     model_config = ConfigDict(extra="allow", frozen=True)
 
     @model_validator(mode="after")
-    def _extras_within_bounds(self) -> Self:
-        # Unknown fields are kept and written back: they too must be JSON any encoder writes.
-        # (The slot itself, not the `model_extra` property: this runs for every record.)
-        if self.__pydantic_extra__:
-            check_json(self.__pydantic_extra__, "record")
+    def _extras_within_bounds(self, info: ValidationInfo) -> Self:
+        # Unknown fields are kept and written back: they too must be JSON any encoder writes,
+        # within a body's bounds as new input (`tables.bounds`), read back as stored within
+        # `check_stored`'s. (The slot itself, not the `model_extra` property: this runs for
+        # every record.)
+        if extra := self.__pydantic_extra__:
+            if stored_bodies(info):
+                check_stored(extra, "record")
+            else:
+                check_json(extra, "record")
         return self
 
 
@@ -345,7 +360,13 @@ def decode(
     `new_names`: a tenant, an aggregate id or a timer key holding a control character is
     refused (`tables.refs.control_character`). False for a record that only names what
     is stored (an operator's timer op names the target of parked timers, which an older
-    version may have taken with one: they must stay retryable and skippable)."""
+    version may have taken with one: they must stay retryable and skippable).
+
+    Bodies and unknown fields are new input, held to `tables.bounds.check_json`, but in
+    one record: a command with `in_process: true` that only the stored bounds take
+    (`check_stored`), which is a node's record of a stored timer's command it decided
+    in-process (an older version's row may hold a body past 64 bits): it is returned,
+    for the processor to pass over (with the node's header) or refuse (without)."""
     if data is None:
         raise BadRecord("empty record (tombstone) where an envelope was expected")
     if len(data) > max_bytes:
@@ -357,7 +378,24 @@ def decode(
         )
         return decoded
     except ValidationError as exc:
+        if model is CommandEnvelope and (sent := _sent_in_process(data, new_names)) is not None:
+            return cast(M, sent)
         raise BadRecord(f"not a valid {model.__name__}: {_errors(exc)}") from exc
+
+
+_IN_PROCESS_READ: Final = {**NEW_INPUT, STORED_BODIES: True}
+
+
+def _sent_in_process(data: bytes, new_names: bool) -> CommandEnvelope | None:
+    """`data` as a command with `in_process: true` read strictly, but its body and unknown
+    fields held to the stored bounds only (`decode`); None if it is no such command."""
+    try:
+        sent: CommandEnvelope = CommandEnvelope.__pydantic_validator__.validate_json(
+            data, strict=True, context=_IN_PROCESS_READ if new_names else STORED_INPUT
+        )
+    except ValidationError:
+        return None
+    return sent if sent.in_process else None
 
 
 def decode_event(
@@ -368,12 +406,18 @@ def decode_event(
     strict read refused it. An event an earlier version took is the aggregate's history:
     a state folded again from the log (a restore, a rebuild) must take it as that version
     did, and a node following the log live alike; what only a strict read refuses is kept
-    from the timers (dead-lettered there). `BadRecord` for what no version took."""
+    from the timers (dead-lettered there). `BadRecord` for what no version took.
+
+    The lenient read holds its body and unknown fields to the stored bounds only
+    (`tables.bounds.check_stored`): 0.2.0 took and wrote events past 64 bits or nested
+    deeper than `check_json` lets new input, and they are the aggregate's history."""
     try:
         return decode(EventEnvelope, data, max_bytes), None
     except BadRecord as exc:
         try:
-            lax = EventEnvelope.__pydantic_validator__.validate_json(data or b"")
+            lax = EventEnvelope.__pydantic_validator__.validate_json(
+                data or b"", context=STORED_INPUT
+            )
         except ValidationError:
             raise exc from None
         return lax, str(exc)
