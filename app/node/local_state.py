@@ -29,7 +29,8 @@ def keep_for_cluster(data_dir: Path, cluster_id: str) -> list[Path]:
     Every type's, not only those the node runs now: the mark is the whole directory's, so
     a type run again later would otherwise read its old copy on (its clean marks, its
     offsets) as the new cluster's, and fire the old cluster's timers there. What is not a
-    type's directory (`<context>.<aggregate>`) is left as it is. A directory without a
+    type's directory (`<context>.<aggregate>` holding `timers` or `states`) is left as it
+    is. A directory without a
     mark (first run, or made by an older version) is kept: the restores still drop a copy
     ahead of its topic's end."""
     if not cluster_id.strip():
@@ -40,7 +41,7 @@ def keep_for_cluster(data_dir: Path, cluster_id: str) -> list[Path]:
     dropped: list[Path] = []
     if before is not None and before != cluster_id:
         for directory in sorted(data_dir.iterdir()):
-            if directory.is_dir() and _is_type_name(directory.name):
+            if _is_type_copy(directory):
                 shutil.rmtree(directory)
                 dropped.append(directory)
         logger.warning(
@@ -58,12 +59,19 @@ def keep_for_cluster(data_dir: Path, cluster_id: str) -> list[Path]:
     return dropped
 
 
-def _is_type_name(name: str) -> bool:
+def _is_type_copy(directory: Path) -> bool:
+    """Whether `directory` is a type's local state as a node makes it (`<context>.<aggregate>`
+    holding its `timers` or `states`): another directory of that shape (`backup.2026-12-01`)
+    is not Tickwheel's to drop."""
     try:
-        parse_aggregate_type(name)
+        parse_aggregate_type(directory.name)
     except TickwheelError:
         return False
-    return True
+    return directory.is_dir() and any((directory / part).is_dir() for part in _PARTS)
+
+
+_PARTS = ("timers", "states")
+"""What a node keeps in a type's directory (`app.node.opening.open_type`)."""
 
 
 class DataDirLock:
@@ -135,12 +143,18 @@ class CleanMarks:
         a power loss never leaves a mark without the writes it vouches for having been
         synced before it (the store's close syncs them)."""
         path = self._path(partition)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
         try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        _sync_dir(self._dir)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            _sync_dir(self._dir)
+        except OSError:
+            # Not marked after all: a mark left by a failed sync would be trusted next.
+            with contextlib.suppress(OSError):
+                path.unlink()
+            raise
 
     def lost(self, partition: int) -> tuple[int | None, str] | None:
         """Where the partition's changelog ended (None: not known) and why it lost rows its

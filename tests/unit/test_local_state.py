@@ -4,6 +4,8 @@ in it, and a data directory is one worker's alone (`DataDirLock`)."""
 
 from __future__ import annotations
 
+import errno
+import os
 import subprocess
 import sys
 import time
@@ -17,7 +19,7 @@ from test_node_memory import PARTITIONS, SERVICE, TOPICS, schedule, timer_rows
 from app.errors import ConfigError
 from app.kafka.memory import MemoryLog
 from app.model.aggregate import AggregateType
-from app.node.local_state import DataDirLock, keep_for_cluster
+from app.node.local_state import CleanMarks, DataDirLock, keep_for_cluster
 from app.service import Service
 from tables import AggregateRef
 
@@ -54,11 +56,14 @@ def test_another_cluster_drops_every_types_state_and_marks_the_new_one(tmp_path:
     order = state_of(tmp_path, "shop.order")
     # Not run by the node now, but its copy is of the old cluster all the same.
     other = state_of(tmp_path, "billing.account")
-    (tmp_path / "notes").mkdir()  # not a type's: left alone
-    (tmp_path / "a.b.c").mkdir()
+    # Not a type's copy: left alone (a name of that shape alone is not enough).
+    for name in ("notes", "a.b.c", "backup.2026-12-01"):
+        (tmp_path / name / "data").mkdir(parents=True)
+    (tmp_path / "prometheus.data").write_text("a file")
     assert keep_for_cluster(tmp_path, "c-2") == [other, order]
     assert not order.exists() and not other.exists()
-    assert (tmp_path / "notes").exists() and (tmp_path / "a.b.c").exists()
+    for name in ("notes", "a.b.c", "backup.2026-12-01", "prometheus.data"):
+        assert (tmp_path / name).exists(), name
     assert (tmp_path / "cluster-id").read_text() == "c-2\n"
     assert keep_for_cluster(tmp_path, "c-2") == []
 
@@ -156,3 +161,22 @@ async def test_a_second_node_on_a_data_directory_is_refused_and_drops_nothing(
         assert (tmp_path / "a" / TOPICS.type_name).exists()
     finally:
         await a.stop()
+
+
+def test_a_clean_mark_whose_sync_fails_is_not_left_behind(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A full disk as the mark is synced: the close says the copy is not marked (restored
+    whole next), so no mark may stay that the next start would trust."""
+    marks = CleanMarks(tmp_path)
+
+    def full(fd: int) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", full)
+    with pytest.raises(OSError, match="No space"):
+        marks.mark(0)
+    monkeypatch.undo()
+    assert not marks.take(0)
+    marks.mark(0)
+    assert marks.take(0)
