@@ -6,9 +6,9 @@ and its status publishing ending stops both, loudly.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import signal
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -55,8 +55,8 @@ def worker(
         raise fail(str(exc)) from exc
     except asyncio.CancelledError as exc:
         # Nothing cancels the worker's own task (a signal cancels the node's run, which
-        # it waits for): this is the client library's, re-raised by the group consumer's
-        # stop while the broker is away, which ends the node's stop half-way.
+        # it waits for): this is the client library's, leaked out of a stop (the group
+        # consumer's re-raises one while the broker is away; the other stops still ran).
         logger.debug("the node's stop was cut short", exc_info=True)
         raise fail(
             "the worker stopped, but not cleanly: the Kafka group consumer's stop was cut "
@@ -86,12 +86,10 @@ async def _run_worker(settings: Settings, service: Service) -> None:
             assert web.page is not None
             web.page.cluster = cluster
     except BaseException:
-        # Closes what did start, so nothing leaks on the way out.
-        if web is not None:
-            await web.stop()
-        if cluster is not None:
-            await cluster.stop()
-        await node.stop()
+        # Closes what did start, so nothing leaks on the way out (each stop is logged).
+        stopping = [] if web is None else [web.stop]
+        stopping += [] if cluster is None else [cluster.stop]
+        await _stop_each([*stopping, node.stop])
         raise
     tune_collector(settings.gc_threshold)
     task = asyncio.create_task(_run_node(node, cluster))
@@ -99,28 +97,69 @@ async def _run_worker(settings: Settings, service: Service) -> None:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, task.cancel)
     logger.info("worker started: %s", settings.bootstrap_servers)
+    # The status's tombstone is written while the node's producer still runs.
+    stops = [*([] if web is None else [web.stop]), cluster.stop, node.stop]
     try:
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
-    finally:
-        if web is not None:
-            await web.stop()
-        await cluster.stop()  # its tombstone, while the node's producer still runs
-        await node.stop()
+        await _until_stopped(task)
+    except BaseException:
+        await _stop_each(stops)  # what they raise is logged: the run's end is the error
         logger.info("worker stopped")
+        raise
+    error = await _stop_each(stops)
+    logger.info("worker stopped")
+    if error is not None:
+        raise error
+
+
+async def _until_stopped(task: asyncio.Task[None]) -> None:
+    """Awaits the node's run: its end asked for (a signal cancels it; so does a cancel of
+    this task, which is passed on) returns, any other end raises. A run that ends
+    cancelled unasked had a cancellation leak out of a client call: the worker fails."""
+    try:
+        await task
+    except asyncio.CancelledError:
+        if task.cancelling() == 0:
+            raise NodeFailed("the node's run ended cancelled, though nothing stopped it") from None
+        current = asyncio.current_task()
+        if current is not None and current.cancelling() > 0:
+            raise
+
+
+async def _stop_each(stops: Sequence[Callable[[], Awaitable[None]]]) -> BaseException | None:
+    """Awaits each stop in turn, whatever the ones before raised (a cancellation leaked out
+    of one included); logs what they raise and returns the first."""
+    first: BaseException | None = None
+    for stop in stops:
+        try:
+            await stop()
+        except BaseException as exc:
+            logger.error("stopping the worker: %r", exc, exc_info=exc)
+            first = exc if first is None else first
+    return first
 
 
 async def _run_node(node: Node, cluster: ClusterStatus) -> None:
     """The node's run with its status publishing beside it: either ending stops both (the
-    status's end is a bug; the node stops loudly rather than vanish from every page)."""
+    status's end is a bug; the node stops loudly rather than vanish from every page). Both
+    run until cancelled: one ended cancelled unasked (leaked out of a client call) fails."""
     running = asyncio.create_task(node.run(), name="node")
     status = asyncio.create_task(cluster.run(), name="cluster status")
     try:
         await asyncio.wait([running, status], return_when=asyncio.FIRST_COMPLETED)
         if not running.done():
-            raise NodeFailed(f"publishing the node's status stopped: {status.exception()!r}")
-        await running
+            raise NodeFailed(f"publishing the node's status stopped: {_ended(status)}")
+        if running.cancelled() or running.exception() is None:
+            raise NodeFailed(f"the node's run {_ended(running)}")
+        await running  # raises its error
     finally:
         for t in (running, status):
             t.cancel()
         await asyncio.gather(running, status, return_exceptions=True)
+
+
+def _ended(task: asyncio.Task[None]) -> str:
+    """How a task that runs until cancelled ended, read without raising what it raised."""
+    if task.cancelled():
+        return "ended cancelled, though nothing cancelled it"
+    exc = task.exception()
+    return "returned" if exc is None else repr(exc)

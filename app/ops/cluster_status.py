@@ -26,7 +26,6 @@ out by `app.ops.changelog_search`).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -246,11 +245,23 @@ class ClusterStatus:
 
     async def run(self) -> None:
         """Publishes every interval, and soon after the node's partitions change, and
-        follows the topics, until cancelled."""
-        async with asyncio.TaskGroup() as tasks:
-            tasks.create_task(self._publishing(), name="publishing the node's status")
-            for c in self._contexts.values():
-                tasks.create_task(self._follow(c), name=f"following {c.topic}")
+        follows the topics, until cancelled. Any end of one of them (returned, failed, or
+        cancelled while `run` is not: leaked out of a client call) ends `run` with a
+        `RuntimeError` naming it (a `TaskGroup` passes over a child ended cancelled)."""
+        children = [asyncio.create_task(self._publishing(), name="publishing the node's status")]
+        children += [
+            asyncio.create_task(self._follow(c), name=f"following {c.topic}")
+            for c in self._contexts.values()
+        ]
+        try:
+            done, _ = await asyncio.wait(children, return_when=asyncio.FIRST_COMPLETED)
+            ended = next(t for t in children if t in done)
+            why = None if ended.cancelled() else ended.exception()
+            raise RuntimeError(f"{ended.get_name()} {_ended(ended)}") from why
+        finally:
+            for t in children:
+                t.cancel()
+            await asyncio.gather(*children, return_exceptions=True)
 
     async def _publishing(self) -> None:
         waited = 0.0
@@ -280,16 +291,20 @@ class ClusterStatus:
 
     async def stop(self) -> None:
         """Writes this node's tombstones (its partitions go to their next owners' reports),
-        then stops following; never raises."""
+        then stops following; raises nothing but its own task's cancellation (one leaked
+        out of a client call is logged like an error)."""
         for c in self._contexts.values():
             try:
                 await asyncio.wait_for(
                     self._producer.send(c.topic, self.node_id.encode(), None, 0), _SEND_TIMEOUT_S
                 )
-            except Exception as exc:
+            except (Exception, asyncio.CancelledError) as exc:
+                _raise_if_cancelled(exc)
                 logger.warning("the node's tombstone in %s was not written: %r", c.topic, exc)
-            with contextlib.suppress(Exception):
+            try:
                 await c.follower.stop()
+            except (Exception, asyncio.CancelledError) as exc:
+                _raise_if_cancelled(exc)
 
     async def recent_letters(self, limit: int) -> list[tuple[str, Letter]]:
         """The last `limit` records' dead letters of each context, newest first."""
@@ -314,6 +329,22 @@ class ClusterStatus:
         return await search_changelog(
             self._clients, self._changelog_reads, self.changelog_wait_s, type_name, partition, owner
         )
+
+
+def _raise_if_cancelled(exc: BaseException) -> None:
+    """Re-raises `exc` when it is the cancellation of the running task itself."""
+    task = asyncio.current_task()
+    if isinstance(exc, asyncio.CancelledError) and task is not None and task.cancelling():
+        raise exc
+
+
+def _ended(task: asyncio.Task[None]) -> str:
+    """How a task that should run until cancelled ended (nothing cancels it but `run`'s end:
+    a cancellation seen is one leaked out of a call)."""
+    if task.cancelled():
+        return "ended cancelled, though nothing cancelled it"
+    exc = task.exception()
+    return "returned" if exc is None else f"failed: {exc!r}"
 
 
 def web_address(settings: Settings, port: int) -> str | None:
