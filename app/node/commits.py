@@ -142,17 +142,54 @@ class PartitionCommits:
             except TimeoutError as exc:
                 # A hung commit holds every later write of p: given up, p taken afresh.
                 raise KafkaUnavailable(f"{key}: no commit within {deadline_s:g} s") from exc
+        except asyncio.CancelledError as exc:
+            me = asyncio.current_task()
+            if me is not None and me.cancelling():
+                raise  # abandoned (its task's close): what it holds never counts
+            # Leaked out of the client library (the producer's commit re-raises it as it
+            # came, broken): nobody cancelled the commit, yet what it took never landed.
+            logger.error("%s: a commit was cancelled inside the client library", key)
+            self._fail(self._leaked(exc))
+            return False
         except Exception as exc:
             # Kafka's or the local store's (a state write after the commit): either way
             # p's local copy is not what its changelog says, so it is taken afresh.
             if not isinstance(exc, KafkaUnavailable):
                 logger.exception("%s: a commit failed", key)
-            self._failed = True
-            self._on_failure(A_COMMIT, exc)
+            self._fail(exc)
             return False
         self.landed += 1
         if self._on_landed is not None:
             self._on_landed()
+        return True
+
+    def _fail(self, exc: BaseException) -> None:
+        self._failed = True
+        self._on_failure(A_COMMIT, exc)
+
+    def _leaked(self, exc: asyncio.CancelledError) -> KafkaUnavailable:
+        """A commit's failure for a CancelledError leaked out of it: caused by what broke
+        its producer (a fence stays one: `is_fenced`), if anything did."""
+        txn = self._transaction_of()
+        error = KafkaUnavailable(f"{self.key}: its commit was cancelled inside the client library")
+        error.__cause__ = exc if txn is None or txn.broken is None else txn.broken
+        return error
+
+    def _whole(self, *, rest: bool) -> bool:
+        """Whether its commits may count as all committed: none failed, its producer is not
+        broken (a failure no commit of it reported), and (`rest`) no row written to its
+        transaction is left unlanded (the copy holds no write its changelog lacks)."""
+        if self._failed:
+            return False
+        txn = self._transaction_of()
+        if txn is None:
+            return True
+        if txn.broken is not None:
+            logger.warning("%s: its producer is broken: not committed (%s)", self.key, txn.broken)
+            return False
+        if rest and (unlanded := txn.unlanded()):
+            logger.warning("%s: %d timer row(s) not landed: not committed", self.key, len(unlanded))
+            return False
         return True
 
     async def settle(self, *, until: float, rest: bool = True) -> bool:
@@ -167,12 +204,12 @@ class PartitionCommits:
             left = until - loop.time()
             if commit is None:
                 if not rest or not self.waits():
-                    return not self._failed
+                    return self._whole(rest=rest)
                 if left <= 0:
                     return False
                 commit = self.start(left)
                 if commit is None:
-                    return not self._failed
+                    return self._whole(rest=rest)
             if not commit.done():
                 if left <= 0:
                     return False
@@ -184,7 +221,7 @@ class PartitionCommits:
             if self._in_flight is commit:
                 self._in_flight = None  # its done callback has not run yet
             if not rest:
-                return not self._failed
+                return self._whole(rest=False)
 
     def abandon(self) -> asyncio.Task[bool] | None:
         """The task closes: its commit still in flight is cancelled (what it holds never

@@ -72,7 +72,8 @@ async def release_partition(
             # is not marked clean (a fault its round had not told the task yet, or met
             # by the stop's last writes): the next take restores it from its changelog.
             committed = False
-    except Exception as exc:
+    except (Exception, asyncio.CancelledError) as exc:
+        _unless_cancelled(exc)
         logger.exception("letting partition %d of %s go failed", p, kept.name)
         failed.append(f"{kept.name}: {exc!r}")
     finally:
@@ -99,7 +100,8 @@ async def release_partition(
                 # only reads p's results on, unused).
                 async with asyncio.timeout(max(until - loop.time(), 1.0)):
                     await reader.remove_partition(p)
-            except Exception:
+            except (Exception, asyncio.CancelledError) as exc:
+                _unless_cancelled(exc)
                 logger.exception("results reader: letting partition %d go failed", p)
     if failed:
         # Not a clean close: p may be half let go, so no new task takes it (the node stops).
@@ -129,7 +131,8 @@ async def _let_go(
         await kept.transactions.abandon(
             p, within=max(0.0, until - loop.time()), after=commits.abandon()
         )
-    except Exception as exc:
+    except (Exception, asyncio.CancelledError) as exc:
+        _unless_cancelled(exc)
         logger.exception("partition %d of %s: stopping its producer failed", p, kept.name)
         failed.append(f"{kept.name} producer: {exc!r}")
     if undo is not None and txn is not None and not failed and not task.copy_doubtful:
@@ -148,14 +151,16 @@ async def _let_go(
                 kept.name,
                 rolled,
             )
-        except Exception as exc:
+        except (Exception, asyncio.CancelledError) as exc:
+            _unless_cancelled(exc)
             logger.warning(
                 "partition %d of %s: not rolled back (%s): restored whole next", p, kept.name, exc
             )
     try:
         if p in kept.store.assigned:
             await kept.store.revoke({p})
-    except Exception as exc:
+    except (Exception, asyncio.CancelledError) as exc:
+        _unless_cancelled(exc)
         logger.exception("partition %d of %s: letting its store go failed", p, kept.name)
         failed.append(f"{kept.name} store: {exc!r}")
     if committed and not failed:
@@ -173,3 +178,12 @@ async def _let_go(
             logger.exception("partition %d of %s: releasing its states failed", p, kept.name)
             failed.append(f"{kept.name} states: {exc!r}")
     return failed
+
+
+def _unless_cancelled(exc: BaseException) -> None:
+    """Re-raises `exc` when it is the close's own cancellation; a CancelledError leaked
+    out of a call (a client's) while nobody cancels the close is a part that failed."""
+    if isinstance(exc, asyncio.CancelledError):
+        me = asyncio.current_task()
+        if me is not None and me.cancelling():
+            raise exc

@@ -189,7 +189,12 @@ class PartitionTasks:
             try:
                 await task.revoke()
                 return True
-            except Exception as exc:  # a bug: p may be half open, so the node stops
+            except (Exception, asyncio.CancelledError) as exc:
+                cancelled = isinstance(exc, asyncio.CancelledError)
+                if cancelled and (me := asyncio.current_task()) is not None and me.cancelling():
+                    raise  # this close itself was cancelled
+                # A bug, or a CancelledError leaked out of a call (a client's) although
+                # nobody cancelled this close: p may be half open, so the node stops.
                 logger.exception("closing partition %d of %s failed", task.p, task.type_name)
                 self._fail(f"closing partition {task.p} of {task.type_name} failed: {exc!r}")
                 return False

@@ -15,7 +15,12 @@ import asyncio
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-__all__ = ["ShieldedClose"]
+__all__ = ["CloseCancelled", "ShieldedClose"]
+
+
+class CloseCancelled(Exception):
+    """A close ended by a CancelledError that leaked out of a call in it (a client's),
+    although nobody cancelled it: cut in two, it failed as a crashed close does."""
 
 
 class ShieldedClose:
@@ -40,7 +45,7 @@ class ShieldedClose:
                 raise unheard
             if closed:
                 return
-            closing = self._closing = asyncio.create_task(close(), name=name)
+            closing = self._closing = asyncio.create_task(_guarded(close, name), name=name)
             closing.add_done_callback(self._closed)
         try:
             await asyncio.shield(closing)
@@ -53,3 +58,16 @@ class ShieldedClose:
     def _closed(self, closing: asyncio.Task[None]) -> None:
         if not closing.cancelled() and (exc := closing.exception()) is not None:
             self._unheard = exc  # until a caller hears it (a waiter of it, or the next)
+
+
+async def _guarded(close: Callable[[], Coroutine[Any, Any, None]], name: str) -> None:
+    """Runs `close()`; a CancelledError out of it while its task is not being cancelled
+    leaked out of a call (a client's): a failure (`CloseCancelled`), never a close that
+    ends as cancelled and so unheard."""
+    try:
+        await close()
+    except asyncio.CancelledError as exc:
+        me = asyncio.current_task()
+        if me is not None and me.cancelling():
+            raise
+        raise CloseCancelled(f"{name}: cancelled inside a client library") from exc
