@@ -194,10 +194,13 @@ class MemoryReader:
 
 
 class MemoryPublisher:
-    """`PublisherClient` on a `MemoryLog`: non-transactional writes."""
+    """`PublisherClient` on a `MemoryLog`: non-transactional writes. `die` ends it for good,
+    as aiokafka's sender task ending does (`app.kafka.producers.Producer`)."""
 
     def __init__(self, log: MemoryLog) -> None:
         self._log = log
+        self.broken: KafkaUnavailable | None = None
+        self._died = asyncio.Event()
 
     async def start(self) -> None:
         self._log.check_up()
@@ -205,7 +208,19 @@ class MemoryPublisher:
     async def stop(self) -> None:
         return None
 
+    def die(self, error: KafkaUnavailable) -> None:
+        """Every later send raises `error`, and `failed` raises it."""
+        self.broken = error
+        self._died.set()
+
+    async def failed(self) -> None:
+        await self._died.wait()
+        assert self.broken is not None
+        raise self.broken
+
     async def send_many(self, records: Sequence[OutRecord]) -> list[int]:
+        if self.broken is not None:
+            raise self.broken
         self._log.check_up()
         return self._log._append(records, None)
 

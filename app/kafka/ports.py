@@ -6,7 +6,8 @@ Derived from how the runtime uses its clients, and no more:
   `start` fences the previous writer of the same transactional id, `commit` writes records
   and a group's consumer offsets in one transaction, `broken` says it failed for good.
 - `LogReader`: reads a partition's committed records to its end (restores, read_committed).
-- `Publisher`: sends records outside any transaction (the timers' commands, the ledger).
+- `Publisher`: sends records outside any transaction (the timers' commands, the ledger);
+  a `PublisherClient`'s `failed` ends when it can send no more (its sender gone).
 - `Follower`: follows a changing set of one topic's partitions from their ends (the
   results of this node's sends, the ledger).
 - `GroupMember`: the consumer-group member whose assignment is the node's ownership.
@@ -26,12 +27,13 @@ checks both for mypy).
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
-from typing import Protocol, Self
+from typing import Final, Protocol, Self
 
 from app.errors import KafkaUnavailable
 from app.kafka.records import OutRecord, Record, TopicSpec
 
 __all__ = [
+    "POLL_FAILING_S",
     "Admin",
     "Assigned",
     "Clients",
@@ -45,6 +47,13 @@ __all__ = [
     "TransactionalWriter",
     "WriterFactory",
 ]
+
+POLL_FAILING_S: Final = 60.0
+"""Polls failing this long, none passing, fail for good: a batch corrupt on a broker's disk
+fails every poll that fetches it (a `GroupMember`'s, a `Follower`'s), and a reader that
+retried it for ever would read nothing while its node said it was ready. A broker or a
+group in flux passes well within it. The node's readers stop it, loudly, past it
+(`app.node.polling`, `app.timers.sender.FollowerPolls`)."""
 
 
 class TransactionalWriter(Protocol):
@@ -130,6 +139,13 @@ class PublisherClient(Publisher, Protocol):
     async def start(self) -> None: ...
 
     async def stop(self) -> None: ...
+
+    async def failed(self) -> None:
+        """Runs (after `start`) while the publisher can send; raises `KafkaUnavailable`,
+        saying why, once it can send no more, for good (aiokafka's sender task ended: every
+        later send would raise its error, or wait for ever). Never returns; its owner
+        cancels it before `stop`, which ends the publisher's sending too."""
+        ...
 
 
 class Follower(Protocol):

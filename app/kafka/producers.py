@@ -47,7 +47,12 @@ def transaction_batch_bytes(max_message_bytes: Iterable[int]) -> int:
 
 
 class Producer:
-    """An idempotent producer (acks=all); `send_many` returns once the broker has all."""
+    """An idempotent producer (acks=all); `send_many` returns once the broker has all.
+
+    aiokafka's sender task sends what `send` queues: once it ended (`Sender._fail_all`: an
+    unexpected error, which every later send raises; or a cancellation swallowed inside,
+    and every later send waits for ever) nothing is sent again. `send_many` then raises at
+    once (`sending`), and `failed` ends, for its owner to stop (the node does)."""
 
     def __init__(self, bootstrap: Connectable, *, linger_ms: int = 2) -> None:
         self._producer = AIOKafkaProducer(
@@ -65,8 +70,17 @@ class Producer:
         await self._producer.stop()
         left_behind(self._producer)
 
+    async def failed(self) -> None:
+        """`PublisherClient.failed`: raises once aiokafka's sender task ended."""
+        task = getattr(getattr(self._producer, "_sender", None), "sender_task", None)
+        if not isinstance(task, asyncio.Future):
+            raise KafkaUnavailable("the producer is not started: it sends nothing")
+        await asyncio.wait([task])
+        sending(self._producer)
+
     async def send_many(self, records: Sequence[OutRecord]) -> list[int]:
         """Sends (topic, partition, key, value) records; their offsets once acknowledged."""
+        sending(self._producer)
         try:
             futures = [
                 await self._producer.send(
@@ -86,6 +100,16 @@ class Producer:
         self, topic: str, key: bytes | None, value: bytes | None, partition: int | None = None
     ) -> int:
         return (await self.send_many([(topic, partition, key, value)]))[0]
+
+
+def sending(producer: Any) -> None:
+    """Raises `KafkaUnavailable` if aiokafka's sender task ended (as `consumers.fetching`
+    for the fetcher): a send would then raise the sender's error or wait for ever."""
+    task = getattr(getattr(producer, "_sender", None), "sender_task", None)
+    if isinstance(task, asyncio.Future) and task.done():
+        exc = None if task.cancelled() else task.exception()
+        why = "cancelled" if task.cancelled() else "returned" if exc is None else repr(exc)
+        raise KafkaUnavailable(f"aiokafka's sender stopped ({why}): nothing would be sent again")
 
 
 def left_behind(producer: Any) -> BaseException | None:

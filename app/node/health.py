@@ -1,8 +1,8 @@
 """What `/healthz` says of a node, read from its partition tasks' states (one task per
 type and partition; what it says is of the partitions, as before: a partition is
 restoring while a task of it is taken, stalled while one is). Pure: the node hands over
-what it sees (its tasks, the group's assignment, the broker, the clock's gaps) and gets
-the body back."""
+what it sees (its tasks, the group's assignment, the broker, the clock's gaps, its
+followers' failing polls) and gets the body back."""
 
 from __future__ import annotations
 
@@ -13,10 +13,15 @@ from app.node.partition_task import PartitionTask
 from app.node.task_id import TaskId
 from app.node.task_state import TaskState
 
-__all__ = ["FAILING_IN_A_ROW", "node_health"]
+__all__ = ["FAILING_IN_A_ROW", "FOLLOWER_FAILING_S", "node_health"]
 
 FAILING_IN_A_ROW = 3
 """A partition failing this many times in a row at the same offsets makes the node not ready."""
+FOLLOWER_FAILING_S = 5.0
+"""A follower the node depends on whose polls have failed this long, none passing, makes
+the node not ready (its remote sends' results, or the ledger's other writers, go unread):
+longer than a poll or two that a broker's blip fails, far below `POLL_FAILING_S`, past
+which the node stops."""
 
 
 def node_health(
@@ -28,6 +33,7 @@ def node_health(
     broker: dict[str, Any],
     commit_lag_s: float,
     failure: str | None,
+    following: Mapping[str, tuple[float, str]] | None = None,
 ) -> dict[str, Any]:
     """Ready only while every type's partition given to this node runs: not while one is
     restored, was let go on a failure and not taken again yet, or its firing loop keeps
@@ -38,7 +44,11 @@ def node_health(
     `closing`: how long each task's close under way (a revoke's, or the group's assignment
     no longer giving it) has been going; `given`: the tasks of the group's assignment
     (None: not in the group yet); `suspended`: how long the process was stopped, if the
-    group has not answered since."""
+    group has not answered since; `following`: the followers the node depends on (each
+    context's results reader and ledger) whose polls fail, none passing, each with how long
+    and the last error, said as `followers_failing` (`{"for_s", "error"}` by follower): one
+    failing `FOLLOWER_FAILING_S` or longer makes the node not ready (past `POLL_FAILING_S`
+    it fails)."""
     running = frozenset(key for key, task in tasks.items() if task.state is TaskState.RUNNING)
     stalled: dict[int, str] = {}
     failing: dict[int, dict[str, object]] = {}
@@ -81,6 +91,13 @@ def node_health(
         # Failing again and again at the same place, even between takes that look fine:
         # not ready, whatever else holds.
         if any(t.failing.again_and_again(FAILING_IN_A_ROW) for t in tasks.values()):
+            body["ready"] = False
+    if following:
+        body["followers_failing"] = {
+            what: {"for_s": round(seconds, 3), "error": error}
+            for what, (seconds, error) in sorted(following.items())
+        }
+        if max(seconds for seconds, _ in following.values()) >= FOLLOWER_FAILING_S:
             body["ready"] = False
     if closes:
         body["closing"] = {str(p): round(s, 3) for p, s in sorted(closes.items())}

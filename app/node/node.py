@@ -26,6 +26,7 @@ from app.kafka.broker_watch import BrokerWatch
 from app.kafka.catalog import TopicCatalog
 from app.kafka.clients import KafkaClients
 from app.kafka.ports import Clients, GroupMember
+from app.node import polling
 from app.node.commits import Commits
 from app.node.cycles import PartitionCycles
 from app.node.health import node_health
@@ -36,7 +37,6 @@ from app.node.opening import dead_letter_limit, open_type, transaction_batch_lim
 from app.node.parked_names import keep_parked_named
 from app.node.partition_task import TaskShared
 from app.node.partition_tasks import PartitionTasks
-from app.node.polling import poll_loop
 from app.node.settings import Settings
 from app.node.suspension import SuspensionWatch
 from app.node.task_id import TaskId
@@ -96,6 +96,9 @@ class Node:
         # Each topic read: its type's name (the poll loop's routing to a type's task).
         self._type_of: dict[str, str] = {}
         self._results: dict[str, ResultsReader] = {}
+        # What the sends and the parks depend on, by name: each context's results reader
+        # and ledger follower, said in `/healthz` while failing, supervised by `run`.
+        self._following: dict[str, ResultsReader | KafkaFailureLedger] = {}
         self._consumer: GroupMember | None = None
         self.metrics = NodeMetrics()
         self.ready = asyncio.Event()
@@ -167,7 +170,7 @@ class Node:
 
     def health(self) -> dict[str, Any]:
         """What `/healthz` says (`node_health`): ready only while every partition given to
-        this node runs."""
+        this node runs, and the followers its sends depend on read."""
         return node_health(
             self._tasks,
             closing=self.tasks.closes(),
@@ -177,6 +180,7 @@ class Node:
             # A close's commits count: a hung one holds its partition's next take back.
             commit_lag_s=max(self.commits.lag(), self.tasks.closing_commit_lag()),
             failure=None if self._failure is None else str(self._failure),
+            following={w: f for w, r in self._following.items() if (f := r.failing)},
         )
 
     async def start(self) -> None:
@@ -196,14 +200,17 @@ class Node:
         keep_for_cluster(Path(s.data_dir), await self._admin.cluster_id())
         await self.producer.start()
         await self.reader.start()
+        failing_s = polling.POLL_FAILING_S  # their polls' bound is the group's
         for ctx in sorted({t.context for t in self.topics}):
-            reader = ResultsReader(self.clients.follower, ctx)
+            reader = ResultsReader(self.clients.follower, ctx, failing_s=failing_s)
             await reader.start()
-            self._results[ctx] = reader
+            self._results[ctx] = self._following[f"the results reader of {ctx}"] = reader
             if self.ledger is None:
-                ledger = KafkaFailureLedger(self.clients, ctx, s.partitions, self.producer)
+                ledger = KafkaFailureLedger(
+                    self.clients, ctx, s.partitions, self.producer, failing_s=failing_s
+                )
                 await ledger.start()
-                self._ledgers[ctx] = ledger
+                self._ledgers[ctx] = self._following[f"the ledger of {ctx}"] = ledger
         for t in self.topics:
             self.types[t.type_name] = kept = open_type(
                 t,
@@ -260,10 +267,8 @@ class Node:
         await _stopping("the partitions", self.tasks.revoke(self.tasks.leftover()))
         # Producer stops the closes left past their deadline, each type's at once.
         await _stopping("the partitions' producers", self._producers_stopped())
-        for reader in self._results.values():
-            await _stopping("a results reader", reader.stop())
-        for ledger in self._ledgers.values():
-            await _stopping("a ledger", ledger.stop())
+        for what, follower in self._following.items():
+            await _stopping(what, follower.stop())
         await _stopping("the producer", self.producer.stop())
         await _stopping("the reader", self.reader.stop())
         await _stopping("the broker watch", self.broker.stop())
@@ -287,24 +292,25 @@ class Node:
             kept.loop.start()
         committer = asyncio.create_task(self.commits.run(self.types), name="partition commits")
         reader = asyncio.create_task(
-            poll_loop(self._consumer, self._owned, self.commits, self.fail, self._type_of),
+            polling.poll_loop(self._consumer, self._owned, self.commits, self.fail, self._type_of),
             name="reader",
         )
         failed = asyncio.create_task(self._failed.wait(), name="failure")
         watch = asyncio.create_task(self._suspension.run(), name="suspension watch")
         tasks: list[asyncio.Task[Any]] = [committer, reader, failed, watch]
         # The readers the sends and the ledgers depend on: one that ends stops the node.
-        following = {f"the results reader of {c}": r.task for c, r in self._results.items()}
-        following |= {f"the ledger of {c}": ledger.task for c, ledger in self._ledgers.items()}
+        following = {what: f.task for what, f in self._following.items()}
         # Each ledger's resolved entries: the PARKED timers they may hide named again.
-        naming = {
-            c: asyncio.create_task(
+        watches = {
+            f"naming the parked timers of {c}": asyncio.create_task(
                 keep_parked_named(ledger, functools.partial(self._runners_of, c)),
                 name=f"naming the parked timers of {c}",
             )
             for c, ledger in self._ledgers.items()
         }
-        following |= {f"naming the parked timers of {c}": t for c, t in naming.items()}
+        # The plain producer (remote sends, the ledgers' writes): sending no more, for good.
+        watches["the producer"] = asyncio.create_task(self.producer.failed(), name="producer")
+        following |= watches
         # Stuck where it ended, it would say the broker is up through an outage, or down
         # for good (and the node never ready).
         following["the broker watch"] = self.broker.task
@@ -323,9 +329,9 @@ class Node:
                     # included): the worker would exit 0 with its partitions unworked.
                     raise NodeFailed(f"{task.get_name()} {_ended(task)}")
         finally:
-            for task in [*tasks, *naming.values()]:
+            for task in [*tasks, *watches.values()]:
                 task.cancel()
-            await asyncio.gather(*tasks, *naming.values(), return_exceptions=True)
+            await asyncio.gather(*tasks, *watches.values(), return_exceptions=True)
             # The partitions' workers stop with the loop (their tasks close in `stop`).
             for partition_task in [*self._tasks.values(), *self.tasks.closing]:
                 await partition_task.stop_input()

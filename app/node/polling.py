@@ -21,12 +21,12 @@ from collections.abc import Callable, Mapping
 from typing import Protocol
 
 from app.errors import KafkaUnavailable
-from app.kafka.ports import GroupMember
+from app.kafka.ports import POLL_FAILING_S, GroupMember
 from app.kafka.records import never_joins, refused
 from app.node.partition_input import Batch, Held
 from app.node.task_id import TaskId
 
-__all__ = ["Batch", "poll_loop"]
+__all__ = ["POLL_FAILING_S", "Batch", "poll_loop"]
 
 logger = logging.getLogger(__name__)
 
@@ -35,11 +35,10 @@ HELD_POLL_MS = 50
 """How long a poll waits while a partition is held: its queue is looked at between polls."""
 POLL_RETRY_S = 1.0
 """The pause after a poll that failed, before the next."""
-POLL_FAILING_S = 60.0
-"""Polls failing for this long, none passing, stop the node, loudly: a batch corrupt on a
-broker's disk fails every poll that fetches it, for good (the consumer reads every other
-partition again each time, and passes none), and the node would read nothing while it
-said it was ready. A broker or a group in flux passes well within it."""
+# `POLL_FAILING_S` (the port's): polls failing that long, none passing, stop the node, as
+# the node's followers' do (`app.timers.sender.FollowerPolls`): a batch corrupt on a
+# broker's disk fails every poll that fetches it, for good (the consumer reads every other
+# partition again each time, and passes none).
 
 
 class Running(Protocol):

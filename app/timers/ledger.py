@@ -31,12 +31,12 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Final
 
-from app.errors import BadRecord, KafkaUnavailable
+from app.errors import BadRecord
 from app.kafka import Clients, Publisher, Record
-from app.kafka.records import refused
+from app.kafka.ports import POLL_FAILING_S
 from app.protocol.topics import ContextTopics
 from app.timers.ledger_view import (
     LedgerKey,
@@ -47,6 +47,7 @@ from app.timers.ledger_view import (
     ledger_key,
     read_ledger,
 )
+from app.timers.sender import FollowerPolls
 from app.timers.unparked import pruned_entry
 from tables.ledger import LedgerEntry, merged
 from tables.partitioner import partition_of
@@ -78,7 +79,8 @@ class KafkaFailureLedger:
     `record`, `resolve` and `forget` return once the broker acknowledged the write, and raise
     (`KafkaUnavailable`, `TimeoutError`) when it did not: a park is then not written.
     The producer is the node's, started and stopped by it. `clients` makes the follower and
-    the reader (`app.kafka.ports.Clients`).
+    the reader (`app.kafka.ports.Clients`). `failing_s` and `monotonic`: how long the
+    follower's polls may fail, none passing (`app.timers.sender.FollowerPolls`).
     """
 
     def __init__(
@@ -89,6 +91,8 @@ class KafkaFailureLedger:
         producer: Publisher,
         *,
         timeout_ms: int = DEFAULT_TIMEOUT_MS,
+        failing_s: float = POLL_FAILING_S,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self.topic = ContextTopics(context).ledger
         self._clients = clients
@@ -97,6 +101,7 @@ class KafkaFailureLedger:
         self._timeout = timeout_ms / 1000
         self._view = LedgerView()
         self._reader = self._clients.follower(self.topic)
+        self._polls = FollowerPolls(self._reader, failing_s=failing_s, monotonic=monotonic)
         self._follower: asyncio.Task[None] | None = None
         self._lock = asyncio.Lock()
         # The pairs whose entries changed since start, other than by this node's own
@@ -147,6 +152,11 @@ class KafkaFailureLedger:
         passes, which its owner must act on."""
         return self._follower
 
+    @property
+    def failing(self) -> tuple[float, str] | None:
+        """How long its follower's polls have failed, none passing, and why."""
+        return self._polls.failing
+
     async def stop(self) -> None:
         if self._follower is not None:
             self._follower.cancel()
@@ -157,14 +167,7 @@ class KafkaFailureLedger:
 
     async def _follow(self) -> None:
         while True:
-            try:
-                records = await self._reader.poll()
-            except KafkaUnavailable as exc:
-                if refused(exc):
-                    raise  # an ACL or the credentials: no retry passes it (the node stops)
-                logger.warning("following %s failed, trying again: %s", self.topic, exc)
-                await asyncio.sleep(1)
-                continue
+            records = await self._polls.poll()
             # Under the writes' lock: a record of this node's own read back before its
             # write's acknowledgement applied it is not taken for another's change.
             async with self._lock:

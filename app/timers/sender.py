@@ -6,17 +6,23 @@ results partition this node owns and reads (`ResultsReader`). A command to anoth
 context is only handed to the broker: its outcome is SENT once acknowledged. A command
 topic the cluster does not have (`app.kafka.catalog.TopicCatalog`) is `NO_TARGET` at once,
 a failed attempt (retried by the timer's policy, then parked), never a send that waits.
+
+The followers the node's sends and parks depend on (`ResultsReader`, the failure ledger's)
+poll through `FollowerPolls`: what may pass by itself is retried, for `POLL_FAILING_S` at
+most, as the group's polls are (`app.node.polling`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable
 
 from app.errors import BadRecord, KafkaUnavailable
-from app.kafka import FollowerFactory, Publisher
+from app.kafka import Follower, FollowerFactory, Publisher, Record
 from app.kafka.catalog import NO_TARGET, TopicCatalog, no_target_message
+from app.kafka.ports import POLL_FAILING_S
 from app.kafka.records import refused
 from app.log_limit import LogLimit
 from app.protocol.topics import AggregateTopics, ContextTopics
@@ -24,9 +30,65 @@ from app.protocol.wire import CommandEnvelope, CommandResult, decode, encode
 from app.timers.runner.decisions import NOT_CLAIMED, SENT, SendResult
 from tables import AggregateRef, Timer
 
-__all__ = ["KafkaSender", "ResultsReader", "timer_command"]
+__all__ = ["FOLLOW_RETRY_S", "FollowerPolls", "KafkaSender", "ResultsReader", "timer_command"]
 
 logger = logging.getLogger(__name__)
+
+FOLLOW_RETRY_S = 1.0
+"""The pause after a follower's poll that failed, before the next."""
+
+
+class FollowerPolls:
+    """Polls a follower the node depends on, retrying what may pass by itself (a broker or
+    a leader away) once a second, for `failing_s` at most (`POLL_FAILING_S`): a refusal (an
+    ACL, the credentials) is raised at once, and so are polls failing that long with none
+    passing (a batch corrupt on a broker's disk fails every fetch of it, for good), which
+    end the follower's task and stop the node (its supervision). `failing` says meanwhile
+    how long they have failed (`/healthz`). `monotonic`: the clock it is told by."""
+
+    def __init__(
+        self,
+        follower: Follower,
+        *,
+        failing_s: float = POLL_FAILING_S,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._follower = follower
+        self._failing_s = failing_s
+        self._monotonic = monotonic
+        self._failing: tuple[float, str] | None = None  # since when, and the last error
+
+    @property
+    def failing(self) -> tuple[float, str] | None:
+        """How long the polls have failed, none passing since, and the last one's error;
+        None while they pass."""
+        if self._failing is None:
+            return None
+        since, error = self._failing
+        return self._monotonic() - since, error
+
+    async def poll(self) -> list[Record]:
+        """The follower's next records, once a poll passes."""
+        topic = self._follower.topic
+        while True:
+            try:
+                records = await self._follower.poll()
+            except KafkaUnavailable as exc:
+                if refused(exc):
+                    raise  # an ACL or the credentials: no retry passes it (the node stops)
+                now = self._monotonic()
+                since = now if self._failing is None else self._failing[0]
+                self._failing = (since, str(exc))
+                if now - since >= self._failing_s:
+                    raise KafkaUnavailable(
+                        f"polls of {topic} failed for {now - since:.0f} s, none passing: {exc}"
+                    ) from exc
+                # The broker or a leader away: read on once it is back, from where it was.
+                logger.warning("reading %s failed, trying again: %s", topic, exc)
+                await asyncio.sleep(FOLLOW_RETRY_S)
+                continue
+            self._failing = None
+            return records
 
 
 def timer_command(
@@ -56,14 +118,22 @@ class ResultsReader:
     """Reads the owned partitions of a context's results topic; resolves waiting sends.
 
     `followers` makes the topic's follower (`Clients.follower`); `log_limit` bounds the
-    lines about unreadable results (by default, one a minute after the first).
+    lines about unreadable results (by default, one a minute after the first); `failing_s`
+    and `monotonic`: how long its polls may fail, none passing (`FollowerPolls`).
     """
 
     def __init__(
-        self, followers: FollowerFactory, context: str, *, log_limit: LogLimit | None = None
+        self,
+        followers: FollowerFactory,
+        context: str,
+        *,
+        log_limit: LogLimit | None = None,
+        failing_s: float = POLL_FAILING_S,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self.topic = ContextTopics(context).results
         self._reader = followers(self.topic)
+        self._polls = FollowerPolls(self._reader, failing_s=failing_s, monotonic=monotonic)
         # Anyone who may write to the results topic could otherwise set this node's log
         # volume, one line per record of garbage.
         self._unreadable_log = log_limit or LogLimit()
@@ -109,17 +179,14 @@ class ResultsReader:
         which its owner must act on (every remote send of the context waits on it)."""
         return self._task
 
+    @property
+    def failing(self) -> tuple[float, str] | None:
+        """How long its polls have failed, none passing, and why (`FollowerPolls`)."""
+        return self._polls.failing
+
     async def _run(self) -> None:
         while True:
-            try:
-                records = await self._reader.poll()
-            except KafkaUnavailable as exc:
-                if refused(exc):
-                    raise  # an ACL or the credentials: no retry passes it (the node stops)
-                # The broker or a leader away: read on once it is back, from where it was.
-                logger.warning("reading %s failed, trying again: %s", self.topic, exc)
-                await asyncio.sleep(1)
-                continue
+            records = await self._polls.poll()
             for record in records:
                 try:
                     result = decode(CommandResult, record.value)
