@@ -10,17 +10,20 @@ de-duplication window can be forgotten (`expire_requests`, in bounded batches, o
 first): a command sent again with such an id is applied again.
 
 A partition's copy found damaged (a state the service cannot read, a RocksDB read or
-write that failed) is marked bad (`mark_bad`): from then on it reads as empty and each
-write to it is refused (`StoreError`), so that a commit of the failing take still in
-flight cannot start a new copy at its recent offset (its restore would fold only the
-events after it, every other aggregate lost); the partition's next restore drops it and
-folds the log whole, once that take's commits are abandoned.
+write that failed, files RocksDB cannot open it from) is marked bad (`mark_bad`): from
+then on it reads as empty and each write to it is refused (`StoreError`), so that a
+commit of the failing take still in flight cannot start a new copy at its recent offset
+(its restore would fold only the events after it, every other aggregate lost); the
+partition's next restore drops it and folds the log whole, once that take's commits are
+abandoned.
+
+The backends: `RocksAggregateStore` here (its keys: `tables.aggregate_keys`), and the
+reference one, `MemoryAggregateStore` (`tables.aggregate_memory`).
 """
 
 from __future__ import annotations
 
 import contextlib
-import heapq
 import shutil
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
@@ -28,21 +31,12 @@ from typing import Protocol, cast
 
 from rocksdict import BlockBasedOptions, Options, Rdict, ReadOptions, WriteBatch
 
+from tables.aggregate_keys import APPLIED, OFFSET, REQUEST, STATE, id_key
+from tables.aggregate_memory import MemoryAggregateStore
 from tables.exceptions import StoreClosed, StoreError
+from tables.rocksdb_io import damaged_copy
 
 __all__ = ["AggregateStateStore", "MemoryAggregateStore", "RocksAggregateStore"]
-
-_STATE = b"a"
-_REQUEST = b"q"
-_APPLIED = b"w"
-"""`w` + applied at (8 bytes, big-endian) + the request's `q` key minus its `q`: the
-request ids in the order they were applied, for the sweep."""
-_OFFSET = b"\x00events-offset"
-
-
-def _id(aggregate_id: str) -> bytes:
-    raw = aggregate_id.encode()
-    return len(raw).to_bytes(2, "big") + raw
 
 
 class AggregateStateStore(Protocol):
@@ -88,95 +82,6 @@ class AggregateStateStore(Protocol):
         ...
 
     def close(self) -> None: ...
-
-
-class MemoryAggregateStore:
-    """The reference backend."""
-
-    def __init__(self) -> None:
-        self._states: dict[tuple[int, str], bytes] = {}
-        self._requests: dict[tuple[int, str, str], int] = {}
-        # Per partition, no request id of it was applied before this (a sweep with nothing
-        # to forget looks at none).
-        self._oldest: dict[int, int] = {}
-        self._offsets: dict[int, int] = {}
-        self._bad: set[int] = set()
-        self._closed = False
-
-    def _check(self, partition: int) -> None:
-        if self._closed:
-            raise StoreClosed("aggregate store is closed")
-        if partition in self._bad:
-            raise StoreError(
-                f"aggregate states of partition {partition} are bad", partition=partition
-            )
-
-    def _readable(self, partition: int) -> bool:
-        if self._closed:
-            raise StoreClosed("aggregate store is closed")
-        return partition not in self._bad
-
-    def get(self, partition: int, aggregate_id: str) -> bytes | None:
-        if not self._readable(partition):
-            return None
-        return self._states.get((partition, aggregate_id))
-
-    def seen(self, partition: int, aggregate_id: str, request_id: str) -> bool:
-        return self._readable(partition) and (partition, aggregate_id, request_id) in self._requests
-
-    def write(
-        self,
-        partition: int,
-        states: Mapping[str, bytes],
-        requests: Iterable[tuple[str, str]],
-        offset: int | None,
-        applied_at: int = 0,
-    ) -> None:
-        self._check(partition)
-        for aggregate_id, state in states.items():
-            self._states[(partition, aggregate_id)] = state
-        for a, r in requests:
-            # As the RocksDB store: one entry a request id, at its latest write.
-            self._requests[(partition, a, r)] = applied_at
-            self._oldest[partition] = min(self._oldest.get(partition, applied_at), applied_at)
-        if offset is not None:
-            self._offsets[partition] = offset
-
-    def expire_requests(self, partition: int, before: int, limit: int) -> int:
-        self._check(partition)
-        if before < self._oldest.get(partition, before + 1):
-            return 0
-        held = [
-            (at, _id(a) + r.encode(), (p, a, r))
-            for (p, a, r), at in self._requests.items()
-            if p == partition
-        ]
-        doomed = heapq.nsmallest(limit, (h for h in held if h[0] <= before))
-        for _, _, key in doomed:
-            del self._requests[key]
-        gone = {key for _, _, key in doomed}
-        left = [at for at, _, key in held if key not in gone]
-        self._oldest[partition] = min(left, default=before + 1)
-        return len(doomed)
-
-    def offset(self, partition: int) -> int | None:
-        return self._offsets.get(partition) if self._readable(partition) else None
-
-    def drop(self, partition: int) -> None:
-        self._states = {k: v for k, v in self._states.items() if k[0] != partition}
-        self._requests = {k: v for k, v in self._requests.items() if k[0] != partition}
-        self._oldest.pop(partition, None)
-        self._offsets.pop(partition, None)
-        self._bad.discard(partition)
-
-    def mark_bad(self, partition: int) -> None:
-        self._bad.add(partition)
-
-    def is_bad(self, partition: int) -> bool:
-        return partition in self._bad
-
-    def close(self) -> None:
-        self._closed = True
 
 
 class RocksAggregateStore:
@@ -233,7 +138,11 @@ class RocksAggregateStore:
                     column_families={"default": self._options},
                 )
             except Exception as exc:
-                # Not marked bad: a lock another holder keeps is no reason to drop a copy.
+                # Damaged files (a corrupt or missing CURRENT, MANIFEST): marked bad, the
+                # next restore drops the copy and folds the log whole. Not a LOCK held: the
+                # copy of another holder, which must stay (`damaged_copy`).
+                if damaged_copy(exc, str(self._path(partition) / "LOCK")):
+                    self._bad.add(partition)
                 raise StoreError(
                     f"cannot open {self._path(partition)}: {exc}", partition=partition
                 ) from exc
@@ -260,11 +169,11 @@ class RocksAggregateStore:
         if (db := self._readable(partition)) is None:
             return None
         with self._reading(partition):
-            value = db.get(_STATE + _id(aggregate_id))
+            value = db.get(STATE + id_key(aggregate_id))
         return None if value is None else bytes(value)
 
     def seen(self, partition: int, aggregate_id: str, request_id: str) -> bool:
-        key = _REQUEST + _id(aggregate_id) + request_id.encode()
+        key = REQUEST + id_key(aggregate_id) + request_id.encode()
         if (db := self._readable(partition)) is None:
             return False
         with self._reading(partition):
@@ -293,28 +202,28 @@ class RocksAggregateStore:
     ) -> None:
         batch = WriteBatch(raw_mode=True)
         for aggregate_id, state in states.items():
-            batch.put(_STATE + _id(aggregate_id), state)
+            batch.put(STATE + id_key(aggregate_id), state)
         at = max(applied_at, 0).to_bytes(8, "big")
         low = self._low.get(partition)
-        if low is not None and _APPLIED + at < low:
-            self._low[partition] = _APPLIED + at  # a restore's ids, applied long ago
+        if low is not None and APPLIED + at < low:
+            self._low[partition] = APPLIED + at  # a restore's ids, applied long ago
         for aggregate_id, request_id in requests:
-            request = _id(aggregate_id) + request_id.encode()
-            held = db.get(_REQUEST + request)
+            request = id_key(aggregate_id) + request_id.encode()
+            held = db.get(REQUEST + request)
             if held:  # applied before: its sweep entry moves to the latest time
-                batch.delete(_APPLIED + bytes(held) + request)
-            batch.put(_REQUEST + request, at)
-            batch.put(_APPLIED + at + request, b"")
+                batch.delete(APPLIED + bytes(held) + request)
+            batch.put(REQUEST + request, at)
+            batch.put(APPLIED + at + request, b"")
         if offset is not None:
-            batch.put(_OFFSET, str(offset).encode())
+            batch.put(OFFSET, str(offset).encode())
         db.write(batch)
 
     def expire_requests(self, partition: int, before: int, limit: int) -> int:
         if before < 0:
             return 0
         db = self._db(partition)
-        upper = _APPLIED + (before + 1).to_bytes(8, "big")
-        low = self._low.get(partition, _APPLIED)
+        upper = APPLIED + (before + 1).to_bytes(8, "big")
+        low = self._low.get(partition, APPLIED)
         options = ReadOptions()
         options.set_iterate_upper_bound(upper)
         batch = WriteBatch(raw_mode=True)
@@ -325,7 +234,7 @@ class RocksAggregateStore:
                 if count == limit:
                     break
                 batch.delete(entry)
-                batch.delete(_REQUEST + entry[9:])
+                batch.delete(REQUEST + entry[9:])
                 count += 1
                 last = entry
             if count < limit:
@@ -365,7 +274,7 @@ class RocksAggregateStore:
         if (db := self._readable(partition)) is None:
             return None
         with self._reading(partition):
-            value = db.get(_OFFSET)
+            value = db.get(OFFSET)
         return None if value is None else int(bytes(value))
 
     def drop(self, partition: int) -> None:

@@ -1,11 +1,13 @@
 """What the RocksDB timer store reads and writes with: its DBs' options, range scans (and
 the check of where one ended), the read faults it raises as `StoreError`, the GC pause of
-a bulk decode, and the write options of a restore."""
+a bulk decode, and the write options of a restore; and which failures to open a DB are a
+damaged copy (`damaged_copy`, the aggregate state store's rule too) or a LOCK this
+process still holds (`lock_held_here`)."""
 
 from __future__ import annotations
 
 import gc
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from contextlib import contextmanager
 from typing import cast
 
@@ -18,6 +20,7 @@ from rocksdict import (
     MemtableFactory,
     Options,
     Rdict,
+    RdictIter,
     ReadOptions,
     WriteBufferManager,
     WriteOptions,
@@ -28,8 +31,10 @@ from tables.exceptions import StoreError
 __all__ = [
     "UNLOGGED",
     "check_ended",
+    "damaged_copy",
     "db_options",
     "gc_paused",
+    "lock_held_here",
     "prefix_end",
     "read_fault",
     "rocksdb_fault",
@@ -80,7 +85,9 @@ def read_fault(exc: Exception, partition: int | None) -> StoreError:
     return StoreError(f"RocksDB read of partition {partition} failed: {exc}", partition=partition)
 
 
-def check_ended(db: Rdict, options: ReadOptions, past: bytes, partition: int | None) -> None:
+def check_ended(
+    db: Rdict, options: ReadOptions, past: bytes, partition: int | None, *, whole: bool = False
+) -> None:
     """Raises `StoreError` when a scan of `db` with `options` that ended before `past`
     ended at a block RocksDB could not read (a checksum mismatch, an I/O error), not at
     its upper bound: `past` is the least key the scan did not answer.
@@ -88,39 +95,88 @@ def check_ended(db: Rdict, options: ReadOptions, past: bytes, partition: int | N
     rocksdict's `items()` stops at such a block as at the bound and keeps the error to
     itself: a fresh iterator's seek to `past` reads that block again, and its `status()`
     tells. One seek a scan that ran out, none a row.
+
+    `whole`: nothing was written to `db` since the scan's iterator was made (a scan read
+    through in one synchronous call), so a key at or past `past` under the bound is one
+    the scan skipped: its read failed once (a transient I/O error, which the check's read
+    no longer meets). Without it, `status()` alone: such a key may be a row written since
+    the scan began (a scan consumed lazily, across awaits).
     """
-    # status() alone, not valid(): the check sees rows written since the scan began.
+    check: RdictIter | None = None
     try:
         check = db.iter(options)
         check.seek(past)
         check.status()
+        skipped = bytes(check.key()) if whole and check.valid() else None
     except Exception as exc:
+        # Not kept by the traceback's frame: a DB closes only once its iterators are gone,
+        # and the error may be held past a revoke (a firing round keeps its fault).
+        check = None
         if not rocksdb_fault(exc):
             raise
         raise StoreError(
             f"RocksDB scan of partition {partition} failed at {past!r}: {exc}",
             partition=partition,
         ) from exc
+    check = None
+    if skipped is not None:
+        raise StoreError(
+            f"RocksDB scan of partition {partition} ended before {skipped!r} (from "
+            f"{past!r}): a read that failed once, the rows past it unread",
+            partition=partition,
+        )
 
 
 def scan(
-    db: Rdict, start: bytes, upper: bytes, partition: int | None = None
-) -> Iterator[tuple[bytes, bytes]]:
+    db: Rdict,
+    start: bytes,
+    upper: bytes,
+    partition: int | None = None,
+    *,
+    whole: bool = False,
+) -> Generator[tuple[bytes, bytes], None, None]:
     """The items of `db` from `start` up to `upper` (exclusive), in key order; a
-    `StoreError` of `partition` if a block it meets cannot be read (`check_ended`).
+    `StoreError` of `partition` if a block it meets cannot be read (`check_ended`, and
+    `whole` as there: only for a scan read through with no write to `db` in between).
 
     The generator holds the ReadOptions: rocksdict's iterator does not keep its options
     alive, and once they are collected the iterator reads freed memory as its upper
-    bound (seen: a scan that ended early).
+    bound (seen: a scan that ended early). Its iterator is dropped before the check and
+    whatever ends it: a traceback through this frame keeps no iterator (see
+    `check_ended`).
     """
     options = ReadOptions()
     options.set_iterate_upper_bound(upper)
     items = cast(Iterator[tuple[bytes, bytes]], db.items(from_key=start, read_opt=options))
     item: tuple[bytes, bytes] | None = None
-    for item in items:
-        yield item
-    check_ended(db, options, start if item is None else item[0] + b"\x00", partition)
+    try:
+        for item in items:
+            yield item
+    finally:
+        del items
+    check_ended(db, options, start if item is None else item[0] + b"\x00", partition, whole=whole)
     del options
+
+
+def lock_held_here(exc: Exception) -> bool:
+    """Whether RocksDB refused to open a DB whose LOCK this process holds: a DB closed
+    while an iterator of it lived (rocksdict closes it once they are gone; one a traceback
+    in a reference cycle keeps waits for a full collection)."""
+    text = str(exc)
+    return text.startswith("IO error:") and "lock hold by current process" in text
+
+
+def damaged_copy(exc: Exception, lock: str) -> bool:
+    """Whether RocksDB refused to open a DB for what its files hold (a corrupt or missing
+    file: a power loss, a disk fault), rather than for how it is used: its `lock` file
+    held is another holder of the directory (another worker, or this process), whose copy
+    must stay. Either store drops such a copy, a cache of a log, to read that log again."""
+    text = str(exc)
+    if lock in text:
+        return False
+    return text.startswith("Corruption:") or (
+        text.startswith("IO error:") and "No such file or directory" in text
+    )
 
 
 def db_options(cache: Cache, buffers: WriteBufferManager, *, bulk: bool = False) -> Options:

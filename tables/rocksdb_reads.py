@@ -164,32 +164,57 @@ class RocksDBReads(PartitionedStore):
 
         A run that ends short of its chunk is checked (`check_ended`): rocksdict's items()
         end silently at a block RocksDB cannot read, and the rows past it would never
-        fire. Full chunks, the bulk of a busy round, cost no check.
+        fire. Full chunks, the bulk of a busy round, cost no check. The check is `whole`
+        (a key past the run's end is a row it skipped, a read that failed once): the runs
+        are read and checked in this one call, no write in between, and `_low` must never
+        pass a row not read.
+
+        On any error the runs are dropped before it leaves (`_runs`): a DB closes only once
+        its iterators are gone, and a traceback that kept them (a firing round keeps its
+        fault) would hold the DB open past a revoke, its retake's open refused.
         """
         options = ReadOptions()  # held to the end: the iterators read their bound from it
         options.set_iterate_upper_bound(due_upper_bound(until))
+        runs: dict[int, Iterator[tuple[bytes, bytes]]] = {}
+        try:
+            return self._runs(partitions, until, limit, options, runs)
+        except BaseException:
+            runs.clear()
+            raise
+        finally:
+            del options
+
+    def _runs(
+        self,
+        partitions: list[int],
+        until: int,
+        limit: int,
+        options: ReadOptions,
+        runs: dict[int, Iterator[tuple[bytes, bytes]]],
+    ) -> list[tuple[bytes, bytes, int]]:
+        """`_found`'s merge, its partitions' iterators held in `runs` alone (no local of
+        this frame holds one: `_found` clears them on an error)."""
         step = min(limit, limit // len(partitions) + limit // (4 * len(partitions)) + 8)
         found: list[tuple[bytes, bytes, int]] = []
-        runs: dict[int, Iterator[tuple[bytes, bytes]]] = {}
         last: dict[int, bytes] = {}
         for partition in partitions:
             low = self._low[partition]
-            run = cast(
+            runs[partition] = cast(
                 Iterator[tuple[bytes, bytes]],
                 self._db(partition).items(from_key=low, read_opt=options),
             )
-            got = list(islice(run, step))
+            got = list(islice(runs[partition], step))
             if len(got) < step:
-                check_ended(
-                    self._db(partition), options, got[-1][0] + b"\x00" if got else low, partition
-                )
+                del runs[partition]
+                past = got[-1][0] + b"\x00" if got else low
+                check_ended(self._db(partition), options, past, partition, whole=True)
             if not got:
                 self._low[partition] = max(low, due_upper_bound(until))
                 continue
             self._low[partition] = got[0][0]
             found += [(key, value, partition) for key, value in got]
             if len(got) == step:
-                runs[partition], last[partition] = run, got[-1][0]
+                last[partition] = got[-1][0]
         found.sort(key=_KEY)  # a key names its row: two partitions never hold the same one
         while runs:
             bound = min(last.values())
@@ -203,9 +228,9 @@ class RocksDBReads(PartitionedStore):
                 else:
                     past = (got[-1][0] if got else last[partition]) + b"\x00"
                     del runs[partition], last[partition]
-                    check_ended(self._db(partition), options, past, partition)
+                    check_ended(self._db(partition), options, past, partition, whole=True)
             found.sort(key=_KEY)
-        del options
+        runs.clear()
         return found[:limit]
 
     def _lower(self, partition: int, index: bytes) -> None:
@@ -220,14 +245,15 @@ class RocksDBReads(PartitionedStore):
     def _expired(self, partition: int, until: int, limit: int) -> list[tuple[bytes, Timer]]:
         """Like `_due`, from a low-water mark: each sweep deletes entries from the
         front of the finished index, and a scan from its first key would step over their
-        tombstones every time."""
+        tombstones every time. Read through here, no write in between: its scan's check is
+        `whole` (`_finished_low` never passes an entry it skipped)."""
         if until < 0:
             return []
         low = self._finished_low[partition]
         upper = finished_upper_bound(until)
         found: list[tuple[bytes, Timer]] = []
         with gc_paused():
-            for key, value in scan(self._db(partition), low, upper, partition):
+            for key, value in scan(self._db(partition), low, upper, partition, whole=True):
                 if not found:
                     self._finished_low[partition] = key
                 timer = load_timer(value, key, partition)
@@ -241,9 +267,18 @@ class RocksDBReads(PartitionedStore):
     def _parked(self, partitions: list[int], target: AggregateRef) -> list[Timer]:
         start = parked_prefix(target)
         upper = prefix_end(start)
-        runs = [scan(self._db(partition), start, upper, partition) for partition in partitions]
-        with gc_paused():
-            return [load_timer(value, key) for key, value in heapq.merge(*runs)]
+        runs = [
+            scan(self._db(partition), start, upper, partition, whole=True)
+            for partition in partitions
+        ]
+        try:
+            with gc_paused():
+                return [load_timer(value, key) for key, value in heapq.merge(*runs)]
+        finally:
+            # Closed, their iterators dropped: the merge's frame, which a traceback keeps,
+            # holds them (see `_found`).
+            for run in runs:
+                run.close()
 
     def _due_entries(self, partition: int, start: int) -> Iterator[tuple[int, str]]:
         # From the low-water mark at least: the tombstones below it are skipped.

@@ -14,6 +14,7 @@ restore batches) and in `tables.aggregate_store` (the command path's states and 
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import os
 from collections.abc import Callable, Iterable
@@ -24,7 +25,7 @@ from rocksdict import Cache, Rdict, WriteBatch, WriteBufferManager, WriteOptions
 from tables.exceptions import StoreError
 from tables.keys import DUE, FINISHED, OFFSET_KEY, ROW, index_key
 from tables.recent_rows import forget
-from tables.rocksdb_io import UNLOGGED, db_options, gc_paused
+from tables.rocksdb_io import UNLOGGED, damaged_copy, db_options, gc_paused, lock_held_here
 from tables.rocksdb_reads import RocksDBReads
 from tables.rocksdb_restore import RESTORED_KEYS_LIMIT, check_format, remove_copy, restore_batch
 from tables.store import ChangelogSink, UnreadableRow
@@ -206,9 +207,9 @@ class RocksDBTimerStore(RocksDBReads):
         path = self._db_path(partition)
         try:
             try:
-                self._open_checked(partition)
+                self._open_collected(partition)
             except Exception as exc:
-                if not _damaged(exc, os.path.join(path, "LOCK")):
+                if not damaged_copy(exc, os.path.join(path, "LOCK")):
                     raise
                 logger.error("%s cannot be read (%s): dropped, to be restored whole from "
                              "the changelog", path, exc)  # fmt: skip
@@ -218,6 +219,24 @@ class RocksDBTimerStore(RocksDBReads):
             raise
         except Exception as exc:
             raise StoreError(f"cannot open {path}: {exc}", partition=partition) from exc
+
+    def _open_collected(self, partition: int) -> None:
+        """`_open_checked`, once more after a full collection if this process holds p's
+        LOCK: its DB, closed, stays open while an iterator of it lives, and one a traceback
+        in a reference cycle keeps (an error kept by a firing round) waits for the cyclic
+        collector, which a worker runs seldom (`app.node.collector`). Never on another
+        process's lock: that is another worker's copy."""
+        try:
+            self._open_checked(partition)
+        except Exception as exc:
+            if not lock_held_here(exc):
+                raise
+            logger.warning("%s is held by this process (%s): collecting, and opening it "
+                           "again", self._db_path(partition), exc)  # fmt: skip
+        else:
+            return
+        gc.collect()
+        self._open_checked(partition)
 
     def _open_checked(self, partition: int) -> None:
         """Opens p's DB, in bulk if it holds nothing; raises what RocksDB raises (its
@@ -320,15 +339,3 @@ def _empty(db: Rdict) -> bool:
         return True
     finally:
         del keys  # a DB closes only once its iterators are gone (a traceback holds this frame)
-
-
-def _damaged(exc: Exception, lock: str) -> bool:
-    """Whether RocksDB refused a DB for what its files hold (a corrupt or missing file: a
-    power loss, a disk fault), rather than for how it is used: its `lock` file held is
-    another worker on the directory, whose copy must stay."""
-    text = str(exc)
-    if lock in text:
-        return False
-    return text.startswith("Corruption:") or (
-        text.startswith("IO error:") and "No such file or directory" in text
-    )
