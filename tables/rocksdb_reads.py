@@ -121,7 +121,10 @@ class RocksDBReads(PartitionedStore):
 
     def _owner_rows(self, partition: int, prefix: bytes) -> Iterator[tuple[bytes, Timer]]:
         start = ROW + prefix
-        for key, raw in scan(self._db(partition), start, prefix_end(start), partition):
+        # Whole: read through in one call (a cancel_all's rows, an owner's timers), a scan a
+        # read error cut short raises, never an owner's timers left uncancelled.
+        scanned = scan(self._db(partition), start, prefix_end(start), partition, whole=True)
+        for key, raw in scanned:
             yield key[1:], load_timer(self._value(partition, raw), key, partition)
 
     def _due(self, partitions: list[int], until: int, limit: int) -> list[Timer]:
@@ -283,16 +286,19 @@ class RocksDBReads(PartitionedStore):
     def _due_entries(self, partition: int, start: int) -> Iterator[tuple[int, str]]:
         # From the low-water mark at least: the tombstones below it are skipped.
         first = max(due_key_prefix(start), self._low[partition])
-        for key, value in scan(self._db(partition), first, prefix_end(DUE), partition):
+        for key, value in scan(self._db(partition), first, prefix_end(DUE), partition, whole=True):
             # The status alone: orjson without the model is several times cheaper.
             yield int.from_bytes(key[1:9], "big"), orjson.loads(value)["status"]
 
     def _parked_entries(self, partition: int) -> Iterator[Callable[[], Timer]]:
-        for key, value in scan(self._db(partition), PARKED, prefix_end(PARKED), partition):
+        parked = scan(self._db(partition), PARKED, prefix_end(PARKED), partition, whole=True)
+        for key, value in parked:
             yield partial(load_timer, value, key)
 
     def _held_count(self, partition: int) -> int:
-        return sum(1 for _ in scan(self._db(partition), HELD, prefix_end(HELD), partition))
+        return sum(
+            1 for _ in scan(self._db(partition), HELD, prefix_end(HELD), partition, whole=True)
+        )
 
     def _offset(self, partition: int) -> int | None:
         raw = self._get(partition, OFFSET_KEY)

@@ -16,7 +16,7 @@ from test_store_retention import timer as finished_timer
 from test_store_rocksdb_fast_paths import record, timer
 
 from tables import AggregateRef, StoreError, TimerStatus, TimerStore, open_timer_store
-from tables.keys import DUE, FINISHED, PARKED
+from tables.keys import DUE, FINISHED, PARKED, ROW
 
 
 class _Short:
@@ -135,5 +135,40 @@ async def test_a_transient_short_parked_scan_fails(tmp_path: Path) -> None:
             await store.parked(target)
         assert raised.value.partition == 1
         assert len(await store.parked(target)) == len(timers)
+    finally:
+        await store.close()
+
+
+async def test_an_owner_scan_cut_short_fails_and_cancels_nothing_half(tmp_path: Path) -> None:
+    """A review: an owner's `CancelAllTimers` whose scan a read error cut short (10 of 50
+    rows) cancelled the 10 and said so: the other 40 stayed PENDING and would fire for an
+    owner that was deleted. Now the call raises, and done again cancels every one."""
+    base = timer(0, 0, 1_000)
+    mine = [base.model_copy(update={"key": f"k{n:03d}", "id": f"t{n}"}) for n in range(50)]
+    store = await _store(tmp_path / "t", 1, mine)
+    try:
+        s: Any = store
+        s._dbs[0] = _Short(s._dbs[0], ROW, 10)
+        with pytest.raises(StoreError) as raised:
+            await store.cancel_all(base.owner, 99)
+        assert raised.value.partition == 0
+        s._dbs[0] = s._dbs[0].db
+        assert await store.cancel_all(base.owner, 99) == 50
+        left = [t for t in await store.timers_of(base.owner) if t.status is TimerStatus.PENDING]
+        assert left == []
+    finally:
+        await store.close()
+
+
+async def test_status_counts_cut_short_fail_rather_than_count_wrong(tmp_path: Path) -> None:
+    timers = [timer(n, 0, 1_000 + n) for n in range(100)]
+    store = await _store(tmp_path / "t", 1, timers)
+    try:
+        s: Any = store
+        s._dbs[0] = _Short(s._dbs[0], DUE, 30)
+        with pytest.raises(StoreError):
+            store.status_counts(0)
+        s._dbs[0] = s._dbs[0].db
+        assert store.status_counts(0)[TimerStatus.PENDING] == 100
     finally:
         await store.close()
