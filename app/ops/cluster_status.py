@@ -305,6 +305,7 @@ class ClusterStatus:
                 await c.follower.stop()
             except (Exception, asyncio.CancelledError) as exc:
                 _raise_if_cancelled(exc)
+                logger.warning("following %s did not stop cleanly: %r", c.topic, exc)
 
     async def recent_letters(self, limit: int) -> list[tuple[str, Letter]]:
         """The last `limit` records' dead letters of each context, newest first."""
