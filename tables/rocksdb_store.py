@@ -288,26 +288,44 @@ class RocksDBTimerStore(RocksDBReads):
                 f"cannot reopen {self._db_path(partition)}: {exc}", partition=partition
             ) from exc
 
-    def _close_partition(self, partition: int) -> None:
+    def _close_partition(self, partition: int, *, sync: bool = True) -> None:
+        """Closes p's DB, its writes synced to disk first (`sync`): a node marks a copy
+        clean once its store let it go (`app.node.local_state.CleanMarks`), and the WAL
+        RocksDB writes unsynced would lose its tail to a power loss under that mark."""
         self._restored.pop(partition, None)
         self._bulk.discard(partition)
         db = self._dbs.pop(partition, None)
-        if db is not None:
+        if db is None:
+            return
+        try:
             if partition in self._unlogged:
                 self._unlogged.discard(partition)
                 db.flush(True)  # the restored rows written without the WAL
+            if sync:
+                db.flush_wal(True)
+        except Exception as exc:
+            raise StoreError(
+                f"cannot sync {self._db_path(partition)} as it closes: {exc}", partition=partition
+            ) from exc
+        finally:
             db.close()
 
     def _drop_partition(self, partition: int, served: bool) -> None:
         self._unlogged.discard(partition)  # its rows are thrown away: nothing to flush
-        self._close_partition(partition)
+        self._close_partition(partition, sync=False)
         remove_copy(self._db_path(partition), partition)  # raises: never reopened as dropped
         if served:
             self._open_partition(partition)
 
     def _close(self) -> None:
+        failed: StoreError | None = None
         for partition in list(self._dbs):
-            self._close_partition(partition)
+            try:
+                self._close_partition(partition)
+            except StoreError as exc:  # the others are closed all the same
+                failed = failed or exc
+        if failed is not None:
+            raise failed
 
 
 class _OpenDBs(dict[int, Rdict]):
