@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import shlex
 import signal
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 import pytest
 from typer.testing import CliRunner, Result
@@ -78,9 +78,14 @@ def interrupted_line(result: Result) -> str:
 
 
 @pytest.fixture(autouse=True)
-def _default_sigint() -> None:
-    # asyncio.run turns SIGINT into a cancel only over Python's own handler.
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+def _default_sigint() -> Iterator[None]:
+    # asyncio.run turns SIGINT into a cancel only over Python's own handler, which a run in
+    # the background of a shell without job control does not have (SIGINT ignored).
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, before)
 
 
 KEY = ["--type", "shop.reminders", "--owner", "o-1", "--key", "k"]
