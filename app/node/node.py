@@ -365,6 +365,7 @@ class Node:
 
     async def _revoked(self, revoked: set[tuple[str, int]]) -> None:
         """The group takes partitions away: their tasks closed (`PartitionTasks.revoke`)."""
+        self._suspension.group_rebalancing()
         await self.tasks.revoke(self.tasks.keys(revoked))
 
     def fail(self, why: str) -> None:
