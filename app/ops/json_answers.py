@@ -11,7 +11,7 @@ from aiohttp import web
 
 from app.errors import KafkaUnavailable
 from app.ops.forms import query_problem
-from tables import StoreClosed
+from tables import StoreClosed, StoreError
 
 __all__ = ["errors_middleware", "json_response"]
 
@@ -36,10 +36,11 @@ async def errors_middleware(request: web.Request, handler: Handler) -> web.Strea
         return await handler(request)
     except web.HTTPException as exc:
         return json_response({"error": exc.reason, "path": request.path}, exc.status)
-    except (KafkaUnavailable, StoreClosed) as exc:
-        # The broker away, or a partition handed over while it was read: the request may
-        # be sent again (routes that say more answer it themselves), never a 500.
-        retry = "5" if isinstance(exc, KafkaUnavailable) else "1"
+    except (KafkaUnavailable, StoreError) as exc:
+        # The broker away, a partition handed over while it was read, or its store failed
+        # (its task restores it from the changelog): the request may be sent again (routes
+        # that say more answer it themselves), never a 500.
+        retry = "1" if isinstance(exc, StoreClosed) else "5"
         return json_response(
             {"error": f"unavailable: {str(exc)[:500]}", "path": request.path},
             503,

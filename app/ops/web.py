@@ -21,7 +21,8 @@ query parameters `type`, `owner`, `tenant`, `target`, `target_type`, `due_from`,
 `due_until` (ISO 8601 with offset, or epoch ms), `limit` (1 to 1000, default 50) and
 `cursor` (a page's `next_cursor`); a bad one is a 400 naming it. It reads at most
 `UPCOMING_SCAN` timers per type and partition, earliest first (`scanned_all` false when a
-scan stopped there: the page then ends where the scan did). `GET /` is the operator page
+scan stopped there: the page then ends where the scan did; or when a partition's store
+failed, named in `unread`). `GET /` is the operator page
 (`app.ops.page`: partitions, timers, parked timers, the ledger, an owner search with
 `?owner=<id>&tenant=<tenant>`, the lateness chart); its Retry and Skip forms are
 `POST /timers/retry` and `POST /timers/skip`, its timers' and jobs' buttons
@@ -70,7 +71,7 @@ from app.ops.timer_api import DEFAULT_WAIT_S
 from app.ops.timer_routes import TimerRoutes
 from app.ops.upcoming import BadQuery, SortKey, query_of, sort_key, upcoming_page
 from app.protocol.topics import parse_aggregate_type
-from tables import StoreClosed, Timer
+from tables import StoreClosed, StoreError, Timer
 from tables.bounds import MAX_INT64
 
 if TYPE_CHECKING:
@@ -232,6 +233,9 @@ class WebServer:
         until = MAX_INT64 if query.due_until is None else query.due_until
         rows: list[Timer] = []
         horizon: SortKey | None = None
+        # A partition whose store failed (a damaged block: its task restores it): the
+        # others answered, this one named.
+        unread: dict[str, str] = {}
         for name, kept in sorted(types.items()):
             if query.type not in (None, name):
                 continue
@@ -240,6 +244,9 @@ class WebServer:
                     got = await kept.store.due({p}, until, UPCOMING_SCAN)
                 except StoreClosed:
                     continue  # let go while this was read: no longer this node's
+                except StoreError as exc:
+                    unread[f"{name}[{p}]"] = str(exc)[:500]
+                    continue
                 rows += got
                 if len(got) == UPCOMING_SCAN:
                     last = sort_key(got[-1])
@@ -252,7 +259,8 @@ class WebServer:
             {
                 **page.model_dump(mode="json"),
                 "partitions": owned,
-                "scanned_all": horizon is None,
+                "scanned_all": horizon is None and not unread,
+                "unread": unread,
             }
         )
 

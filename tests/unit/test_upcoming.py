@@ -30,7 +30,7 @@ from app.ops.upcoming import (
     upcoming_page,
 )
 from app.ops.web import WebServer
-from tables import CommandSpec, OnceRule, Timer, TimerChange, TimerStatus
+from tables import CommandSpec, OnceRule, StoreError, Timer, TimerChange, TimerStatus
 from tables.partitioner import partition_of
 
 STATUSES = list(TimerStatus)
@@ -285,7 +285,7 @@ async def test_the_docs_example_query_is_answered(
     await put_rows(node, [timer("o1", "a", 1798156800000 - 1), timer("o1", "b", 1798156800001)])
     status, body = await get(http, url, query)
     assert status == 200, body
-    assert set(body) == {"timers", "next_cursor", "partitions", "scanned_all"}
+    assert set(body) == {"timers", "next_cursor", "partitions", "scanned_all", "unread"}
     assert [t["key"] for t in body["timers"]] == ["a"]
 
 
@@ -306,6 +306,47 @@ async def test_a_scan_that_stops_ends_the_pages_where_it_did(
     assert status == 200
     assert [t["key"] for t in body["timers"]] == ["a", "b"]  # not z, due after the unread c
     assert body["scanned_all"] is False
+
+
+async def test_a_partition_whose_store_failed_is_named_and_the_others_answer(
+    web: tuple[FakeNode, URL, aiohttp.ClientSession], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A damaged block of one partition (a `StoreError` of it: its task restores it) was a
+    500 for every partition's timers."""
+    node, url, http = web
+    node.owned = sorted({t.partition for t in ROWS})
+    await put_rows(node, ROWS)
+    due = node.store.due
+
+    async def damaged(partitions: set[int], until: int, limit: int) -> list[Timer]:
+        if partitions == {2}:
+            raise StoreError("RocksDB read of partition 2 failed: Corruption", partition=2)
+        return await due(partitions, until, limit)
+
+    monkeypatch.setattr(node.store, "due", damaged)
+    status, body = await get(http, url, "limit=10")
+    assert status == 200, body
+    assert [t["owner"]["id"] for t in body["timers"]] and all(
+        t["partition"] == 3 for t in body["timers"]
+    )
+    assert body["scanned_all"] is False
+    assert body["unread"] == {f"{TYPE}[2]": "RocksDB read of partition 2 failed: Corruption"}
+
+
+async def test_a_store_failure_no_route_answers_is_a_503_not_a_500(
+    web: tuple[FakeNode, URL, aiohttp.ClientSession], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    node, url, http = web
+    node.owned = list(range(PAGE_PARTITIONS))
+
+    async def damaged(*_: object) -> list[Timer]:
+        raise StoreError("RocksDB read of partition 3 failed: Corruption", partition=3)
+
+    monkeypatch.setattr(node.store, "timers_of", damaged)
+    async with http.get(url.with_path("/").with_query(owner="o1")) as r:
+        assert r.status == 503, await r.text()
+        assert r.headers["Retry-After"] == "5"
+        assert "partition 3 failed" in (await r.json())["error"]
 
 
 @pytest.mark.parametrize(
