@@ -16,6 +16,7 @@ from rocksdict import Rdict, WriteBatch
 
 from tables.exceptions import StoreError
 from tables.keys import DUE, FINISHED, HELD, OFFSET_KEY, PARKED, ROW
+from tables.rocksdb_io import read_fault, rocksdb_fault
 from tables.rowcheck import restored_index_as_is, restored_model_index
 from tables.store import UnreadableRow, unreadable_reason
 
@@ -148,14 +149,14 @@ def restore_batch(
     `db` may be a function returning the DB to read, called only when an entry is read
     (the store's DB of a bulk restore is not read: `RocksDBTimerStore._bulk`)."""
     if restored is None:
-        held = _multi_get(_readable(db), records, None)
+        held = _multi_get(_readable(db), partition, records, None)
     else:
         hashes = set(map(hash, [key for _, key, _ in records]))
         again = restored.intersection(hashes)
         restored |= hashes
         if not again and len(hashes) == len(records):
             return _rows_over(partition, records, None)  # keys none before held, each once
-        held = _multi_get(_readable(db), records, again)
+        held = _multi_get(_readable(db), partition, records, again)
     return _rows_over(partition, records, held)
 
 
@@ -169,18 +170,31 @@ each: ~140 MB at most); past it, a restore reads every key's old entry back inst
 
 
 def _multi_get(
-    db: Rdict, records: list[tuple[int, bytes, bytes | None]], hashes: set[int] | None
+    db: Rdict,
+    partition: int,
+    records: list[tuple[int, bytes, bytes | None]],
+    hashes: set[int] | None,
 ) -> list[bytes | None]:
     """The records' ``r`` entries as `db` holds them (None: no row): of every key, or only
-    of those whose hash is in `hashes` (None for the others)."""
+    of those whose hash is in `hashes` (None for the others). RocksDB failing to read them
+    is a `StoreError` of `partition` (not the plain `Exception` rocksdict raises)."""
     if hashes is None:
-        return cast(list[bytes | None], db.get(cast(Any, [ROW + key for _, key, _ in records])))
+        return _get(db, partition, [ROW + key for _, key, _ in records])
     held: list[bytes | None] = [None] * len(records)
     at = [i for i, (_, key, _) in enumerate(records) if hash(key) in hashes]
-    got = cast(list[bytes | None], db.get(cast(Any, [ROW + records[i][1] for i in at])))
+    got = _get(db, partition, [ROW + records[i][1] for i in at])
     for i, entry in zip(at, got, strict=True):
         held[i] = entry
     return held
+
+
+def _get(db: Rdict, partition: int, keys: list[bytes]) -> list[bytes | None]:
+    try:
+        return cast(list[bytes | None], db.get(cast(Any, keys)))
+    except Exception as exc:
+        if rocksdb_fault(exc):
+            raise read_fault(exc, partition) from exc
+        raise
 
 
 def _rows_over(

@@ -26,6 +26,7 @@ from app.protocol.dead_letters import DeadLetter
 from app.protocol.topics import ContextTopics
 from tables import StoreError, Timer, TimerStore, open_timer_store
 from tables.partitioner import partition_of
+from tables.rocksdb_restore import restore_batch
 
 N = 5_000
 
@@ -142,3 +143,23 @@ async def test_a_read_fault_in_a_cycle_retakes_the_partition_and_the_timer_fires
     # Closed dirty and taken afresh: its DB reopened (restored from the changelog).
     assert node.node._tasks[task_of(bad)] is task and task.takes == 2
     assert store._dbs[bad] is not failing
+
+
+@pytest.mark.parametrize("again", [False, True])
+def test_a_restore_batchs_failed_read_of_old_entries_is_a_store_error_of_its_partition(
+    tmp_path: Path, again: bool
+) -> None:
+    """The old index entries a restore batch reads back (a copy restored over, or a key an
+    earlier batch of an emptied copy wrote): rocksdict's plain `Exception` there was no
+    `StoreError` of the partition."""
+    db = Rdict(str(tmp_path / "p3.db"))
+    try:
+        failing = _FailingReads(db, fails=1)
+        records = [record(i, timer(i, 3, 1_000 + i)) for i in range(3)]
+        restored = {hash(records[0][1])} if again else None
+        with pytest.raises(StoreError) as raised:
+            restore_batch(lambda: cast(Rdict, failing), 3, list(records), restored)
+        assert raised.value.partition == 3
+        assert "Input/output error" in str(raised.value)
+    finally:
+        db.close()
