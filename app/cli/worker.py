@@ -26,6 +26,7 @@ from app.errors import NodeFailed, TickwheelError
 from app.kafka.broker_watch import install_log_filter
 from app.node.settings import Settings
 from app.service import Service
+from app.task_ends import cancelled_here, how_ended
 
 if TYPE_CHECKING:
     from app.node import Node
@@ -120,8 +121,7 @@ async def _until_stopped(task: asyncio.Task[None]) -> None:
     except asyncio.CancelledError:
         if task.cancelling() == 0:
             raise NodeFailed("the node's run ended cancelled, though nothing stopped it") from None
-        current = asyncio.current_task()
-        if current is not None and current.cancelling() > 0:
+        if cancelled_here():
             raise
 
 
@@ -147,19 +147,11 @@ async def _run_node(node: Node, cluster: ClusterStatus) -> None:
     try:
         await asyncio.wait([running, status], return_when=asyncio.FIRST_COMPLETED)
         if not running.done():
-            raise NodeFailed(f"publishing the node's status stopped: {_ended(status)}")
+            raise NodeFailed(f"publishing the node's status stopped: {how_ended(status)}")
         if running.cancelled() or running.exception() is None:
-            raise NodeFailed(f"the node's run {_ended(running)}")
+            raise NodeFailed(f"the node's run {how_ended(running)}")
         await running  # raises its error
     finally:
         for t in (running, status):
             t.cancel()
         await asyncio.gather(running, status, return_exceptions=True)
-
-
-def _ended(task: asyncio.Task[None]) -> str:
-    """How a task that runs until cancelled ended, read without raising what it raised."""
-    if task.cancelled():
-        return "ended cancelled, though nothing cancelled it"
-    exc = task.exception()
-    return "returned" if exc is None else repr(exc)

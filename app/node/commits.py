@@ -21,6 +21,7 @@ from app.node.failing import A_COMMIT
 from app.node.kept import KeptType
 from app.node.partition_transaction import PartitionTransaction, Transaction
 from app.node.task_id import TaskId
+from app.task_ends import cancelled_here
 
 __all__ = ["Commits", "Committing", "PartitionCommits"]
 
@@ -143,8 +144,7 @@ class PartitionCommits:
                 # A hung commit holds every later write of p: given up, p taken afresh.
                 raise KafkaUnavailable(f"{key}: no commit within {deadline_s:g} s") from exc
         except asyncio.CancelledError as exc:
-            me = asyncio.current_task()
-            if me is not None and me.cancelling():
+            if cancelled_here():
                 raise  # abandoned (its task's close): what it holds never counts
             # Leaked out of the client library (the producer's commit re-raises it as it
             # came, broken): nobody cancelled the commit, yet what it took never landed.
@@ -361,8 +361,7 @@ class Commits:
                 try:
                     committed = await asyncio.shield(commit)
                 except asyncio.CancelledError:
-                    current = asyncio.current_task()
-                    if current is not None and current.cancelling():
+                    if cancelled_here():
                         raise
                     committed = False  # the partition was let go meanwhile
                 if not committed:

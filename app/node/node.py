@@ -43,6 +43,7 @@ from app.node.task_id import TaskId
 from app.node.user_code_watch import UserCodeWatch, watch_user_code
 from app.protocol.topics import parse_aggregate_type
 from app.service import Service
+from app.task_ends import cancelled_here, how_ended
 from app.timers.ledger import KafkaFailureLedger
 from app.timers.runner import Clock, SystemClock, TimerOptions, TimerRunner
 from app.timers.sender import ResultsReader
@@ -327,7 +328,7 @@ class Node:
                 if task.done():
                     # Never a quiet end (a cancellation leaking out of a client library
                     # included): the worker would exit 0 with its partitions unworked.
-                    raise NodeFailed(f"{task.get_name()} {_ended(task)}")
+                    raise NodeFailed(f"{task.get_name()} {how_ended(task)}")
         finally:
             for task in [*tasks, *watches.values()]:
                 task.cancel()
@@ -352,7 +353,7 @@ class Node:
         await asyncio.wait([task])
         # Its task is stopped by `stop`, after the run (this supervisor with it) ended: an
         # end seen here, a cancellation included, is while the node runs.
-        self.fail(f"{what} {_ended(task)}")
+        self.fail(f"{what} {how_ended(task)}")
 
     async def _backlog(self, topic: str, p: int) -> int:
         assert self._consumer is not None
@@ -381,17 +382,8 @@ async def _stopping(what: str, stop: Awaitable[None]) -> None:
     try:
         await stop
     except asyncio.CancelledError:
-        current = asyncio.current_task()
-        if current is not None and current.cancelling():
+        if cancelled_here():
             raise
         logger.warning("stopping %s: cancelled inside the client library", what)
     except Exception as exc:
         logger.warning("stopping %s failed: %r", what, exc)
-
-
-def _ended(task: asyncio.Task[Any]) -> str:
-    """How a task that should run until cancelled by the node ended."""
-    if task.cancelled():
-        return "was cancelled"
-    exc = task.exception()
-    return "returned" if exc is None else f"failed: {exc!r}"

@@ -30,6 +30,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable
 
 from app.errors import node_fault
+from app.task_ends import cancelled_here
 from app.timers.ledger import KafkaFailureLedger, LedgerKey
 from app.timers.runner import TimerOptions, TimerRunner
 
@@ -63,7 +64,6 @@ async def keep_parked_named(
     entry does not name, `after_s` after the change was read, unless they were looked for
     since; a target that failed is tried again `retry_s` + `after_s` later, until it
     passes. Runs until cancelled; a failure never ends it."""
-    me = asyncio.current_task()
     loop = asyncio.get_running_loop()
     changed = ledger.changed
     # When each target was last looked for (the loop's clock), to pass over the changes
@@ -72,7 +72,7 @@ async def keep_parked_named(
     looked: OrderedDict[LedgerKey, float] = OrderedDict()
     # Python 3.11's `wait_for` (the ledger's writes) may swallow a cancellation that comes
     # as its write completes: a stop asked is heard before the next target and runner.
-    while me is None or not me.cancelling():
+    while not cancelled_here():
         key, taken = await changed.get()
         if key.subscription != TimerOptions.PARKED_SUBSCRIPTION:
             continue
@@ -81,7 +81,7 @@ async def keep_parked_named(
         await asyncio.sleep(max(0.0, taken + after_s - loop.time()))
         began = loop.time()
         for runner in runners():
-            if me is not None and me.cancelling():
+            if cancelled_here():
                 break
             try:
                 await runner.name_parked(key.target)

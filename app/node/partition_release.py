@@ -10,6 +10,8 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING
 
+from app.task_ends import cancelled_here
+
 if TYPE_CHECKING:
     from app.node.partition_task import PartitionTask, TaskShared
     from app.node.partition_transaction import PartitionTransaction
@@ -183,7 +185,5 @@ async def _let_go(
 def _unless_cancelled(exc: BaseException) -> None:
     """Re-raises `exc` when it is the close's own cancellation; a CancelledError leaked
     out of a call (a client's) while nobody cancels the close is a part that failed."""
-    if isinstance(exc, asyncio.CancelledError):
-        me = asyncio.current_task()
-        if me is not None and me.cancelling():
-            raise exc
+    if isinstance(exc, asyncio.CancelledError) and cancelled_here():
+        raise exc

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from app.errors import node_fault
 from app.kafka.records import refused
 from app.node.partition_open import last_records
+from app.task_ends import cancelled_here
 
 if TYPE_CHECKING:
     from app.node.partition_task import PartitionTask
@@ -52,7 +53,7 @@ async def take_partition(
         await _taking(task, topics, after_failure)
     except (Exception, asyncio.CancelledError) as exc:
         cancelled = isinstance(exc, asyncio.CancelledError)
-        if cancelled and (me := asyncio.current_task()) is not None and me.cancelling():
+        if cancelled and cancelled_here():
             raise  # its stop_taking (or the node's stop)
         # A bug, whatever it is, or a CancelledError leaked out of a call (a client's),
         # not a cancel of this take: never a partition left half taken, quietly.

@@ -22,6 +22,7 @@ from collections.abc import Callable, Mapping
 from app.node.kept import KeptType
 from app.node.partition_task import PartitionTask, TaskShared
 from app.node.task_id import TaskId
+from app.task_ends import cancelled_here
 
 __all__ = ["SPLIT_GRACE_S", "PartitionTasks"]
 
@@ -191,7 +192,7 @@ class PartitionTasks:
                 return True
             except (Exception, asyncio.CancelledError) as exc:
                 cancelled = isinstance(exc, asyncio.CancelledError)
-                if cancelled and (me := asyncio.current_task()) is not None and me.cancelling():
+                if cancelled and cancelled_here():
                     raise  # this close itself was cancelled
                 # A bug, or a CancelledError leaked out of a call (a client's) although
                 # nobody cancelled this close: p may be half open, so the node stops.

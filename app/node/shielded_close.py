@@ -15,6 +15,8 @@ import asyncio
 from collections.abc import Callable, Coroutine
 from typing import Any
 
+from app.task_ends import cancelled_here
+
 __all__ = ["CloseCancelled", "ShieldedClose"]
 
 
@@ -67,7 +69,6 @@ async def _guarded(close: Callable[[], Coroutine[Any, Any, None]], name: str) ->
     try:
         await close()
     except asyncio.CancelledError as exc:
-        me = asyncio.current_task()
-        if me is not None and me.cancelling():
+        if cancelled_here():
             raise
         raise CloseCancelled(f"{name}: cancelled inside a client library") from exc

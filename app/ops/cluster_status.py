@@ -53,6 +53,7 @@ from app.ops.node_report import (
 )
 from app.ops.status_view import FORGET_MS, MAX_HELD_KEYS, PURGE_MS, StatusView
 from app.protocol.topics import ContextTopics, parse_aggregate_type
+from app.task_ends import cancelled_here, how_ended
 from tables import AggregateRef, Timer
 
 if TYPE_CHECKING:
@@ -257,7 +258,7 @@ class ClusterStatus:
             done, _ = await asyncio.wait(children, return_when=asyncio.FIRST_COMPLETED)
             ended = next(t for t in children if t in done)
             why = None if ended.cancelled() else ended.exception()
-            raise RuntimeError(f"{ended.get_name()} {_ended(ended)}") from why
+            raise RuntimeError(f"{ended.get_name()} {how_ended(ended)}") from why
         finally:
             for t in children:
                 t.cancel()
@@ -334,18 +335,8 @@ class ClusterStatus:
 
 def _raise_if_cancelled(exc: BaseException) -> None:
     """Re-raises `exc` when it is the cancellation of the running task itself."""
-    task = asyncio.current_task()
-    if isinstance(exc, asyncio.CancelledError) and task is not None and task.cancelling():
+    if isinstance(exc, asyncio.CancelledError) and cancelled_here():
         raise exc
-
-
-def _ended(task: asyncio.Task[None]) -> str:
-    """How a task that should run until cancelled ended (nothing cancels it but `run`'s end:
-    a cancellation seen is one leaked out of a call)."""
-    if task.cancelled():
-        return "ended cancelled, though nothing cancelled it"
-    exc = task.exception()
-    return "returned" if exc is None else f"failed: {exc!r}"
 
 
 def web_address(settings: Settings, port: int) -> str | None:

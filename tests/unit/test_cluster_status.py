@@ -431,7 +431,7 @@ class _Runs:
 
 async def test_a_status_task_that_ends_stops_the_worker_loudly() -> None:
     node, status = _Runs(), _Runs(RuntimeError("a bug"))
-    with pytest.raises(NodeFailed, match="publishing the node's status stopped: RuntimeError"):
+    with pytest.raises(NodeFailed, match="status stopped: failed: RuntimeError"):
         await _run_node(node, status)  # type: ignore[arg-type]
     assert node.cancelled
 

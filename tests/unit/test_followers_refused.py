@@ -74,7 +74,7 @@ async def test_a_follower_cancelled_from_inside_stops_the_node(
         await wait_until(node.runs)
         monkeypatch.setattr(MemoryFollower, "poll", cancelled)
         assert node.task is not None
-        with pytest.raises(NodeFailed, match="the results reader of mem was cancelled"):
+        with pytest.raises(NodeFailed, match="the results reader of mem ended cancelled"):
             await asyncio.wait_for(node.task, 5)
     finally:
         monkeypatch.undo()
