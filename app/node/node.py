@@ -111,6 +111,8 @@ class Node:
         self._tasks, self._owned = self.tasks.tasks, self.tasks.running
         self.limits = settings.limits
         self._failure: NodeFailed | None = None
+        # Its stop began: it takes nothing the group gives from then on.
+        self._stopping = False
         self._failed = asyncio.Event()
         self._suspension = SuspensionWatch(settings.session_timeout_ms)
         # The cluster's topics: commands to a missing one are refused, not sent (NO_TARGET).
@@ -256,15 +258,31 @@ class Node:
     async def stop(self) -> None:
         """Stops everything the node runs, each part whatever another's stop raised (a
         consumer stopped while the broker is away re-raises its fetcher's cancellation);
-        the stores are closed last, always."""
+        the stores are closed last, always. Its partitions are closed (what their
+        transactions hold committed, their copies marked clean) while the node is still
+        the group's member, before it leaves: no other node is given them before their
+        work here committed (aiokafka's stop leaves the group without revoking), and none
+        is taken again here meanwhile. `NodeFailed` when a part of the stop failed the
+        node (a partition's close that failed): the worker exits as failed."""
+        self._stopping = True
+        before = self._failure
         self._unwatch()  # first, whatever a part's stop raises
+        # Each close bounded by the close deadline, its timers' last writes included.
+        await _stopping("the partitions", self.tasks.revoke(self.tasks.leftover()))
+        shared = self.tasks.shared  # the closes' deadline (None: never started)
+        deadline = self.settings.close_deadline_s if shared is None else shared.close_deadline_s
         for kept in self.types.values():
-            await _stopping(f"{kept.name} runner", kept.runner.stop_all())
-            await _stopping(f"{kept.name} loop", kept.loop.stop())
+            # A round in progress may wait on a ledger write (10 s each, queued): cut
+            # short past the deadline, as the closes' are (their firings are stopped).
+            await _stopping(f"{kept.name} loop", asyncio.wait_for(kept.loop.stop(), deadline))
+            # None is left (each close stopped its own): a bound all the same.
+            await _stopping(
+                f"{kept.name} runner", asyncio.wait_for(kept.runner.stop_all(), deadline)
+            )
         if self._consumer is not None:
             await _stopping("the group consumer", self._consumer.stop())
-        # Whatever the consumer did not revoke on leaving the group is let go here, and
-        # the closes under way are waited for.
+        # A take under way as it left (a retake after a failure) is stopped, and closes
+        # under way are waited for.
         await _stopping("the partitions", self.tasks.revoke(self.tasks.leftover()))
         # Producer stops the closes left past their deadline, each type's at once.
         await _stopping("the partitions' producers", self._producers_stopped())
@@ -281,6 +299,8 @@ class Node:
                     kept.states.close()
         finally:
             self._data_lock.release()  # the stores closed: another worker may have it now
+        if self._failure is not None and self._failure is not before:
+            raise self._failure
 
     async def _producers_stopped(self) -> None:
         await asyncio.gather(*(kept.transactions.stopped() for kept in self.types.values()))
@@ -360,8 +380,12 @@ class Node:
         return await self._consumer.backlog(topic, p)
 
     async def _assigned(self, assigned: set[tuple[str, int]]) -> None:
-        """The group answered: tasks for the partitions it gives (`PartitionTasks.assign`)."""
+        """The group answered: tasks for the partitions it gives (`PartitionTasks.assign`);
+        none while the node stops (it is leaving the group)."""
         self._suspension.group_answered()
+        if self._stopping:
+            logger.info("given %d partition(s) while stopping: not taken", len(assigned))
+            return
         self.tasks.assign(assigned)
 
     async def _revoked(self, revoked: set[tuple[str, int]]) -> None:

@@ -1,0 +1,142 @@
+"""A node's stop (the worker's SIGTERM: its run cancelled, then `Node.stop`), as a rolling
+restart does it: its partitions are closed (committed, marked clean) while it is still the
+group's member, before it leaves (aiokafka's stop leaves the group without revoking: the
+other members took them and fenced this one's open transactions, its last work rolled back
+and done again); each close is bounded by the close deadline (a park's hung ledger write
+held the stop for ever); a close that fails fails the stop (the worker exited 0); and what
+the group gives while it stops is not taken."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fakes import RunningNode, wait_until
+from test_close_deadline_firing import ONE_ATTEMPT, PARTITIONS, SERVICE, TOPICS
+
+import app.node.partition_release
+from app.errors import NodeFailed
+from app.kafka.memory import MemoryLog
+from app.node.task_id import TaskId
+from app.protocol.wire import CommandEnvelope, encode
+from app.timers.ledger import KafkaFailureLedger
+from tables import AggregateRef
+from tables.partitioner import partition_of
+
+
+async def cancelled_run(node: RunningNode) -> None:
+    """The node's run cancelled, as a signal does: its stop comes next."""
+    assert node.task is not None
+    node.task.cancel()
+    await asyncio.gather(node.task, return_exceptions=True)
+
+
+async def test_its_partitions_are_closed_before_it_leaves_the_group(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    log = MemoryLog()
+    a = await RunningNode(log, tmp_path, "a", SERVICE, PARTITIONS).start()
+    b: RunningNode | None = None
+    try:
+        await wait_until(a.runs)
+        b = await RunningNode(log, tmp_path, "b", SERVICE, PARTITIONS).start()
+        await wait_until(lambda: a.runs(1) and b is not None and b.runs(1))
+        other = b.node
+        seen: list[tuple[int, bool]] = []
+        release = app.node.partition_release.release_partition
+
+        async def watched(shared: Any, task: Any, **kw: Any) -> None:
+            if shared is a.node.tasks.shared:  # a's close: has b been given p yet?
+                seen.append((task.p, any(k.p == task.p for k in other.tasks.leftover())))
+            await release(shared, task, **kw)
+
+        monkeypatch.setattr("app.node.partition_task.release_partition", watched)
+        mine = sorted(a.node.owned)
+        await cancelled_run(a)
+        caplog.set_level(logging.INFO, logger="app")
+        await a.node.stop()
+        assert seen == [(p, False) for p in mine]
+        await wait_until(b.runs)
+        assert not [r for r in caplog.records if "rolled back" in r.getMessage()]
+        # a's copy of its partition was closed clean: a restart of it restores nothing.
+        kept = a.node.types[TOPICS.type_name]
+        assert all(kept.marks.take(p) for p in mine)
+    finally:
+        if b is not None:
+            await b.stop()
+
+
+async def test_a_close_whose_timers_last_write_hangs_holds_no_stop_past_its_deadline(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    log = MemoryLog()
+    node = await RunningNode(
+        log, tmp_path, "a", SERVICE, PARTITIONS, timers=ONE_ATTEMPT, options=ONE_ATTEMPT
+    ).start()
+    await wait_until(node.runs)
+    record = KafkaFailureLedger.record
+    started, answered = asyncio.Event(), asyncio.Event()
+
+    async def hanging(self: Any, subscription: str, target: Any, timers: Any) -> None:
+        started.set()
+        await answered.wait()  # a broker that does not acknowledge (until the test's end)
+        await record(self, subscription, target, timers)
+
+    monkeypatch.setattr(KafkaFailureLedger, "record", hanging)
+    owner = next(f"o{i}" for i in range(1, 99) if partition_of(f"o{i}", PARTITIONS) == 0)
+    now = int(time.time() * 1000)
+    cmd = CommandEnvelope(
+        request_id=uuid.uuid4().hex,
+        type="Schedule",
+        aggregate=AggregateRef(context="mem", aggregate="boom", id=owner),
+        body={"at": now + 200},
+        issued_at=now,
+    )
+    await log.publisher().send(TOPICS.commands, owner.encode(), encode(cmd), 0)
+    try:
+        await asyncio.wait_for(started.wait(), 10)
+        shared = node.node.tasks.shared
+        assert shared is not None
+        shared.close_deadline_s = 0.5
+        await cancelled_run(node)
+        # Unbounded before: the runner's stop_all waited as long as the write (for ever).
+        await asyncio.wait_for(node.node.stop(), 10)
+    finally:
+        answered.set()
+
+
+async def test_a_close_that_fails_in_the_stop_fails_the_stop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    node = await RunningNode(MemoryLog(), tmp_path, "a", SERVICE, PARTITIONS).start()
+    await wait_until(node.runs)
+    kept = node.node.types[TOPICS.type_name]
+    revoke = kept.store.revoke
+
+    async def failing(partitions: set[int]) -> None:
+        if 0 in partitions:
+            raise OSError("disk gone")  # the store's sync failing as it lets p go
+        await revoke(partitions)
+
+    monkeypatch.setattr(kept.store, "revoke", failing)
+    await cancelled_run(node)
+    with pytest.raises(NodeFailed, match=r"closing partition 0 of mem\.boom failed"):
+        await node.node.stop()
+    assert not kept.marks.take(0) and kept.marks.take(1)
+
+
+async def test_what_the_group_gives_while_it_stops_is_not_taken(tmp_path: Path) -> None:
+    node = await RunningNode(MemoryLog(), tmp_path, "a", SERVICE, PARTITIONS).start()
+    await wait_until(node.runs)
+    await cancelled_run(node)
+    stopping = asyncio.create_task(node.node.stop())
+    await asyncio.sleep(0)  # the stop began
+    await node.node._assigned({(TOPICS.commands, 0), (TOPICS.events, 0), (TOPICS.timer_ops, 0)})
+    assert TaskId(TOPICS.type_name, 0) not in node.node.tasks.tasks  # no take began
+    await stopping
+    assert not node.node.tasks.tasks
