@@ -6,6 +6,7 @@ and its status publishing ending stops both, loudly.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import signal
 from collections.abc import Awaitable, Callable, Sequence
@@ -75,6 +76,14 @@ async def _run_worker(settings: Settings, service: Service) -> None:
     node = Node(settings, service)
     web = WebServer(node, settings.web_port, settings.web_host) if settings.web_port else None
     cluster: ClusterStatus | None = None
+    # Heard from the first: a SIGTERM while starting (its stores opened, the group joined)
+    # stops what started, and the worker exits 0. Unhandled, it killed the process without
+    # a stop, and a PID 1 (a container with no init) did not hear it at all.
+    asked = asyncio.Event()
+    stopping: list[asyncio.Task[None] | None] = [asyncio.current_task()]  # what a signal ends
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, functools.partial(_asked, asked, stopping))
     try:
         await node.start()
         if web is not None:
@@ -86,17 +95,21 @@ async def _run_worker(settings: Settings, service: Service) -> None:
         if web is not None:
             assert web.page is not None
             web.page.cluster = cluster
-    except BaseException:
+        if asked.is_set():  # a start that swallowed its cancellation (a client's call)
+            raise asyncio.CancelledError
+    except BaseException as exc:
+        stopping[0] = None  # a second signal does not cut the stop short
         # Closes what did start, so nothing leaks on the way out (each stop is logged).
-        stopping = [] if web is None else [web.stop]
-        stopping += [] if cluster is None else [cluster.stop]
-        await _stop_each([*stopping, node.stop])
+        started = [] if web is None else [web.stop]
+        started += [] if cluster is None else [cluster.stop]
+        await _stop_each([*started, node.stop])
+        if isinstance(exc, asyncio.CancelledError) and asked.is_set():
+            logger.info("worker stopped while starting")
+            return
         raise
     tune_collector(settings.gc_threshold)
     task = asyncio.create_task(_run_node(node, cluster))
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, task.cancel)
+    stopping[0] = task
     logger.info("worker started: %s", settings.bootstrap_servers)
     # The status's tombstone is written while the node's producer still runs.
     stops = [*([] if web is None else [web.stop]), cluster.stop, node.stop]
@@ -110,6 +123,13 @@ async def _run_worker(settings: Settings, service: Service) -> None:
     logger.info("worker stopped")
     if error is not None:
         raise error
+
+
+def _asked(asked: asyncio.Event, stopping: list[asyncio.Task[None] | None]) -> None:
+    """A signal: what runs now (the start, then the node's run) is cancelled, once."""
+    if (task := stopping[0]) is not None and not asked.is_set():
+        task.cancel()
+    asked.set()
 
 
 async def _until_stopped(task: asyncio.Task[None]) -> None:

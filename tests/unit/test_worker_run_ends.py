@@ -172,3 +172,45 @@ async def test_a_start_that_fails_stops_the_node_though_the_status_stop_fails(
     with pytest.raises(NodeFailed, match="topics are missing"):
         await _run_worker(_settings(), None)  # type: ignore[arg-type]
     assert node.calls == ["node start", "cluster stop", "node stop"]
+
+
+async def test_a_signal_while_starting_stops_what_started_and_the_worker_cleanly(
+    parts: tuple[_Part, _Part], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SIGTERM while the node starts (its stores opened, the group joined): unhandled, it
+    killed the process with no stop (and a PID 1 did not hear it at all)."""
+    node, _ = parts
+    joining = asyncio.Event()
+
+    async def slow_start() -> None:
+        node.calls.append("node start")
+        joining.set()
+        await asyncio.Event().wait()  # a group join that takes its time
+
+    monkeypatch.setattr(node, "start", slow_start)
+    heard_by_none: list[int] = []  # were the worker's handler not in place (not the test's end)
+    previous = signal.signal(signal.SIGTERM, lambda sig, frame: heard_by_none.append(sig))
+
+    async def signalled() -> None:
+        await joining.wait()
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    kill = asyncio.create_task(signalled())
+    try:
+        await asyncio.wait_for(_run_worker(_settings(), None), 5)  # type: ignore[arg-type]
+    finally:
+        await kill
+        signal.signal(signal.SIGTERM, previous)
+    assert not heard_by_none
+    assert node.calls == ["node start", "node stop"]
+
+
+async def test_a_stop_that_fails_the_node_fails_the_worker(parts: tuple[_Part, _Part]) -> None:
+    """A partition's close that failed in the node's stop (its copy not marked clean): the
+    worker exited 0."""
+    node, _ = parts
+    node.stop_raises = NodeFailed("closing partition 0 of shop.order failed")
+    kill = asyncio.create_task(_signalled(node))
+    with pytest.raises(NodeFailed, match="closing partition 0"):
+        await asyncio.wait_for(_run_worker(_settings(), None), 5)  # type: ignore[arg-type]
+    await kill
