@@ -87,6 +87,10 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
+STOP_GRACE_S = 2.0
+"""How long a stop lets requests in flight end (aiohttp's own is 60 s). A request cut short
+may still have sent its command: sent again with its request id, it is applied once."""
+
 MAX_COMMIT_LAG_S = 60.0
 """Readiness fails when the node's oldest write waiting to commit is older than this (the
 commits run every `TICKWHEEL_COMMIT_INTERVAL_MS`; one pending this long is stuck)."""
@@ -160,7 +164,7 @@ class WebServer:
         app.router.add_post("/timers/skip", self._skip)
         app.router.add_post(TIMER_FORM, self._timer_form)
         app.router.add_post(JOB_FORM, self._job_form)
-        self._runner = web.AppRunner(app, access_log=None)
+        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=STOP_GRACE_S)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self._host, self._port)
         await site.start()
@@ -176,6 +180,9 @@ class WebServer:
         )
 
     async def stop(self) -> None:
+        """Stops listening; requests in flight have `STOP_GRACE_S` to end, then are cut
+        (the node's run is stopped first: a request waiting for its command's answer would
+        wait its whole wait, the node's partitions held unworked meanwhile)."""
         if self._runner is not None:
             await self._runner.cleanup()
 
