@@ -14,23 +14,31 @@ What is here:
   `Service`; the jobs (`Job`, `JobRun`, `JobScope`); the timers' rules and commands
   (`OnceRule`, `IntervalRule`, `CronRule`, `ScheduleRule`, `parse_rule`, `CommandSpec`)
   and addresses (`AggregateRef`);
+- what user code may meet: `TickwheelError` (the root of `app`'s own errors),
+  `DecisionTooLarge` (a decision past 10,000 events and commands) and `UserCodeTimeout`
+  (user code interrupted past `TICKWHEEL_HANDLER_TIMEOUT_MS`);
 - the wire (docs/schemas): `CommandEnvelope`, `EventEnvelope`, `CommandResult`,
-  `ResultCode`, `Refusal`, `encode`, `decode`, the system events' types, topic names
-  (`AggregateTopics`) and the partition of a key (`partition_of`, Kafka's murmur2); the
-  job commands (`enable_command`, `disable_command`, `reschedule_command`); a timer as the
-  table keeps it (`Timer`, `TimerStatus`, `Outcome`);
-- clients without an aggregate of their own: the timer book (`timer_book`) and, with the
-  `faust` extra (`pip install '.[faust]' (from a clone)`), the faust-streaming client
+  `ResultCode`, `Refusal`, `encode`, `decode`, the system events' types (`SCHEDULE_SET`,
+  `SCHEDULE_CANCELLED`, `AGGREGATE_DELETED`), topic names (`AggregateTopics`) and the
+  partition of a key (`partition_of`, Kafka's murmur2); the job commands
+  (`enable_command`, `disable_command`, `reschedule_command`), the jobs' aggregate type
+  (`SCHEDULE`: `<context>.schedule`) and tick event (`TICKED`: `wow.Ticked`); a timer as
+  the table keeps it (`Timer`, `TimerStatus`, `Outcome`); a dead letter read back
+  (`DeadLetter`);
+- clients without an aggregate of their own: the timer book (`timer_book`, its commands
+  `SET_TIMER` and `CANCEL_TIMER`, its state `BookState`) and, with the `faust` extra
+  (`pip install '.[faust]' (from a clone)`), the faust-streaming client
   (`TickwheelTimers`, `request_id_for`);
 - talking to a cluster: how to reach it (`KafkaConnection`: address, TLS, SASL; any of
-  these takes a plain bootstrap string too, `Connectable`), `Producer`, `tail`,
-  `read_partitions`, `ensure_topics` and the topics a node needs (`node_topics`); or its
-  clients made once (`KafkaClients`, over a connection) and handed to what takes the
-  ports' factory, `Clients` (as the demo does).
+  these takes a plain bootstrap string too, `Connectable`), `Producer`, `tail` and
+  `read_partitions` (which yield `Record`s, one or a list at a time), `ensure_topics`
+  and the topics a node needs (`node_topics`: `TopicSpec`s) with their replication
+  (`Replication`); or its clients made once (`KafkaClients`, over a connection) and
+  handed to what takes the ports' factory, `Clients` (as the demo does).
 
-The faust client and the cluster helpers are loaded on first use (PEP 562): importing `app`
-imports neither faust nor aiokafka, and without faust installed everything else works
-(`TickwheelTimers` then raises ImportError saying how to install the extra).
+The faust client, the cluster helpers and `DeadLetter` are loaded on first use (PEP 562):
+importing `app` imports neither faust nor aiokafka, and without faust installed everything
+else works (`TickwheelTimers` then raises ImportError saying how to install the extra).
 """
 
 from __future__ import annotations
@@ -53,7 +61,15 @@ from app.jobs import (
     enable_command,
     reschedule_command,
 )
-from app.model.aggregate import AggregateType, Command, Decision, Event, Rejected
+from app.model.aggregate import (
+    AggregateType,
+    Command,
+    Decision,
+    DecisionTooLarge,
+    Event,
+    Rejected,
+)
+from app.model.user_code import UserCodeTimeout
 from app.protocol.topics import AggregateTopics
 from app.protocol.wire import (
     AGGREGATE_DELETED,
@@ -86,7 +102,9 @@ if TYPE_CHECKING:
     from app.clients.faust_client import TickwheelTimers, request_id_for
     from app.kafka import Clients, KafkaClients, Producer, ensure_topics, read_partitions, tail
     from app.kafka.connection import Connectable, KafkaConnection
+    from app.kafka.records import Record, Replication, TopicSpec
     from app.node import node_topics
+    from app.protocol.dead_letters import DeadLetter
 
 __all__ = [
     "AGGREGATE_DELETED",
@@ -107,7 +125,9 @@ __all__ = [
     "CommandSpec",
     "Connectable",
     "CronRule",
+    "DeadLetter",
     "Decision",
+    "DecisionTooLarge",
     "Event",
     "EventEnvelope",
     "IntervalRule",
@@ -119,8 +139,10 @@ __all__ = [
     "OnceRule",
     "Outcome",
     "Producer",
+    "Record",
     "Refusal",
     "Rejected",
+    "Replication",
     "ResultCode",
     "ScheduleRule",
     "Service",
@@ -128,6 +150,8 @@ __all__ = [
     "TickwheelTimers",
     "Timer",
     "TimerStatus",
+    "TopicSpec",
+    "UserCodeTimeout",
     "__version__",
     "decode",
     "disable_command",
@@ -159,6 +183,11 @@ _LAZY: Final[dict[str, str]] = {
     "read_partitions": "app.kafka",
     "tail": "app.kafka",
     "node_topics": "app.node",
+    "Record": "app.kafka.records",
+    "Replication": "app.kafka.records",
+    "TopicSpec": "app.kafka.records",
+    # Read by who inspects a dead-letter topic, not by a service.
+    "DeadLetter": "app.protocol.dead_letters",
 }
 """The names of `__all__` loaded on first use, and the module each comes from."""
 

@@ -18,6 +18,7 @@ __all__ = [
     "Context",
     "JobName",
     "Partition",
+    "RequestId",
     "Tenants",
     "Wait",
     "input_exit_code",
@@ -35,6 +36,13 @@ Tenants = Annotated[
 Partition = Annotated[
     int | None,
     typer.Option(min=0, help="a SHARDED job's log partition; default: every partition"),
+]
+RequestId = Annotated[
+    str | None,
+    typer.Option(
+        help="the change's own id (1-200 characters): sent again, it changes nothing more; "
+        "default: a fresh one"
+    ),
 ]
 Wait = Annotated[
     float,

@@ -5,7 +5,10 @@ Each command names a job declared in the service (`--service module:attr`, `--co
 `--job`) and one or more of its instances: the one of a SYSTEM job, one per `--tenant` of
 a TENANT job, one per log partition of a SHARDED job (or the `--partition` given). It
 writes a `wow.schedule.*` command per instance to `<context>.schedule.commands`, in the
-instance id's partition, and waits for the results the workers decide.
+instance id's partition, and waits for the results the workers decide. `--request-id`
+names the change, as the HTTP routes' `request_id` does (several instances:
+`<request id>@<tenant>/<instance id>` each): sent again with it, each command is answered
+DUPLICATE; without it, a fresh one each time.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ from app.cli.job_options import (
     Context,
     JobName,
     Partition,
+    RequestId,
     Tenants,
     Wait,
     refused_input,
@@ -88,6 +92,7 @@ def _act(
     tenants: list[str] | None,
     partition: int | None,
     rule: str | None,
+    request_id: str | None,
     bootstrap: str | None,
     partitions: int | None,
     wait: float,
@@ -106,6 +111,7 @@ def _act(
             tenants=tenants or (),
             partition=partition,
             rule=override,
+            request_id=request_id,
         )
     except JobsCliError as exc:
         raise refused_input(exc) from exc
@@ -123,6 +129,7 @@ def enable(
         str | None,
         typer.Option(help="the instances' own rule parts as JSON, e.g. '{\"every\": 60000}'"),
     ] = None,
+    request_id: RequestId = None,
     bootstrap: Bootstrap = None,
     partitions: Partitions = None,
     wait: Wait = 15.0,
@@ -137,6 +144,7 @@ def enable(
         tenant,
         partition,
         rule,
+        request_id,
         bootstrap,
         partitions,
         wait,
@@ -151,6 +159,7 @@ def disable(
     job: JobName,
     tenant: Tenants = None,
     partition: Partition = None,
+    request_id: RequestId = None,
     bootstrap: Bootstrap = None,
     partitions: Partitions = None,
     wait: Wait = 15.0,
@@ -165,6 +174,7 @@ def disable(
         tenant,
         partition,
         None,
+        request_id,
         bootstrap,
         partitions,
         wait,
@@ -183,6 +193,7 @@ def reschedule(
     ],
     tenant: Tenants = None,
     partition: Partition = None,
+    request_id: RequestId = None,
     bootstrap: Bootstrap = None,
     partitions: Partitions = None,
     wait: Wait = 15.0,
@@ -197,6 +208,7 @@ def reschedule(
         tenant,
         partition,
         rule,
+        request_id,
         bootstrap,
         partitions,
         wait,

@@ -77,7 +77,11 @@ class SuspensionWatch:
         now = self._clock()
         if self._ticked is not None and now - self._ticked > self._limit:
             self._stopped(now)
-            logger.warning("stopped for %.1f s: not ready until the group answers", self._suspended)
+            logger.warning(
+                "stopped for %.1f s: not ready until the group answers, or a session timeout "
+                "passes with no rebalance begun",
+                self._suspended,
+            )
         self._ticked = now
 
     async def run(self) -> None:

@@ -128,9 +128,11 @@ def job_paths(
     ref: Callable[[type[BaseModel]], dict[str, str]],
     json: Callable[[str, dict[str, Any]], dict[str, Any]],
     error: Callable[[str], dict[str, Any]],
+    unavailable: Callable[..., dict[str, Any]],
     path_of: Callable[[str], str],
 ) -> dict[str, Any]:
-    """The OpenAPI paths of the job routes (`app.ops.openapi` gives its helpers)."""
+    """The OpenAPI paths of the job routes (`app.ops.openapi` gives its helpers;
+    `unavailable(description[, schema])` is a 503 with Retry-After)."""
 
     def param(name: str, where: str, description: str, **schema: Any) -> dict[str, Any]:
         return {
@@ -147,9 +149,10 @@ def job_paths(
         "401": error("the node's web token is missing or wrong"),
         "422": json("a command refused (REJECTED, SCHEDULE_JOB_INVALID)", ref(JobAnswer)),
         "502": json("a command failed (ERROR)", ref(JobAnswer)),
-        "503": json(
-            "a partition busy (a JobAnswer, Retry-After) or the broker did not take the "
-            "commands (an ApiError): send it again with the same request id",
+        "503": unavailable(
+            "a partition busy (a JobAnswer), the broker did not take the commands, or (a "
+            "backfill) another read of schedule logs held the node's turn (an ApiError): "
+            "send it again with the same request id after Retry-After",
             {"oneOf": [ref(JobAnswer), {"$ref": "#/components/schemas/ApiError"}]},
         ),
         "504": json("a command not answered in time: send it again as it was", ref(JobAnswer)),
@@ -174,6 +177,11 @@ def job_paths(
                 "responses": {
                     "200": json("the jobs", ref(JobList)),
                     "400": error("a bad parameter, named"),
+                    "503": unavailable(
+                        "state=true: another state=true list or backfill held the node's one "
+                        "read of schedule logs past the wait (STATE_WAIT_S), or the broker did "
+                        "not answer: ask again after Retry-After"
+                    ),
                 },
             }
         }

@@ -22,7 +22,7 @@ from app.ops.job_routes import JOB_ACTIONS, job_path
 from app.ops.page_ledger import LEDGER_LIMIT, LEDGER_LIMIT_MAX
 from app.ops.timer_api import ApiError, TimerAnswer, TimerPut
 from app.ops.timer_routes import ACTION_PATHS, IDEMPOTENCY_HEADER, TIMER_PATH
-from app.ops.upcoming import DEFAULT_LIMIT, MAX_LIMIT, UpcomingPage
+from app.ops.upcoming import DEFAULT_LIMIT, MAX_LIMIT, UpcomingAnswer
 from tables.timer import Timer
 
 __all__ = ["JSON_ROUTES", "openapi_document"]
@@ -31,7 +31,7 @@ _MODELS: tuple[type[BaseModel], ...] = (
     ApiError,
     Timer,
     TimerAnswer,
-    UpcomingPage,
+    UpcomingAnswer,
     JobAnswer,
     JobList,
 )
@@ -66,6 +66,26 @@ def _json(description: str, schema: dict[str, Any]) -> dict[str, Any]:
 
 def _error(description: str) -> dict[str, Any]:
     return _json(description, _ref(ApiError))
+
+
+RETRY_AFTER: dict[str, Any] = {
+    "Retry-After": {
+        "description": "seconds to wait before asking again",
+        "schema": {"type": "integer", "minimum": 0},
+    }
+}
+"""The header every 503 but a health check's carries."""
+
+
+def _unavailable(description: str, schema: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A 503 with `Retry-After`: the request may be sent again as it was."""
+    return {**_json(description, schema or _ref(ApiError)), "headers": RETRY_AFTER}
+
+
+_STORE_OR_BROKER = (
+    "the broker did not answer, a partition was handed over while it was read, or its "
+    "store failed: ask again after Retry-After"
+)
 
 
 _OBJECT: dict[str, Any] = {"type": "object"}
@@ -125,7 +145,7 @@ def openapi_document(version: str) -> dict[str, Any]:
         "404": _error("no timer book of this type here"),
         "422": _json("the command refused: REJECTED by the book", _ref(TimerAnswer)),
         "502": _json("the book answered ERROR", _ref(TimerAnswer)),
-        "503": _json(
+        "503": _unavailable(
             "the book's partition is busy (a TimerAnswer BUSY) or the broker did not take the "
             "command (an ApiError): retry with the same request id (Retry-After)",
             {"oneOf": [_ref(TimerAnswer), _ref(ApiError)]},
@@ -231,8 +251,12 @@ def openapi_document(version: str) -> dict[str, Any]:
                         _query("cursor", "a page's next_cursor"),
                     ],
                     "responses": {
-                        "200": _json("a page", _ref(UpcomingPage)),
+                        "200": _json(
+                            "a page, and what was read of the node's partitions",
+                            _ref(UpcomingAnswer),
+                        ),
                         "400": _error("a bad parameter, named"),
+                        "503": _unavailable(_STORE_OR_BROKER),
                     },
                 }
             },
@@ -245,6 +269,7 @@ def openapi_document(version: str) -> dict[str, Any]:
                         "400": _error("a wrong path"),
                         "404": _error("no such timer book or timer"),
                         "409": _error("another node of the group keeps the partition"),
+                        "503": _unavailable(_STORE_OR_BROKER),
                     },
                 },
                 "put": {
@@ -264,7 +289,7 @@ def openapi_document(version: str) -> dict[str, Any]:
                     "responses": {k: v for k, v in written.items() if k != "422"},
                 },
             },
-            **job_paths(_ref, _json, _error, job_path),
+            **job_paths(_ref, _json, _error, _unavailable, job_path),
             **action_paths,
             "/openapi.json": {
                 "get": {

@@ -1,6 +1,7 @@
 """Upcoming fires: the timers that will fire next, sorted by due time, filtered and paged.
 Pure: `tickwheel timers upcoming` (rows read from the changelog) and the node's
-`GET /timers/upcoming` (rows of its own partitions' stores) both page with `upcoming_page`.
+`GET /timers/upcoming` (rows of its own partitions' stores) both page with `upcoming_page`;
+the node's answer adds what it read (`UpcomingAnswer`).
 
 Upcoming means PENDING or FIRING: the timers the runner will hand out (a FIRING timer's
 `due_at` is its claim's deadline, when it is sent again unless its outcome comes first).
@@ -29,6 +30,7 @@ __all__ = [
     "MAX_LIMIT",
     "UPCOMING",
     "BadQuery",
+    "UpcomingAnswer",
     "UpcomingPage",
     "UpcomingQuery",
     "decode_cursor",
@@ -84,6 +86,21 @@ class UpcomingPage(BaseModel):
 
     timers: list[Timer]
     next_cursor: str | None
+
+
+class UpcomingAnswer(UpcomingPage):
+    """`GET /timers/upcoming`'s answer: a page of the node's own partitions, and what it
+    read of them (the command's page, which reads the changelog whole, has none of this)."""
+
+    partitions: list[int] = Field(description="the partitions the node owns, read")
+    scanned_all: bool = Field(
+        description="every scan read its partition whole and no store failed; false: the "
+        "pages end where a stopped scan did, or a partition named in unread is missing"
+    )
+    unread: dict[str, str] = Field(
+        description="the partitions whose store failed as they were read (<type>[<partition>]"
+        "), with why: their timers are missing from this answer"
+    )
 
 
 def sort_key(t: Timer) -> SortKey:

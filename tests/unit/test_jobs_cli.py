@@ -10,6 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
+import app.cli.common
+import app.cli.job_options
 from app.cli import cli
 from app.cli.job_options import input_exit_code
 from app.cli.jobs import (
@@ -22,7 +24,7 @@ from app.jobs import DISABLE, ENABLE, RESCHEDULE, Job, JobRun, JobScope, shard_r
 from app.jobs.commands import TRIGGER_SENDS
 from app.model.aggregate import sent_suffix_length
 from app.ops.job_api import JobInputError
-from app.protocol.wire import MAX_REQUEST_ID
+from app.protocol.wire import MAX_REQUEST_ID, CommandEnvelope, CommandResult, ResultCode
 from app.service import Service
 from tables import DEFAULT_TENANT, CronRule, IntervalRule
 from tables.partitioner import partition_of
@@ -338,3 +340,56 @@ def test_a_fresh_request_id_fits_whatever_the_tenant_and_instance() -> None:
     assert all(len(c.request_id) <= MAX_REQUEST_ID for c in made)
     assert len({c.request_id for c in made}) == 3
     assert made[0].request_id.startswith("reschedule:" + "t" * 200 + ":jjj")
+
+
+@pytest.mark.parametrize(
+    ("action", "more"),
+    [("enable", []), ("disable", []), ("reschedule", ["--rule", "null"]), ("trigger", [])],
+)
+def test_the_request_id_given_is_the_one_sent(
+    action: str, more: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`jobs enable|disable|reschedule` took no `--request-id` where their HTTP routes take
+    one (and `jobs trigger` did): sent again, a change made under a fresh id each time was
+    never answered DUPLICATE."""
+    sent: list[CommandEnvelope] = []
+
+    async def send(
+        bootstrap: object, partitions: int, commands: list[CommandEnvelope], wait: float
+    ) -> dict[str, CommandResult]:
+        sent.extend(commands)
+        return {
+            c.request_id: CommandResult(
+                request_id=c.request_id,
+                aggregate=c.aggregate,
+                code=ResultCode.DUPLICATE,
+                decided_at=0,
+            )
+            for c in commands
+        }
+
+    async def no_check(kafka: object) -> None:
+        pass
+
+    monkeypatch.setattr(app.cli.common, "check_access", no_check)
+    monkeypatch.setattr(app.cli.job_options, "send_and_wait", send)
+    nightly = ["--service", f"{__name__}:SERVICE", "--context", "ops", "--job", "nightly"]
+    result = CliRunner().invoke(
+        cli, ["jobs", action, *nightly, *more, "--request-id", "deploy-42", "--json"]
+    )
+    assert result.exit_code == 0, result.output
+    assert [c.request_id for c in sent] == ["deploy-42"]
+    assert orjson.loads(result.stdout)["request_id"] == "deploy-42"
+
+
+@pytest.mark.parametrize("action", ["enable", "disable", "reschedule"])
+@pytest.mark.parametrize("request_id", ["", " padded", "r" * 201])
+def test_a_bad_request_id_exits_2_as_triggers_does(action: str, request_id: str) -> None:
+    more = ["--rule", "null"] if action == "reschedule" else []
+    result = CliRunner().invoke(
+        cli,
+        ["jobs", action, *JOBS_OPS[:-1], "nightly", *more, "--request-id", request_id],
+    )
+    assert result.exit_code == 2, result.output
+    (line,) = result.stderr.splitlines()
+    assert line.startswith("error: --request-id ") and "1-200 characters" in line, line

@@ -9,6 +9,7 @@ they take from `tables` must be at the root as well, so that they can take it fr
 from __future__ import annotations
 
 import ast
+import importlib
 import json
 import re
 import subprocess
@@ -47,6 +48,21 @@ PROMISED = frozenset(
     }
 )
 """Names the root keeps whatever the docs happen to show today."""
+
+IN_SIGNATURES = {
+    # A parameter of public calls: `TickwheelTimers(replication=)`, `KafkaClients(...,
+    # replication=)`, `ensure_topics(..., replication=)`.
+    "Replication": "app.kafka.records",
+    # What `node_topics` returns, and what `tail` and `read_partitions` yield.
+    "TopicSpec": "app.kafka.records",
+    "Record": "app.kafka.records",
+    # What the docs name for a user to read or catch (docs/wire-format.md, docs/concepts.md).
+    "DeadLetter": "app.protocol.dead_letters",
+    "UserCodeTimeout": "app.model.user_code",
+    "DecisionTooLarge": "app.model.aggregate",
+}
+"""Names a public call takes, returns or raises, and where they are made: at the root too,
+so that no user imports them from the implementation's modules."""
 
 FAUST_ONLY = frozenset({"TickwheelTimers", "request_id_for"})
 """The names that need the faust extra."""
@@ -182,6 +198,45 @@ def test_every_name_in_all_resolves() -> None:
 
 def test_the_root_keeps_what_a_service_author_writes() -> None:
     assert set(PROMISED) - set(app.__all__) == set()
+
+
+@pytest.mark.parametrize(("name", "module"), sorted(IN_SIGNATURES.items()))
+def test_what_public_calls_take_return_or_raise_is_at_the_root(name: str, module: str) -> None:
+    assert name in app.__all__
+    assert getattr(app, name) is getattr(importlib.import_module(module), name)
+
+
+def test_the_root_keeps_the_constants_and_errors_of_its_docstring() -> None:
+    """The docstring lists what is exported; each name it lists is in `__all__`."""
+    assert app.__doc__ is not None
+    listed = set(re.findall(r"`([A-Za-z_][A-Za-z0-9_]*)`", app.__doc__))
+    for name in (
+        "SET_TIMER",
+        "CANCEL_TIMER",
+        "SCHEDULE",
+        "TICKED",
+        "SCHEDULE_SET",
+        "SCHEDULE_CANCELLED",
+        "AGGREGATE_DELETED",
+        "BookState",
+        "TickwheelError",
+        *IN_SIGNATURES,
+    ):
+        assert name in listed, f"app's docstring does not name {name}"
+        assert name in app.__all__, name
+    missing = set(app.__all__) - listed - {"__version__"}
+    assert not missing, f"app's docstring does not name {sorted(missing)}"
+
+
+def test_the_kafka_types_are_loaded_on_first_use() -> None:
+    out = python(
+        "import json, sys\n"
+        "import app\n"
+        "before = 'app.kafka.records' in sys.modules\n"
+        "app.Replication(factor=1, min_insync=1)\n"
+        "print(json.dumps([before, 'app.kafka.records' in sys.modules]))\n"
+    )
+    assert json.loads(out) == [False, True]
 
 
 def test_an_unknown_name_is_an_attribute_error() -> None:
