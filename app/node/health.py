@@ -13,7 +13,7 @@ from app.node.partition_task import PartitionTask
 from app.node.task_id import TaskId
 from app.node.task_state import TaskState
 
-__all__ = ["FAILING_IN_A_ROW", "FOLLOWER_FAILING_S", "node_health"]
+__all__ = ["FAILING_IN_A_ROW", "FOLLOWER_FAILING_S", "MAX_COMMIT_LAG_S", "node_health"]
 
 FAILING_IN_A_ROW = 3
 """A partition failing this many times in a row at the same offsets makes the node not ready."""
@@ -22,6 +22,11 @@ FOLLOWER_FAILING_S = 5.0
 the node not ready (its remote sends' results, or the ledger's other writers, go unread):
 longer than a poll or two that a broker's blip fails, far below `POLL_FAILING_S`, past
 which the node stops."""
+
+
+MAX_COMMIT_LAG_S = 60.0
+"""Readiness fails when the node's oldest write waiting to commit is older than this (the
+commits run every `TICKWHEEL_COMMIT_INTERVAL_MS`; one pending this long is stuck)."""
 
 
 def node_health(
@@ -34,6 +39,7 @@ def node_health(
     commit_lag_s: float,
     failure: str | None,
     following: Mapping[str, tuple[float, str]] | None = None,
+    answered: bool = True,
 ) -> dict[str, Any]:
     """Ready only while every type's partition given to this node runs: not while one is
     restored, was let go on a failure and not taken again yet, or its firing loop keeps
@@ -48,7 +54,10 @@ def node_health(
     context's results reader and ledger) whose polls fail, none passing, each with how long
     and the last error, said as `followers_failing` (`{"for_s", "error"}` by follower): one
     failing `FOLLOWER_FAILING_S` or longer makes the node not ready (past `POLL_FAILING_S`
-    it fails)."""
+    it fails); `answered`: whether the group has given this node its partitions since it
+    joined or a rebalance began (until then it owns nothing it can tell, and is not ready:
+    a rollout would go on while nothing is worked). A commit waiting longer than
+    `MAX_COMMIT_LAG_S` makes it not ready, said in `not_ready`."""
     running = frozenset(key for key, task in tasks.items() if task.state is TaskState.RUNNING)
     stalled: dict[int, str] = {}
     failing: dict[int, dict[str, object]] = {}
@@ -86,6 +95,15 @@ def node_health(
         "commit_lag_s": round(commit_lag_s, 3),
         "ready": bool(broker["reachable"]) and not restoring and not stalled and failure is None,
     }
+    if body["ready"] and not answered:
+        body["ready"] = False
+        body["not_ready"] = "waiting for the group to give this node its partitions"
+    if body["ready"] and commit_lag_s > MAX_COMMIT_LAG_S:
+        body["ready"] = False
+        body["not_ready"] = (
+            f"the oldest write waiting to commit is {commit_lag_s:.1f} s old "
+            f"(more than {MAX_COMMIT_LAG_S:g} s)"
+        )
     if failing:
         body["failing"] = {str(p): f for p, f in sorted(failing.items())}
         # Failing again and again at the same place, even between takes that look fine:

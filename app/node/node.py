@@ -113,6 +113,8 @@ class Node:
         self._failure: NodeFailed | None = None
         # Its stop began: it takes nothing the group gives from then on.
         self._stopping = False
+        # Whether the group gave it its partitions since it joined or a rebalance began.
+        self._answered = False
         self._failed = asyncio.Event()
         self._suspension = SuspensionWatch(settings.session_timeout_ms)
         # The cluster's topics: commands to a missing one are refused, not sent (NO_TARGET).
@@ -184,6 +186,7 @@ class Node:
             commit_lag_s=max(self.commits.lag(), self.tasks.closing_commit_lag()),
             failure=None if self._failure is None else str(self._failure),
             following={w: f for w, r in self._following.items() if (f := r.failing)},
+            answered=self._answered,
         )
 
     async def start(self) -> None:
@@ -383,6 +386,7 @@ class Node:
         """The group answered: tasks for the partitions it gives (`PartitionTasks.assign`);
         none while the node stops (it is leaving the group)."""
         self._suspension.group_answered()
+        self._answered = True
         if self._stopping:
             logger.info("given %d partition(s) while stopping: not taken", len(assigned))
             return
@@ -391,6 +395,7 @@ class Node:
     async def _revoked(self, revoked: set[tuple[str, int]]) -> None:
         """The group takes partitions away: their tasks closed (`PartitionTasks.revoke`)."""
         self._suspension.group_rebalancing()
+        self._answered = False  # a rebalance began (aiokafka revokes all first)
         await self.tasks.revoke(self.tasks.keys(revoked))
 
     def fail(self, why: str) -> None:

@@ -79,7 +79,6 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CONTENT_SECURITY_POLICY",
-    "MAX_COMMIT_LAG_S",
     "TOKEN_COOKIE",
     "UPCOMING_SCAN",
     "WebServer",
@@ -91,9 +90,6 @@ STOP_GRACE_S = 2.0
 """How long a stop lets requests in flight end (aiohttp's own is 60 s). A request cut short
 may still have sent its command: sent again with its request id, it is applied once."""
 
-MAX_COMMIT_LAG_S = 60.0
-"""Readiness fails when the node's oldest write waiting to commit is older than this (the
-commits run every `TICKWHEEL_COMMIT_INTERVAL_MS`; one pending this long is stuck)."""
 
 TOKEN_COOKIE = "tickwheel_web_token"
 
@@ -119,7 +115,6 @@ class WebServer:
         port: int,
         host: str = "127.0.0.1",
         *,
-        max_commit_lag_s: float = MAX_COMMIT_LAG_S,
         timer_wait_s: float = DEFAULT_WAIT_S,
     ) -> None:
         self._node = node
@@ -127,7 +122,6 @@ class WebServer:
         self._jobs = JobRoutes(node, timer_wait_s)
         self._host = host
         self._port = port
-        self._max_commit_lag_s = max_commit_lag_s
         self._timer_wait_s = timer_wait_s
         self._runner: web.AppRunner | None = None
         self._started = time.monotonic()
@@ -196,19 +190,9 @@ class WebServer:
         return json_response({"live": True, "uptime_s": uptime})
 
     async def _ready(self, request: web.Request) -> web.Response:
+        # The node's own verdict (`node_health`): the page, the node report and the
+        # cluster's status read the same.
         body = self._node.health()
-        lag = body.get("commit_lag_s")
-        if (
-            body["ready"]
-            and isinstance(lag, int | float)
-            and not isinstance(lag, bool)
-            and lag > self._max_commit_lag_s
-        ):
-            body["ready"] = False
-            body["not_ready"] = (
-                f"the oldest write waiting to commit is {lag:.1f} s old "
-                f"(more than {self._max_commit_lag_s:g} s)"
-            )
         return json_response(body, 200 if body["ready"] else 503)
 
     # --- reads -------------------------------------------------------------------------

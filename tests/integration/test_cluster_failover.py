@@ -45,7 +45,7 @@ from harness import Client, Cluster, Worker, eventually
 from app.errors import KafkaUnavailable
 from app.kafka.records import Replication
 from app.model.decide import event_id
-from app.ops.web import MAX_COMMIT_LAG_S
+from app.node.health import MAX_COMMIT_LAG_S
 from app.protocol.topics import AggregateTopics, ContextTopics
 from app.protocol.wire import CommandEnvelope, ResultCode
 from tables import ACTIVE, TimerStatus

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 from app.node.failing import FailingPartitions
-from app.node.health import node_health
+from app.node.health import MAX_COMMIT_LAG_S, node_health
 from app.node.partition_task import PartitionTask
 from app.node.task_id import TaskId
 from app.node.task_state import TaskState
@@ -41,8 +41,9 @@ def health(
         given=given,
         suspended=None,
         broker={"reachable": True},
-        commit_lag_s=0.0,
+        commit_lag_s=more.get("commit_lag_s", 0.0),
         failure=None,
+        answered=more.get("answered", True),
     )
 
 
@@ -77,3 +78,25 @@ def test_a_types_failing_timer_rounds_stall_only_its_partitions() -> None:
     c, d = TaskId("shop.cart", 2), TaskId("shop.cart", 3)
     body = health({A: Task(), c: Task(), d: Task()}, {A, c, d}, {A, c, d}, failing_loops={c})
     assert body["stalled"] == {"2": "shop.cart: timer rounds failing"}
+
+
+def test_a_commit_waiting_too_long_makes_it_not_ready_and_says_why() -> None:
+    """Said by the node itself: the page, the node report and the cluster's status read
+    it (only `/readyz` applied it, and the page said "ready" beside a 503)."""
+    assert health({A: Task()}, {A}, {A}, commit_lag_s=1.5)["ready"]
+    body = health({A: Task()}, {A}, {A}, commit_lag_s=MAX_COMMIT_LAG_S * 2)
+    assert not body["ready"]
+    assert body["not_ready"] == (
+        f"the oldest write waiting to commit is {MAX_COMMIT_LAG_S * 2:.1f} s old "
+        f"(more than {MAX_COMMIT_LAG_S:g} s)"
+    )
+
+
+def test_a_node_the_group_has_not_answered_is_not_ready() -> None:
+    """Before its first assignment, and from a rebalance's revoke to its assignment, it
+    owns nothing and nothing is given: it said ready (a rollout went on meanwhile)."""
+    body = health({}, set(), set(), answered=False)
+    assert not body["ready"] and body["owned"] == []
+    assert body["not_ready"] == "waiting for the group to give this node its partitions"
+    # Answered with nothing to give (more workers than partitions): ready, idle.
+    assert health({}, set(), set())["ready"]

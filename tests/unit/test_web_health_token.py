@@ -21,7 +21,7 @@ from yarl import URL
 
 from app.node.settings import Settings
 from app.ops.page import OperatorPage
-from app.ops.web import MAX_COMMIT_LAG_S, TOKEN_COOKIE, WebServer
+from app.ops.web import TOKEN_COOKIE, WebServer
 from app.protocol.wire import TimerAction
 
 P = PAGE_PARTITIONS
@@ -128,7 +128,6 @@ async def test_a_node_failed_for_good_is_not_live(serve: Serve) -> None:
         ({"reachable": False}, False),
         ({"failed": "boom"}, False),
         ({"commit_lag_s": 1.5}, True),
-        ({"commit_lag_s": MAX_COMMIT_LAG_S + 1}, False),
     ],
 )
 async def test_readiness_is_the_nodes_health_and_healthz_says_the_same(
@@ -139,15 +138,6 @@ async def test_readiness_is_the_nodes_health_and_healthz_says_the_same(
         assert (status, body["ready"]) == ((200, True) if ready else (503, False))
         assert body["owned"] == edge.node.owned
         assert await edge.get("/healthz") == (status, body)
-
-
-async def test_a_commit_waiting_too_long_says_why(serve: Serve) -> None:
-    async with serve(commit_lag_s=MAX_COMMIT_LAG_S * 2) as edge:
-        _, body = await edge.get("/readyz")
-        assert body["not_ready"] == (
-            f"the oldest write waiting to commit is {MAX_COMMIT_LAG_S * 2:.1f} s old "
-            f"(more than {MAX_COMMIT_LAG_S:g} s)"
-        )
 
 
 async def test_health_is_read_only(serve: Serve) -> None:
