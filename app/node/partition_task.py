@@ -204,6 +204,7 @@ class PartitionTask:
         logger.warning("%s: %s failed: %s; %s", self.key, what, exc, then)
         self._to(TaskState.SUSPENDED)
         self._stop_running()
+        self.manager.task_failed(self)
         at = {} if self.input is None else self.input.failed_at
         failing = self.failing.failed(self.p, at, f"{what}: {exc}", what)
         self.broken = failing.describe()

@@ -226,6 +226,9 @@ class PartitionTasks:
             self._owning()
             self._all_running()
 
+    def task_failed(self, task: PartitionTask) -> None:
+        self._owning()  # it owns p no more until retaken: the gauge says so now
+
     def task_gone(self, task: PartitionTask) -> None:
         if self.tasks.get(task.key) is task:
             del self.tasks[task.key]

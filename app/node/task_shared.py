@@ -71,6 +71,10 @@ class TaskManager(Protocol):
         """The task was closed for good: the group gives its partition elsewhere now."""
         ...
 
+    def task_failed(self, task: PartitionTask) -> None:
+        """The task stopped running on a failure (it is taken afresh, or let go)."""
+        ...
+
     def fail(self, why: str) -> None:
         """Stops the node loudly: it cannot do the work it was given."""
         ...

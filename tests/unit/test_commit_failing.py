@@ -169,3 +169,24 @@ async def test_a_commit_that_failed_once_is_forgotten_once_one_lands(tmp_path: P
             await wait_until(functools.partial(forgotten, node), within=10)
     finally:
         await node.stop()
+
+
+async def test_the_owned_gauge_follows_a_partition_that_failed(tmp_path: Path) -> None:
+    """`tickwheel_owned_partitions` said 2 while the node owned 1 (the failed partition
+    being taken again): it was set only when a task ran."""
+    log = MemoryLog()
+    node = await RunningNode(log, tmp_path, "a", SERVICE, PARTITIONS).start()
+    try:
+        await wait_until(node.runs)
+        fail_commits_of_bad(log)
+        await schedule(log, OWNER, int(time.time() * 1000) + 3_600_000)
+
+        def failed_and_told() -> bool:
+            h = node.node.health()
+            owned = node.node.metrics.owned._value.get()
+            return BAD not in h["owned"] and owned == len(h["owned"])
+
+        await wait_until(failed_and_told, within=10, what=lambda: f"{node.node.health()}")
+    finally:
+        log.before_commit = None
+        await node.stop()
