@@ -105,7 +105,7 @@ def test_the_pages_are_the_filtered_timers_by_due_time_each_once(
             and tenant in (None, t.owner.tenant)
             and low <= t.due_at <= high
         ),
-        key=lambda t: (t.due_at, t.id),
+        key=sort_key,  # two tenants' owners of one id make equal timer ids
     )
     listed: list[Timer] = []
     pages = 0
