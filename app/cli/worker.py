@@ -99,14 +99,21 @@ async def _run_worker(settings: Settings, service: Service) -> None:
             raise asyncio.CancelledError
     except BaseException as exc:
         stopping[0] = None  # a second signal does not cut the stop short
+        signalled = isinstance(exc, asyncio.CancelledError) and asked.is_set()
+        if signalled and (me := asyncio.current_task()) is not None:
+            # The signal's cancellation is heard: the stops below would otherwise take a
+            # cancellation leaking out of a client's stop for their own, and stop short.
+            me.uncancel()
         # Closes what did start, so nothing leaks on the way out (each stop is logged).
         started = [] if web is None else [web.stop]
         started += [] if cluster is None else [cluster.stop]
-        await _stop_each([*started, node.stop])
-        if isinstance(exc, asyncio.CancelledError) and asked.is_set():
-            logger.info("worker stopped while starting")
-            return
-        raise
+        error = await _stop_each([*started, node.stop])
+        if not signalled:
+            raise
+        logger.info("worker stopped while starting")
+        if error is not None:
+            raise error from None
+        return
     tune_collector(settings.gc_threshold)
     task = asyncio.create_task(_run_node(node, cluster))
     stopping[0] = task

@@ -20,6 +20,7 @@ from app.cli.common import FAILED
 from app.cli.worker import _run_node, _run_worker, worker
 from app.errors import NodeFailed
 from app.node.settings import Settings
+from app.task_ends import cancelled_here
 
 
 class _CancelledInside:
@@ -63,6 +64,8 @@ class _Part:
         self.calls = calls
         self.running = asyncio.Event()
         self.stop_raises: BaseException | None = None
+        # Whether its stop ran in a task being cancelled (None: not stopped).
+        self.stopped_cancelling: bool | None = None
 
     async def start(self) -> None:
         self.calls.append(f"{self.name} start")
@@ -73,6 +76,7 @@ class _Part:
 
     async def stop(self) -> None:
         self.calls.append(f"{self.name} stop")
+        self.stopped_cancelling = cancelled_here()
         if self.stop_raises is not None:
             raise self.stop_raises
 
@@ -203,6 +207,32 @@ async def test_a_signal_while_starting_stops_what_started_and_the_worker_cleanly
         signal.signal(signal.SIGTERM, previous)
     assert not heard_by_none
     assert node.calls == ["node start", "node stop"]
+    assert node.stopped_cancelling is False  # the signal's cancel heard: no stop cut short
+
+
+async def test_a_stop_after_a_signal_while_starting_that_fails_fails_the_worker(
+    parts: tuple[_Part, _Part], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    node, _ = parts
+    node.stop_raises = NodeFailed("closing partition 0 of shop.order failed")
+    joining = asyncio.Event()
+
+    async def slow_start() -> None:
+        joining.set()
+        await asyncio.Event().wait()
+
+    monkeypatch.setattr(node, "start", slow_start)
+
+    async def signalled() -> None:
+        await joining.wait()
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    kill = asyncio.create_task(signalled())
+    try:
+        with pytest.raises(NodeFailed, match="closing partition 0"):
+            await asyncio.wait_for(_run_worker(_settings(), None), 5)  # type: ignore[arg-type]
+    finally:
+        await kill
 
 
 async def test_a_stop_that_fails_the_node_fails_the_worker(parts: tuple[_Part, _Part]) -> None:
