@@ -8,6 +8,7 @@ many rounds they ran."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 from app.node.partition_timers import FiringTask, PartitionTimerLoop, TypeLoops
@@ -54,13 +55,32 @@ class NodeTimerLoop:
         for loop in self._loops.values():
             loop.start()
 
-    async def stop(self) -> None:
-        """Ends every partition's loop after its round in progress, and waits for them."""
+    async def stop(self, within: float | None = None) -> None:
+        """Ends every partition's loop after its round in progress, and waits for them, at
+        once: `within` seconds at most (None: as long as they take), then the rounds still
+        in progress are cancelled (one may wait on a ledger write, 10 s each, queued) and
+        given a second more; one that does not end even then is left to end by itself
+        (said in a warning), its firing stopped already."""
         self._started = False
         loops = [*self._loops.values(), *self._ending]
-        for loop in loops:
-            await loop.stop()
         self._ending.clear()
+        if not loops:
+            return
+        stops = [asyncio.ensure_future(loop.stop()) for loop in loops]
+        _, late = await asyncio.wait(stops, timeout=within)
+        for stop in late:
+            stop.cancel()  # and its loop's task, which it awaits
+        if late:
+            _, stuck = await asyncio.wait(late, timeout=1.0)
+            logger.warning(
+                "%d timer loop(s) not ended within %.1f s: cut short%s",
+                len(late),
+                within,
+                f" ({len(stuck)} not even then)" if stuck else "",
+            )
+        for stop in stops:
+            if stop.done() and not stop.cancelled() and (exc := stop.exception()) is not None:
+                logger.warning("a timer loop's stop failed: %r", exc)
 
     def wake(self, *, reload: bool = True) -> None:
         """Runs every partition's next round now (`PartitionTimerLoop.wake`)."""

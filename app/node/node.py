@@ -274,14 +274,15 @@ class Node:
         await _stopping("the partitions", self.tasks.revoke(self.tasks.leftover()))
         shared = self.tasks.shared  # the closes' deadline (None: never started)
         deadline = self.settings.close_deadline_s if shared is None else shared.close_deadline_s
-        for kept in self.types.values():
-            # A round in progress may wait on a ledger write (10 s each, queued): cut
-            # short past the deadline, as the closes' are (their firings are stopped).
-            await _stopping(f"{kept.name} loop", asyncio.wait_for(kept.loop.stop(), deadline))
-            # None is left (each close stopped its own): a bound all the same.
-            await _stopping(
-                f"{kept.name} runner", asyncio.wait_for(kept.runner.stop_all(), deadline)
-            )
+        types = list(self.types.values())
+        # A round in progress may wait on a ledger write (10 s each, queued): cut short
+        # past the deadline, as the closes' are (their firings are stopped); every type's
+        # at once, one deadline for all.
+        loops = asyncio.gather(*(kept.loop.stop(within=deadline) for kept in types))
+        await _stopping("the timer loops", loops)
+        # No firing is left (each close stopped its own): a bound all the same.
+        firings = asyncio.gather(*(kept.runner.stop_all() for kept in types))
+        await _stopping("the runners", asyncio.wait_for(firings, deadline))
         if self._consumer is not None:
             await _stopping("the group consumer", self._consumer.stop())
         # A take under way as it left (a retake after a failure) is stopped, and closes
@@ -405,7 +406,7 @@ class Node:
         self._failed.set()
 
 
-async def _stopping(what: str, stop: Awaitable[None]) -> None:
+async def _stopping(what: str, stop: Awaitable[object]) -> None:
     """Awaits one part's stop; what it raises is logged, not passed on (the next part is
     stopped all the same). A cancellation of the stopping task itself still ends it."""
     try:

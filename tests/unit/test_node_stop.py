@@ -13,7 +13,7 @@ import logging
 import time
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from fakes import RunningNode, wait_until
@@ -22,6 +22,7 @@ from test_close_deadline_firing import ONE_ATTEMPT, PARTITIONS, SERVICE, TOPICS
 import app.node.partition_release
 from app.errors import NodeFailed
 from app.kafka.memory import MemoryLog
+from app.node.in_process import NodeTimerLoop
 from app.node.task_id import TaskId
 from app.protocol.wire import CommandEnvelope, encode
 from app.timers.ledger import KafkaFailureLedger
@@ -140,3 +141,27 @@ async def test_what_the_group_gives_while_it_stops_is_not_taken(tmp_path: Path) 
     assert TaskId(TOPICS.type_name, 0) not in node.node.tasks.tasks  # no take began
     await stopping
     assert not node.node.tasks.tasks
+
+
+async def test_every_timer_loop_is_ended_within_the_deadline_at_once() -> None:
+    """Each partition's loop whose round hangs (a queued ledger write): the stop's bound
+    cancelled only the loop it awaited, and left the others running past the stores'
+    close."""
+    ended: list[int] = []
+
+    class Hanging:
+        def __init__(self, p: int) -> None:
+            self.p = p
+
+        async def stop(self) -> None:
+            try:
+                await asyncio.Event().wait()  # its round's write never comes back
+            finally:
+                ended.append(self.p)
+
+    loops = NodeTimerLoop(cast(Any, None))
+    loops._ending = {cast(Any, Hanging(0)), cast(Any, Hanging(1))}
+    began = time.monotonic()
+    await asyncio.wait_for(loops.stop(within=0.2), 5)
+    assert sorted(ended) == [0, 1]
+    assert time.monotonic() - began < 2
