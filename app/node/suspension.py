@@ -4,9 +4,10 @@ group answers again (its next assignment) the node does not know what it owns. T
 may also not have expired the member (it checks sessions lazily, and the first heartbeat
 after waking renews one it has not expired yet): then no rebalance ever comes. A member
 expelled or in a rebalance hears so at its next heartbeat (a quarter of the session
-timeout) and begins to rejoin (its partitions revoked); so a whole session timeout after
-waking with no rebalance begun, the node is still the member it was, owning what it
-owned, and ready again."""
+timeout, the answer within the client's request timeout: aiokafka's 40 s, a dead
+connection's) and begins to rejoin (its partitions revoked); so `CONFIRM_S` (or three
+session timeouts, if longer) after waking with no rebalance begun, the node is still the
+member it was, owning what it owned, and ready again."""
 
 from __future__ import annotations
 
@@ -15,7 +16,11 @@ import logging
 import time
 from collections.abc import Callable
 
-__all__ = ["SuspensionWatch"]
+__all__ = ["CONFIRM_S", "SuspensionWatch"]
+
+CONFIRM_S = 45.0
+"""How long after waking a rebalance may still begin: a heartbeat's request timeout (the
+group consumer's, aiokafka's default 40 s) and an interval more."""
 
 logger = logging.getLogger(__name__)
 
@@ -28,6 +33,7 @@ class SuspensionWatch:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._limit = session_timeout_ms / 1000
+        self._confirm = max(3 * self._limit, CONFIRM_S)
         self._tick = tick_s
         self._clock = clock
         # None until `run` starts: a slow start (restores, topic creation) is no stop.
@@ -40,7 +46,7 @@ class SuspensionWatch:
 
     def suspended(self) -> float | None:
         """How long the process was last stopped, while the group has not answered since
-        (nor stayed quiet for a session timeout after); read on waking even before the
+        (nor stayed quiet long enough after); read on waking even before the
         watch itself ran."""
         now = self._clock()
         if self._ticked is not None and now - self._ticked > self._limit:
@@ -49,9 +55,9 @@ class SuspensionWatch:
             self._suspended is not None
             and self._woke is not None
             and not self._rebalancing
-            and now - self._woke > self._limit
+            and now - self._woke > self._confirm
         ):
-            logger.info("no rebalance a session timeout after waking: still the group's member")
+            logger.info("no rebalance %.0f s after waking: still the group's member", self._confirm)
             self._suspended = None
         return self._suspended
 
