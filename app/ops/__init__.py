@@ -2,5 +2,6 @@
 
 May import: `app.node`, `app.timers`, `app.kafka`, `app.protocol`, `app.clients` (the timer
 book's commands), `app.model`, `app.jobs` and `app.service` (the jobs' commands, `job_api`),
-`app.errors`, `app.task_ends`, `tables`, and the package's version (`app.__version__`).
+`app.errors`, `app.log_limit`, `app.task_ends`, `tables`, and the package's version
+(`app.__version__`).
 """

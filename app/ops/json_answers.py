@@ -4,16 +4,37 @@ partition handed over) with JSON instead of aiohttp's plain-text 500."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable
 
 import orjson
 from aiohttp import web
 
 from app.errors import KafkaUnavailable
+from app.log_limit import LogLimit
 from app.ops.forms import query_problem
 from tables import StoreClosed, StoreError
 
-__all__ = ["errors_middleware", "json_response"]
+__all__ = ["errors_middleware", "json_response", "store_failed"]
+
+logger = logging.getLogger(__name__)
+
+_STORE_FAILURES = LogLimit()
+
+
+def store_failed(exc: StoreError) -> None:
+    """Logs a store failure a read of the HTTP edge met (a damaged block of a partition):
+    a read no timer round makes (far-future timers) is told nowhere else. At most a line
+    a minute per partition."""
+    if (more := _STORE_FAILURES.check(exc.partition)) is not None:
+        logger.error(
+            "a read of partition %s's store failed: %s; its copy is restored from its"
+            " changelog when its task meets it, or the worker restarts%s",
+            exc.partition,
+            exc,
+            more,
+        )
+
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -37,6 +58,8 @@ async def errors_middleware(request: web.Request, handler: Handler) -> web.Strea
     except web.HTTPException as exc:
         return json_response({"error": exc.reason, "path": request.path}, exc.status)
     except (KafkaUnavailable, StoreError) as exc:
+        if not isinstance(exc, KafkaUnavailable | StoreClosed):
+            store_failed(exc)
         # The broker away, a partition handed over while it was read, or its store failed
         # (its task restores it from the changelog): the request may be sent again (routes
         # that say more answer it themselves), never a 500.

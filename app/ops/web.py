@@ -61,7 +61,7 @@ from yarl import URL
 from app.errors import TickwheelError
 from app.ops.forms import TOKEN_FIELD, posted_form, without_token
 from app.ops.job_routes import JobRoutes
-from app.ops.json_answers import errors_middleware, json_response
+from app.ops.json_answers import errors_middleware, json_response, store_failed
 from app.ops.openapi import openapi_document
 from app.ops.origin import browser_write, known_host, same_site
 from app.ops.page import Acted, OperatorPage, Rendered, default_node_id
@@ -236,6 +236,7 @@ class WebServer:
                 except StoreClosed:
                     continue  # let go while this was read: no longer this node's
                 except StoreError as exc:
+                    store_failed(exc)
                     unread[f"{name}[{p}]"] = str(exc)[:500]
                     continue
                 rows += got

@@ -309,7 +309,9 @@ async def test_a_scan_that_stops_ends_the_pages_where_it_did(
 
 
 async def test_a_partition_whose_store_failed_is_named_and_the_others_answer(
-    web: tuple[FakeNode, URL, aiohttp.ClientSession], monkeypatch: pytest.MonkeyPatch
+    web: tuple[FakeNode, URL, aiohttp.ClientSession],
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     """A damaged block of one partition (a `StoreError` of it: its task restores it) was a
     500 for every partition's timers."""
@@ -331,6 +333,9 @@ async def test_a_partition_whose_store_failed_is_named_and_the_others_answer(
     )
     assert body["scanned_all"] is False
     assert body["unread"] == {f"{TYPE}[2]": "RocksDB read of partition 2 failed: Corruption"}
+    # Told in the log too: a read no timer round makes (far-future timers) is seen nowhere
+    # else.
+    assert any("a read of partition 2's store failed" in r.getMessage() for r in caplog.records)
 
 
 async def test_a_store_failure_no_route_answers_is_a_503_not_a_500(
