@@ -54,6 +54,33 @@ SERVICE = Service(aggregates=(boom,))
 ONE_ATTEMPT = TimerOptions(retry=RetryPolicy(max_attempts=1))
 
 
+async def hung_park(log: MemoryLog, monkeypatch: pytest.MonkeyPatch) -> asyncio.Event:
+    """A timer of partition 0 set to fire at once, its handler failing, its park's failure-
+    ledger write hanging (a broker that does not acknowledge) until the event returned is
+    set; returns once the write began."""
+    record = KafkaFailureLedger.record
+    started, answered = asyncio.Event(), asyncio.Event()
+
+    async def hanging(self: Any, subscription: str, target: Any, timers: Any) -> None:
+        started.set()
+        await answered.wait()
+        await record(self, subscription, target, timers)
+
+    monkeypatch.setattr(KafkaFailureLedger, "record", hanging)
+    owner = next(f"o{i}" for i in range(1, 99) if partition_of(f"o{i}", PARTITIONS) == 0)
+    now = int(time.time() * 1000)
+    cmd = CommandEnvelope(
+        request_id=uuid.uuid4().hex,
+        type="Schedule",
+        aggregate=AggregateRef(context="mem", aggregate="boom", id=owner),
+        body={"at": now + 200},
+        issued_at=now,
+    )
+    await log.publisher().send(TOPICS.commands, owner.encode(), encode(cmd), 0)
+    await asyncio.wait_for(started.wait(), 10)
+    return answered
+
+
 @pytest.fixture
 async def node(tmp_path: Path) -> AsyncIterator[RunningNode]:
     n = await RunningNode(
@@ -69,25 +96,7 @@ async def test_a_park_whose_ledger_write_hangs_holds_no_close_past_its_deadline(
     log = node.node.clients
     assert isinstance(log, MemoryLog)
     await wait_until(node.runs)
-    record = KafkaFailureLedger.record
-    started, answered = asyncio.Event(), asyncio.Event()
-
-    async def hanging(self: Any, subscription: str, target: Any, timers: Any) -> None:
-        started.set()
-        await answered.wait()  # a broker that does not acknowledge (until the test's end)
-        await record(self, subscription, target, timers)
-
-    monkeypatch.setattr(KafkaFailureLedger, "record", hanging)
-    owner = next(f"o{i}" for i in range(1, 99) if partition_of(f"o{i}", PARTITIONS) == 0)
-    cmd = CommandEnvelope(
-        request_id=uuid.uuid4().hex,
-        type="Schedule",
-        aggregate=AggregateRef(context="mem", aggregate="boom", id=owner),
-        body={"at": int(time.time() * 1000) + 200},
-        issued_at=int(time.time() * 1000),
-    )
-    await log.publisher().send(TOPICS.commands, owner.encode(), encode(cmd), 0)
-    await asyncio.wait_for(started.wait(), 10)
+    answered = await hung_park(log, monkeypatch)
     shared = node.node.tasks.shared
     assert shared is not None
     shared.close_deadline_s = 0.5

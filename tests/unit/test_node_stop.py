@@ -11,23 +11,18 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-import uuid
 from pathlib import Path
 from typing import Any, cast
 
 import pytest
 from fakes import RunningNode, wait_until
-from test_close_deadline_firing import ONE_ATTEMPT, PARTITIONS, SERVICE, TOPICS
+from test_close_deadline_firing import ONE_ATTEMPT, PARTITIONS, SERVICE, TOPICS, hung_park
 
 import app.node.partition_release
 from app.errors import NodeFailed
 from app.kafka.memory import MemoryLog
 from app.node.in_process import NodeTimerLoop
 from app.node.task_id import TaskId
-from app.protocol.wire import CommandEnvelope, encode
-from app.timers.ledger import KafkaFailureLedger
-from tables import AggregateRef
-from tables.partitioner import partition_of
 
 
 async def cancelled_run(node: RunningNode) -> None:
@@ -80,27 +75,8 @@ async def test_a_close_whose_timers_last_write_hangs_holds_no_stop_past_its_dead
         log, tmp_path, "a", SERVICE, PARTITIONS, timers=ONE_ATTEMPT, options=ONE_ATTEMPT
     ).start()
     await wait_until(node.runs)
-    record = KafkaFailureLedger.record
-    started, answered = asyncio.Event(), asyncio.Event()
-
-    async def hanging(self: Any, subscription: str, target: Any, timers: Any) -> None:
-        started.set()
-        await answered.wait()  # a broker that does not acknowledge (until the test's end)
-        await record(self, subscription, target, timers)
-
-    monkeypatch.setattr(KafkaFailureLedger, "record", hanging)
-    owner = next(f"o{i}" for i in range(1, 99) if partition_of(f"o{i}", PARTITIONS) == 0)
-    now = int(time.time() * 1000)
-    cmd = CommandEnvelope(
-        request_id=uuid.uuid4().hex,
-        type="Schedule",
-        aggregate=AggregateRef(context="mem", aggregate="boom", id=owner),
-        body={"at": now + 200},
-        issued_at=now,
-    )
-    await log.publisher().send(TOPICS.commands, owner.encode(), encode(cmd), 0)
+    answered = await hung_park(log, monkeypatch)
     try:
-        await asyncio.wait_for(started.wait(), 10)
         shared = node.node.tasks.shared
         assert shared is not None
         shared.close_deadline_s = 0.5
