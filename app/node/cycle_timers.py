@@ -44,7 +44,6 @@ class TimerTableCycles:
         timers (a cancel, a reschedule): a timer must not fire after its cancel was
         decided, and the subscription reads the events back only once they commit. Read
         back, they find it done (every timer operation is idempotent). Whether it wrote."""
-        kept = w.kept
         ops: list[TimerOp] = []
         ids: list[str] = []
         for event in batch.take_timer_events():
@@ -67,14 +66,16 @@ class TimerTableCycles:
 
         writes, put = await apply_all(w.timers, ops, refused_now)
         w.carried.update(event_id for i, event_id in enumerate(ids) if i not in refused)
-        self._offer(kept, put)
+        self._offer(w, put)
         return writes > 0
 
-    def _offer(self, kept: KeptType, put: list[Timer]) -> None:
-        """Timers the table was just given (set or rescheduled): counted, and offered to
-        their partitions' wheels, whose loops are woken to look at them without reloading."""
+    def _offer(self, w: CycleWork, put: list[Timer]) -> None:
+        """Timers the table was just given (set or rescheduled): counted with the cycle (at
+        its commit), and offered to their partitions' wheels, whose loops are woken to look
+        at them without reloading."""
         if put:
-            self._metrics.puts.labels(kept.name).inc(len(put))
+            kept = w.kept
+            w.counts.add(self._metrics.puts.labels(kept.name), len(put))
             kept.runner.offer(put)
             for p in sorted({t.partition for t in put}):
                 kept.loop.wake_partition(p, reload=False)
@@ -108,7 +109,7 @@ class TimerTableCycles:
                     raise BadRecord(f"unknown system event type {event.type!r}")
                 stage = Stage.FOLLOW
                 if batch is not None and w.decider.follow(batch, event, record.offset):
-                    self._metrics.followed.labels(kept.name).inc()
+                    w.counts.add(self._metrics.followed.labels(kept.name))
                 if lax is not None:
                     # Folded as a restore folds it, but no timer from what a strict read
                     # refuses: dead-lettered with why.
@@ -137,7 +138,7 @@ class TimerTableCycles:
         if not ops:
             return False, taken
         writes, put = await self._apply(kept, ops, w)
-        self._offer(kept, put)
+        self._offer(w, put)
         return writes > 0, taken
 
     async def _apply(
@@ -175,9 +176,11 @@ class TimerTableCycles:
                     raise
                 w.dead_letter(record, exc, stage)
                 continue
-            self._metrics.operator_requests.labels(
-                kept.name, op.action.value, str(record.partition)
-            ).inc()
+            w.counts.add(
+                self._metrics.operator_requests.labels(
+                    kept.name, op.action.value, str(record.partition)
+                )
+            )
 
 
 async def _superseded(w: CycleWork, event: EventEnvelope, op: TimerOp) -> bool:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from app.commands.processor import CommandBatch, CommandProcessor, dead_letter_record
 from app.kafka import OutRecord, Record
 from app.node.kept import KeptType
+from app.node.partition_transaction import Counts
 from app.protocol.dead_letters import Stage
 from app.protocol.limits import InputLimits
 from tables import StoreClosed
@@ -51,6 +52,8 @@ class CycleWork:
     carried: set[str] = field(default_factory=set)
     # When it stops deciding (`decide_deadline`; None: never): its command batch's.
     deadline: float | None = None
+    # What it counts, staged with it: counted only once its transaction commits.
+    counts: Counts = field(default_factory=Counts)
 
     def dead_letter(self, record: Record, error: BaseException, stage: Stage) -> None:
         """Skips a bad record: its dead letter commits with the offset that passes it."""

@@ -284,7 +284,7 @@ class PartitionCycles(TimerTableCycles):
                     # Those its budget left stay claimed (in their firing's hand: no round
                     # claims them again), fired by the next cycle.
                     inp.keep_timers(timers[len(fired) :])
-                    await self._record_local(kept, timers, fired)
+                    await self._record_local(w, timers, fired)
                     # After the settles: a Fire that reschedules its own key would fail them.
                     w.wrote = await self._carry_out(w, batch, p) or w.wrote
             if work is not None:
@@ -305,17 +305,18 @@ class PartitionCycles(TimerTableCycles):
 
     async def _record_local(
         self,
-        kept: KeptType,
+        w: CycleWork,
         timers: list[Timer],
         decided: list[tuple[CommandEnvelope, ResultCode, str]],
     ) -> None:
-        """Settles the timers fired in-process (before the cycle commits)."""
+        """Settles the timers fired in-process (before the cycle commits; counted at it)."""
         by_request = {t.request_id: t for t in timers}
         outcomes = [
             (by_request[cmd.request_id], SendResult(code.value, message))
             for cmd, code, message in decided
         ]
-        self._metrics.round(kept.name, await kept.runner.record_outcomes(outcomes))
+        stats = await w.kept.runner.record_outcomes(outcomes)
+        w.counts.later.append(functools.partial(self._metrics.round, w.kept.name, stats))
 
     def _stage(self, p: int, w: CycleWork, txn: PartitionTransaction | None) -> None:
         """Stages the cycle's work in its task's transaction of p (`txn`; None: the task
@@ -332,8 +333,10 @@ class PartitionCycles(TimerTableCycles):
             and not self._commits.in_flight(kept, p)
         ):
             # Nothing written (most of a busy log is not about timers): no transaction
-            # needed; the offsets are committed with the others.
+            # needed; the offsets are committed with the others (and counted now: no
+            # transaction will tell, though such a cycle has nothing to count).
             self._commits.pass_over(kept, w.offsets)
+            w.counts.apply()
             return
         records = w.batch.out + w.out if w.batch is not None else w.out
         offsets = w.offsets if w.batch is None else w.offsets | w.batch.offsets
@@ -343,16 +346,17 @@ class PartitionCycles(TimerTableCycles):
             processor.staged(batch)
             committed = functools.partial(self._batch_committed, kept.name, processor, batch)
             for code, n in batch.stats.codes.items():
-                self._metrics.commands.labels(kept.name, code).inc(n)
+                w.counts.add(self._metrics.commands.labels(kept.name, code), n)
             if batch.stats.dead_letters:
-                self._metrics.dead_letters.labels(kept.topics.commands).inc(
-                    batch.stats.dead_letters
-                )
+                dead = self._metrics.dead_letters.labels(kept.topics.commands)
+                w.counts.add(dead, batch.stats.dead_letters)
         for topic, n in w.letters.items():
-            self._metrics.dead_letters.labels(topic).inc(n)
+            w.counts.add(self._metrics.dead_letters.labels(topic), n)
         if txn is None:
             raise KafkaUnavailable(f"{kept.topics.timers_changelog}[{p}] is not owned by this node")
-        txn.stage(records, offsets, committed)
+        # Counted when (if) the transaction that carries it commits: a failed commit's
+        # work is decided again by the next take, and counted once, then.
+        txn.stage(records, offsets, committed, w.counts)
         if self._commits.may_commit(kept, p):
             self._commits.start(kept, p)
 

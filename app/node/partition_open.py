@@ -91,7 +91,7 @@ async def open_partition(s: TaskShared, task: PartitionTask, topics: set[str]) -
                 txn.add(record.key, None if held is None else encode_timer(held), held)
             txn.stage(letters, {})
             txn.letters_staged = True
-            s.metrics.dead_letters.labels(t.timers_changelog).inc(len(unreadable))
+            txn.count(s.metrics.dead_letters.labels(t.timers_changelog), len(unreadable))
     # Read from its end from now on (idempotent): a type's task of p reads it already.
     s.reading_results.setdefault(p, set()).add(task.type_name)
     for results in s.results.values():

@@ -27,12 +27,14 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
+from prometheus_client import Counter
+
 from app.errors import KafkaUnavailable
 from app.kafka import OutRecord, TransactionalWriter
 from tables.exceptions import StoreClosed
 from tables.timer import Timer
 
-__all__ = ["PartitionTransaction", "Transaction"]
+__all__ = ["Counts", "PartitionTransaction", "Transaction"]
 
 logger = logging.getLogger(__name__)
 
@@ -129,9 +131,11 @@ class PartitionTransaction:
         records: Sequence[OutRecord],
         offsets: dict[tuple[str, int], int],
         committed: Callable[[list[int]], None] | None = None,
+        counts: Counts | None = None,
     ) -> None:
         """Adds a cycle's records and consumer offsets to its next transaction;
-        `committed` is told the records' offsets once it committed."""
+        `committed` is told the records' offsets once it committed, and `counts` are
+        counted then (never, if it fails: the work is decided, and counted, again)."""
         if self.abandoned:
             raise self._not_owned()
         staged = self._staged
@@ -140,6 +144,14 @@ class PartitionTransaction:
         staged.offsets.update(offsets)
         if committed is not None:
             staged.after.append((start, len(staged.records), committed))
+        if counts is not None:
+            staged.counts.merge(counts)
+
+    def count(self, counter: Counter, n: float = 1) -> None:
+        """Counts `n` on `counter` when its next transaction commits (see `stage`)."""
+        if self.abandoned:
+            raise self._not_owned()
+        self._staged.counts.add(counter, n)
 
     async def commit(
         self,
@@ -232,6 +244,8 @@ class Transaction:
             [*rows, *staged.records], staged.offsets, self._group_id
         )
         self.landed = True
+        # At once, before anything below may fail: its work is committed, and counts.
+        staged.counts.apply()
         if self._on_commit is not None:
             self._on_commit(time.perf_counter() - began)
         base = len(rows)
@@ -255,6 +269,37 @@ class Transaction:
             logger.warning("rows landed through %d, not recorded in the store: %s", offset, exc)
 
 
+@dataclass(slots=True)
+class Counts:
+    """Metric increments of staged work, applied when the transaction that carries it
+    commits (`Transaction.send`): a failed or abandoned one applies none, as its work is
+    decided again by the partition's next take (and counted then). Per counter child (a
+    `labels()`), summed: a cycle adds to a few, whatever its records."""
+
+    by_counter: dict[Counter, float] = field(default_factory=dict)
+    # Increments told through a metrics method of their own (`NodeMetrics.round`).
+    later: list[Callable[[], None]] = field(default_factory=list)
+
+    def add(self, counter: Counter, n: float = 1) -> None:
+        if n:
+            self.by_counter[counter] = self.by_counter.get(counter, 0) + n
+
+    def merge(self, other: Counts) -> None:
+        for counter, n in other.by_counter.items():
+            self.add(counter, n)
+        self.later += other.later
+
+    def apply(self) -> None:
+        """Never raises: a fault of the metrics' own fails no commit that landed."""
+        try:
+            for counter, n in self.by_counter.items():
+                counter.inc(n)
+            for told in self.later:
+                told()
+        except Exception:
+            logger.exception("counting a commit's work failed")
+
+
 @dataclass
 class _Staged:
     """A partition's decided work that its next transaction commits."""
@@ -262,3 +307,4 @@ class _Staged:
     records: list[OutRecord] = field(default_factory=list)
     offsets: dict[tuple[str, int], int] = field(default_factory=dict)
     after: list[tuple[int, int, Callable[[list[int]], None]]] = field(default_factory=list)
+    counts: Counts = field(default_factory=Counts)
