@@ -76,7 +76,8 @@ class LatenessWindow:
 
         A non-finite lateness or `now` is a caller's bug: ValueError, and nothing of the call
         is recorded. A negative lateness is kept as it is (a remote target's clock behind the
-        deciding node's); values observed at a `now` older than the window are dropped.
+        deciding node's); values observed at a `now` older than the window are dropped, unless
+        older by more than the window's span: the clock stepped back, the window restarts.
         """
         values = [float(v) for v in latenesses_seconds]
         _check_finite("now", now)
@@ -127,6 +128,12 @@ class LatenessWindow:
         bucket = self._seconds.get(second)
         if bucket is not None:
             return bucket
+        if self._newest is not None and self._newest - second >= 2 * self.window_seconds:
+            # Older than the window by more than its span: no commit is that late, the wall
+            # clock stepped back (after a step forward). The future seconds are dropped, or
+            # every observation would be until the clock passed them again.
+            self._seconds.clear()
+            self._newest = None
         newest = second if self._newest is None else max(self._newest, second)
         oldest_kept = newest - self.window_seconds + 1
         if second < oldest_kept:

@@ -14,16 +14,18 @@ with `_total`, histograms for durations. What each measures, and where:
   fired, sent, claimed, retried, busy, parked, expired, lapsed (claims that lapsed), ...
 - `tickwheel_timer_puts_total{type}`: timers written PENDING from the log.
 - `tickwheel_timers{type,partition,status}`: PENDING, FIRING and PARKED timers of each
-  owned partition, counts the store keeps with each write (`TimerStore.status_counts`).
+  partition taken here (fired or held, its restore done), counts the store keeps with each
+  write (`TimerStore.status_counts`).
 - `tickwheel_timer_backlog{type}`, `tickwheel_timer_backlog_oldest_seconds{type}`: due and
-  neither sent nor fired yet (`TimerRunner.backlog`), and how long the oldest has waited.
+  neither sent nor fired yet (`TimerRunner.backlog`, and of the partitions taken here but
+  not fired, held, their due rows: `HELD_BACKLOG_LIMIT`), and how long the oldest has waited.
 - `tickwheel_ledger_entries{context}`: open failure-ledger entries (every node reads the
   whole ledger: take the max across nodes, not the sum).
 - `tickwheel_commit_duration_seconds{type}`: one partition transaction's commit.
 - `tickwheel_restore_records_read`, `tickwheel_restore_records_to_read{type,partition,store}`
   and `tickwheel_restore_duration_seconds{type,store}`: restores of the timer table
   (`store="timers"`, from its changelog) and of the aggregate states (`"states"`, from the
-  log), in log offsets.
+  log), in log offsets; a partition's series go when it is let go (`let_go_of`).
 - `tickwheel_build_info{version,python,aiokafka,kafka_client_api,tzdata}`: always 1; what
   runs (`build_info`): Tickwheel's version, Python's, aiokafka's, how the client picks the
   Kafka protocol's API versions (`auto`: from each broker's ApiVersions answer), and the
@@ -33,7 +35,8 @@ with `_total`, histograms for durations. What each measures, and where:
 
 The gauges read from the store, the runners and the ledgers are set by `refresh`, which
 the node's `/metrics` handler awaits before each scrape; everything it reads is kept
-current by the writes themselves, so a scrape scans nothing of the store.
+current by the writes themselves, so a scrape scans nothing of the store but one bounded
+due scan a type of its held partitions.
 """
 
 from __future__ import annotations
@@ -51,13 +54,15 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from app import __version__
 from app.node.lateness import LatenessWindow
 from app.timers.runner import RoundStats
-from tables import TimerStatus
+from tables import StoreError, TimerStatus
 from tables.ledger import FailureLedger
+from tables.store import DueRow
 from tables.zones import IANA_VERSION
 
 __all__ = [
     "BUILD_LABELS",
     "COMMIT_BUCKETS",
+    "HELD_BACKLOG_LIMIT",
     "KAFKA_CLIENT_API",
     "LATENESS_BUCKETS",
     "NodeMetrics",
@@ -86,12 +91,18 @@ RESTORE_BUCKETS = (0.01, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 1800.0)
 
 _STATUSES = (TimerStatus.PENDING, TimerStatus.FIRING, TimerStatus.PARKED, TimerStatus.PAUSED)
 
+HELD_BACKLOG_LIMIT: Final = 1_000
+"""Due rows a scrape reads of a type's held partitions (one scan): a lower bound past it, as
+a wheel's load is for the fired ones."""
+
 
 class _Store(Protocol):
     @property
     def assigned(self) -> frozenset[int]: ...
 
     def status_counts(self, partition: int) -> dict[TimerStatus, int]: ...
+
+    async def due_rows(self, partitions: set[int], until: int, limit: int) -> list[DueRow]: ...
 
 
 class _Runner(Protocol):
@@ -254,6 +265,10 @@ class NodeMetrics:
         )
         # Per-second lateness of the last minutes, read by the operator page's chart.
         self.recent_lateness = LatenessWindow()
+        # The partitions taken here, by type: from their timers' restore (`restore_progress`)
+        # to their let-go (`let_go_of`). A store serves every partition until one is let go,
+        # and a runner knows only those it fires: a held one is neither's.
+        self._taken: dict[tuple[str, int], RestoreGauges] = {}
 
     def round(self, type_name: str, stats: RoundStats) -> None:
         for name in _ROUND_FIELDS:
@@ -272,10 +287,27 @@ class NodeMetrics:
 
     def restore_progress(self, type_name: str, partition: int, store: str) -> RestoreGauges:
         """The `RestoreProgress` callback of one partition's restore."""
-        return RestoreGauges(
+        gauges = RestoreGauges(
             self.restore_read.labels(type_name, str(partition), store),
             self.restore_to_read.labels(type_name, str(partition), store),
         )
+        if store == "timers":
+            self._taken[(type_name, partition)] = gauges
+        return gauges
+
+    def let_go_of(self, type_name: str, partition: int) -> None:
+        """`partition` of `type_name` let go: its restore series removed (its next owner
+        reports its restores; stale finished ones would dilute a sum of them)."""
+        self._taken.pop((type_name, partition), None)
+        for store in ("timers", "states"):
+            self.restore_read.remove(type_name, str(partition), store)
+            self.restore_to_read.remove(type_name, str(partition), store)
+
+    def _shown(self, name: str, store: _Store, runner: _Runner) -> frozenset[int]:
+        """The partitions of `name` whose timers a scrape shows: those fired, and those
+        taken here whose restore is done (a held one: not fired, its timers still due)."""
+        taken = {p for (t, p), gauges in self._taken.items() if t == name and gauges.done}
+        return (runner.partitions | taken) & store.assigned
 
     async def refresh(
         self,
@@ -284,19 +316,38 @@ class NodeMetrics:
         ledgers: Mapping[str, FailureLedger],
     ) -> None:
         """Sets the gauges read from the stores, runners and ledgers: O(owned partitions)
-        plus each runner's wheel; no scan of a store."""
+        plus each runner's wheel, and one due scan of a type's held partitions, bounded
+        (`HELD_BACKLOG_LIMIT`)."""
         open_entries = {context: len(await ledger.entries()) for context, ledger in ledgers.items()}
+        sources = list(sources)
+        held_due: dict[str, list[DueRow]] = {}
+        for name, store, runner in sources:
+            held = set(self._shown(name, store, runner) - runner.partitions)
+            try:
+                # Overdue timers of a partition not fired (held after a failed cycle, behind
+                # its log's end) are backlog too: exactly then it grows.
+                rows = await store.due_rows(held, now_ms, HELD_BACKLOG_LIMIT) if held else []
+            except StoreError:  # let go meanwhile, or failed: its task tells
+                rows = []
+            held_due[name] = rows
         # No await from here on: the gauges are cleared and set as one step, so that a
         # partition let go since the last scrape leaves no stale series behind.
         self.active.clear()
         self.backlog.clear()
         self.backlog_oldest.clear()
         for name, store, runner in sources:
-            for p in sorted(runner.partitions & store.assigned):
+            shown = self._shown(name, store, runner)
+            for p in sorted(shown):
                 counts = store.status_counts(p)
                 for status in _STATUSES:
                     self.active.labels(name, str(p), status.value.lower()).set(counts[status])
             count, oldest = runner.backlog(now_ms)
+            # Of the partitions still held (not let go nor fired since the scan).
+            still = shown - runner.partitions
+            overdue = [r.due_at for r in held_due[name] if r.partition in still]
+            count += len(overdue)
+            if overdue:
+                oldest = min(overdue) if oldest is None else min(oldest, *overdue)
             self.backlog.labels(name).set(count)
             waited = 0.0 if oldest is None else max(now_ms - oldest, 0) / 1000
             self.backlog_oldest.labels(name).set(waited)
@@ -311,10 +362,14 @@ class RestoreGauges:
     def __init__(self, read: Gauge, to_read: Gauge) -> None:
         self._read = read
         self._to_read = to_read
+        # Until it read all: a restore's partition shows no timers (a count mid-restore
+        # would scan it, again after each batch).
+        self.done = False
 
     def __call__(self, read: int, to_read: int) -> None:
         self._read.set(read)
         self._to_read.set(to_read)
+        self.done = read >= to_read
 
 
 def observe_all(histogram: Histogram, amounts: Sequence[float]) -> None:

@@ -79,6 +79,8 @@ async def release_partition(
         logger.exception("letting partition %d of %s go failed", p, kept.name)
         failed.append(f"{kept.name}: {exc!r}")
     finally:
+        # Its restore series and its place among the partitions shown go with it.
+        s.metrics.let_go_of(kept.name, p)
         if (firing := task.firing) is not None and firing.fault is not None:
             task.copy_doubtful = True  # never rolled back (a close cut short included)
         task.firing = None

@@ -69,18 +69,22 @@ def test_memory_is_bounded_and_the_window_keeps_exactly_its_last_seconds(
     window_seconds: int, observations: list[tuple[float, float]]
 ) -> None:
     """Time may go back and forth (observations out of order): what is kept after all of them
-    is every observation whose second is within the window of the newest second seen."""
+    is every observation whose second is within the window of the newest second seen since
+    the clock last stepped back by twice the window or more (the window restarted then)."""
     window = LatenessWindow(window_seconds)
+    newest: int | None = None
+    model: dict[int, list[float]] = defaultdict(list)
     for offset, lateness in observations:
         window.observe(lateness, T0 + offset)
         assert len(window) <= window_seconds
-
-    newest = max(math.floor(T0 + offset) for offset, _ in observations)
-    model: dict[int, list[float]] = defaultdict(list)
-    for offset, lateness in observations:
         second = math.floor(T0 + offset)
+        if newest is not None and newest - second >= 2 * window_seconds:
+            newest, model = None, defaultdict(list)
+        newest = second if newest is None else max(newest, second)
         if second > newest - window_seconds:
             model[second].append(lateness * 1000.0)
+    assert newest is not None
+    model = defaultdict(list, {s: v for s, v in model.items() if s > newest - window_seconds})
 
     points = window.recent(window_seconds, newest + 0.5)
     assert [p.second for p in points] == sorted(model)
