@@ -99,18 +99,22 @@ async def _run_worker(settings: Settings, service: Service) -> None:
             raise asyncio.CancelledError
     except BaseException as exc:
         stopping[0] = None  # a second signal does not cut the stop short
-        signalled = isinstance(exc, asyncio.CancelledError) and asked.is_set()
+        signalled = asked.is_set()
         if signalled and (me := asyncio.current_task()) is not None:
-            # The signal's cancellation is heard: the stops below would otherwise take a
-            # cancellation leaking out of a client's stop for their own, and stop short.
-            me.uncancel()
+            # The signal's cancellation is heard (whatever a client's call turned it into):
+            # the stops below would otherwise take a cancellation leaking out of a client's
+            # stop for their own, and stop short.
+            while me.cancelling():
+                me.uncancel()
         # Closes what did start, so nothing leaks on the way out (each stop is logged).
         started = [] if web is None else [web.stop]
         started += [] if cluster is None else [cluster.stop]
         error = await _stop_each([*started, node.stop])
         if not signalled:
             raise
-        logger.info("worker stopped while starting")
+        # Asked to stop: what the start was doing then is no failure (a client's call cut
+        # short may raise anything); a stop that failed is.
+        logger.info("worker stopped while starting (its start ended with %r)", exc)
         if error is not None:
             raise error from None
         return

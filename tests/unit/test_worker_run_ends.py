@@ -18,7 +18,7 @@ from test_cluster_status import _Runs
 from app.cli import worker as worker_cli
 from app.cli.common import FAILED
 from app.cli.worker import _run_node, _run_worker, worker
-from app.errors import NodeFailed
+from app.errors import KafkaUnavailable, NodeFailed
 from app.node.settings import Settings
 from app.task_ends import cancelled_here
 
@@ -244,3 +244,32 @@ async def test_a_stop_that_fails_the_node_fails_the_worker(parts: tuple[_Part, _
     with pytest.raises(NodeFailed, match="closing partition 0"):
         await asyncio.wait_for(_run_worker(_settings(), None), 5)  # type: ignore[arg-type]
     await kill
+
+
+async def test_a_signal_while_starting_is_a_stop_whatever_the_start_turned_it_into(
+    parts: tuple[_Part, _Part], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A client's call may turn the signal's cancellation into its own error ("cannot
+    connect"): the worker was asked to stop, so it stops cleanly, its stops not cut short."""
+    node, _ = parts
+    joining = asyncio.Event()
+
+    async def start_turning_the_cancel() -> None:
+        joining.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            raise KafkaUnavailable("cannot connect") from None
+
+    monkeypatch.setattr(node, "start", start_turning_the_cancel)
+
+    async def signalled() -> None:
+        await joining.wait()
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    kill = asyncio.create_task(signalled())
+    try:
+        await asyncio.wait_for(_run_worker(_settings(), None), 5)  # type: ignore[arg-type]
+    finally:
+        await kill
+    assert node.stopped_cancelling is False
