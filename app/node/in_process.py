@@ -63,10 +63,11 @@ class NodeTimerLoop:
         (said in a warning), its firing stopped already."""
         self._started = False
         loops = [*self._loops.values(), *self._ending]
-        self._ending.clear()
         if not loops:
             return
         stops = [asyncio.ensure_future(loop.stop()) for loop in loops]
+        for stop in stops:  # one left running is read when it ends (no "never retrieved")
+            stop.add_done_callback(_read)
         _, late = await asyncio.wait(stops, timeout=within)
         for stop in late:
             stop.cancel()  # and its loop's task, which it awaits
@@ -78,9 +79,7 @@ class NodeTimerLoop:
                 within,
                 f" ({len(stuck)} not even then)" if stuck else "",
             )
-        for stop in stops:
-            if stop.done() and not stop.cancelled() and (exc := stop.exception()) is not None:
-                logger.warning("a timer loop's stop failed: %r", exc)
+        self._ending.clear()
 
     def wake(self, *, reload: bool = True) -> None:
         """Runs every partition's next round now (`PartitionTimerLoop.wake`)."""
@@ -127,3 +126,9 @@ class NodeTimerLoop:
                 self._ended_rounds += loop.rounds
 
         loop.when_done(ended)
+
+
+def _read(stop: asyncio.Future[None]) -> None:
+    """A timer loop's stop ended: what it raised is logged."""
+    if not stop.cancelled() and (exc := stop.exception()) is not None:
+        logger.warning("a timer loop's stop failed: %r", exc)

@@ -41,6 +41,7 @@ due scan a type of its held partitions.
 
 from __future__ import annotations
 
+import logging
 import platform
 from bisect import bisect_left
 from collections import Counter as Tally
@@ -54,7 +55,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from app import __version__
 from app.node.lateness import LatenessWindow
 from app.timers.runner import RoundStats
-from tables import StoreError, TimerStatus
+from tables import StoreClosed, StoreError, TimerStatus
 from tables.ledger import FailureLedger
 from tables.store import DueRow
 from tables.zones import IANA_VERSION
@@ -70,6 +71,8 @@ __all__ = [
     "build_info",
     "observe_all",
 ]
+
+logger = logging.getLogger(__name__)
 
 _ROUND_FIELDS = [
     f.name
@@ -327,7 +330,10 @@ class NodeMetrics:
                 # Overdue timers of a partition not fired (held after a failed cycle, behind
                 # its log's end) are backlog too: exactly then it grows.
                 rows = await store.due_rows(held, now_ms, HELD_BACKLOG_LIMIT) if held else []
-            except StoreError:  # let go meanwhile, or failed: its task tells
+            except StoreClosed:  # let go meanwhile
+                rows = []
+            except StoreError as exc:  # a damaged block: told, not a failed scrape
+                logger.warning("the held partitions of %s were not read: %s", name, exc)
                 rows = []
             held_due[name] = rows
         # No await from here on: the gauges are cleared and set as one step, so that a

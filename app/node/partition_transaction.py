@@ -274,7 +274,10 @@ class Counts:
     """Metric increments of staged work, applied when the transaction that carries it
     commits (`Transaction.send`): a failed or abandoned one applies none, as its work is
     decided again by the partition's next take (and counted then). Per counter child (a
-    `labels()`), summed: a cycle adds to a few, whatever its records."""
+    `labels()`), summed: a cycle adds to a few, whatever its records. A commit whose outcome
+    is unknown (it timed out, or was abandoned by a close, and landed all the same) counts
+    none: its work is not decided again, so it is never counted (rare; the counters are a
+    lower bound then, never a double count)."""
 
     by_counter: dict[Counter, float] = field(default_factory=dict)
     # Increments told through a metrics method of their own (`NodeMetrics.round`).
