@@ -11,6 +11,7 @@ import logging
 from typing import TYPE_CHECKING
 
 from app.task_ends import cancelled_here
+from app.timers.runner import RoundStats
 
 if TYPE_CHECKING:
     from app.node.partition_task import PartitionTask, TaskShared
@@ -51,13 +52,14 @@ async def release_partition(
     try:
         # The commit in flight first (the runner's claims may wait on it).
         whole = clean and await commits.settle(until=until, rest=False)
-        # The task's firing: its last writes made, and counted as its rounds' are. They may
-        # wait on the failure ledger (a park's record, each up to its timeout, behind the
-        # context's other writes): past the deadline they are cut short and p closes
-        # dirty, its copy restored by the next take, whose rounds fire those timers again.
+        # The task's firing: its last writes made. They may wait on the failure ledger (a
+        # park's record, each up to its timeout, behind the context's other writes): past
+        # the deadline they are cut short and p closes dirty, its copy restored by the next
+        # take, whose rounds fire those timers again.
+        last: RoundStats | None = None
         try:
             async with asyncio.timeout(max(until - loop.time(), 0.0)):
-                s.metrics.round(kept.name, await kept.runner.stop_partition(p))
+                last = await kept.runner.stop_partition(p)
         except TimeoutError:
             logger.warning(
                 "partition %d of %s: its timers' last writes not done within the close's"
@@ -69,6 +71,10 @@ async def release_partition(
             whole = False
         # What waits (the runner's last writes included), if p's producer is open.
         committed = whole and commits.owns() and await commits.settle(until=until)
+        if last is not None and (committed or (whole and not commits.owns())):
+            # Counted as its rounds' are, once landed: a dirty close's are done (and
+            # counted) again by the next take.
+            s.metrics.round(kept.name, last)
         if (firing := task.firing) is not None and firing.fault is not None:
             # The store failed in p (a corrupt row): what landed commits, but the copy
             # is not marked clean (a fault its round had not told the task yet, or met

@@ -10,12 +10,15 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 from fakes import RunningNode, wait_until
 from test_commit_failing import BAD, OWNER, fail_commits_of_bad
 from test_node_memory import PARTITIONS, SERVICE, TOPICS, results, schedule
 
 from app.kafka.memory import MemoryLog
+from app.node.task_id import TaskId
 from app.protocol.topics import ContextTopics
+from app.timers.runner import RoundStats
 
 
 def samples(node: RunningNode, name: str) -> dict[tuple[tuple[str, str], ...], float]:
@@ -65,4 +68,31 @@ async def test_a_failed_commit_then_one_that_lands_counts_each_once(tmp_path: Pa
         )
     finally:
         log.before_commit = None
+        await node.stop()
+
+
+@pytest.mark.parametrize("clean", [True, False])
+async def test_a_closes_last_timer_writes_count_only_when_they_commit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, clean: bool
+) -> None:
+    """The firing's last writes as its partition is let go (`stop_partition`) were counted
+    at once: a dirty close's are thrown away and done, and counted, again by the next take."""
+    node = await RunningNode(MemoryLog(), tmp_path, "a", SERVICE, PARTITIONS).start()
+    try:
+        await wait_until(node.runs)
+        kept = node.node.types[TOPICS.type_name]
+        stop_partition = kept.runner.stop_partition
+
+        async def last_writes(p: int) -> RoundStats:
+            await stop_partition(p)
+            return RoundStats(fired=5)
+
+        monkeypatch.setattr(kept.runner, "stop_partition", last_writes)
+        task = node.node._tasks[TaskId(TOPICS.type_name, BAD)]
+        await task.close(clean=clean)
+        fired = samples(node, "tickwheel_timer_actions_total")
+        assert fired.get((("action", "fired"), ("type", TOPICS.type_name)), 0.0) == (
+            5.0 if clean else 0.0
+        )
+    finally:
         await node.stop()
