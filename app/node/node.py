@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from collections.abc import Awaitable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -43,7 +42,7 @@ from app.node.task_id import TaskId
 from app.node.user_code_watch import UserCodeWatch, watch_user_code
 from app.protocol.topics import parse_aggregate_type
 from app.service import Service
-from app.task_ends import cancelled_here, how_ended
+from app.task_ends import how_ended, stop_part
 from app.timers.ledger import KafkaFailureLedger
 from app.timers.runner import Clock, SystemClock, TimerOptions, TimerRunner
 from app.timers.sender import ResultsReader
@@ -270,35 +269,41 @@ class Node:
         self._stopping = True
         before = self._failure
         self._unwatch()  # first, whatever a part's stop raises
-        # Each close bounded by the close deadline, its timers' last writes included.
-        await _stopping("the partitions", self.tasks.revoke(self.tasks.leftover()))
         shared = self.tasks.shared  # the closes' deadline (None: never started)
         deadline = self.settings.close_deadline_s if shared is None else shared.close_deadline_s
+        # One deadline for the closes and the timer loops' ends, as for a revoke's: the
+        # whole stop fits a container's grace period.
+        clock = asyncio.get_running_loop()
+        ends_at = clock.time() + deadline
+        # Each close bounded by the close deadline, its timers' last writes included.
+        await stop_part("the partitions", self.tasks.revoke(self.tasks.leftover()))
         types = list(self.types.values())
         # A round in progress may wait on a ledger write (10 s each, queued): cut short
         # past the deadline, as the closes' are (their firings are stopped); every type's
-        # at once, one deadline for all.
-        loops = asyncio.gather(*(kept.loop.stop(within=deadline) for kept in types))
-        await _stopping("the timer loops", loops)
+        # at once.
+        left = max(ends_at - clock.time(), 1.0)
+        loops = asyncio.gather(*(kept.loop.stop(within=left) for kept in types))
+        await stop_part("the timer loops", loops)
         # No firing is left (each close stopped its own): a bound all the same.
         firings = asyncio.gather(*(kept.runner.stop_all() for kept in types))
-        await _stopping("the runners", asyncio.wait_for(firings, deadline))
+        left = max(ends_at - clock.time(), 1.0)
+        await stop_part("the runners", asyncio.wait_for(firings, left))
         if self._consumer is not None:
-            await _stopping("the group consumer", self._consumer.stop())
+            await stop_part("the group consumer", self._consumer.stop())
         # A take under way as it left (a retake after a failure) is stopped, and closes
         # under way are waited for.
-        await _stopping("the partitions", self.tasks.revoke(self.tasks.leftover()))
+        await stop_part("the partitions", self.tasks.revoke(self.tasks.leftover()))
         # Producer stops the closes left past their deadline, each type's at once.
-        await _stopping("the partitions' producers", self._producers_stopped())
+        await stop_part("the partitions' producers", self._producers_stopped())
         for what, follower in self._following.items():
-            await _stopping(what, follower.stop())
-        await _stopping("the producer", self.producer.stop())
-        await _stopping("the reader", self.reader.stop())
-        await _stopping("the broker watch", self.broker.stop())
-        await _stopping("the topic catalog", self.targets.stop())
+            await stop_part(what, follower.stop())
+        await stop_part("the producer", self.producer.stop())
+        await stop_part("the reader", self.reader.stop())
+        await stop_part("the broker watch", self.broker.stop())
+        await stop_part("the topic catalog", self.targets.stop())
         try:
             for kept in self.types.values():
-                await _stopping(f"{kept.name} store", kept.store.close())
+                await stop_part(f"{kept.name} store", kept.store.close())
                 if kept.states is not None:
                     kept.states.close()
         finally:
@@ -404,16 +409,3 @@ class Node:
         logger.critical("node failed: %s", why)
         self._failure = NodeFailed(why)
         self._failed.set()
-
-
-async def _stopping(what: str, stop: Awaitable[object]) -> None:
-    """Awaits one part's stop; what it raises is logged, not passed on (the next part is
-    stopped all the same). A cancellation of the stopping task itself still ends it."""
-    try:
-        await stop
-    except asyncio.CancelledError:
-        if cancelled_here():
-            raise
-        logger.warning("stopping %s: cancelled inside the client library", what)
-    except Exception as exc:
-        logger.warning("stopping %s failed: %r", what, exc)
