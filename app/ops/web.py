@@ -69,7 +69,14 @@ from app.ops.page_actions import JOB_FORM, TIMER_FORM, PageActions
 from app.ops.page_ledger import ledger_json
 from app.ops.timer_api import DEFAULT_WAIT_S
 from app.ops.timer_routes import TimerRoutes
-from app.ops.upcoming import BadQuery, SortKey, query_of, sort_key, upcoming_page
+from app.ops.upcoming import (
+    BadQuery,
+    SortKey,
+    UpcomingAnswer,
+    query_of,
+    sort_key,
+    upcoming_page,
+)
 from app.protocol.topics import parse_aggregate_type
 from tables import StoreClosed, StoreError, Timer
 from tables.bounds import MAX_INT64
@@ -247,14 +254,14 @@ class WebServer:
             page = upcoming_page(rows, query, horizon)
         except BadQuery as exc:
             return json_response({"error": str(exc)}, 400)
-        return json_response(
-            {
-                **page.model_dump(mode="json"),
-                "partitions": owned,
-                "scanned_all": horizon is None and not unread,
-                "unread": unread,
-            }
+        answer = UpcomingAnswer(
+            timers=page.timers,
+            next_cursor=page.next_cursor,
+            partitions=owned,
+            scanned_all=horizon is None and not unread,
+            unread=unread,
         )
+        return json_response(answer.model_dump(mode="json"))
 
     async def _openapi(self, request: web.Request) -> web.Response:
         from app import __version__  # the package root imports this module's package
