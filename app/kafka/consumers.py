@@ -14,6 +14,7 @@ from aiokafka.coordinator.assignors.range import RangePartitionAssignor
 from aiokafka.errors import (
     IllegalStateError,
     KafkaError,
+    TopicAuthorizationFailedError,
 )
 
 from app.errors import KafkaUnavailable
@@ -190,6 +191,19 @@ def fetching(consumer: AIOKafkaConsumer) -> None:
         raise RuntimeError(f"aiokafka's fetcher stopped ({why}): nothing would be read again")
 
 
+def authorized(consumer: AIOKafkaConsumer, topics: Iterable[str]) -> None:
+    """Raises a refusal when the cluster refused this principal any of `topics` in its
+    last metadata: aiokafka leaves such a topic out of the group's metadata, so the
+    assignor hands none of its partitions out and the member quietly owns nothing
+    (the Java consumer raises here)."""
+    cluster = getattr(getattr(consumer, "_client", None), "cluster", None)
+    refused = set(getattr(cluster, "unauthorized_topics", ()) or ()) & set(topics)
+    if refused:
+        raise KafkaUnavailable(
+            f"not authorized to read {', '.join(sorted(refused))} (Describe and Read ACLs)"
+        ) from TopicAuthorizationFailedError(sorted(refused))
+
+
 class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
     def __init__(
         self,
@@ -276,6 +290,7 @@ class GroupConsumer:
         """A poll that raises hands nothing out and leaves every partition where the last
         one's records ended (`ReadPositions`): none of them is skipped."""
         fetching(self._consumer)
+        authorized(self._consumer, self._topics)
         try:
             got = await self._consumer.getmany(timeout_ms=timeout_ms)
         except KafkaError as exc:

@@ -4,6 +4,7 @@ starting a client with its errors translated."""
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -122,6 +123,25 @@ def refused(exc: BaseException | None) -> bool:
     """Whether `exc` (or what it wraps) is the cluster refusing this principal: an ACL
     missing or credentials wrong. Retrying does not help; an operator must act."""
     return _caused_by(exc, _REFUSED)
+
+
+_TOPIC_NAME = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
+
+
+def refused_topics(exc: BaseException | None) -> frozenset[str] | None:
+    """The topics a topic refusal down `exc`'s chain of causes names (aiokafka's sender
+    gives the set it was refused, its client one topic; librdkafka's only a message, so
+    none), None when no topic was refused (a group, a transactional id, the cluster or
+    the login was)."""
+    while exc is not None:
+        if isinstance(exc, TopicAuthorizationFailedError):
+            said = exc.args[0] if exc.args else ()
+            named = [said] if isinstance(said, str) else said
+            if not isinstance(named, (set, frozenset, list, tuple)):
+                return frozenset()
+            return frozenset(t for t in named if isinstance(t, str) and _TOPIC_NAME.match(t))
+        exc = exc.__cause__
+    return None
 
 
 def _caused_by(exc: BaseException | None, kinds: tuple[type[BaseException], ...]) -> bool:

@@ -24,7 +24,7 @@ from app.kafka.producers import (
     left_behind,
     retrieve,
 )
-from app.kafka.records import OutRecord, explain, fenced_by, start_client
+from app.kafka.records import OutRecord, explain, fenced_by, refused, start_client
 
 __all__ = ["TransactionalProducer"]
 
@@ -278,7 +278,12 @@ class TransactionalProducer:
         # A fence seen by aiokafka's sender may reach the caller as another error (the
         # next step's IllegalOperation, an invalid state transition) while the fence
         # itself waits, never retrieved, in the transaction's end waiter.
-        fenced = fenced_by(exc) or fenced_by(left_behind(self._producer))
+        behind = left_behind(self._producer)
+        fenced = fenced_by(exc) or fenced_by(behind)
+        if behind is not None and exc.__cause__ is None and refused(behind) and not refused(exc):
+            # A refusal (an ACL taken away) seen by the sender, hidden the same way: what
+            # broke the transaction is told, and the node knows no retry passes it.
+            exc.__cause__ = behind
         if fenced:
             error: KafkaUnavailable = Fenced(f"{self.transactional_id} was fenced by a newer owner")
         else:

@@ -10,7 +10,10 @@ Pure bookkeeping: no I/O, no clock.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
+
+from app.kafka.records import refused, refused_topics
 
 __all__ = [
     "A_COMMIT",
@@ -21,6 +24,7 @@ __all__ = [
     "RETAKE_BACKOFF_S",
     "Failing",
     "FailingPartitions",
+    "refused_for_good",
     "retake_after",
 ]
 
@@ -196,3 +200,17 @@ def _furthest(at: dict[str, int], before: dict[str, int]) -> dict[str, int]:
     return {t: max(o, before.get(t, -1)) for t, o in at.items()} | {
         t: o for t, o in before.items() if t not in at
     }
+
+
+def refused_for_good(exc: BaseException, contexts: Collection[str]) -> bool:
+    """Whether a partition's failure `exc` is a refusal that its every retake, on any node
+    of the group, meets again: this principal refused its group, its transactional id, the
+    cluster, its login, or a topic of its own `contexts` (an ACL taken away mid-run). The
+    node stops then. A topic of another context refused (a command's target, say), or one
+    the client does not name (librdkafka's), fails the partition alone, which backs off."""
+    if not refused(exc):
+        return False
+    topics = refused_topics(exc)
+    if topics is None:
+        return True
+    return any(t.split(".", 1)[0] in contexts for t in topics)

@@ -44,7 +44,7 @@ from collections.abc import Collection
 from app.commands.processor import CommandProcessor
 from app.errors import KafkaUnavailable
 from app.node.commits import PartitionCommits
-from app.node.failing import A_COMMIT, FailingPartitions, retake_after
+from app.node.failing import A_COMMIT, FailingPartitions, refused_for_good, retake_after
 from app.node.in_process import in_process_targets
 from app.node.kept import KeptType, is_fenced
 from app.node.partition_input import Batch, Held, PartitionInput
@@ -212,6 +212,9 @@ class PartitionTask:
         s.consumer.pause(mine)
         if self._leaving:
             return  # being revoked: closed dirty there (it is suspended), never taken again
+        if refused_for_good(exc, {k.topics.context for k in s.types.values()}):
+            self.manager.fail(f"{self.key}: {what} was refused (an ACL this node needs): {exc}")
+            return
         delay = 2 * s.settings.session_timeout_ms / 1000 if fenced else retake_after(failing)
         self.take({t for t, _ in mine}, after_failure=delay)
 

@@ -9,13 +9,19 @@ import functools
 import time
 from pathlib import Path
 
-from aiokafka.errors import TopicAuthorizationFailedError
+import pytest
+from aiokafka.errors import (
+    GroupAuthorizationFailedError,
+    TopicAuthorizationFailedError,
+    TransactionalIdAuthorizationFailed,
+)
 from fakes import RunningNode, wait_until
 from test_node_memory import PARTITIONS, SERVICE, schedule
+from test_node_topic_changes import failure_of
 
 from app.errors import KafkaUnavailable
 from app.kafka.memory import MemoryLog
-from app.node.failing import A_COMMIT, A_CYCLE, ITS_WORKER, FailingPartitions
+from app.node.failing import A_COMMIT, A_CYCLE, ITS_WORKER, FailingPartitions, refused_for_good
 from app.node.health import FAILING_IN_A_ROW
 from tables.partitioner import partition_of
 
@@ -146,6 +152,49 @@ async def test_a_commit_refused_fails_its_partition_not_the_node(tmp_path: Path)
         assert not h["ready"] and "failed" not in h
     finally:
         await node.stop()
+
+
+@pytest.mark.parametrize(
+    "refusal",
+    [
+        TopicAuthorizationFailedError({"mem.counter.timers"}),
+        TopicAuthorizationFailedError("mem.dead-letters"),
+        GroupAuthorizationFailedError("g"),
+    ],
+    ids=["its own changelog", "its own dead letters", "its group"],
+)
+async def test_a_commit_refused_on_the_nodes_own_topics_or_group_stops_it(
+    tmp_path: Path, refusal: BaseException
+) -> None:
+    """An ACL of the node's own taken away mid-run: no retake passes it, on this node or
+    another of the group (a take only reads, so it never meets the refusal, and the
+    partition would be restored every 10 s for ever). The node stops, saying so."""
+    log = MemoryLog()
+    node = await RunningNode(log, tmp_path, "a", SERVICE, PARTITIONS).start()
+    try:
+        await wait_until(node.runs)
+        failed = fail_commits_of_bad(log, refusal)
+        await schedule(log, OWNER, int(time.time() * 1000) + 3_600_000)
+        said = await failure_of(node)
+        assert (
+            "was refused (an ACL this node needs)" in said
+            and f"partition {BAD} of mem.counter" in said
+        )
+        assert len(failed) == 1
+    finally:
+        await node.stop()
+
+
+def test_only_a_refusal_of_the_nodes_own_is_for_good() -> None:
+    own = {"mem"}
+    for_good = functools.partial(refused_for_good, contexts=own)
+    wrapped = KafkaUnavailable("the transaction failed")
+    wrapped.__cause__ = TopicAuthorizationFailedError("mem.x")
+    assert for_good(wrapped)
+    assert not for_good(TopicAuthorizationFailedError({"other.commands"}))
+    assert not for_good(TopicAuthorizationFailedError("Broker: Topic authorization failed"))
+    assert for_good(TransactionalIdAuthorizationFailed("g.mem.counter.timers.0"))
+    assert not for_good(KafkaUnavailable("a timeout"))
 
 
 def forgotten(node: RunningNode) -> bool:

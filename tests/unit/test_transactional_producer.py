@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from aiokafka.errors import IllegalOperation, ProducerFenced
+from aiokafka.errors import IllegalOperation, ProducerFenced, TopicAuthorizationFailedError
 from aiokafka.producer.sender import Sender
 from aiokafka.producer.transaction_manager import TransactionManager, TransactionResult
 
@@ -19,6 +19,7 @@ from app.errors import (
     KafkaUnavailable,
 )
 from app.kafka import TransactionalProducer
+from app.kafka.records import refused, refused_topics
 
 
 class FakeClient:
@@ -173,3 +174,21 @@ async def test_a_commit_with_a_send_never_acknowledged_aborts(
     committed = outcome == "acknowledged"
     assert ended == [TransactionResult.COMMIT if committed else TransactionResult.ABORT]
     assert (producer._unsent is None) is committed
+
+
+async def test_a_refusal_seen_by_the_sender_is_what_the_failure_comes_from() -> None:
+    """An ACL taken away mid-transaction: aiokafka's sender puts the transaction in error
+    on the refused AddPartitionsToTxn, and the next step raises IllegalOperation, which
+    hides it. The failure comes from the refusal (`refused`: no retry passes it), naming
+    the topic, so the node knows whose topic it was."""
+    txn = TransactionManager("g.shop.order.timers.3", 60_000)
+    txn.set_pid_and_epoch(7, 0)
+    txn.begin_transaction()
+    txn.error_transaction(TopicAuthorizationFailedError({"shop.order.timers"}))
+    client = FakeClient(IllegalOperation("Can't send messages while not in transaction"))
+    client._txn_manager = txn
+    producer = await producer_with(client)
+    with pytest.raises(KafkaUnavailable, match="TopicAuthorizationFailed") as e:
+        await producer.flush({("shop.order.commands", 3): 10}, "g")
+    assert refused(e.value) and refused_topics(e.value) == frozenset({"shop.order.timers"})
+    await producer.stop()
