@@ -144,6 +144,10 @@ class MemoryLog:
         """While set, every client call raises `KafkaUnavailable`."""
         self.before_commit: Callable[[str], Awaitable[None]] | None = None
         """Awaited with the transactional id between a transaction's writes and its end."""
+        self.login_refused: str | None = None
+        """While set, the cluster lets no new connection in (credentials rotated, say):
+        a writer's start fails as aiokafka's does, naming no refusal ("Unable to
+        bootstrap"), and `check_access` says why. Clients already started go on."""
         self.ensure_topics(topics)
 
     # --- clients (`Clients`) --------------------------------------------------------
@@ -290,6 +294,12 @@ class MemoryLog:
     def check_up(self) -> None:
         if self.down:
             raise KafkaUnavailable("the broker is not reachable")
+
+    def connect(self) -> None:
+        """A new connection: refused while `login_refused` is set."""
+        self.check_up()
+        if self.login_refused is not None:
+            raise KafkaUnavailable("cannot connect: Unable to bootstrap from memory")
 
     def _where(self, record: OutRecord) -> _Key:
         """The partition a record goes to (the default partitioner's when not given)."""

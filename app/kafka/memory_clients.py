@@ -57,6 +57,7 @@ class MemoryWriter:
         return self._txn is not None and self._txn.state == "open"
 
     async def start(self) -> None:
+        self._log.connect()
         self._epoch = self._log._init(self.transactional_id)
 
     async def stop(self) -> None:

@@ -11,6 +11,8 @@ import asyncio
 from collections.abc import Iterable, Sequence
 from typing import Protocol
 
+from aiokafka.errors import SaslAuthenticationFailed
+
 from app.errors import KafkaUnavailable
 from app.kafka.ports import Assigned
 from app.kafka.records import Record, TopicSpec
@@ -26,6 +28,7 @@ class MemoryLog(Protocol):
 
     down: bool
     cluster_id: str
+    login_refused: str | None
 
     def check_up(self) -> None: ...
 
@@ -268,4 +271,6 @@ class MemoryAdmin:
         return "the broker is not reachable" if self._log.down else None
 
     async def check_access(self) -> None:
-        """A memory log refuses no one."""
+        """Refuses this client while the log's `login_refused` is set."""
+        if (why := self._log.login_refused) is not None:
+            raise KafkaUnavailable(f"memory: {why}") from SaslAuthenticationFailed(why)

@@ -146,6 +146,10 @@ def refusal(kafka: KafkaConnection, exc: BaseException) -> str | None:
         if isinstance(cause, UnsupportedSaslMechanismError):
             return f"{cause}; check KAFKA_SASL_MECHANISM"
         if isinstance(cause, ssl.SSLCertVerificationError):
+            if (advice := _certificate_advice(cause)) is not None:
+                return (
+                    f"TLS: the broker's certificate was refused ({cause.verify_message}); {advice}"
+                )
             return (
                 f"TLS: the broker's certificate is not trusted ({cause.verify_message}); "
                 "check KAFKA_SSL_CAFILE (the CA that signed the brokers' certificates; "
@@ -159,6 +163,23 @@ def refusal(kafka: KafkaConnection, exc: BaseException) -> str | None:
                 "KAFKA_SECURITY_PROTOCOL (is the listener TLS?), KAFKA_SSL_CERTFILE and "
                 "KAFKA_SSL_KEYFILE (a client certificate the broker trusts)"
             )
+    return None
+
+
+_EXPIRED, _NOT_YET_VALID, _HOSTNAME_MISMATCH = 10, 9, 62  # OpenSSL's X509_V_ERR_* codes
+
+
+def _certificate_advice(cause: ssl.SSLCertVerificationError) -> str | None:
+    """What to check for a certificate a trusted CA signed but which is refused all the
+    same (None: the CA is not trusted, KAFKA_SSL_CAFILE is the setting to check)."""
+    code = getattr(cause, "verify_code", None)  # set by OpenSSL's handshake alone
+    if code in (_EXPIRED, _NOT_YET_VALID):
+        return "renew the brokers' certificates, or check this machine's clock"
+    if code == _HOSTNAME_MISMATCH:
+        return (
+            "the certificate does not name the address connected to: use a name it holds "
+            "in KAFKA_BOOTSTRAP_SERVERS (and the brokers' advertised listeners)"
+        )
     return None
 
 

@@ -251,6 +251,7 @@ class Node:
             targets=self.targets,
             running=self._owned,
             close_deadline_s=s.close_deadline_s,
+            check_access=self._admin.check_access,
         )
         await self._consumer.start()
         # From here partitions may be given, and their user code runs: it is timed.

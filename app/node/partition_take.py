@@ -13,7 +13,7 @@ import logging
 from collections.abc import Collection
 from typing import TYPE_CHECKING
 
-from app.errors import node_fault
+from app.errors import KafkaUnavailable, node_fault
 from app.kafka.records import refused
 from app.node.partition_open import last_records
 from app.task_ends import cancelled_here
@@ -93,7 +93,9 @@ async def _taking(task: PartitionTask, topics: set[str], after_failure: float | 
             break
         except Exception as exc:
             last = exc
-            if _final(exc):
+            if isinstance(exc, KafkaUnavailable) and not _final(exc):
+                last = await _refusal(task) or exc
+            if _final(last):
                 break
             # A node fault is expected to pass; anything else is a bug to see, but either
             # way p is tried again, and the node stops loudly if it never can be taken.
@@ -112,9 +114,28 @@ async def _taking(task: PartitionTask, topics: set[str], after_failure: float | 
 
 
 def _final(exc: BaseException) -> bool:
-    """Whether no retake passes `exc`: an ACL or the credentials (`refused`), or a lost
-    changelog; an operator must act."""
-    return refused(exc) or isinstance(exc, ChangelogLost)
+    """Whether no retake passes `exc`: an ACL or the credentials (`refused`), the cluster
+    refusing this node's connections (`_refusal`), or a lost changelog; an operator must
+    act."""
+    return refused(exc) or isinstance(exc, ChangelogLost | _Refused)
+
+
+class _Refused(KafkaUnavailable):
+    """The cluster lets this node's clients in no more."""
+
+
+async def _refusal(task: PartitionTask) -> _Refused | None:
+    """Why the cluster lets this node's clients in no more (credentials rotated, its
+    certificate expired or no longer trusted), or None. aiokafka's clients say only
+    "Unable to bootstrap" when a new connection's login or TLS handshake is refused, so a
+    take would be tried again and again, then fail naming neither."""
+    try:
+        await task.shared.check_access()
+    except KafkaUnavailable as exc:
+        refusal = _Refused(f"the cluster refuses this node's connections: {exc}")
+        refusal.__cause__ = exc
+        return refusal
+    return None
 
 
 class ChangelogLost(Exception):

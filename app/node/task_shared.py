@@ -5,7 +5,7 @@ is)."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
@@ -50,6 +50,10 @@ class TaskShared:
     # How long a task's whole close may take (`Settings.close_deadline_s`: well below the
     # group's rebalance timeout, which a revoke's closes are held to).
     close_deadline_s: float
+    # Whether the cluster still lets this node's clients in (`Admin.check_access`): a
+    # take that failed asks, as a new connection's refused login or TLS handshake reaches
+    # aiokafka's clients as "Unable to bootstrap" alone.
+    check_access: Callable[[], Awaitable[None]]
     # Per partition, the types whose task reads its results (opened it, not closed yet):
     # the results readers read p while any does (each type's task of p adds it; the last
     # to close removes it).

@@ -63,6 +63,26 @@ def test_an_untrusted_broker_certificate_names_the_ca_setting() -> None:
     assert "unable to get local issuer certificate" in why and "KAFKA_SSL_CAFILE" in why
 
 
+@pytest.mark.parametrize(
+    ("code", "message", "advice"),
+    [
+        (10, "certificate has expired", "renew the brokers' certificates"),
+        (9, "certificate is not yet valid", "this machine's clock"),
+        (62, "Hostname mismatch, certificate is not valid for 'b1'.", "KAFKA_BOOTSTRAP_SERVERS"),
+    ],
+)
+def test_a_certificate_refused_for_other_than_its_ca_says_what_to_check(
+    code: int, message: str, advice: str
+) -> None:
+    """Expired, not yet valid, or for another name: the CA is trusted, and pointing the
+    operator at KAFKA_SSL_CAFILE would send them the wrong way."""
+    verify = ssl.SSLCertVerificationError(1, "certificate verify failed")
+    verify.verify_code, verify.verify_message = code, message
+    why = refusal(SCRAM, _wrapped(verify))
+    assert why is not None and message in why and advice in why, why
+    assert "KAFKA_SSL_CAFILE" not in why
+
+
 def test_a_mechanism_the_broker_does_not_offer_is_a_refusal() -> None:
     why = refusal(SCRAM, UnsupportedSaslMechanismError("enabled: ['PLAIN']"))
     assert why is not None and "KAFKA_SASL_MECHANISM" in why
