@@ -191,17 +191,33 @@ def fetching(consumer: AIOKafkaConsumer) -> None:
         raise RuntimeError(f"aiokafka's fetcher stopped ({why}): nothing would be read again")
 
 
-def authorized(consumer: AIOKafkaConsumer, topics: Iterable[str]) -> None:
-    """Raises a refusal when the cluster refused this principal any of `topics` in its
-    last metadata: aiokafka leaves such a topic out of the group's metadata, so the
-    assignor hands none of its partitions out and the member quietly owns nothing
-    (the Java consumer raises here)."""
-    cluster = getattr(getattr(consumer, "_client", None), "cluster", None)
-    refused = set(getattr(cluster, "unauthorized_topics", ()) or ()) & set(topics)
-    if refused:
-        raise KafkaUnavailable(
-            f"not authorized to read {', '.join(sorted(refused))} (Describe and Read ACLs)"
-        ) from TopicAuthorizationFailedError(sorted(refused))
+REFUSED_GRACE_S = 30.0
+"""How long a subscribed topic stays refused in the metadata before the poll raises: a
+topic missing a moment (deleted and made again, not yet known to every broker) is
+answered as refused too where the principal may not create it and the broker would."""
+
+
+class RefusedTopics:
+    """Subscribed topics the cluster refuses this principal: aiokafka leaves such a topic
+    out of the group's metadata, so the assignor hands none of its partitions out and the
+    member quietly owns nothing, ready all the while (the Java consumer raises here)."""
+
+    def __init__(self, grace_s: float = REFUSED_GRACE_S) -> None:
+        self.grace_s = grace_s
+        self._since: dict[str, float] = {}
+
+    def check(self, consumer: AIOKafkaConsumer, topics: Iterable[str], now: float) -> None:
+        """Raises a refusal naming the topics refused in every metadata answer for
+        `grace_s` up to `now`."""
+        cluster = getattr(getattr(consumer, "_client", None), "cluster", None)
+        refused = set(getattr(cluster, "unauthorized_topics", ()) or ()) & set(topics)
+        self._since = {t: self._since.get(t, now) for t in refused}
+        lasting = sorted(t for t, since in self._since.items() if now - since >= self.grace_s)
+        if lasting:
+            raise KafkaUnavailable(
+                f"not authorized to read {', '.join(lasting)} for {self.grace_s:g} s "
+                "(Describe and Read ACLs; or the topic is missing and may not be created)"
+            ) from TopicAuthorizationFailedError(lasting)
 
 
 class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
@@ -261,6 +277,7 @@ class GroupConsumer:
     ) -> None:
         self._topics = list(topics)
         self._read = ReadPositions()
+        self._refused = RefusedTopics()
         self._listener = _Listener(on_assigned, on_revoked, self._read.forget)
         self._consumer = AIOKafkaConsumer(
             **client_options(bootstrap),
@@ -290,7 +307,7 @@ class GroupConsumer:
         """A poll that raises hands nothing out and leaves every partition where the last
         one's records ended (`ReadPositions`): none of them is skipped."""
         fetching(self._consumer)
-        authorized(self._consumer, self._topics)
+        self._refused.check(self._consumer, self._topics, time.monotonic())
         try:
             got = await self._consumer.getmany(timeout_ms=timeout_ms)
         except KafkaError as exc:

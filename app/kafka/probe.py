@@ -174,7 +174,10 @@ def _certificate_advice(cause: ssl.SSLCertVerificationError) -> str | None:
     same (None: the CA is not trusted, KAFKA_SSL_CAFILE is the setting to check)."""
     code = getattr(cause, "verify_code", None)  # set by OpenSSL's handshake alone
     if code in (_EXPIRED, _NOT_YET_VALID):
-        return "renew the brokers' certificates, or check this machine's clock"
+        return (
+            "renew the certificate out of its dates (the brokers', or their CA's), or "
+            "check this machine's clock"
+        )
     if code == _HOSTNAME_MISMATCH:
         return (
             "the certificate does not name the address connected to: use a name it holds "

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -128,29 +128,34 @@ def refused(exc: BaseException | None) -> bool:
 _TOPIC_NAME = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 
 
+def causes(exc: BaseException | None) -> Iterator[BaseException]:
+    """`exc` and what it came from (`__cause__`), each once: a chain that loops back (an
+    exception raised from itself) ends where it would."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        yield exc
+        exc = exc.__cause__
+
+
 def refused_topics(exc: BaseException | None) -> frozenset[str] | None:
     """The topics a topic refusal down `exc`'s chain of causes names (aiokafka's sender
     gives the set it was refused, its client one topic; librdkafka's only a message, so
     none), None when no topic was refused (a group, a transactional id, the cluster or
     the login was)."""
-    while exc is not None:
-        if isinstance(exc, TopicAuthorizationFailedError):
-            said = exc.args[0] if exc.args else ()
+    for cause in causes(exc):
+        if isinstance(cause, TopicAuthorizationFailedError):
+            said = cause.args[0] if cause.args else ()
             named = [said] if isinstance(said, str) else said
             if not isinstance(named, (set, frozenset, list, tuple)):
                 return frozenset()
             return frozenset(t for t in named if isinstance(t, str) and _TOPIC_NAME.match(t))
-        exc = exc.__cause__
     return None
 
 
 def _caused_by(exc: BaseException | None, kinds: tuple[type[BaseException], ...]) -> bool:
     """Whether `exc` or any exception down its chain of causes is one of `kinds`."""
-    while exc is not None:
-        if isinstance(exc, kinds):
-            return True
-        exc = exc.__cause__
-    return False
+    return any(isinstance(cause, kinds) for cause in causes(exc))
 
 
 async def start_client(client: Any, what: str) -> None:

@@ -172,7 +172,8 @@ class TransactionalProducer:
                 await self._send_batch(batch, topic, partition, members, placed)
             return [placed[i] for i in range(len(records))]
         except BaseException as exc:
-            raise await self._fail(exc) from exc
+            await self._raise_failed(exc)
+            raise
 
     async def _send_batch(
         self,
@@ -262,11 +263,20 @@ class TransactionalProducer:
             if self._unsent is not None:  # aborted (`_guard_commit`): nothing of it counts
                 raise self._unsent
         except BaseException as exc:
-            raise await self._fail(exc) from exc
+            await self._raise_failed(exc)
+            raise
 
     def _check(self) -> None:
         if self.broken is not None:
             raise self.broken
+
+    async def _raise_failed(self, exc: BaseException) -> None:
+        """Raises what to raise for `exc` (`_fail`), caused by it; returns when that is
+        `exc` itself (a cancellation): the caller raises it as it came. Raised "from"
+        itself, it would be its own cause, and every walk down the causes would spin."""
+        error = await self._fail(exc)
+        if error is not exc:
+            raise error from exc
 
     async def _fail(self, exc: BaseException) -> BaseException:
         """Breaks the producer: what to raise for `exc`.

@@ -202,15 +202,13 @@ def _furthest(at: dict[str, int], before: dict[str, int]) -> dict[str, int]:
     }
 
 
-def refused_for_good(exc: BaseException, contexts: Collection[str]) -> bool:
+def refused_for_good(exc: BaseException, own_topics: Collection[str]) -> bool:
     """Whether a partition's failure `exc` is a refusal that its every retake, on any node
     of the group, meets again: this principal refused its group, its transactional id, the
-    cluster, its login, or a topic of its own `contexts` (an ACL taken away mid-run). The
-    node stops then. A topic of another context refused (a command's target, say), or one
+    cluster, its login, or one of the node's `own_topics` (an ACL taken away mid-run). The
+    node stops then. Any other topic refused (another service's commands, say), or one
     the client does not name (librdkafka's), fails the partition alone, which backs off."""
     if not refused(exc):
         return False
     topics = refused_topics(exc)
-    if topics is None:
-        return True
-    return any(t.split(".", 1)[0] in contexts for t in topics)
+    return topics is None or not topics.isdisjoint(own_topics)

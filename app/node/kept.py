@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from app.errors import Fenced
 from app.kafka import TopicSpec
+from app.kafka.records import causes
 from app.model.aggregate import AggregateType
 from app.node.local_state import CleanMarks
 from app.node.type_transactions import TypeTransactions
@@ -46,11 +47,7 @@ class KeptType:
 
 def is_fenced(exc: BaseException | None) -> bool:
     """Whether `exc` (or what it wraps) says another node took the partition over."""
-    while exc is not None:
-        if isinstance(exc, Fenced):
-            return True
-        exc = exc.__cause__
-    return False
+    return any(isinstance(cause, Fenced) for cause in causes(exc))
 
 
 NODES_SEGMENT_MS = 3_600_000

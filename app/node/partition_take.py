@@ -135,6 +135,8 @@ async def _refusal(task: PartitionTask) -> _Refused | None:
         refusal = _Refused(f"the cluster refuses this node's connections: {exc}")
         refusal.__cause__ = exc
         return refusal
+    except Exception:  # the client library's own (a SCRAM exchange's ValueError): no answer
+        logger.exception("%s: asking the cluster whether it lets this node in failed", task.key)
     return None
 
 

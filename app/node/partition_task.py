@@ -46,7 +46,7 @@ from app.errors import KafkaUnavailable
 from app.node.commits import PartitionCommits
 from app.node.failing import A_COMMIT, FailingPartitions, refused_for_good, retake_after
 from app.node.in_process import in_process_targets
-from app.node.kept import KeptType, is_fenced
+from app.node.kept import KeptType, is_fenced, node_topics
 from app.node.partition_input import Batch, Held, PartitionInput
 from app.node.partition_open import open_partition
 from app.node.partition_release import CloseFailed, release_partition
@@ -212,7 +212,8 @@ class PartitionTask:
         s.consumer.pause(mine)
         if self._leaving:
             return  # being revoked: closed dirty there (it is suspended), never taken again
-        if refused_for_good(exc, {k.topics.context for k in s.types.values()}):
+        own = {spec.name for spec in node_topics([k.topics for k in s.types.values()], 1)}
+        if refused_for_good(exc, own):
             self.manager.fail(f"{self.key}: {what} was refused (an ACL this node needs): {exc}")
             return
         delay = 2 * s.settings.session_timeout_ms / 1000 if fenced else retake_after(failing)

@@ -186,12 +186,14 @@ async def test_a_commit_refused_on_the_nodes_own_topics_or_group_stops_it(
 
 
 def test_only_a_refusal_of_the_nodes_own_is_for_good() -> None:
-    own = {"mem"}
-    for_good = functools.partial(refused_for_good, contexts=own)
+    own = {"mem.counter.timers", "mem.counter.commands", "mem.dead-letters"}
+    for_good = functools.partial(refused_for_good, own_topics=own)
     wrapped = KafkaUnavailable("the transaction failed")
-    wrapped.__cause__ = TopicAuthorizationFailedError("mem.x")
+    wrapped.__cause__ = TopicAuthorizationFailedError("mem.counter.timers")
     assert for_good(wrapped)
     assert not for_good(TopicAuthorizationFailedError({"other.commands"}))
+    # Another service's aggregate in a context of the node's own: not the node's topic.
+    assert not for_good(TopicAuthorizationFailedError({"mem.cart.commands"}))
     assert not for_good(TopicAuthorizationFailedError("Broker: Topic authorization failed"))
     assert for_good(TransactionalIdAuthorizationFailed("g.mem.counter.timers.0"))
     assert not for_good(KafkaUnavailable("a timeout"))

@@ -66,7 +66,7 @@ def test_an_untrusted_broker_certificate_names_the_ca_setting() -> None:
 @pytest.mark.parametrize(
     ("code", "message", "advice"),
     [
-        (10, "certificate has expired", "renew the brokers' certificates"),
+        (10, "certificate has expired", "renew the certificate out of its dates"),
         (9, "certificate is not yet valid", "this machine's clock"),
         (62, "Hostname mismatch, certificate is not valid for 'b1'.", "KAFKA_BOOTSTRAP_SERVERS"),
     ],

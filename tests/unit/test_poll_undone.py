@@ -20,7 +20,7 @@ from aiokafka.structs import ConsumerRecord, TopicPartition
 from kafka_batches import batch
 
 from app.errors import KafkaUnavailable
-from app.kafka.consumers import GroupConsumer
+from app.kafka.consumers import GroupConsumer, RefusedTopics
 from app.kafka.partition_reader import PartitionReader
 from app.kafka.read_positions import ReadPositions
 
@@ -106,6 +106,7 @@ async def test_a_group_poll_that_raises_leaves_every_partition_where_its_records
     group = GroupConsumer.__new__(GroupConsumer)
     consumer = _Consumer({GOOD: 2, BAD: 0})
     group._consumer, group._read = consumer, ReadPositions()
+    group._topics, group._refused = [GOOD.topic], RefusedTopics()
     assert _offsets(await group.poll(), GOOD) == [0, 1]
     consumer.log[GOOD] = 5  # three more records of GOOD, and BAD's first batch corrupt
     consumer.log[BAD] = 1
@@ -121,6 +122,7 @@ async def test_a_group_seek_and_rewind_are_where_a_failed_poll_goes_back_to() ->
     group = GroupConsumer.__new__(GroupConsumer)
     consumer = _Consumer({GOOD: 4, BAD: 1})
     group._consumer, group._read = consumer, ReadPositions()
+    group._topics, group._refused = [GOOD.topic], RefusedTopics()
     assert group.seek(GOOD.topic, GOOD.partition, 1)
     consumer.corrupt.add(BAD)
     with pytest.raises(KafkaUnavailable):

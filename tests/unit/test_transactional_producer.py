@@ -20,6 +20,7 @@ from app.errors import (
 )
 from app.kafka import TransactionalProducer
 from app.kafka.records import refused, refused_topics
+from app.node.kept import is_fenced
 
 
 class FakeClient:
@@ -191,4 +192,28 @@ async def test_a_refusal_seen_by_the_sender_is_what_the_failure_comes_from() -> 
     with pytest.raises(KafkaUnavailable, match="TopicAuthorizationFailed") as e:
         await producer.flush({("shop.order.commands", 3): 10}, "g")
     assert refused(e.value) and refused_topics(e.value) == frozenset({"shop.order.timers"})
+    await producer.stop()
+
+
+class HangingClient(FakeClient):
+    async def commit_transaction(self) -> None:
+        self.calls.append("commit")
+        await asyncio.Event().wait()
+
+
+async def test_a_commit_cut_short_by_its_deadline_leaves_a_chain_of_causes_that_ends() -> None:
+    """The node's commit deadline cancels a hung commit: the cancellation raised back was
+    its own cause (`raise exc from exc`), and every walk down the causes (is it a fence?
+    a refusal?) spun for ever, freezing the node's event loop."""
+    producer = await producer_with(HangingClient(AssertionError("unused")))
+    with pytest.raises(TimeoutError) as e:
+        async with asyncio.timeout(0.05):
+            await producer.flush({("shop.order.commands", 3): 10}, "g")
+    seen: list[BaseException] = []
+    exc: BaseException | None = e.value
+    while exc is not None:
+        assert exc not in seen, f"{exc!r} is its own cause, down the chain"
+        seen.append(exc)
+        exc = exc.__cause__
+    assert not is_fenced(e.value) and not refused(e.value)
     await producer.stop()
