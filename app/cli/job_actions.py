@@ -16,6 +16,7 @@ from app.errors import JobsCliError
 from app.jobs import SCHEDULE, TRIGGER, Job
 from app.kafka import Producer, Reader, ensure_topics, require_topic
 from app.kafka.connection import Connectable
+from app.kafka.records import Replication
 from app.node import node_topics
 from app.ops import job_api
 from app.ops.job_api import FAILED_CODES, InstanceState, cli_option, find_job, instance_commands
@@ -51,14 +52,19 @@ def parse_rule_option(text: str | None, job: Job) -> dict[str, Any] | None:
 
 
 async def send_and_wait(
-    bootstrap: Connectable, partitions: int, commands: Sequence[CommandEnvelope], wait_s: float
+    bootstrap: Connectable,
+    partitions: int,
+    commands: Sequence[CommandEnvelope],
+    wait_s: float,
+    replication: Replication,
 ) -> dict[str, CommandResult]:
     """Sends `commands` (all to one context's schedule), creating its topics as a worker
-    would, and for up to `wait_s` seconds waits for their results: those that came."""
+    would (with the workers' `replication`: made first here, they keep it for good), and
+    for up to `wait_s` seconds waits for their results: those that came."""
     if not commands:
         return {}
     topics = AggregateTopics(commands[0].aggregate.context, SCHEDULE)
-    await ensure_topics(bootstrap, node_topics([topics], partitions))
+    await ensure_topics(bootstrap, node_topics([topics], partitions), replication)
     async with Reader(bootstrap) as reader:
         producer = Producer(bootstrap)
         await producer.start()

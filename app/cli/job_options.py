@@ -74,7 +74,12 @@ def send_all(
     """Sends `commands` (once the cluster lets this client in) and waits up to `wait` s for
     their results, by request id."""
     return run(
-        checked(settings.kafka, send_and_wait(settings.kafka, settings.partitions, commands, wait))
+        checked(
+            settings.kafka,
+            send_and_wait(
+                settings.kafka, settings.partitions, commands, wait, settings.replication
+            ),
+        )
     )
 
 

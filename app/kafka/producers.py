@@ -6,6 +6,7 @@ aiokafka leaves them."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -13,6 +14,10 @@ from typing import Any
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import (
     KafkaError,
+    LeaderNotAvailableError,
+    NotLeaderForPartitionError,
+    OutOfOrderSequenceNumber,
+    UnknownProducerId,
 )
 
 from app.errors import KafkaUnavailable
@@ -46,44 +51,80 @@ def transaction_batch_bytes(max_message_bytes: Iterable[int]) -> int:
     return max(1, min(TRANSACTION_BATCH_BYTES, smallest - BATCH_HEADER_MARGIN))
 
 
+RENEWED_ON = (
+    LeaderNotAvailableError,
+    NotLeaderForPartitionError,
+    OutOfOrderSequenceNumber,
+    UnknownProducerId,
+)
+"""A send failing so leaves the idempotent producer's sequence of its partition broken:
+aiokafka numbers a batch as it takes it, and a batch that expired with no leader (after
+its 40 s request timeout: a partition whose replicas are all down a while) is failed
+numbered but never sent. The broker then answers every later batch of that partition
+OUT_OF_ORDER_SEQUENCE_NUMBER, which aiokafka neither retries nor mends (the Java client
+does, KIP-360): nothing would reach that partition again while the producer lives."""
+
+STOP_WITHIN_S = 5.0
+"""How long a producer may take to stop (its flush waits on a partition with no leader, or
+short of in-sync replicas, for as long as the cluster stays so); then its sender and
+connections are closed with what is left unsent."""
+
+
 class Producer:
     """An idempotent producer (acks=all); `send_many` returns once the broker has all.
 
     aiokafka's sender task sends what `send` queues: once it ended (`Sender._fail_all`: an
     unexpected error, which every later send raises; or a cancellation swallowed inside,
     and every later send waits for ever) nothing is sent again. `send_many` then raises at
-    once (`sending`), and `failed` ends, for its owner to stop (the node does)."""
+    once (`sending`), and `failed` ends, for its owner to stop (the node does). A send
+    that fails with its partition's sequence broken (`RENEWED_ON`) raises, and the next
+    sends go through a new producer (a new producer id, every sequence from 0)."""
 
     def __init__(self, bootstrap: Connectable, *, linger_ms: int = 2) -> None:
-        self._producer = AIOKafkaProducer(
+        self._options = {
             **client_options(bootstrap),
-            enable_idempotence=True,
-            acks="all",
-            linger_ms=linger_ms,
-            max_request_size=1_048_576,
-        )
+            "enable_idempotence": True,
+            "acks": "all",
+            "linger_ms": linger_ms,
+            "max_request_size": 1_048_576,
+        }
+        self._producer: Any = self._new_client()
+        self._renewing = asyncio.Lock()
+        self._retired: set[asyncio.Task[None]] = set()
+
+    def _new_client(self) -> Any:
+        return AIOKafkaProducer(**self._options)
 
     async def start(self) -> None:
         await start_client(self._producer, "producer")
 
     async def stop(self) -> None:
-        await self._producer.stop()
-        left_behind(self._producer)
+        """Stops within `STOP_WITHIN_S`, and the producers given up on with it."""
+        try:
+            await _stop_within(self._producer)
+        finally:
+            await asyncio.gather(*self._retired, return_exceptions=True)
 
     async def failed(self) -> None:
-        """`PublisherClient.failed`: raises once aiokafka's sender task ended."""
-        task = getattr(getattr(self._producer, "_sender", None), "sender_task", None)
-        if not isinstance(task, asyncio.Future):
-            raise KafkaUnavailable("the producer is not started: it sends nothing")
-        await asyncio.wait([task])
-        sending(self._producer)
+        """`PublisherClient.failed`: raises once aiokafka's sender task ended (the one of
+        the producer in use: one given up on ends as it is stopped)."""
+        while True:
+            producer = self._producer
+            task = getattr(getattr(producer, "_sender", None), "sender_task", None)
+            if not isinstance(task, asyncio.Future):
+                raise KafkaUnavailable("the producer is not started: it sends nothing")
+            await asyncio.wait([task])
+            if producer is self._producer:
+                sending(producer)
+                return
 
     async def send_many(self, records: Sequence[OutRecord]) -> list[int]:
         """Sends (topic, partition, key, value) records; their offsets once acknowledged."""
-        sending(self._producer)
+        producer = self._producer
+        sending(producer)
         try:
             futures = [
-                await self._producer.send(
+                await producer.send(
                     r[0], value=r[3], key=r[2], partition=r[1], headers=headers_list(r)
                 )
                 for r in records
@@ -94,12 +135,49 @@ class Producer:
                 f.add_done_callback(retrieve)
             return [(await f).offset for f in futures]
         except KafkaError as exc:
+            if isinstance(exc, RENEWED_ON):
+                await self._renew(producer, exc)
             raise KafkaUnavailable(f"send failed: {explain(exc)}") from exc
 
     async def send(
         self, topic: str, key: bytes | None, value: bytes | None, partition: int | None = None
     ) -> int:
         return (await self.send_many([(topic, partition, key, value)]))[0]
+
+    async def _renew(self, broken: Any, exc: KafkaError) -> None:
+        """Replaces `broken` (once, however many sends failed on it) with a new producer,
+        started; stops it in the background. A new one that cannot start is given up on,
+        and the next failing send tries again."""
+        async with self._renewing:
+            if broken is not self._producer:
+                return
+            fresh = self._new_client()
+            try:
+                await start_client(fresh, "producer")
+            except BaseException:
+                await asyncio.gather(fresh.stop(), return_exceptions=True)
+                raise
+            self._producer = fresh
+            logger.warning("a new producer replaces one whose send failed: %s", explain(exc))
+        stopping = asyncio.create_task(_stop_within(broken), name="stopping a retired producer")
+        self._retired.add(stopping)
+        stopping.add_done_callback(self._retired.discard)
+
+
+async def _stop_within(producer: Any) -> None:
+    """Stops `producer` within `STOP_WITHIN_S`; past it, its sender and connections are
+    closed with what is left unsent (each such send fails: its caller is told)."""
+    try:
+        async with asyncio.timeout(STOP_WITHIN_S):
+            await producer.stop()
+    except Exception as exc:  # a timeout, or the client's own
+        logger.warning("a producer did not stop within %g s: %s", STOP_WITHIN_S, explain(exc))
+        for part in (getattr(producer, "_sender", None), getattr(producer, "client", None)):
+            if part is not None:
+                with contextlib.suppress(Exception):
+                    async with asyncio.timeout(STOP_WITHIN_S):
+                        await part.close()
+    left_behind(producer)
 
 
 def sending(producer: Any) -> None:

@@ -28,6 +28,7 @@ import app.cli.job_runs
 from app.cli import cli
 from app.jobs import enable_command, ref_of, schedule_aggregate
 from app.kafka.memory import MemoryLog
+from app.kafka.records import Replication
 from app.model.decide import StoredAggregate, decide
 from app.protocol.topics import AggregateTopics
 from app.protocol.wire import CommandEnvelope, CommandResult, EventEnvelope, ResultCode, decode
@@ -110,7 +111,11 @@ def test_the_concepts_backfill_lines_run_at_their_now(
         return list(log)
 
     async def send(
-        bootstrap: object, partitions: int, commands: list[CommandEnvelope], wait: float
+        bootstrap: object,
+        partitions: int,
+        commands: list[CommandEnvelope],
+        wait: float,
+        replication: Replication,
     ) -> dict[str, CommandResult]:
         return {
             c.request_id: CommandResult(

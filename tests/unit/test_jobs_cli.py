@@ -22,6 +22,7 @@ from app.cli.jobs import (
 from app.errors import JobsCliError
 from app.jobs import DISABLE, ENABLE, RESCHEDULE, Job, JobRun, JobScope, shard_ref
 from app.jobs.commands import TRIGGER_SENDS
+from app.kafka.records import Replication
 from app.model.aggregate import sent_suffix_length
 from app.ops.job_api import JobInputError
 from app.protocol.wire import MAX_REQUEST_ID, CommandEnvelope, CommandResult, ResultCode
@@ -355,8 +356,14 @@ def test_the_request_id_given_is_the_one_sent(
     sent: list[CommandEnvelope] = []
 
     async def send(
-        bootstrap: object, partitions: int, commands: list[CommandEnvelope], wait: float
+        bootstrap: object,
+        partitions: int,
+        commands: list[CommandEnvelope],
+        wait: float,
+        replication: Replication,
     ) -> dict[str, CommandResult]:
+        # The context's topics, made here when no worker made them yet, as a worker would.
+        assert replication == Replication(3, 2)
         sent.extend(commands)
         return {
             c.request_id: CommandResult(
