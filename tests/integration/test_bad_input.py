@@ -425,6 +425,7 @@ async def test_bad_records_are_dead_lettered_once_each_and_every_timer_fires(
         assert w.alive
 
 
+@pytest.mark.kafka_next
 async def test_a_header_key_that_is_not_utf8_stops_nothing(cluster: Cluster) -> None:
     """Kafka's Java clients read such a key with the replacement character and aiokafka
     raised on it at every poll (the node stopped, and the next owner of the partition
@@ -481,6 +482,7 @@ async def produce_compressed(
         await producer.stop()
 
 
+@pytest.mark.kafka_next
 async def test_batches_compressed_with_every_codec_kafka_has_are_read(cluster: Cluster) -> None:
     """A batch compressed with lz4, snappy or zstd raised UnsupportedCodecError at every
     poll (aiokafka reads them with cramjam, which the project did not install): its

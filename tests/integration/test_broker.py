@@ -16,7 +16,7 @@ from aiokafka.structs import OffsetAndMetadata
 from app.errors import KafkaUnavailable
 from app.kafka import TopicSpec, ensure_topics
 
-pytestmark = pytest.mark.kafka
+pytestmark = [pytest.mark.kafka, pytest.mark.kafka_next]
 
 TopicFactory = Callable[..., Awaitable[str]]
 Record = tuple[int, bytes | None, bytes | None]  # partition, key, value

@@ -22,6 +22,7 @@ async def cluster(kafka_bootstrap: str, tmp_path: Path) -> AsyncIterator[Cluster
     c.stop_all()
 
 
+@pytest.mark.kafka_next
 async def test_result_codes_and_dedup(cluster: Cluster) -> None:
     async with Client(cluster) as client:
         w = cluster.start_worker()

@@ -117,6 +117,7 @@ async def read_all(bootstrap: str, topic: str, partitions: int) -> list[Record]:
     return out
 
 
+@pytest.mark.kafka_next
 async def test_a_faust_app_schedules_receives_answers_and_cancels(
     kafka_bootstrap: str,
     tmp_path: Path,

@@ -18,7 +18,7 @@ from writer_kinds import MakeWriter, each_writer
 from app.errors import Fenced, KafkaUnavailable
 from app.kafka import OutRecord, Producer
 
-pytestmark = pytest.mark.kafka
+pytestmark = [pytest.mark.kafka, pytest.mark.kafka_next]
 
 TopicFactory = Callable[..., Awaitable[str]]
 

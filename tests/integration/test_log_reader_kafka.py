@@ -46,6 +46,7 @@ async def read(reader: ReaderClient, topic: str, start: int) -> list[tuple[int, 
 
 
 @pytest.mark.kafka
+@pytest.mark.kafka_next
 @each_reader
 async def test_a_read_returns_each_record_once_in_order_from_any_start(
     make: MakeReader, kafka_bootstrap: str, topic_factory: TopicFactory
@@ -64,6 +65,7 @@ async def test_a_read_returns_each_record_once_in_order_from_any_start(
 
 
 @pytest.mark.kafka
+@pytest.mark.kafka_next
 @each_reader
 async def test_a_header_key_that_is_not_utf8_is_read_past(
     make: MakeReader, kafka_bootstrap: str, topic_factory: TopicFactory
@@ -82,6 +84,7 @@ async def test_a_header_key_that_is_not_utf8_is_read_past(
 
 
 @pytest.mark.kafka
+@pytest.mark.kafka_next
 @each_reader
 async def test_no_such_topic_is_unavailable(make: MakeReader, kafka_bootstrap: str) -> None:
     async with reader_of(make, kafka_bootstrap, **_short(make)) as reader:
@@ -92,6 +95,7 @@ async def test_no_such_topic_is_unavailable(make: MakeReader, kafka_bootstrap: s
 
 
 @pytest.mark.kafka
+@pytest.mark.kafka_next
 @each_reader
 async def test_a_topic_deleted_after_a_read_is_unavailable(
     make: MakeReader, kafka_bootstrap: str, topic_factory: TopicFactory
@@ -112,6 +116,7 @@ async def test_a_topic_deleted_after_a_read_is_unavailable(
 
 
 @pytest.mark.kafka
+@pytest.mark.kafka_next
 @each_reader
 async def test_no_broker_is_unavailable(make: MakeReader) -> None:
     with socket.socket() as closed:  # a port nobody listens on

@@ -19,7 +19,7 @@ from kafka_broker import create_topics
 
 from app.kafka import topic_names
 
-pytestmark = pytest.mark.kafka
+pytestmark = [pytest.mark.kafka, pytest.mark.kafka_next]
 
 
 @pytest.fixture

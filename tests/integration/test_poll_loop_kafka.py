@@ -20,7 +20,7 @@ from app.kafka.admin import GroupOffsets, delete_records
 from app.kafka.consumers import GroupConsumer
 from app.node.polling import poll_loop
 
-pytestmark = pytest.mark.kafka
+pytestmark = [pytest.mark.kafka, pytest.mark.kafka_next]
 
 TopicFactory = Callable[..., Awaitable[str]]
 

@@ -75,6 +75,7 @@ async def noop(_: set[tuple[str, int]]) -> None:
 
 
 @pytest.mark.kafka
+@pytest.mark.kafka_next
 async def test_offsets_land_in_the_held_group_and_records_show_only_once_committed(
     kafka_bootstrap: str, topic_factory: TopicFactory
 ) -> None:
@@ -160,6 +161,7 @@ async def test_over_sasl_ssl_it_commits_and_a_principal_without_acls_is_told_whi
 
 
 @pytest.mark.kafka
+@pytest.mark.kafka_next
 async def test_a_keyed_record_lands_where_aiokafkas_would(
     kafka_bootstrap: str, topic_factory: TopicFactory
 ) -> None:
@@ -186,6 +188,7 @@ async def test_a_keyed_record_lands_where_aiokafkas_would(
 
 
 @pytest.mark.kafka
+@pytest.mark.kafka_next
 async def test_an_empty_key_lands_where_aiokafkas_would(
     kafka_bootstrap: str, topic_factory: TopicFactory
 ) -> None:

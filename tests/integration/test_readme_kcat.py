@@ -72,6 +72,7 @@ async def run_block(block: str, bootstrap: str) -> tuple[bytes, bytes]:
     return stdout, stderr
 
 
+@pytest.mark.kafka_next
 async def test_the_readmes_kcat_example_lands_in_its_aggregates_partition(
     kafka_bootstrap: str,
 ) -> None:
@@ -155,6 +156,7 @@ async def test_the_readmes_dead_letter_command_prints_the_letter_it_shows(
     assert lines[at + 2] == value, "the bad record's value, byte for byte"
 
 
+@pytest.mark.kafka_next
 async def test_the_readmes_dead_letter_command_creates_no_topic(kafka_bootstrap: str) -> None:
     """Read-only: the docs' command, its topic one that does not exist, says so and
     fails, and leaves no topic behind (kcat's consumer never asks for one to be created:

@@ -93,6 +93,7 @@ async def mixed_history(client: Client) -> list[tuple[AggregateRef, str]]:
     return keys
 
 
+@pytest.mark.kafka_next
 async def test_restore_from_changelog_equals_the_live_table(cluster: Cluster) -> None:
     async with Client(cluster) as client:
         w1 = cluster.start_worker("w1")

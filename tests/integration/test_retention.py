@@ -14,7 +14,7 @@ from harness import Client, Cluster, TimerJson, eventually, owned
 from app.kafka import read_partitions
 from tables import TimerStatus
 
-pytestmark = pytest.mark.kafka
+pytestmark = [pytest.mark.kafka, pytest.mark.kafka_next]
 
 PARTITIONS = 2
 OPTIONS = (

@@ -276,6 +276,7 @@ async def test_ten_thousand_timers_over_two_workers(cluster: Cluster) -> None:
     assert stats["timers"] >= 9_000
 
 
+@pytest.mark.kafka_next
 async def test_kill_9_at_random_moments(cluster: Cluster) -> None:
     stats = await run_scenario(cluster, owners=40, per_owner=50, spread_ms=14_000, chaos="kill")
     assert stats["kills"] >= 5

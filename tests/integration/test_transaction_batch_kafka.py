@@ -17,7 +17,7 @@ from app.kafka.clients import KafkaAdmin
 from app.kafka.consumers import read_partitions
 from app.kafka.producers import transaction_batch_bytes
 
-pytestmark = pytest.mark.kafka
+pytestmark = [pytest.mark.kafka, pytest.mark.kafka_next]
 
 TopicFactory = Callable[..., Awaitable[str]]
 LIMIT = 64 * 1024

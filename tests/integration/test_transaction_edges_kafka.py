@@ -27,7 +27,7 @@ from app.kafka import OutRecord, TransactionalProducer
 from app.kafka.connection import client_options
 from app.kafka.consumers import read_partitions
 
-pytestmark = pytest.mark.kafka
+pytestmark = [pytest.mark.kafka, pytest.mark.kafka_next]
 
 TopicFactory = Callable[..., Awaitable[str]]
 

@@ -13,7 +13,7 @@ from harness import Client, Cluster, eventually, owned, sleep_until
 
 from tables.partitioner import partition_of
 
-pytestmark = pytest.mark.kafka
+pytestmark = [pytest.mark.kafka, pytest.mark.kafka_next]
 
 PARTITIONS = 4
 

@@ -406,6 +406,7 @@ def _topics(bootstrap: str) -> set[str]:
 
 
 @pytest.mark.kafka
+@pytest.mark.kafka_next
 def test_read_only_commands_create_no_topic_on_a_real_broker(kafka_bootstrap: str) -> None:
     context = RO_CONTEXT
     runner = CliRunner()

@@ -95,8 +95,8 @@ Backend = MemoryBackend | KafkaBackend
 @pytest.fixture(
     params=[
         "memory",
-        pytest.param("kafka", marks=pytest.mark.kafka),
-        pytest.param("kafka-confluent", marks=pytest.mark.kafka),
+        pytest.param("kafka", marks=[pytest.mark.kafka, pytest.mark.kafka_next]),
+        pytest.param("kafka-confluent", marks=[pytest.mark.kafka, pytest.mark.kafka_next]),
     ]
 )
 def backend(request: pytest.FixtureRequest) -> Backend:
