@@ -44,12 +44,21 @@ class PartitionReader:
         await self._consumer.stop()
 
     async def add(self, partition: int) -> None:
+        """Reads `partition` on from its end now; `KafkaUnavailable` when its end cannot be
+        had (no leader within the client's request timeout)."""
+        tp = TopicPartition(self.topic, partition)
+        # Asked before the lock: a partition with no leader holds this for the client's
+        # whole request timeout (40 s), and every other partition's poll waits on the lock.
+        try:
+            end = (await self._consumer.end_offsets([tp]))[tp]
+        except KafkaError as exc:
+            raise KafkaUnavailable(
+                f"{tp.topic}[{partition}]: no end offset: {explain(exc)}"
+            ) from exc
         async with self._lock:
-            tp = TopicPartition(self.topic, partition)
-            kept = {t: await self._consumer.position(t) for t in self._consumer.assignment()}
+            kept = await self._positions()
             if tp in kept:
                 return
-            end = (await self._consumer.end_offsets([tp]))[tp]
             # assign() forgets positions: put back those of the partitions already read.
             self._consumer.assign([*kept, tp])
             self._seek({**kept, tp: end})
@@ -58,11 +67,18 @@ class PartitionReader:
     async def remove(self, partition: int) -> None:
         async with self._lock:
             tp = TopicPartition(self.topic, partition)
-            kept = {t: await self._consumer.position(t) for t in self._consumer.assignment()}
+            kept = await self._positions()
             kept.pop(tp, None)
             self._consumer.assign(list(kept))
             self._read.forget([tp])
             self._seek(kept)
+
+    async def _positions(self) -> dict[TopicPartition, int]:
+        """Where each partition read is (the next offset to hand out)."""
+        try:
+            return {t: await self._consumer.position(t) for t in self._consumer.assignment()}
+        except KafkaError as exc:
+            raise KafkaUnavailable(f"{self.topic}: no read positions: {explain(exc)}") from exc
 
     def _seek(self, positions: dict[TopicPartition, int]) -> None:
         for tp, position in positions.items():
