@@ -21,7 +21,9 @@ connection errors always (while the broker answers they are summed up in one WAR
 minute, so a client that cannot talk to a broker that answers probes is never silent);
 the retries that follow an outage (`NotLeaderForPartitionError`, `NotEnoughReplicas`,
 coordinator moves, a lost group membership) only while the broker is away and for
-`settle` s after it is back. Everything else passes untouched.
+`settle` s after it is back; while it answers, one line of each kind every
+`retry_line_every` s (a partition short of in-sync replicas for minutes is retried ~100
+times a second), with how many like it were muted. Everything else passes untouched.
 
 `status()` is for `/healthz`; `tickwheel_broker_reachable`, `tickwheel_broker_outages_total`
 and `tickwheel_broker_outage_seconds_total` are on the registry given.
@@ -84,6 +86,7 @@ class BrokerWatch:
         settle: float = 30.0,
         summary_every: float = 60.0,
         log_filter: BrokerLogFilter | None = None,
+        retry_line_every: float = 10.0,
     ) -> None:
         self.bootstrap = connection(bootstrap).bootstrap_servers  # said in logs and /healthz
         self._probe: Probe = probe or (lambda: api_versions_probe(bootstrap, timeout))
@@ -93,6 +96,9 @@ class BrokerWatch:
         self.failures_to_down = max(1, failures_to_down)
         self.settle = settle
         self.summary_every = summary_every
+        self.retry_line_every = retry_line_every
+        # Per retry record's format string: when one last passed, and how many since not.
+        self._retries: dict[str, tuple[float, int]] = {}
         self._filter = log_filter if log_filter is not None else shared_filter()
         self.reachable = True
         self.down_since: float | None = None
@@ -261,7 +267,7 @@ class BrokerWatch:
             self._outage_seconds.inc(now - self._accounted)
             self._accounted = now
 
-    def heard(self, kind: Kind, message: str) -> bool:
+    def heard(self, kind: Kind, message: str, template: str = "") -> bool:
         """The log filter's report of a client library record; whether it stays in the log."""
         with self._lock:
             now = self._clock()
@@ -272,12 +278,30 @@ class BrokerWatch:
                 if now < self._settle_until:
                     self.muted += 1
                     return False
-                return True
+                return self._retry_passes(template or message, now)
             if self._heard is None:
                 self._heard, self._heard_at = message, now
             self._heard_count += 1
         self._poke()
         return False
+
+    def _retry_passes(self, template: str, now: float) -> bool:
+        """One retry line of each kind every `retry_line_every` s, the first after muted
+        ones preceded by how many were."""
+        passed_at, muted = self._retries.get(template, (float("-inf"), 0))
+        if now - passed_at < self.retry_line_every:
+            self._retries[template] = (passed_at, muted + 1)
+            return False
+        if len(self._retries) > 256:  # format strings are few: a bound all the same
+            self._retries.clear()
+        self._retries[template] = (now, 0)
+        if muted:
+            logger.warning(
+                "%d client library retry line(s) like the next one muted in the last %.0f s",
+                muted,
+                now - passed_at,
+            )
+        return True
 
     def _poke(self) -> None:
         """Probe soon: the client library says the broker may be gone."""

@@ -34,8 +34,8 @@ Kind = Literal["connection", "recovery"]
 class Listener(Protocol):
     """What hears the muted records (a `BrokerWatch`)."""
 
-    def heard(self, kind: Kind, message: str) -> bool:
-        """Whether the record stays in the log."""
+    def heard(self, kind: Kind, message: str, template: str = "") -> bool:
+        """Whether the record stays in the log (`template`: its format string)."""
         ...
 
 
@@ -188,7 +188,7 @@ class BrokerLogFilter(logging.Filter):
             message = str(record.msg)
         keep = True
         for watch in list(self._watches):
-            if not watch.heard(kind, message):
+            if not watch.heard(kind, message, str(record.msg)):
                 keep = False
         return keep
 

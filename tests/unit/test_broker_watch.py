@@ -180,10 +180,43 @@ async def test_a_flood_of_client_errors_is_one_line_down_and_one_line_back(
     assert metric(registry, "tickwheel_broker_outage_seconds_total") == pytest.approx(17.0)
     assert metric(registry, "tickwheel_broker_reachable") == 1
 
-    # Long after the outage, the same retries are news again and pass.
+    # Long after the outage, the same retries are news again and pass: one of each kind
+    # (the second produce retry of the same second is muted, and counted).
     clock.now += watch.settle + 1
     recovery_noise()
-    assert len(lines(caplog, "aiokafka")) == 4
+    assert len(lines(caplog, "aiokafka")) == 3
+
+
+def test_retries_while_the_broker_answers_are_one_line_of_each_kind_every_ten_seconds(
+    log_filter: BrokerLogFilter,
+    clock: FakeClock,
+    registry: CollectorRegistry,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A partition short of in-sync replicas for minutes, on a cluster whose other brokers
+    answer: aiokafka retries its produce ~100 times a second, a WARNING each."""
+    caplog.set_level(logging.DEBUG)
+    watch = watch_of(log_filter, clock, registry, FakeProbe())
+    sender = logging.getLogger("aiokafka.producer.sender")
+
+    def retries(n: int) -> None:
+        for i in range(n):
+            sender.warning(
+                "Got error produce response on topic-partition %s, retrying. Error: %s",
+                f"t-{i % 3}",
+                NotEnoughReplicasError,
+            )
+
+    retries(100)
+    assert len(lines(caplog, "aiokafka")) == 1
+    clock.now += watch.retry_line_every - 1
+    retries(100)
+    assert len(lines(caplog, "aiokafka")) == 1
+    clock.now += 1
+    retries(100)
+    assert len(lines(caplog, "aiokafka")) == 2
+    said = [r.getMessage() for r in lines(caplog, "app.kafka.broker_watch")]
+    assert said == ["199 client library retry line(s) like the next one muted in the last 10 s"]
 
 
 def test_unrelated_records_pass(
