@@ -17,6 +17,9 @@ from app.kafka.records import Record, explain, start_client
 
 __all__ = ["PartitionReader"]
 
+POSITIONS_WITHIN_S = 45.0
+"""How long the read positions may take (the client's 40 s request timeout, and slack)."""
+
 
 class PartitionReader:
     """Reads a changing set of one topic's partitions, each from where it was added.
@@ -36,6 +39,9 @@ class PartitionReader:
         self._lock = asyncio.Lock()
         self._changed = asyncio.Event()
         self._read = ReadPositions()
+        # The partitions asked for (`add`) and not let go since (`remove`), as asked: an
+        # add waiting for its end offset outside the lock reads p only if still wanted.
+        self._wanted: set[int] = set()
 
     async def start(self) -> None:
         await start_client(self._consumer, f"reader of {self.topic}")
@@ -47,24 +53,28 @@ class PartitionReader:
         """Reads `partition` on from its end now; `KafkaUnavailable` when its end cannot be
         had (no leader within the client's request timeout)."""
         tp = TopicPartition(self.topic, partition)
+        self._wanted.add(partition)
         # Asked before the lock: a partition with no leader holds this for the client's
         # whole request timeout (40 s), and every other partition's poll waits on the lock.
         try:
             end = (await self._consumer.end_offsets([tp]))[tp]
-        except KafkaError as exc:
-            raise KafkaUnavailable(
-                f"{tp.topic}[{partition}]: no end offset: {explain(exc)}"
-            ) from exc
+        except BaseException as exc:
+            self._wanted.discard(partition)
+            if isinstance(exc, KafkaError):
+                said = f"{tp.topic}[{partition}]: no end offset: {explain(exc)}"
+                raise KafkaUnavailable(said) from exc
+            raise
         async with self._lock:
             kept = await self._positions()
-            if tp in kept:
-                return
+            if tp in kept or partition not in self._wanted:
+                return  # read already, or let go (`remove`) while its end was asked
             # assign() forgets positions: put back those of the partitions already read.
             self._consumer.assign([*kept, tp])
             self._seek({**kept, tp: end})
             self._changed.set()
 
     async def remove(self, partition: int) -> None:
+        self._wanted.discard(partition)
         async with self._lock:
             tp = TopicPartition(self.topic, partition)
             kept = await self._positions()
@@ -74,10 +84,12 @@ class PartitionReader:
             self._seek(kept)
 
     async def _positions(self) -> dict[TopicPartition, int]:
-        """Where each partition read is (the next offset to hand out)."""
+        """Where each partition read is (the next offset to hand out). Bounded: a position
+        reset (its offset out of range) of a partition with no leader waits for ever."""
         try:
-            return {t: await self._consumer.position(t) for t in self._consumer.assignment()}
-        except KafkaError as exc:
+            async with asyncio.timeout(POSITIONS_WITHIN_S):
+                return {t: await self._consumer.position(t) for t in self._consumer.assignment()}
+        except (KafkaError, TimeoutError) as exc:
             raise KafkaUnavailable(f"{self.topic}: no read positions: {explain(exc)}") from exc
 
     def _seek(self, positions: dict[TopicPartition, int]) -> None:

@@ -13,9 +13,8 @@ from typing import Any
 
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import (
+    KafkaConnectionError,
     KafkaError,
-    LeaderNotAvailableError,
-    NotLeaderForPartitionError,
     OutOfOrderSequenceNumber,
     UnknownProducerId,
 )
@@ -51,23 +50,22 @@ def transaction_batch_bytes(max_message_bytes: Iterable[int]) -> int:
     return max(1, min(TRANSACTION_BATCH_BYTES, smallest - BATCH_HEADER_MARGIN))
 
 
-RENEWED_ON = (
-    LeaderNotAvailableError,
-    NotLeaderForPartitionError,
-    OutOfOrderSequenceNumber,
-    UnknownProducerId,
-)
-"""A send failing so leaves the idempotent producer's sequence of its partition broken:
+RENEWED_ON = (OutOfOrderSequenceNumber, UnknownProducerId)
+"""A send failing so says the idempotent producer's sequence of its partition is broken:
 aiokafka numbers a batch as it takes it, and a batch that expired with no leader (after
 its 40 s request timeout: a partition whose replicas are all down a while) is failed
 numbered but never sent. The broker then answers every later batch of that partition
 OUT_OF_ORDER_SEQUENCE_NUMBER, which aiokafka neither retries nor mends (the Java client
 does, KIP-360): nothing would reach that partition again while the producer lives."""
 
+RENEW_WITHIN_S = 30.0
+"""How long a new producer may take to start (its producer id asked) before it is given
+up on; the next send failing so tries again."""
+
 STOP_WITHIN_S = 5.0
 """How long a producer may take to stop (its flush waits on a partition with no leader, or
-short of in-sync replicas, for as long as the cluster stays so); then its sender and
-connections are closed with what is left unsent."""
+short of in-sync replicas, for as long as the cluster stays so); then what it holds
+unsent fails, and its sender and connections are closed."""
 
 
 class Producer:
@@ -77,8 +75,9 @@ class Producer:
     unexpected error, which every later send raises; or a cancellation swallowed inside,
     and every later send waits for ever) nothing is sent again. `send_many` then raises at
     once (`sending`), and `failed` ends, for its owner to stop (the node does). A send
-    that fails with its partition's sequence broken (`RENEWED_ON`) raises, and the next
-    sends go through a new producer (a new producer id, every sequence from 0)."""
+    that fails with its partition's sequence broken (`RENEWED_ON`) raises, and a new
+    producer (a new producer id, every sequence from 0) is started in the background,
+    for the sends after it."""
 
     def __init__(self, bootstrap: Connectable, *, linger_ms: int = 2) -> None:
         self._options = {
@@ -89,8 +88,9 @@ class Producer:
             "max_request_size": 1_048_576,
         }
         self._producer: Any = self._new_client()
-        self._renewing = asyncio.Lock()
+        self._renewal: asyncio.Task[None] | None = None
         self._retired: set[asyncio.Task[None]] = set()
+        self._stopped = False
 
     def _new_client(self) -> Any:
         return AIOKafkaProducer(**self._options)
@@ -99,7 +99,12 @@ class Producer:
         await start_client(self._producer, "producer")
 
     async def stop(self) -> None:
-        """Stops within `STOP_WITHIN_S`, and the producers given up on with it."""
+        """Stops within `STOP_WITHIN_S`, and the producers given up on with it (a renewal
+        under way is cut short)."""
+        self._stopped = True
+        if (renewal := self._renewal) is not None:
+            renewal.cancel()
+            await asyncio.gather(renewal, return_exceptions=True)
         try:
             await _stop_within(self._producer)
         finally:
@@ -136,7 +141,7 @@ class Producer:
             return [(await f).offset for f in futures]
         except KafkaError as exc:
             if isinstance(exc, RENEWED_ON):
-                await self._renew(producer, exc)
+                self._renew(producer, exc)
             raise KafkaUnavailable(f"send failed: {explain(exc)}") from exc
 
     async def send(
@@ -144,38 +149,52 @@ class Producer:
     ) -> int:
         return (await self.send_many([(topic, partition, key, value)]))[0]
 
-    async def _renew(self, broken: Any, exc: KafkaError) -> None:
-        """Replaces `broken` (once, however many sends failed on it) with a new producer,
-        started; stops it in the background. A new one that cannot start is given up on,
-        and the next failing send tries again."""
-        async with self._renewing:
-            if broken is not self._producer:
-                return
-            fresh = self._new_client()
-            try:
+    def _renew(self, broken: Any, exc: KafkaError) -> None:
+        """Starts replacing `broken` in the background, once however many sends failed on
+        it: the caller is told its failure at once, not after a new producer's start."""
+        if broken is not self._producer or self._stopped or self._renewal is not None:
+            return
+        logger.warning("a new producer replaces one whose send failed: %s", explain(exc))
+        self._renewal = asyncio.create_task(self._renewed(broken), name="renewing the producer")
+
+    async def _renewed(self, broken: Any) -> None:
+        fresh = self._new_client()
+        try:
+            async with asyncio.timeout(RENEW_WITHIN_S):
                 await start_client(fresh, "producer")
-            except BaseException:
-                await asyncio.gather(fresh.stop(), return_exceptions=True)
-                raise
-            self._producer = fresh
-            logger.warning("a new producer replaces one whose send failed: %s", explain(exc))
+        except BaseException as exc:
+            await _stop_within(fresh)
+            if not isinstance(exc, asyncio.CancelledError):
+                logger.warning("the new producer did not start (tried again later): %s", exc)
+            return
+        finally:
+            self._renewal = None
+        if self._stopped:  # stopped while it started (`stop` waited for this)
+            await _stop_within(fresh)
+            return
+        self._producer = fresh
         stopping = asyncio.create_task(_stop_within(broken), name="stopping a retired producer")
         self._retired.add(stopping)
         stopping.add_done_callback(self._retired.discard)
 
 
 async def _stop_within(producer: Any) -> None:
-    """Stops `producer` within `STOP_WITHIN_S`; past it, its sender and connections are
-    closed with what is left unsent (each such send fails: its caller is told)."""
+    """Stops `producer` within `STOP_WITHIN_S`; past it, the records it holds unsent fail
+    (each send's caller is told) and its sender and connections are closed, within the
+    same bound again."""
     try:
         async with asyncio.timeout(STOP_WITHIN_S):
             await producer.stop()
     except Exception as exc:  # a timeout, or the client's own
         logger.warning("a producer did not stop within %g s: %s", STOP_WITHIN_S, explain(exc))
-        for part in (getattr(producer, "_sender", None), getattr(producer, "client", None)):
-            if part is not None:
-                with contextlib.suppress(Exception):
-                    async with asyncio.timeout(STOP_WITHIN_S):
+        accumulator = getattr(producer, "_message_accumulator", None)
+        if accumulator is not None:
+            with contextlib.suppress(Exception):
+                accumulator.fail_all(KafkaConnectionError("the producer was closed unsent"))
+        with contextlib.suppress(Exception):
+            async with asyncio.timeout(STOP_WITHIN_S):
+                for part in (getattr(producer, "_sender", None), getattr(producer, "client", None)):
+                    if part is not None:
                         await part.close()
     left_behind(producer)
 

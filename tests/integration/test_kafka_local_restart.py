@@ -49,6 +49,7 @@ async def _read(bootstrap: str, topic: str) -> tuple[set[str], list[tuple[bytes,
         await consumer.stop()
 
 
+@pytest.mark.kafka_next
 async def test_a_restarted_broker_keeps_its_data_and_address(tmp_path: Path) -> None:
     state = tmp_path / "kafka"
     topic = kafka_broker.unique_topic("kept")

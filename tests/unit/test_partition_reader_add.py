@@ -52,10 +52,35 @@ async def test_a_partition_without_a_leader_is_unavailable_and_holds_no_other_re
     consumer = _Consumer()
     reader._consumer = consumer
     reader._lock, reader._changed, reader._read = asyncio.Lock(), asyncio.Event(), ReadPositions()
+    reader._wanted = set()
     adding = asyncio.create_task(reader.add(1))
     await consumer.asked.wait()
     assert await asyncio.wait_for(reader.poll(timeout_ms=10), 1) == [], "partition 0 read on"
     consumer.answer.set_result(None)
     with pytest.raises(KafkaUnavailable, match=r"ctx\.results\[1\]: no end offset"):
         await adding
+    assert consumer.assigned == [TopicPartition("ctx.results", 0)]
+
+
+async def test_a_partition_let_go_while_its_end_was_asked_is_not_read() -> None:
+    """`remove` while `add` waits for the end offset (outside the lock): the calls keep
+    their order, and a partition released is not read on."""
+    reader = PartitionReader.__new__(PartitionReader)
+    reader.topic = "ctx.results"
+    consumer = _Consumer()
+    reader._consumer = consumer
+    reader._lock, reader._changed, reader._read = asyncio.Lock(), asyncio.Event(), ReadPositions()
+    reader._wanted = set()
+
+    async def end_offsets(tps: list[TopicPartition]) -> dict[TopicPartition, int]:
+        consumer.asked.set()
+        await consumer.answer
+        return {tp: 3 for tp in tps}
+
+    consumer.end_offsets = end_offsets  # type: ignore[method-assign]
+    adding = asyncio.create_task(reader.add(1))
+    await consumer.asked.wait()
+    await reader.remove(1)
+    consumer.answer.set_result(None)
+    await adding
     assert consumer.assigned == [TopicPartition("ctx.results", 0)]

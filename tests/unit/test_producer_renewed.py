@@ -13,12 +13,16 @@ import asyncio
 from typing import Any
 
 import pytest
+from aiokafka import TopicPartition
 from aiokafka.errors import (
     KafkaError,
     LeaderNotAvailableError,
     OutOfOrderSequenceNumber,
     RequestTimedOutError,
+    UnknownProducerId,
 )
+from aiokafka.producer.message_accumulator import MessageAccumulator
+from fakes import wait_until
 
 from app.errors import KafkaUnavailable
 from app.kafka import producers
@@ -32,6 +36,7 @@ class _Client:
     def __init__(self, error: BaseException | None = None, stop_hangs: bool = False) -> None:
         self.error = error
         self.stop_hangs = stop_hangs
+        self.start_hangs = False
         self.sent = 0
         self.stopped = False
         self.closed: list[str] = []
@@ -40,6 +45,8 @@ class _Client:
         self.client: Any = None
 
     async def start(self) -> None:
+        if self.start_hangs:
+            await asyncio.Event().wait()
         self.task = asyncio.get_running_loop().create_future()
         client = self
 
@@ -85,10 +92,15 @@ async def producer_over(
     return producer, made
 
 
+async def renewed(producer: Producer, fresh: _Client) -> None:
+    """Waits for the renewal started in the background."""
+    await wait_until(lambda: producer._producer is fresh, within=2)
+
+
 @pytest.mark.parametrize(
     "error",
-    [LeaderNotAvailableError(), OutOfOrderSequenceNumber()],
-    ids=["expired without a leader", "out of sequence"],
+    [OutOfOrderSequenceNumber(), UnknownProducerId()],
+    ids=["out of sequence", "unknown producer id"],
 )
 async def test_a_send_failing_with_its_sequence_broken_renews_the_producer(
     monkeypatch: pytest.MonkeyPatch, error: KafkaError
@@ -98,6 +110,7 @@ async def test_a_send_failing_with_its_sequence_broken_renews_the_producer(
     watch = asyncio.create_task(producer.failed())
     with pytest.raises(KafkaUnavailable, match="send failed"):
         await producer.send("t", b"k", b"v", 0)
+    await renewed(producer, fresh)
     assert await producer.send("t", b"k", b"v", 0) == 7  # through the new one
     assert broken.sent == 1 and fresh.sent == 1
     await asyncio.sleep(0.05)
@@ -118,10 +131,15 @@ async def test_sends_failing_together_renew_it_once_and_other_errors_never(
     results = await asyncio.gather(*sends, return_exceptions=True)
     assert all(isinstance(r, KafkaUnavailable) for r in results)
     assert left == [unused], "one new producer for the three failed sends"
-    fresh.error = RequestTimedOutError()  # retriable, no sequence broken: kept
-    with pytest.raises(KafkaUnavailable):
-        await producer.send("t", b"k", b"v", 0)
-    assert left == [unused]
+    await renewed(producer, fresh)
+    # No sequence broken: a retriable error, or a batch expired with no leader (its
+    # partition may still have none: a new producer would only strand the old one's).
+    for error in (RequestTimedOutError(), LeaderNotAvailableError()):
+        fresh.error = error
+        with pytest.raises(KafkaUnavailable):
+            await producer.send("t", b"k", b"v", 0)
+        await asyncio.sleep(0.01)
+        assert left == [unused] and producer._producer is fresh
     await producer.stop()
 
 
@@ -129,10 +147,11 @@ async def test_a_retired_producer_that_does_not_stop_is_closed_past_its_bound(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(producers, "STOP_WITHIN_S", 0.05)
-    broken, fresh = _Client(LeaderNotAvailableError(), stop_hangs=True), _Client()
+    broken, fresh = _Client(OutOfOrderSequenceNumber(), stop_hangs=True), _Client()
     producer, _ = await producer_over(monkeypatch, broken, fresh)
     with pytest.raises(KafkaUnavailable):
         await producer.send("t", b"k", b"v", 0)
+    await renewed(producer, fresh)
     await asyncio.wait_for(producer.stop(), 2)  # waits for the retired one, bounded
     assert broken.closed == ["sender", "client"]
 
@@ -148,3 +167,33 @@ async def test_a_producer_whose_flush_never_ends_stops_within_its_bound(
     producer, _ = await producer_over(monkeypatch, stuck)
     await asyncio.wait_for(producer.stop(), 2)
     assert stuck.closed == ["sender", "client"]
+
+
+async def test_what_a_producer_stopped_past_its_bound_holds_unsent_fails(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """aiokafka's sender, closed, swallows its cancellation and fails nothing it holds:
+    the sends queued for a partition with no leader waited for ever."""
+    monkeypatch.setattr(producers, "STOP_WITHIN_S", 0.05)
+    stuck = _Client(stop_hangs=True)
+    producer, _ = await producer_over(monkeypatch, stuck)
+    cluster = type("NoLeader", (), {"leader_for_partition": lambda self, tp: None})()
+    accumulator = MessageAccumulator(cluster, 16_384, 0, 40)
+    stuck._message_accumulator = accumulator  # type: ignore[attr-defined]
+    queued = await accumulator.add_message(TopicPartition("t", 0), b"k", b"v", timeout=1)
+    await asyncio.wait_for(producer.stop(), 2)
+    with pytest.raises(KafkaError, match="closed unsent"):
+        await asyncio.wait_for(queued, 1)
+
+
+async def test_a_stop_while_a_new_producer_starts_stops_that_one_too(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    broken, slow = _Client(OutOfOrderSequenceNumber()), _Client()
+    slow.start_hangs = True
+    producer, left = await producer_over(monkeypatch, broken, slow)
+    with pytest.raises(KafkaUnavailable):
+        await producer.send("t", b"k", b"v", 0)
+    await wait_until(lambda: not left)  # the new one is being started
+    await asyncio.wait_for(producer.stop(), 2)
+    assert broken.stopped and slow.stopped and producer._renewal is None
