@@ -305,7 +305,9 @@ def test_retry_as_json(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_jobs_enable_as_json(monkeypatch: pytest.MonkeyPatch) -> None:
-    async def send(bootstrap: str, partitions: int, commands: Any, wait: float) -> dict[str, Any]:
+    async def send(
+        bootstrap: str, partitions: int, commands: Any, wait: float, replication: Any
+    ) -> dict[str, Any]:
         return {}
 
     monkeypatch.setattr(app.cli.job_options, "send_and_wait", send)

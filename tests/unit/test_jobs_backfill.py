@@ -452,7 +452,11 @@ def cli_instance(monkeypatch: pytest.MonkeyPatch) -> Instance:
         return list(s.log)
 
     async def send(
-        bootstrap: object, partitions: int, commands: list[CommandEnvelope], wait: float
+        bootstrap: object,
+        partitions: int,
+        commands: list[CommandEnvelope],
+        wait: float,
+        replication: object,
     ) -> dict[str, CommandResult]:
         return {
             c.request_id: CommandResult(
