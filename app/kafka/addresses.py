@@ -5,7 +5,10 @@ client libraries read it (a host without a port is at 9092). May import nothing 
 
 from __future__ import annotations
 
+import contextlib
+import ipaddress
 import re
+import unicodedata
 from typing import Final
 
 __all__ = ["DEFAULT_PORT", "broker_addresses"]
@@ -44,6 +47,8 @@ def broker_addresses(value: str) -> list[tuple[str, int]]:
             port = port_text if colon else None
         if not host:
             raise ValueError(f"{entry!r}: no host")
+        if (bad := _bad_host(host, bracketed=entry.startswith("["))) is not None:
+            raise ValueError(f"{entry[:80]!r}: {bad}")
         found.append((host, DEFAULT_PORT if port is None else _port(entry, port)))
     return found
 
@@ -53,3 +58,24 @@ def _port(entry: str, port: str) -> int:
     if port.isascii() and port.isdigit() and len(port) <= 5 and 0 < int(port) < 65536:
         return int(port)
     raise ValueError(f"{entry!r}: the port must be a number from 1 to 65535")
+
+
+def _bad_host(host: str, *, bracketed: bool) -> str | None:
+    """Why `host` is no host name or address the clients can resolve, or None. Caught
+    here, not as a client library's `UnicodeError` (a label over 63 characters) or
+    `ValueError` (a NUL) deep in a connection attempt, with a traceback and no setting
+    named."""
+    if bracketed:
+        with contextlib.suppress(ValueError):
+            ipaddress.IPv6Address(host)
+            return None
+        # else a host name in brackets, which both clients take as one
+    if any(unicodedata.category(c)[0] == "C" for c in host):
+        return "a control or invisible format character in the host"
+    try:
+        encoded = host.encode("idna")
+    except UnicodeError:
+        return "not a host name (each dot-separated label 1 to 63 characters)"
+    if len(encoded) > 253:
+        return "a host name longer than 253 characters"
+    return None

@@ -91,8 +91,14 @@ class DataDirLock:
         """Holds the directory; `ConfigError` naming it when another worker holds it."""
         if self._fd is not None:
             return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        except (OSError, ValueError) as exc:
+            raise ConfigError(
+                f"the data directory {self.path.parent} cannot be used: "
+                f"{getattr(exc, 'strerror', None) or exc} (TICKWHEEL_DATA_DIR)"
+            ) from exc
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

@@ -319,6 +319,19 @@ class Settings(BaseSettings):
         broker_addresses(value)
         return value
 
+    @field_validator("data_dir")
+    @classmethod
+    def _a_directory(cls, value: Path) -> Path:
+        # Said here, before anything connects, not as an OS error at the lock's open.
+        text = str(value)
+        if not text.strip() or text != text.strip():
+            raise ValueError("a directory path, with no blank around it")
+        if "\x00" in text:
+            raise ValueError("a NUL character in the path")
+        if value.exists() and not value.is_dir():
+            raise ValueError("it is a file, not a directory")
+        return value
+
     @field_validator("aggregate_types", mode="before")
     @classmethod
     def _comma_separated(cls, value: object) -> object:
@@ -396,4 +409,4 @@ class Settings(BaseSettings):
         try:
             return cls.model_validate(raw)
         except ValidationError as exc:
-            raise ConfigError(explain(exc, _SECRETS)) from exc
+            raise ConfigError(explain(exc, _SECRETS, variables.from_files)) from exc

@@ -6,6 +6,7 @@ from another setting reads of it before validation (`given_expiry`). May import 
 
 from __future__ import annotations
 
+import reprlib
 from collections.abc import Mapping, Set
 from typing import Any
 
@@ -47,9 +48,16 @@ class VariablesSource(PydanticBaseSettingsSource):
         }
 
 
-def explain(exc: ValidationError, secrets: Set[str]) -> str:
+_SHOWN = reprlib.Repr()
+"""A value shown in an error: bounded in length and depth (a value nested a thousand deep
+broke the built-in repr)."""
+_SHOWN.maxstring = _SHOWN.maxother = 80
+_SHOWN.maxlevel = 3
+
+
+def explain(exc: ValidationError, secrets: Set[str], from_files: Set[str] = frozenset()) -> str:
     """`exc` as one line naming each variable at fault; the values of `secrets` (field
-    names) never shown."""
+    names) never shown, nor those read from `from_files` (variables: an `X_FILE`'s)."""
     parts = []
     for err in exc.errors():
         if not err["loc"]:
@@ -60,7 +68,12 @@ def explain(exc: ValidationError, secrets: Set[str]) -> str:
         field = str(err["loc"][0])
         var = VARIABLES.get(field, field)
         where = ".".join(str(p) for p in err["loc"][1:])
-        got = "a secret, not shown" if field in secrets else repr(err.get("input"))
+        if field in secrets:
+            got = "a secret, not shown"
+        elif var in from_files:
+            got = f"the contents of {var}_FILE's file, not shown"
+        else:
+            got = _SHOWN.repr(err.get("input"))
         parts.append(f"{var}{'.' + where if where else ''}: {err['msg']} (got {got})")
     return "bad configuration: " + "; ".join(parts)
 

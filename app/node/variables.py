@@ -89,7 +89,7 @@ _FILE = "_FILE"
 _PREFIX = "TICKWHEEL_"
 
 
-def read_variables(env: Mapping[str, str] | None = None) -> dict[str, str]:
+def read_variables(env: Mapping[str, str] | None = None) -> Variables:
     """The settings' variables (`VARIABLES`' names) with their values: from `env` (the
     process's environment by default) over those of its `.env` file, `_FILE` variables
     read, empty values dropped. `ConfigError` for an unknown `TICKWHEEL_*` variable, a
@@ -108,9 +108,9 @@ def read_variables(env: Mapping[str, str] | None = None) -> dict[str, str]:
     problems = [p for where, values in layers for p in _unknown(values, where)]
     if problems:
         raise ConfigError("; ".join(problems))
-    merged: dict[str, str] = {}
+    merged = Variables()
     for where, values in reversed(layers):  # the .env file first, the environment over it
-        merged.update(_resolved(values, where))
+        _resolved(values, where, merged)
     return merged
 
 
@@ -151,21 +151,47 @@ def _unknown(values: Iterable[str], where: str) -> list[str]:
     return problems
 
 
-def _resolved(values: Mapping[str, str | None], where: str) -> dict[str, str]:
+BLANK_REFUSED: Final = frozenset(
+    {"TICKWHEEL_WEB_TOKEN", "KAFKA_SASL_PASSWORD", "KAFKA_SSL_KEY_PASSWORD"}
+)
+"""Secrets given as whitespace alone are refused, not taken as not given: a web token of
+nothing turns the HTTP edge's token check off."""
+
+
+class Variables(dict[str, str]):
+    """The settings' variables with their values; `from_files`: those read from an
+    `X_FILE` variable's file (their values never shown in an error: a file named by
+    mistake may hold anything, a secret or the whole environment)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.from_files: set[str] = set()
+
+
+def _resolved(values: Mapping[str, str | None], where: str, into: Variables) -> None:
     """The settings' variables of one place, stripped, empty ones dropped, `X_FILE` read
-    into `X`."""
-    found: dict[str, str] = {}
+    into `X`, put in `into`."""
     for var in VARIABLES.values():
-        value = (values.get(var) or "").strip()
+        raw = values.get(var) or ""
+        value = raw.strip()
+        if raw and not value and var in BLANK_REFUSED:
+            raise ConfigError(f"{var} ({where}) is only whitespace: unset it, or give its value")
         file_var = var + _FILE
         path = (values.get(file_var) or "").strip()
         if path and value:
             raise ConfigError(f"{var} and {file_var} are both given ({where}): give one")
         if path:
             value = _file_value(path, f"{file_var} ({where})")
+            if not value:
+                # A secret's mount not filled yet, say: the setting would be silently unset.
+                raise ConfigError(
+                    f"{file_var} ({where}): {path!r} is empty; it must hold {var}'s value"
+                )
+            into.from_files.add(var)
+        elif value:
+            into.from_files.discard(var)  # the environment's value over the .env file's
         if value:
-            found[var] = value
-    return found
+            into[var] = value
 
 
 def _file_value(path: str, name: str) -> str:

@@ -180,3 +180,11 @@ def test_a_clean_mark_whose_sync_fails_is_not_left_behind(
     assert not marks.take(0)
     marks.mark(0)
     assert marks.take(0)
+
+
+def test_a_data_directory_the_os_refuses_is_a_configuration_error_naming_it(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(ConfigError, match=r"cannot be used: .*\(TICKWHEEL_DATA_DIR\)"):
+        DataDirLock(tmp_path / "afile" / "sub").acquire()

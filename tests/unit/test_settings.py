@@ -64,6 +64,10 @@ def test_defaults_and_environment() -> None:
         # What no client can use, each of them reading it otherwise (a settings hunt): no
         # address, an empty host, a listener's scheme, a space in a host, bare IPv6.
         ({"KAFKA_BOOTSTRAP_SERVERS": ",,,"}, "KAFKA_BOOTSTRAP_SERVERS.*no broker address"),
+        ({"KAFKA_BOOTSTRAP_SERVERS": "x" * 300 + ":9092"}, "KAFKA_BOOTSTRAP_SERVERS.*not a host"),
+        ({"KAFKA_BOOTSTRAP_SERVERS": "a\x01b:9092"}, "KAFKA_BOOTSTRAP_SERVERS.*control"),
+        ({"KAFKA_BOOTSTRAP_SERVERS": "a\u202eb:9092"}, "KAFKA_BOOTSTRAP_SERVERS.*control"),
+        ({"KAFKA_BOOTSTRAP_SERVERS": "[a\x00b]:9092"}, "KAFKA_BOOTSTRAP_SERVERS.*control"),
         ({"KAFKA_BOOTSTRAP_SERVERS": "a:9092,"}, "KAFKA_BOOTSTRAP_SERVERS.*empty entry"),
         ({"KAFKA_BOOTSTRAP_SERVERS": ":9092"}, "KAFKA_BOOTSTRAP_SERVERS.*no host"),
         ({"KAFKA_BOOTSTRAP_SERVERS": "PLAINTEXT://k:9092"}, "KAFKA_BOOTSTRAP_SERVERS.*scheme"),
@@ -184,3 +188,17 @@ def test_a_long_expiry_alone_still_starts_its_defaults_outlasting_it() -> None:
     # What is not a number is the options' own error, as before.
     with pytest.raises(ConfigError, match="expires_after"):
         Settings.from_env({"TICKWHEEL_TIMER_OPTIONS": '{"expires_after": true}'})
+
+
+@pytest.mark.parametrize(
+    ("value", "said"),
+    [("FILE", "a file, not a directory"), ("  ", "no blank"), (" state", "no blank")],
+)
+def test_a_data_directory_that_cannot_be_one_is_a_configuration_error(
+    tmp_path: Path, value: str, said: str
+) -> None:
+    """Said before anything connects, naming the variable, not as the lock's OS error."""
+    (tmp_path / "FILE").write_text("x")
+    path = str(tmp_path / "FILE") if value == "FILE" else value
+    with pytest.raises(ConfigError, match=f"TICKWHEEL_DATA_DIR: .*{said}"):
+        Settings.from_env({}, data_dir=path)

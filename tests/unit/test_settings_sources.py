@@ -249,6 +249,41 @@ def test_a_bad_value_from_a_file_names_the_setting(tmp_path: Path) -> None:
         Settings.from_env({"TICKWHEEL_PARTITIONS_FILE": str(tmp_path / "p")})
 
 
+def test_a_bad_value_read_from_a_file_is_not_shown(tmp_path: Path) -> None:
+    """A file named by mistake (the web token's, the process's environment) would be shown
+    whole in the error."""
+    (tmp_path / "p").write_text("PATH=/usr/bin\x00KAFKA_SASL_PASSWORD=hunter2")
+    with pytest.raises(ConfigError) as e:
+        Settings.from_env({"TICKWHEEL_PARTITIONS_FILE": str(tmp_path / "p")})
+    assert "hunter2" not in str(e.value)
+    assert "the contents of TICKWHEEL_PARTITIONS_FILE's file, not shown" in str(e.value)
+
+
+@pytest.mark.parametrize(
+    "variable", ["TICKWHEEL_WEB_TOKEN_FILE", "KAFKA_SASL_PASSWORD_FILE", "TICKWHEEL_GROUP_ID_FILE"]
+)
+def test_a_file_variable_naming_an_empty_file_is_refused(tmp_path: Path, variable: str) -> None:
+    """A secret's mount not filled yet: the token would be unset, the HTTP edge's token
+    check off, with no word said."""
+    (tmp_path / "empty").write_text("  \n")
+    with pytest.raises(ConfigError, match=f"{variable} .*is empty; it must hold"):
+        Settings.from_env({variable: str(tmp_path / "empty")})
+
+
+@pytest.mark.parametrize("variable", ["TICKWHEEL_WEB_TOKEN", "KAFKA_SASL_PASSWORD"])
+def test_a_secret_of_whitespace_alone_is_refused(variable: str) -> None:
+    with pytest.raises(ConfigError, match=f"{variable} .*only whitespace"):
+        Settings.from_env({variable: "   "})
+    assert Settings.from_env({variable: ""}).web_token is None  # empty: not given
+
+
+def test_a_value_nested_past_the_reprs_depth_is_explained_not_crashed() -> None:
+    deep = "[" * 1000 + "]" * 1000
+    with pytest.raises(ConfigError, match="TICKWHEEL_TIMER_OPTIONS") as e:
+        Settings.from_env({"TICKWHEEL_TIMER_OPTIONS": deep})
+    assert len(str(e.value)) < 1000
+
+
 # --- the log, the web token ---------------------------------------------------------------
 
 
