@@ -28,6 +28,7 @@ the variables at fault; a secret's value is never shown.
 
 from __future__ import annotations
 
+import unicodedata
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Final, Literal
@@ -317,6 +318,17 @@ class Settings(BaseSettings):
         # Read as the probe and the clients read it (the clients fail on a bad port with a
         # bare OverflowError, on a scheme or an empty host by retrying for ever).
         broker_addresses(value)
+        return value
+
+    @field_validator("group_id", "web_host")
+    @classmethod
+    def _printable(cls, value: str) -> str:
+        # Said here: a NUL cuts librdkafka's transactional id short, and a host the
+        # server cannot bind fails only after the node joined its group.
+        if any(unicodedata.category(c)[0] in "CZ" for c in value):
+            raise ValueError("no space, control or invisible character")
+        if len(value) > 200:
+            raise ValueError("at most 200 characters")
         return value
 
     @field_validator("data_dir")

@@ -87,6 +87,8 @@ a node's environment may hold them (a test run exports them to every worker it s
 
 _FILE = "_FILE"
 _PREFIX = "TICKWHEEL_"
+MAX_ENV_FILE_BYTES: Final = 1024 * 1024
+"""The most a `.env` file may hold (it is read whole, slowly: ~1 s a MB)."""
 
 
 def read_variables(env: Mapping[str, str] | None = None) -> Variables:
@@ -102,6 +104,11 @@ def read_variables(env: Mapping[str, str] | None = None) -> Variables:
         path = Path(env_file)
         if not path.is_file():
             raise ConfigError(f"{ENV_FILE_VARIABLE}: no file {env_file!r}")
+        if path.stat().st_size > MAX_ENV_FILE_BYTES:
+            raise ConfigError(
+                f"{ENV_FILE_VARIABLE}: {env_file!r} is larger than {MAX_ENV_FILE_BYTES} bytes, "
+                "far more than any settings file holds"
+            )
         layers.append((f"in {env_file}", _dotenv(path, ENV_FILE_VARIABLE)))
     elif process and Path(".env").is_file():
         layers.append(("in .env", _dotenv(Path(".env"), ".env")))
@@ -137,9 +144,20 @@ def _known() -> frozenset[str]:
 _KNOWN = _known()
 
 
+_KAFKA_PREFIX = "KAFKA_"
+_KAFKA_KNOWN = sorted(v for v in _KNOWN if v.startswith(_KAFKA_PREFIX))
+
+
 def _unknown(values: Iterable[str], where: str) -> list[str]:
     problems = []
     for name in values:
+        if name.upper().startswith(_KAFKA_PREFIX) and name not in _KNOWN:
+            # Other programs read KAFKA_* too: only a near miss of ours is an error (a
+            # missing S sent the node to the default broker, 127.0.0.1:9092).
+            near = difflib.get_close_matches(name.upper(), _KAFKA_KNOWN, n=1, cutoff=0.9)
+            if near:
+                problems.append(f"{name} ({where}) is no setting: did you mean {near[0]}?")
+            continue
         if not name.upper().startswith(_PREFIX) or name in _KNOWN:
             continue
         # Suggest a setting's variable, as a file one when the name looks like one.

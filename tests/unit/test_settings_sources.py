@@ -284,6 +284,37 @@ def test_a_value_nested_past_the_reprs_depth_is_explained_not_crashed() -> None:
     assert len(str(e.value)) < 1000
 
 
+def test_a_near_miss_of_a_kafka_variable_is_refused_and_other_programs_ones_are_not() -> None:
+    """`KAFKA_BOOTSTRAP_SERVER` (no S) sent the node to the default broker, saying only
+    that 127.0.0.1:9092 did not answer."""
+    with pytest.raises(ConfigError, match="did you mean KAFKA_BOOTSTRAP_SERVERS"):
+        Settings.from_env({"KAFKA_BOOTSTRAP_SERVER": "prod:9092"})
+    with pytest.raises(ConfigError, match="did you mean KAFKA_SSL_CAFILE"):
+        Settings.from_env({"KAFKA_SSL_CA_FILE": "/ca.pem"})
+    Settings.from_env({"KAFKA_HEAP_OPTS": "-Xmx1g", "KAFKA_CFG_NODE_ID": "1", "KAFKA_OPTS": ""})
+
+
+def test_an_env_file_past_a_mebibyte_is_refused(tmp_path: Path) -> None:
+    big = tmp_path / "big.env"
+    big.write_text("# comment\n" * 120_000)
+    with pytest.raises(ConfigError, match=r"TICKWHEEL_ENV_FILE: .*larger than"):
+        Settings.from_env({"TICKWHEEL_ENV_FILE": str(big)})
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [
+        ("TICKWHEEL_GROUP_ID", "g\x01"),
+        ("TICKWHEEL_GROUP_ID", "g" * 201),
+        ("TICKWHEEL_WEB_HOST", "a b"),
+        ("TICKWHEEL_WEB_HOST", "\u202e"),
+    ],
+)
+def test_a_group_id_or_web_host_no_client_can_use_is_refused(variable: str, value: str) -> None:
+    with pytest.raises(ConfigError, match=variable):
+        Settings.from_env({variable: value})
+
+
 # --- the log, the web token ---------------------------------------------------------------
 
 
