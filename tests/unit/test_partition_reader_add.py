@@ -46,13 +46,17 @@ class _Consumer:
         pass
 
 
-async def test_a_partition_without_a_leader_is_unavailable_and_holds_no_other_read() -> None:
+def reader_over(consumer: _Consumer) -> tuple[PartitionReader, _Consumer]:
     reader = PartitionReader.__new__(PartitionReader)
     reader.topic = "ctx.results"
-    consumer = _Consumer()
     reader._consumer = consumer
     reader._lock, reader._changed, reader._read = asyncio.Lock(), asyncio.Event(), ReadPositions()
     reader._wanted = set()
+    return reader, consumer
+
+
+async def test_a_partition_without_a_leader_is_unavailable_and_holds_no_other_read() -> None:
+    reader, consumer = reader_over(_Consumer())
     adding = asyncio.create_task(reader.add(1))
     await consumer.asked.wait()
     assert await asyncio.wait_for(reader.poll(timeout_ms=10), 1) == [], "partition 0 read on"
@@ -65,12 +69,7 @@ async def test_a_partition_without_a_leader_is_unavailable_and_holds_no_other_re
 async def test_a_partition_let_go_while_its_end_was_asked_is_not_read() -> None:
     """`remove` while `add` waits for the end offset (outside the lock): the calls keep
     their order, and a partition released is not read on."""
-    reader = PartitionReader.__new__(PartitionReader)
-    reader.topic = "ctx.results"
-    consumer = _Consumer()
-    reader._consumer = consumer
-    reader._lock, reader._changed, reader._read = asyncio.Lock(), asyncio.Event(), ReadPositions()
-    reader._wanted = set()
+    reader, consumer = reader_over(_Consumer())
 
     async def end_offsets(tps: list[TopicPartition]) -> dict[TopicPartition, int]:
         consumer.asked.set()
