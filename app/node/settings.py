@@ -28,7 +28,6 @@ the variables at fault; a secret's value is never shown.
 
 from __future__ import annotations
 
-import unicodedata
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Final, Literal
@@ -43,6 +42,7 @@ from app.kafka.clients import KafkaClient, client_missing
 from app.kafka.connection import KafkaConnection, SaslMechanism, SecurityProtocol
 from app.kafka.consumers import rebalance_timeout_ms
 from app.kafka.records import Replication
+from app.node.settings_checks import a_directory, printable
 from app.node.settings_sources import VariablesSource, explain, given_expiry, utf8
 from app.node.variables import ENV_FILE_VARIABLE, TOOLING_VARIABLES, VARIABLES, read_variables
 from app.protocol.limits import (
@@ -323,26 +323,12 @@ class Settings(BaseSettings):
     @field_validator("group_id", "web_host")
     @classmethod
     def _printable(cls, value: str) -> str:
-        # Said here: a NUL cuts librdkafka's transactional id short, and a host the
-        # server cannot bind fails only after the node joined its group.
-        if any(unicodedata.category(c)[0] in "CZ" for c in value):
-            raise ValueError("no space, control or invisible character")
-        if len(value) > 200:
-            raise ValueError("at most 200 characters")
-        return value
+        return printable(value)
 
     @field_validator("data_dir")
     @classmethod
     def _a_directory(cls, value: Path) -> Path:
-        # Said here, before anything connects, not as an OS error at the lock's open.
-        text = str(value)
-        if not text.strip() or text != text.strip():
-            raise ValueError("a directory path, with no blank around it")
-        if "\x00" in text:
-            raise ValueError("a NUL character in the path")
-        if value.exists() and not value.is_dir():
-            raise ValueError("it is a file, not a directory")
-        return value
+        return a_directory(value)
 
     @field_validator("aggregate_types", mode="before")
     @classmethod

@@ -13,8 +13,9 @@ from typing import Any
 import pytest
 
 from app.errors import KafkaUnavailable
-from app.kafka.consumers import REFUSED_GRACE_S, GroupConsumer, RefusedTopics
+from app.kafka.consumers import GroupConsumer
 from app.kafka.records import refused
+from app.kafka.refused_topics import REFUSED_GRACE_S, RefusedTopics
 
 TOPICS = ["shop.order.events", "shop.order.commands"]
 
