@@ -16,6 +16,9 @@ __all__ = ["DEFAULT_PORT", "broker_addresses"]
 DEFAULT_PORT: Final = 9092
 _BRACKETED: Final = re.compile(r"^\[([^\[\]]+)\](?::(.*))?$")
 _IPV6: Final = "an IPv6 address is written [address] or [address]:port"
+_INVISIBLE: Final = frozenset({"Cc", "Cf", "Cs", "Co", "Zs", "Zl", "Zp"})
+"""Control, format (bidi marks), surrogate, private-use and space characters: no host or
+name holds one (unassigned ones, Cn, may be newer than this Python's Unicode data)."""
 
 
 def broker_addresses(value: str) -> list[tuple[str, int]]:
@@ -29,24 +32,26 @@ def broker_addresses(value: str) -> list[tuple[str, int]]:
     found: list[tuple[str, int]] = []
     for entry in entries:
         if not entry:
-            raise ValueError(f"{value!r}: an empty entry between commas")
+            raise ValueError(f"{value[:80]!r}: an empty entry between commas")
         if "://" in entry:
-            raise ValueError(f"{entry!r}: host:port, without a scheme (the protocol is its own)")
+            raise ValueError(
+                f"{entry[:80]!r}: host:port, without a scheme (the protocol is its own)"
+            )
         if any(c.isspace() for c in entry):
-            raise ValueError(f"{entry!r}: a space inside an address")
+            raise ValueError(f"{entry[:80]!r}: a space inside an address")
         if "[" in entry or "]" in entry:
             if (bracketed := _BRACKETED.match(entry)) is None:
                 raise ValueError(
-                    f"{entry!r}: an IPv6 address is written [address] or [address]:port"
+                    f"{entry[:80]!r}: an IPv6 address is written [address] or [address]:port"
                 )
             host, port = bracketed[1], bracketed[2]
         elif entry.count(":") > 1:
-            raise ValueError(f"{entry!r}: {_IPV6}")
+            raise ValueError(f"{entry[:80]!r}: {_IPV6}")
         else:
             host, colon, port_text = entry.partition(":")
             port = port_text if colon else None
         if not host:
-            raise ValueError(f"{entry!r}: no host")
+            raise ValueError(f"{entry[:80]!r}: no host")
         if (bad := _bad_host(host, bracketed=entry.startswith("["))) is not None:
             raise ValueError(f"{entry[:80]!r}: {bad}")
         found.append((host, DEFAULT_PORT if port is None else _port(entry, port)))
@@ -57,7 +62,7 @@ def _port(entry: str, port: str) -> int:
     # isascii: isdigit() is true of "²", which int() refuses; len: of 4,301 digits.
     if port.isascii() and port.isdigit() and len(port) <= 5 and 0 < int(port) < 65536:
         return int(port)
-    raise ValueError(f"{entry!r}: the port must be a number from 1 to 65535")
+    raise ValueError(f"{entry[:80]!r}: the port must be a number from 1 to 65535")
 
 
 def _bad_host(host: str, *, bracketed: bool) -> str | None:
@@ -70,12 +75,12 @@ def _bad_host(host: str, *, bracketed: bool) -> str | None:
             ipaddress.IPv6Address(host)
             return None
         # else a host name in brackets, which both clients take as one
-    if any(unicodedata.category(c)[0] == "C" for c in host):
+    if any(unicodedata.category(c) in _INVISIBLE for c in host):
         return "a control or invisible format character in the host"
     try:
         encoded = host.encode("idna")
     except UnicodeError:
-        return "not a host name (each dot-separated label 1 to 63 characters)"
-    if len(encoded) > 253:
+        return "not a host name (each dot-separated label 1 to 63 characters, IDNA)"
+    if len(encoded.rstrip(b".")) > 253:
         return "a host name longer than 253 characters"
     return None

@@ -9,12 +9,16 @@ from pathlib import Path
 
 __all__ = ["a_directory", "printable"]
 
+_INVISIBLE = frozenset({"Cc", "Cf", "Cs", "Co", "Zs", "Zl", "Zp"})
+"""Control, format (bidi marks), surrogate, private-use and space characters (not the
+unassigned, Cn: they may be newer than this Python's Unicode data)."""
+
 
 def printable(value: str) -> str:
     """`value` with no space, control or invisible character, at most 200 characters:
     said at start (a NUL cuts librdkafka's transactional id short, and a web host the
     server cannot bind fails only after the node joined its group)."""
-    if any(unicodedata.category(c)[0] in "CZ" for c in value):
+    if any(unicodedata.category(c) in _INVISIBLE for c in value):
         raise ValueError("no space, control or invisible character")
     if len(value) > 200:
         raise ValueError("at most 200 characters")
@@ -29,6 +33,10 @@ def a_directory(value: Path) -> Path:
         raise ValueError("a directory path, with no blank around it")
     if "\x00" in text:
         raise ValueError("a NUL character in the path")
-    if value.exists() and not value.is_dir():
+    try:
+        a_file = value.exists() and not value.is_dir()
+    except OSError:  # not searchable by this user, a name too long: the lock says so
+        return value
+    if a_file:
         raise ValueError("it is a file, not a directory")
     return value

@@ -68,12 +68,13 @@ def explain(exc: ValidationError, secrets: Set[str], from_files: Set[str] = froz
         field = str(err["loc"][0])
         var = VARIABLES.get(field, field)
         where = ".".join(str(p) for p in err["loc"][1:])
-        if field in secrets:
-            got = "a secret, not shown"
-        elif var in from_files:
-            got = f"the contents of {var}_FILE's file, not shown"
-        else:
-            got = _SHOWN.repr(err.get("input"))
+        if var in from_files:
+            # pydantic's own messages never quote the value; a check of ours may (an
+            # address, a name), so its message is not shown either.
+            said = "not a valid value" if err["type"] == "value_error" else err["msg"]
+            parts.append(f"{var}: {said} (read from {var}_FILE; the value not shown)")
+            continue
+        got = "a secret, not shown" if field in secrets else _SHOWN.repr(err.get("input"))
         parts.append(f"{var}{'.' + where if where else ''}: {err['msg']} (got {got})")
     return "bad configuration: " + "; ".join(parts)
 

@@ -104,13 +104,10 @@ def read_variables(env: Mapping[str, str] | None = None) -> Variables:
         path = Path(env_file)
         if not path.is_file():
             raise ConfigError(f"{ENV_FILE_VARIABLE}: no file {env_file!r}")
-        if path.stat().st_size > MAX_ENV_FILE_BYTES:
-            raise ConfigError(
-                f"{ENV_FILE_VARIABLE}: {env_file!r} is larger than {MAX_ENV_FILE_BYTES} bytes, "
-                "far more than any settings file holds"
-            )
+        _not_too_large(path, ENV_FILE_VARIABLE)
         layers.append((f"in {env_file}", _dotenv(path, ENV_FILE_VARIABLE)))
     elif process and Path(".env").is_file():
+        _not_too_large(Path(".env"), ".env")
         layers.append(("in .env", _dotenv(Path(".env"), ".env")))
     problems = [p for where, values in layers for p in _unknown(values, where)]
     if problems:
@@ -119,6 +116,14 @@ def read_variables(env: Mapping[str, str] | None = None) -> Variables:
     for where, values in reversed(layers):  # the .env file first, the environment over it
         _resolved(values, where, merged)
     return merged
+
+
+def _not_too_large(path: Path, name: str) -> None:
+    if path.stat().st_size > MAX_ENV_FILE_BYTES:
+        raise ConfigError(
+            f"{name}: {str(path)!r} is larger than {MAX_ENV_FILE_BYTES} bytes, far more than "
+            "any settings file holds"
+        )
 
 
 def _dotenv(path: Path, name: str) -> Mapping[str, str | None]:
@@ -148,14 +153,22 @@ _KAFKA_PREFIX = "KAFKA_"
 _KAFKA_KNOWN = sorted(v for v in _KNOWN if v.startswith(_KAFKA_PREFIX))
 
 
+def _forms(var: str) -> set[str]:
+    """`var` and its other form (`X` and `X_FILE`)."""
+    base = var.removesuffix(_FILE)
+    return {base, base + _FILE}
+
+
 def _unknown(values: Iterable[str], where: str) -> list[str]:
     problems = []
+    given = set(values)
     for name in values:
         if name.upper().startswith(_KAFKA_PREFIX) and name not in _KNOWN:
-            # Other programs read KAFKA_* too: only a near miss of ours is an error (a
-            # missing S sent the node to the default broker, 127.0.0.1:9092).
+            # Other programs read KAFKA_* too: only a near miss of ours (a letter or two
+            # off) that is not given itself is an error (a missing S sent the node to the
+            # default broker, 127.0.0.1:9092).
             near = difflib.get_close_matches(name.upper(), _KAFKA_KNOWN, n=1, cutoff=0.9)
-            if near:
+            if near and abs(len(near[0]) - len(name)) <= 2 and not given & _forms(near[0]):
                 problems.append(f"{name} ({where}) is no setting: did you mean {near[0]}?")
             continue
         if not name.upper().startswith(_PREFIX) or name in _KNOWN:

@@ -190,6 +190,10 @@ def test_a_long_expiry_alone_still_starts_its_defaults_outlasting_it() -> None:
         Settings.from_env({"TICKWHEEL_TIMER_OPTIONS": '{"expires_after": true}'})
 
 
+def test_a_group_id_of_a_character_newer_than_pythons_unicode_data_is_taken() -> None:
+    assert Settings.from_env({"TICKWHEEL_GROUP_ID": "g-\U0001fae8"}).group_id == "g-\U0001fae8"
+
+
 @pytest.mark.parametrize(
     ("value", "said"),
     [("FILE", "a file, not a directory"), ("  ", "no blank"), (" state", "no blank")],

@@ -256,7 +256,12 @@ def test_a_bad_value_read_from_a_file_is_not_shown(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as e:
         Settings.from_env({"TICKWHEEL_PARTITIONS_FILE": str(tmp_path / "p")})
     assert "hunter2" not in str(e.value)
-    assert "the contents of TICKWHEEL_PARTITIONS_FILE's file, not shown" in str(e.value)
+    assert "(read from TICKWHEEL_PARTITIONS_FILE; the value not shown)" in str(e.value)
+    # A check's own message quoting the value (an address) is not shown either.
+    (tmp_path / "b").write_text("MY_SECRET=hunter2 b:9092")
+    with pytest.raises(ConfigError) as e:
+        Settings.from_env({"KAFKA_BOOTSTRAP_SERVERS_FILE": str(tmp_path / "b")})
+    assert "hunter2" not in str(e.value) and "KAFKA_BOOTSTRAP_SERVERS: not a valid" in str(e.value)
 
 
 @pytest.mark.parametrize(
@@ -291,7 +296,18 @@ def test_a_near_miss_of_a_kafka_variable_is_refused_and_other_programs_ones_are_
         Settings.from_env({"KAFKA_BOOTSTRAP_SERVER": "prod:9092"})
     with pytest.raises(ConfigError, match="did you mean KAFKA_SSL_CAFILE"):
         Settings.from_env({"KAFKA_SSL_CA_FILE": "/ca.pem"})
-    Settings.from_env({"KAFKA_HEAP_OPTS": "-Xmx1g", "KAFKA_CFG_NODE_ID": "1", "KAFKA_OPTS": ""})
+    others = {
+        "KAFKA_HEAP_OPTS": "-Xmx1g",
+        "KAFKA_CFG_NODE_ID": "1",
+        "KAFKA_OPTS": "",
+        # Other programs' names further off, or beside the setting itself.
+        "KAFKA_REST_BOOTSTRAP_SERVERS": "r:9092",
+        "KAFKA_CFG_SECURITY_PROTOCOL": "PLAINTEXT",
+        "KAFKA_SECURITY_PROTOCOL_MAP": "x",
+        "KAFKA_BOOTSTRAP_SERVERS_0": "b0:9092",
+        "KAFKA_BOOTSTRAP_SERVERS": "b:9092",
+    }
+    Settings.from_env(others)
 
 
 def test_an_env_file_past_a_mebibyte_is_refused(tmp_path: Path) -> None:
