@@ -35,6 +35,7 @@ from prometheus_client import CollectorRegistry, Counter
 
 from app.errors import KafkaUnavailable
 from app.kafka.ports import Clients, Follower, Publisher
+from app.kafka.records import refused
 from app.node.settings import Settings
 from app.ops.changelog_search import (
     CHANGELOG_READS,
@@ -281,6 +282,8 @@ class ClusterStatus:
             try:
                 records = await c.follower.poll()
             except KafkaUnavailable as exc:
+                if refused(exc):
+                    raise  # an ACL of the node's own topic: no retry passes it
                 log = logger.debug if failing else logger.warning
                 log("following %s failed, trying again: %s", c.topic, exc)
                 failing = True

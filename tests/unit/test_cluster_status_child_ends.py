@@ -9,11 +9,12 @@ import asyncio
 from typing import Any
 
 import pytest
+from aiokafka.errors import TopicAuthorizationFailedError
 from fakes import PAGE_PARTITIONS, TYPE, FakeNode
 from test_cluster_status import _Runs
 
 from app.cli.worker import _run_node
-from app.errors import NodeFailed
+from app.errors import KafkaUnavailable, NodeFailed
 from app.kafka.memory import MemoryLog
 from app.kafka.memory_clients import MemoryFollower, MemoryPublisher
 from app.node.kept import node_topics
@@ -141,3 +142,23 @@ async def test_a_cancellation_leaked_out_of_the_tombstones_send_is_no_stop_error
     monkeypatch.undo()
     records = [r for r in log.records(TOPIC, 0) if r.key == b"n1"]
     assert records[-1].value is not None  # no tombstone written
+
+
+async def test_a_follower_refused_its_topic_ends_the_run_loudly(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An ACL of the node's own `<ctx>.nodes` taken away: it was retried for ever, a
+    warning once, while the pages went stale; a refusal no retry passes ends the run."""
+    _, status = await _started()
+
+    async def refused(self: MemoryFollower, timeout_ms: int = 200) -> list[Any]:
+        await asyncio.sleep(0.05)
+        raise KafkaUnavailable("fetch refused") from TopicAuthorizationFailedError(TOPIC)
+
+    monkeypatch.setattr(MemoryFollower, "poll", refused)
+    try:
+        with pytest.raises(RuntimeError, match=f"following {TOPIC} failed: KafkaUnavailable"):
+            await asyncio.wait_for(status.run(), 5)
+    finally:
+        monkeypatch.undo()
+        await status.stop()
