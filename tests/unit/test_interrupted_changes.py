@@ -133,7 +133,9 @@ def test_a_jobs_trigger_interrupted_after_its_send_says_each_runs_request_id(
 ) -> None:
     log = Cluster([])
 
-    async def ensure_topics(bootstrap: object, specs: Iterable[TopicSpec]) -> None:
+    async def ensure_topics(
+        bootstrap: object, specs: Iterable[TopicSpec], replication: object = None
+    ) -> None:
         log.ensure_topics(specs)
 
     monkeypatch.setattr(app.cli.job_actions, "ensure_topics", ensure_topics)

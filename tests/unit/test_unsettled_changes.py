@@ -141,7 +141,9 @@ def jobs_log(monkeypatch: pytest.MonkeyPatch) -> Cluster:
     """The jobs commands' clients: the schedule's topics are made, as a worker would."""
     log = Cluster([])
 
-    async def ensure_topics(bootstrap: object, specs: Iterable[TopicSpec]) -> None:
+    async def ensure_topics(
+        bootstrap: object, specs: Iterable[TopicSpec], replication: object = None
+    ) -> None:
         log.ensure_topics(specs)
 
     monkeypatch.setattr(app.cli.job_actions, "ensure_topics", ensure_topics)
