@@ -11,7 +11,7 @@ import re
 import unicodedata
 from typing import Final
 
-__all__ = ["DEFAULT_PORT", "broker_addresses"]
+__all__ = ["DEFAULT_PORT", "broker_addresses", "has_invisible"]
 
 DEFAULT_PORT: Final = 9092
 _BRACKETED: Final = re.compile(r"^\[([^\[\]]+)\](?::(.*))?$")
@@ -75,7 +75,7 @@ def _bad_host(host: str, *, bracketed: bool) -> str | None:
             ipaddress.IPv6Address(host)
             return None
         # else a host name in brackets, which both clients take as one
-    if any(unicodedata.category(c) in _INVISIBLE for c in host):
+    if has_invisible(host):
         return "a control or invisible format character in the host"
     try:
         encoded = host.encode("idna")
@@ -84,3 +84,9 @@ def _bad_host(host: str, *, bracketed: bool) -> str | None:
     if len(encoded.rstrip(b".")) > 253:
         return "a host name longer than 253 characters"
     return None
+
+
+def has_invisible(text: str) -> bool:
+    """Whether `text` holds a control, format, surrogate, private-use or space character
+    (`_INVISIBLE`): no host name, group id or web host does."""
+    return any(unicodedata.category(c) in _INVISIBLE for c in text)

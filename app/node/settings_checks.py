@@ -1,24 +1,21 @@
 """Checks of single settings' values, as plain functions raising `ValueError` (the
-settings' validators call them, and pydantic names the variable). May import nothing of
-app."""
+settings' validators call them, and pydantic names the variable). May import
+`app.kafka.addresses` alone."""
 
 from __future__ import annotations
 
-import unicodedata
 from pathlib import Path
 
-__all__ = ["a_directory", "printable"]
+from app.kafka.addresses import has_invisible
 
-_INVISIBLE = frozenset({"Cc", "Cf", "Cs", "Co", "Zs", "Zl", "Zp"})
-"""Control, format (bidi marks), surrogate, private-use and space characters (not the
-unassigned, Cn: they may be newer than this Python's Unicode data)."""
+__all__ = ["a_directory", "printable"]
 
 
 def printable(value: str) -> str:
     """`value` with no space, control or invisible character, at most 200 characters:
     said at start (a NUL cuts librdkafka's transactional id short, and a web host the
     server cannot bind fails only after the node joined its group)."""
-    if any(unicodedata.category(c) in _INVISIBLE for c in value):
+    if has_invisible(value):
         raise ValueError("no space, control or invisible character")
     if len(value) > 200:
         raise ValueError("at most 200 characters")

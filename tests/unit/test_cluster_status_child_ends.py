@@ -6,6 +6,7 @@ stale on every page while it said it was ready); the worker's run then stops the
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -78,22 +79,31 @@ async def test_a_publishing_ended_by_a_leaked_cancellation_stops_the_worker(
         await status.stop()
 
 
-async def test_a_cancellation_leaked_out_of_a_follower_ends_the_run_loudly(
-    monkeypatch: pytest.MonkeyPatch,
+async def _run_ends_when_polls_raise(
+    monkeypatch: pytest.MonkeyPatch, raised: Callable[[], BaseException], said: str
 ) -> None:
+    """The status's run, each follower poll raising `raised()`, ends with `said`."""
     _, status = await _started()
 
-    async def leaks(self: MemoryFollower, timeout_ms: int = 200) -> list[Any]:
+    async def poll(self: MemoryFollower, timeout_ms: int = 200) -> list[Any]:
         await asyncio.sleep(0.05)
-        raise asyncio.CancelledError
+        raise raised()
 
-    monkeypatch.setattr(MemoryFollower, "poll", leaks)
+    monkeypatch.setattr(MemoryFollower, "poll", poll)
     try:
-        with pytest.raises(RuntimeError, match=f"following {TOPIC} ended cancelled"):
+        with pytest.raises(RuntimeError, match=said):
             await asyncio.wait_for(status.run(), 5)
     finally:
         monkeypatch.undo()
         await status.stop()
+
+
+async def test_a_cancellation_leaked_out_of_a_follower_ends_the_run_loudly(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    await _run_ends_when_polls_raise(
+        monkeypatch, asyncio.CancelledError, f"following {TOPIC} ended cancelled"
+    )
 
 
 async def test_a_follower_that_returns_or_fails_ends_the_run_loudly(
@@ -149,16 +159,12 @@ async def test_a_follower_refused_its_topic_ends_the_run_loudly(
 ) -> None:
     """An ACL of the node's own `<ctx>.nodes` taken away: it was retried for ever, a
     warning once, while the pages went stale; a refusal no retry passes ends the run."""
-    _, status = await _started()
 
-    async def refused(self: MemoryFollower, timeout_ms: int = 200) -> list[Any]:
-        await asyncio.sleep(0.05)
-        raise KafkaUnavailable("fetch refused") from TopicAuthorizationFailedError(TOPIC)
+    def refusal() -> BaseException:
+        exc = KafkaUnavailable("fetch refused")
+        exc.__cause__ = TopicAuthorizationFailedError(TOPIC)
+        return exc
 
-    monkeypatch.setattr(MemoryFollower, "poll", refused)
-    try:
-        with pytest.raises(RuntimeError, match=f"following {TOPIC} failed: KafkaUnavailable"):
-            await asyncio.wait_for(status.run(), 5)
-    finally:
-        monkeypatch.undo()
-        await status.stop()
+    await _run_ends_when_polls_raise(
+        monkeypatch, refusal, f"following {TOPIC} failed: KafkaUnavailable"
+    )
