@@ -1,5 +1,6 @@
 """The wire protocol: envelopes on the events, commands and results topics (dead letters
-are the bad records themselves, `dead_letters`).
+are the bad records themselves, `dead_letters`). Their base is `envelope.Envelope`; a
+command's result (`CommandResult`, `ResultCode`, `Refusal`) is in `results`, named here too.
 
 Every record value is JSON (orjson) of one of these pydantic models; their JSON Schemas are
 published under `docs/schemas/` so that a service in another language (or `kcat`) can write
@@ -13,25 +14,20 @@ an older node must not silently ignore what a newer writer's rule says.
 from __future__ import annotations
 
 import logging
-import re
-from enum import StrEnum
-from typing import Annotated, Any, Final, Self, TypeVar, cast
+from typing import Annotated, Any, Final, TypeVar, cast
 
 import orjson
 from pydantic import (
     BaseModel,
-    BeforeValidator,
-    ConfigDict,
     Field,
     ValidationError,
-    ValidationInfo,
-    model_validator,
 )
-from pydantic.config import JsonDict
 from pydantic_core import PydanticSerializationError, from_json
 
 from app.errors import BadRecord
+from app.protocol.envelope import Envelope
 from app.protocol.reasons import error_reason
+from app.protocol.results import CommandResult, Refusal, ResultCode
 from app.protocol.timer_ops import TimerAction, TimerOp
 from tables import AggregateRef, CommandSpec, ScheduleRule
 from tables.bounds import (
@@ -40,9 +36,6 @@ from tables.bounds import (
     STORED_INPUT,
     Instant,
     JsonObject,
-    check_json,
-    check_stored,
-    stored_bodies,
 )
 from tables.refs import NEW_INPUT, Identifier
 
@@ -122,24 +115,7 @@ MAX_PARTITION: Final = 65_535
 _Version = Annotated[int, Field(ge=1, le=MAX_INT64)]
 
 
-class _Envelope(BaseModel):
-    model_config = ConfigDict(extra="allow", frozen=True)
-
-    @model_validator(mode="after")
-    def _extras_within_bounds(self, info: ValidationInfo) -> Self:
-        # Unknown fields are kept and written back: they too must be JSON any encoder writes,
-        # within a body's bounds as new input (`tables.bounds`), read back as stored within
-        # `check_stored`'s. (The slot itself, not the `model_extra` property: this runs for
-        # every record.)
-        if extra := self.__pydantic_extra__:
-            if stored_bodies(info):
-                check_stored(extra, "record")
-            else:
-                check_json(extra, "record")
-        return self
-
-
-class ScheduleSet(_Envelope):
+class ScheduleSet(Envelope):
     """Body of `wow.ScheduleSet`: send `command` to `target` by `rule`, unique by `key`."""
 
     # A new timer's name: no control character (`tables.refs`). The keys of a cancel, pause,
@@ -152,13 +128,13 @@ class ScheduleSet(_Envelope):
     command: CommandSpec
 
 
-class ScheduleCancelled(_Envelope):
+class ScheduleCancelled(Envelope):
     """Body of `wow.ScheduleCancelled`: the owner's timer under `key` is cancelled."""
 
     key: str = Field(min_length=1, max_length=200)
 
 
-class SchedulePaused(_Envelope):
+class SchedulePaused(Envelope):
     """Body of `wow.SchedulePaused`: the owner's timer under `key` is held (PAUSED): it
     keeps its rule and slot and fires nothing until resumed. Only a PENDING or FIRING
     timer pauses (a PARKED, FIRED or CANCELLED one stays as it is)."""
@@ -166,14 +142,14 @@ class SchedulePaused(_Envelope):
     key: str = Field(min_length=1, max_length=200)
 
 
-class ScheduleResumed(_Envelope):
+class ScheduleResumed(Envelope):
     """Body of `wow.ScheduleResumed`: the owner's PAUSED timer under `key` runs again,
     caught up at the event's time by its rule's catch-up policy (`coalesce`)."""
 
     key: str = Field(min_length=1, max_length=200)
 
 
-class ScheduleTriggered(_Envelope):
+class ScheduleTriggered(Envelope):
     """Body of `wow.ScheduleTriggered`: a timer book sent its timer `key`'s command once
     now, as `request_id`, beside the rule (which, and whose next slot, it left as they
     were)."""
@@ -184,11 +160,11 @@ class ScheduleTriggered(_Envelope):
     )
 
 
-class AggregateDeleted(_Envelope):
+class AggregateDeleted(Envelope):
     """Body of `wow.AggregateDeleted`: the aggregate is gone, and so are all its timers."""
 
 
-class EventEnvelope(_Envelope):
+class EventEnvelope(Envelope):
     """One event on `<context>.<aggregate>.events`, keyed by the aggregate id."""
 
     id: str = Field(min_length=1, max_length=MAX_EVENT_ID, description="unique event id")
@@ -202,7 +178,7 @@ class EventEnvelope(_Envelope):
     body: JsonObject = Field(default_factory=dict)
 
 
-class CommandEnvelope(_Envelope):
+class CommandEnvelope(Envelope):
     """One command on `<context>.<aggregate>.commands`, keyed by the target aggregate id."""
 
     request_id: str = Field(min_length=1, max_length=MAX_REQUEST_ID, description="idempotency key")
@@ -233,79 +209,6 @@ class CommandEnvelope(_Envelope):
     )
 
 
-class ResultCode(StrEnum):
-    COMMITTED = "COMMITTED"
-    DUPLICATE = "DUPLICATE"
-    UNCHANGED = "UNCHANGED"
-    REJECTED = "REJECTED"
-    BUSY = "BUSY"
-    SCHEDULE_NOT_DUE = "SCHEDULE_NOT_DUE"
-    SCHEDULE_JOB_INVALID = "SCHEDULE_JOB_INVALID"
-    ERROR = "ERROR"
-
-
-class Refusal(StrEnum):
-    """Why a command was REJECTED, when a client acts on the why (`CommandResult.refusal`):
-    a code the aggregate's handler gave its refusal (`Decision.reject(..., refusal=)`)."""
-
-    RULE_ENDED = "RULE_ENDED"
-    """A timer book refused a pause or trigger of a running timer whose rule ended
-    (`app.clients.timer_book.ended_refusal`): the web edge answers 409, not 422."""
-
-
-_REFUSALS: Final = frozenset(Refusal)
-_REFUSAL_SHAPE: Final = re.compile(r"[A-Z][A-Z0-9_]{0,63}")
-"""What a refusal code looks like, the codes newer writers may add included."""
-
-
-def _known_refusal(value: object) -> object:
-    # A well-formed code this version does not know comes from a newer writer: the command
-    # is a plain rejection here (as it is to a reader without the field), not a bad record.
-    if (
-        isinstance(value, str)
-        and value not in _REFUSALS
-        and _REFUSAL_SHAPE.fullmatch(value) is not None
-    ):
-        return None
-    return value
-
-
-def _refusal_schema(schema: JsonDict) -> None:
-    # The schema names the codes this version writes, and also takes any well-formed code:
-    # a client validating against it must not refuse a newer writer's result.
-    alternatives = schema["anyOf"]
-    assert isinstance(alternatives, list)
-    alternatives.insert(
-        1,
-        {
-            "type": "string",
-            "pattern": f"^{_REFUSAL_SHAPE.pattern}$",
-            "description": "a code a newer writer may give: a plain rejection to this version",
-        },
-    )
-
-
-class CommandResult(_Envelope):
-    """The outcome of one command, on the results topic, keyed by request id."""
-
-    request_id: str = Field(min_length=1, max_length=300)
-    code: ResultCode
-    aggregate: AggregateRef
-    message: str = ""
-    version: int | None = Field(
-        default=None, ge=0, le=MAX_INT64, description="the aggregate's version after it"
-    )
-    decided_at: Instant
-    refusal: Annotated[Refusal | None, BeforeValidator(_known_refusal)] = Field(
-        default=None,
-        description="with REJECTED: the refusal's code, when it has one a client acts on "
-        "(absent: a plain rejection). A reader takes a code it does not know (upper-case "
-        "letters, digits and `_`, at most 64) as a plain rejection; readers of 0.2.0 and before "
-        "keep the field and ignore it",
-        json_schema_extra=_refusal_schema,
-    )
-
-
 def encode(model: BaseModel) -> bytes:
     """JSON bytes of an envelope, unknown fields included.
 
@@ -319,7 +222,7 @@ def encode(model: BaseModel) -> bytes:
     in its body since, which pydantic would write, go through orjson: refused as they
     always were.
     """
-    if isinstance(model, _Envelope | TimerOp):
+    if isinstance(model, Envelope | TimerOp):
         try:
             written = model.__pydantic_serializer__.to_json(model)
         except PydanticSerializationError:
