@@ -42,7 +42,14 @@ from app.kafka.clients import KafkaClient, client_missing
 from app.kafka.connection import KafkaConnection, SaslMechanism, SecurityProtocol
 from app.kafka.consumers import rebalance_timeout_ms
 from app.kafka.records import Replication
-from app.node.settings_checks import a_directory, printable
+from app.node.settings_checks import (
+    a_directory,
+    handler_within_session,
+    printable,
+    state_holds_a_record,
+    thread_of_aiokafka,
+    window_outlasts_retries,
+)
 from app.node.settings_sources import VariablesSource, explain, given_expiry, utf8
 from app.node.variables import ENV_FILE_VARIABLE, TOOLING_VARIABLES, VARIABLES, read_variables
 from app.protocol.limits import (
@@ -220,22 +227,6 @@ class Settings(BaseSettings):
             return data  # the field's own error says why
         return {**data, "handler_timeout_ms": min(DEFAULT_HANDLER_TIMEOUT_MS, session // 2)}
 
-    @model_validator(mode="after")
-    def _handler_within_session(self) -> Settings:
-        # The loop is the handler's while it runs: no heartbeat goes out. A handler allowed
-        # past the session would get the node expelled before its timeout ends it.
-        if 0 < self.handler_timeout_ms < 100:
-            raise ValueError(
-                f"TICKWHEEL_HANDLER_TIMEOUT_MS ({self.handler_timeout_ms}) is 0 (no timeout) "
-                "or 100 at least"
-            )
-        if self.handler_timeout_ms >= self.session_timeout_ms:
-            raise ValueError(
-                f"TICKWHEEL_HANDLER_TIMEOUT_MS ({self.handler_timeout_ms}) must be below "
-                f"TICKWHEEL_SESSION_TIMEOUT_MS ({self.session_timeout_ms})"
-            )
-        return self
-
     @model_validator(mode="before")
     @classmethod
     def _window_past_expiry(cls, data: Any) -> Any:
@@ -250,37 +241,11 @@ class Settings(BaseSettings):
         return {**data, "request_id_window_ms": expires + DAY_MS}
 
     @model_validator(mode="after")
-    def _window_outlasts_retries(self) -> Settings:
-        # A timer's send is retried up to `expires_after` after it was due, under the same
-        # request id: the target must still know an id it applied by then.
-        if self.request_id_window_ms <= self.timers.expires_after:
-            raise ValueError(
-                f"TICKWHEEL_REQUEST_ID_WINDOW_MS ({self.request_id_window_ms}) must exceed "
-                f"TICKWHEEL_TIMER_OPTIONS.expires_after ({self.timers.expires_after})"
-            )
-        return self
-
-    @model_validator(mode="after")
-    def _state_holds_a_record(self) -> Settings:
-        # One event may be as large as a record: a state bound below it would refuse
-        # what the node reads.
-        if self.max_state_bytes < self.max_record_bytes:
-            raise ValueError(
-                f"TICKWHEEL_MAX_STATE_BYTES {self.max_state_bytes} is less than "
-                f"TICKWHEEL_MAX_RECORD_BYTES {self.max_record_bytes}"
-            )
-        return self
-
-    @model_validator(mode="after")
-    def _thread_of_aiokafka(self) -> Settings:
-        # librdkafka's producers have threads of their own: a thread asked for them would
-        # be silently not there.
-        if self.producer_thread and self.kafka_client != "aiokafka":
-            raise ValueError(
-                "TICKWHEEL_PRODUCER_THREAD=true is for TICKWHEEL_KAFKA_CLIENT=aiokafka only "
-                f"(this is {self.kafka_client}, whose producers run on threads of their "
-                "own): unset it or set it false"
-            )
+    def _consistent(self) -> Settings:
+        handler_within_session(self.handler_timeout_ms, self.session_timeout_ms)
+        window_outlasts_retries(self.request_id_window_ms, self.timers.expires_after)
+        state_holds_a_record(self.max_state_bytes, self.max_record_bytes)
+        thread_of_aiokafka(self.producer_thread, self.kafka_client)
         return self
 
     @model_validator(mode="after")
@@ -365,7 +330,8 @@ class Settings(BaseSettings):
     @field_validator("log_level", mode="before")
     @classmethod
     def _upper(cls, value: object) -> object:
-        return value.strip().upper() if isinstance(value, str) else value
+        # ASCII alone: a dotless i (U+0131) upper-cased is an ASCII I, so "\u0131nfo" read INFO.
+        return value.strip().upper() if isinstance(value, str) and value.isascii() else value
 
     @field_validator("log_format", mode="before")
     @classmethod

@@ -1,5 +1,6 @@
-"""Checks of single settings' values, as plain functions raising `ValueError` (the
-settings' validators call them, and pydantic names the variable). May import
+"""Checks of settings' values, as plain functions raising `ValueError`: of one setting (its
+field validator calls it, and pydantic names the variable), and of settings that must agree
+(the model's validator calls them, and each message names its variables). May import
 `app.kafka.addresses` alone."""
 
 from __future__ import annotations
@@ -8,7 +9,14 @@ from pathlib import Path
 
 from app.kafka.addresses import has_invisible
 
-__all__ = ["a_directory", "printable"]
+__all__ = [
+    "a_directory",
+    "handler_within_session",
+    "printable",
+    "state_holds_a_record",
+    "thread_of_aiokafka",
+    "window_outlasts_retries",
+]
 
 
 def printable(value: str) -> str:
@@ -37,3 +45,48 @@ def a_directory(value: Path) -> Path:
     if a_file:
         raise ValueError("it is a file, not a directory")
     return value
+
+
+def handler_within_session(handler_timeout_ms: int, session_timeout_ms: int) -> None:
+    """The loop is the handler's while it runs: no heartbeat goes out. A handler allowed
+    past the session would get the node expelled before its timeout ends it."""
+    if 0 < handler_timeout_ms < 100:
+        raise ValueError(
+            f"TICKWHEEL_HANDLER_TIMEOUT_MS ({handler_timeout_ms}) is 0 (no timeout) or 100 at least"
+        )
+    if handler_timeout_ms >= session_timeout_ms:
+        raise ValueError(
+            f"TICKWHEEL_HANDLER_TIMEOUT_MS ({handler_timeout_ms}) must be below "
+            f"TICKWHEEL_SESSION_TIMEOUT_MS ({session_timeout_ms})"
+        )
+
+
+def window_outlasts_retries(request_id_window_ms: int, expires_after_ms: int) -> None:
+    """A timer's send is retried up to `expires_after` after it was due, under the same
+    request id: the target must still know an id it applied by then."""
+    if request_id_window_ms <= expires_after_ms:
+        raise ValueError(
+            f"TICKWHEEL_REQUEST_ID_WINDOW_MS ({request_id_window_ms}) must exceed "
+            f"TICKWHEEL_TIMER_OPTIONS.expires_after ({expires_after_ms})"
+        )
+
+
+def state_holds_a_record(max_state_bytes: int, max_record_bytes: int) -> None:
+    """One event may be as large as a record: a state bound below it would refuse what
+    the node reads."""
+    if max_state_bytes < max_record_bytes:
+        raise ValueError(
+            f"TICKWHEEL_MAX_STATE_BYTES {max_state_bytes} is less than "
+            f"TICKWHEEL_MAX_RECORD_BYTES {max_record_bytes}"
+        )
+
+
+def thread_of_aiokafka(producer_thread: bool, kafka_client: str) -> None:
+    """librdkafka's producers have threads of their own: a thread asked for them would be
+    silently not there."""
+    if producer_thread and kafka_client != "aiokafka":
+        raise ValueError(
+            "TICKWHEEL_PRODUCER_THREAD=true is for TICKWHEEL_KAFKA_CLIENT=aiokafka only "
+            f"(this is {kafka_client}, whose producers run on threads of their "
+            "own): unset it or set it false"
+        )

@@ -351,6 +351,12 @@ def test_the_log_settings_default_and_refuse_what_they_do_not_know() -> None:
         Settings.from_env({"TICKWHEEL_LOG_FORMAT": "xml"})
 
 
+@pytest.mark.parametrize("value", ["\u0131nfo", "warn\u0131ng"])  # dotless i: INFO upper-cased
+def test_the_log_level_is_its_ascii_name_not_what_unicode_upper_cases_to_it(value: str) -> None:
+    with pytest.raises(ConfigError, match="TICKWHEEL_LOG_LEVEL: Input should be"):
+        Settings.from_env({"TICKWHEEL_LOG_LEVEL": value})
+
+
 def test_the_web_token_is_never_shown() -> None:
     s = Settings.from_env({"TICKWHEEL_WEB_TOKEN": "hunter2-hunter2"})
     assert s.web_token is not None and s.web_token.get_secret_value() == "hunter2-hunter2"
