@@ -72,6 +72,7 @@ async def _run_worker(settings: Settings, service: Service) -> None:
     from app.ops.cluster_status import for_node
     from app.ops.page import default_node_id
     from app.ops.web import WebServer
+    from app.ops.web_port import check_listenable
 
     node = Node(settings, service)
     web = WebServer(node, settings.web_port, settings.web_host) if settings.web_port else None
@@ -85,6 +86,8 @@ async def _run_worker(settings: Settings, service: Service) -> None:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, functools.partial(_asked, asked, stopping))
     try:
+        if web is not None:
+            check_listenable(settings.web_host, settings.web_port)
         await node.start()
         if web is not None:
             await web.start()

@@ -21,8 +21,8 @@ __all__ = [
 
 def printable(value: str) -> str:
     """`value` with no space, control or invisible character, at most 200 characters:
-    said at start (a NUL cuts librdkafka's transactional id short, and a web host the
-    server cannot bind fails only after the node joined its group)."""
+    said at start (a NUL cuts librdkafka's transactional id short, and a web host's
+    address is resolved before the node starts: `app.ops.web_port`)."""
     if has_invisible(value):
         raise ValueError("no space, control or invisible character")
     if len(value) > 200:
