@@ -6,6 +6,7 @@ joined its group, took partitions and made the group rebalance twice. May import
 
 from __future__ import annotations
 
+import errno
 import socket
 
 from app.errors import ConfigError
@@ -24,17 +25,32 @@ def check_listenable(host: str, port: int) -> None:
         raise ConfigError(
             f"TICKWHEEL_WEB_HOST {host!r}: cannot listen there ({exc.strerror or exc})"
         ) from None
+    bound, unavailable = 0, None
     for family, kind, proto, _, address in found:
         # As asyncio's create_server binds: the address reusable (a socket of the worker
-        # before, in TIME_WAIT, does not count as in use), IPv6 for IPv6 alone.
-        with socket.socket(family, kind, proto) as probe:
+        # before, in TIME_WAIT, does not count as in use), IPv6 for IPv6 alone; a family
+        # the machine lacks (a socket it cannot make, an address not available: IPv6 off
+        # and localhost's ::1) passed over while another address binds.
+        try:
+            probe = socket.socket(family, kind, proto)
+        except OSError:
+            continue
+        with probe:
             probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             if family == socket.AF_INET6:
                 probe.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
             try:
                 probe.bind(address)
             except OSError as exc:
-                raise ConfigError(
-                    f"TICKWHEEL_WEB_PORT {port}: cannot listen on {host}:{port} "
-                    f"({exc.strerror or exc})"
-                ) from None
+                if exc.errno == errno.EADDRNOTAVAIL:
+                    unavailable = exc
+                    continue
+                raise _cannot(host, port, exc) from None
+            bound += 1
+    if not bound:
+        raise _cannot(host, port, unavailable)
+
+
+def _cannot(host: str, port: int, exc: OSError | None) -> ConfigError:
+    why = "no address to bind" if exc is None else exc.strerror or str(exc)
+    return ConfigError(f"TICKWHEEL_WEB_PORT {port}: cannot listen on {host}:{port} ({why})")

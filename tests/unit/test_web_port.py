@@ -61,3 +61,18 @@ async def test_the_worker_stops_before_its_node_starts_when_its_port_is_taken(
     with pytest.raises(ConfigError, match=f"cannot listen on 127.0.0.1:{taken}"):
         await _run_worker(settings, None)  # type: ignore[arg-type]
     assert "node start" not in node.calls
+
+
+def test_an_address_this_machine_lacks_is_passed_over_while_another_binds(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # localhost as ::1 and 127.0.0.1, IPv6 off: the server listens on 127.0.0.1 alone.
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        port = int(server.getsockname()[1])
+    lacking = (socket.AF_INET6, socket.SOCK_STREAM, 6, "", ("2001:db8::1", port, 0, 0))
+    free = (socket.AF_INET, socket.SOCK_STREAM, 6, "", ("127.0.0.1", port))
+    monkeypatch.setattr(socket, "getaddrinfo", lambda *a, **k: [lacking, free])
+    check_listenable("localhost", port)
+    monkeypatch.setattr(socket, "getaddrinfo", lambda *a, **k: [lacking])
+    with pytest.raises(ConfigError, match="cannot listen on localhost"):
+        check_listenable("localhost", port)
