@@ -23,7 +23,7 @@ from app.kafka.producers import TRANSACTION_BATCH_BYTES, TRANSACTION_REQUEST_BYT
 from app.kafka.rdkafka_config import FENCED_CODES, group_metadata, rdkafka_options
 from app.kafka.rdkafka_delivery import produce_all
 from app.kafka.rdkafka_errors import error_of, refusal_or, said
-from app.kafka.records import OutRecord
+from app.kafka.records import TRANSACTION_TIMEOUT_MS, OutRecord
 
 __all__ = ["RdkafkaTransactionalWriter"]
 
@@ -59,7 +59,7 @@ class RdkafkaTransactionalWriter:
             "enable.idempotence": True,
             "acks": "all",
             "linger.ms": 1,
-            "transaction.timeout.ms": 60_000,
+            "transaction.timeout.ms": TRANSACTION_TIMEOUT_MS,
             # At most the transaction's timeout (librdkafka checks); a commit waits this
             # long at most for its records.
             "message.timeout.ms": int(timeout * 1000),

@@ -166,6 +166,12 @@ async def start_client(client: Any, what: str) -> None:
         raise KafkaUnavailable(f"{what} cannot connect: {explain(exc)}") from exc
 
 
+TRANSACTION_TIMEOUT_MS = 60_000
+"""The partitions' transactional producers' `transaction.timeout.ms`: a transaction the
+broker sees open longer is aborted, and its producer fenced. Nothing may hold one open
+near that long: the commit deadline (30 s) and the handler timeout (at most half of it)
+are bounded by it."""
+
 BROKER_MAX_MESSAGE_BYTES = 1_048_588
 """Kafka's default `message.max.bytes`: the largest record batch a topic takes unless set."""
 

@@ -24,7 +24,14 @@ from app.kafka.producers import (
     left_behind,
     retrieve,
 )
-from app.kafka.records import OutRecord, explain, fenced_by, refused, start_client
+from app.kafka.records import (
+    TRANSACTION_TIMEOUT_MS,
+    OutRecord,
+    explain,
+    fenced_by,
+    refused,
+    start_client,
+)
 
 __all__ = ["TransactionalProducer"]
 
@@ -57,7 +64,7 @@ class TransactionalProducer:
             enable_idempotence=True,
             acks="all",
             linger_ms=1,
-            transaction_timeout_ms=60_000,
+            transaction_timeout_ms=TRANSACTION_TIMEOUT_MS,
             # A dead letter holds a whole record of the topics its context serves, and its
             # topic takes up to 4 MiB (`app.protocol.dead_letters`).
             max_request_size=TRANSACTION_REQUEST_BYTES,

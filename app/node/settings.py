@@ -41,7 +41,7 @@ from app.kafka.addresses import broker_addresses
 from app.kafka.clients import KafkaClient, client_missing
 from app.kafka.connection import KafkaConnection, SaslMechanism, SecurityProtocol
 from app.kafka.consumers import rebalance_timeout_ms
-from app.kafka.records import Replication
+from app.kafka.records import TRANSACTION_TIMEOUT_MS, Replication
 from app.node.settings_checks import (
     a_directory,
     handler_within_session,
@@ -139,13 +139,19 @@ class Settings(BaseSettings):
     max_state_bytes: int = Field(default=DEFAULT_MAX_STATE_BYTES, ge=1024, le=MAX_STATE_BYTES)
     """An aggregate's stored state at most (at least `max_record_bytes`): a command whose
     decision would grow it past is answered ERROR; the log's events are folded whatever."""
-    handler_timeout_ms: int = Field(default=DEFAULT_HANDLER_TIMEOUT_MS, ge=0, le=600_000)
+    handler_timeout_ms: int = Field(
+        default=DEFAULT_HANDLER_TIMEOUT_MS, ge=0, le=TRANSACTION_TIMEOUT_MS // 2
+    )
     """How long one run of user code (a handler, the appliers of a command's events, a job's
     handler) may take: past it, it is interrupted and its record fails (answered ERROR,
     dead-lettered); still running at twice it (10 s after it at least), the worker exits
     (`app.node.user_code_watch`).
-    Below `session_timeout_ms`; when not given, the default or half the session timeout,
-    whichever is less. 0: no timeout (a debugger's breakpoint in a handler)."""
+    Below `session_timeout_ms`, and 30 s at most: half the transactions' timeout (the loop
+    is the handler's while it runs, so what its partition staged before cannot commit
+    meanwhile; past 60 s the broker aborts it and fences the producer, and the partition,
+    taken again, would run the same slow handler again). When not given, the default or
+    half the session timeout, whichever is less. 0: no timeout (a debugger's breakpoint in
+    a handler)."""
     timers: TimerOptions = Field(default_factory=TimerOptions)
     """The runner's options; in the environment as JSON, e.g. {"claim_timeout": 5000}."""
     kafka_client: KafkaClient = "aiokafka"

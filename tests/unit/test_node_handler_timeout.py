@@ -222,6 +222,13 @@ def test_the_handler_timeout_is_below_the_session_timeout() -> None:
         )
     untimed = {"TICKWHEEL_HANDLER_TIMEOUT_MS": "0"}
     assert Settings.from_env(untimed).handler_timeout_ms == 0  # a debugger's breakpoint
+    # Half the transactions' timeout at most: the loop is the handler's while it runs.
+    with pytest.raises(ConfigError, match="TICKWHEEL_HANDLER_TIMEOUT_MS: Input should be less"):
+        Settings.from_env(
+            {"TICKWHEEL_HANDLER_TIMEOUT_MS": "30001", "TICKWHEEL_SESSION_TIMEOUT_MS": "300000"}
+        )
+    top = {"TICKWHEEL_HANDLER_TIMEOUT_MS": "30000", "TICKWHEEL_SESSION_TIMEOUT_MS": "300000"}
+    assert Settings.from_env(top).handler_timeout_ms == 30_000
     for bad in ("99", "1", "-1", "600001"):
         with pytest.raises(ConfigError, match="TICKWHEEL_HANDLER_TIMEOUT_MS"):
             Settings.from_env(
