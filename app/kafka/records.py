@@ -21,6 +21,8 @@ from aiokafka.errors import (
     InvalidSessionTimeoutError,
     KafkaError,
     NoError,
+    NotEnoughReplicasAfterAppendError,
+    NotEnoughReplicasError,
     ProducerFenced,
     SaslAuthenticationFailed,
     TopicAlreadyExistsError,
@@ -123,6 +125,16 @@ def refused(exc: BaseException | None) -> bool:
     """Whether `exc` (or what it wraps) is the cluster refusing this principal: an ACL
     missing or credentials wrong. Retrying does not help; an operator must act."""
     return _caused_by(exc, _REFUSED)
+
+
+_SHORT_OF_REPLICAS = (NotEnoughReplicasError, NotEnoughReplicasAfterAppendError)
+
+
+def short_of_replicas(exc: BaseException | None) -> bool:
+    """Whether `exc` (or what it wraps) is a partition with fewer in-sync replicas than its
+    `min.insync.replicas` refusing a write: the cluster's state, not this node's, which
+    passes by itself once the replicas are back."""
+    return _caused_by(exc, _SHORT_OF_REPLICAS)
 
 
 _TOPIC_NAME = re.compile(r"^[A-Za-z0-9._-]{1,249}$")

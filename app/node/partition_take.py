@@ -3,7 +3,10 @@
 close first, then its state restored and its transaction opened (`open_partition`), its
 topics rewound to the group's committed offsets, and its timers held until its log is
 read to where it ended now. Tried `TAKE_ATTEMPTS` times; a partition that cannot be taken
-stops the node (loudly), never a take that dies quietly, half done."""
+stops the node (loudly), never a take that dies quietly, half done. A take failed by the
+cluster's own state (`take_failure`: too few in-sync replicas, no producer id given) is
+tried again without end and counts no attempt, the partition not ready meanwhile: stopped,
+the node would hand the partition to another, which meets the same state (`take_retry`)."""
 
 from __future__ import annotations
 
@@ -11,22 +14,34 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Collection
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from app.errors import KafkaUnavailable, node_fault
-from app.kafka.records import refused
+from app.kafka.records import causes, refused, short_of_replicas
+from app.node.failing import RETAKE_BACKOFF_MAX_S
 from app.node.partition_open import last_records
+from app.node.type_transactions import NoProducerId
 from app.task_ends import cancelled_here
 
 if TYPE_CHECKING:
     from app.node.partition_task import PartitionTask
 
-__all__ = ["TAKE_ATTEMPTS", "take_partition"]
+__all__ = ["TAKE_ATTEMPTS", "TakeFailure", "take_failure", "take_partition", "take_retry"]
 
 logger = logging.getLogger(__name__)
 
 TAKE_ATTEMPTS = 10
 """A partition not taken in this many attempts stops the node (loudly)."""
+
+TAKE_BACKOFF_S = 0.2
+"""The wait before a take's second attempt, doubling at each next one (`take_retry`)."""
+
+TAKE_BACKOFF_MAX_S = 5.0
+"""The longest wait between two counted attempts of a take."""
+
+TakeFailure = Literal["final", "cluster", "counted"]
+"""How a take's attempt failed (`take_failure`): for good (an operator must act), by the
+cluster's state (waited out, not counted), or otherwise (counted)."""
 
 
 async def take_partition(
@@ -77,8 +92,9 @@ async def _taking(task: PartitionTask, topics: set[str], after_failure: float | 
             return
         consumer.pause([(t, p) for t in topics])
         task.revive()
-    last: BaseException | None = None
-    for attempt in range(1, TAKE_ATTEMPTS + 1):
+    # Counted attempts failed, and failures by the cluster's state since the last of them.
+    attempts = waited = 0
+    while True:
         try:
             lost = await task.open_topics(topics)
             rewound = await consumer.rewind([(t, p) for t in topics])
@@ -92,25 +108,71 @@ async def _taking(task: PartitionTask, topics: set[str], after_failure: float | 
             task.failing.behind(p, await last_records(task.shared.reader, p, tail))
             break
         except Exception as exc:
-            last = exc
+            last: BaseException = exc
             if isinstance(exc, KafkaUnavailable) and not _final(exc):
                 last = await _refusal(task) or exc
-            if _final(last):
-                break
-            # A node fault is expected to pass; anything else is a bug to see, but either
-            # way p is tried again, and the node stops loudly if it never can be taken.
-            log = logger.warning if node_fault(exc) else logger.exception
-            log("taking %s failed (%d/%d): %s", task.key, attempt, TAKE_ATTEMPTS, exc)
+            failure = take_failure(last)
+            if failure == "cluster":
+                waited += 1
+            elif failure == "counted":
+                attempts, waited = attempts + 1, 0
+            delay = take_retry(failure, attempts, waited)
+            if delay is None:
+                if failure == "final":
+                    manager.fail(f"{task.key} could not be taken: {last}")
+                else:
+                    manager.fail(
+                        f"{task.key} could not be taken in {TAKE_ATTEMPTS} attempts: {last}"
+                    )
+                return
+            if failure == "cluster":
+                # Not ready meanwhile (it is being taken), and /healthz says why.
+                task.broken = f"waiting for the cluster to let it be taken: {exc}"
+                logger.warning(
+                    "taking %s waits for the cluster (not counted; again in %.1f s): %s",
+                    task.key,
+                    delay,
+                    exc,
+                )
+            else:
+                # A node fault is expected to pass; anything else is a bug to see, but
+                # either way p is tried again, and the node stops loudly if it never can
+                # be taken.
+                log = logger.warning if node_fault(exc) else logger.exception
+                log("taking %s failed (%d/%d): %s", task.key, attempts, TAKE_ATTEMPTS, exc)
             await task.close(clean=False)
             task.revive()
-            await asyncio.sleep(min(0.2 * 2**attempt, 5))
-    else:
-        manager.fail(f"{task.key} could not be taken in {TAKE_ATTEMPTS} attempts: {last}")
-        return
-    if last is not None and _final(last):
-        manager.fail(f"{task.key} could not be taken: {last}")
-        return
+            await asyncio.sleep(delay)
     task.run(topics)
+
+
+def take_failure(exc: BaseException) -> TakeFailure:
+    """How a take's attempt that raised `exc` failed: "final" when no retake passes it
+    (`_final`); "cluster" when the cluster's own state refused it, which passes by itself
+    once its replicas are back: a write short of in-sync replicas, or no producer id given
+    in time (the coordinator holds it behind the abort markers of the previous owner's
+    transaction, which it cannot write then; the node cannot see the replicas itself);
+    "counted" otherwise (anything else, a bug included)."""
+    if _final(exc):
+        return "final"
+    if short_of_replicas(exc) or any(isinstance(c, NoProducerId) for c in causes(exc)):
+        return "cluster"
+    return "counted"
+
+
+def take_retry(failure: TakeFailure, attempts: int, waited: int) -> float | None:
+    """How long a take waits before its next attempt after one that failed so (`failure`),
+    `attempts` counted ones having failed and `waited` by the cluster's state since the
+    last of them (this one included); None: it is given up and the node stops. A failure
+    by the cluster's state is never given up on: its waits double up to the retake's
+    longest (`RETAKE_BACKOFF_MAX_S`), one attempt every 10 s while it lasts."""
+    if failure == "final":
+        return None
+    if failure == "cluster":
+        return float(min(RETAKE_BACKOFF_MAX_S, TAKE_BACKOFF_S * 2 ** max(waited, 1)))
+    if attempts >= TAKE_ATTEMPTS:
+        return None
+    return float(min(TAKE_BACKOFF_MAX_S, TAKE_BACKOFF_S * 2 ** max(attempts, 1)))
 
 
 def _final(exc: BaseException) -> bool:

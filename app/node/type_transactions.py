@@ -18,15 +18,23 @@ from app.kafka import TransactionalWriter, WriterFactory
 from app.node.partition_transaction import PartitionTransaction
 from tables import ChangelogRecord
 
-__all__ = ["OPEN_DEADLINE_S", "STOP_DEADLINE_S", "TypeTransactions"]
+__all__ = ["OPEN_DEADLINE_S", "STOP_DEADLINE_S", "NoProducerId", "TypeTransactions"]
 
 logger = logging.getLogger(__name__)
 
 OPEN_DEADLINE_S = 15.0
 """A partition's producer not started by then (no producer id: its transaction coordinator
 busy or out of reach, which the client library retries without end or a word) is given
-up, so that the take fails and is tried again, and the node stops loudly if it never
-can be: never a partition left restoring, silently, for good."""
+up (`NoProducerId`), so that the take fails and is tried again, the partition not ready
+and /healthz saying why: never a partition left restoring, silently, for good."""
+
+
+class NoProducerId(KafkaUnavailable):
+    """A partition's producer was given no producer id within `OPEN_DEADLINE_S`: its
+    transaction coordinator busy, out of reach, or holding the id back behind the abort
+    markers of a previous owner's transaction that it cannot write (a cluster short of
+    in-sync replicas). A state of the cluster's, which its take waits out
+    (`partition_take.take_failure`)."""
 
 
 STOP_DEADLINE_S = 5.0
@@ -84,7 +92,7 @@ class TypeTransactions:
                     async with asyncio.timeout(self.open_deadline_s):
                         await asyncio.shield(stopping)
             if isinstance(exc, TimeoutError):
-                raise KafkaUnavailable(
+                raise NoProducerId(
                     f"{transactional_id}: its producer did not start within "
                     f"{self.open_deadline_s:g} s (no producer id from the transaction "
                     "coordinator)"

@@ -1,0 +1,126 @@
+"""A cluster short of in-sync replicas for minutes: a partition's commit misses its deadline,
+and its retake's producer gets no producer id (the coordinator holds it behind the abort
+markers of the failed transaction, which it cannot write either). Each attempt took the
+open's deadline, ten of them stopped the node, and the next owner met the same. Such a
+take now waits the cluster out, not counted, the partition not ready and /healthz saying
+why; the node runs it once the cluster gives the id. Any other failure keeps its limit."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import pytest
+from aiokafka.errors import (
+    KafkaConnectionError,
+    NotEnoughReplicasAfterAppendError,
+    NotEnoughReplicasError,
+    TopicAuthorizationFailedError,
+)
+from fakes import RunningNode, wait_until
+from test_commit_failing import BAD, OWNER
+from test_node_memory import PARTITIONS, SERVICE, schedule
+
+from app.errors import KafkaUnavailable
+from app.kafka.memory import MemoryLog
+from app.kafka.memory_clients import MemoryWriter
+from app.node import partition_take, type_transactions
+from app.node.failing import RETAKE_BACKOFF_MAX_S
+from app.node.partition_take import (
+    TAKE_ATTEMPTS,
+    ChangelogLost,
+    TakeFailure,
+    take_failure,
+    take_retry,
+)
+from app.node.type_transactions import NoProducerId
+
+
+def _from(cause: BaseException, said: str = "transaction failed") -> KafkaUnavailable:
+    error = KafkaUnavailable(said)
+    error.__cause__ = cause
+    return error
+
+
+def _short_and(cause: BaseException) -> KafkaUnavailable:
+    short = NotEnoughReplicasError()
+    short.__cause__ = cause
+    return _from(short)
+
+
+@pytest.mark.parametrize(
+    ("exc", "failure"),
+    [
+        (_from(NotEnoughReplicasError()), "cluster"),
+        (_from(NotEnoughReplicasAfterAppendError()), "cluster"),
+        (NoProducerId("g.t.0: its producer did not start within 15 s"), "cluster"),
+        (_from(NoProducerId("no producer id"), "open failed"), "cluster"),
+        (_from(TopicAuthorizationFailedError({"shop.order.events"})), "final"),
+        # A refusal beside a shortage of replicas: an operator must act all the same.
+        (_short_and(TopicAuthorizationFailedError()), "final"),
+        (ChangelogLost("rows gone"), "final"),
+        (_from(KafkaConnectionError("Unable to bootstrap")), "counted"),
+        (KafkaUnavailable("g.t.0: no commit within 30 s"), "counted"),
+        (RuntimeError("a bug"), "counted"),
+    ],
+)
+def test_how_a_take_failed(exc: BaseException, failure: TakeFailure) -> None:
+    assert take_failure(exc) == failure
+
+
+def test_a_take_failed_by_the_cluster_is_never_given_up_and_waits_at_most_the_retakes_longest() -> (
+    None
+):
+    waits = [take_retry("cluster", 0, n) for n in range(1, 200)]
+    assert all(w is not None and 0 < w <= RETAKE_BACKOFF_MAX_S for w in waits)
+    assert waits[-1] == RETAKE_BACKOFF_MAX_S
+    assert waits == sorted(w for w in waits if w is not None)
+    # Counted attempts before it do not make it give up either.
+    assert take_retry("cluster", TAKE_ATTEMPTS, 1) is not None
+
+
+@pytest.mark.parametrize("attempts", range(1, TAKE_ATTEMPTS + 3))
+def test_other_failures_keep_their_limit(attempts: int) -> None:
+    assert take_retry("final", attempts, 0) is None
+    delay = take_retry("counted", attempts, 0)
+    assert (delay is None) == (attempts >= TAKE_ATTEMPTS)
+
+
+async def test_a_retake_held_by_the_cluster_past_the_attempts_runs_once_it_is_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(type_transactions, "OPEN_DEADLINE_S", 0.05)
+    monkeypatch.setattr(partition_take, "TAKE_BACKOFF_S", 0.001)
+    monkeypatch.setattr(partition_take, "RETAKE_BACKOFF_MAX_S", 0.01)
+    log = MemoryLog()
+    node = await RunningNode(log, tmp_path, "a", SERVICE, PARTITIONS).start()
+    try:
+        await wait_until(node.runs)
+        starts: list[str] = []
+        back = asyncio.Event()
+        start = MemoryWriter.start
+
+        async def no_producer_id(writer: MemoryWriter) -> None:
+            if writer.transactional_id.endswith(f".{BAD}"):
+                starts.append(writer.transactional_id)
+                await back.wait()  # the client library retries InitProducerId silently
+            await start(writer)
+
+        async def once(tid: str) -> None:  # p's commit misses its deadline: taken afresh
+            if tid.endswith(f".{BAD}") and not starts:
+                monkeypatch.setattr(MemoryWriter, "start", no_producer_id)
+                raise KafkaUnavailable(f"{tid}: no commit within 30 s")
+
+        log.before_commit = once
+        await schedule(log, OWNER, int(time.time() * 1000) + 3_600_000)
+        await wait_until(lambda: len(starts) > TAKE_ATTEMPTS + 2, within=20)
+        health = node.node.health()
+        assert "failed" not in health and not health["ready"]
+        assert BAD in health["restoring"]
+        assert "waiting for the cluster" in health["stalled"][str(BAD)]
+        back.set()  # the replicas are back: the coordinator gives the id
+        await wait_until(node.runs, within=10)
+        assert "failed" not in node.node.health()
+    finally:
+        await node.stop()
