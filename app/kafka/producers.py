@@ -106,7 +106,7 @@ class Producer:
             renewal.cancel()
             await asyncio.gather(renewal, return_exceptions=True)
         try:
-            await _stop_within(self._producer)
+            await stop_within(self._producer)
         finally:
             await asyncio.gather(*self._retired, return_exceptions=True)
 
@@ -163,30 +163,32 @@ class Producer:
             async with asyncio.timeout(RENEW_WITHIN_S):
                 await start_client(fresh, "producer")
         except BaseException as exc:
-            await _stop_within(fresh)
+            await stop_within(fresh)
             if not isinstance(exc, asyncio.CancelledError):
                 logger.warning("the new producer did not start (tried again later): %s", exc)
             return
         finally:
             self._renewal = None
         if self._stopped:  # stopped while it started (`stop` waited for this)
-            await _stop_within(fresh)
+            await stop_within(fresh)
             return
         self._producer = fresh
-        stopping = asyncio.create_task(_stop_within(broken), name="stopping a retired producer")
+        stopping = asyncio.create_task(stop_within(broken), name="stopping a retired producer")
         self._retired.add(stopping)
         stopping.add_done_callback(self._retired.discard)
 
 
-async def _stop_within(producer: Any) -> None:
-    """Stops `producer` within `STOP_WITHIN_S`; past it, the records it holds unsent fail
-    (each send's caller is told) and its sender and connections are closed, within the
-    same bound again."""
+async def stop_within(producer: Any, what: str = "a producer") -> None:
+    """Stops `producer` (`what` it is, for the log) within `STOP_WITHIN_S`; past it, or
+    when its stop fails, the records it holds unsent fail (each send's caller is told) and
+    its sender and connections are closed, within the same bound again."""
     try:
         async with asyncio.timeout(STOP_WITHIN_S):
             await producer.stop()
     except Exception as exc:  # a timeout, or the client's own
-        logger.warning("a producer did not stop within %g s: %s", STOP_WITHIN_S, explain(exc))
+        logger.warning(
+            "%s did not stop within %g s, or failed to: %s", what, STOP_WITHIN_S, explain(exc)
+        )
         accumulator = getattr(producer, "_message_accumulator", None)
         if accumulator is not None:
             with contextlib.suppress(Exception):

@@ -23,6 +23,7 @@ from app.kafka.producers import (
     headers_list,
     left_behind,
     retrieve,
+    stop_within,
 )
 from app.kafka.records import (
     TRANSACTION_TIMEOUT_MS,
@@ -100,12 +101,11 @@ class TransactionalProducer:
             raise KafkaUnavailable(f"{self.transactional_id}: no metadata: {explain(exc)}") from exc
 
     async def stop(self) -> None:
-        """Closes the client; never raises (a broken producer may fail to say goodbye)."""
-        try:
-            await self._producer.stop()
-        except Exception as exc:
-            logger.warning("%s: stop failed: %r", self.transactional_id, exc)
-        left_behind(self._producer)
+        """Closes the client within `producers.STOP_WITHIN_S`; never raises (a broken
+        producer may fail to say goodbye). Unbounded, an aborted transaction's stop waits
+        for its batches, which an idempotent producer retries without end (a partition
+        short of in-sync replicas): its sender and connections were left running."""
+        await stop_within(self._producer, self.transactional_id)
 
     async def commit(
         self,

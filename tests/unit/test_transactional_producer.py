@@ -217,3 +217,48 @@ async def test_a_commit_cut_short_by_its_deadline_leaves_a_chain_of_causes_that_
         exc = exc.__cause__
     assert not is_fenced(e.value) and not refused(e.value)
     await producer.stop()
+
+
+class _StuckSender:
+    """aiokafka's sender while a batch of the aborted transaction is retried for ever
+    (NOT_ENOUGH_REPLICAS: an idempotent producer's batches never expire): its task runs
+    until it is closed."""
+
+    def __init__(self) -> None:
+        self.sender_task: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    async def close(self) -> None:
+        self.sender_task.cancel()
+        await asyncio.gather(self.sender_task, return_exceptions=True)
+
+
+class _StuckClient(FakeClient):
+    """aiokafka's producer whose stop waits for its accumulator's flush or its sender's
+    end (`AIOKafkaProducer.stop`), neither of which comes while the cluster is short of
+    in-sync replicas."""
+
+    def __init__(self) -> None:
+        super().__init__(RuntimeError("unused"))
+        self._sender = _StuckSender()
+        self.client = _StuckSender()  # its connections: closed past the bound too
+
+    async def stop(self) -> None:
+        self.calls.append("stop")
+        flushed = asyncio.get_running_loop().create_future()
+        await asyncio.wait([flushed, self._sender.sender_task])
+
+
+async def test_an_aborted_producer_whose_stop_waits_on_its_flush_stops_within_its_bound(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An aborted transaction's batches, retried for as long as the cluster stayed short
+    of in-sync replicas, held its producer's stop: each retake of the partition left one
+    more producer behind, its sender retrying every 10 ms, its connections open."""
+    from app.kafka import producers
+
+    monkeypatch.setattr(producers, "STOP_WITHIN_S", 0.05)
+    client = _StuckClient()
+    producer = await producer_with(client)
+    await asyncio.wait_for(producer.stop(), 2)
+    assert client._sender.sender_task.done(), "its sender is stopped"
+    assert client.client.sender_task.done(), "its connections are closed"
