@@ -17,9 +17,12 @@ from aiokafka.client import AIOKafkaClient
 from aiokafka.errors import (
     CoordinatorLoadInProgressError,
     CoordinatorNotAvailableError,
+    GroupIdNotFound,
     KafkaError,
+    NoError,
     NotCoordinatorError,
     TopicAlreadyExistsError,
+    for_code,
 )
 from aiokafka.protocol.metadata import MetadataRequest
 
@@ -212,14 +215,31 @@ async def cluster_id(bootstrap: Connectable) -> str:
 
 
 async def group_members(bootstrap: Connectable, group_id: str) -> int:
-    """How many members the consumer group has now."""
+    """How many members the consumer group has now. `KafkaUnavailable` when the broker
+    does not describe it: its coordinator not ready (asked again for a while first) or the
+    group refused (`refused`): never a count it did not give (a rebuild goes on at 0)."""
     admin = AIOKafkaAdminClient(**client_options(bootstrap), request_timeout_ms=30_000)
+
+    async def described() -> int:
+        responses = await admin.describe_consumer_groups([group_id])
+        groups = [g for r in responses for g in r.groups]
+        # (error_code, group_id, state, protocol_type, protocol, members, …): the error is
+        # the group's, in the answer (aiokafka raises none of them), its members then empty.
+        if not any(g[1] == group_id for g in groups):
+            raise KafkaUnavailable(f"cannot describe group {group_id}: the answer lacks it")
+        members = 0
+        for g in groups:
+            kind = for_code(g[0])
+            if kind is GroupIdNotFound:
+                continue  # no such group, no member (newer brokers say so as an error)
+            if kind is not NoError:
+                raise kind(f"describing group {g[1]}")
+            members += len(g[5])
+        return members
+
     try:
         await admin.start()
-        responses = await _coordinated(lambda: admin.describe_consumer_groups([group_id]))
-        groups = [g for r in responses for g in r.groups]
-        # (error_code, group_id, state, protocol_type, protocol, members, …)
-        return sum(len(g[5]) for g in groups)
+        return await _coordinated(described)
     except KafkaError as exc:
         raise KafkaUnavailable(f"cannot describe group {group_id}: {explain(exc)}") from exc
     finally:
