@@ -23,13 +23,14 @@ from app.node.partition_transaction import PartitionTransaction, Transaction
 from app.node.task_id import TaskId
 from app.task_ends import cancelled_here
 
-__all__ = ["Commits", "Committing", "PartitionCommits"]
+__all__ = ["COMMIT_DEADLINE_S", "Commits", "Committing", "PartitionCommits"]
 
 logger = logging.getLogger(__name__)
 
 COMMIT_DEADLINE_S = 30.0
 """A commit not done by then is given up: its partition is let go and taken afresh (below
-the producers' 60 s transaction timeout, and /healthz's bound on the commit lag)."""
+the producers' 60 s transaction timeout; /healthz's bound on the commit lag is half of it,
+so that a commit stuck shows before its partition is let go)."""
 
 MAX_STAGED = 10_000
 """Records waiting for a partition's transaction of one type beyond which its cycles wait
@@ -50,8 +51,10 @@ class PartitionCommits:
         transaction: Callable[[], PartitionTransaction | None],
         *,
         landed: Callable[[], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.key = key
+        self._clock = clock
         self.p = key.p
         self._on_failure = on_failure
         self._on_landed = landed
@@ -105,7 +108,7 @@ class PartitionCommits:
         waits meanwhile), and the last started `interval` seconds ago."""
         if self.running() is not None:
             return False
-        return time.monotonic() - self._started_at >= interval
+        return self._clock() - self._started_at >= interval
 
     def start(self, deadline_s: float) -> asyncio.Task[bool] | None:
         """Takes what waits in its transaction and commits it in the background (see
@@ -115,7 +118,7 @@ class PartitionCommits:
         taken = self._transaction().take()
         if taken is None:
             return None
-        self._started_at = time.monotonic()
+        self._started_at = self._clock()
         task = asyncio.create_task(self._send(taken, deadline_s), name=f"commit {tuple(self.key)}")
         self._in_flight = task
         task.add_done_callback(self._forget)
@@ -255,14 +258,24 @@ class Committing(Protocol):
 class Commits:
     """The node's commits: each call goes to the commits of the task that runs the type's
     partition (none: nothing is started, nothing waited for); `run` goes over them all.
-    `running` is the node's map of the task running each type's partition."""
+    `running` is the node's map of the task running each type's partition; `clock`, the
+    monotonic clock the lags are read by (as its tasks' commits' own)."""
 
-    def __init__(self, interval_ms: int, running: Mapping[TaskId, Committing]) -> None:
+    def __init__(
+        self,
+        interval_ms: int,
+        running: Mapping[TaskId, Committing],
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._interval = interval_ms / 1000
         self._tick = min(interval_ms, 10) / 1000
         self._running = running
+        self._clock = clock
         self.deadline_s = COMMIT_DEADLINE_S
         self.max_staged = MAX_STAGED
+        # Since when each partition's offsets taken by the poll loop wait for the group's
+        # commit (`take_offsets`, `offsets_landed`).
+        self._unlanded: dict[int, float] = {}
 
     def _of(self, kept: KeptType, p: int) -> PartitionCommits | None:
         task = self._running.get(TaskId(kept.name, p))
@@ -281,10 +294,20 @@ class Commits:
         return 0 if (own := self._of(kept, p)) is None else own.landed
 
     def lag(self) -> float:
-        """How long the oldest commit in flight has been going, in seconds (0: none): a
-        commit that hangs holds every later write of its partition back (readiness)."""
-        now = time.monotonic()
-        return max((t.commits.lag(now) for t in list(self._running.values())), default=0.0)
+        """How long the oldest commit not landed has been going, in seconds (0: none)."""
+        return max(self.lags().values(), default=0.0)
+
+    def lags(self) -> dict[int, float]:
+        """Per partition with a commit not landed, how long its oldest has been going, in
+        seconds: a transaction's in flight (one that hangs holds every later write of its
+        partition back) or the group's commit of its offsets passed over (one that hangs
+        holds the poll loop, every partition's reading). Readiness."""
+        now = self._clock()
+        lags = {p: now - since for p, since in self._unlanded.items()}
+        for key, task in list(self._running.items()):
+            if (lag := task.commits.lag(now)) > 0:
+                lags[key.p] = max(lags.get(key.p, 0.0), lag)
+        return lags
 
     def pass_over(self, kept: KeptType, offsets: dict[tuple[str, int], int]) -> None:
         """Offsets of `kept`'s topics read and done with nothing to write: the poll loop
@@ -294,10 +317,21 @@ class Commits:
                 own.pass_over(key, offset)
 
     def take_offsets(self) -> dict[tuple[str, int], int]:
+        """The offsets passed over, for the poll loop to commit to the group (then
+        `offsets_landed`). A partition's wait counts from the first of its offsets taken
+        and not landed since: those of a commit that failed are given up, and the next
+        of it wait on (a coordinator away fails each commit after up to 30 s, the poll
+        loop passing between them)."""
         done: dict[tuple[str, int], int] = {}
         for task in list(self._running.values()):
             done |= task.commits.take_offsets()
+        now = self._clock()
+        self._unlanded = {p: self._unlanded.get(p, now) for _, p in done}
         return done
+
+    def offsets_landed(self) -> None:
+        """The group committed the offsets last taken."""
+        self._unlanded = {}
 
     def may_commit(self, kept: KeptType, p: int) -> bool:
         """Whether p of `kept` may start a commit now: none in flight (the next takes all

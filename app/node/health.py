@@ -9,11 +9,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from app.node.commits import COMMIT_DEADLINE_S
 from app.node.partition_task import PartitionTask
 from app.node.task_id import TaskId
 from app.node.task_state import TaskState
 
-__all__ = ["FAILING_IN_A_ROW", "FOLLOWER_FAILING_S", "MAX_COMMIT_LAG_S", "node_health"]
+__all__ = ["FAILING_IN_A_ROW", "FOLLOWER_FAILING_S", "MAX_COMMIT_LAG_S", "node_health", "oldest"]
 
 FAILING_IN_A_ROW = 3
 """A partition failing this many times in a row at the same offsets makes the node not ready."""
@@ -24,9 +25,20 @@ longer than a poll or two that a broker's blip fails, far below `POLL_FAILING_S`
 which the node stops."""
 
 
-MAX_COMMIT_LAG_S = 60.0
-"""Readiness fails when the node's oldest write waiting to commit is older than this (the
-commits run every `TICKWHEEL_COMMIT_INTERVAL_MS`; one pending this long is stuck)."""
+MAX_COMMIT_LAG_S = COMMIT_DEADLINE_S / 2
+"""Readiness fails when a partition's oldest commit not landed is older than this (the
+commits run every `TICKWHEEL_COMMIT_INTERVAL_MS`; one pending this long is stuck): half the
+commit's deadline, past which it is given up and the partition let go, so that a stuck
+commit shows first (at 60 s, above the deadline, it never showed)."""
+
+
+def oldest(*lags: Mapping[int, float]) -> dict[int, float]:
+    """Per partition, the longest of its commit lags in any of `lags`."""
+    out: dict[int, float] = {}
+    for each in lags:
+        for p, lag in each.items():
+            out[p] = max(out.get(p, 0.0), lag)
+    return out
 
 
 def node_health(
@@ -36,7 +48,7 @@ def node_health(
     given: set[TaskId] | None,
     suspended: float | None,
     broker: dict[str, Any],
-    commit_lag_s: float,
+    commit_lags: Mapping[int, float],
     failure: str | None,
     following: Mapping[str, tuple[float, str]] | None = None,
     answered: bool = True,
@@ -56,8 +68,9 @@ def node_health(
     failing `FOLLOWER_FAILING_S` or longer makes the node not ready (past `POLL_FAILING_S`
     it fails); `answered`: whether the group has given this node its partitions since it
     joined or a rebalance began (until then it owns nothing it can tell, and is not ready:
-    a rollout would go on while nothing is worked). A commit waiting longer than
-    `MAX_COMMIT_LAG_S` makes it not ready, said in `not_ready`."""
+    a rollout would go on while nothing is worked). `commit_lags`: per partition, how long
+    its oldest commit not landed has been going (said as the longest, `commit_lag_s`); one
+    longer than `MAX_COMMIT_LAG_S` makes it not ready, `not_ready` naming the partitions."""
     running = frozenset(key for key, task in tasks.items() if task.state is TaskState.RUNNING)
     stalled: dict[int, str] = {}
     failing: dict[int, dict[str, object]] = {}
@@ -87,6 +100,7 @@ def node_health(
     for (_, p), seconds in closing.items():
         closes[p] = max(closes.get(p, 0.0), seconds)
     restoring = sorted({key.p for key in taking})
+    commit_lag_s = max(commit_lags.values(), default=0.0)
     body: dict[str, Any] = {
         "owned": sorted({key.p for key in running}),
         "restoring": restoring,
@@ -98,11 +112,12 @@ def node_health(
     if body["ready"] and not answered:
         body["ready"] = False
         body["not_ready"] = "waiting for the group to give this node its partitions"
-    if body["ready"] and commit_lag_s > MAX_COMMIT_LAG_S:
+    late = sorted(p for p, lag in commit_lags.items() if lag > MAX_COMMIT_LAG_S)
+    if body["ready"] and late:
         body["ready"] = False
         body["not_ready"] = (
-            f"the oldest write waiting to commit is {commit_lag_s:.1f} s old "
-            f"(more than {MAX_COMMIT_LAG_S:g} s)"
+            f"{_partitions(late)}: the oldest write waiting to commit is {commit_lag_s:.1f} s old "
+            f"(more than {MAX_COMMIT_LAG_S:g} s; given up at {COMMIT_DEADLINE_S:g} s)"
         )
     if failing:
         body["failing"] = {str(p): f for p, f in sorted(failing.items())}
@@ -124,3 +139,11 @@ def node_health(
     if failure is not None:
         body["failed"] = failure
     return body
+
+
+def _partitions(ps: list[int], shown: int = 10) -> str:
+    """`ps` named: "partition 3", "partitions 1, 3", the first `shown` and how many more."""
+    if len(ps) == 1:
+        return f"partition {ps[0]}"
+    more = f" and {len(ps) - shown} more" if len(ps) > shown else ""
+    return "partitions " + ", ".join(str(p) for p in ps[:shown]) + more

@@ -28,7 +28,7 @@ from app.kafka.ports import Clients, GroupMember
 from app.node import polling
 from app.node.commits import Commits
 from app.node.cycles import PartitionCycles
-from app.node.health import node_health
+from app.node.health import node_health, oldest
 from app.node.kept import KeptType, node_topics
 from app.node.local_state import DataDirLock, keep_for_cluster
 from app.node.metrics import NodeMetrics
@@ -182,7 +182,7 @@ class Node:
             suspended=self._suspension.suspended(),
             broker=self.broker.status(),
             # A close's commits count: a hung one holds its partition's next take back.
-            commit_lag_s=max(self.commits.lag(), self.tasks.closing_commit_lag()),
+            commit_lags=oldest(self.commits.lags(), self.tasks.closing_commit_lags()),
             failure=None if self._failure is None else str(self._failure),
             following={w: f for w, r in self._following.items() if (f := r.failing)},
             answered=self._answered,

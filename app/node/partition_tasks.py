@@ -175,10 +175,14 @@ class PartitionTasks:
                 closes[task.key] = max(closes.get(task.key, 0.0), now - task.closing_since)
         return closes
 
-    def closing_commit_lag(self) -> float:
-        """How long the oldest commit of a close under way has been going (0: none)."""
-        now = time.monotonic()
-        return max((task.commits.lag(now) for task in self.closing), default=0.0)
+    def closing_commit_lags(self) -> dict[int, float]:
+        """Per partition, how long the oldest commit of a close under way of it has been
+        going (only those with one)."""
+        now, lags = time.monotonic(), dict[int, float]()
+        for task in self.closing:
+            if (lag := task.commits.lag(now)) > 0:
+                lags[task.p] = max(lags.get(task.p, 0.0), lag)
+        return lags
 
     def _close(self, task: PartitionTask) -> asyncio.Task[bool]:
         """Closes a task taken out of the map, in the background (`PartitionTask.revoke`).

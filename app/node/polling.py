@@ -56,9 +56,12 @@ class Running(Protocol):
 
 
 class DoneOffsets(Protocol):
-    """Offsets of work done with nothing to write (`Commits`)."""
+    """Offsets of work done with nothing to write (`Commits`), and their commits landing
+    (how long one has not is readiness's)."""
 
     def take_offsets(self) -> dict[tuple[str, int], int]: ...
+
+    def offsets_landed(self) -> None: ...
 
 
 async def poll_loop(
@@ -105,6 +108,7 @@ async def poll_loop(
                 consumer.pause(held.paused)
                 held.batches.append((topic, records))
             await consumer.commit(commits.take_offsets())
+            commits.offsets_landed()
         except KafkaUnavailable as exc:
             if refused(exc):
                 # An ACL missing (the group's Read, a topic's): no retry will pass it.

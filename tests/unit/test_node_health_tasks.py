@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, cast
 
+from app.node.commits import COMMIT_DEADLINE_S
 from app.node.failing import FailingPartitions
 from app.node.health import MAX_COMMIT_LAG_S, node_health
 from app.node.partition_task import PartitionTask
@@ -41,7 +42,7 @@ def health(
         given=given,
         suspended=None,
         broker={"reachable": True},
-        commit_lag_s=more.get("commit_lag_s", 0.0),
+        commit_lags=more.get("commit_lags", {}),
         failure=None,
         answered=more.get("answered", True),
     )
@@ -83,12 +84,12 @@ def test_a_types_failing_timer_rounds_stall_only_its_partitions() -> None:
 def test_a_commit_waiting_too_long_makes_it_not_ready_and_says_why() -> None:
     """Said by the node itself: the page, the node report and the cluster's status read
     it (only `/readyz` applied it, and the page said "ready" beside a 503)."""
-    assert health({A: Task()}, {A}, {A}, commit_lag_s=1.5)["ready"]
-    body = health({A: Task()}, {A}, {A}, commit_lag_s=MAX_COMMIT_LAG_S * 2)
+    assert health({A: Task()}, {A}, {A}, commit_lags={1: 1.5})["ready"]
+    body = health({A: Task()}, {A}, {A}, commit_lags={1: MAX_COMMIT_LAG_S * 2})
     assert not body["ready"]
     assert body["not_ready"] == (
-        f"the oldest write waiting to commit is {MAX_COMMIT_LAG_S * 2:.1f} s old "
-        f"(more than {MAX_COMMIT_LAG_S:g} s)"
+        f"partition 1: the oldest write waiting to commit is {MAX_COMMIT_LAG_S * 2:.1f} s old "
+        f"(more than {MAX_COMMIT_LAG_S:g} s; given up at {COMMIT_DEADLINE_S:g} s)"
     )
 
 

@@ -57,6 +57,9 @@ class Offsets:
     def take_offsets(self) -> dict[tuple[str, int], int]:
         return {}
 
+    def offsets_landed(self) -> None:
+        pass
+
 
 @pytest.mark.parametrize(
     ("cause", "said"),
