@@ -1,9 +1,10 @@
 """Opening a partition of one type, as its task takes it (`open_partition`): the type's
 transactional producer of p started (fencing the previous owner), its command processor
 made and its aggregate states folded from the log, and its timer table restored from its
-changelog (read on from a clean local copy, else dropped and restored whole), and the
-handle its cycles write its timers through made (`PartitionHandle`: p's lock alone, and
-refused once p is let go, so each take makes its own), with p's transaction attached to
+changelog (read on from a clean local copy, else dropped and restored whole; a take cut
+short in it leaves what it restored to be read on: `PartitionTask.copy_committed`), and
+the handle its cycles write its timers through made (`PartitionHandle`: p's lock alone,
+and refused once p is let go, so each take makes its own), with p's transaction attached to
 it as p's changelog sink (p's rows go to it directly); then the results readers follow p
 (`TaskShared.reading_results`: once for all the types' tasks of p).
 What is opened is the task's (`transaction`, `processor`, `store`), for its close to
@@ -58,6 +59,14 @@ async def open_partition(s: TaskShared, task: PartitionTask, topics: set[str]) -
                 await processor.restore(s.reader, progress)
         clean = kept.marks.take(p)
         await kept.store.assign({p})
+        # A take cut short from here on marks the copy clean again while it holds
+        # committed changelog records alone (its close, `release_partition`): as the mark
+        # left it, then as the restore tells.
+        task.copy_committed = clean
+
+        def committed_only(holds: bool) -> None:
+            task.copy_committed = holds
+
         progress = s.metrics.restore_progress(t.type_name, p, "timers")
         unreadable: list[tuple[Record, str]] = []
         with s.metrics.restore_duration.labels(t.type_name, "timers").time():
@@ -72,6 +81,7 @@ async def open_partition(s: TaskShared, task: PartitionTask, topics: set[str]) -
                 # Noted at once, before the restore drops the copy: told later, a take
                 # cut short would forget it.
                 lost=functools.partial(kept.marks.note_lost, p),
+                committed_only=committed_only,
             )
             # Counted whole once, here, where a restore is waited for anyway: from now
             # on each write keeps the count (the /metrics gauges scan nothing).

@@ -37,7 +37,8 @@ async def release_partition(
     Not clean (or its commits failed), its copy is rolled back through `store` (its
     handle) to what its landed commits left and marked clean, unless the store itself
     failed in p or rows were thrown away uncommitted (then the next take restores it
-    whole). `CloseFailed` when a part failed: every other part is done all the same (p's
+    whole); a take cut short marks what its restore applied clean (read on next).
+    `CloseFailed` when a part failed: every other part is done all the same (p's
     producer always stopped), and the copy is not marked clean."""
     kept, p, commits = task.kept, task.p, task.commits
     commits.take_offsets()  # passed over, not committed: read again by the next
@@ -129,7 +130,8 @@ async def _let_go(
     """Abandons the task's transaction (its producer stopped) and lets its store partition
     and processor go, each whatever the others raised; the copy is marked clean only when
     `committed`, or rolled back through `undo` to what `txn`'s landed commits left once
-    the producer stopped, and all of it went well. What failed, described."""
+    the producer stopped, or it holds what a take cut short restored alone
+    (`PartitionTask.copy_committed`), and all of it went well. What failed, described."""
     kept, p, commits = task.kept, task.p, task.commits
     failed: list[str] = []
     loop = asyncio.get_running_loop()
@@ -173,6 +175,12 @@ async def _let_go(
         _unless_cancelled(exc)
         logger.exception("partition %d of %s: letting its store go failed", p, kept.name)
         failed.append(f"{kept.name} store: {exc!r}")
+    if undo is None and task.copy_committed and not task.copy_doubtful:
+        # A take cut short (a stop, a revoke) in its restore or before it ran: the copy
+        # holds the changelog's records alone through its offset, flushed by the store's
+        # revoke (written without the WAL), and the next take reads on from there. A
+        # crash never gets here: the mark its take removed stays removed.
+        committed = True
     if committed and not failed:
         try:
             kept.marks.mark(p)

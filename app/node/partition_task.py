@@ -96,6 +96,11 @@ class PartitionTask:
         # corrupt row, RocksDB's own error, a bug): then its copy is restored whole, never
         # rolled back to what its landed commits left.
         self.copy_doubtful = False
+        # Whether its take's restore left the copy holding committed changelog records
+        # alone, through the offset it holds (`open_partition`): a take cut short (a stop,
+        # a revoke) then marks it clean, and the next one reads on from there rather
+        # than restore the whole changelog again (a rolling restart during long restores).
+        self.copy_committed = False
         # p's timer firing: obtained when p starts firing, stopped by its close.
         self.firing: PartitionFiring | None = None
         # The loop of p's own timer rounds over its firing (ended by its close).
@@ -318,6 +323,7 @@ class PartitionTask:
         """Restores p's state and opens its transaction (`open_partition`); why its
         changelog lost rows, if it did."""
         self._to(TaskState.RESTORING)
+        self.copy_committed = False  # until its restore says (an earlier take's is stale)
         return await open_partition(self.shared, self, topics)
 
     async def revoke(self) -> None:
@@ -337,8 +343,9 @@ class PartitionTask:
         `clean`: commit what its transaction holds first and mark the local copy clean;
         otherwise it is thrown away and the local copy restored from the changelog next
         time. Only a running task closes clean (`closes_clean`): a take cut short may not
-        have restored a dirty copy yet, and a failed task's work may be half done. Closing
-        a closed task does nothing.
+        have restored a dirty copy yet, and a failed task's work may be half done (but
+        what a take's restore applied is kept, and read on from: `copy_committed`).
+        Closing a closed task does nothing.
 
         It runs in a task of its own: a caller cut short (a revoke cancelling the retake
         that closes it after a failure) cuts none of it, and a close asked for while one
@@ -363,6 +370,10 @@ class PartitionTask:
             # A cycle cut short wrote half of its work: nothing of p's transaction commits.
             clean = not await self.stop_input() and clean
             self.input = None
+            if was is not TaskState.RESTORING:
+                # Only a take cut short (in its restore, or after it before it ran) wrote
+                # nothing but the changelog's records to the copy since it was taken.
+                self.copy_committed = False
             try:
                 await self._release(clean=clean, store=store)
             except CloseFailed:

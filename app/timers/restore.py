@@ -35,6 +35,7 @@ async def restore_partition(
     progress: RestoreProgress | None = None,
     unreadable: list[tuple[Record, str]] | None = None,
     lost: Callable[[str, int], None] | None = None,
+    committed_only: Callable[[bool], None] | None = None,
 ) -> int:
     """Applies `topic[partition]` after the store's last applied offset; how many records.
     `progress` hears the offsets read and to read as it goes.
@@ -46,7 +47,15 @@ async def restore_partition(
     (before the copy is dropped: told later, a take cut short would forget it): the topic was
     recreated (or cut by an unclean leader election), and only a replay of the log from its
     start (a rebuild's) makes its rows again. (A changelog whose start moved past the copy
-    is not told: compaction moves it too, once its first segments hold nothing live.)"""
+    is not told: compaction moves it too, once its first segments hold nothing live.)
+
+    `committed_only` is told, as the restore goes, whether the copy holds the changelog's
+    records alone through the offset it holds (each batch is written with its last
+    offset), so that a take cut short (a stop, a revoke) may mark it clean and the next
+    read on from there: not while a dirty copy is being dropped, nor after a store write
+    that failed, nor while a record passed over waits for its letter (read on, the next
+    restore would never meet it)."""
+    told = committed_only or _untold
     held = store.changelog_offset(partition)
     begin, end = await reader.offsets(topic, partition)
     if clean and held is not None and held >= end and lost is not None:
@@ -59,8 +68,10 @@ async def restore_partition(
         # The local copy may hold uncommitted writes, or is unknown, or older than what the
         # changelog still holds (a rebuild deleted it), or ahead of it (the topic was
         # recreated): start from the changelog alone.
+        told(False)
         await store.drop(partition)
         await store.assign({partition})
+        told(True)  # empty: a prefix of the changelog
         held = None
     start = 0 if held is None else held + 1
     began = time.monotonic()
@@ -75,9 +86,12 @@ async def restore_partition(
         with gc_paused():
             rows = [(r.offset, r.key, r.value) for r in batch if r.key is not None]
             if rows:
-                bad = {
-                    row.offset: row.reason for row in await store.apply_changelog(partition, rows)
-                }
+                try:
+                    applied = await store.apply_changelog(partition, rows)
+                except Exception:
+                    told(False)  # the store failed in p: its copy is not trusted
+                    raise
+                bad = {row.offset: row.reason for row in applied}
                 # Only while some record was passed over (rarely): a key's later record may
                 # replace it (with every record good and none passed, nothing to look at).
                 if bad or passed:
@@ -88,10 +102,15 @@ async def restore_partition(
                             passed[r.key] = (r, bad[r.offset])
                         else:
                             passed.pop(r.key, None)  # replaced (or deleted) by a later record
+                    told(not passed)
                 count += len(rows)
             if batch and progress is not None:
                 progress(min(batch[-1].offset + 1 - start, to_read), to_read)
-    await store.end_restore(partition)
+    try:
+        await store.end_restore(partition)
+    except Exception:
+        told(False)
+        raise
     if progress is not None:
         progress(to_read, to_read)
     if passed:
@@ -114,6 +133,10 @@ async def restore_partition(
         time.monotonic() - began,
     )
     return count
+
+
+def _untold(committed_only: bool) -> None:
+    pass
 
 
 def unreadable_letters(
