@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from app.task_ends import cancelled_here
@@ -16,9 +17,10 @@ from app.timers.runner import RoundStats
 if TYPE_CHECKING:
     from app.node.partition_task import PartitionTask, TaskShared
     from app.node.partition_transaction import PartitionTransaction
+    from app.timers.sender import ResultsReader
     from tables.partition_handle import PartitionHandle
 
-__all__ = ["CloseFailed", "release_partition"]
+__all__ = ["CloseFailed", "let_results_go", "release_partition"]
 
 logger = logging.getLogger(__name__)
 
@@ -98,25 +100,46 @@ async def release_partition(
         # Whatever failed (or was cancelled) before: p's producer is stopped and its
         # store and processor let go, or a retake's open would leak the producer.
         failed += await _let_go(s, task, until, committed, undo, txn)
-    readers = s.reading_results.get(p, set())
-    readers.discard(kept.name)
-    if not readers:
-        # No other type's task of p reads its results: the readers let p go. No await
-        # between the pop and the removes' calls: a type's task opening p meanwhile adds
-        # it after them (each reader takes its calls in order).
-        s.reading_results.pop(p, None)
-        for reader in s.results.values():
-            try:
-                # Bounded too; past the deadline given a second (cut short, the reader
-                # only reads p's results on, unused).
-                async with asyncio.timeout(max(until - loop.time(), 1.0)):
-                    await reader.remove_partition(p)
-            except (Exception, asyncio.CancelledError) as exc:
-                _unless_cancelled(exc)
-                logger.exception("results reader: letting partition %d go failed", p)
+    await let_results_go(s.reading_results, s.results, p, kept.name, until)
     if failed:
         # Not a clean close: p may be half let go, so no new task takes it (the node stops).
         raise CloseFailed(f"partition {p} of {kept.name}: " + "; ".join(failed))
+
+
+async def let_results_go(
+    reading: dict[int, set[str]],
+    readers: Mapping[str, ResultsReader],
+    p: int,
+    type_name: str,
+    until: float,
+) -> None:
+    """`type_name`'s task of p reads p's results no more (`TaskShared.reading_results`):
+    once no other type's task of p does, each context's results reader lets p go, within
+    the close's deadline `until` (the loop's time), each failure logged.
+
+    A type's task of p opening meanwhile (between two readers' removes: each is awaited)
+    adds p to every reader itself, in turn: the readers not let go yet are left reading p
+    (a remove after its add would leave the new task's remote sends of that context
+    unanswered, each timing out until the timer parks, for as long as p stays here)."""
+    names = reading.get(p, set())
+    names.discard(type_name)
+    if names:
+        return  # another type's task of p reads its results
+    reading.pop(p, None)
+    loop = asyncio.get_running_loop()
+    for reader in readers.values():
+        if p in reading:
+            # Opened again since: its adds follow, each after the remove a reader took
+            # before it (a reader takes its calls in order); the rest read p on.
+            return
+        try:
+            # Bounded too; past the deadline given a second (cut short, the reader only
+            # reads p's results on, unused).
+            async with asyncio.timeout(max(until - loop.time(), 1.0)):
+                await reader.remove_partition(p)
+        except (Exception, asyncio.CancelledError) as exc:
+            _unless_cancelled(exc)
+            logger.exception("results reader: letting partition %d go failed", p)
 
 
 async def _let_go(
