@@ -118,8 +118,9 @@ class ResultsReader:
     """Reads the owned partitions of a context's results topic; resolves waiting sends.
 
     `followers` makes the topic's follower (`Clients.follower`); `log_limit` bounds the
-    lines about unreadable results (by default, one a minute after the first); `failing_s`
-    and `monotonic`: how long its polls may fail, none passing (`FollowerPolls`).
+    lines about unreadable results and misaddressed ones (each, by default, one a minute
+    after the first); `failing_s` and `monotonic`: how long its polls may fail, none
+    passing (`FollowerPolls`).
     """
 
     def __init__(
@@ -206,13 +207,16 @@ class ResultsReader:
                     continue
                 target, future = waiting
                 if result.aggregate != target:
-                    logger.warning(
-                        "a result for %s names %s, not the aggregate it was sent to (%s): "
-                        "passed over",
-                        result.request_id,
-                        result.aggregate,
-                        target,
-                    )
+                    # Bounded as unreadable ones are: any writer may repeat a request id.
+                    if (more := self._unreadable_log.check("misaddressed")) is not None:
+                        logger.warning(
+                            "a result for %s names %s, not the aggregate it was sent to "
+                            "(%s): passed over%s",
+                            result.request_id,
+                            result.aggregate,
+                            target,
+                            more,
+                        )
                     continue
                 del self._waiting[result.request_id]
                 if not future.done():

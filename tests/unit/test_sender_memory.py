@@ -183,3 +183,25 @@ async def test_a_result_naming_another_aggregate_is_no_answer_to_a_send(
     await log.publisher().send(RESULTS, b"t-1#0", encode(answer), P)
     outcome = await asyncio.wait_for(sending, 5)
     assert outcome.code == "COMMITTED"
+
+
+async def test_results_naming_another_aggregate_are_logged_within_the_limit(
+    results: tuple[MemoryLog, ResultsReader], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Any writer of the results topic may repeat the request id of a send in flight (its
+    timer's id is on the log) under another aggregate, as often as it likes: one line, as
+    for garbage, not one a record (it would set this node's log volume)."""
+    log, reader = results
+    waiting = reader.expect("t-1#0", TARGET)
+    other = AggregateRef(context="elsewhere", aggregate="x", id="y")
+    forged = CommandResult(
+        request_id="t-1#0", code=ResultCode.REJECTED, aggregate=other, decided_at=T0
+    )
+    for _ in range(50):
+        await log.publisher().send(RESULTS, b"t-1#0", encode(forged), P)
+    answer = forged.model_copy(update={"code": ResultCode.COMMITTED, "aggregate": TARGET})
+    with caplog.at_level("WARNING", logger="app.timers.sender"):
+        await log.publisher().send(RESULTS, b"t-1#0", encode(answer), P)
+        assert (await asyncio.wait_for(waiting, 5)).code is ResultCode.COMMITTED
+    lines = [r for r in caplog.records if "not the aggregate it was sent to" in r.message]
+    assert len(lines) == 1
