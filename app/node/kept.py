@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from app.commands.records import state_key
 from app.errors import Fenced
 from app.kafka import TopicSpec
 from app.kafka.records import causes
@@ -16,7 +17,7 @@ from app.node.type_transactions import TypeTransactions
 from app.protocol.dead_letters import DEAD_LETTER_TOPIC_BYTES
 from app.protocol.topics import AggregateTopics, ContextTopics
 from app.timers.runner import TimerRunner
-from tables import TimerStore
+from tables import AggregateRef, TimerStore
 from tables.aggregate_store import RocksAggregateStore
 
 if TYPE_CHECKING:
@@ -43,6 +44,13 @@ class KeptType:
     @property
     def name(self) -> str:
         return self.topics.type_name
+
+    def applied(self, p: int, aggregate: AggregateRef, request_id: str) -> bool:
+        """Whether `aggregate` (of partition p) applied `request_id`, as the states this node
+        committed hold it; False when it keeps none of the type or p's are not open here."""
+        if self.states is None:
+            return False
+        return self.states.seen(p, state_key(aggregate), request_id)
 
 
 def is_fenced(exc: BaseException | None) -> bool:

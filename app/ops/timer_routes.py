@@ -10,7 +10,8 @@
   `.../trigger` sends its command once now (its rule and next slot as they were), each a
   `TimerAnswer` (200; UNCHANGED: a paused timer paused again, a running one resumed); a
   key the book has no timer under (never set, cancelled, or ended more than the book's
-  retention ago) is a 404, and a timer this node's table holds FIRED or CANCELLED a 409,
+  retention ago) is a 404, and a timer this node's table holds FIRED or CANCELLED a 409
+  (unless the book applied its request id: a retry of what was done is its DUPLICATE),
   both naming `key`, as is a pause or trigger of a running timer whose rule ended (the
   book refuses it, on any node: `app.clients.timer_book.ended_refusal`);
 - `GET /timers/{type}/{owner}/{key}` shows the timer's row (a `Timer`) when this node
@@ -39,6 +40,7 @@ writes need the web token, as every action does.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -65,13 +67,14 @@ from app.ops.timer_api import (
     submit,
 )
 from app.protocol.wire import CommandEnvelope, ResultCode, load_json
-from tables import DEFAULT_TENANT, TimerStatus
+from tables import DEFAULT_TENANT, Timer, TimerStatus
+from tables.exceptions import StoreError
 from tables.partitioner import partition_of
 
 if TYPE_CHECKING:
     from app.node import Node
 
-__all__ = ["ACTION_PATHS", "TIMER_PATH", "TimerRoutes"]
+__all__ = ["ACTION_PATHS", "TIMER_PATH", "TimerRoutes", "ended_row", "kept_row"]
 
 TIMER_PATH = "/timers/{type}/{owner}/{key}"
 
@@ -85,6 +88,32 @@ IDEMPOTENCY_HEADER = "Idempotency-Key"
 
 def _error(status: int, error: str, field: str | None = None, **more: Any) -> web.Response:
     return json_response(ApiError(error=error, field=field, **more).model_dump(mode="json"), status)
+
+
+async def kept_row(node: Node, owner: Any, key: str) -> Timer | None:
+    """The timer's row when `node` keeps its partition (None: it keeps no such row, or
+    another node keeps the partition: the book decides alone then)."""
+    p = partition_of(owner.id, node.settings.partitions)
+    kept = node.types.get(owner.type_name)
+    if kept is None or not node.owns(kept.name, p):
+        return None
+    return await kept.store.find(owner, key)
+
+
+def ended_row(node: Node, owner: Any, held: Timer | None, request_id: str) -> Timer | None:
+    """`held` (`kept_row`) when it is FIRED or CANCELLED and the book has not applied
+    `request_id`: an action on it is refused (409) unsent. One the book applied before
+    the timer ended is a client's retry (or a form submitted again) of what was carried
+    out: sent, it is answered DUPLICATE, not "nothing to do" (it was done)."""
+    if held is None or held.status not in _DONE_WITH:
+        return None
+    kept = node.types.get(owner.type_name)
+    p = partition_of(owner.id, node.settings.partitions)
+    if kept is not None:
+        with contextlib.suppress(StoreError):  # unread: refused as ended, as before
+            if kept.applied(p, owner, request_id):
+                return None
+    return held
 
 
 class TimerRoutes:
@@ -188,8 +217,8 @@ class TimerRoutes:
             return _error(404, str(exc), "type")
         except BadRequest as exc:
             return _error(400, exc.message, exc.field)
-        held = await self._held(owner, key)
-        if held is not None and held.status in _DONE_WITH:
+        held = ended_row(self._node, owner, await self._held(owner, key), cmd.request_id)
+        if held is not None:
             return _error(
                 409,
                 f"{owner}'s timer {key!r} is {held.status}: nothing to {action} "
@@ -199,14 +228,8 @@ class TimerRoutes:
             )
         return await self._send(cmd, refused=404)
 
-    async def _held(self, owner: Any, key: str) -> Any:
-        """The timer's row when this node keeps its partition (None: it keeps no such row,
-        or another node keeps the partition: the book decides alone then)."""
-        p = partition_of(owner.id, self._node.settings.partitions)
-        kept = self._node.types.get(owner.type_name)
-        if kept is None or not self._node.owns(kept.name, p):
-            return None
-        return await kept.store.find(owner, key)
+    async def _held(self, owner: Any, key: str) -> Timer | None:
+        return await kept_row(self._node, owner, key)
 
     async def get(self, request: web.Request) -> web.Response:
         try:

@@ -247,6 +247,29 @@ async def test_a_fired_once_timer_is_a_409_on_a_node_not_keeping_its_row(
     assert len(pings(edge, "done")) == 1
 
 
+async def test_an_action_sent_again_after_its_timer_ended_is_its_duplicate(edge: Edge) -> None:
+    """A client's retry (same request id) of an action carried out before its timer ended
+    was a 409 "nothing to trigger": told nothing was done when it was. It is the book's
+    DUPLICATE (nothing more sent); a new request id on the ended timer is still a 409."""
+    assert (await edge.call("PUT", f"{PATH}/late", once(T0 + 60_000, "late")))[0] == 200
+    assert (await act(edge, "late", "trigger", "t-1"))[1]["code"] == "COMMITTED"
+    await until(lambda: len(pings(edge, "late")) == 1)
+    edge.clock.set(T0 + 60_000)
+    await until(lambda: row(edge, "late").status is TimerStatus.FIRED)
+    status, answer = await act(edge, "late", "trigger", "t-1")
+    assert (status, answer["code"], answer["duplicate"]) == (200, "DUPLICATE", True), answer
+    assert len(pings(edge, "late")) == 2  # the trigger's and the slot's: none more
+    assert (await act(edge, "late", "trigger", "t-2"))[0] == 409
+    # A pause, then a cancel: the pause sent again is its DUPLICATE, not a 409.
+    assert (await edge.call("PUT", f"{PATH}/held", interval(T0 + 120_000, 60_000, "h")))[0] == 200
+    assert (await act(edge, "held", "pause", "p-1"))[1]["code"] == "COMMITTED"
+    assert (await edge.call("DELETE", f"{PATH}/held"))[0] == 200
+    await until(lambda: row(edge, "held").status is TimerStatus.CANCELLED)
+    status, answer = await act(edge, "held", "pause", "p-1")
+    assert (status, answer["code"]) == (200, "DUPLICATE"), answer
+    assert len(events(edge.log, BOOK, "wow.SchedulePaused")) == 1
+
+
 @pytest.mark.parametrize("key", ["its rule ended at", "RULE_ENDED: x", "x: its rule ended at 1"])
 async def test_a_missing_key_named_as_the_ended_refusal_is_a_404(edge: Edge, key: str) -> None:
     """The 409 was chosen by the refusal's text, which holds the key from the URL: a key
