@@ -366,6 +366,9 @@ class OperatorPage:
     def bad(self, message: str) -> Acted:
         return Acted(rendered=self.error(400, message))
 
+    def refused(self, status: int, message: str) -> Acted:
+        return Acted(rendered=self.error(status, message))
+
     def unavailable(self, message: str) -> Acted:
         return Acted(rendered=self.error(503, message))
 

@@ -10,7 +10,8 @@ instance_commands` and `send_and_wait`): a command to the book's or the schedule
 topic, in its owner's partition, taken by whichever node owns that partition, and the
 answer read from the results topic. A good form is answered 303 back to the page with a
 confirmation (the command's result code); a bad one with a 400 page naming the field, and
-nothing sent.
+nothing sent; a Pause, Resume or Trigger of a timer this node's table holds FIRED or
+CANCELLED with a 409 page, nothing sent (`timer_routes.ended_row`, as the JSON route).
 
 Each form carries a request id (a hidden field, new at each rendering of the page); a
 button's command goes under `<request id>.<action>`, so a form submitted twice (a double
@@ -45,6 +46,7 @@ from app.ops.timer_api import (
     owner_ref,
     submit,
 )
+from app.ops.timer_routes import ended_row, kept_row
 from app.protocol.wire import CommandResult
 from tables import DEFAULT_TENANT, TimerStatus
 
@@ -224,6 +226,19 @@ class PageActions:
             return self._page.bad(str(exc))
         what = f"{_LABELS[f.action]} of {owner}'s timer {f.key!r}"
         node = self._node
+        # As the JSON route: a timer this node's table holds ended (a stale page's form,
+        # another operator's skip or cancel since) is refused unsent; the book, which never
+        # learns of a skip, would send a skipped timer's command again. A cancel goes (as
+        # a DELETE does): it drops the key from the book too.
+        held = None
+        if f.action != "cancel":
+            held = ended_row(node, owner, await kept_row(node, owner, f.key), rid)
+        if held is not None:
+            return self._page.refused(
+                409,
+                f"{what}: {owner}'s timer {f.key!r} is {held.status}: nothing to "
+                f"{f.action} (set it again to start it anew); nothing was sent.",
+            )
         try:
             reader = node.clients.reader()
             await reader.start()

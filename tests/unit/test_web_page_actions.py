@@ -30,7 +30,7 @@ from app.model.aggregate import AggregateType, Command, Decision
 from app.protocol.topics import AggregateTopics
 from app.protocol.wire import CommandEnvelope, EventEnvelope, decode
 from app.service import Service
-from tables import AggregateRef, IntervalRule, Timer, TimerStatus
+from tables import AggregateRef, IntervalRule, Timer, TimerChange, TimerStatus
 
 P = 2
 TOKEN = WEB_TOKEN
@@ -405,3 +405,29 @@ async def test_a_bad_job_form_is_a_400_naming_its_field_and_sends_nothing(
     assert status == 400
     assert re.search(rf"\b{named}\b", html_lib.unescape(body)), body
     assert commands(site.log, SCHEDULE) == []
+
+
+async def test_a_stale_forms_trigger_of_a_skipped_timer_sends_nothing(site: Site) -> None:
+    """The page rendered, then its recurring timer parked and skipped by another operator
+    (CANCELLED in the table; the book, which learns nothing of it, still keeps it): its
+    Trigger now sent the skipped timer's command (COMMITTED, "carried out"), where the
+    JSON route answers 409. It is a 409 page now, and nothing is sent."""
+    body = {
+        "rule": {"kind": "interval", "start": T0 + 60 * MIN, "every": 60 * MIN},
+        "target": {"type": "shop.order", "id": "p-1"},
+        "command": {"type": "RemindToPay"},
+    }
+    assert (await site.call("PUT", "/timers/shop.reminders/o-9/k", body))[0] == 200
+    await until(lambda: "k" in book_rows(site.log))
+    [(hidden, buttons)] = forms(await site.page(owner="o-9"), "timer-actions")
+    assert "trigger" in buttons
+    kept = site.node.types["shop.reminders"]
+    held = book_rows(site.log)["k"]
+    parked = held.model_copy(update={"status": TimerStatus.PARKED})
+    assert await kept.store.settle([TimerChange(loaded=held, next=parked)]) == 1
+    assert await kept.runner.skip(TARGET) == 1
+    await until(lambda: book_rows(site.log)["k"].status is TimerStatus.CANCELLED)
+    status, text, _ = await site.post("/page/timer", with_token(hidden, "trigger"))
+    assert status == 409 and "is CANCELLED: nothing to trigger" in html_lib.unescape(text)
+    assert [c for c in commands(site.log, BOOK) if c.type == "wow.TriggerTimer"] == []
+    assert events(site.log, ORDERS, "Pinged") == []
