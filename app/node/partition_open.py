@@ -13,15 +13,17 @@ let go (`partition_release`) however far the take got."""
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from app.commands.processor import CommandProcessor, Commit
 from app.kafka import LogReader, OutRecord, Record
-from app.node.partition_transaction import PartitionTransaction
+from app.node.local_state import CleanMarks
+from app.node.partition_transaction import ChangelogBehind, PartitionTransaction
 from app.node.task_shared import TaskShared
 from app.timers.restore import restore_partition, unreadable_letters
 from tables.keys import encode_timer
+from tables.partition_handle import PartitionHandle
 from tables.store import ChangelogRecord, ChangelogSink
 
 if TYPE_CHECKING:
@@ -89,7 +91,7 @@ async def open_partition(s: TaskShared, task: PartitionTask, topics: set[str]) -
         # After the restore (a full one drops p: a handle made before it is refused).
         handle = task.store = kept.store.partition(p)
         handle.attach(_sink(txn, task))
-        txn.rows_landed = handle.applied_through
+        txn.rows_landed = _landing(handle, kept.marks, t.timers_changelog)
         if unreadable:
             # Their letters commit in p's next transaction, and after each record, the row
             # its key held before it written again (a tombstone when none): as p's rows,
@@ -124,6 +126,32 @@ async def _written_since(reader: LogReader, topic: str, p: int, start: int) -> b
         if batch:
             return True
     return False
+
+
+def _landing(
+    handle: PartitionHandle, marks: CleanMarks, topic: str
+) -> Callable[[int], Awaitable[None]]:
+    """p's commits' landings told its store (`applied_through`), unless one landed at or
+    before the offset its copy applied: the changelog was made again under the node (a
+    topic's offsets never go back), holding none of the rows written before it, which a
+    restore anywhere would then lose quietly. The loss is noted (as a restore notes it:
+    this node's takes of p refuse until a replay of the log) and the commit fails p."""
+
+    async def landed(offset: int) -> None:
+        held = handle.changelog_offset()
+        if held is not None and offset <= held:
+            p = handle.partition
+            why = (
+                f"{topic}[{p}] took this node's timer rows at offset {offset}, though its "
+                f"copy had applied the changelog through offset {held}: the topic was "
+                "deleted and made again under the node (or cut by an unclean leader "
+                "election), without the rows written before"
+            )
+            marks.note_lost(p, why, offset + 1)
+            raise ChangelogBehind(why)
+        await handle.applied_through(offset)
+
+    return landed
 
 
 def _sink(txn: PartitionTransaction, task: PartitionTask) -> ChangelogSink:

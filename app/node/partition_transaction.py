@@ -34,9 +34,16 @@ from app.kafka import OutRecord, TransactionalWriter
 from tables.exceptions import StoreClosed
 from tables.timer import Timer
 
-__all__ = ["Counts", "PartitionTransaction", "Transaction"]
+__all__ = ["ChangelogBehind", "Counts", "PartitionTransaction", "Transaction"]
 
 logger = logging.getLogger(__name__)
+
+
+class ChangelogBehind(Exception):
+    """A commit's timer rows landed at or before an offset the partition's copy had
+    applied already: its changelog was deleted and made again (or cut by an unclean leader
+    election) under the node, and holds none of the rows written before. The commit fails
+    its partition (its `rows_landed` raises it, never swallowed)."""
 
 
 class PartitionTransaction:
@@ -262,6 +269,8 @@ class Transaction:
         assert self._rows_landed is not None
         try:
             await self._rows_landed(offset)
+        except ChangelogBehind:
+            raise
         except StoreClosed as exc:
             logger.debug("rows landed through %d, not recorded in the store: %s", offset, exc)
         except Exception as exc:

@@ -43,11 +43,12 @@ async def restore_partition(
     A record that is no row of the partition's is passed over (the store keeps what its
     key held before); those that no later record of their key replaced are added to
     `unreadable` with the reason, for `unreadable_letters`. `lost` is told why, and where
-    the changelog ends, when it ends before the offset this clean copy applied it through
-    (before the copy is dropped: told later, a take cut short would forget it): the topic was
-    recreated (or cut by an unclean leader election), and only a replay of the log from its
-    start (a rebuild's) makes its rows again. (A changelog whose start moved past the copy
-    is not told: compaction moves it too, once its first segments hold nothing live.)
+    the changelog ends, when it ends before the offset this copy (clean or not) applied it
+    through (before the copy is dropped: told later, a take cut short would forget it): the
+    topic was recreated (or cut by an unclean leader election), and only a replay of the
+    log from its start (a rebuild's) makes its rows again. (A changelog whose start moved
+    past the copy is not told: compaction moves it too, once its first segments hold
+    nothing live.)
 
     `committed_only` is told, as the restore goes, whether the copy holds the changelog's
     records alone through the offset it holds (each batch is written with its last
@@ -58,9 +59,12 @@ async def restore_partition(
     told = committed_only or _untold
     held = store.changelog_offset(partition)
     begin, end = await reader.offsets(topic, partition)
-    if clean and held is not None and held >= end and lost is not None:
+    # A dirty copy too: whatever it holds besides, the offset it applied through is one
+    # a commit landed (or a restore read), so the changelog held it once (a node stopped
+    # on its writes failing while the topic was gone, then made again at its restart).
+    if held is not None and held >= end and lost is not None:
         lost(
-            f"{topic}[{partition}] holds offsets {begin} to {end}, and this node's clean "
+            f"{topic}[{partition}] holds offsets {begin} to {end}, and this node's local "
             f"copy of it applied its records through offset {held}",
             end,
         )

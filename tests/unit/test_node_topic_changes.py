@@ -6,7 +6,8 @@ tables are kept with. The node stops loudly instead, and takes nothing of it.
 
 And a timer changelog made again under a node's clean copy of it: restored from what is
 left, the table lost its timers for good while the node said it was ready. It stops
-loudly, unless the log is read again from its start (a rebuild's replay)."""
+loudly, unless the log is read again from its start (a rebuild's replay); so it does when
+its copy is not clean, or when the changelog is made again while it runs."""
 
 from __future__ import annotations
 
@@ -25,11 +26,15 @@ from app.timers.sender import ResultsReader
 from tables.partitioner import partition_of
 
 
-def owner_in(p: int) -> str:
-    i = 0
-    while partition_of(f"x{i}", PARTITIONS) != p:
+def owner_in(p: int, nth: int = 0) -> str:
+    """The `nth` owner id "x<i>" in partition p."""
+    i, found = 0, -1
+    while True:
+        if partition_of(f"x{i}", PARTITIONS) == p:
+            found += 1
+            if found == nth:
+                return f"x{i}"
         i += 1
-    return f"x{i}"
 
 
 async def failure_of(node: RunningNode) -> str:
@@ -138,6 +143,52 @@ async def test_a_recreated_changelog_stops_the_node_instead_of_losing_its_timers
     try:
         await wait_until(a.runs, within=10)
         await wait_until(lambda: len(timer_rows(log)) == 1, within=10)
+    finally:
+        await a.stop()
+
+
+async def test_a_changelog_recreated_under_a_copy_not_clean_stops_the_node_too(
+    tmp_path: Path,
+) -> None:
+    """The copy is not clean when the node stopped on its partition failing (its commits
+    failed while the topic was gone, then made again empty by the next start's
+    `ensure_topics`), or was killed: the offset it applied through still tells the loss."""
+    log = MemoryLog()
+    await stopped_with_a_timer(log, tmp_path)
+    for mark in (tmp_path / "a").rglob("clean-p*"):
+        mark.unlink()
+    log.recreate(TOPICS.timers_changelog)
+    a = await RunningNode(log, tmp_path, "a", SERVICE, PARTITIONS).start()
+    try:
+        why = await failure_of(a)
+        assert f"{TOPICS.timers_changelog}[0]" in why and "tickwheel rebuild" in why
+    finally:
+        await a.stop()
+
+
+async def test_a_changelog_recreated_under_a_running_node_stops_it_at_its_next_write(
+    tmp_path: Path,
+) -> None:
+    """Made again while the node runs, the changelog takes its next rows at offsets it had
+    passed: the rows written before are in the node's copy alone, and a restore anywhere
+    (another node, a retake) would lose those timers quietly, the node ready meanwhile."""
+    log = MemoryLog()
+    a = await RunningNode(log, tmp_path, "a", SERVICE, PARTITIONS).start()
+    try:
+        await wait_until(a.runs, within=10)
+        await schedule(log, owner_in(0), int(time.time() * 1000) + 3_600_000)
+        await wait_until(lambda: len(timer_rows(log)) == 1, within=10)
+        log.recreate(TOPICS.timers_changelog)
+        await schedule(log, owner_in(0, 1), int(time.time() * 1000) + 3_600_000)
+        why = await failure_of(a)
+        assert f"{TOPICS.timers_changelog}[0]" in why and "tickwheel rebuild" in why
+        assert not a.node.health()["ready"]
+    finally:
+        await a.stop()
+    # Started again, it still refuses: the loss is noted beside its copy.
+    a = await RunningNode(log, tmp_path, "a", SERVICE, PARTITIONS).start()
+    try:
+        assert "tickwheel rebuild" in await failure_of(a)
     finally:
         await a.stop()
 
