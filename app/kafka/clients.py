@@ -174,6 +174,7 @@ class KafkaClients:
         on_assigned: Assigned,
         on_revoked: Assigned,
         session_timeout_ms: int,
+        group_instance_id: str | None = None,
     ) -> GroupConsumer:
         return GroupConsumer(
             self.bootstrap,
@@ -182,4 +183,5 @@ class KafkaClients:
             on_assigned=on_assigned,
             on_revoked=on_revoked,
             session_timeout_ms=session_timeout_ms,
+            group_instance_id=group_instance_id,
         )

@@ -21,7 +21,7 @@ from app.kafka import lenient_headers
 from app.kafka.connection import Connectable, client_options
 from app.kafka.ports import Assigned
 from app.kafka.read_positions import ReadPositions
-from app.kafka.records import Record, explain, start_client
+from app.kafka.records import Record, explain, instance_fenced, start_client
 from app.kafka.refused_topics import RefusedTopics
 from app.kafka.resume_offset import resume_offset
 
@@ -191,22 +191,67 @@ def fetching(consumer: AIOKafkaConsumer) -> None:
         raise RuntimeError(f"aiokafka's fetcher stopped ({why}): nothing would be read again")
 
 
+def rejoin_as(member_id: str, last: str | None) -> str | None:
+    """The member id a static member rejoins as: its last one when the coordinator's
+    answer reset it (`member_id` empty), else None (it joins as it is).
+
+    aiokafka's heartbeat names no `group.instance.id`, so a static member whose id another
+    worker joined with since hears only "unknown member", resets, and joins afresh, taking
+    the id back: the two would fence each other at every heartbeat, quietly, both running
+    the partitions. Joining as the member it was, the coordinator answers it
+    FENCED_INSTANCE_ID when another holds its instance id now (it stops, the other goes
+    on), or "unknown member" when its session merely expired (it then joins afresh)."""
+    return last if not member_id and last else None
+
+
+class _Membership:
+    """A static member's last member id, and the rejoin as it (`rejoin_as`): aiokafka's
+    coordinator state, read and set between its reset and its next JoinGroup (the revoke
+    callback runs there). Nothing for a dynamic member."""
+
+    def __init__(self, consumer: AIOKafkaConsumer, static: bool) -> None:
+        self._consumer = consumer
+        self._static = static
+        self._last: str | None = None
+
+    def _coordinator(self) -> Any:
+        return getattr(self._consumer, "_coordinator", None) if self._static else None
+
+    def joined(self) -> None:
+        coordinator = self._coordinator()
+        if coordinator is not None:
+            self._last = getattr(coordinator, "member_id", None) or self._last
+
+    def rejoining(self) -> None:
+        coordinator = self._coordinator()
+        if coordinator is None:
+            return
+        member = rejoin_as(getattr(coordinator, "member_id", ""), self._last)
+        if member is not None:
+            coordinator.member_id = member
+
+
 class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
     def __init__(
         self,
         on_assigned: Assigned,
         on_revoked: Assigned,
         forget: Callable[[Iterable[TopicPartition]], None],
+        membership: _Membership,
     ) -> None:
         self._on_assigned = on_assigned
         self._on_revoked = on_revoked
         self._forget = forget  # a partition's reading starts again where it is assigned
+        self._membership = membership
 
     async def on_partitions_revoked(self, revoked: Any) -> None:
         self._forget(revoked)
         await self._on_revoked({(tp.topic, tp.partition) for tp in revoked})
+        # After the close: the JoinGroup follows this callback.
+        self._membership.rejoining()
 
     async def on_partitions_assigned(self, assigned: Any) -> None:
+        self._membership.joined()
         self._forget(assigned)
         await self._on_assigned({(tp.topic, tp.partition) for tp in assigned})
 
@@ -245,14 +290,20 @@ class GroupConsumer:
         on_revoked: Assigned,
         session_timeout_ms: int = 10_000,
         max_poll_records: int = 2_000,
+        group_instance_id: str | None = None,
     ) -> None:
+        """`group_instance_id`: a static member's id (KIP-345); None: a dynamic member."""
         self._topics = list(topics)
+        self._group_id = group_id
+        self._instance_id = group_instance_id
         self._read = ReadPositions()
         self._refused = RefusedTopics()
-        self._listener = _Listener(on_assigned, on_revoked, self._read.forget)
         self._consumer = AIOKafkaConsumer(
             **client_options(bootstrap),
             group_id=group_id,
+            # A static member's stop sends no LeaveGroup: its partitions wait for it (up
+            # to the session timeout) instead of moving twice in a rolling restart.
+            group_instance_id=group_instance_id,
             enable_auto_commit=False,
             auto_offset_reset="earliest",
             isolation_level="read_committed",
@@ -266,6 +317,8 @@ class GroupConsumer:
             # well within the node's grace for an assignment it cannot run (30 s).
             metadata_max_age_ms=GROUP_METADATA_MAX_AGE_MS,
         )
+        membership = _Membership(self._consumer, static=group_instance_id is not None)
+        self._listener = _Listener(on_assigned, on_revoked, self._read.forget, membership)
 
     async def start(self) -> None:
         await start_client(self._consumer, "consumer")
@@ -283,12 +336,21 @@ class GroupConsumer:
             got = await self._consumer.getmany(timeout_ms=timeout_ms)
         except KafkaError as exc:
             self._read.undo(self._consumer)
+            if instance_fenced(exc):
+                raise KafkaUnavailable(self._fenced()) from exc
             raise KafkaUnavailable(f"poll failed: {explain(exc)}") from exc
         except BaseException:
             self._read.undo(self._consumer)
             raise
         self._read.handed(got)
         return {(tp.topic, tp.partition): [as_record(m) for m in ms] for tp, ms in got.items()}
+
+    def _fenced(self) -> str:
+        return (
+            f"fenced out of group {self._group_id!r}: another worker joined it with this "
+            f"worker's TICKWHEEL_GROUP_INSTANCE_ID ({self._instance_id!r}); give each "
+            "worker an id of its own"
+        )
 
     async def commit(self, offsets: dict[tuple[str, int], int]) -> None:
         """Commits `offsets` (the next offset to read, per partition).

@@ -181,8 +181,10 @@ class MemoryLog:
         on_assigned: Assigned,
         on_revoked: Assigned,
         session_timeout_ms: int = 10_000,
+        group_instance_id: str | None = None,
     ) -> MemoryGroupMember:
-        """A member of `group_id` (its session timeout plays no part: `expel` ends one)."""
+        """A member of `group_id` (its session timeout plays no part: `expel` ends one; nor
+        does a static member's id: every member here is dynamic)."""
         group = self.groups.setdefault(group_id, MemoryGroup(self, group_id))
         return MemoryGroupMember(
             self, group, topics, on_assigned=on_assigned, on_revoked=on_revoked

@@ -310,4 +310,10 @@ class Clients(Protocol):
         on_assigned: Assigned,
         on_revoked: Assigned,
         session_timeout_ms: int,
-    ) -> GroupMember: ...
+        group_instance_id: str | None = None,
+    ) -> GroupMember:
+        """`group_instance_id`: a static member (KIP-345), whose stop leaves its partitions
+        to it for a session; a second member of the same id fences the first, whose poll
+        then raises `KafkaUnavailable` (`app.kafka.records.instance_fenced`); None: a
+        dynamic member."""
+        ...

@@ -273,3 +273,28 @@ def fenced_by(exc: BaseException | None) -> bool:
             return True
         exc, seen = exc.__cause__ or exc.__context__, seen + 1
     return False
+
+
+class FencedInstanceIdCode(BrokerResponseError):  # type: ignore[misc]  # aiokafka's is untyped
+    """Kafka's FENCED_INSTANCE_ID (82), which aiokafka does not know: the group's
+    coordinator refuses a static member (`group.instance.id`) whose id another member
+    joined with since. aiokafka wraps it in a bare `KafkaError` carrying its repr only."""
+
+    errno = 82
+    message = "FENCED_INSTANCE_ID"
+    description = "Another member joined the group with this member's group.instance.id."
+
+
+aiokafka_errors.kafka_errors.setdefault(FencedInstanceIdCode.errno, FencedInstanceIdCode)
+
+_FENCED_INSTANCE_SAID = f"{FencedInstanceIdCode.__name__}("
+
+
+def instance_fenced(exc: BaseException | None) -> bool:
+    """Whether `exc` (or what it came from) is the coordinator fencing this static member:
+    another worker runs with its `group.instance.id`. aiokafka raises what a join, a sync or
+    a heartbeat answered as `KafkaError(repr(error))`: the repr is all that is left of it."""
+    return any(
+        isinstance(cause, FencedInstanceIdCode) or _FENCED_INSTANCE_SAID in str(cause)
+        for cause in causes(exc)
+    )

@@ -236,6 +236,7 @@ class Node:
             on_assigned=self._assigned,
             on_revoked=self._revoked,
             session_timeout_ms=s.session_timeout_ms,
+            group_instance_id=s.group_instance_id,
         )
         self.tasks.shared = TaskShared(
             settings=s,
@@ -265,7 +266,9 @@ class Node:
         transactions hold committed, their copies marked clean) while the node is still
         the group's member, before it leaves: no other node is given them before their
         work here committed (aiokafka's stop leaves the group without revoking), and none
-        is taken again here meanwhile. `NodeFailed` when a part of the stop failed the
+        is taken again here meanwhile. Nothing here waits for a revoke: a static member
+        (`group_instance_id`) does not leave at all, its partitions kept for it by the
+        group for a session. `NodeFailed` when a part of the stop failed the
         node (a partition's close that failed): the worker exits as failed."""
         self._stopping = True
         before = self._failure

@@ -22,7 +22,7 @@ from typing import Protocol
 
 from app.errors import KafkaUnavailable
 from app.kafka.ports import POLL_FAILING_S, GroupMember
-from app.kafka.records import never_joins, refused
+from app.kafka.records import instance_fenced, never_joins, refused
 from app.node.partition_input import Batch, Held
 from app.node.task_id import TaskId
 
@@ -113,6 +113,11 @@ async def poll_loop(
             if refused(exc):
                 # An ACL missing (the group's Read, a topic's): no retry will pass it.
                 fail(f"the group consumer was refused: {exc}")
+                return
+            if instance_fenced(exc):
+                # Another worker runs with this one's group.instance.id: it holds the
+                # partitions now, and every join of this one is refused.
+                fail(f"the group fenced the node: {exc}")
                 return
             if never_joins(exc):
                 # Else the node would own nothing, for good, and say it was ready.

@@ -106,6 +106,12 @@ class Settings(BaseSettings):
     data_dir: Path = Path("./state")
     group_id: str = Field(default="tickwheel", min_length=1)
     session_timeout_ms: int = Field(default=10_000, ge=1_000, le=300_000)
+    group_instance_id: str | None = Field(default=None, min_length=1)
+    """This worker's static member id in the group (KIP-345, Kafka's `group.instance.id`);
+    None: a dynamic member. A static member's stop leaves no group: the coordinator keeps
+    its partitions for up to `session_timeout_ms` and gives them back when it rejoins (a
+    rolling restart without a rebalance). Unique per worker and stable across its
+    restarts; a second worker with the same one is fenced by the first to rejoin."""
     web_port: int = Field(default=0, ge=0, le=65535)
     """HTTP port of /livez, /readyz, /healthz, /metrics, /ledger and the operator page (on
     `web_host`); 0: no HTTP."""
@@ -295,6 +301,11 @@ class Settings(BaseSettings):
     @classmethod
     def _printable(cls, value: str) -> str:
         return printable(value)
+
+    @field_validator("group_instance_id")
+    @classmethod
+    def _printable_or_none(cls, value: str | None) -> str | None:
+        return None if value is None else printable(value)
 
     @field_validator("data_dir")
     @classmethod

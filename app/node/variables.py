@@ -32,6 +32,7 @@ VARIABLES: Final[Mapping[str, str]] = {
     "data_dir": "TICKWHEEL_DATA_DIR",
     "group_id": "TICKWHEEL_GROUP_ID",
     "session_timeout_ms": "TICKWHEEL_SESSION_TIMEOUT_MS",
+    "group_instance_id": "TICKWHEEL_GROUP_INSTANCE_ID",
     "web_port": "TICKWHEEL_WEB_PORT",
     "web_host": "TICKWHEEL_WEB_HOST",
     "web_token": "TICKWHEEL_WEB_TOKEN",
