@@ -61,7 +61,7 @@ def _wrap(
 
 
 def install() -> None:
-    from app.kafka import consumers, producers, transactional_producer
+    from app.kafka import group_consumer, producers, transactional_producer
     from app.node import cycles, partition_transaction
     from app.timers import sender
     from app.timers.runner import outcomes, runner, sending
@@ -75,7 +75,7 @@ def install() -> None:
     cycle = cycles.PartitionCycles
     _wrap(cycle, "_cycle", "cycles._cycle: one partition cycle (decide and stage)")
     _wrap(cycle, "_subscribe", "cycles._subscribe: a log batch into the timer table")
-    _wrap(consumers.GroupConsumer, "poll", "consumer.poll")
+    _wrap(group_consumer.GroupConsumer, "poll", "consumer.poll")
     _wrap(
         partition_transaction.Transaction,
         "send",

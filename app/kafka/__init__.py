@@ -27,13 +27,8 @@ from app.kafka.admin import (
     topic_names,
 )
 from app.kafka.clients import KafkaClients
-from app.kafka.consumers import (
-    GroupConsumer,
-    Reader,
-    read_partitions,
-    read_to_end,
-    tail,
-)
+from app.kafka.consumers import Reader, read_partitions, read_to_end, tail
+from app.kafka.group_consumer import GroupConsumer
 from app.kafka.partition_reader import PartitionReader
 from app.kafka.ports import (
     Clients,

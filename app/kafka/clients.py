@@ -14,7 +14,8 @@ from typing import Literal, get_args
 from app.kafka import admin as kafka_admin
 from app.kafka.admin import cluster_id, ensure_topics, max_message_bytes, topic_names
 from app.kafka.connection import Connectable, address
-from app.kafka.consumers import GroupConsumer, Reader
+from app.kafka.consumers import Reader
+from app.kafka.group_consumer import GroupConsumer
 from app.kafka.partition_reader import PartitionReader
 from app.kafka.ports import Assigned, ReaderClient, TransactionalWriter
 from app.kafka.probe import api_versions_probe, check_access

@@ -40,7 +40,7 @@ from app.errors import ConfigError
 from app.kafka.addresses import broker_addresses
 from app.kafka.clients import KafkaClient, client_missing
 from app.kafka.connection import KafkaConnection, SaslMechanism, SecurityProtocol
-from app.kafka.consumers import rebalance_timeout_ms
+from app.kafka.group_consumer import rebalance_timeout_ms
 from app.kafka.records import TRANSACTION_TIMEOUT_MS, Replication
 from app.node.settings_checks import (
     a_directory,

@@ -17,7 +17,7 @@ from harness import eventually
 
 from app.kafka import Producer
 from app.kafka.admin import GroupOffsets, delete_records
-from app.kafka.consumers import GroupConsumer
+from app.kafka.group_consumer import GroupConsumer
 from app.node.polling import poll_loop
 
 pytestmark = [pytest.mark.kafka, pytest.mark.kafka_next]

@@ -14,7 +14,7 @@ from fakes import wait_until
 from test_commits_lag import HangingTransaction, Kept, Running, Transactions
 
 from app.errors import KafkaUnavailable
-from app.kafka.consumers import GROUP_CALL_S
+from app.kafka.group_consumer import GROUP_CALL_S
 from app.kafka.ports import GroupMember
 from app.node import polling
 from app.node.commits import COMMIT_DEADLINE_S, Commits, PartitionCommits

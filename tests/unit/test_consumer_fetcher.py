@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 
-from app.kafka.consumers import GroupConsumer, fetching
+from app.kafka.consumers import fetching
+from app.kafka.group_consumer import GroupConsumer
 from app.kafka.partition_reader import PartitionReader
 
 

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from app.errors import KafkaUnavailable
-from app.kafka.consumers import GroupConsumer
+from app.kafka.group_consumer import GroupConsumer
 from app.kafka.records import refused
 from app.kafka.refused_topics import REFUSED_GRACE_S, RefusedTopics
 

@@ -10,9 +10,9 @@ import pytest
 from aiokafka import TopicPartition
 from aiokafka.errors import IllegalStateError
 
-import app.kafka.consumers
+import app.kafka.group_consumer
 from app.errors import KafkaUnavailable
-from app.kafka.consumers import GroupConsumer
+from app.kafka.group_consumer import GroupConsumer
 
 
 class StubConsumer:
@@ -71,7 +71,7 @@ class HungGroup:
 async def test_a_group_call_that_never_ends_is_cut_short(monkeypatch: pytest.MonkeyPatch) -> None:
     """The offset commit (it holds every partition's poll loop) and the take's read of
     the committed offsets end as `KafkaUnavailable`: retried, or a take's failed attempt."""
-    monkeypatch.setattr(app.kafka.consumers, "GROUP_CALL_S", 0.05)
+    monkeypatch.setattr(app.kafka.group_consumer, "GROUP_CALL_S", 0.05)
     group = GroupConsumer.__new__(GroupConsumer)
     group._consumer = HungGroup()
     with pytest.raises(KafkaUnavailable, match="no offset commit within"):

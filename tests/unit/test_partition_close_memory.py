@@ -15,7 +15,7 @@ from fakes import RunningNode, wait_until
 from test_node_memory import PARTITIONS, SERVICE, TOPICS, task_of
 
 from app.errors import NodeFailed
-from app.kafka.consumers import rebalance_timeout_ms
+from app.kafka.group_consumer import rebalance_timeout_ms
 from app.kafka.memory import MemoryLog, MemoryWriter
 from app.node.partition_task import PartitionTask
 from app.node.partition_transaction import PartitionTransaction

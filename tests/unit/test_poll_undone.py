@@ -20,7 +20,7 @@ from aiokafka.structs import ConsumerRecord, TopicPartition
 from kafka_batches import batch
 
 from app.errors import KafkaUnavailable
-from app.kafka.consumers import GroupConsumer
+from app.kafka.group_consumer import GroupConsumer
 from app.kafka.partition_reader import PartitionReader
 from app.kafka.read_positions import ReadPositions
 from app.kafka.refused_topics import RefusedTopics

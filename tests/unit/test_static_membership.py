@@ -14,11 +14,12 @@ import pytest
 from aiokafka.errors import KafkaError, UnknownMemberIdError, for_code
 
 from app.errors import ConfigError, KafkaUnavailable
-from app.kafka.consumers import GroupConsumer, _Listener, _Membership, rejoin_as
+from app.kafka.group_consumer import GroupConsumer, _Listener
 from app.kafka.ports import GroupMember
 from app.kafka.read_positions import ReadPositions
 from app.kafka.records import FencedInstanceIdCode, instance_fenced
 from app.kafka.refused_topics import RefusedTopics
+from app.kafka.static_membership import Membership, rejoin_as
 from app.node.polling import poll_loop
 from app.node.settings import Settings
 
@@ -77,7 +78,7 @@ def test_a_static_member_reset_rejoins_as_the_member_it_was(
 
 def listener(coordinator: Any, *, static: bool) -> _Listener:
     consumer = SimpleNamespace(_coordinator=coordinator)
-    membership = _Membership(cast(Any, consumer), static=static)
+    membership = Membership(cast(Any, consumer), static=static)
     return _Listener(nothing, nothing, lambda _: None, membership)
 
 
