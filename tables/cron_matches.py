@@ -5,17 +5,15 @@
 between them, not with the matches: a rule's matches are the local times its second,
 minute and hour fields allow on the days its other fields allow, so between two changes
 of the zone's UTC offset they are counted by arithmetic on days and times of day. Around
-each change, where Debian cron's adjustments and cronsim's own steps depart from the
-wall clock (see `tables.slots`), the matches are stepped through instead, within a budget
+each change, where Debian cron's adjustments depart from the wall clock (see
+`tables.slots`), the matches are stepped through instead, within a budget
 of steps (`WINDOW_STEPS`); a window with more matches than `WINDOW_MATCHES` (a job of more
 than one match every ten seconds or so), or one past the budget, is counted on the wall
 clock as it is. That count is exact for any job whose minute or hour field starts with `*`
-and for six-field ones, in zones whose clocks change on the hour. It is not for a five-field
+and for six-field ones, in any zone. It is not for a five-field
 job at fixed times (Debian cron fires a skipped time once, at the first valid minute, and a
 repeated one once) past the budget: each change beyond it can count the job's matches of
-the skipped or repeated hour one time too few or too many. Nor for a dense job in a zone
-whose clocks change off the hour (Pacific/Chatham, Australia/Lord_Howe), where cronsim can
-skip a few matches of the repeated hour's second pass.
+the skipped or repeated hour one time too few or too many.
 """
 
 from __future__ import annotations
@@ -50,8 +48,11 @@ WINDOW_STEPS = 1_000
 """The steps a catch-up takes around clock changes at most (~5-40 ms on the event loop)."""
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_NAIVE_EPOCH = datetime(1970, 1, 1)  # local times, read by cronsim without a zone
 _SECOND = timedelta(seconds=1)
 _DAY = 86_400
+# further than any zone's offset ever moved at once (a day, Pacific/Apia in 2011)
+_REACH = 2 * _DAY
 _EPOCH_ORDINAL = date(1970, 1, 1).toordinal()
 # a day before year 9999 ends: its local time exists in every zone
 _LAST_SCAN = (datetime(9999, 12, 31, tzinfo=UTC) - _EPOCH) // _SECOND
@@ -60,45 +61,100 @@ _OUT_OF_RANGE = (OverflowError, OSError, ValueError)
 
 
 def cron_after(rule: CronRule, after: int) -> Iterator[int]:
-    """The due times (ms, whole seconds) of `rule`'s matches strictly after `after`, in order."""
-    zone = rule.tz
-    last = after // 1000
-    start = last
+    """The due times (ms, whole seconds) of `rule`'s matches strictly after `after`, in order.
+
+    Stepped on the wall clock, where cron's fields are read, one stretch of the zone's UTC
+    offset at a time: cronsim is given local times without a zone, so none of its own
+    daylight-saving steps (which skip matches where clocks change off the hour) is taken,
+    and each stretch's matches are its wall-clock matches less its offset. At a change
+    the policy of `tables.slots` is applied: a fixed-time job (Debian cron) fires the
+    matches of a skipped span once, at the first whole minute after it, and those of a
+    repeated span on the first pass only; any other job fires at every local time that
+    exists, on both passes of a repeated one.
+    """
+    zone, fixed = rule.tz, _fixed_time(rule.expr)
+    first = after // 1000 + 1  # the first second a match may be at
     try:
-        # Started just before or in the hour after a clock change, cronsim can set the clock
-        # to a local time the change skipped and miss a match; from hours before, it walks
-        # through the change as an iteration from long before does.
-        if _offset(last - 2 * 3600, zone) != _offset(last + 3600, zone):
-            start = last - 4 * 3600
+        begin, before = _stretch_of(zone, first)
     except _OUT_OF_RANGE:
         return
-    jump = 0
+    last = first - 1
     while True:
         try:
-            matches = CronSim(rule.expr, datetime.fromtimestamp(start, zone))
+            offset = _seconds(zone, begin)
+            end, known = None, begin  # the offset is `offset` from `begin` through `known`
+            for second in _stretch_matches(rule.expr, fixed, (begin, offset, before), first):
+                while end is None and second > known:
+                    probe = min(known + SCAN_SECONDS, _LAST_SCAN)
+                    if probe <= known:
+                        known = second  # the zone's last stretch: no change to look for
+                    elif _seconds(zone, probe) == offset:
+                        known = probe
+                    else:
+                        end = _change_in(zone, known, probe, offset)
+                if end is not None and second >= end:
+                    break
+                if second > last:
+                    last = second
+                    yield second * 1000
+            else:
+                return  # no match within 50 years of cronsim's search
         except _OUT_OF_RANGE:
             return
-        previous, wraps = start, 0
-        while wraps < 2:
-            try:
-                match = next(matches)
-            except StopIteration:  # no match within 50 years of cronsim's search
-                return
-            except _OUT_OF_RANGE:
-                return
-            second = (match - _EPOCH) // _SECOND
-            if second <= previous:
-                # Fixed-time jobs step on the wall clock, so one started in the second pass
-                # of a fall-back hour first matches in the first pass: once is expected.
-                wraps += 1
-            previous = second
-            if second > last:
-                last, jump = second, 0
-                yield second * 1000
-        # Going round in circles (fall-back hours not on the hour, e.g. Pacific/Chatham, can
-        # send cronsim back to the hour's start for ever): restart ever further past `last`.
-        jump = max(1, 2 * jump)
-        start = last + jump
+        before, begin = offset, end
+
+
+def _fixed_time(expr: str) -> bool:
+    """Whether cronsim (after Debian cron) moves `expr`'s matches at clock changes: five
+    fields, neither the minute nor the hour starting with `*`."""
+    fields = expr.split()
+    return len(fields) == 5 and not fields[0].startswith("*") and not fields[1].startswith("*")
+
+
+def _stretch_of(zone: ZoneInfo, second: int) -> tuple[int, int | None]:
+    """Where to start stepping for matches at or after `second`: the change just before it
+    and the offset before that change, or `second` itself and None when no change is within
+    `_REACH` before it (a change further back moves no match at or after `second`)."""
+    offset = _seconds(zone, second)
+    if _seconds(zone, second - _REACH) == offset:
+        return second, None
+    change = _change_in(zone, second - _REACH, second, _seconds(zone, second - _REACH))
+    return change, _seconds(zone, change - 1)
+
+
+def _stretch_matches(
+    expr: str, fixed: bool, stretch: tuple[int, int, int | None], first: int
+) -> Iterator[int]:
+    """The matches (seconds, increasing) of the stretch (begin, offset, the offset before
+    it or None) from its begin on, none before `first`; without end: the caller stops."""
+    begin, offset, before = stretch
+    low = begin + offset  # the first local time (wall-clock seconds) the stretch shows
+    if fixed and before is not None:
+        passed = begin + before  # the local times before it were shown before the change
+        if passed < low and _wall_matches(expr, passed, low):
+            yield -(-low // 60) * 60 - offset  # a skipped span's matches, once
+        low = max(low, passed)  # a repeated span fires on its first pass only
+    start = max(low, first + offset) - 1
+    for match in CronSim(expr, _NAIVE_EPOCH + timedelta(seconds=start)):
+        yield (match - _NAIVE_EPOCH) // _SECOND - offset
+
+
+def _wall_matches(expr: str, low: int, end: int) -> bool:
+    """Whether `expr` matches a local time (wall-clock seconds) in [low, end)."""
+    match = next(CronSim(expr, _NAIVE_EPOCH + timedelta(seconds=low - 1)), None)
+    return match is not None and (match - _NAIVE_EPOCH) // _SECOND < end
+
+
+def _change_in(zone: ZoneInfo, same: int, other: int, offset: int) -> int:
+    """The first second of the one change of offset in (`same`, `other`]: `same` is at
+    `offset`, `other` is not."""
+    while other - same > 1:
+        middle = (same + other) // 2
+        if _seconds(zone, middle) == offset:
+            same = middle
+        else:
+            other = middle
+    return other
 
 
 def _before(dues: Iterator[int], second: int) -> Iterator[int]:
@@ -174,14 +230,7 @@ def _pieces(zone: ZoneInfo, low: int, high: int) -> list[tuple[int, int, int]]:
         if _seconds(zone, ahead) == offset:
             probe = ahead
             continue
-        # one change in (probe, ahead] at most: bisect for its first second
-        same, other = probe, ahead
-        while other - same > 1:
-            middle = (same + other) // 2
-            if _seconds(zone, middle) == offset:
-                same = middle
-            else:
-                other = middle
+        other = _change_in(zone, probe, ahead, offset)  # one change in (probe, ahead] at most
         pieces.append((begin, other, offset))
         begin, offset, probe = other, _seconds(zone, other), other
     pieces.append((begin, high, offset))

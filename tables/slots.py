@@ -20,10 +20,10 @@ A recurring rule's `until` and `count` end it: no slot is due after `until`, and
 an index of `count` or more. Every function here stops there: past the last slot there is
 no next one (`None`), and a catch-up goes no further than the last.
 
-Zones whose clocks change off the hour (Pacific/Chatham, Australia/Lord_Howe) trip cronsim
-up: its own iterator can skip a slot or go round in circles there. Slots here never do
-either, but a job firing every minute of a fixed hour can lose a few minutes of the
-repeated hour's second pass.
+The same holds where clocks change by half an hour or off the hour (Australia/Lord_Howe,
+Pacific/Chatham) and in zones of offsets off the hour (Asia/Kathmandu): cronsim steps local
+times without a zone and `tables.cron_matches` applies the changes, as cronsim's own
+iterator skips matches there (e.g. 02:45 after Lord Howe's clocks jump from 02:00 to 02:30).
 """
 
 from __future__ import annotations

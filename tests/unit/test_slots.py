@@ -514,19 +514,17 @@ def test_a_start_just_before_a_change_off_the_hour_misses_no_slot() -> None:
     ]
 
 
-def test_cronsim_going_round_in_circles_still_moves_on() -> None:
+def test_a_repeated_span_off_the_hour_fires_every_minute_of_both_passes() -> None:
     # 2026-04-05 03:45 +13:45 becomes 02:45 +12:45: cronsim's own iterator repeats 03:00-03:44
-    # of the first pass for ever; slots move on to the second pass and the next day
+    # of the first pass for ever; slots move on to the second pass, all of it, and the next day
     rule = CronRule(expr="* 3 * * *", zone=CHATHAM)
     dues = [
         local(CHATHAM, slot.due_at)
-        for slot in chain(rule, first_slot(rule, at(CHATHAM, 2026, 4, 5, 2, 0)), 110)
+        for slot in chain(rule, first_slot(rule, at(CHATHAM, 2026, 4, 5, 2, 0)), 106)
     ]
     assert dues[:45] == [f"2026-04-05T03:{minute:02}+13:45" for minute in range(45)]
-    # the restart past the cycle gives up 03:00 and 03:01 of the second pass
-    second_pass = dues[45:]
-    assert second_pass[:58] == [f"2026-04-05T03:{minute:02}+12:45" for minute in range(2, 60)]
-    assert second_pass[58] == "2026-04-06T03:00+12:45"
+    assert dues[45:105] == [f"2026-04-05T03:{minute:02}+12:45" for minute in range(60)]
+    assert dues[105] == "2026-04-06T03:00+12:45"
 
 
 @pytest.mark.parametrize("zone", ["America", "localtime", "Mars/Olympus", "posixrules", ""])
