@@ -47,6 +47,7 @@ __all__ = [
     "next_slot",
     "nth_slot",
     "reachable",
+    "sent_slot",
     "slots_between",
 ]
 
@@ -156,6 +157,43 @@ def reachable(rule: ScheduleRule, index: int, set_at: int, by: int) -> bool:
     if rule.count is not None and index >= rule.count:
         return False
     return max(rule.start, set_at) + index * _resolution(rule) <= by
+
+
+def sent_slot(rule: ScheduleRule, slot: Slot, set_at: int, after: Slot | None = None) -> bool:
+    """Whether a timer of `rule` set at `set_at` sends `slot` (its index and due time): the
+    due time one of the rule's and the index the one the timer gives it. What a command
+    claiming to be a slot of the timer must be, beyond `reachable`: a slot off the rule, or
+    of an index past its due time's, is no send of the timer's.
+
+    `after`: a slot the timer sent before (its index and due time), counted from instead of
+    the timer's first slot when `slot` is later. Exact for once and interval rules. A cron
+    index is the timer's own count of matches up to the due time, but a catch-up of more
+    than `MAX_CRON_STEPS` slots estimates it upwards (`latest_due`), perhaps over several
+    catch-ups: past that many matches, any index from `MAX_CRON_STEPS` on to one per
+    `_resolution` is taken.
+    """
+    if not reachable(rule, slot.index, set_at, slot.due_at):
+        return False
+    if isinstance(rule, OnceRule):
+        return slot.due_at == rule.at
+    if isinstance(rule, IntervalRule):
+        return _interval_slot(rule, slot.index) == slot
+    start = after
+    if start is None or start.due_at > slot.due_at or start.index > slot.index:
+        start = first_slot(rule, set_at)
+        if start is None or start.due_at > slot.due_at:
+            return False
+    latest = latest_due(rule, start, slot.due_at)
+    if latest.due_at != slot.due_at:
+        return False  # no match of the rule then, or past its end
+    if latest.index == slot.index:
+        return True
+    # Estimated: the latest due was stepped past `MAX_CRON_STEPS` matches, so as many at
+    # least lie in between, and at most one per resolution.
+    most = start.index + (slot.due_at - start.due_at) // _resolution(rule)
+    return latest.index - start.index >= MAX_CRON_STEPS and (
+        start.index + MAX_CRON_STEPS <= slot.index <= most
+    )
 
 
 def latest_due(rule: ScheduleRule, slot: Slot, now: int) -> Slot:

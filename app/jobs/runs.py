@@ -1,7 +1,8 @@
 """A job instance's runs: the key of the timer that runs a failed slot again (`run_key`),
 which of those timers a new failure drops (`runs_to_drop`, `drop_oldest_runs`), its
 handler run as user code (`run_handler`), and whether a slot may be due under the
-instance's tick timer (`slot_reachable`). Used by `app.jobs.schedule`'s decisions."""
+instance's tick timer (`slot_reachable`) and is one it sends (`slot_sent`). Used by
+`app.jobs.schedule`'s decisions."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from app.model.decide import cut_message
 from app.model.user_code import not_awaitable, user_code
 from tables.exceptions import InvalidRule
 from tables.rules import parse_rule
-from tables.slots import reachable
+from tables.slots import Slot, reachable, sent_slot
 
 __all__ = [
     "MAX_DROPS_PER_FAILURE",
@@ -27,6 +28,7 @@ __all__ = [
     "run_key",
     "runs_to_drop",
     "slot_reachable",
+    "slot_sent",
 ]
 
 logger = logging.getLogger(__name__)
@@ -117,3 +119,19 @@ def slot_reachable(state: ScheduleState, slot: int, by: int) -> bool:
     except InvalidRule:
         return True  # not this check's to refuse: the timer table has the rule it fires by
     return reachable(rule, slot, state.timer_set_at or 0, by)
+
+
+def slot_sent(state: ScheduleState, slot: int, due_at: int) -> bool:
+    """Whether the instance's tick timer sends `slot` due at `due_at`: on its rule, of the
+    index the timer gives that due time (`tables.slots.sent_slot`), counted from the last
+    slot that ran; True when there is no rule to tell."""
+    if state.rule is None:
+        return True
+    try:
+        rule = parse_rule(state.rule)
+    except InvalidRule:
+        return True  # not this check's to refuse: the timer table has the rule it fires by
+    last = None
+    if state.last_slot is not None and state.last_due_at is not None:
+        last = Slot(state.last_slot, state.last_due_at)
+    return sent_slot(rule, Slot(slot, due_at), state.timer_set_at or 0, last)

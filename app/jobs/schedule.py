@@ -34,7 +34,14 @@ from app.jobs.declaration import (
     effective_rule,
     not_its_instance,
 )
-from app.jobs.runs import MAX_FAILED_RUNS, drop_oldest_runs, run_handler, run_key, slot_reachable
+from app.jobs.runs import (
+    MAX_FAILED_RUNS,
+    drop_oldest_runs,
+    run_handler,
+    run_key,
+    slot_reachable,
+    slot_sent,
+)
 from app.jobs.schedule_state import ScheduleState, apply_schedule_event
 from app.model.aggregate import AggregateType, Command, Decision
 from app.protocol.wire import SCHEDULE_CANCELLED, SCHEDULE_SET, ResultCode
@@ -157,12 +164,20 @@ class _ScheduleModel:
                 "%s: %s is not a newer slot: nothing to run", cmd.aggregate, cmd.request_id
             )
             return
-        # A timer's send always carries its slot's due time; a hand-made tick is due now.
+        # A timer's send always carries its slot's due time (no later than now: `decide`
+        # answers one sent early SCHEDULE_NOT_DUE); a hand-made tick is due now.
         due_at = cmd.not_before if cmd.not_before is not None else d.now
         if not slot_reachable(state, slot, due_at):
             # Taken, it would run no real slot up to it: the job would stop, silently.
             d.reject(
                 f"slot {slot} of {timer_id} is not due by {due_at} under its rule: a "
+                f"{TICK} is its timer's send of a slot that is due"
+            )
+        if not slot_sent(state, slot, due_at):
+            # Another producer's: off the rule, or an index past the one its due time has
+            # (the real slots up to it would be passed over as run).
+            d.reject(
+                f"slot {slot} of {timer_id} due at {due_at} is not one its rule makes: a "
                 f"{TICK} is its timer's send of a slot that is due"
             )
         d.emit(TICKED, {"slot": slot, "due_at": due_at, "timer_id": timer_id})
@@ -279,6 +294,10 @@ class _ScheduleModel:
             # Its due_at is the sender's word: a slot the rule has not made due yet would
             # run early, and its live tick, under the same request id, never.
             _invalid(d, f"slot {slot} of {timer_id} is not due by now ({d.now}) under its rule")
+        if timer_id == state.timer_id and not slot_sent(state, slot, due_at):
+            # Run under the live tick's request id, a slot off the rule (or numbered ahead
+            # of its due time) would make that tick a DUPLICATE: the real slot never runs.
+            _invalid(d, f"slot {slot} of {timer_id} due at {due_at} is not one its rule makes")
         # Checked here, when it is decided, not only by its sender: a command that waited
         # in its topic may reach a node that forgot the live run's request id (applied at
         # the slot's due time at the earliest, forgotten `window_ms` after), and run twice.

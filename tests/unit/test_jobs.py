@@ -51,6 +51,8 @@ from app.protocol.wire import (
 from app.service import Service
 from tables import DEFAULT_TENANT, AggregateRef, CronRule, IntervalRule
 from tables.partitioner import partition_of
+from tables.rules import parse_rule
+from tables.slots import first_slot, next_slot, nth_slot
 
 CONTEXT = "ops"
 PARTITIONS = 8
@@ -106,11 +108,25 @@ class Instance:
     def tick(self, slot: int, timer_id: str | None = None, due_at: int | None = None) -> Decided:
         timer = timer_id or self.state.timer_id
         assert timer is not None
-        # By default when the slot may be due: a minute a slot after now, which is after the
-        # timer was set (the rules here fire a minute apart at least).
-        due = self.now + slot * 60_000 if due_at is None else due_at
+        # By default the slot's own due time under the current timer, as its timer sends it.
+        due = self.due_at(slot) if due_at is None else due_at
         ref = self.log[-1].aggregate
         return self.run(tick_command(ref, timer, slot, due), now=due)
+
+    def due_at(self, slot: int) -> int:
+        """When slot `slot` of the current tick timer is due (a slot of no rule: now)."""
+        state = self.state
+        if state.rule is None:
+            return self.now
+        rule = parse_rule(state.rule)
+        if not isinstance(rule, CronRule):
+            found = nth_slot(rule, slot)
+        else:  # a cron timer's slots count from its first, at or after it was set
+            found = first_slot(rule, state.timer_set_at or 0)
+            for _ in range(slot):
+                assert found is not None
+                found = next_slot(rule, found)
+        return self.now if found is None else found.due_at
 
 
 def tick_command(ref: AggregateRef, timer_id: str, slot: int, due_at: int) -> CommandEnvelope:
@@ -348,10 +364,12 @@ def test_tick_commits_ticked_and_runs_the_handler_once(
     recorder.send = True
     timer = enabled.state.timer_id
     assert timer is not None
-    d = enabled.tick(3, due_at=5_000_000)
+    due = enabled.due_at(3)  # 03:00 UTC of the fourth day
+    assert due == 3 * 3_600_000 + 3 * 86_400_000
+    d = enabled.tick(3, due_at=due)
     assert d.code is ResultCode.COMMITTED
     assert types(d) == [TICKED]
-    assert d.events[0].body == {"slot": 3, "due_at": 5_000_000, "timer_id": timer}
+    assert d.events[0].body == {"slot": 3, "due_at": due, "timer_id": timer}
     (run,) = recorder.runs
     assert (run.context, run.job, run.instance, run.tenant, run.partition) == (
         CONTEXT,
@@ -360,12 +378,12 @@ def test_tick_commits_ticked_and_runs_the_handler_once(
         DEFAULT_TENANT,
         None,
     )
-    assert (run.slot, run.due_at, run.request_id) == (3, 5_000_000, f"{timer}#3")
+    assert (run.slot, run.due_at, run.request_id) == (3, due, f"{timer}#3")
     # the handler's command commits with the Ticked event, its id derived from the tick's
     (sent,) = d.commands
     assert (sent.aggregate, sent.type, sent.body) == (TARGET, "shop.RemindToPay", {"slot": 3})
     assert sent_base(sent.request_id) == f"{timer}#3>0"
-    assert (enabled.state.last_slot, enabled.state.last_due_at) == (3, 5_000_000)
+    assert (enabled.state.last_slot, enabled.state.last_due_at) == (3, due)
 
 
 def test_a_sharded_instance_runs_with_its_partition(
@@ -683,7 +701,6 @@ def test_the_handler_runs_once_per_newer_slot_in_order(slots: list[int], dedup: 
             expected.append(slot)
         if not dedup:
             instance.seen.clear()  # with or without the request-id dedup in front
-        # Slot n of the nightly timer set at 1_000_001 is due n minutes after it at least.
-        instance.tick(slot, due_at=2_000_000 + slot * 60_000)
+        instance.tick(slot)  # at its due time: 03:00 UTC of day `slot`
     assert [r.slot for r in recorder.runs] == expected
-    assert [r.due_at for r in recorder.runs] == [2_000_000 + s * 60_000 for s in expected]
+    assert [r.due_at for r in recorder.runs] == [3 * 3_600_000 + s * 86_400_000 for s in expected]

@@ -16,9 +16,11 @@ from app.jobs import (
     ENABLED,
     TICK,
     TICKED,
+    BackfillSlot,
     Job,
     JobRun,
     JobScope,
+    backfill_command,
     declaration,
     disable_command,
     enable_command,
@@ -214,6 +216,91 @@ def test_a_cron_timers_caught_up_slot_ticks_and_a_later_one_is_rejected(expr: st
     )
     far = latest.index + 41 * 24 * 3_600
     assert ticked(agg, stored, timer_id, far, now, latest.due_at).code is ResultCode.REJECTED
+
+
+HOUR = 60 * MIN
+HOURLY = Job("hourly", JobScope.SYSTEM, CronRule(expr="0 * * * *"), handler)
+HOURLY_AGG = schedule_aggregate("ops", [HOURLY], PARTITIONS)
+
+
+def hourly_tick(
+    stored: StoredAggregate, timer_id: str, slot: int, now: int, due: int | None
+) -> Decided:
+    tick = CommandEnvelope(
+        request_id=f"{timer_id}#{slot}",
+        type=TICK,
+        aggregate=ref_of("ops", HOURLY),
+        issued_at=now,
+        not_before=due,
+    )
+    return decide(HOURLY_AGG, stored, tick, now=now, seen=False)
+
+
+def test_a_forged_far_cron_tick_is_refused_and_the_job_keeps_its_schedule() -> None:
+    """Another producer's tick of slot 10,000 due at a real match: within the old bound
+    (a minute a slot since the timer was set), it made slots 1 to 9,999 runs already
+    done, so the job stopped for over a year."""
+    runs.clear()
+    stored, timer_id = enabled_at(HOURLY_AGG, HOURLY, T0)  # T0 is on the hour: slot 0
+    d = hourly_tick(stored, timer_id, 0, T0, T0)
+    assert d.code is ResultCode.COMMITTED and d.stored is not None
+    stored = d.stored
+    now = T0 + 240 * HOUR
+    forged = hourly_tick(stored, timer_id, 10_000, now, now)
+    assert forged.code is ResultCode.REJECTED and forged.stored is None
+    assert f"slot 10000 of {timer_id} due at {now} is not one its rule makes" in forged.message
+    assert runs == [0]
+    # the timer's own send of that hour's slot, and the next, still run
+    d = hourly_tick(stored, timer_id, 240, now, now)
+    assert d.code is ResultCode.COMMITTED and d.stored is not None
+    d = hourly_tick(d.stored, timer_id, 241, now + HOUR, now + HOUR)
+    assert d.code is ResultCode.COMMITTED
+    assert runs == [0, 240, 241]
+
+
+def test_a_tick_off_its_rule_is_refused() -> None:
+    runs.clear()
+    stored, timer_id = enabled_at(HOURLY_AGG, HOURLY, T0)
+    # Slot 1 is due at T0 + 1 h: not sent by hand a minute after T0 (it ran early, and its
+    # timer's send was then a DUPLICATE), nor as due a minute after T0, nor a second late.
+    for due, now in ((None, T0 + MIN), (T0 + MIN, T0 + MIN), (T0 + HOUR + 1_000, T0 + HOUR)):
+        d = hourly_tick(stored, timer_id, 1, max(now, due or now), due)
+        assert d.code is ResultCode.REJECTED and d.stored is None, due
+        assert "is not one its rule makes" in d.message
+    assert runs == []
+    assert hourly_tick(stored, timer_id, 1, T0 + HOUR, T0 + HOUR).code is ResultCode.COMMITTED
+    # an interval slot sent as due 30 s after its due time
+    stored, timer_id = enabled_at(AGG, JOB, T0)
+    slot = T0 // MIN
+    d = ticked(AGG, stored, timer_id, slot, T0 + 30_000, T0 + 30_000)
+    assert d.code is ResultCode.REJECTED
+    assert "is not one its rule makes" in d.message
+    assert ticked(AGG, stored, timer_id, slot, T0 + 30_000, T0).code is ResultCode.COMMITTED
+    assert runs == [1, slot]
+
+
+def test_a_backfill_of_a_slot_its_timer_does_not_make_is_invalid() -> None:
+    """Run under the live tick's request id, it made that tick a DUPLICATE: slot 2 of the
+    hourly job, not due until T0 + 2 h, backfilled as due at T0 + 1 min ran then, and its
+    own tick at T0 + 2 h ran nothing."""
+    runs.clear()
+    stored, timer_id = enabled_at(HOURLY_AGG, HOURLY, T0)
+    ref = ref_of("ops", HOURLY)
+    now = T0 + 90 * MIN
+    forged = backfill_command(ref, BackfillSlot(timer_id, 2, T0 + MIN), now=now)
+    d = decide(HOURLY_AGG, stored, forged, now=now, seen=False)
+    assert d.code is ResultCode.SCHEDULE_JOB_INVALID and d.stored is None
+    assert "is not one its rule makes" in d.message
+    real = backfill_command(ref, BackfillSlot(timer_id, 1, T0 + HOUR), now=now)
+    assert decide(HOURLY_AGG, stored, real, now=now, seen=False).code is ResultCode.COMMITTED
+    assert runs == [1]
+
+
+def test_a_tick_due_after_now_changes_nothing() -> None:
+    stored, timer_id = enabled_at(HOURLY_AGG, HOURLY, T0)
+    far = T0 + 10_000 * HOUR
+    d = hourly_tick(stored, timer_id, 10_000, T0, far)
+    assert d.code is ResultCode.SCHEDULE_NOT_DUE and d.stored is None
 
 
 def test_reachable_slots_of_each_kind_of_rule() -> None:

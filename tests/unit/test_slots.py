@@ -24,6 +24,7 @@ from tables.slots import (
     latest_due,
     next_slot,
     nth_slot,
+    sent_slot,
     slots_between,
 )
 from tables.zones import zone as ZoneInfo  # the package's zones, as rules step in
@@ -278,6 +279,19 @@ def test_cron_slots_are_cronsims_matches(rule: CronRule, offset: int) -> None:
     not_before = rule.start + offset
     dues = [slot.due_at for slot in chain(rule, first_slot(rule, not_before), 8)]
     assert dues == cronsim_dues(rule, not_before, 8)
+
+
+@CRON
+@given(cron_rules, st.integers(min_value=1, max_value=8))
+def test_a_timers_own_slots_are_sent_and_one_off_by_a_slot_or_a_second_is_not(
+    rule: CronRule, n: int
+) -> None:
+    slots_ = chain(rule, first_slot(rule, rule.start), n + 1)
+    for before, slot in zip([None, *slots_], slots_, strict=False):
+        assert sent_slot(rule, slot, rule.start, before)
+        assert sent_slot(rule, slot, rule.start)
+        assert not sent_slot(rule, Slot(slot.index + 1, slot.due_at), rule.start, before)
+        assert not sent_slot(rule, Slot(slot.index, slot.due_at + 1_000), rule.start, before)
 
 
 def mean_gap(rule: CronRule, slot: Slot) -> int:
