@@ -29,6 +29,7 @@ __all__ = [
     "runs_to_drop",
     "slot_reachable",
     "slot_sent",
+    "tick_refusal",
 ]
 
 logger = logging.getLogger(__name__)
@@ -135,3 +136,15 @@ def slot_sent(state: ScheduleState, slot: int, due_at: int) -> bool:
     if state.last_slot is not None and state.last_due_at is not None:
         last = Slot(state.last_slot, state.last_due_at)
     return sent_slot(rule, Slot(slot, due_at), state.timer_set_at or 0, last)
+
+
+def tick_refusal(state: ScheduleState, timer_id: str, slot: int, due_at: int) -> str | None:
+    """Why a tick of `slot` of the current tick timer, due at `due_at`, is no send of the
+    timer's, or None: a slot its rule does not reach by then (a hand-made one of a far
+    slot), or one it does not make (another producer's, off the rule or numbered past its
+    due time). Either, taken, would pass over the real slots up to it as run."""
+    if not slot_reachable(state, slot, due_at):
+        return f"slot {slot} of {timer_id} is not due by {due_at} under its rule"
+    if not slot_sent(state, slot, due_at):
+        return f"slot {slot} of {timer_id} due at {due_at} is not one its rule makes"
+    return None

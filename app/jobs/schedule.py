@@ -39,8 +39,7 @@ from app.jobs.runs import (
     drop_oldest_runs,
     run_handler,
     run_key,
-    slot_reachable,
-    slot_sent,
+    tick_refusal,
 )
 from app.jobs.schedule_state import ScheduleState, apply_schedule_event
 from app.model.aggregate import AggregateType, Command, Decision
@@ -167,19 +166,9 @@ class _ScheduleModel:
         # A timer's send always carries its slot's due time (no later than now: `decide`
         # answers one sent early SCHEDULE_NOT_DUE); a hand-made tick is due now.
         due_at = cmd.not_before if cmd.not_before is not None else d.now
-        if not slot_reachable(state, slot, due_at):
+        if (why := tick_refusal(state, timer_id, slot, due_at)) is not None:
             # Taken, it would run no real slot up to it: the job would stop, silently.
-            d.reject(
-                f"slot {slot} of {timer_id} is not due by {due_at} under its rule: a "
-                f"{TICK} is its timer's send of a slot that is due"
-            )
-        if not slot_sent(state, slot, due_at):
-            # Another producer's: off the rule, or an index past the one its due time has
-            # (the real slots up to it would be passed over as run).
-            d.reject(
-                f"slot {slot} of {timer_id} due at {due_at} is not one its rule makes: a "
-                f"{TICK} is its timer's send of a slot that is due"
-            )
+            d.reject(f"{why}: a {TICK} is its timer's send of a slot that is due")
         d.emit(TICKED, {"slot": slot, "due_at": due_at, "timer_id": timer_id})
         # The handler decides into a scratch decision: a failure keeps none of its commands.
         scratch = Decision(
@@ -290,14 +279,10 @@ class _ScheduleModel:
             )
         if due_at > d.now:
             _invalid(d, f"slot {slot} of {timer_id} is due at {due_at}, after now ({d.now})")
-        if timer_id == state.timer_id and not slot_reachable(state, slot, d.now):
-            # Its due_at is the sender's word: a slot the rule has not made due yet would
-            # run early, and its live tick, under the same request id, never.
-            _invalid(d, f"slot {slot} of {timer_id} is not due by now ({d.now}) under its rule")
-        if timer_id == state.timer_id and not slot_sent(state, slot, due_at):
-            # Run under the live tick's request id, a slot off the rule (or numbered ahead
-            # of its due time) would make that tick a DUPLICATE: the real slot never runs.
-            _invalid(d, f"slot {slot} of {timer_id} due at {due_at} is not one its rule makes")
+        if timer_id == state.timer_id and (why := tick_refusal(state, timer_id, slot, due_at)):
+            # Its due_at is the sender's word: a slot off the rule, or not due yet, would run
+            # early, and its live tick, under the same request id, never.
+            _invalid(d, why)
         # Checked here, when it is decided, not only by its sender: a command that waited
         # in its topic may reach a node that forgot the live run's request id (applied at
         # the slot's due time at the earliest, forgotten `window_ms` after), and run twice.

@@ -280,14 +280,14 @@ def test_a_tick_off_its_rule_is_refused() -> None:
 
 
 def test_a_backfill_of_a_slot_its_timer_does_not_make_is_invalid() -> None:
-    """Run under the live tick's request id, it made that tick a DUPLICATE: slot 2 of the
-    hourly job, not due until T0 + 2 h, backfilled as due at T0 + 1 min ran then, and its
-    own tick at T0 + 2 h ran nothing."""
+    """Run under the live tick's request id, it made that tick a DUPLICATE: slot 1 of the
+    hourly job, due at T0 + 1 h, backfilled as due at T0 + 1 min, ran before it was due,
+    with a due time no slot has."""
     runs.clear()
     stored, timer_id = enabled_at(HOURLY_AGG, HOURLY, T0)
     ref = ref_of("ops", HOURLY)
     now = T0 + 90 * MIN
-    forged = backfill_command(ref, BackfillSlot(timer_id, 2, T0 + MIN), now=now)
+    forged = backfill_command(ref, BackfillSlot(timer_id, 1, T0 + MIN), now=now)
     d = decide(HOURLY_AGG, stored, forged, now=now, seen=False)
     assert d.code is ResultCode.SCHEDULE_JOB_INVALID and d.stored is None
     assert "is not one its rule makes" in d.message
