@@ -17,7 +17,7 @@ from app.model.aggregate import Decision
 from app.model.decide import cut_message
 from app.model.user_code import not_awaitable, user_code
 from tables.exceptions import InvalidRule
-from tables.rules import parse_rule
+from tables.rules import ScheduleRule, parse_rule
 from tables.slots import Slot, reachable, sent_slot
 
 __all__ = [
@@ -110,28 +110,31 @@ def run_handler(job: Job, run: JobRun, *, log_limit: LogLimit = _HANDLER_FAILURE
     return None
 
 
+def _rule_of(state: ScheduleState) -> ScheduleRule | None:
+    """The instance's tick timer's rule; None when there is none to tell by (none, or one
+    this version cannot read: not these checks' to refuse, the timer table has the rule it
+    fires by)."""
+    if state.rule is None:
+        return None
+    try:
+        return parse_rule(state.rule)
+    except InvalidRule:
+        return None
+
+
 def slot_reachable(state: ScheduleState, slot: int, by: int) -> bool:
     """Whether `slot` of the instance's tick timer may be due by `by` under the timer's
     rule (`tables.slots.reachable`); True when there is no rule to tell."""
-    if state.rule is None:
-        return True
-    try:
-        rule = parse_rule(state.rule)
-    except InvalidRule:
-        return True  # not this check's to refuse: the timer table has the rule it fires by
-    return reachable(rule, slot, state.timer_set_at or 0, by)
+    rule = _rule_of(state)
+    return rule is None or reachable(rule, slot, state.timer_set_at or 0, by)
 
 
 def slot_sent(state: ScheduleState, slot: int, due_at: int) -> bool:
     """Whether the instance's tick timer sends `slot` due at `due_at`: on its rule, of the
     index the timer gives that due time (`tables.slots.sent_slot`), counted from the last
     slot that ran; True when there is no rule to tell."""
-    if state.rule is None:
+    if (rule := _rule_of(state)) is None:
         return True
-    try:
-        rule = parse_rule(state.rule)
-    except InvalidRule:
-        return True  # not this check's to refuse: the timer table has the rule it fires by
     last = None
     if state.last_slot is not None and state.last_due_at is not None:
         last = Slot(state.last_slot, state.last_due_at)
