@@ -258,7 +258,9 @@ class PartitionStates:
         if raw is None:
             return None
         try:
-            return StoredAggregate.model_validate_json(raw)
+            # Its validator, as `model_validate_json` calls it without its keywords (#20).
+            loaded: StoredAggregate = StoredAggregate.__pydantic_validator__.validate_json(raw)
+            return loaded
         except ValidationError as exc:
             # The local copy is damaged, not the log. Marked bad (it reads as empty and
             # takes no write), not dropped now: a commit of this take still in flight would

@@ -62,6 +62,37 @@ class StoredAggregate(BaseModel):
 _NO_EVENTS: Final = StoredAggregate()
 """An aggregate without events yet (frozen: one for all)."""
 
+# Each decided command loads its state twice and back once, dumps it once and builds an
+# event and the stored aggregate: through the models' validators and serializer (public
+# attributes of a pydantic model) rather than `model_validate`, `model_dump` and
+# `__init__`, whose wrappers' keywords cost more than the work on a small state (#20).
+# The same validation and output: pydantic's wrappers pass their defaults on.
+_STORED: Final = StoredAggregate.__pydantic_validator__
+_EVENT: Final = EventEnvelope.__pydantic_validator__
+_MODEL_VALIDATE: Final = vars(BaseModel)["model_validate"].__func__
+_MODEL_DUMP: Final = BaseModel.model_dump
+
+
+def _load(state_type: type[BaseModel], data: Any) -> BaseModel:
+    """`state_type.model_validate(data)`: through its validator unless the state's model
+    has a `model_validate` of its own."""
+    if getattr(state_type.model_validate, "__func__", None) is _MODEL_VALIDATE:
+        loaded: BaseModel = state_type.__pydantic_validator__.validate_python(data)
+        return loaded
+    return state_type.model_validate(data)
+
+
+def _dump(state: BaseModel) -> dict[str, Any]:
+    """`state.model_dump(mode="json", warnings=False)`: through its serializer unless its
+    model has a `model_dump` of its own."""
+    kind = type(state)
+    if kind.model_dump is _MODEL_DUMP:
+        dumped: dict[str, Any] = kind.__pydantic_serializer__.to_python(
+            state, mode="json", warnings=False
+        )
+        return dumped
+    return state.model_dump(mode="json", warnings=False)
+
 
 @dataclass(frozen=True, slots=True)
 class Decided:
@@ -112,9 +143,7 @@ def decide(
         with user_code("the handler of", cmd.type):
             # From a copy: a handler that changes what it is given (a nested dict of the
             # state, then a refusal) never changes the aggregate as the batch holds it.
-            state = (
-                agg.state_type.model_validate(json_copy(current.state)) if stored else agg.initial()
-            )
+            state = _load(agg.state_type, json_copy(current.state)) if stored else agg.initial()
             decision = Decision(
                 aggregate=cmd.aggregate,
                 now=now,
@@ -143,15 +172,18 @@ def decide(
         # Commands without events would be sent again by every retry: they need a fact.
         return Decided(ResultCode.UNCHANGED, "", [], None)
     version = current.version + 1
-    events = [
-        EventEnvelope(
-            id=event_id(cmd.aggregate, cmd.request_id, i),
-            type=type_,
-            aggregate=cmd.aggregate,
-            version=version,
-            request_id=cmd.request_id,
-            created_at=now,
-            body=body,
+    # Validated as `EventEnvelope(...)` validates them: the handler's types and bodies.
+    events: list[EventEnvelope] = [
+        _EVENT.validate_python(
+            {
+                "id": event_id(cmd.aggregate, cmd.request_id, i),
+                "type": type_,
+                "aggregate": cmd.aggregate,
+                "version": version,
+                "request_id": cmd.request_id,
+                "created_at": now,
+                "body": body,
+            }
         )
         for i, (type_, body) in enumerate(decision.events)
     ]
@@ -163,9 +195,15 @@ def json_copy(value: Any) -> Any:
     kept as it is): cheaper than `copy.deepcopy` for the small bodies and states here."""
     kind = type(value)
     if kind is dict:
-        return {k: json_copy(v) for k, v in value.items()}
+        # Copied whole, then its containers alone copied in turn (assigning to an existing
+        # key while iterating is allowed): no call for each string or number (#20).
+        copied = value.copy()
+        for k, v in copied.items():
+            if type(v) is dict or type(v) is list:
+                copied[k] = json_copy(v)
+        return copied
     if kind is list:
-        return [json_copy(v) for v in value]
+        return [json_copy(v) if type(v) is dict or type(v) is list else v for v in value]
     return value
 
 
@@ -220,9 +258,7 @@ def fold(
         # given in place never changes the aggregate as stored or staged, nor an event
         # still to be written or read for its timer.
         state: BaseModel = (
-            agg.state_type.model_validate(json_copy(current.state))
-            if stored is not None
-            else agg.initial()
+            _load(agg.state_type, json_copy(current.state)) if stored is not None else agg.initial()
         )
         for e in events:
             event = Event(e.type, json_copy(e.body), e.version, e.created_at, e.id)
@@ -241,11 +277,14 @@ def fold(
         # a validator), is refused here, not stored as what no later load could read.
         # Without pydantic's warnings: a list in a tuple field, an int in a Decimal one,
         # dump and load back as they should.
-        dumped = state.model_dump(mode="json", warnings=False)
-        agg.state_type.model_validate(json_copy(dumped))
+        dumped = _dump(state)
+        _load(agg.state_type, json_copy(dumped))
     # A float field takes "nan" and "inf", which JSON cannot hold: written as null, the
     # stored aggregate would fail every later command on it. Refused here, the command
     # that made it is answered ERROR (a followed event dead-lettered) instead.
     check_finite(dumped, "state")
     # Validated, not `model_construct`ed: pydantic's validator builds it faster (#20).
-    return StoredAggregate(version=version, deleted=deleted, state=dumped)
+    folded: StoredAggregate = _STORED.validate_python(
+        {"version": version, "deleted": deleted, "state": dumped}
+    )
+    return folded

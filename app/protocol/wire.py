@@ -209,6 +209,10 @@ class CommandEnvelope(Envelope):
     )
 
 
+_WRITTEN_BY_PYDANTIC: Final = (Envelope, TimerOp)
+"""(A tuple: `Envelope | TimerOp` in `encode` made a union at every call.)"""
+
+
 def encode(model: BaseModel) -> bytes:
     """JSON bytes of an envelope, unknown fields included.
 
@@ -222,7 +226,7 @@ def encode(model: BaseModel) -> bytes:
     in its body since, which pydantic would write, go through orjson: refused as they
     always were.
     """
-    if isinstance(model, Envelope | TimerOp):
+    if isinstance(model, _WRITTEN_BY_PYDANTIC):
         try:
             written = model.__pydantic_serializer__.to_json(model)
         except PydanticSerializationError:
