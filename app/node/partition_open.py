@@ -13,6 +13,7 @@ let go (`partition_release`) however far the take got."""
 from __future__ import annotations
 
 import functools
+import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
@@ -30,6 +31,8 @@ if TYPE_CHECKING:
     from app.node.partition_task import PartitionTask
 
 __all__ = ["open_partition"]
+
+logger = logging.getLogger(__name__)
 
 
 async def open_partition(s: TaskShared, task: PartitionTask, topics: set[str]) -> str | None:
@@ -91,7 +94,7 @@ async def open_partition(s: TaskShared, task: PartitionTask, topics: set[str]) -
         # After the restore (a full one drops p: a handle made before it is refused).
         handle = task.store = kept.store.partition(p)
         handle.attach(_sink(txn, task))
-        txn.rows_landed = _landing(handle, kept.marks, t.timers_changelog)
+        txn.rows_landed = _landing(handle, kept.marks, s.reader, t.timers_changelog)
         if unreadable:
             # Their letters commit in p's next transaction, and after each record, the row
             # its key held before it written again (a tombstone when none): as p's rows,
@@ -129,27 +132,46 @@ async def _written_since(reader: LogReader, topic: str, p: int, start: int) -> b
 
 
 def _landing(
-    handle: PartitionHandle, marks: CleanMarks, topic: str
+    handle: PartitionHandle, marks: CleanMarks, reader: LogReader, topic: str
 ) -> Callable[[int], Awaitable[None]]:
     """p's commits' landings told its store (`applied_through`), unless one landed at or
-    before the offset its copy applied: the changelog was made again under the node (a
-    topic's offsets never go back), holding none of the rows written before it, which a
-    restore anywhere would then lose quietly. The loss is noted (as a restore notes it:
-    this node's takes of p refuse until a replay of the log) and the commit fails p."""
+    before the offset its copy applied and the changelog now ends just past it: it was made
+    again under the node (a topic's offsets never go back), holding none of the rows
+    written before it, which a restore anywhere would then lose quietly. The loss is noted
+    (as a restore notes it: this node's takes of p refuse until a replay of the log) and
+    the commit fails p. An offset the client told wrong (aiokafka tells -1 and up for a
+    batch the broker had taken already, DUPLICATE_SEQUENCE_NUMBER) is passed over: the
+    changelog still ends past the copy's offset."""
 
     async def landed(offset: int) -> None:
         held = handle.changelog_offset()
-        if held is not None and offset <= held:
-            p = handle.partition
-            why = (
-                f"{topic}[{p}] took this node's timer rows at offset {offset}, though its "
-                f"copy had applied the changelog through offset {held}: the topic was "
-                "deleted and made again under the node (or cut by an unclean leader "
-                "election), without the rows written before"
+        if held is None or offset > held:
+            await handle.applied_through(offset)
+            return
+        p = handle.partition
+        _, end = await reader.offsets(topic, p)
+        # Intact, the changelog holds past the copy's offset the marker of the transaction
+        # that wrote it, then this commit's rows and marker: it ends at held + 3 at least.
+        # Made again, it ends at this commit's marker: offset + 2, at most held + 2.
+        if end > held + 2:
+            logger.warning(
+                "%s[%d]: a commit's rows landed at offset %d said, though the copy applied "
+                "them through %d and the changelog ends at %d: the offset not taken",
+                topic,
+                p,
+                offset,
+                held,
+                end,
             )
-            marks.note_lost(p, why, offset + 1)
-            raise ChangelogBehind(why)
-        await handle.applied_through(offset)
+            return
+        why = (
+            f"{topic}[{p}] took this node's timer rows at offset {offset} and ends at {end}, "
+            f"though its copy had applied the changelog through offset {held}: the topic "
+            "was deleted and made again under the node (or cut by an unclean leader "
+            "election), without the rows written before"
+        )
+        marks.note_lost(p, why, end)
+        raise ChangelogBehind(why)
 
     return landed
 

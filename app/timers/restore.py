@@ -112,7 +112,9 @@ async def restore_partition(
                 progress(min(batch[-1].offset + 1 - start, to_read), to_read)
     try:
         await store.end_restore(partition)
-    except Exception:
+    except BaseException:
+        # A cancel too: the flush it started runs on in its thread while the close flushes
+        # and closes the DB; what the copy holds then is not known.
         told(False)
         raise
     if progress is not None:
