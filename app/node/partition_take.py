@@ -4,15 +4,17 @@ close first, then its state restored and its transaction opened (`open_partition
 topics rewound to the group's committed offsets, and its timers held until its log is
 read to where it ended now. Tried `TAKE_ATTEMPTS` times; a partition that cannot be taken
 stops the node (loudly), never a take that dies quietly, half done. A take failed by the
-cluster's own state (`take_failure`: too few in-sync replicas, no producer id given) is
-tried again without end and counts no attempt, the partition not ready meanwhile: stopped,
-the node would hand the partition to another, which meets the same state (`take_retry`)."""
+cluster's own state (`take_failure`: too few in-sync replicas, no producer id given)
+counts no attempt and is tried again for up to `CLUSTER_WAIT_MAX_S`, the partition not
+ready meanwhile: stopped at once, the node would hand the partition to another, which
+meets the same state; past it, the state may be this node's alone (`take_retry`)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Collection
 from typing import TYPE_CHECKING, Literal
 
@@ -26,7 +28,14 @@ from app.task_ends import cancelled_here
 if TYPE_CHECKING:
     from app.node.partition_task import PartitionTask
 
-__all__ = ["TAKE_ATTEMPTS", "TakeFailure", "take_failure", "take_partition", "take_retry"]
+__all__ = [
+    "CLUSTER_WAIT_MAX_S",
+    "TAKE_ATTEMPTS",
+    "TakeFailure",
+    "take_failure",
+    "take_partition",
+    "take_retry",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -38,6 +47,12 @@ TAKE_BACKOFF_S = 0.2
 
 TAKE_BACKOFF_MAX_S = 5.0
 """The longest wait between two counted attempts of a take."""
+
+CLUSTER_WAIT_MAX_S = 600.0
+"""A take failed by the cluster's state for this long in a row stops the node (loudly), as
+counted failures do: the state may be this node's alone (a broker it cannot reach, holding
+its transactional ids' coordinator), and stopped, it lets the group give the partition to
+a node that can take it; never a partition left waiting for good while the rest runs."""
 
 TakeFailure = Literal["final", "cluster", "counted"]
 """How a take's attempt failed (`take_failure`): for good (an operator must act), by the
@@ -94,6 +109,7 @@ async def _taking(task: PartitionTask, topics: set[str], after_failure: float | 
         task.revive()
     # Counted attempts failed, and failures by the cluster's state since the last of them.
     attempts = waited = 0
+    waiting_since: float | None = None  # the first of the cluster's failures in a row
     while True:
         try:
             lost = await task.open_topics(topics)
@@ -112,14 +128,23 @@ async def _taking(task: PartitionTask, topics: set[str], after_failure: float | 
             if isinstance(exc, KafkaUnavailable) and not _final(exc):
                 last = await _refusal(task) or exc
             failure = take_failure(last)
+            now = time.monotonic()
             if failure == "cluster":
                 waited += 1
+                waiting_since = now if waiting_since is None else waiting_since
             elif failure == "counted":
-                attempts, waited = attempts + 1, 0
-            delay = take_retry(failure, attempts, waited)
+                attempts, waited, waiting_since = attempts + 1, 0, None
+            waited_s = 0.0 if waiting_since is None else now - waiting_since
+            delay = take_retry(failure, attempts, waited, waited_s)
             if delay is None:
                 if failure == "final":
                     manager.fail(f"{task.key} could not be taken: {last}")
+                elif failure == "cluster":
+                    manager.fail(
+                        f"{task.key} could not be taken for {waited_s:.0f} s, the cluster "
+                        f"refusing it at each of {waited} attempts (is a broker out of this "
+                        f"node's reach, or short of in-sync replicas?): {last}"
+                    )
                 else:
                     manager.fail(
                         f"{task.key} could not be taken in {TAKE_ATTEMPTS} attempts: {last}"
@@ -135,6 +160,7 @@ async def _taking(task: PartitionTask, topics: set[str], after_failure: float | 
                     exc,
                 )
             else:
+                task.broken = None  # no longer waiting for the cluster, if it was
                 # A node fault is expected to pass; anything else is a bug to see, but
                 # either way p is tried again, and the node stops loudly if it never can
                 # be taken.
@@ -160,15 +186,20 @@ def take_failure(exc: BaseException) -> TakeFailure:
     return "counted"
 
 
-def take_retry(failure: TakeFailure, attempts: int, waited: int) -> float | None:
+def take_retry(
+    failure: TakeFailure, attempts: int, waited: int, waited_s: float = 0.0
+) -> float | None:
     """How long a take waits before its next attempt after one that failed so (`failure`),
     `attempts` counted ones having failed and `waited` by the cluster's state since the
-    last of them (this one included); None: it is given up and the node stops. A failure
-    by the cluster's state is never given up on: its waits double up to the retake's
-    longest (`RETAKE_BACKOFF_MAX_S`), one attempt every 10 s while it lasts."""
+    last of them (this one included), the first of those `waited_s` ago; None: it is given
+    up and the node stops. A failure by the cluster's state counts no attempt: its waits
+    double up to the retake's longest (`RETAKE_BACKOFF_MAX_S`), one attempt every 10 s
+    while it lasts, up to `CLUSTER_WAIT_MAX_S`."""
     if failure == "final":
         return None
     if failure == "cluster":
+        if waited_s >= CLUSTER_WAIT_MAX_S:
+            return None
         return float(min(RETAKE_BACKOFF_MAX_S, TAKE_BACKOFF_S * 2 ** max(waited, 1)))
     if attempts >= TAKE_ATTEMPTS:
         return None

@@ -8,6 +8,7 @@ why; the node runs it once the cluster gives the id. Any other failure keeps its
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from pathlib import Path
 
@@ -28,6 +29,7 @@ from app.kafka.memory_clients import MemoryWriter
 from app.node import partition_take, type_transactions
 from app.node.failing import RETAKE_BACKOFF_MAX_S
 from app.node.partition_take import (
+    CLUSTER_WAIT_MAX_S,
     TAKE_ATTEMPTS,
     ChangelogLost,
     TakeFailure,
@@ -69,7 +71,7 @@ def test_how_a_take_failed(exc: BaseException, failure: TakeFailure) -> None:
     assert take_failure(exc) == failure
 
 
-def test_a_take_failed_by_the_cluster_is_never_given_up_and_waits_at_most_the_retakes_longest() -> (
+def test_a_take_failed_by_the_cluster_counts_no_attempt_and_waits_at_most_the_retakes_longest() -> (
     None
 ):
     waits = [take_retry("cluster", 0, n) for n in range(1, 200)]
@@ -78,6 +80,16 @@ def test_a_take_failed_by_the_cluster_is_never_given_up_and_waits_at_most_the_re
     assert waits == sorted(w for w in waits if w is not None)
     # Counted attempts before it do not make it give up either.
     assert take_retry("cluster", TAKE_ATTEMPTS, 1) is not None
+
+
+@pytest.mark.parametrize("waited_s", [0.0, CLUSTER_WAIT_MAX_S - 1, CLUSTER_WAIT_MAX_S, 1e9])
+def test_a_take_failed_by_the_cluster_is_given_up_after_the_clusters_longest_wait(
+    waited_s: float,
+) -> None:
+    # The state may be this node's alone (a broker out of its reach): stopped, the node
+    # lets the group give the partition to one that can take it.
+    given_up = take_retry("cluster", 0, 40, waited_s) is None
+    assert given_up == (waited_s >= CLUSTER_WAIT_MAX_S)
 
 
 @pytest.mark.parametrize("attempts", range(1, TAKE_ATTEMPTS + 3))
@@ -124,3 +136,36 @@ async def test_a_retake_held_by_the_cluster_past_the_attempts_runs_once_it_is_ba
         assert "failed" not in node.node.health()
     finally:
         await node.stop()
+
+
+async def test_a_take_the_cluster_refuses_past_its_longest_wait_stops_the_node(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(type_transactions, "OPEN_DEADLINE_S", 0.05)
+    monkeypatch.setattr(partition_take, "TAKE_BACKOFF_S", 0.001)
+    monkeypatch.setattr(partition_take, "RETAKE_BACKOFF_MAX_S", 0.01)
+    monkeypatch.setattr(partition_take, "CLUSTER_WAIT_MAX_S", 0.5)
+    log = MemoryLog()
+    node = await RunningNode(log, tmp_path, "a", SERVICE, PARTITIONS).start()
+    try:
+        await wait_until(node.runs)
+        start = MemoryWriter.start
+
+        async def no_producer_id(writer: MemoryWriter) -> None:
+            if writer.transactional_id.endswith(f".{BAD}"):
+                await asyncio.Event().wait()  # never: a coordinator out of this node's reach
+            await start(writer)
+
+        async def once(tid: str) -> None:
+            if tid.endswith(f".{BAD}") and MemoryWriter.start is start:
+                monkeypatch.setattr(MemoryWriter, "start", no_producer_id)
+                raise KafkaUnavailable(f"{tid}: no commit within 30 s")
+
+        log.before_commit = once
+        await schedule(log, OWNER, int(time.time() * 1000) + 3_600_000)
+        await wait_until(lambda: "failed" in node.node.health(), within=20)
+        failed = node.node.health()["failed"]
+        assert "could not be taken for" in failed and "the cluster refusing it" in failed
+    finally:
+        with contextlib.suppress(Exception):
+            await node.stop()
