@@ -37,6 +37,7 @@ from app.protocol.wire import CommandEnvelope, EventEnvelope, ResultCode, encode
 from tables import AggregateRef, IntervalRule
 from tables.aggregate_store import MemoryAggregateStore
 from tables.partitioner import partition_of
+from tables.slots import first_slot
 from tables.timer import CUT_MARKER, MAX_ERROR_TEXT
 
 T0 = 1_800_000_000_000
@@ -81,8 +82,15 @@ async def test_a_failing_job_handler_writes_its_error_cut() -> None:
     stored = proc._states.stored(state_key(REF))
     assert stored is not None
     timer_id = stored.state["timer_id"]
+    # The timer's own send of its slot due at T0 (a tick off its slots is refused).
+    slot = first_slot(JOB.rule, T0)
+    assert slot is not None and slot.due_at == T0
     tick = CommandEnvelope(
-        request_id=f"{timer_id}#5", type=TICK, aggregate=REF, issued_at=T0, not_before=T0
+        request_id=f"{timer_id}#{slot.index}",
+        type=TICK,
+        aggregate=REF,
+        issued_at=T0,
+        not_before=slot.due_at,
     )
     await proc.handle([record(tick, 1)])
     within_bounds(log)
