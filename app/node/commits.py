@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Protocol
 
 from app.errors import KafkaUnavailable
@@ -23,7 +23,7 @@ from app.node.partition_transaction import PartitionTransaction, Transaction
 from app.node.task_id import TaskId
 from app.task_ends import cancelled_here
 
-__all__ = ["COMMIT_DEADLINE_S", "Commits", "Committing", "PartitionCommits"]
+__all__ = ["COMMIT_DEADLINE_S", "Commits", "Committing", "PartitionCommits", "commit_lags"]
 
 logger = logging.getLogger(__name__)
 
@@ -303,10 +303,9 @@ class Commits:
         partition back) or the group's commit of its offsets passed over (one that hangs
         holds the poll loop, every partition's reading). Readiness."""
         now = self._clock()
-        lags = {p: now - since for p, since in self._unlanded.items()}
-        for key, task in list(self._running.items()):
-            if (lag := task.commits.lag(now)) > 0:
-                lags[key.p] = max(lags.get(key.p, 0.0), lag)
+        lags = commit_lags([task.commits for task in list(self._running.values())], now)
+        for p, since in self._unlanded.items():
+            lags[p] = max(lags.get(p, 0.0), now - since)
         return lags
 
     def pass_over(self, kept: KeptType, offsets: dict[tuple[str, int], int]) -> None:
@@ -402,3 +401,13 @@ class Commits:
                     raise KafkaUnavailable(f"partition {p}: claims not committed")
                 if not earlier:
                     break
+
+
+def commit_lags(commits: Iterable[PartitionCommits], now: float) -> dict[int, float]:
+    """Per partition, how long the oldest of `commits`' in flight has been going at `now`
+    (only those with one; the types' commits of one partition number count as one)."""
+    lags: dict[int, float] = {}
+    for own in commits:
+        if (lag := own.lag(now)) > 0:
+            lags[own.p] = max(lags.get(own.p, 0.0), lag)
+    return lags

@@ -19,6 +19,7 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 
+from app.node.commits import commit_lags
 from app.node.kept import KeptType
 from app.node.partition_task import PartitionTask, TaskShared
 from app.node.task_id import TaskId
@@ -178,11 +179,7 @@ class PartitionTasks:
     def closing_commit_lags(self) -> dict[int, float]:
         """Per partition, how long the oldest commit of a close under way of it has been
         going (only those with one)."""
-        now, lags = time.monotonic(), dict[int, float]()
-        for task in self.closing:
-            if (lag := task.commits.lag(now)) > 0:
-                lags[task.p] = max(lags.get(task.p, 0.0), lag)
-        return lags
+        return commit_lags((task.commits for task in self.closing), time.monotonic())
 
     def _close(self, task: PartitionTask) -> asyncio.Task[bool]:
         """Closes a task taken out of the map, in the background (`PartitionTask.revoke`).
