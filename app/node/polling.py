@@ -38,7 +38,9 @@ POLL_RETRY_S = 1.0
 # `POLL_FAILING_S` (the port's): polls failing that long, none passing, stop the node, as
 # the node's followers' do (`app.timers.sender.FollowerPolls`): a batch corrupt on a
 # broker's disk fails every poll that fetches it, for good (the consumer reads every other
-# partition again each time, and passes none).
+# partition again each time, and passes none). The group's offset commits failing that
+# long, none landing, stop it too, whatever the polls between them do: each waits up to
+# `GROUP_CALL_S` (30 s) for a coordinator away, the node not ready meanwhile (commit lag).
 
 
 class Running(Protocol):
@@ -70,21 +72,25 @@ async def poll_loop(
     commits: DoneOffsets,
     fail: Callable[[str], None],
     type_of: Mapping[str, str],
+    *,
+    clock: Callable[[], float] = time.monotonic,
 ) -> None:
     """Hands each polled batch to the worker of the task running its partition of its
     topic's type (`type_of`: each topic read, its type's name), and commits what they did;
-    ends after `fail` when the consumer is refused (no retry passes an ACL).
+    ends after `fail` when the consumer is refused (no retry passes an ACL), or its polls
+    or its offset commits keep failing (`POLL_FAILING_S`, by `clock`).
 
     Tasks are independent: each has a worker of its own, so one task's slow transaction
     does not hold up the others' commands, nor (paused on while its queue is full) their
     records and offsets.
     """
-    failing_since: float | None = None
+    polls, commits_failing = _Failing("polls"), _Failing("offset commits")
     while True:
+        calls, started = polls, clock()
         try:
             holding = _hand_over(consumer, running)
             batches = await consumer.poll(timeout_ms=HELD_POLL_MS if holding else POLL_MS)
-            failing_since = None
+            polls.since = None
             for (topic, p), records in batches.items():
                 # A take rewinds p (to its committed offsets) before it runs, and the
                 # consumer drops what it fetched of p before a seek: what comes back is
@@ -107,7 +113,10 @@ async def poll_loop(
                 # back to its running task) forgets the pause, and p must not pile up here.
                 consumer.pause(held.paused)
                 held.batches.append((topic, records))
+            calls, started = commits_failing, clock()
             await consumer.commit(commits.take_offsets())
+            # Landed, or none to commit: nothing waits for the group's commit (no lag).
+            commits_failing.since = None
             commits.offsets_landed()
         except KafkaUnavailable as exc:
             if refused(exc):
@@ -125,13 +134,31 @@ async def poll_loop(
                 return
             # The broker or the group is in flux: the node keeps going and reads again (a
             # poll that fails hands nothing out and moves no partition: `GroupMember.poll`).
-            now = time.monotonic()
-            failing_since = now if failing_since is None else failing_since
-            if now - failing_since >= POLL_FAILING_S:
-                fail(f"the group consumer's polls failed for {now - failing_since:.0f} s: {exc}")
+            now = clock()
+            # A poll's failure counts from when it was seen, as ever; a commit's from when
+            # the first in a row began (a coordinator away takes 30 s to fail each).
+            failing_s = calls.failed(now if calls is polls else started, now)
+            if failing_s >= POLL_FAILING_S:
+                failed = f"the group consumer's {calls.what} failed for {failing_s:.0f} s"
+                fail(f"{failed}, none passing: {exc}")
                 return
             logger.warning("reading paused: %s", exc)
             await asyncio.sleep(POLL_RETRY_S)
+
+
+class _Failing:
+    """Since when one kind of the group consumer's calls (`what`) has failed, none passing
+    since (None: the last one passed)."""
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+        self.since: float | None = None
+
+    def failed(self, since: float, now: float) -> float:
+        """One failed (counting from `since`, unless an earlier one in a row does): how
+        long they have failed at `now`."""
+        self.since = since if self.since is None else self.since
+        return now - self.since
 
 
 def _hand_over(consumer: GroupMember, running: Mapping[TaskId, Running]) -> bool:
