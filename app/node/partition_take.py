@@ -108,6 +108,8 @@ async def _taking(task: PartitionTask, topics: set[str], after_failure: float | 
         consumer.pause([(t, p) for t in topics])
         task.revive()
     # Counted attempts failed, and failures by the cluster's state since the last of them.
+    # A wait for the cluster gives no attempt back: failing by turns (a broker flapping),
+    # each kind resetting the other's count, the take would never end.
     attempts = waited = 0
     waiting_since: float | None = None  # the first of the cluster's failures in a row
     while True:

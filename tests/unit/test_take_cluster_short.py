@@ -3,7 +3,8 @@ and its retake's producer gets no producer id (the coordinator holds it behind t
 markers of the failed transaction, which it cannot write either). Each attempt took the
 open's deadline, ten of them stopped the node, and the next owner met the same. Such a
 take now waits the cluster out, not counted, the partition not ready and /healthz saying
-why; the node runs it once the cluster gives the id. Any other failure keeps its limit."""
+why; the node runs it once the cluster gives the id. Any other failure keeps its limit,
+counted across such waits."""
 
 from __future__ import annotations
 
@@ -166,6 +167,47 @@ async def test_a_take_the_cluster_refuses_past_its_longest_wait_stops_the_node(
         await wait_until(lambda: "failed" in node.node.health(), within=20)
         failed = node.node.health()["failed"]
         assert "could not be taken for" in failed and "the cluster refusing it" in failed
+    finally:
+        with contextlib.suppress(Exception):
+            await node.stop()
+
+
+async def test_counted_attempts_add_up_across_a_wait_for_the_cluster(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A wait for the cluster does not give the take its attempts back: reset by it, a
+    take whose attempts failed by turns counted and by the cluster's state (a broker
+    flapping) would be tried for ever, each kind resetting the other's count."""
+    monkeypatch.setattr(partition_take, "TAKE_BACKOFF_S", 0.001)
+    monkeypatch.setattr(partition_take, "TAKE_BACKOFF_MAX_S", 0.01)
+    monkeypatch.setattr(partition_take, "RETAKE_BACKOFF_MAX_S", 0.01)
+    log = MemoryLog()
+    node = await RunningNode(log, tmp_path, "a", SERVICE, PARTITIONS).start()
+    try:
+        await wait_until(node.runs)
+        start = MemoryWriter.start
+        script = ["counted", "counted", "cluster", "cluster", "cluster"]
+        counted: list[str] = []
+
+        async def failing(writer: MemoryWriter) -> None:
+            tid = writer.transactional_id
+            if tid.endswith(f".{BAD}"):
+                if (script.pop(0) if script else "counted") == "cluster":
+                    raise NoProducerId(f"{tid}: its producer did not start within 15 s")
+                counted.append(tid)
+                raise KafkaUnavailable(f"{tid}: Unable to bootstrap")
+            await start(writer)
+
+        async def once(tid: str) -> None:  # p's commit fails: taken afresh, and failing
+            if tid.endswith(f".{BAD}") and MemoryWriter.start is start:
+                monkeypatch.setattr(MemoryWriter, "start", failing)
+                raise KafkaUnavailable(f"{tid}: no commit within 30 s")
+
+        log.before_commit = once
+        await schedule(log, OWNER, int(time.time() * 1000) + 3_600_000)
+        await wait_until(lambda: "failed" in node.node.health(), within=20)
+        assert f"could not be taken in {TAKE_ATTEMPTS} attempts" in node.node.health()["failed"]
+        assert len(counted) == TAKE_ATTEMPTS and not script  # 2 before the wait, 8 after
     finally:
         with contextlib.suppress(Exception):
             await node.stop()
