@@ -17,7 +17,7 @@ from app.kafka.connection import Connectable, address
 from app.kafka.consumers import Reader
 from app.kafka.group_consumer import GroupConsumer
 from app.kafka.partition_reader import PartitionReader
-from app.kafka.ports import Assigned, ReaderClient, TransactionalWriter
+from app.kafka.ports import Assigned, DeletedUnread, ReaderClient, TransactionalWriter
 from app.kafka.probe import api_versions_probe, check_access
 from app.kafka.producer_loop import OwnLoopProducer
 from app.kafka.producers import TRANSACTION_BATCH_BYTES, Producer
@@ -176,6 +176,7 @@ class KafkaClients:
         on_revoked: Assigned,
         session_timeout_ms: int,
         group_instance_id: str | None = None,
+        on_deleted: DeletedUnread | None = None,
     ) -> GroupConsumer:
         return GroupConsumer(
             self.bootstrap,
@@ -185,4 +186,5 @@ class KafkaClients:
             on_revoked=on_revoked,
             session_timeout_ms=session_timeout_ms,
             group_instance_id=group_instance_id,
+            on_deleted=on_deleted,
         )

@@ -1,7 +1,12 @@
 """The group consumer whose assignment is the node's ownership (`GroupConsumer`): its
 rebalance callbacks, its polls and commits with their errors said in our terms, and a
 static member's rejoin (`static_membership`). May import `aiokafka` and `app.kafka`'s
-records, connection, ports and consumers (their record making)."""
+records, connection, ports and consumers (their record making).
+
+Its position never jumps quietly: aiokafka's `auto_offset_reset` ("earliest") would move a
+partition whose records retention or DeleteRecords removed ahead of it (a lagging or
+paused one) to the log's start without a word. With "none" the poll is told, and reads on
+from the start itself, saying and counting what was deleted unread (`read_on_offset`)."""
 
 from __future__ import annotations
 
@@ -13,16 +18,21 @@ from typing import Any, Final
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.coordinator.assignors.range import RangePartitionAssignor
-from aiokafka.errors import IllegalStateError, KafkaError
+from aiokafka.errors import (
+    IllegalStateError,
+    KafkaError,
+    NoOffsetForPartitionError,
+    OffsetOutOfRangeError,
+)
 
 from app.errors import KafkaUnavailable
 from app.kafka.connection import Connectable, client_options
 from app.kafka.consumers import as_record, fetching
-from app.kafka.ports import Assigned
+from app.kafka.ports import Assigned, DeletedUnread
 from app.kafka.read_positions import ReadPositions
 from app.kafka.records import Record, explain, instance_fenced, start_client
 from app.kafka.refused_topics import RefusedTopics
-from app.kafka.resume_offset import resume_offset
+from app.kafka.resume_offset import deleted_unread, read_on_offset, resume_offset
 from app.kafka.static_membership import Membership
 
 __all__ = ["GROUP_CALL_S", "GROUP_METADATA_MAX_AGE_MS", "GroupConsumer", "rebalance_timeout_ms"]
@@ -93,9 +103,12 @@ class GroupConsumer:
         session_timeout_ms: int = 10_000,
         max_poll_records: int = 2_000,
         group_instance_id: str | None = None,
+        on_deleted: DeletedUnread | None = None,
     ) -> None:
-        """`group_instance_id`: a static member's id (KIP-345); None: a dynamic member."""
+        """`group_instance_id`: a static member's id (KIP-345); None: a dynamic member.
+        `on_deleted`: told of the records read past, deleted before they were read."""
         self._topics = list(topics)
+        self._on_deleted = on_deleted
         self._group_id = group_id
         self._instance_id = group_instance_id
         self._read = ReadPositions()
@@ -107,7 +120,9 @@ class GroupConsumer:
             # to the session timeout) instead of moving twice in a rolling restart.
             group_instance_id=group_instance_id,
             enable_auto_commit=False,
-            auto_offset_reset="earliest",
+            # A position out of the log raises in `poll`, which reads on from the start
+            # itself, loudly; a partition with no committed offset too (read from the start).
+            auto_offset_reset="none",
             isolation_level="read_committed",
             partition_assignment_strategy=(RangePartitionAssignor,),
             session_timeout_ms=session_timeout_ms,
@@ -131,11 +146,19 @@ class GroupConsumer:
 
     async def poll(self, timeout_ms: int = 500) -> dict[tuple[str, int], list[Record]]:
         """A poll that raises hands nothing out and leaves every partition where the last
-        one's records ended (`ReadPositions`): none of them is skipped."""
+        one's records ended (`ReadPositions`): none of them is skipped. One that finds a
+        partition's position out of its log (or none) moves it (`_read_on`) and hands
+        nothing out: the next one reads it and the others on."""
         fetching(self._consumer)
         self._refused.check(self._consumer, self._topics, time.monotonic())
         try:
             got = await self._consumer.getmany(timeout_ms=timeout_ms)
+        except (OffsetOutOfRangeError, NoOffsetForPartitionError) as exc:
+            # aiokafka raises a partition's error only when it took no record of any
+            # partition in this call (`Fetcher.fetched_records`): nothing to undo, and the
+            # other partitions' records wait for the next poll.
+            await self._read_on(exc)
+            return {}
         except KafkaError as exc:
             self._read.undo(self._consumer)
             if instance_fenced(exc):
@@ -146,6 +169,48 @@ class GroupConsumer:
             raise
         self._read.handed(got)
         return {(tp.topic, tp.partition): [as_record(m) for m in ms] for tp, ms in got.items()}
+
+    async def _read_on(self, exc: KafkaError) -> None:
+        """Moves the partitions `exc` names (OffsetOutOfRangeError: {partition: fetch
+        offset}; NoOffsetForPartitionError: a partition with no committed offset) to where
+        they read on from: the start, for one with none, as its take's `rewind` would;
+        `read_on_offset` for one out of its log, its deleted records said and counted."""
+        arg = exc.args[0] if exc.args else None
+        if isinstance(exc, OffsetOutOfRangeError) and isinstance(arg, dict):
+            at: dict[TopicPartition, int | None] = {tp: int(o) for tp, o in arg.items()}
+        elif isinstance(exc, NoOffsetForPartitionError) and isinstance(arg, TopicPartition):
+            at = {arg: None}
+        else:  # not as aiokafka 0.14 raises them: said, and the poll loop's to count
+            raise KafkaUnavailable(f"poll failed: {explain(exc)}") from exc
+        moves = {tp: self._read.moves(tp) for tp in at}
+        tps = list(at)
+        try:
+            async with asyncio.timeout(GROUP_CALL_S):
+                starts = await self._consumer.beginning_offsets(tps)
+                ends = await self._consumer.end_offsets(tps)
+        except KafkaError as e:
+            raise KafkaUnavailable(f"poll failed: {explain(exc)}: {explain(e)}") from e
+        except TimeoutError as e:
+            raise KafkaUnavailable(f"poll failed: {explain(exc)}, and no offsets") from e
+        assigned = self._consumer.assignment()
+        for tp, position in at.items():
+            if tp not in assigned or self._read.moves(tp) != moves[tp]:
+                continue  # revoked, or sought (a take's rewind) meanwhile: it reads on there
+            start = int(starts[tp])
+            if position is None:
+                offset = start
+            else:
+                offset = read_on_offset(tp.topic, tp.partition, position, start, int(ends[tp]))
+            try:
+                self._consumer.seek(tp, offset)
+            except IllegalStateError:
+                continue  # revoked in between
+            self._read.moved(tp, offset)
+            self._deleted(tp, position, start)
+
+    def _deleted(self, tp: TopicPartition, position: int | None, start: int) -> None:
+        if (n := deleted_unread(position, start)) and self._on_deleted is not None:
+            self._on_deleted(tp.topic, tp.partition, n)
 
     def _fenced(self) -> str:
         return (
@@ -232,6 +297,7 @@ class GroupConsumer:
                     self._consumer.seek(tp, offset)
                     self._read.moved(tp, offset)
                     sought[(tp.topic, tp.partition)] = offset
+                    self._deleted(tp, committed[tp], starts[tp])
         except IllegalStateError:
             return sought  # revoked in between
         except KafkaError as exc:

@@ -59,7 +59,7 @@ from app.kafka.memory_clients import (
     MemoryWriter,
 )
 from app.kafka.memory_group import MemoryGroup, MemoryGroupMember
-from app.kafka.ports import Assigned
+from app.kafka.ports import Assigned, DeletedUnread
 from app.kafka.records import (
     BROKER_MAX_MESSAGE_BYTES,
     Headers,
@@ -182,12 +182,18 @@ class MemoryLog:
         on_revoked: Assigned,
         session_timeout_ms: int = 10_000,
         group_instance_id: str | None = None,
+        on_deleted: DeletedUnread | None = None,
     ) -> MemoryGroupMember:
         """A member of `group_id` (its session timeout plays no part: `expel` ends one; nor
         does a static member's id: every member here is dynamic)."""
         group = self.groups.setdefault(group_id, MemoryGroup(self, group_id))
         return MemoryGroupMember(
-            self, group, topics, on_assigned=on_assigned, on_revoked=on_revoked
+            self,
+            group,
+            topics,
+            on_assigned=on_assigned,
+            on_revoked=on_revoked,
+            on_deleted=on_deleted,
         )
 
     def commit_group_offsets(self, group_id: str, offsets: dict[_Key, int]) -> None:

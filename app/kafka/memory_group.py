@@ -3,7 +3,9 @@ partitions by the range assignor (partition p of every topic to one member), reb
 eagerly (every member's assignment revoked, then the new one assigned, callbacks awaited)
 when a member joins or leaves; a member whose session expires (`expel`, as a frozen process
 would) is taken out without being told, and learns at its next call, as aiokafka's member
-does after a thaw: its partitions are revoked and it joins again."""
+does after a thaw: its partitions are revoked and it joins again. A member's position that
+records deleted under it (`MemoryLog.delete_records`) or a topic made again left out of the
+log is read on from the start, said and counted, as `GroupConsumer`'s is."""
 
 from __future__ import annotations
 
@@ -14,9 +16,9 @@ from typing import Protocol
 from aiokafka.errors import SaslAuthenticationFailed
 
 from app.errors import KafkaUnavailable
-from app.kafka.ports import Assigned
+from app.kafka.ports import Assigned, DeletedUnread
 from app.kafka.records import Record, TopicSpec
-from app.kafka.resume_offset import resume_offset
+from app.kafka.resume_offset import deleted_unread, read_on_offset, resume_offset
 
 __all__ = ["MemoryAdmin", "MemoryGroup", "MemoryGroupMember"]
 
@@ -127,12 +129,14 @@ class MemoryGroupMember:
         on_assigned: Assigned,
         on_revoked: Assigned,
         max_poll_records: int = 2_000,
+        on_deleted: DeletedUnread | None = None,
     ) -> None:
         self._log = log
         self._group = group
         self.topics = list(topics)
         self._on_assigned = on_assigned
         self._on_revoked = on_revoked
+        self._on_deleted = on_deleted
         self._max = max_poll_records
         self.assigned: set[_Key] = set()
         self.expelled = False
@@ -170,7 +174,10 @@ class MemoryGroupMember:
         self.assigned = set(partitions)
         self._generation = generation
         for key in partitions:
-            self._positions[key] = self._committed_or_start(key)
+            # As aiokafka's fetcher: the committed offset, unchecked (a take's `rewind`, or
+            # a fetch out of the log, says what was deleted unread, once).
+            committed = self._log.committed(self._group.group_id, *key)
+            self._positions[key] = self._log.offsets(*key)[0] if committed is None else committed
         await self._on_assigned(set(partitions))
 
     async def _rejoin_if_expelled(self) -> None:
@@ -200,9 +207,13 @@ class MemoryGroupMember:
                 break
             topic, p = key
             begin, end = self._log.offsets(topic, p)
-            records, self._positions[key] = self._log.visible(
-                topic, p, max(self._positions.get(key, begin), begin), end, True, room
-            )
+            position = self._positions.get(key, begin)
+            high = self._log.offsets(topic, p, committed=False)[1]
+            if not begin <= position <= high:
+                # As Kafka refuses the fetch (OFFSET_OUT_OF_RANGE): read on, loudly.
+                self._deleted(key, position, begin)
+                position = read_on_offset(topic, p, position, begin, high)
+            records, self._positions[key] = self._log.visible(topic, p, position, end, True, room)
             if records:
                 got[key] = records
                 room -= len(records)
@@ -242,7 +253,13 @@ class MemoryGroupMember:
 
     def _committed_or_start(self, key: _Key) -> int:
         committed = self._log.committed(self._group.group_id, *key)
-        return resume_offset(*key, committed, self._log.offsets(*key)[0])
+        start = self._log.offsets(*key)[0]
+        self._deleted(key, committed, start)
+        return resume_offset(*key, committed, start)
+
+    def _deleted(self, key: _Key, position: int | None, start: int) -> None:
+        if (n := deleted_unread(position, start)) and self._on_deleted is not None:
+            self._on_deleted(*key, n)
 
 
 class MemoryAdmin:

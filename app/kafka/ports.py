@@ -37,6 +37,7 @@ __all__ = [
     "Admin",
     "Assigned",
     "Clients",
+    "DeletedUnread",
     "Follower",
     "FollowerFactory",
     "GroupMember",
@@ -177,6 +178,10 @@ FollowerFactory = Callable[[str], Follower]
 Assigned = Callable[[set[tuple[str, int]]], Awaitable[None]]
 """A rebalance callback: told the (topic, partition)s assigned or revoked."""
 
+DeletedUnread = Callable[[str, int, int], None]
+"""Told (topic, partition, how many) of records a group member read past because they
+were deleted (retention, DeleteRecords) before it read them: at a take, or while it ran."""
+
 
 class GroupMember(Protocol):
     """A consumer-group member whose assignment is the node's partition ownership: the
@@ -192,7 +197,9 @@ class GroupMember(Protocol):
     async def poll(self, timeout_ms: int = 500) -> dict[tuple[str, int], list[Record]]:
         """The records fetched of the assigned, unpaused partitions; `KafkaUnavailable`
         when the broker or the group does not answer. One that raises hands nothing out
-        and moves no partition past a record it did not hand out."""
+        and moves no partition past a record it did not hand out. A partition whose
+        records were deleted ahead of its position reads on from its start, said and
+        counted (`on_deleted`), never silently."""
         ...
 
     async def commit(self, offsets: dict[tuple[str, int], int]) -> None:
@@ -312,9 +319,11 @@ class Clients(Protocol):
         on_revoked: Assigned,
         session_timeout_ms: int,
         group_instance_id: str | None = None,
+        on_deleted: DeletedUnread | None = None,
     ) -> GroupMember:
         """`group_instance_id`: a static member (KIP-345), whose stop leaves its partitions
         to it for a session; a second member of the same id fences the first, whose poll
         then raises `KafkaUnavailable` (`app.kafka.records.instance_fenced`); None: a
-        dynamic member."""
+        dynamic member. `on_deleted`: told of records it reads past, deleted before it
+        read them (each also logged as an error)."""
         ...

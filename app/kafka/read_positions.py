@@ -27,6 +27,9 @@ class ReadPositions:
 
     def __init__(self) -> None:
         self._next: dict[TopicPartition, int] = {}
+        # Counts each partition's seeks and forgets (never reset): a caller that awaits
+        # between an error and its seek sees whether another moved the partition meanwhile.
+        self._moves: dict[TopicPartition, int] = {}
 
     def handed(self, got: Mapping[TopicPartition, Sequence[Any]]) -> None:
         """`got`, a poll's records by partition, was handed out."""
@@ -37,10 +40,16 @@ class ReadPositions:
     def moved(self, tp: TopicPartition, offset: int) -> None:
         """`tp` was sought to `offset`."""
         self._next[tp] = offset
+        self._moves[tp] = self._moves.get(tp, 0) + 1
 
     def forget(self, tps: Iterable[TopicPartition]) -> None:
         for tp in tps:
             self._next.pop(tp, None)
+            self._moves[tp] = self._moves.get(tp, 0) + 1
+
+    def moves(self, tp: TopicPartition) -> int:
+        """How many times `tp` was sought or forgotten: unchanged, it was not moved since."""
+        return self._moves.get(tp, 0)
 
     def undo(self, consumer: AIOKafkaConsumer) -> None:
         """Seeks each known partition still assigned back to where its reading stood:

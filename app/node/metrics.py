@@ -19,6 +19,8 @@ with `_total`, histograms for durations. What each measures, and where:
 - `tickwheel_timer_backlog{type}`, `tickwheel_timer_backlog_oldest_seconds{type}`: due and
   neither sent nor fired yet (`TimerRunner.backlog`, and of the partitions taken here but
   not fired, held, their due rows: `HELD_BACKLOG_LIMIT`), and how long the oldest has waited.
+- `tickwheel_records_deleted_unread_total{topic}`: records the group consumer read past,
+  deleted before it read them (`app.kafka.resume_offset`), at a take or while it ran.
 - `tickwheel_ledger_entries{context}`: open failure-ledger entries (every node reads the
   whole ledger: take the max across nodes, not the sum).
 - `tickwheel_commit_duration_seconds{type}`: one partition transaction's commit.
@@ -174,6 +176,13 @@ class NodeMetrics:
             "Events another writer appended to a log this node decides, folded into its "
             "aggregates (ahead of their versions), by aggregate type",
             ["type"],
+            registry=r,
+        )
+        self.deleted_unread = Counter(
+            "tickwheel_records_deleted_unread",
+            "Records the group read past because retention or DeleteRecords deleted them "
+            "before it read them (never applied), by topic",
+            ["topic"],
             registry=r,
         )
         self.no_target = Counter(

@@ -237,6 +237,7 @@ class Node:
             on_revoked=self._revoked,
             session_timeout_ms=s.session_timeout_ms,
             group_instance_id=s.group_instance_id,
+            on_deleted=lambda topic, _, n: self.metrics.deleted_unread.labels(topic).inc(n),
         )
         self.tasks.shared = TaskShared(
             settings=s,

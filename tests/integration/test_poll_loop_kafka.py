@@ -2,7 +2,8 @@
 a partition whose worker is stuck is paused on the consumer (aiokafka's pause drops what
 it fetched ahead of it, and fetches again from its position on resume), while the other
 partition's records are handed over and their offsets committed; unstuck, it gets every
-record once, in order."""
+record once, in order. Records deleted before the group read them, at a take or under a
+paused partition, are read past loudly and counted, never silently."""
 
 from __future__ import annotations
 
@@ -141,6 +142,74 @@ async def test_a_group_rewound_below_the_start_reads_on_from_it_and_says_so(
 
         await eventually(read_on, 30, "nothing read after the rewind")
         assert offsets == [6, 7, 8, 9]
+    finally:
+        await consumer.stop()
+        await producer.stop()
+
+
+async def test_records_deleted_under_a_paused_partition_are_read_past_loudly_and_counted(
+    kafka_bootstrap: str, topic_factory: TopicFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A running member's partition paused (restoring, its queue full) while a retention or
+    DeleteRecords removes records ahead of its position: the broker refuses the fetch at
+    that position (OFFSET_OUT_OF_RANGE), and the poll reads on from the start saying and
+    counting how many were missed (aiokafka's "earliest" reset had done it silently), while
+    the other partition's records flow; as the in-memory member does
+    (`tests/unit/test_deleted_unread.py`). A fresh group (no committed offsets, nothing
+    sought) reads from the start, never stalls."""
+    topic = await topic_factory(partitions=2)
+    group = f"deleted-{uuid.uuid4().hex[:8]}"
+    given: set[tuple[str, int]] = set()
+    counted: list[tuple[str, int, int]] = []
+
+    async def assigned(tps: set[tuple[str, int]]) -> None:
+        given.update(tps)
+
+    async def revoked(tps: set[tuple[str, int]]) -> None:
+        given.difference_update(tps)
+
+    producer = Producer(kafka_bootstrap)
+    consumer = GroupConsumer(
+        kafka_bootstrap,
+        group,
+        [topic],
+        on_assigned=assigned,
+        on_revoked=revoked,
+        on_deleted=lambda t, p, n: counted.append((t, p, n)),
+    )
+    await producer.start()
+    await consumer.start()
+    read: dict[int, list[int]] = {0: [], 1: []}
+
+    async def send(p: int, n: int) -> None:
+        await producer.send_many([(topic, p, b"k", b"%d" % i) for i in range(n)])
+
+    def reads(p: int, offsets: list[int]) -> Callable[[], Awaitable[bool]]:
+        async def polled() -> bool:
+            for (_, q), records in (await consumer.poll(200)).items():
+                read[q].extend(r.offset for r in records)
+            return read[p] == offsets
+
+        return polled
+
+    try:
+        await send(0, 3)
+        await send(1, 3)
+        await eventually(reads(0, [0, 1, 2]), 60, "partition 0 never read from its start")
+        await eventually(reads(1, [0, 1, 2]), 30, "partition 1 never read from its start")
+        assert len(given) == 2
+        consumer.pause([(topic, 0)])
+        await send(0, 6)  # offsets 3 to 8, of which 3, 4 and 5 are deleted unread
+        assert await delete_records(kafka_bootstrap, topic, {0: 6}) == {0: 6}
+        await send(1, 2)
+        await eventually(reads(1, [0, 1, 2, 3, 4]), 30, "the other partition stopped")
+        assert read[0] == [0, 1, 2] and counted == []
+        consumer.resume([(topic, 0)])
+        with caplog.at_level(logging.ERROR, logger="app.kafka.resume_offset"):
+            await eventually(reads(0, [0, 1, 2, 6, 7, 8]), 30, "never read on past the gap")
+        assert counted == [(topic, 0, 3)]
+        assert f"{topic}[0]: 3 records were deleted before this group read them" in caplog.text
+        assert read[1] == [0, 1, 2, 3, 4], "every record of the other partition once"
     finally:
         await consumer.stop()
         await producer.stop()
