@@ -116,10 +116,17 @@ class CommandProcessor:
         """How long an applied request id is kept to de-duplicate a command sent again."""
         return self._states.request_id_window
 
-    async def restore(self, reader: LogReader, progress: RestoreProgress | None = None) -> int:
+    async def restore(
+        self,
+        reader: LogReader,
+        progress: RestoreProgress | None = None,
+        *,
+        misplaced: Callable[[int], None] | None = None,
+    ) -> int:
         """Folds the events after the state store's offset into it; how many were read
-        (`PartitionStates.restore`)."""
-        return await self._states.restore(reader, progress)
+        (`PartitionStates.restore`; `misplaced` told how many it did not fold for being
+        outside their aggregate's partition)."""
+        return await self._states.restore(reader, progress, misplaced=misplaced)
 
     def begin(self) -> CommandBatch:
         """A new batch of decisions, for one transaction of the partition."""

@@ -8,6 +8,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic import ValidationError
@@ -25,7 +26,7 @@ from app.protocol.wire import EventEnvelope, decode_event, encode
 from tables import StoreError
 from tables.aggregate_store import AggregateStateStore
 
-__all__ = ["PartitionStates"]
+__all__ = ["Misplaced", "PartitionStates"]
 
 logger = logging.getLogger(__name__)
 
@@ -34,6 +35,22 @@ _REQUEST_SWEEP = 250
 
 _WARNED_MAX = 10_000
 """Aggregates remembered as warned of past the state bound (then forgotten, warned anew)."""
+
+
+@dataclass
+class Misplaced:
+    """The events a restore found outside their aggregate's partition (`misrouted`), not
+    folded: how many, and the first's offset, key and why."""
+
+    count: int = 0
+    offset: int = -1
+    key: bytes | None = None
+    why: str = ""
+
+    def add(self, record: Record, why: str) -> None:
+        if not self.count:
+            self.offset, self.key, self.why = record.offset, record.key, why
+        self.count += 1
 
 
 class PartitionStates:
@@ -71,13 +88,26 @@ class PartitionStates:
         # The aggregates the log grew past `max_state_bytes`, warned of once each.
         self._warned: set[str] = set()
 
-    async def restore(self, reader: LogReader, progress: RestoreProgress | None = None) -> int:
+    async def restore(
+        self,
+        reader: LogReader,
+        progress: RestoreProgress | None = None,
+        *,
+        misplaced: Callable[[int], None] | None = None,
+    ) -> int:
         """Folds the events after the state store's offset into it; how many were read.
         `progress` hears the log offsets read and to read as it goes.
 
         The local states are a cache of the log: a copy that is not a prefix of the log the
         broker holds (ahead of its end: a recreated topic, another cluster), or that an
         earlier take found damaged (marked bad), is dropped and folded again from the start.
+
+        An event outside its aggregate's partition (`misrouted`) is not folded: folded, the
+        aggregate would have two states in two partitions. Not quietly: once the restore is
+        done an error names how many and the first, and `misplaced` is told how many. A
+        whole log of them is what partitions added to the topics leave (the aggregates moved,
+        their earlier events did not); one now and then, another producer's mistake, which
+        the subscription dead-letters as it reads it.
         """
         if self._store.is_bad(self.partition):
             # Dropped here, not where it was found: the earlier take's commits are
@@ -107,14 +137,19 @@ class PartitionStates:
         to_read = max(end - start, 0)
         if progress is not None:
             progress(0, to_read)
+        found = Misplaced()
         async for batch in reader.read(self.events_topic, self.partition, start):
             if batch:
-                self._fold_records(batch, self._now())
+                self._fold_records(batch, self._now(), found)
                 count += len(batch)
                 if progress is not None:
                     progress(min(batch[-1].offset + 1 - start, to_read), to_read)
         if progress is not None:
             progress(to_read, to_read)
+        if found.count:
+            self._misplaced(found)
+            if misplaced is not None:
+                misplaced(found.count)
         forgotten = await self._forget_expired(self._now())
         logger.info(
             "restored %s[%d] states: %d events in %.3f s, %d request ids past the window forgotten",
@@ -125,6 +160,21 @@ class PartitionStates:
             forgotten,
         )
         return count
+
+    def _misplaced(self, found: Misplaced) -> None:
+        logger.error(
+            "%s[%d]: %d events are not in their aggregate's partition (murmur2 over %d "
+            "partitions), not folded into its state; the first at offset %d, key %s: %s. "
+            "Were partitions added to the topics? Aggregates do not move with them "
+            "(docs/operations.md, Scaling)",
+            self.events_topic,
+            self.partition,
+            found.count,
+            self.partitions,
+            found.offset,
+            "none" if found.key is None else repr(found.key[:100]),
+            found.why[:300],
+        )
 
     async def _forget_expired(self, now: int) -> int:
         """Forgets every request id past the window; how many. Only commits sweep them
@@ -140,7 +190,7 @@ class PartitionStates:
                 return forgotten
             await asyncio.sleep(0)  # in bounded steps: the other partitions' tasks run between
 
-    def _fold_records(self, batch: list[Record], now: int) -> None:
+    def _fold_records(self, batch: list[Record], now: int, misplaced: Misplaced) -> None:
         by_id: dict[str, list[EventEnvelope]] = {}
         for r in batch:
             try:
@@ -152,8 +202,10 @@ class PartitionStates:
                 continue  # the timers subscription dead-letters it; nothing to fold
             if event.aggregate.type_name != self.agg.type_name:
                 continue
-            if misrouted(r, event.aggregate, self.partitions) is None:
-                by_id.setdefault(state_key(event.aggregate), []).append(event)
+            if (why := misrouted(r, event.aggregate, self.partitions)) is not None:
+                misplaced.add(r, why)
+                continue
+            by_id.setdefault(state_key(event.aggregate), []).append(event)
         states: dict[str, bytes] = {}
         requests: list[tuple[str, str]] = []
         newest = 0

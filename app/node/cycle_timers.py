@@ -104,6 +104,7 @@ class TimerTableCycles:
                 if event.aggregate.type_name != kept.name:
                     raise BadRecord(f"event of {event.aggregate.type_name} on {record.topic}")
                 if (why := misrouted(record, event.aggregate, self._partitions)) is not None:
+                    w.counts.add(self._metrics.misplaced.labels(kept.name, str(p), "log"))
                     raise BadRecord(why)
                 if event.type.startswith("wow.") and event.type not in known:
                     raise BadRecord(f"unknown system event type {event.type!r}")

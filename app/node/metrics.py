@@ -23,6 +23,9 @@ with `_total`, histograms for durations. What each measures, and where:
   deleted before it read them (`app.kafka.resume_offset`), at a take or while it ran.
 - `tickwheel_ledger_entries{context}`: open failure-ledger entries (every node reads the
   whole ledger: take the max across nodes, not the sum).
+- `tickwheel_misplaced_events_total{type,partition,where}`: events outside their
+  aggregate's partition, found by a restore of the states (`where="restore"`, not folded)
+  or by the subscription (`"log"`, dead-lettered): what partitions added to the topics leave.
 - `tickwheel_commit_duration_seconds{type}`: one partition transaction's commit.
 - `tickwheel_restore_records_read`, `tickwheel_restore_records_to_read{type,partition,store}`
   and `tickwheel_restore_duration_seconds{type,store}`: restores of the timer table
@@ -189,6 +192,14 @@ class NodeMetrics:
             "tickwheel_no_target_sends",
             "Commands not sent because their topic does not exist (NO_TARGET): a decision's "
             "answered ERROR, a timer's attempt failed",
+            registry=r,
+        )
+        self.misplaced = Counter(
+            "tickwheel_misplaced_events",
+            "Events found outside their aggregate's partition (murmur2 of the id over the "
+            "partition count), by aggregate type, partition and where: restore (not folded "
+            "into the states) or log (dead-lettered by the subscription)",
+            ["type", "partition", "where"],
             registry=r,
         )
         self.owned = Gauge("tickwheel_owned_partitions", "Partitions this node owns", registry=r)

@@ -61,7 +61,8 @@ async def open_partition(s: TaskShared, task: PartitionTask, topics: set[str]) -
             task.processor = processor
             progress = s.metrics.restore_progress(t.type_name, p, "states")
             with s.metrics.restore_duration.labels(t.type_name, "states").time():
-                await processor.restore(s.reader, progress)
+                misplaced = s.metrics.misplaced.labels(t.type_name, str(p), "restore")
+                await processor.restore(s.reader, progress, misplaced=misplaced.inc)
         clean = kept.marks.take(p)
         await kept.store.assign({p})
         # A take cut short from here on marks the copy clean again while it holds

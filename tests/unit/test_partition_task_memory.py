@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
@@ -307,12 +307,16 @@ async def test_a_take_revoked_while_restoring_leaves_no_clean_mark_on_a_dirty_co
         restore = CommandProcessor.restore
 
         async def held_restore(
-            processor: CommandProcessor, reader: LogReader, progress: RestoreProgress | None = None
+            processor: CommandProcessor,
+            reader: LogReader,
+            progress: RestoreProgress | None = None,
+            *,
+            misplaced: Callable[[int], None] | None = None,
         ) -> int:
             if processor.partition == p:
                 folding.set()
                 await folded.wait()
-            return await restore(processor, reader, progress)
+            return await restore(processor, reader, progress, misplaced=misplaced)
 
         monkeypatch.setattr(CommandProcessor, "restore", held_restore)
         # Written locally, never committed: the task's failure throws the transaction away
@@ -348,12 +352,16 @@ async def test_a_node_stopped_during_a_take_marks_only_what_ran_clean(
     restore = CommandProcessor.restore
 
     async def held_restore(
-        processor: CommandProcessor, reader: LogReader, progress: RestoreProgress | None = None
+        processor: CommandProcessor,
+        reader: LogReader,
+        progress: RestoreProgress | None = None,
+        *,
+        misplaced: Callable[[int], None] | None = None,
     ) -> int:
         if processor.partition == held:
             folding.set()
             await asyncio.Event().wait()  # till the stop cancels the take
-        return await restore(processor, reader, progress)
+        return await restore(processor, reader, progress, misplaced=misplaced)
 
     monkeypatch.setattr(CommandProcessor, "restore", held_restore)
     n = await RunningNode(MemoryLog(), tmp_path, "a", SERVICE, PARTITIONS).start()
