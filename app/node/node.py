@@ -34,6 +34,7 @@ from app.node.local_state import DataDirLock, keep_for_cluster
 from app.node.metrics import NodeMetrics
 from app.node.opening import dead_letter_limit, open_type, transaction_batch_limit
 from app.node.parked_names import keep_parked_named
+from app.node.partition_count import keep_partition_count
 from app.node.partition_task import TaskShared
 from app.node.partition_tasks import PartitionTasks
 from app.node.settings import Settings
@@ -205,6 +206,10 @@ class Node:
         keep_for_cluster(Path(s.data_dir), await self._admin.cluster_id())
         await self.producer.start()
         await self.reader.start()
+        # Before any table is opened: tables built with another partition count refused.
+        await keep_partition_count(
+            self.reader, self.producer, self.topics, s.partitions, self.clock.now()
+        )
         failing_s = polling.POLL_FAILING_S  # their polls' bound is the group's
         for ctx in sorted({t.context for t in self.topics}):
             reader = ResultsReader(self.clients.follower, ctx, failing_s=failing_s)

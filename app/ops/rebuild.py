@@ -2,7 +2,9 @@
 
 With every worker of the group stopped: the table's changelog is emptied (its records
 deleted up to now) and the timers subscription's offsets on the log are set back to the
-start. The next worker to own a partition finds its local copy older than the changelog,
+start, and the partition count the tables are rebuilt with is recorded (a worker's start
+refuses tables built with another: `app.node.partition_count`). The next worker to own a
+partition finds its local copy older than the changelog,
 drops it, and replays the log into an empty table. Timers that had fired are sent again
 under the same request ids and their targets answer DUPLICATE: nothing is applied twice.
 
@@ -27,7 +29,8 @@ from dataclasses import dataclass
 from app.errors import GroupBusy, KafkaUnavailable
 from app.kafka.cluster import delete_records, require_topics, reset_group_offsets
 from app.kafka.ports import Clients, LogReader
-from app.protocol.topics import AggregateTopics
+from app.node.partition_count import write_counts
+from app.protocol.topics import AggregateTopics, ContextTopics
 
 __all__ = [
     "GroupBusy",
@@ -177,6 +180,26 @@ async def apply_plan(clients: Clients, plan: RebuildPlan) -> None:
         await delete_records(admin, t.topics.timers_changelog, before)
         await reset_group_offsets(admin, plan.group_id, t.topics.events, len(t.partitions), 0)
         logger.info("%s: changelog emptied, log offsets reset", t.topics.type_name)
+    await _record_counts(clients, plan)
+
+
+async def _record_counts(clients: Clients, plan: RebuildPlan) -> None:
+    """Records the partition count each type's tables are rebuilt with, where a worker's
+    start looks for it (`app.node.partition_count`): a start refuses tables built with
+    another count than the topics', and the replay builds them with the topics' own. A
+    context whose nodes topic no worker made yet has none to write: its start writes it."""
+    nodes = {ContextTopics(t.topics.context).nodes for t in plan.types}
+    found = await clients.admin().existing_topics(nodes)
+    publisher = clients.publisher()
+    await publisher.start()
+    try:
+        for t in plan.types:
+            if ContextTopics(t.topics.context).nodes in found:
+                await write_counts(
+                    publisher, [t.topics], len(t.partitions), int(time.time() * 1000)
+                )
+    finally:
+        await publisher.stop()
 
 
 async def rebuild(clients: Clients, group_id: str, types: Sequence[AggregateTopics]) -> RebuildPlan:

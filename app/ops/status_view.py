@@ -13,6 +13,7 @@ import logging
 from collections.abc import Callable
 from typing import Final
 
+from app.node.partition_count import KEY_PREFIX
 from app.ops.node_report import NodeReport, decode_report, from_the_future
 
 __all__ = ["FORGET_MS", "MAX_HELD_KEYS", "PURGE_MS", "StatusView"]
@@ -57,6 +58,8 @@ class StatusView:
 
     def apply(self, topic: str, key: bytes | None, offset: int, value: bytes | None) -> bool:
         """Takes a record of `topic`; a bad one is counted and skipped."""
+        if key is not None and key.startswith(KEY_PREFIX):
+            return False  # a type's partition count (`app.node.partition_count`): no report
         try:
             report = decode_report(key, value)
             if report is not None and any(
