@@ -21,7 +21,8 @@ from app.kafka.ports import Assigned, DeletedUnread, ReaderClient, Transactional
 from app.kafka.probe import api_versions_probe, check_access
 from app.kafka.producer_loop import OwnLoopProducer
 from app.kafka.producers import TRANSACTION_BATCH_BYTES, Producer
-from app.kafka.records import Replication, TopicSpec
+from app.kafka.records import Replication, TopicConfigs, TopicSpec
+from app.kafka.topic_policy import read_topic_configs
 from app.kafka.transactional_producer import TransactionalProducer
 
 __all__ = ["KafkaAdmin", "KafkaClient", "KafkaClients"]
@@ -55,6 +56,9 @@ class KafkaAdmin:
 
     async def topic_names(self) -> set[str]:
         return await topic_names(self.bootstrap)
+
+    async def topic_configs(self, topics: Sequence[str], names: Sequence[str]) -> TopicConfigs:
+        return await read_topic_configs(self.bootstrap, topics, names)
 
     async def probe(self) -> str | None:
         return await api_versions_probe(self.bootstrap, self._probe_timeout)

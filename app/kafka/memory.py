@@ -29,6 +29,10 @@
   and breaks a transactional writer, as aiokafka's send does on a broker that does not
   create topics (its metadata wait ends in `UnknownTopicOrPartitionError`, after
   `request_timeout_ms`: here at once).
+- Topic configs (`configs`): each topic's as `app.kafka.ensure_topics` makes it (one
+  replica), over a broker's defaults (`cleanup.policy=delete`, 7 days' retention); a test
+  changes them as `kafka-configs --alter` does. `describe_refused` refuses their reads
+  topic by topic, as a missing DescribeConfigs ACL does.
 
 Not modelled: consumer groups' membership and rebalances (no `GroupConsumer`), compaction,
 retention by time or size, record headers, batching and linger, producer idempotence's
@@ -51,6 +55,7 @@ from typing import Literal
 from aiokafka.partitioner import murmur2
 
 from app.errors import KafkaUnavailable
+from app.kafka.admin import topic_configs
 from app.kafka.memory_clients import (
     MemoryClusterAdmin,
     MemoryFollower,
@@ -65,6 +70,7 @@ from app.kafka.records import (
     Headers,
     OutRecord,
     Record,
+    Replication,
     TopicSpec,
     headers_of,
 )
@@ -78,6 +84,13 @@ __all__ = [
 ]
 
 _Key = tuple[str, int]
+
+_BROKER_DEFAULTS = {
+    "cleanup.policy": "delete",
+    "retention.ms": "604800000",
+    "retention.bytes": "-1",
+    "min.insync.replicas": "1",
+}
 
 
 @dataclass(eq=False, slots=True)
@@ -144,6 +157,10 @@ class MemoryLog:
         """While set, every client call raises `KafkaUnavailable`."""
         self.before_commit: Callable[[str], Awaitable[None]] | None = None
         """Awaited with the transactional id between a transaction's writes and its end."""
+        self.configs: dict[str, dict[str, str]] = {}
+        """Each topic's configs, as DescribeConfigs tells them (its own, else the default)."""
+        self.describe_refused: str | None = None
+        """While set, every topic's configs are refused to readers, saying this."""
         self.login_refused: str | None = None
         """While set, the cluster lets no new connection in (credentials rotated, say):
         a writer's start fails as aiokafka's does, naming no refusal ("Unable to
@@ -209,6 +226,7 @@ class MemoryLog:
             have = self._topics.get(spec.name)
             if have is None:
                 self._topics[spec.name] = [_Partition() for _ in range(spec.partitions)]
+                self.configs[spec.name] = _BROKER_DEFAULTS | topic_configs(spec, Replication(1, 1))
                 if spec.max_message_bytes is not None:
                     self._max_bytes[spec.name] = spec.max_message_bytes
             elif len(have) != spec.partitions:

@@ -1,8 +1,8 @@
 """The ports' clients of a `MemoryLog` (`app.kafka.memory`, which describes what it
 models): the transactional writer (epochs and fencing, broken for good by a failure, as
 `TransactionalProducer`), the reader of whole partitions, the publisher, the follower, and
-the admin port with the operators' calls (`MemoryClusterAdmin`: topics found, groups'
-members and offsets, records deleted). Each is made by the log
+the admin port with the operators' calls (`MemoryClusterAdmin`: topics found and their
+configs, groups' members and offsets, records deleted). Each is made by the log
 (`MemoryLog.transactional_writer`, `reader`, `publisher`, `follower`, `admin`) and acts on
 it through its internals.
 """
@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, TypeVar
 from app.errors import Fenced, KafkaUnavailable
 from app.kafka.memory_group import MemoryAdmin
 from app.kafka.producers import TRANSACTION_BATCH_BYTES
-from app.kafka.records import OutRecord, Record
+from app.kafka.records import OutRecord, Record, TopicConfigs
 
 if TYPE_CHECKING:
     from app.kafka.memory import MemoryLog, _Txn
@@ -289,6 +289,20 @@ class MemoryClusterAdmin(MemoryAdmin):
         self._memory.check_up()
         have = self._memory.topic_names()
         return {n: self._memory.partitions(n) for n in names if n in have}
+
+    async def topic_configs(self, topics: Sequence[str], names: Sequence[str]) -> TopicConfigs:
+        self._memory.check_up()
+        read: dict[str, dict[str, str]] = {}
+        unread: dict[str, str] = {}
+        for topic in topics:
+            configs = self._memory.configs.get(topic)
+            if self._memory.describe_refused is not None:
+                unread[topic] = self._memory.describe_refused
+            elif configs is None:
+                unread[topic] = "This server does not host this topic-partition."
+            else:
+                read[topic] = {n: configs[n] for n in names if n in configs}
+        return TopicConfigs(read, unread)
 
     async def group_members(self, group_id: str) -> int:
         self._memory.check_up()

@@ -11,9 +11,10 @@ Derived from how the runtime uses its clients, and no more:
 - `Follower`: follows a changing set of one topic's partitions from their ends (the
   results of this node's sends, the ledger).
 - `GroupMember`: the consumer-group member whose assignment is the node's ownership.
-- `Admin`: topics created, the cluster's id, one look at the broker; and what the
-  operators' tools ask (topics found, creating none; a group's members and committed
-  offsets, set back by a rebuild; a log's offsets and records deleted).
+- `Admin`: topics created and their configs read, the cluster's id, one look at the
+  broker; and what the operators' tools ask (topics found, creating none; a group's
+  members and committed offsets, set back by a rebuild; a log's offsets and records
+  deleted).
 - `Clients`: makes all of those; one per cluster (`KafkaClients` over aiokafka, or
   `app.kafka.memory.MemoryLog`).
 
@@ -30,7 +31,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequen
 from typing import Final, Protocol, Self
 
 from app.errors import KafkaUnavailable
-from app.kafka.records import OutRecord, Record, TopicSpec
+from app.kafka.records import OutRecord, Record, TopicConfigs, TopicSpec
 
 __all__ = [
     "POLL_FAILING_S",
@@ -237,6 +238,12 @@ class Admin(Protocol):
 
     async def max_message_bytes(self, topic: str) -> int:
         """The largest record `topic` accepts (its `max.message.bytes`)."""
+        ...
+
+    async def topic_configs(self, topics: Sequence[str], names: Sequence[str]) -> TopicConfigs:
+        """The configs `names` of `topics`, each the topic's own value else the broker's
+        default (one DescribeConfigs); `KafkaUnavailable` when the call fails whole, a
+        topic's own refusal (its ACL) said in `unread`."""
         ...
 
     async def probe(self) -> str | None:

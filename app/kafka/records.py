@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from aiokafka import errors as aiokafka_errors
@@ -209,6 +209,16 @@ class TopicSpec:
     folds its states from again (a new node, a lost local copy) must hold it all."""
     segment_ms: int | None = None
     """The topic's `segment.ms` when created; None: the broker's default (7 days)."""
+
+
+@dataclass(frozen=True, slots=True)
+class TopicConfigs:
+    """Some topics' configs as the cluster told them: each one's values read (its own, else
+    the broker's default), and why each other one could not be read (no DescribeConfigs
+    ACL on it, say)."""
+
+    read: dict[str, dict[str, str]] = field(default_factory=dict)
+    unread: dict[str, str] = field(default_factory=dict)
 
 
 class Record(NamedTuple):

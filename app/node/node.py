@@ -8,8 +8,8 @@ is closed (`partition_tasks`). What a task does not own the node runs for all of
 the consumer, which reads three topics per type: the log (into the timer table: the
 timers subscription), the commands (the command path, `processor`) and the operators'
 retry/skip requests on its parked timers (`operator`); each context's failure ledger,
-read whole by every node (`ledger`); and `/healthz`, read from the tasks' states.
-"""
+read whole by every node (`ledger`); `/healthz`, read from the tasks' states; and the
+policy of its compacted topics, read again every minute (`topic_watch`)."""
 
 from __future__ import annotations
 
@@ -40,6 +40,7 @@ from app.node.partition_tasks import PartitionTasks
 from app.node.settings import Settings
 from app.node.suspension import SuspensionWatch
 from app.node.task_id import TaskId
+from app.node.topic_watch import TopicPolicyWatch
 from app.node.user_code_watch import UserCodeWatch, watch_user_code
 from app.protocol.topics import parse_aggregate_type
 from app.service import Service
@@ -140,6 +141,14 @@ class Node:
         )
         self.reader = self.clients.reader()
         self._watch: UserCodeWatch | None = None
+        # The start refuses a table whose policy deletes rows: read again while it runs.
+        specs = node_topics(self.topics, settings.partitions)
+        self.topic_watch = TopicPolicyWatch(
+            self._admin.topic_configs,
+            tables=[s.name for s in specs if s.compacted],
+            logs=[s.name for s in specs if s.retained],
+            refused=self.fail,
+        )
 
     @property
     def restoring(self) -> frozenset[int]:
@@ -348,6 +357,9 @@ class Node:
             )
             for c, ledger in self._ledgers.items()
         }
+        watches["the topic policy watch"] = asyncio.create_task(
+            self.topic_watch.run(), name="topic policy watch"
+        )
         # The plain producer (remote sends, the ledgers' writes): sending no more, for good.
         watches["the producer"] = asyncio.create_task(self.producer.failed(), name="producer")
         following |= watches
