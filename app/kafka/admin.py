@@ -94,8 +94,9 @@ async def ensure_topics(
     bootstrap: Connectable, specs: Iterable[TopicSpec], replication: Replication | None = None
 ) -> None:
     """Creates the topics that do not exist, with `replication` as far as the cluster's
-    brokers allow (a warning when capped); checks that existing ones have the partitions,
-    and warns of one with fewer replicas than asked."""
+    brokers allow (a warning when capped); checks that existing ones have the partitions
+    (and compacted ones their policy: `check_compacted`). A node's start checks their
+    replication after (`app.kafka.replication`)."""
     specs = list(specs)
     asked = replication or Replication(1, 1)
     admin = AIOKafkaAdminClient(**client_options(bootstrap), request_timeout_ms=30_000)
@@ -150,15 +151,6 @@ async def ensure_topics(
                 raise KafkaUnavailable(
                     f"topic {s.name} has {len(found[s.name])} partitions, expected "
                     f"{s.partitions}: co-partitioned topics must all have the same count"
-                )
-            replicas = min((len(p.get("replicas") or []) for p in found[s.name]), default=0)
-            if replicas < used.factor:
-                logger.warning(
-                    "topic %s has %d replica(s), fewer than the %d asked: a broker lost "
-                    "can lose its records (raise it with kafka-reassign-partitions)",
-                    s.name,
-                    replicas,
-                    used.factor,
                 )
         await check_compacted(
             admin,

@@ -22,6 +22,7 @@ from app.kafka.probe import api_versions_probe, check_access
 from app.kafka.producer_loop import OwnLoopProducer
 from app.kafka.producers import TRANSACTION_BATCH_BYTES, Producer
 from app.kafka.records import Replication, TopicConfigs, TopicSpec
+from app.kafka.replication import read_replicas
 from app.kafka.topic_policy import read_topic_configs
 from app.kafka.transactional_producer import TransactionalProducer
 
@@ -59,6 +60,9 @@ class KafkaAdmin:
 
     async def topic_configs(self, topics: Sequence[str], names: Sequence[str]) -> TopicConfigs:
         return await read_topic_configs(self.bootstrap, topics, names)
+
+    async def replicas(self, topics: Sequence[str]) -> tuple[int, dict[str, int]]:
+        return await read_replicas(self.bootstrap, topics)
 
     async def probe(self) -> str | None:
         return await api_versions_probe(self.bootstrap, self._probe_timeout)

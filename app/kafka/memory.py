@@ -32,7 +32,8 @@
 - Topic configs (`configs`): each topic's as `app.kafka.ensure_topics` makes it (one
   replica), over a broker's defaults (`cleanup.policy=delete`, 7 days' retention); a test
   changes them as `kafka-configs --alter` does. `describe_refused` refuses their reads
-  topic by topic, as a missing DescribeConfigs ACL does.
+  topic by topic, as a missing DescribeConfigs ACL does. The live brokers (`brokers`) and
+  each topic's replicas (`replicas`) are numbers alone, 1 unless a test sets them.
 
 Not modelled: consumer groups' membership and rebalances (no `GroupConsumer`), compaction,
 retention by time or size, record headers, batching and linger, producer idempotence's
@@ -161,6 +162,9 @@ class MemoryLog:
         """Each topic's configs, as DescribeConfigs tells them (its own, else the default)."""
         self.describe_refused: str | None = None
         """While set, every topic's configs are refused to readers, saying this."""
+        self.brokers = 1
+        self.replicas: dict[str, int] = {}
+        """Each topic's replication factor said to readers, where not 1."""
         self.login_refused: str | None = None
         """While set, the cluster lets no new connection in (credentials rotated, say):
         a writer's start fails as aiokafka's does, naming no refusal ("Unable to

@@ -1,8 +1,8 @@
 """The ports' clients of a `MemoryLog` (`app.kafka.memory`, which describes what it
 models): the transactional writer (epochs and fencing, broken for good by a failure, as
 `TransactionalProducer`), the reader of whole partitions, the publisher, the follower, and
-the admin port with the operators' calls (`MemoryClusterAdmin`: topics found and their
-configs, groups' members and offsets, records deleted). Each is made by the log
+the admin port with the operators' calls (`MemoryClusterAdmin`: topics found, their
+configs and replicas, groups' members and offsets, records deleted). Each is made by the log
 (`MemoryLog.transactional_writer`, `reader`, `publisher`, `follower`, `admin`) and acts on
 it through its internals.
 """
@@ -303,6 +303,13 @@ class MemoryClusterAdmin(MemoryAdmin):
             else:
                 read[topic] = {n: configs[n] for n in names if n in configs}
         return TopicConfigs(read, unread)
+
+    async def replicas(self, topics: Sequence[str]) -> tuple[int, dict[str, int]]:
+        self._memory.check_up()
+        have = self._memory.topic_names()
+        return self._memory.brokers, {
+            t: self._memory.replicas.get(t, 1) for t in topics if t in have
+        }
 
     async def group_members(self, group_id: str) -> int:
         self._memory.check_up()

@@ -246,6 +246,11 @@ class Admin(Protocol):
         topic's own refusal (its ACL) said in `unread`."""
         ...
 
+    async def replicas(self, topics: Sequence[str]) -> tuple[int, dict[str, int]]:
+        """(how many brokers the cluster has live, the replicas of each of `topics` it has:
+        its partition's with the fewest); creates none."""
+        ...
+
     async def probe(self) -> str | None:
         """One look at the broker (the `BrokerWatch`'s): None when it answered, else why not."""
         ...

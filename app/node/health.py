@@ -52,6 +52,7 @@ def node_health(
     failure: str | None,
     following: Mapping[str, tuple[float, str]] | None = None,
     answered: bool = True,
+    topics: Mapping[str, list[str]] | None = None,
 ) -> dict[str, Any]:
     """Ready only while every type's partition given to this node runs: not while one is
     restored, was let go on a failure and not taken again yet, or its firing loop keeps
@@ -70,7 +71,10 @@ def node_health(
     joined or a rebalance began (until then it owns nothing it can tell, and is not ready:
     a rollout would go on while nothing is worked). `commit_lags`: per partition, how long
     its oldest commit not landed has been going (said as the longest, `commit_lag_s`); one
-    longer than `MAX_COMMIT_LAG_S` makes it not ready, `not_ready` naming the partitions."""
+    longer than `MAX_COMMIT_LAG_S` makes it not ready, `not_ready` naming the partitions.
+    `topics`: what is wrong with the replication of each topic found so at the start
+    (`app.kafka.replication`), said as `topics`; it does not make the node not ready (it
+    runs as well, less safely)."""
     running = frozenset(key for key, task in tasks.items() if task.state is TaskState.RUNNING)
     stalled: dict[int, str] = {}
     failing: dict[int, dict[str, object]] = {}
@@ -136,6 +140,8 @@ def node_health(
         body["closing"] = {str(p): round(s, 3) for p, s in sorted(closes.items())}
     if suspended is not None:
         body["suspended_s"] = round(suspended, 3)
+    if topics:
+        body["topics"] = {topic: list(faults) for topic, faults in sorted(topics.items())}
     if failure is not None:
         body["failed"] = failure
     return body

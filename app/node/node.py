@@ -25,6 +25,7 @@ from app.kafka.broker_watch import BrokerWatch
 from app.kafka.catalog import TopicCatalog
 from app.kafka.clients import KafkaClients
 from app.kafka.ports import Clients, GroupMember
+from app.kafka.replication import check_replication
 from app.node import polling
 from app.node.commits import Commits
 from app.node.cycles import PartitionCycles
@@ -143,6 +144,7 @@ class Node:
         self._watch: UserCodeWatch | None = None
         # The start refuses a table whose policy deletes rows: read again while it runs.
         specs = node_topics(self.topics, settings.partitions)
+        self.topic_faults: dict[str, list[str]] = {}
         self.topic_watch = TopicPolicyWatch(
             self._admin.topic_configs,
             tables=[s.name for s in specs if s.compacted],
@@ -196,6 +198,7 @@ class Node:
             failure=None if self._failure is None else str(self._failure),
             following={w: f for w, r in self._following.items() if (f := r.failing)},
             answered=self._answered,
+            topics=self.topic_faults,
         )
 
     async def start(self) -> None:
@@ -205,7 +208,12 @@ class Node:
         # retries ending in "Unable to bootstrap".
         await self._admin.check_access()
         await self.broker.start()
-        await self._admin.ensure_topics(node_topics(self.topics, s.partitions))
+        specs = node_topics(self.topics, s.partitions)
+        await self._admin.ensure_topics(specs)
+        # Short of replicas or of in-sync ones: warned about, and said in /healthz.
+        self.topic_faults = await check_replication(
+            self._admin, [t.name for t in specs], s.replication
+        )
         self.limits = replace(
             self.limits, dead_letter_bytes=await dead_letter_limit(self._admin, self.topics)
         )
