@@ -17,10 +17,12 @@ __all__ = [
     "AUTHENTICATION_CODES",
     "DENIED_CODES",
     "FENCED_CODES",
+    "SHORT_OF_REPLICAS_CODES",
     "explain_code",
     "group_metadata",
     "rdkafka_options",
     "refusal",
+    "short_of_replicas",
 ]
 
 
@@ -86,6 +88,10 @@ DENIED_CODES: dict[int, str] = {
 AUTHENTICATION_CODES = frozenset({-169, 58})
 """librdkafka's `_AUTHENTICATION` and the broker's SASL_AUTHENTICATION_FAILED."""
 
+SHORT_OF_REPLICAS_CODES = frozenset({19, 20})
+"""The broker's NOT_ENOUGH_REPLICAS and NOT_ENOUGH_REPLICAS_AFTER_APPEND: a partition with
+fewer in-sync replicas than its `min.insync.replicas` refused a write."""
+
 
 def explain_code(code: int, said: str) -> str:
     """A librdkafka error (its code and its text) in a user's terms, as `records.explain`
@@ -113,3 +119,11 @@ def refusal(code: int, said: str) -> Exception | None:
     elif code in AUTHENTICATION_CODES:
         error = AuthenticationFailedError(said)
     return error
+
+
+def short_of_replicas(code: int, said: str) -> Exception | None:
+    """aiokafka's error for a write librdkafka says a partition short of in-sync replicas
+    refused (`SHORT_OF_REPLICAS_CODES`), None for any other error: a failure raised from
+    it is the cluster's state (`records.short_of_replicas`: waited out, not counted), as
+    the aiokafka writer's is."""
+    return for_code(code)(said) if code in SHORT_OF_REPLICAS_CODES else None

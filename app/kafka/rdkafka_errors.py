@@ -1,14 +1,15 @@
 """librdkafka's errors in the project's terms: the error an exception carries
-(`error_of`), the refusal aiokafka's writer would raise for it (`refusal_or`), and what a
-user is told of it (`said`). For `rdkafka_writer` and its delivery (`rdkafka_delivery`)."""
+(`error_of`), the error aiokafka's writer would raise for it where the node tells it apart
+(`aiokafka_cause`: a refusal, a partition short of in-sync replicas), and what a user is
+told of it (`said`). For `rdkafka_writer` and its delivery (`rdkafka_delivery`)."""
 
 from __future__ import annotations
 
 from confluent_kafka import KafkaError, KafkaException
 
-from app.kafka.rdkafka_config import explain_code, refusal
+from app.kafka.rdkafka_config import explain_code, refusal, short_of_replicas
 
-__all__ = ["Refused", "error_of", "refusal_or", "said"]
+__all__ = ["Refused", "aiokafka_cause", "error_of", "said"]
 
 
 class Refused(Exception):
@@ -34,12 +35,17 @@ def error_of(exc: BaseException | None) -> KafkaError | None:
     return None
 
 
-def refusal_or(exc: BaseException) -> BaseException:
-    """aiokafka's error for `exc` when librdkafka's error in it is a refusal (an ACL missing,
-    the login refused), caused by `exc`, so that `records.refused` knows it as the aiokafka
-    writer's (no retry passes it); `exc` otherwise."""
+def aiokafka_cause(exc: BaseException) -> BaseException:
+    """aiokafka's error for `exc`, caused by `exc`, when librdkafka's error in it is one the
+    node tells apart as it does the aiokafka writer's: a refusal (an ACL missing, the login
+    refused: `records.refused`, no retry passes it) or a write short of in-sync replicas
+    (`records.short_of_replicas`: the cluster's state, waited out); `exc` otherwise."""
     error = error_of(exc)
-    cause = None if error is None else refusal(error.code(), error.str())
+    cause = (
+        None
+        if error is None
+        else refusal(error.code(), error.str()) or short_of_replicas(error.code(), error.str())
+    )
     if cause is None:
         return exc
     cause.__cause__ = exc

@@ -22,7 +22,7 @@ from app.kafka.connection import Connectable
 from app.kafka.producers import TRANSACTION_BATCH_BYTES, TRANSACTION_REQUEST_BYTES
 from app.kafka.rdkafka_config import FENCED_CODES, group_metadata, rdkafka_options
 from app.kafka.rdkafka_delivery import produce_all
-from app.kafka.rdkafka_errors import error_of, refusal_or, said
+from app.kafka.rdkafka_errors import aiokafka_cause, error_of, said
 from app.kafka.records import TRANSACTION_TIMEOUT_MS, OutRecord
 
 __all__ = ["RdkafkaTransactionalWriter"]
@@ -89,7 +89,7 @@ class RdkafkaTransactionalWriter:
         except (KafkaException, KafkaUnavailable) as exc:
             raise KafkaUnavailable(
                 f"{self.transactional_id} cannot connect: {said(exc)}"
-            ) from refusal_or(exc)
+            ) from aiokafka_cause(exc)
 
     async def stop(self) -> None:
         """Aborts an open transaction (unless broken) and closes the producer; never
@@ -266,7 +266,7 @@ class RdkafkaTransactionalWriter:
         else:
             why = said(exc) if error is not None else repr(exc)
             broken = KafkaUnavailable(f"{self.transactional_id}: transaction failed: {why}")
-        broken.__cause__ = refusal_or(exc)
+        broken.__cause__ = aiokafka_cause(exc)
         self.broken = broken
         if isinstance(exc, asyncio.CancelledError | KeyboardInterrupt | SystemExit):
             return exc

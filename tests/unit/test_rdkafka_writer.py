@@ -1,7 +1,8 @@
 """librdkafka's writer without a broker: a call that librdkafka keeps past its deadline
 breaks the writer (the partition is let go) instead of holding its caller for ever; a
 fence that confluent-kafka reports as a `SystemError` (its fatal error left set while its
-callbacks go on) is still `Fenced`."""
+callbacks go on) is still `Fenced`; a refusal is one, and a write short of in-sync
+replicas the cluster's state, as the aiokafka writer's."""
 
 from __future__ import annotations
 
@@ -16,9 +17,11 @@ import pytest
 from confluent_kafka import KafkaError, KafkaException
 
 from app.errors import Fenced, KafkaUnavailable
+from app.kafka.rdkafka_errors import Refused, aiokafka_cause
 from app.kafka.rdkafka_errors import error_of as _error_of
 from app.kafka.rdkafka_writer import RdkafkaTransactionalWriter
-from app.kafka.records import refused
+from app.kafka.records import refused, short_of_replicas
+from app.node.partition_take import take_failure
 
 
 async def test_a_call_past_its_deadline_breaks_the_writer(
@@ -258,3 +261,35 @@ async def test_a_failure_other_than_a_refusal_is_no_refusal(
         assert not refused(committed.value)
     finally:
         await writer.stop()
+
+
+@pytest.mark.parametrize(
+    "code", [KafkaError.NOT_ENOUGH_REPLICAS, KafkaError.NOT_ENOUGH_REPLICAS_AFTER_APPEND]
+)
+@pytest.mark.parametrize("delivered", [False, True])
+async def test_a_write_short_of_in_sync_replicas_is_the_clusters_state(
+    monkeypatch: pytest.MonkeyPatch, code: int, delivered: bool
+) -> None:
+    """As the aiokafka writer's `NotEnoughReplicasError`: a take it fails waits for the
+    replicas (`take_failure` "cluster"), counting no attempt, and is no refusal; from a
+    commit's call or from a record's delivery report (`Refused`)."""
+    writer = RdkafkaTransactionalWriter("127.0.0.1:1", "t")
+
+    def short(*_: object) -> list[int]:
+        error = KafkaError(code, "Broker: Not enough in-sync replicas")
+        raise Refused(error) if delivered else KafkaException(error)
+
+    monkeypatch.setattr(writer, "_transaction", short)
+    try:
+        with pytest.raises(KafkaUnavailable) as committed:
+            await writer.commit([], {}, "g")
+        assert short_of_replicas(committed.value) and not refused(committed.value)
+        assert take_failure(committed.value) == "cluster"
+        assert "Not enough in-sync replicas" in str(committed.value)
+    finally:
+        await writer.stop()
+
+
+def test_other_failures_are_not_short_of_replicas() -> None:
+    for code in (KafkaError._TRANSPORT, KafkaError.TOPIC_AUTHORIZATION_FAILED):
+        assert not short_of_replicas(aiokafka_cause(KafkaException(KafkaError(code, "x"))))
