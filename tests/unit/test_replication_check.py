@@ -124,3 +124,19 @@ async def test_the_node_says_a_short_changelog_in_healthz_and_runs(tmp_path: Pat
         ]
     finally:
         await node.stop()
+
+
+async def test_an_answer_read_wrong_is_a_warning_never_a_failed_start(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The check only warns: whatever reading the cluster's answer raises (a field a later
+    client names otherwise) leaves the start going, said in a WARNING."""
+
+    class Misread:
+        async def replicas(self, topics: object) -> tuple[int, dict[str, int]]:
+            raise KeyError("brokers")
+
+    with caplog.at_level(logging.WARNING, logger="app.kafka.replication"):
+        found = await check_replication(Misread(), [A], ASKED)  # type: ignore[arg-type]
+    assert found == {}
+    assert "cannot read the replication of the node's topics" in caplog.text
