@@ -13,6 +13,10 @@ with `_total`, histograms for durations. What each measures, and where:
 - `tickwheel_timer_actions_total{type,action}`: what the firing loop did (`RoundStats`):
   fired, sent, claimed, retried, busy, parked, expired, lapsed (claims that lapsed), ...
 - `tickwheel_timer_puts_total{type}`: timers written PENDING from the log.
+- `tickwheel_unknown_result_codes_total{context}`: results this node's results reader read
+  with a code its version does not know (a newer Tickwheel's or another implementation's),
+  each read as ERROR: the send it answers is a failed attempt, retried by its timer's
+  policy, the code in the row's `error_text` (`app.timers.sender.ResultsReader`).
 - `tickwheel_timers{type,partition,status}`: PENDING, FIRING and PARKED timers of each
   partition taken here (fired or held, its restore done), counts the store keeps with each
   write (`TimerStore.status_counts`).
@@ -200,6 +204,14 @@ class NodeMetrics:
             "partition count), by aggregate type, partition and where: restore (not folded "
             "into the states) or log (dead-lettered by the subscription)",
             ["type", "partition", "where"],
+            registry=r,
+        )
+        self.unknown_result_codes = Counter(
+            "tickwheel_unknown_result_codes",
+            "Results read on a context's results topic with a code this version does not "
+            "know (a newer writer's), each read as ERROR (its send a failed attempt), by "
+            "context",
+            ["context"],
             registry=r,
         )
         self.owned = Gauge("tickwheel_owned_partitions", "Partitions this node owns", registry=r)

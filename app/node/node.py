@@ -229,7 +229,10 @@ class Node:
         )
         failing_s = polling.POLL_FAILING_S  # their polls' bound is the group's
         for ctx in sorted({t.context for t in self.topics}):
-            reader = ResultsReader(self.clients.follower, ctx, failing_s=failing_s)
+            unknown = self.metrics.unknown_result_codes.labels(context=ctx)
+            reader = ResultsReader(
+                self.clients.follower, ctx, failing_s=failing_s, on_unknown_code=unknown.inc
+            )
             await reader.start()
             self._results[ctx] = self._following[f"the results reader of {ctx}"] = reader
             if self.ledger is None:

@@ -358,7 +358,7 @@ def _outcome(cmd: CommandEnvelope, result: CommandResult | None) -> JobOutcome:
         request_id=cmd.request_id,
         code=None if result is None else result.code,
         duplicate=result is not None and result.code is ResultCode.DUPLICATE,
-        message="" if result is None else result.message,
+        message="" if result is None else result.reason,
         version=None if result is None else result.version,
         slot=slot if isinstance(slot, int) else None,
         due_at=due_at if isinstance(due_at, int) else None,

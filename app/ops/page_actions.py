@@ -308,7 +308,7 @@ def _said(what: str, rid: str, results: list[CommandResult | None], wait_s: floa
     codes = [r.code.value if r is not None else "no answer yet" for r in results]
     summary = ", ".join(dict.fromkeys(codes))
     done = all(r is not None and r.code in DONE for r in results)
-    refused = [r.message for r in results if r is not None and r.code not in DONE and r.message]
+    refused = [r.reason for r in results if r is not None and r.code not in DONE and r.reason]
     text = f"{what}: {summary} (request {rid})"
     if done:
         return text + "; carried out by the owner of its partition."

@@ -340,5 +340,5 @@ def answer_of(cmd: CommandEnvelope, result: CommandResult) -> TimerAnswer:
         owner=cmd.aggregate,
         key=str(cmd.body["key"]),
         version=result.version,
-        message=result.message,
+        message=result.reason,  # a code this version does not know named in it
     )

@@ -118,9 +118,11 @@ class ResultsReader:
     """Reads the owned partitions of a context's results topic; resolves waiting sends.
 
     `followers` makes the topic's follower (`Clients.follower`); `log_limit` bounds the
-    lines about unreadable results and misaddressed ones (each, by default, one a minute
-    after the first); `failing_s` and `monotonic`: how long its polls may fail, none
-    passing (`FollowerPolls`).
+    lines about unreadable results, misaddressed ones and those of a code this version
+    does not know (each, by default, one a minute after the first); `failing_s` and
+    `monotonic`: how long its polls may fail, none passing (`FollowerPolls`);
+    `on_unknown_code` is called for each result read whose code this version does not
+    know (`CommandResult.unknown_code`: read as ERROR, a failed attempt of its send).
     """
 
     def __init__(
@@ -131,8 +133,10 @@ class ResultsReader:
         log_limit: LogLimit | None = None,
         failing_s: float = POLL_FAILING_S,
         monotonic: Callable[[], float] = time.monotonic,
+        on_unknown_code: Callable[[], None] = lambda: None,
     ) -> None:
         self.topic = ContextTopics(context).results
+        self._on_unknown_code = on_unknown_code
         self._reader = followers(self.topic)
         self._polls = FollowerPolls(self._reader, failing_s=failing_s, monotonic=monotonic)
         # Anyone who may write to the results topic could otherwise set this node's log
@@ -202,6 +206,8 @@ class ResultsReader:
                             more,
                         )
                     continue
+                if result.unknown_code is not None:
+                    self._newer_code(record, result)
                 waiting = self._waiting.get(result.request_id)
                 if waiting is None:
                     continue
@@ -221,6 +227,21 @@ class ResultsReader:
                 del self._waiting[result.request_id]
                 if not future.done():
                     future.set_result(result)
+
+    def _newer_code(self, record: Record, result: CommandResult) -> None:
+        """Counts and logs (bounded) a result whose code this version does not know."""
+        self._on_unknown_code()
+        if (more := self._unreadable_log.check("unknown code")) is not None:
+            logger.warning(
+                "the result at %s[%d]@%d for %s has the code %r, which this version does "
+                "not know (a newer writer's?): read as ERROR, a failed attempt of its send%s",
+                record.topic,
+                record.partition,
+                record.offset,
+                result.request_id,
+                result.unknown_code,
+                more,
+            )
 
 
 class KafkaSender:
@@ -271,7 +292,9 @@ class KafkaSender:
             result = await waiting
         finally:
             self._results.forget(timer.request_id)
-        return SendResult(result.code.value, result.message)
+        # A code this version does not know reads ERROR: a failed attempt, retried by the
+        # timer's policy (never its success), the code itself kept in its reason.
+        return SendResult(result.code.value, result.reason)
 
 
 async def _always() -> bool:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Sequence
 
+import orjson
 import pytest
 from pydantic import BaseModel
 
@@ -18,6 +19,7 @@ from app.node.type_transactions import TypeTransactions as TransactionalChangelo
 from app.protocol.topics import AggregateTopics, ContextTopics
 from app.protocol.wire import CommandEnvelope, CommandResult, ResultCode, decode, encode
 from app.timers.runner import SENT
+from app.timers.runner.decisions import SendResult, Verdict, classify, error_of
 from app.timers.sender import KafkaSender, ResultsReader
 from tables import AggregateRef, CommandSpec, OnceRule, Timer
 from tables.aggregate_store import MemoryAggregateStore
@@ -205,3 +207,54 @@ async def test_results_naming_another_aggregate_are_logged_within_the_limit(
         assert (await asyncio.wait_for(waiting, 5)).code is ResultCode.COMMITTED
     lines = [r for r in caplog.records if "not the aggregate it was sent to" in r.message]
     assert len(lines) == 1
+
+
+async def answer_each_command(log: MemoryLog, code: str, message: str) -> None:
+    """A target of a newer writer: answers each command on its reply address with `code`."""
+    commands = log.follower(TOPICS.commands)
+    await commands.add(Q)
+    while True:
+        for r in await commands.poll(timeout_ms=1_000):
+            cmd = decode(CommandEnvelope, r.value)
+            answer = {
+                "request_id": cmd.request_id,
+                "code": code,
+                "aggregate": cmd.aggregate.model_dump(),
+                "message": message,
+                "decided_at": T0,
+            }
+            assert cmd.reply_to is not None and cmd.reply_partition is not None
+            await log.publisher().send(
+                cmd.reply_to, cmd.request_id.encode(), orjson.dumps(answer), cmd.reply_partition
+            )
+
+
+async def test_a_result_code_this_version_does_not_know_fails_the_send_at_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A newer writer's code was an unreadable result: passed over, and every send it
+    answered waited out its timeout (TIMEOUT, retried, parked as TIMEOUT). It is read as
+    ERROR: the send fails at once, a failed attempt retried by the timer's policy, with the
+    code in its reason; each is counted and logged (bounded)."""
+    log = memory_log()
+    counted: list[None] = []
+    reader = ResultsReader(log.follower, "shop", on_unknown_code=lambda: counted.append(None))
+    await reader.start()
+    await reader.add_partition(P)
+    target = asyncio.create_task(answer_each_command(log, "DEFERRED", "held for review"))
+    try:
+        sender = KafkaSender(log.publisher(), reader, "shop", lambda: T0)
+        with caplog.at_level("WARNING", logger="app.timers.sender"):
+            first = await asyncio.wait_for(sender.send(timer()), 5)
+            again = await asyncio.wait_for(sender.send(timer()), 5)
+    finally:
+        target.cancel()
+        await asyncio.gather(target, return_exceptions=True)
+        await reader.stop()
+    reason = "result code DEFERRED (unknown to this version, read as ERROR): held for review"
+    assert first == again == SendResult("ERROR", reason)
+    assert classify(first.code) is Verdict.FAILED
+    assert error_of(first) == {"error_code": "ERROR", "error_text": reason}
+    assert len(counted) == 2
+    [line] = [r for r in caplog.records if "does not know" in r.getMessage()]
+    assert "'DEFERRED'" in line.getMessage() and "t-1#0" in line.getMessage()
