@@ -3,20 +3,26 @@ decides anything of a record read from its command topic.
 
 A record is read only within the input limits, decoded, of the processor's aggregate type
 and of its partition (`read_command`), and it is answered only where this node answers
-(`bad_reply`). These checks depend on nothing a batch has decided, only on the record and
-the partition's settings, so they are apart from `processor`, which holds the deciding;
-they take those settings at each call (the processor's attributes as they are then).
+(`bad_reply`). One refused as it is read is answered too when its reply address reads
+(`reply_address`): its sender learns why at once instead of waiting out its timeout.
+These checks depend on nothing a batch has decided, only on the record and the
+partition's settings, so they are apart from `processor`, which holds the deciding; they
+take those settings at each call (the processor's attributes as they are then).
 """
 
 from __future__ import annotations
 
-from app.commands.records import misrouted
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from app.commands.records import Reply, misrouted, written_in_process
 from app.errors import BadRecord
 from app.kafka import Record
 from app.protocol.limits import InputLimits
-from app.protocol.wire import CommandEnvelope, decode
+from app.protocol.wire import MAX_PARTITION, MAX_REQUEST_ID, CommandEnvelope, decode
+from tables import AggregateRef
+from tables.refs import NEW_INPUT
 
-__all__ = ["bad_reply", "read_command"]
+__all__ = ["ReplyAddress", "bad_reply", "read_command", "reply_address"]
 
 
 def read_command(
@@ -32,7 +38,40 @@ def read_command(
     return cmd
 
 
-def bad_reply(cmd: CommandEnvelope, results_topic: str, partitions: int) -> str | None:
+class ReplyAddress(BaseModel):
+    """What an answer takes of a command record that does not read as a command: its
+    request id, its aggregate and its reply address, read as `CommandEnvelope` reads them,
+    the rest of the record passed over."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    request_id: str = Field(min_length=1, max_length=MAX_REQUEST_ID)
+    aggregate: AggregateRef
+    reply_to: str | None = Field(default=None, max_length=249)
+    reply_partition: int | None = Field(default=None, ge=0, le=MAX_PARTITION)
+
+
+def reply_address(r: Record, limits: InputLimits) -> ReplyAddress | None:
+    """Where the answer to `r`, a command record refused as it is read, goes, when that
+    reads; None for a record over the input limits (never parsed), a node's own record of a
+    command it decided in-process (never answered), or one whose JSON has no request id and
+    aggregate that read strictly (an aggregate is what a sender matches its answer by)."""
+    try:
+        limits.check(r.key, r.value)
+    except BadRecord:
+        return None
+    if r.value is None or written_in_process(r):
+        return None
+    try:
+        address: ReplyAddress = ReplyAddress.__pydantic_validator__.validate_json(
+            r.value, strict=True, context=NEW_INPUT
+        )
+    except ValidationError:
+        return None
+    return address
+
+
+def bad_reply(cmd: Reply, results_topic: str, partitions: int) -> str | None:
     """Why the command's reply address is not one this node answers on, or None: only
     its context's results topic, in a partition that topic has."""
     if cmd.reply_to is not None and cmd.reply_to != results_topic:

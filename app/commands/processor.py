@@ -17,8 +17,9 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from app.commands.batch import BatchStats, CommandBatch, Commit, LocalDecided
-from app.commands.intake import bad_reply, read_command
+from app.commands.intake import bad_reply, read_command, reply_address
 from app.commands.records import (
+    Reply,
     applied_id,
     check_sizes,
     command_record,
@@ -153,7 +154,7 @@ class CommandProcessor:
             try:
                 cmd = read_command(r, self.agg.type_name, self.limits, self.partitions)
             except BadRecord as exc:
-                self._dead_letter(batch, r, exc, Stage.READ)
+                self._unreadable(batch, r, exc)
                 continue
             if cmd.in_process and written_in_process(r):
                 continue  # fired in-process: decided in the transaction that wrote it
@@ -201,11 +202,24 @@ class CommandProcessor:
         earlier version wrote without the header, read back after an upgrade."""
         return self._states.applied(batch, (state_key(cmd.aggregate), cmd.request_id))
 
+    def _unreadable(self, batch: CommandBatch, record: Record, error: BadRecord) -> None:
+        """A command record refused as it is read: dead-lettered, and answered ERROR with
+        why where its reply address reads (`reply_address`), so that its sender (a timer)
+        fails at once instead of waiting out its timeout. ERROR, not REJECTED: a newer node
+        may read it (a rolling upgrade), and a REJECTED slot is done for good."""
+        address = reply_address(record, self.limits)
+        if address is None:
+            self._dead_letter(batch, record, error, Stage.READ)
+            return
+        # A reply address elsewhere is answered on its context's own, as a command's is.
+        own = bad_reply(address, self.results_topic, self.partitions) is not None
+        self._refuse(batch, record, address, error, Stage.READ, own=own)
+
     def _refuse(
         self,
         batch: CommandBatch,
         record: Record,
-        cmd: CommandEnvelope,
+        cmd: Reply,
         error: BaseException,
         stage: Stage,
         *,
@@ -371,7 +385,7 @@ class CommandProcessor:
 
     def _result(
         self,
-        cmd: CommandEnvelope,
+        cmd: Reply,
         code: ResultCode,
         message: str,
         version: int | None,

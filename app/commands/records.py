@@ -5,6 +5,7 @@ events (commands sent, results, dead letters)."""
 from __future__ import annotations
 
 import logging
+from typing import Protocol
 
 from app.errors import RecordTooLarge
 from app.kafka import OutRecord, Record
@@ -22,6 +23,7 @@ from tables import AggregateRef
 from tables.partitioner import key_partition, partition_of
 
 __all__ = [
+    "Reply",
     "applied_id",
     "check_sizes",
     "command_record",
@@ -33,6 +35,20 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
+
+
+class Reply(Protocol):
+    """What a command's answer is addressed by: a command read (`CommandEnvelope`), or of
+    one that does not read, what does (`app.commands.intake.ReplyAddress`)."""
+
+    @property
+    def request_id(self) -> str: ...
+    @property
+    def aggregate(self) -> AggregateRef: ...
+    @property
+    def reply_to(self) -> str | None: ...
+    @property
+    def reply_partition(self) -> int | None: ...
 
 
 def dead_letter_record(
@@ -91,7 +107,7 @@ def command_record(cmd: CommandEnvelope) -> OutRecord:
 
 
 def result_record(
-    cmd: CommandEnvelope,
+    cmd: Reply,
     result: CommandResult,
     topic: str,
     partitions: int,

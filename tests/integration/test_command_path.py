@@ -125,7 +125,11 @@ async def test_records_outside_their_aggregates_partition_are_dead_lettered(
         assert sum("is not the aggregate id" in e for e in errors) == 1, errors
         assert sum("no handler for NoSuchType" in e for e in errors) == 1, errors
         assert await client.timers() == {}, "no timer from a misrouted ScheduleSet"
-        assert "w" not in await client.results(), "a misrouted command is not decided"
+        # A misrouted command is not decided: answered ERROR (its reply address reads).
+        misrouted = (await client.results())["w"]
+        assert misrouted.code == ResultCode.ERROR, misrouted
+        assert f"belongs in partition {p}" in misrouted.message, misrouted
+        assert not [e for e in await client.events() if e.request_id == "w"]
         assert w.alive
 
 

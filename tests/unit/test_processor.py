@@ -277,11 +277,14 @@ def test_a_record_outside_its_aggregates_partition_is_misrouted() -> None:
     assert "not the aggregate id" in (misrouted(other_key, ORDER, 4) or "")
 
 
-async def test_a_misrouted_command_is_dead_lettered_not_decided() -> None:
-    processor, txn, _ = make()
+async def test_a_misrouted_command_is_answered_and_dead_lettered_not_decided() -> None:
+    processor, txn, states = make()
     wrong = Record("shop.order.commands", P, 0, b"o-2", encode(command()), T0)
     stats = await processor.handle([wrong])
-    assert txn.topics() == ["shop.dead-letters"] and stats.dead_letters == 1
+    assert txn.topics() == ["shop.results", "shop.dead-letters"] and stats.dead_letters == 1
+    answered = orjson.loads(txn.commits[0][0][0][3] or b"")
+    assert answered["code"] == "ERROR" and "not the aggregate id" in answered["message"]
+    assert states.get(P, state_key(ORDER)) is None
 
 
 async def test_an_unknown_command_type_is_answered_error_and_dead_lettered_whole() -> None:
@@ -366,3 +369,95 @@ async def test_a_decision_that_cannot_be_written_leaves_the_batch_as_it_was() ->
     assert orjson.loads(txn.commits[0][0][0][3] or b"")["code"] == "ERROR"
     assert not states.seen(P, state_key(ORDER), "t-1#0")
     assert states.get(P, state_key(ORDER)) is None
+
+
+def raw(value: dict[str, Any] | bytes, key: bytes = ORDER.id.encode(), **kw: Any) -> Record:
+    """A command record as any producer may write it: `value` as JSON (bytes as they are)."""
+    data = value if isinstance(value, bytes) else orjson.dumps(value)
+    return Record("shop.order.commands", P, 0, key, data, T0, kw.get("headers", ()))
+
+
+def unreadable(**fields: Any) -> dict[str, Any]:
+    """A command whose envelope reads but whose body does not (an integer past 64 bits),
+    answered on partition 2 of its context's results topic unless `fields` say otherwise."""
+    value: dict[str, Any] = orjson.loads(
+        encode(command(reply_to="shop.results", reply_partition=2))
+    )
+    value["body"] = {"n": 0}
+    return value | fields
+
+
+def with_huge_body(value: dict[str, Any]) -> bytes:
+    # orjson writes no integer past 64 bits: put it in by hand.
+    return orjson.dumps(value).replace(b'"n":0', b'"n":18446744073709551621')
+
+
+async def test_an_unreadable_command_whose_reply_address_reads_is_answered_and_dead_lettered() -> (
+    None
+):
+    """Dead-lettered with no answer, its sender (a timer) waited out its timeout at each
+    attempt and parked as TIMEOUT: it is answered ERROR with why, on its reply address, and
+    still dead-lettered, never decided."""
+    processor, txn, states = make()
+    bad = raw(with_huge_body(unreadable()))
+    stats = await processor.handle([bad])
+    assert txn.topics() == ["shop.results", "shop.dead-letters"]
+    result, letter = txn.commits[0][0]
+    assert result[:3] == ("shop.results", 2, b"t-1#0")
+    answered = orjson.loads(result[3] or b"")
+    assert (answered["code"], answered["request_id"]) == ("ERROR", "t-1#0")
+    assert answered["aggregate"] == ORDER.model_dump()
+    assert "body" in answered["message"] and "outside signed 64 bits" in answered["message"]
+    assert letter[3] == bad.value, "the record whole"
+    context = DeadLetterContext.from_headers(letter[4])  # type: ignore[misc]
+    assert (context.stage, context.exception_class) == (Stage.READ, "BadRecord")
+    assert context.exception_message == answered["message"]
+    assert (stats.dead_letters, stats.codes) == (1, {ResultCode.ERROR: 1})
+    assert states.get(P, state_key(ORDER)) is None, "never decided"
+    assert txn.commits[0][1] == {("shop.order.commands", P): 1}
+
+
+@pytest.mark.parametrize(
+    ("bad", "why"),
+    [
+        (raw(b'{"request_id": "t-1#0", "aggregate"'), "not JSON"),
+        (raw(b"\xff\xfe"), "not UTF-8"),
+        (raw(with_huge_body(unreadable(request_id=None))), "no request id"),
+        (raw(with_huge_body(unreadable(request_id="x" * 301))), "a request id too long"),
+        (raw(with_huge_body(unreadable(request_id=7))), "a request id of the wrong type"),
+        (raw(with_huge_body(unreadable(aggregate=None))), "no aggregate"),
+        (
+            raw(with_huge_body(unreadable(aggregate=ORDER.model_dump() | {"shard": 1}))),
+            "an aggregate with a field it does not know",
+        ),
+        (
+            raw(with_huge_body(unreadable(aggregate=ORDER.model_dump() | {"id": "o\n1"}))),
+            "an aggregate id with a control character",
+        ),
+        (raw(with_huge_body(unreadable(reply_partition="2"))), "a reply partition not a number"),
+        (raw(unreadable(body={"pad": "x" * 300_000})), "over the record bound: never parsed"),
+        (
+            raw(with_huge_body(unreadable(in_process=True)), headers=IN_PROCESS_HEADERS),
+            "a node's own record of an in-process command",
+        ),
+    ],
+)
+async def test_an_unreadable_command_without_a_readable_reply_address_is_only_dead_lettered(
+    bad: Record, why: str
+) -> None:
+    processor, txn, _ = make()
+    stats = await processor.handle([bad])
+    assert txn.topics() == ["shop.dead-letters"], why
+    assert (stats.dead_letters, stats.codes) == (1, {})
+
+
+async def test_an_unreadable_command_answered_elsewhere_is_answered_on_its_own_topic() -> None:
+    """A reply address this node does not answer on, as for a command that reads: on its
+    context's results topic, in the request id's partition; nothing written where it asks."""
+    processor, txn, _ = make()
+    for elsewhere in ({"reply_to": "shop.order.events"}, {"reply_partition": 4}):
+        await processor.handle([raw(with_huge_body(unreadable(**elsewhere)))])
+        result, letter = txn.commits[-1][0]
+        assert result[:2] == ("shop.results", partition_of("t-1#0", 4))
+        assert orjson.loads(result[3] or b"")["code"] == "ERROR"
+        assert letter[0] == "shop.dead-letters"

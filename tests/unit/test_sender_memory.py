@@ -20,7 +20,7 @@ from app.protocol.topics import AggregateTopics, ContextTopics
 from app.protocol.wire import CommandEnvelope, CommandResult, ResultCode, decode, encode
 from app.timers.runner import SENT
 from app.timers.runner.decisions import SendResult, Verdict, classify, error_of
-from app.timers.sender import KafkaSender, ResultsReader
+from app.timers.sender import KafkaSender, ResultsReader, timer_command
 from tables import AggregateRef, CommandSpec, OnceRule, Timer
 from tables.aggregate_store import MemoryAggregateStore
 from tables.partitioner import partition_of
@@ -80,8 +80,9 @@ async def results() -> AsyncIterator[tuple[MemoryLog, ResultsReader]]:
     await reader.stop()
 
 
-async def target_owner(log: MemoryLog) -> None:
-    """The target partition's owner: reads its commands, decides them in its transaction."""
+async def target_owner(log: MemoryLog, reading: asyncio.Event | None = None) -> None:
+    """The target partition's owner: reads its commands, decides them in its transaction;
+    sets `reading` once it reads its partition (from its end)."""
     changelog = TransactionalChangelog(log.transactional_writer, TOPICS.timers_changelog, "g")
     await changelog.open(Q)
 
@@ -100,6 +101,8 @@ async def target_owner(log: MemoryLog) -> None:
     )
     commands = log.follower(TOPICS.commands)
     await commands.add(Q)
+    if reading is not None:
+        reading.set()
     while True:
         records = await commands.poll(timeout_ms=1_000)
         if records:
@@ -258,3 +261,30 @@ async def test_a_result_code_this_version_does_not_know_fails_the_send_at_once(
     assert len(counted) == 2
     [line] = [r for r in caplog.records if "does not know" in r.getMessage()]
     assert "'DEFERRED'" in line.getMessage() and "t-1#0" in line.getMessage()
+
+
+async def test_a_command_its_target_cannot_read_is_answered_with_why(
+    results: tuple[MemoryLog, ResultsReader],
+) -> None:
+    """A command whose envelope reads but whose body does not (an integer past 64 bits: an
+    older target, another writer) was dead-lettered with no answer: its send waited out
+    its timeout at each attempt and parked as TIMEOUT. The target answers ERROR with why on
+    the send's reply address, and still dead-letters it."""
+    log, reader = results
+    waiting = reader.expect("t-1#0", TARGET)
+    command = timer_command(timer(), T0, reply_to=RESULTS, reply_partition=P)
+    value = orjson.loads(encode(command)) | {"body": {"n": 0}}
+    huge = orjson.dumps(value).replace(b'"n":0', b'"n":18446744073709551621')
+    reading = asyncio.Event()
+    owner = asyncio.create_task(target_owner(log, reading))
+    try:
+        await asyncio.wait_for(reading.wait(), 5)
+        await log.publisher().send(TOPICS.commands, TARGET.id.encode(), huge, Q)
+        result = await asyncio.wait_for(waiting, 5)
+    finally:
+        owner.cancel()
+        await asyncio.gather(owner, return_exceptions=True)
+    assert (result.code, result.aggregate) == (ResultCode.ERROR, TARGET)
+    assert result.message.startswith("not a valid CommandEnvelope: body")
+    [letter] = log.records(ContextTopics("shop").dead_letters, 0)
+    assert letter.value == huge
