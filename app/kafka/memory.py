@@ -35,7 +35,7 @@
   topic by topic, as a missing DescribeConfigs ACL does. The live brokers (`brokers`) and
   each topic's replicas (`replicas`) are numbers alone, 1 unless a test sets them.
 
-Not modelled: consumer groups' membership and rebalances (no `GroupConsumer`), compaction,
+Consumer groups: `app.kafka.memory_group`. Not modelled: compaction,
 retention by time or size, record headers, batching and linger, producer idempotence's
 sequence numbers, and timeouts (nothing here ever waits but a follower's poll).
 
@@ -50,8 +50,6 @@ import asyncio
 import contextlib
 import itertools
 from collections.abc import Awaitable, Callable, Iterable, Sequence
-from dataclasses import dataclass, field
-from typing import Literal
 
 from aiokafka.partitioner import murmur2
 
@@ -65,10 +63,10 @@ from app.kafka.memory_clients import (
     MemoryWriter,
 )
 from app.kafka.memory_group import MemoryGroup, MemoryGroupMember
+from app.kafka.memory_partition import BROKER_DEFAULTS, Entry, Key, Partition, Txn
 from app.kafka.ports import Assigned, DeletedUnread
 from app.kafka.records import (
     BROKER_MAX_MESSAGE_BYTES,
-    Headers,
     OutRecord,
     Record,
     Replication,
@@ -84,56 +82,6 @@ __all__ = [
     "MemoryWriter",
 ]
 
-_Key = tuple[str, int]
-
-_BROKER_DEFAULTS = {
-    "cleanup.policy": "delete",
-    "retention.ms": "604800000",
-    "retention.bytes": "-1",
-    "min.insync.replicas": "1",
-}
-
-
-@dataclass(eq=False, slots=True)
-class _Txn:
-    """One transaction of a transactional id's epoch."""
-
-    transactional_id: str
-    epoch: int
-    state: Literal["open", "committed", "aborted"] = "open"
-    # The partitions written to, each with the transaction's first offset there.
-    first: dict[_Key, int] = field(default_factory=dict)
-    # Consumer-group offsets sent to the transaction, per group.
-    offsets: dict[str, dict[_Key, int]] = field(default_factory=dict)
-
-
-@dataclass(slots=True)
-class _Entry:
-    key: bytes | None
-    value: bytes | None
-    timestamp: int
-    txn: _Txn | None = None
-    marker: bool = False
-    headers: Headers = ()
-
-
-@dataclass(slots=True)
-class _Partition:
-    entries: list[_Entry] = field(default_factory=list)
-    start: int = 0
-    # The open transactions that wrote here, each with its first offset here.
-    open: dict[_Txn, int] = field(default_factory=dict)
-
-    @property
-    def end(self) -> int:
-        """The high watermark: the offset the next record takes."""
-        return len(self.entries)
-
-    @property
-    def stable_end(self) -> int:
-        """The last stable offset: the end as read-committed readers see it."""
-        return min(self.open.values(), default=self.end)
-
 
 class MemoryLog:
     """Topics, transactional ids and consumer groups of one in-memory cluster; makes the
@@ -142,11 +90,11 @@ class MemoryLog:
     def __init__(
         self, topics: Iterable[TopicSpec] = (), *, now: Callable[[], int] | None = None
     ) -> None:
-        self._topics: dict[str, list[_Partition]] = {}
+        self._topics: dict[str, list[Partition]] = {}
         self._max_bytes: dict[str, int] = {}
         self._epochs: dict[str, int] = {}
-        self._open: dict[str, _Txn] = {}
-        self._groups: dict[str, dict[_Key, int]] = {}
+        self._open: dict[str, Txn] = {}
+        self._groups: dict[str, dict[Key, int]] = {}
         self._now = now
         self._ticks = itertools.count()
         self._unkeyed = itertools.count()
@@ -217,7 +165,7 @@ class MemoryLog:
             on_deleted=on_deleted,
         )
 
-    def commit_group_offsets(self, group_id: str, offsets: dict[_Key, int]) -> None:
+    def commit_group_offsets(self, group_id: str, offsets: dict[Key, int]) -> None:
         """Offsets committed outside a transaction (a consumer's commit)."""
         self._groups.setdefault(group_id, {}).update(offsets)
 
@@ -229,8 +177,8 @@ class MemoryLog:
         for spec in specs:
             have = self._topics.get(spec.name)
             if have is None:
-                self._topics[spec.name] = [_Partition() for _ in range(spec.partitions)]
-                self.configs[spec.name] = _BROKER_DEFAULTS | topic_configs(spec, Replication(1, 1))
+                self._topics[spec.name] = [Partition() for _ in range(spec.partitions)]
+                self.configs[spec.name] = BROKER_DEFAULTS | topic_configs(spec, Replication(1, 1))
                 if spec.max_message_bytes is not None:
                     self._max_bytes[spec.name] = spec.max_message_bytes
             elif len(have) != spec.partitions:
@@ -278,13 +226,13 @@ class MemoryLog:
         """Adds `count` partitions to each of `topics` (CreatePartitions); then every group
         rebalances, as a consumer's metadata refresh has its group do in Kafka."""
         for topic in topics:
-            self._topic(topic).extend(_Partition() for _ in range(count))
+            self._topic(topic).extend(Partition() for _ in range(count))
         for group in list(self.groups.values()):
             await group.rebalance()
 
     def recreate(self, topic: str) -> None:
         """Deletes `topic` and creates it again, empty, with as many partitions."""
-        self._topics[topic] = [_Partition() for _ in self._topic(topic)]
+        self._topics[topic] = [Partition() for _ in self._topic(topic)]
 
     def committed(self, group_id: str, topic: str, partition: int) -> int | None:
         """The group's committed offset of the partition, if any."""
@@ -309,13 +257,13 @@ class MemoryLog:
 
     # --- internals ------------------------------------------------------------------
 
-    def _topic(self, topic: str) -> list[_Partition]:
+    def _topic(self, topic: str) -> list[Partition]:
         parts = self._topics.get(topic)
         if parts is None:
             raise KafkaUnavailable(f"unknown topic {topic}")
         return parts
 
-    def _partition(self, topic: str, partition: int) -> _Partition:
+    def _partition(self, topic: str, partition: int) -> Partition:
         parts = self._topic(topic)
         if not 0 <= partition < len(parts):
             raise KafkaUnavailable(f"unknown partition {topic}[{partition}]")
@@ -331,7 +279,7 @@ class MemoryLog:
         if self.login_refused is not None:
             raise KafkaUnavailable("cannot connect: Unable to bootstrap from memory")
 
-    def _where(self, record: OutRecord) -> _Key:
+    def _where(self, record: OutRecord) -> Key:
         """The partition a record goes to (the default partitioner's when not given)."""
         topic, partition, key = record[0], record[1], record[2]
         count = len(self._topic(topic))
@@ -346,7 +294,7 @@ class MemoryLog:
     def _timestamp(self) -> int:
         return self._now() if self._now is not None else next(self._ticks)
 
-    def _append(self, records: Sequence[OutRecord], txn: _Txn | None) -> list[int]:
+    def _append(self, records: Sequence[OutRecord], txn: Txn | None) -> list[int]:
         """Appends all of `records` or (an unknown partition) none."""
         where = [self._where(r) for r in records]
         offsets: list[int] = []
@@ -354,7 +302,7 @@ class MemoryLog:
             part = self._topics[topic][partition]
             offset = part.end
             key, value, headers = record[2], record[3], headers_of(record)
-            part.entries.append(_Entry(key, value, self._timestamp(), txn, headers=headers))
+            part.entries.append(Entry(key, value, self._timestamp(), txn, headers=headers))
             if txn is not None and (topic, partition) not in txn.first:
                 txn.first[(topic, partition)] = offset
                 part.open[txn] = offset
@@ -373,16 +321,16 @@ class MemoryLog:
             self._end(txn, commit=False)
         return epoch
 
-    def _begin(self, transactional_id: str, epoch: int) -> _Txn:
-        txn = _Txn(transactional_id, epoch)
+    def _begin(self, transactional_id: str, epoch: int) -> Txn:
+        txn = Txn(transactional_id, epoch)
         self._open[transactional_id] = txn
         return txn
 
-    def _end(self, txn: _Txn, *, commit: bool) -> None:
+    def _end(self, txn: Txn, *, commit: bool) -> None:
         """Writes the transaction's markers; its group offsets count if it commits."""
         for topic, partition in txn.first:
             part = self._topics[topic][partition]
-            part.entries.append(_Entry(None, None, self._timestamp(), txn, marker=True))
+            part.entries.append(Entry(None, None, self._timestamp(), txn, marker=True))
             del part.open[txn]
         txn.state = "committed" if commit else "aborted"
         if commit:

@@ -19,7 +19,8 @@ from app.kafka.producers import TRANSACTION_BATCH_BYTES
 from app.kafka.records import OutRecord, Record, TopicConfigs
 
 if TYPE_CHECKING:
-    from app.kafka.memory import MemoryLog, _Txn
+    from app.kafka.memory import MemoryLog
+    from app.kafka.memory_partition import Txn
 
 __all__ = [
     "MemoryClusterAdmin",
@@ -48,7 +49,7 @@ class MemoryWriter:
         self.broken: KafkaUnavailable | None = None
         self._log = log
         self._epoch: int | None = None
-        self._txn: _Txn | None = None
+        self._txn: Txn | None = None
         self._lock = asyncio.Lock()
 
     @property
@@ -98,7 +99,7 @@ class MemoryWriter:
         async with self._lock:
             self._guard(self._abort)
 
-    def _current(self) -> _Txn:
+    def _current(self) -> Txn:
         """The open transaction, begun if none is; raises if the writer cannot write."""
         if self.broken is not None:
             raise self.broken
