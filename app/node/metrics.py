@@ -52,8 +52,6 @@ from __future__ import annotations
 
 import logging
 import platform
-from bisect import bisect_left
-from collections import Counter as Tally
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import fields
 from importlib import metadata
@@ -63,6 +61,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from app import __version__
 from app.node.lateness import LatenessWindow
+from app.node.metric_parts import RestoreGauges, observe_all
 from app.timers.runner import RoundStats
 from tables import StoreClosed, StoreError, TimerStatus
 from tables.ledger import FailureLedger
@@ -392,38 +391,3 @@ class NodeMetrics:
         self.ledger_entries.clear()
         for context, n in open_entries.items():
             self.ledger_entries.labels(context).set(n)
-
-
-class RestoreGauges:
-    """A restore's progress callback, bound to its partition's two gauges."""
-
-    def __init__(self, read: Gauge, to_read: Gauge) -> None:
-        self._read = read
-        self._to_read = to_read
-        # Until it read all: a restore's partition shows no timers (a count mid-restore
-        # would scan it, again after each batch).
-        self.done = False
-
-    def __call__(self, read: int, to_read: int) -> None:
-        self._read.set(read)
-        self._to_read.set(to_read)
-        self.done = read >= to_read
-
-
-def observe_all(histogram: Histogram, amounts: Sequence[float]) -> None:
-    """`histogram.observe` of each of `amounts`, counted a bucket at a time: an
-    observation takes a lock twice and walks the buckets in Python (~3 µs), once per fired
-    timer otherwise. Through prometheus_client's own parts of a child; one by one when it
-    has none of them (another version's, or a labelled parent, which refuses)."""
-    bounds = getattr(histogram, "_upper_bounds", None)
-    buckets = getattr(histogram, "_buckets", None)
-    total = getattr(histogram, "_sum", None)
-    if bounds is None or buckets is None or total is None or len(bounds) != len(buckets):
-        for amount in amounts:
-            histogram.observe(amount)
-        return
-    # The first bound at or above an amount is its bucket, as `observe` counts it (the
-    # last bound is +Inf). Amounts are finite (latenesses of integer milliseconds).
-    for i, n in Tally(bisect_left(bounds, a) for a in amounts).items():
-        buckets[i].inc(n)
-    total.inc(sum(amounts))
