@@ -25,15 +25,15 @@ from app.kafka.broker_watch import BrokerWatch
 from app.kafka.catalog import TopicCatalog
 from app.kafka.clients import KafkaClients
 from app.kafka.ports import Clients, GroupMember
-from app.kafka.replication import check_replication
 from app.node import polling
 from app.node.commits import Commits
 from app.node.cycles import PartitionCycles
 from app.node.health import node_health, oldest
 from app.node.kept import KeptType, node_topics
-from app.node.local_state import DataDirLock, keep_for_cluster
+from app.node.local_state import DataDirLock
 from app.node.metrics import NodeMetrics
-from app.node.opening import dead_letter_limit, open_type, transaction_batch_limit
+from app.node.node_start import check_cluster, follow_contexts
+from app.node.opening import open_type, transaction_batch_limit
 from app.node.parked_names import keep_parked_named
 from app.node.partition_count import keep_partition_count
 from app.node.partition_task import TaskShared
@@ -208,39 +208,27 @@ class Node:
         # retries ending in "Unable to bootstrap".
         await self._admin.check_access()
         await self.broker.start()
-        specs = node_topics(self.topics, s.partitions)
-        await self._admin.ensure_topics(specs)
-        # Short of replicas or of in-sync ones: warned about, and said in /healthz.
-        self.topic_faults = await check_replication(
-            self._admin, [t.name for t in specs], s.replication
-        )
-        self.limits = replace(
-            self.limits, dead_letter_bytes=await dead_letter_limit(self._admin, self.topics)
-        )
+        checked = await check_cluster(self._admin, self.topics, s)
+        self.topic_faults = checked.topic_faults
+        self.limits = replace(self.limits, dead_letter_bytes=checked.dead_letter_bytes)
         self.cycles.limits = self.limits
         await self.targets.refresh()
-        # Before any local store is opened: a copy of another cluster's topics is dropped.
-        keep_for_cluster(Path(s.data_dir), await self._admin.cluster_id())
         await self.producer.start()
         await self.reader.start()
         # Before any table is opened: tables built with another partition count refused.
         await keep_partition_count(
             self.reader, self.producer, self.topics, s.partitions, self.clock.now()
         )
-        failing_s = polling.POLL_FAILING_S  # their polls' bound is the group's
-        for ctx in sorted({t.context for t in self.topics}):
-            unknown = self.metrics.unknown_result_codes.labels(context=ctx)
-            reader = ResultsReader(
-                self.clients.follower, ctx, failing_s=failing_s, on_unknown_code=unknown.inc
-            )
-            await reader.start()
-            self._results[ctx] = self._following[f"the results reader of {ctx}"] = reader
-            if self.ledger is None:
-                ledger = KafkaFailureLedger(
-                    self.clients, ctx, s.partitions, self.producer, failing_s=failing_s
-                )
-                await ledger.start()
-                self._ledgers[ctx] = self._following[f"the ledger of {ctx}"] = ledger
+        await follow_contexts(
+            self.clients,
+            sorted({t.context for t in self.topics}),
+            settings=s,
+            producer=self.producer,
+            metrics=self.metrics,
+            results=self._results,
+            ledgers=self._ledgers if self.ledger is None else None,
+            following=self._following,
+        )
         for t in self.topics:
             self.types[t.type_name] = kept = open_type(
                 t,
