@@ -5,7 +5,10 @@ instances is one `schedule` aggregate: `wow.schedule.Enable` makes it schedule i
 `wow.schedule.Tick` under the key `tick`, and each tick of a slot newer than the last one
 run commits `wow.Ticked` and runs the handler, whose commands (`JobRun.send`) commit in the
 same transaction as that event. A repeated tick is a DUPLICATE, or changes nothing, and
-runs nothing: a job's effects are applied once per slot.
+runs nothing: a job's effects are applied once per slot. A new rule replacing the tick
+timer of an enabled instance (Reschedule, or Enable with a new override) first runs the
+slot that timer owes, due and not run yet (`app.jobs.slot_runs`): replaced, the timer
+would never send it.
 
 A handler that raises does not stop the schedule: the tick commits `wow.Ticked` all the
 same (the instance ticks on, its later slots on time) with `wow.schedule.RunFailed`, none

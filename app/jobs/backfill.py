@@ -12,6 +12,10 @@ next one. A pause (Disable, then Enable) does not end it: the slots of the pause
 are the slots the timer before it would have sent had it ticked on, under its ids. Before
 the instance's first timer there is nothing to backfill (it did not exist).
 
+A slot that a reschedule ran (the one its timer owed when the rule changed) ran under the
+reschedule's request id, not its tick's: the log's `Ticked` of it says so, and it is left
+out.
+
 Slot indexes of a cron rule are counted from a slot known from the log (the timer's first
 slot, or one a tick, failed run or backfill recorded), so even after a catch-up whose index
 the runner estimated (`tables.slots.latest_due`) the ids are those of the live ticks.
@@ -64,6 +68,10 @@ class TickTimer:
     set_at: int
     known: list[Slot] = field(default_factory=list)
     """Slots whose index and due time the log records: its first one, and those run."""
+    ran_apart: set[int] = field(default_factory=set)
+    """Slots run by another command than their tick (a reschedule ran the slot its timer
+    owed, `app.jobs.slot_runs`): their request id is not applied, so a backfill would run
+    them again. Left out of its slots."""
 
 
 class BackfillSlot(NamedTuple):
@@ -96,6 +104,8 @@ def tick_timers(events: Iterable[EventEnvelope]) -> list[TickTimer]:
             slot, due_at = body.get("slot"), body.get("due_at")
             if timer is not None and isinstance(slot, int) and isinstance(due_at, int):
                 timer.known.append(Slot(slot, due_at))
+                if e.type == TICKED and e.request_id != f"{timer.id}#{slot}":
+                    timer.ran_apart.add(slot)
     return sorted(timers.values(), key=lambda t: t.set_at)
 
 
@@ -125,7 +135,8 @@ def backfill_slots(
                     f"the range has more than {limit} slots: backfill a shorter one"
                 )
             slot = Slot(known.get(slot.due_at, slot.index), slot.due_at)
-            out.append(BackfillSlot(timer.id, slot.index, slot.due_at))
+            if slot.index not in timer.ran_apart:
+                out.append(BackfillSlot(timer.id, slot.index, slot.due_at))
             slot = next_slot(timer.rule, slot)
     return out
 

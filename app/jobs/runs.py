@@ -1,8 +1,9 @@
 """A job instance's runs: the key of the timer that runs a failed slot again (`run_key`),
 which of those timers a new failure drops (`runs_to_drop`, `drop_oldest_runs`), its
-handler run as user code (`run_handler`), and whether a slot may be due under the
-instance's tick timer (`slot_reachable`) and is one it sends (`slot_sent`). Used by
-`app.jobs.schedule`'s decisions."""
+handler run as user code (`run_handler`), whether a slot may be due under the
+instance's tick timer (`slot_reachable`) and is one it sends (`slot_sent`), and the slot
+that timer owes when a new rule replaces it (`owed_slot`). Used by `app.jobs.schedule`'s
+decisions."""
 
 from __future__ import annotations
 
@@ -18,12 +19,21 @@ from app.model.decide import cut_message
 from app.model.user_code import not_awaitable, user_code
 from tables.exceptions import InvalidRule
 from tables.rules import ScheduleRule, parse_rule
-from tables.slots import Slot, reachable, sent_slot
+from tables.slots import (
+    Slot,
+    caught_up,
+    first_slot,
+    next_slot,
+    reachable,
+    sent_slot,
+    slots_between,
+)
 
 __all__ = [
     "MAX_DROPS_PER_FAILURE",
     "MAX_FAILED_RUNS",
     "drop_oldest_runs",
+    "owed_slot",
     "run_handler",
     "run_key",
     "runs_to_drop",
@@ -151,3 +161,27 @@ def tick_refusal(state: ScheduleState, timer_id: str, slot: int, due_at: int) ->
     if not slot_sent(state, slot, due_at):
         return f"slot {slot} of {timer_id} due at {due_at} is not one its rule makes"
     return None
+
+
+def owed_slot(state: ScheduleState, now: int) -> tuple[Slot, int] | None:
+    """The slot of the instance's tick timer that is due by `now` and has not run, and how
+    many due after it its rule does not coalesce: the next after the last one that ran (its
+    first, when none did), caught up as the timer would send it (a coalescing rule: the
+    latest due, none left). What a new rule, replacing the timer now, would otherwise drop:
+    the timer's row goes, and with it a slot handed to its cycle and not fired yet. None:
+    nothing due, or nothing to tell it by (no timer, no rule this version reads, a state
+    from before `timer_set_at` or `last_due_at`)."""
+    if not state.enabled or state.timer_id is None or state.timer_set_at is None:
+        return None
+    if (rule := _rule_of(state)) is None:
+        return None
+    if state.last_slot is None:
+        after = first_slot(rule, state.timer_set_at)
+    elif state.last_due_at is None:
+        return None
+    else:
+        after = next_slot(rule, Slot(state.last_slot, state.last_due_at))
+    if after is None or after.due_at > now:
+        return None
+    slot = caught_up(rule, after, now).slot
+    return slot, slots_between(rule, slot, now)

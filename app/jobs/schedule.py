@@ -28,23 +28,20 @@ from app.jobs.declaration import (
     TRIGGERED,
     TRIGGERED_SLOT,
     Job,
-    JobRun,
-    JobScope,
     Rule,
     effective_rule,
     not_its_instance,
 )
 from app.jobs.runs import (
     MAX_FAILED_RUNS,
-    drop_oldest_runs,
     run_handler,
-    run_key,
     tick_refusal,
 )
 from app.jobs.schedule_state import ScheduleState, apply_schedule_event
+from app.jobs.slot_runs import SlotRuns
 from app.model.aggregate import AggregateType, Command, Decision
 from app.protocol.wire import SCHEDULE_CANCELLED, SCHEDULE_SET, ResultCode
-from tables import CommandSpec, OnceRule
+from tables import CommandSpec
 from tables.exceptions import InvalidRule
 from tables.slots import first_slot
 
@@ -101,7 +98,7 @@ def schedule_aggregate(
     return agg
 
 
-class _ScheduleModel:
+class _ScheduleModel(SlotRuns):
     def __init__(
         self,
         context: str,
@@ -120,9 +117,9 @@ class _ScheduleModel:
         job = self._job_to_enable(cmd, d)
         override = cmd.body.get("rule")
         if override is None:  # the one kept: stored, perhaps by an earlier, lax version
-            _set_rule(state, job, state.override, ENABLED, d, strict=False)
+            self._set_rule(state, job, cmd, state.override, ENABLED, d, strict=False)
         else:
-            _set_rule(state, job, override, ENABLED, d)
+            self._set_rule(state, job, cmd, override, ENABLED, d)
 
     def reschedule(self, state: ScheduleState, cmd: Command, d: Decision) -> None:
         if not state.enabled:
@@ -130,7 +127,7 @@ class _ScheduleModel:
         job = self.jobs.get(state.job)
         if job is None:
             _invalid(d, f"job {state.job!r} is not declared in {self.context} any more")
-        _set_rule(state, job, cmd.body.get("rule"), RESCHEDULED, d)
+        self._set_rule(state, job, cmd, cmd.body.get("rule"), RESCHEDULED, d)
 
     def disable(self, state: ScheduleState, cmd: Command, d: Decision) -> None:
         if state.enabled:
@@ -169,28 +166,7 @@ class _ScheduleModel:
         if (why := tick_refusal(state, timer_id, slot, due_at)) is not None:
             # Taken, it would run no real slot up to it: the job would stop, silently.
             d.reject(f"{why}: a {TICK} is its timer's send of a slot that is due")
-        d.emit(TICKED, {"slot": slot, "due_at": due_at, "timer_id": timer_id})
-        # The handler decides into a scratch decision: a failure keeps none of its commands.
-        scratch = Decision(
-            aggregate=d.aggregate, now=d.now, request_id=d.request_id, unreachable=d.unreachable
-        )
-        error = run_handler(job, self._run(job, cmd, slot, due_at, cmd.request_id, scratch))
-        if error is None:
-            d.commands.extend(scratch.commands)
-        else:
-            # The schedule ticks on; the slot is run again by a timer of its own, which the
-            # runner retries, parks and puts in the ledger as it does any timer.
-            key = run_key(timer_id, slot)
-            slot_ref = {
-                "slot": slot,
-                "due_at": due_at,
-                "timer_id": timer_id,
-                "request_id": cmd.request_id,
-            }
-            d.emit(RUN_FAILED, {**slot_ref, "key": key, "error": error})
-            d.schedule(key, OnceRule(at=d.now), CommandSpec(type=RUN, body=slot_ref))
-            # Past `max_failed_runs` waiting, the oldest failed slots are given up.
-            drop_oldest_runs(state, d, self.max_failed_runs, cmd.aggregate)
+        self._run_slot(state, job, cmd, d, timer_id, slot, due_at, cmd.request_id)
         try:
             rule = effective_rule(job.rule, state.override)
         except InvalidRule as exc:
@@ -309,34 +285,40 @@ class _ScheduleModel:
             _invalid(d, f"{why} (its scope changed since it was enabled)")
         return job
 
-    def _run(
+    def _set_rule(
         self,
+        state: ScheduleState,
         job: Job,
         cmd: Command,
-        slot: int,
-        due_at: int,
-        request_id: str,
+        parts: object,
+        event: str,
         d: Decision,
         *,
-        retried: bool = False,
-        triggered: bool = False,
-        backfilled: bool = False,
-    ) -> JobRun:
-        return JobRun(
-            context=self.context,
-            job=job.name,
-            instance=cmd.aggregate.id,
-            tenant=cmd.aggregate.tenant,
-            partition=_shard_partition(job, cmd.aggregate.id),
-            slot=slot,
-            due_at=due_at,
-            request_id=request_id,
-            now=d.now,
-            _decision=d,
-            retried=retried,
-            triggered=triggered,
-            backfilled=backfilled,
-        )
+        strict: bool = True,
+    ) -> None:
+        """`strict`: `parts` are a command's (new input), not the instance's kept override."""
+        if parts is not None and not isinstance(parts, dict):
+            _invalid(d, f"invalid rule for job {job.name!r}: expected an object of rule fields")
+        override = parts or None  # no parts: the default itself
+        try:
+            rule = effective_rule(job.rule, override, strict=strict)
+        except InvalidRule as exc:
+            _invalid(d, f"invalid rule for job {job.name!r}: {exc}")
+        dumped = _dump(rule)
+        if state.enabled and state.override == override and state.rule == dumped:
+            return
+        if first_slot(rule, d.now) is None:
+            # Its tick timer would be cancelled at once (`app.timers.subscription`): the job
+            # would look enabled and never run. (The rule it already has, sent again, is no
+            # change: that answers as before, above.)
+            _invalid(d, f"the rule of job {job.name!r} has no slot left at {d.now}: it ended")
+        # Only a new rule needs a new timer: the current one keeps its slots otherwise.
+        new_timer = not state.enabled or state.rule != dumped
+        if new_timer:
+            self._run_owed(state, job, cmd, d)
+        d.emit(event, {"job": job.name, "override": override, "rule": dumped})
+        if new_timer:
+            _schedule_tick(d, rule)
 
     def _job_to_enable(self, cmd: Command, d: Decision) -> Job:
         name = cmd.body.get("job")
@@ -349,31 +331,6 @@ class _ScheduleModel:
         if (why := not_its_instance(job, cmd.aggregate, self.partitions)) is not None:
             _invalid(d, why)
         return job
-
-
-def _set_rule(
-    state: ScheduleState, job: Job, parts: object, event: str, d: Decision, *, strict: bool = True
-) -> None:
-    """`strict`: `parts` are a command's (new input), not the instance's kept override."""
-    if parts is not None and not isinstance(parts, dict):
-        _invalid(d, f"invalid rule for job {job.name!r}: expected an object of rule fields")
-    override = parts or None  # no parts: the default itself
-    try:
-        rule = effective_rule(job.rule, override, strict=strict)
-    except InvalidRule as exc:
-        _invalid(d, f"invalid rule for job {job.name!r}: {exc}")
-    dumped = _dump(rule)
-    if state.enabled and state.override == override and state.rule == dumped:
-        return
-    if first_slot(rule, d.now) is None:
-        # Its tick timer would be cancelled at once (`app.timers.subscription`): the job
-        # would look enabled and never run. (The rule it already has, sent again, is no
-        # change: that answers as before, above.)
-        _invalid(d, f"the rule of job {job.name!r} has no slot left at {d.now}: it ended")
-    d.emit(event, {"job": job.name, "override": override, "rule": dumped})
-    # Only a new rule needs a new timer: the current one keeps its slots otherwise.
-    if not state.enabled or state.rule != dumped:
-        _schedule_tick(d, rule)
 
 
 def _is_count(value: object) -> TypeGuard[int]:
@@ -393,9 +350,3 @@ def _invalid(d: Decision, reason: str) -> NoReturn:
 
 def _dump(rule: Rule) -> dict[str, Any]:
     return rule.model_dump(mode="json")
-
-
-def _shard_partition(job: Job, instance: str) -> int | None:
-    if job.scope is not JobScope.SHARDED:
-        return None
-    return int(instance.split("~")[1])

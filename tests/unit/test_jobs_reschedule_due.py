@@ -1,0 +1,161 @@
+"""A reschedule that lands while a slot of the old rule is due: that slot runs once.
+
+The reschedule replaces the instance's tick timer, whose due slot, handed to its cycle and
+not fired yet, is dropped with the old row (`TimerRunner.still_due`); a tick of it in
+flight finds a newer timer and runs nothing. Before the fix the slot was lost without a
+word, and only a backfill ran it. The seed's Tick runs a slot newer than the last one run
+"of the same timer or a later one": the old timer's due slot is such a slot, so the
+Reschedule runs it, under its live tick's request id, before it replaces the timer."""
+
+from __future__ import annotations
+
+from fakes import sent_base
+from test_jobs import CONTEXT, NIGHTLY_RULE, TARGET, Instance, Recorder, types
+
+from app.jobs import (
+    RESCHEDULED,
+    RUN_FAILED,
+    TICKED,
+    Job,
+    JobRun,
+    JobScope,
+    backfill_slots,
+    disable_command,
+    enable_command,
+    reschedule_command,
+    schedule_aggregate,
+    tick_timers,
+)
+from app.protocol.wire import SCHEDULE_SET, ResultCode
+from tables import IntervalRule
+
+DAY = 86_400_000
+
+
+def _nightly(recorder: Recorder, rule: object = NIGHTLY_RULE) -> tuple[Job, Instance]:
+    job = Job("nightly", JobScope.SYSTEM, rule, recorder)  # type: ignore[arg-type]
+    instance = Instance(schedule_aggregate(CONTEXT, [job], 8))
+    assert instance.run(enable_command(CONTEXT, job)).code is ResultCode.COMMITTED
+    return job, instance
+
+
+def test_a_slot_due_when_a_reschedule_lands_runs_once() -> None:
+    recorder = Recorder(send=True)
+    job, instance = _nightly(recorder)
+    old = instance.state.timer_id
+    assert instance.tick(0).code is ResultCode.COMMITTED
+    due = instance.due_at(1)
+    # Slot 1 is due (03:00 passed) and its tick not decided yet when the reschedule lands.
+    d = instance.run(reschedule_command(CONTEXT, job, {"expr": "0 5 * * *"}), now=due + 5)
+    assert d.code is ResultCode.COMMITTED, d.message
+    assert types(d) == [TICKED, RESCHEDULED, SCHEDULE_SET]
+    assert d.events[0].body == {"slot": 1, "due_at": due, "timer_id": old}
+    # Its commands are those its live tick would have sent: a target takes them once.
+    assert [sent_base(c.request_id) for c in d.commands] == [f"{old}#1>0"]
+    assert [(r.slot, r.due_at, r.request_id) for r in recorder.runs[1:]] == [(1, due, f"{old}#1")]
+    # The old timer's tick of it, in flight, runs nothing more; the new timer counts afresh.
+    assert instance.tick(1, timer_id=old, due_at=due).code is ResultCode.UNCHANGED
+    assert [r.slot for r in recorder.runs] == [0, 1]
+    assert instance.state.timer_id not in (None, old)
+    assert instance.state.last_slot is None
+    assert instance.tick(0).code is ResultCode.COMMITTED
+    assert [r.slot for r in recorder.runs] == [0, 1, 0]
+
+
+def test_a_reschedule_before_the_slot_is_due_runs_nothing() -> None:
+    recorder = Recorder()
+    job, instance = _nightly(recorder)
+    instance.tick(0)
+    d = instance.run(
+        reschedule_command(CONTEXT, job, {"expr": "0 5 * * *"}), now=instance.due_at(1) - 1
+    )
+    assert types(d) == [RESCHEDULED, SCHEDULE_SET]
+    assert [r.slot for r in recorder.runs] == [0]
+
+
+def test_a_coalescing_rule_runs_the_latest_slot_due_as_its_timer_would() -> None:
+    """Several slots behind (a node that was down), the timer would send the latest alone."""
+    recorder = Recorder()
+    job, instance = _nightly(recorder)
+    old = instance.state.timer_id
+    instance.tick(0)
+    due = instance.due_at(3)
+    d = instance.run(reschedule_command(CONTEXT, job, {"expr": "0 5 * * *"}), now=due + 1)
+    assert d.events[0].body == {"slot": 3, "due_at": due, "timer_id": old}
+    assert [r.slot for r in recorder.runs] == [0, 3]
+
+
+def test_a_due_first_slot_runs_when_none_ran_yet() -> None:
+    recorder = Recorder()
+    job, instance = _nightly(recorder, IntervalRule(start=2_000_000, every=60_000))
+    old = instance.state.timer_id
+    first = instance.due_at(0)
+    d = instance.run(reschedule_command(CONTEXT, job, {"every": 120_000}), now=first)
+    assert types(d) == [TICKED, RESCHEDULED, SCHEDULE_SET]
+    assert d.events[0].body == {"slot": 0, "due_at": first, "timer_id": old}
+
+
+def test_an_enable_with_a_new_rule_runs_the_due_slot_too() -> None:
+    recorder = Recorder()
+    job, instance = _nightly(recorder)
+    instance.tick(0)
+    due = instance.due_at(1)
+    d = instance.run(enable_command(CONTEXT, job, rule={"expr": "0 5 * * *"}), now=due)
+    assert types(d)[0] == TICKED
+    assert [r.slot for r in recorder.runs] == [0, 1]
+
+
+def test_the_due_slot_whose_handler_fails_waits_on_its_run_timer() -> None:
+    failures: list[Exception] = []
+    recorder = Recorder()
+
+    def flaky(run: JobRun) -> None:
+        run.send(TARGET, "shop.RemindToPay", {"slot": run.slot})
+        if failures:
+            raise failures.pop()
+        recorder(run)
+
+    job, instance = _nightly(recorder)
+    instance.agg = schedule_aggregate(
+        CONTEXT, [Job("nightly", JobScope.SYSTEM, NIGHTLY_RULE, flaky)], 8
+    )
+    instance.tick(0)
+    failures.append(RuntimeError("disk full"))
+    d = instance.run(
+        reschedule_command(CONTEXT, job, {"expr": "0 5 * * *"}), now=instance.due_at(1)
+    )
+    assert d.code is ResultCode.COMMITTED
+    assert types(d) == [TICKED, RUN_FAILED, SCHEDULE_SET, RESCHEDULED, SCHEDULE_SET]
+    assert d.commands == [], "a failed run's commands are not kept"
+    assert instance.state.failed_runs == [d.events[1].body["key"]]
+
+
+def test_a_backfill_plan_passes_over_the_slot_a_reschedule_ran() -> None:
+    """It ran (under another command than its tick, which a backfill's request id would
+    not find applied): sent, the backfill would run it again."""
+    recorder = Recorder()
+    job, instance = _nightly(recorder)
+    old = instance.state.timer_id
+    assert old is not None
+    instance.tick(0)
+    due = instance.due_at(2)
+    instance.run(reschedule_command(CONTEXT, job, {"expr": "0 5 * * *"}), now=due + 5)
+    assert [r.slot for r in recorder.runs] == [0, 2]  # slot 1 coalesced away, as live
+    slots = backfill_slots(tick_timers(instance.log), 0, due + 5)
+    # Slot 0 ran live: sent, and answered DUPLICATE by its tick's request id, as before.
+    assert [(s.timer_id, s.slot, s.due_at) for s in slots] == [
+        (old, 0, due - 2 * DAY),
+        (old, 1, due - DAY),
+    ]
+
+
+def test_a_disabled_instance_owes_nothing() -> None:
+    """An enable of a paused instance starts a new timer from its next slot: the slots of
+    the paused window are not caught up (a backfill runs them)."""
+    recorder = Recorder()
+    job, instance = _nightly(recorder)
+    instance.tick(0)
+    instance.run(disable_command(CONTEXT, job))
+    d = instance.run(enable_command(CONTEXT, job, rule={"expr": "0 5 * * *"}), now=5 * DAY)
+    assert TICKED not in types(d)
+    assert [r.slot for r in recorder.runs] == [0]
