@@ -3,13 +3,16 @@
 The read-only commands (`list`, `upcoming`, `show`, `ledger`, and `tickwheel jobs list --state`,
 `tickwheel rebuild --dry-run`) never create a topic: one that is not there is an error
 that names it (exit code 1). `retry` and `skip` write requests, and create the timer-ops
-topic as a worker would. `set` and `cancel` (`app.cli.timer_changes`) send a timer book
-its commands and create nothing.
+topic as a worker would; a request sent again under its `--request-id` within the workers'
+de-duplication window is carried out once (`app.timers.applied_ops`). `set` and `cancel`
+(`app.cli.timer_changes`) send a timer book its commands and create nothing.
 """
 
 from __future__ import annotations
 
 import logging
+import shlex
+import uuid
 from typing import Annotated
 
 import orjson
@@ -29,6 +32,7 @@ from app.cli.common import (
     run,
     settings_for,
     time_iso,
+    unsettled,
 )
 from app.errors import TickwheelError
 from app.node.settings import Settings
@@ -112,14 +116,27 @@ def ledger(
 
 
 def _request(
-    action: str, type_name: str, target: AggregateRef, settings: Settings, as_json: bool
+    action: str,
+    type_name: str,
+    target: AggregateRef,
+    settings: Settings,
+    as_json: bool,
+    request_id: str | None,
 ) -> None:
+    if request_id is not None and not 1 <= len(request_id) <= MAX_OP_REQUEST_ID:
+        raise fail(f"--request-id must be 1-{MAX_OP_REQUEST_ID} characters", CONFIG_ERROR)
+    # Made here, so that a send that fails can say it: sent again under it, the workers
+    # carry it out once (`app.timers.applied_ops`); under a fresh one, twice.
+    request_id = request_id or uuid.uuid4().hex
     request = request_retry if action == "retry" else request_skip
-    op: TimerOp = run(
-        checked(
-            settings.kafka, request(clients_for(settings), type_name, target, settings.partitions)
-        )
+    sent = request(
+        clients_for(settings), type_name, target, settings.partitions, request_id=request_id
     )
+    resend = (
+        f"send it again with --request-id {shlex.quote(request_id)} (under its request id "
+        "each partition carries it out at most once)"
+    )
+    op: TimerOp = run(checked(settings.kafka, unsettled(sent, resend)))
     if as_json:
         json_line(
             {
@@ -141,6 +158,15 @@ TargetTenant = Annotated[str, typer.Option(help="the target's tenant")]
 TargetType = Annotated[
     str | None, typer.Option(help="the target's type when not --type, <context>.<aggregate>")
 ]
+OpRequestId = Annotated[
+    str | None,
+    typer.Option(
+        help="names this request: sent again with it (within the workers' de-duplication "
+        "window), each partition carries it out once (new)"
+    ),
+]
+MAX_OP_REQUEST_ID = 200
+"""A timer-op's request id's longest (`TimerOp.request_id`)."""
 
 
 @timers_cli.command()
@@ -149,6 +175,7 @@ def retry(
     target_id: TargetId,
     tenant: TargetTenant = DEFAULT_TENANT,
     target_type: TargetType = None,
+    request_id: OpRequestId = None,
     bootstrap: Bootstrap = None,
     partitions: Partitions = None,
     as_json: Json = False,
@@ -157,7 +184,7 @@ def retry(
     settings = settings_for(bootstrap, partitions)
     type_name = _type(type_name)
     target = _target(type_name, target_id, tenant, target_type)
-    _request("retry", type_name, target, settings, as_json)
+    _request("retry", type_name, target, settings, as_json, request_id)
 
 
 @timers_cli.command()
@@ -166,6 +193,7 @@ def skip(
     target_id: TargetId,
     tenant: TargetTenant = DEFAULT_TENANT,
     target_type: TargetType = None,
+    request_id: OpRequestId = None,
     bootstrap: Bootstrap = None,
     partitions: Partitions = None,
     as_json: Json = False,
@@ -174,7 +202,7 @@ def skip(
     settings = settings_for(bootstrap, partitions)
     type_name = _type(type_name)
     target = _target(type_name, target_id, tenant, target_type)
-    _request("skip", type_name, target, settings, as_json)
+    _request("skip", type_name, target, settings, as_json, request_id)
 
 
 @timers_cli.command("list")

@@ -155,19 +155,37 @@ class TimerTableCycles:
         return await apply_all(w.timers, [op for _, op in ops], refused)
 
     async def _operate(self, kept: KeptType, records: list[Record], w: CycleWork) -> None:
-        """Carries out operators' retry/skip requests on this partition's parked timers."""
+        """Carries out operators' retry/skip requests on this partition's parked timers;
+        one sent again under its request id within the window is its DUPLICATE, passed
+        over (`AppliedOps`): carried out again, a retry would fire the timers parked again
+        since, a skip skip those parked since."""
         for record in records:
             stage = Stage.READ
+            applied = kept.applied_ops.get(record.partition)
             try:
                 self.limits.check(record.key, record.value)
                 # It names parked timers' target as stored: not refused for its characters.
                 op = decode(
                     OperatorRequest, record.value, self.limits.max_record_bytes, new_names=False
                 )
+                first = None if applied is None else applied.duplicate_of(op, record.offset, w.now)
+                if first is not None:
+                    logger.info(
+                        "operator %s of %s (request %s) in partition %d: DUPLICATE of the "
+                        "request carried out at offset %d: nothing done",
+                        op.action,
+                        op.target,
+                        op.request_id,
+                        record.partition,
+                        first,
+                    )
+                    continue
                 stage = Stage.OPERATE
                 # The entry resolved by the partition's next round: a cycle holds its
                 # partition's lock, and the ledger's calls may take seconds.
                 await carry_out(kept.runner, op, record.partition, resolve_later=True)
+                if applied is not None:
+                    applied.note(op, record.offset, w.now)
             except TimeoutError as exc:
                 # Not carried out, and not the request's fault (a call that timed out):
                 # read it again, never dead-lettered.

@@ -4,7 +4,7 @@ task's), and the topics a node of some types reads and writes."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from app.commands.records import state_key
@@ -16,6 +16,7 @@ from app.node.local_state import CleanMarks
 from app.node.type_transactions import TypeTransactions
 from app.protocol.dead_letters import DEAD_LETTER_TOPIC_BYTES
 from app.protocol.topics import AggregateTopics, ContextTopics
+from app.timers.applied_ops import AppliedOps
 from app.timers.runner import TimerRunner
 from tables import AggregateRef, TimerStore
 from tables.aggregate_store import RocksAggregateStore
@@ -40,6 +41,9 @@ class KeptType:
     # and the store's changelog sink that routes each timer row to its partition's.
     transactions: TypeTransactions
     marks: CleanMarks
+    applied_ops: dict[int, AppliedOps] = field(default_factory=dict)
+    """Per partition, the operators' requests it carried out within the window, read again
+    by each take of it (`open_partition`) and noted by its cycles (`_operate`)."""
 
     @property
     def name(self) -> str:

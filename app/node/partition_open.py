@@ -2,7 +2,8 @@
 transactional producer of p started (fencing the previous owner), its command processor
 made and its aggregate states folded from the log, and its timer table restored from its
 changelog (read on from a clean local copy, else dropped and restored whole; a take cut
-short in it leaves what it restored to be read on: `PartitionTask.copy_committed`), and
+short in it leaves what it restored to be read on: `PartitionTask.copy_committed`), the
+operators' requests it carried out read again from its timer-ops topic, and
 the handle its cycles write its timers through made (`PartitionHandle`: p's lock alone,
 and refused once p is let go, so each take makes its own), with p's transaction attached to
 it as p's changelog sink (p's rows go to it directly); then the results readers follow p
@@ -22,6 +23,7 @@ from app.kafka import LogReader, OutRecord, Record
 from app.node.local_state import CleanMarks
 from app.node.partition_transaction import ChangelogBehind, PartitionTransaction
 from app.node.task_shared import TaskShared
+from app.timers.applied_ops import read_applied_ops
 from app.timers.restore import restore_partition, unreadable_letters
 from tables.keys import encode_timer
 from tables.partition_handle import PartitionHandle
@@ -108,6 +110,16 @@ async def open_partition(s: TaskShared, task: PartitionTask, topics: set[str]) -
             txn.stage(letters, {})
             txn.letters_staged = True
             txn.count(s.metrics.dead_letters.labels(t.timers_changelog), len(unreadable))
+    if t.timer_ops in topics:
+        # Before its first cycle: a request sent again is a DUPLICATE on any owner of p.
+        kept.applied_ops[p] = await read_applied_ops(
+            s.reader,
+            t.timer_ops,
+            p,
+            now=s.now(),
+            window_ms=s.settings.request_id_window_ms,
+            limits=s.limits,
+        )
     # Read from its end from now on (idempotent): a type's task of p reads it already.
     s.reading_results.setdefault(p, set()).add(task.type_name)
     for results in s.results.values():

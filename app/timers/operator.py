@@ -5,7 +5,9 @@ every partition of the owner type's `<context>.<aggregate>.timer-ops` topic, bec
 parked timers of one target can sit in any partition. The node that owns partition p of
 that type (the same p of every topic: one consumer group, range assignment) reads the
 record in its group and retries or skips the PARKED timers of partition p only
-(`carry_out`), then commits the record's offset. The ledger entry is resolved by each,
+(`carry_out`), then commits the record's offset: once per request id in the node's
+de-duplication window (`app.timers.applied_ops`), so a request sent again under its id
+(after a send that failed) changes nothing more. The ledger entry is resolved by each,
 by its partition's next timer round once the rows are settled (a cycle calls no ledger);
 resolving is idempotent.
 
@@ -60,10 +62,18 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 
-def new_op(action: TimerAction, target: AggregateRef, now: int | None = None) -> TimerOp:
-    """A request with a fresh id, made `now` (epoch ms; the wall clock by default)."""
+def new_op(
+    action: TimerAction,
+    target: AggregateRef,
+    now: int | None = None,
+    *,
+    request_id: str | None = None,
+) -> TimerOp:
+    """A request under `request_id` (a fresh one by default: the same id sent again within
+    the node's de-duplication window is carried out once), made `now` (epoch ms; the wall
+    clock by default)."""
     return TimerOp(
-        request_id=uuid.uuid4().hex,
+        request_id=request_id or uuid.uuid4().hex,
         action=action,
         target=target,
         requested_at=time.time_ns() // 1_000_000 if now is None else now,
@@ -78,17 +88,29 @@ def op_records(topic: str, op: TimerOp, partitions: int) -> list[OutRecord]:
 
 
 async def request_retry(
-    clients: Clients, type_name: str, target: AggregateRef, partitions: int
+    clients: Clients,
+    type_name: str,
+    target: AggregateRef,
+    partitions: int,
+    *,
+    request_id: str | None = None,
 ) -> TimerOp:
-    """Asks the owners of `type_name`'s timers to retry those PARKED on `target`."""
-    return await _request(clients, type_name, TimerAction.RETRY, target, partitions)
+    """Asks the owners of `type_name`'s timers to retry those PARKED on `target`; under
+    `request_id` (fresh by default), which a copy sent again shares (its DUPLICATE)."""
+    return await _request(clients, type_name, TimerAction.RETRY, target, partitions, request_id)
 
 
 async def request_skip(
-    clients: Clients, type_name: str, target: AggregateRef, partitions: int
+    clients: Clients,
+    type_name: str,
+    target: AggregateRef,
+    partitions: int,
+    *,
+    request_id: str | None = None,
 ) -> TimerOp:
-    """Asks the owners of `type_name`'s timers to skip those PARKED on `target`."""
-    return await _request(clients, type_name, TimerAction.SKIP, target, partitions)
+    """Asks the owners of `type_name`'s timers to skip those PARKED on `target`; under
+    `request_id` as for `request_retry`."""
+    return await _request(clients, type_name, TimerAction.SKIP, target, partitions, request_id)
 
 
 async def _request(
@@ -97,6 +119,7 @@ async def _request(
     action: TimerAction,
     target: AggregateRef,
     partitions: int,
+    request_id: str | None,
 ) -> TimerOp:
     """Writes the op to every partition; returns once the broker acknowledged them all.
 
@@ -105,7 +128,7 @@ async def _request(
     """
     topic = parse_aggregate_type(type_name).timer_ops
     await clients.admin().ensure_topics([TopicSpec(topic, partitions)])
-    op = new_op(action, target)
+    op = new_op(action, target, request_id=request_id)
     producer = clients.publisher()
     try:
         await producer.start()

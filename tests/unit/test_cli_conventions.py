@@ -288,9 +288,15 @@ def test_commands_that_read_every_partition_take_no_partition_count() -> None:
 def test_retry_as_json(monkeypatch: pytest.MonkeyPatch) -> None:
     asked: list[tuple[str, str, AggregateRef, int]] = []
 
-    async def retry(clients: Clients, type_name: str, target: AggregateRef, partitions: int) -> Any:
+    async def retry(
+        clients: Clients,
+        type_name: str,
+        target: AggregateRef,
+        partitions: int,
+        request_id: str | None = None,
+    ) -> Any:
         asked.append((clients.admin().where(), type_name, target, partitions))
-        return new_op(TimerAction.RETRY, target, now=1_800_000_000_000)
+        return new_op(TimerAction.RETRY, target, now=1_800_000_000_000, request_id=request_id)
 
     monkeypatch.setattr(app.cli.timers, "request_retry", retry)
     args = ["timers", "retry", "--type", "shop.order", "--target-id", "t-1", "--partitions", "3"]

@@ -18,6 +18,7 @@ from typer.testing import CliRunner, Result
 
 import app.cli.job_actions
 import app.cli.timer_changes
+import app.cli.timers
 from app.cli import cli
 from app.errors import KafkaUnavailable
 from app.jobs import SCHEDULE, Job, JobRun, JobScope
@@ -26,7 +27,7 @@ from app.kafka.memory import MemoryLog, MemoryPublisher, MemoryReader
 from app.kafka.records import OutRecord
 from app.ops.timer_api import submit
 from app.protocol.topics import AggregateTopics, ContextTopics
-from app.protocol.wire import CommandEnvelope, decode
+from app.protocol.wire import CommandEnvelope, TimerOp, decode
 from app.service import Service
 from tables import AggregateRef, IntervalRule
 from tables.partitioner import partition_of
@@ -113,6 +114,38 @@ def test_a_timer_change_the_broker_failed_says_its_request_id_to_send_it_again_w
     again = CliRunner().invoke(cli, [*TIMERS[action], *shlex.split(resend), "--wait", "0"])
     assert "no answer from the book in time" in error_line(again)
     assert [c.request_id for c in sent(log, BOOK.commands)] == [first.request_id] * 2
+
+
+@pytest.mark.parametrize("action", ["retry", "skip"])
+def test_a_timers_retry_or_skip_the_broker_failed_says_its_request_id_to_send_it_again_with(
+    monkeypatch: pytest.MonkeyPatch, action: str
+) -> None:
+    """Sent again under it, each partition's owner carries it out once (its copy is a
+    DUPLICATE: `tests/unit/test_timer_ops_dedup.py`); under a fresh one, a retry would
+    retry the timers parked again meanwhile."""
+    ops_topic = AggregateTopics("shop", "order").timer_ops
+    log = Cluster([TopicSpec(ops_topic, P)], timed_out=True)
+    monkeypatch.setattr(app.cli.timers, "clients_for", lambda settings: log)
+    args = ["timers", action, "--type", "shop.order", "--target-id", "t-1", "--partitions", str(P)]
+    line = error_line(CliRunner().invoke(cli, args))
+    first = {
+        decode(TimerOp, r.value).request_id for p in range(P) for r in log.records(ops_topic, p)
+    }
+    (request_id,) = first
+    resend = f"--request-id {shlex.quote(request_id)}"
+    assert f"sent or not, send it again with {resend}" in line, line
+    log.heal()
+    again = CliRunner().invoke(cli, [*args, *shlex.split(resend), "--json"])
+    assert again.exit_code == 0, again.output
+    ops = [decode(TimerOp, r.value) for p in range(P) for r in log.records(ops_topic, p)]
+    assert [op.request_id for op in ops] == [request_id] * 2 * P
+
+
+def test_a_timers_retry_takes_a_request_id_of_1_to_200_characters() -> None:
+    args = ["timers", "retry", "--type", "shop.order", "--target-id", "t-1"]
+    result = CliRunner().invoke(cli, [*args, "--request-id", "x" * 201])
+    assert result.exit_code == 2, result.output
+    assert "--request-id must be 1-200 characters" in result.stderr
 
 
 # --- tickwheel jobs trigger ------------------------------------------------------------------

@@ -1,0 +1,102 @@
+"""Which operators' retry/skip requests a partition carried out, by request id
+(`AppliedOps`): what makes a request sent again under its request id (`tickwheel timers
+retry --request-id`, after a send that failed or timed out) a DUPLICATE in each partition,
+as a command sent again is, for the node's de-duplication window
+(`TICKWHEEL_REQUEST_ID_WINDOW_MS`). Without it, a retry sent twice retried the timers that
+parked again in between (firing them once more than asked), and a skip sent twice skipped
+timers parked since.
+
+The timer-ops topic is their log: a take reads its partition of it again
+(`read_applied_ops`), as the aggregates' states are folded again from theirs, so whichever
+node owns the partition knows them; the partition's cycles then note each request they
+carry out (`note`). A request's copy read at or after the partition's committed offset is
+delivered again to its cycle, at its own offset: never a duplicate of itself."""
+
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+from typing import Final
+
+from app.errors import BadRecord
+from app.kafka import LogReader, Record
+from app.protocol.limits import InputLimits
+from app.protocol.wire import TimerOp, decode
+
+__all__ = ["MAX_APPLIED_OPS", "AppliedOps", "read_applied_ops"]
+
+logger = logging.getLogger(__name__)
+
+MAX_APPLIED_OPS: Final = 10_000
+"""The request ids a partition keeps at most (the newest): anyone who may write to the
+timer-ops topic could otherwise grow a node's memory without bound. Requests are an
+operator's, a few a day; a request past it is carried out again if sent again."""
+
+
+class AppliedOps:
+    """The request ids one partition carried out within `window_ms`, each with the offset
+    of the copy carried out and when it was asked (epoch ms, never after the node's now)."""
+
+    def __init__(self, window_ms: int, limit: int = MAX_APPLIED_OPS) -> None:
+        self.window_ms = window_ms
+        self.limit = limit
+        # Oldest noted first: what the window and the limit forget first.
+        self._ids: OrderedDict[str, tuple[int, int]] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._ids)
+
+    def duplicate_of(self, op: TimerOp, offset: int, now: int) -> int | None:
+        """The offset of an earlier copy of `op`'s request carried out within the window;
+        None: `op`, read at `offset`, is to be carried out."""
+        held = self._ids.get(op.request_id)
+        if held is None:
+            return None
+        first, at = held
+        if first >= offset or at <= now - self.window_ms:
+            return None  # itself (read back by the take), or past the window: again
+        return first
+
+    def note(self, op: TimerOp, offset: int, now: int) -> None:
+        """`op`, read at `offset`, was carried out (asked at `op.requested_at`)."""
+        self._ids.pop(op.request_id, None)
+        self._ids[op.request_id] = (offset, min(op.requested_at, now))
+        floor = now - self.window_ms
+        while self._ids:
+            _, (_, at) = next(iter(self._ids.items()))
+            if at > floor and len(self._ids) <= self.limit:
+                break
+            self._ids.popitem(last=False)
+
+
+async def read_applied_ops(
+    reader: LogReader,
+    topic: str,
+    partition: int,
+    *,
+    now: int,
+    window_ms: int,
+    limits: InputLimits,
+) -> AppliedOps:
+    """The requests of `topic[partition]` (a type's timer-ops topic, read whole: a few
+    records a day) asked within the window, as its cycles would have noted them: the first
+    copy of each, later copies within the window its duplicates. A record no cycle reads
+    (dead-lettered when read live) is passed over; one read beyond the committed offset is
+    delivered again, and carried out, as itself."""
+    applied = AppliedOps(window_ms)
+    async for batch in reader.read(topic, partition, 0):
+        for record in batch:
+            op = _op(record, limits)
+            if op is not None and applied.duplicate_of(op, record.offset, now) is None:
+                applied.note(op, record.offset, now)
+    logger.debug("%s[%d]: %d operator request(s) in the window", topic, partition, len(applied))
+    return applied
+
+
+def _op(record: Record, limits: InputLimits) -> TimerOp | None:
+    try:
+        # As the cycle reads it (`TimerTableCycles._operate`).
+        limits.check(record.key, record.value)
+        return decode(TimerOp, record.value, limits.max_record_bytes, new_names=False)
+    except BadRecord:
+        return None
