@@ -109,14 +109,14 @@ def report(
                     "request_id": c.request_id,
                     **slot,
                     "code": None if result is None else result.code.value,
-                    "message": None if result is None else result.message,
+                    "message": None if result is None else result.reason,
                 }
             )
             continue
         if result is None:
             outcome = "sent" if wait == 0 else f"sent; no result within {wait:g} s"
         else:
-            outcome = result.code.value + (f": {result.message}" if result.message else "")
+            outcome = result.code.value + (f": {result.reason}" if result.reason else "")
         named = f"{c.aggregate} {c.request_id}" if runs else str(c.aggregate)
         typer.echo(f"{action} {named}: {outcome}")
     if runs and not commands and not as_json:

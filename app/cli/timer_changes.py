@@ -127,7 +127,8 @@ def _answer(action: str, cmd: CommandEnvelope, result: CommandResult | None, as_
     if result.code not in DONE:
         # The refusal's typed code (the book's RULE_ENDED) before its text, as the web
         # edge's 409 says it.
-        why = result.message if result.refusal is None else f"{result.refusal}: {result.message}"
+        # `reason`: the message, naming a code this version does not know (read as ERROR).
+        why = result.reason if result.refusal is None else f"{result.refusal}: {result.reason}"
         raise fail(f"{action} refused: {result.code} {why}".rstrip())
     if as_json:
         json_line(answer.model_dump(mode="json"))

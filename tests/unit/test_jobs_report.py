@@ -1,6 +1,7 @@
 """How `tickwheel jobs` reports what came of its commands (`app.cli.job_options.report`):
 changes of instances (enable, disable, reschedule) by instance, runs (trigger, backfill) by
-instance and request id; a refusal or a missing result after a wait ends with exit 1."""
+instance and request id; a refusal or a missing result after a wait ends with exit 1; a
+newer writer's result code is named (the timer changes' refusals too)."""
 
 from __future__ import annotations
 
@@ -93,3 +94,34 @@ def test_as_json_a_run_carries_its_slot_and_a_change_does_not(
     }
     assert (backfilled["slot"], backfilled["due_at"], backfilled["code"]) == (3, 9, None)
     assert set(disabled) == {"action", "instance", "request_id", "code", "message"}
+
+
+def test_a_result_code_this_version_does_not_know_is_named_in_the_report(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A newer writer's code is read as ERROR (`CommandResult.reason` keeps it): the report
+    names it, as the web edge does, in text and in JSON."""
+    newer = CommandResult.model_validate(
+        {**_result("a", ResultCode.ERROR, "later").model_dump(mode="json"), "code": "DEFERRED"}
+    )
+    for as_json in (False, True):
+        with pytest.raises(typer.Exit):
+            report("trigger", [_command("a", {})], {"a": newer}, 5.0, as_json, runs=True)
+        out, _ = capsys.readouterr()
+        assert "result code DEFERRED (unknown to this version, read as ERROR): later" in out
+
+
+def test_a_timer_change_answered_with_an_unknown_code_names_it(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`tickwheel timers set|cancel|...` refused: the error names a newer writer's code."""
+    from app.cli.timer_changes import _answer
+
+    newer = CommandResult.model_validate(
+        {**_result("a", ResultCode.ERROR, "later").model_dump(mode="json"), "code": "DEFERRED"}
+    )
+    with pytest.raises(typer.Exit) as ended:
+        _answer("pause", _command("a", {"key": "pay"}), newer, False)
+    assert ended.value.exit_code == 1
+    _, err = capsys.readouterr()
+    assert "pause refused: ERROR result code DEFERRED (unknown to this version" in err
