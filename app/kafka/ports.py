@@ -55,8 +55,8 @@ POLL_FAILING_S: Final = 60.0
 fails every poll that fetches it (a `GroupMember`'s, a `Follower`'s), and a reader that
 retried it for ever would read nothing while its node said it was ready. A broker or a
 group in flux passes well within it. The node's readers stop it, loudly, past it
-(`app.node.polling`, `app.timers.sender.FollowerPolls`), as the group's offset commits
-failing that long, none landing, do (two given up in a row: a coordinator away)."""
+(`app.node.polling`, `app.timers.sender.FollowerPolls`); the group's offset commits
+failing, none landing, stop it after a bound of their own (`app.node.polling`)."""
 
 
 class TransactionalWriter(Protocol):

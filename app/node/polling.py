@@ -18,7 +18,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Mapping
-from typing import Protocol
+from typing import Final, Protocol
 
 from app.errors import KafkaUnavailable
 from app.kafka.ports import POLL_FAILING_S, GroupMember
@@ -26,7 +26,7 @@ from app.kafka.records import instance_fenced, never_joins, refused
 from app.node.partition_input import Batch, Held
 from app.node.task_id import TaskId
 
-__all__ = ["POLL_FAILING_S", "Batch", "poll_loop"]
+__all__ = ["COMMITS_FAILING_S", "POLL_FAILING_S", "Batch", "poll_loop"]
 
 logger = logging.getLogger(__name__)
 
@@ -38,9 +38,14 @@ POLL_RETRY_S = 1.0
 # `POLL_FAILING_S` (the port's): polls failing that long, none passing, stop the node, as
 # the node's followers' do (`app.timers.sender.FollowerPolls`): a batch corrupt on a
 # broker's disk fails every poll that fetches it, for good (the consumer reads every other
-# partition again each time, and passes none). The group's offset commits failing that
-# long, none landing, stop it too, whatever the polls between them do: each waits up to
-# `GROUP_CALL_S` (30 s) for a coordinator away, the node not ready meanwhile (commit lag).
+# partition again each time, and passes none).
+COMMITS_FAILING_S: Final = 300.0
+"""The group's offset commits failing this long, none landing, stop the node, whatever the
+polls between them do: each waits up to `GROUP_CALL_S` (30 s) for a coordinator away, the
+node not ready meanwhile (commit lag). Longer than the polls' bound: the coordinator is one
+broker for every node of the group, and its offsets' failover (a broker lost, a large
+offsets partition loaded) may take a minute or two, which every busy node would otherwise
+be stopped by at once."""
 
 
 class Running(Protocol):
@@ -78,13 +83,14 @@ async def poll_loop(
     """Hands each polled batch to the worker of the task running its partition of its
     topic's type (`type_of`: each topic read, its type's name), and commits what they did;
     ends after `fail` when the consumer is refused (no retry passes an ACL), or its polls
-    or its offset commits keep failing (`POLL_FAILING_S`, by `clock`).
+    or its offset commits keep failing (`POLL_FAILING_S`, `COMMITS_FAILING_S`, by `clock`).
 
     Tasks are independent: each has a worker of its own, so one task's slow transaction
     does not hold up the others' commands, nor (paused on while its queue is full) their
     records and offsets.
     """
-    polls, commits_failing = _Failing("polls"), _Failing("offset commits")
+    polls = _Failing("polls", POLL_FAILING_S)
+    commits_failing = _Failing("offset commits", COMMITS_FAILING_S)
     while True:
         calls, started = polls, clock()
         try:
@@ -138,7 +144,7 @@ async def poll_loop(
             # A poll's failure counts from when it was seen, as ever; a commit's from when
             # the first in a row began (a coordinator away takes 30 s to fail each).
             failing_s = calls.failed(now if calls is polls else started, now)
-            if failing_s >= POLL_FAILING_S:
+            if failing_s >= calls.bound_s:
                 failed = f"the group consumer's {calls.what} failed for {failing_s:.0f} s"
                 fail(f"{failed}, none passing: {exc}")
                 return
@@ -148,10 +154,11 @@ async def poll_loop(
 
 class _Failing:
     """Since when one kind of the group consumer's calls (`what`) has failed, none passing
-    since (None: the last one passed)."""
+    since (None: the last one passed), and how long it may (`bound_s`)."""
 
-    def __init__(self, what: str) -> None:
+    def __init__(self, what: str, bound_s: float) -> None:
         self.what = what
+        self.bound_s = bound_s  # failing this long, none passing, stops the node
         self.since: float | None = None
 
     def failed(self, since: float, now: float) -> float:

@@ -1,9 +1,9 @@
 """The poll loop's offset commits to the group failing again and again while the polls
 between them pass (a coordinator away: each commit gives up after `GROUP_CALL_S`): the
-node stops, loudly, after `POLL_FAILING_S` of them, none landing, as it does for polls
-that keep failing. Before, each poll that passed ended the failing, and the node sat not
-ready (its commit lag) for ever. A commit landing, or a round with nothing to commit
-(nothing waits for the group: no lag either), ends it."""
+node stops, loudly, after `COMMITS_FAILING_S` of them, none landing, as it does for polls
+that keep failing (after `POLL_FAILING_S`). Before, each poll that passed ended the
+failing, and the node sat not ready (its commit lag) for ever. A commit landing, or a
+round with nothing to commit (nothing waits for the group: no lag either), ends it."""
 
 from __future__ import annotations
 
@@ -15,9 +15,9 @@ from fakes import wait_until
 
 from app.errors import KafkaUnavailable
 from app.kafka.group_consumer import GROUP_CALL_S
-from app.kafka.ports import POLL_FAILING_S, GroupMember
+from app.kafka.ports import GroupMember
 from app.node import polling
-from app.node.polling import poll_loop
+from app.node.polling import COMMITS_FAILING_S, poll_loop
 
 Outcome = Literal["hangs", "lands", "quiet"]
 """A round's commit: given up after `GROUP_CALL_S`, landed, or none (nothing to commit)."""
@@ -109,23 +109,23 @@ def _no_retry_pause(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 async def test_commits_failing_for_good_stop_the_node_whatever_the_polls_between() -> None:
-    assert POLL_FAILING_S == 2 * GROUP_CALL_S  # two commits given up in a row
-    group, failed = await _run([], last=20)
-    assert group.commits == 2 and group.polls == 2
+    assert COMMITS_FAILING_S == 10 * GROUP_CALL_S  # ten commits given up in a row
+    group, failed = await _run([], last=40)
+    assert group.commits == 10 and group.polls == 10
     assert failed == [
-        f"the group consumer's offset commits failed for {POLL_FAILING_S:.0f} s, none "
+        f"the group consumer's offset commits failed for {COMMITS_FAILING_S:.0f} s, none "
         f"passing: no offset commit within {GROUP_CALL_S:g} s"
     ]
 
 
 async def test_a_commit_landing_between_ends_the_failing() -> None:
-    # Five given up, 150 s of them, none in a row; then two in a row stop it.
-    group, failed = await _run(["hangs", "lands"] * 5, last=20)
-    assert group.commits == 12 and len(failed) == 1
+    # Five given up, 150 s of them, none in a row; then ten in a row stop it.
+    group, failed = await _run(["hangs", "lands"] * 5, last=40)
+    assert group.commits == 20 and len(failed) == 1
 
 
 async def test_commits_failing_far_apart_are_not_in_a_row() -> None:
     """A quiet node's commits fail once in a while (a rebalance each), nothing to commit in
     between: nothing waited for the group meanwhile, so they never add up."""
-    group, failed = await _run(["hangs", "quiet"] * 5, last=20)
-    assert group.commits == 7 and len(failed) == 1
+    group, failed = await _run(["hangs", "quiet"] * 5, last=40)
+    assert group.commits == 15 and len(failed) == 1
