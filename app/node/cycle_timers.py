@@ -172,7 +172,8 @@ class TimerTableCycles:
                 if first is not None:
                     logger.info(
                         "operator %s of %s (request %s) in partition %d: DUPLICATE of the "
-                        "request carried out at offset %d: nothing done",
+                        "request carried out (or dead-lettered) at offset %d: nothing done; "
+                        "send it under a new request id to carry it out again",
                         op.action,
                         op.target,
                         op.request_id,
@@ -194,6 +195,10 @@ class TimerTableCycles:
                 if node_fault(exc):
                     raise
                 w.dead_letter(record, exc, stage)
+                if stage is Stage.OPERATE and applied is not None:
+                    # Its id used (perhaps half carried out), as a take's reading of the
+                    # topic counts it (`read_applied_ops`): a copy is its DUPLICATE here too.
+                    applied.note(op, record.offset, w.now)
                 continue
             w.counts.add(
                 self._metrics.operator_requests.labels(

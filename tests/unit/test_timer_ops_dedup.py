@@ -19,7 +19,7 @@ from pydantic import BaseModel
 
 from app.kafka.memory import MemoryLog
 from app.model.aggregate import AggregateType, Command, Decision
-from app.protocol.topics import AggregateTopics
+from app.protocol.topics import AggregateTopics, ContextTopics
 from app.protocol.wire import CommandEnvelope, TimerAction, TimerOp, encode
 from app.service import Service
 from app.timers.applied_ops import AppliedOps
@@ -225,3 +225,32 @@ def test_applied_ops_forget_past_the_window_and_past_their_bound() -> None:
         applied.note(later, 20 + i, T0 + WINDOW)
     assert len(applied) == 2
     assert applied.duplicate_of(again, 30, T0 + WINDOW) is None, "the oldest was dropped"
+
+
+async def test_a_request_dead_lettered_as_carried_out_is_used_as_a_take_reads_it(
+    node: tuple[MemoryLog, FakeClock], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A request whose carrying out failed (dead-lettered, perhaps half done) has used its
+    request id, as a take's reading of the topic counts it: a copy is its DUPLICATE on the
+    node that failed it as on any other (before, carried out here, passed over there)."""
+    from app.node import cycle_timers
+
+    log, clock = node
+    await parked(log, clock, "remind")
+    real = cycle_timers.carry_out  # type: ignore[attr-defined]
+
+    async def failing(*args: object, **kwargs: object) -> None:
+        raise ValueError("the runner refused it")
+
+    monkeypatch.setattr(cycle_timers, "carry_out", failing)
+    retry = op(TimerAction.RETRY, "retry-1", clock)
+    await request(log, retry)
+    letters = ContextTopics("shop").dead_letters
+    await wait_until(
+        lambda: sum(len(log.records(letters, p)) for p in range(log.partitions(letters))) >= 1
+    )
+    monkeypatch.setattr(cycle_timers, "carry_out", real)
+    await request(log, retry)
+    await request(log, op(TimerAction.SKIP, "skip-1", clock))
+    await wait_until(lambda: status(log, "remind") is TimerStatus.CANCELLED or len(NUDGES) > 1)
+    assert len(NUDGES) == 1, "the copy of a request dead-lettered was carried out"
