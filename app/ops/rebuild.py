@@ -191,13 +191,21 @@ async def _record_counts(clients: Clients, plan: RebuildPlan) -> None:
     nodes = {ContextTopics(t.topics.context).nodes for t in plan.types}
     found = await clients.admin().existing_topics(nodes)
     publisher = clients.publisher()
-    await publisher.start()
     try:
+        await publisher.start()
         for t in plan.types:
             if ContextTopics(t.topics.context).nodes in found:
                 await write_counts(
                     publisher, [t.topics], len(t.partitions), int(time.time() * 1000)
                 )
+    except KafkaUnavailable as exc:
+        # After the reset: what was done, and that running it again is safe.
+        raise KafkaUnavailable(
+            "the changelogs were emptied and the log offsets reset, but the partition "
+            f"count was not recorded on {', '.join(sorted(found))} ({exc}): run the same "
+            "rebuild again (it empties nothing more) before starting the workers, which "
+            "otherwise refuse tables built with another count"
+        ) from exc
     finally:
         await publisher.stop()
 

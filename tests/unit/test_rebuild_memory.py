@@ -95,3 +95,29 @@ async def test_missing_topics_are_named_and_none_is_created() -> None:
         await plan_rebuild(log, GROUP, [TOPICS])
     assert f"topic {TOPICS.events} does not exist" not in str(raised.value)
     assert log.topic_names() == {TOPICS.events}
+
+
+async def test_a_count_not_recorded_after_the_reset_says_to_run_it_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The partition count is written last, after the changelogs were emptied: a write that
+    fails there (no Write ACL on the nodes topic, the broker gone) says what was done and
+    that the same rebuild, run again, records it (it empties nothing more)."""
+    from app.errors import KafkaUnavailable
+    from app.ops import rebuild as rebuild_module
+    from app.protocol.topics import ContextTopics
+
+    log = await worked_log()
+    log.create_topic(ContextTopics(TOPICS.context).nodes)
+
+    async def refused(*args: object, **kwargs: object) -> None:
+        raise KafkaUnavailable("TopicAuthorizationFailedError")
+
+    monkeypatch.setattr(rebuild_module, "write_counts", refused)
+    plan = await plan_rebuild(log, GROUP, [TOPICS])
+    with pytest.raises(KafkaUnavailable) as refusal:
+        await apply_plan(log, plan)
+    said = str(refusal.value)
+    assert "changelogs were emptied and the log offsets reset" in said
+    assert "run the same rebuild again" in said and "TopicAuthorizationFailedError" in said
+    assert log.records(TOPICS.timers_changelog, 0) == []
