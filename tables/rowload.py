@@ -67,7 +67,7 @@ class _Command(msgspec.Struct, forbid_unknown_fields=True, gc=False):
 
 
 class _Row(msgspec.Struct, forbid_unknown_fields=True, gc=False, kw_only=True):
-    """A Timer's JSON as `encode_timer` writes it: every field, but the two left out while
+    """A Timer's JSON as `encode_timer` writes it: every field, but the three left out while
     unset (UNSET: an explicit null is refused, as no row of this store holds one)."""
 
     id: _Text200
@@ -89,6 +89,7 @@ class _Row(msgspec.Struct, forbid_unknown_fields=True, gc=False, kw_only=True):
     error_text: (
         Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_ERROR_TEXT)] | UnsetType
     ) = UNSET
+    parked_when_paused: bool | UnsetType = UNSET
 
 
 _decode = msgspec.json.Decoder(_Row).decode
@@ -96,17 +97,18 @@ _decode_rule = msgspec.json.Decoder(_Once | _Interval | _Cron).decode
 _decode_command = msgspec.json.Decoder(_Command).decode
 _REFUSED = (msgspec.ValidationError, msgspec.DecodeError, UnicodeDecodeError)
 _ERRORS = ("error_code", "error_text")
+_FLAG = "parked_when_paused"
 _asdict = msgspec.structs.asdict
 if (
     _Row.__struct_fields__ != tuple(Timer.model_fields)
-    or _Row.__struct_fields__[-2:] != _ERRORS
+    or _Row.__struct_fields__[-3:] != (*_ERRORS, _FLAG)
     or _Ref.__struct_fields__ != tuple(AggregateRef.model_fields)
 ):
     raise TypeError("rowload's structs must name the models' fields in order")
 
 _new = object.__new__
 _ALL_SET = set(Timer.model_fields)
-_NO_ERROR_SET = _ALL_SET - set(_ERRORS)
+_USUAL_SET = _ALL_SET - {*_ERRORS, _FLAG}
 _REF_SET = set(AggregateRef.model_fields)
 _COMMAND_SET = set(CommandSpec.model_fields)
 _CACHE_SIZE = 4096
@@ -257,7 +259,7 @@ def _built(
     timer_class: Any = Timer,
     ref_class: Any = AggregateRef,
     ref_set: set[str] = _REF_SET,
-    no_error: set[str] = _NO_ERROR_SET,
+    usual: set[str] = _USUAL_SET,
     unset: Any = UNSET,
 ) -> Timer | None:
     """The Timer of a row msgspec took, if the cached checks take it too; None leaves
@@ -288,14 +290,18 @@ def _built(
         row["target"] = _model(AggregateRef, asdict(target), _REF_SET)
     else:
         return None
-    named = no_error
+    named = usual
     if struct.error_code is unset and struct.error_text is unset:
         row["error_code"] = row["error_text"] = None  # the usual row: no error
     else:
-        named = _ALL_SET - {name for name in _ERRORS if row[name] is UNSET}
+        named = _ALL_SET - {name for name in _ERRORS if row[name] is UNSET} - {_FLAG}
         for name in _ERRORS:
             if row[name] is UNSET:
                 row[name] = None
+    if struct.parked_when_paused is unset:
+        row[_FLAG] = False  # the usual row: not a parked timer paused
+    else:
+        named = named | {_FLAG}
     timer = new(timer_class)
     set_dict(timer, row)
     set_fields(timer, named)

@@ -189,15 +189,15 @@ class TimerStore(Protocol):
         ...
 
     async def pause(self, owner: AggregateRef, key: str, version: int) -> bool:
-        """Pauses `owner`'s timer under `key` when it is PENDING or FIRING and held at
-        `version` or earlier (`tables.writes.pause_row`): PAUSED, in no index the firing
-        loop reads, never due; whether it wrote."""
+        """Pauses `owner`'s timer under `key` when it is PENDING, FIRING or PARKED and held
+        at `version` or earlier (`tables.writes.pause_row`): PAUSED, in no index the firing
+        loop or an operator's retry reads, never due; whether it wrote."""
         ...
 
     async def resume(self, owner: AggregateRef, key: str, version: int, now: int) -> Timer | None:
         """Resumes `owner`'s PAUSED timer under `key` held at `version` or earlier, caught
-        up at `now` by its rule (`tables.writes.resume_row`): the PENDING row it wrote, or
-        None when it wrote nothing."""
+        up at `now` by its rule (`tables.writes.resume_row`): the PENDING row it wrote (the
+        PARKED one, for a timer PARKED when paused), or None when it wrote nothing."""
         ...
 
     async def cancel_all(self, owner: AggregateRef, version: int) -> int:

@@ -60,6 +60,8 @@ def error_text(message: str) -> str | None:
 _absent: Final = functools.partial(operator.is_, None)
 """Whether a field's value is None: `exclude_if`'s test, called by the serializer for every
 row and record written. A C callable, not a Python function: no frame per call."""
+_false: Final = functools.partial(operator.is_, False)
+"""Whether a flag is False: `exclude_if`'s test, a C callable as `_absent`."""
 
 
 class TimerStatus(StrEnum):
@@ -70,7 +72,8 @@ class TimerStatus(StrEnum):
     PARKED = "PARKED"
     PAUSED = "PAUSED"
     """Held by its owner (`wow.SchedulePaused`): keeps its rule and slot, fires nothing, and
-    is in no index the firing loop reads until `wow.ScheduleResumed`."""
+    is in no index the firing loop reads until `wow.ScheduleResumed`, which runs it again,
+    or parks it again if it was PARKED when paused (`Timer.parked_when_paused`)."""
 
 
 ACTIVE = frozenset(
@@ -174,6 +177,13 @@ class Timer(BaseModel):
         exclude_if=_absent,
         description="that attempt's error message, at most 1,000 characters (a longer one "
         "cut, ending in ' …[cut]'); absent when the result had none",
+    )
+    parked_when_paused: bool = Field(
+        default=False,
+        exclude_if=_false,
+        description="a PAUSED row's: the timer was PARKED when it was paused, so its resume "
+        "parks it again (an operator's retry sends it, as any parked timer); absent: false "
+        "(left out of the JSON, as before it existed)",
     )
 
     def same_as_loaded(self, loaded: Timer) -> bool:

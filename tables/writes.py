@@ -84,23 +84,30 @@ def cancel_row(held: Timer | None, version: int) -> Timer | None:
     """
     if held is None or held.status not in ACTIVE or held.version > version:
         return None
-    return copied(
-        held, {"status": TimerStatus.CANCELLED, "outcome": Outcome.CANCELLED, "version": version}
-    )
+    update: dict[str, object] = {
+        "status": TimerStatus.CANCELLED,
+        "outcome": Outcome.CANCELLED,
+        "version": version,
+    }
+    if held.parked_when_paused:
+        update["parked_when_paused"] = False  # a PAUSED row's alone
+    return copied(held, update)
 
 
-PAUSABLE = frozenset({TimerStatus.PENDING, TimerStatus.FIRING})
-"""What a pause holds: a PARKED timer fires nothing already (an operator retries or skips
-it), and a FIRED or CANCELLED one is done."""
+PAUSABLE = frozenset({TimerStatus.PENDING, TimerStatus.FIRING, TimerStatus.PARKED})
+"""What a pause holds: a running timer, or a PARKED one (which an operator's retry would
+otherwise send while its owner holds it paused); a FIRED or CANCELLED one is done."""
 
 
 def pause_row(held: Timer | None, version: int) -> Timer | None:
-    """`held` PAUSED at `version`, when it is PENDING or FIRING and held at `version` or
-    earlier; its rule, slot, attempts and outcome kept.
+    """`held` PAUSED at `version`, when it is PENDING, FIRING or PARKED and held at
+    `version` or earlier; its rule, slot, attempts and outcome kept.
 
     A FIRING row's claim is given up: its `due_at` (the claim's deadline) becomes its
     slot's own firing time, so that a resume sends the slot again (with its request id:
-    a send that did reach the target is answered DUPLICATE). The row takes the pause's
+    a send that did reach the target is answered DUPLICATE). A PARKED row is marked
+    `parked_when_paused`: an operator's retry or skip passes over it while it is paused
+    (they act on PARKED rows), and its resume parks it again. The row takes the pause's
     version, so that no older change (a replayed put) writes over it.
     """
     if held is None or held.status not in PAUSABLE or held.version > version:
@@ -108,21 +115,32 @@ def pause_row(held: Timer | None, version: int) -> Timer | None:
     update: dict[str, object] = {"status": TimerStatus.PAUSED, "version": version}
     if held.status is TimerStatus.FIRING:
         update["due_at"] = jittered_due(held.rule, held.id, Slot(held.slot, held.slot_due_at))
+    elif held.status is TimerStatus.PARKED:
+        update["parked_when_paused"] = True
     return copied(held, update)
 
 
 def resume_row(held: Timer | None, version: int, now: int) -> Timer | None:
-    """`held` PENDING again at `version`, when it is PAUSED and held at `version` or
-    earlier; None otherwise (a running timer's resume does nothing).
+    """`held` running again (PENDING) at `version`, when it is PAUSED and held at
+    `version` or earlier; None otherwise (a running timer's resume does nothing).
 
     It catches up at `now` (the resume's own time, so that a replay decides the same) by
     its rule's policy: a coalescing rule whose later slots came due while it was paused
     moves to the latest one due, the ones passed over counted as skipped; a rule that
     does not coalesce keeps its slot and the runner sends each slot in turn. A slot still
     to come keeps its due time. Expiry is the runner's, as for any late slot.
+
+    A timer that was PARKED when paused (`parked_when_paused`) is PARKED again, as it
+    was: its resume sends nothing, an operator's retry does (or a skip drops it), and
+    neither catch-up nor expiry applies to it before then, as to any parked timer.
     """
     if held is None or held.status is not TimerStatus.PAUSED or held.version > version:
         return None
+    if held.parked_when_paused:
+        return copied(
+            held,
+            {"status": TimerStatus.PARKED, "version": version, "parked_when_paused": False},
+        )
     catch = caught_up(held.rule, Slot(held.slot, held.slot_due_at), now)
     if catch.slot.index <= held.slot:
         return copied(held, {"status": TimerStatus.PENDING, "version": version})

@@ -136,15 +136,17 @@ class ScheduleCancelled(Envelope):
 
 class SchedulePaused(Envelope):
     """Body of `wow.SchedulePaused`: the owner's timer under `key` is held (PAUSED): it
-    keeps its rule and slot and fires nothing until resumed. Only a PENDING or FIRING
-    timer pauses (a PARKED, FIRED or CANCELLED one stays as it is)."""
+    keeps its rule and slot and fires nothing until resumed. A PENDING, FIRING or PARKED
+    timer pauses (a PARKED one is parked again by its resume); a FIRED or CANCELLED one
+    stays as it is."""
 
     key: str = Field(min_length=1, max_length=200)
 
 
 class ScheduleResumed(Envelope):
     """Body of `wow.ScheduleResumed`: the owner's PAUSED timer under `key` runs again,
-    caught up at the event's time by its rule's catch-up policy (`coalesce`)."""
+    caught up at the event's time by its rule's catch-up policy (`coalesce`), or, PARKED
+    when it was paused, is PARKED again for an operator's retry or skip."""
 
     key: str = Field(min_length=1, max_length=200)
 

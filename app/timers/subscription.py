@@ -251,6 +251,7 @@ def _built(
             "outcome": None,
             "error_code": None,
             "error_text": None,
+            "parked_when_paused": False,
         },
     )
     _set(timer, "__pydantic_fields_set__", _TIMER_SET)

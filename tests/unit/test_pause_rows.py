@@ -1,5 +1,6 @@
 """Pause and resume of a timer row (`tables.writes.pause_row`, `resume_row`): pure, so
-hypothesis holds them to their rules on every rule kind."""
+hypothesis holds them to their rules on every rule kind. A PARKED timer pauses too, and
+its resume parks it again."""
 
 from __future__ import annotations
 
@@ -8,11 +9,13 @@ from fakes import slot_timer as make_timer
 from hypothesis import given
 from hypothesis import strategies as st
 
+from app.timers.runner.decisions import NOTHING, retry_parked, skip_parked
 from app.timers.runner.options import DAY_MS
+from tables.keys import decode_timer, encode_timer
 from tables.rules import CronRule, IntervalRule, OnceRule
 from tables.slots import Slot, caught_up, first_slot, jittered_due, next_slot
-from tables.timer import Timer, TimerStatus
-from tables.writes import pause_row, resume_row
+from tables.timer import Outcome, Timer, TimerStatus
+from tables.writes import cancel_row, pause_row, resume_row
 
 rules: st.SearchStrategy[Rule] = st.one_of(
     st.builds(OnceRule, at=st.integers(T0, T0 + DAY_MS)),
@@ -121,9 +124,78 @@ def test_a_rule_that_does_not_coalesce_keeps_its_slot(timer: Timer, paused_for: 
     )
 
 
-@given(st.sampled_from([TimerStatus.PARKED, TimerStatus.FIRED, TimerStatus.CANCELLED]))
-def test_only_a_running_timer_pauses_and_only_a_paused_one_resumes(status: TimerStatus) -> None:
+@st.composite
+def parked(draw: st.DrawFn) -> Timer:
+    """A PARKED timer at version 3: its attempts spent, its outcome FAILED or BUSY, due at
+    its last claim's deadline (as the runner parks it)."""
+    timer = draw(running())
+    return timer.model_copy(
+        update={
+            "status": TimerStatus.PARKED,
+            "outcome": draw(st.sampled_from([Outcome.FAILED, Outcome.BUSY])),
+            "error_code": "ERROR",
+        }
+    )
+
+
+@given(parked(), st.integers(3, 9), st.integers(0, 3 * DAY_MS))
+def test_a_parked_timer_paused_is_parked_again_by_its_resume(
+    timer: Timer, version: int, paused_for: int
+) -> None:
+    """Before, a pause left a PARKED row as it was: the owner's pause was committed, yet
+    an operator's retry fired the timer it held paused."""
+    paused = pause_row(timer, version)
+    assert paused is not None
+    assert (paused.status, paused.version, paused.parked_when_paused) == (
+        TimerStatus.PAUSED,
+        version,
+        True,
+    )
+    kept = ("id", "rule", "slot", "slot_due_at", "due_at", "attempts", "outcome", "error_code")
+    assert all(getattr(paused, f) == getattr(timer, f) for f in kept)
+    assert decode_timer(encode_timer(paused)) == paused, "the changelog keeps the mark"
+    # An operator's retry or skip acts on PARKED rows: it passes over a paused one.
+    assert retry_parked(paused, paused.due_at + paused_for) == NOTHING
+    assert skip_parked(paused) == NOTHING
+    assert pause_row(paused, version + 1) is None, "a paused timer pauses no further"
+    # Its resume parks it again as it was, whenever it comes: no catch-up, no send; an
+    # operator's retry sends it (`retry_parked`), as any parked timer.
+    resumed = resume_row(paused, version + 1, max(paused.due_at, T0) + paused_for)
+    assert resumed == timer.model_copy(update={"version": version + 1})
+    assert not resumed.parked_when_paused
+    assert "parked_when_paused" not in encode_timer(resumed).decode()
+    # Cancelled while paused: CANCELLED, unmarked (the mark is a PAUSED row's alone).
+    cancelled = cancel_row(paused, version + 1)
+    assert cancelled is not None and cancelled.status is TimerStatus.CANCELLED
+    assert not cancelled.parked_when_paused
+
+
+@given(running(), st.integers(3, 9))
+def test_a_running_timer_paused_is_not_marked_parked(timer: Timer, version: int) -> None:
+    paused = pause_row(timer, version)
+    assert paused is not None and not paused.parked_when_paused
+    assert "parked_when_paused" not in encode_timer(paused).decode(), "rows as before"
+
+
+@given(st.sampled_from([TimerStatus.FIRED, TimerStatus.CANCELLED]))
+def test_only_an_active_timer_pauses(status: TimerStatus) -> None:
     timer = make_timer(status=status)
     assert pause_row(timer, 5) is None
+    assert pause_row(None, 5) is None
+
+
+@given(
+    st.sampled_from(
+        [
+            TimerStatus.PENDING,
+            TimerStatus.FIRING,
+            TimerStatus.PARKED,
+            TimerStatus.FIRED,
+            TimerStatus.CANCELLED,
+        ]
+    )
+)
+def test_only_a_paused_timer_resumes(status: TimerStatus) -> None:
+    timer = make_timer(status=status)
     assert resume_row(timer, 5, T0) is None
-    assert pause_row(None, 5) is None and resume_row(None, 5, T0) is None
+    assert resume_row(None, 5, T0) is None

@@ -86,6 +86,8 @@ _timers = st.builds(
     # Left out of the row's JSON while None.
     error_code=st.none() | st.sampled_from(["ERROR", "TIMEOUT", "x" * 100]),
     error_text=st.none() | text | st.just("é" * MAX_ERROR_TEXT),
+    # Left out of the row's JSON while False.
+    parked_when_paused=st.booleans(),
 )
 timers = _timers | _timers.map(lambda t: t.model_copy(update={"target": t.owner}))
 
@@ -195,6 +197,9 @@ BASES = [
         update={"error_code": "ERROR", "error_text": "out of stock"}
     ),
     _base(IntervalRule(start=5, every=60_000), AggregateRef(context="c", aggregate="a", id="x")),
+    _base(OnceRule(at=5), None).model_copy(
+        update={"status": TimerStatus.PAUSED, "parked_when_paused": True}
+    ),
     _base(CronRule(expr="*/5 * * * *", zone="Europe/Berlin", start=5), None),
     # Each field the rules gained in #22 set, so each is mangled in turn too.
     _base(OnceRule(at=5, jitter=3), None),
@@ -206,7 +211,16 @@ BASES = [
 @pytest.mark.parametrize(
     "timer",
     BASES,
-    ids=["once", "once-error", "interval", "cron", "once-ends", "interval-ends", "cron-ends"],
+    ids=[
+        "once",
+        "once-error",
+        "interval",
+        "paused-parked",
+        "cron",
+        "once-ends",
+        "interval-ends",
+        "cron-ends",
+    ],
 )
 def test_every_field_set_to_every_tricky_value_gets_pydantics_verdict(timer: Timer) -> None:
     """Each field of a valid row (nested ones too) replaced by each of `TRICKY` in turn,

@@ -406,12 +406,60 @@ async def test_a_paused_timer_is_in_no_index_and_never_due(
     assert await store.timers_of(t.owner) == [paused]
 
 
-@pytest.mark.parametrize("status", [PAUSED, PARKED, FIRED, CANCELLED])
+@pytest.mark.parametrize("status", [PAUSED, FIRED, CANCELLED])
 async def test_pause_leaves_a_timer_it_cannot_hold(store: TimerStore, status: TimerStatus) -> None:
     t = timer(target=ref("target"))
     held = await into(store, t, status)
     assert not await store.pause(t.owner, t.key, 9)
     assert await store.find(t.owner, t.key) == held
+
+
+async def test_a_parked_timer_paused_leaves_the_parked_index_and_its_resume_parks_it_again(
+    opener: Opener, sink: Sink
+) -> None:
+    """Before, a pause left a PARKED row as it was (its owner's pause committed all the
+    same), so an operator's retry, which reads `parked`, fired the timer it held paused."""
+    store = await opener(changelog=sink)
+    t = timer(version=2, target=ref("target"))
+    held = await into(store, t, PARKED, outcome=Outcome.FAILED, attempts=5)
+    assert await store.pause(t.owner, t.key, 3)
+    paused = held.model_copy(update={"status": PAUSED, "version": 3, "parked_when_paused": True})
+    assert await store.find(t.owner, t.key) == paused
+    assert await store.parked(ref("target")) == [], "an operator's retry finds nothing"
+    assert await store.due(set(range(P)), 10**12, 10) == []
+    assert store.status_counts(0) == {PENDING: 0, FIRING: 0, PARKED: 0, PAUSED: 1}
+    census = await store.census(0, 10**12)
+    assert (census.parked, census.parked_timers) == (0, ())
+    assert await store.expire(0, 10**12, 0, 10) == 0, "retention never sweeps it"
+    assert not await store.pause(t.owner, t.key, 4), "paused already"
+    # The changelog carries the mark: a restore makes the same row.
+    restored = await opener("restored")
+    for offset, record in enumerate(sink.records):
+        await restored.apply_changelog(record.partition, [(offset, record.key, record.value)])
+    assert await restored.find(t.owner, t.key) == paused
+    assert await restored.parked(ref("target")) == []
+    # Resumed, whenever: PARKED again as it was, for an operator's retry; nothing due.
+    for s in (store, restored):
+        resumed = await s.resume(t.owner, t.key, 4, 10**12)
+        assert resumed == held.model_copy(update={"version": 4})
+        assert await s.find(t.owner, t.key) == resumed
+        assert await s.parked(ref("target")) == [resumed]
+        assert await s.due(set(range(P)), 10**12, 10) == []
+        assert s.status_counts(0) == {PENDING: 0, FIRING: 0, PARKED: 1, PAUSED: 0}
+
+
+async def test_a_parked_timer_paused_and_cancelled_is_cancelled_unmarked(
+    store: TimerStore,
+) -> None:
+    t = timer(version=2, target=ref("target"))
+    held = await into(store, t, PARKED, outcome=Outcome.FAILED)
+    assert await store.pause(t.owner, t.key, 3)
+    assert await store.cancel(t.owner, t.key, 4)
+    assert await store.find(t.owner, t.key) == held.model_copy(
+        update={"status": CANCELLED, "outcome": Outcome.CANCELLED, "version": 4}
+    )
+    assert await store.resume(t.owner, t.key, 5, 10**12) is None
+    assert await store.parked(ref("target")) == []
 
 
 async def test_pause_and_resume_of_an_absent_key_do_nothing(store: TimerStore, sink: Sink) -> None:

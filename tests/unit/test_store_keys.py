@@ -80,6 +80,8 @@ timers = st.builds(
     # Left out of the row's JSON while None: rows with and without them.
     error_code=st.none() | st.sampled_from(["ERROR", "BUSY", "TIMEOUT", "RULE_ERROR"]),
     error_text=st.none() | text,
+    # Left out of the row's JSON while False: rows with and without it.
+    parked_when_paused=st.booleans(),
 )
 
 
@@ -167,6 +169,7 @@ def test_a_stored_row_loads_back_as_the_timer_it_was(timer: Timer) -> None:
         timer.error_code is not None,
         timer.error_text is not None,
     )
+    assert ("parked_when_paused" in written) == timer.parked_when_paused
     loaded = load_timer(raw)
     assert loaded == timer == decode_timer(raw)
     assert type(loaded.rule) is type(timer.rule)
@@ -177,7 +180,8 @@ def test_a_stored_row_loads_back_as_the_timer_it_was(timer: Timer) -> None:
     assert copied.version == timer.version + 1
     assert loaded.version == timer.version
     # (and left the shared set of the fields a row names as it was)
-    named = set(Timer.model_fields) - {k for k in ("error_code", "error_text") if k not in written}
+    unset = ("error_code", "error_text", "parked_when_paused")
+    named = set(Timer.model_fields) - {k for k in unset if k not in written}
     assert load_timer(raw).model_fields_set == named
 
 
