@@ -21,8 +21,9 @@ on the store's PARKED rows, not on these names, so nothing is lost to an operato
 meanwhile.
 
 `forget` takes out of an entry the names of timers that are no longer PARKED (cancelled,
-replaced, deleted with their owner, retried or skipped), so that an entry names what an
-operator can still act on, and goes once nothing is left (`app.timers.unparked`).
+replaced, deleted with their owner, paused, retried or skipped), so that an entry names
+what an operator can still act on, and goes once nothing is left; a paused one resumed is
+PARKED again and recorded again (`app.timers.unparked`).
 """
 
 from __future__ import annotations

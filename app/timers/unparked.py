@@ -1,5 +1,5 @@
 """The ledger names of timers that left PARKED other than by an operator's retry or skip,
-taken out of their entries (`Unparked`).
+taken out of their entries, and of those a resume parked again, named again (`Unparked`).
 
 A park records its target's entry (naming the timer), and an operator's retry or skip
 resolves it (`app.timers.runner.operating`). A PARKED row may also leave PARKED by its
@@ -19,8 +19,18 @@ write noted roll back (its commit failed), its row is PARKED again with its name
 out: the partition is then taken afresh, and its first round names its PARKED timers no
 entry names (`name_unnamed`).
 
-Notes are bounded (`MAX_NOTED`): one dropped leaves a name in its entry, as before, never
-a PARKED timer unnamed.
+A PARKED timer its owner pauses leaves PARKED too (its name is taken out: an operator's
+retry or skip passes over a paused timer), and its resume parks it again
+(`tables.writes.resume_row`), in the partition's cycle, which calls no ledger. So `note`
+keeps as well the rows that were PAUSED so marked (`Timer.parked_when_paused`), and the
+round names again those of them PARKED by then that their target's entry does not name
+(`name_again`). Until that round the resumed row is PARKED with no entry naming it (a
+retry or skip reaches it all the same: they act on PARKED rows); a note lost with its
+node is made up for by the partition's next take, whose first round names its PARKED
+timers no entry names.
+
+Notes are bounded (`MAX_NOTED`): one dropped leaves a name in its entry, as before, or a
+timer parked again unnamed until the partition's next take.
 """
 
 from __future__ import annotations
@@ -40,6 +50,7 @@ __all__ = [
     "ParkedRows",
     "Unparked",
     "forget_unparked",
+    "name_again",
     "pruned_entry",
 ]
 
@@ -64,7 +75,7 @@ def pruned_entry(
     known: LedgerEntry, gone: Collection[str], parked: Sequence[Timer]
 ) -> LedgerEntry | None:
     """`known` without the names of `gone` (timers no longer PARKED: cancelled, replaced,
-    deleted with their owner, retried, skipped), with `parked` (the target's PARKED timers
+    deleted with their owner, paused, retried, skipped), with `parked` (the target's PARKED timers
     where the caller looked) named; None when it names nothing then; `known` itself when
     none of `gone` is named but by a timer `parked` still has (nothing to write).
 
@@ -123,6 +134,23 @@ async def forget_unparked(
     return True
 
 
+async def name_again(
+    ledger: FailureLedger, subscription: str, target: AggregateRef, parked: Sequence[Timer]
+) -> bool:
+    """`parked` (timers a resume PARKED again, whose pause took their names out) named in
+    the entry of `(subscription, target)`, unless it names them all already or names no
+    more (`truncated`: recorded, it would only be written again); whether it wrote."""
+    if not parked:
+        return False
+    known = await ledger.entry(subscription, target)
+    if known is not None and (
+        known.truncated or {t.request_id for t in parked} <= set(known.timers)
+    ):
+        return False
+    await ledger.record(subscription, target, parked)
+    return True
+
+
 class ParkedRows(Protocol):
     """What `forget` reads of the partition's store: a target's PARKED rows."""
 
@@ -131,12 +159,15 @@ class ParkedRows(Protocol):
 
 class Unparked:
     """One partition's timers that left PARKED, by target, waiting to be taken out of the
-    ledger by its round (see the module). Its owner's: one partition, one event loop."""
+    ledger by its round, and those that left a PAUSED row marked parked, waiting to be
+    named again if PARKED (see the module). Its owner's: one partition, one event loop."""
 
     def __init__(self, partition: int, *, limit: int = MAX_NOTED) -> None:
         self.partition = partition
         self._limit = limit
         self._names: dict[AggregateRef, set[str]] = {}
+        self._again: dict[AggregateRef, set[str]] = {}
+        """The timers that were PAUSED, PARKED when paused: perhaps PARKED again."""
         self._count = 0
         self.dropped = 0
         """Notes not kept (`MAX_NOTED`): their names stay in their entries."""
@@ -148,60 +179,79 @@ class Unparked:
 
     def note(self, before: Iterable[Timer | None]) -> None:
         """Of the rows a write replaced (`ChangelogRecord.before`), keeps those that were
-        PARKED (whatever they became: the round looks at what they are then)."""
+        PARKED, and those that were PAUSED when PARKED (`Timer.parked_when_paused`),
+        whatever they became: the round looks at what they are then."""
         for row in before:
-            if row is None or row.status is not TimerStatus.PARKED:
+            if row is None:
+                continue
+            if row.status is TimerStatus.PARKED:
+                kept = self._names
+            elif row.status is TimerStatus.PAUSED and row.parked_when_paused:
+                kept = self._again
+            else:
                 continue
             if row.partition != self.partition:
                 continue  # another partition's round answers for it
-            names = self._names.get(row.target)
+            names = kept.get(row.target)
             if names is not None and row.request_id in names:
                 continue
             if self._count >= self._limit:
                 self.dropped += 1
                 continue
-            self._names.setdefault(row.target, set()).add(row.request_id)
+            kept.setdefault(row.target, set()).add(row.request_id)
             self._count += 1
 
     async def forget(
         self, store: ParkedRows, ledger: FailureLedger, subscription: str, now: int
     ) -> int:
-        """Takes the names noted out of their targets' entries under `subscription`; how
-        many entries it wrote. The caller waits first for the partition's outcome writes
-        under way (`PartitionFiring.written`): a park of one of them records its entry
-        before it writes its row. A failure keeps what is left for `RETRY_AFTER_MS`."""
-        if not self._names or now < self.after:
+        """Takes the names noted out of their targets' entries under `subscription`, and
+        names again the timers noted PARKED again; how many entries it wrote. The caller
+        waits first for the partition's outcome writes under way
+        (`PartitionFiring.written`): a park of one of them records its entry before it
+        writes its row. A failure keeps what is left for `RETRY_AFTER_MS`."""
+        if not (self._names or self._again) or now < self.after:
             return 0
         written = 0
         for _ in range(TARGETS_PER_ROUND):
-            if not self._names:
+            # The names gone first, then the timers parked again: each looks at the rows
+            # as they are by then (a timer paused and resumed since is PARKED, kept named).
+            kept = self._names or self._again
+            if not kept:
                 break
             # Taken out first: a note of this target made while the ledger is awaited
             # starts a set of its own, for the next round.
-            target, gone = next(iter(self._names.items()))
-            del self._names[target]
-            self._count -= len(gone)
+            target, noted = next(iter(kept.items()))
+            del kept[target]
+            self._count -= len(noted)
             try:
                 rows = await store.parked(target)
                 parked = [t for t in rows if t.partition == self.partition]
-                if await forget_unparked(ledger, subscription, target, gone, parked):
+                if kept is self._names:
+                    wrote = await forget_unparked(ledger, subscription, target, noted, parked)
+                else:
+                    back = [t for t in parked if t.request_id in noted]
+                    wrote = await name_again(ledger, subscription, target, back)
+                if wrote:
                     written += 1
             except Exception as exc:
-                self._keep(target, gone)
+                self._keep(kept, target, noted)
                 self.after = now + RETRY_AFTER_MS
                 logger.warning(
-                    "partition %d: the ledger names of %d timer(s) no longer parked not "
-                    "taken out yet (%d waiting): %r",
+                    "partition %d: the ledger names of %d timer(s) %s not %s yet (%d waiting): %r",
                     self.partition,
-                    len(gone),
+                    len(noted),
+                    "no longer parked" if kept is self._names else "parked again",
+                    "taken out" if kept is self._names else "written",
                     self._count,
                     exc,
                 )
                 break
         return written
 
-    def _keep(self, target: AggregateRef, gone: set[str]) -> None:
-        names = self._names.setdefault(target, set())
+    def _keep(
+        self, kept: dict[AggregateRef, set[str]], target: AggregateRef, noted: set[str]
+    ) -> None:
+        names = kept.setdefault(target, set())
         before = len(names)
-        names |= gone
+        names |= noted
         self._count += len(names) - before

@@ -238,6 +238,57 @@ async def test_a_timer_parked_again_after_a_retry_stays_named(ledger: FailureLed
     await store.close()
 
 
+async def test_a_parked_timer_paused_leaves_its_entry_and_is_named_again_once_resumed(
+    ledger: FailureLedger,
+) -> None:
+    """A paused timer is no longer parked: its name goes (a retry or skip passes over it),
+    and its resume, which parks it again, names it again (`Unparked.note` keeps the rows
+    that were PAUSED when PARKED; `name_again`)."""
+    notes = Unparked(0)
+    store = noting_store(notes)
+    other = AggregateRef(context="shop", aggregate="order", id="o-2")
+    runner, clock = await parked_in(store, ledger, notes, timer(1), timer(2, owner=other))
+    assert await names(ledger) == ("t-1#0", "t-2#0")
+
+    assert await store.pause(OWNER, "k-1", 2)
+    await notes.forget(store, ledger, SUB, clock.now())
+    assert await names(ledger) == ("t-2#0",), "a paused timer is not named"
+    assert await store.pause(other, "k-2", 2)
+    await notes.forget(store, ledger, SUB, clock.now())
+    assert await ledger.entries() == [], "nothing left to retry: resolved"
+    assert await runner.retry(TARGET) == 0, "a retry passes over the paused timers"
+
+    assert await store.resume(OWNER, "k-1", 3, clock.now()) is not None
+    await notes.forget(store, ledger, SUB, clock.now())
+    assert await names(ledger) == ("t-1#0",), "parked again: named again"
+    assert len(notes) == 0
+    # Paused and resumed before a round: named as it was, once.
+    assert await store.pause(OWNER, "k-1", 4)
+    assert await store.resume(OWNER, "k-1", 5, clock.now()) is not None
+    await notes.forget(store, ledger, SUB, clock.now())
+    assert await names(ledger) == ("t-1#0",)
+    # A retry sends it (and only it: the other is still paused).
+    assert await runner.retry(TARGET) == 1
+    assert [t.key for t in await store.parked(TARGET)] == []
+    held = await store.find(other, "k-2")
+    assert held is not None and held.status is TimerStatus.PAUSED
+    await store.close()
+
+
+async def test_a_parked_timer_paused_then_cancelled_is_named_no_more(
+    ledger: FailureLedger,
+) -> None:
+    notes = Unparked(0)
+    store = noting_store(notes)
+    _, clock = await parked_in(store, ledger, notes, timer(1), timer(2))
+    assert await store.pause(OWNER, "k-1", 2)
+    assert await store.cancel(OWNER, "k-1", 3)  # noted as parked again, it is not
+    await notes.forget(store, ledger, SUB, clock.now())
+    assert await names(ledger) == ("t-2#0",)
+    assert len(notes) == 0
+    await store.close()
+
+
 async def test_a_failing_jobs_entry_names_its_newest_parked_slots_only() -> None:
     """The jobs' bound (`test_jobs_failed_runs`) cancels the oldest run timers: without
     the notes, the instance's entry named every slot that ever failed (up to `MAX_NAMED`,
