@@ -19,24 +19,20 @@ from pathlib import Path
 import pytest
 from fakes import T0, FakeClock, RunningNode, running, wait_until
 from pydantic import BaseModel
+from test_timer_ops_dedup import ORDERS, OWNER, P, rows, status
 
 from app.errors import BadRecord
 from app.kafka.memory import MemoryLog
 from app.model.aggregate import AggregateType, Command, Decision
 from app.node import node as node_module
 from app.node.parked_names import keep_parked_named
-from app.protocol.topics import AggregateTopics
 from app.protocol.wire import CommandEnvelope, EventEnvelope, TimerAction, decode, encode
 from app.service import Service
 from app.timers.ledger_view import read_ledger
 from app.timers.operator import new_op, op_records
 from app.timers.runner import RetryPolicy, TimerOptions
-from tables import AggregateRef, CommandSpec, OnceRule, Timer, TimerStatus
+from tables import CommandSpec, OnceRule, Timer, TimerStatus
 from tables.partitioner import partition_of
-
-P = 2
-ORDERS = AggregateTopics("shop", "order")
-OWNER = AggregateRef(context="shop", aggregate="order", id="o-1")
 
 
 class Order(BaseModel):
@@ -81,21 +77,6 @@ OPTIONS = TimerOptions(retry=RetryPolicy(max_attempts=1))
 def _reset() -> None:
     FAILING[0] = True
     NUDGES.clear()
-
-
-def rows(log: MemoryLog) -> dict[str, Timer]:
-    latest: dict[bytes, bytes | None] = {}
-    for p in range(P):
-        for r in log.records(ORDERS.timers_changelog, p):
-            assert r.key is not None
-            latest[r.key] = r.value
-    timers = [Timer.model_validate_json(v) for v in latest.values() if v is not None]
-    return {t.key: t for t in timers}
-
-
-def status(log: MemoryLog, key: str) -> TimerStatus | None:
-    row = rows(log).get(key)
-    return None if row is None else row.status
 
 
 def nudges(log: MemoryLog, key: str) -> int:
