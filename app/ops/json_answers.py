@@ -1,6 +1,7 @@
 """The HTTP edge's JSON answers: one response maker for every route, and the middleware
-that answers what no route did (a bad query, an HTTP error raised, the broker away or a
-partition handed over) with JSON instead of aiohttp's plain-text 500."""
+that answers what no route did (a bad query, an HTTP error raised, a body that cannot be
+read, the broker away or a partition handed over) with JSON instead of aiohttp's
+plain-text 500."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from collections.abc import Awaitable, Callable
 
 import orjson
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from app.errors import KafkaUnavailable
 from app.log_limit import LogLimit
@@ -57,6 +59,13 @@ async def errors_middleware(request: web.Request, handler: Handler) -> web.Strea
         return await handler(request)
     except web.HTTPException as exc:
         return json_response({"error": exc.reason, "path": request.path}, exc.status)
+    except web.RequestPayloadError as exc:
+        # A body its own encoding does not give (`Content-Encoding: gzip` on bytes that are
+        # not): the client's mistake, as a body that is no JSON is.
+        cause = exc.__cause__
+        reason = cause.message if isinstance(cause, HttpProcessingError) else str(exc)
+        body = {"error": f"the body cannot be read: {reason}", "path": request.path}
+        return json_response(body, 400)
     except (KafkaUnavailable, StoreError) as exc:
         if not isinstance(exc, KafkaUnavailable | StoreClosed):
             store_failed(exc)
