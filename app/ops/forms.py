@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import TypeVar
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 from multidict import MultiDict, MultiMapping
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from yarl import URL
@@ -99,10 +100,20 @@ async def posted_form(
     request: web.Request,
 ) -> MultiMapping[str | bytes | bytearray | web.FileField]:
     """The request's form; a body no form parser reads (a multipart body without its
-    boundary, an unknown charset, bytes not of its charset) is a 400, not a 500."""
+    boundary, an unknown charset, bytes not of its charset, a part's headers malformed or
+    its transfer encoding unknown) is a 400, not a 500."""
     try:
         return await request.post()
-    except (ValueError, LookupError, UnicodeError, AssertionError) as exc:
+    # aiohttp's multipart reader raises a RuntimeError for a part's unknown encoding and
+    # an HttpProcessingError for its bad headers: the client's bytes, as the others.
+    except (
+        ValueError,
+        LookupError,
+        UnicodeError,
+        AssertionError,
+        RuntimeError,
+        HttpProcessingError,
+    ) as exc:
         raise web.HTTPBadRequest(reason=f"the form cannot be read: {type(exc).__name__}") from exc
 
 

@@ -222,6 +222,7 @@ queries = st.lists(
 ).map(lambda pairs: "&".join(f"{k}={v}" for k, v in pairs))
 
 FORM = "application/x-www-form-urlencoded"
+MULTIPART = b"multipart/form-data; boundary=b"
 AUTH = ("Authorization", f"Bearer {WEB_TOKEN}".encode())
 header_values = st.one_of(
     st.sampled_from([b"", b"x", b"\xff\xfe", "\u2028".encode(), b'"a\\"b;']),
@@ -237,20 +238,6 @@ headers = st.lists(
                 st.just(f"bearer  {WEB_TOKEN} ".encode()),
                 header_values.map(lambda v: b"Bearer " + v),
                 header_values,
-            ),
-        ),
-        st.tuples(
-            st.just("Content-Type"),
-            st.sampled_from(
-                [
-                    b"application/json",
-                    FORM.encode(),
-                    FORM.encode() + b"; charset=klingon",
-                    b"multipart/form-data",
-                    b"multipart/form-data; boundary=b",
-                    b"text/plain",
-                    b"application/json; charset=utf-16",
-                ]
             ),
         ),
         st.tuples(
@@ -340,15 +327,63 @@ bodies_form = st.lists(
     st.tuples(st.one_of(st.sampled_from(FORM_FIELDS), st.text(max_size=5)), values),
     max_size=8,
 ).map(lambda pairs: "&".join(f"{_quoted(k)}={v}" for k, v in pairs).encode())
+PART_HEADERS = [
+    b"Content-Transfer-Encoding: base64",
+    b"Content-Transfer-Encoding: quoted-printable",
+    b"Content-Transfer-Encoding: x-odd",
+    b"Content-Encoding: gzip",
+    b"Content-Encoding: x-odd",
+    b"Content-Type: text/plain; charset=klingon",
+    b"Content-Type: application/octet-stream",
+    b"Content-Length: zz",
+    b"Bad Header: 1",
+    b"X: " + b"y" * 9000,
+]
+
+
+@st.composite
+def bodies_multipart(draw: st.DrawFn) -> bytes:
+    """A multipart form (boundary `b`) of fields with odd part headers."""
+    parts = []
+    for _ in range(draw(st.integers(0, 4))):
+        name = draw(st.one_of(st.sampled_from(FORM_FIELDS), st.text(max_size=5)))
+        head = [b'Content-Disposition: form-data; name="%s"' % _quoted(name).encode()]
+        if draw(st.booleans()):
+            head[0] += b'; filename="f"'
+        head += draw(st.lists(st.sampled_from(PART_HEADERS), max_size=2))
+        value = draw(st.one_of(values.map(str.encode), st.binary(max_size=20)))
+        parts.append(b"--b\r\n" + b"\r\n".join(head) + b"\r\n\r\n" + value + b"\r\n")
+    return b"".join(parts) + b"--b--\r\n"
+
+
+CONTENT_TYPES = [
+    b"application/json",
+    FORM.encode(),
+    FORM.encode() + b"; charset=klingon",
+    b"multipart/form-data",
+    MULTIPART,
+    b"text/plain",
+    b"application/json; charset=utf-16",
+]
 bodies = st.one_of(
-    st.none(),
-    bodies_json,
-    bodies_form,
-    st.binary(max_size=64),
-    st.sampled_from([b"NaN", b"1e309", b'{"a":1,"a":2}', b"\x1f\x8b", b"\xef\xbb\xbf{}"]),
-    st.integers(1, 5000).map(lambda n: b"[" * n),  # nested past the parser's limit
-    st.integers(1, 3000).map(lambda n: b'{"a":' * n),
+    st.tuples(st.none(), st.none()),
+    st.tuples(st.just(b"application/json"), bodies_json),
+    st.tuples(st.just(FORM.encode()), bodies_form),
+    st.tuples(st.just(MULTIPART), bodies_multipart()),
+    st.tuples(
+        st.one_of(st.none(), st.sampled_from(CONTENT_TYPES)),
+        st.one_of(
+            bodies_json,
+            bodies_form,
+            bodies_multipart(),
+            st.binary(max_size=64),
+            st.sampled_from([b"NaN", b"1e309", b'{"a":1,"a":2}', b"\x1f\x8b", b"\xef\xbb\xbf{}"]),
+            st.integers(1, 5000).map(lambda n: b"[" * n),  # nested past the parser's limit
+            st.integers(1, 3000).map(lambda n: b'{"a":' * n),
+        ),
+    ),
 )
+"""A body and its `Content-Type` (None: no header), most often the body's own."""
 methods = st.sampled_from(["GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS", "TRACE"])
 
 _WRITE_ANSWERS = frozenset({503, 504})
@@ -389,10 +424,13 @@ async def test_no_generated_request_is_answered_5xx_and_the_node_goes_on(
     path: str,
     query: str,
     extra: list[tuple[str, bytes]],
-    body: bytes | None,
+    typed_body: tuple[bytes | None, bytes | None],
     authorized: bool,
 ) -> None:
     target = f"{path}?{query}" if query else path
+    content_type, body = typed_body
+    if content_type is not None:
+        extra = [*extra, ("Content-Type", content_type)]
     if authorized and all(name != "Authorization" for name, _ in extra):
         extra = [AUTH, *extra]
     got = await send(edge, request_bytes(method, target, extra, body))

@@ -429,6 +429,12 @@ async def test_a_back_that_is_no_url_goes_back_to_the_page(site: Site, back: str
     assert site.sent == 1
 
 
+def _part(headers: bytes) -> bytes:
+    """A multipart body (boundary `b`) of one field, `type`, with `headers` added."""
+    head = b'Content-Disposition: form-data; name="type"\r\n' + headers
+    return b"--b\r\n" + head + b"\r\n\r\nshop.order\r\n--b--\r\n"
+
+
 @pytest.mark.parametrize(
     ("content_type", "body"),
     [
@@ -436,6 +442,12 @@ async def test_a_back_that_is_no_url_goes_back_to_the_page(site: Site, back: str
         ("multipart/form-data; boundary=zz", b"--nope\r\n\r\n"),
         ("application/x-www-form-urlencoded; charset=nope", b"a=1"),
         ("application/x-www-form-urlencoded", b"\xff\xfe=1"),
+        # a part's transfer encoding no one knows (aiohttp: RuntimeError), its headers
+        # malformed or too many (an HttpProcessingError): each was a 500
+        ("multipart/form-data; boundary=b", _part(b"Content-Transfer-Encoding: x-odd")),
+        ("multipart/form-data; boundary=b", _part(b"Bad Header: 1")),
+        ("multipart/form-data; boundary=b", _part(b"X: " + b"y" * 9000)),
+        ("multipart/form-data; boundary=b", _part(b"\r\n".join([b"X: 1"] * 200))),
     ],
 )
 async def test_a_form_body_no_parser_reads_is_a_400(
