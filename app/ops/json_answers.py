@@ -1,7 +1,7 @@
 """The HTTP edge's JSON answers: one response maker for every route, and the middleware
 that answers what no route did (a bad query, an HTTP error raised, a body that cannot be
-read, the broker away or a partition handed over) with JSON instead of aiohttp's
-plain-text 500."""
+read, the broker away or a partition handed over, a client gone) with JSON instead of
+aiohttp's plain-text 500."""
 
 from __future__ import annotations
 
@@ -78,3 +78,10 @@ async def errors_middleware(request: web.Request, handler: Handler) -> web.Strea
             503,
             {"Retry-After": retry},
         )
+    except ConnectionError:
+        if request.transport is not None:
+            raise
+        # The client went away while its body was read: no one to answer, and nothing of
+        # the node failed (aiohttp would log a 500 with a traceback). Never sent.
+        logger.debug("%s %s: the client went away unanswered", request.method, request.path)
+        return json_response({"error": "the client went away", "path": request.path}, 400)

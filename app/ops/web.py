@@ -59,6 +59,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from yarl import URL
 
 from app.errors import TickwheelError
+from app.ops.client_faults import SERVER_LOG
 from app.ops.forms import TOKEN_FIELD, posted_form, without_token
 from app.ops.job_routes import JobRoutes
 from app.ops.json_answers import errors_middleware, json_response, store_failed
@@ -165,7 +166,9 @@ class WebServer:
         app.router.add_post("/timers/skip", self._skip)
         app.router.add_post(TIMER_FORM, self._timer_form)
         app.router.add_post(JOB_FORM, self._job_form)
-        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=STOP_GRACE_S)
+        self._runner = web.AppRunner(
+            app, access_log=None, shutdown_timeout=STOP_GRACE_S, logger=SERVER_LOG
+        )
         await self._runner.setup()
         site = web.TCPSite(self._runner, self._host, self._port)
         await site.start()

@@ -1,7 +1,8 @@
 """Hostile requests at the HTTP edge (`app.ops.web` and every route it adds), generated: no
 request is answered 5xx (but the documented ones: readiness's 503, a write's 503 or 504
-when the book or the schedule did not answer), none shows a traceback, the node still
-answers `/livez` afterwards and a timer set before is still there.
+when the book or the schedule did not answer), none shows a traceback, none is logged
+with one (a client's malformed request is an INFO line, `app.ops.client_faults`), the
+node still answers `/livez` afterwards and a timer set before is still there.
 
 Each request is written to the socket as raw bytes (odd methods, percent-encoded bytes
 that are no UTF-8, NUL, unicode separators, huge and repeated parameters, bodies that
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import urllib.parse
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -22,6 +24,7 @@ from pathlib import Path
 
 import orjson
 import pytest
+from aiohttp.http_exceptions import BadHttpMessage, HttpProcessingError
 from fakes import MIN, T0, WEB_TOKEN, FakeClock, WebNode, web_node
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -29,7 +32,9 @@ from pydantic import BaseModel
 
 from app.clients.timer_book import timer_book
 from app.jobs import Job, JobRun, JobScope
+from app.log_limit import LogLimit
 from app.model.aggregate import AggregateType, Command, Decision
+from app.ops.client_faults import ClientFaults, client_fault
 from app.service import Service
 from tables import AggregateRef, IntervalRule
 
@@ -416,10 +421,16 @@ _FUZZ = settings(
 )
 
 
+def tracebacks(caplog: pytest.LogCaptureFixture) -> list[str]:
+    """What was logged with a traceback (by the node or by aiohttp's server)."""
+    return [f"{r.name}: {r.getMessage()}" for r in caplog.records if r.exc_info is not None]
+
+
 @_FUZZ
 @given(methods, paths(), queries, headers, bodies, st.booleans())
 async def test_no_generated_request_is_answered_5xx_and_the_node_goes_on(
     edge: WebNode,
+    caplog: pytest.LogCaptureFixture,
     method: str,
     path: str,
     query: str,
@@ -436,6 +447,7 @@ async def test_no_generated_request_is_answered_5xx_and_the_node_goes_on(
     got = await send(edge, request_bytes(method, target, extra, body))
     assert_answered(method, target, got)
     await still_there(edge)
+    assert tracebacks(caplog) == []
 
 
 # --- found by hand ---------------------------------------------------------------------
@@ -471,3 +483,95 @@ async def test_a_body_its_content_encoding_does_not_decode_is_a_400(edge: WebNod
             assert encoding.decode() in answer["error"]
     assert commands_sent(edge) == sent
     await still_there(edge)
+
+
+MALFORMED = [
+    (b"GET * HTTP/1.1\r\nHost: x\r\n\r\n", 400),  # no path
+    (b"GET / HTTP/1.1\r\n\r\n", 400),  # no Host
+    (b"GET /livez HTTP/1.1\r\nHost: x\r\nX: \x00\r\n\r\n", 400),  # NUL in a header
+    (b"GET /" + b"x" * 9000 + b" HTTP/1.1\r\nHost: x\r\n\r\n", 400),  # line too long
+    (b"GET /livez HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n", 400),
+    # a body the route never read, read after it answered: its encoding fails then
+    (
+        b"GET /livez HTTP/1.1\r\nHost: x\r\nContent-Encoding: gzip\r\nContent-Length: 2\r\n\r\nno",
+        200,
+    ),
+]
+
+
+async def test_a_malformed_request_is_logged_as_the_clients_without_a_traceback(
+    edge: WebNode, caplog: pytest.LogCaptureFixture
+) -> None:
+    """aiohttp logged each at ERROR with its traceback (anyone reaching the port could
+    fill the log with them): an INFO line of `app.ops.client_faults` now, if any (one a
+    minute of a kind), and the node goes on."""
+    caplog.set_level(logging.DEBUG, logger="app.ops")
+    for request, status in MALFORMED:
+        got = await send(edge, request.replace(b"\r\n\r\n", b"\r\nConnection: close\r\n\r\n", 1))
+        assert got.status == status, (request[:60], got.body)
+    assert tracebacks(caplog) == []
+    assert all(
+        r.levelno == logging.INFO for r in caplog.records if r.name == "app.ops.client_faults"
+    )
+    await still_there(edge)
+
+
+async def test_a_client_gone_while_its_body_was_read_is_no_traceback(
+    edge: WebNode, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A client that sends part of its body and goes away: aiohttp logged the route's
+    `ConnectionResetError` as a 500 with a traceback; a DEBUG line now, nothing sent."""
+    caplog.set_level(logging.DEBUG, logger="app.ops.json_answers")
+    sent = commands_sent(edge)
+    assert edge.url.port is not None
+    _, writer = await asyncio.open_connection("127.0.0.1", edge.url.port)
+    head = request_bytes("PUT", "/timers/shop.reminders/o-1/k", [AUTH], b"x" * 100)
+    writer.write(head[:-90])  # ten bytes of the hundred promised
+    await writer.drain()
+    writer.close()
+    deadline = asyncio.get_running_loop().time() + 10
+    while not any("went away" in r.getMessage() for r in caplog.records):
+        assert asyncio.get_running_loop().time() < deadline, tracebacks(caplog)
+        await asyncio.sleep(0.01)
+    assert tracebacks(caplog) == []
+    assert commands_sent(edge) == sent
+    await still_there(edge)
+
+
+def _record(exc: BaseException) -> logging.LogRecord:
+    """A record as aiohttp's server logs a request it failed on."""
+    return logging.LogRecord(
+        "app.ops.web.server", logging.ERROR, __file__, 1, "Error handling request from %s",
+        ("10.0.0.7",), (type(exc), exc, None),
+    )  # fmt: skip
+
+
+def test_a_clients_fault_is_one_info_line_a_minute_of_its_kind_and_a_500_stays(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    now = [0.0]
+    faults = ClientFaults(LogLimit(60.0, clock=lambda: now[0]))
+    caplog.set_level(logging.INFO, logger="app.ops.client_faults")
+    bad = BadHttpMessage("Invalid header value char:\n\n  b'X: \\x00'\n     ^")
+    assert faults.filter(_record(bad)) is False  # dropped, an INFO line in its place
+    assert faults.filter(_record(bad)) is False  # counted
+    now[0] = 61.0
+    assert faults.filter(_record(bad)) is False
+    lines = [(r.levelno, r.getMessage()) for r in caplog.records]
+    assert lines == [
+        (
+            logging.INFO,
+            "Error handling request from 10.0.0.7: Invalid header value char: b'X: \\x00' "
+            "(the client's fault, not this node's)",
+        ),
+        (
+            logging.INFO,
+            "Error handling request from 10.0.0.7: Invalid header value char: b'X: \\x00' "
+            "(the client's fault, not this node's) (1 more like it in the last 61 s, not "
+            "logged)",
+        ),
+    ]
+    # A route's own failure, or an HTTP error of the server's, is logged as it came.
+    assert faults.filter(_record(RuntimeError("a bug"))) is True
+    assert faults.filter(_record(HttpProcessingError(code=500, message="x"))) is True
+    assert client_fault(None) is None
