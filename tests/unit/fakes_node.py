@@ -203,10 +203,12 @@ async def web_node(
     *,
     partitions: int = 2,
     cookies: bool = False,
+    token: str | None = WEB_TOKEN,
 ) -> AsyncIterator[W]:
     """A node of `service` (its data in `data / "n"`) with its web edge on a free port and
-    `WEB_TOKEN`, once it runs every partition, as a `kind`; stopped after. `cookies`: the
-    session keeps an IP address host's cookies (the loopback's: the page's forms)."""
+    web token `token` (None: none, its writes open), once it runs every partition, as a
+    `kind`; stopped after. `cookies`: the session keeps an IP address host's cookies (the
+    loopback's: the page's forms)."""
     log = MemoryLog()
     settings = Settings(
         bootstrap_servers="memory",
@@ -215,7 +217,7 @@ async def web_node(
         group_id="g",
         session_timeout_ms=1_000,
         commit_interval_ms=20,
-        web_token=WEB_TOKEN,
+        web_token=token,
     )
     node = Node(settings, service, clients=log, clock=clock)
     await node.start()

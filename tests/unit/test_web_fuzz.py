@@ -15,6 +15,7 @@ below the fuzzers."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import urllib.parse
@@ -73,9 +74,10 @@ SERVICE = Service(
 )
 
 
-@pytest.fixture
-async def edge(tmp_path: Path) -> AsyncIterator[WebNode]:
-    async with web_node(SERVICE, tmp_path, FakeClock(T0), WebNode, partitions=P) as e:
+@contextlib.asynccontextmanager
+async def serving(data: Path, token: str | None) -> AsyncIterator[WebNode]:
+    """The node of `SERVICE` with its web edge, and `KEPT` set."""
+    async with web_node(SERVICE, data, FakeClock(T0), WebNode, partitions=P, token=token) as e:
         body = {
             "rule": {"kind": "once", "at": T0 + 3_600_000},
             "target": {"type": "shop.order", "id": "o-1"},
@@ -83,6 +85,21 @@ async def edge(tmp_path: Path) -> AsyncIterator[WebNode]:
         }
         status, answer = await e.call("PUT", KEPT, body)
         assert status == 200, answer
+        yield e
+
+
+@pytest.fixture
+async def edge(tmp_path: Path) -> AsyncIterator[WebNode]:
+    """A node with the web token `WEB_TOKEN`."""
+    async with serving(tmp_path, WEB_TOKEN) as e:
+        yield e
+
+
+@pytest.fixture(params=[WEB_TOKEN, None], ids=["token", "no-token"])
+async def any_edge(tmp_path: Path, request: pytest.FixtureRequest) -> AsyncIterator[WebNode]:
+    """A node with the web token, and one without (its writes guarded by the origin
+    checks alone: `app.ops.origin`)."""
+    async with serving(tmp_path, request.param) as e:
         yield e
 
 
@@ -114,9 +131,13 @@ async def send(edge: WebNode, request: bytes) -> Answer:
 
 
 def request_bytes(
-    method: str, target: str, headers: list[tuple[str, bytes]], body: bytes | None
+    method: str,
+    target: str,
+    headers: list[tuple[str, bytes]],
+    body: bytes | None,
+    host: bytes = b"127.0.0.1",
 ) -> bytes:
-    lines = [f"{method} {target} HTTP/1.1".encode(), b"Host: 127.0.0.1"]
+    lines = [f"{method} {target} HTTP/1.1".encode(), b"Host: " + host]
     lines += [name.encode() + b": " + value for name, value in headers]
     if body is not None:
         lines.append(b"Content-Length: %d" % len(body))
@@ -229,6 +250,18 @@ queries = st.lists(
 FORM = "application/x-www-form-urlencoded"
 MULTIPART = b"multipart/form-data; boundary=b"
 AUTH = ("Authorization", f"Bearer {WEB_TOKEN}".encode())
+HOSTS = [
+    b"127.0.0.1",
+    b"localhost",
+    b"evil.example",
+    b"[::1]",
+    b"[::1",
+    b"a..b",
+    b"127.0.0.1:99999",
+    b"\xc3\xbc.example",
+    b"\xff",
+    b"",
+]
 header_values = st.one_of(
     st.sampled_from([b"", b"x", b"\xff\xfe", "\u2028".encode(), b'"a\\"b;']),
     st.integers(100, 8000).map(lambda n: b"a" * n),
@@ -253,6 +286,11 @@ headers = st.lists(
         ),
         st.tuples(st.just("Cookie"), header_values.map(lambda v: b"tickwheel_web_token=" + v)),
         st.tuples(st.just("Origin"), st.sampled_from([b"http://127.0.0.1", b"http://[", b"null"])),
+        st.tuples(st.just("Origin"), st.sampled_from(HOSTS).map(lambda h: b"http://" + h)),
+        st.tuples(
+            st.just("Sec-Fetch-Site"),
+            st.sampled_from([b"same-origin", b"none", b"cross-site", b"same-site"]),
+        ),
         st.tuples(st.just("Accept"), st.just(b"text/html")),
         st.tuples(
             st.just("Content-Encoding"), st.sampled_from([b"gzip", b"deflate", b"identity", b"x"])
@@ -427,9 +465,9 @@ def tracebacks(caplog: pytest.LogCaptureFixture) -> list[str]:
 
 
 @_FUZZ
-@given(methods, paths(), queries, headers, bodies, st.booleans())
+@given(methods, paths(), queries, headers, bodies, st.booleans(), st.sampled_from(HOSTS))
 async def test_no_generated_request_is_answered_5xx_and_the_node_goes_on(
-    edge: WebNode,
+    any_edge: WebNode,
     caplog: pytest.LogCaptureFixture,
     method: str,
     path: str,
@@ -437,6 +475,7 @@ async def test_no_generated_request_is_answered_5xx_and_the_node_goes_on(
     extra: list[tuple[str, bytes]],
     typed_body: tuple[bytes | None, bytes | None],
     authorized: bool,
+    host: bytes,
 ) -> None:
     target = f"{path}?{query}" if query else path
     content_type, body = typed_body
@@ -444,9 +483,9 @@ async def test_no_generated_request_is_answered_5xx_and_the_node_goes_on(
         extra = [*extra, ("Content-Type", content_type)]
     if authorized and all(name != "Authorization" for name, _ in extra):
         extra = [AUTH, *extra]
-    got = await send(edge, request_bytes(method, target, extra, body))
+    got = await send(any_edge, request_bytes(method, target, extra, body, host))
     assert_answered(method, target, got)
-    await still_there(edge)
+    await still_there(any_edge)
     assert tracebacks(caplog) == []
 
 
