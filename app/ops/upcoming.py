@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import heapq
 from collections.abc import Iterable, Mapping
 
 import orjson
@@ -35,6 +36,7 @@ __all__ = [
     "UpcomingQuery",
     "decode_cursor",
     "encode_cursor",
+    "page_share",
     "query_of",
     "sort_key",
     "upcoming_page",
@@ -125,6 +127,16 @@ def decode_cursor(text: str) -> SortKey:
     ):
         raise BadQuery(f"cursor {text[:40]!r} is not a next_cursor of this listing")
     return (due, timer_id, owner, key)
+
+
+def page_share(rows: Iterable[Timer], query: UpcomingQuery) -> list[Timer]:
+    """What a page of `query` may take of `rows` (one partition's scan): the ones it
+    matches after its cursor, its `limit` + 1 first by sort key (the page holds `limit`
+    at most, and one more says there is a next page). A page of the shares of several
+    scans is the page of their rows: a request keeps each share, not each scan whole."""
+    after = None if query.cursor is None else decode_cursor(query.cursor)
+    found = (t for t in rows if query.matches(t) and (after is None or sort_key(t) > after))
+    return heapq.nsmallest(query.limit + 1, found, key=sort_key)
 
 
 def upcoming_page(

@@ -74,6 +74,7 @@ from app.ops.upcoming import (
     BadQuery,
     SortKey,
     UpcomingAnswer,
+    page_share,
     query_of,
     sort_key,
     upcoming_page,
@@ -103,7 +104,8 @@ TOKEN_COOKIE = "tickwheel_web_token"
 
 UPCOMING_SCAN = 10_000
 """`GET /timers/upcoming` reads at most this many timers per type and partition: a
-request costs a bounded scan however large a partition grows."""
+request costs a bounded scan however large a partition grows, and holds one scan at a
+time (of each, what its page may take: `page_share`), however many partitions."""
 
 _READS = frozenset({"GET", "HEAD", "OPTIONS"})
 
@@ -249,7 +251,7 @@ class WebServer:
                     store_failed(exc)
                     unread[f"{name}[{p}]"] = str(exc)[:500]
                     continue
-                rows += got
+                rows += page_share(got, query)  # the scan is let go: one at a time
                 if len(got) == UPCOMING_SCAN:
                     last = sort_key(got[-1])
                     horizon = last if horizon is None else min(horizon, last)

@@ -25,6 +25,7 @@ from app.ops.upcoming import (
     BadQuery,
     UpcomingQuery,
     decode_cursor,
+    page_share,
     query_of,
     sort_key,
     upcoming_page,
@@ -232,6 +233,22 @@ def test_the_commands_bad_options_exit_2_with_one_line(
 # --- the HTTP route --------------------------------------------------------------------------
 
 
+@settings(max_examples=80, deadline=None)
+@given(rows=rows_strategy, limit=st.integers(1, 4), owner=st.sampled_from([None, "o1"]))
+def test_a_page_of_each_scans_share_is_the_page_of_the_scans(
+    rows: list[Timer], limit: int, owner: str | None
+) -> None:
+    query = UpcomingQuery(limit=limit, owner=owner)
+    while True:
+        whole = upcoming_page(rows, query)
+        shares = [page_share([t for t in rows if t.partition == p], query) for p in (2, 3)]
+        assert all(len(share) <= limit + 1 for share in shares)
+        assert upcoming_page([t for share in shares for t in share], query) == whole
+        if whole.next_cursor is None:
+            break
+        query = query.model_copy(update={"cursor": whole.next_cursor})
+
+
 @pytest.fixture
 async def web() -> AsyncIterator[tuple[FakeNode, URL, aiohttp.ClientSession]]:
     node = FakeNode()
@@ -306,6 +323,29 @@ async def test_a_scan_that_stops_ends_the_pages_where_it_did(
     assert status == 200
     assert [t["key"] for t in body["timers"]] == ["a", "b"]  # not z, due after the unread c
     assert body["scanned_all"] is False
+
+
+async def test_a_request_holds_of_each_partitions_scan_what_its_page_may_take(
+    web: tuple[FakeNode, URL, aiohttp.ClientSession], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every partition's scan (10,000 timers at most) was held until the page was cut from
+    all of them: an open read's memory grew with the node's partitions. Each scan is now
+    let go once its share of the page is kept (`limit` + 1 timers)."""
+    node, url, http = web
+    node.owned = list(range(PAGE_PARTITIONS))
+    owners = [f"o{n}" for n in range(40)]
+    await put_rows(node, [timer(o, k, T0 + n) for n, o in enumerate(owners) for k in "abc"])
+    held: list[int] = []
+
+    def page(rows: list[Timer], *args: Any) -> Any:
+        held.append(len(rows))
+        return upcoming_page(rows, *args)
+
+    monkeypatch.setattr(app.ops.web, "upcoming_page", page)
+    status, body = await get(http, url, "limit=2")
+    assert status == 200, body
+    assert [t["owner"]["id"] for t in body["timers"]] == ["o0", "o0"]
+    assert len(held) == 1 and held[0] <= 3 * PAGE_PARTITIONS, held  # not the 120 scanned
 
 
 async def test_a_partition_whose_store_failed_is_named_and_the_others_answer(
