@@ -9,7 +9,7 @@ Exit codes, the same for every command:
   asked about does not exist or is refused (a type's name, a job, a status, a target, a
   service that cannot be loaded), the workers refused or did not answer;
 - 2: it could not start: its command line (an unknown option, a missing one, a value of
-  the wrong type, out of range, not one of its choices: `--log-level foo`) or the
+  the wrong type, out of range, not one of its choices: `--log-level foo`, not UTF-8) or the
   configuration (a `ConfigError` of the settings: a bad or unknown `TICKWHEEL_*`
   variable, a `.env` or `_FILE` that cannot be read);
 - 130: interrupted.
@@ -26,7 +26,7 @@ import importlib
 import logging
 import re
 import sys
-from collections.abc import Awaitable, Callable, Coroutine, Iterator
+from collections.abc import Awaitable, Callable, Coroutine, Iterator, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Annotated, Any, TypeVar
@@ -62,6 +62,7 @@ __all__ = [
     "fail",
     "json_line",
     "load_service",
+    "not_utf8",
     "quiet_client_library",
     "run",
     "settings_for",
@@ -154,6 +155,23 @@ def fail(message: str, code: int = FAILED) -> typer.Exit:
     """Says `message` on stderr; raise what it returns to end the command with `code`."""
     typer.echo(f"error: {message}", err=True)
     return typer.Exit(code)
+
+
+def not_utf8(args: Sequence[str]) -> str | None:
+    """Where the first of `args` (a command line) that is not UTF-8 text is, as an error
+    names it (`the value of --request-id`); None when all are."""
+    for i, arg in enumerate(args):
+        try:
+            arg.encode("utf-8")
+        except UnicodeEncodeError:
+            name, eq, _ = arg.partition("=")
+            if arg.startswith("--") and eq and name.isascii():
+                return f"the value of {name}"
+            before = args[i - 1] if i else ""
+            if before.startswith("-") and before != "--" and before.isascii():
+                return f"the value after {before}"
+            return f"argument {i + 1} of the command line"
+    return None
 
 
 _CONTEXT = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_\-]*$")

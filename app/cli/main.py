@@ -37,6 +37,7 @@ from app.cli.common import (
     fail,
     json_line,
     load_service,
+    not_utf8,
     quiet_client_library,
 )
 from app.cli.dead_letters import dead_letters_cli
@@ -69,6 +70,11 @@ class _Tickwheel(TyperGroup):
             return super().main(
                 args, prog_name, complete_var, standalone_mode, windows_expand_args, **extra
             )
+        if (where := not_utf8(sys.argv[1:] if args is None else args)) is not None:
+            # Bytes that are not UTF-8 (Python holds them as lone surrogates) fit no record,
+            # request id or JSON body: each use failed later, naming nothing.
+            typer.echo(f"error: {where} is not valid UTF-8 text", err=True)
+            sys.exit(CONFIG_ERROR)
         try:
             code = super().main(args, prog_name, complete_var, False, windows_expand_args, **extra)
         except typer.TyperException as exc:  # click's: a usage error, a bad parameter

@@ -1,0 +1,84 @@
+"""Bad input on the command line found by `test_cli_fuzz.py`, each by example: one
+`error:` line and exit code 2 for a value the command cannot take (1 for a command that
+ran and failed), never the catch-all's `unexpected …`, and nothing written."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner, Result
+
+import app.cli.timers
+from app.cli import cli
+from app.kafka.memory import MemoryLog
+from app.node import node_topics
+from app.protocol.topics import AggregateTopics
+
+REFUSED = ["--bootstrap", "127.0.0.1:1"]  # nothing listens there: refused at once
+SERVICE = ["--service", "app.demo:service", "--context", "shop", "--job", "unpaid-report"]
+
+
+def invoke(args: list[str]) -> Result:
+    return CliRunner().invoke(cli, args)
+
+
+def one_error(result: Result, code: int) -> str:
+    assert result.exit_code == code, result.output
+    (line,) = result.stderr.splitlines()
+    assert line.startswith("error: ") and "unexpected" not in line, line
+    return line
+
+
+# --- a value that is not UTF-8 -----------------------------------------------------------
+# On POSIX a command line's bytes that are not UTF-8 reach Python as lone surrogates
+# (`tickwheel timers retry … --request-id $'\xff'`).
+
+
+@pytest.mark.parametrize(
+    ("args", "where"),
+    [
+        (
+            [
+                *("timers", "retry", "--type", "shop.order", "--target-id", "t"),
+                "--request-id",
+                "a\udcff",
+            ],
+            "the value after --request-id",
+        ),
+        (
+            ["timers", "skip", "--type", "shop.order", "--target-id", "t", "--request-id=\udcff"],
+            "the value of --request-id",
+        ),
+        (["jobs", "trigger", *SERVICE, "--request-id", "\udcff"], "the value after --request-id"),
+        (["jobs", "enable", *SERVICE, "--request-id", "\udcff"], "the value after --request-id"),
+        (
+            [
+                *("timers", "set", "--type", "shop.order", "--owner", "o", "--key", "k"),
+                *("--rule", "cron:* * * * *", "--target-type", "shop.order", "--command", "C"),
+                *("--body", '{"a": "\udcff"}'),
+            ],
+            "the value after --body",
+        ),
+        (["rules", "next", "cron:\udcff"], "argument 3 of the command line"),
+    ],
+)
+def test_a_value_not_utf8_is_refused_before_anything_is_sent(
+    monkeypatch: pytest.MonkeyPatch, args: list[str], where: str
+) -> None:
+    # A cluster that takes anything: without the check, the commands failed as they built
+    # what they would send (`unexpected ValidationError`, over 4 lines; `unexpected
+    # TypeError` for --body), exit code 1.
+    log = MemoryLog(node_topics([AggregateTopics("shop", "order")], 12))
+    monkeypatch.setattr(app.cli.timers, "clients_for", lambda settings: log)
+    line = one_error(invoke([*args, *REFUSED] if args[0] != "rules" else args), 2)
+    assert line == f"error: {where} is not valid UTF-8 text"
+    assert not [t for t in log.topic_names() for p in range(log.partitions(t)) if log.records(t, p)]
+
+
+def test_a_schemas_directory_not_utf8_is_refused_and_nothing_written(tmp_path: Path) -> None:
+    # It was written, and printing its path failed on a strict stdout (exit code 1).
+    where = tmp_path / "a\udcffb"
+    line = one_error(invoke(["schemas", "--dir", str(where)]), 2)
+    assert line == "error: the value after --dir is not valid UTF-8 text"
+    assert list(tmp_path.iterdir()) == []
