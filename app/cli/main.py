@@ -311,12 +311,22 @@ def schemas(
     """Writes the JSON Schemas of the wire envelopes into a directory (or checks them)."""
     command_settings()  # no setting is used; a bad configuration is still an error
     where = default_dir() if directory is None else directory
-    if where.exists() and not where.is_dir():
+    try:
+        is_dir = where.is_dir()
+        a_file = not is_dir and where.exists()
+    except OSError as exc:  # a name too long, a parent not searchable
+        raise fail(f"--dir {where}: {exc.strerror or exc}", CONFIG_ERROR) from exc
+    if a_file:
         raise fail(f"{where} is not a directory", CONFIG_ERROR)
-    if check and not where.is_dir():
+    if check and not is_dir:
         raise fail(f"no directory {where}: nothing to check", CONFIG_ERROR)
-    if check:
-        stale = stale_schemas(where)
+    try:
+        stale = stale_schemas(where) if check else None
+        written = [] if check else write_schemas(where)
+    except OSError as exc:  # a file in the way, a read-only or full file system
+        doing = "read" if check else "write"
+        raise fail(f"cannot {doing} the schemas in {where}: {exc.strerror or exc}") from exc
+    if stale is not None:
         if as_json:
             json_line({"directory": str(where), "stale": stale})
         if stale:
@@ -324,7 +334,7 @@ def schemas(
         if not as_json:
             typer.echo(f"schemas are up to date in {where}")
         return
-    for path in write_schemas(where):
+    for path in written:
         if as_json:
             json_line({"written": str(path)})
         else:

@@ -82,3 +82,22 @@ def test_a_schemas_directory_not_utf8_is_refused_and_nothing_written(tmp_path: P
     line = one_error(invoke(["schemas", "--dir", str(where)]), 2)
     assert line == "error: the value after --dir is not valid UTF-8 text"
     assert list(tmp_path.iterdir()) == []
+
+
+# --- tickwheel schemas --dir -------------------------------------------------------------
+
+
+def test_a_schemas_directory_the_system_cannot_name_is_a_bad_option(tmp_path: Path) -> None:
+    # The OS's error went to the catch-all: `unexpected OSError`, exit code 1.
+    where = tmp_path / ("x" * 300)  # past any file system's longest name
+    for check in ([], ["--check"]):
+        line = one_error(invoke(["schemas", "--dir", str(where), *check]), 2)
+        assert line == f"error: --dir {where}: File name too long"
+
+
+def test_schemas_that_cannot_be_written_say_where(tmp_path: Path) -> None:
+    (tmp_path / "a-file").write_text("")
+    where = tmp_path / "a-file" / "schemas"  # a file in the way: no directory can be made
+    line = one_error(invoke(["schemas", "--dir", str(where)]), 1)
+    assert line == f"error: cannot write the schemas in {where}: Not a directory"
+    assert [p.name for p in tmp_path.iterdir()] == ["a-file"]
