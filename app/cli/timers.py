@@ -334,7 +334,7 @@ def show(
         )
     except ValidationError as exc:
         problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
-        raise fail(f"bad owner: {problems}") from exc
+        raise fail(f"bad owner: {problems}", CONFIG_ERROR) from exc
     history: TimerHistory = run(
         checked(settings.kafka, read_timer_history(clients_for(settings), owner, key))
     )

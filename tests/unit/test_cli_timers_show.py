@@ -137,7 +137,6 @@ def test_the_tenant_is_part_of_the_owner(changelog: MemoryLog) -> None:
             ["--owner", "o-42", "--key", "nope"],
             f"{OWNER} has no timer 'nope' in {TOPIC}[{P}] (its timers: later, remind)",
         ),
-        (["--owner", ""], "bad owner: id: String should have at least 1 character"),
     ],
 )
 def test_what_is_not_there_is_a_clear_error(
@@ -146,6 +145,22 @@ def test_what_is_not_there_is_a_clear_error(
     result = run(*args)
     assert result.exit_code == 1, result.output
     assert f"error: {message}" in result.stderr and "Traceback" not in result.output
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--owner", ""], "bad owner: id: String should have at least 1 character"),
+        (["--owner", "o", "--tenant", "t" * 201], "bad owner: tenant: String should have at most"),
+    ],
+)
+def test_an_owner_no_aggregate_can_have_is_a_bad_option(
+    changelog: MemoryLog, args: list[str], message: str
+) -> None:
+    # Exit code 2, as `timers retry --target-id ''` and `timers cancel --owner ''` (was 1).
+    result = run(*args)
+    assert result.exit_code == 2, result.output
+    assert result.stderr.startswith(f"error: {message}") and len(result.stderr.splitlines()) == 1
 
 
 def test_a_type_without_a_changelog_says_which_topic_is_missing(
