@@ -7,13 +7,15 @@ describes.
 from __future__ import annotations
 
 import difflib
+import logging
 import os
 import stat
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Final
 
-from dotenv import dotenv_values
+from dotenv.parser import parse_stream
+from dotenv.variables import Variable, parse_variables
 
 from app.errors import ConfigError
 
@@ -86,6 +88,8 @@ TOOLING_VARIABLES: Final = frozenset(
 """`TICKWHEEL_*` variables that are no setting of a node but the project's tools' own:
 a node's environment may hold them (a test run exports them to every worker it starts)."""
 
+logger = logging.getLogger(__name__)
+
 _FILE = "_FILE"
 _PREFIX = "TICKWHEEL_"
 MAX_ENV_FILE_BYTES: Final = 1024 * 1024
@@ -106,10 +110,10 @@ def read_variables(env: Mapping[str, str] | None = None) -> Variables:
         if not path.is_file():
             raise ConfigError(f"{ENV_FILE_VARIABLE}: no file {env_file!r}")
         _not_too_large(path, ENV_FILE_VARIABLE)
-        layers.append((f"in {env_file}", _dotenv(path, ENV_FILE_VARIABLE)))
+        layers.append((f"in {env_file}", _dotenv(path, ENV_FILE_VARIABLE, environ)))
     elif process and Path(".env").is_file():
         _not_too_large(Path(".env"), ".env")
-        layers.append(("in .env", _dotenv(Path(".env"), ".env")))
+        layers.append(("in .env", _dotenv(Path(".env"), ".env", environ)))
     problems = [p for where, values in layers for p in _unknown(values, where)]
     if problems:
         raise ConfigError("; ".join(problems))
@@ -127,11 +131,41 @@ def _not_too_large(path: Path, name: str) -> None:
         )
 
 
-def _dotenv(path: Path, name: str) -> Mapping[str, str | None]:
+def _dotenv(path: Path, name: str, environ: Mapping[str, str]) -> Mapping[str, str | None]:
+    """The variables of a `.env` file as python-dotenv's `dotenv_values` reads them, with
+    `${VAR}` (`${VAR:-default}`) in a value the file's own `VAR` above it, else
+    `environ`'s. In one pass: `dotenv_values` copies the whole environment for each
+    variable it reads, minutes for a file of many short lines."""
+    values: dict[str, str | None] = {}
     try:
-        return dotenv_values(path, encoding="utf-8")
+        with path.open(encoding="utf-8") as stream:
+            for binding in parse_stream(stream):
+                if binding.error:
+                    logger.warning(
+                        "python-dotenv could not parse statement starting at line %s",
+                        binding.original.line,
+                    )
+                if binding.key is None:
+                    continue
+                value = binding.value
+                values[binding.key] = None if value is None else _expanded(value, values, environ)
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{name}: cannot read {path}: {_reason(exc)}") from exc
+    return values
+
+
+def _expanded(value: str, above: Mapping[str, str | None], environ: Mapping[str, str]) -> str:
+    """`value` with each `${VAR}` replaced as python-dotenv replaces it: by `above[VAR]`,
+    else `environ[VAR]`, else its default (`${VAR:-default}`), else nothing."""
+    parts = []
+    for atom in parse_variables(value):
+        if not isinstance(atom, Variable):
+            parts.append(atom.resolve(above))  # a literal
+        elif atom.name in above:
+            parts.append(above[atom.name] or "")
+        else:
+            parts.append(environ.get(atom.name, atom.default or ""))
+    return "".join(parts)
 
 
 def _reason(exc: OSError | UnicodeDecodeError) -> str:
