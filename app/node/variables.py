@@ -135,15 +135,23 @@ def _dotenv(path: Path, name: str, environ: Mapping[str, str]) -> Mapping[str, s
     """The variables of a `.env` file as python-dotenv's `dotenv_values` reads them, with
     `${VAR}` (`${VAR:-default}`) in a value the file's own `VAR` above it, else
     `environ`'s. In one pass: `dotenv_values` copies the whole environment for each
-    variable it reads, minutes for a file of many short lines."""
+    variable it reads, minutes for a file of many short lines.
+
+    A line that is no `VARIABLE=value` (an unclosed quote, a blank in a name) and names
+    TICKWHEEL or KAFKA (a setting's variable, mistyped or not) is a `ConfigError`
+    (python-dotenv passes it over: the setting silently unset); another program's is
+    passed over with a warning."""
     values: dict[str, str | None] = {}
+    unread: list[int] = []
     try:
         with path.open(encoding="utf-8") as stream:
             for binding in parse_stream(stream):
-                if binding.error:
+                line = binding.original.line
+                if binding.error and _names_ours(binding.original.string):
+                    unread.append(line)
+                elif binding.error:
                     logger.warning(
-                        "python-dotenv could not parse statement starting at line %s",
-                        binding.original.line,
+                        "%s: line %d of %s is no VARIABLE=value: passed over", name, line, path
                     )
                 if binding.key is None:
                     continue
@@ -151,7 +159,20 @@ def _dotenv(path: Path, name: str, environ: Mapping[str, str]) -> Mapping[str, s
                 values[binding.key] = None if value is None else _expanded(value, values, environ)
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{name}: cannot read {path}: {_reason(exc)}") from exc
+    if unread:
+        # Its text is not shown: a password's line among them.
+        lines = ", ".join(map(str, unread))
+        which = f"line {lines} is" if len(unread) == 1 else f"lines {lines} are"
+        raise ConfigError(
+            f"{name}: cannot read {path}: {which} no VARIABLE=value (an unclosed quote, a "
+            "blank in a name?) naming a setting, which would be left unset"
+        )
     return values
+
+
+def _names_ours(text: str) -> bool:
+    """Whether a line names a setting's variable, however mistyped (`TICKWHEEL GROUP_ID`)."""
+    return "TICKWHEEL" in text.upper() or "KAFKA" in text.upper()
 
 
 def _expanded(value: str, above: Mapping[str, str | None], environ: Mapping[str, str]) -> str:

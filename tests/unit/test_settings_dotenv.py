@@ -1,6 +1,7 @@
 """A `.env` file of odd content, read as python-dotenv reads it (quotes, `export`,
 comments, CRLF, a BOM, `${VAR}` resolved) and never slowly: reading it looks at the
-environment a bounded number of times, not once per line of the file."""
+environment a bounded number of times, not once per line of the file. A line that
+cannot be read is an error when it names a setting (python-dotenv passed it over)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ from pathlib import Path
 import pytest
 from dotenv import dotenv_values
 
+from app.errors import ConfigError
+from app.node.settings import Settings
 from app.node.variables import _dotenv, read_variables
 
 ODD = [
@@ -68,3 +71,35 @@ def test_a_dotenv_file_of_many_lines_reads_the_environment_once(tmp_path: Path) 
         mp.setattr(os, "environ", environ)
         assert read_variables() == {}
     assert environ.reads < lines, environ.reads  # was some 600,000
+
+
+@pytest.mark.parametrize(
+    ("text", "lines"),
+    [
+        ('TICKWHEEL_GROUP_ID="shop-timers\n', "line 1 is"),  # an unclosed quote
+        ("A=1\n  KAFKA_SASL_PASSWORD='s3cret\n", "line 2 is"),
+        ('TICKWHEEL GROUP_ID=g\nexport TICKWHEEL_PARTITIONS=\'4\nB="x" y\n', "lines 1, 2 are"),
+    ],
+)
+def test_a_line_naming_a_setting_that_cannot_be_read_is_an_error(
+    tmp_path: Path, text: str, lines: str
+) -> None:
+    # python-dotenv passed it over with a warning: the group id silently the default one.
+    dotenv = tmp_path / "x.env"
+    dotenv.write_text(text)
+    with pytest.raises(ConfigError) as caught:
+        Settings.from_env({"TICKWHEEL_ENV_FILE": str(dotenv)})
+    assert str(caught.value) == (
+        f"TICKWHEEL_ENV_FILE: cannot read {dotenv}: {lines} no VARIABLE=value (an unclosed "
+        "quote, a blank in a name?) naming a setting, which would be left unset"
+    )
+    assert "s3cret" not in str(caught.value)
+
+
+def test_another_programs_line_that_cannot_be_read_is_passed_over(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    dotenv = tmp_path / "x.env"
+    dotenv.write_text('COMPOSE_X="unclosed\nTICKWHEEL_PARTITIONS=4\n')
+    assert Settings.from_env({"TICKWHEEL_ENV_FILE": str(dotenv)}).partitions == 4
+    assert f"line 1 of {dotenv} is no VARIABLE=value: passed over" in caplog.text
