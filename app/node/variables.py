@@ -156,7 +156,12 @@ def _dotenv(path: Path, name: str, environ: Mapping[str, str]) -> Mapping[str, s
                 if binding.key is None:
                     continue
                 value = binding.value
-                values[binding.key] = None if value is None else _expanded(value, values, environ)
+                if value is not None and (value := _expanded(value, values, environ)) is None:
+                    raise ConfigError(
+                        f"{name}: cannot read {path}: line {line}'s value, its ${{…}} replaced, "
+                        f"is longer than {MAX_ENV_FILE_BYTES} characters"
+                    )
+                values[binding.key] = value
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{name}: cannot read {path}: {_reason(exc)}") from exc
     if unread:
@@ -175,17 +180,26 @@ def _names_ours(text: str) -> bool:
     return "TICKWHEEL" in text.upper() or "KAFKA" in text.upper()
 
 
-def _expanded(value: str, above: Mapping[str, str | None], environ: Mapping[str, str]) -> str:
+def _expanded(
+    value: str, above: Mapping[str, str | None], environ: Mapping[str, str]
+) -> str | None:
     """`value` with each `${VAR}` replaced as python-dotenv replaces it: by `above[VAR]`,
-    else `environ[VAR]`, else its default (`${VAR:-default}`), else nothing."""
+    else `environ[VAR]`, else its default (`${VAR:-default}`), else nothing; None once it
+    is longer than the file may be (`A=${B}${B}` doubles `B`: 30 such lines of a few
+    bytes, and python-dotenv filled the memory until the process was killed)."""
     parts = []
+    size = 0
     for atom in parse_variables(value):
         if not isinstance(atom, Variable):
-            parts.append(atom.resolve(above))  # a literal
+            part = atom.resolve(above)  # a literal
         elif atom.name in above:
-            parts.append(above[atom.name] or "")
+            part = above[atom.name] or ""
         else:
-            parts.append(environ.get(atom.name, atom.default or ""))
+            part = environ.get(atom.name, atom.default or "")
+        size += len(part)
+        if size > MAX_ENV_FILE_BYTES:
+            return None
+        parts.append(part)
     return "".join(parts)
 
 

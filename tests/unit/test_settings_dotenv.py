@@ -14,7 +14,7 @@ from dotenv import dotenv_values
 
 from app.errors import ConfigError
 from app.node.settings import Settings
-from app.node.variables import _dotenv, read_variables
+from app.node.variables import MAX_ENV_FILE_BYTES, _dotenv, read_variables
 
 ODD = [
     "# a comment\nA=1\n\nexport B='two words'\nC=\"x\\ny\"\n",
@@ -103,3 +103,31 @@ def test_another_programs_line_that_cannot_be_read_is_passed_over(
     dotenv.write_text('COMPOSE_X="unclosed\nTICKWHEEL_PARTITIONS=4\n')
     assert Settings.from_env({"TICKWHEEL_ENV_FILE": str(dotenv)}).partitions == 4
     assert f"line 1 of {dotenv} is no VARIABLE=value: passed over" in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("text", "line"),
+    [
+        # Each line twice the one above: 2 KiB on line 2, 1 MiB past on line 12. Another 16
+        # lines and python-dotenv's values filled any memory (this stops at 16 MiB).
+        (
+            "A0="
+            + "x" * 1024
+            + "\n"
+            + "".join(f"A{i}=${{A{i - 1}}}${{A{i - 1}}}\n" for i in range(1, 15)),
+            12,
+        ),
+        ("A=" + "x" * 1024 + "\nB=" + "${A}" * 2_000 + "\n", 2),  # 2 MiB on one line
+    ],
+)
+def test_a_value_that_grows_past_the_files_bound_is_an_error(
+    tmp_path: Path, text: str, line: int
+) -> None:
+    dotenv = tmp_path / "x.env"
+    dotenv.write_text(text)
+    with pytest.raises(ConfigError) as caught:
+        Settings.from_env({"TICKWHEEL_ENV_FILE": str(dotenv)})
+    assert str(caught.value) == (
+        f"TICKWHEEL_ENV_FILE: cannot read {dotenv}: line {line}'s value, its ${{…}} replaced, "
+        f"is longer than {MAX_ENV_FILE_BYTES} characters"
+    )
