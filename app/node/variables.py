@@ -308,6 +308,8 @@ def _file_value(path: str, name: str) -> str:
     def refused(why: str) -> ConfigError:
         return ConfigError(f"{name}: cannot read {path!r}: {why}")
 
+    if "\x00" in path:  # a .env's (the environment holds none): os.stat raises ValueError
+        raise refused("a NUL character in the path")
     try:
         if (kind := _not_regular(os.stat(path).st_mode)) is not None:
             raise refused(f"it is {kind}, not a regular file")

@@ -131,3 +131,15 @@ def test_a_value_that_grows_past_the_files_bound_is_an_error(
         f"TICKWHEEL_ENV_FILE: cannot read {dotenv}: line {line}'s value, its ${{…}} replaced, "
         f"is longer than {MAX_ENV_FILE_BYTES} characters"
     )
+
+
+def test_a_file_variable_whose_path_holds_a_nul_is_an_error(tmp_path: Path) -> None:
+    # os.stat raised ValueError ("embedded null byte"): the command's catch-all, exit code 1.
+    dotenv = tmp_path / "x.env"
+    dotenv.write_text("TICKWHEEL_WEB_TOKEN_FILE=/run/secrets/a\x00b\n")
+    with pytest.raises(ConfigError) as caught:
+        Settings.from_env({"TICKWHEEL_ENV_FILE": str(dotenv)})
+    assert str(caught.value) == (
+        f"TICKWHEEL_WEB_TOKEN_FILE (in {dotenv}): cannot read '/run/secrets/a\\x00b': "
+        "a NUL character in the path"
+    )
