@@ -81,7 +81,8 @@ CONFIG_ERROR = 2
 def _log_level(value: str | None) -> str | None:
     if value is None:
         return None
-    if value.strip().upper() not in LOG_LEVELS:
+    # ASCII alone, as TICKWHEEL_LOG_LEVEL: "\u0131nfo" (a dotless i) upper-cased is INFO.
+    if not value.isascii() or value.strip().upper() not in LOG_LEVELS:
         raise typer.BadParameter(f"{value!r} is not one of {', '.join(LOG_LEVELS)} (any case)")
     return value.strip().upper()
 

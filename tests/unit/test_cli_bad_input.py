@@ -10,6 +10,7 @@ import pytest
 from typer.testing import CliRunner, Result
 
 import app.cli.timers
+import app.cli.worker
 from app.cli import cli
 from app.kafka.memory import MemoryLog
 from app.node import node_topics
@@ -101,3 +102,26 @@ def test_schemas_that_cannot_be_written_say_where(tmp_path: Path) -> None:
     line = one_error(invoke(["schemas", "--dir", str(where)]), 1)
     assert line == f"error: cannot write the schemas in {where}: Not a directory"
     assert [p.name for p in tmp_path.iterdir()] == ["a-file"]
+
+
+# --- --log-level ---------------------------------------------------------------------------
+
+
+def test_a_log_level_is_ascii_as_the_variables_is(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # A dotless i upper-cased is an ASCII I: "\u0131nfo" was INFO here (the worker started),
+    # and is refused as TICKWHEEL_LOG_LEVEL.
+    started = []
+
+    async def run_worker(settings: object, service: object) -> None:
+        started.append(settings)
+
+    monkeypatch.setattr(app.cli.worker, "_run_worker", run_worker)
+    for args in (
+        ["--log-level", "\u0131nfo", "schemas", "--dir", str(tmp_path)],
+        ["worker", "--log-level", "\u0131nfo"],
+    ):
+        line = one_error(invoke(args), 2)
+        assert line.startswith("error: Invalid value for '--log-level': '\u0131nfo' is not one")
+    assert list(tmp_path.iterdir()) == [] and started == []
