@@ -43,7 +43,7 @@ from app.cli.common import (
 from app.cli.dead_letters import dead_letters_cli
 from app.cli.jobs import jobs_cli
 from app.cli.rules import rules_cli
-from app.cli.timers import timers_cli
+from app.cli.timers import _type, timers_cli
 from app.cli.worker import worker
 from app.errors import ConfigError, TickwheelError
 from app.protocol.schemas import default_dir, stale_schemas, write_schemas
@@ -232,9 +232,12 @@ def rebuild(
     # With --json what the rebuild says as it goes (and its progress) is for stderr.
     out = Console(highlight=False, soft_wrap=True, stderr=as_json)
     try:
-        names = types or [
-            a.type_name for a in load_service(service).all_aggregates(settings.partitions)
-        ]
+        # A --type that names no type is a bad option (exit code 2), as for `timers`.
+        names = (
+            [_type(n) for n in types]
+            if types
+            else [a.type_name for a in load_service(service).all_aggregates(settings.partitions)]
+        )
         topics = [parse_aggregate_type(n) for n in names]
         with quiet_client_library():
             run = asyncio.run(

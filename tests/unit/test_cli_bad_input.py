@@ -125,3 +125,16 @@ def test_a_log_level_is_ascii_as_the_variables_is(
         line = one_error(invoke(args), 2)
         assert line.startswith("error: Invalid value for '--log-level': '\u0131nfo' is not one")
     assert list(tmp_path.iterdir()) == [] and started == []
+
+
+# --- rebuild --type ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["a/b", "nodot", ""])
+def test_a_rebuild_type_that_names_no_type_is_a_bad_option(name: str) -> None:
+    # Exit code 2, as `timers list --type a/b` (was 1, as for a cluster that failed).
+    line = one_error(invoke(["rebuild", "--type", name, "--dry-run", *REFUSED]), 2)
+    assert line == (
+        f"error: aggregate type {name!r} must be '<context>.<aggregate>' "
+        "(letters, digits, '_' or '-')"
+    )
