@@ -9,13 +9,16 @@ alone, while one above its replicas fails every write.
 `check_replication` reads them at the node's start, through the admin port (`replicas`,
 `topic_configs`), logs a WARNING for each, saying how to fix it, and returns them (the
 node's `/healthz` says them, as `topics`). On a cluster of fewer live brokers than the
-factor, the topics it cannot hold more replicas of yet are one line, not one a topic.
+factor, the topics it cannot hold more replicas of yet are one line, not one a topic. A
+running node judges them again every minute (`app.node.topic_watch`, with
+`replication_findings`), warning about those that appear (`warn_replication`).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Final
 
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
@@ -23,11 +26,22 @@ from aiokafka.errors import KafkaError
 from app.errors import KafkaUnavailable
 from app.kafka.connection import Connectable, client_options
 from app.kafka.ports import Admin
-from app.kafka.records import Replication, explain
+from app.kafka.records import Replication, TopicConfigs, explain
 
-__all__ = ["check_replication", "insync_fault", "read_replicas", "replica_shortfall"]
+__all__ = [
+    "MIN_INSYNC",
+    "check_replication",
+    "insync_fault",
+    "read_replicas",
+    "replica_shortfall",
+    "replication_findings",
+    "warn_replication",
+]
 
 logger = logging.getLogger(__name__)
+
+MIN_INSYNC: Final = "min.insync.replicas"
+"""The config `replication_findings` reads of each topic."""
 
 
 def replica_shortfall(topic: str, replicas: int, asked: Replication) -> str | None:
@@ -67,34 +81,40 @@ def insync_fault(topic: str, replicas: int, min_insync: int) -> str | None:
     return None
 
 
-async def check_replication(
-    admin: Admin, topics: Sequence[str], asked: Replication
+def replication_findings(
+    replicas: Mapping[str, int], configs: TopicConfigs, asked: Replication
 ) -> dict[str, list[str]]:
-    """What is wrong with the replication of each of `topics` the cluster has (logged,
-    one WARNING each); `{}` when nothing is, or when they cannot be read (said in a
-    WARNING: the node runs without knowing)."""
-    try:
-        brokers, replicas = await admin.replicas(topics)
-        configs = await admin.topic_configs(list(replicas), ("min.insync.replicas",))
-    except KafkaUnavailable as exc:
-        logger.warning("cannot read the replication of the node's topics: %s", exc)
-        return {}
-    except Exception:  # a check that warns: an answer read wrong never stops a start
-        logger.warning("cannot read the replication of the node's topics", exc_info=True)
-        return {}
+    """What is wrong with the replication of each topic of `replicas` (its count), given
+    its `min.insync.replicas` read in `configs` (one not read is judged by its count
+    alone); only the topics something is wrong with."""
     found: dict[str, list[str]] = {}
-    too_few_brokers: list[str] = []
     for topic, count in replicas.items():
         if (short := replica_shortfall(topic, count, asked)) is not None:
             found.setdefault(topic, []).append(short)
-            if count < brokers:  # a reassignment can raise it now
-                logger.warning("%s", short)
-            else:
-                too_few_brokers.append(topic)
-        setting = configs.read.get(topic, {}).get("min.insync.replicas", "")
+        setting = configs.read.get(topic, {}).get(MIN_INSYNC, "")
         if setting.isdigit() and (fault := insync_fault(topic, count, int(setting))):
             found.setdefault(topic, []).append(fault)
-            logger.warning("%s", fault)
+    return found
+
+
+def warn_replication(
+    found: Mapping[str, Sequence[str]],
+    brokers: int,
+    replicas: Mapping[str, int],
+    asked: Replication,
+) -> None:
+    """One WARNING for each of `found` (`replication_findings`, or some of them); the
+    topics short of replicas on a cluster of no more live brokers than they have replicas
+    (it cannot hold more yet) are one line."""
+    too_few_brokers: list[str] = []
+    for topic, faults in found.items():
+        count = replicas.get(topic, 0)
+        short = replica_shortfall(topic, count, asked)
+        for fault in faults:
+            if fault == short and count >= brokers:
+                too_few_brokers.append(topic)
+            else:  # a reassignment can raise it now, or a config fix it
+                logger.warning("%s", fault)
     if too_few_brokers:
         logger.warning(
             "%d topic(s) have fewer replicas than the %d configured "
@@ -105,6 +125,25 @@ async def check_replication(
             brokers,
             ", ".join(too_few_brokers),
         )
+
+
+async def check_replication(
+    admin: Admin, topics: Sequence[str], asked: Replication
+) -> dict[str, list[str]]:
+    """What is wrong with the replication of each of `topics` the cluster has (logged,
+    one WARNING each); `{}` when nothing is, or when they cannot be read (said in a
+    WARNING: the node runs without knowing)."""
+    try:
+        brokers, replicas = await admin.replicas(topics)
+        configs = await admin.topic_configs(list(replicas), (MIN_INSYNC,))
+    except KafkaUnavailable as exc:
+        logger.warning("cannot read the replication of the node's topics: %s", exc)
+        return {}
+    except Exception:  # a check that warns: an answer read wrong never stops a start
+        logger.warning("cannot read the replication of the node's topics", exc_info=True)
+        return {}
+    found = replication_findings(replicas, configs, asked)
+    warn_replication(found, brokers, replicas, asked)
     return found
 
 
