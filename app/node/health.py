@@ -72,9 +72,10 @@ def node_health(
     a rollout would go on while nothing is worked). `commit_lags`: per partition, how long
     its oldest commit not landed has been going (said as the longest, `commit_lag_s`); one
     longer than `MAX_COMMIT_LAG_S` makes it not ready, `not_ready` naming the partitions.
-    `topics`: what is wrong with the replication of each topic found so at the start
-    (`app.kafka.replication`), said as `topics`; it does not make the node not ready (it
-    runs as well, less safely)."""
+    `topics`: what is wrong with the replication of each topic found so at the start, or
+    at a check since (`app.node.topic_watch`, every minute: gone once fixed), said as
+    `topics` (`app.kafka.replication`); it does not make the node not ready (it runs as
+    well, less safely)."""
     running = frozenset(key for key, task in tasks.items() if task.state is TaskState.RUNNING)
     stalled: dict[int, str] = {}
     failing: dict[int, dict[str, object]] = {}

@@ -25,6 +25,8 @@ with `_total`, histograms for durations. What each measures, and where:
   not fired, held, their due rows: `HELD_BACKLOG_LIMIT`), and how long the oldest has waited.
 - `tickwheel_records_deleted_unread_total{topic}`: records the group consumer read past,
   deleted before it read them (`app.kafka.resume_offset`), at a take or while it ran.
+- `tickwheel_topic_replication_findings{topic}`: what is wrong with a topic's replication
+  (`app.kafka.replication`), found at the start and every minute since (`topic_watch`).
 - `tickwheel_ledger_entries{context}`: open failure-ledger entries (every node reads the
   whole ledger: take the max across nodes, not the sum).
 - `tickwheel_misplaced_events_total{type,partition,where}`: events outside their
@@ -261,6 +263,14 @@ class NodeMetrics:
             "tickwheel_timer_backlog_oldest_seconds",
             "How long the oldest timer due and not sent or fired yet has waited (0: none)",
             ["type"],
+            registry=r,
+        )
+        self.replication_findings = Gauge(
+            "tickwheel_topic_replication_findings",
+            "What is wrong with a topic's replication (fewer replicas than configured, "
+            "min.insync.replicas 1 on 3 or more, or above them), by topic (0: nothing), read "
+            "at the start and every minute",
+            ["topic"],
             registry=r,
         )
         self.ledger_entries = Gauge(

@@ -41,7 +41,7 @@ from app.node.partition_tasks import PartitionTasks
 from app.node.settings import Settings
 from app.node.suspension import SuspensionWatch
 from app.node.task_id import TaskId
-from app.node.topic_watch import TopicPolicyWatch
+from app.node.topic_watch import ReplicationRead, TopicPolicyWatch
 from app.node.user_code_watch import UserCodeWatch, watch_user_code
 from app.protocol.topics import parse_aggregate_type
 from app.service import Service
@@ -144,12 +144,12 @@ class Node:
         self._watch: UserCodeWatch | None = None
         # The start refuses a table whose policy deletes rows: read again while it runs.
         specs = node_topics(self.topics, settings.partitions)
-        self.topic_faults: dict[str, list[str]] = {}
         self.topic_watch = TopicPolicyWatch(
             self._admin.topic_configs,
             tables=[s.name for s in specs if s.compacted],
             logs=[s.name for s in specs if s.retained],
             refused=self.fail,
+            replication=ReplicationRead.of(self._admin, specs, settings.replication, self.metrics),
         )
 
     @property
@@ -198,7 +198,7 @@ class Node:
             failure=None if self._failure is None else str(self._failure),
             following={w: f for w, r in self._following.items() if (f := r.failing)},
             answered=self._answered,
-            topics=self.topic_faults,
+            topics=self.topic_watch.findings,
         )
 
     async def start(self) -> None:
@@ -209,7 +209,7 @@ class Node:
         await self._admin.check_access()
         await self.broker.start()
         checked = await check_cluster(self._admin, self.topics, s)
-        self.topic_faults = checked.topic_faults
+        self.topic_watch.found_at_start(checked.topic_faults)
         self.limits = replace(self.limits, dead_letter_bytes=checked.dead_letter_bytes)
         self.cycles.limits = self.limits
         await self.targets.refresh()

@@ -1,11 +1,18 @@
-"""The node's compacted topics' policy, read again while it runs. The start refuses a
+"""The node's compacted topics' policy, and its topics' replication, read again while it
+runs. The start refuses a
 table (a timer changelog, a failure ledger, the nodes' statuses) whose `cleanup.policy`
 or retention deletes rows (`app.kafka.topic_policy`); one changed on a running cluster
 (`kafka-configs --alter`) went unseen until the next start, and a restore meanwhile (a
 partition moved, a lost disk) silently lost what the retention had deleted.
 
+The start also warns about each topic replicated less safely than configured
+(`app.kafka.replication`), said in `/healthz` as `topics`; one made so while it ran (its
+`min.insync.replicas` lowered, a reassignment to fewer replicas) went unsaid, and one fixed
+stayed said until the next start.
+
 Every `interval` s (`CHECK_INTERVAL_S`) a `TopicPolicyWatch` reads their configs again,
-one DescribeConfigs, and judges them as the start does:
+one DescribeConfigs of every topic of the node, then their replicas (`Admin.replicas`), and
+judges them as the start does:
 
 - a table that deletes rows is `refused` with the start's own message: the node stops on
   it (`Node.fail`), as it stops on the other faults no retry passes (an ACL taken away
@@ -15,27 +22,38 @@ one DescribeConfigs, and judges them as the start does:
 - an aggregate's log that drops records is warned about, as at the start, once each time
   what is wrong with it changes (not every check; the first check says again what the
   start said);
+- the replication's findings (`findings`, what `/healthz` says; the start's to begin
+  with) are those of the topics read: a finding that appears is a WARNING, one that
+  clears an INFO, once each (not every check); each topic's count is told to `counted`
+  (the `tickwheel_topic_replication_findings` gauge). A topic whose replicas or configs
+  were not read keeps its findings;
 - a read that fails, whole (the broker away, the client refused) or for a topic (no
   DescribeConfigs ACL on it), is one WARNING for the check, and read again at the next:
-  never a reason to stop the node. A failure of any other kind, a cancellation leaking
-  out of the client library included, is a failed read too: the watch never ends but by
-  its own cancellation (its owner supervises it all the same).
+  never a reason to stop the node, nor to clear a finding. A failure of any other kind, a
+  cancellation leaking out of the client library included, is a failed read too: the
+  watch never ends but by its own cancellation (its owner supervises it all the same).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Sequence
-from typing import Final
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Final, TypeVar
 
-from app.kafka.records import TopicConfigs
+from app.kafka.ports import Admin
+from app.kafka.records import Replication, TopicConfigs, TopicSpec
+from app.kafka.replication import MIN_INSYNC, replication_findings, warn_replication
 from app.kafka.topic_policy import POLICY_CONFIGS, policy_findings
+from app.node.metrics import NodeMetrics
 from app.task_ends import cancelled_here
 
-__all__ = ["CHECK_INTERVAL_S", "TopicPolicyWatch"]
+__all__ = ["CHECK_INTERVAL_S", "ReplicationRead", "TopicPolicyWatch", "finding_changes"]
 
 logger = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
 
 CHECK_INTERVAL_S: Final = 60.0
 """How often a running node reads its tables' policy again: one small request a minute; a
@@ -44,12 +62,50 @@ change is often seen before it deleted anything."""
 
 ReadConfigs = Callable[[Sequence[str], Sequence[str]], Awaitable[TopicConfigs]]
 """(topics, config names) → what the cluster tells of them (`Admin.topic_configs`)."""
+ReadReplicas = Callable[[Sequence[str]], Awaitable[tuple[int, dict[str, int]]]]
+"""topics → (the cluster's live brokers, each topic's replicas) (`Admin.replicas`)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicationRead:
+    """Whose replication a `TopicPolicyWatch` judges again, and how: `read` the replicas of
+    `topics`, compared with `asked` (`TICKWHEEL_REPLICATION_FACTOR`); `counted(topic, n)`
+    told each topic's findings (0: none) whenever they are set."""
+
+    read: ReadReplicas
+    topics: Sequence[str]
+    asked: Replication
+    counted: Callable[[str, int], None] = lambda topic, n: None
+
+    @classmethod
+    def of(
+        cls, admin: Admin, specs: Iterable[TopicSpec], asked: Replication, metrics: NodeMetrics
+    ) -> ReplicationRead:
+        """A node's: every topic of it, read through its admin, counted in its metrics."""
+        gauge = metrics.replication_findings
+        return cls(
+            admin.replicas, [s.name for s in specs], asked, lambda t, n: gauge.labels(t).set(n)
+        )
+
+
+def finding_changes(
+    before: Mapping[str, Sequence[str]], now: Mapping[str, Sequence[str]], judged: Iterable[str]
+) -> tuple[dict[str, list[str]], list[str]]:
+    """Of the topics `judged` (read again), the findings `now` has that `before` had not
+    (by topic) and those `before` had that are gone."""
+    appeared = {
+        t: new
+        for t, faults in now.items()
+        if (new := [f for f in faults if f not in before.get(t, ())])
+    }
+    cleared = [f for t in judged for f in before.get(t, ()) if f not in now.get(t, ())]
+    return appeared, cleared
 
 
 class TopicPolicyWatch:
     """Reads the policy of `tables` (compacted, deleting nothing) and `logs` (keeping every
-    record) every `interval` s; `refused` is told why a table deletes rows, at each check
-    that finds it so."""
+    record), and the replication of `replication`'s topics, every `interval` s; `refused`
+    is told why a table deletes rows, at each check that finds it so."""
 
     def __init__(
         self,
@@ -58,17 +114,27 @@ class TopicPolicyWatch:
         tables: Sequence[str],
         logs: Sequence[str] = (),
         refused: Callable[[str], None],
+        replication: ReplicationRead | None = None,
         interval: float = CHECK_INTERVAL_S,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
         self._read = read
         self.tables, self.logs = list(tables), list(logs)
         self._refused = refused
+        self.replication = replication
+        self.findings: dict[str, list[str]] = {}
+        """What is wrong with each topic's replication (`/healthz`'s `topics`)."""
         self.interval = interval
         self.sleep = sleep
         """How it waits between checks (a test's fake clock)."""
         # Each log's warning last given: said again only once it changes.
         self._warned: dict[str, str] = {}
+
+    def found_at_start(self, findings: Mapping[str, Sequence[str]]) -> None:
+        """The start's findings (`check_replication`): said already, the checks say what
+        changes of them."""
+        self.findings = {t: list(faults) for t, faults in findings.items() if faults}
+        self._count()
 
     async def run(self) -> None:
         """Checks every `interval` s (the start checked just before) until cancelled."""
@@ -77,23 +143,19 @@ class TopicPolicyWatch:
             await self.check()
 
     async def check(self) -> str | None:
-        """Reads the configs once and acts on them; the refusal found (None: none)."""
-        asked = [*self.tables, *self.logs]
+        """Reads the configs (and replicas) once and acts on them; the refusal found (None:
+        none)."""
+        r = self.replication
+        asked = list(dict.fromkeys([*self.tables, *self.logs, *(r.topics if r else ())]))
         if not asked:
             return None
-        try:
-            configs = await self._read(asked, POLICY_CONFIGS)
-        except asyncio.CancelledError:
-            if cancelled_here():
-                raise
-            self._failed("cancelled inside the client library")
-            return None
-        except Exception as exc:  # any failed read: tried again at the next check
-            self._failed(str(exc) or repr(exc))
+        names = (*POLICY_CONFIGS, MIN_INSYNC) if r is not None else POLICY_CONFIGS
+        configs = await self._reading("configs", lambda: self._read(asked, names))
+        if configs is None:
             return None
         if configs.unread:
             logger.warning(
-                "cannot read the cleanup.policy of %s (read again in %g s): %s",
+                "cannot read the configs of %s (read again in %g s): %s",
                 ", ".join(configs.unread),
                 self.interval,
                 "; ".join(sorted(set(configs.unread.values()))),
@@ -109,13 +171,49 @@ class TopicPolicyWatch:
                     self._warned[log] = warnings[log]
                 else:
                     self._warned.pop(log, None)
+        if r is not None:
+            await self._check_replication(r, configs)
         if refusal is not None:
             self._refused(refusal)
         return refusal
 
-    def _failed(self, why: str) -> None:
+    async def _check_replication(self, r: ReplicationRead, configs: TopicConfigs) -> None:
+        answer = await self._reading("replicas", lambda: r.read(r.topics))
+        if answer is None:
+            return
+        brokers, replicas = answer
+        judged = {t: n for t, n in replicas.items() if t in configs.read}
+        now = replication_findings(judged, configs, r.asked)
+        appeared, cleared = finding_changes(
+            self.findings, now, [t for t in r.topics if t in judged]
+        )
+        warn_replication(appeared, brokers, replicas, r.asked)
+        for finding in cleared:
+            # Its first sentence, before the why and the fix: "topic t has …".
+            logger.info("no longer so: %s", finding.split(": ", 1)[0])
+        kept = {t: f for t, f in self.findings.items() if t not in judged}
+        self.findings = {t: f for t in r.topics if (f := now.get(t) or kept.get(t))}
+        self._count()
+
+    async def _reading(self, what: str, read: Callable[[], Awaitable[_T]]) -> _T | None:
+        """What `read` answers; None when it failed (one WARNING, read again next check)."""
+        try:
+            return await read()
+        except asyncio.CancelledError:
+            if cancelled_here():
+                raise
+            why = "cancelled inside the client library"
+        except Exception as exc:  # any failed read: tried again at the next check
+            why = str(exc) or repr(exc)
         logger.warning(
-            "reading the cleanup.policy of the node's topics failed (read again in %g s): %s",
+            "reading the %s of the node's topics failed (read again in %g s): %s",
+            what,
             self.interval,
             why,
         )
+        return None
+
+    def _count(self) -> None:
+        if self.replication is not None:
+            for topic in self.replication.topics:
+                self.replication.counted(topic, len(self.findings.get(topic, ())))

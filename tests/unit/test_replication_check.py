@@ -2,8 +2,9 @@
 with fewer replicas (created while a broker was down, capped to the live ones for good,
 or made beforehand) is a WARNING naming it, its count, the configured one and
 kafka-reassign-partitions; a `min.insync.replicas` of 1 on 3 replicas or more, or above
-the replicas (every write fails), too. `/healthz` says them as `topics`. On the in-memory
-log, whose brokers and replicas a test sets."""
+the replicas (every write fails), too. `/healthz` says them as `topics`, and a running
+node reads them again every minute (its topic watch), saying what appears or clears. On the
+in-memory log, whose brokers and replicas a test sets."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from pathlib import Path
 import pytest
 from fakes import RunningNode, wait_until
 from test_node_memory import PARTITIONS, SERVICE, TOPICS
+from test_topic_watch import Ticks
 
 from app.kafka.memory import MemoryLog
 from app.kafka.records import Replication, TopicSpec
@@ -140,3 +142,39 @@ async def test_an_answer_read_wrong_is_a_warning_never_a_failed_start(
         found = await check_replication(Misread(), [A], ASKED)  # type: ignore[arg-type]
     assert found == {}
     assert "cannot read the replication of the node's topics" in caplog.text
+
+
+async def test_a_running_node_says_replication_changed_since_its_start(tmp_path: Path) -> None:
+    """Read again every minute (the topic watch): `/healthz`'s `topics` and the
+    `tickwheel_topic_replication_findings` gauge follow a fix and a lowered setting."""
+    log = MemoryLog()
+    log.brokers = 3
+    log.replicas[TOPICS.timers_changelog] = 2
+    node = RunningNode(log, tmp_path, "a", SERVICE, PARTITIONS)
+    ticks = Ticks()
+    node.node.topic_watch.sleep = ticks.sleep
+    changelog = TOPICS.timers_changelog
+
+    def findings(topic: str) -> float | None:
+        return node.node.metrics.registry.get_sample_value(
+            "tickwheel_topic_replication_findings", {"topic": topic}
+        )
+
+    await node.start()
+    try:
+        await wait_until(node.runs)
+        assert node.node.health()["topics"][changelog] == [
+            replica_shortfall(changelog, 2, Replication(3, 2))
+        ]
+        assert findings(changelog) == 1
+        for topic, configs in log.configs.items():  # every topic reassigned to 3 brokers
+            log.replicas[topic] = 3
+            configs["min.insync.replicas"] = "2"
+        await ticks.tick()
+        assert "topics" not in node.node.health() and findings(changelog) == 0
+        log.configs[changelog]["min.insync.replicas"] = "1"  # lowered while it runs
+        await ticks.tick()
+        assert node.node.health()["topics"] == {changelog: [insync_fault(changelog, 3, 1)]}
+        assert findings(changelog) == 1 and findings(TOPICS.events) == 0
+    finally:
+        await node.stop()

@@ -3,7 +3,11 @@
 the retention deleted. The node reads the policy again every minute and stops on a table
 that deletes rows, with the start's own message. A read that fails (the broker away, no
 DescribeConfigs ACL, anything a client library raises) is one warning a check and is
-tried again: it never stops the node. On the in-memory log, its waits on a fake clock."""
+tried again: it never stops the node. The same check judges the topics' replication again
+(fewer replicas than configured, `min.insync.replicas` 1 on 3 or above them): a finding
+that appears is one WARNING, one that clears one INFO, `/healthz` and the
+`tickwheel_topic_replication_findings` gauge follow; a failed read clears nothing. On the
+in-memory log, its waits on a fake clock."""
 
 from __future__ import annotations
 
@@ -19,9 +23,10 @@ from test_node_memory import PARTITIONS, SERVICE, TOPICS
 
 from app.errors import NodeFailed
 from app.kafka.memory import MemoryLog
-from app.kafka.records import TopicConfigs, TopicSpec
+from app.kafka.records import Replication, TopicConfigs, TopicSpec
+from app.kafka.replication import insync_fault, replica_shortfall
 from app.kafka.topic_policy import policy_refusal
-from app.node.topic_watch import CHECK_INTERVAL_S, TopicPolicyWatch
+from app.node.topic_watch import CHECK_INTERVAL_S, ReadReplicas, ReplicationRead, TopicPolicyWatch
 
 TABLE, LOG = "ctx.a.timers", "ctx.a.events"
 DELETING = {"cleanup.policy": "delete"}
@@ -109,7 +114,7 @@ async def test_a_failed_read_is_one_warning_a_check_and_read_again(
         for _ in range(3):
             await ticks.tick()
         assert [r.getMessage() for r in caplog.records] == [
-            "reading the cleanup.policy of the node's topics failed (read again in 60 s): "
+            "reading the configs of the node's topics failed (read again in 60 s): "
             "the broker is not reachable"
         ] * 3
         caplog.clear()
@@ -118,7 +123,7 @@ async def test_a_failed_read_is_one_warning_a_check_and_read_again(
         await ticks.tick()
         assert refusals == [] and not task.done()
         assert [r.getMessage() for r in caplog.records] == [
-            f"cannot read the cleanup.policy of {TABLE}, {LOG} (read again in 60 s): "
+            f"cannot read the configs of {TABLE}, {LOG} (read again in 60 s): "
             "Topic authorization failed."
         ] * 2
         log.describe_refused = None  # read again: the table deletes
@@ -140,7 +145,7 @@ async def test_whatever_a_read_raises_never_ends_the_watch(
         await ticks.tick()
         await ticks.tick()
         assert not task.done() and refusals == []
-        assert caplog.text.count("reading the cleanup.policy of the node's topics failed") == 2
+        assert caplog.text.count("reading the configs of the node's topics failed") == 2
     finally:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
@@ -186,3 +191,127 @@ async def test_a_running_node_stops_on_its_changelog_changed_to_delete(tmp_path:
     finally:
         node.task = None  # its end read: `stop` stops the node alone
         await node.stop()
+
+
+ASKED = Replication(3, 2)
+
+
+def replicated_log() -> MemoryLog:
+    """Three brokers, each topic on 3 with min.insync.replicas 2: nothing to say."""
+    log = memory_log()
+    log.brokers = 3
+    for topic in (TABLE, LOG):
+        log.replicas[topic] = 3
+        log.configs[topic]["min.insync.replicas"] = "2"
+    return log
+
+
+@contextlib.asynccontextmanager
+async def watching_replication(
+    log: MemoryLog,
+    counts: dict[str, int],
+    start: dict[str, list[str]],
+    replicas: ReadReplicas | None = None,
+) -> AsyncIterator[tuple[Ticks, TopicPolicyWatch]]:
+    ticks = Ticks()
+    read = ReplicationRead(
+        replicas or log.admin().replicas, [TABLE, LOG], ASKED, counts.__setitem__
+    )
+    watch = TopicPolicyWatch(
+        log.admin().topic_configs,
+        tables=[TABLE],
+        logs=[LOG],
+        refused=lambda why: None,
+        replication=read,
+        sleep=ticks.sleep,
+    )
+    watch.found_at_start(start)
+    task = asyncio.create_task(watch.run())
+    try:
+        yield ticks, watch
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+def said(caplog: pytest.LogCaptureFixture) -> list[tuple[str, str]]:
+    return [(r.levelname, r.getMessage()) for r in caplog.records if r.name != "asyncio"]
+
+
+async def test_replication_findings_appear_and_clear_said_once_each(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    log, counts = replicated_log(), dict[str, int]()
+    log.replicas[TABLE] = 2
+    short = replica_shortfall(TABLE, 2, ASKED)
+    assert short is not None
+    caplog.set_level(logging.INFO)
+    async with watching_replication(log, counts, {TABLE: [short]}) as (ticks, watch):
+        assert counts == {TABLE: 1, LOG: 0} and watch.findings == {TABLE: [short]}
+        await ticks.tick()
+        assert said(caplog) == []  # the start's, said already
+        log.configs[LOG]["min.insync.replicas"] = "1"  # lowered while it runs
+        await ticks.tick()
+        await ticks.tick()
+        lowered = insync_fault(LOG, 3, 1)
+        assert said(caplog) == [("WARNING", lowered)]  # once, not every check
+        assert watch.findings == {TABLE: [short], LOG: [lowered]}
+        assert counts == {TABLE: 1, LOG: 1}
+        caplog.clear()
+        log.replicas[TABLE] = 3  # reassigned to the factor
+        log.configs[LOG]["min.insync.replicas"] = "2"
+        await ticks.tick()
+        await ticks.tick()
+        assert said(caplog) == [
+            ("INFO", f"no longer so: topic {TABLE} has 2 replica(s), fewer than the 3 "
+             "configured (TICKWHEEL_REPLICATION_FACTOR)"),
+            ("INFO", f"no longer so: topic {LOG} has min.insync.replicas 1 with 3 replicas"),
+        ]  # fmt: skip
+        assert watch.findings == {} and counts == {TABLE: 0, LOG: 0}
+        caplog.clear()
+        log.replicas[LOG] = 1  # reassigned to fewer: 2 above its 1 replica too
+        await ticks.tick()
+        assert said(caplog) == [
+            ("WARNING", replica_shortfall(LOG, 1, ASKED)),
+            ("WARNING", insync_fault(LOG, 1, 2)),
+        ]
+        assert counts == {TABLE: 0, LOG: 2}
+
+
+async def test_a_failed_read_keeps_the_replication_findings(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    log, counts = replicated_log(), dict[str, int]()
+    failing: list[Exception] = []
+
+    async def replicas(topics: Sequence[str]) -> tuple[int, dict[str, int]]:
+        if failing:
+            raise failing[0]
+        return await log.admin().replicas(topics)
+
+    log.configs[LOG]["min.insync.replicas"] = "1"
+    lowered = insync_fault(LOG, 3, 1)
+    assert lowered is not None
+    caplog.set_level(logging.INFO)
+    async with watching_replication(log, counts, {LOG: [lowered]}, replicas) as (ticks, watch):
+        log.configs[LOG]["min.insync.replicas"] = "2"  # fixed, but not read:
+        log.down = True  # the broker away
+        await ticks.tick()
+        log.down, log.describe_refused = False, "Topic authorization failed."  # an ACL
+        await ticks.tick()
+        log.describe_refused = None
+        failing.append(RuntimeError("the replicas not read"))
+        await ticks.tick()
+        assert said(caplog) == [
+            ("WARNING", "reading the configs of the node's topics failed (read again in "
+             "60 s): the broker is not reachable"),
+            ("WARNING", f"cannot read the configs of {TABLE}, {LOG} (read again in 60 s): "
+             "Topic authorization failed."),
+            ("WARNING", "reading the replicas of the node's topics failed (read again in "
+             "60 s): the replicas not read"),
+        ]  # fmt: skip
+        assert watch.findings == {LOG: [lowered]} and counts == {TABLE: 0, LOG: 1}
+        failing.clear()  # read again: fixed
+        await ticks.tick()
+        assert watch.findings == {} and counts == {TABLE: 0, LOG: 0}
