@@ -6,7 +6,9 @@ records, connection, ports and consumers (their record making).
 Its position never jumps quietly: aiokafka's `auto_offset_reset` ("earliest") would move a
 partition whose records retention or DeleteRecords removed ahead of it (a lagging or
 paused one) to the log's start without a word. With "none" the poll is told, and reads on
-from the start itself, saying and counting what was deleted unread (`read_on_offset`)."""
+from the start itself, saying and counting what was deleted unread (`read_on_offset`); a
+position the log holds refused again and again stops the node past a bound
+(`InLogRefusals`), never fetched again for ever."""
 
 from __future__ import annotations
 
@@ -28,6 +30,7 @@ from aiokafka.errors import (
 from app.errors import KafkaUnavailable
 from app.kafka.connection import Connectable, client_options
 from app.kafka.consumers import as_record, fetching
+from app.kafka.in_log_refusals import FetchRefused, InLogRefusals
 from app.kafka.ports import Assigned, DeletedUnread
 from app.kafka.read_positions import ReadPositions
 from app.kafka.records import Record, explain, instance_fenced, start_client
@@ -104,11 +107,15 @@ class GroupConsumer:
         max_poll_records: int = 2_000,
         group_instance_id: str | None = None,
         on_deleted: DeletedUnread | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """`group_instance_id`: a static member's id (KIP-345); None: a dynamic member.
-        `on_deleted`: told of the records read past, deleted before they were read."""
+        `on_deleted`: told of the records read past, deleted before they were read.
+        `clock`: seconds, only compared (how long a position has been refused)."""
         self._topics = list(topics)
         self._on_deleted = on_deleted
+        self._clock = clock
+        self._refusals = InLogRefusals()
         self._group_id = group_id
         self._instance_id = group_instance_id
         self._read = ReadPositions()
@@ -148,7 +155,8 @@ class GroupConsumer:
         """A poll that raises hands nothing out and leaves every partition where the last
         one's records ended (`ReadPositions`): none of them is skipped. One that finds a
         partition's position out of its log (or none) moves it (`_read_on`) and hands
-        nothing out: the next one reads it and the others on."""
+        nothing out: the next one reads it and the others on. `FetchRefused` (a
+        `KafkaUnavailable`) when a position its log holds was refused for too long."""
         fetching(self._consumer)
         self._refused.check(self._consumer, self._topics, time.monotonic())
         try:
@@ -174,7 +182,9 @@ class GroupConsumer:
         """Moves the partitions `exc` names (OffsetOutOfRangeError: {partition: fetch
         offset}; NoOffsetForPartitionError: a partition with no committed offset) to where
         they read on from: the start, for one with none, as its take's `rewind` would;
-        `read_on_offset` for one out of its log, its deleted records said and counted."""
+        `read_on_offset` for one out of its log, its deleted records said and counted. One
+        whose position its log holds stays there, fetched again, its refusals followed
+        (`InLogRefusals`): `FetchRefused` once they last too long."""
         arg = exc.args[0] if exc.args else None
         if isinstance(exc, OffsetOutOfRangeError) and isinstance(arg, dict):
             at: dict[TopicPartition, int | None] = {tp: int(o) for tp, o in arg.items()}
@@ -193,20 +203,33 @@ class GroupConsumer:
         except TimeoutError as e:
             raise KafkaUnavailable(f"poll failed: {explain(exc)}, and no offsets") from e
         assigned = self._consumer.assignment()
+        self._refusals.keep({(tp.topic, tp.partition) for tp in assigned})
+        now = self._clock()
+        stuck: FetchRefused | None = None
         for tp, position in at.items():
             if tp not in assigned or self._read.moves(tp) != moves[tp]:
                 continue  # revoked, or sought (a take's rewind) meanwhile: it reads on there
-            start = int(starts[tp])
+            start, end = int(starts[tp]), int(ends[tp])
+            if position is not None and start <= position <= end:
+                # Left where it is, which aiokafka's fetcher fetches again (after its retry
+                # backoff): a seek would count as a move, and start the refusals over.
+                refused = self._refusals.refused(
+                    tp.topic, tp.partition, position, start, end, moves=moves[tp], now=now
+                )
+                stuck = stuck or refused
+                continue
             if position is None:
                 offset = start
             else:
-                offset = read_on_offset(tp.topic, tp.partition, position, start, int(ends[tp]))
+                offset = read_on_offset(tp.topic, tp.partition, position, start, end)
             try:
                 self._consumer.seek(tp, offset)
             except IllegalStateError:
                 continue  # revoked in between
             self._read.moved(tp, offset)
             self._deleted(tp, position, start)
+        if stuck is not None:
+            raise stuck from exc
 
     def _deleted(self, tp: TopicPartition, position: int | None, start: int) -> None:
         if (n := deleted_unread(position, start)) and self._on_deleted is not None:

@@ -5,17 +5,21 @@ when a member joins or leaves; a member whose session expires (`expel`, as a fro
 would) is taken out without being told, and learns at its next call, as aiokafka's member
 does after a thaw: its partitions are revoked and it joins again. A member's position that
 records deleted under it (`MemoryLog.delete_records`) or a topic made again left out of the
-log is read on from the start, said and counted, as `GroupConsumer`'s is."""
+log is read on from the start, said and counted, as `GroupConsumer`'s is; a broker refusing
+a position the log holds is played by `refuse_fetches`, its refusals followed as
+`GroupConsumer`'s are (`InLogRefusals`)."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable, Sequence
+import time
+from collections.abc import Callable, Iterable, Sequence
 from typing import Protocol
 
 from aiokafka.errors import SaslAuthenticationFailed
 
 from app.errors import KafkaUnavailable
+from app.kafka.in_log_refusals import InLogRefusals
 from app.kafka.ports import Assigned, DeletedUnread
 from app.kafka.records import Record, TopicSpec
 from app.kafka.resume_offset import deleted_unread, read_on_offset, resume_offset
@@ -130,6 +134,7 @@ class MemoryGroupMember:
         on_revoked: Assigned,
         max_poll_records: int = 2_000,
         on_deleted: DeletedUnread | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._log = log
         self._group = group
@@ -145,6 +150,22 @@ class MemoryGroupMember:
         self._generation = 0
         self._polls = asyncio.Event()
         self._polls.set()
+        self.clock = clock
+        """Seconds, only compared (how long a position has been refused): a test sets its own."""
+        self._refusing: set[_Key] = set()
+        self._refusals = InLogRefusals()
+        # Per partition, how many times it was given or rewound: a refusal after one of
+        # them starts over, as `GroupConsumer`'s after a seek or an assignment.
+        self._moves: dict[_Key, int] = {}
+
+    def refuse_fetches(self, partitions: Iterable[_Key]) -> None:
+        """Its fetches of these partitions are refused as out of range wherever the log
+        holds their position, until `serve_fetches`: a broker's fault, or a leader whose
+        high watermark has not caught up."""
+        self._refusing |= set(partitions)
+
+    def serve_fetches(self, partitions: Iterable[_Key]) -> None:
+        self._refusing -= set(partitions)
 
     def hold_polls(self) -> None:
         """Its polls wait until `release_polls`: the window of a thawed process whose
@@ -173,7 +194,9 @@ class MemoryGroupMember:
     async def given(self, partitions: set[_Key], generation: int) -> None:
         self.assigned = set(partitions)
         self._generation = generation
+        self._refusals.keep(self.assigned)
         for key in partitions:
+            self._moved(key)
             # As aiokafka's fetcher: the committed offset, unchecked (a take's `rewind`, or
             # a fetch out of the log, says what was deleted unread, once).
             committed = self._log.committed(self._group.group_id, *key)
@@ -200,11 +223,15 @@ class MemoryGroupMember:
         return got
 
     def _take(self) -> dict[_Key, list[Record]]:
+        keys = sorted(self.assigned - self._paused)
+        refused = self._refused(keys)
         got: dict[_Key, list[Record]] = {}
         room = self._max
-        for key in sorted(self.assigned - self._paused):
+        for key in keys:
             if room <= 0:
                 break
+            if key in refused:
+                continue
             topic, p = key
             begin, end = self._log.offsets(topic, p)
             position = self._positions.get(key, begin)
@@ -218,6 +245,27 @@ class MemoryGroupMember:
                 got[key] = records
                 room -= len(records)
         return got
+
+    def _refused(self, keys: Sequence[_Key]) -> set[_Key]:
+        """Those of `keys` whose fetch is refused (`refuse_fetches`) at a position the log
+        holds, each refusal followed; `FetchRefused` (before any record is taken, so that
+        none is lost with it) once one has lasted too long."""
+        refused: set[_Key] = set()
+        now = self.clock()
+        for key in [k for k in keys if k in self._refusing]:
+            begin = self._log.offsets(*key)[0]
+            position = self._positions.get(key, begin)
+            high = self._log.offsets(*key, committed=False)[1]
+            if begin <= position <= high:
+                refused.add(key)
+                moves = self._moves.get(key, 0)
+                stuck = self._refusals.refused(*key, position, begin, high, moves=moves, now=now)
+                if stuck is not None:
+                    raise stuck
+        return refused
+
+    def _moved(self, key: _Key) -> None:
+        self._moves[key] = self._moves.get(key, 0) + 1
 
     async def commit(self, offsets: dict[_Key, int]) -> None:
         self._log.check_up()
@@ -246,6 +294,7 @@ class MemoryGroupMember:
         for key in partitions:
             if key in self.assigned:
                 self._positions[key] = self._committed_or_start(key)
+                self._moved(key)
         return {key: self._positions[key] for key in partitions if key in self.assigned}
 
     def assignment(self) -> set[_Key]:

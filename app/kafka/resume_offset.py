@@ -41,8 +41,9 @@ def read_on_offset(topic: str, partition: int, position: int, start: int, end: i
 
     Below the start: records deleted unread, said; the start. Past the end: the log was cut
     back (an unclean leader election) or made again: said; the start, as Kafka's `earliest`
-    reset reads it, every record read again rather than any missed. Within them: a leader
-    that had not caught up for a moment: the position, fetched again."""
+    reset reads it, every record read again rather than any missed. Within them: the
+    position, fetched again, unsaid here (`app.kafka.in_log_refusals` says it, and follows
+    a broker refusing it again and again)."""
     if position < start:
         _said_deleted(topic, partition, f"position {position}", position, start)
         return start
@@ -57,15 +58,6 @@ def read_on_offset(topic: str, partition: int, position: int, start: int, end: i
             start,
         )
         return start
-    logger.info(
-        "%s[%d]: a fetch at %d was refused as out of the log, which holds %d to %d (a "
-        "leader not caught up yet): fetched again",
-        topic,
-        partition,
-        position,
-        start,
-        end,
-    )
     return position
 
 

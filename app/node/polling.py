@@ -21,6 +21,7 @@ from collections.abc import Callable, Mapping
 from typing import Final, Protocol
 
 from app.errors import KafkaUnavailable
+from app.kafka.in_log_refusals import FetchRefused
 from app.kafka.ports import POLL_FAILING_S, GroupMember
 from app.kafka.records import instance_fenced, never_joins, refused
 from app.node.partition_input import Batch, Held
@@ -82,8 +83,10 @@ async def poll_loop(
 ) -> None:
     """Hands each polled batch to the worker of the task running its partition of its
     topic's type (`type_of`: each topic read, its type's name), and commits what they did;
-    ends after `fail` when the consumer is refused (no retry passes an ACL), or its polls
-    or its offset commits keep failing (`POLL_FAILING_S`, `COMMITS_FAILING_S`, by `clock`).
+    ends after `fail` when the consumer is refused (no retry passes an ACL), a partition's
+    fetches are refused where its log holds their position for too long (`FetchRefused`),
+    or its polls or its offset commits keep failing (`POLL_FAILING_S`, `COMMITS_FAILING_S`,
+    by `clock`).
 
     Tasks are independent: each has a worker of its own, so one task's slow transaction
     does not hold up the others' commands, nor (paused on while its queue is full) their
@@ -137,6 +140,11 @@ async def poll_loop(
             if never_joins(exc):
                 # Else the node would own nothing, for good, and say it was ready.
                 fail(f"the group turned the node's join down: {exc}")
+                return
+            if isinstance(exc, FetchRefused):
+                # Else that partition would read nothing, for good, while the others go on
+                # and the node says it is ready (the other polls pass: no bound above ends it).
+                fail(f"a partition's reading stopped: {exc}")
                 return
             # The broker or the group is in flux: the node keeps going and reads again (a
             # poll that fails hands nothing out and moves no partition: `GroupMember.poll`).

@@ -11,6 +11,7 @@ On a broker: `tests/integration/test_poll_loop_kafka.py`."""
 from __future__ import annotations
 
 import logging
+import time
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,7 @@ from test_node_memory import PARTITIONS, SERVICE, TOPICS
 
 from app.errors import KafkaUnavailable
 from app.kafka.group_consumer import GroupConsumer
+from app.kafka.in_log_refusals import InLogRefusals
 from app.kafka.memory import MemoryLog
 from app.kafka.read_positions import ReadPositions
 from app.kafka.refused_topics import RefusedTopics
@@ -61,9 +63,11 @@ def test_records_deleted_ahead_and_a_log_cut_back_are_errors(
     with caplog.at_level(logging.INFO, logger=LOGGER):
         assert read_on_offset(TOPIC, 3, 2, 6, 10) == 6
         assert read_on_offset(TOPIC, 3, 12, 0, 4) == 0
-        assert read_on_offset(TOPIC, 3, 7, 6, 10) == 7  # a leader behind: fetched again
-    deleted, cut, behind = caplog.records
-    assert deleted.levelno == cut.levelno == logging.ERROR and behind.levelno == logging.INFO
+        # A leader behind: fetched again, said by its reader's `InLogRefusals`, bounded
+        # (`tests/unit/test_in_log_refusals.py`).
+        assert read_on_offset(TOPIC, 3, 7, 6, 10) == 7
+    deleted, cut = caplog.records
+    assert deleted.levelno == cut.levelno == logging.ERROR
     assert (
         f"{TOPIC}[3]: 4 records were deleted before this group read them (position 2"
         in deleted.getMessage()
@@ -273,7 +277,8 @@ def _group(consumer: _Consumer, counted: Counted) -> GroupConsumer:
     group = GroupConsumer.__new__(GroupConsumer)
     group._consumer = consumer
     group._read, group._refused, group._topics = ReadPositions(), RefusedTopics(), [TOPIC]
-    group._on_deleted = _count(counted)
+    group._on_deleted, group._clock = _count(counted), time.monotonic
+    group._refusals = InLogRefusals()
     return group
 
 
