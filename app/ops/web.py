@@ -68,6 +68,7 @@ from app.ops.origin import browser_write, known_host, same_site
 from app.ops.page import Acted, OperatorPage, Rendered, default_node_id
 from app.ops.page_actions import JOB_FORM, TIMER_FORM, PageActions
 from app.ops.page_ledger import ledger_json
+from app.ops.slow_body import BODY_TIMEOUT_S, KEEPALIVE_S, body_deadline
 from app.ops.timer_api import DEFAULT_WAIT_S
 from app.ops.timer_routes import TimerRoutes
 from app.ops.upcoming import (
@@ -126,6 +127,8 @@ class WebServer:
         host: str = "127.0.0.1",
         *,
         timer_wait_s: float = DEFAULT_WAIT_S,
+        body_timeout_s: float = BODY_TIMEOUT_S,
+        keepalive_s: float = KEEPALIVE_S,
     ) -> None:
         self._node = node
         self._timers = TimerRoutes(node, timer_wait_s)
@@ -133,6 +136,8 @@ class WebServer:
         self._host = host
         self._port = port
         self._timer_wait_s = timer_wait_s
+        self._body_timeout_s = body_timeout_s
+        self._keepalive_s = keepalive_s
         self._runner: web.AppRunner | None = None
         self._started = time.monotonic()
         self.port = port
@@ -153,7 +158,9 @@ class WebServer:
         )
 
     async def start(self) -> None:
-        app = web.Application(middlewares=[errors_middleware, self._guard()])
+        # The body's bound first: it covers the guard's read of a form too.
+        bounded = [body_deadline(self._body_timeout_s), errors_middleware, self._guard()]
+        app = web.Application(middlewares=bounded)
         app.router.add_get("/livez", self._live)
         app.router.add_get("/readyz", self._ready)
         app.router.add_get("/healthz", self._ready)
@@ -169,7 +176,11 @@ class WebServer:
         app.router.add_post(TIMER_FORM, self._timer_form)
         app.router.add_post(JOB_FORM, self._job_form)
         self._runner = web.AppRunner(
-            app, access_log=None, shutdown_timeout=STOP_GRACE_S, logger=SERVER_LOG
+            app,
+            access_log=None,
+            shutdown_timeout=STOP_GRACE_S,
+            logger=SERVER_LOG,
+            keepalive_timeout=self._keepalive_s,
         )
         await self._runner.setup()
         site = web.TCPSite(self._runner, self._host, self._port)
