@@ -13,8 +13,9 @@ a timer twice.
 
 A timer fires its command into `<context>.<target>.commands` (the app's own type, the
 key's id), which `commands` reads: a faust topic whose values are `CommandEnvelope`s
-(records that are not are dead-lettered to `<context>.dead-letters`, as Tickwheel's own
-processors do, and never reach the agent). The node waits for the command's result on
+(records that are not are dead-lettered to `<context>.dead-letters`, and answered `ERROR`
+where their reply address reads, as Tickwheel's own processors do, and never reach the
+agent). The node waits for the command's result on
 `reply_to`: the agent answers with `answer` (COMMITTED once done, or its refusal); an
 unanswered command is sent again (same request id, `<timer id>#<slot>`) after the node's
 `send_timeout`, so the agent should treat a request id it has handled as done.
@@ -48,8 +49,8 @@ except ImportError as exc:  # the extra is optional: say how to get it
     ) from exc
 
 from app.clients.book_commands import BookCommands, Rule, request_id_for
-from app.clients.client_topics import ClientTopics
-from app.clients.fired import command_in, letter_of, reply_partition
+from app.clients.client_topics import ClientTopics, unreadable_answer
+from app.clients.fired import command_in, letter_of, record_of, reply_partition
 from app.clients.timer_book import timer_book
 from app.errors import BadRecord
 from app.kafka import KafkaClients
@@ -73,6 +74,9 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
+_Out = tuple[str, int | None, bytes | None, bytes | None, list[tuple[str, bytes]]]
+"""A record as `CommandTopic` sends one: (topic, partition, key, value, headers)."""
+
 NODE_REPLICATION: Final = Replication(
     Settings.model_fields["replication_factor"].default,
     Settings.model_fields["min_insync_replicas"].default,
@@ -89,12 +93,21 @@ class CommandSchema(faust.Schema[str, CommandEnvelope]):
     """Keys as the aggregate id (str), values as `CommandEnvelope`s of the target type.
 
     A value that is not one, is another type's, or is keyed or partitioned other than
-    its aggregate (murmur2 of the id) is a decode error: `CommandTopic` dead-letters it.
+    its aggregate (murmur2 of the id) is a decode error: `CommandTopic` dead-letters it
+    and answers it where it can (`unreadable_answer`, within `limits`, at `now()`). They
+    are the schema's, not the topic's: faust clones the topic an agent iterates.
     """
 
-    def __init__(self, topology: ClientTopics) -> None:
+    def __init__(
+        self,
+        topology: ClientTopics,
+        limits: InputLimits | None = None,
+        now: Callable[[], int] | None = None,
+    ) -> None:
         super().__init__(key_type=str, value_type=bytes)
         self.topology = topology
+        self.limits = limits or InputLimits()
+        self.now = now or (lambda: int(time.time() * 1000))
 
     def loads_value(
         self,
@@ -130,27 +143,35 @@ def command_of(message: Message, target: AggregateTopics, partitions: int) -> Co
 class CommandTopic(faust.Topic):
     """The target type's command topic: made with Tickwheel's specs when the app
     subscribes (`internal=True` makes faust declare it), and a record that is not a
-    command is dead-lettered, not thrown into the agent (where it would crash the agent
-    on every delivery)."""
+    command is dead-lettered and answered `ERROR` where its reply address reads, as a
+    node does, not thrown into the agent (where it would crash the agent on every
+    delivery)."""
 
     @property
-    def _topology(self) -> ClientTopics:
-        return cast(CommandSchema, self.schema).topology
+    def _schema(self) -> CommandSchema:
+        return cast(CommandSchema, self.schema)
 
     async def declare(self) -> None:
-        await self._topology.ensure()
+        await self._schema.topology.ensure()
 
     async def on_key_decode_error(self, exc: Exception, message: Message) -> None:
-        await self._dead_letter(exc, message)
+        await self._refuse(exc, message)
 
     async def on_value_decode_error(self, exc: Exception, message: Message) -> None:
-        await self._dead_letter(exc, message)
+        await self._refuse(exc, message)
 
-    async def _dead_letter(self, exc: Exception, message: Message) -> None:
-        topic, partition, key, value, headers = letter_of(message, exc, int(time.time() * 1000))
-        letters = self.app.topic(topic, key_type=bytes, value_type=bytes)
+    async def _refuse(self, exc: Exception, message: Message) -> None:
+        schema, now = self._schema, self._schema.now()
+        await self._send_logged(exc, message, "dead-letter", letter_of(message, exc, now))
+        answer = unreadable_answer(schema.topology, record_of(message), exc, schema.limits, now)
+        if answer is not None:
+            await self._send_logged(exc, message, "answer", (*answer, []))
+
+    async def _send_logged(self, exc: Exception, message: Message, what: str, out: _Out) -> None:
+        topic, partition, key, value, headers = out
+        channel = self.app.topic(topic, key_type=bytes, value_type=bytes)
         try:
-            sent = await letters.send(
+            sent = await channel.send(
                 key=key, value=value, partition=partition, headers=headers, force=True
             )
             await sent
@@ -158,12 +179,11 @@ class CommandTopic(faust.Topic):
             # Logged, not raised: faust acked the record before calling this, so raising
             # would not keep it (its offset commits all the same) but would stop the
             # fetcher, and every partition with it. Its coordinates say where to read it.
+            at = f"{message.topic}[{message.partition}]@{message.offset}"
             logger.exception(
-                "could not dead-letter %s[%d]@%d (%s) to %s: the record is skipped, read it "
-                "again from there",
-                message.topic,
-                message.partition,
-                message.offset,
+                "could not %s %s (%s) to %s: the record is skipped, read it again from there",
+                what,
+                at,
                 exc,
                 topic,
             )
@@ -216,7 +236,7 @@ class TickwheelTimers:
         self.commands: CommandTopic = CommandTopic(
             app,
             topics=[target_topics.commands],
-            schema=CommandSchema(self.topology),
+            schema=CommandSchema(self.topology, limits, self._now),
             partitions=partitions,
             internal=True,
         )
