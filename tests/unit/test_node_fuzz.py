@@ -4,9 +4,12 @@ Arbitrary bytes, arbitrary JSON, and envelopes built valid with one field pushed
 extreme (huge and negative integers, numbers past any float, huge strings and keys, deep
 nesting, wrong types, a reply address elsewhere, a record keyed or partitioned wrongly),
 on every input topic (the log, the commands, the operators' requests), mixed with valid
-timers on every partition. What must hold: every partition keeps firing, every valid
-timer fires once, each bad record has exactly one dead letter holding its bytes and
-headers, and nothing valid is dead-lettered.
+timers on every partition, and results on the context's results topic whose code (or
+refusal) is a newer writer's (well-formed, unknown to this version) or just outside the
+codes' shape (65 characters, lower case, a control character). What must hold: every
+partition keeps firing, every valid timer fires once, each bad record has exactly one
+dead letter holding its bytes and headers, nothing valid is dead-lettered, no result is,
+and each result of a newer code is counted once (read as ERROR), none other.
 
 Each bad record is checked to be bad before it is written (`refused`, the node's own
 rules: an envelope one field of which is broken may still be valid, e.g. a `null` where
@@ -38,6 +41,7 @@ from hypothesis import strategies as st
 from pydantic import BaseModel
 
 from app.commands.processor import misrouted
+from app.errors import BadRecord
 from app.kafka import Headers, OutRecord, Record
 from app.kafka.memory import MemoryLog
 from app.model.aggregate import AggregateType, Command, Decision, Event
@@ -52,7 +56,10 @@ from app.protocol.wire import (
     SCHEDULE_SET,
     SYSTEM_EVENTS,
     CommandEnvelope,
+    CommandResult,
     EventEnvelope,
+    Refusal,
+    ResultCode,
     ScheduleSet,
     TimerOp,
     decode,
@@ -335,7 +342,113 @@ class Noise:
         return (TOPICS.commands, p, owner.encode(), encode(cmd))
 
 
-Item = Bad | Valid | Noise
+# --- results: codes a newer writer may give, and codes just outside their shape ------------
+
+KNOWN_CODES = [c.value for c in ResultCode]
+CODE_SHAPE = r"[A-Z][A-Z0-9_]{0,63}"
+"""A code's shape (`app.protocol.results`): a well-formed code this version does not know
+is a newer writer's, read as ERROR; anything else is no code (the result is unreadable)."""
+
+newer_codes = (
+    st.sampled_from(["A" * 64, "Z", "THROTTLED", "RULE_ENDED_2"])
+    | st.from_regex(CODE_SHAPE, fullmatch=True)
+).filter(lambda code: code not in KNOWN_CODES and code != "RULE_ENDED")
+"""Well-formed codes this version does not know (as a result's code or a refusal's)."""
+
+well_formed = st.sampled_from(KNOWN_CODES) | newer_codes
+
+
+@st.composite
+def one_lowered(draw: st.DrawFn) -> str:
+    code = draw(well_formed.filter(lambda c: any(ch.isalpha() for ch in c)))
+    at = draw(st.sampled_from([i for i, ch in enumerate(code) if ch.isalpha()]))
+    return code[:at] + code[at].lower() + code[at + 1 :]
+
+
+@st.composite
+def with_control(draw: st.DrawFn) -> str:
+    """A well-formed code with a control character in it (a trailing newline too, which a
+    pattern anchored by `$` rather than matched whole would take)."""
+    code, c = draw(well_formed), draw(st.characters(categories=["Cc"]))
+    at = draw(st.sampled_from([0, len(code)]) | st.integers(0, len(code)))
+    return code[:at] + c + code[at:]
+
+
+outside_codes = st.one_of(
+    st.from_regex(r"[A-Z][A-Z0-9_]{64}", fullmatch=True),  # 65 characters
+    st.sampled_from(KNOWN_CODES).map(str.lower),
+    one_lowered(),
+    st.from_regex(r"[a-z][a-z0-9_]{0,63}", fullmatch=True),
+    with_control(),
+    st.sampled_from(["", "_ERROR", "1ERROR", " ERROR", "ERROR ", "ERROR-2"]),
+    st.sampled_from(["\u00c9RROR", "\uff25RROR", "COMMITTE\u0130"]),  # not ASCII
+)
+"""Codes just outside the shape: no code at all, as a result's or a refusal's."""
+
+ReadAs = Literal["known", "newer", "unreadable"]
+
+
+@dataclass(frozen=True)
+class Answer:
+    """A result on the context's results topic under `request_id` (no send of the node
+    waits for it): its code and refusal (None: left out) `reads` as this version reads them.
+    The node's results reader passes it over: dead-letters nothing, answers nothing, and
+    counts it in `tickwheel_unknown_result_codes_total` when `reads` is "newer"."""
+
+    request_id: str
+    code: str
+    refusal: str | None
+    reads: ReadAs
+
+    def record(self, now: int) -> OutRecord:
+        value: dict[str, Any] = {
+            "request_id": self.request_id,
+            "code": self.code,
+            "aggregate": ref("answered"),
+            "message": "from a newer writer, or none",
+            "decided_at": now,
+        }
+        if self.refusal is not None:
+            value["refusal"] = self.refusal
+        p = partition_of(self.request_id, PARTITIONS)
+        return (CONTEXT_TOPICS.results, p, self.request_id.encode(), dump(value))
+
+
+def read_as(value: bytes | None) -> ReadAs:
+    """How this version reads a result record (the oracle of `Answer.reads`)."""
+    try:
+        result = decode(CommandResult, value)
+    except BadRecord:
+        return "unreadable"
+    return "known" if result.unknown_code is None else "newer"
+
+
+REFUSALS = ["none", "none", "none", "known", "newer", "outside"]
+"""A result's refusal, mostly left out (a well-formed one unknown to this version reads as
+none; a malformed one makes the result unreadable)."""
+
+
+@st.composite
+def answers(draw: st.DrawFn, request_ids: Sequence[str]) -> Answer:
+    """A result of a known, newer or malformed code, with no refusal, a known, a newer or a
+    malformed one, under one of `request_ids` (commands the node answers itself) or its own."""
+    code_kind, refusal_kind = draw(
+        st.tuples(st.sampled_from(["known", "newer", "outside"]), st.sampled_from(REFUSALS))
+    )
+    codes = {"known": st.sampled_from(KNOWN_CODES), "newer": newer_codes}
+    refusals = {"known": st.sampled_from([r.value for r in Refusal]), "newer": newer_codes}
+    code = draw(codes.get(code_kind, outside_codes))
+    refusal = None if refusal_kind == "none" else draw(refusals.get(refusal_kind, outside_codes))
+    reads: ReadAs = (
+        "unreadable"
+        if "outside" in (code_kind, refusal_kind)
+        else ("newer" if code_kind == "newer" else "known")
+    )
+    request_id = draw(st.sampled_from([*request_ids, f"answer-{len(code)}"]))
+    return Answer(request_id, code, refusal, reads)
+
+
+Item = Bad | Valid | Noise | Answer
 
 
 def valid_timer(
@@ -746,6 +859,11 @@ class Scenario:
     def valid(self) -> list[Valid]:
         return [i for i in self.items if isinstance(i, Valid)]
 
+    @property
+    def newer_codes(self) -> int:
+        """How many results of a newer writer's code it writes (each counted once)."""
+        return sum(isinstance(i, Answer) and i.reads == "newer" for i in self.items)
+
 
 @st.composite
 def scenarios(draw: st.DrawFn) -> Scenario:
@@ -761,6 +879,10 @@ def scenarios(draw: st.DrawFn) -> Scenario:
             mixed.append(Valid(owner, via, draw(st.integers(0, 300)), draw(payloads)))
     noise = draw(st.lists(st.sampled_from(NOISES), max_size=4))
     mixed += [Noise(what, n) for n, what in enumerate(noise)]
+    # Results under the request ids of commands the node answers itself, or of none.
+    answered = [f"valid-{i.owner}" for i in mixed if isinstance(i, Valid)]
+    answered += [f"noise-c{n}" for n, what in enumerate(noise) if what in ("not-due", "later")]
+    mixed += draw(st.lists(answers(answered), max_size=6))
     items = draw(st.permutations(mixed))
     # After every bad record, one more timer in each partition: each partition goes on.
     for p in range(PARTITIONS):
@@ -858,6 +980,14 @@ def assert_healthy(node: RunningNode) -> None:
 # --- the fuzz test ---------------------------------------------------------------------------
 
 
+def newer_codes_counted(node: RunningNode) -> float:
+    """The node's `tickwheel_unknown_result_codes_total` of the context."""
+    sample = node.node.metrics.registry.get_sample_value(
+        "tickwheel_unknown_result_codes_total", {"context": CONTEXT}
+    )
+    return sample or 0.0
+
+
 async def play(scenario: Scenario, data: Path) -> None:
     log = MemoryLog()
     written: dict[Position, Bad] = {}
@@ -869,12 +999,19 @@ async def play(scenario: Scenario, data: Path) -> None:
             if isinstance(item, Bad):
                 written[await write(log, item.record())] = item
             else:
-                await write(log, item.record(now_ms()))
+                record = item.record(now_ms())
+                if isinstance(item, Answer):  # each code is on the side of the shape meant
+                    assert read_as(record[3]) == item.reads, item
+                await write(log, record)
         expected = {v.owner: 1 for v in scenario.valid}
         skip = set(written)
 
         def done() -> bool:
-            return fired(log, skip) == expected and len(letters(log)) >= len(written)
+            return (
+                fired(log, skip) == expected
+                and len(letters(log)) >= len(written)
+                and newer_codes_counted(node) >= scenario.newer_codes
+            )
 
         def why() -> str:
             got = letters(log)
@@ -882,13 +1019,15 @@ async def play(scenario: Scenario, data: Path) -> None:
                 f"fired {dict(fired(log, skip))}, expected {expected}; "
                 f"{sum(map(len, got.values()))} letters of {len(written)} bad records; "
                 f"missing {[b for pos, b in written.items() if pos not in got]}; "
+                f"{newer_codes_counted(node)} newer codes of {scenario.newer_codes}; "
                 f"health {node.node.health()}"
             )
 
         await wait_until(done, within=10, what=why)
-        await asyncio.sleep(0.2)  # anything fired or dead-lettered twice would be by now
+        await asyncio.sleep(0.2)  # anything fired, dead-lettered or counted twice would be by now
         assert fired(log, skip) == expected, why()
-        assert_letters(log, expect(written))
+        assert_letters(log, expect(written))  # no result among the letters
+        assert newer_codes_counted(node) == scenario.newer_codes, why()
         assert_healthy(node)
     # Another node takes every partition afresh (a data dir of its own: it restores the
     # states and the timers from the log alone, the bad records on it): no record is
@@ -903,6 +1042,7 @@ async def play(scenario: Scenario, data: Path) -> None:
         await asyncio.sleep(0.2)
         assert fired(log, skip) == expected, why()
         assert_letters(log, expect(written))
+        assert newer_codes_counted(node) == 0, "results are read from their end: none again"
         assert_healthy(node)
 
 
