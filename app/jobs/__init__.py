@@ -7,8 +7,9 @@ run commits `wow.Ticked` and runs the handler, whose commands (`JobRun.send`) co
 same transaction as that event. A repeated tick is a DUPLICATE, or changes nothing, and
 runs nothing: a job's effects are applied once per slot. A new rule replacing the tick
 timer of an enabled instance (Reschedule, or Enable with a new override) first runs the
-slot that timer owes, due and not run yet (`app.jobs.slot_runs`): replaced, the timer
-would never send it.
+slots that timer owes, due and not run yet (`app.jobs.slot_runs`): replaced, the timer
+would never send them (a coalescing rule's latest due; every one of a rule that does not
+coalesce, 100 at most (`app.jobs.runs.MAX_OWED_SLOTS`), the rest logged for a backfill).
 
 A handler that raises does not stop the schedule: the tick commits `wow.Ticked` all the
 same (the instance ticks on, its later slots on time) with `wow.schedule.RunFailed`, none

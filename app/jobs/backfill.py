@@ -12,7 +12,7 @@ next one. A pause (Disable, then Enable) does not end it: the slots of the pause
 are the slots the timer before it would have sent had it ticked on, under its ids. Before
 the instance's first timer there is nothing to backfill (it did not exist).
 
-A slot that a reschedule ran (the one its timer owed when the rule changed) ran under the
+A slot that a reschedule ran (one its timer owed when the rule changed) ran under the
 reschedule's request id, not its tick's: the log's `Ticked` of it says so, and it is left
 out.
 
@@ -69,7 +69,7 @@ class TickTimer:
     known: list[Slot] = field(default_factory=list)
     """Slots whose index and due time the log records: its first one, and those run."""
     ran_apart: set[int] = field(default_factory=set)
-    """Slots run by another command than their tick (a reschedule ran the slot its timer
+    """Slots run by another command than their tick (a reschedule ran the slots its timer
     owed, `app.jobs.slot_runs`): their request id is not applied, so a backfill would run
     them again. Left out of its slots."""
 

@@ -1,15 +1,15 @@
 """A job instance's runs: the key of the timer that runs a failed slot again (`run_key`),
 which of those timers a new failure drops (`runs_to_drop`, `drop_oldest_runs`), its
-handler run as user code (`run_handler`), whether a slot may be due under the
-instance's tick timer (`slot_reachable`) and is one it sends (`slot_sent`), and the slot
-that timer owes when a new rule replaces it (`owed_slot`). Used by `app.jobs.schedule`'s
-decisions."""
+handler run as user code (`run_handler`, `handler_failure`), whether a slot may be due
+under the instance's tick timer (`slot_reachable`) and is one it sends (`slot_sent`), and
+the slots that timer owes when a new rule replaces it (`owed_slots`). Used by
+`app.jobs.schedule`'s decisions."""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from typing import Final
+from typing import Final, NamedTuple
 
 from app.jobs.declaration import Job, JobRun
 from app.jobs.schedule_state import ScheduleState, run_key
@@ -18,7 +18,7 @@ from app.model.aggregate import Decision
 from app.model.decide import cut_message
 from app.model.user_code import not_awaitable, user_code
 from tables.exceptions import InvalidRule
-from tables.rules import ScheduleRule, parse_rule
+from tables.rules import OnceRule, ScheduleRule, parse_rule
 from tables.slots import (
     Slot,
     caught_up,
@@ -32,8 +32,11 @@ from tables.slots import (
 __all__ = [
     "MAX_DROPS_PER_FAILURE",
     "MAX_FAILED_RUNS",
+    "MAX_OWED_SLOTS",
+    "OwedSlots",
     "drop_oldest_runs",
-    "owed_slot",
+    "handler_failure",
+    "owed_slots",
     "run_handler",
     "run_key",
     "runs_to_drop",
@@ -63,6 +66,13 @@ MAX_DROPS_PER_FAILURE: Final = 10
 only by a state folded again from a log written before the bound (a rebuild), and one
 decision cancelling thousands at once would be a transaction of thousands of events.
 Each later failure drops as many, so the backlog drains."""
+
+MAX_OWED_SLOTS: Final = 100
+"""The owed slots of a rule that does not coalesce that a new rule's command runs at most
+(`owed_slots`), oldest first. Each is a run of the handler in that command's one decision:
+one transaction of the partition, timed as one by the node's handler timeout, its records
+`MAX_DECISION_RECORDS` at most; a node down for weeks would otherwise owe thousands. Those
+past it are logged, counted, for a backfill (`app.jobs.slot_runs`)."""
 
 
 def runs_to_drop(failed: Sequence[str], keep: int = MAX_FAILED_RUNS) -> list[str]:
@@ -98,6 +108,14 @@ def run_handler(job: Job, run: JobRun, *, log_limit: LogLimit = _HANDLER_FAILURE
     `MAX_ERROR_TEXT` characters (an exception's text has no bound: whole, it could outgrow
     the record of the event or result that carries it). `log_limit` bounds the lines about
     its failures (the node's one, shared by every job, by default)."""
+    failure = handler_failure(job, run, log_limit=log_limit)
+    return None if failure is None else cut_message(repr(failure))
+
+
+def handler_failure(
+    job: Job, run: JobRun, *, log_limit: LogLimit = _HANDLER_FAILURES
+) -> Exception | None:
+    """`run_handler`, giving what the handler raised as it is (None when it returned)."""
     try:
         with user_code("the handler of job", job.name):
             # Declared returning None; an object whose `__call__` is async returns a
@@ -116,7 +134,7 @@ def run_handler(job: Job, run: JobRun, *, log_limit: LogLimit = _HANDLER_FAILURE
             logger.exception(
                 "job %s on slot %d of %s %s%s", job.name, run.slot, run.instance, what, more
             )
-        return cut_message(repr(exc))
+        return exc
     return None
 
 
@@ -163,14 +181,25 @@ def tick_refusal(state: ScheduleState, timer_id: str, slot: int, due_at: int) ->
     return None
 
 
-def owed_slot(state: ScheduleState, now: int) -> tuple[Slot, int] | None:
-    """The slot of the instance's tick timer that is due by `now` and has not run, and how
-    many due after it its rule does not coalesce: the next after the last one that ran (its
-    first, when none did), caught up as the timer would send it (a coalescing rule: the
-    latest due, none left). What a new rule, replacing the timer now, would otherwise drop:
-    the timer's row goes, and with it a slot handed to its cycle and not fired yet. None:
-    nothing due, or nothing to tell it by (no timer, no rule this version reads, a state
-    from before `timer_set_at` or `last_due_at`)."""
+class OwedSlots(NamedTuple):
+    """What a tick timer owes when a new rule replaces it (`owed_slots`)."""
+
+    slots: list[Slot]
+    """The slots to run, oldest first."""
+    beyond: int
+    """How many more are due after them, past the limit (estimated as `slots_between`)."""
+
+
+def owed_slots(state: ScheduleState, now: int, limit: int = MAX_OWED_SLOTS) -> OwedSlots | None:
+    """The slots of the instance's tick timer that are due by `now` and have not run, as the
+    timer would send them: from the next after the last one that ran (its first, when none
+    did), a coalescing rule's latest due alone, every one of a rule that does not coalesce
+    (`limit` at most: the others are `beyond`). What a new rule, replacing the timer now,
+    would otherwise drop: the timer's row goes, and with it a slot handed to its cycle and
+    not fired yet. None: nothing due, or nothing to tell it by (no timer, no rule this
+    version reads, a state from before `timer_set_at` or `last_due_at`)."""
+    if limit < 1:
+        raise ValueError(f"limit must be at least 1, got {limit}")
     if not state.enabled or state.timer_id is None or state.timer_set_at is None:
         return None
     if (rule := _rule_of(state)) is None:
@@ -184,4 +213,12 @@ def owed_slot(state: ScheduleState, now: int) -> tuple[Slot, int] | None:
     if after is None or after.due_at > now:
         return None
     slot = caught_up(rule, after, now).slot
-    return slot, slots_between(rule, slot, now)
+    if isinstance(rule, OnceRule) or rule.coalesce:
+        return OwedSlots([slot], 0)
+    slots = [slot]
+    while len(slots) < limit:
+        later = next_slot(rule, slots[-1])
+        if later is None or later.due_at > now:
+            break
+        slots.append(later)
+    return OwedSlots(slots, slots_between(rule, slots[-1], now))

@@ -1,21 +1,37 @@
 """The runs of a job instance's slots that the `<context>.schedule` decisions share
 (`SlotRuns`, a base of `app.jobs.schedule`'s model): a slot run as its live tick runs it,
-by its tick or, before a new rule replaces the tick timer, by the change itself (the slot
+by its tick or, before a new rule replaces the tick timer, by the change itself (the slots
 the old timer owes: due, and not run), and the `JobRun` a handler is given."""
 
 from __future__ import annotations
 
 import logging
+from typing import Final
 
 from app.jobs.declaration import RUN, RUN_FAILED, TICKED, Job, JobRun, JobScope, not_its_instance
-from app.jobs.runs import drop_oldest_runs, owed_slot, run_handler, run_key
-from app.jobs.schedule_state import ScheduleState
-from app.model.aggregate import Command, Decision
+from app.jobs.runs import (
+    MAX_DROPS_PER_FAILURE,
+    MAX_OWED_SLOTS,
+    drop_oldest_runs,
+    handler_failure,
+    owed_slots,
+    run_key,
+)
+from app.jobs.schedule_state import ScheduleState, apply_schedule_event
+from app.model.aggregate import MAX_DECISION_RECORDS, Command, Decision, Event
+from app.model.decide import cut_message
+from app.model.user_code import UserCodeTimeout
 from tables import CommandSpec, OnceRule
 
 __all__ = ["SlotRuns"]
 
 logger = logging.getLogger(__name__)
+
+_ROOM: Final = 2 + 3 + MAX_DROPS_PER_FAILURE
+"""The records an owed slot leaves room for in its decision, beside its handler's commands:
+the new rule's event and timer, and the next slot's own (`Ticked`, and when it fails
+`RunFailed`, its run timer and the run timers it drops), which `Decision.emit` would
+refuse past `MAX_DECISION_RECORDS`, failing the whole command."""
 
 
 class SlotRuns:
@@ -35,52 +51,81 @@ class SlotRuns:
         slot: int,
         due_at: int,
         tick_id: str,
-    ) -> None:
+    ) -> bool:
         """Runs `slot` of the tick timer `timer_id` as its live tick does, under its tick's
         request id `tick_id` (its commands' ids are derived from it): `Ticked`, and the
-        handler's commands, or, when it fails, `RunFailed` and a timer that runs it again."""
+        handler's commands, or, when it fails, `RunFailed` and a timer that runs it again.
+        Whether the handler was interrupted by the node's handler timeout."""
         d.emit(TICKED, {"slot": slot, "due_at": due_at, "timer_id": timer_id})
         # The handler decides into a scratch decision: a failure keeps none of its commands.
         scratch = Decision(
             aggregate=d.aggregate, now=d.now, request_id=tick_id, unreachable=d.unreachable
         )
-        error = run_handler(job, self._run(job, cmd, slot, due_at, tick_id, scratch))
-        if error is None:
+        failure = handler_failure(job, self._run(job, cmd, slot, due_at, tick_id, scratch))
+        if failure is None:
             d.commands.extend(scratch.commands)
-            return
+            return False
         # The schedule ticks on; the slot is run again by a timer of its own, which the
         # runner retries, parks and puts in the ledger as it does any timer.
         key = run_key(timer_id, slot)
         slot_ref = {"slot": slot, "due_at": due_at, "timer_id": timer_id, "request_id": tick_id}
-        d.emit(RUN_FAILED, {**slot_ref, "key": key, "error": error})
+        d.emit(RUN_FAILED, {**slot_ref, "key": key, "error": cut_message(repr(failure))})
         d.schedule(key, OnceRule(at=d.now), CommandSpec(type=RUN, body=slot_ref))
         # Past `max_failed_runs` waiting, the oldest failed slots are given up.
         drop_oldest_runs(state, d, self.max_failed_runs, cmd.aggregate)
+        return isinstance(failure, UserCodeTimeout)
 
     def _run_owed(self, state: ScheduleState, job: Job, cmd: Command, d: Decision) -> None:
-        """Before a new rule replaces a live tick timer: runs the slot it owes, due and not
-        run (`owed_slot`). Replaced, the timer would never send it (its row goes, and a slot
-        handed to its cycle with it), and a tick of it in flight would find a newer timer:
-        the slot was due under the old rule, whose timer each instant before the change
-        belongs to (`app.jobs.backfill`)."""
-        if (owed := owed_slot(state, d.now)) is None or state.timer_id is None:
+        """Before a new rule replaces a live tick timer: runs the slots it owes, due and not
+        run (`owed_slots`), in order, each as its tick would. Replaced, the timer would never
+        send them (its row goes, and a slot handed to its cycle with it), and a tick of it
+        in flight would find a newer timer: the slots were due under the old rule, whose
+        timer each instant before the change belongs to (`app.jobs.backfill`). A rule that
+        does not coalesce promises each: all are run, `MAX_OWED_SLOTS` at most."""
+        if (owed := owed_slots(state, d.now)) is None or state.timer_id is None:
             return
         if (why := not_its_instance(job, cmd.aggregate, self.partitions)) is not None:
             logger.warning("%s: slot due not run: %s", cmd.aggregate, why)
             return
-        slot, left = owed
-        if left:
-            logger.warning(
-                "%s: %d more slot(s) of %s due after slot %d not run before its rule changed "
-                "(it does not coalesce): a backfill runs them",
+        timer_id = state.timer_id
+        ran = 0
+        for slot in owed.slots:
+            events, commands = len(d.events), len(d.commands)
+            tick_id = f"{timer_id}#{slot.index}"
+            interrupted = self._run_slot(
+                state, job, cmd, d, timer_id, slot.index, slot.due_at, tick_id
+            )
+            if len(d.events) + len(d.commands) > MAX_DECISION_RECORDS - _ROOM:
+                # Its commands would leave no room for the new rule: not run, nor the rest.
+                del d.events[events:], d.commands[commands:]
+                break
+            # Each slot's events folded before the next: its failure counts in the next's.
+            for type_, body in d.events[events:]:
+                state = apply_schedule_event(state, Event(type_, body, 0, d.now))
+            ran += 1
+            if interrupted:
+                # The command's time is spent: each next handler would be interrupted too,
+                # and the node ends a command that runs on long past its interruption.
+                break
+        if (left := len(owed.slots) - ran + owed.beyond) > 0:
+            # The oldest ran: the ones left are the newest, the furthest from leaving the
+            # node's de-duplication window, which a backfill of them must be within.
+            last = owed.slots[ran - 1] if ran else None
+            logger.error(
+                "%s: %d slot(s) of %s (a rule that does not coalesce) due by %d not run "
+                "before its rule changed, from slot %d on (a change runs %d at most, within "
+                "the handler timeout and %d records): backfill them (jobs backfill --from %d "
+                "--until %d)",
                 cmd.aggregate,
                 left,
-                state.timer_id,
-                slot.index,
+                timer_id,
+                d.now,
+                owed.slots[ran].index if last is None else last.index + 1,
+                MAX_OWED_SLOTS,
+                MAX_DECISION_RECORDS,
+                owed.slots[0].due_at if last is None else last.due_at + 1,
+                d.now,
             )
-        timer_id = state.timer_id
-        tick_id = f"{timer_id}#{slot.index}"
-        self._run_slot(state, job, cmd, d, timer_id, slot.index, slot.due_at, tick_id)
 
     def _run(
         self,

@@ -9,6 +9,9 @@ Reschedule runs it, under its live tick's request id, before it replaces the tim
 
 from __future__ import annotations
 
+import logging
+
+import pytest
 from fakes import sent_base
 from test_jobs import CONTEXT, NIGHTLY_RULE, TARGET, Instance, Recorder, types
 
@@ -16,6 +19,7 @@ from app.jobs import (
     RESCHEDULED,
     RUN_FAILED,
     TICKED,
+    BackfillSlot,
     Job,
     JobRun,
     JobScope,
@@ -26,8 +30,13 @@ from app.jobs import (
     schedule_aggregate,
     tick_timers,
 )
-from app.protocol.wire import SCHEDULE_SET, ResultCode
-from tables import IntervalRule
+from app.jobs.runs import MAX_OWED_SLOTS, OwedSlots, owed_slots
+from app.jobs.schedule_state import ScheduleState, run_key
+from app.model.aggregate import MAX_DECISION_RECORDS
+from app.model.user_code import UserCodeTimeout
+from app.protocol.wire import SCHEDULE_CANCELLED, SCHEDULE_SET, ResultCode
+from tables import CronRule, IntervalRule
+from tables.slots import Slot
 
 DAY = 86_400_000
 
@@ -159,3 +168,148 @@ def test_a_disabled_instance_owes_nothing() -> None:
     d = instance.run(enable_command(CONTEXT, job, rule={"expr": "0 5 * * *"}), now=5 * DAY)
     assert TICKED not in types(d)
     assert [r.slot for r in recorder.runs] == [0]
+
+
+# --- a rule that does not coalesce, several slots behind ---------------------------------
+
+EVERY_NIGHT = CronRule(expr="0 3 * * *", zone="UTC", coalesce=False)
+
+
+def test_a_rule_that_does_not_coalesce_runs_every_slot_it_owes_in_order() -> None:
+    """It promises every slot: the timer would have sent each in turn. Before the fix the
+    reschedule ran the first alone and logged the rest as left to a backfill."""
+    recorder = Recorder(send=True)
+    job, instance = _nightly(recorder, EVERY_NIGHT)
+    old = instance.state.timer_id
+    assert old is not None
+    assert instance.tick(0).code is ResultCode.COMMITTED
+    dues = [instance.due_at(n) for n in (1, 2, 3)]
+    d = instance.run(reschedule_command(CONTEXT, job, {"expr": "0 5 * * *"}), now=dues[-1] + 5)
+    assert d.code is ResultCode.COMMITTED, d.message
+    assert types(d) == [TICKED, TICKED, TICKED, RESCHEDULED, SCHEDULE_SET]
+    assert [e.body for e in d.events[:3]] == [
+        {"slot": n, "due_at": due, "timer_id": old} for n, due in zip((1, 2, 3), dues, strict=True)
+    ]
+    # Each under its live tick's request id: a target takes each slot's command once.
+    assert [(r.slot, r.due_at, r.request_id) for r in recorder.runs[1:]] == [
+        (n, due, f"{old}#{n}") for n, due in zip((1, 2, 3), dues, strict=True)
+    ]
+    assert [sent_base(c.request_id) for c in d.commands] == [f"{old}#{n}>0" for n in (1, 2, 3)]
+    # None is left to a backfill, none run twice by one.
+    assert backfill_slots(tick_timers(instance.log), 0, dues[-1] + 5) == [
+        BackfillSlot(old, 0, dues[0] - DAY)
+    ]
+
+
+def test_the_owed_slots_past_the_bound_are_left_to_a_backfill_and_said(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    recorder = Recorder()
+    job, instance = _nightly(recorder, EVERY_NIGHT)
+    old = instance.state.timer_id
+    instance.tick(0)
+    behind = MAX_OWED_SLOTS + 7
+    first, now = instance.due_at(1), instance.due_at(behind) + 5
+    with caplog.at_level(logging.ERROR, "app.jobs.slot_runs"):
+        d = instance.run(reschedule_command(CONTEXT, job, {"expr": "0 5 * * *"}), now=now)
+    assert d.code is ResultCode.COMMITTED, d.message
+    assert [r.slot for r in recorder.runs] == list(range(MAX_OWED_SLOTS + 1))  # 0 live
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert f"7 slot(s) of {old}" in line and f"slot {MAX_OWED_SLOTS + 1}" in line, line
+    # The ones left are the backfill's: not run by the reschedule, they keep their tick ids.
+    left = backfill_slots(tick_timers(instance.log), first, now)
+    assert [s.slot for s in left] == list(range(MAX_OWED_SLOTS + 1, behind + 1))
+
+
+def test_several_owed_slots_that_fail_each_wait_on_their_run_timer() -> None:
+    """Each failure folded before the next: the instance's failed slots count them all."""
+
+    def failing(run: JobRun) -> None:
+        raise RuntimeError(f"slot {run.slot}")
+
+    job, instance = _nightly(Recorder(), EVERY_NIGHT)
+    instance.agg = schedule_aggregate(
+        CONTEXT, [Job("nightly", JobScope.SYSTEM, EVERY_NIGHT, failing)], 8, max_failed_runs=2
+    )
+    old = instance.state.timer_id
+    assert old is not None
+    instance.tick(0)
+    d = instance.run(
+        reschedule_command(CONTEXT, job, {"expr": "0 5 * * *"}), now=instance.due_at(3) + 5
+    )
+    assert d.code is ResultCode.COMMITTED, d.message
+    # Slot 0 failed live; with 2 kept, slot 2's failure drops slot 0's, slot 3's slot 1's.
+    assert [k.rsplit("#", 1)[1] for k in instance.state.failed_runs] == ["2", "3"]
+    cancelled = [e.body["key"] for e in d.events if e.type == SCHEDULE_CANCELLED]
+    assert cancelled == [run_key(old, 0), run_key(old, 1)]
+
+
+def test_a_handler_interrupted_by_the_timeout_stops_the_owed_runs(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The reschedule's time is spent: each next handler would be interrupted in turn, and
+    the node ends a command that runs on past its interruption. The rest are left to a
+    backfill, said."""
+    ran: list[int] = []
+
+    def slow(run: JobRun) -> None:
+        ran.append(run.slot)
+        if run.slot == 2:
+            raise UserCodeTimeout("the handler of job nightly", 5.1, 5.0)
+
+    job, instance = _nightly(Recorder(), EVERY_NIGHT)
+    instance.agg = schedule_aggregate(
+        CONTEXT, [Job("nightly", JobScope.SYSTEM, EVERY_NIGHT, slow)], 8
+    )
+    old = instance.state.timer_id
+    instance.tick(0)
+    with caplog.at_level(logging.ERROR, "app.jobs.slot_runs"):
+        d = instance.run(
+            reschedule_command(CONTEXT, job, {"expr": "0 5 * * *"}), now=instance.due_at(5) + 5
+        )
+    assert d.code is ResultCode.COMMITTED, d.message
+    assert ran == [0, 1, 2]
+    assert types(d) == [TICKED, TICKED, RUN_FAILED, SCHEDULE_SET, RESCHEDULED, SCHEDULE_SET]
+    (line,) = [r.getMessage() for r in caplog.records if r.name == "app.jobs.slot_runs"]
+    assert f"3 slot(s) of {old}" in line and "slot 3" in line, line
+
+
+def test_owed_slots_that_would_pass_a_decisions_records_stop_before_them() -> None:
+    """A handler's commands join the reschedule's one decision: past `MAX_DECISION_RECORDS`
+    the whole reschedule was refused (ERROR), for good. The slot that would pass it is not
+    run (its commands dropped), nor any after it."""
+    sends = 4_000
+
+    def busy(run: JobRun) -> None:
+        for n in range(sends):
+            run.send(TARGET, "shop.RemindToPay", {"n": n})
+
+    job, instance = _nightly(Recorder(), EVERY_NIGHT)
+    instance.agg = schedule_aggregate(
+        CONTEXT, [Job("nightly", JobScope.SYSTEM, EVERY_NIGHT, busy)], 8
+    )
+    instance.tick(0)
+    d = instance.run(
+        reschedule_command(CONTEXT, job, {"expr": "0 5 * * *"}), now=instance.due_at(4) + 5
+    )
+    assert d.code is ResultCode.COMMITTED, d.message
+    assert types(d) == [TICKED, TICKED, RESCHEDULED, SCHEDULE_SET]
+    assert len(d.commands) == 2 * sends
+    assert len(d.events) + len(d.commands) <= MAX_DECISION_RECORDS
+
+
+def test_owed_slots_of_each_kind_of_rule() -> None:
+    state = ScheduleState(
+        job="j", enabled=True, timer_id="t", timer_set_at=0, last_slot=0, last_due_at=0
+    )
+    every = IntervalRule(start=0, every=1_000, coalesce=False).model_dump(mode="json")
+    behind = state.model_copy(update={"rule": every})
+    assert owed_slots(behind, 3_500) == OwedSlots(
+        [Slot(1, 1_000), Slot(2, 2_000), Slot(3, 3_000)], 0
+    )
+    assert owed_slots(behind, 3_500, limit=2) == OwedSlots([Slot(1, 1_000), Slot(2, 2_000)], 1)
+    assert owed_slots(behind, 999) is None
+    coalescing = state.model_copy(update={"rule": {**every, "coalesce": True}})
+    assert owed_slots(coalescing, 3_500) == OwedSlots([Slot(3, 3_000)], 0)
+    counted = state.model_copy(update={"rule": {**every, "count": 3}})
+    assert owed_slots(counted, 9_500) == OwedSlots([Slot(1, 1_000), Slot(2, 2_000)], 0)
