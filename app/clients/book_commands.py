@@ -198,7 +198,7 @@ class BookCommands:
         """The book's command of `action` (`KEY_ACTIONS`) on `key`'s timer `timer`. The
         book answers it as it answers the CLI's and the HTTP edge's: COMMITTED, UNCHANGED
         (a pause of a paused timer, a resume of a running one: nothing written), REJECTED
-        (no timer under that name, or a pause or trigger of one whose rule ended), or
+        (no timer under that name, or a trigger of one whose rule ended), or
         DUPLICATE when its request id was decided before."""
         if action not in KEY_ACTIONS:
             raise ValueError(f"not one of {', '.join(sorted(KEY_ACTIONS))}: {action!r}")

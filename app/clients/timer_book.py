@@ -20,10 +20,13 @@ target and command) and whether it is paused, so that it answers a pause, resume
 trigger of a key it has no timer under (never set, cancelled, or forgotten as below)
 REJECTED, a pause of a paused timer and a resume of a running one UNCHANGED (nothing to
 do, no event), and sends a trigger's command itself. Whether a timer has FIRED is the
-timer table's, not the book's, but when its rule ended is the book's (`ends`): a pause or
-trigger of a running timer whose rule ended is REJECTED (`ended_refusal`), on whichever
-node it is asked, as the web edge of the node keeping the table's row refuses a FIRED or
-CANCELLED one (a trigger sent the fired once-timer's command again).
+timer table's, not the book's, but when its rule ended is the book's (`ends`): a trigger
+of a timer whose rule ended, running or paused since, is REJECTED (`ended_refusal`), on
+whichever node it is asked, as the web edge of the node keeping the table's row refuses a
+FIRED or CANCELLED one (a trigger sent the fired once-timer's command again). A pause of
+such a timer is appended: the table holds its row if it is still PENDING, FIRING (its
+retries) or PARKED, as a pause of any owner's does, and leaves a FIRED one as it is; a
+resume then runs or parks it again (`BookTimer.ended_when_paused`).
 A book whose local state was folded by a version before this one knows only the keys set
 since (a node restoring it from the log afresh knows them all).
 
@@ -142,6 +145,14 @@ class BookTimer(BaseModel):
     target: AggregateRef
     command: StoredCommand
     paused: bool = False
+    ended_when_paused: bool = Field(
+        default=False,
+        exclude_if=lambda v: v is False,
+        description="paused at or after its rule's end: whether its last slot had fired is "
+        "the timer table's (it holds a PARKED or FIRING row, leaves a FIRED one), so a "
+        "trigger is refused as for a running timer past its end; absent: false (left out "
+        "of the JSON, as before it existed)",
+    )
     ends: int | None = Field(
         default=None,
         exclude_if=lambda v: v is None,
@@ -268,7 +279,8 @@ def timer_book(
     def _pause(state: BookState, cmd: Command, d: Decision) -> None:
         key, timer = _known(state, cmd, PAUSE_TIMER, d, retention)
         if not timer.paused:  # paused already: nothing to do, answered UNCHANGED
-            _refuse_if_ended(cmd, PAUSE_TIMER, key, timer, d)
+            # Even past its rule's end: its row may be PARKED (or FIRING, in its retries),
+            # which the table holds; a FIRED one it leaves as it is. The book cannot tell.
             d.pause_schedule(key)
 
     @book.command(RESUME_TIMER)
@@ -338,7 +350,12 @@ def _marked(state: BookState, event: Event, *, paused: bool) -> Mapping[str, Boo
     timer = state.timers.get(key)
     if timer is None:
         return state.timers  # paused or resumed by another writer, never set here
-    return {**state.timers, key: timer.model_copy(update={"paused": paused})}
+    if paused and timer.paused:
+        return state.timers  # paused again (another writer's): when it was paused stands
+    # By the event's own time, as `ended_refusal` tells an end by the command's.
+    ended = paused and timer.ends is not None and timer.ends <= event.created_at
+    update = {"paused": paused, "ended_when_paused": ended}
+    return {**state.timers, key: timer.model_copy(update=update)}
 
 
 def _known(
@@ -362,7 +379,7 @@ def _known(
 
 
 RULE_ENDED: Final = Refusal.RULE_ENDED
-"""The code of a pause or trigger a book refuses because the timer's rule ended
+"""The code of a trigger a book refuses because the timer's rule ended
 (`ended_refusal`): its REJECTED answer carries it as `CommandResult.refusal`, what the
 web edge answers 409 (a key it has no timer under is a 404), never read from the text."""
 
@@ -373,19 +390,27 @@ _VERBS: Final = {PAUSE_TIMER: "pause", RESUME_TIMER: "resume", TRIGGER_TIMER: "t
 def ended_refusal(action: str, timer: BookTimer, now: int) -> str | None:
     """Why a book refuses `action` (a command's type) on a timer it keeps, at `now`, because
     its rule ended (`BookTimer.ends` at or before `now`: its last slot is due, firing or
-    fired), or None. Only a pause or trigger of a running timer is refused: a trigger would
-    send the last slot's command a second time, and a pause would change nothing (the
-    table's row is FIRED, or it is held by its retries then). A paused timer's slot has not
-    fired (its row stays PAUSED whatever its end): it is triggered and resumed as before.
-    The book's refusal (code `RULE_ENDED`) says `<owner>'s timer <key>: ` and this text."""
-    if action not in (PAUSE_TIMER, TRIGGER_TIMER) or timer.paused or timer.ends is None:
+    fired), or None. Only a trigger is refused: it would send the last slot's command a
+    second time. A pause is not: the table holds a row still PENDING, FIRING or PARKED
+    (its send failed: an operator's retry would send it while it should wait) and leaves a
+    FIRED one as it is, which the book, keeping no row, cannot tell apart. A timer paused
+    before its end has not fired (its row stays PAUSED whatever its end): it is triggered
+    and resumed as before; one paused after it (`ended_when_paused`) may have, and its
+    trigger is refused as a running one's. The book's refusal (code `RULE_ENDED`) says
+    `<owner>'s timer <key>: ` and this text."""
+    if action != TRIGGER_TIMER or timer.ends is None:
+        return None
+    if timer.paused and not timer.ended_when_paused:
         return None
     if timer.ends > now:
         return None
     at = datetime.fromtimestamp(timer.ends / 1000, UTC).isoformat(timespec="milliseconds")
+    how = "set it again to start it anew"
+    if timer.paused:
+        how = f"paused after it: resume it, for an operator's retry if it is parked, or {how}"
     return (
         f"its rule ended at {at.replace('+00:00', 'Z')} (its last slot is due or fired): nothing "
-        f"to {_VERBS[action]} (set it again to start it anew)"
+        f"to {_VERBS[action]} ({how})"
     )
 
 

@@ -98,8 +98,8 @@ def test_a_once_timers_key_is_kept_until_its_end_and_retention_then_dropped() ->
         "pay"
     ].ends == (end)
 
-    # an event exactly a retention after its end keeps it (a pause or trigger of it is
-    # refused as ended then: `test_a_pause_or_trigger_past_the_rules_end_is_refused`)
+    # an event exactly a retention after its end keeps it (a trigger of it is refused as
+    # ended then: `test_a_trigger_past_the_rules_end_is_refused_and_a_pause_is_not`)
     assert (
         book.send(PAUSE_TIMER, {"key": "tick"}, end + BOOK_RETENTION).code == ResultCode.COMMITTED
     )
@@ -297,7 +297,7 @@ def test_live_timers_keeps_exactly_the_paused_endless_and_recent(
     assert kept.keys() <= live_timers(timers, now, retention + later).keys()
 
 
-# --- a pause or trigger of a timer whose rule ended (#22) ----------------------------------
+# --- a trigger (refused) or pause (appended) of a timer whose rule ended (#22) -------------
 
 
 @pytest.mark.parametrize(
@@ -307,20 +307,24 @@ def test_live_timers_keeps_exactly_the_paused_endless_and_recent(
         (TRIGGER_TIMER, False, NOW - DAY, True),
         (TRIGGER_TIMER, False, NOW + 1, False),
         (TRIGGER_TIMER, False, None, False),  # endless
-        (TRIGGER_TIMER, True, NOW - DAY, False),  # paused: its slot never fired
-        (PAUSE_TIMER, False, NOW - 1, True),
+        (TRIGGER_TIMER, True, NOW - DAY, False),  # paused before its end: its slot never fired
+        (TRIGGER_TIMER, "after its end", NOW - DAY, True),  # it may have fired before
+        # A PARKED (or FIRING) row is held by the table, a FIRED one left: not the book's
+        (PAUSE_TIMER, False, NOW - 1, False),
         (PAUSE_TIMER, False, NOW + 1, False),
         (RESUME_TIMER, False, NOW - 1, False),  # nothing to resume: UNCHANGED, not refused
         (RESUME_TIMER, True, NOW - 1, False),  # its slot is held: resumed, caught up
+        (RESUME_TIMER, "after its end", NOW - 1, False),  # a PARKED row parked again
     ],
 )
 def test_ended_refusal_of_each_action(
-    action: str, paused: bool, ends: int | None, refused: bool
+    action: str, paused: bool | str, ends: int | None, refused: bool
 ) -> None:
     timer = BookTimer(
         target=AggregateRef.model_validate(TARGET),
         command=CommandSpec(type="reminders.Remind"),
-        paused=paused,
+        paused=bool(paused),
+        ended_when_paused=paused == "after its end",
         ends=ends,
     )
     why = ended_refusal(action, timer, NOW)
@@ -336,12 +340,14 @@ def test_ended_refusal_of_each_action(
     after=st.integers(-2 * DAY, BOOK_RETENTION),
     paused=st.booleans(),
 )
-def test_a_pause_or_trigger_past_the_rules_end_is_refused(
+def test_a_trigger_past_the_rules_end_is_refused_and_a_pause_is_not(
     at: int, jitter: int | None, after: int, paused: bool
 ) -> None:
     """Decided by the book alone, so on whichever node it is asked: a once timer's trigger
-    or pause is COMMITTED before its `at` (+ jitter) and REJECTED as ended from then on
-    (a trigger of a fired once-timer sent its command again), unless it is paused."""
+    is COMMITTED before its `at` (+ jitter) and REJECTED as ended from then on (a trigger
+    of a fired once-timer sent its command again), unless it was paused before. Its pause
+    is COMMITTED either way (the table holds a PARKED row, leaves a FIRED one), and a
+    trigger after that pause is refused as before it."""
     book = Book()
     rule: dict[str, Any] = {"kind": "once", "at": at} | ({"jitter": jitter} if jitter else {})
     assert book.send(SET_TIMER, set_body("pay", rule), NOW - 2 * DAY).code == ResultCode.COMMITTED
@@ -350,16 +356,18 @@ def test_a_pause_or_trigger_past_the_rules_end_is_refused(
     end = at + (jitter or 0)
     now = end + after
     ended = not paused and now >= end
-    for action in (TRIGGER_TIMER, PAUSE_TIMER):
+    for action in (TRIGGER_TIMER, PAUSE_TIMER, TRIGGER_TIMER):
         d = book.send(action, {"key": "pay"}, now)
-        if ended:
+        if ended and action == TRIGGER_TIMER:
             assert d.code == ResultCode.REJECTED and d.events == [], (action, d)
             assert d.refusal is RULE_ENDED and "'pay'" in d.message
             assert not d.message.startswith("RULE_ENDED")  # the code is typed, not the text's
         else:
             assert d.code in (ResultCode.COMMITTED, ResultCode.UNCHANGED), (action, d)
     resumed = book.send(RESUME_TIMER, {"key": "pay"}, now)
-    assert resumed.code in (ResultCode.COMMITTED, ResultCode.UNCHANGED)
+    assert resumed.code == ResultCode.COMMITTED  # paused, before or after its end
+    d = book.send(TRIGGER_TIMER, {"key": "pay"}, now)
+    assert (d.code == ResultCode.REJECTED) is (now >= end), d
 
 
 @settings(max_examples=60, deadline=None)
