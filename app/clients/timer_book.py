@@ -21,12 +21,10 @@ trigger of a key it has no timer under (never set, cancelled, or forgotten as be
 REJECTED, a pause of a paused timer and a resume of a running one UNCHANGED (nothing to
 do, no event), and sends a trigger's command itself. Whether a timer has FIRED is the
 timer table's, not the book's, but when its rule ended is the book's (`ends`): a trigger
-of a timer whose rule ended, running or paused since, is REJECTED (`ended_refusal`), on
-whichever node it is asked, as the web edge of the node keeping the table's row refuses a
-FIRED or CANCELLED one (a trigger sent the fired once-timer's command again). A pause of
-such a timer is appended: the table holds its row if it is still PENDING, FIRING (its
-retries) or PARKED, as a pause of any owner's does, and leaves a FIRED one as it is; a
-resume then runs or parks it again (`BookTimer.ended_when_paused`).
+of a timer whose rule ended is REJECTED (`ended_refusal`), on whichever node it is asked,
+as the web edge of the node keeping the table's row refuses a FIRED or CANCELLED one (a
+trigger sent the fired once-timer's command again); its pause goes to the table, which
+holds a PARKED row and leaves a FIRED one.
 A book whose local state was folded by a version before this one knows only the keys set
 since (a node restoring it from the log afresh knows them all).
 
@@ -148,10 +146,8 @@ class BookTimer(BaseModel):
     ended_when_paused: bool = Field(
         default=False,
         exclude_if=lambda v: v is False,
-        description="paused at or after its rule's end: whether its last slot had fired is "
-        "the timer table's (it holds a PARKED or FIRING row, leaves a FIRED one), so a "
-        "trigger is refused as for a running timer past its end; absent: false (left out "
-        "of the JSON, as before it existed)",
+        description="paused at or after its rule's end, when its last slot may have fired: "
+        "its trigger is refused as a running one's; absent: false",
     )
     ends: int | None = Field(
         default=None,
@@ -279,8 +275,7 @@ def timer_book(
     def _pause(state: BookState, cmd: Command, d: Decision) -> None:
         key, timer = _known(state, cmd, PAUSE_TIMER, d, retention)
         if not timer.paused:  # paused already: nothing to do, answered UNCHANGED
-            # Even past its rule's end: its row may be PARKED (or FIRING, in its retries),
-            # which the table holds; a FIRED one it leaves as it is. The book cannot tell.
+            # Past its rule's end too: the table holds a PARKED row (`ended_refusal`).
             d.pause_schedule(key)
 
     @book.command(RESUME_TIMER)
@@ -384,20 +379,15 @@ RULE_ENDED: Final = Refusal.RULE_ENDED
 web edge answers 409 (a key it has no timer under is a 404), never read from the text."""
 
 
-_VERBS: Final = {PAUSE_TIMER: "pause", RESUME_TIMER: "resume", TRIGGER_TIMER: "trigger"}
-
-
 def ended_refusal(action: str, timer: BookTimer, now: int) -> str | None:
     """Why a book refuses `action` (a command's type) on a timer it keeps, at `now`, because
     its rule ended (`BookTimer.ends` at or before `now`: its last slot is due, firing or
-    fired), or None. Only a trigger is refused: it would send the last slot's command a
-    second time. A pause is not: the table holds a row still PENDING, FIRING or PARKED
-    (its send failed: an operator's retry would send it while it should wait) and leaves a
-    FIRED one as it is, which the book, keeping no row, cannot tell apart. A timer paused
-    before its end has not fired (its row stays PAUSED whatever its end): it is triggered
-    and resumed as before; one paused after it (`ended_when_paused`) may have, and its
-    trigger is refused as a running one's. The book's refusal (code `RULE_ENDED`) says
-    `<owner>'s timer <key>: ` and this text."""
+    fired), or None. Only a trigger, which would send the last slot's command again. A
+    pause goes to the table, which holds a PENDING, FIRING or PARKED row and leaves a FIRED
+    one, which the book cannot tell apart. A timer paused before its end never fired (its
+    row stays PAUSED): it is triggered as before; one paused after it may have
+    (`ended_when_paused`). The refusal (code `RULE_ENDED`) says `<owner>'s timer <key>: `
+    and this text."""
     if action != TRIGGER_TIMER or timer.ends is None:
         return None
     if timer.paused and not timer.ended_when_paused:
@@ -410,7 +400,7 @@ def ended_refusal(action: str, timer: BookTimer, now: int) -> str | None:
         how = f"paused after it: resume it, for an operator's retry if it is parked, or {how}"
     return (
         f"its rule ended at {at.replace('+00:00', 'Z')} (its last slot is due or fired): nothing "
-        f"to {_VERBS[action]} ({how})"
+        f"to trigger ({how})"
     )
 
 
