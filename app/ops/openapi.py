@@ -183,8 +183,8 @@ def openapi_document(version: str) -> dict[str, Any]:
             "retention ago (field key)"
         ),
         "409": _error(
-            "this node's table holds the timer FIRED or CANCELLED, or (a pause or trigger) "
-            "the running timer's rule ended (field key)"
+            "this node's table holds the timer FIRED or CANCELLED, or (a trigger) "
+            "the timer's rule ended (field key)"
         ),
     }
     action_paths: dict[str, Any] = {

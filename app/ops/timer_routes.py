@@ -12,8 +12,9 @@
   key the book has no timer under (never set, cancelled, or ended more than the book's
   retention ago) is a 404, and a timer this node's table holds FIRED or CANCELLED a 409
   (unless the book applied its request id: a retry of what was done is its DUPLICATE),
-  both naming `key`, as is a pause or trigger of a running timer whose rule ended (the
-  book refuses it, on any node: `app.clients.timer_book.ended_refusal`);
+  both naming `key`, as is a trigger of a timer whose rule ended (the book refuses it, on
+  any node: `app.clients.timer_book.ended_refusal`; a pause goes to the table, which holds
+  a PARKED row);
 - `GET /timers/{type}/{owner}/{key}` shows the timer's row (a `Timer`) when this node
   keeps the owner's partition; 404 when it keeps no such timer, 409 naming the partition
   when another node of the group keeps it (`tickwheel timers show` reads any).

@@ -41,7 +41,7 @@ class Refusal(StrEnum):
     a code the aggregate's handler gave its refusal (`Decision.reject(..., refusal=)`)."""
 
     RULE_ENDED = "RULE_ENDED"
-    """A timer book refused a pause or trigger of a running timer whose rule ended
+    """A timer book refused a trigger of a timer whose rule ended
     (`app.clients.timer_book.ended_refusal`): the web edge answers 409, not 422."""
 
 
