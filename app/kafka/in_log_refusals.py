@@ -9,8 +9,11 @@ partition stops while the rest go on, and the node says it is ready.
 is said at INFO, the repeats at most one WARNING per `SAY_EVERY_S`, and past `STUCK_S` and
 `STUCK_REFUSALS` the poll raises `FetchRefused`, which stops the node loudly
 (`app.node.polling`), as polls failing for good do. Anything that moves the partition (its
-reading past the position, a seek, a new assignment: `moves` changed) starts over. No I/O;
-may import `app.errors`."""
+reading past the position, a seek, a new assignment: `moves` changed) starts over, and so
+does a refusal more than `GAP_S` after the one before: the fetches between passed (an idle
+partition's position stays where it is), or the partition was paused, so a leader change
+hours later is a first refusal again, not the end of a minute of them. No I/O; may import
+`app.errors`."""
 
 from __future__ import annotations
 
@@ -23,6 +26,7 @@ from typing import Final
 from app.errors import KafkaUnavailable
 
 __all__ = [
+    "GAP_S",
     "SAY_EVERY_S",
     "STUCK_REFUSALS",
     "STUCK_S",
@@ -44,6 +48,9 @@ STUCK_REFUSALS: Final = 10
 """And at least this many refusals: the time alone would count a partition paused in
 between (its worker's queue full) as refused all along. A stuck one is fetched again after
 each (aiokafka's retry backoff, 0.1 s): hundreds a minute."""
+GAP_S: Final = 10.0
+"""A refusal this long after the one before starts the count over: a stuck partition is
+refused many times a second; one refused, then served (or paused), is not stuck."""
 SAY_EVERY_S: Final = 10.0
 """The repeats at one position are said at most this often (a burst within it: one INFO)."""
 
@@ -68,13 +75,14 @@ class Verdict(enum.Enum):
 class Refusals:
     """A partition's fetches refused at `position`, nothing having moved it since (its
     owner's count of moves was `moves`): the first at `first`, `count` in all, the last
-    said at `said` (clock seconds)."""
+    said at `said`, the last at `last` (clock seconds)."""
 
     position: int
     moves: int
     first: float
     count: int
     said: float
+    last: float
 
 
 def refusal(
@@ -86,10 +94,11 @@ def refusal(
         last is None
         or last.position != position
         or last.moves != moves
-        or now < last.said  # a clock gone back: never stuck by it
+        or now < last.last  # a clock gone back: never stuck by it
+        or now - last.last > GAP_S  # served (or paused) in between: not refused all along
     ):
-        return Refusals(position, moves, now, 1, now), Verdict.FIRST
-    counted = replace(last, count=last.count + 1)
+        return Refusals(position, moves, now, 1, now, now), Verdict.FIRST
+    counted = replace(last, count=last.count + 1, last=now)
     if counted.count >= STUCK_REFUSALS and now - counted.first >= STUCK_S:
         return counted, Verdict.STUCK
     if now - last.said >= SAY_EVERY_S:

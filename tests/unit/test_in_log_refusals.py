@@ -27,6 +27,7 @@ from test_node_memory import PARTITIONS, SERVICE, TOPICS, results, schedule
 from app.errors import KafkaUnavailable, NodeFailed
 from app.kafka.group_consumer import GroupConsumer
 from app.kafka.in_log_refusals import (
+    GAP_S,
     SAY_EVERY_S,
     STUCK_REFUSALS,
     STUCK_S,
@@ -64,14 +65,16 @@ class Clock:
 def test_one_position_refused_is_stuck_only_past_the_bound_and_said_within_its_rate(
     gaps: list[float],
 ) -> None:
-    """Refusals at one position, nothing moving it, `gaps` apart: stuck at the first that
-    is both `STUCK_S` after the first and the `STUCK_REFUSALS`th or later; said (WARNING)
-    at most once per `SAY_EVERY_S`, the first refusal said (INFO) and no other."""
+    """Refusals at one position, nothing moving it, `gaps` apart: a gap over `GAP_S`
+    starts the count over (a first refusal, INFO); stuck at the first that is both
+    `STUCK_S` after the count's first and its `STUCK_REFUSALS`th or later; said (WARNING)
+    at most once per `SAY_EVERY_S`."""
     last: Refusals | None = None
-    now, first, said = 0.0, 0.0, 0.0
-    for n, gap in enumerate(gaps, start=1):
+    now, first, said, n = 0.0, 0.0, 0.0, 0
+    for i, gap in enumerate(gaps):
         now += gap
         last, verdict = refusal(last, 7, 3, now)
+        n = 1 if i == 0 or gap > GAP_S else n + 1
         first = now if n == 1 else first
         assert last.count == n and last.first == first
         should_stick = n >= STUCK_REFUSALS and now - first >= STUCK_S
@@ -83,6 +86,16 @@ def test_one_position_refused_is_stuck_only_past_the_bound_and_said_within_its_r
         said = now if verdict is not Verdict.QUIET else said
 
 
+def test_a_burst_of_refusals_then_one_hours_later_is_a_first_refusal() -> None:
+    """An idle partition refused for a second at a leader change (then served: its position
+    stays), refused once more six hours later: not stuck, a first refusal."""
+    last: Refusals | None = None
+    for k in range(STUCK_REFUSALS * 2):
+        last, _ = refusal(last, 7, 3, k * 0.05)
+    last, verdict = refusal(last, 7, 3, 6 * 3600.0)
+    assert verdict is Verdict.FIRST and last.count == 1
+
+
 @given(st.integers(0, 100), st.integers(0, 5), st.floats(0, 1_000, allow_nan=False))
 def test_a_partition_moved_or_refused_elsewhere_starts_over(
     position: int, moves: int, later: float
@@ -90,13 +103,13 @@ def test_a_partition_moved_or_refused_elsewhere_starts_over(
     """Refused at `STUCK_S` and more, `STUCK_REFUSALS` times and more: stuck at that
     position, but a first refusal after a move (its reading past the position, a seek, an
     assignment) or at another position, or with the clock gone back."""
-    last = Refusals(position, moves, 0.0, STUCK_REFUSALS, 0.0)
     now = STUCK_S + later
+    last = Refusals(position, moves, 0.0, STUCK_REFUSALS, 0.0, now - 1)
     assert refusal(last, position, moves, now)[1] is Verdict.STUCK
     for again in (
         refusal(last, position + 1, moves, now),
         refusal(last, position, moves + 1, now),
-        refusal(Refusals(position, moves, 10.0, 50, 10.0), position, moves, 9.0),
+        refusal(Refusals(position, moves, 10.0, 50, 10.0, 10.0), position, moves, 9.0),
     ):
         assert again[1] is Verdict.FIRST and again[0].count == 1
 
@@ -172,11 +185,13 @@ async def test_a_group_poll_moved_meanwhile_starts_over() -> None:
     for _ in range(STUCK_REFUSALS):
         assert await group.poll() == {}
     clock.now += 2 * STUCK_S
-    consumer.refused = 9  # read on past 7, then refused at 9
+    consumer.refused = 9  # read on past 7, then refused at 9, every few seconds for a minute
     assert await group.poll() == {}
-    clock.now += STUCK_S
+    step = STUCK_S / (STUCK_REFUSALS - 1)
     for _ in range(STUCK_REFUSALS - 2):
+        clock.now += step
         assert await group.poll() == {}
+    clock.now += step
     with pytest.raises(FetchRefused, match="a fetch at 9"):
         await group.poll()
 
@@ -210,9 +225,8 @@ async def test_a_memory_member_refused_inside_the_log_reads_on_once_served() -> 
         member.refuse_fetches([(TOPIC, 0)])  # at 3, its end: a new count
         for _ in range(STUCK_REFUSALS):
             assert await member.poll(0) == {}
-            clock.now += STUCK_S / STUCK_REFUSALS - 1
+            clock.now += STUCK_S / STUCK_REFUSALS
         await log.publisher().send(TOPIC, b"k", b"y", 1)
-        clock.now += STUCK_REFUSALS
         with pytest.raises(FetchRefused, match=rf"{TOPIC}\[0\]: a fetch at 3 was refused"):
             await member.poll(0)
         member.serve_fetches([(TOPIC, 0)])
@@ -262,6 +276,23 @@ async def test_the_poll_loop_stops_the_node_at_once_on_a_fetch_refused_for_good(
     assert isinstance(FetchRefused("x"), KafkaUnavailable)
 
 
+async def refused_on(
+    member: MemoryGroupMember, key: tuple[str, int], clock: Clock, seconds: float
+) -> None:
+    """`seconds` pass on `clock` while `member`'s polls are refused at `key`, never more
+    than `GAP_S` between two refusals (a longer gap starts their count over)."""
+    until = clock.now + seconds
+    while clock.now < until:
+        before = member._refusals._of[key].count
+
+        def counted(before: int = before) -> bool:
+            refusals = member._refusals._of.get(key)
+            return refusals is not None and refusals.count > before
+
+        clock.now = min(clock.now + GAP_S / 2, until)
+        await wait_until(counted, within=5)
+
+
 async def test_a_node_whose_partition_is_refused_inside_its_log_stops_loudly(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -277,13 +308,13 @@ async def test_a_node_whose_partition_is_refused_inside_its_log_stops_loudly(
         with caplog.at_level(logging.INFO, logger=LOGGER):
             consumer.refuse_fetches([(TOPICS.commands, 0)])
             await wait_until(lambda: "refused as out of the log" in caplog.text, within=5)
-            clock.now += STUCK_S - 1
+            await refused_on(consumer, (TOPICS.commands, 0), clock, STUCK_S - 1)
             await wait_until(lambda: "though it holds 0 to 0" in caplog.text, within=5)
             owner = next(f"o{i}" for i in range(100) if partition_of(f"o{i}", PARTITIONS) == 1)
             cmd = await schedule(log, owner, 2**40)
             await wait_until(lambda: cmd.request_id in results(log), within=10)
             assert node.runs() and node.task is not None and not node.task.done()
-            clock.now += 1
+            await refused_on(consumer, (TOPICS.commands, 0), clock, 1)
             with pytest.raises(NodeFailed, match=r"a partition's reading stopped: .*\[0\]: a"):
                 await asyncio.wait_for(node.task, 10)
         assert f"{TOPICS.commands}[0]: a fetch at 0 was refused" in caplog.text
