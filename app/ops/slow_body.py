@@ -59,7 +59,7 @@ def body_deadline(seconds: float = BODY_TIMEOUT_S, limit: LogLimit | None = None
         def arrived() -> None:
             # Called by the parser once the body's last byte is in (maybe after the
             # handler returned without reading it, or after the bound ran out).
-            if waiting:
+            if waiting and not bound.expired():  # expiring already: too late, a 408
                 bound.reschedule(None)
 
         try:
