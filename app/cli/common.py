@@ -14,7 +14,8 @@ Exit codes, the same for every command:
   variable, a `.env` or `_FILE` that cannot be read);
 - 130: interrupted.
 
-Each error is one line on stderr, `error: …`, and never a traceback (an unexpected
+Each error is one line on stderr, `error: …` (`app.cli.text.error_line`: a long value
+it repeats cut, control characters escaped), and never a traceback (an unexpected
 exception's is logged at DEBUG).
 """
 
@@ -35,6 +36,7 @@ import orjson
 import typer
 
 from app.cli.logs import configure_logging
+from app.cli.text import error_line
 from app.errors import ConfigError, TickwheelError
 from app.kafka.clients import KafkaClients
 from app.kafka.connection import Connectable
@@ -154,7 +156,7 @@ def begin_invocation(options: RootOptions) -> Callable[[], None]:
 
 def fail(message: str, code: int = FAILED) -> typer.Exit:
     """Says `message` on stderr; raise what it returns to end the command with `code`."""
-    typer.echo(f"error: {message}", err=True)
+    typer.echo(error_line(message), err=True)
     return typer.Exit(code)
 
 
@@ -256,7 +258,7 @@ async def unsettled(work: Awaitable[T], resend: str) -> T:
         # Ctrl-C: `asyncio.run` cancels the command's task (a second one raises
         # KeyboardInterrupt in it), and typer exits 130 without a word; the change may
         # be written all the same, so the resend under its request id is said first.
-        typer.echo(f"error: interrupted: sent or not, {resend}", err=True)
+        typer.echo(error_line(f"interrupted: sent or not, {resend}"), err=True)
         raise
 
 

@@ -11,7 +11,6 @@ naming another is refused (exit code 1), nothing written.
 from __future__ import annotations
 
 import base64
-import re
 import time
 from typing import Annotated, Any
 
@@ -28,6 +27,7 @@ from app.cli.common import (
     settings_for,
     time_iso,
 )
+from app.cli.text import printable
 from app.ops.letters import (
     LIST_LIMIT,
     MAX_LIST_LIMIT,
@@ -76,31 +76,21 @@ def letter_json(x: Letter, *, whole: bool = False) -> dict[str, Any]:
     return data
 
 
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
-
-
-def _printable(text: str) -> str:
-    """`text` with its control characters written as `\\xNN`: what another writer put in
-    a record or its headers never reaches the terminal as an escape sequence (a title
-    change, a cursor move, a hidden line)."""
-    return _CONTROL.sub(lambda m: f"\\x{ord(m[0]):02x}", text)
-
-
 def _line(x: Letter) -> str:
     c = x.letter.context
     replayed = (
         "-"
         if x.replayed is None
         else f"replayed {time_iso(x.replayed.time)} to "
-        f"{_printable(x.replayed.topic)}[{x.replayed.partition}]"
+        f"{printable(x.replayed.topic)}[{x.replayed.partition}]"
     )
     message = " ".join(c.exception_message.split())
     if len(message) > 160:
         message = message[:159] + "…"
     return (
-        f"{x.partition}:{x.offset}\t{time_iso(c.time)}\t{c.stage}\t{_printable(c.topic)}"
+        f"{x.partition}:{x.offset}\t{time_iso(c.time)}\t{c.stage}\t{printable(c.topic)}"
         f"[{c.partition}]@"
-        f"{c.offset}\t{_printable(c.exception_class)}: {_printable(message)}\t{replayed}"
+        f"{c.offset}\t{printable(c.exception_class)}: {printable(message)}\t{replayed}"
     )
 
 
@@ -164,11 +154,11 @@ def show(
         return
     typer.echo(_line(x))
     for name, value in data["error"].items():
-        typer.echo(f"  {name}: {_printable(str(value))}")
+        typer.echo(f"  {name}: {printable(str(value))}")
     for name, value in data["headers"]:
-        typer.echo(f"  header {_printable(name)}: {_printable(_shown(value))}")
-    typer.echo(f"  key: {_printable(_shown(data['key']))}")
-    typer.echo(f"  value: {_printable(_shown(data['value']))}")
+        typer.echo(f"  header {printable(name)}: {printable(_shown(value))}")
+    typer.echo(f"  key: {printable(_shown(data['key']))}")
+    typer.echo(f"  value: {printable(_shown(data['value']))}")
 
 
 def _shown(data: dict[str, str | None]) -> str:
@@ -220,9 +210,9 @@ def replay_(
     if done.written is None:
         typer.echo(
             f"{partition}:{offset} was replayed before ({time_iso(m.time)}, to "
-            f"{_printable(m.topic)}[{m.partition}]): nothing written"
+            f"{printable(m.topic)}[{m.partition}]): nothing written"
         )
     else:
         typer.echo(
-            f"{partition}:{offset} replayed to {_printable(m.topic)}[{m.partition}]@{done.written}"
+            f"{partition}:{offset} replayed to {printable(m.topic)}[{m.partition}]@{done.written}"
         )

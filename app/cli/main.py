@@ -43,6 +43,7 @@ from app.cli.common import (
 from app.cli.dead_letters import dead_letters_cli
 from app.cli.jobs import jobs_cli
 from app.cli.rules import rules_cli
+from app.cli.text import error_line, given_values
 from app.cli.timers import _type, timers_cli
 from app.cli.worker import worker
 from app.errors import ConfigError, TickwheelError
@@ -70,27 +71,31 @@ class _Tickwheel(TyperGroup):
             return super().main(
                 args, prog_name, complete_var, standalone_mode, windows_expand_args, **extra
             )
-        if (where := not_utf8(sys.argv[1:] if args is None else args)) is not None:
+        given = sys.argv[1:] if args is None else list(args)
+        if (where := not_utf8(given)) is not None:
             # Bytes that are not UTF-8 (Python holds them as lone surrogates) fit no record,
             # request id or JSON body: each use failed later, naming nothing.
-            typer.echo(f"error: {where} is not valid UTF-8 text", err=True)
+            typer.echo(error_line(f"{where} is not valid UTF-8 text"), err=True)
             sys.exit(CONFIG_ERROR)
-        try:
-            code = super().main(args, prog_name, complete_var, False, windows_expand_args, **extra)
-        except typer.TyperException as exc:  # click's: a usage error, a bad parameter
-            if type(exc).__name__ == "NoArgsIsHelpError":  # the help, shown: nothing wrong
-                if exc.format_message():
-                    typer.echo(exc.format_message(), err=True)
+        with given_values(given):  # what an error repeats of them, a long one cut
+            try:
+                code = super().main(
+                    args, prog_name, complete_var, False, windows_expand_args, **extra
+                )
+            except typer.TyperException as exc:  # click's: a usage error, a bad parameter
+                if type(exc).__name__ == "NoArgsIsHelpError":  # the help, shown: nothing wrong
+                    if exc.format_message():
+                        typer.echo(exc.format_message(), err=True)
+                    sys.exit(exc.exit_code)
+                hint = ""
+                ctx = getattr(exc, "ctx", None)
+                if ctx is not None:
+                    hint = f" (see '{ctx.command_path} --help')"
+                typer.echo(error_line(f"{exc.format_message().rstrip('.')}{hint}"), err=True)
                 sys.exit(exc.exit_code)
-            hint = ""
-            ctx = getattr(exc, "ctx", None)
-            if ctx is not None:
-                hint = f" (see '{ctx.command_path} --help')"
-            typer.echo(f"error: {exc.format_message().rstrip('.')}{hint}", err=True)
-            sys.exit(exc.exit_code)
-        except typer.Abort:
-            typer.echo("error: aborted", err=True)
-            sys.exit(FAILED)
+            except typer.Abort:
+                typer.echo(error_line("aborted"), err=True)
+                sys.exit(FAILED)
         sys.exit(code if isinstance(code, int) else 0)
 
     def invoke(self, ctx: Any) -> Any:

@@ -93,7 +93,8 @@ def test_a_schemas_directory_the_system_cannot_name_is_a_bad_option(tmp_path: Pa
     where = tmp_path / ("x" * 300)  # past any file system's longest name
     for check in ([], ["--check"]):
         line = one_error(invoke(["schemas", "--dir", str(where), *check]), 2)
-        assert line == f"error: --dir {where}: File name too long"
+        cut = f"{str(where)[:80]}…({len(str(where))} characters)"  # as any long value
+        assert line == f"error: --dir {cut}: File name too long"
 
 
 def test_schemas_that_cannot_be_written_say_where(tmp_path: Path) -> None:

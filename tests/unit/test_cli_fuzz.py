@@ -2,8 +2,9 @@
 characters, NUL, lone surrogates, very long text, numbers out of any range, NaN, odd
 instants, durations, cron expressions, zones, JSON that is not JSON or nested deep): it
 exits 0, 1 or 2, never with a traceback nor the catch-all's `unexpected …` (a bug's), and
-an exit code 2 or 1 says `error: …` (2 on one line); a cluster's records are all still
-there after it.
+an exit code 2 or 1 says `error: …` (2 on one line, whatever the value holds), of at most
+1,000 characters and never repeating a long value whole; a cluster's records are all
+still there after it.
 
 The commands are read from the command tree itself: one added later is run too. No
 broker: one test points the commands at an address that refuses at once (127.0.0.1:1),
@@ -160,6 +161,10 @@ def command_line(draw: Callable[[st.SearchStrategy[Any]], Any], path: tuple[str,
     return args
 
 
+LONGEST_ERROR = 1_000
+"""An error line's most characters (`app.cli.text.LONGEST_ERROR`)."""
+
+
 def _check(args: list[str], result: Result) -> None:
     shown = [a if len(a) < 80 else f"{a[:40]}…({len(a)})" for a in args]
     if result.exception is not None and not isinstance(result.exception, SystemExit):
@@ -169,12 +174,17 @@ def _check(args: list[str], result: Result) -> None:
     assert "error: unexpected " not in result.stderr, (shown, result.stderr)
     if result.exit_code == 0:
         return
-    lines = result.stderr.split("\n")
-    assert any(line.startswith("error: ") for line in lines), (shown, result.stderr)
+    errors = [line for line in result.stderr.split("\n") if line.startswith("error: ")]
+    assert errors, (shown, result.stderr)
+    for line in errors:
+        # A long value repeated cut, its start and length: never the whole of it.
+        assert len(line) <= LONGEST_ERROR, (shown, line[:300])
+        whole = [a for a in args if len(a) > 100 and (a in line or repr(a)[1:-1] in line)]
+        assert not whole, (shown, line[:300])
     if result.exit_code == 2:
         assert result.stderr.startswith("error: ") and result.stdout == "", (shown, result.output)
-        if not any("\n" in a or "\r" in a for a in args):
-            assert len(result.stderr.splitlines()) == 1, (shown, result.stderr)
+        # One line, whatever the value: a newline or a separator in it is escaped.
+        assert len(result.stderr.splitlines()) == 1, (shown, result.stderr)
 
 
 @pytest.fixture
