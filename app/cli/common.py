@@ -66,6 +66,7 @@ __all__ = [
     "load_service",
     "not_utf8",
     "quiet_client_library",
+    "request_id_check",
     "run",
     "settings_for",
     "time_iso",
@@ -178,6 +179,27 @@ def not_utf8(args: Sequence[str]) -> str | None:
 
 
 _CONTEXT = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_\-]*$")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def request_id_check(longest: int) -> Callable[[str | None], str | None]:
+    """The callback of a `--request-id` of at most `longest` characters (a bound the command
+    itself checks): the jobs' check (`app.ops.job_api.instance_commands`), and its message,
+    for every command that sends a change. A blank id or one with surrounding spaces, or
+    with a control character (C0, DEL, as `tables.refs.control_character` refuses in an
+    id) anywhere, ends the command with exit code 2: a blank one was taken for none (a
+    fresh id), and the id is printed on the one line that says how to send it again."""
+
+    def check(value: str | None) -> str | None:
+        if value is not None and (not value or value.strip() != value or _CONTROL.search(value)):
+            raise fail(
+                f"--request-id {value!r}: give 1-{longest} characters, no surrounding spaces "
+                "or control characters",
+                CONFIG_ERROR,
+            )
+        return value
+
+    return check
 
 
 def context_name(context: str) -> str:

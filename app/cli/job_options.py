@@ -8,7 +8,15 @@ from typing import Annotated
 
 import typer
 
-from app.cli.common import CONFIG_ERROR, FAILED, checked, fail, json_line, run
+from app.cli.common import (
+    CONFIG_ERROR,
+    FAILED,
+    checked,
+    fail,
+    json_line,
+    request_id_check,
+    run,
+)
 from app.cli.job_actions import FAILED_CODES, send_and_wait
 from app.errors import JobsCliError
 from app.node.settings import Settings
@@ -40,8 +48,9 @@ Partition = Annotated[
 RequestId = Annotated[
     str | None,
     typer.Option(
+        callback=request_id_check(200),
         help="the change's own id (1-200 characters): sent again, it changes nothing more; "
-        "default: a fresh one"
+        "default: a fresh one",
     ),
 ]
 Wait = Annotated[

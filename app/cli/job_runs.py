@@ -35,6 +35,7 @@ from app.cli.common import (
     fail,
     json_line,
     load_service,
+    request_id_check,
     run,
     settings_for,
     time_iso,
@@ -79,7 +80,10 @@ def trigger(
     partition: Partition = None,
     request_id: Annotated[
         str | None,
-        typer.Option(help="the trigger's own id (1-200 characters): sent again, it runs once"),
+        typer.Option(
+            callback=request_id_check(200),
+            help="the trigger's own id (1-200 characters): sent again, it runs once",
+        ),
     ] = None,
     bootstrap: Bootstrap = None,
     partitions: Partitions = None,

@@ -33,6 +33,7 @@ from app.cli.common import (
     clients_for,
     fail,
     json_line,
+    request_id_check,
     run,
     settings_for,
     unsettled,
@@ -42,6 +43,7 @@ from app.cli.timers import TypeName, _type, timers_cli
 from app.clients.timer_book import timer_book
 from app.kafka.cluster import require_topics
 from app.kafka.ports import Clients
+from app.model.aggregate import MAX_TRIGGER_REQUEST_ID
 from app.ops.deadline import stop_by
 from app.ops.timer_api import (
     DEFAULT_WAIT_S,
@@ -58,7 +60,13 @@ from app.ops.timer_api import (
     submit,
 )
 from app.protocol.topics import ContextTopics, parse_aggregate_type
-from app.protocol.wire import CommandEnvelope, CommandResult, ResultCode, load_json
+from app.protocol.wire import (
+    MAX_REQUEST_ID,
+    CommandEnvelope,
+    CommandResult,
+    ResultCode,
+    load_json,
+)
 from tables import DEFAULT_TENANT, CommandSpec
 
 __all__ = ["cancel", "pause", "resume", "set_", "trigger"]
@@ -68,7 +76,17 @@ Key = Annotated[str, typer.Option(help="the timer's key, unique per owner")]
 Tenant = Annotated[str, typer.Option(help="the owner's tenant")]
 RequestId = Annotated[
     str | None,
-    typer.Option(help="names this change: sent again with it, nothing more is written (new)"),
+    typer.Option(
+        callback=request_id_check(MAX_REQUEST_ID),
+        help="names this change: sent again with it, nothing more is written (new)",
+    ),
+]
+TriggerRequestId = Annotated[
+    str | None,
+    typer.Option(
+        callback=request_id_check(MAX_TRIGGER_REQUEST_ID),
+        help="names this change: sent again with it, nothing more is written (new)",
+    ),
 ]
 Wait = Annotated[float, typer.Option(min=0, max=600, help="seconds to wait for the book's answer")]
 
@@ -295,7 +313,7 @@ def trigger(
     owner: Owner,
     key: Key,
     tenant: Tenant = DEFAULT_TENANT,
-    request_id: RequestId = None,
+    request_id: TriggerRequestId = None,
     wait: Wait = DEFAULT_WAIT_S,
     bootstrap: Bootstrap = None,
     as_json: Json = False,

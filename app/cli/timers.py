@@ -29,6 +29,7 @@ from app.cli.common import (
     context_name,
     fail,
     json_line,
+    request_id_check,
     run,
     settings_for,
     time_iso,
@@ -158,15 +159,16 @@ TargetTenant = Annotated[str, typer.Option(help="the target's tenant")]
 TargetType = Annotated[
     str | None, typer.Option(help="the target's type when not --type, <context>.<aggregate>")
 ]
+MAX_OP_REQUEST_ID = 200
+"""A timer-op's request id's longest (`TimerOp.request_id`)."""
 OpRequestId = Annotated[
     str | None,
     typer.Option(
+        callback=request_id_check(MAX_OP_REQUEST_ID),
         help="names this request: sent again with it (within the workers' de-duplication "
-        "window), each partition carries it out once (new)"
+        "window), each partition carries it out once (new)",
     ),
 ]
-MAX_OP_REQUEST_ID = 200
-"""A timer-op's request id's longest (`TimerOp.request_id`)."""
 
 
 @timers_cli.command()

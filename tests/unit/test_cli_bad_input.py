@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner, Result
 
+import app.cli.timer_changes
 import app.cli.timers
 import app.cli.worker
 from app.cli import cli
@@ -139,3 +140,44 @@ def test_a_rebuild_type_that_names_no_type_is_a_bad_option(name: str) -> None:
         f"error: aggregate type {name!r} must be '<context>.<aggregate>' "
         "(letters, digits, '_' or '-')"
     )
+
+
+# --- --request-id --------------------------------------------------------------------------
+
+TIMER = ["--type", "shop.order", "--owner", "o", "--key", "k"]
+SET = ["--rule", "cron:* * * * *", "--target-type", "shop.payment", "--command", "C"]
+SENDS_CHANGES = [
+    ["timers", "set", *TIMER, *SET],
+    *(["timers", action, *TIMER] for action in ("cancel", "pause", "resume", "trigger")),
+    *(
+        ["timers", action, "--type", "shop.order", "--target-id", "t"]
+        for action in ("retry", "skip")
+    ),
+    *(["jobs", action, *SERVICE] for action in ("enable", "disable", "reschedule", "trigger")),
+]
+
+
+@pytest.mark.parametrize(
+    "request_id", ["", " ", "\t", " r-1", "r-1\n", "r\n1", "r\x1b[2J1", "r\x00"]
+)
+@pytest.mark.parametrize("args", SENDS_CHANGES, ids=lambda args: " ".join(args[:2]))
+def test_a_blank_or_control_request_id_is_a_bad_option(
+    monkeypatch: pytest.MonkeyPatch, args: list[str], request_id: str
+) -> None:
+    # The timers commands took them (and the jobs ones one with a control character
+    # inside): a blank one as none (`cancel --request-id ''` made a fresh one, which the
+    # same command line sent again could not repeat), and a newline in the one printed to
+    # send it again broke that line in two. A cluster that takes anything: nothing sent.
+    log = MemoryLog(node_topics([AggregateTopics("shop", "order")], 12))
+    for module in (app.cli.timers, app.cli.timer_changes):
+        monkeypatch.setattr(module, "clients_for", lambda settings: log)
+    wait = [] if args[1] in ("retry", "skip") else ["--wait", "0"]  # no answer waited for
+    line = one_error(invoke([*args, "--request-id", request_id, *wait, *REFUSED]), 2)
+    # The jobs' message (`app.ops.job_api`), with the command's own longest.
+    longest = 300 if args[1] in ("set", "cancel", "pause", "resume") else 200
+    longest = 298 if args[:2] == ["timers", "trigger"] else longest
+    assert line == (
+        f"error: --request-id {request_id!r}: give 1-{longest} characters, "
+        "no surrounding spaces or control characters"
+    )
+    assert not [t for t in log.topic_names() for p in range(log.partitions(t)) if log.records(t, p)]
