@@ -35,6 +35,7 @@ from app.cli.common import (
     time_iso,
     unsettled,
 )
+from app.cli.text import printable
 from app.errors import TickwheelError
 from app.node.settings import Settings
 from app.ops.upcoming import DEFAULT_LIMIT, MAX_LIMIT, BadQuery, query_of, upcoming_page
@@ -70,7 +71,15 @@ def _error(holder: Timer | LedgerEntry) -> str:
     if holder.error_code is None:
         return ""
     text = "" if holder.error_text is None else " " + orjson.dumps(holder.error_text).decode()
-    return f"\terror {holder.error_code}{text}"
+    # JSON leaves DEL, C1 controls and U+2028 as they are.
+    return f"\terror {printable(holder.error_code + text)}"
+
+
+def _shown(*fields: object) -> list[str]:
+    """`fields` as text to print: what a row or an entry holds is another writer's (or an
+    older version's, before new input was checked), and its control characters, a line
+    break or an escape sequence, would forge a line or act on the terminal."""
+    return [printable(str(f)) for f in fields]
 
 
 def _type(name: str) -> str:
@@ -107,10 +116,10 @@ def ledger(
         if as_json:
             json_line(e.model_dump(mode="json"))
         else:
+            subscription, target, timers = _shown(e.subscription, e.target, ", ".join(e.timers))
             typer.echo(
-                f"{e.subscription}\t{e.target}\t{len(e.timers)}{'+' if e.truncated else ''}"
-                f" timer(s): {', '.join(e.timers)}{', and more' if e.truncated else ''}"
-                f"{_error(e)}"
+                f"{subscription}\t{target}\t{len(e.timers)}{'+' if e.truncated else ''}"
+                f" timer(s): {timers}{', and more' if e.truncated else ''}{_error(e)}"
             )
     if not as_json:
         typer.echo(f"{len(entries)} open entr{'y' if len(entries) == 1 else 'ies'}", err=True)
@@ -234,11 +243,13 @@ def list_(
         if as_json:
             json_line(t.model_dump(mode="json"))
         else:
+            owner, key, request_id, target, command = _shown(
+                t.owner, t.key, t.request_id, t.target, t.command.type
+            )
             typer.echo(
-                f"{t.partition}\t{t.status}\t{t.owner}\t{t.key}\t{t.request_id}\t"
+                f"{t.partition}\t{t.status}\t{owner}\t{key}\t{request_id}\t"
                 f"due {time_iso(t.due_at)}\tslot due {time_iso(t.slot_due_at)}\t"
-                f"attempts {t.attempts}\t{t.outcome or '-'}\t-> {t.target} {t.command.type}"
-                f"{_error(t)}"
+                f"attempts {t.attempts}\t{t.outcome or '-'}\t-> {target} {command}{_error(t)}"
             )
     if not as_json:
         typer.echo(f"{len(timers)} timer(s)", err=True)
@@ -299,9 +310,10 @@ def upcoming(
         json_line(page.model_dump(mode="json"))
         return
     for t in page.timers:
+        owner, key, target, command, id_ = _shown(t.owner, t.key, t.target, t.command.type, t.id)
         typer.echo(
-            f"{time_iso(t.due_at)}\t{t.status}\t{t.owner}\t{t.key}\t-> {t.target} "
-            f"{t.command.type}\tslot {t.slot}\tattempts {t.attempts}\t{t.partition}\t{t.id}"
+            f"{time_iso(t.due_at)}\t{t.status}\t{owner}\t{key}\t-> {target} "
+            f"{command}\tslot {t.slot}\tattempts {t.attempts}\t{t.partition}\t{id_}"
         )
     more = f"; next page: --cursor {page.next_cursor}" if page.next_cursor else ""
     typer.echo(f"{len(page.timers)} timer(s){more}", err=True)
@@ -313,7 +325,7 @@ def _version_line(offset: int, timestamp: int, row: Timer | None) -> str:
     return (
         f"  @{offset}\t{time_iso(timestamp)}\t{row.status}\tslot {row.slot}\t"
         f"slot due {time_iso(row.slot_due_at)}\tdue {time_iso(row.due_at)}\t"
-        f"attempts {row.attempts}\t{row.outcome or '-'}\tid {row.id}{_error(row)}"
+        f"attempts {row.attempts}\t{row.outcome or '-'}\tid {printable(row.id)}{_error(row)}"
     )
 
 
@@ -346,19 +358,23 @@ def show(
                 json_line(v.model_dump(mode="json"))
         return
     typer.echo(
-        f"{owner}: {len(history.versions)} timer(s) in {history.topic}[{history.partition}] "
+        f"{printable(str(owner))}: {len(history.versions)} timer(s) in "
+        f"{history.topic}[{history.partition}] "
         "(committed records; compaction keeps each timer's last version, older ones until "
         "it runs)"
     )
     for name, versions in history.versions.items():
         now = history.current(name)
         if now is None:
-            typer.echo(f"{name}: deleted")
+            typer.echo(f"{printable(name)}: deleted")
         else:
+            key, target, command, rule = _shown(
+                name, now.target, now.command.type, now.rule.model_dump_json()
+            )
             typer.echo(
-                f"{name}: {now.status}\tslot {now.slot}\tdue {time_iso(now.due_at)}\t"
-                f"attempts {now.attempts}\t{now.outcome or '-'}\t-> {now.target} "
-                f"{now.command.type}\trule {now.rule.model_dump_json()}{_error(now)}"
+                f"{key}: {now.status}\tslot {now.slot}\tdue {time_iso(now.due_at)}\t"
+                f"attempts {now.attempts}\t{now.outcome or '-'}\t-> {target} "
+                f"{command}\trule {rule}{_error(now)}"
             )
         for v in versions:
             typer.echo(_version_line(v.offset, v.timestamp, v.row))

@@ -16,8 +16,9 @@ import app.cli.timers
 from app.cli import cli
 from app.kafka import Record, TopicSpec
 from app.kafka.memory import MemoryLog
-from tables import AggregateRef, Timer, TimerStatus
+from tables import AggregateRef, CommandSpec, Timer, TimerStatus
 from tables.keys import encode_timer, row_key
+from tables.ledger import LedgerEntry
 from tables.partitioner import partition_of
 
 PARTITIONS = 4
@@ -188,3 +189,66 @@ def test_a_paused_timer_shows_its_status(monkeypatch: pytest.MonkeyPatch) -> Non
     lines = result.stdout.splitlines()
     assert lines[1].startswith("remind: PAUSED\tslot 0\t")
     assert "\tPAUSED\t" in lines[2]
+
+
+FORGER = AggregateRef(
+    context="shop", aggregate="order", tenant="t\x1b]0;owned\x07", id="o\r\nerror: forged\x1b[2J"
+)
+"""An owner whose stored strings (a record of another writer, or kept from before new
+input was checked) hold control characters: a carriage return and newline that forge a
+line, escape sequences that clear the screen or retitle the terminal."""
+
+
+@pytest.mark.parametrize(
+    "args",
+    [["show", "--owner", FORGER.id, "--tenant", FORGER.tenant], ["list"], ["upcoming"]],
+    ids=lambda args: args[0],
+)
+def test_text_escapes_the_control_characters_a_stored_timer_holds(
+    monkeypatch: pytest.MonkeyPatch, args: list[str]
+) -> None:
+    # They reached the terminal as they were (the JSON output escapes them).
+    row = stored_timer(FORGER, "k\x1b[A\x85\u2028", TimerStatus.PENDING, 1_000, 0, id="t\x00")
+    row = row.model_copy(update={"command": CommandSpec(type="Remind\x9b2J\t\x07")})
+    at = partition_of(FORGER.id, PARTITIONS)
+    forged = Record(TOPIC, at, 0, row_key(FORGER, row.key), encode_timer(row), 0)
+    cluster(monkeypatch, [forged], (EVENTS, TOPIC))
+    result = CliRunner().invoke(
+        cli, ["timers", *args, "--type", "shop.order", "--bootstrap", "b:9092"]
+    )
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.split("\n")
+    assert lines.pop() == "" and len(lines) == (3 if args[0] == "show" else 1), lines
+    control = [c for c in result.stdout if c not in "\t\n" and not c.isprintable()]
+    assert control == [] and result.stdout.splitlines() == lines, lines
+    shown = {
+        "o\\x0d\\x0aerror: forged\\x1b[2J",
+        "t\\x1b]0;owned\\x07",
+        "k\\x1b[A\\x85\\u2028",
+        "Remind\\x9b2J\\x09\\x07",
+    }
+    assert all(any(s in line for line in lines) for s in shown), lines
+
+
+def test_the_ledger_in_text_escapes_the_control_characters_an_entry_holds(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    entry = LedgerEntry(
+        subscription="s\x1b[2J",
+        target=FORGER,
+        timers=("t\n1#0",),
+        error_code="E\x07",
+        error_text="refused\x9b\u2028",
+    )
+
+    async def read_ledger(clients: object, context: str) -> list[LedgerEntry]:
+        return [entry]
+
+    monkeypatch.setattr(app.cli.timers, "read_ledger", read_ledger)
+    monkeypatch.setattr(app.cli.timers, "checked", lambda kafka, work: work)
+    result = CliRunner().invoke(cli, ["timers", "ledger", "--context", "shop"])
+    assert result.exit_code == 0, result.output
+    (line,) = result.stdout.splitlines()
+    assert [c for c in line if c != "\t" and not c.isprintable()] == [], line
+    assert line.startswith("s\\x1b[2J\tshop.order/t\\x1b]0;owned\\x07/o\\x0d\\x0aerror: forged")
+    assert line.endswith('1 timer(s): t\\x0a1#0\terror E\\x07 "refused\\x9b\\u2028"'), line
