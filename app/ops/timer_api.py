@@ -48,7 +48,7 @@ from app.protocol.wire import (
 )
 from tables import AggregateRef, CommandSpec, ScheduleRule
 from tables.partitioner import partition_of
-from tables.refs import NEW_INPUT
+from tables.refs import NEW_INPUT, control_character
 
 __all__ = [
     "ACTIONS",
@@ -157,6 +157,22 @@ class ApiError(BaseModel):
     )
 
 
+def given_request_id(given: str | None) -> str:
+    """A change's request id: `given`, or a new one when none is (`None`). `BadRequest` for
+    one blank, with surrounding spaces or a control character (`control_character`): a
+    blank `Idempotency-Key` was taken for none, so the same request sent again made a
+    second change; the others garble the logs and pages that print it."""
+    if given is None:
+        return new_request_id()
+    if not given or given.strip() != given or control_character(given) is not None:
+        raise BadRequest(
+            "request_id",
+            f"{given[:80]!r}: give 1 or more characters, no surrounding spaces or control "
+            "characters",
+        )
+    return given
+
+
 def new_request_id() -> str:
     return uuid.uuid4().hex
 
@@ -217,7 +233,7 @@ def set_command(
         # Named as a validation error names the field (`rule.once.at`).
         raise BadRequest("rule.once.at", why)
     cmd = CommandEnvelope(
-        request_id=put.request_id or new_request_id(),
+        request_id=given_request_id(put.request_id),
         type=SET_TIMER,
         aggregate=owner,
         body=body.model_dump(mode="json"),
@@ -238,7 +254,7 @@ def cancel_command(
     try:
         body = ScheduleCancelled(key=key)
         return CommandEnvelope(
-            request_id=request_id or new_request_id(),
+            request_id=given_request_id(request_id),
             type=CANCEL_TIMER,
             aggregate=owner,
             body=body.model_dump(mode="json"),
@@ -265,7 +281,7 @@ def key_command(
     try:
         body = TimerKey(key=key)
         return CommandEnvelope(
-            request_id=request_id or new_request_id(),
+            request_id=given_request_id(request_id),
             type=ACTIONS[action],
             aggregate=owner,
             body=body.model_dump(mode="json"),

@@ -101,6 +101,13 @@ async def kept_row(node: Node, owner: Any, key: str) -> Timer | None:
     return await kept.store.find(owner, key)
 
 
+def given_id(request: web.Request) -> str | None:
+    """The request id an action names: its `Idempotency-Key` header, even empty (refused by
+    `given_request_id`, not taken for none), else `?request_id=`; None: neither."""
+    header = request.headers.get(IDEMPOTENCY_HEADER)
+    return header if header is not None else request.query.get("request_id")
+
+
 def ended_row(node: Node, owner: Any, held: Timer | None, request_id: str) -> Timer | None:
     """`held` (`kept_row`) when it is FIRED or CANCELLED and the book has not applied
     `request_id`: an action on it is refused (409) unsent. One the book applied before
@@ -184,7 +191,7 @@ class TimerRoutes:
             cmd = cancel_command(
                 owner,
                 request.match_info["key"],
-                request.headers.get(IDEMPOTENCY_HEADER) or request.query.get("request_id"),
+                given_id(request),
                 self._now(),
             )
         except _NotBook as exc:
@@ -212,7 +219,7 @@ class TimerRoutes:
                     "or ?request_id=",
                 )
             key = request.match_info["key"]
-            given = request.headers.get(IDEMPOTENCY_HEADER) or request.query.get("request_id")
+            given = given_id(request)
             cmd = key_command(action, owner, key, given, self._now())
         except _NotBook as exc:
             return _error(404, str(exc), "type")

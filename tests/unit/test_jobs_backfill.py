@@ -426,8 +426,9 @@ def test_a_trigger_request_id_is_kept_or_suffixed_per_instance() -> None:
     assert [c.request_id for c in again] == [c.request_id for c in many]
     fresh = instance_commands("trigger", CONTEXT, sweep, partitions=4)
     assert len({c.request_id for c in fresh}) == 4
-    with pytest.raises(JobsCliError, match=re.escape("--request-id ' r': give 1-200")):
-        instance_commands("trigger", CONTEXT, sweep, partitions=4, request_id=" r")
+    for bad in (" r", "", "r\n1", "r\x1b[2J"):
+        with pytest.raises(JobsCliError, match=re.escape(f"--request-id {bad!r}: give 1-200")):
+            instance_commands("trigger", CONTEXT, sweep, partitions=4, request_id=bad)
 
 
 # --- the CLI, its Kafka reads and writes replaced by an instance decided here ---------------

@@ -554,3 +554,22 @@ async def test_a_request_id_in_the_body_and_another_in_the_header_is_a_400(edge:
     )
     assert (status, answer["field"]) == (400, "request_id")
     assert all(edge.log.records(BOOK.commands, p) == [] for p in range(P))
+
+
+@pytest.mark.parametrize("bad", ["", " ", " r-1", "r-1 ", "r\n1", "r\x1b[2J", "r\x00"])
+async def test_a_blank_padded_or_control_character_request_id_is_a_400_sending_nothing(
+    edge: Edge, bad: str
+) -> None:
+    """On every write route, as the CLI's `--request-id` check: a blank one was taken for
+    none (a fresh id), so the request sent again made a second change."""
+    path = "/timers/shop.reminders/o-7/k"
+    answers = [
+        await edge.call("PUT", path, put_body(T0 + 1, request_id=bad)),
+        await edge.call("DELETE", path, params={"request_id": bad}),
+        await edge.call("POST", f"{path}/pause", params={"request_id": bad}),
+    ]
+    if bad.strip() == "":  # HTTP trims a header's spaces; it holds no control character
+        answers.append(await edge.call("DELETE", path, headers={"Idempotency-Key": bad}))
+    for status, answer in answers:
+        assert (status, answer.get("field")) == (400, "request_id"), answer
+    assert all(edge.log.records(BOOK.commands, p) == [] for p in range(P))
