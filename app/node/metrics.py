@@ -38,10 +38,10 @@ with `_total`, histograms for durations. What each measures, and where:
   (`store="timers"`, from its changelog) and of the aggregate states (`"states"`, from the
   log), in log offsets; a partition's series go when it is let go (`let_go_of`).
 - `tickwheel_build_info{version,python,aiokafka,kafka_client_api,tzdata}`: always 1; what
-  runs (`build_info`): Tickwheel's version, Python's, aiokafka's, how the client picks the
-  Kafka protocol's API versions (`auto`: from each broker's ApiVersions answer), and the
-  IANA release of the zones rules are stepped in (`tables.zones`). Joined
-  on in queries (`* on(instance) group_left(version) tickwheel_build_info`) it shows which
+  runs (`app.node.build_info`): Tickwheel's version, Python's, aiokafka's, how the client
+  picks the Kafka protocol's API versions (`auto`: from each broker's ApiVersions answer),
+  and the IANA release of the zones rules are stepped in (`tables.zones`). Joined on in
+  queries (`* on(instance) group_left(version) tickwheel_build_info`) it shows which
   release each node runs, as during a rolling upgrade.
 
 The gauges read from the store, the runners and the ledgers are set by `refresh`, which
@@ -53,22 +53,19 @@ due scan a type of its held partitions.
 from __future__ import annotations
 
 import logging
-import platform
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import fields
-from importlib import metadata
 from typing import Final, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from app import __version__
+from app.node.build_info import BUILD_LABELS, KAFKA_CLIENT_API, build_info, build_info_gauge
 from app.node.lateness import LatenessWindow
 from app.node.metric_parts import RestoreGauges, observe_all
 from app.timers.runner import RoundStats
 from tables import StoreClosed, StoreError, TimerStatus
 from tables.ledger import FailureLedger
 from tables.store import DueRow
-from tables.zones import IANA_VERSION
 
 __all__ = [
     "BUILD_LABELS",
@@ -128,39 +125,12 @@ class _Runner(Protocol):
 TimerSource = tuple[str, _Store, _Runner]
 """What `refresh` reads of one aggregate type: its name, timer store and runner."""
 
-BUILD_LABELS: Final = ("version", "python", "aiokafka", "kafka_client_api", "tzdata")
-
-KAFKA_CLIENT_API: Final = "auto"
-"""How the Kafka clients pick each request's API version: negotiated, as aiokafka's old
-`api_version="auto"` named it. Since aiokafka 0.13 there is no such setting: each
-connection asks its broker (ApiVersions) and sends each request at the highest version both
-sides know."""
-
-
-def build_info() -> dict[str, str]:
-    """The `tickwheel_build_info` labels of this process."""
-    return {
-        "version": __version__,
-        "python": platform.python_version(),
-        "aiokafka": metadata.version("aiokafka"),
-        "kafka_client_api": KAFKA_CLIENT_API,
-        "tzdata": IANA_VERSION,
-    }
-
 
 class NodeMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
-        # A gauge, not an Info: its family and its sample are both `tickwheel_build_info`.
-        self.build_info = Gauge(
-            "tickwheel_build_info",
-            "What this node runs: Tickwheel's version, Python's, aiokafka's, the Kafka "
-            "client's API version choice and the time zones' IANA release; always 1",
-            list(BUILD_LABELS),
-            registry=r,
-        )
-        self.build_info.labels(**build_info()).set(1)
+        self.build_info = build_info_gauge(r)
         self.commands = Counter(
             "tickwheel_commands",
             "Commands decided, by aggregate type and result code",
