@@ -1,5 +1,5 @@
 """Whether a write comes from this server's own page: the checks every action of the HTTP
-edge passes before its token (`app.ops.web`'s guard).
+edge passes before its token (`app.ops.action_guard`).
 
 A browser names the page's origin and says whether a request is cross-site: a form
 another site posts is refused (`same_site`). A name of the attacker's own that resolves

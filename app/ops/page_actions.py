@@ -3,8 +3,8 @@ of a timer book (in the owner search's results), Trigger, Enable and Disable of 
 job (in the jobs section).
 
 They are HTML forms (the page runs no JavaScript) posted to `POST /page/timer` and
-`POST /page/job` under the same guard as Retry and Skip (`app.ops.web`: the web token, the
-page's own origin). Each is carried out as the JSON routes carry it out
+`POST /page/job` under the same guard as Retry and Skip (`app.ops.action_guard`: the web
+token, the page's own origin). Each is carried out as the JSON routes carry it out
 (`app.ops.timer_api.key_command|cancel_command` and `submit`; `app.ops.job_api.
 instance_commands` and `send_and_wait`): a command to the book's or the schedule's command
 topic, in its owner's partition, taken by whichever node owns that partition, and the

@@ -36,36 +36,29 @@ the service's jobs (`app.ops.job_routes`); and
 404/405 with the reason.
 
 The web token (`TICKWHEEL_WEB_TOKEN`): when the node has one, every action (any method
-but GET, HEAD and OPTIONS) needs it; reads stay open. A client sends it as
-`Authorization: Bearer <token>` (a wrong one: 401); the operator page's forms, which
-cannot, are answered with a page asking for it (401) that posts the form again with the
-token (the `web_token` field), and once it is right the browser keeps a cookie
-(HttpOnly, SameSite=Strict) proving it. Tokens are compared in constant time; the cookie
-holds a digest of the token, not the token.
+but GET, HEAD and OPTIONS) needs it, sent as `Authorization: Bearer <token>` or, by the
+operator page's forms, in a field and then a cookie (`app.ops.action_guard`, which every
+action passes); reads stay open.
 """
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import logging
 import time
-from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING
 
 from aiohttp import web
-from aiohttp.typedefs import Middleware
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from yarl import URL
 
 from app.errors import TickwheelError
+from app.ops.action_guard import TOKEN_COOKIE, ActionGuard
 from app.ops.client_faults import SERVER_LOG
-from app.ops.forms import TOKEN_FIELD, posted_form, without_token
+from app.ops.forms import posted_form, without_token
+from app.ops.html_answers import CONTENT_SECURITY_POLICY, acted_response, html_response
 from app.ops.job_routes import JobRoutes
 from app.ops.json_answers import errors_middleware, json_response, store_failed
 from app.ops.openapi import openapi_document
-from app.ops.origin import browser_write, known_host, same_site
-from app.ops.page import Acted, OperatorPage, Rendered, default_node_id
+from app.ops.page import OperatorPage, default_node_id
 from app.ops.page_actions import JOB_FORM, TIMER_FORM, PageActions
 from app.ops.page_ledger import ledger_json
 from app.ops.slow_body import BODY_TIMEOUT_S, KEEPALIVE_S, body_deadline
@@ -100,23 +93,10 @@ STOP_GRACE_S = 2.0
 """How long a stop lets requests in flight end (aiohttp's own is 60 s). A request cut short
 may still have sent its command: sent again with its request id, it is applied once."""
 
-
-TOKEN_COOKIE = "tickwheel_web_token"
-
 UPCOMING_SCAN = 10_000
 """`GET /timers/upcoming` reads at most this many timers per type and partition: a
 request costs a bounded scan however large a partition grows, and holds one scan at a
 time (of each, what its page may take: `page_share`), however many partitions."""
-
-_READS = frozenset({"GET", "HEAD", "OPTIONS"})
-
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
-
-def _digest(text: str) -> bytes:
-    # aiohttp hands a header's bytes that are not UTF-8 on as lone surrogates: encoded as
-    # they came, never a UnicodeEncodeError (a 500 before the token is even compared).
-    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).digest()
 
 
 class WebServer:
@@ -142,24 +122,12 @@ class WebServer:
         self._started = time.monotonic()
         self.port = port
         self.page: OperatorPage | None = None
-        # Besides IP addresses and localhost, the names a browser may reach it under: its
-        # page's address as the other nodes link to it, and the host it listens on.
-        settings = node.settings
-        named = [URL(settings.web_url).raw_host or ""] if settings.web_url else []
-        self._names = frozenset(n.lower().rstrip(".") for n in [*named, settings.web_host] if n)
-        token = settings.web_token
-        secret = token.get_secret_value() if token is not None else ""
-        self._token = _digest(secret) if secret else None
-        # What the browser's cookie holds: derived from the token, useless as a token.
-        self._cookie = (
-            hmac.new(secret.encode(), b"tickwheel web cookie", hashlib.sha256).hexdigest()
-            if secret
-            else None
-        )
+        self._guard = ActionGuard(node.settings)
 
     async def start(self) -> None:
         # The body's bound first: it covers the guard's read of a form too.
-        bounded = [body_deadline(self._body_timeout_s), errors_middleware, self._guard()]
+        guard = self._guard.middleware(lambda: self.page)
+        bounded = [body_deadline(self._body_timeout_s), errors_middleware, guard]
         app = web.Application(middlewares=bounded)
         app.router.add_get("/livez", self._live)
         app.router.add_get("/readyz", self._ready)
@@ -193,7 +161,7 @@ class WebServer:
             "http on %s:%d (actions %s)",
             self._host,
             self.port,
-            "need the web token" if self._token is not None else "open: no web token set",
+            "need the web token" if self._guard.has_token else "open: no web token set",
         )
 
     async def stop(self) -> None:
@@ -286,7 +254,7 @@ class WebServer:
 
     async def _page(self, request: web.Request) -> web.Response:
         assert self.page is not None
-        return _html(await self.page.render(request.query, request.path_qs))
+        return html_response(await self.page.render(request.query, request.path_qs))
 
     # --- actions -----------------------------------------------------------------------
 
@@ -298,111 +266,18 @@ class WebServer:
 
     async def _timer_form(self, request: web.Request) -> web.Response:
         assert self.page is not None and self.page.actions is not None
-        return _acted(await self.page.actions.timer(without_token(await posted_form(request))))
+        return acted_response(
+            await self.page.actions.timer(without_token(await posted_form(request)))
+        )
 
     async def _job_form(self, request: web.Request) -> web.Response:
         assert self.page is not None and self.page.actions is not None
-        return _acted(await self.page.actions.job(without_token(await posted_form(request))))
+        return acted_response(
+            await self.page.actions.job(without_token(await posted_form(request)))
+        )
 
     async def _act(self, request: web.Request, action: str) -> web.Response:
         assert self.page is not None
-        return _acted(await self.page.act(action, without_token(await posted_form(request))))
-
-    def _guard(self) -> Middleware:
-        """The middleware every action passes: from this server's own page (or no
-        browser), and with the web token when the node has one."""
-
-        @web.middleware
-        async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
-            if request.method in _READS or request.match_info.http_exception is not None:
-                return await handler(request)  # a read, or a 404/405 answered as such
-            assert self.page is not None
-            if not same_site(request):
-                return _html(self.page.error(403, "a form posted from another site is refused"))
-            if self._token is None:
-                if browser_write(request) and not known_host(request, self._names):
-                    why = (
-                        f"this node is not known as {request.host!r}: set TICKWHEEL_WEB_URL "
-                        "to the address its page is reached at, or a web token"
-                    )
-                    return _html(self.page.error(403, why))
-                return await handler(request)
-            # Another scheme (a proxy's Basic credentials, say) is not this node's to judge.
-            scheme, _, bearer = request.headers.get("Authorization", "").partition(" ")
-            if scheme.lower() == "bearer":
-                if self._is_token(bearer.strip()):
-                    return await handler(request)
-                return _unauthorized("not this node's web token", invalid=True)
-            if self._is_cookie(request.cookies.get(TOKEN_COOKIE)):
-                return await handler(request)
-            if request.content_type in _FORMS:
-                form = await posted_form(request)
-                given = form.get(TOKEN_FIELD)
-                if isinstance(given, str) and self._is_token(given.strip()):
-                    response = await handler(request)
-                    assert self._cookie is not None
-                    response.set_cookie(
-                        TOKEN_COOKIE,
-                        self._cookie,
-                        path="/",
-                        httponly=True,
-                        samesite="Strict",
-                        secure=request.secure,
-                    )
-                    return response
-                if "text/html" in request.headers.get("Accept", ""):  # a browser's form
-                    fields = [(k, v) for k, v in without_token(form).items() if isinstance(v, str)]
-                    asked = self.page.token_form(request.path, fields, wrong=given is not None)
-                    return _html(asked)
-                if given is not None:
-                    return _unauthorized("not this node's web token", invalid=True)
-            return _unauthorized(
-                "this node's actions need its web token: "
-                "send it as the header 'Authorization: Bearer <token>'"
-            )
-
-        return guard
-
-    def _is_token(self, given: str) -> bool:
-        assert self._token is not None
-        return hmac.compare_digest(_digest(given), self._token)
-
-    def _is_cookie(self, given: str | None) -> bool:
-        if given is None or self._cookie is None:
-            return False
-        return hmac.compare_digest(given.encode("utf-8", "surrogatepass"), self._cookie.encode())
-
-
-_FORMS = frozenset({"application/x-www-form-urlencoded", "multipart/form-data"})
-
-
-def _unauthorized(reason: str, *, invalid: bool = False) -> web.Response:
-    challenge = 'Bearer realm="tickwheel"' + (', error="invalid_token"' if invalid else "")
-    response = json_response({"error": reason}, 401)
-    response.headers["WWW-Authenticate"] = challenge
-    return response
-
-
-CONTENT_SECURITY_POLICY: Final = (
-    "default-src 'none'; style-src 'unsafe-inline'; form-action 'self'; "
-    "base-uri 'none'; frame-ancestors 'none'"
-)
-"""The pages' policy: no script at all (they have none), their inline style and SVG, forms
-posted only to this server, never framed (a link a report smuggled in runs nothing)."""
-
-
-def _html(page: Rendered) -> web.Response:
-    return web.Response(
-        text=page.html,
-        status=page.status,
-        content_type="text/html",
-        headers={"Content-Security-Policy": CONTENT_SECURITY_POLICY},
-    )
-
-
-def _acted(acted: Acted) -> web.Response:
-    if acted.location is not None:
-        # Returned, not raised: the error middleware answers raised ones in JSON.
-        return web.Response(status=303, headers={"Location": acted.location})
-    assert acted.rendered is not None
-    return _html(acted.rendered)
+        return acted_response(
+            await self.page.act(action, without_token(await posted_form(request)))
+        )

@@ -354,4 +354,4 @@ def test_the_names_a_browser_may_reach_the_node_under_are_its_links_and_its_host
         web_url="http://TW.Internal.:9400",
     )
     server = WebServer(HealthNode(settings=settings), 0)  # type: ignore[arg-type]
-    assert server._names == {"tw-node", "tw.internal"}
+    assert server._guard.names == {"tw-node", "tw.internal"}
