@@ -14,7 +14,6 @@ policy of its compacted topics, read again every minute (`topic_watch`)."""
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 from dataclasses import replace
 from pathlib import Path
@@ -33,8 +32,9 @@ from app.node.kept import KeptType, node_topics
 from app.node.local_state import DataDirLock
 from app.node.metrics import NodeMetrics
 from app.node.node_start import check_cluster, follow_contexts
+from app.node.node_stop import stop_parts
+from app.node.node_watches import start_watches, supervisors
 from app.node.opening import open_type, transaction_batch_limit
-from app.node.parked_names import keep_parked_named
 from app.node.partition_count import keep_partition_count
 from app.node.partition_task import TaskShared
 from app.node.partition_tasks import PartitionTasks
@@ -45,9 +45,9 @@ from app.node.topic_watch import ReplicationRead, TopicPolicyWatch
 from app.node.user_code_watch import UserCodeWatch, watch_user_code
 from app.protocol.topics import parse_aggregate_type
 from app.service import Service
-from app.task_ends import how_ended, stop_part
+from app.task_ends import how_ended
 from app.timers.ledger import KafkaFailureLedger
-from app.timers.runner import Clock, SystemClock, TimerOptions, TimerRunner
+from app.timers.runner import Clock, SystemClock, TimerOptions
 from app.timers.sender import ResultsReader
 from tables.ledger import FailureLedger
 
@@ -274,63 +274,31 @@ class Node:
             self._watch = watch_user_code(s.handler_timeout_ms / 1000)
 
     async def stop(self) -> None:
-        """Stops everything the node runs, each part whatever another's stop raised (a
-        consumer stopped while the broker is away re-raises its fetcher's cancellation);
-        the stores are closed last, always. Its partitions are closed (what their
-        transactions hold committed, their copies marked clean) while the node is still
-        the group's member, before it leaves: no other node is given them before their
-        work here committed (aiokafka's stop leaves the group without revoking), and none
-        is taken again here meanwhile. Nothing here waits for a revoke: a static member
-        (`group_instance_id`) does not leave at all, its partitions kept for it by the
-        group for a session. `NodeFailed` when a part of the stop failed the
-        node (a partition's close that failed): the worker exits as failed."""
+        """Stops everything the node runs (`stop_parts`: its partitions closed while it is
+        still the group's member, before it leaves; the stores last, always). `NodeFailed`
+        when a part of the stop failed the node (a partition's close that failed): the
+        worker exits as failed."""
         self._stopping = True
         before = self._failure
         self._unwatch()  # first, whatever a part's stop raises
         shared = self.tasks.shared  # the closes' deadline (None: never started)
         deadline = self.settings.close_deadline_s if shared is None else shared.close_deadline_s
-        # One deadline for the closes and the timer loops' ends, as for a revoke's: the
-        # whole stop fits a container's grace period.
-        clock = asyncio.get_running_loop()
-        ends_at = clock.time() + deadline
-        # Each close bounded by the close deadline, its timers' last writes included.
-        await stop_part("the partitions", self.tasks.revoke(self.tasks.leftover()))
-        types = list(self.types.values())
-        # A round in progress may wait on a ledger write (10 s each, queued): cut short
-        # past the deadline, as the closes' are (their firings are stopped); every type's
-        # at once.
-        left = max(ends_at - clock.time(), 1.0)
-        loops = asyncio.gather(*(kept.loop.stop(within=left) for kept in types))
-        await stop_part("the timer loops", loops)
-        # No firing is left (each close stopped its own): a bound all the same.
-        firings = asyncio.gather(*(kept.runner.stop_all() for kept in types))
-        left = max(ends_at - clock.time(), 1.0)
-        await stop_part("the runners", asyncio.wait_for(firings, left))
-        if self._consumer is not None:
-            await stop_part("the group consumer", self._consumer.stop())
-        # A take under way as it left (a retake after a failure) is stopped, and closes
-        # under way are waited for.
-        await stop_part("the partitions", self.tasks.revoke(self.tasks.leftover()))
-        # Producer stops the closes left past their deadline, each type's at once.
-        await stop_part("the partitions' producers", self._producers_stopped())
-        for what, follower in self._following.items():
-            await stop_part(what, follower.stop())
-        await stop_part("the producer", self.producer.stop())
-        await stop_part("the reader", self.reader.stop())
-        await stop_part("the broker watch", self.broker.stop())
-        await stop_part("the topic catalog", self.targets.stop())
-        try:
-            for kept in self.types.values():
-                await stop_part(f"{kept.name} store", kept.store.close())
-                if kept.states is not None:
-                    kept.states.close()
-        finally:
-            self._data_lock.release()  # the stores closed: another worker may have it now
+        await stop_parts(
+            self.tasks,
+            self.types,
+            deadline_s=deadline,
+            consumer=self._consumer,
+            followers=self._following,
+            clients={
+                "the producer": self.producer,
+                "the reader": self.reader,
+                "the broker watch": self.broker,
+                "the topic catalog": self.targets,
+            },
+            data_lock=self._data_lock,
+        )
         if self._failure is not None and self._failure is not before:
             raise self._failure
-
-    async def _producers_stopped(self) -> None:
-        await asyncio.gather(*(kept.transactions.stopped() for kept in self.types.values()))
 
     async def run(self) -> None:
         """Reads the owned partitions' logs and commands until cancelled; `NodeFailed`
@@ -348,28 +316,12 @@ class Node:
         tasks: list[asyncio.Task[Any]] = [committer, reader, failed, watch]
         # The readers the sends and the ledgers depend on: one that ends stops the node.
         following = {what: f.task for what, f in self._following.items()}
-        # Each ledger's resolved entries: the PARKED timers they may hide named again.
-        watches = {
-            f"naming the parked timers of {c}": asyncio.create_task(
-                keep_parked_named(ledger, functools.partial(self._runners_of, c)),
-                name=f"naming the parked timers of {c}",
-            )
-            for c, ledger in self._ledgers.items()
-        }
-        watches["the topic policy watch"] = asyncio.create_task(
-            self.topic_watch.run(), name="topic policy watch"
-        )
-        # The plain producer (remote sends, the ledgers' writes): sending no more, for good.
-        watches["the producer"] = asyncio.create_task(self.producer.failed(), name="producer")
+        watches = start_watches(self._ledgers, self.types, self.topic_watch, self.producer)
         following |= watches
         # Stuck where it ended, it would say the broker is up through an outage, or down
         # for good (and the node never ready).
         following["the broker watch"] = self.broker.task
-        tasks += [
-            asyncio.create_task(self._supervise(what, task), name=f"supervising {what}")
-            for what, task in following.items()
-            if task is not None
-        ]
+        tasks += supervisors(following, self.fail)
         try:
             await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
             if self._failure is not None:
@@ -394,16 +346,6 @@ class Node:
         if self._watch is not None:
             self._watch.stop()
             self._watch = None
-
-    def _runners_of(self, context: str) -> list[TimerRunner]:
-        return [k.runner for k in self.types.values() if k.topics.context == context]
-
-    async def _supervise(self, what: str, task: asyncio.Task[None]) -> None:
-        """Stops the node loudly when `task` ends (they retry what passes by itself)."""
-        await asyncio.wait([task])
-        # Its task is stopped by `stop`, after the run (this supervisor with it) ended: an
-        # end seen here, a cancellation included, is while the node runs.
-        self.fail(f"{what} {how_ended(task)}")
 
     async def _backlog(self, topic: str, p: int) -> int:
         assert self._consumer is not None

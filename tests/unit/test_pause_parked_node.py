@@ -24,7 +24,7 @@ from test_timer_ops_dedup import ORDERS, OWNER, P, rows, status
 from app.errors import BadRecord
 from app.kafka.memory import MemoryLog
 from app.model.aggregate import AggregateType, Command, Decision
-from app.node import node as node_module
+from app.node import node_watches
 from app.node.parked_names import keep_parked_named
 from app.protocol.wire import CommandEnvelope, EventEnvelope, TimerAction, decode, encode
 from app.service import Service
@@ -157,7 +157,7 @@ async def node(
     # loop's clock) would name a parked timer in the end: out of the test's way, so that
     # only the partition's own round can name it, however slow the machine.
     monkeypatch.setattr(
-        node_module, "keep_parked_named", functools.partial(keep_parked_named, after_s=3600.0)
+        node_watches, "keep_parked_named", functools.partial(keep_parked_named, after_s=3600.0)
     )
     log, clock = MemoryLog(), FakeClock(T0)
     async with running(RunningNode(log, tmp_path, "n", SERVICE, P, clock=clock, timers=OPTIONS)):
