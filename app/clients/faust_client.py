@@ -3,13 +3,13 @@
 A faust app keeps its state per key; for each key it may keep timers in a *timer book*
 (`app.clients.timer_book`): the aggregate `<context>.<book>/<key>`, decided by Tickwheel workers
 running a service that declares the book. The app never writes the book's log itself:
-`schedule`, `cancel`, `pause`, `resume` and `trigger` send the book's commands
-(`app.clients.book_commands`) to its command topic, keyed by the key, in murmur2(key)'s
-partition (computed here, so faust's partitioner cannot put it elsewhere), and the node
-owning that partition appends the events (`wow.ScheduleSet`, …) at the book's next version,
-de-duplicated by request id. Writing the events directly would race the node: the version
-the app would pick is the one the node appends next, and a replayed faust event would set
-a timer twice.
+`schedule`, `cancel`, `pause`, `resume` and `trigger` (`app.clients.book_client`) send the
+book's commands (`app.clients.book_commands`) to its command topic, keyed by the key, in
+murmur2(key)'s partition (computed by the client, so faust's partitioner cannot put it
+elsewhere), and the node owning that partition appends the events (`wow.ScheduleSet`, …)
+at the book's next version, de-duplicated by request id. Writing the events directly
+would race the node: the version the app would pick is the one the node appends next, and
+a replayed faust event would set a timer twice.
 
 A timer fires its command into `<context>.<target>.commands` (the app's own type, the
 key's id), which `commands` reads: a faust topic whose values are `CommandEnvelope`s
@@ -48,9 +48,10 @@ except ImportError as exc:  # the extra is optional: say how to get it
         "app.clients.faust_client needs faust-streaming: pip install '.[faust]' (from a clone)"
     ) from exc
 
-from app.clients.book_commands import BookCommands, Rule, request_id_for
+from app.clients.book_client import BookClient
+from app.clients.book_commands import BookCommands, request_id_for
 from app.clients.client_topics import ClientTopics, unreadable_answer
-from app.clients.fired import command_in, letter_of, record_of, reply_partition
+from app.clients.fired import command_in, letter_of, record_of
 from app.clients.timer_book import timer_book
 from app.errors import BadRecord
 from app.kafka import KafkaClients
@@ -59,9 +60,7 @@ from app.kafka.records import Replication
 from app.node.settings import Settings
 from app.protocol.limits import DEFAULT_MAX_RECORD_BYTES, InputLimits
 from app.protocol.topics import AggregateTopics, parse_aggregate_type
-from app.protocol.wire import CommandEnvelope, CommandResult, ResultCode, encode
-from tables import AggregateRef, CommandSpec
-from tables.partitioner import partition_of
+from app.protocol.wire import CommandEnvelope, encode
 
 __all__ = [
     "NODE_REPLICATION",
@@ -189,7 +188,7 @@ class CommandTopic(faust.Topic):
             )
 
 
-class TickwheelTimers:
+class TickwheelTimers(BookClient):
     """Timers for the keys of a faust app, kept by Tickwheel workers in a timer book.
 
     `context`, `book`, `target`: the book is `<context>.<book>` (the workers' service must
@@ -221,179 +220,28 @@ class TickwheelTimers:
         if partitions < 1:
             raise ValueError(f"partitions must be at least 1, got {partitions}")
         self.app = app
-        self.partitions = partitions
         self.book = timer_book(context, book)
         # The client's edge, as the CLI is: its one `KafkaClients`, made from the brokers;
         # below it only the ports.
         clients = KafkaClients(bootstrap or bootstrap_of(app), replication)
-        self.topology = ClientTopics(clients.admin(), book_topics, target_topics, partitions)
-        self._now = now or (lambda: int(time.time() * 1000))
+        topology = ClientTopics(clients.admin(), book_topics, target_topics, partitions)
+        clock = now or (lambda: int(time.time() * 1000))
         # The workers' TICKWHEEL_MAX_RECORD_BYTES: a command past it is refused here, as
         # they would drop it unanswered.
         limits = InputLimits(max_record_bytes=max_record_bytes)
-        self.commands_of = BookCommands(self.book, target_topics, self._now, limits)
-        """The book's commands, as this client builds them (`app.clients.book_commands`)."""
+        commands_of = BookCommands(self.book, target_topics, clock, limits)
+        super().__init__(
+            partitions=partitions, topology=topology, commands_of=commands_of, now=clock
+        )
         self.commands: CommandTopic = CommandTopic(
             app,
             topics=[target_topics.commands],
-            schema=CommandSchema(self.topology, limits, self._now),
+            schema=CommandSchema(topology, limits, clock),
             partitions=partitions,
             internal=True,
         )
         """The timers' commands: `@app.agent(timers.commands)` iterates `CommandEnvelope`s."""
         self._topics: dict[str, faust.types.TopicT] = {}
-
-    def book_ref(self, key: str) -> AggregateRef:
-        return self.commands_of.book_ref(key)
-
-    def target_ref(self, key: str) -> AggregateRef:
-        return self.commands_of.target_ref(key)
-
-    def set_command(
-        self,
-        key: str,
-        timer: str,
-        rule: Rule,
-        command: CommandSpec,
-        *,
-        target: AggregateRef | None = None,
-        request_id: str | None = None,
-    ) -> CommandEnvelope:
-        """The `wow.SetTimer` that `schedule` sends; `ValueError` for what the book would
-        refuse (bad key, rule, target), so that nothing is sent."""
-        rid = _request_id("set", timer, request_id)
-        return self.commands_of.set_command(key, timer, rule, command, rid, target)
-
-    def cancel_command(
-        self, key: str, timer: str, *, request_id: str | None = None
-    ) -> CommandEnvelope:
-        """The `wow.CancelTimer` that `cancel` sends."""
-        return self.commands_of.cancel_command(key, timer, _request_id("cancel", timer, request_id))
-
-    def key_command(
-        self, action: str, key: str, timer: str, *, request_id: str | None = None
-    ) -> CommandEnvelope:
-        """The `wow.PauseTimer`, `wow.ResumeTimer` or `wow.TriggerTimer` (`action`: pause,
-        resume, trigger) that `pause`, `resume` and `trigger` send."""
-        rid = _request_id(action, timer, request_id)
-        return self.commands_of.key_command(action, key, timer, rid)
-
-    async def schedule(
-        self,
-        key: str,
-        timer: str,
-        rule: Rule,
-        command: CommandSpec,
-        *,
-        target: AggregateRef | None = None,
-        request_id: str | None = None,
-    ) -> CommandEnvelope:
-        """Sets `key`'s timer `timer`: `command` goes to `target` (this app's
-        `<context>.<target>/<key>` by default) by `rule`; a timer already set under that
-        name is replaced. The command is on the broker when this returns (inside an agent
-        too; a failed send raises); the book decides it then. The request id is derived
-        from the event being processed unless given (outside an agent, or in one fed by
-        `app.channel()`, it must be)."""
-        cmd = self.set_command(key, timer, rule, command, target=target, request_id=request_id)
-        await self._send_to_book(cmd)
-        return cmd
-
-    async def cancel(
-        self, key: str, timer: str, *, request_id: str | None = None
-    ) -> CommandEnvelope:
-        """Cancels `key`'s timer `timer` (nothing to cancel is no error)."""
-        cmd = self.cancel_command(key, timer, request_id=request_id)
-        await self._send_to_book(cmd)
-        return cmd
-
-    async def pause(
-        self, key: str, timer: str, *, request_id: str | None = None
-    ) -> CommandEnvelope:
-        """Pauses `key`'s timer `timer`: it keeps its rule and fires nothing until resumed.
-        The book answers a paused one UNCHANGED (nothing written), a timer it does not
-        keep or whose rule ended REJECTED; its answers go to `<context>.results`, under
-        the command's request id (derived from the event being processed unless given,
-        as `schedule`'s; sent again, DUPLICATE)."""
-        return await self._act("pause", key, timer, request_id)
-
-    async def resume(
-        self, key: str, timer: str, *, request_id: str | None = None
-    ) -> CommandEnvelope:
-        """Resumes `key`'s paused timer `timer`, caught up by its rule's catch-up policy (a
-        running one: UNCHANGED, nothing written)."""
-        return await self._act("resume", key, timer, request_id)
-
-    async def trigger(
-        self, key: str, timer: str, *, request_id: str | None = None
-    ) -> CommandEnvelope:
-        """Has the book send `key`'s timer `timer`'s command once now (request id
-        `<this request id>>0@<digest>`), its rule and next slot left as they were; the command
-        sent again with the same request id fires nothing more."""
-        return await self._act("trigger", key, timer, request_id)
-
-    async def _act(
-        self, action: str, key: str, timer: str, request_id: str | None
-    ) -> CommandEnvelope:
-        cmd = self.key_command(action, key, timer, request_id=request_id)
-        await self._send_to_book(cmd)
-        return cmd
-
-    async def _send_to_book(self, cmd: CommandEnvelope) -> None:
-        await self.topology.ensure()
-        key = cmd.aggregate.id
-        await self._send(
-            self.topology.book.commands,
-            key.encode(),
-            encode(cmd),
-            partition_of(key, self.partitions),
-        )
-
-    def early_by(self, cmd: CommandEnvelope) -> int:
-        """How many ms before its `not_before` `cmd` arrived by this app's clock (0: due).
-        An early command is answered SCHEDULE_NOT_DUE, as Tickwheel's targets do."""
-        if cmd.not_before is None:
-            return 0
-        return max(0, cmd.not_before - self._now())
-
-    def result_for(
-        self,
-        cmd: CommandEnvelope,
-        code: ResultCode = ResultCode.COMMITTED,
-        message: str = "",
-        version: int | None = None,
-    ) -> tuple[str, int, CommandResult] | None:
-        """Where the answer to `cmd` goes and what it says; None: no answer is expected
-        (`app.clients.fired.reply_partition`)."""
-        own = self.topology.context.results
-        partition = reply_partition(cmd, own, self.partitions)
-        if partition is None:
-            return None
-        result = CommandResult(
-            request_id=cmd.request_id,
-            code=code,
-            aggregate=cmd.aggregate,
-            message=message,
-            version=version,
-            decided_at=self._now(),
-        )
-        return own, partition, result
-
-    async def answer(
-        self,
-        cmd: CommandEnvelope,
-        code: ResultCode = ResultCode.COMMITTED,
-        message: str = "",
-        version: int | None = None,
-    ) -> bool:
-        """Sends `cmd`'s result to the node that fired it; whether one was expected.
-        COMMITTED, DUPLICATE, UNCHANGED and REJECTED settle the slot; any other code is a
-        failed attempt, sent again with backoff and parked when its attempts are spent."""
-        where = self.result_for(cmd, code, message, version)
-        if where is None:
-            return False
-        topic, partition, result = where
-        await self._send(topic, cmd.request_id.encode(), encode(result), partition)
-        return True
 
     async def _send(self, topic: str, key: bytes, value: bytes, partition: int) -> None:
         # Awaited inside an agent too: faust does not wait for an agent's sends (nor raise a
@@ -408,10 +256,9 @@ class TickwheelTimers:
         )
         await sent
 
-
-def _request_id(op: str, timer: str, given: str | None) -> str:
-    """`given`, or the one derived from the event the agent processes (`request_id_for`)."""
-    if given is not None:
-        return given
-    event = current_event()
-    return request_id_for(op, timer, None if event is None else event.message)
+    def _request_id(self, op: str, timer: str, given: str | None) -> str:
+        """`given`, or the one derived from the event the agent processes (`request_id_for`)."""
+        if given is not None:
+            return given
+        event = current_event()
+        return request_id_for(op, timer, None if event is None else event.message)
