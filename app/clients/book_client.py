@@ -120,7 +120,8 @@ class BookClient(ABC):
     ) -> CommandEnvelope:
         """Pauses `key`'s timer `timer`: it keeps its rule and fires nothing until resumed.
         The book answers a paused one UNCHANGED (nothing written), a timer it does not
-        keep or whose rule ended REJECTED; its answers go to `<context>.results`, under
+        keep REJECTED; one whose rule ended is paused in the table if its row is parked
+        (a fired one stays as it is); its answers go to `<context>.results`, under
         the command's request id (derived from the event being processed unless given,
         as `schedule`'s; sent again, DUPLICATE)."""
         return await self._act("pause", key, timer, request_id)
