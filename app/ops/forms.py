@@ -4,9 +4,9 @@ which the HTTP edge takes out of a form before it is read (`app.ops.web`)."""
 
 from __future__ import annotations
 
-from typing import TypeVar
+from typing import Final, TypeVar, cast
 
-from aiohttp import web
+from aiohttp import BodyPartReader, hdrs, web
 from aiohttp.http_exceptions import HttpProcessingError
 from multidict import MultiDict, MultiMapping
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -96,14 +96,24 @@ def form_target(form: OperatorForm) -> AggregateRef:
         raise BadInput(f"bad target: {problems(exc)}") from exc
 
 
-async def posted_form(
-    request: web.Request,
-) -> MultiMapping[str | bytes | bytearray | web.FileField]:
-    """The request's form; a body no form parser reads (a multipart body without its
-    boundary, an unknown charset, bytes not of its charset, a part's headers malformed or
-    its transfer encoding unknown) is a 400, not a 500."""
+MAX_FORM_FIELDS: Final = 1_000
+"""The fields a multipart form may have: the edge's forms have a handful."""
+
+_FORM_KEY: Final = web.RequestKey[MultiMapping[str | bytes]]("tickwheel.form")
+
+
+async def posted_form(request: web.Request) -> MultiMapping[str | bytes]:
+    """The request's form, read once (the guard reads it, then the route); a body no form
+    parser reads (a multipart body without its boundary, an unknown charset, bytes not of
+    its charset, a part's headers malformed or its transfer encoding unknown, a file part)
+    is a 400, not a 500."""
+    if _FORM_KEY in request:
+        return request[_FORM_KEY]
     try:
-        return await request.post()
+        if request.content_type == "multipart/form-data":
+            form: MultiMapping[str | bytes] = await _multipart(request)
+        else:
+            form = cast(MultiMapping[str], await request.post())
     # aiohttp's multipart reader raises a RuntimeError for a part's unknown encoding and
     # an HttpProcessingError for its bad headers: the client's bytes, as the others.
     except (
@@ -115,6 +125,40 @@ async def posted_form(
         HttpProcessingError,
     ) as exc:
         raise web.HTTPBadRequest(reason=f"the form cannot be read: {type(exc).__name__}") from exc
+    request[_FORM_KEY] = form
+    return form
+
+
+async def _multipart(request: web.Request) -> MultiDict[str | bytes]:
+    """A multipart form's fields, as aiohttp's `post` reads them but for a file part, which
+    is refused (no form here takes one) before anything of it is kept: `post` spools one to
+    a temporary file, which it leaves unclosed when a later part fails to read."""
+    out: MultiDict[str | bytes] = MultiDict()
+    reader = await request.multipart()
+    body, limit = request.content, request.client_max_size
+    while (part := await reader.next()) is not None:
+        if not isinstance(part, BodyPartReader):
+            raise ValueError("a multipart part inside a part")
+        if part.name is None:
+            raise ValueError("a part without a name")
+        if part.filename:
+            raise ValueError(f"part {part.name[:40]!r} is a file: no form here takes one")
+        if len(out) >= MAX_FORM_FIELDS:
+            raise ValueError(f"more than {MAX_FORM_FIELDS} fields")
+        raw = bytearray()
+        while chunk := await part.read_chunk():
+            if 0 < limit < body.total_bytes:
+                raise web.HTTPRequestEntityTooLarge(max_size=limit, actual_size=body.total_bytes)
+            raw.extend(chunk)
+        value = bytearray()
+        async for decoded in part.decode_iter(raw):
+            value.extend(decoded)
+        kind = part.headers.get(hdrs.CONTENT_TYPE)
+        if kind is None or kind.startswith("text/"):
+            out.add(part.name, value.decode(part.get_charset(default="utf-8")))
+        else:
+            out.add(part.name, bytes(value))
+    return out
 
 
 def query_problem(query: MultiMapping[str], raw: str) -> str | None:

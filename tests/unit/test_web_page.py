@@ -435,6 +435,13 @@ def _part(headers: bytes) -> bytes:
     return b"--b\r\n" + head + b"\r\n\r\nshop.order\r\n--b--\r\n"
 
 
+_FILE = (
+    b'--b\r\nContent-Disposition: form-data; name="f"; filename="a.txt"\r\n\r\n'
+    + b"x" * 70_000
+    + b"\r\n"
+)
+
+
 @pytest.mark.parametrize(
     ("content_type", "body"),
     [
@@ -448,6 +455,10 @@ def _part(headers: bytes) -> bytes:
         ("multipart/form-data; boundary=b", _part(b"Bad Header: 1")),
         ("multipart/form-data; boundary=b", _part(b"X: " + b"y" * 9000)),
         ("multipart/form-data; boundary=b", _part(b"\r\n".join([b"X: 1"] * 200))),
+        # a file part (no form takes one), alone or before a part that does not read: it
+        # was spooled to a temporary file, left unclosed when the next part failed
+        ("multipart/form-data; boundary=b", _FILE + b"--b--\r\n"),
+        ("multipart/form-data; boundary=b", _FILE + _part(b"Bad Header: 1")),
     ],
 )
 async def test_a_form_body_no_parser_reads_is_a_400(
