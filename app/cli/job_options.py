@@ -18,6 +18,7 @@ from app.cli.common import (
     run,
 )
 from app.cli.job_actions import FAILED_CODES, send_and_wait
+from app.cli.text import printable
 from app.errors import JobsCliError
 from app.node.settings import Settings
 from app.protocol.wire import CommandEnvelope, CommandResult
@@ -127,7 +128,9 @@ def report(
         else:
             outcome = result.code.value + (f": {result.reason}" if result.reason else "")
         named = f"{c.aggregate} {c.request_id}" if runs else str(c.aggregate)
-        typer.echo(f"{action} {named}: {outcome}")
+        # The message is the worker's (or another writer's) and a request id a backfill's
+        # log's: their control characters would forge a line or act on the terminal.
+        typer.echo(f"{action} {printable(named)}: {printable(outcome)}")
     if runs and not commands and not as_json:
         typer.echo(f"{action}: no slot in the range", err=True)
     if failed:

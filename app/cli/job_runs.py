@@ -52,6 +52,7 @@ from app.cli.job_options import (
     send_all,
 )
 from app.cli.rule_expr import BadExpression, parse_instant
+from app.cli.text import printable
 from app.errors import JobsCliError
 from app.jobs import MAX_BACKFILL_SLOTS, BackfillSlot, backfill_command
 from app.ops.job_api import (
@@ -192,4 +193,6 @@ def _print_slot(ref: AggregateRef, slot: BackfillSlot, as_json: bool) -> None:
             }
         )
     else:
-        typer.echo(f"{ref}\tslot {slot.slot}\t{time_iso(slot.due_at)}\t{slot.request_id}")
+        # The request id is the live tick's, read from the log (another writer's).
+        instance, request_id = printable(str(ref)), printable(slot.request_id)
+        typer.echo(f"{instance}\tslot {slot.slot}\t{time_iso(slot.due_at)}\t{request_id}")

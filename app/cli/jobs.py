@@ -53,6 +53,7 @@ from app.cli.job_options import (
     send_all,
 )
 from app.cli.job_runs import backfill, trigger
+from app.cli.text import printable
 from app.errors import JobsCliError
 from app.jobs import (
     Job,
@@ -301,6 +302,12 @@ def _state_line(s: InstanceState) -> str:
         due = "?" if st.last_due_at is None else time_iso(st.last_due_at)
         last = f"slot {st.last_slot} due {due}"
     rule = orjson.dumps(st.rule).decode() if st.rule else "-"
-    line = f"{s.tenant}/{s.id}: {status}, override {override}, rule {rule}, last run {last}"
+    # The log's, another writer's: its control characters (a newline, an escape sequence;
+    # JSON leaves DEL, C1 controls and U+2028 as they are) would forge a line or act on
+    # the terminal.
+    line = (
+        f"{printable(s.tenant)}/{printable(s.id)}: {status}, override {printable(override)}, "
+        f"rule {printable(rule)}, last run {last}"
+    )
     # One line: an error's text may span several (a validation error's does).
-    return line if s.error is None else f"{line}; {' '.join(s.error.split())}"
+    return line if s.error is None else f"{line}; {printable(' '.join(s.error.split()))}"

@@ -39,6 +39,7 @@ from app.cli.common import (
     unsettled,
 )
 from app.cli.rule_expr import BadExpression, parse_duration, parse_expr
+from app.cli.text import printable
 from app.cli.timers import TypeName, _type, timers_cli
 from app.clients.timer_book import timer_book
 from app.kafka.cluster import require_topics
@@ -154,9 +155,12 @@ def _answer(action: str, cmd: CommandEnvelope, result: CommandResult | None, as_
     before = " before by this request id: nothing written" if answer.duplicate else ""
     if result.code is ResultCode.UNCHANGED:
         before = " already so: nothing written"
+    # The owner and request id as given (a C1 control or U+2028 passes the check of new
+    # input), the key as `repr` quotes it, which escapes them.
+    owner, request_id = printable(str(answer.owner)), printable(answer.request_id)
     typer.echo(
-        f"{action} {answer.owner} {answer.key!r}: {result.code}{before} "
-        f"(request {answer.request_id}, version {answer.version})"
+        f"{action} {owner} {answer.key!r}: {result.code}{before} "
+        f"(request {request_id}, version {answer.version})"
     )
 
 

@@ -156,9 +156,11 @@ def _request(
             }
         )
         return
+    # The target and request id as given: a control character in them is not refused.
+    target_text, request_text = printable(str(target)), printable(op.request_id)
     typer.echo(
-        f"{action} of the timers of {type_name} parked on {target} requested "
-        f"(request {op.request_id}, {settings.partitions} partition(s)); "
+        f"{action} of the timers of {type_name} parked on {target_text} requested "
+        f"(request {request_text}, {settings.partitions} partition(s)); "
         "the owner of each partition carries it out"
     )
 
