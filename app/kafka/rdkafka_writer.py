@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any, TypeVar
 
 from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
@@ -23,7 +23,14 @@ from app.kafka.producers import TRANSACTION_BATCH_BYTES, TRANSACTION_REQUEST_BYT
 from app.kafka.rdkafka_config import FENCED_CODES, group_metadata, rdkafka_options
 from app.kafka.rdkafka_delivery import produce_all
 from app.kafka.rdkafka_errors import aiokafka_cause, error_of, said
-from app.kafka.records import TRANSACTION_TIMEOUT_MS, OutRecord
+from app.kafka.records import (
+    TRANSACTION_TIMEOUT_MS,
+    OutRecord,
+    TxnWork,
+    acl_refusal,
+    principal_of,
+    refused_work,
+)
 
 __all__ = ["RdkafkaTransactionalWriter"]
 
@@ -80,6 +87,12 @@ class RdkafkaTransactionalWriter:
         self._open = False
         self._stopped = False
         self.broken: KafkaUnavailable | None = None
+        # What the open transaction did, for a refusal's message (`_explained`).
+        self._principal = principal_of(bootstrap)
+        self._written: set[str] = set()
+        self._group_id = ""
+        self._offsets: Collection[tuple[str, int]] = ()
+        self._at_offsets = False
 
     async def start(self) -> None:
         """Registers the transactional id (`init_transactions`), fencing its previous
@@ -88,7 +101,7 @@ class RdkafkaTransactionalWriter:
             await self._run(self._start)
         except (KafkaException, KafkaUnavailable) as exc:
             raise KafkaUnavailable(
-                f"{self.transactional_id} cannot connect: {said(exc)}"
+                f"{self.transactional_id} cannot connect: {self._explained(exc)}"
             ) from aiokafka_cause(exc)
 
     async def stop(self) -> None:
@@ -175,14 +188,17 @@ class RdkafkaTransactionalWriter:
             placed = self._append(records)
             self._still_wanted()
             if offsets:
+                self._group_id, self._offsets, self._at_offsets = group_id, offsets.keys(), True
                 p.send_offsets_to_transaction(
                     [TopicPartition(t, part, o) for (t, part), o in offsets.items()],
                     group_metadata(group_id),
                     self._timeout,
                 )
+                self._at_offsets = False
             self._still_wanted()
             p.commit_transaction(self._timeout)
             self._open = False
+            self._written, self._offsets = set(), ()
             return placed
         except BaseException as exc:
             self._abort(exc)
@@ -195,6 +211,7 @@ class RdkafkaTransactionalWriter:
         if not self._open:
             p.begin_transaction()
             self._open = True
+        self._written.update(r[0] for r in records)
         try:
             return produce_all(p, records, self._timeout)
         except BaseException as exc:
@@ -264,13 +281,29 @@ class RdkafkaTransactionalWriter:
         elif isinstance(exc, KafkaUnavailable):
             broken = KafkaUnavailable(f"{self.transactional_id}: transaction failed: {exc}")
         else:
-            why = said(exc) if error is not None else repr(exc)
+            why = self._explained(exc) if error is not None else repr(exc)
             broken = KafkaUnavailable(f"{self.transactional_id}: transaction failed: {why}")
         broken.__cause__ = aiokafka_cause(exc)
         self.broken = broken
         if isinstance(exc, asyncio.CancelledError | KeyboardInterrupt | SystemExit):
             return exc
         return broken
+
+    def _explained(self, exc: BaseException) -> str:
+        """librdkafka's error in `exc` in a user's terms (`rdkafka_errors.said`); an ACL
+        refusal naming what of the transaction it refused and the ACL to add, as the
+        aiokafka writer's (`records.refused_work`)."""
+        refusal = acl_refusal(aiokafka_cause(exc))
+        if refusal is None:
+            return said(exc)
+        work = TxnWork(
+            self.transactional_id,
+            frozenset(self._written),
+            self._group_id,
+            tuple(self._offsets),
+            self._at_offsets,
+        )
+        return refused_work(refusal, work, self._principal, said(exc))
 
 
 class _Log:

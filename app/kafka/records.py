@@ -32,7 +32,7 @@ from aiokafka.errors import (
 )
 
 from app.errors import KafkaUnavailable
-from app.kafka.connection import Connectable, address
+from app.kafka.connection import Connectable, address, connection
 
 logger = logging.getLogger(__name__)
 
@@ -110,7 +110,9 @@ _CREATE_DENIED = (TopicAuthorizationFailedError, ClusterAuthorizationFailedError
 
 _NEVER_JOINS = (InvalidSessionTimeoutError, InvalidGroupIdError, InconsistentGroupProtocolError)
 
-_REFUSED = (*(kind for kind, _ in _DENIED), SaslAuthenticationFailed, AuthenticationFailedError)
+_ACL_DENIED = tuple(kind for kind, _ in _DENIED)
+
+_REFUSED = (*_ACL_DENIED, SaslAuthenticationFailed, AuthenticationFailedError)
 
 
 def never_joins(exc: BaseException | None) -> bool:
@@ -165,17 +167,74 @@ def refused_topics(exc: BaseException | None) -> frozenset[str] | None:
     return None
 
 
+@dataclass(frozen=True, slots=True)
+class TxnWork:
+    """What a partition's transaction had done when refused: what its refusal names."""
+
+    transactional_id: str
+    written: frozenset[str] = frozenset()
+    """The topics its records went to."""
+    group_id: str = ""
+    offsets: tuple[tuple[str, int], ...] = ()
+    """The partitions whose consumed offsets it commits for `group_id`."""
+    at_offsets: bool = False
+    """Refused while it committed the offsets (TxnOffsetCommit, AddOffsetsToTxn)."""
+
+
+def acl_refusal(exc: BaseException | None) -> KafkaError | None:
+    """The ACL refusal down `exc`'s chain of causes (a topic, the group, a transactional
+    id, the cluster), None when there is none (a login refused is no ACL's)."""
+    return next((c for c in causes(exc) if isinstance(c, _ACL_DENIED)), None)
+
+
+def refused_work(refusal: KafkaError, work: TxnWork, principal: str, said: str) -> str:
+    """What of `work` the ACL `refusal` refused, `said` (the client's refusal in a user's
+    terms: `explain`), and the `kafka-acls.sh` command adding the ACL missing. A topic's
+    refusal of an offsets commit names no topic (aiokafka's, librdkafka's): each topic of
+    the offsets is named, and Read asked on each (TxnOffsetCommit's ACL)."""
+    add = f"kafka-acls.sh --add --allow-principal {principal}"
+    group = work.group_id or "<group id>"
+    parts = ", ".join(f"{t}[{p}]" for t, p in sorted(work.offsets))
+    offsets = f"committing group {group}'s offsets" + (f" of {parts}" if parts else "")
+    if isinstance(refusal, TransactionalIdAuthorizationFailed):
+        tid = work.transactional_id
+        doing, acl = f"its transactional id {tid}", f"Write --transactional-id {tid}"
+    elif isinstance(refusal, GroupAuthorizationFailedError):
+        doing, acl = offsets, f"Read --group {group}"
+    elif isinstance(refusal, ClusterAuthorizationFailedError):
+        doing, acl = "writing as an idempotent producer", "IdempotentWrite --cluster"
+    else:
+        # aiokafka names the topics of records refused (AddPartitionsToTxn, Produce)
+        named = refused_topics(refusal) or frozenset()
+        reading = not named and (work.at_offsets or not work.written)
+        topics = sorted(named or ({t for t, _ in work.offsets} if reading else work.written))
+        doing = offsets if reading else f"writing to {', '.join(topics) or 'its topics'}"
+        acl = ("Read" if reading else "Write") + (
+            "".join(f" --topic {t}" for t in topics) or " --topic <topic>"
+        )
+    return f"{doing} was refused: {said}; add the ACL missing: {add} --operation {acl}"
+
+
+def principal_of(where: Connectable) -> str:
+    """The principal the cluster knows this node by, as `kafka-acls.sh` takes it: its
+    SASL user; a certificate's principal is the broker's mapping of it, not known here."""
+    user = connection(where).sasl_username
+    return f"User:{user}" if user else "User:<principal>"
+
+
 def _caused_by(exc: BaseException | None, kinds: tuple[type[BaseException], ...]) -> bool:
     """Whether `exc` or any exception down its chain of causes is one of `kinds`."""
     return any(isinstance(cause, kinds) for cause in causes(exc))
 
 
-async def start_client(client: Any, what: str) -> None:
-    """Starts an aiokafka client, its failure said in our terms."""
+async def start_client(
+    client: Any, what: str, said: Callable[[BaseException], str] = explain
+) -> None:
+    """Starts an aiokafka client, its failure said in our terms (`said`)."""
     try:
         await client.start()
     except KafkaError as exc:
-        raise KafkaUnavailable(f"{what} cannot connect: {explain(exc)}") from exc
+        raise KafkaUnavailable(f"{what} cannot connect: {said(exc)}") from exc
 
 
 TRANSACTION_TIMEOUT_MS = 60_000

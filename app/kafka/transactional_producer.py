@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from typing import Any
 
 from aiokafka import AIOKafkaProducer, TopicPartition
@@ -28,9 +28,13 @@ from app.kafka.producers import (
 from app.kafka.records import (
     TRANSACTION_TIMEOUT_MS,
     OutRecord,
+    TxnWork,
+    acl_refusal,
     explain,
     fenced_by,
+    principal_of,
     refused,
+    refused_work,
     start_client,
 )
 
@@ -83,12 +87,20 @@ class TransactionalProducer:
         # The open transaction's sends, and the first of them that failed (`_end`).
         self._sent: list[asyncio.Future[Any]] = []
         self._unsent: BaseException | None = None
+        # What the open transaction did, for a refusal's message (`_refused`).
+        self._principal = principal_of(bootstrap)
+        self._written: set[str] = set()
+        self._group_id = ""
+        self._offsets: Collection[tuple[str, int]] = ()
+        self._at_offsets = False
         self._guard_commit()
 
     async def start(self) -> None:
         """Starts it; the `topics` it was made with have their metadata fetched now (one
         request), not at its first transaction (`warm`)."""
-        await start_client(self._producer, self.transactional_id)
+        await start_client(
+            self._producer, self.transactional_id, lambda e: self._refused(e) or explain(e)
+        )
         await self.warm(self._topics)
 
     async def warm(self, topics: Iterable[str]) -> None:
@@ -150,7 +162,9 @@ class TransactionalProducer:
         self._check()
         p = self._producer
         try:
-            await self._track(r[0] for r in records)
+            topics = {r[0] for r in records}
+            self._written |= topics
+            await self._track(topics)
             await self._begin()
             keyed = {r[0] for r in records if r[1] is None}
             placed: dict[int, tuple[asyncio.Future[Any], int]] = {}
@@ -262,11 +276,14 @@ class TransactionalProducer:
         try:
             await self._begin()
             if offsets:
+                self._group_id, self._offsets, self._at_offsets = group_id, offsets.keys(), True
                 await p.send_offsets_to_transaction(
                     {TopicPartition(t, part): o for (t, part), o in offsets.items()}, group_id
                 )
+                self._at_offsets = False
             await p.commit_transaction()
             self._open = False
+            self._written, self._offsets = set(), ()
             if self._unsent is not None:  # aborted (`_guard_commit`): nothing of it counts
                 raise self._unsent
         except BaseException as exc:
@@ -304,9 +321,8 @@ class TransactionalProducer:
         if fenced:
             error: KafkaUnavailable = Fenced(f"{self.transactional_id} was fenced by a newer owner")
         else:
-            error = KafkaUnavailable(
-                f"{self.transactional_id}: transaction failed: {_with_causes(exc)}"
-            )
+            said = self._refused(exc) or _with_causes(exc)
+            error = KafkaUnavailable(f"{self.transactional_id}: transaction failed: {said}")
         self.broken = error
         if self._open and not fenced:
             with contextlib.suppress(Exception):
@@ -316,6 +332,21 @@ class TransactionalProducer:
         if isinstance(exc, asyncio.CancelledError | KeyboardInterrupt | SystemExit):
             return exc
         return error
+
+    def _refused(self, exc: BaseException) -> str | None:
+        """An ACL refusal down `exc`'s causes, naming what of the transaction it refused
+        and the ACL to add (`records.refused_work`); None for any other failure."""
+        refusal = acl_refusal(exc)
+        if refusal is None:
+            return None
+        work = TxnWork(
+            self.transactional_id,
+            frozenset(self._written),
+            self._group_id,
+            tuple(self._offsets),
+            self._at_offsets,
+        )
+        return refused_work(refusal, work, self._principal, explain(refusal))
 
 
 def _with_causes(exc: BaseException) -> str:

@@ -293,3 +293,86 @@ async def test_a_write_short_of_in_sync_replicas_is_the_clusters_state(
 def test_other_failures_are_not_short_of_replicas() -> None:
     for code in (KafkaError._TRANSPORT, KafkaError.TOPIC_AUTHORIZATION_FAILED):
         assert not short_of_replicas(aiokafka_cause(KafkaException(KafkaError(code, "x"))))
+
+
+class RefusingProducer(FakeProducer):
+    """confluent-kafka's producer (the broker answering at once) that refuses a step with
+    librdkafka's error `code`: "start" (InitProducerId), "records" (their delivery
+    reports) or "offsets" (AddOffsetsToTxn, TxnOffsetCommit)."""
+
+    refused_at: ClassVar[str] = "offsets"
+    code: ClassVar[int] = KafkaError.GROUP_AUTHORIZATION_FAILED
+
+    def _refusal(self) -> KafkaError:
+        return KafkaError(self.code, "Broker: authorization failed")
+
+    def init_transactions(self, *_: object) -> None:
+        super().init_transactions()
+        if self.refused_at == "start":
+            raise KafkaException(self._refusal())
+
+    def flush(self, *_: object) -> int:
+        for report, msg in self._reports:
+            refused = self.refused_at == "records"
+            report(self._refusal() if refused else None, msg)  # type: ignore[operator]
+        return 0
+
+    def send_offsets_to_transaction(self, *_: object) -> None:
+        super().send_offsets_to_transaction()
+        if self.refused_at == "offsets":
+            raise KafkaException(self._refusal())
+
+
+@pytest.mark.parametrize(
+    ("at", "code", "doing", "acl"),
+    [
+        (
+            "offsets",
+            KafkaError.GROUP_AUTHORIZATION_FAILED,
+            "committing group g's offsets of in[0], in.timers[0] was refused: not authorized "
+            "on the consumer group",
+            "--operation Read --group g",
+        ),
+        (
+            "offsets",
+            KafkaError.TOPIC_AUTHORIZATION_FAILED,
+            "committing group g's offsets of in[0], in.timers[0] was refused: not authorized "
+            "on a topic",
+            "--operation Read --topic in --topic in.timers",
+        ),
+        (
+            "records",
+            KafkaError.TOPIC_AUTHORIZATION_FAILED,
+            "writing to events was refused: not authorized on a topic",
+            "--operation Write --topic events",
+        ),
+        (
+            "start",
+            KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
+            "its transactional id t was refused: not authorized on a transactional id",
+            "--operation Write --transactional-id t",
+        ),
+    ],
+)
+async def test_a_refusal_names_what_it_refused_and_the_acl_to_add(
+    monkeypatch: pytest.MonkeyPatch, at: str, code: int, doing: str, acl: str
+) -> None:
+    """As the aiokafka writer's: librdkafka's refusal names no group nor topic; the
+    writer's message names what of its transaction was refused and the ACL to add."""
+    monkeypatch.setattr(RefusingProducer, "refused_at", at)
+    monkeypatch.setattr(RefusingProducer, "code", code)
+    monkeypatch.setattr(RefusingProducer, "calls", [])
+    monkeypatch.setattr("app.kafka.rdkafka_writer.Producer", RefusingProducer)
+    writer = RdkafkaTransactionalWriter("127.0.0.1:1", "t")
+    try:
+        with pytest.raises(KafkaUnavailable) as e:
+            await writer.start()
+            await writer.commit(
+                [("events", 0, b"k", b"v")], {("in.timers", 0): 3, ("in", 0): 9}, "g"
+            )
+        said = str(e.value)
+        assert doing in said, said
+        assert "Connecting to your Kafka" in said and refused(e.value)
+        assert said.endswith(f"kafka-acls.sh --add --allow-principal User:<principal> {acl}")
+    finally:
+        await writer.stop()

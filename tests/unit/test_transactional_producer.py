@@ -10,15 +10,24 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from aiokafka.errors import IllegalOperation, ProducerFenced, TopicAuthorizationFailedError
+from aiokafka.errors import (
+    GroupAuthorizationFailedError,
+    IllegalOperation,
+    KafkaError,
+    ProducerFenced,
+    TopicAuthorizationFailedError,
+    TransactionalIdAuthorizationFailed,
+)
 from aiokafka.producer.sender import Sender
 from aiokafka.producer.transaction_manager import TransactionManager, TransactionResult
+from pydantic import SecretStr
 
 from app.errors import (
     Fenced,
     KafkaUnavailable,
 )
 from app.kafka import TransactionalProducer
+from app.kafka.connection import KafkaConnection
 from app.kafka.records import refused, refused_topics
 from app.node.kept import is_fenced
 
@@ -262,3 +271,97 @@ async def test_an_aborted_producer_whose_stop_waits_on_its_flush_stops_within_it
     await asyncio.wait_for(producer.stop(), 2)
     assert client._sender.sender_task.done(), "its sender is stopped"
     assert client.client.sender_task.done(), "its connections are closed"
+
+
+class RefusingClient(FakeClient):
+    """aiokafka's producer whose offsets commit (`send_offsets_to_transaction`) is refused
+    with `error`, as its sender raises it."""
+
+    async def send_offsets_to_transaction(self, *args: Any) -> None:
+        self.calls.append("offsets")
+        raise self.error
+
+
+OFFSETS = {("shop.order.commands", 3): 10, ("shop.order.timers", 3): 4}
+
+
+def sender_died_of(refusal: BaseException) -> KafkaError:
+    """What aiokafka's sender raises for a TxnOffsetCommit's TOPIC_AUTHORIZATION_FAILED:
+    its handler raises the error with no topic, and the sender dies of it, wrapped."""
+    died = KafkaError("Unexpected error during batch delivery")
+    died.__cause__ = refusal
+    return died
+
+
+@pytest.mark.parametrize(
+    ("error", "acl"),
+    [
+        (GroupAuthorizationFailedError("g"), "--operation Read --group g"),
+        (
+            sender_died_of(TopicAuthorizationFailedError()),
+            "--operation Read --topic shop.order.commands --topic shop.order.timers",
+        ),
+    ],
+)
+async def test_a_refused_offsets_commit_names_the_group_its_partitions_and_the_acl(
+    error: BaseException, acl: str
+) -> None:
+    """The group's Read or a topic's taken away: the node's stop said "not authorized"
+    and no more (aiokafka's TxnOffsetCommit refusal names no topic): it names the group,
+    the partitions whose offsets were committed, and the ACL to add, for its principal."""
+    client = RefusingClient(error)
+    producer = await producer_with(client)
+    with pytest.raises(KafkaUnavailable) as e:
+        await producer.flush(OFFSETS, "g")
+    said = str(e.value)
+    assert said.startswith("g.shop.order.timers.3: transaction failed: committing group g's ")
+    assert "offsets of shop.order.commands[3], shop.order.timers[3] was refused: " in said
+    assert "not authorized on " in said and "Connecting to your Kafka" in said
+    assert said.endswith(
+        f"; add the ACL missing: kafka-acls.sh --add --allow-principal User:<principal> {acl}"
+    )
+    assert refused(e.value)
+    await producer.stop()
+
+
+async def test_refused_records_name_their_topic_and_the_write_acl() -> None:
+    txn = TransactionManager("g.shop.order.timers.3", 60_000)
+    txn.set_pid_and_epoch(7, 0)
+    txn.begin_transaction()
+    txn.error_transaction(TopicAuthorizationFailedError({"shop.order.timers"}))
+    client = FakeClient(IllegalOperation("Can't send messages while not in transaction"))
+    client._txn_manager = txn
+    producer = await producer_with(client)
+    with pytest.raises(KafkaUnavailable) as e:
+        await producer.flush(OFFSETS, "g")
+    assert "writing to shop.order.timers was refused: not authorized on a topic" in str(e.value)
+    assert str(e.value).endswith("--operation Write --topic shop.order.timers")
+    await producer.stop()
+
+
+class StartRefused(FakeClient):
+    async def start(self) -> None:
+        raise TransactionalIdAuthorizationFailed("g.shop.order.timers.3")
+
+
+async def test_a_refused_transactional_id_names_it_and_the_acl_for_the_sasl_user() -> None:
+    login = KafkaConnection(
+        bootstrap_servers="127.0.0.1:1",
+        security_protocol="SASL_PLAINTEXT",
+        sasl_mechanism="SCRAM-SHA-512",
+        sasl_username="tickwheel",
+        sasl_password=SecretStr("secret"),
+    )
+    producer = TransactionalProducer(login, "g.shop.order.timers.3")
+    await producer._producer.stop()
+    producer._producer = StartRefused(AssertionError("unused"))
+    with pytest.raises(KafkaUnavailable) as e:
+        await producer.start()
+    said = str(e.value)
+    # As the secured broker's test reads it (tests/integration/test_secured_worker.py).
+    assert "not authorized on a transactional id" in said
+    assert said.endswith(
+        "add the ACL missing: kafka-acls.sh --add --allow-principal User:tickwheel "
+        "--operation Write --transactional-id g.shop.order.timers.3"
+    )
+    assert "secret" not in said
