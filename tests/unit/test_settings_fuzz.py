@@ -7,19 +7,16 @@ It exits 0 (its node replaced by nothing: the settings were taken) or 2 with one
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_cli_fuzz import no_node  # noqa: F401 (a fixture: the worker's start ends there)
 from typer.testing import CliRunner, Result
 
-import app.cli.worker
 from app.cli import cli
-from app.node.settings import Settings
 from app.node.variables import VARIABLES
-from app.service import Service
 
 NAMES = sorted(VARIABLES.values())
 VALUES = [
@@ -42,19 +39,6 @@ ENV_VALUES = st.one_of(
     st.sampled_from([v for v in VALUES if "\x00" not in v]),
     st.text(st.characters(exclude_characters="\x00", exclude_categories=["Cs"]), max_size=12),
 )
-
-
-@pytest.fixture
-def start(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    """`worker` ends once its settings and service are loaded (exit 0), in `tmp_path`."""
-
-    async def run_worker(settings: Settings, service: Service) -> None:
-        pass
-
-    monkeypatch.setattr(app.cli.worker, "_run_worker", run_worker)
-    monkeypatch.chdir(tmp_path)
-    for name in [n for n in os.environ if n.startswith(("TICKWHEEL_", "KAFKA_"))]:
-        monkeypatch.delenv(name)
 
 
 def _check(result: Result, given: str) -> None:
@@ -84,7 +68,7 @@ def _files(tmp: Path) -> list[str]:
     return [*(str(tmp / n) for n in odd), str(tmp / "missing"), str(tmp), "/dev/zero", "/"]
 
 
-@pytest.mark.usefixtures("start")
+@pytest.mark.usefixtures("no_node")
 @settings(
     max_examples=50, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
@@ -122,7 +106,7 @@ def dotenv_files(draw: st.DrawFn) -> bytes:
     return text.encode()
 
 
-@pytest.mark.usefixtures("start")
+@pytest.mark.usefixtures("no_node")
 @settings(
     max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
