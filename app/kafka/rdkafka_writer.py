@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
@@ -27,9 +27,7 @@ from app.kafka.records import (
     TRANSACTION_TIMEOUT_MS,
     OutRecord,
     TxnWork,
-    acl_refusal,
     principal_of,
-    refused_work,
 )
 
 __all__ = ["RdkafkaTransactionalWriter"]
@@ -89,10 +87,7 @@ class RdkafkaTransactionalWriter:
         self.broken: KafkaUnavailable | None = None
         # What the open transaction did, for a refusal's message (`_explained`).
         self._principal = principal_of(bootstrap)
-        self._written: set[str] = set()
-        self._group_id = ""
-        self._offsets: Collection[tuple[str, int]] = ()
-        self._at_offsets = False
+        self._work = TxnWork(self.transactional_id)
 
     async def start(self) -> None:
         """Registers the transactional id (`init_transactions`), fencing its previous
@@ -188,17 +183,17 @@ class RdkafkaTransactionalWriter:
             placed = self._append(records)
             self._still_wanted()
             if offsets:
-                self._group_id, self._offsets, self._at_offsets = group_id, offsets.keys(), True
+                self._work.committing(group_id, offsets.keys())
                 p.send_offsets_to_transaction(
                     [TopicPartition(t, part, o) for (t, part), o in offsets.items()],
                     group_metadata(group_id),
                     self._timeout,
                 )
-                self._at_offsets = False
+                self._work.offsets_sent()
             self._still_wanted()
             p.commit_transaction(self._timeout)
             self._open = False
-            self._written, self._offsets = set(), ()
+            self._work.ended()
             return placed
         except BaseException as exc:
             self._abort(exc)
@@ -211,7 +206,7 @@ class RdkafkaTransactionalWriter:
         if not self._open:
             p.begin_transaction()
             self._open = True
-        self._written.update(r[0] for r in records)
+        self._work.wrote(r[0] for r in records)
         try:
             return produce_all(p, records, self._timeout)
         except BaseException as exc:
@@ -293,17 +288,8 @@ class RdkafkaTransactionalWriter:
         """librdkafka's error in `exc` in a user's terms (`rdkafka_errors.said`); an ACL
         refusal naming what of the transaction it refused and the ACL to add, as the
         aiokafka writer's (`records.refused_work`)."""
-        refusal = acl_refusal(aiokafka_cause(exc))
-        if refusal is None:
-            return said(exc)
-        work = TxnWork(
-            self.transactional_id,
-            frozenset(self._written),
-            self._group_id,
-            tuple(self._offsets),
-            self._at_offsets,
-        )
-        return refused_work(refusal, work, self._principal, said(exc))
+        refused = self._work.refusal(aiokafka_cause(exc), self._principal, lambda _: said(exc))
+        return said(exc) if refused is None else refused
 
 
 class _Log:

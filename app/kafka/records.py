@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -167,18 +167,40 @@ def refused_topics(exc: BaseException | None) -> frozenset[str] | None:
     return None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class TxnWork:
-    """What a partition's transaction had done when refused: what its refusal names."""
+    """What a partition's open transaction has done, kept by its writer (either client's)
+    for a refusal's message (`refused_work`): `wrote` its records' topics, `committing`
+    then `offsets_sent` its consumed offsets, `ended` at its commit."""
 
     transactional_id: str
-    written: frozenset[str] = frozenset()
+    written: set[str] = field(default_factory=set)
     """The topics its records went to."""
     group_id: str = ""
     offsets: tuple[tuple[str, int], ...] = ()
     """The partitions whose consumed offsets it commits for `group_id`."""
     at_offsets: bool = False
     """Refused while it committed the offsets (TxnOffsetCommit, AddOffsetsToTxn)."""
+
+    def wrote(self, topics: Iterable[str]) -> None:
+        self.written.update(topics)
+
+    def committing(self, group_id: str, offsets: Iterable[tuple[str, int]]) -> None:
+        self.group_id, self.offsets, self.at_offsets = group_id, tuple(offsets), True
+
+    def offsets_sent(self) -> None:
+        self.at_offsets = False
+
+    def ended(self) -> None:
+        self.written, self.offsets = set(), ()
+
+    def refusal(
+        self, exc: BaseException | None, principal: str, said: Callable[[KafkaError], str]
+    ) -> str | None:
+        """The ACL refusal down `exc`'s causes, said as `refused_work` says it (`said`: the
+        client's own words for it); None for any other failure."""
+        refusal = acl_refusal(exc)
+        return None if refusal is None else refused_work(refusal, self, principal, said(refusal))
 
 
 def acl_refusal(exc: BaseException | None) -> KafkaError | None:

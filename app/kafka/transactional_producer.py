@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from aiokafka import AIOKafkaProducer, TopicPartition
@@ -29,12 +29,10 @@ from app.kafka.records import (
     TRANSACTION_TIMEOUT_MS,
     OutRecord,
     TxnWork,
-    acl_refusal,
     explain,
     fenced_by,
     principal_of,
     refused,
-    refused_work,
     start_client,
 )
 
@@ -89,10 +87,7 @@ class TransactionalProducer:
         self._unsent: BaseException | None = None
         # What the open transaction did, for a refusal's message (`_refused`).
         self._principal = principal_of(bootstrap)
-        self._written: set[str] = set()
-        self._group_id = ""
-        self._offsets: Collection[tuple[str, int]] = ()
-        self._at_offsets = False
+        self._work = TxnWork(self.transactional_id)
         self._guard_commit()
 
     async def start(self) -> None:
@@ -163,7 +158,7 @@ class TransactionalProducer:
         p = self._producer
         try:
             topics = {r[0] for r in records}
-            self._written |= topics
+            self._work.wrote(topics)
             await self._track(topics)
             await self._begin()
             keyed = {r[0] for r in records if r[1] is None}
@@ -276,14 +271,14 @@ class TransactionalProducer:
         try:
             await self._begin()
             if offsets:
-                self._group_id, self._offsets, self._at_offsets = group_id, offsets.keys(), True
+                self._work.committing(group_id, offsets.keys())
                 await p.send_offsets_to_transaction(
                     {TopicPartition(t, part): o for (t, part), o in offsets.items()}, group_id
                 )
-                self._at_offsets = False
+                self._work.offsets_sent()
             await p.commit_transaction()
             self._open = False
-            self._written, self._offsets = set(), ()
+            self._work.ended()
             if self._unsent is not None:  # aborted (`_guard_commit`): nothing of it counts
                 raise self._unsent
         except BaseException as exc:
@@ -336,17 +331,7 @@ class TransactionalProducer:
     def _refused(self, exc: BaseException) -> str | None:
         """An ACL refusal down `exc`'s causes, naming what of the transaction it refused
         and the ACL to add (`records.refused_work`); None for any other failure."""
-        refusal = acl_refusal(exc)
-        if refusal is None:
-            return None
-        work = TxnWork(
-            self.transactional_id,
-            frozenset(self._written),
-            self._group_id,
-            tuple(self._offsets),
-            self._at_offsets,
-        )
-        return refused_work(refusal, work, self._principal, explain(refusal))
+        return self._work.refusal(exc, self._principal, explain)
 
 
 def _with_causes(exc: BaseException) -> str:
