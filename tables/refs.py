@@ -7,7 +7,14 @@ from typing import Annotated, Final
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo
 
-__all__ = ["DEFAULT_TENANT", "NEW_INPUT", "AggregateRef", "Identifier", "control_character"]
+__all__ = [
+    "DEFAULT_TENANT",
+    "NEW_INPUT",
+    "AggregateRef",
+    "Identifier",
+    "control_character",
+    "unusable_request_id",
+]
 
 DEFAULT_TENANT = "(0)"
 
@@ -38,6 +45,13 @@ def control_character(text: str) -> str | None:
         f"holds the control character U+{ord(found.group()):04X} at index {found.start()} "
         "(U+0000-U+001F and U+007F are refused in a tenant, an aggregate id or a timer key)"
     )
+
+
+def unusable_request_id(given: str) -> bool:
+    """Whether a request id given now cannot name a change: blank (taken for none, a fresh
+    id, so a retry of it changed twice), with surrounding spaces, or holding a control
+    character (`control_character`). The CLI's, the HTTP edge's and the jobs' one rule."""
+    return not given or given.strip() != given or _CONTROL.search(given) is not None
 
 
 def _refused_when_new(text: str, info: ValidationInfo) -> str:

@@ -44,6 +44,7 @@ from app.kafka.probe import check_access
 from app.node.settings import LOG_FORMATS, LOG_LEVELS, Settings
 from app.protocol.instants import iso_text
 from app.service import Service
+from tables.refs import unusable_request_id
 
 __all__ = [
     "CONFIG_ERROR",
@@ -179,7 +180,6 @@ def not_utf8(args: Sequence[str]) -> str | None:
 
 
 _CONTEXT = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_\-]*$")
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
 def request_id_check(longest: int) -> Callable[[str | None], str | None]:
@@ -191,7 +191,7 @@ def request_id_check(longest: int) -> Callable[[str | None], str | None]:
     fresh id), and the id is printed on the one line that says how to send it again."""
 
     def check(value: str | None) -> str | None:
-        if value is not None and (not value or value.strip() != value or _CONTROL.search(value)):
+        if value is not None and unusable_request_id(value):
             raise fail(
                 f"--request-id {value!r}: give 1-{longest} characters, no surrounding spaces "
                 "or control characters",

@@ -51,7 +51,7 @@ from app.protocol.wire import CommandEnvelope, EventEnvelope, ResultCode
 from app.service import Service
 from tables import DEFAULT_TENANT, AggregateRef
 from tables.exceptions import InvalidRule
-from tables.refs import NEW_INPUT, control_character
+from tables.refs import NEW_INPUT, unusable_request_id
 
 __all__ = [
     "DECIDED_WITHIN_MS",
@@ -176,10 +176,7 @@ def instance_commands(
             "partition",
             f"{spell('partition')} {partition} is not one of {partitions} partitions",
         )
-    if request_id is not None and (
-        not 0 < len(request_id.strip()) == len(request_id) <= 200
-        or control_character(request_id) is not None
-    ):
+    if request_id is not None and (unusable_request_id(request_id) or len(request_id) > 200):
         raise JobInputError(
             "request_id",
             f"{spell('request_id')} {request_id[:80]!r}: give 1-200 characters, no surrounding "

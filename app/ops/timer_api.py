@@ -48,7 +48,7 @@ from app.protocol.wire import (
 )
 from tables import AggregateRef, CommandSpec, ScheduleRule
 from tables.partitioner import partition_of
-from tables.refs import NEW_INPUT, control_character
+from tables.refs import NEW_INPUT, unusable_request_id
 
 __all__ = [
     "ACTIONS",
@@ -164,7 +164,7 @@ def given_request_id(given: str | None) -> str:
     second change; the others garble the logs and pages that print it."""
     if given is None:
         return new_request_id()
-    if not given or given.strip() != given or control_character(given) is not None:
+    if unusable_request_id(given):
         raise BadRequest(
             "request_id",
             f"{given[:80]!r}: give 1 or more characters, no surrounding spaces or control "
