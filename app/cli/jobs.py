@@ -279,10 +279,13 @@ def list_(
                     }
                 )
                 continue
-            typer.echo(f"{ctx}\t{job.name}\t{job.scope.value}\t{_rule_json(job)}")
+            # The service's: a job's name may end in a newline (its check's `$` lets one
+            # through), a cron expression hold a next-line or U+2028 (JSON leaves them).
+            named = (ctx, job.name, job.scope.value, _rule_json(job))
+            typer.echo("\t".join(printable(v) for v in named))
             where = "in each tenant that enables it" if job.scope is JobScope.TENANT else ""
             for i in ids:
-                typer.echo(f"\t{i}\tpartition {partition_of(i, n)}\t{where}".rstrip())
+                typer.echo(f"\t{printable(i)}\tpartition {partition_of(i, n)}\t{where}".rstrip())
             for s in seen:
                 typer.echo(f"\t\t{_state_line(s)}")
     if not as_json:

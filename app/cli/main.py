@@ -43,7 +43,7 @@ from app.cli.common import (
 from app.cli.dead_letters import dead_letters_cli
 from app.cli.jobs import jobs_cli
 from app.cli.rules import rules_cli
-from app.cli.text import error_line, given_values
+from app.cli.text import error_line, given_values, printable
 from app.cli.timers import _type, timers_cli
 from app.cli.worker import worker
 from app.errors import ConfigError, TickwheelError
@@ -284,7 +284,9 @@ def rebuild(
                 "the rebuild would refuse; stop them first"
             )
         if not as_json:
-            typer.echo(f"group {plan.group_id} has no running worker: the rebuild may run")
+            typer.echo(
+                f"group {printable(plan.group_id)} has no running worker: the rebuild may run"
+            )
     elif run.ended is Ended.INTERRUPTED:
         where = f" at {progress_line(last)}" if last is not None else ""
         typer.echo(

@@ -19,6 +19,7 @@ from typing import IO, Any
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskID, TextColumn
 
+from app.cli.text import printable
 from app.kafka import GroupOffsets, KafkaClients
 from app.kafka.connection import Connectable
 from app.ops import rebuild as rb
@@ -59,10 +60,14 @@ def progress_line(p: rb.Progress) -> str:
 def plan_lines(plan: rb.RebuildPlan, *, done: bool) -> list[str]:
     """What the rebuild does (`done`: did) to each topic, partition and offset."""
     delete = "deleted the records" if done else "delete the records"
+    # Names the command did not check (an embedding caller's, a `--type` with a trailing
+    # newline) are shown escaped: one line each, nothing the terminal acts on.
+    group = printable(plan.group_id)
     lines = []
     for t in plan.types:
-        topics = t.topics
-        lines.append(f"{topics.type_name}: changelog {topics.timers_changelog}")
+        type_name = printable(t.topics.type_name)
+        changelog, events = printable(t.topics.timers_changelog), printable(t.topics.events)
+        lines.append(f"{type_name}: changelog {changelog}")
         for p in t.partitions:
             held = (
                 "none held"
@@ -70,10 +75,9 @@ def plan_lines(plan: rb.RebuildPlan, *, done: bool) -> list[str]:
                 else f"held {p.changelog_start}..{p.changelog_end - 1}"
             )
             lines.append(
-                f"  {topics.timers_changelog}[{p.partition}]: {delete} before offset "
-                f"{p.changelog_end} ({held})"
+                f"  {changelog}[{p.partition}]: {delete} before offset {p.changelog_end} ({held})"
             )
-        lines.append(f"{topics.type_name}: group {plan.group_id} on {topics.events}")
+        lines.append(f"{type_name}: group {group} on {events}")
         for p in t.partitions:
             committed = "none" if p.committed is None else str(p.committed)
             reset = (
@@ -82,7 +86,7 @@ def plan_lines(plan: rb.RebuildPlan, *, done: bool) -> list[str]:
                 else f"set the committed offset {committed} to 0"
             )
             lines.append(
-                f"  {topics.events}[{p.partition}]: {reset}; the replay ends when the group "
+                f"  {events}[{p.partition}]: {reset}; the replay ends when the group "
                 f"commits offset {p.replay.end} ({p.replay.size:,} to replay)"
             )
     return lines
@@ -235,7 +239,7 @@ async def run_rebuild(
         if not wait:
             return RebuildRun(plan, Ended.NOT_FOLLOWED)
         out.print(
-            f"following the replay of group {group_id}: start the workers "
+            f"following the replay of group {printable(group_id)}: start the workers "
             "(Ctrl-C stops following; the workers replay on)",
             highlight=False,
             soft_wrap=True,

@@ -1,28 +1,38 @@
-"""The text output of `tickwheel jobs list|enable|trigger|backfill` and of the timer changes'
-answers, fed strings with control characters: a tenant or an instance's state read from a
-schedule log (another writer's), a result's message (a worker's, or another writer's), a
-backfill's request id (its live tick's timer id, read from the log), a C1 control or a
-line separator on the command line (the check of new input refuses C0 controls only).
-Each reaches the terminal escaped (`app.cli.text.printable`): no newline forges a line,
-no escape sequence clears the screen. The JSON output escapes them as JSON does."""
+"""The text output of `tickwheel jobs list|enable|trigger|backfill`, of the timer changes'
+answers and of `tickwheel rebuild`, fed strings with control characters: a job's name and
+rule, a rebuild's topics and group (names the service or the command line gives), a
+tenant or an instance's state read from a schedule log (another writer's), a result's
+message (a worker's, or another writer's), a backfill's request id (its live tick's timer
+id, read from the log), a C1 control or a line separator on the command line (the check
+of new input refuses C0 controls only). Each reaches the terminal escaped
+(`app.cli.text.printable`): no newline forges a line, no escape sequence clears the
+screen. The JSON output escapes them as JSON does."""
 
 from __future__ import annotations
 
+import io
+from collections.abc import Sequence
 from typing import Any
 
 import orjson
 import pytest
+from rich.console import Console
 from typer.testing import CliRunner
 
 import app.cli.common
 import app.cli.job_options
 import app.cli.job_runs
 import app.cli.jobs
+import app.cli.rebuild
 import app.cli.timer_changes
 import app.cli.timers
+import app.ops.rebuild
 from app.cli import cli
+from app.cli.rebuild import Ended, RebuildRun, run_rebuild
 from app.jobs import TICK_KEY, Job, JobRun, JobScope, ScheduleState, ref_of
 from app.ops.job_api import InstanceState
+from app.ops.rebuild import PartitionPlan, Progress, RebuildPlan, Span, TypePlan
+from app.protocol.topics import AggregateTopics
 from app.protocol.wire import (
     SCHEDULE_SET,
     CommandEnvelope,
@@ -33,7 +43,7 @@ from app.protocol.wire import (
 )
 from app.service import Service
 from app.timers.operator import new_op
-from tables import AggregateRef, IntervalRule
+from tables import AggregateRef, CronRule, IntervalRule
 
 T0 = 1_800_000_000_000
 MIN = 60_000
@@ -205,3 +215,95 @@ def test_a_retry_escapes_the_target_it_names(monkeypatch: pytest.MonkeyPatch) ->
         f"retry of the timers of shop.order parked on shop.order/(0)/t{FORGED_SHOWN} requested "
         "(request r-1, "
     ), line
+
+
+HOSTILE = Service(
+    aggregates=(),
+    jobs={
+        CONTEXT: (
+            # The name check's `$` lets a trailing newline through; cronsim splits a cron
+            # expression's fields at a next-line and a line separator as at a space, and
+            # JSON leaves them as they are.
+            Job("report\n", JobScope.SHARDED, CronRule(expr="*\x85*\u2028* * *"), _nothing),
+        )
+    },
+)
+"""A service whose job name and job rule hold control characters (its context's name is
+an `AggregateRef`'s: its pattern refuses them)."""
+
+
+def test_jobs_list_escapes_the_job_names_and_rules_it_shows() -> None:
+    result = CliRunner().invoke(
+        cli, ["jobs", "list", "--service", f"{__name__}:HOSTILE", "--partitions", "2"]
+    )
+    assert result.exit_code == 0, result.output
+    lines = _one_line_each(result.stdout, 3)
+    assert lines[0] == (
+        "ops\treport\\x0a\tSHARDED\t"
+        '{"coalesce":true,"kind":"cron","expr":"*\\x85*\\u2028* * *","zone":"UTC","start":0}'
+    ), lines
+    assert lines[1].startswith("\treport\\x0a~"), lines
+
+
+def _plan(group_id: str, types: Sequence[AggregateTopics]) -> RebuildPlan:
+    part = PartitionPlan(0, 0, 5, None, Span(0, 5))
+    return RebuildPlan(group_id, 0, tuple(TypePlan(t, (part,)) for t in types))
+
+
+def test_rebuilds_dry_run_escapes_the_topics_and_group_it_names(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # `--type` takes a name with a trailing newline (the type check's `$` lets it through);
+    # the group (the settings refuse a control character in it) as a plan may hold it.
+    async def planned(bootstrap: object, group_id: str, types: Any, **kw: Any) -> RebuildRun:
+        return RebuildRun(_plan(f"g{FORGED}", types), Ended.NOT_FOLLOWED)
+
+    monkeypatch.setattr(app.cli.rebuild, "run_rebuild", planned)
+    args = ["rebuild", "--type", "shop.order\n", "--bootstrap", "b:1", "--dry-run"]
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 0, result.output
+    lines = _one_line_each(result.stdout, 6)
+    assert lines[1] == "shop.order\\x0a: changelog shop.order\\x0a.timers", lines
+    assert lines[3] == f"shop.order\\x0a: group g{FORGED_SHOWN} on shop.order\\x0a.events", lines
+    assert lines[5] == f"group g{FORGED_SHOWN} has no running worker: the rebuild may run"
+
+
+async def test_a_rebuild_escapes_the_topics_and_group_it_names(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`run_rebuild` as an embedding caller may call it, with any group."""
+
+    async def plan(clients: object, group_id: str, types: Any) -> RebuildPlan:
+        return _plan(group_id, types)
+
+    async def nothing(*args: object, **kw: object) -> None:
+        return None
+
+    async def followed(*args: object, **kw: object) -> Progress:
+        return Progress(5, 5, None, 0.0)
+
+    class NoOffsets:
+        def __init__(self, *args: object) -> None:
+            pass
+
+        async def __aenter__(self) -> NoOffsets:
+            return self
+
+        async def __aexit__(self, *exc: object) -> None:
+            return None
+
+    monkeypatch.setattr(app.cli.rebuild, "KafkaClients", lambda bootstrap: None)
+    monkeypatch.setattr(app.cli.rebuild, "GroupOffsets", NoOffsets)
+    monkeypatch.setattr(app.ops.rebuild, "plan_rebuild", plan)
+    monkeypatch.setattr(app.ops.rebuild, "apply_plan", nothing)
+    monkeypatch.setattr(app.ops.rebuild, "follow_replay", followed)
+    out = io.StringIO()
+    console = Console(file=out, highlight=False, soft_wrap=True)
+    topics = [AggregateTopics("shop", "order\n")]
+    ran = await run_rebuild(
+        "b:1", f"g{FORGED}", topics, dry_run=False, wait=True, out=console, err=io.StringIO()
+    )
+    assert ran.ended is Ended.COMPLETE
+    lines = _one_line_each(out.getvalue(), 5)
+    assert lines[2] == f"shop.order\\x0a: group g{FORGED_SHOWN} on shop.order\\x0a.events", lines
+    assert lines[4].startswith(f"following the replay of group g{FORGED_SHOWN}: "), lines
