@@ -81,7 +81,9 @@ class SlotRuns:
         send them (its row goes, and a slot handed to its cycle with it), and a tick of it
         in flight would find a newer timer: the slots were due under the old rule, whose
         timer each instant before the change belongs to (`app.jobs.backfill`). A rule that
-        does not coalesce promises each: all are run, `MAX_OWED_SLOTS` at most."""
+        does not coalesce promises each: all are run, `MAX_OWED_SLOTS` at most. Interrupted
+        by the node's handler timeout (the change's runs are timed as one), in a handler or
+        between two, it keeps the slots settled and leaves the rest to a backfill, logged."""
         if (owed := owed_slots(state, d.now)) is None or state.timer_id is None:
             return
         if (why := not_its_instance(job, cmd.aggregate, self.partitions)) is not None:
@@ -92,16 +94,29 @@ class SlotRuns:
         for slot in owed.slots:
             events, commands = len(d.events), len(d.commands)
             tick_id = f"{timer_id}#{slot.index}"
-            interrupted = self._run_slot(
-                state, job, cmd, d, timer_id, slot.index, slot.due_at, tick_id
-            )
-            if len(d.events) + len(d.commands) > MAX_DECISION_RECORDS - _ROOM:
-                # Its commands would leave no room for the new rule: not run, nor the rest.
+            try:
+                interrupted = self._run_slot(
+                    state, job, cmd, d, timer_id, slot.index, slot.due_at, tick_id
+                )
+                if len(d.events) + len(d.commands) > MAX_DECISION_RECORDS - _ROOM:
+                    # Its commands would leave no room for the new rule: not run, nor the
+                    # rest.
+                    del d.events[events:], d.commands[commands:]
+                    break
+                # Each slot's events folded before the next: its failure counts in the next's.
+                settled = state
+                for type_, body in d.events[events:]:
+                    settled = apply_schedule_event(settled, Event(type_, body, 0, d.now))
+            except UserCodeTimeout:
+                # The timeout landed outside the handler (in it, it is the slot's failure),
+                # making or folding this slot's records. Raised on, it would answer the
+                # whole change ERROR, the slots run undone, to be run again by a change as
+                # long. Those settled are kept; this one is dropped whole and left, with the
+                # rest, to the backfill logged below (under its tick's request id: nothing
+                # of this run commits, so it runs once).
                 del d.events[events:], d.commands[commands:]
                 break
-            # Each slot's events folded before the next: its failure counts in the next's.
-            for type_, body in d.events[events:]:
-                state = apply_schedule_event(state, Event(type_, body, 0, d.now))
+            state = settled
             ran += 1
             if interrupted:
                 # The command's time is spent: each next handler would be interrupted too,
