@@ -7,6 +7,7 @@ thousands of records costs each of them what it shows, not the whole topic."""
 from __future__ import annotations
 
 import asyncio
+import tracemalloc
 from typing import Any
 
 import orjson
@@ -205,3 +206,61 @@ def test_the_list_command_shows_the_newest_and_says_older_ones_were_not_read(
     assert whole.stderr == f"{LIST_LIMIT + 150} dead letter(s) in {DLT}\n"
     assert invoke("list", "--limit", "10001").exit_code == 2
     assert invoke("list", "--limit", "0").exit_code == 2
+
+
+class GrowingReader:
+    """A dead-letter partition with a letter at offset 0 and `size` records after it, none
+    a mark, to which another writer appends as fast as it is read (each batch read, one
+    more): read to its end as the end moves, the read would not stop. Each record's value
+    is `record_bytes` made as it is handed out, so a read that kept them would hold them."""
+
+    batch = 16
+
+    def __init__(self, letter: Record, size: int, record_bytes: int, most: int) -> None:
+        self.letter = letter
+        self.end = 1 + size
+        self.record_bytes = record_bytes
+        self.most = most  # an end to a wrong read, so that it fails rather than hangs
+        self.handed = 0
+
+    async def offsets(self, topic: str, partition: int) -> tuple[int, int]:
+        return 0, self.end
+
+    async def read(self, topic: str, partition: int, start: int) -> Any:
+        assert start == 0
+        yield [self.letter]
+        offset = 1
+        while offset < self.most:
+            batch = [
+                Record(topic, partition, o, b"x", bytes(self.record_bytes), T, ())
+                for o in range(offset, offset + self.batch)
+            ]
+            self.handed += len(batch)
+            offset += self.batch
+            self.end += self.batch
+            yield batch
+
+
+async def test_finding_a_letter_never_replayed_reads_to_the_end_taken_at_its_start() -> None:
+    """Its replay mark may be anywhere after it (a replay days later): for a letter never
+    replayed the read goes on to the partition's end, but to the end taken when the read
+    started (records written since are not read), and it holds the letter alone, not the
+    records read past it: its time grows with the records after the letter, its memory
+    does not. (`dead-letters show` and `dead-letters replay` find their letter so.)"""
+    log = new_log()
+    await fill(log, [letter(0)])
+    (written,) = [r async for batch in log.reader().read(DLT, 0, 0) for r in batch]
+    size, record_bytes = 2_000, 64 * 1024  # 125 MiB of records, were they held
+    reader = GrowingReader(written, size, record_bytes, most=20 * size)
+    tracemalloc.start()
+    try:
+        found = await find_letter(reader, DLT, 0, 0)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert found.offset == 0 and found.replayed is None
+    assert found.letter.value == b"bad 0"
+    # The records up to that end, and at most the batch that passed it.
+    assert size <= reader.handed <= size + GrowingReader.batch, reader.handed
+    # About a batch of records at a time (16 of 64 KiB), not the 125 MiB read.
+    assert peak < 8 * 1024 * 1024, peak
