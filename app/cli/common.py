@@ -179,7 +179,7 @@ def not_utf8(args: Sequence[str]) -> str | None:
     return None
 
 
-_CONTEXT = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_\-]*$")
+_CONTEXT = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_\-]*")
 
 
 def request_id_check(longest: int) -> Callable[[str | None], str | None]:
@@ -205,7 +205,7 @@ def request_id_check(longest: int) -> Callable[[str | None], str | None]:
 def context_name(context: str) -> str:
     """`--context` as given, when it can name a context's topics; else the command ends
     with exit code 2 (a value it cannot take, as for any bad option)."""
-    if not _CONTEXT.match(context):
+    if not _CONTEXT.fullmatch(context):
         raise fail(f"context {context!r} must be letters, digits, '_' or '-'", CONFIG_ERROR)
     return context
 

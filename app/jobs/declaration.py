@@ -61,7 +61,7 @@ MAX_JOB_EVERY_MS: Final = MAX_INSTANT
 9999-12-31T23:59:59.999Z whatever its start, and the job runs once at most."""
 
 # No `~`: it separates a SHARDED instance's parts, so no job's ids can be another's.
-_JOB_NAME = re.compile(r"^[A-Za-z0-9_-]{1,100}$")
+_JOB_NAME = re.compile(r"[A-Za-z0-9_-]{1,100}")
 
 
 class JobScope(StrEnum):
@@ -112,7 +112,7 @@ class Job:
     handler: Callable[[JobRun], None]
 
     def __post_init__(self) -> None:
-        if not _JOB_NAME.match(self.name):
+        if not _JOB_NAME.fullmatch(self.name):
             raise ValueError(f"job name {self.name!r}: use 1-100 letters, digits, '-' or '_'")
         object.__setattr__(self, "scope", JobScope(self.scope))
         if (why := job_rule_error(self.rule)) is not None:

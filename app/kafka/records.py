@@ -139,7 +139,7 @@ def short_of_replicas(exc: BaseException | None) -> bool:
     return _caused_by(exc, _SHORT_OF_REPLICAS)
 
 
-_TOPIC_NAME = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
+_TOPIC_NAME = re.compile(r"[A-Za-z0-9._-]{1,249}")
 
 
 def causes(exc: BaseException | None) -> Iterator[BaseException]:
@@ -163,7 +163,7 @@ def refused_topics(exc: BaseException | None) -> frozenset[str] | None:
             named = [said] if isinstance(said, str) else said
             if not isinstance(named, (set, frozenset, list, tuple)):
                 return frozenset()
-            return frozenset(t for t in named if isinstance(t, str) and _TOPIC_NAME.match(t))
+            return frozenset(t for t in named if isinstance(t, str) and _TOPIC_NAME.fullmatch(t))
     return None
 
 

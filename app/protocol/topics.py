@@ -9,7 +9,7 @@ from app.errors import ConfigError
 
 __all__ = ["AggregateTopics", "ContextTopics", "parse_aggregate_type"]
 
-_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_\-]*$")
+_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_\-]*")
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,7 +68,7 @@ class ContextTopics:
 def parse_aggregate_type(name: str) -> AggregateTopics:
     """`shop.order` → its topics; a clear `ConfigError` for anything else."""
     parts = name.split(".")
-    if len(parts) != 2 or not all(_NAME.match(p) for p in parts):
+    if len(parts) != 2 or not all(_NAME.fullmatch(p) for p in parts):
         raise ConfigError(
             f"aggregate type {name!r} must be '<context>.<aggregate>' (letters, digits, '_' or '-')"
         )

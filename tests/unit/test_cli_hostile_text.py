@@ -221,15 +221,14 @@ HOSTILE = Service(
     aggregates=(),
     jobs={
         CONTEXT: (
-            # The name check's `$` lets a trailing newline through; cronsim splits a cron
-            # expression's fields at a next-line and a line separator as at a space, and
-            # JSON leaves them as they are.
-            Job("report\n", JobScope.SHARDED, CronRule(expr="*\x85*\u2028* * *"), _nothing),
+            # cronsim splits a cron expression's fields at a next-line and a line
+            # separator as at a space, and JSON leaves them as they are.
+            Job("report", JobScope.SHARDED, CronRule(expr="*\x85*\u2028* * *"), _nothing),
         )
     },
 )
-"""A service whose job name and job rule hold control characters (its context's name is
-an `AggregateRef`'s: its pattern refuses them)."""
+"""A service whose job rule holds control characters (its name and its context's name
+are refused with one: `test_a_name_with_a_trailing_newline_is_refused`)."""
 
 
 def test_jobs_list_escapes_the_job_names_and_rules_it_shows() -> None:
@@ -239,10 +238,10 @@ def test_jobs_list_escapes_the_job_names_and_rules_it_shows() -> None:
     assert result.exit_code == 0, result.output
     lines = _one_line_each(result.stdout, 3)
     assert lines[0] == (
-        "ops\treport\\x0a\tSHARDED\t"
+        "ops\treport\tSHARDED\t"
         '{"coalesce":true,"kind":"cron","expr":"*\\x85*\\u2028* * *","zone":"UTC","start":0}'
     ), lines
-    assert lines[1].startswith("\treport\\x0a~"), lines
+    assert lines[1].startswith("\treport~"), lines
 
 
 def _plan(group_id: str, types: Sequence[AggregateTopics]) -> RebuildPlan:
@@ -250,22 +249,35 @@ def _plan(group_id: str, types: Sequence[AggregateTopics]) -> RebuildPlan:
     return RebuildPlan(group_id, 0, tuple(TypePlan(t, (part,)) for t in types))
 
 
-def test_rebuilds_dry_run_escapes_the_topics_and_group_it_names(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    # `--type` takes a name with a trailing newline (the type check's `$` lets it through);
-    # the group (the settings refuse a control character in it) as a plan may hold it.
+def test_rebuilds_dry_run_escapes_the_group_it_names(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The group (the settings refuse a control character in it) as a plan may hold it.
     async def planned(bootstrap: object, group_id: str, types: Any, **kw: Any) -> RebuildRun:
         return RebuildRun(_plan(f"g{FORGED}", types), Ended.NOT_FOLLOWED)
 
     monkeypatch.setattr(app.cli.rebuild, "run_rebuild", planned)
-    args = ["rebuild", "--type", "shop.order\n", "--bootstrap", "b:1", "--dry-run"]
+    args = ["rebuild", "--type", "shop.order", "--bootstrap", "b:1", "--dry-run"]
     result = CliRunner().invoke(cli, args)
     assert result.exit_code == 0, result.output
     lines = _one_line_each(result.stdout, 6)
-    assert lines[1] == "shop.order\\x0a: changelog shop.order\\x0a.timers", lines
-    assert lines[3] == f"shop.order\\x0a: group g{FORGED_SHOWN} on shop.order\\x0a.events", lines
+    assert lines[1] == "shop.order: changelog shop.order.timers", lines
+    assert lines[3] == f"shop.order: group g{FORGED_SHOWN} on shop.order.events", lines
     assert lines[5] == f"group g{FORGED_SHOWN} has no running worker: the rebuild may run"
+
+
+@pytest.mark.parametrize("name", ["shop.order\n", "shop\n.order", "shop.order\r\n"])
+def test_a_type_with_a_line_end_is_refused(name: str) -> None:
+    # Python's `$` matches before a trailing newline: the check is a whole match.
+    args = ["rebuild", "--type", name, "--bootstrap", "b:1", "--dry-run"]
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 2, result.output
+    assert "must be '<context>.<aggregate>'" in result.output
+    assert result.output.count("\n") == 1, result.output  # the value said on one line
+
+
+@pytest.mark.parametrize("name", ["report\n", "\nreport"])
+def test_a_job_name_with_a_line_end_is_refused(name: str) -> None:
+    with pytest.raises(ValueError, match="use 1-100 letters"):
+        Job(name, JobScope.SHARDED, CronRule(expr="* * * * *"), _nothing)
 
 
 async def test_a_rebuild_escapes_the_topics_and_group_it_names(
