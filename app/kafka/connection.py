@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import ssl
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -25,6 +26,8 @@ __all__ = [
     "address",
     "client_options",
     "connection",
+    "key_password",
+    "read_tls_file",
 ]
 
 SecurityProtocol = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]
@@ -88,26 +91,14 @@ class KafkaConnection(BaseModel):
         if self.ssl_key_password is not None and self.ssl_keyfile is None:
             raise ValueError("KAFKA_SSL_KEY_PASSWORD given without KAFKA_SSL_KEYFILE")
         for name, path in given.items():
-            if not path.exists():
-                raise ValueError(f"{name}: no such file {str(path)!r}")
-            if not path.is_file():
-                what = "a directory" if path.is_dir() else "not a regular file"
-                raise ValueError(f"{name}: {str(path)!r} is {what}")
-            try:
-                with path.open("rb") as f:
-                    held = len(f.read(MAX_TLS_FILE_BYTES + 1))
-            except OSError as exc:
-                raise ValueError(f"{name}: cannot read {str(path)!r}: {exc.strerror}") from exc
-            if held == 0:
-                raise ValueError(f"{name}: {str(path)!r} is empty")
-            if held > MAX_TLS_FILE_BYTES:
-                raise ValueError(f"{name}: {str(path)!r} holds more than a PEM file would")
+            read_tls_file(name, path)
         if tls:
             self.ssl_context()  # a bad CA or key pair is a setting error, said now
         return self
 
     def ssl_context(self) -> ssl.SSLContext | None:
-        """The TLS context of SSL and SASL_SSL (made once); None without TLS."""
+        """The TLS context of SSL and SASL_SSL; None without TLS. Made once for these files:
+        every client holds this one object, into which `tls_reload` loads them renewed."""
         if not self.security_protocol.endswith("SSL"):
             return None
         password = self.ssl_key_password
@@ -145,17 +136,37 @@ class KafkaConnection(BaseModel):
         return options
 
 
+def read_tls_file(name: str, path: Path) -> bytes:
+    """What the CA, certificate or key file `path` (the setting `name`) holds; `ValueError`
+    naming the setting when it is missing, no regular file, unreadable, empty or too large
+    (read at the start and at each check of `tls_reload`)."""
+    if not path.exists():
+        raise ValueError(f"{name}: no such file {str(path)!r}")
+    if not path.is_file():
+        what = "a directory" if path.is_dir() else "not a regular file"
+        raise ValueError(f"{name}: {str(path)!r} is {what}")
+    try:
+        with path.open("rb") as f:
+            held = f.read(MAX_TLS_FILE_BYTES + 1)
+    except OSError as exc:
+        raise ValueError(f"{name}: cannot read {str(path)!r}: {exc.strerror}") from exc
+    if not held:
+        raise ValueError(f"{name}: {str(path)!r} is empty")
+    if len(held) > MAX_TLS_FILE_BYTES:
+        raise ValueError(f"{name}: {str(path)!r} holds more than a PEM file would")
+    return held
+
+
 class _NoKeyPassword(ValueError):
     pass
 
 
-@functools.cache
-def _context(
-    cafile: Path | None, certfile: Path | None, keyfile: Path | None, password: str | None
-) -> ssl.SSLContext:
-    def key_password() -> bytes:
-        # Called only for an encrypted key: without this, OpenSSL asks on the terminal
-        # (a worker's start hangs there, or reads nothing and fails without saying why).
+def key_password(keyfile: Path | None, password: str | None) -> Callable[[], bytes]:
+    """OpenSSL's password callback of `keyfile`, called only for an encrypted key: without
+    it, OpenSSL asks on the terminal (a worker's start hangs there, or reads nothing and
+    fails without saying why)."""
+
+    def given() -> bytes:
         if password is None:
             raise _NoKeyPassword(
                 f"KAFKA_SSL_KEYFILE {str(keyfile)!r} is encrypted: set KAFKA_SSL_KEY_PASSWORD "
@@ -163,12 +174,19 @@ def _context(
             )
         return password.encode()
 
+    return given
+
+
+@functools.cache
+def _context(
+    cafile: Path | None, certfile: Path | None, keyfile: Path | None, password: str | None
+) -> ssl.SSLContext:
     try:
         context: ssl.SSLContext = create_ssl_context(
             cafile=None if cafile is None else str(cafile),
             certfile=None if certfile is None else str(certfile),
             keyfile=None if keyfile is None else str(keyfile),
-            password=key_password,
+            password=key_password(keyfile, password),
         )
     except _NoKeyPassword:
         raise

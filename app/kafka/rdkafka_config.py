@@ -32,7 +32,9 @@ def rdkafka_options(where: Connectable) -> dict[str, Any]:
 
     Without a CA file, librdkafka's wheels probe the system's CA paths, as aiokafka's
     default context loads the system's CAs; both check the broker's host name (librdkafka's
-    `ssl.endpoint.identification.algorithm` is `https` by default)."""
+    `ssl.endpoint.identification.algorithm` is `https` by default). librdkafka reads the
+    files once, as each client is made, and has no reload (2.16: no setting or call;
+    confluentinc/librdkafka#2868): `tls_reload` renews aiokafka's context only."""
     c = connection(where)
     options: dict[str, Any] = {
         "bootstrap.servers": c.bootstrap_servers,

@@ -1,0 +1,255 @@
+"""A running node's TLS files read again (`TlsReload`, made by `tls_reload`): a client
+certificate renewed on disk (cert-manager, Vault) or a CA added to the bundle is loaded
+into the one `ssl.SSLContext` every aiokafka client of the node holds
+(`KafkaConnection.ssl_context`), so that their next connections present it; the
+connections open go on with what they began with.
+
+`SSLContext.load_cert_chain` on a context replaces its certificate and key for later
+handshakes; `load_verify_locations` only adds CAs: a CA removed from the bundle stays
+trusted until a restart. librdkafka's clients (`TICKWHEEL_KAFKA_CLIENT=confluent`) read
+the files once, when each is made: they are not reloaded here.
+
+A pair is loaded only once it loads together: the files are read, copied into private
+memory files (or a private temporary directory), loaded from those copies into a scratch
+context first (the key matched to the certificate, an encrypted key's password tried),
+and then the very same copies into the clients' context, so that a certificate renewed
+before its key is never mixed with the old one. A refused change is one WARNING (the
+old material kept) and retried at the next check.
+
+The load runs on the node's event loop, between its connections' handshakes; aiokafka's
+producers on a thread of their own (`TICKWHEEL_PRODUCER_THREAD`) share the context, and
+OpenSSL does not lock a context's certificate against a handshake on another thread: a
+window of microseconds, once per renewal.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import os
+import ssl
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Final
+
+from app.kafka.connection import KafkaConnection, key_password, read_tls_file
+from app.kafka.tls_expiry import Validity, expiry_warning_due, validity_of_pem
+
+__all__ = ["CHECK_EVERY_S", "TlsReload", "changed_files", "load_material", "tls_reload"]
+
+logger = logging.getLogger(__name__)
+
+CHECK_EVERY_S: Final = 60.0
+"""How often the files are read (a renewal comes hours or days before the end)."""
+
+CA, CERT, KEY = "KAFKA_SSL_CAFILE", "KAFKA_SSL_CERTFILE", "KAFKA_SSL_KEYFILE"
+
+# Anonymous memory files where Linux has them: no copy of a key touches a disk, nor needs
+# a writable /tmp (a container's read-only root file system).
+_IN_MEMORY = sys.platform == "linux" and os.path.isdir("/proc/self/fd")
+
+
+def changed_files(loaded: Mapping[str, str], read: Mapping[str, str]) -> list[str]:
+    """The settings whose file holds other than what the context holds (`loaded`: each
+    one's digest; empty before the first load: every file)."""
+    return [name for name, digest in read.items() if loaded.get(name) != digest]
+
+
+def load_material(
+    context: ssl.SSLContext,
+    cafile: str | None,
+    certfile: str | None,
+    keyfile: str | None,
+    password: Callable[[], bytes],
+) -> None:
+    """Loads a CA bundle (added to those trusted) and a certificate with its key (in place
+    of the one held) into `context`: `ssl.SSLError` when OpenSSL cannot use them (a key
+    not the certificate's among them), `OSError`, or `ValueError` (an encrypted key
+    without a password)."""
+    if cafile is not None:
+        context.load_verify_locations(cafile=cafile)
+    if certfile is not None:
+        context.load_cert_chain(certfile, keyfile, password)
+
+
+class TlsReload:
+    """Reads the TLS files every `CHECK_EVERY_S` (`run`) and loads them, changed, into
+    `context` (`check`); warns while the loaded client certificate nears its end."""
+
+    def __init__(
+        self,
+        context: ssl.SSLContext,
+        files: Mapping[str, Path],
+        *,
+        password: str | None = None,
+        now: Callable[[], float] = time.time,
+        on_loaded: Callable[[Path, Validity], None] | None = None,
+    ) -> None:
+        self._context = context
+        self.files = dict(files)  # by setting: CA, CERT, KEY (each only if given)
+        self._password = key_password(files.get(KEY), password)
+        self._now = now
+        self._on_loaded = on_loaded
+        self._loaded: dict[str, str] = {}  # what the context holds: each file's digest
+        self._refused: str | None = None  # the refusal last warned about
+        self.validity: Validity | None = None  # the loaded client certificate's
+        self._warned_at: float | None = None
+
+    async def run(self) -> None:
+        """Checks the files at once, then every `CHECK_EVERY_S`, until cancelled."""
+        while True:
+            self.check()
+            await asyncio.sleep(CHECK_EVERY_S)
+
+    def check(self) -> bool:
+        """Reads the files and loads them if they changed and load together (an INFO);
+        otherwise keeps what the context holds (a WARNING, once for the same refusal).
+        Then warns if the client certificate loaded nears its end. Whether it loaded."""
+        loaded = False
+        try:
+            read = {name: read_tls_file(name, path) for name, path in self.files.items()}
+        except ValueError as exc:
+            self._refuse(f"{exc}")
+        else:
+            digests = {name: hashlib.sha256(held).hexdigest() for name, held in read.items()}
+            if changed := changed_files(self._loaded, digests):
+                loaded = self._load(read, digests, changed)
+            else:
+                self._refused = None  # back to what is loaded: a refusal again is news
+        self._warn_of_expiry()
+        return loaded
+
+    def _load(self, read: Mapping[str, bytes], digests: dict[str, str], changed: list[str]) -> bool:
+        names = [CA, CERT, KEY]
+        with _copies([read.get(name) for name in names]) as (cafile, certfile, keyfile):
+            try:
+                load_material(
+                    ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT),
+                    cafile,
+                    certfile,
+                    keyfile,
+                    self._password,
+                )
+            except (ssl.SSLError, OSError, ValueError) as exc:
+                self._refuse(f"{self._named(changed)} unusable: {exc}")
+                return False
+            # The very copies the trial loaded: a file replaced since is not mixed in.
+            load_material(self._context, cafile, certfile, keyfile, self._password)
+        first = not self._loaded
+        self._loaded, self._refused = digests, None
+        validity, said = None, ""
+        if CERT in read:
+            try:
+                validity = validity_of_pem(read[CERT])
+            except ValueError as exc:  # OpenSSL took it: loaded all the same
+                said = f"; its expiry unread ({exc})"
+            else:
+                said = f"; the client certificate valid until {_utc(validity.not_after)}"
+        self.validity, self._warned_at = validity, None
+        if validity is not None and self._on_loaded is not None:
+            self._on_loaded(self.files[CERT], validity)
+        if first:
+            logger.info(
+                "Kafka TLS: %s loaded%s; read again every %.0f s for renewals",
+                self._named(list(self.files)),
+                said,
+                CHECK_EVERY_S,
+            )
+        else:
+            logger.info(
+                "Kafka TLS reloaded (%s changed)%s: new connections to the brokers use it",
+                self._named(changed),
+                said,
+            )
+        return True
+
+    def _refuse(self, why: str) -> None:
+        if why == self._refused:
+            return  # said once: the same files, refused again at each check
+        self._refused = why
+        logger.warning(
+            "Kafka TLS files not reloaded, the loaded ones kept (read again in %.0f s): %s",
+            CHECK_EVERY_S,
+            why,
+        )
+
+    def _warn_of_expiry(self) -> None:
+        validity, now = self.validity, self._now()
+        if validity is None or not expiry_warning_due(now, validity, self._warned_at):
+            return
+        self._warned_at = now
+        left = validity.not_after - now
+        when = "expired" if left <= 0 else f"expires in {left / 3600:.1f} h"
+        logger.warning(
+            "Kafka client certificate %s %s (%s), not renewed: the brokers refuse new "
+            "connections with it once expired; renew %s and %s (read every %.0f s)",
+            self.files[CERT],
+            when,
+            _utc(validity.not_after),
+            CERT,
+            KEY,
+            CHECK_EVERY_S,
+        )
+
+    def _named(self, names: Sequence[str]) -> str:
+        return ", ".join(f"{name} {str(self.files[name])!r}" for name in names)
+
+
+def tls_reload(
+    kafka: KafkaConnection,
+    *,
+    now: Callable[[], float] = time.time,
+    on_loaded: Callable[[Path, Validity], None] | None = None,
+) -> TlsReload | None:
+    """The reload of `kafka`'s TLS files into the context its clients hold; None without
+    TLS, or with TLS and no file (the system's CAs, no client certificate)."""
+    context = kafka.ssl_context()
+    given = {CA: kafka.ssl_cafile, CERT: kafka.ssl_certfile, KEY: kafka.ssl_keyfile}
+    files = {name: path for name, path in given.items() if path is not None}
+    if context is None or not files:
+        return None
+    password = kafka.ssl_key_password
+    return TlsReload(
+        context,
+        files,
+        password=None if password is None else password.get_secret_value(),
+        now=now,
+        on_loaded=on_loaded,
+    )
+
+
+@contextlib.contextmanager
+def _copies(contents: Sequence[bytes | None]) -> Iterator[list[str | None]]:
+    """Paths OpenSSL opens holding `contents` (None: none), private to this process and
+    gone after: memory files on Linux, else files of a temporary directory (mode 0700)."""
+    with contextlib.ExitStack() as stack:
+        paths: list[str | None] = []
+        directory: str | None = None
+        for i, data in enumerate(contents):
+            if data is None:
+                paths.append(None)
+                continue
+            if _IN_MEMORY and sys.platform == "linux":
+                fd = os.memfd_create("tickwheel-tls", os.MFD_CLOEXEC)
+                stack.callback(os.close, fd)
+                path = f"/proc/self/fd/{fd}"
+            else:
+                if directory is None:
+                    directory = stack.enter_context(tempfile.TemporaryDirectory())
+                path = os.path.join(directory, str(i))
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+                stack.callback(os.close, fd)
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            paths.append(path)
+        yield paths
+
+
+def _utc(t: int) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))

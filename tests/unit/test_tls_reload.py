@@ -1,0 +1,208 @@
+"""A running node's TLS files read again (`app.kafka.tls_reload`): a client certificate
+renewed on disk is the one the next connection presents, through the very context every
+client holds; a CA added to the bundle is trusted by the next; a certificate renewed
+before its key, or a file unreadable, changes nothing (one WARNING) until the files load
+together; a certificate near its end is warned about once a day. Against an in-process
+TLS server that requires a client certificate, no broker; the clock is a test's."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import ssl
+from pathlib import Path
+
+import pytest
+from tls_certs import Certs, Pair, client_seen, server_context
+
+from app.kafka import tls_reload as reload_module
+from app.kafka.connection import KafkaConnection
+from app.kafka.tls_expiry import validity_of_pem
+from app.kafka.tls_reload import TlsReload, tls_reload
+
+LOGGER = "app.kafka.tls_reload"
+
+
+class World:
+    """A CA, a server of it that requires a client certificate of it, and the client's
+    files (`cert`, `key`, `ca`) as its settings name them, first holding `client-1`."""
+
+    def __init__(self, tmp_path: Path, *, password: str | None = None) -> None:
+        self.certs = Certs(tmp_path / "made")
+        self.ca = self.certs.ca("ca-1")
+        self.server = server_context(self.certs.leaf("broker", self.ca, server=True), self.ca.cert)
+        self.password = password
+        self.first = self.certs.leaf("client-1", self.ca, password=password)
+        files = tmp_path / "mounted"
+        files.mkdir()
+        self.cert, self.key, self.ca_file = files / "tls.crt", files / "tls.key", files / "ca.crt"
+        shutil.copy(self.ca.cert, self.ca_file)
+        self.put(self.first)
+        self.kafka = KafkaConnection(
+            bootstrap_servers="127.0.0.1:9093",
+            security_protocol="SSL",
+            ssl_cafile=self.ca_file,
+            ssl_certfile=self.cert,
+            ssl_keyfile=self.key,
+            ssl_key_password=password,
+        )
+        self.now = 0.0
+        self.loaded: list[tuple[Path, int]] = []
+
+    def put(self, pair: Pair, *, cert: bool = True, key: bool = True) -> None:
+        """Renews the files in place, as a cert-manager or Vault agent writes them."""
+        if cert:
+            self.cert.write_bytes(pair.cert.read_bytes())
+        if key:
+            self.key.write_bytes(pair.key.read_bytes())
+
+    def reload(self) -> TlsReload:
+        made = tls_reload(
+            self.kafka,
+            now=lambda: self.now,
+            on_loaded=lambda path, v: self.loaded.append((path, v.not_after)),
+        )
+        assert made is not None
+        return made
+
+    async def seen(self) -> str:
+        """The client certificate the server is shown on a new connection of the
+        context aiokafka's clients are given."""
+        context = self.kafka.options()["ssl_context"]
+        assert isinstance(context, ssl.SSLContext)
+        return await client_seen(self.server, context)
+
+
+def warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == LOGGER and r.levelname == "WARNING"]
+
+
+def infos(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == LOGGER and r.levelname == "INFO"]
+
+
+@pytest.mark.parametrize("in_memory", [True, False], ids=["memory-files", "temporary-dir"])
+async def test_a_renewed_client_certificate_is_the_one_the_next_connection_presents(
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+    in_memory: bool,
+) -> None:
+    """The reason for the reload: a node started with a short-lived certificate kept
+    presenting it (read once, at the start) and, once it expired, could make no new
+    connection until restarted. Encrypted keys renew with the same password."""
+    monkeypatch.setattr(reload_module, "_IN_MEMORY", in_memory and reload_module._IN_MEMORY)
+    caplog.set_level(logging.INFO, logger=LOGGER)
+    world = World(tmp_path, password="s3cret")
+    tls = world.reload()
+    assert tls.check() is True  # the first check: what the files hold, loaded
+    assert await world.seen() == "client-1"
+    assert tls.check() is False, "unchanged: nothing loaded"
+    second = world.certs.leaf("client-2", world.ca, days=20, password="s3cret")
+    world.put(second)
+    assert tls.check() is True
+    assert await world.seen() == "client-2"
+    not_after = validity_of_pem(second.cert.read_bytes()).not_after
+    assert world.loaded[-1] == (world.cert, not_after)
+    [_, reloaded] = infos(caplog)
+    assert "reloaded" in reloaded and str(world.cert) in reloaded and str(world.key) in reloaded
+    assert "valid until 20" in reloaded
+    assert warnings(caplog) == []
+
+
+async def test_a_certificate_renewed_before_its_key_waits_for_the_key(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A half-written renewal (the certificate written, its key not yet) is never
+    loaded: OpenSSL would hold the new certificate without a key and every new
+    connection fail. One WARNING, the old pair kept, loaded at the check after the key."""
+    world = World(tmp_path)
+    tls = world.reload()
+    tls.check()
+    second = world.certs.leaf("client-2", world.ca)
+    world.put(second, key=False)
+    assert tls.check() is False
+    assert await world.seen() == "client-1"
+    [warned] = warnings(caplog)
+    assert "KAFKA_SSL_CERTFILE" in warned and "unusable" in warned and "kept" in warned
+    assert tls.check() is False
+    assert len(warnings(caplog)) == 1, "the same refusal is said once"
+    world.put(second, cert=False)
+    assert tls.check() is True
+    assert await world.seen() == "client-2"
+
+
+async def test_unreadable_files_keep_what_was_loaded(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    world = World(tmp_path)
+    tls = world.reload()
+    tls.check()
+    world.key.unlink()  # between a secret mount's swaps
+    assert tls.check() is False
+    world.cert.write_bytes(b"")
+    world.put(world.first, cert=False)
+    assert tls.check() is False
+    world.cert.write_bytes(b"-----BEGIN CERTIFICATE-----\nMIIB")  # cut short
+    assert tls.check() is False
+    assert await world.seen() == "client-1"
+    said = warnings(caplog)
+    assert len(said) == 3, said
+    assert "no such file" in said[0] and "is empty" in said[1] and "unusable" in said[2]
+    world.put(world.first)  # back to what is loaded: nothing to load
+    assert tls.check() is False
+    world.key.unlink()
+    tls.check()
+    assert len(warnings(caplog)) == 4, "refused again after a good read: said again"
+
+
+async def test_a_ca_added_to_the_bundle_is_trusted_by_the_next_connection(tmp_path: Path) -> None:
+    """The brokers' certificates rotated to a new CA, the bundle given both first: new
+    connections trust it. (A CA removed from the bundle stays trusted until a restart:
+    OpenSSL only adds to a context's store.)"""
+    world = World(tmp_path)
+    tls = world.reload()
+    tls.check()
+    new_ca = world.certs.ca("ca-2")
+    world.server = server_context(world.certs.leaf("broker-2", new_ca, server=True), world.ca.cert)
+    with pytest.raises(ssl.SSLCertVerificationError):
+        await world.seen()
+    world.ca_file.write_bytes(world.ca.cert.read_bytes() + new_ca.cert.read_bytes())
+    assert tls.check() is True
+    assert await world.seen() == "client-1"
+
+
+def test_a_client_certificate_near_its_end_is_warned_about_once_a_day(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    world = World(tmp_path)
+    tls = world.reload()
+    tls.check()
+    assert tls.validity is not None
+    end = tls.validity.not_after  # valid 30 days: warned about in its last 3 (a tenth)
+    world.now = end - 4 * 86400
+    tls.check()
+    assert warnings(caplog) == []
+    world.now = end - 2 * 86400
+    tls.check()
+    world.now += 3600
+    tls.check()
+    [warned] = warnings(caplog)
+    assert str(world.cert) in warned and "expires in 48.0 h" in warned
+    world.now = end + 86400  # past a day since: again
+    tls.check()
+    assert "expired" in warnings(caplog)[-1]
+    world.put(world.certs.leaf("client-2", world.ca, days=60))
+    world.now += 3600
+    tls.check()
+    assert len(warnings(caplog)) == 2, "renewed: nothing to warn of"
+
+
+def test_no_reload_without_tls_files(tmp_path: Path) -> None:
+    assert tls_reload(KafkaConnection(bootstrap_servers="b:9092")) is None
+    system_cas = KafkaConnection(bootstrap_servers="b:9093", security_protocol="SSL")
+    assert tls_reload(system_cas) is None
+    ca_only = World(tmp_path).kafka.model_copy(update={"ssl_certfile": None, "ssl_keyfile": None})
+    made = tls_reload(ca_only)
+    assert made is not None and set(made.files) == {"KAFKA_SSL_CAFILE"}
+    assert made.check() is True and made.validity is None
