@@ -43,6 +43,8 @@ with `_total`, histograms for durations. What each measures, and where:
   and the IANA release of the zones rules are stepped in (`tables.zones`). Joined on in
   queries (`* on(instance) group_left(version) tickwheel_build_info`) it shows which
   release each node runs, as during a rolling upgrade.
+- `tickwheel_kafka_client_cert_expiry_timestamp_seconds{file}`: the notAfter of the Kafka
+  client certificate loaded (`app.kafka.tls_reload`), set at the start and at each renewal.
 
 The gauges read from the store, the runners and the ledgers are set by `refresh`, which
 the node's `/metrics` handler awaits before each scrape; everything it reads is kept
@@ -55,10 +57,12 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import fields
+from pathlib import Path
 from typing import Final, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from app.kafka.tls_expiry import Validity
 from app.node.build_info import BUILD_LABELS, KAFKA_CLIENT_API, build_info, build_info_gauge
 from app.node.lateness import LatenessWindow
 from app.node.metric_parts import RestoreGauges, observe_all
@@ -277,12 +281,22 @@ class NodeMetrics:
             buckets=RESTORE_BUCKETS,
             registry=r,
         )
+        self.client_cert_expiry = Gauge(
+            "tickwheel_kafka_client_cert_expiry_timestamp_seconds",
+            "When the Kafka client certificate loaded expires (notAfter, Unix time), by file",
+            ["file"],
+            registry=r,
+        )
         # Per-second lateness of the last minutes, read by the operator page's chart.
         self.recent_lateness = LatenessWindow()
         # The partitions taken here, by type: from their timers' restore (`restore_progress`)
         # to their let-go (`let_go_of`). A store serves every partition until one is let go,
         # and a runner knows only those it fires: a held one is neither's.
         self._taken: dict[tuple[str, int], RestoreGauges] = {}
+
+    def client_cert_loaded(self, path: Path, validity: Validity) -> None:
+        """`app.kafka.tls_reload`'s: a client certificate loaded (at the start, renewed)."""
+        self.client_cert_expiry.labels(str(path)).set(validity.not_after)
 
     def round(self, type_name: str, stats: RoundStats) -> None:
         for name in _ROUND_FIELDS:

@@ -9,7 +9,8 @@ the consumer, which reads three topics per type: the log (into the timer table: 
 timers subscription), the commands (the command path, `processor`) and the operators'
 retry/skip requests on its parked timers (`operator`); each context's failure ledger,
 read whole by every node (`ledger`); `/healthz`, read from the tasks' states; and the
-policy of its compacted topics, read again every minute (`topic_watch`)."""
+policy of its compacted topics, read again every minute (`topic_watch`); and its TLS
+files, loaded again when renewed (`app.kafka.tls_reload`)."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from app.kafka.broker_watch import BrokerWatch
 from app.kafka.catalog import TopicCatalog
 from app.kafka.clients import KafkaClients
 from app.kafka.ports import Clients, GroupMember
+from app.kafka.tls_reload import tls_reload
 from app.node import polling
 from app.node.commits import Commits
 from app.node.cycles import PartitionCycles
@@ -104,6 +106,8 @@ class Node:
         self._following: dict[str, ResultsReader | KafkaFailureLedger] = {}
         self._consumer: GroupMember | None = None
         self.metrics = NodeMetrics()
+        # The TLS files read again while it runs: renewed ones loaded into the clients' context.
+        self.tls = tls_reload(settings.kafka, on_loaded=self.metrics.client_cert_loaded)
         self.ready = asyncio.Event()
         # Its partitions' tasks, created and closed as the group gives and takes them.
         self.tasks = PartitionTasks(
@@ -316,7 +320,9 @@ class Node:
         tasks: list[asyncio.Task[Any]] = [committer, reader, failed, watch]
         # The readers the sends and the ledgers depend on: one that ends stops the node.
         following = {what: f.task for what, f in self._following.items()}
-        watches = start_watches(self._ledgers, self.types, self.topic_watch, self.producer)
+        watches = start_watches(
+            self._ledgers, self.types, self.topic_watch, self.producer, self.tls
+        )
         following |= watches
         # Stuck where it ended, it would say the broker is up through an outage, or down
         # for good (and the node never ready).

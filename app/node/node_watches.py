@@ -1,9 +1,10 @@
 """What a node's run watches beside its partitions, any of which ending stops the node
 loudly (they retry what passes by itself): the tasks it starts for the run (`start_watches`:
 each ledger's naming of the PARKED timers its resolved entries may hide, the topic policy
-watch, the plain producer's failure), and a supervisor for each of those and of the
-followers its sends depend on (`supervisors`). May import `app.kafka`'s ports, `app.node`'s
-kept, parked_names and topic_watch, `app.task_ends` and `app.timers`."""
+watch, the plain producer's failure, the reload of renewed TLS files), and a supervisor for
+each of those and of the followers its sends depend on (`supervisors`). May import
+`app.kafka`'s ports and tls_reload, `app.node`'s kept, parked_names and topic_watch,
+`app.task_ends` and `app.timers`."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import functools
 from collections.abc import Callable, Mapping
 
 from app.kafka.ports import PublisherClient
+from app.kafka.tls_reload import TlsReload
 from app.node.kept import KeptType
 from app.node.parked_names import keep_parked_named
 from app.node.topic_watch import TopicPolicyWatch
@@ -27,9 +29,10 @@ def start_watches(
     types: Mapping[str, KeptType],
     topic_watch: TopicPolicyWatch,
     producer: PublisherClient,
+    tls: TlsReload | None = None,
 ) -> dict[str, asyncio.Task[None]]:
     """The tasks a node's run starts beside its partitions, by what its failure calls each
-    (the run cancels them when it ends)."""
+    (the run cancels them when it ends); `tls`: the node's TLS files, if any to read."""
     # Each ledger's resolved entries: the PARKED timers they may hide named again.
     watches = {
         f"naming the parked timers of {c}": asyncio.create_task(
@@ -43,6 +46,9 @@ def start_watches(
     )
     # The plain producer (remote sends, the ledgers' writes): sending no more, for good.
     watches["the producer"] = asyncio.create_task(producer.failed(), name="producer")
+    # Renewed client certificates and CAs loaded for the clients' next connections.
+    if tls is not None:
+        watches["the TLS reload"] = asyncio.create_task(tls.run(), name="TLS reload")
     return watches
 
 
