@@ -1,7 +1,7 @@
-"""Certificates for TLS tests, made with the machine's `openssl` (neither `trustme` nor
-`cryptography` is a dependency): CAs, a server certificate for localhost, client
-certificates; P-256 keys, made in milliseconds. And one mutual TLS handshake with an
-in-process asyncio server that requires a client certificate (`client_seen`)."""
+"""Certificates for TLS tests, made with the machine's `openssl` (`trustme` is no
+dependency): CAs, a server certificate for localhost, client certificates; P-256 keys,
+made in milliseconds. And one mutual TLS handshake with an in-process asyncio server that
+requires a client certificate (`client_seen`)."""
 
 from __future__ import annotations
 
