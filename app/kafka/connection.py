@@ -140,12 +140,13 @@ def read_tls_file(name: str, path: Path) -> bytes:
     """What the CA, certificate or key file `path` (the setting `name`) holds; `ValueError`
     naming the setting when it is missing, no regular file, unreadable, empty or too large
     (read at the start and at each check of `tls_reload`)."""
-    if not path.exists():
-        raise ValueError(f"{name}: no such file {str(path)!r}")
-    if not path.is_file():
-        what = "a directory" if path.is_dir() else "not a regular file"
-        raise ValueError(f"{name}: {str(path)!r} is {what}")
     try:
+        # A parent directory not searchable raises here, not in the open below.
+        if not path.exists():
+            raise ValueError(f"{name}: no such file {str(path)!r}")
+        if not path.is_file():
+            what = "a directory" if path.is_dir() else "not a regular file"
+            raise ValueError(f"{name}: {str(path)!r} is {what}")
         with path.open("rb") as f:
             held = f.read(MAX_TLS_FILE_BYTES + 1)
     except OSError as exc:

@@ -206,3 +206,25 @@ def test_no_reload_without_tls_files(tmp_path: Path) -> None:
     made = tls_reload(ca_only)
     assert made is not None and set(made.files) == {"KAFKA_SSL_CAFILE"}
     assert made.check() is True and made.validity is None
+
+
+async def test_a_directory_not_searchable_keeps_what_was_loaded(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A secret's mount remade with other permissions: the stat of the path itself fails
+    # (as root, chmod cannot show it: the stat is made to fail).
+    world = World(tmp_path)
+    tls = world.reload()
+    tls.check()
+    world.put(world.certs.leaf("client-2", world.ca))
+
+    def denied(self: Path, *args: object, **kw: object) -> bool:
+        raise PermissionError(13, "Permission denied", str(self))
+
+    monkeypatch.setattr(Path, "exists", denied)
+    assert tls.check() is False
+    monkeypatch.undo()
+    assert "Permission denied" in warnings(caplog)[0]
+    assert await world.seen() == "client-1"
+    assert tls.check() is True
+    assert await world.seen() == "client-2"
