@@ -1,8 +1,8 @@
 """What a partition's cycles do to its timer table (`TimerTableCycles`, the base of
 `app.node.cycles.PartitionCycles`): a log batch applied to it (the subscription: each
 record's events, its bad records dead-lettered in the cycle), the timer operations of the
-cycle's own decisions carried out at once, operators' retry/skip requests carried out, and
-the timers just set offered to their partitions' wheels. A record whose operation the
+cycle's own decisions carried out at once, operators' retry/skip requests carried out (and
+answered), and the timers just set offered to their partitions' wheels. A record whose operation the
 store refuses is that record's; only a fault of the node ends the cycle."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import logging
 
 from app.commands.processor import CommandBatch, misrouted
 from app.errors import BadRecord, KafkaUnavailable, node_fault
-from app.kafka import Record
+from app.kafka import OutRecord, Record
 from app.model.decide import command_of_event
 from app.model.user_code import UserCodeTimeout
 from app.node.cycle_work import CycleWork, past_deadline
@@ -19,8 +19,9 @@ from app.node.kept import KeptType
 from app.node.metrics import NodeMetrics
 from app.protocol.dead_letters import Stage
 from app.protocol.limits import InputLimits
-from app.protocol.wire import SYSTEM_EVENTS, EventEnvelope, decode, decode_event
+from app.protocol.wire import SYSTEM_EVENTS, EventEnvelope, OpOutcome, decode, decode_event
 from app.protocol.wire import TimerOp as OperatorRequest
+from app.timers.op_answers import answer_record
 from app.timers.operator import carry_out
 from app.timers.subscription import TimerOp, apply_all, op_key, timer_op
 from tables import Timer
@@ -158,7 +159,9 @@ class TimerTableCycles:
         """Carries out operators' retry/skip requests on this partition's parked timers;
         one sent again under its request id within the window is its DUPLICATE, passed
         over (`AppliedOps`): carried out again, a retry would fire the timers parked again
-        since, a skip skip those parked since."""
+        since, a skip skip those parked since. Each request is answered on the results
+        topic, in the cycle's transaction (`app.timers.op_answers`): DONE with what it
+        changed, DUPLICATE, or FAILED (dead-lettered)."""
         for record in records:
             stage = Stage.READ
             applied = kept.applied_ops.get(record.partition)
@@ -180,11 +183,13 @@ class TimerTableCycles:
                         record.partition,
                         first,
                     )
+                    said = f"the copy at offset {first} was carried out (or failed): nothing done"
+                    w.out.append(self._answer(kept, op, record, w, OpOutcome.DUPLICATE, said))
                     continue
                 stage = Stage.OPERATE
                 # The entry resolved by the partition's next round: a cycle holds its
                 # partition's lock, and the ledger's calls may take seconds.
-                await carry_out(kept.runner, op, record.partition, resolve_later=True)
+                changed = await carry_out(kept.runner, op, record.partition, resolve_later=True)
                 if applied is not None:
                     applied.note(op, record.offset, w.now)
             except TimeoutError as exc:
@@ -195,16 +200,44 @@ class TimerTableCycles:
                 if node_fault(exc):
                     raise
                 w.dead_letter(record, exc, stage)
-                if stage is Stage.OPERATE and applied is not None:
-                    # Its id used (perhaps half carried out), as a take's reading of the
-                    # topic counts it (`read_applied_ops`): a copy is its DUPLICATE here too.
-                    applied.note(op, record.offset, w.now)
+                if stage is Stage.OPERATE:
+                    if applied is not None:
+                        # Its id used (perhaps half carried out), as a take's reading of the
+                        # topic counts it (`read_applied_ops`): a copy is its DUPLICATE here too.
+                        applied.note(op, record.offset, w.now)
+                    why = str(exc) or type(exc).__name__
+                    w.out.append(self._answer(kept, op, record, w, OpOutcome.FAILED, why))
                 continue
+            w.out.append(self._answer(kept, op, record, w, OpOutcome.DONE, changed=changed))
             w.counts.add(
                 self._metrics.operator_requests.labels(
                     kept.name, op.action.value, str(record.partition)
                 )
             )
+
+    def _answer(
+        self,
+        kept: KeptType,
+        op: OperatorRequest,
+        record: Record,
+        w: CycleWork,
+        outcome: OpOutcome,
+        message: str = "",
+        *,
+        changed: int = 0,
+    ) -> OutRecord:
+        """The answer to the request `record` holds, staged with its offset."""
+        return answer_record(
+            kept.name,
+            op,
+            record.partition,
+            record.offset,
+            outcome,
+            partitions=self._partitions,
+            now=w.now,
+            changed=changed,
+            message=message,
+        )
 
 
 async def _superseded(w: CycleWork, event: EventEnvelope, op: TimerOp) -> bool:

@@ -33,6 +33,7 @@ from app.protocol.wire import (
     ScheduleSet,
     ScheduleTriggered,
     TimerOp,
+    TimerOpAnswer,
 )
 from tables import Timer
 
@@ -66,6 +67,7 @@ _MODELS: dict[str, type[BaseModel]] = {
     "dead-letter-headers": DeadLetterContext,
     "timer": Timer,
     "timer-op": TimerOp,
+    "timer-op-answer": TimerOpAnswer,
 }
 
 

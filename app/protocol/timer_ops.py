@@ -1,16 +1,18 @@
 """An operator's request on parked timers, as the timer-ops topic carries it (`TimerOp`):
-retry them or skip them (`TimerAction`)."""
+retry them or skip them (`TimerAction`); and each owner's answer to it for its partition,
+on the context's results topic (`TimerOpAnswer`, its `OpOutcome`)."""
 
 from __future__ import annotations
 
 from enum import StrEnum
+from typing import Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from tables import AggregateRef
-from tables.bounds import Instant
+from tables.bounds import MAX_INT64, Instant
 
-__all__ = ["TimerAction", "TimerOp"]
+__all__ = ["TIMER_OP_ANSWER", "OpOutcome", "TimerAction", "TimerOp", "TimerOpAnswer"]
 
 
 class TimerAction(StrEnum):
@@ -32,3 +34,49 @@ class TimerOp(BaseModel):
     action: TimerAction
     target: AggregateRef = Field(description="the aggregate the parked timers send to")
     requested_at: Instant = Field(description="epoch ms when the operator asked")
+
+
+class OpOutcome(StrEnum):
+    DONE = "DONE"
+    """Carried out in the partition: its counts say what it changed (none: nothing of the
+    target was PARKED there)."""
+    DUPLICATE = "DUPLICATE"
+    """A copy of a request carried out (or FAILED) in the partition under its request id
+    within the de-duplication window: nothing done again."""
+    FAILED = "FAILED"
+    """Its carrying out failed, perhaps in part: dead-lettered, its request id used."""
+
+
+TIMER_OP_ANSWER: Final = "timer-op-answer"
+"""`TimerOpAnswer.kind`: what tells an answer from a command's result on the results topic
+(a result has no `kind`)."""
+
+
+class TimerOpAnswer(BaseModel):
+    """What the owner of one partition did with its copy of a `TimerOp`, on the owner
+    type's context's results topic, keyed by the request id, in its partition (murmur2):
+    written in the partition's transaction that commits the request's offset, so once with
+    it. No command's result: it lacks `aggregate` and `decided_at`, which a reader of
+    results requires: a node passes it over, one of 0.2.0 logs it as an unreadable result
+    (bounded) and passes it over.
+
+    Unknown fields are kept, as on every other topic.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="allow")
+
+    kind: Literal["timer-op-answer"] = Field(description="always `timer-op-answer`")
+    request_id: str = Field(min_length=1, max_length=200, description="the request's")
+    action: TimerAction
+    target: AggregateRef = Field(description="the request's target")
+    partition: int = Field(ge=0, le=65_535, description="the timer-ops partition it answers for")
+    offset: int = Field(ge=0, le=MAX_INT64, description="the request's offset there")
+    outcome: OpOutcome
+    retried: int = Field(default=0, ge=0, le=MAX_INT64, description="PARKED timers retried")
+    skipped: int = Field(default=0, ge=0, le=MAX_INT64, description="PARKED timers skipped")
+    message: str = Field(
+        default="",
+        max_length=2_000,
+        description="with DUPLICATE, the offset of the copy carried out; with FAILED, why",
+    )
+    answered_at: Instant = Field(description="epoch ms when the owner carried it out")

@@ -28,7 +28,13 @@ from app.errors import BadRecord
 from app.protocol.envelope import Envelope
 from app.protocol.reasons import error_reason
 from app.protocol.results import CommandResult, Refusal, ResultCode
-from app.protocol.timer_ops import TimerAction, TimerOp
+from app.protocol.timer_ops import (
+    TIMER_OP_ANSWER,
+    OpOutcome,
+    TimerAction,
+    TimerOp,
+    TimerOpAnswer,
+)
 from tables import AggregateRef, CommandSpec, ScheduleRule
 from tables.bounds import (
     MAX_INT64,
@@ -53,10 +59,12 @@ __all__ = [
     "SCHEDULE_SET",
     "SCHEDULE_TRIGGERED",
     "SYSTEM_EVENTS",
+    "TIMER_OP_ANSWER",
     "AggregateDeleted",
     "CommandEnvelope",
     "CommandResult",
     "EventEnvelope",
+    "OpOutcome",
     "Refusal",
     "ResultCode",
     "ScheduleCancelled",
@@ -66,6 +74,7 @@ __all__ = [
     "ScheduleTriggered",
     "TimerAction",
     "TimerOp",
+    "TimerOpAnswer",
     "decode",
     "decode_event",
     "encode",
@@ -211,8 +220,8 @@ class CommandEnvelope(Envelope):
     )
 
 
-_WRITTEN_BY_PYDANTIC: Final = (Envelope, TimerOp)
-"""(A tuple: `Envelope | TimerOp` in `encode` made a union at every call.)"""
+_WRITTEN_BY_PYDANTIC: Final = (Envelope, TimerOp, TimerOpAnswer)
+"""(A tuple: `Envelope | TimerOp | TimerOpAnswer` in `encode` made a union at every call.)"""
 
 
 def encode(model: BaseModel) -> bytes:

@@ -57,6 +57,7 @@ __all__ = [
     "read_timers",
     "request_retry",
     "request_skip",
+    "send_op",
 ]
 
 logger = logging.getLogger(__name__)
@@ -126,17 +127,27 @@ async def _request(
     `ConfigError` for a bad type name; `KafkaUnavailable` when the broker is not there or
     the topic has another partition count than `partitions`.
     """
+    op = new_op(action, target, request_id=request_id)
+    await send_op(clients, type_name, op, partitions)
+    return op
+
+
+async def send_op(clients: Clients, type_name: str, op: TimerOp, partitions: int) -> list[int]:
+    """Writes `op` to every partition of `type_name`'s timer-ops topic (made if missing);
+    its offsets there, by partition, once the broker acknowledged them all. `ConfigError`
+    and `KafkaUnavailable` as `_request` says."""
     topic = parse_aggregate_type(type_name).timer_ops
     await clients.admin().ensure_topics([TopicSpec(topic, partitions)])
-    op = new_op(action, target, request_id=request_id)
     producer = clients.publisher()
     try:
         await producer.start()
-        await producer.send_many(op_records(topic, op, partitions))
+        offsets = await producer.send_many(op_records(topic, op, partitions))
     finally:
         await producer.stop()
-    logger.info("%s of %s requested on %d partition(s) of %s", action, target, partitions, topic)
-    return op
+    logger.info(
+        "%s of %s requested on %d partition(s) of %s", op.action, op.target, partitions, topic
+    )
+    return offsets
 
 
 async def carry_out(

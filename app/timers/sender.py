@@ -27,6 +27,7 @@ from app.kafka.records import refused
 from app.log_limit import LogLimit
 from app.protocol.topics import AggregateTopics, ContextTopics
 from app.protocol.wire import CommandEnvelope, CommandResult, decode, encode
+from app.timers.op_answers import is_answer
 from app.timers.runner.decisions import NOT_CLAIMED, SENT, SendResult
 from tables import AggregateRef, Timer
 
@@ -196,6 +197,8 @@ class ResultsReader:
                 try:
                     result = decode(CommandResult, record.value)
                 except BadRecord as exc:
+                    if is_answer(record):
+                        continue  # an owner's answer to an operator's request: no result
                     if (more := self._unreadable_log.check()) is not None:
                         logger.warning(
                             "unreadable result at %s[%d]@%d: %s%s",
