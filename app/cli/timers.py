@@ -36,19 +36,21 @@ from app.cli.common import (
     unsettled,
 )
 from app.cli.text import printable
+from app.cli.timer_op_answers import say_answered
 from app.errors import TickwheelError
 from app.node.settings import Settings
+from app.ops.op_answers import Answered, request_answered
+from app.ops.timer_api import DEFAULT_WAIT_S
 from app.ops.upcoming import DEFAULT_LIMIT, MAX_LIMIT, BadQuery, query_of, upcoming_page
 from app.protocol.instants import BadInstant, parse_instant
 from app.protocol.topics import parse_aggregate_type
-from app.protocol.wire import TimerOp
+from app.protocol.wire import TimerAction
 from app.timers.ledger import read_ledger
 from app.timers.operator import (
     TimerHistory,
+    new_op,
     read_timer_history,
     read_timers,
-    request_retry,
-    request_skip,
 )
 from tables.ledger import LedgerEntry
 from tables.refs import DEFAULT_TENANT, AggregateRef
@@ -132,37 +134,20 @@ def _request(
     settings: Settings,
     as_json: bool,
     request_id: str | None,
+    wait: float,
 ) -> None:
     if request_id is not None and not 1 <= len(request_id) <= MAX_OP_REQUEST_ID:
         raise fail(f"--request-id must be 1-{MAX_OP_REQUEST_ID} characters", CONFIG_ERROR)
     # Made here, so that a send that fails can say it: sent again under it, the workers
     # carry it out once (`app.timers.applied_ops`); under a fresh one, twice.
-    request_id = request_id or uuid.uuid4().hex
-    request = request_retry if action == "retry" else request_skip
-    sent = request(
-        clients_for(settings), type_name, target, settings.partitions, request_id=request_id
-    )
+    op = new_op(TimerAction(action), target, request_id=request_id or uuid.uuid4().hex)
+    sent = request_answered(clients_for(settings), type_name, op, settings.partitions, wait)
     resend = (
-        f"send it again with --request-id {shlex.quote(request_id)} (under its request id "
+        f"send it again with --request-id {shlex.quote(op.request_id)} (under its request id "
         "each partition carries it out at most once)"
     )
-    op: TimerOp = run(checked(settings.kafka, unsettled(sent, resend)))
-    if as_json:
-        json_line(
-            {
-                **op.model_dump(mode="json"),
-                "type": type_name,
-                "partitions": settings.partitions,
-            }
-        )
-        return
-    # The target and request id as given: a control character in them is not refused.
-    target_text, request_text = printable(str(target)), printable(op.request_id)
-    typer.echo(
-        f"{action} of the timers of {type_name} parked on {target_text} requested "
-        f"(request {request_text}, {settings.partitions} partition(s)); "
-        "the owner of each partition carries it out"
-    )
+    answered: Answered = run(checked(settings.kafka, unsettled(sent, resend)))
+    say_answered(type_name, answered, wait, as_json)
 
 
 TargetId = Annotated[str, typer.Option(help="the id of the target the timers send to")]
@@ -180,6 +165,15 @@ OpRequestId = Annotated[
         "window), each partition carries it out once (new)",
     ),
 ]
+OpWait = Annotated[
+    float,
+    typer.Option(
+        "--wait",
+        min=0,
+        max=600,
+        help="seconds to wait for every partition's answer; 0: send and do not wait",
+    ),
+]
 
 
 @timers_cli.command()
@@ -189,6 +183,7 @@ def retry(
     tenant: TargetTenant = DEFAULT_TENANT,
     target_type: TargetType = None,
     request_id: OpRequestId = None,
+    wait: OpWait = DEFAULT_WAIT_S,
     bootstrap: Bootstrap = None,
     partitions: Partitions = None,
     as_json: Json = False,
@@ -197,7 +192,7 @@ def retry(
     settings = settings_for(bootstrap, partitions)
     type_name = _type(type_name)
     target = _target(type_name, target_id, tenant, target_type)
-    _request("retry", type_name, target, settings, as_json, request_id)
+    _request("retry", type_name, target, settings, as_json, request_id, wait)
 
 
 @timers_cli.command()
@@ -207,6 +202,7 @@ def skip(
     tenant: TargetTenant = DEFAULT_TENANT,
     target_type: TargetType = None,
     request_id: OpRequestId = None,
+    wait: OpWait = DEFAULT_WAIT_S,
     bootstrap: Bootstrap = None,
     partitions: Partitions = None,
     as_json: Json = False,
@@ -215,7 +211,7 @@ def skip(
     settings = settings_for(bootstrap, partitions)
     type_name = _type(type_name)
     target = _target(type_name, target_id, tenant, target_type)
-    _request("skip", type_name, target, settings, as_json, request_id)
+    _request("skip", type_name, target, settings, as_json, request_id, wait)
 
 
 @timers_cli.command("list")

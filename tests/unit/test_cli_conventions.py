@@ -24,10 +24,10 @@ import app.ops.rebuild
 from app.cli import cli
 from app.cli.logs import JsonFormatter
 from app.kafka.ports import Clients
+from app.ops.op_answers import Answered
 from app.ops.rebuild import PartitionPlan, RebuildPlan, Span, TypePlan
 from app.protocol.topics import AggregateTopics
-from app.protocol.wire import TimerAction
-from app.timers.operator import new_op
+from app.protocol.wire import TimerOp
 from tables import AggregateRef, CommandSpec, OnceRule, Timer
 
 DEMO = ["--service", "app.demo:service"]
@@ -289,18 +289,14 @@ def test_retry_as_json(monkeypatch: pytest.MonkeyPatch) -> None:
     asked: list[tuple[str, str, AggregateRef, int]] = []
 
     async def retry(
-        clients: Clients,
-        type_name: str,
-        target: AggregateRef,
-        partitions: int,
-        request_id: str | None = None,
+        clients: Clients, type_name: str, op: TimerOp, partitions: int, wait_s: float
     ) -> Any:
-        asked.append((clients.admin().where(), type_name, target, partitions))
-        return new_op(TimerAction.RETRY, target, now=1_800_000_000_000, request_id=request_id)
+        asked.append((clients.admin().where(), type_name, op.target, partitions))
+        return Answered(op, partitions)  # sent, not waited for
 
-    monkeypatch.setattr(app.cli.timers, "request_retry", retry)
+    monkeypatch.setattr(app.cli.timers, "request_answered", retry)
     args = ["timers", "retry", "--type", "shop.order", "--target-id", "t-1", "--partitions", "3"]
-    result = invoke([*args, "--bootstrap", "b:1", "--json"])
+    result = invoke([*args, "--bootstrap", "b:1", "--json", "--wait", "0"])
     assert result.exit_code == 0, result.output
     (line,) = result.stdout.splitlines()
     op = orjson.loads(line)

@@ -31,6 +31,7 @@ from app.cli import cli
 from app.cli.rebuild import Ended, RebuildRun, run_rebuild
 from app.jobs import TICK_KEY, Job, JobRun, JobScope, ScheduleState, ref_of
 from app.ops.job_api import InstanceState
+from app.ops.op_answers import Answered
 from app.ops.rebuild import PartitionPlan, Progress, RebuildPlan, Span, TypePlan
 from app.protocol.topics import AggregateTopics
 from app.protocol.wire import (
@@ -39,10 +40,9 @@ from app.protocol.wire import (
     CommandResult,
     EventEnvelope,
     ResultCode,
-    TimerAction,
+    TimerOp,
 )
 from app.service import Service
-from app.timers.operator import new_op
 from tables import AggregateRef, CronRule, IntervalRule
 
 T0 = 1_800_000_000_000
@@ -202,11 +202,11 @@ def test_a_timer_changes_answer_escapes_the_owner_and_request_id(
 def test_a_retry_escapes_the_target_it_names(monkeypatch: pytest.MonkeyPatch) -> None:
     # A parked target's id is taken as stored, control characters and all.
     async def retry(
-        clients: object, type_name: str, target: AggregateRef, partitions: int, request_id: str
+        clients: object, type_name: str, op: TimerOp, partitions: int, wait_s: float
     ) -> Any:
-        return new_op(TimerAction.RETRY, target, now=T0, request_id=request_id)
+        return Answered(op, partitions)  # sent, not waited for
 
-    monkeypatch.setattr(app.cli.timers, "request_retry", retry)
+    monkeypatch.setattr(app.cli.timers, "request_answered", retry)
     args = ["--type", "shop.order", "--target-id", f"t{FORGED}", "--request-id", "r-1"]
     result = CliRunner().invoke(cli, ["timers", "retry", *args, "--bootstrap", "b:1"])
     assert result.exit_code == 0, result.output

@@ -135,7 +135,7 @@ def test_a_timers_retry_or_skip_the_broker_failed_says_its_request_id_to_send_it
     resend = f"--request-id {shlex.quote(request_id)}"
     assert f"sent or not, send it again with {resend}" in line, line
     log.heal()
-    again = CliRunner().invoke(cli, [*args, *shlex.split(resend), "--json"])
+    again = CliRunner().invoke(cli, [*args, *shlex.split(resend), "--json", "--wait", "0"])
     assert again.exit_code == 0, again.output
     ops = [decode(TimerOp, r.value) for p in range(P) for r in log.records(ops_topic, p)]
     assert [op.request_id for op in ops] == [request_id] * 2 * P

@@ -1,0 +1,128 @@
+"""An operator's retry/skip request sent to every partition of its type's timer-ops topic
+and the owners' answers waited for (`request_answered`): one per partition
+(`app.timers.op_answers`), all on the context's results topic in the request id's
+partition, read from where that partition ended before the send. An answer is this send's
+when it names the offset its copy was written at (a copy sent before under the request id
+has its own answers). What did not come within the wait is left out (`Answered.missing`):
+the request may still be carried out there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+from app.kafka.cluster import existing_topics
+from app.kafka.ports import Clients, LogReader
+from app.ops.deadline import by, stop_by
+from app.protocol.topics import ContextTopics, parse_aggregate_type
+from app.protocol.wire import TimerOp, TimerOpAnswer
+from app.timers.op_answers import answer_of, answers_partition
+from app.timers.operator import send_op
+
+__all__ = ["Answered", "request_answered"]
+
+
+@dataclass
+class Answered:
+    """A request sent, and the answers that came for it, by partition."""
+
+    op: TimerOp
+    partitions: int
+    waited: bool = False
+    """Whether its answers were waited for (not with a wait of 0)."""
+    answers: dict[int, TimerOpAnswer] = field(default_factory=dict)
+    unread: str | None = None
+    """Why no answer could be read at all (the results topic is not there), if so."""
+
+    @property
+    def missing(self) -> list[int]:
+        """The partitions whose answer did not come (all of them when none was waited
+        for)."""
+        return [p for p in range(self.partitions) if p not in self.answers]
+
+
+async def request_answered(
+    clients: Clients,
+    type_name: str,
+    op: TimerOp,
+    partitions: int,
+    wait_s: float,
+    *,
+    poll_s: float = 0.1,
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+) -> Answered:
+    """Sends `op` to the `partitions` partitions of `type_name`'s timer-ops topic (made if
+    missing) and waits up to `wait_s` seconds (none with 0) for each one's answer.
+
+    `wait_s` bounds the reads as a whole, not the send: cut short, a send is as ambiguous
+    as one that failed. Creates no results topic: without one (no worker of the context
+    ran), nothing is read (`Answered.unread`)."""
+    answered = Answered(op, partitions, waited=wait_s > 0)
+    if not answered.waited:
+        await send_op(clients, type_name, op, partitions)
+        return answered
+    results = ContextTopics(parse_aggregate_type(type_name).context).results
+    deadline = asyncio.get_running_loop().time() + wait_s
+    found = await by(deadline, existing_topics(clients.admin(), [results]))
+    if found is None or results not in found:
+        await send_op(clients, type_name, op, partitions)
+        if found is not None:
+            answered.unread = (
+                f"topic {results} does not exist: no worker of the context has run against "
+                "this cluster"
+            )
+        return answered
+    at = answers_partition(op.request_id, found[results])
+    reader = clients.reader()
+    await reader.start()
+    try:
+        # The results partition's end before the send: the answers are written after it.
+        ends = await by(deadline, reader.offsets(results, at))
+        offsets = await send_op(clients, type_name, op, partitions)
+        if ends is not None:
+            read = _read(reader, results, at, ends[1], op, offsets, answered.answers)
+            await by(deadline, _polled(read, poll_s, sleep))
+    finally:
+        # The wait bounds the reader's stop too (librdkafka's waits for its call in flight).
+        await stop_by(deadline, reader.stop(), "the answers' reader")
+    return answered
+
+
+async def _polled(
+    read: Callable[[], Awaitable[bool]], poll_s: float, sleep: Callable[[float], Awaitable[None]]
+) -> None:
+    while not await read():
+        await sleep(poll_s)
+
+
+def _read(
+    reader: LogReader,
+    topic: str,
+    at: int,
+    start: int,
+    op: TimerOp,
+    offsets: list[int],
+    got: dict[int, TimerOpAnswer],
+) -> Callable[[], Awaitable[bool]]:
+    """Reads on from where the last call stopped, answers of this send put in `got` (kept
+    when the wait is cut); whether every partition has answered."""
+    position = start
+
+    async def read() -> bool:
+        nonlocal position
+        async for batch in reader.read(topic, at, position):
+            for r in batch:
+                position = r.offset + 1
+                answer = answer_of(r)
+                if (
+                    answer is not None
+                    and answer.request_id == op.request_id
+                    and answer.partition < len(offsets)
+                    and answer.offset == offsets[answer.partition]
+                ):
+                    got[answer.partition] = answer
+        return len(got) == len(offsets)
+
+    return read
