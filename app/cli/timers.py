@@ -4,8 +4,9 @@ The read-only commands (`list`, `upcoming`, `show`, `ledger`, and `tickwheel job
 `tickwheel rebuild --dry-run`) never create a topic: one that is not there is an error
 that names it (exit code 1). `retry` and `skip` write requests, and create the timer-ops
 topic as a worker would; a request sent again under its `--request-id` within the workers'
-de-duplication window is carried out once (`app.timers.applied_ops`). `set` and `cancel`
-(`app.cli.timer_changes`) send a timer book its commands and create nothing.
+de-duplication window is carried out once (`app.timers.applied_ops`). They wait
+(`--wait`) for each partition's owner to answer what it did (`app.cli.timer_op_answers`).
+`set` and `cancel` (`app.cli.timer_changes`) send a timer book its commands and create nothing.
 """
 
 from __future__ import annotations

@@ -28,6 +28,7 @@ import aiohttp
 import orjson
 from prometheus_client.parser import text_string_to_metric_families
 
+from app.errors import BadRecord
 from app.kafka import Producer, TopicSpec, ensure_topics, read_partitions
 from app.kafka.connection import Connectable, KafkaConnection
 from app.kafka.records import Replication
@@ -39,6 +40,7 @@ from app.protocol.wire import (
     CommandEnvelope,
     CommandResult,
     EventEnvelope,
+    TimerOpAnswer,
     decode,
     encode,
 )
@@ -462,16 +464,20 @@ class Client:
         return out
 
     async def results(self) -> dict[str, CommandResult]:
-        raw = await self._read_all(self.ctx.results, range(self.cluster.partitions))
         out: dict[str, CommandResult] = {}
-        for value in raw:
-            r = decode(CommandResult, value)
+        for r in await self.all_results():
             out[r.request_id] = r
         return out
 
     async def all_results(self) -> list[CommandResult]:
+        """The commands' results: the owners' answers to timer ops left out."""
         raw = await self._read_all(self.ctx.results, range(self.cluster.partitions))
-        return [decode(CommandResult, v) for v in raw]
+        return [decode(CommandResult, v) for v in raw if _op_answer(v) is None]
+
+    async def op_answers(self) -> list[TimerOpAnswer]:
+        """The owners' answers to operators' timer ops, on the results topic."""
+        raw = await self._read_all(self.ctx.results, range(self.cluster.partitions))
+        return [a for a in map(_op_answer, raw) if a is not None]
 
     async def events(self) -> list[EventEnvelope]:
         raw = await self._read_all(self.topics.events, range(self.cluster.partitions))
@@ -543,3 +549,10 @@ def kcat_produce(bootstrap: str, topic: str, partition: int, key: bytes, value: 
         check=False,
     )
     assert run.returncode == 0, run.stderr.decode(errors="replace")
+
+
+def _op_answer(value: bytes) -> TimerOpAnswer | None:
+    try:
+        return decode(TimerOpAnswer, value, new_names=False)
+    except BadRecord:
+        return None

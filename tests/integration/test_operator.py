@@ -23,7 +23,7 @@ from harness import ROOT, Client, Cluster, eventually, owned
 from app.kafka import KafkaClients, Producer, TopicSpec, read_to_end
 from app.node.parked_names import keep_parked_named
 from app.protocol.topics import ContextTopics
-from app.protocol.wire import ResultCode
+from app.protocol.wire import OpOutcome, ResultCode
 from app.timers.ledger import KafkaFailureLedger, decode_key, read_ledger
 from app.timers.operator import read_timers, request_retry
 from app.timers.runner import SendResult, SystemClock, TimerOptions, TimerRunner
@@ -274,11 +274,24 @@ async def test_parked_timers_are_retried_and_skipped_by_their_owners(cluster: Cl
             await producer.send(client.topics.timer_ops, b"x", b"{not an op", 1)
 
             # 4. An operator's skip through the CLI: CANCELLED/SKIPPED, the entry resolved.
+            # It waits for every partition's owner to answer what it did there.
+            args = ["--type", client.topics.type_name, "--target-id", target.id]
+            code, out, err = await tickwheel(cluster, "skip", *args, "--request-id", "skip-1")
+            assert code == 0, err
+            skipped = f"skipped {len(keys)} timers of {client.topics.type_name} parked on"
+            assert skipped in out.splitlines()[-1], out
+            answers = [a for a in await client.op_answers() if a.request_id == "skip-1"]
+            assert sorted(a.partition for a in answers) == list(range(PARTITIONS))
+            assert {a.outcome for a in answers} == {OpOutcome.DONE}
+            assert sum(a.skipped for a in answers) == len(keys)
+            # Sent again under its request id: a DUPLICATE in every partition.
             code, out, err = await tickwheel(
-                cluster, "skip", "--type", client.topics.type_name, "--target-id", target.id
+                cluster, "skip", *args, "--request-id", "skip-1", "--json"
             )
             assert code == 0, err
-            assert "skip of the timers" in out
+            said = orjson.loads(out)
+            assert [a["outcome"] for a in said["answers"]] == ["DUPLICATE"] * PARTITIONS
+            assert said["unanswered"] == []
 
             async def all_skipped() -> bool:
                 rows = {t.key: t for t in (await client.timers()).values()}
