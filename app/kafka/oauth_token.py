@@ -1,0 +1,230 @@
+"""OAuth 2.0 client-credentials tokens (RFC 6749 4.4, Kafka's KIP-768 client side), the
+pure part: whether a token endpoint's address may be used, how its answer is read
+(hostile ones too: no JSON, a body too large, an `expires_in` missing, negative or
+huge), when a token is fetched anew and how long a failed fetch waits. No I/O:
+`app.kafka.oauth` asks the endpoint. May import aiokafka's errors.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Final
+from urllib.parse import urlsplit
+
+import orjson
+from aiokafka.errors import AuthenticationFailedError, KafkaConnectionError
+
+__all__ = [
+    "DEFAULT_LIFETIME_S",
+    "MAX_ANSWER_BYTES",
+    "MAX_LIFETIME_S",
+    "REFRESH_WINDOW_FACTOR",
+    "Token",
+    "TokenRefused",
+    "TokenUnavailable",
+    "backoff_s",
+    "endpoint_problem",
+    "read_token_answer",
+    "refresh_due",
+]
+
+REFRESH_WINDOW_FACTOR: Final = 0.8
+"""A token is fetched anew once this share of its lifetime has passed (Java's
+`sasl.login.refresh.window.factor`)."""
+
+DEFAULT_LIFETIME_S: Final = 300.0
+"""The lifetime of a token whose answer gives no `expires_in` (RFC 6749 only recommends
+it) and whose JWT has no readable `exp`: short, so that a token never outlives its use
+by much."""
+
+MAX_LIFETIME_S: Final = 86_400.0
+"""A longer `expires_in` is read as a day: a token is fetched anew daily at least."""
+
+MAX_ANSWER_BYTES: Final = 256 * 1024
+"""The most a token endpoint's answer may hold (a JWT is a few KiB)."""
+
+INITIAL_BACKOFF_S: Final = 0.1
+MAX_BACKOFF_S: Final = 10.0
+"""After a failed fetch the endpoint is not asked again for 0.1 s, doubling to 10 s
+(Java's `sasl.login.retry.backoff.ms` and `.max.ms`)."""
+
+_LOCAL_HOSTS: Final = frozenset({"localhost", "127.0.0.1", "::1"})
+_B64TOKEN: Final = re.compile(r"[A-Za-z0-9\-._~+/]+=*")
+"""RFC 6750's b64token: what a bearer token is made of (no \\x01, which would end the
+SASL message it goes in, no space)."""
+_ERROR_CODE: Final = re.compile(r"[\x20\x21\x23-\x5b\x5d-\x7e]{1,64}")
+"""RFC 6749 5.2's characters of an `error` code."""
+_RETRIED_STATUSES: Final = frozenset({408, 429})
+
+
+class TokenRefused(AuthenticationFailedError):  # type: ignore[misc]  # aiokafka is untyped
+    """The token endpoint refused the grant, or answered with no usable token: a setting
+    is wrong (the client id, its secret, the scope, the URL). A refusal, never retried
+    (`records.refused`), as a wrong password."""
+
+
+class TokenUnavailable(KafkaConnectionError):  # type: ignore[misc]
+    """The token endpoint did not answer in time, or answered that it cannot now (5xx,
+    429): retried, as a broker away."""
+
+
+@dataclass(frozen=True, slots=True)
+class Token:
+    """An access token, when it was had (the provider's clock) and how long it lives."""
+
+    value: str = field(repr=False)
+    obtained_at: float
+    lifetime_s: float
+
+    @property
+    def refresh_at(self) -> float:
+        return self.obtained_at + REFRESH_WINDOW_FACTOR * self.lifetime_s
+
+    @property
+    def expires_at(self) -> float:
+        return self.obtained_at + self.lifetime_s
+
+
+def refresh_due(token: Token | None, now: float) -> bool:
+    """Whether a token is to be fetched: none yet, or past its refresh window."""
+    return token is None or now >= token.refresh_at
+
+
+def backoff_s(failures: int) -> float:
+    """How long after the `failures`-th fetch failed in a row the endpoint is asked again."""
+    if failures <= 0:
+        return 0.0
+    return min(MAX_BACKOFF_S, INITIAL_BACKOFF_S * 2.0 ** min(failures - 1, 16))
+
+
+def endpoint_problem(url: str) -> str | None:
+    """Why `url` cannot be a token endpoint (None: it can): https, or http to this machine
+    alone (the client secret goes in the request); a host; no user or password in it (it
+    would be logged); no fragment."""
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname
+        parts.port  # noqa: B018 - a port out of range raises here
+    except ValueError as exc:
+        return f"not a URL ({exc})"
+    if any(c.isspace() or not c.isprintable() for c in url):
+        return "a space or control character in the URL"
+    if parts.scheme not in ("https", "http") or not host:
+        return "an https:// URL with a host"
+    if parts.username is not None or parts.password is not None:
+        return "no user or password in the URL (the client id and secret have settings)"
+    if parts.fragment:
+        return "no #fragment in the URL"
+    if parts.scheme == "http" and host not in _LOCAL_HOSTS:
+        return (
+            f"https:// for {host} (http:// sends the client secret in clear: only to "
+            "localhost, 127.0.0.1 or ::1)"
+        )
+    return None
+
+
+def read_token_answer(endpoint: str, status: int, body: bytes, now: float, wall: float) -> Token:
+    """The token in the token endpoint's answer (its HTTP `status` and `body`, read up to
+    `MAX_ANSWER_BYTES` + 1 bytes), had at `now` (the provider's clock; `wall`: the time
+    of day, for a JWT's `exp`). `TokenRefused` when the grant is refused or the answer
+    holds no usable token, `TokenUnavailable` when the endpoint cannot answer now; each
+    names the endpoint, never a secret nor the token."""
+    if status >= 500 or status in _RETRIED_STATUSES:
+        raise TokenUnavailable(f"the token endpoint {endpoint} answered HTTP {status}")
+    if len(body) > MAX_ANSWER_BYTES:
+        raise TokenRefused(
+            f"the token endpoint {endpoint} answered more than {MAX_ANSWER_BYTES} bytes "
+            f"(HTTP {status}): is KAFKA_SASL_OAUTHBEARER_TOKEN_ENDPOINT_URL its token endpoint?"
+        )
+    answer = _json_object(body)
+    if status != 200:
+        raise TokenRefused(_refusal(endpoint, status, answer))
+    if answer is None:
+        raise TokenRefused(
+            f"the token endpoint {endpoint} answered with no JSON object: is "
+            "KAFKA_SASL_OAUTHBEARER_TOKEN_ENDPOINT_URL its token endpoint?"
+        )
+    value = answer.get("access_token")
+    if not isinstance(value, str) or not _B64TOKEN.fullmatch(value):
+        raise TokenRefused(f"the token endpoint {endpoint} answered with no usable access_token")
+    lifetime = _lifetime(answer.get("expires_in"), value, wall)
+    if lifetime is None:
+        raise TokenRefused(
+            f"the token endpoint {endpoint} answered with an expires_in that is not a "
+            "positive number of seconds"
+        )
+    return Token(value, now, lifetime)
+
+
+def _json_object(body: bytes) -> dict[str, object] | None:
+    try:
+        answer = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None
+    return answer if isinstance(answer, dict) else None
+
+
+def _refusal(endpoint: str, status: int, answer: dict[str, object] | None) -> str:
+    code = answer.get("error") if answer is not None else None
+    said = f"HTTP {status}"
+    if isinstance(code, str) and _ERROR_CODE.fullmatch(code):
+        said += f", error {code!r}"
+        described = answer.get("error_description") if answer is not None else None
+        if isinstance(described, str) and (text := _shown(described)):
+            said += f": {text}"
+    advice = (
+        "check KAFKA_SASL_OAUTHBEARER_CLIENT_ID, KAFKA_SASL_OAUTHBEARER_CLIENT_SECRET "
+        "and KAFKA_SASL_OAUTHBEARER_SCOPE"
+        if status in (400, 401, 403)
+        else "check KAFKA_SASL_OAUTHBEARER_TOKEN_ENDPOINT_URL"
+    )
+    return f"the token endpoint {endpoint} refused the client credentials grant ({said}); {advice}"
+
+
+def _shown(text: str) -> str:
+    """An endpoint's own words, printable and short (they go in a log line)."""
+    kept = "".join(c for c in text if c.isprintable())[:200]
+    return kept.strip()
+
+
+def _lifetime(expires_in: object, value: str, wall: float) -> float | None:
+    """The token's lifetime in seconds, at most `MAX_LIFETIME_S`; None for an
+    `expires_in` given that is no positive number."""
+    seconds: float | None
+    if expires_in is None:
+        exp = _jwt_exp(value)
+        left = None if exp is None else exp - wall
+        seconds = left if left is not None and left > 0 else DEFAULT_LIFETIME_S
+    elif isinstance(expires_in, bool):
+        seconds = None
+    elif isinstance(expires_in, int | float):
+        seconds = float(expires_in)
+    elif isinstance(expires_in, str) and expires_in.isascii() and expires_in.isdigit():
+        # Some endpoints send a string of digits; past 12 of them, more than a day.
+        digits = expires_in.lstrip("0") or "0"
+        seconds = MAX_LIFETIME_S if len(digits) > 12 else float(int(digits))
+    else:
+        seconds = None
+    if seconds is None or not math.isfinite(seconds) or seconds <= 0:
+        return None
+    return min(seconds, MAX_LIFETIME_S)
+
+
+def _jwt_exp(value: str) -> float | None:
+    """The `exp` claim of `value` read as a JWT (its signature unchecked: the broker
+    checks it; this only says when to fetch a new one), None when it is none."""
+    parts = value.split(".")
+    if len(parts) != 3 or len(parts[1]) > MAX_ANSWER_BYTES:
+        return None
+    try:
+        claims = orjson.loads(base64.urlsafe_b64decode(parts[1] + "=" * (-len(parts[1]) % 4)))
+    except (binascii.Error, ValueError):
+        return None
+    exp = claims.get("exp") if isinstance(claims, dict) else None
+    if isinstance(exp, bool) or not isinstance(exp, int | float) or not math.isfinite(exp):
+        return None
+    return float(exp)
