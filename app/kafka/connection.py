@@ -18,7 +18,11 @@ from typing import Any, Literal
 from aiokafka.helpers import create_ssl_context
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
+from app.kafka.oauth import ClientCredentials, token_provider
+from app.kafka.oauth_token import endpoint_problem
+
 __all__ = [
+    "OAUTH_SETTINGS",
     "Connectable",
     "KafkaConnection",
     "SaslMechanism",
@@ -31,7 +35,15 @@ __all__ = [
 ]
 
 SecurityProtocol = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]
-SaslMechanism = Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"]
+SaslMechanism = Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER"]
+
+OAUTH_SETTINGS: dict[str, str] = {
+    "sasl_oauthbearer_token_endpoint_url": "KAFKA_SASL_OAUTHBEARER_TOKEN_ENDPOINT_URL",
+    "sasl_oauthbearer_client_id": "KAFKA_SASL_OAUTHBEARER_CLIENT_ID",
+    "sasl_oauthbearer_client_secret": "KAFKA_SASL_OAUTHBEARER_CLIENT_SECRET",
+    "sasl_oauthbearer_scope": "KAFKA_SASL_OAUTHBEARER_SCOPE",
+}
+"""OAUTHBEARER's fields and their variables (named as Java's `sasl.oauthbearer.*`)."""
 
 
 MAX_TLS_FILE_BYTES = 1024 * 1024
@@ -48,8 +60,15 @@ class KafkaConnection(BaseModel):
     sasl_mechanism: SaslMechanism | None = None
     sasl_username: str | None = None
     sasl_password: SecretStr | None = None
+    sasl_oauthbearer_token_endpoint_url: str | None = None
+    """OAUTHBEARER: the OIDC token endpoint (https; http to this machine alone)."""
+    sasl_oauthbearer_client_id: str | None = None
+    sasl_oauthbearer_client_secret: SecretStr | None = None
+    sasl_oauthbearer_scope: str | None = None
+    """OAUTHBEARER: the scope asked for (the endpoint's default when None)."""
     ssl_cafile: Path | None = None
-    """The CA that signed the brokers' certificates; the system's CAs when absent."""
+    """The CA that signed the brokers' certificates (and the token endpoint's); the
+    system's CAs when absent."""
     ssl_certfile: Path | None = None
     """This client's certificate, for mutual TLS (with `ssl_keyfile`)."""
     ssl_keyfile: Path | None = None
@@ -60,7 +79,10 @@ class KafkaConnection(BaseModel):
     def _consistent(self) -> KafkaConnection:
         sasl = self.security_protocol.startswith("SASL_")
         tls = self.security_protocol.endswith("SSL")
-        if sasl and (
+        oauth = [var for name, var in OAUTH_SETTINGS.items() if getattr(self, name)]
+        if sasl and self.sasl_mechanism == "OAUTHBEARER":
+            _oauth_consistent(self)
+        elif sasl and (
             self.sasl_mechanism is None
             or not self.sasl_username
             or self.sasl_password is None
@@ -68,12 +90,18 @@ class KafkaConnection(BaseModel):
         ):
             raise ValueError(
                 f"{self.security_protocol} needs KAFKA_SASL_MECHANISM, KAFKA_SASL_USERNAME and "
-                "KAFKA_SASL_PASSWORD (or KAFKA_SASL_PASSWORD_FILE)"
+                "KAFKA_SASL_PASSWORD (or KAFKA_SASL_PASSWORD_FILE); or KAFKA_SASL_MECHANISM="
+                "OAUTHBEARER and its KAFKA_SASL_OAUTHBEARER_* settings"
             )
-        if not sasl and (self.sasl_mechanism or self.sasl_username or self.sasl_password):
+        if not sasl and (self.sasl_mechanism or self.sasl_username or self.sasl_password or oauth):
             raise ValueError(
                 f"SASL settings given, but KAFKA_SECURITY_PROTOCOL is {self.security_protocol}"
                 " (use SASL_SSL or SASL_PLAINTEXT)"
+            )
+        if sasl and oauth and self.sasl_mechanism != "OAUTHBEARER":
+            raise ValueError(
+                f"{', '.join(oauth)} given, but KAFKA_SASL_MECHANISM is {self.sasl_mechanism}"
+                " (they are OAUTHBEARER's)"
             )
         files = {
             "KAFKA_SSL_CAFILE": self.ssl_cafile,
@@ -116,7 +144,9 @@ class KafkaConnection(BaseModel):
         if self.security_protocol == "PLAINTEXT":
             return where
         how: str = self.security_protocol
-        if self.sasl_mechanism is not None:
+        if self.sasl_mechanism == "OAUTHBEARER":
+            how += f" OAUTHBEARER as client {self.sasl_oauthbearer_client_id!r}"
+        elif self.sasl_mechanism is not None:
             how += f" {self.sasl_mechanism} as {self.sasl_username!r}"
         return f"{where} ({how})"
 
@@ -128,12 +158,57 @@ class KafkaConnection(BaseModel):
         }
         if (context := self.ssl_context()) is not None:
             options["ssl_context"] = context
-        if self.sasl_mechanism is not None:
+        if self.sasl_mechanism == "OAUTHBEARER":
+            options["sasl_mechanism"] = "OAUTHBEARER"
+            options["sasl_oauth_token_provider"] = self.token_provider()
+        elif self.sasl_mechanism is not None:
             assert self.sasl_password is not None  # checked by the validator
             options["sasl_mechanism"] = self.sasl_mechanism
             options["sasl_plain_username"] = self.sasl_username
             options["sasl_plain_password"] = self.sasl_password.get_secret_value()
         return options
+
+    def token_provider(self) -> ClientCredentials:
+        """OAUTHBEARER's token provider: one for these settings, shared by every client."""
+        endpoint = self.sasl_oauthbearer_token_endpoint_url
+        secret = self.sasl_oauthbearer_client_secret
+        assert endpoint and self.sasl_oauthbearer_client_id and secret  # the validator's
+        return token_provider(
+            endpoint,
+            self.sasl_oauthbearer_client_id,
+            secret.get_secret_value(),
+            self.sasl_oauthbearer_scope or None,
+            self.ssl_cafile,
+        )
+
+
+def _oauth_consistent(c: KafkaConnection) -> None:
+    """OAUTHBEARER's settings all there, usable, and no PLAIN/SCRAM login beside them."""
+    secret = c.sasl_oauthbearer_client_secret
+    missing = [
+        var
+        for name, var in OAUTH_SETTINGS.items()
+        if name != "sasl_oauthbearer_scope" and not getattr(c, name)
+    ]
+    if secret is not None and not secret.get_secret_value():
+        missing.append(OAUTH_SETTINGS["sasl_oauthbearer_client_secret"])
+    if missing:
+        raise ValueError(
+            f"KAFKA_SASL_MECHANISM=OAUTHBEARER needs {', '.join(dict.fromkeys(missing))} "
+            "(the secret best as KAFKA_SASL_OAUTHBEARER_CLIENT_SECRET_FILE)"
+        )
+    if c.sasl_username or c.sasl_password:
+        raise ValueError(
+            "KAFKA_SASL_USERNAME and KAFKA_SASL_PASSWORD are for PLAIN and SCRAM: "
+            "OAUTHBEARER logs in with KAFKA_SASL_OAUTHBEARER_CLIENT_ID and _CLIENT_SECRET"
+        )
+    assert c.sasl_oauthbearer_token_endpoint_url is not None
+    if (why := endpoint_problem(c.sasl_oauthbearer_token_endpoint_url)) is not None:
+        raise ValueError(f"KAFKA_SASL_OAUTHBEARER_TOKEN_ENDPOINT_URL: {why}")
+    for name in ("sasl_oauthbearer_client_id", "sasl_oauthbearer_scope"):
+        value: str | None = getattr(c, name)
+        if value is not None and (not value.isprintable() or len(value) > 1000):
+            raise ValueError(f"{OAUTH_SETTINGS[name]}: printable, at most 1000 characters")
 
 
 def read_tls_file(name: str, path: Path) -> bytes:

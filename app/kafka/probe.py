@@ -25,6 +25,7 @@ from aiokafka.errors import (
 from app.errors import KafkaUnavailable
 from app.kafka.addresses import broker_addresses
 from app.kafka.connection import Connectable, KafkaConnection, connection
+from app.kafka.oauth_token import TokenRefused
 
 __all__ = ["Probe", "api_versions_probe", "check_access"]
 
@@ -137,8 +138,17 @@ def refusal(kafka: KafkaConnection, exc: BaseException) -> str | None:
     """Why the broker refused this client (in a user's terms, naming the settings to
     check), or None when `exc` is not a refusal (the broker away, slow)."""
     for cause in _chain(exc):
+        if isinstance(cause, TokenRefused):
+            return f"no OAUTHBEARER token: {cause.args[0] if cause.args else cause}"
         if isinstance(cause, SaslAuthenticationFailed | AuthenticationFailedError):
             said = cause.args[0] if cause.args and isinstance(cause.args[0], str) else cause
+            if kafka.sasl_mechanism == "OAUTHBEARER":
+                return (
+                    f"authentication failed ({said}); the broker refused the token of "
+                    f"{kafka.sasl_oauthbearer_token_endpoint_url}: check that it trusts this "
+                    "endpoint's keys (its JWKS), audience and issuer, and "
+                    "KAFKA_SASL_OAUTHBEARER_SCOPE"
+                )
             return (
                 f"authentication failed ({said}); check KAFKA_SASL_USERNAME, "
                 "KAFKA_SASL_PASSWORD (or KAFKA_SASL_PASSWORD_FILE) and KAFKA_SASL_MECHANISM"

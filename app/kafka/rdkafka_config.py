@@ -11,7 +11,7 @@ from typing import Any
 
 from aiokafka.errors import AuthenticationFailedError, for_code
 
-from app.kafka.connection import Connectable, connection
+from app.kafka.connection import Connectable, KafkaConnection, connection
 
 __all__ = [
     "AUTHENTICATION_CODES",
@@ -47,11 +47,34 @@ def rdkafka_options(where: Connectable) -> dict[str, Any]:
         options["ssl.key.location"] = str(c.ssl_keyfile)
         if c.ssl_key_password is not None:
             options["ssl.key.password"] = c.ssl_key_password.get_secret_value()
-    if c.sasl_mechanism is not None:
+    if c.sasl_mechanism == "OAUTHBEARER":
+        options.update(_oidc_options(c))
+    elif c.sasl_mechanism is not None:
         assert c.sasl_password is not None  # checked by KafkaConnection's validator
         options["sasl.mechanism"] = c.sasl_mechanism
         options["sasl.username"] = c.sasl_username
         options["sasl.password"] = c.sasl_password.get_secret_value()
+    return options
+
+
+def _oidc_options(c: KafkaConnection) -> dict[str, Any]:
+    """librdkafka's own OIDC client-credentials login (its CONFIGURATION.md:
+    `sasl.oauthbearer.method=oidc`), on the same endpoint, client and scope as aiokafka's
+    provider; the endpoint's certificate checked against the brokers' CA file when one is
+    given (`https.ca.location`), else the system's CAs, as `oauth.endpoint_context`."""
+    secret = c.sasl_oauthbearer_client_secret
+    assert secret is not None  # checked by KafkaConnection's validator
+    options: dict[str, Any] = {
+        "sasl.mechanism": "OAUTHBEARER",
+        "sasl.oauthbearer.method": "oidc",
+        "sasl.oauthbearer.token.endpoint.url": c.sasl_oauthbearer_token_endpoint_url,
+        "sasl.oauthbearer.client.id": c.sasl_oauthbearer_client_id,
+        "sasl.oauthbearer.client.secret": secret.get_secret_value(),
+    }
+    if c.sasl_oauthbearer_scope:
+        options["sasl.oauthbearer.scope"] = c.sasl_oauthbearer_scope
+    if c.ssl_cafile is not None:
+        options["https.ca.location"] = str(c.ssl_cafile)
     return options
 
 
@@ -106,7 +129,8 @@ def explain_code(code: int, said: str) -> str:
     if code in AUTHENTICATION_CODES:
         return (
             f"authentication failed: {said}; check KAFKA_SASL_MECHANISM, "
-            "KAFKA_SASL_USERNAME and KAFKA_SASL_PASSWORD"
+            "KAFKA_SASL_USERNAME and KAFKA_SASL_PASSWORD (OAUTHBEARER: its "
+            "KAFKA_SASL_OAUTHBEARER_* settings)"
         )
     return said
 

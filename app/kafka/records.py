@@ -56,7 +56,8 @@ def explain(exc: BaseException) -> str:
     if isinstance(exc, SaslAuthenticationFailed | AuthenticationFailedError):
         return (
             f"authentication failed: {exc!r}; check KAFKA_SASL_MECHANISM, "
-            "KAFKA_SASL_USERNAME and KAFKA_SASL_PASSWORD"
+            "KAFKA_SASL_USERNAME and KAFKA_SASL_PASSWORD (OAUTHBEARER: its "
+            "KAFKA_SASL_OAUTHBEARER_* settings)"
         )
     return repr(exc)
 

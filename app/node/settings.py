@@ -87,7 +87,9 @@ LogFormat = Literal["text", "json"]
 LOG_LEVELS: Final[tuple[LogLevel, ...]] = ("DEBUG", "INFO", "WARNING", "ERROR")
 LOG_FORMATS: Final[tuple[LogFormat, ...]] = ("text", "json")
 
-_SECRETS = frozenset({"web_token", "sasl_password", "ssl_key_password"})
+_SECRETS = frozenset(
+    {"web_token", "sasl_password", "sasl_oauthbearer_client_secret", "ssl_key_password"}
+)
 """Fields whose values an error message never shows."""
 
 
@@ -179,10 +181,16 @@ class Settings(BaseSettings):
     security_protocol: SecurityProtocol = "PLAINTEXT"
     """How every Kafka client connects: PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL."""
     sasl_mechanism: SaslMechanism | None = None
-    """PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512 (with a SASL protocol)."""
+    """PLAIN, SCRAM-SHA-256, SCRAM-SHA-512 or OAUTHBEARER (with a SASL protocol)."""
     sasl_username: str | None = None
     sasl_password: SecretStr | None = None
     """Best given as `KAFKA_SASL_PASSWORD_FILE`."""
+    sasl_oauthbearer_token_endpoint_url: str | None = None
+    """OAUTHBEARER: the OIDC token endpoint the client-credentials grant is asked of."""
+    sasl_oauthbearer_client_id: str | None = None
+    sasl_oauthbearer_client_secret: SecretStr | None = None
+    """Best given as `KAFKA_SASL_OAUTHBEARER_CLIENT_SECRET_FILE`."""
+    sasl_oauthbearer_scope: str | None = None
     ssl_cafile: Path | None = None
     """The CA of the brokers' certificates (the system's CAs when absent)."""
     ssl_certfile: Path | None = None
@@ -206,6 +214,10 @@ class Settings(BaseSettings):
             sasl_mechanism=self.sasl_mechanism,
             sasl_username=self.sasl_username,
             sasl_password=self.sasl_password,
+            sasl_oauthbearer_token_endpoint_url=self.sasl_oauthbearer_token_endpoint_url,
+            sasl_oauthbearer_client_id=self.sasl_oauthbearer_client_id,
+            sasl_oauthbearer_client_secret=self.sasl_oauthbearer_client_secret,
+            sasl_oauthbearer_scope=self.sasl_oauthbearer_scope,
             ssl_cafile=self.ssl_cafile,
             ssl_certfile=self.ssl_certfile,
             ssl_keyfile=self.ssl_keyfile,

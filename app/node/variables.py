@@ -57,6 +57,10 @@ VARIABLES: Final[Mapping[str, str]] = {
     "sasl_mechanism": "KAFKA_SASL_MECHANISM",
     "sasl_username": "KAFKA_SASL_USERNAME",
     "sasl_password": "KAFKA_SASL_PASSWORD",
+    "sasl_oauthbearer_token_endpoint_url": "KAFKA_SASL_OAUTHBEARER_TOKEN_ENDPOINT_URL",
+    "sasl_oauthbearer_client_id": "KAFKA_SASL_OAUTHBEARER_CLIENT_ID",
+    "sasl_oauthbearer_client_secret": "KAFKA_SASL_OAUTHBEARER_CLIENT_SECRET",
+    "sasl_oauthbearer_scope": "KAFKA_SASL_OAUTHBEARER_SCOPE",
     "ssl_cafile": "KAFKA_SSL_CAFILE",
     "ssl_certfile": "KAFKA_SSL_CERTFILE",
     "ssl_keyfile": "KAFKA_SSL_KEYFILE",
@@ -253,7 +257,12 @@ def _unknown(values: Iterable[str], where: str) -> list[str]:
 
 
 BLANK_REFUSED: Final = frozenset(
-    {"TICKWHEEL_WEB_TOKEN", "KAFKA_SASL_PASSWORD", "KAFKA_SSL_KEY_PASSWORD"}
+    {
+        "TICKWHEEL_WEB_TOKEN",
+        "KAFKA_SASL_PASSWORD",
+        "KAFKA_SASL_OAUTHBEARER_CLIENT_SECRET",
+        "KAFKA_SSL_KEY_PASSWORD",
+    }
 )
 """Secrets given as whitespace alone are refused, not taken as not given: a web token of
 nothing turns the HTTP edge's token check off."""

@@ -1,0 +1,287 @@
+"""aiokafka's OAUTHBEARER token provider against an in-process token endpoint (aiohttp):
+the client-credentials grant as asked, one token shared and fetched anew past 80 % of its
+lifetime (a fake clock), a refused grant said with the endpoint and the error and never
+the secret, an endpoint away retried no faster than the backoff, its TLS checked with
+KAFKA_SSL_CAFILE; and the connection's settings that lead to it."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import ssl
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import unquote_plus
+
+import orjson
+import pytest
+from aiohttp import web
+from aiokafka.abc import AbstractTokenProvider
+from tls_certs import Certs
+
+from app.errors import ConfigError
+from app.kafka.connection import KafkaConnection
+from app.kafka.oauth import ClientCredentials, endpoint_context
+from app.kafka.oauth_token import TokenRefused, TokenUnavailable
+from app.kafka.rdkafka_config import rdkafka_options
+from app.node.settings import Settings
+
+SECRET = "s3cret:with spaces&+"
+
+
+@dataclass
+class Idp:
+    """A token endpoint: answers `answers` in turn (the last one again), records each
+    request's form and client credentials."""
+
+    answers: list[tuple[int, bytes]] = field(default_factory=list)
+    seen: list[tuple[dict[str, str], tuple[str, str]]] = field(default_factory=list)
+    hold: asyncio.Event | None = None
+    url: str = ""
+
+    async def handle(self, request: web.Request) -> web.Response:
+        form = {k: str(v) for k, v in (await request.post()).items()}
+        scheme, _, encoded = request.headers.get("Authorization", "").partition(" ")
+        assert scheme == "Basic"
+        client, _, secret = base64.b64decode(encoded).decode().partition(":")
+        self.seen.append((form, (unquote_plus(client), unquote_plus(secret))))
+        if self.hold is not None:
+            await self.hold.wait()  # never set: the client's timeout ends the request
+        status, body = self.answers[min(len(self.seen), len(self.answers)) - 1]
+        return web.Response(status=status, body=body, content_type="application/json")
+
+
+def granted(token: str = "tok-1", expires_in: object = 3600) -> tuple[int, bytes]:
+    return 200, orjson.dumps(
+        {"access_token": token, "token_type": "Bearer", "expires_in": expires_in}
+    )
+
+
+async def serve(idp: Idp, ssl_context: object = None) -> AsyncIterator[Idp]:
+    app = web.Application()
+    app.router.add_post("/token", idp.handle)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=ssl_context)  # type: ignore[arg-type]
+    await site.start()
+    port = runner.addresses[0][1]
+    idp.url = f"{'https' if ssl_context else 'http'}://localhost:{port}/token"
+    try:
+        yield idp
+    finally:
+        if idp.hold is not None:
+            idp.hold.set()
+        await runner.cleanup()
+
+
+@pytest.fixture
+async def idp() -> AsyncIterator[Idp]:
+    async for running in serve(Idp([granted()])):
+        yield running
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def provider(
+    idp: Idp, clock: Callable[[], float], scope: str | None = "kafka", timeout_s: float = 10.0
+) -> ClientCredentials:
+    return ClientCredentials(idp.url, "tickwheel", SECRET, scope, clock=clock, timeout_s=timeout_s)
+
+
+async def test_the_grant_is_asked_as_rfc_6749_says_and_its_token_given(idp: Idp) -> None:
+    tokens = provider(idp, Clock())
+    assert isinstance(tokens, AbstractTokenProvider)
+    assert await tokens.token() == "tok-1"
+    [(form, credentials)] = idp.seen
+    assert form == {"grant_type": "client_credentials", "scope": "kafka"}
+    assert credentials == ("tickwheel", SECRET)
+
+
+async def test_no_scope_is_sent_when_none_is_set(idp: Idp) -> None:
+    await provider(idp, Clock(), scope=None).token()
+    assert idp.seen[0][0] == {"grant_type": "client_credentials"}
+
+
+async def test_clients_connecting_at_once_share_one_fetch(idp: Idp) -> None:
+    tokens = provider(idp, Clock())
+    got = await asyncio.gather(*(tokens.token() for _ in range(20)))
+    assert set(got) == {"tok-1"} and len(idp.seen) == 1
+
+
+async def test_a_token_is_fetched_anew_past_80_percent_of_its_lifetime(idp: Idp) -> None:
+    idp.answers = [granted("tok-1", 100), granted("tok-2", 100)]
+    clock = Clock()
+    tokens = provider(idp, clock)
+    assert await tokens.token() == "tok-1"
+    clock.now += 79.9
+    assert await tokens.token() == "tok-1" and len(idp.seen) == 1
+    clock.now += 0.1
+    assert await tokens.token() == "tok-2" and len(idp.seen) == 2
+
+
+async def test_a_refused_grant_names_the_endpoint_and_error_never_the_secret(idp: Idp) -> None:
+    idp.answers = [(401, orjson.dumps({"error": "invalid_client"}))]
+    with pytest.raises(TokenRefused) as caught:
+        await provider(idp, Clock()).token()
+    said = str(caught.value)
+    assert idp.url in said and "invalid_client" in said
+    assert SECRET not in said and "s3cret" not in repr(caught.value)
+
+
+async def test_an_endpoint_away_keeps_the_token_held_while_it_lives(idp: Idp) -> None:
+    idp.answers = [granted("tok-1", 100), (503, b"down")]
+    clock = Clock()
+    tokens = provider(idp, clock)
+    assert await tokens.token() == "tok-1"
+    clock.now += 90  # past the refresh window, not the expiry
+    assert await tokens.token() == "tok-1"
+    clock.now += 10  # expired: the endpoint's failure is said
+    with pytest.raises(TokenUnavailable, match="HTTP 503"):
+        await tokens.token()
+
+
+async def test_a_failing_endpoint_is_not_asked_faster_than_the_backoff(idp: Idp) -> None:
+    idp.answers = [(500, b""), (500, b""), granted("tok-ok")]
+    clock = Clock()
+    tokens = provider(idp, clock)
+    for _ in range(5):  # aiokafka reconnects every 50 ms: the endpoint is asked once
+        with pytest.raises(TokenUnavailable):
+            await tokens.token()
+    assert len(idp.seen) == 1
+    clock.now += 0.1
+    with pytest.raises(TokenUnavailable):
+        await tokens.token()
+    assert len(idp.seen) == 2
+    clock.now += 0.15  # the second wait is 0.2 s
+    with pytest.raises(TokenUnavailable):
+        await tokens.token()
+    clock.now += 0.1
+    assert await tokens.token() == "tok-ok" and len(idp.seen) == 3
+
+
+async def test_an_endpoint_that_does_not_answer_is_timed_out(idp: Idp) -> None:
+    idp.hold = asyncio.Event()
+    tokens = provider(idp, Clock(), timeout_s=0.3)
+    with pytest.raises(TokenUnavailable, match=r"did not answer within 0\.3 s"):
+        await tokens.token()
+
+
+async def test_an_endpoint_not_there_is_unavailable() -> None:
+    tokens = ClientCredentials("http://127.0.0.1:9/token", "c", "s", clock=Clock())
+    with pytest.raises(TokenUnavailable, match="cannot be reached"):
+        await tokens.token()
+
+
+async def test_the_endpoints_tls_is_checked_with_kafkas_ca_file(tmp_path: Path) -> None:
+    certs = Certs(tmp_path)
+    ca = certs.ca("idp-ca")
+    server = certs.leaf("localhost", ca, server=True)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(server.cert, server.key)
+    async for idp in serve(Idp([granted("tls-tok")]), context):
+        trusted = ClientCredentials(
+            idp.url, "c", "s", ssl_context=endpoint_context(idp.url, ca.cert), clock=Clock()
+        )
+        assert await trusted.token() == "tls-tok"
+        system = ClientCredentials(
+            idp.url, "c", "s", ssl_context=endpoint_context(idp.url, None), clock=Clock()
+        )
+        with pytest.raises(TokenRefused, match="KAFKA_SSL_CAFILE"):
+            await system.token()
+
+
+def oauth_env(**more: str) -> dict[str, str]:
+    return {
+        "KAFKA_SECURITY_PROTOCOL": "SASL_PLAINTEXT",
+        "KAFKA_SASL_MECHANISM": "OAUTHBEARER",
+        "KAFKA_SASL_OAUTHBEARER_TOKEN_ENDPOINT_URL": "https://idp.example/token",
+        "KAFKA_SASL_OAUTHBEARER_CLIENT_ID": "tickwheel",
+        "KAFKA_SASL_OAUTHBEARER_CLIENT_SECRET": SECRET,
+        **more,
+    }
+
+
+def test_every_client_of_the_settings_shares_one_provider() -> None:
+    settings = Settings.from_env(oauth_env(KAFKA_SASL_OAUTHBEARER_SCOPE="kafka"))
+    first, second = settings.kafka.options(), settings.kafka.options()
+    assert first["sasl_mechanism"] == "OAUTHBEARER"
+    assert first["sasl_oauth_token_provider"] is second["sasl_oauth_token_provider"]
+    assert "sasl_plain_password" not in first
+    said = settings.kafka.describe()
+    assert "OAUTHBEARER as client 'tickwheel'" in said and SECRET not in said
+
+
+def test_the_secret_may_be_a_file(tmp_path: Path) -> None:
+    secret = tmp_path / "secret"
+    secret.write_text(SECRET + "\n")
+    env = oauth_env(KAFKA_SASL_OAUTHBEARER_CLIENT_SECRET_FILE=str(secret))
+    del env["KAFKA_SASL_OAUTHBEARER_CLIENT_SECRET"]
+    kafka = Settings.from_env(env).kafka
+    assert kafka.sasl_oauthbearer_client_secret is not None
+    assert kafka.sasl_oauthbearer_client_secret.get_secret_value() == SECRET
+
+
+@pytest.mark.parametrize(
+    ("change", "said"),
+    [
+        (
+            {"KAFKA_SASL_OAUTHBEARER_CLIENT_SECRET": ""},
+            "needs KAFKA_SASL_OAUTHBEARER_CLIENT_SECRET",
+        ),
+        ({"KAFKA_SASL_OAUTHBEARER_CLIENT_ID": ""}, "needs KAFKA_SASL_OAUTHBEARER_CLIENT_ID"),
+        ({"KAFKA_SASL_OAUTHBEARER_TOKEN_ENDPOINT_URL": ""}, "needs KAFKA_SASL_OAUTHBEARER_TOKEN"),
+        (
+            {"KAFKA_SASL_OAUTHBEARER_TOKEN_ENDPOINT_URL": "http://idp.example/token"},
+            "KAFKA_SASL_OAUTHBEARER_TOKEN_ENDPOINT_URL: https:// for idp.example",
+        ),
+        ({"KAFKA_SASL_USERNAME": "u"}, "KAFKA_SASL_USERNAME and KAFKA_SASL_PASSWORD are for"),
+        (
+            {
+                "KAFKA_SASL_MECHANISM": "SCRAM-SHA-512",
+                "KAFKA_SASL_USERNAME": "u",
+                "KAFKA_SASL_PASSWORD": "p",
+            },
+            "KAFKA_SASL_OAUTHBEARER_TOKEN_ENDPOINT_URL, KAFKA_SASL_OAUTHBEARER_CLIENT_ID, "
+            "KAFKA_SASL_OAUTHBEARER_CLIENT_SECRET given, but KAFKA_SASL_MECHANISM is SCRAM-SHA-512",
+        ),
+        ({"KAFKA_SECURITY_PROTOCOL": "SSL", "KAFKA_SASL_MECHANISM": ""}, "SASL settings given"),
+        ({"KAFKA_SASL_OAUTHBEARER_SCOPE": "a\x07b"}, "printable"),
+    ],
+)
+def test_a_wrong_oauthbearer_setting_is_a_configuration_error(
+    change: dict[str, str], said: str
+) -> None:
+    env = {k: v for k, v in {**oauth_env(), **change}.items() if v}
+    with pytest.raises(ConfigError) as caught:
+        Settings.from_env(env)
+    assert said in str(caught.value)
+    assert SECRET not in str(caught.value)
+
+
+def test_librdkafka_logs_in_with_its_own_oidc_client() -> None:
+    kafka = KafkaConnection(
+        bootstrap_servers="b:9093",
+        security_protocol="SASL_PLAINTEXT",
+        sasl_mechanism="OAUTHBEARER",
+        sasl_oauthbearer_token_endpoint_url="https://idp.example/token",
+        sasl_oauthbearer_client_id="tickwheel",
+        sasl_oauthbearer_client_secret=SECRET,
+        sasl_oauthbearer_scope="kafka",
+    )
+    assert rdkafka_options(kafka) == {
+        "bootstrap.servers": "b:9093",
+        "security.protocol": "SASL_PLAINTEXT",
+        "sasl.mechanism": "OAUTHBEARER",
+        "sasl.oauthbearer.method": "oidc",
+        "sasl.oauthbearer.token.endpoint.url": "https://idp.example/token",
+        "sasl.oauthbearer.client.id": "tickwheel",
+        "sasl.oauthbearer.client.secret": SECRET,
+        "sasl.oauthbearer.scope": "kafka",
+    }
