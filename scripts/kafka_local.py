@@ -223,6 +223,14 @@ from kafka_local_parts.jvm import _cluster_id as _cluster_id
 from kafka_local_parts.jvm import _format_command as _format_command
 from kafka_local_parts.jvm import _logging_config as _logging_config
 from kafka_local_parts.jvm import scram_arguments
+from kafka_local_parts.oidc import (
+    TokenServer,
+    allowed_urls_option,
+    oauth_client_settings,
+    oauth_properties,
+    read_token_server,
+    start_token_server,
+)
 from kafka_local_parts.ports import (
     StartPlan,
     choose_cluster_ports,
@@ -231,7 +239,14 @@ from kafka_local_parts.ports import (
     plan_start,
     port_free,
 )
-from kafka_local_parts.processes import STRAGGLER_GRACE, kill, kill_node, stop, stop_node
+from kafka_local_parts.processes import (
+    STRAGGLER_GRACE,
+    kill,
+    kill_node,
+    stop,
+    stop_node,
+    stop_token_server,
+)
 from kafka_local_parts.properties import _write_properties as _write_properties
 from kafka_local_parts.properties import (
     cluster_properties,
@@ -309,7 +324,9 @@ __all__ = [
     "StartPlan",
     "Status",
     "TlsFiles",
+    "TokenServer",
     "admin_properties",
+    "allowed_urls_option",
     "broker_ids",
     "build_parser",
     "cache_root",
@@ -340,6 +357,8 @@ __all__ = [
     "main",
     "make_tls",
     "node_dir",
+    "oauth_client_settings",
+    "oauth_properties",
     "parse_describe_acls",
     "password_file",
     "plan_start",
@@ -348,6 +367,7 @@ __all__ = [
     "read_credentials",
     "read_password",
     "read_remembered",
+    "read_token_server",
     "resolve_security",
     "restart",
     "restart_cluster",
@@ -358,9 +378,11 @@ __all__ = [
     "start",
     "start_cluster",
     "start_node",
+    "start_token_server",
     "status",
     "stop",
     "stop_node",
+    "stop_token_server",
     "tls_files",
     "tool_env_lines",
     "wait_until_ready",

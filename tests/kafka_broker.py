@@ -329,6 +329,14 @@ class SecuredKafka:
         """aiokafka keyword arguments (producer, consumer, admin) to connect as ``user``."""
         return client_kwargs(self.env(user), **overrides)
 
+    def oauth_env(self, user: str = "tickwheel") -> dict[str, str]:
+        """The ``KAFKA_*`` variables to log in as ``user`` with OAUTHBEARER (``sasl_ssl``:
+        the broker's token server), as ``kafka-local env --oauth --user`` prints them."""
+        settings: dict[str, str] = load_kafka_local().oauth_client_settings(
+            self.state_dir, self.bootstrap, user
+        )
+        return settings
+
     def password(self, user: str = "admin") -> str:
         password: str | None = load_kafka_local().read_password(self.state_dir, user)
         if password is None:

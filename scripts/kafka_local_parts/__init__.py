@@ -11,6 +11,7 @@ each importing only the ones above it (its docstring says which), save one call 
 - processes: pids, signals, stopping and killing a dir's broker(s) or one node;
 - wire: Kafka's wire protocol for the readiness probe, TLS and SCRAM;
 - tls, credentials: certificates, passwords, what a client needs (``KAFKA_*``);
+- oidc (and oidc_server, run as a process): a SASL_SSL broker's token server, OAUTHBEARER;
 - properties: ``server.properties``;
 - jvm: ``java``, log4j config, the broker JVM, ``kafka-storage format``;
 - ports: free ports, the plan of a start, the ports of a broker or a cluster;

@@ -40,8 +40,9 @@ from .credentials import (
 )
 from .jars import ensure_jars
 from .jvm import _cluster_id, _format_storage, _java, _launch
+from .oidc import TokenServer, allowed_urls_option, maybe_start, oauth_properties
 from .ports import choose_ports, plan_start
-from .processes import _alive, _kill, _terminate, stop
+from .processes import _alive, _kill, _terminate, stop, stop_token_server
 from .properties import _write_properties, server_properties
 from .state_dir import (
     Remembered,
@@ -109,6 +110,8 @@ class Broker:
         try:
             how()
             _clear_state_files(self.state_dir, self.pid)
+            if self.home is None:
+                stop_token_server(self.state_dir)
             self._stopped = True
         finally:
             if _OWNED.get(self.state_dir) is self:
@@ -206,6 +209,7 @@ def start(
         chosen = resolve_security(security, remembered, keep=plan.keep)
         stop(state)  # only once the start is sure to be tried: a refused one changes nothing
         credentials = ensure_credentials(state, chosen, keep=plan.keep)
+        token_server = maybe_start(state, chosen)
         libs = ensure_jars(version)
         java = _java()
         if plan.keep:
@@ -234,6 +238,7 @@ def start(
                 format_cluster=None if plan.keep else cluster_id,
                 retry_on_port_clash=attempt < attempts,
                 credentials=credentials,
+                token_server=token_server,
             )
             if broker is not None:
                 broker.startup_seconds = time.monotonic() - began
@@ -266,6 +271,7 @@ def start(
             f"could not bind free ports after {attempts} attempts:\n{log_tail(state)}"
         )
     except BaseException:
+        stop_token_server(state)
         os.close(lock_fd)
         raise
 
@@ -330,12 +336,18 @@ def _start_once(
     format_cluster: str | None,
     retry_on_port_clash: bool,
     credentials: Credentials | None = None,
+    token_server: TokenServer | None = None,
 ) -> Broker | None:
     """One start attempt: the Broker, or None when the ports were taken meanwhile.
 
     Formats the storage first for ``format_cluster`` (None: keep ``data/`` as it is).
+    ``token_server``: a SASL_SSL broker's listener takes OAUTHBEARER too, its tokens.
     """
     props = state / "server.properties"
+    jvm_opts = JVM_OPTS
+    if token_server is not None:
+        overrides = {**oauth_properties(token_server), **(overrides or {})}
+        jvm_opts = (*JVM_OPTS, allowed_urls_option(token_server))
     settings = server_properties(
         state, port, controller_port, version, overrides, credentials=credentials
     )
@@ -343,7 +355,7 @@ def _start_once(
     if format_cluster is not None:
         _format_storage(java, libs, state, props, version, format_cluster, credentials)
     bootstrap = f"{HOST}:{port}"
-    pid = _launch(java, libs, state, version, JVM_OPTS)
+    pid = _launch(java, libs, state, version, jvm_opts)
     try:
         wait_until_ready(bootstrap, timeout, pid=pid, auth=client_auth(credentials))
     except BrokerError as exc:

@@ -29,6 +29,7 @@ from .constants import (
 )
 from .credentials import client_settings, env_lines, listener_name
 from .jars import ensure_jars
+from .oidc import oauth_client_settings
 from .processes import kill, kill_node, stop, stop_node
 from .state_dir import _cluster_formatted, node_dir, read_remembered
 from .status import cluster_status, is_cluster, status
@@ -212,7 +213,12 @@ def _env_command(args: argparse.Namespace, state: Path) -> int:
     current = status(state)
     if not current.running or not current.bootstrap:
         return _not_running(state)
-    settings = client_settings(state, current.security, current.bootstrap, args.user)
+    if getattr(args, "oauth", False):
+        if current.security != "sasl_ssl":
+            raise BrokerError("--oauth is for a broker started with --security sasl_ssl")
+        settings = oauth_client_settings(state, current.bootstrap, args.user)
+    else:
+        settings = client_settings(state, current.security, current.bootstrap, args.user)
     print("\n".join(env_lines(settings) + _tool_lines(state, current.security)))
     if not current.answering:
         _say(f"warning: the broker at {current.bootstrap} does not answer (yet?)")

@@ -179,6 +179,12 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"a secured broker's user (default {ADMIN_USER}, the super user; "
         f"{APP_USER} has only the ACLs granted to it)",
     )
+    env_cmd.add_argument(
+        "--oauth",
+        action="store_true",
+        help="a sasl_ssl broker's: log in with OAUTHBEARER (KAFKA_SASL_OAUTHBEARER_*: the "
+        "broker's token server, the user as client id, its password as the secret)",
+    )
     grant_cmd = commands.add_parser(
         "grant",
         parents=[common],

@@ -69,6 +69,9 @@ TLS = "tls"
 """The state dir's certificates: ``ca.pem``, ``broker.pem`` (key + chain), ``USER.crt/.key``."""
 SECRETS = "secrets"
 """The state dir's generated passwords, one file per user (``USER.password``, mode 0600)."""
+OIDC = "oidc"
+"""The state dir's token server (a SASL_SSL broker's OAUTHBEARER): its signing key, pid,
+port and log."""
 CERT_DAYS = 3650
 
 BROKER_SETTINGS: dict[str, str] = {

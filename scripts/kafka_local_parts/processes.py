@@ -14,7 +14,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from .constants import DEFAULT_STOP_TIMEOUT, BrokerError, _say, default_state_dir
+from .constants import DEFAULT_STOP_TIMEOUT, OIDC, BrokerError, _say, default_state_dir
 from .state_dir import (
     _clear_state_files,
     _node_dirs_on_disk,
@@ -60,6 +60,32 @@ def _is_broker(pid: int, state_dir: Path) -> bool:
         return True  # no /proc: trust the pidfile
     args = cmdline.split(b"\0")
     return b"kafka.Kafka" in args and str(state_dir / "server.properties").encode() in args
+
+
+def _is_token_server(pid: int, state_dir: Path) -> bool:
+    """Whether ``pid`` is the token server of ``state_dir`` (``oidc_server.py``)."""
+    if not _alive(pid):
+        return False
+    try:
+        args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return True  # no /proc: trust the pidfile
+    return any(a.endswith(b"oidc_server.py") for a in args) and str(state_dir).encode() in args
+
+
+def stop_token_server(state_dir: Path) -> bool:
+    """Stop the token server of ``state_dir`` (a SASL_SSL broker's); whether one ran."""
+    directory = Path(state_dir) / OIDC
+    try:
+        pid: int | None = int((directory / "server.pid").read_text().strip())
+    except (OSError, ValueError):
+        pid = None
+    running = pid is not None and _is_token_server(pid, Path(state_dir))
+    if running and pid is not None:
+        _terminate(pid, 5.0)
+    for name in ("server.pid", "server.json"):
+        (directory / name).unlink(missing_ok=True)
+    return running
 
 
 def _wait_gone(pid: int, timeout: float) -> bool:
@@ -206,6 +232,7 @@ def stop(state_dir: Path | str | None = None, timeout: float = DEFAULT_STOP_TIME
         _terminate_all(pids, timeout)
     for directory in dirs:
         _clear_state_files(directory)
+    stop_token_server(state)
     return bool(pids)
 
 
@@ -220,4 +247,5 @@ def kill(state_dir: Path | str | None = None) -> bool:
             _kill(pid)
             killed = True
         _clear_state_files(directory)
+    stop_token_server(state)
     return killed
