@@ -5,6 +5,7 @@ batch size the topic's limit gives (`transaction_batch_bytes`), it commits."""
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import Awaitable, Callable
 
@@ -71,10 +72,14 @@ async def test_each_record_is_told_the_offset_it_was_written_at(
     records.append((batched, 1, b"h", b"with headers", (("why", b"test"),)))
     offsets = await _commit(make, kafka_bootstrap, records, 4 * 1024)
     written: dict[tuple[str, int, int], bytes | None] = {}
-    for topic, partitions in ((batched, range(2)), (keyed, range(3))):
-        async for batch in read_partitions(kafka_bootstrap, topic, partitions):
-            for r in batch:
-                written[(topic, r.partition, r.offset)] = r.key
+    # The commit is answered once the coordinator has it; its markers reach the partitions
+    # just after, and a read_committed read stops at the markers: read until all are in.
+    deadline = asyncio.get_running_loop().time() + 30
+    while len(written) < len(records) and asyncio.get_running_loop().time() < deadline:
+        for topic, partitions in ((batched, range(2)), (keyed, range(3))):
+            async for batch in read_partitions(kafka_bootstrap, topic, partitions):
+                for r in batch:
+                    written[(topic, r.partition, r.offset)] = r.key
     for out, at in zip(records, offsets, strict=True):
         topic, partition, key = out[0], out[1], out[2]
         where = [p for (t, p, o), k in written.items() if (t, o, k) == (topic, at, key)]
