@@ -17,24 +17,10 @@ import typer
 
 from app.cli.common import fail, json_line
 from app.cli.text import printable
-from app.ops.op_answers import Answered
-from app.protocol.wire import OpOutcome, TimerAction, TimerOpAnswer
+from app.ops.op_answers import DONE_WORDS, Answered, changed, partitions_named, timers
+from app.protocol.wire import OpOutcome
 
 __all__ = ["say_answered"]
-
-_DONE = {TimerAction.RETRY: "retried", TimerAction.SKIP: "skipped"}
-
-
-def _changed(answer: TimerOpAnswer) -> int:
-    return answer.retried if answer.action is TimerAction.RETRY else answer.skipped
-
-
-def _timers(n: int) -> str:
-    return f"{n} timer{'' if n == 1 else 's'}"
-
-
-def _partitions(ps: list[int]) -> str:
-    return f"partition{'' if len(ps) == 1 else 's'} {', '.join(map(str, ps))}"
 
 
 def say_answered(type_name: str, answered: Answered, wait_s: float, as_json: bool) -> None:
@@ -48,9 +34,7 @@ def say_answered(type_name: str, answered: Answered, wait_s: float, as_json: boo
             "partitions": answered.partitions,
         }
         if answered.waited:
-            line["answers"] = [
-                answered.answers[p].model_dump(mode="json") for p in sorted(answered.answers)
-            ]
+            line["answers"] = [a.model_dump(mode="json") for a in answered.in_order]
             line["unanswered"] = answered.missing
         json_line(line)
     # The target and request id as given: a control character in them is not refused.
@@ -63,20 +47,18 @@ def say_answered(type_name: str, answered: Answered, wait_s: float, as_json: boo
                 "the owner of each partition carries it out"
             )
         return
-    answers = [answered.answers[p] for p in sorted(answered.answers)]
-    failed = [a.partition for a in answers if a.outcome is OpOutcome.FAILED]
     if not as_json:
-        _say_lines(type_name, answered, answers, target, request)
+        _say_lines(type_name, answered, target, request)
     problems = []
-    if failed:
+    if failed := answered.failed:
         problems.append(
-            f"failed in {_partitions(failed)} (dead-lettered, perhaps carried out in part; "
+            f"failed in {partitions_named(failed)} (dead-lettered, perhaps carried out in part; "
             "its request id is used: to try again, send it under a new --request-id)"
         )
     if missing := answered.missing:
         why = f" ({answered.unread})" if answered.unread is not None else ""
         problems.append(
-            f"no answer within {wait_s:g} s from {_partitions(missing)} of "
+            f"no answer within {wait_s:g} s from {partitions_named(missing)} of "
             f"{answered.partitions}{why}: the request may still be carried out there; send it "
             f"again with --request-id {shlex.quote(op.request_id)} to learn it (each "
             "partition carries it out at most once: a copy it carried out answers DUPLICATE)"
@@ -85,28 +67,12 @@ def say_answered(type_name: str, answered: Answered, wait_s: float, as_json: boo
         raise fail("; ".join(problems))
 
 
-def _say_lines(
-    type_name: str, answered: Answered, answers: list[TimerOpAnswer], target: str, request: str
-) -> None:
+def _say_lines(type_name: str, answered: Answered, target: str, request: str) -> None:
     """A line per partition that changed timers or failed, then the total."""
-    done = _DONE[answered.op.action]
-    for a in answers:
+    done = DONE_WORDS[answered.op.action]
+    for a in answered.in_order:
         if a.outcome is OpOutcome.FAILED:
             typer.echo(f"partition {a.partition}: FAILED: {printable(a.message)}")
-        elif a.outcome is OpOutcome.DONE and _changed(a):
-            typer.echo(f"partition {a.partition}: {done} {_timers(_changed(a))}")
-    total = sum(_changed(a) for a in answers if a.outcome is OpOutcome.DONE)
-    where = sum(1 for a in answers if a.outcome is OpOutcome.DONE and _changed(a))
-    duplicates = sum(1 for a in answers if a.outcome is OpOutcome.DUPLICATE)
-    again = (
-        f"; {duplicates} partition{'' if duplicates == 1 else 's'} had carried it out before "
-        "under this request id (DUPLICATE: nothing done again)"
-        if duplicates
-        else ""
-    )
-    if missing := len(answered.missing):
-        again += f"; {answered.partitions - missing} of {answered.partitions} answered"
-    typer.echo(
-        f"{done} {_timers(total)} of {type_name} parked on {target} in {where} of "
-        f"{answered.partitions} partitions{again} (request {request})"
-    )
+        elif a.outcome is OpOutcome.DONE and changed(a):
+            typer.echo(f"partition {a.partition}: {done} {timers(changed(a))}")
+    typer.echo(answered.summary(type_name, target, request))

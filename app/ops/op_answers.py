@@ -4,7 +4,8 @@ and the owners' answers waited for (`request_answered`): one per partition
 partition, read from where that partition ended before the send. An answer is this send's
 when it names the offset its copy was written at (a copy sent before under the request id
 has its own answers). What did not come within the wait is left out (`Answered.missing`):
-the request may still be carried out there.
+the request may still be carried out there. What came of it, told alike by the command
+line and the operator page: `Answered.summary`, `Answered.failed`, `partitions_named`.
 """
 
 from __future__ import annotations
@@ -17,11 +18,26 @@ from app.kafka.cluster import existing_topics
 from app.kafka.ports import Clients, LogReader
 from app.ops.deadline import by, stop_by
 from app.protocol.topics import ContextTopics, parse_aggregate_type
-from app.protocol.wire import TimerOp, TimerOpAnswer
+from app.protocol.wire import OpOutcome, TimerAction, TimerOp, TimerOpAnswer
 from app.timers.op_answers import answer_of, answers_partition
 from app.timers.operator import send_op
 
-__all__ = ["Answered", "request_answered"]
+__all__ = ["DONE_WORDS", "Answered", "changed", "partitions_named", "request_answered", "timers"]
+
+DONE_WORDS = {TimerAction.RETRY: "retried", TimerAction.SKIP: "skipped"}
+
+
+def changed(answer: TimerOpAnswer) -> int:
+    """The PARKED timers the answer's partition retried or skipped (by its action)."""
+    return answer.retried if answer.action is TimerAction.RETRY else answer.skipped
+
+
+def timers(n: int) -> str:
+    return f"{n} timer{'' if n == 1 else 's'}"
+
+
+def partitions_named(ps: list[int]) -> str:
+    return f"partition{'' if len(ps) == 1 else 's'} {', '.join(map(str, ps))}"
 
 
 @dataclass
@@ -41,6 +57,36 @@ class Answered:
         """The partitions whose answer did not come (all of them when none was waited
         for)."""
         return [p for p in range(self.partitions) if p not in self.answers]
+
+    @property
+    def in_order(self) -> list[TimerOpAnswer]:
+        """The answers, by partition."""
+        return [self.answers[p] for p in sorted(self.answers)]
+
+    @property
+    def failed(self) -> list[int]:
+        """The partitions that answered FAILED."""
+        return [a.partition for a in self.in_order if a.outcome is OpOutcome.FAILED]
+
+    def summary(self, type_name: str, target: str, request: str) -> str:
+        """What was retried or skipped in all, where, what was a DUPLICATE and how many
+        answered; `target` and `request` as the caller shows them (escaped its way)."""
+        done = [a for a in self.answers.values() if a.outcome is OpOutcome.DONE]
+        total = sum(changed(a) for a in done)
+        where = sum(1 for a in done if changed(a))
+        duplicates = sum(1 for a in self.answers.values() if a.outcome is OpOutcome.DUPLICATE)
+        again = (
+            f"; {duplicates} partition{'' if duplicates == 1 else 's'} had carried it out "
+            "before under this request id (DUPLICATE: nothing done again)"
+            if duplicates
+            else ""
+        )
+        if missing := len(self.missing):
+            again += f"; {self.partitions - missing} of {self.partitions} answered"
+        return (
+            f"{DONE_WORDS[self.op.action]} {timers(total)} of {type_name} parked on {target} "
+            f"in {where} of {self.partitions} partitions{again} (request {request})"
+        )
 
 
 async def request_answered(
