@@ -4,6 +4,7 @@ which the HTTP edge takes out of a form before it is read (`app.ops.web`)."""
 
 from __future__ import annotations
 
+import uuid
 from typing import Final, TypeVar, cast
 
 from aiohttp import BodyPartReader, hdrs, web
@@ -21,6 +22,7 @@ __all__ = [
     "OperatorForm",
     "form_target",
     "local_path",
+    "new_form_id",
     "owner_query",
     "parse_form",
     "problems",
@@ -33,8 +35,15 @@ TOKEN_FIELD = "web_token"
 """The form field that carries the node's web token (`TICKWHEEL_WEB_TOKEN`)."""
 
 
+def new_form_id() -> str:
+    """A form's request id, new at each rendering of the page: the form submitted twice is
+    one request twice, carried out once."""
+    return uuid.uuid4().hex
+
+
 class OperatorForm(BaseModel):
-    """A Retry or Skip form: the owner type of the parked timers and their target."""
+    """A Retry or Skip form: the owner type of the parked timers and their target, and
+    the form's request id (none from a page an older node rendered: a fresh one then)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -42,6 +51,7 @@ class OperatorForm(BaseModel):
     target_type: str = Field(min_length=1, description="the target's type")
     target_tenant: str = Field(default=DEFAULT_TENANT, min_length=1)
     target_id: str = Field(min_length=1)
+    request_id: str | None = Field(default=None, min_length=1, max_length=100)
     back: str = "/"
 
 

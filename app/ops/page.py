@@ -9,9 +9,11 @@ ledger (every node follows the compacted ledger topic whole; the newest entries 
 over the last minutes.
 
 Retry and Skip are HTML forms posted to `/timers/retry` and `/timers/skip`: they go
-through Kafka exactly as `tickwheel timers retry|skip` does (`app.timers.operator`), to the
-owners of the timers' partitions, whichever nodes they are. A good form is answered
-303 back to the page with a confirmation; a bad one with a 400 page, and nothing sent.
+through Kafka exactly as `tickwheel timers retry|skip` does (`app.ops.op_answers`), to the
+owners of the timers' partitions, whichever nodes they are, and wait for each one's answer.
+A good form every partition carried out is answered 303 back to the page with what was
+retried or skipped; one a partition FAILED or did not answer with a page of the outcome
+(`app.ops.page_timer_ops`: 422, 504); a bad one with a 400 page, and nothing sent.
 The timers' and jobs' buttons are `app.ops.page_actions`'s, the chart `app.ops.chart`'s.
 
 Rendering is Jinja2 with autoescaping on: every owner id, key, type and message from the
@@ -24,7 +26,7 @@ import logging
 import os
 import socket
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -42,22 +44,27 @@ from app.ops.forms import (
     TOKEN_FIELD,
     form_target,
     local_path,
+    new_form_id,
     owner_query,
     parse_form,
     problems,
 )
 from app.ops.letters import Letter
 from app.ops.node_report import NodeReport, StatusSource, collect_report, recent_p99
+from app.ops.op_answers import request_answered
 from app.ops.page_ledger import ledger_rows
+from app.ops.page_timer_ops import (
+    AnsweredView,
+    Asker,
+    answered_status,
+    answered_view,
+    form_op,
+    notice,
+    unsettled_view,
+)
+from app.ops.timer_api import DEFAULT_WAIT_S
 from app.protocol.topics import parse_aggregate_type
-from app.protocol.wire import (
-    TimerAction,
-    TimerOp,
-)
-from app.timers.operator import (
-    request_retry,
-    request_skip,
-)
+from app.protocol.wire import TimerAction
 from tables import AggregateRef, StoreClosed, Timer
 from tables.ledger import FailureLedger
 from tables.partitioner import partition_of
@@ -70,11 +77,11 @@ __all__ = [
     "CHART_SECONDS",
     "PARKED_LIMIT",
     "Acted",
+    "Asker",
     "ClusterSource",
     "OperatorPage",
     "PageNode",
     "Rendered",
-    "Requester",
     "default_node_id",
 ]
 
@@ -134,16 +141,6 @@ class ClusterSource(Protocol):
     async def recent_letters(self, limit: int) -> list[tuple[str, Letter]]: ...
 
 
-Requester = Callable[[Clients, str, AggregateRef, int], Awaitable[TimerOp]]
-"""`(clients, owner type, target, partitions) -> the op written`: `request_retry` or
-`request_skip` of `app.timers.operator` (a fake one in some unit tests)."""
-
-_REQUESTS: dict[TimerAction, Requester] = {
-    TimerAction.RETRY: request_retry,
-    TimerAction.SKIP: request_skip,
-}
-
-
 def default_node_id(port: int) -> str:
     """How the page (and the cluster's status) names its node: host and HTTP port (where
     its page is; none without HTTP), and pid."""
@@ -185,18 +182,21 @@ class _OwnerPart:
 
 
 class OperatorPage:
-    """Builds the page of `node` and carries out its forms; no HTTP here (see `app.ops.web`)."""
+    """Builds the page of `node` and carries out its forms; no HTTP here (see `app.ops.web`).
+    `wait_s`: how long a Retry or Skip waits for the partitions' answers."""
 
     def __init__(
         self,
         node: PageNode,
         node_id: str,
         *,
-        requests: Mapping[TimerAction, Requester] | None = None,
+        ask: Asker = request_answered,
+        wait_s: float = DEFAULT_WAIT_S,
     ) -> None:
         self._node = node
         self.node_id = node_id
-        self._requests = dict(requests or _REQUESTS)
+        self._ask = ask
+        self._wait_s = wait_s
         self._notices: OrderedDict[str, str] = OrderedDict()
         self.cluster: ClusterSource | None = None
         """The group's status (set once the node publishes and reads it): without it the
@@ -256,6 +256,7 @@ class OperatorPage:
             "chart": lateness_chart(node.metrics.recent_lateness, now),
             "chart_seconds": CHART_SECONDS,
             "parked_limit": PARKED_LIMIT,
+            "new_id": new_form_id,
             **(self.actions.context(view.jobs) if self.actions is not None else _NO_ACTIONS),
         }
         # The newest entries only (`app.ops.page_ledger`): the ledger may hold thousands.
@@ -330,31 +331,34 @@ class OperatorPage:
     # --- POST --------------------------------------------------------------------------
 
     async def act(self, action: str, form: MultiMapping[object]) -> Acted:
-        """Carries out a Retry or Skip form: the request written to Kafka, then a redirect
-        back with a confirmation; a 400 page (nothing written) for a bad form."""
+        """Carries out a Retry or Skip form: the request sent and the partitions' answers
+        waited for, then a redirect back with what was done, or a page of the outcome
+        (`app.ops.page_timer_ops`); a 400 page (nothing sent) for a bad form."""
         try:
             wanted = TimerAction(action)
             parsed = parse_form(form)
             if parsed.type not in self._node.types:
                 known = ", ".join(sorted(self._node.types)) or "none"
                 raise BadInput(f"unknown type {parsed.type!r}: this node keeps timers of {known}")
-            target = form_target(parsed)
+            op = form_op(parsed, wanted, form_target(parsed))
         except (BadInput, ValueError) as exc:
             return Acted(rendered=self.error(400, str(exc)))
-        settings = self._node.settings
+        partitions, back = self._node.settings.partitions, local_path(parsed.back)
         try:
-            op = await self._requests[wanted](
-                self._node.clients, parsed.type, target, settings.partitions
+            answered = await self._ask(
+                self._node.clients, parsed.type, op, partitions, self._wait_s
             )
-        except TickwheelError as exc:
-            logger.warning("operator page: %s of %s failed: %s", wanted, target, exc)
-            return Acted(rendered=self.error(503, f"{wanted} not requested: {exc}"))
-        message = (
-            f"{wanted.value.capitalize()} of the timers of {parsed.type} parked on {target} "
-            f"requested (request {op.request_id}, {settings.partitions} partition(s)); "
-            "the owner of each partition carries it out."
-        )
-        return self.confirm(op.request_id, message, parsed.back)
+        except (TickwheelError, TimeoutError) as exc:
+            logger.warning("operator page: %s of %s failed: %s", wanted, op.target, exc)
+            why = str(exc) or type(exc).__name__
+            return self._answered(unsettled_view(parsed.type, op, why, parsed, back))
+        if answered_status(answered) == 200:
+            return self.confirm(op.request_id, notice(parsed.type, answered), parsed.back)
+        return self._answered(answered_view(parsed.type, answered, self._wait_s, parsed, back))
+
+    def _answered(self, view: AnsweredView) -> Acted:
+        html = _ANSWERED.render(view=view, node=self.node_id)
+        return Acted(rendered=Rendered(view.status, html))
 
     def confirm(self, request_id: str, message: str, back: str) -> Acted:
         """A form's 303 back to the page (`back`, if it is this server's) with `message`."""
@@ -388,3 +392,4 @@ _ENV = Environment(
 _PAGE = _ENV.get_template("page.html")
 _ERROR = _ENV.get_template("error.html")
 _TOKEN = _ENV.get_template("token.html")
+_ANSWERED = _ENV.get_template("answered.html")

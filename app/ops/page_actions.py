@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import logging
 import time
-import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
@@ -35,7 +34,7 @@ from app.errors import BadInput, KafkaUnavailable
 from app.jobs import SCHEDULE, instance_ids
 from app.ops import job_api
 from app.ops.cluster_page import JobRow
-from app.ops.forms import problems
+from app.ops.forms import new_form_id, problems
 from app.ops.job_api import JobInputError, json_field
 from app.ops.timer_api import (
     DONE,
@@ -118,10 +117,6 @@ class DeclaredJob:
     next_due: str
     statuses: str
     nodes: str
-
-
-def new_form_id() -> str:
-    return uuid.uuid4().hex
 
 
 def buttons_of(status: TimerStatus) -> list[tuple[str, str]]:

@@ -27,7 +27,9 @@ failed, named in `unread`). `GET /` is the operator page
 `?owner=<id>&tenant=<tenant>`, the lateness chart); its Retry and Skip forms are
 `POST /timers/retry` and `POST /timers/skip`, its timers' and jobs' buttons
 `POST /page/timer` and `POST /page/job` (`app.ops.page_actions`) (303 back to the page,
-400 for a bad form, 403 for a form posted from another site). `PUT`, `DELETE` and
+400 for a bad form, 403 for a form posted from another site; a Retry or Skip waits for
+every partition's answer: a 422 page when one FAILED, 504 when one did not answer in
+time, `app.ops.page_timer_ops`). `PUT`, `DELETE` and
 `GET /timers/{type}/{owner}/{key}` set, cancel and show a timer of a timer book
 (`app.ops.timer_routes`); `GET /jobs` and
 `POST /jobs/{context}/{job}/trigger|enable|disable|reschedule|backfill` list and act on
@@ -155,7 +157,7 @@ class WebServer:
         await site.start()
         for address in self._runner.addresses:  # the port chosen when asked for port 0
             self.port = int(address[1])
-        self.page = OperatorPage(self._node, default_node_id(self.port))
+        self.page = OperatorPage(self._node, default_node_id(self.port), wait_s=self._timer_wait_s)
         self.page.actions = PageActions(self._node, self.page, self._timer_wait_s)
         logger.info(
             "http on %s:%d (actions %s)",

@@ -37,8 +37,10 @@ from app.kafka.records import OutRecord
 from app.model.aggregate import AggregateType, Command, Decision
 from app.node.metrics import NodeMetrics
 from app.node.settings import Settings
-from app.protocol.wire import TimerAction, TimerOp
-from app.timers.operator import new_op
+from app.ops.op_answers import Answered
+from app.ops.page_timer_ops import Asker
+from app.protocol.wire import OpOutcome, TimerAction, TimerOp, TimerOpAnswer, decode
+from app.timers.op_answers import answer_record
 from app.timers.runner import InProcessTargets, SendResult, TimerOptions, TimerRunner
 from tables.census import TimerCensus
 from tables.ledger import FailureLedger, MemoryFailureLedger
@@ -523,21 +525,41 @@ class FakeNode:
 
 
 class Recorder:
-    """Stands in for `request_retry`/`request_skip`: records the calls (where the clients
-    given reach), or fails."""
+    """Stands in for `request_answered` of one action: records the calls (where the clients
+    given reach), every partition answering DONE with nothing changed; or fails."""
 
     def __init__(self, action: TimerAction) -> None:
         self.action = action
         self.calls: list[tuple[str, str, AggregateRef, int]] = []
+        self.ops: list[TimerOp] = []
         self.fail: TickwheelError | None = None
 
     async def __call__(
-        self, clients: Clients, type_name: str, target: AggregateRef, partitions: int
-    ) -> TimerOp:
+        self, clients: Clients, type_name: str, op: TimerOp, partitions: int, wait_s: float
+    ) -> Answered:
+        assert op.action is self.action
         if self.fail is not None:
             raise self.fail
-        self.calls.append((clients.admin().where(), type_name, target, partitions))
-        return new_op(self.action, target, now=T0)
+        self.calls.append((clients.admin().where(), type_name, op.target, partitions))
+        self.ops.append(op)
+        done = [
+            answer_record(type_name, op, p, 0, OpOutcome.DONE, partitions=1, now=T0)
+            for p in range(partitions)
+        ]
+        answers = {p: decode(TimerOpAnswer, r[3]) for p, r in enumerate(done)}
+        return Answered(op, partitions, waited=True, answers=answers)
+
+
+def asking(retry: Recorder, skip: Recorder) -> Asker:
+    """The page's requests: retries to `retry`, skips to `skip`."""
+
+    async def ask(
+        clients: Clients, type_name: str, op: TimerOp, partitions: int, wait_s: float
+    ) -> Answered:
+        by = retry if op.action is TimerAction.RETRY else skip
+        return await by(clients, type_name, op, partitions, wait_s)
+
+    return ask
 
 
 def ref(id: str, **fields: str) -> AggregateRef:

@@ -204,11 +204,12 @@ async def web_node(
     partitions: int = 2,
     cookies: bool = False,
     token: str | None = WEB_TOKEN,
+    timers: TimerOptions | None = None,
 ) -> AsyncIterator[W]:
     """A node of `service` (its data in `data / "n"`) with its web edge on a free port and
     web token `token` (None: none, its writes open), once it runs every partition, as a
     `kind`; stopped after. `cookies`: the session keeps an IP address host's cookies (the
-    loopback's: the page's forms)."""
+    loopback's: the page's forms); `timers`: the node's timer options."""
     log = MemoryLog()
     settings = Settings(
         bootstrap_servers="memory",
@@ -218,6 +219,7 @@ async def web_node(
         session_timeout_ms=1_000,
         commit_interval_ms=20,
         web_token=token,
+        timers=timers or TimerOptions(),
     )
     node = Node(settings, service, clients=log, clock=clock)
     await node.start()

@@ -16,7 +16,7 @@ from typing import Any
 
 import aiohttp
 import pytest
-from fakes import GOOD, NODE, PAGE_PARTITIONS, TYPE, FakeNode, Recorder, ref
+from fakes import GOOD, NODE, PAGE_PARTITIONS, TYPE, FakeNode, Recorder, asking, ref
 from yarl import URL
 
 from app.node.settings import Settings
@@ -87,9 +87,7 @@ def serve() -> Serve:
         server = WebServer(fake, 0)  # type: ignore[arg-type]
         await server.start()
         retry, skip = Recorder(TimerAction.RETRY), Recorder(TimerAction.SKIP)
-        server.page = OperatorPage(
-            fake, NODE, requests={TimerAction.RETRY: retry, TimerAction.SKIP: skip}
-        )
+        server.page = OperatorPage(fake, NODE, ask=asking(retry, skip))
         try:
             jar = aiohttp.CookieJar(unsafe=True)  # keeps a loopback address's cookies
             async with aiohttp.ClientSession(cookie_jar=jar) as http:

@@ -14,7 +14,7 @@ from typing import Any
 
 import aiohttp
 import pytest
-from fakes import GOOD, NODE, PAGE_PARTITIONS, T0, TYPE, FakeNode, Kept, Recorder, ref
+from fakes import GOOD, NODE, PAGE_PARTITIONS, T0, TYPE, FakeNode, Kept, Recorder, asking, ref
 from yarl import URL
 
 import tables.ledger
@@ -62,9 +62,7 @@ async def site() -> AsyncIterator[Site]:
     server = WebServer(node, 0)  # type: ignore[arg-type]
     await server.start()
     retry, skip = Recorder(TimerAction.RETRY), Recorder(TimerAction.SKIP)
-    server.page = OperatorPage(
-        node, NODE, requests={TimerAction.RETRY: retry, TimerAction.SKIP: skip}
-    )
+    server.page = OperatorPage(node, NODE, ask=asking(retry, skip))
     try:
         async with aiohttp.ClientSession() as http:
             yield Site(node, URL(f"http://127.0.0.1:{server.port}"), http, retry, skip)
@@ -161,6 +159,8 @@ async def test_parked_rows_carry_forms_for_their_target(site: Site) -> None:
     _, html = await site.get("/", owner="someone")
     form = html.split('<tr class="parked-timer">', 1)[1].split("</form>", 1)[0]
     hidden = dict(re.findall(r'name="(\w+)" value="([^"]*)"', form))
+    # The form's own request id, new at each rendering: submitted twice, one request.
+    assert re.fullmatch(r"[0-9a-f]{32}", hidden.pop("request_id"))
     assert hidden == {
         "type": TYPE,
         "target_type": TYPE,
@@ -337,7 +337,8 @@ async def test_a_good_form_is_sent_and_redirects_back_with_a_confirmation(
     status, html = await site.get("/", **url.query)
     assert status == 200
     notice = html.split('id="notice">', 1)[1].split("</div>", 1)[0]
-    assert notice.startswith(f"{action.capitalize()} of the timers of {TYPE} parked on ")
+    done = "Retried" if action == "retry" else "Skipped"
+    assert notice.startswith(f"{done} 0 timers of {TYPE} parked on {ref('t-1')} in 0 of {P} ")
     assert url.query["done"] in notice
 
 
@@ -412,7 +413,8 @@ async def test_a_request_kafka_does_not_take_is_a_503_page(site: Site) -> None:
     site.retry.fail = KafkaUnavailable("no broker at b:1")
     status, html, _ = await site.post("retry", GOOD)
     assert status == 503
-    assert "retry not requested: no broker at b:1" in html
+    assert "retry not sent, or sent and not answered: no broker at b:1" in html
+    assert "Sending the same form again is safe" in html
 
 
 async def test_a_get_of_a_form_url_is_a_405(site: Site) -> None:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import aiohttp
 import orjson
 import pytest
-from fakes import GOOD, NODE, PAGE_PARTITIONS, T0, TYPE, FakeNode, Kept, Recorder, ref
+from fakes import GOOD, NODE, PAGE_PARTITIONS, T0, TYPE, FakeNode, Kept, Recorder, asking, ref
 from test_cluster_status import owner_in, timer
 from test_web_page import cells
 from yarl import URL
@@ -77,9 +77,7 @@ async def site() -> AsyncIterator[Site]:
     server = WebServer(node, 0)  # type: ignore[arg-type]
     await server.start()
     retry = Recorder(TimerAction.RETRY)
-    server.page = OperatorPage(
-        node, NODE, requests={TimerAction.RETRY: retry, TimerAction.SKIP: retry}
-    )
+    server.page = OperatorPage(node, NODE, ask=asking(retry, Recorder(TimerAction.SKIP)))
     server.page.cluster = cluster
     try:
         async with aiohttp.ClientSession() as http:
