@@ -39,12 +39,12 @@ def validity_of_pem(pem: bytes) -> Validity:
     or it is not one."""
     try:
         certificate = x509.load_pem_x509_certificate(pem)
-    except ValueError as exc:
+        return Validity(
+            int(certificate.not_valid_before_utc.timestamp()),
+            int(certificate.not_valid_after_utc.timestamp()),
+        )
+    except Exception as exc:  # cryptography's own (InvalidVersion) are no ValueError
         raise ValueError(f"no readable PEM certificate: {exc}") from exc
-    return Validity(
-        int(certificate.not_valid_before_utc.timestamp()),
-        int(certificate.not_valid_after_utc.timestamp()),
-    )
 
 
 def warn_window(validity: Validity) -> float:

@@ -103,7 +103,13 @@ class TlsReload:
     async def run(self) -> None:
         """Checks the files at once, then every `CHECK_EVERY_S`, until cancelled."""
         while True:
-            self.check()
+            try:
+                self.check()
+            except Exception as exc:
+                # The material loaded still serves: a reload that fails in a way not
+                # foreseen (no memory file to copy into, a certificate OpenSSL took and
+                # cryptography did not) is said and tried again, never the node's stop.
+                self._refuse(f"the reload failed: {type(exc).__name__}: {exc}")
             await asyncio.sleep(CHECK_EVERY_S)
 
     def check(self) -> bool:

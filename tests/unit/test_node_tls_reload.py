@@ -73,10 +73,10 @@ async def test_the_tls_reload_ending_stops_the_node_naming_it(
     node, _ = tls_node(tmp_path)
     assert node.tls is not None
 
-    def broken() -> bool:
-        raise RuntimeError("a bug in the check")
+    async def broken() -> None:
+        raise RuntimeError("a bug in the check")  # its check's failures it says itself
 
-    monkeypatch.setattr(node.tls, "check", broken)
+    monkeypatch.setattr(node.tls, "run", broken)
     await node.start()
     try:
         with pytest.raises(NodeFailed, match=r"the TLS reload failed: .*a bug in the check"):

@@ -116,3 +116,21 @@ def test_a_warning_repeats_once_a_day(lifetime: int, left: int, since: int) -> N
     due = expiry_warning_due(now, validity, now - since)
     # a clock stepped back before the last warning: warned again
     assert due == (since >= WARN_EVERY_S or since < 0)
+
+
+def test_a_certificate_cryptography_refuses_otherwise_is_a_value_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # cryptography's InvalidVersion is no ValueError: raised on, it ended the reload's
+    # watch, and the node with it.
+    from cryptography import x509
+
+    certs = Certs(tmp_path)
+    pem = certs.leaf("client", certs.ca("ca")).cert.read_bytes()
+
+    def invalid(data: bytes) -> object:
+        raise x509.InvalidVersion("bad version", 7)
+
+    monkeypatch.setattr(x509, "load_pem_x509_certificate", invalid)
+    with pytest.raises(ValueError, match="no readable PEM certificate: bad version"):
+        validity_of_pem(pem)

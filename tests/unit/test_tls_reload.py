@@ -7,6 +7,8 @@ TLS server that requires a client certificate, no broker; the clock is a test's.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import shutil
 import ssl
@@ -228,3 +230,28 @@ async def test_a_directory_not_searchable_keeps_what_was_loaded(
     assert await world.seen() == "client-1"
     assert tls.check() is True
     assert await world.seen() == "client-2"
+
+
+async def test_a_reload_failing_unforeseen_is_said_and_the_watch_goes_on(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # No memory file to copy into (EMFILE): the loaded material still serves, so the watch
+    # (whose end stops the node) says it and tries again at its next check.
+    world = World(tmp_path)
+    tls = world.reload()
+    tls.check()
+    world.put(world.certs.leaf("client-2", world.ca))
+
+    def no_files(contents: object) -> object:
+        raise OSError(24, "Too many open files")
+
+    monkeypatch.setattr(reload_module, "_copies", no_files)
+    watch = asyncio.create_task(tls.run())
+    while not warnings(caplog):
+        assert not watch.done(), watch
+        await asyncio.sleep(0.01)
+    watch.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await watch
+    assert "the reload failed: OSError" in warnings(caplog)[0]
+    assert await world.seen() == "client-1"
