@@ -165,10 +165,13 @@ def _read(
                 if (
                     answer is not None
                     and answer.request_id == op.request_id
+                    and answer.action is op.action
                     and answer.partition < len(offsets)
                     and answer.offset == offsets[answer.partition]
                 ):
-                    got[answer.partition] = answer
+                    # An owner answers a copy once, in the commit of its offset: one more
+                    # (another producer's) does not take the first one's place.
+                    got.setdefault(answer.partition, answer)
         return len(got) == len(offsets)
 
     return read

@@ -305,3 +305,33 @@ async def test_answers_wait_cut_keeps_what_came() -> None:
     op = new_op(TimerAction.SKIP, OWNER, now=T0, request_id="s-1")
     answered = await asyncio.wait_for(request_answered(log, "shop.order", op, P, 0.1), 5)
     assert answered.missing == [0, 1] and answered.answers == {}
+
+
+async def test_an_answer_written_after_the_owners_does_not_replace_it() -> None:
+    """An owner answers a copy once; another producer's answer after it (a forged DONE
+    over a FAILED) is not the one the wait tells, nor one of another action."""
+    log = MemoryLog(node_topics([ORDERS], P))
+    op = new_op(TimerAction.RETRY, OWNER, now=T0, request_id="r-9")
+
+    async def owners() -> None:
+        await wait_until(lambda: all(log.records(ORDERS.timer_ops, p) for p in range(P)))
+        publisher = log.publisher()
+        for p in range(P):
+            at = log.records(ORDERS.timer_ops, p)[0].offset
+            first = OpOutcome.FAILED if p == 0 else OpOutcome.DONE
+            for outcome, request in ((first, op), (OpOutcome.DONE, op)):
+                out = answer_record(
+                    "shop.order", request, p, at, outcome, partitions=P, now=T0, changed=p
+                )
+                await publisher.send(out[0], out[2], out[3], out[1])
+        skip = op.model_copy(update={"action": TimerAction.SKIP})
+        out = answer_record("shop.order", skip, 1, 0, OpOutcome.FAILED, partitions=P, now=T0)
+        await publisher.send(out[0], out[2], out[3], out[1])
+
+    answering = asyncio.create_task(owners())
+    answered = await asyncio.wait_for(request_answered(log, "shop.order", op, P, 5), 10)
+    await answering
+    assert {p: a.outcome for p, a in answered.answers.items()} == {
+        0: OpOutcome.FAILED,
+        1: OpOutcome.DONE,
+    }
