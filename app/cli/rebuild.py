@@ -189,7 +189,7 @@ class ReplayView:
         now = self._clock()
         due = self._printed_at is None or now - self._printed_at >= self._line_every
         if (force or due) and self._printed != p:
-            self.console.print(progress_line(p), highlight=False, soft_wrap=True)
+            self.console.print(progress_line(p), highlight=False, soft_wrap=True, markup=False)
             self._printed = p
             self._printed_at = now
 
@@ -233,7 +233,7 @@ async def run_rebuild(
         await rb.apply_plan(clients, plan)
         resetting = False
         for line in plan_lines(plan, done=True):
-            out.print(line, highlight=False, soft_wrap=True)
+            out.print(line, highlight=False, soft_wrap=True, markup=False)
         if interrupted.is_set():
             return RebuildRun(plan, Ended.INTERRUPTED)
         if not wait:
@@ -243,6 +243,7 @@ async def run_rebuild(
             "(Ctrl-C stops following; the workers replay on)",
             highlight=False,
             soft_wrap=True,
+            markup=False,  # a group id may hold "[/x]", which rich takes for a tag
         )
         spans = plan.spans()
         async with GroupOffsets(bootstrap, group_id) as offsets:
