@@ -4,11 +4,11 @@ client options every client the project creates is made with."""
 from __future__ import annotations
 
 import ssl
-import subprocess
 from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
+from tls_certs import Certs
 
 from app.kafka.connection import KafkaConnection, address, client_options
 from app.kafka.rdkafka_config import rdkafka_options
@@ -110,14 +110,10 @@ def test_a_refusal_is_known_through_what_wraps_it() -> None:
 
 @pytest.fixture
 def encrypted_key_pair(tmp_path: Path) -> tuple[Path, Path]:
-    """A self-signed client certificate and its key, encrypted with "s3cret" (openssl)."""
-    cert, key = tmp_path / "client.pem", tmp_path / "client.key"
-    subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-keyout", str(key), "-out",
-         str(cert), "-days", "1", "-subj", "/CN=client", "-passout", "pass:s3cret"],
-        check=True, capture_output=True, stdin=subprocess.DEVNULL,
-    )  # fmt: skip
-    return cert, key
+    """A client certificate and its key, encrypted with "s3cret"."""
+    certs = Certs(tmp_path)
+    client = certs.leaf("client", certs.ca("ca"), days=1, password="s3cret")
+    return client.cert, client.key
 
 
 def test_an_encrypted_client_key_needs_its_password_and_is_never_asked_for(

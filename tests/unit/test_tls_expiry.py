@@ -52,9 +52,9 @@ def test_anything_in_a_certificates_framing_is_a_value_error(der: bytes) -> None
         validity_of_pem(pem)
 
 
-def test_openssl_certificates_read_as_openssl_reads_them(tmp_path: Path) -> None:
+def test_certificates_read_as_openssl_reads_them(tmp_path: Path) -> None:
     certs = Certs(tmp_path)
-    ca = certs.ca("ca", days=3650)
+    ca = certs.ca("ca")
     leaf = certs.leaf("client", ca, days=2)
     for made in (ca, leaf):
         said = subprocess.run(

@@ -1,41 +1,19 @@
-"""Certificates for TLS tests, made with the machine's `openssl` (`trustme` is no
-dependency): CAs, a server certificate for localhost, client certificates; P-256 keys,
-made in milliseconds. And one mutual TLS handshake with an in-process asyncio server that
-requires a client certificate (`client_seen`)."""
+"""Certificates for TLS tests, made with `trustme`: CAs, a server certificate for
+localhost, client certificates (P-256 keys, a client's key encrypted when a test gives a
+password), written to files as a service's settings name them. And one mutual TLS
+handshake with an in-process asyncio server that requires a client certificate
+(`client_seen`)."""
 
 from __future__ import annotations
 
 import asyncio
-import secrets
 import ssl
-import subprocess
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-_CONFIG = """\
-[req]
-distinguished_name = dn
-prompt = no
-[dn]
-CN = unused
-[ca]
-basicConstraints = critical,CA:TRUE
-keyUsage = critical,keyCertSign,cRLSign
-subjectKeyIdentifier = hash
-[server]
-basicConstraints = critical,CA:FALSE
-keyUsage = critical,digitalSignature
-extendedKeyUsage = serverAuth
-subjectAltName = DNS:localhost,IP:127.0.0.1
-subjectKeyIdentifier = hash
-authorityKeyIdentifier = keyid
-[client]
-basicConstraints = critical,CA:FALSE
-keyUsage = critical,digitalSignature
-extendedKeyUsage = clientAuth
-subjectKeyIdentifier = hash
-authorityKeyIdentifier = keyid
-"""
+import trustme
+from cryptography.hazmat.primitives import serialization
 
 
 @dataclass(frozen=True)
@@ -44,63 +22,61 @@ class Pair:
     key: Path
 
 
+@dataclass(frozen=True)
+class Authority(Pair):
+    """A CA's files, and the CA that issues its leaves."""
+
+    issuer: trustme.CA
+
+
 class Certs:
-    """Certificates made in `directory`, each named by its common name."""
+    """Certificates made in `directory`, each file named by its certificate's name."""
 
     def __init__(self, directory: Path) -> None:
         self.directory = directory
         directory.mkdir(parents=True, exist_ok=True)
-        (directory / "openssl.cnf").write_text(_CONFIG)
 
-    def _openssl(self, *arguments: str) -> None:
-        subprocess.run(
-            ["openssl", *arguments],
-            cwd=self.directory,
-            check=True,
-            capture_output=True,
-            stdin=subprocess.DEVNULL,
-        )
+    def _write(self, name: str, suffix: str, cert: bytes, key: bytes) -> Pair:
+        pair = Pair(self.directory / f"{name}{suffix}", self.directory / f"{name}.key")
+        pair.cert.write_bytes(cert)
+        pair.key.write_bytes(key)
+        return pair
 
-    def _key(self, name: str, password: str | None) -> Path:
-        encrypted = [] if password is None else ["-aes256", "-pass", f"pass:{password}"]
-        self._openssl(
-            "genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256",
-            *encrypted, "-out", f"{name}.key",
-        )  # fmt: skip
-        return self.directory / f"{name}.key"
-
-    def ca(self, name: str, days: int = 30) -> Pair:
-        key = self._key(name, None)
-        self._openssl(
-            "req", "-x509", "-new", "-key", key.name, "-out", f"{name}.pem", "-days",
-            str(days), "-subj", f"/CN={name}", "-config", "openssl.cnf", "-extensions", "ca",
-        )  # fmt: skip
-        return Pair(self.directory / f"{name}.pem", key)
+    def ca(self, name: str) -> Authority:
+        """A root CA (trustme's: valid from 2000 to 3000), `name` its organizational unit."""
+        ca = trustme.CA(organization_unit_name=name)
+        made = self._write(name, ".pem", ca.cert_pem.bytes(), ca.private_key_pem.bytes())
+        return Authority(made.cert, made.key, ca)
 
     def leaf(
         self,
         name: str,
-        ca: Pair,
+        ca: Authority,
         *,
         server: bool = False,
         days: int = 30,
         password: str | None = None,
     ) -> Pair:
-        """A certificate of CN `name` signed by `ca`: a server's for localhost, or a
-        client's; its key encrypted with `password` if given."""
-        key = self._key(name, password)
-        passin = [] if password is None else ["-passin", f"pass:{password}"]
-        self._openssl(
-            "req", "-new", "-key", key.name, *passin, "-out", f"{name}.csr", "-subj",
-            f"/CN={name}", "-config", "openssl.cnf",
-        )  # fmt: skip
-        self._openssl(
-            "x509", "-req", "-in", f"{name}.csr", "-CA", ca.cert.name, "-CAkey", ca.key.name,
-            "-set_serial", "0x" + secrets.token_hex(16), "-days", str(days), "-out",
-            f"{name}.crt", "-extfile", "openssl.cnf", "-extensions",
-            "server" if server else "client",
-        )  # fmt: skip
-        return Pair(self.directory / f"{name}.crt", key)
+        """A certificate of CN `name` signed by `ca`, valid from now for `days`: a
+        server's for localhost, or a client's; its key encrypted with `password` if
+        given."""
+        # whole seconds, as X.509 holds them: its validity is exactly `days`
+        now = datetime.now(UTC).replace(microsecond=0)
+        # trustme issues no certificate without a subject alternative name: a client's
+        # names itself
+        identities = ("localhost", "127.0.0.1") if server else (name,)
+        leaf = ca.issuer.issue_cert(
+            *identities, common_name=name, not_before=now, not_after=now + timedelta(days=days)
+        )
+        key = leaf.private_key_pem.bytes()
+        if password is not None:
+            # trustme writes no encrypted key: its key, re-serialized with the password
+            key = serialization.load_pem_private_key(key, password=None).private_bytes(
+                serialization.Encoding.PEM,
+                serialization.PrivateFormat.PKCS8,
+                serialization.BestAvailableEncryption(password.encode()),
+            )
+        return self._write(name, ".crt", leaf.cert_chain_pems[0].bytes(), key)
 
 
 def server_context(server: Pair, *client_cas: Path) -> ssl.SSLContext:
