@@ -140,7 +140,7 @@ class ClientCredentials(AbstractTokenProvider):  # type: ignore[misc]  # aiokafk
                     headers={"Accept": "application/json", "Authorization": basic},
                 ) as answer,
             ):
-                body = await answer.content.read(MAX_ANSWER_BYTES + 1)
+                body = await _read_capped(answer.content)
                 status = answer.status
         except TimeoutError as exc:
             raise TokenUnavailable(
@@ -158,6 +158,19 @@ class ClientCredentials(AbstractTokenProvider):  # type: ignore[misc]  # aiokafk
                 f"the token endpoint {self.endpoint} cannot be reached: {exc}"
             ) from exc
         return read_token_answer(self.endpoint, status, body, self._clock(), self._wall())
+
+
+async def _read_capped(content: aiohttp.StreamReader) -> bytes:
+    """The whole body, or its first `MAX_ANSWER_BYTES` + 1 bytes when it is larger (so
+    that `read_token_answer` refuses it without the rest being waited for): `read(n)`
+    gives what has come so far, not n bytes, and an answer may come in several writes."""
+    body = bytearray()
+    while len(body) <= MAX_ANSWER_BYTES:
+        chunk = await content.read(MAX_ANSWER_BYTES + 1 - len(body))
+        if not chunk:  # the end of the body
+            break
+        body += chunk
+    return bytes(body)
 
 
 def endpoint_context(endpoint: str, cafile: Path | None) -> ssl.SSLContext | None:

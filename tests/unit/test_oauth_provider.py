@@ -23,7 +23,7 @@ from tls_certs import Certs
 from app.errors import ConfigError
 from app.kafka.connection import KafkaConnection
 from app.kafka.oauth import ClientCredentials, endpoint_context
-from app.kafka.oauth_token import TokenRefused, TokenUnavailable
+from app.kafka.oauth_token import MAX_ANSWER_BYTES, TokenRefused, TokenUnavailable
 from app.kafka.rdkafka_config import rdkafka_options
 from app.node.settings import Settings
 
@@ -195,6 +195,55 @@ async def test_the_endpoints_tls_is_checked_with_kafkas_ca_file(tmp_path: Path) 
         )
         with pytest.raises(TokenRefused, match="KAFKA_SSL_CAFILE"):
             await system.token()
+
+
+async def serve_in_writes(
+    pieces: list[bytes], then_hold: bool = False
+) -> AsyncIterator[tuple[str, asyncio.Event]]:
+    """A token endpoint that writes its answer's body in `pieces`, 50 ms apart (a slow
+    network, a proxy's chunks); `then_hold`: then sends nothing more until the event."""
+    released = asyncio.Event()
+
+    async def handle(request: web.Request) -> web.StreamResponse:
+        await request.post()
+        answer = web.StreamResponse(headers={"Content-Type": "application/json"})
+        answer.enable_chunked_encoding()
+        await answer.prepare(request)
+        for n, piece in enumerate(pieces):
+            if n:
+                await asyncio.sleep(0.05)  # the endpoint's own pace, not a wait for a state
+            await answer.write(piece)
+        if then_hold:
+            await released.wait()
+        return answer
+
+    app = web.Application()
+    app.router.add_post("/token", handle)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    try:
+        yield f"http://localhost:{runner.addresses[0][1]}/token", released
+    finally:
+        released.set()
+        await runner.cleanup()
+
+
+async def test_an_answer_written_in_several_pieces_is_read_whole() -> None:
+    body = granted("tok-slow")[1]
+    thirds = [body[: len(body) // 3], body[len(body) // 3 : -5], body[-5:]]
+    async for url, _ in serve_in_writes(thirds):
+        tokens = ClientCredentials(url, "c", "s", clock=Clock())
+        assert await tokens.token() == "tok-slow"
+
+
+async def test_an_answer_past_the_cap_is_refused_without_waiting_for_its_end() -> None:
+    piece = b" " * (64 * 1024)
+    async for url, _ in serve_in_writes([b"{", *[piece] * 5], then_hold=True):
+        # Its end never comes: a read to the end would time out (unavailable, retried).
+        tokens = ClientCredentials(url, "c", "s", clock=Clock(), timeout_s=30)
+        with pytest.raises(TokenRefused, match=f"more than {MAX_ANSWER_BYTES} bytes"):
+            await asyncio.wait_for(tokens.token(), 10)
 
 
 def oauth_env(**more: str) -> dict[str, str]:
