@@ -4,9 +4,10 @@ and asks again once 80 % of its lifetime has passed (`oauth_token` decides; this
 is its one HTTP edge, aiohttp's).
 
 Every aiokafka client of a connection holds the one provider `token_provider` gives, so
-one token serves them all. A fetch that fails keeps the token held while it lives (an
-endpoint away for a while is not an outage) and waits 0.1 s doubling to 10 s before the
-endpoint is asked again; a refused grant (`TokenRefused`) names the endpoint and the
+one token serves them all. A connection is handed the token held while it lives, at
+once: its refresh runs in the background. A fetch that fails keeps the token held while
+it lives (an endpoint away for a while is not an outage) and waits 0.1 s doubling to
+10 s before the endpoint is asked again; a refused grant (`TokenRefused`) names the endpoint and the
 OAuth error, never the secret. May import `app.kafka.oauth_token`.
 """
 
@@ -18,7 +19,6 @@ import functools
 import logging
 import ssl
 import time
-import weakref
 from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import quote_plus, urlsplit
@@ -28,12 +28,13 @@ from aiokafka.abc import AbstractTokenProvider
 
 from app.kafka.oauth_token import (
     MAX_ANSWER_BYTES,
+    Step,
     Token,
     TokenRefused,
     TokenUnavailable,
     backoff_s,
+    next_step,
     read_token_answer,
-    refresh_due,
 )
 
 __all__ = ["DEFAULT_TIMEOUT_S", "ClientCredentials", "endpoint_context", "token_provider"]
@@ -47,9 +48,18 @@ DEFAULT_TIMEOUT_S = 10.0
 class ClientCredentials(AbstractTokenProvider):  # type: ignore[misc]  # aiokafka is untyped
     """Tokens of the client-credentials grant from `endpoint`, for `client_id`.
 
+    A token that lives is handed at once; past its refresh window one fetch runs in the
+    background (a task of the asking loop, held here, ended by its own timeout), so a
+    connection never waits on the endpoint while a token lives. With none that lives,
+    `token()` waits for the fetch under way (shielded: a caller's cancellation, aiokafka's
+    connect timeout, does not end it, and the next caller joins it). A fetch that fails,
+    times out or is cancelled counts for the backoff.
+
     `clock` (monotonic seconds) times the tokens' lifetimes and the backoff; `wall` (the
     time of day) reads a JWT's `exp` when the answer gives no `expires_in`: both
-    injectable for tests. Safe to share between event loops (a lock per loop)."""
+    injectable for tests. Shared by event loops (each waits on its own loop's fetch); the
+    provider lives as long as the settings it is cached for (`token_provider`), and
+    `aclose` ends the asking loop's fetch under way."""
 
     def __init__(
         self,
@@ -75,11 +85,11 @@ class ClientCredentials(AbstractTokenProvider):  # type: ignore[misc]  # aiokafk
         self._wall = wall
         self._token: Token | None = None
         self._failures = 0
-        self._retry_at = 0.0
+        self._retry_at: float | None = None
         self._last_error: Exception | None = None
-        self._locks: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock] = (
-            weakref.WeakKeyDictionary()
-        )
+        self._logged: str | None = None
+        # Each loop's fetch under way; removed when it ends (no closed loop is kept).
+        self._fetching: dict[asyncio.AbstractEventLoop, asyncio.Task[Token]] = {}
         self.fetches = 0
         """How many times the endpoint was asked (for tests and logs)."""
 
@@ -87,39 +97,92 @@ class ClientCredentials(AbstractTokenProvider):  # type: ignore[misc]  # aiokafk
         return f"ClientCredentials({self.endpoint!r}, client {self.client_id!r})"
 
     async def token(self) -> str:
-        """A token that lives: the one held until its refresh window, else a new one."""
-        held = self._token
-        if held is not None and not refresh_due(held, self._clock()):
-            return held.value
-        lock = self._locks.setdefault(asyncio.get_running_loop(), asyncio.Lock())
-        async with lock:  # the clients connecting at once ask the endpoint once
-            held = self._token
-            now = self._clock()
-            if held is not None and not refresh_due(held, now):
-                return held.value
-            try:
-                fresh = await self._fetch_unless_backing_off(now)
-            except (TokenUnavailable, TokenRefused) as exc:
-                if held is not None and now < held.expires_at:
-                    logger.warning("keeping the token held until it expires: %s", exc)
-                    return held.value
-                raise
-            self._token = fresh
-            return fresh.value
-
-    async def _fetch_unless_backing_off(self, now: float) -> Token:
-        if self._last_error is not None and now < self._retry_at:
+        """A token that lives: the one held (refreshed in the background past its refresh
+        window), else the one the fetch under way (or a new one) brings."""
+        loop = asyncio.get_running_loop()
+        here = self._fetching.get(loop)
+        step = next_step(self._token, self._clock(), self._retry_at, self._under_way())
+        if step is Step.FAIL:
+            assert self._last_error is not None
             raise self._last_error  # the endpoint is not asked more often than the backoff
+        if step is not Step.WAIT:
+            if step is Step.HAND_AND_REFRESH:
+                self._start(loop)
+            assert self._token is not None
+            return self._token.value
+        if here is None or here.done():
+            here = self._start(loop)
+        return (await asyncio.shield(here)).value
+
+    def fetch_under_way(self) -> asyncio.Task[Token] | None:
+        """The running loop's fetch under way, if any (to wait for it: tests)."""
+        task = self._fetching.get(asyncio.get_running_loop())
+        return None if task is None or task.done() else task
+
+    async def aclose(self) -> None:
+        """Ends the running loop's fetch under way (a failure for the backoff) and waits
+        for it; the provider stays usable."""
+        if (task := self.fetch_under_way()) is not None:
+            task.cancel()
+            await asyncio.wait([task])
+
+    def _under_way(self) -> bool:
+        # Any loop's: one fetch at a time while a token lives. A loop closed with its
+        # task pending (never ended by a runner) is not waited for.
+        return any(
+            not t.done() and not t.get_loop().is_closed() for t in list(self._fetching.values())
+        )
+
+    def _start(self, loop: asyncio.AbstractEventLoop) -> asyncio.Task[Token]:
+        task = loop.create_task(self._fetch_and_keep(), name=f"token fetch {self.endpoint}")
+        self._fetching[loop] = task
+        task.add_done_callback(self._ended)
+        return task
+
+    def _ended(self, task: asyncio.Task[Token]) -> None:
+        if self._fetching.get(task.get_loop()) is task:
+            del self._fetching[task.get_loop()]
+        if not task.cancelled():
+            task.exception()  # recorded by `_failed`, raised to the waiters if any
+
+    async def _fetch_and_keep(self) -> Token:
         try:
             fresh = await self._fetch()
         except (TokenUnavailable, TokenRefused) as exc:
-            self._failures += 1
-            self._retry_at = self._clock() + backoff_s(self._failures)
-            self._last_error = exc
+            self._failed(exc)
             raise
+        except asyncio.CancelledError:  # `aclose`, or its loop's end: not worth a warning
+            self._failed(
+                TokenUnavailable(f"the ask of the token endpoint {self.endpoint} was cancelled"),
+                said=False,
+            )
+            raise
+        except Exception as exc:  # never a quiet end, nor one that skips the backoff
+            failure = TokenUnavailable(
+                f"the ask of the token endpoint {self.endpoint} failed: {exc!r}"
+            )
+            self._failed(failure)
+            raise failure from exc
+        self._token = fresh
         self._failures = 0
+        self._retry_at = None
         self._last_error = None
+        if self._logged is not None:
+            logger.info("the token endpoint %s answers again", self.endpoint)
+            self._logged = None
         return fresh
+
+    def _failed(self, exc: Exception, *, said: bool = True) -> None:
+        now = self._clock()
+        self._failures += 1
+        self._retry_at = now + backoff_s(self._failures)
+        self._last_error = exc
+        held = self._token
+        # Said once per distinct failure while a token lives (the connections go on with
+        # it); without one, the waiters raise it.
+        if said and held is not None and now < held.expires_at and str(exc) != self._logged:
+            logger.warning("keeping the token held until it expires: %s", exc)
+            self._logged = str(exc)
 
     async def _fetch(self) -> Token:
         self.fetches += 1

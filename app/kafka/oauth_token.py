@@ -1,7 +1,8 @@
 """OAuth 2.0 client-credentials tokens (RFC 6749 4.4, Kafka's KIP-768 client side), the
 pure part: whether a token endpoint's address may be used, how its answer is read
 (hostile ones too: no JSON, a body too large, an `expires_in` missing, negative or
-huge), when a token is fetched anew and how long a failed fetch waits. No I/O:
+huge), when a token is fetched anew (`next_step`: in the background while the one held
+lives) and how long a failed fetch waits. No I/O:
 `app.kafka.oauth` asks the endpoint. May import aiokafka's errors.
 """
 
@@ -12,6 +13,7 @@ import binascii
 import math
 import re
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Final
 from urllib.parse import urlsplit
 
@@ -23,11 +25,13 @@ __all__ = [
     "MAX_ANSWER_BYTES",
     "MAX_LIFETIME_S",
     "REFRESH_WINDOW_FACTOR",
+    "Step",
     "Token",
     "TokenRefused",
     "TokenUnavailable",
     "backoff_s",
     "endpoint_problem",
+    "next_step",
     "read_token_answer",
     "refresh_due",
 ]
@@ -92,6 +96,31 @@ class Token:
 def refresh_due(token: Token | None, now: float) -> bool:
     """Whether a token is to be fetched: none yet, or past its refresh window."""
     return token is None or now >= token.refresh_at
+
+
+class Step(Enum):
+    """What a connection asking for a token gets (`next_step`)."""
+
+    HAND = "the token held"
+    HAND_AND_REFRESH = "the token held, a fetch started in the background"
+    WAIT = "a wait for a fetch: the one under way, else a new one"
+    FAIL = "the last fetch's failure: the endpoint is not asked within the backoff"
+
+
+def next_step(token: Token | None, now: float, retry_at: float | None, fetching: bool) -> Step:
+    """What `token()` does at `now`, holding `token`, the endpoint not to be asked before
+    `retry_at` (None: the last fetch did not fail), a fetch under way or not. A token that
+    still lives is handed at once, whatever the endpoint does: a connection never waits
+    on a refresh (one at a time, in the background, not within the backoff). Only with
+    no token that lives does a connection wait for a fetch."""
+    backing_off = retry_at is not None and now < retry_at
+    if token is not None and now < token.expires_at:
+        if refresh_due(token, now) and not fetching and not backing_off:
+            return Step.HAND_AND_REFRESH
+        return Step.HAND
+    if backing_off and not fetching:
+        return Step.FAIL
+    return Step.WAIT
 
 
 def backoff_s(failures: int) -> float:

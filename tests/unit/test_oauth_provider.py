@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import logging
 import ssl
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -23,7 +24,7 @@ from tls_certs import Certs
 from app.errors import ConfigError
 from app.kafka.connection import KafkaConnection
 from app.kafka.oauth import ClientCredentials, endpoint_context
-from app.kafka.oauth_token import MAX_ANSWER_BYTES, TokenRefused, TokenUnavailable
+from app.kafka.oauth_token import MAX_ANSWER_BYTES, Token, TokenRefused, TokenUnavailable
 from app.kafka.rdkafka_config import rdkafka_options
 from app.node.settings import Settings
 
@@ -122,8 +123,65 @@ async def test_a_token_is_fetched_anew_past_80_percent_of_its_lifetime(idp: Idp)
     assert await tokens.token() == "tok-1"
     clock.now += 79.9
     assert await tokens.token() == "tok-1" and len(idp.seen) == 1
-    clock.now += 0.1
+    clock.now += 0.1  # in the refresh window: the one held, refreshed in the background
+    assert await tokens.token() == "tok-1"
+    await asyncio.wait([refreshing(tokens)])
     assert await tokens.token() == "tok-2" and len(idp.seen) == 2
+
+
+def refreshing(tokens: ClientCredentials) -> asyncio.Task[Token]:
+    task = tokens.fetch_under_way()
+    assert task is not None
+    return task
+
+
+async def test_a_connection_never_waits_on_a_refresh_while_the_token_lives(idp: Idp) -> None:
+    idp.answers = [granted("tok-1", 100), granted("tok-2", 100)]
+    clock = Clock()
+    tokens = provider(idp, clock, timeout_s=30)
+    assert await tokens.token() == "tok-1"
+    idp.hold = asyncio.Event()  # the endpoint hangs from now on
+    clock.now += 85  # in the refresh window; the token lives 15 s more
+    for _ in range(3):  # connections (re)made meanwhile get it at once
+        assert await asyncio.wait_for(tokens.token(), 5) == "tok-1"
+    assert tokens.fetches == 2  # one refresh under way, not one per connection
+    idp.hold.set()
+    clock.now += 20  # expired: a connection waits for the refresh under way
+    assert await tokens.token() == "tok-2" and tokens.fetches == 2
+
+
+async def test_a_fetch_its_callers_gave_up_on_is_joined_and_its_cancel_backs_off(
+    idp: Idp,
+) -> None:
+    idp.hold = asyncio.Event()
+    tokens = provider(idp, Clock(), timeout_s=30)
+    for _ in range(3):  # aiokafka's connect timeout cancels each connection's wait
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(tokens.token(), 0.05)
+    assert tokens.fetches == 1  # each joined the one under way
+    await tokens.aclose()  # the fetch itself cancelled: a failure, the backoff waited
+    with pytest.raises(TokenUnavailable, match="was cancelled"):
+        await tokens.token()
+    assert tokens.fetches == 1 and tokens.fetch_under_way() is None
+
+
+async def test_a_failing_refresh_is_said_once_and_backs_off_the_token_held_handed(
+    idp: Idp, caplog: pytest.LogCaptureFixture
+) -> None:
+    idp.answers = [granted("tok-1", 100), (503, b"down")]
+    clock = Clock()
+    tokens = provider(idp, clock)
+    assert await tokens.token() == "tok-1"
+    clock.now += 85
+    with caplog.at_level(logging.WARNING, logger="app.kafka.oauth"):
+        for _ in range(3):
+            assert await tokens.token() == "tok-1"
+            await asyncio.wait([refreshing(tokens)])
+            assert await tokens.token() == "tok-1"  # within the backoff: not asked
+            clock.now += 2
+    assert tokens.fetches == 4
+    said = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(said) == 1 and "HTTP 503" in said[0]
 
 
 async def test_a_refused_grant_names_the_endpoint_and_error_never_the_secret(idp: Idp) -> None:
@@ -164,6 +222,22 @@ async def test_a_failing_endpoint_is_not_asked_faster_than_the_backoff(idp: Idp)
         await tokens.token()
     clock.now += 0.1
     assert await tokens.token() == "tok-ok" and len(idp.seen) == 3
+
+
+async def test_an_unexpected_error_of_a_fetch_is_a_failure_backed_off(
+    idp: Idp, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tokens = provider(idp, Clock())
+
+    async def broken() -> Token:
+        tokens.fetches += 1
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(tokens, "_fetch", broken)
+    for _ in range(2):
+        with pytest.raises(TokenUnavailable, match="failed: RuntimeError"):
+            await tokens.token()
+    assert tokens.fetches == 1
 
 
 async def test_an_endpoint_that_does_not_answer_is_timed_out(idp: Idp) -> None:

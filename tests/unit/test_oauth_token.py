@@ -15,11 +15,13 @@ from app.kafka.oauth_token import (
     DEFAULT_LIFETIME_S,
     MAX_ANSWER_BYTES,
     MAX_LIFETIME_S,
+    Step,
     Token,
     TokenRefused,
     TokenUnavailable,
     backoff_s,
     endpoint_problem,
+    next_step,
     read_token_answer,
     refresh_due,
 )
@@ -51,6 +53,45 @@ def test_a_token_is_fetched_anew_past_80_percent_of_its_lifetime(
     assert refresh_due(token, now) == (now >= obtained + 0.8 * lifetime)
     assert token.refresh_at < token.expires_at
     assert refresh_due(None, now)
+
+
+tokens = st.none() | st.builds(
+    Token, st.just("t"), st.floats(0, 1e6), st.floats(0.001, MAX_LIFETIME_S)
+)
+
+
+@given(
+    token=tokens,
+    now=st.floats(0, 2e6),
+    retry_at=st.none() | st.floats(0, 2e6),
+    fetching=st.booleans(),
+)
+def test_a_connection_waits_only_when_no_token_lives(
+    token: Token | None, now: float, retry_at: float | None, fetching: bool
+) -> None:
+    step = next_step(token, now, retry_at, fetching)
+    lives = token is not None and now < token.expires_at
+    backing_off = retry_at is not None and now < retry_at
+    # A token that lives is handed at once, whatever the endpoint does.
+    assert (step in (Step.HAND, Step.HAND_AND_REFRESH)) == lives
+    # A refresh starts past the window alone, one at a time, never within the backoff.
+    assert (step is Step.HAND_AND_REFRESH) == (
+        lives and refresh_due(token, now) and not fetching and not backing_off
+    )
+    # With none, the endpoint is asked (or the fetch under way joined) unless backing off.
+    assert (step is Step.FAIL) == (not lives and backing_off and not fetching)
+
+
+def test_the_steps_of_a_token_s_life() -> None:
+    token = Token("t", 0.0, 100.0)
+    assert next_step(None, 0.0, None, fetching=False) is Step.WAIT
+    assert next_step(token, 79.9, None, fetching=False) is Step.HAND
+    assert next_step(token, 80.0, None, fetching=False) is Step.HAND_AND_REFRESH
+    assert next_step(token, 80.0, None, fetching=True) is Step.HAND
+    assert next_step(token, 80.0, 80.1, fetching=False) is Step.HAND  # backing off
+    assert next_step(token, 100.0, 100.1, fetching=False) is Step.FAIL  # expired
+    assert next_step(token, 100.0, 100.1, fetching=True) is Step.WAIT
+    assert next_step(token, 100.1, 100.1, fetching=False) is Step.WAIT
 
 
 def test_the_refresh_window_of_an_hour_token() -> None:
