@@ -14,11 +14,12 @@ import ssl
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 from aiokafka.helpers import create_ssl_context
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
-from app.kafka.oauth import ClientCredentials, token_provider
+from app.kafka.oauth import ClientCredentials, endpoint_context, token_provider
 from app.kafka.oauth_token import endpoint_problem
 
 __all__ = [
@@ -42,8 +43,11 @@ OAUTH_SETTINGS: dict[str, str] = {
     "sasl_oauthbearer_client_id": "KAFKA_SASL_OAUTHBEARER_CLIENT_ID",
     "sasl_oauthbearer_client_secret": "KAFKA_SASL_OAUTHBEARER_CLIENT_SECRET",
     "sasl_oauthbearer_scope": "KAFKA_SASL_OAUTHBEARER_SCOPE",
+    "sasl_oauthbearer_cafile": "KAFKA_SASL_OAUTHBEARER_CAFILE",
 }
 """OAUTHBEARER's fields and their variables (named as Java's `sasl.oauthbearer.*`)."""
+
+_OAUTH_OPTIONAL = frozenset({"sasl_oauthbearer_scope", "sasl_oauthbearer_cafile"})
 
 
 MAX_TLS_FILE_BYTES = 1024 * 1024
@@ -66,9 +70,12 @@ class KafkaConnection(BaseModel):
     sasl_oauthbearer_client_secret: SecretStr | None = None
     sasl_oauthbearer_scope: str | None = None
     """OAUTHBEARER: the scope asked for (the endpoint's default when None)."""
+    sasl_oauthbearer_cafile: Path | None = None
+    """OAUTHBEARER: the CA the token endpoint's certificate is checked against; the
+    system's CAs when absent (not `ssl_cafile`: an identity provider's certificate is
+    seldom signed by the brokers' private CA)."""
     ssl_cafile: Path | None = None
-    """The CA that signed the brokers' certificates (and the token endpoint's); the
-    system's CAs when absent."""
+    """The CA that signed the brokers' certificates; the system's CAs when absent."""
     ssl_certfile: Path | None = None
     """This client's certificate, for mutual TLS (with `ssl_keyfile`)."""
     ssl_keyfile: Path | None = None
@@ -178,7 +185,7 @@ class KafkaConnection(BaseModel):
             self.sasl_oauthbearer_client_id,
             secret.get_secret_value(),
             self.sasl_oauthbearer_scope or None,
-            self.ssl_cafile,
+            self.sasl_oauthbearer_cafile,
         )
 
 
@@ -188,7 +195,7 @@ def _oauth_consistent(c: KafkaConnection) -> None:
     missing = [
         var
         for name, var in OAUTH_SETTINGS.items()
-        if name != "sasl_oauthbearer_scope" and not getattr(c, name)
+        if name not in _OAUTH_OPTIONAL and not getattr(c, name)
     ]
     if secret is not None and not secret.get_secret_value():
         missing.append(OAUTH_SETTINGS["sasl_oauthbearer_client_secret"])
@@ -205,10 +212,24 @@ def _oauth_consistent(c: KafkaConnection) -> None:
     assert c.sasl_oauthbearer_token_endpoint_url is not None
     if (why := endpoint_problem(c.sasl_oauthbearer_token_endpoint_url)) is not None:
         raise ValueError(f"KAFKA_SASL_OAUTHBEARER_TOKEN_ENDPOINT_URL: {why}")
+    if c.sasl_oauthbearer_cafile is not None:
+        _endpoint_ca_usable(c.sasl_oauthbearer_token_endpoint_url, c.sasl_oauthbearer_cafile)
     for name in ("sasl_oauthbearer_client_id", "sasl_oauthbearer_scope"):
         value: str | None = getattr(c, name)
         if value is not None and (not value.isprintable() or len(value) > 1000):
             raise ValueError(f"{OAUTH_SETTINGS[name]}: printable, at most 1000 characters")
+
+
+def _endpoint_ca_usable(endpoint: str, cafile: Path) -> None:
+    """KAFKA_SASL_OAUTHBEARER_CAFILE readable, a CA that loads, for an https endpoint."""
+    name = OAUTH_SETTINGS["sasl_oauthbearer_cafile"]
+    if urlsplit(endpoint).scheme != "https":
+        raise ValueError(f"{name} given, but the token endpoint {endpoint} is not https://")
+    read_tls_file(name, cafile)
+    try:
+        endpoint_context(endpoint, cafile)
+    except (ssl.SSLError, OSError) as exc:
+        raise ValueError(f"{name}: {str(cafile)!r} holds no usable CA: {exc}") from exc
 
 
 def read_tls_file(name: str, path: Path) -> bytes:

@@ -213,8 +213,9 @@ class ClientCredentials(AbstractTokenProvider):  # type: ignore[misc]  # aiokafk
         except aiohttp.ClientConnectorCertificateError as exc:
             raise TokenRefused(
                 f"the token endpoint {self.endpoint}: its TLS certificate is not trusted "
-                f"({exc.certificate_error}); check KAFKA_SSL_CAFILE (the CA the token "
-                "endpoint's certificate is checked against; the system's CAs when unset)"
+                f"({exc.certificate_error}); check KAFKA_SASL_OAUTHBEARER_CAFILE (the CA "
+                "the token endpoint's certificate is checked against; the system's CAs "
+                "when unset)"
             ) from exc
         except (aiohttp.ClientError, OSError) as exc:
             raise TokenUnavailable(
@@ -237,8 +238,8 @@ async def _read_capped(content: aiohttp.StreamReader) -> bytes:
 
 
 def endpoint_context(endpoint: str, cafile: Path | None) -> ssl.SSLContext | None:
-    """The TLS context the token endpoint is checked with: `cafile` (KAFKA_SSL_CAFILE,
-    the brokers' CA) when given, else the system's CAs; None for http://."""
+    """The TLS context the token endpoint is checked with: `cafile`
+    (KAFKA_SASL_OAUTHBEARER_CAFILE) when given, else the system's CAs; None for http://."""
     if urlsplit(endpoint).scheme != "https":
         return None
     return ssl.create_default_context(cafile=None if cafile is None else str(cafile))

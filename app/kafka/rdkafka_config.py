@@ -60,8 +60,10 @@ def rdkafka_options(where: Connectable) -> dict[str, Any]:
 def _oidc_options(c: KafkaConnection) -> dict[str, Any]:
     """librdkafka's own OIDC client-credentials login (its CONFIGURATION.md:
     `sasl.oauthbearer.method=oidc`), on the same endpoint, client and scope as aiokafka's
-    provider; the endpoint's certificate checked against the brokers' CA file when one is
-    given (`https.ca.location`), else the system's CAs, as `oauth.endpoint_context`."""
+    provider; the endpoint's certificate checked against KAFKA_SASL_OAUTHBEARER_CAFILE
+    when given (`https.ca.location`), as `oauth.endpoint_context`. Else librdkafka's
+    default, which has no value: its wheels (OpenSSL linked statically) probe the
+    system's usual CA paths, as for `ssl.ca.location`."""
     secret = c.sasl_oauthbearer_client_secret
     assert secret is not None  # checked by KafkaConnection's validator
     options: dict[str, Any] = {
@@ -73,8 +75,8 @@ def _oidc_options(c: KafkaConnection) -> dict[str, Any]:
     }
     if c.sasl_oauthbearer_scope:
         options["sasl.oauthbearer.scope"] = c.sasl_oauthbearer_scope
-    if c.ssl_cafile is not None:
-        options["https.ca.location"] = str(c.ssl_cafile)
+    if c.sasl_oauthbearer_cafile is not None:
+        options["https.ca.location"] = str(c.sasl_oauthbearer_cafile)
     return options
 
 

@@ -191,6 +191,8 @@ class Settings(BaseSettings):
     sasl_oauthbearer_client_secret: SecretStr | None = None
     """Best given as `KAFKA_SASL_OAUTHBEARER_CLIENT_SECRET_FILE`."""
     sasl_oauthbearer_scope: str | None = None
+    sasl_oauthbearer_cafile: Path | None = None
+    """OAUTHBEARER: the CA of the token endpoint's certificate (the system's CAs when absent)."""
     ssl_cafile: Path | None = None
     """The CA of the brokers' certificates (the system's CAs when absent)."""
     ssl_certfile: Path | None = None
@@ -207,21 +209,10 @@ class Settings(BaseSettings):
 
     @property
     def kafka(self) -> KafkaConnection:
-        """How every Kafka client of the node (and of a command) connects."""
+        """How every Kafka client of the node (and of a command) connects: each field of
+        `KafkaConnection` the setting of its name."""
         return KafkaConnection(
-            bootstrap_servers=self.bootstrap_servers,
-            security_protocol=self.security_protocol,
-            sasl_mechanism=self.sasl_mechanism,
-            sasl_username=self.sasl_username,
-            sasl_password=self.sasl_password,
-            sasl_oauthbearer_token_endpoint_url=self.sasl_oauthbearer_token_endpoint_url,
-            sasl_oauthbearer_client_id=self.sasl_oauthbearer_client_id,
-            sasl_oauthbearer_client_secret=self.sasl_oauthbearer_client_secret,
-            sasl_oauthbearer_scope=self.sasl_oauthbearer_scope,
-            ssl_cafile=self.ssl_cafile,
-            ssl_certfile=self.ssl_certfile,
-            ssl_keyfile=self.ssl_keyfile,
-            ssl_key_password=self.ssl_key_password,
+            **{name: getattr(self, name) for name in KafkaConnection.model_fields}
         )
 
     @property

@@ -61,6 +61,7 @@ VARIABLES: Final[Mapping[str, str]] = {
     "sasl_oauthbearer_client_id": "KAFKA_SASL_OAUTHBEARER_CLIENT_ID",
     "sasl_oauthbearer_client_secret": "KAFKA_SASL_OAUTHBEARER_CLIENT_SECRET",
     "sasl_oauthbearer_scope": "KAFKA_SASL_OAUTHBEARER_SCOPE",
+    "sasl_oauthbearer_cafile": "KAFKA_SASL_OAUTHBEARER_CAFILE",
     "ssl_cafile": "KAFKA_SSL_CAFILE",
     "ssl_certfile": "KAFKA_SSL_CERTFILE",
     "ssl_keyfile": "KAFKA_SSL_KEYFILE",

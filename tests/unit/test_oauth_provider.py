@@ -1,8 +1,9 @@
 """aiokafka's OAUTHBEARER token provider against an in-process token endpoint (aiohttp):
 the client-credentials grant as asked, one token shared and fetched anew past 80 % of its
-lifetime (a fake clock), a refused grant said with the endpoint and the error and never
-the secret, an endpoint away retried no faster than the backoff, its TLS checked with
-KAFKA_SSL_CAFILE; and the connection's settings that lead to it."""
+lifetime (a fake clock) in the background, an answer read whole however it comes, a
+refused grant said with the endpoint and the error and never the secret, an endpoint
+away retried no faster than the backoff, its TLS checked with
+KAFKA_SASL_OAUTHBEARER_CAFILE; and the connection's settings that lead to it."""
 
 from __future__ import annotations
 
@@ -253,21 +254,38 @@ async def test_an_endpoint_not_there_is_unavailable() -> None:
         await tokens.token()
 
 
-async def test_the_endpoints_tls_is_checked_with_kafkas_ca_file(tmp_path: Path) -> None:
+def tls_idp(tmp_path: Path) -> tuple[Path, Path, ssl.SSLContext]:
+    """The identity provider's CA, the brokers' (another: theirs is private), and the
+    endpoint's server context."""
     certs = Certs(tmp_path)
-    ca = certs.ca("idp-ca")
-    server = certs.leaf("localhost", ca, server=True)
+    idp_ca, kafka_ca = certs.ca("idp-ca"), certs.ca("kafka-ca")
+    server = certs.leaf("localhost", idp_ca, server=True)
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.load_cert_chain(server.cert, server.key)
+    return idp_ca.cert, kafka_ca.cert, context
+
+
+async def test_the_endpoints_tls_is_checked_with_its_own_ca_file_not_kafkas(
+    tmp_path: Path,
+) -> None:
+    idp_ca, kafka_ca, context = tls_idp(tmp_path)
     async for idp in serve(Idp([granted("tls-tok")]), context):
-        trusted = ClientCredentials(
-            idp.url, "c", "s", ssl_context=endpoint_context(idp.url, ca.cert), clock=Clock()
+        env = oauth_env(
+            KAFKA_SECURITY_PROTOCOL="SASL_SSL",
+            KAFKA_SSL_CAFILE=str(kafka_ca),
+            KAFKA_SASL_OAUTHBEARER_TOKEN_ENDPOINT_URL=idp.url,
+            KAFKA_SASL_OAUTHBEARER_CAFILE=str(idp_ca),
         )
-        assert await trusted.token() == "tls-tok"
+        assert await Settings.from_env(env).kafka.token_provider().token() == "tls-tok"
+        # The brokers' CA is not the endpoint's: without its own, the system's CAs.
+        env["KAFKA_SSL_CAFILE"] = str(idp_ca)
+        del env["KAFKA_SASL_OAUTHBEARER_CAFILE"]
+        with pytest.raises(TokenRefused, match="check KAFKA_SASL_OAUTHBEARER_CAFILE"):
+            await Settings.from_env(env).kafka.token_provider().token()
         system = ClientCredentials(
             idp.url, "c", "s", ssl_context=endpoint_context(idp.url, None), clock=Clock()
         )
-        with pytest.raises(TokenRefused, match="KAFKA_SSL_CAFILE"):
+        with pytest.raises(TokenRefused, match="not trusted"):
             await system.token()
 
 
@@ -376,11 +394,39 @@ def test_the_secret_may_be_a_file(tmp_path: Path) -> None:
         ),
         ({"KAFKA_SECURITY_PROTOCOL": "SSL", "KAFKA_SASL_MECHANISM": ""}, "SASL settings given"),
         ({"KAFKA_SASL_OAUTHBEARER_SCOPE": "a\x07b"}, "printable"),
+        (
+            {"KAFKA_SASL_OAUTHBEARER_CAFILE": "{tmp}/absent.pem"},
+            "KAFKA_SASL_OAUTHBEARER_CAFILE: no such file",
+        ),
+        ({"KAFKA_SASL_OAUTHBEARER_CAFILE": "{tmp}"}, "is a directory"),
+        ({"KAFKA_SASL_OAUTHBEARER_CAFILE": "{tmp}/not-a-ca.pem"}, "holds no usable CA"),
+        (
+            {
+                "KAFKA_SASL_OAUTHBEARER_CAFILE": "{tmp}/ca.pem",
+                "KAFKA_SASL_OAUTHBEARER_TOKEN_ENDPOINT_URL": "http://localhost:8080/token",
+            },
+            "KAFKA_SASL_OAUTHBEARER_CAFILE given, but the token endpoint",
+        ),
+        (
+            {
+                "KAFKA_SASL_MECHANISM": "SCRAM-SHA-512",
+                "KAFKA_SASL_USERNAME": "u",
+                "KAFKA_SASL_PASSWORD": "p",
+                "KAFKA_SASL_OAUTHBEARER_TOKEN_ENDPOINT_URL": "",
+                "KAFKA_SASL_OAUTHBEARER_CLIENT_ID": "",
+                "KAFKA_SASL_OAUTHBEARER_CLIENT_SECRET": "",
+                "KAFKA_SASL_OAUTHBEARER_CAFILE": "{tmp}/ca.pem",
+            },
+            "KAFKA_SASL_OAUTHBEARER_CAFILE given, but KAFKA_SASL_MECHANISM is SCRAM-SHA-512",
+        ),
     ],
 )
 def test_a_wrong_oauthbearer_setting_is_a_configuration_error(
-    change: dict[str, str], said: str
+    change: dict[str, str], said: str, tmp_path: Path
 ) -> None:
+    Certs(tmp_path).ca("ca")  # tmp/ca.pem
+    (tmp_path / "not-a-ca.pem").write_text("not a certificate\n")
+    change = {k: v.replace("{tmp}", str(tmp_path)) for k, v in change.items()}
     env = {k: v for k, v in {**oauth_env(), **change}.items() if v}
     with pytest.raises(ConfigError) as caught:
         Settings.from_env(env)
@@ -408,3 +454,25 @@ def test_librdkafka_logs_in_with_its_own_oidc_client() -> None:
         "sasl.oauthbearer.client.secret": SECRET,
         "sasl.oauthbearer.scope": "kafka",
     }
+
+
+def test_librdkafka_checks_the_endpoint_with_its_own_ca_file_not_kafkas(tmp_path: Path) -> None:
+    certs = Certs(tmp_path)
+    idp_ca, kafka_ca = certs.ca("idp-ca").cert, certs.ca("kafka-ca").cert
+    oauth = {
+        "bootstrap_servers": "b:9093",
+        "security_protocol": "SASL_SSL",
+        "sasl_mechanism": "OAUTHBEARER",
+        "sasl_oauthbearer_token_endpoint_url": "https://idp.example/token",
+        "sasl_oauthbearer_client_id": "tickwheel",
+        "sasl_oauthbearer_client_secret": SECRET,
+        "ssl_cafile": kafka_ca,
+    }
+    options = rdkafka_options(KafkaConnection.model_validate(oauth))
+    assert options["ssl.ca.location"] == str(kafka_ca)
+    assert "https.ca.location" not in options  # librdkafka's default: the system's CAs
+    options = rdkafka_options(
+        KafkaConnection.model_validate({**oauth, "sasl_oauthbearer_cafile": idp_ca})
+    )
+    assert options["https.ca.location"] == str(idp_ca)
+    assert options["ssl.ca.location"] == str(kafka_ca)
