@@ -104,7 +104,9 @@ class ClientCredentials(AbstractTokenProvider):  # type: ignore[misc]  # aiokafk
         step = next_step(self._token, self._clock(), self._retry_at, self._under_way())
         if step is Step.FAIL:
             assert self._last_error is not None
-            raise self._last_error  # the endpoint is not asked more often than the backoff
+            # Not asked more often than the backoff. Raised afresh: raised again as it is,
+            # it would keep every raise's frames (a traceback growing all through an outage).
+            raise self._last_error.with_traceback(None)
         if step is not Step.WAIT:
             if step is Step.HAND_AND_REFRESH:
                 self._start(loop)

@@ -476,3 +476,18 @@ def test_librdkafka_checks_the_endpoint_with_its_own_ca_file_not_kafkas(tmp_path
     )
     assert options["https.ca.location"] == str(idp_ca)
     assert options["ssl.ca.location"] == str(kafka_ca)
+
+
+async def test_a_refusal_raised_again_through_an_outage_keeps_no_old_frames(idp: Idp) -> None:
+    idp.answers = [(500, b"")]
+    tokens = provider(idp, Clock())
+    depths = []
+    for _ in range(50):  # connections asking again within the backoff: the one failure
+        with pytest.raises(TokenUnavailable) as raised:
+            await tokens.token()
+        depth, tb = 0, raised.value.__traceback__
+        while tb is not None:
+            depth, tb = depth + 1, tb.tb_next
+        depths.append(depth)
+    assert len(idp.seen) == 1
+    assert max(depths[1:]) == min(depths[1:]) < 10, depths
