@@ -196,6 +196,10 @@ def local_path(back: str) -> str:
         return "/"  # no URL at all (`http://[`, a port past 65535): never a 500 after the act
     if url.is_absolute() or not back.startswith("/") or back.startswith("//"):
         return "/"
+    if "\\" in back or any(c < " " or c == "\x7f" for c in back):
+        # Browsers read "/\\host" as "//host", and drop a tab or a newline from a URL:
+        # "/\t/host" is "//host" too, another site.
+        return "/"
     return back
 
 

@@ -19,6 +19,7 @@ from yarl import URL
 
 import tables.ledger
 from app.errors import KafkaUnavailable
+from app.ops.forms import local_path
 from app.ops.page import CHART_SECONDS, OperatorPage
 from app.ops.web import WebServer
 from app.protocol.wire import (
@@ -472,3 +473,11 @@ async def test_a_form_body_no_parser_reads_is_a_400(
         assert r.status == 400, await r.text()
         assert "the form cannot be read" in (await r.json())["error"]
     assert site.sent == 0
+
+
+@pytest.mark.parametrize("back", ["/\\elsewhere.example/", "/\t/elsewhere.example/", "/\n/x"])
+def test_a_back_a_browser_reads_as_another_site_is_the_page(back: str) -> None:
+    # The 303 is encoded safe by yarl; the outcome page's link is the path as it is.
+    assert local_path(back) == "/"
+    assert local_path("/?owner=o\\1") == "/"
+    assert local_path("/?owner=o-1") == "/?owner=o-1"
