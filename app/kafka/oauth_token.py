@@ -1,8 +1,9 @@
 """OAuth 2.0 client-credentials tokens (RFC 6749 4.4, Kafka's KIP-768 client side), the
 pure part: whether a token endpoint's address may be used, how its answer is read
 (hostile ones too: no JSON, a body too large, an `expires_in` missing, negative or
-huge), when a token is fetched anew (`next_step`: in the background while the one held
-lives) and how long a failed fetch waits. No I/O:
+huge), which answer is a refusal (an OAuth error alone: anything else may be a proxy's
+page or a load balancer's, and passes), when a token is fetched anew (`next_step`: in
+the background while the one held lives) and how long a failed fetch waits. No I/O:
 `app.kafka.oauth` asks the endpoint. May import aiokafka's errors.
 """
 
@@ -23,7 +24,9 @@ from aiokafka.errors import AuthenticationFailedError, KafkaConnectionError
 __all__ = [
     "DEFAULT_LIFETIME_S",
     "MAX_ANSWER_BYTES",
+    "MAX_FAIL_WAIT_S",
     "MAX_LIFETIME_S",
+    "OAUTH_REFUSALS",
     "REFRESH_WINDOW_FACTOR",
     "Step",
     "Token",
@@ -31,7 +34,9 @@ __all__ = [
     "TokenUnavailable",
     "backoff_s",
     "endpoint_problem",
+    "fail_wait_s",
     "next_step",
+    "oauth_refusal",
     "read_token_answer",
     "refresh_due",
 ]
@@ -56,24 +61,42 @@ MAX_BACKOFF_S: Final = 10.0
 """After a failed fetch the endpoint is not asked again for 0.1 s, doubling to 10 s
 (Java's `sasl.login.retry.backoff.ms` and `.max.ms`)."""
 
+MAX_FAIL_WAIT_S: Final = 5.0
+"""The longest a connection asking for a token within the backoff waits for the endpoint
+to be asked again (`fail_wait_s`): an answer soon, no caller's own timeout outrun much."""
+
+OAUTH_REFUSALS: Final = frozenset(
+    {
+        "invalid_client",
+        "invalid_grant",
+        "unauthorized_client",
+        "unsupported_grant_type",
+        "invalid_scope",
+        "invalid_request",
+    }
+)
+"""RFC 6749 5.2's error codes: the endpoint refusing these credentials, which asking
+again does not change."""
+
 _LOCAL_HOSTS: Final = frozenset({"localhost", "127.0.0.1", "::1"})
 _B64TOKEN: Final = re.compile(r"[A-Za-z0-9\-._~+/]+=*")
 """RFC 6750's b64token: what a bearer token is made of (no \\x01, which would end the
 SASL message it goes in, no space)."""
-_ERROR_CODE: Final = re.compile(r"[\x20\x21\x23-\x5b\x5d-\x7e]{1,64}")
-"""RFC 6749 5.2's characters of an `error` code."""
-_RETRIED_STATUSES: Final = frozenset({408, 429})
+_REFUSING_STATUSES: Final = frozenset({400, 401})
+"""RFC 6749 5.2: an error answer is a 400, or a 401 for a client not authenticated."""
 
 
 class TokenRefused(AuthenticationFailedError):  # type: ignore[misc]  # aiokafka is untyped
-    """The token endpoint refused the grant, or answered with no usable token: a setting
-    is wrong (the client id, its secret, the scope, the URL). A refusal, never retried
+    """The token endpoint refused the grant with an OAuth error (`oauth_refusal`): a
+    setting is wrong (the client id, its secret, the scope). A refusal, never retried
     (`records.refused`), as a wrong password."""
 
 
 class TokenUnavailable(KafkaConnectionError):  # type: ignore[misc]
-    """The token endpoint did not answer in time, or answered that it cannot now (5xx,
-    429): retried, as a broker away."""
+    """No token now, for any reason but an OAuth error: the endpoint away, slow, failing
+    (5xx), or answering with no token (a proxy's maintenance page, a load balancer's
+    401/403/404, a TLS certificate not trusted mid-rotation). Retried with the backoff,
+    as a broker away: a setting wrong this way shows as warnings that last."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,6 +146,13 @@ def next_step(token: Token | None, now: float, retry_at: float | None, fetching:
     return Step.WAIT
 
 
+def fail_wait_s(now: float, retry_at: float) -> float:
+    """How long a connection asking at `now`, with no token that lives and the endpoint
+    not to be asked before `retry_at`, waits before asking (aiokafka reconnects at once
+    on a failure: raised at once, it would ask every few ms); `MAX_FAIL_WAIT_S` at most."""
+    return min(MAX_FAIL_WAIT_S, max(0.0, retry_at - now))
+
+
 def backoff_s(failures: int) -> float:
     """How long after the `failures`-th fetch failed in a row the endpoint is asked again."""
     if failures <= 0:
@@ -159,34 +189,50 @@ def endpoint_problem(url: str) -> str | None:
 def read_token_answer(endpoint: str, status: int, body: bytes, now: float, wall: float) -> Token:
     """The token in the token endpoint's answer (its HTTP `status` and `body`, read up to
     `MAX_ANSWER_BYTES` + 1 bytes), had at `now` (the provider's clock; `wall`: the time
-    of day, for a JWT's `exp`). `TokenRefused` when the grant is refused or the answer
-    holds no usable token, `TokenUnavailable` when the endpoint cannot answer now; each
-    names the endpoint, never a secret nor the token."""
-    if status >= 500 or status in _RETRIED_STATUSES:
-        raise TokenUnavailable(f"the token endpoint {endpoint} answered HTTP {status}")
+    of day, for a JWT's `exp`). `TokenRefused` for an OAuth error (`oauth_refusal`),
+    `TokenUnavailable` for any other answer with no usable token; each names the
+    endpoint, never a secret nor the token."""
     if len(body) > MAX_ANSWER_BYTES:
-        raise TokenRefused(
+        raise TokenUnavailable(
             f"the token endpoint {endpoint} answered more than {MAX_ANSWER_BYTES} bytes "
             f"(HTTP {status}): is KAFKA_SASL_OAUTHBEARER_TOKEN_ENDPOINT_URL its token endpoint?"
         )
     answer = _json_object(body)
+    if (code := oauth_refusal(status, answer)) is not None:
+        raise TokenRefused(_refusal(endpoint, status, code, answer))
     if status != 200:
-        raise TokenRefused(_refusal(endpoint, status, answer))
+        # A 5xx says it cannot now; another, with no OAuth error, is likely not the
+        # endpoint's own (a proxy's, a load balancer's in front).
+        said = "" if status >= 500 else " with no OAuth error"
+        raise TokenUnavailable(f"the token endpoint {endpoint} answered HTTP {status}{said}")
     if answer is None:
-        raise TokenRefused(
-            f"the token endpoint {endpoint} answered with no JSON object: is "
-            "KAFKA_SASL_OAUTHBEARER_TOKEN_ENDPOINT_URL its token endpoint?"
+        raise TokenUnavailable(
+            f"the token endpoint {endpoint} answered with no JSON object (a proxy's page?): "
+            "is KAFKA_SASL_OAUTHBEARER_TOKEN_ENDPOINT_URL its token endpoint?"
         )
     value = answer.get("access_token")
     if not isinstance(value, str) or not _B64TOKEN.fullmatch(value):
-        raise TokenRefused(f"the token endpoint {endpoint} answered with no usable access_token")
+        raise TokenUnavailable(
+            f"the token endpoint {endpoint} answered with no usable access_token"
+        )
     lifetime = _lifetime(answer.get("expires_in"), value, wall)
     if lifetime is None:
-        raise TokenRefused(
+        raise TokenUnavailable(
             f"the token endpoint {endpoint} answered with an expires_in that is not a "
             "positive number of seconds"
         )
     return Token(value, now, lifetime)
+
+
+def oauth_refusal(status: int, answer: dict[str, object] | None) -> str | None:
+    """The OAuth error code when an answer (its status, its body read as a JSON object) is
+    the endpoint refusing the grant as RFC 6749 5.2 says: HTTP 400 or 401 with an `error`
+    of `OAUTH_REFUSALS`. None for any other: a proxy or load balancer in front answers
+    401, 403 or 404 with a page of its own, which passes."""
+    code = answer.get("error") if answer is not None else None
+    if status in _REFUSING_STATUSES and isinstance(code, str) and code in OAUTH_REFUSALS:
+        return code
+    return None
 
 
 def _json_object(body: bytes) -> dict[str, object] | None:
@@ -197,21 +243,16 @@ def _json_object(body: bytes) -> dict[str, object] | None:
     return answer if isinstance(answer, dict) else None
 
 
-def _refusal(endpoint: str, status: int, answer: dict[str, object] | None) -> str:
-    code = answer.get("error") if answer is not None else None
-    said = f"HTTP {status}"
-    if isinstance(code, str) and _ERROR_CODE.fullmatch(code):
-        said += f", error {code!r}"
-        described = answer.get("error_description") if answer is not None else None
-        if isinstance(described, str) and (text := _shown(described)):
-            said += f": {text}"
-    advice = (
-        "check KAFKA_SASL_OAUTHBEARER_CLIENT_ID, KAFKA_SASL_OAUTHBEARER_CLIENT_SECRET "
-        "and KAFKA_SASL_OAUTHBEARER_SCOPE"
-        if status in (400, 401, 403)
-        else "check KAFKA_SASL_OAUTHBEARER_TOKEN_ENDPOINT_URL"
+def _refusal(endpoint: str, status: int, code: str, answer: dict[str, object] | None) -> str:
+    said = f"HTTP {status}, error {code!r}"
+    described = answer.get("error_description") if answer is not None else None
+    if isinstance(described, str) and (text := _shown(described)):
+        said += f": {text}"
+    return (
+        f"the token endpoint {endpoint} refused the client credentials grant ({said}); "
+        "check KAFKA_SASL_OAUTHBEARER_CLIENT_ID, KAFKA_SASL_OAUTHBEARER_CLIENT_SECRET and "
+        "KAFKA_SASL_OAUTHBEARER_SCOPE"
     )
-    return f"the token endpoint {endpoint} refused the client credentials grant ({said}); {advice}"
 
 
 def _shown(text: str) -> str:

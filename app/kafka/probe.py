@@ -25,7 +25,7 @@ from aiokafka.errors import (
 from app.errors import KafkaUnavailable
 from app.kafka.addresses import broker_addresses
 from app.kafka.connection import Connectable, KafkaConnection, connection
-from app.kafka.oauth_token import TokenRefused
+from app.kafka.oauth_token import TokenRefused, TokenUnavailable
 
 __all__ = ["Probe", "api_versions_probe", "check_access"]
 
@@ -106,8 +106,10 @@ async def check_access(where: Connectable, within: float = 10.0) -> None:
     one lets this client in. `KafkaUnavailable` at once when one refuses it: the TLS
     handshake fails (a CA that did not sign the broker's certificate, a client
     certificate refused) or the SASL login does (wrong credentials, a mechanism the broker
-    does not offer): retrying would not help. An address that does not answer is passed
-    over; none answering is left to the clients (they wait for a broker away)."""
+    does not offer), or the OAUTHBEARER token endpoint refuses the grant with an OAuth
+    error: retrying would not help. An address that does not answer is passed over, as
+    is one with no token now (`TokenUnavailable`: the identity provider away); none
+    answering is left to the clients (they wait for a broker away)."""
     kafka = connection(where)
     if kafka.security_protocol == "PLAINTEXT":
         return  # nothing to refuse: a broker that answers serves this client
@@ -138,6 +140,11 @@ def refusal(kafka: KafkaConnection, exc: BaseException) -> str | None:
     """Why the broker refused this client (in a user's terms, naming the settings to
     check), or None when `exc` is not a refusal (the broker away, slow)."""
     for cause in _chain(exc):
+        if isinstance(cause, TokenUnavailable):
+            # No token now (the identity provider away, a proxy's page, its certificate
+            # mid-rotation): retried as a broker away. What it came from (an ssl error of
+            # the token endpoint's) is not the broker refusing this client.
+            return None
         if isinstance(cause, TokenRefused):
             return f"no OAUTHBEARER token: {cause.args[0] if cause.args else cause}"
         if isinstance(cause, SaslAuthenticationFailed | AuthenticationFailedError):

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 from aiokafka.errors import (
     KafkaConnectionError,
@@ -24,10 +25,11 @@ from pydantic import SecretStr
 from app.cli.common import checked
 from app.demo import service
 from app.errors import KafkaUnavailable
-from app.kafka import TopicSpec, ensure_topics
+from app.kafka import TopicSpec, ensure_topics, probe
 from app.kafka.connection import KafkaConnection
 from app.kafka.memory import MemoryLog
 from app.kafka.memory_group import MemoryAdmin
+from app.kafka.oauth_token import TokenRefused, TokenUnavailable
 from app.kafka.probe import check_access, refusal
 from app.kafka.records import check_created, creation_errors, refused
 from app.node import Node, node_topics
@@ -100,6 +102,74 @@ def test_a_mechanism_the_broker_does_not_offer_is_a_refusal() -> None:
 )
 def test_a_broker_away_is_no_refusal(exc: BaseException) -> None:
     assert refusal(SCRAM, exc) is None
+
+
+OAUTH = KafkaConnection(
+    bootstrap_servers="b1:9093",
+    security_protocol="SASL_SSL",
+    sasl_mechanism="OAUTHBEARER",
+    sasl_oauthbearer_token_endpoint_url="https://idp.example/token",
+    sasl_oauthbearer_client_id="tickwheel",
+    sasl_oauthbearer_client_secret=SecretStr("secret"),
+)
+
+
+def _no_token(cause: BaseException) -> TokenUnavailable:
+    """The provider's failure as aiokafka's connection raises it: from aiohttp's error,
+    itself from the token endpoint's ssl error."""
+    try:
+        try:
+            raise aiohttp.ClientConnectionError("Cannot connect to host idp.example") from cause
+        except aiohttp.ClientConnectionError as exc:
+            raise TokenUnavailable("the token endpoint: no token") from exc
+    except TokenUnavailable as exc:
+        return exc
+
+
+def _untrusted() -> ssl.SSLCertVerificationError:
+    verify = ssl.SSLCertVerificationError(1, "certificate verify failed")
+    verify.verify_message = "unable to get local issuer certificate"
+    return verify
+
+
+@pytest.mark.parametrize(
+    "exc",
+    [
+        _no_token(_untrusted()),  # the identity provider's certificate mid-rotation
+        _no_token(ssl.SSLError(1, "[SSL: WRONG_VERSION_NUMBER]")),
+        TokenUnavailable("the token endpoint answered HTTP 503"),
+        _wrapped(_no_token(_untrusted())),
+    ],
+)
+def test_no_token_now_is_no_refusal(exc: BaseException) -> None:
+    """Retried as a broker away; a refusal would stop the node at a partition's take."""
+    assert refusal(OAUTH, exc) is None
+
+
+def test_a_grant_refused_with_an_oauth_error_is_a_refusal() -> None:
+    why = refusal(OAUTH, _wrapped(TokenRefused("refused ... error 'invalid_client'")))
+    assert why is not None and "invalid_client" in why
+
+
+@pytest.mark.parametrize(
+    ("failure", "refuses"),
+    [(_no_token(_untrusted()), False), (TokenRefused("error 'invalid_client'"), True)],
+)
+async def test_the_check_of_a_take_stops_the_node_for_a_refused_grant_alone(
+    monkeypatch: pytest.MonkeyPatch, failure: Exception, refuses: bool
+) -> None:
+    """A take that fails asks `check_access` whether the cluster lets the node in: a
+    token endpoint away (`TokenUnavailable`) is no, and the take is tried again."""
+
+    async def no_token(*args: object, **kwargs: object) -> None:
+        raise failure
+
+    monkeypatch.setattr(probe, "create_conn", no_token)
+    if refuses:
+        with pytest.raises(KafkaUnavailable, match="no OAUTHBEARER token"):
+            await check_access(OAUTH, within=1.0)
+    else:
+        await check_access(OAUTH, within=1.0)
 
 
 @pytest.fixture

@@ -1,5 +1,6 @@
 """OAUTHBEARER's pure decisions: which token endpoint may be used, how its answer is read
-(hostile ones too), when a token is fetched anew and how long a failed fetch waits."""
+(hostile ones too), which answer is a refusal (an OAuth error alone), when a token is
+fetched anew and how long a failed fetch waits."""
 
 from __future__ import annotations
 
@@ -14,13 +15,16 @@ from hypothesis import strategies as st
 from app.kafka.oauth_token import (
     DEFAULT_LIFETIME_S,
     MAX_ANSWER_BYTES,
+    MAX_FAIL_WAIT_S,
     MAX_LIFETIME_S,
+    OAUTH_REFUSALS,
     Step,
     Token,
     TokenRefused,
     TokenUnavailable,
     backoff_s,
     endpoint_problem,
+    fail_wait_s,
     next_step,
     read_token_answer,
     refresh_due,
@@ -108,6 +112,18 @@ def test_the_backoff_doubles_and_is_bounded(failures: int) -> None:
     assert (wait == 0.0) == (failures <= 0)
 
 
+@given(now=st.floats(0, 1e6), ahead=st.floats(-100, 100))
+def test_a_connection_within_the_backoff_waits_for_its_end_or_five_seconds(
+    now: float, ahead: float
+) -> None:
+    retry_at = now + ahead
+    wait = fail_wait_s(now, retry_at)
+    assert 0.0 <= wait <= MAX_FAIL_WAIT_S == 5.0
+    # Asked again once the backoff ends, or after the longest wait: never before it.
+    assert wait == MAX_FAIL_WAIT_S or now + wait >= retry_at
+    assert wait <= max(0.0, retry_at - now)
+
+
 def test_the_backoff_starts_at_a_tenth_of_a_second() -> None:
     assert [backoff_s(n) for n in (1, 2, 3, 8, 50)] == [0.1, 0.2, 0.4, 10.0, 10.0]
 
@@ -133,14 +149,14 @@ def test_expires_in_is_read_and_a_huge_one_is_a_day(expires_in: object, lifetime
 
 
 @pytest.mark.parametrize("expires_in", [0, -1, -3600, True, "soon", "-5", [3600], {"s": 1}])
-def test_an_expires_in_that_is_no_positive_number_is_refused(expires_in: object) -> None:
-    with pytest.raises(TokenRefused, match="expires_in") as caught:
+def test_an_expires_in_that_is_no_positive_number_is_no_token(expires_in: object) -> None:
+    with pytest.raises(TokenUnavailable, match="expires_in") as caught:
         read_token_answer(URL, 200, answer(expires_in=expires_in), 0, 0)
     assert URL in str(caught.value)
 
 
 def test_an_infinite_expires_in_is_no_json() -> None:
-    with pytest.raises(TokenRefused, match="no JSON object"):
+    with pytest.raises(TokenUnavailable, match="no JSON object"):
         read_token_answer(URL, 200, b'{"access_token": "a", "expires_in": 1e309}', 0, 0)
 
 
@@ -168,15 +184,16 @@ def test_without_expires_in_the_jwts_exp_says_how_long_else_five_minutes() -> No
         orjson.dumps({"access_token": "a\x01auth=Bearer b"}),
     ],
 )
-def test_an_answer_with_no_usable_token_is_refused_naming_the_endpoint(body: bytes) -> None:
-    with pytest.raises(TokenRefused) as caught:
+def test_an_answer_with_no_usable_token_is_unavailable_naming_the_endpoint(body: bytes) -> None:
+    """A proxy's maintenance page, say: no refusal of the credentials, retried."""
+    with pytest.raises(TokenUnavailable) as caught:
         read_token_answer(URL, 200, body, 0, 0)
     assert URL in str(caught.value)
 
 
-def test_an_oversized_answer_is_refused() -> None:
+def test_an_oversized_answer_is_unavailable() -> None:
     body = answer(padding="x" * MAX_ANSWER_BYTES)
-    with pytest.raises(TokenRefused, match="more than"):
+    with pytest.raises(TokenUnavailable, match="more than"):
         read_token_answer(URL, 200, body, 0, 0)
 
 
@@ -189,9 +206,9 @@ def test_a_refused_grant_names_the_endpoint_and_the_oauth_error() -> None:
     assert "\x1b" not in said and "KAFKA_SASL_OAUTHBEARER_CLIENT_SECRET" in said
 
 
-def test_a_hostile_error_code_is_not_shown() -> None:
+def test_a_hostile_error_code_is_no_refusal_and_not_shown() -> None:
     body = orjson.dumps({"error": "x\nerror: forged line", "error_description": "y"})
-    with pytest.raises(TokenRefused) as caught:
+    with pytest.raises(TokenUnavailable) as caught:
         read_token_answer(URL, 400, body, 0, 0)
     assert "\n" not in str(caught.value) and "forged" not in str(caught.value)
 
@@ -200,6 +217,63 @@ def test_a_hostile_error_code_is_not_shown() -> None:
 def test_an_endpoint_that_cannot_answer_now_is_retried(status: int) -> None:
     with pytest.raises(TokenUnavailable, match=f"HTTP {status}"):
         read_token_answer(URL, status, b"busy", 0, 0)
+
+
+@pytest.mark.parametrize(
+    ("status", "body"),
+    [
+        (200, b"<html><body>Down for maintenance</body></html>"),  # a proxy's page
+        (401, b"<html>401 Authorization Required</html>"),  # a load balancer in front
+        (403, b"Forbidden"),
+        (404, b"<html>Not Found</html>"),
+        (403, orjson.dumps({"error": "invalid_client"})),  # no OAuth status
+        (401, orjson.dumps({"error": "access_denied"})),  # no token endpoint's error
+        (400, orjson.dumps({"message": "bad request"})),
+        (502, orjson.dumps({"error": "invalid_grant"})),
+    ],
+)
+def test_an_answer_that_is_no_oauth_error_is_unavailable_not_refused(
+    status: int, body: bytes
+) -> None:
+    with pytest.raises(TokenUnavailable, match=f"HTTP {status}|no JSON object") as caught:
+        read_token_answer(URL, status, body, 0, 0)
+    assert URL in str(caught.value)
+
+
+oauth_like_answers = st.fixed_dictionaries(
+    {},
+    optional={
+        "error": st.sampled_from(sorted(OAUTH_REFUSALS))
+        | st.sampled_from(["server_error", "temporarily_unavailable", "access_denied"])
+        | st.text(max_size=20)
+        | st.integers(),
+        "error_description": st.text(max_size=20),
+        "access_token": st.sampled_from(["eyJ.abc.def", "", "two words"]),
+        "expires_in": st.integers(-5, 10_000),
+    },
+).map(orjson.dumps)
+
+
+@given(
+    status=st.sampled_from([200, 400, 401, 403, 404, 500, 503]) | st.integers(100, 599),
+    body=oauth_like_answers | st.binary(max_size=128),
+)
+def test_only_an_oauth_error_of_rfc_6749_is_a_refusal(status: int, body: bytes) -> None:
+    try:
+        decoded = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        decoded = None
+    code = decoded.get("error") if isinstance(decoded, dict) else None
+    oauth_error = status in (400, 401) and isinstance(code, str) and code in OAUTH_REFUSALS
+    try:
+        read_token_answer(URL, status, body, 0.0, 0.0)
+    except TokenRefused as exc:
+        assert oauth_error
+        assert f"error {code!r}" in str(exc)
+    except TokenUnavailable:
+        assert not oauth_error
+    else:
+        assert status == 200 and not oauth_error
 
 
 @given(status=st.integers(100, 599), body=st.binary(max_size=512), wall=st.floats(0, 4e9))
@@ -220,14 +294,14 @@ def test_any_answer_is_a_token_or_one_of_two_errors(status: int, body: bytes, wa
         st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=40),
     )
 )
-def test_any_json_answer_is_a_token_or_refused(fields: dict[str, object]) -> None:
+def test_any_json_answer_is_a_token_or_unavailable(fields: dict[str, object]) -> None:
     try:
         body = orjson.dumps(fields)
     except orjson.JSONEncodeError:
         return  # an integer past 64 bits: no JSON orjson reads either
     try:
         token = read_token_answer(URL, 200, body, 0.0, 0.0)
-    except TokenRefused:
+    except TokenUnavailable:
         return
     assert token.value == fields["access_token"]
     assert 0 < token.lifetime_s <= MAX_LIFETIME_S

@@ -27,6 +27,7 @@ from test_node_memory import PARTITIONS, SERVICE, schedule
 from app.errors import KafkaUnavailable
 from app.kafka.memory import MemoryLog
 from app.kafka.memory_clients import MemoryWriter
+from app.kafka.oauth_token import TokenRefused, TokenUnavailable
 from app.node import partition_take, type_transactions
 from app.node.failing import RETAKE_BACKOFF_MAX_S
 from app.node.partition_take import (
@@ -64,6 +65,9 @@ def _short_and(cause: BaseException) -> KafkaUnavailable:
         (_short_and(TopicAuthorizationFailedError()), "final"),
         (ChangelogLost("rows gone"), "final"),
         (_from(KafkaConnectionError("Unable to bootstrap")), "counted"),
+        # No OAUTHBEARER token now (the identity provider away): a broker away's kind.
+        (_from(TokenUnavailable("the token endpoint answered HTTP 503")), "counted"),
+        (_from(TokenRefused("refused the grant (HTTP 401, error 'invalid_client')")), "final"),
         (KafkaUnavailable("g.t.0: no commit within 30 s"), "counted"),
         (RuntimeError("a bug"), "counted"),
     ],
