@@ -1,8 +1,9 @@
 """aiokafka's OAUTHBEARER token provider against an in-process token endpoint (aiohttp):
 the client-credentials grant as asked, one token shared and fetched anew past 80 % of its
 lifetime (a fake clock) in the background, an answer read whole however it comes, a
-refused grant said with the endpoint and the error and never the secret, an endpoint
-away retried no faster than the backoff, its TLS checked with
+refused grant (an OAuth error alone) said with the endpoint and the error and never the
+secret, an endpoint away (or a proxy's page) retried no faster than the backoff, a
+connection within it waiting for its end, its TLS checked with
 KAFKA_SASL_OAUTHBEARER_CAFILE; and the connection's settings that lead to it."""
 
 from __future__ import annotations
@@ -11,9 +12,10 @@ import asyncio
 import base64
 import logging
 import ssl
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import cast
 from urllib.parse import unquote_plus
 
 import orjson
@@ -84,17 +86,29 @@ async def idp() -> AsyncIterator[Idp]:
 
 
 class Clock:
-    def __init__(self) -> None:
+    """The provider's clock, and its sleep: each wait recorded, the time moved on by it
+    when `moves` (else a wait ends with the time where it was: the backoff outlasts it)."""
+
+    def __init__(self, moves: bool = False) -> None:
         self.now = 1000.0
+        self.moves = moves
+        self.slept: list[float] = []
 
     def __call__(self) -> float:
         return self.now
 
+    async def sleep(self, seconds: float) -> None:
+        self.slept.append(round(seconds, 6))
+        if self.moves:
+            self.now += seconds
+
 
 def provider(
-    idp: Idp, clock: Callable[[], float], scope: str | None = "kafka", timeout_s: float = 10.0
+    idp: Idp, clock: Clock, scope: str | None = "kafka", timeout_s: float = 10.0
 ) -> ClientCredentials:
-    return ClientCredentials(idp.url, "tickwheel", SECRET, scope, clock=clock, timeout_s=timeout_s)
+    return ClientCredentials(
+        idp.url, "tickwheel", SECRET, scope, clock=clock, sleep=clock.sleep, timeout_s=timeout_s
+    )
 
 
 async def test_the_grant_is_asked_as_rfc_6749_says_and_its_token_given(idp: Idp) -> None:
@@ -151,7 +165,7 @@ async def test_a_connection_never_waits_on_a_refresh_while_the_token_lives(idp: 
     assert await tokens.token() == "tok-2" and tokens.fetches == 2
 
 
-async def test_a_fetch_its_callers_gave_up_on_is_joined_and_its_cancel_backs_off(
+async def test_a_fetch_its_callers_gave_up_on_is_joined_and_its_cancel_does_not_back_off(
     idp: Idp,
 ) -> None:
     idp.hold = asyncio.Event()
@@ -160,10 +174,15 @@ async def test_a_fetch_its_callers_gave_up_on_is_joined_and_its_cancel_backs_off
         with pytest.raises(TimeoutError):
             await asyncio.wait_for(tokens.token(), 0.05)
     assert tokens.fetches == 1  # each joined the one under way
-    await tokens.aclose()  # the fetch itself cancelled: a failure, the backoff waited
+    waiting = asyncio.create_task(tokens.token())
+    await asyncio.sleep(0)  # it joins the fetch under way
+    await tokens.aclose()  # the fetch itself cancelled (its loop ending, say)
     with pytest.raises(TokenUnavailable, match="was cancelled"):
-        await tokens.token()
-    assert tokens.fetches == 1 and tokens.fetch_under_way() is None
+        await waiting  # its waiter has no token, and is itself not cancelled
+    # Nothing was said of the endpoint: no backoff, it is asked again at once.
+    idp.hold.set()
+    assert await tokens.token() == "tok-1"
+    assert tokens.fetches == 2 and tokens.fetch_under_way() is None
 
 
 async def test_a_failing_refresh_is_said_once_and_backs_off_the_token_held_handed(
@@ -194,6 +213,31 @@ async def test_a_refused_grant_names_the_endpoint_and_error_never_the_secret(idp
     assert SECRET not in said and "s3cret" not in repr(caught.value)
 
 
+@pytest.mark.parametrize(
+    ("status", "body"),
+    [
+        (200, b"<html>Down for maintenance</html>"),  # a proxy's page
+        (401, b"<html>401 Authorization Required</html>"),  # a load balancer's
+        (403, b"Forbidden"),
+        (404, b"<html>Not Found</html>"),
+    ],
+)
+async def test_an_answer_that_is_no_oauth_error_is_retried_the_token_held_kept(
+    idp: Idp, status: int, body: bytes
+) -> None:
+    idp.answers = [granted("tok-1", 100), (status, body), (status, body), granted("tok-2", 100)]
+    clock = Clock(moves=True)
+    tokens = provider(idp, clock)
+    assert await tokens.token() == "tok-1"
+    clock.now += 85
+    assert await tokens.token() == "tok-1"  # its refresh fails: kept while it lives
+    await asyncio.wait([refreshing(tokens)])
+    clock.now += 20  # expired: no refusal (a take would stop the node), unavailable
+    with pytest.raises(TokenUnavailable, match=f"HTTP {status}|no JSON object"):
+        await tokens.token()
+    assert await tokens.token() == "tok-2" and tokens.fetches == 4  # after the backoff
+
+
 async def test_an_endpoint_away_keeps_the_token_held_while_it_lives(idp: Idp) -> None:
     idp.answers = [granted("tok-1", 100), (503, b"down")]
     clock = Clock()
@@ -208,12 +252,12 @@ async def test_an_endpoint_away_keeps_the_token_held_while_it_lives(idp: Idp) ->
 
 async def test_a_failing_endpoint_is_not_asked_faster_than_the_backoff(idp: Idp) -> None:
     idp.answers = [(500, b""), (500, b""), granted("tok-ok")]
-    clock = Clock()
+    clock = Clock()  # a wait ends with the time where it was: the backoff outlasts it
     tokens = provider(idp, clock)
-    for _ in range(5):  # aiokafka reconnects every 50 ms: the endpoint is asked once
+    for _ in range(5):  # aiokafka reconnects every 10 ms: the endpoint is asked once
         with pytest.raises(TokenUnavailable):
             await tokens.token()
-    assert len(idp.seen) == 1
+    assert len(idp.seen) == 1 and clock.slept == [0.1] * 4
     clock.now += 0.1
     with pytest.raises(TokenUnavailable):
         await tokens.token()
@@ -223,6 +267,97 @@ async def test_a_failing_endpoint_is_not_asked_faster_than_the_backoff(idp: Idp)
         await tokens.token()
     clock.now += 0.1
     assert await tokens.token() == "tok-ok" and len(idp.seen) == 3
+
+
+async def test_a_connection_with_no_token_waits_for_the_backoffs_end_then_asks(
+    idp: Idp,
+) -> None:
+    """aiokafka reconnects at once when `token()` raises: raised at once within the
+    backoff, ~100 connections a second would each log an error. Each waits for the
+    backoff's end instead, then asks (one fetch for them all)."""
+    idp.answers = [(503, b"down"), (503, b"down"), granted("tok-ok")]
+    clock = Clock(moves=True)
+    tokens = provider(idp, clock)
+    with pytest.raises(TokenUnavailable, match="HTTP 503"):
+        await tokens.token()
+    with pytest.raises(TokenUnavailable, match="HTTP 503"):
+        await tokens.token()  # waited 0.1 s, then asked
+    assert clock.slept == [0.1] and tokens.fetches == 2
+    got = await asyncio.gather(*(tokens.token() for _ in range(20)))
+    assert set(got) == {"tok-ok"} and tokens.fetches == 3
+    assert clock.slept == [0.1, 0.2]  # the first waited for the backoff, the rest joined
+
+
+async def test_a_wait_within_a_long_backoff_is_five_seconds_at_most(idp: Idp) -> None:
+    idp.answers = [(500, b"")]
+    clock = Clock(moves=True)
+    tokens = provider(idp, clock)
+    for _ in range(7):  # each waits for the backoff, then asks: it doubles to 6.4 s
+        with pytest.raises(TokenUnavailable):
+            await tokens.token()
+    assert tokens.fetches == 7 and clock.slept == [0.1, 0.2, 0.4, 0.8, 1.6, 3.2]
+    clock.slept.clear()
+    with pytest.raises(TokenUnavailable):
+        await tokens.token()  # 5 s waited of the 6.4: the failure, the endpoint not asked
+    assert clock.slept == [5.0] and tokens.fetches == 7
+    with pytest.raises(TokenUnavailable):
+        await tokens.token()  # the backoff's rest, then asked
+    assert clock.slept == [5.0, 1.4] and tokens.fetches == 8
+
+
+class OtherLoopsFetch:
+    """A fetch of another loop (the producers' thread) that succeeds the moment this
+    loop's `token()` looks at it: after it has read the backoff's end, before the failure."""
+
+    def __init__(self, tokens: ClientCredentials, loop: asyncio.AbstractEventLoop) -> None:
+        self.tokens, self.loop, self.succeeded = tokens, loop, False
+
+    def get_loop(self) -> asyncio.AbstractEventLoop:
+        return self.loop
+
+    def done(self) -> bool:
+        if not self.succeeded:
+            self.succeeded = True
+            fetch = self.tokens._fetch_and_keep()  # its own success path, run to its end
+            with pytest.raises(StopIteration):
+                fetch.send(None)
+        return True
+
+
+async def test_a_fetch_of_another_thread_succeeding_meanwhile_raises_no_assertion(
+    idp: Idp, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    idp.answers = [(503, b"down")]
+    clock = Clock()
+    tokens = provider(idp, clock)
+    with pytest.raises(TokenUnavailable):
+        await tokens.token()  # failed: the endpoint not asked for 0.1 s
+
+    async def answered() -> Token:
+        return Token("tok-other", clock(), 100)
+
+    monkeypatch.setattr(tokens, "_fetch", answered)
+    other = asyncio.new_event_loop()
+    try:
+        tokens._fetching[other] = cast("asyncio.Task[Token]", OtherLoopsFetch(tokens, other))
+        # An AssertionError here is no KafkaError: it would end aiokafka's sender.
+        assert await tokens.token() == "tok-other"
+    finally:
+        tokens._fetching.pop(other, None)
+        other.close()
+
+
+async def test_a_failure_raised_again_is_a_new_exception_each_time(idp: Idp) -> None:
+    """Two threads raising one exception object would mix its traceback."""
+    idp.answers = [(503, b"down")]
+    tokens = provider(idp, Clock())
+    raised = []
+    for _ in range(3):
+        with pytest.raises(TokenUnavailable) as caught:
+            await tokens.token()
+        raised.append(caught.value)
+    assert len({id(exc) for exc in raised}) == 3 and len(idp.seen) == 1
+    assert {(type(exc), str(exc)) for exc in raised} == {(TokenUnavailable, str(raised[0]))}
 
 
 async def test_an_unexpected_error_of_a_fetch_is_a_failure_backed_off(
@@ -280,12 +415,13 @@ async def test_the_endpoints_tls_is_checked_with_its_own_ca_file_not_kafkas(
         # The brokers' CA is not the endpoint's: without its own, the system's CAs.
         env["KAFKA_SSL_CAFILE"] = str(idp_ca)
         del env["KAFKA_SASL_OAUTHBEARER_CAFILE"]
-        with pytest.raises(TokenRefused, match="check KAFKA_SASL_OAUTHBEARER_CAFILE"):
+        # Unavailable, retried: a certificate mid-rotation passes, the node goes on.
+        with pytest.raises(TokenUnavailable, match="check KAFKA_SASL_OAUTHBEARER_CAFILE"):
             await Settings.from_env(env).kafka.token_provider().token()
         system = ClientCredentials(
             idp.url, "c", "s", ssl_context=endpoint_context(idp.url, None), clock=Clock()
         )
-        with pytest.raises(TokenRefused, match="not trusted"):
+        with pytest.raises(TokenUnavailable, match="not trusted"):
             await system.token()
 
 
@@ -329,12 +465,12 @@ async def test_an_answer_written_in_several_pieces_is_read_whole() -> None:
         assert await tokens.token() == "tok-slow"
 
 
-async def test_an_answer_past_the_cap_is_refused_without_waiting_for_its_end() -> None:
+async def test_an_answer_past_the_cap_is_said_without_waiting_for_its_end() -> None:
     piece = b" " * (64 * 1024)
     async for url, _ in serve_in_writes([b"{", *[piece] * 5], then_hold=True):
-        # Its end never comes: a read to the end would time out (unavailable, retried).
+        # Its end never comes: a read to the end would time out, not naming the cap.
         tokens = ClientCredentials(url, "c", "s", clock=Clock(), timeout_s=30)
-        with pytest.raises(TokenRefused, match=f"more than {MAX_ANSWER_BYTES} bytes"):
+        with pytest.raises(TokenUnavailable, match=f"more than {MAX_ANSWER_BYTES} bytes"):
             await asyncio.wait_for(tokens.token(), 10)
 
 
