@@ -12,9 +12,8 @@ command path's records, every offset), fencing its previous owner; each type's
 `type_transactions` opens them and routes its timer store's rows to them.
 
 May import: everything below it (`app.commands`, `app.timers`, `app.kafka`, `app.service`,
-`app.model`, `app.protocol`, `tables`, `app.errors`, `app.task_ends`) and the package's
-version
-(`app.__version__`); never `app.ops` or `app.cli`.
+`app.model`, `app.protocol`, `tables`, `app.errors`, `app.task_ends`, `app.backoff`) and the
+package's version (`app.__version__`); never `app.ops` or `app.cli`.
 """
 
 from app.node.node import Node, node_topics

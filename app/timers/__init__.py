@@ -3,5 +3,6 @@
 (`operator`) and the failure ledger (`ledger`). The changelog's rows are written in each
 partition's one transaction, which is the node's (`app.node.partition_transaction`).
 
-May import: `app.protocol`, `app.kafka`, `tables`, `app.errors`, `app.log_limit`.
+May import: `app.protocol`, `app.kafka`, `tables`, `app.errors`, `app.log_limit`,
+`app.backoff`.
 """
