@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Collection
 from dataclasses import dataclass
 
+from app.backoff import capped_backoff
 from app.kafka.records import refused, refused_topics
 
 __all__ = [
@@ -49,7 +50,8 @@ def retake_after(failing: Failing) -> float:
     group answers first): at once the first time, then longer each time in a row."""
     if failing.failures <= 1:
         return 0.0
-    return float(min(RETAKE_BACKOFF_MAX_S, RETAKE_BACKOFF_S * 2 ** (failing.failures - 2)))
+    # Capped, not raised: a fault of hours counts a thousand failures (2 ** 1098 overflowed).
+    return capped_backoff(RETAKE_BACKOFF_S, RETAKE_BACKOFF_MAX_S, failing.failures - 2)
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,6 +18,7 @@ import time
 from collections.abc import Collection
 from typing import TYPE_CHECKING, Literal
 
+from app.backoff import capped_backoff
 from app.errors import KafkaUnavailable, node_fault
 from app.kafka.records import causes, refused, short_of_replicas
 from app.node.failing import RETAKE_BACKOFF_MAX_S
@@ -202,10 +203,10 @@ def take_retry(
     if failure == "cluster":
         if waited_s >= CLUSTER_WAIT_MAX_S:
             return None
-        return float(min(RETAKE_BACKOFF_MAX_S, TAKE_BACKOFF_S * 2 ** max(waited, 1)))
+        return capped_backoff(TAKE_BACKOFF_S, RETAKE_BACKOFF_MAX_S, max(waited, 1))
     if attempts >= TAKE_ATTEMPTS:
         return None
-    return float(min(TAKE_BACKOFF_MAX_S, TAKE_BACKOFF_S * 2 ** max(attempts, 1)))
+    return capped_backoff(TAKE_BACKOFF_S, TAKE_BACKOFF_MAX_S, max(attempts, 1))
 
 
 def _final(exc: BaseException) -> bool:

@@ -1,5 +1,7 @@
-"""The capped backoff (`app.backoff`): grows to its cap, never past it, and no step
-overflows."""
+"""The capped backoff (`app.backoff`) and the waits computed with it. A partition failing
+every 10 s for three hours counts ~1100 failures in a row, and its retake's wait,
+`0.5 * 2 ** 1098`, raised OverflowError in the partition task's fault path: no step
+overflows now, and each caller's waits are those it had before wherever they did not."""
 
 from __future__ import annotations
 
@@ -8,6 +10,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from app.backoff import capped_backoff
+from app.node.failing import RETAKE_BACKOFF_MAX_S, RETAKE_BACKOFF_S, Failing, retake_after
+from app.node.partition_take import TAKE_ATTEMPTS, TAKE_BACKOFF_MAX_S, TAKE_BACKOFF_S, take_retry
 
 HUGE = [10**6, 10**9, 10**400, 2**63]
 STEPS = st.one_of(st.integers(), st.sampled_from([*HUGE, -(10**9), -(10**400)]))
@@ -50,3 +54,31 @@ def test_a_backoff_that_cannot_grow_is_refused(
 ) -> None:
     with pytest.raises(ValueError, match="no backoff grows"):
         capped_backoff(initial, cap, 3, multiplier)
+
+
+@pytest.mark.parametrize("failures", [1100, 10**6, 10**9])
+def test_a_partition_failing_for_hours_waits_the_longest_retake(failures: int) -> None:
+    assert retake_after(Failing({}, "x", failures)) == RETAKE_BACKOFF_MAX_S
+
+
+@pytest.mark.parametrize("waited", [1100, 10**6, 10**9])
+def test_a_take_waiting_for_the_cluster_long_waits_the_longest_retake(waited: int) -> None:
+    assert take_retry("cluster", 0, waited) == RETAKE_BACKOFF_MAX_S
+
+
+# The waits as each caller computed them before (where those did not overflow): kept.
+
+
+@given(st.integers(-5, 1000))
+def test_the_waits_are_those_of_before(n: int) -> None:
+    assert retake_after(Failing({}, "x", n)) == (
+        0.0 if n <= 1 else float(min(RETAKE_BACKOFF_MAX_S, RETAKE_BACKOFF_S * 2 ** (n - 2)))
+    )
+    assert take_retry("cluster", 0, n) == float(
+        min(RETAKE_BACKOFF_MAX_S, TAKE_BACKOFF_S * 2 ** max(n, 1))
+    )
+    assert take_retry("counted", n, 0) == (
+        None
+        if n >= TAKE_ATTEMPTS
+        else float(min(TAKE_BACKOFF_MAX_S, TAKE_BACKOFF_S * 2 ** max(n, 1)))
+    )
