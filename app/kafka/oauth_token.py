@@ -4,7 +4,7 @@ pure part: whether a token endpoint's address may be used, how its answer is rea
 huge), which answer is a refusal (an OAuth error alone: anything else may be a proxy's
 page or a load balancer's, and passes), when a token is fetched anew (`next_step`: in
 the background while the one held lives) and how long a failed fetch waits. No I/O:
-`app.kafka.oauth` asks the endpoint. May import aiokafka's errors.
+`app.kafka.oauth` asks the endpoint. May import aiokafka's errors and `app.backoff`.
 """
 
 from __future__ import annotations
@@ -20,6 +20,8 @@ from urllib.parse import urlsplit
 
 import orjson
 from aiokafka.errors import AuthenticationFailedError, KafkaConnectionError
+
+from app.backoff import capped_backoff
 
 __all__ = [
     "DEFAULT_LIFETIME_S",
@@ -157,7 +159,7 @@ def backoff_s(failures: int) -> float:
     """How long after the `failures`-th fetch failed in a row the endpoint is asked again."""
     if failures <= 0:
         return 0.0
-    return min(MAX_BACKOFF_S, INITIAL_BACKOFF_S * 2.0 ** min(failures - 1, 16))
+    return capped_backoff(INITIAL_BACKOFF_S, MAX_BACKOFF_S, failures - 1)
 
 
 def endpoint_problem(url: str) -> str | None:

@@ -10,8 +10,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from app.backoff import capped_backoff
+from app.kafka.oauth_token import INITIAL_BACKOFF_S, MAX_BACKOFF_S, backoff_s
 from app.node.failing import RETAKE_BACKOFF_MAX_S, RETAKE_BACKOFF_S, Failing, retake_after
 from app.node.partition_take import TAKE_ATTEMPTS, TAKE_BACKOFF_MAX_S, TAKE_BACKOFF_S, take_retry
+from app.timers.runner.options import RetryPolicy, backoff_ms
 
 HUGE = [10**6, 10**9, 10**400, 2**63]
 STEPS = st.one_of(st.integers(), st.sampled_from([*HUGE, -(10**9), -(10**400)]))
@@ -71,6 +73,9 @@ def test_a_take_waiting_for_the_cluster_long_waits_the_longest_retake(waited: in
 
 @given(st.integers(-5, 1000))
 def test_the_waits_are_those_of_before(n: int) -> None:
+    assert backoff_s(n) == (
+        0.0 if n <= 0 else min(MAX_BACKOFF_S, INITIAL_BACKOFF_S * 2.0 ** min(n - 1, 16))
+    )
     assert retake_after(Failing({}, "x", n)) == (
         0.0 if n <= 1 else float(min(RETAKE_BACKOFF_MAX_S, RETAKE_BACKOFF_S * 2 ** (n - 2)))
     )
@@ -82,3 +87,23 @@ def test_the_waits_are_those_of_before(n: int) -> None:
         if n >= TAKE_ATTEMPTS
         else float(min(TAKE_BACKOFF_MAX_S, TAKE_BACKOFF_S * 2 ** max(n, 1)))
     )
+
+
+@given(
+    st.builds(
+        RetryPolicy,
+        initial_backoff_ms=st.integers(1, 10_000),
+        multiplier=st.floats(1.0, 100.0),
+        max_backoff_ms=st.integers(10_000, 7 * 86_400_000),
+    ),
+    st.one_of(st.integers(-5, 10_000), st.sampled_from(HUGE)),
+)
+def test_the_policys_waits_are_those_of_before(policy: RetryPolicy, failures: int) -> None:
+    exponent = min(max(failures, 1) - 1, 64)
+    before = policy.initial_backoff_ms * policy.multiplier**exponent
+    assert backoff_ms(policy, failures) == int(min(before, policy.max_backoff_ms))
+
+
+@pytest.mark.parametrize("failures", HUGE)
+def test_the_oauth_backoff_after_hours_of_failures_is_ten_seconds(failures: int) -> None:
+    assert backoff_s(failures) == MAX_BACKOFF_S

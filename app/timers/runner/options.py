@@ -7,6 +7,8 @@ from typing import Any, ClassVar, Final, Self
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from app.backoff import capped_backoff
+
 __all__ = [
     "DAY_MS",
     "FINISHED_RETENTION_MS",
@@ -68,9 +70,11 @@ def backoff_ms(policy: RetryPolicy, failures: int) -> int:
     Pure arithmetic on purpose: tenacity's wait functions want a RetryCallState and
     own the sleeping, while the runner only needs a number to add to `now`.
     """
-    # Cap the exponent before raising, so that a huge attempt count cannot overflow a float.
-    exponent = min(max(failures, 1) - 1, 64)
-    return int(min(policy.initial_backoff_ms * policy.multiplier**exponent, policy.max_backoff_ms))
+    # The exponent stops at 64, as it did when that alone kept a float from overflowing: a
+    # policy's waits are the same from one release to the next.
+    step = min(max(failures, 1) - 1, 64)
+    wait = capped_backoff(policy.initial_backoff_ms, policy.max_backoff_ms, step, policy.multiplier)
+    return int(wait)
 
 
 class TimerOptions(BaseModel):
