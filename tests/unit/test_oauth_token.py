@@ -246,7 +246,7 @@ oauth_like_answers = st.fixed_dictionaries(
         "error": st.sampled_from(sorted(OAUTH_REFUSALS))
         | st.sampled_from(["server_error", "temporarily_unavailable", "access_denied"])
         | st.text(max_size=20)
-        | st.integers(),
+        | st.integers(-(2**63), 2**64 - 1),  # orjson writes 64-bit integers alone
         "error_description": st.text(max_size=20),
         "access_token": st.sampled_from(["eyJ.abc.def", "", "two words"]),
         "expires_in": st.integers(-5, 10_000),
