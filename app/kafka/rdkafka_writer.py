@@ -215,7 +215,9 @@ class RdkafkaTransactionalWriter:
 
     def _abort(self, exc: BaseException) -> None:
         """Aborts the open transaction after `exc`, unless it was a fence or left the
-        producer in a fatal state (nothing more it can do: the broker aborts it)."""
+        producer in a fatal state (nothing more it can do: the broker aborts it). An
+        abort that fails fatally is raised in `exc`'s place: it names the producer's
+        state, where `exc` may not (below)."""
         if not self._open or self._producer is None:
             return
         self._open = False
@@ -225,6 +227,13 @@ class RdkafkaTransactionalWriter:
         try:
             self._producer.abort_transaction(self._timeout)
         except KafkaException as abort:
+            cause = error_of(abort)
+            if cause is not None and (cause.fatal() or cause.code() in FENCED_CODES):
+                # A fence (or an ACL refusal) met while records were still produced makes
+                # later `produce` calls fail with `_FATAL` alone, not the error itself;
+                # the abort raises what it is. Taken for a plain failure, the partition
+                # would be retaken at once and fence its new owner in turn.
+                raise abort from exc
             logger.warning("%s: abort failed: %s", self.transactional_id, said(abort))
 
     def _still_wanted(self) -> None:

@@ -376,3 +376,56 @@ async def test_a_refusal_names_what_it_refused_and_the_acl_to_add(
         assert said.endswith(f"kafka-acls.sh --add --allow-principal User:<principal> {acl}")
     finally:
         await writer.stop()
+
+
+class FencedWhileProducing(FakeProducer):
+    """A producer fenced (or refused) between two records of a transaction: librdkafka's
+    `produce` then fails with `_FATAL` alone, and the abort raises the fatal error itself."""
+
+    underlying = KafkaError._FENCED
+
+    def __init__(self, config: dict[str, object]) -> None:
+        super().__init__(config)
+        self.produced = 0
+
+    def produce(self, topic: str, value: object, key: object, partition: int, **kw: object) -> None:
+        self.produced += 1
+        if self.produced > 1:
+            raise KafkaException(KafkaError(KafkaError._FATAL, "Local: Fatal error"))
+        super().produce(topic, value, key, partition, **kw)
+
+    def abort_transaction(self, *_: object) -> None:
+        raise KafkaException(KafkaError(self.underlying, "underlying", fatal=True))
+
+
+@pytest.mark.parametrize(
+    "underlying",
+    [KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH],
+)
+async def test_a_fence_met_while_producing_breaks_the_writer_as_fenced(
+    monkeypatch: pytest.MonkeyPatch, underlying: int
+) -> None:
+    monkeypatch.setattr(FencedWhileProducing, "underlying", underlying)
+    monkeypatch.setattr("app.kafka.rdkafka_writer.Producer", FencedWhileProducing)
+    writer = RdkafkaTransactionalWriter("127.0.0.1:1", "g.t.0")
+    await writer.start()
+    try:
+        with pytest.raises(Fenced):
+            await writer.commit([("t", 0, b"k", b"v")] * 3, {}, "g")
+        assert isinstance(writer.broken, Fenced)
+    finally:
+        await writer.stop()
+
+
+async def test_a_refusal_met_while_producing_is_a_refusal(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(FencedWhileProducing, "underlying", 29)  # TOPIC_AUTHORIZATION_FAILED
+    monkeypatch.setattr("app.kafka.rdkafka_writer.Producer", FencedWhileProducing)
+    writer = RdkafkaTransactionalWriter("127.0.0.1:1", "g.t.0")
+    await writer.start()
+    try:
+        with pytest.raises(KafkaUnavailable) as caught:
+            await writer.commit([("t", 0, b"k", b"v")] * 3, {}, "g")
+        assert not isinstance(caught.value, Fenced)
+        assert refused(caught.value)
+    finally:
+        await writer.stop()
