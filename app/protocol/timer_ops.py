@@ -9,6 +9,7 @@ from typing import Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from app.protocol.envelope import Envelope
 from tables import AggregateRef
 from tables.bounds import MAX_INT64, Instant
 
@@ -52,7 +53,7 @@ TIMER_OP_ANSWER: Final = "timer-op-answer"
 (a result has no `kind`)."""
 
 
-class TimerOpAnswer(BaseModel):
+class TimerOpAnswer(Envelope):
     """What the owner of one partition did with its copy of a `TimerOp`, on the owner
     type's context's results topic, keyed by the request id, in its partition (murmur2):
     written in the partition's transaction that commits the request's offset, so once with
@@ -60,10 +61,9 @@ class TimerOpAnswer(BaseModel):
     results requires: a node passes it over, one of 0.2.0 logs it as an unreadable result
     (bounded) and passes it over.
 
-    Unknown fields are kept, as on every other topic.
+    Unknown fields are kept, as on every other topic, within a body's bounds
+    (`tables.bounds`): a reader writes an answer out again (`timers retry --json`).
     """
-
-    model_config = ConfigDict(frozen=True, extra="allow")
 
     kind: Literal["timer-op-answer"] = Field(description="always `timer-op-answer`")
     request_id: str = Field(min_length=1, max_length=200, description="the request's")
