@@ -6,10 +6,14 @@ nesting, wrong types, a reply address elsewhere, a record keyed or partitioned w
 on every input topic (the log, the commands, the operators' requests), mixed with valid
 timers on every partition, and results on the context's results topic whose code (or
 refusal) is a newer writer's (well-formed, unknown to this version) or just outside the
-codes' shape (65 characters, lower case, a control character). What must hold: every
-partition keeps firing, every valid timer fires once, each bad record has exactly one
-dead letter holding its bytes and headers, nothing valid is dead-lettered, no result is,
-and each result of a newer code is counted once (read as ERROR), none other.
+codes' shape (65 characters, lower case, a control character); records shaped like an
+owner's answer to an operator's request (`timer-op-answer`) there, at their fields' bounds
+or past them, or no JSON at all (`hostile_records`), and answers on the input topics. What
+must hold: every partition keeps firing, every valid timer fires once, each bad record has
+exactly one dead letter holding its bytes and headers, nothing valid is dead-lettered, no
+result is, each result of a newer code is counted once (read as ERROR), none other, and
+the node's "unreadable result" lines (bounded) name unreadable results alone, never an
+answer.
 
 Each bad record is checked to be bad before it is written (`refused`, the node's own
 rules: an envelope one field of which is broken may still be valid, e.g. a `null` where
@@ -26,16 +30,28 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import tempfile
 import time
 from collections import Counter as Tally
-from collections.abc import Sequence, Set
+from collections.abc import Iterator, Sequence, Set
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 import pytest
 from fakes import RunningNode, running, wait_until
+from hostile_records import (
+    MISSING,
+    Hostile,
+    Raw,
+    answer_base,
+    dump,
+    hostile_answers,
+    nested,
+    with_field,
+)
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel
@@ -141,66 +157,6 @@ def now_ms() -> int:
 
 def ref(id: str) -> dict[str, Any]:
     return {"context": CONTEXT, "aggregate": AGGREGATE, "id": id}
-
-
-# --- JSON with what the stdlib's encoder cannot write: literals past any float, deep nesting
-
-
-@dataclass(frozen=True)
-class Raw:
-    """A JSON literal written as is (`1` and 400 zeros, `1e400`, 1,000 nested lists)."""
-
-    text: bytes
-
-    def __repr__(self) -> str:
-        return f"Raw({self.text[:40]!r}…{len(self.text)} bytes)"
-
-
-class _Missing:
-    def __repr__(self) -> str:
-        return "MISSING"
-
-
-MISSING = _Missing()
-"""A field taken out of its envelope."""
-
-
-def dump(value: Any) -> bytes:
-    """JSON bytes of `value`, `Raw` literals spliced in (big integers kept whole)."""
-    raws: list[bytes] = []
-
-    def swap(v: Any) -> Any:
-        if isinstance(v, Raw):
-            raws.append(v.text)
-            return f"@@raw{len(raws) - 1}@@"
-        if isinstance(v, dict):
-            return {k: swap(x) for k, x in v.items() if x is not MISSING}
-        if isinstance(v, list):
-            return [swap(x) for x in v]
-        return v
-
-    out = json.dumps(swap(value), separators=(",", ":")).encode()
-    for i, text in enumerate(raws):
-        out = out.replace(f'"@@raw{i}@@"'.encode(), text, 1)
-    return out
-
-
-def nested(depth: int, kind: Literal["list", "dict"] = "list") -> Raw:
-    if kind == "list":
-        return Raw(b"[" * depth + b"]" * depth)
-    return Raw(b'{"a":' * depth + b"1" + b"}" * depth)
-
-
-def with_field(base: dict[str, Any], path: Sequence[str], value: Any) -> dict[str, Any]:
-    """`base` with the field at `path` replaced by `value` (taken out: `MISSING`)."""
-    head, *rest = path
-    out = dict(base)
-    if rest:
-        inner = out.get(head)
-        out[head] = with_field(inner if isinstance(inner, dict) else {}, rest, value)
-    else:
-        out[head] = value
-    return out
 
 
 # --- what the node refuses: the oracle a generated "bad" record is checked against ---------
@@ -448,7 +404,29 @@ def answers(draw: st.DrawFn, request_ids: Sequence[str]) -> Answer:
     return Answer(request_id, code, refusal, reads)
 
 
-Item = Bad | Valid | Noise | Answer
+# --- records shaped like an owner's answer to an operator's request (`timer-op-answer`) -----
+
+OP_ANSWERS = hostile_answers(answer_base("op-answer", ref("answered"), 0, 0))
+"""Answers at their fields' bounds, records just past them, and bytes no reader takes."""
+
+
+@dataclass(frozen=True)
+class OpAnswer:
+    """A record of `OP_ANSWERS` on the context's results topic, partition `partition`: the
+    node passes it over, in silence when it reads as an answer (`case.answer`), else as an
+    unreadable result (a line, bounded); it dead-letters nothing, counts nothing."""
+
+    case: Hostile
+    partition: int
+
+    def record(self, now: int) -> OutRecord:
+        return (CONTEXT_TOPICS.results, self.partition, b"op-answer", self.case.value)
+
+
+op_answers = st.builds(OpAnswer, st.sampled_from(OP_ANSWERS), st.integers(0, PARTITIONS - 1))
+
+
+Item = Bad | Valid | Noise | Answer | OpAnswer
 
 
 def valid_timer(
@@ -711,7 +689,9 @@ headers_strategy: st.SearchStrategy[Headers] = st.lists(
 ).map(tuple)
 
 
-Shape = Literal["noted", "boom", "once", "interval", "cron", "paused", "resumed", "command", "op"]
+Shape = Literal[
+    "noted", "boom", "once", "interval", "cron", "paused", "resumed", "command", "op", "answer"
+]
 How = Literal["field", "key", "partition", "as-is"]
 Shapeless = Literal["bytes", "json", "deep", "tombstone", "huge"]
 
@@ -750,6 +730,8 @@ WAYS: list[Way] = [
     Way("commands", "command", "partition"),
     *(Way("timer-ops", "op", "field", path) for path in OP_FIELDS),
     Way("timer-ops", "op", "key"),
+    # An owner's answer where no answer goes: no envelope of the topic.
+    *(Way(kind, "answer", "as-is") for kind in KINDS),
     *(
         Way(kind, what)
         for kind in KINDS
@@ -777,6 +759,8 @@ def base_of(shape: Shape, n: int, now: int) -> dict[str, Any]:
         return key_event_base(n, now, SCHEDULE_RESUMED)
     if shape == "command":
         return command_base(n, now)
+    if shape == "answer":
+        return answer_base(f"bad-a{n}", ref(f"bad-{n}"), 0, 0, answered_at=now)
     return op_base(n, now)
 
 
@@ -812,7 +796,8 @@ def broken(draw: st.DrawFn, way: Way, n: int, now: int) -> Bad:
         key = draw(keys.filter(lambda k: bad(k, value)))
         return Bad(kind, key, value, partition, f"{kind} {way.shape}")
     assert way.shape in (
-        "noted", "boom", "once", "interval", "cron", "paused", "resumed", "command", "op"
+        "noted", "boom", "once", "interval", "cron", "paused", "resumed", "command", "op",
+        "answer",
     )  # fmt: skip
     base = base_of(way.shape, n, now)
     key = owner.encode() if kind != "timer-ops" else None
@@ -864,6 +849,16 @@ class Scenario:
         """How many results of a newer writer's code it writes (each counted once)."""
         return sum(isinstance(i, Answer) and i.reads == "newer" for i in self.items)
 
+    @property
+    def unreadable_results(self) -> bool:
+        """Whether it writes a record of the results topic that is neither a result nor an
+        answer (the first one is logged)."""
+        return any(
+            (isinstance(i, Answer) and i.reads == "unreadable")
+            or (isinstance(i, OpAnswer) and not i.case.answer)
+            for i in self.items
+        )
+
 
 @st.composite
 def scenarios(draw: st.DrawFn) -> Scenario:
@@ -883,6 +878,7 @@ def scenarios(draw: st.DrawFn) -> Scenario:
     answered = [f"valid-{i.owner}" for i in mixed if isinstance(i, Valid)]
     answered += [f"noise-c{n}" for n, what in enumerate(noise) if what in ("not-due", "later")]
     mixed += draw(st.lists(answers(answered), max_size=6))
+    mixed += draw(st.lists(op_answers, max_size=10))
     items = draw(st.permutations(mixed))
     # After every bad record, one more timer in each partition: each partition goes on.
     for p in range(PARTITIONS):
@@ -988,62 +984,124 @@ def newer_codes_counted(node: RunningNode) -> float:
     return sample or 0.0
 
 
+class ResultLines(logging.Handler):
+    """The positions the node's "unreadable result" lines name (`ResultsReader`)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.named: list[Position] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if str(record.msg).startswith("unreadable result") and isinstance(record.args, tuple):
+            topic, partition, offset = record.args[:3]
+            assert isinstance(topic, str) and isinstance(partition, int), record.args
+            assert isinstance(offset, int), record.args
+            self.named.append((topic, partition, offset))
+
+
+@contextmanager
+def result_lines() -> Iterator[ResultLines]:
+    lines = ResultLines()
+    logger = logging.getLogger("app.timers.sender")
+    level = logger.level
+    logger.setLevel(logging.WARNING)
+    logger.addHandler(lines)
+    try:
+        yield lines
+    finally:
+        logger.removeHandler(lines)
+        logger.setLevel(level)
+
+
 async def play(scenario: Scenario, data: Path) -> None:
     log = MemoryLog()
     written: dict[Position, Bad] = {}
+    # The results topic's records of the scenario, and those of them that are answers.
+    results: set[Position] = set()
+    answers_at: dict[Position, OpAnswer] = {}
     log.ensure_topics(node_topics([TOPICS], PARTITIONS))
     for bad in scenario.early:
         written[await write(log, bad.record())] = bad
-    async with running(fuzz_node(log, data, "a")) as node:
-        for item in scenario.items:
-            if isinstance(item, Bad):
-                written[await write(log, item.record())] = item
-            else:
+    with result_lines() as lines:
+        async with running(fuzz_node(log, data, "a")) as node:
+            for item in scenario.items:
+                if isinstance(item, Bad):
+                    written[await write(log, item.record())] = item
+                    continue
                 record = item.record(now_ms())
                 if isinstance(item, Answer):  # each code is on the side of the shape meant
                     assert read_as(record[3]) == item.reads, item
-                await write(log, record)
+                at = await write(log, record)
+                if isinstance(item, Answer | OpAnswer):
+                    results.add(at)
+                if isinstance(item, OpAnswer) and item.case.answer:
+                    answers_at[at] = item
+            await played(scenario, log, node, written, lines)
+        named = set(lines.named)
+        assert named <= results, f"lines naming no unreadable result: {named - results}"
+        logged = [answers_at[at] for at in named & answers_at.keys()]
+        assert not logged, f"answers logged as unreadable results: {logged}"
+        lines.named.clear()
         expected = {v.owner: 1 for v in scenario.valid}
-        skip = set(written)
+        # Another node takes every partition afresh (a data dir of its own: it restores the
+        # states and the timers from the log alone, the bad records on it): no record is
+        # dead-lettered again, no timer fires again, and each partition fires a new one.
+        async with running(fuzz_node(log, data, "b")) as node:
+            now = now_ms()
+            for p in range(PARTITIONS):
+                owner = owners(p, 1, prefix="again")[0]
+                await write(log, valid_timer(owner, now + 50, "event" if p % 2 else "command"))
+                expected[owner] = 1
+            skip = set(written)
 
-        def done() -> bool:
-            return (
-                fired(log, skip) == expected
-                and len(letters(log)) >= len(written)
-                and newer_codes_counted(node) >= scenario.newer_codes
-            )
+            def why() -> str:
+                return f"fired {dict(fired(log, skip))}, expected {expected}; {node.node.health()}"
 
-        def why() -> str:
-            got = letters(log)
-            return (
-                f"fired {dict(fired(log, skip))}, expected {expected}; "
-                f"{sum(map(len, got.values()))} letters of {len(written)} bad records; "
-                f"missing {[b for pos, b in written.items() if pos not in got]}; "
-                f"{newer_codes_counted(node)} newer codes of {scenario.newer_codes}; "
-                f"health {node.node.health()}"
-            )
+            await wait_until(lambda: fired(log, skip) == expected, within=10, what=why)
+            await asyncio.sleep(0.2)
+            assert fired(log, skip) == expected, why()
+            assert_letters(log, expect(written))
+            assert newer_codes_counted(node) == 0, "results are read from their end: none again"
+            assert_healthy(node)
+        assert not lines.named, "results are read from their end: none logged again"
 
-        await wait_until(done, within=10, what=why)
-        await asyncio.sleep(0.2)  # anything fired, dead-lettered or counted twice would be by now
-        assert fired(log, skip) == expected, why()
-        assert_letters(log, expect(written))  # no result among the letters
-        assert newer_codes_counted(node) == scenario.newer_codes, why()
-        assert_healthy(node)
-    # Another node takes every partition afresh (a data dir of its own: it restores the
-    # states and the timers from the log alone, the bad records on it): no record is
-    # dead-lettered again, no timer fires again, and each partition fires a new one.
-    async with running(fuzz_node(log, data, "b")) as node:
-        now = now_ms()
-        for p in range(PARTITIONS):
-            owner = owners(p, 1, prefix="again")[0]
-            await write(log, valid_timer(owner, now + 50, "event" if p % 2 else "command"))
-            expected[owner] = 1
-        await wait_until(lambda: fired(log, skip) == expected, within=10, what=why)
-        await asyncio.sleep(0.2)
-        assert fired(log, skip) == expected, why()
-        assert_letters(log, expect(written))
-        assert newer_codes_counted(node) == 0, "results are read from their end: none again"
-        assert_healthy(node)
+
+async def played(
+    scenario: Scenario,
+    log: MemoryLog,
+    node: RunningNode,
+    written: dict[Position, Bad],
+    lines: ResultLines,
+) -> None:
+    """The first node has played `scenario` out: every valid timer fired once, each bad
+    record has its letter, each newer code is counted, an unreadable result is logged."""
+    expected = {v.owner: 1 for v in scenario.valid}
+    skip = set(written)
+
+    def done() -> bool:
+        return (
+            fired(log, skip) == expected
+            and len(letters(log)) >= len(written)
+            and newer_codes_counted(node) >= scenario.newer_codes
+            and (bool(lines.named) or not scenario.unreadable_results)
+        )
+
+    def why() -> str:
+        got = letters(log)
+        return (
+            f"fired {dict(fired(log, skip))}, expected {expected}; "
+            f"{sum(map(len, got.values()))} letters of {len(written)} bad records; "
+            f"missing {[b for pos, b in written.items() if pos not in got]}; "
+            f"{newer_codes_counted(node)} newer codes of {scenario.newer_codes}; "
+            f"{len(lines.named)} unreadable results logged; health {node.node.health()}"
+        )
+
+    await wait_until(done, within=10, what=why)
+    await asyncio.sleep(0.2)  # anything fired, dead-lettered or counted twice would be by now
+    assert fired(log, skip) == expected, why()
+    assert_letters(log, expect(written))  # no result among the letters
+    assert newer_codes_counted(node) == scenario.newer_codes, why()
+    assert_healthy(node)
 
 
 @settings(
@@ -1066,6 +1124,28 @@ def test_no_record_stops_a_partition_and_every_bad_one_has_exactly_one_letter(
 ) -> None:
     with tempfile.TemporaryDirectory() as data:
         asyncio.run(play(scenario, Path(data)))
+
+
+async def test_every_record_shaped_as_an_answer_stops_nothing(tmp_path: Path) -> None:
+    """Each of `OP_ANSWERS` on the results topic (answers at their fields' bounds, records
+    past them, bytes no reader takes), and a valid answer on each input topic, among valid
+    timers of every partition: the fuzz test's invariants hold (each answer elsewhere has
+    its one letter, nothing on the results topic has one, no answer is logged)."""
+    now = now_ms()
+    elsewhere = [
+        Bad(kind, key, dump(base_of("answer", n, now)), p, f"an answer on {kind}")
+        for n, kind in enumerate(KINDS)
+        for key, p in [(f"bad-{n}".encode(), partition_of(f"bad-{n}", PARTITIONS))]
+    ]
+    for bad in elsewhere:
+        assert refused(bad.kind, bad.key, bad.value, bad.partition), bad
+    items: list[Item] = [OpAnswer(c, n % PARTITIONS) for n, c in enumerate(OP_ANSWERS)]
+    for n, bad in enumerate(elsewhere):
+        items.insert(n * 30, bad)
+    for p in range(PARTITIONS):
+        items.insert(0, Valid(owners(p, 1, prefix="first")[0], "event", 100))
+        items.append(Valid(owners(p, 1, prefix="last")[0], "command", 100))
+    await play(Scenario([], items), tmp_path)
 
 
 # --- the records of the bug report ----------------------------------------------------------
