@@ -9,6 +9,7 @@ that a wrong setting is one clear error before anything connects.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import ssl
 from collections.abc import Callable
@@ -16,11 +17,11 @@ from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
-from aiokafka.helpers import create_ssl_context
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
 from app.kafka.oauth import ClientCredentials, endpoint_context, token_provider
 from app.kafka.oauth_token import endpoint_problem
+from app.kafka.tls_files import digests, note_held, private_copies
 
 __all__ = [
     "OAUTH_SETTINGS",
@@ -278,19 +279,47 @@ def key_password(keyfile: Path | None, password: str | None) -> Callable[[], byt
 def _context(
     cafile: Path | None, certfile: Path | None, keyfile: Path | None, password: str | None
 ) -> ssl.SSLContext:
+    """As aiokafka's `create_ssl_context` makes it (the system's CAs without `cafile`; the
+    host name checked), built from private copies of the files' bytes, their digests noted
+    (`tls_files.note_held`): the reload's first check loads it again only if a file
+    changed since (`app.kafka.tls_reload`)."""
+    given = {
+        "KAFKA_SSL_CAFILE": cafile,
+        "KAFKA_SSL_CERTFILE": certfile,
+        "KAFKA_SSL_KEYFILE": keyfile,
+    }
+    read = {name: read_tls_file(name, path) for name, path in given.items() if path is not None}
+    noted = digests(read)
     try:
-        context: ssl.SSLContext = create_ssl_context(
-            cafile=None if cafile is None else str(cafile),
-            certfile=None if certfile is None else str(certfile),
-            keyfile=None if keyfile is None else str(keyfile),
-            password=key_password(keyfile, password),
-        )
+        with contextlib.ExitStack() as stack:
+            paths: list[str | Path | None]
+            try:
+                paths = list(stack.enter_context(private_copies([read.get(n) for n in given])))
+            except OSError:
+                # No copy to be made (no memory file, no writable temporary directory): built
+                # from the files, nothing noted, so the reload's first check loads them again.
+                paths, noted = [cafile, certfile, keyfile], {}
+            context = _built(*paths, password=key_password(keyfile, password))
     except _NoKeyPassword:
         raise
     except (ssl.SSLError, OSError) as exc:
         raise ValueError(
             f"TLS material unusable (CA {cafile}, certificate {certfile}, key {keyfile}): {exc}"
         ) from exc
+    note_held(context, noted)
+    return context
+
+
+def _built(
+    cafile: str | Path | None,
+    certfile: str | Path | None,
+    keyfile: str | Path | None,
+    *,
+    password: Callable[[], bytes],
+) -> ssl.SSLContext:
+    context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=cafile)
+    if certfile is not None:
+        context.load_cert_chain(certfile, keyfile, password)
     return context
 
 

@@ -10,11 +10,16 @@ trusted until a restart. librdkafka's clients (`TICKWHEEL_KAFKA_CLIENT=confluent
 the files once, when each is made: they are not reloaded here.
 
 A pair is loaded only once it loads together: the files are read, copied into private
-memory files (or a private temporary directory), loaded from those copies into a scratch
-context first (the key matched to the certificate, an encrypted key's password tried),
-and then the very same copies into the clients' context, so that a certificate renewed
-before its key is never mixed with the old one. A refused change is one WARNING (the
-old material kept) and retried at the next check.
+memory files (or a private temporary directory, `tls_files.private_copies`), loaded from
+those copies into a scratch context first (the key matched to the certificate, an
+encrypted key's password tried), and then the very same copies into the clients' context,
+so that a certificate renewed before its key is never mixed with the old one. A refused
+change is one WARNING (the old material kept) and retried at the next check.
+
+What a file is compared with is what the clients' context holds (`tls_files.held`): the
+digests of the bytes it was built from (`KafkaConnection.ssl_context`), then of those each
+load put in it. The first check loads nothing again when the files are still those, and
+one changed since the build is loaded.
 
 The load runs on the node's event loop, between its connections' handshakes; aiokafka's
 producers on a thread of their own (`TICKWHEEL_PRODUCER_THREAD`) share the context, and
@@ -25,20 +30,16 @@ window of microseconds, once per renewal.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import hashlib
 import logging
-import os
 import ssl
-import sys
-import tempfile
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Final
 
 from app.kafka.connection import KafkaConnection, key_password, read_tls_file
 from app.kafka.tls_expiry import Validity, expiry_warning_due, validity_of_pem
+from app.kafka.tls_files import digests, held, note_held, private_copies
 
 __all__ = ["CHECK_EVERY_S", "TlsReload", "changed_files", "load_material", "tls_reload"]
 
@@ -49,14 +50,10 @@ CHECK_EVERY_S: Final = 60.0
 
 CA, CERT, KEY = "KAFKA_SSL_CAFILE", "KAFKA_SSL_CERTFILE", "KAFKA_SSL_KEYFILE"
 
-# Anonymous memory files where Linux has them: no copy of a key touches a disk, nor needs
-# a writable /tmp (a container's read-only root file system).
-_IN_MEMORY = sys.platform == "linux" and os.path.isdir("/proc/self/fd")
-
 
 def changed_files(loaded: Mapping[str, str], read: Mapping[str, str]) -> list[str]:
     """The settings whose file holds other than what the context holds (`loaded`: each
-    one's digest; empty before the first load: every file)."""
+    one's digest; empty when not known: every file)."""
     return [name for name, digest in read.items() if loaded.get(name) != digest]
 
 
@@ -95,7 +92,8 @@ class TlsReload:
         self._password = key_password(files.get(KEY), password)
         self._now = now
         self._on_loaded = on_loaded
-        self._loaded: dict[str, str] = {}  # what the context holds: each file's digest
+        # The digests of the files `validity` is of (None before the first check took any).
+        self._taken: dict[str, str] | None = None
         self._refused: str | None = None  # the refusal last warned about
         self.validity: Validity | None = None  # the loaded client certificate's
         self._warned_at: float | None = None
@@ -122,17 +120,23 @@ class TlsReload:
         except ValueError as exc:
             self._refuse(f"{exc}")
         else:
-            digests = {name: hashlib.sha256(held).hexdigest() for name, held in read.items()}
-            if changed := changed_files(self._loaded, digests):
-                loaded = self._load(read, digests, changed)
+            read_digests = digests(read)
+            if changed := changed_files(held(self._context), read_digests):
+                loaded = self._load(read, read_digests, changed)
             else:
                 self._refused = None  # back to what is loaded: a refusal again is news
+                if read_digests != self._taken:
+                    # What the context was built from (or another reload of it loaded):
+                    # taken, not loaded again.
+                    self._took(read, read_digests, changed_files(self._taken or {}, read_digests))
         self._warn_of_expiry()
         return loaded
 
-    def _load(self, read: Mapping[str, bytes], digests: dict[str, str], changed: list[str]) -> bool:
+    def _load(
+        self, read: Mapping[str, bytes], read_digests: dict[str, str], changed: list[str]
+    ) -> bool:
         names = [CA, CERT, KEY]
-        with _copies([read.get(name) for name in names]) as (cafile, certfile, keyfile):
+        with private_copies([read.get(name) for name in names]) as (cafile, certfile, keyfile):
             try:
                 load_material(
                     ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT),
@@ -146,8 +150,17 @@ class TlsReload:
                 return False
             # The very copies the trial loaded: a file replaced since is not mixed in.
             load_material(self._context, cafile, certfile, keyfile, self._password)
-        first = not self._loaded
-        self._loaded, self._refused = digests, None
+        note_held(self._context, read_digests)
+        self._refused = None
+        self._took(read, read_digests, changed)
+        return True
+
+    def _took(
+        self, read: Mapping[str, bytes], read_digests: dict[str, str], changed: list[str]
+    ) -> None:
+        """The context holds `read` now (`changed` other than what was taken before): its
+        client certificate's end, exported and said."""
+        first, self._taken = self._taken is None, read_digests
         validity, said = None, ""
         if CERT in read:
             try:
@@ -172,7 +185,6 @@ class TlsReload:
                 self._named(changed),
                 said,
             )
-        return True
 
     def _refuse(self, why: str) -> None:
         if why == self._refused:
@@ -227,34 +239,6 @@ def tls_reload(
         now=now,
         on_loaded=on_loaded,
     )
-
-
-@contextlib.contextmanager
-def _copies(contents: Sequence[bytes | None]) -> Iterator[list[str | None]]:
-    """Paths OpenSSL opens holding `contents` (None: none), private to this process and
-    gone after: memory files on Linux, else files of a temporary directory (mode 0700)."""
-    with contextlib.ExitStack() as stack:
-        paths: list[str | None] = []
-        directory: str | None = None
-        for i, data in enumerate(contents):
-            if data is None:
-                paths.append(None)
-                continue
-            if _IN_MEMORY and sys.platform == "linux":
-                fd = os.memfd_create("tickwheel-tls", os.MFD_CLOEXEC)
-                stack.callback(os.close, fd)
-                path = f"/proc/self/fd/{fd}"
-            else:
-                if directory is None:
-                    directory = stack.enter_context(tempfile.TemporaryDirectory())
-                path = os.path.join(directory, str(i))
-                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-                stack.callback(os.close, fd)
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
-            paths.append(path)
-        yield paths
 
 
 def _utc(t: int) -> str:

@@ -1,5 +1,6 @@
 """A node with TLS files reads them again while it runs (`Node.tls`, a watch of its run):
-its first check loads them and sets `tickwheel_kafka_client_cert_expiry_timestamp_seconds`;
+its first check takes what its clients' context was built from (loaded again only if a
+file changed since) and sets `tickwheel_kafka_client_cert_expiry_timestamp_seconds`;
 the watch ending (a check that raised) stops the node loudly, naming it, as every watch of
 a run does. On the memory log: the files are read, no broker is connected to."""
 

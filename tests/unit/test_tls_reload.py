@@ -12,15 +12,19 @@ import contextlib
 import logging
 import shutil
 import ssl
+from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 from tls_certs import Certs, Pair, client_seen, server_context
 
+from app.kafka import connection as connection_module
+from app.kafka import tls_files
 from app.kafka import tls_reload as reload_module
 from app.kafka.connection import KafkaConnection
 from app.kafka.tls_expiry import validity_of_pem
-from app.kafka.tls_reload import TlsReload, tls_reload
+from app.kafka.tls_reload import CA, CERT, KEY, TlsReload, tls_reload
 
 LOGGER = "app.kafka.tls_reload"
 
@@ -93,11 +97,11 @@ async def test_a_renewed_client_certificate_is_the_one_the_next_connection_prese
     """The reason for the reload: a node started with a short-lived certificate kept
     presenting it (read once, at the start) and, once it expired, could make no new
     connection until restarted. Encrypted keys renew with the same password."""
-    monkeypatch.setattr(reload_module, "_IN_MEMORY", in_memory and reload_module._IN_MEMORY)
+    monkeypatch.setattr(tls_files, "_IN_MEMORY", in_memory and tls_files._IN_MEMORY)
     caplog.set_level(logging.INFO, logger=LOGGER)
     world = World(tmp_path, password="s3cret")
     tls = world.reload()
-    assert tls.check() is True  # the first check: what the files hold, loaded
+    assert tls.check() is False  # the first check: what the context was built from, held
     assert await world.seen() == "client-1"
     assert tls.check() is False, "unchanged: nothing loaded"
     second = world.certs.leaf("client-2", world.ca, days=20, password="s3cret")
@@ -207,7 +211,7 @@ def test_no_reload_without_tls_files(tmp_path: Path) -> None:
     ca_only = World(tmp_path).kafka.model_copy(update={"ssl_certfile": None, "ssl_keyfile": None})
     made = tls_reload(ca_only)
     assert made is not None and set(made.files) == {"KAFKA_SSL_CAFILE"}
-    assert made.check() is True and made.validity is None
+    assert made.check() is False and made.validity is None  # built from the CA: held
 
 
 async def test_a_directory_not_searchable_keeps_what_was_loaded(
@@ -245,7 +249,7 @@ async def test_a_reload_failing_unforeseen_is_said_and_the_watch_goes_on(
     def no_files(contents: object) -> object:
         raise OSError(24, "Too many open files")
 
-    monkeypatch.setattr(reload_module, "_copies", no_files)
+    monkeypatch.setattr(reload_module, "private_copies", no_files)
     watch = asyncio.create_task(tls.run())
     while not warnings(caplog):
         assert not watch.done(), watch
@@ -255,3 +259,121 @@ async def test_a_reload_failing_unforeseen_is_said_and_the_watch_goes_on(
         await watch
     assert "the reload failed: OSError" in warnings(caplog)[0]
     assert await world.seen() == "client-1"
+
+
+# --- the first check: what the clients' context was built from is not loaded again ------
+
+
+class Loads:
+    """The loads into `context` (the one every client holds), by method, in order."""
+
+    def __init__(self, context: ssl.SSLContext, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.calls: list[str] = []
+        for name in ("load_verify_locations", "load_cert_chain"):
+            real = getattr(context, name)
+
+            def spy(*args: object, _real: Any = real, _name: str = name, **kw: object) -> Any:
+                self.calls.append(_name)
+                return _real(*args, **kw)
+
+            monkeypatch.setattr(context, name, spy)
+
+
+async def test_the_first_check_loads_nothing_the_context_was_built_from(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The clients' context was just built from these files: the first check takes their
+    digests, the certificate's end (exported, warned about) and says them, and loads
+    nothing (it loaded them all again, the work of the start done twice). A renewal after
+    it is loaded as ever."""
+    caplog.set_level(logging.INFO, logger=LOGGER)
+    world = World(tmp_path)
+    context = world.kafka.ssl_context()
+    assert context is not None
+    loads = Loads(context, monkeypatch)
+    tls = world.reload()
+    loaded = tls.check()
+    assert loads.calls == [], "loaded again what the context was just built from"
+    assert loaded is False
+    not_after = validity_of_pem(world.first.cert.read_bytes()).not_after
+    assert tls.validity is not None and tls.validity.not_after == not_after
+    assert world.loaded == [(world.cert, not_after)]
+    [said] = infos(caplog)
+    assert "loaded; the client certificate valid until 20" in said and str(world.key) in said
+    assert await world.seen() == "client-1"
+    assert tls.check() is False and loads.calls == []
+    world.put(world.certs.leaf("client-2", world.ca))
+    assert tls.check() is True
+    assert loads.calls == ["load_verify_locations", "load_cert_chain"]
+    assert await world.seen() == "client-2"
+
+
+async def test_a_file_changed_between_the_build_and_the_first_check_is_loaded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    world = World(tmp_path)
+    context = world.kafka.ssl_context()
+    assert context is not None
+    loads = Loads(context, monkeypatch)
+    second = world.certs.leaf("client-2", world.ca, days=20)
+    world.put(second, key=False)  # the certificate first: refused until its key comes
+    tls = world.reload()
+    assert tls.check() is False
+    world.put(second, cert=False)
+    assert tls.check() is True
+    assert loads.calls == ["load_verify_locations", "load_cert_chain"]
+    assert await world.seen() == "client-2"
+    not_after = validity_of_pem(second.cert.read_bytes()).not_after
+    assert tls.validity is not None and tls.validity.not_after == not_after
+
+
+@pytest.mark.parametrize("copies", [True, False], ids=["copies", "no-copies"])
+async def test_a_file_renewed_during_the_build_is_loaded_by_the_first_check(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, copies: bool
+) -> None:
+    """Renewed after the build read the files, before it loaded them: the context holds
+    what was read (it loads copies of those bytes), and the first check loads the renewal.
+    With no copy to be made (no memory file, no writable temporary directory), it is built
+    from the files themselves, and the first check loads them all again."""
+    world = World(tmp_path)
+    second = world.certs.leaf("client-2", world.ca)
+    real = tls_files.private_copies
+
+    @contextlib.contextmanager
+    def renewed(contents: Sequence[bytes | None]) -> Iterator[list[str | None]]:
+        world.put(second)
+        if not copies:
+            raise OSError(24, "Too many open files")
+        with real(contents) as paths:
+            yield paths
+
+    monkeypatch.setattr(connection_module, "private_copies", renewed)
+    # Built afresh (not the one `ssl_context` made before, and keeps): as a start does.
+    context = connection_module._context.__wrapped__(world.ca_file, world.cert, world.key, None)
+    assert await client_seen(world.server, context) == ("client-1" if copies else "client-2")
+    loads = Loads(context, monkeypatch)
+    tls = TlsReload(context, {CA: world.ca_file, CERT: world.cert, KEY: world.key})
+    assert tls.check() is True
+    assert loads.calls == ["load_verify_locations", "load_cert_chain"]
+    assert await client_seen(world.server, context) == "client-2"
+
+
+def test_a_renewal_another_reload_of_the_context_loaded_is_taken_not_loaded_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two reloads of the one context (two nodes of a process, same files): a renewal is
+    loaded once, and each tells the certificate the context holds."""
+    world = World(tmp_path)
+    context = world.kafka.ssl_context()
+    assert context is not None
+    loads = Loads(context, monkeypatch)
+    one, other = world.reload(), world.reload()
+    assert one.check() is False and other.check() is False
+    second = world.certs.leaf("client-2", world.ca, days=20)
+    world.put(second)
+    assert other.check() is True
+    assert one.check() is False
+    assert loads.calls == ["load_verify_locations", "load_cert_chain"]
+    not_after = validity_of_pem(second.cert.read_bytes()).not_after
+    assert one.validity is not None and one.validity.not_after == not_after
+    assert world.loaded[-2:] == [(world.cert, not_after)] * 2
