@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import logging
 import re
+import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from functools import lru_cache
 from typing import Any, Final
 
 from app.model.aggregate import Decision
@@ -136,8 +136,37 @@ def shard_ref(context: str, job: str | Job, partition: int, partitions: int) -> 
     )
 
 
-@lru_cache(maxsize=4096)
+MAX_SHARD_MAPS: Final = 1_024
+"""The most (job, partition count) pairs whose shard ids `_shard_id` keeps, each at most
+one id per partition: a service's SHARDED jobs at one partition count, with room to spare.
+Past it the oldest pair's ids are forgotten (found again if asked for)."""
+
+# (job, partitions) -> partition -> its id. Kept, not an LRU cache of single ids: finding
+# one partition's id takes about `partitions` hash calls, so all of a job's take about
+# partitions**2 (1,024 partitions: ~1M); a 4,096-entry cache scanned by 5 such jobs kept
+# none of them and found every id afresh on each listing and each tick's check. The ids are
+# persisted (the aggregate ids of instances), so each is still the first `<job>~<p>~<n>` in
+# its partition, found once per process. A listing may run in a thread: a lookup or a
+# store is atomic under the GIL (two finding the same id store the same one); the lock
+# guards only adding and forgetting a pair.
+_shard_maps: dict[tuple[str, int], dict[int, str]] = {}
+_shard_maps_lock = threading.Lock()
+
+
 def _shard_id(job: str, partition: int, partitions: int) -> str:
+    ids = _shard_maps.get((job, partitions))
+    if ids is None:
+        with _shard_maps_lock:
+            if len(_shard_maps) >= MAX_SHARD_MAPS and (job, partitions) not in _shard_maps:
+                del _shard_maps[next(iter(_shard_maps))]
+            ids = _shard_maps.setdefault((job, partitions), {})
+    found = ids.get(partition)
+    if found is None:
+        found = ids[partition] = _first_shard_id(job, partition, partitions)
+    return found
+
+
+def _first_shard_id(job: str, partition: int, partitions: int) -> str:
     n = 0
     # About `partitions` tries: each candidate lands in a partition uniformly.
     while partition_of(f"{job}~{partition}~{n}", partitions) != partition:
@@ -146,7 +175,10 @@ def _shard_id(job: str, partition: int, partitions: int) -> str:
 
 
 def instance_ids(context: str, job: Job, partitions: int) -> set[str]:
-    """The ids of `job`'s instances: its name (in each tenant), or one per log partition."""
+    """The ids of `job`'s instances: its name (in each tenant), or one per log partition.
+    A SHARDED job's are found once per process (about `partitions` squared hash calls, a
+    few seconds for 1,024 partitions) and kept: a caller on an event loop runs the first
+    listing in a thread."""
     if job.scope is JobScope.SHARDED:
         return {shard_ref(context, job, p, partitions).id for p in range(partitions)}
     return {job.name}
@@ -155,7 +187,8 @@ def instance_ids(context: str, job: Job, partitions: int) -> set[str]:
 def is_instance_id(job: Job, instance: str, partitions: int) -> bool:
     """Whether `instance` is in `instance_ids` of `job`, without listing them: a SHARDED
     instance's id `<job>~<partition>~<n>` names its partition, whose one id is found alone
-    (listing them all tries about `partitions` ids for each partition)."""
+    (listing them all tries about `partitions` ids for each partition), once per process:
+    a tick's check is a lookup after its partition's first."""
     if job.scope is not JobScope.SHARDED:
         return instance == job.name
     parts = instance.split("~")

@@ -172,7 +172,10 @@ class JobRoutes:
             states = got
         out = []
         for ctx, job in listed:
-            ids = sorted(instance_ids(ctx, job, n), key=lambda i: partition_of(i, n))
+            # A thread: a SHARDED job's ids are found on their first listing, about n**2
+            # hash calls (seconds for 1,024 partitions), which would hold up the loop.
+            found = await asyncio.to_thread(instance_ids, ctx, job, n)
+            ids = sorted(found, key=lambda i: partition_of(i, n))
             seen = [s.as_json() for s in states.get(ctx, []) if s.id in ids]
             out.append(
                 JobListed(

@@ -257,7 +257,7 @@ class OperatorPage:
             "chart_seconds": CHART_SECONDS,
             "parked_limit": PARKED_LIMIT,
             "new_id": new_form_id,
-            **(self.actions.context(view.jobs) if self.actions is not None else _NO_ACTIONS),
+            **(await self.actions.context(view.jobs) if self.actions is not None else _NO_ACTIONS),
         }
         # The newest entries only (`app.ops.page_ledger`): the ledger may hold thousands.
         context["ledger"] = await ledger_rows(self._node.ledgers, sorted(node.types))

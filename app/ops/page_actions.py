@@ -21,6 +21,7 @@ answers DUPLICATE and writes nothing for.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Mapping
@@ -191,11 +192,13 @@ class PageActions:
     def books(self) -> frozenset[str]:
         return frozenset(n for n, a in self._node.aggregates.items() if is_book(a))
 
-    def context(self, jobs: list[JobRow]) -> Mapping[str, Any]:
-        """What the page's template needs of the forms."""
+    async def context(self, jobs: list[JobRow]) -> Mapping[str, Any]:
+        """What the page's template needs of the forms. The declared jobs in a thread: a
+        SHARDED job's ids are found on their first listing, about partitions**2 hash calls
+        (seconds for 1,024 partitions), which would hold up the loop."""
         return {
             "books": self.books(),
-            "declared": declared_jobs(self._node, jobs),
+            "declared": await asyncio.to_thread(declared_jobs, self._node, jobs),
             "new_id": new_form_id,
             "buttons_of": buttons_of,
             "timer_form": TIMER_FORM,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime
@@ -23,7 +24,7 @@ from pydantic import BaseModel
 from yarl import URL
 
 from app.errors import BadRecord, KafkaUnavailable
-from app.jobs import BACKFILLED, TICKED, Job, JobRun, JobScope, shard_ref
+from app.jobs import BACKFILLED, TICKED, Job, JobRun, JobScope, instance_ids, shard_ref
 from app.kafka.memory import MemoryLog
 from app.model.aggregate import AggregateType, Command, Decision, Event
 from app.ops.job_routes import answer_status
@@ -231,6 +232,25 @@ async def test_the_list_reads_and_creates_nothing(edge: Edge) -> None:
     status, plain = await edge.call("GET", f"/jobs?context={CONTEXT}", token=None)
     assert status == 200 and all(j["state"] is None for j in plain["jobs"])
     assert sorted(edge.log._topics) == topics and commands_sent(edge.log) == 0
+
+
+async def test_the_list_finds_a_sharded_jobs_ids_off_the_event_loop(
+    edge: Edge, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Finding a SHARDED job's ids the first time costs about partitions**2 hash calls
+    (seconds for 1,024 partitions): GET /jobs, which needs no token, must not run it on the
+    loop, where it held up every partition's work."""
+    listed_in: list[int] = []
+
+    def recorded(context: str, job: Job, partitions: int) -> set[str]:
+        listed_in.append(threading.get_ident())
+        return instance_ids(context, job, partitions)
+
+    monkeypatch.setattr("app.ops.job_routes.instance_ids", recorded)
+    status, listed = await edge.call("GET", "/jobs?job=sweep", token=None)
+    assert status == 200, listed
+    assert len(listed["jobs"][0]["instances"]) == P
+    assert listed_in and threading.get_ident() not in listed_in
 
 
 @pytest.mark.parametrize("action", ["trigger", "enable", "disable", "reschedule", "backfill"])
