@@ -88,8 +88,12 @@ class BackfillSlot(NamedTuple):
 
 
 def tick_timers(events: Iterable[EventEnvelope]) -> list[TickTimer]:
-    """The `tick` timers of one instance from its events (in log order), oldest first."""
+    """The `tick` timers of one instance from its events (in log order), in the order the
+    log set them: by the version of their `ScheduleSet`, not its `created_at`, which is the
+    clock of the node that decided it (one behind another's put a retired timer after its
+    successor, and its slots over the successor's)."""
     timers: dict[str, TickTimer] = {}
+    versions: dict[str, int] = {}
     for e in events:
         body = e.body
         if e.type == SCHEDULE_SET and body.get("key") == TICK_KEY:
@@ -99,6 +103,7 @@ def tick_timers(events: Iterable[EventEnvelope]) -> list[TickTimer]:
                 continue  # the node dead-letters such a timer: it never ticked
             first = first_slot(rule, e.created_at)
             timers[e.id] = TickTimer(e.id, rule, e.created_at, [] if first is None else [first])
+            versions[e.id] = e.version
         elif e.type in _SLOT_EVENTS:
             timer = timers.get(str(body.get("timer_id")))
             slot, due_at = body.get("slot"), body.get("due_at")
@@ -106,7 +111,8 @@ def tick_timers(events: Iterable[EventEnvelope]) -> list[TickTimer]:
                 timer.known.append(Slot(slot, due_at))
                 if e.type == TICKED and e.request_id != f"{timer.id}#{slot}":
                     timer.ran_apart.add(slot)
-    return sorted(timers.values(), key=lambda t: t.set_at)
+    # Stable: the events of one command share its version, and come in log order.
+    return sorted(timers.values(), key=lambda t: versions[t.id])
 
 
 def backfill_slots(
@@ -117,13 +123,19 @@ def backfill_slots(
     limit: int = MAX_BACKFILL_SLOTS,
 ) -> list[BackfillSlot]:
     """Every slot due in `[start, until]` (epoch ms), each under the timer its instant
-    belongs to (see the module); `BackfillError` past `limit` slots."""
+    belongs to (see the module); `timers` in log order (`tick_timers`); `BackfillError`
+    past `limit` slots.
+
+    A timer's instants end where any later one's began: each `set_at` is the clock of the
+    node that set it, and a later timer set by a node whose clock is behind began before
+    the one it retired, by those clocks. Its successor's slots from then ran live under the
+    successor's ids: under the retired timer's they would run again."""
     if until < start:
         raise BackfillError(f"the range ends ({until}) before it starts ({start})")
     out: list[BackfillSlot] = []
-    for i, timer in enumerate(timers):
+    ends = _ends(timers, until)
+    for timer, hi in zip(timers, ends, strict=True):
         lo = max(start, timer.set_at)
-        hi = until if i + 1 == len(timers) else min(until, timers[i + 1].set_at - 1)
         if lo > hi:
             continue
         # A slot the log knows keeps its index (one the runner estimated, too).
@@ -139,6 +151,16 @@ def backfill_slots(
                 out.append(BackfillSlot(timer.id, slot.index, slot.due_at))
             slot = next_slot(timer.rule, slot)
     return out
+
+
+def _ends(timers: list[TickTimer], until: int) -> list[int]:
+    """The last instant of each timer's own (`backfill_slots`): `until`, or before the
+    earliest `set_at` of the timers after it, whichever is first."""
+    ends, end = [], until
+    for timer in reversed(timers):
+        ends.append(end)
+        end = min(end, timer.set_at - 1)
+    return ends[::-1]
 
 
 def first_unheld(slots: list[BackfillSlot], held_after: int) -> BackfillSlot | None:

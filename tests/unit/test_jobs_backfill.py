@@ -332,6 +332,43 @@ def test_a_paused_window_is_backfilled_under_the_ids_of_the_timer_before_it() ->
     assert sorted(r.slot for r in handler.runs) == [1, 2, 3, 4]
 
 
+def test_a_timer_set_by_a_node_whose_clock_is_behind_ends_the_one_it_retired() -> None:
+    """Node X enabled the instance at T0 + 5 s by its clock; the partition moved to node Y,
+    3 s behind, which rescheduled it at T0 + 2 s by its own. Timers ordered by `set_at`
+    put the retired one last: a backfill gave it every slot of the range, the new timer's
+    that ran live among them, under request ids never applied, and they ran again on the
+    old rule. In the log's order the retired timer ends where its successor began."""
+    handler = Handler()
+    s = Instance(handler)
+    assert s.run(enable_command(CONTEXT, s.job, now=T0 + 5_000), T0 + 5_000) is ResultCode.COMMITTED
+    retired = s.state.timer_id
+    every_2 = reschedule_command(CONTEXT, s.job, {"every": 2 * MIN}, now=T0 + 2_000)
+    assert s.run(every_2, T0 + 2_000) is ResultCode.COMMITTED
+    timer, rule = s.state.timer_id, IntervalRule.model_validate(s.state.rule)
+    assert timer is not None and timer != retired and rule.every == 2 * MIN
+    slot = first_slot(rule, T0 + 2_000)
+    for _ in range(5):  # the new timer's live ticks
+        assert slot is not None
+        tick = CommandEnvelope(
+            request_id=f"{timer}#{slot.index}",
+            type=TICK,
+            aggregate=ref_of(CONTEXT, "report"),
+            not_before=slot.due_at,
+            issued_at=slot.due_at,
+        )
+        assert s.run(tick, slot.due_at) is ResultCode.COMMITTED
+        slot = next_slot(rule, slot)
+    live = [r.due_at for r in handler.runs]
+    assert live == [T0 + k * 2 * MIN for k in range(1, 6)]
+
+    planned = backfill_slots(tick_timers(s.log), T0, T0 + 12 * MIN)
+    assert {x.timer_id for x in planned} == {timer}
+    assert [x.due_at for x in planned] == [T0 + k * 2 * MIN for k in range(1, 7)]
+    codes = s.backfill(T0, T0 + 12 * MIN, now=T0 + 12 * MIN + 1)
+    assert codes == [ResultCode.DUPLICATE] * 5 + [ResultCode.COMMITTED]
+    assert [r.due_at for r in handler.runs] == [*live, T0 + 12 * MIN], "each slot ran once"
+
+
 def test_a_backfill_whose_handler_fails_commits_nothing_and_runs_again_later() -> None:
     handler = Handler(failing=True)
     s = enabled(handler)
@@ -358,6 +395,21 @@ def test_the_slots_of_a_range_follow_each_timer_and_end_with_it() -> None:
     ]
     assert backfill_slots([a, b], T0 - 5 * MIN, T0 - 1) == [], "before the first timer: none"
     assert backfill_slots([], T0, T0 + MIN) == []
+
+
+def test_a_timer_ends_where_any_later_one_began_whose_clock_was_behind() -> None:
+    """a, then b, then c, in the log's order; c was set by a node whose clock was behind
+    b's node's, before b by the clocks: from c's start the slots are c's, not a's too."""
+    a = TickTimer("a/0", RULE, T0, [Slot(0, T0)])
+    b = TickTimer("b/0", RULE, T0 + 10 * MIN + 1, [Slot(11, T0 + 11 * MIN)])
+    c = TickTimer("c/0", RULE, T0 + 5 * MIN + 1, [Slot(6, T0 + 6 * MIN)])
+    slots = backfill_slots([a, b, c], T0, T0 + 8 * MIN)
+    assert [(x.timer_id, x.slot) for x in slots] == [
+        *[("a/0", k) for k in range(6)],
+        ("c/0", 6),
+        ("c/0", 7),
+        ("c/0", 8),
+    ]
 
 
 def test_a_range_of_too_many_slots_or_upside_down_is_refused() -> None:
