@@ -8,7 +8,8 @@ live schedule (its timer, its last slot) is left as it is.
 under the request id that slot's live tick has (`app.jobs.backfill`), read from the
 instance's schedule log, so a slot that ran live, or that a backfill ran before, applies
 once (its result is DUPLICATE). `--dry-run` prints the slots and their request ids and
-writes nothing. More than `MAX_BACKFILL_SLOTS` slots per instance are refused, and so is
+writes nothing. More than `MAX_BACKFILL_SLOTS` slots per instance are refused, more than
+`MAX_BACKFILL_TOTAL_SLOTS` over all its instances (`--tenant`, `--partition`) too, and so is
 a slot due before the node's de-duplication window (`TICKWHEEL_REQUEST_ID_WINDOW_MS`) less
 `DECIDED_WITHIN_MS` from now: whether it ran live may be forgotten by the time the backfill
 is decided, so it could run twice (the workers refuse, when they decide it, a slot due
@@ -54,7 +55,7 @@ from app.cli.job_options import (
 from app.cli.rule_expr import BadExpression, parse_instant
 from app.cli.text import printable
 from app.errors import JobsCliError
-from app.jobs import MAX_BACKFILL_SLOTS, BackfillSlot, backfill_command
+from app.jobs import MAX_BACKFILL_SLOTS, MAX_BACKFILL_TOTAL_SLOTS, BackfillSlot, backfill_command
 from app.ops.job_api import (
     DECIDED_WITHIN_MS,
     check_range,
@@ -164,6 +165,8 @@ def backfill(
                 now=now,
                 window_ms=settings.request_id_window_ms,
                 limit=MAX_BACKFILL_SLOTS,
+                total=MAX_BACKFILL_TOTAL_SLOTS,
+                spell=cli_option,
             )
         except JobsCliError as exc:
             return exc

@@ -33,9 +33,11 @@ May import: `app.model`, `app.protocol`, `tables`, `app.log_limit`.
 
 from app.jobs.backfill import (
     MAX_BACKFILL_SLOTS,
+    MAX_BACKFILL_TOTAL_SLOTS,
     BackfillError,
     BackfillSlot,
     TickTimer,
+    TooManySlots,
     backfill_slots,
     first_unheld,
     tick_timers,
@@ -97,6 +99,7 @@ __all__ = [
     "ENABLE",
     "ENABLED",
     "MAX_BACKFILL_SLOTS",
+    "MAX_BACKFILL_TOTAL_SLOTS",
     "MAX_JOB_EVERY_MS",
     "MIN_JOB_EVERY_MS",
     "RAN",
@@ -122,6 +125,7 @@ __all__ = [
     "Rule",
     "ScheduleState",
     "TickTimer",
+    "TooManySlots",
     "backfill_command",
     "backfill_slots",
     "disable_command",

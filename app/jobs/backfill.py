@@ -39,9 +39,11 @@ from tables.slots import Slot, first_slot, next_slot
 
 __all__ = [
     "MAX_BACKFILL_SLOTS",
+    "MAX_BACKFILL_TOTAL_SLOTS",
     "BackfillError",
     "BackfillSlot",
     "TickTimer",
+    "TooManySlots",
     "backfill_slots",
     "first_unheld",
     "tick_timers",
@@ -49,6 +51,11 @@ __all__ = [
 
 MAX_BACKFILL_SLOTS: Final = 10_000
 """The most slots one backfill of one instance sends: a range with more is refused."""
+MAX_BACKFILL_TOTAL_SLOTS: Final = 20_000
+"""The most slots one backfill sends over all its instances: a request with more is
+refused. Each slot is a command held by the process that plans it (~1.5 kB; the answer's
+outcome too), and a backfill's instances multiply its range's slots: 1,000 tenants or
+1,024 shards at `MAX_BACKFILL_SLOTS` each held ~15 GB in a worker, on a dry run too."""
 MAX_COUNT_STEPS: Final = 200_000
 """The most cron slots counted from a known one to reach a range (~1-8 s)."""
 
@@ -57,6 +64,10 @@ _SLOT_EVENTS = frozenset({TICKED, RUN_FAILED, RAN, BACKFILLED})
 
 class BackfillError(ValueError):
     """A range that cannot be backfilled; the message says why."""
+
+
+class TooManySlots(BackfillError):
+    """A range of more slots than the limit `backfill_slots` was given."""
 
 
 @dataclass
@@ -143,9 +154,7 @@ def backfill_slots(
         slot = _at_or_after(timer, lo)
         while slot is not None and slot.due_at <= hi:
             if len(out) == limit:
-                raise BackfillError(
-                    f"the range has more than {limit} slots: backfill a shorter one"
-                )
+                raise TooManySlots(f"the range has more than {limit} slots: backfill a shorter one")
             slot = Slot(known.get(slot.due_at, slot.index), slot.due_at)
             if slot.index not in timer.ran_apart:
                 out.append(BackfillSlot(timer.id, slot.index, slot.due_at))

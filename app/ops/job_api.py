@@ -22,12 +22,14 @@ from pydantic import ValidationError
 
 from app.errors import JobsCliError
 from app.jobs import (
+    MAX_BACKFILL_TOTAL_SLOTS,
     SCHEDULE,
     BackfillError,
     BackfillSlot,
     Job,
     JobScope,
     RequestIdTooLong,
+    TooManySlots,
     backfill_slots,
     disable_command,
     effective_rule,
@@ -275,22 +277,41 @@ async def plan_backfill(
     now: int,
     window_ms: int,
     limit: int,
+    total: int = MAX_BACKFILL_TOTAL_SLOTS,
+    spell: Spelling = json_field,
 ) -> list[tuple[AggregateRef, list[BackfillSlot]]]:
     """Each instance's slots due in the range, from its events (`events_of`, asked once
     for each, in the order of `refs`: `InstanceEvents` reads each partition once for all
     its instances), under their live ticks' request ids; `JobInputError` when one has
-    more than `limit`, or one was due so long ago (before the de-duplication window of
-    `window_ms` less `DECIDED_WITHIN_MS`) that the node may have forgotten whether it ran
-    live."""
-    planned = []
+    more than `limit`, all of them more than `total` (refused as soon as the instances
+    planned so far pass it, before the rest are read or planned), or one was due so long
+    ago (before the de-duplication window of `window_ms` less `DECIDED_WITHIN_MS`) that the
+    node may have forgotten whether it ran live."""
+    planned: list[tuple[AggregateRef, list[BackfillSlot]]] = []
+    count = 0
     for ref in refs:
         timers = tick_timers(await events_of(ref))
+        room = total - count
         try:
             # In a thread: a per-second rule over a long range steps ~200,000 slots an
             # instance (seconds of CPU), which on the loop would hold up the node's work.
-            slots = await asyncio.to_thread(backfill_slots, timers, start, end, limit=limit)
+            slots = await asyncio.to_thread(
+                backfill_slots, timers, start, end, limit=min(limit, room)
+            )
+        except TooManySlots as exc:
+            if room < limit:
+                raise JobInputError(
+                    "until",
+                    f"the backfill has more than {total} slots over its instances, the most "
+                    f"one backfill sends ({count} in the {len(planned)} before {ref}): "
+                    f"backfill a shorter range ({spell('from')}, "
+                    f"{spell('until')}) or fewer instances ({spell('tenants')}, "
+                    f"{spell('partition')})",
+                ) from exc
+            raise JobInputError("until", f"{ref}: {exc}") from exc
         except BackfillError as exc:
             raise JobInputError("until", f"{ref}: {exc}") from exc
+        count += len(slots)
         planned.append((ref, slots))
     # A live run's request id is applied at its slot's due time at the earliest, and kept
     # for the window after: later than this, the node could not tell that it ran.

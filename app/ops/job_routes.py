@@ -28,7 +28,8 @@ one failed (ERROR), 503 when a partition was busy (BUSY, `Retry-After`), 504 whe
 no answer in time (send it again with the same request id). Errors are JSON `ApiError`s
 naming the wrong `field`, 400: a body that is not a JSON object, a field of the wrong type,
 a context or job not declared, instances the job does not have, a bad range (not an
-instant, ending before it starts or after now, more than `MAX_BACKFILL_SLOTS` slots, or
+instant, ending before it starts or after now, more than `MAX_BACKFILL_SLOTS` slots an
+instance or `MAX_BACKFILL_TOTAL_SLOTS` in all, or
 older than the de-duplication window allows); 503 when the broker did not take the
 commands. The writes need the web token, as every action does.
 """
@@ -44,7 +45,13 @@ from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
 from app.errors import KafkaUnavailable
-from app.jobs import MAX_BACKFILL_SLOTS, Job, backfill_command, instance_ids
+from app.jobs import (
+    MAX_BACKFILL_SLOTS,
+    MAX_BACKFILL_TOTAL_SLOTS,
+    Job,
+    backfill_command,
+    instance_ids,
+)
 from app.ops import job_api
 from app.ops.job_api import JobInputError, json_field
 from app.ops.job_models import (
@@ -284,6 +291,7 @@ class JobRoutes:
                     now=now,
                     window_ms=node.settings.request_id_window_ms,
                     limit=MAX_BACKFILL_SLOTS,
+                    total=MAX_BACKFILL_TOTAL_SLOTS,
                 )
             finally:
                 await reader.stop()

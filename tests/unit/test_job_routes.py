@@ -377,6 +377,31 @@ async def test_a_bad_list_query_is_a_400_naming_it(edge: Edge, query: str, field
     assert (status, answer["field"]) == (400, field), answer
 
 
+async def test_a_backfill_of_too_many_slots_over_its_instances_is_a_400(
+    edge: Edge, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each instance's slots were bounded, not a backfill's: 1,024 shards or 1,000 tenants
+    of one instance's limit each held ~15 GB of commands in the worker, dry run or not."""
+    monkeypatch.setattr("app.ops.job_routes.MAX_BACKFILL_TOTAL_SLOTS", 5, raising=False)
+    await edge.act("enable", {"request_id": "e"}, job="sweep")
+    edge.clock.set(T0 + 3 * MIN + 5)  # each shard's catch-up tick: slot 3
+    await until(lambda: len(events(edge.log, SCHEDULE, TICKED)) == P)
+    sent = commands_sent(edge.log)
+    past = {"from": T0, "until": T0 + 3 * MIN}  # 4 slots a shard, 2 shards
+    for dry_run in (True, False):
+        status, answer = await edge.call(
+            "POST", f"/jobs/{CONTEXT}/sweep/backfill", {**past, "dry_run": dry_run}
+        )
+        assert (status, answer["field"]) == (400, "until"), answer
+        assert "more than 5 slots over its instances" in answer["error"]
+        assert "(from, until) or fewer instances (tenants, partition)" in answer["error"]
+    assert commands_sent(edge.log) == sent
+    status, one = await edge.call(
+        "POST", f"/jobs/{CONTEXT}/sweep/backfill", {**past, "partition": 1, "dry_run": True}
+    )
+    assert status == 200 and len(one["outcomes"]) == 4, one
+
+
 async def test_a_range_too_large_or_too_old_is_a_400(edge: Edge) -> None:
     await edge.act("enable", {"request_id": "e"})
     edge.clock.set(T0 + 8 * DAY)  # one catch-up tick: its timer reaches back to T0

@@ -584,6 +584,21 @@ def test_backfill_of_too_many_slots_exits_2_and_sends_nothing(
     assert cli_instance.count(BACKFILLED) == 0
 
 
+def test_backfill_of_too_many_slots_over_its_instances_exits_2_and_sends_nothing(
+    cli_instance: Instance, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One instance's limit times its instances (1,000 tenants, 1,024 shards) held ~15 GB
+    of commands: a backfill's slots in all are bounded too (`MAX_BACKFILL_TOTAL_SLOTS`)."""
+    monkeypatch.setattr(app.cli.job_runs, "MAX_BACKFILL_TOTAL_SLOTS", 2, raising=False)
+    for extra in ([], ["--dry-run"]):
+        result = CliRunner().invoke(cli, [*_range(T0, T0 + 2 * MIN), *extra])
+        assert result.exit_code == 2, result.output
+        (line,) = result.stderr.splitlines()
+        assert "the backfill has more than 2 slots over its instances" in line, line
+        assert "(--from, --until) or fewer instances (--tenant, --partition)" in line, line
+    assert cli_instance.count(BACKFILLED) == 0
+
+
 def test_trigger_of_bad_input_exits_2_with_one_line() -> None:
     args = ["jobs", "trigger", "--service", f"{__name__}:SERVICE", "--context", CONTEXT]
     for extra, message, code in (
