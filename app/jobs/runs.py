@@ -23,6 +23,7 @@ from tables.slots import (
     Slot,
     caught_up,
     first_slot,
+    latest_due,
     next_slot,
     reachable,
     sent_slot,
@@ -37,6 +38,7 @@ __all__ = [
     "drop_oldest_runs",
     "handler_failure",
     "owed_slots",
+    "ran_before",
     "run_handler",
     "run_key",
     "runs_to_drop",
@@ -169,6 +171,23 @@ def slot_sent(state: ScheduleState, slot: int, due_at: int) -> bool:
     return sent_slot(rule, Slot(slot, due_at), state.timer_set_at or 0, last)
 
 
+def ran_before(state: ScheduleState, due_at: int) -> bool:
+    """Whether a slot of the instance's tick timer due at `due_at` is due no later than the
+    last slot run before the timer was set (`ScheduleState.timer_after`): that instant ran
+    under an older timer, as when a rule changes at a slot's due time (the change, or the
+    tick it rode on, ran the old timer's slot, and the new timer's first is due then too)
+    or after the clock stepped back. Run again, a slot would run twice. A state from before
+    `timer_after` tells it while the timer ran nothing yet (`last_due_at` is the older's)."""
+    after = _timer_after(state)
+    return after is not None and due_at <= after
+
+
+def _timer_after(state: ScheduleState) -> int | None:
+    if state.timer_after is None and state.last_slot is None:
+        return state.last_due_at
+    return state.timer_after
+
+
 def tick_refusal(state: ScheduleState, timer_id: str, slot: int, due_at: int) -> str | None:
     """Why a tick of `slot` of the current tick timer, due at `due_at`, is no send of the
     timer's, or None: a slot its rule does not reach by then (a hand-made one of a far
@@ -206,6 +225,10 @@ def owed_slots(state: ScheduleState, now: int, limit: int = MAX_OWED_SLOTS) -> O
         return None
     if state.last_slot is None:
         after = first_slot(rule, state.timer_set_at)
+        floor = _timer_after(state)
+        if after is not None and floor is not None and after.due_at <= floor:
+            # Its slots up to the last one an older timer ran are not owed: they ran.
+            after = next_slot(rule, latest_due(rule, after, floor))
     elif state.last_due_at is None:
         return None
     else:

@@ -34,6 +34,7 @@ from app.jobs.declaration import (
 )
 from app.jobs.runs import (
     MAX_FAILED_RUNS,
+    ran_before,
     run_handler,
     tick_refusal,
 )
@@ -166,6 +167,17 @@ class _ScheduleModel(SlotRuns):
         if (why := tick_refusal(state, timer_id, slot, due_at)) is not None:
             # Taken, it would run no real slot up to it: the job would stop, silently.
             d.reject(f"{why}: a {TICK} is its timer's send of a slot that is due")
+        if ran_before(state, due_at):
+            # A new timer's slot due no later than one an older timer ran (its rule changed
+            # at that slot's due time, or the clock stepped back): that instant ran.
+            logger.info(
+                "%s: %s is due at %d, no later than the last slot run before its timer was "
+                "set: not run again",
+                cmd.aggregate,
+                cmd.request_id,
+                due_at,
+            )
+            return
         self._run_slot(state, job, cmd, d, timer_id, slot, due_at, cmd.request_id)
         try:
             rule = effective_rule(job.rule, state.override)
@@ -259,6 +271,17 @@ class _ScheduleModel(SlotRuns):
             # Its due_at is the sender's word: a slot off the rule, or not due yet, would run
             # early, and its live tick, under the same request id, never.
             _invalid(d, why)
+        if timer_id == state.timer_id and ran_before(state, due_at):
+            # Its live tick ran nothing either: an older timer ran that instant.
+            logger.info(
+                "%s: slot %d of %s is due at %d, no later than the last slot run before its "
+                "timer was set: not run again",
+                cmd.aggregate,
+                slot,
+                timer_id,
+                due_at,
+            )
+            return
         # Checked here, when it is decided, not only by its sender: a command that waited
         # in its topic may reach a node that forgot the live run's request id (applied at
         # the slot's due time at the earliest, forgotten `window_ms` after), and run twice.

@@ -42,6 +42,10 @@ def _empty(value: object) -> bool:
     return not value
 
 
+def _none(value: object) -> bool:
+    return value is None
+
+
 class ScheduleState(BaseModel):
     """One job instance: its override, the rule it ticks by, and the last slot it ran."""
 
@@ -59,6 +63,11 @@ class ScheduleState(BaseModel):
     """The last slot of `timer_id` that ran."""
     last_due_at: int | None = None
     """When the last slot that ran was due."""
+    timer_after: int | None = Field(default=None, exclude_if=_none)
+    """When the last slot that ran before the current `tick` timer was set was due (its
+    `last_due_at` then): a slot of that timer due no later ran under an older one, its rule
+    changed at that slot's due time or the clock stepped back since, and is not run again
+    (`app.jobs.runs.ran_before`). Left out of the JSON while None, as `failed_runs`."""
     failed_runs: list[str] = Field(default_factory=list, exclude_if=_empty)
     """The keys of the `run:` timers of the failed slots not run yet, oldest first: at most
     `app.jobs.runs.MAX_FAILED_RUNS` once a tick dropped the older ones (that is what keeps
@@ -95,14 +104,21 @@ def apply_schedule_event(state: ScheduleState, e: Event) -> ScheduleState:
         # Runs outside the live schedule: its state stays as it was.
         TRIGGERED: {},
         BACKFILLED: {},
-        # The event's id is the new timer's id: its slots count afresh.
+        # The event's id is the new timer's id: its slots count afresh, after the last
+        # slot run (`last_due_at` is kept: the older timer's, until the new one runs one).
         SCHEDULE_SET: {
             "timer_id": e.id,
             "timer_set_at": e.created_at,
+            "timer_after": state.last_due_at,
             "rule": body.get("rule"),
             "last_slot": None,
         },
-        SCHEDULE_CANCELLED: {"timer_id": None, "timer_set_at": None, "last_slot": None},
+        SCHEDULE_CANCELLED: {
+            "timer_id": None,
+            "timer_set_at": None,
+            "timer_after": None,
+            "last_slot": None,
+        },
     }
     update = updates[e.type]
     if not update:

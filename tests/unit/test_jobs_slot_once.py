@@ -1,0 +1,127 @@
+"""Each slot of a job instance runs once across its rule changes.
+
+A new tick timer counts its slots from when it is set. Set at a slot's due time (a
+reschedule that ran the old timer's slot due then, or a tick that took a new default
+when it ran it), its first slot can be due at that same instant; set after the clock
+stepped back, its first slots are instants that ran already. Those ran under the older
+timer: the new timer's ticks of them, and a backfill of them, run nothing."""
+
+from __future__ import annotations
+
+from test_jobs import CONTEXT, Instance, Recorder, tick_command, types
+
+from app.jobs import (
+    RESCHEDULED,
+    TICKED,
+    BackfillSlot,
+    Job,
+    JobScope,
+    backfill_command,
+    enable_command,
+    reschedule_command,
+    schedule_aggregate,
+)
+from app.jobs.runs import OwedSlots, owed_slots
+from app.jobs.schedule_state import ScheduleState
+from app.protocol.wire import SCHEDULE_SET, ResultCode
+from tables import CronRule, IntervalRule
+from tables.slots import Slot, first_slot
+
+MIN = 60_000
+
+
+def _enabled(recorder: Recorder, rule: IntervalRule | CronRule) -> tuple[Job, Instance]:
+    job = Job("nightly", JobScope.SYSTEM, rule, recorder)
+    instance = Instance(schedule_aggregate(CONTEXT, [job], 8))
+    assert instance.run(enable_command(CONTEXT, job)).code is ResultCode.COMMITTED
+    return job, instance
+
+
+def _dues(recorder: Recorder) -> list[int]:
+    return [r.due_at for r in recorder.runs]
+
+
+def test_a_reschedule_at_a_slots_due_time_runs_that_slot_once() -> None:
+    recorder = Recorder()
+    job, instance = _enabled(recorder, IntervalRule(start=2_000_000, every=MIN))
+    due = instance.due_at(0)
+    d = instance.run(reschedule_command(CONTEXT, job, {"every": 2 * MIN}), now=due)
+    assert types(d) == [TICKED, RESCHEDULED, SCHEDULE_SET]
+    # The new timer's first slot is due at that same instant: it ran, under the old timer.
+    assert instance.due_at(0) == due
+    assert instance.tick(0).code is ResultCode.UNCHANGED
+    assert _dues(recorder) == [due]
+    assert instance.tick(1).code is ResultCode.COMMITTED
+    assert _dues(recorder) == [due, due + 2 * MIN]
+
+
+def test_a_new_default_taken_by_a_tick_at_its_due_time_runs_that_slot_once() -> None:
+    recorder = Recorder()
+    hourly = CronRule(expr="0 * * * *", zone="Europe/Berlin")
+    _, instance = _enabled(recorder, hourly)
+    due = instance.due_at(0)
+    # The next release changes only whether the default coalesces.
+    changed = Job(
+        "nightly", JobScope.SYSTEM, hourly.model_copy(update={"coalesce": False}), recorder
+    )
+    instance.agg = schedule_aggregate(CONTEXT, [changed], 8)
+    d = instance.tick(0)  # decided at its due time, to the millisecond
+    assert types(d) == [TICKED, RESCHEDULED, SCHEDULE_SET]
+    assert instance.due_at(0) == due
+    assert instance.tick(0).code is ResultCode.UNCHANGED
+    assert instance.tick(1).code is ResultCode.COMMITTED
+    assert _dues(recorder) == [due, due + 60 * MIN]
+
+
+def test_a_reschedule_after_the_clock_stepped_back_runs_no_slot_again() -> None:
+    recorder = Recorder()
+    job = Job("nightly", JobScope.SYSTEM, IntervalRule(start=0, every=MIN), recorder)
+    instance = Instance(schedule_aggregate(CONTEXT, [job], 8))
+    instance.run(enable_command(CONTEXT, job), now=100 * MIN)
+    ref, old = instance.log[-1].aggregate, instance.state.timer_id
+    assert old is not None
+    for minute in range(100, 106):
+        instance.run(tick_command(ref, old, minute, minute * MIN), now=minute * MIN)
+    # The partition moves to a node whose clock is 3 minutes behind.
+    instance.now = 103 * MIN - 1
+    d = instance.run(reschedule_command(CONTEXT, job, {"coalesce": False}), now=103 * MIN)
+    assert types(d) == [RESCHEDULED, SCHEDULE_SET]
+    new = instance.state.timer_id
+    assert new is not None and new != old
+    rule = IntervalRule(start=0, every=MIN, coalesce=False)
+    first = first_slot(rule, 103 * MIN)
+    assert first == Slot(103, 103 * MIN)
+    codes = [
+        instance.run(tick_command(ref, new, minute, minute * MIN), now=minute * MIN).code
+        for minute in range(103, 108)
+    ]
+    assert codes == [ResultCode.UNCHANGED] * 3 + [ResultCode.COMMITTED] * 2
+    assert _dues(recorder) == [m * MIN for m in range(100, 108)]
+
+
+def test_a_backfill_of_a_slot_an_older_timer_ran_runs_nothing() -> None:
+    recorder = Recorder()
+    job, instance = _enabled(recorder, IntervalRule(start=2_000_000, every=MIN))
+    due = instance.due_at(0)
+    instance.run(reschedule_command(CONTEXT, job, {"every": 2 * MIN}), now=due)
+    timer = instance.state.timer_id
+    assert timer is not None
+    instance.tick(0)
+    instance.tick(1)  # the new timer has run a slot of its own since
+    ref = instance.log[-1].aggregate
+    d = instance.run(backfill_command(ref, BackfillSlot(timer, 0, due)))
+    assert d.code is ResultCode.UNCHANGED, d.message
+    assert _dues(recorder) == [due, due + 2 * MIN]
+
+
+def test_a_timer_owes_no_slot_due_before_the_last_an_older_timer_ran() -> None:
+    every = IntervalRule(start=0, every=1_000, coalesce=False).model_dump(mode="json")
+    # Set at 2_000 after the clock stepped back: slot 3 (due 3_000) ran under the old timer.
+    state = ScheduleState(
+        job="j", enabled=True, rule=every, timer_id="t", timer_set_at=2_000, last_due_at=3_000
+    ).model_copy(update={"timer_after": 3_000})
+    assert owed_slots(state, 3_500) is None
+    assert owed_slots(state, 5_500) == OwedSlots([Slot(4, 4_000), Slot(5, 5_000)], 0)
+    # A state stored before `timer_after`: the older timer's last slot tells it.
+    before = state.model_copy(update={"timer_after": None})
+    assert owed_slots(before, 5_500) == OwedSlots([Slot(4, 4_000), Slot(5, 5_000)], 0)
