@@ -40,7 +40,7 @@ from app.jobs.runs import (
 )
 from app.jobs.schedule_state import ScheduleState, apply_schedule_event
 from app.jobs.slot_runs import SlotRuns
-from app.model.aggregate import AggregateType, Command, Decision
+from app.model.aggregate import AggregateType, Command, Decision, Event
 from app.protocol.wire import SCHEDULE_CANCELLED, SCHEDULE_SET, ResultCode
 from tables import CommandSpec
 from tables.exceptions import InvalidRule
@@ -178,7 +178,10 @@ class _ScheduleModel(SlotRuns):
                 due_at,
             )
             return
-        self._run_slot(state, job, cmd, d, timer_id, slot, due_at, cmd.request_id)
+        if self._run_slot(state, job, cmd, d, timer_id, slot, due_at, cmd.request_id):
+            # Interrupted by the handler timeout: the slots its timer owes would be too. It
+            # ticks on, sending them, and the next tick takes the new default.
+            return
         try:
             rule = effective_rule(job.rule, state.override)
         except InvalidRule as exc:
@@ -192,6 +195,9 @@ class _ScheduleModel(SlotRuns):
                 # until an operator reschedules the instance.
                 logger.error("%s: the new default rule has no slot left: not taken", cmd.aggregate)
                 return
+            # Replaced, the old timer would send none of the slots it owes: run here, as a
+            # Reschedule runs them (a coalescing rule's latest due alone).
+            self._run_owed(_folded(state, d), job, cmd, d)
             d.emit(RESCHEDULED, {"override": state.override, "rule": dumped, "reason": "default"})
             _schedule_tick(d, rule)
 
@@ -358,6 +364,13 @@ class _ScheduleModel(SlotRuns):
 
 def _is_count(value: object) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _folded(state: ScheduleState, d: Decision) -> ScheduleState:
+    """`state` after the events `d` made so far."""
+    for type_, body in d.events:
+        state = apply_schedule_event(state, Event(type_, body, 0, d.now))
+    return state
 
 
 def _schedule_tick(d: Decision, rule: Rule) -> None:
