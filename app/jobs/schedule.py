@@ -125,9 +125,9 @@ class _ScheduleModel(SlotRuns):
     def reschedule(self, state: ScheduleState, cmd: Command, d: Decision) -> None:
         if not state.enabled:
             _invalid(d, f"{cmd.aggregate} is not enabled: Enable it before rescheduling it")
-        job = self.jobs.get(state.job)
-        if job is None:
-            _invalid(d, f"job {state.job!r} is not declared in {self.context} any more")
+        # Its job declared, and of this instance's scope, as an Enable checks: one whose
+        # scope changed would set a timer that runs the job beside its instances.
+        job = self._declared(state, cmd, d)
         self._set_rule(state, job, cmd, cmd.body.get("rule"), RESCHEDULED, d)
 
     def disable(self, state: ScheduleState, cmd: Command, d: Decision) -> None:

@@ -8,7 +8,14 @@ from __future__ import annotations
 
 from test_jobs import CONTEXT, SWEEP_RULE, Instance, Recorder, types
 
-from app.jobs import DISABLED, Job, JobScope, enable_command, schedule_aggregate
+from app.jobs import (
+    DISABLED,
+    Job,
+    JobScope,
+    enable_command,
+    reschedule_command,
+    schedule_aggregate,
+)
 from app.protocol.wire import SCHEDULE_CANCELLED, ResultCode
 
 P = 4
@@ -47,3 +54,20 @@ def test_a_system_instance_is_disabled_once_the_job_is_sharded() -> None:
     d = instance.tick(1)  # it failed (ERROR) on every tick, then parked, never disabled
     assert types(d) == [DISABLED, SCHEDULE_CANCELLED]
     assert not instance.state.enabled and recorder.runs == []
+
+
+def test_a_reschedule_of_an_instance_whose_scope_changed_is_refused_as_its_enable_is() -> None:
+    recorder = Recorder()
+    tenant = Job("report", JobScope.TENANT, SWEEP_RULE, recorder)
+    acme = Instance(schedule_aggregate(CONTEXT, [tenant], P))
+    assert acme.run(enable_command(CONTEXT, tenant, tenant="acme")).code is ResultCode.COMMITTED
+    timer = acme.state.timer_id
+    acme.agg = schedule_aggregate(
+        CONTEXT, [Job("report", JobScope.SYSTEM, SWEEP_RULE, recorder)], P
+    )
+    enable = acme.run(enable_command(CONTEXT, tenant, tenant="acme"))
+    assert enable.code is ResultCode.SCHEDULE_JOB_INVALID
+    d = acme.run(reschedule_command(CONTEXT, tenant, {"every": 120_000}, tenant="acme"))
+    assert d.code is ResultCode.SCHEDULE_JOB_INVALID, types(d)
+    assert "is SYSTEM" in d.message and "its scope changed" in d.message
+    assert acme.state.timer_id == timer
