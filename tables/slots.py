@@ -94,7 +94,8 @@ def first_slot(rule: ScheduleRule, not_before: int) -> Slot | None:
     """The rule's first slot due at or after `not_before` (a once rule: its only slot).
 
     An interval slot's index counts from the rule's start; a cron rule's first slot is
-    index 0 whatever its start. None: the rule has no slot then (a cron rule past year 9999).
+    index 0 whatever its start. None: the rule has no slot then (past `MAX_INSTANT`, the end
+    of year 9999 UTC, or its own end).
     """
     if isinstance(rule, OnceRule):
         # even a past one: the runner decides whether it is late or expired
@@ -245,7 +246,11 @@ def _interval_slot(rule: IntervalRule, n: int, due_at: int | None = None) -> Slo
 
 
 def _within(rule: IntervalRule | CronRule, slot: Slot) -> Slot | None:
-    """`slot`, unless the rule has ended by then (`until`, `count`)."""
+    """`slot`, unless the rule has ended by then (`until`, `count`, or `MAX_INSTANT`: a
+    cron rule's year 9999 is local, and in a zone west of UTC its last hours are past the
+    last instant a timer's row holds)."""
+    if slot.due_at > MAX_INSTANT:
+        return None
     if rule.count is not None and slot.index >= rule.count:
         return None
     if rule.until is not None and slot.due_at > rule.until:

@@ -43,6 +43,7 @@ from app.jobs.slot_runs import SlotRuns
 from app.model.aggregate import AggregateType, Command, Decision, Event
 from app.protocol.wire import SCHEDULE_CANCELLED, SCHEDULE_SET, ResultCode
 from tables import CommandSpec
+from tables.bounds import MAX_INSTANT
 from tables.exceptions import InvalidRule
 from tables.slots import first_slot
 
@@ -340,7 +341,12 @@ class _ScheduleModel(SlotRuns):
             # Its tick timer would be cancelled at once (`app.timers.subscription`): the job
             # would look enabled and never run. (The rule it already has, sent again, is no
             # change: that answers as before, above.)
-            _invalid(d, f"the rule of job {job.name!r} has no slot left at {d.now}: it ended")
+            _invalid(
+                d,
+                f"the rule of job {job.name!r} has no slot left at {d.now}: it ended (its "
+                f"until or count passed, or its next slot is after {MAX_INSTANT}, "
+                "9999-12-31T23:59:59.999Z, the last instant a timer holds)",
+            )
         # Only a new rule needs a new timer: the current one keeps its slots otherwise.
         new_timer = not state.enabled or state.rule != dumped
         if new_timer:

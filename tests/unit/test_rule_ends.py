@@ -269,3 +269,14 @@ async def test_a_timer_set_again_to_a_rule_that_has_ended_is_done() -> None:
         row = await store.find(OWNER, "remind")
         assert row is not None and (row.status, row.version) == (TimerStatus.CANCELLED, 2)
         await store.close()
+
+
+def test_a_cron_timer_west_of_utc_is_done_after_its_last_slot_a_row_holds() -> None:
+    """Its next match, 16:00 in Los Angeles on 9999-12-31, is past `MAX_INSTANT`: the
+    timer is done after 15:00, as after a rule's last slot, not stored at a slot no row
+    holds."""
+    rule = CronRule(expr="0 * * * *", zone="America/Los_Angeles")
+    last = Slot(7, 253_402_297_200_000)  # 9999-12-31T23:00Z
+    done, request_id = sent(slot_timer(rule, last), last.due_at)
+    assert request_id == "t-1#7"
+    assert (done.status, done.slot) == (TimerStatus.FIRED, 7)

@@ -581,3 +581,18 @@ def test_an_interval_rule_ends_where_instants_end(start: int, every: int, index:
 def test_a_rule_outside_the_bounds_is_invalid(fields: dict[str, object]) -> None:
     with pytest.raises(InvalidRule):
         parse_rule(fields)
+
+
+def test_a_cron_rule_west_of_utc_ends_at_the_last_instant_a_timer_holds() -> None:
+    """Year 9999 ends later in a zone west of UTC: its last local hours are past
+    `MAX_INSTANT`, which no timer row holds (the subscription dead-lettered such a timer
+    and the runner could not store its next slot). The rule ends there instead."""
+    hourly = CronRule(expr="0 * * * *", zone="America/Los_Angeles")
+    last = MAX_INSTANT + 1 - 3_600_000  # 9999-12-31T23:00Z, 15:00 in Los Angeles
+    slot = first_slot(hourly, last)
+    assert slot == Slot(0, last)
+    assert next_slot(hourly, slot) is None
+    assert first_slot(hourly, last + 1) is None
+    new_year = CronRule(expr="0 23 31 12 *", zone="America/Los_Angeles", start=last - 1)
+    assert first_slot(new_year, last - 1) is None
+    assert latest_due(hourly, slot, MAX_INSTANT) == slot
