@@ -179,28 +179,44 @@ class _ScheduleModel(SlotRuns):
                 due_at,
             )
             return
-        if self._run_slot(state, job, cmd, d, timer_id, slot, due_at, cmd.request_id):
+        rule = self._new_default(state, job, cmd, d)
+        # The switch's two records kept free: a handler's commands taking them would fail
+        # the whole tick, every tick (`DecisionTooLarge`), the instance stuck on its old rule.
+        room = _SWITCH_RECORDS if rule is not None else 0
+        if self._run_slot(state, job, cmd, d, timer_id, slot, due_at, cmd.request_id, room):
             # Interrupted by the handler timeout: the slots its timer owes would be too. It
             # ticks on, sending them, and the next tick takes the new default.
             return
+        if rule is not None:
+            # Replaced, the old timer would send none of the slots it owes: run here, as a
+            # Reschedule runs them (a coalescing rule's latest due alone).
+            self._run_owed(_folded(state, d), job, cmd, d)
+            d.emit(
+                RESCHEDULED,
+                {"override": state.override, "rule": _dump(rule), "reason": "default"},
+            )
+            _schedule_tick(d, rule)
+
+    def _new_default(
+        self, state: ScheduleState, job: Job, cmd: Command, d: Decision
+    ) -> Rule | None:
+        """The job's default under the instance's override when it is not the rule the
+        instance ticks by (a release changed the default), and can be taken."""
         try:
             rule = effective_rule(job.rule, state.override)
         except InvalidRule as exc:
             # The new default does not take the kept override: tick on as before until
             # an operator reschedules the instance.
             logger.error("%s: the default under the override is invalid: %s", cmd.aggregate, exc)
-            return
-        if (dumped := _dump(rule)) != state.rule:
-            if first_slot(rule, d.now) is None:
-                # Scheduled, its tick timer would be cancelled at once: tick on as before
-                # until an operator reschedules the instance.
-                logger.error("%s: the new default rule has no slot left: not taken", cmd.aggregate)
-                return
-            # Replaced, the old timer would send none of the slots it owes: run here, as a
-            # Reschedule runs them (a coalescing rule's latest due alone).
-            self._run_owed(_folded(state, d), job, cmd, d)
-            d.emit(RESCHEDULED, {"override": state.override, "rule": dumped, "reason": "default"})
-            _schedule_tick(d, rule)
+            return None
+        if _dump(rule) == state.rule:
+            return None
+        if first_slot(rule, d.now) is None:
+            # Scheduled, its tick timer would be cancelled at once: tick on as before
+            # until an operator reschedules the instance.
+            logger.error("%s: the new default rule has no slot left: not taken", cmd.aggregate)
+            return None
+        return rule
 
     def run(self, state: ScheduleState, cmd: Command, d: Decision) -> None:
         """A slot whose handler failed, run again by its `run:` timer."""
@@ -366,6 +382,10 @@ class _ScheduleModel(SlotRuns):
         if (why := not_its_instance(job, cmd.aggregate, self.partitions)) is not None:
             _invalid(d, why)
         return job
+
+
+_SWITCH_RECORDS = 2
+"""A tick's records when it takes a new default: `Rescheduled` and the new timer's."""
 
 
 def _is_count(value: object) -> TypeGuard[int]:

@@ -18,7 +18,13 @@ from app.jobs.runs import (
     run_key,
 )
 from app.jobs.schedule_state import ScheduleState, apply_schedule_event
-from app.model.aggregate import MAX_DECISION_RECORDS, Command, Decision, Event
+from app.model.aggregate import (
+    MAX_DECISION_RECORDS,
+    Command,
+    Decision,
+    DecisionTooLarge,
+    Event,
+)
 from app.model.decide import cut_message
 from app.model.user_code import UserCodeTimeout
 from tables import CommandSpec, OnceRule
@@ -51,17 +57,23 @@ class SlotRuns:
         slot: int,
         due_at: int,
         tick_id: str,
+        room: int | None = None,
     ) -> bool:
         """Runs `slot` of the tick timer `timer_id` as its live tick does, under its tick's
         request id `tick_id` (its commands' ids are derived from it): `Ticked`, and the
         handler's commands, or, when it fails, `RunFailed` and a timer that runs it again.
-        Whether the handler was interrupted by the node's handler timeout."""
+        Whether the handler was interrupted by the node's handler timeout. `room`: the
+        records the decision keeps free after the slot's, its handler's commands counted:
+        commands that would leave fewer fail the slot (`DecisionTooLarge`), which its run
+        timer runs again in a decision of its own; None: the caller sees to it."""
         d.emit(TICKED, {"slot": slot, "due_at": due_at, "timer_id": timer_id})
         # The handler decides into a scratch decision: a failure keeps none of its commands.
         scratch = Decision(
             aggregate=d.aggregate, now=d.now, request_id=tick_id, unreachable=d.unreachable
         )
         failure = handler_failure(job, self._run(job, cmd, slot, due_at, tick_id, scratch))
+        if failure is None and room is not None:
+            failure = _too_many(job, cmd, d, slot, len(scratch.commands), room)
         if failure is None:
             d.commands.extend(scratch.commands)
             return False
@@ -170,6 +182,24 @@ class SlotRuns:
             triggered=triggered,
             backfilled=backfilled,
         )
+
+
+def _too_many(
+    job: Job, cmd: Command, d: Decision, slot: int, sent: int, room: int
+) -> DecisionTooLarge | None:
+    """Why the `sent` commands of slot `slot`'s handler do not fit in `d` with `room`
+    records kept free, or None. Joined, they would pass `MAX_DECISION_RECORDS`: the
+    command committed more than any transaction may hold, or its next record failed it."""
+    others = len(d.events) + len(d.commands) + room
+    if others + sent <= MAX_DECISION_RECORDS:
+        return None
+    too_many = DecisionTooLarge(
+        f"job {job.name!r} sent {sent} commands on slot {slot}: with the {others} other "
+        f"records of its {cmd.type}, over the {MAX_DECISION_RECORDS} a decision makes (its "
+        "run: timer runs it again alone, where it may send one less than that)"
+    )
+    logger.error("%s: %s", cmd.aggregate, too_many)
+    return too_many
 
 
 def _shard_partition(job: Job, instance: str) -> int | None:
