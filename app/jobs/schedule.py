@@ -38,9 +38,9 @@ from app.jobs.runs import (
     run_handler,
     tick_refusal,
 )
-from app.jobs.schedule_state import ScheduleState, apply_schedule_event
+from app.jobs.schedule_state import ScheduleState, apply_made, apply_schedule_event
 from app.jobs.slot_runs import SlotRuns
-from app.model.aggregate import AggregateType, Command, Decision, Event
+from app.model.aggregate import AggregateType, Command, Decision
 from app.protocol.wire import SCHEDULE_CANCELLED, SCHEDULE_SET, ResultCode
 from tables import CommandSpec
 from tables.bounds import MAX_INSTANT
@@ -168,16 +168,9 @@ class _ScheduleModel(SlotRuns):
         if (why := tick_refusal(state, timer_id, slot, due_at)) is not None:
             # Taken, it would run no real slot up to it: the job would stop, silently.
             d.reject(f"{why}: a {TICK} is its timer's send of a slot that is due")
-        if ran_before(state, due_at):
+        if _ran_before(state, cmd, timer_id, slot, due_at):
             # A new timer's slot due no later than one an older timer ran (its rule changed
             # at that slot's due time, or the clock stepped back): that instant ran.
-            logger.info(
-                "%s: %s is due at %d, no later than the last slot run before its timer was "
-                "set: not run again",
-                cmd.aggregate,
-                cmd.request_id,
-                due_at,
-            )
             return
         rule = self._new_default(state, job, cmd, d)
         # The switch's two records kept free: a handler's commands taking them would fail
@@ -190,7 +183,7 @@ class _ScheduleModel(SlotRuns):
         if rule is not None:
             # Replaced, the old timer would send none of the slots it owes: run here, as a
             # Reschedule runs them (a coalescing rule's latest due alone).
-            self._run_owed(_folded(state, d), job, cmd, d)
+            self._run_owed(apply_made(state, d.events, d.now), job, cmd, d)
             d.emit(
                 RESCHEDULED,
                 {"override": state.override, "rule": _dump(rule), "reason": "default"},
@@ -294,17 +287,8 @@ class _ScheduleModel(SlotRuns):
             # Its due_at is the sender's word: a slot off the rule, or not due yet, would run
             # early, and its live tick, under the same request id, never.
             _invalid(d, why)
-        if timer_id == state.timer_id and ran_before(state, due_at):
-            # Its live tick ran nothing either: an older timer ran that instant.
-            logger.info(
-                "%s: slot %d of %s is due at %d, no later than the last slot run before its "
-                "timer was set: not run again",
-                cmd.aggregate,
-                slot,
-                timer_id,
-                due_at,
-            )
-            return
+        if timer_id == state.timer_id and _ran_before(state, cmd, timer_id, slot, due_at):
+            return  # its live tick ran nothing either: an older timer ran that instant
         # Checked here, when it is decided, not only by its sender: a command that waited
         # in its topic may reach a node that forgot the live run's request id (applied at
         # the slot's due time at the earliest, forgotten `window_ms` after), and run twice.
@@ -388,15 +372,20 @@ _SWITCH_RECORDS = 2
 """A tick's records when it takes a new default: `Rescheduled` and the new timer's."""
 
 
+def _ran_before(state: ScheduleState, cmd: Command, timer_id: str, slot: int, due: int) -> bool:
+    """`ran_before`, said when it is so."""
+    if not ran_before(state, due):
+        return False
+    logger.info(
+        "%s: slot %d of %s is due at %d, no later than the last slot run before its timer "
+        "was set: not run again",
+        *(cmd.aggregate, slot, timer_id, due),
+    )
+    return True
+
+
 def _is_count(value: object) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
-
-
-def _folded(state: ScheduleState, d: Decision) -> ScheduleState:
-    """`state` after the events `d` made so far."""
-    for type_, body in d.events:
-        state = apply_schedule_event(state, Event(type_, body, 0, d.now))
-    return state
 
 
 def _schedule_tick(d: Decision, rule: Rule) -> None:

@@ -7,7 +7,7 @@ events are `app.jobs.schedule`'s.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from pydantic import BaseModel, Field
@@ -27,7 +27,7 @@ from app.jobs.declaration import (
 from app.model.aggregate import Event
 from app.protocol.wire import SCHEDULE_CANCELLED, SCHEDULE_SET
 
-__all__ = ["ScheduleState", "apply_schedule_event", "run_key"]
+__all__ = ["ScheduleState", "apply_made", "apply_schedule_event", "run_key"]
 
 
 def run_key(timer_id: str, slot: int) -> str:
@@ -127,6 +127,15 @@ def apply_schedule_event(state: ScheduleState, e: Event) -> ScheduleState:
     # and a state holding `{"job": 5}` would fail every later command of the instance.
     # Raised here, the event is dead-lettered by `follow` and passed over by a restore.
     return ScheduleState.model_validate({**state.model_dump(), **update})
+
+
+def apply_made(
+    state: ScheduleState, made: Iterable[tuple[str, dict[str, Any]]], now: int
+) -> ScheduleState:
+    """`state` after the events a decision made so far (`Decision.events`), made at `now`."""
+    for type_, body in made:
+        state = apply_schedule_event(state, Event(type_, body, 0, now))
+    return state
 
 
 def _run_key_of(body: Mapping[str, Any]) -> str | None:
