@@ -278,7 +278,39 @@ def test_interval_first_slot_rounds_up_to_the_grid() -> None:
 def test_cron_slots_are_cronsims_matches(rule: CronRule, offset: int) -> None:
     not_before = rule.start + offset
     dues = [slot.due_at for slot in chain(rule, first_slot(rule, not_before), 8)]
-    assert dues == cronsim_dues(rule, not_before, 8)
+    reference = cronsim_dues(rule, not_before, 8)
+    # Where cronsim passes a wall time over (below), the rest is compared.
+    ours = [d for d in dues if not cronsim_passes_over(rule, d)]
+    theirs = [d for d in reference if not cronsim_passes_over(rule, d)]
+    n = min(len(ours), len(theirs))
+    assert n >= 6 and ours[:n] == theirs[:n]
+
+
+def cronsim_passes_over(rule: CronRule, due: int) -> bool:
+    """Whether `due` is in the half hour after a 30-minute fall-back (Lord Howe's April
+    change, 02:00 +11:00 -> 01:30 +10:30), where cronsim (4.x) finds no slot: 02:00 +10:30
+    comes once, after the repeated half hour, and is a slot (`test_a_fall_back_...`)."""
+    zone = ZoneInfo(rule.zone)
+    at = datetime.fromtimestamp(due / 1000, zone)
+    before = datetime.fromtimestamp((due - 30 * 60_000 - 1) / 1000, zone)
+    offsets = before.utcoffset(), at.utcoffset()
+    return None not in offsets and offsets[0] - offsets[1] == timedelta(minutes=30)  # type: ignore[operator]
+
+
+def test_a_fall_back_of_half_an_hour_keeps_the_wall_time_after_it() -> None:
+    # 2026-04-05 in Lord Howe: 02:00 +11:00 is 01:30 +10:30; 01:30-02:00 comes twice, and
+    # 02:00 +10:30 once after it. cronsim skips it to 04:00; a cron daemon runs it.
+    start = int(datetime(2026, 4, 4, 23, 0, tzinfo=ZoneInfo("Australia/Lord_Howe")).timestamp())
+    rule = CronRule(expr="0 */2 * * *", zone="Australia/Lord_Howe", start=start * 1000)
+    local = [
+        datetime.fromtimestamp(s.due_at / 1000, ZoneInfo(rule.zone)).isoformat()
+        for s in chain(rule, first_slot(rule, rule.start), 3)
+    ]
+    assert local == [
+        "2026-04-05T00:00:00+11:00",
+        "2026-04-05T02:00:00+10:30",
+        "2026-04-05T04:00:00+10:30",
+    ]
 
 
 @CRON
