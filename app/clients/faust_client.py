@@ -116,7 +116,7 @@ class CommandSchema(faust.Schema[str, CommandEnvelope]):
         loads: Callable[..., Any] | None = None,
         serializer: CodecArg | None = None,
     ) -> CommandEnvelope:
-        return command_of(message, self.topology.target, self.topology.partitions)
+        return command_of(message, self.topology.target, self.topology.partitions, self.limits)
 
     def dumps_value(
         self,
@@ -131,10 +131,16 @@ class CommandSchema(faust.Schema[str, CommandEnvelope]):
         return encode(value), headers
 
 
-def command_of(message: Message, target: AggregateTopics, partitions: int) -> CommandEnvelope:
-    """The command `message` carries; `ValueDecodeError` saying why it is not one."""
+def command_of(
+    message: Message,
+    target: AggregateTopics,
+    partitions: int,
+    limits: InputLimits | None = None,
+) -> CommandEnvelope:
+    """The command `message` carries, within `limits` (the defaults unless given);
+    `ValueDecodeError` saying why it is not one."""
     try:
-        return command_in(message, target, partitions)
+        return command_in(message, target, partitions, limits or InputLimits())
     except BadRecord as exc:
         raise ValueDecodeError(str(exc)) from exc
 

@@ -9,12 +9,12 @@ from __future__ import annotations
 from typing import Any, Final, Protocol
 
 from app.clients.book_commands import Delivered
-from app.commands.processor import misrouted
-from app.errors import BadRecord
+from app.commands.intake import read_command
 from app.kafka import Record
 from app.protocol.dead_letters import Stage, dead_letter
+from app.protocol.limits import InputLimits
 from app.protocol.topics import AggregateTopics
-from app.protocol.wire import CommandEnvelope, decode
+from app.protocol.wire import CommandEnvelope
 from tables.partitioner import partition_of
 
 __all__ = ["Received", "command_in", "letter_of", "record_of", "reply_partition"]
@@ -54,15 +54,15 @@ def _headers(headers: Any) -> tuple[tuple[str, bytes], ...]:
     return tuple((str(k), bytes(v or b"")) for k, v in pairs)
 
 
-def command_in(message: Received, target: AggregateTopics, partitions: int) -> CommandEnvelope:
+def command_in(
+    message: Received, target: AggregateTopics, partitions: int, limits: InputLimits
+) -> CommandEnvelope:
     """The command `message` carries; `BadRecord` saying why it is not one of `target`'s,
-    keyed and partitioned as its aggregate (murmur2 of the id)."""
-    cmd = decode(CommandEnvelope, message.value)
-    if cmd.aggregate.type_name != target.type_name:
-        raise BadRecord(f"command for {cmd.aggregate.type_name} on {message.topic}")
-    if (why := misrouted(record_of(message), cmd.aggregate, partitions)) is not None:
-        raise BadRecord(why)
-    return cmd
+    keyed and partitioned as its aggregate (murmur2 of the id), within `limits` (the
+    workers' `TICKWHEEL_MAX_RECORD_BYTES`, …): read as a node's processor reads it."""
+    # The node's own intake: a command the workers took and fired (up to their record
+    # bound, not the default) reads here too.
+    return read_command(record_of(message), target.type_name, limits, partitions)
 
 
 def letter_of(

@@ -226,6 +226,24 @@ async def test_the_limits_are_the_workers_given_to_the_client(app: faust.App, se
     assert [s[0] for s in sent] == ["shop.dead-letters"]
 
 
+async def test_a_command_within_the_workers_larger_bound_reaches_the_agent(
+    app: faust.App, sent: Sent
+) -> None:
+    """Workers with `TICKWHEEL_MAX_RECORD_BYTES` of 1 MiB fire a 400 kB command (their own
+    intake reads it): the client given their bound reads it as they do, not by the default
+    256 KiB, which dead-lettered it and answered ERROR."""
+    names: dict[str, Any] = {"context": "shop", "book": "order-timers", "target": "order"}
+    large = TickwheelTimers(app, partitions=P, max_record_bytes=1_048_576, **names)
+    cmd = CommandEnvelope(**value(body={"pad": "x" * 400_000}))
+    event = await large.commands.decode(message_of(record(encode(cmd))))
+    assert (event.key, event.value, sent) == ("o-1", cmd, [])
+    small = TickwheelTimers(app, partitions=P, max_record_bytes=1_000, **names)
+    await small.commands.decode(message_of(record(encode(CommandEnvelope(**value())), b"o-1")))
+    assert sent == [], "a command within the bound reads"
+    await small.commands.decode(message_of(record(encode(cmd))))
+    assert [s[0] for s in sent] == ["shop.dead-letters"], "over it: never parsed, unanswered"
+
+
 async def test_a_failed_send_is_logged_and_the_other_still_sent(
     timers: TickwheelTimers,
     sent: Sent,
