@@ -5,7 +5,8 @@ node that fired them (`app.clients.fired.reply_partition`). Its subclass sends t
 (`_send`) and names the request ids its caller does not (`_request_id`):
 `app.clients.faust_client.TickwheelTimers`, over faust's producer, from the event an agent
 processes. Without faust (only `app.clients.faust_client` imports it). May import
-`app.clients`' book_commands, client_topics and fired, `app.protocol` and `tables`."""
+`app.clients`' book_commands, client_topics and fired, `app.model.decide` (results' messages
+cut as a node cuts them), `app.protocol` and `tables`."""
 
 from __future__ import annotations
 
@@ -15,11 +16,12 @@ from collections.abc import Callable
 from app.clients.book_commands import BookCommands, Rule
 from app.clients.client_topics import ClientTopics
 from app.clients.fired import reply_partition
+from app.model.decide import cut_message
 from app.protocol.wire import CommandEnvelope, CommandResult, ResultCode, encode
 from tables import AggregateRef, CommandSpec
 from tables.partitioner import partition_of
 
-__all__ = ["BookClient"]
+__all__ = ["BookClient", "result_code"]
 
 
 class BookClient(ABC):
@@ -173,16 +175,20 @@ class BookClient(ABC):
         version: int | None = None,
     ) -> tuple[str, int, CommandResult] | None:
         """Where the answer to `cmd` goes and what it says; None: no answer is expected
-        (`app.clients.fired.reply_partition`)."""
+        (`app.clients.fired.reply_partition`). `code`: a `ResultCode` (or its name),
+        `ValueError` otherwise; `message` cut as a node cuts one (`cut_message`)."""
+        known = result_code(code)
         own = self.topology.context.results
         partition = reply_partition(cmd, own, self.partitions)
         if partition is None:
             return None
         result = CommandResult(
             request_id=cmd.request_id,
-            code=code,
+            code=known,
             aggregate=cmd.aggregate,
-            message=message,
+            # A node's reader skips a result past its record bound as unreadable: the
+            # command would be sent again and parked TIMEOUT, its answer never read.
+            message=cut_message(message),
             version=version,
             decided_at=self._now(),
         )
@@ -197,10 +203,25 @@ class BookClient(ABC):
     ) -> bool:
         """Sends `cmd`'s result to the node that fired it; whether one was expected.
         COMMITTED, DUPLICATE, UNCHANGED and REJECTED settle the slot; any other code is a
-        failed attempt, sent again with backoff and parked when its attempts are spent."""
+        failed attempt, sent again with backoff and parked when its attempts are spent.
+        `code`: a `ResultCode` or its name (anything else raises `ValueError`, nothing
+        sent); `message`: at most 1,000 characters are sent, a longer one cut."""
         where = self.result_for(cmd, code, message, version)
         if where is None:
             return False
         topic, partition, result = where
         await self._send(topic, cmd.request_id.encode(), encode(result), partition)
         return True
+
+
+def result_code(code: object) -> ResultCode:
+    """`code` as a `ResultCode` (one, or its name); `ValueError` for anything else."""
+    # A result of a code the node does not know reads as ERROR: a misspelt COMMITTED,
+    # sent, would fail the slot it meant to settle, silently.
+    if isinstance(code, str):  # a ResultCode is one too (StrEnum)
+        try:
+            return ResultCode(code)
+        except ValueError:
+            pass
+    known = ", ".join(c.value for c in ResultCode)
+    raise ValueError(f"{code!r} is not a result code: one of {known}")
