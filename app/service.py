@@ -1,7 +1,7 @@
 """A service: the aggregate types a node runs and the jobs of their contexts (each context
 with jobs gets its `<context>.schedule` aggregate).
 
-May import: `app.model`, `app.jobs`.
+May import: `app.model`, `app.jobs`, `app.protocol.topics` (its types' names checked).
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from typing import Any
 
 from app.jobs import DEFAULT_REQUEST_ID_WINDOW_MS, Job, schedule_aggregate
 from app.model.aggregate import AggregateType
+from app.protocol.topics import aggregate_topics
 
 __all__ = ["Service"]
 
@@ -21,13 +22,19 @@ class Service:
     """What a node runs: aggregate types (and, with jobs, the contexts' schedules).
 
     `jobs` maps a context to the jobs declared in it; each such context gets its
-    `<context>.schedule` aggregate from `all_aggregates`.
+    `<context>.schedule` aggregate from `all_aggregates`. A type or context whose name no
+    topic can have (`app.protocol.topics.aggregate_topics`) is a `ConfigError`.
     """
 
     aggregates: tuple[AggregateType[Any], ...]
     jobs: Mapping[str, Sequence[Job]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        # Checked where the service is declared (`ConfigError`), not when a worker starts.
+        for a in self.aggregates:
+            aggregate_topics(a.context, a.name)
+        for context in self.jobs:
+            aggregate_topics(context, "schedule")
         names = [a.type_name for a in self.aggregates]
         if len(set(names)) != len(names):
             raise ValueError(f"aggregate types declared twice: {names}")

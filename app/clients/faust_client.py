@@ -59,7 +59,7 @@ from app.kafka.connection import Connectable
 from app.kafka.records import Replication
 from app.node.settings import Settings
 from app.protocol.limits import DEFAULT_MAX_RECORD_BYTES, InputLimits
-from app.protocol.topics import AggregateTopics, parse_aggregate_type
+from app.protocol.topics import AggregateTopics, aggregate_topics
 from app.protocol.wire import CommandEnvelope, encode
 
 __all__ = [
@@ -219,8 +219,8 @@ class TickwheelTimers(BookClient):
         now: Callable[[], int] | None = None,
         max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
     ) -> None:
-        book_topics = parse_aggregate_type(f"{context}.{book}")
-        target_topics = parse_aggregate_type(f"{context}.{target}")
+        book_topics = aggregate_topics(context, book)
+        target_topics = aggregate_topics(context, target)
         if book_topics == target_topics:
             raise ValueError(f"the target {target!r} must not be the book: its timers fire into it")
         if partitions < 1:

@@ -52,6 +52,7 @@ from typing import Final
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from app.errors import ConfigError
 from app.model.aggregate import (
     MAX_TRIGGER_REQUEST_ID,
     AggregateType,
@@ -60,6 +61,7 @@ from app.model.aggregate import (
     Event,
     send_fits,
 )
+from app.protocol.topics import aggregate_topics
 from app.protocol.wire import (
     SCHEDULE_CANCELLED,
     SCHEDULE_PAUSED,
@@ -83,6 +85,7 @@ __all__ = [
     "BOOK_RETENTION",
     "CANCEL_TIMER",
     "CRON_END_STEPS",
+    "MAX_BOOK_RETENTION",
     "MAX_BOOK_TIMERS",
     "PAUSE_TIMER",
     "RESUME_TIMER",
@@ -117,6 +120,9 @@ BOOK_RETENTION: Final = 7 * 24 * 60 * 60 * 1000
 """How long (ms) past its end a book keeps a timer by default: the timer table's default
 `TimerOptions.finished_retention`, well past `expires_after` (a day), after which none of
 the timer's slots is sent or retried any more."""
+MAX_BOOK_RETENTION: Final = 2 * 365 * 24 * 60 * 60 * 1000
+"""The longest retention a book takes: the timer table's longest `finished_retention`
+(2 years); a timer's row is gone by then."""
 CRON_END_STEPS: Final = 24
 """The largest `count` whose last slot a cron rule's end is stepped to, slot by slot, when
 its timer is set (each step 0.1 ms or so in a zone with clock changes: a few ms at most);
@@ -237,9 +243,22 @@ def timer_book(
     context: str, name: str, *, retention: int = BOOK_RETENTION
 ) -> AggregateType[BookState]:
     """The aggregate type `<context>.<name>` taking `wow.SetTimer` and `wow.CancelTimer`
-    (and pause, resume, trigger), keeping each timer `retention` ms past its rule's end."""
-    if retention <= 0:
-        raise ValueError(f"a timer book's retention must be positive, got {retention}")
+    (and pause, resume, trigger), keeping each timer `retention` ms past its rule's end.
+    `ConfigError` for a name no topic can have (`aggregate_topics`, as the workers and the
+    faust client check it) or a retention that is not a whole number of ms from 1 to
+    `MAX_BOOK_RETENTION`."""
+    aggregate_topics(context, name)
+    # NaN compares false with every end: a book that never forgets, REJECTING every set
+    # once `MAX_BOOK_TIMERS` ended timers have piled up.
+    if (
+        not isinstance(retention, int)
+        or isinstance(retention, bool)
+        or not 0 < retention <= MAX_BOOK_RETENTION
+    ):
+        raise ConfigError(
+            f"a timer book's retention must be an integer of ms from 1 to {MAX_BOOK_RETENTION} "
+            f"(2 years), got {retention!r}"
+        )
     book = AggregateType(context, name, BookState)
 
     def pruned(state: BookState, timers: Mapping[str, BookTimer], now: int) -> BookState:

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from app.errors import ConfigError
 
-__all__ = ["AggregateTopics", "ContextTopics", "parse_aggregate_type"]
+__all__ = ["AggregateTopics", "ContextTopics", "aggregate_topics", "parse_aggregate_type"]
 
 _NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_\-]*")
 
@@ -73,3 +73,14 @@ def parse_aggregate_type(name: str) -> AggregateTopics:
             f"aggregate type {name!r} must be '<context>.<aggregate>' (letters, digits, '_' or '-')"
         )
     return AggregateTopics(parts[0], parts[1])
+
+
+def aggregate_topics(context: object, aggregate: object) -> AggregateTopics:
+    """The topics of the type `<context>.<aggregate>`, as a caller in Python names it; a clear
+    `ConfigError` unless both are names (`parse_aggregate_type`): a number, `""` or a
+    space would name no topic Kafka takes."""
+    if not isinstance(context, str) or not isinstance(aggregate, str):
+        raise ConfigError(
+            f"aggregate type ({context!r}, {aggregate!r}): its context and name must be strings"
+        )
+    return parse_aggregate_type(f"{context}.{aggregate}")
