@@ -53,11 +53,11 @@ from app.clients.book_commands import BookCommands, request_id_for
 from app.clients.client_topics import ClientTopics, unreadable_answer
 from app.clients.fired import command_in, letter_of, record_of
 from app.clients.timer_book import timer_book
-from app.errors import BadRecord
+from app.errors import BadRecord, ConfigError
 from app.kafka import KafkaClients
 from app.kafka.connection import Connectable
 from app.kafka.records import Replication
-from app.node.settings import Settings
+from app.node.settings import MAX_PARTITIONS, Settings
 from app.protocol.limits import DEFAULT_MAX_RECORD_BYTES, InputLimits
 from app.protocol.topics import AggregateTopics, aggregate_topics
 from app.protocol.wire import CommandEnvelope, encode
@@ -199,11 +199,12 @@ class TickwheelTimers(BookClient):
 
     `context`, `book`, `target`: the book is `<context>.<book>` (the workers' service must
     declare `timer_book(context, book)`), the timers fire into `<context>.<target>` by
-    default. `partitions`: the workers' `TICKWHEEL_PARTITIONS`. `bootstrap`: the app's
-    brokers unless given. `replication`: of the topics this client creates, the workers'
-    default unless given (their `TICKWHEEL_REPLICATION_FACTOR`, `…MIN_INSYNC_REPLICAS`),
-    fewer on a smaller cluster as theirs. `now`: epoch ms (the clock `early_by` and results
-    use). `max_record_bytes`: the workers' `TICKWHEEL_MAX_RECORD_BYTES`.
+    default. `partitions`: the workers' `TICKWHEEL_PARTITIONS` (an int, 1 to 1024).
+    `bootstrap`: the app's brokers unless given. `replication`: of the topics this client
+    creates, the workers' default unless given (their `TICKWHEEL_REPLICATION_FACTOR`,
+    `…MIN_INSYNC_REPLICAS`), fewer on a smaller cluster as theirs. `now`: epoch ms (the
+    clock `early_by` and results use). `max_record_bytes`: the workers'
+    `TICKWHEEL_MAX_RECORD_BYTES`.
     """
 
     def __init__(
@@ -223,8 +224,12 @@ class TickwheelTimers(BookClient):
         target_topics = aggregate_topics(context, target)
         if book_topics == target_topics:
             raise ValueError(f"the target {target!r} must not be the book: its timers fire into it")
-        if partitions < 1:
-            raise ValueError(f"partitions must be at least 1, got {partitions}")
+        if type(partitions) is not int or not 1 <= partitions <= MAX_PARTITIONS:
+            # 12.0 or True went on into the topics' specs and every record's partition.
+            raise ConfigError(
+                f"partitions must be an integer from 1 to {MAX_PARTITIONS} (the workers' "
+                f"TICKWHEEL_PARTITIONS), got {partitions!r}"
+            )
         self.app = app
         self.book = timer_book(context, book)
         # The client's edge, as the CLI is: its one `KafkaClients`, made from the brokers;

@@ -67,6 +67,7 @@ __all__ = [
     "ENV_FILE_VARIABLE",
     "LOG_FORMATS",
     "LOG_LEVELS",
+    "MAX_PARTITIONS",
     "TOOLING_VARIABLES",
     "VARIABLES",
     "WEB_URL_PATTERN",
@@ -76,6 +77,8 @@ __all__ = [
 ]
 
 DEFAULT_HANDLER_TIMEOUT_MS: Final = 5_000
+MAX_PARTITIONS: Final = 1024
+"""The most partitions a context takes (`TICKWHEEL_PARTITIONS`, a faust client's)."""
 
 WEB_URL_PATTERN: Final = r"^https?://[^\s/?#\"'<>\\]+[^\s\"'<>\\]*$"
 """A node page's address as pages link to it: http(s) with a host, nothing a link could
@@ -104,7 +107,7 @@ class Settings(BaseSettings):
     aggregate_types: tuple[str, ...] = ()
     """Types whose timers the node keeps besides its service's (decided by other services);
     in the environment comma-separated."""
-    partitions: int = Field(default=12, ge=1, le=1024)
+    partitions: int = Field(default=12, ge=1, le=MAX_PARTITIONS)
     data_dir: Path = Path("./state")
     group_id: str = Field(default="tickwheel", min_length=1)
     session_timeout_ms: int = Field(default=10_000, ge=1_000, le=300_000)

@@ -305,12 +305,23 @@ async def test_bad_input_is_refused_before_anything_is_sent(
     assert sent == []
 
 
+WORKERS = "TICKWHEEL_PARTITIONS"
+
+
 @pytest.mark.parametrize(
     ("kwargs", "error", "kind"),
     [
         ({"context": "a b"}, "must be '<context>.<aggregate>'", ConfigError),
         ({"book": "order"}, "must not be the book", ValueError),
-        ({"partitions": 0}, "partitions must be at least 1", ValueError),
+        ({"context": 5}, "must be strings", ConfigError),
+        *(  # 12.0 or True went on into the topics' specs and every record's partition
+            (
+                {"partitions": p},
+                f"an integer from 1 to 1024 (the workers' {WORKERS}), got {p!r}",
+                ConfigError,
+            )
+            for p in [0, -1, 12.0, 12.5, True, "12", None, 1025, 10**30]
+        ),
     ],
 )
 def test_a_client_of_bad_names_or_counts_is_refused(
