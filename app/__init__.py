@@ -26,9 +26,9 @@ What is here:
   the table keeps it (`Timer`, `TimerStatus`, `Outcome`); a dead letter read back
   (`DeadLetter`);
 - clients without an aggregate of their own: the timer book (`timer_book`, its commands
-  `SET_TIMER` and `CANCEL_TIMER`, its state `BookState`) and, with the `faust` extra
-  (`pip install '.[faust]' (from a clone)`), the faust-streaming client
-  (`TickwheelTimers`, `request_id_for`);
+  `SET_TIMER` and `CANCEL_TIMER`, its state `BookState`, the request id a command sent for
+  a consumed record gets, `request_id_for`) and, with the `faust` extra
+  (`pip install '.[faust]'` from a clone), the faust-streaming client (`TickwheelTimers`);
 - talking to a cluster: how to reach it (`KafkaConnection`: address, TLS, SASL; any of
   these takes a plain bootstrap string too, `Connectable`), `Producer`, `tail` and
   `read_partitions` (which yield `Record`s, one or a list at a time), `ensure_topics`
@@ -38,17 +38,21 @@ What is here:
 
 The faust client, the cluster helpers and `DeadLetter` are loaded on first use (PEP 562):
 importing `app` imports neither faust nor aiokafka, and without faust installed everything
-else works (`TickwheelTimers` then raises ImportError saying how to install the extra).
+else works, `from app import *` included: `TickwheelTimers` is then left out of `__all__`,
+`hasattr(app, "TickwheelTimers")` is False, `from app import TickwheelTimers` an ImportError
+and `app.TickwheelTimers` an AttributeError saying how to install the extra.
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import tomllib
 from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
+from app.clients.book_commands import request_id_for
 from app.clients.timer_book import CANCEL_TIMER, SET_TIMER, BookState, timer_book
 from app.errors import TickwheelError
 from app.jobs import (
@@ -99,7 +103,7 @@ from tables import (
 from tables.partitioner import partition_of
 
 if TYPE_CHECKING:
-    from app.clients.faust_client import TickwheelTimers, request_id_for
+    from app.clients.faust_client import TickwheelTimers
     from app.kafka import Clients, KafkaClients, Producer, ensure_topics, read_partitions, tail
     from app.kafka.connection import Connectable, KafkaConnection
     from app.kafka.records import Record, Replication, TopicSpec
@@ -147,7 +151,6 @@ __all__ = [
     "ScheduleRule",
     "Service",
     "TickwheelError",
-    "TickwheelTimers",
     "Timer",
     "TimerStatus",
     "TopicSpec",
@@ -168,10 +171,15 @@ __all__ = [
     "timer_book",
 ]
 
+_FAUST_ONLY: Final = frozenset({"TickwheelTimers"})
+"""The names of the `faust` extra: in `__all__` only where faust is installed, so that
+`from app import *` works without it."""
+if importlib.util.find_spec("faust") is not None:  # looked for, not imported
+    __all__ += ["TickwheelTimers"]
+
 _LAZY: Final[dict[str, str]] = {
     # The faust extra: only this module imports faust.
     "TickwheelTimers": "app.clients.faust_client",
-    "request_id_for": "app.clients.faust_client",
     # The aiokafka edge and the node: loaded by who talks to a cluster, not by a service
     # module that only declares its aggregates.
     "Producer": "app.kafka",
@@ -196,13 +204,21 @@ def __getattr__(name: str) -> object:
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
+    try:
+        loaded = importlib.import_module(module)
+    except ImportError as exc:
+        if name not in _FAUST_ONLY:
+            raise
+        # An AttributeError, as for any name the module lacks: `hasattr` is False and
+        # `from app import *` passes it over, rather than failing on the extra.
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}: {exc}") from exc
+    value = getattr(loaded, name)
     globals()[name] = value  # once loaded, a plain attribute
     return value
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
+    return sorted(set(globals()) | set(_LAZY) - (_FAUST_ONLY - set(__all__)))
 
 
 def _version() -> str:

@@ -64,8 +64,8 @@ IN_SIGNATURES = {
 """Names a public call takes, returns or raises, and where they are made: at the root too,
 so that no user imports them from the implementation's modules."""
 
-FAUST_ONLY = frozenset({"TickwheelTimers", "request_id_for"})
-"""The names that need the faust extra."""
+FAUST_ONLY = frozenset({"TickwheelTimers"})
+"""The names that need the faust extra (`request_id_for` needs none: app.clients.book_commands)."""
 
 
 @dataclass
@@ -264,22 +264,43 @@ def test_importing_app_imports_neither_faust_nor_the_kafka_client() -> None:
 
 
 def test_without_faust_the_root_works_and_the_client_says_how_to_install_it() -> None:
+    """`from app import *` and `hasattr` raised the extra's ImportError: the faust-only
+    names are left out of `__all__` and `dir`, and are AttributeErrors saying how to
+    install it (`from app import TickwheelTimers`: an ImportError, as for any name)."""
     out = python(
         "import json, sys\n"
         "sys.modules['faust'] = None  # as if the extra were not installed\n"
         "import app\n"
         f"faust_only = {sorted(FAUST_ONLY)!r}\n"
-        "resolved = [n for n in app.__all__ if n not in faust_only and getattr(app, n)]\n"
-        "errors = []\n"
+        "resolved = [n for n in app.__all__ if getattr(app, n) is not None]\n"
+        "star = {}\n"
+        "exec('from app import *', star)\n"
+        "errors, has, listed = [], [], [n for n in faust_only if n in dir(app)]\n"
         "for name in faust_only:\n"
+        "    has.append(hasattr(app, name))\n"
         "    try:\n"
         "        getattr(app, name)\n"
-        "    except ImportError as exc:\n"
+        "    except AttributeError as exc:\n"
         "        errors.append(str(exc))\n"
-        "print(json.dumps({'resolved': resolved, 'errors': errors}))\n"
+        "    try:\n"
+        "        exec(f'from app import {name}', {})\n"
+        "    except ImportError:\n"
+        "        errors.append('ImportError')\n"
+        "print(json.dumps({'resolved': resolved, 'star': sorted(set(star) - {'__builtins__'}),"
+        " 'errors': errors, 'has': has, 'listed': listed}))\n"
     )
     result = json.loads(out)
-    assert set(result["resolved"]) == set(app.__all__) - FAUST_ONLY
-    assert len(result["errors"]) == len(FAUST_ONLY)
-    for message in result["errors"]:
+    assert set(result["resolved"]) == set(result["star"]) == set(app.__all__) - FAUST_ONLY
+    assert "request_id_for" in result["star"]
+    assert (result["has"], result["listed"]) == ([False] * len(FAUST_ONLY), [])
+    assert len(result["errors"]) == 2 * len(FAUST_ONLY)
+    for message in result["errors"][::2]:
         assert "pip install '.[faust]'" in message
+    assert set(result["errors"][1::2]) == {"ImportError"}
+
+
+def test_with_faust_its_names_are_in_all() -> None:
+    assert set(app.__all__) >= FAUST_ONLY
+    assert set(dir(app)) >= FAUST_ONLY
+    book_commands = importlib.import_module("app.clients.book_commands")
+    assert app.request_id_for is book_commands.request_id_for
