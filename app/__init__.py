@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import sys
 import tomllib
 from importlib import metadata
 from pathlib import Path
@@ -174,7 +175,19 @@ __all__ = [
 _FAUST_ONLY: Final = frozenset({"TickwheelTimers"})
 """The names of the `faust` extra: in `__all__` only where faust is installed, so that
 `from app import *` works without it."""
-if importlib.util.find_spec("faust") is not None:  # looked for, not imported
+
+
+def _faust_installed() -> bool:
+    """Whether faust can be imported, looked for without importing it."""
+    if "faust" in sys.modules:  # imported (faust's module has no __spec__), or blocked: None
+        return sys.modules["faust"] is not None
+    try:
+        return importlib.util.find_spec("faust") is not None
+    except (ImportError, ValueError):
+        return False
+
+
+if _faust_installed():
     __all__ += ["TickwheelTimers"]
 
 _LAZY: Final[dict[str, str]] = {

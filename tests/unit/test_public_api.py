@@ -299,6 +299,12 @@ def test_without_faust_the_root_works_and_the_client_says_how_to_install_it() ->
     assert set(result["errors"][1::2]) == {"ImportError"}
 
 
+def test_faust_imported_before_the_root_is_found() -> None:
+    """faust's module has no `__spec__`: `find_spec` raised ValueError on it."""
+    out = python("import faust, app\nprint('TickwheelTimers' in app.__all__)\n")
+    assert out.strip() == "True"
+
+
 def test_with_faust_its_names_are_in_all() -> None:
     assert set(app.__all__) >= FAUST_ONLY
     assert set(dir(app)) >= FAUST_ONLY
