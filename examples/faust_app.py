@@ -86,7 +86,13 @@ async def on_fired(commands: faust.StreamT[CommandEnvelope]) -> None:
         sent = ReminderSent(
             order_id=cmd.aggregate.id, request_id=cmd.request_id, due_at=cmd.not_before or 0
         )
-        await reminders_sent.send(key=cmd.aggregate.id, value=sent)
+        try:
+            # `send` only queues it: its future is the broker's answer (`force`: sent now,
+            # not held for the event's commit, which would wait on this very send).
+            await (await reminders_sent.send(key=cmd.aggregate.id, value=sent, force=True))
+        except Exception as exc:  # not sent: a failed attempt, sent again with backoff
+            await timers.answer(cmd, ResultCode.ERROR, f"reminder not sent: {exc!r}")
+            continue
         await timers.answer(cmd)  # COMMITTED: the worker settles the timer's slot
 
 
