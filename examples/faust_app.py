@@ -13,7 +13,11 @@ Environment: `KAFKA_BOOTSTRAP_SERVERS`, `TICKWHEEL_PARTITIONS` (the workers' cou
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import os
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 import faust
 
@@ -22,6 +26,9 @@ from examples.reminders_service import BOOK, CONTEXT, TARGET
 
 PARTITIONS = int(os.environ.get("TICKWHEEL_PARTITIONS", "12"))
 BROKER = os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:9092")
+RETRY_FIRST_S, RETRY_MAX_S = 0.1, 30.0
+"""How long `durably` waits before its first retry, doubled up to the longest."""
+logger = logging.getLogger(__name__)
 
 app = faust.App(
     f"{CONTEXT}-reminders",
@@ -53,6 +60,24 @@ reminders_sent = app.topic(
 timers = TickwheelTimers(app, context=CONTEXT, book=BOOK, target=TARGET, partitions=PARTITIONS)
 
 
+async def durably(call: Callable[..., Awaitable[object]], *args: Any) -> None:
+    """`call(*args)` until the broker has its command. faust acks the event of an agent
+    that raised (and restarts the agent): a command that failed would be lost with it.
+    Sent again, its request id (derived from the event) is the same: one that did arrive
+    is a DUPLICATE. A ValueError is the command's own fault (nothing was sent): raised."""
+    delay = RETRY_FIRST_S
+    while True:
+        try:
+            await call(*args)
+            return
+        except ValueError:
+            raise
+        except Exception as exc:  # the broker's: retried, the event kept unacked meanwhile
+            logger.warning("timer command not sent (%r): again in %.1f s", exc, delay)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, RETRY_MAX_S)
+
+
 @app.agent(orders)
 async def on_order(stream: faust.StreamT[OrderEvent]) -> None:
     async for event in stream.events():
@@ -60,20 +85,16 @@ async def on_order(stream: faust.StreamT[OrderEvent]) -> None:
         if order.kind == "placed":
             # From the event's own time: processed again, it asks for the same slot.
             at = int(event.message.timestamp * 1000) + order.remind_in_ms
-            await timers.schedule(
-                order.order_id,
-                "reminder",
-                OnceRule(at=at),
-                CommandSpec(type="reminders.Remind", body={"order_id": order.order_id}),
-            )
+            remind = CommandSpec(type="reminders.Remind", body={"order_id": order.order_id})
+            await durably(timers.schedule, order.order_id, "reminder", OnceRule(at=at), remind)
         elif order.kind == "paid":
-            await timers.cancel(order.order_id, "reminder")
+            await durably(timers.cancel, order.order_id, "reminder")
         elif order.kind == "held":  # fires nothing until released (held again: UNCHANGED)
-            await timers.pause(order.order_id, "reminder")
+            await durably(timers.pause, order.order_id, "reminder")
         elif order.kind == "released":
-            await timers.resume(order.order_id, "reminder")
+            await durably(timers.resume, order.order_id, "reminder")
         elif order.kind == "nudged":  # the reminder once now; its due time stays as it was
-            await timers.trigger(order.order_id, "reminder")
+            await durably(timers.trigger, order.order_id, "reminder")
 
 
 @app.agent(timers.commands)

@@ -102,9 +102,15 @@ class BookClient(ABC):
         """Sets `key`'s timer `timer`: `command` goes to `target` (this app's
         `<context>.<target>/<key>` by default) by `rule`; a timer already set under that
         name is replaced. The command is on the broker when this returns (inside an agent
-        too; a failed send raises); the book decides it then. The request id is derived
-        from the event being processed unless given (outside an agent, or in one fed by
-        `app.channel()`, it must be)."""
+        too); the book decides it then. The request id is derived from the event being
+        processed unless given (outside an agent, or in one fed by `app.channel()`, it
+        must be).
+
+        A failed send raises (so do `cancel`, `pause`, `resume`, `trigger`): faust acks
+        the event of an agent that raised and restarts the agent, so the command is lost
+        unless the agent catches the error and calls again, with backoff
+        (examples/faust_app.py: `durably`); the same request id makes a command that did
+        arrive a DUPLICATE. A `ValueError` is the command's own fault: nothing was sent."""
         cmd = self.set_command(key, timer, rule, command, target=target, request_id=request_id)
         await self._send_to_book(cmd)
         return cmd

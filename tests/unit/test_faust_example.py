@@ -1,16 +1,18 @@
 """examples/faust_app.py's agents without a broker (docs/faust.md shows their code): a fired
-command is answered COMMITTED only once the reminder it sends is on the broker."""
+command is answered COMMITTED only once the reminder it sends is on the broker, and a timer
+command whose send fails is sent again rather than lost with the event faust acks."""
 
 from __future__ import annotations
 
 import asyncio
 import importlib
 from collections.abc import AsyncIterator
-from types import ModuleType
+from types import ModuleType, SimpleNamespace
 from typing import Any
 
 import pytest
 from aiokafka.errors import KafkaTimeoutError
+from faust.types import Message
 
 from app import AggregateRef, CommandEnvelope, ResultCode, decode
 from app.protocol.wire import CommandResult
@@ -113,3 +115,56 @@ async def test_a_fired_command_is_answered_once_its_reminder_is_on_the_broker(
         assert result.message.startswith("reminder not sent: KafkaTimeoutError")
     else:
         assert result.code == ResultCode.COMMITTED
+
+
+def order_event(fa: ModuleType, kind: str, timestamp: float = NOW_S) -> Any:
+    """An order event read at `<context>.orders[3]@41`."""
+    value = SimpleNamespace(order_id="o-1", kind=kind, remind_in_ms=60_000)
+    topic = f"{fa.CONTEXT}.orders"
+    message = Message(topic, 3, 41, timestamp, 0, None, b"o-1", b"{}", None)
+    return SimpleNamespace(value=value, message=message)
+
+
+def orders(fa: ModuleType, monkeypatch: pytest.MonkeyPatch, event: Any) -> Any:
+    """A stream of `event`, processed as in an agent (the client derives request ids
+    from it)."""
+    monkeypatch.setattr("app.clients.faust_client.current_event", lambda: event)
+    return SimpleNamespace(events=lambda: one(event))
+
+
+@pytest.mark.parametrize(
+    ("kind", "op"),
+    [
+        ("placed", "set"),
+        ("paid", "cancel"),
+        ("held", "pause"),
+        ("released", "resume"),
+        ("nudged", "trigger"),
+    ],
+)
+async def test_a_timer_command_that_failed_is_sent_again_not_lost(
+    example: ModuleType, monkeypatch: pytest.MonkeyPatch, kind: str, op: str
+) -> None:
+    """The agent raised, faust acked the event and restarted the agent: the command was
+    never sent. Sent again with backoff, under the same request id (one that did arrive
+    is a DUPLICATE), before the agent takes the next event."""
+    monkeypatch.setattr(example, "RETRY_FIRST_S", 0.0, raising=False)
+    sent = timer_sends(example, monkeypatch, failures=2)
+    await example.on_order.fun(orders(example, monkeypatch, order_event(example, kind)))
+    assert len(sent) == 3
+    assert {(topic, key) for topic, key, _, _ in sent} == {
+        (f"{example.CONTEXT}.{example.BOOK}.commands", b"o-1")
+    }
+    ids = {decode(CommandEnvelope, value).request_id for _, _, value, _ in sent}
+    assert ids == {f"{example.CONTEXT}.orders[3]@41:{op}:reminder"}
+
+
+async def test_a_timer_command_the_book_would_refuse_is_raised_and_not_sent_again(
+    example: ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A ValueError is the command's own fault: nothing was sent, no retry would send it."""
+    sent = timer_sends(example, monkeypatch)
+    seconds = order_event(example, "placed", timestamp=100_000.0)  # `at` 10**8 ms: a 1973 date in s
+    with pytest.raises(ValueError, match="seconds"):
+        await example.on_order.fun(orders(example, monkeypatch, seconds))
+    assert sent == []
