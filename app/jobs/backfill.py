@@ -16,6 +16,12 @@ A slot that a reschedule ran (one its timer owed when the rule changed) ran unde
 reschedule's request id, not its tick's: the log's `Ticked` of it says so, and it is left
 out.
 
+A timer's slots due no later than the last slot run before it was set (its rule changed at
+a slot's due time, its first slot due at that instant, or the clock stepped back) ran under
+an older timer: its live ticks of them ran nothing (`app.jobs.runs.ran_before`), so their
+request ids were never applied, and a backfill of them would run them again. They are left
+out, of a retired timer too (the node can tell it of the current one alone).
+
 Slot indexes of a cron rule are counted from a slot known from the log (the timer's first
 slot, or one a tick, failed run or backfill recorded), so even after a catch-up whose index
 the runner estimated (`tables.slots.latest_due`) the ids are those of the live ticks.
@@ -83,6 +89,10 @@ class TickTimer:
     """Slots run by another command than their tick (a reschedule ran the slots its timer
     owed, `app.jobs.slot_runs`): their request id is not applied, so a backfill would run
     them again. Left out of its slots."""
+    after: int | None = None
+    """The latest due time of a slot run before the timer was set (what the node keeps as
+    `ScheduleState.timer_after`): its slots due no later ran under an older timer. Left out
+    of its slots."""
 
 
 class BackfillSlot(NamedTuple):
@@ -105,6 +115,7 @@ def tick_timers(events: Iterable[EventEnvelope]) -> list[TickTimer]:
     successor, and its slots over the successor's)."""
     timers: dict[str, TickTimer] = {}
     versions: dict[str, int] = {}
+    ran_until: int | None = None  # the latest due time of a slot run so far
     for e in events:
         body = e.body
         if e.type == SCHEDULE_SET and body.get("key") == TICK_KEY:
@@ -113,11 +124,16 @@ def tick_timers(events: Iterable[EventEnvelope]) -> list[TickTimer]:
             except InvalidRule:
                 continue  # the node dead-letters such a timer: it never ticked
             first = first_slot(rule, e.created_at)
-            timers[e.id] = TickTimer(e.id, rule, e.created_at, [] if first is None else [first])
+            timers[e.id] = TickTimer(
+                e.id, rule, e.created_at, [] if first is None else [first], after=ran_until
+            )
             versions[e.id] = e.version
         elif e.type in _SLOT_EVENTS:
-            timer = timers.get(str(body.get("timer_id")))
             slot, due_at = body.get("slot"), body.get("due_at")
+            if isinstance(due_at, int) and not isinstance(due_at, bool):
+                # Any timer's (one unreadable here, too): that instant ran.
+                ran_until = due_at if ran_until is None else max(ran_until, due_at)
+            timer = timers.get(str(body.get("timer_id")))
             if timer is not None and isinstance(slot, int) and isinstance(due_at, int):
                 timer.known.append(Slot(slot, due_at))
                 if e.type == TICKED and e.request_id != f"{timer.id}#{slot}":
@@ -147,6 +163,8 @@ def backfill_slots(
     ends = _ends(timers, until)
     for timer, hi in zip(timers, ends, strict=True):
         lo = max(start, timer.set_at)
+        if timer.after is not None:
+            lo = max(lo, timer.after + 1)  # those ran under an older timer (see the module)
         if lo > hi:
             continue
         # A slot the log knows keeps its index (one the runner estimated, too).

@@ -17,9 +17,11 @@ from app.jobs import (
     Job,
     JobScope,
     backfill_command,
+    backfill_slots,
     enable_command,
     reschedule_command,
     schedule_aggregate,
+    tick_timers,
 )
 from app.jobs.runs import OwedSlots, owed_slots
 from app.jobs.schedule_state import ScheduleState
@@ -125,3 +127,74 @@ def test_a_timer_owes_no_slot_due_before_the_last_an_older_timer_ran() -> None:
     # A state stored before `timer_after`: the older timer's last slot tells it.
     before = state.model_copy(update={"timer_after": None})
     assert owed_slots(before, 5_500) == OwedSlots([Slot(4, 4_000), Slot(5, 5_000)], 0)
+
+
+# --- a backfill over a retired timer -----------------------------------------------------
+
+
+def _backfill(instance: Instance, start: int, until: int) -> list[tuple[BackfillSlot, ResultCode]]:
+    """Plans a backfill of `[start, until]` from the instance's log, as `jobs backfill`
+    does, and sends each slot: what it planned, and each slot's answer."""
+    ref = instance.log[-1].aggregate
+    planned = backfill_slots(tick_timers(instance.log), start, until)
+    return [(s, instance.run(backfill_command(ref, s)).code) for s in planned]
+
+
+def test_a_backfill_does_not_run_again_a_slot_a_retired_timer_was_set_at() -> None:
+    recorder = Recorder()
+    job, instance = _enabled(recorder, IntervalRule(start=2_000_000, every=MIN))
+    due = instance.due_at(0)
+    instance.run(reschedule_command(CONTEXT, job, {"every": 2 * MIN}), now=due)
+    middle = instance.state.timer_id
+    assert instance.tick(0).code is ResultCode.UNCHANGED  # due at `due`: it ran
+    assert instance.tick(1).code is ResultCode.COMMITTED
+    # Another change retires the middle timer: the node no longer knows where it began.
+    instance.run(reschedule_command(CONTEXT, job, {"every": 3 * MIN}), now=due + 3 * MIN)
+    assert instance.state.timer_id != middle
+    sent = _backfill(instance, due - MIN, due + 3 * MIN - 1)
+    assert _dues(recorder) == [due, due + 2 * MIN]  # `due` once
+    assert (middle, 0) not in [(s.timer_id, s.slot) for s, _ in sent]
+
+
+def test_a_backfill_does_not_run_again_the_slots_before_a_clock_step_back() -> None:
+    recorder = Recorder()
+    job = Job("nightly", JobScope.SYSTEM, IntervalRule(start=0, every=MIN), recorder)
+    instance = Instance(schedule_aggregate(CONTEXT, [job], 8))
+    instance.run(enable_command(CONTEXT, job), now=100 * MIN)
+    ref, old = instance.log[-1].aggregate, instance.state.timer_id
+    assert old is not None
+    for minute in range(100, 106):
+        instance.run(tick_command(ref, old, minute, minute * MIN), now=minute * MIN)
+    instance.now = 103 * MIN - 1  # a node 3 minutes behind takes the partition
+    instance.run(reschedule_command(CONTEXT, job, {"coalesce": False}), now=103 * MIN)
+    middle = instance.state.timer_id
+    assert middle is not None
+    for minute in range(103, 108):
+        instance.run(tick_command(ref, middle, minute, minute * MIN), now=minute * MIN)
+    instance.run(reschedule_command(CONTEXT, job, {"every": 2 * MIN}), now=108 * MIN)
+    sent = _backfill(instance, 100 * MIN, 108 * MIN)
+    # Each minute once (108 too: the last change ran its old timer's slot due then).
+    assert _dues(recorder) == [m * MIN for m in range(100, 109)]
+    # Slots 103-105 of the middle timer ran under the first (its ticks of them ran nothing).
+    assert [(s.timer_id, s.slot) for s, _ in sent if s.timer_id == middle] == [
+        (middle, 106),
+        (middle, 107),
+    ]
+    assert {code for _, code in sent} == {ResultCode.DUPLICATE}
+
+
+def test_a_backfill_plans_no_slot_of_the_current_timer_that_it_would_not_run() -> None:
+    recorder = Recorder()
+    job, instance = _enabled(recorder, IntervalRule(start=2_000_000, every=MIN))
+    due = instance.due_at(0)
+    instance.run(reschedule_command(CONTEXT, job, {"every": 2 * MIN}), now=due)
+    timer = instance.state.timer_id
+    instance.tick(0)
+    instance.now = due + 5 * MIN  # its slots 1 and 2 were missed
+    sent = _backfill(instance, due, due + 4 * MIN)
+    # A dry run lists what the run runs: not slot 0, which the node answers UNCHANGED.
+    assert [(s.timer_id, s.slot, code) for s, code in sent] == [
+        (timer, 1, ResultCode.COMMITTED),
+        (timer, 2, ResultCode.COMMITTED),
+    ]
+    assert _dues(recorder) == [due, due + 2 * MIN, due + 4 * MIN]

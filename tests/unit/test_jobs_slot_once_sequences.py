@@ -17,9 +17,12 @@ from app.jobs import (
     TICK_KEY,
     Job,
     JobScope,
+    backfill_command,
+    backfill_slots,
     enable_command,
     reschedule_command,
     schedule_aggregate,
+    tick_timers,
 )
 from app.protocol.wire import SCHEDULE_SET, CommandEnvelope, ResultCode
 from tables import IntervalRule
@@ -162,3 +165,23 @@ def test_no_slot_of_a_rule_that_does_not_coalesce_is_dropped(
             owed.add(slot.due_at)
             slot = next_slot(rule, slot)
     assert [r.due_at for r in loop.recorder.runs] == sorted(owed)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.booleans(), st.lists(_steps(st.booleans(), back=True), max_size=25))
+@example(True, [("reschedule", 1, False)])  # at a slot's due time: the current timer's
+@example(False, [("reschedule", 1, False), ("advance", MIN), ("reschedule", 2, False)])
+def test_a_backfill_after_them_runs_no_slot_again(
+    coalesce: bool, ops: list[tuple[object, ...]]
+) -> None:
+    """A backfill of everything up to now runs each instant once, and runs each slot it
+    plans or finds it ran (a dry run lists no slot the node would answer UNCHANGED)."""
+    loop = _play(coalesce, ops)
+    assert loop.instance is not None
+    ref = loop.instance.log[-1].aggregate
+    for slot in backfill_slots(tick_timers(loop.instance.log), 0, loop.clock):
+        loop.instance.now = loop.clock - 1
+        code = loop.instance.run(backfill_command(ref, slot), now=loop.clock).code
+        assert code in (ResultCode.COMMITTED, ResultCode.DUPLICATE), (slot, code)
+    dues = [r.due_at for r in loop.recorder.runs]
+    assert len(dues) == len(set(dues)), dues
