@@ -125,7 +125,12 @@ def tick_timers(events: Iterable[EventEnvelope]) -> list[TickTimer]:
                 continue  # the node dead-letters such a timer: it never ticked
             first = first_slot(rule, e.created_at)
             timers[e.id] = TickTimer(
-                e.id, rule, e.created_at, [] if first is None else [first], after=ran_until
+                e.id,
+                rule,
+                e.created_at,
+                [] if first is None else [first],
+                # As the node's `timer_after`: none for a one-off, run at its instant.
+                after=None if isinstance(rule, OnceRule) else ran_until,
             )
             versions[e.id] = e.version
         elif e.type in _SLOT_EVENTS:

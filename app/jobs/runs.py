@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from typing import Final, NamedTuple
 
 from app.jobs.declaration import Job, JobRun
-from app.jobs.schedule_state import ScheduleState, run_key
+from app.jobs.schedule_state import ScheduleState, is_one_off, run_key
 from app.log_limit import LogLimit
 from app.model.aggregate import Decision
 from app.model.decide import cut_message
@@ -183,6 +183,8 @@ def ran_before(state: ScheduleState, due_at: int) -> bool:
 
 
 def _timer_after(state: ScheduleState) -> int | None:
+    if is_one_off(state.rule):  # the operator's explicit run at its instant
+        return None
     if state.timer_after is None and state.last_slot is None:
         return state.last_due_at
     return state.timer_after

@@ -27,7 +27,7 @@ from app.jobs.declaration import (
 from app.model.aggregate import Event
 from app.protocol.wire import SCHEDULE_CANCELLED, SCHEDULE_SET
 
-__all__ = ["ScheduleState", "apply_made", "apply_schedule_event", "run_key"]
+__all__ = ["ScheduleState", "apply_made", "apply_schedule_event", "is_one_off", "run_key"]
 
 
 def run_key(timer_id: str, slot: int) -> str:
@@ -109,7 +109,9 @@ def apply_schedule_event(state: ScheduleState, e: Event) -> ScheduleState:
         SCHEDULE_SET: {
             "timer_id": e.id,
             "timer_set_at": e.created_at,
-            "timer_after": state.last_due_at,
+            # A one-off rule is the operator's explicit run at its instant, however
+            # near the last slot: it is never taken for a slot that ran already.
+            "timer_after": None if is_one_off(body.get("rule")) else state.last_due_at,
             "rule": body.get("rule"),
             "last_slot": None,
         },
@@ -150,3 +152,8 @@ def _without(state: ScheduleState, key: str) -> ScheduleState:
     if key not in state.failed_runs:
         return state
     return state.model_copy(update={"failed_runs": [k for k in state.failed_runs if k != key]})
+
+
+def is_one_off(rule: Any) -> bool:
+    """Whether a `ScheduleSet`'s rule, as its body holds it, is a one-off (`OnceRule`)."""
+    return isinstance(rule, dict) and rule.get("kind") == "once"

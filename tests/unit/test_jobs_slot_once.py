@@ -198,3 +198,23 @@ def test_a_backfill_plans_no_slot_of_the_current_timer_that_it_would_not_run() -
         (timer, 2, ResultCode.COMMITTED),
     ]
     assert _dues(recorder) == [due, due + 2 * MIN, due + 4 * MIN]
+
+
+def test_a_one_off_rule_dated_before_the_last_run_runs_once() -> None:
+    # A reschedule to a one-off at an instant before the last slot run is the operator's
+    # explicit run: the guard against a slot running twice across a change is not for it.
+    recorder = Recorder()
+    job, instance = _enabled(recorder, IntervalRule(start=0, every=MIN))
+    for slot in range(100, 103):
+        assert instance.tick(slot, due_at=slot * MIN).code is ResultCode.COMMITTED
+    at = 102 * MIN - 30_000
+    decision = instance.run(
+        reschedule_command(CONTEXT, job, {"kind": "once", "at": at}), now=102 * MIN + 20_000
+    )
+    assert decision.code is ResultCode.COMMITTED
+    assert instance.state is not None and instance.state.timer_after is None
+    assert instance.tick(0, due_at=at).code is ResultCode.COMMITTED
+    assert [run.due_at for run in recorder.runs][-1] == at
+    # Nor does a backfill leave it out.
+    (timer,) = [t for t in tick_timers(instance.log) if t.id == instance.state.timer_id]
+    assert timer.after is None
