@@ -49,6 +49,7 @@ from app.jobs import (
     MAX_BACKFILL_SLOTS,
     MAX_BACKFILL_TOTAL_SLOTS,
     Job,
+    JobScope,
     backfill_command,
     instance_ids,
 )
@@ -238,6 +239,10 @@ class JobRoutes:
         context, name = request.match_info["context"], request.match_info["job"]
         job = job_api.find_job(node.service, context, name)
         data = await _body(request)
+        if job.scope is JobScope.SHARDED:
+            # Its ids are found once per process, about partitions**2 hash calls (seconds
+            # at 1,024 partitions): the first time off the loop, as the list does.
+            await asyncio.to_thread(instance_ids, context, job, n)
         if action == "backfill":
             return await self._backfill(context, job, data)
         header = request.headers.get(IDEMPOTENCY_HEADER)

@@ -24,7 +24,7 @@ from pydantic import BaseModel
 from yarl import URL
 
 from app.errors import BadRecord, KafkaUnavailable
-from app.jobs import BACKFILLED, TICKED, Job, JobRun, JobScope, instance_ids, shard_ref
+from app.jobs import BACKFILLED, TICKED, Job, JobRun, JobScope, declaration, instance_ids, shard_ref
 from app.kafka.memory import MemoryLog
 from app.model.aggregate import AggregateType, Command, Decision, Event
 from app.ops.job_routes import answer_status
@@ -485,3 +485,24 @@ async def test_a_query_naming_a_parameter_twice_or_not_utf8_is_a_400(edge: Edge)
     # U+FFFD itself, percent-encoded as UTF-8, is a character like any: the route answers.
     async with edge.http.get(URL(base + "/jobs?context=%EF%BF%BD", encoded=True)) as r:
         assert "UTF-8" not in (await r.json())["error"]
+
+
+@pytest.mark.parametrize("action", ["enable", "backfill"])
+async def test_an_action_finds_a_sharded_jobs_ids_off_the_event_loop(
+    edge: Edge, monkeypatch: pytest.MonkeyPatch, action: str
+) -> None:
+    """The first POST for a SHARDED job found its ids (seconds at 1,024 partitions) on the
+    loop as the list did: each is found in a thread, and the action reads the kept ones."""
+    found_in: list[int] = []
+    first_shard_id = declaration._first_shard_id
+
+    def recorded(job: str, partition: int, partitions: int) -> str:
+        found_in.append(threading.get_ident())
+        return first_shard_id(job, partition, partitions)
+
+    monkeypatch.setattr(declaration, "_shard_maps", {})
+    monkeypatch.setattr(declaration, "_first_shard_id", recorded)
+    body: dict[str, object] = {"rule": None} if action == "enable" else {"from": 0, "until": 1}
+    status, answer = await edge.call("POST", f"/jobs/{CONTEXT}/sweep/{action}", body)
+    assert status < 500, answer
+    assert len(found_in) == P and threading.get_ident() not in found_in
