@@ -225,12 +225,22 @@ def rebuild(
         bool,
         typer.Option("--json", help="the plan and the outcome as one JSON object on stdout"),
     ] = False,
+    new_group: Annotated[
+        bool,
+        typer.Option(
+            "--new-group",
+            help="rebuild although the group (TICKWHEEL_GROUP_ID) has no offset on a "
+            "type's log: it never ran there (refused otherwise: a wrong group empties the "
+            "tables and replays nothing)",
+        ),
+    ] = False,
 ) -> None:
     """Rebuilds the timer tables from the log (stop the workers first), then follows the
     workers' replay of the log to its end."""
     from rich.console import Console
 
     from app.cli.rebuild import Ended, plan_json, plan_lines, progress_line, run_rebuild
+    from app.ops.rebuild import not_the_group
     from app.protocol.topics import parse_aggregate_type
 
     settings = command_settings(bootstrap_servers=bootstrap)
@@ -256,12 +266,16 @@ def rebuild(
                         wait=wait,
                         out=out,
                         err=sys.stderr,
+                        new_group=new_group,
                     ),
                 )
             )
+    except ConfigError as exc:  # the group is not the workers' (`not_the_group`)
+        raise fail(str(exc), CONFIG_ERROR) from exc
     except TickwheelError as exc:
         raise fail(str(exc)) from exc
     plan, last = run.plan, run.last
+    wrong = None if new_group else not_the_group(plan)
     replayed = sum(s.size for s in plan.spans().values())
     if as_json:
         outcome = "dry run" if dry_run else run.ended.value
@@ -270,7 +284,7 @@ def rebuild(
                 "outcome": outcome,
                 "plan": plan_json(plan),
                 "replay": None if last is None else {"done": last.done, "total": last.total},
-                **({"may_run": plan.members == 0} if dry_run else {}),
+                **({"may_run": plan.members == 0 and wrong is None} if dry_run else {}),
             }
         )
     if dry_run:
@@ -283,6 +297,8 @@ def rebuild(
                 f"group {plan.group_id} has {plan.members} running worker(s): "
                 "the rebuild would refuse; stop them first"
             )
+        if wrong is not None:
+            raise fail(f"the rebuild would refuse: {wrong}", CONFIG_ERROR)
         if not as_json:
             typer.echo(
                 f"group {printable(plan.group_id)} has no running worker: the rebuild may run"

@@ -204,8 +204,11 @@ async def run_rebuild(
     out: Console,
     err: IO[str],
     interval: float = 0.5,
+    new_group: bool = False,
 ) -> RebuildRun:
-    """The `rebuild` command's work; raises the project's errors (`GroupBusy`, …).
+    """The `rebuild` command's work; raises the project's errors (`GroupBusy`, …). A dry
+    run returns the plan even when the rebuild would refuse it (`rb.not_the_group`);
+    `new_group`: rebuild for a group with no offset on a log (`rb.apply_plan`).
 
     Ctrl-C while the reset runs lets it finish (stopping half-way could leave a changelog
     emptied and the log's offsets not reset) and then ends; while following, it ends the
@@ -230,7 +233,7 @@ async def run_rebuild(
     except (RuntimeError, ValueError, NotImplementedError):
         handled = False  # not the main thread (an embedding caller): Ctrl-C is theirs
     try:
-        await rb.apply_plan(clients, plan)
+        await rb.apply_plan(clients, plan, new_group=new_group)
         resetting = False
         for line in plan_lines(plan, done=True):
             out.print(line, highlight=False, soft_wrap=True, markup=False)

@@ -26,7 +26,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from app.errors import GroupBusy, KafkaUnavailable
+from app.errors import ConfigError, GroupBusy, KafkaUnavailable
 from app.kafka.cluster import delete_records, require_topics, reset_group_offsets
 from app.kafka.ports import Clients, LogReader
 from app.node.partition_count import write_counts
@@ -42,6 +42,7 @@ __all__ = [
     "TypePlan",
     "apply_plan",
     "follow_replay",
+    "not_the_group",
     "plan_rebuild",
     "rebuild",
     "replay_progress",
@@ -108,6 +109,34 @@ class RebuildPlan:
         return {(t.topics.events, p.partition): p.replay for t in self.types for p in t.partitions}
 
 
+def not_the_group(plan: RebuildPlan) -> ConfigError | None:
+    """Why `plan`'s group is not the one whose workers built the tables it would empty, or
+    None: it has a committed offset on some partition of each type's log whose changelog
+    holds records (one that holds none loses nothing).
+
+    The changelog's name has no group in it: a rebuild run under another group (the
+    operator's shell without the workers' TICKWHEEL_GROUP_ID, a typo) empties the live
+    changelog and sets back a group no worker runs in, and the workers' group, its offsets
+    kept, replays nothing: the timers are gone. A group that never ran on the log (a new
+    one, on purpose) is rebuilt with `new_group` (`apply_plan`; `--new-group`)."""
+    strange = [
+        t.topics
+        for t in plan.types
+        if all(p.committed is None for p in t.partitions)
+        and any(p.changelog_end > p.changelog_start for p in t.partitions)
+    ]
+    if not strange:
+        return None
+    logs = ", ".join(t.events for t in strange)
+    changelogs = ", ".join(t.timers_changelog for t in strange)
+    return ConfigError(
+        f"group {plan.group_id!r} has no committed offset on {logs}: it is not the group "
+        f"whose workers built {changelogs}, which a rebuild would empty with nothing to "
+        "replay it (the workers' group keeps its offsets); set TICKWHEEL_GROUP_ID to the "
+        "workers' group, or give --new-group to rebuild for a group that never ran there"
+    )
+
+
 async def replay_span(reader: LogReader, topic: str, partition: int) -> Span:
     """The span a replay of `topic[partition]` reads: from its first record held to just
     past its last committed one (read_committed, so aborted records do not count)."""
@@ -166,8 +195,12 @@ async def plan_rebuild(
     return RebuildPlan(group_id, members, tuple(planned))
 
 
-async def apply_plan(clients: Clients, plan: RebuildPlan) -> None:
-    """Carries `plan` out: `GroupBusy` (and nothing changed) while the group has members."""
+async def apply_plan(clients: Clients, plan: RebuildPlan, *, new_group: bool = False) -> None:
+    """Carries `plan` out: `GroupBusy` (and nothing changed) while the group has members;
+    `ConfigError` (nothing changed) when the group has no offset on a type's log, unless
+    `new_group` (`not_the_group`)."""
+    if not new_group and (wrong := not_the_group(plan)) is not None:
+        raise wrong
     admin = clients.admin()
     members = await admin.group_members(plan.group_id)
     if members or plan.members:
@@ -210,10 +243,12 @@ async def _record_counts(clients: Clients, plan: RebuildPlan) -> None:
         await publisher.stop()
 
 
-async def rebuild(clients: Clients, group_id: str, types: Sequence[AggregateTopics]) -> RebuildPlan:
+async def rebuild(
+    clients: Clients, group_id: str, types: Sequence[AggregateTopics], *, new_group: bool = False
+) -> RebuildPlan:
     """Plans and carries out a rebuild of `types`; the plan it carried out."""
     plan = await plan_rebuild(clients, group_id, types)
-    await apply_plan(clients, plan)
+    await apply_plan(clients, plan, new_group=new_group)
     return plan
 
 

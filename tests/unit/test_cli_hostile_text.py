@@ -245,7 +245,8 @@ def test_jobs_list_escapes_the_job_names_and_rules_it_shows() -> None:
 
 
 def _plan(group_id: str, types: Sequence[AggregateTopics]) -> RebuildPlan:
-    part = PartitionPlan(0, 0, 5, None, Span(0, 5))
+    # The group committed on the log (the workers'): else the rebuild refuses it.
+    part = PartitionPlan(0, 0, 5, 3, Span(0, 5))
     return RebuildPlan(group_id, 0, tuple(TypePlan(t, (part,)) for t in types))
 
 

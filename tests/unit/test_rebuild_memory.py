@@ -121,3 +121,28 @@ async def test_a_count_not_recorded_after_the_reset_says_to_run_it_again(
     assert "changelogs were emptied and the log offsets reset" in said
     assert "run the same rebuild again" in said and "TopicAuthorizationFailedError" in said
     assert log.records(TOPICS.timers_changelog, 0) == []
+
+
+async def test_a_group_with_no_offset_on_a_log_whose_changelog_holds_rows_is_refused() -> None:
+    """Not the group whose workers built the table (their shell's TICKWHEEL_GROUP_ID
+    missing, a typo): emptied, the changelog would be replayed by no one."""
+    from app.errors import ConfigError
+
+    log = await worked_log()
+    before = state(log)
+    plan = await plan_rebuild(log, "other", [TOPICS])
+    with pytest.raises(ConfigError, match=f"'other' has no committed offset on {TOPICS.events}"):
+        await apply_plan(log, plan)
+    assert state(log) == before
+    await apply_plan(log, plan, new_group=True)  # said on purpose: a group never run there
+    assert log.committed("other", TOPICS.events, 0) == 0
+
+
+async def test_a_group_with_no_offset_on_a_log_whose_changelog_holds_nothing_is_rebuilt() -> None:
+    """Nothing to lose (workers that never kept a timer): as after topics were given more
+    partitions, the rebuild records the new count."""
+    log = MemoryLog(
+        [TopicSpec(TOPICS.events, PARTITIONS), TopicSpec(TOPICS.timers_changelog, PARTITIONS)]
+    )
+    await rebuild(log, GROUP, [TOPICS])
+    assert log.committed(GROUP, TOPICS.events, 0) == 0
