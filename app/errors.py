@@ -8,6 +8,7 @@ TickwheelError
 │   └── Fenced         another node took the partition over
 ├── MissingTopic       a read-only command's topic is not there
 ├── GroupBusy          a rebuild while workers run
+├── RebuildIncomplete  a rebuild stopped half-way: run it again
 ├── NodeFailed         the node cannot go on
 ├── NoTimers           an operator's command found no timer
 ├── JobsCliError       a job, context or rule the CLI cannot use
@@ -29,6 +30,7 @@ __all__ = [
     "MissingTopic",
     "NoTimers",
     "NodeFailed",
+    "RebuildIncomplete",
     "RecordTooLarge",
     "TickwheelError",
     "node_fault",
@@ -73,6 +75,11 @@ class NoTarget(TickwheelError):
 
 class GroupBusy(TickwheelError):
     """Workers of the group are running: a rebuild under them would race their writes."""
+
+
+class RebuildIncomplete(TickwheelError):
+    """A rebuild failed between types or steps; the message says what it left and that
+    running it again finishes it."""
 
 
 class NodeFailed(TickwheelError):

@@ -35,6 +35,7 @@ __all__ = [
     "plan_lines",
     "progress_line",
     "run_rebuild",
+    "type_lines",
 ]
 
 
@@ -59,36 +60,42 @@ def progress_line(p: rb.Progress) -> str:
 
 def plan_lines(plan: rb.RebuildPlan, *, done: bool) -> list[str]:
     """What the rebuild does (`done`: did) to each topic, partition and offset."""
+    return [line for t in plan.types for line in type_lines(plan.group_id, t, done=done)]
+
+
+def type_lines(group_id: str, t: rb.TypePlan, *, done: bool) -> list[str]:
+    """What the rebuild does (`done`: did) to one type's topics; done, a last line saying
+    the type is rebuilt."""
     delete = "deleted the records" if done else "delete the records"
     # Names the command did not check (an embedding caller's, a `--type` with a trailing
     # newline) are shown escaped: one line each, nothing the terminal acts on.
-    group = printable(plan.group_id)
-    lines = []
-    for t in plan.types:
-        type_name = printable(t.topics.type_name)
-        changelog, events = printable(t.topics.timers_changelog), printable(t.topics.events)
-        lines.append(f"{type_name}: changelog {changelog}")
-        for p in t.partitions:
-            held = (
-                "none held"
-                if p.changelog_end <= p.changelog_start
-                else f"held {p.changelog_start}..{p.changelog_end - 1}"
-            )
-            lines.append(
-                f"  {changelog}[{p.partition}]: {delete} before offset {p.changelog_end} ({held})"
-            )
-        lines.append(f"{type_name}: group {group} on {events}")
-        for p in t.partitions:
-            committed = "none" if p.committed is None else str(p.committed)
-            reset = (
-                f"committed offset {committed} set to 0"
-                if done
-                else f"set the committed offset {committed} to 0"
-            )
-            lines.append(
-                f"  {events}[{p.partition}]: {reset}; the replay ends when the group "
-                f"commits offset {p.replay.end} ({p.replay.size:,} to replay)"
-            )
+    group = printable(group_id)
+    type_name = printable(t.topics.type_name)
+    changelog, events = printable(t.topics.timers_changelog), printable(t.topics.events)
+    lines = [f"{type_name}: changelog {changelog}"]
+    for p in t.partitions:
+        held = (
+            "none held"
+            if p.changelog_end <= p.changelog_start
+            else f"held {p.changelog_start}..{p.changelog_end - 1}"
+        )
+        lines.append(
+            f"  {changelog}[{p.partition}]: {delete} before offset {p.changelog_end} ({held})"
+        )
+    lines.append(f"{type_name}: group {group} on {events}")
+    for p in t.partitions:
+        committed = "none" if p.committed is None else str(p.committed)
+        reset = (
+            f"committed offset {committed} set to 0"
+            if done
+            else f"set the committed offset {committed} to 0"
+        )
+        lines.append(
+            f"  {events}[{p.partition}]: {reset}; the replay ends when the group "
+            f"commits offset {p.replay.end} ({p.replay.size:,} to replay)"
+        )
+    if done:
+        lines.append(f"{type_name}: done (log offsets reset, changelog emptied)")
     return lines
 
 
@@ -210,9 +217,9 @@ async def run_rebuild(
     run returns the plan even when the rebuild would refuse it (`rb.not_the_group`);
     `new_group`: rebuild for a group with no offset on a log (`rb.apply_plan`).
 
-    Ctrl-C while the reset runs lets it finish (stopping half-way could leave a changelog
-    emptied and the log's offsets not reset) and then ends; while following, it ends the
-    following only: the workers replay on.
+    Each type's lines are printed as it is rebuilt. Ctrl-C while the reset runs lets it
+    finish (stopped half-way, a rebuild must be run again) and then ends; while
+    following, it ends the following only: the workers replay on.
     """
     clients = KafkaClients(bootstrap)
     plan = await rb.plan_rebuild(clients, group_id, types)
@@ -232,11 +239,15 @@ async def run_rebuild(
         loop.add_signal_handler(signal.SIGINT, on_sigint)
     except (RuntimeError, ValueError, NotImplementedError):
         handled = False  # not the main thread (an embedding caller): Ctrl-C is theirs
-    try:
-        await rb.apply_plan(clients, plan, new_group=new_group)
-        resetting = False
-        for line in plan_lines(plan, done=True):
+
+    def rebuilt(t: rb.TypePlan) -> None:
+        # As each type is done: a rebuild failing on a later one has said these were.
+        for line in type_lines(group_id, t, done=True):
             out.print(line, highlight=False, soft_wrap=True, markup=False)
+
+    try:
+        await rb.apply_plan(clients, plan, new_group=new_group, done=rebuilt)
+        resetting = False
         if interrupted.is_set():
             return RebuildRun(plan, Ended.INTERRUPTED)
         if not wait:

@@ -1,8 +1,8 @@
 """Rebuilding the timer table from the log: the view is thrown away and replayed.
 
-With every worker of the group stopped: the table's changelog is emptied (its records
-deleted up to now) and the timers subscription's offsets on the log are set back to the
-start, and the partition count the tables are rebuilt with is recorded (a worker's start
+With every worker of the group stopped: the timers subscription's offsets on the log are
+set back to the start and then the table's changelog is emptied (its records deleted up
+to now), and the partition count the tables are rebuilt with is recorded (a worker's start
 refuses tables built with another: `app.node.partition_count`). The next worker to own a
 partition finds its local copy older than the changelog,
 drops it, and replays the log into an empty table. Timers that had fired are sent again
@@ -26,7 +26,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from app.errors import ConfigError, GroupBusy, KafkaUnavailable
+from app.errors import ConfigError, GroupBusy, KafkaUnavailable, RebuildIncomplete, TickwheelError
 from app.kafka.cluster import delete_records, require_topics, reset_group_offsets
 from app.kafka.ports import Clients, LogReader
 from app.node.partition_count import write_counts
@@ -36,12 +36,14 @@ __all__ = [
     "GroupBusy",
     "PartitionPlan",
     "Progress",
+    "RebuildIncomplete",
     "RebuildPlan",
     "Sample",
     "Span",
     "TypePlan",
     "apply_plan",
     "follow_replay",
+    "half_way",
     "not_the_group",
     "plan_rebuild",
     "rebuild",
@@ -195,10 +197,51 @@ async def plan_rebuild(
     return RebuildPlan(group_id, members, tuple(planned))
 
 
-async def apply_plan(clients: Clients, plan: RebuildPlan, *, new_group: bool = False) -> None:
-    """Carries `plan` out: `GroupBusy` (and nothing changed) while the group has members;
-    `ConfigError` (nothing changed) when the group has no offset on a type's log, unless
-    `new_group` (`not_the_group`)."""
+def half_way(
+    plan: RebuildPlan, finished: int, offsets_reset: bool, exc: TickwheelError
+) -> RebuildIncomplete:
+    """The error of a rebuild of `plan` that failed (`exc`) on its type `finished` (the
+    types before it rebuilt), after (`offsets_reset`) or while setting its offsets back."""
+    failed = plan.types[finished].topics
+    said = [f"the rebuild stopped half-way ({exc})"]
+    if finished:
+        said.append(f"rebuilt: {', '.join(t.topics.type_name for t in plan.types[:finished])}")
+    if offsets_reset:
+        said.append(
+            f"{failed.type_name}: the group's offsets on {failed.events} were set to 0 but "
+            f"its changelog {failed.timers_changelog} was not (or only partly) emptied"
+        )
+    else:
+        said.append(
+            f"{failed.type_name}: the group's offsets on {failed.events} were not (or only "
+            f"partly) set to 0, its changelog {failed.timers_changelog} is kept"
+        )
+    if rest := plan.types[finished + 1 :]:
+        said.append(f"not begun: {', '.join(t.topics.type_name for t in rest)}")
+    return RebuildIncomplete(
+        "; ".join(said) + ". Run the same rebuild again, before starting the workers: it "
+        "finishes it (nothing is lost meanwhile: a changelog is emptied only once its "
+        "log's offsets are set back, so a worker started now replays over its old table)"
+    )
+
+
+async def apply_plan(
+    clients: Clients,
+    plan: RebuildPlan,
+    *,
+    new_group: bool = False,
+    done: Callable[[TypePlan], None] | None = None,
+) -> None:
+    """Carries `plan` out, telling `done` of each type rebuilt: `GroupBusy` (and nothing
+    changed) while the group has members; `ConfigError` (nothing changed) when the group
+    has no offset on a type's log, unless `new_group` (`not_the_group`);
+    `RebuildIncomplete` saying what it left when a step fails (`half_way`).
+
+    Per type, the offsets are set back before the changelog is emptied: stopped between
+    the two (a failure, a kill), the changelog is whole and a worker started then replays
+    the log over the table it restores, losing nothing. The other order left a changelog
+    empty under offsets kept: a worker dropped its copy (older than the changelog) and
+    read on from its offset, every timer set before it gone."""
     if not new_group and (wrong := not_the_group(plan)) is not None:
         raise wrong
     admin = clients.admin()
@@ -208,11 +251,18 @@ async def apply_plan(clients: Clients, plan: RebuildPlan, *, new_group: bool = F
             f"group {plan.group_id!r} has {members or plan.members} running worker(s): "
             "stop them, then rebuild"
         )
-    for t in plan.types:
-        before = {p.partition: p.changelog_end for p in t.partitions}
-        await delete_records(admin, t.topics.timers_changelog, before)
-        await reset_group_offsets(admin, plan.group_id, t.topics.events, len(t.partitions), 0)
-        logger.info("%s: changelog emptied, log offsets reset", t.topics.type_name)
+    for i, t in enumerate(plan.types):
+        reset = False
+        try:
+            await reset_group_offsets(admin, plan.group_id, t.topics.events, len(t.partitions), 0)
+            reset = True
+            before = {p.partition: p.changelog_end for p in t.partitions}
+            await delete_records(admin, t.topics.timers_changelog, before)
+        except TickwheelError as exc:
+            raise half_way(plan, i, reset, exc) from exc
+        logger.info("%s: log offsets reset, changelog emptied", t.topics.type_name)
+        if done is not None:
+            done(t)
     await _record_counts(clients, plan)
 
 

@@ -289,8 +289,9 @@ async def test_a_rebuild_escapes_the_topics_and_group_it_names(
     async def plan(clients: object, group_id: str, types: Any) -> RebuildPlan:
         return _plan(group_id, types)
 
-    async def nothing(*args: object, **kw: object) -> None:
-        return None
+    async def applied(clients: object, plan: RebuildPlan, **kw: Any) -> None:
+        for t in plan.types:
+            kw["done"](t)
 
     async def followed(*args: object, **kw: object) -> Progress:
         return Progress(5, 5, None, 0.0)
@@ -308,7 +309,7 @@ async def test_a_rebuild_escapes_the_topics_and_group_it_names(
     monkeypatch.setattr(app.cli.rebuild, "KafkaClients", lambda bootstrap: None)
     monkeypatch.setattr(app.cli.rebuild, "GroupOffsets", NoOffsets)
     monkeypatch.setattr(app.ops.rebuild, "plan_rebuild", plan)
-    monkeypatch.setattr(app.ops.rebuild, "apply_plan", nothing)
+    monkeypatch.setattr(app.ops.rebuild, "apply_plan", applied)
     monkeypatch.setattr(app.ops.rebuild, "follow_replay", followed)
     out = io.StringIO()
     console = Console(file=out, highlight=False, soft_wrap=True)
@@ -319,8 +320,9 @@ async def test_a_rebuild_escapes_the_topics_and_group_it_names(
         "b:1", f"g{FORGED}[/x]", topics, dry_run=False, wait=True, out=console, err=io.StringIO()
     )
     assert ran.ended is Ended.COMPLETE
-    lines = _one_line_each(out.getvalue(), 5)
+    lines = _one_line_each(out.getvalue(), 6)
     assert lines[2] == (f"shop.order\\x0a: group g{FORGED_SHOWN}[/x] on shop.order\\x0a.events"), (
         lines
     )
-    assert lines[4].startswith(f"following the replay of group g{FORGED_SHOWN}[/x]: "), lines
+    assert lines[4] == "shop.order\\x0a: done (log offsets reset, changelog emptied)", lines
+    assert lines[5].startswith(f"following the replay of group g{FORGED_SHOWN}[/x]: "), lines

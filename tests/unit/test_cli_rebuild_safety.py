@@ -6,13 +6,16 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner, Result
 
 import app.cli.common
 import app.cli.rebuild
+import app.ops.rebuild
 from app.cli import cli
+from app.errors import KafkaUnavailable
 from app.kafka import TopicSpec
 from app.kafka.memory import MemoryLog
 from app.protocol.topics import AggregateTopics
@@ -109,3 +112,66 @@ def test_the_workers_group_is_rebuilt(on_memory: list[MemoryLog]) -> None:
     result = rebuild("--type", ORDER.type_name, group=WORKERS)
     assert result.exit_code == 0, result.output
     assert state(log, ORDER) == [((2, 2), 0)] * PARTITIONS
+
+
+ZZZ = AggregateTopics("shop", "zzz")
+
+
+def failing_on(monkeypatch: pytest.MonkeyPatch, step: str, topic: str) -> None:
+    """The rebuild's `step` ("delete_records" or "reset_group_offsets") fails on `topic`
+    (a timeout, a missing ACL), as Kafka's admin calls fail."""
+    real = getattr(app.ops.rebuild, step)
+
+    async def failing(admin: object, *args: Any, **kwargs: Any) -> Any:
+        if topic in args:
+            raise KafkaUnavailable(f"cannot {step} of {topic}: RequestTimedOutError")
+        return await real(admin, *args, **kwargs)
+
+    monkeypatch.setattr(app.ops.rebuild, step, failing)
+
+
+def test_a_rebuild_failing_half_way_says_what_it_left_and_running_it_again_finishes_it(
+    on_memory: list[MemoryLog], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    log = asyncio.run(worked_log(ORDER, ZZZ))
+    on_memory.append(log)
+    types = ["--type", ORDER.type_name, "--type", ZZZ.type_name]
+    with monkeypatch.context() as m:
+        failing_on(m, "delete_records", ZZZ.timers_changelog)
+        result = rebuild(*types, group=WORKERS)
+    assert result.exit_code == 1, result.output
+    # The type done is said on stdout as it was done; the error says what was left.
+    assert f"{ORDER.type_name}: done (log offsets reset, changelog emptied)" in result.stdout
+    assert f"{ZZZ.type_name}: done" not in result.stdout
+    (line,) = result.stderr.splitlines()
+    assert "stopped half-way" in line and "RequestTimedOutError" in line
+    assert f"rebuilt: {ORDER.type_name};" in line
+    assert f"offsets on {ZZZ.events} were set to 0 but its changelog" in line
+    assert "Run the same rebuild again, before starting the workers" in line
+    assert state(log, ORDER) == [((2, 2), 0)] * PARTITIONS
+    # Its offsets set back first, its changelog whole: a worker started now loses nothing.
+    assert state(log, ZZZ) == [((0, 2), 0)] * PARTITIONS
+
+    again = rebuild(*types, group=WORKERS)
+    assert again.exit_code == 0, again.output
+    assert state(log, ORDER) == state(log, ZZZ) == [((2, 2), 0)] * PARTITIONS
+
+
+def test_a_reset_that_fails_leaves_the_changelog_whole(
+    on_memory: list[MemoryLog], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The changelog was emptied first: the reset failing (no Delete ACL on the group, a
+    timeout) left it empty under the group's offsets, and a worker started then dropped
+    its copy and read on from its offset: every timer set before it was gone."""
+    log = asyncio.run(worked_log(ORDER))
+    on_memory.append(log)
+    before = state(log, ORDER)
+    with monkeypatch.context() as m:
+        failing_on(m, "reset_group_offsets", ORDER.events)
+        result = rebuild("--type", ORDER.type_name, group=WORKERS)
+    assert result.exit_code == 1, result.output
+    (line,) = result.stderr.splitlines()
+    assert f"offsets on {ORDER.events} were not (or only partly) set to 0" in line
+    assert f"its changelog {ORDER.timers_changelog} is kept" in line
+    assert "rebuilt:" not in line and "Run the same rebuild again" in line
+    assert state(log, ORDER) == before
