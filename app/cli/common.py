@@ -37,7 +37,7 @@ import typer
 
 from app.cli.logs import configure_logging
 from app.cli.text import error_line
-from app.errors import ConfigError, TickwheelError
+from app.errors import ConfigError, MissingTopic, TickwheelError
 from app.kafka.clients import KafkaClients
 from app.kafka.connection import Connectable
 from app.kafka.probe import check_access
@@ -268,11 +268,14 @@ async def unsettled(work: Awaitable[T], resend: str) -> T:
     answer waited for. Failing (the broker gone during or after the send, a send that
     timed out: written or not), it ends as `run` ends any error, its message followed by
     `resend`: how to send it again under the same request id, which applies it at most
-    once; under a fresh one it could apply twice (a trigger would fire twice). Interrupted
+    once; under a fresh one it could apply twice (a trigger would fire twice). A
+    `MissingTopic` ends it as is: raised before a send, nothing was sent. Interrupted
     (Ctrl-C), it says the same, `interrupted: sent or not, …`, and the command exits 130
     as any interrupted one."""
     try:
         return await work
+    except MissingTopic:
+        raise  # a topic the change goes to is not there: found before anything is sent
     except (TickwheelError, TimeoutError) as exc:
         why = str(exc) or type(exc).__name__
         raise Unsettled(f"{why}: sent or not, {resend}") from exc

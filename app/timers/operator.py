@@ -35,7 +35,7 @@ from app.errors import (
 )
 from app.kafka.cluster import existing_topics, require_topic
 from app.kafka.ports import Clients
-from app.kafka.records import OutRecord, Record, TopicSpec
+from app.kafka.records import OutRecord, Record
 from app.protocol.topics import parse_aggregate_type
 from app.protocol.wire import TimerAction, TimerOp, encode
 from app.timers.runner import TimerRunner
@@ -133,11 +133,30 @@ async def _request(
 
 
 async def send_op(clients: Clients, type_name: str, op: TimerOp, partitions: int) -> list[int]:
-    """Writes `op` to every partition of `type_name`'s timer-ops topic (made if missing);
-    its offsets there, by partition, once the broker acknowledged them all. `ConfigError`
-    and `KafkaUnavailable` as `_request` says."""
-    topic = parse_aggregate_type(type_name).timer_ops
-    await clients.admin().ensure_topics([TopicSpec(topic, partitions)])
+    """Writes `op` to every partition of `type_name`'s timer-ops topic; its offsets there,
+    by partition, once the broker acknowledged them all. `ConfigError` and
+    `KafkaUnavailable` as `_request` says; `MissingTopic` (nothing written) when the topic
+    is not there: the workers make it, and an operator's request makes no topic (a
+    mistyped type made one of 12 partitions, and said the request was sent)."""
+    topics = parse_aggregate_type(type_name)
+    topic = topics.timer_ops
+    admin = clients.admin()
+    found = await existing_topics(admin, [topics.events, topic])
+    if topic not in found:
+        said = (
+            f"unknown type {type_name}: topics {topics.events} and {topic} do not exist"
+            if not found
+            else f"topic {topic} of {type_name} does not exist"
+        )
+        raise MissingTopic(
+            f"{said} at {admin.where()} (no worker of {type_name} has run against this "
+            "cluster?); nothing was created or sent"
+        )
+    if found[topic] != partitions:
+        raise KafkaUnavailable(
+            f"topic {topic} has {found[topic]} partitions, expected {partitions}: "
+            "co-partitioned topics must all have the same count"
+        )
     producer = clients.publisher()
     try:
         await producer.start()

@@ -36,16 +36,41 @@ def ops(log: MemoryLog) -> list[tuple[int, bytes | None, TimerOp]]:
     ]
 
 
+def type_log(partitions: int) -> MemoryLog:
+    """The type's topics, as its workers make them (its context's results topic not)."""
+    return MemoryLog(
+        [TopicSpec(TOPICS.events, partitions), TopicSpec(TOPICS.timer_ops, partitions)]
+    )
+
+
 @pytest.mark.parametrize(
     ("request_", "action"), [(request_retry, TimerAction.RETRY), (request_skip, TimerAction.SKIP)]
 )
 async def test_a_request_is_written_once_to_every_partition(
     request_: Requester, action: TimerAction
 ) -> None:
-    log = MemoryLog()
+    log = type_log(3)
     op = await request_(log, TYPE, TARGET, 3)
     assert (op.action, op.target) == (action, TARGET)
     assert ops(log) == [(p, str(TARGET).encode(), op) for p in range(3)]
+
+
+@pytest.mark.parametrize("request_", [request_retry, request_skip])
+async def test_a_request_for_a_type_without_its_topics_creates_nothing(
+    request_: Requester,
+) -> None:
+    """A mistyped type (`--type shpo.order`): its timer-ops topic was made, of 12
+    partitions, and the request said sent."""
+    log = MemoryLog([TopicSpec(TOPICS.events, 3)])
+    typo = "shpo.order"
+    with pytest.raises(MissingTopic) as missing:
+        await request_(log, typo, TARGET, 3)
+    said = str(missing.value)
+    assert said.startswith(f"unknown type {typo}: topics {typo}.events and {typo}.timer-ops ")
+    assert "nothing was created or sent" in said
+    with pytest.raises(MissingTopic, match=f"topic {TOPICS.timer_ops} of {TYPE} does not"):
+        await request_(log, TYPE, TARGET, 3)
+    assert log.topic_names() == {TOPICS.events}
 
 
 async def test_a_timer_ops_topic_of_another_partition_count_is_refused() -> None:
@@ -92,7 +117,7 @@ async def test_reading_a_table_without_a_changelog_creates_nothing() -> None:
 
 
 async def test_the_pages_form_is_written_with_the_nodes_clients() -> None:
-    log = MemoryLog()
+    log = type_log(PAGE_PARTITIONS)
     page = OperatorPage(FakeNode(log=log), NODE)
     acted = await page.act("skip", MultiDict({**GOOD, "back": "/"}))
     # No worker ever ran on this log (no results topic): sent, and said unanswered.

@@ -245,12 +245,34 @@ def test_partitions_with_no_owner_are_named_as_not_answered(
 def test_no_results_topic_is_said_and_the_request_is_sent_all_the_same(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    log = MemoryLog()
+    log = MemoryLog([TopicSpec(ORDERS.events, P), TopicSpec(ORDERS.timer_ops, P)])
     monkeypatch.setattr(app.cli.timers, "clients_for", lambda settings: log)
     result = invoke("skip", OWNER, "--request-id", "skip-5", "--wait", "5")
     assert result.exit_code == 1, result.output
     assert f"(topic {RESULTS} does not exist: no worker of the context" in result.stderr
     assert sum(len(log.records(ORDERS.timer_ops, p)) for p in range(P)) == P
+
+
+@pytest.mark.parametrize("action", ["retry", "skip"])
+@pytest.mark.parametrize("wait", ["0", "5"])
+def test_a_mistyped_type_is_refused_and_no_topic_is_made(
+    monkeypatch: pytest.MonkeyPatch, action: str, wait: str
+) -> None:
+    """`timers retry --type shpo.order`: its timer-ops topic was made (of
+    TICKWHEEL_PARTITIONS) and the request said sent, exit 0."""
+    log = MemoryLog(node_topics([ORDERS], P))
+    before = log.topic_names()
+    monkeypatch.setattr(app.cli.timers, "clients_for", lambda settings: log)
+    args = ["timers", action, "--type", "shpo.order", "--target-id", "x", "--wait", wait]
+    result = CliRunner().invoke(cli, [*args, "--bootstrap", "b:1"])
+    assert result.exit_code == 1, result.output
+    (line,) = result.stderr.splitlines()
+    assert line.startswith(
+        "error: unknown type shpo.order: topics shpo.order.events and shpo.order.timer-ops "
+        "do not exist at "
+    ), line
+    assert line.endswith("nothing was created or sent"), line  # not "sent or not, …"
+    assert log.topic_names() == before
 
 
 def test_no_wait_sends_and_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
