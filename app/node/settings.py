@@ -330,6 +330,10 @@ class Settings(BaseSettings):
     def _valid_types(cls, names: tuple[str, ...]) -> tuple[str, ...]:
         for name in names:
             parse_aggregate_type(name)
+        # A type named twice was kept twice: the worker opened its store twice and failed
+        # on the store's lock, naming no setting.
+        if twice := sorted({n for n in names if names.count(n) > 1}):
+            raise ValueError(f"{', '.join(twice)} named more than once")
         return names
 
     @field_validator("timers", mode="before")

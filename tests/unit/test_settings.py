@@ -34,6 +34,11 @@ def test_defaults_and_environment() -> None:
         ({"TICKWHEEL_PARTITIONS": "zero"}, "TICKWHEEL_PARTITIONS"),
         ({"TICKWHEEL_PARTITIONS": "0"}, "TICKWHEEL_PARTITIONS"),
         ({"TICKWHEEL_AGGREGATE_TYPES": "shop"}, "TICKWHEEL_AGGREGATE_TYPES"),
+        # Kept twice, its store opened twice: the worker failed on RocksDB's lock.
+        (
+            {"TICKWHEEL_AGGREGATE_TYPES": "other.thing, a.b,other.thing"},
+            "TICKWHEEL_AGGREGATE_TYPES: .*other.thing named more than once",
+        ),
         ({"TICKWHEEL_SESSION_TIMEOUT_MS": "5"}, "TICKWHEEL_SESSION_TIMEOUT_MS"),
         ({"TICKWHEEL_BUSY_BACKLOG": "1000001"}, "TICKWHEEL_BUSY_BACKLOG: .* less than or equal"),
         (
