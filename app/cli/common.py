@@ -12,7 +12,9 @@ Exit codes, the same for every command:
   the wrong type, out of range, not one of its choices: `--log-level foo`, not UTF-8) or the
   configuration (a `ConfigError` of the settings: a bad or unknown `TICKWHEEL_*`
   variable, a `.env` or `_FILE` that cannot be read);
-- 130: interrupted.
+- 130: interrupted;
+- 141: stdout's reader went away (`tickwheel … | head`): the command ends at once and
+  quietly (`app.cli.main.READER_GONE`).
 
 Each error is one line on stderr, `error: …` (`app.cli.text.error_line`: a long value
 it repeats cut, control characters escaped), and never a traceback (an unexpected

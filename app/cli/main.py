@@ -11,12 +11,14 @@ exits 0 when done, 1 when it ran and failed, 2 for a bad command line or configu
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib.metadata
 import logging
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, NoReturn
 
 import typer
 from typer.core import TyperGroup
@@ -56,7 +58,8 @@ logger = logging.getLogger("tickwheel")
 
 class _Tickwheel(TyperGroup):
     """The root group: every error one line on stderr with its exit code (click's usage
-    errors too, without their usage text), and no traceback."""
+    errors too, without their usage text), and no traceback; stdout's reader gone, no
+    word and `READER_GONE`."""
 
     def main(
         self,
@@ -71,6 +74,30 @@ class _Tickwheel(TyperGroup):
             return super().main(
                 args, prog_name, complete_var, standalone_mode, windows_expand_args, **extra
             )
+        try:
+            self._standalone(args, prog_name, complete_var, windows_expand_args, **extra)
+        except SystemExit as done:
+            if done.code == 1 and isinstance(done.__context__, BrokenPipeError):
+                # Click's (the help) or rich's (a console's) own end for it: exit 1.
+                _reader_gone()
+            try:
+                # Said here, not as "Exception ignored" at the interpreter's exit.
+                sys.stdout.flush()
+            except BrokenPipeError:
+                _reader_gone()
+            raise
+        except BrokenPipeError:
+            _reader_gone()
+
+    def _standalone(
+        self,
+        args: Sequence[str] | None,
+        prog_name: str | None,
+        complete_var: str | None,
+        windows_expand_args: bool,
+        **extra: Any,
+    ) -> None:
+        """`main` as a command line runs it: ends with `sys.exit` and the exit code."""
         given = sys.argv[1:] if args is None else list(args)
         if (where := not_utf8(given)) is not None:
             # Bytes that are not UTF-8 (Python holds them as lone surrogates) fit no record,
@@ -101,6 +128,8 @@ class _Tickwheel(TyperGroup):
     def invoke(self, ctx: Any) -> Any:
         try:
             return super().invoke(ctx)
+        except BrokenPipeError:
+            _reader_gone()
         except (typer.Exit, typer.Abort, typer.TyperException):
             raise
         except ConfigError as exc:  # a value the command cannot take, as a bad option
@@ -112,6 +141,24 @@ class _Tickwheel(TyperGroup):
             # traceback for whoever runs at DEBUG.
             logger.debug("the command failed", exc_info=True)
             raise fail(f"unexpected {type(exc).__name__}: {exc}") from exc
+
+
+READER_GONE = 141
+"""Exit code when stdout's reader went away (`tickwheel … | head`): 128 + SIGPIPE, as the
+shell reports a program SIGPIPE ended, so that `set -o pipefail` treats it as it treats
+`cat`; not 1, which says the command failed."""
+
+
+def _reader_gone() -> NoReturn:
+    """Ends a command whose stdout's reader went away, quietly (Python's recipe): stdout
+    and stderr pointed at /dev/null, so that nothing more written, nor the interpreter's
+    last flush, fails again."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):  # no file (a test's capture)
+            os.dup2(devnull, stream.fileno())
+    os.close(devnull)
+    sys.exit(READER_GONE)
 
 
 _HELP = (
