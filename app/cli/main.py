@@ -287,10 +287,16 @@ def rebuild(
     from rich.console import Console
 
     from app.cli.rebuild import Ended, plan_json, plan_lines, progress_line, run_rebuild
-    from app.ops.rebuild import not_the_group
+    from app.ops.rebuild import NotTheGroup, not_the_group
     from app.protocol.topics import parse_aggregate_type
 
     settings = command_settings(bootstrap_servers=bootstrap)
+    # Said with a refusal of the group (`not_the_group`): the likeliest cause.
+    unset = (
+        ""
+        if "group_id" in settings.model_fields_set
+        else f" (TICKWHEEL_GROUP_ID is not set here: {settings.group_id!r} is the default)"
+    )
     # With --json what the rebuild says as it goes (and its progress) is for stderr.
     out = Console(highlight=False, soft_wrap=True, stderr=as_json)
     try:
@@ -317,8 +323,8 @@ def rebuild(
                     ),
                 )
             )
-    except ConfigError as exc:  # the group is not the workers' (`not_the_group`)
-        raise fail(str(exc), CONFIG_ERROR) from exc
+    except NotTheGroup as exc:
+        raise fail(f"{exc}{unset}", CONFIG_ERROR) from exc
     except TickwheelError as exc:
         raise fail(str(exc)) from exc
     plan, last = run.plan, run.last
@@ -345,7 +351,7 @@ def rebuild(
                 "the rebuild would refuse; stop them first"
             )
         if wrong is not None:
-            raise fail(f"the rebuild would refuse: {wrong}", CONFIG_ERROR)
+            raise fail(f"the rebuild would refuse: {wrong}{unset}", CONFIG_ERROR)
         if not as_json:
             typer.echo(
                 f"group {printable(plan.group_id)} has no running worker: the rebuild may run"

@@ -34,6 +34,7 @@ from app.protocol.topics import AggregateTopics, ContextTopics
 
 __all__ = [
     "GroupBusy",
+    "NotTheGroup",
     "PartitionPlan",
     "Progress",
     "RebuildIncomplete",
@@ -111,7 +112,11 @@ class RebuildPlan:
         return {(t.topics.events, p.partition): p.replay for t in self.types for p in t.partitions}
 
 
-def not_the_group(plan: RebuildPlan) -> ConfigError | None:
+class NotTheGroup(ConfigError):
+    """The rebuild's group is not the one whose workers built the tables (`not_the_group`)."""
+
+
+def not_the_group(plan: RebuildPlan) -> NotTheGroup | None:
     """Why `plan`'s group is not the one whose workers built the tables it would empty, or
     None: it has a committed offset on some partition of each type's log whose changelog
     holds records (one that holds none loses nothing).
@@ -131,7 +136,7 @@ def not_the_group(plan: RebuildPlan) -> ConfigError | None:
         return None
     logs = ", ".join(t.events for t in strange)
     changelogs = ", ".join(t.timers_changelog for t in strange)
-    return ConfigError(
+    return NotTheGroup(
         f"group {plan.group_id!r} has no committed offset on {logs}: it is not the group "
         f"whose workers built {changelogs}, which a rebuild would empty with nothing to "
         "replay it (the workers' group keeps its offsets); set TICKWHEEL_GROUP_ID to the "
@@ -233,7 +238,7 @@ async def apply_plan(
     done: Callable[[TypePlan], None] | None = None,
 ) -> None:
     """Carries `plan` out, telling `done` of each type rebuilt: `GroupBusy` (and nothing
-    changed) while the group has members; `ConfigError` (nothing changed) when the group
+    changed) while the group has members; `NotTheGroup` (nothing changed) when the group
     has no offset on a type's log, unless `new_group` (`not_the_group`);
     `RebuildIncomplete` saying what it left when a step fails (`half_way`).
 

@@ -87,6 +87,8 @@ def test_a_group_with_no_offset_on_the_log_is_refused_and_nothing_changes(
         assert f"group '{used}' has no committed offset on {ORDER.events}" in line
         assert ORDER.timers_changelog in line and "TICKWHEEL_GROUP_ID" in line
         assert "--new-group" in line
+        unset = "(TICKWHEEL_GROUP_ID is not set here: 'tickwheel' is the default)"
+        assert line.endswith(unset) == (group is None), line
         assert "may run" not in result.stdout
     assert state(log, ORDER) == before
     assert state(log, ORDER, used) == [((0, 2), None)] * PARTITIONS
