@@ -14,7 +14,7 @@ Exit codes, the same for every command:
   variable, a `.env` or `_FILE` that cannot be read);
 - 130: interrupted;
 - 141: stdout's reader went away (`tickwheel … | head`): the command ends at once and
-  quietly (`app.cli.main.READER_GONE`).
+  quietly (`READER_GONE`).
 
 Each error is one line on stderr, `error: …` (`app.cli.text.error_line`: a long value
 it repeats cut, control characters escaped), and never a traceback (an unexpected
@@ -27,12 +27,13 @@ import asyncio
 import contextlib
 import importlib
 import logging
+import os
 import re
 import sys
 from collections.abc import Awaitable, Callable, Coroutine, Iterator, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, NoReturn, TypeVar
 
 import orjson
 import typer
@@ -51,6 +52,7 @@ from tables.refs import unusable_request_id
 __all__ = [
     "CONFIG_ERROR",
     "FAILED",
+    "READER_GONE",
     "Bootstrap",
     "Json",
     "LogFormatOption",
@@ -69,6 +71,7 @@ __all__ = [
     "load_service",
     "not_utf8",
     "quiet_client_library",
+    "reader_gone",
     "request_id_check",
     "run",
     "settings_for",
@@ -82,6 +85,23 @@ FAILED = 1
 """Exit code of a command that ran and failed."""
 CONFIG_ERROR = 2
 """Exit code of a command that could not start: its command line or its configuration."""
+
+READER_GONE = 141
+"""Exit code when stdout's reader went away (`tickwheel … | head`): 128 + SIGPIPE, as the
+shell reports a program SIGPIPE ended, so that `set -o pipefail` treats it as it treats
+`cat`; not 1, which says the command failed."""
+
+
+def reader_gone() -> NoReturn:
+    """Ends a command whose stdout's reader went away, quietly (Python's recipe): stdout
+    and stderr pointed at /dev/null, so that nothing more written, nor the interpreter's
+    last flush, fails again."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):  # no file (a test's capture)
+            os.dup2(devnull, stream.fileno())
+    os.close(devnull)
+    sys.exit(READER_GONE)
 
 
 def _log_level(value: str | None) -> str | None:

@@ -11,14 +11,12 @@ exits 0 when done, 1 when it ran and failed, 2 for a bad command line or configu
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import importlib.metadata
 import logging
-import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from typing import Annotated, Any
 
 import typer
 from typer.core import TyperGroup
@@ -27,6 +25,7 @@ import app.cli.timer_changes  # noqa: F401  (its commands join timers_cli)
 from app.cli.common import (
     CONFIG_ERROR,
     FAILED,
+    READER_GONE,
     Bootstrap,
     Json,
     LogFormatOption,
@@ -41,6 +40,7 @@ from app.cli.common import (
     load_service,
     not_utf8,
     quiet_client_library,
+    reader_gone,
 )
 from app.cli.dead_letters import dead_letters_cli
 from app.cli.jobs import jobs_cli
@@ -51,7 +51,7 @@ from app.cli.worker import worker
 from app.errors import ConfigError, TickwheelError
 from app.protocol.schemas import default_dir, stale_schemas, write_schemas
 
-__all__ = ["cli", "main", "version_line"]
+__all__ = ["READER_GONE", "cli", "main", "version_line"]
 
 logger = logging.getLogger("tickwheel")
 
@@ -79,15 +79,15 @@ class _Tickwheel(TyperGroup):
         except SystemExit as done:
             if done.code == 1 and isinstance(done.__context__, BrokenPipeError):
                 # Click's (the help) or rich's (a console's) own end for it: exit 1.
-                _reader_gone()
+                reader_gone()
             try:
                 # Said here, not as "Exception ignored" at the interpreter's exit.
                 sys.stdout.flush()
             except BrokenPipeError:
-                _reader_gone()
+                reader_gone()
             raise
         except BrokenPipeError:
-            _reader_gone()
+            reader_gone()
 
     def _standalone(
         self,
@@ -129,7 +129,7 @@ class _Tickwheel(TyperGroup):
         try:
             return super().invoke(ctx)
         except BrokenPipeError:
-            _reader_gone()
+            reader_gone()
         except (typer.Exit, typer.Abort, typer.TyperException):
             raise
         except ConfigError as exc:  # a value the command cannot take, as a bad option
@@ -141,24 +141,6 @@ class _Tickwheel(TyperGroup):
             # traceback for whoever runs at DEBUG.
             logger.debug("the command failed", exc_info=True)
             raise fail(f"unexpected {type(exc).__name__}: {exc}") from exc
-
-
-READER_GONE = 141
-"""Exit code when stdout's reader went away (`tickwheel … | head`): 128 + SIGPIPE, as the
-shell reports a program SIGPIPE ended, so that `set -o pipefail` treats it as it treats
-`cat`; not 1, which says the command failed."""
-
-
-def _reader_gone() -> NoReturn:
-    """Ends a command whose stdout's reader went away, quietly (Python's recipe): stdout
-    and stderr pointed at /dev/null, so that nothing more written, nor the interpreter's
-    last flush, fails again."""
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(OSError, ValueError):  # no file (a test's capture)
-            os.dup2(devnull, stream.fileno())
-    os.close(devnull)
-    sys.exit(READER_GONE)
 
 
 _HELP = (
