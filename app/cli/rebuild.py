@@ -240,14 +240,29 @@ async def run_rebuild(
     except (RuntimeError, ValueError, NotImplementedError):
         handled = False  # not the main thread (an embedding caller): Ctrl-C is theirs
 
+    reader_gone = False
+
     def rebuilt(t: rb.TypePlan) -> None:
         # As each type is done: a rebuild failing on a later one has said these were.
-        for line in type_lines(group_id, t, done=True):
-            out.print(line, highlight=False, soft_wrap=True, markup=False)
+        nonlocal reader_gone
+        if reader_gone:
+            return
+        try:
+            for line in type_lines(group_id, t, done=True):
+                out.print(line, highlight=False, soft_wrap=True, markup=False)
+        except (BrokenPipeError, SystemExit) as exc:
+            # stdout's reader gone (`| head`; rich's own end for it is SystemExit(1)): the
+            # rebuild goes on to its last type, stopped between two it would leave the
+            # later ones not begun and say so nowhere. Its end is the reader's then.
+            if isinstance(exc, SystemExit) and not isinstance(exc.__context__, BrokenPipeError):
+                raise
+            reader_gone = True
 
     try:
         await rb.apply_plan(clients, plan, new_group=new_group, done=rebuilt)
         resetting = False
+        if reader_gone:
+            raise BrokenPipeError("stdout's reader went away during the rebuild (it finished)")
         if interrupted.is_set():
             return RebuildRun(plan, Ended.INTERRUPTED)
         if not wait:

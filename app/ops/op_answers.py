@@ -99,8 +99,9 @@ async def request_answered(
     poll_s: float = 0.1,
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
 ) -> Answered:
-    """Sends `op` to the `partitions` partitions of `type_name`'s timer-ops topic (made if
-    missing) and waits up to `wait_s` seconds (none with 0) for each one's answer.
+    """Sends `op` to the `partitions` partitions of `type_name`'s timer-ops topic (refused,
+    nothing sent, when it is not there: `MissingTopic`) and waits up to `wait_s` seconds
+    (none with 0) for each one's answer.
 
     `wait_s` bounds the reads as a whole, not the send: cut short, a send is as ambiguous
     as one that failed. Creates no results topic: without one (no worker of the context

@@ -140,7 +140,9 @@ def not_the_group(plan: RebuildPlan) -> NotTheGroup | None:
         f"group {plan.group_id!r} has no committed offset on {logs}: it is not the group "
         f"whose workers built {changelogs}, which a rebuild would empty with nothing to "
         "replay it (the workers' group keeps its offsets); set TICKWHEEL_GROUP_ID to the "
-        "workers' group, or give --new-group to rebuild for a group that never ran there"
+        "workers' group, or give --new-group to rebuild for a group that never ran there "
+        "(or the workers' own, if it is that group: a group with no member loses its "
+        "offsets after the broker's offsets.retention.minutes, 7 days by default)"
     )
 
 

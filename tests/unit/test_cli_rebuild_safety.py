@@ -5,7 +5,12 @@ half-way says what it left and that running it again finishes it, which it does.
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,6 +20,7 @@ import app.cli.common
 import app.cli.rebuild
 import app.ops.rebuild
 from app.cli import cli
+from app.cli.common import READER_GONE
 from app.errors import KafkaUnavailable
 from app.kafka import TopicSpec
 from app.kafka.memory import MemoryLog
@@ -177,3 +183,48 @@ def test_a_reset_that_fails_leaves_the_changelog_whole(
     assert f"its changelog {ORDER.timers_changelog} is kept" in line
     assert "rebuilt:" not in line and "Run the same rebuild again" in line
     assert state(log, ORDER) == before
+
+
+PIPED_REBUILD = """
+import asyncio, json, os, sys
+sys.path[:0] = [".", "tests/unit"]
+import app.cli.common, app.cli.rebuild
+from app.cli import cli
+from app.protocol.topics import AggregateTopics
+from test_cli_rebuild_safety import state, worked_log
+A, B = AggregateTopics("shop", "order"), AggregateTopics("shop", "invoice")
+log = asyncio.run(worked_log(A, B))
+async def let_in(_):
+    return None
+app.cli.common.check_access = let_in
+app.cli.rebuild.KafkaClients = lambda _: log
+read, write = os.pipe()
+os.close(read)  # stdout's reader gone before the first line
+os.dup2(write, 1)
+os.environ["TICKWHEEL_GROUP_ID"] = "prod"
+sys.argv = ["tickwheel", "rebuild", "--no-wait", "--bootstrap", "m:1",
+            "--type", "shop.order", "--type", "shop.invoice"]
+try:
+    cli()
+except SystemExit as end:
+    code = end.code
+with open(os.environ["REPORT"], "w") as f:
+    json.dump({"exit": code, "order": state(log, A), "invoice": state(log, B)}, f)
+"""
+
+
+def test_a_rebuild_whose_reader_goes_away_rebuilds_every_type(tmp_path: Path) -> None:
+    # `tickwheel rebuild … | head`: rich ends a print to a closed pipe with SystemExit(1),
+    # which between two types left the later ones not begun, exit 141, said nowhere.
+    report = tmp_path / "report.json"
+    subprocess.run(
+        [sys.executable, "-c", PIPED_REBUILD],
+        cwd=Path(__file__).parents[2],
+        env={**os.environ, "REPORT": str(report), "PYTHONPATH": str(Path(__file__).parents[2])},
+        check=False,
+        timeout=120,
+    )
+    ended = json.loads(report.read_text())
+    assert ended["exit"] == READER_GONE
+    assert ended["order"] == ended["invoice"]  # both rebuilt alike
+    assert ended["invoice"] == [[[2, 2], 0], [[2, 2], 0]]
