@@ -70,7 +70,8 @@ encoder writes back (orjson stops at 255)."""
 
 def check_json(value: Any, where: str = "body", depth: int = 0) -> None:
     """`ValueError` unless `value` is JSON that any reader holds and every encoder writes
-    back: integers within signed 64 bits, finite numbers, nesting at most `MAX_DEPTH`."""
+    back: integers within signed 64 bits, finite numbers, string keys, nesting at most
+    `MAX_DEPTH`."""
     # Every event's body is checked on its way in: the plain walk below passes a body at
     # a fraction of the cost; anything it does not pass is walked again to say why.
     if not _plainly_json(value, depth):
@@ -97,7 +98,14 @@ def _plainly_json(value: Any, depth: int) -> bool:
         container, level = stack.pop()
         if level >= MAX_DEPTH:
             return False
-        for item in container.values() if type(container) is dict else container:
+        if type(container) is dict:
+            for key in container:
+                if type(key) is not str:
+                    return False
+            items = container.values()
+        else:
+            items = container
+        for item in items:
             t = type(item)
             if t in fine:
                 continue
@@ -123,6 +131,12 @@ def _check_json(value: Any, where: str, depth: int) -> None:
     elif isinstance(value, dict | list):
         if depth >= MAX_DEPTH:
             raise ValueError(f"{where}: nested more than {MAX_DEPTH} deep")
+        if isinstance(value, dict):
+            for key in value:
+                if not isinstance(key, str):
+                    # JSON's keys are strings: written as "1", it is read back another
+                    # body than the one decided with (and {1: .., "1": ..} as one key).
+                    raise ValueError(f"{where}: key {key!r} is not a string")
         items = value.items() if isinstance(value, dict) else enumerate(value)
         for key, item in items:
             _check_json(item, f"{where}.{key}", depth + 1)
