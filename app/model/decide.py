@@ -170,7 +170,10 @@ def decide(
         return Decided(ResultCode.ERROR, message, [], None, error=exc)
     if not decision.events:
         # Commands without events would be sent again by every retry: they need a fact.
-        return Decided(ResultCode.UNCHANGED, "", [], None)
+        # Said in the answer, not dropped in silence (a forwarding handler's author).
+        unsent = len(decision.commands)
+        message = f"no event: its {unsent} command(s) not sent (a send needs an event)"
+        return Decided(ResultCode.UNCHANGED, message if unsent else "", [], None)
     version = current.version + 1
     # Validated as `EventEnvelope(...)` validates them: the handler's types and bodies.
     events: list[EventEnvelope] = [

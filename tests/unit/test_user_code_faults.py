@@ -25,8 +25,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Iterator
 from decimal import Decimal
-from typing import Any, NamedTuple
+from typing import Any, ClassVar, NamedTuple
 
 import pytest
 from fakes import CommitLog
@@ -364,6 +365,27 @@ async def test_a_handler_object_whose_call_is_async_answers_error() -> None:
     assert "must not be async" in results[0]["message"]
 
 
+class YieldingCall:
+    """A handler object whose `__call__` yields: calling it runs none of its body."""
+
+    ran: ClassVar[list[str]] = []
+
+    def __call__(self, state: Counter, cmd: Command, d: Decision) -> Iterator[None]:
+        self.ran.append(cmd.request_id)
+        d.emit("shop.Counted", {})
+        yield
+
+
+async def test_a_handler_object_whose_call_yields_answers_error() -> None:
+    agg = AggregateType("shop", "counter", Counter)
+    agg.command("shop.Count")(YieldingCall())  # type: ignore[arg-type]
+    proc, log, _ = on_log(agg)
+    await proc.handle([command("r-1", "shop.Counted", 1, 0)])
+    results = log.last("results")
+    assert [r["code"] for r in results] == [ResultCode.ERROR]
+    assert "generator" in results[0]["message"] and YieldingCall.ran == []
+
+
 changers = AggregateType("shop", "changer", Counter)
 
 
@@ -647,3 +669,20 @@ async def test_a_decision_makes_a_bounded_number_of_records(
     if code is ResultCode.ERROR:
         assert f"at most {MAX_DECISION_RECORDS} events and commands" in result["message"]
         assert on.stored() is None and len(log.last("dead-letters")) == 1
+
+
+forwarders = AggregateType("shop", "forwarder", Counter)
+
+
+@forwarders.command("shop.Forward")
+def forward(state: Counter, cmd: Command, d: Decision) -> None:
+    d.send(REF.model_copy(update={"id": "elsewhere"}), "shop.Counted", {})  # no event
+
+
+async def test_a_decision_sending_commands_without_an_event_says_they_were_not_sent() -> None:
+    on = on_log(forwarders)
+    await on.proc.handle([on.record("r-1", "shop.Forward", {}, 0)])
+    log = on.log
+    results = log.last("results")
+    assert [r["code"] for r in results] == [ResultCode.UNCHANGED]
+    assert "1 command(s) not sent" in results[0]["message"]
