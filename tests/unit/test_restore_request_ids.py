@@ -75,6 +75,18 @@ class Log:
         yield [r for r in self.records if r.offset >= start]
 
 
+def processor(commits: Commits, now: int) -> CommandProcessor:
+    """A processor of P, with an empty state store: a node that has just taken P."""
+    return CommandProcessor(
+        orders,
+        P,
+        partitions=PARTITIONS,
+        states=MemoryAggregateStore(),
+        commit=commits,
+        now=lambda: now,
+    )
+
+
 def command(offset: int) -> Record:
     pay = CommandEnvelope(request_id="pay-1", type="shop.Pay", aggregate=ORDER, issued_at=T0)
     return Record("shop.order.commands", P, offset, ORDER.id.encode(), encode(pay), T0, ())
@@ -91,26 +103,12 @@ async def test_a_request_whose_event_a_restore_passes_over_is_a_duplicate_after_
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     first = Commits()
-    node_a = CommandProcessor(
-        orders,
-        P,
-        partitions=PARTITIONS,
-        states=MemoryAggregateStore(),
-        commit=first,
-        now=lambda: T0,
-    )
+    node_a = processor(first, T0)
     assert dict((await node_a.handle([command(0)])).codes) == {ResultCode.COMMITTED: 1}
     log = Log([Record(t, P, i, k, v, T0, ()) for i, (t, _, k, v, *_) in enumerate(first.events())])
     APPLIER_RAISES["now"] = True
     again = Commits()
-    node_b = CommandProcessor(
-        orders,
-        P,
-        partitions=PARTITIONS,
-        states=MemoryAggregateStore(),
-        commit=again,
-        now=lambda: T0 + 1_000,
-    )
+    node_b = processor(again, T0 + 1_000)
     with caplog.at_level(logging.WARNING):
         await node_b.restore(log)
     assert "restore passes over event" in caplog.text
@@ -122,14 +120,7 @@ async def test_a_request_whose_event_the_live_follow_dead_letters_is_a_duplicate
     # Another writer's event for request pay-1, which this node's applier raises on: the
     # caller dead-letters it, and the request id counts as applied with the batch.
     commits = Commits()
-    node = CommandProcessor(
-        orders,
-        P,
-        partitions=PARTITIONS,
-        states=MemoryAggregateStore(),
-        commit=commits,
-        now=lambda: T0,
-    )
+    node = processor(commits, T0)
     theirs = EventEnvelope(
         id=event_id(ORDER, "pay-1", 0),
         type="shop.Paid",
