@@ -35,8 +35,12 @@ class JobBody(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
 
-    tenants: list[str] = Field(
-        default_factory=list, max_length=1000, description="a TENANT job's tenants"
+    tenants: list[str] | None = Field(
+        None,
+        min_length=1,
+        max_length=1000,
+        description="a TENANT job's tenants; the default tenant when absent (an empty list is "
+        "refused: it named no instance)",
     )
     partition: int | None = Field(
         None, ge=0, description="a SHARDED job's one shard (log partition); all when absent"
@@ -68,7 +72,7 @@ class BackfillBody(BaseModel):
 
     from_: str | int = Field(alias="from", description="ISO 8601 with offset, or epoch ms")
     until: str | int = Field(description="ISO 8601 with offset, or epoch ms; past")
-    tenants: list[str] = Field(default_factory=list, max_length=1000)
+    tenants: list[str] | None = Field(None, min_length=1, max_length=1000)
     partition: int | None = Field(None, ge=0)
     dry_run: bool = Field(False, description="answer the slots; send nothing")
 

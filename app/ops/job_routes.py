@@ -259,7 +259,7 @@ class JobRoutes:
             context,
             job,
             partitions=n,
-            tenants=body.tenants,
+            tenants=body.tenants or (),
             partition=body.partition,
             rule=job_api.rule_override(body.rule, job),
             request_id=body.request_id,
@@ -278,7 +278,7 @@ class JobRoutes:
             context,
             job,
             partitions=n,
-            tenants=body.tenants,
+            tenants=body.tenants or (),
             partition=body.partition,
             spell=json_field,
         )

@@ -314,6 +314,15 @@ async def test_every_write_needs_the_web_token(edge: Edge, action: str) -> None:
         # a tenant no instance can have (it was a 500)
         ("ops/per-tenant/enable", {"tenants": ["t" * 201]}, "tenants", "at most 200 characters"),
         ("ops/per-tenant/enable", {"tenants": [""]}, "tenants", "at least 1 character"),
+        # no tenant at all: it was the default tenant's instance, one nobody named
+        ("ops/per-tenant/trigger", {"tenants": []}, "tenants", "at least 1 item"),
+        ("ops/per-tenant/enable", {"tenants": []}, "tenants", "at least 1 item"),
+        (
+            "ops/per-tenant/backfill",
+            {"from": T0 - MIN, "until": T0 - MIN, "tenants": []},
+            "tenants",
+            "at least 1 item",
+        ),
         # `<request id>@<tenant>/<instance>` longer than a request id (it was dead-lettered)
         (
             "ops/per-tenant/enable",
