@@ -4,6 +4,7 @@ which the HTTP edge takes out of a form before it is read (`app.ops.web`)."""
 
 from __future__ import annotations
 
+import urllib.parse
 import uuid
 from typing import Final, TypeVar, cast
 
@@ -25,6 +26,7 @@ __all__ = [
     "new_form_id",
     "owner_query",
     "parse_form",
+    "path_problem",
     "problems",
     "without_token",
 ]
@@ -184,6 +186,20 @@ def query_problem(query: MultiMapping[str], raw: str) -> str | None:
     decoded = any("\ufffd" in k or "\ufffd" in v for k, v in query.items())
     if decoded and "%EF%BF%BD" not in raw.upper() and "\ufffd" not in raw:
         return "the query's percent-encoded bytes are not UTF-8"
+    return None
+
+
+def path_problem(raw_path: str) -> str | None:
+    """What is wrong with a request's path as sent (`raw_path`, no query), or None: a
+    segment whose percent-escapes are no UTF-8. The router kept such a segment as its
+    escapes (`%ED%A0%80` a key of nine characters, the key `%25ED%25A0%2580` names too)."""
+    for segment in raw_path.split("/"):
+        if "%" not in segment:
+            continue
+        try:
+            urllib.parse.unquote_to_bytes(segment).decode("utf-8")
+        except UnicodeDecodeError:
+            return f"path segment {segment[:100]!r}: its percent-encoded bytes are not UTF-8"
     return None
 
 

@@ -14,7 +14,7 @@ from aiohttp.http_exceptions import HttpProcessingError
 
 from app.errors import KafkaUnavailable
 from app.log_limit import LogLimit
-from app.ops.forms import query_problem
+from app.ops.forms import path_problem, query_problem
 from tables import StoreClosed, StoreError
 
 __all__ = ["errors_middleware", "json_response", "store_failed"]
@@ -55,6 +55,8 @@ async def errors_middleware(request: web.Request, handler: Handler) -> web.Strea
     raw = request.rel_url.raw_query_string
     if request.path != "/" and (why := query_problem(request.query, raw)):
         return json_response({"error": why, "path": request.path}, 400)
+    if why := path_problem(request.rel_url.raw_path):
+        return json_response({"error": why, "path": request.rel_url.raw_path}, 400)
     try:
         return await handler(request)
     except web.HTTPException as exc:

@@ -524,6 +524,40 @@ async def test_a_body_its_content_encoding_does_not_decode_is_a_400(edge: WebNod
     await still_there(edge)
 
 
+async def test_a_path_whose_percent_escapes_are_not_utf8_is_a_400_naming_its_segment(
+    edge: WebNode,
+) -> None:
+    """The router kept such a segment as its escapes: `PUT .../o/%ED%A0%80` stored the key
+    `%ED%A0%80`, which `.../o/%25ED%25A0%2580` names too (the same bytes in the query were
+    a 400 already)."""
+    body = {
+        "rule": {"kind": "once", "at": T0 + 3_600_000},
+        "target": {"type": "shop.order", "id": "o-1"},
+        "command": {"type": "RemindToPay", "body": {}},
+    }
+    json_body = [AUTH, ("Content-Type", b"application/json")]
+    escaped = request_bytes(
+        "PUT", f"/timers/{BOOK}/o/%25ED%25A0%2580", json_body, json.dumps(body).encode()
+    )
+    assert (await send(edge, escaped)).status == 200  # the key "%ED%A0%80", as written
+    sent = commands_sent(edge)
+    bad = "%ED%A0%80"  # a lone surrogate's bytes
+    for method, path, data in [
+        ("GET", f"/timers/{BOOK}/o/{bad}", None),
+        ("PUT", f"/timers/{BOOK}/o/{bad}", json.dumps(body).encode()),
+        ("DELETE", f"/timers/{BOOK}/o/{bad}", None),
+        ("POST", f"/timers/{BOOK}/o/{bad}/pause", b"{}"),
+        ("POST", f"/timers/{BOOK}/%FF/k/trigger", b"{}"),
+        ("GET", "/timers/shop.%C0%AF/o/k", None),
+        ("POST", "/jobs/shop/%FFminutely/trigger", b"{}"),
+    ]:
+        got = await send(edge, request_bytes(method, path, json_body, data))
+        assert got.status == 400, (method, path, got.body)
+        segment = next(s for s in path.split("/") if "%" in s)
+        assert f"path segment {segment!r}" in orjson.loads(got.body)["error"], got.body
+    assert commands_sent(edge) == sent
+
+
 MALFORMED = [
     (b"GET * HTTP/1.1\r\nHost: x\r\n\r\n", 400),  # no path
     (b"GET / HTTP/1.1\r\n\r\n", 400),  # no Host
