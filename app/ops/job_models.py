@@ -9,6 +9,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from app.jobs import MAX_JOB_EVERY_MS, MIN_JOB_EVERY_MS
+from app.ops.whole_reads import STATE_FRESH_MS
 from app.protocol.wire import ResultCode
 from tables import AggregateRef
 
@@ -176,15 +177,21 @@ def job_paths(
                 "parameters": [
                     param("context", "query", "only this context's jobs"),
                     param("job", "query", "only this job"),
-                    param("state", "query", "true: each instance as its log has it"),
+                    param(
+                        "state",
+                        "query",
+                        "true: each instance as its log has it, read at most "
+                        f"{STATE_FRESH_MS / 1000:g} s before (lists asked meanwhile share one "
+                        "read)",
+                    ),
                 ],
                 "responses": {
                     "200": json("the jobs", ref(JobList)),
                     "400": error("a bad parameter, named"),
                     "503": unavailable(
-                        "state=true: another state=true list or backfill held the node's one "
-                        "read of schedule logs past the wait (STATE_WAIT_S), or the broker did "
-                        "not answer: ask again after Retry-After"
+                        "state=true: a backfill or a list of other contexts held the node's "
+                        "one read of schedule logs past the wait (STATE_WAIT_S), or the broker "
+                        "did not answer: ask again after Retry-After"
                     ),
                 },
             }

@@ -3,9 +3,10 @@
 
 - `GET /jobs` lists the jobs (context, name, scope, default rule) and their instances (id,
   log partition); `?context=`, `?job=` narrow it, `?state=true` adds each instance as its
-  schedule log has it (enabled, override, rule, last slot run), read one such list at a
-  time on a node (another waits up to `STATE_WAIT_S`, then is a 503 with Retry-After). It
-  reads, and creates nothing;
+  schedule log has it (enabled, override, rule, last slot run). Lists of the same contexts
+  share one fold of the logs, and its result for `STATE_FRESH_MS` after it ended
+  (`app.ops.whole_reads`); a fold whose turn did not come within `STATE_WAIT_S` is a 503
+  with Retry-After. It reads, and creates nothing;
 - `POST /jobs/{context}/{job}/trigger` runs the job's instances once now (the schedule
   left as it is);
 - `POST /jobs/{context}/{job}/enable` (resume), `.../disable` (pause), and
@@ -13,7 +14,8 @@
 - `POST /jobs/{context}/{job}/backfill` runs each slot due in `[from, until]` (a past range)
   once, under the request id its live tick has, so a slot that ran live, or was backfilled
   before, is a DUPLICATE; `"dry_run": true` answers the slots and sends nothing. Its plan
-  reads the schedule logs whole, as a state=true list does: it waits its turn alike.
+  reads the schedule logs whole, as a state=true list's fold does, one at a time on a node:
+  a backfill's turn comes before any fold not begun.
 
 A write's JSON body names the instances: `tenants` (a TENANT job's), `partition` (a
 SHARDED job's one shard; all of them when absent). Its request id is the body's
@@ -67,6 +69,7 @@ from app.ops.job_models import (
 )
 from app.ops.json_answers import json_response
 from app.ops.timer_api import DONE, ApiError
+from app.ops.whole_reads import StateFolds, Turns
 from app.protocol.instants import BadInstant, parse_instant
 from app.protocol.wire import (
     CommandEnvelope,
@@ -94,8 +97,8 @@ _M = TypeVar("_M", bound=BaseModel)
 _REFUSED = frozenset({ResultCode.REJECTED, ResultCode.SCHEDULE_JOB_INVALID})
 
 STATE_WAIT_S = 5.0
-"""How long a `GET /jobs?state=true` or a backfill waits for another one's read of the
-schedule logs on the node to end before it is a 503 (Retry-After)."""
+"""How long a `GET /jobs?state=true` fold or a backfill waits for its turn to read the
+schedule logs on the node before it is a 503 (Retry-After)."""
 
 
 def job_path(action: str) -> str:
@@ -129,8 +132,11 @@ class JobRoutes:
         self._node = node
         self._wait_s = wait_s
         # A `?state=true` list folds a whole schedule log, kept for good, on the node's
-        # event loop: one at a time (`_states`).
-        self._folding = asyncio.Lock()
+        # event loop, and a backfill plans from it: one at a time, shared by the lists.
+        self._turns = Turns()
+        self._folds: StateFolds[dict[str, list[job_api.InstanceState]]] = StateFolds(
+            self._turns, node.clock.now
+        )
 
     def add_to(self, app: web.Application) -> None:
         app.router.add_get("/jobs", self.list_jobs)
@@ -198,15 +204,13 @@ class JobRoutes:
         return json_response(JobList(partitions=n, jobs=out).model_dump(mode="json"))
 
     async def _states(self, contexts: list[str]) -> dict[str, list[job_api.InstanceState]] | None:
-        """The instances of `contexts`' jobs as their schedule logs have them; None when
-        another list's fold did not end within `STATE_WAIT_S`. A second caller waits for
-        the first (two people or dashboards at once are answered), but not without bound:
-        each waiter folds the whole log again in turn, so a queue of them would answer ever
-        later while holding their connections; a 503 says when to come back instead."""
+        """The instances of `contexts`' jobs as their schedule logs have them, folded for
+        this list or shared with others (`StateFolds`); None when the fold's turn did not
+        come within `STATE_WAIT_S` (a queue of folds would answer ever later while holding
+        their connections; a 503 says when to come back instead)."""
         service, n = self._node.service, self._node.settings.partitions
-        if not await self._fold_turn():
-            return None
-        try:
+
+        async def fold() -> dict[str, list[job_api.InstanceState]]:
             states = {}
             for ctx in contexts:
                 reader = self._node.clients.reader()
@@ -216,20 +220,8 @@ class JobRoutes:
                 finally:
                     await reader.stop()
             return states
-        finally:
-            self._folding.release()
 
-    async def _fold_turn(self) -> bool:
-        """Whether this caller's turn to read schedule logs whole came within
-        `STATE_WAIT_S` (then it holds `_folding` and releases it): one such read at a time
-        on a node, a state=true list's or a backfill's plan, each seconds of CPU for a
-        large log or a long range."""
-        try:
-            async with asyncio.timeout(STATE_WAIT_S):
-                await self._folding.acquire()
-        except TimeoutError:
-            return False
-        return True
+        return await self._folds.get(tuple(contexts), fold, STATE_WAIT_S)
 
     # --- writes --------------------------------------------------------------------------
 
@@ -282,7 +274,7 @@ class JobRoutes:
             partition=body.partition,
             spell=json_field,
         )
-        if not await self._fold_turn():
+        if not await self._turns.take(backfill=True, wait_s=STATE_WAIT_S):
             return _folding_busy("")
         try:
             reader = node.clients.reader()
@@ -301,7 +293,7 @@ class JobRoutes:
             finally:
                 await reader.stop()
         finally:
-            self._folding.release()
+            self._turns.release()
         commands = [backfill_command(ref, s, now=now) for ref, slots in planned for s in slots]
         if body.dry_run:
             outcomes = [_outcome(c, None) for c in commands]
@@ -329,6 +321,7 @@ class JobRoutes:
                 )
             finally:
                 await reader.stop()
+                self._folds.forget()  # written, or maybe: the next list reads it
         except KafkaUnavailable as exc:
             # Sent or not: the same request ids, sent again, change nothing more.
             ids = ", ".join(c.request_id for c in commands)

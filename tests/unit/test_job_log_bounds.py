@@ -1,6 +1,6 @@
 """What the jobs' log reads cost the node (`app.ops.job_log`, the `/jobs` routes): a
 backfill decodes only its instances' own events and reads each schedule-log partition once
-for all its instances; a `?state=true` list folds the log one at a time per node; and
+for all its instances (a `?state=true` list's fold: `test_job_state_folds`); and
 `send_and_wait` waits no longer than it was told, whatever its reader does."""
 
 from __future__ import annotations
@@ -211,65 +211,6 @@ async def test_a_backfill_of_instances_in_one_partition_reads_it_once(
     assert [(o["instance"]["tenant"], o["slot"], o["request_id"]) for o in dry["outcomes"]] == [
         (t, n, f"{timers[t]}#{n}") for t in tenants for n in range(3)
     ]
-
-
-async def test_state_lists_fold_the_log_one_at_a_time_and_a_long_wait_is_a_503(
-    edge: Edge, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(app.ops.job_routes, "STATE_WAIT_S", 0.3)
-    gate = asyncio.Event()
-    folding: list[int] = []
-    most = 0
-    made = edge.node.clients.reader
-
-    def held() -> Any:
-        reader = made()
-        read = reader.read
-
-        async def slow(topic: str, partition: int, start: int) -> AsyncIterator[list[Record]]:
-            nonlocal most
-            if topic == SCHEDULE.events:
-                folding.append(partition)
-                most = max(most, len(folding))
-                await gate.wait()  # a long log
-                folding.pop()
-            async for batch in read(topic, partition, start):
-                yield batch
-
-        reader.read = slow  # type: ignore[method-assign]
-        return reader
-
-    monkeypatch.setattr(edge.node.clients, "reader", held)
-    path = "/jobs?state=true"
-
-    def get() -> asyncio.Task[tuple[int, Any]]:
-        return asyncio.create_task(edge.call("GET", path, token=None))
-
-    first = get()
-    try:
-        await wait_until(lambda: bool(folding))
-        # another, while the first folds: turned away once it has waited STATE_WAIT_S
-        url = edge.url.with_path("/jobs").with_query(state="true")
-        async with asyncio.timeout(3), edge.http.get(url) as r:
-            assert (r.status, r.headers["Retry-After"]) == (503, "1")  # 0.3 s, in whole s
-            assert "another state=true list" in (await r.json())["error"]
-        # a backfill's plan reads the schedule logs whole too: it waits its turn alike
-        status, answer = await edge.call(
-            "POST",
-            f"/jobs/{CONTEXT}/per-tenant/backfill",
-            {"from": T0 - 90_000, "until": T0 - 40_000, "tenants": ["a"], "dry_run": True},
-        )
-        assert status == 503 and "or backfill is being read" in answer["error"]
-        second = get()  # waits for the first, which ends within its wait
-        await asyncio.sleep(0.05)
-        assert not second.done() and len(folding) == 1
-        gate.set()
-        done = await asyncio.wait_for(asyncio.gather(first, second), 10)
-        assert [status for status, _ in done] == [200, 200]
-        assert most == 1
-    finally:
-        gate.set()
-        await asyncio.gather(first, return_exceptions=True)
 
 
 # --- send_and_wait -------------------------------------------------------------------------
