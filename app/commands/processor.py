@@ -319,13 +319,7 @@ class CommandProcessor:
         stored = batch.staged.get(aid) or self._states.stored(aid)
         if event.version <= (stored.version if stored is not None else 0):
             return False
-        try:
-            folded = fold(self.agg, stored, [event])  # before the batch changes: it may raise
-        except Exception:
-            # Dead-lettered by the caller, its request was applied all the same: the log
-            # holds its event. Sent again, it is a duplicate, not a second event.
-            batch.applied.add(applied)
-            raise
+        folded = fold(self.agg, stored, [event])  # before the batch changes: it may raise
         batch.encoded[aid] = self._states.encode(aid, stored, folded, logged=True)
         batch.staged[aid] = folded
         batch.applied.add(applied)

@@ -123,12 +123,17 @@ def plain_function(fn: Callable[..., Any], what: str) -> None:
         raise TypeError(f"{what} must be a plain function (def), not async def: {fn!r}")
     if inspect.isgeneratorfunction(fn):
         raise TypeError(f"{what} must be a plain function, not a generator: {fn!r}")
+    # A callable object whose `__call__` yields: its call only makes a generator too. (A
+    # class's call is its constructor, a function's its own.)
+    call = inspect.getattr_static(type(fn), "__call__", None)
+    yields = inspect.isgeneratorfunction(call) or inspect.isasyncgenfunction(call)
+    if yields and not inspect.isfunction(fn) and not isinstance(fn, type):
+        raise TypeError(f"{what} must be a plain function, not a generator: {fn!r}")
 
 
 def not_awaitable(result: object, what: str) -> None:
-    """Refuses a result that is awaitable (a callable object whose `__call__` is async) or
-    a generator (one whose `__call__` yields): it is closed, so no 'never awaited' warning
-    follows, and its body never ran."""
+    """Refuses a result that is awaitable (a callable object whose `__call__` is async): it
+    is closed, so no 'never awaited' warning follows, and its body never ran."""
     if inspect.isawaitable(result):
         if isinstance(result, asyncio.Future):
             # A task it started (asyncio.ensure_future): refused, so it must not run on
@@ -138,11 +143,6 @@ def not_awaitable(result: object, what: str) -> None:
         if callable(close):
             close()
         raise TypeError(f"{what} returned {type(result).__name__}: it must not be async")
-    if inspect.isgenerator(result) or inspect.isasyncgen(result):
-        # A callable object whose `__call__` yields: its body never ran. Closed, refused.
-        if inspect.isgenerator(result):
-            result.close()
-        raise TypeError(f"{what} returned a generator: its body never ran (no `yield` in it)")
 
 
 def _readable(exc: BaseException) -> bool:

@@ -2,8 +2,7 @@
 
 An event a restore cannot fold (an applier changed by a deploy raises on it, say) is
 still in the log: its request was applied. Forgotten, the same request sent again to the
-node that restored the partition was decided afresh, and a second event written for it.
-The same for an event of another writer the live follow dead-letters."""
+node that restored the partition was decided afresh, and a second event written for it."""
 
 from __future__ import annotations
 
@@ -18,8 +17,7 @@ from pydantic import BaseModel
 from app.commands.processor import CommandProcessor
 from app.kafka import OutRecord, Record
 from app.model.aggregate import AggregateType, Command, Decision
-from app.model.decide import event_id
-from app.protocol.wire import CommandEnvelope, EventEnvelope, ResultCode, encode
+from app.protocol.wire import CommandEnvelope, ResultCode, encode
 from tables import AggregateRef
 from tables.aggregate_store import MemoryAggregateStore
 from tables.partitioner import partition_of
@@ -114,28 +112,3 @@ async def test_a_request_whose_event_a_restore_passes_over_is_a_duplicate_after_
     assert "restore passes over event" in caplog.text
     assert dict((await node_b.handle([command(1)])).codes) == {ResultCode.DUPLICATE: 1}
     assert again.events() == []
-
-
-async def test_a_request_whose_event_the_live_follow_dead_letters_is_a_duplicate_after() -> None:
-    # Another writer's event for request pay-1, which this node's applier raises on: the
-    # caller dead-letters it, and the request id counts as applied with the batch.
-    commits = Commits()
-    node = processor(commits, T0)
-    theirs = EventEnvelope(
-        id=event_id(ORDER, "pay-1", 0),
-        type="shop.Paid",
-        aggregate=ORDER,
-        version=1,
-        created_at=T0,
-        body={"amount": 100},
-        request_id="pay-1",
-    )
-    APPLIER_RAISES["now"] = True
-    batch = node.begin()
-    with pytest.raises(KeyError):  # the applier's own, as raised to the subscription
-        node.follow(batch, theirs, 3)
-    node.staged(batch)
-    node.committed(batch, await commits(batch.out, batch.offsets))
-    APPLIER_RAISES["now"] = False
-    assert dict((await node.handle([command(4)])).codes) == {ResultCode.DUPLICATE: 1}
-    assert commits.events() == []

@@ -376,14 +376,13 @@ class YieldingCall:
         yield
 
 
-async def test_a_handler_object_whose_call_yields_answers_error() -> None:
+def test_a_handler_object_whose_call_yields_is_refused_where_declared() -> None:
     agg = AggregateType("shop", "counter", Counter)
-    agg.command("shop.Count")(YieldingCall())  # type: ignore[arg-type]
-    proc, log, _ = on_log(agg)
-    await proc.handle([command("r-1", "shop.Counted", 1, 0)])
-    results = log.last("results")
-    assert [r["code"] for r in results] == [ResultCode.ERROR]
-    assert "generator" in results[0]["message"] and YieldingCall.ran == []
+    with pytest.raises(TypeError, match="not a generator"):
+        agg.command("shop.Count")(YieldingCall())  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="not a generator"):
+        agg.applies("shop.Counted")(YieldingCall())  # type: ignore[arg-type]
+    assert YieldingCall.ran == []
 
 
 changers = AggregateType("shop", "changer", Counter)
