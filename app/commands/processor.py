@@ -314,13 +314,11 @@ class CommandProcessor:
         batch.log_offset = max(offset, batch.log_offset or 0)
         aid = state_key(event.aggregate)
         applied = (aid, applied_id(event))
+        if self._states.applied(batch, applied):
+            return False
         stored = batch.staged.get(aid) or self._states.stored(aid)
         if event.version <= (stored.version if stored is not None else 0):
             return False
-        # Ahead of the aggregate, it is folded even when its request id was applied: a
-        # decision's events share one (the first folded, its next ones were passed over),
-        # and the log is what the aggregate's versions follow, or this node's next event
-        # would take a version the log holds already.
         folded = fold(self.agg, stored, [event])  # before the batch changes: it may raise
         batch.encoded[aid] = self._states.encode(aid, stored, folded, logged=True)
         batch.staged[aid] = folded

@@ -217,20 +217,6 @@ async def test_another_writers_event_is_followed_so_the_version_never_goes_back(
     assert not processor.follow(batch, external(5), 7), "followed already: passed over"
 
 
-async def test_every_event_of_another_writers_decision_is_followed() -> None:
-    """A decision's events share its request id: the live follow folded the first and
-    passed the others over as applied, leaving the aggregate's version behind the log, so
-    this node's next event took a version the log held already."""
-    processor, _, _ = make()
-    batch = processor.begin()
-    for version in (1, 2, 3):
-        event = external(version, id=f"r-9/{version - 1}")
-        assert processor.follow(batch, event.model_copy(update={"request_id": "r-9"}), version)
-    processor.decide_local(batch, [command(in_process=True)])
-    event = orjson.loads(batch.out[0][3] or b"")
-    assert event["version"] == 4, "decided after the other writer's three events"
-
-
 async def test_a_followed_event_is_not_folded_again_by_a_restore() -> None:
     """The state store's offset moves past another writer's events with the batch that
     followed them: a restore starts after them, and the aggregate is not folded twice."""
