@@ -212,14 +212,11 @@ class PartitionStates:
         floor = now - self.request_id_window
         for aggregate_id, events in by_id.items():
             stored = self.stored(aggregate_id)
-            state, _ = self._fold_each(stored, events)
+            state, folded = self._fold_each(stored, events)
             if state is not None:
                 states[aggregate_id] = state
                 self._warn_over(aggregate_id, len(state))
-            # Every event's request id, folded or passed over: the log holds an event of
-            # that request, so it was applied (forgotten, the request sent again would be
-            # applied a second time, as a second event).
-            for e in events:
+            for e in folded:
                 # Never after now: a writer's date in the future (year 9999) would keep the
                 # id past any sweep, and with it every id of its batch.
                 at = min(e.created_at, now)

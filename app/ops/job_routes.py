@@ -134,8 +134,10 @@ class JobRoutes:
         # A `?state=true` list folds a whole schedule log, kept for good, on the node's
         # event loop, and a backfill plans from it: one at a time, shared by the lists.
         self._turns = Turns()
+        # The node's clock read when a fold ends, not looked up here: the routes may be
+        # built over a stand-in for the node that has none (the worker's start, in tests).
         self._folds: StateFolds[dict[str, list[job_api.InstanceState]]] = StateFolds(
-            self._turns, node.clock.now
+            self._turns, lambda: node.clock.now()
         )
 
     def add_to(self, app: web.Application) -> None:
