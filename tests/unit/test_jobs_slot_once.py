@@ -25,8 +25,9 @@ from app.jobs import (
 )
 from app.jobs.runs import OwedSlots, owed_slots
 from app.jobs.schedule_state import ScheduleState
+from app.model.decide import Decided
 from app.protocol.wire import SCHEDULE_SET, ResultCode
-from tables import CronRule, IntervalRule
+from tables import AggregateRef, CronRule, IntervalRule
 from tables.slots import Slot, first_slot
 
 MIN = 60_000
@@ -75,8 +76,10 @@ def test_a_new_default_taken_by_a_tick_at_its_due_time_runs_that_slot_once() -> 
     assert _dues(recorder) == [due, due + 60 * MIN]
 
 
-def test_a_reschedule_after_the_clock_stepped_back_runs_no_slot_again() -> None:
-    recorder = Recorder()
+def _stepped_back(recorder: Recorder) -> tuple[Job, Instance, AggregateRef, str, Decided]:
+    """A minutely instance that ran minutes 100-105, then rescheduled (no coalescing) on a
+    node whose clock is 3 minutes behind: the job, the instance, its ref, its first timer's
+    id and the reschedule's decision."""
     job = Job("nightly", JobScope.SYSTEM, IntervalRule(start=0, every=MIN), recorder)
     instance = Instance(schedule_aggregate(CONTEXT, [job], 8))
     instance.run(enable_command(CONTEXT, job), now=100 * MIN)
@@ -84,9 +87,14 @@ def test_a_reschedule_after_the_clock_stepped_back_runs_no_slot_again() -> None:
     assert old is not None
     for minute in range(100, 106):
         instance.run(tick_command(ref, old, minute, minute * MIN), now=minute * MIN)
-    # The partition moves to a node whose clock is 3 minutes behind.
-    instance.now = 103 * MIN - 1
+    instance.now = 103 * MIN - 1  # the partition moves to a node 3 minutes behind
     d = instance.run(reschedule_command(CONTEXT, job, {"coalesce": False}), now=103 * MIN)
+    return job, instance, ref, old, d
+
+
+def test_a_reschedule_after_the_clock_stepped_back_runs_no_slot_again() -> None:
+    recorder = Recorder()
+    _, instance, ref, old, d = _stepped_back(recorder)
     assert types(d) == [RESCHEDULED, SCHEDULE_SET]
     new = instance.state.timer_id
     assert new is not None and new != old
@@ -158,15 +166,7 @@ def test_a_backfill_does_not_run_again_a_slot_a_retired_timer_was_set_at() -> No
 
 def test_a_backfill_does_not_run_again_the_slots_before_a_clock_step_back() -> None:
     recorder = Recorder()
-    job = Job("nightly", JobScope.SYSTEM, IntervalRule(start=0, every=MIN), recorder)
-    instance = Instance(schedule_aggregate(CONTEXT, [job], 8))
-    instance.run(enable_command(CONTEXT, job), now=100 * MIN)
-    ref, old = instance.log[-1].aggregate, instance.state.timer_id
-    assert old is not None
-    for minute in range(100, 106):
-        instance.run(tick_command(ref, old, minute, minute * MIN), now=minute * MIN)
-    instance.now = 103 * MIN - 1  # a node 3 minutes behind takes the partition
-    instance.run(reschedule_command(CONTEXT, job, {"coalesce": False}), now=103 * MIN)
+    job, instance, ref, _, _ = _stepped_back(recorder)
     middle = instance.state.timer_id
     assert middle is not None
     for minute in range(103, 108):
