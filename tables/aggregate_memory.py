@@ -18,6 +18,8 @@ class MemoryAggregateStore:
     def __init__(self) -> None:
         self._states: dict[tuple[int, str], bytes] = {}
         self._requests: dict[tuple[int, str, str], int] = {}
+        # Those of `_requests` only passed over (`tables.aggregate_keys.PASSED`).
+        self._passed: set[tuple[int, str, str]] = set()
         # Per partition, no request id of it was applied before this (a sweep with nothing
         # to forget looks at none).
         self._oldest: dict[int, int] = {}
@@ -46,6 +48,10 @@ class MemoryAggregateStore:
     def seen(self, partition: int, aggregate_id: str, request_id: str) -> bool:
         return self._readable(partition) and (partition, aggregate_id, request_id) in self._requests
 
+    def folded(self, partition: int, aggregate_id: str, request_id: str) -> bool:
+        key = (partition, aggregate_id, request_id)
+        return self.seen(partition, aggregate_id, request_id) and key not in self._passed
+
     def write(
         self,
         partition: int,
@@ -53,13 +59,23 @@ class MemoryAggregateStore:
         requests: Iterable[tuple[str, str]],
         offset: int | None,
         applied_at: int = 0,
+        passed: Iterable[tuple[str, str]] = (),
     ) -> None:
         self._check(partition)
         for aggregate_id, state in states.items():
             self._states[(partition, aggregate_id)] = state
+        written: set[tuple[int, str, str]] = set()
         for a, r in requests:
             # As the RocksDB store: one entry a request id, at its latest write.
             self._requests[(partition, a, r)] = applied_at
+            self._passed.discard((partition, a, r))
+            written.add((partition, a, r))
+        for a, r in passed:
+            if (key := (partition, a, r)) not in written and key not in self._requests:
+                self._requests[key] = applied_at
+                self._passed.add(key)
+                written.add(key)
+        if written:
             self._oldest[partition] = min(self._oldest.get(partition, applied_at), applied_at)
         if offset is not None:
             self._offsets[partition] = offset
@@ -76,6 +92,7 @@ class MemoryAggregateStore:
         doomed = heapq.nsmallest(limit, (h for h in held if h[0] <= before))
         for _, _, key in doomed:
             del self._requests[key]
+            self._passed.discard(key)
         gone = {key for _, _, key in doomed}
         left = [at for at, _, key in held if key not in gone]
         self._oldest[partition] = min(left, default=before + 1)
@@ -87,6 +104,7 @@ class MemoryAggregateStore:
     def drop(self, partition: int) -> None:
         self._states = {k: v for k, v in self._states.items() if k[0] != partition}
         self._requests = {k: v for k, v in self._requests.items() if k[0] != partition}
+        self._passed = {k for k in self._passed if k[0] != partition}
         self._oldest.pop(partition, None)
         self._offsets.pop(partition, None)
         self._bad.discard(partition)

@@ -7,7 +7,10 @@ after the transaction committed; a crash in between is mended by the restore.
 
 Each request id is kept with when it was applied, so that ids older than the
 de-duplication window can be forgotten (`expire_requests`, in bounded batches, oldest
-first): a command sent again with such an id is applied again.
+first): a command sent again with such an id is applied again. An id is kept as passed
+over when its event is in the log but was not folded (`passed`): still applied for a
+command sent again (`seen`), but not folded for the log's reader (`folded`), which then
+tries the event again (and dead-letters it).
 
 A partition's copy found damaged (a state the service cannot read, a RocksDB read or
 write that failed, files RocksDB cannot open it from) is marked bad (`mark_bad`): from
@@ -31,7 +34,7 @@ from typing import Protocol, cast
 
 from rocksdict import BlockBasedOptions, Options, Rdict, ReadOptions, WriteBatch
 
-from tables.aggregate_keys import APPLIED, OFFSET, REQUEST, STATE, id_key
+from tables.aggregate_keys import APPLIED, OFFSET, PASSED, REQUEST, STATE, id_key
 from tables.aggregate_memory import MemoryAggregateStore
 from tables.exceptions import StoreClosed, StoreError
 from tables.rocksdb_io import damaged_copy
@@ -44,7 +47,13 @@ class AggregateStateStore(Protocol):
 
     def get(self, partition: int, aggregate_id: str) -> bytes | None: ...
 
-    def seen(self, partition: int, aggregate_id: str, request_id: str) -> bool: ...
+    def seen(self, partition: int, aggregate_id: str, request_id: str) -> bool:
+        """Whether the request id is kept as applied, folded or passed over."""
+        ...
+
+    def folded(self, partition: int, aggregate_id: str, request_id: str) -> bool:
+        """Whether the request id is kept as applied and not only passed over."""
+        ...
 
     def write(
         self,
@@ -53,9 +62,11 @@ class AggregateStateStore(Protocol):
         requests: Iterable[tuple[str, str]],
         offset: int | None,
         applied_at: int = 0,
+        passed: Iterable[tuple[str, str]] = (),
     ) -> None:
         """Writes `states` and the applied `(aggregate id, request id)`s (applied at
-        `applied_at`, epoch ms), and the offset."""
+        `applied_at`, epoch ms), the offset, and the ids `passed` over (kept so unless
+        held or written as applied)."""
         ...
 
     def expire_requests(self, partition: int, before: int, limit: int) -> int:
@@ -173,11 +184,19 @@ class RocksAggregateStore:
         return None if value is None else bytes(value)
 
     def seen(self, partition: int, aggregate_id: str, request_id: str) -> bool:
+        return self._request(partition, aggregate_id, request_id) is not None
+
+    def folded(self, partition: int, aggregate_id: str, request_id: str) -> bool:
+        held = self._request(partition, aggregate_id, request_id)
+        return held is not None and held[8:] != PASSED
+
+    def _request(self, partition: int, aggregate_id: str, request_id: str) -> bytes | None:
         key = REQUEST + id_key(aggregate_id) + request_id.encode()
         if (db := self._readable(partition)) is None:
-            return False
+            return None
         with self._reading(partition):
-            return db.get(key) is not None
+            held = db.get(key)
+        return None if held is None else bytes(held)
 
     def write(
         self,
@@ -186,10 +205,11 @@ class RocksAggregateStore:
         requests: Iterable[tuple[str, str]],
         offset: int | None,
         applied_at: int = 0,
+        passed: Iterable[tuple[str, str]] = (),
     ) -> None:
         db = self._db(partition)
         with self._reading(partition):
-            self._write(db, partition, states, requests, offset, applied_at)
+            self._write(db, partition, states, requests, offset, applied_at, passed)
 
     def _write(
         self,
@@ -199,6 +219,7 @@ class RocksAggregateStore:
         requests: Iterable[tuple[str, str]],
         offset: int | None,
         applied_at: int,
+        passed: Iterable[tuple[str, str]],
     ) -> None:
         batch = WriteBatch(raw_mode=True)
         for aggregate_id, state in states.items():
@@ -207,13 +228,23 @@ class RocksAggregateStore:
         low = self._low.get(partition)
         if low is not None and APPLIED + at < low:
             self._low[partition] = APPLIED + at  # a restore's ids, applied long ago
+        written: set[bytes] = set()
         for aggregate_id, request_id in requests:
             request = id_key(aggregate_id) + request_id.encode()
             held = db.get(REQUEST + request)
             if held:  # applied before: its sweep entry moves to the latest time
-                batch.delete(APPLIED + bytes(held) + request)
+                batch.delete(APPLIED + bytes(held)[:8] + request)
             batch.put(REQUEST + request, at)
             batch.put(APPLIED + at + request, b"")
+            written.add(request)
+        for aggregate_id, request_id in passed:
+            request = id_key(aggregate_id) + request_id.encode()
+            # Never over an id applied (a sibling event of the request folded): only an
+            # id no event of which was folded is kept as passed over.
+            if request not in written and db.get(REQUEST + request) is None:
+                batch.put(REQUEST + request, at + PASSED)
+                batch.put(APPLIED + at + request, b"")
+                written.add(request)
         if offset is not None:
             batch.put(OFFSET, str(offset).encode())
         db.write(batch)

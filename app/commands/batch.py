@@ -45,6 +45,12 @@ class CommandBatch:
     # written is its command's fault then, not a commit's failure later.
     encoded: dict[str, bytes] = field(default_factory=dict)
     applied: set[tuple[str, str]] = field(default_factory=set)
+    # Request ids of another writer's events in the log that none could be folded of
+    # (dead-lettered): sent again, a duplicate; read again, tried again.
+    passed: set[tuple[str, str]] = field(default_factory=set)
+    # Per aggregate, the request id of another writer's events the follow folded last, and
+    # that event's offset: the decision's later events share the id (`PartitionStates`).
+    following: dict[str, tuple[str, int]] = field(default_factory=dict)
     out: list[OutRecord] = field(default_factory=list)
     offsets: dict[tuple[str, int], int] = field(default_factory=dict)
     stats: BatchStats = field(default_factory=lambda: BatchStats())
@@ -74,4 +80,4 @@ class CommandBatch:
     @property
     def empty(self) -> bool:
         """Nothing decided, followed or read: no need to commit it."""
-        return not (self.out or self.staged or self.applied or self.offsets)
+        return not (self.out or self.staged or self.applied or self.passed or self.offsets)

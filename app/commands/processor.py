@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any
 
 from app.commands.batch import BatchStats, CommandBatch, Commit, LocalDecided
@@ -27,12 +28,14 @@ from app.commands.records import (
     misrouted,
     result_record,
     state_key,
+    targeted,
+    unreachable,
     written_in_process,
 )
 from app.commands.states import PartitionStates
-from app.errors import BadRecord, MissingTopic, node_fault
+from app.errors import BadRecord, node_fault
 from app.kafka import LogReader, OutRecord, Record
-from app.kafka.catalog import TopicCatalog, no_target_message
+from app.kafka.catalog import TopicCatalog
 from app.kafka.records import RestoreProgress
 from app.model.aggregate import AggregateType
 from app.model.decide import Decided, cut_message, decide, fold
@@ -50,7 +53,6 @@ from app.protocol.wire import (
     ResultCode,
     encode,
 )
-from tables import AggregateRef
 from tables.aggregate_store import AggregateStateStore
 
 __all__ = [
@@ -90,6 +92,7 @@ class CommandProcessor:
         # The cluster's topics: a decision sending to a command topic not there is refused
         # (its send would fail the partition's transaction, again at each retake).
         self.targets = targets
+        self._unreachable = None if targets is None else partial(unreachable, targets)
         self.partition = partition
         self.partitions = partitions
         self.topics = AggregateTopics(agg.context, agg.name)
@@ -308,21 +311,32 @@ class CommandProcessor:
         append) into its aggregate when it is ahead of it, so that the versions this node
         appends never go back; whether it did. Its own events, read back, and another
         writer's events at or behind the aggregate's version, change nothing here (their
-        timers are ordered by their own versions in the timer table)."""
+        timers are ordered by their own versions in the timer table). The events after the
+        first of another writer's decision share its request id: folded too. One whose
+        fold raises (the caller dead-letters it) leaves its request id applied."""
         if event.aggregate.type_name != self.agg.type_name:
             return False
         batch.log_offset = max(offset, batch.log_offset or 0)
         aid = state_key(event.aggregate)
         applied = (aid, applied_id(event))
-        if self._states.applied(batch, applied):
-            return False
+        sibling = self._states.folded(batch, applied)
+        if sibling:  # its own event read back, unless the next of a request followed
+            mark = self._states.following(batch, aid)
+            if mark is None or mark[0] != applied[1] or offset <= mark[1]:
+                return False
         stored = batch.staged.get(aid) or self._states.stored(aid)
-        if event.version <= (stored.version if stored is not None else 0):
+        at = stored.version if stored is not None else 0
+        if event.version < at or (event.version == at and not sibling):
             return False
-        folded = fold(self.agg, stored, [event])  # before the batch changes: it may raise
-        batch.encoded[aid] = self._states.encode(aid, stored, folded, logged=True)
+        try:
+            folded = fold(self.agg, stored, [event])  # before the batch changes: it may raise
+            batch.encoded[aid] = self._states.encode(aid, stored, folded, logged=True)
+        except Exception:
+            batch.passed.add(applied)  # the log holds it: sent again, a duplicate
+            raise
         batch.staged[aid] = folded
         batch.applied.add(applied)
+        batch.following[aid] = (applied[1], offset)
         return True
 
     def _decide(self, batch: CommandBatch, cmd: CommandEnvelope) -> tuple[Decided, int | None]:
@@ -330,15 +344,17 @@ class CommandProcessor:
         commands join the batch's records. The decision and the aggregate's version."""
         aid = state_key(cmd.aggregate)
         stored = batch.staged.get(aid) or self._states.stored(aid)
-        d = self._targeted(
+        d = targeted(
+            self.targets,
             decide(
                 self.agg,
                 stored,
                 cmd,
                 now=batch.now,
                 seen=self._states.applied(batch, (aid, cmd.request_id)),
-                unreachable=self._unreachable if self.targets is not None else None,
-            )
+                unreachable=self._unreachable,
+            ),
+            f"{self._commands_topic}[{self.partition}]",
         )
         if d.stored is not None:
             # Everything encoded before the batch changes: a decision whose events, commands
@@ -362,26 +378,6 @@ class CommandProcessor:
             batch.fired_due.append(cmd.not_before)
         version = d.stored.version if d.stored else (stored.version if stored else None)
         return d, version
-
-    def _unreachable(self, target: AggregateRef) -> str | None:
-        """Why a command to `target` cannot be sent (`Decision.send` raises it), or None."""
-        topic = AggregateTopics(target.context, target.aggregate).commands
-        if self.targets is not None and self.targets.missing(topic):
-            return no_target_message(topic)
-        return None
-
-    def _targeted(self, d: Decided) -> Decided:
-        """`d`, or ERROR (dead-lettered, not applied: a retry decides it again) when a
-        command it sends goes to a topic the cluster does not have: the backstop of
-        `Decision.send`'s check, for commands a handler put in `Decision.commands` itself."""
-        if self.targets is None or not d.commands:
-            return d
-        for topic in dict.fromkeys(command_record(c)[0] for c in d.commands):
-            if self.targets.missing(topic):
-                message = no_target_message(topic)
-                logger.warning("%s[%d]: %s", self.topics.commands, self.partition, message)
-                return Decided(ResultCode.ERROR, message, [], None, error=MissingTopic(message))
-        return d
 
     def _result(
         self,

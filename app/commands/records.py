@@ -1,14 +1,18 @@
-"""The records the command path reads and writes: where each belongs (`misrouted`), the
-keys it keeps aggregates and request ids under, and the records it writes beside the
-events (commands sent, results, dead letters)."""
+"""The records the command path reads and writes: where each belongs (`misrouted`, and a
+restore's count of those out of place, `Misplaced`), the keys it keeps aggregates and
+request ids under, and the records it writes beside the events (commands sent and whether
+their topics exist, results, dead letters)."""
 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Protocol
 
-from app.errors import RecordTooLarge
+from app.errors import MissingTopic, RecordTooLarge
 from app.kafka import OutRecord, Record
+from app.kafka.catalog import TopicCatalog, no_target_message
+from app.model.decide import Decided
 from app.protocol.dead_letters import Stage, dead_letter, error_message
 from app.protocol.limits import InputLimits
 from app.protocol.topics import AggregateTopics
@@ -17,12 +21,14 @@ from app.protocol.wire import (
     CommandEnvelope,
     CommandResult,
     EventEnvelope,
+    ResultCode,
     encode,
 )
 from tables import AggregateRef
 from tables.partitioner import key_partition, partition_of
 
 __all__ = [
+    "Misplaced",
     "Reply",
     "applied_id",
     "check_sizes",
@@ -31,6 +37,8 @@ __all__ = [
     "misrouted",
     "result_record",
     "state_key",
+    "targeted",
+    "unreachable",
     "written_in_process",
 ]
 
@@ -69,6 +77,37 @@ def dead_letter_record(
         (error if isinstance(error, str) else error_message(error))[:500],
     )
     return dead_letter(record, error, stage, now, limit=limits.dead_letter_bytes)
+
+
+@dataclass
+class Misplaced:
+    """The events a restore found outside their aggregate's partition (`misrouted`), not
+    folded: how many, and the first's offset, key and why."""
+
+    count: int = 0
+    offset: int = -1
+    key: bytes | None = None
+    why: str = ""
+
+    def add(self, record: Record, why: str) -> None:
+        if not self.count:
+            self.offset, self.key, self.why = record.offset, record.key, why
+        self.count += 1
+
+    def log(self, events_topic: str, partition: int, partitions: int) -> None:
+        logger.error(
+            "%s[%d]: %d events are not in their aggregate's partition (murmur2 over %d "
+            "partitions), not folded into its state; the first at offset %d, key %s: %s. "
+            "Were partitions added to the topics? Aggregates do not move with them "
+            "(docs/operations.md, Scaling)",
+            events_topic,
+            partition,
+            self.count,
+            partitions,
+            self.offset,
+            "none" if self.key is None else repr(self.key[:100]),
+            self.why[:300],
+        )
 
 
 def misrouted(record: Record, aggregate: AggregateRef, partitions: int) -> str | None:
@@ -143,3 +182,23 @@ def written_in_process(record: Record) -> bool:
     """Whether a command record carries the header a node writes with a command it
     decided in-process (`IN_PROCESS_HEADER`): its own record of what it sent."""
     return any(name == IN_PROCESS_HEADER for name, _ in record.headers)
+
+
+def unreachable(targets: TopicCatalog, target: AggregateRef) -> str | None:
+    """Why a command to `target` cannot be sent (`Decision.send` raises it), or None."""
+    topic = AggregateTopics(target.context, target.aggregate).commands
+    return no_target_message(topic) if targets.missing(topic) else None
+
+
+def targeted(targets: TopicCatalog | None, d: Decided, where: str) -> Decided:
+    """`d`, or ERROR (dead-lettered, not applied: a retry decides it again) when a
+    command it sends goes to a topic the cluster does not have: the backstop of
+    `Decision.send`'s check, for commands a handler put in `Decision.commands` itself."""
+    if targets is None or not d.commands:
+        return d
+    for topic in dict.fromkeys(command_record(c)[0] for c in d.commands):
+        if targets.missing(topic):
+            message = no_target_message(topic)
+            logger.warning("%s: %s", where, message)
+            return Decided(ResultCode.ERROR, message, [], None, error=MissingTopic(message))
+    return d

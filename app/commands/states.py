@@ -8,13 +8,12 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from pydantic import ValidationError
 
 from app.commands.batch import CommandBatch
-from app.commands.records import applied_id, misrouted, state_key
+from app.commands.records import Misplaced, applied_id, misrouted, state_key
 from app.errors import BadRecord, node_fault
 from app.kafka import LogReader, Record
 from app.kafka.records import RestoreProgress
@@ -36,21 +35,8 @@ _REQUEST_SWEEP = 250
 _WARNED_MAX = 10_000
 """Aggregates remembered as warned of past the state bound (then forgotten, warned anew)."""
 
-
-@dataclass
-class Misplaced:
-    """The events a restore found outside their aggregate's partition (`misrouted`), not
-    folded: how many, and the first's offset, key and why."""
-
-    count: int = 0
-    offset: int = -1
-    key: bytes | None = None
-    why: str = ""
-
-    def add(self, record: Record, why: str) -> None:
-        if not self.count:
-            self.offset, self.key, self.why = record.offset, record.key, why
-        self.count += 1
+_FOLLOWING_MAX = 10_000
+"""Aggregates whose request followed is remembered (a decision's events are adjacent)."""
 
 
 class PartitionStates:
@@ -85,8 +71,12 @@ class PartitionStates:
         # request id, each with the batch that wrote it (removed when that one commits).
         self._pending_states: dict[str, tuple[StoredAggregate, CommandBatch]] = {}
         self._pending_applied: dict[tuple[str, str], CommandBatch] = {}
+        self._pending_passed: dict[tuple[str, str], CommandBatch] = {}
         # The aggregates the log grew past `max_state_bytes`, warned of once each.
         self._warned: set[str] = set()
+        # Per aggregate, the request id of another writer's events last followed and the
+        # offset of the last of them folded (`following`).
+        self._following: dict[str, tuple[str, int]] = {}
 
     async def restore(
         self,
@@ -147,7 +137,7 @@ class PartitionStates:
         if progress is not None:
             progress(to_read, to_read)
         if found.count:
-            self._misplaced(found)
+            found.log(self.events_topic, self.partition, self.partitions)
             if misplaced is not None:
                 misplaced(found.count)
         forgotten = await self._forget_expired(self._now())
@@ -160,21 +150,6 @@ class PartitionStates:
             forgotten,
         )
         return count
-
-    def _misplaced(self, found: Misplaced) -> None:
-        logger.error(
-            "%s[%d]: %d events are not in their aggregate's partition (murmur2 over %d "
-            "partitions), not folded into its state; the first at offset %d, key %s: %s. "
-            "Were partitions added to the topics? Aggregates do not move with them "
-            "(docs/operations.md, Scaling)",
-            self.events_topic,
-            self.partition,
-            found.count,
-            self.partitions,
-            found.offset,
-            "none" if found.key is None else repr(found.key[:100]),
-            found.why[:300],
-        )
 
     async def _forget_expired(self, now: int) -> int:
         """Forgets every request id past the window; how many. Only commits sweep them
@@ -208,6 +183,7 @@ class PartitionStates:
             by_id.setdefault(state_key(event.aggregate), []).append(event)
         states: dict[str, bytes] = {}
         requests: list[tuple[str, str]] = []
+        passed: list[tuple[str, str]] = []
         newest = 0
         floor = now - self.request_id_window
         for aggregate_id, events in by_id.items():
@@ -216,15 +192,19 @@ class PartitionStates:
             if state is not None:
                 states[aggregate_id] = state
                 self._warn_over(aggregate_id, len(state))
-            for e in folded:
+            # An event passed over is the log's all the same: its request was applied (sent
+            # again, a duplicate), but it is not folded: the subscription tries it again.
+            done = None if folded is events else {id(e) for e in folded}
+            for e in events:
                 # Never after now: a writer's date in the future (year 9999) would keep the
                 # id past any sweep, and with it every id of its batch.
                 at = min(e.created_at, now)
                 if at > floor:  # else past the window: a commit's sweep would forget it
-                    requests.append((aggregate_id, applied_id(e)))
+                    kept = requests if done is None or id(e) in done else passed
+                    kept.append((aggregate_id, applied_id(e)))
                     newest = max(newest, at)
         # Kept from the newest id's time: at least the window after each was applied.
-        self._store.write(self.partition, states, requests, batch[-1].offset, newest)
+        self._store.write(self.partition, states, requests, batch[-1].offset, newest, passed)
 
     def _fold_each(
         self, stored: StoredAggregate | None, events: list[EventEnvelope]
@@ -335,12 +315,29 @@ class PartitionStates:
 
     def applied(self, batch: CommandBatch, applied: tuple[str, str]) -> bool:
         """Whether the aggregate `applied[0]` applied the request id `applied[1]`: in
-        `batch`, in a batch staged, or committed and still within the window."""
+        `batch`, in a batch staged, or committed and still within the window (folded or
+        passed over: a command sent again is a duplicate)."""
         return (
             applied in batch.applied
             or applied in self._pending_applied
+            or applied in batch.passed
+            or applied in self._pending_passed
             or self._store.seen(self.partition, *applied)
         )
+
+    def folded(self, batch: CommandBatch, applied: tuple[str, str]) -> bool:
+        """Whether an event of the request id `applied[1]` was folded into the aggregate
+        `applied[0]` (or decided here): as `applied`, less those only passed over."""
+        return (
+            applied in batch.applied
+            or applied in self._pending_applied
+            or self._store.folded(self.partition, *applied)
+        )
+
+    def following(self, batch: CommandBatch, aggregate_id: str) -> tuple[str, int] | None:
+        """The request id of another writer's events the live follow last folded into the
+        aggregate, and that event's offset (its later events are folded too)."""
+        return batch.following.get(aggregate_id) or self._following.get(aggregate_id)
 
     def staged(self, batch: CommandBatch) -> None:
         """The batch waits for the partition's next commit: what it decided counts for the
@@ -349,6 +346,11 @@ class PartitionStates:
             self._pending_states[aid] = (stored, batch)
         for applied in batch.applied:
             self._pending_applied[applied] = batch
+        for applied in batch.passed:
+            self._pending_passed[applied] = batch
+        if len(self._following) + len(batch.following) > _FOLLOWING_MAX:
+            self._following.clear()
+        self._following.update(batch.following)
 
     def committed(self, batch: CommandBatch, written: Sequence[int]) -> None:
         """Writes the batch's aggregate states once its transaction committed; `written`:
@@ -359,6 +361,9 @@ class PartitionStates:
         for applied in batch.applied:
             if self._pending_applied.get(applied) is batch:
                 del self._pending_applied[applied]
+        for applied in batch.passed:
+            if self._pending_passed.get(applied) is batch:
+                del self._pending_passed[applied]
         last_event = max(
             (o for rec, o in zip(batch.out, written, strict=True) if rec[0] == self.events_topic),
             default=None,
@@ -372,6 +377,7 @@ class PartitionStates:
             batch.applied,
             max(known) if known else None,
             batch.now,
+            batch.passed,
         )
         # Bounded, so that a commit never waits long for it; the next commits go on.
         self._store.expire_requests(

@@ -225,3 +225,20 @@ def test_a_sweep_never_scans_the_ids_it_forgot_before(tmp_path: Path) -> None:
     assert store.expire_requests(0, before=2_000, limit=4) == 1
     assert not store.seen(0, "c", "r") and store.seen(0, "b", "r")
     store.close()
+
+
+def test_an_id_passed_over_is_seen_not_folded_until_applied(store: AggregateStateStore) -> None:
+    store.write(0, {}, [("a", "r1")], 1, 10, passed=[("a", "r1"), ("a", "r2")])
+    assert store.seen(0, "a", "r1") and store.folded(0, "a", "r1"), "applied wins"
+    assert store.seen(0, "a", "r2") and not store.folded(0, "a", "r2")
+    store.write(0, {}, [], 2, 20, passed=[("a", "r1")])
+    assert store.folded(0, "a", "r1"), "never made passed over once applied"
+    store.write(0, {}, [("a", "r2")], 3, 30)
+    assert store.folded(0, "a", "r2")
+    # One sweep entry each, at its latest write: r1 (10) goes first, r2 (30) stays.
+    assert store.expire_requests(0, 25, 10) == 1
+    assert not store.seen(0, "a", "r1") and store.folded(0, "a", "r2")
+    store.write(0, {}, [], 4, 40, passed=[("b", "r3")])
+    assert store.expire_requests(0, 35, 10) == 1 and not store.seen(0, "a", "r2")
+    assert store.seen(0, "b", "r3") and not store.folded(0, "b", "r3")
+    assert store.expire_requests(0, 40, 10) == 1 and not store.seen(0, "b", "r3")
