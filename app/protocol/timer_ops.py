@@ -7,7 +7,7 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Final, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from app.protocol.envelope import Envelope
 from tables import AggregateRef
@@ -23,13 +23,13 @@ class TimerAction(StrEnum):
     """The PARKED timers CANCELLED with the outcome SKIPPED."""
 
 
-class TimerOp(BaseModel):
+class TimerOp(Envelope):
     """One operator's request on the PARKED timers of `target`, on the timer-ops topic.
 
-    Unknown fields are kept, as on every other topic.
+    Unknown fields are kept, as on every other topic, within a body's bounds
+    (`tables.bounds`): a request holding one past them is a bad record, dead-lettered
+    unanswered, never carried out.
     """
-
-    model_config = ConfigDict(frozen=True, extra="allow")
 
     request_id: str = Field(min_length=1, max_length=200, description="unique per request")
     action: TimerAction

@@ -220,24 +220,20 @@ class CommandEnvelope(Envelope):
     )
 
 
-_WRITTEN_BY_PYDANTIC: Final = (Envelope, TimerOp, TimerOpAnswer)
-"""(A tuple: `Envelope | TimerOp | TimerOpAnswer` in `encode` made a union at every call.)"""
-
-
 def encode(model: BaseModel) -> bytes:
     """JSON bytes of an envelope, unknown fields included.
 
-    An envelope (or timer op) is written by pydantic's own serializer straight to JSON, at
-    less than half the cost of a dict for orjson (every fired timer writes three or more;
-    #20): the same bytes, as everything in it is bounded JSON (`check_json`), which both
-    write alike (`tests/unit/test_wire_encode.py`). Any other model, whose fields may hold
-    what orjson refuses (an integer past 64 bits in an aggregate's state), an envelope
-    pydantic cannot write, and one whose dicts (the only parts of a frozen envelope that
-    can change after its validation) orjson refuses, such as an integer past 64 bits put
-    in its body since, which pydantic would write, go through orjson: refused as they
-    always were.
+    An envelope (a timer op and its answer are ones too) is written by pydantic's own
+    serializer straight to JSON, at less than half the cost of a dict for orjson (every
+    fired timer writes three or more; #20): the same bytes, as everything in it is bounded
+    JSON (`check_json`), which both write alike (`tests/unit/test_wire_encode.py`). Any
+    other model, whose fields may hold what orjson refuses (an integer past 64 bits in an
+    aggregate's state), an envelope pydantic cannot write, and one whose dicts (the only
+    parts of a frozen envelope that can change after its validation) orjson refuses, such as
+    an integer past 64 bits put in its body since, which pydantic would write, go through
+    orjson: refused as they always were.
     """
-    if isinstance(model, _WRITTEN_BY_PYDANTIC):
+    if isinstance(model, Envelope):
         try:
             written = model.__pydantic_serializer__.to_json(model)
         except PydanticSerializationError:
