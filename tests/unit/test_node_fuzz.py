@@ -8,11 +8,13 @@ timers on every partition, and results on the context's results topic whose code
 refusal) is a newer writer's (well-formed, unknown to this version) or just outside the
 codes' shape (65 characters, lower case, a control character); records shaped like an
 owner's answer to an operator's request (`timer-op-answer`) there, at their fields' bounds
-or past them, or no JSON at all (`hostile_records`), and answers on the input topics. What
-must hold: every partition keeps firing, every valid timer fires once, each bad record has
-exactly one dead letter holding its bytes and headers, nothing valid is dead-lettered, no
-result is, each result of a newer code is counted once (read as ERROR), none other, and
-the node's "unreadable result" lines (bounded) name unreadable results alone, never an
+or past them, or no JSON at all (`hostile_records`), and answers on the input topics; and
+records shaped like an operator's request on the timer-ops topic alike (unknown fields
+within a body's bounds and past them: `hostile_records.hostile_ops`). What must hold:
+every partition keeps firing, every valid timer fires once, each bad record has exactly
+one dead letter holding its bytes and headers, nothing valid is dead-lettered, no result
+is, each result of a newer code is counted once (read as ERROR), none other, and the
+node's "unreadable result" lines (bounded) name unreadable results alone, never an
 answer.
 
 Each bad record is checked to be bad before it is written (`refused`, the node's own
@@ -45,13 +47,16 @@ from fakes import RunningNode, running, wait_until
 from hostile_records import (
     MISSING,
     Hostile,
+    HostileOp,
     Raw,
     answer_base,
     dump,
     hostile_answers,
+    hostile_ops,
     nested,
     with_field,
 )
+from hostile_records import op_base as request_fields
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel
@@ -82,6 +87,7 @@ from app.protocol.wire import (
     encode,
 )
 from app.service import Service
+from app.timers.op_answers import answer_of
 from app.timers.subscription import timer_op
 from tables import AggregateRef, CommandSpec, OnceRule, Timer, TimerStatus
 from tables.bounds import MAX_DEPTH, MAX_INSTANT, MAX_INT64, MIN_INT64
@@ -172,7 +178,8 @@ def refused(kind: Kind, key: bytes | None, value: bytes | None, partition: int) 
     try:
         LIMITS.check(key, value)
         if kind == "timer-ops":
-            decode(TimerOp, value)
+            # As a node reads it: it names parked timers' target as stored (`new_names`).
+            decode(TimerOp, value, new_names=False)
             return False
         if kind == "events":
             event = decode(EventEnvelope, value)
@@ -426,7 +433,36 @@ class OpAnswer:
 op_answers = st.builds(OpAnswer, st.sampled_from(OP_ANSWERS), st.integers(0, PARTITIONS - 1))
 
 
-Item = Bad | Valid | Noise | Answer | OpAnswer
+# --- records shaped like an operator's request on the timer-ops topic ------------------------
+
+OP_REQUESTS = hostile_ops(request_fields("op-request", ref("requested")))
+"""Requests at their fields' bounds (unknown ones too), records just past them, and bytes
+no reader takes."""
+
+
+@dataclass(frozen=True)
+class OpRequest:
+    """A record of `OP_REQUESTS` that reads as a request (`case.request`), on the timer-ops
+    topic, partition `partition`: carried out (nothing of its target is parked) and answered,
+    never dead-lettered. One that does not is a `Bad` (`op_item`)."""
+
+    case: HostileOp
+    partition: int
+
+    def record(self, now: int) -> OutRecord:
+        return (TOPICS.timer_ops, self.partition, None, self.case.value)
+
+
+def op_item(case: HostileOp, partition: int) -> OpRequest | Bad:
+    """`case` on the timer-ops topic: a request, or a bad record with its one letter."""
+    if case.request:
+        return OpRequest(case, partition)
+    return Bad("timer-ops", None, case.value, partition, f"timer-op {case.why}")
+
+
+op_requests = st.builds(op_item, st.sampled_from(OP_REQUESTS), st.integers(0, PARTITIONS - 1))
+
+Item = Bad | Valid | Noise | Answer | OpAnswer | OpRequest
 
 
 def valid_timer(
@@ -577,6 +613,7 @@ OP_FIELDS: list[tuple[str, ...]] = [
     ("target", "id"),
     ("target", "tenant"),
     ("requested_at",),
+    ("extra",),  # an unknown field: kept within a body's bounds
 ]
 
 EXTREMES: list[Any] = [
@@ -879,6 +916,7 @@ def scenarios(draw: st.DrawFn) -> Scenario:
     answered += [f"noise-c{n}" for n, what in enumerate(noise) if what in ("not-due", "later")]
     mixed += draw(st.lists(answers(answered), max_size=6))
     mixed += draw(st.lists(op_answers, max_size=10))
+    mixed += draw(st.lists(op_requests, max_size=10))
     items = draw(st.permutations(mixed))
     # After every bad record, one more timer in each partition: each partition goes on.
     for p in range(PARTITIONS):
@@ -1013,7 +1051,9 @@ def result_lines() -> Iterator[ResultLines]:
         logger.setLevel(level)
 
 
-async def play(scenario: Scenario, data: Path) -> None:
+async def play(scenario: Scenario, data: Path) -> MemoryLog:
+    """Plays `scenario` to a node, then a second node takes every partition afresh: the
+    log they wrote, for a test's own checks."""
     log = MemoryLog()
     written: dict[Position, Bad] = {}
     # The results topic's records of the scenario, and those of them that are answers.
@@ -1064,6 +1104,7 @@ async def play(scenario: Scenario, data: Path) -> None:
             assert newer_codes_counted(node) == 0, "results are read from their end: none again"
             assert_healthy(node)
         assert not lines.named, "results are read from their end: none logged again"
+    return log
 
 
 async def played(
@@ -1146,6 +1187,31 @@ async def test_every_record_shaped_as_an_answer_stops_nothing(tmp_path: Path) ->
         items.insert(0, Valid(owners(p, 1, prefix="first")[0], "event", 100))
         items.append(Valid(owners(p, 1, prefix="last")[0], "command", 100))
     await play(Scenario([], items), tmp_path)
+
+
+async def test_every_record_shaped_as_a_request_stops_nothing(tmp_path: Path) -> None:
+    """Each of `OP_REQUESTS` on the timer-ops topic (requests at their fields' bounds,
+    unknown fields among them, records past them, bytes no reader takes), among valid
+    timers of every partition: each that is no request has its one letter, read as no
+    request (READ: never carried out), and the others none; every partition goes on."""
+    items: list[Item] = [op_item(c, n % PARTITIONS) for n, c in enumerate(OP_REQUESTS)]
+    for bad in items:
+        if isinstance(bad, Bad):
+            assert refused(bad.kind, bad.key, bad.value, bad.partition), bad
+    for p in range(PARTITIONS):
+        items.insert(0, Valid(owners(p, 1, prefix="first")[0], "event", 100))
+        items.append(Valid(owners(p, 1, prefix="last")[0], "command", 100))
+    log = await play(Scenario([], items), tmp_path)
+    stages = {pos: got[0].context.stage for pos, got in letters(log).items()}
+    assert set(stages.values()) == {Stage.READ}, stages
+    # Each request answered once (DONE, or DUPLICATE of the first copy in its partition).
+    answered = [
+        answer
+        for p in range(PARTITIONS)
+        for r in log.records(CONTEXT_TOPICS.results, p)
+        if (answer := answer_of(r)) is not None
+    ]
+    assert len(answered) == sum(isinstance(i, OpRequest) for i in items), answered
 
 
 # --- the records of the bug report ----------------------------------------------------------
