@@ -43,6 +43,8 @@ with `_total`, histograms for durations. What each measures, and where:
   and the IANA release of the zones rules are stepped in (`tables.zones`). Joined on in
   queries (`* on(instance) group_left(version) tickwheel_build_info`) it shows which
   release each node runs, as during a rolling upgrade.
+- `tickwheel_http_connections`, `tickwheel_http_connections_shed_total{why}`: the HTTP
+  edge's open connections, and those its cap closed or refused (`app.ops.connection_cap`).
 - `tickwheel_kafka_client_cert_expiry_timestamp_seconds{file}`: the notAfter of the Kafka
   client certificate loaded (`app.kafka.tls_reload`), set at the start and at each renewal.
 
@@ -279,6 +281,20 @@ class NodeMetrics:
             "Duration of a partition's restore, by aggregate type and store (timers, states)",
             ["type", "store"],
             buckets=RESTORE_BUCKETS,
+            registry=r,
+        )
+        self.http_connections = Gauge(
+            "tickwheel_http_connections",
+            "Connections open to the HTTP edge (at most TICKWHEEL_WEB_MAX_CONNECTIONS and the "
+            "probes' room)",
+            registry=r,
+        )
+        self.http_connections_shed = Counter(
+            "tickwheel_http_connections_shed",
+            "HTTP connections the edge's cap closed or refused, by why: idle (closed to let a "
+            "new one in), refused (a new one answered 503), probe_only (a request other than "
+            "a probe's on the probes' room, answered 503)",
+            ["why"],
             registry=r,
         )
         self.client_cert_expiry = Gauge(

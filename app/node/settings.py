@@ -126,6 +126,15 @@ class Settings(BaseSettings):
     web_token: SecretStr | None = None
     """When set, every action (POST) of the HTTP edge needs it (`Authorization: Bearer
     <token>`, or the operator page's token field and cookie); reads stay open."""
+    web_max_connections: int = Field(default=100, ge=1, le=10_000)
+    """Connections the HTTP edge serves at once (each holds one of the worker's file
+    descriptors); past them, an idle one is closed for a new one, else the new one is
+    refused, with room kept for probes (`app.ops.connection_cap`)."""
+    web_idle_timeout_ms: int = Field(default=75_000, ge=1_000, le=7_200_000)
+    """How long an HTTP connection may idle between requests, or take to send a request's
+    head, before the edge closes it (a body has its own bound, `app.ops.slow_body`).
+    Longer than the 60 s idle timeout of common load balancers and scrape intervals; behind
+    a proxy that keeps idle connections longer, above its."""
     web_url: str | None = Field(default=None, pattern=WEB_URL_PATTERN, max_length=500)
     """This node's operator page as the other nodes' pages link to it; unset: derived from
     `web_host` and `web_port` unless the host is a wildcard (0.0.0.0, ::)."""

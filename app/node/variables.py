@@ -39,6 +39,8 @@ VARIABLES: Final[Mapping[str, str]] = {
     "web_host": "TICKWHEEL_WEB_HOST",
     "web_token": "TICKWHEEL_WEB_TOKEN",
     "web_url": "TICKWHEEL_WEB_URL",
+    "web_max_connections": "TICKWHEEL_WEB_MAX_CONNECTIONS",
+    "web_idle_timeout_ms": "TICKWHEEL_WEB_IDLE_TIMEOUT_MS",
     "status_interval_ms": "TICKWHEEL_STATUS_INTERVAL_MS",
     "busy_backlog": "TICKWHEEL_BUSY_BACKLOG",
     "commit_interval_ms": "TICKWHEEL_COMMIT_INTERVAL_MS",

@@ -10,7 +10,9 @@ the client is answered 408 and the connection closed, and one INFO line says so 
 one a minute, as `app.ops.client_faults` logs a client's other faults).
 
 The head (the request line and headers) is aiohttp's to bound: a connection that has not
-sent a whole head is closed `KEEPALIVE_S` after it opened or after its last answer.
+sent a whole head is closed the keep-alive timeout (`TICKWHEEL_WEB_IDLE_TIMEOUT_MS`, 75 s)
+after it opened or after its last answer, as is one idle that long between requests. That
+timeout never cuts a request in progress: a slow body has this bound, whatever it is.
 """
 
 from __future__ import annotations
@@ -27,20 +29,13 @@ from aiohttp.typedefs import Middleware
 from app.log_limit import LogLimit
 from app.ops.json_answers import json_response
 
-__all__ = ["BODY_TIMEOUT_S", "KEEPALIVE_S", "body_deadline"]
+__all__ = ["BODY_TIMEOUT_S", "body_deadline"]
 
 logger = logging.getLogger(__name__)
 
 BODY_TIMEOUT_S: Final = 30.0
 """How long a request's body may take to arrive, all of it (bodies are at most aiohttp's
 1 MiB: 35 KB/s)."""
-
-KEEPALIVE_S: Final = 3630.0
-"""aiohttp's `keepalive_timeout`, its default, kept: how long a connection may idle, or
-take to send a request's head. Longer than the idle keep-alive of load balancers (Google
-Cloud's 600 s, Envoy's 3600 s), which must be, or one sends a request on a connection the
-node is closing under it (a 502); a shorter one would not stop a client holding
-connections anyway, which opens new ones as they are closed."""
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 

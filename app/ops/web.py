@@ -41,10 +41,16 @@ The web token (`TICKWHEEL_WEB_TOKEN`): when the node has one, every action (any 
 but GET, HEAD and OPTIONS) needs it, sent as `Authorization: Bearer <token>` or, by the
 operator page's forms, in a field and then a cookie (`app.ops.action_guard`, which every
 action passes); reads stay open.
+
+Connections: at most `TICKWHEEL_WEB_MAX_CONNECTIONS`, with room kept for the probes
+(`app.ops.connection_cap`); one idle `TICKWHEEL_WEB_IDLE_TIMEOUT_MS` between requests, or
+that long sending a head, is closed (aiohttp's keep-alive timeout); a body must arrive
+within `BODY_TIMEOUT_S` (`app.ops.slow_body`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from typing import TYPE_CHECKING
@@ -55,6 +61,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from app.errors import TickwheelError
 from app.ops.action_guard import TOKEN_COOKIE, ActionGuard
 from app.ops.client_faults import SERVER_LOG
+from app.ops.connection_cap import ConnectionCap
 from app.ops.forms import posted_form, without_token
 from app.ops.html_answers import CONTENT_SECURITY_POLICY, acted_response, html_response
 from app.ops.job_routes import JobRoutes
@@ -63,7 +70,7 @@ from app.ops.openapi import openapi_document
 from app.ops.page import OperatorPage, default_node_id
 from app.ops.page_actions import JOB_FORM, TIMER_FORM, PageActions
 from app.ops.page_ledger import ledger_json
-from app.ops.slow_body import BODY_TIMEOUT_S, KEEPALIVE_S, body_deadline
+from app.ops.slow_body import BODY_TIMEOUT_S, body_deadline
 from app.ops.timer_api import DEFAULT_WAIT_S
 from app.ops.timer_routes import TimerRoutes
 from app.ops.upcoming import (
@@ -91,6 +98,9 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
+BACKLOG = 128
+"""Connections the OS queues for the edge to accept (aiohttp's own)."""
+
 STOP_GRACE_S = 2.0
 """How long a stop lets requests in flight end (aiohttp's own is 60 s). A request cut short
 may still have sent its command: sent again with its request id, it is applied once."""
@@ -110,8 +120,12 @@ class WebServer:
         *,
         timer_wait_s: float = DEFAULT_WAIT_S,
         body_timeout_s: float = BODY_TIMEOUT_S,
-        keepalive_s: float = KEEPALIVE_S,
+        keepalive_s: float | None = None,
+        max_connections: int | None = None,
     ) -> None:
+        """`keepalive_s` (how long a connection may idle or take to send a request's head)
+        and `max_connections` (`app.ops.connection_cap`): the node's settings' when None."""
+        settings = node.settings
         self._node = node
         self._timers = TimerRoutes(node, timer_wait_s)
         self._jobs = JobRoutes(node, timer_wait_s)
@@ -119,17 +133,30 @@ class WebServer:
         self._port = port
         self._timer_wait_s = timer_wait_s
         self._body_timeout_s = body_timeout_s
-        self._keepalive_s = keepalive_s
+        idle_s = settings.web_idle_timeout_ms / 1000
+        self._keepalive_s = idle_s if keepalive_s is None else keepalive_s
+        self._max_connections = (
+            settings.web_max_connections if max_connections is None else max_connections
+        )
         self._runner: web.AppRunner | None = None
+        self._listener: asyncio.Server | None = None
         self._started = time.monotonic()
         self.port = port
         self.page: OperatorPage | None = None
-        self._guard = ActionGuard(node.settings)
+        self._guard = ActionGuard(settings)
 
     async def start(self) -> None:
-        # The body's bound first: it covers the guard's read of a form too.
+        metrics = self._node.metrics
+        self._cap = ConnectionCap(
+            self._max_connections,
+            open_gauge=metrics.http_connections,
+            shed=metrics.http_connections_shed,
+        )
+        # The cap's first: a request is in progress from its start. The body's bound next:
+        # it covers the guard's read of a form too.
         guard = self._guard.middleware(lambda: self.page)
-        bounded = [body_deadline(self._body_timeout_s), errors_middleware, guard]
+        deadline = body_deadline(self._body_timeout_s)
+        bounded = [self._cap.middleware(), deadline, errors_middleware, guard]
         app = web.Application(middlewares=bounded)
         app.router.add_get("/livez", self._live)
         app.router.add_get("/readyz", self._ready)
@@ -153,10 +180,14 @@ class WebServer:
             keepalive_timeout=self._keepalive_s,
         )
         await self._runner.setup()
-        site = web.TCPSite(self._runner, self._host, self._port)
-        await site.start()
-        for address in self._runner.addresses:  # the port chosen when asked for port 0
-            self.port = int(address[1])
+        server = self._runner.server
+        assert server is not None
+        # Listened on as aiohttp's `TCPSite` would, each connection through the cap.
+        self._listener = await asyncio.get_running_loop().create_server(
+            self._cap.protocol(server), self._host, self._port, backlog=BACKLOG
+        )
+        for sock in self._listener.sockets:  # the port chosen when asked for port 0
+            self.port = int(sock.getsockname()[1])
         self.page = OperatorPage(self._node, default_node_id(self.port), wait_s=self._timer_wait_s)
         self.page.actions = PageActions(self._node, self.page, self._timer_wait_s)
         logger.info(
@@ -170,6 +201,8 @@ class WebServer:
         """Stops listening; requests in flight have `STOP_GRACE_S` to end, then are cut
         (the node's run is stopped first: a request waiting for its command's answer would
         wait its whole wait, the node's partitions held unworked meanwhile)."""
+        if self._listener is not None:
+            self._listener.close()  # its connections are the runner's to close
         if self._runner is not None:
             await self._runner.cleanup()
 

@@ -598,6 +598,8 @@ def test_the_settings_table_names_every_setting_and_only_settings() -> None:
         ("TICKWHEEL_MAX_RECORD_BYTES", "262144"),
         ("TICKWHEEL_MAX_STATE_BYTES", "4194304"),
         ("TICKWHEEL_COMMIT_INTERVAL_MS", "100"),
+        ("TICKWHEEL_WEB_MAX_CONNECTIONS", "100"),
+        ("TICKWHEEL_WEB_IDLE_TIMEOUT_MS", "75000"),
         ("TICKWHEEL_LOG_LEVEL", "`INFO`"),
         ("TICKWHEEL_LOG_FORMAT", "`text`"),
     ],

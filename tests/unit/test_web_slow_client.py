@@ -21,7 +21,7 @@ from app.ops.page import Acted
 from app.ops.web import WebServer
 
 # Every read of the client is bounded by this: without the bounds under test it would
-# wait for ever (aiohttp's own keep-alive timeout is an hour).
+# wait the default keep-alive timeout (75 s) or for ever.
 OUTER_S = 15.0
 
 _HEAD = (
