@@ -50,7 +50,8 @@ class CommandBatch:
     passed: set[tuple[str, str]] = field(default_factory=set)
     # Per aggregate, the request id of another writer's events the follow folded last, and
     # that event's offset: the decision's later events share the id (`PartitionStates`).
-    following: dict[str, tuple[str, int]] = field(default_factory=dict)
+    # None: this node decided for it since (its own events read back are not the writer's).
+    following: dict[str, tuple[str, int] | None] = field(default_factory=dict)
     out: list[OutRecord] = field(default_factory=list)
     offsets: dict[tuple[str, int], int] = field(default_factory=dict)
     stats: BatchStats = field(default_factory=lambda: BatchStats())

@@ -303,6 +303,7 @@ class CommandProcessor:
         decided = self.decide_local(batch, local)
         if decided and on_local is not None:
             await on_local(decided)
+        self.staged(batch)  # as a node's cycle stages it
         self.committed(batch, await self._commit(batch.out, batch.offsets))
         return batch.stats
 
@@ -319,6 +320,9 @@ class CommandProcessor:
         batch.log_offset = max(offset, batch.log_offset or 0)
         aid = state_key(event.aggregate)
         applied = (aid, applied_id(event))
+        if (why := self._states.passed_over(offset)) is not None:
+            batch.passed.add(applied)
+            raise why  # as the restore met it: the caller dead-letters the event
         sibling = self._states.folded(batch, applied)
         if sibling:  # its own event read back, unless the next of a request followed
             mark = self._states.following(batch, aid)
@@ -368,6 +372,7 @@ class CommandProcessor:
             check_sizes(out, self.limits.max_record_bytes)
             batch.staged[aid] = d.stored
             batch.encoded[aid] = state
+            batch.following[aid] = None
             batch.applied.add((aid, cmd.request_id))
             batch.out += out
             batch.timer_events += [e for e in d.events if e.type in SYSTEM_EVENTS]

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -37,6 +38,9 @@ _WARNED_MAX = 10_000
 
 _FOLLOWING_MAX = 10_000
 """Aggregates whose request followed is remembered (a decision's events are adjacent)."""
+
+_PASSED_MAX = 10_000
+"""Events a restore passed over remembered until the subscription reads them."""
 
 
 class PartitionStates:
@@ -75,8 +79,10 @@ class PartitionStates:
         # The aggregates the log grew past `max_state_bytes`, warned of once each.
         self._warned: set[str] = set()
         # Per aggregate, the request id of another writer's events last followed and the
-        # offset of the last of them folded (`following`).
-        self._following: dict[str, tuple[str, int]] = {}
+        # offset of the last of them folded (`following`), oldest first.
+        self._following: OrderedDict[str, tuple[str, int]] = OrderedDict()
+        # The events the last restore passed over, by offset, and why (`passed_over`).
+        self._passed_at: OrderedDict[int, Exception] = OrderedDict()
 
     async def restore(
         self,
@@ -167,6 +173,7 @@ class PartitionStates:
 
     def _fold_records(self, batch: list[Record], now: int, misplaced: Misplaced) -> None:
         by_id: dict[str, list[EventEnvelope]] = {}
+        offsets: dict[int, int] = {}  # by the event's id()
         for r in batch:
             try:
                 self.limits.check(r.key, r.value)
@@ -181,6 +188,7 @@ class PartitionStates:
                 misplaced.add(r, why)
                 continue
             by_id.setdefault(state_key(event.aggregate), []).append(event)
+            offsets[id(event)] = r.offset
         states: dict[str, bytes] = {}
         requests: list[tuple[str, str]] = []
         passed: list[tuple[str, str]] = []
@@ -188,19 +196,21 @@ class PartitionStates:
         floor = now - self.request_id_window
         for aggregate_id, events in by_id.items():
             stored = self.stored(aggregate_id)
-            state, folded = self._fold_each(stored, events)
+            state, failed = self._fold_each(stored, events)
             if state is not None:
                 states[aggregate_id] = state
                 self._warn_over(aggregate_id, len(state))
-            # An event passed over is the log's all the same: its request was applied (sent
-            # again, a duplicate), but it is not folded: the subscription tries it again.
-            done = None if folded is events else {id(e) for e in folded}
             for e in events:
+                # An event passed over is the log's all the same: its request was applied
+                # (sent again, a duplicate), but not folded: the subscription dead-letters
+                # it when it reads it (`passed_over`).
+                if (failure := failed.get(id(e))) is not None:
+                    self._note_passed(offsets[id(e)], failure)
                 # Never after now: a writer's date in the future (year 9999) would keep the
                 # id past any sweep, and with it every id of its batch.
                 at = min(e.created_at, now)
                 if at > floor:  # else past the window: a commit's sweep would forget it
-                    kept = requests if done is None or id(e) in done else passed
+                    kept = passed if failure is not None else requests
                     kept.append((aggregate_id, applied_id(e)))
                     newest = max(newest, at)
         # Kept from the newest id's time: at least the window after each was applied.
@@ -208,17 +218,19 @@ class PartitionStates:
 
     def _fold_each(
         self, stored: StoredAggregate | None, events: list[EventEnvelope]
-    ) -> tuple[bytes | None, list[EventEnvelope]]:
+    ) -> tuple[bytes | None, dict[int, Exception]]:
         """The aggregate's bytes after those of `events` its appliers take and whose result
-        can be written, and those events: one an applier raises on, or that makes an
-        aggregate no encoder writes, is passed over (the subscription dead-letters it when
-        it follows it; a restore reads it again each time). No bytes: nothing to write."""
+        can be written, and why each other was passed over, by its `id()`: one an applier
+        raises on, or that makes an aggregate no encoder writes (the subscription
+        dead-letters it when it follows it; a restore reads it again each time). No bytes:
+        nothing to write."""
         try:
-            return encode(fold(self.agg, stored, events)), events
+            return encode(fold(self.agg, stored, events)), {}
         except Exception as exc:
             if node_fault(exc):
                 raise
-        current, folded = stored, []
+        current: StoredAggregate | None = stored
+        passed: dict[int, Exception] = {}
         state = None if current is None else encode(current)
         for e in events:
             try:
@@ -233,9 +245,8 @@ class PartitionStates:
                 if node_fault(exc):
                     raise
                 logger.warning("restore passes over event %s (%s): %r", e.id, e.type, exc)
-                continue
-            folded.append(e)
-        return state, folded
+                passed[id(e)] = exc.with_traceback(None)  # its frames let go
+        return state, passed
 
     def encode(
         self,
@@ -336,8 +347,23 @@ class PartitionStates:
 
     def following(self, batch: CommandBatch, aggregate_id: str) -> tuple[str, int] | None:
         """The request id of another writer's events the live follow last folded into the
-        aggregate, and that event's offset (its later events are folded too)."""
-        return batch.following.get(aggregate_id) or self._following.get(aggregate_id)
+        aggregate, and that event's offset (its later events are folded too); None once
+        this node decided for it since."""
+        if aggregate_id in batch.following:
+            return batch.following[aggregate_id]
+        return self._following.get(aggregate_id)
+
+    def _note_passed(self, offset: int, why: Exception) -> None:
+        if len(self._passed_at) >= _PASSED_MAX:
+            self._passed_at.popitem(last=False)  # its event is folded by the follow, or not
+        self._passed_at[offset] = why
+
+    def passed_over(self, offset: int) -> Exception | None:
+        """Why the restore passed over the event at `offset` (forgotten once asked): the
+        subscription dead-letters it for that, neither folding it after the events the
+        restore folded beyond it, nor taking it for folded by its request id (another
+        event of its request may have been)."""
+        return self._passed_at.pop(offset, None) if self._passed_at else None
 
     def staged(self, batch: CommandBatch) -> None:
         """The batch waits for the partition's next commit: what it decided counts for the
@@ -348,9 +374,12 @@ class PartitionStates:
             self._pending_applied[applied] = batch
         for applied in batch.passed:
             self._pending_passed[applied] = batch
-        if len(self._following) + len(batch.following) > _FOLLOWING_MAX:
-            self._following.clear()
-        self._following.update(batch.following)
+        for aid, mark in batch.following.items():
+            self._following.pop(aid, None)
+            if mark is not None:  # kept last: the oldest go first past the bound
+                self._following[aid] = mark
+                if len(self._following) > _FOLLOWING_MAX:
+                    self._following.popitem(last=False)
 
     def committed(self, batch: CommandBatch, written: Sequence[int]) -> None:
         """Writes the batch's aggregate states once its transaction committed; `written`:

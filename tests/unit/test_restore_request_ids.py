@@ -14,13 +14,15 @@ folded the first and passed the others over as applied, the aggregate missing th
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 import pytest
 from fakes import T0
 from pydantic import BaseModel
 
+import app.commands.states as states_module
+from app.commands.batch import CommandBatch
 from app.commands.processor import CommandProcessor
 from app.commands.records import state_key
 from app.kafka import OutRecord, Record
@@ -49,13 +51,14 @@ def pay(state: Paid, cmd: Command, d: Decision) -> None:
 
 @orders.applies("shop.Paid")
 def paid(state: Paid, event: Any) -> Paid:
-    if APPLIER_RAISES["now"]:  # as a deploy's changed applier might
+    if APPLIER_RAISES["now"] or event.body.get("bad"):  # as a deploy's changed applier might
         raise KeyError("amount_cents")
     return state.model_copy(update={"paid": state.paid + event.body["amount"]})
 
 
 ORDER = AggregateRef(context="shop", aggregate="order", id="o-1")
 P = partition_of(ORDER.id, PARTITIONS)
+EVENTS = "shop.order.events"
 
 
 class Commits:
@@ -82,28 +85,56 @@ class Log:
         yield [r for r in self.records if r.offset >= start]
 
 
-def theirs(i: int, version: int, request_id: str = "pay-9") -> EventEnvelope:
-    """The `i`-th event of another writer's decision `request_id` on the order."""
+def theirs(
+    i: int, version: int, request_id: str = "pay-9", *, bad: bool = False, on: AggregateRef = ORDER
+) -> EventEnvelope:
+    """The `i`-th event of another writer's decision `request_id` on the order (`bad`: its
+    applier raises on it)."""
     return EventEnvelope(
-        id=event_id(ORDER, request_id, i),
+        id=event_id(on, request_id, i),
         type="shop.Paid",
-        aggregate=ORDER,
+        aggregate=on,
         version=version,
         created_at=T0,
-        body={"amount": 100},
+        body={"amount": 100, "bad": bad},
         request_id=request_id,
     )
 
 
-def processor(commits: Commits, store: MemoryAggregateStore | None = None) -> CommandProcessor:
+def processor(
+    commits: Commits,
+    store: MemoryAggregateStore | None = None,
+    now: Callable[[], int] = lambda: T0,
+    window: int = 7 * 24 * 3_600_000,
+) -> CommandProcessor:
     return CommandProcessor(
         orders,
         P,
         partitions=PARTITIONS,
         states=store or MemoryAggregateStore(),
         commit=commits,
-        now=lambda: T0,
+        now=now,
+        request_id_window=window,
     )
+
+
+def logged(*events: EventEnvelope) -> Log:
+    """A log of `events`, at offsets 0, 1, ..."""
+    return Log(
+        [
+            Record(EVENTS, P, i, e.aggregate.id.encode(), encode(e), T0, ())
+            for i, e in enumerate(events)
+        ]
+    )
+
+
+def follows(node: CommandProcessor, batch: CommandBatch, at: int, event: EventEnvelope) -> object:
+    """What the follow makes of `event` at offset `at`: folded or not, or what it raised
+    (the caller dead-letters the record for it)."""
+    try:
+        return node.follow(batch, event, at)
+    except KeyError as exc:
+        return exc
 
 
 async def follow_all(
@@ -116,8 +147,8 @@ async def follow_all(
     return followed
 
 
-def paid_of(node: CommandProcessor) -> int:
-    stored = node._states.stored(state_key(ORDER))
+def paid_of(node: CommandProcessor, ref: AggregateRef = ORDER) -> int:
+    stored = node._states.stored(state_key(ref))
     assert stored is not None
     return int(stored.state["paid"])
 
@@ -245,3 +276,57 @@ async def test_this_nodes_own_decision_read_back_is_not_folded_again() -> None:
     # A late event of the request followed first, behind the aggregate's version now.
     assert await follow_all(node, commits, [(3, theirs(1, 1))]) == [False]
     assert paid_of(node) == 200
+
+
+async def test_a_restore_that_folds_part_of_a_request_leaves_the_rest_to_be_dead_lettered() -> None:
+    # Its first event folded, the request counts as folded: without the restore's note of
+    # the event passed over, the follow took the second for folded too, never dead-lettered.
+    log = logged(theirs(0, 1), theirs(1, 1, bad=True))
+    node = processor(Commits())
+    await node.restore(log)
+    batch = node.begin()
+    assert follows(node, batch, 0, theirs(0, 1)) is False
+    assert isinstance(follows(node, batch, 1, theirs(1, 1, bad=True)), KeyError)
+    assert follows(node, batch, 1, theirs(1, 1, bad=True)) is False, "dead-lettered once"
+    assert paid_of(node) == 100
+
+
+async def test_an_event_a_restore_passed_over_before_one_it_folded_is_dead_lettered() -> None:
+    # The later event folded, the aggregate's version is past the bad one's: the follow
+    # passed it over as behind, never dead-lettered.
+    log = logged(theirs(0, 1, "pay-8", bad=True), theirs(0, 2, "pay-9"))
+    node = processor(Commits())
+    await node.restore(log)
+    batch = node.begin()
+    assert isinstance(follows(node, batch, 0, theirs(0, 1, "pay-8", bad=True)), KeyError)
+    assert follows(node, batch, 1, theirs(0, 2, "pay-9")) is False
+    assert paid_of(node) == 100
+
+
+async def test_a_request_followed_then_decided_here_again_is_not_folded_twice() -> None:
+    # pay-1 followed as another writer's, forgotten past the window, then sent here: its own
+    # event read back matched the follow's mark (same request id, later offset), folded again.
+    clock = [T0]
+    commits = Commits()
+    node = processor(commits, now=lambda: clock[0], window=1_000)
+    assert await follow_all(node, commits, [(0, theirs(0, 1, "pay-1"))]) == [True]
+    clock[0] += 5_000
+    await follow_all(node, commits, [])  # its commit sweeps pay-1
+    assert dict((await node.handle([command(1)])).codes) == {ResultCode.COMMITTED: 1}
+    own = EventEnvelope.model_validate_json(commits.events()[-1][3] or b"")
+    assert await follow_all(node, commits, [(2, own)]) == [False]
+    assert paid_of(node) == 200
+
+
+async def test_past_the_bound_the_oldest_marks_go_first(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(states_module, "_FOLLOWING_MAX", 2)
+    ids = [i for i in (f"o-{n}" for n in range(200)) if partition_of(i, PARTITIONS) == P][:3]
+    refs = [AggregateRef(context="shop", aggregate="order", id=i) for i in ids]
+    commits = Commits()
+    node = processor(commits)
+    firsts = [(n, theirs(0, 1, f"r-{n}", on=ref)) for n, ref in enumerate(refs)]
+    assert await follow_all(node, commits, firsts) == [True, True, True]
+    assert await follow_all(node, commits, []) == []  # another batch staged: the marks kept
+    seconds = [(10 + n, theirs(1, 1, f"r-{n}", on=ref)) for n, ref in enumerate(refs)]
+    assert await follow_all(node, commits, seconds[1:]) == [True, True]
+    assert [paid_of(node, ref) for ref in refs] == [100, 200, 200]
