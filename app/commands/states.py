@@ -9,6 +9,7 @@ import logging
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
+from contextlib import aclosing
 from typing import Any
 
 from pydantic import ValidationError
@@ -134,12 +135,13 @@ class PartitionStates:
         if progress is not None:
             progress(0, to_read)
         found = Misplaced()
-        async for batch in reader.read(self.events_topic, self.partition, start):
-            if batch:
-                self._fold_records(batch, self._now(), found)
-                count += len(batch)
-                if progress is not None:
-                    progress(min(batch[-1].offset + 1 - start, to_read), to_read)
+        async with aclosing(reader.read(self.events_topic, self.partition, start)) as batches:
+            async for batch in batches:
+                if batch:
+                    self._fold_records(batch, self._now(), found)
+                    count += len(batch)
+                    if progress is not None:
+                        progress(min(batch[-1].offset + 1 - start, to_read), to_read)
         if progress is not None:
             progress(to_read, to_read)
         if found.count:

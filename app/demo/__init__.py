@@ -16,7 +16,8 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
+from contextlib import aclosing
 
 from pydantic import BaseModel
 
@@ -196,10 +197,11 @@ async def timer_table(clients: Clients, partitions: int) -> dict[bytes, Timer]:
     rows: dict[bytes, Timer] = {}
     async with clients.reader() as reader:
         for p in range(partitions):
-            async for batch in reader.read(ORDERS.timers_changelog, p, 0):
-                for r in batch:
-                    if r.key is not None and r.value is not None:
-                        rows[r.key] = Timer.model_validate_json(r.value)
+            async with aclosing(reader.read(ORDERS.timers_changelog, p, 0)) as batches:
+                async for batch in batches:
+                    for r in batch:
+                        if r.key is not None and r.value is not None:
+                            rows[r.key] = Timer.model_validate_json(r.value)
     return rows
 
 
@@ -255,7 +257,9 @@ async def run_demo(
     return rows
 
 
-async def _tail(clients: Clients, topic: str, partitions: int) -> AsyncIterator[bytes | None]:
+async def _tail(
+    clients: Clients, topic: str, partitions: int
+) -> AsyncGenerator[bytes | None, None]:
     """The values of the records written to `topic` from now on, until cancelled."""
     follower = clients.follower(topic)
     await follower.start()
@@ -272,28 +276,30 @@ async def _tail(clients: Clients, topic: str, partitions: int) -> AsyncIterator[
 async def _watch(
     clients: Clients, partitions: int, started: float, show: Callable[[str], None]
 ) -> None:
-    async for value in _tail(clients, ORDERS.events, partitions):
-        e = decode(EventEnvelope, value)
-        what = e.type
-        if e.type in (SCHEDULE_SET, SCHEDULE_CANCELLED):
-            what = f"{e.type} {e.body.get('key')}"
-        by = "" if not e.request_id or "#" not in e.request_id else " (fired by a timer)"
-        show(f"{time.monotonic() - started:6.1f}s  {e.aggregate.id}  v{e.version}  {what}{by}")
+    async with aclosing(_tail(clients, ORDERS.events, partitions)) as values:
+        async for value in values:
+            e = decode(EventEnvelope, value)
+            what = e.type
+            if e.type in (SCHEDULE_SET, SCHEDULE_CANCELLED):
+                what = f"{e.type} {e.body.get('key')}"
+            by = "" if not e.request_id or "#" not in e.request_id else " (fired by a timer)"
+            show(f"{time.monotonic() - started:6.1f}s  {e.aggregate.id}  v{e.version}  {what}{by}")
 
 
 async def _watch_schedule(
     clients: Clients, partitions: int, started: float, show: Callable[[str], None]
 ) -> None:
-    async for value in _tail(clients, SCHEDULES.events, partitions):
-        e = decode(EventEnvelope, value)
-        if e.type == TICKED:
-            due = time.strftime("%H:%M:%S", time.gmtime(e.body["due_at"] / 1000))
-            what = f"{e.type} slot {e.body['slot']} due {due} UTC: the report runs"
-        elif e.type in (SCHEDULE_SET, SCHEDULE_CANCELLED):
-            continue  # the job's own timer, rescheduled with it
-        else:
-            what = e.type
-        show(f"{time.monotonic() - started:6.1f}s  job {e.aggregate.id}  v{e.version}  {what}")
+    async with aclosing(_tail(clients, SCHEDULES.events, partitions)) as values:
+        async for value in values:
+            e = decode(EventEnvelope, value)
+            if e.type == TICKED:
+                due = time.strftime("%H:%M:%S", time.gmtime(e.body["due_at"] / 1000))
+                what = f"{e.type} slot {e.body['slot']} due {due} UTC: the report runs"
+            elif e.type in (SCHEDULE_SET, SCHEDULE_CANCELLED):
+                continue  # the job's own timer, rescheduled with it
+            else:
+                what = e.type
+            show(f"{time.monotonic() - started:6.1f}s  job {e.aggregate.id}  v{e.version}  {what}")
 
 
 def render(rows: dict[bytes, Timer]) -> str:

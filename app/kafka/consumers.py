@@ -7,7 +7,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncGenerator, Iterable
+from contextlib import aclosing
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
@@ -83,7 +84,9 @@ class Reader:
                 raise KafkaUnavailable(f"offsets of {topic}[{partition}]: {explain(exc)}") from exc
         return int(begin), int(end)
 
-    async def read(self, topic: str, partition: int, start: int) -> AsyncIterator[list[Record]]:
+    async def read(
+        self, topic: str, partition: int, start: int
+    ) -> AsyncGenerator[list[Record], None]:
         """The partition's records from `start` to its end as it is now, in batches."""
         tp = TopicPartition(topic, partition)
         async with self._lock:
@@ -119,26 +122,30 @@ class Reader:
 
 async def read_to_end(
     bootstrap: Connectable, topic: str, partition: int, start: int, *, batch: int = 5_000
-) -> AsyncIterator[list[Record]]:
+) -> AsyncGenerator[list[Record], None]:
     """Reads one partition from `start` to its end as it is now (a one-off `Reader`)."""
-    async with Reader(bootstrap, batch=batch) as reader:
-        async for records in reader.read(topic, partition, start):
+    async with (
+        Reader(bootstrap, batch=batch) as reader,
+        aclosing(reader.read(topic, partition, start)) as batches,
+    ):
+        async for records in batches:
             yield records
 
 
 async def read_partitions(
     bootstrap: Connectable, topic: str, partitions: Iterable[int]
-) -> AsyncIterator[list[Record]]:
+) -> AsyncGenerator[list[Record], None]:
     """Reads each of `partitions` from its start to its end as it is now, one after another."""
     async with Reader(bootstrap) as reader:
         for p in partitions:
-            async for records in reader.read(topic, p, 0):
-                yield records
+            async with aclosing(reader.read(topic, p, 0)) as batches:
+                async for records in batches:
+                    yield records
 
 
 async def tail(
     bootstrap: Connectable, topic: str, partitions: Iterable[int]
-) -> AsyncIterator[Record]:
+) -> AsyncGenerator[Record, None]:
     """The records written to `partitions` of `topic` from now on, until cancelled."""
     consumer = AIOKafkaConsumer(
         **client_options(bootstrap),

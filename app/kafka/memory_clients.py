@@ -10,7 +10,7 @@ it through its internals.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from collections.abc import AsyncGenerator, Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, TypeVar
 
 from app.errors import Fenced, KafkaUnavailable
@@ -181,7 +181,9 @@ class MemoryReader:
         self._log.check_up()
         return self._log.offsets(topic, partition, committed=self._committed)
 
-    async def read(self, topic: str, partition: int, start: int) -> AsyncIterator[list[Record]]:
+    async def read(
+        self, topic: str, partition: int, start: int
+    ) -> AsyncGenerator[list[Record], None]:
         begin, end = await self.offsets(topic, partition)
         position = max(start, begin)
         while position < end:

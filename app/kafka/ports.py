@@ -27,7 +27,7 @@ checks both for mypy).
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Sequence
 from typing import Final, Protocol, Self
 
 from app.errors import KafkaUnavailable
@@ -104,10 +104,17 @@ class LogReader(Protocol):
         """(first offset still held, last stable offset) of the partition."""
         ...
 
-    def read(self, topic: str, partition: int, start: int) -> AsyncIterator[list[Record]]:
+    def read(self, topic: str, partition: int, start: int) -> AsyncGenerator[list[Record], None]:
         """The committed records from `start` to the partition's last stable offset as it
         is now, in batches (transaction markers and aborted records take offsets but are
-        never returned)."""
+        never returned).
+
+        A reader reads one partition at a time: a read holds it (its lock, its consumer's
+        assignment) until it ends or is closed, and the next read or `offsets` waits for
+        that. A loop that may be left early (a return, a break, an exception) reads it in
+        `contextlib.aclosing`: a generator left unclosed is closed only once collected,
+        by the event loop's finalizer, later and not at all while anything (a traceback's
+        frame) still holds it."""
         ...
 
 

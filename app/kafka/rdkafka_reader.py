@@ -16,7 +16,7 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from concurrent.futures import Future
 from typing import Any, TypeVar, cast
 
@@ -142,7 +142,9 @@ class RdkafkaReader:
         async with self._lock:
             return await self._offsets(topic, partition)
 
-    async def read(self, topic: str, partition: int, start: int) -> AsyncIterator[list[Record]]:
+    async def read(
+        self, topic: str, partition: int, start: int
+    ) -> AsyncGenerator[list[Record], None]:
         """The partition's records from `start` to its end as it is now, in batches."""
         async with self._lock:
             begin, end = await self._offsets(topic, partition)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Mapping, Sequence
+from contextlib import aclosing
 from typing import Final
 
 import orjson
@@ -121,8 +122,9 @@ async def read_counts(reader: LogReader, context: str) -> dict[str, int | None]:
     topic = ContextTopics(context).nodes
     begin, _ = await reader.offsets(topic, 0)
     records: list[tuple[bytes | None, bytes | None]] = []
-    async for batch in reader.read(topic, 0, begin):
-        records += ((r.key, r.value) for r in batch if r.key and r.key.startswith(KEY_PREFIX))
+    async with aclosing(reader.read(topic, 0, begin)) as batches:
+        async for batch in batches:
+            records += ((r.key, r.value) for r in batch if r.key and r.key.startswith(KEY_PREFIX))
     return built_with(records)
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from contextlib import aclosing
 from typing import TYPE_CHECKING
 
 from app.commands.processor import CommandProcessor, Commit
@@ -138,9 +139,10 @@ async def open_partition(s: TaskShared, task: PartitionTask, topics: set[str]) -
 async def _written_since(reader: LogReader, topic: str, p: int, start: int) -> bool:
     """Whether a record was committed to `topic[p]` at `start` or after (the markers of
     transactions, which take offsets too, are no records)."""
-    async for batch in reader.read(topic, p, start):
-        if batch:
-            return True
+    async with aclosing(reader.read(topic, p, start)) as batches:
+        async for batch in batches:
+            if batch:
+                return True
     return False
 
 
@@ -228,9 +230,10 @@ async def last_records(reader: LogReader, p: int, starts: Mapping[str, int]) -> 
         start, window = max(start, first), 16
         while end > start:
             begin = max(start, end - window)
-            async for batch in reader.read(topic, p, begin):
-                if batch:
-                    last[topic] = batch[-1].offset
+            async with aclosing(reader.read(topic, p, begin)) as batches:
+                async for batch in batches:
+                    if batch:
+                        last[topic] = batch[-1].offset
             if topic in last or begin == start:
                 break
             window *= 8

@@ -12,6 +12,7 @@ is its own.
 from __future__ import annotations
 
 import asyncio
+from contextlib import aclosing
 from typing import Final
 
 from pydantic import ValidationError
@@ -72,15 +73,16 @@ async def _read_changelog(
     reader = clients.reader()
     await reader.start()
     try:
-        async for batch in reader.read(topic, partition, 0):
-            for r in batch:
-                if r.key is None or not r.key.startswith(prefix):
-                    continue
-                try:
-                    row = None if r.value is None else Timer.model_validate_json(r.value)
-                except ValidationError:
-                    row = None  # a restore letters it; nothing for a search to show
-                rows[r.key] = row if row is not None and row.owner == owner else None
+        async with aclosing(reader.read(topic, partition, 0)) as batches:
+            async for batch in batches:
+                for r in batch:
+                    if r.key is None or not r.key.startswith(prefix):
+                        continue
+                    try:
+                        row = None if r.value is None else Timer.model_validate_json(r.value)
+                    except ValidationError:
+                        row = None  # a restore letters it; nothing for a search to show
+                    rows[r.key] = row if row is not None and row.owner == owner else None
     finally:
         await reader.stop()
     return sorted((t for t in rows.values() if t is not None), key=lambda t: t.key)

@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from contextlib import aclosing
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
@@ -158,9 +159,10 @@ class ClusterStatus:
         await reader.start()
         try:
             for c in self._contexts.values():
-                async for batch in reader.read(c.topic, 0, 0):
-                    for r in batch:
-                        self.view.apply(r.topic, r.key, r.offset, r.value)
+                async with aclosing(reader.read(c.topic, 0, 0)) as batches:
+                    async for batch in batches:
+                        for r in batch:
+                            self.view.apply(r.topic, r.key, r.offset, r.value)
         finally:
             await reader.stop()
         await self.publish()

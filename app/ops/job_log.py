@@ -7,7 +7,8 @@ event log. On the log's ports (`LogReader`, `Publisher`); a read creates no topi
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iterable, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Collection, Iterable, Sequence
+from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any
 
@@ -102,15 +103,16 @@ async def _results(
     `wanted` has its result (waited for: the caller bounds it)."""
     while True:
         for p in sorted(start):
-            async for batch in reader.read(topic, p, start[p]):
-                for r in batch:
-                    start[p] = r.offset + 1
-                    try:
-                        result = decode(CommandResult, r.value)
-                    except BadRecord:
-                        continue
-                    if result.request_id in wanted:
-                        found[result.request_id] = result
+            async with aclosing(reader.read(topic, p, start[p])) as batches:
+                async for batch in batches:
+                    for r in batch:
+                        start[p] = r.offset + 1
+                        try:
+                            result = decode(CommandResult, r.value)
+                        except BadRecord:
+                            continue
+                        if result.request_id in wanted:
+                            found[result.request_id] = result
         if len(found) == len(wanted):
             return
         await sleep(poll_s)
@@ -203,21 +205,22 @@ async def _batches(
     topic: str,
     partitions: Iterable[int],
     keys: Collection[bytes | None] | None = None,
-) -> AsyncIterator[list[EventEnvelope]]:
+) -> AsyncGenerator[list[EventEnvelope], None]:
     """The events of `topic`'s `partitions`, a fetch at a time: each as the workers fold
     it (`decode_event`), none that no version took. `keys`: only records keyed by one of
     them are decoded (decoding is the cost; None: all)."""
     for p in partitions:
-        async for batch in reader.read(topic, p, 0):
-            events = []
-            for r in batch:
-                if keys is not None and r.key not in keys:
-                    continue
-                try:
-                    events.append(decode_event(r.value)[0])
-                except BadRecord:
-                    continue
-            yield events
+        async with aclosing(reader.read(topic, p, 0)) as batches:
+            async for batch in batches:
+                events = []
+                for r in batch:
+                    if keys is not None and r.key not in keys:
+                        continue
+                    try:
+                        events.append(decode_event(r.value)[0])
+                    except BadRecord:
+                        continue
+                yield events
 
 
 async def read_instances(
@@ -228,9 +231,10 @@ async def read_instances(
     at a time, between the reads: a node serving it keeps its event loop for its work."""
     folding = _Folding(context, jobs, partitions)
     topic = AggregateTopics(context, SCHEDULE).events
-    async for batch in _batches(reader, topic, range(have)):
-        folding.add(batch)
-        await asyncio.sleep(0)
+    async with aclosing(_batches(reader, topic, range(have))) as batches:
+        async for batch in batches:
+            folding.add(batch)
+            await asyncio.sleep(0)
     return folding.instances()
 
 
@@ -256,11 +260,12 @@ async def read_events_of(
         # An instance's records are keyed by its id; one keyed otherwise is not folded by
         # the workers either (`misrouted`). Most of a partition is other instances' ticks.
         keys = {ref.id.encode() for ref in found}
-        async for batch in _batches(reader, topic, [p], keys):
-            for event in batch:
-                if (mine := found.get(event.aggregate)) is not None:
-                    mine.append(event)
-            await asyncio.sleep(0)  # a node serving it keeps its event loop for its work
+        async with aclosing(_batches(reader, topic, [p], keys)) as batches:
+            async for batch in batches:
+                for event in batch:
+                    if (mine := found.get(event.aggregate)) is not None:
+                        mine.append(event)
+                await asyncio.sleep(0)  # a node serving it keeps its event loop for its work
     return {ref: events for found in where.values() for ref, events in found.items()}
 
 

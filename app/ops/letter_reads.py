@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 from collections import deque
-from collections.abc import AsyncGenerator, Callable, Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -125,17 +125,11 @@ async def _scan(
 ) -> None:
     """Hands `take` the committed records of `topic`[p] from `start` until one at `stop` or
     after, or until `take` says no more (False): no record past what is needed is kept."""
-    batches = reader.read(topic, p, start)
-    try:
+    async with contextlib.aclosing(reader.read(topic, p, start)) as batches:
         async for batch in batches:
             for r in batch:
                 if r.offset >= stop or not take(r):
                     return
-    finally:
-        # Left early: closed now, so that the reader (its lock, its assignment) is free
-        # for the next read rather than when the generator is collected.
-        if isinstance(batches, AsyncGenerator):
-            await batches.aclose()
 
 
 class _Page:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from contextlib import aclosing
 from dataclasses import dataclass, field
 
 from app.kafka.cluster import existing_topics
@@ -159,20 +160,21 @@ def _read(
 
     async def read() -> bool:
         nonlocal position
-        async for batch in reader.read(topic, at, position):
-            for r in batch:
-                position = r.offset + 1
-                answer = answer_of(r)
-                if (
-                    answer is not None
-                    and answer.request_id == op.request_id
-                    and answer.action is op.action
-                    and answer.partition < len(offsets)
-                    and answer.offset == offsets[answer.partition]
-                ):
-                    # An owner answers a copy once, in the commit of its offset: one more
-                    # (another producer's) does not take the first one's place.
-                    got.setdefault(answer.partition, answer)
+        async with aclosing(reader.read(topic, at, position)) as batches:
+            async for batch in batches:
+                for r in batch:
+                    position = r.offset + 1
+                    answer = answer_of(r)
+                    if (
+                        answer is not None
+                        and answer.request_id == op.request_id
+                        and answer.action is op.action
+                        and answer.partition < len(offsets)
+                        and answer.offset == offsets[answer.partition]
+                    ):
+                        # An owner answers a copy once, in the commit of its offset: one more
+                        # (another producer's) does not take the first one's place.
+                        got.setdefault(answer.partition, answer)
         return len(got) == len(offsets)
 
     return read

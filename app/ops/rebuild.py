@@ -24,6 +24,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from contextlib import aclosing
 from dataclasses import dataclass
 
 from app.errors import ConfigError, GroupBusy, KafkaUnavailable, RebuildIncomplete, TickwheelError
@@ -156,9 +157,10 @@ async def replay_span(reader: LogReader, topic: str, partition: int) -> Span:
     while True:
         start = max(begin, end - window)
         last: int | None = None
-        async for batch in reader.read(topic, partition, start):
-            if batch:
-                last = batch[-1].offset
+        async with aclosing(reader.read(topic, partition, start)) as batches:
+            async for batch in batches:
+                if batch:
+                    last = batch[-1].offset
         if last is not None:
             return Span(begin, last + 1)
         if start == begin:

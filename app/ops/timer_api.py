@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import Awaitable, Callable
+from contextlib import aclosing
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -336,15 +337,16 @@ async def _result_of(
     """`cmd`'s result, read from partition `at` of `results` from `start` (waited for: the
     caller bounds it)."""
     while True:
-        async for batch in reader.read(results, at, start):
-            for r in batch:
-                start = r.offset + 1
-                try:
-                    result = decode(CommandResult, r.value)
-                except BadRecord:
-                    continue
-                if result.request_id == cmd.request_id and result.aggregate == cmd.aggregate:
-                    return result
+        async with aclosing(reader.read(results, at, start)) as batches:
+            async for batch in batches:
+                for r in batch:
+                    start = r.offset + 1
+                    try:
+                        result = decode(CommandResult, r.value)
+                    except BadRecord:
+                        continue
+                    if result.request_id == cmd.request_id and result.aggregate == cmd.aggregate:
+                        return result
         await sleep(poll_s)
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict
+from contextlib import aclosing
 from typing import Final
 
 from app.errors import BadRecord
@@ -84,11 +85,12 @@ async def read_applied_ops(
     (dead-lettered when read live) is passed over; one read beyond the committed offset is
     delivered again, and carried out, as itself."""
     applied = AppliedOps(window_ms)
-    async for batch in reader.read(topic, partition, 0):
-        for record in batch:
-            op = _op(record, limits)
-            if op is not None and applied.duplicate_of(op, record.offset, now) is None:
-                applied.note(op, record.offset, now)
+    async with aclosing(reader.read(topic, partition, 0)) as batches:
+        async for batch in batches:
+            for record in batch:
+                op = _op(record, limits)
+                if op is not None and applied.duplicate_of(op, record.offset, now) is None:
+                    applied.note(op, record.offset, now)
     logger.debug("%s[%d]: %d operator request(s) in the window", topic, partition, len(applied))
     return applied
 

@@ -139,10 +139,11 @@ class KafkaFailureLedger:
         try:
             await reader.start()
             for p in range(self._partitions):
-                async for batch in reader.read(self.topic, p, 0):
-                    for record in batch:
-                        self._view.apply_record(record)
-                    count += len(batch)
+                async with contextlib.aclosing(reader.read(self.topic, p, 0)) as batches:
+                    async for batch in batches:
+                        for record in batch:
+                            self._view.apply_record(record)
+                        count += len(batch)
         finally:
             await reader.stop()
         return count

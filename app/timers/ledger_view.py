@@ -13,6 +13,7 @@ import heapq
 import itertools
 import logging
 from collections import defaultdict
+from contextlib import aclosing
 from typing import NamedTuple
 
 import orjson
@@ -204,7 +205,8 @@ async def read_ledger(
         raise KafkaUnavailable(f"topic {topic} has {have} partitions, expected {partitions}")
     async with clients.reader() as reader:
         for p in range(have):
-            async for batch in reader.read(topic, p, 0):
-                for record in batch:
-                    view.apply_record(record)
+            async with aclosing(reader.read(topic, p, 0)) as batches:
+                async for batch in batches:
+                    for record in batch:
+                        view.apply_record(record)
     return view.entries()

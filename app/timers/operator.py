@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
+from contextlib import aclosing
 
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -208,16 +209,17 @@ async def read_timers(
     rows: dict[tuple[int, bytes], Timer] = {}
     async with clients.reader() as reader:
         for p in range(have):
-            async for batch in reader.read(topic, p, 0):
-                for r in batch:
-                    if r.key is None:
-                        continue
-                    if r.value is None:
-                        rows.pop((r.partition, r.key), None)
-                        continue
-                    row = _row(r)
-                    if row is not None:
-                        rows[(r.partition, r.key)] = row
+            async with aclosing(reader.read(topic, p, 0)) as batches:
+                async for batch in batches:
+                    for r in batch:
+                        if r.key is None:
+                            continue
+                        if r.value is None:
+                            rows.pop((r.partition, r.key), None)
+                            continue
+                        row = _row(r)
+                        if row is not None:
+                            rows[(r.partition, r.key)] = row
     timers = [t for t in rows.values() if status is None or t.status is status]
     return sorted(timers, key=lambda t: (t.partition, t.due_at, t.id))
 
@@ -290,8 +292,11 @@ async def read_timer_history(
     partition = partition_of(owner.id, found[topic])
     prefix = owner_prefix(owner)
     versions: dict[str, list[TimerVersion]] = {}
-    async with clients.reader() as reader:
-        async for batch in reader.read(topic, partition, 0):
+    async with (
+        clients.reader() as reader,
+        aclosing(reader.read(topic, partition, 0)) as batches,
+    ):
+        async for batch in batches:
             for r in batch:
                 version = _version(r, prefix, partition)
                 if version is not None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -145,10 +145,10 @@ class CountingReads:
     def wrap(self, reader: Any) -> Any:
         read = reader.read
 
-        def counted(topic: str, partition: int, start: int) -> AsyncIterator[list[Record]]:
+        def counted(topic: str, partition: int, start: int) -> AsyncGenerator[list[Record], None]:
             if topic == SCHEDULE.events:
                 self.reads.append(partition)
-            result: AsyncIterator[list[Record]] = read(topic, partition, start)
+            result: AsyncGenerator[list[Record], None] = read(topic, partition, start)
             return result
 
         reader.read = counted
@@ -229,7 +229,9 @@ class HangingReader:
             await asyncio.Event().wait()
         return 0, 0
 
-    async def read(self, topic: str, partition: int, start: int) -> AsyncIterator[list[Record]]:
+    async def read(
+        self, topic: str, partition: int, start: int
+    ) -> AsyncGenerator[list[Record], None]:
         if self._given:
             got, self._given = self._given, []
             yield [

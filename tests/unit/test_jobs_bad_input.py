@@ -5,7 +5,7 @@ without listing every partition's."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Any
 
 import pytest
@@ -465,7 +465,9 @@ async def test_a_schedule_log_is_folded_a_fetch_at_a_time(monkeypatch: pytest.Mo
     turns: list[int] = []
 
     class Reader:
-        async def read(self, topic: str, partition: int, start: int) -> AsyncIterator[list[Record]]:
+        async def read(
+            self, topic: str, partition: int, start: int
+        ) -> AsyncGenerator[list[Record], None]:
             for i in range(0, len(events), 10):
                 yield [
                     Record(topic, P, i + j, REF.id.encode(), encode(e), T0)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
 from pathlib import Path
 from typing import Any, cast
 
@@ -297,7 +297,9 @@ class FakeReader:
     async def offsets(self, topic: str, partition: int) -> tuple[int, int]:
         return 0, self._end
 
-    async def read(self, topic: str, partition: int, start: int) -> AsyncIterator[list[Record]]:
+    async def read(
+        self, topic: str, partition: int, start: int
+    ) -> AsyncGenerator[list[Record], None]:
         todo = [r for r in self._records if r.offset >= start]
         for i in range(0, len(todo), 2):
             yield todo[i : i + 2]

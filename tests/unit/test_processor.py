@@ -3,7 +3,7 @@ timers fired in-process are decided by the same code into one transaction's reco
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
 from typing import Any
 
 import orjson
@@ -186,7 +186,9 @@ class FakeReader:
     async def offsets(self, topic: str, partition: int) -> tuple[int, int]:
         return 0, self.end
 
-    async def read(self, topic: str, partition: int, start: int) -> AsyncIterator[list[Record]]:
+    async def read(
+        self, topic: str, partition: int, start: int
+    ) -> AsyncGenerator[list[Record], None]:
         yield [r for r in self.records if r.offset >= start]
 
 

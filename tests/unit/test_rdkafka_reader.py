@@ -8,7 +8,7 @@ it found it, whether it succeeds or fails (it holds the GC off while a batch is 
 from __future__ import annotations
 
 import gc
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Any, cast
 
 import pytest
@@ -57,7 +57,9 @@ class _FailingReader:
     async def offsets(self, topic: str, partition: int) -> tuple[int, int]:
         return await self._reader.offsets(topic, partition)
 
-    async def read(self, topic: str, partition: int, start: int) -> AsyncIterator[list[Record]]:
+    async def read(
+        self, topic: str, partition: int, start: int
+    ) -> AsyncGenerator[list[Record], None]:
         async for batch in self._reader.read(topic, partition, start):
             assert gc.isenabled()  # the previous batch's pause is over
             yield batch

@@ -1,6 +1,7 @@
 """librdkafka's reader's own lifecycle, on a fake consumer in place of confluent-kafka's:
 a stop during a read closes the consumer only after the read's call in flight and the read
-calls it no more (it ends unavailable); a failed start leaves no thread behind; a refusal
+calls it no more (it ends unavailable); a read left early holds the reader (its lock, its
+assignment) until it is closed; a failed start leaves no thread behind; a refusal
 (an ACL missing, a login refused) ends a read as the aiokafka reader's does: a
 `KafkaUnavailable` that `records.refused` knows, so that no retry is tried."""
 
@@ -138,11 +139,33 @@ async def test_a_stop_after_a_read_was_left_closes_the_consumer_once(
     fake.batches = [[_Message(o) for o in range(3)], [_Message(o) for o in range(3, 10)]]
     read = reader.read("t", 0, 0)
     assert [r.offset for r in await anext(read)] == [0, 1, 2]
-    await read.aclose()  # type: ignore[attr-defined]  # left after its first batch: the next was fetched meanwhile
+    await read.aclose()  # left after its first batch: the next was fetched meanwhile
     await reader.stop()
     await reader.stop()
     calls = fake.made[0].calls
     assert calls[-2:] == ["unassign", "close"], calls
+
+
+async def test_a_read_left_and_not_closed_holds_the_reader_and_its_assignment(
+    fake: type[_Consumer],
+) -> None:
+    reader = RdkafkaReader("127.0.0.1:1", timeout=5.0)
+    await reader.start()
+    fake.batches = [[_Message(o) for o in range(3)], [_Message(o) for o in range(3, 10)]]
+    # Held by a name, as a frame kept in a traceback holds it.
+    read = reader.read("t", 0, 0)
+    async for _ in read:
+        break
+    asking = asyncio.create_task(reader.offsets("t", 0))
+    for _ in range(10):
+        await asyncio.sleep(0)
+    consumer = fake.made[0]
+    assert not asking.done(), "the read left early let its reader go"
+    assert "unassign" not in consumer.calls  # still assigned to the read's partition
+    await read.aclose()
+    assert await asking == (0, 10)
+    assert consumer.calls[-2:] == ["unassign", "watermarks"], consumer.calls
+    await reader.stop()
 
 
 async def test_a_start_that_fails_leaves_no_thread_and_may_be_tried_again(

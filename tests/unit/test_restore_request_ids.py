@@ -14,7 +14,7 @@ folded the first and passed the others over as applied, the aggregate missing th
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 from typing import Any
 
 import pytest
@@ -81,7 +81,9 @@ class Log:
     async def offsets(self, topic: str, partition: int) -> tuple[int, int]:
         return 0, len(self.records)
 
-    async def read(self, topic: str, partition: int, start: int) -> AsyncIterator[list[Record]]:
+    async def read(
+        self, topic: str, partition: int, start: int
+    ) -> AsyncGenerator[list[Record], None]:
         yield [r for r in self.records if r.offset >= start]
 
 

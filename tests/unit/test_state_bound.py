@@ -7,7 +7,7 @@ folded whatever the size, with a warning once per aggregate. A timer book keeps 
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Any
 
 import pytest
@@ -111,7 +111,9 @@ class Log:
     async def offsets(self, topic: str, partition: int) -> tuple[int, int]:
         return 0, len(self.records)
 
-    async def read(self, topic: str, partition: int, start: int) -> AsyncIterator[list[Record]]:
+    async def read(
+        self, topic: str, partition: int, start: int
+    ) -> AsyncGenerator[list[Record], None]:
         yield self.records[start:]
 
 

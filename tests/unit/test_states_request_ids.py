@@ -4,7 +4,7 @@ local copy that went past it while the partition decided nothing forgotten."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncGenerator, Iterator
 from pathlib import Path
 
 import pytest
@@ -48,7 +48,9 @@ class Log:
     async def offsets(self, topic: str, partition: int) -> tuple[int, int]:
         return 0, len(self.records)
 
-    async def read(self, topic: str, partition: int, start: int) -> AsyncIterator[list[Record]]:
+    async def read(
+        self, topic: str, partition: int, start: int
+    ) -> AsyncGenerator[list[Record], None]:
         yield self.records[start:]
 
 
