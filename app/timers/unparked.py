@@ -29,6 +29,13 @@ retry or skip reaches it all the same: they act on PARKED rows); a note lost wit
 node is made up for by the partition's next take, whose first round names its PARKED
 timers no entry names.
 
+A park records its entry before it writes its PARKED row (a crash between them leaves a
+name with no PARKED row, never a PARKED row no entry names), and that write is
+conditional: refused (the owner cancelled or replaced the timer while its last attempt
+was in flight) or failed, the name would stay in its entry for ever. So the outcome write
+keeps the names of such parks too (`refused`), taken out by the same round, which looks
+at the rows as they are then.
+
 Notes are bounded (`MAX_NOTED`): one dropped leaves a name in its entry, as before, or a
 timer parked again unnamed until the partition's next take.
 """
@@ -192,14 +199,26 @@ class Unparked:
                 continue
             if row.partition != self.partition:
                 continue  # another partition's round answers for it
-            names = kept.get(row.target)
-            if names is not None and row.request_id in names:
-                continue
-            if self._count >= self._limit:
-                self.dropped += 1
-                continue
-            kept.setdefault(row.target, set()).add(row.request_id)
-            self._count += 1
+            self._add(kept, row)
+
+    def refused(self, parks: Iterable[Timer]) -> None:
+        """Keeps the names of parks the ledger recorded whose PARKED rows were not written
+        (`parks`: the rows they would have written; refused, the row changed since loaded,
+        or the write failed): their names are taken out by the round as those of rows that
+        left PARKED, but for any PARKED by then (the write landed after all)."""
+        for row in parks:
+            if row.partition == self.partition:
+                self._add(self._names, row)
+
+    def _add(self, kept: dict[AggregateRef, set[str]], row: Timer) -> None:
+        names = kept.get(row.target)
+        if names is not None and row.request_id in names:
+            return
+        if self._count >= self._limit:
+            self.dropped += 1
+            return
+        kept.setdefault(row.target, set()).add(row.request_id)
+        self._count += 1
 
     async def forget(
         self, store: ParkedRows, ledger: FailureLedger, subscription: str, now: int

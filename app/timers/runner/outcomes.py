@@ -3,9 +3,12 @@ outcomes of its sends, in one batch a round (`flush`), and those of the timers i
 partitions' cycles fire in-process, in the cycle's transaction (`still_due`, `record`).
 The targets of parks are recorded in the ledger first, with no lock held (its calls may
 take seconds), and only the partitions that park wait for it: each writes apart once its
-own targets are recorded, while the others' outcomes are written at once. A cycle calls no
-ledger (it holds its partition's lock): an in-process fire's park is written there as its
-fallback, and parked by its partition's next flush (`deferred_park`). The rows are
+own targets are recorded, while the others' outcomes are written at once; a park whose row
+is then refused or not written has its name taken out by its partition's next round
+(`not_written`: a crash between the two leaves a name, never a PARKED row unnamed). A
+cycle calls no ledger (it holds its partition's lock): an in-process fire's park is
+written there as its fallback, and parked by its partition's next flush
+(`deferred_park`). The rows are
 written under the locks of their partitions only, and a store fault in one partition's
 rows fails only that partition (`apart`). Each partition's rows are written through its
 firing's store (`partition_store.store_of`)."""
@@ -95,6 +98,7 @@ class Outcomes:
                 if d.change is not None and (own := by_partition.get(d.change.next.partition)):
                     own.count_busy((d,))
             changes = [d.change for d in final if d.change is not None]
+            parks = [d.change.next for d in final if d.park and d.change is not None]
             store = store_of(taken, self._store)
             try:
                 async with locked(taken):
@@ -109,6 +113,8 @@ class Outcomes:
             except Exception:
                 # Not written: the claims lapse and are sent again; the target de-duplicates.
                 logger.exception("writing %d timer outcome(s) failed", len(changes))
+                # Their parks' names too, taken out unless PARKED when the round looks.
+                not_parked(by_partition, parks)
                 return
         finally:
             end()
@@ -117,7 +123,9 @@ class Outcomes:
             by_partition[p].fail(exc)
         if len(changes) < decided:
             written = {id(c) for c in changes}
+            refused = [d.change for d in final if d.change and id(d.change) not in written]
             final = [d for d in final if d.change is None or id(d.change) in written]
+            not_written(by_partition, refused)
         self._written(changes, stats)
         count(stats, final)
 
@@ -193,6 +201,20 @@ class Outcomes:
         for change in changes:
             if change.next.status is TimerStatus.PENDING and change.next.partition in self._firings:
                 stats.due_by(change.next.due_at)
+
+
+def not_written(firings: Mapping[int, PartitionFiring], refused: list[TimerChange]) -> None:
+    """Outcomes whose rows were not written (changed since loaded, by a cancel or a
+    replace, say; or in a partition that failed): a park's name, recorded in the ledger
+    first, is taken out by its partition's next round."""
+    not_parked(firings, [c.next for c in refused if c.next.status is TimerStatus.PARKED])
+
+
+def not_parked(firings: Mapping[int, PartitionFiring], parks: list[Timer]) -> None:
+    """Parks the ledger recorded whose PARKED rows were not written (`Unparked.refused`)."""
+    for row in parks:
+        if (firing := firings.get(row.partition)) is not None:
+            firing.unparked.refused((row,))
 
 
 def refused_fallbacks(decisions: list[Decision], final: list[Decision]) -> list[Timer]:
