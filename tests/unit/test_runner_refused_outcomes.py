@@ -6,13 +6,18 @@ backends, as `test_runner_loop`).
   it recorded is taken out by the partition's next round (`Unparked.refused`), unless
   the row is PARKED by then; a crash between the two writes still leaves a name, never a
   PARKED row no entry names.
+- A timer's BUSY count (`PartitionFiring.busy`) went only with its own next outcome: one
+  whose row left by another hand (cancelled, replaced) kept it until the partition
+  stopped. A round looks a bounded number of them up and drops those whose rows are gone
+  (`PartitionFiring.prune_busy`).
 """
 
 from __future__ import annotations
 
 from fakes import OWNER, T0, TARGET, Script, World, always, make_timer, raw_store, world
 
-from app.timers.runner import SendResult
+from app.timers.runner import SendResult, TimerRunner
+from app.timers.runner.partition import BUSY_LOOK_EVERY_MS, BusyCount, PartitionFiring
 from app.timers.unparked import Unparked
 from tables.ledger import LedgerEntry
 from tables.timer import Timer, TimerStatus
@@ -20,6 +25,12 @@ from tables.timer import Timer, TimerStatus
 __all__ = ["raw_store", "world"]  # the fixtures, imported for pytest
 
 SUB = "tickwheel.timers"
+
+
+def firing(runner: TimerRunner) -> PartitionFiring:
+    found = runner.firing_of(0)
+    assert found is not None
+    return found
 
 
 def cancelled_meanwhile(world: World, code: str) -> Script:
@@ -85,3 +96,53 @@ async def test_a_refused_park_keeps_its_name_when_its_row_is_parked_by_then(
     assert len(notes) == 1
     assert await notes.forget(world.store, world.ledger, SUB, T0) == 0
     assert [e.timers for e in await world.ledger.entries()] == [("t-1#0",)]
+
+
+# --- BUSY counts of timers gone -------------------------------------------------------------
+
+
+async def test_the_busy_count_of_a_timer_cancelled_after_it_goes_in_a_later_round(
+    world: World,
+) -> None:
+    await world.put()
+    await world.put(id="t-2", key="other")
+    runner = world.runner(script=always("BUSY"))
+    await runner.run_round()
+    busy = firing(runner).busy
+    assert busy.keys() == {"t-1", "t-2"}
+    assert busy["t-1"].in_a_row == 1
+    assert await world.store.inner.cancel(OWNER, "remind", (await world.row()).version + 1)
+    world.clock.advance(BUSY_LOOK_EVERY_MS)
+    await runner.run_round()
+    assert busy.keys() == {"t-2"}, "the cancelled timer's count stayed"
+    assert busy["t-2"].in_a_row == 2, "a live timer's count is kept (sent again: counted on)"
+
+
+async def test_the_busy_count_of_a_timer_whose_outcome_was_refused_goes_at_once(
+    world: World,
+) -> None:
+    await world.put()
+    runner = world.runner(script=cancelled_meanwhile(world, "BUSY"))
+    assert (await runner.run_round()).written == 0
+    assert firing(runner).busy == {}
+
+
+async def test_busy_counts_are_looked_at_a_bounded_number_at_a_time_in_turn(
+    world: World,
+) -> None:
+    f = firing(world.runner())
+    for n in range(5):
+        f.busy[f"t-{n}"] = BusyCount(1, OWNER, f"k{n}")
+    await world.put(id="t-3", key="k3")
+    await world.put(id="t-4", key="k4")
+    found = world.store.find_calls
+    assert await f.prune_busy(world.store, T0, limit=2) == 2  # t-0, t-1: no rows
+    assert world.store.find_calls - found == 2
+    assert list(f.busy) == ["t-2", "t-3", "t-4"]
+    # Some went: it looks again at once, the live ones last in turn.
+    assert await f.prune_busy(world.store, T0, limit=2) == 1
+    assert list(f.busy) == ["t-4", "t-3"]
+    assert await f.prune_busy(world.store, T0, limit=2) == 0
+    found = world.store.find_calls
+    assert await f.prune_busy(world.store, T0 + BUSY_LOOK_EVERY_MS - 1, limit=2) == 0
+    assert world.store.find_calls == found, "none went last time: it waits"

@@ -205,8 +205,11 @@ class Outcomes:
 
 def not_written(firings: Mapping[int, PartitionFiring], refused: list[TimerChange]) -> None:
     """Outcomes whose rows were not written (changed since loaded, by a cancel or a
-    replace, say; or in a partition that failed): a park's name, recorded in the ledger
-    first, is taken out by its partition's next round."""
+    replace, say; or in a partition that failed): a timer's BUSY count goes, and a park's
+    name, recorded in the ledger first, is taken out by its partition's next round."""
+    for change in refused:
+        if (firing := firings.get(change.next.partition)) is not None:
+            firing.busy.pop(change.next.id, None)
     not_parked(firings, [c.next for c in refused if c.next.status is TimerStatus.PARKED])
 
 

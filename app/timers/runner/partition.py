@@ -19,9 +19,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import itertools
 import logging
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
+from typing import Final, NamedTuple
 
 from app.timers.runner.decisions import Decision, SendResult, guarded, on_outcome
 from app.timers.runner.options import TimerOptions
@@ -34,6 +36,9 @@ from tables.refs import AggregateRef
 from tables.timer import Timer, TimerStatus
 
 __all__ = [
+    "BUSY_LOOKS",
+    "BUSY_LOOK_EVERY_MS",
+    "BusyCount",
     "InProcessTargets",
     "PartitionFiring",
     "backlog_of",
@@ -70,6 +75,26 @@ class InProcessTargets:
         )
 
 
+class BusyCount(NamedTuple):
+    """A timer's BUSY refusals in a row (`PartitionFiring.busy`), with its row's key."""
+
+    in_a_row: int
+    owner: AggregateRef
+    key: str
+
+
+BUSY_LOOKS: Final = 100
+"""How many BUSY counts a partition's round looks up in the store at most (`prune_busy`):
+point reads, ~1 ms at most on RocksDB."""
+
+BUSY_LOOK_EVERY_MS: Final = 1_000
+"""How long a partition's look at its BUSY counts that dropped none waits for the next
+(`prune_busy`): a backlog's rounds, which may run every few ms, whose counts are all of
+live timers, do not read `BUSY_LOOKS` rows each."""
+
+_LIVE: Final = frozenset({TimerStatus.PENDING, TimerStatus.FIRING})
+
+
 class PartitionFiring:
     """One partition's firing state (the runner's, per partition it fires)."""
 
@@ -103,8 +128,12 @@ class PartitionFiring:
         # Outcomes decided but not written yet, so that its stop can write them before the
         # hand-off without waiting for the round.
         self.outcomes: list[Decision] = []
-        # BUSY refusals in a row, by timer id: this node's memory only.
-        self.busy: dict[str, int] = {}
+        # BUSY refusals in a row, by timer id: this node's memory only. An entry whose row
+        # left by another hand (cancelled, replaced, deleted with its owner, paused) is
+        # dropped by a later round's look (`prune_busy`), a bounded number a round.
+        self.busy: dict[str, BusyCount] = {}
+        # Not looked at again before (runner's clock, ms).
+        self.busy_look_at = 0
         # Its own rounds' state (`TimerRunner.partition_round`): their lock, burst, sweep.
         self.rounds = RoundState()
         # Set when a send of it is answered: its next round writes the outcome at once.
@@ -191,7 +220,7 @@ class PartitionFiring:
         self, claimed: Timer, result: SendResult, now: int, options: TimerOptions
     ) -> Decision:
         """What `claimed` becomes on `result`, its BUSY refusals in a row counted."""
-        busy = self.busy.get(claimed.id, 0)
+        busy = counted.in_a_row if (counted := self.busy.get(claimed.id)) else 0
         return guarded(
             functools.partial(on_outcome, claimed, result, now, options, busy), claimed, now
         )
@@ -204,9 +233,39 @@ class PartitionFiring:
                 continue
             timer = d.change.next
             if d.busy_in_a_row and timer.status is TimerStatus.PENDING:
-                self.busy[timer.id] = d.busy_in_a_row
+                self.busy[timer.id] = BusyCount(d.busy_in_a_row, timer.owner, timer.key)
             else:
                 self.busy.pop(timer.id, None)
+
+    async def prune_busy(self, store: FiringStore, now: int, limit: int = BUSY_LOOKS) -> int:
+        """Looks up the rows of the `limit` BUSY counts looked at least lately, and drops
+        those whose rows left PENDING and FIRING by another hand (their next outcome,
+        which would pop them, never comes); how many it dropped. The ones kept go last
+        in turn: every count is looked at within `len(busy) / limit` looks. A look that
+        dropped none waits `BUSY_LOOK_EVERY_MS` (`now`: the runner's clock) for the next;
+        one that dropped some looks again at the next round."""
+        if now < self.busy_look_at:
+            return 0
+        self.busy_look_at = now + BUSY_LOOK_EVERY_MS
+        looked = list(itertools.islice(self.busy.items(), limit))
+        gone: set[str] = set()
+        try:
+            for timer_id, counted in looked:
+                row = await store.find(counted.owner, counted.key)
+                if row is None or row.id != timer_id or row.status not in _LIVE:
+                    gone.add(timer_id)
+        except Exception as exc:
+            # Only memory at stake: looked at again on a later turn.
+            logger.warning("partition %d: BUSY counts not looked at: %r", self.partition, exc)
+        for timer_id, counted in looked:
+            if self.busy.get(timer_id) is not counted:
+                continue  # its own outcome counted it meanwhile: as it says
+            del self.busy[timer_id]
+            if timer_id not in gone:
+                self.busy[timer_id] = counted  # last in turn
+        if gone:
+            self.busy_look_at = now  # perhaps more of them: not held back
+        return len(gone)
 
     async def cut_short(self) -> int:
         """Cancels its sends in flight (their claims given back, or results already in

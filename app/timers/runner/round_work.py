@@ -213,7 +213,8 @@ class RoundWork:
     async def _sweep(self, r: Round, state: RoundState) -> None:
         """One partition of the round a round, in turn: at most `sweep_limit` of its
         finished rows past their retention deleted (a range scan of the store's finished
-        index), so the sweep never holds a round up for long."""
+        index), so the sweep never holds a round up for long; and its BUSY counts of rows
+        gone dropped, `BUSY_LOOKS` looked at (`PartitionFiring.prune_busy`)."""
         ordered = sorted(r.owned)
         partition = ordered[state.sweep_turn % len(ordered)]
         state.sweep_turn += 1
@@ -232,6 +233,9 @@ class RoundWork:
             except Exception as exc:
                 # Nothing was deleted (the changelog takes the tombstones first): next turn.
                 logger.warning("sweeping partition %d's finished timers failed: %s", partition, exc)
+        if firing.busy and firing.live:
+            # Reads only: no lock. A count whose row left by another hand goes.
+            await firing.prune_busy(store_of((firing,), self._store), r.now)
 
     async def _taken_over(self, now: int, live: dict[int, PartitionFiring]) -> list[Decision]:
         """The FIRING rows of the partitions started since the last round, claimed again."""
