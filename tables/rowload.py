@@ -67,7 +67,7 @@ class _Command(msgspec.Struct, forbid_unknown_fields=True, gc=False):
 
 
 class _Row(msgspec.Struct, forbid_unknown_fields=True, gc=False, kw_only=True):
-    """A Timer's JSON as `encode_timer` writes it: every field, but the three left out while
+    """A Timer's JSON as `encode_timer` writes it: every field, but the four left out while
     unset (UNSET: an explicit null is refused, as no row of this store holds one)."""
 
     id: _Text200
@@ -90,6 +90,7 @@ class _Row(msgspec.Struct, forbid_unknown_fields=True, gc=False, kw_only=True):
         Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_ERROR_TEXT)] | UnsetType
     ) = UNSET
     parked_when_paused: bool | UnsetType = UNSET
+    retry_until: _Int64 | UnsetType = UNSET
 
 
 _decode = msgspec.json.Decoder(_Row).decode
@@ -98,17 +99,18 @@ _decode_command = msgspec.json.Decoder(_Command).decode
 _REFUSED = (msgspec.ValidationError, msgspec.DecodeError, UnicodeDecodeError)
 _ERRORS = ("error_code", "error_text")
 _FLAG = "parked_when_paused"
+_UNTIL = "retry_until"
 _asdict = msgspec.structs.asdict
 if (
     _Row.__struct_fields__ != tuple(Timer.model_fields)
-    or _Row.__struct_fields__[-3:] != (*_ERRORS, _FLAG)
+    or _Row.__struct_fields__[-4:] != (*_ERRORS, _FLAG, _UNTIL)
     or _Ref.__struct_fields__ != tuple(AggregateRef.model_fields)
 ):
     raise TypeError("rowload's structs must name the models' fields in order")
 
 _new = object.__new__
 _ALL_SET = set(Timer.model_fields)
-_USUAL_SET = _ALL_SET - {*_ERRORS, _FLAG}
+_USUAL_SET = _ALL_SET - {*_ERRORS, _FLAG, _UNTIL}
 _REF_SET = set(AggregateRef.model_fields)
 _COMMAND_SET = set(CommandSpec.model_fields)
 _CACHE_SIZE = 4096
@@ -294,7 +296,7 @@ def _built(
     if struct.error_code is unset and struct.error_text is unset:
         row["error_code"] = row["error_text"] = None  # the usual row: no error
     else:
-        named = _ALL_SET - {name for name in _ERRORS if row[name] is UNSET} - {_FLAG}
+        named = _ALL_SET - {name for name in _ERRORS if row[name] is UNSET} - {_FLAG, _UNTIL}
         for name in _ERRORS:
             if row[name] is UNSET:
                 row[name] = None
@@ -302,6 +304,10 @@ def _built(
         row[_FLAG] = False  # the usual row: not a parked timer paused
     else:
         named = named | {_FLAG}
+    if struct.retry_until is unset:
+        row[_UNTIL] = None  # the usual row: no operator's retry under way
+    else:
+        named = named | {_UNTIL}
     timer = new(timer_class)
     set_dict(timer, row)
     set_fields(timer, named)

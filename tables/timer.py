@@ -185,6 +185,17 @@ class Timer(BaseModel):
         "parks it again (an operator's retry sends it, as any parked timer); absent: false "
         "(left out of the JSON, as before it existed)",
     )
+    retry_until: Deadline | None = Field(
+        default=None,
+        exclude_if=_absent,
+        description="an operator's retry's (the runner's `retry_parked`): the slot is sent "
+        "until then and not after (then it expires as any slot does): the retry's time plus "
+        "`expires_after`, at most the slot's due time (jitter included) plus the request-id "
+        "window less `expires_after` (at most a day) unless the operator asked past the "
+        "window; cleared when the timer "
+        "moves to another slot. Absent: the slot is sent until `expires_after` past its due "
+        "time, however often it is retried (left out of the JSON, as before it existed)",
+    )
 
     def same_as_loaded(self, loaded: Timer) -> bool:
         """Whether this row is still `loaded`, as a conditional write compares them."""

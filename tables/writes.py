@@ -144,23 +144,24 @@ def resume_row(held: Timer | None, version: int, now: int) -> Timer | None:
     catch = caught_up(held.rule, Slot(held.slot, held.slot_due_at), now)
     if catch.slot.index <= held.slot:
         return copied(held, {"status": TimerStatus.PENDING, "version": version})
-    return copied(
-        held,
-        {
-            "status": TimerStatus.PENDING,
-            "version": version,
-            "slot": catch.slot.index,
-            "slot_due_at": catch.slot.due_at,
-            "due_at": jittered_due(held.rule, held.id, catch.slot),
-            "attempts": 0,
-            "skipped": held.skipped + catch.skipped,
-        },
-    )
+    moved: dict[str, object] = {
+        "status": TimerStatus.PENDING,
+        "version": version,
+        "slot": catch.slot.index,
+        "slot_due_at": catch.slot.due_at,
+        "due_at": jittered_due(held.rule, held.id, catch.slot),
+        "attempts": 0,
+        "skipped": held.skipped + catch.skipped,
+    }
+    if held.retry_until is not None:
+        moved["retry_until"] = None  # an operator's retry's horizon was its slot's alone
+    return copied(held, moved)
 
 
 def settle_row(held: Timer | None, change: TimerChange) -> Timer | None:
-    """`change.next`'s status, slot, slot due time, skipped, due time, attempts, outcome and
-    last error written over `held`, while `held` is still `change.loaded` as it was loaded."""
+    """`change.next`'s status, slot, slot due time, skipped, due time, attempts, outcome,
+    last error and `retry_until` written over `held`, while `held` is still
+    `change.loaded` as it was loaded."""
     if held is None or not held.same_as_loaded(change.loaded):
         return None
     new = change.next
@@ -176,6 +177,7 @@ def settle_row(held: Timer | None, change: TimerChange) -> Timer | None:
             "outcome": new.outcome,
             "error_code": new.error_code,
             "error_text": new.error_text,
+            "retry_until": new.retry_until,
         },
     )
 

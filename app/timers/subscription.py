@@ -252,6 +252,7 @@ def _built(
             "error_code": None,
             "error_text": None,
             "parked_when_paused": False,
+            "retry_until": None,
         },
     )
     _set(timer, "__pydantic_fields_set__", _TIMER_SET)

@@ -88,6 +88,8 @@ _timers = st.builds(
     error_text=st.none() | text | st.just("é" * MAX_ERROR_TEXT),
     # Left out of the row's JSON while False.
     parked_when_paused=st.booleans(),
+    # Left out of the row's JSON while None.
+    retry_until=st.none() | st.integers(0, MAX_INT64),
 )
 timers = _timers | _timers.map(lambda t: t.model_copy(update={"target": t.owner}))
 

@@ -82,6 +82,8 @@ timers = st.builds(
     error_text=st.none() | text,
     # Left out of the row's JSON while False: rows with and without it.
     parked_when_paused=st.booleans(),
+    # Left out of the row's JSON while None: rows with and without it.
+    retry_until=st.none() | due_ats,
 )
 
 
@@ -170,6 +172,7 @@ def test_a_stored_row_loads_back_as_the_timer_it_was(timer: Timer) -> None:
         timer.error_text is not None,
     )
     assert ("parked_when_paused" in written) == timer.parked_when_paused
+    assert ("retry_until" in written) == (timer.retry_until is not None)
     loaded = load_timer(raw)
     assert loaded == timer == decode_timer(raw)
     assert type(loaded.rule) is type(timer.rule)
@@ -180,7 +183,7 @@ def test_a_stored_row_loads_back_as_the_timer_it_was(timer: Timer) -> None:
     assert copied.version == timer.version + 1
     assert loaded.version == timer.version
     # (and left the shared set of the fields a row names as it was)
-    unset = ("error_code", "error_text", "parked_when_paused")
+    unset = ("error_code", "error_text", "parked_when_paused", "retry_until")
     named = set(Timer.model_fields) - {k for k in unset if k not in written}
     assert load_timer(raw).model_fields_set == named
 
