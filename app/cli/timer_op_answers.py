@@ -2,7 +2,8 @@
 (`app.ops.op_answers`): a line per partition where timers were retried or skipped, or the
 request failed; a total line; and, exit code 1, the partitions that failed or did not
 answer within `--wait` (the request may still be carried out there: sent again under its
-request id, each partition carries it out at most once and answers DUPLICATE). With
+request id, each partition carries it out at most once and answers DUPLICATE), and the
+timers a retry refused (their slot past the request-id window, no `--past-window`). With
 `--wait 0` nothing is waited for, and it says the request was sent.
 
 What the answers hold (the target, the request id, a failure's error) is printed
@@ -25,7 +26,7 @@ __all__ = ["say_answered"]
 
 def say_answered(type_name: str, answered: Answered, wait_s: float, as_json: bool) -> None:
     """Prints what came of the request; `typer.Exit(1)` (after the error line) when a
-    partition failed it or did not answer."""
+    partition failed it or did not answer, or a retry was refused."""
     op = answered.op
     if as_json:
         line: dict[str, object] = {
@@ -55,6 +56,14 @@ def say_answered(type_name: str, answered: Answered, wait_s: float, as_json: boo
             f"failed in {partitions_named(failed)} (dead-lettered, perhaps carried out in part; "
             "its request id is used: to try again, send it under a new --request-id)"
         )
+    if refused := answered.refused:
+        problems.append(
+            f"{timers(refused)} not retried, left parked: their slot was due longer ago than "
+            "the workers' TICKWHEEL_REQUEST_ID_WINDOW_MS less expires_after (at most a day), "
+            "so their target may have applied it and forgotten its request id, and would "
+            "apply it again; to send them all the same, run it again with --past-window (and "
+            "no --request-id, or a new one)"
+        )
     if missing := answered.missing:
         why = f" ({answered.unread})" if answered.unread is not None else ""
         problems.append(
@@ -73,6 +82,7 @@ def _say_lines(type_name: str, answered: Answered, target: str, request: str) ->
     for a in answered.in_order:
         if a.outcome is OpOutcome.FAILED:
             typer.echo(f"partition {a.partition}: FAILED: {printable(a.message)}")
-        elif a.outcome is OpOutcome.DONE and changed(a):
-            typer.echo(f"partition {a.partition}: {done} {timers(changed(a))}")
+        elif a.outcome is OpOutcome.DONE and (changed(a) or a.refused):
+            left = f", {timers(a.refused)} left parked (past the window)" if a.refused else ""
+            typer.echo(f"partition {a.partition}: {done} {timers(changed(a))}{left}")
     typer.echo(answered.summary(type_name, target, request))

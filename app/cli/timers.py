@@ -136,12 +136,18 @@ def _request(
     as_json: bool,
     request_id: str | None,
     wait: float,
+    past_window: bool = False,
 ) -> None:
     if request_id is not None and not 1 <= len(request_id) <= MAX_OP_REQUEST_ID:
         raise fail(f"--request-id must be 1-{MAX_OP_REQUEST_ID} characters", CONFIG_ERROR)
     # Made here, so that a send that fails can say it: sent again under it, the workers
     # carry it out once (`app.timers.applied_ops`); under a fresh one, twice.
-    op = new_op(TimerAction(action), target, request_id=request_id or uuid.uuid4().hex)
+    op = new_op(
+        TimerAction(action),
+        target,
+        request_id=request_id or uuid.uuid4().hex,
+        past_window=past_window,
+    )
     sent = request_answered(clients_for(settings), type_name, op, settings.partitions, wait)
     resend = (
         f"send it again with --request-id {shlex.quote(op.request_id)} (under its request id "
@@ -177,6 +183,18 @@ OpWait = Annotated[
 ]
 
 
+PastWindow = Annotated[
+    bool,
+    typer.Option(
+        "--past-window",
+        help="also the timers whose slot was due longer ago than "
+        "TICKWHEEL_REQUEST_ID_WINDOW_MS less expires_after (at most a day), which are "
+        "otherwise left parked: their target may have applied the slot and forgotten its "
+        "request id, and then applies it again",
+    ),
+]
+
+
 @timers_cli.command()
 def retry(
     type_name: TypeName,
@@ -185,15 +203,17 @@ def retry(
     target_type: TargetType = None,
     request_id: OpRequestId = None,
     wait: OpWait = DEFAULT_WAIT_S,
+    past_window: PastWindow = False,
     bootstrap: Bootstrap = None,
     partitions: Partitions = None,
     as_json: Json = False,
 ) -> None:
-    """Sends the PARKED timers of a target again, due now with their attempts reset."""
+    """Sends the PARKED timers of a target again, due now with their attempts reset; those
+    whose slot is past the request-id window only with --past-window (exit 1 otherwise)."""
     settings = settings_for(bootstrap, partitions)
     type_name = _type(type_name)
     target = _target(type_name, target_id, tenant, target_type)
-    _request("retry", type_name, target, settings, as_json, request_id, wait)
+    _request("retry", type_name, target, settings, as_json, request_id, wait, past_window)
 
 
 @timers_cli.command()

@@ -189,7 +189,7 @@ class TimerTableCycles:
                 stage = Stage.OPERATE
                 # The entry resolved by the partition's next round: a cycle holds its
                 # partition's lock, and the ledger's calls may take seconds.
-                changed = await carry_out(kept.runner, op, record.partition, resolve_later=True)
+                done = await carry_out(kept.runner, op, record.partition, resolve_later=True)
                 if applied is not None:
                     applied.note(op, record.offset, w.now)
             except TimeoutError as exc:
@@ -208,7 +208,11 @@ class TimerTableCycles:
                     why = str(exc) or type(exc).__name__
                     w.out.append(self._answer(kept, op, record, w, OpOutcome.FAILED, why))
                 continue
-            w.out.append(self._answer(kept, op, record, w, OpOutcome.DONE, changed=changed))
+            w.out.append(
+                self._answer(
+                    kept, op, record, w, OpOutcome.DONE, changed=done.changed, refused=done.refused
+                )
+            )
             w.counts.add(
                 self._metrics.operator_requests.labels(
                     kept.name, op.action.value, str(record.partition)
@@ -225,6 +229,7 @@ class TimerTableCycles:
         message: str = "",
         *,
         changed: int = 0,
+        refused: int = 0,
     ) -> OutRecord:
         """The answer to the request `record` holds, staged with its offset."""
         return answer_record(
@@ -236,6 +241,7 @@ class TimerTableCycles:
             partitions=self._partitions,
             now=w.now,
             changed=changed,
+            refused=refused,
             message=message,
         )
 

@@ -148,7 +148,11 @@ def open_type(
     )
     sender = KafkaSender(node.producer, results, t.context, clock.now, node.targets)
 
-    runner = TimerRunner(store, sender, clock, ledger, node.options)
+    # The node's window is its targets' (this context's aggregates, by convention those of
+    # every context it sends to): it bounds an operator's retry of a slot.
+    runner = TimerRunner(
+        store, sender, clock, ledger, node.options, request_id_window=s.request_id_window_ms
+    )
     states = RocksAggregateStore(directory / "states") if agg is not None else None
     marks = CleanMarks(directory / "timers")
     loop = NodeTimerLoop(

@@ -60,7 +60,12 @@ from app.protocol.limits import (
     InputLimits,
 )
 from app.protocol.topics import parse_aggregate_type
-from app.timers.runner.options import DAY_MS, YEAR_MS, TimerOptions
+from app.timers.runner.options import (
+    DAY_MS,
+    REQUEST_ID_WINDOW_MS,
+    YEAR_MS,
+    TimerOptions,
+)
 
 __all__ = [
     "DEFAULT_HANDLER_TIMEOUT_MS",
@@ -145,9 +150,14 @@ class Settings(BaseSettings):
     busy_backlog: int = Field(default=50_000, ge=1, le=1_000_000)
     """Commands waiting in a partition beyond which the node answers BUSY (at most a
     million: past that the waiting commands, not BUSY, bound the node's memory)."""
-    request_id_window_ms: int = Field(default=7 * 24 * 3_600_000, ge=60_000, le=10 * YEAR_MS)
+    request_id_window_ms: int = Field(default=REQUEST_ID_WINDOW_MS, ge=60_000, le=10 * YEAR_MS)
     """How long each applied request id is kept: a command sent again within it is
-    answered DUPLICATE, later it is applied again (7 days)."""
+    answered DUPLICATE, later it is applied again (7 days). At least the timers'
+    `expires_after` plus as much again, at most a day (`TimerOptions.request_id_margin`):
+    no slot is sent later than
+    `expires_after` after it was due. It is taken for the window of every target the
+    node's timers send to (another context's nodes must keep theirs at least as long), and
+    bounds an operator's retry (`app.timers.runner.decisions.retry_parked`)."""
     gc_threshold: int = Field(default=50_000, ge=0, le=10_000_000)
     """The worker's young-generation collection threshold, set once it has started (with
     what start-up made frozen out of the collector's way); 0: Python's own (700)."""
@@ -263,14 +273,19 @@ class Settings(BaseSettings):
             return data
         expires = given_expiry(data.get("timers"))
         window = cls.model_fields["request_id_window_ms"].default
-        if type(expires) is not int or expires < window:
+        if type(expires) is not int or expires + DAY_MS <= window:
             return data  # the default, or the field's own error says why
+        # Past six days its margin is a day (`TimerOptions.request_id_margin`).
         return {**data, "request_id_window_ms": expires + DAY_MS}
 
     @model_validator(mode="after")
     def _consistent(self) -> Settings:
         handler_within_session(self.handler_timeout_ms, self.session_timeout_ms)
-        window_outlasts_retries(self.request_id_window_ms, self.timers.expires_after)
+        window_outlasts_retries(
+            self.request_id_window_ms,
+            self.timers.expires_after,
+            self.timers.request_id_margin,
+        )
         state_holds_a_record(self.max_state_bytes, self.max_record_bytes)
         thread_of_aiokafka(self.producer_thread, self.kafka_client)
         return self

@@ -61,13 +61,19 @@ def handler_within_session(handler_timeout_ms: int, session_timeout_ms: int) -> 
         )
 
 
-def window_outlasts_retries(request_id_window_ms: int, expires_after_ms: int) -> None:
-    """A timer's send is retried up to `expires_after` after it was due, under the same
-    request id: the target must still know an id it applied by then."""
-    if request_id_window_ms <= expires_after_ms:
+def window_outlasts_retries(
+    request_id_window_ms: int, expires_after_ms: int, margin_ms: int
+) -> None:
+    """A timer's slot is sent, its retries included, until `expires_after` after it was
+    due, always under the same request id: the target must still know an id it applied
+    by then, with `margin_ms` to spare (the command's trip through the broker and the
+    target's backlog, the clocks' skew: `TimerOptions.request_id_margin`)."""
+    if request_id_window_ms < expires_after_ms + margin_ms:
         raise ValueError(
-            f"TICKWHEEL_REQUEST_ID_WINDOW_MS ({request_id_window_ms}) must exceed "
-            f"TICKWHEEL_TIMER_OPTIONS.expires_after ({expires_after_ms})"
+            f"TICKWHEEL_REQUEST_ID_WINDOW_MS ({request_id_window_ms}) must be at least "
+            f"TICKWHEEL_TIMER_OPTIONS.expires_after ({expires_after_ms}) plus {margin_ms} "
+            "(expires_after again, at most a day), or a timer's last retries could reach its "
+            "target after it forgot their request id, and be applied twice"
         )
 
 

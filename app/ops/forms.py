@@ -55,6 +55,11 @@ class OperatorForm(BaseModel):
     target_id: str = Field(min_length=1)
     request_id: str | None = Field(default=None, min_length=1, max_length=100)
     back: str = "/"
+    past_window: bool = Field(
+        default=False,
+        description='a Retry\'s "past the request-id window" box: also the parked timers '
+        "whose slot their target may have forgotten (`TimerOp.past_window`)",
+    )
 
 
 def owner_query(query: MultiMapping[str]) -> tuple[str, str] | None:

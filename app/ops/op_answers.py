@@ -23,9 +23,23 @@ from app.protocol.wire import OpOutcome, TimerAction, TimerOp, TimerOpAnswer
 from app.timers.op_answers import answer_of, answers_partition
 from app.timers.operator import send_op
 
-__all__ = ["DONE_WORDS", "Answered", "changed", "partitions_named", "request_answered", "timers"]
+__all__ = [
+    "DONE_WORDS",
+    "REFUSED_WHY",
+    "Answered",
+    "changed",
+    "partitions_named",
+    "request_answered",
+    "timers",
+]
 
 DONE_WORDS = {TimerAction.RETRY: "retried", TimerAction.SKIP: "skipped"}
+REFUSED_WHY = (
+    "their slot was due longer ago than TICKWHEEL_REQUEST_ID_WINDOW_MS less expires_after "
+    "(at most a day), so their target may have applied it and forgotten its request id, "
+    "and would apply it again; to send them all the same, retry past the window"
+)
+"""Why a retry left timers parked (`Answered.refused`): each edge then says how to ask."""
 
 
 def changed(answer: TimerOpAnswer) -> int:
@@ -69,6 +83,12 @@ class Answered:
         """The partitions that answered FAILED."""
         return [a.partition for a in self.in_order if a.outcome is OpOutcome.FAILED]
 
+    @property
+    def refused(self) -> int:
+        """The PARKED timers a retry left parked in all: their slot past the request-id
+        window, the request not asking past it (`TimerOpAnswer.refused`)."""
+        return sum(a.refused for a in self.answers.values() if a.outcome is OpOutcome.DONE)
+
     def summary(self, type_name: str, target: str, request: str) -> str:
         """What was retried or skipped in all, where, what was a DUPLICATE and how many
         answered; `target` and `request` as the caller shows them (escaped its way)."""
@@ -82,6 +102,8 @@ class Answered:
             if duplicates
             else ""
         )
+        if refused := self.refused:
+            again += f"; {timers(refused)} not retried, left parked: {REFUSED_WHY}"
         if missing := len(self.missing):
             again += f"; {self.partitions - missing} of {self.partitions} answered"
         return (

@@ -66,8 +66,14 @@ class AnsweredView:
 
 def form_op(form: OperatorForm, action: TimerAction, target: AggregateRef) -> TimerOp:
     """The request a form's button sends: under `<form's request id>.<action>` (a fresh
-    request id's when the form carries none)."""
-    return new_op(action, target, request_id=f"{form.request_id or new_form_id()}.{action}")
+    request id's when the form carries none), `.past-window` after it for a Retry with its
+    "past the request-id window" box ticked: the same form sent without it first was
+    another request (its refusals are no DUPLICATE of this one)."""
+    past = form.past_window and action is TimerAction.RETRY
+    base = f"{form.request_id or new_form_id()}.{action}"
+    return new_op(
+        action, target, request_id=f"{base}.past-window" if past else base, past_window=past
+    )
 
 
 def answered_status(answered: Answered) -> int:
@@ -83,9 +89,13 @@ def _capital(text: str) -> str:
 
 
 def notice(type_name: str, answered: Answered) -> str:
-    """The confirmation of a request every partition answered, none FAILED."""
+    """The confirmation of a request every partition answered, none FAILED (and how to
+    send what a retry refused, if it did)."""
     op = answered.op
-    return _capital(answered.summary(type_name, str(op.target), op.request_id)) + "."
+    said = _capital(answered.summary(type_name, str(op.target), op.request_id)) + "."
+    if answered.refused:
+        said += ' Tick "past the request-id window" by Retry to send them.'
+    return said
 
 
 def _title(type_name: str, op: TimerOp) -> str:
@@ -93,9 +103,12 @@ def _title(type_name: str, op: TimerOp) -> str:
 
 
 def _resend(form: OperatorForm, op: TimerOp) -> list[tuple[str, str]]:
-    """The form's fields, under the request id `op` went under (less its `.<action>`)."""
-    base = op.request_id.removesuffix(f".{op.action}")
-    fields = form.model_dump(exclude={"request_id"}, exclude_none=True)
+    """The form's fields, under the request id `op` went under (less its `.<action>` and
+    `.past-window`)."""
+    base = op.request_id.removesuffix(".past-window").removesuffix(f".{op.action}")
+    # The box left out unticked, as a browser sends it.
+    unset = {"request_id"} if form.past_window else {"request_id", "past_window"}
+    fields = form.model_dump(exclude=unset, exclude_none=True)
     return [*((k, str(v)) for k, v in fields.items()), ("request_id", base)]
 
 

@@ -4,6 +4,8 @@ on the context's results topic (`TimerOpAnswer`, its `OpOutcome`)."""
 
 from __future__ import annotations
 
+import functools
+import operator
 from enum import StrEnum
 from typing import Final, Literal
 
@@ -14,6 +16,11 @@ from tables import AggregateRef
 from tables.bounds import MAX_INT64, Instant
 
 __all__ = ["TIMER_OP_ANSWER", "OpOutcome", "TimerAction", "TimerOp", "TimerOpAnswer"]
+
+_false: Final = functools.partial(operator.is_, False)
+"""Whether a flag is False: `exclude_if`'s test (a C callable, as `tables.timer`'s)."""
+_zero: Final = functools.partial(operator.eq, 0)
+"""Whether a count is 0: `exclude_if`'s test."""
 
 
 class TimerAction(StrEnum):
@@ -35,6 +42,15 @@ class TimerOp(Envelope):
     action: TimerAction
     target: AggregateRef = Field(description="the aggregate the parked timers send to")
     requested_at: Instant = Field(description="epoch ms when the operator asked")
+    past_window: bool = Field(
+        default=False,
+        exclude_if=_false,
+        description="a retry's: also the parked timers whose slot was due longer ago than "
+        "TICKWHEEL_REQUEST_ID_WINDOW_MS less expires_after (at most a day), which the "
+        "target may have applied and forgotten (sent again, applied twice); without it "
+        "they are refused, left parked (an earlier version's node takes it for an unknown "
+        "field and retries them all); left out of the JSON when false, as before it existed",
+    )
 
 
 class OpOutcome(StrEnum):
@@ -74,6 +90,15 @@ class TimerOpAnswer(Envelope):
     outcome: OpOutcome
     retried: int = Field(default=0, ge=0, le=MAX_INT64, description="PARKED timers retried")
     skipped: int = Field(default=0, ge=0, le=MAX_INT64, description="PARKED timers skipped")
+    refused: int = Field(
+        default=0,
+        exclude_if=_zero,
+        ge=0,
+        le=MAX_INT64,
+        description="PARKED timers a retry left parked: their slot due longer ago than the "
+        "request-id window allows, the request not asking past_window; left out of the "
+        "JSON when 0, as before it existed",
+    )
     message: str = Field(
         default="",
         max_length=2_000,

@@ -47,11 +47,13 @@ def answer_record(
     partitions: int,
     now: int,
     changed: int = 0,
+    refused: int = 0,
     message: str = "",
 ) -> OutRecord:
     """The answer to `op`, read at `offset` of the timer-ops partition `partition` of
     `type_name`, on its context's results topic (of `partitions` partitions); `changed`:
-    the PARKED timers it retried or skipped (by its action)."""
+    the PARKED timers it retried or skipped (by its action); `refused`: those a retry left
+    PARKED (`TimerOpAnswer.refused`)."""
     if len(message) > MAX_MESSAGE:
         message = message[: MAX_MESSAGE - 1] + "…"
     retry = op.action is TimerAction.RETRY
@@ -65,6 +67,7 @@ def answer_record(
         outcome=outcome,
         retried=changed if retry else 0,
         skipped=0 if retry else changed,
+        refused=refused,
         message=message,
         answered_at=now,
     )

@@ -40,6 +40,7 @@ from app.kafka.records import OutRecord, Record
 from app.protocol.topics import parse_aggregate_type
 from app.protocol.wire import TimerAction, TimerOp, encode
 from app.timers.runner import TimerRunner
+from app.timers.runner.operating import Operated
 from tables.keys import owner_prefix
 from tables.partitioner import partition_of
 from tables.refs import AggregateRef
@@ -70,15 +71,18 @@ def new_op(
     now: int | None = None,
     *,
     request_id: str | None = None,
+    past_window: bool = False,
 ) -> TimerOp:
     """A request under `request_id` (a fresh one by default: the same id sent again within
     the node's de-duplication window is carried out once), made `now` (epoch ms; the wall
-    clock by default)."""
+    clock by default); `past_window`: a retry of timers whose slot its target may have
+    forgotten too (`TimerOp.past_window`)."""
     return TimerOp(
         request_id=request_id or uuid.uuid4().hex,
         action=action,
         target=target,
         requested_at=time.time_ns() // 1_000_000 if now is None else now,
+        past_window=past_window,
     )
 
 
@@ -96,10 +100,14 @@ async def request_retry(
     partitions: int,
     *,
     request_id: str | None = None,
+    past_window: bool = False,
 ) -> TimerOp:
     """Asks the owners of `type_name`'s timers to retry those PARKED on `target`; under
-    `request_id` (fresh by default), which a copy sent again shares (its DUPLICATE)."""
-    return await _request(clients, type_name, TimerAction.RETRY, target, partitions, request_id)
+    `request_id` (fresh by default), which a copy sent again shares (its DUPLICATE);
+    `past_window`: those whose slot is past the request-id window too (`retry_parked`)."""
+    return await _request(
+        clients, type_name, TimerAction.RETRY, target, partitions, request_id, past_window
+    )
 
 
 async def request_skip(
@@ -122,13 +130,14 @@ async def _request(
     target: AggregateRef,
     partitions: int,
     request_id: str | None,
+    past_window: bool = False,
 ) -> TimerOp:
     """Writes the op to every partition; returns once the broker acknowledged them all.
 
     `ConfigError` for a bad type name; `KafkaUnavailable` when the broker is not there or
     the topic has another partition count than `partitions`.
     """
-    op = new_op(action, target, request_id=request_id)
+    op = new_op(action, target, request_id=request_id, past_window=past_window)
     await send_op(clients, type_name, op, partitions)
     return op
 
@@ -172,21 +181,26 @@ async def send_op(clients: Clients, type_name: str, op: TimerOp, partitions: int
 
 async def carry_out(
     runner: TimerRunner, op: TimerOp, partition: int, *, resolve_later: bool = False
-) -> int:
+) -> Operated:
     """What the owner of `partition` does with an op read from it: acts on the PARKED
-    timers of that partition only (the owners of the others read their own copy).
-    `resolve_later`: the ledger entry is resolved by the partition's next round, not here
-    (its cycle calls no ledger)."""
+    timers of that partition only (the owners of the others read their own copy); what it
+    changed, and the retries it refused (`TimerOp.past_window`). `resolve_later`: the
+    ledger entry is resolved by the partition's next round, not here (its cycle calls no
+    ledger)."""
     logger.info(
-        "operator %s of %s (request %s) in partition %d",
+        "operator %s of %s (request %s%s) in partition %d",
         op.action,
         op.target,
         op.request_id,
+        ", past the request-id window" if op.past_window else "",
         partition,
     )
     if op.action is TimerAction.RETRY:
-        return await runner.retry(op.target, {partition}, resolve_later=resolve_later)
-    return await runner.skip(op.target, {partition}, resolve_later=resolve_later)
+        return await runner.retry_counted(
+            op.target, {partition}, resolve_later=resolve_later, past_window=op.past_window
+        )
+    skipped = await runner.skip(op.target, {partition}, resolve_later=resolve_later)
+    return Operated(skipped)
 
 
 async def read_timers(

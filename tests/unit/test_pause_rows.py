@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from app.timers.runner.decisions import NOTHING, retry_parked, skip_parked
-from app.timers.runner.options import DAY_MS
+from app.timers.runner.options import DAY_MS, TimerOptions
 from tables.keys import decode_timer, encode_timer
 from tables.rules import CronRule, IntervalRule, OnceRule
 from tables.slots import Slot, caught_up, first_slot, jittered_due, next_slot
@@ -155,7 +155,8 @@ def test_a_parked_timer_paused_is_parked_again_by_its_resume(
     assert all(getattr(paused, f) == getattr(timer, f) for f in kept)
     assert decode_timer(encode_timer(paused)) == paused, "the changelog keeps the mark"
     # An operator's retry or skip acts on PARKED rows: it passes over a paused one.
-    assert retry_parked(paused, paused.due_at + paused_for) == NOTHING
+    retried = retry_parked(paused, paused.due_at + paused_for, TimerOptions(), DAY_MS * 7)
+    assert retried == NOTHING
     assert skip_parked(paused) == NOTHING
     assert pause_row(paused, version + 1) is None, "a paused timer pauses no further"
     # Its resume parks it again as it was, whenever it comes: no catch-up, no send; an

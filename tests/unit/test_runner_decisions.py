@@ -20,12 +20,19 @@ from app.timers.runner.decisions import (
     Verdict,
     classify,
     expire_or_claim,
+    held_until,
     on_outcome,
     release,
     retry_parked,
+    send_until,
     skip_parked,
 )
-from app.timers.runner.options import DAY_MS, RetryPolicy, TimerOptions, backoff_ms
+from app.timers.runner.options import (
+    DAY_MS,
+    RetryPolicy,
+    TimerOptions,
+    backoff_ms,
+)
 from tables.rules import CronRule, IntervalRule, OnceRule
 from tables.slots import Slot, first_slot, jittered_due, next_slot
 from tables.timer import Outcome, Timer, TimerStatus
@@ -310,20 +317,46 @@ def test_a_timer_over_many_rounds(
 
 
 @settings(deadline=None)
-@given(due_timers(), st.integers(0, DAY_MS))
-def test_operator_retry_and_skip(case: tuple[Timer, int], later: int) -> None:
+@given(
+    due_timers(),
+    st.integers(0, 12 * DAY_MS),
+    st.sampled_from([2 * DAY_MS, 7 * DAY_MS]),
+    st.booleans(),
+)
+def test_operator_retry_and_skip(
+    case: tuple[Timer, int], later: int, window: int, past_window: bool
+) -> None:
+    """A retry sends the slot from now for `expires_after`, never past its request-id
+    window (less the margin) unless asked past it; past the window, unasked, it is refused
+    and writes nothing."""
     timer, _ = case
     parked = timer.model_copy(update={"status": TimerStatus.PARKED, "attempts": 5})
     now = parked.due_at + later
-    retried = retry_parked(parked, now)
-    nxt = assert_written_from(retried, parked)
-    assert (nxt.status, nxt.due_at, nxt.attempts) == (TimerStatus.PENDING, now, 0)
-    assert (nxt.slot, nxt.slot_due_at) == (parked.slot, parked.slot_due_at)
+    retried = retry_parked(parked, now, OPTIONS, window, past_window=past_window)
+    first_due = jittered_due(parked.rule, parked.id, Slot(parked.slot, parked.slot_due_at))
+    held = first_due + window - min(OPTIONS.expires_after, DAY_MS)
+    assert held_until(parked, window, OPTIONS) == held
+    if now > held and not past_window:
+        assert retried == Decision(Action.OPERATOR_REFUSED)
+    else:
+        nxt = assert_written_from(retried, parked)
+        assert (nxt.status, nxt.due_at, nxt.attempts) == (TimerStatus.PENDING, now, 0)
+        assert (nxt.slot, nxt.slot_due_at) == (parked.slot, parked.slot_due_at)
+        until = now + OPTIONS.expires_after
+        assert nxt.retry_until == (until if past_window else min(until, held))
+        assert send_until(nxt, OPTIONS) == nxt.retry_until
+        # Claimed now, sent; claimed past its horizon, expired, never sent.
+        assert expire_or_claim(nxt, now, OPTIONS).send
+        late = expire_or_claim(nxt, nxt.retry_until + 1, OPTIONS)
+        assert not late.send and late.action in (Action.EXPIRE, Action.EXPIRE_SLOT)
+        if late.action is Action.EXPIRE_SLOT:
+            assert late.change is not None and late.change.next.retry_until is None
     skipped = skip_parked(parked)
     nxt = assert_written_from(skipped, parked)
     assert (nxt.status, nxt.outcome) == (TimerStatus.CANCELLED, Outcome.SKIPPED)
     # Both leave anything not PARKED alone.
-    assert retry_parked(timer, now).change is None and skip_parked(timer).change is None
+    assert retry_parked(timer, now, OPTIONS, window).change is None
+    assert skip_parked(timer).change is None
 
 
 # --- one example per seed sentence -------------------------------------------------------

@@ -26,7 +26,7 @@ from app.timers.runner.decisions import (
     skip_parked,
     unparked,
 )
-from app.timers.runner.options import DAY_MS, RetryPolicy, TimerOptions
+from app.timers.runner.options import DAY_MS, REQUEST_ID_WINDOW_MS, RetryPolicy, TimerOptions
 from tables.rules import IntervalRule, OnceRule
 from tables.timer import CUT_MARKER, MAX_ERROR_TEXT, Outcome, Timer, TimerStatus, error_text
 
@@ -136,7 +136,8 @@ def test_what_no_attempt_decides_keeps_the_last_error(code: str, text: str, late
         assert released.change is not None
         assert error(released.change.next) == kept
         parked = timer.model_copy(update={"status": TimerStatus.PARKED})
-        for decision in (retry_parked(parked, now), skip_parked(parked)):
+        retried = retry_parked(parked, now, OPTIONS, REQUEST_ID_WINDOW_MS, past_window=True)
+        for decision in (retried, skip_parked(parked)):
             assert decision.change is not None
             assert error(decision.change.next) == kept
 
@@ -155,7 +156,7 @@ def test_a_target_answering_error_keeps_its_message_through_retries_and_the_park
         now = max(now, timer.due_at)
     assert timer.status is TimerStatus.PARKED and timer.outcome is Outcome.FAILED
     # Retried by an operator and committed: the error is cleared.
-    retried = retry_parked(timer, now).change
+    retried = retry_parked(timer, now, OPTIONS, REQUEST_ID_WINDOW_MS).change
     assert retried is not None
     claim = expire_or_claim(retried.next, now, OPTIONS)
     assert claim.change is not None

@@ -38,7 +38,7 @@ from app.timers.operator import (
     op_records,
 )
 from app.timers.runner import TimerOptions, TimerRunner, operating
-from app.timers.runner.operating import EXPECTED_TRIES, RESOLVE_BACKOFF_MS
+from app.timers.runner.operating import EXPECTED_TRIES, RESOLVE_BACKOFF_MS, Operated
 from tables import open_timer_store
 from tables.ledger import MemoryFailureLedger
 from tables.refs import AggregateRef
@@ -121,7 +121,7 @@ async def test_retry_in_one_partition_leaves_the_others_parked(store: TimerStore
         store, AnsweringSender(), StillClock(T0 + MIN), ledger, partitions=[0, 1, 2]
     )
     op = new_op(TimerAction.RETRY, TARGET, now=T0)
-    assert await carry_out(runner, op, 1) == 2
+    assert await carry_out(runner, op, 1) == Operated(2)
     rows = {t.key: t for t in [await store.find(OWNER, k) for k in "abc"] if t is not None}
     assert rows["a"].status is TimerStatus.PARKED
     for key in "bc":
@@ -132,8 +132,8 @@ async def test_retry_in_one_partition_leaves_the_others_parked(store: TimerStore
         )
     assert await ledger.entries() == []
     # The copy of the op in partition 0, read by that partition's owner.
-    assert await carry_out(runner, op, 0) == 1
-    assert await carry_out(runner, op, 2) == 0
+    assert await carry_out(runner, op, 0) == Operated(1)
+    assert await carry_out(runner, op, 2) == Operated(0)
 
 
 async def test_skip_in_one_partition_cancels_only_its_parked_timers(store: TimerStore) -> None:
@@ -199,7 +199,7 @@ async def test_a_request_in_a_cycle_settles_at_once_and_its_round_resolves_the_e
     ledger = FlakyLedger()
     await parked_ledger(store, ledger, "a", "b")
     runner = skipping(store, ledger)
-    assert await carry_out(runner, SKIP, 1, resolve_later=True) == 2
+    assert await carry_out(runner, SKIP, 1, resolve_later=True) == Operated(2)
     rows = [await store.find(OWNER, k) for k in "ab"]
     assert [r.status if r else None for r in rows] == [TimerStatus.CANCELLED] * 2
     assert ledger.resolves == 0 and len(await ledger.entries()) == 1
@@ -217,7 +217,7 @@ async def test_an_entry_whose_target_was_parked_again_meanwhile_stays(
     ledger = FlakyLedger()
     await parked_ledger(store, ledger, "a")
     runner = skipping(store, ledger)
-    assert await carry_out(runner, SKIP, 1, resolve_later=True) == 1
+    assert await carry_out(runner, SKIP, 1, resolve_later=True) == Operated(1)
     await parked_ledger(store, ledger, "c")  # parked after the skip, before its resolve
     await runner.run_round()
     [entry] = await ledger.entries()
@@ -232,7 +232,7 @@ async def test_an_entry_the_ledger_does_not_resolve_waits_then_is_resolved_again
     await parked_ledger(store, ledger, "a")
     clock = FakeClock(T0)
     runner = skipping(store, ledger, clock)
-    assert await carry_out(runner, SKIP, 1, resolve_later=True) == 1
+    assert await carry_out(runner, SKIP, 1, resolve_later=True) == Operated(1)
     await runner.run_round()  # the ledger fails it: kept for a later round
     assert len(await ledger.entries()) == 1
     clock.set(T0 + RESOLVE_BACKOFF_MS - 1)
@@ -252,12 +252,14 @@ async def test_two_requests_for_one_target_are_resolved_by_one_ledger_write(
     await parked_ledger(store, ledger, "a")
     clock = FakeClock(T0)
     runner = skipping(store, ledger, clock)
-    assert await carry_out(runner, SKIP, 1, resolve_later=True) == 1
-    assert await carry_out(runner, SKIP, 1, resolve_later=True) == 0
+    assert await carry_out(runner, SKIP, 1, resolve_later=True) == Operated(1)
+    assert await carry_out(runner, SKIP, 1, resolve_later=True) == Operated(0)
     ledger.held = asyncio.Event()
     round_ = asyncio.create_task(runner.run_round())
     await ledger.calling.wait()  # the resolve under way (it fails) ...
-    assert await carry_out(runner, SKIP, 1, resolve_later=True) == 0  # ... and asked again
+    assert await carry_out(runner, SKIP, 1, resolve_later=True) == Operated(
+        0
+    )  # ... and asked again
     ledger.held.set()
     await asyncio.wait_for(round_, 5)
     assert ledger.resolves == 1 and len(await ledger.entries()) == 1
@@ -292,7 +294,7 @@ async def test_an_entry_the_ledger_has_not_read_yet_is_asked_for_again_after_the
     await parked_ledger(store, ledger, "a")
     clock = FakeClock(T0)
     runner = skipping(store, ledger, clock)
-    assert await carry_out(runner, SKIP, 1, resolve_later=True) == 1
+    assert await carry_out(runner, SKIP, 1, resolve_later=True) == Operated(1)
     await runner.run_round()
     assert ledger.resolves == 1 and len(await ledger.entries()) == 1
     await runner.run_round()
@@ -312,7 +314,7 @@ async def test_an_entry_never_found_is_asked_for_a_bounded_number_of_times(
     await parked_ledger(store, ledger, "a")
     clock = FakeClock(T0)
     runner = skipping(store, ledger, clock)
-    assert await carry_out(runner, SKIP, 1, resolve_later=True) == 1
+    assert await carry_out(runner, SKIP, 1, resolve_later=True) == Operated(1)
     for n in range(EXPECTED_TRIES + 2):
         clock.set(T0 + n * RESOLVE_BACKOFF_MS)
         await runner.run_round()
@@ -327,7 +329,7 @@ async def test_no_entry_is_expected_where_the_request_settled_nothing(store: Tim
     ledger = LaggingLedger()
     clock = FakeClock(T0)
     runner = skipping(store, ledger, clock)
-    assert await carry_out(runner, SKIP, 1, resolve_later=True) == 0
+    assert await carry_out(runner, SKIP, 1, resolve_later=True) == Operated(0)
     for n in range(3):
         clock.set(T0 + n * RESOLVE_BACKOFF_MS)
         await runner.run_round()
@@ -338,7 +340,7 @@ async def test_a_partitions_stop_resolves_what_its_round_had_not_yet(store: Time
     ledger = FlakyLedger()
     await parked_ledger(store, ledger, "a")
     runner = skipping(store, ledger)
-    assert await carry_out(runner, SKIP, 1, resolve_later=True) == 1
+    assert await carry_out(runner, SKIP, 1, resolve_later=True) == Operated(1)
     await runner.stop_partition(1)
     assert await ledger.entries() == []
 
@@ -352,7 +354,7 @@ async def test_a_partitions_stop_waits_for_the_ledger_a_bounded_time(
     ledger = FlakyLedger()
     await parked_ledger(store, ledger, "a")
     runner = skipping(store, ledger)
-    assert await carry_out(runner, SKIP, 1, resolve_later=True) == 1
+    assert await carry_out(runner, SKIP, 1, resolve_later=True) == Operated(1)
     ledger.held = asyncio.Event()  # never set
     await asyncio.wait_for(runner.stop_partition(1), 5)
     assert ledger.resolves == 1 and len(await ledger.entries()) == 1
@@ -364,7 +366,7 @@ async def test_a_stop_during_a_rounds_resolve_resolves_each_entry_once(
     ledger = FlakyLedger()
     await parked_ledger(store, ledger, "a")
     runner = skipping(store, ledger)
-    assert await carry_out(runner, SKIP, 1, resolve_later=True) == 1
+    assert await carry_out(runner, SKIP, 1, resolve_later=True) == Operated(1)
     ledger.held = asyncio.Event()
     round_ = asyncio.create_task(runner.run_round())
     await ledger.calling.wait()
@@ -384,7 +386,7 @@ async def test_a_partition_not_fired_yet_leaves_its_entry_to_its_next_firing(
     ledger = FlakyLedger()
     await parked_ledger(store, ledger, "a")
     runner = TimerRunner(store, AnsweringSender(), StillClock(T0), ledger, partitions=[0])
-    assert await carry_out(runner, SKIP, 1, resolve_later=True) == 1
+    assert await carry_out(runner, SKIP, 1, resolve_later=True) == Operated(1)
     row = await store.find(OWNER, "a")
     assert row is not None and row.status is TimerStatus.CANCELLED
     assert ledger.resolves == 0 and len(await ledger.entries()) == 1
@@ -406,7 +408,7 @@ async def test_a_partition_stopped_before_it_fired_again_resolves_its_entry_at_i
     ledger = FlakyLedger()
     await parked_ledger(store, ledger, "a")
     runner = TimerRunner(store, AnsweringSender(), StillClock(T0), ledger, partitions=[0])
-    assert await carry_out(runner, SKIP, 1, resolve_later=True) == 1
+    assert await carry_out(runner, SKIP, 1, resolve_later=True) == Operated(1)
     assert ledger.resolves == 0
     await runner.stop_partition(1)
     assert (ledger.resolves, await ledger.entries()) == (1, [])

@@ -1,8 +1,10 @@
-"""An operator's retry sends a PARKED timer, however old its slot (issue 10, item 7).
+"""A slot is sent, its retries included, until `expires_after` after it was due; an
+operator's retry of a PARKED slot sends it for `expires_after` from the retry, within the
+target's request-id window (issue 10, item 7; a hunt: retries measured from their own due
+time outlived the window, and the target applied the slot twice).
 
-Expiry counts from the slot's own due time for a slot not sent yet, and from the retry's
-due time for a slot being sent again (outcome FAILED or BUSY): the decisions by
-themselves (hypothesis), then rounds of a runner on a fake clock, a restart included.
+The decisions by themselves (hypothesis), then rounds of a runner on a fake clock, a
+restart included.
 """
 
 from __future__ import annotations
@@ -16,8 +18,19 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from app.timers.runner import SendResult, TimerOptions, TimerRunner
-from app.timers.runner.decisions import Action, due_since, expire_or_claim, on_outcome, retry_parked
-from app.timers.runner.options import DAY_MS, RetryPolicy
+from app.timers.runner.decisions import (
+    Action,
+    Decision,
+    expire_or_claim,
+    on_outcome,
+    retry_parked,
+    send_until,
+)
+from app.timers.runner.options import (
+    DAY_MS,
+    REQUEST_ID_WINDOW_MS,
+    RetryPolicy,
+)
 from tables import open_timer_store
 from tables.ledger import MemoryFailureLedger
 from tables.rules import IntervalRule, OnceRule
@@ -26,6 +39,7 @@ from tables.timer import Outcome, TimerStatus
 
 SUB = TimerOptions.PARKED_SUBSCRIPTION
 OPTIONS = TimerOptions(retry=RetryPolicy(max_attempts=2))
+WINDOW = REQUEST_ID_WINDOW_MS
 
 
 # --- the decisions ------------------------------------------------------------------------
@@ -43,18 +57,19 @@ outcomes = st.sampled_from(
     st.integers(0, 3 * DAY_MS),
     st.sampled_from([MIN, DAY_MS]),
 )
-def test_expiry_counts_from_the_slot_or_from_the_retry(
+def test_expiry_counts_from_the_slot_however_it_is_retried(
     recurring: bool, outcome: Outcome | None, retry_later: int, wait: int, expires_after: int
 ) -> None:
+    """A retry (FAILED), a BUSY wait, a claim given back: each moved `due_at`, none moves
+    the slot's expiry. Before, a retry counted from its own due time: its slot never
+    expired as a whole, and was sent past the target's request-id window."""
     rule = IntervalRule(start=T0, every=7 * MIN) if recurring else OnceRule(at=T0)
     timer = make(rule, due_at=T0 + retry_later, outcome=outcome)
     now = timer.due_at + wait
     options = TimerOptions(expires_after=expires_after)
     decision = expire_or_claim(timer, now, options)
-    retried = outcome in (Outcome.FAILED, Outcome.BUSY)
-    since = timer.due_at if retried else timer.slot_due_at
-    assert due_since(timer) == since
-    if now - since > expires_after:
+    assert send_until(timer, options) == T0 + expires_after
+    if now - T0 > expires_after:
         assert decision.action is (Action.EXPIRE_SLOT if recurring else Action.EXPIRE)
         assert not decision.send
     else:
@@ -62,29 +77,45 @@ def test_expiry_counts_from_the_slot_or_from_the_retry(
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.booleans(), st.sampled_from([Outcome.FAILED, Outcome.BUSY, None]), st.integers(0, 30))
-def test_an_operators_retry_is_claimed_however_old_its_slot(
-    recurring: bool, parked_with: Outcome | None, days_later: int
+@given(
+    st.booleans(),
+    st.sampled_from([Outcome.FAILED, Outcome.BUSY, None]),
+    st.integers(0, 12 * DAY_MS),
+    st.booleans(),
+)
+def test_an_operators_retry_is_claimed_within_the_window_and_refused_past_it(
+    recurring: bool, parked_with: Outcome | None, later: int, past_window: bool
 ) -> None:
     rule = IntervalRule(start=T0, every=DAY_MS, coalesce=False) if recurring else OnceRule(at=T0)
     parked = make(rule, status=TimerStatus.PARKED, attempts=5, outcome=parked_with)
-    now = T0 + days_later * DAY_MS + 1
-    retried = retry_parked(parked, now)
+    now = T0 + later
+    retried = retry_parked(parked, now, OPTIONS, WINDOW, past_window=past_window)
+    margin = OPTIONS.request_id_margin
+    assert margin == DAY_MS  # as long as `expires_after`, a day: at most a day
+    if now > T0 + WINDOW - margin and not past_window:
+        # Its target may have applied it and forgotten its request id: left PARKED.
+        assert retried == Decision(Action.OPERATOR_REFUSED) and retried.change is None
+        return
     assert retried.change is not None
     row = retried.change.next
     assert (row.status, row.due_at, row.attempts) == (TimerStatus.PENDING, now, 0)
     assert (row.slot, row.slot_due_at) == (parked.slot, parked.slot_due_at)
     assert row.outcome in (Outcome.FAILED, Outcome.BUSY)
+    held = T0 + WINDOW - margin
+    assert row.retry_until == (
+        now + OPTIONS.expires_after if past_window else min(now + OPTIONS.expires_after, held)
+    )
     claim = expire_or_claim(row, now, OPTIONS)
     assert claim.action is Action.CLAIM and claim.change is not None
     # The parked slot itself: a rule that does not coalesce sends it, not a later one.
     assert claim.change.next.request_id == parked.request_id
+    assert claim.change.next.retry_until == row.retry_until
 
 
 def test_a_retry_that_fails_is_retried_then_parked_again_not_expired() -> None:
     parked = make(status=TimerStatus.PARKED, attempts=2, outcome=Outcome.FAILED)
     now = T0 + 3 * DAY_MS
-    change = retry_parked(parked, now).change
+    change = retry_parked(parked, now, OPTIONS, WINDOW).change
     assert change is not None
     timer = change.next
     for attempt in range(1, OPTIONS.retry.max_attempts + 1):
@@ -98,11 +129,24 @@ def test_a_retry_that_fails_is_retried_then_parked_again_not_expired() -> None:
     assert outcome.park and timer.status is TimerStatus.PARKED
 
 
-def test_a_retry_that_waited_longer_than_expires_after_expires() -> None:
+def test_a_send_retried_past_its_slots_expiry_expires() -> None:
+    """A retry due five days after its slot (a long backoff, a cluster down): before, it
+    was sent, counted from its own due time; its slot expired four days before."""
+    retried = make(due_at=T0 + 5 * DAY_MS, attempts=3, outcome=Outcome.FAILED)
+    assert expire_or_claim(retried, T0 + 5 * DAY_MS, OPTIONS).action is Action.EXPIRE
+    in_time = make(due_at=T0 + DAY_MS, attempts=3, outcome=Outcome.FAILED)
+    assert expire_or_claim(in_time, T0 + DAY_MS, OPTIONS).action is Action.CLAIM
+    assert expire_or_claim(in_time, T0 + DAY_MS + 1, OPTIONS).action is Action.EXPIRE
+
+
+def test_an_operators_retry_that_waited_longer_than_expires_after_expires() -> None:
     """The retry itself was due more than a day ago (the cluster down): expired."""
-    retried = make(due_at=T0 + 5 * DAY_MS, outcome=Outcome.FAILED)
-    assert expire_or_claim(retried, T0 + 6 * DAY_MS, OPTIONS).action is Action.CLAIM
-    assert expire_or_claim(retried, T0 + 6 * DAY_MS + 1, OPTIONS).action is Action.EXPIRE
+    parked = make(status=TimerStatus.PARKED, attempts=2, outcome=Outcome.FAILED)
+    change = retry_parked(parked, T0 + 2 * DAY_MS, OPTIONS, WINDOW).change
+    assert change is not None and change.next.retry_until == T0 + 3 * DAY_MS
+    retried = change.next
+    assert expire_or_claim(retried, T0 + 3 * DAY_MS, OPTIONS).action is Action.CLAIM
+    assert expire_or_claim(retried, T0 + 3 * DAY_MS + 1, OPTIONS).action is Action.EXPIRE
 
 
 def test_a_slot_never_sent_still_expires_from_its_own_due_time() -> None:
@@ -208,6 +252,7 @@ async def test_a_recurring_timer_retried_days_later_sends_its_parked_slot(
     assert sender.sent == ["t-1#0"]
     row = await store.find(OWNER, "remind")
     assert row is not None and (row.status, row.slot) == (TimerStatus.PENDING, 1)
+    assert row.retry_until is None, "the retry's horizon was slot 0's alone"
     # Slot 1 was due three days ago and never sent: it expires, as any such slot does.
     stats = await runner.run_round()
     assert stats.expired == 1 and sender.sent == ["t-1#0"]

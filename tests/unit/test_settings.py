@@ -163,7 +163,7 @@ def test_a_check_of_two_settings_names_their_variables() -> None:
     """It named the fields (request_id_window_ms), not what an operator sets (a hunt)."""
     with pytest.raises(
         ConfigError,
-        match=r"TICKWHEEL_REQUEST_ID_WINDOW_MS \(60000\) must exceed "
+        match=r"TICKWHEEL_REQUEST_ID_WINDOW_MS \(60000\) must be at least "
         r"TICKWHEEL_TIMER_OPTIONS\.expires_after",
     ):
         Settings.from_env({"TICKWHEEL_REQUEST_ID_WINDOW_MS": "60000"})

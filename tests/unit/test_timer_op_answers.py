@@ -29,7 +29,7 @@ from app.kafka import TopicSpec
 from app.kafka.memory import MemoryLog
 from app.model.aggregate import AggregateType, Command, Decision
 from app.node.kept import node_topics
-from app.ops.op_answers import Answered, request_answered
+from app.ops.op_answers import REFUSED_WHY, Answered, request_answered
 from app.protocol.topics import AggregateTopics, ContextTopics
 from app.protocol.wire import (
     CommandEnvelope,
@@ -53,6 +53,7 @@ ORDERS = AggregateTopics("shop", "order")
 RESULTS = ContextTopics("shop").results
 OWNER = AggregateRef(context="shop", aggregate="order", id="o-1")
 OTHER = AggregateRef(context="shop", aggregate="order", id="o-2")
+DAY = 24 * 3_600_000
 
 
 class Order(BaseModel):
@@ -160,6 +161,41 @@ def test_a_retry_says_what_it_retried_where(
         (0, "DONE", 2 if p == 0 else 0),
         (1, "DONE", 2 if p == 1 else 0),
     ]
+
+
+def test_a_retry_past_the_window_is_refused_until_asked_past_it(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A slot parked eight days ago, its target's window a week: the target may have
+    applied it (its result lost) and forgotten its request id. Before, the retry sent it
+    again under that id, and the target applied it a second time."""
+
+    async def parked_long_ago(log: MemoryLog, clock: FakeClock, op: TimerOp) -> None:
+        await park(log, clock, "remind")
+        clock.advance(8 * DAY)
+
+    log = MemoryLog()
+    with_node(monkeypatch, tmp_path, log, parked_long_ago)
+    result = invoke("retry", OWNER, "--request-id", "retry-old")
+    assert result.exit_code == 1, result.output
+    p = partition_of(OWNER.id, P)
+    assert result.stdout.splitlines() == [
+        f"partition {p}: retried 0 timers, 1 timer left parked (past the window)",
+        f"retried 0 timers of shop.order parked on {OWNER} in 0 of 2 partitions; 1 timer not "
+        f"retried, left parked: {REFUSED_WHY} (request retry-old)",
+    ]
+    assert "run it again with --past-window" in result.stderr
+    assert status(log, "remind") is TimerStatus.PARKED
+
+    async def later(log: MemoryLog, clock: FakeClock, op: TimerOp) -> None:
+        clock.advance(8 * DAY)  # the node's clock, started again at the wall clock's
+
+    with_node(monkeypatch, tmp_path, log, later)
+    result = invoke("retry", OWNER, "--past-window", "--json")
+    assert result.exit_code == 0, result.output
+    said = orjson.loads(result.stdout)
+    assert said["past_window"] is True
+    assert sorted((a["retried"], a.get("refused", 0)) for a in said["answers"]) == [(0, 0), (1, 0)]
 
 
 def test_a_request_sent_again_under_its_id_is_answered_duplicate(

@@ -162,6 +162,9 @@ async def test_parked_rows_carry_forms_for_their_target(site: Site) -> None:
     hidden = dict(re.findall(r'name="(\w+)" value="([^"]*)"', form))
     # The form's own request id, new at each rendering: submitted twice, one request.
     assert re.fullmatch(r"[0-9a-f]{32}", hidden.pop("request_id"))
+    # A box, unticked: a Retry leaves a slot past the request-id window parked.
+    assert hidden.pop("past_window") == "true"
+    assert '<input type="checkbox" name="past_window" value="true">' in form
     assert hidden == {
         "type": TYPE,
         "target_type": TYPE,

@@ -31,6 +31,7 @@ from yarl import URL
 
 from app.kafka.memory import MemoryLog
 from app.node.kept import node_topics
+from app.ops.op_answers import REFUSED_WHY
 from app.ops.page import OperatorPage
 from app.ops.web import WebServer
 from app.protocol.wire import OpOutcome, TimerOp, decode
@@ -95,6 +96,37 @@ async def test_a_retry_counts_what_it_retried_and_the_same_form_again_is_a_dupli
             f"Retried 0 timers of shop.order parked on {OWNER} in 0 of 2 partitions; 2 "
             "partitions had carried it out before under this request id (DUPLICATE: nothing "
             f"done again) (request {rid}.retry)."
+        )
+
+
+async def test_a_retry_past_the_window_is_refused_and_sent_with_the_box_ticked(
+    tmp_path: Path,
+) -> None:
+    """A slot parked eight days ago, its target's window a week: before, Retry sent it
+    under the request id its target may have applied and forgotten."""
+    clock = FakeClock(time.time_ns() // 1_000_000)
+    async with web_node(SERVICE, tmp_path, clock, WebNode, token=None, timers=OPTIONS) as site:
+        await park(site.log, clock, "remind")
+        clock.advance(8 * 24 * 3_600_000)
+        async with site.http.get(site.url) as r:
+            page = await r.text()
+        form = page.split('<tr class="parked-timer">', 1)[1].split("</form>", 1)[0]
+        fields = dict(re.findall(r'type="hidden" name="(\w+)" value="([^"]*)"', form))
+        rid = fields["request_id"]
+        status, _, location = await post(site.http, site.url, "retry", fields)
+        assert status == 303 and location is not None
+        assert await notice(site.http, site.url, location) == (
+            f"Retried 0 timers of shop.order parked on {OWNER} in 0 of 2 partitions; 1 timer "
+            f'not retried, left parked: {REFUSED_WHY} (request {rid}.retry). Tick "past the '
+            'request-id window" by Retry to send them.'
+        )
+        # The same form with its box ticked: another request, which sends it.
+        ticked = {**fields, "past_window": "true"}
+        status, _, location = await post(site.http, site.url, "retry", ticked)
+        assert status == 303 and location is not None
+        assert await notice(site.http, site.url, location) == (
+            f"Retried 1 timer of shop.order parked on {OWNER} in 1 of 2 partitions "
+            f"(request {rid}.retry.past-window)."
         )
 
 

@@ -46,14 +46,15 @@ __all__ = [
     "Verdict",
     "classify",
     "deferred_park",
-    "due_since",
     "error_of",
     "expire_or_claim",
     "guarded",
+    "held_until",
     "not_before_its_slot",
     "on_outcome",
     "release",
     "retry_parked",
+    "send_until",
     "skip_parked",
     "unparked",
 ]
@@ -79,6 +80,9 @@ class Action(StrEnum):
     RELEASE = "release"
     """A claim given back unsent (the partition was handed off): due again now."""
     OPERATOR_RETRY = "operator_retry"
+    OPERATOR_REFUSED = "operator_refused"
+    """An operator's retry of a PARKED slot its target may have forgotten (`held_until`
+    passed), not asked past the window: nothing written, the timer left PARKED."""
     OPERATOR_SKIP = "operator_skip"
 
 
@@ -103,6 +107,8 @@ class Decision:
 
 NOTHING: Final = Decision(Action.NOTHING)
 """The decision that writes nothing."""
+REFUSED: Final = Decision(Action.OPERATOR_REFUSED)
+"""An operator's retry refused: nothing written (`retry_parked`)."""
 
 
 def _change(loaded: Timer, **update: Any) -> TimerChange:
@@ -136,19 +142,30 @@ _RETRIED: Final = frozenset({Outcome.FAILED, Outcome.BUSY})
 refusal, or an operator's retry of the PARKED timer (which keeps the outcome it parked with)."""
 
 
-def due_since(timer: Timer) -> int:
-    """Since when the timer's next send has been due, as expiry measures it.
+def send_until(timer: Timer, options: TimerOptions) -> int:
+    """The last time the timer's slot may be sent; a send due later is expired instead.
 
-    A slot not sent yet: when it fires, its own due time (`slot_due_at`) plus its jitter
-    (a slot jittered further than `expires_after` would expire unsent the moment it came).
-    A slot being sent again (its outcome FAILED or BUSY): its retry's due time (`due_at`),
-    so that a retry, an operator's above all, is sent however old its slot is, and expires
-    only when the retry itself waited longer than `expires_after` (the cluster down for
-    that long). All come from the row, so a restarted node measures the same.
+    `expires_after` past the slot's own due time (its jitter included: a slot jittered
+    further than `expires_after` would expire unsent the moment it came), for its first
+    send and every retry alike: a retry's own due time does not count, so that however
+    the retries are spread (backoff, BUSY refusals, a claim given back), the slot is never
+    sent past the target's request-id window (`expires_after` is below it: the node's
+    settings), where the target, having forgotten the id, would apply it again. An
+    operator's retry says its own (`Timer.retry_until`, `retry_parked`). All come from the
+    row, so a restarted node decides the same.
     """
-    if timer.outcome in _RETRIED:
-        return max(timer.slot_due_at, timer.due_at)
-    return _slot_due(timer)
+    if timer.retry_until is not None:
+        return timer.retry_until
+    return _slot_due(timer) + options.expires_after
+
+
+def held_until(timer: Timer, window: int, options: TimerOptions) -> int:
+    """The last time a send of the timer's slot is still sure to be found by its target
+    under its request id, the target keeping ids for `window` (ms; its
+    `TICKWHEEL_REQUEST_ID_WINDOW_MS`): the slot's own due time (jitter included: no send
+    of it, so no application, is earlier) plus `window`, less the options'
+    `request_id_margin` (the trip to the target, its backlog, the clocks' skew)."""
+    return _slot_due(timer) + window - options.request_id_margin
 
 
 def _slot_due(timer: Timer) -> int:
@@ -168,14 +185,14 @@ def expire_or_claim(timer: Timer, now: int, options: TimerOptions) -> Decision:
     """What a round does with a timer `due()` loaded: expire it, or claim it to send it.
 
     A PENDING timer or a FIRING one whose claim lapsed is due when its `due_at` has come;
-    anything else is left alone. A send due longer ago than `expires_after` (`due_since`)
-    is not sent: a rule due once is CANCELLED/EXPIRED, a recurring one jumps in one write
-    to its first slot not expired (PENDING, due then), counting the slots it passed over
-    as skipped.
+    anything else is left alone. A slot past its `send_until` (due longer ago than
+    `expires_after`, a retry as much as a first send) is not sent: a rule due once is
+    CANCELLED/EXPIRED, a recurring one jumps in one write to its first slot not expired
+    (PENDING, due then), counting the slots it passed over as skipped.
     """
     if timer.status not in (TimerStatus.PENDING, TimerStatus.FIRING) or timer.due_at > now:
         return NOTHING
-    if now - due_since(timer) > options.expires_after:
+    if now > send_until(timer, options):
         nxt = _first_unexpired(timer, now - options.expires_after)
         if nxt is None:
             # Written conditionally like a claim, and never sent.
@@ -200,9 +217,16 @@ def expire_or_claim(timer: Timer, now: int, options: TimerOptions) -> Decision:
             skipped=timer.skipped + (catch.skipped if moved else 0),
             attempts=0 if moved else timer.attempts,
             due_at=now + options.claim_timeout,
+            **(_new_slot(timer) if moved else {}),
         ),
         send=True,
     )
+
+
+def _new_slot(timer: Timer) -> dict[str, Any]:
+    """The fields a move to another slot clears: an operator's retry's horizon was its
+    slot's alone (none written when there is none, so the row is as before it existed)."""
+    return {} if timer.retry_until is None else {"retry_until": None}
 
 
 def on_outcome(
@@ -315,13 +339,14 @@ def _at_slot(
         skipped=timer.skipped if skipped is None else skipped,
         outcome=outcome,
         **(error or {}),
+        **_new_slot(timer),
     )
 
 
 def release(claimed: Timer, now: int) -> Decision:
     """Gives back a claim whose send was cancelled, for the partition's next owner: due at
-    its slot's own time (its first attempt), or now (a retry: its expiry is measured from
-    its due time), never before its slot.
+    its slot's own time (its first attempt), or now (a retry), never before its slot; its
+    expiry (`send_until`) is as it was.
 
     Without it the next owner would wait for the claim to lapse; the send may have reached
     the target, which then finds the request id committed. Not due at `now` on a first
@@ -334,15 +359,30 @@ def release(claimed: Timer, now: int) -> Decision:
     return Decision(Action.RELEASE, _change(claimed, status=TimerStatus.PENDING, due_at=due_at))
 
 
-def retry_parked(timer: Timer, now: int) -> Decision:
-    """An operator's retry: a PARKED timer due now, its attempts reset, its slot as it was.
+def retry_parked(
+    timer: Timer, now: int, options: TimerOptions, window: int, *, past_window: bool = False
+) -> Decision:
+    """An operator's retry: a PARKED timer due now, its attempts reset, its slot as it was,
+    sent until `retry_until` (`send_until`): `expires_after` from now, but no later than
+    its target still knows the slot's request id (`held_until`, `window`: the target's
+    request-id window).
 
-    It keeps the outcome it parked with (FAILED or BUSY; FAILED if it had none), which
-    makes it a retry for `due_since`: it is sent, not expired, however long ago its slot
-    was due.
+    Past that, the target may have applied the slot (a send whose result never came) and
+    forgotten its id: sent again, it would be applied twice. So such a retry is refused
+    (`REFUSED`: nothing written, the timer stays PARKED) unless the operator asked
+    `past_window`: then it is sent for `expires_after` from now, under its own request id
+    (a target that still knows it answers DUPLICATE; a new id would be applied anyway).
+
+    It keeps the outcome it parked with (FAILED or BUSY; FAILED if it had none).
     """
     if timer.status is not TimerStatus.PARKED:
         return NOTHING
+    until = now + options.expires_after
+    if not past_window:
+        held = held_until(timer, window, options)
+        if now > held:
+            return REFUSED
+        until = min(until, held)
     outcome = timer.outcome if timer.outcome in _RETRIED else Outcome.FAILED
     return Decision(
         Action.OPERATOR_RETRY,
@@ -352,6 +392,7 @@ def retry_parked(timer: Timer, now: int) -> Decision:
             due_at=not_before_its_slot(timer, now),
             attempts=0,
             outcome=outcome,
+            retry_until=until,
         ),
     )
 

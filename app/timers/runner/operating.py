@@ -27,7 +27,7 @@ import logging
 from collections.abc import Callable, Mapping, MutableMapping, Sequence, Set
 from dataclasses import dataclass, field
 
-from app.timers.runner.decisions import Decision
+from app.timers.runner.decisions import Action, Decision
 from app.timers.runner.options import TimerOptions
 from app.timers.runner.partition import PartitionFiring, locked
 from app.timers.runner.partition_store import store_of
@@ -42,6 +42,7 @@ __all__ = [
     "NAMED_LIMIT",
     "RESOLVE_BACKOFF_MS",
     "STOP_RESOLVE_S",
+    "Operated",
     "Unresolved",
     "name_parked",
     "name_unnamed",
@@ -54,6 +55,16 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Operated:
+    """What an operator's request did to a target's PARKED timers: how many it changed
+    (retried or skipped), and how many retries it refused (`Action.OPERATOR_REFUSED`:
+    left PARKED)."""
+
+    changed: int
+    refused: int = 0
 
 
 @dataclass
@@ -80,14 +91,17 @@ async def operate(
     decide: Callable[[Timer], Decision],
     *,
     later: MutableMapping[int, Unresolved] | None = None,
-) -> int:
+) -> Operated:
     """An operator's `decide` (retry, skip) on the PARKED timers of `target` (of the
     partitions `only`, all the store serves when None), then its ledger entry resolved;
-    how many changed. `firings`: the partitions fired here, whose locks its write takes.
-    `later` (a cycle's request, which holds its partition's lock: no ledger call): the
-    entry is resolved by the next round of each partition of `only`; one not fired here
-    (held since a failure) keeps it in `later` for its next firing. None: resolved now."""
-    written = await settle_parked(store, firings, target, only, decide)
+    what it changed and refused. `firings`: the partitions fired here, whose locks its
+    write takes. `later` (a cycle's request, which holds its partition's lock: no ledger
+    call): the entry is resolved by the next round of each partition of `only` (which
+    resolves none that a timer is still PARKED on); one not fired here (held since a
+    failure) keeps it in `later` for its next firing. None: resolved now, unless a retry
+    was refused (its timers still PARKED: the entry stays, naming them)."""
+    operated = await settle_parked(store, firings, target, only, decide)
+    written = operated.changed
     if later is not None and only:
         for p in sorted(only):
             holder = firings[p] if p in firings else later.setdefault(p, Unresolved())
@@ -97,10 +111,11 @@ async def operate(
                 holder.expecting[target] = EXPECTED_TRIES
             if (firing := firings.get(p)) is not None:
                 firing.answered.set()  # its next round resolves it, with no wait
-        return written
-    # Resolved after the write: should the write fail, the entry stays for another try.
-    await resolve_entry(store, ledger, firings, target, only)
-    return written
+        return operated
+    if not operated.refused:
+        # Resolved after the write: should the write fail, the entry stays for another try.
+        await resolve_entry(store, ledger, firings, target, only)
+    return operated
 
 
 async def settle_parked(
@@ -109,12 +124,14 @@ async def settle_parked(
     target: AggregateRef,
     only: Set[int] | None,
     decide: Callable[[Timer], Decision],
-) -> int:
+) -> Operated:
     """`decide` on the PARKED timers of `target` (of `only`, all when None), written under
-    their partitions' locks (store calls only); how many changed."""
+    their partitions' locks (store calls only); how many changed, and were refused."""
     store = _store(store, firings, only)
     parked = _mine(await store.parked(target), only)
-    changes = [d.change for d in map(decide, parked) if d.change is not None]
+    decisions = list(map(decide, parked))
+    changes = [d.change for d in decisions if d.change is not None]
+    refused = sum(1 for d in decisions if d.action is Action.OPERATOR_REFUSED)
     written = 0
     if changes:
         touched = {c.loaded.partition for c in changes}
@@ -127,7 +144,16 @@ async def settle_parked(
         written,
         len(parked),
     )
-    return written
+    if refused:
+        logger.warning(
+            "operator's retry on %s%s: %d parked timer(s) left parked, their slot due "
+            "longer ago than the request-id window allows (their target may have applied "
+            "them and forgotten their request id): retry them past the window to send them",
+            target,
+            "" if only is None else f" in partition(s) {sorted(only)}",
+            refused,
+        )
+    return Operated(written, refused)
 
 
 async def resolve_entry(

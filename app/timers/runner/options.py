@@ -14,6 +14,7 @@ __all__ = [
     "FINISHED_RETENTION_MS",
     "MAX_COUNT",
     "MAX_WAIT",
+    "REQUEST_ID_WINDOW_MS",
     "YEAR_MS",
     "RetryPolicy",
     "TimerOptions",
@@ -26,6 +27,10 @@ DAY_MS: Final = 24 * 60 * 60 * 1000
 YEAR_MS: Final = 365 * DAY_MS
 FINISHED_RETENTION_MS: Final = 7 * DAY_MS
 """`finished_retention` when not given (or a day past `expires_after`, when that is longer)."""
+
+REQUEST_ID_WINDOW_MS: Final = 7 * DAY_MS
+"""How long a target keeps a request id it applied unless told otherwise (the nodes'
+`TICKWHEEL_REQUEST_ID_WINDOW_MS`): a slot sent again within it is answered DUPLICATE."""
 
 # Upper bounds: each far past any use, and each keeps what the runner computes from it (a
 # claim's or a retry's due time, now plus a wait) inside the store's 64-bit due times; a
@@ -89,8 +94,9 @@ class TimerOptions(BaseModel):
         default=DAY_MS,
         gt=0,
         le=YEAR_MS,
-        description="a slot due longer ago than this is not sent; a retry (a send's or an "
-        "operator's) counts from when it was due",
+        description="a slot due longer ago than this is not sent, its retries included "
+        "(they count from when the slot was due, not from the retry); an operator's retry "
+        "of a PARKED slot sends it for this long from the retry, within the request-id window",
     )
     claim_timeout: int = Field(
         default=30_000,
@@ -153,6 +159,17 @@ class TimerOptions(BaseModel):
                 f"expires_after ({self.expires_after})"
             )
         return self
+
+    @property
+    def request_id_margin(self) -> int:
+        """How much sooner than its target's request-id window runs out a slot's sends
+        stop: as long as `expires_after`, at most a day. The window counts from when the
+        target applied the slot, on its clock, after the command's trip through the
+        broker and the target's backlog: the margin covers those and the clocks' skew. So
+        the window is at least `expires_after` plus it (the node's settings), and an
+        operator's retry of a slot due longer ago than the window less it is refused
+        unless asked past the window (`decisions.retry_parked`)."""
+        return min(self.expires_after, DAY_MS)
 
     @model_validator(mode="after")
     def _send_within_claim(self) -> Self:

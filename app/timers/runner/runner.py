@@ -35,7 +35,7 @@ from collections.abc import AsyncIterator, Iterable, Sequence
 
 from app.timers.runner.decisions import Decision, SendResult, expire_or_claim, guarded
 from app.timers.runner.operating import Unresolved, resolve_at_stop, tend_ledger
-from app.timers.runner.options import TimerOptions
+from app.timers.runner.options import REQUEST_ID_WINDOW_MS, TimerOptions
 from app.timers.runner.outcomes import Outcomes
 from app.timers.runner.parked_actions import ParkedActions
 from app.timers.runner.partition import (
@@ -66,7 +66,9 @@ class TimerRunner(ParkedActions):
     """Sends the timers of the partitions this node owns (see the TimerRunner seed): a thin
     driver over one `PartitionFiring` per partition. `partitions`: those it fires from the
     start, `in_process` the targets it fires in-process there (`start_partition`). The
-    operator's actions on PARKED timers are `ParkedActions`'."""
+    operator's actions on PARKED timers are `ParkedActions`'; `request_id_window` (ms) is
+    how long the timers' targets keep a request id they applied (the node's
+    `TICKWHEEL_REQUEST_ID_WINDOW_MS`), which bounds an operator's retry (`retry_parked`)."""
 
     def __init__(
         self,
@@ -78,8 +80,10 @@ class TimerRunner(ParkedActions):
         partitions: Iterable[int] = (),
         *,
         in_process: InProcessTargets | None = None,
+        request_id_window: int = REQUEST_ID_WINDOW_MS,
     ) -> None:
         self._store = store
+        self._window = request_id_window
         self._clock = clock
         self._ledger = ledger
         self._options = options or TimerOptions()
