@@ -49,6 +49,7 @@ __all__ = [
     "finished_upper_bound",
     "index_key",
     "index_key_of",
+    "key_suffix",
     "order_key",
     "owner_prefix",
     "parked_key",
@@ -116,6 +117,12 @@ def owner_prefix(owner: AggregateRef) -> bytes:
 def row_key(owner: AggregateRef, key: str) -> bytes:
     """The key of the row `(owner, key)`: also its changelog record's key."""
     return _ref(owner.context, owner.aggregate, owner.tenant, owner.id) + _fields(key)
+
+
+def key_suffix(key: str) -> bytes:
+    """What `row_key` holds after its owner's prefix (`owner_prefix`): `row_key(owner, key)`
+    is `owner_prefix(owner) + key_suffix(key)`."""
+    return _fields(key)
 
 
 def ref_bytes_of(ref: dict[str, Any]) -> bytes:

@@ -15,6 +15,7 @@ from tables.keys import owner_prefix, row_key
 from tables.refs import AggregateRef
 from tables.store import ChangelogSink, DueRow, UnreadableRow
 from tables.timer import Timer, TimerChange, TimerStatus
+from tables.tombstones import CancelMark
 
 if TYPE_CHECKING:
     from tables.partitioned import PartitionedStore
@@ -80,8 +81,10 @@ class PartitionHandle:
     async def expire(self, now: int, retention: int, limit: int) -> int:
         return await self._store._expire(self.partition, now, retention, limit, self._serving)
 
-    async def cancel(self, owner: AggregateRef, key: str, version: int) -> bool:
-        return await self._store._cancel(owner, key, version, self._at)
+    async def cancel(
+        self, owner: AggregateRef, key: str, version: int, mark: CancelMark | None = None
+    ) -> bool:
+        return await self._store._cancel(owner, key, version, self._at, mark)
 
     async def pause(self, owner: AggregateRef, key: str, version: int) -> bool:
         return await self._store._pause(owner, key, version, self._at)
@@ -89,8 +92,10 @@ class PartitionHandle:
     async def resume(self, owner: AggregateRef, key: str, version: int, now: int) -> Timer | None:
         return await self._store._resume(owner, key, version, now, self._at)
 
-    async def cancel_all(self, owner: AggregateRef, version: int) -> int:
-        return await self._store._cancel_all(owner, version, self._at)
+    async def cancel_all(
+        self, owner: AggregateRef, version: int, mark: CancelMark | None = None
+    ) -> int:
+        return await self._store._cancel_all(owner, version, self._at, mark)
 
     async def apply_changelog(
         self, records: Iterable[tuple[int, bytes, bytes | None]]

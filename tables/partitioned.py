@@ -11,7 +11,7 @@ from abc import abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 
 from tables.exceptions import StoreClosed, StoreError
-from tables.keys import encode_timer, owner_prefix, row_key
+from tables.keys import encode_timer, key_suffix, owner_prefix, row_key
 from tables.partition_handle import PartitionHandle
 from tables.partitioned_reads import PartitionedReads
 from tables.refs import AggregateRef
@@ -19,6 +19,13 @@ from tables.retention import expiry_cutoff, plan_expiry
 from tables.served import Found
 from tables.store import ChangelogRecord, ChangelogSink
 from tables.timer import Timer, TimerChange, TimerStatus
+from tables.tombstones import (
+    DELETED_KEY,
+    CancelMark,
+    deleted_through,
+    deletion_mark,
+    tombstone,
+)
 from tables.writes import (
     Write,
     check_change,
@@ -37,6 +44,9 @@ _COUNTED = frozenset(
     {TimerStatus.PENDING, TimerStatus.FIRING, TimerStatus.PARKED, TimerStatus.PAUSED}
 )
 """What `status_counts` counts: the active statuses, each from an index of its own."""
+
+_DELETED = key_suffix(DELETED_KEY)
+"""An owner's deletion mark's row key after its owner's prefix."""
 
 
 class PartitionedStore(PartitionedReads):
@@ -192,9 +202,11 @@ class PartitionedStore(PartitionedReads):
         self._check_serving(timer.partition, serving)
         async with self._writing([timer.partition]):
             self._check_serving(timer.partition, serving)
-            row = row_key(timer.owner, timer.key)
+            prefix = owner_prefix(timer.owner)
+            row = prefix + key_suffix(timer.key)
             held = self._load(timer.partition, row)
-            new = put_row(held, timer)
+            mark = self._load(timer.partition, prefix + _DELETED)  # `tables.tombstones`
+            new = put_row(held, timer, deleted_through(mark))
             if new is None:
                 return False
             await self._commit([Write(timer.partition, row, held, new)])
@@ -214,11 +226,14 @@ class PartitionedStore(PartitionedReads):
             for partition in partitions:  # again: one may have been revoked meanwhile
                 self._check_serving(partition, serving)
             by_partition: dict[int, list[bytes]] = {}
-            ats: list[tuple[int, bytes]] = []
+            ats: list[tuple[int, bytes, bytes]] = []
             for timer in timers:
-                row = row_key(timer.owner, timer.key)
-                ats.append((timer.partition, row))
-                by_partition.setdefault(timer.partition, []).append(row)
+                prefix = owner_prefix(timer.owner)
+                row = prefix + key_suffix(timer.key)
+                # Its owner's deletion mark (`tables.tombstones`), read with the rows.
+                mark = prefix + _DELETED
+                ats.append((timer.partition, row, mark))
+                by_partition.setdefault(timer.partition, []).extend((row, mark))
             # The rows held, each partition's read at once (a read per row cost as much).
             latest: dict[tuple[int, bytes], Timer | None] = {}
             for partition, rows in by_partition.items():
@@ -227,24 +242,36 @@ class PartitionedStore(PartitionedReads):
                 latest.update(zip([(partition, r) for r in rows], loaded, strict=True))
             # Each put sees the ones before it in the batch (the same key twice in a log).
             writes: list[Write] = []
-            for timer, at in zip(timers, ats, strict=True):
+            for timer, (partition, row, mark) in zip(timers, ats, strict=True):
+                at = (partition, row)
                 held = latest[at]
-                new = put_row(held, timer)
+                new = put_row(held, timer, deleted_through(latest[(partition, mark)]))
                 if new is not None:
                     writes.append(Write(at[0], at[1], held, new))
                     latest[at] = new
             await self._commit(writes)
             return [write.new for write in writes if write.new is not None]
 
-    async def cancel(self, owner: AggregateRef, key: str, version: int) -> bool:
-        return await self._cancel(owner, key, version, None)
+    async def cancel(
+        self, owner: AggregateRef, key: str, version: int, mark: CancelMark | None = None
+    ) -> bool:
+        return await self._cancel(owner, key, version, None, mark)
 
     async def _cancel(
-        self, owner: AggregateRef, key: str, version: int, only: tuple[int, int] | None
+        self,
+        owner: AggregateRef,
+        key: str,
+        version: int,
+        only: tuple[int, int] | None,
+        mark: CancelMark | None = None,
     ) -> bool:
-        row = row_key(owner, key)
-        async with self._writing_found(lambda: self._found_row(row, only), only) as held:
+        row, also = row_key(owner, key), self._marked(mark, only)
+        async with self._writing_found(lambda: self._found_row(row, only), only, also) as held:
             writes = plan_cancel(held, version)
+            if not writes and mark is not None:  # what it leaves: `tables.tombstones`
+                at, _, old = held[0] if held else (mark.partition, row, None)
+                if (new := tombstone(old, owner, key, version, mark)) is not None:
+                    writes = [Write(at, row, old, new)]
             await self._commit(writes)
             return bool(writes)
 
@@ -282,11 +309,17 @@ class PartitionedStore(PartitionedReads):
             await self._commit([Write(partition, row, held, new)])
             return new
 
-    async def cancel_all(self, owner: AggregateRef, version: int) -> int:
-        return await self._cancel_all(owner, version, None)
+    async def cancel_all(
+        self, owner: AggregateRef, version: int, mark: CancelMark | None = None
+    ) -> int:
+        return await self._cancel_all(owner, version, None, mark)
 
     async def _cancel_all(
-        self, owner: AggregateRef, version: int, only: tuple[int, int] | None
+        self,
+        owner: AggregateRef,
+        version: int,
+        only: tuple[int, int] | None,
+        mark: CancelMark | None = None,
     ) -> int:
         prefix = owner_prefix(owner)
 
@@ -297,10 +330,17 @@ class PartitionedStore(PartitionedReads):
                 for row, timer in self._owner_rows(partition, prefix)
             ]
 
-        async with self._writing_found(rows, only) as held:
+        async with self._writing_found(rows, only, self._marked(mark, only)) as held:
             writes = plan_cancel(held, version)
+            cancelled = len(writes)
+            if mark is not None:
+                # The owner's deletion mark (`tables.tombstones`), among its rows if held.
+                at = row_key(owner, DELETED_KEY)
+                old = next((t for p, r, t in held if r == at and p == mark.partition), None)
+                if (new := deletion_mark(old, owner, version, mark)) is not None:
+                    writes.append(Write(mark.partition, at, old, new))
             await self._commit(writes)
-            return len(writes)
+            return cancelled
 
     def _found_row(self, row: bytes, only: tuple[int, int] | None) -> list[Found]:
         """`_find`'s row, as a list (none or one)."""

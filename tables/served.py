@@ -12,6 +12,7 @@ from contextlib import AsyncExitStack, asynccontextmanager
 from tables.exceptions import StoreClosed
 from tables.store import UnreadableRow
 from tables.timer import Timer, TimerStatus
+from tables.tombstones import CancelMark
 
 __all__ = ["Found", "ServedPartitions"]
 
@@ -135,17 +136,23 @@ class ServedPartitions(ABC):
 
     @asynccontextmanager
     async def _writing_found(
-        self, search: Callable[[], list[Found]], only: tuple[int, int] | None
+        self,
+        search: Callable[[], list[Found]],
+        only: tuple[int, int] | None,
+        also: int | None = None,
     ) -> AsyncIterator[list[Found]]:
         """The rows `search` finds (an owner's), under the write locks of the partitions
-        they are in: looked for without a lock, then again under the locks, the locks of a
-        partition found in since taken too, until none is found outside those held (at most
-        P rounds: the locks held only grow). Rows found in no partition: looked for again
-        under the locks of every partition searched."""
+        they are in (and of `also`, where the caller may write a row of its own): looked
+        for without a lock, then again under the locks, the locks of a partition found in
+        since taken too, until none is found outside those held (at most P rounds: the
+        locks held only grow). Rows found in no partition: looked for again under the locks
+        of every partition searched."""
         # A row found nowhere may be a put still waiting in its sink, under its partition's
         # lock: then every partition searched is locked, so that the look under the locks
         # waits for it (a cancel must never miss the put before it).
         wanted: set[int] = set() if only is None else {only[0]}
+        if also is not None:
+            wanted.add(also)
         while True:
             self._check_open()
             if only is not None:
@@ -155,6 +162,8 @@ class ServedPartitions(ABC):
             async with self._writing(wanted):
                 if only is not None:
                     self._check_serving(*only)
+                if also is not None:
+                    self._check_served(also)  # revoked meanwhile: written nowhere
                 rows = search()
                 found_in = {found[0] for found in rows}
                 # No await from this look to the caller's write: it writes what it found.
@@ -162,6 +171,18 @@ class ServedPartitions(ABC):
                     yield rows
                     return
                 wanted |= found_in  # the locks held only grow: at most P rounds
+
+    def _marked(self, mark: CancelMark | None, only: tuple[int, int] | None) -> int | None:
+        """The partition a cancel's `mark` may write its row in, served (as a handle's
+        writes, the handle's own alone); None without a mark."""
+        if mark is None:
+            return None
+        if only is not None and mark.partition != only[0]:
+            raise ValueError(
+                f"a cancel of partition {mark.partition} given to partition {only[0]}'s handle"
+            )
+        self._check_serving(mark.partition, None if only is None else only[1])
+        return mark.partition
 
     def _searched(self, only: tuple[int, int] | None) -> list[int]:
         """Where an owner's rows are looked for: every partition served, or a handle's

@@ -19,6 +19,7 @@ from tables.refs import AggregateRef
 from tables.rocksdb_io import gc_paused
 from tables.rowload import load_timer
 from tables.timer import Timer, TimerChange, TimerStatus
+from tables.tombstones import CancelMark
 
 if TYPE_CHECKING:
     from tables.partition_handle import PartitionHandle
@@ -138,7 +139,9 @@ class TimerWrites(Protocol):
 
     async def put_many(self, timers: Sequence[Timer]) -> list[Timer]: ...
 
-    async def cancel(self, owner: AggregateRef, key: str, version: int) -> bool: ...
+    async def cancel(
+        self, owner: AggregateRef, key: str, version: int, mark: CancelMark | None = None
+    ) -> bool: ...
 
     async def pause(self, owner: AggregateRef, key: str, version: int) -> bool: ...
 
@@ -146,7 +149,9 @@ class TimerWrites(Protocol):
         self, owner: AggregateRef, key: str, version: int, now: int
     ) -> Timer | None: ...
 
-    async def cancel_all(self, owner: AggregateRef, version: int) -> int: ...
+    async def cancel_all(
+        self, owner: AggregateRef, version: int, mark: CancelMark | None = None
+    ) -> int: ...
 
 
 @runtime_checkable
@@ -176,16 +181,23 @@ class TimerStore(Protocol):
 
     async def put(self, timer: Timer) -> bool:
         """Writes `timer`, PENDING, unless the store holds its owner's key at a later
-        version, or holds this very timer (its id) in whatever status."""
+        version, or holds this very timer (its id) in whatever status, or its owner's
+        deletion mark at its version or later (`cancel_all`)."""
         ...
 
     async def put_many(self, timers: Sequence[Timer]) -> list[Timer]:
         """`put` of each of `timers` in turn, in one write; the rows it wrote."""
         ...
 
-    async def cancel(self, owner: AggregateRef, key: str, version: int) -> bool:
+    async def cancel(
+        self, owner: AggregateRef, key: str, version: int, mark: CancelMark | None = None
+    ) -> bool:
         """Cancels `owner`'s timer under `key` when it is PENDING, FIRING or PARKED and
-        held at `version` or earlier; the cancelled row keeps `version`."""
+        held at `version` or earlier; the cancelled row keeps `version`. With `mark` (where
+        and when the cancel was read), a key that holds no row is left a tombstone at
+        `version`, and a CANCELLED row held at an earlier one takes `version`
+        (`tables.tombstones.tombstone`), so that an older set read after it is passed over.
+        Whether it wrote."""
         ...
 
     async def pause(self, owner: AggregateRef, key: str, version: int) -> bool:
@@ -200,9 +212,13 @@ class TimerStore(Protocol):
         PARKED one, for a timer PARKED when paused), or None when it wrote nothing."""
         ...
 
-    async def cancel_all(self, owner: AggregateRef, version: int) -> int:
+    async def cancel_all(
+        self, owner: AggregateRef, version: int, mark: CancelMark | None = None
+    ) -> int:
         """Cancels every PENDING, FIRING or PARKED timer of `owner` held at `version` or
-        earlier; how many."""
+        earlier; how many. With `mark`, the owner's deletion mark at `version` is written
+        too (unless one as late is held: `tables.tombstones.deletion_mark`), and a set of
+        the owner at `version` or earlier is passed over from then on, whatever its key."""
         ...
 
     async def expire(self, partition: int, now: int, retention: int, limit: int) -> int:

@@ -41,9 +41,11 @@ class Write(NamedTuple):
     new: Timer | None
 
 
-def put_row(held: Timer | None, timer: Timer) -> Timer | None:
+def put_row(held: Timer | None, timer: Timer, deleted: int | None = None) -> Timer | None:
     """`timer`, PENDING, unless `held` is at a later version, is this very timer (its id),
-    or is at `timer`'s version and has sent a command at it (`sent_at_its_version`).
+    or is at `timer`'s version and has sent a command at it (`sent_at_its_version`), or
+    its owner is deleted at its version or later (`deleted`: the version of the owner's
+    deletion mark, `tables.tombstones`).
 
     A set at the held version with another id is what one command's events do (the key set
     twice, or cancelled and set again: the last one wins). After the held timer fired,
@@ -51,6 +53,8 @@ def put_row(held: Timer | None, timer: Timer) -> Timer | None:
     event anew; a command's earlier set of the key read back after its later one fired):
     written, it would revive a timer that fired and send its command again."""
     if held is not None and (held.version > timer.version or held.id == timer.id):
+        return None
+    if deleted is not None and deleted >= timer.version:
         return None
     if held is not None and held.version == timer.version and sent_at_its_version(held):
         return None

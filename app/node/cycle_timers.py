@@ -49,7 +49,8 @@ class TimerTableCycles:
         ids: list[str] = []
         for event in batch.take_timer_events():
             try:
-                op = timer_op(event, p)  # the batch's events go to p's log
+                # The batch's events go to p's log.
+                op = timer_op(event, p, now=w.now)
             except BadRecord:
                 continue  # dead-lettered when the subscription reads it back
             if op is not None:
@@ -118,7 +119,7 @@ class TimerTableCycles:
                     stage = Stage.READ
                     raise BadRecord(lax)
                 stage = Stage.APPLY
-                op = timer_op(event, record.partition)
+                op = timer_op(event, record.partition, now=w.now)
                 if op is not None and event.id in w.carried:
                     # Its own event, carried out when its command was decided: done.
                     w.carried.discard(event.id)

@@ -22,6 +22,7 @@ from app.kafka.ports import Clients
 from app.protocol.topics import parse_aggregate_type
 from tables import AggregateRef, Timer
 from tables.keys import owner_prefix
+from tables.tombstones import is_deletion_mark
 
 __all__ = [
     "CHANGELOG_READS",
@@ -85,4 +86,6 @@ async def _read_changelog(
                     rows[r.key] = row if row is not None and row.owner == owner else None
     finally:
         await reader.stop()
-    return sorted((t for t in rows.values() if t is not None), key=lambda t: t.key)
+    # An owner's deletion mark is no timer (`tables.tombstones`).
+    timers = (t for t in rows.values() if t is not None and not is_deletion_mark(t))
+    return sorted(timers, key=lambda t: t.key)

@@ -68,6 +68,7 @@ from app.protocol.wire import TimerAction
 from tables import AggregateRef, StoreClosed, Timer
 from tables.ledger import FailureLedger
 from tables.partitioner import partition_of
+from tables.tombstones import is_deletion_mark
 
 if TYPE_CHECKING:
     from app.node.metrics import NodeMetrics
@@ -324,7 +325,8 @@ class OperatorPage:
                     timers = await cluster.changelog_timers(type_name, p, ref)
                 except KafkaUnavailable as exc:
                     raise BadInput(f"the changelog of {type_name} was not read: {exc}") from exc
-            dues = [(t, when(t.slot_due_at, now)) for t in timers]
+            # An owner's deletion mark is no timer (`tables.tombstones`).
+            dues = [(t, when(t.slot_due_at, now)) for t in timers if not is_deletion_mark(t)]
             parts.append(_OwnerPart(type_name, p, here, dues, elsewhere))
         return parts
 

@@ -45,6 +45,7 @@ from tables.keys import owner_prefix
 from tables.partitioner import partition_of
 from tables.refs import AggregateRef
 from tables.timer import Timer, TimerStatus
+from tables.tombstones import DELETED_KEY, is_deletion_mark
 
 __all__ = [
     "NoTimers",
@@ -234,7 +235,13 @@ async def read_timers(
                         row = _row(r)
                         if row is not None:
                             rows[(r.partition, r.key)] = row
-    timers = [t for t in rows.values() if status is None or t.status is status]
+    # An owner's deletion mark is no timer (`tables.tombstones`); a tombstone is a key
+    # cancelled before any set of it was read: a CANCELLED row, shown as one.
+    timers = [
+        t
+        for t in rows.values()
+        if (status is None or t.status is status) and not is_deletion_mark(t)
+    ]
     return sorted(timers, key=lambda t: (t.partition, t.due_at, t.id))
 
 
@@ -334,8 +341,10 @@ def _version(r: Record, prefix: bytes, partition: int) -> TimerVersion | None:
     if r.key is None or not r.key.startswith(prefix):
         return None
     name = _key_of(r.key, len(prefix))
+    if name is None or name == DELETED_KEY:  # a deletion mark is no timer
+        return None
     row = _row(r)
-    if name is None or (r.value is not None and row is None):
+    if r.value is not None and row is None:
         return None
     return TimerVersion(
         key=name, partition=partition, offset=r.offset, timestamp=r.timestamp, row=row

@@ -36,6 +36,7 @@ from tables.refs import NEW_INPUT
 from tables.rules import OnceRule, ScheduleRule
 from tables.slots import Slot, first_slot, jittered_due
 from tables.store import TimerWrites
+from tables.tombstones import CancelMark
 
 __all__ = [
     "CancelAllTimers",
@@ -63,12 +64,18 @@ class CancelTimer:
     owner: AggregateRef
     key: str
     version: int
+    mark: CancelMark | None = None
+    """Where and when it was read: a key that holds no timer is left a tombstone
+    (`tables.tombstones`), so that an older set of it read after is passed over."""
 
 
 @dataclass(frozen=True, slots=True)
 class CancelAllTimers:
     owner: AggregateRef
     version: int
+    mark: CancelMark | None = None
+    """Where and when it was read: the owner's deletion mark, which passes over any older
+    set of the owner read after it (`tables.tombstones`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,10 +97,14 @@ class ResumeTimer:
 TimerOp = PutTimer | CancelTimer | PauseTimer | ResumeTimer | CancelAllTimers
 
 
-def timer_op(event: EventEnvelope, partition: int) -> TimerOp | None:
+def timer_op(event: EventEnvelope, partition: int, now: int = 0) -> TimerOp | None:
     """What `event`, read from `partition` of its log, does to the timers; None: nothing.
 
     `BadRecord` for a system event whose body cannot be a timer (invalid rule, …).
+
+    A cancel's tombstone, or a deletion's mark (`tables.tombstones`), is finished at the
+    later of the event's own time and `now` (the node's, as it reads it): kept
+    `finished_retention` from then, however old the event (a rebuild's replay).
     """
     try:
         if event.type == SCHEDULE_SET:
@@ -101,11 +112,15 @@ def timer_op(event: EventEnvelope, partition: int) -> TimerOp | None:
             if _ended(schedule.rule, event.created_at):
                 # Set again to a rule whose end has passed: the timer under the key is
                 # done (left in place, it would go on firing by the rule it replaces).
-                return CancelTimer(event.aggregate, schedule.key, event.version)
+                return CancelTimer(
+                    event.aggregate, schedule.key, event.version, _mark(event, partition, now)
+                )
             return PutTimer(_timer(event, schedule, partition))
         if event.type == SCHEDULE_CANCELLED:
             body = ScheduleCancelled.model_validate(event.body, strict=True, context=NEW_INPUT)
-            return CancelTimer(event.aggregate, body.key, event.version)
+            return CancelTimer(
+                event.aggregate, body.key, event.version, _mark(event, partition, now)
+            )
         if event.type == SCHEDULE_PAUSED:
             paused = SchedulePaused.model_validate(event.body, strict=True, context=NEW_INPUT)
             return PauseTimer(event.aggregate, paused.key, event.version)
@@ -115,8 +130,12 @@ def timer_op(event: EventEnvelope, partition: int) -> TimerOp | None:
     except ValidationError as exc:
         raise BadRecord(f"{event.type} {event.id}: {_first_error(exc)}") from exc
     if event.type == AGGREGATE_DELETED:
-        return CancelAllTimers(event.aggregate, event.version)
+        return CancelAllTimers(event.aggregate, event.version, _mark(event, partition, now))
     return None
+
+
+def _mark(event: EventEnvelope, partition: int, now: int) -> CancelMark:
+    return CancelMark(partition, event.id, max(event.created_at, now))
 
 
 def _ended(rule: ScheduleRule, at: int) -> bool:
@@ -276,14 +295,16 @@ async def apply(store: TimerWrites, op: TimerOp) -> bool:
     match op:
         case PutTimer(timer):
             return await store.put(timer)
-        case CancelTimer(owner, key, version):
-            return await store.cancel(owner, key, version)
+        case CancelTimer(owner, key, version, mark):
+            return await store.cancel(owner, key, version, mark)
         case PauseTimer(owner, key, version):
             return await store.pause(owner, key, version)
         case ResumeTimer(owner, key, version, at):
             return await store.resume(owner, key, version, at) is not None
-        case CancelAllTimers(owner, version):
-            return await store.cancel_all(owner, version) > 0
+        case CancelAllTimers(owner, version, mark):
+            # With its mark it writes the owner's deletion mark (unless one as late is held,
+            # a replay): counted a change either way, so that its cycle commits what it wrote.
+            return await store.cancel_all(owner, version, mark) > 0 or mark is not None
 
 
 async def apply_all(

@@ -28,6 +28,7 @@ from tables.slots import (
     nth_slot,
 )
 from tables.timer import Outcome, Timer, TimerStatus
+from tables.tombstones import CancelMark
 
 Y2026 = 1_767_225_600_000
 MINUTE = 60_000
@@ -264,7 +265,7 @@ async def test_a_timer_set_again_to_a_rule_that_has_ended_is_done() -> None:
         op = timer_op(_set(rule, 1, now), 0)
         assert isinstance(op, PutTimer) and await apply(store, op)
         again = timer_op(_set(ended, 2, now), 0)
-        assert again == CancelTimer(OWNER, "remind", 2)
+        assert again == CancelTimer(OWNER, "remind", 2, CancelMark(0, "e-2", now))
         assert await apply(store, again)
         row = await store.find(OWNER, "remind")
         assert row is not None and (row.status, row.version) == (TimerStatus.CANCELLED, 2)

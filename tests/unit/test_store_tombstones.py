@@ -1,0 +1,214 @@
+"""A cancel or an owner's deletion read before the older set it supersedes (a producer whose
+retries reorder its sends, or who writes out of order) leaves a row that passes the set
+over (`tables.tombstones`): the timer never fires. Run against both backends, through the
+subscription as a node applies a log batch."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from app.protocol.wire import EventEnvelope, decode_event
+from app.timers.subscription import apply_all, timer_op
+from tables import AggregateRef, ChangelogRecord, Outcome, TimerStatus, TimerStore
+from tables import open_timer_store as open_store
+from tables.keys import encode_timer, restored_row, row_key
+from tables.tombstones import (
+    DELETED_KEY,
+    UNSET,
+    CancelMark,
+    deletion_mark,
+    is_deletion_mark,
+    tombstone,
+)
+
+OWNER = {"context": "shop", "aggregate": "order", "id": "o"}
+AT = 5_000  # every set's due time
+MADE = 1_000  # every event's own time
+DAY = 86_400_000
+
+
+def ev(type_: str, version: int, body: dict[str, Any], id: str | None = None) -> EventEnvelope:
+    raw = orjson.dumps(
+        {
+            "id": id or f"{type_}-{version}",
+            "type": type_,
+            "aggregate": OWNER,
+            "version": version,
+            "created_at": MADE,
+            "body": body,
+        }
+    )
+    return decode_event(raw)[0]
+
+
+def set_(version: int, key: str = "k", id: str | None = None) -> EventEnvelope:
+    body = {"key": key, "rule": {"kind": "once", "at": AT}, "command": {"type": "C"}}
+    return ev("wow.ScheduleSet", version, body, id)
+
+
+def cancel(version: int, key: str = "k") -> EventEnvelope:
+    return ev("wow.ScheduleCancelled", version, {"key": key})
+
+
+def deleted(version: int) -> EventEnvelope:
+    return ev("wow.AggregateDeleted", version, {})
+
+
+REF = set_(1).aggregate
+
+
+class Sink:
+    def __init__(self) -> None:
+        self.records: list[ChangelogRecord] = []
+
+    async def __call__(self, records: list[ChangelogRecord]) -> None:
+        self.records += records
+
+
+@pytest.fixture(params=["memory", "rocksdb"])
+async def opened(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Any]:
+    stores: list[TimerStore] = []
+
+    async def open_(name: str = "a") -> tuple[TimerStore, Sink]:
+        url = "memory://" if request.param == "memory" else f"rocksdb://{tmp_path / name}"
+        sink = Sink()
+        store = open_store(url, partitions=1, changelog=sink)
+        await store.assign({0})
+        stores.append(store)
+        return store, sink
+
+    yield open_
+    for store in stores:
+        await store.close()
+
+
+async def read(store: TimerStore, *events: EventEnvelope) -> int:
+    """Applies `events` in order, as one log batch; how many changed anything."""
+    ops = [op for e in events if (op := timer_op(e, 0)) is not None]
+    changed, _ = await apply_all(store, ops)
+    return changed
+
+
+async def due(store: TimerStore) -> list[str]:
+    return [t.id for t in await store.due({0}, AT + DAY, 10)]
+
+
+async def test_a_cancel_read_before_its_older_set_leaves_a_tombstone_the_set_meets(
+    opened: Any,
+) -> None:
+    store, _ = await opened()
+    await read(store, cancel(5), set_(3))
+    assert await due(store) == []
+    row = await store.find(REF, "k")
+    assert row is not None
+    assert (row.status, row.outcome, row.version, row.id) == (
+        TimerStatus.CANCELLED,
+        Outcome.CANCELLED,
+        5,
+        "wow.ScheduleCancelled-5",
+    )
+    assert (row.command.type, row.target, row.due_at) == (UNSET, REF, MADE)
+    # Read again (a replay), nothing changes; a later set is a new timer.
+    assert await read(store, cancel(5), set_(3)) == 0
+    await read(store, set_(6))
+    assert await due(store) == ["wow.ScheduleSet-6"]
+
+
+async def test_a_set_at_the_cancels_own_version_is_written(opened: Any) -> None:
+    """One command's events share its version: cancelled and set again, the set wins."""
+    store, _ = await opened()
+    await read(store, cancel(4), set_(4))
+    assert await due(store) == ["wow.ScheduleSet-4"]
+
+
+async def test_a_cancelled_row_takes_a_later_cancels_version(opened: Any) -> None:
+    """Set at 1 and cancelled at 2, then a cancel at 5 read before a set at 3: the row
+    takes version 5, and the set at 3 is passed over."""
+    store, _ = await opened()
+    await read(store, set_(1), cancel(2), cancel(5), set_(3))
+    assert await due(store) == []
+    row = await store.find(REF, "k")
+    assert row is not None and (row.version, row.id) == (5, "wow.ScheduleSet-1")
+
+
+async def test_a_deletion_read_before_an_older_set_passes_it_over(opened: Any) -> None:
+    store, _ = await opened()
+    await read(store, set_(2, "held"), deleted(9), set_(4, "new"), set_(9, "same"))
+    assert await due(store) == []
+    assert await store.find(REF, "new") is None
+    held = await store.find(REF, "held")
+    assert held is not None and (held.status, held.version) == (TimerStatus.CANCELLED, 9)
+    # A later version (the aggregate kept on, or recovered) sets its timers again.
+    await read(store, set_(10, "new"))
+    assert await due(store) == ["wow.ScheduleSet-10"]
+    marks = [t for t in await store.timers_of(REF) if is_deletion_mark(t)]
+    assert [(t.key, t.version, t.status) for t in marks] == [
+        (DELETED_KEY, 9, TimerStatus.CANCELLED)
+    ]
+
+
+async def test_a_deletion_of_an_owner_without_timers_is_a_change(opened: Any) -> None:
+    """Its mark is a row its cycle must commit with its offset (`apply` counts it)."""
+    store, sink = await opened()
+    assert await read(store, deleted(3)) == 1
+    assert [r.key for r in sink.records] == [row_key(REF, DELETED_KEY)]
+    await read(store, set_(2), set_(2, "other", "x"))
+    assert await due(store) == []
+    await read(store, deleted(1))  # an older one moves nothing
+    await read(store, set_(3, "late"))
+    assert await due(store) == []
+
+
+async def test_a_cancel_of_the_deletion_marks_key_moves_nothing(opened: Any) -> None:
+    """A `wow.ScheduleCancelled` may name any key: one naming the mark's neither cancels
+    it again nor moves its version."""
+    store, _ = await opened()
+    await read(store, deleted(3), cancel(20, DELETED_KEY), set_(15))
+    assert await due(store) == ["wow.ScheduleSet-15"]
+
+
+async def test_tombstones_and_marks_restore_and_are_swept_with_finished_rows(
+    opened: Any,
+) -> None:
+    store, sink = await opened()
+    await read(store, cancel(5), deleted(9))
+    records = [(i, r.key, r.value) for i, r in enumerate(sink.records)]
+    assert len(records) == 2
+    # Restored from its changelog, a copy passes the older sets over as well.
+    copy, _ = await opened("b")
+    assert await copy.apply_changelog(0, records) == []
+    await read(copy, set_(3), set_(4, "other"))
+    assert await due(copy) == []
+    # Finished at the cancel's own time: deleted `retention` after it, by tombstones.
+    retention = 7 * DAY
+    assert await store.expire(0, MADE + retention - 1, retention, 10) == 0
+    assert await store.expire(0, MADE + retention, retention, 10) == 2
+    assert [r.value for r in sink.records[2:]] == [None, None]
+    assert await store.timers_of(REF) == []
+
+
+async def test_a_cancel_without_its_read_mark_leaves_nothing(opened: Any) -> None:
+    """The store's own `cancel` of a key it holds no row of, as before (no partition or
+    event to stamp a row with)."""
+    store, sink = await opened()
+    assert not await store.cancel(REF, "k", 5)
+    assert await store.cancel_all(REF, 5) == 0
+    assert sink.records == []
+    await read(store, set_(3))
+    assert await due(store) == ["wow.ScheduleSet-3"]
+
+
+def test_a_stand_in_row_reads_as_any_row() -> None:
+    """A row an older node reads (and a restore, `tables.keys.restored_row`): a Timer."""
+    ref = AggregateRef(**OWNER)
+    for row in (
+        tombstone(None, ref, "k", 5, CancelMark(0, "c5", MADE)),
+        deletion_mark(None, ref, 9, CancelMark(0, "d9", MADE)),
+    ):
+        assert row is not None
+        assert restored_row(0, row_key(ref, row.key), encode_timer(row)) == row
