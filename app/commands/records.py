@@ -12,6 +12,7 @@ from typing import Protocol
 from app.errors import MissingTopic, RecordTooLarge
 from app.kafka import OutRecord, Record
 from app.kafka.catalog import TopicCatalog, no_target_message
+from app.kafka.records import TOPIC_RECORD_BYTES
 from app.model.decide import Decided
 from app.protocol.dead_letters import Stage, dead_letter, error_message
 from app.protocol.limits import InputLimits
@@ -166,15 +167,25 @@ def result_record(
 
 def check_sizes(out: list[OutRecord], bound: int) -> None:
     """`RecordTooLarge` when a record a decision writes is over `bound` (the node's
-    `max_record_bytes`): larger, it may fail the transaction (Kafka's 1 MiB by default)
-    at every retake, and this node's own reader would refuse it anyway. Not the aggregate
-    it stores: no record holds that (it is folded from the events), and one grown past
-    the bound before must still take commands."""
+    `max_record_bytes`): larger, this node's own reader would refuse it; or when, with its
+    key, it is over what a topic of the broker's defaults takes (`TOPIC_RECORD_BYTES`:
+    with a bound near its 1 MiB most, a record within it and a long key), which fails
+    the transaction at every retake. Not the aggregate it stores: no record holds that (it
+    is folded from the events), and one grown past the bound before must still take
+    commands."""
     for record in out:
-        if (value := record[3]) is not None and len(value) > bound:
+        if (value := record[3]) is None:
+            continue
+        if len(value) > bound:
             raise RecordTooLarge(
                 f"the decision writes a record of {len(value)} bytes to {record[0]}, over "
                 f"{bound} (TICKWHEEL_MAX_RECORD_BYTES): nothing of it is written"
+            )
+        if (size := len(value) + len(record[2] or b"")) > TOPIC_RECORD_BYTES:
+            raise RecordTooLarge(
+                f"the decision writes a record of {size} bytes with its key to {record[0]}, "
+                f"over {TOPIC_RECORD_BYTES} (what a topic of the broker's defaults takes): "
+                "nothing of it is written"
             )
 
 

@@ -269,6 +269,16 @@ are bounded by it."""
 BROKER_MAX_MESSAGE_BYTES = 1_048_588
 """Kafka's default `message.max.bytes`: the largest record batch a topic takes unless set."""
 
+RECORD_FRAMING = 512
+"""What a record takes besides its key and value in a batch of its own: the batch's header
+(61 bytes), the record's (its lengths and deltas) and the node's headers on it, with room."""
+
+TOPIC_RECORD_BYTES = BROKER_MAX_MESSAGE_BYTES - RECORD_FRAMING
+"""A record's key and value together, at most, that the node writes in a partition's
+transaction: what a topic of the broker's defaults takes (the events, commands and timers
+topics a node creates are so). Larger, the broker refuses it (MESSAGE_SIZE_TOO_LARGE, not
+retried) and the transaction fails at every retake of the partition."""
+
 
 @dataclass(frozen=True, slots=True)
 class Replication:

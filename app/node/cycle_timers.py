@@ -50,7 +50,7 @@ class TimerTableCycles:
         for event in batch.take_timer_events():
             try:
                 # The batch's events go to p's log.
-                op = timer_op(event, p, now=w.now)
+                op = timer_op(event, p, self.limits.max_record_bytes, w.now)
             except BadRecord:
                 continue  # dead-lettered when the subscription reads it back
             if op is not None:
@@ -119,7 +119,7 @@ class TimerTableCycles:
                     stage = Stage.READ
                     raise BadRecord(lax)
                 stage = Stage.APPLY
-                op = timer_op(event, record.partition, now=w.now)
+                op = timer_op(event, record.partition, self.limits.max_record_bytes, w.now)
                 if op is not None and event.id in w.carried:
                     # Its own event, carried out when its command was decided: done.
                     w.carried.discard(event.id)

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pydantic import BaseModel, ValidationError
 
 from app.errors import BadRecord, node_fault
+from app.protocol.limits import DEFAULT_MAX_RECORD_BYTES
 from app.protocol.wire import (
     AGGREGATE_DELETED,
     MAX_EVENT_ID,
@@ -30,6 +31,7 @@ from app.protocol.wire import (
     ScheduleSet,
     error_reason,
 )
+from app.timers.timer_sizes import oversized
 from tables import AggregateRef, Timer, TimerStatus
 from tables.bounds import MAX_INSTANT, MAX_INT64
 from tables.refs import NEW_INPUT
@@ -97,10 +99,17 @@ class ResumeTimer:
 TimerOp = PutTimer | CancelTimer | PauseTimer | ResumeTimer | CancelAllTimers
 
 
-def timer_op(event: EventEnvelope, partition: int, now: int = 0) -> TimerOp | None:
+def timer_op(
+    event: EventEnvelope,
+    partition: int,
+    max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
+    now: int = 0,
+) -> TimerOp | None:
     """What `event`, read from `partition` of its log, does to the timers; None: nothing.
 
-    `BadRecord` for a system event whose body cannot be a timer (invalid rule, …).
+    `BadRecord` for a system event whose body cannot be a timer (invalid rule, …), or
+    whose timer's records the node could not write or read back (`timer_sizes.oversized`:
+    `max_record_bytes` is the node's `TICKWHEEL_MAX_RECORD_BYTES`).
 
     A cancel's tombstone, or a deletion's mark (`tables.tombstones`), is finished at the
     later of the event's own time and `now` (the node's, as it reads it): kept
@@ -115,7 +124,10 @@ def timer_op(event: EventEnvelope, partition: int, now: int = 0) -> TimerOp | No
                 return CancelTimer(
                     event.aggregate, schedule.key, event.version, _mark(event, partition, now)
                 )
-            return PutTimer(_timer(event, schedule, partition))
+            timer = _timer(event, schedule, partition)
+            if (why := oversized(timer, max_record_bytes)) is not None:
+                raise BadRecord(f"{SCHEDULE_SET} {event.id}: {why}")
+            return PutTimer(timer)
         if event.type == SCHEDULE_CANCELLED:
             body = ScheduleCancelled.model_validate(event.body, strict=True, context=NEW_INPUT)
             return CancelTimer(

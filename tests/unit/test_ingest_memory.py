@@ -2,7 +2,11 @@
 
 - a `wow.ScheduleCancelled` (or `wow.AggregateDeleted`) read before the older
   `wow.ScheduleSet` it supersedes (a producer whose retries reorder two sends) leaves a
-  row the set meets (`tables.tombstones`): the timer never fires (before, it did).
+  row the set meets (`tables.tombstones`): the timer never fires (before, it did);
+- a `wow.ScheduleSet` within `TICKWHEEL_MAX_RECORD_BYTES` whose timer's command would be
+  over it is dead-lettered where it is read, no timer stored (`app.timers.timer_sizes`):
+  before, it was stored and, fired in-process, its own command record was dead-lettered
+  when read back, at every firing.
 """
 
 from __future__ import annotations
@@ -18,10 +22,12 @@ from pydantic import BaseModel
 from app.kafka.memory import MemoryLog
 from app.model.aggregate import AggregateType, Command, Decision
 from app.protocol.dead_letters import DeadLetter
+from app.protocol.limits import DEFAULT_MAX_RECORD_BYTES
 from app.protocol.topics import AggregateTopics, ContextTopics
 from app.protocol.wire import EventEnvelope, decode
 from app.service import Service
 from app.timers.operator import NoTimers, read_timer_history, read_timers
+from app.timers.runner import RetryPolicy, TimerOptions
 from tables import AggregateRef, Timer
 from tables.partitioner import partition_of
 
@@ -116,3 +122,32 @@ async def test_a_cancel_or_deletion_read_before_its_older_set_stops_the_timer(
     owner_two = AggregateRef(context=CTX, aggregate=AGG, id=two)
     with pytest.raises(NoTimers):
         await read_timer_history(log, owner_two)
+
+
+async def test_a_set_whose_command_would_be_over_the_bound_is_dead_lettered_as_it_is_read(
+    tmp_path: Path,
+) -> None:
+    """An event exactly at the bound, its timer's command (in-process: its owner's own) a
+    few bytes over: the event is the one dead-lettered, once, naming why."""
+    log = MemoryLog()
+    owner = OWNERS[0]
+    retry = RetryPolicy(initial_backoff_ms=50, max_backoff_ms=50, max_attempts=2)
+    options = TimerOptions(retry=retry, send_timeout=1000)
+    node = RunningNode(log, tmp_path, "a", SERVICE, P, clock=FakeClock(T0), timers=options)
+
+    def sized(pad: int, id: str = "big") -> bytes:
+        return schedule(owner, id, 1, T0 - 2, body={"x": "a" * pad})
+
+    pad = DEFAULT_MAX_RECORD_BYTES - len(sized(0))
+    big = sized(pad)
+    assert len(big) == DEFAULT_MAX_RECORD_BYTES
+    async with running(node):
+        await write(log, owner, big)
+        await write(log, OWNERS[1], schedule(OWNERS[1], "ctl", 1, T0 - 1))
+        await wait_until(lambda: "ctl#0" in fired(log), what=lambda: f"fired: {fired(log)}")
+        assert fired(log) == ["ctl#0"]
+        [letter] = letters(log)
+        assert (letter.topic, letter.value) == (TOPICS.events, big)
+        assert "the command its timer sends would be a record of" in letter.error
+        assert "TICKWHEEL_MAX_RECORD_BYTES 262144" in letter.error
+    assert [t.id for t in rows(log).values()] == ["ctl"]
