@@ -15,7 +15,15 @@ import asyncio
 import inspect
 import json
 import re
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence, Set
+from collections.abc import (
+    AsyncGenerator,
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Iterable,
+    Sequence,
+    Set,
+)
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,7 +41,7 @@ from pydantic import BaseModel
 from app.errors import TickwheelError
 from app.kafka.clients import KafkaClients
 from app.kafka.ports import Clients
-from app.kafka.records import OutRecord
+from app.kafka.records import OutRecord, Record
 from app.model.aggregate import AggregateType, Command, Decision
 from app.node.metrics import NodeMetrics
 from app.node.settings import Settings
@@ -623,3 +631,19 @@ def sent_base(request_id: str) -> str:
     """A sent command's request id without its sender's digest (`sent_request_id`):
     `<request id>>n`, as a test names it."""
     return _SENDER_DIGEST.sub("", request_id)
+
+
+class OneBatchLog:
+    """A partition's log that a restore reads in one batch: `records`, whose offsets are
+    their places in it."""
+
+    def __init__(self, records: list[Record]) -> None:
+        self.records = records
+
+    async def offsets(self, topic: str, partition: int) -> tuple[int, int]:
+        return 0, len(self.records)
+
+    async def read(
+        self, topic: str, partition: int, start: int
+    ) -> AsyncGenerator[list[Record], None]:
+        yield [r for r in self.records if r.offset >= start]

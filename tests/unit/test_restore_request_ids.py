@@ -14,11 +14,11 @@ folded the first and passed the others over as applied, the aggregate missing th
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncGenerator, Callable, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import pytest
-from fakes import T0
+from fakes import T0, OneBatchLog
 from pydantic import BaseModel
 
 import app.commands.states as states_module
@@ -74,19 +74,6 @@ class Commits:
         return [r for r in self.records if r[0] == "shop.order.events"]
 
 
-class Log:
-    def __init__(self, records: list[Record]) -> None:
-        self.records = records
-
-    async def offsets(self, topic: str, partition: int) -> tuple[int, int]:
-        return 0, len(self.records)
-
-    async def read(
-        self, topic: str, partition: int, start: int
-    ) -> AsyncGenerator[list[Record], None]:
-        yield [r for r in self.records if r.offset >= start]
-
-
 def theirs(
     i: int, version: int, request_id: str = "pay-9", *, bad: bool = False, on: AggregateRef = ORDER
 ) -> EventEnvelope:
@@ -120,9 +107,9 @@ def processor(
     )
 
 
-def logged(*events: EventEnvelope) -> Log:
+def logged(*events: EventEnvelope) -> OneBatchLog:
     """A log of `events`, at offsets 0, 1, ..."""
-    return Log(
+    return OneBatchLog(
         [
             Record(EVENTS, P, i, e.aggregate.id.encode(), encode(e), T0, ())
             for i, e in enumerate(events)
@@ -180,7 +167,9 @@ async def test_a_request_whose_event_a_restore_passes_over_is_a_duplicate_after_
         now=lambda: T0,
     )
     assert dict((await node_a.handle([command(0)])).codes) == {ResultCode.COMMITTED: 1}
-    log = Log([Record(t, P, i, k, v, T0, ()) for i, (t, _, k, v, *_) in enumerate(first.events())])
+    log = OneBatchLog(
+        [Record(t, P, i, k, v, T0, ()) for i, (t, _, k, v, *_) in enumerate(first.events())]
+    )
     APPLIER_RAISES["now"] = True
     again = Commits()
     node_b = CommandProcessor(
@@ -234,7 +223,9 @@ async def test_an_event_a_restore_passed_over_is_still_tried_by_the_follow() -> 
     # A retake's restore reads the log to its end, past what the subscription has read:
     # the bad event is passed over there first. Its id kept as applied, the follow took it
     # for this node's own and passed it over too, never dead-lettered.
-    log = Log([Record("shop.order.events", P, 0, ORDER.id.encode(), encode(theirs(0, 1)), T0, ())])
+    log = OneBatchLog(
+        [Record("shop.order.events", P, 0, ORDER.id.encode(), encode(theirs(0, 1)), T0, ())]
+    )
     APPLIER_RAISES["now"] = True
     commits = Commits()
     node = processor(commits)

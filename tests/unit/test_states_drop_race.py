@@ -11,12 +11,12 @@ from __future__ import annotations
 import asyncio
 import shutil
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from fakes import T0, RunningNode, order_type, wait_until
+from fakes import T0, OneBatchLog, RunningNode, order_type, wait_until
 from test_node_memory import PARTITIONS, SERVICE, TOPICS, results, schedule, task_of
 
 from app.commands.batch import CommandBatch
@@ -53,24 +53,9 @@ ORDERS = orders(3)
 SP = partition_of(ORDERS[0].id, SHOP_PARTITIONS)
 
 
-class Log:
-    """The partition's events log, read in one batch."""
-
-    def __init__(self, records: list[Record]) -> None:
-        self.records = records
-
-    async def offsets(self, topic: str, partition: int) -> tuple[int, int]:
-        return 0, len(self.records)
-
-    async def read(
-        self, topic: str, partition: int, start: int
-    ) -> AsyncGenerator[list[Record], None]:
-        yield self.records[start:]
-
-
-def log_of(refs: list[AggregateRef]) -> Log:
+def log_of(refs: list[AggregateRef]) -> OneBatchLog:
     """One event of each order, at offsets 0, 1, …"""
-    return Log(
+    return OneBatchLog(
         [
             Record(
                 EVENTS,

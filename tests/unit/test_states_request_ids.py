@@ -4,11 +4,11 @@ local copy that went past it while the partition decided nothing forgotten."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from fakes import T0, order_type
+from fakes import T0, OneBatchLog, order_type
 
 from app.commands.batch import CommandBatch
 from app.commands.records import state_key
@@ -39,22 +39,7 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[AggregateS
     made.close()
 
 
-class Log:
-    """The partition's events log, read in one batch."""
-
-    def __init__(self, records: list[Record]) -> None:
-        self.records = records
-
-    async def offsets(self, topic: str, partition: int) -> tuple[int, int]:
-        return 0, len(self.records)
-
-    async def read(
-        self, topic: str, partition: int, start: int
-    ) -> AsyncGenerator[list[Record], None]:
-        yield self.records[start:]
-
-
-def log_of(*events: tuple[str, int]) -> Log:
+def log_of(*events: tuple[str, int]) -> OneBatchLog:
     """Events of the order, one a `(request id, created_at)`, at offsets 0, 1, …"""
     records = [
         Record(
@@ -77,7 +62,7 @@ def log_of(*events: tuple[str, int]) -> Log:
         )
         for n, (request_id, created_at) in enumerate(events)
     ]
-    return Log(records)
+    return OneBatchLog(records)
 
 
 def states_on(store: AggregateStateStore, now: int = NOW) -> PartitionStates:
