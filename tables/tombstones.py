@@ -84,16 +84,25 @@ def tombstone(
     held: Timer | None, owner: AggregateRef, key: str, version: int, mark: CancelMark
 ) -> Timer | None:
     """What a cancel at `version` leaves where `cancel_row` cancels nothing: a tombstone
-    when `held` is None; `held` at `version` when it is CANCELLED at an earlier one (so
-    that a set between the two, read after, is passed over too); None otherwise (a FIRED
-    row is left as it fired, and the deletion mark's key is never cancelled)."""
+    when `held` is None; `held` CANCELLED at `version` when it is finished (CANCELLED or
+    FIRED) at an earlier one, so that a set between the two, read after, is passed over
+    too (a key set again after it fired, then cancelled); None otherwise (the deletion
+    mark's key is never cancelled). A row moved so is finished when the cancel was read
+    (`CancelMark.at`), as a tombstone: the retention sweep counts from its `due_at`, and
+    kept from its old one it could go at once, and the set with it."""
     if key == DELETED_KEY:
         return None
     if held is None:
         return _stand_in(owner, key, version, mark, UNSET)
-    if held.status is TimerStatus.CANCELLED and held.version < version:
-        return copied(held, {"version": version})
+    if held.status in _FINISHED and held.version < version:
+        # CANCELLED, not FIRED at the later version: a set of the same command after the
+        # cancel (at its version) replaces a cancelled row, never one that sent.
+        update = {"status": TimerStatus.CANCELLED, "outcome": Outcome.CANCELLED}
+        return copied(held, {**update, "version": version, "due_at": max(held.due_at, mark.at)})
     return None
+
+
+_FINISHED: Final = frozenset({TimerStatus.CANCELLED, TimerStatus.FIRED})
 
 
 def deletion_mark(

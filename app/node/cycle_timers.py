@@ -23,7 +23,7 @@ from app.protocol.wire import SYSTEM_EVENTS, EventEnvelope, OpOutcome, decode, d
 from app.protocol.wire import TimerOp as OperatorRequest
 from app.timers.op_answers import answer_record
 from app.timers.operator import carry_out
-from app.timers.subscription import TimerOp, apply_all, op_key, timer_op
+from app.timers.subscription import CancelTimer, TimerOp, apply_all, op_key, timer_op
 from tables import Timer
 
 __all__ = ["TimerTableCycles"]
@@ -120,6 +120,9 @@ class TimerTableCycles:
                     raise BadRecord(lax)
                 stage = Stage.APPLY
                 op = timer_op(event, record.partition, self.limits.max_record_bytes, w.now)
+                if isinstance(op, CancelTimer) and op.refused is not None:
+                    # Its timer not stored, the one it replaces cancelled: it is a letter.
+                    w.dead_letter(record, BadRecord(op.refused), stage)
                 if op is not None and event.id in w.carried:
                     # Its own event, carried out when its command was decided: done.
                     w.carried.discard(event.id)

@@ -69,6 +69,10 @@ class CancelTimer:
     mark: CancelMark | None = None
     """Where and when it was read: a key that holds no timer is left a tombstone
     (`tables.tombstones`), so that an older set of it read after is passed over."""
+    refused: str | None = None
+    """A set whose timer cannot be stored (`timer_sizes.oversized`), why: the timer it
+    replaces is cancelled all the same (its owner replaced it; left, it would fire by the
+    rule replaced), and the set's record is dead-lettered with this."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,9 +111,10 @@ def timer_op(
 ) -> TimerOp | None:
     """What `event`, read from `partition` of its log, does to the timers; None: nothing.
 
-    `BadRecord` for a system event whose body cannot be a timer (invalid rule, …), or
+    `BadRecord` for a system event whose body cannot be a timer (invalid rule, …). A set
     whose timer's records the node could not write or read back (`timer_sizes.oversized`:
-    `max_record_bytes` is the node's `TICKWHEEL_MAX_RECORD_BYTES`).
+    `max_record_bytes` is the node's `TICKWHEEL_MAX_RECORD_BYTES`) cancels the timer it
+    replaces, `refused` saying why its record is dead-lettered.
 
     A cancel's tombstone, or a deletion's mark (`tables.tombstones`), is finished at the
     later of the event's own time and `now` (the node's, as it reads it): kept
@@ -126,7 +131,13 @@ def timer_op(
                 )
             timer = _timer(event, schedule, partition)
             if (why := oversized(timer, max_record_bytes)) is not None:
-                raise BadRecord(f"{SCHEDULE_SET} {event.id}: {why}")
+                return CancelTimer(
+                    event.aggregate,
+                    schedule.key,
+                    event.version,
+                    _mark(event, partition, now),
+                    refused=f"{SCHEDULE_SET} {event.id}: {why}",
+                )
             return PutTimer(timer)
         if event.type == SCHEDULE_CANCELLED:
             body = ScheduleCancelled.model_validate(event.body, strict=True, context=NEW_INPUT)

@@ -87,6 +87,10 @@ def letters(log: MemoryLog) -> list[DeadLetter]:
     return [DeadLetter.read(r.key, r.value, r.headers) for r in log.records(LETTERS, 0)]
 
 
+def rows_of(log: MemoryLog) -> list[tuple[str, str, int]]:
+    return sorted((t.id, t.status.value, t.version) for t in rows(log).values())
+
+
 def rows(log: MemoryLog) -> dict[bytes, Timer]:
     latest: dict[bytes, bytes | None] = {}
     for p in range(P):
@@ -128,7 +132,8 @@ async def test_a_set_whose_command_would_be_over_the_bound_is_dead_lettered_as_i
     tmp_path: Path,
 ) -> None:
     """An event exactly at the bound, its timer's command (in-process: its owner's own) a
-    few bytes over: the event is the one dead-lettered, once, naming why."""
+    few bytes over: the event is the one dead-lettered, once, naming why; the timer it
+    replaces is cancelled (left, it would fire though its owner replaced it)."""
     log = MemoryLog()
     owner = OWNERS[0]
     retry = RetryPolicy(initial_backoff_ms=50, max_backoff_ms=50, max_attempts=2)
@@ -136,12 +141,15 @@ async def test_a_set_whose_command_would_be_over_the_bound_is_dead_lettered_as_i
     node = RunningNode(log, tmp_path, "a", SERVICE, P, clock=FakeClock(T0), timers=options)
 
     def sized(pad: int, id: str = "big") -> bytes:
-        return schedule(owner, id, 1, T0 - 2, body={"x": "a" * pad})
+        return schedule(owner, id, 2, T0 - 2, body={"x": "a" * pad})
 
     pad = DEFAULT_MAX_RECORD_BYTES - len(sized(0))
     big = sized(pad)
     assert len(big) == DEFAULT_MAX_RECORD_BYTES
     async with running(node):
+        # The key's timer before, due in an hour.
+        await write(log, owner, schedule(owner, "old", 1, T0 + 3_600_000))
+        await wait_until(lambda: any(t.id == "old" for t in rows(log).values()))
         await write(log, owner, big)
         await write(log, OWNERS[1], schedule(OWNERS[1], "ctl", 1, T0 - 1))
         await wait_until(lambda: "ctl#0" in fired(log), what=lambda: f"fired: {fired(log)}")
@@ -150,4 +158,6 @@ async def test_a_set_whose_command_would_be_over_the_bound_is_dead_lettered_as_i
         assert (letter.topic, letter.value) == (TOPICS.events, big)
         assert "the command its timer sends would be a record of" in letter.error
         assert "TICKWHEEL_MAX_RECORD_BYTES 262144" in letter.error
-    assert [t.id for t in rows(log).values()] == ["ctl"]
+        want = [("ctl", "FIRED", 1), ("old", "CANCELLED", 2)]
+        await wait_until(lambda: rows_of(log) == want, what=lambda: f"rows: {rows_of(log)}")
+    assert fired(log) == ["ctl#0"]

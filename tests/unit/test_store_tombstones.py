@@ -16,6 +16,7 @@ from app.protocol.wire import EventEnvelope, decode_event
 from app.timers.subscription import apply_all, timer_op
 from tables import AggregateRef, ChangelogRecord, Outcome, TimerStatus, TimerStore
 from tables import open_timer_store as open_store
+from tables.copies import change_of, copied
 from tables.keys import encode_timer, restored_row, row_key
 from tables.tombstones import (
     DELETED_KEY,
@@ -134,6 +135,40 @@ async def test_a_cancelled_row_takes_a_later_cancels_version(opened: Any) -> Non
     assert await due(store) == []
     row = await store.find(REF, "k")
     assert row is not None and (row.version, row.id) == (5, "wow.ScheduleSet-1")
+
+
+async def test_a_fired_row_takes_a_later_cancels_version(opened: Any) -> None:
+    """Set at 1 and fired; set again at 3 and cancelled at 5, the cancel read first: the
+    row is CANCELLED at 5 (it fired, left as it was it passed the set at 3 through), and
+    finished when the cancel was read, not when it fired (the sweep counts from then)."""
+    store, _ = await opened()
+    await read(store, set_(1))
+    [t] = await store.due({0}, AT + DAY, 10)
+    done = copied(t, {"status": TimerStatus.FIRED, "outcome": Outcome.COMMITTED})
+    assert await store.settle([change_of(t, done)]) == 1
+    await read(store, cancel(5), set_(3))
+    assert await due(store) == []
+    row = await store.find(REF, "k")
+    assert row is not None
+    assert (row.status, row.version, row.due_at) == (TimerStatus.CANCELLED, 5, AT)
+    # A set of the cancel's own command after it (its version) is a new timer.
+    await read(store, set_(5, id="again"))
+    assert await due(store) == ["again"]
+
+
+async def test_a_row_a_later_cancel_moves_is_kept_from_when_it_was_read(opened: Any) -> None:
+    """Cancelled long ago, its row about to be swept; a cancel at 5 read now moves it to 5:
+    kept `finished_retention` from now, as a fresh tombstone, so the set at 3 read after
+    still meets it."""
+    store, _ = await opened()
+    retention, now = 7 * DAY, AT + 7 * DAY
+    await read(store, set_(1), cancel(2))
+    op = timer_op(cancel(5), 0, now=now)
+    assert op is not None
+    await apply_all(store, [op])
+    assert await store.expire(0, now + 1, retention, 10) == 0
+    row = await store.find(REF, "k")
+    assert row is not None and (row.version, row.due_at) == (5, now)
 
 
 async def test_a_deletion_read_before_an_older_set_passes_it_over(opened: Any) -> None:

@@ -32,7 +32,7 @@ from app.protocol.wire import (
     encode,
 )
 from app.timers.sender import timer_command
-from app.timers.subscription import PutTimer, timer_op
+from app.timers.subscription import CancelTimer, PutTimer, timer_op
 from app.timers.timer_sizes import NOT_BODY, ROW_GROWTH, oversized
 from tables import AggregateRef, Timer, TimerStatus
 from tables.aggregate_store import MemoryAggregateStore
@@ -72,7 +72,11 @@ def padded_to(size: int, **kw: Any) -> bytes:
 
 
 def op_of(raw: bytes, bound: int = DEFAULT_MAX_RECORD_BYTES) -> PutTimer:
+    """The set's timer; `BadRecord` with why when it is refused (its key's timer then
+    cancelled, `CancelTimer.refused`)."""
     op = timer_op(decode_event(raw, bound)[0], 0, bound)
+    if isinstance(op, CancelTimer) and op.refused is not None:
+        raise BadRecord(op.refused)
     assert isinstance(op, PutTimer)
     return op
 
@@ -152,7 +156,12 @@ def test_a_set_at_the_bound_whose_command_is_over_it_is_refused() -> None:
     """Its target the owner: its command holds the owner's ref and more than the event."""
     raw = padded_to(DEFAULT_MAX_RECORD_BYTES)
     with pytest.raises(BadRecord, match="the command its timer sends would be a record of"):
-        timer_op(decode_event(raw)[0], 0)
+        op_of(raw)
+    # The key's timer cancelled at the set's version, as the set would have replaced it.
+    event = decode_event(raw)[0]
+    op = timer_op(event, 0)
+    assert isinstance(op, CancelTimer)
+    assert (op.owner, op.key, op.version) == (event.aggregate, "k", event.version)
 
 
 def test_every_set_taken_sends_a_command_its_node_reads_back() -> None:
