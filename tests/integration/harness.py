@@ -46,6 +46,7 @@ from app.protocol.wire import (
 )
 from tables import AggregateRef, Timer, open_timer_store
 from tables.partitioner import partition_of
+from tables.tombstones import is_deletion_mark
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -491,10 +492,12 @@ class Client:
         return letters
 
     async def timers(self) -> dict[bytes, Timer]:
-        """The timer table as its changelog has it (the latest row per key)."""
+        """The timer table as its changelog has it (the latest row per key), but owners'
+        deletion marks, which are no timers (`tables.tombstones`)."""
         rows: dict[bytes, Timer] = {}
         for key, history in (await self.changelog_history()).items():
-            rows[key] = history[-1]
+            if not is_deletion_mark(history[-1]):
+                rows[key] = history[-1]
         return rows
 
     async def changelog_history(self) -> dict[bytes, list[Timer]]:
