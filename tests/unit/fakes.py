@@ -56,7 +56,7 @@ from tables.memory_store import MemoryTimerStore
 from tables.refs import AggregateRef
 from tables.rules import CronRule, IntervalRule, OnceRule
 from tables.slots import Slot, first_slot
-from tables.store import DueRow, TimerStore
+from tables.store import ChangelogRecord, DueRow, TimerStore
 from tables.timer import CommandSpec, Outcome, Timer, TimerChange, TimerStatus
 
 T0 = 1_800_000_000_000
@@ -647,3 +647,13 @@ class OneBatchLog:
         self, topic: str, partition: int, start: int
     ) -> AsyncGenerator[list[Record], None]:
         yield [r for r in self.records if r.offset >= start]
+
+
+class RecordingSink:
+    """A timer store's changelog sink that keeps every record it is given, in order."""
+
+    def __init__(self) -> None:
+        self.records: list[ChangelogRecord] = []
+
+    async def __call__(self, records: list[ChangelogRecord]) -> None:
+        self.records.extend(records)

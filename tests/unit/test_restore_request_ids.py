@@ -158,28 +158,14 @@ async def test_a_request_whose_event_a_restore_passes_over_is_a_duplicate_after_
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     first = Commits()
-    node_a = CommandProcessor(
-        orders,
-        P,
-        partitions=PARTITIONS,
-        states=MemoryAggregateStore(),
-        commit=first,
-        now=lambda: T0,
-    )
+    node_a = processor(first)
     assert dict((await node_a.handle([command(0)])).codes) == {ResultCode.COMMITTED: 1}
     log = OneBatchLog(
         [Record(t, P, i, k, v, T0, ()) for i, (t, _, k, v, *_) in enumerate(first.events())]
     )
     APPLIER_RAISES["now"] = True
     again = Commits()
-    node_b = CommandProcessor(
-        orders,
-        P,
-        partitions=PARTITIONS,
-        states=MemoryAggregateStore(),
-        commit=again,
-        now=lambda: T0 + 1_000,
-    )
+    node_b = processor(again, now=lambda: T0 + 1_000)
     with caplog.at_level(logging.WARNING):
         await node_b.restore(log)
     assert "restore passes over event" in caplog.text
@@ -191,27 +177,11 @@ async def test_a_request_whose_event_the_live_follow_dead_letters_is_a_duplicate
     # Another writer's event for request pay-1, which this node's applier raises on: the
     # caller dead-letters it, and the request id counts as applied with the batch.
     commits = Commits()
-    node = CommandProcessor(
-        orders,
-        P,
-        partitions=PARTITIONS,
-        states=MemoryAggregateStore(),
-        commit=commits,
-        now=lambda: T0,
-    )
-    theirs = EventEnvelope(
-        id=event_id(ORDER, "pay-1", 0),
-        type="shop.Paid",
-        aggregate=ORDER,
-        version=1,
-        created_at=T0,
-        body={"amount": 100},
-        request_id="pay-1",
-    )
+    node = processor(commits)
     APPLIER_RAISES["now"] = True
     batch = node.begin()
     with pytest.raises(KeyError):  # the applier's own, as raised to the subscription
-        node.follow(batch, theirs, 3)
+        node.follow(batch, theirs(0, 1, "pay-1"), 3)
     node.staged(batch)
     node.committed(batch, await commits(batch.out, batch.offsets))
     APPLIER_RAISES["now"] = False

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fakes import RecordingSink
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -103,19 +104,11 @@ def test_a_plan_deletes_the_expired_rows_only_and_at_most_limit(
 Opener = Callable[..., Awaitable[TimerStore]]
 
 
-class Sink:
-    def __init__(self) -> None:
-        self.records: list[ChangelogRecord] = []
-
-    async def __call__(self, records: list[ChangelogRecord]) -> None:
-        self.records += records
-
-
 @pytest.fixture(params=["memory", "rocksdb"])
 async def opener(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Opener]:
     stores: list[TimerStore] = []
 
-    async def open_store(name: str = "s", sink: Sink | None = None) -> TimerStore:
+    async def open_store(name: str = "s", sink: RecordingSink | None = None) -> TimerStore:
         url = "memory://" if request.param == "memory" else f"rocksdb://{tmp_path / name}"
         store = open_timer_store(url, partitions=P, changelog=sink)
         stores.append(store)
@@ -135,7 +128,7 @@ async def finish(store: TimerStore, row: Timer, status: TimerStatus, due: int) -
 
 
 async def test_the_sweep_deletes_expired_rows_with_a_tombstone_each(opener: Opener) -> None:
-    sink = Sink()
+    sink = RecordingSink()
     store = await opener(sink=sink)
     fired = await finish(store, timer(1), TimerStatus.FIRED, 2_000)
     cancelled = await finish(store, timer(2), TimerStatus.CANCELLED, 3_000)
@@ -165,7 +158,7 @@ async def test_the_sweep_deletes_expired_rows_with_a_tombstone_each(opener: Open
 
 
 async def test_the_sweep_works_in_bounded_batches_oldest_first(opener: Opener) -> None:
-    sink = Sink()
+    sink = RecordingSink()
     store = await opener(sink=sink)
     dues = [100 * (10 - n) for n in range(7)]
     rows = [await finish(store, timer(n, due=d), TimerStatus.FIRED, d) for n, d in enumerate(dues)]
@@ -191,7 +184,7 @@ async def test_a_row_put_again_after_its_row_expired_is_a_new_timer(opener: Open
 
 
 async def test_a_restore_of_the_changelog_loads_no_expired_row(opener: Opener) -> None:
-    sink = Sink()
+    sink = RecordingSink()
     store = await opener("a", sink)
     kept = await finish(store, timer(1), TimerStatus.FIRED, 9_000)
     await finish(store, timer(2), TimerStatus.CANCELLED, 1_000)

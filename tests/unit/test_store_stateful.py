@@ -15,13 +15,13 @@ import tempfile
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
+from fakes import RecordingSink
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from tables import (
     AggregateRef,
-    ChangelogRecord,
     CommandSpec,
     IntervalRule,
     Outcome,
@@ -53,14 +53,6 @@ def partition_of(owner: AggregateRef) -> int:
     return OWNERS.index(owner) % P
 
 
-class Sink:
-    def __init__(self) -> None:
-        self.records: list[ChangelogRecord] = []
-
-    async def __call__(self, records: list[ChangelogRecord]) -> None:
-        self.records.extend(records)
-
-
 owners = st.sampled_from(OWNERS)
 keys = st.sampled_from(KEYS)
 versions = st.integers(0, 6)
@@ -73,7 +65,7 @@ class StoresAgree(RuleBasedStateMachine):
         super().__init__()
         self.runner = asyncio.Runner()
         self.dir = tempfile.mkdtemp(prefix="tickwheel-stateful-", dir=FAST_TMP)
-        self.sinks = (Sink(), Sink())
+        self.sinks = (RecordingSink(), RecordingSink())
         self.memory = open_timer_store("memory://", partitions=P, changelog=self.sinks[0])
         self.rocks = self._open_rocks()
         self.ids = 0

@@ -11,10 +11,11 @@ from typing import Any
 
 import orjson
 import pytest
+from fakes import RecordingSink
 
 from app.protocol.wire import EventEnvelope, decode_event
 from app.timers.subscription import apply_all, timer_op
-from tables import AggregateRef, ChangelogRecord, Outcome, TimerStatus, TimerStore
+from tables import AggregateRef, Outcome, TimerStatus, TimerStore
 from tables import open_timer_store as open_store
 from tables.copies import change_of, copied
 from tables.keys import encode_timer, restored_row, row_key
@@ -63,21 +64,13 @@ def deleted(version: int) -> EventEnvelope:
 REF = set_(1).aggregate
 
 
-class Sink:
-    def __init__(self) -> None:
-        self.records: list[ChangelogRecord] = []
-
-    async def __call__(self, records: list[ChangelogRecord]) -> None:
-        self.records += records
-
-
 @pytest.fixture(params=["memory", "rocksdb"])
 async def opened(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Any]:
     stores: list[TimerStore] = []
 
-    async def open_(name: str = "a") -> tuple[TimerStore, Sink]:
+    async def open_(name: str = "a") -> tuple[TimerStore, RecordingSink]:
         url = "memory://" if request.param == "memory" else f"rocksdb://{tmp_path / name}"
-        sink = Sink()
+        sink = RecordingSink()
         store = open_store(url, partitions=1, changelog=sink)
         await store.assign({0})
         stores.append(store)
