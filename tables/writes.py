@@ -26,6 +26,7 @@ __all__ = [
     "resume_row",
     "sent_at_its_version",
     "settle_row",
+    "slot_left",
 ]
 
 logger = logging.getLogger(__name__)
@@ -157,9 +158,14 @@ def resume_row(held: Timer | None, version: int, now: int) -> Timer | None:
         "attempts": 0,
         "skipped": held.skipped + catch.skipped,
     }
-    if held.retry_until is not None:
-        moved["retry_until"] = None  # an operator's retry's horizon was its slot's alone
-    return copied(held, moved)
+    return copied(held, {**moved, **slot_left(held)})
+
+
+def slot_left(timer: Timer) -> dict[str, object]:
+    """What a move of `timer` to another slot clears besides the slot's own fields: an
+    operator's retry's horizon (`retry_until`) was its slot's alone. Nothing when there is
+    none, so the row is as before the field existed."""
+    return {} if timer.retry_until is None else {"retry_until": None}
 
 
 def settle_row(held: Timer | None, change: TimerChange) -> Timer | None:

@@ -31,6 +31,7 @@ from app.timers.runner.send_results import (
 from tables.copies import change_of, copied
 from tables.slots import Slot, caught_up, jittered_due, latest_due, next_slot
 from tables.timer import Outcome, Timer, TimerChange, TimerStatus
+from tables.writes import slot_left
 
 __all__ = [
     "NOTHING",
@@ -217,16 +218,10 @@ def expire_or_claim(timer: Timer, now: int, options: TimerOptions) -> Decision:
             skipped=timer.skipped + (catch.skipped if moved else 0),
             attempts=0 if moved else timer.attempts,
             due_at=now + options.claim_timeout,
-            **(_new_slot(timer) if moved else {}),
+            **(slot_left(timer) if moved else {}),
         ),
         send=True,
     )
-
-
-def _new_slot(timer: Timer) -> dict[str, Any]:
-    """The fields a move to another slot clears: an operator's retry's horizon was its
-    slot's alone (none written when there is none, so the row is as before it existed)."""
-    return {} if timer.retry_until is None else {"retry_until": None}
 
 
 def on_outcome(
@@ -339,7 +334,7 @@ def _at_slot(
         skipped=timer.skipped if skipped is None else skipped,
         outcome=outcome,
         **(error or {}),
-        **_new_slot(timer),
+        **slot_left(timer),
     )
 
 
