@@ -71,6 +71,14 @@ def said(html: str, element: str) -> str:
 # --- a whole node ----------------------------------------------------------------------------
 
 
+async def parked_form(site: WebNode) -> dict[str, str]:
+    """The hidden fields of the page's form for its one parked timer."""
+    async with site.http.get(site.url) as r:
+        page = await r.text()
+    form = page.split('<tr class="parked-timer">', 1)[1].split("</form>", 1)[0]
+    return dict(re.findall(r'type="hidden" name="(\w+)" value="([^"]*)"', form))
+
+
 async def test_a_retry_counts_what_it_retried_and_the_same_form_again_is_a_duplicate(
     tmp_path: Path,
 ) -> None:
@@ -78,10 +86,7 @@ async def test_a_retry_counts_what_it_retried_and_the_same_form_again_is_a_dupli
     clock = FakeClock(time.time_ns() // 1_000_000)
     async with web_node(SERVICE, tmp_path, clock, WebNode, token=None, timers=OPTIONS) as site:
         await park(site.log, clock, "remind")
-        async with site.http.get(site.url) as r:
-            page = await r.text()
-        form = page.split('<tr class="parked-timer">', 1)[1].split("</form>", 1)[0]
-        fields = dict(re.findall(r'type="hidden" name="(\w+)" value="([^"]*)"', form))
+        fields = await parked_form(site)
         rid = fields["request_id"]
         status, _, location = await post(site.http, site.url, "retry", fields)
         assert status == 303 and location is not None
@@ -108,10 +113,7 @@ async def test_a_retry_past_the_window_is_refused_and_sent_with_the_box_ticked(
     async with web_node(SERVICE, tmp_path, clock, WebNode, token=None, timers=OPTIONS) as site:
         await park(site.log, clock, "remind")
         clock.advance(8 * 24 * 3_600_000)
-        async with site.http.get(site.url) as r:
-            page = await r.text()
-        form = page.split('<tr class="parked-timer">', 1)[1].split("</form>", 1)[0]
-        fields = dict(re.findall(r'type="hidden" name="(\w+)" value="([^"]*)"', form))
+        fields = await parked_form(site)
         rid = fields["request_id"]
         status, _, location = await post(site.http, site.url, "retry", fields)
         assert status == 303 and location is not None
