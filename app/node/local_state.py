@@ -138,10 +138,15 @@ class CleanMarks:
         return self._dir / f"clean-p{partition}"
 
     def take(self, partition: int) -> bool:
-        """Whether the local copy was clean; it is not from now on."""
+        """Whether the local copy was clean; it is not from now on, durably: the mark's
+        removal is synced before the take writes (without a WAL), or a power loss could
+        keep a mark vouching for a copy that holds uncommitted writes. A sync that fails
+        raises (the take fails: the disk's fault)."""
         path = self._path(partition)
         clean = path.exists()
         path.unlink(missing_ok=True)
+        if clean:
+            _sync_dir(self._dir)
         return clean
 
     def mark(self, partition: int) -> None:

@@ -182,6 +182,36 @@ def test_a_clean_mark_whose_sync_fails_is_not_left_behind(
     assert marks.take(0)
 
 
+def test_a_clean_marks_removal_is_synced_before_the_take_goes_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The take then writes without a WAL: a removal lost to a power loss would leave a
+    mark vouching for a copy that holds uncommitted writes (read on, never restored)."""
+    marks = CleanMarks(tmp_path)
+    marks.mark(0)
+    synced: list[bool] = []
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:
+        synced.append(not (tmp_path / "clean-p0").exists())  # the removal, then its sync
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    assert marks.take(0)
+    assert synced == [True]
+    assert not marks.take(0)  # no mark: nothing to sync
+    assert synced == [True]
+
+    def full(fd: int) -> None:
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(os, "fsync", full)
+    marks2 = CleanMarks(tmp_path)
+    (tmp_path / "clean-p1").touch()
+    with pytest.raises(OSError, match="Input/output"):
+        marks2.take(1)  # the take fails: it must not write on an unsynced removal
+
+
 def test_a_data_directory_the_os_refuses_is_a_configuration_error_naming_it(
     tmp_path: Path,
 ) -> None:
