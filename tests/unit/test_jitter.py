@@ -19,7 +19,8 @@ from typer.testing import CliRunner
 
 from app.cli import cli
 from app.protocol.wire import SCHEDULE_SET, EventEnvelope
-from app.timers.runner.decisions import Action, SendResult, expire_or_claim, on_outcome
+from app.timers.runner.decision_types import Action
+from app.timers.runner.decisions import SendResult, expire_or_claim, on_outcome
 from app.timers.runner.options import TimerOptions
 from app.timers.subscription import PutTimer, timer_op
 from tables.exceptions import InvalidRule

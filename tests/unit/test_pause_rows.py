@@ -9,7 +9,8 @@ from fakes import slot_timer as make_timer
 from hypothesis import given
 from hypothesis import strategies as st
 
-from app.timers.runner.decisions import NOTHING, retry_parked, skip_parked
+from app.timers.runner.decision_types import NOTHING
+from app.timers.runner.decisions import retry_parked, skip_parked
 from app.timers.runner.options import DAY_MS, TimerOptions
 from tables.keys import decode_timer, encode_timer
 from tables.rules import CronRule, IntervalRule, OnceRule

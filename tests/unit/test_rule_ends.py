@@ -12,7 +12,8 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from app.protocol.wire import SCHEDULE_SET, EventEnvelope
-from app.timers.runner.decisions import Action, SendResult, expire_or_claim, on_outcome
+from app.timers.runner.decision_types import Action
+from app.timers.runner.decisions import SendResult, expire_or_claim, on_outcome
 from app.timers.runner.options import DAY_MS, TimerOptions
 from app.timers.subscription import CancelTimer, PutTimer, apply, timer_op
 from tables.exceptions import InvalidRule

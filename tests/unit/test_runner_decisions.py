@@ -10,21 +10,18 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from app.protocol.wire import ResultCode
+from app.timers.runner.decision_types import Action, Decision
 from app.timers.runner.decisions import (
     SENT,
     TIMEOUT,
     TRANSPORT_ERROR,
-    Action,
-    Decision,
     SendResult,
     Verdict,
     classify,
     expire_or_claim,
-    held_until,
     on_outcome,
     release,
     retry_parked,
-    send_until,
     skip_parked,
 )
 from app.timers.runner.options import (
@@ -33,6 +30,7 @@ from app.timers.runner.options import (
     TimerOptions,
     backoff_ms,
 )
+from app.timers.runner.send_window import held_until, send_until
 from tables.rules import CronRule, IntervalRule, OnceRule
 from tables.slots import Slot, first_slot, jittered_due, next_slot
 from tables.timer import Outcome, Timer, TimerStatus

@@ -8,12 +8,11 @@ from fakes import slot_timer as make_timer
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from app.timers.runner.decision_types import Action, Decision
 from app.timers.runner.decisions import (
     RULE_ERROR,
     SENT,
     TIMEOUT,
-    Action,
-    Decision,
     SendResult,
     Verdict,
     classify,

@@ -29,6 +29,7 @@ from fakes import (
 
 from app.timers.runner import (
     SENT,
+    Decision,
     RoundStats,
     SendResult,
     TimerLoop,
@@ -646,7 +647,7 @@ async def test_a_timer_its_rule_arithmetic_fails_on_is_parked_and_the_others_fir
     await world.put(key="fine", id="t-2")
     claim = decisions.expire_or_claim
 
-    def refuse_poison(timer: Timer, now: int, options: TimerOptions) -> decisions.Decision:
+    def refuse_poison(timer: Timer, now: int, options: TimerOptions) -> Decision:
         if timer.key == "poison":
             raise ValueError("next_slot went back")
         return claim(timer, now, options)

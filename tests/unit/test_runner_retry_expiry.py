@@ -18,19 +18,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from app.timers.runner import SendResult, TimerOptions, TimerRunner
-from app.timers.runner.decisions import (
-    Action,
-    Decision,
-    expire_or_claim,
-    on_outcome,
-    retry_parked,
-    send_until,
-)
+from app.timers.runner.decision_types import Action, Decision
+from app.timers.runner.decisions import expire_or_claim, on_outcome, retry_parked
 from app.timers.runner.options import (
     DAY_MS,
     REQUEST_ID_WINDOW_MS,
     RetryPolicy,
 )
+from app.timers.runner.send_window import send_until
 from tables import open_timer_store
 from tables.ledger import MemoryFailureLedger
 from tables.rules import IntervalRule, OnceRule

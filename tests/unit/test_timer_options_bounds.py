@@ -15,7 +15,8 @@ from pydantic import BaseModel
 
 from app.errors import ConfigError
 from app.node.settings import Settings
-from app.timers.runner.decisions import TIMEOUT, Action, SendResult, expire_or_claim, on_outcome
+from app.timers.runner.decision_types import Action
+from app.timers.runner.decisions import TIMEOUT, SendResult, expire_or_claim, on_outcome
 from app.timers.runner.options import MAX_COUNT, MAX_WAIT, YEAR_MS, RetryPolicy, TimerOptions
 from tables.bounds import MAX_INSTANT
 from tables.rules import OnceRule

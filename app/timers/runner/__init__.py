@@ -1,12 +1,11 @@
 """The firing side: pure decisions, options, ports, and the runner and loop that use them."""
 
+from app.timers.runner.decision_types import Action, Decision
 from app.timers.runner.decisions import (
     RULE_ERROR,
     SENT,
     TIMEOUT,
     TRANSPORT_ERROR,
-    Action,
-    Decision,
     SendResult,
     Verdict,
     classify,

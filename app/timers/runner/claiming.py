@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 
-from app.timers.runner.decisions import Decision, release
+from app.timers.runner.decision_types import Decision
+from app.timers.runner.decisions import release
 from app.timers.runner.partition import PartitionFiring, locked
 from app.timers.runner.rounds import Round
 from app.timers.runner.settling import apart

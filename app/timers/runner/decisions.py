@@ -3,17 +3,17 @@
 Every function here takes values and `now` (epoch ms) and returns a `Decision`: the one
 conditional write to make (`TimerChange`), and whether to send or park. Nothing here reads
 a clock, a store or a socket, so the loop that carries the decisions out stays dumb and
-hypothesis can test the rules by themselves.
+hypothesis can test the rules by themselves. What a decision is: `decision_types`; how
+long a slot may be sent, which bounds them: `send_window`.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
-from enum import StrEnum
 from typing import Any, Final
 
+from app.timers.runner.decision_types import NOTHING, Action, Decision
 from app.timers.runner.options import TimerOptions, backoff_ms
 from app.timers.runner.send_results import (
     FIRED_OUTCOMES,
@@ -28,21 +28,19 @@ from app.timers.runner.send_results import (
     classify,
     error_of,
 )
+from app.timers.runner.send_window import held_until, not_before_its_slot, send_until
 from tables.copies import change_of, copied
 from tables.slots import Slot, caught_up, jittered_due, latest_due, next_slot
 from tables.timer import Outcome, Timer, TimerChange, TimerStatus
 from tables.writes import slot_left
 
 __all__ = [
-    "NOTHING",
     "NOT_CLAIMED",
     "RULE_ERROR",
     "SENT",
     "TIMEOUT",
     "TRANSPORT_ERROR",
     "WITHDRAWN",
-    "Action",
-    "Decision",
     "SendResult",
     "Verdict",
     "classify",
@@ -50,12 +48,9 @@ __all__ = [
     "error_of",
     "expire_or_claim",
     "guarded",
-    "held_until",
-    "not_before_its_slot",
     "on_outcome",
     "release",
     "retry_parked",
-    "send_until",
     "skip_parked",
     "unparked",
 ]
@@ -63,51 +58,6 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 
-class Action(StrEnum):
-    NOTHING = "nothing"
-    EXPIRE = "expire"
-    """A slot due longer ago than `expires_after`, and no next one: CANCELLED/EXPIRED."""
-    EXPIRE_SLOT = "expire_slot"
-    """An expired slot of a recurring rule: PENDING at the rule's first slot not expired,
-    the slots passed over counted as skipped."""
-    CLAIM = "claim"
-    FIRE = "fire"
-    """The last slot fired: FIRED."""
-    NEXT_SLOT = "next_slot"
-    """A slot fired and the rule has another: PENDING at it."""
-    RETRY = "retry"
-    BUSY = "busy"
-    PARK = "park"
-    RELEASE = "release"
-    """A claim given back unsent (the partition was handed off): due again now."""
-    OPERATOR_RETRY = "operator_retry"
-    OPERATOR_REFUSED = "operator_refused"
-    """An operator's retry of a PARKED slot its target may have forgotten (`held_until`
-    passed), not asked past the window: nothing written, the timer left PARKED."""
-    OPERATOR_SKIP = "operator_skip"
-
-
-@dataclass(frozen=True, slots=True)
-class Decision:
-    """One conditional write, and what the loop does around it.
-
-    `fallback` is written instead of `change` when a park's ledger record fails.
-    `busy_in_a_row` is the timer's count of BUSY refusals in a row after this decision.
-    """
-
-    action: Action
-    change: TimerChange | None = None
-    send: bool = False
-    fallback: TimerChange | None = None
-    busy_in_a_row: int = 0
-
-    @property
-    def park(self) -> bool:
-        return self.action is Action.PARK
-
-
-NOTHING: Final = Decision(Action.NOTHING)
-"""The decision that writes nothing."""
 REFUSED: Final = Decision(Action.OPERATOR_REFUSED)
 """An operator's retry refused: nothing written (`retry_parked`)."""
 
@@ -141,45 +91,6 @@ def _first_unexpired(timer: Timer, oldest: int) -> Slot | None:
 _RETRIED: Final = frozenset({Outcome.FAILED, Outcome.BUSY})
 """Outcomes of a slot that was sent and is being sent again: a send's retry, a BUSY
 refusal, or an operator's retry of the PARKED timer (which keeps the outcome it parked with)."""
-
-
-def send_until(timer: Timer, options: TimerOptions) -> int:
-    """The last time the timer's slot may be sent; a send due later is expired instead.
-
-    `expires_after` past the slot's own due time (its jitter included: a slot jittered
-    further than `expires_after` would expire unsent the moment it came), for its first
-    send and every retry alike: a retry's own due time does not count, so that however
-    the retries are spread (backoff, BUSY refusals, a claim given back), the slot is never
-    sent past the target's request-id window (`expires_after` is below it: the node's
-    settings), where the target, having forgotten the id, would apply it again. An
-    operator's retry says its own (`Timer.retry_until`, `retry_parked`). All come from the
-    row, so a restarted node decides the same.
-    """
-    if timer.retry_until is not None:
-        return timer.retry_until
-    return _slot_due(timer) + options.expires_after
-
-
-def held_until(timer: Timer, window: int, options: TimerOptions) -> int:
-    """The last time a send of the timer's slot is still sure to be found by its target
-    under its request id, the target keeping ids for `window` (ms; its
-    `TICKWHEEL_REQUEST_ID_WINDOW_MS`): the slot's own due time (jitter included: no send
-    of it, so no application, is earlier) plus `window`, less the options'
-    `request_id_margin` (the trip to the target, its backlog, the clocks' skew)."""
-    return _slot_due(timer) + window - options.request_id_margin
-
-
-def _slot_due(timer: Timer) -> int:
-    """The timer's slot's own due time, its jitter included."""
-    return jittered_due(timer.rule, timer.id, _slot(timer))
-
-
-def not_before_its_slot(timer: Timer, at: int) -> int:
-    """`at`, or the timer's slot's own due time (its jitter included) when that is later: a
-    retry, a BUSY wait or a claim given back is never due before its slot is. Only a clock
-    stepped back (NTP, a resumed VM) between the claim and the outcome makes it later; sent
-    then, the target would refuse the command as not due on its clock, and the timer park."""
-    return max(at, _slot_due(timer))
 
 
 def expire_or_claim(timer: Timer, now: int, options: TimerOptions) -> Decision:

@@ -27,7 +27,7 @@ import logging
 from collections.abc import Callable, Mapping, MutableMapping, Sequence, Set
 from dataclasses import dataclass, field
 
-from app.timers.runner.decisions import Action, Decision
+from app.timers.runner.decision_types import Action, Decision
 from app.timers.runner.options import TimerOptions
 from app.timers.runner.partition import PartitionFiring, locked
 from app.timers.runner.partition_store import store_of

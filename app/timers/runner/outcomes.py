@@ -20,7 +20,8 @@ import dataclasses
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
-from app.timers.runner.decisions import Decision, SendResult, deferred_park, unparked
+from app.timers.runner.decision_types import Decision
+from app.timers.runner.decisions import SendResult, deferred_park, unparked
 from app.timers.runner.options import TimerOptions
 from app.timers.runner.partition import (
     PartitionFiring,

@@ -14,7 +14,8 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Iterable
 
-from app.timers.runner.decisions import Decision, retry_parked, skip_parked
+from app.timers.runner.decision_types import Decision
+from app.timers.runner.decisions import retry_parked, skip_parked
 from app.timers.runner.operating import Operated, Unresolved, name_parked, operate
 from app.timers.runner.options import TimerOptions
 from app.timers.runner.partition import PartitionFiring

@@ -25,7 +25,8 @@ from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Final, NamedTuple
 
-from app.timers.runner.decisions import Decision, SendResult, guarded, on_outcome
+from app.timers.runner.decision_types import Decision
+from app.timers.runner.decisions import SendResult, guarded, on_outcome
 from app.timers.runner.options import TimerOptions
 from app.timers.runner.ports import FiringStore
 from app.timers.runner.round_state import RoundState

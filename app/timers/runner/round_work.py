@@ -21,7 +21,7 @@ import logging
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 
 from app.timers.runner.claiming import hand_over, to_claim, write_claims
-from app.timers.runner.decisions import Decision
+from app.timers.runner.decision_types import Decision
 from app.timers.runner.options import TimerOptions
 from app.timers.runner.outcomes import Outcomes
 from app.timers.runner.partition import PartitionFiring

@@ -10,7 +10,7 @@ import asyncio
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from app.timers.runner.decisions import Decision
+from app.timers.runner.decision_types import Decision
 from app.timers.runner.partition import PartitionFiring
 from app.timers.runner.stats import RoundStats
 from tables.timer import Timer

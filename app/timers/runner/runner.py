@@ -33,7 +33,8 @@ import functools
 import logging
 from collections.abc import AsyncIterator, Iterable, Sequence
 
-from app.timers.runner.decisions import Decision, SendResult, expire_or_claim, guarded
+from app.timers.runner.decision_types import Decision
+from app.timers.runner.decisions import SendResult, expire_or_claim, guarded
 from app.timers.runner.operating import Unresolved, resolve_at_stop, tend_ledger
 from app.timers.runner.options import REQUEST_ID_WINDOW_MS, TimerOptions
 from app.timers.runner.outcomes import Outcomes

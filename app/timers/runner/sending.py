@@ -9,13 +9,12 @@ import asyncio
 import logging
 from typing import Any
 
+from app.timers.runner.decision_types import NOTHING, Decision
 from app.timers.runner.decisions import (
     NOT_CLAIMED,
-    NOTHING,
     TIMEOUT,
     TRANSPORT_ERROR,
     WITHDRAWN,
-    Decision,
     SendResult,
     release,
 )

@@ -12,7 +12,8 @@ from collections import defaultdict
 from collections.abc import Awaitable, Callable, Set
 from typing import TypeVar
 
-from app.timers.runner.decisions import Decision, expire_or_claim, guarded, unparked
+from app.timers.runner.decision_types import Decision
+from app.timers.runner.decisions import expire_or_claim, guarded, unparked
 from app.timers.runner.options import TimerOptions
 from app.timers.runner.ports import FiringStore
 from app.timers.runner.stats import RoundStats

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from app.timers.runner.decisions import Action, Decision
+from app.timers.runner.decision_types import Action, Decision
 
 __all__ = ["RoundStats", "count"]
 
