@@ -54,7 +54,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
 from app.clients.book_commands import request_id_for
-from app.clients.timer_book import CANCEL_TIMER, SET_TIMER, BookState, timer_book
+from app.clients.book_state import BookState
+from app.clients.timer_book import CANCEL_TIMER, SET_TIMER, timer_book
 from app.errors import TickwheelError
 from app.jobs import (
     SCHEDULE,

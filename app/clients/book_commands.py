@@ -14,13 +14,13 @@ import hashlib
 from collections.abc import Callable
 from typing import Any, Final, Protocol
 
+from app.clients.book_state import BookState
 from app.clients.timer_book import (
     CANCEL_TIMER,
     PAUSE_TIMER,
     RESUME_TIMER,
     SET_TIMER,
     TRIGGER_TIMER,
-    BookState,
     TimerKey,
     book_reason,
 )

@@ -14,7 +14,8 @@ import pytest
 from fakes import CommitLog
 from pydantic import BaseModel
 
-from app.clients.timer_book import CANCEL_TIMER, MAX_BOOK_TIMERS, SET_TIMER, BookTimer, timer_book
+from app.clients.book_state import BookTimer
+from app.clients.timer_book import CANCEL_TIMER, MAX_BOOK_TIMERS, SET_TIMER, timer_book
 from app.commands.processor import CommandProcessor, state_key
 from app.kafka import Record
 from app.model.aggregate import AggregateType, Command, Decision

@@ -10,14 +10,8 @@ from typing import Any
 import pytest
 
 from app import Service, timer_book
-from app.clients.timer_book import (
-    BOOK_RETENTION,
-    MAX_BOOK_RETENTION,
-    MAX_BOOK_TIMERS,
-    SET_TIMER,
-    BookState,
-    BookTimer,
-)
+from app.clients.book_state import BookState, BookTimer
+from app.clients.timer_book import BOOK_RETENTION, MAX_BOOK_RETENTION, MAX_BOOK_TIMERS, SET_TIMER
 from app.errors import ConfigError
 from app.model.aggregate import AggregateType
 from app.model.decide import StoredAggregate, decide

@@ -12,20 +12,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from app.clients.book_state import CRON_END_STEPS, BookState, BookTimer, live_timers, timer_end
 from app.clients.timer_book import (
     BOOK_RETENTION,
-    CRON_END_STEPS,
     PAUSE_TIMER,
     RESUME_TIMER,
     RULE_ENDED,
     SET_TIMER,
     TRIGGER_TIMER,
-    BookState,
-    BookTimer,
     ended_refusal,
-    live_timers,
     timer_book,
-    timer_end,
 )
 from app.model.decide import Decided, StoredAggregate, decide, fold
 from app.protocol.wire import CommandEnvelope, EventEnvelope, ResultCode
