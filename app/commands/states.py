@@ -1,29 +1,26 @@
 """The aggregate states of one partition of one aggregate type: a fold of its events log,
-kept in the local state store, restored from the log, with the batches staged in the
-partition's transaction (decided, not committed yet) laid over it."""
+kept in the local state store, restored from the log (`app.commands.restore`), with the
+batches staged in the partition's transaction (decided, not committed yet) laid over it."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from contextlib import aclosing
 from typing import Any
 
 from pydantic import ValidationError
 
 from app.commands.batch import CommandBatch
-from app.commands.records import Misplaced, applied_id, misrouted, state_key
-from app.errors import BadRecord, node_fault
-from app.kafka import LogReader, Record
+from app.commands.records import Misplaced
+from app.commands.restore import restore_states
+from app.kafka import LogReader
 from app.kafka.records import RestoreProgress
 from app.model.aggregate import AggregateType
-from app.model.decide import StoredAggregate, fold
-from app.model.user_code import UserCodeTimeout
+from app.model.decide import StoredAggregate
 from app.protocol.limits import InputLimits, StateTooLarge
-from app.protocol.wire import EventEnvelope, decode_event, encode
+from app.protocol.wire import encode
 from tables import StoreError
 from tables.aggregate_store import AggregateStateStore
 
@@ -70,8 +67,8 @@ class PartitionStates:
         self.request_id_window = request_id_window
         # The node's clock (epoch ms), which a restore dates the request ids it writes by:
         # an event's `created_at` is its writer's word.
-        self._now = now
-        self._store = store
+        self.now = now
+        self.store = store
         # Of the batches staged and not committed yet, the latest aggregate and every applied
         # request id, each with the batch that wrote it (removed when that one commits).
         self._pending_states: dict[str, tuple[StoredAggregate, CommandBatch]] = {}
@@ -93,162 +90,24 @@ class PartitionStates:
         misplaced: Callable[[int], None] | None = None,
     ) -> int:
         """Folds the events after the state store's offset into it; how many were read.
-        `progress` hears the log offsets read and to read as it goes.
+        `progress` hears the log offsets read and to read as it goes; `misplaced` is told
+        how many events it did not fold for being outside their aggregate's partition
+        (`app.commands.restore` says how)."""
+        return await restore_states(self, reader, progress, misplaced=misplaced)
 
-        The local states are a cache of the log: a copy that is not a prefix of the log the
-        broker holds (ahead of its end: a recreated topic, another cluster), or that an
-        earlier take found damaged (marked bad), is dropped and folded again from the start.
-
-        An event outside its aggregate's partition (`misrouted`) is not folded: folded, the
-        aggregate would have two states in two partitions. Not quietly: once the restore is
-        done an error names how many and the first, and `misplaced` is told how many. A
-        whole log of them is what partitions added to the topics leave (the aggregates moved,
-        their earlier events did not); one now and then, another producer's mistake, which
-        the subscription dead-letters as it reads it.
-        """
-        if self._store.is_bad(self.partition):
-            # Dropped here, not where it was found: the earlier take's commits are
-            # abandoned by now, so none of them writes into the copy folded afresh.
-            logger.warning(
-                "%s[%d]: local states found damaged by the last take: folding them again",
-                self.events_topic,
-                self.partition,
-            )
-            self._store.drop(self.partition)
-        held = self._store.offset(self.partition)
-        _, end = await reader.offsets(self.events_topic, self.partition)
-        if held is not None and held >= end:
-            logger.warning(
-                "%s[%d]: local states at offset %d, but the log ends at %d: "
-                "not this log's copy, folding it again",
-                self.events_topic,
-                self.partition,
-                held,
-                end,
-            )
-            self._store.drop(self.partition)
-            held = None
-        start = 0 if held is None else held + 1
-        began = time.monotonic()
-        count = 0
-        to_read = max(end - start, 0)
-        if progress is not None:
-            progress(0, to_read)
-        found = Misplaced()
-        async with aclosing(reader.read(self.events_topic, self.partition, start)) as batches:
-            async for batch in batches:
-                if batch:
-                    self._fold_records(batch, self._now(), found)
-                    count += len(batch)
-                    if progress is not None:
-                        progress(min(batch[-1].offset + 1 - start, to_read), to_read)
-        if progress is not None:
-            progress(to_read, to_read)
-        if found.count:
-            found.log(self.events_topic, self.partition, self.partitions)
-            if misplaced is not None:
-                misplaced(found.count)
-        forgotten = await self._forget_expired(self._now())
-        logger.info(
-            "restored %s[%d] states: %d events in %.3f s, %d request ids past the window forgotten",
-            self.events_topic,
-            self.partition,
-            count,
-            time.monotonic() - began,
-            forgotten,
-        )
-        return count
-
-    async def _forget_expired(self, now: int) -> int:
+    async def forget_expired(self, now: int) -> int:
         """Forgets every request id past the window; how many. Only commits sweep them
         otherwise, so a partition that decides no command would keep a local copy's ids
         for good; a take, which waits for its restore anyway, clears them."""
         forgotten = 0
         while True:
-            n = self._store.expire_requests(
+            n = self.store.expire_requests(
                 self.partition, now - self.request_id_window, _REQUEST_SWEEP
             )
             forgotten += n
             if n < _REQUEST_SWEEP:
                 return forgotten
             await asyncio.sleep(0)  # in bounded steps: the other partitions' tasks run between
-
-    def _fold_records(self, batch: list[Record], now: int, misplaced: Misplaced) -> None:
-        by_id: dict[str, list[EventEnvelope]] = {}
-        offsets: dict[int, int] = {}  # by the event's id()
-        for r in batch:
-            try:
-                self.limits.check(r.key, r.value)
-                # As the live path folds it (`decode_event`): an earlier version's event
-                # included, though a strict read refuses it now.
-                event, _ = decode_event(r.value, self.limits.max_record_bytes)
-            except BadRecord:
-                continue  # the timers subscription dead-letters it; nothing to fold
-            if event.aggregate.type_name != self.agg.type_name:
-                continue
-            if (why := misrouted(r, event.aggregate, self.partitions)) is not None:
-                misplaced.add(r, why)
-                continue
-            by_id.setdefault(state_key(event.aggregate), []).append(event)
-            offsets[id(event)] = r.offset
-        states: dict[str, bytes] = {}
-        requests: list[tuple[str, str]] = []
-        passed: list[tuple[str, str]] = []
-        newest = 0
-        floor = now - self.request_id_window
-        for aggregate_id, events in by_id.items():
-            stored = self.stored(aggregate_id)
-            state, failed = self._fold_each(stored, events)
-            if state is not None:
-                states[aggregate_id] = state
-                self._warn_over(aggregate_id, len(state))
-            for e in events:
-                # An event passed over is the log's all the same: its request was applied
-                # (sent again, a duplicate), but not folded: the subscription dead-letters
-                # it when it reads it (`passed_over`).
-                if (failure := failed.get(id(e))) is not None:
-                    self._note_passed(offsets[id(e)], failure)
-                # Never after now: a writer's date in the future (year 9999) would keep the
-                # id past any sweep, and with it every id of its batch.
-                at = min(e.created_at, now)
-                if at > floor:  # else past the window: a commit's sweep would forget it
-                    kept = passed if failure is not None else requests
-                    kept.append((aggregate_id, applied_id(e)))
-                    newest = max(newest, at)
-        # Kept from the newest id's time: at least the window after each was applied.
-        self._store.write(self.partition, states, requests, batch[-1].offset, newest, passed)
-
-    def _fold_each(
-        self, stored: StoredAggregate | None, events: list[EventEnvelope]
-    ) -> tuple[bytes | None, dict[int, Exception]]:
-        """The aggregate's bytes after those of `events` its appliers take and whose result
-        can be written, and why each other was passed over, by its `id()`: one an applier
-        raises on, or that makes an aggregate no encoder writes (the subscription
-        dead-letters it when it follows it; a restore reads it again each time). No bytes:
-        nothing to write."""
-        try:
-            return encode(fold(self.agg, stored, events)), {}
-        except Exception as exc:
-            if node_fault(exc):
-                raise
-        current: StoredAggregate | None = stored
-        passed: dict[int, Exception] = {}
-        state = None if current is None else encode(current)
-        for e in events:
-            try:
-                after = fold(self.agg, current, [e])
-                state, current = encode(after), after
-            except UserCodeTimeout:
-                # The machine's load or the timeout, not the event's: passed over, the
-                # restored state would differ from the live one. The restore fails (taken
-                # again; the node stops loudly if it never passes: raise the timeout).
-                raise
-            except Exception as exc:
-                if node_fault(exc):
-                    raise
-                logger.warning("restore passes over event %s (%s): %r", e.id, e.type, exc)
-                passed[id(e)] = exc.with_traceback(None)  # its frames let go
-        return state, passed
 
     def encode(
         self,
@@ -268,7 +127,7 @@ class PartitionStates:
         if size <= bound:
             return state
         if logged:
-            self._warn_over(aggregate_id, size)
+            self.warn_over(aggregate_id, size)
         elif size > (0 if before is None else len(encode(before))):
             raise StateTooLarge(
                 f"the decision would grow the aggregate's state to {size} bytes, over "
@@ -276,7 +135,7 @@ class PartitionStates:
             )
         return state
 
-    def _warn_over(self, aggregate_id: str, size: int) -> None:
+    def warn_over(self, aggregate_id: str, size: int) -> None:
         bound = self.limits.max_state_bytes
         if size <= bound or aggregate_id in self._warned:
             return
@@ -299,7 +158,7 @@ class PartitionStates:
         pending = self._pending_states.get(aggregate_id)
         if pending is not None:
             return pending[0]
-        raw = self._store.get(self.partition, aggregate_id)
+        raw = self.store.get(self.partition, aggregate_id)
         if raw is None:
             return None
         try:
@@ -320,7 +179,7 @@ class PartitionStates:
                 aggregate_id,
                 exc.errors()[0]["msg"],
             )
-            self._store.mark_bad(self.partition)
+            self.store.mark_bad(self.partition)
             raise StoreError(
                 f"local state of {aggregate_id} unreadable; states to fold again",
                 partition=self.partition,
@@ -335,7 +194,7 @@ class PartitionStates:
             or applied in self._pending_applied
             or applied in batch.passed
             or applied in self._pending_passed
-            or self._store.seen(self.partition, *applied)
+            or self.store.seen(self.partition, *applied)
         )
 
     def folded(self, batch: CommandBatch, applied: tuple[str, str]) -> bool:
@@ -344,7 +203,7 @@ class PartitionStates:
         return (
             applied in batch.applied
             or applied in self._pending_applied
-            or self._store.folded(self.partition, *applied)
+            or self.store.folded(self.partition, *applied)
         )
 
     def following(self, batch: CommandBatch, aggregate_id: str) -> tuple[str, int] | None:
@@ -355,7 +214,7 @@ class PartitionStates:
             return batch.following[aggregate_id]
         return self._following.get(aggregate_id)
 
-    def _note_passed(self, offset: int, why: Exception) -> None:
+    def note_passed(self, offset: int, why: Exception) -> None:
         if len(self._passed_at) >= _PASSED_MAX:
             self._passed_at.popitem(last=False)  # its event is folded by the follow, or not
         self._passed_at[offset] = why
@@ -400,9 +259,9 @@ class PartitionStates:
             default=None,
         )
         # Never back: the log read may trail this node's own events committed before.
-        marks = (last_event, batch.log_offset, self._store.offset(self.partition))
+        marks = (last_event, batch.log_offset, self.store.offset(self.partition))
         known = [o for o in marks if o is not None]
-        self._store.write(
+        self.store.write(
             self.partition,
             {a: batch.encoded.get(a) or encode(s) for a, s in batch.staged.items()},
             batch.applied,
@@ -411,6 +270,6 @@ class PartitionStates:
             batch.passed,
         )
         # Bounded, so that a commit never waits long for it; the next commits go on.
-        self._store.expire_requests(
+        self.store.expire_requests(
             self.partition, batch.now - self.request_id_window, _REQUEST_SWEEP
         )

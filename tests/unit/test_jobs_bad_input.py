@@ -384,7 +384,7 @@ async def test_an_instance_kept_override_shorter_than_a_second_is_enabled_again(
     stored = proc._states.stored(state_key(REF))
     assert stored is not None
     kept = stored.model_copy(update={"state": {**stored.state, "override": {"every": 500}}})
-    proc._states._store.write(P, {state_key(REF): encode(kept)}, set(), None, T0)
+    proc._states.store.write(P, {state_key(REF): encode(kept)}, set(), None, T0)
     await proc.handle([record(enable_command("ops", JOB, now=T0, request_id="en-2"), 2)])
     assert [r["code"] for r in log.last("ops.results")] == [ResultCode.COMMITTED]
     again = proc._states.stored(state_key(REF))
@@ -439,7 +439,7 @@ async def test_enabled_again_with_the_override_an_earlier_version_kept() -> None
     stored = proc._states.stored(state_key(REF))
     assert stored is not None and not stored.state["enabled"]
     lax = stored.model_copy(update={"state": {**stored.state, "override": {"every": "120000"}}})
-    proc._states._store.write(P, {state_key(REF): encode(lax)}, set(), None, T0)
+    proc._states.store.write(P, {state_key(REF): encode(lax)}, set(), None, T0)
     await proc.handle([record(enable_command("ops", JOB, now=T0, request_id="en-2"), 2)])
     assert [r["code"] for r in log.last("ops.results")] == [ResultCode.COMMITTED]
     again = proc._states.stored(state_key(REF))

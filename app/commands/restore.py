@@ -1,0 +1,186 @@
+"""Restoring the aggregate states of one partition of one aggregate type
+(`PartitionStates.restore`): the events of its log after the state store's offset folded
+into the store, each aggregate's events at once or, when one of them fails, one at a time,
+those that fail passed over for the subscription to dead-letter."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from contextlib import aclosing
+from typing import TYPE_CHECKING, Any
+
+from app.commands.records import Misplaced, applied_id, misrouted, state_key
+from app.errors import BadRecord, node_fault
+from app.kafka import LogReader, Record
+from app.kafka.records import RestoreProgress
+from app.model.aggregate import AggregateType
+from app.model.decide import StoredAggregate, fold
+from app.model.user_code import UserCodeTimeout
+from app.protocol.wire import EventEnvelope, decode_event, encode
+
+if TYPE_CHECKING:
+    from app.commands.states import PartitionStates
+
+__all__ = ["restore_states"]
+
+# The states' own logger, as before the restore had a module of its own: operators filter
+# its records by that name.
+logger = logging.getLogger("app.commands.states")
+
+
+async def restore_states(
+    states: PartitionStates,
+    reader: LogReader,
+    progress: RestoreProgress | None = None,
+    *,
+    misplaced: Callable[[int], None] | None = None,
+) -> int:
+    """Folds the events after the state store's offset into it; how many were read.
+    `progress` hears the log offsets read and to read as it goes.
+
+    The local states are a cache of the log: a copy that is not a prefix of the log the
+    broker holds (ahead of its end: a recreated topic, another cluster), or that an
+    earlier take found damaged (marked bad), is dropped and folded again from the start.
+
+    An event outside its aggregate's partition (`misrouted`) is not folded: folded, the
+    aggregate would have two states in two partitions. Not quietly: once the restore is
+    done an error names how many and the first, and `misplaced` is told how many. A
+    whole log of them is what partitions added to the topics leave (the aggregates moved,
+    their earlier events did not); one now and then, another producer's mistake, which
+    the subscription dead-letters as it reads it.
+    """
+    if states.store.is_bad(states.partition):
+        # Dropped here, not where it was found: the earlier take's commits are
+        # abandoned by now, so none of them writes into the copy folded afresh.
+        logger.warning(
+            "%s[%d]: local states found damaged by the last take: folding them again",
+            states.events_topic,
+            states.partition,
+        )
+        states.store.drop(states.partition)
+    held = states.store.offset(states.partition)
+    _, end = await reader.offsets(states.events_topic, states.partition)
+    if held is not None and held >= end:
+        logger.warning(
+            "%s[%d]: local states at offset %d, but the log ends at %d: "
+            "not this log's copy, folding it again",
+            states.events_topic,
+            states.partition,
+            held,
+            end,
+        )
+        states.store.drop(states.partition)
+        held = None
+    start = 0 if held is None else held + 1
+    began = time.monotonic()
+    count = 0
+    to_read = max(end - start, 0)
+    if progress is not None:
+        progress(0, to_read)
+    found = Misplaced()
+    async with aclosing(reader.read(states.events_topic, states.partition, start)) as batches:
+        async for batch in batches:
+            if batch:
+                _fold_records(states, batch, states.now(), found)
+                count += len(batch)
+                if progress is not None:
+                    progress(min(batch[-1].offset + 1 - start, to_read), to_read)
+    if progress is not None:
+        progress(to_read, to_read)
+    if found.count:
+        found.log(states.events_topic, states.partition, states.partitions)
+        if misplaced is not None:
+            misplaced(found.count)
+    forgotten = await states.forget_expired(states.now())
+    logger.info(
+        "restored %s[%d] states: %d events in %.3f s, %d request ids past the window forgotten",
+        states.events_topic,
+        states.partition,
+        count,
+        time.monotonic() - began,
+        forgotten,
+    )
+    return count
+
+
+def _fold_records(
+    into: PartitionStates, batch: list[Record], now: int, misplaced: Misplaced
+) -> None:
+    by_id: dict[str, list[EventEnvelope]] = {}
+    offsets: dict[int, int] = {}  # by the event's id()
+    for r in batch:
+        try:
+            into.limits.check(r.key, r.value)
+            # As the live path folds it (`decode_event`): an earlier version's event
+            # included, though a strict read refuses it now.
+            event, _ = decode_event(r.value, into.limits.max_record_bytes)
+        except BadRecord:
+            continue  # the timers subscription dead-letters it; nothing to fold
+        if event.aggregate.type_name != into.agg.type_name:
+            continue
+        if (why := misrouted(r, event.aggregate, into.partitions)) is not None:
+            misplaced.add(r, why)
+            continue
+        by_id.setdefault(state_key(event.aggregate), []).append(event)
+        offsets[id(event)] = r.offset
+    states: dict[str, bytes] = {}
+    requests: list[tuple[str, str]] = []
+    passed: list[tuple[str, str]] = []
+    newest = 0
+    floor = now - into.request_id_window
+    for aggregate_id, events in by_id.items():
+        stored = into.stored(aggregate_id)
+        state, failed = _fold_each(into.agg, stored, events)
+        if state is not None:
+            states[aggregate_id] = state
+            into.warn_over(aggregate_id, len(state))
+        for e in events:
+            # An event passed over is the log's all the same: its request was applied
+            # (sent again, a duplicate), but not folded: the subscription dead-letters
+            # it when it reads it (`passed_over`).
+            if (failure := failed.get(id(e))) is not None:
+                into.note_passed(offsets[id(e)], failure)
+            # Never after now: a writer's date in the future (year 9999) would keep the
+            # id past any sweep, and with it every id of its batch.
+            at = min(e.created_at, now)
+            if at > floor:  # else past the window: a commit's sweep would forget it
+                kept = passed if failure is not None else requests
+                kept.append((aggregate_id, applied_id(e)))
+                newest = max(newest, at)
+    # Kept from the newest id's time: at least the window after each was applied.
+    into.store.write(into.partition, states, requests, batch[-1].offset, newest, passed)
+
+
+def _fold_each(
+    agg: AggregateType[Any], stored: StoredAggregate | None, events: list[EventEnvelope]
+) -> tuple[bytes | None, dict[int, Exception]]:
+    """The aggregate's bytes after those of `events` its appliers take and whose result
+    can be written, and why each other was passed over, by its `id()`: one an applier
+    raises on, or that makes an aggregate no encoder writes (the subscription
+    dead-letters it when it follows it; a restore reads it again each time). No bytes:
+    nothing to write."""
+    try:
+        return encode(fold(agg, stored, events)), {}
+    except Exception as exc:
+        if node_fault(exc):
+            raise
+    current: StoredAggregate | None = stored
+    passed: dict[int, Exception] = {}
+    state = None if current is None else encode(current)
+    for e in events:
+        try:
+            after = fold(agg, current, [e])
+            state, current = encode(after), after
+        except UserCodeTimeout:
+            # The machine's load or the timeout, not the event's: passed over, the
+            # restored state would differ from the live one. The restore fails (taken
+            # again; the node stops loudly if it never passes: raise the timeout).
+            raise
+        except Exception as exc:
+            if node_fault(exc):
+                raise
+            logger.warning("restore passes over event %s (%s): %r", e.id, e.type, exc)
+            passed[id(e)] = exc.with_traceback(None)  # its frames let go
+    return state, passed
