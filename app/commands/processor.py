@@ -5,9 +5,11 @@ id, refuse what is not due yet, refuse when the partition's backlog is full (BUS
 handler, and then append the events to `<type>.events[p]`, publish the results and commit
 the commands' offsets in ONE Kafka transaction. The aggregate states are written locally
 only after the transaction committed; they are a fold of the log, restored from it
-(`app.commands.states`). What a transaction builds up is a `CommandBatch`
-(`app.commands.batch`); the records beside the events, `app.commands.records`; the checks
-of a record before it is decided, `app.commands.intake`.
+(`app.commands.states`, `app.commands.restore`). What a transaction builds up is a
+`CommandBatch` (`app.commands.batch`); the records beside the events,
+`app.commands.records`; the checks of a record before it is decided,
+`app.commands.intake`; a command's answer, and a refused one's dead letter,
+`app.commands.answers`.
 """
 
 from __future__ import annotations
@@ -17,16 +19,15 @@ from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any
 
+from app.commands.answers import CommandAnswers
 from app.commands.batch import BatchStats, CommandBatch, Commit, LocalDecided
-from app.commands.intake import bad_reply, read_command, reply_address
+from app.commands.intake import bad_reply, read_command
 from app.commands.records import (
-    Reply,
     applied_id,
     check_sizes,
     command_record,
     dead_letter_record,
     misrouted,
-    result_record,
     state_key,
     targeted,
     unreachable,
@@ -39,7 +40,7 @@ from app.kafka.catalog import TopicCatalog
 from app.kafka.records import RestoreProgress
 from app.model.aggregate import AggregateType
 from app.model.decide import Decided, cut_message, decide, fold
-from app.protocol.dead_letters import Stage, error_message
+from app.protocol.dead_letters import Stage
 from app.protocol.limits import InputLimits
 from app.protocol.topics import AggregateTopics, ContextTopics
 from app.protocol.wire import (
@@ -47,9 +48,7 @@ from app.protocol.wire import (
     IN_PROCESS_HEADERS,
     SYSTEM_EVENTS,
     CommandEnvelope,
-    CommandResult,
     EventEnvelope,
-    Refusal,
     ResultCode,
     encode,
 )
@@ -104,6 +103,7 @@ class CommandProcessor:
         self._now = now
         self.busy_backlog = busy_backlog
         self.limits = limits or InputLimits()
+        self._answers = CommandAnswers(self.results_topic, partitions, self.limits)
         self._states = PartitionStates(
             agg,
             partition,
@@ -157,13 +157,13 @@ class CommandProcessor:
             try:
                 cmd = read_command(r, self.agg.type_name, self.limits, self.partitions)
             except BadRecord as exc:
-                self._unreadable(batch, r, exc)
+                self._answers.unreadable(batch, r, exc)
                 continue
             if cmd.in_process and written_in_process(r):
                 continue  # fired in-process: decided in the transaction that wrote it
             if (wrong := bad_reply(cmd, self.results_topic, self.partitions)) is not None:
                 # Never written where it asks: answered where its context's answers go.
-                self._refuse(batch, r, cmd, BadRecord(wrong), Stage.READ, own=True)
+                self._answers.refuse(batch, r, cmd, BadRecord(wrong), Stage.READ, own=True)
                 continue
             if cmd.in_process and not self._applied(batch, cmd):
                 why = (
@@ -171,13 +171,13 @@ class CommandProcessor:
                     "a node writes with the commands it decided itself: not decided (send "
                     "a command without in_process)"
                 )
-                self._refuse(batch, r, cmd, BadRecord(why), Stage.READ)
+                self._answers.refuse(batch, r, cmd, BadRecord(why), Stage.READ)
                 continue
             # (Without the header but applied: an earlier version's own record, or a
             # request sent again; decided as any command, it is answered DUPLICATE.)
             if waiting > self.busy_backlog:
                 message = f"{waiting} commands waiting (bound {self.busy_backlog})"
-                batch.out.append(self._result(cmd, ResultCode.BUSY, message, None, now))
+                batch.out.append(self._answers.result(cmd, ResultCode.BUSY, message, None, now))
                 batch.stats.codes[ResultCode.BUSY] += 1
                 continue
             try:
@@ -187,15 +187,17 @@ class CommandProcessor:
                     raise
                 # The aggregate this command is decided on cannot be read or folded: the
                 # command's fault, answered and kept, and the partition goes on.
-                self._refuse(batch, r, cmd, exc, Stage.DECIDE)
+                self._answers.refuse(batch, r, cmd, exc, Stage.DECIDE)
                 continue
-            batch.out.append(self._result(cmd, d.code, d.message, version, now, refusal=d.refusal))
+            batch.out.append(
+                self._answers.result(cmd, d.code, d.message, version, now, refusal=d.refusal)
+            )
             if d.error is not None:
                 # Answered ERROR, and kept for an operator: its handler refused to run it.
-                self._dead_letter(batch, r, d.error, Stage.DECIDE)
+                self._answers.dead_letter(batch, r, d.error, Stage.DECIDE)
             elif cmd.type not in self.agg.handlers:
                 # Answered ERROR, and kept for an operator: no handler will ever take it.
-                self._dead_letter(batch, r, BadRecord(d.message), Stage.DECIDE)
+                self._answers.dead_letter(batch, r, BadRecord(d.message), Stage.DECIDE)
         batch.stats.commands += decided
         batch.offsets[(self.topics.commands, self.partition)] = records[decided - 1].offset + 1
         return decided
@@ -204,43 +206,6 @@ class CommandProcessor:
         """Whether `cmd`'s request id is applied to its aggregate: an in-process command an
         earlier version wrote without the header, read back after an upgrade."""
         return self._states.applied(batch, (state_key(cmd.aggregate), cmd.request_id))
-
-    def _unreadable(self, batch: CommandBatch, record: Record, error: BadRecord) -> None:
-        """A command record refused as it is read: dead-lettered, and answered ERROR with
-        why where its reply address reads (`reply_address`), so that its sender (a timer)
-        fails at once instead of waiting out its timeout. ERROR, not REJECTED: a newer node
-        may read it (a rolling upgrade), and a REJECTED slot is done for good."""
-        address = reply_address(record, self.limits)
-        if address is None:
-            self._dead_letter(batch, record, error, Stage.READ)
-            return
-        # A reply address elsewhere is answered on its context's own, as a command's is.
-        own = bad_reply(address, self.results_topic, self.partitions) is not None
-        self._refuse(batch, record, address, error, Stage.READ, own=own)
-
-    def _refuse(
-        self,
-        batch: CommandBatch,
-        record: Record,
-        cmd: Reply,
-        error: BaseException,
-        stage: Stage,
-        *,
-        own: bool = False,
-    ) -> None:
-        """`cmd` not decided: answered ERROR (with `own`, on its context's results topic)
-        and dead-lettered with why."""
-        text = error_message(error)  # a service's exception's text may fail when read
-        message = text if isinstance(error, BadRecord) else f"{type(error).__name__}: {text}"
-        batch.out.append(self._result(cmd, ResultCode.ERROR, message, None, batch.now, own=own))
-        batch.stats.codes[ResultCode.ERROR] += 1
-        self._dead_letter(batch, record, error, stage)
-
-    def _dead_letter(
-        self, batch: CommandBatch, record: Record, error: BaseException, stage: Stage
-    ) -> None:
-        batch.out.append(dead_letter_record(record, error, stage, batch.now, self.limits))
-        batch.stats.dead_letters += 1
 
     def decide_local(
         self, batch: CommandBatch, commands: Sequence[CommandEnvelope]
@@ -383,27 +348,3 @@ class CommandProcessor:
             batch.fired_due.append(cmd.not_before)
         version = d.stored.version if d.stored else (stored.version if stored else None)
         return d, version
-
-    def _result(
-        self,
-        cmd: Reply,
-        code: ResultCode,
-        message: str,
-        version: int | None,
-        now: int,
-        *,
-        own: bool = False,
-        refusal: Refusal | None = None,
-    ) -> OutRecord:
-        """The command's result record: on its reply address (checked by `bad_reply`), or
-        with `own` on the context's results topic, in the request id's partition."""
-        result = CommandResult(
-            request_id=cmd.request_id,
-            code=code,
-            aggregate=cmd.aggregate,
-            message=cut_message(message),
-            refusal=refusal,
-            version=version,
-            decided_at=now,
-        )
-        return result_record(cmd, result, self.results_topic, self.partitions, own=own)
