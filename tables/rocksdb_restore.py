@@ -84,7 +84,7 @@ def _format_of(raw: bytes) -> dict[str, Any] | None:
     """What a format file holds, or None if it is no format file's JSON."""
     try:
         held = json.loads(raw)
-    except ValueError:  # JSON or UTF-8 that does not decode
+    except (ValueError, RecursionError):  # JSON or UTF-8 that does not decode; nested deep
         return None
     if not isinstance(held, dict) or not isinstance(held.get("format", 0), int):
         return None

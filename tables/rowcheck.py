@@ -142,7 +142,9 @@ class _Row(msgspec.Struct, forbid_unknown_fields=True, gc=False, kw_only=True):
 _decode = msgspec.json.Decoder(_Row).decode
 _decode_rule = msgspec.json.Decoder(_Once | _Interval | _Cron).decode
 _decode_command = msgspec.json.Decoder(_Command).decode
-_UNDECODED = (msgspec.ValidationError, msgspec.DecodeError, UnicodeDecodeError)
+# msgspec's decoders recurse to Python's recursion limit: JSON nested ~1,000 deep raises
+# RecursionError (pydantic refuses it with a ValueError, so such a row is no row).
+_UNDECODED = (msgspec.ValidationError, msgspec.DecodeError, UnicodeDecodeError, RecursionError)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -285,7 +287,7 @@ def restored_index_as_is(partition: int, key: bytes, value: bytes) -> bytes | No
             # within 0..2^63-1, decoded so.
             return DUE + _u64(row.due_at) + row.id.encode() + b"\x00\x00" + key
         return _index(row, key)
-    except (msgspec.ValidationError, msgspec.DecodeError):
+    except (msgspec.ValidationError, msgspec.DecodeError, RecursionError):  # see _UNDECODED
         return None
     except (UnicodeEncodeError, OverflowError):  # a lone surrogate; an int past 64 bits
         return None

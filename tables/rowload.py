@@ -96,7 +96,9 @@ class _Row(msgspec.Struct, forbid_unknown_fields=True, gc=False, kw_only=True):
 _decode = msgspec.json.Decoder(_Row).decode
 _decode_rule = msgspec.json.Decoder(_Once | _Interval | _Cron).decode
 _decode_command = msgspec.json.Decoder(_Command).decode
-_REFUSED = (msgspec.ValidationError, msgspec.DecodeError, UnicodeDecodeError)
+# RecursionError: JSON nested past Python's recursion limit, which msgspec's decoders keep
+# (pydantic's `decode_timer` then refuses it with a ValueError).
+_REFUSED = (msgspec.ValidationError, msgspec.DecodeError, UnicodeDecodeError, RecursionError)
 _ERRORS = ("error_code", "error_text")
 _FLAG = "parked_when_paused"
 _UNTIL = "retry_until"

@@ -190,7 +190,16 @@ async def test_a_first_start_on_a_full_disk_leaves_no_broken_format_file(
     assert json.loads((folder / "STORE.json").read_text()) == {"format": 2, "partitions": 2}
 
 
-@pytest.mark.parametrize("content", [b"", b'{"format": 2, "parti', b"\xff\xfe", b"[2]"])
+@pytest.mark.parametrize(
+    "content",
+    [
+        b"",
+        b'{"format": 2, "parti',
+        b"\xff\xfe",
+        b"[2]",
+        pytest.param(b"[" * 2_000 + b"]" * 2_000, id="nested-past-the-recursion-limit"),
+    ],
+)
 async def test_an_unreadable_format_file_drops_the_copies_and_is_written_again(
     tmp_path: Path, content: bytes, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -22,7 +22,7 @@ from tables import (
 )
 from tables.bounds import MAX_INSTANT, MAX_INT64
 from tables.keys import encode_timer, index_key, restored_row, row_key
-from tables.rowcheck import _fast_index, restored_index
+from tables.rowcheck import _command_ok, _fast_index, _rule_bytes_ok, restored_index
 from tables.rowload import load_timer
 from tables.rules import MAX_JITTER
 from tables.timer import MAX_ERROR_TEXT, TimerStatus
@@ -272,6 +272,16 @@ def test_a_row_the_store_wrote_takes_the_fast_path(timer: Timer) -> None:
 def test_no_row_at_all_is_refused(value: bytes) -> None:
     with pytest.raises(ValueError):
         restored_index(0, b"k", value)
+
+
+def test_a_rule_or_command_nested_past_the_recursion_limit_is_refused() -> None:
+    """msgspec's decoders recurse to Python's limit: a RecursionError is a refusal, as
+    pydantic's ValueError is, never an error out of a restore."""
+    deep = b"[" * 2_000 + b"]" * 2_000
+    assert not _rule_bytes_ok(b'{"kind":"once","at":5,"x":' + deep + b"}")
+    assert not _command_ok(b'{"type":"Go","body":{"x":' + deep + b"}}")
+    with pytest.raises(ValueError):
+        restored_index(0, b"k", b'{"id":' + deep + b"}")
 
 
 def test_a_row_under_another_key_or_partition_is_refused() -> None:

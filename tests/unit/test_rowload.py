@@ -92,6 +92,8 @@ def test_corrupt_row_bytes_load_as_pydantic_reads_them_or_not_at_all(
         lambda raw: raw.replace(b'"status":"PENDING"', b'"status":"WAITING"'),
         lambda raw: raw.replace(b'"version":1', b'"version":"one"'),
         lambda raw: raw.replace(b'"owner":{', b'"owner":{"x":1,'),
+        # nested past msgspec's depth (Python's recursion limit): a RecursionError
+        lambda raw: raw.replace(b'"body":{', b'"body":{"x":' + b"[" * 2_000 + b"]" * 2_000 + b","),
     ],
 )
 async def test_due_names_the_row_it_cannot_read(tmp_path: Path, corrupt: object) -> None:

@@ -1268,8 +1268,12 @@ async def test_one_restore_batch_may_rewrite_a_row(store: TimerStore) -> None:
 
 
 @pytest.mark.parametrize(
-    "bad", ["json", "key", "partition", "shape", "status", "missing", "bounds", "extra"]
-)
+    "bad",
+    [
+        "json", "key", "partition", "shape", "status", "missing", "bounds", "extra",
+        "deep_body", "deep_rule",
+    ],
+)  # fmt: skip
 async def test_a_bad_changelog_record_is_passed_over_and_returned(
     store: TimerStore, bad: str
 ) -> None:
@@ -1291,6 +1295,15 @@ async def test_a_bad_changelog_record_is_passed_over_and_returned(
         assert str(2**70).encode() in value
     elif bad == "extra":
         value = orjson.dumps({**orjson.loads(value), "sneaky": 1})
+    elif bad in ("deep_body", "deep_rule"):
+        # Nested past the decoders' depth (msgspec's is Python's recursion limit: a
+        # RecursionError, which must not escape the restore and stall its partition).
+        deep = b"[" * 2_000 + b"]" * 2_000
+        if bad == "deep_body":
+            value = value.replace(b'"body":{', b'"body":{"deep":' + deep + b",")
+        else:
+            value = value.replace(b'"rule":{', b'"rule":{"deep":' + deep + b",")
+        assert deep in value
     else:
         value = b"[1, 2]"
     good, later = timer(key="good"), timer(key="later")
