@@ -225,7 +225,8 @@ _INDEXED_DUE = frozenset({"PENDING", "FIRING"})
 def finished_at(due_at: int, slot_due_at: int) -> int:
     """When a FIRED or CANCELLED row counts as finished, for its retention: the later of
     the times it names. A FIRED row's `due_at` is its last claim's deadline (just after it
-    fired); a cancelled one keeps the due time it had, so a timer cancelled long before it
+    fired); a cancelled one keeps the due time it had, or takes the time its cancel was
+    read if that is later (`tables.writes.cancel_row`), so a timer cancelled long before it
     was due is kept until then (a replay of its schedule up to that time still finds it)."""
     return max(due_at, slot_due_at)
 

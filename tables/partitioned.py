@@ -267,7 +267,7 @@ class PartitionedStore(PartitionedReads):
     ) -> bool:
         row, also = row_key(owner, key), self._marked(mark, only)
         async with self._writing_found(lambda: self._found_row(row, only), only, also) as held:
-            writes = plan_cancel(held, version)
+            writes = plan_cancel(held, version, None if mark is None else mark.at)
             if not writes and mark is not None:  # what it leaves: `tables.tombstones`
                 at, _, old = held[0] if held else (mark.partition, row, None)
                 if (new := tombstone(old, owner, key, version, mark)) is not None:
@@ -331,7 +331,7 @@ class PartitionedStore(PartitionedReads):
             ]
 
         async with self._writing_found(rows, only, self._marked(mark, only)) as held:
-            writes = plan_cancel(held, version)
+            writes = plan_cancel(held, version, None if mark is None else mark.at)
             cancelled = len(writes)
             if mark is not None:
                 # The owner's deletion mark (`tables.tombstones`), among its rows if held.

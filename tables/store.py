@@ -196,8 +196,9 @@ class TimerStore(Protocol):
         held at `version` or earlier; the cancelled row keeps `version`. With `mark` (where
         and when the cancel was read), a key that holds no row is left a tombstone at
         `version`, and a CANCELLED row held at an earlier one takes `version`
-        (`tables.tombstones.tombstone`), so that an older set read after it is passed over.
-        Whether it wrote."""
+        (`tables.tombstones.tombstone`), so that an older set read after it is passed over;
+        the row it cancels or moves is finished no earlier than `mark.at`, its retention
+        counted from then (`tables.writes.cancel_row`). Whether it wrote."""
         ...
 
     async def pause(self, owner: AggregateRef, key: str, version: int) -> bool:
@@ -217,8 +218,9 @@ class TimerStore(Protocol):
     ) -> int:
         """Cancels every PENDING, FIRING or PARKED timer of `owner` held at `version` or
         earlier; how many. With `mark`, the owner's deletion mark at `version` is written
-        too (unless one as late is held: `tables.tombstones.deletion_mark`), and a set of
-        the owner at `version` or earlier is passed over from then on, whatever its key."""
+        too (unless one as late is held: `tables.tombstones.deletion_mark`), a set of the
+        owner at `version` or earlier is passed over from then on, whatever its key, and
+        each row cancelled is finished no earlier than `mark.at` (`cancel`)."""
         ...
 
     async def expire(self, partition: int, now: int, retention: int, limit: int) -> int:

@@ -81,11 +81,18 @@ def sent_at_its_version(held: Timer) -> bool:
     )
 
 
-def cancel_row(held: Timer | None, version: int) -> Timer | None:
+def cancel_row(held: Timer | None, version: int, at: int | None = None) -> Timer | None:
     """`held` CANCELLED at `version`, when it is still active and held at `version` or earlier.
 
     The row takes the cancel's version, so that no change older than the cancel (a
-    replayed put of the timer, whatever its id) can write over it.
+    replayed put of the timer, whatever its id) can write over it. With `at`, when the
+    cancel was read (`tables.tombstones.CancelMark.at`), it is finished no earlier than
+    then: its `due_at` becomes the later of its own and `at`, from which the retention
+    sweep counts (`tables.keys.finished_at`), as `tables.tombstones.tombstone` moves a
+    FIRED row. Kept at the old due time of a timer overdue, paused or parked for longer
+    than the retention, the row would be swept at once, and an older set read after the
+    cancel (reordered by its producer) would find no row and write the timer again.
+    Without `at` (a caller's own cancel, no event read) the due time is kept.
     """
     if held is None or held.status not in ACTIVE or held.version > version:
         return None
@@ -94,6 +101,8 @@ def cancel_row(held: Timer | None, version: int) -> Timer | None:
         "outcome": Outcome.CANCELLED,
         "version": version,
     }
+    if at is not None and at > held.due_at:
+        update["due_at"] = at
     if held.parked_when_paused:
         update["parked_when_paused"] = False  # a PAUSED row's alone
     return copied(held, update)
@@ -238,11 +247,14 @@ def plan_settle(
     return count, writes
 
 
-def plan_cancel(held: Iterable[tuple[int, bytes, Timer]], version: int) -> list[Write]:
-    """The cancels of `(partition, row key, row)`s at `version` that write."""
+def plan_cancel(
+    held: Iterable[tuple[int, bytes, Timer]], version: int, at: int | None = None
+) -> list[Write]:
+    """The cancels of `(partition, row key, row)`s at `version`, read at `at` (`cancel_row`),
+    that write."""
     writes = []
     for partition, row, timer in held:
-        new = cancel_row(timer, version)
+        new = cancel_row(timer, version, at)
         if new is not None:
             writes.append(Write(partition, row, timer, new))
     return writes

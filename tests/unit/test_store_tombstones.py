@@ -27,11 +27,13 @@ from tables.tombstones import (
     is_deletion_mark,
     tombstone,
 )
+from tables.writes import cancel_row
 
 OWNER = {"context": "shop", "aggregate": "order", "id": "o"}
 AT = 5_000  # every set's due time
 MADE = 1_000  # every event's own time
 DAY = 86_400_000
+CANCELLED = TimerStatus.CANCELLED
 
 
 def ev(type_: str, version: int, body: dict[str, Any], id: str | None = None) -> EventEnvelope:
@@ -164,6 +166,47 @@ async def test_a_row_a_later_cancel_moves_is_kept_from_when_it_was_read(opened: 
     assert row is not None and (row.version, row.due_at) == (5, now)
 
 
+@pytest.mark.parametrize("state", ["pending", "paused", "parked"])
+@pytest.mark.parametrize("by", ["cancel", "deletion"])
+async def test_a_timer_cancelled_long_after_it_was_due_is_kept_from_when_it_was_read(
+    opened: Any, state: str, by: str
+) -> None:
+    """Set at 1 (due at AT), overdue, paused or parked for weeks, then cancelled (at 6)
+    read before a set at 4: its row is finished when the cancel was read, not at its old
+    due time, or the next sweep deletes it at once and the set at 4 writes the timer
+    again (an interval rule catching up to now would fire it). A cancel without its read
+    mark leaves the due time as it was (no time to count from)."""
+    store, sink = await opened()
+    retention, now = 7 * DAY, AT + 30 * DAY
+    await read(store, set_(1))
+    if state == "paused":
+        await read(store, ev("wow.SchedulePaused", 2, {"key": "k"}))
+    elif state == "parked":
+        [t] = await store.due({0}, AT, 10)
+        parked = copied(t, {"status": TimerStatus.PARKED, "outcome": Outcome.FAILED})
+        assert await store.settle([change_of(t, parked)]) == 1
+    op = timer_op(cancel(6) if by == "cancel" else deleted(6), 0, now=now)
+    assert op is not None
+    await apply_all(store, [op])
+    row = await store.find(REF, "k")
+    assert row is not None and (row.status, row.version, row.due_at) == (CANCELLED, 6, now)
+    assert sink.records[-1 if by == "cancel" else -2].value == encode_timer(row)
+    assert await store.expire(0, now + retention - 1, retention, 10) == 0
+    await read(store, set_(4))
+    assert await due(store) == []
+    # Kept `retention` from the cancel's read, as a tombstone is.
+    assert await store.expire(0, now + retention, retention, 10) >= 1
+    assert await store.find(REF, "k") is None
+
+
+async def test_a_cancel_without_its_read_mark_keeps_the_due_time(opened: Any) -> None:
+    store, _ = await opened()
+    await read(store, set_(1), set_(1, "other"))
+    assert await store.cancel(REF, "k", 2)
+    assert await store.cancel_all(REF, 2) == 1
+    assert [(t.status, t.due_at) for t in await store.timers_of(REF)] == [(CANCELLED, AT)] * 2
+
+
 async def test_a_deletion_read_before_an_older_set_passes_it_over(opened: Any) -> None:
     store, _ = await opened()
     await read(store, set_(2, "held"), deleted(9), set_(4, "new"), set_(9, "same"))
@@ -240,3 +283,20 @@ def test_a_stand_in_row_reads_as_any_row() -> None:
     ):
         assert row is not None
         assert restored_row(0, row_key(ref, row.key), encode_timer(row)) == row
+
+
+@pytest.mark.parametrize("status", ["PENDING", "FIRING", "PAUSED", "PARKED"])
+@pytest.mark.parametrize("read_at", [AT - 1, AT, AT + 1, AT + 30 * DAY, None])
+def test_a_cancelled_row_is_finished_no_earlier_than_its_cancel_was_read(
+    status: str, read_at: int | None
+) -> None:
+    """`cancel_row`'s due time, from which `finished_at` counts the row's retention: the
+    later of its own and the cancel's read time (its own without one); the rest as before."""
+    ref = AggregateRef(**OWNER)
+    row = tombstone(None, ref, "k", 1, CancelMark(0, "t", AT))
+    assert row is not None
+    held = copied(row, {"status": TimerStatus(status), "outcome": None})
+    cancelled = cancel_row(held, 2, read_at)
+    assert cancelled is not None
+    assert cancelled.due_at == (AT if read_at is None else max(AT, read_at))
+    assert cancelled.model_copy(update={"due_at": AT}) == cancel_row(held, 2)
