@@ -159,7 +159,10 @@ def due_key_order(key: bytes) -> tuple[int, str]:
 
 
 def due_key_prefix(due_at: int) -> bytes:
-    """The first due-index key of an entry due at `due_at`."""
+    """The first due-index key of an entry due at `due_at`; past 2^64-1 (no entry is due
+    so late: a census looks past a `now` that large), the first key past them all."""
+    if due_at > _MAX_U64:
+        return bytes([DUE[0] + 1])
     return DUE + due_at.to_bytes(8, "big")
 
 

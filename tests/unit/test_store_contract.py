@@ -923,6 +923,18 @@ async def test_census_stops_counting_past_its_limit(store: TimerStore) -> None:
     assert ids(list(cut.parked_timers)) == ["p0"]
 
 
+@pytest.mark.parametrize("now", [2**64 - 2, 2**64 - 1, 2**64, 2**70])
+async def test_census_at_a_time_past_every_due_key_is_no_error(store: TimerStore, now: int) -> None:
+    """A count cut short looks past `now` for the next due time: past the due index's
+    largest key (2^64-1) there is none, as in the memory store."""
+    for i in range(2):
+        await into(store, timer(ref(f"o{i}"), id=f"t{i}", due=100 + i), PENDING)
+    cut = await store.census(0, now=now, limit=1)
+    assert (cut.pending, cut.complete, cut.oldest_overdue, cut.next_due) == (1, False, 100, None)
+    whole = await store.census(0, now=now)
+    assert (whole.pending, whole.complete, whole.oldest_overdue) == (2, True, 100)
+
+
 @pytest.mark.parametrize(
     ("partition", "now", "limit", "parked_limit"),
     [(P, 0, 1, 1), (-1, 0, 1, 1), (0, -1, 1, 1), (0, 0, 0, 1), (0, 0, 1, -1), (0, True, 1, 1)],
