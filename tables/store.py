@@ -277,7 +277,11 @@ class TimerStore(Protocol):
     ) -> list[UnreadableRow]:
         """Restores `(offset, key, value)` records of `partition` as given, with their
         indexes and the last offset, in one local write; a record that is no row of the
-        partition is returned, and its key holds no row after it (as after a tombstone)."""
+        partition is returned, and its key keeps the row it held before it (in the store,
+        or from an earlier record of `records`), or none: an unreadable record erases
+        nothing stored, so that another writer's garbage under a live timer's key never
+        deletes the timer (the caller dead-letters the record and writes that row again
+        after it, `app.timers.restore.unreadable_letters`)."""
         ...
 
     async def end_restore(self, partition: int) -> None:
