@@ -17,7 +17,9 @@ In the environment and in the `.env` file alike, `X_FILE` names a file whose con
 no regular file (a FIFO, `/dev/zero`) or that holds more than 64 KiB is an error naming
 the variable (`app.node.variables.MAX_FILE_BYTES`), as is giving both `X` and `X_FILE` in
 one place. Values are
-stripped, and an empty one is no value (the default holds).
+stripped, and an empty one is no value (the default holds); a secret's
+(`app.node.variables.BLANK_REFUSED`) of whitespace alone, as `X` or as `X_FILE`, is an
+error.
 
 A `TICKWHEEL_*` variable (in either place, in any case) that no setting knows is an error
 naming the closest known one: a misspelt setting is never silently ignored. The few
@@ -34,6 +36,7 @@ from typing import Any, Final, Literal
 
 import orjson
 from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from app.errors import ConfigError
@@ -45,6 +48,7 @@ from app.kafka.records import TRANSACTION_TIMEOUT_MS, Replication
 from app.node.settings_checks import (
     a_directory,
     handler_within_session,
+    has_control,
     printable,
     state_holds_a_record,
     thread_of_aiokafka,
@@ -336,6 +340,20 @@ class Settings(BaseSettings):
     @classmethod
     def _printable_or_none(cls, value: str | None) -> str | None:
         return None if value is None else printable(value)
+
+    @field_validator("web_token")
+    @classmethod
+    def _sendable(cls, value: SecretStr | None) -> SecretStr | None:
+        # No client could send it (an Authorization header holds no newline): every action
+        # refused. Its own error type: the message quotes nothing, so it is shown even for
+        # a token read from its file (`explain`).
+        if value is not None and has_control(value.get_secret_value()):
+            raise PydanticCustomError(
+                "control_character",
+                "a control character (a newline, a tab) in the token: no Authorization "
+                "header can carry it",
+            )
+        return value
 
     @field_validator("data_dir")
     @classmethod

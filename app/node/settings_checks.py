@@ -12,6 +12,7 @@ from app.kafka.addresses import has_invisible
 __all__ = [
     "a_directory",
     "handler_within_session",
+    "has_control",
     "printable",
     "state_holds_a_record",
     "thread_of_aiokafka",
@@ -28,6 +29,11 @@ def printable(value: str) -> str:
     if len(value) > 200:
         raise ValueError("at most 200 characters")
     return value
+
+
+def has_control(value: str) -> bool:
+    """Whether `value` holds a control character (C0, DEL, C1: a newline, a tab)."""
+    return any(ord(c) < 0x20 or 0x7F <= ord(c) < 0xA0 for c in value)
 
 
 def a_directory(value: Path) -> Path:

@@ -114,11 +114,11 @@ def read_variables(env: Mapping[str, str] | None = None) -> Variables:
     env_file = (environ.get(ENV_FILE_VARIABLE) or "").strip()
     if env_file:
         path = Path(env_file)
-        if not path.is_file():
+        if not _is_file(path, ENV_FILE_VARIABLE):
             raise ConfigError(f"{ENV_FILE_VARIABLE}: no file {env_file!r}")
         _not_too_large(path, ENV_FILE_VARIABLE)
         layers.append((f"in {env_file}", _dotenv(path, ENV_FILE_VARIABLE, environ)))
-    elif process and Path(".env").is_file():
+    elif process and _is_file(Path(".env"), ".env"):
         _not_too_large(Path(".env"), ".env")
         layers.append(("in .env", _dotenv(Path(".env"), ".env", environ)))
     problems = [p for where, values in layers for p in _unknown(values, where)]
@@ -130,8 +130,22 @@ def read_variables(env: Mapping[str, str] | None = None) -> Variables:
     return merged
 
 
+def _is_file(path: Path, name: str) -> bool:
+    """Whether `path` is a file; `ConfigError` naming `name` when that cannot be told
+    (`Path.is_file` raises a name too long, a directory not searchable: ENAMETOOLONG,
+    EACCES)."""
+    try:
+        return path.is_file()
+    except OSError as exc:
+        raise ConfigError(f"{name}: cannot read {str(path)!r}: {_reason(exc)}") from exc
+
+
 def _not_too_large(path: Path, name: str) -> None:
-    if path.stat().st_size > MAX_ENV_FILE_BYTES:
+    try:
+        size = path.stat().st_size
+    except OSError as exc:  # gone, or its directory made unsearchable, since
+        raise ConfigError(f"{name}: cannot read {str(path)!r}: {_reason(exc)}") from exc
+    if size > MAX_ENV_FILE_BYTES:
         raise ConfigError(
             f"{name}: {str(path)!r} is larger than {MAX_ENV_FILE_BYTES} bytes, far more than "
             "any settings file holds"
@@ -267,8 +281,8 @@ BLANK_REFUSED: Final = frozenset(
         "KAFKA_SSL_KEY_PASSWORD",
     }
 )
-"""Secrets given as whitespace alone are refused, not taken as not given: a web token of
-nothing turns the HTTP edge's token check off."""
+"""Secrets given as whitespace alone (as `X` or as `X_FILE`) are refused, not taken as not
+given: a web token of nothing turns the HTTP edge's token check off."""
 
 
 class Variables(dict[str, str]):
@@ -290,7 +304,14 @@ def _resolved(values: Mapping[str, str | None], where: str, into: Variables) -> 
         if raw and not value and var in BLANK_REFUSED:
             raise ConfigError(f"{var} ({where}) is only whitespace: unset it, or give its value")
         file_var = var + _FILE
-        path = (values.get(file_var) or "").strip()
+        raw_path = values.get(file_var) or ""
+        path = raw_path.strip()
+        if raw_path and not path and var in BLANK_REFUSED:
+            # As the secret's own variable: taken as not given, it turned the check off.
+            raise ConfigError(
+                f"{file_var} ({where}) is only whitespace: unset it, or name the file "
+                f"holding {var}'s value"
+            )
         if path and value:
             raise ConfigError(f"{var} and {file_var} are both given ({where}): give one")
         if path:
