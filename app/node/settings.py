@@ -35,7 +35,14 @@ from pathlib import Path
 from typing import Any, Final, Literal
 
 import orjson
-from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic import (
+    Field,
+    SecretStr,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 from pydantic_core import PydanticCustomError
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
@@ -49,7 +56,9 @@ from app.node.settings_checks import (
     a_directory,
     handler_within_session,
     has_control,
+    not_digits,
     printable,
+    repeated_keys,
     state_holds_a_record,
     thread_of_aiokafka,
     window_outlasts_retries,
@@ -277,7 +286,9 @@ class Settings(BaseSettings):
             return data
         expires = given_expiry(data.get("timers"))
         window = cls.model_fields["request_id_window_ms"].default
-        if type(expires) is not int or expires + DAY_MS <= window:
+        # Past `TimerOptions.expires_after`'s own bound, its error alone says why (a window
+        # computed from it was out of the window's bound too, a second error).
+        if type(expires) is not int or expires + DAY_MS <= window or expires > YEAR_MS:
             return data  # the default, or the field's own error says why
         # Past six days its margin is a day (`TimerOptions.request_id_margin`).
         return {**data, "request_id_window_ms": expires + DAY_MS}
@@ -383,9 +394,29 @@ class Settings(BaseSettings):
     def _json_object(cls, value: object) -> object:
         if isinstance(value, str):
             try:
-                return orjson.loads(value)
+                read = orjson.loads(value)
             except orjson.JSONDecodeError as exc:
                 raise ValueError(f"not JSON ({exc})") from exc
+            if twice := repeated_keys(value):
+                raise ValueError(
+                    f"{', '.join(map(repr, twice[:5]))} given more than once (the last "
+                    "would silently win)"
+                )
+            return read
+        return value
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _whole_numbers(cls, value: object, info: ValidationInfo) -> object:
+        # Every integer setting alike: ASCII digits, as the timer options read theirs. Its
+        # message quotes nothing: shown for a value read from a file too (`explain`).
+        name = info.field_name
+        if name is not None and cls.model_fields[name].annotation is int and not_digits(value):
+            raise PydanticCustomError(
+                "int_parsing",
+                "Input should be a valid integer, in digits alone (no decimal point, "
+                "exponent or '_')",
+            )
         return value
 
     @field_validator("kafka_client")

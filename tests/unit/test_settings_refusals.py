@@ -50,3 +50,52 @@ def test_a_web_token_no_header_can_carry_is_refused(token: str, tmp_path: Path) 
 def test_a_web_token_with_a_space_inside_is_taken() -> None:
     token = Settings.from_env({"TICKWHEEL_WEB_TOKEN": "two words"}).web_token
     assert token is not None and token.get_secret_value() == "two words"
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [
+        ("TICKWHEEL_SESSION_TIMEOUT_MS", "1500.0"),
+        ("TICKWHEEL_SESSION_TIMEOUT_MS", "1_500"),
+        ("TICKWHEEL_COMMIT_INTERVAL_MS", "100.0"),
+        ("TICKWHEEL_PARTITIONS", "12.0"),
+        ("TICKWHEEL_WEB_PORT", "8_080"),
+    ],
+)
+def test_an_integer_setting_is_digits_alone(variable: str, value: str) -> None:
+    """pydantic read "1500.0" as 1500, but the handler timeout's default, computed from the
+    session timeout before validation, did not: the error blamed
+    TICKWHEEL_HANDLER_TIMEOUT_MS, never given."""
+    with pytest.raises(ConfigError) as e:
+        Settings.from_env({variable: value})
+    assert str(e.value) == (
+        f"bad configuration: {variable}: Input should be a valid integer, in digits alone (no "
+        f"decimal point, exponent or '_') (got {value!r})"
+    )
+
+
+def test_an_integer_setting_in_digits_is_taken() -> None:
+    s = Settings.from_env({"TICKWHEEL_SESSION_TIMEOUT_MS": "1500", "TICKWHEEL_WEB_PORT": "+80"})
+    assert (s.session_timeout_ms, s.handler_timeout_ms, s.web_port) == (1500, 750, 80)
+
+
+@pytest.mark.parametrize(
+    ("options", "twice"),
+    [
+        ('{"claim_timeout": 1000, "claim_timeout": 50000}', "'claim_timeout'"),
+        ('{"retry": {"max_attempts": 2, "max_attempts": 3}}', "'max_attempts'"),
+    ],
+)
+def test_a_timer_option_given_twice_is_refused(options: str, twice: str) -> None:
+    """JSON readers keep the last silently: an option given twice by mistake."""
+    with pytest.raises(ConfigError, match=f"TICKWHEEL_TIMER_OPTIONS: .*{twice} given more than"):
+        Settings.from_env({"TICKWHEEL_TIMER_OPTIONS": options})
+
+
+def test_an_expiry_out_of_its_range_is_its_own_error_alone() -> None:
+    """A window computed from it was out of the window's range: a second error, about
+    TICKWHEEL_REQUEST_ID_WINDOW_MS, never given."""
+    with pytest.raises(ConfigError) as e:
+        Settings.from_env({"TICKWHEEL_TIMER_OPTIONS": '{"expires_after": 400000000000}'})
+    assert "TICKWHEEL_TIMER_OPTIONS.expires_after: Input should be less" in str(e.value)
+    assert "REQUEST_ID_WINDOW" not in str(e.value)
