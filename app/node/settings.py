@@ -54,6 +54,7 @@ from app.kafka.group_consumer import rebalance_timeout_ms
 from app.kafka.records import TRANSACTION_TIMEOUT_MS, Replication
 from app.node.settings_checks import (
     a_directory,
+    ascii_for_librdkafka,
     handler_within_session,
     has_control,
     not_digits,
@@ -303,6 +304,7 @@ class Settings(BaseSettings):
         )
         state_holds_a_record(self.max_state_bytes, self.max_record_bytes)
         thread_of_aiokafka(self.producer_thread, self.kafka_client)
+        ascii_for_librdkafka(self.group_id, self.kafka_client)
         return self
 
     @model_validator(mode="after")

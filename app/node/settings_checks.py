@@ -14,6 +14,7 @@ from app.kafka.addresses import has_invisible
 
 __all__ = [
     "a_directory",
+    "ascii_for_librdkafka",
     "handler_within_session",
     "has_control",
     "not_digits",
@@ -136,4 +137,20 @@ def thread_of_aiokafka(producer_thread: bool, kafka_client: str) -> None:
             "TICKWHEEL_PRODUCER_THREAD=true is for TICKWHEEL_KAFKA_CLIENT=aiokafka only "
             f"(this is {kafka_client}, whose producers run on threads of their "
             "own): unset it or set it false"
+        )
+
+
+def ascii_for_librdkafka(group_id: str, kafka_client: str) -> None:
+    """librdkafka takes the group of a transaction's offsets as printable ASCII alone
+    (`app.kafka.rdkafka_config.group_metadata`): with another, every commit of every
+    partition failed, for ever. The transactional ids built on the group id (with topics'
+    names, ASCII, and numbers) follow it; the group consumer is aiokafka's whatever the
+    client, and the client ids are the project's own."""
+    if kafka_client == "confluent" and not (group_id.isascii() and group_id.isprintable()):
+        raise ValueError(
+            "TICKWHEEL_GROUP_ID holds a character that is not ASCII: with "
+            "TICKWHEEL_KAFKA_CLIENT=confluent, librdkafka takes a group id of printable ASCII "
+            "alone (it would refuse every transaction's offsets, and no partition would ever "
+            "commit); use an ASCII group id (a group renamed loses its committed offsets) or "
+            "TICKWHEEL_KAFKA_CLIENT=aiokafka"
         )

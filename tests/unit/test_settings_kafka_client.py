@@ -97,3 +97,18 @@ def test_the_producer_thread_with_librdkafka_is_an_error_naming_both_variables()
     assert Settings.from_env(plain).producer_thread is False
     with pytest.raises(ValueError, match="aiokafka's only"):
         KafkaClients("127.0.0.1:9092", client="confluent", producer_thread=True)
+
+
+@pytest.mark.parametrize("group", ["tïckwheel", "zeit-\u00fchr", "\u65f6\u95f4"])
+def test_confluent_with_a_group_id_not_ascii_is_refused_at_start(group: str) -> None:
+    """librdkafka refuses the group of every transaction's offsets (`group_metadata`): the
+    worker started, and no partition ever committed."""
+    with pytest.raises(ConfigError, match="TICKWHEEL_GROUP_ID holds a character that is not"):
+        Settings.from_env({"TICKWHEEL_GROUP_ID": group, "TICKWHEEL_KAFKA_CLIENT": "confluent"})
+    assert Settings.from_env({"TICKWHEEL_GROUP_ID": group}).group_id == group  # aiokafka's
+    assert (
+        Settings.from_env(
+            {"TICKWHEEL_GROUP_ID": "tick_wheel.1-x", "TICKWHEEL_KAFKA_CLIENT": "confluent"}
+        ).group_id
+        == "tick_wheel.1-x"
+    )
