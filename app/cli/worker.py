@@ -32,6 +32,7 @@ from app.task_ends import cancelled_here, how_ended
 if TYPE_CHECKING:
     from app.node import Node
     from app.ops.cluster_status import ClusterStatus
+    from app.ops.web import WebServer
 
 __all__ = ["worker"]
 
@@ -75,7 +76,7 @@ async def _run_worker(settings: Settings, service: Service) -> None:
     from app.ops.web_port import check_listenable
 
     node = Node(settings, service)
-    web = WebServer(node, settings.web_port, settings.web_host) if settings.web_port else None
+    web: WebServer | None = None
     cluster: ClusterStatus | None = None
     # Heard from the first: a SIGTERM while starting (its stores opened, the group joined)
     # stops what started, and the worker exits 0. Unhandled, it killed the process without
@@ -86,7 +87,9 @@ async def _run_worker(settings: Settings, service: Service) -> None:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, functools.partial(_asked, asked, stopping))
     try:
-        if web is not None:
+        # Made here: a failure to make it (a bad setting) stops the node's clients too.
+        if settings.web_port:
+            web = WebServer(node, settings.web_port, settings.web_host)
             check_listenable(settings.web_host, settings.web_port)
         await node.start()
         if web is not None:

@@ -58,6 +58,7 @@ from app.node.settings_checks import (
     handler_within_session,
     has_control,
     not_digits,
+    page_address,
     printable,
     repeated_keys,
     state_holds_a_record,
@@ -367,6 +368,11 @@ class Settings(BaseSettings):
                 "header can carry it",
             )
         return value
+
+    @field_validator("web_url")
+    @classmethod
+    def _page_address(cls, value: str | None) -> str | None:
+        return None if value is None else page_address(value)
 
     @field_validator("data_dir")
     @classmethod

@@ -1,7 +1,7 @@
 """Checks of settings' values, as plain functions raising `ValueError`: of one setting (its
 field validator calls it, and pydantic names the variable), and of settings that must agree
 (the model's validator calls them, and each message names its variables). May import
-`app.kafka.addresses` alone."""
+`app.kafka.addresses` and `yarl` alone."""
 
 from __future__ import annotations
 
@@ -9,6 +9,9 @@ import json
 import re
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
+
+from yarl import URL
 
 from app.kafka.addresses import has_invisible
 
@@ -18,6 +21,7 @@ __all__ = [
     "handler_within_session",
     "has_control",
     "not_digits",
+    "page_address",
     "printable",
     "repeated_keys",
     "state_holds_a_record",
@@ -70,6 +74,22 @@ def repeated_keys(text: str | bytes) -> list[str]:
     except (ValueError, RecursionError):
         return []  # no JSON: the reader's own error says why
     return list(twice)
+
+
+def page_address(value: str) -> str:
+    """`value` if it is a page's address a browser opens and the HTTP edge reads its host
+    from (`app.ops.action_guard`, with yarl): a host, and a port, if any, of 1 to 65535 in
+    digits. Else the worker failed at start on it, naming no setting."""
+    try:
+        host = URL(value).raw_host
+        port = urlsplit(value).port  # ASCII digits alone, as yarl does not check
+    except ValueError as exc:
+        raise ValueError(f"not a URL ({exc})") from None
+    if not host:
+        raise ValueError("a URL with a host")
+    if port == 0:
+        raise ValueError("a port from 1 to 65535")
+    return value
 
 
 def a_directory(value: Path) -> Path:

@@ -99,3 +99,31 @@ def test_an_expiry_out_of_its_range_is_its_own_error_alone() -> None:
         Settings.from_env({"TICKWHEEL_TIMER_OPTIONS": '{"expires_after": 400000000000}'})
     assert "TICKWHEEL_TIMER_OPTIONS.expires_after: Input should be less" in str(e.value)
     assert "REQUEST_ID_WINDOW" not in str(e.value)
+
+
+@pytest.mark.parametrize(
+    ("url", "why"),
+    [
+        ("http://host:99999/", "not a URL .*Port out of range"),
+        ("http://[::1/", "not a URL .*IPv6"),
+        ("http://[zz]/", "not a URL"),
+        ("http://host:abc/", "not a URL"),
+        ("http://ho\xadst/", "not a URL .*cannot contain"),
+        ("http://host:\u0663/", "not a URL"),  # an Arabic-Indic 3: yarl reads it as 3
+        ("http://host:+80/", "not a URL"),
+        ("http://host:0/", "a port from 1 to 65535"),
+        ("http://:80/", "not a URL .*host is required"),
+    ],
+)
+def test_a_web_url_no_page_can_be_reached_at_is_refused(url: str, why: str) -> None:
+    """The pattern took them; the worker then failed at start reading its host
+    (`ActionGuard`: an unexpected ValueError, naming no setting)."""
+    with pytest.raises(ConfigError, match=f"TICKWHEEL_WEB_URL: Value error, {why}"):
+        Settings.from_env({"TICKWHEEL_WEB_URL": url})
+
+
+@pytest.mark.parametrize(
+    "url", ["https://tw-1.example/", "http://TW.Internal.:9400", "http://[::1]:80/x", "http://h:1"]
+)
+def test_a_web_url_with_a_host_is_taken(url: str) -> None:
+    assert Settings.from_env({"TICKWHEEL_WEB_URL": url}).web_url == url

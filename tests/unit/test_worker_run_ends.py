@@ -254,3 +254,20 @@ async def test_a_stop_that_fails_the_node_fails_the_worker(parts: tuple[_Part, _
     with pytest.raises(NodeFailed, match="closing partition 0"):
         await asyncio.wait_for(_run_worker(_settings(), None), 5)  # type: ignore[arg-type]
     await kill
+
+
+async def test_a_web_server_that_cannot_be_made_stops_the_node(
+    parts: tuple[_Part, _Part], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """It was made before the start's guard: its failure (a bad TICKWHEEL_WEB_URL) left
+    the node's Kafka clients unclosed."""
+    node, _ = parts
+
+    def refused(*args: object) -> None:
+        raise ValueError("Port out of range 0-65535")
+
+    monkeypatch.setattr("app.ops.web.WebServer", refused)
+    settings = _settings().model_copy(update={"web_port": 8080})
+    with pytest.raises(ValueError, match="Port out of range"):
+        await _run_worker(settings, None)  # type: ignore[arg-type]
+    assert node.calls == ["node stop"]
