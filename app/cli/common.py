@@ -33,6 +33,7 @@ import sys
 from collections.abc import Awaitable, Callable, Coroutine, Iterator, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Annotated, Any, NoReturn, TypeVar
 
 import orjson
@@ -61,6 +62,7 @@ __all__ = [
     "RootOptions",
     "ServiceSpec",
     "Unsettled",
+    "a_path",
     "begin_invocation",
     "checked",
     "clients_for",
@@ -111,6 +113,15 @@ def _log_level(value: str | None) -> str | None:
     if not value.isascii() or value.strip().upper() not in LOG_LEVELS:
         raise typer.BadParameter(f"{value!r} is not one of {', '.join(LOG_LEVELS)} (any case)")
     return value.strip().upper()
+
+
+def a_path(value: str) -> Path:
+    """A directory option's parser (`typer.Option(parser=a_path)`): click makes Path("")
+    of "", the working directory, which a directory given by mistake (an unset shell
+    variable) silently became."""
+    if not value.strip():
+        raise typer.BadParameter("a directory path, not empty")
+    return Path(value)
 
 
 def _log_format(value: str | None) -> str | None:

@@ -32,6 +32,7 @@ from app.cli.common import (
     LogLevelOption,
     RootOptions,
     ServiceSpec,
+    a_path,
     begin_invocation,
     checked,
     command_settings,
@@ -363,6 +364,8 @@ def schemas(
         typer.Option(
             "--dir",
             "--directory",
+            parser=a_path,
+            metavar="<path>",
             help="where the schema files are (default: ./docs/schemas when the working "
             "directory has one, else the working directory)",
         ),

@@ -19,6 +19,7 @@ from app.cli.common import (
     Bootstrap,
     LogLevelOption,
     ServiceSpec,
+    a_path,
     command_settings,
     fail,
     load_service,
@@ -41,7 +42,10 @@ logger = logging.getLogger("tickwheel")
 
 def worker(
     bootstrap: Bootstrap = None,
-    data_dir: Annotated[Path | None, typer.Option(help="overrides TICKWHEEL_DATA_DIR")] = None,
+    data_dir: Annotated[
+        Path | None,
+        typer.Option(parser=a_path, metavar="<path>", help="overrides TICKWHEEL_DATA_DIR"),
+    ] = None,
     log_level: LogLevelOption = None,
     service: ServiceSpec = "app.demo:service",
 ) -> None:

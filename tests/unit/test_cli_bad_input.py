@@ -98,6 +98,16 @@ def test_a_schemas_directory_the_system_cannot_name_is_a_bad_option(tmp_path: Pa
         assert line == f"error: --dir {cut}: File name too long"
 
 
+def test_an_empty_schemas_directory_is_a_bad_option(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # "" was the working directory: the schemas written there.
+    monkeypatch.chdir(tmp_path)
+    line = one_error(invoke(["schemas", "--dir", ""]), 2)
+    assert line.startswith("error: Invalid value for '--dir' / '--directory': a directory path")
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_schemas_that_cannot_be_written_say_where(tmp_path: Path) -> None:
     (tmp_path / "a-file").write_text("")
     where = tmp_path / "a-file" / "schemas"  # a file in the way: no directory can be made
@@ -127,6 +137,21 @@ def test_a_log_level_is_ascii_as_the_variables_is(
         line = one_error(invoke(args), 2)
         assert line.startswith("error: Invalid value for '--log-level': '\u0131nfo' is not one")
     assert list(tmp_path.iterdir()) == [] and started == []
+
+
+@pytest.mark.parametrize("data_dir", ["", "  "])
+def test_an_empty_data_dir_is_a_bad_option(monkeypatch: pytest.MonkeyPatch, data_dir: str) -> None:
+    # Click made Path("") of "": the worker started on the working directory as its data
+    # directory (an unset shell variable, `--data-dir "$DIR"`).
+    started = []
+
+    async def run_worker(settings: object, service: object) -> None:
+        started.append(settings)
+
+    monkeypatch.setattr(app.cli.worker, "_run_worker", run_worker)
+    line = one_error(invoke(["worker", "--data-dir", data_dir]), 2)
+    assert line.startswith("error: Invalid value for '--data-dir': a directory path, not empty")
+    assert started == []
 
 
 # --- rebuild --type ------------------------------------------------------------------------
