@@ -4,7 +4,7 @@ pure part: whether a token endpoint's address may be used, how its answer is rea
 huge), which answer is a refusal (an OAuth error alone: anything else may be a proxy's
 page or a load balancer's, and passes), when a token is fetched anew (`next_step`: in
 the background while the one held lives) and how long a failed fetch waits. No I/O:
-`app.kafka.oauth` asks the endpoint. May import aiokafka's errors and `app.backoff`.
+`app.kafka.oauth` asks the endpoint. May import aiokafka's errors, yarl and `app.backoff`.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from urllib.parse import urlsplit
 
 import orjson
 from aiokafka.errors import AuthenticationFailedError, KafkaConnectionError
+from yarl import URL
 
 from app.backoff import capped_backoff
 
@@ -169,13 +170,16 @@ def endpoint_problem(url: str) -> str | None:
     try:
         parts = urlsplit(url)
         host = parts.hostname
-        parts.port  # noqa: B018 - a port out of range raises here
+        port = parts.port  # a port out of range, or not in digits, raises here
+        URL(url)  # as aiohttp reads it for the request, which would raise otherwise
     except ValueError as exc:
         return f"not a URL ({exc})"
     if any(c.isspace() or not c.isprintable() for c in url):
         return "a space or control character in the URL"
     if parts.scheme not in ("https", "http") or not host:
         return "an https:// URL with a host"
+    if port == 0:
+        return "a port from 1 to 65535 (0 is none a server listens on)"
     if parts.username is not None or parts.password is not None:
         return "no user or password in the URL (the client id and secret have settings)"
     if parts.fragment:

@@ -9,6 +9,7 @@ import math
 
 import orjson
 import pytest
+import yarl
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -331,6 +332,11 @@ def test_https_or_http_to_this_machine_may_be_used(url: str) -> None:
         ("https://user:pw@idp.example/token", "no user or password"),
         ("https://idp.example/token#x", "fragment"),
         ("https://idp.example:99999/token", "not a URL"),
+        # Taken, and no connection could ever be made: port 0 is none a server listens on.
+        ("https://idp:0/token", "a port from 1 to 65535"),
+        ("http://localhost:0/token", "a port from 1 to 65535"),
+        ("https://idp:+443/token", "not a URL"),
+        ("https://[zz]/token", "not a URL"),
         ("https://idp.example/to ken", "space"),
     ],
 )
@@ -346,3 +352,4 @@ def test_any_text_is_a_usable_endpoint_or_a_reason(url: str) -> None:
     assert why is None or isinstance(why, str)
     if why is None:
         assert url.lower().startswith(("https://", "http://"))
+        assert yarl.URL(url).port != 0  # aiohttp's reading of it: no ValueError
