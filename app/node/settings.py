@@ -34,7 +34,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Final, Literal
 
-import orjson
 from pydantic import (
     Field,
     SecretStr,
@@ -43,7 +42,6 @@ from pydantic import (
     field_validator,
     model_validator,
 )
-from pydantic_core import PydanticCustomError
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from app.errors import ConfigError
@@ -56,16 +54,21 @@ from app.node.settings_checks import (
     a_directory,
     ascii_for_librdkafka,
     handler_within_session,
-    has_control,
-    not_digits,
     page_address,
     printable,
-    repeated_keys,
     state_holds_a_record,
     thread_of_aiokafka,
     window_outlasts_retries,
 )
-from app.node.settings_sources import VariablesSource, explain, given_expiry, utf8
+from app.node.settings_sources import (
+    VariablesSource,
+    digits_alone,
+    explain,
+    given_expiry,
+    options_json,
+    sendable_token,
+    utf8,
+)
 from app.node.variables import ENV_FILE_VARIABLE, TOOLING_VARIABLES, VARIABLES, read_variables
 from app.protocol.limits import (
     DEFAULT_MAX_KEY_BYTES,
@@ -358,15 +361,8 @@ class Settings(BaseSettings):
     @field_validator("web_token")
     @classmethod
     def _sendable(cls, value: SecretStr | None) -> SecretStr | None:
-        # No client could send it (an Authorization header holds no newline): every action
-        # refused. Its own error type: the message quotes nothing, so it is shown even for
-        # a token read from its file (`explain`).
-        if value is not None and has_control(value.get_secret_value()):
-            raise PydanticCustomError(
-                "control_character",
-                "a control character (a newline, a tab) in the token: no Authorization "
-                "header can carry it",
-            )
+        if value is not None:
+            sendable_token(value.get_secret_value())
         return value
 
     @field_validator("web_url")
@@ -400,32 +396,15 @@ class Settings(BaseSettings):
     @field_validator("timers", mode="before")
     @classmethod
     def _json_object(cls, value: object) -> object:
-        if isinstance(value, str):
-            try:
-                read = orjson.loads(value)
-            except orjson.JSONDecodeError as exc:
-                raise ValueError(f"not JSON ({exc})") from exc
-            if twice := repeated_keys(value):
-                raise ValueError(
-                    f"{', '.join(map(repr, twice[:5]))} given more than once (the last "
-                    "would silently win)"
-                )
-            return read
-        return value
+        return options_json(value) if isinstance(value, str) else value
 
     @field_validator("*", mode="before")
     @classmethod
     def _whole_numbers(cls, value: object, info: ValidationInfo) -> object:
-        # Every integer setting alike: ASCII digits, as the timer options read theirs. Its
-        # message quotes nothing: shown for a value read from a file too (`explain`).
+        # Every integer setting alike: ASCII digits, as the timer options read theirs.
         name = info.field_name
-        if name is not None and cls.model_fields[name].annotation is int and not_digits(value):
-            raise PydanticCustomError(
-                "int_parsing",
-                "Input should be a valid integer, in digits alone (no decimal point, "
-                "exponent or '_')",
-            )
-        return value
+        is_int = name is not None and cls.model_fields[name].annotation is int
+        return digits_alone(value) if is_int else value
 
     @field_validator("kafka_client")
     @classmethod

@@ -5,10 +5,7 @@ field validator calls it, and pydantic names the variable), and of settings that
 
 from __future__ import annotations
 
-import json
-import re
 from pathlib import Path
-from typing import Any
 from urllib.parse import urlsplit
 
 from yarl import URL
@@ -19,11 +16,8 @@ __all__ = [
     "a_directory",
     "ascii_for_librdkafka",
     "handler_within_session",
-    "has_control",
-    "not_digits",
     "page_address",
     "printable",
-    "repeated_keys",
     "state_holds_a_record",
     "thread_of_aiokafka",
     "window_outlasts_retries",
@@ -39,41 +33,6 @@ def printable(value: str) -> str:
     if len(value) > 200:
         raise ValueError("at most 200 characters")
     return value
-
-
-def has_control(value: str) -> bool:
-    """Whether `value` holds a control character (C0, DEL, C1: a newline, a tab)."""
-    return any(ord(c) < 0x20 or 0x7F <= ord(c) < 0xA0 for c in value)
-
-
-_DIGITS = re.compile(r"[+-]?[0-9]+", re.ASCII)
-
-
-def not_digits(value: object) -> bool:
-    """Whether `value` is text that is no whole number in digits: pydantic reads `"1500.0"`
-    and `"1_500"` as 1500, but a default computed from the setting before it is validated
-    (`int()` of it) did not, and blamed another setting."""
-    return isinstance(value, str) and not _DIGITS.fullmatch(value.strip())
-
-
-def repeated_keys(text: str | bytes) -> list[str]:
-    """The keys that an object of the JSON `text` (at any depth) names more than once,
-    each once: JSON readers keep the last silently, an option given twice by mistake."""
-    twice: dict[str, None] = {}
-
-    def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
-        seen: set[str] = set()
-        for key, _ in items:
-            if key in seen:
-                twice[key] = None
-            seen.add(key)
-        return dict(items)
-
-    try:
-        json.loads(text, object_pairs_hook=pairs)
-    except (ValueError, RecursionError):
-        return []  # no JSON: the reader's own error says why
-    return list(twice)
 
 
 def page_address(value: str) -> str:
