@@ -297,6 +297,14 @@ class MemoryGroupMember:
                 self._moved(key)
         return {key: self._positions[key] for key in partitions if key in self.assigned}
 
+    def seek(self, topic: str, partition: int, offset: int) -> bool:
+        key = (topic, partition)
+        if key not in self.assigned:
+            return False
+        self._positions[key] = offset
+        self._moved(key)
+        return True
+
     def assignment(self) -> set[_Key]:
         return set(self.assigned)
 

@@ -227,6 +227,10 @@ class GroupMember(Protocol):
         where none is committed); the offset each assigned one reads from now."""
         ...
 
+    def seek(self, topic: str, partition: int, offset: int) -> bool:
+        """Reads the partition again from `offset`; False when it is no longer assigned."""
+        ...
+
     def assignment(self) -> set[tuple[str, int]]: ...
 
 

@@ -23,6 +23,7 @@ from app.node.commits import commit_lags
 from app.node.kept import KeptType
 from app.node.partition_task import PartitionTask, TaskShared
 from app.node.task_id import TaskId
+from app.node.task_state import TaskState
 from app.task_ends import cancelled_here
 
 __all__ = ["SPLIT_GRACE_S", "PartitionTasks"]
@@ -95,7 +96,7 @@ class PartitionTasks:
 
     def assign(self, assigned: set[tuple[str, int]]) -> None:
         """Creates a task for each new type's partition and starts taking it in the
-        background, the consumer paused on its topics until it runs.
+        background, the consumer paused on the topics of every task given until it runs.
 
         Restoring inside the rebalance callback would hold the group up (and a long restore
         would cost the node its membership): the consumer is paused on them instead.
@@ -136,7 +137,12 @@ class PartitionTasks:
         for key in set(self.tasks) - set(topics):
             self._close(self.tasks.pop(key))
         new = sorted(set(topics) - set(self.tasks))
-        self.shared.consumer.pause([(t, key.p) for key in new for t in topics[key]])
+        # Every task given that does not run, not only the new ones: a new assignment
+        # forgets every pause (a lost membership gives the same partitions back), and what
+        # the poll loop fetched of a task taken (rewound, not yet running) or waiting for
+        # its retake would be dropped, the position past it (`poll_loop` puts it back).
+        waiting = [key for key, task in self.tasks.items() if task.state is not TaskState.RUNNING]
+        self.shared.consumer.pause([(t, key.p) for key in [*new, *waiting] for t in topics[key]])
         for key in new:
             self.tasks[key] = task = PartitionTask(key, self.shared, self)
             # Its take reopens the transactional id a close of it under way still commits on.

@@ -1,7 +1,8 @@
 """The node's one consumer loop, which its partition tasks share: each polled batch of a
 topic's partition goes to the queue of the task running that partition of the topic's
 type (its input's, `PartitionInput`) while that task still runs the take it was fetched
-for, and the offsets of work done with nothing to write are committed.
+for, and the offsets of work done with nothing to write are committed. A batch of a
+partition that no task runs is read again once its take runs (`_put_back`), never skipped.
 
 A task whose worker falls behind (its queue full: a slow cycle, a commit that hangs)
 holds up no other, not even another type's task of its partition: as Kafka Streams does,
@@ -23,7 +24,7 @@ from typing import Final, Protocol
 from app.errors import KafkaUnavailable
 from app.kafka.in_log_refusals import FetchRefused
 from app.kafka.ports import POLL_FAILING_S, GroupMember
-from app.kafka.records import instance_fenced, never_joins, refused
+from app.kafka.records import Record, instance_fenced, never_joins, refused
 from app.node.partition_input import Batch, Held
 from app.node.task_id import TaskId
 
@@ -103,10 +104,11 @@ async def poll_loop(
             for (topic, p), records in batches.items():
                 # A take rewinds p (to its committed offsets) before it runs, and the
                 # consumer drops what it fetched of p before a seek: what comes back is
-                # the running take's. None running: revoked, read again by its next owner.
+                # the running take's. None running: put back (`_put_back`).
                 key = TaskId(type_of.get(topic, ""), p)
                 task = running.get(key)
                 if task is None:
+                    _put_back(consumer, topic, p, records)
                     continue
                 held, queue = task.held, task.queue
                 if not held.batches and not queue.full():
@@ -174,6 +176,19 @@ class _Failing:
         long they have failed at `now`."""
         self.since = since if self.since is None else self.since
         return now - self.since
+
+
+def _put_back(consumer: GroupMember, topic: str, p: int, records: list[Record]) -> None:
+    """A batch of a partition that no task runs is handed to none: read again from its
+    first record, the partition paused. Revoked, p is not sought (its next owner reads it
+    from the committed offsets). Still assigned here, its task is being taken (or waits for
+    its retake), which pauses it and resumes it when it runs; but a take already past its
+    rewind reads on from where the consumer is, and what was dropped here would never be
+    decided, the next commit passing it. Whatever forgot the pause (a new assignment does),
+    the position never passes a record no task was handed: done here, before the loop's
+    next await, rather than by a take rewinding again (a call to the coordinator each)."""
+    if records and consumer.seek(topic, p, records[0].offset):
+        consumer.pause([(topic, p)])
 
 
 def _hand_over(consumer: GroupMember, running: Mapping[TaskId, Running]) -> bool:
