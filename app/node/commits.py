@@ -97,10 +97,17 @@ class PartitionCommits:
         return 0.0 if self._in_flight is None else now - self._started_at
 
     def pass_over(self, key: tuple[str, int], offset: int) -> None:
-        self._offsets[key] = offset
+        self._offsets[key] = max(offset, self._offsets.get(key, offset))
 
     def take_offsets(self) -> dict[tuple[str, int], int]:
+        """The offsets passed over, for the poll loop to commit outside any transaction;
+        never one at or below what its transaction carries (`PartitionTransaction.carried`).
+        The group's committed offsets never move back: a cycle that passed over a, then a
+        later one that staged b > a in a transaction before the poll loop took a, would
+        have a committed after b (a hand-off reading and applying b's records again)."""
         done, self._offsets = self._offsets, {}
+        if (txn := self._transaction_of()) is not None:
+            done = {key: o for key, o in done.items() if o > txn.carried.get(key, -1)}
         return done
 
     def may_commit(self, interval: float) -> bool:

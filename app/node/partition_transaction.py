@@ -91,6 +91,9 @@ class PartitionTransaction:
         # (`letters_staged`): its offset is past them, a roll back would lose them.
         self.discarded = False
         self.letters_staged = False
+        # The highest consumer offset of each topic-partition staged in it (a transaction
+        # of it commits it, or did): no offset passed over below it is committed after it.
+        self.carried: dict[tuple[str, int], int] = {}
 
     def __repr__(self) -> str:
         state = "abandoned" if self.abandoned else "open"
@@ -149,6 +152,8 @@ class PartitionTransaction:
         start = len(staged.records)
         staged.records += records
         staged.offsets.update(offsets)
+        for key, offset in offsets.items():
+            self.carried[key] = max(offset, self.carried.get(key, offset))
         if committed is not None:
             staged.after.append((start, len(staged.records), committed))
         if counts is not None:
