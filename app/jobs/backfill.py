@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from typing import Final, NamedTuple
 
 from app.jobs.declaration import BACKFILLED, RAN, RUN_FAILED, TICK_KEY, TICKED, Rule
+from app.jobs.schedule_state import timer_floor
 from app.protocol.wire import SCHEDULE_SET, EventEnvelope
 from tables.exceptions import InvalidRule
 from tables.rules import IntervalRule, OnceRule, parse_rule
@@ -116,9 +117,14 @@ def tick_timers(events: Iterable[EventEnvelope]) -> list[TickTimer]:
     timers: dict[str, TickTimer] = {}
     versions: dict[str, int] = {}
     ran_until: int | None = None  # the latest due time of a slot run so far
+    # As the node's state has them: the rule of the last tick timer set, and when the
+    # last slot that ticked was due (`ScheduleState.rule`, `last_due_at`).
+    previous: object = None
+    last_ticked: int | None = None
     for e in events:
         body = e.body
         if e.type == SCHEDULE_SET and body.get("key") == TICK_KEY:
+            raw, previous = previous, body.get("rule")
             try:
                 rule = parse_rule(body.get("rule"))
             except InvalidRule:
@@ -129,11 +135,17 @@ def tick_timers(events: Iterable[EventEnvelope]) -> list[TickTimer]:
                 rule,
                 e.created_at,
                 [] if first is None else [first],
-                # As the node's `timer_after`: none for a one-off, run at its instant.
-                after=None if isinstance(rule, OnceRule) else ran_until,
+                # As the node's `timer_after`: none for a new one-off, run at its instant.
+                after=(
+                    timer_floor(body.get("rule"), raw, last_ticked)
+                    if isinstance(rule, OnceRule)
+                    else ran_until
+                ),
             )
             versions[e.id] = e.version
         elif e.type in _SLOT_EVENTS:
+            if e.type == TICKED and isinstance(body.get("due_at"), int):
+                last_ticked = body.get("due_at")
             slot, due_at = body.get("slot"), body.get("due_at")
             if isinstance(due_at, int) and not isinstance(due_at, bool):
                 # Any timer's (one unreadable here, too): that instant ran.

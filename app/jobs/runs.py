@@ -183,8 +183,10 @@ def ran_before(state: ScheduleState, due_at: int) -> bool:
 
 
 def _timer_after(state: ScheduleState) -> int | None:
-    if is_one_off(state.rule):  # the operator's explicit run at its instant
-        return None
+    if is_one_off(state.rule):
+        # None but for a one-off set again whose instant ran (`timer_floor`); a state
+        # from before it: none, the operator's explicit run at its instant.
+        return state.timer_after
     if state.timer_after is None and state.last_slot is None:
         return state.last_due_at
     return state.timer_after

@@ -27,7 +27,14 @@ from app.jobs.declaration import (
 from app.model.aggregate import Event
 from app.protocol.wire import SCHEDULE_CANCELLED, SCHEDULE_SET
 
-__all__ = ["ScheduleState", "apply_made", "apply_schedule_event", "is_one_off", "run_key"]
+__all__ = [
+    "ScheduleState",
+    "apply_made",
+    "apply_schedule_event",
+    "is_one_off",
+    "run_key",
+    "timer_floor",
+]
 
 
 def run_key(timer_id: str, slot: int) -> str:
@@ -109,9 +116,7 @@ def apply_schedule_event(state: ScheduleState, e: Event) -> ScheduleState:
         SCHEDULE_SET: {
             "timer_id": e.id,
             "timer_set_at": e.created_at,
-            # A one-off rule is the operator's explicit run at its instant, however
-            # near the last slot: it is never taken for a slot that ran already.
-            "timer_after": None if is_one_off(body.get("rule")) else state.last_due_at,
+            "timer_after": timer_floor(body.get("rule"), state.rule, state.last_due_at),
             "rule": body.get("rule"),
             "last_slot": None,
         },
@@ -152,6 +157,21 @@ def _without(state: ScheduleState, key: str) -> ScheduleState:
     if key not in state.failed_runs:
         return state
     return state.model_copy(update={"failed_runs": [k for k in state.failed_runs if k != key]})
+
+
+def timer_floor(rule: Any, previous: Any, last_due_at: int | None) -> int | None:
+    """The `timer_after` of a tick timer set with `rule` (as its `ScheduleSet` body holds
+    it) after one set with `previous`, the last slot run having been due at `last_due_at`.
+
+    A one-off rule is the operator's explicit run at its instant, however near the last
+    slot run: none, so it is never taken for a slot that ran already. Unless it is the
+    same one-off set again (an Enable after a Disable, reusing the kept override, or a
+    one-off default) whose instant ran (the last slot run was due at it): that is no new
+    instruction, and its slot ran."""
+    if not is_one_off(rule):
+        return last_due_at
+    ran = last_due_at is not None and last_due_at == rule.get("at")
+    return last_due_at if ran and rule == previous else None
 
 
 def is_one_off(rule: Any) -> bool:

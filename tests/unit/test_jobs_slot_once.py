@@ -8,6 +8,9 @@ timer: the new timer's ticks of them, and a backfill of them, run nothing."""
 
 from __future__ import annotations
 
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from test_jobs import CONTEXT, Instance, Recorder, tick_command, types
 
 from app.jobs import (
@@ -18,16 +21,17 @@ from app.jobs import (
     JobScope,
     backfill_command,
     backfill_slots,
+    disable_command,
     enable_command,
     reschedule_command,
     schedule_aggregate,
     tick_timers,
 )
 from app.jobs.runs import OwedSlots, owed_slots
-from app.jobs.schedule_state import ScheduleState
+from app.jobs.schedule_state import ScheduleState, timer_floor
 from app.model.decide import Decided
 from app.protocol.wire import SCHEDULE_SET, ResultCode
-from tables import AggregateRef, CronRule, IntervalRule
+from tables import AggregateRef, CronRule, IntervalRule, OnceRule
 from tables.slots import Slot, first_slot
 
 MIN = 60_000
@@ -218,3 +222,68 @@ def test_a_one_off_rule_dated_before_the_last_run_runs_once() -> None:
     # Nor does a backfill leave it out.
     (timer,) = [t for t in tick_timers(instance.log) if t.id == instance.state.timer_id]
     assert timer.after is None
+
+
+# --- a one-off rule set again ------------------------------------------------------------
+
+
+def _once_instance(recorder: Recorder, default: OnceRule | CronRule) -> tuple[Job, Instance]:
+    job = Job("nightly", JobScope.SYSTEM, default, recorder)
+    return job, Instance(schedule_aggregate(CONTEXT, [job], 8))
+
+
+@pytest.mark.parametrize("override", [True, False])
+def test_a_one_off_slot_runs_once_across_a_disable_and_enable(override: bool) -> None:
+    # The Enable with no rule sets the same one-off again (the kept override, or a one-off
+    # default): no new instruction of the operator, and its instant ran.
+    at = 2_000_000
+    recorder = Recorder()
+    default = CronRule(expr="0 3 * * *") if override else OnceRule(at=at)
+    job, instance = _once_instance(recorder, default)
+    rule = {"kind": "once", "at": at} if override else None
+    assert instance.run(enable_command(CONTEXT, job, rule=rule)).code is ResultCode.COMMITTED
+    assert instance.tick(0).code is ResultCode.COMMITTED
+    assert instance.run(disable_command(CONTEXT, job)).code is ResultCode.COMMITTED
+    assert instance.run(enable_command(CONTEXT, job)).code is ResultCode.COMMITTED
+    assert instance.state.rule == OnceRule(at=at).model_dump(mode="json")
+    assert instance.tick(0).code is ResultCode.UNCHANGED
+    assert _dues(recorder) == [at]
+    # Nor does a backfill run it again: it plans the slot of the timer that ran it alone.
+    current = instance.state.timer_id
+    sent = _backfill(instance, 0, instance.now)
+    assert [(s.timer_id != current, s.due_at, code) for s, code in sent] == [
+        (True, at, ResultCode.DUPLICATE)
+    ]
+    assert _dues(recorder) == [at]
+
+
+def test_a_one_off_disabled_before_its_instant_ran_runs_when_enabled_again() -> None:
+    # An explicit run at an instant before the last slot run, paused before it ran: the
+    # same one-off set again is still the operator's run, not yet made.
+    recorder = Recorder()
+    job, instance = _enabled(recorder, IntervalRule(start=0, every=MIN))
+    for slot in range(100, 103):
+        assert instance.tick(slot, due_at=slot * MIN).code is ResultCode.COMMITTED
+    at = 102 * MIN - 30_000
+    once = {"kind": "once", "at": at}
+    instance.run(reschedule_command(CONTEXT, job, once), now=102 * MIN + 20_000)
+    assert instance.run(disable_command(CONTEXT, job)).code is ResultCode.COMMITTED
+    assert instance.run(enable_command(CONTEXT, job)).code is ResultCode.COMMITTED
+    assert instance.tick(0, due_at=at).code is ResultCode.COMMITTED
+    assert _dues(recorder) == [100 * MIN, 101 * MIN, 102 * MIN, at]
+
+
+@given(
+    at=st.integers(0, 10**6),
+    last=st.none() | st.integers(0, 10**6),
+    same=st.booleans(),
+)
+def test_a_timers_floor_is_none_only_for_a_new_or_unrun_one_off(
+    at: int, last: int | None, same: bool
+) -> None:
+    once = OnceRule(at=at).model_dump(mode="json")
+    previous = once if same else OnceRule(at=at + 1).model_dump(mode="json")
+    every = IntervalRule(start=0, every=MIN).model_dump(mode="json")
+    assert timer_floor(every, previous, last) == last
+    floor = timer_floor(once, previous, last)
+    assert floor == (at if same and last == at else None)
