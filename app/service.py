@@ -10,7 +10,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from app.jobs import DEFAULT_REQUEST_ID_WINDOW_MS, Job, schedule_aggregate
+from app.jobs import (
+    DEFAULT_EXPIRES_AFTER_MS,
+    DEFAULT_REQUEST_ID_WINDOW_MS,
+    Job,
+    schedule_aggregate,
+)
 from app.model.aggregate import AggregateType
 from app.protocol.topics import aggregate_topics
 
@@ -43,12 +48,23 @@ class Service:
             raise ValueError(f"{clash} are kept by the jobs of their context: declare no such type")
 
     def all_aggregates(
-        self, partitions: int, *, request_id_window_ms: int = DEFAULT_REQUEST_ID_WINDOW_MS
+        self,
+        partitions: int,
+        *,
+        request_id_window_ms: int = DEFAULT_REQUEST_ID_WINDOW_MS,
+        expires_after_ms: int = DEFAULT_EXPIRES_AFTER_MS,
     ) -> tuple[AggregateType[Any], ...]:
         """The declared aggregate types and one schedule per context with jobs (on a node
-        keeping applied request ids for `request_id_window_ms`)."""
+        keeping applied request ids for `request_id_window_ms`, whose timers expire a slot
+        due longer ago than `expires_after_ms`)."""
         schedules = tuple(
-            schedule_aggregate(context, jobs, partitions, request_id_window_ms=request_id_window_ms)
+            schedule_aggregate(
+                context,
+                jobs,
+                partitions,
+                request_id_window_ms=request_id_window_ms,
+                expires_after_ms=expires_after_ms,
+            )
             for context, jobs in sorted(self.jobs.items())
             if jobs
         )

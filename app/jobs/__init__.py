@@ -87,12 +87,17 @@ from app.jobs.declaration import (
     shard_ref,
 )
 from app.jobs.runs import run_key
-from app.jobs.schedule import DEFAULT_REQUEST_ID_WINDOW_MS, schedule_aggregate
+from app.jobs.schedule import (
+    DEFAULT_EXPIRES_AFTER_MS,
+    DEFAULT_REQUEST_ID_WINDOW_MS,
+    schedule_aggregate,
+)
 from app.jobs.schedule_state import ScheduleState
 
 __all__ = [
     "BACKFILL",
     "BACKFILLED",
+    "DEFAULT_EXPIRES_AFTER_MS",
     "DEFAULT_REQUEST_ID_WINDOW_MS",
     "DISABLE",
     "DISABLED",

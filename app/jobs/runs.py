@@ -17,6 +17,7 @@ from app.log_limit import LogLimit
 from app.model.aggregate import Decision
 from app.model.decide import cut_message
 from app.model.user_code import not_awaitable, user_code
+from tables.bounds import MAX_INSTANT
 from tables.exceptions import InvalidRule
 from tables.rules import OnceRule, ScheduleRule, parse_rule
 from tables.slots import (
@@ -37,6 +38,7 @@ __all__ = [
     "OwedSlots",
     "drop_oldest_runs",
     "handler_failure",
+    "no_slot_left",
     "owed_slots",
     "ran_before",
     "run_handler",
@@ -75,6 +77,26 @@ MAX_OWED_SLOTS: Final = 100
 one transaction of the partition, timed as one by the node's handler timeout, its records
 `MAX_DECISION_RECORDS` at most; a node down for weeks would otherwise owe thousands. Those
 past it are logged, counted, for a backfill (`app.jobs.slot_runs`)."""
+
+
+def no_slot_left(rule: ScheduleRule, now: int, expires_after: int) -> str | None:
+    """Why a tick timer of `rule` set at `now` would never send a slot, or None: the rule
+    has none left (its until or count passed, or its next slot is after `MAX_INSTANT`), or
+    its only slot, a once rule's, was due longer ago than `expires_after` (the timers'
+    option: the runner expires it unsent). Set, such a timer would leave the instance
+    looking enabled, and the job would never run."""
+    if first_slot(rule, now) is None:
+        return (
+            f"it has no slot left at {now}: it ended (its until or count passed, or its next "
+            f"slot is after {MAX_INSTANT}, 9999-12-31T23:59:59.999Z, the last instant a "
+            "timer holds)"
+        )
+    if isinstance(rule, OnceRule) and rule.at < now - expires_after:
+        return (
+            f"its once slot, at {rule.at}, was due more than the timers' expires_after "
+            f"({expires_after} ms) before now ({now}): its timer would expire it unsent"
+        )
+    return None
 
 
 def runs_to_drop(failed: Sequence[str], keep: int = MAX_FAILED_RUNS) -> list[str]:

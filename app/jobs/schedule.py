@@ -34,6 +34,7 @@ from app.jobs.declaration import (
 )
 from app.jobs.runs import (
     MAX_FAILED_RUNS,
+    no_slot_left,
     ran_before,
     run_handler,
     tick_refusal,
@@ -43,15 +44,15 @@ from app.jobs.slot_runs import SlotRuns
 from app.model.aggregate import AggregateType, Command, Decision
 from app.protocol.wire import SCHEDULE_CANCELLED, SCHEDULE_SET, ResultCode
 from tables import CommandSpec
-from tables.bounds import MAX_INSTANT
 from tables.exceptions import InvalidRule
-from tables.slots import first_slot
 
 logger = logging.getLogger(__name__)
 
 
 DEFAULT_REQUEST_ID_WINDOW_MS = 7 * 24 * 3_600_000
 """The node's de-duplication window by default (`TICKWHEEL_REQUEST_ID_WINDOW_MS`)."""
+DEFAULT_EXPIRES_AFTER_MS = 24 * 3_600_000
+"""The timers' `expires_after` by default (`TimerOptions`, `TICKWHEEL_TIMER_OPTIONS`)."""
 
 
 def schedule_aggregate(
@@ -61,11 +62,14 @@ def schedule_aggregate(
     *,
     request_id_window_ms: int = DEFAULT_REQUEST_ID_WINDOW_MS,
     max_failed_runs: int = MAX_FAILED_RUNS,
+    expires_after_ms: int = DEFAULT_EXPIRES_AFTER_MS,
 ) -> AggregateType[ScheduleState]:
     """The model of `<context>.schedule`, deciding for `jobs` on a log of `partitions`,
     on a node that keeps applied request ids for `request_id_window_ms` (a Backfill of a
-    slot due before that window is refused: its live run may be forgotten); an instance
-    keeps its newest `max_failed_runs` failed slots to run again (`runs_to_drop`)."""
+    slot due before that window is refused: its live run may be forgotten) and whose
+    timers expire a slot due longer ago than `expires_after_ms` (a once rule due before
+    that is refused: its tick would never come); an instance keeps its newest
+    `max_failed_runs` failed slots to run again (`runs_to_drop`)."""
     if partitions < 1:
         raise ValueError(f"partitions must be at least 1, got {partitions}")
     if max_failed_runs < 1:
@@ -75,7 +79,11 @@ def schedule_aggregate(
         if job.name in by_name:
             raise ValueError(f"job {job.name!r} declared twice in {context}")
         by_name[job.name] = job
-    model = _ScheduleModel(context, by_name, partitions, request_id_window_ms, max_failed_runs)
+    if expires_after_ms < 1:
+        raise ValueError(f"expires_after_ms must be at least 1, got {expires_after_ms}")
+    model = _ScheduleModel(
+        context, by_name, partitions, request_id_window_ms, max_failed_runs, expires_after_ms
+    )
     agg = AggregateType(context, SCHEDULE, ScheduleState)
     agg.command(ENABLE)(model.enable)
     agg.command(RESCHEDULE)(model.reschedule)
@@ -108,12 +116,14 @@ class _ScheduleModel(SlotRuns):
         partitions: int,
         window_ms: int,
         max_failed_runs: int,
+        expires_after_ms: int,
     ) -> None:
         self.context = context
         self.jobs = jobs
         self.partitions = partitions
         self.window_ms = window_ms
         self.max_failed_runs = max_failed_runs
+        self.expires_after_ms = expires_after_ms
 
     def enable(self, state: ScheduleState, cmd: Command, d: Decision) -> None:
         job = self._job_to_enable(cmd, d)
@@ -204,10 +214,10 @@ class _ScheduleModel(SlotRuns):
             return None
         if _dump(rule) == state.rule:
             return None
-        if first_slot(rule, d.now) is None:
-            # Scheduled, its tick timer would be cancelled at once: tick on as before
-            # until an operator reschedules the instance.
-            logger.error("%s: the new default rule has no slot left: not taken", cmd.aggregate)
+        if (why := no_slot_left(rule, d.now, self.expires_after_ms)) is not None:
+            # Scheduled, its tick timer would be cancelled at once, or expire its slot:
+            # tick on as before until an operator reschedules the instance.
+            logger.error("%s: the new default rule is not taken: %s", cmd.aggregate, why)
             return None
         return rule
 
@@ -337,16 +347,11 @@ class _ScheduleModel(SlotRuns):
         dumped = _dump(rule)
         if state.enabled and state.override == override and state.rule == dumped:
             return
-        if first_slot(rule, d.now) is None:
-            # Its tick timer would be cancelled at once (`app.timers.subscription`): the job
-            # would look enabled and never run. (The rule it already has, sent again, is no
-            # change: that answers as before, above.)
-            _invalid(
-                d,
-                f"the rule of job {job.name!r} has no slot left at {d.now}: it ended (its "
-                f"until or count passed, or its next slot is after {MAX_INSTANT}, "
-                "9999-12-31T23:59:59.999Z, the last instant a timer holds)",
-            )
+        if (why := no_slot_left(rule, d.now, self.expires_after_ms)) is not None:
+            # Its tick timer would be cancelled at once (`app.timers.subscription`), or
+            # expire its slot unsent: the job would look enabled and never run. (The rule
+            # it already has, sent again, is no change: that answers as before, above.)
+            _invalid(d, f"the rule of job {job.name!r} cannot run: {why}")
         # Only a new rule needs a new timer: the current one keeps its slots otherwise.
         new_timer = not state.enabled or state.rule != dumped
         if new_timer:

@@ -81,7 +81,9 @@ class Node:
         self.aggregates = {
             a.type_name: a
             for a in service.all_aggregates(
-                settings.partitions, request_id_window_ms=settings.request_id_window_ms
+                settings.partitions,
+                request_id_window_ms=settings.request_id_window_ms,
+                expires_after_ms=self.options.expires_after,
             )
         }
         names = list(self.aggregates)

@@ -20,6 +20,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from app.clients.book_commands import seconds_reason
 from app.errors import JobsCliError
 from app.jobs import (
     MAX_BACKFILL_TOTAL_SLOTS,
@@ -138,9 +139,13 @@ def rule_override(parts: object, job: Job, spell: Spelling = json_field) -> dict
             f"not {type(parts).__name__}",
         )
     try:
-        effective_rule(job.rule, parts, strict=True)
+        rule = effective_rule(job.rule, parts, strict=True)
     except InvalidRule as exc:
         raise JobInputError("rule", f"invalid rule for job {job.name!r}: {exc}") from exc
+    if (why := seconds_reason(rule)) is not None:
+        # As `timers set` refuses it: taken for ms, the instant is in 1970, its slot long
+        # expired, and the node would refuse the Enable for that alone, the unit unsaid.
+        raise JobInputError("rule", f"invalid rule for job {job.name!r}: {why}")
     return parts
 
 

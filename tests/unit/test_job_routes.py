@@ -32,6 +32,7 @@ from app.ops.timer_api import DONE
 from app.protocol.topics import AggregateTopics
 from app.protocol.wire import EventEnvelope, ResultCode, decode
 from app.service import Service
+from app.timers.runner.options import TimerOptions
 from tables import AggregateRef, IntervalRule
 
 P = 2
@@ -189,6 +190,19 @@ async def test_instances_are_named_by_tenant_or_partition(edge: Edge) -> None:
     assert "never enabled" in refused["outcomes"][0]["message"]
 
 
+async def test_a_once_rule_its_nodes_timers_would_expire_is_refused(tmp_path: Path) -> None:
+    # The node's own `expires_after` (an hour here): its timer would expire the slot unsent.
+    hour = 60 * MIN
+    timers = TimerOptions(expires_after=hour)
+    async with web_node(SERVICE, tmp_path, FakeClock(T0), Edge, partitions=P, timers=timers) as e:
+        late = {"rule": {"kind": "once", "at": T0 - 2 * hour}}
+        status, refused = await e.call("POST", f"/jobs/{CONTEXT}/minutely/enable", late)
+        assert (status, codes(refused)) == (422, ["SCHEDULE_JOB_INVALID"]), refused
+        assert f"expires_after ({hour} ms)" in refused["outcomes"][0]["message"]
+        recent = {"rule": {"kind": "once", "at": T0 - hour // 2}}
+        assert codes(await e.act("enable", recent)) == ["COMMITTED"]
+
+
 async def test_a_backfill_runs_each_past_slot_once_and_a_dry_run_sends_nothing(
     edge: Edge,
 ) -> None:
@@ -293,6 +307,13 @@ async def test_every_write_needs_the_web_token(edge: Edge, action: str) -> None:
             {"rule": {"every": 999}},
             "rule",
             "invalid rule for job 'sweep': every 999 ms is shorter",
+        ),
+        # a once `at` in epoch seconds: in 1970 as ms (`timers set` refuses it too)
+        (
+            "ops/minutely/enable",
+            {"rule": {"kind": "once", "at": 1_733_400_000}},
+            "rule",
+            "looks like seconds",
         ),
         ("ops/minutely/enable", {"rule": [1]}, "rule", "valid dictionary"),
         ("ops/minutely/reschedule", {}, "rule", "Field required"),
