@@ -12,7 +12,14 @@ from collections.abc import Callable, Sequence
 from typing import Final, NamedTuple
 
 from app.jobs.declaration import Job, JobRun
-from app.jobs.schedule_state import ScheduleState, is_one_off, run_key
+from app.jobs.schedule_state import (
+    MAX_BACKFILLED_RUNS,
+    BackfilledRun,
+    ScheduleState,
+    is_one_off,
+    run_key,
+    with_backfilled,
+)
 from app.log_limit import LogLimit
 from app.model.aggregate import Decision
 from app.model.decide import cut_message
@@ -36,6 +43,7 @@ __all__ = [
     "MAX_FAILED_RUNS",
     "MAX_OWED_SLOTS",
     "OwedSlots",
+    "backfill_refusal",
     "drop_oldest_runs",
     "handler_failure",
     "no_slot_left",
@@ -239,7 +247,8 @@ def owed_slots(state: ScheduleState, now: int, limit: int = MAX_OWED_SLOTS) -> O
     """The slots of the instance's tick timer that are due by `now` and have not run, as the
     timer would send them: from the next after the last one that ran (its first, when none
     did), a coalescing rule's latest due alone, every one of a rule that does not coalesce
-    (`limit` at most: the others are `beyond`). What a new rule, replacing the timer now,
+    (`limit` at most: the others are `beyond`), less those a backfill ran ahead of its
+    ticks (`ScheduleState.backfilled`). What a new rule, replacing the timer now,
     would otherwise drop: the timer's row goes, and with it a slot handed to its cycle and
     not fired yet. None: nothing due, or nothing to tell it by (no timer, no rule this
     version reads, a state from before `timer_set_at` or `last_due_at`)."""
@@ -261,13 +270,45 @@ def owed_slots(state: ScheduleState, now: int, limit: int = MAX_OWED_SLOTS) -> O
         after = next_slot(rule, Slot(state.last_slot, state.last_due_at))
     if after is None or after.due_at > now:
         return None
-    slot = caught_up(rule, after, now).slot
     if isinstance(rule, OnceRule) or rule.coalesce:
-        return OwedSlots([slot], 0)
-    slots = [slot]
-    while len(slots) < limit:
-        later = next_slot(rule, slots[-1])
-        if later is None or later.due_at > now:
-            break
-        slots.append(later)
-    return OwedSlots(slots, slots_between(rule, slots[-1], now))
+        slot = caught_up(rule, after, now).slot
+        # The one it would send: none, when a backfill ran it.
+        return None if _backfilled_run(state, slot.index) else OwedSlots([slot], 0)
+    slots: list[Slot] = []
+    at: Slot | None = after
+    while at is not None and at.due_at <= now and len(slots) < limit:
+        if (run := _backfilled_run(state, at.index)) is not None:
+            # Run by a backfill under its tick's request id: run again, it would run twice.
+            at = next_slot(rule, Slot(run.last, run.last_due_at))
+            continue
+        slots.append(at)
+        at = next_slot(rule, at)
+    if not slots:
+        return None
+    last = slots[-1].index
+    backfilled = sum(r.last - max(r.first, last + 1) + 1 for r in state.backfilled if r.last > last)
+    return OwedSlots(slots, max(slots_between(rule, slots[-1], now) - backfilled, 0))
+
+
+def _backfilled_run(state: ScheduleState, index: int) -> BackfilledRun | None:
+    """The run of backfilled slots (`ScheduleState.backfilled`) that holds slot `index`."""
+    return next((r for r in state.backfilled if r.first <= index <= r.last), None)
+
+
+def backfill_refusal(state: ScheduleState, timer_id: str, slot: int, due_at: int) -> str | None:
+    """Why a Backfill of `slot` of the current tick timer `timer_id`, due at `due_at`, is
+    refused, or None: as a tick of it (`tick_refusal`), or, ahead of the ticks, one
+    whose slot the instance cannot keep as backfilled (`MAX_BACKFILLED_RUNS` runs held):
+    not kept, a new rule would run it again as a slot the timer owes. Its live tick still
+    runs it."""
+    if (why := tick_refusal(state, timer_id, slot, due_at)) is not None:
+        return why
+    if state.last_slot is not None and slot <= state.last_slot:
+        return None
+    if len(with_backfilled(state.backfilled, slot, due_at)) > MAX_BACKFILLED_RUNS:
+        return (
+            f"slot {slot} of {timer_id} is ahead of the instance's ticks, which hold "
+            f"{MAX_BACKFILLED_RUNS} runs of backfilled slots apart already: its live tick "
+            "runs it (backfill ranges in order, or once the ticks passed them)"
+        )
+    return None

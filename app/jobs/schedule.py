@@ -34,6 +34,7 @@ from app.jobs.declaration import (
 )
 from app.jobs.runs import (
     MAX_FAILED_RUNS,
+    backfill_refusal,
     no_slot_left,
     ran_before,
     run_handler,
@@ -293,7 +294,7 @@ class _ScheduleModel(SlotRuns):
             )
         if due_at > d.now:
             _invalid(d, f"slot {slot} of {timer_id} is due at {due_at}, after now ({d.now})")
-        if timer_id == state.timer_id and (why := tick_refusal(state, timer_id, slot, due_at)):
+        if timer_id == state.timer_id and (why := backfill_refusal(state, timer_id, slot, due_at)):
             # Its due_at is the sender's word: a slot off the rule, or not due yet, would run
             # early, and its live tick, under the same request id, never.
             _invalid(d, why)

@@ -1,6 +1,7 @@
 """One job instance's state (`<context>.schedule/<instance>`) and how its events fold it:
-the job it runs, its override and rule, its current `tick` timer, the last slot it ran
-and the `run:` timers of its failed slots not run yet. The decisions that emit those
+the job it runs, its override and rule, its current `tick` timer, the last slot it ran,
+the slots of that timer a backfill ran ahead of its ticks and the `run:` timers of its
+failed slots not run yet. The decisions that emit those
 events are `app.jobs.schedule`'s.
 """
 
@@ -8,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, Final, TypeGuard
 
 from pydantic import BaseModel, Field
 
@@ -28,12 +29,15 @@ from app.model.aggregate import Event
 from app.protocol.wire import SCHEDULE_CANCELLED, SCHEDULE_SET
 
 __all__ = [
+    "MAX_BACKFILLED_RUNS",
+    "BackfilledRun",
     "ScheduleState",
     "apply_made",
     "apply_schedule_event",
     "is_one_off",
     "run_key",
     "timer_floor",
+    "with_backfilled",
 ]
 
 
@@ -51,6 +55,22 @@ def _empty(value: object) -> bool:
 
 def _none(value: object) -> bool:
     return value is None
+
+
+MAX_BACKFILLED_RUNS: Final = 100
+"""The runs of backfilled slots ahead of its ticks an instance keeps (`ScheduleState.
+backfilled`): a backfill sends its range's slots in order, so each makes one, and the
+instance's ticks drop them as they pass. A Backfill that would need one more is refused
+(`app.jobs.runs.backfill_refusal`); its slot's live tick still runs it."""
+
+
+class BackfilledRun(BaseModel):
+    """Consecutive slots of the current tick timer that Backfills ran ahead of its ticks."""
+
+    first: int
+    last: int
+    last_due_at: int
+    """When slot `last` was due: the slot after it is found from it (`next_slot`)."""
 
 
 class ScheduleState(BaseModel):
@@ -75,6 +95,12 @@ class ScheduleState(BaseModel):
     `last_due_at` then): a slot of that timer due no later ran under an older one, its rule
     changed at that slot's due time or the clock stepped back since, and is not run again
     (`app.jobs.runs.ran_before`). Left out of the JSON while None, as `failed_runs`."""
+    backfilled: list[BackfilledRun] = Field(default_factory=list, exclude_if=_empty)
+    """The slots of the current `tick` timer newer than `last_slot` that a Backfill ran, as
+    runs of consecutive slots, in order: their live ticks, under the same request ids, are
+    DUPLICATEs, and a new rule replacing the timer does not run them again as slots it owes
+    (`app.jobs.runs.owed_slots`). Dropped as the ticks pass them, all with the timer;
+    `MAX_BACKFILLED_RUNS` at most. Left out of the JSON while empty, as `failed_runs`."""
     failed_runs: list[str] = Field(default_factory=list, exclude_if=_empty)
     """The keys of the `run:` timers of the failed slots not run yet, oldest first: at most
     `app.jobs.runs.MAX_FAILED_RUNS` once a tick dropped the older ones (that is what keeps
@@ -103,14 +129,19 @@ def apply_schedule_event(state: ScheduleState, e: Event) -> ScheduleState:
     if e.type == RAN:
         ran = _run_key_of(body)
         return state if ran is None else _without(state, ran)
+    if e.type == BACKFILLED:
+        return _backfilled(state, body)
     updates: dict[str, dict[str, Any]] = {
         ENABLED: {"job": body.get("job"), "enabled": True, "override": body.get("override")},
         RESCHEDULED: {"override": body.get("override")},
         DISABLED: {"enabled": False},
-        TICKED: {"last_slot": body.get("slot"), "last_due_at": body.get("due_at")},
-        # Runs outside the live schedule: its state stays as it was.
+        TICKED: {
+            "last_slot": body.get("slot"),
+            "last_due_at": body.get("due_at"),
+            "backfilled": _ahead(state.backfilled, body.get("slot")),
+        },
+        # A run outside the live schedule: its state stays as it was.
         TRIGGERED: {},
-        BACKFILLED: {},
         # The event's id is the new timer's id: its slots count afresh, after the last
         # slot run (`last_due_at` is kept: the older timer's, until the new one runs one).
         SCHEDULE_SET: {
@@ -119,12 +150,14 @@ def apply_schedule_event(state: ScheduleState, e: Event) -> ScheduleState:
             "timer_after": timer_floor(body.get("rule"), state.rule, state.last_due_at),
             "rule": body.get("rule"),
             "last_slot": None,
+            "backfilled": [],
         },
         SCHEDULE_CANCELLED: {
             "timer_id": None,
             "timer_set_at": None,
             "timer_after": None,
             "last_slot": None,
+            "backfilled": [],
         },
     }
     update = updates[e.type]
@@ -143,6 +176,42 @@ def apply_made(
     for type_, body in made:
         state = apply_schedule_event(state, Event(type_, body, 0, now))
     return state
+
+
+def with_backfilled(runs: list[BackfilledRun], slot: int, due_at: int) -> list[BackfilledRun]:
+    """`runs` (`ScheduleState.backfilled`) with `slot`, due at `due_at`: joined to the run
+    it extends, or one of its own, in order of slot; as they were if it is in one."""
+    out: list[BackfilledRun] = []
+    new = BackfilledRun(first=slot, last=slot, last_due_at=due_at)
+    for run in sorted([*runs, new], key=lambda r: (r.first, r.last)):
+        if out and run.first <= out[-1].last + 1:
+            if run.last > out[-1].last:
+                out[-1] = out[-1].model_copy(
+                    update={"last": run.last, "last_due_at": run.last_due_at}
+                )
+        else:
+            out.append(run)
+    return out
+
+
+def _backfilled(state: ScheduleState, body: Mapping[str, Any]) -> ScheduleState:
+    """A Backfill of a slot of the current tick timer newer than the last one run is kept
+    (`ScheduleState.backfilled`); any other is a run outside the live schedule."""
+    slot, due_at, timer_id = body.get("slot"), body.get("due_at"), body.get("timer_id")
+    if timer_id is None or timer_id != state.timer_id or not _is_int(slot):
+        return state
+    if not _is_int(due_at) or (state.last_slot is not None and slot <= state.last_slot):
+        return state
+    return state.model_copy(update={"backfilled": with_backfilled(state.backfilled, slot, due_at)})
+
+
+def _ahead(runs: list[BackfilledRun], slot: object) -> list[BackfilledRun]:
+    """The runs with a slot after `slot`, which ticked: those before it are passed."""
+    return [r for r in runs if not _is_int(slot) or r.last > slot]
+
+
+def _is_int(value: object) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _run_key_of(body: Mapping[str, Any]) -> str | None:
