@@ -1,31 +1,11 @@
-"""Node settings (pydantic-settings): the environment (`TICKWHEEL_*`, `KAFKA_BOOTSTRAP_SERVERS`),
-a `.env` file, and `<VARIABLE>_FILE` for secrets.
+"""Node settings (pydantic-settings): `Settings`, the list of them, each with its variable in
+the environment (`TICKWHEEL_*`, `KAFKA_BOOTSTRAP_SERVERS`; `VARIABLES`).
 
 `Settings(...)` is its keyword arguments and the defaults, nothing else (tests build it so);
-`Settings.from_env()` reads, strongest first:
-
-1. its keyword overrides (a command's options; None: not given);
-2. the environment (the process's, or the mapping given);
-3. a `.env` file: the one `TICKWHEEL_ENV_FILE` names (an error if it is not there), else,
-   when reading the process's environment, `.env` in the working directory if there is
-   one (a mapping given is read alone unless it names a file: tests stay hermetic);
-4. the defaults.
-
-In the environment and in the `.env` file alike, `X_FILE` names a file whose contents
-(whitespace around them stripped) are the value of `X`, for every setting's variable `X`
-(`TICKWHEEL_WEB_TOKEN_FILE=/run/secrets/web-token`); a file that cannot be read, that is
-no regular file (a FIFO, `/dev/zero`) or that holds more than 64 KiB is an error naming
-the variable (`app.node.variables.MAX_FILE_BYTES`), as is giving both `X` and `X_FILE` in
-one place. Values are
-stripped, and an empty one is no value (the default holds); a secret's
-(`app.node.variables.BLANK_REFUSED`) of whitespace alone, as `X` or as `X_FILE`, is an
-error.
-
-A `TICKWHEEL_*` variable (in either place, in any case) that no setting knows is an error
-naming the closest known one: a misspelt setting is never silently ignored. The few
-`TICKWHEEL_*` variables of the project's own tooling (the test brokers', `scripts/`) are
-known as such (`TOOLING_VARIABLES`). Every error is a `ConfigError` whose message names
-the variables at fault; a secret's value is never shown.
+`Settings.from_env()` reads its keyword overrides, the environment, a `.env` file and
+`<VARIABLE>_FILE` for secrets, as `app.node.settings_sources` describes. The checks of a
+setting's value, and of settings that must agree, are in `settings_checks`; the defaults
+computed from another setting in `settings_defaults`.
 """
 
 from __future__ import annotations
@@ -45,30 +25,14 @@ from pydantic import (
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from app.errors import ConfigError
-from app.kafka.addresses import broker_addresses
-from app.kafka.clients import KafkaClient, client_missing
+from app.kafka.clients import KafkaClient
 from app.kafka.connection import KafkaConnection, SaslMechanism, SecurityProtocol
 from app.kafka.group_consumer import rebalance_timeout_ms
 from app.kafka.records import TRANSACTION_TIMEOUT_MS, Replication
-from app.node.settings_checks import (
-    a_directory,
-    ascii_for_librdkafka,
-    handler_within_session,
-    page_address,
-    printable,
-    state_holds_a_record,
-    thread_of_aiokafka,
-    window_outlasts_retries,
-)
-from app.node.settings_sources import (
-    VariablesSource,
-    digits_alone,
-    explain,
-    given_expiry,
-    options_json,
-    sendable_token,
-    utf8,
-)
+from app.node import settings_checks as checks
+from app.node import settings_defaults as defaults
+from app.node import settings_sources as sources
+from app.node.settings_defaults import DEFAULT_HANDLER_TIMEOUT_MS
 from app.node.variables import ENV_FILE_VARIABLE, TOOLING_VARIABLES, VARIABLES, read_variables
 from app.protocol.limits import (
     DEFAULT_MAX_KEY_BYTES,
@@ -77,13 +41,7 @@ from app.protocol.limits import (
     MAX_STATE_BYTES,
     InputLimits,
 )
-from app.protocol.topics import parse_aggregate_type
-from app.timers.runner.options import (
-    DAY_MS,
-    REQUEST_ID_WINDOW_MS,
-    YEAR_MS,
-    TimerOptions,
-)
+from app.timers.runner.options import REQUEST_ID_WINDOW_MS, YEAR_MS, TimerOptions
 
 __all__ = [
     "DEFAULT_HANDLER_TIMEOUT_MS",
@@ -99,7 +57,6 @@ __all__ = [
     "Settings",
 ]
 
-DEFAULT_HANDLER_TIMEOUT_MS: Final = 5_000
 MAX_PARTITIONS: Final = 1024
 """The most partitions a context takes (`TICKWHEEL_PARTITIONS`, a faust client's)."""
 
@@ -270,45 +227,26 @@ class Settings(BaseSettings):
     @model_validator(mode="before")
     @classmethod
     def _handler_timeout_in_session(cls, data: Any) -> Any:
-        # Not given, it fits a short session timeout (set alone, as tests and a fast
-        # failover do) rather than refuse a start over a setting never touched.
-        if not isinstance(data, dict) or data.get("handler_timeout_ms") is not None:
-            return data
-        try:
-            session = int(
-                data.get("session_timeout_ms", cls.model_fields["session_timeout_ms"].default)
-            )
-        except (TypeError, ValueError):
-            return data  # the field's own error says why
-        return {**data, "handler_timeout_ms": min(DEFAULT_HANDLER_TIMEOUT_MS, session // 2)}
+        return defaults.handler_timeout_default(
+            data, cls.model_fields["session_timeout_ms"].default
+        )
 
     @model_validator(mode="before")
     @classmethod
     def _window_past_expiry(cls, data: Any) -> Any:
-        # Not given, it outlasts the timers' `expires_after` (a week, or a day past it): a
-        # configuration with a long expiry, from before the window existed, still starts.
-        if not isinstance(data, dict) or data.get("request_id_window_ms") is not None:
-            return data
-        expires = given_expiry(data.get("timers"))
-        window = cls.model_fields["request_id_window_ms"].default
-        # Past `TimerOptions.expires_after`'s own bound, its error alone says why (a window
-        # computed from it was out of the window's bound too, a second error).
-        if type(expires) is not int or expires + DAY_MS <= window or expires > YEAR_MS:
-            return data  # the default, or the field's own error says why
-        # Past six days its margin is a day (`TimerOptions.request_id_margin`).
-        return {**data, "request_id_window_ms": expires + DAY_MS}
+        return defaults.window_default(data, cls.model_fields["request_id_window_ms"].default)
 
     @model_validator(mode="after")
     def _consistent(self) -> Settings:
-        handler_within_session(self.handler_timeout_ms, self.session_timeout_ms)
-        window_outlasts_retries(
+        checks.handler_within_session(self.handler_timeout_ms, self.session_timeout_ms)
+        checks.window_outlasts_retries(
             self.request_id_window_ms,
             self.timers.expires_after,
             self.timers.request_id_margin,
         )
-        state_holds_a_record(self.max_state_bytes, self.max_record_bytes)
-        thread_of_aiokafka(self.producer_thread, self.kafka_client)
-        ascii_for_librdkafka(self.group_id, self.kafka_client)
+        checks.state_holds_a_record(self.max_state_bytes, self.max_record_bytes)
+        checks.thread_of_aiokafka(self.producer_thread, self.kafka_client)
+        checks.ascii_for_librdkafka(self.group_id, self.kafka_client)
         return self
 
     @model_validator(mode="after")
@@ -318,16 +256,9 @@ class Settings(BaseSettings):
         try:
             self.kafka  # noqa: B018
         except ValidationError as exc:
-            said = "; ".join(str(e["msg"]).removeprefix("Value error, ") for e in exc.errors())
             how = " ".join(filter(None, [self.security_protocol, self.sasl_mechanism]))
-            raise ValueError(
-                f"cannot connect to {self.bootstrap_servers} ({how}): {said}"
-            ) from None
-        if self.min_insync_replicas > self.replication_factor:
-            raise ValueError(
-                f"TICKWHEEL_MIN_INSYNC_REPLICAS {self.min_insync_replicas} is more than "
-                f"TICKWHEEL_REPLICATION_FACTOR {self.replication_factor}"
-            )
+            raise ValueError(sources.cannot_connect(exc, self.bootstrap_servers, how)) from None
+        checks.insync_within_replication(self.min_insync_replicas, self.replication_factor)
         return self
 
     @property
@@ -343,60 +274,49 @@ class Settings(BaseSettings):
     @field_validator("bootstrap_servers")
     @classmethod
     def _addresses(cls, value: str) -> str:
-        # Read as the probe and the clients read it (the clients fail on a bad port with a
-        # bare OverflowError, on a scheme or an empty host by retrying for ever).
-        broker_addresses(value)
-        return value
+        return checks.brokers(value)
 
     @field_validator("group_id", "web_host")
     @classmethod
     def _printable(cls, value: str) -> str:
-        return printable(value)
+        return checks.printable(value)
 
     @field_validator("group_instance_id")
     @classmethod
     def _printable_or_none(cls, value: str | None) -> str | None:
-        return None if value is None else printable(value)
+        return None if value is None else checks.printable(value)
 
     @field_validator("web_token")
     @classmethod
     def _sendable(cls, value: SecretStr | None) -> SecretStr | None:
         if value is not None:
-            sendable_token(value.get_secret_value())
+            sources.sendable_token(value.get_secret_value())
         return value
 
     @field_validator("web_url")
     @classmethod
     def _page_address(cls, value: str | None) -> str | None:
-        return None if value is None else page_address(value)
+        return None if value is None else checks.page_address(value)
 
     @field_validator("data_dir")
     @classmethod
     def _a_directory(cls, value: Path) -> Path:
-        return a_directory(value)
+        return checks.a_directory(value)
 
     @field_validator("aggregate_types", mode="before")
     @classmethod
     def _comma_separated(cls, value: object) -> object:
-        if isinstance(value, str):
-            return tuple(p.strip() for p in value.split(",") if p.strip())
-        return value
+        return sources.comma_separated(value)
 
     @field_validator("aggregate_types")
     @classmethod
     def _valid_types(cls, names: tuple[str, ...]) -> tuple[str, ...]:
-        for name in names:
-            parse_aggregate_type(name)
-        # A type named twice was kept twice: the worker opened its store twice and failed
-        # on the store's lock, naming no setting.
-        if twice := sorted({n for n in names if names.count(n) > 1}):
-            raise ValueError(f"{', '.join(twice)} named more than once")
-        return names
+        return checks.type_names(names)
 
     @field_validator("timers", mode="before")
     @classmethod
     def _json_object(cls, value: object) -> object:
-        return options_json(value) if isinstance(value, str) else value
+        return sources.options_json(value) if isinstance(value, str) else value
 
     @field_validator("*", mode="before")
     @classmethod
@@ -404,15 +324,12 @@ class Settings(BaseSettings):
         # Every integer setting alike: ASCII digits, as the timer options read theirs.
         name = info.field_name
         is_int = name is not None and cls.model_fields[name].annotation is int
-        return digits_alone(value) if is_int else value
+        return sources.digits_alone(value) if is_int else value
 
     @field_validator("kafka_client")
     @classmethod
     def _client_installed(cls, value: KafkaClient) -> KafkaClient:
-        missing = client_missing(value)
-        if missing is not None:
-            raise ValueError(missing)
-        return value
+        return checks.client_installed(value)
 
     @field_validator("log_level", mode="before")
     @classmethod
@@ -443,21 +360,10 @@ class Settings(BaseSettings):
         `_FILE` variables, then `overrides` (those None are not given); a `ConfigError`
         naming every variable at fault."""
         variables = read_variables(env)
-        undecodable = [
-            var
-            for var in VARIABLES.values()
-            if (value := variables.get(var)) is not None and not utf8(value)
-        ]
-        if undecodable:
-            # os.environ holds bytes that are not UTF-8 as lone surrogates: every later use
-            # (a login, a header) would fail on them, naming no setting (never shown here:
-            # a secret's value among them).
-            raise ConfigError(
-                "; ".join(f"{var}: not valid UTF-8 (its value not shown)" for var in undecodable)
-            )
-        raw = VariablesSource(cls, variables)()
+        sources.all_utf8(variables)
+        raw = sources.VariablesSource(cls, variables)()
         raw.update({k: v for k, v in overrides.items() if v is not None})
         try:
             return cls.model_validate(raw)
         except ValidationError as exc:
-            raise ConfigError(explain(exc, _SECRETS, variables.from_files)) from exc
+            raise ConfigError(sources.explain(exc, _SECRETS, variables.from_files)) from exc

@@ -1,7 +1,7 @@
 """Checks of settings' values, as plain functions raising `ValueError`: of one setting (its
 field validator calls it, and pydantic names the variable), and of settings that must agree
 (the model's validator calls them, and each message names its variables). May import
-`app.kafka.addresses` and `yarl` alone."""
+`app.kafka.addresses`, `app.kafka.clients`, `app.protocol.topics` and `yarl` alone."""
 
 from __future__ import annotations
 
@@ -10,18 +10,32 @@ from urllib.parse import urlsplit
 
 from yarl import URL
 
-from app.kafka.addresses import has_invisible
+from app.kafka.addresses import broker_addresses, has_invisible
+from app.kafka.clients import KafkaClient, client_missing
+from app.protocol.topics import parse_aggregate_type
 
 __all__ = [
     "a_directory",
     "ascii_for_librdkafka",
+    "brokers",
+    "client_installed",
     "handler_within_session",
+    "insync_within_replication",
     "page_address",
     "printable",
     "state_holds_a_record",
     "thread_of_aiokafka",
+    "type_names",
     "window_outlasts_retries",
 ]
+
+
+def brokers(value: str) -> str:
+    """`value` if it reads as brokers' addresses, as the probe and the clients read it (the
+    clients fail on a bad port with a bare OverflowError, on a scheme or an empty host by
+    retrying for ever)."""
+    broker_addresses(value)
+    return value
 
 
 def printable(value: str) -> str:
@@ -68,6 +82,25 @@ def a_directory(value: Path) -> Path:
     return value
 
 
+def type_names(names: tuple[str, ...]) -> tuple[str, ...]:
+    """`names` if each is an aggregate type's name, and none is named twice."""
+    for name in names:
+        parse_aggregate_type(name)
+    # A type named twice was kept twice: the worker opened its store twice and failed
+    # on the store's lock, naming no setting.
+    if twice := sorted({n for n in names if names.count(n) > 1}):
+        raise ValueError(f"{', '.join(twice)} named more than once")
+    return names
+
+
+def client_installed(value: KafkaClient) -> KafkaClient:
+    """`value` if its library is installed (`confluent` needs its extra)."""
+    missing = client_missing(value)
+    if missing is not None:
+        raise ValueError(missing)
+    return value
+
+
 def handler_within_session(handler_timeout_ms: int, session_timeout_ms: int) -> None:
     """The loop is the handler's while it runs: no heartbeat goes out. A handler allowed
     past the session would get the node expelled before its timeout ends it."""
@@ -95,6 +128,15 @@ def window_outlasts_retries(
             f"TICKWHEEL_TIMER_OPTIONS.expires_after ({expires_after_ms}) plus {margin_ms} "
             "(expires_after again, at most a day), or a timer's last retries could reach its "
             "target after it forgot their request id, and be applied twice"
+        )
+
+
+def insync_within_replication(min_insync_replicas: int, replication_factor: int) -> None:
+    """No write could be acknowledged with more in-sync replicas asked for than a topic has."""
+    if min_insync_replicas > replication_factor:
+        raise ValueError(
+            f"TICKWHEEL_MIN_INSYNC_REPLICAS {min_insync_replicas} is more than "
+            f"TICKWHEEL_REPLICATION_FACTOR {replication_factor}"
         )
 
 

@@ -1,9 +1,34 @@
-"""Where `Settings.from_env` reads the settings' values from (`VariablesSource`: the
-variables already read, each under its own name), how their text is read (`options_json`,
-`digits_alone`) and how a refusal of them is said (`explain`: naming each variable, never
-a secret's value; `sendable_token`), and what a default computed from another setting
-reads of it before validation (`given_expiry`). May import pydantic, `app.node.variables`
-and the timer options."""
+"""How `Settings.from_env` reads the settings (`app.node.settings`): where from
+(`VariablesSource`: the variables already read, each under its own name; `all_utf8`), how
+their text is read (`options_json`, `digits_alone`, `comma_separated`) and how a refusal of
+them is said (`explain`: naming each variable, never a secret's value; `sendable_token`,
+`cannot_connect`). May import pydantic, `app.node.variables` and `app.errors`.
+
+`Settings.from_env()` reads, strongest first:
+
+1. its keyword overrides (a command's options; None: not given);
+2. the environment (the process's, or the mapping given);
+3. a `.env` file: the one `TICKWHEEL_ENV_FILE` names (an error if it is not there), else,
+   when reading the process's environment, `.env` in the working directory if there is
+   one (a mapping given is read alone unless it names a file: tests stay hermetic);
+4. the defaults.
+
+In the environment and in the `.env` file alike, `X_FILE` names a file whose contents
+(whitespace around them stripped) are the value of `X`, for every setting's variable `X`
+(`TICKWHEEL_WEB_TOKEN_FILE=/run/secrets/web-token`); a file that cannot be read, that is
+no regular file (a FIFO, `/dev/zero`) or that holds more than 64 KiB is an error naming
+the variable (`app.node.variables.MAX_FILE_BYTES`), as is giving both `X` and `X_FILE` in
+one place. Values are
+stripped, and an empty one is no value (the default holds); a secret's
+(`app.node.variables.BLANK_REFUSED`) of whitespace alone, as `X` or as `X_FILE`, is an
+error.
+
+A `TICKWHEEL_*` variable (in either place, in any case) that no setting knows is an error
+naming the closest known one: a misspelt setting is never silently ignored. The few
+`TICKWHEEL_*` variables of the project's own tooling (the test brokers', `scripts/`) are
+known as such (`TOOLING_VARIABLES`). Every error is a `ConfigError` whose message names
+the variables at fault; a secret's value is never shown.
+"""
 
 from __future__ import annotations
 
@@ -19,14 +44,16 @@ from pydantic.fields import FieldInfo
 from pydantic_core import PydanticCustomError
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource
 
+from app.errors import ConfigError
 from app.node.variables import VARIABLES
-from app.timers.runner.options import TimerOptions
 
 __all__ = [
     "VariablesSource",
+    "all_utf8",
+    "cannot_connect",
+    "comma_separated",
     "digits_alone",
     "explain",
-    "given_expiry",
     "options_json",
     "sendable_token",
     "utf8",
@@ -39,6 +66,22 @@ def utf8(value: str) -> bool:
     except UnicodeEncodeError:
         return False
     return True
+
+
+def all_utf8(variables: Mapping[str, str]) -> None:
+    """A `ConfigError` naming every setting's variable whose value is not valid UTF-8."""
+    undecodable = [
+        var
+        for var in VARIABLES.values()
+        if (value := variables.get(var)) is not None and not utf8(value)
+    ]
+    if undecodable:
+        # os.environ holds bytes that are not UTF-8 as lone surrogates: every later use
+        # (a login, a header) would fail on them, naming no setting (never shown here:
+        # a secret's value among them).
+        raise ConfigError(
+            "; ".join(f"{var}: not valid UTF-8 (its value not shown)" for var in undecodable)
+        )
 
 
 class VariablesSource(PydanticBaseSettingsSource):
@@ -89,21 +132,6 @@ def explain(exc: ValidationError, secrets: Set[str], from_files: Set[str] = froz
         got = "a secret, not shown" if field in secrets else _SHOWN.repr(err.get("input"))
         parts.append(f"{var}{'.' + where if where else ''}: {err['msg']} (got {got})")
     return "bad configuration: " + "; ".join(parts)
-
-
-def given_expiry(timers: object) -> int | None:
-    """The timer options' `expires_after` as given, before they are validated (the
-    variable's JSON, a mapping, or the options themselves); None when not told, or not a
-    whole number (the options' own validation says why)."""
-    if isinstance(timers, str | bytes):
-        try:
-            timers = orjson.loads(timers)
-        except orjson.JSONDecodeError:
-            return None
-    if isinstance(timers, TimerOptions):
-        return timers.expires_after
-    expires = timers.get("expires_after") if isinstance(timers, dict) else None
-    return expires if type(expires) is int else None
 
 
 def options_json(value: str) -> object:
@@ -159,3 +187,19 @@ def sendable_token(token: str) -> None:
             "a control character (a newline, a tab) in the token: no Authorization header "
             "can carry it",
         )
+
+
+def comma_separated(value: object) -> object:
+    """A list setting's text (`TICKWHEEL_AGGREGATE_TYPES`) as its items, stripped, the
+    empty ones dropped; any other `value` as it is."""
+    if isinstance(value, str):
+        return tuple(p.strip() for p in value.split(",") if p.strip())
+    return value
+
+
+def cannot_connect(exc: ValidationError, bootstrap_servers: str, how: str) -> str:
+    """The refusal of the Kafka connection's settings (`exc`) as one line: a wrong security
+    setting (a missing file, a SASL protocol without credentials) said before anything
+    connects."""
+    said = "; ".join(str(e["msg"]).removeprefix("Value error, ") for e in exc.errors())
+    return f"cannot connect to {bootstrap_servers} ({how}): {said}"

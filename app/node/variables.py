@@ -1,7 +1,7 @@
 """The settings' variables: each setting's name in the environment (`VARIABLES`), the
 project tooling's own `TICKWHEEL_*` variables, and reading them (`read_variables`) from
-the environment, a `.env` file and `<VARIABLE>_FILE` files, as `app.node.settings`
-describes.
+the environment, a `.env` file and `<VARIABLE>_FILE` files, as
+`app.node.settings_sources` describes.
 """
 
 from __future__ import annotations
