@@ -5,26 +5,22 @@ rule's slots, offline).
 `tickwheel --version` prints the version; `--log-level` and `--log-format` before the
 command set its log (as TICKWHEEL_LOG_LEVEL and TICKWHEEL_LOG_FORMAT do). Every command
 exits 0 when done, 1 when it ran and failed, 2 for a bad command line or configuration
-(see `app.cli.common`), with one line on stderr.
+(see `app.cli.common`), with one line on stderr (`app.cli.root_group`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import importlib.metadata
-import logging
 import sys
-from collections.abc import Sequence
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
-from typer.core import TyperGroup
 
 import app.cli.timer_changes  # noqa: F401  (its commands join timers_cli)
 from app.cli.common import (
     CONFIG_ERROR,
-    FAILED,
     READER_GONE,
     Bootstrap,
     Json,
@@ -39,110 +35,19 @@ from app.cli.common import (
     fail,
     json_line,
     load_service,
-    not_utf8,
     quiet_client_library,
-    reader_gone,
 )
 from app.cli.dead_letters import dead_letters_cli
 from app.cli.jobs import jobs_cli
+from app.cli.root_group import TickwheelGroup
 from app.cli.rules import rules_cli
-from app.cli.text import error_line, given_values, printable
+from app.cli.text import printable
 from app.cli.timers import _type, timers_cli
 from app.cli.worker import worker
-from app.errors import ConfigError, TickwheelError
+from app.errors import TickwheelError
 from app.protocol.schemas import default_dir, stale_schemas, write_schemas
 
 __all__ = ["READER_GONE", "cli", "main", "version_line"]
-
-logger = logging.getLogger("tickwheel")
-
-
-class _Tickwheel(TyperGroup):
-    """The root group: every error one line on stderr with its exit code (click's usage
-    errors too, without their usage text), and no traceback; stdout's reader gone, no
-    word and `READER_GONE`."""
-
-    def main(
-        self,
-        args: Sequence[str] | None = None,
-        prog_name: str | None = None,
-        complete_var: str | None = None,
-        standalone_mode: bool = True,
-        windows_expand_args: bool = True,
-        **extra: Any,
-    ) -> Any:
-        if not standalone_mode:
-            return super().main(
-                args, prog_name, complete_var, standalone_mode, windows_expand_args, **extra
-            )
-        try:
-            self._standalone(args, prog_name, complete_var, windows_expand_args, **extra)
-        except SystemExit as done:
-            if done.code == 1 and isinstance(done.__context__, BrokenPipeError):
-                # Click's (the help) or rich's (a console's) own end for it: exit 1.
-                reader_gone()
-            try:
-                # Said here, not as "Exception ignored" at the interpreter's exit.
-                sys.stdout.flush()
-            except BrokenPipeError:
-                reader_gone()
-            raise
-        except BrokenPipeError:
-            reader_gone()
-
-    def _standalone(
-        self,
-        args: Sequence[str] | None,
-        prog_name: str | None,
-        complete_var: str | None,
-        windows_expand_args: bool,
-        **extra: Any,
-    ) -> None:
-        """`main` as a command line runs it: ends with `sys.exit` and the exit code."""
-        given = sys.argv[1:] if args is None else list(args)
-        if (where := not_utf8(given)) is not None:
-            # Bytes that are not UTF-8 (Python holds them as lone surrogates) fit no record,
-            # request id or JSON body: each use failed later, naming nothing.
-            typer.echo(error_line(f"{where} is not valid UTF-8 text"), err=True)
-            sys.exit(CONFIG_ERROR)
-        with given_values(given):  # what an error repeats of them, a long one cut
-            try:
-                code = super().main(
-                    args, prog_name, complete_var, False, windows_expand_args, **extra
-                )
-            except typer.TyperException as exc:  # click's: a usage error, a bad parameter
-                if type(exc).__name__ == "NoArgsIsHelpError":  # the help, shown: nothing wrong
-                    if exc.format_message():
-                        typer.echo(exc.format_message(), err=True)
-                    sys.exit(exc.exit_code)
-                hint = ""
-                ctx = getattr(exc, "ctx", None)
-                if ctx is not None:
-                    hint = f" (see '{ctx.command_path} --help')"
-                typer.echo(error_line(f"{exc.format_message().rstrip('.')}{hint}"), err=True)
-                sys.exit(exc.exit_code)
-            except typer.Abort:
-                typer.echo(error_line("aborted"), err=True)
-                sys.exit(FAILED)
-        sys.exit(code if isinstance(code, int) else 0)
-
-    def invoke(self, ctx: Any) -> Any:
-        try:
-            return super().invoke(ctx)
-        except BrokenPipeError:
-            reader_gone()
-        except (typer.Exit, typer.Abort, typer.TyperException):
-            raise
-        except ConfigError as exc:  # a value the command cannot take, as a bad option
-            raise fail(str(exc), CONFIG_ERROR) from exc
-        except TickwheelError as exc:
-            raise fail(str(exc)) from exc
-        except Exception as exc:
-            # A bug or the machine's (a data directory not writable): one line, and the
-            # traceback for whoever runs at DEBUG.
-            logger.debug("the command failed", exc_info=True)
-            raise fail(f"unexpected {type(exc).__name__}: {exc}") from exc
-
 
 _HELP = (
     "Tickwheel: durable, Kafka-native timers and scheduled jobs.\n\n"
@@ -151,7 +56,7 @@ _HELP = (
     "*_FILE)."
 )
 
-cli = typer.Typer(add_completion=False, no_args_is_help=True, help=_HELP, cls=_Tickwheel)
+cli = typer.Typer(add_completion=False, no_args_is_help=True, help=_HELP, cls=TickwheelGroup)
 cli.add_typer(timers_cli, name="timers")
 cli.add_typer(jobs_cli, name="jobs")
 cli.add_typer(rules_cli, name="rules")
