@@ -14,20 +14,18 @@ May import: `app.errors`, `app.backoff`.
 """
 
 from app.kafka.admin import (
-    GroupOffsets,
     cluster_id,
     delete_records,
     ensure_topics,
     existing_topics,
-    group_members,
     log_offsets,
     require_topic,
     require_topics,
-    reset_group_offsets,
     topic_names,
 )
 from app.kafka.clients import KafkaClients
 from app.kafka.consumers import Reader, read_partitions, read_to_end, tail
+from app.kafka.group_admin import GroupOffsets, group_members, reset_group_offsets
 from app.kafka.group_consumer import GroupConsumer
 from app.kafka.partition_reader import PartitionReader
 from app.kafka.ports import (

@@ -1,29 +1,18 @@
-"""Admin calls: topics (created, found, their offsets, records deleted), groups (members,
-committed offsets, reset) and the cluster id."""
+"""Admin calls: topics (created, found, their offsets, records deleted) and the cluster id.
+A consumer group's (its members, its committed offsets, their reset) are in
+`app.kafka.group_admin`."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
-import time
-from collections.abc import Awaitable, Callable, Iterable
-from typing import TypeVar
+from collections.abc import Iterable
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic, RecordsToDelete
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.client import AIOKafkaClient
-from aiokafka.errors import (
-    CoordinatorLoadInProgressError,
-    CoordinatorNotAvailableError,
-    GroupIdNotFound,
-    KafkaError,
-    NoError,
-    NotCoordinatorError,
-    TopicAlreadyExistsError,
-    for_code,
-)
+from aiokafka.errors import KafkaError, TopicAlreadyExistsError
 from aiokafka.protocol.metadata import MetadataRequest
 
 from app.errors import KafkaUnavailable
@@ -35,7 +24,6 @@ from app.kafka.records import (
     check_created,
     creation_errors,
     explain,
-    start_client,
 )
 from app.kafka.topic_policy import check_compacted
 
@@ -165,29 +153,6 @@ async def ensure_topics(
         await admin.close()
 
 
-_NO_COORDINATOR_YET = (
-    CoordinatorNotAvailableError,
-    CoordinatorLoadInProgressError,
-    NotCoordinatorError,
-)
-"""A group's coordinator not ready: on a new cluster the broker is still creating its
-offsets topic, or the coordinator moved. Asked again, it answers."""
-
-T = TypeVar("T")
-
-
-async def _coordinated(call: Callable[[], Awaitable[T]], within: float = 15.0) -> T:
-    """`call`, asked again while the group's coordinator is not ready, for up to `within` s."""
-    deadline = time.monotonic() + within
-    while True:
-        try:
-            return await call()
-        except _NO_COORDINATOR_YET:
-            if time.monotonic() >= deadline:
-                raise
-            await asyncio.sleep(0.2)
-
-
 async def cluster_id(bootstrap: Connectable) -> str:
     """The id of the Kafka cluster at `bootstrap` (what its metadata says)."""
     client = AIOKafkaClient(**client_options(bootstrap))
@@ -204,38 +169,6 @@ async def cluster_id(bootstrap: Connectable) -> str:
     if not isinstance(found, str) or not found:
         raise KafkaUnavailable("the broker told no cluster id")
     return found
-
-
-async def group_members(bootstrap: Connectable, group_id: str) -> int:
-    """How many members the consumer group has now. `KafkaUnavailable` when the broker
-    does not describe it: its coordinator not ready (asked again for a while first) or the
-    group refused (`refused`): never a count it did not give (a rebuild goes on at 0)."""
-    admin = AIOKafkaAdminClient(**client_options(bootstrap), request_timeout_ms=30_000)
-
-    async def described() -> int:
-        responses = await admin.describe_consumer_groups([group_id])
-        groups = [g for r in responses for g in r.groups]
-        # (error_code, group_id, state, protocol_type, protocol, members, …): the error is
-        # the group's, in the answer (aiokafka raises none of them), its members then empty.
-        if not any(g[1] == group_id for g in groups):
-            raise KafkaUnavailable(f"cannot describe group {group_id}: the answer lacks it")
-        members = 0
-        for g in groups:
-            kind = for_code(g[0])
-            if kind is GroupIdNotFound:
-                continue  # no such group, no member (newer brokers say so as an error)
-            if kind is not NoError:
-                raise kind(f"describing group {g[1]}")
-            members += len(g[5])
-        return members
-
-    try:
-        await admin.start()
-        return await _coordinated(described)
-    except KafkaError as exc:
-        raise KafkaUnavailable(f"cannot describe group {group_id}: {explain(exc)}") from exc
-    finally:
-        await admin.close()
 
 
 async def existing_topics(bootstrap: Connectable, names: Iterable[str]) -> dict[str, int]:
@@ -337,71 +270,3 @@ async def delete_records(
         ) from exc
     finally:
         await admin.close()
-
-
-class GroupOffsets:
-    """Reads a consumer group's committed offsets, as often as asked, on one connection.
-
-    Only committed offsets count: those a transaction sent are seen once its commit
-    markers are written, a moment after the commit returned (this OffsetFetch cannot ask
-    the broker to wait for them): a read right after a commit may see the offsets before
-    it. Reading them joins nothing, so the group's members are not disturbed.
-    """
-
-    def __init__(self, bootstrap: Connectable, group_id: str) -> None:
-        self.group_id = group_id
-        self._admin = AIOKafkaAdminClient(**client_options(bootstrap), request_timeout_ms=30_000)
-
-    async def start(self) -> None:
-        await start_client(self._admin, "admin client")
-
-    async def stop(self) -> None:
-        await self._admin.close()
-
-    async def __aenter__(self) -> GroupOffsets:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.stop()
-
-    async def fetch(
-        self, partitions: Iterable[tuple[str, int]]
-    ) -> dict[tuple[str, int], int | None]:
-        """The committed offset of each (topic, partition); None where the group has none."""
-        tps = [TopicPartition(t, p) for t, p in partitions]
-        try:
-            got = await _coordinated(
-                lambda: self._admin.list_consumer_group_offsets(self.group_id, partitions=tps)
-            )
-        except KafkaError as exc:
-            raise KafkaUnavailable(
-                f"cannot read {self.group_id}'s offsets: {explain(exc)}"
-            ) from exc
-        out: dict[tuple[str, int], int | None] = {}
-        for tp in tps:
-            meta = got.get(tp)
-            out[(tp.topic, tp.partition)] = (
-                None if meta is None or meta.offset < 0 else int(meta.offset)
-            )
-        return out
-
-
-async def reset_group_offsets(
-    bootstrap: Connectable, group_id: str, topic: str, partitions: int, offset: int = 0
-) -> None:
-    """Sets the group's committed offset of every partition of `topic` (group must be idle)."""
-    consumer = AIOKafkaConsumer(
-        **client_options(bootstrap), group_id=group_id, enable_auto_commit=False
-    )
-    tps = [TopicPartition(topic, p) for p in range(partitions)]
-    try:
-        await consumer.start()
-        consumer.assign(tps)
-        await consumer.commit({tp: offset for tp in tps})
-    except KafkaError as exc:
-        raise KafkaUnavailable(
-            f"cannot reset {group_id}'s offsets of {topic}: {explain(exc)}"
-        ) from exc
-    finally:
-        await consumer.stop()

@@ -12,6 +12,7 @@ from collections.abc import Iterable, Sequence
 from typing import Literal, get_args
 
 from app.kafka import admin as kafka_admin
+from app.kafka import group_admin
 from app.kafka.admin import cluster_id, ensure_topics, max_message_bytes, topic_names
 from app.kafka.connection import Connectable, address
 from app.kafka.consumers import Reader
@@ -70,8 +71,9 @@ class KafkaAdmin:
     async def check_access(self) -> None:
         await check_access(self.bootstrap)
 
-    # The operators' calls: looked up in `app.kafka.admin` when called, so that a test
-    # standing in for one there (a read-only command creates nothing) stands in here too.
+    # The operators' calls: looked up in `app.kafka.admin` (and `app.kafka.group_admin`)
+    # when called, so that a test standing in for one there (a read-only command creates
+    # nothing) stands in here too.
 
     def where(self) -> str:
         return address(self.bootstrap)
@@ -80,12 +82,12 @@ class KafkaAdmin:
         return await kafka_admin.existing_topics(self.bootstrap, names)
 
     async def group_members(self, group_id: str) -> int:
-        return await kafka_admin.group_members(self.bootstrap, group_id)
+        return await group_admin.group_members(self.bootstrap, group_id)
 
     async def committed_offsets(
         self, group_id: str, partitions: Iterable[tuple[str, int]]
     ) -> dict[tuple[str, int], int | None]:
-        async with kafka_admin.GroupOffsets(self.bootstrap, group_id) as offsets:
+        async with group_admin.GroupOffsets(self.bootstrap, group_id) as offsets:
             return await offsets.fetch(partitions)
 
     async def log_offsets(self, topic: str, partitions: int) -> dict[int, tuple[int, int]]:
@@ -97,7 +99,7 @@ class KafkaAdmin:
     async def reset_group_offsets(
         self, group_id: str, topic: str, partitions: int, offset: int = 0
     ) -> None:
-        await kafka_admin.reset_group_offsets(self.bootstrap, group_id, topic, partitions, offset)
+        await group_admin.reset_group_offsets(self.bootstrap, group_id, topic, partitions, offset)
 
 
 def client_missing(client: KafkaClient) -> str | None:

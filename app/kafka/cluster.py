@@ -1,6 +1,7 @@
-"""The operators' admin calls on the `Admin` port (`app.kafka.ports`), as
-`app.kafka.admin`'s functions make them on an address: so that the tools below the CLI
-(`app.ops`, `app.timers`) run on any `Clients`, Kafka's or the in-memory log's.
+"""The operators' admin calls on the `Admin` port (`app.kafka.ports`), as the functions
+of `app.kafka.admin` and `app.kafka.group_admin` make them on an address: so that the
+tools below the CLI (`app.ops`, `app.timers`) run on any `Clients`, Kafka's or the
+in-memory log's.
 
 A read-only tool creates no topic: `require_topics` asks which of the topics exist (a
 request that creates none) and names every missing one, with why it may be missing.

@@ -17,7 +17,8 @@ from fakes_poll import Workers
 from harness import eventually
 
 from app.kafka import Producer
-from app.kafka.admin import GroupOffsets, delete_records
+from app.kafka.admin import delete_records
+from app.kafka.group_admin import GroupOffsets
 from app.kafka.group_consumer import GroupConsumer
 from app.node.polling import poll_loop
 

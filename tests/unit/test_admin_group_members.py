@@ -52,14 +52,14 @@ async def test_a_group_refused_is_an_error_saying_so_not_zero_members(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     admin = _Admin(GROUP_DENIED)
-    monkeypatch.setattr("app.kafka.admin.AIOKafkaAdminClient", admin)
+    monkeypatch.setattr("app.kafka.group_admin.AIOKafkaAdminClient", admin)
     with pytest.raises(KafkaUnavailable, match=f"cannot describe group {GROUP}: not authorized"):
         await group_members("127.0.0.1:9092", GROUP)
     assert admin.asked == 1  # no retry passes an ACL
 
 
 async def test_a_refusal_is_told_as_one(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("app.kafka.admin.AIOKafkaAdminClient", _Admin(GROUP_DENIED))
+    monkeypatch.setattr("app.kafka.group_admin.AIOKafkaAdminClient", _Admin(GROUP_DENIED))
     with pytest.raises(KafkaUnavailable) as caught:
         await group_members("127.0.0.1:9092", GROUP)
     assert refused(caught.value)
@@ -67,11 +67,11 @@ async def test_a_refusal_is_told_as_one(monkeypatch: pytest.MonkeyPatch) -> None
 
 async def test_a_coordinator_loading_is_asked_again(monkeypatch: pytest.MonkeyPatch) -> None:
     admin = _Admin(LOADING, OK)
-    monkeypatch.setattr("app.kafka.admin.AIOKafkaAdminClient", admin)
+    monkeypatch.setattr("app.kafka.group_admin.AIOKafkaAdminClient", admin)
     assert await group_members("127.0.0.1:9092", GROUP) == 2
     assert admin.asked == 2
 
 
 async def test_a_group_that_does_not_exist_has_no_member(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("app.kafka.admin.AIOKafkaAdminClient", _Admin(NOT_FOUND))
+    monkeypatch.setattr("app.kafka.group_admin.AIOKafkaAdminClient", _Admin(NOT_FOUND))
     assert await group_members("127.0.0.1:9092", GROUP) == 0
