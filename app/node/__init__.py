@@ -6,10 +6,11 @@ its cycles (on its own input each take, `partition_input`; their logic, shared, 
 what they do to the timer table in `cycle_timers`) and timers, and lets it go; the node
 manages them (`node`; `partition_tasks` creates and closes them as the group gives and takes
 their partitions, `partition_release` lets a closing task's partition go within one
-deadline, `commits` schedules each task's commits). Everything of a partition commits in its
-one Kafka transaction of each type, its task's (`partition_transaction`: timer rows, the
-command path's records, every offset), fencing its previous owner; each type's
-`type_transactions` opens them and routes its timer store's rows to them.
+deadline, `commits` schedules the tasks' commits, each task's own in `partition_commits`).
+Everything of a partition commits in its one Kafka transaction of each type, its task's
+(`partition_transaction`: timer rows, the command path's records, every offset), fencing its
+previous owner; each type's `type_transactions` opens them and routes its timer store's rows
+to them.
 
 May import: everything below it (`app.commands`, `app.timers`, `app.kafka`, `app.service`,
 `app.model`, `app.protocol`, `tables`, `app.errors`, `app.task_ends`, `app.backoff`) and the

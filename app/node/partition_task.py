@@ -43,10 +43,10 @@ from collections.abc import Collection
 
 from app.commands.processor import CommandProcessor
 from app.errors import KafkaUnavailable
-from app.node.commits import PartitionCommits
 from app.node.failing import A_COMMIT, FailingPartitions, refused_for_good, retake_after
 from app.node.in_process import in_process_targets
 from app.node.kept import KeptType, is_fenced, node_topics
+from app.node.partition_commits import PartitionCommits
 from app.node.partition_input import Batch, Held, PartitionInput
 from app.node.partition_open import open_partition
 from app.node.partition_release import CloseFailed, release_partition

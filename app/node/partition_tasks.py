@@ -19,8 +19,8 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 
-from app.node.commits import commit_lags
 from app.node.kept import KeptType
+from app.node.partition_commits import commit_lags
 from app.node.partition_task import PartitionTask, TaskShared
 from app.node.task_id import TaskId
 from app.node.task_state import TaskState

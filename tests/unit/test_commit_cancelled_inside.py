@@ -12,9 +12,9 @@ import asyncio
 from typing import Any, cast
 
 from app.errors import Fenced, KafkaUnavailable
-from app.node.commits import PartitionCommits
 from app.node.failing import A_COMMIT
 from app.node.kept import is_fenced
+from app.node.partition_commits import PartitionCommits
 from app.node.partition_transaction import PartitionTransaction
 from app.node.task_id import TaskId
 from tables.timer import Timer

@@ -17,9 +17,10 @@ from app.errors import KafkaUnavailable
 from app.kafka.group_consumer import GROUP_CALL_S
 from app.kafka.ports import GroupMember
 from app.node import polling
-from app.node.commits import COMMIT_DEADLINE_S, Commits, PartitionCommits
+from app.node.commits import COMMIT_DEADLINE_S, Commits
 from app.node.health import MAX_COMMIT_LAG_S, node_health
 from app.node.kept import KeptType
+from app.node.partition_commits import PartitionCommits
 from app.node.partition_task import PartitionTask
 from app.node.partition_transaction import PartitionTransaction
 from app.node.polling import poll_loop

@@ -5,8 +5,9 @@ from __future__ import annotations
 import asyncio
 from typing import Any, cast
 
-from app.node.commits import Commits, PartitionCommits
+from app.node.commits import Commits
 from app.node.kept import KeptType
+from app.node.partition_commits import PartitionCommits
 from app.node.partition_transaction import PartitionTransaction
 from app.node.task_id import TaskId
 

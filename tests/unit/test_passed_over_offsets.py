@@ -17,7 +17,7 @@ from test_node_memory import TOPICS, results, schedule, start, task_of
 
 from app.kafka import TransactionalWriter
 from app.kafka.memory import MemoryLog
-from app.node.commits import PartitionCommits
+from app.node.partition_commits import PartitionCommits
 from app.node.partition_input import Batch
 from app.node.partition_transaction import PartitionTransaction
 from app.protocol.wire import EventEnvelope, encode
