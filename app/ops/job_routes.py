@@ -34,17 +34,18 @@ instant, ending before it starts or after now, more than `MAX_BACKFILL_SLOTS` sl
 instance or `MAX_BACKFILL_TOTAL_SLOTS` in all, or
 older than the de-duplication window allows); 503 when the broker did not take the
 commands. The writes need the web token, as every action does.
+
+A request's body is read by `app.ops.job_requests`; the answers and errors are made by
+`app.ops.job_answers`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
-from pydantic import BaseModel, ValidationError
 
 from app.errors import KafkaUnavailable
 from app.jobs import (
@@ -56,6 +57,7 @@ from app.jobs import (
     instance_ids,
 )
 from app.ops import job_api
+from app.ops.job_answers import answer_status, command_outcome, job_error
 from app.ops.job_api import JobInputError, json_field
 from app.ops.job_models import (
     BackfillBody,
@@ -64,19 +66,13 @@ from app.ops.job_models import (
     JobInstance,
     JobList,
     JobListed,
-    JobOutcome,
     RescheduleBody,
 )
+from app.ops.job_requests import body_instant, request_body, validated
 from app.ops.json_answers import json_response
-from app.ops.timer_api import DONE, ApiError
+from app.ops.timer_api import ApiError
 from app.ops.whole_reads import StateFolds, Turns
-from app.protocol.instants import BadInstant, parse_instant
-from app.protocol.wire import (
-    CommandEnvelope,
-    CommandResult,
-    ResultCode,
-    load_json,
-)
+from app.protocol.wire import CommandEnvelope
 from tables.partitioner import partition_of
 
 if TYPE_CHECKING:
@@ -87,14 +83,11 @@ __all__ = [
     "JOB_ACTIONS",
     "STATE_WAIT_S",
     "JobRoutes",
-    "answer_status",
     "job_path",
 ]
 
 JOB_ACTIONS = ("trigger", "enable", "disable", "reschedule", "backfill")
 IDEMPOTENCY_HEADER = "Idempotency-Key"
-_M = TypeVar("_M", bound=BaseModel)
-_REFUSED = frozenset({ResultCode.REJECTED, ResultCode.SCHEDULE_JOB_INVALID})
 
 STATE_WAIT_S = 5.0
 """How long a `GET /jobs?state=true` fold or a backfill waits for its turn to read the
@@ -116,10 +109,6 @@ def _folding_busy(or_else: str) -> web.Response:
         503,
         {"Retry-After": str(math.ceil(STATE_WAIT_S))},  # whole seconds, as HTTP has it
     )
-
-
-def _error(status: int, error: str, field: str | None = None, **more: Any) -> web.Response:
-    return json_response(ApiError(error=error, field=field, **more).model_dump(mode="json"), status)
 
 
 _TRUE, _FALSE = frozenset({"true", "1", "yes"}), frozenset({"false", "0", "no", ""})
@@ -150,7 +139,7 @@ class JobRoutes:
             try:
                 return await self.act(action, request)
             except JobInputError as exc:
-                return _error(400, str(exc), exc.field)
+                return job_error(400, str(exc), exc.field)
 
         return handle
 
@@ -161,10 +150,10 @@ class JobRoutes:
         query = request.query
         unknown = sorted(set(query) - {"context", "job", "state"})
         if unknown:
-            return _error(400, f"unknown query parameter {unknown[0]!r}", unknown[0])
+            return job_error(400, f"unknown query parameter {unknown[0]!r}", unknown[0])
         state = query.get("state", "").lower()
         if state not in _TRUE | _FALSE:
-            return _error(400, f"state {state!r}: give true or false", "state")
+            return job_error(400, f"state {state!r}: give true or false", "state")
         contexts = sorted(c for c, jobs in service.jobs.items() if jobs)
         listed: list[tuple[str, Job]] = [(c, j) for c in contexts for j in service.jobs[c]]
         try:
@@ -179,7 +168,7 @@ class JobRoutes:
                     raise JobInputError("job", f"unknown job {query['job']!r} (jobs: {known})")
                 listed = named
         except JobInputError as exc:
-            return _error(400, str(exc), exc.field)
+            return job_error(400, str(exc), exc.field)
         states: dict[str, list[job_api.InstanceState]] = {}
         if state in _TRUE:
             got = await self._states(sorted({c for c, _ in listed}))
@@ -232,7 +221,7 @@ class JobRoutes:
         n = node.settings.partitions
         context, name = request.match_info["context"], request.match_info["job"]
         job = job_api.find_job(node.service, context, name)
-        data = await _body(request)
+        data = await request_body(request)
         if job.scope is JobScope.SHARDED:
             # Its ids are found once per process, about partitions**2 hash calls (seconds
             # at 1,024 partitions): the first time off the loop, as the list does.
@@ -245,7 +234,7 @@ class JobRoutes:
                 raise JobInputError("request_id", f"differs from the {IDEMPOTENCY_HEADER} header")
             data = {**data, "request_id": header}
         model = RescheduleBody if action == "reschedule" else JobBody
-        body = _validate(model, data)
+        body = validated(model, data)
         if body.rule is not None and action not in ("enable", "reschedule"):
             raise JobInputError("rule", f"a {action} takes no rule")
         commands = job_api.instance_commands(
@@ -264,8 +253,8 @@ class JobRoutes:
     async def _backfill(self, context: str, job: Job, data: dict[str, Any]) -> web.Response:
         node = self._node
         n = node.settings.partitions
-        body = _validate(BackfillBody, data)
-        start, end = _instant(body.from_, "from"), _instant(body.until, "until")
+        body = validated(BackfillBody, data)
+        start, end = body_instant(body.from_, "from"), body_instant(body.until, "until")
         now = node.clock.now()
         job_api.check_range(start, end, now)
         refs = job_api.instance_refs(
@@ -298,7 +287,7 @@ class JobRoutes:
             self._turns.release()
         commands = [backfill_command(ref, s, now=now) for ref, slots in planned for s in slots]
         if body.dry_run:
-            outcomes = [_outcome(c, None) for c in commands]
+            outcomes = [command_outcome(c, None) for c in commands]
             answer = JobAnswer(
                 action="backfill",
                 context=context,
@@ -336,7 +325,7 @@ class JobRoutes:
                 503,
                 {"Retry-After": "5"},
             )
-        outcomes = [_outcome(c, results.get(c.request_id)) for c in commands]
+        outcomes = [command_outcome(c, results.get(c.request_id)) for c in commands]
         answer = JobAnswer(
             action=action,
             context=context,
@@ -347,64 +336,3 @@ class JobRoutes:
         status = answer_status([o.code for o in outcomes])
         headers = {"Retry-After": "1"} if status == 503 else None
         return json_response(answer.model_dump(mode="json"), status, headers)
-
-
-def answer_status(codes: Iterable[ResultCode | None]) -> int:
-    """A `JobAnswer`'s HTTP status by its commands' codes (None: not answered): the worst
-    one decides, a refusal before a failure before a busy partition before a wait."""
-    got = set(codes)
-    if got & _REFUSED or not got <= DONE | {ResultCode.ERROR, ResultCode.BUSY, None}:
-        return 422
-    if ResultCode.ERROR in got:
-        return 502
-    if ResultCode.BUSY in got:
-        return 503
-    return 504 if None in got else 200
-
-
-def _outcome(cmd: CommandEnvelope, result: CommandResult | None) -> JobOutcome:
-    slot, due_at = cmd.body.get("slot"), cmd.body.get("due_at")
-    return JobOutcome(
-        instance=cmd.aggregate,
-        request_id=cmd.request_id,
-        code=None if result is None else result.code,
-        duplicate=result is not None and result.code is ResultCode.DUPLICATE,
-        message="" if result is None else result.reason,
-        version=None if result is None else result.version,
-        slot=slot if isinstance(slot, int) else None,
-        due_at=due_at if isinstance(due_at, int) else None,
-    )
-
-
-async def _body(request: web.Request) -> dict[str, Any]:
-    raw = await request.read()
-    if not raw.strip():
-        return {}
-    try:
-        data = load_json(raw)
-    except ValueError as exc:
-        raise JobInputError("body", f"not JSON: {exc}") from exc
-    if not isinstance(data, dict):
-        raise JobInputError("body", "must be a JSON object")
-    return data
-
-
-def _validate(model: type[_M], data: dict[str, Any]) -> _M:
-    try:
-        return model.model_validate(data)
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        loc = err["loc"]
-        # The field and any list index: a union's member tag (`until.str`) names no field.
-        field = ".".join([str(loc[0]), *(str(p) for p in loc[1:] if isinstance(p, int))])
-        message = err["msg"]
-        if field in ("from", "until") and err["type"] != "missing":
-            message = "give ISO 8601 with its offset (a string) or epoch ms (an integer)"
-        raise JobInputError(field, f"{field}: {message}") from exc
-
-
-def _instant(value: str | int, field: str) -> int:
-    try:
-        return parse_instant(str(value), field)
-    except BadInstant as exc:
-        raise JobInputError(field, str(exc)) from exc

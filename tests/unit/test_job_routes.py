@@ -27,7 +27,7 @@ from app.errors import BadRecord, KafkaUnavailable
 from app.jobs import BACKFILLED, TICKED, Job, JobRun, JobScope, declaration, instance_ids, shard_ref
 from app.kafka.memory import MemoryLog
 from app.model.aggregate import AggregateType, Command, Decision, Event
-from app.ops.job_routes import answer_status
+from app.ops.job_answers import answer_status
 from app.ops.timer_api import DONE
 from app.protocol.topics import AggregateTopics
 from app.protocol.wire import EventEnvelope, ResultCode, decode

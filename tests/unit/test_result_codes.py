@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from app.errors import BadRecord
-from app.ops.job_routes import _outcome
+from app.ops.job_answers import command_outcome
 from app.ops.page_actions import _said
 from app.ops.timer_api import answer_of
 from app.protocol.schemas import render_schemas
@@ -143,7 +143,7 @@ def test_the_operator_edges_answer_it_as_error_naming_the_code() -> None:
     )
     timer = answer_of(cmd, result)
     assert (timer.code, timer.message) == (ResultCode.ERROR, result.reason)
-    job = _outcome(cmd, result)
+    job = command_outcome(cmd, result)
     assert (job.code, job.message) == (ResultCode.ERROR, result.reason)
     said = _said("Pause", "r-1", [result], 5)
     assert said == f"Pause: ERROR (request r-1); {result.reason}."
