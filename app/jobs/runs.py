@@ -3,7 +3,7 @@ which of those timers a new failure drops (`runs_to_drop`, `drop_oldest_runs`), 
 handler run as user code (`run_handler`, `handler_failure`), whether a slot may be due
 under the instance's tick timer (`slot_reachable`) and is one it sends (`slot_sent`), and
 the slots that timer owes when a new rule replaces it (`owed_slots`). Used by
-`app.jobs.schedule`'s decisions."""
+`app.jobs.schedule`'s decisions (and `app.jobs.extra_runs`')."""
 
 from __future__ import annotations
 

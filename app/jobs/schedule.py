@@ -1,12 +1,14 @@
 """The built-in `<context>.schedule` aggregate: the decisions of a job instance's Enable,
-Reschedule, Disable, Tick, Run, Trigger and Backfill commands (see `app.jobs`); its state
-and how its events fold it are `app.jobs.schedule_state`'s."""
+Reschedule, Disable and Tick commands, its live schedule (see `app.jobs`); those of its
+Run, Trigger and Backfill commands, its runs beside the live ticks, are
+`app.jobs.extra_runs`'s; its state and how its events fold it are
+`app.jobs.schedule_state`'s."""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Mapping
-from typing import Any, NoReturn, TypeGuard
+from typing import Any
 
 from app.jobs.declaration import (
     BACKFILL,
@@ -26,24 +28,16 @@ from app.jobs.declaration import (
     TICKED,
     TRIGGER,
     TRIGGERED,
-    TRIGGERED_SLOT,
     Job,
     Rule,
     effective_rule,
     not_its_instance,
 )
-from app.jobs.runs import (
-    MAX_FAILED_RUNS,
-    backfill_refusal,
-    no_slot_left,
-    ran_before,
-    run_handler,
-    tick_refusal,
-)
+from app.jobs.extra_runs import ExtraRuns, logged_ran_before, refuse_invalid
+from app.jobs.runs import MAX_FAILED_RUNS, no_slot_left, tick_refusal
 from app.jobs.schedule_state import ScheduleState, apply_made, apply_schedule_event
-from app.jobs.slot_runs import SlotRuns
 from app.model.aggregate import AggregateType, Command, Decision
-from app.protocol.wire import SCHEDULE_CANCELLED, SCHEDULE_SET, ResultCode
+from app.protocol.wire import SCHEDULE_CANCELLED, SCHEDULE_SET
 from tables import CommandSpec
 from tables.exceptions import InvalidRule
 
@@ -109,7 +103,7 @@ def schedule_aggregate(
     return agg
 
 
-class _ScheduleModel(SlotRuns):
+class _ScheduleModel(ExtraRuns):
     def __init__(
         self,
         context: str,
@@ -136,7 +130,7 @@ class _ScheduleModel(SlotRuns):
 
     def reschedule(self, state: ScheduleState, cmd: Command, d: Decision) -> None:
         if not state.enabled:
-            _invalid(d, f"{cmd.aggregate} is not enabled: Enable it before rescheduling it")
+            refuse_invalid(d, f"{cmd.aggregate} is not enabled: Enable it before rescheduling it")
         # Its job declared, and of this instance's scope, as an Enable checks: one whose
         # scope changed would set a timer that runs the job beside its instances.
         job = self._declared(state, cmd, d)
@@ -179,7 +173,7 @@ class _ScheduleModel(SlotRuns):
         if (why := tick_refusal(state, timer_id, slot, due_at)) is not None:
             # Taken, it would run no real slot up to it: the job would stop, silently.
             d.reject(f"{why}: a {TICK} is its timer's send of a slot that is due")
-        if _ran_before(state, cmd, timer_id, slot, due_at):
+        if logged_ran_before(state, cmd, timer_id, slot, due_at):
             # A new timer's slot due no later than one an older timer ran (its rule changed
             # at that slot's due time, or the clock stepped back): that instant ran.
             return
@@ -222,110 +216,6 @@ class _ScheduleModel(SlotRuns):
             return None
         return rule
 
-    def run(self, state: ScheduleState, cmd: Command, d: Decision) -> None:
-        """A slot whose handler failed, run again by its `run:` timer."""
-        body = cmd.body
-        slot, due_at = body.get("slot"), body.get("due_at")
-        timer_id, tick_id = body.get("timer_id"), body.get("request_id")
-        if not (
-            _is_count(slot)
-            and _is_count(due_at)
-            and isinstance(timer_id, str)
-            and isinstance(tick_id, str)
-        ):
-            d.reject(f"a {RUN} names the slot it runs: slot, due_at, timer_id and request_id")
-        if timer_id == state.timer_id and (state.last_slot is None or slot > state.last_slot):
-            # Only a slot that ticked can have failed: run now, it would run again live.
-            d.reject(
-                f"slot {slot} of {timer_id} has not ticked: a {RUN} runs again a slot "
-                "whose handler failed"
-            )
-        job = self.jobs.get(state.job)
-        why = None if job is None else not_its_instance(job, cmd.aggregate, self.partitions)
-        if job is None or why is not None:
-            logger.warning(
-                "%s: nothing run: %s", cmd.aggregate, why or f"job {state.job!r} is not declared"
-            )
-            return
-        if not state.enabled:
-            # Not answered UNCHANGED: its run timer would count the slot as done, and the
-            # slot, which failed, would never run again once enabled (a backfill of it is
-            # its tick's DUPLICATE). ERROR: the run timer retries it, then parks it, and a
-            # retry of the parked timer after the enable runs it.
-            d.reject(
-                f"{cmd.aggregate} is disabled: slot {slot} of {timer_id} waits to run again "
-                "(retry its parked run timer once enabled)",
-                ResultCode.ERROR,
-            )
-        d.emit(
-            RAN,
-            {"slot": slot, "due_at": due_at, "timer_id": timer_id, "request_id": tick_id},
-        )
-        error = run_handler(job, self._run(job, cmd, slot, due_at, tick_id, d, retried=True))
-        if error is not None:
-            # ERROR: nothing commits; the run timer retries the slot, then parks it.
-            d.reject(f"job {job.name!r} failed again on slot {slot}: {error}", ResultCode.ERROR)
-
-    def trigger(self, state: ScheduleState, cmd: Command, d: Decision) -> None:
-        """One run now, outside the rule: the tick timer and `last_slot` are left as they
-        are. A paused (disabled) instance runs it too: the operator asked for it. Its
-        request id is the trigger's, so a re-sent trigger is a DUPLICATE; a handler that
-        fails commits nothing (ERROR), and the same trigger sent again runs it again."""
-        job = self._declared(state, cmd, d)
-        d.emit(TRIGGERED, {"at": d.now})
-        run = self._run(job, cmd, TRIGGERED_SLOT, d.now, cmd.request_id, d, triggered=True)
-        if (error := run_handler(job, run)) is not None:
-            d.reject(f"job {job.name!r} failed on its triggered run: {error}", ResultCode.ERROR)
-
-    def backfill(self, state: ScheduleState, cmd: Command, d: Decision) -> None:
-        """One past slot of a tick timer (`app.jobs.backfill` finds them), under the request
-        id its live tick has, so a slot that ran live (or was backfilled) is a DUPLICATE
-        before it gets here. Any slot due by now, of the current timer or an older one, and
-        on a paused instance too: the live schedule is left as it is."""
-        job = self._declared(state, cmd, d)
-        slot, due_at, timer_id = (cmd.body.get(k) for k in ("slot", "due_at", "timer_id"))
-        if not (_is_count(slot) and _is_count(due_at) and isinstance(timer_id, str)):
-            _invalid(d, f"a {BACKFILL} names its slot: slot, due_at and timer_id")
-        if cmd.request_id != f"{timer_id}#{slot}":
-            _invalid(
-                d,
-                f"a {BACKFILL} has its slot's live request id {timer_id}#{slot}, "
-                f"not {cmd.request_id!r}",
-            )
-        if due_at > d.now:
-            _invalid(d, f"slot {slot} of {timer_id} is due at {due_at}, after now ({d.now})")
-        if timer_id == state.timer_id and (why := backfill_refusal(state, timer_id, slot, due_at)):
-            # Its due_at is the sender's word: a slot off the rule, or not due yet, would run
-            # early, and its live tick, under the same request id, never.
-            _invalid(d, why)
-        if timer_id == state.timer_id and _ran_before(state, cmd, timer_id, slot, due_at):
-            return  # its live tick ran nothing either: an older timer ran that instant
-        # Checked here, when it is decided, not only by its sender: a command that waited
-        # in its topic may reach a node that forgot the live run's request id (applied at
-        # the slot's due time at the earliest, forgotten `window_ms` after), and run twice.
-        if due_at <= d.now - self.window_ms:
-            _invalid(
-                d,
-                f"slot {slot} of {timer_id} was due at {due_at}, before the node's "
-                f"de-duplication window ({self.window_ms} ms before now, {d.now}): whether "
-                "it ran live may be forgotten, so it is not run again",
-            )
-        d.emit(BACKFILLED, {"slot": slot, "due_at": due_at, "timer_id": timer_id})
-        run = self._run(job, cmd, slot, due_at, cmd.request_id, d, backfilled=True)
-        if (error := run_handler(job, run)) is not None:
-            d.reject(f"job {job.name!r} failed on slot {slot}: {error}", ResultCode.ERROR)
-
-    def _declared(self, state: ScheduleState, cmd: Command, d: Decision) -> Job:
-        """The job of an instance that was enabled once (paused or not)."""
-        if not state.job:
-            _invalid(d, f"{cmd.aggregate} was never enabled: enable it first")
-        job = self.jobs.get(state.job)
-        if job is None:
-            _invalid(d, f"job {state.job!r} is not declared in {self.context} any more")
-        if (why := not_its_instance(job, cmd.aggregate, self.partitions)) is not None:
-            _invalid(d, f"{why} (its scope changed since it was enabled)")
-        return job
-
     def _set_rule(
         self,
         state: ScheduleState,
@@ -339,12 +229,14 @@ class _ScheduleModel(SlotRuns):
     ) -> None:
         """`strict`: `parts` are a command's (new input), not the instance's kept override."""
         if parts is not None and not isinstance(parts, dict):
-            _invalid(d, f"invalid rule for job {job.name!r}: expected an object of rule fields")
+            refuse_invalid(
+                d, f"invalid rule for job {job.name!r}: expected an object of rule fields"
+            )
         override = parts or None  # no parts: the default itself
         try:
             rule = effective_rule(job.rule, override, strict=strict)
         except InvalidRule as exc:
-            _invalid(d, f"invalid rule for job {job.name!r}: {exc}")
+            refuse_invalid(d, f"invalid rule for job {job.name!r}: {exc}")
         dumped = _dump(rule)
         if state.enabled and state.override == override and state.rule == dumped:
             return
@@ -352,7 +244,7 @@ class _ScheduleModel(SlotRuns):
             # Its tick timer would be cancelled at once (`app.timers.subscription`), or
             # expire its slot unsent: the job would look enabled and never run. (The rule
             # it already has, sent again, is no change: that answers as before, above.)
-            _invalid(d, f"the rule of job {job.name!r} cannot run: {why}")
+            refuse_invalid(d, f"the rule of job {job.name!r} cannot run: {why}")
         # Only a new rule needs a new timer: the current one keeps its slots otherwise.
         new_timer = not state.enabled or state.rule != dumped
         if new_timer:
@@ -364,13 +256,13 @@ class _ScheduleModel(SlotRuns):
     def _job_to_enable(self, cmd: Command, d: Decision) -> Job:
         name = cmd.body.get("job")
         if not isinstance(name, str) or not name:
-            _invalid(d, f"{ENABLE} names no job: give the job's name as body.job")
+            refuse_invalid(d, f"{ENABLE} names no job: give the job's name as body.job")
         job = self.jobs.get(name)
         if job is None:
             known = ", ".join(sorted(self.jobs)) or "none"
-            _invalid(d, f"unknown job {name!r} in {self.context} (its jobs: {known})")
+            refuse_invalid(d, f"unknown job {name!r} in {self.context} (its jobs: {known})")
         if (why := not_its_instance(job, cmd.aggregate, self.partitions)) is not None:
-            _invalid(d, why)
+            refuse_invalid(d, why)
         return job
 
 
@@ -378,31 +270,10 @@ _SWITCH_RECORDS = 2
 """A tick's records when it takes a new default: `Rescheduled` and the new timer's."""
 
 
-def _ran_before(state: ScheduleState, cmd: Command, timer_id: str, slot: int, due: int) -> bool:
-    """`ran_before`, said when it is so."""
-    if not ran_before(state, due):
-        return False
-    logger.info(
-        "%s: slot %d of %s is due at %d, no later than the last slot run before its timer "
-        "was set: not run again",
-        *(cmd.aggregate, slot, timer_id, due),
-    )
-    return True
-
-
-def _is_count(value: object) -> TypeGuard[int]:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
-
-
 def _schedule_tick(d: Decision, rule: Rule) -> None:
     # Same key, later aggregate version: the new timer replaces the old one, whose ticks
     # then no longer match `timer_id`.
     d.schedule(TICK_KEY, rule, CommandSpec(type=TICK))
-
-
-def _invalid(d: Decision, reason: str) -> NoReturn:
-    logger.info("refused: %s", reason)
-    d.reject(reason, ResultCode.SCHEDULE_JOB_INVALID)
 
 
 def _dump(rule: Rule) -> dict[str, Any]:

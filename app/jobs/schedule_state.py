@@ -2,7 +2,7 @@
 the job it runs, its override and rule, its current `tick` timer, the last slot it ran,
 the slots of that timer a backfill ran ahead of its ticks and the `run:` timers of its
 failed slots not run yet. The decisions that emit those
-events are `app.jobs.schedule`'s.
+events are `app.jobs.schedule`'s (and `app.jobs.extra_runs`').
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """The runs of a job instance's slots that the `<context>.schedule` decisions share
-(`SlotRuns`, a base of `app.jobs.schedule`'s model): a slot run as its live tick runs it,
-by its tick or, before a new rule replaces the tick timer, by the change itself (the slots
-the old timer owes: due, and not run), and the `JobRun` a handler is given."""
+(`SlotRuns`, a base of `app.jobs.schedule`'s model, under `app.jobs.extra_runs`): a slot
+run as its live tick runs it, by its tick or, before a new rule replaces the tick timer, by
+the change itself (the slots the old timer owes: due, and not run), and the `JobRun` a
+handler is given."""
 
 from __future__ import annotations
 
