@@ -240,13 +240,13 @@ class _ScheduleModel(ExtraRuns):
         dumped = _dump(rule)
         if state.enabled and state.override == override and state.rule == dumped:
             return
-        if (why := no_slot_left(rule, d.now, self.expires_after_ms)) is not None:
-            # Its tick timer would be cancelled at once (`app.timers.subscription`), or
-            # expire its slot unsent: the job would look enabled and never run. (The rule
-            # it already has, sent again, is no change: that answers as before, above.)
-            refuse_invalid(d, f"the rule of job {job.name!r} cannot run: {why}")
         # Only a new rule needs a new timer: the current one keeps its slots otherwise.
         new_timer = not state.enabled or state.rule != dumped
+        if new_timer and (why := no_slot_left(rule, d.now, self.expires_after_ms)) is not None:
+            # Its tick timer would be cancelled at once (`app.timers.subscription`), or
+            # expire its slot unsent: the job would look enabled and never run. (Its
+            # override spelled anew, the rule it ticks by unchanged, sets no timer.)
+            refuse_invalid(d, f"the rule of job {job.name!r} cannot run: {why}")
         if new_timer:
             self._run_owed(state, job, cmd, d)
         d.emit(event, {"job": job.name, "override": override, "rule": dumped})

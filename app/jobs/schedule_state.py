@@ -35,6 +35,7 @@ __all__ = [
     "apply_made",
     "apply_schedule_event",
     "is_one_off",
+    "ran_through",
     "run_key",
     "timer_floor",
     "with_backfilled",
@@ -147,16 +148,19 @@ def apply_schedule_event(state: ScheduleState, e: Event) -> ScheduleState:
         SCHEDULE_SET: {
             "timer_id": e.id,
             "timer_set_at": e.created_at,
-            "timer_after": timer_floor(body.get("rule"), state.rule, state.last_due_at),
+            "timer_after": timer_floor(body.get("rule"), state.rule, ran_through(state)),
             "rule": body.get("rule"),
             "last_slot": None,
             "backfilled": [],
         },
+        # The slots a backfill ran ahead of the ticks go with the timer, not that they
+        # ran: the last slot run is the latest of them (a one-off's, set again, ran).
         SCHEDULE_CANCELLED: {
             "timer_id": None,
             "timer_set_at": None,
             "timer_after": None,
             "last_slot": None,
+            "last_due_at": ran_through(state),
             "backfilled": [],
         },
     }
@@ -226,6 +230,15 @@ def _without(state: ScheduleState, key: str) -> ScheduleState:
     if key not in state.failed_runs:
         return state
     return state.model_copy(update={"failed_runs": [k for k in state.failed_runs if k != key]})
+
+
+def ran_through(state: ScheduleState) -> int | None:
+    """When the latest slot the instance ran was due: the last one ticked, or one a
+    backfill ran ahead of the ticks (`ScheduleState.backfilled`)."""
+    dues = [r.last_due_at for r in state.backfilled]
+    if state.last_due_at is not None:
+        dues.append(state.last_due_at)
+    return max(dues, default=None)
 
 
 def timer_floor(rule: Any, previous: Any, last_due_at: int | None) -> int | None:

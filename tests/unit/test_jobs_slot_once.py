@@ -257,6 +257,49 @@ def test_a_one_off_slot_runs_once_across_a_disable_and_enable(override: bool) ->
     assert _dues(recorder) == [at]
 
 
+@pytest.mark.parametrize("override", [True, False])
+def test_a_one_off_slot_a_backfill_ran_runs_once_across_a_disable_and_enable(
+    override: bool,
+) -> None:
+    # Backfilled before its tick came, the slot ran under its tick's request id: the live
+    # tick is its DUPLICATE (no Ticked), so only the backfill tells that the instant ran.
+    at = 2_000_000
+    recorder = Recorder()
+    default = CronRule(expr="0 3 * * *") if override else OnceRule(at=at)
+    job, instance = _once_instance(recorder, default)
+    rule = {"kind": "once", "at": at} if override else None
+    assert instance.run(enable_command(CONTEXT, job, rule=rule)).code is ResultCode.COMMITTED
+    (slot,) = backfill_slots(tick_timers(instance.log), 0, at)
+    ref = instance.log[-1].aggregate
+    assert instance.run(backfill_command(ref, slot), now=at + 5).code is ResultCode.COMMITTED
+    assert _dues(recorder) == [at]
+    assert instance.tick(0).code is ResultCode.DUPLICATE
+    assert instance.run(disable_command(CONTEXT, job)).code is ResultCode.COMMITTED
+    assert instance.run(enable_command(CONTEXT, job)).code is ResultCode.COMMITTED
+    assert instance.tick(0).code is ResultCode.UNCHANGED
+    assert _dues(recorder) == [at]
+    # Nor does a backfill plan it under the new timer.
+    assert [s.timer_id for s, _ in _backfill(instance, 0, instance.now)] == [slot.timer_id]
+    assert _dues(recorder) == [at]
+
+
+def test_an_enabled_one_offs_override_spelled_anew_sets_no_timer_and_is_no_refusal() -> None:
+    # Past `expires_after` since its instant ran, the same rule given as an override sets
+    # no timer (the rule it ticks by is unchanged): nothing would expire unsent.
+    at = 2_000_000
+    recorder = Recorder()
+    job, instance = _once_instance(recorder, OnceRule(at=at))
+    assert instance.run(enable_command(CONTEXT, job)).code is ResultCode.COMMITTED
+    timer = instance.state.timer_id
+    assert instance.tick(0).code is ResultCode.COMMITTED
+    later = at + 2 * 24 * 3_600_000
+    once = {"kind": "once", "at": at}
+    d = instance.run(enable_command(CONTEXT, job, rule=once), now=later)
+    assert d.code is ResultCode.COMMITTED
+    assert instance.state.timer_id == timer and instance.state.override == once
+    assert _dues(recorder) == [at]
+
+
 def test_a_one_off_disabled_before_its_instant_ran_runs_when_enabled_again() -> None:
     # An explicit run at an instant before the last slot run, paused before it ran: the
     # same one-off set again is still the operator's run, not yet made.
