@@ -201,7 +201,8 @@ def test_expire_or_claim_invariants(case: tuple[Timer, int], options: TimerOptio
         assert nxt.attempts == timer.attempts and nxt.skipped == timer.skipped
     else:
         assert timer.rule.kind != "once" and timer.rule.coalesce
-        assert nxt.slot_due_at <= now and nxt.attempts == 0
+        # Caught up: the failed sends in a row go with it (a target down parks it).
+        assert nxt.slot_due_at <= now and nxt.attempts == timer.attempts
         assert nxt.skipped - timer.skipped == nxt.slot - timer.slot
         after = next_slot(timer.rule, Slot(nxt.slot, nxt.slot_due_at))
         assert after is None or after.due_at > now, "the latest slot due"
@@ -289,7 +290,8 @@ def test_a_timer_over_many_rounds(
     timer = make_timer(rule)
     now = timer.due_at
     busy = 0
-    failures_in_slot = 0
+    # Failed sends in a row: a fire or an expired slot starts over, a catch-up does not.
+    failures_in_a_row = 0
     for code, wait in steps:
         if timer.status not in (TimerStatus.PENDING, TimerStatus.FIRING):
             break
@@ -297,10 +299,9 @@ def test_a_timer_over_many_rounds(
         decision = expire_or_claim(timer, now, options)
         nxt = assert_written_from(decision, timer)
         if not decision.send:
-            timer, failures_in_slot, busy = nxt, 0, 0
+            timer, failures_in_a_row, busy = nxt, 0, 0
             continue
-        if nxt.slot != timer.slot:
-            failures_in_slot = 0
+        assert nxt.attempts == failures_in_a_row
         # not_before of the send: the rule's own due time for that slot.
         assert nxt.slot_due_at <= now
         firing = nxt
@@ -308,9 +309,11 @@ def test_a_timer_over_many_rounds(
         nxt = assert_written_from(decision, firing)
         busy = decision.busy_in_a_row
         if nxt.slot == firing.slot and nxt.attempts > firing.attempts:
-            failures_in_slot += 1
+            failures_in_a_row += 1
+        elif nxt.slot != firing.slot:
+            failures_in_a_row = 0  # fired
         if decision.park:
-            assert failures_in_slot >= options.retry.max_attempts
+            assert failures_in_a_row == options.retry.max_attempts
         timer = nxt
 
 

@@ -116,7 +116,12 @@ def expire_or_claim(timer: Timer, now: int, options: TimerOptions) -> Decision:
         skipped = timer.skipped + nxt.index - timer.slot
         return Decision(Action.EXPIRE_SLOT, _at_slot(timer, nxt, Outcome.EXPIRED, skipped))
     catch = caught_up(timer.rule, _slot(timer), now)
-    # Catch-up only ever moves forward; a slot it did not move keeps its attempts.
+    # Catch-up only ever moves forward. Its attempts go with it: they count the failed
+    # sends in a row (of this slot, and of those a catch-up moved on from while they were
+    # retried), so a target that stays down parks its timer after `max_attempts`, however
+    # long the backoffs against the rule's interval (reset to 0 there, it never did). A
+    # slot's send window is its own still (`send_until`: from its due time); a fire resets
+    # them (`_at_slot`), as an expired slot and an operator's retry do.
     moved = catch.slot.index > timer.slot
     slot = catch.slot if moved else _slot(timer)
     return Decision(
@@ -127,7 +132,7 @@ def expire_or_claim(timer: Timer, now: int, options: TimerOptions) -> Decision:
             slot=slot.index,
             slot_due_at=slot.due_at,
             skipped=timer.skipped + (catch.skipped if moved else 0),
-            attempts=0 if moved else timer.attempts,
+            attempts=timer.attempts,
             due_at=now + options.claim_timeout,
             **(slot_left(timer) if moved else {}),
         ),
