@@ -57,7 +57,8 @@ def hand_over(
 ) -> list[Decision]:
     """Keeps the in-process timers' claims for their cycles (claimed by the partition
     transaction that decides them and writes their outcomes, so nothing is written
-    before, nor can a fenced owner commit); the decisions to write. No more sends are
+    before, nor can a fenced owner commit), and parks with the outcomes (the ledger
+    first); the decisions to write. No more sends are
     claimed than `room` (sends are not waited for: the rest are loaded again when sends
     come back, so a slow target holds no other timer up)."""
     to_write: list[Decision] = []
@@ -69,6 +70,12 @@ def hand_over(
         firing = current.get(nxt.partition)
         if firing is None:
             continue  # stopped meanwhile: not claimed
+        if d.park:
+            # A rule its decision failed on (`guarded`): parked as an outcome is, its target
+            # recorded in the ledger first (its fallback written if the ledger refuses), by
+            # the partition's outcome write at the round's end, never a PARKED row unnamed.
+            firing.outcomes.append(d)
+            continue
         if d.send and firing.fires_in_process(nxt):
             firing.hand(d.change.loaded, nxt)
             r.handed += 1
