@@ -192,6 +192,8 @@ def test_expire_or_claim_invariants(case: tuple[Timer, int], options: TimerOptio
         else:
             assert decision.action is Action.EXPIRE
             assert nxt.status is TimerStatus.CANCELLED
+            # Its own slot and any after it, all expired: skipped, none sent.
+            assert nxt.skipped - timer.skipped >= 1
         return
     assert decision.send and decision.action is Action.CLAIM
     assert nxt.status is TimerStatus.FIRING

@@ -78,14 +78,15 @@ def _following(timer: Timer) -> Slot | None:
     return nxt
 
 
-def _first_unexpired(timer: Timer, oldest: int) -> Slot | None:
-    """The rule's first slot after the timer's own that is due at or after `oldest` (not
-    expired), or None if the rule has none; the timer's own slot is due before `oldest`."""
+def _first_unexpired(timer: Timer, oldest: int) -> tuple[Slot, Slot | None]:
+    """The rule's last slot due before `oldest` (expired), and its first slot after the
+    timer's own that is due at or after `oldest` (not expired), or None if the rule has
+    none; the timer's own slot is due before `oldest`."""
     last_expired = latest_due(timer.rule, _slot(timer), oldest - 1)
     nxt = next_slot(timer.rule, last_expired)
     if nxt is not None and nxt.index <= timer.slot:
         raise ValueError(f"next_slot went back from slot {timer.slot} to {nxt.index}")
-    return nxt
+    return last_expired, nxt
 
 
 _RETRIED: Final = frozenset({Outcome.FAILED, Outcome.BUSY})
@@ -100,17 +101,22 @@ def expire_or_claim(timer: Timer, now: int, options: TimerOptions) -> Decision:
     anything else is left alone. A slot past its `send_until` (due longer ago than
     `expires_after`, a retry as much as a first send) is not sent: a rule due once is
     CANCELLED/EXPIRED, a recurring one jumps in one write to its first slot not expired
-    (PENDING, due then), counting the slots it passed over as skipped.
+    (PENDING, due then), counting the slots it passed over as skipped (its own among them);
+    with none left, it is CANCELLED/EXPIRED too, its own slot and those after it skipped.
     """
     if timer.status not in (TimerStatus.PENDING, TimerStatus.FIRING) or timer.due_at > now:
         return NOTHING
     if now > send_until(timer, options):
-        nxt = _first_unexpired(timer, now - options.expires_after)
+        last_expired, nxt = _first_unexpired(timer, now - options.expires_after)
         if nxt is None:
-            # Written conditionally like a claim, and never sent.
+            # Written conditionally like a claim, and never sent; its slot and those after
+            # it to the rule's last, all expired, counted as skipped, as below.
+            skipped = timer.skipped + last_expired.index - timer.slot + 1
             return Decision(
                 Action.EXPIRE,
-                _change(timer, status=TimerStatus.CANCELLED, outcome=Outcome.EXPIRED),
+                _change(
+                    timer, status=TimerStatus.CANCELLED, outcome=Outcome.EXPIRED, skipped=skipped
+                ),
             )
         # One write however far behind: every slot passed over is counted as skipped.
         skipped = timer.skipped + nxt.index - timer.slot
