@@ -54,26 +54,42 @@ class Sends:
     def spawn(
         self, firing: PartitionFiring, claimed: Timer, stats: RoundStats
     ) -> asyncio.Task[Decision]:
+        began = asyncio.Event()
         task = asyncio.create_task(
-            self._send_one(firing, claimed, stats), name=f"send {claimed.request_id}"
+            self._send_one(firing, claimed, stats, began), name=f"send {claimed.request_id}"
         )
         firing.in_flight.add(task)
         firing.sending.add(claimed.id)
         task.add_done_callback(firing.in_flight.discard)
         task.add_done_callback(lambda _: firing.sending.discard(claimed.id))
-        task.add_done_callback(lambda done: self._sent(firing, done))
+        task.add_done_callback(lambda done: self._sent(firing, claimed, done, began))
         return task
 
-    def _sent(self, firing: PartitionFiring, task: asyncio.Task[Decision]) -> None:
-        if not task.cancelled() and (exc := task.exception()) is not None:
+    def _sent(
+        self,
+        firing: PartitionFiring,
+        claimed: Timer,
+        task: asyncio.Task[Decision],
+        began: asyncio.Event,
+    ) -> None:
+        if task.cancelled():
+            if not began.is_set():
+                # Cut short before its first turn (a stop right after its round): its own
+                # handler never ran. Given back all the same, as below, so that the next
+                # owner need not wait for the claim to lapse (a take-over of the claims
+                # left misses one whose deadline, on a clock ahead, is past its horizon).
+                # Run before the cut's own wait returns: its callback comes after these.
+                firing.outcomes.append(release(claimed, self._clock.now()))
+        elif (exc := task.exception()) is not None:
             # No outcome: its claim lapses and it is sent again, by this node or the next.
             logger.error("deciding the outcome of %s failed", task.get_name(), exc_info=exc)
         self.answered.set()
         firing.answered.set()
 
     async def _send_one(
-        self, firing: PartitionFiring, claimed: Timer, stats: RoundStats
+        self, firing: PartitionFiring, claimed: Timer, stats: RoundStats, began: asyncio.Event
     ) -> Decision:
+        began.set()
         send: asyncio.Future[SendResult] | None = None
         try:
             async with self._gate:

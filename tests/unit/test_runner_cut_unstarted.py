@@ -1,0 +1,36 @@
+"""A send cut short by a stop before its task's first turn (the stop right after the round
+that claimed it) gives its claim back, as one cut short while it runs does: its handler,
+which gives the claim back, never ran, so the row stayed FIRING until its claim lapsed.
+The next owner takes a previous owner's claims over at once only when their deadlines fall
+within its own claim timeout: on a clock behind the old owner's it waited the skew."""
+
+from __future__ import annotations
+
+from fakes import T0, FakeClock, FakeSender, World, always, raw_store, world
+
+from app.timers.runner import TimerOptions, TimerRunner
+from tables.timer import TimerStatus
+
+__all__ = ["raw_store", "world"]
+
+
+async def test_a_send_cut_before_its_first_turn_gives_its_claim_back(world: World) -> None:
+    await world.put(id="t-1")
+    world.clock.set(T0 + 10_000)  # this node's clock, 10 s ahead of the next owner's
+    runner = world.runner()
+    claimed = await runner.run_round(wait=False)  # its send spawned, not begun
+    assert claimed.claimed == 1
+    stats = await runner.stop_partition(0)
+    assert world.sender.sends == []
+    row = await world.row()
+    # Given back: due at its slot's own time (its first attempt), no claim to lapse.
+    assert (row.status, row.due_at, row.attempts) == (TimerStatus.PENDING, T0, 0)
+    assert stats.released == 1
+
+    later = FakeClock(T0 + 1_000)
+    sender = FakeSender(later, always("COMMITTED"))
+    successor = TimerRunner(world.store, sender, later, world.ledger, TimerOptions(), ())
+    successor.start_partition(0)
+    await successor.run_round()
+    assert sender.request_ids == ["t-1#0"]
+    assert (await world.row()).status is TimerStatus.FIRED
