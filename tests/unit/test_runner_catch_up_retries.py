@@ -99,3 +99,42 @@ async def test_a_coalescing_timer_whose_target_stays_down_is_parked_and_named(
     assert row.slot > 0 and row.skipped == row.slot
     entry = await world.ledger.entry(SUB, row.target)
     assert entry is not None and row.request_id in entry.timers
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    every=st.sampled_from([1000, 10_000, MIN]),
+    expires_after=st.integers(1000, 60_000),
+    max_attempts=st.integers(1, 8),
+    multiplier=st.floats(2.0, 10.0),
+)
+def test_a_target_that_stays_down_parks_when_its_backoffs_outlast_expires_after(
+    every: int, expires_after: int, max_attempts: int, multiplier: float
+) -> None:
+    # Each slot expires while it is retried (the backoff past its send window): the next
+    # slot carries the failed sends on, as a catch-up does, so the timer still parks.
+    retry = RetryPolicy(
+        initial_backoff_ms=1000,
+        multiplier=multiplier,
+        max_backoff_ms=7 * 24 * 3_600_000,
+        max_attempts=max_attempts,
+    )
+    options = TimerOptions(expires_after=expires_after, retry=retry)
+    timer = make_timer(IntervalRule(start=T0, every=every))
+    sends, now = 0, T0
+    for _ in range(10 * max_attempts):
+        now = max(now, timer.due_at)
+        d = expire_or_claim(timer, now, options)
+        assert d.change is not None
+        if d.action is Action.EXPIRE_SLOT:
+            timer = d.change.next
+            continue
+        assert d.action is Action.CLAIM
+        sends += 1
+        outcome = on_outcome(d.change.next, SendResult("ERROR"), now, options)
+        if outcome.park:
+            assert sends == max_attempts
+            return
+        assert outcome.change is not None
+        timer = outcome.change.next
+    raise AssertionError(f"never parked after {sends} failed sends")

@@ -118,16 +118,20 @@ def expire_or_claim(timer: Timer, now: int, options: TimerOptions) -> Decision:
                     timer, status=TimerStatus.CANCELLED, outcome=Outcome.EXPIRED, skipped=skipped
                 ),
             )
-        # One write however far behind: every slot passed over is counted as skipped.
+        # One write however far behind: every slot passed over is counted as skipped. A
+        # slot expired while it was retried keeps its failed attempts in a row, as a
+        # catch-up does (below): a target down for good still parks its timer when the
+        # backoffs outlast `expires_after`.
         skipped = timer.skipped + nxt.index - timer.slot
-        return Decision(Action.EXPIRE_SLOT, _at_slot(timer, nxt, Outcome.EXPIRED, skipped))
+        expired = _at_slot(timer, nxt, Outcome.EXPIRED, skipped, attempts=timer.attempts)
+        return Decision(Action.EXPIRE_SLOT, expired)
     catch = caught_up(timer.rule, _slot(timer), now)
     # Catch-up only ever moves forward. Its attempts go with it: they count the failed
     # sends in a row (of this slot, and of those a catch-up moved on from while they were
     # retried), so a target that stays down parks its timer after `max_attempts`, however
     # long the backoffs against the rule's interval (reset to 0 there, it never did). A
     # slot's send window is its own still (`send_until`: from its due time); a fire resets
-    # them (`_at_slot`), as an expired slot and an operator's retry do.
+    # them (`_at_slot`), as an operator's retry does.
     moved = catch.slot.index > timer.slot
     slot = catch.slot if moved else _slot(timer)
     return Decision(
@@ -243,6 +247,7 @@ def _at_slot(
     outcome: Outcome,
     skipped: int | None = None,
     error: dict[str, str | None] | None = None,
+    attempts: int = 0,
 ) -> TimerChange:
     """PENDING at `slot`; `error`: the fired attempt's error fields (an expired slot, which
     no attempt reached, keeps the row's)."""
@@ -252,7 +257,7 @@ def _at_slot(
         slot=slot.index,
         slot_due_at=slot.due_at,
         due_at=jittered_due(timer.rule, timer.id, slot),
-        attempts=0,
+        attempts=attempts,
         skipped=timer.skipped if skipped is None else skipped,
         outcome=outcome,
         **(error or {}),
