@@ -281,10 +281,8 @@ def decode(
     (`check_stored`), which is a node's record of a stored timer's command it decided
     in-process (an older version's row may hold a body past 64 bits): it is returned,
     for the processor to pass over (with the node's header) or refuse (without)."""
-    if data is None:
-        raise BadRecord("empty record (tombstone) where an envelope was expected")
-    if len(data) > max_bytes:
-        raise BadRecord(f"record of {len(data)} bytes exceeds {max_bytes}")
+    if data is None or len(data) > max_bytes:
+        raise BadRecord(_unread(data, max_bytes))
     try:
         # The validator itself: `model_validate_json`'s wrapper adds ~10 % to every record.
         decoded: M = model.__pydantic_validator__.validate_json(
@@ -295,6 +293,13 @@ def decode(
         if model is CommandEnvelope and (sent := _sent_in_process(data, new_names)) is not None:
             return cast(M, sent)
         raise BadRecord(f"not a valid {model.__name__}: {_errors(exc)}") from exc
+
+
+def _unread(data: bytes | None, max_bytes: int) -> str:
+    """Why `data`, a tombstone or over `max_bytes`, is read by no version at all."""
+    if data is None:
+        return "empty record (tombstone) where an envelope was expected"
+    return f"record of {len(data)} bytes exceeds {max_bytes}"
 
 
 _IN_PROCESS_READ: Final = {**NEW_INPUT, STORED_BODIES: True}
@@ -324,14 +329,15 @@ def decode_event(
 
     The lenient read holds its body and unknown fields to the stored bounds only
     (`tables.bounds.check_stored`): 0.2.0 took and wrote events past 64 bits or nested
-    deeper than `check_json` lets new input, and they are the aggregate's history."""
+    deeper than `check_json` lets new input, and they are the aggregate's history. No
+    version took a tombstone or a record over `max_bytes`: refused before either read."""
+    if data is None or len(data) > max_bytes:
+        raise BadRecord(_unread(data, max_bytes))
     try:
         return decode(EventEnvelope, data, max_bytes), None
     except BadRecord as exc:
         try:
-            lax = EventEnvelope.__pydantic_validator__.validate_json(
-                data or b"", context=STORED_INPUT
-            )
+            lax = EventEnvelope.__pydantic_validator__.validate_json(data, context=STORED_INPUT)
         except ValidationError:
             raise exc from None
         return lax, str(exc)

@@ -252,6 +252,19 @@ def test_a_lenient_read_still_refuses_what_no_encoder_writes() -> None:
             decode_event(old_event(body))
 
 
+@pytest.mark.parametrize("lax", [False, True], ids=["strict", "only-lenient"])
+def test_a_lenient_read_refuses_a_record_over_the_size_bound(lax: bool) -> None:
+    """No version took a record past `TICKWHEEL_MAX_RECORD_BYTES`: the lenient read took
+    one all the same (the strict read's refusal of its size made its reason), so a fold
+    (a restore, the jobs' view) folded what the timers dead-letter."""
+    version: object = "1" if lax else 1  # a string: refused by the strict read alone
+    data = old_event({"amount": 5}, type="Deposited", version=version)
+    event, why = decode_event(data, len(data))
+    assert event.version == 1 and (why is not None) == lax
+    with pytest.raises(BadRecord, match=f"record of {len(data)} bytes exceeds {len(data) - 1}"):
+        decode_event(data, len(data) - 1)
+
+
 def test_a_book_refolds_its_own_events_as_stored() -> None:
     """A timer book's own `wow.ScheduleSet` events (a key 0.2.0 took with a control
     character, a command body past 64 bits), folded again: the book knows the timer, and
