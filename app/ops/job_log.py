@@ -12,11 +12,13 @@ from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any
 
+from app.commands.records import misrouted
 from app.errors import BadRecord
 from app.jobs import SCHEDULE, Job, ScheduleState, schedule_aggregate
 from app.kafka.ports import LogReader, Publisher
 from app.model.decide import StoredAggregate, cut_message, fold
 from app.ops.deadline import by
+from app.protocol.limits import InputLimits
 from app.protocol.topics import AggregateTopics, ContextTopics
 from app.protocol.wire import (
     CommandEnvelope,
@@ -38,6 +40,9 @@ __all__ = [
     "read_instances",
     "send_and_wait",
 ]
+
+_LIMITS = InputLimits()
+"""The default bounds, as a worker's unless `TICKWHEEL_MAX_*_BYTES` say otherwise."""
 
 
 async def send_and_wait(
@@ -203,13 +208,19 @@ def _passed_over(errors: list[str]) -> str | None:
 async def _batches(
     reader: LogReader,
     topic: str,
-    partitions: Iterable[int],
+    read: Iterable[int],
+    partitions: int,
     keys: Collection[bytes | None] | None = None,
+    limits: InputLimits = _LIMITS,
 ) -> AsyncGenerator[list[EventEnvelope], None]:
-    """The events of `topic`'s `partitions`, a fetch at a time: each as the workers fold
-    it (`decode_event`), none that no version took. `keys`: only records keyed by one of
-    them are decoded (decoding is the cost; None: all)."""
-    for p in partitions:
+    """The events of `topic`'s partitions `read` (of `partitions`), a fetch at a time:
+    those the workers fold, each as they fold it (as a restore folds it,
+    `app.commands.restore`): none over the size bounds, none that no version took, none
+    keyed otherwise than by its aggregate's id or out of its partition (`misrouted`: the
+    workers dead-letter it, and a forged `Disabled` would have shown a running instance
+    disabled). `keys`: only records keyed by one of them are decoded (decoding is the
+    cost; None: all)."""
+    for p in read:
         async with aclosing(reader.read(topic, p, 0)) as batches:
             async for batch in batches:
                 events = []
@@ -217,21 +228,30 @@ async def _batches(
                     if keys is not None and r.key not in keys:
                         continue
                     try:
-                        events.append(decode_event(r.value)[0])
+                        limits.check(r.key, r.value)
+                        event = decode_event(r.value, limits.max_record_bytes)[0]
                     except BadRecord:
                         continue
+                    if misrouted(r, event.aggregate, partitions) is None:
+                        events.append(event)
                 yield events
 
 
 async def read_instances(
-    reader: LogReader, context: str, jobs: Iterable[Job], partitions: int, have: int
+    reader: LogReader,
+    context: str,
+    jobs: Iterable[Job],
+    partitions: int,
+    have: int,
+    limits: InputLimits = _LIMITS,
 ) -> list[InstanceState]:
     """The instances of `context`'s jobs as their schedule log (of `have` partitions) has
     them now; the caller knows the log is there (a read creates no topic). Folded a fetch
-    at a time, between the reads: a node serving it keeps its event loop for its work."""
+    at a time, between the reads: a node serving it keeps its event loop for its work.
+    `limits`: the records' size bounds the workers hold them to."""
     folding = _Folding(context, jobs, partitions)
     topic = AggregateTopics(context, SCHEDULE).events
-    async with aclosing(_batches(reader, topic, range(have))) as batches:
+    async with aclosing(_batches(reader, topic, range(have), partitions, limits=limits)) as batches:
         async for batch in batches:
             folding.add(batch)
             await asyncio.sleep(0)
@@ -260,7 +280,7 @@ async def read_events_of(
         # An instance's records are keyed by its id; one keyed otherwise is not folded by
         # the workers either (`misrouted`). Most of a partition is other instances' ticks.
         keys = {ref.id.encode() for ref in found}
-        async with aclosing(_batches(reader, topic, [p], keys)) as batches:
+        async with aclosing(_batches(reader, topic, [p], partitions, keys)) as batches:
             async for batch in batches:
                 for event in batch:
                     if (mine := found.get(event.aggregate)) is not None:

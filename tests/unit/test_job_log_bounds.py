@@ -97,8 +97,8 @@ def decoded(monkeypatch: pytest.MonkeyPatch) -> list[EventEnvelope]:
     """The events `job_log` decodes, as it decodes them."""
     out: list[EventEnvelope] = []
 
-    def counting(data: bytes | None) -> tuple[EventEnvelope, str | None]:
-        got = decode_event(data)
+    def counting(data: bytes | None, max_bytes: int) -> tuple[EventEnvelope, str | None]:
+        got = decode_event(data, max_bytes)
         out.append(got[0])
         return got
 

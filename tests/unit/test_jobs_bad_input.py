@@ -12,7 +12,9 @@ import pytest
 from fakes import CommitLog
 
 from app.commands.processor import CommandProcessor, state_key
+from app.commands.records import misrouted
 from app.jobs import (
+    DISABLED,
     ENABLED,
     TICK,
     TICKED,
@@ -35,6 +37,7 @@ from app.kafka import Record
 from app.model.decide import Decided, StoredAggregate, decide, fold
 from app.ops import job_log
 from app.ops.job_log import fold_instances
+from app.protocol.limits import InputLimits
 from app.protocol.wire import CommandEnvelope, EventEnvelope, ResultCode, encode
 from tables import CronRule, IntervalRule, OnceRule
 from tables.aggregate_store import MemoryAggregateStore
@@ -499,3 +502,50 @@ async def test_a_schedule_log_is_folded_a_fetch_at_a_time(monkeypatch: pytest.Mo
     assert folded == [10, 10, 10]
     assert turns[0] < turns[1] < turns[2]  # the loop turned between them
     assert instance.version == 30
+
+
+@pytest.mark.parametrize("where", ["keyless", "other key", "other partition", "too large"])
+async def test_the_instances_view_folds_no_event_the_workers_dead_letter(where: str) -> None:
+    """`GET /jobs?state=true` and `jobs list --state` folded every record of the schedule
+    log that decoded: a `Disabled` forged without the instance's key, under another, in
+    another partition or past the size bound the workers hold records to (they
+    dead-letter each) showed the instance disabled while it ran on."""
+
+    def event(version: int, type_: str, body: dict[str, Any], id_: str = "x") -> bytes:
+        return encode(
+            EventEnvelope(
+                id=f"{id_}/{version}",
+                type=type_,
+                aggregate=REF,
+                version=version,
+                created_at=T0,
+                body=body,
+            )
+        )
+
+    topic = "ops.schedule.events"
+    good = Record(topic, P, 0, REF.id.encode(), event(1, ENABLED, {"job": "nightly"}), T0)
+    key, partition = {
+        "keyless": (None, P),
+        "other key": (b"nightly-2", P),
+        "other partition": (REF.id.encode(), (P + 1) % PARTITIONS),
+        "too large": (REF.id.encode(), P),
+    }[where]
+    forged = Record(topic, partition, 1, key, event(2, DISABLED, {}, "x" * 50), T0)
+
+    class Reader:
+        async def read(
+            self, topic: str, partition: int, start: int
+        ) -> AsyncGenerator[list[Record], None]:
+            yield [r for r in (good, forged) if r.partition == partition]
+
+    reader: Any = Reader()
+    if where == "too large":
+        # The workers' bound (`TICKWHEEL_MAX_RECORD_BYTES`) is the good record's size.
+        bound = InputLimits(max_record_bytes=len(good.value or b""))
+        read = job_log.read_instances(reader, "ops", [JOB], PARTITIONS, PARTITIONS, bound)
+    else:
+        assert misrouted(forged, REF, PARTITIONS) is not None
+        read = job_log.read_instances(reader, "ops", [JOB], PARTITIONS, PARTITIONS)
+    [instance] = await read
+    assert (instance.version, instance.state.enabled) == (1, True)
