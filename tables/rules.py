@@ -18,6 +18,7 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+from pydantic.config import JsonDict
 
 from tables.bounds import MAX_INT64, Instant, Interval
 from tables.exceptions import InvalidRule
@@ -35,8 +36,19 @@ _absent: Final = functools.partial(operator.is_, None)
 row and record written. A C callable, not a Python function: no frame per call."""
 
 
+def _kind_required(schema: JsonDict) -> None:
+    # Python builds a rule without its `kind` (`OnceRule(at=...)`, its class says it), but
+    # JSON is read by the discriminator, which refuses a rule without one: the published
+    # schema must not take what the reader refuses.
+    properties = schema.get("properties")
+    if isinstance(properties, dict) and isinstance(kind := properties.get("kind"), dict):
+        kind.pop("default", None)
+        required = schema.get("required")
+        schema["required"] = ["kind", *(required if isinstance(required, list) else [])]
+
+
 class _Rule(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", json_schema_extra=_kind_required)
 
     coalesce: bool = True
     """On catch-up, send only the latest slot due and count the others as skipped."""

@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 
 import orjson
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from pydantic import ValidationError
 
 from app.errors import BadRecord
 from app.model.aggregate import Rejected
-from app.protocol.schemas import render_schemas, stale_schemas
+from app.protocol.schemas import SCHEMA_DIR, SHIPPED_DIR, render_schemas, stale_schemas
 from app.protocol.wire import (
     MAX_RECORD_BYTES,
     CommandEnvelope,
@@ -93,6 +95,44 @@ def test_schemas_cover_every_envelope() -> None:
     assert {"event.schema.json", "wow.ScheduleSet.schema.json", "command.schema.json"} <= names
     schema = orjson.loads(render_schemas()["wow.ScheduleSet.schema.json"])
     assert set(schema["required"]) == {"key", "rule", "command"}
+
+
+def _discriminated(schema: object) -> Iterator[tuple[str, str]]:
+    """Every `(property, $ref)` a schema's discriminators pick a variant by, anywhere in it."""
+    if isinstance(schema, dict):
+        if isinstance(found := schema.get("discriminator"), dict):
+            for ref in found["mapping"].values():
+                yield found["propertyName"], ref
+        for value in schema.values():
+            yield from _discriminated(value)
+    elif isinstance(schema, list):
+        for value in schema:
+            yield from _discriminated(value)
+
+
+@pytest.mark.parametrize("copy", ["rendered", "docs", "shipped"])
+def test_every_rule_variant_requires_its_kind_in_every_published_schema(copy: str) -> None:
+    """A rule without `kind` passed the schemas (it had a default, for Python's sake) and
+    was dead-lettered: the reader picks the variant by it ("Unable to extract tag using
+    discriminator 'kind'")."""
+    texts = render_schemas()
+    if copy != "rendered":
+        where = SCHEMA_DIR if copy == "docs" else SHIPPED_DIR
+        texts = {name: (where / name).read_bytes() for name in texts}
+    seen = set()
+    for name, text in texts.items():
+        schema = orjson.loads(text)
+        for tag, ref in _discriminated(schema):
+            variant = schema["$defs"][ref.removeprefix("#/$defs/")]
+            assert tag in variant["required"], f"{name}: {ref} does not require {tag!r}"
+            assert "default" not in variant["properties"][tag], f"{name}: {ref}"
+            seen.add(variant["title"])
+    assert {"OnceRule", "IntervalRule", "CronRule"} <= seen
+    # What the schemas say: the reader refuses such a rule.
+    body = dict(EVENT["body"])  # type: ignore[call-overload]
+    body["rule"] = {"at": 1_700_000_060_000}
+    with pytest.raises(ValidationError, match="Unable to extract tag using discriminator 'kind'"):
+        ScheduleSet.model_validate(body, strict=True)
 
 
 @pytest.mark.parametrize(
