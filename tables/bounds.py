@@ -18,6 +18,7 @@ from pydantic import Field, GetCoreSchemaHandler, ValidationInfo, ValidatorFunct
 from pydantic_core import CoreSchema, core_schema
 
 __all__ = [
+    "JSON_BOUNDS",
     "MAX_DEPTH",
     "MAX_INSTANT",
     "MAX_INT64",
@@ -296,10 +297,22 @@ class _StoredInfo:
 _STORED_INFO: Any = _StoredInfo()
 
 
-JsonObject = Annotated[dict[str, Any], _Body(_checked)]
+JSON_BOUNDS: Final = (
+    "an integer outside signed 64 bits (-9223372036854775808 to 9223372036854775807), a "
+    "number past a 64-bit float's range (1e400: JSON has no infinity or NaN), or more than "
+    f"{MAX_DEPTH} levels of objects and arrays"
+)
+"""What `check_json` refuses, said in the published schemas (JSON Schema cannot say it)."""
+
+_BODY_SCHEMA: Final = Field(
+    description="a JSON object; the readers refuse a new record whose body holds "
+    f"{JSON_BOUNDS} (this object the first level)"
+)
+
+JsonObject = Annotated[dict[str, Any], _Body(_checked), _BODY_SCHEMA]
 """A JSON object within `check_json`'s bounds (an event's or a command record's body); read
 back as stored (`STORED_BODIES`, or a `StoredObject` given), within `check_stored`'s."""
 
-CommandBody = Annotated[dict[str, Any], _Body(_checked_command)]
+CommandBody = Annotated[dict[str, Any], _Body(_checked_command), _BODY_SCHEMA]
 """A timer's command's body (`tables.timer.CommandSpec`): a `JsonObject`, but one read back
 as stored past `check_json`'s bounds is kept as a `StoredObject`."""

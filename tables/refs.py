@@ -9,6 +9,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInf
 
 __all__ = [
     "DEFAULT_TENANT",
+    "NEW_IDENTIFIER_PATTERN",
     "NEW_INPUT",
     "AggregateRef",
     "Identifier",
@@ -61,7 +62,18 @@ def _refused_when_new(text: str, info: ValidationInfo) -> str:
     return text
 
 
-Identifier = Annotated[str, AfterValidator(_refused_when_new)]
+NEW_IDENTIFIER_PATTERN: Final = r"^[^\u0000-\u001F\u007F]*(?![\s\S])"
+"""`control_character`'s refusal as a JSON Schema pattern, for the published schemas
+alone: validation is `_refused_when_new`'s, as a name stored before (read without
+`NEW_INPUT`) may hold one, and `app.protocol.schemas` leaves it out of the schemas of
+records that name what is stored. ECMA 262, read alike by Python's `re` (the lookahead
+ends it, not `$`, which Python's `re.search` lets match before a trailing newline)."""
+
+Identifier = Annotated[
+    str,
+    AfterValidator(_refused_when_new),
+    Field(json_schema_extra={"pattern": NEW_IDENTIFIER_PATTERN}),
+]
 """A tenant, an aggregate id or a timer key: text without C0 controls when it is new input
 (validated with the `NEW_INPUT` context), any text otherwise."""
 

@@ -36,6 +36,7 @@ from app.protocol.wire import (
     TimerOpAnswer,
 )
 from tables import Timer
+from tables.refs import NEW_IDENTIFIER_PATTERN
 
 __all__ = [
     "SCHEMA_DIR",
@@ -71,15 +72,37 @@ _MODELS: dict[str, type[BaseModel]] = {
 }
 
 
+_NAMES_AS_STORED = frozenset({"timer", "timer-op", "timer-op-answer"})
+"""The records that name what is stored: a timer's row, and an operator's op on a parked
+timer and its answer (read with `new_names=False`), whose owner or target an older version
+may have taken with a control character. Their names are not held to
+`NEW_IDENTIFIER_PATTERN`, which the records of new input (an event, a command, a result)
+are."""
+
+
 def render_schemas() -> dict[str, bytes]:
     """File name → the schema's JSON text (stable: sorted keys, indented)."""
-    return {
-        f"{name}.schema.json": orjson.dumps(
-            model.model_json_schema(mode="validation"),
-            option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS | orjson.OPT_APPEND_NEWLINE,
+    rendered = {}
+    for name, model in _MODELS.items():
+        schema = model.model_json_schema(mode="validation")
+        if name in _NAMES_AS_STORED:
+            _drop_new_names(schema)
+        rendered[f"{name}.schema.json"] = orjson.dumps(
+            schema, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS | orjson.OPT_APPEND_NEWLINE
         )
-        for name, model in _MODELS.items()
-    }
+    return rendered
+
+
+def _drop_new_names(schema: object) -> None:
+    """Takes `NEW_IDENTIFIER_PATTERN` out of `schema`, wherever it is."""
+    if isinstance(schema, dict):
+        if schema.get("pattern") == NEW_IDENTIFIER_PATTERN:
+            del schema["pattern"]
+        for value in schema.values():
+            _drop_new_names(value)
+    elif isinstance(schema, list):
+        for value in schema:
+            _drop_new_names(value)
 
 
 def default_dir(cwd: Path | None = None) -> Path:
