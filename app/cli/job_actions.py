@@ -20,6 +20,7 @@ from app.kafka.records import Replication
 from app.node import node_topics
 from app.ops import job_api
 from app.ops.job_api import FAILED_CODES, InstanceState, cli_option, find_job, instance_commands
+from app.protocol.limits import InputLimits
 from app.protocol.topics import AggregateTopics
 from app.protocol.wire import CommandEnvelope, CommandResult, EventEnvelope
 from tables import AggregateRef
@@ -103,9 +104,14 @@ def _resend(commands: Sequence[CommandEnvelope], partitions: int) -> str:
 
 
 async def read_instances(
-    bootstrap: Connectable, context: str, jobs: Iterable[Job], partitions: int
+    bootstrap: Connectable,
+    context: str,
+    jobs: Iterable[Job],
+    partitions: int,
+    limits: InputLimits,
 ) -> list[InstanceState]:
-    """The instances of `context`'s jobs folded from its schedule log, as they are now.
+    """The instances of `context`'s jobs folded from its schedule log, as they are now
+    (its records held to `limits`, the workers' bounds).
 
     Creates no topic: `MissingTopic` when the log is not there (no instance was enabled).
     """
@@ -114,7 +120,7 @@ async def read_instances(
         bootstrap, topics.events, f"no instance of {context}'s jobs has been enabled there"
     )
     async with Reader(bootstrap) as reader:
-        return await job_api.read_instances(reader, context, jobs, partitions, have)
+        return await job_api.read_instances(reader, context, jobs, partitions, have, limits)
 
 
 async def read_instance_events(

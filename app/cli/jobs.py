@@ -261,7 +261,10 @@ def list_(
         states: dict[tuple[str, str], InstanceState] = {}
         if state:
             read = run(
-                checked(settings.kafka, read_instances(settings.kafka, ctx, found.jobs[ctx], n))
+                checked(
+                    settings.kafka,
+                    read_instances(settings.kafka, ctx, found.jobs[ctx], n, settings.limits),
+                )
             )
             states = {(s.tenant, s.id): s for s in read}
         for job in listed[ctx]:

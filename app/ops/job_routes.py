@@ -207,7 +207,9 @@ class JobRoutes:
                 reader = self._node.clients.reader()
                 await reader.start()
                 try:
-                    states[ctx] = await job_api.read_instances(reader, ctx, service.jobs[ctx], n, n)
+                    states[ctx] = await job_api.read_instances(
+                        reader, ctx, service.jobs[ctx], n, n, self._node.limits
+                    )
                 finally:
                     await reader.stop()
             return states

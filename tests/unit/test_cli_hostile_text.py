@@ -90,7 +90,9 @@ def test_jobs_list_escapes_what_an_instances_state_holds(monkeypatch: pytest.Mon
     state = ScheduleState(job="report", enabled=True, override={"note": "\x9b2J\u2028\x7f"})
     held = InstanceState(f"t{FORGED}", "report", 3, state, f"ValueError: bad{FORGED}")
 
-    async def read(kafka: object, context: str, jobs: object, n: int) -> list[InstanceState]:
+    async def read(
+        kafka: object, context: str, jobs: object, n: int, limits: object
+    ) -> list[InstanceState]:
         return [held]
 
     monkeypatch.setattr(app.cli.jobs, "read_instances", read)
@@ -326,3 +328,23 @@ async def test_a_rebuild_escapes_the_topics_and_group_it_names(
     )
     assert lines[4] == "shop.order\\x0a: done (log offsets reset, changelog emptied)", lines
     assert lines[5].startswith(f"following the replay of group g{FORGED_SHOWN}[/x]: "), lines
+
+
+def test_jobs_list_state_holds_the_log_to_the_workers_record_bounds(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The view folds what the workers fold: a record past their bound is passed over by
+    # both, one within a raised bound by neither.
+    seen: list[Any] = []
+
+    async def read(
+        kafka: object, context: str, jobs: object, n: int, limits: Any
+    ) -> list[InstanceState]:
+        seen.append(limits)
+        return []
+
+    monkeypatch.setattr(app.cli.jobs, "read_instances", read)
+    monkeypatch.setenv("TICKWHEEL_MAX_RECORD_BYTES", "4096")
+    result = CliRunner().invoke(cli, ["jobs", "list", *JOB, "--state", "--bootstrap", "b:1"])
+    assert result.exit_code == 0, result.output
+    assert [limits.max_record_bytes for limits in seen] == [4096]

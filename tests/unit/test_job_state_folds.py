@@ -60,6 +60,7 @@ class SlowFolds:
 
     async def __call__(self, *args: Any, **kw: Any) -> Any:
         self.calls += 1
+        self.args = args
         await (self.first if self.calls == 1 else self.later).wait()
         return await self._real(*args, **kw)
 
@@ -125,6 +126,8 @@ async def test_a_state_list_answers_a_fold_at_most_fresh_ms_old_and_a_write_read
     folds.release()
     status, first = await edge.call("GET", LIST, token=None)
     assert status == 200 and first["jobs"][0]["state"] == []
+    # Held to the node's own record bounds, as its workers hold the log.
+    assert folds.args[-1] is edge.node.limits
     edge.clock.set(T0 + STATE_FRESH_MS)
     assert await edge.call("GET", LIST, token=None) == (200, first)
     assert await edge.call("GET", f"{LIST}&context={CONTEXT}", token=None) == (200, first)
