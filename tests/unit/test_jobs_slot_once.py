@@ -204,13 +204,19 @@ def test_a_backfill_plans_no_slot_of_the_current_timer_that_it_would_not_run() -
     assert _dues(recorder) == [due, due + 2 * MIN, due + 4 * MIN]
 
 
+def _ran_100_to_102(recorder: Recorder) -> tuple[Job, Instance]:
+    """An instance ticking every minute that ran slots 100 to 102."""
+    job, instance = _enabled(recorder, IntervalRule(start=0, every=MIN))
+    for slot in range(100, 103):
+        assert instance.tick(slot, due_at=slot * MIN).code is ResultCode.COMMITTED
+    return job, instance
+
+
 def test_a_one_off_rule_dated_before_the_last_run_runs_once() -> None:
     # A reschedule to a one-off at an instant before the last slot run is the operator's
     # explicit run: the guard against a slot running twice across a change is not for it.
     recorder = Recorder()
-    job, instance = _enabled(recorder, IntervalRule(start=0, every=MIN))
-    for slot in range(100, 103):
-        assert instance.tick(slot, due_at=slot * MIN).code is ResultCode.COMMITTED
+    job, instance = _ran_100_to_102(recorder)
     at = 102 * MIN - 30_000
     decision = instance.run(
         reschedule_command(CONTEXT, job, {"kind": "once", "at": at}), now=102 * MIN + 20_000
@@ -304,9 +310,7 @@ def test_a_one_off_disabled_before_its_instant_ran_runs_when_enabled_again() -> 
     # An explicit run at an instant before the last slot run, paused before it ran: the
     # same one-off set again is still the operator's run, not yet made.
     recorder = Recorder()
-    job, instance = _enabled(recorder, IntervalRule(start=0, every=MIN))
-    for slot in range(100, 103):
-        assert instance.tick(slot, due_at=slot * MIN).code is ResultCode.COMMITTED
+    job, instance = _ran_100_to_102(recorder)
     at = 102 * MIN - 30_000
     once = {"kind": "once", "at": at}
     instance.run(reschedule_command(CONTEXT, job, once), now=102 * MIN + 20_000)
