@@ -124,13 +124,14 @@ async def read_instances(
 
 
 async def read_instance_events(
-    bootstrap: Connectable, ref: AggregateRef, partitions: int
+    bootstrap: Connectable, ref: AggregateRef, partitions: int, limits: InputLimits
 ) -> list[EventEnvelope]:
     """The events of the job instance `ref`, in log order, from its partition of its
-    context's schedule log. Creates no topic: `MissingTopic` when the log is not there."""
+    context's schedule log (held to the workers' `limits`). Creates no topic:
+    `MissingTopic` when the log is not there."""
     topics = AggregateTopics(ref.context, SCHEDULE)
     await require_topic(
         bootstrap, topics.events, f"no instance of {ref.context}'s jobs has been enabled there"
     )
     async with Reader(bootstrap) as reader:
-        return await job_api.read_instance_events(reader, ref, partitions)
+        return await job_api.read_instance_events(reader, ref, partitions, limits)

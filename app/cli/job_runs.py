@@ -152,7 +152,7 @@ def backfill(
         raise refused_input(exc) from exc
 
     async def events(ref: AggregateRef) -> list[EventEnvelope]:
-        return await read_instance_events(settings.kafka, ref, settings.partitions)
+        return await read_instance_events(settings.kafka, ref, settings.partitions, settings.limits)
 
     async def plan() -> list[tuple[AggregateRef, list[BackfillSlot]]] | JobsCliError:
         # Returned, not raised: `run` ends a raised one with exit code 1.

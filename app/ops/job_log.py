@@ -41,9 +41,6 @@ __all__ = [
     "send_and_wait",
 ]
 
-_LIMITS = InputLimits()
-"""The default bounds, as a worker's unless `TICKWHEEL_MAX_*_BYTES` say otherwise."""
-
 
 async def send_and_wait(
     publisher: Publisher,
@@ -210,8 +207,8 @@ async def _batches(
     topic: str,
     read: Iterable[int],
     partitions: int,
-    keys: Collection[bytes | None] | None = None,
-    limits: InputLimits = _LIMITS,
+    keys: Collection[bytes | None] | None,
+    limits: InputLimits,
 ) -> AsyncGenerator[list[EventEnvelope], None]:
     """The events of `topic`'s partitions `read` (of `partitions`), a fetch at a time:
     those the workers fold, each as they fold it (as a restore folds it,
@@ -243,7 +240,7 @@ async def read_instances(
     jobs: Iterable[Job],
     partitions: int,
     have: int,
-    limits: InputLimits = _LIMITS,
+    limits: InputLimits,
 ) -> list[InstanceState]:
     """The instances of `context`'s jobs as their schedule log (of `have` partitions) has
     them now; the caller knows the log is there (a read creates no topic). Folded a fetch
@@ -251,7 +248,7 @@ async def read_instances(
     `limits`: the records' size bounds the workers hold them to."""
     folding = _Folding(context, jobs, partitions)
     topic = AggregateTopics(context, SCHEDULE).events
-    async with aclosing(_batches(reader, topic, range(have), partitions, limits=limits)) as batches:
+    async with aclosing(_batches(reader, topic, range(have), partitions, None, limits)) as batches:
         async for batch in batches:
             folding.add(batch)
             await asyncio.sleep(0)
@@ -259,15 +256,16 @@ async def read_instances(
 
 
 async def read_instance_events(
-    reader: LogReader, ref: AggregateRef, partitions: int
+    reader: LogReader, ref: AggregateRef, partitions: int, limits: InputLimits
 ) -> list[EventEnvelope]:
     """The events of the job instance `ref`, in log order, from its partition of its
-    context's schedule log; the caller knows the log is there."""
-    return (await read_events_of(reader, [ref], partitions))[ref]
+    context's schedule log (held to the workers' `limits`); the caller knows the log is
+    there."""
+    return (await read_events_of(reader, [ref], partitions, limits))[ref]
 
 
 async def read_events_of(
-    reader: LogReader, refs: Iterable[AggregateRef], partitions: int
+    reader: LogReader, refs: Iterable[AggregateRef], partitions: int, limits: InputLimits
 ) -> dict[AggregateRef, list[EventEnvelope]]:
     """The events of each job instance of `refs`, in log order; the caller knows their
     logs are there. The schedule log is kept for good and grows by a tick at a time: each
@@ -280,7 +278,7 @@ async def read_events_of(
         # An instance's records are keyed by its id; one keyed otherwise is not folded by
         # the workers either (`misrouted`). Most of a partition is other instances' ticks.
         keys = {ref.id.encode() for ref in found}
-        async with aclosing(_batches(reader, topic, [p], partitions, keys)) as batches:
+        async with aclosing(_batches(reader, topic, [p], partitions, keys, limits)) as batches:
             async for batch in batches:
                 for event in batch:
                     if (mine := found.get(event.aggregate)) is not None:
@@ -299,9 +297,16 @@ class InstanceEvents:
     its partition once for all of `refs` there (`read_events_of`), and each instance's
     events are handed out once and let go, not kept for the whole plan."""
 
-    def __init__(self, reader: LogReader, refs: Iterable[AggregateRef], partitions: int) -> None:
+    def __init__(
+        self,
+        reader: LogReader,
+        refs: Iterable[AggregateRef],
+        partitions: int,
+        limits: InputLimits,
+    ) -> None:
         self._reader = reader
         self._partitions = partitions
+        self._limits = limits
         self._unread: dict[tuple[str, int], list[AggregateRef]] = {}
         for ref in refs:
             self._unread.setdefault(_log_of(ref, partitions), []).append(ref)
@@ -311,5 +316,7 @@ class InstanceEvents:
         if ref not in self._read:
             # An instance not among `refs`, or asked for again, is read on its own.
             together = [ref, *self._unread.pop(_log_of(ref, self._partitions), [])]
-            self._read.update(await read_events_of(self._reader, together, self._partitions))
+            self._read.update(
+                await read_events_of(self._reader, together, self._partitions, self._limits)
+            )
         return self._read.pop(ref)

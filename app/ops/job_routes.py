@@ -274,7 +274,7 @@ class JobRoutes:
             await reader.start()
             try:
                 planned = await job_api.plan_backfill(
-                    job_api.InstanceEvents(reader, refs, n),
+                    job_api.InstanceEvents(reader, refs, n, self._node.limits),
                     refs,
                     start,
                     end,

@@ -155,7 +155,9 @@ def logged_tick(monkeypatch: pytest.MonkeyPatch) -> None:
         id=f"e{FORGED}", type=SCHEDULE_SET, aggregate=ref, version=1, created_at=T0, body=body
     )
 
-    async def events(kafka: object, asked: AggregateRef, partitions: int) -> list[EventEnvelope]:
+    async def events(
+        kafka: object, asked: AggregateRef, partitions: int, limits: object
+    ) -> list[EventEnvelope]:
         return [set_] if asked == ref else []
 
     monkeypatch.setattr(app.cli.job_runs, "read_instance_events", events)

@@ -106,7 +106,9 @@ def test_the_concepts_backfill_lines_run_at_their_now(
         ResultCode.COMMITTED
     )
 
-    async def events(bootstrap: object, ref: AggregateRef, partitions: int) -> list[Any]:
+    async def events(
+        bootstrap: object, ref: AggregateRef, partitions: int, limits: object
+    ) -> list[Any]:
         assert ref == instance
         return list(log)
 

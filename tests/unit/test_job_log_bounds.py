@@ -25,6 +25,7 @@ from app.kafka.memory import MemoryLog
 from app.kafka.records import Record
 from app.model.aggregate import AggregateType, Command, Decision, Event
 from app.ops.job_log import InstanceEvents, read_instance_events, send_and_wait
+from app.protocol.limits import InputLimits
 from app.protocol.topics import AggregateTopics
 from app.protocol.wire import (
     CommandEnvelope,
@@ -40,6 +41,7 @@ from tables import AggregateRef, IntervalRule
 from tables.partitioner import partition_of
 
 P = 2
+LIMITS = InputLimits()
 CONTEXT = "ops"
 SCHEDULE = AggregateTopics(CONTEXT, "schedule")
 TARGET = AggregateRef(context=CONTEXT, aggregate="report", id="r-1")
@@ -128,7 +130,7 @@ async def test_an_instances_events_are_the_only_ones_of_its_partition_decoded(
     await _write(log, events)
     own = [e for e in events if e.aggregate == mine]
 
-    got = await read_instance_events(log.reader(), mine, P)
+    got = await read_instance_events(log.reader(), mine, P, LIMITS)
     assert [e.id for e in got] == [e.id for e in own]
     # decoded: the instance's own events and the neighbour's (it shares the key), not the
     # 2,500 others' (all decoded, before)
@@ -164,10 +166,10 @@ async def test_instance_events_reads_a_partition_once_for_its_instances() -> Non
     await _write(log, [_event(r, n) for n in range(3) for r in [*tenants, other]])
     counting = CountingReads()
     reader = counting.wrap(log.reader())
-    events_of = InstanceEvents(reader, [*tenants, other], P)
+    events_of = InstanceEvents(reader, [*tenants, other], P, LIMITS)
     for ref in [tenants[0], other, tenants[2], tenants[1]]:  # in any order
         got = await events_of(ref)
-        assert got == await read_instance_events(log.reader(), ref, P)
+        assert got == await read_instance_events(log.reader(), ref, P, LIMITS)
     assert sorted(counting.reads) == [0, 1]
     # an instance asked for again (none is, in a plan) is read again, on its own
     assert len(await events_of(tenants[0])) == 3

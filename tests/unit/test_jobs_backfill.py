@@ -500,7 +500,9 @@ def cli_instance(monkeypatch: pytest.MonkeyPatch) -> Instance:
     s.tick(1, T0 + MIN)
     now = T0 + 3 * MIN
 
-    async def events(bootstrap: object, ref: AggregateRef, partitions: int) -> list[EventEnvelope]:
+    async def events(
+        bootstrap: object, ref: AggregateRef, partitions: int, limits: object
+    ) -> list[EventEnvelope]:
         assert ref == ref_of(CONTEXT, "report")
         return list(s.log)
 

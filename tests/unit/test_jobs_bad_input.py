@@ -48,6 +48,7 @@ from tables.slots import caught_up, first_slot, reachable
 T0 = 1_800_000_000_000
 MIN = 60_000
 PARTITIONS = 4
+LIMITS = InputLimits()
 runs: list[int] = []
 
 
@@ -496,7 +497,7 @@ async def test_a_schedule_log_is_folded_a_fetch_at_a_time(monkeypatch: pytest.Mo
 
     ticker = asyncio.create_task(ticking())
     try:
-        [instance] = await job_log.read_instances(Reader(), "ops", [JOB], PARTITIONS, 1)  # type: ignore[arg-type]
+        [instance] = await job_log.read_instances(Reader(), "ops", [JOB], PARTITIONS, 1, LIMITS)  # type: ignore[arg-type]
     finally:
         ticker.cancel()
     assert folded == [10, 10, 10]
@@ -546,6 +547,36 @@ async def test_the_instances_view_folds_no_event_the_workers_dead_letter(where: 
         read = job_log.read_instances(reader, "ops", [JOB], PARTITIONS, PARTITIONS, bound)
     else:
         assert misrouted(forged, REF, PARTITIONS) is not None
-        read = job_log.read_instances(reader, "ops", [JOB], PARTITIONS, PARTITIONS)
+        read = job_log.read_instances(reader, "ops", [JOB], PARTITIONS, PARTITIONS, LIMITS)
     [instance] = await read
     assert (instance.version, instance.state.enabled) == (1, True)
+
+
+@pytest.mark.parametrize("bound", ["raised", "lowered"])
+async def test_an_instances_events_are_read_within_the_workers_bounds(bound: str) -> None:
+    # What a backfill plans from and `jobs runs` lists (`read_instance_events`) is what
+    # the instances view folds and the workers fold: within their `TICKWHEEL_MAX_*`.
+    pad = 300_000 if bound == "raised" else 10_000
+    limits = InputLimits(max_record_bytes=1024 * 1024 if bound == "raised" else 4096)
+    event = EventEnvelope(
+        id="x/1",
+        type=ENABLED,
+        aggregate=REF,
+        version=1,
+        created_at=T0,
+        body={"job": JOB.name, "pad": "x" * pad},
+    )
+    p = partition_of(REF.id, PARTITIONS)
+    record = Record("ops.schedule.events", p, 0, REF.id.encode(), encode(event), T0)
+    assert len(record.value or b"") > InputLimits().max_record_bytes or bound == "lowered"
+
+    class Reader:
+        async def read(
+            self, topic: str, partition: int, start: int
+        ) -> AsyncGenerator[list[Record], None]:
+            yield [record] if partition == p else []
+
+    reader: Any = Reader()
+    folded = await job_log.read_instances(reader, "ops", [JOB], PARTITIONS, PARTITIONS, limits)
+    events = await job_log.read_instance_events(reader, REF, PARTITIONS, limits)
+    assert len(events) == len(folded) == (1 if bound == "raised" else 0)
