@@ -6,8 +6,12 @@ within its own claim timeout: on a clock behind the old owner's it waited the sk
 
 from __future__ import annotations
 
+from typing import Any
+
+import pytest
 from fakes import T0, FakeClock, FakeSender, World, always, raw_store, world
 
+import app.timers.runner.sending
 from app.timers.runner import TimerOptions, TimerRunner
 from tables.timer import TimerStatus
 
@@ -34,3 +38,24 @@ async def test_a_send_cut_before_its_first_turn_gives_its_claim_back(world: Worl
     await successor.run_round()
     assert sender.request_ids == ["t-1#0"]
     assert (await world.row()).status is TimerStatus.FIRED
+
+
+async def test_a_claim_not_given_back_still_answers_whoever_waits(
+    world: World, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The give-back itself failing (a bug) leaves its claim to lapse, said loudly; the
+    # stop waiting on its answers ends all the same.
+    def broken(claimed: Any, now: int) -> Any:
+        raise RuntimeError("no release")
+
+    monkeypatch.setattr(app.timers.runner.sending, "release", broken)
+    await world.put(id="t-1")
+    world.clock.set(T0 + 10_000)
+    runner = world.runner()
+    assert (await runner.run_round(wait=False)).claimed == 1
+    firing = runner._firings[0]
+    await runner.stop_partition(0)
+    assert firing.answered.is_set()
+    assert world.sender.sends == []
+    assert "giving back the claim of" in caplog.text
+    assert (await world.row()).status is TimerStatus.FIRING  # lapses at its deadline

@@ -72,19 +72,26 @@ class Sends:
         task: asyncio.Task[Decision],
         began: asyncio.Event,
     ) -> None:
-        if task.cancelled():
-            if not began.is_set():
-                # Cut short before its first turn (a stop right after its round): its own
-                # handler never ran. Given back all the same, as below, so that the next
-                # owner need not wait for the claim to lapse (a take-over of the claims
-                # left misses one whose deadline, on a clock ahead, is past its horizon).
-                # Run before the cut's own wait returns: its callback comes after these.
-                firing.outcomes.append(release(claimed, self._clock.now()))
-        elif (exc := task.exception()) is not None:
-            # No outcome: its claim lapses and it is sent again, by this node or the next.
-            logger.error("deciding the outcome of %s failed", task.get_name(), exc_info=exc)
-        self.answered.set()
-        firing.answered.set()
+        try:
+            if task.cancelled():
+                if not began.is_set():
+                    # Cut short before its first turn (a stop right after its round): its
+                    # own handler never ran. Given back all the same, as below, so that the
+                    # next owner need not wait for the claim to lapse (a take-over of the
+                    # claims left misses one whose deadline, on a clock ahead, is past its
+                    # horizon). Run before the cut's own wait returns: its callback comes
+                    # after these.
+                    firing.outcomes.append(release(claimed, self._clock.now()))
+            elif (exc := task.exception()) is not None:
+                # No outcome: its claim lapses and it is sent again, by this node or the next.
+                logger.error("deciding the outcome of %s failed", task.get_name(), exc_info=exc)
+        except Exception:
+            # Not given back: its claim lapses. Whoever waits for an answer is told all the
+            # same (a stop waiting on it would otherwise wait for ever).
+            logger.exception("giving back the claim of %s failed", task.get_name())
+        finally:
+            self.answered.set()
+            firing.answered.set()
 
     async def _send_one(
         self, firing: PartitionFiring, claimed: Timer, stats: RoundStats, began: asyncio.Event
