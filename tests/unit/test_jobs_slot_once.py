@@ -238,16 +238,23 @@ def _once_instance(recorder: Recorder, default: OnceRule | CronRule) -> tuple[Jo
     return job, Instance(schedule_aggregate(CONTEXT, [job], 8))
 
 
+def _enabled_once_at(recorder: Recorder, at: int, override: bool) -> tuple[Job, Instance]:
+    """An instance enabled to run once at `at`: by its override over a cron default, or
+    by its one-off default."""
+    default = CronRule(expr="0 3 * * *") if override else OnceRule(at=at)
+    job, instance = _once_instance(recorder, default)
+    rule = {"kind": "once", "at": at} if override else None
+    assert instance.run(enable_command(CONTEXT, job, rule=rule)).code is ResultCode.COMMITTED
+    return job, instance
+
+
 @pytest.mark.parametrize("override", [True, False])
 def test_a_one_off_slot_runs_once_across_a_disable_and_enable(override: bool) -> None:
     # The Enable with no rule sets the same one-off again (the kept override, or a one-off
     # default): no new instruction of the operator, and its instant ran.
     at = 2_000_000
     recorder = Recorder()
-    default = CronRule(expr="0 3 * * *") if override else OnceRule(at=at)
-    job, instance = _once_instance(recorder, default)
-    rule = {"kind": "once", "at": at} if override else None
-    assert instance.run(enable_command(CONTEXT, job, rule=rule)).code is ResultCode.COMMITTED
+    job, instance = _enabled_once_at(recorder, at, override)
     assert instance.tick(0).code is ResultCode.COMMITTED
     assert instance.run(disable_command(CONTEXT, job)).code is ResultCode.COMMITTED
     assert instance.run(enable_command(CONTEXT, job)).code is ResultCode.COMMITTED
@@ -271,10 +278,7 @@ def test_a_one_off_slot_a_backfill_ran_runs_once_across_a_disable_and_enable(
     # tick is its DUPLICATE (no Ticked), so only the backfill tells that the instant ran.
     at = 2_000_000
     recorder = Recorder()
-    default = CronRule(expr="0 3 * * *") if override else OnceRule(at=at)
-    job, instance = _once_instance(recorder, default)
-    rule = {"kind": "once", "at": at} if override else None
-    assert instance.run(enable_command(CONTEXT, job, rule=rule)).code is ResultCode.COMMITTED
+    job, instance = _enabled_once_at(recorder, at, override)
     (slot,) = backfill_slots(tick_timers(instance.log), 0, at)
     ref = instance.log[-1].aggregate
     assert instance.run(backfill_command(ref, slot), now=at + 5).code is ResultCode.COMMITTED
