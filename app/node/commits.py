@@ -73,6 +73,8 @@ class Commits:
         # Since when each partition's offsets taken by the poll loop wait for the group's
         # commit (`take_offsets`, `offsets_landed`).
         self._unlanded: dict[int, float] = {}
+        # The tasks' commits whose offsets the poll loop's commit in flight holds.
+        self._plain: list[PartitionCommits] = []
 
     def _of(self, kept: KeptType, p: int) -> PartitionCommits | None:
         task = self._running.get(TaskId(kept.name, p))
@@ -119,8 +121,11 @@ class Commits:
         of it wait on (a coordinator away fails each commit after up to 30 s, the poll
         loop passing between them)."""
         done: dict[tuple[str, int], int] = {}
+        self._plain = []
         for task in list(self._running.values()):
-            done |= task.commits.take_offsets()
+            if taken := task.commits.offsets_to_commit():
+                done |= taken
+                self._plain.append(task.commits)
         now = self._clock()
         self._unlanded = {p: self._unlanded.get(p, now) for _, p in done}
         return done
@@ -128,6 +133,13 @@ class Commits:
     def offsets_landed(self) -> None:
         """The group committed the offsets last taken."""
         self._unlanded = {}
+
+    def offsets_ended(self) -> None:
+        """The poll loop's commit of the offsets last taken ended, landed or not: the
+        transactions that waited for it may go."""
+        plain, self._plain = self._plain, []
+        for own in plain:
+            own.offsets_ended()
 
     def may_commit(self, kept: KeptType, p: int) -> bool:
         """Whether p of `kept` may start a commit now: none in flight (the next takes all

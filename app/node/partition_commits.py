@@ -48,6 +48,8 @@ class PartitionCommits:
         self._transaction_of = transaction
         self._started_at = 0.0
         self._in_flight: asyncio.Task[bool] | None = None
+        # What its commit in flight sends (its offsets, read by `offsets_to_commit`).
+        self._sending: Transaction | None = None
         # Its commits that committed (a burst's timer loop watches them land).
         self.landed = 0
         # A commit of it failed: its transaction's work since is not whole (never marked).
@@ -55,6 +57,11 @@ class PartitionCommits:
         # Offsets of batches that wrote nothing: committed by the poll loop, not in a
         # transaction (most of a busy log is not about timers).
         self._offsets: dict[tuple[str, int], int] = {}
+        # Those of them in the poll loop's commit to the group: no transaction of its
+        # carrying one of their partitions is sent until that commit ended.
+        self._plain: dict[tuple[str, int], int] = {}
+        self._plain_ended = asyncio.Event()
+        self._plain_ended.set()
 
     def owns(self) -> bool:
         """Whether its task holds its transaction open."""
@@ -97,6 +104,40 @@ class PartitionCommits:
             done = {key: o for key, o in done.items() if o > txn.carried.get(key, -1)}
         return done
 
+    def offsets_to_commit(self) -> dict[tuple[str, int], int]:
+        """The offsets passed over (`take_offsets`) that the poll loop commits to the group
+        now, outside any transaction, marked in flight until `offsets_ended`. Its
+        transactions' offsets land at their end, so a commit of the group landing between
+        would be moved back by them: an offset of a partition whose staged work carries
+        one too rides in that work's transaction instead, and one of a partition whose
+        transaction is in flight waits for it to land (kept for a later call)."""
+        done = self.take_offsets()
+        txn = self._transaction_of()
+        if not done or txn is None or txn.abandoned:
+            return self._mark_plain(done)
+        sending = self._sending.offsets if self._sending is not None else {}
+        staged = txn.staged_offsets()
+        ride = {key: o for key, o in done.items() if key in staged and key not in sending}
+        if ride:
+            txn.stage([], ride)
+        for key, offset in done.items():
+            if key in sending:
+                self.pass_over(key, offset)  # after its transaction landed
+        return self._mark_plain(
+            {key: o for key, o in done.items() if key not in ride and key not in sending}
+        )
+
+    def _mark_plain(self, offsets: dict[tuple[str, int], int]) -> dict[tuple[str, int], int]:
+        if offsets:
+            self._plain = offsets
+            self._plain_ended.clear()
+        return offsets
+
+    def offsets_ended(self) -> None:
+        """The poll loop's commit of the offsets it took ended, landed or not."""
+        self._plain = {}
+        self._plain_ended.set()
+
     def may_commit(self, interval: float) -> bool:
         """Whether it may start a commit now: none in flight (the next takes all that
         waits meanwhile), and the last started `interval` seconds ago."""
@@ -114,13 +155,13 @@ class PartitionCommits:
             return None
         self._started_at = self._clock()
         task = asyncio.create_task(self._send(taken, deadline_s), name=f"commit {tuple(self.key)}")
-        self._in_flight = task
+        self._in_flight, self._sending = task, taken
         task.add_done_callback(self._forget)
         return task
 
     def _forget(self, task: asyncio.Task[bool]) -> None:
         if self._in_flight is task:
-            self._in_flight = None
+            self._in_flight, self._sending = None, None
 
     async def room(self, max_staged: int) -> None:
         """Waits while its work waiting for its transaction is over `max_staged` with a
@@ -136,6 +177,10 @@ class PartitionCommits:
         try:
             try:
                 async with asyncio.timeout(deadline_s):
+                    while self._plain and self._plain.keys() & taken.offsets.keys():
+                        # The group's commit of an earlier offset of the same partition
+                        # is going: landing after this, it would move the offset back.
+                        await self._plain_ended.wait()
                     await taken.send()
             except TimeoutError as exc:
                 # A hung commit holds every later write of p: given up, p taken afresh.
@@ -216,14 +261,14 @@ class PartitionCommits:
             if commit.cancelled() or commit.result() is not True:
                 return False
             if self._in_flight is commit:
-                self._in_flight = None  # its done callback has not run yet
+                self._in_flight, self._sending = None, None  # its done callback not run yet
             if not rest:
                 return self._whole(rest=False)
 
     def abandon(self) -> asyncio.Task[bool] | None:
         """The task closes: its commit still in flight is cancelled (what it holds never
         counts) and returned, not waited for (its producer's stop waits for it)."""
-        commit, self._in_flight = self._in_flight, None
+        commit, self._in_flight, self._sending = self._in_flight, None, None
         if commit is None or commit.done():
             return None
         commit.cancel()

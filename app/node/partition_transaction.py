@@ -222,6 +222,10 @@ class PartitionTransaction:
         """Whether a cycle's work waits for its next commit."""
         return bool(self._staged.records or self._staged.offsets)
 
+    def staged_offsets(self) -> dict[tuple[str, int], int]:
+        """The consumer offsets staged for its next transaction."""
+        return self._staged.offsets
+
 
 class Transaction:
     """One partition's taken work: its rows and staged cycles, committed by `send`."""
@@ -247,6 +251,11 @@ class Transaction:
         self._rows_landed = rows_landed
         # Its commit returned: what it holds landed.
         self.landed = False
+
+    @property
+    def offsets(self) -> dict[tuple[str, int], int]:
+        """The consumer offsets it commits."""
+        return self._staged.offsets
 
     async def send(self) -> list[int]:
         """Commits; tells each staged cycle its records' offsets; all the offsets."""

@@ -72,6 +72,10 @@ class DoneOffsets(Protocol):
 
     def offsets_landed(self) -> None: ...
 
+    def offsets_ended(self) -> None:
+        """The commit of the offsets last taken ended, landed or not."""
+        ...
+
 
 async def poll_loop(
     consumer: GroupMember,
@@ -125,7 +129,10 @@ async def poll_loop(
                 consumer.pause(held.paused)
                 held.batches.append((topic, records))
             calls, started = commits_failing, clock()
-            await consumer.commit(commits.take_offsets())
+            try:
+                await consumer.commit(commits.take_offsets())
+            finally:
+                commits.offsets_ended()
             # Landed, or none to commit: nothing waits for the group's commit (no lag).
             commits_failing.since = None
             commits.offsets_landed()

@@ -68,3 +68,6 @@ class Workers:
 
     def offsets_landed(self) -> None:
         """The loop's commits land in the group (the test reads the log's)."""
+
+    def offsets_ended(self) -> None:
+        """Its commit ended (nothing waits on it here)."""

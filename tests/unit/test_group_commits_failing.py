@@ -87,6 +87,9 @@ class Offsets:
     def offsets_landed(self) -> None:
         pass
 
+    def offsets_ended(self) -> None:
+        pass
+
 
 async def _run(rounds: list[Outcome], last: int) -> tuple[Group, list[str]]:
     """The loop over `rounds`, until it ends or `last` commits were done."""

@@ -261,6 +261,9 @@ class _Offsets:
     def offsets_landed(self) -> None:
         pass
 
+    def offsets_ended(self) -> None:
+        pass
+
 
 async def test_the_poll_loop_stops_the_node_at_once_on_a_fetch_refused_for_good() -> None:
     """Not retried as a broker in flux: the polls of the other partitions pass, and no

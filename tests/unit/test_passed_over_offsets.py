@@ -108,3 +108,72 @@ async def test_the_poll_loop_never_commits_an_offset_a_later_transaction_passed(
     other_at = next(r.offset for r in log.records(*KEY) if r.key == OWNERS[1].encode())
     assert carried is not None and carried > other_at, "B's transaction carried it past"
     assert node.node._failure is None
+
+
+class _Producer:
+    """A transactional writer whose commits wait for `go`, each told in `commits`."""
+
+    broken = None
+
+    def __init__(self) -> None:
+        self.go = asyncio.Event()
+        self.commits: list[dict[tuple[str, int], int]] = []
+
+    async def commit(
+        self, records: list[object], offsets: dict[tuple[str, int], int], group_id: str
+    ) -> list[int]:
+        self.commits.append(dict(offsets))
+        await self.go.wait()
+        return list(range(len(records)))
+
+
+def _commits() -> tuple[_Producer, PartitionTransaction, PartitionCommits]:
+    producer = _Producer()
+    txn = PartitionTransaction(cast(TransactionalWriter, producer), TOPICS.timers_changelog, P, "g")
+    return producer, txn, PartitionCommits(task_of(P), lambda *a: None, lambda: txn)
+
+
+async def test_an_offset_passed_over_while_a_transaction_is_in_flight_waits_for_it() -> None:
+    """Its transaction's offset b lands at its end: the group's commit of a > b landing
+    before that would be moved back to b."""
+    producer, txn, own = _commits()
+    txn.stage([], {KEY: 4})
+    commit = own.start(5.0)
+    assert commit is not None
+    await wait_until(lambda: producer.commits == [{KEY: 4}])
+    own.pass_over(KEY, 7)
+    assert own.offsets_to_commit() == {}, "committed to the group before b landed"
+    producer.go.set()
+    assert await commit
+    await wait_until(lambda: own.running() is None)
+    assert own.offsets_to_commit() == {KEY: 7}
+
+
+async def test_an_offset_passed_over_rides_with_staged_work_of_its_partition() -> None:
+    producer, txn, own = _commits()
+    producer.go.set()
+    txn.stage([], {KEY: 4})
+    own.pass_over(KEY, 7)
+    own.pass_over((TOPICS.commands, P), 2)
+    assert own.offsets_to_commit() == {(TOPICS.commands, P): 2}
+    commit = own.start(5.0)
+    assert commit is not None and await commit
+    assert producer.commits == [{KEY: 7}]
+
+
+async def test_a_transaction_waits_for_the_groups_commit_of_its_partition_in_flight() -> None:
+    """The group's commit of a in flight, a transaction carrying b > a sent meanwhile would
+    land first and be moved back to a."""
+    producer, txn, own = _commits()
+    producer.go.set()
+    own.pass_over(KEY, 3)
+    assert own.offsets_to_commit() == {KEY: 3}  # the poll loop's commit goes
+    txn.stage([], {KEY: 6})
+    commit = own.start(5.0)
+    assert commit is not None
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert producer.commits == [], "sent while the group's commit of a was in flight"
+    own.offsets_ended()
+    assert await commit
+    assert producer.commits == [{KEY: 6}]

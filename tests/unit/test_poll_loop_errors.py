@@ -60,6 +60,9 @@ class Offsets:
     def offsets_landed(self) -> None:
         pass
 
+    def offsets_ended(self) -> None:
+        pass
+
 
 @pytest.mark.parametrize(
     ("cause", "said"),

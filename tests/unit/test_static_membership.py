@@ -141,6 +141,9 @@ class Offsets:
     def offsets_landed(self) -> None:
         pass
 
+    def offsets_ended(self) -> None:
+        pass
+
 
 class FencedMember:
     def __init__(self) -> None:
