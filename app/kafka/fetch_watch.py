@@ -1,0 +1,110 @@
+"""`FetchWatch`: an aiokafka consumer's partitions watched for fetches that never pass
+(`app.kafka.fetch_stalls` decides), for the node's readers (`GroupConsumer`,
+`PartitionReader`). May import aiokafka and `app.kafka.fetch_stalls`."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Final, Protocol
+
+from aiokafka import TopicPartition
+from aiokafka.errors import IllegalStateError, KafkaError
+
+from app.kafka.fetch_stalls import FetchStalls, Key
+from app.kafka.records import explain
+
+__all__ = ["END_WAIT_S", "FetchWatch", "Watched"]
+
+logger = logging.getLogger(__name__)
+
+END_WAIT_S: Final = 5.0
+"""How long a look at a still partition may wait for its end offset: the poll waits on it
+(the others' records too). Not had in time, the partition is watched on (a broker away is
+the polls' own bound's)."""
+POSITION_WAIT_S: Final = 0.05
+"""How long it waits for a position: a partition fetched has its own at once; one being
+reset has none (no fetch stall: its reset is what waits)."""
+
+
+class Watched(Protocol):
+    """What the watch asks of an aiokafka consumer (`AIOKafkaConsumer`)."""
+
+    def assignment(self) -> set[TopicPartition]: ...
+
+    def paused(self) -> set[TopicPartition]: ...
+
+    def last_poll_timestamp(self, partition: TopicPartition) -> int | None: ...
+
+    async def position(self, partition: TopicPartition) -> int: ...
+
+    async def end_offsets(self, partitions: list[TopicPartition]) -> dict[TopicPartition, int]: ...
+
+
+class FetchWatch:
+    """Watches `consumer`'s partitions read after each poll (`polled`); `moves`: how many
+    times a partition was sought or given (`ReadPositions.moves`); `clock`: seconds, only
+    compared."""
+
+    def __init__(
+        self,
+        consumer: Watched,
+        moves: Callable[[TopicPartition], int],
+        clock: Callable[[], float],
+        stalls: FetchStalls | None = None,
+    ) -> None:
+        self._consumer = consumer
+        self._moves = moves
+        self._clock = clock
+        self._stalls = stalls or FetchStalls()
+
+    async def polled(self, got: Mapping[TopicPartition, Sequence[Any]]) -> None:
+        """A poll handed out `got`. `FetchStalled` when a partition read (assigned, not
+        paused) made no progress for the bound while records wait behind its position; the
+        broker is asked (its end, read_committed) only about one that stood still so long."""
+        paused = self._consumer.paused()
+        markers = {
+            (tp.topic, tp.partition): (self._moves(tp), self._consumer.last_poll_timestamp(tp))
+            for tp in self._consumer.assignment()
+            if tp not in paused
+        }
+        handed = {(tp.topic, tp.partition) for tp, records in got.items() if records}
+        due = self._stalls.seen(markers, handed, self._clock())
+        if due:
+            await self._look(due)
+
+    async def _look(self, due: list[Key]) -> None:
+        positions: dict[TopicPartition, int | None] = {}
+        for topic, partition in due:
+            tp = TopicPartition(topic, partition)
+            try:
+                async with asyncio.timeout(POSITION_WAIT_S):
+                    positions[tp] = int(await self._consumer.position(tp))
+            except (TimeoutError, IllegalStateError):
+                positions[tp] = None  # being reset, or revoked meanwhile
+        asked = [tp for tp, position in positions.items() if position is not None]
+        ends: dict[TopicPartition, int] = {}
+        if asked:
+            try:
+                # The consumer's own isolation (read_committed): the last stable offset, so
+                # a position held by an open transaction is at its end, not behind it.
+                async with asyncio.timeout(END_WAIT_S):
+                    got = await self._consumer.end_offsets(asked)
+                ends = {tp: int(offset) for tp, offset in got.items()}
+            except (KafkaError, TimeoutError) as exc:
+                said = explain(exc) if isinstance(exc, KafkaError) else f"none in {END_WAIT_S:g}s"
+                logger.warning(
+                    "%s: no fetch answered for %.0f s, and no end offset to compare its "
+                    "position with (%s): watched on",
+                    ", ".join(f"{tp.topic}[{tp.partition}]" for tp in asked),
+                    self._stalls.stall_s,
+                    said,
+                )
+        now = self._clock()
+        stalled = None
+        for tp, position in positions.items():
+            error = self._stalls.looked((tp.topic, tp.partition), position, ends.get(tp), now)
+            stalled = stalled or error
+        if stalled is not None:
+            raise stalled
