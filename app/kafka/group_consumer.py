@@ -30,6 +30,7 @@ from aiokafka.errors import (
 from app.errors import KafkaUnavailable
 from app.kafka.connection import Connectable, client_options
 from app.kafka.consumers import as_record, fetching
+from app.kafka.fetch_watch import FetchWatch
 from app.kafka.in_log_refusals import FetchRefused, InLogRefusals
 from app.kafka.ports import Assigned, DeletedUnread
 from app.kafka.read_positions import ReadPositions
@@ -141,6 +142,8 @@ class GroupConsumer:
             # well within the node's grace for an assignment it cannot run (30 s).
             metadata_max_age_ms=GROUP_METADATA_MAX_AGE_MS,
         )
+        # A partition whose fetches never pass (an error aiokafka only logs) stops the node.
+        self._watch = FetchWatch(self._consumer, self._read.moves, clock)
         membership = Membership(self._consumer, static=group_instance_id is not None)
         self._listener = _Listener(on_assigned, on_revoked, self._read.forget, membership)
 
@@ -156,11 +159,14 @@ class GroupConsumer:
         one's records ended (`ReadPositions`): none of them is skipped. One that finds a
         partition's position out of its log (or none) moves it (`_read_on`) and hands
         nothing out: the next one reads it and the others on. `FetchRefused` (a
-        `KafkaUnavailable`) when a position its log holds was refused for too long."""
+        `KafkaUnavailable`) when a position its log holds was refused for too long, or
+        (`FetchStalled`) a partition's fetches went unanswered that long while records wait
+        (`FetchWatch`): it then hands nothing out either."""
         fetching(self._consumer)
         self._refused.check(self._consumer, self._topics, time.monotonic())
         try:
             got = await self._consumer.getmany(timeout_ms=timeout_ms)
+            await self._watch.polled(got)
         except (OffsetOutOfRangeError, NoOffsetForPartitionError) as exc:
             # aiokafka raises a partition's error only when it took no record of any
             # partition in this call (`Fetcher.fetched_records`): nothing to undo, and the

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
+from collections.abc import Callable
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import KafkaError
@@ -12,6 +14,7 @@ from aiokafka.errors import KafkaError
 from app.errors import KafkaUnavailable
 from app.kafka.connection import Connectable, client_options
 from app.kafka.consumers import as_record, fetching
+from app.kafka.fetch_watch import FetchWatch
 from app.kafka.read_positions import ReadPositions
 from app.kafka.records import Record, explain, start_client
 
@@ -27,7 +30,10 @@ class PartitionReader:
     For the results of this node's own sends: no group, no committed offsets.
     """
 
-    def __init__(self, bootstrap: Connectable, topic: str) -> None:
+    def __init__(
+        self, bootstrap: Connectable, topic: str, *, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        """`clock`: seconds, only compared (how long a partition's fetches went unanswered)."""
         self.topic = topic
         self._consumer = AIOKafkaConsumer(
             **client_options(bootstrap),
@@ -39,6 +45,8 @@ class PartitionReader:
         self._lock = asyncio.Lock()
         self._changed = asyncio.Event()
         self._read = ReadPositions()
+        # A partition whose fetches never pass (an error aiokafka only logs) stops the node.
+        self._watch = FetchWatch(self._consumer, self._read.moves, clock)
         # The partitions asked for (`add`) and not let go since (`remove`), as asked: an
         # add waiting for its end offset outside the lock reads p only if still wanted.
         self._wanted: set[int] = set()
@@ -98,6 +106,9 @@ class PartitionReader:
             self._read.moved(tp, position)
 
     async def poll(self, timeout_ms: int = 200) -> list[Record]:
+        """The records read since the last poll. `KafkaUnavailable` when the broker does not
+        answer (nothing handed out, nothing skipped); `FetchStalled` (a `FetchRefused`: for
+        good) when a partition's fetches went unanswered for `STALL_S` while records wait."""
         fetching(self._consumer)
         if not self._consumer.assignment():
             self._changed.clear()
@@ -107,6 +118,7 @@ class PartitionReader:
         async with self._lock:
             try:
                 got = await self._consumer.getmany(timeout_ms=timeout_ms)
+                await self._watch.polled(got)
             except KafkaError as exc:
                 self._read.undo(self._consumer)  # as a group's poll (`GroupConsumer.poll`)
                 raise KafkaUnavailable(f"reading {self.topic} failed: {explain(exc)}") from exc

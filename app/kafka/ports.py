@@ -55,7 +55,9 @@ POLL_FAILING_S: Final = 60.0
 fails every poll that fetches it (a `GroupMember`'s, a `Follower`'s), and a reader that
 retried it for ever would read nothing while its node said it was ready. A broker or a
 group in flux passes well within it. The node's readers stop it, loudly, past it
-(`app.node.polling`, `app.timers.sender.FollowerPolls`); the group's offset commits
+(`app.node.polling`, `app.timers.sender.FollowerPolls`); and so does a partition whose
+fetches went unanswered that long while records wait (an error the client only logs, its
+polls passing: `app.kafka.fetch_stalls`); the group's offset commits
 failing, none landing, stop it after a bound of their own (`app.node.polling`)."""
 
 
@@ -175,7 +177,10 @@ class Follower(Protocol):
 
     async def poll(self, timeout_ms: int = 200) -> list[Record]:
         """The records committed since the last poll; [] after `timeout_ms` without any.
-        One that raises hands nothing out and skips nothing: the next reads it again."""
+        One that raises hands nothing out and skips nothing: the next reads it again.
+        `FetchRefused` (for good, `app.kafka.fetch_stalls.FetchStalled`) when a partition's
+        fetches went unanswered for `POLL_FAILING_S` while records wait behind its position
+        (an error the client only logs): every other poll passes meanwhile."""
         ...
 
 
@@ -207,7 +212,10 @@ class GroupMember(Protocol):
         when the broker or the group does not answer. One that raises hands nothing out
         and moves no partition past a record it did not hand out. A partition whose
         records were deleted ahead of its position reads on from its start, said and
-        counted (`on_deleted`), never silently."""
+        counted (`on_deleted`), never silently. `FetchRefused` (for good: the node stops)
+        when a partition reads nothing for too long though its log holds its position:
+        refused as out of range (`app.kafka.in_log_refusals`), or its fetches unanswered
+        while records wait (`app.kafka.fetch_stalls.FetchStalled`, after `POLL_FAILING_S`)."""
         ...
 
     async def commit(self, offsets: dict[tuple[str, int], int]) -> None:

@@ -89,9 +89,9 @@ async def poll_loop(
     """Hands each polled batch to the worker of the task running its partition of its
     topic's type (`type_of`: each topic read, its type's name), and commits what they did;
     ends after `fail` when the consumer is refused (no retry passes an ACL), a partition's
-    fetches are refused where its log holds their position for too long (`FetchRefused`),
-    or its polls or its offset commits keep failing (`POLL_FAILING_S`, `COMMITS_FAILING_S`,
-    by `clock`).
+    fetches are refused where its log holds their position, or go unanswered while records
+    wait, for too long (`FetchRefused`, `FetchStalled`), or its polls or its offset
+    commits keep failing (`POLL_FAILING_S`, `COMMITS_FAILING_S`, by `clock`).
 
     Tasks are independent: each has a worker of its own, so one task's slow transaction
     does not hold up the others' commands, nor (paused on while its queue is full) their

@@ -22,6 +22,7 @@ from collections.abc import Awaitable, Callable
 from app.errors import BadRecord, KafkaUnavailable
 from app.kafka import Follower, FollowerFactory, Publisher, Record
 from app.kafka.catalog import NO_TARGET, TopicCatalog, no_target_message
+from app.kafka.in_log_refusals import FetchRefused
 from app.kafka.ports import POLL_FAILING_S
 from app.kafka.records import refused
 from app.log_limit import LogLimit
@@ -42,9 +43,11 @@ FOLLOW_RETRY_S = 1.0
 class FollowerPolls:
     """Polls a follower the node depends on, retrying what may pass by itself (a broker or
     a leader away) once a second, for `failing_s` at most (`POLL_FAILING_S`): a refusal (an
-    ACL, the credentials) is raised at once, and so are polls failing that long with none
-    passing (a batch corrupt on a broker's disk fails every fetch of it, for good), which
-    end the follower's task and stop the node (its supervision). `failing` says meanwhile
+    ACL, the credentials) is raised at once, and so are a partition's reading stopped
+    (`FetchRefused`: fetches unanswered for that long while records wait, an error the
+    client only logs) and polls failing that long with none passing (a batch corrupt on a
+    broker's disk fails every fetch of it, for good), which end the follower's task and
+    stop the node (its supervision). `failing` says meanwhile
     how long they have failed (`/healthz`). `monotonic`: the clock it is told by."""
 
     def __init__(
@@ -77,6 +80,10 @@ class FollowerPolls:
             except KafkaUnavailable as exc:
                 if refused(exc):
                     raise  # an ACL or the credentials: no retry passes it (the node stops)
+                if isinstance(exc, FetchRefused):
+                    # A partition's reading stopped, its own bound passed (`FetchStalled`):
+                    # every poll passes meanwhile, and no bound of failing ones would end it.
+                    raise
                 now = self._monotonic()
                 since = now if self._failing is None else self._failing[0]
                 self._failing = (since, str(exc))

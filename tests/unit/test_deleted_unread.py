@@ -33,6 +33,7 @@ from kafka_batches import batch
 from test_node_memory import PARTITIONS, SERVICE, TOPICS
 
 from app.errors import KafkaUnavailable
+from app.kafka.fetch_watch import FetchWatch
 from app.kafka.group_consumer import GroupConsumer
 from app.kafka.in_log_refusals import InLogRefusals
 from app.kafka.memory import MemoryLog
@@ -253,6 +254,15 @@ class _Consumer:
     def assignment(self) -> set[TopicPartition]:
         return {TP, OTHER}
 
+    def paused(self) -> set[TopicPartition]:
+        return set()
+
+    def last_poll_timestamp(self, tp: TopicPartition) -> int | None:
+        return None  # never answered: the watch's bound is far off in these tests
+
+    async def position(self, tp: TopicPartition) -> int:
+        return self.positions.get(tp, 0)
+
     def seek(self, tp: TopicPartition, offset: int) -> None:
         if tp not in self.assignment():
             raise IllegalStateError("not assigned")
@@ -279,6 +289,7 @@ def _group(consumer: _Consumer, counted: Counted) -> GroupConsumer:
     group._read, group._refused, group._topics = ReadPositions(), RefusedTopics(), [TOPIC]
     group._on_deleted, group._clock = _count(counted), time.monotonic
     group._refusals = InLogRefusals()
+    group._watch = FetchWatch(consumer, group._read.moves, time.monotonic)
     return group
 
 

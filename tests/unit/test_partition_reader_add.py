@@ -6,6 +6,7 @@ while, so every other partition's results waited, and it raised aiokafka's own
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 import pytest
@@ -13,6 +14,7 @@ from aiokafka import TopicPartition
 from aiokafka.errors import KafkaTimeoutError
 
 from app.errors import KafkaUnavailable
+from app.kafka.fetch_watch import FetchWatch
 from app.kafka.partition_reader import PartitionReader
 from app.kafka.read_positions import ReadPositions
 
@@ -27,6 +29,12 @@ class _Consumer:
 
     def assignment(self) -> set[TopicPartition]:
         return set(self.assigned)
+
+    def paused(self) -> set[TopicPartition]:
+        return set()
+
+    def last_poll_timestamp(self, tp: TopicPartition) -> int | None:
+        return None  # never answered: the watch's bound is far off in these tests
 
     async def position(self, tp: TopicPartition) -> int:
         return 5
@@ -52,6 +60,7 @@ def reader_over(consumer: _Consumer) -> tuple[PartitionReader, _Consumer]:
     reader._consumer = consumer
     reader._lock, reader._changed, reader._read = asyncio.Lock(), asyncio.Event(), ReadPositions()
     reader._wanted = set()
+    reader._watch = FetchWatch(consumer, reader._read.moves, time.monotonic)
     return reader, consumer
 
 

@@ -9,6 +9,7 @@ ended (`app.kafka.read_positions`)."""
 from __future__ import annotations
 
 import asyncio
+import time
 from types import SimpleNamespace
 from typing import Any
 
@@ -20,6 +21,7 @@ from aiokafka.structs import ConsumerRecord, TopicPartition
 from kafka_batches import batch
 
 from app.errors import KafkaUnavailable
+from app.kafka.fetch_watch import FetchWatch
 from app.kafka.group_consumer import GroupConsumer
 from app.kafka.partition_reader import PartitionReader
 from app.kafka.read_positions import ReadPositions
@@ -78,6 +80,18 @@ class _Consumer:
     def assignment(self) -> set[TopicPartition]:
         return set(self.positions)
 
+    def paused(self) -> set[TopicPartition]:
+        return set()
+
+    def last_poll_timestamp(self, tp: TopicPartition) -> int | None:
+        return None  # never answered: the watch's bound is far off in these tests
+
+    async def position(self, tp: TopicPartition) -> int:
+        return self.positions[tp]
+
+    async def end_offsets(self, tps: list[TopicPartition]) -> dict[TopicPartition, int]:
+        return {tp: self.log[tp] for tp in tps}
+
     def seek(self, tp: TopicPartition, offset: int) -> None:
         if tp not in self.positions:
             raise IllegalStateError("not assigned")
@@ -108,6 +122,7 @@ async def test_a_group_poll_that_raises_leaves_every_partition_where_its_records
     consumer = _Consumer({GOOD: 2, BAD: 0})
     group._consumer, group._read = consumer, ReadPositions()
     group._topics, group._refused = [GOOD.topic], RefusedTopics()
+    group._watch = FetchWatch(consumer, group._read.moves, time.monotonic)
     assert _offsets(await group.poll(), GOOD) == [0, 1]
     consumer.log[GOOD] = 5  # three more records of GOOD, and BAD's first batch corrupt
     consumer.log[BAD] = 1
@@ -140,6 +155,7 @@ async def test_a_results_poll_that_raises_reads_the_results_again() -> None:
     consumer = _Consumer({GOOD: 2, BAD: 0})
     reader._consumer, reader._read = consumer, ReadPositions()
     reader._lock, reader.topic = asyncio.Lock(), GOOD.topic
+    reader._watch = FetchWatch(consumer, reader._read.moves, time.monotonic)
     assert [r.offset for r in await reader.poll()] == [0, 1]
     consumer.log[GOOD], consumer.log[BAD] = 3, 1
     consumer.corrupt.add(BAD)
