@@ -1,14 +1,20 @@
 """Takes the client library's retry flood out of the log while a `BrokerWatch` listens:
 connection errors (always; summed up once a minute while the broker answers) and the
 retries that follow an outage (while it is away and shortly after), handed to the watch
-as hints; everything else passes untouched (see `app.kafka.broker_watch`)."""
+as hints; everything else passes untouched (see `app.kafka.broker_watch`), but one
+record, bounded whether a watch listens or not: aiokafka's "Unexpected error while
+fetching data" (a fetch answered with an error it has no branch for, fetched again at
+once, a line each time, naming no partition) passes once a minute per error, saying what
+it means and how many were not logged (`app.kafka.fetch_stalls` stops the node when a
+partition's fetches all fail so)."""
 
 from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Iterable
-from typing import Literal, Protocol
+import time
+from collections.abc import Callable, Iterable
+from typing import Final, Literal, Protocol
 
 from aiokafka.errors import (
     KafkaConnectionError,
@@ -17,8 +23,12 @@ from aiokafka.errors import (
     RequestTimedOutError,
 )
 
+from app.kafka.fetch_stalls import STALL_S
+from app.log_limit import LogLimit
+
 __all__ = [
     "AIOKAFKA_LOGGERS",
+    "FETCH_ERROR_EVERY_S",
     "BrokerLogFilter",
     "Kind",
     "classify",
@@ -115,6 +125,11 @@ _RECOVERY: frozenset[tuple[str, str]] = frozenset(
         (_CLUSTER, "Error fetching metadata for topic %s: %s"),
     }
 )
+# A fetch answered with an error aiokafka has no branch for (CORRUPT_MESSAGE,
+# KAFKA_STORAGE_ERROR, UNKNOWN_SERVER_ERROR): logged at each of its many refetches a second.
+_UNEXPECTED: Final = (_FETCHER, "Unexpected error while fetching data: %s")
+FETCH_ERROR_EVERY_S: Final = 60.0
+"""aiokafka's "Unexpected error while fetching data" passes at most this often per error."""
 _CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
     NodeNotReadyError,
     KafkaConnectionError,
@@ -147,12 +162,15 @@ def classify(record: logging.LogRecord) -> Kind | None:
 
 class BrokerLogFilter(logging.Filter):
     """Takes the aiokafka records about an absent or recovering broker out of the log
-    and tells the attached watches; passes everything while no watch is attached."""
+    and tells the attached watches; passes everything while no watch is attached, but
+    aiokafka's unexpected fetch errors, which it bounds (`FETCH_ERROR_EVERY_S`) always.
+    `clock`: seconds, only compared."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         super().__init__()
         self._watches: list[Listener] = []
         self._installed: list[logging.Logger] = []
+        self._fetch_errors = LogLimit(FETCH_ERROR_EVERY_S, clock)
 
     def attach(self, watch: Listener) -> None:
         if watch not in self._watches:
@@ -177,6 +195,8 @@ class BrokerLogFilter(logging.Filter):
         self._installed.clear()
 
     def filter(self, record: logging.LogRecord) -> bool:
+        if (record.name, str(record.msg)) == _UNEXPECTED:
+            return self._fetch_error(record)
         if not self._watches:
             return True
         kind = classify(record)
@@ -191,6 +211,23 @@ class BrokerLogFilter(logging.Filter):
             if not watch.heard(kind, message, str(record.msg)):
                 keep = False
         return keep
+
+    def _fetch_error(self, record: logging.LogRecord) -> bool:
+        """Whether aiokafka's record of a fetch answered with an error it has no branch
+        for passes (the first of its error, then one a minute), made to say what it means."""
+        args = record.args if isinstance(record.args, tuple) else ()
+        error = str(args[0]) if args else "?"
+        more = self._fetch_errors.check(error)
+        if more is None:
+            return False
+        record.msg = (
+            "Unexpected error while fetching data: %s: the broker answered a partition's "
+            "fetch with it (aiokafka names none, and fetches it again at once). A partition "
+            "whose fetches all fail so stops the node after %.0f s, naming it; look at the "
+            "partition leader's log%s"
+        )
+        record.args = (error, STALL_S, more)
+        return True
 
 
 _FILTER = BrokerLogFilter()
