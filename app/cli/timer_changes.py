@@ -11,8 +11,9 @@ no timer under; ERROR, BUSY), did not answer within `--wait`, or the broker fail
 or after the send (send it again with the request id printed to learn what became of it;
 under a fresh one a trigger would fire again); 2 for a bad option (a rule that does not
 parse, a target that is the book itself, a rule with no slot left, a once rule's `at` in
-epoch seconds, `app.clients.book_commands.seconds_reason`, a set larger than the node
-reads: `TICKWHEEL_MAX_RECORD_BYTES`, whose record it would drop unanswered).
+epoch seconds, `app.clients.book_commands.seconds_reason`, a `--body` nested deeper than
+a set carries it, `command_body_reason`, a set larger than the node reads:
+`TICKWHEEL_MAX_RECORD_BYTES`, whose record it would drop unanswered).
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from app.cli.common import (
 from app.cli.rule_expr import BadExpression, parse_duration, parse_expr
 from app.cli.text import printable
 from app.cli.timers import TypeName, _type, timers_cli
+from app.clients.book_commands import command_body_reason
 from app.clients.timer_book import timer_book
 from app.kafka.cluster import require_topics
 from app.kafka.ports import Clients
@@ -213,6 +215,9 @@ def set_(
             raise fail(f"--body is not JSON: {exc}", CONFIG_ERROR) from exc
         if not isinstance(data, dict):
             raise BadRequest("--body", "must be a JSON object")
+        if (why := command_body_reason(data)) is not None:
+            # Before the command's own (looser) bound: the one a set carries is said.
+            raise BadRequest("--body", why)
         try:
             put = TimerPut(
                 rule=parsed,

@@ -37,14 +37,17 @@ from app.protocol.wire import (
     encode,
 )
 from tables import AggregateRef, CommandSpec, CronRule, IntervalRule, OnceRule
+from tables.bounds import MAX_DEPTH
 from tables.refs import NEW_INPUT
 
 __all__ = [
     "KEY_ACTIONS",
+    "MAX_COMMAND_BODY_DEPTH",
     "SECONDS_BELOW",
     "BookCommands",
     "Delivered",
     "Rule",
+    "command_body_reason",
     "request_id_for",
     "seconds_reason",
     "unreadable",
@@ -86,6 +89,32 @@ def seconds_reason(rule: Rule) -> str | None:
 
 def _utc(ms: int) -> str:
     return iso_text(ms).replace("+00:00", "Z")
+
+
+MAX_COMMAND_BODY_DEPTH: Final = MAX_DEPTH - 2
+"""How deep a timer's command's body set through a book may nest: a `wow.SetTimer`'s body
+(and its `wow.ScheduleSet` event's) holds it two levels down (`command.body`), and a
+record's body nests at most `MAX_DEPTH` (`tables.bounds.check_json`). A deeper one (a
+`CommandSpec` alone takes `MAX_DEPTH`) makes a record the node drops unread, unanswered."""
+
+
+def command_body_reason(body: object) -> str | None:
+    """Why a timer's command's `body` (as given: JSON, or a `CommandSpec`'s) nests deeper
+    than a set through a book carries it (`MAX_COMMAND_BODY_DEPTH`), or None. Checked
+    before the command's own validation where the body comes as JSON, so the one bound
+    said is this one."""
+    stack: list[tuple[object, int]] = [(body, 1)]
+    while stack:  # iterative: a body as given may nest far past any bound
+        value, level = stack.pop()
+        if isinstance(value, dict | list):
+            if level > MAX_COMMAND_BODY_DEPTH:
+                return (
+                    f"nested more than {MAX_COMMAND_BODY_DEPTH} levels deep (a {SET_TIMER} "
+                    f"holds it two levels down its body, which nests at most {MAX_DEPTH})"
+                )
+            items = value.values() if isinstance(value, dict) else value
+            stack.extend((item, level + 1) for item in items)
+    return None
 
 
 class Delivered(Protocol):
@@ -187,6 +216,8 @@ class BookCommands:
             raise ValueError(why)
         if (why := seconds_reason(body.rule)) is not None:
             raise ValueError(why)
+        if (why := command_body_reason(command.body)) is not None:
+            raise ValueError(f"command.body: {why}")
         return self._command(key, SET_TIMER, body.model_dump(mode="json"), request_id)
 
     def cancel_command(self, key: str, timer: str, request_id: str) -> CommandEnvelope:

@@ -22,7 +22,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from app.clients.book_commands import seconds_reason, unreadable
+from app.clients.book_commands import command_body_reason, seconds_reason, unreadable
 from app.clients.timer_book import (
     CANCEL_TIMER,
     PAUSE_TIMER,
@@ -67,6 +67,7 @@ __all__ = [
     "key_command",
     "new_request_id",
     "owner_ref",
+    "put_of",
     "set_command",
     "submit",
 ]
@@ -202,6 +203,20 @@ def owner_ref(type_name: str, owner: str, tenant: str) -> AggregateRef:
         raise BadRequest(names.get(bad.field, bad.field), bad.message) from exc
 
 
+def put_of(data: dict[str, Any]) -> TimerPut:
+    """`PUT /timers/...`'s JSON body as a `TimerPut`, strictly, as records are read
+    (`"at": "1"` is refused, not read as 1); `BadRequest` naming what is wrong. A command
+    body nested deeper than a set carries it is named before the command's own bound, a
+    looser one, so that one bound is said (`command_body_reason`)."""
+    command = data.get("command")
+    if isinstance(command, dict) and (why := command_body_reason(command.get("body"))):
+        raise BadRequest("command.body", why)
+    try:
+        return TimerPut.model_validate(data, strict=True)
+    except ValidationError as exc:
+        raise field_of(exc) from exc
+
+
 def set_command(
     book: AggregateType[Any],
     owner: AggregateRef,
@@ -214,8 +229,8 @@ def set_command(
     """The `wow.SetTimer` of `put` to `owner`'s book; `BadRequest` naming what the book
     would refuse (its target, a rule with no slot left), what is plainly a caller's unit
     mistake (a once rule's `at` in epoch seconds, `seconds_reason`) or what the node would
-    not read (a record larger than its `limits`: the owner's id, or the command the timer
-    sends)."""
+    not read (a command body nested deeper than the set carries it, `command_body_reason`;
+    a record larger than its `limits`: the owner's id, or the command the timer sends)."""
     context, _, aggregate = put.target.type.partition(".")
     try:
         parts = {"context": context, "aggregate": aggregate, "tenant": owner.tenant}
@@ -233,6 +248,9 @@ def set_command(
     if (why := seconds_reason(body.rule)) is not None:
         # Named as a validation error names the field (`rule.once.at`).
         raise BadRequest("rule.once.at", why)
+    if (why := command_body_reason(put.command.body)) is not None:
+        # Refused here: the envelope's own check would fail (a ValidationError, no 400).
+        raise BadRequest("command.body", why)
     cmd = CommandEnvelope(
         request_id=given_request_id(put.request_id),
         type=SET_TIMER,

@@ -29,13 +29,13 @@ a change that timed out (504, with the request id) with the same id.
 Errors are JSON `ApiError`s naming the wrong `field`: 400 for a request that cannot be
 sent (a body that is not JSON, does not validate or that the book would refuse: its rule
 has no slot left, its target is the book; a once rule's `at` in epoch seconds,
-`rule.once.at`; or the node would not read: `command` for a
-set past `TICKWHEEL_MAX_RECORD_BYTES`, `owner` past `TICKWHEEL_MAX_KEY_BYTES`; a wrong
-path), as on the job routes, 404 for a type that is no timer book here, 503 (with
-`Retry-After`) when the book's partition is busy or the broker did not take the command,
-504 when no answer came in time (with the request id to send again). A command the book
-answered is a `TimerAnswer`: 422 when it REJECTED it, 502 when it answered ERROR. The
-writes need the web token, as every action does.
+`rule.once.at`; or the node would not read: `command.body` nested deeper than a set
+carries it, `command` for a set past `TICKWHEEL_MAX_RECORD_BYTES`, `owner` past
+`TICKWHEEL_MAX_KEY_BYTES`; a wrong path), as on the job routes, 404 for a type that is no
+timer book here, 503 (with `Retry-After`) when the book's partition is busy or the broker
+did not take the command, 504 when no answer came in time (with the request id to send
+again). A command the book answered is a `TimerAnswer`: 422 when it REJECTED it, 502 when
+it answered ERROR. The writes need the web token, as every action does.
 """
 
 from __future__ import annotations
@@ -46,7 +46,6 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
-from pydantic import ValidationError
 
 from app.clients.timer_book import RULE_ENDED
 from app.errors import KafkaUnavailable
@@ -57,13 +56,12 @@ from app.ops.timer_api import (
     DONE,
     ApiError,
     BadRequest,
-    TimerPut,
     answer_of,
     cancel_command,
-    field_of,
     is_book,
     key_command,
     owner_ref,
+    put_of,
     set_command,
     submit,
 )
@@ -170,11 +168,7 @@ class TimerRoutes:
                 raise BadRequest("request_id", f"differs from the {IDEMPOTENCY_HEADER} header")
             if header is not None:
                 data = {**data, "request_id": header}
-            try:
-                # Strict, as records are (`wire.decode`): `"at": "1"` is refused, not read as 1.
-                put = TimerPut.model_validate(data, strict=True)
-            except ValidationError as exc:
-                raise field_of(exc) from exc
+            put = put_of(data)
             key = request.match_info["key"]
             limits = self._node.settings.limits
             cmd = set_command(book, owner, key, put, self._now(), limits=limits)
