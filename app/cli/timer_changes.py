@@ -18,7 +18,6 @@ a set carries it, `command_body_reason`, a set larger than the node reads:
 
 from __future__ import annotations
 
-import asyncio
 import shlex
 import time
 from typing import Annotated
@@ -47,7 +46,7 @@ from app.clients.timer_book import timer_book
 from app.kafka.cluster import require_topics
 from app.kafka.ports import Clients
 from app.model.aggregate import MAX_TRIGGER_REQUEST_ID
-from app.ops.deadline import stop_by
+from app.ops.deadline import reader_for
 from app.ops.timer_api import (
     DEFAULT_WAIT_S,
     DONE,
@@ -118,15 +117,9 @@ async def _send(
     publisher = clients.publisher()
     await publisher.start()
     try:
-        reader = clients.reader()
-        await reader.start()
-        deadline = asyncio.get_running_loop().time() + wait_s
-        try:
+        # `--wait` bounds the reader's stop too (`reader_for`).
+        async with reader_for(clients, wait_s) as reader:
             return await submit(publisher, reader, cmd, partitions, wait_s)
-        finally:
-            # `--wait` bounds the reader's stop too: librdkafka's closes after the read's
-            # call in flight, which a read cut at the deadline leaves waiting up to 30 s.
-            await stop_by(deadline, reader.stop(), "the results' reader")
     finally:
         await publisher.stop()
 

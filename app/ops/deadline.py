@@ -1,16 +1,21 @@
 """A wait bounded by one deadline over several awaits (`by`): an operator's request waits
 for its answer through calls that may each wait far longer (a `Reader`'s requests, 40 s,
 for a partition leader that is gone) than the caller's `--wait`; and the stop of the client
-it read through, bounded by the same deadline (`stop_by`)."""
+it read through, bounded by the same deadline (`stop_by`); and a results reader opened for
+such a wait (`reader_for`), which every change's sender uses, so none stops unbounded."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable
-from typing import TypeVar
+from collections.abc import AsyncIterator, Awaitable
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING, TypeVar
 
-__all__ = ["STOP_GRACE_S", "by", "stop_by"]
+if TYPE_CHECKING:
+    from app.kafka.ports import Clients, ReaderClient
+
+__all__ = ["STOP_GRACE_S", "by", "reader_for", "stop_by"]
 
 logger = logging.getLogger(__name__)
 
@@ -55,3 +60,21 @@ async def stop_by(deadline: float, stop: Awaitable[None], what: str) -> None:
 async def _done(stop: Awaitable[None]) -> bool:
     await stop
     return True
+
+
+@asynccontextmanager
+async def reader_for(
+    clients: Clients, wait_s: float, what: str = "the results' reader"
+) -> AsyncIterator[ReaderClient]:
+    """A reader of `clients`, started, for a wait of `wait_s` seconds from now: its stop on
+    the way out is bounded by that wait (`stop_by`), as the reads through it are. Every
+    change that waits for its answers (the CLI's, the web edge's routes and page buttons)
+    reads through one: librdkafka's reader, stopped plainly after a read cut at the
+    deadline, held the answer up to its own timeout (30 s) past the wait."""
+    reader = clients.reader()
+    await reader.start()
+    deadline = asyncio.get_running_loop().time() + wait_s
+    try:
+        yield reader
+    finally:
+        await stop_by(deadline, reader.stop(), what)

@@ -57,6 +57,7 @@ from app.jobs import (
     instance_ids,
 )
 from app.ops import job_api
+from app.ops.deadline import reader_for
 from app.ops.job_answers import answer_status, command_outcome, job_error
 from app.ops.job_api import JobInputError, json_field
 from app.ops.job_models import (
@@ -305,15 +306,15 @@ class JobRoutes:
         self, action: str, context: str, job: Job, commands: list[CommandEnvelope]
     ) -> web.Response:
         node = self._node
-        reader = node.clients.reader()
         try:
-            await reader.start()
             try:
-                results = await job_api.send_and_wait(
-                    node.producer, reader, node.settings.partitions, commands, self._wait_s
-                )
+                # The wait bounds the reader's stop too (`reader_for`): librdkafka's,
+                # stopped plainly, held the answer up to 30 s past it.
+                async with reader_for(node.clients, self._wait_s) as reader:
+                    results = await job_api.send_and_wait(
+                        node.producer, reader, node.settings.partitions, commands, self._wait_s
+                    )
             finally:
-                await reader.stop()
                 self._folds.forget()  # written, or maybe: the next list reads it
         except KafkaUnavailable as exc:
             # Sent or not: the same request ids, sent again, change nothing more.

@@ -35,6 +35,7 @@ from app.errors import BadInput, KafkaUnavailable
 from app.jobs import SCHEDULE, instance_ids
 from app.ops import job_api
 from app.ops.cluster_page import JobRow
+from app.ops.deadline import reader_for
 from app.ops.forms import new_form_id, problems
 from app.ops.job_api import JobInputError, json_field
 from app.ops.timer_api import (
@@ -238,14 +239,11 @@ class PageActions:
                 f"{f.action} (set it again to start it anew); nothing was sent.",
             )
         try:
-            reader = node.clients.reader()
-            await reader.start()
-            try:
+            # The wait bounds the reader's stop too (`reader_for`), as the routes' does.
+            async with reader_for(node.clients, self._wait_s) as reader:
                 result = await submit(
                     node.producer, reader, cmd, node.settings.partitions, self._wait_s
                 )
-            finally:
-                await reader.stop()
         except KafkaUnavailable as exc:
             return self._unsent(what, exc)
         return self._page.confirm(rid, _said(what, rid, [result], self._wait_s), f.back)
@@ -270,14 +268,10 @@ class PageActions:
             return self._page.bad(str(exc))
         what = f"{_LABELS[f.action]} of job {f.context}/{f.job} ({len(commands)} instance(s))"
         try:
-            reader = node.clients.reader()
-            await reader.start()
-            try:
+            async with reader_for(node.clients, self._wait_s) as reader:
                 got = await job_api.send_and_wait(
                     node.producer, reader, node.settings.partitions, commands, self._wait_s
                 )
-            finally:
-                await reader.stop()
         except KafkaUnavailable as exc:
             return self._unsent(what, exc)
         results = [got.get(c.request_id) for c in commands]

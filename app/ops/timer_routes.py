@@ -40,7 +40,6 @@ it answered ERROR. The writes need the web token, as every action does.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import time
 from typing import TYPE_CHECKING, Any
@@ -49,7 +48,7 @@ from aiohttp import web
 
 from app.clients.timer_book import RULE_ENDED
 from app.errors import KafkaUnavailable
-from app.ops.deadline import stop_by
+from app.ops.deadline import reader_for
 from app.ops.json_answers import json_response
 from app.ops.timer_api import (
     ACTIONS,
@@ -258,18 +257,12 @@ class TimerRoutes:
 
     async def _send(self, cmd: CommandEnvelope, refused: int = 422) -> web.Response:
         node = self._node
-        reader = node.clients.reader()
         try:
-            await reader.start()
-            deadline = asyncio.get_running_loop().time() + self._wait_s
-            try:
+            # The wait bounds the reader's stop too (`reader_for`).
+            async with reader_for(node.clients, self._wait_s) as reader:
                 result = await submit(
                     node.producer, reader, cmd, node.settings.partitions, self._wait_s
                 )
-            finally:
-                # The wait bounds the reader's stop too: librdkafka's closes after the
-                # read's call in flight, which a read cut at the deadline leaves waiting.
-                await stop_by(deadline, reader.stop(), "the results' reader")
         except KafkaUnavailable as exc:
             # Sent or not: the same request id, sent again, changes nothing more.
             return json_response(

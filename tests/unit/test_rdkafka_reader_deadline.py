@@ -1,4 +1,5 @@
-"""A change's wait (`tickwheel timers set --wait`, the web edge's timer routes) bounds the
+"""A change's wait (`tickwheel timers set --wait`, the web edge's timer and job routes, the
+page's timer and job buttons: each reads through `app.ops.deadline.reader_for`) bounds the
 librdkafka reader's stop too, not only its reads: a read cut at the deadline leaves its call
 in flight on the reader's thread (librdkafka's watermarks wait up to the reader's timeout,
 30 s, for a partition leader that is gone), and the consumer's close waits behind it. The
@@ -17,17 +18,23 @@ from types import SimpleNamespace
 from typing import Any, ClassVar, cast
 
 import pytest
-from fakes import T0
+from fakes import MIN, T0
+from multidict import MultiDict
 
 import app.ops.deadline
 from app.cli.timer_changes import send_change
+from app.clients.timer_book import timer_book
+from app.jobs import Job, JobRun, JobScope
+from app.jobs.commands import trigger_command
 from app.kafka import TopicSpec, rdkafka_reader
 from app.kafka.memory import MemoryLog
 from app.kafka.rdkafka_reader import RdkafkaReader
+from app.ops.job_routes import JobRoutes
+from app.ops.page_actions import PageActions
 from app.ops.timer_routes import TimerRoutes
 from app.protocol.topics import AggregateTopics, ContextTopics
 from app.protocol.wire import CommandEnvelope, decode
-from tables import AggregateRef
+from tables import AggregateRef, IntervalRule
 
 P = 2
 BOOK = AggregateTopics("shop", "reminders")
@@ -114,6 +121,51 @@ async def test_the_web_edges_wait_bounds_the_readers_stop() -> None:
     began = time.monotonic()
     answer = await asyncio.wait_for(routes._send(CMD), 5.0)
     assert answer.status == 504  # no answer in time, with the request id to send again
+    assert time.monotonic() - began < WAIT_S + GRACE_S + 1.0
+
+
+def _run(run: JobRun) -> None:
+    pass
+
+
+JOB = Job("minutely", JobScope.SYSTEM, IntervalRule(start=T0, every=MIN), _run)
+SCHEDULE = AggregateTopics("shop", "schedule")
+
+
+def _node(topics: AggregateTopics) -> Any:
+    """A stand-in for the node, its clients the cluster above."""
+    log = Cluster([TopicSpec(topics.commands, P), TopicSpec(RESULTS, P)])
+    return SimpleNamespace(
+        clients=log,
+        producer=log.publisher(),
+        settings=SimpleNamespace(partitions=P),
+        aggregates={BOOK.type_name: timer_book("shop", "reminders")},
+        types={},
+        service=SimpleNamespace(jobs={"shop": [JOB]}),
+    )
+
+
+async def test_the_job_routes_wait_bounds_the_readers_stop() -> None:
+    routes = JobRoutes(_node(SCHEDULE), WAIT_S)
+    cmd = trigger_command("shop", JOB, request_id="r-1")
+    began = time.monotonic()
+    answer = await asyncio.wait_for(routes._send("trigger", "shop", JOB, [cmd]), 5.0)
+    assert answer.status == 504  # no answer in time, with the request ids to send again
+    assert time.monotonic() - began < WAIT_S + GRACE_S + 1.0
+
+
+@pytest.mark.parametrize("button", ["timer", "job"])
+async def test_the_pages_buttons_wait_bounds_the_readers_stop(button: str) -> None:
+    page = SimpleNamespace(confirm=lambda rid, message, back: message)
+    actions = PageActions(_node(BOOK if button == "timer" else SCHEDULE), cast(Any, page), WAIT_S)
+    began = time.monotonic()
+    if button == "timer":
+        form = dict(action="cancel", type=BOOK.type_name, owner="o-1", key="k", request_id="f1")
+        said = await asyncio.wait_for(actions.timer(MultiDict(form)), 5.0)
+    else:
+        form = dict(action="trigger", context="shop", job=JOB.name, request_id="f1")
+        said = await asyncio.wait_for(actions.job(MultiDict(form)), 5.0)
+    assert "not answered in" in cast(str, said), said
     assert time.monotonic() - began < WAIT_S + GRACE_S + 1.0
 
 
