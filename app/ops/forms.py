@@ -11,12 +11,13 @@ from typing import Final, TypeVar, cast
 from aiohttp import BodyPartReader, hdrs, web
 from aiohttp.http_exceptions import HttpProcessingError
 from multidict import MultiDict, MultiMapping
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from yarl import URL
 
 from app.errors import BadInput, TickwheelError
 from app.protocol.topics import parse_aggregate_type
 from tables import DEFAULT_TENANT, AggregateRef
+from tables.refs import unusable_request_id
 
 __all__ = [
     "TOKEN_FIELD",
@@ -60,6 +61,19 @@ class OperatorForm(BaseModel):
         description='a Retry\'s "past the request-id window" box: also the parked timers '
         "whose slot their target may have forgotten (`TimerOp.past_window`)",
     )
+
+    @field_validator("request_id")
+    @classmethod
+    def _usable(cls, value: str | None) -> str | None:
+        # The one rule of every sender of a change (`unusable_request_id`: the CLI, the
+        # JSON routes, the page's buttons): a control character garbles the logs and
+        # pages that print the id. (The form's fields come stripped: no spaces around.)
+        if value is not None and unusable_request_id(value):
+            raise ValueError(
+                f"{value[:80]!r}: give 1-100 characters, no surrounding spaces or control "
+                "characters"
+            )
+        return value
 
 
 def owner_query(query: MultiMapping[str]) -> tuple[str, str] | None:

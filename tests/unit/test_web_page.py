@@ -376,6 +376,9 @@ async def test_an_empty_tenant_is_the_default_tenant(site: Site) -> None:
         ({"target_tenant": "x" * 201}, "bad target: tenant: String should have at most 200"),
         ({"target_id": "x" * 501}, "bad target: id: String should have at most 500"),
         ({"extra": "1"}, "bad form: extra: Extra inputs are not permitted"),
+        # A request id the CLI, the JSON routes and the page's buttons refuse too.
+        ({"request_id": "a\x01b"}, "bad form: request_id: Value error, &#39;a\\x01b&#39;: give"),
+        ({"request_id": "a\x7f"}, "no surrounding spaces or control characters"),
     ],
 )
 async def test_a_bad_form_is_a_400_page_and_sends_nothing(
