@@ -356,10 +356,20 @@ async def test_a_bad_action_request_is_a_4xx_naming_its_field_and_sends_nothing(
     assert all(edge.log.records(BOOK.commands, p) == [] for p in range(2))
 
 
-async def test_an_empty_object_is_no_body(edge: Edge) -> None:
+@pytest.mark.parametrize("body", [b"{}", b"{ }", b" {\r\n\t}\n"])
+async def test_an_empty_object_is_no_body(edge: Edge, body: bytes) -> None:
+    """As the docs say: no body, or an empty JSON object, however it is spaced."""
     assert (await edge.call("PUT", f"{PATH}/e", once(T0 + 9_000, "e")))[0] == 200
-    status, answer = await edge.call("POST", f"{PATH}/e/pause?request_id=p-e", b"{}")
+    status, answer = await edge.call("POST", f"{PATH}/e/pause?request_id=p-e", body)
     assert (status, answer["code"], answer["request_id"]) == (200, "COMMITTED", "p-e")
+
+
+@pytest.mark.parametrize("body", [b"[]", b"null", b"{}{}", b'{"request_id": "x"}', b"{"])
+async def test_a_body_other_than_an_empty_object_is_a_400(edge: Edge, body: bytes) -> None:
+    got, answer = await edge.call("POST", f"{PATH}/k/trigger?request_id=t-k", body)
+    assert (got, answer["field"]) == (400, "body"), answer
+    assert "takes no body" in answer["error"], answer
+    assert all(edge.log.records(BOOK.commands, p) == [] for p in range(2))
 
 
 async def test_actions_need_the_token_and_send_nothing_without_it(edge: Edge) -> None:
