@@ -121,6 +121,8 @@ def a_path(value: str) -> Path:
     variable) silently became."""
     if not value.strip():
         raise typer.BadParameter("a directory path, not empty")
+    if "\x00" in value:  # pathlib's checks take it for a missing directory, its writes fail
+        raise typer.BadParameter("a directory path holds no NUL character")
     return Path(value)
 
 

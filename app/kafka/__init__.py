@@ -10,7 +10,7 @@ and, for the transactional writer and the changelog reader, over librdkafka
 (`rdkafka_writer`, `rdkafka_reader`, chosen with `KafkaClients(client="confluent")`, each
 writer's and reader's calls on a `call_thread.CallThread`).
 
-May import: `app.errors`, `app.backoff`.
+May import: `app.errors`, `app.backoff`, `app.log_limit`.
 """
 
 from app.kafka.admin import (

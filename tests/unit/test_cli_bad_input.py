@@ -108,6 +108,13 @@ def test_an_empty_schemas_directory_is_a_bad_option(
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_schemas_directory_with_a_nul_character_is_a_bad_option() -> None:
+    # pathlib's is_dir said False for it, then the write raised ValueError: "unexpected".
+    for check in ([], ["--check"]):
+        line = one_error(invoke(["schemas", "--dir", "./x\x00", *check]), 2)
+        assert "a directory path holds no NUL character" in line, line
+
+
 def test_schemas_that_cannot_be_written_say_where(tmp_path: Path) -> None:
     (tmp_path / "a-file").write_text("")
     where = tmp_path / "a-file" / "schemas"  # a file in the way: no directory can be made
