@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 import shlex
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 
@@ -15,6 +15,7 @@ from app.cli.common import unsettled
 from app.errors import JobsCliError
 from app.jobs import SCHEDULE, TRIGGER, Job
 from app.kafka import Producer, Reader, ensure_topics, require_topic
+from app.kafka.cluster import count_differs
 from app.kafka.connection import Connectable
 from app.kafka.records import Replication
 from app.node import node_topics
@@ -29,6 +30,7 @@ from tables.partitioner import partition_of
 __all__ = [
     "FAILED_CODES",
     "InstanceState",
+    "LogInstances",
     "find_job",
     "instance_commands",
     "parse_rule_option",
@@ -103,15 +105,22 @@ def _resend(commands: Sequence[CommandEnvelope], partitions: int) -> str:
     return f"send each run again {learn}: {each}"
 
 
+class LogInstances(NamedTuple):
+    """The instances of a context's jobs as its schedule log has them, and the log's
+    partition count they were read with."""
+
+    partitions: int
+    states: list[InstanceState]
+
+
 async def read_instances(
-    bootstrap: Connectable,
-    context: str,
-    jobs: Iterable[Job],
-    partitions: int,
-    limits: InputLimits,
-) -> list[InstanceState]:
+    bootstrap: Connectable, context: str, jobs: Iterable[Job], limits: InputLimits
+) -> LogInstances:
     """The instances of `context`'s jobs folded from its schedule log, as they are now
-    (its records held to `limits`, the workers' bounds).
+    (its records held to `limits`, the workers' bounds), read with the log's own partition
+    count, as the read-only commands read a topic: TICKWHEEL_PARTITIONS of another count
+    would look for each instance in another partition and pass its records over as
+    misrouted, showing no state at all.
 
     Creates no topic: `MissingTopic` when the log is not there (no instance was enabled).
     """
@@ -120,18 +129,24 @@ async def read_instances(
         bootstrap, topics.events, f"no instance of {context}'s jobs has been enabled there"
     )
     async with Reader(bootstrap) as reader:
-        return await job_api.read_instances(reader, context, jobs, partitions, have, limits)
+        states = await job_api.read_instances(reader, context, jobs, have, have, limits)
+    return LogInstances(have, states)
 
 
 async def read_instance_events(
     bootstrap: Connectable, ref: AggregateRef, partitions: int, limits: InputLimits
 ) -> list[EventEnvelope]:
     """The events of the job instance `ref`, in log order, from its partition of its
-    context's schedule log (held to the workers' `limits`). Creates no topic:
+    context's schedule log (held to the workers' `limits`). For a backfill, which writes
+    with `partitions`: a log of another count is refused as the commands that write refuse
+    it (`count_differs`), before anything is planned; read with the wrong count, the
+    instance's events are passed over and the plan finds no slot. Creates no topic:
     `MissingTopic` when the log is not there."""
     topics = AggregateTopics(ref.context, SCHEDULE)
-    await require_topic(
+    have = await require_topic(
         bootstrap, topics.events, f"no instance of {ref.context}'s jobs has been enabled there"
     )
+    if have != partitions:
+        raise count_differs(topics.events, have, partitions)
     async with Reader(bootstrap) as reader:
         return await job_api.read_instance_events(reader, ref, partitions, limits)

@@ -238,7 +238,8 @@ def list_(
     as_json: Json = False,
 ) -> None:
     """Prints the service's jobs (scope, default rule) and their instances' ids; with
-    --state, each instance as its schedule log has it (read only: creates no topic)."""
+    --state, each instance as its schedule log has it, by the log's own partition count
+    (read only: creates no topic)."""
     settings = settings_for(bootstrap, partitions)
     found = load_service(service)
     contexts = sorted(c for c, jobs in found.jobs.items() if jobs)
@@ -256,17 +257,21 @@ def list_(
             known = ", ".join(sorted({j.name for c in contexts for j in found.jobs[c]}))
             raise fail(f"unknown job {job_name!r} {where} (jobs: {known})")
         contexts = sorted(listed)
-    n = settings.partitions
+    counts: dict[str, int] = {}
     for ctx in contexts:
+        n = settings.partitions
         states: dict[tuple[str, str], InstanceState] = {}
         if state:
-            read = run(
+            # Read only: with the log's own count, whatever TICKWHEEL_PARTITIONS says; a
+            # SHARDED job's instances (their ids name the count) are listed by it too.
+            n, read = run(
                 checked(
                     settings.kafka,
-                    read_instances(settings.kafka, ctx, found.jobs[ctx], n, settings.limits),
+                    read_instances(settings.kafka, ctx, found.jobs[ctx], settings.limits),
                 )
             )
             states = {(s.tenant, s.id): s for s in read}
+        counts[ctx] = n
         for job in listed[ctx]:
             ids = sorted(instance_ids(ctx, job, n), key=lambda i: partition_of(i, n))
             seen = [s for (_, i), s in sorted(states.items()) if i in ids]
@@ -292,7 +297,17 @@ def list_(
             for s in seen:
                 typer.echo(f"\t\t{_state_line(s)}")
     if not as_json:
-        typer.echo(f"{len(contexts)} context(s) with jobs, {n} partition(s)", err=True)
+        typer.echo(
+            f"{len(contexts)} context(s) with jobs, {_counts(counts, settings.partitions)}",
+            err=True,
+        )
+
+
+def _counts(counts: dict[str, int], default: int) -> str:
+    """The partition count the instances were listed with: one for all, or each log's."""
+    if len(set(counts.values())) > 1:
+        return "partitions: " + ", ".join(f"{printable(c)} {n}" for c, n in counts.items())
+    return f"{next(iter(counts.values()), default)} partition(s)"
 
 
 def _state_json(s: InstanceState) -> dict[str, Any]:

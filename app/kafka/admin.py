@@ -16,7 +16,7 @@ from aiokafka.errors import KafkaError, TopicAlreadyExistsError
 from aiokafka.protocol.metadata import MetadataRequest
 
 from app.errors import KafkaUnavailable
-from app.kafka.cluster import missing_topics
+from app.kafka.cluster import count_differs, missing_topics
 from app.kafka.connection import Connectable, address, client_options
 from app.kafka.records import (
     Replication,
@@ -136,10 +136,7 @@ async def ensure_topics(
                     check_created(bootstrap, creation_errors(one))
                 continue
             if len(found[s.name]) != s.partitions:
-                raise KafkaUnavailable(
-                    f"topic {s.name} has {len(found[s.name])} partitions, expected "
-                    f"{s.partitions}: co-partitioned topics must all have the same count"
-                )
+                raise count_differs(s.name, len(found[s.name]), s.partitions)
         await check_compacted(
             admin,
             [s.name for s in specs if s.compacted and s.name in found],

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from app.errors import MissingTopic
+from app.errors import KafkaUnavailable, MissingTopic
 from app.kafka.ports import Admin
 
 __all__ = [
+    "count_differs",
     "delete_records",
     "existing_topics",
     "missing_topics",
@@ -39,6 +40,16 @@ def missing_topics(where: str, topics: dict[str, str], found: Iterable[str]) -> 
     said = "; ".join(f"topic {t} does not exist at {where}: {topics[t]}" for t in missing)
     return MissingTopic(
         f"{said} (nothing was created; is KAFKA_BOOTSTRAP_SERVERS or --bootstrap the cluster's?)"
+    )
+
+
+def count_differs(topic: str, have: int, expected: int) -> KafkaUnavailable:
+    """The error of a command that writes to `topic` (or plans what it would write) with
+    `expected` partitions where the topic has `have`: an instance's or a target's records
+    would go to another partition than the one the workers read them in."""
+    return KafkaUnavailable(
+        f"topic {topic} has {have} partitions, expected {expected}: "
+        "co-partitioned topics must all have the same count"
     )
 
 

@@ -34,7 +34,7 @@ from app.errors import (
     MissingTopic,
     NoTimers,
 )
-from app.kafka.cluster import existing_topics, require_topic
+from app.kafka.cluster import count_differs, existing_topics, require_topic
 from app.kafka.ports import Clients
 from app.kafka.records import OutRecord, Record
 from app.protocol.topics import parse_aggregate_type
@@ -164,10 +164,7 @@ async def send_op(clients: Clients, type_name: str, op: TimerOp, partitions: int
             "cluster?); nothing was created or sent"
         )
     if found[topic] != partitions:
-        raise KafkaUnavailable(
-            f"topic {topic} has {found[topic]} partitions, expected {partitions}: "
-            "co-partitioned topics must all have the same count"
-        )
+        raise count_differs(topic, found[topic], partitions)
     producer = clients.publisher()
     try:
         await producer.start()

@@ -28,6 +28,7 @@ import app.cli.timer_changes
 import app.cli.timers
 import app.ops.rebuild
 from app.cli import cli
+from app.cli.job_actions import LogInstances
 from app.cli.rebuild import Ended, RebuildRun, run_rebuild
 from app.jobs import TICK_KEY, Job, JobRun, JobScope, ScheduleState, ref_of
 from app.ops.job_api import InstanceState
@@ -90,10 +91,8 @@ def test_jobs_list_escapes_what_an_instances_state_holds(monkeypatch: pytest.Mon
     state = ScheduleState(job="report", enabled=True, override={"note": "\x9b2J\u2028\x7f"})
     held = InstanceState(f"t{FORGED}", "report", 3, state, f"ValueError: bad{FORGED}")
 
-    async def read(
-        kafka: object, context: str, jobs: object, n: int, limits: object
-    ) -> list[InstanceState]:
-        return [held]
+    async def read(kafka: object, context: str, jobs: object, limits: object) -> LogInstances:
+        return LogInstances(12, [held])
 
     monkeypatch.setattr(app.cli.jobs, "read_instances", read)
     result = CliRunner().invoke(cli, ["jobs", "list", *JOB, "--state", "--bootstrap", "b:1"])
@@ -339,11 +338,9 @@ def test_jobs_list_state_holds_the_log_to_the_workers_record_bounds(
     # both, one within a raised bound by neither.
     seen: list[Any] = []
 
-    async def read(
-        kafka: object, context: str, jobs: object, n: int, limits: Any
-    ) -> list[InstanceState]:
+    async def read(kafka: object, context: str, jobs: object, limits: Any) -> LogInstances:
         seen.append(limits)
-        return []
+        return LogInstances(12, [])
 
     monkeypatch.setattr(app.cli.jobs, "read_instances", read)
     monkeypatch.setenv("TICKWHEEL_MAX_RECORD_BYTES", "4096")

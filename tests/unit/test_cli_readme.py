@@ -394,7 +394,20 @@ def _read_only_commands(context: str) -> list[list[str]]:
         ["dead-letters", "list", "--context", context, "--stage", "read"],
         ["dead-letters", "show", "--context", context, "--offset", "0"],
         ["jobs", "list", "--service", f"{__name__}:RO_SERVICE", "--state"],
-        [*RO_BACKFILL, "--context", context, "--from", "0", "--until", "86400000", "--dry-run"],
+        # A backfill's dry run plans what it would send: with the count it writes with,
+        # which must be the log's (another is refused, as by the commands that write).
+        [
+            *RO_BACKFILL,
+            "--context",
+            context,
+            "--from",
+            "0",
+            "--until",
+            "86400000",
+            "--dry-run",
+            "--partitions",
+            "3",
+        ],
         ["rebuild", "--type", f"{context}.order", "--dry-run"],
     ]
 
