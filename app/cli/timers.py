@@ -2,9 +2,10 @@
 
 The read-only commands (`list`, `upcoming`, `show`, `ledger`, and `tickwheel jobs list --state`,
 `tickwheel rebuild --dry-run`) never create a topic: one that is not there is an error
-that names it (exit code 1). `retry` and `skip` write requests, and create the timer-ops
-topic as a worker would; a request sent again under its `--request-id` within the workers'
-de-duplication window is carried out once (`app.timers.applied_ops`). They wait
+that names it (exit code 1). `retry` and `skip` write requests to the timer-ops topic the
+workers make and create none either (not there: an error naming it, exit 1, nothing sent);
+one sent again under its `--request-id` within the workers' de-duplication window is
+carried out once (`app.timers.applied_ops`). They wait
 (`--wait`) for each partition's owner to answer what it did (`app.cli.timer_op_answers`).
 `set` and `cancel` (`app.cli.timer_changes`) send a timer book its commands and create nothing.
 """
