@@ -48,7 +48,8 @@ def next_(
         str,
         typer.Argument(
             metavar="EXPR",
-            help="cron:<expression>, interval:<every>[@<start>], once:<instant>, or the "
+            # `\\[`: typer renders help as rich markup, where `[@<start>]` is a tag.
+            help="cron:<expression>, interval:<every>\\[@<start>], once:<instant>, or the "
             "rule's JSON object as the wire format has it",
         ),
     ],

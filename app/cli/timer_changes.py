@@ -168,7 +168,8 @@ def set_(
         str,
         typer.Option(
             metavar="EXPR",
-            help="cron:<expression>, interval:<every>[@<start>], once:<instant>, or the "
+            # `\\[`: typer renders help as rich markup, where `[@<start>]` is a tag.
+            help="cron:<expression>, interval:<every>\\[@<start>], once:<instant>, or the "
             "rule's JSON object (as `tickwheel rules next` reads it)",
         ),
     ],
