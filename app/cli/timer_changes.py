@@ -220,7 +220,7 @@ def set_(
                 request_id=request_id,
             )
         except ValidationError as exc:
-            raise field_of(exc) from exc
+            raise _option_of(exc) from exc
         cmd = set_command(
             timer_book(book.context, book.aggregate),
             owner_ref(book.type_name, owner, tenant),
@@ -229,10 +229,35 @@ def set_(
             now,
             limits=settings.limits,
         )
-    except (BadExpression, BadRequest) as exc:
+    except BadRequest as exc:
+        raise fail(str(_as_option(exc)), CONFIG_ERROR) from exc
+    except BadExpression as exc:
         raise fail(str(exc), CONFIG_ERROR) from exc
     result = run(checked(settings.kafka, send_change(clients_for(settings), cmd, wait)))
     _answer("set", cmd, result, as_json)
+
+
+_SET_OPTIONS = {
+    ("TargetSpec", "type"): "--target-type",
+    ("TargetSpec", "id"): "--target",
+    ("CommandSpec", "type"): "--command",
+    # `set_command`'s, of the target it makes of them (its tenant is the owner's).
+    (None, "target.context"): "--target-type",
+    (None, "target.aggregate"): "--target-type",
+    (None, "target.id"): "--target",
+}
+"""The option of `set` that gave a model's field: named by the field, `type` would read
+as `--type` and `id` as the owner's (`--owner`)."""
+
+
+def _option_of(exc: ValidationError) -> BadRequest:
+    """`field_of` naming the option at fault."""
+    bad = field_of(exc)
+    return BadRequest(_SET_OPTIONS.get((exc.title, bad.field), bad.field), bad.message)
+
+
+def _as_option(exc: BadRequest) -> BadRequest:
+    return BadRequest(_SET_OPTIONS.get((None, exc.field), exc.field), exc.message)
 
 
 @timers_cli.command()

@@ -456,7 +456,7 @@ def test_a_duplicate_is_done_and_a_refusal_or_silence_exits_1(
         (["--rule", "once:0", "--body", f'{{"a":{10**29}}}'], f"a: integer {10**29} is outside"),
         (["--rule", "once:0", "--target-type", "shop.reminders"], "is the book itself"),
         (["--rule", '{"kind":"once","at":"0"}'], "once.at: Input should be a valid integer"),
-        (["--rule", "once:0", "--target", "p\x00"], "target.id: Value error, holds the control"),
+        (["--rule", "once:0", "--target", "p\x00"], "--target: Value error, holds the control"),
         (
             ["--rule", '{"kind":"interval","every":1000,"start":0,"count":1}'],
             "error: rule: the rule has no slot left",
