@@ -94,15 +94,22 @@ def readme_acl_commands() -> str:
     return blocks[0]
 
 
+def readme_env_line() -> str:
+    """The README's line that sets a shell's variables for the local secured broker."""
+    lines: list[str] = re.findall(r'`(eval "\$\(scripts/kafka-local env [^`]*)`', README)
+    assert lines == [f'eval "$(scripts/kafka-local env --user {USER})"'], lines
+    return lines[0]
+
+
 async def grant_as_the_readme_says(broker: kafka_broker.SecuredKafka, cluster: Cluster) -> None:
-    """Runs the README's `kafka-acls.sh` commands as written (bash, in the shell the README's
-    `eval "$(scripts/kafka-local env --user tickwheel)"` makes, with `CTX` and `GROUP` the
-    test's); returns once the broker applies exactly the ACLs `NODE_ACLS` lists."""
-    command = (
-        f'eval "$(scripts/kafka-local env --dir {broker.state_dir} --user {USER})"\n'
-        + readme_acl_commands()
-    )
+    """Runs the README's `eval "$(scripts/kafka-local env --user tickwheel)"` and its
+    `kafka-acls.sh` commands as written (bash, with `CTX` and `GROUP` the test's, and
+    `TICKWHEEL_STATE`, the script's default state dir, the session broker's); returns once
+    the broker applies exactly the ACLs `NODE_ACLS` lists."""
+    command = readme_env_line() + "\n" + readme_acl_commands()
     clean = {k: v for k, v in os.environ.items() if not k.startswith("KAFKA_")}
+    variables = {"CTX": cluster.context, "GROUP": cluster.group}
+    variables["TICKWHEEL_STATE"] = str(broker.state_dir)
     run = await asyncio.create_subprocess_exec(
         "bash",
         "-euo",
@@ -110,7 +117,7 @@ async def grant_as_the_readme_says(broker: kafka_broker.SecuredKafka, cluster: C
         "-c",
         command,
         cwd=ROOT,
-        env={**clean, "CTX": cluster.context, "GROUP": cluster.group},
+        env={**clean, **variables},
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
     )
