@@ -39,6 +39,7 @@ __all__ = [
     "TimerChange",
     "TimerStatus",
     "error_text",
+    "writable_text",
 ]
 
 MAX_ERROR_TEXT: Final = 1_000
@@ -47,11 +48,27 @@ CUT_MARKER: Final = " …[cut]"
 """What ends an error text cut to `MAX_ERROR_TEXT` characters."""
 
 
+def writable_text(text: str) -> str:
+    """`text` as UTF-8 can hold it: a lone surrogate (text decoded with errors=
+    "surrogateescape", as `os.fsdecode` does) written as its escape, `\\udce9`. Any text a
+    service's code gives (an exception's, a rejection's reason) may hold one, and a record
+    holding it cannot be encoded: the partition writing it would fail again at each retake."""
+    if text.isascii():
+        return text
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "backslashreplace").decode()
+    return text
+
+
 def error_text(message: str) -> str | None:
     """An attempt's error message as a row keeps it: None if empty, else at most
-    `MAX_ERROR_TEXT` characters, a longer one cut and ending in `CUT_MARKER`."""
+    `MAX_ERROR_TEXT` characters, a longer one cut and ending in `CUT_MARKER`; writable
+    (`writable_text`)."""
     if not message:
         return None
+    message = writable_text(message)
     if len(message) <= MAX_ERROR_TEXT:
         return message
     return message[: MAX_ERROR_TEXT - len(CUT_MARKER)] + CUT_MARKER

@@ -26,6 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from app.errors import BadRecord
 from app.protocol.topics import ContextTopics
+from tables.timer import writable_text
 
 __all__ = [
     "DEAD_LETTER_TOPIC_BYTES",
@@ -175,11 +176,12 @@ def _size(key: bytes | None, value: bytes | None, headers: Headers) -> int:
 
 
 def error_message(error: BaseException) -> str:
-    """What `error` says (its `str`, else its `repr`), or that it cannot be read: a
-    handler's exception whose text read once may fail when read again (it reads a response
-    closed since), and the dead letter of its record must still be written."""
+    """What `error` says (its `str`, else its `repr`), writable (`writable_text`), or that
+    it cannot be read: a handler's exception whose text read once may fail when read again
+    (it reads a response closed since), and the dead letter of its record must still be
+    written."""
     try:
-        return str(error) or repr(error)
+        return writable_text(str(error) or repr(error))
     except Exception:
         return f"{type(error).__name__} (its text cannot be read)"
 
@@ -197,14 +199,14 @@ def dead_letter(
     if isinstance(error, BaseException):
         kind, message = type(error).__name__, error_message(error)
     else:
-        kind, message = BadRecord.__name__, error
+        kind, message = BadRecord.__name__, writable_text(error)
     context = DeadLetterContext(
         topic=record.topic,
         partition=record.partition,
         offset=record.offset,
         timestamp=record.timestamp,
         stage=stage,
-        exception_class=kind,
+        exception_class=writable_text(kind),
         exception_message=message[:MAX_ERROR_CHARS],
         node=NODE,
         time=now,
