@@ -62,15 +62,17 @@ class CommandBatch:
     # The due times (`not_before`, epoch ms) of the scheduled commands, every timer's, this
     # batch decided for good: their lateness is measured once the batch commits.
     fired_due: list[int] = field(default_factory=list)
-    # The timer events (`wow.*`) decided and not yet carried out on the timer table: the
-    # partition's cycle does so at once, before anything of it fires (`take_timer_events`).
-    timer_events: list[EventEnvelope] = field(default_factory=list)
+    # The timer events (`wow.*`) decided and not yet carried out on the timer table, each
+    # with its timer operation as the processor checked it (None: not checked): the
+    # partition's cycle carries them out at once, before anything of it fires
+    # (`take_timer_events`).
+    timer_events: list[tuple[EventEnvelope, object]] = field(default_factory=list)
     # When its cycle's budget for deciding ends (`app.node.cycle_work.DECIDE_BUDGET_S`), on
     # the process's monotonic clock (the node's own is injected, and frozen by tests):
     # past it, no more is begun but the first of a call. None: no end.
     deadline: float | None = None
 
-    def take_timer_events(self) -> list[EventEnvelope]:
+    def take_timer_events(self) -> list[tuple[EventEnvelope, object]]:
         events, self.timer_events = self.timer_events, []
         return events
 

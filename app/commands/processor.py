@@ -51,6 +51,7 @@ from app.protocol.wire import (
     EventEnvelope,
     ResultCode,
     encode,
+    unknown_system_event,
 )
 from tables.aggregate_store import AggregateStateStore
 
@@ -86,12 +87,18 @@ class CommandProcessor:
         limits: InputLimits | None = None,
         request_id_window: int = 7 * 24 * 3_600_000,
         targets: TopicCatalog | None = None,
+        timer_op: Callable[[EventEnvelope, int], object] | None = None,
     ) -> None:
         self.agg = agg
         # The cluster's topics: a decision sending to a command topic not there is refused
         # (its send would fail the partition's transaction, again at each retake).
         self.targets = targets
         self._unreachable = None if targets is None else partial(unreachable, targets)
+        # What a decision's system event (decided at a time) does to the timers, as the
+        # node's subscription will take it, bound to the partition (the node's
+        # `app.timers.decided_ops.decided_timer_op`): `BadRecord` for one it would refuse,
+        # the decision then answered ERROR, nothing of it written. None: not checked.
+        self._timer_op = timer_op
         self.partition = partition
         self.partitions = partitions
         self.topics = AggregateTopics(agg.context, agg.name)
@@ -335,12 +342,13 @@ class CommandProcessor:
             out += [command_record(c) for c in d.commands]
             state = self._states.encode(aid, stored, d.stored)  # past its bound: refused
             check_sizes(out, self.limits.max_record_bytes)
+            timer_events = self._timer_events(d.events, batch.now)
             batch.staged[aid] = d.stored
             batch.encoded[aid] = state
             batch.following[aid] = None
             batch.applied.add((aid, cmd.request_id))
             batch.out += out
-            batch.timer_events += [e for e in d.events if e.type in SYSTEM_EVENTS]
+            batch.timer_events += timer_events
             batch.stats.committed += 1
             batch.stats.events += len(d.events)
         batch.stats.codes[d.code] += 1
@@ -348,3 +356,18 @@ class CommandProcessor:
             batch.fired_due.append(cmd.not_before)
         version = d.stored.version if d.stored else (stored.version if stored else None)
         return d, version
+
+    def _timer_events(
+        self, events: list[EventEnvelope], now: int
+    ) -> list[tuple[EventEnvelope, object]]:
+        """A new decision's system events, each with what it does to the timers (None when
+        not checked: no `timer_op`); `BadRecord` for a `wow.` event the node's subscription
+        would refuse (dead-lettered, no timer changed, its sender told COMMITTED). Decided
+        events alone: the log's are the subscription's to take or refuse, as ever."""
+        found: list[tuple[EventEnvelope, object]] = []
+        for e in events:
+            if (why := unknown_system_event(e.type, self.agg.appliers)) is not None:
+                raise BadRecord(f"{e.type} {e.id}: {why}")
+            if e.type in SYSTEM_EVENTS:
+                found.append((e, None if self._timer_op is None else self._timer_op(e, now)))
+        return found

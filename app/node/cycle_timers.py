@@ -19,7 +19,7 @@ from app.node.kept import KeptType
 from app.node.metrics import NodeMetrics
 from app.protocol.dead_letters import Stage
 from app.protocol.limits import InputLimits
-from app.protocol.wire import SYSTEM_EVENTS, EventEnvelope, OpOutcome, decode, decode_event
+from app.protocol.wire import EventEnvelope, OpOutcome, decode, decode_event, unknown_system_event
 from app.protocol.wire import TimerOp as OperatorRequest
 from app.timers.op_answers import answer_record
 from app.timers.operator import carry_out
@@ -47,10 +47,15 @@ class TimerTableCycles:
         back, they find it done (every timer operation is idempotent). Whether it wrote."""
         ops: list[TimerOp] = []
         ids: list[str] = []
-        for event in batch.take_timer_events():
+        for event, checked in batch.take_timer_events():
             try:
-                # The batch's events go to p's log.
-                op = timer_op(event, p, self.limits.max_record_bytes, w.now)
+                # As its decision was checked (`decided_timer_op`), or else now: the
+                # batch's events go to p's log.
+                op = (
+                    checked
+                    if isinstance(checked, TimerOp)
+                    else timer_op(event, p, self.limits.max_record_bytes, w.now)
+                )
             except BadRecord:
                 continue  # dead-lettered when the subscription reads it back
             if op is not None:
@@ -93,7 +98,7 @@ class TimerTableCycles:
         ops: list[tuple[Record, TimerOp]] = []
         p = records[0].partition
         batch = w.batch_of(p)  # None: p's aggregates are not decided here
-        known = SYSTEM_EVENTS | (kept.agg.appliers.keys() if kept.agg is not None else set())
+        appliers = kept.agg.appliers if kept.agg is not None else {}
         taken = len(records)
         for i, record in enumerate(records):
             if i and w.deadline is not None and past_deadline(w.deadline):
@@ -108,8 +113,8 @@ class TimerTableCycles:
                 if (why := misrouted(record, event.aggregate, self._partitions)) is not None:
                     w.counts.add(self._metrics.misplaced.labels(kept.name, str(p), "log"))
                     raise BadRecord(why)
-                if event.type.startswith("wow.") and event.type not in known:
-                    raise BadRecord(f"unknown system event type {event.type!r}")
+                if (why := unknown_system_event(event.type, appliers)) is not None:
+                    raise BadRecord(why)
                 stage = Stage.FOLLOW
                 if batch is not None and w.decider.follow(batch, event, record.offset):
                     w.counts.add(self._metrics.followed.labels(kept.name))

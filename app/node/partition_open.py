@@ -25,6 +25,7 @@ from app.node.local_state import CleanMarks
 from app.node.partition_transaction import ChangelogBehind, PartitionTransaction
 from app.node.task_shared import TaskShared
 from app.timers.applied_ops import read_applied_ops
+from app.timers.decided_ops import decided_timer_op
 from app.timers.restore import restore_partition, unreadable_letters
 from tables.keys import encode_timer
 from tables.partition_handle import PartitionHandle
@@ -60,6 +61,9 @@ async def open_partition(s: TaskShared, task: PartitionTask, topics: set[str]) -
                 limits=s.limits,
                 request_id_window=s.settings.request_id_window_ms,
                 targets=s.targets,
+                timer_op=functools.partial(
+                    decided_timer_op, partition=p, max_record_bytes=s.limits.max_record_bytes
+                ),
             )
             task.processor = processor
             progress = s.metrics.restore_progress(t.type_name, p, "states")

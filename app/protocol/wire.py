@@ -14,6 +14,7 @@ an older node must not silently ignore what a newer writer's rule says.
 from __future__ import annotations
 
 import logging
+from collections.abc import Container
 from typing import Annotated, Any, Final, TypeVar, cast
 
 import orjson
@@ -80,6 +81,7 @@ __all__ = [
     "encode",
     "error_reason",
     "load_json",
+    "unknown_system_event",
 ]
 
 logger = logging.getLogger(__name__)
@@ -107,6 +109,16 @@ SYSTEM_EVENTS: Final = frozenset(
     {SCHEDULE_SET, SCHEDULE_CANCELLED, SCHEDULE_PAUSED, SCHEDULE_RESUMED, AGGREGATE_DELETED}
 )
 """The `wow.` events any aggregate's log may hold (a schedule's own are its appliers')."""
+
+
+def unknown_system_event(type_: str, appliers: Container[str]) -> str | None:
+    """Why an event of `type_` has no place in the log of an aggregate whose appliers are
+    `appliers`: a `wow.` type neither a system event nor one of its own (a schedule's);
+    None when it has one."""
+    if type_.startswith("wow.") and type_ not in SYSTEM_EVENTS and type_ not in appliers:
+        return f"unknown system event type {type_!r}"
+    return None
+
 
 MAX_RECORD_BYTES: Final = 256 * 1024
 """Larger records are refused (dead-lettered) unless `TICKWHEEL_MAX_RECORD_BYTES` says
