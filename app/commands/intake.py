@@ -38,15 +38,20 @@ def read_command(
     return cmd
 
 
-class ReplyAddress(BaseModel):
-    """What an answer takes of a command record that does not read as a command: its
-    request id, its aggregate and its reply address, read as `CommandEnvelope` reads them,
-    the rest of the record passed over."""
+class _Answerable(BaseModel):
+    """What an answer needs of a command record at least: its request id and aggregate."""
 
     model_config = ConfigDict(extra="ignore", frozen=True)
 
     request_id: str = Field(min_length=1, max_length=MAX_REQUEST_ID)
     aggregate: AggregateRef
+
+
+class ReplyAddress(_Answerable):
+    """What an answer takes of a command record that does not read as a command: its
+    request id, its aggregate and its reply address, read as `CommandEnvelope` reads them,
+    the rest of the record passed over."""
+
     reply_to: str | None = Field(default=None, max_length=249)
     reply_partition: int | None = Field(default=None, ge=0, le=MAX_PARTITION)
 
@@ -55,7 +60,10 @@ def reply_address(r: Record, limits: InputLimits) -> ReplyAddress | None:
     """Where the answer to `r`, a command record refused as it is read, goes, when that
     reads; None for a record over the input limits (never parsed), a node's own record of a
     command it decided in-process (never answered), or one whose JSON has no request id and
-    aggregate that read strictly (an aggregate is what a sender matches its answer by)."""
+    aggregate that read strictly (an aggregate is what a sender matches its answer by). A
+    reply address that does not read (a partition below 0 or past any topic's, a topic name
+    longer than Kafka's) is none: answered on the context's own results topic, in the
+    request id's partition, as one elsewhere is (`bad_reply`)."""
     try:
         limits.check(r.key, r.value)
     except BadRecord:
@@ -67,7 +75,11 @@ def reply_address(r: Record, limits: InputLimits) -> ReplyAddress | None:
             r.value, strict=True, context=NEW_INPUT
         )
     except ValidationError:
-        return None
+        try:
+            answerable = _Answerable.model_validate_json(r.value, strict=True, context=NEW_INPUT)
+        except ValidationError:
+            return None
+        return ReplyAddress(request_id=answerable.request_id, aggregate=answerable.aggregate)
     return address
 
 

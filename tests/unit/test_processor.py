@@ -436,7 +436,6 @@ async def test_an_unreadable_command_whose_reply_address_reads_is_answered_and_d
             raw(with_huge_body(unreadable(aggregate=ORDER.model_dump() | {"id": "o\n1"}))),
             "an aggregate id with a control character",
         ),
-        (raw(with_huge_body(unreadable(reply_partition="2"))), "a reply partition not a number"),
         (raw(unreadable(body={"pad": "x" * 300_000})), "over the record bound: never parsed"),
         (
             raw(with_huge_body(unreadable(in_process=True)), headers=IN_PROCESS_HEADERS),
@@ -463,3 +462,30 @@ async def test_an_unreadable_command_answered_elsewhere_is_answered_on_its_own_t
         assert result[:2] == ("shop.results", partition_of("t-1#0", 4))
         assert orjson.loads(result[3] or b"")["code"] == "ERROR"
         assert letter[0] == "shop.dead-letters"
+
+
+@pytest.mark.parametrize(
+    "address",
+    [
+        {"reply_partition": -1},
+        {"reply_partition": 70_000},
+        {"reply_partition": "2"},
+        {"reply_to": "x" * 300},
+        {"reply_to": 7},
+    ],
+)
+async def test_an_unreadable_command_whose_reply_address_does_not_read_is_answered_on_its_own(
+    address: dict[str, Any],
+) -> None:
+    """A reply address outside a command's bounds (or of the wrong type) is answered where
+    one elsewhere is, on its context's results topic in the request id's partition, as long
+    as the request id and aggregate read: once, only dead-lettered, its sender waited out
+    its timeout while one asking a partition past the topic's was answered at once."""
+    processor, txn, _ = make()
+    stats = await processor.handle([raw(with_huge_body(unreadable(**address)))])
+    result, letter = txn.commits[-1][0]
+    assert result[:3] == ("shop.results", partition_of("t-1#0", 4), b"t-1#0")
+    answered = orjson.loads(result[3] or b"")
+    assert (answered["code"], answered["aggregate"]) == ("ERROR", ORDER.model_dump())
+    assert letter[0] == "shop.dead-letters"
+    assert (stats.dead_letters, stats.codes) == (1, {ResultCode.ERROR: 1})
