@@ -202,8 +202,10 @@ class CommandProcessor:
             if d.error is not None:
                 # Answered ERROR, and kept for an operator: its handler refused to run it.
                 self._answers.dead_letter(batch, r, d.error, Stage.DECIDE)
-            elif cmd.type not in self.agg.handlers:
+            elif d.code is ResultCode.ERROR and cmd.type not in self.agg.handlers:
                 # Answered ERROR, and kept for an operator: no handler will ever take it.
+                # (Not a duplicate of a request applied, nor one early: answered as such,
+                # with no letter; one early is lettered once it is due, naming what fails.)
                 self._answers.dead_letter(batch, r, BadRecord(d.message), Stage.DECIDE)
         batch.stats.commands += decided
         batch.offsets[(self.topics.commands, self.partition)] = records[decided - 1].offset + 1

@@ -302,6 +302,25 @@ async def test_an_unknown_command_type_is_answered_error_and_dead_lettered_whole
     assert "no handler for shop.Unknown" in context.exception_message
 
 
+async def test_an_unknown_type_duplicate_or_early_is_answered_so_and_lettered_once_due() -> None:
+    """A type with no handler reusing an applied request id is its DUPLICATE (the request
+    was applied), one early is SCHEDULE_NOT_DUE: neither is a dead letter (once, each was,
+    saying "request already applied" or "not before", and the early one's retry once due
+    wrote a second); the one due is, naming the handler missing."""
+    processor, txn, _ = make()
+    await processor.handle([record(command("r-1"))])  # applied by shop.Remind
+    early = command("r-2", type="shop.Typo").model_copy(update={"not_before": T0 + 60_000})
+    await processor.handle([record(command("r-1", type="shop.Typo"), 1), record(early, 2)])
+    assert txn.topics() == ["shop.results", "shop.results"], "no letter"
+    codes = [orjson.loads(r[3] or b"")["code"] for r in txn.commits[-1][0]]
+    assert codes == ["DUPLICATE", "SCHEDULE_NOT_DUE"]
+    due = command("r-2", type="shop.Typo")
+    await processor.handle([record(due, 3)])
+    assert txn.topics() == ["shop.results", "shop.dead-letters"]
+    context = DeadLetterContext.from_headers(txn.commits[-1][0][1][4])  # type: ignore[misc]
+    assert "has no handler for shop.Typo" in context.exception_message
+
+
 async def test_an_unreadable_local_state_is_a_node_fault_that_drops_the_states() -> None:
     """The local copy is damaged, not the command: the partition is retaken (a node fault)
     and its states folded again from the log, instead of every command on the aggregate
