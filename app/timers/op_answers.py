@@ -24,6 +24,7 @@ from app.protocol.wire import (
     encode,
 )
 from tables.partitioner import partition_of
+from tables.timer import writable_text
 
 __all__ = ["MAX_MESSAGE", "answer_of", "answer_record", "answers_partition", "is_answer"]
 
@@ -54,6 +55,8 @@ def answer_record(
     `type_name`, on its context's results topic (of `partitions` partitions); `changed`:
     the PARKED timers it retried or skipped (by its action); `refused`: those a retry left
     PARKED (`TimerOpAnswer.refused`)."""
+    # Writable: a FAILED one's error text may hold a lone surrogate (`writable_text`).
+    message = writable_text(message)
     if len(message) > MAX_MESSAGE:
         message = message[: MAX_MESSAGE - 1] + "…"
     retry = op.action is TimerAction.RETRY

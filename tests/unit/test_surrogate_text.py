@@ -16,7 +16,9 @@ from app.kafka import Record
 from app.kafka.records import headers_of
 from app.model.aggregate import AggregateType, Command, Decision, Event
 from app.protocol.dead_letters import DeadLetter, Stage, dead_letter
-from app.protocol.wire import CommandEnvelope, EventEnvelope, encode
+from app.protocol.wire import CommandEnvelope, EventEnvelope, OpOutcome, TimerAction, encode
+from app.timers.op_answers import answer_record
+from app.timers.operator import new_op
 from tables import AggregateRef
 from tables.aggregate_store import MemoryAggregateStore
 from tables.partitioner import partition_of
@@ -128,3 +130,11 @@ def test_writable_text_escapes_lone_surrogates_alone_and_error_text_cuts_after()
     long = error_text(NAME * MAX_ERROR_TEXT)
     assert long is not None and len(long) == MAX_ERROR_TEXT
     long.encode()
+
+
+def test_an_operators_request_failed_with_a_surrogate_in_its_error_is_answered() -> None:
+    op = new_op(TimerAction.RETRY, THING, now=T0, request_id="o-1")
+    out = answer_record(
+        "shop.thing", op, 0, 3, OpOutcome.FAILED, partitions=N, now=T0, message=f"at {NAME}"
+    )
+    assert orjson.loads(out[3] or b"")["message"] == "at caf\\udce9"
