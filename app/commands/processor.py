@@ -21,6 +21,7 @@ from typing import Any
 
 from app.commands.answers import CommandAnswers
 from app.commands.batch import BatchStats, CommandBatch, Commit, LocalDecided
+from app.commands.folds import continues, folds
 from app.commands.intake import bad_reply, read_command
 from app.commands.records import (
     applied_id,
@@ -297,14 +298,15 @@ class CommandProcessor:
         if (why := self._states.passed_over(offset)) is not None:
             batch.passed.add(applied)
             raise why  # as the restore met it: the caller dead-letters the event
+        # The restore's rule (`app.commands.folds`): the aggregate unread when it says no
+        # whatever the version (its own event read back).
         sibling = self._states.folded(batch, applied)
-        if sibling:  # its own event read back, unless the next of a request followed
-            mark = self._states.following(batch, aid)
-            if mark is None or mark[0] != applied[1] or offset <= mark[1]:
-                return False
+        nxt = sibling and continues(self._states.following(batch, aid), applied[1], offset)
+        if sibling and not nxt:
+            return False
         stored = batch.staged.get(aid) or self._states.stored(aid)
         at = stored.version if stored is not None else 0
-        if event.version < at or (event.version == at and not sibling):
+        if not folds(event.version, at, folded=sibling, continues=nxt):
             return False
         try:
             folded = fold(self.agg, stored, [event])  # before the batch changes: it may raise

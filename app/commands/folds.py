@@ -1,0 +1,43 @@
+"""Which events of an aggregate's log fold into its state: one rule for the live follow
+(`CommandProcessor.follow`, another writer's events read after this node decided) and the
+restore (`app.commands.restore`, the log folded again into a fresh or older copy). Two
+rules would give an aggregate two states, the one of the node that followed the log live
+and the one of a node that took its partition and folded it again.
+
+The rule is a function of the log alone, in order: an event folds when it is ahead of the
+aggregate (a decision after those folded), or when it is the next event of the request
+folded last (one decision's events share its version and request id). An event at or
+behind the aggregate's version, of a request folded before, changes nothing: this node's
+own events read back, or another writer's stale append (a late `wow.AggregateDeleted`
+included). Nothing marks such an event's request id applied.
+
+One case the log cannot tell: this node's own decision sets no "request folded last" live
+(the next event under its request id is not folded), the restore cannot tell its events
+from another writer's and takes its request as the one folded last. The two differ only
+for another writer's event under the request id of this node's last decision on the
+aggregate, at its version or ahead: a writer deciding this node's own commands."""
+
+from __future__ import annotations
+
+__all__ = ["continues", "folds"]
+
+
+def continues(following: tuple[str, int] | None, request_id: str, offset: int) -> bool:
+    """Whether the event of `request_id` at `offset` is the next of the request folded
+    last into its aggregate: `following` is that request's id and the offset of its last
+    event folded (None: none, or this node decided for the aggregate since)."""
+    return following is not None and following[0] == request_id and offset > following[1]
+
+
+def folds(version: int, at: int, *, folded: bool, continues: bool) -> bool:
+    """Whether an event of the log at `version` folds into its aggregate at version `at`.
+    `folded`: its request id was folded into the aggregate before (or decided for it
+    here); `continues`: it is the next event of the request folded last (`continues`).
+
+    Ahead of the aggregate, an event of a request not folded yet is a decision after those
+    folded; at the aggregate's version, only the next event of the request folded last
+    (one decision's events share one version). Never when `folded` and not `continues`,
+    whatever the versions: a caller may spare reading the aggregate then."""
+    if folded and not continues:
+        return False
+    return version > at or (version == at and folded)
