@@ -1,21 +1,26 @@
 """Restoring the aggregate states of one partition of one aggregate type
 (`PartitionStates.restore`): the events of its log after the state store's offset folded
 into the store, each aggregate's events at once or, when one of them fails, one at a time,
-those that fail passed over for the subscription to dead-letter."""
+those that fail passed over for the subscription to dead-letter. Folded as the live follow
+folds them (`app.commands.folds`): an event the live node passed over (another writer's
+behind the aggregate, an unknown `wow.` type) is passed over here too, its request id not
+taken as applied, so that an aggregate's state is the same whichever node's copy holds
+it."""
 
 from __future__ import annotations
 
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from contextlib import aclosing
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from app.commands.folds import continues, folds, unknown_system_event
 from app.commands.records import Misplaced, applied_id, misrouted, state_key
 from app.errors import BadRecord, node_fault
 from app.kafka import LogReader, Record
 from app.kafka.records import RestoreProgress
-from app.model.aggregate import AggregateType
 from app.model.decide import StoredAggregate, fold
 from app.model.user_code import UserCodeTimeout
 from app.protocol.wire import EventEnvelope, decode_event, encode
@@ -28,6 +33,10 @@ __all__ = ["restore_states"]
 # The states' own logger, as before the restore had a module of its own: operators filter
 # its records by that name.
 logger = logging.getLogger("app.commands.states")
+
+_MARKS_MAX = 10_000
+"""Aggregates whose request folded last the restore remembers, as the live follow does
+(`PartitionStates.following`): a decision's events are adjacent in the log."""
 
 
 async def restore_states(
@@ -80,10 +89,11 @@ async def restore_states(
     if progress is not None:
         progress(0, to_read)
     found = Misplaced()
+    marks: OrderedDict[str, tuple[str, int]] = OrderedDict()  # the request folded last
     async with aclosing(reader.read(states.events_topic, states.partition, start)) as batches:
         async for batch in batches:
             if batch:
-                _fold_records(states, batch, states.now(), found)
+                _fold_records(states, batch, states.now(), found, marks)
                 count += len(batch)
                 if progress is not None:
                     progress(min(batch[-1].offset + 1 - start, to_read), to_read)
@@ -106,10 +116,14 @@ async def restore_states(
 
 
 def _fold_records(
-    into: PartitionStates, batch: list[Record], now: int, misplaced: Misplaced
+    into: PartitionStates,
+    batch: list[Record],
+    now: int,
+    misplaced: Misplaced,
+    marks: OrderedDict[str, tuple[str, int]],
 ) -> None:
-    by_id: dict[str, list[EventEnvelope]] = {}
-    offsets: dict[int, int] = {}  # by the event's id()
+    by_id: dict[str, list[tuple[EventEnvelope, int]]] = {}
+    appliers = into.agg.appliers.keys()
     for r in batch:
         try:
             into.limits.check(r.key, r.value)
@@ -123,8 +137,9 @@ def _fold_records(
         if (why := misrouted(r, event.aggregate, into.partitions)) is not None:
             misplaced.add(r, why)
             continue
-        by_id.setdefault(state_key(event.aggregate), []).append(event)
-        offsets[id(event)] = r.offset
+        if unknown_system_event(event.type, appliers):
+            continue  # refused live before it is followed (dead-lettered): never folded
+        by_id.setdefault(state_key(event.aggregate), []).append((event, r.offset))
     states: dict[str, bytes] = {}
     requests: list[tuple[str, str]] = []
     passed: list[tuple[str, str]] = []
@@ -132,16 +147,17 @@ def _fold_records(
     floor = now - into.request_id_window
     for aggregate_id, events in by_id.items():
         stored = into.stored(aggregate_id)
-        state, failed = _fold_each(into.agg, stored, events)
+        state, taken, failed = _fold_each(into, aggregate_id, stored, events, marks)
         if state is not None:
             states[aggregate_id] = state
             into.warn_over(aggregate_id, len(state))
-        for e in events:
+        for e, offset in taken:
             # An event passed over is the log's all the same: its request was applied
             # (sent again, a duplicate), but not folded: the subscription dead-letters
-            # it when it reads it (`passed_over`).
+            # it when it reads it (`passed_over`). One the rule does not fold marks
+            # nothing, as live.
             if (failure := failed.get(id(e))) is not None:
-                into.note_passed(offsets[id(e)], failure)
+                into.note_passed(offset, failure)
             # Never after now: a writer's date in the future (year 9999) would keep the
             # id past any sweep, and with it every id of its batch.
             at = min(e.created_at, now)
@@ -153,23 +169,74 @@ def _fold_records(
     into.store.write(into.partition, states, requests, batch[-1].offset, newest, passed)
 
 
+class _Folding:
+    """One aggregate's fold rule as the restore goes (`app.commands.folds`): its version,
+    the request folded last and the request ids folded in this batch."""
+
+    def __init__(
+        self, into: PartitionStates, aggregate_id: str, at: int, last: tuple[str, int] | None
+    ) -> None:
+        self.into, self.aggregate_id, self.at, self.last = into, aggregate_id, at, last
+        self.ids: set[str] = set()
+
+    def folds(self, event: EventEnvelope, offset: int) -> bool:
+        rid = applied_id(event)
+        nxt = continues(self.last, rid, offset)
+        if nxt:
+            folded = True  # the request folded last
+        elif event.version > self.at:
+            into = self.into
+            folded = rid in self.ids or into.store.folded(into.partition, self.aggregate_id, rid)
+        else:
+            folded = False  # at or behind, not the next of a request: no either way
+        return folds(event.version, self.at, folded=folded, continues=nxt)
+
+    def folded(self, event: EventEnvelope, offset: int) -> None:
+        rid = applied_id(event)
+        self.at = max(self.at, event.version)  # as `fold` sets it
+        self.last = (rid, offset)
+        self.ids.add(rid)
+
+
 def _fold_each(
-    agg: AggregateType[Any], stored: StoredAggregate | None, events: list[EventEnvelope]
-) -> tuple[bytes | None, dict[int, Exception]]:
-    """The aggregate's bytes after those of `events` its appliers take and whose result
-    can be written, and why each other was passed over, by its `id()`: one an applier
-    raises on, or that makes an aggregate no encoder writes (the subscription
-    dead-letters it when it follows it; a restore reads it again each time). No bytes:
-    nothing to write."""
+    into: PartitionStates,
+    aggregate_id: str,
+    stored: StoredAggregate | None,
+    events: list[tuple[EventEnvelope, int]],
+    marks: OrderedDict[str, tuple[str, int]],
+) -> tuple[bytes | None, list[tuple[EventEnvelope, int]], dict[int, Exception]]:
+    """The aggregate's bytes after those of `events` (with their offsets) the rule folds,
+    its appliers take and whose result can be written (None: nothing to write); the
+    events the rule folds, with their offsets; and why each of those passed over was, by
+    its `id()`: one an applier raises on, or that makes an aggregate no encoder writes
+    (the subscription dead-letters it when it follows it; a restore reads it again each
+    time). `marks`: the request folded last into each aggregate, updated."""
+    agg, at = into.agg, 0 if stored is None else stored.version
+    rule = _Folding(into, aggregate_id, at, marks.get(aggregate_id))
+    taken: list[tuple[EventEnvelope, int]] = []
+    for e, offset in events:  # as if each folds: the rule's inputs follow from versions
+        if rule.folds(e, offset):
+            rule.folded(e, offset)
+            taken.append((e, offset))
+    if not taken:
+        return None, [], {}
     try:
-        return encode(fold(agg, stored, events)), {}
+        whole = encode(fold(agg, stored, [e for e, _ in taken]))
+        _mark(marks, aggregate_id, rule.last)
+        return whole, taken, {}
     except Exception as exc:
         if node_fault(exc):
             raise
+    # One failed: each alone, the rule told what each one that fails leaves unchanged.
+    rule = _Folding(into, aggregate_id, at, marks.get(aggregate_id))
     current: StoredAggregate | None = stored
     passed: dict[int, Exception] = {}
-    state = None if current is None else encode(current)
-    for e in events:
+    state: bytes | None = None
+    taken = []
+    for e, offset in events:
+        if not rule.folds(e, offset):
+            continue
+        taken.append((e, offset))
         try:
             after = fold(agg, current, [e])
             state, current = encode(after), after
@@ -183,4 +250,18 @@ def _fold_each(
                 raise
             logger.warning("restore passes over event %s (%s): %r", e.id, e.type, exc)
             passed[id(e)] = exc.with_traceback(None)  # its frames let go
-    return state, passed
+            continue  # as live: its request id passed over, the aggregate as it was
+        rule.folded(e, offset)
+    _mark(marks, aggregate_id, rule.last)
+    return state, taken, passed
+
+
+def _mark(
+    marks: OrderedDict[str, tuple[str, int]], aggregate_id: str, last: tuple[str, int] | None
+) -> None:
+    if last is None:
+        return
+    marks.pop(aggregate_id, None)
+    marks[aggregate_id] = last  # kept last: the oldest go first past the bound
+    if len(marks) > _MARKS_MAX:
+        marks.popitem(last=False)
