@@ -15,7 +15,10 @@ One case the log cannot tell: this node's own decision sets no "request folded l
 (the next event under its request id is not folded), the restore cannot tell its events
 from another writer's and takes its request as the one folded last. The two differ only
 for another writer's event under the request id of this node's last decision on the
-aggregate, at its version or ahead: a writer deciding this node's own commands."""
+aggregate, at its version or ahead: a writer deciding this node's own commands. Nor can
+any rule make one state of a writer racing this node (its event at the version this node
+decides next, appended before the decision and read after it): live keeps the decision,
+a restore the first in the log."""
 
 from __future__ import annotations
 
