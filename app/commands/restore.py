@@ -16,14 +16,14 @@ from collections.abc import Callable
 from contextlib import aclosing
 from typing import TYPE_CHECKING
 
-from app.commands.folds import continues, folds, unknown_system_event
+from app.commands.folds import continues, folds
 from app.commands.records import Misplaced, applied_id, misrouted, state_key
 from app.errors import BadRecord, node_fault
 from app.kafka import LogReader, Record
 from app.kafka.records import RestoreProgress
 from app.model.decide import StoredAggregate, fold
 from app.model.user_code import UserCodeTimeout
-from app.protocol.wire import EventEnvelope, decode_event, encode
+from app.protocol.wire import EventEnvelope, decode_event, encode, unknown_system_event
 
 if TYPE_CHECKING:
     from app.commands.states import PartitionStates
@@ -137,7 +137,7 @@ def _fold_records(
         if (why := misrouted(r, event.aggregate, into.partitions)) is not None:
             misplaced.add(r, why)
             continue
-        if unknown_system_event(event.type, appliers):
+        if unknown_system_event(event.type, appliers) is not None:
             continue  # refused live before it is followed (dead-lettered): never folded
         by_id.setdefault(state_key(event.aggregate), []).append((event, r.offset))
     states: dict[str, bytes] = {}

@@ -23,7 +23,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel
 
-from app.commands.folds import unknown_system_event
 from app.commands.processor import CommandProcessor, state_key
 from app.errors import node_fault
 from app.kafka import OutRecord, Record
@@ -34,6 +33,7 @@ from app.protocol.wire import (
     EventEnvelope,
     decode_event,
     encode,
+    unknown_system_event,
 )
 from tables import AggregateRef
 from tables.aggregate_store import MemoryAggregateStore
@@ -160,7 +160,7 @@ async def follow(node: CommandProcessor, log: Log, start: int) -> None:
     batch = node.begin()
     for offset in range(start, len(log.values)):
         event, _ = decode_event(log.values[offset])
-        if unknown_system_event(event.type, orders.appliers.keys()):
+        if unknown_system_event(event.type, orders.appliers.keys()) is not None:
             continue  # refused (dead-lettered) before the follow
         try:
             node.follow(batch, event, offset)
