@@ -84,7 +84,9 @@ async def restore_partition(
     to_read = max(end - start, 0)
     if progress is not None:
         progress(0, to_read)
-    passed: dict[bytes, tuple[Record, str]] = {}
+    # Each key's records passed over since its last good one: every one is lettered (two
+    # bad records of one key are two letters), until a later record of the key replaces them.
+    passed: dict[bytes, list[tuple[Record, str]]] = {}
     async with aclosing(reader.read(topic, partition, start)) as batches:
         async for batch in batches:
             # The cyclic GC held off while a batch is applied: ~10 acyclic objects a record
@@ -105,7 +107,7 @@ async def restore_partition(
                             if r.key is None:
                                 continue
                             if r.offset in bad:
-                                passed[r.key] = (r, bad[r.offset])
+                                passed.setdefault(r.key, []).append((r, bad[r.offset]))
                             else:
                                 passed.pop(r.key, None)  # replaced (or deleted) by a later record
                         told(not passed)
@@ -122,16 +124,17 @@ async def restore_partition(
     if progress is not None:
         progress(to_read, to_read)
     if passed:
+        found = sorted((item for items in passed.values() for item in items), key=_offset)
         logger.error(
             "%s[%d]: %d records are no timer rows; passed over (first at offset %d: %s)",
             topic,
             partition,
-            len(passed),
-            min(r.offset for r, _ in passed.values()),
-            next(iter(passed.values()))[1],
+            len(found),
+            found[0][0].offset,
+            found[0][1],
         )
         if unreadable is not None:
-            unreadable += sorted(passed.values(), key=lambda item: item[0].offset)
+            unreadable += found
     logger.info(
         "restored %s[%d]: %d records from offset %d in %.3f s",
         topic,
@@ -145,6 +148,10 @@ async def restore_partition(
 
 def _untold(committed_only: bool) -> None:
     pass
+
+
+def _offset(item: tuple[Record, str]) -> int:
+    return item[0].offset
 
 
 def unreadable_letters(

@@ -289,3 +289,27 @@ async def test_a_record_passed_over_is_reported_unless_a_later_record_of_its_key
     # t-3 keeps the row its key held before the record that is none (offset 2): another
     # writer's garbage under a live timer's key never deletes the timer.
     assert [t.id for t in await store.due({0}, T0 + 10, 10)] == ["t-1", "t-2", "t-3"]
+
+
+@pytest.mark.parametrize("batch", [1, 2, 100])
+async def test_every_record_passed_over_of_one_key_is_reported(batch: int) -> None:
+    """Two records of one key that are no rows, no later record of it after them: both are
+    reported (each one's dead letter and count), not the last alone; the key keeps the row
+    it held before them."""
+    from tables.keys import encode_timer, row_key
+
+    log = memory_log()
+    kept = timer(1)
+    key = row_key(kept.owner, kept.key)
+    await log.publisher().send_many(
+        [
+            (TOPIC, 0, key, encode_timer(kept)),
+            (TOPIC, 0, key, b"garbage"),  # offset 1
+            (TOPIC, 0, key, b'{"x": 2}'),  # offset 2
+        ]
+    )
+    store = open_timer_store("memory://", partitions=P)
+    unreadable: list[tuple[Record, str]] = []
+    await restore_partition(store, log.reader(batch=batch), TOPIC, 0, unreadable=unreadable)
+    assert [(r.offset, r.key) for r, _ in unreadable] == [(1, key), (2, key)]
+    assert [t.id for t in await store.due({0}, T0 + 10, 10)] == ["t-1"]
