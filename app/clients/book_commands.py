@@ -186,11 +186,17 @@ class BookCommands:
         target: AggregateTopics,
         now: Callable[[], int],
         limits: InputLimits | None = None,
+        *,
+        sendable: tuple[int, str] | None = None,
     ) -> None:
         self.book = book
         self.target = target
         self._now = now
         self.limits = limits or InputLimits()
+        self.sendable = sendable
+        """The most bytes of a command's key and value together its carrier's producer sends
+        (its request bound less a record's overhead), and that bound's name; None: no
+        bound but `limits`."""
 
     def book_ref(self, key: str) -> AggregateRef:
         return _new_ref(self.book.context, self.book.name, key)
@@ -253,6 +259,16 @@ class BookCommands:
         )
         if (bad := unreadable(cmd, self.limits)) is not None:
             raise ValueError(bad[1])
+        if self.sendable is not None:
+            most, bound = self.sendable
+            size = len(cmd.aggregate.id.encode()) + len(encode(cmd))
+            if size > most:
+                # Refused here: the producer's own refusal is no ValueError, and a caller
+                # that retries a failed send (docs/faust.md's `durably`) would for ever.
+                raise ValueError(
+                    f"the {cmd.type}'s record of {size} bytes (key and value) exceeds the "
+                    f"{most} its producer sends ({bound}, less a record's overhead)"
+                )
         return cmd
 
 

@@ -64,6 +64,7 @@ from app.protocol.wire import CommandEnvelope, encode
 
 __all__ = [
     "NODE_REPLICATION",
+    "RECORD_OVERHEAD",
     "CommandSchema",
     "CommandTopic",
     "TickwheelTimers",
@@ -81,6 +82,12 @@ NODE_REPLICATION: Final = Replication(
     Settings.model_fields["min_insync_replicas"].default,
 )
 """A worker's replication unless configured: the topics the app creates first are theirs."""
+
+
+RECORD_OVERHEAD: Final = 128
+"""What a record takes in a producer's request besides its key and value: a batch's header
+(61 bytes) and the record's own fields (at most 36 bytes of varints and its attributes;
+it has no headers): aiokafka refuses one whose total exceeds `max_request_size`."""
 
 
 def bootstrap_of(app: AppT) -> str:
@@ -240,7 +247,11 @@ class TickwheelTimers(BookClient):
         # The workers' TICKWHEEL_MAX_RECORD_BYTES: a command past it is refused here, as
         # they would drop it unanswered.
         limits = InputLimits(max_record_bytes=max_record_bytes)
-        commands_of = BookCommands(self.book, target_topics, clock, limits)
+        # And past what faust's producer sends (aiokafka refuses it unsent, with an error
+        # that is no ValueError: retried, never sent).
+        request = app.conf.producer_max_request_size
+        sendable = (request - RECORD_OVERHEAD, f"the app's producer_max_request_size {request}")
+        commands_of = BookCommands(self.book, target_topics, clock, limits, sendable=sendable)
         super().__init__(
             partitions=partitions, topology=topology, commands_of=commands_of, now=clock
         )
