@@ -43,6 +43,8 @@ def topic_configs(spec: TopicSpec, replication: Replication) -> dict[str, str]:
         configs["max.message.bytes"] = str(spec.max_message_bytes)
     if spec.segment_ms is not None:
         configs["segment.ms"] = str(spec.segment_ms)
+    if spec.delete_retention_ms is not None:
+        configs["delete.retention.ms"] = str(spec.delete_retention_ms)
     return configs
 
 

@@ -222,6 +222,21 @@ class MemoryLog:
             raise KafkaUnavailable(f"{topic}[{partition}]: {before} is past the end {part.end}")
         part.start = max(part.start, before)
 
+    def compact(self, topic: str, partition: int) -> None:
+        """What a broker's cleaner leaves of the partition once its tombstones are past
+        `delete.retention.ms`: each key's last committed record alone, none of a key whose
+        last is a tombstone. Their offsets stay taken (read over), the first offset stays."""
+        part = self._partition(topic, partition)
+        done = [
+            (i, e)
+            for i, e in enumerate(part.entries[: part.stable_end])
+            if not e.marker and e.key is not None and (e.txn is None or e.txn.state != "open")
+        ]
+        last = {e.key: i for i, e in done if e.txn is None or e.txn.state == "committed"}
+        for i, e in done:
+            if last.get(e.key) != i or e.value is None:
+                e.marker = True  # gone: read over, as a transaction's marker is
+
     async def add_partitions(self, topics: Iterable[str], count: int) -> None:
         """Adds `count` partitions to each of `topics` (CreatePartitions); then every group
         rebalances, as a consumer's metadata refresh has its group do in Kafka."""

@@ -19,6 +19,7 @@ BROKER_DEFAULTS = {
     "retention.ms": "604800000",
     "retention.bytes": "-1",
     "min.insync.replicas": "1",
+    "delete.retention.ms": "86400000",
 }
 
 

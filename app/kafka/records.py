@@ -301,6 +301,9 @@ class TopicSpec:
     folds its states from again (a new node, a lost local copy) must hold it all."""
     segment_ms: int | None = None
     """The topic's `segment.ms` when created; None: the broker's default (7 days)."""
+    delete_retention_ms: int | None = None
+    """The topic's `delete.retention.ms` when created (how long compaction keeps a
+    tombstone); None: the broker's default (a day)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,6 +12,7 @@ from app.errors import Fenced
 from app.kafka import TopicSpec
 from app.kafka.records import causes
 from app.model.aggregate import AggregateType
+from app.node.copy_age import CHANGELOG_DELETE_RETENTION_MS
 from app.node.local_state import CleanMarks
 from app.node.type_transactions import TypeTransactions
 from app.protocol.dead_letters import DEAD_LETTER_TOPIC_BYTES
@@ -74,7 +75,14 @@ def node_topics(types: list[AggregateTopics], partitions: int) -> list[TopicSpec
             # The aggregates' log: their states are folded from it again, whole.
             TopicSpec(t.events, partitions, retained=True),
             TopicSpec(t.commands, partitions),
-            TopicSpec(t.timers_changelog, partitions, compacted=True),
+            # A clean local copy is read on from while younger than its tombstones'
+            # retention (`app.node.copy_age`): set, not the broker's default, whatever it is.
+            TopicSpec(
+                t.timers_changelog,
+                partitions,
+                compacted=True,
+                delete_retention_ms=CHANGELOG_DELETE_RETENTION_MS,
+            ),
             TopicSpec(t.timer_ops, partitions),
         ]
     for ctx in sorted({t.context for t in types}):

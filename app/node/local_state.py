@@ -10,12 +10,13 @@ import fcntl
 import logging
 import os
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 
 from app.errors import ConfigError, TickwheelError
 from app.protocol.topics import parse_aggregate_type
 
-__all__ = ["CleanMarks", "DataDirLock", "keep_for_cluster"]
+__all__ = ["CleanMark", "CleanMarks", "DataDirLock", "keep_for_cluster"]
 
 logger = logging.getLogger(__name__)
 
@@ -123,8 +124,19 @@ class DataDirLock:
                 os.close(fd)
 
 
+@dataclass(frozen=True, slots=True)
+class CleanMark:
+    """A clean copy's mark, as a take found it: `at`, when the copy was last in step with
+    its changelog (epoch ms, this node's clock; None: not known, a mark of an older version
+    or one unreadable), which says whether it may still be read on from
+    (`app.node.copy_age`)."""
+
+    at: int | None
+
+
 class CleanMarks:
-    """Which partitions' local copies hold committed writes only (files beside the store).
+    """Which partitions' local copies hold committed writes only (files beside the store),
+    and since when each was last in step with its changelog (the mark's text).
 
     A mark is removed when the node takes a partition and written back only after its last
     transaction committed when it lets the partition go; a partition without a mark is
@@ -137,26 +149,30 @@ class CleanMarks:
     def _path(self, partition: int) -> Path:
         return self._dir / f"clean-p{partition}"
 
-    def take(self, partition: int) -> bool:
-        """Whether the local copy was clean; it is not from now on, durably: the mark's
-        removal is synced before the take writes (without a WAL), or a power loss could
-        keep a mark vouching for a copy that holds uncommitted writes. A sync that fails
-        raises (the take fails: the disk's fault)."""
-        path = self._path(partition)
-        clean = path.exists()
-        path.unlink(missing_ok=True)
-        if clean:
-            _sync_dir(self._dir)
-        return clean
-
-    def mark(self, partition: int) -> None:
-        """Marks the copy clean, durably: the mark and its directory entry synced, so that
-        a power loss never leaves a mark without the writes it vouches for having been
-        synced before it (the store's close syncs them)."""
+    def take(self, partition: int) -> CleanMark | None:
+        """The local copy's mark if it was clean (None: not); it is not from now on,
+        durably: the mark's removal is synced before the take writes (without a WAL), or a
+        power loss could keep a mark vouching for a copy that holds uncommitted writes. A
+        sync that fails raises (the take fails: the disk's fault)."""
         path = self._path(partition)
         try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+            text = path.read_text(errors="replace").strip()
+        except FileNotFoundError:
+            return None
+        path.unlink(missing_ok=True)
+        _sync_dir(self._dir)
+        return CleanMark(int(text) if text.isdigit() else None)
+
+    def mark(self, partition: int, in_step_at: int) -> None:
+        """Marks the copy clean, last in step with its changelog at `in_step_at` (epoch
+        ms), durably: the mark and its directory entry synced, so that a power loss never
+        leaves a mark without the writes it vouches for having been synced before it (the
+        store's close syncs them)."""
+        path = self._path(partition)
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
             try:
+                os.write(fd, f"{in_step_at}\n".encode())
                 os.fsync(fd)
             finally:
                 os.close(fd)

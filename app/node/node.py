@@ -216,6 +216,7 @@ class Node:
         await self.broker.start()
         checked = await check_cluster(self._admin, self.topics, s)
         self.topic_watch.found_at_start(checked.topic_faults)
+        self.topic_watch.kept_read(checked.tombstones)
         self.limits = replace(self.limits, dead_letter_bytes=checked.dead_letter_bytes)
         self.cycles.limits = self.limits
         await self.targets.refresh()
@@ -273,6 +274,7 @@ class Node:
             running=self._owned,
             close_deadline_s=s.close_deadline_s,
             check_access=self._admin.check_access,
+            tombstones_kept=self.topic_watch.tombstones_kept.get,
         )
         await self._consumer.start()
         # From here partitions may be given, and their user code runs: it is timed.

@@ -1,18 +1,23 @@
 """What a node's start reads of the cluster before it opens a table (`check_cluster`: its
-topics made or checked, their replication, its dead letters' size, the cluster it keeps
-copies of) and the followers each context's sends and parks depend on (`follow_contexts`).
-May import `app.kafka`, `app.node`'s kept, local_state, metrics, opening and settings, and
+topics made or checked, their replication, its dead letters' size, its timer changelogs'
+tombstone retention, the cluster it keeps copies of) and the followers each context's
+sends and parks depend on (`follow_contexts`). May import `app.errors`, `app.kafka`,
+`app.node`'s copy_age, kept, local_state, metrics, opening and settings, and
 `app.timers`."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from app.errors import KafkaUnavailable
 from app.kafka.ports import Admin, Clients, PublisherClient
+from app.kafka.records import TopicConfigs
 from app.kafka.replication import check_replication
 from app.node import polling
+from app.node.copy_age import DELETE_RETENTION, UNKNOWN_DELETE_RETENTION_MS, margin_ms
 from app.node.kept import node_topics
 from app.node.local_state import keep_for_cluster
 from app.node.metrics import NodeMetrics
@@ -24,14 +29,18 @@ from app.timers.sender import ResultsReader
 
 __all__ = ["ClusterChecked", "check_cluster", "follow_contexts"]
 
+logger = logging.getLogger(__name__)
+
 
 @dataclass(frozen=True, slots=True)
 class ClusterChecked:
-    """What the start found: each topic's replication faults (said in `/healthz`), and
-    how large a dead letter the dead-letter topics take."""
+    """What the start found: each topic's replication faults (said in `/healthz`), how
+    large a dead letter the dead-letter topics take, and the timer changelogs'
+    `delete.retention.ms` (`TopicPolicyWatch.kept_read`)."""
 
     topic_faults: dict[str, list[str]]
     dead_letter_bytes: int
+    tombstones: TopicConfigs = field(default_factory=TopicConfigs)
 
 
 async def check_cluster(
@@ -45,8 +54,29 @@ async def check_cluster(
     # Short of replicas or of in-sync ones: warned about, and said in /healthz.
     faults = await check_replication(admin, [t.name for t in specs], settings.replication)
     dead_letter_bytes = await dead_letter_limit(admin, list(topics))
+    tombstones = await _tombstones(admin, [t.timers_changelog for t in topics])
     keep_for_cluster(Path(settings.data_dir), await admin.cluster_id())
-    return ClusterChecked(faults, dead_letter_bytes)
+    return ClusterChecked(faults, dead_letter_bytes, tombstones)
+
+
+async def _tombstones(admin: Admin, changelogs: list[str]) -> TopicConfigs:
+    """The changelogs' `delete.retention.ms`: how long a clean local copy of each is read
+    on from (`app.node.copy_age`). Not read (no DescribeConfigs ACL, say) is no reason
+    not to start: an hour is assumed, and read again every minute (`topic_watch`)."""
+    try:
+        configs = await admin.topic_configs(changelogs, (DELETE_RETENTION,))
+    except KafkaUnavailable as exc:
+        configs = TopicConfigs(unread=dict.fromkeys(changelogs, str(exc)))
+    if configs.unread:
+        logger.warning(
+            "cannot read the %s of %s (%s): a clean local copy of them older than %d ms "
+            "is restored whole",
+            DELETE_RETENTION,
+            ", ".join(configs.unread),
+            "; ".join(sorted(set(configs.unread.values()))),
+            UNKNOWN_DELETE_RETENTION_MS - margin_ms(UNKNOWN_DELETE_RETENTION_MS),
+        )
+    return configs
 
 
 async def follow_contexts(

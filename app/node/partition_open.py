@@ -21,7 +21,8 @@ from typing import TYPE_CHECKING
 
 from app.commands.processor import CommandProcessor, Commit
 from app.kafka import LogReader, OutRecord, Record
-from app.node.local_state import CleanMarks
+from app.node.copy_age import UNKNOWN_DELETE_RETENTION_MS, copy_usable
+from app.node.local_state import CleanMark, CleanMarks
 from app.node.partition_transaction import ChangelogBehind, PartitionTransaction
 from app.node.task_shared import TaskShared
 from app.timers.applied_ops import read_applied_ops
@@ -70,12 +71,15 @@ async def open_partition(s: TaskShared, task: PartitionTask, topics: set[str]) -
             with s.metrics.restore_duration.labels(t.type_name, "states").time():
                 misplaced = s.metrics.misplaced.labels(t.type_name, str(p), "restore")
                 await processor.restore(s.reader, progress, misplaced=misplaced.inc)
-        clean = kept.marks.take(p)
+        mark = kept.marks.take(p)
+        clean = mark is not None and _young_enough(mark, s, t.timers_changelog, p)
         await kept.store.assign({p})
         # A take cut short from here on marks the copy clean again while it holds
         # committed changelog records alone (its close, `release_partition`): as the mark
-        # left it, then as the restore tells.
+        # left it, then as the restore tells; in step as of the mark's time (read on), or
+        # of now (restored whole: all it holds is read from here on).
         task.copy_committed = clean
+        task.copy_in_step_at = mark.at if clean and mark is not None else s.now()
 
         def committed_only(holds: bool) -> None:
             task.copy_committed = holds
@@ -99,6 +103,7 @@ async def open_partition(s: TaskShared, task: PartitionTask, topics: set[str]) -
             # Counted whole once, here, where a restore is waited for anyway: from now
             # on each write keeps the count (the /metrics gauges scan nothing).
             kept.store.status_counts(p)
+        task.copy_in_step_at = None  # at the changelog's end: in step while p is held
         # After the restore (a full one drops p: a handle made before it is refused).
         handle = task.store = kept.store.partition(p)
         handle.attach(_sink(txn, task))
@@ -138,6 +143,27 @@ async def open_partition(s: TaskShared, task: PartitionTask, topics: set[str]) -
         kept.marks.clear_lost(p)
         return None
     return why
+
+
+def _young_enough(mark: CleanMark, s: TaskShared, topic: str, p: int) -> bool:
+    """Whether a clean copy so marked may be read on from now (`copy_usable`): one older
+    than its changelog keeps tombstones (less a margin) may hold rows compaction deleted
+    since, and is restored whole (said at INFO: a restore of the whole changelog)."""
+    read = s.tombstones_kept(topic)
+    kept_ms = UNKNOWN_DELETE_RETENTION_MS if read is None else read
+    now = s.now()
+    if copy_usable(mark.at, now, kept_ms):
+        return True
+    age = "of no known age" if mark.at is None or mark.at > now else f"{now - mark.at} ms old"
+    logger.info(
+        "%s[%d]: the clean local copy is %s, its tombstones kept %d ms%s: restored whole",
+        topic,
+        p,
+        age,
+        kept_ms,
+        "" if read is not None else " (assumed: its delete.retention.ms not read)",
+    )
+    return False
 
 
 async def _written_since(reader: LogReader, topic: str, p: int, start: int) -> bool:

@@ -205,8 +205,11 @@ async def _let_go(
         # crash never gets here: the mark its take removed stays removed.
         committed = True
     if committed and not failed:
+        # In step now once its restore was done (the take ran, or got that far); a take
+        # cut short in it, as of when it was.
+        at = task.copy_in_step_at
         try:
-            kept.marks.mark(p)
+            kept.marks.mark(p, s.now() if at is None else at)
         except OSError as exc:  # a full disk: not marked, restored whole next
             logger.exception("partition %d of %s: marking its copy clean failed", p, kept.name)
             failed.append(f"{kept.name} clean mark: {exc!r}")

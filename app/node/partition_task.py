@@ -101,6 +101,8 @@ class PartitionTask:
         # a revoke) then marks it clean, and the next one reads on from there rather
         # than restore the whole changelog again (a rolling restart during long restores).
         self.copy_committed = False
+        # When its copy was last in step with the changelog; None: now (`open_partition`).
+        self.copy_in_step_at: int | None = None
         # p's timer firing: obtained when p starts firing, stopped by its close.
         self.firing: PartitionFiring | None = None
         # The loop of p's own timer rounds over its firing (ended by its close).

@@ -54,6 +54,9 @@ class TaskShared:
     # take that failed asks, as a new connection's refused login or TLS handshake reaches
     # aiokafka's clients as "Unable to bootstrap" alone.
     check_access: Callable[[], Awaitable[None]]
+    # Each timer changelog's `delete.retention.ms` as last read (None: not known): how
+    # long a clean local copy of it is read on from (`app.node.copy_age`).
+    tombstones_kept: Callable[[str], int | None] = lambda topic: None
     # Per partition, the types whose task reads its results (opened it, not closed yet):
     # the results readers read p while any does (each type's task of p adds it; the last
     # to close removes it).

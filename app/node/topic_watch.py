@@ -27,6 +27,9 @@ judges them as the start does:
   clears an INFO, once each (not every check); each topic's count is told to `counted`
   (the `tickwheel_topic_replication_findings` gauge). A topic whose replicas or configs
   were not read keeps its findings;
+- each table's `delete.retention.ms` read is kept (`tombstones_kept`, the start's to
+  begin with): how long a clean local copy of a timer changelog is read on from
+  (`app.node.copy_age`), a change on the topic followed within a minute;
 - a read that fails, whole (the broker away, the client refused) or for a topic (no
   DescribeConfigs ACL on it), is one WARNING for the check, and read again at the next:
   never a reason to stop the node, nor to clear a finding. A failure of any other kind, a
@@ -46,6 +49,7 @@ from app.kafka.ports import Admin
 from app.kafka.records import Replication, TopicConfigs, TopicSpec
 from app.kafka.replication import MIN_INSYNC, replication_findings, warn_replication
 from app.kafka.topic_policy import POLICY_CONFIGS, policy_findings
+from app.node.copy_age import DELETE_RETENTION, tombstones_kept
 from app.node.metrics import NodeMetrics
 from app.task_ends import cancelled_here
 
@@ -129,12 +133,26 @@ class TopicPolicyWatch:
         """How it waits between checks (a test's fake clock)."""
         # Each log's warning last given: said again only once it changes.
         self._warned: dict[str, str] = {}
+        self.tombstones_kept: dict[str, int] = {}
+        """Each table's `delete.retention.ms` as last read (the start's, then each
+        check's); a table not read (yet) is not in it."""
 
     def found_at_start(self, findings: Mapping[str, Sequence[str]]) -> None:
         """The start's findings (`check_replication`): said already, the checks say what
         changes of them."""
         self.findings = {t: list(faults) for t, faults in findings.items() if faults}
         self._count()
+
+    def kept_read(self, configs: TopicConfigs) -> None:
+        """Keeps the tables' `delete.retention.ms` that `configs` read (one read without it
+        forgets the value: not known, assumed short)."""
+        for table in self.tables:
+            if table in configs.read:
+                kept = tombstones_kept(configs.read[table])
+                if kept is None:
+                    self.tombstones_kept.pop(table, None)
+                else:
+                    self.tombstones_kept[table] = kept
 
     async def run(self) -> None:
         """Checks every `interval` s (the start checked just before) until cancelled."""
@@ -149,10 +167,11 @@ class TopicPolicyWatch:
         asked = list(dict.fromkeys([*self.tables, *self.logs, *(r.topics if r else ())]))
         if not asked:
             return None
-        names = (*POLICY_CONFIGS, MIN_INSYNC) if r is not None else POLICY_CONFIGS
+        names = (*POLICY_CONFIGS, DELETE_RETENTION, *((MIN_INSYNC,) if r is not None else ()))
         configs = await self._reading("configs", lambda: self._read(asked, names))
         if configs is None:
             return None
+        self.kept_read(configs)
         if configs.unread:
             logger.warning(
                 "cannot read the configs of %s (read again in %g s): %s",

@@ -3,7 +3,10 @@ read.
 
 A partition's local copy that holds committed writes only is read on from its last applied
 offset; any other (uncommitted writes possible, unknown, older than what the changelog still
-holds, or ahead of it) is dropped and restored from the changelog alone. Its rows are
+holds, or ahead of it) is dropped and restored from the changelog alone. So is a clean copy
+older than the changelog keeps tombstones (its caller says it is not clean:
+`app.node.copy_age`): compaction drops them without moving the log's first offset, so its
+offset alone never tells. Its rows are
 written by the partition's transaction (`app.node.partition_transaction`).
 """
 

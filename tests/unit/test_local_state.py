@@ -19,7 +19,7 @@ from test_node_memory import PARTITIONS, SERVICE, TOPICS, schedule, timer_rows
 from app.errors import ConfigError
 from app.kafka.memory import MemoryLog
 from app.model.aggregate import AggregateType
-from app.node.local_state import CleanMarks, DataDirLock, keep_for_cluster
+from app.node.local_state import CleanMark, CleanMarks, DataDirLock, keep_for_cluster
 from app.service import Service
 from tables import AggregateRef
 
@@ -175,10 +175,10 @@ def test_a_clean_mark_whose_sync_fails_is_not_left_behind(
 
     monkeypatch.setattr(os, "fsync", full)
     with pytest.raises(OSError, match="No space"):
-        marks.mark(0)
+        marks.mark(0, 1_700_000_000_000)
     monkeypatch.undo()
     assert not marks.take(0)
-    marks.mark(0)
+    marks.mark(0, 1_700_000_000_000)
     assert marks.take(0)
 
 
@@ -188,7 +188,7 @@ def test_a_clean_marks_removal_is_synced_before_the_take_goes_on(
     """The take then writes without a WAL: a removal lost to a power loss would leave a
     mark vouching for a copy that holds uncommitted writes (read on, never restored)."""
     marks = CleanMarks(tmp_path)
-    marks.mark(0)
+    marks.mark(0, 1_700_000_000_000)
     synced: list[bool] = []
     real_fsync = os.fsync
 
@@ -218,3 +218,19 @@ def test_a_data_directory_the_os_refuses_is_a_configuration_error_naming_it(
     (tmp_path / "afile").write_text("x")
     with pytest.raises(ConfigError, match=r"cannot be used: .*\(TICKWHEEL_DATA_DIR\)"):
         DataDirLock(tmp_path / "afile" / "sub").acquire()
+
+
+def test_a_clean_mark_says_when_its_copy_was_last_in_step(tmp_path: Path) -> None:
+    """The time it was marked with, read back by the take; a mark of the version before
+    (an empty file) or one unreadable is of no known time (the copy restored whole)."""
+    marks = CleanMarks(tmp_path)
+    marks.mark(0, 1_700_000_000_123)
+    assert marks.take(0) == CleanMark(1_700_000_000_123)
+    assert marks.take(0) is None
+    (tmp_path / "clean-p1").touch()  # an older version's
+    assert marks.take(1) == CleanMark(None)
+    (tmp_path / "clean-p2").write_text("-5\n")
+    assert marks.take(2) == CleanMark(None)
+    marks.mark(3, 5)
+    marks.mark(3, 1_700_000_000_000)  # written over whole
+    assert marks.take(3) == CleanMark(1_700_000_000_000)

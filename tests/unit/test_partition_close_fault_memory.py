@@ -62,7 +62,7 @@ async def test_a_clean_mark_that_cannot_be_written_still_releases_the_states(
     released: list[int] = []
     release = kept.states.release
 
-    def full_disk(p: int) -> None:
+    def full_disk(p: int, in_step_at: int) -> None:
         raise OSError(errno.ENOSPC, "No space left on device")
 
     def spied(p: int) -> None:
