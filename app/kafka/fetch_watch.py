@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any, Final, Protocol
 
 from aiokafka import TopicPartition
@@ -15,7 +15,7 @@ from aiokafka.errors import IllegalStateError, KafkaError
 from app.kafka.fetch_stalls import FetchStalls, Key
 from app.kafka.records import explain
 
-__all__ = ["END_WAIT_S", "FetchWatch", "Watched"]
+__all__ = ["END_WAIT_S", "FetchWatch", "Watched", "fetched_unread"]
 
 logger = logging.getLogger(__name__)
 
@@ -40,6 +40,17 @@ class Watched(Protocol):
     async def position(self, partition: TopicPartition) -> int: ...
 
     async def end_offsets(self, partitions: list[TopicPartition]) -> dict[TopicPartition, int]: ...
+
+
+def fetched_unread(consumer: object) -> Collection[TopicPartition]:
+    """The partitions whose last fetch answered left records (or an error to raise) in
+    aiokafka 0.14's fetcher, not handed out yet (`Fetcher._records`): it fetches them
+    again only once they are. None for a consumer with no fetcher (not started)."""
+    fetcher = getattr(consumer, "_fetcher", None)
+    if fetcher is None:
+        return ()
+    records: Mapping[TopicPartition, Any] = fetcher._records
+    return records.keys()
 
 
 class FetchWatch:
@@ -70,6 +81,9 @@ class FetchWatch:
             if tp not in paused
         }
         handed = {(tp.topic, tp.partition) for tp, records in got.items() if records}
+        # Fetched and waiting in the client is progress: a partition behind others'
+        # backlog is not fetched again until its batch is handed out.
+        handed.update((tp.topic, tp.partition) for tp in fetched_unread(self._consumer))
         due = self._stalls.seen(markers, handed, self._clock())
         if due:
             await self._look(due)

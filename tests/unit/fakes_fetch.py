@@ -40,13 +40,14 @@ class Clock:
 @dataclass
 class Part:
     """How the broker answers a partition's fetches: `error` (0: none), its high watermark
-    and last stable offset, and whether a fetch below the last stable offset gets the one
-    record at the fetched offset (`records`) or none."""
+    and last stable offset, and whether a fetch below the last stable offset gets records
+    from the fetched offset (`records`: `count` of them) or none."""
 
     error: int = 0
     high: int = 100
     lso: int = 100
     records: bool = False
+    count: int = 1
 
 
 class Broker:
@@ -88,7 +89,7 @@ class Broker:
             for p, offset, _ in partitions:
                 part = self.parts[p]
                 readable = part.records and not part.error and offset < part.lso
-                data = batch(offset, 1) if readable else b""
+                data = batch(offset, part.count) if readable else b""
                 got.append((p, part.error, part.high, part.lso, [], data))
             answers.append((topic, got))
         self._answered.set()
@@ -109,9 +110,13 @@ class Broker:
         return done
 
 
-def over(consumer: Any, broker: Broker, positions: dict[int, int]) -> Fetcher:
+def over(
+    consumer: Any, broker: Broker, positions: dict[int, int], *, prefetch_backoff: float = 0.1
+) -> Fetcher:
     """Puts aiokafka's real fetcher over `broker` inside `consumer` (an `AIOKafkaConsumer`
-    never started), its partitions of `TOPIC` assigned at `positions`."""
+    never started), its partitions of `TOPIC` assigned at `positions`. `prefetch_backoff`
+    (real seconds): how long a partition's records waiting to be handed out hold back the
+    fetches of its broker's other partitions (0: not at all, nothing waits on a real clock)."""
     subscription = SubscriptionState()
     subscription.assign_from_user([TopicPartition(TOPIC, p) for p in positions])
     for p, position in positions.items():
@@ -122,6 +127,7 @@ def over(consumer: Any, broker: Broker, positions: dict[int, int]) -> Fetcher:
         auto_offset_reset="none",
         isolation_level="read_committed",
         retry_backoff_ms=10,
+        prefetch_backoff=prefetch_backoff,
     )
     consumer._fetcher, consumer._subscription = fetcher, subscription
     consumer._coordinator = SimpleNamespace(check_errors=lambda: None)
