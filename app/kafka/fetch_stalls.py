@@ -6,18 +6,20 @@ times a second, for ever; `getmany` never raises it. A poll then hands nothing o
 partition out while the others go on: no poll fails (`POLL_FAILING_S` never counts), no
 refusal is seen (`InLogRefusals` counts out-of-range ones), and the node says it is ready.
 
-`FetchStalls` watches, at each poll, every partition read (assigned and not paused) for a
-sign of progress: a record of it handed out, a move (a seek, an assignment), or a fetch of
-it answered without an error (aiokafka's `last_poll_timestamp`, set by every such
-response, an empty one too: a partition read to its end, or held at the last stable
-offset by another producer's open transaction, is answered each time). None for `STALL_S`
-(`POLL_FAILING_S`): it is due for a look at the broker, its position against its end as
-read_committed sees it (the last stable offset, which a first fetch that failed never
-told). Behind it: `FetchStalled`, which stops the node loudly as `FetchRefused` does
-(`app.node.polling`, `app.timers.sender.FollowerPolls`). At it (nothing to read), or
-either not known (the position being reset, the broker not answering): the watch starts
-over. The normal path asks the broker nothing. No I/O; may import `app.errors` and the
-port's bound."""
+`FetchStalls` watches, as the polls go (`app.kafka.fetch_watch` looks once a second at
+most), every partition read (assigned and not paused) for a sign of progress: a record of
+it handed out or fetched and waiting in the client to be (aiokafka fetches a partition
+again only once its last batch is all handed out: one behind a backlog waits so), a move
+(a seek, an assignment), or a fetch of it answered without an error (aiokafka's
+`last_poll_timestamp`, set by every such response, an empty one too: a partition read to
+its end, or held at the last stable offset by another producer's open transaction, is
+answered each time). None for `STALL_S` (`POLL_FAILING_S`): it is due for a look at the
+broker, its position against its end as read_committed sees it (the last stable offset,
+which a first fetch that failed never told). Behind it: `FetchStalled`, which stops the
+node loudly as `FetchRefused` does (`app.node.polling`, `app.timers.sender.FollowerPolls`).
+At it (nothing to read), moved or answered while the broker was asked, or either not known
+(the position being reset, the broker not answering): the watch starts over. The normal
+path asks the broker nothing. No I/O; may import `app.errors` and the port's bound."""
 
 from __future__ import annotations
 
@@ -63,9 +65,11 @@ class FetchStalls:
     def seen(
         self, markers: Mapping[Key, Hashable], handed: Collection[Key], now: float
     ) -> list[Key]:
-        """After a poll: `markers`, each partition read (assigned, not paused) and the
-        sign of its progress (its moves, its last fetch answered), `handed`, those some of
-        whose records the poll handed out. The others are forgotten (a paused partition is
+        """At a look: `markers`, each partition read (assigned, not paused) and the sign
+        of its progress (its moves, its last fetch answered: a value that never comes back,
+        so that a change between two looks is seen at the second), `handed`, those some of
+        whose records were handed out since the last look or wait fetched in the client.
+        The others are forgotten (a paused partition is
         not fetched: its time does not count). Those with no progress for `stall_s`: due
         for a look (`looked`)."""
         for key in [k for k in self._of if k not in markers]:
@@ -85,17 +89,19 @@ class FetchStalls:
         return due
 
     def looked(
-        self, key: Key, position: int | None, end: int | None, now: float
+        self, key: Key, marker: Hashable, position: int | None, end: int | None, now: float
     ) -> FetchStalled | None:
-        """A due partition's `position` and its `end` (read_committed: the last stable
-        offset) as the broker says them now, None where not known: the error to raise when
-        records wait behind its position; else (read to its end, or not known) its watch
-        starts over at `now`."""
+        """A due partition's `marker` once looked at (the look awaits the broker: a seek,
+        a fetch answered meanwhile is progress), its `position` and its `end`
+        (read_committed: the last stable offset) as the broker says them now, None where
+        not known: the error to raise when records wait behind its position and it made no
+        progress; else (moved, read to its end, or not known) its watch starts over at
+        `now`."""
         last = self._of.get(key)
         if last is None:
             return None
-        if position is None or end is None or position >= end:
-            self._of[key] = Still(last.marker, now)
+        if last.marker != marker or position is None or end is None or position >= end:
+            self._of[key] = Still(marker, now)
             return None
         topic, partition = key
         return FetchStalled(

@@ -165,8 +165,11 @@ class GroupConsumer:
         fetching(self._consumer)
         self._refused.check(self._consumer, self._topics, time.monotonic())
         try:
+            # Before the fetch, whose records go out with no await after it: a take's
+            # rewind is never handed what was fetched before it (`app.node.polling`).
+            await self._watch.check()
             got = await self._consumer.getmany(timeout_ms=timeout_ms)
-            await self._watch.polled(got)
+            self._watch.polled(got)
         except (OffsetOutOfRangeError, NoOffsetForPartitionError) as exc:
             # aiokafka raises a partition's error only when it took no record of any
             # partition in this call (`Fetcher.fetched_records`): nothing to undo, and the

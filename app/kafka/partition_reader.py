@@ -117,8 +117,9 @@ class PartitionReader:
             return []
         async with self._lock:
             try:
+                await self._watch.check()  # before the fetch, as a group's poll
                 got = await self._consumer.getmany(timeout_ms=timeout_ms)
-                await self._watch.polled(got)
+                self._watch.polled(got)
             except KafkaError as exc:
                 self._read.undo(self._consumer)  # as a group's poll (`GroupConsumer.poll`)
                 raise KafkaUnavailable(f"reading {self.topic} failed: {explain(exc)}") from exc

@@ -20,6 +20,8 @@ from aiokafka.protocol.fetch import FetchResponse_v4
 from aiokafka.protocol.offset import OffsetRequest, OffsetRequest_v2, OffsetResponse_v2
 from kafka_batches import batch
 
+from app.kafka.fetch_watch import FetchWatch
+
 TOPIC = "t"
 CORRUPT_MESSAGE = 2
 """The error code of a batch whose header is corrupt on the broker's disk: aiokafka 0.14
@@ -147,3 +149,26 @@ def stamped_by(monkeypatch: pytest.MonkeyPatch, clock: Clock) -> None:
         "time",
         SimpleNamespace(time=clock, monotonic=aiokafka_fetcher.time.monotonic),
     )
+
+
+class _NoPartitions:
+    def assignment(self) -> set[TopicPartition]:
+        return set()
+
+    def paused(self) -> set[TopicPartition]:
+        return set()
+
+    def last_poll_timestamp(self, partition: TopicPartition) -> int | None:
+        raise AssertionError("no partition is watched")
+
+    async def position(self, partition: TopicPartition) -> int:
+        raise AssertionError("no partition is watched")
+
+    async def end_offsets(self, partitions: list[TopicPartition]) -> dict[TopicPartition, int]:
+        raise AssertionError("no partition is watched")
+
+
+def unwatched() -> FetchWatch:
+    """A watch that sees no partition: for a reader's poll over a fake consumer that tells
+    nothing of its partitions' progress (`GroupConsumer.__new__`)."""
+    return FetchWatch(_NoPartitions(), lambda tp: 0, lambda: 0.0)

@@ -49,20 +49,23 @@ def test_a_due_partition_behind_its_end_is_stalled_else_watched_anew() -> None:
     assert stalls.seen({KEY: 1}, (), STALL_S) == [KEY]
     # Read to its end (or held there by an open transaction), or either not known.
     for position, end in ((7, 7), (8, 7), (None, 7), (7, None)):
-        assert stalls.looked(KEY, position, end, STALL_S) is None
+        assert stalls.looked(KEY, 1, position, end, STALL_S) is None
         assert stalls.seen({KEY: 1}, (), 2 * STALL_S - 1) == [], "a bound anew"
         assert stalls.seen({KEY: 1}, (), 2 * STALL_S) == [KEY]
         stalls = FetchStalls()
         stalls.seen({KEY: 1}, (), 0.0)
         stalls.seen({KEY: 1}, (), STALL_S)
-    stalled = stalls.looked(KEY, 6, 7, STALL_S + 1)
+    assert stalls.looked(KEY, 2, 6, 7, STALL_S) is None, "moved or answered while asked"
+    assert stalls.seen({KEY: 2}, (), 2 * STALL_S - 1) == [], "a bound anew from the look"
+    assert stalls.seen({KEY: 2}, (), 2 * STALL_S) == [KEY]
+    stalled = stalls.looked(KEY, 2, 6, 7, 2 * STALL_S + 1)
     assert isinstance(stalled, FetchStalled) and isinstance(stalled, FetchRefused)
     assert str(stalled).startswith(
         f"{TOPIC}[0]: no fetch of it was answered for 61 s while records wait (its "
         "position 6, its end 7)"
     )
     assert "leader" in str(stalled) and "CorruptRecordException" in str(stalled)
-    assert stalls.looked((TOPIC, 9), 0, 1, 0.0) is None, "not watched: nothing to say"
+    assert stalls.looked((TOPIC, 9), 1, 0, 1, 0.0) is None, "not watched: nothing to say"
 
 
 def test_a_clock_gone_back_stalls_nothing_and_a_partition_let_go_is_forgotten() -> None:

@@ -20,6 +20,7 @@ import pytest
 from aiokafka.errors import OffsetOutOfRangeError
 from aiokafka.structs import TopicPartition
 from fakes import RunningNode, wait_until
+from fakes_fetch import unwatched
 from hypothesis import given
 from hypothesis import strategies as st
 from test_node_memory import PARTITIONS, SERVICE, TOPICS, results, schedule
@@ -149,6 +150,7 @@ def _group(consumer: _Consumer, clock: Clock) -> GroupConsumer:
     group._consumer = consumer
     group._read, group._refused, group._topics = ReadPositions(), RefusedTopics(), [TOPIC]
     group._on_deleted, group._clock, group._refusals = None, clock, InLogRefusals()
+    group._watch = unwatched()
     return group
 
 

@@ -139,6 +139,7 @@ async def test_a_group_seek_and_rewind_are_where_a_failed_poll_goes_back_to() ->
     consumer = _Consumer({GOOD: 4, BAD: 1})
     group._consumer, group._read = consumer, ReadPositions()
     group._topics, group._refused = [GOOD.topic], RefusedTopics()
+    group._watch = FetchWatch(consumer, group._read.moves, time.monotonic)
     assert group.seek(GOOD.topic, GOOD.partition, 1)
     consumer.corrupt.add(BAD)
     with pytest.raises(KafkaUnavailable):

@@ -12,6 +12,7 @@ from typing import Any, cast
 
 import pytest
 from aiokafka.errors import KafkaError, UnknownMemberIdError, for_code
+from fakes_fetch import unwatched
 
 from app.errors import ConfigError, KafkaUnavailable
 from app.kafka.group_consumer import GroupConsumer, _Listener
@@ -128,7 +129,7 @@ async def test_a_fenced_poll_names_the_setting_and_the_id() -> None:
     group = GroupConsumer.__new__(GroupConsumer)
     group._consumer = cast(Any, FencedConsumer())
     group._topics, group._group_id, group._instance_id = ["t"], "shop", "timers-0"
-    group._read, group._refused = ReadPositions(), RefusedTopics()
+    group._read, group._refused, group._watch = ReadPositions(), RefusedTopics(), unwatched()
     with pytest.raises(KafkaUnavailable, match=r"TICKWHEEL_GROUP_INSTANCE_ID \('timers-0'\)") as e:
         await group.poll()
     assert instance_fenced(e.value)
