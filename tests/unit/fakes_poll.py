@@ -71,3 +71,16 @@ class Workers:
 
     def offsets_ended(self) -> None:
         """Its commit ended (nothing waits on it here)."""
+
+
+class NoOffsets:
+    """A poll loop's offsets done that never has any (its commits land at once)."""
+
+    def take_offsets(self) -> dict[tuple[str, int], int]:
+        return {}
+
+    def offsets_landed(self) -> None:
+        pass
+
+    def offsets_ended(self) -> None:
+        pass

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 from fakes_fetch import CORRUPT_MESSAGE, TOPIC, Broker, Clock, Part, close, over, stamped_by
-from fakes_poll import Task
+from fakes_poll import NoOffsets, Task
 
 from app.errors import KafkaUnavailable
 from app.kafka.fetch_stalls import STALL_S, FetchStalled
@@ -53,17 +53,6 @@ class TooManyPolls(Exception):
     """The poll loop polled on past any bound: the partition was never stopped."""
 
 
-class _Done:
-    def take_offsets(self) -> dict[tuple[str, int], int]:
-        return {}
-
-    def offsets_landed(self) -> None:
-        pass
-
-    def offsets_ended(self) -> None:
-        pass
-
-
 async def test_the_poll_loop_stops_the_node_on_a_partition_whose_fetches_all_fail(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -89,7 +78,7 @@ async def test_the_poll_loop_stops_the_node_on_a_partition_whose_fetches_all_fai
     running = {TaskId("order", p): Task(asyncio.Queue()) for p in (0, 1)}
     failed: list[str] = []
     try:
-        await poll_loop(group, running, _Done(), failed.append, {TOPIC: "order"}, clock=clock)
+        await poll_loop(group, running, NoOffsets(), failed.append, {TOPIC: "order"}, clock=clock)
     finally:
         await close(group._consumer)
     [why] = failed

@@ -21,6 +21,7 @@ from aiokafka.errors import OffsetOutOfRangeError
 from aiokafka.structs import TopicPartition
 from fakes import RunningNode, wait_until
 from fakes_fetch import unwatched
+from fakes_poll import NoOffsets
 from hypothesis import given
 from hypothesis import strategies as st
 from test_node_memory import PARTITIONS, SERVICE, TOPICS, results, schedule
@@ -256,23 +257,12 @@ class _Refused:
         pass
 
 
-class _Offsets:
-    def take_offsets(self) -> dict[tuple[str, int], int]:
-        return {}
-
-    def offsets_landed(self) -> None:
-        pass
-
-    def offsets_ended(self) -> None:
-        pass
-
-
 async def test_the_poll_loop_stops_the_node_at_once_on_a_fetch_refused_for_good() -> None:
     """Not retried as a broker in flux: the polls of the other partitions pass, and no
     bound of failing polls would ever end it."""
     consumer, failed = _Refused(), list[str]()
     await asyncio.wait_for(
-        poll_loop(cast(GroupMember, consumer), {}, _Offsets(), failed.append, {}), 2
+        poll_loop(cast(GroupMember, consumer), {}, NoOffsets(), failed.append, {}), 2
     )
     [why] = failed
     assert (

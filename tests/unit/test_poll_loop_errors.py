@@ -19,6 +19,7 @@ from aiokafka.errors import (
     KafkaConnectionError,
 )
 from fakes import RunningNode, wait_until
+from fakes_poll import NoOffsets
 from test_node_memory import PARTITIONS, SERVICE
 
 from app.errors import KafkaUnavailable, NodeFailed
@@ -53,17 +54,6 @@ class Failing:
         pass
 
 
-class Offsets:
-    def take_offsets(self) -> dict[tuple[str, int], int]:
-        return {}
-
-    def offsets_landed(self) -> None:
-        pass
-
-    def offsets_ended(self) -> None:
-        pass
-
-
 @pytest.mark.parametrize(
     ("cause", "said"),
     [
@@ -76,7 +66,7 @@ class Offsets:
 async def test_an_error_no_retry_passes_stops_the_node(cause: BaseException, said: str) -> None:
     consumer, failed = Failing(cause), list[str]()
     await asyncio.wait_for(
-        poll_loop(cast(GroupMember, consumer), {}, Offsets(), failed.append, {}), 2
+        poll_loop(cast(GroupMember, consumer), {}, NoOffsets(), failed.append, {}), 2
     )
     [why] = failed
     assert said in why and consumer.polls == 1
@@ -85,7 +75,7 @@ async def test_an_error_no_retry_passes_stops_the_node(cause: BaseException, sai
 async def test_the_group_in_flux_is_retried() -> None:
     consumer, failed = Failing(KafkaConnectionError()), list[str]()
     loop = asyncio.create_task(
-        poll_loop(cast(GroupMember, consumer), {}, Offsets(), failed.append, {})
+        poll_loop(cast(GroupMember, consumer), {}, NoOffsets(), failed.append, {})
     )
     await asyncio.sleep(1.2)
     assert not loop.done() and failed == [] and consumer.polls == 2
@@ -101,7 +91,7 @@ async def test_polls_failing_for_good_stop_the_node(monkeypatch: pytest.MonkeyPa
     monkeypatch.setattr(polling, "POLL_FAILING_S", 0.2)
     consumer, failed = Failing(CorruptRecordException("Invalid CRC")), list[str]()
     await asyncio.wait_for(
-        poll_loop(cast(GroupMember, consumer), {}, Offsets(), failed.append, {}), 5
+        poll_loop(cast(GroupMember, consumer), {}, NoOffsets(), failed.append, {}), 5
     )
     [why] = failed
     assert "polls failed for" in why and "Invalid CRC" in why and consumer.polls > 2

@@ -13,6 +13,7 @@ from typing import Any, cast
 import pytest
 from aiokafka.errors import KafkaError, UnknownMemberIdError, for_code
 from fakes_fetch import unwatched
+from fakes_poll import NoOffsets
 
 from app.errors import ConfigError, KafkaUnavailable
 from app.kafka.group_consumer import GroupConsumer, _Listener
@@ -135,17 +136,6 @@ async def test_a_fenced_poll_names_the_setting_and_the_id() -> None:
     assert instance_fenced(e.value)
 
 
-class Offsets:
-    def take_offsets(self) -> dict[tuple[str, int], int]:
-        return {}
-
-    def offsets_landed(self) -> None:
-        pass
-
-    def offsets_ended(self) -> None:
-        pass
-
-
 class FencedMember:
     def __init__(self) -> None:
         self.polls = 0
@@ -161,7 +151,7 @@ class FencedMember:
 async def test_the_node_stops_at_the_first_fenced_poll_never_retrying() -> None:
     member, failed = FencedMember(), list[str]()
     await asyncio.wait_for(
-        poll_loop(cast(GroupMember, member), {}, Offsets(), failed.append, {}), 2
+        poll_loop(cast(GroupMember, member), {}, NoOffsets(), failed.append, {}), 2
     )
     [why] = failed
     assert "fenced" in why and member.polls == 1
