@@ -119,7 +119,14 @@ class NodeReport(BaseModel):
 
 
 def encode_report(report: NodeReport) -> bytes:
-    return orjson.dumps(report.model_dump(mode="json"))
+    """Its JSON, each partition's row without the fields at their defaults (a reader fills
+    them in): a row is a third shorter, so that a node of three types at 1,024 partitions
+    each fits `MAX_REPORT_BYTES` (its rows in full did not, and it published none)."""
+    data = report.model_dump(mode="json", exclude={"partitions"})
+    data["partitions"] = [
+        p.model_dump(mode="json", exclude_defaults=True) for p in report.partitions
+    ]
+    return orjson.dumps(data)
 
 
 def fit_report(report: NodeReport) -> NodeReport:

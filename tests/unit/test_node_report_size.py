@@ -1,0 +1,51 @@
+"""A node's status report of many partitions is published (found by a health hunt): three
+types at 1,024 partitions each encoded their rows in full past `MAX_REPORT_BYTES`, so
+`fit_report` refused it at every interval and every other node's page showed that node's
+partitions stale or unowned while it ran."""
+
+from __future__ import annotations
+
+from app.ops.node_report import (
+    MAX_REPORT_BYTES,
+    NodeReport,
+    PartitionReport,
+    decode_report,
+    encode_report,
+    fit_report,
+)
+
+
+def _report(types: int) -> NodeReport:
+    rows = tuple(
+        PartitionReport(
+            type=f"shop.type{t}",
+            partition=p,
+            state="running",
+            pending=123,
+            parked=1,
+            next_due=1_800_000_000_000,
+        )
+        for t in range(types)
+        for p in range(1024)
+    )
+    return NodeReport(
+        node="worker-1:8080",
+        group="tickwheel",
+        at=1_800_000_000_000,
+        interval_ms=5000,
+        partitions=rows,
+    )
+
+
+def test_three_types_at_1024_partitions_fit_a_report_and_read_back_whole() -> None:
+    report = _report(3)
+    fitted = fit_report(report)
+    encoded = encode_report(fitted)
+    assert len(encoded) <= MAX_REPORT_BYTES
+    assert decode_report(b"worker-1:8080", encoded) == report
+
+
+def test_a_row_at_its_defaults_reads_back_the_same() -> None:
+    bare = PartitionReport(type="shop.order", partition=0, state="running")
+    report = NodeReport(node="n", group="g", at=1, interval_ms=1000, partitions=(bare,))
+    assert decode_report(b"n", encode_report(report)) == report
