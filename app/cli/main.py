@@ -189,11 +189,12 @@ def rebuild(
     out = Console(highlight=False, soft_wrap=True, stderr=as_json)
     try:
         # A --type that names no type is a bad option (exit code 2), as for `timers`.
-        names = (
-            [_type(n) for n in types]
-            if types
-            else [a.type_name for a in load_service(service).all_aggregates(settings.partitions)]
-        )
+        if types:
+            names = [_type(n) for n in types]
+        else:
+            # Every type a worker keeps timers of: the service's and TICKWHEEL_AGGREGATE_TYPES.
+            names = [a.type_name for a in load_service(service).all_aggregates(settings.partitions)]
+            names += [n for n in settings.aggregate_types if n not in names]
         topics = [parse_aggregate_type(n) for n in names]
         with quiet_client_library():
             run = asyncio.run(

@@ -122,6 +122,27 @@ def test_the_workers_group_is_rebuilt(on_memory: list[MemoryLog]) -> None:
     assert state(log, ORDER) == [((2, 2), 0)] * PARTITIONS
 
 
+def test_a_rebuild_of_every_type_takes_those_of_tickwheel_aggregate_types_too(
+    on_memory: list[MemoryLog],
+) -> None:
+    """A worker keeps timers of TICKWHEEL_AGGREGATE_TYPES' types beside its service's: a
+    rebuild without --type left their changelogs and offsets as they were."""
+    other = AggregateTopics("billing", "invoice")
+    demo = [AggregateTopics("shop", n) for n in ("order", "report", "schedule")]
+    log = asyncio.run(worked_log(*demo, other))
+    on_memory.append(log)
+    env = {
+        "TICKWHEEL_GROUP_ID": WORKERS,
+        "TICKWHEEL_PARTITIONS": str(PARTITIONS),
+        "TICKWHEEL_AGGREGATE_TYPES": other.type_name,
+    }
+    command = ["--log-level", "WARNING", "rebuild", "--no-wait", "--bootstrap", "m:1"]
+    result = CliRunner().invoke(cli, command, env=env)
+    assert result.exit_code == 0, result.output
+    for t in (*demo, other):
+        assert state(log, t) == [((2, 2), 0)] * PARTITIONS, t.type_name
+
+
 ZZZ = AggregateTopics("shop", "zzz")
 
 
