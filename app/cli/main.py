@@ -145,7 +145,11 @@ def demo(
 def rebuild(
     types: Annotated[
         list[str] | None,
-        typer.Option("--type", help="aggregate type (ctx.agg); all of the service's if none"),
+        typer.Option(
+            "--type",
+            help="aggregate type (ctx.agg); if none, every type a worker keeps (the "
+            "service's and TICKWHEEL_AGGREGATE_TYPES')",
+        ),
     ] = None,
     bootstrap: Bootstrap = None,
     service: ServiceSpec = "app.demo:service",
