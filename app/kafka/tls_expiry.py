@@ -14,6 +14,7 @@ __all__ = [
     "WARN_WITHIN_S",
     "Validity",
     "expiry_warning_due",
+    "valid_at",
     "validity_of_pem",
     "warn_window",
 ]
@@ -45,6 +46,11 @@ def validity_of_pem(pem: bytes) -> Validity:
         )
     except Exception as exc:  # cryptography's own (InvalidVersion) are no ValueError
         raise ValueError(f"no readable PEM certificate: {exc}") from exc
+
+
+def valid_at(now: float, validity: Validity) -> bool:
+    """Whether a certificate of `validity` is valid at `now` (what a broker checks of it)."""
+    return validity.not_before <= now <= validity.not_after
 
 
 def warn_window(validity: Validity) -> float:

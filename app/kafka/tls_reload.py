@@ -13,8 +13,12 @@ A pair is loaded only once it loads together: the files are read, copied into pr
 memory files (or a private temporary directory, `tls_files.private_copies`), loaded from
 those copies into a scratch context first (the key matched to the certificate, an
 encrypted key's password tried), and then the very same copies into the clients' context,
-so that a certificate renewed before its key is never mixed with the old one. A refused
-change is one WARNING (the old material kept) and retried at the next check.
+so that a certificate renewed before its key is never mixed with the old one. A client
+certificate not valid at the check (expired: a backup restored; or not yet: its issuer's
+clock ahead) is not loaded in place of one that is: the brokers would refuse the next
+connections. One the context holds that is no longer valid itself is replaced all the
+same (nothing is lost), said in a WARNING. A refused change is one WARNING (the old
+material kept) and retried at the next check.
 
 What a file is compared with is what the clients' context holds (`tls_files.held`): the
 digests of the bytes it was built from (`KafkaConnection.ssl_context`), then of those each
@@ -38,7 +42,7 @@ from pathlib import Path
 from typing import Final
 
 from app.kafka.connection import KafkaConnection, key_password, read_tls_file
-from app.kafka.tls_expiry import Validity, expiry_warning_due, validity_of_pem
+from app.kafka.tls_expiry import Validity, expiry_warning_due, valid_at, validity_of_pem
 from app.kafka.tls_files import digests, held, note_held, private_copies
 
 __all__ = ["CHECK_EVERY_S", "TlsReload", "changed_files", "load_material", "tls_reload"]
@@ -148,12 +152,44 @@ class TlsReload:
             except (ssl.SSLError, OSError, ValueError) as exc:
                 self._refuse(f"{self._named(changed)} unusable: {exc}")
                 return False
+            if CERT in changed and (why := self._not_valid_now(read[CERT])) is not None:
+                self._refuse(why)
+                return False
             # The very copies the trial loaded: a file replaced since is not mixed in.
             load_material(self._context, cafile, certfile, keyfile, self._password)
         note_held(self._context, read_digests)
         self._refused = None
         self._took(read, read_digests, changed)
         return True
+
+    def _not_valid_now(self, pem: bytes) -> str | None:
+        """Why the renewed certificate `pem` is refused: not valid now, while the one held
+        is. None when it is loaded: valid now, its dates unread (OpenSSL took it, as
+        before), or the one held no better (expired too, or its dates unknown)."""
+        try:
+            new = validity_of_pem(pem)
+        except ValueError:
+            return None
+        now = self._now()  # the expiry warning's clock
+        if valid_at(now, new):
+            return None
+        dates = (
+            f"the client certificate is valid from {_utc(new.not_before)} until "
+            f"{_utc(new.not_after)}, not now ({_utc(now)})"
+        )
+        held = self.validity
+        if held is not None and valid_at(now, held):
+            return (
+                f"{self._named([CERT])}: {dates}, and the brokers would refuse it; the one "
+                f"held is valid until {_utc(held.not_after)}"
+            )
+        logger.warning(
+            "Kafka TLS: %s: %s; loaded all the same: the one held is %s",
+            self._named([CERT]),
+            dates,
+            "not valid now either" if held is not None else "of dates unknown",
+        )
+        return None
 
     def _took(
         self, read: Mapping[str, bytes], read_digests: dict[str, str], changed: list[str]
@@ -241,5 +277,5 @@ def tls_reload(
     )
 
 
-def _utc(t: int) -> str:
+def _utc(t: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))

@@ -12,7 +12,9 @@ import contextlib
 import logging
 import shutil
 import ssl
+import time
 from collections.abc import Iterator, Sequence
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -52,7 +54,8 @@ class World:
             ssl_keyfile=self.key,
             ssl_key_password=password,
         )
-        self.now = 0.0
+        # The reload's clock: a test's, starting at the time the certificates are issued from.
+        self.now = time.time()
         self.loaded: list[tuple[Path, int]] = []
 
     def put(self, pair: Pair, *, cert: bool = True, key: bool = True) -> None:
@@ -61,6 +64,18 @@ class World:
             self.cert.write_bytes(pair.cert.read_bytes())
         if key:
             self.key.write_bytes(pair.key.read_bytes())
+
+    def dated(self, name: str, *, starts_in: timedelta, ends_in: timedelta) -> Pair:
+        """A client certificate of the CA valid from now + `starts_in` to now + `ends_in`
+        (an expired one: a backup restored; one not valid yet: its issuer's clock ahead)."""
+        start = datetime.fromtimestamp(int(self.now), UTC)
+        leaf = self.ca.issuer.issue_cert(
+            name, common_name=name, not_before=start + starts_in, not_after=start + ends_in
+        )
+        pair = Pair(self.certs.directory / f"{name}.crt", self.certs.directory / f"{name}.key")
+        pair.cert.write_bytes(leaf.cert_chain_pems[0].bytes())
+        pair.key.write_bytes(leaf.private_key_pem.bytes())
+        return pair
 
     def reload(self) -> TlsReload:
         made = tls_reload(
@@ -136,6 +151,61 @@ async def test_a_certificate_renewed_before_its_key_waits_for_the_key(
     world.put(second, cert=False)
     assert tls.check() is True
     assert await world.seen() == "client-2"
+
+
+@pytest.mark.parametrize("which", ["expired", "not-yet-valid"])
+async def test_a_renewal_not_valid_now_keeps_the_valid_certificate_held(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, which: str
+) -> None:
+    """A matching pair written over a working one, but expired (a backup restored) or not
+    valid yet (its issuer's clock ahead), was loaded: the brokers refused every next
+    connection. Refused as a key not the certificate's is: one WARNING with its dates,
+    the pair held kept, tried again at each check: loaded once valid."""
+    world = World(tmp_path)
+    tls = world.reload()
+    tls.check()
+    held = tls.validity
+    day = timedelta(days=1)
+    if which == "expired":
+        bad = world.dated("client-old", starts_in=-60 * day, ends_in=-30 * day)
+    else:
+        bad = world.dated("client-early", starts_in=timedelta(hours=1), ends_in=30 * day)
+    world.put(bad)
+    assert tls.check() is False
+    assert await world.seen() == "client-1"
+    assert tls.validity == held
+    [warned] = warnings(caplog)
+    dates = validity_of_pem(bad.cert.read_bytes())
+    assert "kept" in warned and str(world.cert) in warned and "not now" in warned
+    assert time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(dates.not_after)) in warned
+    assert tls.check() is False
+    assert len(warnings(caplog)) == 1, "the same refusal is said once"
+    if which == "not-yet-valid":
+        world.now += 2 * 3600
+        assert tls.check() is True
+        # (not shown to the server: its clock is the real one, the certificate not valid yet)
+        assert world.loaded[-1] == (world.cert, dates.not_after)
+
+
+async def test_a_renewal_not_valid_now_replaces_a_held_one_expired_too(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The certificate held expired itself: loading one not valid yet loses nothing (it
+    will be, the held one never again); said in a WARNING."""
+    caplog.set_level(logging.INFO, logger=LOGGER)
+    world = World(tmp_path)
+    tls = world.reload()
+    tls.check()
+    assert tls.validity is not None
+    world.now = tls.validity.not_after + 3600.0
+    early = world.dated(
+        "client-early", starts_in=timedelta(days=30, hours=2), ends_in=timedelta(days=60)
+    )
+    world.put(early)
+    assert tls.check() is True
+    assert world.loaded[-1] == (world.cert, validity_of_pem(early.cert.read_bytes()).not_after)
+    assert any("loaded all the same" in w and "not valid now either" in w for w in warnings(caplog))
+    assert any("reloaded" in i for i in infos(caplog))
 
 
 async def test_unreadable_files_keep_what_was_loaded(
