@@ -29,12 +29,19 @@ The load runs on the node's event loop, between its connections' handshakes; aio
 producers on a thread of their own (`TICKWHEEL_PRODUCER_THREAD`) share the context, and
 OpenSSL does not lock a context's certificate against a handshake on another thread: a
 window of microseconds, once per renewal.
+
+An encrypted key's password given as a file (`KAFKA_SSL_KEY_PASSWORD_FILE` in the
+process's environment, a secret's mount) is read again at each load, so that a key
+renewed with a new password loads once both are written; given as
+`KAFKA_SSL_KEY_PASSWORD` (or its file named in a `.env` file) it is the one read at the
+start. A key that does not decrypt is refused naming where its password comes from.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import ssl
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -45,7 +52,14 @@ from app.kafka.connection import KafkaConnection, key_password, read_tls_file
 from app.kafka.tls_expiry import Validity, expiry_warning_due, valid_at, validity_of_pem
 from app.kafka.tls_files import digests, held, note_held, private_copies
 
-__all__ = ["CHECK_EVERY_S", "TlsReload", "changed_files", "load_material", "tls_reload"]
+__all__ = [
+    "CHECK_EVERY_S",
+    "PASSWORD_FILE",
+    "TlsReload",
+    "changed_files",
+    "load_material",
+    "tls_reload",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -53,6 +67,7 @@ CHECK_EVERY_S: Final = 60.0
 """How often the files are read (a renewal comes hours or days before the end)."""
 
 CA, CERT, KEY = "KAFKA_SSL_CAFILE", "KAFKA_SSL_CERTFILE", "KAFKA_SSL_KEYFILE"
+PASSWORD_FILE: Final = "KAFKA_SSL_KEY_PASSWORD_FILE"
 
 
 def changed_files(loaded: Mapping[str, str], read: Mapping[str, str]) -> list[str]:
@@ -88,12 +103,15 @@ class TlsReload:
         files: Mapping[str, Path],
         *,
         password: str | None = None,
+        password_file: Path | None = None,
         now: Callable[[], float] = time.time,
         on_loaded: Callable[[Path, Validity], None] | None = None,
     ) -> None:
         self._context = context
         self.files = dict(files)  # by setting: CA, CERT, KEY (each only if given)
-        self._password = key_password(files.get(KEY), password)
+        self._given_password = password
+        # Where the password was read from: read again at each load (None: the one given).
+        self._password_file = password_file
         self._now = now
         self._on_loaded = on_loaded
         # The digests of the files `validity` is of (None before the first check took any).
@@ -139,6 +157,11 @@ class TlsReload:
     def _load(
         self, read: Mapping[str, bytes], read_digests: dict[str, str], changed: list[str]
     ) -> bool:
+        try:
+            password = key_password(self.files.get(KEY), self._password())
+        except ValueError as exc:
+            self._refuse(f"{exc}")
+            return False
         names = [CA, CERT, KEY]
         with private_copies([read.get(name) for name in names]) as (cafile, certfile, keyfile):
             try:
@@ -147,20 +170,52 @@ class TlsReload:
                     cafile,
                     certfile,
                     keyfile,
-                    self._password,
+                    password,
                 )
             except (ssl.SSLError, OSError, ValueError) as exc:
-                self._refuse(f"{self._named(changed)} unusable: {exc}")
+                self._refuse(f"{self._named(changed)} unusable: {exc}{self._hint(read, exc)}")
                 return False
             if CERT in changed and (why := self._not_valid_now(read[CERT])) is not None:
                 self._refuse(why)
                 return False
             # The very copies the trial loaded: a file replaced since is not mixed in.
-            load_material(self._context, cafile, certfile, keyfile, self._password)
+            load_material(self._context, cafile, certfile, keyfile, password)
         note_held(self._context, read_digests)
         self._refused = None
         self._took(read, read_digests, changed)
         return True
+
+    def _password(self) -> str | None:
+        """The key's password: its file's content now, or the one given."""
+        if self._password_file is None:
+            return self._given_password
+        held = read_tls_file(PASSWORD_FILE, self._password_file)
+        try:
+            password = held.decode("utf-8").strip()
+        except UnicodeDecodeError as exc:  # its bytes never said: a secret's
+            raise ValueError(f"{PASSWORD_FILE}: {str(self._password_file)!r} is not UTF-8") from exc
+        if not password:
+            raise ValueError(f"{PASSWORD_FILE}: {str(self._password_file)!r} holds only spaces")
+        return password
+
+    def _hint(self, read: Mapping[str, bytes], exc: Exception) -> str:
+        """What likely failed when an encrypted key did not load: its password (OpenSSL
+        says "PEM lib"), and where that comes from."""
+        encrypted = b"ENCRYPTED" in read.get(KEY, b"")
+        mismatch = isinstance(exc, ssl.SSLError) and exc.reason == "KEY_VALUES_MISMATCH"
+        if not encrypted or mismatch or not isinstance(exc, ssl.SSLError):
+            return ""
+        if self._password_file is not None:
+            source = (
+                f"{PASSWORD_FILE} {str(self._password_file)!r} (read again at each check: "
+                "write the new password there with the key)"
+            )
+        else:
+            source = (
+                "KAFKA_SSL_KEY_PASSWORD (read once, at the start: a new password needs a "
+                f"restart, or give it as {PASSWORD_FILE} in the environment)"
+            )
+        return f"; the key is encrypted: likely not with the password of {source}"
 
     def _not_valid_now(self, pem: bytes) -> str | None:
         """Why the renewed certificate `pem` is refused: not valid now, while the one held
@@ -259,19 +314,24 @@ def tls_reload(
     *,
     now: Callable[[], float] = time.time,
     on_loaded: Callable[[Path, Validity], None] | None = None,
+    env: Mapping[str, str] | None = None,
 ) -> TlsReload | None:
     """The reload of `kafka`'s TLS files into the context its clients hold; None without
-    TLS, or with TLS and no file (the system's CAs, no client certificate)."""
+    TLS, or with TLS and no file (the system's CAs, no client certificate). The key's
+    password is read again from `KAFKA_SSL_KEY_PASSWORD_FILE` when `env` (the process's
+    environment by default) names it: the settings read it from there."""
     context = kafka.ssl_context()
     given = {CA: kafka.ssl_cafile, CERT: kafka.ssl_certfile, KEY: kafka.ssl_keyfile}
     files = {name: path for name, path in given.items() if path is not None}
     if context is None or not files:
         return None
     password = kafka.ssl_key_password
+    named = (os.environ if env is None else env).get(PASSWORD_FILE, "").strip()
     return TlsReload(
         context,
         files,
         password=None if password is None else password.get_secret_value(),
+        password_file=Path(named) if named and password is not None else None,
         now=now,
         on_loaded=on_loaded,
     )

@@ -208,6 +208,52 @@ async def test_a_renewal_not_valid_now_replaces_a_held_one_expired_too(
     assert any("reloaded" in i for i in infos(caplog))
 
 
+async def test_a_key_renewed_with_its_password_file_loads(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An encrypted key renewed with a new password, KAFKA_SSL_KEY_PASSWORD_FILE written
+    with it: the password was read once, at the start, and the renewal never loaded
+    until a restart. Read again at each load: a key written before its password is
+    refused (naming the password file), and loads once the password is written."""
+    world = World(tmp_path, password="old-pass")
+    secret = tmp_path / "password"
+    secret.write_text("old-pass\n")
+    tls = tls_reload(
+        world.kafka, now=lambda: world.now, env={"KAFKA_SSL_KEY_PASSWORD_FILE": str(secret)}
+    )
+    assert tls is not None
+    tls.check()
+    second = world.certs.leaf("client-2", world.ca, password="new-pass")
+    world.put(second)
+    assert tls.check() is False
+    assert await world.seen() == "client-1"
+    [warned] = warnings(caplog)
+    assert (
+        "password" in warned and "KAFKA_SSL_KEY_PASSWORD_FILE" in warned and str(secret) in warned
+    )
+    assert "new-pass" not in warned and "old-pass" not in warned
+    secret.write_text("new-pass\n")
+    assert tls.check() is True
+    assert await world.seen() == "client-2"
+
+
+async def test_a_key_not_decrypting_names_the_password_given_at_the_start(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """KAFKA_SSL_KEY_PASSWORD is read once: a key renewed with another password is
+    refused saying that its password is the likely cause, and that it takes a restart
+    (OpenSSL says only "PEM lib")."""
+    world = World(tmp_path, password="old-pass")
+    tls = tls_reload(world.kafka, now=lambda: world.now, env={})
+    assert tls is not None
+    tls.check()
+    world.put(world.certs.leaf("client-2", world.ca, password="new-pass"))
+    assert tls.check() is False
+    assert await world.seen() == "client-1"
+    [warned] = warnings(caplog)
+    assert "encrypted" in warned and "KAFKA_SSL_KEY_PASSWORD" in warned and "restart" in warned
+
+
 async def test_unreadable_files_keep_what_was_loaded(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
