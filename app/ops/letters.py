@@ -134,6 +134,15 @@ def replay_refusal(dead_letters: str, letter: DeadLetterContext) -> str | None:
             f"no letter of {topic} is refused at stage {letter.stage} (only {allowed}): "
             "not one a node wrote"
         )
+    if types is not None and topic == types.timer_ops and letter.stage == Stage.OPERATE:
+        # Its request id counts as used (perhaps half carried out): a copy is answered
+        # DUPLICATE for the de-duplication window, nothing done, though written.
+        return (
+            f"a request of {topic} that failed as it was carried out ({letter.stage}) used "
+            "its request id: its owner answers a copy DUPLICATE and does nothing for "
+            "TICKWHEEL_REQUEST_ID_WINDOW_MS; send it again under a new request id "
+            "(`tickwheel timers retry|skip --request-id <new>`)"
+        )
     return None
 
 
