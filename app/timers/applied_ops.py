@@ -36,7 +36,8 @@ operator's, a few a day; a request past it is carried out again if sent again.""
 
 class AppliedOps:
     """The request ids one partition carried out within `window_ms`, each with the offset
-    of the copy carried out and when it was asked (epoch ms, never after the node's now)."""
+    of the copy carried out and when it was carried out (epoch ms, never after the
+    node's now)."""
 
     def __init__(self, window_ms: int, limit: int = MAX_APPLIED_OPS) -> None:
         self.window_ms = window_ms
@@ -58,10 +59,13 @@ class AppliedOps:
             return None  # itself (read back by the take), or past the window: again
         return first
 
-    def note(self, op: TimerOp, offset: int, now: int) -> None:
-        """`op`, read at `offset`, was carried out (asked at `op.requested_at`)."""
+    def note(self, op: TimerOp, offset: int, now: int, at: int | None = None) -> None:
+        """`op`, read at `offset`, was carried out at `at` (None: `now`, the node's clock as
+        it carried it out). Never the sender's `requested_at` alone: one in seconds, or
+        from a clock behind by the window, had its id forgotten as it was noted, and a
+        copy read a moment later carried out again."""
         self._ids.pop(op.request_id, None)
-        self._ids[op.request_id] = (offset, min(op.requested_at, now))
+        self._ids[op.request_id] = (offset, now if at is None else min(at, now))
         floor = now - self.window_ms
         while self._ids:
             _, (_, at) = next(iter(self._ids.items()))
@@ -90,7 +94,10 @@ async def read_applied_ops(
             for record in batch:
                 op = _op(record, limits)
                 if op is not None and applied.duplicate_of(op, record.offset, now) is None:
-                    applied.note(op, record.offset, now)
+                    # Carried out when it was read, after it was written: the later of
+                    # its record's time and its own.
+                    at = max(op.requested_at, record.timestamp)
+                    applied.note(op, record.offset, now, at)
     logger.debug("%s[%d]: %d operator request(s) in the window", topic, partition, len(applied))
     return applied
 

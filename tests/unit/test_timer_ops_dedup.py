@@ -17,12 +17,14 @@ import pytest
 from fakes import T0, FakeClock, RunningNode, running, wait_until
 from pydantic import BaseModel
 
+from app.kafka import TopicSpec
 from app.kafka.memory import MemoryLog
 from app.model.aggregate import AggregateType, Command, Decision
+from app.protocol.limits import InputLimits
 from app.protocol.topics import AggregateTopics, ContextTopics
 from app.protocol.wire import CommandEnvelope, TimerAction, TimerOp, encode
 from app.service import Service
-from app.timers.applied_ops import AppliedOps
+from app.timers.applied_ops import AppliedOps, read_applied_ops
 from app.timers.operator import new_op, op_records
 from app.timers.runner import RetryPolicy, TimerOptions
 from tables import AggregateRef, CommandSpec, OnceRule, Timer, TimerStatus
@@ -256,3 +258,25 @@ async def test_a_request_dead_lettered_as_carried_out_is_used_as_a_take_reads_it
     await request(log, op(TimerAction.SKIP, "skip-1", clock))
     await wait_until(lambda: status(log, "remind") is TimerStatus.CANCELLED or len(NUDGES) > 1)
     assert len(NUDGES) == 1, "the copy of a request dead-lettered was carried out"
+
+
+def test_a_request_asked_long_before_it_is_carried_out_is_still_its_copies_first() -> None:
+    """Its window counted from the sender's `requested_at` (found by a hunt): one written
+    in seconds, from a clock behind, or read after a node was down longer than the window
+    was forgotten as it was noted, and a copy read a moment later carried out again."""
+    applied = AppliedOps(window_ms=WINDOW)
+    seconds = new_op(TimerAction.RETRY, OWNER, now=T0 // 1000, request_id="r")
+    applied.note(seconds, 5, T0)
+    assert applied.duplicate_of(seconds, 6, T0 + 1) == 5
+
+
+async def test_a_take_counts_a_request_from_when_its_record_was_written() -> None:
+    """Read again by a take: the later of its record's time and its `requested_at`."""
+    topic = ORDERS.timer_ops
+    log = MemoryLog([TopicSpec(topic, 1)], now=lambda: T0)
+    seconds = new_op(TimerAction.RETRY, OWNER, now=T0 // 1000, request_id="r")
+    await log.publisher().send(topic, b"k", encode(seconds), 0)
+    applied = await read_applied_ops(
+        log.reader(), topic, 0, now=T0 + 10, window_ms=WINDOW, limits=InputLimits()
+    )
+    assert applied.duplicate_of(seconds, 1, T0 + 10) == 0
