@@ -158,7 +158,11 @@ class TlsReload:
         self, read: Mapping[str, bytes], read_digests: dict[str, str], changed: list[str]
     ) -> bool:
         try:
-            password = key_password(self.files.get(KEY), self._password())
+            # Its file read only for a key that is encrypted: one renewed without (its
+            # password file dropped) loads.
+            encrypted = b"ENCRYPTED" in read.get(KEY, b"")
+            given = self._password() if encrypted else self._given_password
+            password = key_password(self.files.get(KEY), given)
         except ValueError as exc:
             self._refuse(f"{exc}")
             return False
@@ -230,7 +234,7 @@ class TlsReload:
             return None
         dates = (
             f"the client certificate is valid from {_utc(new.not_before)} until "
-            f"{_utc(new.not_after)}, not now ({_utc(now)})"
+            f"{_utc(new.not_after)}, not now"  # no time in it: warned once, not each check
         )
         held = self.validity
         if held is not None and valid_at(now, held):

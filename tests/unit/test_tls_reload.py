@@ -493,3 +493,37 @@ def test_a_renewal_another_reload_of_the_context_loaded_is_taken_not_loaded_agai
     not_after = validity_of_pem(second.cert.read_bytes()).not_after
     assert one.validity is not None and one.validity.not_after == not_after
     assert world.loaded[-2:] == [(world.cert, not_after)] * 2
+
+
+async def test_a_renewal_not_valid_now_is_warned_about_once_as_time_passes(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Its refusal held the check's time, so each check's differed: one WARNING a minute
+    until the held certificate ran out (a review's finding)."""
+    world = World(tmp_path)
+    tls = world.reload()
+    tls.check()
+    day = timedelta(days=1)
+    world.put(world.dated("client-old", starts_in=-60 * day, ends_in=-30 * day))
+    for _ in range(5):
+        assert tls.check() is False
+        world.now += 60
+    assert len(warnings(caplog)) == 1, warnings(caplog)
+
+
+async def test_a_key_not_encrypted_loads_without_its_password_file(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The password file was read before every load: with it dropped (no key needs it any
+    more), no renewal of an unencrypted key loaded until a restart."""
+    world = World(tmp_path, password="unused")
+    secret = tmp_path / "pw"
+    secret.write_text("unused")
+    tls = tls_reload(
+        world.kafka, now=lambda: world.now, env={"KAFKA_SSL_KEY_PASSWORD_FILE": str(secret)}
+    )
+    assert tls is not None
+    tls.check()
+    secret.unlink()
+    world.put(world.certs.leaf("client-2", world.ca))
+    assert tls.check(), warnings(caplog)
