@@ -131,8 +131,9 @@ def encode_report(report: NodeReport) -> bytes:
 
 def fit_report(report: NodeReport) -> NodeReport:
     """`report` cut to fit `MAX_REPORT_BYTES` once encoded: fewer listed timers first, then
-    shorter failure texts; never a partition (its owner would vanish from the pages).
-    ValueError when even that is too large."""
+    shorter failure texts, then each partition's counts and due times (its owner and
+    state kept); never a partition (its owner would vanish from the pages). ValueError
+    when even that is too large."""
     for why in (TEXT_IN_REPORT, 200, 0):
         parts = tuple(p.model_copy(update={"why": clip(p.why, why)}) for p in report.partitions)
         report = report.model_copy(update={"partitions": parts})
@@ -143,6 +144,13 @@ def fit_report(report: NodeReport) -> NodeReport:
             report = report.model_copy(update={k: v[: len(v) // 2] for k, v in lists.items()})
         else:
             return report
+    bare = tuple(
+        PartitionReport(type=p.type, partition=p.partition, state=p.state)
+        for p in report.partitions
+    )
+    report = report.model_copy(update={"partitions": bare})
+    if len(encode_report(report)) <= MAX_REPORT_BYTES:
+        return report
     raise ValueError(f"{len(report.partitions)} partitions' report past {MAX_REPORT_BYTES} bytes")
 
 

@@ -49,3 +49,29 @@ def test_a_row_at_its_defaults_reads_back_the_same() -> None:
     bare = PartitionReport(type="shop.order", partition=0, state="running")
     report = NodeReport(node="n", group="g", at=1, interval_ms=1000, partitions=(bare,))
     assert decode_report(b"n", encode_report(report)) == report
+
+
+def test_rows_of_long_type_names_with_every_count_set_fit_their_owners_and_states() -> None:
+    """Past the bound with every field set (a review's finding: overdue and firing timers,
+    longer type names), the rows keep their type, partition and state."""
+    rows = tuple(
+        PartitionReport(
+            type=f"payments-eu-west.subscription-renewal{t}",
+            partition=p,
+            state="running",
+            pending=123_456,
+            firing=12,
+            parked=3,
+            paused=4,
+            oldest_overdue=1_800_000_000_000,
+            next_due=1_800_000_000_000,
+        )
+        for t in range(3)
+        for p in range(1024)
+    )
+    report = NodeReport(node="n", group="g", at=1, interval_ms=1000, partitions=rows)
+    fitted = fit_report(report)
+    assert len(encode_report(fitted)) <= MAX_REPORT_BYTES
+    assert [(p.type, p.partition, p.state) for p in fitted.partitions] == [
+        (p.type, p.partition, p.state) for p in rows
+    ]
