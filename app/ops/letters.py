@@ -26,11 +26,12 @@ Where a letter says its record came from is only its headers, and anyone who may
 the dead-letter topic may write those. A replay writes with the operator's rights, so it
 writes only where a letter of that dead-letter topic can come from (`replay_refusal`): an
 input topic of the same context that a node reads and dead-letters (an aggregate type's
-events, commands or timer-ops), with a stage that topic's records are refused at, and a
-partition the topic has. Never the timer changelog (a restore's letters are of records
-that are no timer rows: written back, they would only be refused again, and a forged one
-would be loaded as a timer), the results, ledger or nodes topics, nor another context's
-topics. Anything else is `ReplayRefused`, and nothing is written.
+events, commands or timer-ops), with a stage that topic's records are refused at (not
+a timer-ops request that failed as it was carried out: its request id was used, a copy is
+its DUPLICATE), and a partition the topic has. Never the timer changelog (a restore's
+letters are of records that are no timer rows: written back, they would only be refused
+again, and a forged one would be loaded as a timer), the results, ledger or nodes
+topics, nor another context's topics. Anything else is `ReplayRefused`, and nothing is written.
 """
 
 from __future__ import annotations
