@@ -121,8 +121,14 @@ def cluster_view(
                 p, first.state, first.why, holder.node, link(holder.web), _stale(holder, own, now)
             )
         )
+    # A report cut to its rows' owners and states (`fit_report`) says no counts: none shown,
+    # rather than zeros.
     rows: list[tuple[NodeReport, PartitionReport]] = [
-        (r, x) for r in (own, *others) for x in r.partitions if view.owners.get(x.partition) is r
+        (r, x)
+        for r in (own, *others)
+        if not r.counts_cut
+        for x in r.partitions
+        if view.owners.get(x.partition) is r
     ]
     for r, x in sorted(rows, key=lambda rx: (rx[1].type, rx[1].partition)):
         counts = (x.pending, x.firing, x.parked, x.paused)

@@ -116,13 +116,17 @@ class NodeReport(BaseModel):
     upcoming: tuple[Timer, ...] = ()
     jobs: tuple[Timer, ...] = ()
     """The timers of the jobs' instances (the `<context>.schedule` types) it keeps."""
+    counts_cut: bool = False
+    """Its rows hold their owner and state only (`fit_report`): counts not said, not 0.
+    Written only when true (a reader of the version before refuses the field)."""
 
 
 def encode_report(report: NodeReport) -> bytes:
     """Its JSON, each partition's row without the fields at their defaults (a reader fills
     them in): a row is a third shorter, so that a node of three types at 1,024 partitions
     each fits `MAX_REPORT_BYTES` (its rows in full did not, and it published none)."""
-    data = report.model_dump(mode="json", exclude={"partitions"})
+    left_out = {"partitions"} if report.counts_cut else {"partitions", "counts_cut"}
+    data = report.model_dump(mode="json", exclude=left_out)
     data["partitions"] = [
         p.model_dump(mode="json", exclude_defaults=True) for p in report.partitions
     ]
@@ -148,7 +152,7 @@ def fit_report(report: NodeReport) -> NodeReport:
         PartitionReport(type=p.type, partition=p.partition, state=p.state)
         for p in report.partitions
     )
-    report = report.model_copy(update={"partitions": bare})
+    report = report.model_copy(update={"partitions": bare, "counts_cut": True})
     if len(encode_report(report)) <= MAX_REPORT_BYTES:
         return report
     raise ValueError(f"{len(report.partitions)} partitions' report past {MAX_REPORT_BYTES} bytes")

@@ -5,6 +5,7 @@ partitions stale or unowned while it ran."""
 
 from __future__ import annotations
 
+from app.ops.cluster_page import cluster_view
 from app.ops.node_report import (
     MAX_REPORT_BYTES,
     NodeReport,
@@ -75,3 +76,12 @@ def test_rows_of_long_type_names_with_every_count_set_fit_their_owners_and_state
     assert [(p.type, p.partition, p.state) for p in fitted.partitions] == [
         (p.type, p.partition, p.state) for p in rows
     ]
+    assert fitted.counts_cut and decode_report(b"n", encode_report(fitted)) == fitted
+    # Its counts are not said, not zero: the page's census leaves its rows out.
+    view = cluster_view(fitted, [], known=True, partitions=1024, now=1)
+    assert view.census == [] and len(view.partitions) == 1024
+
+
+def test_a_whole_report_says_nothing_of_cut_counts() -> None:
+    """An older reader refuses a field it does not know: written only when true."""
+    assert b"counts_cut" not in encode_report(_report(1))
