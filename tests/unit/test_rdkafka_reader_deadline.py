@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-import time
 from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any, ClassVar, cast
@@ -78,6 +77,14 @@ def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[type[_Consumer]]:
     assert all(c.calls[-1] == "close" for c in _Consumer.made)
 
 
+def _close_held() -> bool:
+    """The change answered while its reader's close still waits behind the call in flight
+    (the gate shut): its stop was given up at the wait, not waited out (the 5 s guard of
+    each call is only against a hang)."""
+    made = _Consumer.made
+    return not _Consumer.gate.is_set() and bool(made) and made[-1].calls[-1] == "watermarks"
+
+
 class Cluster(MemoryLog):
     """The CLI's clients, its reader librdkafka's (on the fake consumer)."""
 
@@ -98,11 +105,10 @@ async def test_timers_set_wait_bounds_the_readers_stop_and_says_so(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     log = Cluster([TopicSpec(BOOK.commands, P), TopicSpec(RESULTS, P)])
-    began = time.monotonic()
     with caplog.at_level(logging.WARNING):
         got = await asyncio.wait_for(send_change(log, CMD, WAIT_S), 5.0)
     assert got is None  # no answer in time: the command says so, with its request id
-    assert time.monotonic() - began < WAIT_S + GRACE_S + 1.0
+    assert _close_held()
     sent = [
         decode(CommandEnvelope, r.value) for p in range(P) for r in log.records(BOOK.commands, p)
     ]
@@ -118,10 +124,9 @@ async def test_the_web_edges_wait_bounds_the_readers_stop() -> None:
         clients=log, producer=log.publisher(), settings=SimpleNamespace(partitions=P)
     )
     routes = TimerRoutes(cast(Any, node), WAIT_S)
-    began = time.monotonic()
     answer = await asyncio.wait_for(routes._send(CMD), 5.0)
     assert answer.status == 504  # no answer in time, with the request id to send again
-    assert time.monotonic() - began < WAIT_S + GRACE_S + 1.0
+    assert _close_held()
 
 
 def _run(run: JobRun) -> None:
@@ -148,17 +153,15 @@ def _node(topics: AggregateTopics) -> Any:
 async def test_the_job_routes_wait_bounds_the_readers_stop() -> None:
     routes = JobRoutes(_node(SCHEDULE), WAIT_S)
     cmd = trigger_command("shop", JOB, request_id="r-1")
-    began = time.monotonic()
     answer = await asyncio.wait_for(routes._send("trigger", "shop", JOB, [cmd]), 5.0)
     assert answer.status == 504  # no answer in time, with the request ids to send again
-    assert time.monotonic() - began < WAIT_S + GRACE_S + 1.0
+    assert _close_held()
 
 
 @pytest.mark.parametrize("button", ["timer", "job"])
 async def test_the_pages_buttons_wait_bounds_the_readers_stop(button: str) -> None:
     page = SimpleNamespace(confirm=lambda rid, message, back: message)
     actions = PageActions(_node(BOOK if button == "timer" else SCHEDULE), cast(Any, page), WAIT_S)
-    began = time.monotonic()
     if button == "timer":
         form = dict(action="cancel", type=BOOK.type_name, owner="o-1", key="k", request_id="f1")
         said = await asyncio.wait_for(actions.timer(MultiDict(form)), 5.0)
@@ -166,7 +169,7 @@ async def test_the_pages_buttons_wait_bounds_the_readers_stop(button: str) -> No
         form = dict(action="trigger", context="shop", job=JOB.name, request_id="f1")
         said = await asyncio.wait_for(actions.job(MultiDict(form)), 5.0)
     assert "not answered in" in cast(str, said), said
-    assert time.monotonic() - began < WAIT_S + GRACE_S + 1.0
+    assert _close_held()
 
 
 async def test_a_stop_cut_short_leaves_no_thread_waiting_for_calls() -> None:
