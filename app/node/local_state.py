@@ -161,7 +161,8 @@ class CleanMarks:
             return None
         path.unlink(missing_ok=True)
         _sync_dir(self._dir)
-        return CleanMark(int(text) if text.isdigit() else None)
+        # isdecimal, not isdigit: '²' is a digit int() refuses (every take would fail).
+        return CleanMark(int(text) if text.isdecimal() else None)
 
     def mark(self, partition: int, in_step_at: int) -> None:
         """Marks the copy clean, last in step with its changelog at `in_step_at` (epoch
@@ -191,7 +192,7 @@ class CleanMarks:
         if not path.exists():
             return None
         noted, _, why = path.read_text().partition("\n")
-        return (int(noted) if noted.isdigit() else None), why or noted
+        return (int(noted) if noted.isdecimal() else None), why or noted
 
     def note_lost(self, partition: int, why: str, end: int) -> None:
         """Kept until a take sees the log read from its start, or records written to the

@@ -234,3 +234,15 @@ def test_a_clean_mark_says_when_its_copy_was_last_in_step(tmp_path: Path) -> Non
     marks.mark(3, 5)
     marks.mark(3, 1_700_000_000_000)  # written over whole
     assert marks.take(3) == CleanMark(1_700_000_000_000)
+
+
+def test_a_mark_holding_a_digit_int_does_not_read_is_a_mark_of_no_known_age(
+    tmp_path: Path,
+) -> None:
+    """'²' is a digit to `str.isdigit` that `int` refuses: the take raised (a review's
+    finding). A mark whose text is no time is one of no known age: restored whole."""
+    marks = CleanMarks(tmp_path)
+    (tmp_path / "clean-p0").write_text("²\n")
+    taken = marks.take(0)
+    assert taken is not None and taken.at is None
+    assert marks.take(0) is None
