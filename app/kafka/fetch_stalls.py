@@ -19,7 +19,8 @@ which a first fetch that failed never told). Behind it: `FetchStalled`, which st
 node loudly as `FetchRefused` does (`app.node.polling`, `app.timers.sender.FollowerPolls`).
 At it (nothing to read), moved or answered while the broker was asked, or either not known
 (the position being reset, the broker not answering): the watch starts over. The normal
-path asks the broker nothing. No I/O; may import `app.errors` and the port's bound."""
+path asks the broker nothing. No I/O; may import `app.errors`, the port's bound and
+`FetchRefused`."""
 
 from __future__ import annotations
 

@@ -240,7 +240,8 @@ def log_filter() -> BrokerLogFilter:
 
 def install_log_filter() -> BrokerLogFilter:
     """Puts the process's filter on the aiokafka loggers (the worker's logging setup does,
-    before any client starts); it mutes nothing until a watch is attached."""
+    before any client starts): until a watch is attached it mutes nothing but the
+    repeats of aiokafka's "Unexpected error while fetching data" (one a minute)."""
     _FILTER.install()
     return _FILTER
 
