@@ -22,7 +22,27 @@ a restore the first in the log."""
 
 from __future__ import annotations
 
-__all__ = ["continues", "folds"]
+from collections import OrderedDict
+from typing import Final
+
+__all__ = ["FOLLOWING_MAX", "continues", "folds", "remember"]
+
+FOLLOWING_MAX: Final = 10_000
+"""Aggregates whose request folded last is remembered, by the live follow and by a restore
+alike (a decision's events are adjacent in the log)."""
+
+
+def remember(
+    marks: OrderedDict[str, tuple[str, int]], aggregate_id: str, mark: tuple[str, int] | None
+) -> None:
+    """Notes `mark` as the request folded last into the aggregate and the offset of its
+    last event folded (None: none any more, forgotten); kept last, so that past
+    `FOLLOWING_MAX` the oldest go first."""
+    marks.pop(aggregate_id, None)
+    if mark is not None:
+        marks[aggregate_id] = mark
+        if len(marks) > FOLLOWING_MAX:
+            marks.popitem(last=False)
 
 
 def continues(following: tuple[str, int] | None, request_id: str, offset: int) -> bool:

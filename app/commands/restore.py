@@ -16,7 +16,7 @@ from collections.abc import Callable
 from contextlib import aclosing
 from typing import TYPE_CHECKING
 
-from app.commands.folds import continues, folds
+from app.commands.folds import continues, folds, remember
 from app.commands.records import Misplaced, applied_id, misrouted, state_key
 from app.errors import BadRecord, node_fault
 from app.kafka import LogReader, Record
@@ -33,10 +33,6 @@ __all__ = ["restore_states"]
 # The states' own logger, as before the restore had a module of its own: operators filter
 # its records by that name.
 logger = logging.getLogger("app.commands.states")
-
-_MARKS_MAX = 10_000
-"""Aggregates whose request folded last the restore remembers, as the live follow does
-(`PartitionStates.following`): a decision's events are adjacent in the log."""
 
 
 async def restore_states(
@@ -222,7 +218,7 @@ def _fold_each(
         return None, [], {}
     try:
         whole = encode(fold(agg, stored, [e for e, _ in taken]))
-        _mark(marks, aggregate_id, rule.last)
+        remember(marks, aggregate_id, rule.last)
         return whole, taken, {}
     except Exception as exc:
         if node_fault(exc):
@@ -252,16 +248,5 @@ def _fold_each(
             passed[id(e)] = exc.with_traceback(None)  # its frames let go
             continue  # as live: its request id passed over, the aggregate as it was
         rule.folded(e, offset)
-    _mark(marks, aggregate_id, rule.last)
+    remember(marks, aggregate_id, rule.last)
     return state, taken, passed
-
-
-def _mark(
-    marks: OrderedDict[str, tuple[str, int]], aggregate_id: str, last: tuple[str, int] | None
-) -> None:
-    if last is None:
-        return
-    marks.pop(aggregate_id, None)
-    marks[aggregate_id] = last  # kept last: the oldest go first past the bound
-    if len(marks) > _MARKS_MAX:
-        marks.popitem(last=False)

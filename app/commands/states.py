@@ -13,6 +13,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from app.commands.batch import CommandBatch
+from app.commands.folds import remember
 from app.commands.records import Misplaced
 from app.commands.restore import restore_states
 from app.kafka import LogReader
@@ -33,9 +34,6 @@ _REQUEST_SWEEP = 250
 
 _WARNED_MAX = 10_000
 """Aggregates remembered as warned of past the state bound (then forgotten, warned anew)."""
-
-_FOLLOWING_MAX = 10_000
-"""Aggregates whose request followed is remembered (a decision's events are adjacent)."""
 
 _PASSED_MAX = 10_000
 """Events a restore passed over remembered until the subscription reads them."""
@@ -236,11 +234,7 @@ class PartitionStates:
         for applied in batch.passed:
             self._pending_passed[applied] = batch
         for aid, mark in batch.following.items():
-            self._following.pop(aid, None)
-            if mark is not None:  # kept last: the oldest go first past the bound
-                self._following[aid] = mark
-                if len(self._following) > _FOLLOWING_MAX:
-                    self._following.popitem(last=False)
+            remember(self._following, aid, mark)
 
     def committed(self, batch: CommandBatch, written: Sequence[int]) -> None:
         """Writes the batch's aggregate states once its transaction committed; `written`:

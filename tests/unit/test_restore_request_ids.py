@@ -21,7 +21,7 @@ import pytest
 from fakes import T0, OneBatchLog
 from pydantic import BaseModel
 
-import app.commands.states as states_module
+import app.commands.folds as folds_module
 from app.commands.batch import CommandBatch
 from app.commands.processor import CommandProcessor
 from app.commands.records import state_key
@@ -282,7 +282,7 @@ async def test_a_request_followed_then_decided_here_again_is_not_folded_twice() 
 
 
 async def test_past_the_bound_the_oldest_marks_go_first(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(states_module, "_FOLLOWING_MAX", 2)
+    monkeypatch.setattr(folds_module, "FOLLOWING_MAX", 2)
     ids = [i for i in (f"o-{n}" for n in range(200)) if partition_of(i, PARTITIONS) == P][:3]
     refs = [AggregateRef(context="shop", aggregate="order", id=i) for i in ids]
     commits = Commits()
