@@ -8,7 +8,9 @@ follows it, and `entries()` answers from memory. A node's own writes are applied
 as the broker acknowledged them, so it reads them back at once.
 
 Which record of a key is newer is told by its offset; all records of one key sit in the
-same partition (Kafka's default partitioner on the key), so their offsets compare. A
+same partition (named by the writer: murmur2 of the key over the context's partition count,
+where Kafka's default partitioner puts it while the topic has that count, and where the
+nodes read it should partitions be added to the topic), so their offsets compare. A
 record read twice (the follower starts before the read to the end, so that nothing falls
 between them) or read after the node applied a newer one of its own changes nothing.
 
@@ -259,11 +261,13 @@ class KafkaFailureLedger:
     async def _write(self, key: LedgerKey, entry: LedgerEntry | None) -> None:
         raw = ledger_key(*key)
         value = None if entry is None else encode_entry(entry)
-        # partition=None: the producer's default partitioner, as any other writer's.
-        offset = await asyncio.wait_for(
-            self._producer.send(self.topic, raw, value, None), self._timeout
-        )
+        # The partition named, not the producer's default partitioner's: that one places by
+        # the topic's count now, and partitions added to the ledger alone would take writes
+        # (a park, or a tombstone beside the record it should delete) that no node reads.
         partition = partition_of(raw.decode(), self._partitions)
+        offset = await asyncio.wait_for(
+            self._producer.send(self.topic, raw, value, partition), self._timeout
+        )
         # When it was written, as its record's timestamp says it to the nodes that read it.
         at = time.time_ns() // 1_000_000
         if self._view.apply(key, partition, offset, entry, at) and entry is None:

@@ -109,6 +109,35 @@ async def test_a_node_holds_the_open_entries_not_every_target_ever_parked() -> N
         await first.stop()
 
 
+async def test_partitions_added_to_the_ledger_alone_take_none_of_its_records() -> None:
+    """An operator grows `<context>.failure-ledger` alone while the nodes run: every park and
+    tombstone still goes where the nodes read (the context's count), so another node sees
+    every open entry and none resolved (a tombstone beside its record)."""
+    log = MemoryLog([TopicSpec(TOPIC, PARTITIONS)])
+    first = KafkaFailureLedger(log, "shop", PARTITIONS, log.publisher())
+    await first.start()
+    try:
+        await log.add_partitions([TOPIC], PARTITIONS)  # 4 -> 8
+        targets = [
+            AggregateRef(context="billing", aggregate="invoice", id=f"i-{n}") for n in range(50)
+        ]
+        for n, target in enumerate(targets):
+            await first.record("shop.order", target, [timer(n)])
+        for target in targets[::2]:
+            assert await first.resolve("shop.order", target)
+        second = KafkaFailureLedger(log, "shop", PARTITIONS, log.publisher())
+        await second.start()
+        try:
+            open_ = {e.target for e in await second.entries()}
+            assert open_ == set(targets[1::2])
+            assert {e.target for e in await first.entries()} == open_
+            assert all(not log.records(TOPIC, p) for p in range(PARTITIONS, 2 * PARTITIONS))
+        finally:
+            await second.stop()
+    finally:
+        await first.stop()
+
+
 async def test_an_entry_not_read_here_yet_is_not_written_over() -> None:
     # Another node parked the target; this node's follower has not read that record yet
     # (here: it stopped). Its resolve finds no entry and writes nothing over the other's
