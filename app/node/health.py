@@ -74,8 +74,8 @@ def node_health(
     longer than `MAX_COMMIT_LAG_S` makes it not ready, `not_ready` naming the partitions.
     `topics`: what is wrong with the replication of each topic found so at the start, or
     at a check since (`app.node.topic_watch`, every minute: gone once fixed), said as
-    `topics` (`app.kafka.replication`); it does not make the node not ready (it runs as
-    well, less safely)."""
+    `topics` (`app.kafka.replication`), and a partition count found not the node's since;
+    it does not make the node not ready (it runs as well, less safely)."""
     running = frozenset(key for key, task in tasks.items() if task.state is TaskState.RUNNING)
     stalled: dict[int, str] = {}
     failing: dict[int, dict[str, object]] = {}

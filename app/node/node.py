@@ -43,7 +43,7 @@ from app.node.partition_tasks import PartitionTasks
 from app.node.settings import Settings
 from app.node.suspension import SuspensionWatch
 from app.node.task_id import TaskId
-from app.node.topic_watch import ReplicationRead, TopicPolicyWatch
+from app.node.topic_watch import PartitionCounts, ReplicationRead, TopicPolicyWatch
 from app.node.user_code_watch import UserCodeWatch, watch_user_code
 from app.protocol.topics import parse_aggregate_type
 from app.service import Service
@@ -156,6 +156,9 @@ class Node:
             logs=[s.name for s in specs if s.retained],
             refused=self.fail,
             replication=ReplicationRead.of(self._admin, specs, settings.replication, self.metrics),
+            counts=PartitionCounts(
+                self._admin.existing_topics, {s.name: s.partitions for s in specs}
+            ),
         )
 
     @property

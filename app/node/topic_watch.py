@@ -30,6 +30,13 @@ judges them as the start does:
 - each table's `delete.retention.ms` read is kept (`tombstones_kept`, the start's to
   begin with): how long a clean local copy of a timer changelog is read on from
   (`app.node.copy_age`), a change on the topic followed within a minute;
+- each topic's partition count (`PartitionCounts`, read after the configs) is compared with
+  the count the node reads and writes it by (the start refused another): partitions added
+  while it runs are a WARNING once, and said in `findings` until the count is the node's
+  again. A topic the group assigns stops the node too once the group gives it a
+  partition past the count (`app.node.partition_tasks`); of the others (the context's
+  results, failure ledger, nodes and dead letters) nothing else tells before the next
+  start refuses the topic;
 - a read that fails, whole (the broker away, the client refused) or for a topic (no
   DescribeConfigs ACL on it), is one WARNING for the check, and read again at the next:
   never a reason to stop the node, nor to clear a finding. A failure of any other kind, a
@@ -53,7 +60,14 @@ from app.node.copy_age import DELETE_RETENTION, tombstones_kept
 from app.node.metrics import NodeMetrics
 from app.task_ends import cancelled_here
 
-__all__ = ["CHECK_INTERVAL_S", "ReplicationRead", "TopicPolicyWatch", "finding_changes"]
+__all__ = [
+    "CHECK_INTERVAL_S",
+    "PartitionCounts",
+    "ReplicationRead",
+    "TopicPolicyWatch",
+    "count_finding",
+    "finding_changes",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -92,6 +106,25 @@ class ReplicationRead:
         )
 
 
+@dataclass(frozen=True, slots=True)
+class PartitionCounts:
+    """Whose partition counts a `TopicPolicyWatch` reads again: `read` (`Admin.existing_topics`)
+    those of the topics of `asked`, each with the count the node reads and writes it by."""
+
+    read: Callable[[Iterable[str]], Awaitable[dict[str, int]]]
+    asked: Mapping[str, int]
+
+
+def count_finding(topic: str, have: int, asked: int) -> str:
+    """What `findings` says of a topic of `have` partitions the node uses `asked` of."""
+    return (
+        f"topic {topic} has {have} partitions, the node's {asked}: partitions were added to "
+        f"it while the node ran. The node reads and writes partitions 0..{asked - 1} only, "
+        "and its next start refuses the topic; a topic's partition count never changes "
+        "(see docs/operations.md, Scaling)"
+    )
+
+
 def finding_changes(
     before: Mapping[str, Sequence[str]], now: Mapping[str, Sequence[str]], judged: Iterable[str]
 ) -> tuple[dict[str, list[str]], list[str]]:
@@ -119,6 +152,7 @@ class TopicPolicyWatch:
         logs: Sequence[str] = (),
         refused: Callable[[str], None],
         replication: ReplicationRead | None = None,
+        counts: PartitionCounts | None = None,
         interval: float = CHECK_INTERVAL_S,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
@@ -126,8 +160,11 @@ class TopicPolicyWatch:
         self.tables, self.logs = list(tables), list(logs)
         self._refused = refused
         self.replication = replication
-        self.findings: dict[str, list[str]] = {}
-        """What is wrong with each topic's replication (`/healthz`'s `topics`)."""
+        self.counts = counts
+        # What is wrong with each topic's replication; each topic's partition count found
+        # not the node's (`findings` says both).
+        self._replicated: dict[str, list[str]] = {}
+        self._miscounted: dict[str, str] = {}
         self.interval = interval
         self.sleep = sleep
         """How it waits between checks (a test's fake clock)."""
@@ -137,10 +174,19 @@ class TopicPolicyWatch:
         """Each table's `delete.retention.ms` as last read (the start's, then each
         check's); a table not read (yet) is not in it."""
 
+    @property
+    def findings(self) -> dict[str, list[str]]:
+        """What is wrong with each topic (`/healthz`'s `topics`): its replication, and a
+        partition count not the node's."""
+        found = {t: list(faults) for t, faults in self._replicated.items()}
+        for topic, finding in self._miscounted.items():
+            found.setdefault(topic, []).append(finding)
+        return found
+
     def found_at_start(self, findings: Mapping[str, Sequence[str]]) -> None:
         """The start's findings (`check_replication`): said already, the checks say what
         changes of them."""
-        self.findings = {t: list(faults) for t, faults in findings.items() if faults}
+        self._replicated = {t: list(faults) for t, faults in findings.items() if faults}
         self._count()
 
     def kept_read(self, configs: TopicConfigs) -> None:
@@ -192,6 +238,8 @@ class TopicPolicyWatch:
                     self._warned.pop(log, None)
         if r is not None:
             await self._check_replication(r, configs)
+        if self.counts is not None:  # the configs read: the broker answers
+            await self._check_counts(self.counts)
         if refusal is not None:
             self._refused(refusal)
         return refusal
@@ -204,15 +252,27 @@ class TopicPolicyWatch:
         judged = {t: n for t, n in replicas.items() if t in configs.read}
         now = replication_findings(judged, configs, r.asked)
         appeared, cleared = finding_changes(
-            self.findings, now, [t for t in r.topics if t in judged]
+            self._replicated, now, [t for t in r.topics if t in judged]
         )
         warn_replication(appeared, brokers, replicas, r.asked)
         for finding in cleared:
             # Its first sentence, before the why and the fix: "topic t has …".
             logger.info("no longer so: %s", finding.split(": ", 1)[0])
-        kept = {t: f for t, f in self.findings.items() if t not in judged}
-        self.findings = {t: f for t in r.topics if (f := now.get(t) or kept.get(t))}
+        kept = {t: f for t, f in self._replicated.items() if t not in judged}
+        self._replicated = {t: f for t in r.topics if (f := now.get(t) or kept.get(t))}
         self._count()
+
+    async def _check_counts(self, c: PartitionCounts) -> None:
+        have = await self._reading("partition counts", lambda: c.read(list(c.asked)))
+        for topic, n in sorted((have or {}).items()):
+            asked = c.asked.get(topic)
+            if asked is None or n == asked:  # one deleted and made again: the node's count
+                self._miscounted.pop(topic, None)
+                continue
+            finding = count_finding(topic, n, asked)
+            if self._miscounted.get(topic) != finding:
+                logger.warning("%s", finding)
+            self._miscounted[topic] = finding
 
     async def _reading(self, what: str, read: Callable[[], Awaitable[_T]]) -> _T | None:
         """What `read` answers; None when it failed (one WARNING, read again next check)."""
@@ -235,4 +295,4 @@ class TopicPolicyWatch:
     def _count(self) -> None:
         if self.replication is not None:
             for topic in self.replication.topics:
-                self.replication.counted(topic, len(self.findings.get(topic, ())))
+                self.replication.counted(topic, len(self._replicated.get(topic, ())))

@@ -1,0 +1,46 @@
+"""Partitions added while a node runs to one of its topics the group does not assign (the
+context's failure ledger, results, nodes): its next start refuses the topic, and until
+then nothing said it. The node's minute check reads the topics' partition counts after
+their configs: one not the node's is one WARNING, and said in `/healthz`'s `topics` while
+it lasts. On the in-memory log, the watch's waits on a fake clock."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+from fakes import RunningNode, wait_until
+from test_node_memory import PARTITIONS, SERVICE, TOPICS
+from test_topic_watch import Ticks
+
+from app.kafka.memory import MemoryLog
+from app.protocol.topics import ContextTopics
+
+
+async def test_a_ledger_grown_while_the_node_runs_is_said_once_and_in_healthz(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    ledger = ContextTopics(TOPICS.context).ledger
+    log = MemoryLog()
+    node = RunningNode(log, tmp_path, "a", SERVICE, PARTITIONS)
+    ticks = Ticks()
+    node.node.topic_watch.sleep = ticks.sleep
+    await node.start()
+    try:
+        await wait_until(node.runs)
+        await ticks.tick()
+        before = node.node.health().get("topics", {})  # the replication's findings alone
+        caplog.set_level(logging.WARNING, logger="app.node.topic_watch")
+        await log.add_partitions([ledger], PARTITIONS)
+        await ticks.tick()
+        await ticks.tick()  # said once, not at every check
+        said = [r.getMessage() for r in caplog.records if r.name == "app.node.topic_watch"]
+        assert len(said) == 1, said
+        [finding] = said
+        assert finding.startswith(f"topic {ledger} has 4 partitions, the node's 2: ")
+        assert "its next start refuses the topic" in finding
+        assert node.node.health()["topics"] == before | {ledger: [*before.get(ledger, ()), finding]}
+        assert node.task is not None and not node.task.done()  # it runs on, less safely
+    finally:
+        await node.stop()
