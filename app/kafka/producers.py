@@ -13,9 +13,14 @@ from typing import Any
 
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import (
+    CorruptRecordException,
+    InvalidTimestampError,
     KafkaConnectionError,
     KafkaError,
+    MessageSizeTooLargeError,
     OutOfOrderSequenceNumber,
+    RecordListTooLargeError,
+    UnknownError,
     UnknownProducerId,
 )
 
@@ -58,6 +63,23 @@ numbered but never sent. The broker then answers every later batch of that parti
 OUT_OF_ORDER_SEQUENCE_NUMBER, which aiokafka neither retries nor mends (the Java client
 does, KIP-360): nothing would reach that partition again while the producer lives."""
 
+REFUSED_ON = (
+    MessageSizeTooLargeError,
+    RecordListTooLargeError,
+    CorruptRecordException,
+    InvalidTimestampError,
+    UnknownError,
+)
+"""A send failing so, in the broker's answer, breaks its partition's sequence: the broker
+refuses such a batch before it looks at the producer's sequence (`UnifiedLog.append`: its
+size and CRC, then `LogValidator`'s record checks, then the producer state), so it keeps
+the last sequence it appended, while aiokafka numbered the batch as it took it and does
+not take the number back on a failure it does not retry (the Java client does). The next
+batch of that partition, another send's, would be answered OUT_OF_ORDER_SEQUENCE_NUMBER;
+so the producer is renewed at once. `UnknownError`: aiokafka's for INVALID_RECORD (87: a
+record without a key on a compacted topic, …), which it does not know. The same errors
+raised by `send` itself (aiokafka's own size check) numbered nothing: no renewal."""
+
 RENEW_WITHIN_S = 30.0
 """How long a new producer may take to start (its producer id asked) before it is given
 up on; the next send failing so tries again."""
@@ -75,9 +97,10 @@ class Producer:
     unexpected error, which every later send raises; or a cancellation swallowed inside,
     and every later send waits for ever) nothing is sent again. `send_many` then raises at
     once (`sending`), and `failed` ends, for its owner to stop (the node does). A send
-    that fails with its partition's sequence broken (`RENEWED_ON`) raises, and a new
-    producer (a new producer id, every sequence from 0) is started in the background,
-    for the sends after it."""
+    that fails with its partition's sequence broken (`RENEWED_ON`), or refused by the
+    broker in a way that breaks it (`REFUSED_ON`), raises, and a new producer (a new
+    producer id, every sequence from 0) is started in the background, for the sends after
+    it."""
 
     def __init__(self, bootstrap: Connectable, *, linger_ms: int = 2) -> None:
         self._options = {
@@ -127,6 +150,7 @@ class Producer:
         """Sends (topic, partition, key, value) records; their offsets once acknowledged."""
         producer = self._producer
         sending(producer)
+        answered = False  # whether a failure is the broker's answer, not `send`'s own
         try:
             futures = [
                 await producer.send(
@@ -134,13 +158,14 @@ class Producer:
                 )
                 for r in records
             ]
+            answered = True
             for f in futures:
                 # The first failure is raised; the others are retrieved, not left to the
                 # event loop to log at collection.
                 f.add_done_callback(retrieve)
             return [(await f).offset for f in futures]
         except KafkaError as exc:
-            if isinstance(exc, RENEWED_ON):
+            if isinstance(exc, RENEWED_ON) or (answered and isinstance(exc, REFUSED_ON)):
                 self._renew(producer, exc)
             raise KafkaUnavailable(f"send failed: {explain(exc)}") from exc
 

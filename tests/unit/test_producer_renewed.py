@@ -5,7 +5,9 @@ mends. Remote timers of aggregates on that partition were retried and parked unt
 restart while the node said it was ready. A send failing so now raises, and the sends
 after it go through a new producer (a new producer id, sequences from 0); the node's
 watch of the producer (`failed`) follows the new one, and stopping the old one is no
-failure of the node's."""
+failure of the node's. A batch the broker refused before it looked at the sequence (too
+large for its topic, a record it finds invalid) breaks it the same way: another send of
+that partition failed so before the producer was renewed; it is renewed at once now."""
 
 from __future__ import annotations
 
@@ -15,10 +17,15 @@ from typing import Any
 import pytest
 from aiokafka import TopicPartition
 from aiokafka.errors import (
+    CorruptRecordException,
+    InvalidTimestampError,
     KafkaError,
     LeaderNotAvailableError,
+    MessageSizeTooLargeError,
     OutOfOrderSequenceNumber,
+    RecordListTooLargeError,
     RequestTimedOutError,
+    UnknownError,
     UnknownProducerId,
 )
 from aiokafka.producer.message_accumulator import MessageAccumulator
@@ -119,6 +126,47 @@ async def test_a_send_failing_with_its_sequence_broken_renews_the_producer(
     fresh.task.set_exception(KafkaError("Unexpected error during batch delivery"))
     with pytest.raises(KafkaUnavailable, match="sender stopped"):
         await asyncio.wait_for(watch, 2)
+    await producer.stop()
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        MessageSizeTooLargeError(),
+        RecordListTooLargeError(),
+        CorruptRecordException(),
+        InvalidTimestampError(),
+        UnknownError(),  # aiokafka's for INVALID_RECORD (a keyless record, compacted topic)
+    ],
+    ids=["too large", "list too large", "corrupt", "timestamp", "invalid record"],
+)
+async def test_a_batch_the_broker_refused_renews_the_producer_at_once(
+    monkeypatch: pytest.MonkeyPatch, error: KafkaError
+) -> None:
+    refused, fresh = _Client(error), _Client()
+    producer, _ = await producer_over(monkeypatch, refused, fresh)
+    with pytest.raises(KafkaUnavailable, match="send failed"):
+        await producer.send("t", b"k", b"v", 0)
+    await renewed(producer, fresh)
+    assert await producer.send("t", b"other", b"v", 0) == 7  # not out of sequence
+    assert refused.sent == 1 and fresh.sent == 1
+    await producer.stop()
+
+
+async def test_a_record_too_large_for_the_client_itself_renews_nothing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """aiokafka's own check (`max_request_size`) raises from `send`: nothing numbered."""
+
+    class Refusing(_Client):
+        async def send(self, *args: Any, **kwargs: Any) -> asyncio.Future[Any]:
+            raise MessageSizeTooLargeError("the message is larger than max_request_size")
+
+    refusing, unused = Refusing(), _Client()
+    producer, left = await producer_over(monkeypatch, refusing, unused)
+    with pytest.raises(KafkaUnavailable, match="send failed"):
+        await producer.send("t", b"k", b"v", 0)
+    assert producer._renewal is None and left == [unused] and producer._producer is refusing
     await producer.stop()
 
 
