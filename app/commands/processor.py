@@ -345,7 +345,7 @@ class CommandProcessor:
             ]
             out += [command_record(c) for c in d.commands]
             state = self._states.encode(aid, stored, d.stored)  # past its bound: refused
-            check_sizes(out, self.limits.max_record_bytes)
+            check_sizes(out, self.limits)
             timer_events = self._timer_events(d.events, batch.now)
             batch.staged[aid] = d.stored
             batch.encoded[aid] = state

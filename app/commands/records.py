@@ -165,14 +165,16 @@ def result_record(
     return (topic, partition, cmd.request_id.encode(), encode(result))
 
 
-def check_sizes(out: list[OutRecord], bound: int) -> None:
-    """`RecordTooLarge` when a record a decision writes is over `bound` (the node's
-    `max_record_bytes`): larger, this node's own reader would refuse it; or when, with its
-    key, it is over what a topic of the broker's defaults takes (`TOPIC_RECORD_BYTES`:
-    with a bound near its 1 MiB most, a record within it and a long key), which fails
-    the transaction at every retake. Not the aggregate it stores: no record holds that (it
-    is folded from the events), and one grown past the bound before must still take
-    commands."""
+def check_sizes(out: list[OutRecord], limits: InputLimits) -> None:
+    """`RecordTooLarge` when a record a decision writes is over the node's
+    `max_record_bytes`: larger, this node's own reader would refuse it; or when, with its
+    key, it is over what its topic takes (`InputLimits.topic_record_bytes`: one of the
+    node's own made with a smaller `max.message.bytes`; else what a topic of the broker's
+    defaults takes, `TOPIC_RECORD_BYTES`: with a bound near its 1 MiB most, a record
+    within it and a long key), which fails the transaction at every retake. Not the
+    aggregate it stores: no record holds that (it is folded from the events), and one
+    grown past the bound before must still take commands."""
+    bound, takes = limits.max_record_bytes, limits.topic_record_bytes
     for record in out:
         if (value := record[3]) is None:
             continue
@@ -181,12 +183,18 @@ def check_sizes(out: list[OutRecord], bound: int) -> None:
                 f"the decision writes a record of {len(value)} bytes to {record[0]}, over "
                 f"{bound} (TICKWHEEL_MAX_RECORD_BYTES): nothing of it is written"
             )
-        if (size := len(value) + len(record[2] or b"")) > TOPIC_RECORD_BYTES:
+        size = len(value) + len(record[2] or b"")
+        if size > (limit := takes.get(record[0], TOPIC_RECORD_BYTES)):
             raise RecordTooLarge(
                 f"the decision writes a record of {size} bytes with its key to {record[0]}, "
-                f"over {TOPIC_RECORD_BYTES} (what a topic of the broker's defaults takes): "
-                "nothing of it is written"
+                f"over {limit} ({_what_takes(limit)}): nothing of it is written"
             )
+
+
+def _what_takes(limit: int) -> str:
+    if limit < TOPIC_RECORD_BYTES:
+        return "what the topic takes: its max.message.bytes less a record's framing"
+    return "what a topic of the broker's defaults takes"
 
 
 def written_in_process(record: Record) -> bool:

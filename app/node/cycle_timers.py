@@ -54,7 +54,13 @@ class TimerTableCycles:
                 op = (
                     checked
                     if isinstance(checked, TimerOp)
-                    else timer_op(event, p, self.limits.max_record_bytes, w.now)
+                    else timer_op(
+                        event,
+                        p,
+                        self.limits.max_record_bytes,
+                        w.now,
+                        topic_bytes=self.limits.topic_record_bytes,
+                    )
                 )
             except BadRecord:
                 continue  # dead-lettered when the subscription reads it back
@@ -124,7 +130,13 @@ class TimerTableCycles:
                     stage = Stage.READ
                     raise BadRecord(lax)
                 stage = Stage.APPLY
-                op = timer_op(event, record.partition, self.limits.max_record_bytes, w.now)
+                op = timer_op(
+                    event,
+                    record.partition,
+                    self.limits.max_record_bytes,
+                    w.now,
+                    topic_bytes=self.limits.topic_record_bytes,
+                )
                 if isinstance(op, CancelTimer) and op.refused is not None:
                     # Its timer not stored, the one it replaces cancelled: it is a letter.
                     w.dead_letter(record, BadRecord(op.refused), stage)

@@ -220,7 +220,11 @@ class Node:
         checked = await check_cluster(self._admin, self.topics, s)
         self.topic_watch.found_at_start(checked.topic_faults)
         self.topic_watch.kept_read(checked.tombstones)
-        self.limits = replace(self.limits, dead_letter_bytes=checked.dead_letter_bytes)
+        self.limits = replace(
+            self.limits,
+            dead_letter_bytes=checked.dead_letter_bytes,
+            topic_record_bytes=checked.record_bytes,
+        )
         self.cycles.limits = self.limits
         await self.targets.refresh()
         await self.producer.start()
@@ -246,7 +250,7 @@ class Node:
                 self,
                 results=self._results[t.context],
                 ledger=self.ledger or self._ledgers[t.context],
-                batch_bytes=await transaction_batch_limit(self._admin, t),
+                batch_bytes=transaction_batch_limit(t, checked.written),
             )
             self._by_topic[t.events] = (kept, "events")
             self._by_topic[t.timer_ops] = (kept, "timer-ops")

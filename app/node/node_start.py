@@ -1,9 +1,9 @@
 """What a node's start reads of the cluster before it opens a table (`check_cluster`: its
-topics made or checked, their replication, its dead letters' size, its timer changelogs'
-tombstone retention, the cluster it keeps copies of) and the followers each context's
-sends and parks depend on (`follow_contexts`). May import `app.errors`, `app.kafka`,
-`app.node`'s copy_age, kept, local_state, metrics, opening and settings, and
-`app.timers`."""
+topics made or checked, their replication, its dead letters' size, what its written topics
+take, its timer changelogs' tombstone retention, the cluster it keeps copies of) and the
+followers each context's sends and parks depend on (`follow_contexts`). May import
+`app.errors`, `app.kafka`, `app.node`'s copy_age, kept, local_state, metrics, opening and
+settings, and `app.timers`."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from app.node.copy_age import DELETE_RETENTION, UNKNOWN_DELETE_RETENTION_MS, mar
 from app.node.kept import node_topics
 from app.node.local_state import keep_for_cluster
 from app.node.metrics import NodeMetrics
-from app.node.opening import dead_letter_limit
+from app.node.opening import dead_letter_limit, topic_record_bytes, written_limits
 from app.node.settings import Settings
 from app.protocol.topics import AggregateTopics
 from app.timers.ledger import KafkaFailureLedger
@@ -35,28 +35,36 @@ logger = logging.getLogger(__name__)
 @dataclass(frozen=True, slots=True)
 class ClusterChecked:
     """What the start found: each topic's replication faults (said in `/healthz`), how
-    large a dead letter the dead-letter topics take, and the timer changelogs'
-    `delete.retention.ms` (`TopicPolicyWatch.kept_read`)."""
+    large a dead letter the dead-letter topics take, the timer changelogs'
+    `delete.retention.ms` (`TopicPolicyWatch.kept_read`), the `max.message.bytes` of each
+    topic the partitions' transactions write (`written`: their batches) and what those
+    that take less than a topic of the broker's defaults take of a record (`record_bytes`:
+    `InputLimits.topic_record_bytes`)."""
 
     topic_faults: dict[str, list[str]]
     dead_letter_bytes: int
     tombstones: TopicConfigs = field(default_factory=TopicConfigs)
+    written: dict[str, int] = field(default_factory=dict)
+    record_bytes: dict[str, int] = field(default_factory=dict)
 
 
 async def check_cluster(
     admin: Admin, topics: Sequence[AggregateTopics], settings: Settings
 ) -> ClusterChecked:
     """The node's topics made (or checked: partitions, a table's policy), their
-    replication warned about, the dead letters' size read, and a local copy of another
-    cluster's topics dropped before any store is opened."""
+    replication warned about, the dead letters' size and what the topics its transactions
+    write take read (a topic that takes less than its records may be warned about), and a
+    local copy of another cluster's topics dropped before any store is opened."""
     specs = node_topics(list(topics), settings.partitions)
     await admin.ensure_topics(specs)
     # Short of replicas or of in-sync ones: warned about, and said in /healthz.
     faults = await check_replication(admin, [t.name for t in specs], settings.replication)
     dead_letter_bytes = await dead_letter_limit(admin, list(topics))
     tombstones = await _tombstones(admin, [t.timers_changelog for t in topics])
+    written = await written_limits(admin, topics)
+    record_bytes = topic_record_bytes(topics, written, settings.max_record_bytes)
     keep_for_cluster(Path(settings.data_dir), await admin.cluster_id())
-    return ClusterChecked(faults, dead_letter_bytes, tombstones)
+    return ClusterChecked(faults, dead_letter_bytes, tombstones, written, record_bytes)
 
 
 async def _tombstones(admin: Admin, changelogs: list[str]) -> TopicConfigs:

@@ -1,10 +1,13 @@
 """What a node opens for each aggregate type it keeps (its timer store and transactions,
-its aggregate states, its timer runner and loop), and how large its dead letters may be."""
+its aggregate states, its timer runner and loop), how large its dead letters may be, and
+what the topics its transactions write take (`written_limits`: its producers' batches,
+`transaction_batch_limit`, and the records it refuses as too large, `topic_record_bytes`)."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -12,7 +15,7 @@ from app.errors import KafkaUnavailable
 from app.kafka.catalog import TopicCatalog
 from app.kafka.ports import Admin, Clients, PublisherClient, TransactionalWriter
 from app.kafka.producers import TRANSACTION_BATCH_BYTES, transaction_batch_bytes
-from app.kafka.records import BROKER_MAX_MESSAGE_BYTES
+from app.kafka.records import BROKER_MAX_MESSAGE_BYTES, RECORD_FRAMING, TOPIC_RECORD_BYTES
 from app.model.aggregate import AggregateType
 from app.node.commits import Commits
 from app.node.cycles import PartitionCycles
@@ -33,7 +36,15 @@ from tables.ledger import FailureLedger
 if TYPE_CHECKING:
     from app.node.partition_tasks import PartitionTasks
 
-__all__ = ["Keeping", "dead_letter_limit", "open_type", "transaction_batch_limit"]
+__all__ = [
+    "Keeping",
+    "dead_letter_limit",
+    "open_type",
+    "topic_record_bytes",
+    "transaction_batch_limit",
+    "written_limits",
+    "written_topics",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -62,13 +73,27 @@ async def dead_letter_limit(admin: Admin, topics: list[AggregateTopics]) -> int:
     return limit
 
 
-async def transaction_batch_limit(admin: Admin, t: AggregateTopics) -> int:
+def written_topics(t: AggregateTopics) -> list[str]:
+    """The topics the partition transactions of type `t` write."""
+    c = ContextTopics(t.context)
+    return [t.timers_changelog, t.events, t.commands, c.results, c.dead_letters]
+
+
+async def written_limits(admin: Admin, topics: Sequence[AggregateTopics]) -> dict[str, int]:
+    """The `max.message.bytes` of each topic the types' partition transactions write, each
+    read once (a context's results and dead letters are its types' all)."""
+    written = list(dict.fromkeys(w for t in topics for w in written_topics(t)))
+    limits = await asyncio.gather(*(_max_message_bytes(admin, topic) for topic in written))
+    return dict(zip(written, limits, strict=True))
+
+
+def transaction_batch_limit(t: AggregateTopics, read: Mapping[str, int]) -> int:
     """The batch size of type `t`'s partition producers: under the smallest
     `max.message.bytes` of the topics their transactions write (`transaction_batch_bytes`;
-    a topic made by its operator may take less than Kafka's 1 MiB default)."""
-    c = ContextTopics(t.context)
-    written = [t.timers_changelog, t.events, t.commands, c.results, c.dead_letters]
-    limits = await asyncio.gather(*(_max_message_bytes(admin, topic) for topic in written))
+    a topic made by its operator may take less than Kafka's 1 MiB default), as `read`
+    (`written_limits`)."""
+    written = written_topics(t)
+    limits = [read[topic] for topic in written]
     batch = transaction_batch_bytes(limits)
     if batch < TRANSACTION_BATCH_BYTES:
         smallest = min(zip(limits, written, strict=True))
@@ -81,6 +106,40 @@ async def transaction_batch_limit(admin: Admin, t: AggregateTopics) -> int:
             batch,
         )
     return batch
+
+
+def topic_record_bytes(
+    topics: Sequence[AggregateTopics], read: Mapping[str, int], max_record_bytes: int
+) -> dict[str, int]:
+    """What each topic the types' transactions write takes of a record (its key and value:
+    its `max.message.bytes`, as `read`, less `RECORD_FRAMING`), for those that take less
+    than a topic of the broker's defaults (`TOPIC_RECORD_BYTES`, what is assumed of any
+    other): `InputLimits.topic_record_bytes`. A decision or a timer whose record one would
+    refuse is refused as too large, not written (it would fail its partition's
+    transaction at every retake). Warned about, once: a type's events, commands or
+    changelog that takes less than `TICKWHEEL_MAX_RECORD_BYTES` lets through."""
+    takes = {
+        topic: limit - RECORD_FRAMING
+        for topic, limit in read.items()
+        if limit - RECORD_FRAMING < TOPIC_RECORD_BYTES
+    }
+    for topic in dict.fromkeys(
+        w for t in topics for w in (t.events, t.commands, t.timers_changelog)
+    ):
+        if topic in takes and takes[topic] < max_record_bytes:
+            logger.warning(
+                "%s takes records of %d bytes at most (max.message.bytes %d, less %d of "
+                "framing), less than TICKWHEEL_MAX_RECORD_BYTES %d lets through: a "
+                "decision writing a larger record to it, or setting a timer whose command "
+                "or row would be, is answered ERROR and dead-lettered; raise the topic's "
+                "max.message.bytes to take them",
+                topic,
+                takes[topic],
+                read[topic],
+                RECORD_FRAMING,
+                max_record_bytes,
+            )
+    return takes
 
 
 async def _max_message_bytes(admin: Admin, topic: str) -> int:

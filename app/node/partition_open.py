@@ -63,7 +63,10 @@ async def open_partition(s: TaskShared, task: PartitionTask, topics: set[str]) -
                 request_id_window=s.settings.request_id_window_ms,
                 targets=s.targets,
                 timer_op=functools.partial(
-                    decided_timer_op, partition=p, max_record_bytes=s.limits.max_record_bytes
+                    decided_timer_op,
+                    partition=p,
+                    max_record_bytes=s.limits.max_record_bytes,
+                    topic_bytes=s.limits.topic_record_bytes,
                 ),
             )
             task.processor = processor

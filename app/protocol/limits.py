@@ -1,11 +1,13 @@
 """The bounds a record must keep to be read at all: its key's and value's sizes, and how
 large a dead letter may be; and how large an aggregate's stored state may grow. Each is a
 setting (`TICKWHEEL_MAX_KEY_BYTES`, `TICKWHEEL_MAX_RECORD_BYTES`,
-`TICKWHEEL_MAX_STATE_BYTES`); the dead-letter size is what the topic accepts."""
+`TICKWHEEL_MAX_STATE_BYTES`); the dead-letter size, and what each of the node's own
+topics takes of a record, are what the topics accept (read at the node's start)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 from app.errors import BadRecord, RecordTooLarge
 from app.protocol.dead_letters import DEAD_LETTER_TOPIC_BYTES
@@ -50,6 +52,12 @@ class InputLimits:
     max_state_bytes: int = DEFAULT_MAX_STATE_BYTES
     """An aggregate's stored state at most: a command growing it past is refused (the
     log's events are folded whatever the size: `app.commands.states`)."""
+    topic_record_bytes: Mapping[str, int] = field(default_factory=dict, hash=False)
+    """What each of the node's own topics takes of a record (its key and value together),
+    for those that take less than a topic of the broker's defaults (made beforehand with a
+    smaller `max.message.bytes`); a topic not named takes that (`app.kafka.records.
+    TOPIC_RECORD_BYTES`). A decision or a timer whose record one would refuse is refused
+    as too large: written, it would fail its partition's transaction at every retake."""
 
     def check(self, key: bytes | None, value: bytes | None) -> None:
         """`BadRecord` unless the record's key and value are within bounds."""

@@ -9,7 +9,7 @@ operation is idempotent and ordered by the owner's version.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from pydantic import BaseModel, ValidationError
@@ -31,7 +31,7 @@ from app.protocol.wire import (
     ScheduleSet,
     error_reason,
 )
-from app.timers.timer_sizes import oversized
+from app.timers.timer_sizes import DEFAULT_TOPICS, oversized
 from tables import AggregateRef, Timer, TimerStatus
 from tables.bounds import MAX_INSTANT, MAX_INT64
 from tables.refs import NEW_INPUT
@@ -108,13 +108,16 @@ def timer_op(
     partition: int,
     max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
     now: int = 0,
+    *,
+    topic_bytes: Mapping[str, int] = DEFAULT_TOPICS,
 ) -> TimerOp | None:
     """What `event`, read from `partition` of its log, does to the timers; None: nothing.
 
     `BadRecord` for a system event whose body cannot be a timer (invalid rule, …). A set
     whose timer's records the node could not write or read back (`timer_sizes.oversized`:
-    `max_record_bytes` is the node's `TICKWHEEL_MAX_RECORD_BYTES`) cancels the timer it
-    replaces, `refused` saying why its record is dead-lettered.
+    `max_record_bytes` is the node's `TICKWHEEL_MAX_RECORD_BYTES`, `topic_bytes` what its
+    own topics take, `InputLimits.topic_record_bytes`) cancels the timer it replaces,
+    `refused` saying why its record is dead-lettered.
 
     A cancel's tombstone, or a deletion's mark (`tables.tombstones`), is finished at the
     later of the event's own time and `now` (the node's, as it reads it): kept
@@ -130,7 +133,7 @@ def timer_op(
                     event.aggregate, schedule.key, event.version, _mark(event, partition, now)
                 )
             timer = _timer(event, schedule, partition)
-            if (why := oversized(timer, max_record_bytes)) is not None:
+            if (why := oversized(timer, max_record_bytes, topic_bytes)) is not None:
                 return CancelTimer(
                     event.aggregate,
                     schedule.key,

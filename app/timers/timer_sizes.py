@@ -16,12 +16,14 @@ the changelog takes fails the partition's transaction at every retake.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Final
 
 import orjson
 
 from app.kafka.records import TOPIC_RECORD_BYTES
-from app.protocol.topics import ContextTopics
+from app.protocol.topics import AggregateTopics, ContextTopics
 from app.protocol.wire import MAX_PARTITION, encode
 from app.timers.sender import timer_command
 from tables import Timer
@@ -29,7 +31,10 @@ from tables.bounds import MAX_INSTANT
 from tables.keys import encode_timer, row_key
 from tables.timer import MAX_ERROR_TEXT
 
-__all__ = ["NOT_BODY", "ROW_GROWTH", "oversized"]
+__all__ = ["DEFAULT_TOPICS", "NOT_BODY", "ROW_GROWTH", "oversized"]
+
+DEFAULT_TOPICS: Final[Mapping[str, int]] = MappingProxyType({})
+"""No topic named: each takes what a topic of the broker's defaults does."""
 
 ROW_GROWTH: Final = 8 * 1024
 """What a row may grow by after it is set: an attempt's error code and text (100 and
@@ -46,20 +51,31 @@ if ROW_GROWTH < 6 * (100 + MAX_ERROR_TEXT) + 512:
     raise TypeError("ROW_GROWTH leaves no room for an attempt's error text")
 
 
-def oversized(timer: Timer, max_record_bytes: int) -> str | None:
+def oversized(
+    timer: Timer, max_record_bytes: int, topic_bytes: Mapping[str, int] = DEFAULT_TOPICS
+) -> str | None:
     """Why `timer`'s records cannot be written and read back, or None when they can: the
     command it sends (in its largest form: with a reply address, issued at the latest
-    instant) must be within `max_record_bytes` (what every node
-    reads) and, with its key, what a topic takes (`TOPIC_RECORD_BYTES`); its changelog row,
-    with its key and room to grow (`ROW_GROWTH`), what a topic takes too."""
+    instant) must be within `max_record_bytes` (what every node reads) and, with its key,
+    what its target's command topic takes; its changelog row, with its key and room to
+    grow (`ROW_GROWTH`), what its owner's changelog takes. What a topic takes:
+    `topic_bytes` (`InputLimits.topic_record_bytes`: the node's own topics that take less),
+    else what a topic of the broker's defaults does (`TOPIC_RECORD_BYTES`)."""
     try:
         body = len(orjson.dumps(timer.command.body))
     except orjson.JSONEncodeError:
         body = max_record_bytes  # encoded below, as it will be written (and refused so)
-    if body + NOT_BODY <= min(max_record_bytes, TOPIC_RECORD_BYTES - ROW_GROWTH):
+    commands = changelog = TOPIC_RECORD_BYTES
+    target = owner = ""
+    if topic_bytes:  # some topics of the node's own take less
+        target = AggregateTopics(timer.target.context, timer.target.aggregate).commands
+        owner = AggregateTopics(timer.owner.context, timer.owner.aggregate).timers_changelog
+        commands = topic_bytes.get(target, TOPIC_RECORD_BYTES)
+        changelog = topic_bytes.get(owner, TOPIC_RECORD_BYTES)
+    if body + NOT_BODY <= min(max_record_bytes, commands, changelog - ROW_GROWTH):
         return None  # most timers: nothing more encoded (the keys are within `NOT_BODY`)
-    command_limit = min(max_record_bytes, TOPIC_RECORD_BYTES - len(timer.target.id.encode()))
-    row_limit = TOPIC_RECORD_BYTES - ROW_GROWTH - len(row_key(timer.owner, timer.key))
+    command_limit = min(max_record_bytes, commands - len(timer.target.id.encode()))
+    row_limit = changelog - ROW_GROWTH - len(row_key(timer.owner, timer.key))
     # Longer than each form sent: a reply address (an in-process one writes nulls, no
     # shorter than a partition's five digits) and `"in_process":false`.
     widest = timer_command(
@@ -71,14 +87,20 @@ def oversized(timer: Timer, max_record_bytes: int) -> str | None:
     if (command := len(encode(widest))) > command_limit:
         return (
             f"the command its timer sends would be a record of up to {command} bytes, over "
-            f"{command_limit} (TICKWHEEL_MAX_RECORD_BYTES {max_record_bytes}, or what a "
-            "topic of the broker's defaults takes with its key): its target would refuse it; "
+            f"{command_limit} (TICKWHEEL_MAX_RECORD_BYTES {max_record_bytes}, or "
+            f"{_what_takes(target, commands)} with its key): its target would refuse it; "
             "send a smaller command body"
         )
     if (row := len(encode_timer(timer))) > row_limit:
         return (
             f"its row in the timer table's changelog would be {row} bytes, over {row_limit} "
-            "(what a topic of the broker's defaults takes, less its key and room for what "
-            "its firings add to it): send a smaller command body"
+            f"({_what_takes(owner, changelog)}, less its key and room for what its firings add to "
+            "it): send a smaller command body"
         )
     return None
+
+
+def _what_takes(topic: str, limit: int) -> str:
+    if limit < TOPIC_RECORD_BYTES:
+        return f"what {topic} takes, {limit} bytes: its max.message.bytes less a record's framing"
+    return "what a topic of the broker's defaults takes"

@@ -1,0 +1,224 @@
+"""A topic of the node's own made beforehand with a smaller `max.message.bytes` than the
+records `TICKWHEEL_MAX_RECORD_BYTES` lets through: a decision (or a timer) whose record it
+would refuse is refused as too large, answered ERROR and dead-lettered, and its partition
+goes on. Before, such a record passed every check, the broker refused the partition's
+batch (MESSAGE_SIZE_TOO_LARGE, not retried), and the partition was taken again and failed
+again on the same command, every command and timer of it stalled for good.
+
+The memory log accepts any size: here it refuses, in a transaction, what the broker would
+(a record whose batch is over its topic's `max.message.bytes`)."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiokafka.errors import MessageSizeTooLargeError
+from fakes import RunningNode, wait_until
+from pydantic import BaseModel
+
+from app.errors import KafkaUnavailable
+from app.kafka import OutRecord, TopicSpec
+from app.kafka.memory import MemoryLog
+from app.kafka.records import RECORD_FRAMING
+from app.model.aggregate import AggregateType, Command, Decision, Event
+from app.protocol.dead_letters import DeadLetter
+from app.protocol.topics import AggregateTopics, ContextTopics
+from app.protocol.wire import CommandEnvelope, CommandResult, EventEnvelope, decode, encode
+from app.service import Service
+from tables import AggregateRef, CommandSpec, OnceRule, Timer, TimerStatus
+from tables.partitioner import partition_of
+
+P = 2
+T = AggregateTopics("big", "thing")
+C = ContextTopics("big")
+BATCH_HEADER = 61
+"""A record batch's header: the broker counts it in what `max.message.bytes` bounds."""
+
+
+class S(BaseModel):
+    n: int = 0
+
+
+thing = AggregateType("big", "thing", S)
+
+
+@thing.command("Grow")
+def _grow(state: S, cmd: Command, d: Decision) -> None:
+    d.emit("Grown", {"blob": "x" * int(cmd.body["size"])})
+
+
+@thing.applies("Grown")
+def _grown(state: S, e: Event) -> S:
+    return state.model_copy(update={"n": state.n + 1})
+
+
+@thing.command("Later")
+def _later(state: S, cmd: Command, d: Decision) -> None:
+    pad = "y" * int(cmd.body["size"])
+    d.schedule("k", OnceRule(at=int(cmd.body["at"])), CommandSpec(type="Grow", body={"pad": pad}))
+
+
+SERVICE = Service(aggregates=(thing,))
+
+
+def refusing(log: MemoryLog, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The broker's `max.message.bytes` check of a transaction's records; the topics of
+    those it refused."""
+    refused: list[str] = []
+    append = log._append
+
+    def checked(records: list[OutRecord], txn: Any) -> list[int]:
+        for r in records:
+            size = len(r[2] or b"") + len(r[3] or b"") + BATCH_HEADER
+            if txn is not None and size > log.max_message_bytes(r[0]):
+                refused.append(r[0])
+                raise KafkaUnavailable("produce refused") from MessageSizeTooLargeError()
+        return append(records, txn)
+
+    monkeypatch.setattr(log, "_append", checked)
+    return refused
+
+
+def owners(n: int, p: int = 0) -> list[str]:
+    """`n` aggregate ids of partition p."""
+    return [f"o{i}" for i in range(1000) if partition_of(f"o{i}", P) == p][:n]
+
+
+async def send(log: MemoryLog, owner: str, type_: str, **body: Any) -> str:
+    cmd = CommandEnvelope(
+        request_id=uuid.uuid4().hex,
+        type=type_,
+        aggregate=AggregateRef(context="big", aggregate="thing", id=owner),
+        body=body,
+        issued_at=int(time.time() * 1000),
+    )
+    await log.publisher().send(T.commands, owner.encode(), encode(cmd), partition_of(owner, P))
+    return cmd.request_id
+
+
+def results(log: MemoryLog) -> dict[str, CommandResult]:
+    got = {}
+    for p in range(P):
+        for r in log.records(C.results, p):
+            res = decode(CommandResult, r.value)
+            got[res.request_id] = res
+    return got
+
+
+def letters(log: MemoryLog) -> list[DeadLetter]:
+    return [DeadLetter.read(r.key, r.value, r.headers) for r in log.records(C.dead_letters, 0)]
+
+
+def timer_keys(log: MemoryLog, p: int) -> set[tuple[str, str]]:
+    """The timers of p's changelog set to fire (not cancelled)."""
+    rows: dict[bytes, bytes | None] = {}
+    for r in log.records(T.timers_changelog, p):
+        assert r.key is not None
+        rows[r.key] = r.value
+    timers = [Timer.model_validate_json(v) for v in rows.values() if v is not None]
+    return {(t.owner.id, t.key) for t in timers if t.status is TimerStatus.PENDING}
+
+
+async def answered(log: MemoryLog, *request_ids: str) -> dict[str, CommandResult]:
+    await wait_until(lambda: set(request_ids) <= set(results(log)), within=10)
+    return {r: results(log)[r] for r in request_ids}
+
+
+async def test_an_event_over_its_topics_limit_is_answered_error_and_the_partition_goes_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A 100 KB event, within the node's 256 KiB bound, to an events topic made at 64 KiB:
+    ERROR and a dead letter saying so; the command behind it in the partition applied."""
+    log = MemoryLog()
+    log.ensure_topics([TopicSpec(T.events, P, max_message_bytes=64 * 1024)])
+    refused = refusing(log, monkeypatch)
+    node = await RunningNode(log, tmp_path, "a", SERVICE, P).start()
+    try:
+        await wait_until(node.runs)
+        big_owner, small_owner = owners(2)
+        big = await send(log, big_owner, "Grow", size=100_000)
+        small = await send(log, small_owner, "Grow", size=10)
+        got = await answered(log, big, small)
+        assert got[big].code == "ERROR" and T.events in (got[big].message or "")
+        assert got[small].code == "COMMITTED"
+        [letter] = letters(log)
+        assert letter.topic == T.commands and letter.context.stage == "decide"
+        assert "over 65024 (what the topic takes" in letter.context.exception_message
+        assert decode(CommandEnvelope, letter.value).request_id == big
+        assert refused == [] and node.node.health().get("failing") in (None, {})
+        # Read at the start, and warned about once.
+        assert node.node.limits.topic_record_bytes == {T.events: 64 * 1024 - RECORD_FRAMING}
+        warned = [r.getMessage() for r in caplog.records if "TICKWHEEL_MAX_RECORD" in r.msg]
+        assert len(warned) == 1 and warned[0].startswith(f"{T.events} takes records of 65024")
+    finally:
+        await node.stop()
+
+
+async def test_a_timer_whose_row_is_over_its_changelogs_limit_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A decision setting a timer whose changelog row would be over what the changelog
+    (made at 16 KiB) takes: ERROR and a dead letter, no timer; the partition goes on."""
+    log = MemoryLog()
+    log.ensure_topics([TopicSpec(T.timers_changelog, P, max_message_bytes=16 * 1024)])
+    refused = refusing(log, monkeypatch)
+    node = await RunningNode(log, tmp_path, "a", SERVICE, P).start()
+    try:
+        await wait_until(node.runs)
+        big_owner, small_owner = owners(2)
+        at = int(time.time() * 1000) + 3_600_000
+        big = await send(log, big_owner, "Later", size=40_000, at=at)
+        small = await send(log, small_owner, "Later", size=10, at=at)
+        got = await answered(log, big, small)
+        assert got[big].code == "ERROR" and "its row in the timer table's changelog" in (
+            got[big].message or ""
+        )
+        assert got[small].code == "COMMITTED"
+        [letter] = letters(log)
+        assert letter.topic == T.commands and T.timers_changelog in letter.context.exception_message
+        await wait_until(lambda: timer_keys(log, 0) == {(small_owner, "k")})
+        assert refused == []
+    finally:
+        await node.stop()
+
+
+async def test_a_set_in_the_log_whose_row_is_over_its_changelogs_limit_is_dead_lettered(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another writer's `wow.ScheduleSet` in the log, its row over what the changelog
+    takes: the subscription dead-letters it, no timer stored, and the partition goes on."""
+    log = MemoryLog()
+    log.ensure_topics([TopicSpec(T.timers_changelog, P, max_message_bytes=16 * 1024)])
+    refused = refusing(log, monkeypatch)
+    node = await RunningNode(log, tmp_path, "a", SERVICE, P).start()
+    try:
+        await wait_until(node.runs)
+        writer, other = owners(2)
+        at = int(time.time() * 1000) + 3_600_000
+        event = EventEnvelope(
+            id="written-elsewhere",
+            type="wow.ScheduleSet",
+            aggregate=AggregateRef(context="big", aggregate="thing", id=writer),
+            version=1,
+            created_at=int(time.time() * 1000),
+            body={
+                "key": "k",
+                "rule": {"kind": "once", "at": at},
+                "command": {"type": "Grow", "body": {"pad": "y" * 40_000}},
+            },
+        )
+        await log.publisher().send(T.events, writer.encode(), encode(event), 0)
+        await wait_until(lambda: len(letters(log)) == 1)
+        [letter] = letters(log)
+        assert letter.topic == T.events and letter.context.stage == "apply"
+        assert T.timers_changelog in letter.context.exception_message
+        behind = await send(log, other, "Later", size=10, at=at)
+        assert (await answered(log, behind))[behind].code == "COMMITTED"
+        await wait_until(lambda: timer_keys(log, 0) == {(other, "k")})
+        assert refused == []
+    finally:
+        await node.stop()
