@@ -137,6 +137,11 @@ class MemoryTimerStore(PartitionedStore):
             runs.append([(entry, partition) for entry in entries[:end]])
         return list(islice(heapq.merge(*runs), limit))
 
+    def _firing(self, partition: int, count: int) -> list[Timer]:
+        data = self._data[partition]
+        rows = (data.rows[row] for _, _, row in data.due)
+        return list(islice((t for t in rows if t.status is TimerStatus.FIRING), count))
+
     def _parked(self, partitions: list[int], target: AggregateRef) -> list[Timer]:
         key = ref_bytes(target)
         runs = [

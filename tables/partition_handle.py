@@ -130,6 +130,10 @@ class PartitionHandle:
         self._check()
         return await self._store.due_rows({self.partition}, until, limit)
 
+    async def firing(self, limit: int) -> list[Timer]:
+        self._check()
+        return await self._store.firing({self.partition}, limit)
+
     async def find(self, owner: AggregateRef, key: str) -> Timer | None:
         return self.held(row_key(owner, key))
 

@@ -12,7 +12,7 @@ from tables.keys import owner_prefix, row_key
 from tables.refs import AggregateRef
 from tables.served import ServedPartitions
 from tables.store import DueRow
-from tables.timer import Timer
+from tables.timer import Timer, TimerStatus
 
 __all__ = ["PartitionedReads"]
 
@@ -51,6 +51,10 @@ class PartitionedReads(ServedPartitions):
         """`_due`'s rows, unbuilt (`DueRow`)."""
 
     @abstractmethod
+    def _firing(self, partition: int, count: int) -> list[Timer]:
+        """The first `count` FIRING rows of partition's due index, in due order."""
+
+    @abstractmethod
     def _parked(self, partitions: list[int], target: AggregateRef) -> list[Timer]: ...
 
     @abstractmethod
@@ -65,6 +69,10 @@ class PartitionedReads(ServedPartitions):
     def _held_count(self, partition: int) -> int:
         """How many PAUSED rows partition holds (its held entries)."""
 
+    @abstractmethod
+    def status_counts(self, partition: int) -> dict[TimerStatus, int]:
+        """`tables.partitioned.PartitionedStore`'s, kept with each write."""
+
     # --- the TimerStore's reads -------------------------------------------------------
 
     async def due(self, partitions: set[int], until: int, limit: int) -> list[Timer]:
@@ -74,6 +82,25 @@ class PartitionedReads(ServedPartitions):
     async def due_rows(self, partitions: set[int], until: int, limit: int) -> list[DueRow]:
         wanted = self._due_partitions(partitions, until, limit)
         return self._due_rows(wanted, until, limit) if wanted else []
+
+    async def firing(self, partitions: set[int], limit: int) -> list[Timer]:
+        """Up to `limit` FIRING rows of `partitions`, whatever their claims' deadlines,
+        earliest first, ties by id. A partition's due index is read only as far as its last
+        FIRING row: as many as it counts (`status_counts`), none when it counts none."""
+        self._check_open()
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            raise ValueError(f"limit must be an int of at least 1, not {limit!r}")
+        wanted = sorted(partitions)
+        for partition in wanted:
+            self._check_served(partition)
+        found: list[Timer] = []
+        for partition in wanted:
+            # Synchronous, the count and the scan: no write lands between them.
+            count = min(self.status_counts(partition)[TimerStatus.FIRING], limit)
+            if count:
+                found += self._firing(partition, count)
+        found.sort(key=lambda t: (t.due_at, t.id))
+        return found[:limit]
 
     def _due_partitions(self, partitions: set[int], until: int, limit: int) -> list[int]:
         """The partitions a `due()` reads, its arguments checked; none when nothing is due."""

@@ -46,6 +46,27 @@ from tables.timer import Timer, TimerStatus
 __all__ = ["RocksDBReads"]
 
 _DUE_STATUSES = frozenset({TimerStatus.PENDING, TimerStatus.FIRING})
+_FIRING = TimerStatus.FIRING.value
+_DUE_VALUES = frozenset(s.value for s in _DUE_STATUSES)
+
+
+def _status(key: bytes, value: bytes, partition: int) -> str:
+    """A due entry's row's status, read alone (orjson without the model is several times
+    cheaper); `StoreError` of `partition` when the entry holds no PENDING or FIRING row (a
+    corrupt one: a `KeyError` out of the scan failed its caller, not that partition alone)."""
+    try:
+        status = orjson.loads(value)["status"]
+    except (orjson.JSONDecodeError, KeyError, TypeError):
+        status = None
+    if status in _DUE_VALUES:
+        return cast(str, status)
+    timer = load_timer(value, key, partition)  # its fault named, when it is no Timer
+    raise StoreError(
+        f"the due entry {key!r} of partition {partition} holds a {timer.status.value} row",
+        partition=partition,
+    )
+
+
 _KEY = itemgetter(0)
 """A due entry's key: sorting by it alone compares bytes, not tuples (half the time)."""
 
@@ -287,8 +308,24 @@ class RocksDBReads(PartitionedStore):
         # From the low-water mark at least: the tombstones below it are skipped.
         first = max(due_key_prefix(start), self._low[partition])
         for key, value in scan(self._db(partition), first, prefix_end(DUE), partition, whole=True):
-            # The status alone: orjson without the model is several times cheaper.
-            yield int.from_bytes(key[1:9], "big"), orjson.loads(value)["status"]
+            yield int.from_bytes(key[1:9], "big"), _status(key, value, partition)
+
+    def _firing(self, partition: int, count: int) -> list[Timer]:
+        found: list[Timer] = []
+        # From the low-water mark, as `_due_entries`: the status alone of each entry passed.
+        entries = scan(
+            self._db(partition), self._low[partition], prefix_end(DUE), partition, whole=True
+        )
+        try:
+            with gc_paused():
+                for key, value in entries:
+                    if _status(key, value, partition) == _FIRING:
+                        found.append(load_timer(value, key, partition))
+                        if len(found) == count:
+                            break
+        finally:
+            entries.close()  # its iterator dropped now, not with a traceback (`_found`)
+        return found
 
     def _parked_entries(self, partition: int) -> Iterator[Callable[[], Timer]]:
         parked = scan(self._db(partition), PARKED, prefix_end(PARKED), partition, whole=True)

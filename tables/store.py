@@ -240,6 +240,12 @@ class TimerStore(Protocol):
         (`DueRow.timer`): the same rows as `due()` would answer."""
         ...
 
+    async def firing(self, partitions: set[int], limit: int) -> list[Timer]:
+        """Up to `limit` FIRING timers of `partitions`, whatever their claims' deadlines
+        (a claim written on a clock ahead of this one lapses far ahead), earliest first,
+        ties by id: each partition's due index read only as far as its last FIRING row."""
+        ...
+
     async def find(self, owner: AggregateRef, key: str) -> Timer | None:
         """The timer `owner` keeps under `key`, in whatever status, or None."""
         ...

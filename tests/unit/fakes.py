@@ -197,6 +197,7 @@ class CountingStore:
     def __init__(self, inner: Any) -> None:
         self.inner = inner
         self.due_calls: list[tuple[frozenset[int], int, int]] = []
+        self.firing_calls: list[frozenset[int]] = []
         self.settle_calls: list[list[TimerChange]] = []
         self.find_calls = 0
         self.after_due: Callable[[list[Timer]], Awaitable[None]] | None = None
@@ -217,6 +218,10 @@ class CountingStore:
         if self.after_due is not None:
             await self.after_due(DueRow.built(rows))
         return list(rows)
+
+    async def firing(self, partitions: Set[int], limit: int) -> list[Timer]:
+        self.firing_calls.append(frozenset(partitions))
+        return list(await self.inner.firing(partitions, limit))
 
     async def settle(self, changes: list[TimerChange]) -> int:
         self.settle_calls.append(list(changes))

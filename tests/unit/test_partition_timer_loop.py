@@ -105,7 +105,7 @@ async def test_a_fault_its_round_raised_past_reaches_its_task(world: World) -> N
         firing.fail(StoreError("corrupt row", partition=0))  # as a row built apart does
         raise RuntimeError("the store call failed")  # ... before the round could say so
 
-    world.store.due = corrupt_then_raise  # type: ignore[method-assign]
+    world.store.firing = corrupt_then_raise  # type: ignore[method-assign]
     loop.start()
     await turns(50)
     assert loop.rounds >= 1 and not task.told  # the round raised: nothing said yet

@@ -92,9 +92,10 @@ async def test_a_partitions_rounds_reach_the_store_through_its_own_handle_alone(
     await until(lambda: world.sender.request_ids == ["a#0"] and not runner.in_flight)
     await one_round(runner, 0)  # its outcome written
     assert (await world.row("a")).status is TimerStatus.FIRED
-    assert {"due_rows", "due", "settle", "expire"} <= set(spy.calls)
+    assert {"due_rows", "firing", "settle", "expire"} <= set(spy.calls)
     # Not one call of the runner's store: loads, claims, outcome, take-over, sweep.
     assert world.store.due_calls == [] and world.store.settle_calls == []
+    assert world.store.firing_calls == []
     assert world.store.find_calls == 0
 
 

@@ -203,6 +203,12 @@ class StoresAgree(RuleBasedStateMachine):
             rows = self.runner.run(store.due_rows(partitions, until, limit))
             assert [(r.due_at, r.id, r.partition, r.timer()) for r in rows] == expected
 
+    @rule(partitions=st.sets(st.integers(0, P - 1)), limit=st.integers(1, 5))
+    def firing(self, partitions: set[int], limit: int) -> None:
+        found = self.both(lambda s: s.firing(partitions, limit))
+        self.saw(found)
+        assert all(t.status is TimerStatus.FIRING for t in found)
+
     @rule(to=st.sampled_from(TARGETS))
     def parked(self, to: AggregateRef) -> None:
         self.saw(self.both(lambda s: s.parked(to)))

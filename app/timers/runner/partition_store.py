@@ -39,6 +39,8 @@ class PartitionCalls(Protocol):
 
     async def due_rows(self, until: int, limit: int) -> list[DueRow]: ...
 
+    async def firing(self, limit: int) -> list[Timer]: ...
+
     async def settle(self, changes: list[TimerChange]) -> int: ...
 
     async def find(self, owner: AggregateRef, key: str) -> Timer | None: ...
@@ -90,6 +92,11 @@ class PartitionStore:
         if not self._wanted(partitions):
             return []
         return await self._call(self._handle.due_rows(until, limit))
+
+    async def firing(self, partitions: Set[int], limit: int) -> list[Timer]:
+        if not self._wanted(partitions):
+            return []
+        return await self._call(self._handle.firing(limit))
 
     async def settle(self, changes: list[TimerChange]) -> int:
         return await self._call(self._handle.settle(changes))
@@ -172,6 +179,11 @@ class _Routed:
             partitions,
             lambda r: (r.due_at, r.id),
             limit,
+        )
+
+    async def firing(self, partitions: Set[int], limit: int) -> list[Timer]:
+        return await self._merged(
+            lambda s, ps: s.firing(ps, limit), partitions, lambda t: (t.due_at, t.id), limit
         )
 
     async def settle(self, changes: list[TimerChange]) -> int:

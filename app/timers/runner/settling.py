@@ -135,20 +135,29 @@ async def taken_over(
     store: FiringStore, fresh: Set[int], now: int, options: TimerOptions
 ) -> tuple[list[Decision], dict[int, StoreError]]:
     """Claims again, at once, the FIRING rows of the partitions in `fresh` (started since
-    the last round): a previous owner's claims, which it can no longer settle (fenced);
-    and the partitions whose rows the store could not read."""
+    the last round): a previous owner's claims, which it can no longer settle (fenced),
+    whatever their deadlines: one written on a clock ahead of this node's lapses that far
+    ahead, and waited out, its timer fired that late, never overdue on this clock (those
+    are said in a WARNING); and the partitions whose rows the store could not read."""
     if not fresh:
         return [], {}
-    horizon = now + options.claim_timeout + 1
 
-    async def due(partitions: list[int]) -> list[Timer]:
-        return await store.due(set(partitions), until=horizon, limit=_TAKE_OVER_LIMIT)
+    async def firing(partitions: list[int]) -> list[Timer]:
+        return await store.firing(set(partitions), limit=_TAKE_OVER_LIMIT)
 
-    found, faults = await apart(due, sorted(fresh), lambda p: p)
-    decided = [
-        guarded(functools.partial(reclaim, t, now, options), t, now)
-        for rows in found
-        for t in rows
-        if t.status is TimerStatus.FIRING and t.due_at > now
+    found, faults = await apart(firing, sorted(fresh), lambda p: p)
+    # A claim lapsed already is due: the round takes it from its wheel.
+    claims = [
+        t for rows in found for t in rows if t.status is TimerStatus.FIRING and t.due_at > now
     ]
+    ahead = [t.due_at - now for t in claims if t.due_at > now + options.claim_timeout]
+    if ahead:
+        logger.warning(
+            "%d claims taken over lapse past claim_timeout (%d ms), up to %d ms from now: "
+            "written on a clock ahead of this node's; claimed again now",
+            len(ahead),
+            options.claim_timeout,
+            max(ahead),
+        )
+    decided = [guarded(functools.partial(reclaim, t, now, options), t, now) for t in claims]
     return decided, faults
