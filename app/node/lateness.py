@@ -76,8 +76,8 @@ class LatenessWindow:
 
         A non-finite lateness or `now` is a caller's bug: ValueError, and nothing of the call
         is recorded. A negative lateness is kept as it is (a remote target's clock behind the
-        deciding node's); values observed at a `now` older than the window are dropped, unless
-        older by more than the window's span: the clock stepped back, the window restarts.
+        deciding node's). A `now` older than the window (its newest second less
+        `window_seconds`, or earlier) is a clock stepped back: the window restarts from it.
         """
         values = [float(v) for v in latenesses_seconds]
         _check_finite("now", now)
@@ -87,8 +87,6 @@ class LatenessWindow:
             return
         second = math.floor(now)
         bucket = self._bucket(second)
-        if bucket is None:
-            return
         add = bucket.sketch.add
         low, top = bucket.min_ms, bucket.max_ms
         for v in values:
@@ -124,24 +122,22 @@ class LatenessWindow:
             )
         return points
 
-    def _bucket(self, second: int) -> _Second | None:
+    def _bucket(self, second: int) -> _Second:
         bucket = self._seconds.get(second)
         if bucket is not None:
             return bucket
-        if self._newest is not None and self._newest - second >= 2 * self.window_seconds:
-            # Older than the window by more than its span: no commit is that late, the wall
-            # clock stepped back (after a step forward). The future seconds are dropped, or
-            # every observation would be until the clock passed them again.
+        if self._newest is not None and second <= self._newest - self.window_seconds:
+            # Older than the window: no observation comes that late (each is measured at
+            # its commit, on the clock read then), the wall clock stepped back (after a step
+            # forward). The window restarts: kept, the future seconds would drop every
+            # observation until the clock passed them again, the chart blank meanwhile.
             self._seconds.clear()
             self._newest = None
-        newest = second if self._newest is None else max(self._newest, second)
-        oldest_kept = newest - self.window_seconds + 1
-        if second < oldest_kept:
-            return None
-        if newest != self._newest:
-            self._newest = newest
+        if self._newest is None or second > self._newest:
+            self._newest = second
             # A new second opened: drop those that left the window. At most one scan of
             # `window_seconds` keys per second, not per timer.
+            oldest_kept = second - self.window_seconds + 1
             for old in [s for s in self._seconds if s < oldest_kept]:
                 del self._seconds[old]
         bucket = _Second()
