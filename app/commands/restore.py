@@ -119,6 +119,7 @@ def _fold_records(
     marks: OrderedDict[str, tuple[str, int]],
 ) -> None:
     by_id: dict[str, list[tuple[EventEnvelope, int]]] = {}
+    logged_at: dict[int, int] = {}  # by offset, the record's timestamp
     appliers = into.agg.appliers.keys()
     for r in batch:
         try:
@@ -136,6 +137,7 @@ def _fold_records(
         if unknown_system_event(event.type, appliers) is not None:
             continue  # refused live before it is followed (dead-lettered): never folded
         by_id.setdefault(state_key(event.aggregate), []).append((event, r.offset))
+        logged_at[r.offset] = r.timestamp
     states: dict[str, bytes] = {}
     requests: list[tuple[str, str]] = []
     passed: list[tuple[str, str]] = []
@@ -154,9 +156,12 @@ def _fold_records(
             # nothing, as live.
             if (failure := failed.get(id(e))) is not None:
                 into.note_passed(offset, failure)
-            # Never after now: a writer's date in the future (year 9999) would keep the
-            # id past any sweep, and with it every id of its batch.
-            at = min(e.created_at, now)
+            # As the live path dates it: when a node decided it (its own events' date) or
+            # followed it, read once logged (another writer's, whose date is its word: 0,
+            # say, and its id, kept a window live, was forgotten here, the request then
+            # applied again if sent again). Never after now: a date in the future (year
+            # 9999) would keep the id past any sweep, and with it every id of its batch.
+            at = min(max(e.created_at, logged_at[offset]), now)
             if at > floor:  # else past the window: a commit's sweep would forget it
                 kept = passed if failure is not None else requests
                 kept.append((aggregate_id, applied_id(e)))
