@@ -14,6 +14,7 @@ from app.jobs import (
     DEFAULT_EXPIRES_AFTER_MS,
     DEFAULT_REQUEST_ID_WINDOW_MS,
     Job,
+    SentCheck,
     schedule_aggregate,
 )
 from app.model.aggregate import AggregateType
@@ -53,10 +54,12 @@ class Service:
         *,
         request_id_window_ms: int = DEFAULT_REQUEST_ID_WINDOW_MS,
         expires_after_ms: int = DEFAULT_EXPIRES_AFTER_MS,
+        sent_check: SentCheck | None = None,
     ) -> tuple[AggregateType[Any], ...]:
         """The declared aggregate types and one schedule per context with jobs (on a node
         keeping applied request ids for `request_id_window_ms`, whose timers expire a slot
-        due longer ago than `expires_after_ms`)."""
+        due longer ago than `expires_after_ms`, and whose processor refuses the commands
+        `sent_check` names: a job's slot sending one fails alone, `schedule_aggregate`)."""
         schedules = tuple(
             schedule_aggregate(
                 context,
@@ -64,6 +67,7 @@ class Service:
                 partitions,
                 request_id_window_ms=request_id_window_ms,
                 expires_after_ms=expires_after_ms,
+                sent_check=sent_check,
             )
             for context, jobs in sorted(self.jobs.items())
             if jobs

@@ -11,9 +11,11 @@ slots that timer owes, due and not run yet (`app.jobs.slot_runs`): replaced, the
 would never send them (a coalescing rule's latest due; every one of a rule that does not
 coalesce, 100 at most (`app.jobs.runs.MAX_OWED_SLOTS`), the rest logged for a backfill).
 
-A handler that raises does not stop the schedule: the tick commits `wow.Ticked` all the
-same (the instance ticks on, its later slots on time) with `wow.schedule.RunFailed`, none
-of the handler's commands, and a one-off timer of the instance under the key
+A handler that raises does not stop the schedule (nor one whose commands do not fit in
+its tick, or one of which is larger than the node writes, `SentCheck`): the tick commits
+`wow.Ticked` all the same (the instance ticks on, its later slots on time) with
+`wow.schedule.RunFailed`, none of the handler's commands, and a one-off timer of the
+instance under the key
 `run:<timer digest>#<slot>` (`run_key`), due at once, whose `wow.schedule.Run` runs the
 handler for that slot again. That timer is retried, parked and put in the failure ledger
 (its target: the instance) like any other, by `TimerOptions.retry`; `tickwheel timers
@@ -93,6 +95,7 @@ from app.jobs.schedule import (
     schedule_aggregate,
 )
 from app.jobs.schedule_state import ScheduleState
+from app.jobs.slot_runs import SentCheck
 
 __all__ = [
     "BACKFILL",
@@ -129,6 +132,7 @@ __all__ = [
     "RequestIdTooLong",
     "Rule",
     "ScheduleState",
+    "SentCheck",
     "TickTimer",
     "TooManySlots",
     "backfill_command",

@@ -36,6 +36,7 @@ from app.jobs.declaration import (
 from app.jobs.extra_runs import ExtraRuns, logged_ran_before, refuse_invalid
 from app.jobs.runs import MAX_FAILED_RUNS, no_slot_left, tick_refusal
 from app.jobs.schedule_state import ScheduleState, apply_made, apply_schedule_event
+from app.jobs.slot_runs import SentCheck
 from app.model.aggregate import AggregateType, Command, Decision
 from app.protocol.wire import SCHEDULE_CANCELLED, SCHEDULE_SET
 from tables import CommandSpec
@@ -58,13 +59,17 @@ def schedule_aggregate(
     request_id_window_ms: int = DEFAULT_REQUEST_ID_WINDOW_MS,
     max_failed_runs: int = MAX_FAILED_RUNS,
     expires_after_ms: int = DEFAULT_EXPIRES_AFTER_MS,
+    sent_check: SentCheck | None = None,
 ) -> AggregateType[ScheduleState]:
     """The model of `<context>.schedule`, deciding for `jobs` on a log of `partitions`,
     on a node that keeps applied request ids for `request_id_window_ms` (a Backfill of a
     slot due before that window is refused: its live run may be forgotten) and whose
     timers expire a slot due longer ago than `expires_after_ms` (a once rule due before
     that is refused: its tick would never come); an instance keeps its newest
-    `max_failed_runs` failed slots to run again (`runs_to_drop`)."""
+    `max_failed_runs` failed slots to run again (`runs_to_drop`). `sent_check`: why a
+    handler's commands cannot be written on that node (`SentCheck`): a slot sending one
+    fails as its handler would have; None checks nothing (the node's processor refuses
+    the whole tick then)."""
     if partitions < 1:
         raise ValueError(f"partitions must be at least 1, got {partitions}")
     if max_failed_runs < 1:
@@ -77,7 +82,13 @@ def schedule_aggregate(
     if expires_after_ms < 1:
         raise ValueError(f"expires_after_ms must be at least 1, got {expires_after_ms}")
     model = _ScheduleModel(
-        context, by_name, partitions, request_id_window_ms, max_failed_runs, expires_after_ms
+        context,
+        by_name,
+        partitions,
+        request_id_window_ms,
+        max_failed_runs,
+        expires_after_ms,
+        sent_check,
     )
     agg = AggregateType(context, SCHEDULE, ScheduleState)
     agg.command(ENABLE)(model.enable)
@@ -112,6 +123,7 @@ class _ScheduleModel(ExtraRuns):
         window_ms: int,
         max_failed_runs: int,
         expires_after_ms: int,
+        sent_check: SentCheck | None,
     ) -> None:
         self.context = context
         self.jobs = jobs
@@ -119,6 +131,7 @@ class _ScheduleModel(ExtraRuns):
         self.window_ms = window_ms
         self.max_failed_runs = max_failed_runs
         self.expires_after_ms = expires_after_ms
+        self.sent_check = sent_check
 
     def enable(self, state: ScheduleState, cmd: Command, d: Decision) -> None:
         job = self._job_to_enable(cmd, d)

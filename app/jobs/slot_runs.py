@@ -7,6 +7,7 @@ handler is given."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Sequence
 from typing import Final
 
 from app.jobs.declaration import RUN, RUN_FAILED, TICKED, Job, JobRun, JobScope, not_its_instance
@@ -28,9 +29,10 @@ from app.model.aggregate import (
 )
 from app.model.decide import cut_message
 from app.model.user_code import UserCodeTimeout
+from app.protocol.wire import CommandEnvelope
 from tables import CommandSpec, OnceRule
 
-__all__ = ["SlotRuns"]
+__all__ = ["SentCheck", "SlotRuns"]
 
 logger = logging.getLogger(__name__)
 
@@ -40,6 +42,11 @@ the new rule's event and timer, and the next slot's own (`Ticked`, and when it f
 `RunFailed`, its run timer and the run timers it drops), which `Decision.emit` would
 refuse past `MAX_DECISION_RECORDS`, failing the whole command."""
 
+SentCheck = Callable[[Sequence[CommandEnvelope]], Exception | None]
+"""Why a handler's commands cannot be written (one is a record the node's processor would
+refuse: over `TICKWHEEL_MAX_RECORD_BYTES`), or None: the node gives it
+(`app.commands.sent_sizes`), as the command path is not this package's to import."""
+
 
 class SlotRuns:
     """What the schedule model sets (`app.jobs.schedule`)."""
@@ -47,6 +54,7 @@ class SlotRuns:
     context: str
     partitions: int
     max_failed_runs: int
+    sent_check: SentCheck | None
 
     def _run_slot(
         self,
@@ -66,13 +74,17 @@ class SlotRuns:
         Whether the handler was interrupted by the node's handler timeout. `room`: the
         records the decision keeps free after the slot's, its handler's commands counted:
         commands that would leave fewer fail the slot (`DecisionTooLarge`), which its run
-        timer runs again in a decision of its own; None: the caller sees to it."""
+        timer runs again in a decision of its own; None: the caller sees to it. A command
+        `sent_check` finds too large to write fails the slot too: joined, the processor
+        would refuse the whole tick, every retry of it, and the schedule would stop."""
         d.emit(TICKED, {"slot": slot, "due_at": due_at, "timer_id": timer_id})
         # The handler decides into a scratch decision: a failure keeps none of its commands.
         scratch = Decision(
             aggregate=d.aggregate, now=d.now, request_id=tick_id, unreachable=d.unreachable
         )
         failure = handler_failure(job, self._run(job, cmd, slot, due_at, tick_id, scratch))
+        if failure is None and self.sent_check is not None:
+            failure = _unwritable(job, cmd, slot, self.sent_check(scratch.commands))
         if failure is None and room is not None:
             failure = _too_many(job, cmd, d, slot, len(scratch.commands), room)
         if failure is None:
@@ -201,6 +213,17 @@ def _too_many(
     )
     logger.error("%s: %s", cmd.aggregate, too_many)
     return too_many
+
+
+def _unwritable(job: Job, cmd: Command, slot: int, why: Exception | None) -> Exception | None:
+    """`why` the commands of slot `slot`'s handler cannot be written, said, or None."""
+    if why is not None:
+        logger.error(
+            "%s: job %r sent a command on slot %d that cannot be written: %s (its run: "
+            "timer runs it again, and parks once its retries are spent)",
+            *(cmd.aggregate, job.name, slot, why),
+        )
+    return why
 
 
 def _shard_partition(job: Job, instance: str) -> int | None:

@@ -17,9 +17,11 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
+from app.commands.sent_sizes import sent_too_large
 from app.errors import NodeFailed
 from app.kafka.broker_watch import BrokerWatch
 from app.kafka.catalog import TopicCatalog
@@ -84,6 +86,9 @@ class Node:
                 settings.partitions,
                 request_id_window_ms=settings.request_id_window_ms,
                 expires_after_ms=self.options.expires_after,
+                # A job's command its partition's processor would refuse fails its slot
+                # alone, not the whole tick (which would stop the schedule).
+                sent_check=partial(sent_too_large, bound=settings.limits.max_record_bytes),
             )
         }
         names = list(self.aggregates)

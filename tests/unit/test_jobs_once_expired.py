@@ -44,8 +44,11 @@ SECONDS = 1_733_400_000  # 2024-12-05 in epoch seconds
 def _instance(expires_after_ms: int | None = None) -> tuple[Job, Instance, Recorder]:
     recorder = Recorder()
     job = Job("nightly", JobScope.SYSTEM, CronRule(expr="0 3 * * *"), recorder)
-    more = {} if expires_after_ms is None else {"expires_after_ms": expires_after_ms}
-    instance = Instance(schedule_aggregate(CONTEXT, [job], 8, **more))
+    instance = Instance(
+        schedule_aggregate(CONTEXT, [job], 8)
+        if expires_after_ms is None
+        else schedule_aggregate(CONTEXT, [job], 8, expires_after_ms=expires_after_ms)
+    )
     instance.now = NOW
     return job, instance, recorder
 
