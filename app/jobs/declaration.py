@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import re
+import reprlib
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -115,8 +116,20 @@ class Job:
         if not _JOB_NAME.fullmatch(self.name):
             raise ValueError(f"job name {self.name!r}: use 1-100 letters, digits, '-' or '_'")
         object.__setattr__(self, "scope", JobScope(self.scope))
+        # Refused here, where the service is declared: taken, each Enable of it would
+        # answer ERROR and each tick of an instance enabled before would fail and park.
+        if not isinstance(self.rule, OnceRule | IntervalRule | CronRule):
+            raise TypeError(
+                f"job {self.name!r}: its rule must be a OnceRule, IntervalRule or CronRule, "
+                f"not {type(self.rule).__name__} {reprlib.repr(self.rule)}"
+            )
         if (why := job_rule_error(self.rule)) is not None:
             raise ValueError(f"job {self.name!r}: {why}")
+        if not callable(self.handler):
+            raise TypeError(
+                f"job {self.name!r}: its handler must be callable (a function taking a "
+                f"JobRun), not {type(self.handler).__name__} {reprlib.repr(self.handler)}"
+            )
         plain_function(self.handler, f"the handler of job {self.name}")
 
 
