@@ -50,8 +50,8 @@ RequestId = Annotated[
     str | None,
     typer.Option(
         callback=request_id_check(200),
-        help="the change's own id (1-200 characters): sent again, it changes nothing more; "
-        "default: a fresh one",
+        help="the change's own id (1-200 characters), sent as <action>:<id>: sent again, it "
+        "changes nothing more; default: a fresh one",
     ),
 ]
 Wait = Annotated[

@@ -47,6 +47,7 @@ from app.jobs.backfill import (
 from app.jobs.commands import (
     TRIGGER_SENDS,
     RequestIdTooLong,
+    action_request_id,
     backfill_command,
     disable_command,
     enable_command,
@@ -135,6 +136,7 @@ __all__ = [
     "SentCheck",
     "TickTimer",
     "TooManySlots",
+    "action_request_id",
     "backfill_command",
     "backfill_slots",
     "disable_command",

@@ -62,6 +62,18 @@ def shared_request_id(
     return made
 
 
+def action_request_id(action: str, request_id: str) -> str:
+    """The request id of a job `action` (enable, disable, reschedule, trigger) asked under
+    the caller's `request_id` (`--request-id`, `Idempotency-Key`): `<action>:<request id>`,
+    as a fresh one of `_command` begins. Used as is, a change id an operator reuses for the
+    next action (a disable, then an enable of the same change) was that action's DUPLICATE:
+    answered as done, nothing done. The ids of two actions differ; the same action asked
+    again is the same id (a DUPLICATE). An id that begins with `<action>:` already (one an
+    answer named, sent again as it said) is that action's id: kept as it is."""
+    prefix = f"{action}:"
+    return request_id if request_id.startswith(prefix) else prefix + request_id
+
+
 def _instance_ref(
     context: str, job: Job, tenant: str, partition: int | None, partitions: int | None
 ) -> AggregateRef:
@@ -77,7 +89,8 @@ def _command(
 ) -> CommandEnvelope:
     # A fresh request id by default: a deterministic one would make an Enable after a
     # Disable a DUPLICATE of the first, and the aggregate makes a repeat harmless anyway
-    # (UNCHANGED). A caller that retries one request passes its own id.
+    # (UNCHANGED). A caller that retries one request passes its own id. Begun with its
+    # verb, as `action_request_id` makes a caller's: sent again as it is, it is the same.
     verb = type_.rsplit(".", 1)[-1].lower()
     fresh = uuid.uuid4().hex
     # The prefix only helps a reader; the uuid makes it unique: cut to fit a request id.

@@ -31,6 +31,7 @@ from app.jobs import (
     JobScope,
     RequestIdTooLong,
     TooManySlots,
+    action_request_id,
     backfill_slots,
     disable_command,
     effective_rule,
@@ -163,10 +164,12 @@ def instance_commands(
 ) -> list[CommandEnvelope]:
     """One `wow.schedule.<action>` per instance named: `action` is enable, disable,
     reschedule (whose `rule` None makes the instance follow its job's default again) or
-    trigger. Under `request_id`, suffixed `@<tenant>/<instance id>` when several instances
-    share it, as results are matched by request id (sent again, each is a DUPLICATE), and
-    refused (`request_id`) when one would be longer than a request id may be; None: a
-    fresh one each. A tenant no instance can have is refused (`tenants`)."""
+    trigger. Under `request_id` as the action's own (`action_request_id`:
+    `<action>:<request id>`, so that one id reused for another action is not its
+    DUPLICATE), suffixed `@<tenant>/<instance id>` when several instances share it, as
+    results are matched by request id (sent again, each is a DUPLICATE), and refused
+    (`request_id`) when one would be longer than a request id may be; None: a fresh one
+    each. A tenant no instance can have is refused (`tenants`)."""
     if job.scope is not JobScope.SHARDED and partition is not None:
         raise JobInputError(
             "partition",
@@ -203,30 +206,30 @@ def instance_commands(
         where = [{"partition": p, "partitions": partitions} for p in shards]
     else:
         where = [{"tenant": t} for t in dict.fromkeys(tenants or [DEFAULT_TENANT])]
+    rid = None if request_id is None else action_request_id(action, request_id)
     if action == "enable":
-        commands = [
-            enable_command(context, job, rule=rule, **w, request_id=request_id) for w in where
-        ]
+        commands = [enable_command(context, job, rule=rule, **w, request_id=rid) for w in where]
     elif action == "disable":
-        commands = [disable_command(context, job, **w, request_id=request_id) for w in where]
+        commands = [disable_command(context, job, **w, request_id=rid) for w in where]
     elif action == "reschedule":
-        commands = [
-            reschedule_command(context, job, rule, **w, request_id=request_id) for w in where
-        ]
+        commands = [reschedule_command(context, job, rule, **w, request_id=rid) for w in where]
     elif action == "trigger":
-        commands = [trigger_command(context, job, **w, request_id=request_id) for w in where]
+        commands = [trigger_command(context, job, **w, request_id=rid) for w in where]
     else:
         raise ValueError(f"unknown action {action!r}")
-    if request_id is None or len(commands) == 1:
+    if request_id is None or rid is None or len(commands) == 1:
         return commands
     try:
-        return shared_request_id(request_id, commands, trigger=action == "trigger")
+        return shared_request_id(rid, commands, trigger=action == "trigger")
     except RequestIdTooLong as exc:
+        # The room of the caller's id: the action's prefix (if added) is ours.
+        room = max(exc.room - (len(rid) - len(request_id)), 0)
         raise JobInputError(
             "request_id",
             f"{spell('request_id')} is too long for {len(commands)} instances: "
             f"{exc.longest.aggregate}'s would be {len(exc.longest.request_id)} characters "
-            f"(<request id>@<tenant>/<instance>, at most {exc.limit}); give at most {exc.room}",
+            f"(<action>:<request id>@<tenant>/<instance>, at most {exc.limit}); give at most "
+            f"{room}",
         ) from exc
 
 

@@ -19,10 +19,11 @@
 
 A write's JSON body names the instances: `tenants` (a TENANT job's), `partition` (a
 SHARDED job's one shard; all of them when absent). Its request id is the body's
-`request_id`, or the `Idempotency-Key` header, or a fresh one; with several instances each
-command's is `<request id>@<tenant>/<instance id>`. The same request sent again with the
-same id changes nothing more: every command is answered DUPLICATE (a backfill's ids are
-its slots' own, so it needs none).
+`request_id`, or the `Idempotency-Key` header, or a fresh one, made the action's own:
+`<action>:<request id>` (`action_request_id`: one id reused for another action is not its
+DUPLICATE); with several instances each command's is `<action>:<request id>@<tenant>/
+<instance id>`. The same request sent again with the same id changes nothing more: every
+command is answered DUPLICATE (a backfill's ids are its slots' own, so it needs none).
 
 The answer is a `JobAnswer`, one outcome per command: 200 when each is done (COMMITTED,
 DUPLICATE, UNCHANGED), 422 when one was refused (REJECTED, SCHEDULE_JOB_INVALID), 502 when

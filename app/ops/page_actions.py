@@ -14,9 +14,10 @@ nothing sent; a Pause, Resume or Trigger of a timer this node's table holds FIRE
 CANCELLED with a 409 page, nothing sent (`timer_routes.ended_row`, as the JSON route).
 
 Each form carries a request id (a hidden field, new at each rendering of the page); a
-button's command goes under `<request id>.<action>`, so a form submitted twice (a double
-click, a reload of the POST) is the same command twice, which the book or the schedule
-answers DUPLICATE and writes nothing for.
+button's command goes under `<request id>.<action>` (a job's under `<action>:<request id>`,
+`action_request_id`, as the CLI and the HTTP routes send a job's), so a form submitted
+twice (a double click, a reload of the POST) is the same command twice, which the book or
+the schedule answers DUPLICATE and writes nothing for.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from multidict import MultiMapping
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from app.errors import BadInput, KafkaUnavailable
-from app.jobs import SCHEDULE, instance_ids
+from app.jobs import SCHEDULE, action_request_id, instance_ids
 from app.ops import job_api
 from app.ops.cluster_page import JobRow
 from app.ops.deadline import reader_for
@@ -253,13 +254,15 @@ class PageActions:
         try:
             f = read_form(JobForm, form)
             job = job_api.find_job(node.service, f.context, f.job)
-            rid = f"{f.request_id}.{f.action}"
+            # The action's own id, as the CLI and the HTTP routes make it: the form's id
+            # reused for another action is not its DUPLICATE.
+            rid = action_request_id(f.action, f.request_id)
             commands = job_api.instance_commands(
                 f.action,
                 f.context,
                 job,
                 partitions=node.settings.partitions,
-                request_id=rid,
+                request_id=f.request_id,
                 spell=json_field,
             )
         except JobInputError as exc:

@@ -137,7 +137,8 @@ def test_a_jobs_answer_escapes_its_message_tenant_and_request_id(
     result = CliRunner().invoke(cli, ["jobs", action, *JOB, *given])
     assert result.exit_code == 1, result.output
     (line,) = _one_line_each(result.stdout, 1)
-    named = f"ops.schedule/{TYPED_SHOWN}/report" + (" r\\x9b" if action == "trigger" else "")
+    run = " trigger:r\\x9b" if action == "trigger" else ""
+    named = f"ops.schedule/{TYPED_SHOWN}/report{run}"
     assert line == f"{action} {named}: REJECTED: no{FORGED_SHOWN}\\u2028", line
     as_json = CliRunner().invoke(cli, ["jobs", action, *JOB, *given, "--json"])
     assert orjson.loads(as_json.stdout)["message"] == f"no{FORGED}\u2028"

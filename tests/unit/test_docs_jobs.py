@@ -200,14 +200,14 @@ async def test_the_operations_curl_lines_are_answered_as_they_say(edge: WebNode)
     async with aiohttp.ClientSession() as http:
         status, enabled = await curl(http, base, enable)
         assert (status, enabled["outcomes"][0]["code"]) == (200, "COMMITTED"), enabled
-        assert enabled["outcomes"][0]["request_id"] == "resume-1"
+        assert enabled["outcomes"][0]["request_id"] == "enable:resume-1"
         for _ in range(2):  # sent again with its request id: it runs once
             status, triggered = await curl(http, base, trigger)
             assert status == 200, triggered
         assert triggered["outcomes"][0]["code"] == "DUPLICATE"
         await until(lambda: len(events(log, REPORTS, "shop.ReportRan")) == 1)
         status, paused = await curl(http, base, disable)
-        assert (status, paused["outcomes"][0]["request_id"]) == (200, "pause-1"), paused
+        assert (status, paused["outcomes"][0]["request_id"]) == (200, "disable:pause-1"), paused
 
         clock.set(concepts_now())  # 2026-11-08T09:00:00+01:00, paused all week
         before = sent(log)

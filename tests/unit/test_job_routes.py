@@ -120,7 +120,9 @@ async def test_enable_trigger_disable_and_enable_again_each_once_by_request_id(
 ) -> None:
     enabled = await edge.act("enable", {"request_id": "enable-1"})
     assert (codes(enabled), enabled["answered"]) == (["COMMITTED"], True)
-    assert enabled["outcomes"][0]["request_id"] == "enable-1"
+    # The action's own id (`action_request_id`): "enable-1" reused for a disable is not
+    # this enable's DUPLICATE.
+    assert enabled["outcomes"][0]["request_id"] == "enable:enable-1"
     # sent again with its request id: written once
     assert codes(await edge.act("enable", {"request_id": "enable-1"})) == ["DUPLICATE"]
     edge.clock.set(T0)  # slot 0 runs live
@@ -175,8 +177,8 @@ async def test_instances_are_named_by_tenant_or_partition(edge: Edge) -> None:
         "enable", {"tenants": ["acme", "globex"], "request_id": "t"}, job="per-tenant"
     )
     assert [(o["instance"]["tenant"], o["request_id"]) for o in answer["outcomes"]] == [
-        ("acme", "t@acme/per-tenant"),
-        ("globex", "t@globex/per-tenant"),
+        ("acme", "enable:t@acme/per-tenant"),
+        ("globex", "enable:t@globex/per-tenant"),
     ]
     assert codes(answer) == ["COMMITTED", "COMMITTED"]
     sharded = await edge.act("enable", {"partition": 1}, job="sweep")
@@ -350,15 +352,16 @@ async def test_every_write_needs_the_web_token(edge: Edge, action: str) -> None:
             {"tenants": ["a", "t" * 200], "request_id": "r" * 200},
             "request_id",
             "too long for 2 instances: ops.schedule/" + "t" * 200 + "/per-tenant's would be "
-            "412 characters (<request id>@<tenant>/<instance>, at most 300); give at most 88",
+            "419 characters (<action>:<request id>@<tenant>/<instance>, at most 300); give at "
+            "most 81",
         ),
         # a triggered run's sends `<id>>n` must fit as well
         (
             "ops/per-tenant/trigger",
-            {"tenants": ["a", "t" * 100], "request_id": "r" * 186},
+            {"tenants": ["a", "t" * 100], "request_id": "r" * 178},
             "request_id",
-            "would be 298 characters (<request id>@<tenant>/<instance>, at most 296); give "
-            "at most 184",
+            "would be 298 characters (<action>:<request id>@<tenant>/<instance>, at most 296); "
+            "give at most 176",
         ),
     ],
 )
@@ -375,14 +378,15 @@ async def test_ids_made_from_the_longest_request_id_that_fits_are_sent_and_dedup
     edge: Edge,
 ) -> None:
     tenants = ["a", "t" * 100]
-    # 188 + len("@" + "t" * 100 + "/per-tenant") = 300: a request id's bound, met exactly
-    body = {"tenants": tenants, "request_id": "r" * 188}
+    # len("enable:") + 181 + len("@" + "t" * 100 + "/per-tenant") = 300: a request id's
+    # bound, met exactly
+    body = {"tenants": tenants, "request_id": "r" * 181}
     answer = await edge.act("enable", body, job="per-tenant")
     assert [len(o["request_id"]) for o in answer["outcomes"]] == [201, 300]
     assert codes(answer) == ["COMMITTED", "COMMITTED"], answer
     assert codes(await edge.act("enable", body, job="per-tenant")) == ["DUPLICATE"] * 2
     # a trigger keeps room for its run's sends: 296, and its run sends and commits once
-    body = {"tenants": tenants, "request_id": "r" * 184}
+    body = {"tenants": tenants, "request_id": "r" * 176}
     assert codes(await edge.act("trigger", body, job="per-tenant")) == ["COMMITTED"] * 2
     assert codes(await edge.act("trigger", body, job="per-tenant")) == ["DUPLICATE"] * 2
     await until(lambda: runs(edge.log).count(-1) == 2)

@@ -471,9 +471,11 @@ def test_tick_timers_reads_the_tick_timers_and_their_known_slots() -> None:
 def test_a_trigger_request_id_is_kept_or_suffixed_per_instance() -> None:
     sweep = Job("sweep", JobScope.SHARDED, RULE, Handler())
     (one,) = instance_commands("trigger", CONTEXT, sweep, partitions=4, partition=1, request_id="r")
-    assert (one.type, one.request_id) == (TRIGGER, "r")
+    assert (one.type, one.request_id) == (TRIGGER, "trigger:r")
     many = instance_commands("trigger", CONTEXT, sweep, partitions=4, request_id="r")
-    assert [c.request_id for c in many] == [f"r@{DEFAULT_TENANT}/{c.aggregate.id}" for c in many]
+    assert [c.request_id for c in many] == [
+        f"trigger:r@{DEFAULT_TENANT}/{c.aggregate.id}" for c in many
+    ]
     again = instance_commands("trigger", CONTEXT, sweep, partitions=4, request_id="r")
     assert [c.request_id for c in again] == [c.request_id for c in many]
     fresh = instance_commands("trigger", CONTEXT, sweep, partitions=4)

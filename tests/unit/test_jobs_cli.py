@@ -20,7 +20,16 @@ from app.cli.jobs import (
     parse_rule_option,
 )
 from app.errors import JobsCliError
-from app.jobs import DISABLE, ENABLE, RESCHEDULE, Job, JobRun, JobScope, shard_ref
+from app.jobs import (
+    DISABLE,
+    ENABLE,
+    RESCHEDULE,
+    Job,
+    JobRun,
+    JobScope,
+    action_request_id,
+    shard_ref,
+)
 from app.jobs.commands import TRIGGER_SENDS
 from app.kafka.records import Replication
 from app.model.aggregate import sent_suffix_length
@@ -297,7 +306,9 @@ def test_per_instance_request_ids_fit_or_are_refused_naming_the_request_id(
     except JobsCliError as exc:
         assert getattr(exc, "field", None) == "request_id", exc
         assert "--request-id is too long" in str(exc)
-        assert any(len(f"{request_id}@{t}/report") > limit for t in tenants)
+        assert any(
+            len(f"{action_request_id(action, request_id)}@{t}/report") > limit for t in tenants
+        )
         return
     assert ids == made()
     if len(ids) > 1:
@@ -352,7 +363,7 @@ def test_the_request_id_given_is_the_one_sent(
 ) -> None:
     """`jobs enable|disable|reschedule` took no `--request-id` where their HTTP routes take
     one (and `jobs trigger` did): sent again, a change made under a fresh id each time was
-    never answered DUPLICATE."""
+    never answered DUPLICATE. Sent as the action's own id (`<action>:<request id>`)."""
     sent: list[CommandEnvelope] = []
 
     async def send(
@@ -385,8 +396,8 @@ def test_the_request_id_given_is_the_one_sent(
         cli, ["jobs", action, *nightly, *more, "--request-id", "deploy-42", "--json"]
     )
     assert result.exit_code == 0, result.output
-    assert [c.request_id for c in sent] == ["deploy-42"]
-    assert orjson.loads(result.stdout)["request_id"] == "deploy-42"
+    assert [c.request_id for c in sent] == [f"{action}:deploy-42"]
+    assert orjson.loads(result.stdout)["request_id"] == f"{action}:deploy-42"
 
 
 @pytest.mark.parametrize("action", ["enable", "disable", "reschedule"])

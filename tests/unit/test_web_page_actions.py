@@ -330,7 +330,7 @@ async def test_every_declared_job_is_listed_with_its_next_slot_and_its_form(site
     status, _, location = await site.post("/page/job", with_token(hidden, "enable"))
     assert status == 303 and location is not None
     [sent] = commands(site.log, SCHEDULE)
-    assert (sent.type, sent.request_id) == ("wow.schedule.Enable", f"{hidden['request_id']}.enable")
+    assert (sent.type, sent.request_id) == ("wow.schedule.Enable", f"enable:{hidden['request_id']}")
     assert "COMMITTED" in await site.notice(location)
     await until(lambda: [t.status for t in job_timers(site)] == [TimerStatus.PENDING])
     row = declared_row(await site.page())
@@ -359,11 +359,11 @@ async def test_trigger_runs_the_job_once_even_submitted_twice(site: Site) -> Non
     sent_before = len(commands(site.log, SCHEDULE))
     [(hidden, _)] = forms(await site.page(), "job-actions")
     first = await site.post("/page/job", with_token(hidden, "trigger"))
-    assert first[0] == 303 and first[2] == f"/?done={hidden['request_id']}.trigger"
+    assert first[0] == 303 and first[2] == f"/?done=trigger:{hidden['request_id']}"
     sent = commands(site.log, SCHEDULE)[sent_before]
     assert (sent.type, sent.request_id) == (
         "wow.schedule.Trigger",
-        f"{hidden['request_id']}.trigger",
+        f"trigger:{hidden['request_id']}",
     )
     assert "COMMITTED" in await site.notice(first[2])
     await until(lambda: len(events(site.log, ORDERS, "Ran")) == 1)
