@@ -29,7 +29,8 @@ class Service:
 
     `jobs` maps a context to the jobs declared in it; each such context gets its
     `<context>.schedule` aggregate from `all_aggregates`. A type or context whose name no
-    topic can have (`app.protocol.topics.aggregate_topics`) is a `ConfigError`.
+    topic can have (`app.protocol.topics.aggregate_topics`) is a `ConfigError`; a type
+    declared twice, or two jobs of one name in a context, a `ValueError`.
     """
 
     aggregates: tuple[AggregateType[Any], ...]
@@ -39,8 +40,14 @@ class Service:
         # Checked where the service is declared (`ConfigError`), not when a worker starts.
         for a in self.aggregates:
             aggregate_topics(a.context, a.name)
-        for context in self.jobs:
+        for context, jobs in self.jobs.items():
             aggregate_topics(context, "schedule")
+            # Refused here, not by the worker's `schedule_aggregate`: the service would
+            # import fine and every worker fail to start.
+            declared = [job.name for job in jobs]
+            twice = sorted({name for name in declared if declared.count(name) > 1})
+            if twice:
+                raise ValueError(f"jobs declared twice in {context}: {twice}")
         names = [a.type_name for a in self.aggregates]
         if len(set(names)) != len(names):
             raise ValueError(f"aggregate types declared twice: {names}")
