@@ -15,13 +15,21 @@ A handler that raises does not stop the schedule (nor one whose commands do not 
 its tick, or one of which is larger than the node writes, `SentCheck`): the tick commits
 `wow.Ticked` all the same (the instance ticks on, its later slots on time) with
 `wow.schedule.RunFailed`, none of the handler's commands, and a one-off timer of the
-instance under the key
-`run:<timer digest>#<slot>` (`run_key`), due at once, whose `wow.schedule.Run` runs the
-handler for that slot again. That timer is retried, parked and put in the failure ledger
-(its target: the instance) like any other, by `TimerOptions.retry`; `tickwheel timers
-retry|skip --type <context>.schedule --target-id <instance>` retries or skips the parked
-slots of an instance. A Run that succeeds commits `wow.schedule.Ran` with the handler's
-commands; one that fails again commits nothing (ERROR). A disabled instance runs nothing.
+instance under the key `run:<timer digest>#<slot>` (`run_key`), due at once, whose
+`wow.schedule.Run` runs the handler for that slot again. That timer is retried, parked and
+put in the failure ledger (its target: the instance) like any other, by
+`TimerOptions.retry`; `tickwheel timers retry|skip --type <context>.schedule --target-id
+<instance>` retries or skips the parked slots of an instance. A Run that succeeds commits
+`wow.schedule.Ran` with the handler's commands; one that fails again commits nothing
+(ERROR). A disabled instance runs nothing.
+
+A tick that fails whole (ERROR: the node's fault, not the handler's) parks the `tick`
+timer itself. Skipped, it is gone and the instance's schedule with it, while its state
+still says enabled: an Enable answers UNCHANGED, saying so, and sets no timer (it cannot
+tell a skipped timer from a live one, which a new timer would replace, and it would run
+the slot the skip dropped). Disable, then Enable, the instance after skipping its tick:
+it ticks from its next slot (`jobs backfill` runs the skipped ones). Retried instead, the
+tick timer sends its slot again and ticks on.
 
 An instance may override parts of its job's default rule. A part is one field of the rule
 (`kind`, `expr`, `zone`, `start`, `every`, `at`, `coalesce`), and an override is a partial

@@ -38,8 +38,8 @@ from app.jobs.runs import MAX_FAILED_RUNS, no_slot_left, tick_refusal
 from app.jobs.schedule_state import ScheduleState, apply_made, apply_schedule_event
 from app.jobs.slot_runs import SentCheck
 from app.model.aggregate import AggregateType, Command, Decision
-from app.protocol.wire import SCHEDULE_CANCELLED, SCHEDULE_SET
-from tables import CommandSpec
+from app.protocol.wire import SCHEDULE_CANCELLED, SCHEDULE_SET, ResultCode
+from tables import DEFAULT_TENANT, CommandSpec
 from tables.exceptions import InvalidRule
 
 logger = logging.getLogger(__name__)
@@ -252,7 +252,18 @@ class _ScheduleModel(ExtraRuns):
             refuse_invalid(d, f"invalid rule for job {job.name!r}: {exc}")
         dumped = _dump(rule)
         if state.enabled and state.override == override and state.rule == dumped:
-            return
+            # UNCHANGED, said why: the instance cannot know its tick timer is gone (an
+            # operator's skip of it parked, or its cancel), and setting it again here would
+            # replace a live one, or run the slot a skip dropped (`_run_owed`).
+            ref = cmd.aggregate
+            tenant = "" if ref.tenant == DEFAULT_TENANT else f" --tenant {ref.tenant}"
+            d.reject(
+                f"{ref} is enabled under this rule already: nothing changed. If its "
+                f"{TICK_KEY!r} timer was skipped or cancelled (timers skip --type "
+                f"{self.context}.{SCHEDULE} --target-id {ref.id}{tenant}), nothing ticks it: "
+                "disable it, then enable it (it ticks from its next slot)",
+                ResultCode.UNCHANGED,
+            )
         # Only a new rule needs a new timer: the current one keeps its slots otherwise.
         new_timer = not state.enabled or state.rule != dumped
         if new_timer and (why := no_slot_left(rule, d.now, self.expires_after_ms)) is not None:
