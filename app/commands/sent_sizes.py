@@ -8,17 +8,21 @@ from collections.abc import Sequence
 
 from app.commands.records import check_sizes, command_record
 from app.errors import RecordTooLarge
+from app.protocol.limits import InputLimits
 from app.protocol.wire import CommandEnvelope
 
 __all__ = ["sent_too_large"]
 
 
-def sent_too_large(commands: Sequence[CommandEnvelope], *, bound: int) -> RecordTooLarge | None:
+def sent_too_large(
+    commands: Sequence[CommandEnvelope], limits: InputLimits
+) -> RecordTooLarge | None:
     """Why one of `commands` is a record the processor would refuse to write (`check_sizes`,
-    under the node's `max_record_bytes` `bound`), or None. The same check, called here
-    alone: a job's slot passed by it is not then refused whole by the processor."""
+    under the node's `limits`: its `max_record_bytes` and what its own topics take), or
+    None. The same check, called here alone: a job's slot passed by it is not then refused
+    whole by the processor."""
     try:
-        check_sizes([command_record(c) for c in commands], bound)
+        check_sizes([command_record(c) for c in commands], limits)
     except RecordTooLarge as exc:
         return exc
     return None

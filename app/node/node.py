@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import replace
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -87,8 +86,9 @@ class Node:
                 request_id_window_ms=settings.request_id_window_ms,
                 expires_after_ms=self.options.expires_after,
                 # A job's command its partition's processor would refuse fails its slot
-                # alone, not the whole tick (which would stop the schedule).
-                sent_check=partial(sent_too_large, bound=settings.limits.max_record_bytes),
+                # alone, not the whole tick (which would stop the schedule). The limits as
+                # they are when it runs: what the node's own topics take is read at start.
+                sent_check=lambda commands: sent_too_large(commands, self.limits),
             )
         }
         names = list(self.aggregates)

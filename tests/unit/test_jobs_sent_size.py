@@ -31,7 +31,7 @@ from app.jobs import (
     schedule_aggregate,
 )
 from app.kafka.memory import MemoryLog
-from app.protocol.limits import DEFAULT_MAX_RECORD_BYTES
+from app.protocol.limits import DEFAULT_MAX_RECORD_BYTES, InputLimits
 from app.protocol.wire import SCHEDULE_SET, ResultCode
 from app.service import Service
 from app.timers.runner.options import RetryPolicy, TimerOptions
@@ -39,7 +39,7 @@ from tables import IntervalRule, TimerStatus
 from tables.timer import Timer
 
 BIG = "x" * (DEFAULT_MAX_RECORD_BYTES + 1)
-CHECK = partial(sent_too_large, bound=DEFAULT_MAX_RECORD_BYTES)
+CHECK = partial(sent_too_large, limits=InputLimits())
 
 
 def _big_on_slot_0(run: JobRun) -> None:
