@@ -30,7 +30,8 @@ __all__ = ["Misplaced", "PartitionStates"]
 logger = logging.getLogger(__name__)
 
 _REQUEST_SWEEP = 250
-"""Request ids forgotten per commit at most, once past the window."""
+"""Request ids a commit forgets at most, once past the window, when it writes fewer than
+half as many (it forgets up to twice those it writes: `committed`)."""
 
 _WARNED_MAX = 10_000
 """Aggregates remembered as warned of past the state bound (then forgotten, warned anew)."""
@@ -263,7 +264,13 @@ class PartitionStates:
             batch.now,
             batch.passed,
         )
-        # Bounded, so that a commit never waits long for it; the next commits go on.
+        # Bounded, so that a commit never waits long for it; the next commits go on. Yet no
+        # fewer than twice the ids it wrote: a fixed bound below what each batch writes
+        # left the ids expiring past it on disk for good under a steady load (only a take
+        # sweeps them all), and twice drains a backlog (a burst's) as the load goes on.
+        written_ids = len(batch.applied) + len(batch.passed)
         self.store.expire_requests(
-            self.partition, batch.now - self.request_id_window, _REQUEST_SWEEP
+            self.partition,
+            batch.now - self.request_id_window,
+            max(_REQUEST_SWEEP, 2 * written_ids),
         )

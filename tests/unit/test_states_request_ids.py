@@ -130,3 +130,24 @@ async def test_a_restore_forgets_a_local_copys_request_ids_past_the_window(
     assert await states_on(store).restore(log_of(("r-0", NOW - HOUR))) == 0, "read past 0"
     assert not any(store.seen(P, a, r) for a, r in old)
     assert store.seen(P, AID, "fresh")
+
+
+def test_commits_of_more_ids_than_a_sweep_forget_as_many_as_expire(
+    store: AggregateStateStore,
+) -> None:
+    """Batches of 500 ids, more than `_REQUEST_SWEEP`, committed steadily over three
+    windows: what is held stays about one window's ids, not a backlog growing by each
+    commit's surplus over a fixed sweep."""
+    states = states_on(store)
+    per_batch, per_window = 500, 20
+    step = WINDOW // per_window
+    commits = 3 * per_window
+    for c in range(commits):
+        batch = CommandBatch(now=NOW + c * step)
+        batch.applied.update((AID, f"r-{c}-{i}") for i in range(per_batch))
+        states.staged(batch)
+        states.committed(batch, [])
+    last = NOW + (commits - 1) * step
+    assert sweep_at(store, last) == 0, "no id past the window is left by the last commit"
+    held = store.expire_requests(P, MAX_INSTANT, 10**9)
+    assert held <= (per_window + 1) * per_batch, f"{held} ids held: a window's and a batch's"
