@@ -11,7 +11,7 @@ import asyncio
 import itertools
 import logging
 from collections.abc import Sequence
-from typing import Final, Protocol
+from typing import Final, Protocol, runtime_checkable
 
 import orjson
 from pydantic import BaseModel, ConfigDict, Field
@@ -22,6 +22,7 @@ from tables.timer import MAX_ERROR_TEXT, Timer
 __all__ = [
     "MAX_NAMED",
     "MAX_NAMED_BYTES",
+    "CountedLedger",
     "FailureLedger",
     "LedgerEntry",
     "MemoryFailureLedger",
@@ -130,6 +131,14 @@ class FailureLedger(Protocol):
         ...
 
 
+@runtime_checkable
+class CountedLedger(Protocol):
+    """A ledger that counts its open entries without listing them (a scrape reads it)."""
+
+    @property
+    def open_entries(self) -> int: ...
+
+
 class MemoryFailureLedger:
     """The ledger in a dict: for tests and for a single node that keeps nothing."""
 
@@ -160,3 +169,7 @@ class MemoryFailureLedger:
     async def entries(self) -> list[LedgerEntry]:
         async with self._lock:
             return list(self._entries.values())
+
+    @property
+    def open_entries(self) -> int:
+        return len(self._entries)

@@ -70,7 +70,7 @@ from app.node.lateness import LatenessWindow
 from app.node.metric_parts import RestoreGauges, observe_all
 from app.timers.runner import RoundStats
 from tables import StoreClosed, StoreError, TimerStatus
-from tables.ledger import FailureLedger
+from tables.ledger import CountedLedger, FailureLedger
 from tables.store import DueRow
 
 __all__ = [
@@ -362,7 +362,11 @@ class NodeMetrics:
         """Sets the gauges read from the stores, runners and ledgers: O(owned partitions)
         plus each runner's wheel, and one due scan of a type's held partitions, bounded
         (`HELD_BACKLOG_LIMIT`)."""
-        open_entries = {context: len(await ledger.entries()) for context, ledger in ledgers.items()}
+        # Counted, not listed: sorting every parked target held the loop at each scrape.
+        open_entries = {
+            context: c.open_entries if isinstance(c, CountedLedger) else len(await c.entries())
+            for context, c in ledgers.items()
+        }
         sources = list(sources)
         held_due: dict[str, list[DueRow]] = {}
         for name, store, runner in sources:

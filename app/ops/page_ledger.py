@@ -43,9 +43,13 @@ LEDGER_LIMIT_MAX: Final = 10_000
 
 @runtime_checkable
 class DatedLedger(Protocol):
-    """A ledger that tells when each entry was written (`KafkaFailureLedger.dated`)."""
+    """A ledger that tells when each entry was written (`KafkaFailureLedger.dated`), its
+    newest `limit` alone when asked, and how many it holds."""
 
-    async def dated(self) -> list[tuple[int, LedgerEntry]]: ...
+    async def dated(self, limit: int | None = None) -> list[tuple[int, LedgerEntry]]: ...
+
+    @property
+    def open_entries(self) -> int: ...
 
 
 @dataclass(frozen=True)
@@ -77,11 +81,17 @@ async def ledger_rows(
     entries were written lists its own newest last, as the memory one does), each with
     the owner types to pick for its Retry and Skip."""
     dated: list[tuple[int, LedgerEntry]] = []
+    held = 0
     for ledger in ledgers:
         if isinstance(ledger, DatedLedger):
-            dated += await ledger.dated()
+            # Its newest `limit` alone: the newest `limit` of all are among those, and a
+            # ledger of every parked target is not sorted whole at each view.
+            held += ledger.open_entries
+            dated += await ledger.dated(limit)
         else:
-            dated += [(0, e) for e in reversed(await ledger.entries())]
+            listed = await ledger.entries()
+            held += len(listed)
+            dated += [(0, e) for e in reversed(listed)]
     dated.sort(key=lambda d: d[0], reverse=True)  # stable: each ledger's order kept in ties
     rows = []
     for _, entry in dated[:limit]:
@@ -91,7 +101,7 @@ async def ledger_rows(
         default = name if name in types or not types else types[0]
         shown = entry.timers[:names]
         rows.append(LedgerRow(entry, list(types), default, shown, len(entry.timers) - len(shown)))
-    return LedgerRows(rows, max(0, len(dated) - limit))
+    return LedgerRows(rows, max(0, held - limit))
 
 
 async def ledger_json(

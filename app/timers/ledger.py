@@ -131,7 +131,7 @@ class KafkaFailureLedger:
             "read %s: %d record(s), %d open entr(ies)",
             self.topic,
             count,
-            len(self._view.entries()),
+            self._view.open_count,
         )
 
     async def _read_to_end(self) -> int:
@@ -248,9 +248,15 @@ class KafkaFailureLedger:
     async def entries(self) -> list[LedgerEntry]:
         return self._view.entries()
 
-    async def dated(self) -> list[tuple[int, LedgerEntry]]:
-        """The open entries with when they were written, the newest first (`LedgerView`)."""
-        return self._view.dated()
+    async def dated(self, limit: int | None = None) -> list[tuple[int, LedgerEntry]]:
+        """The open entries with when they were written, the newest first, the first
+        `limit` only when given (`LedgerView`)."""
+        return self._view.dated(limit)
+
+    @property
+    def open_entries(self) -> int:
+        """How many open entries it holds: `len(await entries())`, without listing them."""
+        return self._view.open_count
 
     @property
     def held(self) -> int:

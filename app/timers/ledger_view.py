@@ -120,6 +120,9 @@ class LedgerView:
         # then by when taken (a recreated topic's offsets repeat; keys do not compare).
         self._tombstones: dict[int, list[tuple[int, int, LedgerKey]]] = defaultdict(list)
         self._seq = itertools.count()
+        # How many of `_held` are open entries (not tombstones): counted as they are taken,
+        # so that a scrape (`open_count`) does not list a ledger of thousands each time.
+        self._open = 0
 
     def apply(
         self, key: LedgerKey, partition: int, offset: int, entry: LedgerEntry | None, at: int = 0
@@ -132,6 +135,7 @@ class LedgerView:
         if held is not None and held.partition == partition and held.offset >= offset:
             return False
         self._held[key] = _Held(partition, offset, entry, at)
+        self._open += (entry is not None) - (held is not None and held.entry is not None)
         if entry is None:
             heapq.heappush(self._tombstones[partition], (offset, next(self._seq), key))
         return True
@@ -150,6 +154,11 @@ class LedgerView:
     def __len__(self) -> int:
         """How many pairs it holds (open entries and tombstones)."""
         return len(self._held)
+
+    @property
+    def open_count(self) -> int:
+        """How many open entries it holds (`entries()` lists them)."""
+        return self._open
 
     def apply_record(self, record: Record) -> bool:
         """Takes a record read from the topic; an unreadable one is logged and skipped."""
@@ -179,14 +188,25 @@ class LedgerView:
         open_ = [h.entry for h in self._held.values() if h.entry is not None]
         return sorted(open_, key=lambda e: (e.subscription, str(e.target)))
 
-    def dated(self) -> list[tuple[int, LedgerEntry]]:
+    def dated(self, limit: int | None = None) -> list[tuple[int, LedgerEntry]]:
         """The open entries with when their records were written (epoch ms: the records'
         timestamps, as the offsets of two partitions do not compare), the newest first,
-        ties by subscription and target."""
+        ties by subscription and target; the first `limit` of them only, when given."""
         dated = [(h.at, h.entry) for h in self._held.values() if h.entry is not None]
-        dated.sort(key=lambda d: (d[1].subscription, str(d[1].target)))
-        dated.sort(key=lambda d: d[0], reverse=True)  # stable: ties keep the order above
-        return dated
+        if limit is None or limit >= len(dated):
+            return sorted(dated, key=_newest_first)
+        if limit <= 0:
+            return []
+        # A page shows the newest few of a ledger of up to every parked target: of those
+        # dated at or after the `limit`-th newest (ties included), the first `limit` in
+        # that order (a stable selection: as the whole sorted), not all sorted.
+        since = heapq.nlargest(limit, (at for at, _ in dated))[-1]
+        return heapq.nsmallest(limit, (d for d in dated if d[0] >= since), key=_newest_first)
+
+
+def _newest_first(dated: tuple[int, LedgerEntry]) -> tuple[int, str, str]:
+    at, entry = dated
+    return -at, entry.subscription, str(entry.target)
 
 
 async def read_ledger(

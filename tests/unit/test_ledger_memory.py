@@ -104,6 +104,7 @@ async def test_a_node_holds_the_open_entries_not_every_target_ever_parked() -> N
                     break
                 await asyncio.sleep(0)
             assert ledger.held == 1
+            assert ledger.open_entries == 1, "counted as the entries are: one open"
     finally:
         await second.stop()
         await first.stop()

@@ -58,8 +58,12 @@ class Dated:
     def __init__(self, dated: list[tuple[int, LedgerEntry]]) -> None:
         self._dated = dated
 
-    async def dated(self) -> list[tuple[int, LedgerEntry]]:
-        return sorted(self._dated, key=lambda d: d[0], reverse=True)
+    async def dated(self, limit: int | None = None) -> list[tuple[int, LedgerEntry]]:
+        return sorted(self._dated, key=lambda d: d[0], reverse=True)[:limit]
+
+    @property
+    def open_entries(self) -> int:
+        return len(self._dated)
 
     async def entries(self) -> list[LedgerEntry]:
         return [e for _, e in self._dated]
