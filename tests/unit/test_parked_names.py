@@ -286,6 +286,34 @@ async def test_a_partition_started_here_names_its_parked_timers_that_no_entry_na
         await store.close()
 
 
+async def test_a_partition_start_reads_its_targets_entries_not_the_whole_ledger(
+    ledger: KafkaFailureLedger, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The check at a take asks the ledger for the entries of its parked timers' targets
+    alone: a ledger of every parked target was listed and sorted whole at each take."""
+    store = open_timer_store("memory://", partitions=PARTITIONS)
+    runner = TimerRunner(store, AnsweringSender(), StillClock(T0), ledger, partitions=[])
+    others = [AggregateRef(context="shop", aggregate="inv", id=f"i-{n}") for n in range(20)]
+    try:
+        for target in others:  # the rest of the ledger
+            parked = await parked_slot_timer(store, target.id, 1, target=target)
+            await ledger.record(SUB, target, [parked])
+        named = await parked_slot_timer(store, "a", 2)
+        await ledger.record(SUB, TARGET, [named])
+        unnamed = await parked_slot_timer(store, "b", 2)
+
+        async def listed() -> list[LedgerEntry]:
+            raise AssertionError("the whole ledger listed")
+
+        monkeypatch.setattr(ledger, "entries", listed)
+        runner.start_partition(2, check_named=True)
+        await round_of(runner, 2)
+        entry = await ledger.entry(SUB, TARGET)
+        assert entry is not None and entry.timers == (named.request_id, unnamed.request_id)
+    finally:
+        await store.close()
+
+
 async def test_a_running_node_keeps_its_contexts_parked_timers_named(tmp_path: Path) -> None:
     """The node runs a keeper per context ledger while it runs, stopped with it."""
     from fakes import RunningNode, running

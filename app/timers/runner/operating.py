@@ -313,8 +313,8 @@ async def tend_ledger(
 ) -> None:
     """A round's ledger work before its claims, for each partition of `chosen`: the entries
     a cycle's request left to resolve (`resolve_pending`), the names of its timers no longer
-    PARKED (`Unparked.forget`) and, at its firing's first round, its PARKED timers that no
-    open entry names (`name_unnamed`)."""
+    PARKED (`Unparked.forget`) and, at its firing's first round, its PARKED timers that
+    their target's open entry does not name (`name_unnamed`)."""
     for f in chosen:
         if f.resolving:
             await resolve_pending(store, ledger, f, clock.now())
@@ -331,8 +331,8 @@ async def name_unnamed(
     store: FiringStore, ledger: FailureLedger, firing: PartitionFiring, now: int
 ) -> None:
     """At a partition's start here (`PartitionFiring.naming_at`), by its round: its
-    PARKED timers (the first `NAMED_LIMIT`) that no open ledger entry names are
-    recorded. A resolve read while the partition changed owner finds no firing of it on
+    PARKED timers (the first `NAMED_LIMIT`) that their target's open ledger entry does
+    not name are recorded. A resolve read while the partition changed owner finds no firing of it on
     either node (`name_parked`), so its timers are looked at here. A failure tries again
     after `RESOLVE_BACKOFF_MS`."""
     if firing.naming_at is None or now < firing.naming_at:
@@ -342,16 +342,17 @@ async def name_unnamed(
         census = await store_of((firing,), store).census(
             p, now, limit=NAMED_LIMIT, parked_limit=NAMED_LIMIT
         )
-        if census.parked_timers:
-            entries = [e for e in await ledger.entries() if e.subscription == subscription]
-            named = {request_id for e in entries for request_id in e.timers}
-            # An entry that says it names no more (`MAX_NAMED`) is left as it is.
-            full = {e.target for e in entries if e.truncated}
-            unnamed: dict[AggregateRef, list[Timer]] = {}
-            for timer in census.parked_timers:
-                if timer.request_id not in named and timer.target not in full:
-                    unnamed.setdefault(timer.target, []).append(timer)
-            for target, timers in unnamed.items():
+        by_target: dict[AggregateRef, list[Timer]] = {}
+        for timer in census.parked_timers:
+            by_target.setdefault(timer.target, []).append(timer)
+        for target, parked in by_target.items():
+            # Its target's entry alone: a ledger of every parked target is neither listed
+            # nor sorted whole at each take.
+            entry = await ledger.entry(subscription, target)
+            if entry is not None and entry.truncated:
+                continue  # it names no more (`MAX_NAMED`) and says so: left as it is
+            named = set() if entry is None else set(entry.timers)
+            if timers := [t for t in parked if t.request_id not in named]:
                 await ledger.record(subscription, target, timers)
                 logger.warning(
                     "partition %d: %d parked timer(s) of %s no ledger entry named: recorded",
