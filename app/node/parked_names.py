@@ -15,26 +15,25 @@ Such a timer would be PARKED with no entry naming it, invisible to `timers ledge
 the operator page. So every node, for each entry changed so (the ledger's `changed`: its
 own tombstones, and whatever it follows of others), records its PARKED timers of the
 target that the entry does not name, in the partitions it fires
-(`TimerRunner.name_parked`), `after_s` later. A target looked at since the change was
-taken is not looked at again for it: one look a target per `after_s` in a burst of
-parks, whatever their number. Should two nodes record again at the same moment, each
-hears the other's write and records what it still misses: the names only grow.
+(`TimerRunner.name_parked`), `after_s` later. The changes of a target taken before it is
+looked at wait as one (`LedgerChanges`) and that look answers them all: one look a target
+per `after_s` in a burst of parks, whatever their number. Should two nodes record again at
+the same moment, each hears the other's write and records what it still misses: the
+names only grow.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import math
-from collections import OrderedDict
 from collections.abc import Callable, Iterable
 
 from app.errors import node_fault
 from app.task_ends import cancelled_here
-from app.timers.ledger import KafkaFailureLedger, LedgerKey
+from app.timers.ledger import KafkaFailureLedger, LedgerChanges, LedgerKey
 from app.timers.runner import TimerOptions, TimerRunner
 
-__all__ = ["LOOKED_KEPT", "NAME_AFTER_S", "RETRY_S", "keep_parked_named"]
+__all__ = ["NAME_AFTER_S", "RETRY_S", "keep_parked_named"]
 
 logger = logging.getLogger(__name__)
 
@@ -43,9 +42,6 @@ NAME_AFTER_S = 5.0
 PARKED timers are looked for: a request's copies in the other partitions are carried out
 by then (a timer they are about to settle is not recorded again only to be resolved
 again), a late one excepted."""
-
-LOOKED_KEPT = 10_000
-"""How many targets the keeper remembers looking for (`keep_parked_named`)."""
 
 RETRY_S = 30.0
 """How long a target whose PARKED timers could not be recorded waits to be put back in
@@ -61,25 +57,21 @@ async def keep_parked_named(
 ) -> None:
     """For each entry of `ledger` changed by another's hand (`KafkaFailureLedger.changed`),
     `runners()` (its context's types') record their PARKED timers of its target that the
-    entry does not name, `after_s` after the change was read, unless they were looked for
-    since; a target that failed is tried again `retry_s` + `after_s` later, until it
-    passes. Runs until cancelled; a failure never ends it."""
+    entry does not name, `after_s` after its first change not looked at yet was read (that
+    look answers those read meanwhile); a target that failed is tried again `retry_s` +
+    `after_s` later, until it passes. Runs until cancelled; a failure never ends it."""
     loop = asyncio.get_running_loop()
     changed = ledger.changed
-    # When each target was last looked for (the loop's clock), to pass over the changes
-    # taken before: bounded, the oldest forgotten first (a change of one forgotten is
-    # looked at once more).
-    looked: OrderedDict[LedgerKey, float] = OrderedDict()
     # Python 3.11's `wait_for` (the ledger's writes) may swallow a cancellation that comes
     # as its write completes: a stop asked is heard before the next target and runner.
     while not cancelled_here():
-        key, taken = await changed.get()
+        key, taken = await changed.first()
         if key.subscription != TimerOptions.PARKED_SUBSCRIPTION:
+            changed.take(key)
             continue
-        if looked.get(key, -math.inf) >= taken:
-            continue
+        # Still waiting, the changes of it taken meanwhile join it: this look answers them.
         await asyncio.sleep(max(0.0, taken + after_s - loop.time()))
-        began = loop.time()
+        changed.take(key)
         for runner in runners():
             if cancelled_here():
                 break
@@ -92,13 +84,8 @@ async def keep_parked_named(
                 # wait after it too), behind no other target's wait.
                 loop.call_later(retry_s, _again, changed, key)
                 break
-        else:
-            looked[key] = began
-            looked.move_to_end(key)
-            if len(looked) > LOOKED_KEPT:
-                looked.popitem(last=False)
     raise asyncio.CancelledError
 
 
-def _again(changed: asyncio.Queue[tuple[LedgerKey, float]], key: LedgerKey) -> None:
-    changed.put_nowait((key, asyncio.get_running_loop().time()))
+def _again(changed: LedgerChanges, key: LedgerKey) -> None:
+    changed.put(key, asyncio.get_running_loop().time())

@@ -41,6 +41,7 @@ from app.errors import BadRecord
 from app.kafka import Clients, Publisher, Record
 from app.kafka.ports import POLL_FAILING_S
 from app.protocol.topics import ContextTopics
+from app.timers.ledger_changes import LedgerChanges
 from app.timers.ledger_view import (
     LedgerKey,
     LedgerView,
@@ -59,6 +60,7 @@ from tables.timer import Timer
 
 __all__ = [
     "KafkaFailureLedger",
+    "LedgerChanges",
     "LedgerKey",
     "LedgerView",
     "decode_key",
@@ -111,8 +113,9 @@ class KafkaFailureLedger:
         # records: a tombstone taken (this node's or another's), which may have hidden a
         # newer park, or another node's record, which may have written over this node's
         # names. The node records again its PARKED timers the entry does not name
-        # (`app.node.parked_names`). Each with when it was taken (the loop's clock).
-        self.changed: asyncio.Queue[tuple[LedgerKey, float]] = asyncio.Queue()
+        # (`app.node.parked_names`). Each pair once, with when its first change not
+        # looked at was taken (the loop's clock).
+        self.changed = LedgerChanges()
 
     async def start(self) -> None:
         """Reads the ledger to its end, then follows it."""
@@ -188,7 +191,7 @@ class KafkaFailureLedger:
             self._taken(decode_key(record.key))
 
     def _taken(self, key: LedgerKey) -> None:
-        self.changed.put_nowait((key, asyncio.get_running_loop().time()))
+        self.changed.put(key, asyncio.get_running_loop().time())
 
     async def record(
         self, subscription: str, target: AggregateRef, timers: Sequence[Timer]

@@ -174,6 +174,23 @@ async def test_a_burst_of_changes_of_one_target_is_looked_at_once(
             await naming
 
 
+async def test_a_burst_of_another_nodes_records_of_one_target_is_held_as_one_change(
+    log: MemoryLog, ledger: KafkaFailureLedger
+) -> None:
+    """What waits to be looked at is bounded by the targets, not by the records: a queue
+    held one item per record another node wrote."""
+    other = AggregateRef(context="shop", aggregate="inv", id="i-2")
+    for n in range(200):
+        await written_by_another(log, TARGET, f"r{n}")
+    await written_by_another(log, other, "r")
+    assert await names(ledger, "r199") == ("r199",)  # followed
+    for _ in range(200):
+        if await ledger.entry(SUB, other) is not None:
+            break
+        await asyncio.sleep(0)
+    assert ledger.changed.qsize() == 2
+
+
 async def test_naming_again_records_only_what_the_entry_does_not_name() -> None:
     recorded: list[int] = []
 
