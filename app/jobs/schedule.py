@@ -7,6 +7,7 @@ Run, Trigger and Backfill commands, its runs beside the live ticks, are
 from __future__ import annotations
 
 import logging
+import shlex
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -256,11 +257,12 @@ class _ScheduleModel(ExtraRuns):
             # operator's skip of it parked, or its cancel), and setting it again here would
             # replace a live one, or run the slot a skip dropped (`_run_owed`).
             ref = cmd.aggregate
-            tenant = "" if ref.tenant == DEFAULT_TENANT else f" --tenant {ref.tenant}"
+            tenant = "" if ref.tenant == DEFAULT_TENANT else f" --tenant {shlex.quote(ref.tenant)}"
+            target = f"--target-id {shlex.quote(ref.id)}{tenant}"
             d.reject(
                 f"{ref} is enabled under this rule already: nothing changed. If its "
                 f"{TICK_KEY!r} timer was skipped or cancelled (timers skip --type "
-                f"{self.context}.{SCHEDULE} --target-id {ref.id}{tenant}), nothing ticks it: "
+                f"{self.context}.{SCHEDULE} {target}), nothing ticks it: "
                 "disable it, then enable it (it ticks from its next slot)",
                 ResultCode.UNCHANGED,
             )

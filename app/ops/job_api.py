@@ -186,7 +186,12 @@ def instance_commands(
             "partition",
             f"{spell('partition')} {partition} is not one of {partitions} partitions",
         )
-    if request_id is not None and (unusable_request_id(request_id) or len(request_id) > 200):
+    # The caller's part of an id an answer named (`<action>:` and its own) is what is held
+    # to 200 characters: sent again as the answer said, it is taken back.
+    given = None if request_id is None else request_id.removeprefix(f"{action}:")
+    if request_id is not None and (
+        unusable_request_id(request_id) or not 0 < len(given or "") <= 200
+    ):
         raise JobInputError(
             "request_id",
             f"{spell('request_id')} {request_id[:80]!r}: give 1-200 characters, no surrounding "

@@ -49,7 +49,9 @@ class JobBody(BaseModel):
     request_id: str | None = Field(
         None,
         min_length=1,
-        max_length=200,
+        # 200 of the caller's, and the action's prefix an answer names it with
+        # (`reschedule:`, the longest), for an id sent again as the answer said.
+        max_length=211,
         description="names this request: sent again with it, it changes nothing more",
     )
     rule: dict[str, Any] | None = Field(

@@ -11,13 +11,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from fakes import T0, FakeClock, WebNode, web_node
 from test_job_routes import CONTEXT, MINUTELY, SERVICE, P
 from test_jobs import CONTEXT as OPS
 from test_jobs import Instance, Recorder, make_jobs
 
 from app.jobs import DISABLED, ENABLED, TRIGGERED, action_request_id, schedule_aggregate
-from app.ops.job_api import instance_commands
+from app.ops.job_api import JobInputError, instance_commands
+from app.ops.job_models import JobBody
 from app.protocol.wire import ResultCode
 
 
@@ -95,3 +97,21 @@ async def test_one_idempotency_key_for_a_disable_then_an_enable_over_http(tmp_pa
         status, listed = await edge.call("GET", "/jobs?job=minutely&state=true", token=None)
         assert status == 200, listed
         assert listed["jobs"][0]["state"][0]["enabled"] is True
+
+
+def test_a_long_id_an_answer_named_is_taken_back() -> None:
+    """The caller's part is what is held to 200 characters: the id an answer names for a
+    caller's 200 (`trigger:` and them, which the CLI's advice prints) is taken back, over
+    HTTP too (`JobBody`); a caller's 201 is refused, prefixed or not."""
+    nightly, _, _ = make_jobs(Recorder())
+    (cmd,) = instance_commands("trigger", OPS, nightly, partitions=8, request_id="x" * 200)
+    assert cmd.request_id == "trigger:" + "x" * 200
+    (again,) = instance_commands("trigger", OPS, nightly, partitions=8, request_id=cmd.request_id)
+    assert again.request_id == cmd.request_id
+    assert JobBody(request_id="reschedule:" + "x" * 200).request_id is not None
+    for too_long in ("x" * 201, "trigger:" + "x" * 201):
+        with pytest.raises(JobInputError, match="1-200 characters"):
+            instance_commands("trigger", OPS, nightly, partitions=8, request_id=too_long)
+    # Another action's prefix is the caller's own text: counted.
+    with pytest.raises(JobInputError, match="1-200 characters"):
+        instance_commands("trigger", OPS, nightly, partitions=8, request_id="enable:" + "x" * 195)

@@ -47,6 +47,10 @@ def test_an_enable_of_an_enabled_instance_is_unchanged_and_says_how_to_tick_it_a
     assert instance.run(enable_command(OPS, report, tenant="acme")).code is ResultCode.COMMITTED
     d = instance.run(enable_command(OPS, report, tenant="acme"))
     assert "--target-id report --tenant acme)" in d.message
+    # A tenant a shell would split is quoted: the line pastes as it is (the `Instance` is
+    # one state: enabled already, as the one of `acme`).
+    d = instance.run(enable_command(OPS, report, tenant="acme corp"))
+    assert "--target-id report --tenant 'acme corp')" in d.message
     # A Disable, then an Enable, sets its tick timer again.
     assert instance.run(disable_command(OPS, report, tenant="acme")).code is ResultCode.COMMITTED
     d = instance.run(enable_command(OPS, report, tenant="acme"))
