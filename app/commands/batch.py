@@ -9,6 +9,7 @@ from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
+from app.commands.folds import Mark
 from app.kafka import OutRecord
 from app.model.decide import StoredAggregate
 from app.protocol.wire import CommandEnvelope, EventEnvelope, ResultCode
@@ -48,10 +49,11 @@ class CommandBatch:
     # Request ids of another writer's events in the log that none could be folded of
     # (dead-lettered): sent again, a duplicate; read again, tried again.
     passed: set[tuple[str, str]] = field(default_factory=set)
-    # Per aggregate, the request id of another writer's events the follow folded last, and
-    # that event's offset: the decision's later events share the id (`PartitionStates`).
+    # Per aggregate, the request of another writer's events the follow folded last: its
+    # id, that event's offset and the ids of its events folded (the decision's later
+    # events share the request id; one folded already is not folded again: `Mark`).
     # None: this node decided for it since (its own events read back are not the writer's).
-    following: dict[str, tuple[str, int] | None] = field(default_factory=dict)
+    following: dict[str, Mark | None] = field(default_factory=dict)
     out: list[OutRecord] = field(default_factory=list)
     offsets: dict[tuple[str, int], int] = field(default_factory=dict)
     stats: BatchStats = field(default_factory=lambda: BatchStats())

@@ -9,7 +9,10 @@ aggregate (a decision after those folded), or when it is the next event of the r
 folded last (one decision's events share its version and request id). An event at or
 behind the aggregate's version, of a request folded before, changes nothing: this node's
 own events read back, or another writer's stale append (a late `wow.AggregateDeleted`
-included). Nothing marks such an event's request id applied.
+included). Nothing marks such an event's request id applied. Nor is an event the next of
+the request folded last when its id is among that request's events folded (`Mark`): a
+writer's producer that sends a record again after a lost acknowledgement appends the
+same event twice, adjacent, and folded twice it counted twice.
 
 One case the log cannot tell: this node's own decision sets no "request folded last" live
 (the next event under its request id is not folded), the restore cannot tell its events
@@ -23,21 +26,40 @@ a restore the first in the log."""
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Final
+from typing import Final, NamedTuple
 
-__all__ = ["FOLLOWING_MAX", "continues", "folds", "remember"]
+__all__ = ["EVENTS_MAX", "FOLLOWING_MAX", "Mark", "continues", "folds", "marked", "remember"]
 
 FOLLOWING_MAX: Final = 10_000
 """Aggregates whose request folded last is remembered, by the live follow and by a restore
 alike (a decision's events are adjacent in the log)."""
 
+EVENTS_MAX: Final = 16
+"""Event ids a `Mark` keeps of its request, the latest: a decision's events are few, and
+a record sent again follows its first append closely. An event sent again after more
+than these of its request were folded since is folded again."""
 
-def remember(
-    marks: OrderedDict[str, tuple[str, int]], aggregate_id: str, mark: tuple[str, int] | None
-) -> None:
-    """Notes `mark` as the request folded last into the aggregate and the offset of its
-    last event folded (None: none any more, forgotten); kept last, so that past
-    `FOLLOWING_MAX` the oldest go first."""
+
+class Mark(NamedTuple):
+    """The request folded last into an aggregate: its id, the offset of its last event
+    folded, and the ids of its events folded (the latest `EVENTS_MAX`)."""
+
+    request_id: str
+    offset: int
+    events: tuple[str, ...]
+
+
+def marked(last: Mark | None, request_id: str, offset: int, event_id: str) -> Mark:
+    """The mark once the event `event_id` of `request_id` at `offset` folded into an
+    aggregate whose mark was `last`: its request's events folded added to the mark's when
+    it is the same request, else the first of them."""
+    kept = last.events if last is not None and last.request_id == request_id else ()
+    return Mark(request_id, offset, (*kept, event_id)[-EVENTS_MAX:])
+
+
+def remember(marks: OrderedDict[str, Mark], aggregate_id: str, mark: Mark | None) -> None:
+    """Notes `mark` as the request folded last into the aggregate (None: none any more,
+    forgotten); kept last, so that past `FOLLOWING_MAX` the oldest go first."""
     marks.pop(aggregate_id, None)
     if mark is not None:
         marks[aggregate_id] = mark
@@ -45,11 +67,17 @@ def remember(
             marks.popitem(last=False)
 
 
-def continues(following: tuple[str, int] | None, request_id: str, offset: int) -> bool:
-    """Whether the event of `request_id` at `offset` is the next of the request folded
-    last into its aggregate: `following` is that request's id and the offset of its last
-    event folded (None: none, or this node decided for the aggregate since)."""
-    return following is not None and following[0] == request_id and offset > following[1]
+def continues(following: Mark | None, request_id: str, offset: int, event_id: str) -> bool:
+    """Whether the event `event_id` of `request_id` at `offset` is the next of the request
+    folded last into its aggregate: `following` is that request's mark (None: none, or
+    this node decided for the aggregate since). Not when that event was folded already
+    (appended again: a producer's retry)."""
+    return (
+        following is not None
+        and following.request_id == request_id
+        and offset > following.offset
+        and event_id not in following.events
+    )
 
 
 def folds(version: int, at: int, *, folded: bool, continues: bool) -> bool:

@@ -21,7 +21,7 @@ from typing import Any
 
 from app.commands.answers import CommandAnswers
 from app.commands.batch import BatchStats, CommandBatch, Commit, LocalDecided
-from app.commands.folds import continues, folds
+from app.commands.folds import continues, folds, marked
 from app.commands.intake import bad_reply, read_command
 from app.commands.records import (
     applied_id,
@@ -288,8 +288,9 @@ class CommandProcessor:
         appends never go back; whether it did. Its own events, read back, and another
         writer's events at or behind the aggregate's version, change nothing here (their
         timers are ordered by their own versions in the timer table). The events after the
-        first of another writer's decision share its request id: folded too. One whose
-        fold raises (the caller dead-letters it) leaves its request id applied."""
+        first of another writer's decision share its request id: folded too, but not one
+        folded already (appended again). One whose fold raises (the caller dead-letters
+        it) leaves its request id applied."""
         if event.aggregate.type_name != self.agg.type_name:
             return False
         batch.log_offset = max(offset, batch.log_offset or 0)
@@ -300,8 +301,9 @@ class CommandProcessor:
             raise why  # as the restore met it: the caller dead-letters the event
         # The restore's rule (`app.commands.folds`): the aggregate unread when it says no
         # whatever the version (its own event read back).
+        last = self._states.following(batch, aid)
         sibling = self._states.folded(batch, applied)
-        nxt = sibling and continues(self._states.following(batch, aid), applied[1], offset)
+        nxt = sibling and continues(last, applied[1], offset, event.id)
         if sibling and not nxt:
             return False
         stored = batch.staged.get(aid) or self._states.stored(aid)
@@ -316,7 +318,7 @@ class CommandProcessor:
             raise
         batch.staged[aid] = folded
         batch.applied.add(applied)
-        batch.following[aid] = (applied[1], offset)
+        batch.following[aid] = marked(last, applied[1], offset, event.id)
         return True
 
     def _decide(self, batch: CommandBatch, cmd: CommandEnvelope) -> tuple[Decided, int | None]:

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from contextlib import aclosing
 from typing import TYPE_CHECKING
 
-from app.commands.folds import continues, folds, remember
+from app.commands.folds import Mark, continues, folds, marked, remember
 from app.commands.records import Misplaced, applied_id, misrouted, state_key
 from app.errors import BadRecord, node_fault
 from app.kafka import LogReader, Record
@@ -85,7 +85,7 @@ async def restore_states(
     if progress is not None:
         progress(0, to_read)
     found = Misplaced()
-    marks: OrderedDict[str, tuple[str, int]] = OrderedDict()  # the request folded last
+    marks: OrderedDict[str, Mark] = OrderedDict()  # the request folded last
     async with aclosing(reader.read(states.events_topic, states.partition, start)) as batches:
         async for batch in batches:
             if batch:
@@ -116,7 +116,7 @@ def _fold_records(
     batch: list[Record],
     now: int,
     misplaced: Misplaced,
-    marks: OrderedDict[str, tuple[str, int]],
+    marks: OrderedDict[str, Mark],
 ) -> None:
     by_id: dict[str, list[tuple[EventEnvelope, int]]] = {}
     logged_at: dict[int, int] = {}  # by offset, the record's timestamp
@@ -175,14 +175,14 @@ class _Folding:
     the request folded last and the request ids folded in this batch."""
 
     def __init__(
-        self, into: PartitionStates, aggregate_id: str, at: int, last: tuple[str, int] | None
+        self, into: PartitionStates, aggregate_id: str, at: int, last: Mark | None
     ) -> None:
         self.into, self.aggregate_id, self.at, self.last = into, aggregate_id, at, last
         self.ids: set[str] = set()
 
     def folds(self, event: EventEnvelope, offset: int) -> bool:
         rid = applied_id(event)
-        nxt = continues(self.last, rid, offset)
+        nxt = continues(self.last, rid, offset, event.id)
         if nxt:
             folded = True  # the request folded last
         elif event.version > self.at:
@@ -195,7 +195,7 @@ class _Folding:
     def folded(self, event: EventEnvelope, offset: int) -> None:
         rid = applied_id(event)
         self.at = max(self.at, event.version)  # as `fold` sets it
-        self.last = (rid, offset)
+        self.last = marked(self.last, rid, offset, event.id)
         self.ids.add(rid)
 
 
@@ -204,7 +204,7 @@ def _fold_each(
     aggregate_id: str,
     stored: StoredAggregate | None,
     events: list[tuple[EventEnvelope, int]],
-    marks: OrderedDict[str, tuple[str, int]],
+    marks: OrderedDict[str, Mark],
 ) -> tuple[bytes | None, list[tuple[EventEnvelope, int]], dict[int, Exception]]:
     """The aggregate's bytes after those of `events` (with their offsets) the rule folds,
     its appliers take and whose result can be written (None: nothing to write); the

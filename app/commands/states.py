@@ -13,7 +13,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from app.commands.batch import CommandBatch
-from app.commands.folds import remember
+from app.commands.folds import Mark, remember
 from app.commands.records import Misplaced
 from app.commands.restore import restore_states
 from app.kafka import LogReader
@@ -75,9 +75,9 @@ class PartitionStates:
         self._pending_passed: dict[tuple[str, str], CommandBatch] = {}
         # The aggregates the log grew past `max_state_bytes`, warned of once each.
         self._warned: set[str] = set()
-        # Per aggregate, the request id of another writer's events last followed and the
-        # offset of the last of them folded (`following`), oldest first.
-        self._following: OrderedDict[str, tuple[str, int]] = OrderedDict()
+        # Per aggregate, the request of another writer's events last followed: its id, the
+        # offset of the last of them folded and their ids (`following`), oldest first.
+        self._following: OrderedDict[str, Mark] = OrderedDict()
         # The events the last restore passed over, by offset, and why (`passed_over`).
         self._passed_at: OrderedDict[int, Exception] = OrderedDict()
 
@@ -205,10 +205,11 @@ class PartitionStates:
             or self.store.folded(self.partition, *applied)
         )
 
-    def following(self, batch: CommandBatch, aggregate_id: str) -> tuple[str, int] | None:
-        """The request id of another writer's events the live follow last folded into the
-        aggregate, and that event's offset (its later events are folded too); None once
-        this node decided for it since."""
+    def following(self, batch: CommandBatch, aggregate_id: str) -> Mark | None:
+        """The request of another writer's events the live follow last folded into the
+        aggregate: its id, the offset of the last of them and their ids (its later events
+        are folded too, not those folded already); None once this node decided for it
+        since."""
         if aggregate_id in batch.following:
             return batch.following[aggregate_id]
         return self._following.get(aggregate_id)

@@ -17,7 +17,7 @@ import pytest
 from fakes import T0, OneBatchLog
 from pydantic import BaseModel
 
-from app.commands.folds import continues, folds
+from app.commands.folds import Mark, continues, folds
 from app.commands.processor import CommandProcessor, state_key
 from app.kafka import OutRecord, Record
 from app.model.aggregate import AggregateType, Command, Decision, Event
@@ -210,10 +210,11 @@ def test_the_rule() -> None:
     assert not folds(1, 2, folded=True, continues=True)
     # Of a request folded before, not the next of the last: never (its own read back).
     assert not folds(3, 2, folded=True, continues=False)
-    assert continues(("r", 4), "r", 5)
-    assert not continues(("r", 4), "r", 4)
-    assert not continues(("r", 4), "s", 5)
-    assert not continues(None, "r", 5)
+    assert continues(Mark("r", 4, ("e-4",)), "r", 5, "e-5")
+    assert not continues(Mark("r", 4, ("e-4",)), "r", 4, "e-5")
+    assert not continues(Mark("r", 4, ("e-4",)), "s", 5, "e-5")
+    assert not continues(Mark("r", 4, ("e-4",)), "r", 5, "e-4")  # appended again
+    assert not continues(None, "r", 5, "e-5")
     assert unknown_system_event("wow.Bogus", ()) is not None
     assert unknown_system_event("wow.Bogus", ("wow.Bogus",)) is None
     assert unknown_system_event(AGGREGATE_DELETED, ()) is None
