@@ -229,17 +229,25 @@ class CommandProcessor:
         each settle is in the same transaction as its events. The command itself is
         written to the command topic in that transaction too, as the record of what was
         sent, with the node's header (`IN_PROCESS_HEADER`): read back, it is passed over.
+        One whose record would be refused (`check_sizes`) is answered ERROR, not decided.
         """
         decided: list[tuple[CommandEnvelope, ResultCode, str]] = []
         topic, partition, out = self._commands_topic, self.partition, batch.out
+        headers = IN_PROCESS_HEADERS
         for cmd in commands:
             if decided and batch.past_deadline():
                 break
-            sent: bytes | None = None
+            sent: OutRecord | None = None
             try:
                 # Before its handler, which may change the body it is given: the record
                 # says what was sent.
-                sent = encode(cmd)
+                record = (topic, partition, cmd.aggregate.id.encode(), encode(cmd), headers)
+                # Checked as a decision's records are, and before its handler runs: a timer
+                # stored before its topic took less (or the node's bound was lowered)
+                # would fail the partition's transaction at every retake. Not written nor
+                # decided, it is answered ERROR: the timer retries it, parked in the end.
+                check_sizes([record], self.limits)
+                sent = record
                 d, _ = self._decide(batch, cmd)
                 code, message = d.code, d.message
             except Exception as exc:
@@ -249,7 +257,7 @@ class CommandProcessor:
                 code, message = ResultCode.ERROR, cut_message(f"{type(exc).__name__}: {exc}")
                 batch.stats.codes[code] += 1
             if sent is not None:
-                out.append((topic, partition, cmd.aggregate.id.encode(), sent, IN_PROCESS_HEADERS))
+                out.append(sent)
             decided.append((cmd, code, message))
         batch.stats.commands += len(decided)
         return decided

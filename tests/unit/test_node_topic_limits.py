@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 from aiokafka.errors import MessageSizeTooLargeError
-from fakes import RunningNode, wait_until
+from fakes import T0, FakeClock, RunningNode, running, wait_until
 from pydantic import BaseModel
 
 from app.errors import KafkaUnavailable
@@ -27,8 +27,16 @@ from app.kafka.records import RECORD_FRAMING
 from app.model.aggregate import AggregateType, Command, Decision, Event
 from app.protocol.dead_letters import DeadLetter
 from app.protocol.topics import AggregateTopics, ContextTopics
-from app.protocol.wire import CommandEnvelope, CommandResult, EventEnvelope, decode, encode
+from app.protocol.wire import (
+    IN_PROCESS_HEADER,
+    CommandEnvelope,
+    CommandResult,
+    EventEnvelope,
+    decode,
+    encode,
+)
 from app.service import Service
+from app.timers.runner import RetryPolicy, TimerOptions
 from tables import AggregateRef, CommandSpec, OnceRule, Timer, TimerStatus
 from tables.partitioner import partition_of
 
@@ -113,14 +121,18 @@ def letters(log: MemoryLog) -> list[DeadLetter]:
     return [DeadLetter.read(r.key, r.value, r.headers) for r in log.records(C.dead_letters, 0)]
 
 
-def timer_keys(log: MemoryLog, p: int) -> set[tuple[str, str]]:
-    """The timers of p's changelog set to fire (not cancelled)."""
+def timers(log: MemoryLog, p: int) -> list[Timer]:
+    """The rows of p's changelog, each as last written (none deleted)."""
     rows: dict[bytes, bytes | None] = {}
     for r in log.records(T.timers_changelog, p):
         assert r.key is not None
         rows[r.key] = r.value
-    timers = [Timer.model_validate_json(v) for v in rows.values() if v is not None]
-    return {(t.owner.id, t.key) for t in timers if t.status is TimerStatus.PENDING}
+    return [Timer.model_validate_json(v) for v in rows.values() if v is not None]
+
+
+def timer_keys(log: MemoryLog, p: int) -> set[tuple[str, str]]:
+    """The timers of p's changelog set to fire (not cancelled)."""
+    return {(t.owner.id, t.key) for t in timers(log, p) if t.status is TimerStatus.PENDING}
 
 
 async def answered(log: MemoryLog, *request_ids: str) -> dict[str, CommandResult]:
@@ -222,3 +234,40 @@ async def test_a_set_in_the_log_whose_row_is_over_its_changelogs_limit_is_dead_l
         assert refused == []
     finally:
         await node.stop()
+
+
+ONCE = TimerOptions(retry=RetryPolicy(max_attempts=1))
+"""A failed attempt parks its timer."""
+
+
+async def test_a_stored_timer_whose_command_its_topic_now_refuses_is_parked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A timer stored with a 100 KB in-process command, then its commands topic lowered to
+    64 KiB (the nodes restarted): fired, its command is answered ERROR, not written, and the
+    timer parked; the partition goes on. Before, its record joined the partition's
+    transaction unchecked: refused by the broker at every retake, the partition stalled."""
+    log, clock = MemoryLog(), FakeClock(T0)
+    refused = refusing(log, monkeypatch)
+    big_owner, small_owner = owners(2)
+    at = T0 + 60_000
+    async with running(RunningNode(log, tmp_path, "a", SERVICE, P, clock=clock, timers=ONCE)):
+        rid = await send(log, big_owner, "Later", size=100_000, at=at)
+        assert (await answered(log, rid))[rid].code == "COMMITTED"
+        await wait_until(lambda: (big_owner, "k") in timer_keys(log, 0))
+        # Its own event read back: the set is not taken again under the new limit.
+        await wait_until(lambda: (log.committed("g", T.events, 0) or 0) >= 1)
+    log._max_bytes[T.commands] = 64 * 1024  # an operator lowers it
+    node = RunningNode(log, tmp_path, "b", SERVICE, P, clock=clock, timers=ONCE)
+    async with running(node):
+        assert node.node.limits.topic_record_bytes == {T.commands: 64 * 1024 - RECORD_FRAMING}
+        clock.set(at)
+        parked = [TimerStatus.PARKED]
+        await wait_until(lambda: [t.status for t in timers(log, 0)] == parked, within=15)
+        [row] = timers(log, 0)
+        assert row.error_code == "ERROR" and "over 65024" in (row.error_text or "")
+        small = await send(log, small_owner, "Grow", size=10)
+        assert (await answered(log, small))[small].code == "COMMITTED"
+        written = log.records(T.commands, 0)
+        assert not any(name == IN_PROCESS_HEADER for r in written for name, _ in r.headers)
+        assert refused == [] and node.node.health().get("failing") in (None, {})

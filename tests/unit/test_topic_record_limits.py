@@ -1,7 +1,7 @@
 """What the node's own topics take of a record, read at its start
 (`app.node.opening.topic_record_bytes`: those that take less than a topic of the broker's
 defaults), bounds what it writes: a decision's records (`check_sizes`, an in-process
-timer's decision too) and a timer's row and command (`timer_sizes.oversized`). Before,
+timer's decision and command too) and a timer's row and command (`timer_sizes.oversized`). Before,
 both were bounded by what a topic of the broker's defaults takes (`TOPIC_RECORD_BYTES`)
 whatever the topic's own `max.message.bytes`; at the defaults nothing changes."""
 
@@ -111,6 +111,43 @@ def test_an_in_process_timers_event_over_its_topics_limit_is_error() -> None:
     assert f"to {T.events}, over 65024" in message
     events = [r for r in batch.out if r[0] == T.events]
     assert len(events) == 1 and len(events[0][3] or b"") < 1000
+
+
+def test_an_in_process_command_over_its_topics_limit_is_error_and_not_written() -> None:
+    """A timer stored before its commands topic took less, fired in-process: its command's
+    own record is over what the topic takes: ERROR, not decided nor written (the timer
+    retries it, then parks); the one after it decided. Before, its record joined the
+    partition's transaction unchecked and failed it at every retake."""
+    p = partition_of("o1", 4)
+    limits = InputLimits(topic_record_bytes={T.commands: 64 * KIB - RECORD_FRAMING})
+    proc = CommandProcessor(
+        order,
+        p,
+        partitions=4,
+        states=MemoryAggregateStore(),
+        commit=_no_commit,
+        now=lambda: T0,
+        limits=limits,
+    )
+    batch = proc.begin()
+    ref = AggregateRef(context="shop", aggregate="order", id="o1")
+    fired = [
+        CommandEnvelope(
+            request_id=f"t{i}#0",
+            type="Grow",
+            aggregate=ref,
+            body={"size": 10, "pad": "y" * pad},
+            issued_at=T0,
+            in_process=True,
+        )
+        for i, pad in enumerate([100_000, 10])
+    ]
+    [(_, big, message), (_, small, _)] = proc.decide_local(batch, fired)
+    assert (big, small) == ("ERROR", "COMMITTED")
+    assert f"to {T.commands}, over 65024" in message
+    sent = [r for r in batch.out if r[0] == T.commands]
+    assert [len(r[3] or b"") < 1000 for r in sent] == [True]
+    assert len([r for r in batch.out if r[0] == T.events]) == 1  # the big one's not decided
 
 
 def timer(pad: int, target: AggregateTopics = T) -> Timer:
