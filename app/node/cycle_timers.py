@@ -137,13 +137,18 @@ class TimerTableCycles:
                     w.now,
                     topic_bytes=self.limits.topic_record_bytes,
                 )
-                if isinstance(op, CancelTimer) and op.refused is not None:
-                    # Its timer not stored, the one it replaces cancelled: it is a letter.
-                    w.dead_letter(record, BadRecord(op.refused), stage)
                 if op is not None and event.id in w.carried:
                     # Its own event, carried out when its command was decided: done.
                     w.carried.discard(event.id)
                     continue
+                if isinstance(op, CancelTimer) and op.refused is not None:
+                    if await _stored_from(w, event, op):
+                        # Taken when its command was decided (or read before a restart),
+                        # under limits lowered since: done. Undone now, its sender, told
+                        # COMMITTED, would never see it fire.
+                        continue
+                    # Its timer not stored, the one it replaces cancelled: it is a letter.
+                    w.dead_letter(record, BadRecord(op.refused), stage)
                 if op is not None and await _superseded(w, event, op):
                     continue
             except UserCodeTimeout:
@@ -283,6 +288,14 @@ async def _superseded(w: CycleWork, event: EventEnvelope, op: TimerOp) -> bool:
         return False
     setter = command_of_event(held.id)
     return setter is not None and setter[0] == made[0] and setter[1] > made[1]
+
+
+async def _stored_from(w: CycleWork, event: EventEnvelope, op: CancelTimer) -> bool:
+    """Whether the row of the set `event` (refused now, `op`) holds the timer that very
+    event set: stored at its version, with its id. `w.carried` names such an event only
+    in the run that decided it: after a restart or a take-over, the row says so."""
+    held = await w.timers.find(op.owner, op.key)
+    return held is not None and held.id == event.id and held.version == event.version
 
 
 def _refused_now(i: int, exc: Exception) -> None:
