@@ -6,6 +6,7 @@ state: the runner calls these under its partitions' locks."""
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
 from collections import defaultdict
@@ -136,25 +137,31 @@ async def taken_over(
 ) -> tuple[list[Decision], dict[int, StoreError]]:
     """Claims again, at once, the FIRING rows of the partitions in `fresh` (started since
     the last round): a previous owner's claims, which it can no longer settle (fenced),
-    whatever their deadlines: one written on a clock ahead of this node's lapses that far
-    ahead, and waited out, its timer fired that late, never overdue on this clock (those
-    are said in a WARNING); and the partitions whose rows the store could not read."""
+    whatever their deadlines: one written on a clock ahead of this node's, or by an owner
+    with a longer `claim_timeout`, lapses that far ahead, and waited out, its timer fired
+    that late, never overdue on this clock (those are said in a WARNING); and the
+    partitions whose rows the store could not read. Each partition's rows are read apart,
+    the event loop let go between them: a take of many partitions (a rebalance) scans
+    each one's due index as far as its last claim."""
     if not fresh:
         return [], {}
-
-    async def firing(partitions: list[int]) -> list[Timer]:
-        return await store.firing(set(partitions), limit=_TAKE_OVER_LIMIT)
-
-    found, faults = await apart(firing, sorted(fresh), lambda p: p)
+    found: list[Timer] = []
+    faults: dict[int, StoreError] = {}
+    for i, p in enumerate(sorted(fresh)):
+        if i:
+            await asyncio.sleep(0)
+        try:
+            found += await store.firing({p}, limit=_TAKE_OVER_LIMIT)
+        except StoreError as exc:
+            faults[p] = exc  # a corrupt row, say: that partition alone fails
     # A claim lapsed already is due: the round takes it from its wheel.
-    claims = [
-        t for rows in found for t in rows if t.status is TimerStatus.FIRING and t.due_at > now
-    ]
+    claims = [t for t in found if t.status is TimerStatus.FIRING and t.due_at > now]
     ahead = [t.due_at - now for t in claims if t.due_at > now + options.claim_timeout]
     if ahead:
         logger.warning(
             "%d claims taken over lapse past claim_timeout (%d ms), up to %d ms from now: "
-            "written on a clock ahead of this node's; claimed again now",
+            "written on a clock ahead of this node's, or by a previous owner with a longer "
+            "claim_timeout; claimed again now",
             len(ahead),
             options.claim_timeout,
             max(ahead),
