@@ -30,12 +30,13 @@ judges them as the start does:
 - each table's `delete.retention.ms` read is kept (`tombstones_kept`, the start's to
   begin with): how long a clean local copy of a timer changelog is read on from
   (`app.node.copy_age`), a change on the topic followed within a minute;
-- each topic's partition count (`PartitionCounts`, read after the configs) is compared with
-  the count the node reads and writes it by (the start refused another): partitions added
-  while it runs are a WARNING once, and said in `findings` until the count is the node's
-  again. A topic the group assigns stops the node too once the group gives it a
-  partition past the count (`app.node.partition_tasks`); of the others (the context's
-  results, failure ledger, nodes and dead letters) nothing else tells before the next
+- the partition count of every topic of the node (`PartitionCounts`, read after the
+  configs), those the group assigns and the others alike, is compared with the count the
+  node reads and writes it by (the start refused another): partitions added while it runs
+  are a WARNING once for the topic, and said in `findings` until the count is the node's
+  again. A topic the group assigns stops the node too once the group gives it a partition
+  past the count (`app.node.partition_tasks`); for the others (the context's results,
+  failure ledger, nodes and dead letters) the WARNING is all that tells before the next
   start refuses the topic;
 - a read that fails, whole (the broker away, the client refused) or for a topic (no
   DescribeConfigs ACL on it), is one WARNING for the check, and read again at the next:
@@ -141,8 +142,9 @@ def finding_changes(
 
 class TopicPolicyWatch:
     """Reads the policy of `tables` (compacted, deleting nothing) and `logs` (keeping every
-    record), and the replication of `replication`'s topics, every `interval` s; `refused`
-    is told why a table deletes rows, at each check that finds it so."""
+    record), the replication of `replication`'s topics and the partition counts of
+    `counts`' (every topic of the node), every `interval` s; `refused` is told why a table
+    deletes rows, at each check that finds it so."""
 
     def __init__(
         self,
