@@ -314,7 +314,10 @@ class RocksAggregateStore:
         path = self._path(partition)
         try:
             if db is not None:
-                db.close()
+                # Thrown away: closed all the same when its close's flush fails (a write
+                # of it failed, and RocksDB refuses every later one), then removed.
+                with contextlib.suppress(Exception):
+                    db.close()
             shutil.rmtree(path)
         except Exception as exc:
             if path.exists():
@@ -333,14 +336,27 @@ class RocksAggregateStore:
 
     def release(self, partition: int) -> None:
         """Closes a partition's DB (kept on disk, and its bad mark) when the node hands
-        the partition off."""
+        the partition off. A close that fails is a `StoreError` of the partition, its DB
+        closed all the same (rocksdict lets it go whatever its close's flush says) and
+        its copy marked bad: once one write of a DB failed (a full disk for a moment),
+        RocksDB refuses every later one, the close's flush included."""
         db = self._dbs.pop(partition, None)
         self._low.pop(partition, None)
         if db is not None:
-            db.close()
+            self._close_db(partition, db)
 
     def close(self) -> None:
         for db in self._dbs.values():
             db.close()
         self._dbs.clear()
         self._closed = True
+
+    def _close_db(self, partition: int, db: Rdict) -> None:
+        try:
+            db.close()
+        except Exception as exc:
+            self._bad.add(partition)  # the next take drops it, and folds the log whole
+            raise StoreError(
+                f"closing the aggregate states {self._path(partition)} failed: {exc}",
+                partition=partition,
+            ) from exc

@@ -291,12 +291,21 @@ class RocksDBTimerStore(RocksDBReads):
     def _close_partition(self, partition: int, *, sync: bool = True) -> None:
         """Closes p's DB, its writes synced to disk first (`sync`): a node marks a copy
         clean once its store let it go (`app.node.local_state.CleanMarks`), and the WAL
-        RocksDB writes unsynced would lose its tail to a power loss under that mark."""
+        RocksDB writes unsynced would lose its tail to a power loss under that mark.
+
+        A sync or close that fails is a `StoreError` of p, its DB closed all the same
+        (rocksdict lets the DB go whatever its close's own flush says). Once one write of
+        a DB failed (a full disk for a moment), RocksDB refuses its every later write, the
+        close's flush included ("Writer has previous error"): p's fault alone, never a
+        plain `Exception` taken for a bug (a node's close of p would stop the node)."""
         self._restored.pop(partition, None)
         self._bulk.discard(partition)
         db = self._dbs.pop(partition, None)
         if db is None:
             return
+        path = self._db_path(partition)
+        faults: list[str] = []
+        cause: Exception | None = None
         try:
             if partition in self._unlogged:
                 self._unlogged.discard(partition)
@@ -304,15 +313,25 @@ class RocksDBTimerStore(RocksDBReads):
             if sync:
                 db.flush_wal(True)
         except Exception as exc:
-            raise StoreError(
-                f"cannot sync {self._db_path(partition)} as it closes: {exc}", partition=partition
-            ) from exc
+            faults.append(f"cannot sync {path} as it closes: {exc}")
+            cause = exc
         finally:
-            db.close()
+            try:
+                db.close()
+            except Exception as exc:
+                faults.append(f"closing {path} failed: {exc}")
+                cause = cause or exc
+        if faults:
+            raise StoreError("; ".join(faults), partition=partition) from cause
 
     def _drop_partition(self, partition: int, served: bool) -> None:
         self._unlogged.discard(partition)  # its rows are thrown away: nothing to flush
-        self._close_partition(partition, sync=False)
+        try:
+            self._close_partition(partition, sync=False)
+        except StoreError as exc:
+            # Closed all the same, and thrown away: a DB a write of which failed refuses
+            # its close's flush, and a drop is what mends it (its retake's restore).
+            logger.warning("partition %d dropped: %s", partition, exc)
         remove_copy(self._db_path(partition), partition)  # raises: never reopened as dropped
         if served:
             self._open_partition(partition)

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from app.task_ends import cancelled_here
 from app.timers.runner import RoundStats
+from tables import StoreClosed, StoreError, TimerStore
 
 if TYPE_CHECKING:
     from app.node.partition_task import PartitionTask, TaskShared
@@ -27,7 +28,9 @@ logger = logging.getLogger(__name__)
 
 class CloseFailed(Exception):
     """A part of a partition's close failed (the rest was let go all the same): p may be
-    half let go and its copy is not clean, so no new task takes it (as a crashed close)."""
+    half let go and its copy is not clean, so no new task takes it (as a crashed close).
+    Not a store's fault in p that let p's DB go all the same (a RocksDB close refused
+    after a failed write): p is let go whole, its copy restored whole by its next take."""
 
 
 async def release_partition(
@@ -191,20 +194,37 @@ async def _let_go(
             logger.warning(
                 "partition %d of %s: not rolled back (%s): restored whole next", p, kept.name, exc
             )
+    # The store failed in p as it let it go, its DB closed all the same: p's fault alone.
+    faulted = False
     try:
         if p in kept.store.assigned:
             await kept.store.revoke({p})
     except (Exception, asyncio.CancelledError) as exc:
         _unless_cancelled(exc)
-        logger.exception("partition %d of %s: letting its store go failed", p, kept.name)
-        failed.append(f"{kept.name} store: {exc!r}")
+        if isinstance(exc, StoreError) and _let_go_of(kept.store, p):
+            # RocksDB refuses a DB's every write once one failed (a full disk for a
+            # moment), the close's sync included; the DB is closed all the same. Its copy
+            # is not marked clean: the next take restores it whole (never the node stopped
+            # for one partition's fault: a fault that lasts fails that take, and the node
+            # stops, loudly, once p cannot be taken).
+            logger.warning(
+                "partition %d of %s: its store failed as it let it go (%s): its copy is"
+                " restored whole by its next take",
+                p,
+                kept.name,
+                exc,
+            )
+            faulted = True
+        else:
+            logger.exception("partition %d of %s: letting its store go failed", p, kept.name)
+            failed.append(f"{kept.name} store: {exc!r}")
     if undo is None and task.copy_committed and not task.copy_doubtful:
         # A take cut short (a stop, a revoke) in its restore or before it ran: the copy
         # holds the changelog's records alone through its offset, flushed by the store's
         # revoke (written without the WAL), and the next take reads on from there. A
         # crash never gets here: the mark its take removed stays removed.
         committed = True
-    if committed and not failed:
+    if committed and not failed and not faulted:
         # In step now once its restore was done (the take ran, or got that far); a take
         # cut short in it, as of when it was.
         at = task.copy_in_step_at
@@ -219,9 +239,28 @@ async def _let_go(
         try:
             kept.states.release(p)
         except Exception as exc:
-            logger.exception("partition %d of %s: releasing its states failed", p, kept.name)
-            failed.append(f"{kept.name} states: {exc!r}")
+            if isinstance(exc, StoreError) and kept.states.is_bad(p):
+                # Closed all the same, its copy marked bad: the next take folds the log whole.
+                logger.warning(
+                    "partition %d of %s: its states failed as they were let go (%s): folded"
+                    " again from the log by its next take",
+                    p,
+                    kept.name,
+                    exc,
+                )
+            else:
+                logger.exception("partition %d of %s: releasing its states failed", p, kept.name)
+                failed.append(f"{kept.name} states: {exc!r}")
     return failed
+
+
+def _let_go_of(store: TimerStore, p: int) -> bool:
+    """Whether `store` serves p no more (its revoke got as far as closing p's DB, which is
+    closed whatever that raised); False when that is not known (the store is closed)."""
+    try:
+        return p not in store.assigned
+    except StoreClosed:
+        return False
 
 
 def _unless_cancelled(exc: BaseException) -> None:
