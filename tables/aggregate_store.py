@@ -346,10 +346,18 @@ class RocksAggregateStore:
             self._close_db(partition, db)
 
     def close(self) -> None:
-        for db in self._dbs.values():
-            db.close()
-        self._dbs.clear()
+        """Closes every partition's DB, each whatever the others' closes raised; the first
+        failure raised after (`release`'s)."""
+        dbs, self._dbs = self._dbs, {}
         self._closed = True
+        failed: StoreError | None = None
+        for partition, db in dbs.items():
+            try:
+                self._close_db(partition, db)
+            except StoreError as exc:
+                failed = failed or exc
+        if failed is not None:
+            raise failed
 
     def _close_db(self, partition: int, db: Rdict) -> None:
         try:

@@ -3,7 +3,8 @@ leaves it (a disk hunt, on a tmpfs filled up): every later write, flush and sync
 fails even once space is back, and its `close()` raises a plain `Exception("IO error:
 Writer has previous error.")` but closes it all the same (reopened, it holds what was
 written before). Such a close is a `StoreError` of its partition, never a plain
-`Exception`: a node's close of the partition took it for a bug and stopped the node."""
+`Exception`: a node's close of the partition took it for a bug and stopped the node, and
+a store's close stopped at it, the other partitions' DBs left open and unsynced."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from rocksdict import DbClosedError
 from test_store_rocksdb_fast_paths import timer
 
 from tables import StoreError, open_timer_store
@@ -100,6 +102,24 @@ async def test_a_drop_of_a_db_whose_write_failed_drops_it(tmp_path: Path) -> Non
         await store.close()
 
 
+async def test_a_store_closes_every_partition_past_one_whose_close_is_refused(
+    tmp_path: Path,
+) -> None:
+    store = open_timer_store(f"rocksdb://{tmp_path / 't'}", partitions=3)
+    s: Any = store
+    dbs = {p: WriteFailed(s._dbs[p]) for p in range(3)}
+    dbs[0].failed = True  # a write of it failed before
+    s._dbs.update(dbs)
+    with pytest.raises(StoreError, match="Writer has previous error") as raised:
+        await store.close()
+    assert raised.value.partition == 0
+    # The others synced and closed all the same.
+    assert [dbs[p].calls for p in (1, 2)] == [["flush_wal", "close"]] * 2
+    for p in (1, 2):
+        with pytest.raises(DbClosedError):
+            dbs[p].db.flush_wal(True)
+
+
 def test_aggregate_states_whose_close_is_refused_are_released_and_marked_bad(
     tmp_path: Path,
 ) -> None:
@@ -118,3 +138,24 @@ def test_aggregate_states_whose_close_is_refused_are_released_and_marked_bad(
         assert store.offset(0) is None and not store.is_bad(0)
     finally:
         store.close()
+
+
+def test_aggregate_states_close_every_partition_past_one_whose_close_is_refused(
+    tmp_path: Path,
+) -> None:
+    store = RocksAggregateStore(tmp_path)
+    s: Any = store
+    for p in range(3):
+        store.write(p, {"a": b"{}"}, [("a", "r1")], p)
+    dbs = {p: WriteFailed(s._dbs[p]) for p in range(3)}
+    dbs[0].failed = True
+    s._dbs.update(dbs)
+    with pytest.raises(StoreError, match="Writer has previous error") as raised:
+        store.close()
+    assert raised.value.partition == 0
+    assert [dbs[p].calls for p in range(3)] == [["close"]] * 3
+    reopened = RocksAggregateStore(tmp_path)  # every lock let go
+    try:
+        assert [reopened.offset(p) for p in range(3)] == [0, 1, 2]
+    finally:
+        reopened.close()
