@@ -96,12 +96,13 @@ class DataDirLock:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         except (OSError, ValueError) as exc:
-            raise ConfigError(
-                f"the data directory {self.path.parent} cannot be used: "
-                f"{getattr(exc, 'strerror', None) or exc} (TICKWHEEL_DATA_DIR)"
-            ) from exc
+            raise self._unusable(exc) from exc
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            # The holder's pid, which a second worker's refusal names. A full disk fails
+            # here too: said as the directory's, never an unexpected OSError at start.
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         except BlockingIOError:
             holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
             os.close(fd)
@@ -109,12 +110,19 @@ class DataDirLock:
                 f"the data directory {self.path.parent} is in use by another worker (pid "
                 f"{holder}): each worker needs its own (TICKWHEEL_DATA_DIR)"
             ) from None
+        except OSError as exc:
+            os.close(fd)  # the lock let go with it
+            raise self._unusable(exc) from exc
         except BaseException:
             os.close(fd)
             raise
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         self._fd = fd
+
+    def _unusable(self, exc: OSError | ValueError) -> ConfigError:
+        return ConfigError(
+            f"the data directory {self.path.parent} cannot be used: "
+            f"{getattr(exc, 'strerror', None) or exc} (TICKWHEEL_DATA_DIR)"
+        )
 
     def release(self) -> None:
         """Lets the directory go (the file stays: removing it would race a next holder)."""

@@ -220,6 +220,28 @@ def test_a_data_directory_the_os_refuses_is_a_configuration_error_naming_it(
         DataDirLock(tmp_path / "afile" / "sub").acquire()
 
 
+@pytest.mark.parametrize("call", ["ftruncate", "pwrite"])
+def test_a_data_directory_on_a_full_disk_is_a_configuration_error_naming_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, call: str
+) -> None:
+    """The holder's pid written as the lock is taken: a full disk there failed the start
+    with "unexpected OSError: [Errno 28]", naming no setting."""
+
+    def full(*args: object) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, call, full)
+    with pytest.raises(
+        ConfigError,
+        match=rf"{tmp_path} cannot be used: No space left on device \(TICKWHEEL_DATA_DIR\)",
+    ):
+        DataDirLock(tmp_path).acquire()
+    monkeypatch.undo()
+    lock = DataDirLock(tmp_path)  # the failed one holds nothing
+    lock.acquire()
+    lock.release()
+
+
 def test_a_clean_mark_says_when_its_copy_was_last_in_step(tmp_path: Path) -> None:
     """The time it was marked with, read back by the take; a mark of the version before
     (an empty file) or one unreadable is of no known time (the copy restored whole)."""
