@@ -42,19 +42,22 @@ than these of its request were folded since is folded again."""
 
 class Mark(NamedTuple):
     """The request folded last into an aggregate: its id, the offset of its last event
-    folded, and the ids of its events folded (the latest `EVENTS_MAX`)."""
+    folded, the ids of its events folded (the latest `EVENTS_MAX`) and their version (one
+    decision's events share it)."""
 
     request_id: str
     offset: int
     events: tuple[str, ...]
+    version: int
 
 
-def marked(last: Mark | None, request_id: str, offset: int, event_id: str) -> Mark:
-    """The mark once the event `event_id` of `request_id` at `offset` folded into an
-    aggregate whose mark was `last`: its request's events folded added to the mark's when
-    it is the same request, else the first of them."""
-    kept = last.events if last is not None and last.request_id == request_id else ()
-    return Mark(request_id, offset, (*kept, event_id)[-EVENTS_MAX:])
+def marked(last: Mark | None, request_id: str, offset: int, event_id: str, version: int) -> Mark:
+    """The mark once the event `event_id` of `request_id` at `offset` and `version` folded
+    into an aggregate whose mark was `last`: its decision's events folded added to the
+    mark's when it is the same decision (request and version), else the first of them."""
+    same = last is not None and (last.request_id, last.version) == (request_id, version)
+    kept = last.events if same and last is not None else ()
+    return Mark(request_id, offset, (*kept, event_id)[-EVENTS_MAX:], version)
 
 
 def remember(marks: OrderedDict[str, Mark], aggregate_id: str, mark: Mark | None) -> None:
@@ -67,16 +70,20 @@ def remember(marks: OrderedDict[str, Mark], aggregate_id: str, mark: Mark | None
             marks.popitem(last=False)
 
 
-def continues(following: Mark | None, request_id: str, offset: int, event_id: str) -> bool:
-    """Whether the event `event_id` of `request_id` at `offset` is the next of the request
-    folded last into its aggregate: `following` is that request's mark (None: none, or
-    this node decided for the aggregate since). Not when that event was folded already
-    (appended again: a producer's retry)."""
+def continues(
+    following: Mark | None, request_id: str, offset: int, event_id: str, version: int
+) -> bool:
+    """Whether the event `event_id` of `request_id` at `offset` and `version` is the next
+    of the request folded last into its aggregate: `following` is that request's mark
+    (None: none, or this node decided for the aggregate since). Not when that event was
+    folded already in the same decision (appended again, at its version: a producer's
+    retry); an event of the same id at another version is a decision of the request again
+    (its ids are the request's: sent again once the window forgot it)."""
     return (
         following is not None
         and following.request_id == request_id
         and offset > following.offset
-        and event_id not in following.events
+        and (event_id not in following.events or version != following.version)
     )
 
 

@@ -311,7 +311,7 @@ class CommandProcessor:
         # whatever the version (its own event read back).
         last = self._states.following(batch, aid)
         sibling = self._states.folded(batch, applied)
-        nxt = sibling and continues(last, applied[1], offset, event.id)
+        nxt = sibling and continues(last, applied[1], offset, event.id, event.version)
         if sibling and not nxt:
             return False
         stored = batch.staged.get(aid) or self._states.stored(aid)
@@ -326,7 +326,7 @@ class CommandProcessor:
             raise
         batch.staged[aid] = folded
         batch.applied.add(applied)
-        batch.following[aid] = marked(last, applied[1], offset, event.id)
+        batch.following[aid] = marked(last, applied[1], offset, event.id, event.version)
         return True
 
     def _decide(self, batch: CommandBatch, cmd: CommandEnvelope) -> tuple[Decided, int | None]:

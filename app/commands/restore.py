@@ -182,7 +182,7 @@ class _Folding:
 
     def folds(self, event: EventEnvelope, offset: int) -> bool:
         rid = applied_id(event)
-        nxt = continues(self.last, rid, offset, event.id)
+        nxt = continues(self.last, rid, offset, event.id, event.version)
         if nxt:
             folded = True  # the request folded last
         elif event.version > self.at:
@@ -195,7 +195,7 @@ class _Folding:
     def folded(self, event: EventEnvelope, offset: int) -> None:
         rid = applied_id(event)
         self.at = max(self.at, event.version)  # as `fold` sets it
-        self.last = marked(self.last, rid, offset, event.id)
+        self.last = marked(self.last, rid, offset, event.id, event.version)
         self.ids.add(rid)
 
 

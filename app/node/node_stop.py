@@ -15,6 +15,7 @@ from app.node.kept import KeptType
 from app.node.local_state import DataDirLock
 from app.node.partition_tasks import PartitionTasks
 from app.task_ends import stop_part
+from tables.aggregate_store import RocksAggregateStore
 
 __all__ = ["Stopping", "stop_parts"]
 
@@ -77,9 +78,15 @@ async def stop_parts(
         for kept in types.values():
             await stop_part(f"{kept.name} store", kept.store.close())
             if kept.states is not None:
-                kept.states.close()
+                # Logged as the store's is: a refused close (a RocksDB write that failed
+                # before it) left the next types' stores open and unsynced.
+                await stop_part(f"{kept.name} states", _closed(kept.states))
     finally:
         data_lock.release()  # the stores closed: another worker may have it now
+
+
+async def _closed(states: RocksAggregateStore) -> None:
+    states.close()
 
 
 async def _producers_stopped(types: Mapping[str, KeptType]) -> None:

@@ -9,9 +9,10 @@ and its row, on the timer table's changelog, in the partition's transaction. Eac
 timer's command body and more than the event does (a command its request id, reply address
 and times; a row the owner and the target both, its slot, status and outcome), so an event
 within `TICKWHEEL_MAX_RECORD_BYTES` may make either larger: a command over the bound is
-refused by the node that reads it, at every firing (dead-lettered: an in-process one after it
-was applied, a sent one answered ERROR and the timer parked in the end), and a row over what
-the changelog takes fails the partition's transaction at every retake.
+refused at every firing (an in-process one by the node that fires it, before its handler
+runs: `CommandProcessor.decide_local`; a sent one by the node that reads it: either answered
+ERROR, the timer parked in the end), and a row over what the changelog takes fails the
+partition's transaction at every retake.
 """
 
 from __future__ import annotations

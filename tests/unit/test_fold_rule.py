@@ -210,11 +210,13 @@ def test_the_rule() -> None:
     assert not folds(1, 2, folded=True, continues=True)
     # Of a request folded before, not the next of the last: never (its own read back).
     assert not folds(3, 2, folded=True, continues=False)
-    assert continues(Mark("r", 4, ("e-4",)), "r", 5, "e-5")
-    assert not continues(Mark("r", 4, ("e-4",)), "r", 4, "e-5")
-    assert not continues(Mark("r", 4, ("e-4",)), "s", 5, "e-5")
-    assert not continues(Mark("r", 4, ("e-4",)), "r", 5, "e-4")  # appended again
-    assert not continues(None, "r", 5, "e-5")
+    assert continues(Mark("r", 4, ("e-4",), 1), "r", 5, "e-5", 1)
+    assert not continues(Mark("r", 4, ("e-4",), 1), "r", 4, "e-5", 1)
+    assert not continues(Mark("r", 4, ("e-4",), 1), "s", 5, "e-5", 1)
+    assert not continues(Mark("r", 4, ("e-4",), 1), "r", 5, "e-4", 1)  # appended again
+    # The request decided again (its ids are the request's), at another version.
+    assert continues(Mark("r", 4, ("e-4",), 1), "r", 5, "e-4", 2)
+    assert not continues(None, "r", 5, "e-5", 1)
     assert unknown_system_event("wow.Bogus", ()) is not None
     assert unknown_system_event("wow.Bogus", ("wow.Bogus",)) is None
     assert unknown_system_event(AGGREGATE_DELETED, ()) is None

@@ -14,12 +14,13 @@ from collections.abc import AsyncGenerator
 import orjson
 import pytest
 from fakes import T0, OneBatchLog
-from test_fold_rule import EVENTS, ORDER, Commits, P, processor, remind_cmd
+from test_fold_rule import EVENTS, ORDER, PARTITIONS, Commits, P, orders, processor, remind_cmd
 
 from app.commands.folds import EVENTS_MAX, Mark, continues, marked
-from app.commands.processor import state_key
+from app.commands.processor import CommandProcessor, state_key
 from app.kafka import Record
 from app.protocol.wire import EventEnvelope, encode
+from tables.aggregate_store import MemoryAggregateStore
 
 
 def ev(event_id: str, version: int, request_id: str | None) -> EventEnvelope:
@@ -117,16 +118,63 @@ async def test_a_decision_after_runs_on_the_state_folded_once() -> None:
     }
 
 
-def test_the_mark_keeps_the_latest_event_ids_of_its_request() -> None:
-    mark = marked(None, "r", 1, "e-1")
-    assert mark == Mark("r", 1, ("e-1",))
-    assert continues(mark, "r", 2, "e-2")
-    assert not continues(mark, "r", 2, "e-1")  # the same event again
-    mark = marked(mark, "r", 2, "e-2")
-    assert mark == Mark("r", 2, ("e-1", "e-2"))
-    assert marked(mark, "s", 3, "e-3") == Mark("s", 3, ("e-3",))  # another request
+def test_the_mark_keeps_the_latest_event_ids_of_its_decision() -> None:
+    mark = marked(None, "r", 1, "e-1", 1)
+    assert mark == Mark("r", 1, ("e-1",), 1)
+    assert continues(mark, "r", 2, "e-2", 1)
+    assert not continues(mark, "r", 2, "e-1", 1)  # the same event again
+    # The same ids at another version: the request decided again (sent again once the
+    # window forgot it), not a retried append; its mark starts afresh.
+    assert continues(mark, "r", 2, "e-1", 2)
+    assert marked(mark, "r", 2, "e-1", 2) == Mark("r", 2, ("e-1",), 2)
+    mark = marked(mark, "r", 2, "e-2", 1)
+    assert mark == Mark("r", 2, ("e-1", "e-2"), 1)
+    assert marked(mark, "s", 3, "e-3", 1) == Mark("s", 3, ("e-3",), 1)  # another request
     for i in range(3, 3 + EVENTS_MAX):
-        mark = marked(mark, "r", i, f"e-{i}")
+        mark = marked(mark, "r", i, f"e-{i}", 1)
     assert len(mark.events) == EVENTS_MAX  # bounded: the first ones let go
     assert mark.events[-1] == f"e-{2 + EVENTS_MAX}"
-    assert continues(mark, "r", 3 + EVENTS_MAX, "e-1")
+    assert continues(mark, "r", 3 + EVENTS_MAX, "e-1", 1)
+
+
+async def test_a_request_decided_again_past_the_window_is_restored_as_live() -> None:
+    """Its event ids are the request's (the same on every decision of it): sent again once
+    the window forgot it, it is decided again at the next version. Live folds both
+    decisions; a restore reading both in one batch folded the second as the first's
+    retried append (the same ids), and lost a COMMITTED command from the state."""
+    window = 1_000
+    clock = [T0]
+    store = MemoryAggregateStore()
+    commits = Commits()
+    live = CommandProcessor(
+        orders,
+        P,
+        partitions=PARTITIONS,
+        states=store,
+        commit=commits,
+        now=lambda: clock[0],
+        request_id_window=window,
+    )
+    await live.handle([], local=[remind_cmd("r-1")])
+    clock[0] += 10 * window
+    await live._states.forget_expired(clock[0])
+    await live.handle([], local=[remind_cmd("r-1")])
+    live_state = orjson.loads(store.get(P, state_key(ORDER)) or b"null")
+    assert live_state["version"] == 2
+    events = [r for r in commits.records if r[0] == EVENTS]
+    log = [
+        Record(EVENTS, P, i, r[2], r[3], T0 if i == 0 else clock[0], ())
+        for i, r in enumerate(events)
+    ]
+    fresh_store = MemoryAggregateStore()
+    fresh = CommandProcessor(
+        orders,
+        P,
+        partitions=PARTITIONS,
+        states=fresh_store,
+        commit=Commits(),
+        now=lambda: clock[0],
+        request_id_window=window,
+    )
+    await fresh.restore(OneBatchLog(log))
+    assert orjson.loads(fresh_store.get(P, state_key(ORDER)) or b"null") == live_state

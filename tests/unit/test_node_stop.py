@@ -12,6 +12,7 @@ import asyncio
 import logging
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, cast
 
 import pytest
@@ -22,7 +23,9 @@ import app.node.partition_release
 from app.errors import NodeFailed
 from app.kafka.memory import MemoryLog
 from app.node.in_process import NodeTimerLoop
+from app.node.node_stop import stop_parts
 from app.node.task_id import TaskId
+from tables import StoreError
 
 
 async def cancelled_run(node: RunningNode) -> None:
@@ -141,3 +144,57 @@ async def test_every_timer_loop_is_ended_within_the_deadline_at_once() -> None:
     await asyncio.wait_for(loops.stop(within=0.2), 5)
     assert sorted(ended) == [0, 1]
     assert time.monotonic() - began < 2
+
+
+class _Tasks:
+    def leftover(self) -> set[TaskId]:
+        return set()
+
+    async def revoke(self, gone: set[TaskId]) -> None:
+        return None
+
+
+def _kept(name: str, closed: list[str], refused: bool) -> Any:
+    async def store_close() -> None:
+        closed.append(f"{name} store")
+
+    async def done(*_: object, **__: object) -> None:
+        return None
+
+    class States:
+        def close(self) -> None:
+            closed.append(f"{name} states")
+            if refused:
+                raise StoreError(f"closing {name}'s states failed: Writer has previous error")
+
+    return SimpleNamespace(
+        name=name,
+        store=SimpleNamespace(close=store_close),
+        states=States(),
+        loop=SimpleNamespace(stop=done),
+        runner=SimpleNamespace(stop_all=done),
+        transactions=SimpleNamespace(stopped=done),
+    )
+
+
+async def test_a_states_close_refused_in_the_stop_closes_the_next_types_stores_all_the_same(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A type's aggregate states whose close is refused (a RocksDB write that failed before
+    it) is logged as a store's is, and the next types' stores are closed all the same,
+    before the data directory's lock is let go: its raise ended the stop there."""
+    closed: list[str] = []
+    released: list[bool] = []
+    types = {"a": _kept("a", closed, True), "b": _kept("b", closed, False)}
+    await stop_parts(
+        cast(Any, _Tasks()),
+        types,
+        deadline_s=1.0,
+        consumer=None,
+        followers={},
+        clients={},
+        data_lock=cast(Any, SimpleNamespace(release=lambda: released.append(True))),
+    )
+    assert closed == ["a store", "a states", "b store", "b states"]
+    assert released == [True]
+    assert "stopping a states failed" in caplog.text
