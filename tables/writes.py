@@ -24,6 +24,7 @@ __all__ = [
     "plan_settle",
     "put_row",
     "resume_row",
+    "rewritten",
     "sent_at_its_version",
     "settle_row",
     "slot_left",
@@ -52,16 +53,39 @@ def put_row(held: Timer | None, timer: Timer, deleted: int | None = None) -> Tim
     twice, or cancelled and set again: the last one wins). After the held timer fired,
     though, it is the set read again under another id (a producer's retry that wrote the
     event anew; a command's earlier set of the key read back after its later one fired):
-    written, it would revive a timer that fired and send its command again."""
+    written, it would revive a timer that fired and send its command again. Before it
+    fired, such a retry (`rewritten`: the same rule, target and command) is passed over
+    too: the held timer keeps its id, so its request id is the one a timer that did fire
+    sent (a rebuild replays both sets before anything fires: the retry written, its timer
+    would send the command under a new request id, and the target apply it again)."""
     if held is not None and (held.version > timer.version or held.id == timer.id):
         return None
     if deleted is not None and deleted >= timer.version:
         return None
-    if held is not None and held.version == timer.version and sent_at_its_version(held):
+    if (
+        held is not None
+        and held.version == timer.version
+        and (sent_at_its_version(held) or rewritten(held, timer))
+    ):
         return None
     if timer.status is TimerStatus.PENDING:
         return timer
     return copied(timer, {"status": TimerStatus.PENDING})
+
+
+def rewritten(held: Timer, timer: Timer) -> bool:
+    """Whether `timer`, a set at `held`'s version under another id, is `held`'s set written
+    again: `held` is PENDING (not cancelled, nor paused: a set after a cancel or a pause in
+    one command replaces it) with the same rule, target and command (its key is the row's).
+    Nothing else tells a producer's retry from the key set twice alike in one command, and
+    there keeping the first changes only what its id and its event's time pick (its
+    request ids, a jittered due time, a recurring rule's first slot)."""
+    return (
+        held.status is TimerStatus.PENDING
+        and held.rule == timer.rule
+        and held.target == timer.target
+        and held.command == timer.command
+    )
 
 
 _HAS_SENT: Final = frozenset({TimerStatus.FIRING, TimerStatus.FIRED, TimerStatus.PARKED})

@@ -4,7 +4,9 @@ command: the timer table passes it over (`tables.writes.put_row`), so the timer 
 fires again nor is replaced. Before, a set at the held version with a new id was written,
 which revived a fired timer (its command applied twice) and took a job instance's tick
 timer from under it (the instance's state names the first id: every later tick ran
-nothing, for good)."""
+nothing, for good). A rebuild, which replays both sets before anything fires, keeps the
+first timer as well (`tables.writes.rewritten`): it fires under the request id the target
+took, answered DUPLICATE."""
 
 from __future__ import annotations
 
@@ -26,8 +28,9 @@ from test_jobs_backfill_memory import (
 
 from app.jobs import enable_command
 from app.kafka.memory import MemoryLog
+from app.ops.rebuild import rebuild
 from app.protocol.wire import SCHEDULE_SET, EventEnvelope, ScheduleSet, encode
-from tables import CommandSpec, OnceRule
+from tables import CommandSpec, OnceRule, Outcome, Timer
 from tables.partitioner import partition_of
 
 
@@ -68,6 +71,40 @@ async def test_a_fired_timer_set_again_under_a_new_id_at_its_version_fires_no_mo
         # had the retried one, had it been written.
         await _write(log, REPORTS.events, _set("evt-2", "marker", 8))
         await wait_until(lambda: 8 in _slots_ran(log))
+        assert _slots_ran(log) == [7, 8]
+
+
+async def test_a_rebuild_fires_a_retried_set_under_the_request_id_the_target_took(
+    tmp_path: Path,
+) -> None:
+    """Before, the rebuild's replay wrote the retry over the first set's PENDING timer,
+    which then sent `evt-1-retry#0`: the target ran slot 7 again."""
+    log, clock = MemoryLog(), FakeClock(T0)
+    async with running(
+        RunningNode(log, tmp_path, "n", SERVICE, PARTITIONS, clock=clock), within=10
+    ):
+        await _write(log, REPORTS.events, _set("evt-1", "remind", 7))
+        await wait_until(lambda: _slots_ran(log) == [7])
+        await _write(log, REPORTS.events, _set("evt-1-retry", "remind", 7))
+        await _write(log, REPORTS.events, _set("evt-2", "marker", 8))
+        await wait_until(lambda: _slots_ran(log) == [7, 8])
+    await rebuild(log, "g", [REPORTS])
+    # Another data directory: the timer table is built from the replay alone.
+    async with running(
+        RunningNode(log, tmp_path, "rebuilt", SERVICE, PARTITIONS, clock=clock), within=10
+    ) as node:
+        store = node.node.types[REPORTS.type_name].store
+        rows: dict[str, Timer | None] = {}
+
+        async def both_fired() -> bool:
+            for key in ("remind", "marker"):
+                rows[key] = await store.find(TARGET, key)
+            return all(r is not None and r.outcome is not None for r in rows.values())
+
+        await wait_until(both_fired)
+        remind = rows["remind"]
+        assert remind is not None
+        assert (remind.id, remind.outcome) == ("evt-1", Outcome.DUPLICATE)
         assert _slots_ran(log) == [7, 8]
 
 

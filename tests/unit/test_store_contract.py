@@ -226,10 +226,22 @@ async def test_put_older_than_the_held_version_does_nothing(store: TimerStore) -
 
 
 async def test_put_at_the_held_version_with_a_new_id_writes(store: TimerStore) -> None:
+    # The key set twice in one command: the last set wins.
     assert await store.put(timer(version=5))
-    same = timer(id="same-version", version=5)
+    same = timer(id="same-version", version=5, due=2_000)
     assert await store.put(same)
     assert await store.find(same.owner, same.key) == same
+
+
+async def test_put_at_the_held_version_of_the_same_timer_under_a_new_id_keeps_it(
+    store: TimerStore,
+) -> None:
+    # Its set written again (a producer's retry), read before it fired: passed over, so
+    # the timer keeps its id and request id (`tables.writes.rewritten`).
+    held = timer(version=5)
+    assert await store.put(held)
+    assert not await store.put(timer(id="retried", version=5))
+    assert await store.find(held.owner, held.key) == held
 
 
 @pytest.mark.parametrize(
@@ -294,7 +306,8 @@ async def test_put_many_is_each_put_in_turn(opener: Opener) -> None:
         timer(a, version=2, partition=0),  # older than held: nothing
         timer(b, version=1, partition=1),
         timer(a, version=4, partition=0, due=4_000),
-        timer(b, id="again", version=1, partition=1),  # the row just put, a new id
+        timer(b, id="again", version=1, partition=1),  # the row just put again: nothing
+        timer(b, id="other", version=1, partition=1, due=5_000),  # another timer at it
         timer(a, version=4, partition=0, due=4_000),  # the same timer again: nothing
         timer(c, "x", version=9, partition=2, id="c/x/9"),  # this very timer: nothing
         timer(c, "y", version=1, partition=2),
@@ -305,7 +318,7 @@ async def test_put_many_is_each_put_in_turn(opener: Opener) -> None:
             assert await store.put(t)
     written = [t for t in batch if await one.put(t)]
     assert await many.put_many(batch) == written
-    assert ids(written) == ["b/k/1", "a/k/4", "again", "c/y/1"]
+    assert ids(written) == ["b/k/1", "a/k/4", "other", "c/y/1"]
     for owner, key in ((a, "k"), (b, "k"), (c, "x"), (c, "y")):
         assert await many.find(owner, key) == await one.find(owner, key)
     assert ids(await many.due(set(range(P)), 10_000, 10)) == ids(
