@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from pydantic import BaseModel
 
+from app.commands.batch import CommandBatch
 from app.commands.processor import CommandProcessor
 from app.commands.records import check_sizes
 from app.errors import RecordTooLarge
@@ -22,7 +23,7 @@ from app.model.aggregate import AggregateType, Command, Decision, Event
 from app.node.opening import topic_record_bytes, transaction_batch_limit, written_topics
 from app.protocol.limits import InputLimits
 from app.protocol.topics import AggregateTopics, ContextTopics
-from app.protocol.wire import CommandEnvelope, EventEnvelope
+from app.protocol.wire import CommandEnvelope, EventEnvelope, ResultCode
 from app.timers.subscription import CancelTimer, PutTimer, timer_op
 from app.timers.timer_sizes import oversized
 from tables import AggregateRef, Timer
@@ -78,12 +79,13 @@ async def _no_commit(records: Any, offsets: Any) -> list[int]:
     raise AssertionError("not committed here")
 
 
-def test_an_in_process_timers_event_over_its_topics_limit_is_error() -> None:
-    """A timer fired in-process whose decision writes an event over what the events topic
-    takes: ERROR (the timer retries it, then parks), nothing of it written but the record
-    of what was sent; before, it failed its partition's transaction at every retake."""
+def _fired_in_process(
+    topic: str, bodies: list[dict[str, object]]
+) -> tuple[CommandBatch, list[tuple[CommandEnvelope, ResultCode, str]]]:
+    """A processor of `o1`'s partition whose `topic` takes 64 KiB, the batch it began, and
+    what `decide_local` answers for in-process commands of `bodies`."""
     p = partition_of("o1", 4)
-    limits = InputLimits(topic_record_bytes={T.events: 64 * KIB - RECORD_FRAMING})
+    limits = InputLimits(topic_record_bytes={topic: 64 * KIB - RECORD_FRAMING})
     proc = CommandProcessor(
         order,
         p,
@@ -100,13 +102,21 @@ def test_an_in_process_timers_event_over_its_topics_limit_is_error() -> None:
             request_id=f"t{i}#0",
             type="Grow",
             aggregate=ref,
-            body={"size": size},
+            body=body,
             issued_at=T0,
             in_process=True,
         )
-        for i, size in enumerate([100_000, 10])
+        for i, body in enumerate(bodies)
     ]
-    [(_, big, message), (_, small, _)] = proc.decide_local(batch, fired)
+    return batch, proc.decide_local(batch, fired)
+
+
+def test_an_in_process_timers_event_over_its_topics_limit_is_error() -> None:
+    """A timer fired in-process whose decision writes an event over what the events topic
+    takes: ERROR (the timer retries it, then parks), nothing of it written but the record
+    of what was sent; before, it failed its partition's transaction at every retake."""
+    batch, answers = _fired_in_process(T.events, [{"size": 100_000}, {"size": 10}])
+    [(_, big, message), (_, small, _)] = answers
     assert (big, small) == ("ERROR", "COMMITTED")
     assert f"to {T.events}, over 65024" in message
     events = [r for r in batch.out if r[0] == T.events]
@@ -118,31 +128,9 @@ def test_an_in_process_command_over_its_topics_limit_is_error_and_not_written() 
     own record is over what the topic takes: ERROR, not decided nor written (the timer
     retries it, then parks); the one after it decided. Before, its record joined the
     partition's transaction unchecked and failed it at every retake."""
-    p = partition_of("o1", 4)
-    limits = InputLimits(topic_record_bytes={T.commands: 64 * KIB - RECORD_FRAMING})
-    proc = CommandProcessor(
-        order,
-        p,
-        partitions=4,
-        states=MemoryAggregateStore(),
-        commit=_no_commit,
-        now=lambda: T0,
-        limits=limits,
-    )
-    batch = proc.begin()
-    ref = AggregateRef(context="shop", aggregate="order", id="o1")
-    fired = [
-        CommandEnvelope(
-            request_id=f"t{i}#0",
-            type="Grow",
-            aggregate=ref,
-            body={"size": 10, "pad": "y" * pad},
-            issued_at=T0,
-            in_process=True,
-        )
-        for i, pad in enumerate([100_000, 10])
-    ]
-    [(_, big, message), (_, small, _)] = proc.decide_local(batch, fired)
+    bodies: list[dict[str, object]] = [{"size": 10, "pad": "y" * pad} for pad in (100_000, 10)]
+    batch, answers = _fired_in_process(T.commands, bodies)
+    [(_, big, message), (_, small, _)] = answers
     assert (big, small) == ("ERROR", "COMMITTED")
     assert f"to {T.commands}, over 65024" in message
     sent = [r for r in batch.out if r[0] == T.commands]
