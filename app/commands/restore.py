@@ -143,9 +143,21 @@ def _fold_records(
     passed: list[tuple[str, str]] = []
     newest = 0
     floor = now - into.request_id_window
+
+    def dated(e: EventEnvelope, offset: int) -> int:
+        # As the live path dates it: when a node decided it (its own events' date) or
+        # followed it, read once logged (another writer's, whose date is its word: 0,
+        # say, and its id, kept a window live, was forgotten here, the request then
+        # applied again if sent again). Never after now: a date in the future (year
+        # 9999) would keep the id past any sweep, and with it every id of its batch.
+        return min(max(e.created_at, logged_at[offset]), now)
+
+    def within(e: EventEnvelope, offset: int) -> bool:
+        return dated(e, offset) > floor  # else past the window: a sweep would forget it
+
     for aggregate_id, events in by_id.items():
         stored = into.stored(aggregate_id)
-        state, taken, failed = _fold_each(into, aggregate_id, stored, events, marks)
+        state, taken, failed = _fold_each(into, aggregate_id, stored, events, marks, within)
         if state is not None:
             states[aggregate_id] = state
             into.warn_over(aggregate_id, len(state))
@@ -156,12 +168,7 @@ def _fold_records(
             # nothing, as live.
             if (failure := failed.get(id(e))) is not None:
                 into.note_passed(offset, failure)
-            # As the live path dates it: when a node decided it (its own events' date) or
-            # followed it, read once logged (another writer's, whose date is its word: 0,
-            # say, and its id, kept a window live, was forgotten here, the request then
-            # applied again if sent again). Never after now: a date in the future (year
-            # 9999) would keep the id past any sweep, and with it every id of its batch.
-            at = min(max(e.created_at, logged_at[offset]), now)
+            at = dated(e, offset)
             if at > floor:  # else past the window: a commit's sweep would forget it
                 kept = passed if failure is not None else requests
                 kept.append((aggregate_id, applied_id(e)))
@@ -172,12 +179,21 @@ def _fold_records(
 
 class _Folding:
     """One aggregate's fold rule as the restore goes (`app.commands.folds`): its version,
-    the request folded last and the request ids folded in this batch."""
+    the request folded last and the request ids folded in this batch that the store keeps
+    (`kept`: within the window), as a batch of one record would find them in the store: a
+    request decided again once the window forgot it (its event ids the same) folds here
+    whatever the batch holds besides, as it did live."""
 
     def __init__(
-        self, into: PartitionStates, aggregate_id: str, at: int, last: Mark | None
+        self,
+        into: PartitionStates,
+        aggregate_id: str,
+        at: int,
+        last: Mark | None,
+        kept: Callable[[EventEnvelope, int], bool],
     ) -> None:
         self.into, self.aggregate_id, self.at, self.last = into, aggregate_id, at, last
+        self.kept = kept
         self.ids: set[str] = set()
 
     def folds(self, event: EventEnvelope, offset: int) -> bool:
@@ -196,7 +212,8 @@ class _Folding:
         rid = applied_id(event)
         self.at = max(self.at, event.version)  # as `fold` sets it
         self.last = marked(self.last, rid, offset, event.id, event.version)
-        self.ids.add(rid)
+        if self.kept(event, offset):
+            self.ids.add(rid)
 
 
 def _fold_each(
@@ -205,15 +222,17 @@ def _fold_each(
     stored: StoredAggregate | None,
     events: list[tuple[EventEnvelope, int]],
     marks: OrderedDict[str, Mark],
+    kept: Callable[[EventEnvelope, int], bool],
 ) -> tuple[bytes | None, list[tuple[EventEnvelope, int]], dict[int, Exception]]:
     """The aggregate's bytes after those of `events` (with their offsets) the rule folds,
     its appliers take and whose result can be written (None: nothing to write); the
     events the rule folds, with their offsets; and why each of those passed over was, by
     its `id()`: one an applier raises on, or that makes an aggregate no encoder writes
     (the subscription dead-letters it when it follows it; a restore reads it again each
-    time). `marks`: the request folded last into each aggregate, updated."""
+    time). `marks`: the request folded last into each aggregate, updated; `kept`: whether
+    an event's request id is within the window (`_Folding`)."""
     agg, at = into.agg, 0 if stored is None else stored.version
-    rule = _Folding(into, aggregate_id, at, marks.get(aggregate_id))
+    rule = _Folding(into, aggregate_id, at, marks.get(aggregate_id), kept)
     taken: list[tuple[EventEnvelope, int]] = []
     for e, offset in events:  # as if each folds: the rule's inputs follow from versions
         if rule.folds(e, offset):
@@ -229,7 +248,7 @@ def _fold_each(
         if node_fault(exc):
             raise
     # One failed: each alone, the rule told what each one that fails leaves unchanged.
-    rule = _Folding(into, aggregate_id, at, marks.get(aggregate_id))
+    rule = _Folding(into, aggregate_id, at, marks.get(aggregate_id), kept)
     current: StoredAggregate | None = stored
     passed: dict[int, Exception] = {}
     state: bytes | None = None

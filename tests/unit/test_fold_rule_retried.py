@@ -178,3 +178,42 @@ async def test_a_request_decided_again_past_the_window_is_restored_as_live() -> 
     )
     await fresh.restore(OneBatchLog(log))
     assert orjson.loads(fresh_store.get(P, state_key(ORDER)) or b"null") == live_state
+
+
+@pytest.mark.parametrize("one_by_one", [False, True])
+async def test_a_request_decided_again_past_the_window_after_another_is_restored_as_live(
+    one_by_one: bool,
+) -> None:
+    """r-1, r-2, then r-1 again once the window forgot it (its event ids the same): live
+    folds all three; a restore reading them in one batch left the third out (r-1 among the
+    ids folded in the batch, whatever the window), one record a batch folded it."""
+    window = 1_000
+    clock = [T0]
+
+    def processor_of(store: MemoryAggregateStore, commits: Commits) -> CommandProcessor:
+        return CommandProcessor(
+            orders,
+            P,
+            partitions=PARTITIONS,
+            states=store,
+            commit=commits,
+            now=lambda: clock[0],
+            request_id_window=window,
+        )
+
+    store, commits = MemoryAggregateStore(), Commits()
+    live = processor_of(store, commits)
+    await live.handle([], local=[remind_cmd("r-1")])
+    await live.handle([], local=[remind_cmd("r-2")])
+    clock[0] += 10 * window
+    await live._states.forget_expired(clock[0])
+    await live.handle([], local=[remind_cmd("r-1")])
+    live_state = orjson.loads(store.get(P, state_key(ORDER)) or b"null")
+    assert live_state["version"] == 3
+    events = [r for r in commits.records if r[0] == EVENTS]
+    stamps = [T0, T0, clock[0]]
+    log = [Record(EVENTS, P, i, r[2], r[3], stamps[i], ()) for i, r in enumerate(events)]
+    fresh_store = MemoryAggregateStore()
+    fresh = processor_of(fresh_store, Commits())
+    await fresh.restore(OneByOne(log) if one_by_one else OneBatchLog(log))
+    assert orjson.loads(fresh_store.get(P, state_key(ORDER)) or b"null") == live_state
