@@ -292,10 +292,17 @@ async def _superseded(w: CycleWork, event: EventEnvelope, op: TimerOp) -> bool:
 
 async def _stored_from(w: CycleWork, event: EventEnvelope, op: CancelTimer) -> bool:
     """Whether the row of the set `event` (refused now, `op`) holds the timer that very
-    event set: stored at its version, with its id. `w.carried` names such an event only
-    in the run that decided it: after a restart or a take-over, the row says so."""
+    event set: stored at its version, with its id, or with the id of another set of the
+    same command (one setting the key twice alike keeps the first set's timer:
+    `tables.writes.rewritten`). `w.carried` names such an event only in the run that
+    decided it: after a restart or a take-over, the row says so."""
     held = await w.timers.find(op.owner, op.key)
-    return held is not None and held.id == event.id and held.version == event.version
+    if held is None or held.version != event.version:
+        return False
+    if held.id == event.id:
+        return True
+    made, setter = command_of_event(event.id), command_of_event(held.id)
+    return made is not None and setter is not None and made[0] == setter[0]
 
 
 def _refused_now(i: int, exc: Exception) -> None:

@@ -70,6 +70,12 @@ def _later(state: S, cmd: Command, d: Decision) -> None:
     d.schedule("k", OnceRule(at=int(cmd.body["at"])), CommandSpec(type="Grow", body={"pad": pad}))
 
 
+@thing.command("LaterTwice")
+def _later_twice(state: S, cmd: Command, d: Decision) -> None:
+    for _ in range(2):  # the same timer, set from two code paths of one handler
+        _later(state, cmd, d)
+
+
 SERVICE = Service(aggregates=(thing,))
 
 
@@ -273,30 +279,33 @@ async def test_a_stored_timer_whose_command_its_topic_now_refuses_is_parked(
         assert refused == [] and node.node.health().get("failing") in (None, {})
 
 
+@pytest.mark.parametrize("command", ["Later", "LaterTwice"])
 async def test_a_committed_timer_read_back_under_a_smaller_limit_is_kept(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, command: str
 ) -> None:
     """A `Later` decided COMMITTED, its 100 KB timer stored at once; the node stops before
     its event is read back, and the commands topic is lowered to 64 KiB: the next node reads
     the event back and finds its timer stored from it: done, kept, no letter. Before, it
     took the set again under the smaller limit, cancelled the stored timer and dead-lettered
     the event (only the run that decided it knew it carried out): its sender was told
-    COMMITTED, and the timer never fired."""
+    COMMITTED, and the timer never fired. `LaterTwice` sets it twice alike: the table keeps
+    the first set's timer (`tables.writes.rewritten`), the second's read-back is the same
+    command's doing, not a set to cancel."""
     log, clock = MemoryLog(), FakeClock(T0)
     refused = refusing(log, monkeypatch)
     owner, _ = owners(2)
     at = T0 + 3_600_000
     async with running(RunningNode(log, tmp_path, "a", SERVICE, P, clock=clock)):
-        rid = await send(log, owner, "Later", size=100_000, at=at)
+        rid = await send(log, owner, command, size=100_000, at=at)
         assert (await answered(log, rid))[rid].code == "COMMITTED"
         await wait_until(lambda: (owner, "k") in timer_keys(log, 0))
     # Stopped before its read-back committed: the group's offset left before the event.
-    [set_at] = [r.offset for r in log.records(T.events, 0)]
+    set_at, *_ = offsets = [r.offset for r in log.records(T.events, 0)]
     log.commit_group_offsets("g", {(T.events, 0): set_at})
     log._max_bytes[T.commands] = 64 * 1024  # an operator lowers it
     node = RunningNode(log, tmp_path, "b", SERVICE, P, clock=clock)
     async with running(node):
         assert node.node.limits.topic_record_bytes == {T.commands: 64 * 1024 - RECORD_FRAMING}
-        await wait_until(lambda: (log.committed("g", T.events, 0) or 0) > set_at)
+        await wait_until(lambda: (log.committed("g", T.events, 0) or 0) > offsets[-1])
         assert letters(log) == [] and refused == []
         assert (owner, "k") in timer_keys(log, 0)
