@@ -44,7 +44,8 @@ refuse past `MAX_DECISION_RECORDS`, failing the whole command."""
 
 SentCheck = Callable[[Sequence[CommandEnvelope]], Exception | None]
 """Why a handler's commands cannot be written (one is a record the node's processor would
-refuse: over `TICKWHEEL_MAX_RECORD_BYTES`), or None: the node gives it
+refuse: over `TICKWHEEL_MAX_RECORD_BYTES`, or over what its topic takes with its key),
+or None: the node gives it
 (`app.commands.sent_sizes`), as the command path is not this package's to import."""
 
 
