@@ -10,13 +10,12 @@ whose copy is marked bad and folded again from the log whole."""
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
-from fakes import RunningNode, wait_until
+from fakes import T0, FakeClock, RunningNode, wait_until
 from test_node_memory import PARTITIONS, SERVICE, TOPICS, events, schedule, task_of
 from test_partition_fault_memory import owners_in
 from test_rocksdb_close_refused import WriteFailed
@@ -31,7 +30,8 @@ from tables.rocksdb_store import RocksDBTimerStore
 
 @pytest.fixture
 async def node(tmp_path: Path) -> AsyncIterator[RunningNode]:
-    n = await RunningNode(MemoryLog(), tmp_path, "a", SERVICE, PARTITIONS).start()
+    clock = FakeClock(T0)
+    n = await RunningNode(MemoryLog(), tmp_path, "a", SERVICE, PARTITIONS, clock=clock).start()
     yield n
     await n.stop()
 
@@ -68,7 +68,8 @@ async def test_a_write_refused_once_fails_its_partition_alone_which_is_taken_afr
     monkeypatch.setattr(states, "drop", dropping)
     first, later = owners_in(bad)[:2]
     other = owners_in(good)[0]
-    far = int(time.time() * 1000) + 3_600_000
+    clock = cast(FakeClock, node.node.clock)
+    far = T0 + 3_600_000
 
     refused: Any = kept.store if refusing == "timers" else states  # RocksDB's own
     dbs: dict[int, Any] = refused._dbs
@@ -84,7 +85,7 @@ async def test_a_write_refused_once_fails_its_partition_alone_which_is_taken_afr
     await wait_until(lambda: stored(first))
     # From now on p's DB refuses its writes, as RocksDB does once one of them failed.
     db = dbs[bad] = WriteFailed(dbs[bad])
-    await schedule(log, later, int(time.time() * 1000) + 1_000)
+    await schedule(log, later, T0 + 1_000)
     await wait_until(lambda: tasks[bad].takes == 2 or node.task is None or node.task.done())
     assert node.node._failure is None and node.task is not None and not node.task.done()
     assert db.calls[:1] == ["write"] and db.calls[-1] == "close", db.calls
@@ -99,10 +100,19 @@ async def test_a_write_refused_once_fails_its_partition_alone_which_is_taken_afr
         assert restores == [(bad, True)] and dropped == [bad] and not states.is_bad(bad)
     assert await stored(first)
     # It serves again: the command its failed cycle read is decided again, and fires.
+    await wait_until(lambda: stored(later))
+    clock.advance(1_000)
     await wait_until(lambda: later in [e.aggregate.id for e in events(log, "Fired")], within=15)
     assert dbs[bad] is not db
     # The other partition untouched: never failed, never taken again, and firing.
-    await schedule(log, other, int(time.time() * 1000) + 200)
+    await schedule(log, other, T0 + 1_200)
+
+    async def set_other() -> bool:
+        ref = AggregateRef(context="mem", aggregate="counter", id=other)
+        return await kept.store.find(ref, "k") is not None
+
+    await wait_until(set_other)
+    clock.advance(200)
     await wait_until(lambda: other in [e.aggregate.id for e in events(log, "Fired")])
     assert node.node._tasks[task_of(good)] is tasks[good] and tasks[good].takes == 1
     await wait_until(node.runs)
@@ -125,7 +135,7 @@ async def test_a_fault_that_lasts_through_the_retakes_stops_the_node_loudly(
     bad = 0
     first, later = owners_in(bad)[:2]
     ref = AggregateRef(context="mem", aggregate="counter", id=first)
-    await schedule(log, first, int(time.time() * 1000) + 3_600_000)
+    await schedule(log, first, T0 + 3_600_000)
 
     async def stored() -> bool:
         return await kept.store.find(ref, "k") is not None
@@ -141,7 +151,7 @@ async def test_a_fault_that_lasts_through_the_retakes_stops_the_node_loudly(
     store: Any = kept.store  # RocksDB's own
     dbs: dict[int, Any] = store._dbs
     dbs[bad] = WriteFailed(dbs[bad])
-    await schedule(log, later, int(time.time() * 1000) + 1_000)
+    await schedule(log, later, T0 + 1_000)
     health: list[dict[str, Any]] = []
 
     def stopped() -> bool:
