@@ -606,6 +606,7 @@ async def test_a_paused_job_is_backfilled_once_and_triggered_once_by_the_cli(
     mine = [e.event.body for e in runs.ran if e.event.body["instance"] == system[1]]
     in_range = sorted(r["due_at"] for r in mine if r["slot"] >= 0 and start <= r["due_at"] <= end)
     assert in_range == [p["due_at"] for p in planned], "each slot of the range ran once"
-    assert [r["tick"] for r in mine if r["slot"] == TRIGGERED_SLOT] == [f"by-hand-{ctx}"]
+    by_hand_id = f"trigger:by-hand-{ctx}"  # the action's own id (`action_request_id`)
+    assert [r["tick"] for r in mine if r["slot"] == TRIGGERED_SLOT] == [by_hand_id]
     assert len({r["tick"] for r in mine}) == len(mine), "no request id ran twice"
     assert len(runs.of(system, BACKFILLED)) == len(missed)

@@ -78,7 +78,8 @@ async def test_a_job_triggered_over_http_runs_once(cluster: Cluster) -> None:
 
     await eventually(has_run, 30, "the triggered run's Ran", 0.5)
     # The second trigger was decided DUPLICATE before it was answered: it sent nothing.
-    assert [r["tick"] for r in await triggered()] == [f"by-hand-{ctx}"]
+    # Its request id is the action's own, named from the caller's (`action_request_id`).
+    assert [r["tick"] for r in await triggered()] == [f"trigger:by-hand-{ctx}"]
 
     status, listed = await call(w, "GET", f"/jobs?job={tw_jobs.heartbeat.name}&state=true")
     assert status == 200, listed
