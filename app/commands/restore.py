@@ -84,6 +84,10 @@ async def restore_states(
     to_read = max(end - start, 0)
     if progress is not None:
         progress(0, to_read)
+    # Before the log is read: a copy taken back after a while holds ids past the window
+    # that live forgot (and a request sent again since was decided again, its events the
+    # same ids): found in the store, the decision was left out of the state.
+    forgotten = await states.forget_expired(states.now())
     found = Misplaced()
     marks: OrderedDict[str, Mark] = OrderedDict()  # the request folded last
     async with aclosing(reader.read(states.events_topic, states.partition, start)) as batches:
@@ -99,7 +103,7 @@ async def restore_states(
         found.log(states.events_topic, states.partition, states.partitions)
         if misplaced is not None:
             misplaced(found.count)
-    forgotten = await states.forget_expired(states.now())
+    forgotten += await states.forget_expired(states.now())
     logger.info(
         "restored %s[%d] states: %d events in %.3f s, %d request ids past the window forgotten",
         states.events_topic,
@@ -152,12 +156,9 @@ def _fold_records(
         # 9999) would keep the id past any sweep, and with it every id of its batch.
         return min(max(e.created_at, logged_at[offset]), now)
 
-    def within(e: EventEnvelope, offset: int) -> bool:
-        return dated(e, offset) > floor  # else past the window: a sweep would forget it
-
     for aggregate_id, events in by_id.items():
         stored = into.stored(aggregate_id)
-        state, taken, failed = _fold_each(into, aggregate_id, stored, events, marks, within)
+        state, taken, failed = _fold_each(into, aggregate_id, stored, events, marks, dated)
         if state is not None:
             states[aggregate_id] = state
             into.warn_over(aggregate_id, len(state))
@@ -179,10 +180,11 @@ def _fold_records(
 
 class _Folding:
     """One aggregate's fold rule as the restore goes (`app.commands.folds`): its version,
-    the request folded last and the request ids folded in this batch that the store keeps
-    (`kept`: within the window), as a batch of one record would find them in the store: a
-    request decided again once the window forgot it (its event ids the same) folds here
-    whatever the batch holds besides, as it did live."""
+    the request folded last and the request ids folded in this batch, each with its date
+    (`dated`). One counts as folded for an event only while within the window of that
+    event's date, as live kept it when it followed the event: a request decided again
+    once the window forgot it (its event ids the same) folds, whatever the batch holds
+    besides; one sent again within it (another writer's) does not."""
 
     def __init__(
         self,
@@ -190,11 +192,11 @@ class _Folding:
         aggregate_id: str,
         at: int,
         last: Mark | None,
-        kept: Callable[[EventEnvelope, int], bool],
+        dated: Callable[[EventEnvelope, int], int],
     ) -> None:
         self.into, self.aggregate_id, self.at, self.last = into, aggregate_id, at, last
-        self.kept = kept
-        self.ids: set[str] = set()
+        self.dated = dated
+        self.ids: dict[str, int] = {}
 
     def folds(self, event: EventEnvelope, offset: int) -> bool:
         rid = applied_id(event)
@@ -203,7 +205,10 @@ class _Folding:
             folded = True  # the request folded last
         elif event.version > self.at:
             into = self.into
-            folded = rid in self.ids or into.store.folded(into.partition, self.aggregate_id, rid)
+            since = self.dated(event, offset) - into.request_id_window
+            folded = self.ids.get(rid, since) > since or into.store.folded(
+                into.partition, self.aggregate_id, rid
+            )
         else:
             folded = False  # at or behind, not the next of a request: no either way
         return folds(event.version, self.at, folded=folded, continues=nxt)
@@ -212,8 +217,7 @@ class _Folding:
         rid = applied_id(event)
         self.at = max(self.at, event.version)  # as `fold` sets it
         self.last = marked(self.last, rid, offset, event.id, event.version)
-        if self.kept(event, offset):
-            self.ids.add(rid)
+        self.ids[rid] = self.dated(event, offset)
 
 
 def _fold_each(
@@ -222,17 +226,17 @@ def _fold_each(
     stored: StoredAggregate | None,
     events: list[tuple[EventEnvelope, int]],
     marks: OrderedDict[str, Mark],
-    kept: Callable[[EventEnvelope, int], bool],
+    dated: Callable[[EventEnvelope, int], int],
 ) -> tuple[bytes | None, list[tuple[EventEnvelope, int]], dict[int, Exception]]:
     """The aggregate's bytes after those of `events` (with their offsets) the rule folds,
     its appliers take and whose result can be written (None: nothing to write); the
     events the rule folds, with their offsets; and why each of those passed over was, by
     its `id()`: one an applier raises on, or that makes an aggregate no encoder writes
     (the subscription dead-letters it when it follows it; a restore reads it again each
-    time). `marks`: the request folded last into each aggregate, updated; `kept`: whether
-    an event's request id is within the window (`_Folding`)."""
+    time). `marks`: the request folded last into each aggregate, updated; `dated`: the date
+    an event's request id is kept from (`_Folding`)."""
     agg, at = into.agg, 0 if stored is None else stored.version
-    rule = _Folding(into, aggregate_id, at, marks.get(aggregate_id), kept)
+    rule = _Folding(into, aggregate_id, at, marks.get(aggregate_id), dated)
     taken: list[tuple[EventEnvelope, int]] = []
     for e, offset in events:  # as if each folds: the rule's inputs follow from versions
         if rule.folds(e, offset):
@@ -248,7 +252,7 @@ def _fold_each(
         if node_fault(exc):
             raise
     # One failed: each alone, the rule told what each one that fails leaves unchanged.
-    rule = _Folding(into, aggregate_id, at, marks.get(aggregate_id), kept)
+    rule = _Folding(into, aggregate_id, at, marks.get(aggregate_id), dated)
     current: StoredAggregate | None = stored
     passed: dict[int, Exception] = {}
     state: bytes | None = None
