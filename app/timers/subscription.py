@@ -73,6 +73,9 @@ class CancelTimer:
     """A set whose timer cannot be stored (`timer_sizes.oversized`), why: the timer it
     replaces is cancelled all the same (its owner replaced it; left, it would fire by the
     rule replaced), and the set's record is dead-lettered with this."""
+    refused_timer: Timer | None = None
+    """With `refused`: the timer the set would have stored (a read-back finds whether the
+    table holds it from the set's own command, stored under limits lowered since)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,6 +143,7 @@ def timer_op(
                     event.version,
                     _mark(event, partition, now),
                     refused=f"{SCHEDULE_SET} {event.id}: {why}",
+                    refused_timer=timer,
                 )
             return PutTimer(timer)
         if event.type == SCHEDULE_CANCELLED:

@@ -10,6 +10,7 @@ The memory log accepts any size: here it refuses, in a transaction, what the bro
 
 from __future__ import annotations
 
+import functools
 import time
 import uuid
 from pathlib import Path
@@ -74,6 +75,12 @@ def _later(state: S, cmd: Command, d: Decision) -> None:
 def _later_twice(state: S, cmd: Command, d: Decision) -> None:
     for _ in range(2):  # the same timer, set from two code paths of one handler
         _later(state, cmd, d)
+
+
+@thing.command("SmallThenBig")
+def _small_then_big(state: S, cmd: Command, d: Decision) -> None:
+    _later(state, cmd.model_copy(update={"body": {**cmd.body, "size": 10}}), d)
+    _later(state, cmd, d)  # the same key, another body: this set replaces the first
 
 
 SERVICE = Service(aggregates=(thing,))
@@ -309,3 +316,33 @@ async def test_a_committed_timer_read_back_under_a_smaller_limit_is_kept(
         await wait_until(lambda: (log.committed("g", T.events, 0) or 0) > offsets[-1])
         assert letters(log) == [] and refused == []
         assert (owner, "k") in timer_keys(log, 0)
+
+
+async def test_a_refused_set_whose_command_set_its_key_otherwise_first_cancels_that(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A command (another deployment's: its event ids made as a node makes them) sets k
+    small, then big: the big set replaces the small one. Read by a node whose commands
+    topic takes 64 KiB, in two batches (the small set stored first), the big set is
+    refused: it is a letter, and the small timer it replaced is cancelled. Taken for the
+    big set's own doing (the same command), the small timer was kept and fired a command
+    its decision had replaced."""
+    other, clock = MemoryLog(), FakeClock(T0)
+    owner, _ = owners(2)
+    async with running(RunningNode(other, tmp_path / "w", "w", SERVICE, P, clock=clock)):
+        rid = await send(other, owner, "SmallThenBig", size=100_000, at=T0 + 3_600_000)
+        assert (await answered(other, rid))[rid].code == "COMMITTED"
+    theirs = list(other.records(T.events, 0))
+    log = MemoryLog()
+    log.ensure_topics([TopicSpec(T.commands, P, max_message_bytes=64 * 1024)])
+    refusing(log, monkeypatch)
+    async with running(RunningNode(log, tmp_path / "a", "a", SERVICE, P, clock=clock)):
+        for read, r in enumerate(theirs, start=1):
+            await log.publisher().send(T.events, r.key, r.value, 0)
+            await wait_until(functools.partial(_committed_past, log, read))
+        assert len(letters(log)) == 1
+        assert (owner, "k") not in timer_keys(log, 0)
+
+
+def _committed_past(log: MemoryLog, read: int) -> bool:
+    return (log.committed("g", T.events, 0) or 0) >= read
