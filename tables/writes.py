@@ -17,6 +17,7 @@ from tables.timer import ACTIVE, Outcome, Timer, TimerChange, TimerStatus
 
 __all__ = [
     "Write",
+    "alike",
     "cancel_row",
     "check_change",
     "pause_row",
@@ -80,12 +81,14 @@ def rewritten(held: Timer, timer: Timer) -> bool:
     Nothing else tells a producer's retry from the key set twice alike in one command, and
     there keeping the first changes only what its id and its event's time pick (its
     request ids, a jittered due time, a recurring rule's first slot)."""
-    return (
-        held.status is TimerStatus.PENDING
-        and held.rule == timer.rule
-        and held.target == timer.target
-        and held.command == timer.command
-    )
+    return held.status is TimerStatus.PENDING and alike(held, timer)
+
+
+def alike(held: Timer, timer: Timer) -> bool:
+    """Whether `held` and `timer` set the same: the same rule, target and command, whatever
+    became of `held` since (a read-back finds a row its set stored, fired or parked
+    since)."""
+    return held.rule == timer.rule and held.target == timer.target and held.command == timer.command
 
 
 _HAS_SENT: Final = frozenset({TimerStatus.FIRING, TimerStatus.FIRED, TimerStatus.PARKED})

@@ -25,7 +25,7 @@ from app.timers.op_answers import answer_record
 from app.timers.operator import carry_out
 from app.timers.subscription import CancelTimer, TimerOp, apply_all, op_key, timer_op
 from tables import Timer
-from tables.writes import rewritten
+from tables.writes import alike
 
 __all__ = ["TimerTableCycles"]
 
@@ -295,9 +295,10 @@ async def _stored_from(w: CycleWork, event: EventEnvelope, op: CancelTimer) -> b
     """Whether the row of the set `event` (refused now, `op`) holds the timer that very
     event set: stored at its version, with its id, or set alike by another set of the
     same command (one setting the key twice alike keeps the first set's timer:
-    `tables.writes.rewritten`; one that set it otherwise first is replaced by this set,
-    so its row is not this set's doing). `w.carried` names such an event only in the run
-    that decided it: after a restart or a take-over, the row says so."""
+    `tables.writes.rewritten`), fired or parked since or not; one that set it otherwise
+    first is replaced by this set, so its row is not this set's doing. `w.carried` names
+    such an event only in the run that decided it: after a restart or a take-over, the
+    row says so."""
     held = await w.timers.find(op.owner, op.key)
     if held is None or held.version != event.version:
         return False
@@ -309,7 +310,7 @@ async def _stored_from(w: CycleWork, event: EventEnvelope, op: CancelTimer) -> b
         and setter is not None
         and made[0] == setter[0]
         and op.refused_timer is not None
-        and rewritten(held, op.refused_timer)
+        and alike(held, op.refused_timer)
     )
 
 
