@@ -14,13 +14,12 @@ from collections.abc import AsyncGenerator
 import orjson
 import pytest
 from fakes import T0, OneBatchLog
-from test_fold_rule import EVENTS, ORDER, PARTITIONS, Commits, P, orders, processor, remind_cmd
+from test_fold_rule import EVENTS, ORDER, Commits, P, processor, remind_cmd
 
 from app.commands.folds import EVENTS_MAX, Mark, continues, marked
-from app.commands.processor import CommandProcessor, state_key
+from app.commands.processor import state_key
 from app.kafka import Record
 from app.protocol.wire import EventEnvelope, encode
-from tables.aggregate_store import MemoryAggregateStore
 
 
 def ev(event_id: str, version: int, request_id: str | None) -> EventEnvelope:
@@ -135,85 +134,3 @@ def test_the_mark_keeps_the_latest_event_ids_of_its_decision() -> None:
     assert len(mark.events) == EVENTS_MAX  # bounded: the first ones let go
     assert mark.events[-1] == f"e-{2 + EVENTS_MAX}"
     assert continues(mark, "r", 3 + EVENTS_MAX, "e-1", 1)
-
-
-async def test_a_request_decided_again_past_the_window_is_restored_as_live() -> None:
-    """Its event ids are the request's (the same on every decision of it): sent again once
-    the window forgot it, it is decided again at the next version. Live folds both
-    decisions; a restore reading both in one batch folded the second as the first's
-    retried append (the same ids), and lost a COMMITTED command from the state."""
-    window = 1_000
-    clock = [T0]
-    store = MemoryAggregateStore()
-    commits = Commits()
-    live = CommandProcessor(
-        orders,
-        P,
-        partitions=PARTITIONS,
-        states=store,
-        commit=commits,
-        now=lambda: clock[0],
-        request_id_window=window,
-    )
-    await live.handle([], local=[remind_cmd("r-1")])
-    clock[0] += 10 * window
-    await live._states.forget_expired(clock[0])
-    await live.handle([], local=[remind_cmd("r-1")])
-    live_state = orjson.loads(store.get(P, state_key(ORDER)) or b"null")
-    assert live_state["version"] == 2
-    events = [r for r in commits.records if r[0] == EVENTS]
-    log = [
-        Record(EVENTS, P, i, r[2], r[3], T0 if i == 0 else clock[0], ())
-        for i, r in enumerate(events)
-    ]
-    fresh_store = MemoryAggregateStore()
-    fresh = CommandProcessor(
-        orders,
-        P,
-        partitions=PARTITIONS,
-        states=fresh_store,
-        commit=Commits(),
-        now=lambda: clock[0],
-        request_id_window=window,
-    )
-    await fresh.restore(OneBatchLog(log))
-    assert orjson.loads(fresh_store.get(P, state_key(ORDER)) or b"null") == live_state
-
-
-@pytest.mark.parametrize("one_by_one", [False, True])
-async def test_a_request_decided_again_past_the_window_after_another_is_restored_as_live(
-    one_by_one: bool,
-) -> None:
-    """r-1, r-2, then r-1 again once the window forgot it (its event ids the same): live
-    folds all three; a restore reading them in one batch left the third out (r-1 among the
-    ids folded in the batch, whatever the window), one record a batch folded it."""
-    window = 1_000
-    clock = [T0]
-
-    def processor_of(store: MemoryAggregateStore, commits: Commits) -> CommandProcessor:
-        return CommandProcessor(
-            orders,
-            P,
-            partitions=PARTITIONS,
-            states=store,
-            commit=commits,
-            now=lambda: clock[0],
-            request_id_window=window,
-        )
-
-    store, commits = MemoryAggregateStore(), Commits()
-    live = processor_of(store, commits)
-    await live.handle([], local=[remind_cmd("r-1")])
-    await live.handle([], local=[remind_cmd("r-2")])
-    clock[0] += 10 * window
-    await live._states.forget_expired(clock[0])
-    await live.handle([], local=[remind_cmd("r-1")])
-    live_state = orjson.loads(store.get(P, state_key(ORDER)) or b"null")
-    assert live_state["version"] == 3
-    events = [r for r in commits.records if r[0] == EVENTS]
-    stamps = [T0, T0, clock[0]]
-    log = [Record(EVENTS, P, i, r[2], r[3], stamps[i], ()) for i, r in enumerate(events)]
-    fresh_store = MemoryAggregateStore()
-    fresh = processor_of(fresh_store, Commits())
-    await fresh.restore(OneByOne(log) if one_by_one else OneBatchLog(log))
-    assert orjson.loads(fresh_store.get(P, state_key(ORDER)) or b"null") == live_state

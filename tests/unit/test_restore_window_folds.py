@@ -1,6 +1,12 @@
 """A restore judges a request id folded as live did when it followed the event: within the
 de-duplication window of that event's date.
 
+- A request's event ids are the request's, the same on every decision of it: sent again
+  once the window forgot it, it is decided again at the next version, and live folds both
+  decisions. A restore took the second for the first's retried append (the same ids), or,
+  with another decision between, found the first among the batch's ids whatever the
+  window: a COMMITTED command left out of the state.
+
 - A node's own copy taken back after a while held ids past the window that live had
   forgotten: a request sent again since and decided again elsewhere (its events the same
   ids, at the next version) was found folded in the store and left out of the state, and
@@ -19,9 +25,10 @@ from collections.abc import Sequence
 from typing import Any
 
 import orjson
+import pytest
 from fakes import T0, OneBatchLog
 from test_fold_rule import EVENTS, ORDER, PARTITIONS, Commits, P, orders, remind_cmd
-from test_fold_rule_retried import ev
+from test_fold_rule_retried import OneByOne, ev
 
 from app.commands.processor import CommandProcessor, state_key
 from app.kafka import Record
@@ -106,3 +113,29 @@ async def test_another_writers_request_decided_twice_within_the_window_folds_onc
     restored = MemoryAggregateStore()
     await processor(restored, Commits(), clock).restore(OneBatchLog(log))
     assert state(restored) == state(live_store)
+
+
+@pytest.mark.parametrize("between", [False, True])
+@pytest.mark.parametrize("one_by_one", [False, True])
+async def test_a_request_decided_again_past_the_window_is_restored_as_live(
+    between: bool, one_by_one: bool
+) -> None:
+    clock = [T0]
+    store, commits = MemoryAggregateStore(), EventsOnly()
+    live = processor(store, commits, clock)
+    await live.handle([], local=[remind_cmd("r-1")])
+    stamps = [T0]
+    if between:
+        await live.handle([], local=[remind_cmd("r-2")])
+        stamps.append(T0)
+    clock[0] += 10 * WINDOW
+    await live._states.forget_expired(clock[0])
+    await live.handle([], local=[remind_cmd("r-1")])
+    stamps.append(clock[0])
+    assert state(store)["version"] == len(stamps)
+    log = the_log(commits, stamps)
+    restored = MemoryAggregateStore()
+    await processor(restored, Commits(), clock).restore(
+        OneByOne(log) if one_by_one else OneBatchLog(log)
+    )
+    assert state(restored) == state(store)
