@@ -12,7 +12,7 @@ from typing import Protocol
 from app.errors import MissingTopic, RecordTooLarge
 from app.kafka import OutRecord, Record
 from app.kafka.catalog import TopicCatalog, no_target_message
-from app.kafka.records import TOPIC_RECORD_BYTES
+from app.kafka.records import TOPIC_RECORD_BYTES, topic_takes
 from app.model.decide import Decided
 from app.protocol.dead_letters import Stage, dead_letter, error_message
 from app.protocol.limits import InputLimits
@@ -187,14 +187,8 @@ def check_sizes(out: list[OutRecord], limits: InputLimits) -> None:
         if size > (limit := takes.get(record[0], TOPIC_RECORD_BYTES)):
             raise RecordTooLarge(
                 f"the decision writes a record of {size} bytes with its key to {record[0]}, "
-                f"over {limit} ({_what_takes(limit)}): nothing of it is written"
+                f"over {limit} ({topic_takes(limit)}): nothing of it is written"
             )
-
-
-def _what_takes(limit: int) -> str:
-    if limit < TOPIC_RECORD_BYTES:
-        return "what the topic takes: its max.message.bytes less a record's framing"
-    return "what a topic of the broker's defaults takes"
 
 
 def written_in_process(record: Record) -> bool:

@@ -280,6 +280,17 @@ topics a node creates are so). Larger, the broker refuses it (MESSAGE_SIZE_TOO_L
 retried) and the transaction fails at every retake of the partition."""
 
 
+def topic_takes(limit: int, topic: str | None = None) -> str:
+    """What a record's bound `limit` is, said in an error: what its topic takes (`topic`
+    named, with the bound, when given), its `max.message.bytes` less `RECORD_FRAMING`, for
+    one that takes less than `TOPIC_RECORD_BYTES`; else what a topic of the broker's
+    defaults takes."""
+    if limit >= TOPIC_RECORD_BYTES:
+        return "what a topic of the broker's defaults takes"
+    which = "the topic takes" if topic is None else f"{topic} takes, {limit} bytes"
+    return f"what {which}: its max.message.bytes less a record's framing"
+
+
 @dataclass(frozen=True, slots=True)
 class Replication:
     """How many brokers hold each partition of a topic the node creates, and how many must

@@ -23,7 +23,7 @@ from typing import Final
 
 import orjson
 
-from app.kafka.records import TOPIC_RECORD_BYTES
+from app.kafka.records import TOPIC_RECORD_BYTES, topic_takes
 from app.protocol.topics import AggregateTopics, ContextTopics
 from app.protocol.wire import MAX_PARTITION, encode
 from app.timers.sender import timer_command
@@ -89,19 +89,13 @@ def oversized(
         return (
             f"the command its timer sends would be a record of up to {command} bytes, over "
             f"{command_limit} (TICKWHEEL_MAX_RECORD_BYTES {max_record_bytes}, or "
-            f"{_what_takes(target, commands)} with its key): its target would refuse it; "
+            f"{topic_takes(commands, target)} with its key): its target would refuse it; "
             "send a smaller command body"
         )
     if (row := len(encode_timer(timer))) > row_limit:
         return (
             f"its row in the timer table's changelog would be {row} bytes, over {row_limit} "
-            f"({_what_takes(owner, changelog)}, less its key and room for what its firings add to "
+            f"({topic_takes(changelog, owner)}, less its key and room for what its firings add to "
             "it): send a smaller command body"
         )
     return None
-
-
-def _what_takes(topic: str, limit: int) -> str:
-    if limit < TOPIC_RECORD_BYTES:
-        return f"what {topic} takes, {limit} bytes: its max.message.bytes less a record's framing"
-    return "what a topic of the broker's defaults takes"
