@@ -87,14 +87,9 @@ class PartitionedReads(ServedPartitions):
         """Up to `limit` FIRING rows of `partitions`, whatever their claims' deadlines,
         earliest first, ties by id. A partition's due index is read only as far as its last
         FIRING row: as many as it counts (`status_counts`), none when it counts none."""
-        self._check_open()
-        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-            raise ValueError(f"limit must be an int of at least 1, not {limit!r}")
-        wanted = sorted(partitions)
-        for partition in wanted:
-            self._check_served(partition)
+        self._check_limit(limit)
         found: list[Timer] = []
-        for partition in wanted:
+        for partition in self._checked_served(partitions):
             # Synchronous, the count and the scan: no write lands between them.
             count = min(self.status_counts(partition)[TimerStatus.FIRING], limit)
             if count:
@@ -104,15 +99,24 @@ class PartitionedReads(ServedPartitions):
 
     def _due_partitions(self, partitions: set[int], until: int, limit: int) -> list[int]:
         """The partitions a `due()` reads, its arguments checked; none when nothing is due."""
+        self._check_limit(limit)
+        if isinstance(until, bool) or not isinstance(until, int):
+            raise ValueError(f"until must be epoch milliseconds (int), not {until!r}")
+        wanted = self._checked_served(partitions)
+        return [] if until < 0 else wanted
+
+    def _check_limit(self, limit: int) -> None:
+        """The store open and `limit` a count of rows to read (`due`, `firing`)."""
         self._check_open()
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
             raise ValueError(f"limit must be an int of at least 1, not {limit!r}")
-        if isinstance(until, bool) or not isinstance(until, int):
-            raise ValueError(f"until must be epoch milliseconds (int), not {until!r}")
+
+    def _checked_served(self, partitions: set[int]) -> list[int]:
+        """`partitions` in order, each one this store serves (else `_check_served` raises)."""
         wanted = sorted(partitions)
         for partition in wanted:
             self._check_served(partition)
-        return [] if until < 0 else wanted
+        return wanted
 
     async def find(self, owner: AggregateRef, key: str) -> Timer | None:
         self._check_open()
