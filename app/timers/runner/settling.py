@@ -22,7 +22,7 @@ from tables.copies import change_of
 from tables.exceptions import StoreError
 from tables.ledger import FailureLedger
 from tables.refs import AggregateRef
-from tables.timer import Timer, TimerChange, TimerStatus
+from tables.timer import Timer, TimerChange
 
 __all__ = ["apart", "from_loaded", "holds", "park", "reclaim", "settle_exactly", "taken_over"]
 
@@ -155,7 +155,7 @@ async def taken_over(
         except StoreError as exc:
             faults[p] = exc  # a corrupt row, say: that partition alone fails
     # A claim lapsed already is due: the round takes it from its wheel.
-    claims = [t for t in found if t.status is TimerStatus.FIRING and t.due_at > now]
+    claims = [t for t in found if t.due_at > now]
     ahead = [t.due_at - now for t in claims if t.due_at > now + options.claim_timeout]
     if ahead:
         logger.warning(
