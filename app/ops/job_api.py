@@ -188,9 +188,8 @@ def instance_commands(
         )
     # The caller's part of an id an answer named (`<action>:` and its own) is what is held
     # to 200 characters: sent again as the answer said, it is taken back.
-    given = None if request_id is None else request_id.removeprefix(f"{action}:")
     if request_id is not None and (
-        unusable_request_id(request_id) or not 0 < len(given or "") <= 200
+        unusable_request_id(request_id) or not 0 < len(request_id.removeprefix(f"{action}:")) <= 200
     ):
         raise JobInputError(
             "request_id",
