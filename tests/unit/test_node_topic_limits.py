@@ -10,9 +10,11 @@ The memory log accepts any size: here it refuses, in a transaction, what the bro
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import time
 import uuid
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -153,17 +155,25 @@ async def answered(log: MemoryLog, *request_ids: str) -> dict[str, CommandResult
     return {r: results(log)[r] for r in request_ids}
 
 
+@contextlib.asynccontextmanager
+async def small_topic(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, topic: str, max_bytes: int
+) -> AsyncIterator[tuple[MemoryLog, list[str], RunningNode]]:
+    """A node running on a log whose `topic` was made taking `max_bytes` (the broker's
+    check of a transaction's records on: `refusing`), on the fake clock at `T0`."""
+    log = MemoryLog()
+    log.ensure_topics([TopicSpec(topic, P, max_message_bytes=max_bytes)])
+    refused = refusing(log, monkeypatch)
+    async with running(RunningNode(log, tmp_path, "a", SERVICE, P, clock=FakeClock(T0))) as node:
+        yield log, refused, node
+
+
 async def test_an_event_over_its_topics_limit_is_answered_error_and_the_partition_goes_on(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A 100 KB event, within the node's 256 KiB bound, to an events topic made at 64 KiB:
     ERROR and a dead letter saying so; the command behind it in the partition applied."""
-    log = MemoryLog()
-    log.ensure_topics([TopicSpec(T.events, P, max_message_bytes=64 * 1024)])
-    refused = refusing(log, monkeypatch)
-    node = await RunningNode(log, tmp_path, "a", SERVICE, P).start()
-    try:
-        await wait_until(node.runs)
+    async with small_topic(tmp_path, monkeypatch, T.events, 64 * 1024) as (log, refused, node):
         big_owner, small_owner = owners(2)
         big = await send(log, big_owner, "Grow", size=100_000)
         small = await send(log, small_owner, "Grow", size=10)
@@ -179,8 +189,6 @@ async def test_an_event_over_its_topics_limit_is_answered_error_and_the_partitio
         assert node.node.limits.topic_record_bytes == {T.events: 64 * 1024 - RECORD_FRAMING}
         warned = [r.getMessage() for r in caplog.records if "TICKWHEEL_MAX_RECORD" in r.msg]
         assert len(warned) == 1 and warned[0].startswith(f"{T.events} takes records of 65024")
-    finally:
-        await node.stop()
 
 
 async def test_a_timer_whose_row_is_over_its_changelogs_limit_is_refused(
@@ -188,14 +196,10 @@ async def test_a_timer_whose_row_is_over_its_changelogs_limit_is_refused(
 ) -> None:
     """A decision setting a timer whose changelog row would be over what the changelog
     (made at 16 KiB) takes: ERROR and a dead letter, no timer; the partition goes on."""
-    log = MemoryLog()
-    log.ensure_topics([TopicSpec(T.timers_changelog, P, max_message_bytes=16 * 1024)])
-    refused = refusing(log, monkeypatch)
-    node = await RunningNode(log, tmp_path, "a", SERVICE, P).start()
-    try:
-        await wait_until(node.runs)
+    changelog = T.timers_changelog
+    async with small_topic(tmp_path, monkeypatch, changelog, 16 * 1024) as (log, refused, _):
         big_owner, small_owner = owners(2)
-        at = int(time.time() * 1000) + 3_600_000
+        at = T0 + 3_600_000
         big = await send(log, big_owner, "Later", size=40_000, at=at)
         small = await send(log, small_owner, "Later", size=10, at=at)
         got = await answered(log, big, small)
@@ -207,8 +211,6 @@ async def test_a_timer_whose_row_is_over_its_changelogs_limit_is_refused(
         assert letter.topic == T.commands and T.timers_changelog in letter.context.exception_message
         await wait_until(lambda: timer_keys(log, 0) == {(small_owner, "k")})
         assert refused == []
-    finally:
-        await node.stop()
 
 
 async def test_a_set_in_the_log_whose_row_is_over_its_changelogs_limit_is_dead_lettered(
@@ -216,20 +218,16 @@ async def test_a_set_in_the_log_whose_row_is_over_its_changelogs_limit_is_dead_l
 ) -> None:
     """Another writer's `wow.ScheduleSet` in the log, its row over what the changelog
     takes: the subscription dead-letters it, no timer stored, and the partition goes on."""
-    log = MemoryLog()
-    log.ensure_topics([TopicSpec(T.timers_changelog, P, max_message_bytes=16 * 1024)])
-    refused = refusing(log, monkeypatch)
-    node = await RunningNode(log, tmp_path, "a", SERVICE, P).start()
-    try:
-        await wait_until(node.runs)
+    changelog = T.timers_changelog
+    async with small_topic(tmp_path, monkeypatch, changelog, 16 * 1024) as (log, refused, _):
         writer, other = owners(2)
-        at = int(time.time() * 1000) + 3_600_000
+        at = T0 + 3_600_000
         event = EventEnvelope(
             id="written-elsewhere",
             type="wow.ScheduleSet",
             aggregate=AggregateRef(context="big", aggregate="thing", id=writer),
             version=1,
-            created_at=int(time.time() * 1000),
+            created_at=T0,
             body={
                 "key": "k",
                 "rule": {"kind": "once", "at": at},
@@ -245,8 +243,6 @@ async def test_a_set_in_the_log_whose_row_is_over_its_changelogs_limit_is_dead_l
         assert (await answered(log, behind))[behind].code == "COMMITTED"
         await wait_until(lambda: timer_keys(log, 0) == {(other, "k")})
         assert refused == []
-    finally:
-        await node.stop()
 
 
 ONCE = TimerOptions(retry=RetryPolicy(max_attempts=1))
