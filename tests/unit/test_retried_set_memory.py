@@ -61,17 +61,22 @@ async def test_a_fired_timer_set_again_under_a_new_id_at_its_version_fires_no_mo
     tmp_path: Path,
 ) -> None:
     log, clock = MemoryLog(), FakeClock(T0)
+    await _fired_then_set_again(log, tmp_path, clock)
+    assert _slots_ran(log) == [7, 8]
+
+
+async def _fired_then_set_again(log: MemoryLog, tmp_path: Path, clock: FakeClock) -> None:
+    """Slot 7 set by `evt-1` and fired on a node, then set again under `evt-1-retry` at its
+    version; then a timer after it, due as well, in the same partition, fired: once it has,
+    so had the retried one, had it been written."""
     async with running(
         RunningNode(log, tmp_path, "n", SERVICE, PARTITIONS, clock=clock), within=10
     ):
         await _write(log, REPORTS.events, _set("evt-1", "remind", 7))
         await wait_until(lambda: _slots_ran(log) == [7])
         await _write(log, REPORTS.events, _set("evt-1-retry", "remind", 7))
-        # A timer set after it, due as well, in the same partition: once it has fired, so
-        # had the retried one, had it been written.
         await _write(log, REPORTS.events, _set("evt-2", "marker", 8))
         await wait_until(lambda: 8 in _slots_ran(log))
-        assert _slots_ran(log) == [7, 8]
 
 
 async def test_a_rebuild_fires_a_retried_set_under_the_request_id_the_target_took(
@@ -80,14 +85,8 @@ async def test_a_rebuild_fires_a_retried_set_under_the_request_id_the_target_too
     """Before, the rebuild's replay wrote the retry over the first set's PENDING timer,
     which then sent `evt-1-retry#0`: the target ran slot 7 again."""
     log, clock = MemoryLog(), FakeClock(T0)
-    async with running(
-        RunningNode(log, tmp_path, "n", SERVICE, PARTITIONS, clock=clock), within=10
-    ):
-        await _write(log, REPORTS.events, _set("evt-1", "remind", 7))
-        await wait_until(lambda: _slots_ran(log) == [7])
-        await _write(log, REPORTS.events, _set("evt-1-retry", "remind", 7))
-        await _write(log, REPORTS.events, _set("evt-2", "marker", 8))
-        await wait_until(lambda: _slots_ran(log) == [7, 8])
+    await _fired_then_set_again(log, tmp_path, clock)
+    assert _slots_ran(log) == [7, 8]
     await rebuild(log, "g", [REPORTS])
     # Another data directory: the timer table is built from the replay alone.
     async with running(
