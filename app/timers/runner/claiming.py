@@ -13,12 +13,20 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 
 from app.timers.runner.decision_types import Decision
 from app.timers.runner.decisions import release
+from app.timers.runner.options import TimerOptions
 from app.timers.runner.partition import PartitionFiring, locked
 from app.timers.runner.rounds import Round
 from app.timers.runner.settling import apart
 from tables.timer import Timer, TimerStatus
 
-__all__ = ["hand_over", "to_claim", "write_claims"]
+__all__ = ["hand_limit", "hand_over", "to_claim", "write_claims"]
+
+
+def hand_limit(options: TimerOptions) -> int:
+    """How many timers a partition may hold handed over to fire in-process (its cycle
+    not done with them yet) before its rounds take no more: two rounds' worth, so that
+    its cycle finds the next round's ready as it ends one."""
+    return 2 * options.batch_limit
 
 
 def _current(r: Round, firings: Mapping[int, PartitionFiring]) -> dict[int, PartitionFiring]:

@@ -20,6 +20,7 @@ import dataclasses
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
+from app.timers.runner.claiming import hand_limit
 from app.timers.runner.decision_types import Decision
 from app.timers.runner.decisions import SendResult, deferred_park, unparked
 from app.timers.runner.options import TimerOptions
@@ -136,6 +137,7 @@ class Outcomes:
         kept: list[Timer] = []
         # Each firing's store, looked up once (a cycle asks for a partition's timers).
         stores: dict[PartitionFiring, FiringStore] = {}
+        held_up = self._held_up(claimed)
         for t in claimed:
             firing = self._firings.get(t.partition)
             loaded = None if firing is None else firing.in_hand.get(t.id)
@@ -149,7 +151,23 @@ class Outcomes:
                 kept.append(t)
             elif firing is not None:
                 firing.in_hand.pop(t.id, None)
+        self._catching_up(held_up)
         return kept
+
+    def _held_up(self, timers: Iterable[Timer]) -> set[PartitionFiring]:
+        """The firings of `timers` that hold `hand_limit` or more in hand: their rounds take
+        no more until their cycles catch up (`RoundWork.claim`)."""
+        limit = hand_limit(self._options)
+        firings = {f for t in timers if (f := self._firings.get(t.partition)) is not None}
+        return {f for f in firings if len(f.in_hand) >= limit}
+
+    def _catching_up(self, held_up: set[PartitionFiring]) -> None:
+        """Wakes the rounds of the firings `held_up` that hold fewer than `hand_limit` in
+        hand now: they take again at once, not at their next poll."""
+        limit = hand_limit(self._options)
+        for firing in held_up:
+            if len(firing.in_hand) < limit:
+                firing.answered.set()
 
     async def record(self, results: Sequence[tuple[Timer, SendResult]]) -> RoundStats:
         """Writes the outcomes of timers fired in-process, each against the row as it was
@@ -161,6 +179,7 @@ class Outcomes:
         decisions: list[Decision] = []
         parks: list[tuple[PartitionFiring, Decision]] = []
         now = self._clock.now()
+        held_up = self._held_up(claimed for claimed, _ in results)
         for claimed, result in results:
             firing = self._firings.get(claimed.partition)
             loaded = None if firing is None else firing.in_hand.pop(claimed.id, None)
@@ -194,6 +213,7 @@ class Outcomes:
         for firing, d in parks:
             firing.outcomes.append(d)
             firing.answered.set()  # its next round writes it, with no wait
+        self._catching_up(held_up)
         return stats
 
     def _written(self, changes: list[TimerChange], stats: RoundStats) -> None:

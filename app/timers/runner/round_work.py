@@ -20,7 +20,7 @@ import functools
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 
-from app.timers.runner.claiming import hand_over, to_claim, write_claims
+from app.timers.runner.claiming import hand_limit, hand_over, to_claim, write_claims
 from app.timers.runner.decision_types import Decision
 from app.timers.runner.options import TimerOptions
 from app.timers.runner.outcomes import Outcomes
@@ -105,11 +105,19 @@ class RoundWork:
             failed(r)
             return r
         stats, o = r.stats, self._options
-        wheels = {p: f.wheel for p, f in live.items()}
+        # A partition whose cycle is `hand_limit` or more behind its rounds is handed no
+        # more until it catches up (its outcomes wake its round): loading and building its
+        # rows again meanwhile would take those in hand again, to pass them over.
+        taking = {p: f for p, f in live.items() if len(f.in_hand) < hand_limit(o)}
+        if not taking:
+            await self._claim_taken(r, live, [], room)  # a fresh one's FIRING rows
+            return r
+        wheels = {p: f.wheel for p, f in taking.items()}
         store = store_of(live.values(), self._store)
         load = self._load if store is self._store else store.due_rows
+        held = {p: f.in_hand for p, f in taking.items() if f.in_hand}
         try:
-            await load_due_of(wheels, load, now, o.poll_interval_ms, o.batch_limit)
+            await load_due_of(wheels, load, now, o.poll_interval_ms, o.batch_limit, held)
         except StoreError as exc:
             f = None if exc.partition is None else live.get(exc.partition)
             if f is None or f.store is None:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections import defaultdict
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Set
+from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping, Set
 
 from tables import DueRow, StoreError, Timer, TimerStatus
 
@@ -165,20 +165,32 @@ async def take_due_of(
 
 
 async def load_due_of(
-    wheels: Mapping[int, Wheel], load: Load, now: int, horizon_ms: int, limit: int
+    wheels: Mapping[int, Wheel],
+    load: Load,
+    now: int,
+    horizon_ms: int,
+    limit: int,
+    held: Mapping[int, Collection[str]] | None = None,
 ) -> None:
     """Loads all the partitions' `wheels` with one `load` (at most `limit` rows) when one
     ran out: so that they run out together, one load a poll interval, as one wheel of
-    every partition (a row offered since is in the store: loaded again)."""
+    every partition (a row offered since is in the store: loaded again). `held`: ids of
+    each partition's timers in hand (handed over, still PENDING in the store): left out
+    of its wheel, and the load that long, so that a full load still holds `limit` others
+    (a burst's cycle behind its rounds otherwise has each load bring back its own)."""
     if any(w.stale(now) for w in wheels.values()) or (
         wheels and all(w.exhausted(now) for w in wheels.values())
     ):
         stale = frozenset(wheels)
-        rows = await load(set(stale), now + horizon_ms, limit)
-        full = len(rows) >= limit
+        held = held or {}
+        asked = limit + sum(len(held[p]) for p in stale if p in held)
+        rows = await load(set(stale), now + horizon_ms, asked)
+        full = len(rows) >= asked
         until = held_until(rows, now + horizon_ms, full)
         by_partition: defaultdict[int, list[DueRow]] = defaultdict(list)
         for r in rows:
+            if (ids := held.get(r.partition)) is not None and r.id in ids:
+                continue
             by_partition[r.partition].append(r)
         for p in stale:
             wheels[p].fill(by_partition[p], frozenset({p}), until, full=full)
