@@ -48,9 +48,13 @@ class MemoryAggregateStore:
     def seen(self, partition: int, aggregate_id: str, request_id: str) -> bool:
         return self._readable(partition) and (partition, aggregate_id, request_id) in self._requests
 
-    def folded(self, partition: int, aggregate_id: str, request_id: str) -> bool:
+    def folded(
+        self, partition: int, aggregate_id: str, request_id: str, since: int | None = None
+    ) -> bool:
         key = (partition, aggregate_id, request_id)
-        return self.seen(partition, aggregate_id, request_id) and key not in self._passed
+        if not self.seen(partition, aggregate_id, request_id) or key in self._passed:
+            return False
+        return since is None or self._requests[key] > since
 
     def write(
         self,
@@ -60,23 +64,26 @@ class MemoryAggregateStore:
         offset: int | None,
         applied_at: int = 0,
         passed: Iterable[tuple[str, str]] = (),
+        dates: Mapping[tuple[str, str], int] | None = None,
     ) -> None:
         self._check(partition)
+        dates = dates or {}
         for aggregate_id, state in states.items():
             self._states[(partition, aggregate_id)] = state
         written: set[tuple[int, str, str]] = set()
         for a, r in requests:
             # As the RocksDB store: one entry a request id, at its latest write.
-            self._requests[(partition, a, r)] = applied_at
+            self._requests[(partition, a, r)] = max(dates.get((a, r), applied_at), 0)
             self._passed.discard((partition, a, r))
             written.add((partition, a, r))
         for a, r in passed:
             if (key := (partition, a, r)) not in written and key not in self._requests:
-                self._requests[key] = applied_at
+                self._requests[key] = max(dates.get((a, r), applied_at), 0)
                 self._passed.add(key)
                 written.add(key)
         if written:
-            self._oldest[partition] = min(self._oldest.get(partition, applied_at), applied_at)
+            oldest = min(self._requests[key] for key in written)
+            self._oldest[partition] = min(self._oldest.get(partition, oldest), oldest)
         if offset is not None:
             self._offsets[partition] = offset
 

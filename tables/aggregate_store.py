@@ -51,8 +51,12 @@ class AggregateStateStore(Protocol):
         """Whether the request id is kept as applied, folded or passed over."""
         ...
 
-    def folded(self, partition: int, aggregate_id: str, request_id: str) -> bool:
-        """Whether the request id is kept as applied and not only passed over."""
+    def folded(
+        self, partition: int, aggregate_id: str, request_id: str, since: int | None = None
+    ) -> bool:
+        """Whether the request id is kept as applied and not only passed over; with
+        `since` (epoch ms), applied after it too (a restore's judge of an event's date,
+        whatever a sweep forgot by its own clock)."""
         ...
 
     def write(
@@ -63,10 +67,12 @@ class AggregateStateStore(Protocol):
         offset: int | None,
         applied_at: int = 0,
         passed: Iterable[tuple[str, str]] = (),
+        dates: Mapping[tuple[str, str], int] | None = None,
     ) -> None:
         """Writes `states` and the applied `(aggregate id, request id)`s (applied at
-        `applied_at`, epoch ms), the offset, and the ids `passed` over (kept so unless
-        held or written as applied)."""
+        `applied_at`, epoch ms, or at their own date in `dates`: a restore's, each its
+        event's), the offset, and the ids `passed` over (kept so unless held or written
+        as applied)."""
         ...
 
     def expire_requests(self, partition: int, before: int, limit: int) -> int:
@@ -186,9 +192,13 @@ class RocksAggregateStore:
     def seen(self, partition: int, aggregate_id: str, request_id: str) -> bool:
         return self._request(partition, aggregate_id, request_id) is not None
 
-    def folded(self, partition: int, aggregate_id: str, request_id: str) -> bool:
+    def folded(
+        self, partition: int, aggregate_id: str, request_id: str, since: int | None = None
+    ) -> bool:
         held = self._request(partition, aggregate_id, request_id)
-        return held is not None and held[8:] != PASSED
+        if held is None or held[8:] == PASSED:
+            return False
+        return since is None or int.from_bytes(held[:8], "big") > since
 
     def _request(self, partition: int, aggregate_id: str, request_id: str) -> bytes | None:
         key = REQUEST + id_key(aggregate_id) + request_id.encode()
@@ -206,31 +216,41 @@ class RocksAggregateStore:
         offset: int | None,
         applied_at: int = 0,
         passed: Iterable[tuple[str, str]] = (),
+        dates: Mapping[tuple[str, str], int] | None = None,
     ) -> None:
         db = self._db(partition)
         with self._reading(partition):
-            self._write(db, partition, states, requests, offset, applied_at, passed)
+            # Listed: each is read twice (the earliest date, then the writes).
+            self._write(
+                db, partition, states, [*requests], offset, applied_at, [*passed], dates or {}
+            )
 
     def _write(
         self,
         db: Rdict,
         partition: int,
         states: Mapping[str, bytes],
-        requests: Iterable[tuple[str, str]],
+        requests: list[tuple[str, str]],
         offset: int | None,
         applied_at: int,
-        passed: Iterable[tuple[str, str]],
+        passed: list[tuple[str, str]],
+        dates: Mapping[tuple[str, str], int],
     ) -> None:
         batch = WriteBatch(raw_mode=True)
         for aggregate_id, state in states.items():
             batch.put(STATE + id_key(aggregate_id), state)
-        at = max(applied_at, 0).to_bytes(8, "big")
+
+        def date(key: tuple[str, str]) -> bytes:
+            return max(dates.get(key, applied_at), 0).to_bytes(8, "big")
+
+        earliest = min(map(date, (*requests, *passed)), default=None)
         low = self._low.get(partition)
-        if low is not None and APPLIED + at < low:
-            self._low[partition] = APPLIED + at  # a restore's ids, applied long ago
+        if low is not None and earliest is not None and APPLIED + earliest < low:
+            self._low[partition] = APPLIED + earliest  # a restore's ids, applied long ago
         written: set[bytes] = set()
         for aggregate_id, request_id in requests:
             request = id_key(aggregate_id) + request_id.encode()
+            at = date((aggregate_id, request_id))
             held = db.get(REQUEST + request)
             if held:  # applied before: its sweep entry moves to the latest time
                 batch.delete(APPLIED + bytes(held)[:8] + request)
@@ -242,6 +262,7 @@ class RocksAggregateStore:
             # Never over an id applied (a sibling event of the request folded): only an
             # id no event of which was folded is kept as passed over.
             if request not in written and db.get(REQUEST + request) is None:
+                at = date((aggregate_id, request_id))
                 batch.put(REQUEST + request, at + PASSED)
                 batch.put(APPLIED + at + request, b"")
                 written.add(request)
