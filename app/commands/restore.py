@@ -84,10 +84,10 @@ async def restore_states(
     to_read = max(end - start, 0)
     if progress is not None:
         progress(0, to_read)
-    # Before the log is read: a copy taken back after a while holds ids past the window
-    # that live forgot (and a request sent again since was decided again, its events the
-    # same ids): found in the store, the decision was left out of the state.
-    forgotten = await states.forget_expired(states.now())
+    # Not forgotten before the log is read: a copy taken back after a while holds ids past
+    # the window at the restore's time, yet within that of an event after them (another
+    # writer's request decided twice: live passed the second over). Each is judged by
+    # the event's date (`_Folding`), and those past the window forgotten once it is done.
     found = Misplaced()
     marks: OrderedDict[str, Mark] = OrderedDict()  # the request folded last
     async with aclosing(reader.read(states.events_topic, states.partition, start)) as batches:
@@ -103,7 +103,7 @@ async def restore_states(
         found.log(states.events_topic, states.partition, states.partitions)
         if misplaced is not None:
             misplaced(found.count)
-    forgotten += await states.forget_expired(states.now())
+    forgotten = await states.forget_expired(states.now())
     logger.info(
         "restored %s[%d] states: %d events in %.3f s, %d request ids past the window forgotten",
         states.events_topic,
@@ -145,8 +145,7 @@ def _fold_records(
     states: dict[str, bytes] = {}
     requests: list[tuple[str, str]] = []
     passed: list[tuple[str, str]] = []
-    newest = 0
-    floor = now - into.request_id_window
+    dates: dict[tuple[str, str], int] = {}
 
     def dated(e: EventEnvelope, offset: int) -> int:
         # As the live path dates it: when a node decided it (its own events' date) or
@@ -169,13 +168,19 @@ def _fold_records(
             # nothing, as live.
             if (failure := failed.get(id(e))) is not None:
                 into.note_passed(offset, failure)
-            at = dated(e, offset)
-            if at > floor:  # else past the window: a commit's sweep would forget it
-                kept = passed if failure is not None else requests
-                kept.append((aggregate_id, applied_id(e)))
-                newest = max(newest, at)
-    # Kept from the newest id's time: at least the window after each was applied.
-    into.store.write(into.partition, states, requests, batch[-1].offset, newest, passed)
+            # Kept whatever the restore's clock: within the window of a later event's
+            # date, it is judged folded for it (`_Folding`); the restore's last sweep
+            # forgets those past the window at its end.
+            applied = (aggregate_id, applied_id(e))
+            if failure is None:
+                requests.append(applied)
+                dates[applied] = dated(e, offset)  # its latest folded, as `_Folding.ids`
+            else:
+                passed.append(applied)
+                dates.setdefault(applied, dated(e, offset))
+    # Each id from its own event's date, as live keeps it: the batch's newest kept one
+    # up to the batch's span past its window.
+    into.store.write(into.partition, states, requests, batch[-1].offset, 0, passed, dates)
 
 
 class _Folding:
@@ -200,18 +205,22 @@ class _Folding:
 
     def folds(self, event: EventEnvelope, offset: int) -> bool:
         rid = applied_id(event)
-        nxt = continues(self.last, rid, offset, event.id, event.version)
-        if nxt:
-            folded = True  # the request folded last
-        elif event.version > self.at:
+        following = continues(self.last, rid, offset, event.id, event.version)
+        if following or event.version > self.at:
             into = self.into
             since = self.dated(event, offset) - into.request_id_window
-            folded = self.ids.get(rid, since) > since or into.store.folded(
-                into.partition, self.aggregate_id, rid
+            # Its latest date, in this batch or (written at it) an earlier one's.
+            held = self.ids.get(rid)
+            folded = (
+                held > since
+                if held is not None
+                else into.store.folded(into.partition, self.aggregate_id, rid, since)
             )
         else:
             folded = False  # at or behind, not the next of a request: no either way
-        return folds(event.version, self.at, folded=folded, continues=nxt)
+        # As live: the next of the request folded last only while its id is kept (past
+        # the window, an event at the aggregate's version is passed over).
+        return folds(event.version, self.at, folded=folded, continues=following and folded)
 
     def folded(self, event: EventEnvelope, offset: int) -> None:
         rid = applied_id(event)

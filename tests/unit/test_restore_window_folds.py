@@ -16,8 +16,7 @@ de-duplication window of that event's date.
   first was past the window at the restore's time, folded it (the batch's ids judged by
   the restore's clock, not the event's).
 
-The store itself keeps ids by the restore's clock: read one record a batch, a request the
-store forgot by then still folds again (said in the closing note; not a regression)."""
+Across batches (the store's ids, each at its event's date), `test_restore_id_dates`."""
 
 from __future__ import annotations
 
