@@ -137,6 +137,7 @@ class _Row(msgspec.Struct, forbid_unknown_fields=True, gc=False, kw_only=True):
     error_text: Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_ERROR_TEXT)] | None = None
     parked_when_paused: bool = False
     retry_until: _Int64 | None = None
+    cancel_id: _Text200 | None = None
 
 
 _decode = msgspec.json.Decoder(_Row).decode

@@ -67,7 +67,7 @@ class _Command(msgspec.Struct, forbid_unknown_fields=True, gc=False):
 
 
 class _Row(msgspec.Struct, forbid_unknown_fields=True, gc=False, kw_only=True):
-    """A Timer's JSON as `encode_timer` writes it: every field, but the four left out while
+    """A Timer's JSON as `encode_timer` writes it: every field, but the five left out while
     unset (UNSET: an explicit null is refused, as no row of this store holds one)."""
 
     id: _Text200
@@ -91,6 +91,7 @@ class _Row(msgspec.Struct, forbid_unknown_fields=True, gc=False, kw_only=True):
     ) = UNSET
     parked_when_paused: bool | UnsetType = UNSET
     retry_until: _Int64 | UnsetType = UNSET
+    cancel_id: _Text200 | UnsetType = UNSET
 
 
 _decode = msgspec.json.Decoder(_Row).decode
@@ -102,17 +103,18 @@ _REFUSED = (msgspec.ValidationError, msgspec.DecodeError, UnicodeDecodeError, Re
 _ERRORS = ("error_code", "error_text")
 _FLAG = "parked_when_paused"
 _UNTIL = "retry_until"
+_CANCEL = "cancel_id"
 _asdict = msgspec.structs.asdict
 if (
     _Row.__struct_fields__ != tuple(Timer.model_fields)
-    or _Row.__struct_fields__[-4:] != (*_ERRORS, _FLAG, _UNTIL)
+    or _Row.__struct_fields__[-5:] != (*_ERRORS, _FLAG, _UNTIL, _CANCEL)
     or _Ref.__struct_fields__ != tuple(AggregateRef.model_fields)
 ):
     raise TypeError("rowload's structs must name the models' fields in order")
 
 _new = object.__new__
 _ALL_SET = set(Timer.model_fields)
-_USUAL_SET = _ALL_SET - {*_ERRORS, _FLAG, _UNTIL}
+_USUAL_SET = _ALL_SET - {*_ERRORS, _FLAG, _UNTIL, _CANCEL}
 _REF_SET = set(AggregateRef.model_fields)
 _COMMAND_SET = set(CommandSpec.model_fields)
 _CACHE_SIZE = 4096
@@ -298,7 +300,8 @@ def _built(
     if struct.error_code is unset and struct.error_text is unset:
         row["error_code"] = row["error_text"] = None  # the usual row: no error
     else:
-        named = _ALL_SET - {name for name in _ERRORS if row[name] is UNSET} - {_FLAG, _UNTIL}
+        named = _ALL_SET - {name for name in _ERRORS if row[name] is UNSET}
+        named -= {_FLAG, _UNTIL, _CANCEL}
         for name in _ERRORS:
             if row[name] is UNSET:
                 row[name] = None
@@ -310,6 +313,10 @@ def _built(
         row[_UNTIL] = None  # the usual row: no operator's retry under way
     else:
         named = named | {_UNTIL}
+    if struct.cancel_id is unset:
+        row[_CANCEL] = None  # the usual row: no cancel at its version before its set
+    else:
+        named = named | {_CANCEL}
     timer = new(timer_class)
     set_dict(timer, row)
     set_fields(timer, named)

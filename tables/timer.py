@@ -213,6 +213,18 @@ class Timer(BaseModel):
         "moves to another slot. Absent: the slot is sent until `expires_after` past its due "
         "time, however often it is retried (left out of the JSON, as before it existed)",
     )
+    cancel_id: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=200,
+        exclude_if=_absent,
+        description="the event id of the last `wow.ScheduleCancelled` applied to the key at "
+        "the row's version: the one that cancelled it, or, on a row set after it in the same "
+        "command, the one before that set (`tables.writes.put_row` carries it over); a "
+        "cancel of that id at that version read again (a producer's retry that appended its "
+        "batch twice) is passed over, the timer set after it kept. Absent: none (left out "
+        "of the JSON, as before it existed)",
+    )
 
     def same_as_loaded(self, loaded: Timer) -> bool:
         """Whether this row is still `loaded`, as a conditional write compares them."""

@@ -199,7 +199,7 @@ def _max_length(model: type[BaseModel], field: str) -> int:
     return min(int(m.max_length) for m in bounds if getattr(m, "max_length", None) is not None)
 
 
-_ID_FITS = _max_length(Timer, "id") >= MAX_EVENT_ID
+_ID_FITS = min(_max_length(Timer, "id"), _max_length(Timer, "cancel_id")) >= MAX_EVENT_ID
 if not _ID_FITS or _max_length(Timer, "key") < _max_length(ScheduleSet, "key"):
     raise TypeError("_timer builds Timers unvalidated: an event id or key may not fit one")
 _set = object.__setattr__
@@ -302,6 +302,7 @@ def _built(
             "error_text": None,
             "parked_when_paused": False,
             "retry_until": None,
+            "cancel_id": None,
         },
     )
     _set(timer, "__pydantic_fields_set__", _TIMER_SET)

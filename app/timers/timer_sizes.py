@@ -25,7 +25,7 @@ import orjson
 
 from app.kafka.records import TOPIC_RECORD_BYTES, topic_takes
 from app.protocol.topics import AggregateTopics, ContextTopics
-from app.protocol.wire import MAX_PARTITION, encode
+from app.protocol.wire import MAX_EVENT_ID, MAX_PARTITION, encode
 from app.timers.sender import timer_command
 from tables import Timer
 from tables.bounds import MAX_INSTANT
@@ -39,8 +39,10 @@ DEFAULT_TOPICS: Final[Mapping[str, int]] = MappingProxyType({})
 
 ROW_GROWTH: Final = 8 * 1024
 """What a row may grow by after it is set: an attempt's error code and text (100 and
-`MAX_ERROR_TEXT` characters, 6 bytes each at most in JSON), an outcome, a longer status,
-and its numbers (version, slot, times, counts) at 19 digits."""
+`MAX_ERROR_TEXT` characters) and a cancel's event id (`Timer.cancel_id`, `MAX_EVENT_ID`),
+6 bytes each at most in JSON, an outcome, a longer status, and its numbers (version, slot,
+times, counts, an operator's retry's horizon) at 19 digits (measured: well under 256 bytes
+with their names, `tests/unit/test_timer_sizes.py`)."""
 
 NOT_BODY: Final = 64 * 1024
 """A bound on the bytes of a timer's row with its key, and of any command it sends with
@@ -48,8 +50,8 @@ its key, besides its command's body: every other field is bounded (its ids, name
 rule), the widest timer's well under it (`tests/unit/test_timer_sizes.py`). A timer whose
 body leaves this much room under each limit is taken without encoding either record."""
 
-if ROW_GROWTH < 6 * (100 + MAX_ERROR_TEXT) + 512:
-    raise TypeError("ROW_GROWTH leaves no room for an attempt's error text")
+if ROW_GROWTH < 6 * (100 + MAX_ERROR_TEXT + MAX_EVENT_ID) + 256:
+    raise TypeError("ROW_GROWTH leaves no room for an attempt's error text and a cancel's id")
 
 
 def oversized(

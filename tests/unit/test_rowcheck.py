@@ -90,6 +90,8 @@ _timers = st.builds(
     parked_when_paused=st.booleans(),
     # Left out of the row's JSON while None.
     retry_until=st.none() | st.integers(0, MAX_INT64),
+    # Left out of the row's JSON while None.
+    cancel_id=st.none() | text,
 )
 timers = _timers | _timers.map(lambda t: t.model_copy(update={"target": t.owner}))
 

@@ -113,6 +113,8 @@ def widest() -> Timer:
             "error_code": WIDE * 100,
             "error_text": WIDE * MAX_ERROR_TEXT,
             "parked_when_paused": True,
+            "retry_until": MAX_INT64,
+            "cancel_id": WIDE * 200,
         }
     )
 
@@ -143,6 +145,8 @@ def test_what_a_row_gains_after_it_is_set_is_within_row_growth() -> None:
             "error_code": None,
             "error_text": None,
             "parked_when_paused": False,
+            "retry_until": None,
+            "cancel_id": None,
         }
     )
     assert len(encode_timer(t)) - len(encode_timer(fresh)) <= ROW_GROWTH
