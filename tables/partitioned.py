@@ -267,7 +267,8 @@ class PartitionedStore(PartitionedReads):
     ) -> bool:
         row, also = row_key(owner, key), self._marked(mark, only)
         async with self._writing_found(lambda: self._found_row(row, only), only, also) as held:
-            writes = plan_cancel(held, version, None if mark is None else mark.at)
+            read = (None, None) if mark is None else (mark.at, mark.id)
+            writes = plan_cancel(held, version, *read)
             if not writes and mark is not None:  # what it leaves: `tables.tombstones`
                 at, _, old = held[0] if held else (mark.partition, row, None)
                 if (new := tombstone(old, owner, key, version, mark)) is not None:

@@ -89,16 +89,19 @@ def tombstone(
     too (a key set again after it fired, then cancelled); None otherwise (the deletion
     mark's key is never cancelled). A row moved so is finished when the cancel was read
     (`CancelMark.at`), as a tombstone: the retention sweep counts from its `due_at`, and
-    kept from its old one it could go at once, and the set with it."""
+    kept from its old one it could go at once, and the set with it. Either notes the
+    cancel's id (`Timer.cancel_id`), as `tables.writes.cancel_row` does, for a set after
+    it in its command to keep."""
     if key == DELETED_KEY:
         return None
     if held is None:
-        return _stand_in(owner, key, version, mark, UNSET)
+        return copied(_stand_in(owner, key, version, mark, UNSET), {"cancel_id": mark.id})
     if held.status in _FINISHED and held.version < version:
         # CANCELLED, not FIRED at the later version: a set of the same command after the
         # cancel (at its version) replaces a cancelled row, never one that sent.
         update = {"status": TimerStatus.CANCELLED, "outcome": Outcome.CANCELLED}
-        return copied(held, {**update, "version": version, "due_at": max(held.due_at, mark.at)})
+        moved = {"version": version, "due_at": max(held.due_at, mark.at), "cancel_id": mark.id}
+        return copied(held, {**update, **moved})
     return None
 
 

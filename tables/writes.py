@@ -58,7 +58,10 @@ def put_row(held: Timer | None, timer: Timer, deleted: int | None = None) -> Tim
     fired, such a retry (`rewritten`: the same rule, target and command) is passed over
     too: the held timer keeps its id, so its request id is the one a timer that did fire
     sent (a rebuild replays both sets before anything fires: the retry written, its timer
-    would send the command under a new request id, and the target apply it again)."""
+    would send the command under a new request id, and the target apply it again).
+
+    Written at `held`'s version, the timer keeps `held`'s `cancel_id`: the cancel before
+    it in its command, which read again (`cancel_row`) must not cancel it."""
     if held is not None and (held.version > timer.version or held.id == timer.id):
         return None
     if deleted is not None and deleted >= timer.version:
@@ -69,9 +72,12 @@ def put_row(held: Timer | None, timer: Timer, deleted: int | None = None) -> Tim
         and (sent_at_its_version(held) or rewritten(held, timer))
     ):
         return None
-    if timer.status is TimerStatus.PENDING:
-        return timer
-    return copied(timer, {"status": TimerStatus.PENDING})
+    update: dict[str, object] = {}
+    if timer.status is not TimerStatus.PENDING:
+        update["status"] = TimerStatus.PENDING
+    if held is not None and held.version == timer.version and held.cancel_id is not None:
+        update["cancel_id"] = held.cancel_id
+    return copied(timer, update) if update else timer
 
 
 def rewritten(held: Timer, timer: Timer) -> bool:
@@ -108,8 +114,11 @@ def sent_at_its_version(held: Timer) -> bool:
     )
 
 
-def cancel_row(held: Timer | None, version: int, at: int | None = None) -> Timer | None:
-    """`held` CANCELLED at `version`, when it is still active and held at `version` or earlier.
+def cancel_row(
+    held: Timer | None, version: int, at: int | None = None, by: str | None = None
+) -> Timer | None:
+    """`held` CANCELLED at `version`, when it is still active and held at `version` or
+    earlier, unless `by` (the cancel's event id) is `held`'s `cancel_id` at `version`.
 
     The row takes the cancel's version, so that no change older than the cancel (a
     replayed put of the timer, whatever its id) can write over it. With `at`, when the
@@ -120,14 +129,23 @@ def cancel_row(held: Timer | None, version: int, at: int | None = None) -> Timer
     than the retention, the row would be swept at once, and an older set read after the
     cancel (reordered by its producer) would find no row and write the timer again.
     Without `at` (a caller's own cancel, no event read) the due time is kept.
+
+    The row notes `by` (`Timer.cancel_id`), and a set after the cancel in its command
+    keeps it (`put_row`): the same cancel read again (a producer's retry appending the
+    command's events twice) finds its id at its version and leaves the set's timer alone.
+    Else it would cancel it, and the set's own copy, the same id, would not write it again.
     """
     if held is None or held.status not in ACTIVE or held.version > version:
+        return None
+    if by is not None and held.version == version and held.cancel_id == by:
         return None
     update: dict[str, object] = {
         "status": TimerStatus.CANCELLED,
         "outcome": Outcome.CANCELLED,
         "version": version,
     }
+    if by is not None or held.cancel_id is not None:
+        update["cancel_id"] = by
     if at is not None and at > held.due_at:
         update["due_at"] = at
     if held.parked_when_paused:
@@ -275,13 +293,16 @@ def plan_settle(
 
 
 def plan_cancel(
-    held: Iterable[tuple[int, bytes, Timer]], version: int, at: int | None = None
+    held: Iterable[tuple[int, bytes, Timer]],
+    version: int,
+    at: int | None = None,
+    by: str | None = None,
 ) -> list[Write]:
-    """The cancels of `(partition, row key, row)`s at `version`, read at `at` (`cancel_row`),
-    that write."""
+    """The cancels of `(partition, row key, row)`s at `version`, read at `at`, by event `by`
+    (`cancel_row`), that write."""
     writes = []
     for partition, row, timer in held:
-        new = cancel_row(timer, version, at)
+        new = cancel_row(timer, version, at, by)
         if new is not None:
             writes.append(Write(partition, row, timer, new))
     return writes

@@ -122,6 +122,36 @@ async def test_a_set_at_the_cancels_own_version_is_written(opened: Any) -> None:
     assert await due(store) == ["wow.ScheduleSet-4"]
 
 
+async def test_a_reschedule_appended_twice_keeps_the_timer_it_set(opened: Any) -> None:
+    """One command's [cancel, set] of a key, appended again by a producer's retry: the
+    cancel read again is passed over (the row notes its id), so the set's timer stays,
+    in one batch or two, on a restored copy and on a store rebuilt from the log alike.
+    Before, it cancelled the set's timer, and the set read again did not write it back."""
+    store, sink = await opened()
+    await read(store, set_(3))
+    await read(store, cancel(4), set_(4), cancel(4), set_(4))
+    assert await due(store) == ["wow.ScheduleSet-4"]
+    assert await read(store, cancel(4)) == 0  # a later batch: the cancel alone again
+    assert await read(store, cancel(4), set_(4)) == 0
+    assert await due(store) == ["wow.ScheduleSet-4"]
+    row = await store.find(REF, "k")
+    assert row is not None and row.cancel_id == "wow.ScheduleCancelled-4"
+    # A copy restored from the changelog holds the row, and passes the cancel over too.
+    copy, _ = await opened("b")
+    records = [(i, r.key, r.value) for i, r in enumerate(sink.records)]
+    assert await copy.apply_changelog(0, records) == []
+    assert await copy.find(REF, "k") == row
+    assert await read(copy, cancel(4)) == 0
+    # Rebuilt from the log: the same row (no row before the cancel: its tombstone).
+    for before in ([set_(3)], []):
+        rebuilt, _ = await opened(f"rebuilt-{len(before)}")
+        await read(rebuilt, *before, cancel(4), set_(4), cancel(4), set_(4))
+        assert await due(rebuilt) == ["wow.ScheduleSet-4"]
+    # A later command's cancel cancels it.
+    assert await read(store, cancel(5)) == 1
+    assert await due(store) == []
+
+
 async def test_a_cancelled_row_takes_a_later_cancels_version(opened: Any) -> None:
     """Set at 1 and cancelled at 2, then a cancel at 5 read before a set at 3: the row
     takes version 5, and the set at 3 is passed over."""
