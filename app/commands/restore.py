@@ -14,6 +14,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 from contextlib import aclosing
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from app.commands.folds import Mark, continues, folds, marked, remember
@@ -90,10 +91,11 @@ async def restore_states(
     # the event's date (`_Folding`), and those past the window forgotten once it is done.
     found = Misplaced()
     marks: OrderedDict[str, Mark] = OrderedDict()  # the request folded last
+    seen = _Seen()
     async with aclosing(reader.read(states.events_topic, states.partition, start)) as batches:
         async for batch in batches:
             if batch:
-                _fold_records(states, batch, states.now(), found, marks)
+                _fold_records(states, batch, states.now(), found, marks, seen)
                 count += len(batch)
                 if progress is not None:
                     progress(min(batch[-1].offset + 1 - start, to_read), to_read)
@@ -121,6 +123,7 @@ def _fold_records(
     now: int,
     misplaced: Misplaced,
     marks: OrderedDict[str, Mark],
+    seen: _Seen,
 ) -> None:
     by_id: dict[str, list[tuple[EventEnvelope, int]]] = {}
     logged_at: dict[int, int] = {}  # by offset, the record's timestamp
@@ -146,6 +149,7 @@ def _fold_records(
     requests: list[tuple[str, str]] = []
     passed: list[tuple[str, str]] = []
     dates: dict[tuple[str, str], int] = {}
+    floor = seen.newest - into.request_id_window
 
     def dated(e: EventEnvelope, offset: int) -> int:
         # As the live path dates it: when a node decided it (its own events' date) or
@@ -170,17 +174,30 @@ def _fold_records(
                 into.note_passed(offset, failure)
             # Kept whatever the restore's clock: within the window of a later event's
             # date, it is judged folded for it (`_Folding`); the restore's last sweep
-            # forgets those past the window at its end.
+            # forgets those past the window at its end. Not one past the window of the
+            # newest date read before its batch: live, following the log, had forgotten
+            # it by then (a rebuild of a long log writes no id of its old part).
+            at = dated(e, offset)
+            if at <= floor:
+                continue
             applied = (aggregate_id, applied_id(e))
             if failure is None:
                 requests.append(applied)
-                dates[applied] = dated(e, offset)  # its latest folded, as `_Folding.ids`
+                dates[applied] = at  # its latest folded, as `_Folding.ids`
             else:
                 passed.append(applied)
-                dates.setdefault(applied, dated(e, offset))
+                dates.setdefault(applied, at)
+    seen.newest = max(seen.newest, max(dates.values(), default=0))
     # Each id from its own event's date, as live keeps it: the batch's newest kept one
     # up to the batch's span past its window.
     into.store.write(into.partition, states, requests, batch[-1].offset, 0, passed, dates)
+
+
+@dataclass(slots=True)
+class _Seen:
+    """What a restore has read so far: the newest date of an event of it."""
+
+    newest: int = 0
 
 
 class _Folding:
