@@ -10,7 +10,7 @@ from __future__ import annotations
 from fakes import FakeLocal, World, raw_store, world
 from test_runner_partition import runner_with
 
-from app.timers.runner import SendResult
+from app.timers.runner import SendResult, TimerLoop
 from app.timers.runner.claiming import hand_limit
 from tables.timer import TimerStatus
 
@@ -60,3 +60,29 @@ async def test_a_cycle_behind_its_rounds_is_handed_at_most_its_limit_each_built_
         left = []
     for i in range(TIMERS):
         assert (await world.row(f"k{i}")).status is TimerStatus.FIRED
+
+
+async def test_a_held_up_partitions_round_waits_for_its_cycle_not_again_at_once(
+    world: World,
+) -> None:
+    """Held up, its rounds take nothing: the next waits for the wake its cycle gives as it
+    catches up (or the poll interval), in a partition's loop and in the seed's alike,
+    never again at once (a round after round until the cycle caught up)."""
+    for i in range(TIMERS):
+        await world.put(id=f"t-{i}", key=f"k{i}")
+    local = FakeLocal()
+    runner = runner_with(world, local, batch_limit=BATCH)
+    firing = runner.firing_of(0)
+    assert firing is not None
+    while len(firing.in_hand) < hand_limit(runner.options):
+        await runner.run_round()
+    now = world.clock.now()
+    async with runner.partition_round(0) as r:
+        pass
+    assert TimerLoop(runner)._next_round_at(r.stats) > now, "a partition's loop"
+    assert TimerLoop(runner)._next_round_at(await runner.run_round()) > now, "the seed's"
+    firing.answered.clear()
+    runner.answered.clear()
+    taken = await runner.still_due(local.fired)
+    await runner.record_outcomes([(t, SendResult("COMMITTED")) for t in taken])
+    assert firing.answered.is_set() and runner.answered.is_set(), "both woken"

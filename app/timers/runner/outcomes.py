@@ -54,12 +54,16 @@ class Outcomes:
         clock: Clock,
         options: TimerOptions,
         firings: Mapping[int, PartitionFiring],
+        answered: asyncio.Event | None = None,
     ) -> None:
         self._store = store
         self._ledger = ledger
         self._clock = clock
         self._options = options
         self._firings = firings
+        # The seed's loop's wake-up (its rounds over every partition), beside each
+        # partition's own (`PartitionFiring.answered`).
+        self._answered = answered
 
     async def flush(self, firings: Iterable[PartitionFiring] | None, stats: RoundStats) -> None:
         """Writes the outcomes decided in `firings` (all when None): in one batch, but for
@@ -168,6 +172,8 @@ class Outcomes:
         for firing in held_up:
             if len(firing.in_hand) < limit:
                 firing.answered.set()
+                if self._answered is not None:
+                    self._answered.set()
 
     async def record(self, results: Sequence[tuple[Timer, SendResult]]) -> RoundStats:
         """Writes the outcomes of timers fired in-process, each against the row as it was

@@ -256,13 +256,15 @@ class RoundWork:
             live[p].fail(exc)
         return decided
 
-    @staticmethod
-    def next_due(firings: Iterable[PartitionFiring], stats: RoundStats) -> None:
+    def next_due(self, firings: Iterable[PartitionFiring], stats: RoundStats) -> None:
         """When the next round of `firings` is due: their wheels' next row, their reload."""
         untils = []
+        held_up = hand_limit(self._options)
         for f in firings:
-            if f.fault is not None:
-                continue  # nothing of it is taken: its rows due must not spin the loop
+            if f.fault is not None or len(f.in_hand) >= held_up:
+                # Nothing of it is taken (failed; or its cycle behind, which wakes it as
+                # it catches up): its rows due must not spin the loop.
+                continue
             stats.due_by(f.wheel.next_due)
             if f.wheel.until is not None:
                 untils.append(f.wheel.until)

@@ -99,7 +99,9 @@ class TimerRunner(ParkedActions):
             firing.fresh = False  # given at the start: nobody else's claims to take over
         # The seed's rounds over every partition (`round`): their lock, burst and sweep.
         self._rounds = RoundState()
-        self._outcomes = Outcomes(store, ledger, clock, self._options, self._firings)
+        self._outcomes = Outcomes(
+            store, ledger, clock, self._options, self._firings, self._sends.answered
+        )
         self._work = RoundWork(
             store,
             clock,
