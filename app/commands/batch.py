@@ -55,6 +55,10 @@ class CommandBatch:
     # None: this node decided for it since (its own events read back are not the writer's).
     following: dict[str, Mark | None] = field(default_factory=dict)
     out: list[OutRecord] = field(default_factory=list)
+    # Of `out`, by index, the records on the partition's own input topics (its events, the
+    # commands it decided in-process): a timer event's id, else None. Read back once
+    # committed, they are passed over undecoded (`app.node.own_records`).
+    own: dict[int, str | None] = field(default_factory=dict)
     offsets: dict[tuple[str, int], int] = field(default_factory=dict)
     stats: BatchStats = field(default_factory=lambda: BatchStats())
     # The last offset of the partition's log read in this batch (other writers' events

@@ -144,7 +144,13 @@ class CommandProcessor:
         """A new batch of decisions, for one transaction of the partition."""
         return CommandBatch(now=self._now())
 
-    def decide_records(self, batch: CommandBatch, records: list[Record], backlog: int = 0) -> int:
+    def decide_records(
+        self,
+        batch: CommandBatch,
+        records: list[Record],
+        backlog: int = 0,
+        own: Callable[[Record], bool] | None = None,
+    ) -> int:
         """Decides `records` (commands of this partition, in order) into `batch`; how many.
         None is begun past the batch's deadline but the first (slow handlers hold the event
         loop that long and one more at most): the offset committed passes those decided
@@ -154,6 +160,9 @@ class CommandProcessor:
         while more than `busy_backlog` commands wait (itself, the rest of the records and
         those behind them) is answered BUSY without running its handler: the partition
         sheds its oldest work until it is back within bounds, and the senders retry.
+
+        `own`: whether a record is one this partition wrote itself (a command it decided
+        in-process, committed): passed over unread, as it would be read.
         """
         if not records:
             return 0
@@ -162,6 +171,8 @@ class CommandProcessor:
             if i and batch.past_deadline():
                 break
             decided, waiting = i + 1, len(records) - i + backlog
+            if own is not None and own(r):
+                continue  # fired in-process: decided in the transaction that wrote it
             try:
                 cmd = read_command(r, self.agg.type_name, self.limits, self.partitions)
             except BadRecord as exc:
@@ -257,6 +268,7 @@ class CommandProcessor:
                 code, message = ResultCode.ERROR, cut_message(f"{type(exc).__name__}: {exc}")
                 batch.stats.codes[code] += 1
             if sent is not None:
+                batch.own[len(out)] = None
                 out.append(sent)
             decided.append((cmd, code, message))
         batch.stats.commands += len(decided)
@@ -361,6 +373,9 @@ class CommandProcessor:
             batch.encoded[aid] = state
             batch.following[aid] = None
             batch.applied.add((aid, cmd.request_id))
+            base = len(batch.out)
+            for i, e in enumerate(d.events):  # first in `out`
+                batch.own[base + i] = e.id if e.type in SYSTEM_EVENTS else None
             batch.out += out
             batch.timer_events += timer_events
             batch.stats.committed += 1

@@ -17,6 +17,7 @@ from app.model.user_code import UserCodeTimeout
 from app.node.cycle_work import CycleWork, past_deadline
 from app.node.kept import KeptType
 from app.node.metrics import NodeMetrics
+from app.node.own_records import NOT_OWN
 from app.protocol.dead_letters import Stage
 from app.protocol.limits import InputLimits
 from app.protocol.wire import EventEnvelope, OpOutcome, decode, decode_event, unknown_system_event
@@ -111,6 +112,15 @@ class TimerTableCycles:
             if i and w.deadline is not None and past_deadline(w.deadline):
                 taken = i  # the rest is the next cycle's
                 break
+            if (own := w.own.take(record.topic, record.offset)) is not NOT_OWN:
+                # Its own event, committed: one that does nothing to the timers, or whose
+                # operation was carried out when its command was decided, is done (as the
+                # reads below would find); one refused then goes on, to be dead-lettered.
+                if own is None:
+                    continue
+                if own in w.carried:
+                    w.carried.discard(own)
+                    continue
             stage = Stage.READ
             try:
                 self.limits.check(record.key, record.value)

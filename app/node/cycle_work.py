@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from app.commands.processor import CommandBatch, CommandProcessor, dead_letter_record
 from app.kafka import OutRecord, Record
 from app.node.kept import KeptType
+from app.node.own_records import OwnRecords
 from app.node.partition_transaction import Counts
 from app.protocol.dead_letters import Stage
 from app.protocol.limits import InputLimits
@@ -50,6 +51,8 @@ class CycleWork:
     # The ids of the events whose timer operations its task's cycles carried out at once
     # (`PartitionInput.carried`): read back, they are passed over.
     carried: set[str] = field(default_factory=set)
+    # Its task's own records committed, until read back (`PartitionInput.own`).
+    own: OwnRecords = field(default_factory=OwnRecords)
     # When it stops deciding (`decide_deadline`; None: never): its command batch's.
     deadline: float | None = None
     # What it counts, staged with it: counted only once its transaction commits.

@@ -43,6 +43,7 @@ from app.node.cycle_work import (
 from app.node.failing import A_CYCLE
 from app.node.kept import KeptType
 from app.node.metrics import NodeMetrics
+from app.node.own_records import OwnRecords
 from app.node.partition_input import Batch, PartitionInput
 from app.node.partition_transaction import PartitionTransaction
 from app.node.task_id import TaskId
@@ -225,8 +226,9 @@ class PartitionCycles(TimerTableCycles):
             nonlocal work
             if work is None:
                 processor, store = self._processor(key), self._store(key)
-                carried = inp.carried if inp is not None else set()
-                work = CycleWork(kept, now, self.limits, processor, store=store, carried=carried)
+                work = CycleWork(kept, now, self.limits, processor, store=store)
+                if inp is not None:
+                    work.carried, work.own = inp.carried, inp.own
                 work.deadline = deadline  # its command batch's (`CommandBatch.deadline`)
             return work
 
@@ -249,7 +251,7 @@ class PartitionCycles(TimerTableCycles):
                 elif (batch := w.batch_of(p)) is not None:
                     behind = inp.behind.get(topic, 0) if inp is not None else 0
                     backlog = backlogs.get(topic, 0) + behind
-                    decided = w.decider.decide_records(batch, records, backlog)
+                    decided = w.decider.decide_records(batch, records, backlog, w.own.command)
                     records, unreached = records[:decided], len(records) - decided
                     w.wrote = await self._carry_out(w, batch, p) or w.wrote
                 elif self._running.get(key) is not None:
@@ -344,7 +346,7 @@ class PartitionCycles(TimerTableCycles):
         if (batch := w.batch) is not None:
             processor = w.decider
             processor.staged(batch)
-            committed = functools.partial(self._batch_committed, kept.name, processor, batch)
+            committed = functools.partial(self._batch_committed, kept.name, processor, batch, w.own)
             for code, n in batch.stats.codes.items():
                 w.counts.add(self._metrics.commands.labels(kept.name, code), n)
             if batch.stats.dead_letters:
@@ -361,8 +363,15 @@ class PartitionCycles(TimerTableCycles):
             self._commits.start(kept, p)
 
     def _batch_committed(
-        self, type_name: str, processor: CommandProcessor, batch: CommandBatch, written: list[int]
+        self,
+        type_name: str,
+        processor: CommandProcessor,
+        batch: CommandBatch,
+        own: OwnRecords,
+        written: list[int],
     ) -> None:
         processor.committed(batch, written[: len(batch.out)])
+        for i, event_id in batch.own.items():
+            own.add(batch.out[i][0], written[i], event_id)
         # The timers' commands are applied now: their lateness is measured at the commit.
         self._metrics.fired(type_name, batch.fired_due, self._now())

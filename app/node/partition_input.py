@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 
 from app.kafka import Record
 from app.node.failing import ITS_WORKER
+from app.node.own_records import OwnRecords
 from app.node.task_id import TaskId
 
 if TYPE_CHECKING:
@@ -101,6 +102,9 @@ class PartitionInput:
         # its set of the key again cancelled the new timer). A retake starts with none:
         # read back by it, they are applied as any event is.
         self.carried: set[str] = set()
+        # Its own records on its input topics, committed, until read back: passed over
+        # undecoded (`app.node.own_records`). A retake starts with none, as `carried`.
+        self.own = OwnRecords()
         self._on_failure = on_failure
         self._stopped = False
         self._worker = asyncio.create_task(

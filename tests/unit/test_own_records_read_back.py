@@ -1,0 +1,80 @@
+"""A node's own records read back (the events of the commands it decided, the commands
+it decided in-process), once their transaction committed, are passed over without being
+decoded again (`app.node.own_records`): a burst's read-back decoded and checked each one
+only to find it done. Another writer's records, and its own event whose timer operation
+was refused when decided, still go the whole way."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fakes import T0, FakeClock, RunningNode, running, wait_until
+from test_duplicated_batch_memory import OWNER, _set, _slots_ran
+from test_jobs_backfill_memory import PARTITIONS, REPORTS, SERVICE
+
+import app.commands.processor as processor_module
+import app.node.cycle_timers as cycle_timers_module
+from app.kafka.memory import MemoryLog
+from app.node.own_records import NOT_OWN, OwnRecords
+from app.node.task_id import TaskId
+from app.protocol.wire import encode
+from tables.partitioner import partition_of
+
+SLOTS = range(1, 6)
+
+
+async def test_own_events_and_in_process_commands_are_passed_over_undecoded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    decoded: list[str] = []  # the event types the subscription decoded
+    read: list[bool] = []  # whether each command the processor read was in-process
+    decode_event, read_command = cycle_timers_module.decode_event, processor_module.read_command
+
+    def counted_event(*args: Any, **kw: Any) -> Any:
+        event, lax = decode_event(*args, **kw)
+        decoded.append(event.type)
+        return event, lax
+
+    def counted_command(*args: Any, **kw: Any) -> Any:
+        cmd = read_command(*args, **kw)
+        read.append(cmd.in_process)
+        return cmd
+
+    monkeypatch.setattr(cycle_timers_module, "decode_event", counted_event)
+    monkeypatch.setattr(processor_module, "read_command", counted_command)
+    log, clock = MemoryLog(), FakeClock(T0)
+    publisher = log.publisher()
+    p = partition_of(OWNER.id, PARTITIONS)
+    async with running(
+        RunningNode(log, tmp_path, "n", SERVICE, PARTITIONS, clock=clock), within=10
+    ) as node:
+        for slot in SLOTS:
+            event = _set(f"evt-{slot}", slot, f"k{slot}", slot, T0 - 1)
+            await publisher.send(REPORTS.events, OWNER.id.encode(), encode(event), p)
+        await wait_until(lambda: _slots_ran(log) == list(SLOTS))
+
+        def own_left() -> int:
+            inputs = [
+                node.node.cycles._input(TaskId(REPORTS.type_name, q)) for q in range(PARTITIONS)
+            ]
+            return sum(len(i.own) + len(i.carried) for i in inputs if i is not None)
+
+        # Every own record read back: none held, none carried.
+        await wait_until(lambda: own_left() == 0)
+    # The other writer's sets were decoded; the target's own "Ran" events were not.
+    assert decoded.count("wow.ScheduleSet") == len(SLOTS)
+    assert "Ran" not in decoded
+    assert True not in read, "no in-process command of its own decoded again"
+
+
+def test_a_record_read_before_its_commit_was_heard_of_is_forgotten_as_read_past() -> None:
+    own = OwnRecords()
+    for offset, event_id in ((3, None), (5, "e-5"), (9, None)):
+        own.add("t", offset, event_id)
+    assert own.take("other", 5) is NOT_OWN
+    assert own.take("t", 4) is NOT_OWN
+    assert own.take("t", 5) == "e-5"
+    assert len(own) == 1, "3 was read past: forgotten"
+    assert own.take("t", 9) is None and len(own) == 0
