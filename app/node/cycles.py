@@ -371,7 +371,6 @@ class PartitionCycles(TimerTableCycles):
         written: list[int],
     ) -> None:
         processor.committed(batch, written[: len(batch.out)])
-        for i, event_id in batch.own.items():
-            own.add(batch.out[i][0], written[i], event_id)
+        own.committed([(batch.out[i][0], written[i], e) for i, e in batch.own.items()])
         # The timers' commands are applied now: their lateness is measured at the commit.
         self._metrics.fired(type_name, batch.fired_due, self._now())

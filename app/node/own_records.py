@@ -9,6 +9,7 @@ does. Held by its `PartitionInput` (a retake starts with none); may import `app.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Final
 
 from app.kafka import Record
@@ -25,20 +26,37 @@ NOT_OWN: Final = _NotOwn()
 """`OwnRecords.take`'s answer for a record this task did not write (or not that it knows)."""
 
 
+BOUND: Final = 100_000
+"""How many own records a topic holds at most: the oldest beyond it (a read-back far
+behind the writes) are forgotten, read the whole way when they come."""
+
+
 class OwnRecords:
     """Per topic, by offset in increasing order, each own record's event id when it is a
     timer event (`wow.*`: passed over only when its operation was carried out), or None
     (a command, or an event that does nothing to the timers: passed over)."""
 
-    def __init__(self) -> None:
+    def __init__(self, bound: int = BOUND) -> None:
         self._by_topic: dict[str, dict[int, str | None]] = {}
+        self._bound = bound
 
     def __len__(self) -> int:
         return sum(len(held) for held in self._by_topic.values())
 
-    def add(self, topic: str, offset: int, event_id: str | None) -> None:
-        """A record written at `offset` of `topic` (the task's partition of it), committed."""
-        self._by_topic.setdefault(topic, {})[offset] = event_id
+    def committed(self, records: Sequence[tuple[str, int, str | None]]) -> None:
+        """A transaction's own records, committed: `(topic, offset, event id)`. None of them
+        when an offset is negative (a client's batch it has no offset for: the offsets
+        after it would be wrong too), so that no record is ever passed over unread on a
+        client's word it cannot keep."""
+        if any(offset < 0 for _, offset, _ in records):
+            return
+        for topic, offset, event_id in records:
+            held = self._by_topic.setdefault(topic, {})
+            if held and offset <= next(reversed(held)):
+                held.clear()  # the topic's offsets went back (re-created, cut): none is sure
+            elif len(held) >= self._bound:
+                del held[next(iter(held))]
+            held[offset] = event_id
 
     def command(self, record: Record) -> bool:
         """Whether `record` is a command this task decided in-process (forgotten here)."""

@@ -16,10 +16,11 @@ from test_jobs_backfill_memory import PARTITIONS, REPORTS, SERVICE
 
 import app.commands.processor as processor_module
 import app.node.cycle_timers as cycle_timers_module
+from app.commands.intake import read_command
 from app.kafka.memory import MemoryLog
 from app.node.own_records import NOT_OWN, OwnRecords
 from app.node.task_id import TaskId
-from app.protocol.wire import encode
+from app.protocol.wire import decode_event, encode
 from tables.partitioner import partition_of
 
 SLOTS = range(1, 6)
@@ -30,7 +31,6 @@ async def test_own_events_and_in_process_commands_are_passed_over_undecoded(
 ) -> None:
     decoded: list[str] = []  # the event types the subscription decoded
     read: list[bool] = []  # whether each command the processor read was in-process
-    decode_event, read_command = cycle_timers_module.decode_event, processor_module.read_command
 
     def counted_event(*args: Any, **kw: Any) -> Any:
         event, lax = decode_event(*args, **kw)
@@ -71,10 +71,29 @@ async def test_own_events_and_in_process_commands_are_passed_over_undecoded(
 
 def test_a_record_read_before_its_commit_was_heard_of_is_forgotten_as_read_past() -> None:
     own = OwnRecords()
-    for offset, event_id in ((3, None), (5, "e-5"), (9, None)):
-        own.add("t", offset, event_id)
+    own.committed([("t", 3, None), ("t", 5, "e-5"), ("t", 9, None)])
     assert own.take("other", 5) is NOT_OWN
     assert own.take("t", 4) is NOT_OWN
     assert own.take("t", 5) == "e-5"
     assert len(own) == 1, "3 was read past: forgotten"
     assert own.take("t", 9) is None and len(own) == 0
+
+
+def test_an_offset_no_record_has_or_one_that_goes_back_is_not_taken_for_its_own() -> None:
+    """A client's offset of -1 (a batch it took for a duplicate), or offsets that go back
+    (a topic re-created, a leader's log cut): never a record passed over unread."""
+    own = OwnRecords()
+    own.committed([("t", -1, None), ("t", 0, None), ("t", 1, None)])
+    assert len(own) == 0, "no offset from a batch without one"
+    own.committed([("t", 1000, None)])
+    own.committed([("t", 5, "e-5")])  # back: what was held is forgotten
+    assert own.take("t", 5) == "e-5"
+    assert own.take("t", 1000) is NOT_OWN and len(own) == 0
+
+
+def test_records_never_read_back_are_held_up_to_a_bound() -> None:
+    own = OwnRecords(bound=3)
+    own.committed([("t", offset, None) for offset in range(10, 15)])
+    assert len(own) == 3
+    assert own.take("t", 11) is NOT_OWN, "the oldest forgotten: read the whole way"
+    assert own.take("t", 12) is None
