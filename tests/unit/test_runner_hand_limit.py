@@ -10,7 +10,7 @@ from __future__ import annotations
 from fakes import FakeLocal, World, raw_store, world
 from test_runner_partition import runner_with
 
-from app.timers.runner import SendResult, TimerLoop
+from app.timers.runner import PartitionFiring, SendResult, TimerLoop, TimerRunner
 from app.timers.runner.claiming import hand_limit
 from tables.timer import TimerStatus
 
@@ -20,15 +20,21 @@ TIMERS = 10
 BATCH = 2  # a round's limit: two rounds' worth in hand at most
 
 
-async def test_a_cycle_behind_its_rounds_is_handed_at_most_its_limit_each_built_once(
-    world: World,
-) -> None:
+async def _due_in_process(world: World) -> tuple[TimerRunner, FakeLocal, PartitionFiring]:
+    """`TIMERS` timers due, fired in-process, by a runner of a round's limit `BATCH`."""
     for i in range(TIMERS):
         await world.put(id=f"t-{i}", key=f"k{i}")
     local = FakeLocal()
     runner = runner_with(world, local, batch_limit=BATCH)
     firing = runner.firing_of(0)
     assert firing is not None
+    return runner, local, firing
+
+
+async def test_a_cycle_behind_its_rounds_is_handed_at_most_its_limit_each_built_once(
+    world: World,
+) -> None:
+    runner, local, firing = await _due_in_process(world)
     limit = hand_limit(runner.options)
     assert limit == 2 * BATCH
     loaded = 0
@@ -68,12 +74,7 @@ async def test_a_held_up_partitions_round_waits_for_its_cycle_not_again_at_once(
     """Held up, its rounds take nothing: the next waits for the wake its cycle gives as it
     catches up (or the poll interval), in a partition's loop and in the seed's alike,
     never again at once (a round after round until the cycle caught up)."""
-    for i in range(TIMERS):
-        await world.put(id=f"t-{i}", key=f"k{i}")
-    local = FakeLocal()
-    runner = runner_with(world, local, batch_limit=BATCH)
-    firing = runner.firing_of(0)
-    assert firing is not None
+    runner, local, firing = await _due_in_process(world)
     while len(firing.in_hand) < hand_limit(runner.options):
         await runner.run_round()
     now = world.clock.now()
