@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from tables.copies import copied
 from tables.timer import ACTIVE, Outcome, Timer, TimerStatus
-from tables.tombstones import CancelMark, hold_mark, tombstone
+from tables.tombstones import CancelMark, tombstone
 from tables.writes import cancel_row, put_row
 
 KEY = "remind"
@@ -63,11 +63,6 @@ BEFORE: list[Timer | None] = [
     copied(EARLIER, {"status": TimerStatus.FIRED, "outcome": Outcome.COMMITTED}),
     copied(EARLIER, {"status": TimerStatus.PAUSED}),
     tombstone(None, OWNER, KEY, 3, CancelMark(0, "cancel-3", MADE)),
-    # A pause or resume of the key read before any set (`tables.tombstones.hold_mark`),
-    # older than the command or later (read before it out of order).
-    hold_mark(None, OWNER, KEY, 3, CancelMark(0, "pause-3", MADE), paused=True),
-    hold_mark(None, OWNER, KEY, 5, CancelMark(0, "pause-5", MADE), paused=True),
-    hold_mark(None, OWNER, KEY, 5, CancelMark(0, "resume-5", MADE), paused=False),
 ]
 CANCEL = Cancel("cancel-4")
 SET = Set(slot_timer(id="set-4", key=KEY, version=V, command=EARLIER.command))

@@ -7,7 +7,6 @@ backends, live and restored from the changelog."""
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -24,8 +23,8 @@ from tables import AggregateRef, Timer, TimerStatus, TimerStore
 from tables import open_timer_store as open_store
 from tables.rules import OnceRule
 from tables.timer import CommandSpec
-from tables.tombstones import CancelMark, is_hold_mark, tombstone
-from tables.writes import cancel_row, paused_or_marked, put_row, resumed_or_marked
+from tables.tombstones import CancelMark, is_hold_mark
+from tables.writes import paused_or_marked, put_row, resumed_or_marked
 
 OWNER = {"context": "shop", "aggregate": "order", "id": "o"}
 REF = AggregateRef(**OWNER)
@@ -60,9 +59,6 @@ def _read(held: Timer | None, event: Event) -> Timer | None:
     mark = CancelMark(0, f"{kind}-{version}", MADE)
     if kind == "set":
         new = put_row(held, _set_at(version))
-    elif kind == "cancel":  # as the store cancels: a tombstone where it cancels nothing
-        new = cancel_row(held, version, MADE, mark.id)
-        new = tombstone(held, REF, "k", version, mark) if new is None else new
     elif kind == "pause":
         new = paused_or_marked(held, REF, "k", version, mark)
     else:
@@ -117,41 +113,6 @@ def test_a_pause_read_before_its_set_pauses_the_set() -> None:
     assert got is not None and (got.id, got.status, got.version) == ("set-6", PENDING, 6)
 
 
-def _reschedule_twice_then_hold_orders() -> list[list[Event]]:
-    """Every log of a [cancel k, set k] command at version 3 appended twice (a producer's
-    retry: the same events, the same ids, the copy after the original) with a pause at 5
-    and a resume at 6 anywhere around the two copies (`Timer.cancel_id` and
-    `Timer.resumed_version` both at work)."""
-    pair: list[Event] = [("cancel", 3), ("set", 3)]
-    units: list[list[Event]] = [pair, pair, [("pause", 5)], [("resume", 6)]]
-    orders = {tuple(itertools.chain(*order)) for order in itertools.permutations(units)}
-    return [list(order) for order in sorted(orders)]
-
-
-@pytest.mark.parametrize("as_read", _reschedule_twice_then_hold_orders())
-def test_a_reschedule_appended_twice_and_its_pause_and_resume_in_any_order_run_the_timer(
-    as_read: list[Event],
-) -> None:
-    in_order = [("cancel", 3), ("set", 3), ("pause", 5), ("resume", 6)]
-    expected, got = _read_all(in_order), _read_all(as_read)
-    assert expected is not None and got is not None
-    assert (expected.id, expected.status, expected.cancel_id) == ("set-3", PENDING, "cancel-3")
-    # The same timer, running, its cancel noted (its version and resume note may differ,
-    # as above: a resume read before the pause notes itself, the timer kept at 3).
-    assert (got.id, got.status, got.cancel_id) == (expected.id, PENDING, "cancel-3")
-    if got.version != expected.version:
-        assert (got.version, got.resumed_version) == (3, 6)
-
-
-def test_a_reschedule_appended_twice_then_a_resume_read_before_its_pause() -> None:
-    """The one log of the case that names it: the pair, the pair again, resume@6, pause@5."""
-    log: list[Event] = [("cancel", 3), ("set", 3)] * 2 + [("resume", 6), ("pause", 5)]
-    got = _read_all(log)
-    assert got is not None
-    assert (got.id, got.status, got.version) == ("set-3", PENDING, 3)
-    assert (got.cancel_id, got.resumed_version) == ("cancel-3", 6)
-
-
 # --- through the subscription, on both backends -------------------------------------------
 
 
@@ -180,10 +141,6 @@ def pause(version: int) -> EventEnvelope:
 
 def resume(version: int) -> EventEnvelope:
     return ev("wow.ScheduleResumed", version, {"key": "k"})
-
-
-def cancel(version: int) -> EventEnvelope:
-    return ev("wow.ScheduleCancelled", version, {"key": "k"})
 
 
 @pytest.fixture(params=["memory", "rocksdb"])
@@ -268,24 +225,3 @@ async def test_a_resume_read_before_its_pause_and_set_leaves_the_timer_running(
     store, _ = await opened()
     await read(store, resume(6), pause(5), set_(3))
     assert await state(store) == ("wow.ScheduleSet-3", PENDING, ["wow.ScheduleSet-3"])
-
-
-async def test_a_reschedule_appended_twice_then_a_resume_read_before_its_pause_runs(
-    opened: Any,
-) -> None:
-    """[cancel k, set k] at 3 appended twice, then resume@6 read before pause@5: running,
-    as the events in version order leave it, live and restored from the changelog."""
-    in_order, _ = await opened("in-order")
-    await read(in_order, cancel(3), set_(3), pause(5), resume(6))
-    running = ("wow.ScheduleSet-3", PENDING, ["wow.ScheduleSet-3"])
-    assert await state(in_order) == running
-    store, sink = await opened()
-    await read(store, cancel(3), set_(3), cancel(3), set_(3))
-    await read(store, resume(6))
-    copy = await restored(opened, sink)
-    for s in (store, copy):
-        await read(s, pause(5))
-        assert await state(s) == running
-        row = await s.find(REF, "k")
-        assert row is not None
-        assert (row.cancel_id, row.resumed_version) == ("wow.ScheduleCancelled-3", 6)
