@@ -86,20 +86,11 @@ class PartitionHandle:
     ) -> bool:
         return await self._store._cancel(owner, key, version, self._at, mark)
 
-    async def pause(
-        self, owner: AggregateRef, key: str, version: int, mark: CancelMark | None = None
-    ) -> bool:
-        return await self._store._pause(owner, key, version, self._at, mark)
+    async def pause(self, owner: AggregateRef, key: str, version: int) -> bool:
+        return await self._store._pause(owner, key, version, self._at)
 
-    async def resume(
-        self,
-        owner: AggregateRef,
-        key: str,
-        version: int,
-        now: int,
-        mark: CancelMark | None = None,
-    ) -> Timer | None:
-        return await self._store._resume(owner, key, version, now, self._at, mark)
+    async def resume(self, owner: AggregateRef, key: str, version: int, now: int) -> Timer | None:
+        return await self._store._resume(owner, key, version, now, self._at)
 
     async def cancel_all(
         self, owner: AggregateRef, version: int, mark: CancelMark | None = None

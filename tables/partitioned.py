@@ -29,11 +29,11 @@ from tables.tombstones import (
 from tables.writes import (
     Write,
     check_change,
-    paused_or_marked,
+    pause_row,
     plan_cancel,
     plan_settle,
     put_row,
-    resumed_or_marked,
+    resume_row,
 )
 
 __all__ = ["PartitionedStore"]
@@ -47,11 +47,6 @@ _COUNTED = frozenset(
 
 _DELETED = key_suffix(DELETED_KEY)
 """An owner's deletion mark's row key after its owner's prefix."""
-
-Only = tuple[int, int] | None
-"""A partition handle's `(partition, serving)`, its writes' alone; None: the store's."""
-Decide = Callable[[Timer | None], Timer | None]
-"""What a write makes of the row held (None: none), `tables.writes`'s; None: nothing."""
 
 
 class PartitionedStore(PartitionedReads):
@@ -281,53 +276,37 @@ class PartitionedStore(PartitionedReads):
             await self._commit(writes)
             return bool(writes)
 
-    async def pause(
-        self, owner: AggregateRef, key: str, version: int, mark: CancelMark | None = None
-    ) -> bool:
-        return await self._pause(owner, key, version, None, mark)
+    async def pause(self, owner: AggregateRef, key: str, version: int) -> bool:
+        return await self._pause(owner, key, version, None)
 
     async def _pause(
-        self, owner: AggregateRef, key: str, version: int, only: Only, mark: CancelMark | None
+        self, owner: AggregateRef, key: str, version: int, only: tuple[int, int] | None
     ) -> bool:
-        def decide(held: Timer | None) -> Timer | None:
-            return paused_or_marked(held, owner, key, version, mark)
+        paused = await self._rewrite(owner, key, lambda held: pause_row(held, version), only)
+        return paused is not None
 
-        return await self._rewrite(owner, key, decide, only, mark) is not None
-
-    async def resume(
-        self, owner: AggregateRef, key: str, version: int, now: int, mark: CancelMark | None = None
-    ) -> Timer | None:
-        return await self._resume(owner, key, version, now, None, mark)
+    async def resume(self, owner: AggregateRef, key: str, version: int, now: int) -> Timer | None:
+        return await self._resume(owner, key, version, now, None)
 
     async def _resume(
+        self, owner: AggregateRef, key: str, version: int, now: int, only: tuple[int, int] | None
+    ) -> Timer | None:
+        return await self._rewrite(owner, key, lambda held: resume_row(held, version, now), only)
+
+    async def _rewrite(
         self,
         owner: AggregateRef,
         key: str,
-        version: int,
-        now: int,
-        only: Only,
-        mark: CancelMark | None,
+        decide: Callable[[Timer], Timer | None],
+        only: tuple[int, int] | None,
     ) -> Timer | None:
-        def decide(held: Timer | None) -> Timer | None:
-            return resumed_or_marked(held, owner, key, version, now, mark)
-
-        return await self._rewrite(owner, key, decide, only, mark)
-
-    async def _rewrite(
-        self, owner: AggregateRef, key: str, decide: Decide, only: Only, mark: CancelMark | None
-    ) -> Timer | None:
-        """Writes what `decide` makes of `owner`'s row under `key` (None: it holds none;
-        a row written then goes to `mark`'s partition): the row written, or None."""
-        row, also = row_key(owner, key), self._marked(mark, only)
-        async with self._writing_found(lambda: self._found_row(row, only), only, also) as found:
-            if found:
-                partition, _, held = found[0]
-            elif mark is not None:
-                partition, held = mark.partition, None
-            else:
+        """Writes what `decide` makes of `owner`'s row under `key`: the row written, or None
+        (no such row, or `decide` wrote nothing)."""
+        row = row_key(owner, key)
+        async with self._writing_found(lambda: self._found_row(row, only), only) as found:
+            if not found or (new := decide(found[0][2])) is None:
                 return None
-            if (new := decide(held)) is None:
-                return None
+            partition, _, held = found[0]
             await self._commit([Write(partition, row, held, new)])
             return new
 

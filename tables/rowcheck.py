@@ -138,7 +138,6 @@ class _Row(msgspec.Struct, forbid_unknown_fields=True, gc=False, kw_only=True):
     parked_when_paused: bool = False
     retry_until: _Int64 | None = None
     cancel_id: _Text200 | None = None
-    resumed_version: _Int64 | None = None
 
 
 _decode = msgspec.json.Decoder(_Row).decode

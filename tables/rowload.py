@@ -67,7 +67,7 @@ class _Command(msgspec.Struct, forbid_unknown_fields=True, gc=False):
 
 
 class _Row(msgspec.Struct, forbid_unknown_fields=True, gc=False, kw_only=True):
-    """A Timer's JSON as `encode_timer` writes it: every field, but the six left out while
+    """A Timer's JSON as `encode_timer` writes it: every field, but the five left out while
     unset (UNSET: an explicit null is refused, as no row of this store holds one)."""
 
     id: _Text200
@@ -92,7 +92,6 @@ class _Row(msgspec.Struct, forbid_unknown_fields=True, gc=False, kw_only=True):
     parked_when_paused: bool | UnsetType = UNSET
     retry_until: _Int64 | UnsetType = UNSET
     cancel_id: _Text200 | UnsetType = UNSET
-    resumed_version: _Int64 | UnsetType = UNSET
 
 
 _decode = msgspec.json.Decoder(_Row).decode
@@ -105,18 +104,17 @@ _ERRORS = ("error_code", "error_text")
 _FLAG = "parked_when_paused"
 _UNTIL = "retry_until"
 _CANCEL = "cancel_id"
-_RESUMED = "resumed_version"
 _asdict = msgspec.structs.asdict
 if (
     _Row.__struct_fields__ != tuple(Timer.model_fields)
-    or _Row.__struct_fields__[-6:] != (*_ERRORS, _FLAG, _UNTIL, _CANCEL, _RESUMED)
+    or _Row.__struct_fields__[-5:] != (*_ERRORS, _FLAG, _UNTIL, _CANCEL)
     or _Ref.__struct_fields__ != tuple(AggregateRef.model_fields)
 ):
     raise TypeError("rowload's structs must name the models' fields in order")
 
 _new = object.__new__
 _ALL_SET = set(Timer.model_fields)
-_USUAL_SET = _ALL_SET - {*_ERRORS, _FLAG, _UNTIL, _CANCEL, _RESUMED}
+_USUAL_SET = _ALL_SET - {*_ERRORS, _FLAG, _UNTIL, _CANCEL}
 _REF_SET = set(AggregateRef.model_fields)
 _COMMAND_SET = set(CommandSpec.model_fields)
 _CACHE_SIZE = 4096
@@ -302,8 +300,8 @@ def _built(
     if struct.error_code is unset and struct.error_text is unset:
         row["error_code"] = row["error_text"] = None  # the usual row: no error
     else:
-        unset_errors = {name for name in _ERRORS if row[name] is UNSET}
-        named = _ALL_SET - unset_errors - {_FLAG, _UNTIL, _CANCEL, _RESUMED}
+        named = _ALL_SET - {name for name in _ERRORS if row[name] is UNSET}
+        named -= {_FLAG, _UNTIL, _CANCEL}
         for name in _ERRORS:
             if row[name] is UNSET:
                 row[name] = None
@@ -319,10 +317,6 @@ def _built(
         row[_CANCEL] = None  # the usual row: no cancel at its version before its set
     else:
         named = named | {_CANCEL}
-    if struct.resumed_version is unset:
-        row[_RESUMED] = None  # the usual row: no resume read while it ran
-    else:
-        named = named | {_RESUMED}
     timer = new(timer_class)
     set_dict(timer, row)
     set_fields(timer, named)

@@ -143,17 +143,10 @@ class TimerWrites(Protocol):
         self, owner: AggregateRef, key: str, version: int, mark: CancelMark | None = None
     ) -> bool: ...
 
-    async def pause(
-        self, owner: AggregateRef, key: str, version: int, mark: CancelMark | None = None
-    ) -> bool: ...
+    async def pause(self, owner: AggregateRef, key: str, version: int) -> bool: ...
 
     async def resume(
-        self,
-        owner: AggregateRef,
-        key: str,
-        version: int,
-        now: int,
-        mark: CancelMark | None = None,
+        self, owner: AggregateRef, key: str, version: int, now: int
     ) -> Timer | None: ...
 
     async def cancel_all(
@@ -208,32 +201,16 @@ class TimerStore(Protocol):
         counted from then (`tables.writes.cancel_row`). Whether it wrote."""
         ...
 
-    async def pause(
-        self, owner: AggregateRef, key: str, version: int, mark: CancelMark | None = None
-    ) -> bool:
+    async def pause(self, owner: AggregateRef, key: str, version: int) -> bool:
         """Pauses `owner`'s timer under `key` when it is PENDING, FIRING or PARKED and held
-        at `version` or earlier, unless a later resume of it was read (`tables.writes.
-        pause_row`): PAUSED, in no index the firing loop or an operator's retry reads, never
-        due. With `mark` (where and when the pause was read), a key that holds no row (or
-        an earlier mark) is left a pause mark at `version` (`tables.tombstones.hold_mark`),
-        so that an older set read after it is PAUSED. Whether it wrote."""
+        at `version` or earlier (`tables.writes.pause_row`): PAUSED, in no index the firing
+        loop or an operator's retry reads, never due; whether it wrote."""
         ...
 
-    async def resume(
-        self,
-        owner: AggregateRef,
-        key: str,
-        version: int,
-        now: int,
-        mark: CancelMark | None = None,
-    ) -> Timer | None:
+    async def resume(self, owner: AggregateRef, key: str, version: int, now: int) -> Timer | None:
         """Resumes `owner`'s PAUSED timer under `key` held at `version` or earlier, caught
-        up at `now` by its rule (`tables.writes.resume_row`); a row not PAUSED held at an
-        earlier version notes the resume (`Timer.resumed_version`), so that an older pause
-        read after it is passed over; with `mark`, as `pause`'s, a key that holds no row
-        (or an earlier mark) is left a resume mark. The row it wrote (`tables.writes.
-        runs_again` tells a PENDING row, or PARKED for a timer PARKED when paused, from a
-        note or a mark), or None when it wrote nothing."""
+        up at `now` by its rule (`tables.writes.resume_row`): the PENDING row it wrote (the
+        PARKED one, for a timer PARKED when paused), or None when it wrote nothing."""
         ...
 
     async def cancel_all(

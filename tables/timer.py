@@ -225,14 +225,6 @@ class Timer(BaseModel):
         "batch twice) is passed over, the timer set after it kept. Absent: none (left out "
         "of the JSON, as before it existed)",
     )
-    resumed_version: Version | None = Field(
-        default=None,
-        exclude_if=_absent,
-        description="the version of a resume read while the timer ran, later than the row's "
-        "own (`tables.writes.resume_row`): a pause older than it, read after it (a producer "
-        "writing out of order), is passed over, as it would have been resumed. Absent: "
-        "none later than the row (left out of the JSON, as before it existed)",
-    )
 
     def same_as_loaded(self, loaded: Timer) -> bool:
         """Whether this row is still `loaded`, as a conditional write compares them."""

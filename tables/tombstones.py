@@ -10,11 +10,7 @@ and the older set then wrote its timer, which fired. Now:
   cancel's version (`tombstone`), which an older set meets as any cancelled row;
 - an owner's deletion (`wow.AggregateDeleted`) writes its *deletion mark* (`deletion_mark`)
   under `DELETED_KEY`, a key no new timer can have: a set of the owner at the deletion's
-  version or earlier is passed over, whatever its key (`deleted_through`);
-- a pause or a resume of a key that holds no row writes a *pause mark* or a *resume mark*
-  (`hold_mark`; the later replaces the earlier): an older set read after it is written
-  PAUSED at the pause's version, or running with the resume noted, so that an older
-  pause read after that is passed over (`tables.writes.put_row`, `pause_row`).
+  version or earlier is passed over, whatever its key (`deleted_through`).
 
 Both are CANCELLED rows a store of an older version reads as any (its `ACTIVE` set leaves
 them alone), finished at the time of the event that wrote them (`CancelMark.at`): the
@@ -35,15 +31,11 @@ from tables.timer import CommandSpec, Outcome, Timer, TimerStatus
 __all__ = [
     "DELETED_KEY",
     "OWNER_DELETED",
-    "PAUSE_MARK",
-    "RESUME_MARK",
     "UNSET",
     "CancelMark",
     "deleted_through",
     "deletion_mark",
-    "hold_mark",
     "is_deletion_mark",
-    "is_hold_mark",
     "tombstone",
 ]
 
@@ -56,14 +48,6 @@ UNSET: Final = "wow.ScheduleCancelled"
 
 OWNER_DELETED: Final = "wow.AggregateDeleted"
 """A deletion mark's command type (it sends nothing)."""
-
-PAUSE_MARK: Final = "wow.SchedulePaused"
-"""A pause mark's command type: never set, only paused (it sends nothing)."""
-
-RESUME_MARK: Final = "wow.ScheduleResumed"
-"""A resume mark's command type: never set, only resumed (it sends nothing)."""
-
-_HOLD_MARKS: Final = frozenset({PAUSE_MARK, RESUME_MARK})
 
 
 class CancelMark(NamedTuple):
@@ -105,20 +89,13 @@ def tombstone(
     too (a key set again after it fired, then cancelled); None otherwise (the deletion
     mark's key is never cancelled). A row moved so is finished when the cancel was read
     (`CancelMark.at`), as a tombstone: the retention sweep counts from its `due_at`, and
-    kept from its old one it could go at once, and the set with it. Each notes the
+    kept from its old one it could go at once, and the set with it. Either notes the
     cancel's id (`Timer.cancel_id`), as `tables.writes.cancel_row` does, for a set after
-    it in its command to keep.
-
-    A pause or resume mark (`hold_mark`) is replaced by a tombstone, its resume's note
-    kept while later (what it holds of a pause later than the cancel is lost: a set
-    between the two, read after both, runs, as before the marks)."""
+    it in its command to keep."""
     if key == DELETED_KEY:
         return None
-    if held is None or is_hold_mark(held):
-        noted: dict[str, object] = {"cancel_id": mark.id}
-        if held is not None and (resumed := held.resumed_version) is not None and resumed > version:
-            noted["resumed_version"] = resumed
-        return copied(_stand_in(owner, key, version, mark, UNSET), noted)
+    if held is None:
+        return copied(_stand_in(owner, key, version, mark, UNSET), {"cancel_id": mark.id})
     if held.status in _FINISHED and held.version < version:
         # CANCELLED, not FIRED at the later version: a set of the same command after the
         # cancel (at its version) replaces a cancelled row, never one that sent.
@@ -129,44 +106,6 @@ def tombstone(
 
 
 _FINISHED: Final = frozenset({TimerStatus.CANCELLED, TimerStatus.FIRED})
-
-
-def hold_mark(
-    held: Timer | None,
-    owner: AggregateRef,
-    key: str,
-    version: int,
-    mark: CancelMark,
-    paused: bool,
-) -> Timer | None:
-    """What a pause (`paused`) or a resume at `version` leaves where `tables.writes.
-    pause_row` or `resume_row` writes nothing: its mark when `held` is None, or a mark
-    of the other kind at `version` or earlier, or of its own kind at an earlier one (the
-    latest word on the key wins, as in version order; one command's events, at one
-    version, in the order read); None otherwise. A resume mark notes its own version
-    (`Timer.resumed_version`), which the set it passes on to keeps."""
-    if key == DELETED_KEY:
-        return None
-    kind = PAUSE_MARK if paused else RESUME_MARK
-    if held is not None and not (
-        is_hold_mark(held)
-        and (held.version < version or (held.version == version and held.command.type != kind))
-    ):
-        return None
-    row = _stand_in(owner, key, version, mark, kind)
-    return row if paused else copied(row, {"resumed_version": version})
-
-
-def is_hold_mark(timer: Timer) -> bool:
-    """Whether `timer` is a pause or resume mark (`hold_mark`), not a timer: a CANCELLED
-    row of a mark's command, without a body, to its owner (a timer cancelled so would be
-    taken for one: nothing else tells them apart, as a tombstone's row does not)."""
-    return (
-        timer.status is TimerStatus.CANCELLED
-        and timer.command.type in _HOLD_MARKS
-        and not timer.command.body
-        and timer.target == timer.owner
-    )
 
 
 def deletion_mark(

@@ -12,10 +12,8 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Final, NamedTuple
 
 from tables.copies import copied
-from tables.refs import AggregateRef
 from tables.slots import Slot, caught_up, jittered_due
 from tables.timer import ACTIVE, Outcome, Timer, TimerChange, TimerStatus
-from tables.tombstones import DELETED_KEY, PAUSE_MARK, CancelMark, hold_mark, is_hold_mark
 
 __all__ = [
     "Write",
@@ -23,14 +21,11 @@ __all__ = [
     "cancel_row",
     "check_change",
     "pause_row",
-    "paused_or_marked",
     "plan_cancel",
     "plan_settle",
     "put_row",
     "resume_row",
-    "resumed_or_marked",
     "rewritten",
-    "runs_again",
     "sent_at_its_version",
     "settle_row",
     "slot_left",
@@ -65,43 +60,24 @@ def put_row(held: Timer | None, timer: Timer, deleted: int | None = None) -> Tim
     sent (a rebuild replays both sets before anything fires: the retry written, its timer
     would send the command under a new request id, and the target apply it again).
 
-    A pause or resume later than the set, read before it, left a mark (`tables.tombstones.
-    hold_mark`): the timer is written as that pause or resume leaves it in version order,
-    PAUSED at the pause's version, or running with the resume noted (`resumed_version`,
-    kept from any row it replaces while later than the set).
-
     Written at `held`'s version, the timer keeps `held`'s `cancel_id`: the cancel before
-    it in its command, which read again (`cancel_row`) must not cancel it. Not a mark's:
-    a mark holds none (`hold_mark` never replaces a cancel's row, and a cancel replaces a
-    mark by its tombstone, which notes it), and it is no cancel of the key."""
-    if held is not None and held.id == timer.id:
+    it in its command, which read again (`cancel_row`) must not cancel it."""
+    if held is not None and (held.version > timer.version or held.id == timer.id):
         return None
     if deleted is not None and deleted >= timer.version:
         return None
-    pending = timer
+    if (
+        held is not None
+        and held.version == timer.version
+        and (sent_at_its_version(held) or rewritten(held, timer))
+    ):
+        return None
+    update: dict[str, object] = {}
     if timer.status is not TimerStatus.PENDING:
-        pending = copied(timer, {"status": TimerStatus.PENDING})
-    if held is None:
-        return pending
-    if is_hold_mark(held):
-        if held.command.type == PAUSE_MARK and held.version > timer.version:
-            return pause_row(pending, held.version)
-        return _noted_from(held, pending)
-    if held.version > timer.version:
-        return None
-    if held.version == timer.version and (sent_at_its_version(held) or rewritten(held, timer)):
-        return None
-    if held.version == timer.version and held.cancel_id is not None:
-        pending = copied(pending, {"cancel_id": held.cancel_id})
-    return _noted_from(held, pending)
-
-
-def _noted_from(held: Timer, timer: Timer) -> Timer:
-    """`timer`, with `held`'s resume noted if it is later than `timer` (`resume_row`)."""
-    note = held.resumed_version
-    if note is None or note <= timer.version:
-        return timer
-    return copied(timer, {"resumed_version": note})
+        update["status"] = TimerStatus.PENDING
+    if held is not None and held.version == timer.version and held.cancel_id is not None:
+        update["cancel_id"] = held.cancel_id
+    return copied(timer, update) if update else timer
 
 
 def rewritten(held: Timer, timer: Timer) -> bool:
@@ -184,9 +160,7 @@ otherwise send while its owner holds it paused); a FIRED or CANCELLED one is don
 
 def pause_row(held: Timer | None, version: int) -> Timer | None:
     """`held` PAUSED at `version`, when it is PENDING, FIRING or PARKED and held at
-    `version` or earlier, and no later resume of it was read (`resumed_version`: read in
-    version order, that resume would run it again); its rule, slot, attempts and outcome
-    kept.
+    `version` or earlier; its rule, slot, attempts and outcome kept.
 
     A FIRING row's claim is given up: its `due_at` (the claim's deadline) becomes its
     slot's own firing time, so that a resume sends the slot again (with its request id:
@@ -198,10 +172,6 @@ def pause_row(held: Timer | None, version: int) -> Timer | None:
     if held is None or held.status not in PAUSABLE or held.version > version:
         return None
     update: dict[str, object] = {"status": TimerStatus.PAUSED, "version": version}
-    if held.resumed_version is not None:
-        if held.resumed_version > version:
-            return None
-        update["resumed_version"] = None  # no later than the row from now on
     if held.status is TimerStatus.FIRING:
         update["due_at"] = jittered_due(held.rule, held.id, Slot(held.slot, held.slot_due_at))
     elif held.status is TimerStatus.PARKED:
@@ -211,13 +181,7 @@ def pause_row(held: Timer | None, version: int) -> Timer | None:
 
 def resume_row(held: Timer | None, version: int, now: int) -> Timer | None:
     """`held` running again (PENDING) at `version`, when it is PAUSED and held at
-    `version` or earlier.
-
-    A row not PAUSED held at an earlier version (running, or finished) takes `version` as
-    its `resumed_version` note alone, unless it has a note as late: a pause older than
-    the resume, read after it (a producer writing out of order), is then passed over
-    (`pause_row`), as the resume would have run it again in version order; a set of the
-    key older than the resume, read after it, keeps the note (`put_row`). None otherwise.
+    `version` or earlier; None otherwise (a running timer's resume does nothing).
 
     It catches up at `now` (the resume's own time, so that a replay decides the same) by
     its rule's policy: a coalescing rule whose later slots came due while it was paused
@@ -229,10 +193,8 @@ def resume_row(held: Timer | None, version: int, now: int) -> Timer | None:
     was: its resume sends nothing, an operator's retry does (or a skip drops it), and
     neither catch-up nor expiry applies to it before then, as to any parked timer.
     """
-    if held is None or held.version > version:
+    if held is None or held.status is not TimerStatus.PAUSED or held.version > version:
         return None
-    if held.status is not TimerStatus.PAUSED:
-        return _resume_noted(held, version)
     if held.parked_when_paused:
         return copied(
             held,
@@ -251,50 +213,6 @@ def resume_row(held: Timer | None, version: int, now: int) -> Timer | None:
         "skipped": held.skipped + catch.skipped,
     }
     return copied(held, {**moved, **slot_left(held)})
-
-
-def paused_or_marked(
-    held: Timer | None, owner: AggregateRef, key: str, version: int, mark: CancelMark | None
-) -> Timer | None:
-    """`pause_row`; where it writes nothing, with `mark` (where and when the pause was
-    read), what the pause leaves (`tables.tombstones.hold_mark`)."""
-    paused = pause_row(held, version)
-    if paused is not None or mark is None:
-        return paused
-    return hold_mark(held, owner, key, version, mark, paused=True)
-
-
-def resumed_or_marked(
-    held: Timer | None,
-    owner: AggregateRef,
-    key: str,
-    version: int,
-    now: int,
-    mark: CancelMark | None,
-) -> Timer | None:
-    """`resume_row`; where it writes nothing, with `mark`, what the resume leaves
-    (`tables.tombstones.hold_mark`)."""
-    resumed = resume_row(held, version, now)
-    if resumed is not None or mark is None:
-        return resumed
-    return hold_mark(held, owner, key, version, mark, paused=False)
-
-
-def _resume_noted(held: Timer, version: int) -> Timer | None:
-    """`held`, not PAUSED, with a resume at `version` noted (`resume_row`); None when it
-    is no later than the row or its note, or `held` is a mark (`tables.tombstones`)."""
-    if held.version >= version or is_hold_mark(held) or held.key == DELETED_KEY:
-        return None
-    if held.resumed_version is not None and held.resumed_version >= version:
-        return None
-    return copied(held, {"resumed_version": version})
-
-
-def runs_again(resumed: Timer, version: int) -> bool:
-    """Whether `resumed`, the row a resume at `version` wrote (`resume_row`), runs again
-    (PENDING) or is PARKED again: at the resume's version, not a mark; a row a resume only
-    noted keeps its own version."""
-    return resumed.version == version and resumed.status is not TimerStatus.CANCELLED
 
 
 def slot_left(timer: Timer) -> dict[str, object]:

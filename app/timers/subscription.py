@@ -39,7 +39,6 @@ from tables.rules import OnceRule, ScheduleRule
 from tables.slots import Slot, first_slot, jittered_due
 from tables.store import TimerWrites
 from tables.tombstones import CancelMark
-from tables.writes import runs_again
 
 __all__ = [
     "CancelAllTimers",
@@ -93,9 +92,6 @@ class PauseTimer:
     owner: AggregateRef
     key: str
     version: int
-    mark: CancelMark | None = None
-    """Where and when it was read: a key that holds no timer is left a pause mark
-    (`tables.tombstones.hold_mark`), so that an older set of it read after is PAUSED."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,9 +101,6 @@ class ResumeTimer:
     version: int
     at: int
     """The event's own time: the catch-up is decided there, the same on every replay."""
-    mark: CancelMark | None = None
-    """Where and when it was read: a key that holds no timer is left a resume mark
-    (`tables.tombstones.hold_mark`), so that an older pause of it read after is passed over."""
 
 
 TimerOp = PutTimer | CancelTimer | PauseTimer | ResumeTimer | CancelAllTimers
@@ -160,18 +153,10 @@ def timer_op(
             )
         if event.type == SCHEDULE_PAUSED:
             paused = SchedulePaused.model_validate(event.body, strict=True, context=NEW_INPUT)
-            return PauseTimer(
-                event.aggregate, paused.key, event.version, _mark(event, partition, now)
-            )
+            return PauseTimer(event.aggregate, paused.key, event.version)
         if event.type == SCHEDULE_RESUMED:
             resumed = ScheduleResumed.model_validate(event.body, strict=True, context=NEW_INPUT)
-            return ResumeTimer(
-                event.aggregate,
-                resumed.key,
-                event.version,
-                event.created_at,
-                _mark(event, partition, now),
-            )
+            return ResumeTimer(event.aggregate, resumed.key, event.version, event.created_at)
     except ValidationError as exc:
         raise BadRecord(f"{event.type} {event.id}: {_first_error(exc)}") from exc
     if event.type == AGGREGATE_DELETED:
@@ -318,7 +303,6 @@ def _built(
             "parked_when_paused": False,
             "retry_until": None,
             "cancel_id": None,
-            "resumed_version": None,
         },
     )
     _set(timer, "__pydantic_fields_set__", _TIMER_SET)
@@ -344,10 +328,10 @@ async def apply(store: TimerWrites, op: TimerOp) -> bool:
             return await store.put(timer)
         case CancelTimer(owner, key, version, mark):
             return await store.cancel(owner, key, version, mark)
-        case PauseTimer(owner, key, version, mark):
-            return await store.pause(owner, key, version, mark)
-        case ResumeTimer(owner, key, version, at, mark):
-            return await store.resume(owner, key, version, at, mark) is not None
+        case PauseTimer(owner, key, version):
+            return await store.pause(owner, key, version)
+        case ResumeTimer(owner, key, version, at):
+            return await store.resume(owner, key, version, at) is not None
         case CancelAllTimers(owner, version, mark):
             # With its mark it writes the owner's deletion mark (unless one as late is held,
             # a replay): counted a change either way, so that its cycle commits what it wrote.
@@ -376,11 +360,8 @@ async def apply_all(
             if isinstance(op, PutTimer):
                 written.extend(await store.put_many([op.timer]))
             elif isinstance(op, ResumeTimer):
-                resumed = await store.resume(op.owner, op.key, op.version, op.at, op.mark)
-                if resumed is not None and runs_again(resumed, op.version):
+                if (resumed := await store.resume(op.owner, op.key, op.version, op.at)) is not None:
                     written.append(resumed)
-                else:  # nothing, or a mark or note (`tables.writes.resume_row`): no wheel's
-                    changed += resumed is not None
             else:
                 changed += await apply(store, op)
         except Exception as exc:

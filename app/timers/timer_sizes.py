@@ -41,8 +41,8 @@ ROW_GROWTH: Final = 8 * 1024
 """What a row may grow by after it is set: an attempt's error code and text (100 and
 `MAX_ERROR_TEXT` characters) and a cancel's event id (`Timer.cancel_id`, `MAX_EVENT_ID`),
 6 bytes each at most in JSON, an outcome, a longer status, and its numbers (version, slot,
-times, counts, an operator's retry's horizon, a resume's version) at 19 digits (measured:
-241 bytes with their names, within the 256 left, `tests/unit/test_timer_sizes.py`)."""
+times, counts, an operator's retry's horizon) at 19 digits (measured: well under 256 bytes
+with their names, `tests/unit/test_timer_sizes.py`)."""
 
 NOT_BODY: Final = 64 * 1024
 """A bound on the bytes of a timer's row with its key, and of any command it sends with

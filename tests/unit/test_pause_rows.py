@@ -12,7 +12,6 @@ from hypothesis import strategies as st
 from app.timers.runner.decision_types import NOTHING
 from app.timers.runner.decisions import retry_parked, skip_parked
 from app.timers.runner.options import DAY_MS, TimerOptions
-from tables.copies import copied
 from tables.keys import decode_timer, encode_timer
 from tables.rules import CronRule, IntervalRule, OnceRule
 from tables.slots import Slot, caught_up, first_slot, jittered_due, next_slot
@@ -87,8 +86,7 @@ def test_a_resume_catches_up_by_the_rules_policy(timer: Timer, paused_for: int) 
     resumed = resume_row(paused, 5, now)
     assert resumed is not None
     assert resumed.status is TimerStatus.PENDING and resumed.version == 5
-    noted = resume_row(resumed, 6, now)
-    assert noted == copied(resumed, {"resumed_version": 6}), "a running timer's: a note"
+    assert resume_row(resumed, 6, now) is None, "a running timer's resume does nothing"
     assert (resumed.id, resumed.rule, resumed.key) == (paused.id, paused.rule, paused.key)
     catch = caught_up(paused.rule, Slot(paused.slot, paused.slot_due_at), now)
     assert resumed.slot == max(paused.slot, catch.slot.index)
@@ -200,10 +198,6 @@ def test_only_an_active_timer_pauses(status: TimerStatus) -> None:
     )
 )
 def test_only_a_paused_timer_resumes(status: TimerStatus) -> None:
-    """Any other row later than the resume is left as it was; an earlier one only notes
-    the resume (`resumed_version`), so that an older pause read after it is passed over."""
     timer = make_timer(status=status)
-    assert timer.version < 5
-    assert resume_row(timer, 5, T0) == copied(timer, {"resumed_version": 5})
-    assert resume_row(timer, timer.version, T0) is None
+    assert resume_row(timer, 5, T0) is None
     assert resume_row(None, 5, T0) is None

@@ -92,8 +92,6 @@ _timers = st.builds(
     retry_until=st.none() | st.integers(0, MAX_INT64),
     # Left out of the row's JSON while None.
     cancel_id=st.none() | text,
-    # Left out of the row's JSON while None.
-    resumed_version=st.none() | st.integers(0, MAX_INT64),
 )
 timers = _timers | _timers.map(lambda t: t.model_copy(update={"target": t.owner}))
 

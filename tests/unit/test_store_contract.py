@@ -471,8 +471,7 @@ async def test_a_parked_timer_paused_and_cancelled_is_cancelled_unmarked(
     assert await store.find(t.owner, t.key) == held.model_copy(
         update={"status": CANCELLED, "outcome": Outcome.CANCELLED, "version": 4}
     )
-    noted = await store.resume(t.owner, t.key, 5, 10**12)  # a note alone: not PAUSED
-    assert noted is not None and (noted.status, noted.resumed_version) == (CANCELLED, 5)
+    assert await store.resume(t.owner, t.key, 5, 10**12) is None
     assert await store.parked(ref("target")) == []
 
 
@@ -497,17 +496,13 @@ async def test_pause_and_resume_older_than_the_held_version_do_nothing(
 
 
 @pytest.mark.parametrize("status", [PENDING, FIRING, PARKED, FIRED, CANCELLED])
-async def test_resume_of_a_timer_that_is_not_paused_only_notes_it(
+async def test_resume_leaves_a_timer_that_is_not_paused(
     store: TimerStore, status: TimerStatus
 ) -> None:
-    """Noted (`resumed_version`), so that an older pause read after it is passed over."""
     t = timer(target=ref("target"))
     held = await into(store, t, status)
-    noted = held.model_copy(update={"resumed_version": 9})
-    assert await store.resume(t.owner, t.key, 9, 10**9) == noted
-    assert await store.find(t.owner, t.key) == noted
-    assert await store.resume(t.owner, t.key, 8, 10**9) is None
-    assert await store.find(t.owner, t.key) == noted
+    assert await store.resume(t.owner, t.key, 9, 10**9) is None
+    assert await store.find(t.owner, t.key) == held
 
 
 async def test_resume_puts_the_timer_back_in_the_due_index_caught_up(store: TimerStore) -> None:

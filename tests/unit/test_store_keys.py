@@ -86,8 +86,6 @@ timers = st.builds(
     retry_until=st.none() | due_ats,
     # Left out of the row's JSON while None: rows with and without it.
     cancel_id=st.none() | ids,
-    # Left out of the row's JSON while None: rows with and without it.
-    resumed_version=st.none() | st.integers(0, 2**40),
 )
 
 
@@ -178,7 +176,6 @@ def test_a_stored_row_loads_back_as_the_timer_it_was(timer: Timer) -> None:
     assert ("parked_when_paused" in written) == timer.parked_when_paused
     assert ("retry_until" in written) == (timer.retry_until is not None)
     assert ("cancel_id" in written) == (timer.cancel_id is not None)
-    assert ("resumed_version" in written) == (timer.resumed_version is not None)
     loaded = load_timer(raw)
     assert loaded == timer == decode_timer(raw)
     assert type(loaded.rule) is type(timer.rule)
@@ -189,14 +186,7 @@ def test_a_stored_row_loads_back_as_the_timer_it_was(timer: Timer) -> None:
     assert copied.version == timer.version + 1
     assert loaded.version == timer.version
     # (and left the shared set of the fields a row names as it was)
-    unset = (
-        "error_code",
-        "error_text",
-        "parked_when_paused",
-        "retry_until",
-        "cancel_id",
-        "resumed_version",
-    )
+    unset = ("error_code", "error_text", "parked_when_paused", "retry_until", "cancel_id")
     named = set(Timer.model_fields) - {k for k in unset if k not in written}
     assert load_timer(raw).model_fields_set == named
 
