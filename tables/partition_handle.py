@@ -137,6 +137,14 @@ class PartitionHandle:
     async def find(self, owner: AggregateRef, key: str) -> Timer | None:
         return self.held(row_key(owner, key))
 
+    def as_loaded(self, loaded: Sequence[Timer]) -> list[Timer | None]:
+        """Each of `loaded` (timers of this partition as a read gave them) as the partition
+        holds its row now, or None where the row cannot be as loaded (gone, or moved from
+        where it was due): compared with `Timer.same_as_loaded`, as a settle compares."""
+        self._check()
+        self._mine({t.partition for t in loaded}, "a row")
+        return self._store._as_loaded(self.partition, list(loaded))
+
     def held(self, row: bytes) -> Timer | None:
         """The timer the partition holds under its changelog key `row` (None: no row)."""
         self._check()

@@ -34,6 +34,12 @@ class PartitionedReads(ServedPartitions):
         """`_load` for a settle: may answer None when the row cannot be as `loaded`."""
         return self._load(partition, row)
 
+    def _load_all_as_loaded(
+        self, partition: int, rows: list[bytes], loaded: list[Timer]
+    ) -> list[Timer | None]:
+        """`_load_as_loaded` of each of `rows` (a backend may read them in one call)."""
+        return [self._load_as_loaded(partition, r, t) for r, t in zip(rows, loaded, strict=True)]
+
     @abstractmethod
     def _owner_rows(self, partition: int, prefix: bytes) -> Iterator[tuple[bytes, Timer]]:
         """The rows of partition whose key starts with `prefix`, in row-key order."""
@@ -117,6 +123,12 @@ class PartitionedReads(ServedPartitions):
         for partition in wanted:
             self._check_served(partition)
         return wanted
+
+    def _as_loaded(self, partition: int, loaded: list[Timer]) -> list[Timer | None]:
+        """Each of `loaded` (rows of `partition` as a read gave them) as the partition
+        holds it now, or None where it cannot be as loaded: what a settle compares."""
+        rows = [row_key(t.owner, t.key) for t in loaded]
+        return self._load_all_as_loaded(partition, rows, loaded)
 
     async def find(self, owner: AggregateRef, key: str) -> Timer | None:
         self._check_open()

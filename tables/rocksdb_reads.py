@@ -130,6 +130,34 @@ class RocksDBReads(PartitionedStore):
             for raw, row in zip(raws, rows, strict=True)
         ]
 
+    def _load_all_as_loaded(
+        self, partition: int, rows: list[bytes], loaded: list[Timer]
+    ) -> list[Timer | None]:
+        """`_load_as_loaded` of each, the due entries of all read in one call (a cycle
+        checks its in-process timers still as loaded before it fires them, #20)."""
+        found: list[Timer | None] = []
+        due = [
+            due_key(t.due_at, t.id, row)
+            for row, t in zip(rows, loaded, strict=True)
+            if t.status in _DUE_STATUSES
+        ]
+        values: list[bytes | None] = []
+        try:
+            if due:
+                values = cast(list[bytes | None], self._dbs[partition].get(cast(Any, due)))
+        except Exception as exc:
+            if not rocksdb_fault(exc):
+                raise
+            raise read_fault(exc, partition) from exc
+        at = iter(zip(due, values, strict=True))
+        for row, t in zip(rows, loaded, strict=True):
+            if t.status not in _DUE_STATUSES:
+                found.append(self._load(partition, row))
+                continue
+            key, value = next(at)
+            found.append(None if value is None else load_at(key, value, partition))
+        return found
+
     def _load_as_loaded(self, partition: int, row: bytes, loaded: Timer) -> Timer | None:
         """A PENDING or FIRING row held as `loaded` is at `loaded`'s due entry (its key is
         due_at, id and row key): one read there, where the firing loop's scan just was,

@@ -31,7 +31,7 @@ from app.timers.runner.partition import (
     offer_to,
     writing,
 )
-from app.timers.runner.partition_store import store_of
+from app.timers.runner.partition_store import PartitionStore, store_of
 from app.timers.runner.ports import Clock, FiringStore
 from app.timers.runner.settling import apart, from_loaded, holds, park
 from app.timers.runner.stats import RoundStats, count
@@ -139,24 +139,34 @@ class Outcomes:
         """Of the timers claimed to fire in-process, those whose rows are still as they were
         loaded (a cancel or reschedule may have come since)."""
         kept: list[Timer] = []
-        # Each firing's store, looked up once (a cycle asks for a partition's timers).
-        stores: dict[PartitionFiring, FiringStore] = {}
         held_up = self._held_up(claimed)
+        loaded: dict[str, Timer] = {}
+        by_firing: dict[PartitionFiring, list[Timer]] = {}
         for t in claimed:
             firing = self._firings.get(t.partition)
-            loaded = None if firing is None else firing.in_hand.get(t.id)
-            if loaded is None or firing is None:
-                row = None
-            else:
-                if (store := stores.get(firing)) is None:
-                    store = stores[firing] = store_of((firing,), self._store)
-                row = await store.find(t.owner, t.key)
-            if loaded is not None and row is not None and row.same_as_loaded(loaded):
+            if firing is not None and (row := firing.in_hand.get(t.id)) is not None:
+                loaded[t.id] = row
+                by_firing.setdefault(firing, []).append(row)
+        now: dict[str, Timer | None] = {}
+        for firing, rows in by_firing.items():
+            now.update(zip((r.id for r in rows), await self._rows_now(firing, rows), strict=True))
+        for t in claimed:
+            firing = self._firings.get(t.partition)
+            row = now.get(t.id)
+            if row is not None and row.same_as_loaded(loaded[t.id]):
                 kept.append(t)
             elif firing is not None:
                 firing.in_hand.pop(t.id, None)
         self._catching_up(held_up)
         return kept
+
+    async def _rows_now(self, firing: PartitionFiring, loaded: list[Timer]) -> list[Timer | None]:
+        """The rows of `loaded` (of `firing`'s partition) as they are now: read at once from
+        its partition's own store, where each was loaded (a node's cycle), else each found."""
+        if isinstance(store := firing.store, PartitionStore):
+            return store.as_loaded(loaded)
+        found = store_of((firing,), self._store)
+        return [await found.find(t.owner, t.key) for t in loaded]
 
     def _held_up(self, timers: Iterable[Timer]) -> set[PartitionFiring]:
         """The firings of `timers` that hold `hand_limit` or more in hand: their rounds take

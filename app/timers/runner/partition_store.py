@@ -14,7 +14,7 @@ goes to each firing's own store for its partition's part (`store_of`).
 from __future__ import annotations
 
 import heapq
-from collections.abc import Awaitable, Callable, Iterable, Set
+from collections.abc import Awaitable, Callable, Iterable, Sequence, Set
 from typing import Protocol, TypeVar
 
 from app.timers.runner.ports import FiringStore
@@ -44,6 +44,8 @@ class PartitionCalls(Protocol):
     async def settle(self, changes: list[TimerChange]) -> int: ...
 
     async def find(self, owner: AggregateRef, key: str) -> Timer | None: ...
+
+    def as_loaded(self, loaded: Sequence[Timer]) -> list[Timer | None]: ...
 
     async def parked(self, target: AggregateRef) -> list[Timer]: ...
 
@@ -103,6 +105,16 @@ class PartitionStore:
 
     async def find(self, owner: AggregateRef, key: str) -> Timer | None:
         return await self._call(self._handle.find(owner, key))
+
+    def as_loaded(self, loaded: Sequence[Timer]) -> list[Timer | None]:
+        """Each of `loaded`, timers of this partition, as its row is now, or None where it
+        cannot be as loaded (`tables.PartitionHandle.as_loaded`): its rows read at once."""
+        try:
+            return self._handle.as_loaded(loaded)
+        except StoreError as exc:
+            if exc.partition is None:
+                exc.partition = self.partition
+            raise
 
     async def parked(self, target: AggregateRef) -> list[Timer]:
         return await self._call(self._handle.parked(target))
