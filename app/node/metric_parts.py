@@ -1,6 +1,7 @@
-"""Two parts of the node's metrics (`app.node.metrics`) that hold no registry: a restore's
-progress callback bound to its partition's gauges (`RestoreGauges`), and a histogram fed a
-batch of amounts at once (`observe_all`). May import `prometheus_client` only."""
+"""The parts of the node's metrics (`app.node.metrics`) that hold no registry: the
+histograms' buckets, a restore's progress callback bound to its partition's gauges
+(`RestoreGauges`), and a histogram fed a batch of amounts at once (`observe_all`). May
+import `prometheus_client` only."""
 
 from __future__ import annotations
 
@@ -10,7 +11,25 @@ from collections.abc import Sequence
 
 from prometheus_client import Gauge, Histogram
 
-__all__ = ["RestoreGauges", "observe_all"]
+__all__ = [
+    "COMMIT_BUCKETS",
+    "LATENESS_BUCKETS",
+    "RESTORE_BUCKETS",
+    "RestoreGauges",
+    "observe_all",
+]
+
+LATENESS_BUCKETS = (
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+    1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 3600.0,
+)  # fmt: skip
+"""From the firing path's milliseconds (p50 in ms when healthy) to an hour (a node was down)."""
+
+COMMIT_BUCKETS = (
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+)  # fmt: skip
+
+RESTORE_BUCKETS = (0.01, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 1800.0)
 
 
 class RestoreGauges:

@@ -67,7 +67,13 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from app.kafka.tls_expiry import Validity
 from app.node.build_info import BUILD_LABELS, KAFKA_CLIENT_API, build_info, build_info_gauge
 from app.node.lateness import LatenessWindow
-from app.node.metric_parts import RestoreGauges, observe_all
+from app.node.metric_parts import (
+    COMMIT_BUCKETS,
+    LATENESS_BUCKETS,
+    RESTORE_BUCKETS,
+    RestoreGauges,
+    observe_all,
+)
 from app.timers.runner import RoundStats
 from tables import StoreClosed, StoreError, TimerStatus
 from tables.ledger import CountedLedger, FailureLedger
@@ -92,18 +98,6 @@ _ROUND_FIELDS = [
     for f in fields(RoundStats)
     if f.name not in ("full", "next_due", "reload_at", "loaded", "written")
 ]
-
-LATENESS_BUCKETS = (
-    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
-    1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 3600.0,
-)  # fmt: skip
-"""From the firing path's milliseconds (p50 in ms when healthy) to an hour (a node was down)."""
-
-COMMIT_BUCKETS = (
-    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
-)  # fmt: skip
-
-RESTORE_BUCKETS = (0.01, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 1800.0)
 
 _STATUSES = (TimerStatus.PENDING, TimerStatus.FIRING, TimerStatus.PARKED, TimerStatus.PAUSED)
 
