@@ -245,6 +245,19 @@ def test_a_failed_read_is_the_partitions_store_fault_and_marks_its_copy_bad(
         store.close()
 
 
+def test_a_failed_read_of_a_request_id_is_the_partitions_store_fault_too(tmp_path: Path) -> None:
+    store = RocksAggregateStore(tmp_path)
+    try:
+        store.write(P, {"a": b"{}"}, [("a", "req-1")], 3)
+        store._dbs[P] = FailingReads(store._dbs[P])  # type: ignore[assignment]
+        with pytest.raises(StoreError, match=r"000042\.sst") as failed:
+            store.folded(P, "a", "req-1")
+        assert failed.value.partition == P and store.is_bad(P)
+        assert not store.seen(P, "a", "req-1"), "a bad copy reads as empty"
+    finally:
+        store.close()
+
+
 # --- a whole node ---------------------------------------------------------------------------
 
 NP = 0
