@@ -1,7 +1,8 @@
 """`PartitionHandle.as_loaded`: the rows a cycle's in-process timers were loaded from, read
 again at once (#20). Whatever became of a row since its load, it is judged still as loaded
 (`Timer.same_as_loaded`) exactly when a lookup of its key (`find`) judges so, on both
-backends."""
+backends; and `Outcomes.still_due` over it judges each timer against its own partition's
+row."""
 
 from __future__ import annotations
 
@@ -10,6 +11,12 @@ from pathlib import Path
 
 import pytest
 
+from app.timers.runner.options import TimerOptions
+from app.timers.runner.outcomes import Outcomes
+from app.timers.runner.partition import PartitionFiring
+from app.timers.runner.partition_store import PartitionStore
+from app.timers.runner.ports import SystemClock
+from app.timers.runner.wheel import Wheel
 from tables import (
     DEFAULT_TENANT,
     AggregateRef,
@@ -21,18 +28,22 @@ from tables import (
     TimerStatus,
     open_timer_store,
 )
+from tables.ledger import MemoryFailureLedger
 from tables.partition_handle import PartitionHandle
 from tables.partitioned import PartitionedStore
+from tables.store import DueRow
 
 
 def _ref(id: str) -> AggregateRef:
     return AggregateRef(context="shop", aggregate="order", tenant=DEFAULT_TENANT, id=id)
 
 
-def _timer(owner: str, *, version: int = 1, due: int = 1_000, partition: int = 0) -> Timer:
+def _timer(
+    owner: str, *, version: int = 1, due: int = 1_000, partition: int = 0, id: str | None = None
+) -> Timer:
     ref = _ref(owner)
     return Timer(
-        id=f"{owner}/k/{version}",
+        id=id or f"{owner}/k/{version}",
         owner=ref,
         key="k",
         version=version,
@@ -128,3 +139,31 @@ async def test_a_row_of_another_partition_or_a_closed_handle_is_refused(
     await store.revoke({0})
     with pytest.raises(StoreClosed):
         handle.as_loaded([_timer("a")])
+
+
+async def _no_rows(partitions: set[int], until: int, limit: int) -> list[DueRow]:
+    return []
+
+
+def _firing(store: PartitionedStore, p: int) -> PartitionFiring:
+    return PartitionFiring(p, Wheel(_no_rows, 100, 1000), store=PartitionStore(store.partition(p)))
+
+
+async def test_still_due_judges_each_timer_by_its_own_partitions_row(
+    store: PartitionedStore,
+) -> None:
+    """Two partitions' timers of one id (another writer's ids need not be unique across
+    partitions), the first cancelled since its load: it alone is dropped from hand, the
+    other kept; a timer of that id in a partition of no firing is not kept either."""
+    a, b = _timer("a", id="X", partition=0), _timer("b", id="X", partition=1)
+    assert await store.partition(0).put(a)
+    assert await store.partition(1).put(b)
+    firings = {0: _firing(store, 0), 1: _firing(store, 1)}
+    for p, t in ((0, a), (1, b)):
+        firings[p].in_hand["X"] = (await store.partition(p).find(t.owner, t.key)) or t
+    assert await store.partition(0).cancel(a.owner, a.key, 2)
+    outcomes = Outcomes(store, MemoryFailureLedger(), SystemClock(), TimerOptions(), firings)
+    elsewhere = _timer("c", id="X", partition=2)
+    kept = await outcomes.still_due([a, b, elsewhere])
+    assert [(t.partition, t.owner.id) for t in kept] == [(1, "b")]
+    assert "X" not in firings[0].in_hand and "X" in firings[1].in_hand

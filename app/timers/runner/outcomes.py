@@ -140,20 +140,22 @@ class Outcomes:
         loaded (a cancel or reschedule may have come since)."""
         kept: list[Timer] = []
         held_up = self._held_up(claimed)
-        loaded: dict[str, Timer] = {}
+        # By partition and id: ids are unique within a partition's hand alone.
+        loaded: dict[tuple[int, str], Timer] = {}
         by_firing: dict[PartitionFiring, list[Timer]] = {}
         for t in claimed:
             firing = self._firings.get(t.partition)
             if firing is not None and (row := firing.in_hand.get(t.id)) is not None:
-                loaded[t.id] = row
+                loaded[(t.partition, t.id)] = row
                 by_firing.setdefault(firing, []).append(row)
-        now: dict[str, Timer | None] = {}
+        now: dict[tuple[int, str], Timer | None] = {}
         for firing, rows in by_firing.items():
-            now.update(zip((r.id for r in rows), await self._rows_now(firing, rows), strict=True))
+            keys = [(firing.partition, r.id) for r in rows]
+            now.update(zip(keys, await self._rows_now(firing, rows), strict=True))
         for t in claimed:
             firing = self._firings.get(t.partition)
-            row = now.get(t.id)
-            if row is not None and row.same_as_loaded(loaded[t.id]):
+            row = now.get((t.partition, t.id))
+            if row is not None and row.same_as_loaded(loaded[(t.partition, t.id)]):
                 kept.append(t)
             elif firing is not None:
                 firing.in_hand.pop(t.id, None)
