@@ -56,6 +56,11 @@ _REACH = 2 * _DAY
 _EPOCH_ORDINAL = date(1970, 1, 1).toordinal()
 # a day before year 9999 ends: its local time exists in every zone
 _LAST_SCAN = (datetime(9999, 12, 31, tzinfo=UTC) - _EPOCH) // _SECOND
+# How far past its last match (or its start) a rule's stretches are walked for the next:
+# cronsim's own horizon. A rule matching only local times the zone skips (2:30 on the
+# second Sunday of March in New York) matches in no stretch: walked to year 9999, ~16,000
+# stretches, seconds of the event loop's time for each search.
+_HORIZON = 50 * 366 * _DAY
 # what datetime cannot represent: a cron rule has no slot there
 _OUT_OF_RANGE = (OverflowError, OSError, ValueError)
 
@@ -80,6 +85,8 @@ def cron_after(rule: CronRule, after: int) -> Iterator[int]:
         return
     last = first - 1
     while True:
+        if begin - max(last, first) > _HORIZON:
+            return  # as cronsim's own search: no match within 50 years, none at all
         try:
             offset = _seconds(zone, begin)
             end, known = None, begin  # the offset is `offset` from `begin` through `known`

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Iterator
-from datetime import date
+from datetime import UTC, date, datetime
 from importlib import resources
-from itertools import pairwise, takewhile
+from itertools import islice, pairwise, takewhile
 from typing import Any
 from unittest.mock import patch
 
@@ -172,3 +172,29 @@ def test_the_zone_scan_cannot_step_over_two_changes() -> None:
         later - earlier for key in zone_names() for earlier, later in pairwise(changes(key))
     )
     assert closest > SCAN_SECONDS
+
+
+def test_a_rule_matching_only_skipped_local_times_has_no_match_within_cronsims_horizon(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """2:30:30 on the second Sunday of March never exists in New York (its clocks skip from
+    2:00 to 3:00 then), and a six-field rule is not moved by Debian cron's policy: no
+    match ever. The stretches are walked as far as cronsim's own 50 years, not to year
+    9999 (~16,000 stretches, seconds of the event loop's time a search, found by a hunt
+    for hostile input: one such ScheduleSet held a node's loop for 12.6 s)."""
+    rule = CronRule(expr="30 30 2 * 3 0#2", zone="America/New_York")
+    walked = 0
+    stretch = cron_matches._stretch_matches
+
+    def counted(*args: Any) -> Iterator[int]:
+        nonlocal walked
+        walked += 1
+        return stretch(*args)
+
+    monkeypatch.setattr(cron_matches, "_stretch_matches", counted)
+    start = int(datetime(2026, 1, 1, tzinfo=UTC).timestamp() * 1000)
+    assert next(cron_after(rule, start), None) is None
+    assert walked <= 2 * 51  # two stretches a year (standard and daylight time)
+    # A rule that does match in both stretches is walked on as before.
+    daily = CronRule(expr="30 30 2 * * *", zone="America/New_York")
+    assert len(list(islice(cron_after(daily, start), 400))) == 400
