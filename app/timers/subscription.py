@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Final
 
 from pydantic import BaseModel, ValidationError
 
@@ -110,7 +111,7 @@ def timer_op(
     event: EventEnvelope,
     partition: int,
     max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
-    now: int = 0,
+    now: int | None = None,
     *,
     topic_bytes: Mapping[str, int] = DEFAULT_TOPICS,
 ) -> TimerOp | None:
@@ -123,8 +124,8 @@ def timer_op(
     `refused` saying why its record is dead-lettered.
 
     A cancel's tombstone, or a deletion's mark (`tables.tombstones`), is finished at the
-    later of the event's own time and `now` (the node's, as it reads it): kept
-    `finished_retention` from then, however old the event (a rebuild's replay).
+    later of the event's own time (at most `MARK_AHEAD_MS` ahead) and `now` (the node's;
+    None: the event's time): kept `finished_retention` from then, however old the event.
     """
     try:
         if event.type == SCHEDULE_SET:
@@ -164,8 +165,13 @@ def timer_op(
     return None
 
 
-def _mark(event: EventEnvelope, partition: int, now: int) -> CancelMark:
-    return CancelMark(partition, event.id, max(event.created_at, now))
+MARK_AHEAD_MS: Final = 60_000
+"""How far ahead of `now` a mark's event may date it: at year 9999 its row stayed for ever."""
+
+
+def _mark(event: EventEnvelope, partition: int, now: int | None) -> CancelMark:
+    at = event.created_at if now is None else min(max(event.created_at, now), now + MARK_AHEAD_MS)
+    return CancelMark(partition, event.id, at)
 
 
 def _ended(rule: ScheduleRule, at: int) -> bool:

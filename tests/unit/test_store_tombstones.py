@@ -14,9 +14,10 @@ import pytest
 from fakes import RecordingSink
 
 from app.protocol.wire import EventEnvelope, decode_event
-from app.timers.subscription import apply_all, timer_op
+from app.timers.subscription import MARK_AHEAD_MS, apply_all, timer_op
 from tables import AggregateRef, Outcome, TimerStatus, TimerStore
 from tables import open_timer_store as open_store
+from tables.bounds import MAX_INSTANT
 from tables.copies import change_of, copied
 from tables.keys import encode_timer, restored_row, row_key
 from tables.tombstones import (
@@ -330,3 +331,26 @@ def test_a_cancelled_row_is_finished_no_earlier_than_its_cancel_was_read(
     assert cancelled is not None
     assert cancelled.due_at == (AT if read_at is None else max(AT, read_at))
     assert cancelled.model_copy(update={"due_at": AT}) == cancel_row(held, 2)
+
+
+async def test_a_mark_dated_far_ahead_is_kept_from_the_nodes_time_not_its_own(
+    opened: Any,
+) -> None:
+    """A cancel of a key never set leaves a tombstone, finished at the event's own time
+    when that is later than the node's: a writer's clock a few seconds ahead. One dated in
+    the year 9999 (another writer's, a fuzzer's) is finished at most `MARK_AHEAD_MS` past
+    the node's time, so the retention sweep removes it as it removes the others; else a
+    stream of such cancels grew the table and its changelog for good."""
+    store, _ = await opened()
+    now = 1_800_000_000_000
+    events = [
+        cancel(1, key="near").model_copy(update={"created_at": now + 5_000}),
+        cancel(1, key="far").model_copy(update={"created_at": MAX_INSTANT}),
+    ]
+    ops = [op for e in events if (op := timer_op(e, 0, now=now)) is not None]
+    await apply_all(store, ops)
+    near, far = [await store.find(REF, k) for k in ("near", "far")]
+    assert near is not None and near.status is CANCELLED and near.due_at == now + 5_000
+    assert far is not None and far.due_at == now + MARK_AHEAD_MS
+    assert await store.expire(0, now + MARK_AHEAD_MS + 7 * DAY, 7 * DAY, 10) == 2
+    assert [await store.find(REF, k) for k in ("near", "far")] == [None, None]
