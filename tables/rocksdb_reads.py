@@ -117,14 +117,20 @@ class RocksDBReads(PartitionedStore):
             return load_at(raw, self._value(partition, raw), partition, row)
         return load_timer(raw, row, partition)
 
-    def _load_many(self, partition: int, rows: list[bytes]) -> list[Timer | None]:
+    def _get_many(self, partition: int, keys: list[bytes]) -> list[bytes | None]:
+        """`_get` of each of `keys`, in one call."""
         db = self._dbs[partition]
+        if not keys:
+            return []
         try:
-            raws = cast(list[bytes | None], db.get(cast(Any, [ROW + r for r in rows])))
+            return cast(list[bytes | None], db.get(cast(Any, keys)))
         except Exception as exc:
             if not rocksdb_fault(exc):
                 raise
             raise read_fault(exc, partition) from exc
+
+    def _load_many(self, partition: int, rows: list[bytes]) -> list[Timer | None]:
+        raws = self._get_many(partition, [ROW + r for r in rows])
         return [
             None if raw is None else load_timer(self._value(partition, raw), row, partition)
             for raw, row in zip(raws, rows, strict=True)
@@ -141,15 +147,7 @@ class RocksDBReads(PartitionedStore):
             for row, t in zip(rows, loaded, strict=True)
             if t.status in _DUE_STATUSES
         ]
-        values: list[bytes | None] = []
-        try:
-            if due:
-                values = cast(list[bytes | None], self._dbs[partition].get(cast(Any, due)))
-        except Exception as exc:
-            if not rocksdb_fault(exc):
-                raise
-            raise read_fault(exc, partition) from exc
-        at = iter(zip(due, values, strict=True))
+        at = iter(zip(due, self._get_many(partition, due), strict=True))
         for row, t in zip(rows, loaded, strict=True):
             if t.status not in _DUE_STATUSES:
                 found.append(self._load(partition, row))
