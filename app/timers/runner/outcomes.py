@@ -138,26 +138,23 @@ class Outcomes:
     async def still_due(self, claimed: Sequence[Timer]) -> list[Timer]:
         """Of the timers claimed to fire in-process, those whose rows are still as they were
         loaded (a cancel or reschedule may have come since)."""
-        kept: list[Timer] = []
         held_up = self._held_up(claimed)
-        # By partition and id: ids are unique within a partition's hand alone.
-        loaded: dict[tuple[int, str], Timer] = {}
         by_firing: dict[PartitionFiring, list[Timer]] = {}
         for t in claimed:
             firing = self._firings.get(t.partition)
-            if firing is not None and (row := firing.in_hand.get(t.id)) is not None:
-                loaded[(t.partition, t.id)] = row
-                by_firing.setdefault(firing, []).append(row)
-        now: dict[tuple[int, str], Timer | None] = {}
+            if firing is not None and (loaded := firing.in_hand.get(t.id)) is not None:
+                by_firing.setdefault(firing, []).append(loaded)
+        # By partition and id: ids are unique within a partition's hand alone.
+        still: set[tuple[int, str]] = set()
         for firing, rows in by_firing.items():
-            keys = [(firing.partition, r.id) for r in rows]
-            now.update(zip(keys, await self._rows_now(firing, rows), strict=True))
+            for loaded, row in zip(rows, await self._rows_now(firing, rows), strict=True):
+                if row is not None and row.same_as_loaded(loaded):
+                    still.add((firing.partition, loaded.id))
+        kept: list[Timer] = []
         for t in claimed:
-            firing = self._firings.get(t.partition)
-            row = now.get((t.partition, t.id))
-            if row is not None and row.same_as_loaded(loaded[(t.partition, t.id)]):
+            if (t.partition, t.id) in still:
                 kept.append(t)
-            elif firing is not None:
+            elif (firing := self._firings.get(t.partition)) is not None:
                 firing.in_hand.pop(t.id, None)
         self._catching_up(held_up)
         return kept
