@@ -74,9 +74,13 @@ class PartitionStore:
         try:
             return await call
         except StoreError as exc:
-            if exc.partition is None:
-                exc.partition = self.partition
+            self._name(exc)
             raise
+
+    def _name(self, exc: StoreError) -> None:
+        """Has `exc` name this partition unless it names one already."""
+        if exc.partition is None:
+            exc.partition = self.partition
 
     def _wanted(self, partitions: Set[int]) -> bool:
         if not partitions <= {self.partition}:
@@ -112,8 +116,7 @@ class PartitionStore:
         try:
             return self._handle.as_loaded(loaded)
         except StoreError as exc:
-            if exc.partition is None:
-                exc.partition = self.partition
+            self._name(exc)
             raise
 
     async def parked(self, target: AggregateRef) -> list[Timer]:
