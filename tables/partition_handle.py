@@ -97,6 +97,12 @@ class PartitionHandle:
     ) -> int:
         return await self._store._cancel_all(owner, version, self._at, mark)
 
+    async def drop(self, row: bytes) -> Timer | None:
+        """Deletes the row under changelog key `row` whatever it holds (a tombstone to the
+        sink, then locally): one its changelog takes no more, dead-lettered by the caller.
+        The row deleted (None: none held)."""
+        return await self._store._drop(self.partition, row, self._serving)
+
     async def apply_changelog(
         self, records: Iterable[tuple[int, bytes, bytes | None]]
     ) -> list[UnreadableRow]:

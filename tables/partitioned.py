@@ -388,6 +388,15 @@ class PartitionedStore(PartitionedReads):
             await self._commit(writes)
             return len(writes)
 
+    async def _drop(self, partition: int, row: bytes, serving: int | None) -> Timer | None:
+        """Deletes `row` of `partition` whatever it holds: the row deleted, or None."""
+        self._check_serving(partition, serving)
+        async with self._writing([partition]):
+            self._check_serving(partition, serving)
+            if (held := self._load(partition, row)) is not None:
+                await self._commit([Write(partition, row, held, None)])
+            return held
+
     def status_counts(self, partition: int) -> dict[TimerStatus, int]:
         self._check_open()
         self._check_served(partition)

@@ -14,6 +14,7 @@ from app.kafka.records import causes
 from app.model.aggregate import AggregateType
 from app.node.copy_age import CHANGELOG_DELETE_RETENTION_MS
 from app.node.local_state import CleanMarks
+from app.node.row_limit import RowLimit
 from app.node.type_transactions import TypeTransactions
 from app.protocol.dead_letters import DEAD_LETTER_TOPIC_BYTES
 from app.protocol.topics import AggregateTopics, ContextTopics
@@ -42,6 +43,8 @@ class KeptType:
     # and the store's changelog sink that routes each timer row to its partition's.
     transactions: TypeTransactions
     marks: CleanMarks
+    row_limit: RowLimit
+    """What its changelog takes, and the rows its partitions' sinks refused for it."""
     applied_ops: dict[int, AppliedOps] = field(default_factory=dict)
     """Per partition, the operators' requests it carried out within the window, read again
     by each take of it (`open_partition`) and noted by its cycles (`_operate`)."""

@@ -23,9 +23,11 @@ from app.node.in_process import NodeTimerLoop, TypeLoops
 from app.node.kept import KeptType
 from app.node.local_state import CleanMarks
 from app.node.metrics import NodeMetrics
+from app.node.row_limit import RowLimit
 from app.node.settings import Settings
 from app.node.type_transactions import TypeTransactions
 from app.protocol.dead_letters import DEAD_LETTER_TOPIC_BYTES
+from app.protocol.limits import InputLimits
 from app.protocol.topics import AggregateTopics, ContextTopics
 from app.timers.runner import Clock, TimerOptions, TimerRunner
 from app.timers.sender import KafkaSender, ResultsReader
@@ -165,6 +167,7 @@ class Keeping(Protocol):
     types: dict[str, KeptType]
     targets: TopicCatalog
     tasks: PartitionTasks
+    limits: InputLimits
 
 
 def open_type(
@@ -225,4 +228,6 @@ def open_type(
             on_round=lambda stats: metrics.round(t.type_name, stats),
         )
     )
-    return KeptType(t, agg, store, runner, loop, states, transactions, marks)
+    takes = node.limits.topic_record_bytes.get(t.timers_changelog, TOPIC_RECORD_BYTES)
+    row_limit = RowLimit(t.timers_changelog, takes)
+    return KeptType(t, agg, store, runner, loop, states, transactions, marks, row_limit)

@@ -111,6 +111,12 @@ async def open_partition(s: TaskShared, task: PartitionTask, topics: set[str]) -
         handle = task.store = kept.store.partition(p)
         handle.attach(_sink(txn, task))
         txn.rows_landed = _landing(handle, kept.marks, s.reader, t.timers_changelog)
+        # Rows its sink refused before (over what the changelog takes now): lettered and
+        # deleted in p's next transaction, before its first cycle writes one again.
+        now, letter_bytes = s.now(), s.limits.dead_letter_bytes
+        if too_large := await kept.row_limit.letter_noted(handle, now, letter_bytes):
+            txn.stage(too_large, {})
+            txn.count(s.metrics.dead_letters.labels(t.timers_changelog), len(too_large))
         if unreadable:
             # Their letters commit in p's next transaction, and after each record, the row
             # its key held before it written again (a tombstone when none): as p's rows,
@@ -225,12 +231,14 @@ def _landing(
 
 
 def _sink(txn: PartitionTransaction, task: PartitionTask) -> ChangelogSink:
-    """p's changelog sink: each row buffered in its transaction (refused once abandoned),
+    """p's changelog sink: each row buffered in its transaction (refused once abandoned;
+    none of a write with a row over what the changelog takes: `app.node.row_limit`),
     and the rows that were PARKED noted for p's firing, whose round takes their names out
     of the ledger (`app.timers.unparked`: a cancel, a replace or an owner deleted would
     leave them named for ever)."""
 
     async def sink(records: list[ChangelogRecord]) -> None:
+        task.kept.row_limit.check(task.p, records)  # before any joins the transaction
         for r in records:
             txn.add(r.key, r.value, r.before)
         if (firing := task.firing) is not None:

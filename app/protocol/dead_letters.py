@@ -92,7 +92,8 @@ class Stage(StrEnum):
     OPERATE = "operate"
     """An operator's request on parked timers."""
     RESTORE = "restore"
-    """A row of the timer changelog that a restore cannot read."""
+    """A row of the timer changelog that a restore cannot read, or that the changelog
+    takes no more (`app.node.row_limit`)."""
 
 
 class SourceRecord(Protocol):

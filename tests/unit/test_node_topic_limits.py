@@ -79,6 +79,11 @@ def _later_twice(state: S, cmd: Command, d: Decision) -> None:
         _later(state, cmd, d)
 
 
+@thing.command("Forget")
+def _forget(state: S, cmd: Command, d: Decision) -> None:
+    d.cancel_schedule("k")
+
+
 @thing.command("SmallThenBig")
 def _small_then_big(state: S, cmd: Command, d: Decision) -> None:
     _later(state, cmd.model_copy(update={"body": {**cmd.body, "size": 10}}), d)
@@ -342,3 +347,49 @@ async def test_a_refused_set_whose_command_set_its_key_otherwise_first_cancels_t
 
 def _committed_past(log: MemoryLog, read: int) -> bool:
     return (log.committed("g", T.events, 0) or 0) >= read
+
+
+@pytest.mark.parametrize("then", ["fired", "cancelled"])
+async def test_a_stored_timer_whose_row_its_changelog_now_refuses_is_dead_lettered(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, then: str
+) -> None:
+    """A timer stored with a 40 KB command, then its timers changelog lowered to 16 KiB
+    (the nodes restarted): the row its firing (or its owner's cancel) writes is over what
+    the changelog takes. The row is dead-lettered whole, the timer deleted, and the
+    partition goes on. Before, the row joined the partition's transaction, the broker
+    refused it at every retake, and every command and timer of the partition waited
+    behind it for good."""
+    log, clock = MemoryLog(), FakeClock(T0)
+    refused = refusing(log, monkeypatch)
+    big_owner, small_owner = owners(2)
+    at = T0 + 60_000
+    async with running(RunningNode(log, tmp_path, "a", SERVICE, P, clock=clock)):
+        rid = await send(log, big_owner, "Later", size=40_000, at=at)
+        assert (await answered(log, rid))[rid].code == "COMMITTED"
+        await wait_until(lambda: (big_owner, "k") in timer_keys(log, 0))
+        await wait_until(lambda: (log.committed("g", T.events, 0) or 0) >= 1)
+    [stored] = timers(log, 0)
+    log._max_bytes[T.timers_changelog] = 16 * 1024  # an operator lowers it
+    node = RunningNode(log, tmp_path, "b", SERVICE, P, clock=clock)
+    async with running(node):
+        if then == "fired":
+            clock.set(at)
+        else:
+            forget = await send(log, big_owner, "Forget")
+            assert (await answered(log, forget))[forget].code == "COMMITTED"
+        await wait_until(lambda: len(letters(log)) == 1, within=15)
+        [letter] = letters(log)
+        assert letter.topic == T.timers_changelog and letter.context.truncated is None
+        assert letter.value is not None and Timer.model_validate_json(letter.value) == stored
+        assert "over 15872 (what big.thing.timers takes" in letter.context.exception_message
+        # Deleted (a cancel read after it leaves a small mark of its own).
+        gone = [] if then == "fired" else [TimerStatus.CANCELLED]
+        await wait_until(lambda: [t.status for t in timers(log, 0)] == gone)
+        small = await send(log, small_owner, "Grow", size=10)
+        assert (await answered(log, small))[small].code == "COMMITTED"
+        # Nothing over the limit written since (the first record: the row stored before).
+        later = log.records(T.timers_changelog, 0)[1:]
+        assert all(r.value is None or len(r.value) < 15_000 for r in later)
+        assert refused == []
+        await wait_until(lambda: node.node.health().get("failing") in (None, {}))
+        assert not [r for r in results(log).values() if r.request_id == stored.request_id]
