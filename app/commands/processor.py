@@ -257,7 +257,7 @@ class CommandProcessor:
                 # stored before its topic took less (or the node's bound was lowered)
                 # would fail the partition's transaction at every retake. Not written nor
                 # decided, it is answered ERROR: the timer retries it, parked in the end.
-                check_sizes([record], self.limits)
+                check_sizes([record], self.limits, self.targets)
                 sent = record
                 d, _ = self._decide(batch, cmd)
                 code, message = d.code, d.message
@@ -367,7 +367,7 @@ class CommandProcessor:
             ]
             out += [command_record(c) for c in d.commands]
             state = self._states.encode(aid, stored, d.stored)  # past its bound: refused
-            check_sizes(out, self.limits)
+            check_sizes(out, self.limits, self.targets)
             timer_events = self._timer_events(d.events, batch.now)
             batch.staged[aid] = d.stored
             batch.encoded[aid] = state

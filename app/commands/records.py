@@ -165,7 +165,9 @@ def result_record(
     return (topic, partition, cmd.request_id.encode(), encode(result))
 
 
-def check_sizes(out: list[OutRecord], limits: InputLimits) -> None:
+def check_sizes(
+    out: list[OutRecord], limits: InputLimits, catalog: TopicCatalog | None = None
+) -> None:
     """`RecordTooLarge` when a record a decision writes is over the node's
     `max_record_bytes`: larger, this node's own reader would refuse it; or when, with its
     key, it is over what its topic takes (`InputLimits.topic_record_bytes`: one of the
@@ -173,7 +175,10 @@ def check_sizes(out: list[OutRecord], limits: InputLimits) -> None:
     defaults takes, `TOPIC_RECORD_BYTES`: with a bound near its 1 MiB most, a record
     within it and a long key), which fails the transaction at every retake. Not the
     aggregate it stores: no record holds that (it is folded from the events), and one
-    grown past the bound before must still take commands."""
+    grown past the bound before must still take commands. With `catalog`, a topic also
+    takes at most what it said the topic takes when last read (`TopicCatalog.takes`:
+    another context's commands topic made smaller, or one of the node's own lowered
+    since its start)."""
     bound, takes = limits.max_record_bytes, limits.topic_record_bytes
     for record in out:
         if (value := record[3]) is None:
@@ -184,7 +189,10 @@ def check_sizes(out: list[OutRecord], limits: InputLimits) -> None:
                 f"{bound} (TICKWHEEL_MAX_RECORD_BYTES): nothing of it is written"
             )
         size = len(value) + len(record[2] or b"")
-        if size > (limit := takes.get(record[0], TOPIC_RECORD_BYTES)):
+        limit = takes.get(record[0], TOPIC_RECORD_BYTES)
+        if catalog is not None:
+            limit = min(limit, catalog.takes(record[0]))
+        if size > limit:
             raise RecordTooLarge(
                 f"the decision writes a record of {size} bytes with its key to {record[0]}, "
                 f"over {limit} ({topic_takes(limit)}): nothing of it is written"

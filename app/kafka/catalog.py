@@ -25,6 +25,15 @@ NO_TARGET. Such listings begin at most once per `min_interval_ms` (a miss just a
 waits for the interval's end), and every miss waiting then shares the one listing.
 `missing` answers at once from the list (a decision, which cannot wait), listing again in
 the background.
+
+It also knows what each topic a decision writes to takes of a record (`takes`), asked
+alike: at once, from the last read, a topic not read yet (or read over `max_age_ms` ago)
+read in the background. A record over what another context's commands topic takes (made
+with a smaller `max.message.bytes`), written in a partition's transaction, fails it: unread,
+it was assumed to take what a topic of the broker's defaults does, and the partition was
+taken again and failed again on the same command for good. Read by then, the retake
+refuses that command (`app.commands.records.check_sizes`: answered ERROR, dead-lettered),
+and the partition goes on after one failed commit.
 """
 
 from __future__ import annotations
@@ -36,6 +45,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Final
 
 from app.errors import KafkaUnavailable
+from app.kafka.records import BROKER_MAX_MESSAGE_BYTES, RECORD_FRAMING, TOPIC_RECORD_BYTES
 
 __all__ = ["LIST_TIMEOUT_MS", "NO_TARGET", "TopicCatalog", "no_target_message"]
 
@@ -71,10 +81,13 @@ class TopicCatalog:
         sleep_ms: Callable[[int], Awaitable[None]] | None = None,
         list_timeout_ms: int = LIST_TIMEOUT_MS,
         timer_ms: Callable[[int], Awaitable[None]] | None = None,
+        max_message_bytes: Callable[[str], Awaitable[int]] | None = None,
     ) -> None:
         """`sleep_ms` waits that many ms of `now`'s clock (the interval between listings);
         `timer_ms` times a listing's deadline, `sleep_ms` unless given (a fake sleep that
-        moves its clock on at once, for the interval, cannot time a deadline)."""
+        moves its clock on at once, for the interval, cannot time a deadline).
+        `max_message_bytes`: a topic's (`Admin.max_message_bytes`); None: `takes` reads
+        none, every topic taken to take what one of the broker's defaults does."""
         self._list = list_topics
         self._now = now
         self.max_age_ms = max_age_ms
@@ -89,6 +102,13 @@ class TopicCatalog:
         self._task: asyncio.Task[str | None] | None = None
         # The listing the misses of `exists` wait for, until it begins (then a new one).
         self._next: asyncio.Task[str | None] | None = None
+        self._max_message_bytes = max_message_bytes
+        # By topic, what it takes of a record and when that was read; the topics asked
+        # that the read under way (`_reading`) has not begun with yet.
+        self._takes: dict[str, tuple[int, int]] = {}
+        self._unread: set[str] = set()
+        self._unreadable: set[str] = set()  # warned about once each
+        self._reading: asyncio.Task[None] | None = None
 
     async def refresh(self) -> bool:
         """Lists the topics now (waits for a listing in flight instead of starting one);
@@ -101,7 +121,7 @@ class TopicCatalog:
         return await asyncio.shield(self._task)
 
     async def stop(self) -> None:
-        for task in (self._next, self._task):
+        for task in (self._next, self._task, self._reading):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
@@ -123,6 +143,48 @@ class TopicCatalog:
         if absent and self._on_missing is not None:
             self._on_missing(topic)
         return absent
+
+    def takes(self, topic: str) -> int:
+        """What `topic` takes of a record, its key and value together, as last read: its
+        `max.message.bytes` less a record's framing, at most `TOPIC_RECORD_BYTES` (what a
+        topic of the broker's defaults takes: assumed until read, or when it cannot be).
+        One not read yet, or read over `max_age_ms` ago, is read in the background."""
+        known = self._takes.get(topic)
+        if self._max_message_bytes is not None and (
+            known is None or not 0 <= self._now() - known[1] < self.max_age_ms
+        ):
+            self._unread.add(topic)
+            if self._reading is None or self._reading.done():
+                self._reading = asyncio.create_task(self._read_takes(), name="topic limits")
+        return TOPIC_RECORD_BYTES if known is None else known[0]
+
+    async def _read_takes(self) -> None:
+        """Reads what each topic asked takes, until none is left unread."""
+        while self._unread:
+            topics, at = sorted(self._unread), self._now()
+            self._unread.clear()
+            read = await asyncio.gather(*(self._limit(topic) for topic in topics))
+            for topic, limit in zip(topics, read, strict=True):
+                self._takes[topic] = (min(limit - RECORD_FRAMING, TOPIC_RECORD_BYTES), at)
+
+    async def _limit(self, topic: str) -> int:
+        """`topic`'s `max.message.bytes`; the broker's default when it cannot be read (no
+        DescribeConfigs ACL on it, the broker away, no answer within `list_timeout_ms`):
+        read again once the answer is `max_age_ms` old."""
+        assert self._max_message_bytes is not None
+        try:
+            async with asyncio.timeout(self.list_timeout_ms / 1000):
+                return await self._max_message_bytes(topic)
+        except Exception as exc:  # whatever it is, the default is assumed for a while
+            if topic not in self._unreadable:
+                self._unreadable.add(topic)
+                logger.warning(
+                    "cannot read %s's max.message.bytes (%r): a record to it is bounded by "
+                    "what a topic of the broker's defaults takes until it is read",
+                    topic,
+                    exc,
+                )
+            return BROKER_MAX_MESSAGE_BYTES
 
     async def exists(self, topic: str) -> bool:
         """Whether `topic` exists: for a caller that may wait (a timer's send). A miss is

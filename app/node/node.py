@@ -88,7 +88,7 @@ class Node:
                 # A job's command its partition's processor would refuse fails its slot
                 # alone, not the whole tick (which would stop the schedule). The limits as
                 # they are when it runs: what the node's own topics take is read at start.
-                sent_check=lambda commands: sent_too_large(commands, self.limits),
+                sent_check=lambda commands: sent_too_large(commands, self.limits, self.targets),
             )
         }
         names = list(self.aggregates)
@@ -135,6 +135,7 @@ class Node:
             self._admin.topic_names,
             self.clock.now,
             on_missing=lambda _: self.metrics.no_target.inc(),
+            max_message_bytes=self._admin.max_message_bytes,
         )
         self.commits = Commits(settings.commit_interval_ms, self._owned)
         self.cycles = PartitionCycles(

@@ -13,6 +13,7 @@ from fakes import T0, FakeClock, wait_until
 
 from app.errors import KafkaUnavailable
 from app.kafka.catalog import LIST_TIMEOUT_MS, TopicCatalog
+from app.kafka.records import TOPIC_RECORD_BYTES
 
 
 class _Listings:
@@ -162,3 +163,41 @@ async def test_a_clock_stepped_back_neither_stops_the_listings_nor_makes_a_miss_
         assert all(ms <= LIST_TIMEOUT_MS for ms in slept), slept  # its listings' deadlines
     finally:
         await catalog.stop()
+
+
+async def _no_topics() -> set[str]:
+    return set()
+
+
+async def test_what_a_topic_takes_is_read_in_the_background_and_again_once_stale() -> None:
+    """Unread: what a topic of the broker's defaults takes, answered at once, the read
+    begun; read, its `max.message.bytes` less framing (never more than the default); read
+    again once `max_age_ms` old; unreadable: the default, read again later."""
+    clock = FakeClock(T0)
+    limits = {"a": 65_536, "big": 10_000_000}
+    asked: list[str] = []
+
+    async def max_message_bytes(topic: str) -> int:
+        asked.append(topic)
+        if topic not in limits:
+            raise KafkaUnavailable("no DescribeConfigs on it")
+        return limits[topic]
+
+    catalog = TopicCatalog(_no_topics, clock.now, max_message_bytes=max_message_bytes)
+    default = TOPIC_RECORD_BYTES
+    assert [catalog.takes(t) for t in ("a", "big", "denied")] == [default] * 3
+    await wait_until(lambda: len(asked) == 3)
+    await asyncio.sleep(0)
+    assert [catalog.takes(t) for t in ("a", "big", "denied")] == [65_536 - 512, default, default]
+    assert len(asked) == 3  # fresh: not read again
+    limits["a"] = 32_768
+    clock.advance(catalog.max_age_ms)
+    assert catalog.takes("a") == 65_536 - 512  # the last read, while it is read again
+    await wait_until(lambda: catalog.takes("a") == 32_768 - 512)
+    await catalog.stop()
+
+
+async def test_without_a_reader_every_topic_takes_the_default_and_nothing_is_read() -> None:
+    catalog = TopicCatalog(_no_topics, FakeClock(T0).now)
+    assert catalog.takes("a") == TOPIC_RECORD_BYTES
+    await catalog.stop()
