@@ -41,11 +41,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, Final
 
 from app.errors import KafkaUnavailable
-from app.kafka.records import BROKER_MAX_MESSAGE_BYTES, RECORD_FRAMING, TOPIC_RECORD_BYTES
+from app.kafka.records import RECORD_FRAMING, TOPIC_RECORD_BYTES
 
 __all__ = ["LIST_TIMEOUT_MS", "NO_TARGET", "TopicCatalog", "no_target_message"]
 
@@ -108,6 +108,9 @@ class TopicCatalog:
         self._takes: dict[str, tuple[int, int]] = {}
         self._unread: set[str] = set()
         self._unreadable: set[str] = set()  # warned about once each
+        # The node's own topics' limits its checks read (`keep_current`), and which.
+        self._kept: dict[str, int] | None = None
+        self._kept_topics: frozenset[str] = frozenset()
         self._reading: asyncio.Task[None] | None = None
 
     async def refresh(self) -> bool:
@@ -158,6 +161,13 @@ class TopicCatalog:
                 self._reading = asyncio.create_task(self._read_takes(), name="topic limits")
         return TOPIC_RECORD_BYTES if known is None else known[0]
 
+    def keep_current(self, limits: dict[str, int], topics: Iterable[str]) -> None:
+        """Has each read of one of `topics` (the node's own) kept in `limits` (what those
+        that take less than a topic of the broker's defaults take: `InputLimits.
+        topic_record_bytes`, read at the start), so that every check reading them sees a
+        limit lowered, or raised, since; one that cannot be read is left as it was."""
+        self._kept, self._kept_topics = limits, frozenset(topics)
+
     async def _read_takes(self) -> None:
         """Reads what each topic asked takes, until none is left unread."""
         while self._unread:
@@ -165,12 +175,18 @@ class TopicCatalog:
             self._unread.clear()
             read = await asyncio.gather(*(self._limit(topic) for topic in topics))
             for topic, limit in zip(topics, read, strict=True):
-                self._takes[topic] = (min(limit - RECORD_FRAMING, TOPIC_RECORD_BYTES), at)
+                takes = TOPIC_RECORD_BYTES if limit is None else limit - RECORD_FRAMING
+                self._takes[topic] = (min(takes, TOPIC_RECORD_BYTES), at)
+                if limit is not None and self._kept is not None and topic in self._kept_topics:
+                    if takes < TOPIC_RECORD_BYTES:
+                        self._kept[topic] = takes
+                    else:
+                        self._kept.pop(topic, None)
 
-    async def _limit(self, topic: str) -> int:
-        """`topic`'s `max.message.bytes`; the broker's default when it cannot be read (no
-        DescribeConfigs ACL on it, the broker away, no answer within `list_timeout_ms`):
-        read again once the answer is `max_age_ms` old."""
+    async def _limit(self, topic: str) -> int | None:
+        """`topic`'s `max.message.bytes`; None when it cannot be read (no DescribeConfigs
+        ACL on it, the broker away, no answer within `list_timeout_ms`): the broker's
+        default assumed, read again once the answer is `max_age_ms` old."""
         assert self._max_message_bytes is not None
         try:
             async with asyncio.timeout(self.list_timeout_ms / 1000):
@@ -184,7 +200,7 @@ class TopicCatalog:
                     topic,
                     exc,
                 )
-            return BROKER_MAX_MESSAGE_BYTES
+            return None
 
     async def exists(self, topic: str) -> bool:
         """Whether `topic` exists: for a caller that may wait (a timer's send). A miss is

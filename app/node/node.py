@@ -226,11 +226,14 @@ class Node:
         checked = await check_cluster(self._admin, self.topics, s)
         self.topic_watch.found_at_start(checked.topic_faults)
         self.topic_watch.kept_read(checked.tombstones)
+        # One dict for every holder of the limits: the catalog keeps it current.
+        record_bytes = dict(checked.record_bytes)
         self.limits = replace(
             self.limits,
             dead_letter_bytes=checked.dead_letter_bytes,
-            topic_record_bytes=checked.record_bytes,
+            topic_record_bytes=record_bytes,
         )
+        self.targets.keep_current(record_bytes, checked.written)
         self.cycles.limits = self.limits
         await self.targets.refresh()
         await self.producer.start()

@@ -228,6 +228,6 @@ def open_type(
             on_round=lambda stats: metrics.round(t.type_name, stats),
         )
     )
-    takes = node.limits.topic_record_bytes.get(t.timers_changelog, TOPIC_RECORD_BYTES)
-    row_limit = RowLimit(t.timers_changelog, takes)
+    # The limits' own mapping, not a copy: the catalog keeps it current.
+    row_limit = RowLimit(t.timers_changelog, node.limits.topic_record_bytes, node.targets)
     return KeptType(t, agg, store, runner, loop, states, transactions, marks, row_limit)

@@ -24,10 +24,13 @@ from app.kafka import LogReader, OutRecord, Record
 from app.node.copy_age import UNKNOWN_DELETE_RETENTION_MS, copy_usable
 from app.node.local_state import CleanMark, CleanMarks
 from app.node.partition_transaction import ChangelogBehind, PartitionTransaction
+from app.node.row_limit import RowLimit
 from app.node.task_shared import TaskShared
 from app.timers.applied_ops import read_applied_ops
 from app.timers.decided_ops import decided_timer_op
 from app.timers.restore import restore_partition, unreadable_letters
+from app.timers.unparked import MAX_NOTED
+from tables import Timer, TimerStatus
 from tables.keys import encode_timer
 from tables.partition_handle import PartitionHandle
 from tables.store import ChangelogRecord, ChangelogSink
@@ -111,12 +114,6 @@ async def open_partition(s: TaskShared, task: PartitionTask, topics: set[str]) -
         handle = task.store = kept.store.partition(p)
         handle.attach(_sink(txn, task))
         txn.rows_landed = _landing(handle, kept.marks, s.reader, t.timers_changelog)
-        # Rows its sink refused before (over what the changelog takes now): lettered and
-        # deleted in p's next transaction, before its first cycle writes one again.
-        now, letter_bytes = s.now(), s.limits.dead_letter_bytes
-        if too_large := await kept.row_limit.letter_noted(handle, now, letter_bytes):
-            txn.stage(too_large, {})
-            txn.count(s.metrics.dead_letters.labels(t.timers_changelog), len(too_large))
         if unreadable:
             # Their letters commit in p's next transaction, and after each record, the row
             # its key held before it written again (a tombstone when none): as p's rows,
@@ -125,10 +122,23 @@ async def open_partition(s: TaskShared, task: PartitionTask, topics: set[str]) -
             for record, _ in unreadable:
                 assert record.key is not None  # a restore passes over keyed records only
                 held = handle.held(record.key)
-                txn.add(record.key, None if held is None else encode_timer(held), held)
+                value = None if held is None else encode_timer(held)
+                if value is not None and kept.row_limit.over(record.key, value):
+                    kept.row_limit.note(p, record.key)  # deleted below: its tombstone next
+                    continue
+                txn.add(record.key, value, held)
             txn.stage(letters, {})
             txn.letters_staged = True
             txn.count(s.metrics.dead_letters.labels(t.timers_changelog), len(unreadable))
+        # Rows its sink refused before (over what the changelog takes now): lettered and
+        # deleted in p's next transaction, before its first cycle writes one again; noted
+        # until that transaction commits.
+        row_limit, now, letter_bytes = kept.row_limit, s.now(), s.limits.dead_letter_bytes
+        too_large, deleted = await row_limit.letter_noted(handle, now, letter_bytes)
+        if too_large:
+            landed = functools.partial(_rows_deleted, row_limit, p, deleted)
+            txn.stage(too_large, {}, committed=landed)
+            txn.count(s.metrics.dead_letters.labels(t.timers_changelog), len(too_large))
     if t.timer_ops in topics:
         # Before its first cycle: a request sent again is a DUPLICATE on any owner of p.
         kept.applied_ops[p] = await read_applied_ops(
@@ -243,8 +253,20 @@ def _sink(txn: PartitionTransaction, task: PartitionTask) -> ChangelogSink:
             txn.add(r.key, r.value, r.before)
         if (firing := task.firing) is not None:
             firing.unparked.note(r.before for r in records)
+        else:  # a take's, or a held partition's: noted once p fires (as many as it keeps)
+            left = [b for r in records if (b := r.before) is not None and _left_parked(b)]
+            task.unparked_early += left[: MAX_NOTED - len(task.unparked_early)]
 
     return sink
+
+
+def _left_parked(row: Timer) -> bool:
+    """Whether `Unparked.note` keeps a row replaced (it keeps one partition's, all p's)."""
+    return row.status is TimerStatus.PARKED or row.parked_when_paused
+
+
+def _rows_deleted(row_limit: RowLimit, p: int, keys: list[bytes], _: list[int]) -> None:
+    row_limit.landed(p, keys)
 
 
 def _committer(txn: PartitionTransaction) -> Commit:

@@ -59,6 +59,7 @@ from app.node.task_shared import TaskManager, TaskShared
 from app.node.task_state import TaskState, closes_clean, transition
 from app.timers.runner import PartitionFiring
 from app.timers.runner.partition_store import PartitionStore
+from tables import Timer
 from tables.partition_handle import PartitionHandle
 
 __all__ = [
@@ -105,6 +106,9 @@ class PartitionTask:
         self.copy_in_step_at: int | None = None
         # p's timer firing: obtained when p starts firing, stopped by its close.
         self.firing: PartitionFiring | None = None
+        # Rows its writes replaced while it did not fire that were PARKED (a take's, a
+        # held partition's: `_sink`), for its firing's `unparked` once it does.
+        self.unparked_early: list[Timer] = []
         # The loop of p's own timer rounds over its firing (ended by its close).
         self.timer_loop: PartitionTimerLoop | None = None
         # When its transaction commits (a failed commit fails the task).
@@ -283,6 +287,8 @@ class PartitionTask:
             self.p, in_process=in_process, store=store, check_named=True
         )
         self.firing = firing
+        firing.unparked.note(self.unparked_early)
+        self.unparked_early = []
         self.timer_loop = kept.loop.start_partition(self, firing)
 
     def _end_timer_loop(self) -> None:

@@ -2,9 +2,12 @@
 
 A timer is taken only if its row, with room to grow, fits what its `timers` changelog takes
 (`app.timers.timer_sizes`). One stored before that topic's `max.message.bytes` was lowered
-(the nodes restarted since, reading the new limit) may not fit any more: its next row (a
-claim, a settle, a cancel) joined the partition's transaction, the broker refused it at
-every retake, and every command and timer of the partition waited behind it for good.
+may not fit any more: its next row (a claim, a settle, a cancel) joined the partition's
+transaction, the broker refused it at every retake, and every command and timer of the
+partition waited behind it for good. What the changelog takes is the least of what the
+node read at its start and what its topic catalog last read (`TopicCatalog.takes`, read
+again every 30 s: a lowering while the node runs is seen within that, after which the
+rows the broker refused meanwhile are refused here).
 
 p's changelog sink refuses such a row before it joins the transaction (`check`), noting
 its key, so the write fails as a store fault does and p is taken afresh. That take
@@ -18,12 +21,13 @@ May import `app.errors`, `app.kafka`, `app.protocol`, `app.timers` and `tables`.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from app.errors import RecordTooLarge
 from app.kafka import OutRecord
-from app.kafka.records import topic_takes
+from app.kafka.catalog import TopicCatalog
+from app.kafka.records import TOPIC_RECORD_BYTES, topic_takes
 from app.protocol.dead_letters import Headers, Stage, dead_letter
 from app.timers.timer_sizes import ROW_GROWTH
 from tables.keys import encode_timer
@@ -51,61 +55,96 @@ class _Row:
 
 class RowLimit:
     """What a type's timers changelog (`topic`) takes, a record's key and value together
-    (`takes`), and per partition the row keys its sink refused since its last take."""
+    (`takes`: as `limits` say, `InputLimits.topic_record_bytes`, and `catalog`'s last
+    read), and per partition the row keys its sink refused since its last take."""
 
-    def __init__(self, topic: str, takes: int) -> None:
+    def __init__(
+        self, topic: str, limits: Mapping[str, int], catalog: TopicCatalog | None = None
+    ) -> None:
         self.topic = topic
-        self.takes = takes
+        self._limits = limits
+        self._catalog = catalog
         self._noted: dict[int, set[bytes]] = {}
+
+    @property
+    def takes(self) -> int:
+        takes = self._limits.get(self.topic, TOPIC_RECORD_BYTES)
+        return takes if self._catalog is None else min(takes, self._catalog.takes(self.topic))
 
     def __repr__(self) -> str:
         return f"RowLimit({self.topic}, {self.takes})"
 
     def noted(self, p: int) -> set[bytes]:
-        """The row keys of p refused since p's last take."""
+        """The row keys of p refused and not yet deleted by a take that committed."""
         return set(self._noted.get(p, ()))
+
+    def over(self, key: bytes, value: bytes) -> bool:
+        """Whether a row, with room to grow (`ROW_GROWTH`), is over what the changelog
+        takes, when that is less than what a topic of the broker's defaults takes (one
+        that takes that much or more holds any row the node takes: none is refused)."""
+        takes = self.takes
+        return takes < TOPIC_RECORD_BYTES and len(key) + len(value) + ROW_GROWTH > takes
+
+    def note(self, p: int, key: bytes) -> None:
+        """Has p's next take delete the row under `key` (`letter_noted`) if it is `over`."""
+        self._noted.setdefault(p, set()).add(key)
 
     def check(self, p: int, records: Sequence[ChangelogRecord]) -> None:
         """`RecordTooLarge` for a write of p with a row over what the changelog takes (its
         keys noted for p's next take): nothing of the write joins p's transaction."""
-        over = [
-            r for r in records if r.value is not None and len(r.key) + len(r.value) > self.takes
-        ]
+        takes = self.takes
+        if takes >= TOPIC_RECORD_BYTES:
+            return  # as the broker's defaults or more: every row the node takes fits
+        over = [r for r in records if r.value is not None and len(r.key) + len(r.value) > takes]
         if not over:
             return
-        self._noted.setdefault(p, set()).update(r.key for r in over)
+        for r in over:
+            self.note(p, r.key)
         size = max(len(r.key) + len(r.value or b"") for r in over)
         raise RecordTooLarge(
             f"{self.topic}[{p}]: a timer row of {size} bytes with its key, over "
-            f"{self.takes} ({topic_takes(self.takes, self.topic)}): stored before the "
+            f"{takes} ({topic_takes(takes, self.topic)}): stored before the "
             "topic took less, it is dead-lettered and deleted at the partition's next take"
         )
 
-    async def letter_noted(self, handle: PartitionHandle, now: int, limit: int) -> list[OutRecord]:
-        """At p's take (`handle`'s partition, its changelog sink attached): each row its
-        sink refused since the last take, deleted (a tombstone joins p's transaction) when
-        it still does not fit with room to grow; their letters (`limit`: what the
-        dead-letter topic takes), for the caller to stage in p's next transaction."""
+    def landed(self, p: int, keys: Sequence[bytes]) -> None:
+        """The take's transaction that deleted the rows under `keys` committed."""
+        if (noted := self._noted.get(p)) is not None:
+            noted.difference_update(keys)
+            if not noted:
+                del self._noted[p]
+
+    async def letter_noted(
+        self, handle: PartitionHandle, now: int, limit: int
+    ) -> tuple[list[OutRecord], list[bytes]]:
+        """At p's take (`handle`'s partition, its changelog sink attached): each row noted
+        for p (`note`, `check`) deleted when it is still `over` (a tombstone joins p's
+        transaction); their letters (`limit`: what the dead-letter topic takes), for the
+        caller to stage in p's next transaction, and their keys, noted until that commits
+        (`landed`): a take that fails before deletes them again. Those no longer over (set
+        again smaller since, or gone) are forgotten."""
         p = handle.partition
         letters: list[OutRecord] = []
-        for key in sorted(self._noted.pop(p, ())):
+        deleted: list[bytes] = []
+        for key in sorted(self._noted.get(p, ())):
             held = handle.held(key)
-            if held is None:
+            value = None if held is None else encode_timer(held)
+            if held is None or value is None or not self.over(key, value):
+                self.landed(p, [key])  # nothing to delete
                 continue
-            value = encode_timer(held)
-            size = len(key) + len(value)
-            if size + ROW_GROWTH <= self.takes:
-                continue  # written again since, within the limit
             if await handle.drop(key) is None:
                 continue
+            takes, size = self.takes, len(key) + len(value)
             why = (
                 f"timer {held.id} ({held.owner.id}, key {held.key!r}, {held.status}): its row "
                 f"of {size} bytes with its key, with room to grow by {ROW_GROWTH}, is over "
-                f"{self.takes} ({topic_takes(self.takes, self.topic)}): stored before the "
-                "topic took less; deleted, it will not fire. Raise the topic's "
+                f"{takes} ({topic_takes(takes, self.topic)}): stored before the topic took "
+                "less; deleted, nothing of it fires from now on (a recurring timer's later "
+                "slots included; a command it sent before stays sent). Raise the topic's "
                 "max.message.bytes, then set it again (its set event is in its owner's log)"
             )
             logger.error("%s[%d]: %s", self.topic, p, why)
             source = _Row(self.topic, p, handle.changelog_offset() or 0, key, value, now)
             letters.append(dead_letter(source, why, Stage.RESTORE, now, limit=limit))
-        return letters
+            deleted.append(key)
+        return letters, deleted

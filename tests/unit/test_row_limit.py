@@ -58,7 +58,7 @@ async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator
 
 
 def test_a_write_with_a_row_over_the_limit_is_refused_whole_and_its_key_noted() -> None:
-    limit = RowLimit(TOPIC, 1_000)
+    limit = RowLimit(TOPIC, {TOPIC: 1_000})
     small, big = b"small", b"big"
     fits = [ChangelogRecord(0, small, b"x" * 900), ChangelogRecord(0, big, None)]
     limit.check(0, fits)  # a tombstone is never over
@@ -100,10 +100,12 @@ async def test_the_take_letters_and_deletes_a_noted_row_still_over(
     big, small = _timer("big", pad=3_000), _timer("small")
     assert await handle.put(big) and await handle.put(small)
     rows = [row_key(t.owner, t.key) for t in (big, small, _timer("gone"))]
-    limit = RowLimit(TOPIC, 10_000)  # 8 KiB of it room to grow: fits ~1.8 KB rows
+    limit = RowLimit(TOPIC, {TOPIC: 10_000})  # 8 KiB of it room to grow: fits ~1.8 KB rows
     with pytest.raises(RecordTooLarge):
         limit.check(0, [ChangelogRecord(0, r, b"x" * 10_001) for r in rows])
-    [letter] = await limit.letter_noted(handle, now=5_000, limit=1_000_000)
+    [letter], deleted = await limit.letter_noted(handle, now=5_000, limit=1_000_000)
+    assert deleted == [rows[0]] and limit.noted(0) == {rows[0]}  # until its commit lands
+    limit.landed(0, deleted)
     assert limit.noted(0) == set()
     assert await handle.find(big.owner, "k") is None
     assert await handle.find(small.owner, "k") == small

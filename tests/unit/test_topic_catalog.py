@@ -201,3 +201,25 @@ async def test_without_a_reader_every_topic_takes_the_default_and_nothing_is_rea
     catalog = TopicCatalog(_no_topics, FakeClock(T0).now)
     assert catalog.takes("a") == TOPIC_RECORD_BYTES
     await catalog.stop()
+
+
+async def test_the_nodes_own_limits_are_kept_current_by_each_read() -> None:
+    """Lowered since the start: kept; raised to the default or past: dropped (the default
+    is assumed); unreadable: left as read at the start; another's topic: never kept."""
+    clock = FakeClock(T0)
+    limits = {"lowered": 16_384, "raised": 2_000_000, "other": 8_192}
+
+    async def max_message_bytes(topic: str) -> int:
+        if topic not in limits:
+            raise KafkaUnavailable("no DescribeConfigs on it")
+        return limits[topic]
+
+    catalog = TopicCatalog(_no_topics, clock.now, max_message_bytes=max_message_bytes)
+    kept = {"raised": 65_024, "denied": 32_256}
+    catalog.keep_current(kept, ["lowered", "raised", "denied"])
+    for topic in ("lowered", "raised", "denied", "other"):
+        catalog.takes(topic)
+    await wait_until(lambda: "lowered" in kept)
+    await wait_until(lambda: "raised" not in kept)
+    assert kept == {"lowered": 16_384 - 512, "denied": 32_256}
+    await catalog.stop()
