@@ -69,8 +69,9 @@ class MissingTopic(TickwheelError):
 
 
 class NoTarget(TickwheelError):
-    """A command's target cannot be sent to: its command topic does not exist. Raised by
-    `Decision.send`, the command's failure (answered ERROR, dead-lettered), never the node's."""
+    """A command's target cannot be sent to: its command topic does not exist, or refused
+    this node's writes a moment ago (an ACL). Raised by `Decision.send`, the command's
+    failure (answered ERROR, dead-lettered), never the node's."""
 
 
 class GroupBusy(TickwheelError):

@@ -11,7 +11,7 @@ from typing import Protocol
 
 from app.errors import MissingTopic, RecordTooLarge
 from app.kafka import OutRecord, Record
-from app.kafka.catalog import TopicCatalog, no_target_message
+from app.kafka.catalog import TopicCatalog, no_target_message, refused_message
 from app.kafka.records import TOPIC_RECORD_BYTES, topic_takes
 from app.model.decide import Decided
 from app.protocol.dead_letters import Stage, dead_letter, error_message
@@ -207,8 +207,17 @@ def written_in_process(record: Record) -> bool:
 
 def unreachable(targets: TopicCatalog, target: AggregateRef) -> str | None:
     """Why a command to `target` cannot be sent (`Decision.send` raises it), or None."""
-    topic = AggregateTopics(target.context, target.aggregate).commands
-    return no_target_message(topic) if targets.missing(topic) else None
+    return _unsent(targets, AggregateTopics(target.context, target.aggregate).commands)
+
+
+def _unsent(targets: TopicCatalog, topic: str) -> str | None:
+    """Why a record to `topic` is not written: the cluster has no such topic, or it
+    refused this node's writes a moment ago (`TopicCatalog.refuses`); else None."""
+    if targets.missing(topic):
+        return no_target_message(topic)
+    if (why := targets.refuses(topic)) is not None:
+        return refused_message(topic, why)
+    return None
 
 
 def targeted(targets: TopicCatalog | None, d: Decided, where: str) -> Decided:
@@ -218,8 +227,7 @@ def targeted(targets: TopicCatalog | None, d: Decided, where: str) -> Decided:
     if targets is None or not d.commands:
         return d
     for topic in dict.fromkeys(command_record(c)[0] for c in d.commands):
-        if targets.missing(topic):
-            message = no_target_message(topic)
+        if (message := _unsent(targets, topic)) is not None:
             logger.warning("%s: %s", where, message)
             return Decided(ResultCode.ERROR, message, [], None, error=MissingTopic(message))
     return d

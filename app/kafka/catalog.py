@@ -47,12 +47,24 @@ from typing import Any, Final
 from app.errors import KafkaUnavailable
 from app.kafka.records import RECORD_FRAMING, TOPIC_RECORD_BYTES
 
-__all__ = ["LIST_TIMEOUT_MS", "NO_TARGET", "TopicCatalog", "no_target_message"]
+__all__ = [
+    "LIST_TIMEOUT_MS",
+    "NO_TARGET",
+    "WRITES_REFUSED_MS",
+    "TopicCatalog",
+    "no_target_message",
+    "refused_message",
+]
 
 logger = logging.getLogger(__name__)
 
 NO_TARGET: Final = "NO_TARGET"
 """The failure code of a send to a command topic the cluster does not have."""
+
+WRITES_REFUSED_MS: Final = 60_000
+"""How long a topic that refused this node's writes (no Write ACL for its principal) is
+taken to refuse them (`refuses`): a decision's command to it is answered ERROR meanwhile,
+not written, and written again after, should the ACL have been added since."""
 
 LIST_TIMEOUT_MS: Final = 30_000
 """How long a listing may take before it is given up (failed): the admin client's request
@@ -64,6 +76,15 @@ def no_target_message(topic: str) -> str:
     return (
         f"{NO_TARGET}: topic {topic} does not exist (a typo'd target type, or a context not "
         "deployed yet); nothing was sent, and a retry once it exists goes through"
+    )
+
+
+def refused_message(topic: str, why: str) -> str:
+    """What a command to a topic that refused this node's writes is answered with."""
+    return (
+        f"{NO_TARGET}: topic {topic} refused this node's writes a moment ago ({why}); "
+        f"nothing was sent, and one after {WRITES_REFUSED_MS // 1000} s is written again "
+        "(add the Write ACL for the node's principal on it)"
     )
 
 
@@ -111,6 +132,8 @@ class TopicCatalog:
         # The node's own topics' limits its checks read (`keep_current`), and which.
         self._kept: dict[str, int] | None = None
         self._kept_topics: frozenset[str] = frozenset()
+        # By topic, why and when it last refused this node's writes (`writes_refused`).
+        self._refused: dict[str, tuple[str, int]] = {}
         self._reading: asyncio.Task[None] | None = None
 
     async def refresh(self) -> bool:
@@ -146,6 +169,24 @@ class TopicCatalog:
         if absent and self._on_missing is not None:
             self._on_missing(topic)
         return absent
+
+    def writes_refused(self, topics: Iterable[str], why: str) -> None:
+        """`topics` (another context's) refused this node's writes (a partition's
+        transaction failed so): a decision's command to one is refused for a while
+        (`refuses`) rather than written into a transaction it would fail again."""
+        at = self._now()
+        for topic in topics:
+            self._refused[topic] = (why, at)
+
+    def refuses(self, topic: str) -> str | None:
+        """Why `topic` refused this node's writes less than `WRITES_REFUSED_MS` ago, or
+        None."""
+        if (refused := self._refused.get(topic)) is None:
+            return None
+        if 0 <= self._now() - refused[1] < WRITES_REFUSED_MS:
+            return refused[0]
+        del self._refused[topic]
+        return None
 
     def takes(self, topic: str) -> int:
         """What `topic` takes of a record, its key and value together, as last read: its

@@ -204,6 +204,14 @@ def _furthest(at: dict[str, int], before: dict[str, int]) -> dict[str, int]:
     }
 
 
+def refused_elsewhere(exc: BaseException, own_topics: Collection[str]) -> frozenset[str]:
+    """The topics other than the node's `own_topics` a partition's failure `exc` names
+    refused (another context's commands topic this principal may not write); none when
+    it is no topic refusal or names none."""
+    topics = refused_topics(exc) if refused(exc) else None
+    return frozenset() if topics is None else topics.difference(own_topics)
+
+
 def refused_for_good(exc: BaseException, own_topics: Collection[str]) -> bool:
     """Whether a partition's failure `exc` is a refusal that its every retake, on any node
     of the group, meets again: this principal refused its group, its transactional id, the

@@ -43,7 +43,13 @@ from collections.abc import Collection
 
 from app.commands.processor import CommandProcessor
 from app.errors import KafkaUnavailable
-from app.node.failing import A_COMMIT, FailingPartitions, refused_for_good, retake_after
+from app.node.failing import (
+    A_COMMIT,
+    FailingPartitions,
+    refused_elsewhere,
+    refused_for_good,
+    retake_after,
+)
 from app.node.in_process import in_process_targets
 from app.node.kept import KeptType, is_fenced, node_topics
 from app.node.partition_commits import PartitionCommits
@@ -224,6 +230,8 @@ class PartitionTask:
         if self._leaving:
             return  # being revoked: closed dirty there (it is suspended), never taken again
         own = {spec.name for spec in node_topics([k.topics for k in s.types.values()], 1)}
+        # Another context's topic refused: the retake answers the commands to it ERROR.
+        s.targets.writes_refused(refused_elsewhere(exc, own), str(exc))
         if refused_for_good(exc, own):
             self.manager.fail(f"{self.key}: {what} was refused (an ACL this node needs): {exc}")
             return
