@@ -385,13 +385,19 @@ class Node:
         if self._stopping:
             logger.info("given %d partition(s) while stopping: not taken", len(assigned))
             return
-        self.tasks.assign(assigned)
+        try:
+            self.tasks.assign(assigned)
+        except Exception as exc:  # aiokafka logs a callback's error and goes on: untaken
+            self.fail(f"taking the partitions the group gave raised {exc!r}")
 
     async def _revoked(self, revoked: set[tuple[str, int]]) -> None:
         """The group takes partitions away: their tasks closed (`PartitionTasks.revoke`)."""
         self._suspension.group_rebalancing()
         self._answered = False  # a rebalance began (aiokafka revokes all first)
-        await self.tasks.revoke(self.tasks.keys(revoked))
+        try:
+            await self.tasks.revoke(self.tasks.keys(revoked))
+        except Exception as exc:  # as above: closed or not, the node cannot go on sure
+            self.fail(f"letting go of the partitions the group took raised {exc!r}")
 
     def fail(self, why: str) -> None:
         """Stops the node: it cannot do the work it was given."""

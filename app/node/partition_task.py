@@ -220,6 +220,15 @@ class PartitionTask:
         then = "let go" if fenced else "taken afresh"
         logger.warning("%s: %s failed: %s; %s", self.key, what, exc, then)
         self._to(TaskState.SUSPENDED)
+        try:
+            self._let_go(what, exc, fenced)
+        except Exception as error:  # suspended with no retake, p would stay so for good
+            self.manager.fail(f"{self.key}: letting it go after {what} failed raised {error!r}")
+
+    def _let_go(self, what: str, exc: BaseException, fenced: bool) -> None:
+        """The rest of `failed`, p suspended: its reading paused, and its retake begun
+        (or the node failed, for a refusal no retake passes)."""
+        s = self.shared
         self._stop_running()
         self.manager.task_failed(self)
         at = {} if self.input is None else self.input.failed_at
