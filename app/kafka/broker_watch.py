@@ -87,9 +87,13 @@ class BrokerWatch:
         summary_every: float = 60.0,
         log_filter: BrokerLogFilter | None = None,
         retry_line_every: float = 10.0,
+        probe_within: float = 10.0,
     ) -> None:
         self.bootstrap = connection(bootstrap).bootstrap_servers  # said in logs and /healthz
         self._probe: Probe = probe or (lambda: api_versions_probe(bootstrap, timeout))
+        # A probe bounded here too (`probe_within` s, at least its own `timeout`): one that
+        # never answered froze the verdict for good.
+        self._probe_within = max(probe_within, timeout)
         self._clock = clock
         self.interval = interval
         self.down_interval = down_interval
@@ -186,7 +190,11 @@ class BrokerWatch:
     async def check(self) -> bool:
         """Probes once and applies the verdict; whether the broker is reachable now."""
         started = self._clock()
-        failure = await self._probe()
+        try:
+            async with asyncio.timeout(self._probe_within):
+                failure = await self._probe()
+        except TimeoutError:
+            failure = f"the probe did not answer within {self._probe_within:.0f} s"
         with self._lock:
             if failure is None:
                 self._answered(self._clock(), started)

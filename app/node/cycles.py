@@ -58,6 +58,11 @@ __all__ = ["CycleTask", "PartitionCycles"]
 
 logger = logging.getLogger(__name__)
 
+BACKLOG_WITHIN_S = 5.0
+"""How long the consumer's answer about a partition's backlog is waited for (its adapter
+bounds it well under this): one that never came held the partition's worker for good
+while the node said it was ready; counted 0 instead."""
+
 
 class CycleTask(Protocol):
     """The task running a type's partition, as its cycles see it (`PartitionTask`): what a
@@ -207,7 +212,8 @@ class PartitionCycles(TimerTableCycles):
             if self._by_topic[topic][1] != "commands":
                 continue
             try:
-                found[topic] = await self._backlog(topic, p)
+                async with asyncio.timeout(BACKLOG_WITHIN_S):  # else its worker waits on
+                    found[topic] = await self._backlog(topic, p)
             except Exception as exc:
                 logger.warning("%s[%d]: backlog not known, counted 0: %r", topic, p, exc)
                 found[topic] = 0

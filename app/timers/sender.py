@@ -39,6 +39,11 @@ logger = logging.getLogger(__name__)
 FOLLOW_RETRY_S = 1.0
 """The pause after a follower's poll that failed, before the next."""
 
+POLL_WITHIN_S = 60.0
+"""How long a follower's poll may take before it counts as failed: the adapters bound
+their own well under it, and one that never answered held every remote send's result
+(or the ledger) for good while `/healthz` said nothing failed."""
+
 
 class FollowerPolls:
     """Polls a follower the node depends on, retrying what may pass by itself (a broker or
@@ -76,7 +81,13 @@ class FollowerPolls:
         topic = self._follower.topic
         while True:
             try:
-                records = await self._follower.poll()
+                try:
+                    async with asyncio.timeout(POLL_WITHIN_S):
+                        records = await self._follower.poll()
+                except TimeoutError:
+                    raise KafkaUnavailable(
+                        f"a poll of {topic} did not answer within {POLL_WITHIN_S:.0f} s"
+                    ) from None
             except KafkaUnavailable as exc:
                 if refused(exc):
                     raise  # an ACL or the credentials: no retry passes it (the node stops)
