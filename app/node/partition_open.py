@@ -13,7 +13,6 @@ let go (`partition_release`) however far the take got."""
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -39,14 +38,9 @@ from tables.store import ChangelogRecord, ChangelogSink
 if TYPE_CHECKING:
     from app.node.partition_task import PartitionTask
 
-__all__ = ["TAKE_CALL_S", "open_partition"]
+__all__ = ["open_partition"]
 
 logger = logging.getLogger(__name__)
-
-TAKE_CALL_S = 60.0
-"""How long one short Kafka call of a take may take (a rewind, a read of offsets or of a
-last record, a results reader following p): its adapter bounds it well under this; one
-that never answered held the partition restoring for good. A failed attempt, retried."""
 
 
 async def open_partition(s: TaskShared, task: PartitionTask, topics: set[str]) -> str | None:
@@ -157,9 +151,8 @@ async def open_partition(s: TaskShared, task: PartitionTask, topics: set[str]) -
         )
     # Read from its end from now on (idempotent): a type's task of p reads it already.
     s.reading_results.setdefault(p, set()).add(task.type_name)
-    async with asyncio.timeout(TAKE_CALL_S):
-        for results in s.results.values():
-            await results.add_partition(p)
+    for results in s.results.values():
+        await results.add_partition(p)
     # Noted by this take's restore, or by an earlier take of this node.
     if (noted := kept.marks.lost(p)) is None:
         return None

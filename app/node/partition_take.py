@@ -21,7 +21,6 @@ from typing import TYPE_CHECKING, Literal
 from app.backoff import capped_backoff
 from app.errors import KafkaUnavailable, node_fault
 from app.kafka.records import causes, refused, short_of_replicas
-from app.node import partition_open
 from app.node.failing import RETAKE_BACKOFF_MAX_S
 from app.node.partition_open import last_records
 from app.node.type_transactions import NoProducerId
@@ -117,8 +116,7 @@ async def _taking(task: PartitionTask, topics: set[str], after_failure: float | 
     while True:
         try:
             lost = await task.open_topics(topics)
-            async with asyncio.timeout(partition_open.TAKE_CALL_S):
-                rewound = await consumer.rewind([(t, p) for t in topics])
+            rewound = await consumer.rewind([(t, p) for t in topics])
             starts = {t: offset for (t, q), offset in rewound.items() if q == p}
             if lost is not None:
                 await _replayed(task, starts, lost)
@@ -126,9 +124,7 @@ async def _taking(task: PartitionTask, topics: set[str], after_failure: float | 
             # Its timers fire once its log is read to where it ended now.
             events = task.kept.topics.events
             tail = {events: starts[events]} if events in starts else {}
-            async with asyncio.timeout(partition_open.TAKE_CALL_S):
-                found = await last_records(task.shared.reader, p, tail)
-            task.failing.behind(p, found)
+            task.failing.behind(p, await last_records(task.shared.reader, p, tail))
             break
         except Exception as exc:
             last: BaseException = exc

@@ -11,15 +11,14 @@ from pathlib import Path
 
 import pytest
 from fakes import RunningNode, wait_until
-from test_commit_failing import BAD, OWNER
+from test_commit_failing import OWNER
 from test_node_memory import PARTITIONS, SERVICE, results, schedule
 
-from app.errors import KafkaUnavailable
 from app.kafka import Record
 from app.kafka.broker_watch import BrokerWatch
 from app.kafka.memory import MemoryLog
 from app.kafka.memory_group import MemoryGroupMember
-from app.node import cycles, partition_open, polling
+from app.node import cycles, polling
 from app.timers import sender
 from app.timers.sender import FollowerPolls
 
@@ -115,39 +114,5 @@ async def test_a_group_poll_that_never_answers_fails_and_reading_goes_on(
         cmd = await schedule(log, OWNER, int(time.time() * 1000) + 3_600_000)
         await wait_until(lambda: cmd.request_id in results(log), within=10)
         assert hung[0] and results(log)[cmd.request_id].code == "COMMITTED"
-    finally:
-        await node.stop()
-
-
-async def test_a_rewind_that_never_answers_fails_the_takes_attempt_and_the_next_takes_it(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A retake after one failed commit: its rewind hangs once. The take stayed restoring
-    for good; now that attempt fails and the next one takes the partition."""
-    monkeypatch.setattr(partition_open, "TAKE_CALL_S", 0.2)
-    log = MemoryLog()
-    node = await RunningNode(log, tmp_path, "a", SERVICE, PARTITIONS).start()
-    try:
-        await wait_until(node.runs)
-        rewind, hung, failed = MemoryGroupMember.rewind, [False], [False]
-
-        async def hanging(self: MemoryGroupMember, partitions: list[tuple[str, int]]) -> object:
-            if failed[0] and not hung[0]:
-                hung[0] = True
-                await _never()
-            return await rewind(self, partitions)
-
-        async def once(tid: str) -> None:
-            if tid.endswith(f".{BAD}") and not failed[0]:
-                failed[0] = True
-                raise KafkaUnavailable("one commit of BAD fails")
-
-        monkeypatch.setattr(MemoryGroupMember, "rewind", hanging)
-        log.before_commit = once
-        cmd = await schedule(log, OWNER, int(time.time() * 1000) + 3_600_000)
-        await wait_until(lambda: hung[0], within=10)
-        await wait_until(lambda: cmd.request_id in results(log), within=10)
-        assert results(log)[cmd.request_id].code == "COMMITTED"
-        await wait_until(lambda: node.node.health()["ready"], within=10)
     finally:
         await node.stop()
