@@ -37,10 +37,6 @@ HELD_POLL_MS = 50
 """How long a poll waits while a partition is held: its queue is looked at between polls."""
 POLL_RETRY_S = 1.0
 """The pause after a poll that failed, before the next."""
-POLL_WITHIN_S = 120.0
-"""How long a poll may take before it counts as failed (its adapter bounds it well under
-this: aiokafka's waits `POLL_MS`, a rebalance runs beside it): one that never answered
-stopped every partition's reading for good while the node said it was ready."""
 # `POLL_FAILING_S` (the port's): polls failing that long, none passing, stop the node, as
 # the node's followers' do (`app.timers.sender.FollowerPolls`): a batch corrupt on a
 # broker's disk fails every poll that fetches it, for good (the consumer reads every other
@@ -107,13 +103,7 @@ async def poll_loop(
         calls, started = polls, clock()
         try:
             holding = _hand_over(consumer, running)
-            try:
-                async with asyncio.timeout(POLL_WITHIN_S):
-                    batches = await consumer.poll(timeout_ms=HELD_POLL_MS if holding else POLL_MS)
-            except TimeoutError:
-                raise KafkaUnavailable(
-                    f"a poll did not answer within {POLL_WITHIN_S:.0f} s"
-                ) from None
+            batches = await consumer.poll(timeout_ms=HELD_POLL_MS if holding else POLL_MS)
             polls.since = None
             for (topic, p), records in batches.items():
                 # A take rewinds p (to its committed offsets) before it runs, and the

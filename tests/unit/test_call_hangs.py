@@ -18,7 +18,7 @@ from app.kafka import Record
 from app.kafka.broker_watch import BrokerWatch
 from app.kafka.memory import MemoryLog
 from app.kafka.memory_group import MemoryGroupMember
-from app.node import cycles, polling
+from app.node import cycles
 from app.timers import sender
 from app.timers.sender import FollowerPolls
 
@@ -86,31 +86,6 @@ async def test_a_backlog_that_never_answers_counts_0_and_the_partition_goes_on(
     node = await RunningNode(log, tmp_path, "a", SERVICE, PARTITIONS).start()
     try:
         await wait_until(node.runs)
-        cmd = await schedule(log, OWNER, int(time.time() * 1000) + 3_600_000)
-        await wait_until(lambda: cmd.request_id in results(log), within=10)
-        assert hung[0] and results(log)[cmd.request_id].code == "COMMITTED"
-    finally:
-        await node.stop()
-
-
-async def test_a_group_poll_that_never_answers_fails_and_reading_goes_on(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(polling, "POLL_WITHIN_S", 0.2)
-    monkeypatch.setattr(polling, "POLL_RETRY_S", 0)
-    log = MemoryLog()
-    node = await RunningNode(log, tmp_path, "a", SERVICE, PARTITIONS).start()
-    try:
-        await wait_until(node.runs)
-        poll, hung = MemoryGroupMember.poll, [False]
-
-        async def hanging(self: MemoryGroupMember, timeout_ms: int = 200) -> object:
-            if not hung[0]:
-                hung[0] = True
-                await _never()
-            return await poll(self, timeout_ms)
-
-        monkeypatch.setattr(MemoryGroupMember, "poll", hanging)
         cmd = await schedule(log, OWNER, int(time.time() * 1000) + 3_600_000)
         await wait_until(lambda: cmd.request_id in results(log), within=10)
         assert hung[0] and results(log)[cmd.request_id].code == "COMMITTED"
