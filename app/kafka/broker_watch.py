@@ -91,9 +91,10 @@ class BrokerWatch:
     ) -> None:
         self.bootstrap = connection(bootstrap).bootstrap_servers  # said in logs and /healthz
         self._probe: Probe = probe or (lambda: api_versions_probe(bootstrap, timeout))
-        # A probe bounded here too (`probe_within` s, at least its own `timeout`): one that
-        # never answered froze the verdict for good.
-        self._probe_within = max(probe_within, timeout)
+        # A probe bounded here too (`probe_within` s, at least its own `timeout` for each
+        # address it tries in turn): one that never answered froze the verdict for good.
+        addresses = len(self.bootstrap.split(","))
+        self._probe_within = max(probe_within, timeout * addresses + 1.0)
         self._clock = clock
         self.interval = interval
         self.down_interval = down_interval

@@ -41,10 +41,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any, Final
 
 from app.errors import KafkaUnavailable
+from app.kafka.ports import Admin
 from app.kafka.records import RECORD_FRAMING, TOPIC_RECORD_BYTES
 
 __all__ = [
@@ -54,12 +55,15 @@ __all__ = [
     "TopicCatalog",
     "no_target_message",
     "refused_message",
+    "topic_limits",
 ]
 
 logger = logging.getLogger(__name__)
 
 NO_TARGET: Final = "NO_TARGET"
 """The failure code of a send to a command topic the cluster does not have."""
+
+MAX_MESSAGE_BYTES: Final = "max.message.bytes"
 
 WRITES_REFUSED_MS: Final = 60_000
 """How long a topic that refused this node's writes (no Write ACL for its principal) is
@@ -88,6 +92,20 @@ def refused_message(topic: str, why: str) -> str:
     )
 
 
+def topic_limits(admin: Admin) -> Callable[[list[str]], Awaitable[dict[str, int | None]]]:
+    """A catalog's `read_limits` over `admin`: one DescribeConfigs for the topics asked."""
+
+    async def read(topics: list[str]) -> dict[str, int | None]:
+        configs = await admin.topic_configs(topics, (MAX_MESSAGE_BYTES,))
+        found: dict[str, int | None] = {}
+        for topic in topics:
+            value = configs.read.get(topic, {}).get(MAX_MESSAGE_BYTES)
+            found[topic] = int(value) if value is not None and value.isdigit() else None
+        return found
+
+    return read
+
+
 class TopicCatalog:
     """The cluster's topic names as last listed; `missing` answers from the list at once."""
 
@@ -102,13 +120,14 @@ class TopicCatalog:
         sleep_ms: Callable[[int], Awaitable[None]] | None = None,
         list_timeout_ms: int = LIST_TIMEOUT_MS,
         timer_ms: Callable[[int], Awaitable[None]] | None = None,
-        max_message_bytes: Callable[[str], Awaitable[int]] | None = None,
+        read_limits: Callable[[list[str]], Awaitable[Mapping[str, int | None]]] | None = None,
     ) -> None:
         """`sleep_ms` waits that many ms of `now`'s clock (the interval between listings);
         `timer_ms` times a listing's deadline, `sleep_ms` unless given (a fake sleep that
         moves its clock on at once, for the interval, cannot time a deadline).
-        `max_message_bytes`: a topic's (`Admin.max_message_bytes`); None: `takes` reads
-        none, every topic taken to take what one of the broker's defaults does."""
+        `read_limits`: the `max.message.bytes` of some topics, None for one not read
+        (`topic_limits`, over `Admin.topic_configs`); None: `takes` reads none, every topic
+        taken to take what one of the broker's defaults does."""
         self._list = list_topics
         self._now = now
         self.max_age_ms = max_age_ms
@@ -123,7 +142,8 @@ class TopicCatalog:
         self._task: asyncio.Task[str | None] | None = None
         # The listing the misses of `exists` wait for, until it begins (then a new one).
         self._next: asyncio.Task[str | None] | None = None
-        self._max_message_bytes = max_message_bytes
+        self._read_limits = read_limits
+        self._in_read: set[str] = set()  # the topics of the reads under way
         # By topic, what it takes of a record and when that was read; the topics asked
         # that the read under way (`_reading`) has not begun with yet.
         self._takes: dict[str, tuple[int, int]] = {}
@@ -191,16 +211,25 @@ class TopicCatalog:
     def takes(self, topic: str) -> int:
         """What `topic` takes of a record, its key and value together, as last read: its
         `max.message.bytes` less a record's framing, at most `TOPIC_RECORD_BYTES` (what a
-        topic of the broker's defaults takes: assumed until read, or when it cannot be).
-        One not read yet, or read over `max_age_ms` ago, is read in the background."""
+        topic of the broker's defaults takes: assumed until read). One not read yet, or
+        read over `max_age_ms` ago, is read in the background; a read that fails keeps
+        what the last one said."""
         known = self._takes.get(topic)
-        if self._max_message_bytes is not None and (
+        if self._read_limits is not None and (
             known is None or not 0 <= self._now() - known[1] < self.max_age_ms
         ):
-            self._unread.add(topic)
+            if topic not in self._in_read:
+                self._unread.add(topic)
             if self._reading is None or self._reading.done():
                 self._reading = asyncio.create_task(self._read_takes(), name="topic limits")
         return TOPIC_RECORD_BYTES if known is None else known[0]
+
+    async def read_takes(self, topic: str) -> int:
+        """What `topic` takes, read now (waited for): before something is done that a
+        limit read 30 s ago could have got wrong (a row deleted as too large)."""
+        if self._read_limits is not None:
+            await self._read([topic])
+        return self.takes(topic)
 
     def keep_current(self, limits: dict[str, int], topics: Iterable[str]) -> None:
         """Has each read of one of `topics` (the node's own) kept in `limits` (what those
@@ -212,36 +241,51 @@ class TopicCatalog:
     async def _read_takes(self) -> None:
         """Reads what each topic asked takes, until none is left unread."""
         while self._unread:
-            topics, at = sorted(self._unread), self._now()
+            topics = sorted(self._unread)
             self._unread.clear()
-            read = await asyncio.gather(*(self._limit(topic) for topic in topics))
-            for topic, limit in zip(topics, read, strict=True):
-                takes = TOPIC_RECORD_BYTES if limit is None else limit - RECORD_FRAMING
-                self._takes[topic] = (min(takes, TOPIC_RECORD_BYTES), at)
-                if limit is not None and self._kept is not None and topic in self._kept_topics:
-                    if takes < TOPIC_RECORD_BYTES:
-                        self._kept[topic] = takes
-                    else:
-                        self._kept.pop(topic, None)
+            await self._read(topics)
 
-    async def _limit(self, topic: str) -> int | None:
-        """`topic`'s `max.message.bytes`; None when it cannot be read (no DescribeConfigs
-        ACL on it, the broker away, no answer within `list_timeout_ms`): the broker's
-        default assumed, read again once the answer is `max_age_ms` old."""
-        assert self._max_message_bytes is not None
+    async def _read(self, topics: list[str]) -> None:
+        """Reads what `topics` take, in one call (`read_limits`, within `list_timeout_ms`)."""
+        assert self._read_limits is not None
+        at = self._now()
+        self._in_read.update(topics)
         try:
             async with asyncio.timeout(self.list_timeout_ms / 1000):
-                return await self._max_message_bytes(topic)
-        except Exception as exc:  # whatever it is, the default is assumed for a while
-            if topic not in self._unreadable:
-                self._unreadable.add(topic)
-                logger.warning(
-                    "cannot read %s's max.message.bytes (%r): a record to it is bounded by "
-                    "what a topic of the broker's defaults takes until it is read",
-                    topic,
-                    exc,
-                )
-            return None
+                read: Mapping[str, int | None] = await self._read_limits(topics)
+        except Exception as exc:  # whatever it is, the last known stays, read again later
+            read = {}
+            why = repr(exc)
+        else:
+            why = "not answered"
+        finally:
+            self._in_read.difference_update(topics)
+        for topic in topics:
+            if (limit := read.get(topic)) is None:
+                self._unread_limit(topic, at, why)
+                continue
+            takes = limit - RECORD_FRAMING
+            self._takes[topic] = (min(takes, TOPIC_RECORD_BYTES), at)
+            if self._kept is not None and topic in self._kept_topics:
+                if takes < TOPIC_RECORD_BYTES:
+                    self._kept[topic] = takes
+                else:
+                    self._kept.pop(topic, None)
+
+    def _unread_limit(self, topic: str, at: int, why: str) -> None:
+        """`topic`'s limit could not be read (no DescribeConfigs ACL on it, the broker
+        away): what the last read said stays (the default when none did), until the next."""
+        known = self._takes.get(topic)
+        self._takes[topic] = (TOPIC_RECORD_BYTES if known is None else known[0], at)
+        if topic not in self._unreadable:
+            self._unreadable.add(topic)
+            logger.warning(
+                "cannot read %s's max.message.bytes (%s): a record to it is bounded by what "
+                "it was last read to take (until then, what a topic of the broker's "
+                "defaults takes)",
+                topic,
+                why,
+            )
 
     async def exists(self, topic: str) -> bool:
         """Whether `topic` exists: for a caller that may wait (a timer's send). A miss is

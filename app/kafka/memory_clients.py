@@ -304,7 +304,9 @@ class MemoryClusterAdmin(MemoryAdmin):
             elif configs is None:
                 unread[topic] = "This server does not host this topic-partition."
             else:
-                read[topic] = {n: configs[n] for n in names if n in configs}
+                # As a broker answers: the topic's own value, else the default.
+                own = {**configs, "max.message.bytes": str(self._memory.max_message_bytes(topic))}
+                read[topic] = {n: own[n] for n in names if n in own}
         return TopicConfigs(read, unread)
 
     async def replicas(self, topics: Sequence[str]) -> tuple[int, dict[str, int]]:

@@ -23,7 +23,7 @@ from typing import Any
 from app.commands.sent_sizes import sent_too_large
 from app.errors import NodeFailed
 from app.kafka.broker_watch import BrokerWatch
-from app.kafka.catalog import TopicCatalog
+from app.kafka.catalog import TopicCatalog, topic_limits
 from app.kafka.clients import KafkaClients
 from app.kafka.ports import Clients, GroupMember
 from app.kafka.tls_reload import tls_reload
@@ -135,7 +135,7 @@ class Node:
             self._admin.topic_names,
             self.clock.now,
             on_missing=lambda _: self.metrics.no_target.inc(),
-            max_message_bytes=self._admin.max_message_bytes,
+            read_limits=topic_limits(self._admin),
         )
         self.commits = Commits(settings.commit_interval_ms, self._owned)
         self.cycles = PartitionCycles(

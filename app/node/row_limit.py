@@ -126,6 +126,9 @@ class RowLimit:
         p = handle.partition
         letters: list[OutRecord] = []
         deleted: list[bytes] = []
+        if self._noted.get(p) and self._catalog is not None:
+            # Read now, not 30 s ago: a limit raised since deletes nothing.
+            await self._catalog.read_takes(self.topic)
         for key in sorted(self._noted.get(p, ())):
             held = handle.held(key)
             value = None if held is None else encode_timer(held)

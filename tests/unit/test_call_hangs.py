@@ -91,3 +91,18 @@ async def test_a_backlog_that_never_answers_counts_0_and_the_partition_goes_on(
         assert hung[0] and results(log)[cmd.request_id].code == "COMMITTED"
     finally:
         await node.stop()
+
+
+async def test_a_probe_of_several_addresses_has_its_timeout_for_each() -> None:
+    """The probe tries each bootstrap address in turn, `timeout` each: the bound is not
+    shorter than that, or a broker answering at the last address was said away."""
+
+    async def slow_answer() -> str | None:
+        await asyncio.sleep(0.5)
+        return None
+
+    bootstrap = ",".join(f"h{i}:9092" for i in range(5))
+    watch = BrokerWatch(
+        bootstrap, probe=slow_answer, timeout=0.2, probe_within=0.1, failures_to_down=1
+    )
+    assert await asyncio.wait_for(watch.check(), 5)

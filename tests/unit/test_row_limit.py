@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from app.errors import RecordTooLarge
+from app.kafka.catalog import TopicCatalog
 from app.node.row_limit import RowLimit
 from app.protocol.dead_letters import DeadLetter, Stage
 from tables import (
@@ -115,3 +116,29 @@ async def test_the_take_letters_and_deletes_a_noted_row_still_over(
     assert topic == "shop.dead-letters" and read.topic == TOPIC and read.key == rows[0]
     assert read.value == encode_timer(big) and read.context.stage is Stage.RESTORE
     assert f"timer {big.id}" in read.context.exception_message
+
+
+async def test_a_limit_raised_since_the_last_read_deletes_nothing(store: PartitionedStore) -> None:
+    """The take reads the limit again before it deletes: raised since the sink refused
+    the row (the catalog's last read up to 30 s old), the row is kept."""
+    handle = store.partition(0)
+    big = _timer("big", pad=3_000)
+    assert await handle.put(big)
+    row = row_key(big.owner, big.key)
+    limits = {TOPIC: 65_536}
+
+    async def read_limits(topics: list[str]) -> dict[str, int | None]:
+        return {t: limits[t] for t in topics}
+
+    async def no_topics() -> set[str]:
+        return set()
+
+    catalog = TopicCatalog(no_topics, lambda: 0, read_limits=read_limits)
+    kept = {TOPIC: 10_000}  # what the node's start read
+    catalog.keep_current(kept, [TOPIC])
+    limit = RowLimit(TOPIC, kept, catalog)
+    with pytest.raises(RecordTooLarge):
+        limit.check(0, [ChangelogRecord(0, row, b"x" * 10_001)])
+    assert await limit.letter_noted(handle, now=5_000, limit=1_000_000) == ([], [])
+    assert await handle.find(big.owner, "k") == big and kept == {TOPIC: 65_536 - 512}
+    await catalog.stop()

@@ -169,57 +169,72 @@ async def _no_topics() -> set[str]:
     return set()
 
 
+class _Limits:
+    """A cluster's `max.message.bytes` by topic, read in batches (`read_limits`): a topic
+    it does not name is refused (no DescribeConfigs on it); `down` fails a whole read."""
+
+    def __init__(self, limits: dict[str, int]) -> None:
+        self.limits = limits
+        self.reads: list[list[str]] = []
+        self.down = False
+
+    async def __call__(self, topics: list[str]) -> dict[str, int | None]:
+        self.reads.append(list(topics))
+        await asyncio.sleep(0)
+        if self.down:
+            raise KafkaUnavailable("the broker is away")
+        return {t: self.limits.get(t) for t in topics}
+
+
 async def test_what_a_topic_takes_is_read_in_the_background_and_again_once_stale() -> None:
     """Unread: what a topic of the broker's defaults takes, answered at once, the read
-    begun; read, its `max.message.bytes` less framing (never more than the default); read
-    again once `max_age_ms` old; unreadable: the default, read again later."""
+    begun (one read for the topics asked together, none asked twice while it runs); read,
+    its `max.message.bytes` less framing (never more than the default); read again once
+    `max_age_ms` old; unreadable: the default, read again later."""
     clock = FakeClock(T0)
-    limits = {"a": 65_536, "big": 10_000_000}
-    asked: list[str] = []
-
-    async def max_message_bytes(topic: str) -> int:
-        asked.append(topic)
-        if topic not in limits:
-            raise KafkaUnavailable("no DescribeConfigs on it")
-        return limits[topic]
-
-    catalog = TopicCatalog(_no_topics, clock.now, max_message_bytes=max_message_bytes)
+    cluster = _Limits({"a": 65_536, "big": 10_000_000})
+    catalog = TopicCatalog(_no_topics, clock.now, read_limits=cluster)
     default = TOPIC_RECORD_BYTES
-    assert [catalog.takes(t) for t in ("a", "big", "denied")] == [default] * 3
-    await wait_until(lambda: len(asked) == 3)
-    await asyncio.sleep(0)
+    assert [catalog.takes(t) for t in ("a", "big", "denied", "a")] == [default] * 4
+    await wait_until(lambda: catalog.takes("a") != default)
+    assert cluster.reads == [["a", "big", "denied"]]
     assert [catalog.takes(t) for t in ("a", "big", "denied")] == [65_536 - 512, default, default]
-    assert len(asked) == 3  # fresh: not read again
-    limits["a"] = 32_768
+    cluster.limits["a"] = 32_768
     clock.advance(catalog.max_age_ms)
     assert catalog.takes("a") == 65_536 - 512  # the last read, while it is read again
     await wait_until(lambda: catalog.takes("a") == 32_768 - 512)
     await catalog.stop()
 
 
+async def test_a_read_that_fails_keeps_what_the_last_one_said() -> None:
+    clock = FakeClock(T0)
+    cluster = _Limits({"a": 8_192})
+    catalog = TopicCatalog(_no_topics, clock.now, read_limits=cluster)
+    assert await catalog.read_takes("a") == 8_192 - 512
+    cluster.down = True
+    clock.advance(catalog.max_age_ms)
+    assert await catalog.read_takes("a") == 8_192 - 512  # not the default
+    del cluster.limits["a"]  # refused now
+    cluster.down = False
+    assert await catalog.read_takes("a") == 8_192 - 512
+    await catalog.stop()
+
+
 async def test_without_a_reader_every_topic_takes_the_default_and_nothing_is_read() -> None:
     catalog = TopicCatalog(_no_topics, FakeClock(T0).now)
     assert catalog.takes("a") == TOPIC_RECORD_BYTES
+    assert await catalog.read_takes("a") == TOPIC_RECORD_BYTES
     await catalog.stop()
 
 
 async def test_the_nodes_own_limits_are_kept_current_by_each_read() -> None:
     """Lowered since the start: kept; raised to the default or past: dropped (the default
     is assumed); unreadable: left as read at the start; another's topic: never kept."""
-    clock = FakeClock(T0)
-    limits = {"lowered": 16_384, "raised": 2_000_000, "other": 8_192}
-
-    async def max_message_bytes(topic: str) -> int:
-        if topic not in limits:
-            raise KafkaUnavailable("no DescribeConfigs on it")
-        return limits[topic]
-
-    catalog = TopicCatalog(_no_topics, clock.now, max_message_bytes=max_message_bytes)
+    cluster = _Limits({"lowered": 16_384, "raised": 2_000_000, "other": 8_192})
+    catalog = TopicCatalog(_no_topics, FakeClock(T0).now, read_limits=cluster)
     kept = {"raised": 65_024, "denied": 32_256}
     catalog.keep_current(kept, ["lowered", "raised", "denied"])
     for topic in ("lowered", "raised", "denied", "other"):
-        catalog.takes(topic)
-    await wait_until(lambda: "lowered" in kept)
-    await wait_until(lambda: "raised" not in kept)
+        await catalog.read_takes(topic)
     assert kept == {"lowered": 16_384 - 512, "denied": 32_256}
     await catalog.stop()
