@@ -180,6 +180,8 @@ def check_sizes(
     another context's commands topic made smaller, or one of the node's own lowered
     since its start)."""
     bound, takes = limits.max_record_bytes, limits.topic_record_bytes
+    # Each topic's limit once a call: a decision's records share one or two topics.
+    seen: dict[str, int] = {}
     for record in out:
         if (value := record[3]) is None:
             continue
@@ -189,9 +191,11 @@ def check_sizes(
                 f"{bound} (TICKWHEEL_MAX_RECORD_BYTES): nothing of it is written"
             )
         size = len(value) + len(record[2] or b"")
-        limit = takes.get(record[0], TOPIC_RECORD_BYTES)
-        if catalog is not None:
-            limit = min(limit, catalog.takes(record[0]))
+        if (limit := seen.get(topic := record[0])) is None:
+            limit = takes.get(topic, TOPIC_RECORD_BYTES)
+            if catalog is not None:
+                limit = min(limit, catalog.takes(topic))
+            seen[topic] = limit
         if size > limit:
             raise RecordTooLarge(
                 f"the decision writes a record of {size} bytes with its key to {record[0]}, "
