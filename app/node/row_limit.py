@@ -22,13 +22,12 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 
 from app.errors import RecordTooLarge
-from app.kafka import OutRecord
+from app.kafka import OutRecord, Record
 from app.kafka.catalog import TopicCatalog
 from app.kafka.records import TOPIC_RECORD_BYTES, topic_takes
-from app.protocol.dead_letters import Headers, Stage, dead_letter
+from app.protocol.dead_letters import Stage, dead_letter
 from app.timers.timer_sizes import ROW_GROWTH
 from tables.keys import encode_timer
 from tables.partition_handle import PartitionHandle
@@ -37,20 +36,6 @@ from tables.store import ChangelogRecord
 __all__ = ["RowLimit"]
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, slots=True)
-class _Row:
-    """A row the store holds, as its letter's source record: its changelog's, at the
-    offset the copy has applied through (the row was written there or before)."""
-
-    topic: str
-    partition: int
-    offset: int
-    key: bytes | None
-    value: bytes | None
-    timestamp: int
-    headers: Headers = ()
 
 
 class RowLimit:
@@ -147,7 +132,9 @@ class RowLimit:
                 "max.message.bytes, then set it again (its set event is in its owner's log)"
             )
             logger.error("%s[%d]: %s", self.topic, p, why)
-            source = _Row(self.topic, p, handle.changelog_offset() or 0, key, value, now)
+            # Its letter's source: the row as its changelog holds it, at the offset the
+            # copy has applied through (written there or before).
+            source = Record(self.topic, p, handle.changelog_offset() or 0, key, value, now)
             letters.append(dead_letter(source, why, Stage.RESTORE, now, limit=limit))
             deleted.append(key)
         return letters, deleted
