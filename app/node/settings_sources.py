@@ -32,7 +32,6 @@ the variables at fault; a secret's value is never shown.
 
 from __future__ import annotations
 
-import json
 import re
 import reprlib
 from collections.abc import Mapping, Set
@@ -46,6 +45,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource
 
 from app.errors import ConfigError
 from app.node.variables import VARIABLES
+from app.protocol.wire import repeated_keys
 
 __all__ = [
     "VariablesSource",
@@ -141,21 +141,7 @@ def options_json(value: str) -> object:
         read = orjson.loads(value)
     except orjson.JSONDecodeError as exc:
         raise ValueError(f"not JSON ({exc})") from exc
-    twice: dict[str, None] = {}
-
-    def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
-        seen: set[str] = set()
-        for key, _ in items:
-            if key in seen:
-                twice[key] = None
-            seen.add(key)
-        return dict(items)
-
-    try:
-        json.loads(value, object_pairs_hook=pairs)
-    except (ValueError, RecursionError):
-        return read  # what orjson reads and json does not: no key of it is looked at
-    if twice:
+    if twice := repeated_keys(value):
         named = ", ".join(map(repr, list(twice)[:5]))
         raise ValueError(f"{named} given more than once (the last would silently win)")
     return read
