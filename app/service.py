@@ -38,6 +38,7 @@ class Service:
 
     def __post_init__(self) -> None:
         # Checked where the service is declared (`ConfigError`), not when a worker starts.
+        self._shapes()
         for a in self.aggregates:
             aggregate_topics(a.context, a.name)
         for context, jobs in self.jobs.items():
@@ -54,6 +55,28 @@ class Service:
         clash = sorted(f"{c}.schedule" for c in self.jobs if f"{c}.schedule" in names)
         if clash:
             raise ValueError(f"{clash} are kept by the jobs of their context: declare no such type")
+
+    def _shapes(self) -> None:
+        """`TypeError` naming the field for a declaration no worker could run (a single
+        type for `aggregates`, a job that is none); a list of types is taken as a tuple
+        (every worker failed at its start on one: `all_aggregates` adds a tuple to it)."""
+        given: object = self.aggregates
+        if isinstance(given, AggregateType | str | bytes | Mapping) or not isinstance(
+            given, Sequence
+        ):
+            raise TypeError(f"aggregates: a tuple of AggregateType, not {given!r}")
+        object.__setattr__(self, "aggregates", tuple(given))
+        for a in self.aggregates:
+            if not isinstance(a, AggregateType):
+                raise TypeError(f"aggregates: {a!r} is not an AggregateType")
+        if not isinstance(self.jobs, Mapping):
+            raise TypeError(f"jobs: a mapping of context to its jobs, not {self.jobs!r}")
+        for context, jobs in self.jobs.items():
+            if not isinstance(jobs, Sequence):  # a context's name: `aggregate_topics`
+                raise TypeError(f"jobs: {context!r}: a context's name to a list of Job")
+            for job in jobs:
+                if not isinstance(job, Job):
+                    raise TypeError(f"jobs[{context!r}]: {job!r} is not a Job")
 
     def all_aggregates(
         self,
