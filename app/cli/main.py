@@ -97,7 +97,8 @@ def _tickwheel(
 def demo(
     bootstrap: Bootstrap = None,
     orders: Annotated[int, typer.Option(min=1, max=100)] = 3,
-    seconds: Annotated[float, typer.Option(min=0.0)] = 20.0,
+    # Bounded: `inf` (or 1e309) ran the demo for ever.
+    seconds: Annotated[float, typer.Option(min=0.0, max=86_400.0)] = 20.0,
     as_json: Annotated[
         bool,
         typer.Option(

@@ -184,6 +184,11 @@ def query_of(params: Mapping[str, str]) -> UpcomingQuery:
                 raise BadQuery(str(exc)) from exc
     if "cursor" in params:
         decode_cursor(params["cursor"])
+    limit = params.get("limit")
+    if limit is not None and not (limit.isascii() and limit.isdigit()):
+        # As the ledger's page and the settings read a count: pydantic took "1_0" as 10
+        # and "1.0" as 1.
+        raise BadQuery(f"limit: a whole number in digits alone (got {limit!r})")
     try:
         return UpcomingQuery.model_validate(data)
     except ValidationError as exc:

@@ -11,6 +11,13 @@ __all__ = ["AggregateTopics", "ContextTopics", "aggregate_topics", "parse_aggreg
 
 _NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_\-]*")
 
+TOPIC_NAME_MAX = 249
+"""Kafka's longest topic name."""
+TYPE_NAME_MAX = TOPIC_NAME_MAX - len(".timer-ops")
+"""A type's name at most: its longest topic is `<type>.timer-ops`."""
+CONTEXT_NAME_MAX = TOPIC_NAME_MAX - len(".failure-ledger")
+"""A context's name at most: its longest topic is `<context>.failure-ledger`."""
+
 
 @dataclass(frozen=True, slots=True)
 class AggregateTopics:
@@ -71,6 +78,14 @@ def parse_aggregate_type(name: str) -> AggregateTopics:
     if len(parts) != 2 or not all(_NAME.fullmatch(p) for p in parts):
         raise ConfigError(
             f"aggregate type {name!r} must be '<context>.<aggregate>' (letters, digits, '_' or '-')"
+        )
+    if len(name) > TYPE_NAME_MAX or len(parts[0]) > CONTEXT_NAME_MAX:
+        # Taken, the worker made some of its topics, then failed on the one Kafka refused
+        # (or on its data directory's name).
+        raise ConfigError(
+            f"aggregate type {name[:40]!r}… is {len(name)} characters, its context "
+            f"{len(parts[0])}: at most {TYPE_NAME_MAX} and {CONTEXT_NAME_MAX}, so that "
+            f"every topic named after them is within Kafka's {TOPIC_NAME_MAX}"
         )
     return AggregateTopics(parts[0], parts[1])
 

@@ -213,3 +213,11 @@ def test_a_blank_or_control_request_id_is_a_bad_option(
         "no surrounding spaces or control characters"
     )
     assert not [t for t in log.topic_names() for p in range(log.partitions(t)) if log.records(t, p)]
+
+
+@pytest.mark.parametrize("seconds", ["inf", "1e309", "86401"])
+def test_the_demos_seconds_are_bounded(seconds: str) -> None:
+    """`inf` (or 1e309) ran the demo for ever: refused before anything is made."""
+    result = invoke(["demo", *REFUSED, "--seconds", seconds])
+    assert result.exit_code == 2, result.output
+    assert "--seconds" in result.output

@@ -20,7 +20,17 @@ from tables import AggregateRef, CommandSpec
 
 NOW = 10**13
 TARGET = AggregateRef(context="rem", aggregate="order", id="o-1")
-BAD_NAMES = [("Bad Ctx", "b"), ("rem", ""), ("rem", "a b"), ("rem", "x.y"), (5, "b"), ("rem", None)]
+BAD_NAMES = [
+    ("Bad Ctx", "b"),
+    ("rem", ""),
+    ("rem", "a b"),
+    ("rem", "x.y"),
+    (5, "b"),
+    ("rem", None),
+    # Names whose topics Kafka refuses (249 at most): `<type>.timer-ops`, `<ctx>.failure-ledger`
+    ("rem", "a" * 236),
+    ("c" * 235, "b"),
+]
 
 
 @pytest.mark.parametrize(("context", "name"), BAD_NAMES)
@@ -35,7 +45,7 @@ def test_a_service_of_a_type_named_as_no_topic_can_be_is_refused(context: Any, n
         Service(aggregates=(AggregateType(context, name, BookState),))
 
 
-@pytest.mark.parametrize("context", ["Bad Ctx", "", 5])
+@pytest.mark.parametrize("context", ["Bad Ctx", "", 5, "c" * 231])
 def test_a_service_with_jobs_in_a_context_named_as_no_topic_can_be_is_refused(
     context: Any,
 ) -> None:
@@ -69,3 +79,8 @@ def test_a_book_forgets_its_ended_timers_past_a_retention_it_takes(retention: in
     cmd = CommandEnvelope(request_id="r", type=SET_TIMER, aggregate=ref, body=body, issued_at=NOW)
     stored = StoredAggregate(version=MAX_BOOK_TIMERS, state=state.model_dump())
     assert decide(book, stored, cmd, now=NOW, seen=False).code == ResultCode.COMMITTED
+
+
+def test_a_type_at_the_longest_name_kafka_takes_for_its_topics_is_taken() -> None:
+    topics = Service(aggregates=(AggregateType("c" * 234, "b" * 4, BookState),)).aggregates[0]
+    assert len(topics.type_name) == 239
