@@ -10,6 +10,7 @@ import difflib
 import logging
 import os
 import stat
+import unicodedata
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Final
@@ -99,6 +100,9 @@ logger = logging.getLogger(__name__)
 
 _FILE = "_FILE"
 _PREFIX = "TICKWHEEL_"
+MAX_PROBLEMS: Final = 20
+"""The unknown variables a `ConfigError` names at most (then how many more): each is
+matched against every setting's name for a suggestion, a second for thousands."""
 MAX_ENV_FILE_BYTES: Final = 1024 * 1024
 """The most a `.env` file may hold (it is read whole, slowly: ~1 s a MB)."""
 
@@ -122,8 +126,13 @@ def read_variables(env: Mapping[str, str] | None = None) -> Variables:
         _not_too_large(Path(".env"), ".env")
         layers.append(("in .env", _dotenv(Path(".env"), ".env", environ)))
     problems = [p for where, values in layers for p in _unknown(values, where)]
+    for where, values in layers[1:]:
+        if ENV_FILE_VARIABLE in values:  # never read there: a file names no other
+            problems.append(f"{ENV_FILE_VARIABLE} ({where}) is read from the environment only")
     if problems:
-        raise ConfigError("; ".join(problems))
+        more = len(problems) - MAX_PROBLEMS
+        shown = problems[:MAX_PROBLEMS] + ([f"and {more} more"] if more > 0 else [])
+        raise ConfigError("; ".join(shown))
     merged = Variables()
     for where, values in reversed(layers):  # the .env file first, the environment over it
         _resolved(values, where, merged)
@@ -244,6 +253,10 @@ _KAFKA_PREFIX = "KAFKA_"
 _KAFKA_KNOWN = sorted(v for v in _KNOWN if v.startswith(_KAFKA_PREFIX))
 
 
+_INVISIBLE: Final = frozenset({"Cf", "Cc", "Zs", "Zl", "Zp"})
+"""Unicode categories a reader does not see in a name: format marks, controls, spaces."""
+
+
 def _forms(var: str) -> set[str]:
     """`var` and its other form (`X` and `X_FILE`)."""
     base = var.removesuffix(_FILE)
@@ -251,9 +264,18 @@ def _forms(var: str) -> set[str]:
 
 
 def _unknown(values: Iterable[str], where: str) -> list[str]:
-    problems = []
+    problems: list[str] = []
     given = set(values)
     for name in values:
+        if len(problems) >= MAX_PROBLEMS:  # counted, not matched (`MAX_PROBLEMS`)
+            problems.append(f"{name} ({where})")
+            continue
+        visible = "".join(c for c in name if unicodedata.category(c) not in _INVISIBLE)
+        if visible != name and visible.upper().startswith((_PREFIX, _KAFKA_PREFIX)):
+            # A zero-width or direction mark before a name: no setting as written, and
+            # silently left to other programs it was (a pasted line).
+            problems.append(f"{name!r} ({where}) holds invisible characters: {visible}?")
+            continue
         if name.upper().startswith(_KAFKA_PREFIX) and name not in _KNOWN:
             # Other programs read KAFKA_* too: only a near miss of ours (a letter or two
             # off) that is not given itself is an error (a missing S sent the node to the
