@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import faulthandler
+import gc
 import logging
 import os
 import signal
@@ -73,6 +74,19 @@ _Handler = Callable[[int, FrameType | None], Any] | int | signal.Handlers | None
 # just as it was found overdue), a block would not clear its slot: the signal is then
 # declined and sent again at the next look.
 _ENTRY_CODES: Final = frozenset({user_code.__enter__.__code__, user_code.__exit__.__code__})
+
+
+def _in_gc_callback(frame: FrameType) -> bool:
+    """Whether `frame` runs in a garbage collection's callback (`gc.callbacks`, a library's:
+    hypothesis times collections): an exception raised there is reported as unraisable
+    and lost, not raised in the user code the collection interrupted."""
+    codes = {getattr(callback, "__code__", None) for callback in gc.callbacks}
+    at: FrameType | None = frame
+    while at is not None:
+        if at.f_code in codes:
+            return True
+        at = at.f_back
+    return False
 
 
 RESEND_S: Final = 1.0
@@ -243,6 +257,8 @@ class Watchdog:
             return
         if frame is not None and frame.f_code in _ENTRY_CODES:
             return  # sent again (`RESEND_S`), once its slot is settled
+        if frame is not None and _in_gc_callback(frame):
+            return  # raised there, it would be lost: sent again once the collection ends
         raise UserCodeTimeout(invocation.what, monotonic() - invocation.started, self.timeout_s)
 
 
