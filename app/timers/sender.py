@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable
 
 from app.errors import BadRecord, KafkaUnavailable
@@ -161,8 +162,15 @@ class ResultsReader:
         # Anyone who may write to the results topic could otherwise set this node's log
         # volume, one line per record of garbage.
         self._unreadable_log = log_limit or LogLimit()
-        # By request id: the aggregate the send went to, and its answer to be.
-        self._waiting: dict[str, tuple[AggregateRef, asyncio.Future[CommandResult]]] = {}
+        # By request id and the aggregate the send went to: the answers to be of the sends
+        # in flight. Keyed by the target too: two sends of one request id to two targets
+        # (two logs' timers of one event id, which the wire format allows) are two
+        # requests, each settled by its own target's answer alone; one future each, so a
+        # send cancelled (timed out) never cancels another's wait.
+        self._waiting: dict[tuple[str, AggregateRef], list[asyncio.Future[CommandResult]]] = {}
+        # How many sends in flight of each request id (a result naming one to another
+        # aggregate is logged as misaddressed).
+        self._ids: Counter[str] = Counter()
         self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
@@ -174,8 +182,9 @@ class ResultsReader:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
         await self._reader.stop()
-        for _, f in self._waiting.values():
-            f.cancel()
+        for futures in self._waiting.values():
+            for f in futures:
+                f.cancel()
 
     async def add_partition(self, partition: int) -> None:
         """Reads `partition` from its end from now on: earlier results are not ours."""
@@ -187,15 +196,24 @@ class ResultsReader:
     def expect(self, request_id: str, target: AggregateRef) -> asyncio.Future[CommandResult]:
         """The answer to the send of `request_id` to `target`: a result of that request id
         and that aggregate alone (another writer's result naming the request id of a send
-        in flight is no answer to it)."""
-        waiting = self._waiting.get(request_id)
-        if waiting is None or waiting[1].done():
-            waiting = (target, asyncio.get_running_loop().create_future())
-            self._waiting[request_id] = waiting
-        return waiting[1]
+        in flight is no answer to it). Each call its own future: `forget` it when done."""
+        future: asyncio.Future[CommandResult] = asyncio.get_running_loop().create_future()
+        self._waiting.setdefault((request_id, target), []).append(future)
+        self._ids[request_id] += 1
+        return future
 
-    def forget(self, request_id: str) -> None:
-        self._waiting.pop(request_id, None)
+    def forget(
+        self, request_id: str, target: AggregateRef, future: asyncio.Future[CommandResult]
+    ) -> None:
+        """Ends the wait `expect` gave (answered, or not waited for any longer)."""
+        futures = self._waiting.get((request_id, target))
+        if futures is not None and future in futures:
+            futures.remove(future)
+            if not futures:
+                del self._waiting[(request_id, target)]
+        self._ids[request_id] -= 1
+        if self._ids[request_id] <= 0:
+            del self._ids[request_id]
 
     @property
     def task(self) -> asyncio.Task[None] | None:
@@ -229,25 +247,25 @@ class ResultsReader:
                     continue
                 if result.unknown_code is not None:
                     self._newer_code(record, result)
-                waiting = self._waiting.get(result.request_id)
-                if waiting is None:
+                futures = self._waiting.pop((result.request_id, result.aggregate), None)
+                if futures is None:
+                    if result.request_id in self._ids:
+                        self._misaddressed(result)
                     continue
-                target, future = waiting
-                if result.aggregate != target:
-                    # Bounded as unreadable ones are: any writer may repeat a request id.
-                    if (more := self._unreadable_log.check("misaddressed")) is not None:
-                        logger.warning(
-                            "a result for %s names %s, not the aggregate it was sent to "
-                            "(%s): passed over%s",
-                            result.request_id,
-                            result.aggregate,
-                            target,
-                            more,
-                        )
-                    continue
-                del self._waiting[result.request_id]
-                if not future.done():
-                    future.set_result(result)
+                for future in futures:
+                    if not future.done():
+                        future.set_result(result)
+
+    def _misaddressed(self, result: CommandResult) -> None:
+        """Logs (bounded as unreadable ones are: any writer may repeat a request id) a
+        result naming the request id of a send in flight and another aggregate."""
+        if (more := self._unreadable_log.check("misaddressed")) is not None:
+            logger.warning(
+                "a result for %s names %s, not an aggregate it was sent to: passed over%s",
+                result.request_id,
+                result.aggregate,
+                more,
+            )
 
     def _newer_code(self, record: Record, result: CommandResult) -> None:
         """Counts and logs (bounded) a result whose code this version does not know."""
@@ -312,7 +330,7 @@ class KafkaSender:
             await self._producer.send(topic, target.id.encode(), encode(command))
             result = await waiting
         finally:
-            self._results.forget(timer.request_id)
+            self._results.forget(timer.request_id, target, waiting)
         # A code this version does not know reads ERROR: a failed attempt, retried by the
         # timer's policy (never its success), the code itself kept in its reason.
         return SendResult(result.code.value, result.reason)

@@ -208,7 +208,7 @@ async def test_results_naming_another_aggregate_are_logged_within_the_limit(
     with caplog.at_level("WARNING", logger="app.timers.sender"):
         await log.publisher().send(RESULTS, b"t-1#0", encode(answer), P)
         assert (await asyncio.wait_for(waiting, 5)).code is ResultCode.COMMITTED
-    lines = [r for r in caplog.records if "not the aggregate it was sent to" in r.message]
+    lines = [r for r in caplog.records if "not an aggregate it was sent to" in r.message]
     assert len(lines) == 1
 
 
