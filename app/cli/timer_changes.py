@@ -54,6 +54,7 @@ from app.ops.timer_api import (
     TargetSpec,
     TimerPut,
     answer_of,
+    asked_id,
     cancel_command,
     field_of,
     key_command,
@@ -126,7 +127,7 @@ async def _send(
 
 def _resend(cmd: CommandEnvelope) -> str:
     return (
-        f"send it again with --request-id {shlex.quote(cmd.request_id)} to learn what became "
+        f"send it again with --request-id {shlex.quote(asked_id(cmd))} to learn what became "
         "of it (under its request id it is written at most once)"
     )
 
@@ -135,7 +136,7 @@ def _answer(action: str, cmd: CommandEnvelope, result: CommandResult | None, as_
     if result is None:
         raise fail(
             f"no answer from the book in time: send it again with --request-id "
-            f"{shlex.quote(cmd.request_id)} to learn it (that writes nothing more)"
+            f"{shlex.quote(asked_id(cmd))} to learn it (that writes nothing more)"
         )
     answer = answer_of(cmd, result)
     if result.code not in DONE:

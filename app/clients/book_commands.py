@@ -11,6 +11,7 @@ sends these to the book's command topic rather than writing the book's events
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Callable
 from typing import Any, Final, Protocol
 
@@ -49,8 +50,10 @@ __all__ = [
     "Rule",
     "command_body_reason",
     "request_id_for",
+    "scoped_request_id",
     "seconds_reason",
     "unreadable",
+    "unscoped_request_id",
 ]
 
 Rule = OnceRule | IntervalRule | CronRule
@@ -154,6 +157,42 @@ def request_id_for(op: str, key: str, message: Delivered | None) -> str:
     if len(rid) > (MAX_TRIGGER_REQUEST_ID if op == "trigger" else MAX_REQUEST_ID):
         rid = "sha256:" + hashlib.sha256(rid.encode()).hexdigest()
     return rid
+
+
+def scoped_request_id(op: str, timer: str, given: str) -> str:
+    """The request id of `op` on the timer `timer` asked under a caller's `given` one (the
+    HTTP edge's, the CLI's `--request-id`): `<op>:<16 hex digits of timer's hash>:<given>`,
+    or `<op>:<digits>:sha256:<hex of given>` when that is longer than a request id may be
+    (a trigger's: `MAX_TRIGGER_REQUEST_ID`). The book de-duplicates request ids per owner:
+    used as given, an id a caller reused for another change (a cancel after a set, a set of
+    another timer) was that change's DUPLICATE, answered as done, nothing done. Scoped,
+    two changes differ; the same change sent again is the same id. The timer's hash has a
+    fixed width, so no two timers' ids meet (a name with a `:` included). An id that
+    begins with its scope already (one an answer named, sent again as it said) is kept.
+    `ValueError` for a `given` longer than a request id may be, as before ids were scoped."""
+    limit = MAX_TRIGGER_REQUEST_ID if op == "trigger" else MAX_REQUEST_ID
+    if len(given) > limit:
+        what = "a trigger's request id" if op == "trigger" else "a request id"
+        raise ValueError(f"{what} is at most {limit} characters, got {len(given)}")
+    digest = hashlib.blake2b(timer.encode("utf-8", "surrogatepass"), digest_size=8).hexdigest()
+    prefix = f"{op}:{digest}:"
+    if given.startswith(prefix):
+        return given
+    made = prefix + given
+    if len(made) <= limit:
+        return made
+    return f"{prefix}sha256:{hashlib.sha256(given.encode('utf-8', 'surrogatepass')).hexdigest()}"
+
+
+_SCOPE = re.compile(r"[a-z]+:[0-9a-f]{16}:")
+
+
+def unscoped_request_id(request_id: str) -> str:
+    """The id a caller names to send a change again: `request_id` without the scope
+    `scoped_request_id` put before it (what the caller gave, or `sha256:<hex>` of it when it
+    was hashed, which scoped again is the same id)."""
+    scope = _SCOPE.match(request_id)
+    return request_id[scope.end() :] if scope else request_id
 
 
 def unreadable(cmd: CommandEnvelope, limits: InputLimits) -> tuple[str, str] | None:

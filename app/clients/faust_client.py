@@ -49,7 +49,7 @@ except ImportError as exc:  # the extra is optional: say how to get it
     ) from exc
 
 from app.clients.book_client import BookClient
-from app.clients.book_commands import BookCommands, request_id_for
+from app.clients.book_commands import BookCommands, request_id_for, scoped_request_id
 from app.clients.client_topics import ClientTopics, unreadable_answer
 from app.clients.fired import command_in, letter_of, record_of
 from app.clients.timer_book import timer_book
@@ -279,8 +279,10 @@ class TickwheelTimers(BookClient):
         await sent
 
     def _request_id(self, op: str, timer: str, given: str | None) -> str:
-        """`given`, or the one derived from the event the agent processes (`request_id_for`)."""
+        """`given`, scoped to `op` on `timer` (`scoped_request_id`: an id reused for another
+        change is no DUPLICATE of the first), or the one derived from the event the agent
+        processes (`request_id_for`)."""
         if given is not None:
-            return given
+            return scoped_request_id(op, timer, given)
         event = current_event()
         return request_id_for(op, timer, None if event is None else event.message)

@@ -232,7 +232,7 @@ class PageActions:
         # a DELETE does): it drops the key from the book too.
         held = None
         if f.action != "cancel":
-            held = ended_row(node, owner, await kept_row(node, owner, f.key), rid)
+            held = ended_row(node, owner, await kept_row(node, owner, f.key), cmd.request_id)
         if held is not None:
             return self._page.refused(
                 409,

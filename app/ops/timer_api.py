@@ -22,7 +22,13 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from app.clients.book_commands import command_body_reason, seconds_reason, unreadable
+from app.clients.book_commands import (
+    command_body_reason,
+    scoped_request_id,
+    seconds_reason,
+    unreadable,
+    unscoped_request_id,
+)
 from app.clients.timer_book import (
     CANCEL_TIMER,
     PAUSE_TIMER,
@@ -39,6 +45,7 @@ from app.ops.deadline import by
 from app.protocol.limits import InputLimits
 from app.protocol.topics import AggregateTopics, ContextTopics
 from app.protocol.wire import (
+    MAX_REQUEST_ID,
     CommandEnvelope,
     CommandResult,
     ResultCode,
@@ -61,6 +68,7 @@ __all__ = [
     "TimerAnswer",
     "TimerPut",
     "answer_of",
+    "asked_id",
     "cancel_command",
     "field_of",
     "is_book",
@@ -159,20 +167,25 @@ class ApiError(BaseModel):
     )
 
 
-def given_request_id(given: str | None) -> str:
-    """A change's request id: `given`, or a new one when none is (`None`). `BadRequest` for
-    one blank, with surrounding spaces or a control character (`control_character`): a
-    blank `Idempotency-Key` was taken for none, so the same request sent again made a
-    second change; the others garble the logs and pages that print it."""
+def given_request_id(op: str, timer: str, given: str | None) -> str:
+    """The request id of `op` on `timer` asked under `given` (`scoped_request_id`: an id a
+    caller reuses for another change is no DUPLICATE of the first), or under a new one when
+    none is (`None`). `BadRequest` for one blank, with surrounding spaces or a control
+    character (`control_character`): a blank `Idempotency-Key` was taken for none, so the
+    same request sent again made a second change; the others garble the logs and pages
+    that print it. And for one longer than a request id may be, as the envelope refused it
+    before ids were scoped."""
     if given is None:
-        return new_request_id()
+        return scoped_request_id(op, timer, new_request_id())
     if unusable_request_id(given):
         raise BadRequest(
             "request_id",
             f"{given[:80]!r}: give 1 or more characters, no surrounding spaces or control "
             "characters",
         )
-    return given
+    if len(given) > MAX_REQUEST_ID:
+        raise BadRequest("request_id", f"at most {MAX_REQUEST_ID} characters, got {len(given)}")
+    return scoped_request_id(op, timer, given)
 
 
 def new_request_id() -> str:
@@ -252,7 +265,7 @@ def set_command(
         # Refused here: the envelope's own check would fail (a ValidationError, no 400).
         raise BadRequest("command.body", why)
     cmd = CommandEnvelope(
-        request_id=given_request_id(put.request_id),
+        request_id=given_request_id("set", key, put.request_id),
         type=SET_TIMER,
         aggregate=owner,
         body=body.model_dump(mode="json"),
@@ -273,7 +286,7 @@ def cancel_command(
     try:
         body = ScheduleCancelled(key=key)
         return CommandEnvelope(
-            request_id=given_request_id(request_id),
+            request_id=given_request_id("cancel", key, request_id),
             type=CANCEL_TIMER,
             aggregate=owner,
             body=body.model_dump(mode="json"),
@@ -300,7 +313,7 @@ def key_command(
     try:
         body = TimerKey(key=key)
         return CommandEnvelope(
-            request_id=given_request_id(request_id),
+            request_id=given_request_id(action, key, request_id),
             type=ACTIONS[action],
             aggregate=owner,
             body=body.model_dump(mode="json"),
@@ -368,9 +381,15 @@ async def _result_of(
         await sleep(poll_s)
 
 
+def asked_id(cmd: CommandEnvelope) -> str:
+    """The request id to send `cmd` again with: the caller's, not the one scoped to its
+    change (`scoped_request_id`), which scopes it again alike."""
+    return unscoped_request_id(cmd.request_id)
+
+
 def answer_of(cmd: CommandEnvelope, result: CommandResult) -> TimerAnswer:
     return TimerAnswer(
-        request_id=result.request_id,
+        request_id=unscoped_request_id(result.request_id),
         code=result.code,
         duplicate=result.code is ResultCode.DUPLICATE,
         owner=cmd.aggregate,

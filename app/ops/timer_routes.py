@@ -56,6 +56,7 @@ from app.ops.timer_api import (
     ApiError,
     BadRequest,
     answer_of,
+    asked_id,
     cancel_command,
     is_book,
     key_command,
@@ -224,7 +225,7 @@ class TimerRoutes:
                 f"{owner}'s timer {key!r} is {held.status}: nothing to {action} "
                 "(set it again to start it anew)",
                 "key",
-                request_id=cmd.request_id,
+                request_id=asked_id(cmd),
             )
         return await self._send(cmd, refused=404)
 
@@ -268,7 +269,7 @@ class TimerRoutes:
                 ApiError(
                     error=f"the broker did not take or answer the change ({exc}): send it "
                     "again with the same request id",
-                    request_id=cmd.request_id,
+                    request_id=asked_id(cmd),
                 ).model_dump(mode="json"),
                 503,
                 {"Retry-After": "5"},
@@ -278,7 +279,7 @@ class TimerRoutes:
                 504,
                 f"no answer in {self._wait_s:g} s: send it again with the same request id "
                 "to learn it (that changes nothing more)",
-                request_id=cmd.request_id,
+                request_id=asked_id(cmd),
             )
         answer = answer_of(cmd, result).model_dump(mode="json")
         if result.code in DONE:
@@ -294,8 +295,8 @@ class TimerRoutes:
             # code this version does not know was read as none: a plain refusal.
             if result.code is ResultCode.REJECTED and result.refusal is RULE_ENDED:
                 error = f"{result.refusal}: {result.message}"
-                return _error(409, error, "key", request_id=cmd.request_id)
-            return _error(refused, result.message, "key", request_id=cmd.request_id)
+                return _error(409, error, "key", request_id=asked_id(cmd))
+            return _error(refused, result.message, "key", request_id=asked_id(cmd))
         return json_response(answer, 422)
 
 

@@ -28,6 +28,7 @@ import aiohttp
 import orjson
 from prometheus_client.parser import text_string_to_metric_families
 
+from app.clients.book_commands import unscoped_request_id
 from app.errors import BadRecord
 from app.kafka import Producer, TopicSpec, ensure_topics, read_partitions
 from app.kafka.connection import Connectable, KafkaConnection
@@ -356,8 +357,9 @@ def _owns(worker: Worker) -> bool:
 
 def sent_base(request_id: str) -> str:
     """A sent command's request id without its sender's digest
-    (`app.model.aggregate.sent_request_id`): `<request id>>n`, as a test names it."""
-    return re.sub(r"@[0-9a-f]{16}$", "", request_id)
+    (`app.model.aggregate.sent_request_id`), nor the scope a timer change's id is given
+    (`app.clients.book_commands.scoped_request_id`): `<request id>>n`, as a test names it."""
+    return unscoped_request_id(re.sub(r"@[0-9a-f]{16}$", "", request_id))
 
 
 async def eventually(

@@ -38,6 +38,7 @@ from fakes_node import wait_until as wait_until
 from fakes_node import web_node as web_node
 from pydantic import BaseModel
 
+from app.clients.book_commands import unscoped_request_id
 from app.errors import TickwheelError
 from app.kafka.clients import KafkaClients
 from app.kafka.ports import Clients
@@ -629,13 +630,11 @@ class CommitLog:
         return [json.loads(r[3] or b"") for r in self.commits[-1] if r[0].endswith(topic_end)]
 
 
-_SENDER_DIGEST = re.compile(r"@[0-9a-f]{16}$")
-
-
 def sent_base(request_id: str) -> str:
-    """A sent command's request id without its sender's digest (`sent_request_id`):
-    `<request id>>n`, as a test names it."""
-    return _SENDER_DIGEST.sub("", request_id)
+    """A sent command's request id without its sender's digest
+    (`app.model.aggregate.sent_request_id`), nor the scope a timer change's id is given
+    (`app.clients.book_commands.scoped_request_id`): `<request id>>n`, as a test names it."""
+    return unscoped_request_id(re.sub(r"@[0-9a-f]{16}$", "", request_id))
 
 
 class OneBatchLog:

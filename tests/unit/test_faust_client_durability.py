@@ -14,6 +14,7 @@ from aiokafka.errors import KafkaTimeoutError
 from faust.types import Message
 from faust.types.tuples import _PendingMessage_to_Message
 
+from app.clients.book_commands import scoped_request_id
 from app.clients.faust_client import NODE_REPLICATION, TickwheelTimers, request_id_for
 from app.kafka.admin import replication_for
 from app.kafka.records import Replication
@@ -142,7 +143,8 @@ async def test_in_a_channels_agent_a_command_needs_its_request_id(
     with pytest.raises(ValueError, match="pass request_id="):
         await timers.cancel("o-1", "reminder")
     assert sent == []
-    assert (await remind(timers, request_id="order-7:remind")).request_id == "order-7:remind"
+    given = await remind(timers, request_id="order-7:remind")
+    assert given.request_id == scoped_request_id("set", "reminder", "order-7:remind")
     assert len(sent) == 1
 
 

@@ -22,6 +22,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from packaging.requirements import Requirement
 
+from app.clients.book_commands import scoped_request_id
 from app.clients.faust_client import TickwheelTimers, command_of, request_id_for
 from app.clients.timer_book import (
     CANCEL_TIMER,
@@ -227,7 +228,10 @@ def test_a_timer_goes_to_the_books_command_topic_in_its_keys_murmur2_partition(k
     assert cmd.aggregate == AggregateRef(context=CTX, aggregate="order-timers", id=key)
     body = ScheduleSet.model_validate(cmd.body)
     assert body.target == AggregateRef(context=CTX, aggregate="order", id=key)
-    assert (cmd.type, body.key, body.rule, cmd.request_id) == (SET_TIMER, "reminder", rule, "r")
+    # The caller's id, scoped to the change it names (another change under it is no
+    # DUPLICATE of this one).
+    rid = scoped_request_id("set", "reminder", "r")
+    assert (cmd.type, body.key, body.rule, cmd.request_id) == (SET_TIMER, "reminder", rule, rid)
 
 
 async def test_cancel_sends_the_books_cancel_command(
@@ -601,7 +605,7 @@ async def test_pause_resume_and_trigger_send_the_books_command_in_the_keys_parti
     assert (cmd.type, cmd.body, cmd.request_id, cmd.issued_at) == (
         ACTIONS[action],
         {"key": "reminder"},
-        f"{action}-1",
+        scoped_request_id(action, "reminder", f"{action}-1"),
         NOW,
     )
     # The very command `tickwheel timers <action>` and POST .../<action> send for that
@@ -677,7 +681,11 @@ def test_the_book_answers_the_clients_actions_as_the_clis(timers: TickwheelTimer
     assert answers == [
         ("p1", ResultCode.COMMITTED, []),
         ("p2", ResultCode.UNCHANGED, []),
-        ("t1", ResultCode.COMMITTED, ["t1>0"]),  # the timer's command, sent once now
+        (
+            "t1",
+            ResultCode.COMMITTED,
+            ["t1>0"],
+        ),  # the timer's command, sent once now
         ("r1", ResultCode.COMMITTED, []),
         ("r2", ResultCode.UNCHANGED, []),
     ]

@@ -19,6 +19,7 @@ from typer.testing import CliRunner, Result
 import app.cli.job_actions
 import app.cli.timer_changes
 from app.cli import cli
+from app.clients.book_commands import unscoped_request_id
 from app.jobs import SCHEDULE, Job, JobRun, JobScope
 from app.kafka import TopicSpec
 from app.kafka.memory import MemoryLog, MemoryPublisher
@@ -108,7 +109,8 @@ def test_a_timer_change_interrupted_after_its_send_says_its_request_id_and_exits
     monkeypatch.setattr(app.cli.timer_changes, "clients_for", lambda settings: log)
     line = interrupted_line(CliRunner().invoke(cli, TIMERS[action]))
     (first,) = sent(log, BOOK.commands)
-    resend = f"--request-id {shlex.quote(first.request_id)}"
+    # The id as the caller gave it (`unscoped_request_id`), scoped again alike.
+    resend = f"--request-id {shlex.quote(unscoped_request_id(first.request_id))}"
     assert f"send it again with {resend} to learn what became of it" in line, line
     # Sent again as said: under the same request id (DUPLICATE to the book: nothing more).
     again = CliRunner().invoke(cli, [*TIMERS[action], *shlex.split(resend), "--wait", "0"])

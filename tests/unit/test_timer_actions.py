@@ -39,6 +39,7 @@ from yarl import URL
 import app.cli.timer_changes
 import app.ops.timer_routes
 from app.cli import cli
+from app.clients.book_commands import scoped_request_id
 from app.clients.timer_book import BOOK_RETENTION, SET_TIMER, timer_book
 from app.model.aggregate import sent_request_id
 from app.model.decide import decide
@@ -180,8 +181,11 @@ async def test_a_trigger_id_that_leaves_no_room_for_its_send_is_a_400(edge: Edge
     assert (await act(edge, "edge", "trigger", rid))[1]["code"] == "DUPLICATE"
     await until(lambda: len(pings(edge, "edge")) == 1)
     (triggered,) = events(edge.log, BOOK, "wow.ScheduleTriggered")
-    sent = sent_request_id(triggered.aggregate, rid, 0)  # hashed: 317 characters whole
-    assert sent.startswith("sha256:") and triggered.body["request_id"] == sent
+    # Scoped to the trigger of its key, then hashed (`sha256:`) to fit within 298.
+    scoped = scoped_request_id("trigger", "edge", rid)
+    assert scoped.startswith("trigger:") and len(scoped) <= 298
+    sent = sent_request_id(triggered.aggregate, scoped, 0)
+    assert triggered.body["request_id"] == sent
     assert [e.request_id for e in pings(edge, "edge")] == [sent]
 
 
@@ -452,7 +456,8 @@ def test_an_action_sends_the_books_command_and_says_its_answer(
         result.stdout == f"{action} shop.reminders/t1/o-1 'k': COMMITTED (request a-1, version 3)\n"
     )
     (cmd,) = sent
-    assert (cmd.type, cmd.request_id, cmd.body) == (type_, "a-1", {"key": "k"})
+    rid = scoped_request_id(action, "k", "a-1")
+    assert (cmd.type, cmd.request_id, cmd.body) == (type_, rid, {"key": "k"})
     assert (cmd.aggregate.type_name, cmd.aggregate.tenant, cmd.aggregate.id) == (
         "shop.reminders",
         "t1",
@@ -546,9 +551,10 @@ def test_a_trigger_id_too_long_for_its_send_exits_2_and_sends_nothing(
     assert result.exit_code == 2, result.output
     assert result.stderr.startswith("error: request_id: a trigger's request id is at most 298")
     assert not sent
-    # a pause's id is sent as it is: 300 characters are fine
+    # a pause's may be 300 characters: scoped, it is hashed to fit
     assert CliRunner().invoke(cli, line("pause", "--request-id", "p" * 300)).exit_code == 0
-    assert [len(c.request_id) for c in sent] == [300]
+    assert [c.request_id for c in sent] == [scoped_request_id("pause", "k", "p" * 300)]
+    assert "sha256:" in sent[0].request_id
 
 
 @pytest.mark.parametrize("action", ["pause", "resume", "trigger"])

@@ -26,6 +26,7 @@ from yarl import URL
 import app.cli.timer_changes
 import app.ops.timer_routes
 from app.cli import cli
+from app.clients.book_commands import scoped_request_id, unscoped_request_id
 from app.clients.timer_book import timer_book
 from app.errors import BadRecord, KafkaUnavailable
 from app.kafka.connection import Connectable
@@ -349,7 +350,7 @@ def sent(monkeypatch: pytest.MonkeyPatch) -> list[CommandEnvelope]:
 
     async def send(kafka: Connectable, cmd: CommandEnvelope, wait_s: float) -> Any:
         got.append(cmd)
-        code = ANSWERS.get(cmd.request_id, ResultCode.COMMITTED)
+        code = ANSWERS.get(unscoped_request_id(cmd.request_id), ResultCode.COMMITTED)
         if code is None:
             return None
         return CommandResult(
@@ -404,7 +405,8 @@ def test_set_sends_the_books_command_and_says_its_answer(sent: list[CommandEnvel
     assert result.exit_code == 0, result.output
     assert result.stdout == "set shop.reminders/(0)/o-1 'k': COMMITTED (request r-9, version 3)\n"
     (cmd,) = sent
-    assert (cmd.type, cmd.request_id, cmd.aggregate.id) == ("wow.SetTimer", "r-9", "o-1")
+    rid = scoped_request_id("set", "k", "r-9")  # the change's own: no other's DUPLICATE
+    assert (cmd.type, cmd.request_id, cmd.aggregate.id) == ("wow.SetTimer", rid, "o-1")
     assert cmd.body == {
         "key": "k",
         "rule": {"kind": "interval", "every": 900_000, "start": T0, "coalesce": True},

@@ -20,6 +20,7 @@ import app.cli.job_actions
 import app.cli.timer_changes
 import app.cli.timers
 from app.cli import cli
+from app.clients.book_commands import unscoped_request_id
 from app.errors import KafkaUnavailable
 from app.jobs import SCHEDULE, Job, JobRun, JobScope
 from app.kafka import TopicSpec
@@ -106,7 +107,8 @@ def test_a_timer_change_the_broker_failed_says_its_request_id_to_send_it_again_w
     monkeypatch.setattr(app.cli.timer_changes, "clients_for", lambda settings: log)
     line = error_line(CliRunner().invoke(cli, TIMERS[action]))
     (first,) = sent(log, BOOK.commands)
-    resend = f"--request-id {shlex.quote(first.request_id)}"
+    # The id as the caller gave it (`unscoped_request_id`), scoped again alike.
+    resend = f"--request-id {shlex.quote(unscoped_request_id(first.request_id))}"
     assert "the broker is not reachable" in line or "KafkaTimeoutError" in line, line
     assert f"sent or not, send it again with {resend} to learn what became of it" in line
     # Sent again as said: under the same request id (DUPLICATE to the book: nothing more).

@@ -22,6 +22,7 @@ from fakes import MIN, T0, WEB_TOKEN, FakeClock, WebNode, web_node
 from pydantic import BaseModel
 from yarl import URL
 
+from app.clients.book_commands import scoped_request_id, unscoped_request_id
 from app.clients.timer_book import timer_book
 from app.errors import BadRecord
 from app.jobs import Job, JobRun, JobScope
@@ -179,7 +180,8 @@ async def test_a_book_timer_has_its_form_and_pause_then_resume_change_its_status
     )
     assert status == 303 and location == f"/?owner=o-1&done={rid}.pause"
     [sent] = [c for c in commands(site.log, BOOK) if c.type == "wow.PauseTimer"]
-    assert (sent.request_id, sent.aggregate.id, sent.body) == (
+    # The form's id, scoped to the change (`scoped_request_id`).
+    assert (unscoped_request_id(sent.request_id), sent.aggregate.id, sent.body) == (
         f"{rid}.pause",
         "o-1",
         {"key": "remind"},
@@ -204,7 +206,7 @@ async def test_trigger_now_sends_the_command_once_and_cancel_ends_the_timer(site
     status, _, location = await site.post("/page/timer", with_token(hidden, "cancel"))
     assert status == 303 and location is not None
     [sent] = [c for c in commands(site.log, BOOK) if c.type == "wow.CancelTimer"]
-    assert sent.request_id == f"{hidden['request_id']}.cancel"
+    assert sent.request_id == scoped_request_id("cancel", "k", f"{hidden['request_id']}.cancel")
     await until(lambda: book_rows(site.log)["k"].status is TimerStatus.CANCELLED)
     # An ended timer has no buttons.
     assert '<form class="inline timer-actions"' not in await site.page(owner="o-2")
