@@ -11,8 +11,8 @@ from typing import Protocol
 
 from app.errors import MissingTopic, RecordTooLarge
 from app.kafka import OutRecord, Record
-from app.kafka.catalog import TopicCatalog, no_target_message, refused_message
-from app.kafka.records import TOPIC_RECORD_BYTES, topic_takes
+from app.kafka.catalog import TopicCatalog, no_target_message, refused_message, takes_at_most
+from app.kafka.records import topic_takes
 from app.model.decide import Decided
 from app.protocol.dead_letters import Stage, dead_letter, error_message
 from app.protocol.limits import InputLimits
@@ -192,10 +192,7 @@ def check_sizes(
             )
         size = len(value) + len(record[2] or b"")
         if (limit := seen.get(topic := record[0])) is None:
-            limit = takes.get(topic, TOPIC_RECORD_BYTES)
-            if catalog is not None:
-                limit = min(limit, catalog.takes(topic))
-            seen[topic] = limit
+            limit = seen[topic] = takes_at_most(topic, takes, catalog)
         if size > limit:
             raise RecordTooLarge(
                 f"the decision writes a record of {size} bytes with its key to {record[0]}, "

@@ -55,6 +55,7 @@ __all__ = [
     "TopicCatalog",
     "no_target_message",
     "refused_message",
+    "takes_at_most",
     "topic_limits",
 ]
 
@@ -369,3 +370,11 @@ def _retrieved(task: asyncio.Future[Any]) -> None:
 
 async def _sleep_ms(ms: int) -> None:
     await asyncio.sleep(ms / 1000)
+
+
+def takes_at_most(topic: str, limits: Mapping[str, int], catalog: TopicCatalog | None) -> int:
+    """What `topic` takes of a record at most: the least of what `limits` say (read at the
+    node's start, `InputLimits.topic_record_bytes`; a topic not in them takes what one of
+    the broker's defaults does) and what `catalog` last read (`TopicCatalog.takes`)."""
+    takes = limits.get(topic, TOPIC_RECORD_BYTES)
+    return takes if catalog is None else min(takes, catalog.takes(topic))

@@ -29,8 +29,7 @@ from app.node.task_shared import TaskShared
 from app.timers.applied_ops import read_applied_ops
 from app.timers.decided_ops import decided_timer_op
 from app.timers.restore import restore_partition, unreadable_letters
-from app.timers.unparked import MAX_NOTED
-from tables import Timer, TimerStatus
+from app.timers.unparked import MAX_NOTED, left_parked
 from tables.keys import encode_timer
 from tables.partition_handle import PartitionHandle
 from tables.store import ChangelogRecord, ChangelogSink
@@ -254,15 +253,10 @@ def _sink(txn: PartitionTransaction, task: PartitionTask) -> ChangelogSink:
         if (firing := task.firing) is not None:
             firing.unparked.note(r.before for r in records)
         else:  # a take's, or a held partition's: noted once p fires (as many as it keeps)
-            left = [b for r in records if (b := r.before) is not None and _left_parked(b)]
+            left = [b for r in records if (b := r.before) is not None and left_parked(b)]
             task.unparked_early += left[: MAX_NOTED - len(task.unparked_early)]
 
     return sink
-
-
-def _left_parked(row: Timer) -> bool:
-    """Whether `Unparked.note` keeps a row replaced (it keeps one partition's, all p's)."""
-    return row.status is TimerStatus.PARKED or row.parked_when_paused
 
 
 def _rows_deleted(row_limit: RowLimit, p: int, keys: list[bytes], _: list[int]) -> None:

@@ -25,7 +25,7 @@ from collections.abc import Mapping, Sequence
 
 from app.errors import RecordTooLarge
 from app.kafka import OutRecord, Record
-from app.kafka.catalog import TopicCatalog
+from app.kafka.catalog import TopicCatalog, takes_at_most
 from app.kafka.records import TOPIC_RECORD_BYTES, topic_takes
 from app.protocol.dead_letters import Stage, dead_letter
 from app.timers.timer_sizes import ROW_GROWTH
@@ -53,11 +53,11 @@ class RowLimit:
 
     @property
     def takes(self) -> int:
-        takes = self._limits.get(self.topic, TOPIC_RECORD_BYTES)
-        return takes if self._catalog is None else min(takes, self._catalog.takes(self.topic))
+        return takes_at_most(self.topic, self._limits, self._catalog)
 
     def __repr__(self) -> str:
-        return f"RowLimit({self.topic}, {self.takes})"
+        # Not `takes`: a repr starts no read of the topic's limit.
+        return f"RowLimit({self.topic})"
 
     def noted(self, p: int) -> set[bytes]:
         """The row keys of p refused and not yet deleted by a take that committed."""

@@ -57,6 +57,7 @@ __all__ = [
     "ParkedRows",
     "Unparked",
     "forget_unparked",
+    "left_parked",
     "name_again",
     "pruned_entry",
 ]
@@ -76,6 +77,14 @@ TARGETS_PER_ROUND: Final = 20
 """The entries one round writes at most (each a ledger write acknowledged): a partition
 whose owners cancelled thousands of parked timers at once takes them out over its next
 rounds, none of them held up for long."""
+
+
+def left_parked(row: Timer) -> bool:
+    """Whether a row a write replaced is one `Unparked.note` keeps: PARKED, or PAUSED when
+    PARKED (`Timer.parked_when_paused`), whatever it became."""
+    return row.status is TimerStatus.PARKED or (
+        row.status is TimerStatus.PAUSED and row.parked_when_paused
+    )
 
 
 def pruned_entry(
@@ -189,17 +198,11 @@ class Unparked:
         PARKED, and those that were PAUSED when PARKED (`Timer.parked_when_paused`),
         whatever they became: the round looks at what they are then."""
         for row in before:
-            if row is None:
-                continue
-            if row.status is TimerStatus.PARKED:
-                kept = self._names
-            elif row.status is TimerStatus.PAUSED and row.parked_when_paused:
-                kept = self._again
-            else:
+            if row is None or not left_parked(row):
                 continue
             if row.partition != self.partition:
                 continue  # another partition's round answers for it
-            self._add(kept, row)
+            self._add(self._names if row.status is TimerStatus.PARKED else self._again, row)
 
     def refused(self, parks: Iterable[Timer]) -> None:
         """Keeps the names of parks the ledger recorded whose PARKED rows were not written
