@@ -66,6 +66,10 @@ async def send_and_wait(
     # Where each result will be written (`processor`: the request id picks the partition),
     # and how far those partitions reach now: the results come after.
     wanted = {c.request_id: partition_of(c.request_id, partitions) for c in commands}
+    # A result is the answer of the command of its request id and aggregate: another
+    # caller's request under the same id (a trigger of another job, at the same moment)
+    # is answered under it too, by its own aggregate.
+    sent_to = {c.request_id: c.aggregate for c in commands}
     deadline = asyncio.get_running_loop().time() + wait_s
     # Not known in time, the commands are sent all the same (a `--wait 0` sends and waits
     # not), and no result is looked for.
@@ -84,7 +88,8 @@ async def send_and_wait(
     found: dict[str, CommandResult] = {}
     if start is not None and wait_s > 0:
         # `found` is filled as they come: the results read before the deadline are kept.
-        await by(deadline, _results(reader, results_topic, start, wanted, found, poll_s, sleep))
+        read = _results(reader, results_topic, start, sent_to, found, poll_s, sleep)
+        await by(deadline, read)
     return found
 
 
@@ -96,13 +101,14 @@ async def _results(
     reader: LogReader,
     topic: str,
     start: dict[int, int],
-    wanted: dict[str, int],
+    wanted: dict[str, AggregateRef],
     found: dict[str, CommandResult],
     poll_s: float,
     sleep: Callable[[float], Awaitable[None]],
 ) -> None:
     """Reads `topic`'s partitions from `start` into `found` until every request id of
-    `wanted` has its result (waited for: the caller bounds it)."""
+    `wanted` has its result, the one its aggregate wrote (waited for: the caller bounds
+    it)."""
     while True:
         for p in sorted(start):
             async with aclosing(reader.read(topic, p, start[p])) as batches:
@@ -113,7 +119,7 @@ async def _results(
                             result = decode(CommandResult, r.value)
                         except BadRecord:
                             continue
-                        if result.request_id in wanted:
+                        if wanted.get(result.request_id) == result.aggregate:
                             found[result.request_id] = result
         if len(found) == len(wanted):
             return
