@@ -57,6 +57,7 @@ __all__ = [
     "Event",
     "Rejected",
     "aggregate_digest",
+    "json_copy",
     "send_fits",
     "sent_request_id",
     "sent_suffix_length",
@@ -255,7 +256,10 @@ class Decision:
                 request_id=sent_request_id(self.aggregate, self.request_id, len(self.commands)),
                 type=type_,
                 aggregate=target,
-                body=dict(body or {}),
+                # Copied to its depth: a nested part the handler changed after the send
+                # (checked here) changed the record written past its checks, and a value
+                # no record holds then failed every retry of the decision (a job's tick).
+                body=json_copy(dict(body)) if body else {},
                 issued_at=self.now,
             )
         )
@@ -268,6 +272,23 @@ class Decision:
         refusal: Refusal | None = None,
     ) -> NoReturn:
         raise Rejected(reason, code, refusal=refusal)
+
+
+def json_copy(value: Any) -> Any:
+    """`value` with every dict and list in it copied (what JSON holds; anything else is
+    kept as it is): cheaper than `copy.deepcopy` for the small bodies and states here."""
+    kind = type(value)
+    if kind is dict:
+        # Copied whole, then its containers alone copied in turn (assigning to an existing
+        # key while iterating is allowed): no call for each string or number (#20).
+        copied = value.copy()
+        for k, v in copied.items():
+            if type(v) is dict or type(v) is list:
+                copied[k] = json_copy(v)
+        return copied
+    if kind is list:
+        return [json_copy(v) if type(v) is dict or type(v) is list else v for v in value]
+    return value
 
 
 Handler = Callable[[S, Command, Decision], None]

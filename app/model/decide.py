@@ -22,6 +22,7 @@ from app.model.aggregate import (
     Event,
     Rejected,
     aggregate_digest,
+    json_copy,
 )
 from app.model.user_code import not_awaitable, user_code
 from app.protocol.wire import (
@@ -191,23 +192,6 @@ def decide(
         for i, (type_, body) in enumerate(decision.events)
     ]
     return Decided(ResultCode.COMMITTED, "", events, fold(agg, current, events), decision.commands)
-
-
-def json_copy(value: Any) -> Any:
-    """`value` with every dict and list in it copied (what JSON holds; anything else is
-    kept as it is): cheaper than `copy.deepcopy` for the small bodies and states here."""
-    kind = type(value)
-    if kind is dict:
-        # Copied whole, then its containers alone copied in turn (assigning to an existing
-        # key while iterating is allowed): no call for each string or number (#20).
-        copied = value.copy()
-        for k, v in copied.items():
-            if type(v) is dict or type(v) is list:
-                copied[k] = json_copy(v)
-        return copied
-    if kind is list:
-        return [json_copy(v) if type(v) is dict or type(v) is list else v for v in value]
-    return value
 
 
 def cut_message(message: str) -> str:

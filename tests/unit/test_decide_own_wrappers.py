@@ -11,8 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel
 
-from app.model.aggregate import AggregateType, Command, Decision, Event
-from app.model.decide import StoredAggregate, decide, json_copy
+from app.model.aggregate import AggregateType, Command, Decision, Event, json_copy
+from app.model.decide import StoredAggregate, decide
 from app.protocol.wire import CommandEnvelope, ResultCode
 from tables import AggregateRef
 
