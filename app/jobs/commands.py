@@ -54,12 +54,18 @@ def shared_request_id(
         c.model_copy(update={"request_id": f"{request_id}@{c.aggregate.tenant}/{c.aggregate.id}"})
         for c in commands
     ]
-    limit = MAX_REQUEST_ID - (sent_suffix_length(TRIGGER_SENDS - 1) if trigger else 0)
+    limit = request_id_limit(trigger=trigger)
     longest = max(made, key=lambda c: len(c.request_id))
     if len(longest.request_id) > limit:
         room = limit - (len(longest.request_id) - len(request_id))
         raise RequestIdTooLong(longest, limit, max(room, 0))
     return made
+
+
+def request_id_limit(*, trigger: bool) -> int:
+    """How long an instance's request id may be: a trigger's keeps room for its run's
+    sends (`TRIGGER_SENDS`, `sent_suffix_length`)."""
+    return MAX_REQUEST_ID - (sent_suffix_length(TRIGGER_SENDS - 1) if trigger else 0)
 
 
 def action_request_id(action: str, request_id: str) -> str:

@@ -37,6 +37,7 @@ from app.jobs import (
     effective_rule,
     enable_command,
     first_unheld,
+    request_id_limit,
     reschedule_command,
     shared_request_id,
     tick_timers,
@@ -186,16 +187,24 @@ def instance_commands(
             "partition",
             f"{spell('partition')} {partition} is not one of {partitions} partitions",
         )
-    # The caller's part of an id an answer named (`<action>:` and its own) is what is held
-    # to 200 characters: sent again as the answer said, it is taken back.
-    if request_id is not None and (
-        unusable_request_id(request_id) or not 0 < len(request_id.removeprefix(f"{action}:")) <= 200
-    ):
-        raise JobInputError(
-            "request_id",
-            f"{spell('request_id')} {request_id[:80]!r}: give 1-200 characters, no surrounding "
-            "spaces or control characters",
-        )
+    # A caller's id is held to 200 characters. One an answer named (`<action>:` and the
+    # rest, `@<tenant>/<instance id>` too when several instances shared it) is an
+    # instance's whole id, as long as one may be: sent again as the answer said (with the
+    # option naming its instance), it is taken back.
+    if request_id is not None:
+        prefix = f"{action}:"
+        named = request_id.startswith(prefix)
+        longest = request_id_limit(trigger=action == "trigger") - len(prefix) if named else 200
+        if (
+            unusable_request_id(request_id)
+            or not 0 < len(request_id.removeprefix(prefix)) <= longest
+        ):
+            bound = f"; one an answer named, {longest} after {prefix!r}" if named else ""
+            raise JobInputError(
+                "request_id",
+                f"{spell('request_id')} {request_id[:80]!r}: give 1-200 characters{bound}, "
+                "no surrounding spaces or control characters",
+            )
     for tenant in tenants:
         try:
             fields = {"context": context, "aggregate": SCHEDULE, "tenant": tenant, "id": job.name}

@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from app.jobs import MAX_JOB_EVERY_MS, MIN_JOB_EVERY_MS
 from app.ops.whole_reads import STATE_FRESH_MS
-from app.protocol.wire import ResultCode
+from app.protocol.wire import MAX_REQUEST_ID, ResultCode
 from tables import AggregateRef
 
 __all__ = [
@@ -49,9 +49,10 @@ class JobBody(BaseModel):
     request_id: str | None = Field(
         None,
         min_length=1,
-        # 200 of the caller's, and the action's prefix an answer names it with
-        # (`reschedule:`, the longest), for an id sent again as the answer said.
-        max_length=211,
+        # 200 of the caller's; one an answer named (its action's prefix, and an instance's
+        # `@<tenant>/<instance id>` when several shared it) as long as a request id may be,
+        # sent again as the answer said (`instance_commands` holds each to its bound).
+        max_length=MAX_REQUEST_ID,
         description="names this request: sent again with it, it changes nothing more",
     )
     rule: dict[str, Any] | None = Field(

@@ -102,16 +102,22 @@ async def test_one_idempotency_key_for_a_disable_then_an_enable_over_http(tmp_pa
 def test_a_long_id_an_answer_named_is_taken_back() -> None:
     """The caller's part is what is held to 200 characters: the id an answer names for a
     caller's 200 (`trigger:` and them, which the CLI's advice prints) is taken back, over
-    HTTP too (`JobBody`); a caller's 201 is refused, prefixed or not."""
+    HTTP too (`JobBody`); a caller's 201 is refused. One begun with the action's prefix is
+    an instance's whole id (`@<tenant>/<instance>` too when several shared it): held to
+    what a request id may be (a trigger's: room kept for its run's sends)."""
     nightly, _, _ = make_jobs(Recorder())
     (cmd,) = instance_commands("trigger", OPS, nightly, partitions=8, request_id="x" * 200)
     assert cmd.request_id == "trigger:" + "x" * 200
     (again,) = instance_commands("trigger", OPS, nightly, partitions=8, request_id=cmd.request_id)
     assert again.request_id == cmd.request_id
     assert JobBody(request_id="reschedule:" + "x" * 200).request_id is not None
-    for too_long in ("x" * 201, "trigger:" + "x" * 201):
+    for too_long in ("x" * 201, "trigger:" + "x" * 289):
         with pytest.raises(JobInputError, match="1-200 characters"):
             instance_commands("trigger", OPS, nightly, partitions=8, request_id=too_long)
+    (shared,) = instance_commands(
+        "trigger", OPS, nightly, partitions=8, request_id="trigger:" + "x" * 288
+    )
+    assert shared.request_id == "trigger:" + "x" * 288
     # Another action's prefix is the caller's own text: counted.
     with pytest.raises(JobInputError, match="1-200 characters"):
         instance_commands("trigger", OPS, nightly, partitions=8, request_id="enable:" + "x" * 195)
