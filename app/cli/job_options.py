@@ -50,8 +50,9 @@ RequestId = Annotated[
     str | None,
     typer.Option(
         callback=request_id_check(200),
-        help="the change's own id (1-200 characters), sent as <action>:<id>: sent again, it "
-        "changes nothing more; default: a fresh one",
+        help="the change's own id (1-200 characters; one an answer named, begun with "
+        "<action>:, up to 300), sent as <action>:<id>: sent again, it changes nothing more; "
+        "default: a fresh one",
     ),
 ]
 Wait = Annotated[

@@ -84,7 +84,8 @@ def trigger(
         str | None,
         typer.Option(
             callback=request_id_check(200),
-            help="the trigger's own id (1-200 characters): sent again, it runs once",
+            help="the trigger's own id (1-200 characters; one an answer named, begun with "
+            "trigger:, up to 296): sent again, it runs once",
         ),
     ] = None,
     bootstrap: Bootstrap = None,

@@ -145,8 +145,9 @@ class BookClient(ABC):
         self, key: str, timer: str, *, request_id: str | None = None
     ) -> CommandEnvelope:
         """Has the book send `key`'s timer `timer`'s command once now (request id
-        `<this request id>>0@<digest>`), its rule and next slot left as they were; the command
-        sent again with the same request id fires nothing more."""
+        `<its request id>>0@<digest>`, a given one scoped to the trigger of `timer`), its
+        rule and next slot left as they were; the command sent again with the same request
+        id fires nothing more."""
         return await self._act("trigger", key, timer, request_id)
 
     async def _act(

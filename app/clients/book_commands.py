@@ -176,7 +176,9 @@ def scoped_request_id(op: str, timer: str, given: str) -> str:
         raise ValueError(f"{what} is at most {limit} characters, got {len(given)}")
     digest = hashlib.blake2b(timer.encode("utf-8", "surrogatepass"), digest_size=8).hexdigest()
     prefix = f"{op}:{digest}:"
-    if given.startswith(prefix):
+    # Kept only when the caller's part it names, scoped again, is it (not empty, nor
+    # scoped twice): so the id an answer names (`unscoped_request_id`) is this change.
+    if given.startswith(prefix) and (rest := given[len(prefix) :]) and not rest.startswith(prefix):
         return given
     made = prefix + given
     if len(made) <= limit:

@@ -259,7 +259,7 @@ class Decision:
                 # Copied to its depth: a nested part the handler changed after the send
                 # (checked here) changed the record written past its checks, and a value
                 # no record holds then failed every retry of the decision (a job's tick).
-                body=json_copy(dict(body)) if body else {},
+                body=_plain_copy(body) if body else {},
                 issued_at=self.now,
             )
         )
@@ -288,6 +288,16 @@ def json_copy(value: Any) -> Any:
         return copied
     if kind is list:
         return [json_copy(v) if type(v) is dict or type(v) is list else v for v in value]
+    return value
+
+
+def _plain_copy(value: Any) -> Any:
+    """`value` with every mapping and list in it copied as a plain dict and list (a
+    handler's `defaultdict` or list subclass too, which `json_copy` keeps as they are)."""
+    if isinstance(value, Mapping):
+        return {k: _plain_copy(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_plain_copy(v) for v in value]
     return value
 
 

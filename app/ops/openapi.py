@@ -165,9 +165,9 @@ def openapi_document(version: str) -> dict[str, Any]:
         "resume": "resumes a paused timer, caught up by its rule's catch-up policy, through "
         "the book; UNCHANGED when it runs",
         "trigger": "sends the timer's command once now, through the book (its request id is "
-        "<request_id>>0@<digest>, so a trigger sent again fires nothing more, and a trigger's "
-        "request id is at most 298 characters); its rule and next "
-        "slot are left as they were",
+        "<its scoped request id>>0@<digest>, so a trigger sent again fires nothing more, and "
+        "a trigger's request id is at most 298 characters); its rule and next slot are left "
+        "as they were",
     }
     acted = {
         **{k: v for k, v in written.items() if k not in ("404", "422")},

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,13 @@ def test_a_sent_body_changed_after_the_send_is_sent_as_it_was() -> None:
     inner["n"] = 2**70
     inner["list"].append({1, 2})
     assert d.commands[0].body == {"inner": {"list": [1]}}
+    # A mapping or list of a subclass (a defaultdict) is copied as plain too.
+    nested: defaultdict[str, Any] = defaultdict(list)
+    nested["list"].append(1)
+    d.send(TARGET, "X", {"inner": nested})
+    nested["n"] = 2**70
+    assert d.commands[1].body == {"inner": {"list": [1]}}
+    assert type(d.commands[1].body["inner"]) is dict
 
 
 def _changes_after_send(run: JobRun) -> None:

@@ -97,6 +97,13 @@ def test_a_scoped_id_fits_names_its_change_and_comes_back(
     # The id an answer names, given again (or the written one), is the same change.
     assert scoped_request_id(op, timer, unscoped_request_id(scoped)) == scoped
     assert scoped_request_id(op, timer, scoped) == scoped
+    # An id begun with its scope twice, or the scope alone (made by hand: a written id
+    # pasted back), is scoped again, so that the id its answer names is it too.
+    prefix = scoped[: scoped.index(":", scoped.index(":") + 1) + 1]
+    for odd in (prefix, prefix + prefix + "x"):
+        made = scoped_request_id(op, timer, odd)
+        assert scoped_request_id(op, timer, unscoped_request_id(made)) == made
+        assert unscoped_request_id(made) == odd or len(prefix + odd) > limit
     # Another timer's, or another action's, is another.
     if other != timer:
         assert scoped_request_id(op, other, rid) != scoped
