@@ -171,6 +171,7 @@ class ResultsReader:
         # How many sends in flight of each request id (a result naming one to another
         # aggregate is logged as misaddressed).
         self._ids: Counter[str] = Counter()
+        self._open: set[asyncio.Future[CommandResult]] = set()  # expected, not forgotten
         self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
@@ -200,12 +201,16 @@ class ResultsReader:
         future: asyncio.Future[CommandResult] = asyncio.get_running_loop().create_future()
         self._waiting.setdefault((request_id, target), []).append(future)
         self._ids[request_id] += 1
+        self._open.add(future)
         return future
 
     def forget(
         self, request_id: str, target: AggregateRef, future: asyncio.Future[CommandResult]
     ) -> None:
         """Ends the wait `expect` gave (answered, or not waited for any longer)."""
+        if future not in self._open:
+            return  # forgotten already: another send of the id still counts
+        self._open.discard(future)
         futures = self._waiting.get((request_id, target))
         if futures is not None and future in futures:
             futures.remove(future)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+import pytest
 from fakes import RunningNode, running, wait_until
 from pydantic import BaseModel
 from test_node_fuzz import CONTEXT, PARTITIONS, counter, now_ms, owners, write
@@ -41,7 +42,9 @@ async def answer(log: MemoryLog, request_id: str, target: AggregateRef, code: Re
     await log.publisher().send(ContextTopics("c").results, b"k", encode(result), 0)
 
 
-async def test_each_send_of_one_request_id_takes_its_own_targets_answer() -> None:
+async def test_each_send_of_one_request_id_takes_its_own_targets_answer(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     log = MemoryLog([TopicSpec(ContextTopics("c").results, 1)])
     reader = ResultsReader(log.follower, "c")
     await reader.start()
@@ -61,8 +64,12 @@ async def test_each_send_of_one_request_id_takes_its_own_targets_answer() -> Non
         first, second = reader.expect("e-2#0", X), reader.expect("e-2#0", X)
         first.cancel()
         reader.forget("e-2#0", X, first)
-        await answer(log, "e-2#0", X, ResultCode.COMMITTED)
-        assert (await asyncio.wait_for(second, 2)).code is ResultCode.COMMITTED
+        reader.forget("e-2#0", X, first)  # twice: the other send's wait still counts
+        with caplog.at_level("WARNING", logger="app.timers.sender"):
+            await answer(log, "e-2#0", Y, ResultCode.COMMITTED)  # none of the send's
+            await answer(log, "e-2#0", X, ResultCode.COMMITTED)
+            assert (await asyncio.wait_for(second, 2)).code is ResultCode.COMMITTED
+        assert [r for r in caplog.records if "not an aggregate it was sent to" in r.message]
         reader.forget("e-2#0", X, second)
     finally:
         await reader.stop()
