@@ -63,17 +63,17 @@ async def send_and_wait(
     context = commands[0].aggregate.context
     topics = AggregateTopics(context, SCHEDULE)
     results_topic = ContextTopics(context).results
-    # Where each result will be written (`processor`: the request id picks the partition),
-    # and how far those partitions reach now: the results come after.
-    wanted = {c.request_id: partition_of(c.request_id, partitions) for c in commands}
     # A result is the answer of the command of its request id and aggregate: another
     # caller's request under the same id (a trigger of another job, at the same moment)
     # is answered under it too, by its own aggregate.
-    sent_to = {c.request_id: c.aggregate for c in commands}
+    wanted = {c.request_id: c.aggregate for c in commands}
     deadline = asyncio.get_running_loop().time() + wait_s
-    # Not known in time, the commands are sent all the same (a `--wait 0` sends and waits
-    # not), and no result is looked for.
-    start = await by(deadline, _ends(reader, results_topic, set(wanted.values())))
+    # Where each result will be written (`processor`: the request id picks the partition),
+    # and how far those partitions reach now: the results come after. Not known in time,
+    # the commands are sent all the same (a `--wait 0` sends and waits not), and no
+    # result is looked for.
+    ends = _ends(reader, results_topic, {partition_of(r, partitions) for r in wanted})
+    start = await by(deadline, ends)
     await publisher.send_many(
         [
             (
@@ -88,8 +88,7 @@ async def send_and_wait(
     found: dict[str, CommandResult] = {}
     if start is not None and wait_s > 0:
         # `found` is filled as they come: the results read before the deadline are kept.
-        read = _results(reader, results_topic, start, sent_to, found, poll_s, sleep)
-        await by(deadline, read)
+        await by(deadline, _results(reader, results_topic, start, wanted, found, poll_s, sleep))
     return found
 
 

@@ -171,7 +171,6 @@ class ResultsReader:
         # How many sends in flight of each request id (a result naming one to another
         # aggregate is logged as misaddressed).
         self._ids: Counter[str] = Counter()
-        self._open: set[asyncio.Future[CommandResult]] = set()  # expected, not forgotten
         self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
@@ -201,21 +200,19 @@ class ResultsReader:
         future: asyncio.Future[CommandResult] = asyncio.get_running_loop().create_future()
         self._waiting.setdefault((request_id, target), []).append(future)
         self._ids[request_id] += 1
-        self._open.add(future)
         return future
 
     def forget(
         self, request_id: str, target: AggregateRef, future: asyncio.Future[CommandResult]
     ) -> None:
-        """Ends the wait `expect` gave (answered, or not waited for any longer)."""
-        if future not in self._open:
-            return  # forgotten already: another send of the id still counts
-        self._open.discard(future)
+        """Ends the wait `expect` gave (answered, or not waited for any longer): the one
+        place a wait is let go, so one forgotten twice takes no other out of the count."""
         futures = self._waiting.get((request_id, target))
-        if futures is not None and future in futures:
-            futures.remove(future)
-            if not futures:
-                del self._waiting[(request_id, target)]
+        if futures is None or future not in futures:
+            return  # forgotten already
+        futures.remove(future)
+        if not futures:
+            del self._waiting[(request_id, target)]
         self._ids[request_id] -= 1
         if self._ids[request_id] <= 0:
             del self._ids[request_id]
@@ -252,7 +249,8 @@ class ResultsReader:
                     continue
                 if result.unknown_code is not None:
                     self._newer_code(record, result)
-                futures = self._waiting.pop((result.request_id, result.aggregate), None)
+                # Left for `forget` to let go: the answered wait still counts.
+                futures = self._waiting.get((result.request_id, result.aggregate))
                 if futures is None:
                     if result.request_id in self._ids:
                         self._misaddressed(result)
