@@ -40,12 +40,11 @@ from app.clients.timer_book import (
 )
 from app.errors import BadRecord
 from app.kafka.ports import LogReader, Publisher
-from app.model.aggregate import MAX_TRIGGER_REQUEST_ID, AggregateType, send_fits
+from app.model.aggregate import AggregateType
 from app.ops.deadline import by
 from app.protocol.limits import InputLimits
 from app.protocol.topics import AggregateTopics, ContextTopics
 from app.protocol.wire import (
-    MAX_REQUEST_ID,
     CommandEnvelope,
     CommandResult,
     ResultCode,
@@ -173,8 +172,9 @@ def given_request_id(op: str, timer: str, given: str | None) -> str:
     none is (`None`). `BadRequest` for one blank, with surrounding spaces or a control
     character (`control_character`): a blank `Idempotency-Key` was taken for none, so the
     same request sent again made a second change; the others garble the logs and pages
-    that print it. And for one longer than a request id may be, as the envelope refused it
-    before ids were scoped."""
+    that print it. And for one longer than a request id may be (a trigger's keeps room for
+    its send, `send_fits`), as the envelope and the book refused it before ids were
+    scoped."""
     if given is None:
         return scoped_request_id(op, timer, new_request_id())
     if unusable_request_id(given):
@@ -183,9 +183,10 @@ def given_request_id(op: str, timer: str, given: str | None) -> str:
             f"{given[:80]!r}: give 1 or more characters, no surrounding spaces or control "
             "characters",
         )
-    if len(given) > MAX_REQUEST_ID:
-        raise BadRequest("request_id", f"at most {MAX_REQUEST_ID} characters, got {len(given)}")
-    return scoped_request_id(op, timer, given)
+    try:
+        return scoped_request_id(op, timer, given)
+    except ValueError as exc:  # its bound, said as `scoped_request_id` says it
+        raise BadRequest("request_id", str(exc)) from exc
 
 
 def new_request_id() -> str:
@@ -303,13 +304,6 @@ def key_command(
     naming what is wrong."""
     if action not in ACTIONS:
         raise BadRequest("action", f"not one of {', '.join(sorted(ACTIONS))}: {action!r}")
-    if action == "trigger" and request_id is not None and not send_fits(request_id):
-        # The bound a trigger's request id keeps (`send_fits`), as the book refuses past it.
-        raise BadRequest(
-            "request_id",
-            f"a trigger's request id is at most {MAX_TRIGGER_REQUEST_ID} characters, "
-            f"got {len(request_id)}",
-        )
     try:
         body = TimerKey(key=key)
         return CommandEnvelope(
