@@ -5,15 +5,12 @@ failed every retry of the decision: a job's tick, so its schedule stopped at tha
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import time
 from collections import defaultdict
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from fakes import MIN, T0, FakeClock, WebNode, web_node
+from fakes import MIN, T0, FakeClock, WebNode, wait_until, web_node
 
 from app.errors import BadRecord
 from app.jobs import RUN_FAILED, TICKED, Job, JobRun, JobScope
@@ -67,15 +64,6 @@ def records(log: MemoryLog, topic: str, kind: Any) -> list[Any]:
     return out
 
 
-async def until(
-    check: Callable[[], bool], what: Callable[[], object], within: float = 20.0
-) -> None:
-    deadline = time.monotonic() + within
-    while not check():
-        assert time.monotonic() < deadline, f"condition never held: {what()}"
-        await asyncio.sleep(0.02)
-
-
 async def test_a_jobs_body_changed_after_the_send_stops_no_slot(tmp_path: Path) -> None:
     async with web_node(SERVICE, tmp_path, FakeClock(T0 - 30_000), WebNode, partitions=P) as e:
         status, answer = await e.call("POST", f"/jobs/{CONTEXT}/mut/enable", {})
@@ -91,7 +79,7 @@ async def test_a_jobs_body_changed_after_the_send_stops_no_slot(tmp_path: Path) 
             e.clock.advance(100)  # each firing round waits for the next poll's time
             return ticked()[:3] == [0, 1, 2]
 
-        await until(run_on, what=ticked)
+        await wait_until(run_on, within=20.0, what=lambda: f"ticked {ticked()}")
         events = records(e.log, SCHEDULE.events, EventEnvelope)
         assert [x for x in events if x.type == RUN_FAILED] == []
         sent = [
