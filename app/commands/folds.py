@@ -28,7 +28,28 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Final, NamedTuple
 
-__all__ = ["EVENTS_MAX", "FOLLOWING_MAX", "Mark", "continues", "folds", "marked", "remember"]
+from app.errors import BadRecord
+
+__all__ = [
+    "EVENTS_MAX",
+    "FOLLOWED_VERSION_MAX",
+    "FOLLOWING_MAX",
+    "Mark",
+    "check_followed_version",
+    "continues",
+    "folds",
+    "marked",
+    "remember",
+]
+
+FOLLOWED_VERSION_MAX: Final = 2**53 - 1
+"""The highest version an event of the log may lift its aggregate to in one step (the
+largest integer a JSON reader of any language holds exactly); past it, only to the next
+version. Another writer's event that jumps further is refused (the live follow
+dead-letters it, a restore passes it over): folded, it would leave its aggregate too few
+versions (none at 2^63 - 1) for this node's own decisions, each one past the last, and
+every later command would be answered ERROR. This node's decisions, one version each, go
+on past it (a restore cannot tell them from another writer's)."""
 
 FOLLOWING_MAX: Final = 10_000
 """Aggregates whose request folded last is remembered, by the live follow and by a restore
@@ -49,6 +70,17 @@ class Mark(NamedTuple):
     offset: int
     events: tuple[str, ...]
     version: int
+
+
+def check_followed_version(version: int, at: int) -> None:
+    """Refuses (`BadRecord`) an event of the log at `version` that would lift its aggregate
+    at version `at` past `FOLLOWED_VERSION_MAX` further than the next version, before it
+    folds."""
+    if version > FOLLOWED_VERSION_MAX and version > at + 1:
+        raise BadRecord(
+            f"version {version} jumps from {at} past {FOLLOWED_VERSION_MAX}, the highest "
+            "version an event may lift its aggregate to"
+        )
 
 
 def marked(last: Mark | None, request_id: str, offset: int, event_id: str, version: int) -> Mark:

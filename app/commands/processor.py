@@ -21,7 +21,7 @@ from typing import Any
 
 from app.commands.answers import CommandAnswers
 from app.commands.batch import BatchStats, CommandBatch, Commit, LocalDecided
-from app.commands.folds import continues, folds, marked
+from app.commands.folds import check_followed_version, continues, folds, marked
 from app.commands.intake import bad_reply, read_command
 from app.commands.records import (
     applied_id,
@@ -331,6 +331,7 @@ class CommandProcessor:
         if not folds(event.version, at, folded=sibling, continues=nxt):
             return False
         try:
+            check_followed_version(event.version, at)
             folded = fold(self.agg, stored, [event])  # before the batch changes: it may raise
             batch.encoded[aid] = self._states.encode(aid, stored, folded, logged=True)
         except Exception:

@@ -17,7 +17,7 @@ from contextlib import aclosing
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from app.commands.folds import Mark, continues, folds, marked, remember
+from app.commands.folds import Mark, check_followed_version, continues, folds, marked, remember
 from app.commands.records import Misplaced, applied_id, misrouted, state_key
 from app.errors import BadRecord, node_fault
 from app.kafka import LogReader, Record
@@ -271,6 +271,10 @@ def _fold_each(
     if not taken:
         return None, [], {}
     try:
+        version = at
+        for e, _ in taken:
+            check_followed_version(e.version, version)
+            version = max(version, e.version)
         whole = encode(fold(agg, stored, [e for e, _ in taken]))
         remember(marks, aggregate_id, rule.last)
         return whole, taken, {}
@@ -288,6 +292,7 @@ def _fold_each(
             continue
         taken.append((e, offset))
         try:
+            check_followed_version(e.version, 0 if current is None else current.version)
             after = fold(agg, current, [e])
             state, current = encode(after), after
         except UserCodeTimeout:
