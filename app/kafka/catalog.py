@@ -232,6 +232,13 @@ class TopicCatalog:
             await self._read([topic])
         return self.takes(topic)
 
+    async def read_again(self, topics: Iterable[str]) -> None:
+        """Reads what each of `topics` takes now, in one call (waited for): after the broker
+        refused a record or a batch as too large, before what is sized by them is made
+        again (a partition's producer, its batches under its topics' limits)."""
+        if self._read_limits is not None:
+            await self._read(sorted(set(topics)))
+
     def keep_current(self, limits: dict[str, int], topics: Iterable[str]) -> None:
         """Has each read of one of `topics` (the node's own) kept in `limits` (what those
         that take less than a topic of the broker's defaults take: `InputLimits.

@@ -120,6 +120,11 @@ SHORT_OF_REPLICAS_CODES = frozenset({19, 20})
 fewer in-sync replicas than its `min.insync.replicas` refused a write."""
 
 
+TOO_LARGE_CODES = frozenset({10, 18})
+"""The broker's MESSAGE_TOO_LARGE and RECORD_LIST_TOO_LARGE: a record or a batch over its
+topic's `max.message.bytes`."""
+
+
 def explain_code(code: int, said: str) -> str:
     """A librdkafka error (its code and its text) in a user's terms, as `records.explain`
     says aiokafka's."""
@@ -155,3 +160,10 @@ def short_of_replicas(code: int, said: str) -> Exception | None:
     it is the cluster's state (`records.short_of_replicas`: waited out, not counted), as
     the aiokafka writer's is."""
     return for_code(code)(said) if code in SHORT_OF_REPLICAS_CODES else None
+
+
+def too_large(code: int, said: str) -> Exception | None:
+    """aiokafka's error for a write librdkafka says the broker refused as too large
+    (`TOO_LARGE_CODES`), None for any other error: a failure raised from it is told apart
+    as the aiokafka writer's is (`records.too_large`: the topics' limits read again)."""
+    return for_code(code)(said) if code in TOO_LARGE_CODES else None

@@ -1,13 +1,14 @@
 """librdkafka's errors in the project's terms: the error an exception carries
 (`error_of`), the error aiokafka's writer would raise for it where the node tells it apart
-(`aiokafka_cause`: a refusal, a partition short of in-sync replicas), and what a user is
+(`aiokafka_cause`: a refusal, a partition short of in-sync replicas, a record or batch too
+large), and what a user is
 told of it (`said`). For `rdkafka_writer` and its delivery (`rdkafka_delivery`)."""
 
 from __future__ import annotations
 
 from confluent_kafka import KafkaError, KafkaException
 
-from app.kafka.rdkafka_config import explain_code, refusal, short_of_replicas
+from app.kafka.rdkafka_config import explain_code, refusal, short_of_replicas, too_large
 
 __all__ = ["Refused", "aiokafka_cause", "error_of", "said"]
 
@@ -39,12 +40,15 @@ def aiokafka_cause(exc: BaseException) -> BaseException:
     """aiokafka's error for `exc`, caused by `exc`, when librdkafka's error in it is one the
     node tells apart as it does the aiokafka writer's: a refusal (an ACL missing, the login
     refused: `records.refused`, no retry passes it) or a write short of in-sync replicas
-    (`records.short_of_replicas`: the cluster's state, waited out); `exc` otherwise."""
+    (`records.short_of_replicas`: the cluster's state, waited out) or one refused as too
+    large (`records.too_large`); `exc` otherwise."""
     error = error_of(exc)
     cause = (
         None
         if error is None
-        else refusal(error.code(), error.str()) or short_of_replicas(error.code(), error.str())
+        else refusal(error.code(), error.str())
+        or short_of_replicas(error.code(), error.str())
+        or too_large(error.code(), error.str())
     )
     if cause is None:
         return exc

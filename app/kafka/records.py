@@ -20,10 +20,12 @@ from aiokafka.errors import (
     InvalidProducerEpoch,
     InvalidSessionTimeoutError,
     KafkaError,
+    MessageSizeTooLargeError,
     NoError,
     NotEnoughReplicasAfterAppendError,
     NotEnoughReplicasError,
     ProducerFenced,
+    RecordListTooLargeError,
     SaslAuthenticationFailed,
     TopicAlreadyExistsError,
     TopicAuthorizationFailedError,
@@ -128,6 +130,15 @@ def refused(exc: BaseException | None) -> bool:
     """Whether `exc` (or what it wraps) is the cluster refusing this principal: an ACL
     missing or credentials wrong. Retrying does not help; an operator must act."""
     return _caused_by(exc, _REFUSED)
+
+
+_TOO_LARGE = (MessageSizeTooLargeError, RecordListTooLargeError)
+
+
+def too_large(exc: BaseException | None) -> bool:
+    """Whether `exc` (or what it wraps) is the broker refusing a record or a batch as over
+    its topic's `max.message.bytes` (either writer's: `rdkafka_errors.aiokafka_cause`)."""
+    return _caused_by(exc, _TOO_LARGE)
 
 
 _SHORT_OF_REPLICAS = (NotEnoughReplicasError, NotEnoughReplicasAfterAppendError)

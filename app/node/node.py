@@ -37,7 +37,7 @@ from app.node.metrics import NodeMetrics
 from app.node.node_start import check_cluster, follow_contexts
 from app.node.node_stop import stop_parts
 from app.node.node_watches import start_watches, supervisors
-from app.node.opening import open_type, transaction_batch_limit
+from app.node.opening import open_type
 from app.node.partition_count import keep_partition_count
 from app.node.partition_task import TaskShared
 from app.node.partition_tasks import PartitionTasks
@@ -259,7 +259,6 @@ class Node:
                 self,
                 results=self._results[t.context],
                 ledger=self.ledger or self._ledgers[t.context],
-                batch_bytes=transaction_batch_limit(t, checked.written),
             )
             self._by_topic[t.events] = (kept, "events")
             self._by_topic[t.timer_ops] = (kept, "timer-ops")

@@ -89,25 +89,30 @@ async def written_limits(admin: Admin, topics: Sequence[AggregateTopics]) -> dic
     return dict(zip(written, limits, strict=True))
 
 
-def transaction_batch_limit(t: AggregateTopics, read: Mapping[str, int]) -> int:
+def transaction_batch_limit(t: AggregateTopics, record_bytes: Mapping[str, int]) -> int:
     """The batch size of type `t`'s partition producers: under the smallest
     `max.message.bytes` of the topics their transactions write (`transaction_batch_bytes`;
-    a topic made by its operator may take less than Kafka's 1 MiB default), as `read`
-    (`written_limits`)."""
+    a topic made by its operator may take less than Kafka's 1 MiB default), as the node's
+    checks last read them (`InputLimits.topic_record_bytes`: what a topic takes of a
+    record, for those that take less than a topic of the broker's defaults)."""
     written = written_topics(t)
-    limits = [read[topic] for topic in written]
-    batch = transaction_batch_bytes(limits)
-    if batch < TRANSACTION_BATCH_BYTES:
-        smallest = min(zip(limits, written, strict=True))
-        logger.info(
-            "%s takes records of %d bytes at most (max.message.bytes): %s's transactions "
-            "are sent in batches of %d bytes",
-            smallest[1],
-            smallest[0],
-            t.type_name,
-            batch,
-        )
-    return batch
+    limits = [record_bytes.get(topic, TOPIC_RECORD_BYTES) + RECORD_FRAMING for topic in written]
+    return transaction_batch_bytes(limits)
+
+
+def _batch_size_noted(t: AggregateTopics, record_bytes: Mapping[str, int], batch: int) -> None:
+    """Logs a batch size under the default: which topic makes it so."""
+    written = written_topics(t)
+    limits = [record_bytes.get(topic, TOPIC_RECORD_BYTES) + RECORD_FRAMING for topic in written]
+    smallest = min(zip(limits, written, strict=True))
+    logger.info(
+        "%s takes records of %d bytes at most (max.message.bytes): %s's transactions are "
+        "sent in batches of %d bytes",
+        smallest[1],
+        smallest[0],
+        t.type_name,
+        batch,
+    )
 
 
 def topic_record_bytes(
@@ -177,11 +182,9 @@ def open_type(
     *,
     results: ResultsReader,
     ledger: FailureLedger,
-    batch_bytes: int | None = None,
 ) -> KeptType:
     """Opens what the node keeps for type `t` (`agg`: None when its commands are decided
-    elsewhere); its loop finds it in `node.types` once it is kept there.
-    `batch_bytes`: its partition producers' batch size (`transaction_batch_limit`)."""
+    elsewhere); its loop finds it in `node.types` once it is kept there."""
     s, clock, metrics, types = node.settings, node.clock, node.metrics, node.types
     directory = Path(s.data_dir) / t.type_name
     (directory / "timers").mkdir(parents=True, exist_ok=True)
@@ -192,10 +195,18 @@ def open_type(
     # commit (one request for them all).
     written = (t.events, t.commands, t.timers_changelog, ContextTopics(t.context).results)
 
+    # Each producer's batch size as the limits read last say (the catalog keeps them
+    # current): one opened at a take after an operator lowered a topic's
+    # `max.message.bytes` under the batch size batches under it. The broker refuses a batch
+    # over it whole, not retried, so that producer's partition failed at every retake.
+    batch_sizes = [TRANSACTION_BATCH_BYTES]
+
     def writer(transactional_id: str) -> TransactionalWriter:
-        return clients.transactional_writer(
-            transactional_id, max_batch_bytes=batch_bytes, topics=written
-        )
+        size = transaction_batch_limit(t, node.limits.topic_record_bytes)
+        if size != batch_sizes[-1]:
+            _batch_size_noted(t, node.limits.topic_record_bytes, size)
+            batch_sizes[-1] = size
+        return clients.transactional_writer(transactional_id, max_batch_bytes=size, topics=written)
 
     transactions = TypeTransactions(
         writer,

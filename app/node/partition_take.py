@@ -22,6 +22,7 @@ from app.backoff import capped_backoff
 from app.errors import KafkaUnavailable, node_fault
 from app.kafka.records import causes, refused, short_of_replicas
 from app.node.failing import RETAKE_BACKOFF_MAX_S
+from app.node.opening import written_topics
 from app.node.partition_open import last_records
 from app.node.type_transactions import NoProducerId
 from app.task_ends import cancelled_here
@@ -107,6 +108,12 @@ async def _taking(task: PartitionTask, topics: set[str], after_failure: float | 
             manager.task_gone(task)  # the group moved it meanwhile
             return
         consumer.pause([(t, p) for t in topics])
+        if task.limits_doubtful:
+            # Refused as too large: a topic's limit lowered since it was read (within
+            # `TopicCatalog.max_age_ms`). Read now, its producer opened next batches under
+            # it, and its records are checked by it; at once, not a failed take per read.
+            await task.shared.targets.read_again(written_topics(task.kept.topics))
+            task.limits_doubtful = False
         task.revive()
     # Counted attempts failed, and failures by the cluster's state since the last of them.
     # A wait for the cluster gives no attempt back: failing by turns (a broker flapping),

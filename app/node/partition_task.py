@@ -43,6 +43,7 @@ from collections.abc import Collection
 
 from app.commands.processor import CommandProcessor
 from app.errors import KafkaUnavailable
+from app.kafka.records import too_large
 from app.node.failing import (
     A_COMMIT,
     FailingPartitions,
@@ -103,6 +104,9 @@ class PartitionTask:
         # corrupt row, RocksDB's own error, a bug): then its copy is restored whole, never
         # rolled back to what its landed commits left.
         self.copy_doubtful = False
+        # Whether it failed on a record or batch refused as too large: its take reads its
+        # topics' limits again before its producer is made (`take_partition`).
+        self.limits_doubtful = False
         # Whether its take's restore left the copy holding committed changelog records
         # alone, through the offset it holds (`open_partition`): a take cut short (a stop,
         # a revoke) then marks it clean, and the next one reads on from there rather
@@ -241,6 +245,7 @@ class PartitionTask:
         own = {spec.name for spec in node_topics([k.topics for k in s.types.values()], 1)}
         # Another context's topic refused: the retake answers the commands to it ERROR.
         s.targets.writes_refused(refused_elsewhere(exc, own), str(exc))
+        self.limits_doubtful = self.limits_doubtful or too_large(exc)
         if refused_for_good(exc, own):
             self.manager.fail(f"{self.key}: {what} was refused (an ACL this node needs): {exc}")
             return

@@ -1,7 +1,8 @@
 """A partition's transaction against a topic whose `max.message.bytes` is below the
 producer's 512 KiB batches, on a real broker: with the default batch size every commit
 fails (the broker refuses the batch, aiokafka neither splits nor retries it); with the
-batch size the topic's limit gives (`transaction_batch_bytes`), it commits."""
+batch size the topic's limit gives (`transaction_batch_bytes`), it commits. The refusal
+is told apart as one (`records.too_large`), whichever writer met it."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from app.kafka import OutRecord
 from app.kafka.clients import KafkaAdmin
 from app.kafka.consumers import read_partitions
 from app.kafka.producers import transaction_batch_bytes
+from app.kafka.records import too_large
 
 pytestmark = [pytest.mark.kafka, pytest.mark.kafka_next]
 
@@ -47,8 +49,9 @@ async def test_a_transaction_commits_under_a_topics_smaller_limit(
     assert takes == LIMIT
     # 256 records of 1 KiB to one partition: 4 times what one batch of the topic may hold.
     records: list[OutRecord] = [(topic, 0, b"k%d" % i, bytes(1024)) for i in range(256)]
-    with pytest.raises(KafkaUnavailable):
+    with pytest.raises(KafkaUnavailable) as refused:
         await _commit(make, kafka_bootstrap, records, None)  # 512 KiB batches: refused
+    assert too_large(refused.value)  # told apart: its partition reads the limits again
     offsets = await _commit(make, kafka_bootstrap, records, transaction_batch_bytes([takes]))
     assert len(offsets) == 256 and offsets == sorted(offsets)
 

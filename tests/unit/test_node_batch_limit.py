@@ -1,0 +1,157 @@
+"""A topic of the node's own whose `max.message.bytes` an operator lowers while the node
+runs, under its partition producers' batch size: each record still fits, but a batch of
+many does not. The broker refuses such a batch whole (MESSAGE_SIZE_TOO_LARGE, not
+retried), so a partition committing a burst failed at every retake, its timers stalled
+for good while the rest went on (the batch size was worked out once, at the node's
+start). Now a retake after a refusal reads the limits again first and opens its producer
+with batches under them.
+
+The memory log takes any batch: here a partition producer's records are cut into batches
+as aiokafka cuts them (`max_batch_bytes`, a larger record alone) and one over its
+topic's limit is refused, as the broker refuses it."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+
+import orjson
+import pytest
+from aiokafka.errors import MessageSizeTooLargeError
+from fakes import T0, FakeClock, RunningNode, running, wait_until
+from pydantic import BaseModel
+
+from app.errors import KafkaUnavailable
+from app.kafka import OutRecord
+from app.kafka.memory import MemoryLog
+from app.kafka.memory_clients import MemoryWriter
+from app.model.aggregate import AggregateType, Command, Decision, Event
+from app.protocol.topics import AggregateTopics, ContextTopics
+from app.protocol.wire import CommandEnvelope, EventEnvelope, decode, encode
+from app.service import Service
+from tables import AggregateRef, CommandSpec, OnceRule, Timer, TimerStatus
+from tables.partitioner import partition_of
+
+P = 2
+T = AggregateTopics("lim", "box")
+LOWERED = 16 * 1024
+RECORD_OVERHEAD = 24
+"""A record's own framing in a batch (lengths, offsets, timestamp deltas), about."""
+BATCH_HEADER = 61
+
+
+def refusing_batches(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The broker's check of each batch a partition producer sends against its topic's
+    `max.message.bytes`; the sizes of the batches it refused."""
+    refused: list[int] = []
+    send = MemoryWriter._send
+
+    def batched(self: MemoryWriter, records: Sequence[OutRecord]) -> list[int]:
+        by_partition: dict[tuple[str, int | None], list[int]] = {}
+        for r in records:
+            headers = sum(len(k) + len(v or b"") for k, v in (r[4] if len(r) > 4 else ()))
+            size = len(r[2] or b"") + len(r[3] or b"") + headers + RECORD_OVERHEAD
+            by_partition.setdefault((r[0], r[1]), []).append(size)
+        for (topic, _), sizes in by_partition.items():
+            limit = self._log.max_message_bytes(topic)
+            batch = BATCH_HEADER
+            for size in sizes:
+                if batch > BATCH_HEADER and batch + size > self.max_batch_bytes:
+                    batch = BATCH_HEADER  # full: the next batch begins
+                batch += size
+                if batch > limit:
+                    refused.append(batch)
+                    raise KafkaUnavailable("produce refused") from MessageSizeTooLargeError()
+        return send(self, records)
+
+    monkeypatch.setattr(MemoryWriter, "_send", batched)
+    return refused
+
+
+class Box(BaseModel):
+    n: int = 0
+
+
+box = AggregateType("lim", "box", Box)
+
+
+@box.command("Later")
+def _later(state: Box, cmd: Command, d: Decision) -> None:
+    pad = "y" * 2_000
+    d.schedule("k", OnceRule(at=int(cmd.body["at"])), CommandSpec(type="Ping", body={"pad": pad}))
+
+
+@box.command("Ping")
+def _ping(state: Box, cmd: Command, d: Decision) -> None:
+    d.emit("Pinged", {})
+
+
+@box.applies("Pinged")
+def _pinged(state: Box, e: Event) -> Box:
+    return state.model_copy(update={"n": state.n + 1})
+
+
+SERVICE = Service(aggregates=(box,))
+
+
+async def later(log: MemoryLog, owner: str, at: int) -> str:
+    cmd = CommandEnvelope(
+        request_id=uuid.uuid4().hex,
+        type="Later",
+        aggregate=AggregateRef(context="lim", aggregate="box", id=owner),
+        body={"at": at},
+        issued_at=int(time.time() * 1000),
+    )
+    await log.publisher().send(T.commands, owner.encode(), encode(cmd), partition_of(owner, P))
+    return cmd.request_id
+
+
+def answers(log: MemoryLog) -> dict[str, str]:
+    results = ContextTopics("lim").results
+    read = (orjson.loads(r.value or b"") for p in range(P) for r in log.records(results, p))
+    return {v["request_id"]: v["code"] for v in read}
+
+
+def rows(log: MemoryLog) -> list[Timer]:
+    """The rows of partition 0's changelog, each as last written."""
+    latest = {r.key: r.value for r in log.records(T.timers_changelog, 0)}
+    return [Timer.model_validate_json(v) for v in latest.values() if v is not None]
+
+
+def pinged(log: MemoryLog) -> int:
+    """How many timers' commands were decided (their `Pinged` events)."""
+    events = (decode(EventEnvelope, r.value) for p in range(P) for r in log.records(T.events, p))
+    return sum(e.type == "Pinged" for e in events)
+
+
+@pytest.mark.parametrize("lowered", [T.timers_changelog, T.commands], ids=["changelog", "commands"])
+@pytest.mark.parametrize("due_ms", [1_000, 61_000], ids=["limits-fresh", "limits-old"])
+async def test_a_burst_under_a_limit_lowered_while_running_fires_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, due_ms: int, lowered: str
+) -> None:
+    """Its changelog or its commands topic (the record of each command fired in-process)
+    lowered. limits-fresh: due before the limits last read are old (`TopicCatalog.
+    max_age_ms`): the refusal itself has them read again. limits-old: read again as old."""
+    log, clock = MemoryLog(), FakeClock(T0)
+    refused = refusing_batches(monkeypatch)
+    ids = [f"o{i}" for i in range(100) if partition_of(f"o{i}", P) == 0][:12]
+    async with running(RunningNode(log, tmp_path, "a", SERVICE, P, clock=clock)):
+        rids = [await later(log, o, T0 + due_ms) for o in ids]
+        await wait_until(lambda: set(rids) <= set(answers(log)))
+        assert {answers(log)[r] for r in rids} == {"COMMITTED"}
+        await wait_until(lambda: len(rows(log)) == len(ids))
+        # Each ~2.5 KB record fits what the operator leaves; a dozen in one batch do not.
+        log._max_bytes[lowered] = LOWERED
+        clock.advance(due_ms + 1)
+        await wait_until(
+            lambda: pinged(log) == len(ids),
+            within=30,
+            what=lambda: f"{pinged(log)} fired, batches refused: {refused}",
+        )
+        await wait_until(
+            lambda: {t.status for t in rows(log)} == {TimerStatus.FIRED},
+            what=lambda: str([t.status for t in rows(log)]),
+        )
+    assert all(size > LOWERED for size in refused)
