@@ -12,11 +12,11 @@ from typing import Protocol
 from app.errors import MissingTopic, RecordTooLarge
 from app.kafka import OutRecord, Record
 from app.kafka.catalog import TopicCatalog, no_target_message, refused_message, takes_at_most
-from app.kafka.records import topic_takes
+from app.kafka.records import RECORD_FRAMING, topic_takes
 from app.model.decide import Decided
 from app.protocol.dead_letters import Stage, dead_letter, error_message
 from app.protocol.limits import InputLimits
-from app.protocol.topics import AggregateTopics
+from app.protocol.topics import AggregateTopics, ContextTopics
 from app.protocol.wire import (
     IN_PROCESS_HEADER,
     CommandEnvelope,
@@ -35,6 +35,7 @@ __all__ = [
     "check_sizes",
     "command_record",
     "dead_letter_record",
+    "letter_bytes",
     "misrouted",
     "result_record",
     "state_key",
@@ -60,6 +61,18 @@ class Reply(Protocol):
     def reply_partition(self) -> int | None: ...
 
 
+def letter_bytes(limits: InputLimits, context: str) -> int:
+    """What a dead letter to `context`'s topic may take: what the dead-letter topics took
+    at the node's start (`InputLimits.dead_letter_bytes`), or what that topic takes as
+    read since (`topic_record_bytes`, its `max.message.bytes` less a record's framing),
+    when less. One lowered while the node runs is read again after its first refusal
+    (`TopicCatalog.read_again`): its letters cut to fit, the partition goes on."""
+    takes = limits.topic_record_bytes.get(ContextTopics(context).dead_letters)
+    if takes is None:
+        return limits.dead_letter_bytes
+    return min(limits.dead_letter_bytes, takes + RECORD_FRAMING)
+
+
 def dead_letter_record(
     record: Record,
     error: BaseException | str,
@@ -77,7 +90,8 @@ def dead_letter_record(
         stage.value,
         (error if isinstance(error, str) else error_message(error))[:500],
     )
-    return dead_letter(record, error, stage, now, limit=limits.dead_letter_bytes)
+    limit = letter_bytes(limits, record.topic.split(".", 1)[0])
+    return dead_letter(record, error, stage, now, limit=limit)
 
 
 @dataclass

@@ -20,6 +20,7 @@ from contextlib import aclosing
 from typing import TYPE_CHECKING
 
 from app.commands.processor import CommandProcessor, Commit
+from app.commands.records import letter_bytes
 from app.kafka import LogReader, OutRecord, Record
 from app.node.copy_age import UNKNOWN_DELETE_RETENTION_MS, copy_usable
 from app.node.local_state import CleanMark, CleanMarks
@@ -117,7 +118,7 @@ async def open_partition(s: TaskShared, task: PartitionTask, topics: set[str]) -
             # Their letters commit in p's next transaction, and after each record, the row
             # its key held before it written again (a tombstone when none): as p's rows,
             # so that a row its first cycles write for the key follows it in the changelog.
-            letters = unreadable_letters(unreadable, s.now(), s.limits.dead_letter_bytes)
+            letters = unreadable_letters(unreadable, s.now(), letter_bytes(s.limits, t.context))
             for record, _ in unreadable:
                 assert record.key is not None  # a restore passes over keyed records only
                 held = handle.held(record.key)
@@ -132,8 +133,8 @@ async def open_partition(s: TaskShared, task: PartitionTask, topics: set[str]) -
         # Rows its sink refused before (over what the changelog takes now): lettered and
         # deleted in p's next transaction, before its first cycle writes one again; noted
         # until that transaction commits.
-        row_limit, now, letter_bytes = kept.row_limit, s.now(), s.limits.dead_letter_bytes
-        too_large, deleted = await row_limit.letter_noted(handle, now, letter_bytes)
+        row_limit, now, letters_take = kept.row_limit, s.now(), letter_bytes(s.limits, t.context)
+        too_large, deleted = await row_limit.letter_noted(handle, now, letters_take)
         if too_large:
             landed = functools.partial(_rows_deleted, row_limit, p, deleted)
             txn.stage(too_large, {}, committed=landed)

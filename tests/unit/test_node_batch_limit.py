@@ -4,7 +4,7 @@ many does not. The broker refuses such a batch whole (MESSAGE_SIZE_TOO_LARGE, no
 retried), so a partition committing a burst failed at every retake, its timers stalled
 for good while the rest went on (the batch size was worked out once, at the node's
 start). Now a retake after a refusal reads the limits again first and opens its producer
-with batches under them.
+with batches under them, and cuts its dead letters to what their topic takes now.
 
 The memory log takes any batch: here a partition producer's records are cut into batches
 as aiokafka cuts them (`max_batch_bytes`, a larger record alone) and one over its
@@ -28,6 +28,7 @@ from app.kafka import OutRecord
 from app.kafka.memory import MemoryLog
 from app.kafka.memory_clients import MemoryWriter
 from app.model.aggregate import AggregateType, Command, Decision, Event
+from app.protocol.dead_letters import DeadLetter
 from app.protocol.topics import AggregateTopics, ContextTopics
 from app.protocol.wire import CommandEnvelope, EventEnvelope, decode, encode
 from app.service import Service
@@ -155,3 +156,32 @@ async def test_a_burst_under_a_limit_lowered_while_running_fires_whole(
             what=lambda: str([t.status for t in rows(log)]),
         )
     assert all(size > LOWERED for size in refused)
+
+
+def letters(log: MemoryLog) -> list[DeadLetter]:
+    return [
+        DeadLetter.read(r.key, r.value, r.headers)
+        for r in log.records(ContextTopics("lim").dead_letters, 0)
+    ]
+
+
+async def test_a_letter_over_a_dead_letter_topic_lowered_while_running_is_cut_to_fit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Letters were cut to what the dead-letter topic took at the node's start: lowered
+    since, a letter of a large bad record failed its partition's commit at every retake."""
+    log, clock = MemoryLog(), FakeClock(T0)
+    refused = refusing_batches(monkeypatch)
+    owner, other = [f"o{i}" for i in range(100) if partition_of(f"o{i}", P) == 0][:2]
+    async with running(RunningNode(log, tmp_path, "a", SERVICE, P, clock=clock)):
+        first = await later(log, owner, T0 + 3_600_000)
+        await wait_until(lambda: first in answers(log))
+        log._max_bytes[ContextTopics("lim").dead_letters] = LOWERED
+        garbage = b"not json " * 5_000  # 45 KB: within TICKWHEEL_MAX_RECORD_BYTES
+        await log.publisher().send(T.commands, owner.encode(), garbage, 0)
+        after = await later(log, other, T0 + 3_600_000)
+        await wait_until(lambda: after in answers(log), within=30, what=lambda: str(refused))
+        [letter] = letters(log)
+        assert letter.context.truncated is not None
+        assert len(letter.value or b"") < LOWERED
+    assert refused  # the letter cut to the start's limit was refused once
