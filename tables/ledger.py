@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Final, Protocol, runtime_checkable
 
 import orjson
@@ -26,6 +26,7 @@ __all__ = [
     "FailureLedger",
     "LedgerEntry",
     "MemoryFailureLedger",
+    "first_named",
     "merged",
 ]
 
@@ -78,33 +79,47 @@ def merged(
     """The entry after parking `timers`: the known one's timers, then the new ones, each
     once, the first that fit (`MAX_NAMED`, `MAX_NAMED_BYTES`; `truncated` past them, and
     once it was); the error of the last of them that has one, else the known entry's."""
-    ids: dict[str, None] = {}
-    truncated = known is not None and known.truncated
-    size = 0
     # The known names within the bounds too: another writer's entry may name more (up to
     # what a record holds), and written back whole with ours it would outgrow the record.
     names = itertools.chain(
         known.timers if known is not None else (), (t.request_id for t in timers)
     )
-    for name in names:
-        if name in ids:
-            continue
-        size += _json_size(name)
-        if len(ids) >= MAX_NAMED or size > MAX_NAMED_BYTES:
-            truncated = True
-            break
-        ids[name] = None
+    ids, cut = first_named(names)
+    truncated = cut or (known is not None and known.truncated)
     error: Timer | LedgerEntry | None = next(
         (t for t in reversed(timers) if t.error_code is not None), known
     )
     return LedgerEntry(
         subscription=subscription,
         target=target,
-        timers=tuple(ids),
+        timers=ids,
         error_code=None if error is None else error.error_code,
         error_text=None if error is None else error.error_text,
         truncated=truncated,
     )
+
+
+def first_named(
+    names: Iterable[str], room: int | None = None, cost: int = 0
+) -> tuple[tuple[str, ...], bool]:
+    """The first of `names` that fit, each once: `MAX_NAMED` of them, their JSON within
+    `MAX_NAMED_BYTES`, and, when `room` is given, within `room` counting each name as its
+    JSON and `cost` (a reader's bound on what it holds in all); and whether any was left
+    out."""
+    ids: dict[str, None] = {}
+    size = used = 0
+    for name in names:
+        if name in ids:
+            continue
+        json = _json_size(name)
+        size += json
+        if len(ids) >= MAX_NAMED or size > MAX_NAMED_BYTES:
+            return tuple(ids), True
+        if room is not None and used + json + cost > room:
+            return tuple(ids), True
+        used += json + cost
+        ids[name] = None
+    return tuple(ids), False
 
 
 def _json_size(name: str) -> int:
