@@ -104,7 +104,7 @@ class KafkaFailureLedger:
         self._partitions = partitions
         self._producer = producer
         self._timeout = timeout_ms / 1000
-        self._view = LedgerView()
+        self._view = LedgerView(partitions)
         self._reader = self._clients.follower(self.topic)
         self._polls = FollowerPolls(self._reader, failing_s=failing_s, monotonic=monotonic)
         self._follower: asyncio.Task[None] | None = None
