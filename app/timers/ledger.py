@@ -3,8 +3,9 @@
 One record per `(subscription, target)`: its key the JSON of both (orjson, sorted keys),
 its value the `LedgerEntry` as JSON, a tombstone once resolved (the records and the view
 of them: `app.timers.ledger_view`). The topic is small (one record per parked target), so
-every node keeps all of it in memory: it reads the topic to its end on start and then
-follows it, and `entries()` answers from memory. A node's own writes are applied as soon
+every node keeps all of it in memory, within the view's bounds (another producer's records
+are read too): it reads the topic to its end on start and then follows it, and `entries()`
+answers from memory. A node's own writes are applied as soon
 as the broker acknowledged them, so it reads them back at once.
 
 Which record of a key is newer is told by its offset; all records of one key sit in the
