@@ -12,7 +12,7 @@ from typing import Protocol
 from app.errors import MissingTopic, RecordTooLarge
 from app.kafka import OutRecord, Record
 from app.kafka.catalog import TopicCatalog, no_target_message, refused_message, takes_at_most
-from app.kafka.records import RECORD_FRAMING, topic_takes
+from app.kafka.records import topic_takes
 from app.model.decide import Decided
 from app.protocol.dead_letters import Stage, dead_letter, error_message
 from app.protocol.limits import InputLimits
@@ -64,13 +64,11 @@ class Reply(Protocol):
 def letter_bytes(limits: InputLimits, context: str) -> int:
     """What a dead letter to `context`'s topic may take: what the dead-letter topics took
     at the node's start (`InputLimits.dead_letter_bytes`), or what that topic takes as
-    read since (`topic_record_bytes`, its `max.message.bytes` less a record's framing),
-    when less. One lowered while the node runs is read again after its first refusal
-    (`TopicCatalog.read_again`): its letters cut to fit, the partition goes on."""
-    takes = limits.topic_record_bytes.get(ContextTopics(context).dead_letters)
-    if takes is None:
-        return limits.dead_letter_bytes
-    return min(limits.dead_letter_bytes, takes + RECORD_FRAMING)
+    read since (`dead_letter_topic_bytes`), when less. One lowered while the node runs is
+    read again after its first refusal (`TopicCatalog.read_again`): its letters are cut to
+    fit, and the partition goes on."""
+    now = limits.dead_letter_topic_bytes.get(ContextTopics(context).dead_letters)
+    return limits.dead_letter_bytes if now is None else min(limits.dead_letter_bytes, now)
 
 
 def dead_letter_record(

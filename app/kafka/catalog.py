@@ -153,6 +153,8 @@ class TopicCatalog:
         # The node's own topics' limits its checks read (`keep_current`), and which.
         self._kept: dict[str, int] | None = None
         self._kept_topics: frozenset[str] = frozenset()
+        # The dead-letter topics' `max.message.bytes` the letters are cut to, by topic.
+        self._letters: dict[str, int] | None = None
         # By topic, why and when it last refused this node's writes (`writes_refused`).
         self._refused: dict[str, tuple[str, int]] = {}
         self._reading: asyncio.Task[None] | None = None
@@ -239,12 +241,20 @@ class TopicCatalog:
         if self._read_limits is not None:
             await self._read(sorted(set(topics)))
 
-    def keep_current(self, limits: dict[str, int], topics: Iterable[str]) -> None:
+    def keep_current(
+        self,
+        limits: dict[str, int],
+        topics: Iterable[str],
+        letters: dict[str, int] | None = None,
+    ) -> None:
         """Has each read of one of `topics` (the node's own) kept in `limits` (what those
         that take less than a topic of the broker's defaults take: `InputLimits.
-        topic_record_bytes`, read at the start), so that every check reading them sees a
-        limit lowered, or raised, since; one that cannot be read is left as it was."""
+        topic_record_bytes`, read at the start), and of a topic in `letters` its
+        `max.message.bytes` there (`InputLimits.dead_letter_topic_bytes`), so that every
+        check reading them sees a limit lowered, or raised, since; one that cannot be read
+        is left as it was."""
         self._kept, self._kept_topics = limits, frozenset(topics)
+        self._letters = letters
 
     async def _read_takes(self) -> None:
         """Reads what each topic asked takes, until none is left unread."""
@@ -274,6 +284,8 @@ class TopicCatalog:
                 continue
             takes = limit - RECORD_FRAMING
             self._takes[topic] = (min(takes, TOPIC_RECORD_BYTES), at)
+            if self._letters is not None and topic in self._letters:
+                self._letters[topic] = limit
             if self._kept is not None and topic in self._kept_topics:
                 if takes < TOPIC_RECORD_BYTES:
                     self._kept[topic] = takes

@@ -45,6 +45,10 @@ class KeptType:
     marks: CleanMarks
     row_limit: RowLimit
     """What its changelog takes, and the rows its partitions' sinks refused for it."""
+    batch_topics: set[str] = field(default_factory=set)
+    """Topics other than its own that a transaction of one of its partitions wrote, and the
+    broker refused as too large (another type's or context's commands, sent by a decision):
+    its producers' batches are sized under their limits too (`open_type`)."""
     applied_ops: dict[int, AppliedOps] = field(default_factory=dict)
     """Per partition, the operators' requests it carried out within the window, read again
     by each take of it (`open_partition`) and noted by its cycles (`_operate`)."""

@@ -228,12 +228,14 @@ class Node:
         self.topic_watch.kept_read(checked.tombstones)
         # One dict for every holder of the limits: the catalog keeps it current.
         record_bytes = dict(checked.record_bytes)
+        letters = dict(checked.letters)
         self.limits = replace(
             self.limits,
             dead_letter_bytes=checked.dead_letter_bytes,
+            dead_letter_topic_bytes=letters,
             topic_record_bytes=record_bytes,
         )
-        self.targets.keep_current(record_bytes, checked.written)
+        self.targets.keep_current(record_bytes, checked.written, letters)
         self.cycles.limits = self.limits
         await self.targets.refresh()
         await self.producer.start()

@@ -23,7 +23,7 @@ from app.node.local_state import keep_for_cluster
 from app.node.metrics import NodeMetrics
 from app.node.opening import dead_letter_limit, topic_record_bytes, written_limits
 from app.node.settings import Settings
-from app.protocol.topics import AggregateTopics
+from app.protocol.topics import AggregateTopics, ContextTopics
 from app.timers.ledger import KafkaFailureLedger
 from app.timers.sender import ResultsReader
 
@@ -46,6 +46,8 @@ class ClusterChecked:
     tombstones: TopicConfigs = field(default_factory=TopicConfigs)
     written: dict[str, int] = field(default_factory=dict)
     record_bytes: dict[str, int] = field(default_factory=dict)
+    letters: dict[str, int] = field(default_factory=dict)
+    """The dead-letter topics' `max.message.bytes` (`InputLimits.dead_letter_topic_bytes`)."""
 
 
 async def check_cluster(
@@ -64,7 +66,9 @@ async def check_cluster(
     written = await written_limits(admin, topics)
     record_bytes = topic_record_bytes(topics, written, settings.max_record_bytes)
     keep_for_cluster(Path(settings.data_dir), await admin.cluster_id())
-    return ClusterChecked(faults, dead_letter_bytes, tombstones, written, record_bytes)
+    letter_topics = {ContextTopics(t.context).dead_letters for t in topics}
+    letters = {topic: limit for topic, limit in written.items() if topic in letter_topics}
+    return ClusterChecked(faults, dead_letter_bytes, tombstones, written, record_bytes, letters)
 
 
 async def _tombstones(admin: Admin, changelogs: list[str]) -> TopicConfigs:

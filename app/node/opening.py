@@ -1,7 +1,7 @@
 """What a node opens for each aggregate type it keeps (its timer store and transactions,
 its aggregate states, its timer runner and loop), how large its dead letters may be, and
 what the topics its transactions write take (`written_limits`: its producers' batches,
-`transaction_batch_limit`, and the records it refuses as too large, `topic_record_bytes`)."""
+`transaction_batch_limits`, and the records it refuses as too large, `topic_record_bytes`)."""
 
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ __all__ = [
     "dead_letter_limit",
     "open_type",
     "topic_record_bytes",
-    "transaction_batch_limit",
+    "transaction_batch_limits",
     "written_limits",
     "written_topics",
 ]
@@ -89,27 +89,38 @@ async def written_limits(admin: Admin, topics: Sequence[AggregateTopics]) -> dic
     return dict(zip(written, limits, strict=True))
 
 
-def transaction_batch_limit(t: AggregateTopics, record_bytes: Mapping[str, int]) -> int:
-    """The batch size of type `t`'s partition producers: under the smallest
-    `max.message.bytes` of the topics their transactions write (`transaction_batch_bytes`;
-    a topic made by its operator may take less than Kafka's 1 MiB default), as the node's
-    checks last read them (`InputLimits.topic_record_bytes`: what a topic takes of a
-    record, for those that take less than a topic of the broker's defaults)."""
-    written = written_topics(t)
-    limits = [record_bytes.get(topic, TOPIC_RECORD_BYTES) + RECORD_FRAMING for topic in written]
-    return transaction_batch_bytes(limits)
+def transaction_batch_limits(
+    t: AggregateTopics,
+    record_bytes: Mapping[str, int],
+    also: Mapping[str, int] | None = None,
+) -> dict[str, int]:
+    """The `max.message.bytes` of each topic the partition transactions of type `t` write
+    (`written_topics`) as the node's checks last read them (`InputLimits.
+    topic_record_bytes`: what a topic takes of a record, for those that take less than a
+    topic of the broker's defaults), and of those in `also` (what each takes of a record:
+    `TopicCatalog.takes`). Its producers' batches go under the smallest
+    (`transaction_batch_bytes`; a topic made by its operator may take less than Kafka's
+    1 MiB default, or be lowered while the node runs)."""
+    limits = {
+        topic: record_bytes.get(topic, TOPIC_RECORD_BYTES) + RECORD_FRAMING
+        for topic in written_topics(t)
+    }
+    for topic, takes in (also or {}).items():
+        limits[topic] = min(limits.get(topic, takes + RECORD_FRAMING), takes + RECORD_FRAMING)
+    return limits
 
 
-def _batch_size_noted(t: AggregateTopics, record_bytes: Mapping[str, int], batch: int) -> None:
-    """Logs a batch size under the default: which topic makes it so."""
-    written = written_topics(t)
-    limits = [record_bytes.get(topic, TOPIC_RECORD_BYTES) + RECORD_FRAMING for topic in written]
-    smallest = min(zip(limits, written, strict=True))
+def _batch_size_noted(t: AggregateTopics, limits: Mapping[str, int], batch: int) -> None:
+    """Logs a change of its producers' batch size, and which topic makes it so."""
+    if batch >= TRANSACTION_BATCH_BYTES:
+        logger.info("%s's transactions are sent in batches of %d bytes", t.type_name, batch)
+        return
+    limit, topic = min((limit, topic) for topic, limit in limits.items())
     logger.info(
         "%s takes records of %d bytes at most (max.message.bytes): %s's transactions are "
         "sent in batches of %d bytes",
-        smallest[1],
-        smallest[0],
+        topic,
+        limit,
         t.type_name,
         batch,
     )
@@ -199,12 +210,16 @@ def open_type(
     # current): one opened at a take after an operator lowered a topic's
     # `max.message.bytes` under the batch size batches under it. The broker refuses a batch
     # over it whole, not retried, so that producer's partition failed at every retake.
+    # Other topics its transactions wrote that refused a batch count too (`batch_topics`).
     batch_sizes = [TRANSACTION_BATCH_BYTES]
+    batch_topics: set[str] = set()
 
     def writer(transactional_id: str) -> TransactionalWriter:
-        size = transaction_batch_limit(t, node.limits.topic_record_bytes)
+        also = {topic: node.targets.takes(topic) for topic in batch_topics}
+        limits = transaction_batch_limits(t, node.limits.topic_record_bytes, also)
+        size = transaction_batch_bytes(limits.values())
         if size != batch_sizes[-1]:
-            _batch_size_noted(t, node.limits.topic_record_bytes, size)
+            _batch_size_noted(t, limits, size)
             batch_sizes[-1] = size
         return clients.transactional_writer(transactional_id, max_batch_bytes=size, topics=written)
 
@@ -241,4 +256,6 @@ def open_type(
     )
     # The limits' own mapping, not a copy: the catalog keeps it current.
     row_limit = RowLimit(t.timers_changelog, node.limits.topic_record_bytes, node.targets)
-    return KeptType(t, agg, store, runner, loop, states, transactions, marks, row_limit)
+    return KeptType(
+        t, agg, store, runner, loop, states, transactions, marks, row_limit, batch_topics
+    )

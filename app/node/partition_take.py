@@ -112,7 +112,8 @@ async def _taking(task: PartitionTask, topics: set[str], after_failure: float | 
             # Refused as too large: a topic's limit lowered since it was read (within
             # `TopicCatalog.max_age_ms`). Read now, its producer opened next batches under
             # it, and its records are checked by it; at once, not a failed take per read.
-            await task.shared.targets.read_again(written_topics(task.kept.topics))
+            kept = task.kept
+            await task.shared.targets.read_again([*written_topics(kept.topics), *kept.batch_topics])
             task.limits_doubtful = False
         task.revive()
     # Counted attempts failed, and failures by the cluster's state since the last of them.

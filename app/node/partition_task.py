@@ -53,6 +53,7 @@ from app.node.failing import (
 )
 from app.node.in_process import in_process_targets
 from app.node.kept import KeptType, is_fenced, node_topics
+from app.node.opening import written_topics
 from app.node.partition_commits import PartitionCommits
 from app.node.partition_input import Batch, Held, PartitionInput
 from app.node.partition_open import open_partition
@@ -104,8 +105,9 @@ class PartitionTask:
         # corrupt row, RocksDB's own error, a bug): then its copy is restored whole, never
         # rolled back to what its landed commits left.
         self.copy_doubtful = False
-        # Whether it failed on a record or batch refused as too large: its take reads its
-        # topics' limits again before its producer is made (`take_partition`).
+        # Whether it failed on a record or batch refused as too large: its take reads the
+        # limits of its topics and its type's `batch_topics` again before its producer is
+        # made (`take_partition`).
         self.limits_doubtful = False
         # Whether its take's restore left the copy holding committed changelog records
         # alone, through the offset it holds (`open_partition`): a take cut short (a stop,
@@ -245,7 +247,12 @@ class PartitionTask:
         own = {spec.name for spec in node_topics([k.topics for k in s.types.values()], 1)}
         # Another context's topic refused: the retake answers the commands to it ERROR.
         s.targets.writes_refused(refused_elsewhere(exc, own), str(exc))
-        self.limits_doubtful = self.limits_doubtful or too_large(exc)
+        if too_large(exc) and self.transaction is not None:
+            # Its topics' limits and those of the others the refused commit wrote (another
+            # type's or context's commands) are read again before its producer is made.
+            wrote = self.transaction.unlanded_topics()
+            self.kept.batch_topics.update(wrote.difference(written_topics(self.kept.topics)))
+            self.limits_doubtful = True
         if refused_for_good(exc, own):
             self.manager.fail(f"{self.key}: {what} was refused (an ACL this node needs): {exc}")
             return

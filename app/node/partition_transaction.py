@@ -201,6 +201,10 @@ class PartitionTransaction:
         self._taken.append(taken)
         return taken
 
+    def unlanded_topics(self) -> set[str]:
+        """The topics written by its commits that did not land (a refused one's)."""
+        return {topic for taken in self._taken if not taken.landed for topic in taken.topics()}
+
     def unlanded(self) -> dict[bytes, Timer | None]:
         """Per row key written and not landed (taken by a commit that did not land, or
         still buffered), the row it held before the first such write (None: none): what
@@ -251,6 +255,10 @@ class Transaction:
         self._rows_landed = rows_landed
         # Its commit returned: what it holds landed.
         self.landed = False
+
+    def topics(self) -> set[str]:
+        """The topics its records are written to."""
+        return {r[0] for r in self._rows} | {r[0] for r in self._staged.records}
 
     @property
     def offsets(self) -> dict[tuple[str, int], int]:

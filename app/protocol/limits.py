@@ -49,6 +49,10 @@ class InputLimits:
     max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES
     dead_letter_bytes: int = DEAD_LETTER_TOPIC_BYTES
     """The largest dead letter its topic accepts: a larger one is cut to fit."""
+    dead_letter_topic_bytes: Mapping[str, int] = field(default_factory=dict, hash=False)
+    """Each dead-letter topic's `max.message.bytes` as last read (at the node's start, and
+    again after a refusal as too large): a letter is cut to it when it takes less than
+    `dead_letter_bytes` (`app.commands.records.letter_bytes`)."""
     max_state_bytes: int = DEFAULT_MAX_STATE_BYTES
     """An aggregate's stored state at most: a command growing it past is refused (the
     log's events are folded whatever the size: `app.commands.states`)."""

@@ -81,11 +81,12 @@ async def append(
 ) -> None:
     """Another writer's event on the box's log; once the node read it back."""
     theirs = EventEnvelope(id=event_id, type=type_, aggregate=OWNER, version=version, created_at=T0)
-    await log.publisher().send(BOX.events, OWNER.id.encode(), encode(theirs), P)
+    offset = await log.publisher().send(BOX.events, OWNER.id.encode(), encode(theirs), P)
 
     def read_back() -> bool:
+        # Past its offset (a transaction's markers take offsets too: not a count).
         committed = log.committed("g", BOX.events, P)
-        return committed is not None and committed >= len(log.records(BOX.events, P))
+        return committed is not None and committed > offset
 
     await wait_until(read_back)
 

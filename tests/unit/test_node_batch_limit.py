@@ -27,6 +27,7 @@ from app.errors import KafkaUnavailable
 from app.kafka import OutRecord
 from app.kafka.memory import MemoryLog
 from app.kafka.memory_clients import MemoryWriter
+from app.kafka.records import BROKER_MAX_MESSAGE_BYTES
 from app.model.aggregate import AggregateType, Command, Decision, Event
 from app.protocol.dead_letters import DeadLetter
 from app.protocol.topics import AggregateTopics, ContextTopics
@@ -165,23 +166,89 @@ def letters(log: MemoryLog) -> list[DeadLetter]:
     ]
 
 
+@pytest.mark.parametrize(
+    ("lowered", "size"),
+    [(LOWERED, 45_000), (BROKER_MAX_MESSAGE_BYTES, BROKER_MAX_MESSAGE_BYTES - 200)],
+    ids=["16KiB", "broker-default"],
+)
 async def test_a_letter_over_a_dead_letter_topic_lowered_while_running_is_cut_to_fit(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, lowered: int, size: int
 ) -> None:
     """Letters were cut to what the dead-letter topic took at the node's start: lowered
-    since, a letter of a large bad record failed its partition's commit at every retake."""
+    since, a letter of a large bad record failed its partition's commit at every retake
+    (broker-default: from the 4 MiB the node makes it with to Kafka's default, over
+    what the node's other topics are assumed to take)."""
     log, clock = MemoryLog(), FakeClock(T0)
     refused = refusing_batches(monkeypatch)
     owner, other = [f"o{i}" for i in range(100) if partition_of(f"o{i}", P) == 0][:2]
     async with running(RunningNode(log, tmp_path, "a", SERVICE, P, clock=clock)):
         first = await later(log, owner, T0 + 3_600_000)
         await wait_until(lambda: first in answers(log))
-        log._max_bytes[ContextTopics("lim").dead_letters] = LOWERED
-        garbage = b"not json " * 5_000  # 45 KB: within TICKWHEEL_MAX_RECORD_BYTES
+        log._max_bytes[ContextTopics("lim").dead_letters] = lowered
+        garbage = b"x" * size  # not JSON; dead-lettered whole when its topic takes it
         await log.publisher().send(T.commands, owner.encode(), garbage, 0)
         after = await later(log, other, T0 + 3_600_000)
         await wait_until(lambda: after in answers(log), within=30, what=lambda: str(refused))
         [letter] = letters(log)
         assert letter.context.truncated is not None
-        assert len(letter.value or b"") < LOWERED
+        assert len(letter.value or b"") < lowered
     assert refused  # the letter cut to the start's limit was refused once
+
+
+SINK = AggregateTopics("lim", "sink")
+fanning = AggregateType("lim", "box", Box)
+sink = AggregateType("lim", "sink", Box)
+
+
+@fanning.command("Fan")
+def _fan(state: Box, cmd: Command, d: Decision) -> None:
+    for i in range(12):
+        to = AggregateRef(context="lim", aggregate="sink", id="s1")
+        d.send(to, "Got", {"pad": "y" * 2_000, "i": i})
+    d.emit("Pinged", {})
+
+
+fanning.applies("Pinged")(_pinged)
+
+
+@sink.command("Got")
+def _got(state: Box, cmd: Command, d: Decision) -> None:
+    d.emit("Pinged", {})
+
+
+sink.applies("Pinged")(_pinged)
+
+
+async def fan(log: MemoryLog, owner: str) -> str:
+    cmd = CommandEnvelope(
+        request_id=uuid.uuid4().hex,
+        type="Fan",
+        aggregate=AggregateRef(context="lim", aggregate="box", id=owner),
+        issued_at=int(time.time() * 1000),
+    )
+    await log.publisher().send(T.commands, owner.encode(), encode(cmd), partition_of(owner, P))
+    return cmd.request_id
+
+
+@pytest.mark.parametrize("wait_ms", [0, 61_000], ids=["limits-fresh", "limits-old"])
+async def test_another_types_commands_lowered_while_running_size_the_batches_too(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, wait_ms: int
+) -> None:
+    """A decision of box sends a dozen commands to one sink (its commands topic, in box's
+    partition's transaction): sink's topic lowered, box's partition was sized, and read
+    its limits again, by box's own topics alone."""
+    log, clock = MemoryLog(), FakeClock(T0)
+    refused = refusing_batches(monkeypatch)
+    service = Service(aggregates=(fanning, sink))
+    async with running(RunningNode(log, tmp_path, "a", service, P, clock=clock)):
+        first = await fan(log, "o1")
+        await wait_until(lambda: first in answers(log))
+        log._max_bytes[SINK.commands] = LOWERED
+        clock.advance(wait_ms)
+        second = await fan(log, "o2")
+        await wait_until(
+            lambda: second in answers(log),
+            within=30,
+            what=lambda: f"refused {len(refused)} batches: {refused[:4]}",
+        )
+        assert answers(log)[second] == "COMMITTED"

@@ -18,9 +18,10 @@ from app.commands.processor import CommandProcessor
 from app.commands.records import check_sizes
 from app.errors import RecordTooLarge
 from app.kafka import OutRecord
+from app.kafka.producers import transaction_batch_bytes
 from app.kafka.records import BROKER_MAX_MESSAGE_BYTES, RECORD_FRAMING, TOPIC_RECORD_BYTES
 from app.model.aggregate import AggregateType, Command, Decision, Event
-from app.node.opening import topic_record_bytes, transaction_batch_limit, written_topics
+from app.node.opening import topic_record_bytes, transaction_batch_limits, written_topics
 from app.protocol.limits import InputLimits
 from app.protocol.topics import AggregateTopics, ContextTopics
 from app.protocol.wire import CommandEnvelope, EventEnvelope, ResultCode
@@ -197,7 +198,8 @@ def test_topics_at_the_defaults_take_what_they_always_did(
     read[T.events] = 4 * MIB
     with caplog.at_level(logging.INFO):
         assert topic_record_bytes([T], read, MIB) == {}
-        assert transaction_batch_limit(T, read) == 512 * KIB
+        kept = topic_record_bytes([T], read, MIB)
+        assert transaction_batch_bytes(transaction_batch_limits(T, kept).values()) == 512 * KIB
     assert caplog.records == []
 
 
