@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from tables.owners import TableOwners
 from tables.refs import AggregateRef
 from tables.timer import Timer
 
@@ -211,14 +212,20 @@ def decode_timer(raw: bytes) -> Timer:
     return timer
 
 
-def restored_row(partition: int, key: bytes, value: bytes) -> Timer:
+def restored_row(
+    partition: int, key: bytes, value: bytes, owners: TableOwners | None = None
+) -> Timer:
     """A changelog value as a restore takes it: a whole, valid Timer (within every bound) of
-    `partition`, stored under its own row key; `ValueError` with the reason otherwise."""
+    `partition`, stored under its own row key, of an owner `owners` puts in `partition`
+    (unchecked without them: a store of made-up rows); `ValueError` with the reason
+    otherwise."""
     timer = decode_timer(value)  # a pydantic ValidationError is a ValueError
     if row_key(timer.owner, timer.key) != key:
         raise ValueError(f"it holds the timer ({timer.owner}, {timer.key!r}) under another key")
     if timer.partition != partition:
         raise ValueError(f"it is a timer of partition {timer.partition}")
+    if owners is not None and (why := owners.refusal(timer.owner, partition)) is not None:
+        raise ValueError(why)
     return timer
 
 

@@ -95,8 +95,14 @@ def _finished(timer: Timer, row: bytes) -> _Entry:
 class MemoryTimerStore(PartitionedStore):
     """Everything in dicts: for tests and as the reference the RocksDB store must match."""
 
-    def __init__(self, partitions: int, changelog: ChangelogSink | None = None) -> None:
-        super().__init__(partitions, changelog)
+    def __init__(
+        self,
+        partitions: int,
+        changelog: ChangelogSink | None = None,
+        *,
+        owner_type: tuple[str, str] | None = None,
+    ) -> None:
+        super().__init__(partitions, changelog, owner_type)
         self._data = [_Partition() for _ in range(partitions)]
 
     def _load(self, partition: int, row: bytes) -> Timer | None:
@@ -176,7 +182,7 @@ class MemoryTimerStore(PartitionedStore):
                 decoded.append((key, None))
                 continue
             try:
-                decoded.append((key, restored_row(partition, key, value)))
+                decoded.append((key, restored_row(partition, key, value, self._owners)))
             except ValueError as exc:
                 # No row: the key keeps what it held before (another writer's garbage
                 # under a live timer's key never deletes it), as the row written again

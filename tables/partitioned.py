@@ -53,8 +53,10 @@ class PartitionedStore(PartitionedReads):
     """What both backends share: the write path, the status counts (the reads:
     `tables.partitioned_reads`; serving and the checks: `tables.served`)."""
 
-    def __init__(self, partitions: int, changelog: ChangelogSink | None) -> None:
-        super().__init__(partitions)
+    def __init__(
+        self, partitions: int, changelog: ChangelogSink | None, owner_type: tuple[str, str] | None
+    ) -> None:
+        super().__init__(partitions, owner_type)
         self._sink = changelog
         # By partition, the sink its handle attached (`PartitionHandle.attach`) and the
         # serving it holds for: its rows go there, not to `_sink`, while it lasts.

@@ -16,6 +16,7 @@ from rocksdict import Rdict, WriteBatch
 
 from tables.exceptions import StoreError
 from tables.keys import DUE, FINISHED, HELD, OFFSET_KEY, PARKED, ROW
+from tables.owners import TableOwners
 from tables.rocksdb_io import read_fault, rocksdb_fault
 from tables.rowcheck import restored_index_as_is, restored_model_index
 from tables.store import UnreadableRow, unreadable_reason
@@ -135,10 +136,12 @@ def restore_batch(
     partition: int,
     records: list[tuple[int, bytes, bytes | None]],
     restored: set[int] | None = None,
+    owners: TableOwners | None = None,
 ) -> tuple[WriteBatch, list[UnreadableRow], list[bytes]]:
     """The batch that writes `records` (changelog `(offset, key, value)`) of `partition`
-    over what `db` holds, with the last offset; the records that are no row; and the
-    batch's first due and finished entries (for the store's low-water marks).
+    over what `db` holds, with the last offset; the records that are no row (of an owner
+    `owners` puts in `partition`, given them); and the batch's first due and finished
+    entries (for the store's low-water marks).
 
     `restored`, if given, holds the `hash` of every key `db` holds a row of (it held none
     before its restore began); the batch's keys are added to it. Their old index entries
@@ -155,9 +158,10 @@ def restore_batch(
         again = restored.intersection(hashes)
         restored |= hashes
         if not again and len(hashes) == len(records):
-            return _rows_over(partition, records, None)  # keys none before held, each once
+            # Keys none before held, each once.
+            return _rows_over(partition, records, None, owners)
         held = _multi_get(_readable(db), partition, records, again)
-    return _rows_over(partition, records, held)
+    return _rows_over(partition, records, held, owners)
 
 
 def _readable(db: Rdict | Callable[[], Rdict]) -> Rdict:
@@ -201,6 +205,7 @@ def _rows_over(
     partition: int,
     records: list[tuple[int, bytes, bytes | None]],
     held: list[bytes | None] | None,
+    owners: TableOwners | None,
 ) -> tuple[WriteBatch, list[UnreadableRow], list[bytes]]:
     """`restore_batch` over rows whose ``r`` entries were `held`, a key maybe twice; or,
     `held` None, of keys that held no row before, each once (a fresh restore's common
@@ -215,9 +220,9 @@ def _rows_over(
     old: bytes | None = None
     for i, (offset, key, value) in enumerate(records):
         new = None
-        if value is not None and (new := as_is(partition, key, value)) is None:
+        if value is not None and (new := as_is(partition, key, value, owners)) is None:
             try:
-                new, value = restored_model_index(partition, key, value)
+                new, value = restored_model_index(partition, key, value, owners)
             except ValueError as exc:
                 # No row: the key keeps what it held before, in the store or earlier in
                 # this batch (another writer's garbage under a live timer's key never

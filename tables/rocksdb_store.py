@@ -57,8 +57,9 @@ class RocksDBTimerStore(RocksDBReads):
         *,
         block_cache_bytes: int = 64 << 20,
         write_buffer_bytes: int = 64 << 20,
+        owner_type: tuple[str, str] | None = None,
     ) -> None:
-        super().__init__(partitions, changelog)
+        super().__init__(partitions, changelog, owner_type)
         self._path = os.path.abspath(path)
         check_format(self._path, partitions, self._db_path)
         self._cache = Cache(block_cache_bytes)
@@ -189,7 +190,9 @@ class RocksDBTimerStore(RocksDBReads):
             # read from the DB reopened as usual (the rest of the restore writes to it).
             db = partial(self._readable, partition)
         with gc_paused():
-            batch, unreadable, firsts = restore_batch(db, partition, records, restored)
+            batch, unreadable, firsts = restore_batch(
+                db, partition, records, restored, self._owners
+            )
         # The low-water marks go below the batch's first due and finished entries.
         for first in firsts:
             self._lower(partition, first)

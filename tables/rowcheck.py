@@ -35,6 +35,7 @@ from tables.keys import (
     ref_parts,
     restored_row,
 )
+from tables.owners import TableOwners, id_hash
 from tables.rules import MAX_JITTER, _cron_error
 from tables.timer import MAX_ERROR_TEXT
 from tables.zones import UnknownZone
@@ -245,13 +246,23 @@ def _kept(cache: dict[Any, Any], key: Any, value: _V) -> _V:
     return value
 
 
-def restored_index_as_is(partition: int, key: bytes, value: bytes) -> bytes | None:
+def restored_index_as_is(
+    partition: int, key: bytes, value: bytes, owners: TableOwners | None = None
+) -> bytes | None:
     """`restored_index` of a row msgspec and the checks above take as it is (its bytes
     are stored): the restore's common row, in one Python call; None: `restored_model_index`
     decides (a row that is no row of `partition`'s, or one only pydantic's lax mode takes)."""
     try:
         row = _decode(value)
         owner = row.owner
+        # The owner check (`TableOwners.refusal`), inlined: two compares, and murmur2 of
+        # the id unless it is among the last ids hashed (`id_hash`).
+        if owners is not None and (
+            owner.context != owners.context
+            or owner.aggregate != owners.aggregate
+            or id_hash(owner.id) % owners.partitions != partition
+        ):
+            return None
         # Its own key (`row_key`): the owner's prefix and the key's name, once per
         # distinct four names (they repeat across a type's timers), around the owner's id.
         names = (owner.context, owner.aggregate, owner.tenant, row.key)
@@ -315,22 +326,27 @@ def _index(row: _Row, key: bytes) -> bytes:
     return FINISHED + order_key(finished_at(row.due_at, row.slot_due_at), row.id) + key
 
 
-def restored_index(partition: int, key: bytes, value: bytes) -> tuple[bytes, bytes]:
+def restored_index(
+    partition: int, key: bytes, value: bytes, owners: TableOwners | None = None
+) -> tuple[bytes, bytes]:
     """The index entry of a changelog row a restore takes (see `tables.keys.index_key`),
     and the bytes to store; `ValueError` with the reason if it is no whole, valid row of
-    `partition` stored under its own row key: exactly `restored_row`'s verdict."""
-    index = restored_index_as_is(partition, key, value)
+    `partition` stored under its own row key, of an owner `owners` puts there: exactly
+    `restored_row`'s verdict."""
+    index = restored_index_as_is(partition, key, value, owners)
     if index is not None:
         return index, value
-    return restored_model_index(partition, key, value)
+    return restored_model_index(partition, key, value, owners)
 
 
-def restored_model_index(partition: int, key: bytes, value: bytes) -> tuple[bytes, bytes]:
+def restored_model_index(
+    partition: int, key: bytes, value: bytes, owners: TableOwners | None = None
+) -> tuple[bytes, bytes]:
     """`restored_index` decided by pydantic (`restored_row`), for a row
     `restored_index_as_is` did not take.
 
     A row only pydantic's lax mode takes (`"version": "3"`) is stored as the Timer's own
     JSON, so that reads, which trust the store's rows (`tables.rowload.load_timer`), find
     every field of its type."""
-    timer = restored_row(partition, key, value)
+    timer = restored_row(partition, key, value, owners)
     return index_key(timer, key), encode_timer(timer)

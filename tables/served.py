@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import AsyncExitStack, asynccontextmanager
 
 from tables.exceptions import StoreClosed
+from tables.owners import TableOwners
 from tables.store import UnreadableRow
 from tables.timer import Timer, TimerStatus
 from tables.tombstones import CancelMark
@@ -30,10 +31,12 @@ class ServedPartitions(ABC):
     `close` takes them all. A backend supplies the per-partition primitives.
     """
 
-    def __init__(self, partitions: int) -> None:
+    def __init__(self, partitions: int, owner_type: tuple[str, str] | None = None) -> None:
         if isinstance(partitions, bool) or not isinstance(partitions, int) or partitions < 1:
             raise ValueError(f"partitions must be a positive int, not {partitions!r}")
         self._partitions = partitions
+        # Whose rows a restore takes (`_restore`): owners of the type keyed to the partition.
+        self._owners = None if owner_type is None else TableOwners(*owner_type, partitions)
         self._served: set[int] = set(range(partitions))
         self._closed = False
         self._locks = [asyncio.Lock() for _ in range(partitions)]

@@ -283,11 +283,12 @@ class TimerStore(Protocol):
     ) -> list[UnreadableRow]:
         """Restores `(offset, key, value)` records of `partition` as given, with their
         indexes and the last offset, in one local write; a record that is no row of the
-        partition is returned, and its key keeps the row it held before it (in the store,
-        or from an earlier record of `records`), or none: an unreadable record erases
-        nothing stored, so that another writer's garbage under a live timer's key never
-        deletes the timer (the caller dead-letters the record and writes that row again
-        after it, `app.timers.restore.unreadable_letters`)."""
+        partition (given the store's `owner_type`, a row of an owner of another type or
+        keyed elsewhere is none: `tables.owners`) is returned, and its key keeps the row
+        it held before it (in the store, or from an earlier record of `records`), or none:
+        an unreadable record erases nothing stored, so that another writer's garbage under
+        a live timer's key never deletes the timer (the caller dead-letters the record and
+        writes that row again after it, `app.timers.restore.unreadable_letters`)."""
         ...
 
     async def end_restore(self, partition: int) -> None:

@@ -233,6 +233,8 @@ def open_type(
         f"rocksdb://{(directory / 'timers').resolve()}",
         partitions=s.partitions,
         changelog=transactions,
+        # A restore takes no row of another type's owner, nor of one keyed elsewhere.
+        owner_type=(t.context, t.aggregate),
     )
     sender = KafkaSender(node.producer, results, t.context, clock.now, node.targets)
 
