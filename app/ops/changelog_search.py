@@ -12,16 +12,14 @@ is its own.
 from __future__ import annotations
 
 import asyncio
-from contextlib import aclosing
+from contextlib import aclosing, suppress
 from typing import Final
-
-from pydantic import ValidationError
 
 from app.errors import TickwheelError
 from app.kafka.ports import Clients
 from app.protocol.topics import parse_aggregate_type
 from tables import AggregateRef, Timer
-from tables.keys import owner_prefix
+from tables.keys import owner_prefix, restored_row
 from tables.tombstones import is_deletion_mark
 
 __all__ = [
@@ -70,7 +68,7 @@ async def _read_changelog(
 ) -> list[Timer]:
     topic = parse_aggregate_type(type_name).timers_changelog
     prefix = owner_prefix(owner)
-    rows: dict[bytes, Timer | None] = {}
+    rows: dict[bytes, Timer] = {}
     reader = clients.reader()
     await reader.start()
     try:
@@ -79,13 +77,18 @@ async def _read_changelog(
                 for r in batch:
                     if r.key is None or not r.key.startswith(prefix):
                         continue
-                    try:
-                        row = None if r.value is None else Timer.model_validate_json(r.value)
-                    except ValidationError:
-                        row = None  # a restore letters it; nothing for a search to show
-                    rows[r.key] = row if row is not None and row.owner == owner else None
+                    if r.value is None:
+                        rows.pop(r.key, None)
+                        continue
+                    # As a restore takes it (`restored_row`): a record that is no row of
+                    # the partition's under its key leaves the key's earlier row (the
+                    # node writes that row again after it). The key being one of
+                    # `owner`'s, a row taken is `owner`'s, of the type and partition the
+                    # caller keyed it to: the restore's owner check holds.
+                    with suppress(ValueError):  # a restore letters it
+                        rows[r.key] = restored_row(partition, r.key, r.value)
     finally:
         await reader.stop()
     # An owner's deletion mark is no timer (`tables.tombstones`).
-    timers = (t for t in rows.values() if t is not None and not is_deletion_mark(t))
+    timers = (t for t in rows.values() if not is_deletion_mark(t))
     return sorted(timers, key=lambda t: t.key)

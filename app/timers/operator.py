@@ -26,8 +26,7 @@ import time
 import uuid
 from contextlib import aclosing
 
-import orjson
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from app.errors import (
     KafkaUnavailable,
@@ -41,7 +40,8 @@ from app.protocol.topics import parse_aggregate_type
 from app.protocol.wire import TimerAction, TimerOp, encode
 from app.timers.runner import TimerRunner
 from app.timers.runner.operating import Operated
-from tables.keys import owner_prefix
+from tables.keys import owner_prefix, restored_row
+from tables.owners import TableOwners
 from tables.partitioner import partition_of
 from tables.refs import AggregateRef
 from tables.timer import Timer, TimerStatus
@@ -213,11 +213,13 @@ async def read_timers(
     Creates no topic: `MissingTopic` when the changelog is not there. `partitions`, when
     given, is the count the topic must have (`KafkaUnavailable` otherwise).
     """
-    topic = parse_aggregate_type(type_name).timers_changelog
+    topics = parse_aggregate_type(type_name)
+    topic = topics.timers_changelog
     why = f"no worker has kept timers of {type_name} there"
     have = await require_topic(clients.admin(), topic, why)
     if partitions is not None and have != partitions:
         raise KafkaUnavailable(f"topic {topic} has {have} partitions, expected {partitions}")
+    owners = TableOwners(topics.context, topics.aggregate, have)
     rows: dict[tuple[int, bytes], Timer] = {}
     async with clients.reader() as reader:
         for p in range(have):
@@ -229,8 +231,8 @@ async def read_timers(
                         if r.value is None:
                             rows.pop((r.partition, r.key), None)
                             continue
-                        row = _row(r)
-                        if row is not None:
+                        row = _row(r, owners)
+                        if row is not None:  # else the key's earlier row stays, as restored
                             rows[(r.partition, r.key)] = row
     # An owner's deletion mark is no timer (`tables.tombstones`); a tombstone is a key
     # cancelled before any set of it was read: a CANCELLED row, shown as one.
@@ -242,14 +244,17 @@ async def read_timers(
     return sorted(timers, key=lambda t: (t.partition, t.due_at, t.id))
 
 
-def _row(r: Record) -> Timer | None:
-    """The row a changelog record holds; None (logged) when it is not one."""
-    if r.value is None:
+def _row(r: Record, owners: TableOwners) -> Timer | None:
+    """The row a changelog record holds, as a node's restore takes it (`restored_row`);
+    None (logged) when it is none: garbage, a row under another key than its own, of
+    another partition, or of an owner `owners` does not put there."""
+    if r.value is None or r.key is None:
         return None
     try:
-        return Timer.model_validate(orjson.loads(r.value))
-    except (orjson.JSONDecodeError, ValidationError) as exc:
-        logger.warning("unreadable row at %s[%d]@%d: %s", r.topic, r.partition, r.offset, exc)
+        return restored_row(r.partition, r.key, r.value, owners)
+    except ValueError as exc:
+        reason = str(exc).replace("\n", "; ")
+        logger.warning("unreadable row at %s[%d]@%d: %s", r.topic, r.partition, r.offset, reason)
         return None
 
 
@@ -309,6 +314,7 @@ async def read_timer_history(
     # An owner's rows all sit in its partition: the one its id is keyed to.
     partition = partition_of(owner.id, found[topic])
     prefix = owner_prefix(owner)
+    owners = TableOwners(owner.context, owner.aggregate, found[topic])
     versions: dict[str, list[TimerVersion]] = {}
     async with (
         clients.reader() as reader,
@@ -316,7 +322,7 @@ async def read_timer_history(
     ):
         async for batch in batches:
             for r in batch:
-                version = _version(r, prefix, partition)
+                version = _version(r, prefix, partition, owners)
                 if version is not None:
                     versions.setdefault(version.key, []).append(version)
     where = f"{topic}[{partition}]"
@@ -332,15 +338,15 @@ async def read_timer_history(
     return TimerHistory(topic=topic, partition=partition, owner=owner, versions=versions)
 
 
-def _version(r: Record, prefix: bytes, partition: int) -> TimerVersion | None:
+def _version(r: Record, prefix: bytes, partition: int, owners: TableOwners) -> TimerVersion | None:
     """The version of one of the owner's timers `r` holds; None for a record of another
-    owner's, or unreadable."""
+    owner's, or one a restore passes over (its key's earlier version stays current)."""
     if r.key is None or not r.key.startswith(prefix):
         return None
     name = _key_of(r.key, len(prefix))
     if name is None or name == DELETED_KEY:  # a deletion mark is no timer
         return None
-    row = _row(r)
+    row = _row(r, owners)
     if r.value is not None and row is None:
         return None
     return TimerVersion(

@@ -207,10 +207,11 @@ line, escape sequences that clear the screen or retitle the terminal."""
 def test_text_escapes_the_control_characters_a_stored_timer_holds(
     monkeypatch: pytest.MonkeyPatch, args: list[str]
 ) -> None:
-    # They reached the terminal as they were (the JSON output escapes them).
-    row = stored_timer(FORGER, "k\x1b[A\x85\u2028", TimerStatus.PENDING, 1_000, 0, id="t\x00")
-    row = row.model_copy(update={"command": CommandSpec(type="Remind\x9b2J\t\x07")})
+    # They reached the terminal as they were (the JSON output escapes them). A row a
+    # restore takes (in its owner's partition): the readers show no other.
     at = partition_of(FORGER.id, PARTITIONS)
+    row = stored_timer(FORGER, "k\x1b[A\x85\u2028", TimerStatus.PENDING, 1_000, at, id="t\x00")
+    row = row.model_copy(update={"command": CommandSpec(type="Remind\x9b2J\t\x07")})
     forged = Record(TOPIC, at, 0, row_key(FORGER, row.key), encode_timer(row), 0)
     cluster(monkeypatch, [forged], (EVENTS, TOPIC))
     result = CliRunner().invoke(
