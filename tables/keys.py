@@ -31,7 +31,7 @@ from typing import Any
 
 from tables.owners import TableOwners
 from tables.refs import AggregateRef
-from tables.timer import Timer
+from tables.timer import ACTIVE, Timer
 
 __all__ = [
     "DUE",
@@ -224,7 +224,8 @@ def restored_row(
         raise ValueError(f"it holds the timer ({timer.owner}, {timer.key!r}) under another key")
     if timer.partition != partition:
         raise ValueError(f"it is a timer of partition {timer.partition}")
-    if owners is not None and (why := owners.refusal(timer.owner, partition)) is not None:
+    live = timer.status in ACTIVE
+    if owners is not None and (why := owners.refusal(timer.owner, partition, live=live)):
         raise ValueError(why)
     return timer
 

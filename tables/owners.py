@@ -48,10 +48,15 @@ class TableOwners:
     aggregate: str
     partitions: int
 
-    def refusal(self, owner: AggregateRef, partition: int) -> str | None:
-        """Why `partition` holds no timer of `owner`; None if it may."""
+    def refusal(self, owner: AggregateRef, partition: int, *, live: bool = True) -> str | None:
+        """Why `partition` holds no timer of `owner`; None if it may. `live`: the row is
+        not finished (FIRED, CANCELLED): only such a row has its owner's id hashed, as a
+        finished row never fires again and its sweep deletes it (murmur2 costs a restore
+        3-5 us a row, as much as the rest of its check)."""
         if owner.context != self.context or owner.aggregate != self.aggregate:
             return f"its owner is of type {owner.type_name}, not {self.context}.{self.aggregate}"
+        if not live:
+            return None
         home = id_hash(owner.id) % self.partitions
         if home != partition:
             return (

@@ -255,12 +255,16 @@ def restored_index_as_is(
     try:
         row = _decode(value)
         owner = row.owner
-        # The owner check (`TableOwners.refusal`), inlined: two compares, and murmur2 of
-        # the id unless it is among the last ids hashed (`id_hash`).
+        # The owner check (`TableOwners.refusal`), inlined: two compares, and for a row
+        # not finished murmur2 of the id unless it is among the last ids hashed.
         if owners is not None and (
             owner.context != owners.context
             or owner.aggregate != owners.aggregate
-            or id_hash(owner.id) % owners.partitions != partition
+            or (
+                row.status != "FIRED"  # not ACTIVE: never fires again (`refusal`)
+                and row.status != "CANCELLED"
+                and id_hash(owner.id) % owners.partitions != partition
+            )
         ):
             return None
         # Its own key (`row_key`): the owner's prefix and the key's name, once per

@@ -34,6 +34,7 @@ from tables.keys import encode_timer, restored_row, row_key
 from tables.owners import TableOwners
 from tables.partitioner import partition_of
 from tables.rowcheck import restored_index, restored_index_as_is
+from tables.timer import ACTIVE, TimerStatus
 
 P = 4
 TOPICS = AggregateTopics("shop", "order")
@@ -158,16 +159,17 @@ def test_the_fast_check_and_pydantic_give_one_owner_verdict(
     """Generated rows (any names, ids, tenants) checked against a table of their owner's
     type or another, of 1 to 5 partitions, in the partition their `partition` field says
     (their owner's, or any): both checks take the row exactly when its owner is of the
-    table's type and keyed to that partition."""
+    table's type and, unless the row is finished (never fires again), keyed to that
+    partition."""
     if keyed:
         timer = timer.model_copy(update={"partition": partition_of(timer.owner.id, partitions)})
     context, aggregate = (timer.owner.context, timer.owner.aggregate) if own_type else ("x", "y")
     owners = TableOwners(context, aggregate, partitions)
     partition = timer.partition
     key, value = row_key(timer.owner, timer.key), encode_timer(timer)
-    takes = (timer.owner.context, timer.owner.aggregate) == (context, aggregate) and partition_of(
-        timer.owner.id, partitions
-    ) == partition
+    own = (timer.owner.context, timer.owner.aggregate) == (context, aggregate)
+    keyed_here = partition_of(timer.owner.id, partitions) == partition
+    takes = own and (keyed_here or timer.status not in ACTIVE)
     assert (restored_index_as_is(partition, key, value, owners) is not None) is takes
     try:
         restored_row(partition, key, value, owners)
@@ -175,3 +177,19 @@ def test_the_fast_check_and_pydantic_give_one_owner_verdict(
         assert not takes
     else:
         assert takes
+
+
+@pytest.mark.parametrize("status", [TimerStatus.FIRED, TimerStatus.CANCELLED])
+def test_a_finished_row_of_an_owner_keyed_elsewhere_is_taken_unhashed(status: TimerStatus) -> None:
+    """A finished row never fires again (its sweep deletes it): its owner's id is not
+    hashed, which would cost a restore as much again a row. One of another type is still
+    refused."""
+    timer = FOREIGN["owner keyed to partition 3"].model_copy(update={"status": status})
+    key, value = row_key(timer.owner, timer.key), encode_timer(timer)
+    assert restored_index_as_is(0, key, value, OWNERS) is not None
+    assert restored_row(0, key, value, OWNERS) == timer
+    other = FOREIGN["owner of another type"].model_copy(update={"status": status})
+    key, value = row_key(other.owner, other.key), encode_timer(other)
+    assert restored_index_as_is(0, key, value, OWNERS) is None
+    with pytest.raises(ValueError, match="its owner is of type"):
+        restored_row(0, key, value, OWNERS)
