@@ -40,7 +40,7 @@ from app.kafka import LogReader, OutRecord, Record
 from app.kafka.catalog import TopicCatalog
 from app.kafka.records import RestoreProgress
 from app.model.aggregate import AggregateType
-from app.model.decide import Decided, cut_message, decide, fold
+from app.model.decide import CLOCK_SKEW_MS, Decided, cut_message, decide, fold
 from app.protocol.dead_letters import Stage
 from app.protocol.limits import InputLimits
 from app.protocol.topics import AggregateTopics, ContextTopics
@@ -89,8 +89,11 @@ class CommandProcessor:
         request_id_window: int = 7 * 24 * 3_600_000,
         targets: TopicCatalog | None = None,
         timer_op: Callable[[EventEnvelope, int], object] | None = None,
+        clock_skew_ms: int = CLOCK_SKEW_MS,
     ) -> None:
         self.agg = agg
+        # How early a command no sender waits for may come and be decided (`decide`).
+        self.clock_skew_ms = clock_skew_ms
         # The cluster's topics: a decision sending to a command topic not there is refused
         # (its send would fail the partition's transaction, again at each retake).
         self.targets = targets
@@ -214,6 +217,11 @@ class CommandProcessor:
             if d.error is not None:
                 # Answered ERROR, and kept for an operator: its handler refused to run it.
                 self._answers.dead_letter(batch, r, d.error, Stage.DECIDE)
+            elif d.code is ResultCode.SCHEDULE_NOT_DUE and cmd.reply_to is None:
+                # Early past the clocks' skew, and no sender waits for its answer (one of
+                # another context's): kept for an operator to replay once due, not lost.
+                why = f"{d.message}; no sender waits for its answer: replay it once due"
+                self._answers.dead_letter(batch, r, BadRecord(why), Stage.DECIDE)
             elif d.code is ResultCode.ERROR and cmd.type not in self.agg.handlers:
                 # Answered ERROR, and kept for an operator: no handler will ever take it.
                 # (Not a duplicate of a request applied, nor one early: answered as such,
@@ -356,6 +364,7 @@ class CommandProcessor:
                 now=batch.now,
                 seen=self._states.applied(batch, (aid, cmd.request_id)),
                 unreachable=self._unreachable,
+                skew_ms=self.clock_skew_ms,
             ),
             f"{self._commands_topic}[{self.partition}]",
         )

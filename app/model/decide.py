@@ -38,6 +38,7 @@ from tables.bounds import check_finite
 from tables.timer import error_text
 
 __all__ = [
+    "CLOCK_SKEW_MS",
     "Decided",
     "StoredAggregate",
     "command_of_event",
@@ -48,6 +49,11 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
+
+CLOCK_SKEW_MS: Final = 2_000
+"""How far a target's clock may trail the clock of a node of another context that sends it
+a timer's command (`TICKWHEEL_CLOCK_SKEW_MS`): such a send waits for no answer, so a
+refusal as early would lose it; one early by at most this is decided as of its due time."""
 
 
 class StoredAggregate(BaseModel):
@@ -118,23 +124,33 @@ def decide(
     now: int,
     seen: bool,
     unreachable: Callable[[AggregateRef], str | None] | None = None,
+    skew_ms: int = 0,
 ) -> Decided:
     """The outcome of `cmd` on the aggregate as `stored` (None: it has no events yet).
 
     `seen`: the aggregate applied this request id already. `unreachable`: why a target
     cannot be sent to, or None (`Decision.unreachable`). Order of the checks: a
     duplicate is answered as such even when it is early, so a retry never looks undecided.
+    `skew_ms`: how early a command no sender waits for an answer to (no `reply_to`: sent
+    from another context) may come and be decided, as of its `not_before`
+    (`CLOCK_SKEW_MS`); any other early command is refused, its sender sends it again.
     """
     current = stored or _NO_EVENTS
     if seen:
         return Decided(ResultCode.DUPLICATE, "request already applied", [], None)
     if cmd.not_before is not None and cmd.not_before > now:
-        return Decided(
-            ResultCode.SCHEDULE_NOT_DUE,
-            f"not before {cmd.not_before}, clock at {now} ({cmd.not_before - now} ms early)",
-            [],
-            None,
-        )
+        early = cmd.not_before - now
+        if cmd.reply_to is not None or cmd.in_process or early > skew_ms:
+            return Decided(
+                ResultCode.SCHEDULE_NOT_DUE,
+                f"not before {cmd.not_before}, clock at {now} ({early} ms early)",
+                [],
+                None,
+            )
+        # Its sender's clock leads this one by no more than clocks may differ, and it
+        # waits for no answer (a refusal would lose the command): decided as of its due
+        # time, never before it by the time that sent it.
+        now = cmd.not_before
     handler = agg.handlers.get(cmd.type)
     if handler is None:
         return Decided(ResultCode.ERROR, f"{agg.type_name} has no handler for {cmd.type}", [], None)

@@ -62,6 +62,7 @@ async def open_partition(s: TaskShared, task: PartitionTask, topics: set[str]) -
                 commit=_committer(txn),
                 now=s.now,
                 busy_backlog=s.settings.busy_backlog,
+                clock_skew_ms=s.settings.clock_skew_ms,
                 limits=s.limits,
                 request_id_window=s.settings.request_id_window_ms,
                 targets=s.targets,

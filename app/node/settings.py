@@ -29,6 +29,7 @@ from app.kafka.clients import KafkaClient
 from app.kafka.connection import KafkaConnection, SaslMechanism, SecurityProtocol
 from app.kafka.group_consumer import rebalance_timeout_ms
 from app.kafka.records import TRANSACTION_TIMEOUT_MS, Replication
+from app.model.decide import CLOCK_SKEW_MS
 from app.node import settings_checks as checks
 from app.node import settings_defaults as defaults
 from app.node import settings_sources as sources
@@ -125,6 +126,10 @@ class Settings(BaseSettings):
     busy_backlog: int = Field(default=50_000, ge=1, le=1_000_000)
     """Commands waiting in a partition beyond which the node answers BUSY (at most a
     million: past that the waiting commands, not BUSY, bound the node's memory)."""
+    clock_skew_ms: int = Field(default=CLOCK_SKEW_MS, ge=0, le=600_000)
+    """How far this node's clock may trail the clocks of other contexts' nodes that send it
+    timers' commands: one such command (no sender waits for its answer) early by at most
+    this is decided as of its due time; earlier, it is dead-lettered (`app.model.decide`)."""
     request_id_window_ms: int = Field(default=REQUEST_ID_WINDOW_MS, ge=60_000, le=10 * YEAR_MS)
     """How long each applied request id is kept: a command sent again within it is
     answered DUPLICATE, later it is applied again (7 days). At least the timers'

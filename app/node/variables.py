@@ -45,6 +45,7 @@ VARIABLES: Final[Mapping[str, str]] = {
     "status_interval_ms": "TICKWHEEL_STATUS_INTERVAL_MS",
     "busy_backlog": "TICKWHEEL_BUSY_BACKLOG",
     "commit_interval_ms": "TICKWHEEL_COMMIT_INTERVAL_MS",
+    "clock_skew_ms": "TICKWHEEL_CLOCK_SKEW_MS",
     "request_id_window_ms": "TICKWHEEL_REQUEST_ID_WINDOW_MS",
     "gc_threshold": "TICKWHEEL_GC_THRESHOLD",
     "timers": "TICKWHEEL_TIMER_OPTIONS",

@@ -100,8 +100,8 @@ async def wait_until(
 
 
 class RunningNode:
-    """A node of group "g" on a shared memory log, its data in `data / name`, run in the
-    background. Its session timeout is a test's usual 1 s unless told."""
+    """A node of group "g" (unless told) on a shared memory log, its data in `data / name`,
+    run in the background. Its session timeout is a test's usual 1 s unless told."""
 
     def __init__(
         self,
@@ -116,12 +116,13 @@ class RunningNode:
         options: TimerOptions | None = None,
         clock: Clock | None = None,
         request_id_window_ms: int = DEFAULT_REQUEST_ID_WINDOW_MS,
+        group_id: str = "g",
     ) -> None:
         settings = Settings(
             bootstrap_servers="memory",
             partitions=partitions,
             data_dir=data / name,
-            group_id="g",
+            group_id=group_id,
             session_timeout_ms=session_timeout_ms,
             commit_interval_ms=20,
             timers=timers or TimerOptions(),

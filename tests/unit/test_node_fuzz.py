@@ -66,7 +66,7 @@ from app.errors import BadRecord
 from app.kafka import Headers, OutRecord, Record
 from app.kafka.memory import MemoryLog
 from app.model.aggregate import AggregateType, Command, Decision, Event
-from app.model.decide import fold
+from app.model.decide import CLOCK_SKEW_MS, fold
 from app.node import node_topics
 from app.protocol.dead_letters import HEADER_PREFIX, DeadLetter, Stage
 from app.protocol.limits import InputLimits
@@ -203,7 +203,11 @@ def refused(kind: Kind, key: bytes | None, value: bytes | None, partition: int) 
         if cmd.reply_partition is not None and cmd.reply_partition >= PARTITIONS:
             return True
         if cmd.not_before is not None and cmd.not_before > now_ms():
-            return False  # SCHEDULE_NOT_DUE
+            if cmd.reply_to is not None:
+                return False  # SCHEDULE_NOT_DUE, its sender sends it again
+            if cmd.not_before - now_ms() > CLOCK_SKEW_MS:
+                return True  # SCHEDULE_NOT_DUE and dead-lettered: no sender waits
+            # (Within the clocks' skew: decided as of its due time.)
         if cmd.type not in counter.handlers:
             return True  # answered ERROR, and dead-lettered
         if cmd.type == "Schedule":

@@ -309,7 +309,11 @@ async def test_an_unknown_type_duplicate_or_early_is_answered_so_and_lettered_on
     wrote a second); the one due is, naming the handler missing."""
     processor, txn, _ = make()
     await processor.handle([record(command("r-1"))])  # applied by shop.Remind
-    early = command("r-2", type="shop.Typo").model_copy(update={"not_before": T0 + 60_000})
+    # Its sender waits for the answer (`reply_to`): one that waits for none is lettered
+    # early (`test_early_fire_and_forget`).
+    early = command("r-2", type="shop.Typo", reply_to="shop.results").model_copy(
+        update={"not_before": T0 + 60_000}
+    )
     await processor.handle([record(command("r-1", type="shop.Typo"), 1), record(early, 2)])
     assert txn.topics() == ["shop.results", "shop.results"], "no letter"
     codes = [orjson.loads(r[3] or b"")["code"] for r in txn.commits[-1][0]]
