@@ -119,3 +119,31 @@ async def test_a_claim_given_back_by_a_node_whose_clock_runs_ahead_is_due_at_its
     b = TimerRunner(world.store, b_sender, on_time, world.ledger, TimerOptions(), (0,))
     await b.run_round()
     assert b_sender.request_ids == ["t-1#0"]
+
+
+async def test_a_retry_given_back_by_a_node_whose_clock_runs_ahead_is_not_held_for_the_skew(
+    world: World,
+) -> None:
+    # A retry's claim was given back due at that node's `now`: the next owner, on time,
+    # waited the whole skew for a retry that was due already.
+    await world.put()  # due T0
+    first = FakeSender(world.clock, always("ERROR"))
+    r0 = TimerRunner(world.store, first, world.clock, world.ledger, TimerOptions(), (0,))
+    await r0.run_round()
+    assert (await world.row()).due_at == T0 + 1_000  # failed once: retried in 1 s
+    await r0.stop_partition(0)
+    ahead = FakeClock(T0 + 5 * 60_000)
+    a_sender = FakeSender(ahead, never)
+    a = TimerRunner(world.store, a_sender, ahead, world.ledger, TimerOptions(), (0,))
+    await a.run_round(wait=False)
+    for _ in range(100):
+        if a_sender.sends:
+            break
+        await asyncio.sleep(0)
+    await a.stop_partition(0)  # a rebalance: its claim given back
+    on_time = FakeClock(T0 + 2_000)
+    b_sender = FakeSender(on_time, always("COMMITTED"))
+    b = TimerRunner(world.store, b_sender, on_time, world.ledger, TimerOptions(), (0,))
+    await b.run_round()
+    assert b_sender.request_ids == ["t-1#0"]
+    assert (await world.row()).outcome is Outcome.COMMITTED

@@ -131,7 +131,7 @@ def test_what_no_attempt_decides_keeps_the_last_error(code: str, text: str, late
         assert expired.change.next.outcome is Outcome.EXPIRED
         assert error(valid(expired.change.next)) == kept
         firing = timer.model_copy(update={"status": TimerStatus.FIRING, "due_at": T0 + 1000})
-        released = release(firing, T0)
+        released = release(firing)
         assert released.change is not None
         assert error(released.change.next) == kept
         parked = timer.model_copy(update={"status": TimerStatus.PARKED})

@@ -137,7 +137,7 @@ async def write_claims(
             elif firings.get(nxt.partition) is not firing:
                 # Its stop began while its claim was written (it waits for this lock):
                 # given back unsent, by that stop's write.
-                firing.outcomes.append(release(nxt, r.now))
+                firing.outcomes.append(release(nxt))
             else:
                 r.remote.append(nxt)
         tried = [d for d in mine if _partition(d) not in faults] if faults else mine

@@ -265,19 +265,17 @@ def _at_slot(
     )
 
 
-def release(claimed: Timer, now: int) -> Decision:
+def release(claimed: Timer) -> Decision:
     """Gives back a claim whose send was cancelled, for the partition's next owner: due at
-    its slot's own time (its first attempt), or now (a retry), never before its slot; its
-    expiry (`send_until`) is as it was.
+    its slot's own time, a first attempt and a retry alike (it was claimed because it was
+    due, its backoff waited out); its expiry (`send_until`) is as it was.
 
     Without it the next owner would wait for the claim to lapse; the send may have reached
-    the target, which then finds the request id committed. Not due at `now` on a first
-    attempt: a node whose clock runs ahead would have the next owner wait for the skew.
-    """
+    the target, which then finds the request id committed. Not due at the node's time: one
+    whose clock runs ahead would have the next owner wait for the skew."""
     if claimed.status is not TimerStatus.FIRING:
         return NOTHING
-    retried = claimed.attempts > 0 or claimed.outcome in _RETRIED
-    due_at = not_before_its_slot(claimed, now if retried else 0)
+    due_at = not_before_its_slot(claimed, 0)
     return Decision(Action.RELEASE, _change(claimed, status=TimerStatus.PENDING, due_at=due_at))
 
 

@@ -81,7 +81,7 @@ class Sends:
                     # claims left misses one whose deadline, on a clock ahead, is past its
                     # horizon). Run before the cut's own wait returns: its callback comes
                     # after these.
-                    firing.outcomes.append(release(claimed, self._clock.now()))
+                    firing.outcomes.append(release(claimed))
             elif (exc := task.exception()) is not None:
                 # No outcome: its claim lapses and it is sent again, by this node or the next.
                 logger.error("deciding the outcome of %s failed", task.get_name(), exc_info=exc)
@@ -104,7 +104,7 @@ class Sends:
                 # The send must end inside the claim, or another owner could send it too.
                 deadline = min(now + self._options.send_timeout, claimed.due_at)
                 if deadline <= now:
-                    decision = release(claimed, now)
+                    decision = release(claimed)
                 else:
                     send = asyncio.ensure_future(self._send_if_claimed(firing, claimed, stats))
                     result = await self._until(claimed, send, deadline)
@@ -112,11 +112,10 @@ class Sends:
         except asyncio.CancelledError:
             # Cut short by a hand-off: a result already in is written all the same; without
             # one, the claim is given back so that the next owner need not wait for it.
-            now = self._clock.now()
             if send is not None and send.done() and not send.cancelled():
                 decision = self._decide(firing, claimed, _result_of(claimed, send))
             else:
-                decision = release(claimed, now)
+                decision = release(claimed)
             firing.outcomes.append(decision)
             raise
         firing.outcomes.append(decision)
