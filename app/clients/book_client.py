@@ -16,8 +16,8 @@ from collections.abc import Callable
 from app.clients.book_commands import BookCommands, Rule
 from app.clients.client_topics import ClientTopics
 from app.clients.fired import reply_partition
-from app.model.decide import cut_message
-from app.protocol.wire import CommandEnvelope, CommandResult, ResultCode, encode
+from app.model.decide import CLOCK_SKEW_MS, cut_message
+from app.protocol.wire import CommandEnvelope, CommandResult, ResultCode, encode, sent_unanswered
 from tables import AggregateRef, CommandSpec
 from tables.partitioner import partition_of
 
@@ -167,12 +167,16 @@ class BookClient(ABC):
             partition_of(key, self.partitions),
         )
 
-    def early_by(self, cmd: CommandEnvelope) -> int:
+    def early_by(self, cmd: CommandEnvelope, skew_ms: int = CLOCK_SKEW_MS) -> int:
         """How many ms before its `not_before` `cmd` arrived by this app's clock (0: due).
-        An early command is answered SCHEDULE_NOT_DUE, as Tickwheel's targets do."""
+        An early command is answered SCHEDULE_NOT_DUE, as Tickwheel's targets do, and its
+        sender sends it again; but a timer's send no sender waits for (`sent_unanswered`:
+        from another context) is due when early by at most `skew_ms`, as a node decides
+        it, since nothing would send it again (treat it as of its `not_before`)."""
         if cmd.not_before is None:
             return 0
-        return max(0, cmd.not_before - self._now())
+        early = max(0, cmd.not_before - self._now())
+        return 0 if sent_unanswered(cmd) and early <= skew_ms else early
 
     def result_for(
         self,

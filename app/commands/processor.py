@@ -52,6 +52,7 @@ from app.protocol.wire import (
     EventEnvelope,
     ResultCode,
     encode,
+    sent_unanswered,
     unknown_system_event,
 )
 from tables.aggregate_store import AggregateStateStore
@@ -197,7 +198,9 @@ class CommandProcessor:
                 continue
             # (Without the header but applied: an earlier version's own record, or a
             # request sent again; decided as any command, it is answered DUPLICATE.)
-            if waiting > self.busy_backlog:
+            if waiting > self.busy_backlog and not sent_unanswered(cmd):
+                # (A timer's send no sender waits for is decided all the same: nothing
+                # would send it again.)
                 message = f"{waiting} commands waiting (bound {self.busy_backlog})"
                 batch.out.append(self._answers.result(cmd, ResultCode.BUSY, message, None, now))
                 batch.stats.codes[ResultCode.BUSY] += 1
@@ -217,7 +220,7 @@ class CommandProcessor:
             if d.error is not None:
                 # Answered ERROR, and kept for an operator: its handler refused to run it.
                 self._answers.dead_letter(batch, r, d.error, Stage.DECIDE)
-            elif d.code is ResultCode.SCHEDULE_NOT_DUE and cmd.reply_to is None:
+            elif d.code is ResultCode.SCHEDULE_NOT_DUE and sent_unanswered(cmd):
                 # Early past the clocks' skew, and no sender waits for its answer (one of
                 # another context's): kept for an operator to replay once due, not lost.
                 why = f"{d.message}; no sender waits for its answer: replay it once due"

@@ -32,6 +32,7 @@ from app.protocol.wire import (
     EventEnvelope,
     Refusal,
     ResultCode,
+    sent_unanswered,
 )
 from tables import AggregateRef
 from tables.bounds import check_finite
@@ -131,16 +132,17 @@ def decide(
     `seen`: the aggregate applied this request id already. `unreachable`: why a target
     cannot be sent to, or None (`Decision.unreachable`). Order of the checks: a
     duplicate is answered as such even when it is early, so a retry never looks undecided.
-    `skew_ms`: how early a command no sender waits for an answer to (no `reply_to`: sent
-    from another context) may come and be decided, as of its `not_before`
-    (`CLOCK_SKEW_MS`); any other early command is refused, its sender sends it again.
+    `skew_ms`: how early a timer's send no sender waits for an answer to
+    (`sent_unanswered`: from another context) may come and be decided, as of its
+    `not_before` (`CLOCK_SKEW_MS`); any other early command is refused, its sender sends
+    it again.
     """
     current = stored or _NO_EVENTS
     if seen:
         return Decided(ResultCode.DUPLICATE, "request already applied", [], None)
     if cmd.not_before is not None and cmd.not_before > now:
         early = cmd.not_before - now
-        if cmd.reply_to is not None or cmd.in_process or early > skew_ms:
+        if not sent_unanswered(cmd) or early > skew_ms:
             return Decided(
                 ResultCode.SCHEDULE_NOT_DUE,
                 f"not before {cmd.not_before}, clock at {now} ({early} ms early)",

@@ -82,6 +82,7 @@ __all__ = [
     "encode",
     "error_reason",
     "load_json",
+    "sent_unanswered",
     "unknown_system_event",
 ]
 
@@ -210,7 +211,12 @@ class CommandEnvelope(Envelope):
     aggregate: AggregateRef
     body: JsonObject = Field(default_factory=dict)
     not_before: Instant | None = Field(
-        default=None, description="the target refuses (SCHEDULE_NOT_DUE) before this time"
+        default=None,
+        description=(
+            "the target refuses (SCHEDULE_NOT_DUE) before this time; one without reply_to "
+            "(another context's timer: its sender waits for no answer) it decides up to its "
+            "clock skew allowance early, as of this time, and dead-letters when earlier"
+        ),
     )
     issued_at: Instant
     reply_to: str | None = Field(
@@ -231,6 +237,14 @@ class CommandEnvelope(Envelope):
         "it here: a record of what was sent, passed over by the processor when it carries "
         "the node's __tickwheel.in-process header (else answered ERROR, dead-lettered)",
     )
+
+
+def sent_unanswered(cmd: CommandEnvelope) -> bool:
+    """Whether `cmd` is a timer's send whose sender waits for no answer: one from another
+    context (its timer `SENT` once the broker had it) carries a `not_before` and no
+    `reply_to`. Nothing sends it again, so an answer that refuses it for now (early, BUSY)
+    would lose it: its target decides it, or dead-letters it."""
+    return cmd.reply_to is None and cmd.not_before is not None and not cmd.in_process
 
 
 def encode(model: BaseModel) -> bytes:

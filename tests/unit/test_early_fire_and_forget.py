@@ -1,11 +1,13 @@
-"""A command sent from another context carries no reply address (`reply_to`): its sender
-takes it as SENT once the broker has it and waits for no answer. Early by the target's
-clock, it was answered SCHEDULE_NOT_DUE on a topic nobody reads and never sent again: a
-target node whose clock trailed the sender's by more than the send's trip (ordinary skew
-between hosts) lost the timer's command, silently. Now one early by at most
-`TICKWHEEL_CLOCK_SKEW_MS` is decided as of its due time, and one earlier still is
-dead-lettered, to be replayed once due. A command whose sender waits for the answer is
-refused early as before: its sender sends it again."""
+"""A timer's send from another context carries its slot's `not_before` and no reply
+address (`reply_to`): its sender takes it as SENT once the broker has it and waits for no
+answer (`sent_unanswered`). Early by the target's clock, it was answered SCHEDULE_NOT_DUE
+on a topic nobody reads and never sent again: a target node whose clock trailed the
+sender's by more than the send's trip (ordinary skew between hosts) lost the timer's
+command, silently; so did one answered BUSY. Now one early by at most
+`TICKWHEEL_CLOCK_SKEW_MS` is decided as of its due time, one earlier still is
+dead-lettered, to be replayed once due, and a backlog does not shed it. A command whose
+sender waits for the answer is refused early, or BUSY, as before: its sender sends it
+again."""
 
 from __future__ import annotations
 
@@ -54,3 +56,15 @@ async def test_one_whose_sender_waits_is_refused_early_and_not_lettered() -> Non
     records = txn.commits[-1][0]
     assert [r[0] for r in records] == ["shop.results"]
     assert orjson.loads(records[0][3] or b"")["code"] == "SCHEDULE_NOT_DUE"
+
+
+async def test_one_no_sender_waits_for_is_decided_past_the_busy_backlog() -> None:
+    """Answered BUSY, such a send was lost the same way: nothing sends it again. One whose
+    sender waits is answered BUSY as before, and sent again."""
+    processor, txn, _ = make()
+    await processor.handle([record(early(0))], backlog=processor.busy_backlog)
+    assert [r[0] for r in txn.commits[-1][0]] == ["shop.order.events", "shop.results"]
+    waited = early(0, "t-2#0", reply_to="shop.results", reply_partition=0)
+    await processor.handle([record(waited, 1)], backlog=processor.busy_backlog)
+    records = txn.commits[-1][0]
+    assert [orjson.loads(r[3] or b"")["code"] for r in records] == ["BUSY"]

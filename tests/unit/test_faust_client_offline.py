@@ -34,7 +34,7 @@ from app.clients.timer_book import (
 )
 from app.errors import ConfigError
 from app.model.aggregate import send_fits
-from app.model.decide import StoredAggregate, decide
+from app.model.decide import CLOCK_SKEW_MS, StoredAggregate, decide
 from app.ops.timer_api import key_command, owner_ref
 from app.protocol.dead_letters import DeadLetter, Stage
 from app.protocol.topics import AggregateTopics
@@ -478,6 +478,18 @@ def test_early_by_counts_by_the_apps_clock(timers: TickwheelTimers) -> None:
     assert timers.early_by(command(not_before=NOW + 250)) == 250
     assert timers.early_by(command(not_before=NOW - 250)) == 0
     assert timers.early_by(command(not_before=None)) == 0
+
+
+def test_early_by_takes_a_send_no_sender_waits_for_as_due_within_the_skew(
+    timers: TickwheelTimers,
+) -> None:
+    """Another context's timer (no `reply_to`): answered SCHEDULE_NOT_DUE, nothing would
+    send it again. Early within the clocks' skew, it is due, as a node decides it."""
+    unanswered = command(reply_to=None, reply_partition=None, not_before=NOW + CLOCK_SKEW_MS)
+    assert timers.early_by(unanswered) == 0
+    assert timers.early_by(unanswered, skew_ms=100) == CLOCK_SKEW_MS
+    later = unanswered.model_copy(update={"not_before": NOW + CLOCK_SKEW_MS + 1})
+    assert timers.early_by(later) == CLOCK_SKEW_MS + 1
 
 
 # --- the timer book: the commands become the events, at the book's versions -----------------
