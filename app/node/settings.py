@@ -126,7 +126,7 @@ class Settings(BaseSettings):
     busy_backlog: int = Field(default=50_000, ge=1, le=1_000_000)
     """Commands waiting in a partition beyond which the node answers BUSY (at most a
     million: past that the waiting commands, not BUSY, bound the node's memory)."""
-    clock_skew_ms: int = Field(default=CLOCK_SKEW_MS, ge=0, le=600_000)
+    clock_skew_ms: int = Field(default=CLOCK_SKEW_MS, ge=0, le=60_000)
     """How far this node's clock may trail the clocks of other contexts' nodes that send it
     timers' commands: one such command (no sender waits for its answer) early by at most
     this is decided as of its due time; earlier, it is dead-lettered (`app.model.decide`)."""

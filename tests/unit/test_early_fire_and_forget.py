@@ -12,10 +12,13 @@ again."""
 from __future__ import annotations
 
 import orjson
+import pytest
 from fakes import T0
+from pydantic import ValidationError
 from test_processor import command, make, record
 
 from app.model.decide import CLOCK_SKEW_MS
+from app.node.settings import Settings
 from app.protocol.dead_letters import DeadLetterContext, Stage
 from app.protocol.wire import CommandEnvelope
 
@@ -68,3 +71,13 @@ async def test_one_no_sender_waits_for_is_decided_past_the_busy_backlog() -> Non
     await processor.handle([record(waited, 1)], backlog=processor.busy_backlog)
     records = txn.commits[-1][0]
     assert [orjson.loads(r[3] or b"")["code"] for r in records] == ["BUSY"]
+
+
+def test_the_skew_setting_is_bounded_to_a_minute() -> None:
+    """A decision is dated as of its `not_before`, ahead of the node's clock by the skew at
+    most: no more than a cancel's mark may be (`MARK_AHEAD_MS`)."""
+    assert Settings(clock_skew_ms=60_000).clock_skew_ms == 60_000
+    with pytest.raises(ValidationError):
+        Settings(clock_skew_ms=60_001)
+    with pytest.raises(ValidationError):
+        Settings(clock_skew_ms=-1)
