@@ -67,7 +67,7 @@ async def restore_states(
         )
         states.store.drop(states.partition)
     held = states.store.offset(states.partition)
-    _, end = await reader.offsets(states.events_topic, states.partition)
+    begin, end = await reader.offsets(states.events_topic, states.partition)
     if held is not None and held >= end:
         logger.warning(
             "%s[%d]: local states at offset %d, but the log ends at %d: "
@@ -80,6 +80,21 @@ async def restore_states(
         states.store.drop(states.partition)
         held = None
     start = 0 if held is None else held + 1
+    if begin > start:
+        # Deleted after they were folded (a retention, a DeleteRecords): the states fold
+        # from what is left, not quietly (live, the follow never misses one unread).
+        logger.error(
+            "%s[%d]: the log starts at offset %d, past offset %d the states fold from: "
+            "%d records were deleted; its aggregates' states are folded from what is left "
+            "and their versions may go back (a decision on one numbers its events below "
+            "versions the timer table holds, and such timers never fire); keep every "
+            "record of an events log (retention.ms=-1)",
+            states.events_topic,
+            states.partition,
+            begin,
+            start,
+            begin - start,
+        )
     began = time.monotonic()
     count = 0
     to_read = max(end - start, 0)

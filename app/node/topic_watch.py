@@ -37,7 +37,9 @@ judges them as the start does:
   again. A topic the group assigns stops the node too once the group gives it a partition
   past the count (`app.node.partition_tasks`); for the others (the context's results,
   failure ledger, nodes and dead letters) the WARNING is all that tells before the next
-  start refuses the topic;
+  start refuses the topic; a topic of the node's missing at two checks in a row (deleted
+  while it ran) stops the node (`Node.fail`): a partition writing to it would fail its
+  commit at every retake while the rest went on, and the next start makes it again;
 - a read that fails, whole (the broker away, the client refused) or for a topic (no
   DescribeConfigs ACL on it), is one WARNING for the check, and read again at the next:
   never a reason to stop the node, nor to clear a finding. A failure of any other kind, a
@@ -167,6 +169,8 @@ class TopicPolicyWatch:
         # not the node's (`findings` says both).
         self._replicated: dict[str, list[str]] = {}
         self._miscounted: dict[str, str] = {}
+        # The topics found missing at the last check (`_check_counts`).
+        self._missing: set[str] = set()
         self.interval = interval
         self.sleep = sleep
         """How it waits between checks (a test's fake clock)."""
@@ -218,7 +222,11 @@ class TopicPolicyWatch:
         names = (*POLICY_CONFIGS, DELETE_RETENTION, *((MIN_INSYNC,) if r is not None else ()))
         configs = await self._reading("configs", lambda: self._read(asked, names))
         if configs is None:
-            return None
+            # The counts all the same: a topic deleted may fail the configs' read whole.
+            gone = None if self.counts is None else await self._check_counts(self.counts)
+            if gone is not None:
+                self._refused(gone)
+            return gone
         self.kept_read(configs)
         if configs.unread:
             logger.warning(
@@ -241,7 +249,7 @@ class TopicPolicyWatch:
         if r is not None:
             await self._check_replication(r, configs)
         if self.counts is not None:  # the configs read: the broker answers
-            await self._check_counts(self.counts)
+            refusal = await self._check_counts(self.counts) or refusal
         if refusal is not None:
             self._refused(refusal)
         return refusal
@@ -264,9 +272,17 @@ class TopicPolicyWatch:
         self._replicated = {t: f for t in r.topics if (f := now.get(t) or kept.get(t))}
         self._count()
 
-    async def _check_counts(self, c: PartitionCounts) -> None:
+    async def _check_counts(self, c: PartitionCounts) -> str | None:
+        """Judges the counts read; the refusal of a topic deleted while the node ran (None:
+        none): missing at two checks in a row (not a listing caught mid-change), it stops
+        the node, whose partitions writing to it would otherwise fail their commits and be
+        taken afresh for good while the rest went on; its next start makes it again."""
         have = await self._reading("partition counts", lambda: c.read(list(c.asked)))
-        for topic, n in sorted((have or {}).items()):
+        if have is None:
+            return None
+        missing = {topic for topic in c.asked if topic not in have}
+        gone, self._missing = sorted(missing & self._missing), missing
+        for topic, n in sorted(have.items()):
             asked = c.asked.get(topic)
             if asked is None or n == asked:  # one deleted and made again: the node's count
                 self._miscounted.pop(topic, None)
@@ -275,6 +291,14 @@ class TopicPolicyWatch:
             if self._miscounted.get(topic) != finding:
                 logger.warning("%s", finding)
             self._miscounted[topic] = finding
+        if not gone:
+            return None
+        return (
+            f"topic(s) {', '.join(gone)} of the node's were deleted while it ran: a write "
+            "to one fails its partition's transaction at every retake; the node stops, and "
+            "its next start makes them again (a timer changelog made again has lost its "
+            "rows: see docs/operations.md)"
+        )
 
     async def _reading(self, what: str, read: Callable[[], Awaitable[_T]]) -> _T | None:
         """What `read` answers; None when it failed (one WARNING, read again next check)."""

@@ -6,6 +6,7 @@ it lasts. On the in-memory log, the watch's waits on a fake clock."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from pathlib import Path
 
@@ -14,6 +15,7 @@ from fakes import RunningNode, wait_until
 from test_node_memory import PARTITIONS, SERVICE, TOPICS
 from test_topic_watch import Ticks
 
+from app.errors import NodeFailed
 from app.kafka.memory import MemoryLog
 from app.protocol.topics import ContextTopics
 
@@ -44,3 +46,30 @@ async def test_a_ledger_grown_while_the_node_runs_is_said_once_and_in_healthz(
         assert node.task is not None and not node.task.done()  # it runs on, less safely
     finally:
         await node.stop()
+
+
+async def test_a_topic_deleted_while_the_node_runs_stops_it_at_the_second_check(
+    tmp_path: Path,
+) -> None:
+    """The dead-letter topic deleted (and not made again): every partition writing a letter
+    failed its commit and was taken afresh, for good, while the rest went on. Missing at
+    two checks in a row, it stops the node, loudly; its next start makes the topic."""
+    letters = ContextTopics(TOPICS.context).dead_letters
+    log = MemoryLog()
+    node = RunningNode(log, tmp_path, "a", SERVICE, PARTITIONS)
+    ticks = Ticks()
+    node.node.topic_watch.sleep = ticks.sleep
+    await node.start()
+    try:
+        await wait_until(node.runs)
+        await ticks.tick()
+        del log._topics[letters]  # kafka-topics --delete
+        await ticks.tick()
+        assert node.task is not None and not node.task.done()  # once: a listing mid-change
+        await ticks.tick()
+        await wait_until(lambda: node.task is not None and node.task.done())
+        with pytest.raises(NodeFailed, match=f"topic\\(s\\) {letters} of the node's were deleted"):
+            await node.task
+    finally:
+        with contextlib.suppress(NodeFailed):
+            await node.stop()
