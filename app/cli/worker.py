@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from app.cli.common import (
+    CONFIG_ERROR,
     Bootstrap,
     LogLevelOption,
     ServiceSpec,
@@ -24,7 +25,7 @@ from app.cli.common import (
     fail,
     load_service,
 )
-from app.errors import NodeFailed, TickwheelError
+from app.errors import ConfigError, NodeFailed, TickwheelError
 from app.kafka.broker_watch import install_log_filter
 from app.node.settings import Settings
 from app.service import Service
@@ -58,6 +59,8 @@ def worker(
     found = load_service(service)
     try:
         asyncio.run(_run_worker(settings, found))
+    except ConfigError as exc:  # a setting the cluster refuses (another group runs there)
+        raise fail(str(exc), CONFIG_ERROR) from exc
     except TickwheelError as exc:
         raise fail(str(exc)) from exc
     except asyncio.CancelledError as exc:
@@ -75,6 +78,7 @@ async def _run_worker(settings: Settings, service: Service) -> None:
     from app.node import Node
     from app.node.collector import tune_collector
     from app.ops.cluster_status import for_node
+    from app.ops.other_groups import refuse_other_groups
     from app.ops.page import default_node_id
     from app.ops.web import WebServer
     from app.ops.web_port import check_listenable
@@ -95,6 +99,9 @@ async def _run_worker(settings: Settings, service: Service) -> None:
         if settings.web_port:
             web = WebServer(node, settings.web_port, settings.web_host)
             check_listenable(settings.web_host, settings.web_port)
+        # Before it joins its group: another group's nodes on its types would fire every
+        # timer beside it (`app.ops.other_groups`).
+        await refuse_other_groups(node)
         await node.start()
         if web is not None:
             await web.start()

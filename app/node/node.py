@@ -163,7 +163,9 @@ class Node:
             refused=self.fail,
             replication=ReplicationRead.of(self._admin, specs, settings.replication, self.metrics),
             counts=PartitionCounts(
-                self._admin.existing_topics, {s.name: s.partitions for s in specs}
+                self._admin.existing_topics,
+                {s.name: s.partitions for s in specs},
+                self._admin.topic_names,
             ),
         )
 

@@ -116,6 +116,9 @@ class PartitionCounts:
 
     read: Callable[[Iterable[str]], Awaitable[dict[str, int]]]
     asked: Mapping[str, int]
+    listed: Callable[[], Awaitable[set[str]]] | None = None
+    """The cluster's topics (`Admin.topic_names`): one of `asked` not among them was
+    deleted (a topic described with an error, its leader away, is not)."""
 
 
 def count_finding(topic: str, have: int, asked: int) -> str:
@@ -278,9 +281,10 @@ class TopicPolicyWatch:
         the node, whose partitions writing to it would otherwise fail their commits and be
         taken afresh for good while the rest went on; its next start makes it again."""
         have = await self._reading("partition counts", lambda: c.read(list(c.asked)))
+        listed = None if c.listed is None else await self._reading("names", c.listed)
         if have is None:
             return None
-        missing = {topic for topic in c.asked if topic not in have}
+        missing = set() if listed is None else {t for t in c.asked if t not in listed}
         gone, self._missing = sorted(missing & self._missing), missing
         for topic, n in sorted(have.items()):
             asked = c.asked.get(topic)

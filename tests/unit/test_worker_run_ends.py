@@ -90,7 +90,12 @@ def parts(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[_Part, _Part]]:
     monkeypatch.setattr("app.node.Node", lambda settings, service: node)
     monkeypatch.setattr("app.ops.cluster_status.for_node", lambda n, node_id, port: cluster)
     monkeypatch.setattr("app.node.collector.tune_collector", lambda threshold: None)
+    monkeypatch.setattr("app.ops.other_groups.refuse_other_groups", _no_other_group)
     yield node, cluster
+
+
+async def _no_other_group(*args: object) -> None:
+    """The start's check of other groups (`app.ops.other_groups`): none, no cluster here."""
 
 
 def _settings() -> Settings:
