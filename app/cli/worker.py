@@ -17,6 +17,7 @@ import typer
 
 from app.cli.common import (
     CONFIG_ERROR,
+    FAILED,
     Bootstrap,
     LogLevelOption,
     ServiceSpec,
@@ -25,7 +26,7 @@ from app.cli.common import (
     fail,
     load_service,
 )
-from app.errors import ConfigError, NodeFailed, TickwheelError
+from app.errors import NodeFailed, TickwheelError
 from app.kafka.broker_watch import install_log_filter
 from app.node.settings import Settings
 from app.service import Service
@@ -59,10 +60,12 @@ def worker(
     found = load_service(service)
     try:
         asyncio.run(_run_worker(settings, found))
-    except ConfigError as exc:  # a setting the cluster refuses (another group runs there)
-        raise fail(str(exc), CONFIG_ERROR) from exc
     except TickwheelError as exc:
-        raise fail(str(exc)) from exc
+        from app.ops.other_groups import OtherGroupRunning
+
+        # Another group runs there: TICKWHEEL_GROUP_ID refused, as a bad setting is.
+        code = CONFIG_ERROR if isinstance(exc, OtherGroupRunning) else FAILED
+        raise fail(str(exc), code) from exc
     except asyncio.CancelledError as exc:
         # Nothing cancels the worker's own task (a signal cancels the node's run, which
         # it waits for): this is the client library's, leaked out of a stop (the group

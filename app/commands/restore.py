@@ -85,8 +85,9 @@ async def restore_states(
         # from what is left, not quietly (live, the follow never misses one unread).
         logger.error(
             "%s[%d]: the log starts at offset %d, past offset %d the states fold from: "
-            "%d records were deleted; its aggregates' states are folded from what is left "
-            "and their versions may go back (a decision on one numbers its events below "
+            "up to %d records were deleted unfolded (transaction markers count); if events "
+            "were among them, its aggregates' states are folded from what is left and "
+            "their versions may go back (a decision on one numbers its events below "
             "versions the timer table holds, and such timers never fire); keep every "
             "record of an events log (retention.ms=-1)",
             states.events_topic,

@@ -280,13 +280,12 @@ class TopicPolicyWatch:
         none): missing at two checks in a row (not a listing caught mid-change), it stops
         the node, whose partitions writing to it would otherwise fail their commits and be
         taken afresh for good while the rest went on; its next start makes it again."""
-        have = await self._reading("partition counts", lambda: c.read(list(c.asked)))
         listed = None if c.listed is None else await self._reading("names", c.listed)
-        if have is None:
-            return None
+        # Missing at this check: none when the listing failed (two checks in a row or none).
         missing = set() if listed is None else {t for t in c.asked if t not in listed}
         gone, self._missing = sorted(missing & self._missing), missing
-        for topic, n in sorted(have.items()):
+        have = await self._reading("partition counts", lambda: c.read(list(c.asked)))
+        for topic, n in sorted((have or {}).items()):
             asked = c.asked.get(topic)
             if asked is None or n == asked:  # one deleted and made again: the node's count
                 self._miscounted.pop(topic, None)

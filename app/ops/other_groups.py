@@ -8,7 +8,8 @@ every partition of the type, both write its changelog, and every timer fires twi
 Every node reports what it owns to `<context>.nodes` every few seconds
 (`app.ops.cluster_status`). Before a worker joins its group, it reads those topics (read
 only: one not there is no node) and refuses to start (`OtherGroupRunning`) when a report
-not stale (`node_report.stale`: its node stopped without its tombstone) of a node of
+not stale (`node_report.stale`: its node stopped without its tombstone) nor dated ahead
+(`from_the_future`: a clock far ahead, or another producer's) of a node of
 another group names a partition of a type the worker keeps. Reports of types it does not
 keep do not count: two services of one context may each run in a group of their own.
 """
@@ -22,7 +23,7 @@ from typing import TYPE_CHECKING
 from app.errors import ConfigError
 from app.kafka.ports import Clients
 from app.node.partition_count import KEY_PREFIX
-from app.ops.node_report import NodeReport, decode_report, stale
+from app.ops.node_report import NodeReport, decode_report, from_the_future, stale
 from app.protocol.topics import AggregateTopics, ContextTopics
 
 if TYPE_CHECKING:
@@ -43,7 +44,7 @@ def running_elsewhere(
     found = [
         (r, sorted({p.type for p in r.partitions} & set(types)))
         for r in reports
-        if r.group != group and not stale(r, now)
+        if r.group != group and not stale(r, now) and not from_the_future(r, now)
     ]
     found = [(r, kept) for r, kept in found if kept]
     return max(found, key=lambda f: (f[0].at, f[0].node), default=None)

@@ -38,6 +38,6 @@ async def test_a_fold_from_past_the_logs_start_is_an_error(
         said = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
         expected = (
             f"{TOPICS.events}[{p}]: the log starts at offset {read}, past offset 0 the "
-            f"states fold from: {read} records were deleted"
+            f"states fold from: up to {read} records were deleted unfolded"
         )
         assert any(m.startswith(expected) for m in said), said

@@ -42,8 +42,9 @@ def test_a_fresh_report_of_another_group_on_a_kept_type_is_found() -> None:
         report("old", T0 - 3 * INTERVAL - 1, "shop.order"),  # stale: died without a tombstone
         report("billing", T0, "shop.invoice"),  # another service of the context
         report("old", T0),  # owns nothing: no type to tell
+        report("old", T0 + 86_400_000, "shop.order"),  # dated a day ahead: a clock, a forgery
     ],
-    ids=["own-group", "stale", "other-types", "owns-nothing"],
+    ids=["own-group", "stale", "other-types", "owns-nothing", "from-the-future"],
 )
 def test_what_does_not_count(seen: NodeReport) -> None:
     assert running_elsewhere([seen], "new", ["shop.order"], T0) is None

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -73,3 +74,30 @@ async def test_a_topic_deleted_while_the_node_runs_stops_it_at_the_second_check(
     finally:
         with contextlib.suppress(NodeFailed):
             await node.stop()
+
+
+async def test_missing_at_two_checks_not_in_a_row_does_not_stop_the_node(tmp_path: Path) -> None:
+    """Missing, listed again, missing: not two checks in a row (a listing that flaps)."""
+    letters = ContextTopics(TOPICS.context).dead_letters
+    log = MemoryLog()
+    node = RunningNode(log, tmp_path, "a", SERVICE, PARTITIONS)
+    ticks = Ticks()
+    node.node.topic_watch.sleep = ticks.sleep
+    names = log.admin().topic_names
+    flaps = iter([True, False, True])
+
+    async def listing() -> set[str]:
+        listed = await names()
+        return listed - {letters} if next(flaps, False) else listed
+
+    await node.start()
+    try:
+        await wait_until(node.runs)
+        counts = node.node.topic_watch.counts
+        assert counts is not None
+        node.node.topic_watch.counts = replace(counts, listed=listing)
+        for _ in range(3):
+            await ticks.tick()
+        assert node.task is not None and not node.task.done()
+    finally:
+        await node.stop()
