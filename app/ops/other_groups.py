@@ -16,15 +16,17 @@ keep do not count: two services of one context may each run in a group of their 
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Collection, Iterable, Sequence
 from contextlib import aclosing
 from typing import TYPE_CHECKING
 
 from app.errors import ConfigError
-from app.kafka.ports import Clients
+from app.kafka.ports import Clients, ReaderClient
 from app.node.partition_count import KEY_PREFIX
 from app.ops.node_report import NodeReport, decode_report, from_the_future, stale
 from app.protocol.topics import AggregateTopics, ContextTopics
+from app.task_ends import cancelled_here
 
 if TYPE_CHECKING:
     from app.node import Node
@@ -66,14 +68,14 @@ async def check_other_groups(
     # Wrong credentials or an untrusted certificate: one error, as the node's start says it.
     await admin.check_access()
     names = sorted({ContextTopics(t.context).nodes for t in topics})
-    there = await admin.existing_topics(names)
+    there = [name for name in names if name in await admin.existing_topics(names)]
     newest: dict[tuple[str, bytes], NodeReport | None] = {}
+    if not there:
+        return  # no node reported on these contexts yet (and no reader made for nothing)
     reader = clients.reader()
     await reader.start()
     try:
-        for name in names:
-            if name not in there:
-                continue
+        for name in there:
             async with aclosing(reader.read(name, 0, 0)) as batches:
                 async for batch in batches:
                     for r in batch:
@@ -84,7 +86,7 @@ async def check_other_groups(
                         except ValueError:
                             continue  # another producer's record: no node's report
     finally:
-        await reader.stop()
+        await _stopped(reader)
     reports = [r for r in newest.values() if r is not None]
     found = running_elsewhere(reports, group, [t.type_name for t in topics], now)
     if found is None:
@@ -98,3 +100,13 @@ async def check_other_groups(
         "that group's workers first (a group that never ran on these topics reads them "
         "from their start: see `tickwheel rebuild --new-group`)"
     )
+
+
+async def _stopped(reader: ReaderClient) -> None:
+    """Stops `reader`; a cancellation aiokafka's consumer leaks out of a stop soon after
+    its start (its coordinator's task cancelled and awaited) is not this task's."""
+    try:
+        await reader.stop()
+    except asyncio.CancelledError:
+        if cancelled_here():
+            raise
