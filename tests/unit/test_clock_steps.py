@@ -100,11 +100,9 @@ async def test_a_jump_past_expiry_while_a_send_is_out_does_not_expire_it(world: 
     assert world.sender.request_ids == ["t-1#0"]
 
 
-async def test_a_claim_given_back_by_a_node_whose_clock_runs_ahead_is_due_at_its_slot(
-    world: World,
-) -> None:
-    # Given back due at `now` by a node 5 min ahead, the next owner waited for the skew.
-    await world.put()  # due T0
+async def _sent_after_a_node_ahead_gave_it_back(world: World, at: int) -> list[str]:
+    """The timer claimed by a node 5 min ahead whose send hangs, given back as its partition
+    moves (`stop_partition`); what a node on time at `at` then sends in one round."""
     ahead = FakeClock(T0 + 5 * 60_000)
     a_sender = FakeSender(ahead, never)
     a = TimerRunner(world.store, a_sender, ahead, world.ledger, TimerOptions(), (0,))
@@ -114,11 +112,19 @@ async def test_a_claim_given_back_by_a_node_whose_clock_runs_ahead_is_due_at_its
             break
         await asyncio.sleep(0)
     await a.stop_partition(0)  # a rebalance: its claim given back
-    on_time = FakeClock(T0 + 1_000)
+    on_time = FakeClock(at)
     b_sender = FakeSender(on_time, always("COMMITTED"))
     b = TimerRunner(world.store, b_sender, on_time, world.ledger, TimerOptions(), (0,))
     await b.run_round()
-    assert b_sender.request_ids == ["t-1#0"]
+    return b_sender.request_ids
+
+
+async def test_a_claim_given_back_by_a_node_whose_clock_runs_ahead_is_due_at_its_slot(
+    world: World,
+) -> None:
+    # Given back due at `now` by a node 5 min ahead, the next owner waited for the skew.
+    await world.put()  # due T0
+    assert await _sent_after_a_node_ahead_gave_it_back(world, T0 + 1_000) == ["t-1#0"]
 
 
 async def test_a_retry_given_back_by_a_node_whose_clock_runs_ahead_is_not_held_for_the_skew(
@@ -132,18 +138,5 @@ async def test_a_retry_given_back_by_a_node_whose_clock_runs_ahead_is_not_held_f
     await r0.run_round()
     assert (await world.row()).due_at == T0 + 1_000  # failed once: retried in 1 s
     await r0.stop_partition(0)
-    ahead = FakeClock(T0 + 5 * 60_000)
-    a_sender = FakeSender(ahead, never)
-    a = TimerRunner(world.store, a_sender, ahead, world.ledger, TimerOptions(), (0,))
-    await a.run_round(wait=False)
-    for _ in range(100):
-        if a_sender.sends:
-            break
-        await asyncio.sleep(0)
-    await a.stop_partition(0)  # a rebalance: its claim given back
-    on_time = FakeClock(T0 + 2_000)
-    b_sender = FakeSender(on_time, always("COMMITTED"))
-    b = TimerRunner(world.store, b_sender, on_time, world.ledger, TimerOptions(), (0,))
-    await b.run_round()
-    assert b_sender.request_ids == ["t-1#0"]
+    assert await _sent_after_a_node_ahead_gave_it_back(world, T0 + 2_000) == ["t-1#0"]
     assert (await world.row()).outcome is Outcome.COMMITTED

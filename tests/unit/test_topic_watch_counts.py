@@ -21,17 +21,27 @@ from app.kafka.memory import MemoryLog
 from app.protocol.topics import ContextTopics
 
 
-async def test_a_ledger_grown_while_the_node_runs_is_said_once_and_in_healthz(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
-) -> None:
-    ledger = ContextTopics(TOPICS.context).ledger
-    log = MemoryLog()
+async def watched(log: MemoryLog, tmp_path: Path) -> tuple[RunningNode, Ticks]:
+    """A node on `log`, running, whose minute checks of its topics run at each `tick`."""
     node = RunningNode(log, tmp_path, "a", SERVICE, PARTITIONS)
     ticks = Ticks()
     node.node.topic_watch.sleep = ticks.sleep
     await node.start()
     try:
         await wait_until(node.runs)
+    except BaseException:
+        await node.stop()
+        raise
+    return node, ticks
+
+
+async def test_a_ledger_grown_while_the_node_runs_is_said_once_and_in_healthz(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    ledger = ContextTopics(TOPICS.context).ledger
+    log = MemoryLog()
+    node, ticks = await watched(log, tmp_path)
+    try:
         await ticks.tick()
         before = node.node.health().get("topics", {})  # the replication's findings alone
         caplog.set_level(logging.WARNING, logger="app.node.topic_watch")
@@ -57,12 +67,8 @@ async def test_a_topic_deleted_while_the_node_runs_stops_it_at_the_second_check(
     two checks in a row, it stops the node, loudly; its next start makes the topic."""
     letters = ContextTopics(TOPICS.context).dead_letters
     log = MemoryLog()
-    node = RunningNode(log, tmp_path, "a", SERVICE, PARTITIONS)
-    ticks = Ticks()
-    node.node.topic_watch.sleep = ticks.sleep
-    await node.start()
+    node, ticks = await watched(log, tmp_path)
     try:
-        await wait_until(node.runs)
         await ticks.tick()
         del log._topics[letters]  # kafka-topics --delete
         await ticks.tick()
@@ -80,9 +86,6 @@ async def test_missing_at_two_checks_not_in_a_row_does_not_stop_the_node(tmp_pat
     """Missing, listed again, missing: not two checks in a row (a listing that flaps)."""
     letters = ContextTopics(TOPICS.context).dead_letters
     log = MemoryLog()
-    node = RunningNode(log, tmp_path, "a", SERVICE, PARTITIONS)
-    ticks = Ticks()
-    node.node.topic_watch.sleep = ticks.sleep
     names = log.admin().topic_names
     flaps = iter([True, False, True])
 
@@ -90,9 +93,8 @@ async def test_missing_at_two_checks_not_in_a_row_does_not_stop_the_node(tmp_pat
         listed = await names()
         return listed - {letters} if next(flaps, False) else listed
 
-    await node.start()
+    node, ticks = await watched(log, tmp_path)
     try:
-        await wait_until(node.runs)
         counts = node.node.topic_watch.counts
         assert counts is not None
         node.node.topic_watch.counts = replace(counts, listed=listing)
