@@ -106,7 +106,8 @@ def transaction_batch_limits(
         for topic in written_topics(t)
     }
     for topic, takes in (also or {}).items():
-        limits[topic] = min(limits.get(topic, takes + RECORD_FRAMING), takes + RECORD_FRAMING)
+        limit = takes + RECORD_FRAMING
+        limits[topic] = min(limits.get(topic, limit), limit)
     return limits
 
 
