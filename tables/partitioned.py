@@ -131,6 +131,8 @@ class PartitionedStore(PartitionedReads):
                     counts[write.old.status] -= 1
                 if write.new is not None and write.new.status in _COUNTED:
                     counts[write.new.status] += 1
+            if live := self._live.get(write.partition):  # owners read whole lately alone
+                live.written(write)
 
     def _sink_of(self, partition: int) -> ChangelogSink | None:
         """Where `partition`'s rows go: its handle's sink while its serving lasts."""
@@ -327,22 +329,21 @@ class PartitionedStore(PartitionedReads):
         prefix = owner_prefix(owner)
 
         def rows() -> list[Found]:
-            return [
-                (partition, row, timer)
-                for partition in self._searched(only)
-                for row, timer in self._owner_rows(partition, prefix)
-            ]
+            # Its live rows alone: its finished ones, kept for the retention and not
+            # bounded in number, were read and decoded at every deletion (hunt F1).
+            return [found for p in self._searched(only) for found in self._live_rows(p, prefix)]
 
         async with self._writing_found(rows, only, self._marked(mark, only)) as held:
             writes = plan_cancel(held, version, None if mark is None else mark.at)
             cancelled = len(writes)
             if mark is not None:
-                # The owner's deletion mark (`tables.tombstones`), among its rows if held.
-                at = row_key(owner, DELETED_KEY)
-                old = next((t for p, r, t in held if r == at and p == mark.partition), None)
+                # The owner's deletion mark (`tables.tombstones`), a finished row: read.
+                at = prefix + _DELETED
+                old = self._load(mark.partition, at)
                 if (new := deletion_mark(old, owner, version, mark)) is not None:
                     writes.append(Write(mark.partition, at, old, new))
             await self._commit(writes)
+            self._live_left(prefix, held, writes[:cancelled])
             return cancelled
 
     def _found_row(self, row: bytes, only: tuple[int, int] | None) -> list[Found]:

@@ -9,10 +9,12 @@ from collections.abc import Callable, Iterator
 
 from tables.census import TimerCensus, tally
 from tables.keys import owner_prefix, row_key
+from tables.live_rows import LiveRows
 from tables.refs import AggregateRef
-from tables.served import ServedPartitions
+from tables.served import Found, ServedPartitions
 from tables.store import DueRow
-from tables.timer import Timer, TimerStatus
+from tables.timer import ACTIVE, Timer, TimerStatus
+from tables.writes import Write
 
 __all__ = ["PartitionedReads"]
 
@@ -43,6 +45,32 @@ class PartitionedReads(ServedPartitions):
     @abstractmethod
     def _owner_rows(self, partition: int, prefix: bytes) -> Iterator[tuple[bytes, Timer]]:
         """The rows of partition whose key starts with `prefix`, in row-key order."""
+
+    def _live_rows(self, partition: int, prefix: bytes) -> list[Found]:
+        """The live rows (`ACTIVE`) of the owner of `prefix` in `partition`: those known
+        (`tables.live_rows`), else all its rows read and the live ones known from then.
+        Synchronous: no write lands between the read and what is known of it."""
+        live = self._live.get(partition)
+        known = None if live is None else live.rows_of(prefix)
+        if known is not None:
+            rows = sorted(known)
+            held = zip(rows, self._load_many(partition, rows), strict=True)
+            loaded = [(r, t) for r, t in held if t is not None]
+        else:
+            loaded = list(self._owner_rows(partition, prefix))
+        found = [(partition, r, t) for r, t in loaded if t.status in ACTIVE]
+        if known is None:
+            self._live.setdefault(partition, LiveRows()).know(prefix, [f[1] for f in found])
+        return found
+
+    def _live_left(self, prefix: bytes, held: list[Found], cancelled: list[Write]) -> None:
+        """Once `cancelled` of the live rows `held` of the owner of `prefix` are written,
+        under the locks of their partitions still: the rest are its live rows there (an
+        owner of more than `tables.live_rows.ROWS_LIMIT` read whole again, else)."""
+        gone = {(w.partition, w.row) for w in cancelled}
+        for partition in sorted({p for p, _, _ in held}):
+            left = [r for p, r, _ in held if p == partition and (p, r) not in gone]
+            self._live.setdefault(partition, LiveRows()).know(prefix, left)
 
     @abstractmethod
     def _expired(self, partition: int, until: int, limit: int) -> list[tuple[bytes, Timer]]:

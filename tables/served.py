@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import AsyncExitStack, asynccontextmanager
 
 from tables.exceptions import StoreClosed
+from tables.live_rows import LiveRows
 from tables.owners import TableOwners
 from tables.store import UnreadableRow
 from tables.timer import Timer, TimerStatus
@@ -46,6 +47,9 @@ class ServedPartitions(ABC):
         # Per partition, its active rows by status (`status_counts`); absent: not counted
         # since it was opened or restored (counted whole when next asked).
         self._counts: dict[int, dict[TimerStatus, int]] = {}
+        # Per partition, the live rows of owners read whole lately (`tables.live_rows`):
+        # kept by every local write, forgotten with the counts.
+        self._live: dict[int, LiveRows] = {}
 
     # --- what a backend supplies ------------------------------------------------------
 
@@ -116,6 +120,12 @@ class ServedPartitions(ABC):
             raise StoreClosed(
                 f"partition {partition} was revoked or dropped since its handle was made"
             )
+
+    def _forget_counts(self, partition: int) -> None:
+        """Forgets what is kept of `partition`'s rows beside them (its rows restored,
+        opened, closed or dropped): counted, or read, again when next asked."""
+        self._counts.pop(partition, None)
+        self._live.pop(partition, None)
 
     def _served_sorted(self) -> list[int]:
         return sorted(self._served)
@@ -209,7 +219,7 @@ class ServedPartitions(ABC):
         self._check_serving(partition, serving)
         async with self._writing([partition]):
             self._check_serving(partition, serving)
-            self._counts.pop(partition, None)
+            self._forget_counts(partition)
             return self._restore(partition, records)
 
     async def end_restore(self, partition: int) -> None:
@@ -231,7 +241,7 @@ class ServedPartitions(ABC):
         async with self._writing(wanted):
             for partition in wanted:
                 if partition not in self._served:
-                    self._counts.pop(partition, None)
+                    self._forget_counts(partition)
                     self._open_partition(partition)
                     self._served.add(partition)
 
@@ -245,14 +255,14 @@ class ServedPartitions(ABC):
                 if partition in self._served:
                     self._served.discard(partition)
                     self._servings[partition] += 1
-                    self._counts.pop(partition, None)
+                    self._forget_counts(partition)
                     self._close_partition(partition)
 
     async def drop(self, partition: int) -> None:
         self._check_open()
         self._check_partition(partition)
         async with self._writing([partition]):
-            self._counts.pop(partition, None)
+            self._forget_counts(partition)
             self._servings[partition] += 1
             self._drop_partition(partition, partition in self._served)
 
