@@ -24,7 +24,7 @@ from app.protocol.wire import EventEnvelope, OpOutcome, decode, decode_event, un
 from app.protocol.wire import TimerOp as OperatorRequest
 from app.timers.op_answers import answer_record
 from app.timers.operator import carry_out
-from app.timers.subscription import CancelTimer, TimerOp, apply_all, op_key, timer_op
+from app.timers.subscription import CancelTimer, PutTimer, TimerOp, apply_all, op_key, timer_op
 from tables import Timer
 from tables.writes import alike
 
@@ -103,7 +103,8 @@ class TimerTableCycles:
         (all, or those before the cycle's budget was spent: the appliers of another
         writer's events it follows are a service's code, as slow as its handlers; one
         record at least)."""
-        ops: list[tuple[Record, TimerOp]] = []
+        ops: list[tuple[Record, TimerOp]] = []  # not carried out yet
+        wrote, put = False, list[Timer]()
         p = records[0].partition
         batch = w.batch_of(p)  # None: p's aggregates are not decided here
         appliers = kept.agg.appliers if kept.agg is not None else {}
@@ -174,11 +175,20 @@ class TimerTableCycles:
                 continue
             if op is not None:
                 ops.append((record, op))
-        if not ops:
-            return False, taken
-        writes, put = await self._apply(kept, ops, w)
+                if not isinstance(op, PutTimer):
+                    # Carried out now, with the puts before it (as `apply_all` would), not
+                    # after the batch's last record: the budget checked above then counts
+                    # its store call (an owner's deletion reads its live rows), and the
+                    # records it leaves hold no operation carried out. Their offsets are
+                    # not committed: exactly the records whose operations were.
+                    writes, done = await self._apply(kept, ops, w)
+                    wrote, put = wrote or writes > 0, put + done
+                    ops.clear()
+        if ops:
+            writes, done = await self._apply(kept, ops, w)
+            wrote, put = wrote or writes > 0, put + done
         self._offer(w, put)
-        return writes > 0, taken
+        return wrote, taken
 
     async def _apply(
         self, kept: KeptType, ops: list[tuple[Record, TimerOp]], w: CycleWork
