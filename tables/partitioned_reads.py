@@ -1,6 +1,6 @@
 """The reads both backends share (`PartitionedReads`, the base of
 `tables.partitioned.PartitionedStore`): the rows and index entries a backend supplies,
-and the TimerStore's reads over them: due, find, parked, timers_of and census."""
+and the TimerStore's reads over them: due, find, parked, timers_of, owner_timers and census."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterator
 from tables.census import TimerCensus, tally
 from tables.keys import owner_prefix, row_key
 from tables.live_rows import LiveRows
+from tables.owner_pick import OwnerPick, OwnerTimers
 from tables.refs import AggregateRef
 from tables.served import Found, ServedPartitions
 from tables.store import DueRow
@@ -182,6 +183,24 @@ class PartitionedReads(ServedPartitions):
             for partition in self._served_sorted()
             for _, timer in self._owner_rows(partition, prefix)
         ]
+
+    async def owner_timers(
+        self, owner: AggregateRef, *, limit: int, scan_limit: int
+    ) -> OwnerTimers:
+        self._check_open()
+        for name, value in (("limit", limit), ("scan_limit", scan_limit)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an int of at least 1, not {value!r}")
+        prefix = owner_prefix(owner)
+        pick = OwnerPick(limit)
+        read = 0
+        for partition in self._served_sorted():
+            for _, timer in self._owner_rows(partition, prefix):
+                if read == scan_limit:  # the scan stops there: the owner keeps more
+                    return pick.result(complete=False)
+                read += 1
+                pick.add(timer)
+        return pick.result()
 
     async def census(
         self, partition: int, now: int, *, limit: int = 100_000, parked_limit: int = 100

@@ -14,6 +14,7 @@ from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, NamedTuple, Protocol, runtime_checkable
 
 from tables.census import TimerCensus
+from tables.owner_pick import OwnerTimers
 from tables.recent_rows import load_at
 from tables.refs import AggregateRef
 from tables.rocksdb_io import gc_paused
@@ -256,6 +257,14 @@ class TimerStore(Protocol):
 
     async def timers_of(self, owner: AggregateRef) -> list[Timer]:
         """Every row `owner` keeps in the partitions served, in whatever status, by key."""
+        ...
+
+    async def owner_timers(
+        self, owner: AggregateRef, *, limit: int, scan_limit: int
+    ) -> OwnerTimers:
+        """`timers_of` for a view (the operator page): at most `limit` of `owner`'s timers
+        held, the live ones first (`tables.owner_pick`), of at most `scan_limit` rows
+        read, and how many it read. An owner may keep any number of rows."""
         ...
 
     def status_counts(self, partition: int) -> dict[TimerStatus, int]:

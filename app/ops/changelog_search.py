@@ -12,6 +12,7 @@ is its own.
 from __future__ import annotations
 
 import asyncio
+import heapq
 from contextlib import aclosing, suppress
 from typing import Final
 
@@ -20,6 +21,7 @@ from app.kafka.ports import Clients
 from app.protocol.topics import parse_aggregate_type
 from tables import AggregateRef, Timer
 from tables.keys import owner_prefix, restored_row
+from tables.owner_pick import LIVE, OwnerTimers
 from tables.tombstones import is_deletion_mark
 
 __all__ = [
@@ -46,9 +48,11 @@ async def search_changelog(
     type_name: str,
     partition: int,
     owner: AggregateRef,
-) -> list[Timer]:
-    """`owner`'s timers as the changelog of its partition has them, by key, once one of
-    `reads` is free (`ChangelogBusy` after `wait_s`): see `ClusterStatus.changelog_timers`."""
+    limit: int,
+) -> OwnerTimers:
+    """Up to `limit` of `owner`'s timers as the changelog of its partition has them, live
+    ones first, once one of `reads` is free (`ChangelogBusy` after `wait_s`): see
+    `ClusterStatus.changelog_timers`."""
     try:
         async with asyncio.timeout(wait_s):
             await reads.acquire()
@@ -58,17 +62,30 @@ async def search_changelog(
             f"{wait_s:g} s): try again shortly"
         ) from None
     try:
-        return await _read_changelog(clients, type_name, partition, owner)
+        return await _read_changelog(clients, type_name, partition, owner, limit)
     finally:
         reads.release()
 
 
+_LIVE, _FINISHED, _MARK = 0, 1, 2
+"""How a held row ranks for the view: live ones are shown first; a deletion mark never."""
+
+
+def _rank(timer: Timer) -> int:
+    # An owner's deletion mark is no timer (`tables.tombstones`).
+    if is_deletion_mark(timer):
+        return _MARK
+    return _LIVE if timer.status in LIVE else _FINISHED
+
+
 async def _read_changelog(
-    clients: Clients, type_name: str, partition: int, owner: AggregateRef
-) -> list[Timer]:
+    clients: Clients, type_name: str, partition: int, owner: AggregateRef, limit: int
+) -> OwnerTimers:
     topic = parse_aggregate_type(type_name).timers_changelog
     prefix = owner_prefix(owner)
-    rows: dict[bytes, Timer] = {}
+    # Each key's last row held as its record's bytes and rank, not decoded: an owner may
+    # keep tens of thousands of rows, and a decoded Timer takes many times its record.
+    rows: dict[bytes, tuple[int, bytes]] = {}
     reader = clients.reader()
     await reader.start()
     try:
@@ -86,9 +103,13 @@ async def _read_changelog(
                     # `owner`'s, a row taken is `owner`'s, of the type and partition the
                     # caller keyed it to: the restore's owner check holds.
                     with suppress(ValueError):  # a restore letters it
-                        rows[r.key] = restored_row(partition, r.key, r.value)
+                        rank = _rank(restored_row(partition, r.key, r.value))
+                        rows[r.key] = (rank, r.value)
     finally:
         await reader.stop()
-    # An owner's deletion mark is no timer (`tables.tombstones`).
-    timers = (t for t in rows.values() if not is_deletion_mark(t))
-    return sorted(timers, key=lambda t: t.key)
+    shown = heapq.nsmallest(
+        limit, ((rank, key) for key, (rank, _) in rows.items() if rank != _MARK)
+    )
+    timers = [restored_row(partition, key, rows[key][1]) for _, key in shown]
+    total = sum(1 for rank, _ in rows.values() if rank != _MARK)
+    return OwnerTimers(timers, total)

@@ -56,7 +56,8 @@ from app.ops.node_report import (
 from app.ops.status_view import FORGET_MS, MAX_HELD_KEYS, PURGE_MS, StatusView
 from app.protocol.topics import ContextTopics, parse_aggregate_type
 from app.task_ends import cancelled_here, how_ended
-from tables import AggregateRef, Timer
+from tables import AggregateRef
+from tables.owner_pick import OwnerTimers
 
 if TYPE_CHECKING:
     from app.node import Node
@@ -327,14 +328,21 @@ class ClusterStatus:
         return sorted(found, key=lambda tx: -tx[1].timestamp)
 
     async def changelog_timers(
-        self, type_name: str, partition: int, owner: AggregateRef
-    ) -> list[Timer]:
-        """`owner`'s timers as the changelog of its partition has them (for a search of an
-        owner whose partition lives on another node): the last row per key, by key. The
-        whole partition is read, but only the owner's rows (by their key) are decoded, and
-        one such read at a time (`ChangelogBusy` after `changelog_wait_s`)."""
+        self, type_name: str, partition: int, owner: AggregateRef, limit: int
+    ) -> OwnerTimers:
+        """Up to `limit` of `owner`'s timers as the changelog of its partition has them
+        (for a search of an owner whose partition lives on another node): the last row per
+        key, live ones first, each by key, and how many it keeps. The whole partition is
+        read, but only the owner's rows (by their key) are decoded, and one such read at a
+        time (`ChangelogBusy` after `changelog_wait_s`)."""
         return await search_changelog(
-            self._clients, self._changelog_reads, self.changelog_wait_s, type_name, partition, owner
+            self._clients,
+            self._changelog_reads,
+            self.changelog_wait_s,
+            type_name,
+            partition,
+            owner,
+            limit,
         )
 
 

@@ -5,7 +5,8 @@ stalled), its timers per aggregate type, status and partition (read from its loc
 timer stores with `TimerStore.census`), its parked timers, the whole cluster's failure
 ledger (every node follows the compacted ledger topic whole; the newest entries shown,
 `app.ops.page_ledger`), each timer and entry with its last error (why it did not fire,
-#22), a search by owner id (`?owner=<id>&tenant=<tenant>`) and a chart of timer lateness
+#22), a search by owner id (`?owner=<id>&tenant=<tenant>`, `app.ops.page_owner`: at most
+`OWNER_LIMIT` of each type listed, live ones first) and a chart of timer lateness
 over the last minutes.
 
 Retry and Skip are HTML forms posted to `/timers/retry` and `/timers/skip`: they go
@@ -32,13 +33,12 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescape
 from multidict import MultiMapping
-from pydantic import ValidationError
 from yarl import URL
 
 from app.errors import BadInput, KafkaUnavailable, TickwheelError
 from app.kafka.ports import Clients
 from app.ops.chart import CHART_SECONDS, lateness_chart
-from app.ops.cluster_page import UPCOMING_ROWS, ClusterView, cluster_view, when
+from app.ops.cluster_page import UPCOMING_ROWS, cluster_view, when
 from app.ops.cluster_status import ChangelogBusy
 from app.ops.forms import (
     TOKEN_FIELD,
@@ -47,12 +47,12 @@ from app.ops.forms import (
     new_form_id,
     owner_query,
     parse_form,
-    problems,
 )
 from app.ops.letters import Letter
 from app.ops.node_report import NodeReport, StatusSource, collect_report, recent_p99
 from app.ops.op_answers import request_answered
 from app.ops.page_ledger import ledger_rows
+from app.ops.page_owner import OWNER_LIMIT, OWNER_SCAN_LIMIT, owner_parts
 from app.ops.page_timer_ops import (
     AnsweredView,
     Asker,
@@ -63,12 +63,10 @@ from app.ops.page_timer_ops import (
     unsettled_view,
 )
 from app.ops.timer_api import DEFAULT_WAIT_S
-from app.protocol.topics import parse_aggregate_type
 from app.protocol.wire import TimerAction
-from tables import AggregateRef, StoreClosed, Timer
+from tables import AggregateRef
 from tables.ledger import FailureLedger
-from tables.partitioner import partition_of
-from tables.tombstones import is_deletion_mark
+from tables.owner_pick import OwnerTimers
 
 if TYPE_CHECKING:
     from app.node.metrics import NodeMetrics
@@ -136,8 +134,8 @@ class ClusterSource(Protocol):
     def reports(self) -> list[NodeReport]: ...
 
     async def changelog_timers(
-        self, type_name: str, partition: int, owner: AggregateRef
-    ) -> list[Timer]: ...
+        self, type_name: str, partition: int, owner: AggregateRef, limit: int
+    ) -> OwnerTimers: ...
 
     async def recent_letters(self, limit: int) -> list[tuple[str, Letter]]: ...
 
@@ -167,16 +165,6 @@ class Acted:
 
 
 # --- views (plain data handed to the template) --------------------------------------------
-
-
-@dataclass(frozen=True)
-class _OwnerPart:
-    type_name: str
-    partition: int
-    here: bool
-    timers: list[tuple[Timer, str]]
-    node: str = ""
-    """Who owns the partition (when it is not this node): the changelog was read."""
 
 
 # --- the page ----------------------------------------------------------------------------
@@ -227,7 +215,7 @@ class OperatorPage:
         view = cluster_view(own, others, node.settings.partitions, now, known=cluster is not None)
         try:
             owner = owner_query(query)
-            owner_parts = await self._owner(owner, view) if owner is not None else None
+            parts = None if owner is None else await owner_parts(node, cluster, owner, view)
         except BadInput as exc:
             return self.error(400, str(exc))
         except ChangelogBusy as exc:
@@ -253,10 +241,12 @@ class OperatorPage:
             "bad_reports": cluster.bad_reports if cluster is not None else 0,
             "types": sorted(node.types),
             "owner": owner,
-            "owner_parts": owner_parts,
+            "owner_parts": parts,
             "chart": lateness_chart(node.metrics.recent_lateness, now),
             "chart_seconds": CHART_SECONDS,
             "parked_limit": PARKED_LIMIT,
+            "owner_limit": OWNER_LIMIT,
+            "owner_scan_limit": OWNER_SCAN_LIMIT,
             "new_id": new_form_id,
             **(await self.actions.context(view.jobs) if self.actions is not None else _NO_ACTIONS),
         }
@@ -293,42 +283,6 @@ class OperatorPage:
         except KafkaUnavailable as exc:
             return [], f"the dead letters were not read: {exc}"
         return [(topic, x, when(x.timestamp)) for topic, x in found], ""
-
-    async def _owner(self, owner: tuple[str, str], view: ClusterView) -> list[_OwnerPart]:
-        """The owner's timers of each type: from the store when this node owns the
-        partition, else from the partition's changelog (the group's status read)."""
-        owner_id, tenant = owner
-        now = self._node.clock.now()
-        cluster = self.cluster
-        parts = []
-        for type_name, kept in sorted(self._node.types.items()):
-            topics = parse_aggregate_type(type_name)
-            try:
-                ref = AggregateRef(
-                    context=topics.context, aggregate=topics.aggregate, tenant=tenant, id=owner_id
-                )
-            except ValidationError as exc:
-                raise BadInput(f"bad owner: {problems(exc)}") from exc
-            p = partition_of(owner_id, self._node.settings.partitions)
-            here = self._node.owns(type_name, p)
-            timers: list[Timer] = []
-            if here:
-                try:
-                    timers = await kept.store.timers_of(ref)
-                except StoreClosed:
-                    here = False
-            elsewhere = ""
-            if not here and cluster is not None:
-                holder = view.owners.get(p)
-                elsewhere = holder.node if holder is not None else "no node reports it"
-                try:
-                    timers = await cluster.changelog_timers(type_name, p, ref)
-                except KafkaUnavailable as exc:
-                    raise BadInput(f"the changelog of {type_name} was not read: {exc}") from exc
-            # An owner's deletion mark is no timer (`tables.tombstones`).
-            dues = [(t, when(t.slot_due_at, now)) for t in timers if not is_deletion_mark(t)]
-            parts.append(_OwnerPart(type_name, p, here, dues, elsewhere))
-        return parts
 
     # --- POST --------------------------------------------------------------------------
 

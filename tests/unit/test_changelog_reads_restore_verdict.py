@@ -86,8 +86,8 @@ async def test_garbage_after_a_live_timers_row_hides_it_from_no_reader() -> None
     key = row_key(owner, "k1")
     log = await changelog([(2, key, encode_timer(live)), (2, key, b"garbage")])
     assert await restored(log) == [(str(owner), "k1")]
-    found = await search_changelog(log, asyncio.Semaphore(1), 5.0, TYPE, 2, owner)
-    assert found == [live]
+    found = await search_changelog(log, asyncio.Semaphore(1), 5.0, TYPE, 2, owner, 10)
+    assert found.timers == [live]
     assert await listed(log) == [(str(owner), "k1")]
     assert (await read_timer_history(log, owner)).current("k1") == live
 
@@ -101,8 +101,8 @@ async def test_a_row_under_another_owners_key_is_no_row_to_any_reader() -> None:
     log = await changelog([(1, key, encode_timer(tb)), (1, key, encode_timer(ta))])
     assert await restored(log) == [(str(b), "kb")]
     assert await listed(log) == [(str(b), "kb")]
-    found = await search_changelog(log, asyncio.Semaphore(1), 5.0, TYPE, 1, b)
-    assert found == [tb]
+    found = await search_changelog(log, asyncio.Semaphore(1), 5.0, TYPE, 1, b, 10)
+    assert found.timers == [tb]
     history = await read_timer_history(log, b)
     assert list(history.versions) == ["kb"]
     assert [v.row for v in history.versions["kb"]] == [tb]

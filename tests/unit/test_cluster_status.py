@@ -38,7 +38,7 @@ from app.ops.node_report import (
 from app.protocol.topics import ContextTopics, parse_aggregate_type
 from tables import AggregateRef, CommandSpec, OnceRule, Timer, TimerChange, TimerStatus
 from tables.census import TimerCensus
-from tables.keys import row_key
+from tables.keys import encode_timer, row_key
 from tables.memory_store import MemoryTimerStore
 from tables.partitioner import partition_of
 
@@ -394,11 +394,18 @@ async def test_an_owners_timers_elsewhere_are_read_from_the_changelog(group: Gro
     await publisher.send(changelog, row_key(t2.owner, t2.key), None, 2)  # k2 deleted since
     await publisher.send(changelog, row_key(ref(owner), "k4"), b"not a row", 2)
     await publisher.send(changelog, b"bad", b"not a row", 2)
-    found = await a.changelog_timers(TYPE, 2, ref(owner))
-    assert [t.key for t in found] == ["k1", "k3"]
+    found = await a.changelog_timers(TYPE, 2, ref(owner), 10)
+    assert ([t.key for t in found.timers], found.total) == (["k1", "k3"], 2)
+    # Bounded (F2), live ones first: a finished k0 comes after them, and past the limit.
+    fired = timer(owner, "k0", T0).model_copy(update={"status": TimerStatus.FIRED})
+    await publisher.send(changelog, row_key(fired.owner, "k0"), encode_timer(fired), 2)
+    found = await a.changelog_timers(TYPE, 2, ref(owner), 2)
+    assert ([t.key for t in found.timers], found.total, found.cut) == (["k1", "k3"], 3, True)
+    found = await a.changelog_timers(TYPE, 2, ref(owner), 3)
+    assert [t.key for t in found.timers] == ["k1", "k3", "k0"]
     group.log.down = True
     with pytest.raises(KafkaUnavailable):
-        await a.changelog_timers(TYPE, 2, ref(owner))
+        await a.changelog_timers(TYPE, 2, ref(owner), 10)
     group.log.down = False
 
 

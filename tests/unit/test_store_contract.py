@@ -879,6 +879,28 @@ async def test_timers_of_lists_an_owners_rows_in_every_status_by_key(store: Time
     assert await store.timers_of(owner) == []  # only the partitions served
 
 
+async def test_owner_timers_holds_a_bounded_few_live_ones_first(store: TimerStore) -> None:
+    """The operator page's read of an owner (F2): however many rows it keeps, at most
+    `limit` are held, the live ones before the finished, of at most `scan_limit` read."""
+    owner = ref("o1")
+    statuses = [FIRED, PENDING, CANCELLED, PARKED, FIRED, PENDING, PAUSED, CANCELLED]
+    for i, status in enumerate(statuses):
+        await into(store, timer(owner, f"k{i}", partition=2), status)
+    got = await store.owner_timers(owner, limit=5, scan_limit=100)
+    assert [(t.key, t.status) for t in got.timers] == [
+        ("k1", PENDING), ("k3", PARKED), ("k5", PENDING), ("k6", PAUSED), ("k0", FIRED),
+    ]  # fmt: skip
+    assert (got.total, got.complete, got.cut) == (8, True, True)
+    whole = await store.owner_timers(owner, limit=8, scan_limit=8)
+    assert (len(whole.timers), whole.total, whole.cut) == (8, 8, False)
+    stopped = await store.owner_timers(owner, limit=2, scan_limit=3)
+    assert [t.key for t in stopped.timers] == ["k1", "k0"]
+    assert (stopped.total, stopped.complete) == (3, False)
+    assert (await store.owner_timers(ref("nobody"), limit=1, scan_limit=1)).total == 0
+    with pytest.raises(ValueError):
+        await store.owner_timers(owner, limit=0, scan_limit=1)
+
+
 async def test_census_counts_a_partitions_active_timers_and_its_due_times(
     store: TimerStore,
 ) -> None:

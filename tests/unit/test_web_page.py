@@ -21,6 +21,7 @@ import tables.ledger
 from app.errors import KafkaUnavailable
 from app.ops.forms import local_path
 from app.ops.page import CHART_SECONDS, OperatorPage
+from app.ops.page_owner import OWNER_LIMIT
 from app.ops.web import WebServer
 from app.protocol.wire import (
     TimerAction,
@@ -294,6 +295,26 @@ async def test_an_owners_timers_are_found_in_its_partition(site: Site) -> None:
     assert rows[1][9:] == ["—", str(ref("z"))]  # no error kept: a dash
     _, html = await site.get("/", owner=owner, tenant="t-2")  # another tenant: none
     assert cells(html, "owner-timers") == [[TYPE, "1", NODE, "no timers of " + owner]]
+
+
+async def test_an_owner_of_many_timers_is_listed_bounded_live_ones_first(site: Site) -> None:
+    """F2: the search is open without the token and an owner may keep any number of rows:
+    at most `OWNER_LIMIT` are listed, the live ones first, and how many there are."""
+    owner = owner_in(1)
+    finished = OWNER_LIMIT + 20
+    for i in range(finished):  # keys first in order: they would come first by key
+        await put(site.node.store, owner, f"a{i:03}", T0, TimerStatus.FIRED)
+    for i in range(5):
+        await put(site.node.store, owner, f"b{i}", T0 + 1_000)
+    _, html = await site.get("/", owner=owner)
+    rows = cells(html, "owner-timers")
+    listed = rows[:-1]
+    assert len(listed) == OWNER_LIMIT == html.count('class="owner-timer"')
+    assert [r[4] for r in listed[:5]] == ["PENDING"] * 5
+    assert {r[4] for r in listed[5:]} == {"FIRED"}
+    more = rows[-1][2]
+    assert f"{OWNER_LIMIT} of {finished + 5} timers of {owner}" in " ".join(more.split())
+    assert f"tickwheel timers show --type {TYPE} --owner {owner}" in more
 
 
 async def test_an_owner_in_another_nodes_partition_is_named_so(site: Site) -> None:
