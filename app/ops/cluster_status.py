@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from contextlib import aclosing
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
@@ -36,7 +36,7 @@ from prometheus_client import CollectorRegistry, Counter
 
 from app.errors import KafkaUnavailable
 from app.kafka.ports import Clients, Follower, Publisher
-from app.kafka.records import refused
+from app.kafka.records import Record, refused
 from app.node.settings import Settings
 from app.ops.changelog_search import (
     CHANGELOG_READS,
@@ -162,8 +162,7 @@ class ClusterStatus:
             for c in self._contexts.values():
                 async with aclosing(reader.read(c.topic, 0, 0)) as batches:
                     async for batch in batches:
-                        for r in batch:
-                            self.view.apply(r.topic, r.key, r.offset, r.value)
+                        await _apply(self.view, batch)
         finally:
             await reader.stop()
         await self.publish()
@@ -293,8 +292,7 @@ class ClusterStatus:
                 await asyncio.sleep(1)
                 continue
             failing = False
-            for r in records:
-                self.view.apply(r.topic, r.key, r.offset, r.value)
+            await _apply(self.view, records)
 
     async def stop(self) -> None:
         """Writes this node's tombstones (its partitions go to their next owners' reports),
@@ -330,11 +328,9 @@ class ClusterStatus:
     async def changelog_timers(
         self, type_name: str, partition: int, owner: AggregateRef, limit: int
     ) -> OwnerTimers:
-        """Up to `limit` of `owner`'s timers as the changelog of its partition has them
-        (for a search of an owner whose partition lives on another node): the last row per
-        key, live ones first, each by key, and how many it keeps. The whole partition is
-        read, but only the owner's rows (by their key) are decoded, and one such read at a
-        time (`ChangelogBusy` after `changelog_wait_s`)."""
+        """Up to `limit` of `owner`'s timers (live ones first) and how many it keeps, as
+        the changelog of its partition has them, for a search of an owner on another node:
+        one such read at a time (`ChangelogBusy` after `changelog_wait_s`)."""
         return await search_changelog(
             self._clients,
             self._changelog_reads,
@@ -344,6 +340,13 @@ class ClusterStatus:
             owner,
             limit,
         )
+
+
+async def _apply(view: StatusView, records: Iterable[Record]) -> None:
+    """Each of `records` into `view`, the loop let go after each (a report's decode)."""
+    for r in records:
+        view.apply(r.topic, r.key, r.offset, r.value)
+        await asyncio.sleep(0)
 
 
 def _raise_if_cancelled(exc: BaseException) -> None:

@@ -28,11 +28,13 @@ from tables.bounds import MAX_INT64, Count, Deadline, Instant
 __all__ = [
     "AHEAD_INTERVALS",
     "JOBS_IN_REPORT",
+    "MAX_HELD_ROWS",
     "MAX_INTERVAL_MS",
     "MAX_REPORT_BYTES",
     "PARKED_IN_REPORT",
     "STALE_INTERVALS",
     "TEXT_IN_REPORT",
+    "TYPES_IN_REPORT",
     "UPCOMING_IN_REPORT",
     "NodeReport",
     "PartitionReport",
@@ -43,6 +45,7 @@ __all__ = [
     "encode_report",
     "fit_report",
     "from_the_future",
+    "held_rows",
     "partition_state",
     "recent_p99",
     "stale",
@@ -70,7 +73,18 @@ cannot write (its partitions are then shown as last heard of, marked stale)."""
 
 MAX_REPORT_BYTES: Final = 384 * 1024
 """The largest status record a node reads (larger ones are skipped unread, as bad) and
-writes (`fit_report`): a reader holds at most this per node it knows of."""
+writes (`fit_report`). A report is held decoded, at up to ~15 times its bytes (a row of a
+partition is ~40 bytes on the wire, ~600 held): what bounds a reader is `MAX_HELD_ROWS`."""
+
+TYPES_IN_REPORT: Final = 100
+"""The most types of one context a report lists (a node writes none past it): with each
+(type, partition) listed once and the partitions the group's, a report holds at most this
+many times the group's partitions rows, whatever another producer writes."""
+
+MAX_HELD_ROWS: Final = 200_000
+"""Rows a reader holds across all its reports (`status_view`), past which the oldest
+written is dropped: a partition's row is one (~600 bytes held), a listed timer six. ~120 MB
+at worst; 50 nodes of 3 types at 1,024 partitions, their lists full, hold ~80,000."""
 
 PARKED_IN_REPORT: Final = 100
 UPCOMING_IN_REPORT: Final = 50
@@ -137,7 +151,8 @@ def fit_report(report: NodeReport) -> NodeReport:
     """`report` cut to fit `MAX_REPORT_BYTES` once encoded: fewer listed timers first, then
     shorter failure texts, then each partition's counts and due times (its owner and
     state kept); never a partition (its owner would vanish from the pages). ValueError
-    when even that is too large."""
+    when even that is too large, or when it lists what a reader refuses (`_check_rows`)."""
+    _check_rows(report)
     for why in (TEXT_IN_REPORT, 200, 0):
         parts = tuple(p.model_copy(update={"why": clip(p.why, why)}) for p in report.partitions)
         report = report.model_copy(update={"partitions": parts})
@@ -179,9 +194,26 @@ def decode_report(key: bytes | None, value: bytes | None) -> NodeReport | None:
     ):
         if len(getattr(report, name)) > most:
             raise ValueError(f"more than {most} {name} timers")
+    _check_rows(report)
     if report.node.encode() != key:
         raise ValueError(f"the report of {report.node!r} under the key {key[:100]!r}")
     return report
+
+
+def _check_rows(report: NodeReport) -> None:
+    """A node lists each of its partitions once per type, of at most `TYPES_IN_REPORT`
+    types: more rows are another producer's (held decoded, each takes ~15x its bytes)."""
+    rows = {(p.type, p.partition) for p in report.partitions}
+    if len(rows) != len(report.partitions):
+        raise ValueError("a partition listed twice")
+    if len({t for t, _ in rows}) > TYPES_IN_REPORT:
+        raise ValueError(f"more than {TYPES_IN_REPORT} types")
+
+
+def held_rows(report: NodeReport) -> int:
+    """What a reader counts against `MAX_HELD_ROWS` of `report` (one for the report)."""
+    listed = len(report.parked) + len(report.upcoming) + len(report.jobs)
+    return 1 + len(report.partitions) + 6 * listed  # a decoded timer: ~3.8 KB
 
 
 def clip(text: str, limit: int = TEXT_IN_REPORT) -> str:

@@ -1,7 +1,8 @@
 """What a node holds of the `<context>.nodes` topics: each key's newest report (#22).
 
 Pure (no I/O): `app.ops.cluster_status` feeds it the records it reads and writes. What it
-holds is bounded: `MAX_REPORT_BYTES` per record, `MAX_HELD_KEYS` keys, only the group's
+holds is bounded: `MAX_REPORT_BYTES` per record, `MAX_HELD_KEYS` keys and `MAX_HELD_ROWS`
+rows across them (a report is held decoded, many times its bytes), only the group's
 reports, none past `FORGET_MS`. And, for every key whose newest record is a report of any
 group, when that report was written: the keys `silent` past `PURGE_MS`, whose node is gone
 without its tombstone, are the ones the live nodes delete (`ClusterStatus.purge`).
@@ -14,9 +15,15 @@ from collections.abc import Callable
 from typing import Final
 
 from app.node.partition_count import KEY_PREFIX
-from app.ops.node_report import NodeReport, decode_report, from_the_future
+from app.ops.node_report import (
+    MAX_HELD_ROWS,
+    NodeReport,
+    decode_report,
+    from_the_future,
+    held_rows,
+)
 
-__all__ = ["FORGET_MS", "MAX_HELD_KEYS", "PURGE_MS", "StatusView"]
+__all__ = ["FORGET_MS", "MAX_HELD_KEYS", "MAX_HELD_ROWS", "PURGE_MS", "StatusView"]
 
 logger = logging.getLogger(__name__)
 
@@ -52,6 +59,9 @@ class StatusView:
         self._heard: dict[tuple[str, bytes], tuple[int, int, int | None]] = {}
         self._applied = 0
         self.max_keys = MAX_HELD_KEYS
+        self.max_rows = MAX_HELD_ROWS
+        self.rows = 0
+        """What the reports held count against `max_rows` (`held_rows`)."""
         self.dropped = 0
         self.bad = 0
         self.on_bad: Callable[[], None] | None = None
@@ -89,20 +99,29 @@ class StatusView:
         # Held in the order written (the oldest first), and only what a page shows: a
         # tombstone or another group's report lets its key go. (A record read again from
         # before it, as `start` and the follower overlap, holds it until it is read again.)
-        self._held.pop((topic, key), None)
+        self._let_go((topic, key))
         if report is not None and report.group == self._group:
             self._held[(topic, key)] = (offset, report)
-            while len(self._held) > self.max_keys:
-                self._held.pop(next(iter(self._held)))
+            self.rows += held_rows(report)
+            while len(self._held) > self.max_keys or self.rows > self.max_rows:
+                self._let_go(next(iter(self._held)))
                 self.dropped += 1
                 if self.dropped == 1 or self.dropped % 100 == 0:
                     logger.warning(
-                        "%d status record(s) dropped: past %d keys", self.dropped, self.max_keys
+                        "%d status record(s) dropped: past %d keys or %d rows",
+                        self.dropped,
+                        self.max_keys,
+                        self.max_rows,
                     )
         if self._clock is not None and self._applied % 100 == 0:
             self.sweep(self._clock())
         self._applied += 1
         return True
+
+    def _let_go(self, k: tuple[str, bytes]) -> None:
+        held = self._held.pop(k, None)
+        if held is not None:
+            self.rows -= held_rows(held[1])
 
     def _hear(self, topic: str, key: bytes, offset: int, report: NodeReport | None) -> None:
         heard = self._heard.get((topic, key))
@@ -132,7 +151,7 @@ class StatusView:
     def sweep(self, now: int) -> None:
         """Lets the reports past `FORGET_MS` go: never shown again unless rewritten."""
         for k in [k for k, (_, r) in self._held.items() if now - r.at > FORGET_MS]:
-            del self._held[k]
+            self._let_go(k)
 
     def reports(self, now: int) -> list[NodeReport]:
         """The group's reports not yet forgotten, newest first."""
