@@ -121,8 +121,16 @@ class PartitionedStore(PartitionedReads):
         self._write_locally(writes, values)
 
     def _write_locally(self, writes: list[Write], values: list[bytes | None] | None) -> None:
-        """Applies `writes` and keeps the status counts with them."""
-        self._apply(writes, values)
+        """Applies `writes` and keeps the status counts and live rows with them. When it
+        fails, some partitions' batches may have landed (RocksDB writes one a partition in
+        turn): what is kept of each partition written is forgotten, read again when next
+        asked (kept on, it would miss a landed row: an owner's deletion would leave it)."""
+        try:
+            self._apply(writes, values)
+        except BaseException:
+            for partition in {w.partition for w in writes}:
+                self._forget_counts(partition)
+            raise
         # No await since the rows were applied: a count taken in between cannot miss them.
         for write in writes:
             counts = self._counts.get(write.partition)

@@ -23,9 +23,11 @@ from tables import (
     live_rows,
     open_timer_store,
 )
+from tables.exceptions import StoreError
 from tables.keys import encode_timer, owner_prefix, row_key
 from tables.live_rows import LiveRows
 from tables.partitioned import PartitionedStore
+from tables.rocksdb_store import RocksDBTimerStore
 from tables.tombstones import CancelMark
 
 OWNER = AggregateRef(context="shop", aggregate="order", id="o")
@@ -194,3 +196,36 @@ def test_the_rows_kept_are_bounded() -> None:
     live.wrote(b"x", b"x1", active=True)  # an owner not known: nothing kept
     assert live.rows_of(b"d") == set()
     assert live.rows_of(b"x") is None
+
+
+async def test_a_write_landed_in_one_partition_of_two_is_not_missed(tmp_path: Path) -> None:
+    """RocksDB writes a batch a partition in turn: when a later one fails, an earlier one
+    has landed. What is kept of the partitions written is forgotten, so the owner's next
+    deletion and the status counts read the landed rows (kept on, both missed them)."""
+    store = open_timer_store(f"rocksdb://{tmp_path / 'db'}", partitions=2)
+    assert isinstance(store, RocksDBTimerStore)
+    other = AggregateRef(context="shop", aggregate="order", id="p")
+    await store.put(timer("a", 1))
+    assert await store.cancel_all(OWNER, 2) == 1  # read whole: its live rows kept
+    assert store.status_counts(0)[TimerStatus.PENDING] == 0
+    real = store._write
+
+    def failing(partition: int, batch: Any, options: Any = None) -> None:
+        if partition == 1 and options is None:
+            raise StoreError("disk full", partition=1)
+        real(partition, batch, options)
+
+    store._write = failing  # type: ignore[method-assign]
+    with pytest.raises(StoreError):
+        # Partition 0's batch lands, partition 1's fails.
+        await store.put_many(
+            [timer("b", 3), timer("c", 1, other).model_copy(update={"partition": 1})]
+        )
+    store._write = real  # type: ignore[method-assign]
+    held = await store.find(OWNER, "b")
+    assert held is not None and held.status is TimerStatus.PENDING
+    assert store.status_counts(0)[TimerStatus.PENDING] == 1
+    assert await store.cancel_all(OWNER, 4) == 1
+    held = await store.find(OWNER, "b")
+    assert held is not None and held.status is TimerStatus.CANCELLED
+    await store.close()
