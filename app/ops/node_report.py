@@ -20,10 +20,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from app.jobs.declaration import SCHEDULE
 from app.node.lateness import LatenessWindow
 from app.node.settings import WEB_URL_PATTERN, Settings
+from app.ops.report_reads import due_timers, partition_state
 from app.protocol.topics import parse_aggregate_type
 from app.timers.runner import Clock
 from tables import StoreClosed, Timer, TimerStatus, TimerStore
-from tables.bounds import MAX_INT64, Count, Deadline, Instant
+from tables.bounds import Count, Deadline, Instant
 
 __all__ = [
     "AHEAD_INTERVALS",
@@ -234,19 +235,6 @@ def stale(report: NodeReport, now: int) -> bool:
     return now - report.at > STALE_INTERVALS * report.interval_ms
 
 
-def partition_state(p: int, health: Mapping[str, Any]) -> tuple[str, str] | None:
-    """What a node's `health()` says of partition p: (state, why), None if not its."""
-    stalled: dict[str, str] = health["stalled"]
-    why = stalled.get(str(p), "")
-    if p in set(health["restoring"]):
-        return ("failed, taken again" if why else "restoring"), why
-    if p in set(health["owned"]):
-        return ("stalled" if why else "running"), why
-    if why:
-        return "failed", why
-    return None
-
-
 # --- a node's own report -----------------------------------------------------------------
 
 
@@ -347,9 +335,9 @@ async def collect_report(
         if not read:
             continue
         try:
-            upcoming += await _due(kept.store, read, upcoming_limit)
+            upcoming += await due_timers(kept.store, read, upcoming_limit)
             if parse_aggregate_type(name).aggregate == SCHEDULE:
-                jobs += await _due(kept.store, read, JOBS_IN_REPORT)
+                jobs += await due_timers(kept.store, read, JOBS_IN_REPORT)
         except Exception as exc:
             logger.warning("the next fires of %s were not read: %r", name, exc, exc_info=exc)
     upcoming.sort(key=lambda t: (t.due_at, t.id))
@@ -378,22 +366,6 @@ def _closed_row(node: StatusSource, name: str, p: int) -> PartitionReport | None
     if what in ("running", "stalled"):  # closed and taken again between two looks
         what, why = "unknown", "its store closed while the report was read"
     return PartitionReport(type=name, partition=p, state=what, why=clip(why))
-
-
-async def _due(store: TimerStore, partitions: set[int], limit: int) -> list[Timer]:
-    """The earliest `limit` due timers of `partitions`, read at once; when one of them was
-    let go meanwhile (`StoreClosed`), those of the others, each read on its own."""
-    try:
-        return await store.due(partitions, MAX_INT64, limit)
-    except StoreClosed:
-        pass
-    found: list[Timer] = []
-    for p in sorted(partitions):
-        try:
-            found += await store.due({p}, MAX_INT64, limit)
-        except StoreClosed:
-            continue  # this one went: its next owner lists them
-    return sorted(found, key=lambda t: (t.due_at, t.id))[:limit]
 
 
 def recent_p99(window: LatenessWindow, now_ms: int) -> float | None:
