@@ -12,10 +12,10 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Mapping
-from typing import Any, Final, Protocol
+from typing import Annotated, Any, Final, Protocol
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
 from app.jobs.declaration import SCHEDULE
 from app.node.lateness import LatenessWindow
@@ -23,11 +23,12 @@ from app.node.settings import WEB_URL_PATTERN, Settings
 from app.ops.report_reads import due_timers, partition_state
 from app.protocol.topics import parse_aggregate_type
 from app.timers.runner import Clock
-from tables import StoreClosed, Timer, TimerStatus, TimerStore
+from tables import CommandSpec, StoreClosed, Timer, TimerStatus, TimerStore
 from tables.bounds import Count, Deadline, Instant
 
 __all__ = [
     "AHEAD_INTERVALS",
+    "HELD_PER_BYTE",
     "JOBS_IN_REPORT",
     "MAX_HELD_ROWS",
     "MAX_INTERVAL_MS",
@@ -35,7 +36,6 @@ __all__ = [
     "PARKED_IN_REPORT",
     "STALE_INTERVALS",
     "TEXT_IN_REPORT",
-    "TYPES_IN_REPORT",
     "UPCOMING_IN_REPORT",
     "NodeReport",
     "PartitionReport",
@@ -77,15 +77,17 @@ MAX_REPORT_BYTES: Final = 384 * 1024
 writes (`fit_report`). A report is held decoded, at up to ~15 times its bytes (a row of a
 partition is ~40 bytes on the wire, ~600 held): what bounds a reader is `MAX_HELD_ROWS`."""
 
-TYPES_IN_REPORT: Final = 100
-"""The most types of one context a report lists (a node writes none past it): with each
-(type, partition) listed once and the partitions the group's, a report holds at most this
-many times the group's partitions rows, whatever another producer writes."""
-
 MAX_HELD_ROWS: Final = 200_000
 """Rows a reader holds across all its reports (`status_view`), past which the oldest
-written is dropped: a partition's row is one (~600 bytes held), a listed timer six. ~120 MB
-at worst; 50 nodes of 3 types at 1,024 partitions, their lists full, hold ~80,000."""
+written is dropped: ~120 MB at worst, whatever another producer writes (a row ~600 bytes
+held; `held_rows` counts each report's). 50 nodes of 3 types at 1,024 partitions, their
+lists full, count ~125,000 (hold ~55 MB)."""
+
+HELD_PER_BYTE: Final = 5
+"""What `held_rows` counts of a record's bytes besides its rows, in bytes held a byte: a
+text held decoded takes up to 4 bytes a byte of its JSON (one character past U+FFFF makes
+all of it 4 bytes a character: a row of a 2,000-character `why` ~8 KB), and a row of all
+its fields set more than a bare one (~1.2 KB held, ~150 bytes on the wire)."""
 
 PARKED_IN_REPORT: Final = 100
 UPCOMING_IN_REPORT: Final = 50
@@ -111,6 +113,24 @@ class PartitionReport(BaseModel):
     next_due: Deadline | None = None
 
 
+def _bodiless(timer: Any) -> Any:
+    """A listed timer without its command's body: no page shows it (its command's type
+    alone), and another producer's body is any JSON, held decoded at ~25 times its bytes
+    (a record of 384 KiB held 9.4 MB and took 313 ms to validate). A node writes none; an
+    older node's bodies are dropped as they are read, unvalidated."""
+    if isinstance(timer, Timer):
+        if not timer.command.body:
+            return timer
+        return timer.model_copy(update={"command": CommandSpec(type=timer.command.type)})
+    if isinstance(timer, dict) and isinstance(command := timer.get("command"), dict):
+        return timer | {"command": {k: v for k, v in command.items() if k != "body"}}
+    return timer
+
+
+Listed = Annotated[Timer, BeforeValidator(_bodiless)]
+"""A timer a report lists: its command's body left out (`_bodiless`)."""
+
+
 class NodeReport(BaseModel):
     """A node's status record (the value of its key, its node id, in `<context>.nodes`)."""
 
@@ -127,9 +147,9 @@ class NodeReport(BaseModel):
     )
     partitions: tuple[PartitionReport, ...] = ()
     # Bounded when read (`decode_report`), not here: a page's own report lists more.
-    parked: tuple[Timer, ...] = ()
-    upcoming: tuple[Timer, ...] = ()
-    jobs: tuple[Timer, ...] = ()
+    parked: tuple[Listed, ...] = ()
+    upcoming: tuple[Listed, ...] = ()
+    jobs: tuple[Listed, ...] = ()
     """The timers of the jobs' instances (the `<context>.schedule` types) it keeps."""
     counts_cut: bool = False
     """Its rows hold their owner and state only (`fit_report`): counts not said, not 0.
@@ -202,19 +222,18 @@ def decode_report(key: bytes | None, value: bytes | None) -> NodeReport | None:
 
 
 def _check_rows(report: NodeReport) -> None:
-    """A node lists each of its partitions once per type, of at most `TYPES_IN_REPORT`
-    types: more rows are another producer's (held decoded, each takes ~15x its bytes)."""
-    rows = {(p.type, p.partition) for p in report.partitions}
-    if len(rows) != len(report.partitions):
+    """A node lists each of its partitions once per type: more rows are another
+    producer's (the same row 9,800 times over)."""
+    if len({(p.type, p.partition) for p in report.partitions}) != len(report.partitions):
         raise ValueError("a partition listed twice")
-    if len({t for t, _ in rows}) > TYPES_IN_REPORT:
-        raise ValueError(f"more than {TYPES_IN_REPORT} types")
 
 
-def held_rows(report: NodeReport) -> int:
-    """What a reader counts against `MAX_HELD_ROWS` of `report` (one for the report)."""
+def held_rows(report: NodeReport, size: int = 0) -> int:
+    """What a reader counts against `MAX_HELD_ROWS` of `report`, read from a record of
+    `size` bytes: one for the report, one a partition's row, six a listed timer (~3.8 KB
+    decoded, without its body: `Listed`), and `HELD_PER_BYTE` bytes a byte of the record."""
     listed = len(report.parked) + len(report.upcoming) + len(report.jobs)
-    return 1 + len(report.partitions) + 6 * listed  # a decoded timer: ~3.8 KB
+    return 1 + len(report.partitions) + 6 * listed + -(-HELD_PER_BYTE * size // 600)
 
 
 def clip(text: str, limit: int = TEXT_IN_REPORT) -> str:

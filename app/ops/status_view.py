@@ -52,7 +52,8 @@ class StatusView:
         self._group = group
         self._partitions = partitions
         self._clock = clock
-        self._held: dict[tuple[str, bytes], tuple[int, NodeReport]] = {}
+        # Per key: its newest record's offset, its report, and what it counts (`held_rows`).
+        self._held: dict[tuple[str, bytes], tuple[int, NodeReport, int]] = {}
         # Per key whose newest record is a report of any group: its offset, its time, and
         # this node's clock when it was read (None without a clock), the oldest written
         # first (bounded as `_held`): what `silent` picks from.
@@ -101,8 +102,9 @@ class StatusView:
         # before it, as `start` and the follower overlap, holds it until it is read again.)
         self._let_go((topic, key))
         if report is not None and report.group == self._group:
-            self._held[(topic, key)] = (offset, report)
-            self.rows += held_rows(report)
+            counted = held_rows(report, len(value or b""))
+            self._held[(topic, key)] = (offset, report, counted)
+            self.rows += counted
             while len(self._held) > self.max_keys or self.rows > self.max_rows:
                 self._let_go(next(iter(self._held)))
                 self.dropped += 1
@@ -121,7 +123,7 @@ class StatusView:
     def _let_go(self, k: tuple[str, bytes]) -> None:
         held = self._held.pop(k, None)
         if held is not None:
-            self.rows -= held_rows(held[1])
+            self.rows -= held[2]
 
     def _hear(self, topic: str, key: bytes, offset: int, report: NodeReport | None) -> None:
         heard = self._heard.get((topic, key))
@@ -150,14 +152,14 @@ class StatusView:
 
     def sweep(self, now: int) -> None:
         """Lets the reports past `FORGET_MS` go: never shown again unless rewritten."""
-        for k in [k for k, (_, r) in self._held.items() if now - r.at > FORGET_MS]:
+        for k in [k for k, (_, r, _) in self._held.items() if now - r.at > FORGET_MS]:
             self._let_go(k)
 
     def reports(self, now: int) -> list[NodeReport]:
         """The group's reports not yet forgotten, newest first."""
         found = [
             r
-            for _, r in self._held.values()
+            for _, r, _ in self._held.values()
             if r.group == self._group
             and now - r.at <= FORGET_MS
             and not from_the_future(r, now)  # held before this node's clock went back
