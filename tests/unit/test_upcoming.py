@@ -388,10 +388,10 @@ async def test_a_store_failure_no_route_answers_is_a_503_not_a_500(
     node, url, http = web
     node.owned = list(range(PAGE_PARTITIONS))
 
-    async def damaged(*_: object) -> list[Timer]:
+    async def damaged(*_: object, **__: object) -> list[Timer]:
         raise StoreError("RocksDB read of partition 3 failed: Corruption", partition=3)
 
-    monkeypatch.setattr(node.store, "timers_of", damaged)
+    monkeypatch.setattr(node.store, "owner_timers", damaged)
     async with http.get(url.with_path("/").with_query(owner="o1")) as r:
         assert r.status == 503, await r.text()
         assert r.headers["Retry-After"] == "5"
