@@ -256,7 +256,11 @@ def openapi_document(version: str) -> dict[str, Any]:
                             _ref(UpcomingAnswer),
                         ),
                         "400": _error("a bad parameter, named"),
-                        "503": _unavailable(_STORE_OR_BROKER),
+                        "503": _unavailable(
+                            "another request's read was under way for too long (one at a "
+                            "time per node), a partition was handed over while it was read, "
+                            "or its store failed: ask again after Retry-After"
+                        ),
                     },
                 }
             },

@@ -22,7 +22,10 @@ query parameters `type`, `owner`, `tenant`, `target`, `target_type`, `due_from`,
 `cursor` (a page's `next_cursor`); a bad one is a 400 naming it. It reads at most
 `UPCOMING_SCAN` timers per type and partition, earliest first (`scanned_all` false when a
 scan stopped there: the page then ends where the scan did; or when a partition's store
-failed, named in `unread`). `GET /` is the operator page
+failed, named in `unread`). Its reads are synchronous, so a request gives the event loop a
+turn after each partition, and a node reads for one such request at a time: another waits
+up to `UPCOMING_WAIT_S` for its turn, then is a 503 with `Retry-After`. `GET /` is the
+operator page
 (`app.ops.page`: partitions, timers, parked timers, the ledger, an owner search with
 `?owner=<id>&tenant=<tenant>`, the lateness chart); its Retry and Skip forms are
 `POST /timers/retry` and `POST /timers/skip`, its timers' and jobs' buttons
@@ -77,6 +80,7 @@ from app.ops.upcoming import (
     BadQuery,
     SortKey,
     UpcomingAnswer,
+    UpcomingQuery,
     page_share,
     query_of,
     sort_key,
@@ -93,6 +97,7 @@ __all__ = [
     "CONTENT_SECURITY_POLICY",
     "TOKEN_COOKIE",
     "UPCOMING_SCAN",
+    "UPCOMING_WAIT_S",
     "WebServer",
 ]
 
@@ -109,6 +114,13 @@ UPCOMING_SCAN = 10_000
 """`GET /timers/upcoming` reads at most this many timers per type and partition: a
 request costs a bounded scan however large a partition grows, and holds one scan at a
 time (of each, what its page may take: `page_share`), however many partitions."""
+
+UPCOMING_WAIT_S = 5.0
+"""A scan is synchronous (0.1 s or more of RocksDB reads and decoding at `UPCOMING_SCAN`
+timers), so a request yields to the event loop after each partition, and the node reads for
+one request at a time: the route is open without the web token, and requests at once had
+stalled the loop for all their partitions' scans together (seconds at a dozen full
+partitions). Another request waits this long for its turn, then is answered busy (503)."""
 
 
 class WebServer:
@@ -144,6 +156,8 @@ class WebServer:
         self.port = port
         self.page: OperatorPage | None = None
         self._guard = ActionGuard(settings)
+        self._upcoming_reads = asyncio.Lock()
+        self.upcoming_wait_s = UPCOMING_WAIT_S
 
     async def start(self) -> None:
         metrics = self._node.metrics
@@ -246,6 +260,22 @@ class WebServer:
                     raise BadQuery(f"type: this node keeps no timers of {query.type} ({known})")
         except (BadQuery, TickwheelError) as exc:
             return json_response({"error": str(exc)}, 400)
+        try:
+            async with asyncio.timeout(self.upcoming_wait_s):
+                await self._upcoming_reads.acquire()
+        except TimeoutError:
+            busy = (
+                f"another request is reading upcoming timers on this node (waited "
+                f"{self.upcoming_wait_s:g} s): try again shortly"
+            )
+            return json_response({"error": busy}, 503, {"Retry-After": "1"})
+        try:
+            return await self._upcoming_read(query)
+        finally:
+            self._upcoming_reads.release()
+
+    async def _upcoming_read(self, query: UpcomingQuery) -> web.Response:
+        types = self._node.types
         owned = sorted(self._node.health()["owned"])
         until = MAX_INT64 if query.due_until is None else query.due_until
         rows: list[Timer] = []
@@ -269,6 +299,8 @@ class WebServer:
                 if len(got) == UPCOMING_SCAN:
                     last = sort_key(got[-1])
                     horizon = last if horizon is None else min(horizon, last)
+                del got
+                await asyncio.sleep(0)  # the loop's turn between one scan and the next
         try:
             page = upcoming_page(rows, query, horizon)
         except BadQuery as exc:
