@@ -126,6 +126,8 @@ async def _taking(task: PartitionTask, topics: set[str], after_failure: float | 
             lost = await task.open_topics(topics)
             rewound = await consumer.rewind([(t, p) for t in topics])
             starts = {t: offset for (t, q), offset in rewound.items() if q == p}
+            if missing := topics - set(starts):
+                raise _Unassigned(f"{', '.join(sorted(missing))} not assigned when rewound")
             if lost is not None:
                 await _replayed(task, starts, lost)
             task.failing.rewound(p, starts)  # a hold below them was read and committed
@@ -134,6 +136,11 @@ async def _taking(task: PartitionTask, topics: set[str], after_failure: float | 
             tail = {events: starts[events]} if events in starts else {}
             task.failing.behind(p, await last_records(task.shared.reader, p, tail))
             break
+        except _Unassigned as exc:
+            topics = await _unassigned(task, exc)
+            if not topics:
+                return
+            continue
         except Exception as exc:
             last: BaseException = exc
             if isinstance(exc, KafkaUnavailable) and not _final(exc):
@@ -242,6 +249,29 @@ async def _refusal(task: PartitionTask) -> _Refused | None:
     except Exception:  # the client library's own (a SCRAM exchange's ValueError): no answer
         logger.exception("%s: asking the cluster whether it lets this node in failed", task.key)
     return None
+
+
+class _Unassigned(Exception):
+    """A take's rewind found some of p's topics not assigned to this node."""
+
+
+async def _unassigned(task: PartitionTask, exc: _Unassigned) -> set[str]:
+    """A take whose rewind missed some of p's topics (`exc`): the group holds them back (a
+    lost membership, whose revoke named none of p, before the group assigns again) or took
+    them meanwhile. Run so, p would fire with no hold, its log unread: its reading would
+    start over from the committed offsets once given back. p is closed; taken again at
+    once if the group gives it here now (it assigned again meanwhile); else the task is
+    gone, and the group's next assignment takes p afresh, if it gives p here. The topics
+    given now (none: gone)."""
+    logger.info("%s: %s; let go, taken afresh as the group gives it", task.key, exc)
+    await task.close(clean=False)
+    topics = {t for t, _ in task.given()}
+    if not topics:
+        task.manager.task_gone(task)
+        return topics
+    task.shared.consumer.pause([(t, task.p) for t in topics])
+    task.revive()
+    return topics
 
 
 class ChangelogLost(Exception):
