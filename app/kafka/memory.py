@@ -306,6 +306,11 @@ class MemoryLog:
         self._partition(topic, partition)
         return topic, partition
 
+    def date_by(self, now: Callable[[], int]) -> None:
+        """Records appended from now on are dated by `now`, unless a clock was given."""
+        if self._now is None:
+            self._now = now
+
     def _timestamp(self) -> int:
         return self._now() if self._now is not None else next(self._ticks)
 

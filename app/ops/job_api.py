@@ -162,6 +162,7 @@ def instance_commands(
     rule: dict[str, Any] | None = None,
     request_id: str | None = None,
     spell: Spelling = cli_option,
+    now: int | None = None,
 ) -> list[CommandEnvelope]:
     """One `wow.schedule.<action>` per instance named: `action` is enable, disable,
     reschedule (whose `rule` None makes the instance follow its job's default again) or
@@ -170,7 +171,8 @@ def instance_commands(
     DUPLICATE), suffixed `@<tenant>/<instance id>` when several instances share it, as
     results are matched by request id (sent again, each is a DUPLICATE), and refused
     (`request_id`) when one would be longer than a request id may be; None: a fresh one
-    each. A tenant no instance can have is refused (`tenants`)."""
+    each. A tenant no instance can have is refused (`tenants`). Issued at `now` (a node's
+    clock; None: the wall clock's)."""
     if job.scope is not JobScope.SHARDED and partition is not None:
         raise JobInputError(
             "partition",
@@ -220,14 +222,15 @@ def instance_commands(
     else:
         where = [{"tenant": t} for t in dict.fromkeys(tenants or [DEFAULT_TENANT])]
     rid = None if request_id is None else action_request_id(action, request_id)
+    sent: dict[str, Any] = {"request_id": rid, "now": now}
     if action == "enable":
-        commands = [enable_command(context, job, rule=rule, **w, request_id=rid) for w in where]
+        commands = [enable_command(context, job, rule=rule, **w, **sent) for w in where]
     elif action == "disable":
-        commands = [disable_command(context, job, **w, request_id=rid) for w in where]
+        commands = [disable_command(context, job, **w, **sent) for w in where]
     elif action == "reschedule":
-        commands = [reschedule_command(context, job, rule, **w, request_id=rid) for w in where]
+        commands = [reschedule_command(context, job, rule, **w, **sent) for w in where]
     elif action == "trigger":
-        commands = [trigger_command(context, job, **w, request_id=rid) for w in where]
+        commands = [trigger_command(context, job, **w, **sent) for w in where]
     else:
         raise ValueError(f"unknown action {action!r}")
     if request_id is None or rid is None or len(commands) == 1:

@@ -251,6 +251,7 @@ class JobRoutes:
             rule=job_api.rule_override(body.rule, job),
             request_id=body.request_id,
             spell=json_field,
+            now=node.clock.now(),
         )
         return await self._send(action, context, job, commands)
 

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
@@ -215,7 +214,7 @@ class PageActions:
                 raise BadInput(f"type: {f.type} is no timer book of this node (its books: {known})")
             owner = owner_ref(f.type, f.owner, f.tenant)
             rid = f"{f.request_id}.{f.action}"
-            now = time.time_ns() // 1_000_000
+            now = self._node.clock.now()  # the node's, which decides the command
             if f.action == "cancel":
                 cmd = cancel_command(owner, f.key, rid, now)
             else:
@@ -264,6 +263,7 @@ class PageActions:
                 partitions=node.settings.partitions,
                 request_id=f.request_id,
                 spell=json_field,
+                now=node.clock.now(),
             )
         except JobInputError as exc:
             return self._page.bad(f"bad form: {exc.field}: {exc}")

@@ -41,7 +41,6 @@ it answered ERROR. The writes need the web token, as every action does.
 from __future__ import annotations
 
 import contextlib
-import time
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
@@ -137,7 +136,8 @@ class TimerRoutes:
             app.router.add_post(path, self._action_route(action))
 
     def _now(self) -> int:
-        return time.time_ns() // 1_000_000
+        # The node's clock, which decides the commands: a command is dated by it.
+        return self._node.clock.now()
 
     def _book(self, request: web.Request) -> Any:
         name = request.match_info["type"]

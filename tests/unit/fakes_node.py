@@ -129,6 +129,10 @@ class RunningNode:
             request_id_window_ms=request_id_window_ms,
         )
         self.name, self.partitions = name, partitions
+        if clock is not None:
+            # Records dated by the node's clock, as a broker's are by the hosts': a command
+            # dated far from it would be refused as past the request-id window.
+            log.date_by(clock.now)
         self.node = Node(settings, service, clock=clock, options=options, clients=log)
         self.task: asyncio.Task[None] | None = None
 
