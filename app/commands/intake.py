@@ -22,7 +22,7 @@ from app.protocol.wire import MAX_PARTITION, MAX_REQUEST_ID, CommandEnvelope, de
 from tables import AggregateRef
 from tables.refs import NEW_INPUT
 
-__all__ = ["ReplyAddress", "bad_reply", "read_command", "reply_address"]
+__all__ = ["ReplyAddress", "bad_reply", "past_window", "read_command", "reply_address"]
 
 
 def read_command(
@@ -54,6 +54,24 @@ class ReplyAddress(_Answerable):
 
     reply_to: str | None = Field(default=None, max_length=249)
     reply_partition: int | None = Field(default=None, ge=0, le=MAX_PARTITION)
+
+
+def past_window(r: Record, cmd: CommandEnvelope, now: int, window: int) -> str | None:
+    """Why `cmd` is older than the request-id `window`, or None. Its first decision was no
+    earlier than its record's timestamp nor its `issued_at` (a replayed dead letter keeps
+    the one, is dated afresh by the other), and a request id is kept `window` from its
+    decision: a command later of both than `window` ago may have been applied under an id
+    forgotten since (a group whose offsets were deleted or expired reads its commands from
+    the start, a backlog older than the window), so whether it was cannot be told."""
+    dated = max(r.timestamp, cmd.issued_at)
+    if dated >= now - window:
+        return None
+    return (
+        f"issued {now - dated} ms ago (the later of its issued_at and its record's "
+        f"timestamp), longer than the request-id window ({window} ms, "
+        "TICKWHEEL_REQUEST_ID_WINDOW_MS): whether it was applied is forgotten, so it is not "
+        "decided; if it was not applied, send it again under a new request id"
+    )
 
 
 def reply_address(r: Record, limits: InputLimits) -> ReplyAddress | None:

@@ -22,7 +22,7 @@ from typing import Any
 from app.commands.answers import CommandAnswers
 from app.commands.batch import BatchStats, CommandBatch, Commit, LocalDecided
 from app.commands.folds import check_followed_version, continues, folds, marked
-from app.commands.intake import bad_reply, read_command
+from app.commands.intake import bad_reply, past_window, read_command
 from app.commands.records import (
     applied_id,
     check_sizes,
@@ -198,6 +198,13 @@ class CommandProcessor:
                 continue
             # (Without the header but applied: an earlier version's own record, or a
             # request sent again; decided as any command, it is answered DUPLICATE.)
+            if (old := past_window(r, cmd, now, self.request_id_window)) is not None and (
+                not self._applied(batch, cmd)
+            ):
+                # Decided again it could be applied twice (one applied and still kept is
+                # answered DUPLICATE below, as any).
+                self._answers.refuse(batch, r, cmd, BadRecord(old), Stage.DECIDE)
+                continue
             if waiting > self.busy_backlog and not sent_unanswered(cmd):
                 # (A timer's send no sender waits for is decided all the same: nothing
                 # would send it again.)

@@ -233,6 +233,8 @@ class TimerTableCycles:
                     said = f"the copy at offset {first} was carried out (or failed): nothing done"
                     w.out.append(self._answer(kept, op, record, w, OpOutcome.DUPLICATE, said))
                     continue
+                if applied is not None and (old := applied.past_window(op, record, w.now)):
+                    raise BadRecord(old)  # dead-lettered unanswered: none waits that long
                 stage = Stage.OPERATE
                 # The entry resolved by the partition's next round: a cycle holds its
                 # partition's lock, and the ledger's calls may take seconds.

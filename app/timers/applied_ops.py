@@ -24,7 +24,7 @@ from app.kafka import LogReader, Record
 from app.protocol.limits import InputLimits
 from app.protocol.wire import TimerOp, decode
 
-__all__ = ["MAX_APPLIED_OPS", "AppliedOps", "read_applied_ops"]
+__all__ = ["MAX_APPLIED_OPS", "AppliedOps", "past_window", "read_applied_ops"]
 
 logger = logging.getLogger(__name__)
 
@@ -58,6 +58,10 @@ class AppliedOps:
         if first >= offset or at <= now - self.window_ms:
             return None  # itself (read back by the take), or past the window: again
         return first
+
+    def past_window(self, op: TimerOp, record: Record, now: int) -> str | None:
+        """Why `op` read in `record` is not carried out, or None (`past_window`)."""
+        return past_window(max(op.requested_at, record.timestamp), now, self.window_ms)
 
     def note(self, op: TimerOp, offset: int, now: int, at: int | None = None) -> None:
         """`op`, read at `offset`, was carried out at `at` (None: `now`, the node's clock as
@@ -100,6 +104,20 @@ async def read_applied_ops(
                     applied.note(op, record.offset, now, at)
     logger.debug("%s[%d]: %d operator request(s) in the window", topic, partition, len(applied))
     return applied
+
+
+def past_window(dated: int, now: int, window_ms: int) -> str | None:
+    """Why a request `dated` (the later of its `requested_at` and its record's timestamp)
+    is not carried out, or None: asked longer ago than the window, its id may be forgotten
+    though it was carried out (a group whose offsets were deleted or expired reads the
+    topic from its start), so it could be carried out twice."""
+    if dated >= now - window_ms:
+        return None
+    return (
+        f"asked {now - dated} ms ago, longer than the request-id window ({window_ms} ms, "
+        "TICKWHEEL_REQUEST_ID_WINDOW_MS): whether it was carried out is forgotten, so it "
+        "is not; send it again under a new request id if it was not"
+    )
 
 
 def _op(record: Record, limits: InputLimits) -> TimerOp | None:

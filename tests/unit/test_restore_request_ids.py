@@ -142,9 +142,10 @@ def paid_of(node: CommandProcessor, ref: AggregateRef = ORDER) -> int:
     return int(stored.state["paid"])
 
 
-def command(offset: int) -> Record:
-    pay = CommandEnvelope(request_id="pay-1", type="shop.Pay", aggregate=ORDER, issued_at=T0)
-    return Record("shop.order.commands", P, offset, ORDER.id.encode(), encode(pay), T0, ())
+def command(offset: int, at: int = T0) -> Record:
+    """pay-1's command, sent at `at`."""
+    pay = CommandEnvelope(request_id="pay-1", type="shop.Pay", aggregate=ORDER, issued_at=at)
+    return Record("shop.order.commands", P, offset, ORDER.id.encode(), encode(pay), at, ())
 
 
 @pytest.fixture(autouse=True)
@@ -275,7 +276,7 @@ async def test_a_request_followed_then_decided_here_again_is_not_folded_twice() 
     assert await follow_all(node, commits, [(0, theirs(0, 1, "pay-1"))]) == [True]
     clock[0] += 5_000
     await follow_all(node, commits, [])  # its commit sweeps pay-1
-    assert dict((await node.handle([command(1)])).codes) == {ResultCode.COMMITTED: 1}
+    assert dict((await node.handle([command(1, clock[0])])).codes) == {ResultCode.COMMITTED: 1}
     own = EventEnvelope.model_validate_json(commits.events()[-1][3] or b"")
     assert await follow_all(node, commits, [(2, own)]) == [False]
     assert paid_of(node) == 200

@@ -20,6 +20,7 @@ from pydantic import BaseModel
 from app.kafka import TopicSpec
 from app.kafka.memory import MemoryLog
 from app.model.aggregate import AggregateType, Command, Decision
+from app.protocol.dead_letters import DeadLetterContext
 from app.protocol.limits import InputLimits
 from app.protocol.topics import AggregateTopics, ContextTopics
 from app.protocol.wire import CommandEnvelope, TimerAction, TimerOp, encode
@@ -280,3 +281,41 @@ async def test_a_take_counts_a_request_from_when_its_record_was_written() -> Non
         log.reader(), topic, 0, now=T0 + 10, window_ms=WINDOW, limits=InputLimits()
     )
     assert applied.duplicate_of(seconds, 1, T0 + 10) == 0
+
+
+async def test_a_request_read_again_past_the_window_by_a_group_without_offsets_is_not(
+    tmp_path: Path,
+) -> None:
+    """The group's committed offsets deleted (or expired over an outage): its next node
+    reads the timer-ops topic from its start. A retry asked longer ago than the window may
+    have been carried out under an id forgotten since: dead-lettered, not carried out (it
+    retried the timer parked again since)."""
+    log, clock = MemoryLog(), FakeClock(T0)
+
+    def a_node() -> RunningNode:
+        return RunningNode(
+            log, tmp_path, "n", SERVICE, P, clock=clock, timers=OPTIONS,
+            request_id_window_ms=WINDOW,
+        )  # fmt: skip
+
+    async with running(a_node()):
+        await parked(log, clock, "remind")
+        await request(log, op(TimerAction.RETRY, "retry-1", clock))
+        await wait_until(lambda: len(NUDGES) == 2 and status(log, "remind") is TimerStatus.PARKED)
+    log._groups.pop("g")
+    clock.advance(WINDOW + 1)
+    letters = ContextTopics("shop").dead_letters
+
+    def refused() -> list[DeadLetterContext]:
+        found = [
+            DeadLetterContext.from_headers(r.headers)
+            for p in range(log.partitions(letters))
+            for r in log.records(letters, p)
+        ]
+        return [c for c in found if c.topic == ORDERS.timer_ops]
+
+    async with running(a_node()):
+        await wait_until(lambda: len(refused()) == P)  # the retry's record in each partition
+    assert len(NUDGES) == 2, "the retry was carried out again"
+    assert all("request-id window" in c.exception_message for c in refused())
+    assert status(log, "remind") is TimerStatus.PARKED
