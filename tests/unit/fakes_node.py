@@ -24,7 +24,7 @@ from app.node import Node
 from app.node.settings import Settings
 from app.ops.web import WebServer
 from app.service import Service
-from app.timers.runner import Clock, TimerOptions
+from app.timers.runner import Clock, SystemClock, TimerOptions
 
 __all__ = [
     "WEB_TOKEN",
@@ -129,10 +129,10 @@ class RunningNode:
             request_id_window_ms=request_id_window_ms,
         )
         self.name, self.partitions = name, partitions
-        if clock is not None:
-            # Records dated by the node's clock, as a broker's are by the hosts': a command
-            # dated far from it would be refused as past the request-id window.
-            log.date_by(clock.now)
+        # Records dated by the node's clock, as a broker's are by the hosts' (a log's first
+        # node's): a command dated far from it would be refused as past the request-id
+        # window.
+        log.date_by((clock or SystemClock()).now)
         self.node = Node(settings, service, clock=clock, options=options, clients=log)
         self.task: asyncio.Task[None] | None = None
 
