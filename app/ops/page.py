@@ -296,7 +296,7 @@ class OperatorPage:
             if parsed.type not in self._node.types:
                 known = ", ".join(sorted(self._node.types)) or "none"
                 raise BadInput(f"unknown type {parsed.type!r}: this node keeps timers of {known}")
-            op = form_op(parsed, wanted, form_target(parsed))
+            op = form_op(parsed, wanted, form_target(parsed), self._node.clock.now())
         except (BadInput, ValueError) as exc:
             return Acted(rendered=self.error(400, str(exc)))
         partitions, back = self._node.settings.partitions, local_path(parsed.back)

@@ -64,16 +64,16 @@ class AnsweredView:
     back: str
 
 
-def form_op(form: OperatorForm, action: TimerAction, target: AggregateRef) -> TimerOp:
+def form_op(form: OperatorForm, action: TimerAction, target: AggregateRef, now: int) -> TimerOp:
     """The request a form's button sends: under `<form's request id>.<action>` (a fresh
     request id's when the form carries none), `.past-window` after it for a Retry with its
     "past the request-id window" box ticked: the same form sent without it first was
-    another request (its refusals are no DUPLICATE of this one)."""
+    another request (its refusals are no DUPLICATE of this one). Asked `now` (the node's
+    clock)."""
     past = form.past_window and action is TimerAction.RETRY
     base = f"{form.request_id or new_form_id()}.{action}"
-    return new_op(
-        action, target, request_id=f"{base}.past-window" if past else base, past_window=past
-    )
+    rid = f"{base}.past-window" if past else base
+    return new_op(action, target, now, request_id=rid, past_window=past)
 
 
 def answered_status(answered: Answered) -> int:

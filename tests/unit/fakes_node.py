@@ -226,6 +226,7 @@ async def web_node(
         web_token=token,
         timers=timers or TimerOptions(),
     )
+    log.date_by(clock.now)  # as a RunningNode's
     node = Node(settings, service, clients=log, clock=clock)
     await node.start()
     task = asyncio.create_task(node.run())

@@ -17,7 +17,7 @@ from types import SimpleNamespace
 from typing import Any, ClassVar, cast
 
 import pytest
-from fakes import MIN, T0
+from fakes import MIN, T0, FakeClock
 from multidict import MultiDict
 
 import app.ops.deadline
@@ -147,6 +147,7 @@ def _node(topics: AggregateTopics) -> Any:
         aggregates={BOOK.type_name: timer_book("shop", "reminders")},
         types={},
         service=SimpleNamespace(jobs={"shop": [JOB]}),
+        clock=FakeClock(T0),
     )
 
 
