@@ -56,21 +56,25 @@ class ReplyAddress(_Answerable):
     reply_partition: int | None = Field(default=None, ge=0, le=MAX_PARTITION)
 
 
-def past_window(r: Record, cmd: CommandEnvelope, now: int, window: int) -> str | None:
-    """Why `cmd` is older than the request-id `window`, or None. Its first decision was no
-    earlier than its record's timestamp nor its `issued_at` (a replayed dead letter keeps
-    the one, is dated afresh by the other), and a request id is kept `window` from its
-    decision: a command later of both than `window` ago may have been applied under an id
-    forgotten since (a group whose offsets were deleted or expired reads its commands from
-    the start, a backlog older than the window), so whether it was cannot be told."""
-    dated = max(r.timestamp, cmd.issued_at)
-    if dated >= now - window:
+def past_window(r: Record, cmd: CommandEnvelope, now: int, window: int, skew_ms: int) -> str | None:
+    """Why `cmd` is older than the request-id `window`, or None. A request id is kept
+    `window` from its decision, by the deciding node's clock, and the decision was no
+    earlier than the record was written: a command whose record is older than `window`
+    (less the hosts' clock skew allowed, `skew_ms`, at most half the window) may have
+    been applied under an id forgotten since (a group whose offsets were deleted or
+    expired reads its commands from the start, or a backlog older than the window), so
+    whether it was cannot be told.
+    Dated by its record's timestamp, not by the `issued_at` its sender claims (a sender
+    dating it ahead would keep it decidable past its id's keeping); by `issued_at` only
+    when the record has none (-1). A dead letter replayed is written afresh: decided."""
+    dated = r.timestamp if r.timestamp >= 0 else cmd.issued_at
+    if dated > now - window + min(skew_ms, window // 2):
         return None
     return (
-        f"issued {now - dated} ms ago (the later of its issued_at and its record's "
-        f"timestamp), longer than the request-id window ({window} ms, "
-        "TICKWHEEL_REQUEST_ID_WINDOW_MS): whether it was applied is forgotten, so it is not "
-        "decided; if it was not applied, send it again under a new request id"
+        f"written {now - dated} ms ago, longer than the request-id window ({window} ms, "
+        "TICKWHEEL_REQUEST_ID_WINDOW_MS, less the clocks' skew allowed): whether it was "
+        "applied is forgotten, so it is not decided; if it was not applied, send it again "
+        "under a new request id"
     )
 
 

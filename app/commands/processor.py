@@ -198,9 +198,9 @@ class CommandProcessor:
                 continue
             # (Without the header but applied: an earlier version's own record, or a
             # request sent again; decided as any command, it is answered DUPLICATE.)
-            if (old := past_window(r, cmd, now, self.request_id_window)) is not None and (
-                not self._applied(batch, cmd)
-            ):
+            if (
+                old := past_window(r, cmd, now, self.request_id_window, self.clock_skew_ms)
+            ) is not None and (not self._applied(batch, cmd)):
                 # Decided again it could be applied twice (one applied and still kept is
                 # answered DUPLICATE below, as any).
                 self._answers.refuse(batch, r, cmd, BadRecord(old), Stage.DECIDE)

@@ -149,6 +149,7 @@ async def open_partition(s: TaskShared, task: PartitionTask, topics: set[str]) -
             now=s.now(),
             window_ms=s.settings.request_id_window_ms,
             limits=s.limits,
+            skew_ms=s.settings.clock_skew_ms,
         )
     # Read from its end from now on (idempotent): a type's task of p reads it already.
     s.reading_results.setdefault(p, set()).add(task.type_name)

@@ -39,8 +39,10 @@ class AppliedOps:
     of the copy carried out and when it was carried out (epoch ms, never after the
     node's now)."""
 
-    def __init__(self, window_ms: int, limit: int = MAX_APPLIED_OPS) -> None:
+    def __init__(self, window_ms: int, limit: int = MAX_APPLIED_OPS, skew_ms: int = 0) -> None:
         self.window_ms = window_ms
+        # The hosts' clock skew allowed (`TICKWHEEL_CLOCK_SKEW_MS`): `past_window`'s margin.
+        self.skew_ms = skew_ms
         self.limit = limit
         # Oldest noted first: what the window and the limit forget first.
         self._ids: OrderedDict[str, tuple[int, int]] = OrderedDict()
@@ -61,7 +63,8 @@ class AppliedOps:
 
     def past_window(self, op: TimerOp, record: Record, now: int) -> str | None:
         """Why `op` read in `record` is not carried out, or None (`past_window`)."""
-        return past_window(max(op.requested_at, record.timestamp), now, self.window_ms)
+        dated = record.timestamp if record.timestamp >= 0 else op.requested_at
+        return past_window(dated, now, self.window_ms - min(self.skew_ms, self.window_ms // 2))
 
     def note(self, op: TimerOp, offset: int, now: int, at: int | None = None) -> None:
         """`op`, read at `offset`, was carried out at `at` (None: `now`, the node's clock as
@@ -86,13 +89,14 @@ async def read_applied_ops(
     now: int,
     window_ms: int,
     limits: InputLimits,
+    skew_ms: int = 0,
 ) -> AppliedOps:
     """The requests of `topic[partition]` (a type's timer-ops topic, read whole: a few
     records a day) asked within the window, as its cycles would have noted them: the first
     copy of each, later copies within the window its duplicates. A record no cycle reads
     (dead-lettered when read live) is passed over; one read beyond the committed offset is
     delivered again, and carried out, as itself."""
-    applied = AppliedOps(window_ms)
+    applied = AppliedOps(window_ms, skew_ms=skew_ms)
     async with aclosing(reader.read(topic, partition, 0)) as batches:
         async for batch in batches:
             for record in batch:
@@ -107,11 +111,12 @@ async def read_applied_ops(
 
 
 def past_window(dated: int, now: int, window_ms: int) -> str | None:
-    """Why a request `dated` (the later of its `requested_at` and its record's timestamp)
-    is not carried out, or None: asked longer ago than the window, its id may be forgotten
-    though it was carried out (a group whose offsets were deleted or expired reads the
-    topic from its start), so it could be carried out twice."""
-    if dated >= now - window_ms:
+    """Why a request whose record was written at `dated` is not carried out, or None:
+    written `window_ms` ago or longer, its id may be forgotten though it was carried out
+    (a group whose offsets were deleted or expired reads the topic from its start), so it
+    could be carried out twice. (Its record's time, not the `requested_at` its sender
+    claims: one dated ahead would stay past its id's keeping.)"""
+    if dated > now - window_ms:
         return None
     return (
         f"asked {now - dated} ms ago, longer than the request-id window ({window_ms} ms, "

@@ -25,6 +25,7 @@ from app.kafka import OutRecord, Record
 from app.kafka.memory import MemoryLog
 from app.kafka.records import headers_of
 from app.model.aggregate import AggregateType, Command, Decision, Event
+from app.model.decide import CLOCK_SKEW_MS
 from app.protocol.dead_letters import DeadLetterContext
 from app.protocol.topics import AggregateTopics, ContextTopics
 from app.protocol.wire import CommandEnvelope, CommandResult, EventEnvelope, ResultCode, decode
@@ -81,16 +82,19 @@ async def test_a_command_issued_longer_ago_than_the_window_is_dead_lettered_not_
     assert answer.code is ResultCode.ERROR and "request-id window" in answer.message
 
 
-async def test_at_the_window_or_under_an_id_still_kept_it_is_decided_as_any() -> None:
+async def test_within_the_window_less_the_skew_or_under_an_id_still_kept_it_is_decided() -> None:
     now, written = [T0], Written()
     node = processor(now, written)
     assert dict((await node.handle([record("r-1", T0, T0)])).codes) == {ResultCode.COMMITTED: 1}
-    now[0] = T0 + WINDOW  # exactly the window: its id is still kept
+    # Written WINDOW - CLOCK_SKEW_MS - 1 ago: within the window, whatever the clocks' skew.
+    now[0] = T0 + WINDOW - CLOCK_SKEW_MS - 1
     assert dict((await node.handle([record("r-2", T0, T0, 1)])).codes) == {ResultCode.COMMITTED: 1}
+    now[0] += 1  # a clock ahead by the skew allowed may have forgotten its id already
+    assert dict((await node.handle([record("r-3", T0, T0, 2)])).codes) == {ResultCode.ERROR: 1}
     now[0] = T0 + WINDOW + HOUR
-    # r-2 was applied at T0 + WINDOW and is kept to T0 + 2 WINDOW: a copy of it issued
-    # at T0 is a DUPLICATE, not refused.
-    assert dict((await node.handle([record("r-2", T0, T0, 2)])).codes) == {ResultCode.DUPLICATE: 1}
+    # r-2 was applied at T0 + WINDOW - CLOCK_SKEW_MS - 1 and is kept a window from then:
+    # a copy of it written at T0 is its DUPLICATE, not refused.
+    assert dict((await node.handle([record("r-2", T0, T0, 3)])).codes) == {ResultCode.DUPLICATE: 1}
 
 
 async def test_a_replayed_letter_dated_afresh_by_its_record_is_decided() -> None:
@@ -98,10 +102,25 @@ async def test_a_replayed_letter_dated_afresh_by_its_record_is_decided() -> None
     now, written = [T0 + 3 * DAY], Written()
     stats = await processor(now, written).handle([record("r-1", T0, now[0])])
     assert dict(stats.codes) == {ResultCode.COMMITTED: 1}
-    # So is a command whose record is old but which was issued within the window (a
-    # producer that sets the record's timestamp to an older event time).
-    stats = await processor(now, Written()).handle([record("r-2", now[0] - HOUR, T0)])
-    assert dict(stats.codes) == {ResultCode.COMMITTED: 1}
+
+
+async def test_a_command_is_dated_by_its_record_not_by_the_issued_at_its_sender_claims() -> None:
+    # Dated ahead by its sender (a clock ahead, a business time), its id forgotten a window
+    # after its decision, it would stay decidable past that: read again then, applied twice.
+    now, written = [T0], Written()
+    node = processor(now, written)
+    ahead = record("r-1", T0 + DAY, T0)
+    assert dict((await node.handle([ahead])).codes) == {ResultCode.COMMITTED: 1}
+    now[0] = T0 + WINDOW + HOUR
+    await node.handle([record("r-9", now[0], now[0], 5)])  # its commit forgets r-1
+    # The group's offsets lost, r-1 is read again.
+    assert dict((await node.handle([ahead])).codes) == {ResultCode.ERROR: 1}
+    assert dict((await node.handle([ahead])).codes) == {ResultCode.ERROR: 1}, "never applied again"
+    # A record without a timestamp (Kafka's -1, an old message format) is dated by issued_at.
+    assert dict((await node.handle([record("r-2", now[0], -1, 1)])).codes) == {
+        ResultCode.COMMITTED: 1
+    }
+    assert dict((await node.handle([record("r-3", T0, -1, 2)])).codes) == {ResultCode.ERROR: 1}
 
 
 class Ctr(BaseModel):
