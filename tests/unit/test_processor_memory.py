@@ -47,7 +47,9 @@ def remind(state: Order, cmd: Command, d: Decision) -> None:
 def memory_log() -> MemoryLog:
     names = [TOPICS.commands, TOPICS.events, TOPICS.timers_changelog, RESULTS]
     dead = ContextTopics("shop").dead_letters
-    return MemoryLog([*(TopicSpec(n, PARTITIONS) for n in names), TopicSpec(dead, 1)])
+    return MemoryLog(
+        [*(TopicSpec(n, PARTITIONS) for n in names), TopicSpec(dead, 1)], now=lambda: T0
+    )
 
 
 def committer(changelog: TransactionalChangelog, p: int) -> Commit:

@@ -79,7 +79,7 @@ class LostResults:
         self.clock = clock
         self.window = window
         self.sent: list[tuple[str, int]] = []
-        self.log = MemoryLog()
+        self.log = MemoryLog(now=clock.now)
         self.topics = AggregateTopics(TARGET.context, TARGET.aggregate)
         self.results = ContextTopics(TARGET.context).results
         self.partition = partition_of(TARGET.id, PARTITIONS)

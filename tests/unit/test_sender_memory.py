@@ -52,7 +52,7 @@ def memory_log() -> MemoryLog:
     other = AggregateTopics("billing", "invoice").commands
     dead = ContextTopics("shop").dead_letters
     specs = [TopicSpec(n, PARTITIONS) for n in names]
-    return MemoryLog([*specs, TopicSpec(other, 2), TopicSpec(dead, 1)])
+    return MemoryLog([*specs, TopicSpec(other, 2), TopicSpec(dead, 1)], now=lambda: T0)
 
 
 def timer(target: AggregateRef = TARGET) -> Timer:
