@@ -18,6 +18,7 @@ from app.commands.records import Reply, misrouted, written_in_process
 from app.errors import BadRecord
 from app.kafka import Record
 from app.protocol.limits import InputLimits
+from app.protocol.request_window import written_ago
 from app.protocol.wire import MAX_PARTITION, MAX_REQUEST_ID, CommandEnvelope, decode
 from tables import AggregateRef
 from tables.refs import NEW_INPUT
@@ -57,21 +58,13 @@ class ReplyAddress(_Answerable):
 
 
 def past_window(r: Record, cmd: CommandEnvelope, now: int, window: int, skew_ms: int) -> str | None:
-    """Why `cmd` is older than the request-id `window`, or None. A request id is kept
-    `window` from its decision, by the deciding node's clock, and the decision was no
-    earlier than the record was written: a command whose record is older than `window`
-    (less the hosts' clock skew allowed, `skew_ms`, at most half the window) may have
-    been applied under an id forgotten since (a group whose offsets were deleted or
-    expired reads its commands from the start, or a backlog older than the window), so
-    whether it was cannot be told.
-    Dated by its record's timestamp, not by the `issued_at` its sender claims (a sender
-    dating it ahead would keep it decidable past its id's keeping); by `issued_at` only
-    when the record has none (-1). A dead letter replayed is written afresh: decided."""
-    dated = r.timestamp if r.timestamp >= 0 else cmd.issued_at
-    if dated > now - window + min(skew_ms, window // 2):
+    """Why `cmd`, read in `r`, is not decided for being older than the request-id
+    `window`, or None (`app.protocol.request_window`)."""
+    ago = written_ago(r.timestamp, cmd.issued_at, now, window, skew_ms)
+    if ago is None:
         return None
     return (
-        f"written {now - dated} ms ago, longer than the request-id window ({window} ms, "
+        f"written {ago} ms ago, longer than the request-id window ({window} ms, "
         "TICKWHEEL_REQUEST_ID_WINDOW_MS, less the clocks' skew allowed): whether it was "
         "applied is forgotten, so it is not decided; if it was not applied, send it again "
         "under a new request id"

@@ -22,9 +22,10 @@ from typing import Final
 from app.errors import BadRecord
 from app.kafka import LogReader, Record
 from app.protocol.limits import InputLimits
+from app.protocol.request_window import written_ago
 from app.protocol.wire import TimerOp, decode
 
-__all__ = ["MAX_APPLIED_OPS", "AppliedOps", "past_window", "read_applied_ops"]
+__all__ = ["MAX_APPLIED_OPS", "AppliedOps", "read_applied_ops"]
 
 logger = logging.getLogger(__name__)
 
@@ -62,9 +63,17 @@ class AppliedOps:
         return first
 
     def past_window(self, op: TimerOp, record: Record, now: int) -> str | None:
-        """Why `op` read in `record` is not carried out, or None (`past_window`)."""
-        dated = record.timestamp if record.timestamp >= 0 else op.requested_at
-        return past_window(dated, now, self.window_ms - min(self.skew_ms, self.window_ms // 2))
+        """Why `op`, read in `record`, is not carried out for being older than the window,
+        or None (`app.protocol.request_window`): carried out again, it could be twice."""
+        ago = written_ago(record.timestamp, op.requested_at, now, self.window_ms, self.skew_ms)
+        if ago is None:
+            return None
+        return (
+            f"asked {ago} ms ago, longer than the request-id window ({self.window_ms} ms, "
+            "TICKWHEEL_REQUEST_ID_WINDOW_MS, less the clocks' skew allowed): whether it was "
+            "carried out is forgotten, so it is not; send it again under a new request id "
+            "if it was not"
+        )
 
     def note(self, op: TimerOp, offset: int, now: int, at: int | None = None) -> None:
         """`op`, read at `offset`, was carried out at `at` (None: `now`, the node's clock as
@@ -108,21 +117,6 @@ async def read_applied_ops(
                     applied.note(op, record.offset, now, at)
     logger.debug("%s[%d]: %d operator request(s) in the window", topic, partition, len(applied))
     return applied
-
-
-def past_window(dated: int, now: int, window_ms: int) -> str | None:
-    """Why a request whose record was written at `dated` is not carried out, or None:
-    written `window_ms` ago or longer, its id may be forgotten though it was carried out
-    (a group whose offsets were deleted or expired reads the topic from its start), so it
-    could be carried out twice. (Its record's time, not the `requested_at` its sender
-    claims: one dated ahead would stay past its id's keeping.)"""
-    if dated > now - window_ms:
-        return None
-    return (
-        f"asked {now - dated} ms ago, longer than the request-id window ({window_ms} ms, "
-        "TICKWHEEL_REQUEST_ID_WINDOW_MS): whether it was carried out is forgotten, so it "
-        "is not; send it again under a new request id if it was not"
-    )
 
 
 def _op(record: Record, limits: InputLimits) -> TimerOp | None:
