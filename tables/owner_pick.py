@@ -10,16 +10,11 @@ one at a time (`OwnerPick.add`), so no more than `limit` of them are held while 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Final
 
-from tables.timer import Timer, TimerStatus
+from tables.timer import ACTIVE, Timer
 from tables.tombstones import is_deletion_mark
 
-__all__ = ["LIVE", "OwnerPick", "OwnerTimers"]
-
-LIVE: Final = frozenset(
-    {TimerStatus.PENDING, TimerStatus.FIRING, TimerStatus.PARKED, TimerStatus.PAUSED}
-)
+__all__ = ["OwnerPick", "OwnerTimers"]
 
 
 @dataclass(frozen=True)
@@ -50,7 +45,7 @@ class OwnerPick:
         if is_deletion_mark(timer):  # no timer (`tables.tombstones`)
             return
         self.total += 1
-        kept = self._live if timer.status in LIVE else self._done
+        kept = self._live if timer.status in ACTIVE else self._done
         if len(kept) < self.limit:
             kept.append(timer)
 

@@ -18,7 +18,7 @@ from tables.refs import AggregateRef
 from tables.retention import expiry_cutoff, plan_expiry
 from tables.served import Found
 from tables.store import ChangelogRecord, ChangelogSink
-from tables.timer import Timer, TimerChange, TimerStatus
+from tables.timer import ACTIVE, Timer, TimerChange, TimerStatus
 from tables.tombstones import (
     DELETED_KEY,
     CancelMark,
@@ -40,9 +40,7 @@ __all__ = ["PartitionedStore"]
 
 logger = logging.getLogger(__name__)
 
-_COUNTED = frozenset(
-    {TimerStatus.PENDING, TimerStatus.FIRING, TimerStatus.PARKED, TimerStatus.PAUSED}
-)
+_COUNTED = ACTIVE
 """What `status_counts` counts: the active statuses, each from an index of its own."""
 
 _DELETED = key_suffix(DELETED_KEY)

@@ -21,7 +21,8 @@ from app.kafka.ports import Clients
 from app.protocol.topics import parse_aggregate_type
 from tables import AggregateRef, Timer
 from tables.keys import owner_prefix, restored_row
-from tables.owner_pick import LIVE, OwnerTimers
+from tables.owner_pick import OwnerTimers
+from tables.timer import ACTIVE
 from tables.tombstones import is_deletion_mark
 
 __all__ = [
@@ -75,7 +76,7 @@ def _rank(timer: Timer) -> int:
     # An owner's deletion mark is no timer (`tables.tombstones`).
     if is_deletion_mark(timer):
         return _MARK
-    return _LIVE if timer.status in LIVE else _FINISHED
+    return _LIVE if timer.status in ACTIVE else _FINISHED
 
 
 async def _read_changelog(
