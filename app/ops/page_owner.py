@@ -43,18 +43,14 @@ class OwnerPart:
     partition: int
     here: bool
     timers: list[tuple[Timer, str]]
-    node: str = ""
+    node: str
     """Who owns the partition (when it is not this node): the changelog was read."""
-    total: int = 0
-    """How many timers of the type the owner keeps (as many as were read)."""
-    complete: bool = True
-    """False: the store's read stopped at `OWNER_SCAN_LIMIT` rows, and there are more."""
+    found: OwnerTimers
+    """What was read: how many the owner keeps (`total`), whether the read stopped at
+    `OWNER_SCAN_LIMIT` rows with more left (`complete`), whether some are not listed
+    (`cut`)."""
     show_all: str = ""
     """The command that prints all of them (when some are not listed)."""
-
-    @property
-    def cut(self) -> bool:
-        return not self.complete or self.total > len(self.timers)
 
 
 async def owner_parts(
@@ -96,7 +92,5 @@ async def owner_parts(
         show_all += f" {shlex.quote(owner_id)}"
         if tenant != DEFAULT_TENANT:
             show_all += f" --tenant {shlex.quote(tenant)}"
-        parts.append(
-            OwnerPart(type_name, p, here, dues, elsewhere, found.total, found.complete, show_all)
-        )
+        parts.append(OwnerPart(type_name, p, here, dues, elsewhere, found, show_all))
     return parts
