@@ -35,6 +35,7 @@ from time import monotonic
 from types import FrameType
 from typing import Any, Final, Literal
 
+from app.log_limit import LogLimit
 from app.model.user_code import UserCodeTimeout, current, user_code
 
 __all__ = [
@@ -210,8 +211,15 @@ class Watchdog:
         self._target = None
 
     def _run(self) -> None:
+        failures = LogLimit(60.0)
         while not self._stopping.wait(TICK_S):
-            self._look()
+            try:
+                self._look()
+            except Exception as exc:
+                # One look's fault (a bug, a MemoryError's aftermath) must not end the watch:
+                # a dead thread would leave every later handler untimed, with no sign.
+                if (more := failures.check(type(exc))) is not None:
+                    logger.exception("the user-code watch's look failed; looking on%s", more)
 
     def _look(self) -> None:
         invocation = current()

@@ -64,6 +64,31 @@ def test_a_wait_on_an_event_and_a_python_loop_are_interrupted() -> None:
             pass
 
 
+def test_a_look_that_fails_once_leaves_the_watch_running(monkeypatch: pytest.MonkeyPatch) -> None:
+    # One look's fault (a bug, say) once ended the watch's thread: every handler after it
+    # ran untimed, with nothing but the thread's traceback to say so.
+    from app.node import user_code_watch
+
+    real, raised = user_code_watch.verdict, threading.Event()
+
+    def fails_once(*args: object) -> object:
+        if not raised.is_set():
+            raised.set()
+            raise RuntimeError("one look fails")
+        return real(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(user_code_watch, "verdict", fails_once)
+    hold = Watchdog(lambda *_: None).watch(TIMEOUT_S)
+    try:
+        with user_code("the handler of", "First"):
+            assert raised.wait(5), "the watch never looked"
+        # Bounded (5 s) only so that a dead watch fails the test, not hangs it.
+        with pytest.raises(UserCodeTimeout), user_code("the handler of", "Later"):
+            threading.Event().wait(5)
+    finally:
+        hold.stop()
+
+
 @pytest.mark.usefixtures("watch")
 def test_user_code_ending_in_time_raises_nothing() -> None:
     for _ in range(3):
