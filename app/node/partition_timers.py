@@ -184,17 +184,27 @@ class PartitionTimerLoop(TimerLoop):
 
     async def round(self) -> RoundStats:
         try:
-            return await self._round()
+            stats = await self._round()
         except Exception as exc:
             # A store call that raised something other than `StoreError` (a bug: RocksDB's
             # own read errors are `StoreError`s of their partition now): tried again,
             # and after `FAILED_ROUNDS` in a row its task is closed dirty and taken afresh
             # (its local copy restored), never a partition that stops firing while the rest
             # of the node goes on.
-            if self.failures_in_a_row + 1 >= FAILED_ROUNDS and self._current():
-                self._stopping = True
-                self._owner.failed(self._rounds, exc)
+            self._round_failed(exc)
             raise
+        if stats.write_failures:  # not written, its claims sent again: as a round that raised
+            self._round_failed(
+                RuntimeError(f"{stats.write_failures} outcome write(s) failed"),
+                self.write_failures_in_a_row,
+            )
+        return stats
+
+    def _round_failed(self, exc: Exception, in_a_row: int | None = None) -> None:
+        before = self.failures_in_a_row if in_a_row is None else in_a_row
+        if before + 1 >= FAILED_ROUNDS and self._current():
+            self._stopping = True
+            self._owner.failed(self._rounds, exc)
 
     async def _round(self) -> RoundStats:
         await self._hold_for_first_commit()  # before the checks: its task may close meanwhile

@@ -630,6 +630,26 @@ async def test_a_failing_round_does_not_stop_the_loop(world: World) -> None:
     await loop.stop()
 
 
+async def test_rounds_whose_outcome_writes_keep_failing_are_a_failing_loop(world: World) -> None:
+    """An outcome write that raises (not `StoreError`) is not written and its claim lapses,
+    as before; but it counts as a failure: swallowed, a loop whose timers were re-sent at
+    every lapse and never settled read as passing (`/healthz` ready) for good."""
+    world.store.fail_settle = lambda n: n % 2 == 0  # claims land; each outcome batch raises
+    await world.put()
+    loop = TimerLoop(world.runner())
+    loop.start()
+    for sends in range(1, 4):
+        await until(lambda: loop.write_failures_in_a_row == sends)  # noqa: B023
+        world.clock.set((await world.row()).due_at)  # the claim lapses: sent again
+    assert world.sender.request_ids == ["t-1#0"] * 3
+    assert (await world.row()).status is TimerStatus.FIRING  # never settled
+    assert loop.failing
+    world.store.fail_settle = lambda n: False  # the store is well again
+    await until(lambda: not loop.failing)
+    assert (await world.row()).status is TimerStatus.FIRED
+    await loop.stop()
+
+
 def test_round_stats_keep_the_earliest_due_time() -> None:
     stats = RoundStats()
     stats.due_by(5)

@@ -40,6 +40,9 @@ class TimerLoop:
         self._task: asyncio.Task[None] | None = None
         self.rounds = 0
         self.failures_in_a_row = 0
+        # Outcome batches that failed to write, in a row (`RoundStats.write_failures`):
+        # counted apart, since the rounds between (a lapsed claim sent again) write none.
+        self.write_failures_in_a_row = 0
         self._on_round = on_round
         # A round failing for as long as its store does: a traceback a second, otherwise.
         # Per exception type, so that another fault meanwhile is logged in full at once.
@@ -49,8 +52,9 @@ class TimerLoop:
 
     @property
     def failing(self) -> bool:
-        """Whether its last rounds all failed: the timers it serves do not fire."""
-        return self.failures_in_a_row >= _FAILING_AFTER
+        """Whether its last rounds all failed, or its last outcome writes: the timers it
+        serves do not fire, or fire and never settle."""
+        return max(self.failures_in_a_row, self.write_failures_in_a_row) >= _FAILING_AFTER
 
     @property
     def running(self) -> bool:
@@ -92,6 +96,10 @@ class TimerLoop:
             try:
                 stats = await self.round()
                 self.failures_in_a_row = 0
+                if stats.write_failures:
+                    self.write_failures_in_a_row += 1
+                elif stats.written:
+                    self.write_failures_in_a_row = 0
             except Exception as exc:
                 self.failures_in_a_row += 1
                 if (more := self._failure_log.check(type(exc))) is not None:

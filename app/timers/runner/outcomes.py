@@ -119,6 +119,7 @@ class Outcomes:
             except Exception:
                 # Not written: the claims lapse and are sent again; the target de-duplicates.
                 logger.exception("writing %d timer outcome(s) failed", len(changes))
+                stats.write_failures += 1
                 # Their parks' names too, taken out unless PARKED when the round looks.
                 not_parked(by_partition, parks)
                 return

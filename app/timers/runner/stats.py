@@ -31,6 +31,11 @@ class RoundStats:
     """Finished rows deleted past their retention (`TimerOptions.finished_retention`)."""
     ledger_failures: int = 0
     written: int = 0
+    write_failures: int = 0
+    """Outcome batches whose write raised something other than `StoreError` (which fails
+    its partition): their claims lapse and are sent again. A round with any is a failed
+    round to its loop (`TimerLoop.failing`; a node's partition is taken afresh after
+    `FAILED_ROUNDS`), not one that passed while its timers never settle."""
     deferred: int = 0
     """Due, but not claimed: as many sends were in flight as may be (`max_in_flight`)."""
     full: bool = False
