@@ -13,8 +13,9 @@ previous owner; each type's `type_transactions` opens them and routes its timer 
 to them.
 
 May import: everything below it (`app.commands`, `app.timers`, `app.kafka`, `app.service`,
-`app.model`, `app.protocol`, `tables`, `app.errors`, `app.task_ends`, `app.backoff`) and the
-package's version (`app.__version__`); never `app.ops` or `app.cli`.
+`app.model`, `app.protocol`, `tables`, `app.errors`, `app.task_ends`, `app.backoff`,
+`app.log_limit`) and the package's version (`app.__version__`); never `app.ops` or
+`app.cli`.
 """
 
 from app.node.node import Node, node_topics
