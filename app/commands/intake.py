@@ -18,7 +18,7 @@ from app.commands.records import Reply, misrouted, written_in_process
 from app.errors import BadRecord
 from app.kafka import Record
 from app.protocol.limits import InputLimits
-from app.protocol.request_window import written_ago
+from app.protocol.request_window import ahead_of_clock, written_ago
 from app.protocol.wire import MAX_PARTITION, MAX_REQUEST_ID, CommandEnvelope, decode
 from tables import AggregateRef
 from tables.refs import NEW_INPUT
@@ -63,9 +63,11 @@ def past_window(r: Record, cmd: CommandEnvelope, now: int, window: int, skew_ms:
     ago = written_ago(r.timestamp, cmd.issued_at, now, window, skew_ms)
     if ago is None:
         return None
+    if ago < 0:
+        return ahead_of_clock(-ago, window, skew_ms)
     return (
         f"written {ago} ms ago, longer than the request-id window ({window} ms, "
-        "TICKWHEEL_REQUEST_ID_WINDOW_MS, less the clocks' skew allowed): whether it was "
+        "TICKWHEEL_REQUEST_ID_WINDOW_MS, less a margin for the clocks): whether it was "
         "applied is forgotten, so it is not decided; if it was not applied, send it again "
         "under a new request id"
     )

@@ -22,7 +22,7 @@ from typing import Final
 from app.errors import BadRecord
 from app.kafka import LogReader, Record
 from app.protocol.limits import InputLimits
-from app.protocol.request_window import written_ago
+from app.protocol.request_window import ahead_of_clock, written_ago
 from app.protocol.wire import TimerOp, decode
 
 __all__ = ["MAX_APPLIED_OPS", "AppliedOps", "read_applied_ops"]
@@ -68,9 +68,11 @@ class AppliedOps:
         ago = written_ago(record.timestamp, op.requested_at, now, self.window_ms, self.skew_ms)
         if ago is None:
             return None
+        if ago < 0:
+            return ahead_of_clock(-ago, self.window_ms, self.skew_ms)
         return (
             f"asked {ago} ms ago, longer than the request-id window ({self.window_ms} ms, "
-            "TICKWHEEL_REQUEST_ID_WINDOW_MS, less the clocks' skew allowed): whether it was "
+            "TICKWHEEL_REQUEST_ID_WINDOW_MS, less a margin for the clocks): whether it was "
             "carried out is forgotten, so it is not; send it again under a new request id "
             "if it was not"
         )

@@ -17,6 +17,7 @@ import uuid
 from collections.abc import Sequence
 from pathlib import Path
 
+import pytest
 from fakes import T0, FakeClock, RunningNode, order_type, wait_until
 from pydantic import BaseModel
 
@@ -27,6 +28,7 @@ from app.kafka.records import headers_of
 from app.model.aggregate import AggregateType, Command, Decision, Event
 from app.model.decide import CLOCK_SKEW_MS
 from app.protocol.dead_letters import DeadLetterContext
+from app.protocol.request_window import margin_ms
 from app.protocol.topics import AggregateTopics, ContextTopics
 from app.protocol.wire import CommandEnvelope, CommandResult, EventEnvelope, ResultCode, decode
 from app.protocol.wire import encode as encode_wire
@@ -39,6 +41,7 @@ HOUR, DAY = 3_600_000, 86_400_000
 ORDER = AggregateRef(context="shop", aggregate="order", id="o-1")
 P = partition_of(ORDER.id, 4)
 WINDOW = 2 * HOUR
+MARGIN = margin_ms(WINDOW, CLOCK_SKEW_MS)
 
 
 class Written:
@@ -86,15 +89,38 @@ async def test_within_the_window_less_the_skew_or_under_an_id_still_kept_it_is_d
     now, written = [T0], Written()
     node = processor(now, written)
     assert dict((await node.handle([record("r-1", T0, T0)])).codes) == {ResultCode.COMMITTED: 1}
-    # Written WINDOW - CLOCK_SKEW_MS - 1 ago: within the window, whatever the clocks' skew.
-    now[0] = T0 + WINDOW - CLOCK_SKEW_MS - 1
+    # Written WINDOW - MARGIN - 1 ago: within the window, whatever the clocks' skew.
+    now[0] = T0 + WINDOW - MARGIN - 1
     assert dict((await node.handle([record("r-2", T0, T0, 1)])).codes) == {ResultCode.COMMITTED: 1}
-    now[0] += 1  # a clock ahead by the skew allowed may have forgotten its id already
+    now[0] += 1  # a clock ahead by the margin may have forgotten its id already
     assert dict((await node.handle([record("r-3", T0, T0, 2)])).codes) == {ResultCode.ERROR: 1}
     now[0] = T0 + WINDOW + HOUR
-    # r-2 was applied at T0 + WINDOW - CLOCK_SKEW_MS - 1 and is kept a window from then:
+    # r-2 was applied at T0 + WINDOW - MARGIN - 1 and is kept a window from then:
     # a copy of it written at T0 is its DUPLICATE, not refused.
     assert dict((await node.handle([record("r-2", T0, T0, 3)])).codes) == {ResultCode.DUPLICATE: 1}
+
+
+@pytest.mark.parametrize(("timestamp", "issued_at"), [(T0 + DAY, T0), (-1, T0 + DAY)])
+async def test_a_command_dated_ahead_of_the_clock_past_the_margin_is_dead_lettered(
+    timestamp: int, issued_at: int
+) -> None:
+    # Decided now, its id would be forgotten a window from now while its record, dated a
+    # day ahead, still read as within the window: read again then (the group's offsets
+    # lost), it would be applied twice (review finding B1).
+    now, written = [T0], Written()
+    node = processor(now, written)
+    ahead = record("r-1", issued_at, timestamp)
+    stats = await node.handle([ahead])
+    assert dict(stats.codes) == {ResultCode.ERROR: 1} and stats.dead_letters == 1
+    [letter] = [r for r in written.records if r[0] == "shop.dead-letters"]
+    context = DeadLetterContext.from_headers(headers_of(letter))
+    assert "ahead of this node's clock" in context.exception_message
+    now[0] = T0 + WINDOW + HOUR
+    assert dict((await node.handle([ahead])).codes) == {ResultCode.ERROR: 1}, "never applied"
+    # Within the margin it is decided (a producer's clock a few seconds or minutes ahead).
+    now[0] = T0
+    near = record("r-2", T0 + MARGIN, T0 + MARGIN, 1)
+    assert dict((await node.handle([near])).codes) == {ResultCode.COMMITTED: 1}
 
 
 async def test_a_replayed_letter_dated_afresh_by_its_record_is_decided() -> None:

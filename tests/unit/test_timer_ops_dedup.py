@@ -17,11 +17,12 @@ import pytest
 from fakes import T0, FakeClock, RunningNode, running, wait_until
 from pydantic import BaseModel
 
-from app.kafka import TopicSpec
+from app.kafka import Record, TopicSpec
 from app.kafka.memory import MemoryLog
 from app.model.aggregate import AggregateType, Command, Decision
 from app.protocol.dead_letters import DeadLetterContext
 from app.protocol.limits import InputLimits
+from app.protocol.request_window import margin_ms
 from app.protocol.topics import AggregateTopics, ContextTopics
 from app.protocol.wire import CommandEnvelope, TimerAction, TimerOp, encode
 from app.service import Service
@@ -230,6 +231,21 @@ def test_applied_ops_forget_past_the_window_and_past_their_bound() -> None:
         applied.note(later, 20 + i, T0 + WINDOW)
     assert len(applied) == 2
     assert applied.duplicate_of(again, 30, T0 + WINDOW) is None, "the oldest was dropped"
+
+
+def test_a_request_dated_ahead_of_the_clock_past_the_margin_is_not_carried_out() -> None:
+    # Carried out now, its id forgotten a window from now, it would still read as within the
+    # window by its own date: read again then (the group's offsets lost), carried out twice.
+    applied = AppliedOps(window_ms=WINDOW, skew_ms=0)
+    margin = margin_ms(WINDOW, 0)
+    op = new_op(TimerAction.RETRY, OWNER, now=T0, request_id="r")
+    ahead = Record("shop.order.timer-ops", 0, 5, b"k", b"", T0 + margin + 1, ())
+    assert "ahead of this node's clock" in (applied.past_window(op, ahead, T0) or "")
+    near = Record("shop.order.timer-ops", 0, 5, b"k", b"", T0 + margin, ())
+    assert applied.past_window(op, near, T0) is None
+    no_timestamp = Record("shop.order.timer-ops", 0, 5, b"k", b"", -1, ())
+    early = new_op(TimerAction.RETRY, OWNER, now=T0 + margin + 1, request_id="r")
+    assert applied.past_window(early, no_timestamp, T0) is not None, "its requested_at counts"
 
 
 async def test_a_request_dead_lettered_as_carried_out_is_used_as_a_take_reads_it(
