@@ -18,13 +18,8 @@ from aiokafka.protocol.metadata import MetadataRequest
 from app.errors import KafkaUnavailable
 from app.kafka.cluster import count_differs, missing_topics
 from app.kafka.connection import Connectable, address, client_options
-from app.kafka.records import (
-    Replication,
-    TopicSpec,
-    check_created,
-    creation_errors,
-    explain,
-)
+from app.kafka.records import Replication, TopicSpec, explain
+from app.kafka.topic_creation import check_created, creation_errors
 from app.kafka.topic_policy import check_compacted
 
 logger = logging.getLogger(__name__)

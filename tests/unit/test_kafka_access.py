@@ -31,7 +31,8 @@ from app.kafka.memory import MemoryLog
 from app.kafka.memory_group import MemoryAdmin
 from app.kafka.oauth_token import TokenRefused, TokenUnavailable
 from app.kafka.probe import check_access, refusal
-from app.kafka.records import check_created, creation_errors, refused
+from app.kafka.records import refused
+from app.kafka.topic_creation import check_created, creation_errors
 from app.node import Node, node_topics
 from app.node.settings import Settings
 
