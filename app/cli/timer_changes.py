@@ -62,14 +62,9 @@ from app.ops.timer_api import (
     set_command,
     submit,
 )
+from app.protocol.json_input import load_json
 from app.protocol.topics import ContextTopics, parse_aggregate_type
-from app.protocol.wire import (
-    MAX_REQUEST_ID,
-    CommandEnvelope,
-    CommandResult,
-    ResultCode,
-    load_json,
-)
+from app.protocol.wire import MAX_REQUEST_ID, CommandEnvelope, CommandResult, ResultCode
 from tables import DEFAULT_TENANT, CommandSpec
 
 __all__ = ["cancel", "pause", "resume", "set_", "trigger"]

@@ -45,7 +45,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource
 
 from app.errors import ConfigError
 from app.node.variables import VARIABLES
-from app.protocol.wire import repeated_keys
+from app.protocol.json_input import repeated_keys
 
 __all__ = [
     "VariablesSource",

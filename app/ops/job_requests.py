@@ -11,7 +11,7 @@ from pydantic import BaseModel, ValidationError
 
 from app.ops.job_api import JobInputError
 from app.protocol.instants import BadInstant, parse_instant
-from app.protocol.wire import load_json
+from app.protocol.json_input import load_json
 
 __all__ = ["body_instant", "request_body", "validated"]
 

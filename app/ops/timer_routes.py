@@ -64,7 +64,8 @@ from app.ops.timer_api import (
     set_command,
     submit,
 )
-from app.protocol.wire import CommandEnvelope, ResultCode, load_json
+from app.protocol.json_input import load_json
+from app.protocol.wire import CommandEnvelope, ResultCode
 from tables import DEFAULT_TENANT, Timer, TimerStatus
 from tables.exceptions import StoreError
 from tables.partitioner import partition_of

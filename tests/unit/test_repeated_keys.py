@@ -10,7 +10,7 @@ import pytest
 from fakes import WEB_TOKEN
 from test_web_fuzz import BOOK, serving
 
-from app.protocol.wire import load_json, repeated_keys
+from app.protocol.json_input import load_json, repeated_keys
 
 
 @pytest.mark.parametrize(
