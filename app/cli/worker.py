@@ -80,9 +80,9 @@ def worker(
 async def _run_worker(settings: Settings, service: Service) -> None:
     from app.node import Node
     from app.node.collector import tune_collector
-    from app.ops.cluster_status import for_node
     from app.ops.other_groups import refuse_other_groups
     from app.ops.page import default_node_id
+    from app.ops.status_for_node import for_node
     from app.ops.web import WebServer
     from app.ops.web_port import check_listenable
 

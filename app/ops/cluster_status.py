@@ -20,7 +20,8 @@ is not a report of its key (another producer's, a broken one) is skipped and cou
 No node talks to another over HTTP: the status travels through Kafka, as the operators'
 retry and skip do (`app.timers.operator`), and a search of an owner whose partition lives
 elsewhere reads that partition of the timer table's changelog (`changelog_timers`, carried
-out by `app.ops.changelog_search`).
+out by `app.ops.changelog_search`). A running node's is made by `for_node`
+(`app.ops.status_for_node`).
 """
 
 from __future__ import annotations
@@ -30,14 +31,11 @@ import logging
 from collections.abc import Callable, Iterable
 from contextlib import aclosing
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Final
-
-from prometheus_client import CollectorRegistry, Counter
+from typing import Final
 
 from app.errors import KafkaUnavailable
 from app.kafka.ports import Clients, Follower, Publisher
 from app.kafka.records import Record, refused
-from app.node.settings import Settings
 from app.ops.changelog_search import (
     CHANGELOG_READS,
     CHANGELOG_WAIT_S,
@@ -51,16 +49,12 @@ from app.ops.node_report import (
     collect_report,
     encode_report,
     fit_report,
-    recent_p99,
 )
 from app.ops.status_view import FORGET_MS, MAX_HELD_KEYS, PURGE_MS, StatusView
 from app.protocol.topics import ContextTopics, parse_aggregate_type
 from app.task_ends import cancelled_here, how_ended
 from tables import AggregateRef
 from tables.owner_pick import OwnerTimers
-
-if TYPE_CHECKING:
-    from app.node import Node
 
 __all__ = [
     "FORGET_MS",
@@ -70,10 +64,6 @@ __all__ = [
     "ChangelogBusy",
     "ClusterStatus",
     "StatusView",
-    "bad_records_counter",
-    "for_node",
-    "report_errors_counter",
-    "web_address",
 ]
 
 logger = logging.getLogger(__name__)
@@ -353,54 +343,3 @@ def _raise_if_cancelled(exc: BaseException) -> None:
     """Re-raises `exc` when it is the cancellation of the running task itself."""
     if isinstance(exc, asyncio.CancelledError) and cancelled_here():
         raise exc
-
-
-def web_address(settings: Settings, port: int) -> str | None:
-    """Where the other nodes' pages link to this node's: `TICKWHEEL_WEB_URL`, else its
-    host and port unless it listens on every address (no name to give then)."""
-    if settings.web_url is not None:
-        return settings.web_url.rstrip("/")
-    if not port or settings.web_host in ("0.0.0.0", "::", ""):
-        return None
-    host = f"[{settings.web_host}]" if ":" in settings.web_host else settings.web_host
-    return f"http://{host}:{port}"
-
-
-def bad_records_counter(registry: CollectorRegistry) -> Counter:
-    """`tickwheel_cluster_status_bad_records_total`, on the node's registry."""
-    return Counter(
-        "tickwheel_cluster_status_bad_records",
-        "records of the <context>.nodes topics that are no node report (skipped)",
-        registry=registry,
-    )
-
-
-def report_errors_counter(registry: CollectorRegistry) -> Counter:
-    """`tickwheel_cluster_status_report_errors_total`, on the node's registry."""
-    return Counter(
-        "tickwheel_cluster_status_report_errors",
-        "the node's status reports that could not be made (not published; logged)",
-        registry=registry,
-    )
-
-
-def for_node(node: Node, node_id: str, port: int) -> ClusterStatus:
-    """The `ClusterStatus` of a running `Node` (its clients and producer, its settings'
-    interval, its lateness window, a counter of bad records in its registry)."""
-    bad = bad_records_counter(node.metrics.registry)
-    errors = report_errors_counter(node.metrics.registry)
-
-    def lateness() -> float | None:
-        return recent_p99(node.metrics.recent_lateness, node.clock.now())
-
-    return ClusterStatus(
-        node.clients,
-        node.producer,
-        node,
-        node_id,
-        web=web_address(node.settings, port),
-        interval_ms=node.settings.status_interval_ms,
-        lateness=lateness,
-        on_bad=bad.inc,
-        on_report_error=errors.inc,
-    )

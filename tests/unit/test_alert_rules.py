@@ -20,7 +20,7 @@ from test_metrics import ROOT, TYPE, fed
 from test_project import _anchors
 
 from app.kafka.broker_watch import BrokerWatch
-from app.ops.cluster_status import bad_records_counter, report_errors_counter
+from app.ops.status_for_node import bad_records_counter, report_errors_counter
 
 RULES = ROOT / "ops" / "alerts.yml"
 PROMETHEUS = ROOT / "ops" / "prometheus.yml"

@@ -27,7 +27,7 @@ from app.kafka.records import Replication
 from app.node.kept import node_topics
 from app.node.settings import Settings
 from app.ops.cluster_page import cluster_view
-from app.ops.cluster_status import FORGET_MS, ClusterStatus, web_address
+from app.ops.cluster_status import FORGET_MS, ClusterStatus
 from app.ops.node_report import (
     STALE_INTERVALS,
     NodeReport,
@@ -35,6 +35,7 @@ from app.ops.node_report import (
     collect_report,
     encode_report,
 )
+from app.ops.status_for_node import web_address
 from app.protocol.topics import ContextTopics, parse_aggregate_type
 from tables import AggregateRef, CommandSpec, OnceRule, Timer, TimerChange, TimerStatus
 from tables.census import TimerCensus

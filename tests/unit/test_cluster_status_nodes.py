@@ -14,7 +14,8 @@ from fakes import RunningNode, wait_until
 from test_node_memory import SERVICE
 
 from app.kafka.memory import MemoryLog
-from app.ops.cluster_status import ClusterStatus, for_node
+from app.ops.cluster_status import ClusterStatus
+from app.ops.status_for_node import for_node
 from app.protocol.topics import ContextTopics
 
 PARTITIONS = 2

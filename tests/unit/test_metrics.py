@@ -37,7 +37,7 @@ from app.model.aggregate import Command, Decision
 from app.node.metrics import LATENESS_BUCKETS, NodeMetrics
 from app.node.partition_transaction import Transaction, _Staged
 from app.node.settings import Settings
-from app.ops.cluster_status import bad_records_counter, report_errors_counter
+from app.ops.status_for_node import bad_records_counter, report_errors_counter
 from app.protocol.wire import CommandEnvelope, ResultCode
 from app.timers.restore import restore_partition
 from app.timers.runner import SENT, SendResult, TimerOptions, TimerRunner
@@ -408,7 +408,7 @@ def readme_metrics() -> str:
 async def test_the_readme_lists_exactly_the_metrics_a_node_exports() -> None:
     """As a worker's registry has them: the node's metrics, its broker watch's and its
     cluster status's, all on one registry (`Node`: `BrokerWatch(..., registry=...)`; the
-    worker: `app.ops.cluster_status.for_node`)."""
+    worker: `app.ops.status_for_node.for_node`)."""
     metrics = await fed()
     BrokerWatch("127.0.0.1:9092", registry=metrics.registry)
     bad_records_counter(metrics.registry)  # the worker's cluster status (`for_node`)

@@ -14,9 +14,10 @@ from fakes import RunningNode, running, wait_until
 from test_node_memory import PARTITIONS, SERVICE, TOPICS
 
 from app.kafka.memory import MemoryLog
-from app.ops.cluster_status import ClusterStatus, for_node
+from app.ops.cluster_status import ClusterStatus
 from app.ops.node_report import NodeReport, PartitionReport
 from app.ops.other_groups import OtherGroupRunning, check_other_groups, running_elsewhere
+from app.ops.status_for_node import for_node
 from app.protocol.topics import AggregateTopics
 
 T0 = 1_800_000_000_000

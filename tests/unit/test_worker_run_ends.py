@@ -88,7 +88,7 @@ def parts(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[_Part, _Part]]:
     calls: list[str] = []
     node, cluster = _Part("node", calls), _Part("cluster", calls)
     monkeypatch.setattr("app.node.Node", lambda settings, service: node)
-    monkeypatch.setattr("app.ops.cluster_status.for_node", lambda n, node_id, port: cluster)
+    monkeypatch.setattr("app.ops.status_for_node.for_node", lambda n, node_id, port: cluster)
     monkeypatch.setattr("app.node.collector.tune_collector", lambda threshold: None)
     monkeypatch.setattr("app.ops.other_groups.refuse_other_groups", _no_other_group)
     yield node, cluster
