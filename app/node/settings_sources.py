@@ -17,7 +17,7 @@ In the environment and in the `.env` file alike, `X_FILE` names a file whose con
 (whitespace around them stripped) are the value of `X`, for every setting's variable `X`
 (`TICKWHEEL_WEB_TOKEN_FILE=/run/secrets/web-token`); a file that cannot be read, that is
 no regular file (a FIFO, `/dev/zero`) or that holds more than 64 KiB is an error naming
-the variable (`app.node.variables.MAX_FILE_BYTES`), as is giving both `X` and `X_FILE` in
+the variable (`app.node.variable_files.MAX_FILE_BYTES`), as is giving both `X` and `X_FILE` in
 one place. Values are
 stripped, and an empty one is no value (the default holds); a secret's
 (`app.node.variables.BLANK_REFUSED`) of whitespace alone, as `X` or as `X_FILE`, is an

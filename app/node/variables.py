@@ -1,7 +1,7 @@
 """The settings' variables: each setting's name in the environment (`VARIABLES`), the
 project tooling's own `TICKWHEEL_*` variables, and reading them (`read_variables`) from
-the environment, a `.env` file and `<VARIABLE>_FILE` files, as
-`app.node.settings_sources` describes.
+the environment, a `.env` file and `<VARIABLE>_FILE` files (one such file read by
+`app.node.variable_files`), as `app.node.settings_sources` describes.
 """
 
 from __future__ import annotations
@@ -9,7 +9,6 @@ from __future__ import annotations
 import difflib
 import logging
 import os
-import stat
 import unicodedata
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -19,10 +18,10 @@ from dotenv.parser import parse_stream
 from dotenv.variables import Variable, parse_variables
 
 from app.errors import ConfigError
+from app.node.variable_files import file_value, unread_reason
 
 __all__ = [
     "ENV_FILE_VARIABLE",
-    "MAX_FILE_BYTES",
     "TOOLING_VARIABLES",
     "VARIABLES",
     "read_variables",
@@ -76,10 +75,6 @@ VARIABLES: Final[Mapping[str, str]] = {
 """Each setting's environment variable (each also as `<variable>_FILE`)."""
 
 ENV_FILE_VARIABLE: Final = "TICKWHEEL_ENV_FILE"
-
-MAX_FILE_BYTES: Final = 64 * 1024
-"""The most an `X_FILE` variable's file may hold: a secret, a token or any setting's value
-is far smaller; a larger file is no such value (a log or an image named by mistake)."""
 
 TOOLING_VARIABLES: Final = frozenset(
     {
@@ -147,14 +142,14 @@ def _is_file(path: Path, name: str) -> bool:
     try:
         return path.is_file()
     except OSError as exc:
-        raise ConfigError(f"{name}: cannot read {str(path)!r}: {_reason(exc)}") from exc
+        raise ConfigError(f"{name}: cannot read {str(path)!r}: {unread_reason(exc)}") from exc
 
 
 def _not_too_large(path: Path, name: str) -> None:
     try:
         size = path.stat().st_size
     except OSError as exc:  # gone, or its directory made unsearchable, since
-        raise ConfigError(f"{name}: cannot read {str(path)!r}: {_reason(exc)}") from exc
+        raise ConfigError(f"{name}: cannot read {str(path)!r}: {unread_reason(exc)}") from exc
     if size > MAX_ENV_FILE_BYTES:
         raise ConfigError(
             f"{name}: {str(path)!r} is larger than {MAX_ENV_FILE_BYTES} bytes, far more than "
@@ -194,7 +189,7 @@ def _dotenv(path: Path, name: str, environ: Mapping[str, str]) -> Mapping[str, s
                     )
                 values[binding.key] = value
     except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{name}: cannot read {path}: {_reason(exc)}") from exc
+        raise ConfigError(f"{name}: cannot read {path}: {unread_reason(exc)}") from exc
     if unread:
         # Its text is not shown: a password's line among them.
         lines = ", ".join(map(str, unread))
@@ -232,12 +227,6 @@ def _expanded(
             return None
         parts.append(part)
     return "".join(parts)
-
-
-def _reason(exc: OSError | UnicodeDecodeError) -> str:
-    if isinstance(exc, OSError):
-        return exc.strerror or str(exc)
-    return f"not UTF-8 text ({exc.reason})"
 
 
 def _known() -> frozenset[str]:
@@ -338,7 +327,7 @@ def _resolved(values: Mapping[str, str | None], where: str, into: Variables) -> 
         if path and value:
             raise ConfigError(f"{var} and {file_var} are both given ({where}): give one")
         if path:
-            value = _file_value(path, f"{file_var} ({where})")
+            value = file_value(path, f"{file_var} ({where})")
             if not value:
                 # A secret's mount not filled yet, say: the setting would be silently unset.
                 raise ConfigError(
@@ -349,55 +338,3 @@ def _resolved(values: Mapping[str, str | None], where: str, into: Variables) -> 
             into.from_files.discard(var)  # the environment's value over the .env file's
         if value:
             into[var] = value
-
-
-def _file_value(path: str, name: str) -> str:
-    """The stripped text of an `X_FILE` variable's file; `ConfigError` starting with `name`
-    unless it is a regular file of at most `MAX_FILE_BYTES` of UTF-8.
-
-    Only a regular file is opened: a FIFO's open blocks until a writer comes, and a device
-    (`/dev/zero`, `/dev/urandom`) never ends. It is opened non-blocking and checked again
-    once open (it may have been swapped since), and at most `MAX_FILE_BYTES` + 1 bytes are
-    read whatever its size says (a file of /proc says 0): the start never hangs on it nor
-    fills the memory with it."""
-
-    def refused(why: str) -> ConfigError:
-        return ConfigError(f"{name}: cannot read {path!r}: {why}")
-
-    if "\x00" in path:  # a .env's (the environment holds none): os.stat raises ValueError
-        raise refused("a NUL character in the path")
-    try:
-        if (kind := _not_regular(os.stat(path).st_mode)) is not None:
-            raise refused(f"it is {kind}, not a regular file")
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-        with os.fdopen(fd, "rb") as f:
-            if (kind := _not_regular(os.fstat(fd).st_mode)) is not None:
-                raise refused(f"it is {kind}, not a regular file")
-            data = f.read(MAX_FILE_BYTES + 1)
-    except OSError as exc:
-        raise refused(_reason(exc)) from exc
-    if len(data) > MAX_FILE_BYTES:
-        raise refused(
-            f"it holds more than {MAX_FILE_BYTES} bytes, more than any setting's value (a "
-            "secret, a token): name the file that holds the value alone"
-        )
-    try:
-        return data.decode("utf-8").strip()
-    except UnicodeDecodeError as exc:
-        raise refused(_reason(exc)) from exc
-
-
-_KINDS: Final = (
-    (stat.S_ISDIR, "a directory"),
-    (stat.S_ISFIFO, "a FIFO (named pipe)"),
-    (stat.S_ISCHR, "a character device"),
-    (stat.S_ISBLK, "a block device"),
-    (stat.S_ISSOCK, "a socket"),
-)
-
-
-def _not_regular(mode: int) -> str | None:
-    """What a file of `mode` is when it is no regular file, else None."""
-    if stat.S_ISREG(mode):
-        return None
-    return next((kind for test, kind in _KINDS if test(mode)), "no regular file")

@@ -14,7 +14,7 @@ import pytest
 
 from app.errors import ConfigError
 from app.node.settings import TOOLING_VARIABLES, VARIABLES, Settings
-from app.node.variables import MAX_FILE_BYTES
+from app.node.variable_files import MAX_FILE_BYTES
 
 
 def test_every_field_has_its_variable() -> None:
