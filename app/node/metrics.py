@@ -48,19 +48,17 @@ with `_total`, histograms for durations. What each measures, and where:
 - `tickwheel_kafka_client_cert_expiry_timestamp_seconds{file}`: the notAfter of the Kafka
   client certificate loaded (`app.kafka.tls_reload`), set at the start and at each renewal.
 
-The gauges read from the store, the runners and the ledgers are set by `refresh`, which
-the node's `/metrics` handler awaits before each scrape; everything it reads is kept
-current by the writes themselves, so a scrape scans nothing of the store but one bounded
-due scan a type of its held partitions.
+The gauges read from the store, the runners and the ledgers are set by `refresh`
+(`app.node.scrape_gauges`), which the node's `/metrics` handler awaits before each
+scrape; everything it reads is kept current by the writes themselves, so a scrape scans
+nothing of the store but one bounded due scan a type of its held partitions.
 """
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import fields
 from pathlib import Path
-from typing import Final, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -74,56 +72,25 @@ from app.node.metric_parts import (
     RestoreGauges,
     observe_all,
 )
+from app.node.scrape_gauges import TimerSource, refresh_gauges
 from app.timers.runner import RoundStats
-from tables import StoreClosed, StoreError, TimerStatus
-from tables.ledger import CountedLedger, FailureLedger
-from tables.store import DueRow
+from tables.ledger import FailureLedger
 
 __all__ = [
     "BUILD_LABELS",
     "COMMIT_BUCKETS",
-    "HELD_BACKLOG_LIMIT",
     "KAFKA_CLIENT_API",
     "LATENESS_BUCKETS",
     "NodeMetrics",
-    "TimerSource",
     "build_info",
     "observe_all",
 ]
-
-logger = logging.getLogger(__name__)
 
 _ROUND_FIELDS = [
     f.name
     for f in fields(RoundStats)
     if f.name not in ("full", "next_due", "reload_at", "loaded", "written")
 ]
-
-_STATUSES = (TimerStatus.PENDING, TimerStatus.FIRING, TimerStatus.PARKED, TimerStatus.PAUSED)
-
-HELD_BACKLOG_LIMIT: Final = 1_000
-"""Due rows a scrape reads of a type's held partitions (one scan): a lower bound past it, as
-a wheel's load is for the fired ones."""
-
-
-class _Store(Protocol):
-    @property
-    def assigned(self) -> frozenset[int]: ...
-
-    def status_counts(self, partition: int) -> dict[TimerStatus, int]: ...
-
-    async def due_rows(self, partitions: set[int], until: int, limit: int) -> list[DueRow]: ...
-
-
-class _Runner(Protocol):
-    @property
-    def partitions(self) -> frozenset[int]: ...
-
-    def backlog(self, now: int) -> tuple[int, int | None]: ...
-
-
-TimerSource = tuple[str, _Store, _Runner]
-"""What `refresh` reads of one aggregate type: its name, timer store and runner."""
 
 
 class NodeMetrics:
@@ -341,61 +308,11 @@ class NodeMetrics:
             self.restore_read.remove(type_name, str(partition), store)
             self.restore_to_read.remove(type_name, str(partition), store)
 
-    def _shown(self, name: str, store: _Store, runner: _Runner) -> frozenset[int]:
-        """The partitions of `name` whose timers a scrape shows: those fired, and those
-        taken here whose restore is done (a held one: not fired, its timers still due)."""
-        taken = {p for (t, p), gauges in self._taken.items() if t == name and gauges.done}
-        return (runner.partitions | taken) & store.assigned
-
     async def refresh(
         self,
         now_ms: int,
         sources: Iterable[TimerSource],
         ledgers: Mapping[str, FailureLedger],
     ) -> None:
-        """Sets the gauges read from the stores, runners and ledgers: O(owned partitions)
-        plus each runner's wheel, and one due scan of a type's held partitions, bounded
-        (`HELD_BACKLOG_LIMIT`)."""
-        # Counted, not listed: sorting every parked target held the loop at each scrape.
-        open_entries = {
-            context: c.open_entries if isinstance(c, CountedLedger) else len(await c.entries())
-            for context, c in ledgers.items()
-        }
-        sources = list(sources)
-        held_due: dict[str, list[DueRow]] = {}
-        for name, store, runner in sources:
-            held = set(self._shown(name, store, runner) - runner.partitions)
-            try:
-                # Overdue timers of a partition not fired (held after a failed cycle, behind
-                # its log's end) are backlog too: exactly then it grows.
-                rows = await store.due_rows(held, now_ms, HELD_BACKLOG_LIMIT) if held else []
-            except StoreClosed:  # let go meanwhile
-                rows = []
-            except StoreError as exc:  # a damaged block: told, not a failed scrape
-                logger.warning("the held partitions of %s were not read: %s", name, exc)
-                rows = []
-            held_due[name] = rows
-        # No await from here on: the gauges are cleared and set as one step, so that a
-        # partition let go since the last scrape leaves no stale series behind.
-        self.active.clear()
-        self.backlog.clear()
-        self.backlog_oldest.clear()
-        for name, store, runner in sources:
-            shown = self._shown(name, store, runner)
-            for p in sorted(shown):
-                counts = store.status_counts(p)
-                for status in _STATUSES:
-                    self.active.labels(name, str(p), status.value.lower()).set(counts[status])
-            count, oldest = runner.backlog(now_ms)
-            # Of the partitions still held (not let go nor fired since the scan).
-            still = shown - runner.partitions
-            overdue = [r.due_at for r in held_due[name] if r.partition in still]
-            count += len(overdue)
-            if overdue:
-                oldest = min(overdue) if oldest is None else min(oldest, *overdue)
-            self.backlog.labels(name).set(count)
-            waited = 0.0 if oldest is None else max(now_ms - oldest, 0) / 1000
-            self.backlog_oldest.labels(name).set(waited)
-        self.ledger_entries.clear()
-        for context, n in open_entries.items():
-            self.ledger_entries.labels(context).set(n)
+        """Sets the gauges read from the stores, runners and ledgers (`refresh_gauges`)."""
+        await refresh_gauges(self, self._taken, now_ms, sources, ledgers)
