@@ -9,7 +9,7 @@ only after the transaction committed; they are a fold of the log, restored from 
 `CommandBatch` (`app.commands.batch`); the records beside the events,
 `app.commands.records`; the checks of a record before it is decided,
 `app.commands.intake`; a command's answer, and a refused one's dead letter,
-`app.commands.answers`.
+`app.commands.answers`; another writer's event followed, `app.commands.follow`.
 """
 
 from __future__ import annotations
@@ -21,10 +21,9 @@ from typing import Any
 
 from app.commands.answers import CommandAnswers
 from app.commands.batch import BatchStats, CommandBatch, Commit, LocalDecided
-from app.commands.folds import check_followed_version, continues, folds, marked
+from app.commands.follow import follow_event
 from app.commands.intake import bad_reply, past_window, read_command
 from app.commands.records import (
-    applied_id,
     check_sizes,
     command_record,
     dead_letter_record,
@@ -40,7 +39,7 @@ from app.kafka import LogReader, OutRecord, Record
 from app.kafka.catalog import TopicCatalog
 from app.kafka.records import RestoreProgress
 from app.model.aggregate import AggregateType
-from app.model.decide import CLOCK_SKEW_MS, Decided, cut_message, decide, fold
+from app.model.decide import CLOCK_SKEW_MS, Decided, cut_message, decide
 from app.protocol.dead_letters import Stage
 from app.protocol.limits import InputLimits
 from app.protocol.topics import AggregateTopics, ContextTopics
@@ -321,44 +320,8 @@ class CommandProcessor:
         return batch.stats
 
     def follow(self, batch: CommandBatch, event: EventEnvelope, offset: int) -> bool:
-        """Folds an event of the log that this partition did not decide (another writer's
-        append) into its aggregate when it is ahead of it, so that the versions this node
-        appends never go back; whether it did. Its own events, read back, and another
-        writer's events at or behind the aggregate's version, change nothing here (their
-        timers are ordered by their own versions in the timer table). The events after the
-        first of another writer's decision share its request id: folded too, but not one
-        folded already (appended again). One whose fold raises (the caller dead-letters
-        it) leaves its request id applied."""
-        if event.aggregate.type_name != self.agg.type_name:
-            return False
-        batch.log_offset = max(offset, batch.log_offset or 0)
-        aid = state_key(event.aggregate)
-        applied = (aid, applied_id(event))
-        if (why := self._states.passed_over(offset)) is not None:
-            batch.passed.add(applied)
-            raise why  # as the restore met it: the caller dead-letters the event
-        # The restore's rule (`app.commands.folds`): the aggregate unread when it says no
-        # whatever the version (its own event read back).
-        last = self._states.following(batch, aid)
-        sibling = self._states.folded(batch, applied)
-        nxt = sibling and continues(last, applied[1], offset, event.id, event.version)
-        if sibling and not nxt:
-            return False
-        stored = batch.staged.get(aid) or self._states.stored(aid)
-        at = stored.version if stored is not None else 0
-        if not folds(event.version, at, folded=sibling, continues=nxt):
-            return False
-        try:
-            check_followed_version(event.version, at)
-            folded = fold(self.agg, stored, [event])  # before the batch changes: it may raise
-            batch.encoded[aid] = self._states.encode(aid, stored, folded, logged=True)
-        except Exception:
-            batch.passed.add(applied)  # the log holds it: sent again, a duplicate
-            raise
-        batch.staged[aid] = folded
-        batch.applied.add(applied)
-        batch.following[aid] = marked(last, applied[1], offset, event.id, event.version)
-        return True
+        """Folds another writer's event into its aggregate when ahead of it (`follow_event`)."""
+        return follow_event(self.agg, self._states, batch, event, offset)
 
     def _decide(self, batch: CommandBatch, cmd: CommandEnvelope) -> tuple[Decided, int | None]:
         """Decides one command on the aggregate as the batch left it; its events and
