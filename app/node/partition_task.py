@@ -43,18 +43,11 @@ from collections.abc import Collection
 
 from app.commands.processor import CommandProcessor
 from app.errors import KafkaUnavailable
-from app.kafka.records import too_large
-from app.node.failing import (
-    A_COMMIT,
-    FailingPartitions,
-    refused_elsewhere,
-    refused_for_good,
-    retake_after,
-)
-from app.node.in_process import in_process_targets
-from app.node.kept import KeptType, is_fenced, node_topics
-from app.node.opening import written_topics
+from app.node import partition_firing
+from app.node.failing import A_COMMIT, FailingPartitions
+from app.node.kept import KeptType, is_fenced
 from app.node.partition_commits import PartitionCommits
+from app.node.partition_failure import let_go
 from app.node.partition_input import Batch, Held, PartitionInput
 from app.node.partition_open import open_partition
 from app.node.partition_release import CloseFailed, release_partition
@@ -66,7 +59,6 @@ from app.node.task_id import TaskId
 from app.node.task_shared import TaskManager, TaskShared
 from app.node.task_state import TaskState, closes_clean, transition
 from app.timers.runner import PartitionFiring
-from app.timers.runner.partition_store import PartitionStore
 from tables import Timer
 from tables.partition_handle import PartitionHandle
 
@@ -127,7 +119,7 @@ class PartitionTask:
         self.commits = self._new_commits()
         self._taking: asyncio.Task[None] | None = None
         # The group took p away: no take starts any more (a failure meanwhile included).
-        self._leaving = False
+        self.leaving = False
         # The closes of an earlier task of p its take waits for: p's state open until then
         # is theirs (a close of this task meanwhile lets none of it go).
         self._behind: tuple[asyncio.Task[bool], ...] = ()
@@ -199,7 +191,7 @@ class PartitionTask:
 
     def leave(self) -> None:
         """The group took p away: no take starts from now on (a failure's included)."""
-        self._leaving = True
+        self.leaving = True
 
     async def stop_taking(self) -> None:
         """The group takes p away: a take under way is cancelled (and waited for), and none
@@ -227,37 +219,10 @@ class PartitionTask:
         logger.warning("%s: %s failed: %s; %s", self.key, what, exc, then)
         self._to(TaskState.SUSPENDED)
         try:
-            self._let_go(what, exc, fenced)
+            self._stop_running()
+            let_go(self, what, exc, fenced)
         except Exception as error:  # suspended with no retake, p would stay so for good
             self.manager.fail(f"{self.key}: letting it go after {what} failed raised {error!r}")
-
-    def _let_go(self, what: str, exc: BaseException, fenced: bool) -> None:
-        """The rest of `failed`, p suspended: its reading paused, and its retake begun
-        (or the node failed, for a refusal no retake passes)."""
-        s = self.shared
-        self._stop_running()
-        self.manager.task_failed(self)
-        at = {} if self.input is None else self.input.failed_at
-        failing = self.failing.failed(self.p, at, f"{what}: {exc}", what)
-        self.broken = failing.describe()
-        mine = self.given()
-        s.consumer.pause(mine)
-        if self._leaving:
-            return  # being revoked: closed dirty there (it is suspended), never taken again
-        own = {spec.name for spec in node_topics([k.topics for k in s.types.values()], 1)}
-        # Another context's topic refused: the retake answers the commands to it ERROR.
-        s.targets.writes_refused(refused_elsewhere(exc, own), str(exc))
-        if too_large(exc) and self.transaction is not None:
-            # Its topics' limits and those of the others the refused commit wrote (another
-            # type's or context's commands) are read again before its producer is made.
-            wrote = self.transaction.unlanded_topics()
-            self.kept.batch_topics.update(wrote.difference(written_topics(self.kept.topics)))
-            self.limits_doubtful = True
-        if refused_for_good(exc, own):
-            self.manager.fail(f"{self.key}: {what} was refused (an ACL this node needs): {exc}")
-            return
-        delay = 2 * s.settings.session_timeout_ms / 1000 if fenced else retake_after(failing)
-        self.take({t for t, _ in mine}, after_failure=delay)
 
     def given(self) -> list[tuple[str, int]]:
         """Its topics' p as the group gives them to this node now (its type's alone)."""
@@ -303,32 +268,8 @@ class PartitionTask:
         return self.timer_loop is not None and self.timer_loop.failing
 
     def start_firing(self) -> None:
-        """p's timers of its type fire from now on: those whose targets p decides itself
-        in-process, in its cycles (`in_process_targets`), the others sent; in rounds of
-        p's own (`PartitionTimerLoop`), which no other partition's hold up."""
-        kept = self.kept
-        partitions = self.shared.settings.partitions
-        local = self.processor is not None
-        in_process = in_process_targets(kept.topics, partitions) if local else None
-        # Its store calls through p's own handle: refused once p is let go.
-        store = None if self.store is None else PartitionStore(self.store)
-        firing = kept.runner.start_partition(
-            self.p, in_process=in_process, store=store, check_named=True
-        )
-        self.firing = firing
-        firing.unparked.note(self.unparked_early)
-        self.unparked_early = []
-        self.timer_loop = kept.loop.start_partition(self, firing)
-
-    def _end_timer_loop(self) -> None:
-        """Its timer loop ends (not waited for: a round in progress finds its firing
-        stopped by the close and does nothing more of it)."""
-        if (loop := self.timer_loop) is not None:
-            if (kept := self.shared.types.get(self.type_name)) is not None:
-                kept.loop.end_partition(loop)
-            else:
-                loop.end()
-        self.timer_loop = None
+        """p's timers of its type fire from now on (`partition_firing.start_firing`)."""
+        partition_firing.start_firing(self)
 
     def worked(self, what: str) -> None:
         """Its `what` worked: a failure of it that read nothing is forgotten."""
@@ -338,12 +279,8 @@ class PartitionTask:
 
     def read_past(self, done: dict[str, int]) -> None:
         """A cycle of p staged: a task held since a failure fires again once its log was
-        read past where the failure was."""
-        commits = self.commits  # the cycle is carried by the next commit to start
-        carried_by = commits.landed + (2 if commits.running() is not None else 1)
-        if self.failing.read(self.p, done, carried_by) and self.state is TaskState.RUNNING:
-            logger.info("%s: its log read past its failure, firing again", self.key)
-            self.start_firing()
+        read past where the failure was (`partition_firing.read_past`)."""
+        partition_firing.read_past(self, done)
 
     def revive(self) -> None:
         """A closed task is created again, to be taken afresh (its commits anew: none of
@@ -402,7 +339,7 @@ class PartitionTask:
         # Refused from p's revoke on anyway; a retake makes a new one. Its close may roll
         # back through it what did not commit.
         store, self.store = self.store, None
-        self._end_timer_loop()
+        partition_firing.end_timer_loop(self)
         if was is not TaskState.CREATED or self._half_open():
             # A cycle cut short wrote half of its work: nothing of p's transaction commits.
             clean = not await self.stop_input() and clean

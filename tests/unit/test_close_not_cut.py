@@ -59,7 +59,7 @@ async def test_a_revoke_while_a_retake_closes_the_task_waits_for_that_close(
     task.failed(A_COMMIT, KafkaUnavailable("commit timed out"))
     await wait_until(entered.is_set)  # the retake is closing the task
     revoke = asyncio.create_task(n.tasks.revoke({key}))  # the group takes p away now
-    await wait_until(lambda: task._leaving and task._taking is None)  # the retake cancelled
+    await wait_until(lambda: task.leaving and task._taking is None)  # the retake cancelled
     assert cut == [] and not revoke.done()  # the revoke waits for the close under way
     gate.set()
     await asyncio.wait_for(revoke, 10)

@@ -44,7 +44,7 @@ async def test_a_failure_whose_letting_go_raises_stops_the_node_loudly(
     node = await RunningNode(log, tmp_path, "a", SERVICE, PARTITIONS).start()
     try:
         await wait_until(node.runs)
-        raised = _pause_raising_once_in(monkeypatch, "_let_go")
+        raised = _pause_raising_once_in(monkeypatch, "let_go")
         failed: list[str] = []
 
         async def once(tid: str) -> None:
