@@ -27,16 +27,15 @@ from app.kafka.catalog import TopicCatalog, topic_limits
 from app.kafka.clients import KafkaClients
 from app.kafka.ports import Clients, GroupMember
 from app.kafka.tls_reload import tls_reload
-from app.node import polling
 from app.node.commits import Commits
 from app.node.cycles import PartitionCycles
 from app.node.health import node_health, oldest
 from app.node.kept import KeptType, node_topics
 from app.node.local_state import DataDirLock
 from app.node.metrics import NodeMetrics
+from app.node.node_run import run_parts
 from app.node.node_start import check_cluster, follow_contexts
 from app.node.node_stop import stop_parts
-from app.node.node_watches import start_watches, supervisors
 from app.node.opening import open_type
 from app.node.partition_count import keep_partition_count
 from app.node.partition_task import TaskShared
@@ -48,7 +47,6 @@ from app.node.topic_watch import PartitionCounts, ReplicationRead, TopicPolicyWa
 from app.node.user_code_watch import UserCodeWatch, watch_user_code
 from app.protocol.topics import parse_aggregate_type
 from app.service import Service
-from app.task_ends import how_ended
 from app.timers.ledger import KafkaFailureLedger
 from app.timers.runner import Clock, SystemClock, TimerOptions
 from app.timers.sender import ResultsReader
@@ -331,45 +329,17 @@ class Node:
         """Reads the owned partitions' logs and commands until cancelled; `NodeFailed`
         when a partition it was given cannot be worked on (the node stops loudly)."""
         assert self._consumer is not None, "start() first"
-        for kept in self.types.values():
-            kept.loop.start()
-        committer = asyncio.create_task(self.commits.run(self.types), name="partition commits")
-        reader = asyncio.create_task(
-            polling.poll_loop(self._consumer, self._owned, self.commits, self.fail, self._type_of),
-            name="reader",
+        await run_parts(
+            self,
+            self._consumer,
+            type_of=self._type_of,
+            failure_set=self._failed,
+            failure=lambda: self._failure,
+            suspension=self._suspension,
+            followers=self._following,
+            ledgers=self._ledgers,
+            unwatch=self._unwatch,
         )
-        failed = asyncio.create_task(self._failed.wait(), name="failure")
-        watch = asyncio.create_task(self._suspension.run(), name="suspension watch")
-        tasks: list[asyncio.Task[Any]] = [committer, reader, failed, watch]
-        # The readers the sends and the ledgers depend on: one that ends stops the node.
-        following = {what: f.task for what, f in self._following.items()}
-        watches = start_watches(
-            self._ledgers, self.types, self.topic_watch, self.producer, self.tls
-        )
-        following |= watches
-        # Stuck where it ended, it would say the broker is up through an outage, or down
-        # for good (and the node never ready).
-        following["the broker watch"] = self.broker.task
-        tasks += supervisors(following, self.fail)
-        try:
-            await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-            if self._failure is not None:
-                raise self._failure  # why it failed (the poll loop returns after `fail`)
-            for task in (committer, reader, watch):
-                if task.done():
-                    # Never a quiet end (a cancellation leaking out of a client library
-                    # included): the worker would exit 0 with its partitions unworked.
-                    raise NodeFailed(f"{task.get_name()} {how_ended(task)}")
-        finally:
-            for task in [*tasks, *watches.values()]:
-                task.cancel()
-            await asyncio.gather(*tasks, *watches.values(), return_exceptions=True)
-            # The partitions' workers stop with the loop (their tasks close in `stop`).
-            for partition_task in [*self._tasks.values(), *self.tasks.closing]:
-                await partition_task.stop_input()
-            # Its work stopped, no user code of the node runs: a node left unstopped (a
-            # failed run) holds the process's watch (and its signal) no longer.
-            self._unwatch()
 
     def _unwatch(self) -> None:
         if self._watch is not None:
