@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import heapq
 import logging
-from bisect import bisect_left, insort
+from bisect import bisect_left, bisect_right, insort
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from functools import partial
@@ -18,7 +18,7 @@ from itertools import islice
 from tables.keys import finished_at, owner_prefix, ref_bytes, restored_row
 from tables.partitioned import PartitionedStore
 from tables.refs import AggregateRef
-from tables.store import ChangelogSink, DueRow, UnreadableRow
+from tables.store import ChangelogSink, DuePosition, DueRow, UnreadableRow
 from tables.store import unreadable_reason as _reason
 from tables.timer import Timer, TimerStatus
 from tables.writes import Write
@@ -125,8 +125,10 @@ class MemoryTimerStore(PartitionedStore):
         entries = islice(data.finished, bisect_left(data.finished, (until + 1,)))
         return [(row, data.rows[row]) for _, _, row in islice(entries, limit)]
 
-    def _due(self, partitions: list[int], until: int, limit: int) -> list[Timer]:
-        picked = self._picked(partitions, until, limit)
+    def _due(
+        self, partitions: list[int], until: int, limit: int, after: DuePosition | None = None
+    ) -> list[Timer]:
+        picked = self._picked(partitions, until, limit, after)
         return [self._data[partition].rows[entry[2]] for entry, partition in picked]
 
     def _due_rows(self, partitions: list[int], until: int, limit: int) -> list[DueRow]:
@@ -135,12 +137,15 @@ class MemoryTimerStore(PartitionedStore):
             for (due_at, id, row), partition in self._picked(partitions, until, limit)
         ]
 
-    def _picked(self, partitions: list[int], until: int, limit: int) -> list[tuple[_Entry, int]]:
+    def _picked(
+        self, partitions: list[int], until: int, limit: int, after: DuePosition | None = None
+    ) -> list[tuple[_Entry, int]]:
         runs = []
         for partition in partitions:
             entries = self._data[partition].due
+            start = 0 if after is None else bisect_right(entries, after)
             end = bisect_left(entries, (until + 1,))
-            runs.append([(entry, partition) for entry in entries[:end]])
+            runs.append([(entry, partition) for entry in entries[start : min(end, start + limit)]])
         return list(islice(heapq.merge(*runs), limit))
 
     def _firing(self, partition: int, count: int) -> list[Timer]:

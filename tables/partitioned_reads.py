@@ -1,19 +1,21 @@
 """The reads both backends share (`PartitionedReads`, the base of
 `tables.partitioned.PartitionedStore`): the rows and index entries a backend supplies,
-and the TimerStore's reads over them: due, find, parked, timers_of, owner_timers and census."""
+and the TimerStore's reads over them: due, due_after, find, parked, timers_of,
+owner_timers and census."""
 
 from __future__ import annotations
 
 from abc import abstractmethod
 from collections.abc import Callable, Iterator
 
+from tables.bounds import MAX_INT64
 from tables.census import TimerCensus, tally
 from tables.keys import owner_prefix, row_key
 from tables.live_rows import LiveRows
 from tables.owner_pick import OwnerPick, OwnerTimers
 from tables.refs import AggregateRef
 from tables.served import Found, ServedPartitions
-from tables.store import DueRow
+from tables.store import DuePosition, DueRow
 from tables.timer import ACTIVE, Timer, TimerStatus
 from tables.writes import Write
 
@@ -79,7 +81,10 @@ class PartitionedReads(ServedPartitions):
         `until`, oldest first: `(row key, row)`."""
 
     @abstractmethod
-    def _due(self, partitions: list[int], until: int, limit: int) -> list[Timer]: ...
+    def _due(
+        self, partitions: list[int], until: int, limit: int, after: DuePosition | None = None
+    ) -> list[Timer]:
+        """Up to `limit` due rows of `partitions` past the place `after` (checked), in order."""
 
     @abstractmethod
     def _due_rows(self, partitions: list[int], until: int, limit: int) -> list[DueRow]:
@@ -113,6 +118,13 @@ class PartitionedReads(ServedPartitions):
     async def due(self, partitions: set[int], until: int, limit: int) -> list[Timer]:
         wanted = self._due_partitions(partitions, until, limit)
         return self._due(wanted, until, limit) if wanted else []
+
+    async def due_after(
+        self, partitions: set[int], until: int, limit: int, after: DuePosition | None
+    ) -> list[Timer]:
+        wanted = self._due_partitions(partitions, until, limit)
+        _check_place(after)
+        return self._due(wanted, until, limit, after) if wanted else []
 
     async def due_rows(self, partitions: set[int], until: int, limit: int) -> list[DueRow]:
         wanted = self._due_partitions(partitions, until, limit)
@@ -220,3 +232,24 @@ class PartitionedReads(ServedPartitions):
             lambda start: self._due_entries(partition, start),
             self._parked_entries(partition),
         )
+
+
+def _check_place(after: DuePosition | None) -> None:
+    """`ValueError` unless `after` is a place in a due index (`DuePosition`), or None."""
+    if after is None:
+        return
+    try:
+        due_at, id, row = after
+        if not (
+            isinstance(due_at, int)
+            and not isinstance(due_at, bool)
+            and 0 <= due_at <= MAX_INT64
+            and isinstance(id, str)
+            and isinstance(row, bytes)
+        ):
+            raise TypeError
+        id.encode()  # as RocksDB's key holds it: a lone surrogate has no UTF-8
+    except (TypeError, ValueError) as exc:
+        raise ValueError(
+            f"after must be a place (due_at, id, row key) of a due index, not {after!r}"
+        ) from exc

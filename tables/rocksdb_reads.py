@@ -40,7 +40,7 @@ from tables.refs import AggregateRef
 from tables.rocksdb_io import check_ended, gc_paused, prefix_end, read_fault, rocksdb_fault, scan
 from tables.rocksdb_restore import INDEXES as _INDEXES
 from tables.rowload import load_timer, load_timers
-from tables.store import DueRow
+from tables.store import DuePosition, DueRow
 from tables.timer import Timer, TimerStatus
 
 __all__ = ["RocksDBReads"]
@@ -174,8 +174,12 @@ class RocksDBReads(PartitionedStore):
         for key, raw in scanned:
             yield key[1:], load_timer(self._value(partition, raw), key, partition)
 
-    def _due(self, partitions: list[int], until: int, limit: int) -> list[Timer]:
-        found = self._found(partitions, until, limit)
+    def _due(
+        self, partitions: list[int], until: int, limit: int, after: DuePosition | None = None
+    ) -> list[Timer]:
+        # The first key past `after`'s (its row key's next: a key that extends it).
+        start = None if after is None else due_key(*after) + b"\x00"
+        found = self._found(partitions, until, limit, start)
         with gc_paused():
             return load_timers(found)
 
@@ -192,10 +196,10 @@ class RocksDBReads(PartitionedStore):
         return rows
 
     def _found(
-        self, partitions: list[int], until: int, limit: int
+        self, partitions: list[int], until: int, limit: int, start: bytes | None = None
     ) -> list[tuple[bytes, bytes, int]]:
-        """The first `limit` due entries of `partitions`, merged by key: `(key, value,
-        partition)`.
+        """The first `limit` due entries of `partitions` (from the key `start` on, when
+        given), merged by key: `(key, value, partition)`.
 
         Each partition's entries are taken in chunks (`list(islice(..))` runs in C, where a
         merge of generators stepped each entry through three Python frames): all entries
@@ -210,7 +214,8 @@ class RocksDBReads(PartitionedStore):
         of one, raised to the first entry each scan finds (or past `until` when it finds
         none). A key, not a due time: a burst's rows are all due at one instant, and a
         scan from that instant's first key would step over the tombstones of every row
-        of it claimed so far, not only those of the last round's claims.
+        of it claimed so far, not only those of the last round's claims. A run from a
+        `start` past `_low[p]` leaves it be: the entries between them were not read.
 
         A run that ends short of its chunk is checked (`check_ended`): rocksdict's items()
         end silently at a block RocksDB cannot read, and the rows past it would never
@@ -227,7 +232,7 @@ class RocksDBReads(PartitionedStore):
         options.set_iterate_upper_bound(due_upper_bound(until))
         runs: dict[int, Iterator[tuple[bytes, bytes]]] = {}
         try:
-            return self._runs(partitions, until, limit, options, runs)
+            return self._runs(partitions, until, limit, start, options, runs)
         except BaseException:
             runs.clear()
             raise
@@ -239,6 +244,7 @@ class RocksDBReads(PartitionedStore):
         partitions: list[int],
         until: int,
         limit: int,
+        start: bytes | None,
         options: ReadOptions,
         runs: dict[int, Iterator[tuple[bytes, bytes]]],
     ) -> list[tuple[bytes, bytes, int]]:
@@ -249,19 +255,20 @@ class RocksDBReads(PartitionedStore):
         last: dict[int, bytes] = {}
         for partition in partitions:
             low = self._low[partition]
+            first = low if start is None else max(low, start)
             runs[partition] = cast(
                 Iterator[tuple[bytes, bytes]],
-                self._db(partition).items(from_key=low, read_opt=options),
+                self._db(partition).items(from_key=first, read_opt=options),
             )
             got = list(islice(runs[partition], step))
             if len(got) < step:
                 del runs[partition]
-                past = got[-1][0] + b"\x00" if got else low
+                past = got[-1][0] + b"\x00" if got else first
                 check_ended(self._db(partition), options, past, partition, whole=True)
+            if first == low:  # read from the mark: no entry below what it found
+                self._low[partition] = got[0][0] if got else max(low, due_upper_bound(until))
             if not got:
-                self._low[partition] = max(low, due_upper_bound(until))
                 continue
-            self._low[partition] = got[0][0]
             found += [(key, value, partition) for key, value in got]
             if len(got) == step:
                 last[partition] = got[-1][0]

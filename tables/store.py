@@ -28,6 +28,7 @@ if TYPE_CHECKING:
 __all__ = [
     "ChangelogRecord",
     "ChangelogSink",
+    "DuePosition",
     "DueRow",
     "TimerStore",
     "TimerWrites",
@@ -45,6 +46,11 @@ class ChangelogRecord(NamedTuple):
     key: bytes
     value: bytes | None
     before: Timer | None = None
+
+
+DuePosition = tuple[int, str, bytes]
+"""A place in a store's due index, `(due_at, id, row key)`: the order its entries sort in,
+on both backends (a row key is `tables.keys.row_key(owner, key)`; `b""` is before all)."""
 
 
 class DueRow:
@@ -234,6 +240,14 @@ class TimerStore(Protocol):
     async def due(self, partitions: set[int], until: int, limit: int) -> list[Timer]:
         """Up to `limit` timers of `partitions` PENDING and due at or before `until`, or
         FIRING with a claim that lapses by then; earliest due first, ties by id."""
+        ...
+
+    async def due_after(
+        self, partitions: set[int], until: int, limit: int, after: DuePosition | None
+    ) -> list[Timer]:
+        """`due()`'s timers after the place `after` (None: from the first), in its order:
+        a long run read a bounded page at a time, each from the last one's last timer
+        (`DuePosition`). `ValueError` for a place that is none."""
         ...
 
     async def due_rows(self, partitions: set[int], until: int, limit: int) -> list[DueRow]:
