@@ -10,6 +10,11 @@ PARKED timers fire nothing until retried; FIRED and CANCELLED ones are done.
 Sorted by `(due_at, id, owner, key)`. A page holds up to `limit` timers; its `next_cursor`
 (opaque text) asks for the timers after its last one, so a page never repeats or skips a
 timer that stays put between requests (one rescheduled meanwhile moves to its new place).
+
+A store's due index is in `(due_at, id, row key)` order: a node's page reads each partition
+from where the page starts (`scan_start`) a chunk at a time (`app.ops.upcoming_reads`),
+keeping what the page may take of each (`taken`), and stops once no row left can be on it
+(`past_page`, `read_until`).
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from app.protocol.instants import BadInstant, parse_instant
 from tables.bounds import Instant
+from tables.store import DuePosition
 from tables.timer import Timer, TimerStatus
 
 __all__ = [
@@ -37,8 +43,12 @@ __all__ = [
     "decode_cursor",
     "encode_cursor",
     "page_share",
+    "past_page",
     "query_of",
+    "read_until",
+    "scan_start",
     "sort_key",
+    "taken",
     "upcoming_page",
 ]
 
@@ -137,6 +147,46 @@ def page_share(rows: Iterable[Timer], query: UpcomingQuery) -> list[Timer]:
     after = None if query.cursor is None else decode_cursor(query.cursor)
     found = (t for t in rows if query.matches(t) and (after is None or sort_key(t) > after))
     return heapq.nsmallest(query.limit + 1, found, key=sort_key)
+
+
+def scan_start(query: UpcomingQuery) -> DuePosition | None:
+    """The place in a due index a page of `query` reads each partition after: its cursor's
+    due time and id (the rows of both are read again: the index orders them by row key,
+    the cursor by owner and key), or its `due_from`, whichever is later; None: the first.
+    A place due after every due time (a cursor's) is after the caller's `until`."""
+    places: list[DuePosition] = []
+    if query.due_from is not None and query.due_from > 0:
+        places.append((query.due_from, "", b""))
+    if query.cursor is not None:
+        due, timer_id, _, _ = decode_cursor(query.cursor)
+        if due >= 0:  # no index holds a due time before 0
+            places.append((due, timer_id, b""))
+    return max(places, default=None)
+
+
+def taken(kept: list[Timer], got: list[Timer], query: UpcomingQuery) -> list[Timer]:
+    """What a page may take (`page_share`) of `kept` (its rows read so far) and `got` (a
+    partition's rows read next): a timer in both was written between the reads (moved
+    later, or claimed), and is kept as read last."""
+    again = {(t.owner, t.key) for t in got}
+    return page_share([*(t for t in kept if (t.owner, t.key) not in again), *got], query)
+
+
+def past_page(kept: list[Timer], last: Timer, limit: int) -> bool:
+    """Whether a partition read up to `last` need be read no further: the rows after it
+    (due no earlier, and of a later id when as due) sort after the `limit` + 1 the page
+    keeps already, all it may show and the one that says a next page follows."""
+    if len(kept) <= limit:
+        return False
+    edge = kept[limit]
+    return (last.due_at, last.id) > (edge.due_at, edge.id)
+
+
+def read_until(kept: list[Timer], limit: int, until: int) -> int:
+    """How late a read for the page need go: `until`, or once it keeps `limit` + 1 rows,
+    the last one's due time (a row due later can be neither on the page nor the sign of a
+    next one)."""
+    return until if len(kept) <= limit else min(until, kept[limit].due_at)
 
 
 def upcoming_page(

@@ -19,13 +19,13 @@ Health, for an orchestrator's two questions:
 by due time (`app.ops.upcoming`):
 query parameters `type`, `owner`, `tenant`, `target`, `target_type`, `due_from`,
 `due_until` (ISO 8601 with offset, or epoch ms), `limit` (1 to 1000, default 50) and
-`cursor` (a page's `next_cursor`); a bad one is a 400 naming it. It reads at most
-`UPCOMING_SCAN` timers per type and partition, earliest first (`scanned_all` false when a
-scan stopped there: the page then ends where the scan did; or when a partition's store
-failed, named in `unread`). Its reads are synchronous, so a request gives the event loop a
-turn after each partition, and a node reads for one such request at a time: another waits
-up to `UPCOMING_WAIT_S` for its turn, then is a 503 with `Retry-After`. `GET /` is the
-operator page
+`cursor` (a page's `next_cursor`); a bad one is a 400 naming it. Each partition is read
+from where the page starts, `UPCOMING_CHUNK` timers a store call with a turn of the event
+loop after each (`app.ops.upcoming_reads`), until no timer left in it can be on the page,
+or `UPCOMING_SCAN` were read (`scanned_all` false when a scan stopped there: the page then
+ends where the scan did; or when a partition's store failed, named in `unread`). A node
+reads for one such request at a time: another waits up to `UPCOMING_WAIT_S` for its turn,
+then is a 503 with `Retry-After`. `GET /` is the operator page
 (`app.ops.page`: partitions, timers, parked timers, the ledger, an owner search with
 `?owner=<id>&tenant=<tenant>`, the lateness chart); its Retry and Skip forms are
 `POST /timers/retry` and `POST /timers/skip`, its timers' and jobs' buttons
@@ -68,7 +68,7 @@ from app.ops.connection_cap import ConnectionCap
 from app.ops.forms import posted_form, without_token
 from app.ops.html_answers import CONTENT_SECURITY_POLICY, acted_response, html_response
 from app.ops.job_routes import JobRoutes
-from app.ops.json_answers import errors_middleware, json_response, store_failed
+from app.ops.json_answers import errors_middleware, json_response
 from app.ops.openapi import openapi_document
 from app.ops.page import OperatorPage, default_node_id
 from app.ops.page_actions import JOB_FORM, TIMER_FORM, PageActions
@@ -76,19 +76,9 @@ from app.ops.page_ledger import ledger_json
 from app.ops.slow_body import BODY_TIMEOUT_S, body_deadline
 from app.ops.timer_api import DEFAULT_WAIT_S
 from app.ops.timer_routes import TimerRoutes
-from app.ops.upcoming import (
-    BadQuery,
-    SortKey,
-    UpcomingAnswer,
-    UpcomingQuery,
-    page_share,
-    query_of,
-    sort_key,
-    upcoming_page,
-)
+from app.ops.upcoming import BadQuery, UpcomingQuery, query_of
+from app.ops.upcoming_reads import UPCOMING_SCAN, upcoming_answer
 from app.protocol.topics import parse_aggregate_type
-from tables import StoreClosed, StoreError, Timer
-from tables.bounds import MAX_INT64
 
 if TYPE_CHECKING:
     from app.node import Node
@@ -110,17 +100,10 @@ STOP_GRACE_S = 2.0
 """How long a stop lets requests in flight end (aiohttp's own is 60 s). A request cut short
 may still have sent its command: sent again with its request id, it is applied once."""
 
-UPCOMING_SCAN = 10_000
-"""`GET /timers/upcoming` reads at most this many timers per type and partition: a
-request costs a bounded scan however large a partition grows, and holds one scan at a
-time (of each, what its page may take: `page_share`), however many partitions."""
-
 UPCOMING_WAIT_S = 5.0
-"""A scan is synchronous (0.1 s or more of RocksDB reads and decoding at `UPCOMING_SCAN`
-timers), so a request yields to the event loop after each partition, and the node reads for
-one request at a time: the route is open without the web token, and requests at once had
-stalled the loop for all their partitions' scans together (seconds at a dozen full
-partitions). Another request waits this long for its turn, then is answered busy (503)."""
+"""The node reads for one `GET /timers/upcoming` at a time: the route is open without the
+web token, and requests at once had taken the loop's turns for all their partitions'
+scans together. Another request waits this long for its turn, then is answered busy (503)."""
 
 
 class WebServer:
@@ -276,42 +259,15 @@ class WebServer:
 
     async def _upcoming_read(self, query: UpcomingQuery) -> web.Response:
         types = self._node.types
-        owned = sorted(self._node.health()["owned"])
-        until = MAX_INT64 if query.due_until is None else query.due_until
-        rows: list[Timer] = []
-        horizon: SortKey | None = None
-        # A partition whose store failed (a damaged block: its task restores it): the
-        # others answered, this one named.
-        unread: dict[str, str] = {}
-        for name, kept in sorted(types.items()):
-            if query.type not in (None, name):
-                continue
-            for p in sorted(self._node.owned_of(name)):
-                try:
-                    got = await kept.store.due({p}, until, UPCOMING_SCAN)
-                except StoreClosed:
-                    continue  # let go while this was read: no longer this node's
-                except StoreError as exc:
-                    store_failed(exc)
-                    unread[f"{name}[{p}]"] = str(exc)[:500]
-                    continue
-                rows += page_share(got, query)  # the scan is let go: one at a time
-                if len(got) == UPCOMING_SCAN:
-                    last = sort_key(got[-1])
-                    horizon = last if horizon is None else min(horizon, last)
-                del got
-                await asyncio.sleep(0)  # the loop's turn between one scan and the next
+        parts = [
+            (name, kept.store, self._node.owned_of(name))
+            for name, kept in sorted(types.items())
+            if query.type in (None, name)
+        ]
         try:
-            page = upcoming_page(rows, query, horizon)
+            answer = await upcoming_answer(parts, query, sorted(self._node.health()["owned"]))
         except BadQuery as exc:
             return json_response({"error": str(exc)}, 400)
-        answer = UpcomingAnswer(
-            timers=page.timers,
-            next_cursor=page.next_cursor,
-            partitions=owned,
-            scanned_all=horizon is None and not unread,
-            unread=unread,
-        )
         return json_response(answer.model_dump(mode="json"))
 
     async def _openapi(self, request: web.Request) -> web.Response:

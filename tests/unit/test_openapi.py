@@ -72,15 +72,15 @@ async def test_the_upcoming_answer_is_described_whole(
     for n, owner in enumerate(("o1", "o2", "o3")):
         t = _timer(owner, "k", 1_000 + n)
         assert await node.store.put(t)
-    due = node.store.due
+    due_after = node.store.due_after
     failing = partition_of("o1", PAGE_PARTITIONS)
 
-    async def damaged(partitions: set[int], until: int, limit: int) -> list[Timer]:
+    async def damaged(partitions: set[int], *args: Any) -> list[Timer]:
         if partitions == {failing}:
             raise StoreError(f"partition {failing} failed", partition=failing)
-        return await due(partitions, until, limit)
+        return await due_after(partitions, *args)
 
-    monkeypatch.setattr(node.store, "due", damaged)
+    monkeypatch.setattr(node.store, "due_after", damaged)
     async with http.get(url.with_path("/timers/upcoming")) as r:
         assert r.status == 200, await r.text()
         answer = await r.json()

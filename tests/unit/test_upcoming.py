@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 from yarl import URL
 
 import app.cli.timers
-import app.ops.web
+import app.ops.upcoming_reads
 from app.cli import cli
 from app.kafka.connection import Connectable
 from app.ops.upcoming import (
@@ -314,7 +314,7 @@ async def test_a_scan_that_stops_ends_the_pages_where_it_did(
     web: tuple[FakeNode, URL, aiohttp.ClientSession], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     node, url, http = web
-    monkeypatch.setattr(app.ops.web, "UPCOMING_SCAN", 2)
+    monkeypatch.setattr(app.ops.upcoming_reads, "UPCOMING_SCAN", 2)
     node.owned = list(range(PAGE_PARTITIONS))
     owners = {
         p: next(f"o{n}" for n in range(999) if partition_of(f"o{n}", PAGE_PARTITIONS) == p)
@@ -345,7 +345,7 @@ async def test_a_request_holds_of_each_partitions_scan_what_its_page_may_take(
         held.append(len(rows))
         return upcoming_page(rows, *args)
 
-    monkeypatch.setattr(app.ops.web, "upcoming_page", page)
+    monkeypatch.setattr(app.ops.upcoming_reads, "upcoming_page", page)
     status, body = await get(http, url, "limit=2")
     assert status == 200, body
     assert [t["owner"]["id"] for t in body["timers"]] == ["o0", "o0"]
@@ -362,14 +362,14 @@ async def test_a_partition_whose_store_failed_is_named_and_the_others_answer(
     node, url, http = web
     node.owned = sorted({t.partition for t in ROWS})
     await put_rows(node, ROWS)
-    due = node.store.due
+    due_after = node.store.due_after
 
-    async def damaged(partitions: set[int], until: int, limit: int) -> list[Timer]:
+    async def damaged(partitions: set[int], *args: Any) -> list[Timer]:
         if partitions == {2}:
             raise StoreError("RocksDB read of partition 2 failed: Corruption", partition=2)
-        return await due(partitions, until, limit)
+        return await due_after(partitions, *args)
 
-    monkeypatch.setattr(node.store, "due", damaged)
+    monkeypatch.setattr(node.store, "due_after", damaged)
     status, body = await get(http, url, "limit=10")
     assert status == 200, body
     assert [t["owner"]["id"] for t in body["timers"]] and all(

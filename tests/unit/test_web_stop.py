@@ -25,12 +25,12 @@ async def test_a_request_in_flight_holds_the_stop_no_longer_than_the_grace(
     node.owned = [0]
     asked = asyncio.Event()
 
-    async def never(partitions: set[int], until: int, limit: int) -> list[Timer]:
+    async def never(*_: object) -> list[Timer]:
         asked.set()
         await asyncio.Event().wait()  # e.g. a command whose answer never comes
         return []
 
-    monkeypatch.setattr(node.store, "due", never)
+    monkeypatch.setattr(node.store, "due_after", never)
     server = WebServer(node, 0)  # type: ignore[arg-type]
     await server.start()
     async with aiohttp.ClientSession() as http:
