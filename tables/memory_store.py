@@ -113,6 +113,14 @@ class MemoryTimerStore(PartitionedStore):
         for row in sorted(data.owners.get(prefix, ())):
             yield row, data.rows[row]
 
+    def _owner_chunk(
+        self, partition: int, prefix: bytes, after: bytes | None, count: int
+    ) -> list[tuple[bytes, Timer]]:
+        data = self._data[partition]
+        rows = data.owners.get(prefix, ())
+        picked = heapq.nsmallest(count, (r for r in rows if after is None or r > after))
+        return [(row, data.rows[row]) for row in picked]
+
     def _apply(self, writes: list[Write], values: list[bytes | None] | None) -> None:
         for write in writes:
             if write.new is None:

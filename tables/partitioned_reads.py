@@ -5,8 +5,10 @@ owner_timers and census."""
 
 from __future__ import annotations
 
+import asyncio
 from abc import abstractmethod
 from collections.abc import Callable, Iterator
+from typing import Final
 
 from tables.bounds import MAX_INT64
 from tables.census import TimerCensus, tally
@@ -19,7 +21,11 @@ from tables.store import DuePosition, DueRow
 from tables.timer import ACTIVE, Timer, TimerStatus
 from tables.writes import Write
 
-__all__ = ["PartitionedReads"]
+__all__ = ["OWNER_CHUNK", "PartitionedReads"]
+
+OWNER_CHUNK: Final = 250
+"""Rows of an owner a view's read (`owner_timers`) decodes in one turn of the event loop,
+at most (~25 µs a row on RocksDB, two cores loaded: ~6 ms)."""
 
 
 class PartitionedReads(ServedPartitions):
@@ -48,6 +54,14 @@ class PartitionedReads(ServedPartitions):
     @abstractmethod
     def _owner_rows(self, partition: int, prefix: bytes) -> Iterator[tuple[bytes, Timer]]:
         """The rows of partition whose key starts with `prefix`, in row-key order."""
+
+    @abstractmethod
+    def _owner_chunk(
+        self, partition: int, prefix: bytes, after: bytes | None, count: int
+    ) -> list[tuple[bytes, Timer]]:
+        """Up to `count` of `_owner_rows`, those whose row key is after `after` (None:
+        from the first): read through in one call (a DB iterator held across an await
+        would hold the DB open past a revoke)."""
 
     def _live_rows(self, partition: int, prefix: bytes) -> list[Found]:
         """The live rows (`ACTIVE`) of the owner of `prefix` in `partition`: those known
@@ -206,12 +220,26 @@ class PartitionedReads(ServedPartitions):
         prefix = owner_prefix(owner)
         pick = OwnerPick(limit)
         read = 0
-        for partition in self._served_sorted():
-            for _, timer in self._owner_rows(partition, prefix):
-                if read == scan_limit:  # the scan stops there: the owner keeps more
-                    return pick.result(complete=False)
-                read += 1
-                pick.add(timer)
+        served = [(p, self._servings[p]) for p in self._served_sorted()]
+        for partition, serving in served:
+            after: bytes | None = None
+            while True:
+                # Its turn given back after each chunk: the partition may be let go since.
+                self._check_open()
+                self._check_serving(partition, serving)
+                # One more than it may read: whether the owner keeps more.
+                count = min(OWNER_CHUNK, scan_limit + 1 - read)
+                rows = self._owner_chunk(partition, prefix, after, count)
+                for _, timer in rows:
+                    if read == scan_limit:  # the scan stops there: the owner keeps more
+                        return pick.result(complete=False)
+                    read += 1
+                    pick.add(timer)
+                if len(rows) < count:
+                    break
+                after = rows[-1][0]
+                del rows
+                await asyncio.sleep(0)
         return pick.result()
 
     async def census(

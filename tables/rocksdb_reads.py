@@ -174,6 +174,22 @@ class RocksDBReads(PartitionedStore):
         for key, raw in scanned:
             yield key[1:], load_timer(self._value(partition, raw), key, partition)
 
+    def _owner_chunk(
+        self, partition: int, prefix: bytes, after: bytes | None, count: int
+    ) -> list[tuple[bytes, Timer]]:
+        first = ROW + (prefix if after is None else after + b"\x00")
+        # Whole: read through in this one call, a scan that ends short checked.
+        scanned = scan(self._db(partition), first, prefix_end(ROW + prefix), partition, whole=True)
+        try:
+            got = list(islice(scanned, count))
+        finally:
+            scanned.close()  # its iterator dropped now, not with a traceback (`_found`)
+        with gc_paused():
+            return [
+                (key[1:], load_timer(self._value(partition, raw), key, partition))
+                for key, raw in got
+            ]
+
     def _due(
         self, partitions: list[int], until: int, limit: int, after: DuePosition | None = None
     ) -> list[Timer]:

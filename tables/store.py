@@ -278,7 +278,9 @@ class TimerStore(Protocol):
     ) -> OwnerTimers:
         """`timers_of` for a view (the operator page): at most `limit` of `owner`'s timers
         held, the live ones first (`tables.owner_pick`), of at most `scan_limit` rows
-        read, and how many it read. An owner may keep any number of rows."""
+        read, and how many it read. An owner may keep any number of rows: they are read a
+        chunk at a time, the event loop given a turn between two, and a partition let go
+        meanwhile ends the read (`StoreClosed`)."""
         ...
 
     def status_counts(self, partition: int) -> dict[TimerStatus, int]:

@@ -4,7 +4,9 @@ Each type's timers of the owner: from the store when this node owns the owner's
 partition, else from the partition's changelog (`ClusterSource.changelog_timers`). The
 search is open without the web token and an owner may keep any number of rows, so at most
 `OWNER_LIMIT` of each type are held and listed, the live ones first (`tables.owner_pick`),
-with how many it keeps; a store reads at most `OWNER_SCAN_LIMIT` of its rows.
+with how many it keeps; a store reads at most `OWNER_SCAN_LIMIT` of its rows, a chunk at a
+time with the event loop's turn between (`tables.partitioned_reads.OWNER_CHUNK`): a
+partition let go meanwhile is `StoreClosed`, and its changelog is read instead.
 `tickwheel timers show --type <type> --owner <id>` prints them all.
 """
 
