@@ -8,8 +8,10 @@ writer's events set them). Read and decoded at every deletion of the owner, ten 
 of an owner of 20,000 rows held the event loop for 11 s.
 
 What is kept is derived from the local rows alone, never written anywhere: an owner's
-entry is made from a whole read of its rows in the partition, with no await between
-(`know`), and every local write after it keeps it (`wrote`); a restore, which writes rows
+entry is made from a read of all its rows in the partition with no write of it between
+(`know`): in one call, or a chunk at a time under the partition's write lock, the event
+loop let run between chunks (`PartitionedReads._know_live`, before a deletion); and every
+local write after it keeps it (`wrote`); a restore, which writes rows
 no write of the store's own did, and a partition opened, closed or dropped forget the
 partition's entries. Bounded: the least recently known owners are forgotten first, and an
 owner with more live rows than the bound is not kept (it is read whole, as before).
@@ -55,8 +57,8 @@ class LiveRows:
         return rows
 
     def know(self, prefix: bytes, rows: Collection[bytes]) -> None:
-        """The live rows of the owner of `prefix` are `rows`: read whole just now, no write
-        of the partition since."""
+        """The live rows of the owner of `prefix` are `rows`: all its rows read just now, no
+        write of the partition since the read began."""
         self._forget(prefix)
         if len(rows) > self._rows_limit:
             return

@@ -189,7 +189,9 @@ class PartitionedStore(PartitionedCommits):
             # bounded in number, were read and decoded at every deletion (hunt F1).
             return [found for p in self._searched(only) for found in self._live_rows(p, prefix)]
 
-        async with self._writing_found(rows, only, self._marked(mark, only)) as held:
+        also = self._marked(mark, only)
+        await self._know_live(prefix, only)  # read a chunk a turn, where not known
+        async with self._writing_found(rows, only, also) as held:
             writes = plan_cancel(held, version, None if mark is None else mark.at)
             cancelled = len(writes)
             if mark is not None:

@@ -54,18 +54,25 @@ def mark(version: int) -> CancelMark:
 
 
 class Reads:
-    """Counts the rows the store read whole of an owner (`_owner_rows`, which decodes each)."""
+    """Counts the rows the store read of an owner, each decoded: whole (`_owner_rows`) or
+    a chunk at a time (`_owner_chunk`, the first deletion after a take)."""
 
     def __init__(self, store: PartitionedStore, monkeypatch: pytest.MonkeyPatch) -> None:
         self.rows = 0
-        owner_rows = store._owner_rows
+        owner_rows, owner_chunk = store._owner_rows, store._owner_chunk
 
         def counted(partition: int, prefix: bytes) -> Iterator[tuple[bytes, Timer]]:
             for found in owner_rows(partition, prefix):
                 self.rows += 1
                 yield found
 
+        def chunk(*args: Any) -> list[tuple[bytes, Timer]]:
+            got = owner_chunk(*args)
+            self.rows += len(got)
+            return got
+
         monkeypatch.setattr(store, "_owner_rows", counted)
+        monkeypatch.setattr(store, "_owner_chunk", chunk)
 
 
 @pytest.fixture(params=["memory", "rocksdb"])
