@@ -284,6 +284,10 @@ _LORD_HOWE_FALL_BACK = int(datetime(2026, 4, 4, 15, 0, tzinfo=UTC).timestamp()) 
     CronRule(expr="* * * * *", zone="Australia/Lord_Howe", start=_LORD_HOWE_FALL_BACK - 3 * DAY),
     3 * DAY - 2 * 60_000,
 )
+@example(  # a cron of seconds whose slots fall in the half hour cronsim passes over
+    CronRule(expr="*/20 * * * * *", zone="Australia/Lord_Howe", start=1_775_055_480_001),
+    259_200_000,
+)
 def test_cron_slots_are_cronsims_matches(rule: CronRule, offset: int) -> None:
     not_before = rule.start + offset
     # 8 compared, beyond the 30 minute slots cronsim may pass over (below).
@@ -293,7 +297,10 @@ def test_cron_slots_are_cronsims_matches(rule: CronRule, offset: int) -> None:
     ours = [d for d in dues if not cronsim_passes_over(rule, d)]
     theirs = [d for d in reference if not cronsim_passes_over(rule, d)]
     n = min(len(ours), len(theirs))
-    assert n >= 6 and ours[:n] == theirs[:n]
+    # Fewer than 6 compared only when the pass-over took nearly all of ours (a cron of
+    # seconds: its 38 slots may all fall in the half hour).
+    assert n >= 6 or len(dues) - len(ours) > len(dues) - 6
+    assert ours[:n] == theirs[:n]
 
 
 def cronsim_passes_over(rule: CronRule, due: int) -> bool:
