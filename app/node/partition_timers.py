@@ -89,6 +89,10 @@ class PartitionTimerLoop(TimerLoop):
         # What its task is told failed, and worked once a round passes.
         self._rounds = f"the timer rounds of {shared.type_name}"
         self._store = f"the timer store of {shared.type_name}"
+        # Apart from the rounds: the claim and send rounds between two failed outcome
+        # writes pass, and a take's first rounds too, so a fault that never passes would
+        # be forgotten each time and retaken at once, again and again (no backoff).
+        self._writes = f"the timer outcome writes of {shared.type_name}"
         self._types = shared.types
         self._commits = shared.commits
         self._cycles = shared.cycles
@@ -197,14 +201,17 @@ class PartitionTimerLoop(TimerLoop):
             self._round_failed(
                 RuntimeError(f"{stats.write_failures} outcome write(s) failed"),
                 self.write_failures_in_a_row,
+                self._writes,
             )
+        elif stats.written:
+            self._owner.worked(self._writes)
         return stats
 
-    def _round_failed(self, exc: Exception, in_a_row: int | None = None) -> None:
+    def _round_failed(self, exc: Exception, in_a_row: int | None = None, what: str = "") -> None:
         before = self.failures_in_a_row if in_a_row is None else in_a_row
         if before + 1 >= FAILED_ROUNDS and self._current():
             self._stopping = True
-            self._owner.failed(self._rounds, exc)
+            self._owner.failed(what or self._rounds, exc)
 
     async def _round(self) -> RoundStats:
         await self._hold_for_first_commit()  # before the checks: its task may close meanwhile

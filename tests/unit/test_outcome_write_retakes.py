@@ -1,0 +1,95 @@
+"""A partition's outcome writes that keep failing (anything but `StoreError`): its task is
+retaken after `FAILED_ROUNDS` such rounds, and a fault that never passes waits longer
+before each retake (`retake_after`), as rounds that raise do. The claim and send rounds
+between two failed writes pass: counted as the rounds' work, they forgot the failure each
+time, and every retake (a whole restore) came at once (review finding F1)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, cast
+
+import pytest
+from fakes import World, raw_store, world
+
+from app.node.commits import Commits
+from app.node.cycles import PartitionCycles
+from app.node.failing import FailingPartitions, retake_after
+from app.node.partition_timers import PartitionTimerLoop, TypeLoops
+from app.node.task_id import TaskId
+
+__all__ = ["raw_store", "world"]
+
+
+class _Commits:
+    def landed(self, kept: object, p: int) -> int:
+        return 0
+
+    def running(self, kept: object, p: int) -> None:
+        return None
+
+    async def commit_claims(self, kept: object, partitions: set[int]) -> None:
+        pass
+
+
+class _Cycles:
+    def fire_local(self, type_name: str, p: int) -> None:
+        pass
+
+
+class _Task:
+    """As `PartitionTask` tells its `FailingPartitions` (`failed` -> `let_go`, `worked`)."""
+
+    def __init__(self, firing: Any) -> None:
+        self.firing = firing
+        self.failing = FailingPartitions()
+        self.calls: list[str] = []
+        self.delays: list[float] = []
+
+    def failed(self, what: str, exc: BaseException) -> None:
+        self.calls.append("failed")
+        f = self.failing.failed(self.firing.partition, {}, f"{what}: {exc}", what)
+        self.delays.append(retake_after(f))
+
+    def worked(self, what: str) -> None:
+        if what.startswith("the timer rounds"):
+            self.calls.append("worked")
+        self.failing.worked(self.firing.partition, what)
+
+
+def loop_of(runner: Any, task: _Task) -> PartitionTimerLoop:
+    shared = TypeLoops(
+        runner,
+        type_name="order",
+        types=cast(Any, {"order": object()}),
+        commits=cast(Commits, _Commits()),
+        cycles=cast(PartitionCycles, _Cycles()),
+        running={TaskId("order", 0): task},
+    )
+    return PartitionTimerLoop(shared, task.firing, task)
+
+
+async def until(cond: Any, n: int = 2000) -> None:
+    for _ in range(n):
+        if cond():
+            return
+        await asyncio.sleep(0)
+    raise AssertionError("never")
+
+
+async def test_a_write_fault_that_never_passes_is_retaken_ever_later(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("app.node.partition_timers.FAILED_ROUNDS", 1)  # as the retake test
+    world.store.fail_settle = lambda n: n % 2 == 0  # claims land; each outcome batch raises
+    await world.put()
+    runner = world.runner()
+    task = _Task(runner.firing_of(0))
+    for retake in range(1, 4):
+        loop = loop_of(runner, task)  # a retake's new loop
+        loop.start()
+        await until(lambda: len(task.delays) == retake)  # noqa: B023
+        await loop.stop()
+        world.clock.set((await world.row()).due_at)  # the claim lapses: sent again
+    # A fault that never passes waits longer before each retake (0, 0.5, 1 s).
+    assert task.delays == [0.0, 0.5, 1.0], task.delays
