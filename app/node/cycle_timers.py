@@ -234,7 +234,13 @@ class TimerTableCycles:
                     w.out.append(self._answer(kept, op, record, w, OpOutcome.DUPLICATE, said))
                     continue
                 if applied is not None and (old := applied.past_window(op, record, w.now)):
-                    raise BadRecord(old)  # dead-lettered unanswered: none waits that long
+                    # Its id used, as a take's reading of the topic counts it (a copy is
+                    # its DUPLICATE either way), and answered: one dated ahead has a sender
+                    # waiting.
+                    applied.note(op, record.offset, w.now)
+                    w.dead_letter(record, BadRecord(old), stage)
+                    w.out.append(self._answer(kept, op, record, w, OpOutcome.FAILED, old))
+                    continue
                 stage = Stage.OPERATE
                 # The entry resolved by the partition's next round: a cycle holds its
                 # partition's lock, and the ledger's calls may take seconds.

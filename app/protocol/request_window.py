@@ -53,5 +53,6 @@ def ahead_of_clock(ahead: int, window_ms: int, skew_ms: int) -> str:
         f"{margin_ms(window_ms, skew_ms)} ms allowed (an hour, or TICKWHEEL_CLOCK_SKEW_MS "
         "when longer, at most half of TICKWHEEL_REQUEST_ID_WINDOW_MS): its id would be "
         "forgotten while its record still read as within the window, so it is not; fix "
-        "the sender's clock or its record's timestamp, and send it again"
+        "the sender's clock or its record's timestamp, and send it again under a new "
+        "request id"
     )

@@ -24,9 +24,10 @@ from app.protocol.dead_letters import DeadLetterContext
 from app.protocol.limits import InputLimits
 from app.protocol.request_window import margin_ms
 from app.protocol.topics import AggregateTopics, ContextTopics
-from app.protocol.wire import CommandEnvelope, TimerAction, TimerOp, encode
+from app.protocol.wire import CommandEnvelope, OpOutcome, TimerAction, TimerOp, encode
 from app.service import Service
 from app.timers.applied_ops import AppliedOps, read_applied_ops
+from app.timers.op_answers import answer_of
 from app.timers.operator import new_op, op_records
 from app.timers.runner import RetryPolicy, TimerOptions
 from tables import AggregateRef, CommandSpec, OnceRule, Timer, TimerStatus
@@ -213,6 +214,38 @@ async def test_a_request_sent_again_past_the_window_is_carried_out_again(
     # (the target may have forgotten the slot's request id too).
     await request(log, retry.model_copy(update={"past_window": True}))
     await wait_until(lambda: len(NUDGES) == 3)
+
+
+async def test_a_request_dated_ahead_is_answered_failed_and_its_copy_is_its_duplicate(
+    node: tuple[MemoryLog, FakeClock],
+) -> None:
+    """Dead-lettered as dated ahead of the clock, a request is answered FAILED (its sender
+    waits) and its id counted used, as a take's reading of the topic counts it: a copy is
+    its DUPLICATE with or without a take between (review finding: DUPLICATE only after a
+    take), and a new request id carries it out."""
+    log, clock = node
+    await parked(log, clock, "remind")
+    dated_by = log._now
+    log._now = lambda: clock.now() + WINDOW  # the sender's clock a window ahead
+    retry = op(TimerAction.RETRY, "retry-1", clock)
+    await request(log, retry)
+    log._now = dated_by
+    results = ContextTopics("shop").results
+
+    def answers() -> list[OpOutcome]:
+        found = [
+            answer_of(r) for p in range(log.partitions(results)) for r in log.records(results, p)
+        ]
+        return [a.outcome for a in found if a is not None]
+
+    await wait_until(lambda: len(answers()) == P)
+    assert set(answers()) == {OpOutcome.FAILED}
+    await request(log, retry)  # its clock fixed, sent again under its id
+    await wait_until(lambda: len(answers()) == 2 * P)
+    assert answers()[P:] == [OpOutcome.DUPLICATE] * P
+    assert len(NUDGES) == 1 and status(log, "remind") is TimerStatus.PARKED
+    await request(log, op(TimerAction.RETRY, "retry-2", clock))
+    await wait_until(lambda: len(NUDGES) == 2)
 
 
 def test_applied_ops_forget_past_the_window_and_past_their_bound() -> None:
