@@ -56,11 +56,15 @@ class LiveRows:
             self._by_owner.move_to_end(prefix)
         return rows
 
+    def keeps(self, rows: int) -> bool:
+        """Whether an owner of that many live rows would be kept (`know`)."""
+        return rows <= self._rows_limit
+
     def know(self, prefix: bytes, rows: Collection[bytes]) -> None:
         """The live rows of the owner of `prefix` are `rows`: all its rows read just now, no
         write of the partition since the read began."""
         self._forget(prefix)
-        if len(rows) > self._rows_limit:
+        if not self.keeps(len(rows)):
             return
         self._by_owner[prefix] = set(rows)
         self._rows += len(rows)

@@ -103,17 +103,20 @@ class PartitionedReads(ServedPartitions):
                 if not self._unknown(partition, prefix, only):
                     continue
                 # From its first row again: a write may have landed since that read.
+                live = self._live.setdefault(partition, LiveRows())
                 found: list[bytes] = []
                 after: bytes | None = None
                 while True:
                     rows = self._owner_chunk(partition, prefix, after, OWNER_CHUNK)
                     found += [row for row, timer in rows if timer.status in ACTIVE]
                     if len(rows) < OWNER_CHUNK:
+                        live.know(prefix, found)
                         break
+                    if not live.keeps(len(found)):
+                        break  # more than it keeps: the deletion reads it whole, as before
                     after = rows[-1][0]
                     del rows
                     await asyncio.sleep(0)
-                self._live.setdefault(partition, LiveRows()).know(prefix, found)
 
     def _unknown(self, partition: int, prefix: bytes, only: tuple[int, int] | None) -> bool:
         """Whether `_know_live` reads `partition` for the owner of `prefix`: still served
