@@ -234,10 +234,11 @@ class TimerTableCycles:
                     w.out.append(self._answer(kept, op, record, w, OpOutcome.DUPLICATE, said))
                     continue
                 if applied is not None and (old := applied.past_window(op, record, w.now)):
-                    # Its id used, as a take's reading of the topic counts it (a copy is
-                    # its DUPLICATE either way), and answered: one dated ahead has a sender
-                    # waiting.
-                    applied.note(op, record.offset, w.now)
+                    # Its id used, dated as a take's reading of the topic dates it (one
+                    # dated ahead kept a window from now: a copy is its DUPLICATE either
+                    # way; one too old forgotten at once), and answered: one dated ahead
+                    # has a sender waiting.
+                    applied.note(op, record.offset, w.now, max(op.requested_at, record.timestamp))
                     w.dead_letter(record, BadRecord(old), stage)
                     w.out.append(self._answer(kept, op, record, w, OpOutcome.FAILED, old))
                     continue

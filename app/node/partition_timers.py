@@ -203,7 +203,7 @@ class PartitionTimerLoop(TimerLoop):
                 self.write_failures_in_a_row,
                 self._writes,
             )
-        elif stats.written:
+        elif self.writes_passed(stats):
             self._owner.worked(self._writes)
         return stats
 

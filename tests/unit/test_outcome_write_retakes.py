@@ -10,11 +10,12 @@ import asyncio
 from typing import Any, cast
 
 import pytest
-from fakes import World, raw_store, world
+from fakes import OWNER, World, raw_store, world
 
 from app.node.commits import Commits
 from app.node.cycles import PartitionCycles
 from app.node.failing import FailingPartitions, retake_after
+from app.node.health import FAILING_IN_A_ROW
 from app.node.partition_timers import PartitionTimerLoop, TypeLoops
 from app.node.task_id import TaskId
 
@@ -93,3 +94,37 @@ async def test_a_write_fault_that_never_passes_is_retaken_ever_later(
         world.clock.set((await world.row()).due_at)  # the claim lapses: sent again
     # A fault that never passes waits longer before each retake (0, 0.5, 1 s).
     assert task.delays == [0.0, 0.5, 1.0], task.delays
+
+
+async def test_a_write_fault_that_passed_is_forgotten_when_nothing_more_is_written(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The fault passed, the timer cancelled meanwhile: no outcome is written again, and
+    the partition's failure, counted apart, was kept for good (`/healthz` not ready after
+    three takes). Forgotten once its rounds pass a claim's and a send's timeouts after the
+    loop began (review finding)."""
+    monkeypatch.setattr("app.node.partition_timers.FAILED_ROUNDS", 1)
+    world.store.fail_settle = lambda n: n % 2 == 0
+    await world.put()
+    runner = world.runner()
+    task = _Task(runner.firing_of(0))
+    for retake in range(1, 4):
+        loop = loop_of(runner, task)
+        loop.start()
+        await until(lambda: len(task.delays) == retake)  # noqa: B023
+        await loop.stop()
+        world.clock.set((await world.row()).due_at)
+    assert task.failing.again_and_again(FAILING_IN_A_ROW)
+    world.store.fail_settle = lambda n: False
+    row = await world.row()
+    assert await world.store.inner.cancel(OWNER, row.key, row.version + 1)
+    loop = loop_of(runner, task)
+    loop.start()
+    await until(lambda: loop.rounds >= 1)
+    assert task.failing.again_and_again(FAILING_IN_A_ROW), "not at once: it may still fail"
+    options = runner.options
+    world.clock.set(world.clock.now() + options.claim_timeout + options.send_timeout)
+    loop.wake()
+    await until(lambda: not task.failing.again_and_again(FAILING_IN_A_ROW))
+    await loop.stop()
+    assert task.failing.report() == {}

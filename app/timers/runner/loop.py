@@ -43,6 +43,10 @@ class TimerLoop:
         # Outcome batches that failed to write, in a row (`RoundStats.write_failures`):
         # counted apart, since the rounds between (a lapsed claim sent again) write none.
         self.write_failures_in_a_row = 0
+        # Until when a round that writes nothing does not say the writes passed
+        # (`writes_passed`): a claim's and a send's timeouts after the last that failed,
+        # or after the loop began (a retake's first rounds, the fault perhaps still there).
+        self.writes_unsure_until = self._clock.now() + self._writes_unsure_ms()
         self._on_round = on_round
         # A round failing for as long as its store does: a traceback a second, otherwise.
         # Per exception type, so that another fault meanwhile is logged in full at once.
@@ -55,6 +59,17 @@ class TimerLoop:
         """Whether its last rounds all failed, or its last outcome writes: the timers it
         serves do not fire, or fire and never settle."""
         return max(self.failures_in_a_row, self.write_failures_in_a_row) >= _FAILING_AFTER
+
+    def writes_passed(self, stats: RoundStats) -> bool:
+        """Whether a round with no outcome write failing (`stats`) says the outcome writes
+        pass: it wrote one, or a claim's and a send's timeouts went by since the last failed
+        (every claim that write left lapsed since, was sent again and its outcome written,
+        or it failed again; a partition whose timers were cancelled since writes none, and
+        is not left failing for good)."""
+        return stats.written > 0 or self._clock.now() >= self.writes_unsure_until
+
+    def _writes_unsure_ms(self) -> int:
+        return self._options.claim_timeout + self._options.send_timeout
 
     @property
     def running(self) -> bool:
@@ -98,7 +113,8 @@ class TimerLoop:
                 self.failures_in_a_row = 0
                 if stats.write_failures:
                     self.write_failures_in_a_row += 1
-                elif stats.written:
+                    self.writes_unsure_until = self._clock.now() + self._writes_unsure_ms()
+                elif self.writes_passed(stats):
                     self.write_failures_in_a_row = 0
             except Exception as exc:
                 self.failures_in_a_row += 1
