@@ -11,6 +11,7 @@ from typing import Any, cast
 
 import pytest
 from fakes import OWNER, World, raw_store, world
+from test_partition_timer_loop import _Commits, _Cycles
 
 from app.node.commits import Commits
 from app.node.cycles import PartitionCycles
@@ -20,22 +21,6 @@ from app.node.partition_timers import PartitionTimerLoop, TypeLoops
 from app.node.task_id import TaskId
 
 __all__ = ["raw_store", "world"]
-
-
-class _Commits:
-    def landed(self, kept: object, p: int) -> int:
-        return 0
-
-    def running(self, kept: object, p: int) -> None:
-        return None
-
-    async def commit_claims(self, kept: object, partitions: set[int]) -> None:
-        pass
-
-
-class _Cycles:
-    def fire_local(self, type_name: str, p: int) -> None:
-        pass
 
 
 class _Task:
