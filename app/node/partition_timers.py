@@ -195,7 +195,7 @@ class PartitionTimerLoop(TimerLoop):
             # and after `FAILED_ROUNDS` in a row its task is closed dirty and taken afresh
             # (its local copy restored), never a partition that stops firing while the rest
             # of the node goes on.
-            self._round_failed(exc)
+            self._round_failed(exc, self.failures_in_a_row, self._rounds)
             raise
         if stats.write_failures:  # not written, its claims sent again: as a round that raised
             self._round_failed(
@@ -207,11 +207,12 @@ class PartitionTimerLoop(TimerLoop):
             self._owner.worked(self._writes)
         return stats
 
-    def _round_failed(self, exc: Exception, in_a_row: int | None = None, what: str = "") -> None:
-        before = self.failures_in_a_row if in_a_row is None else in_a_row
-        if before + 1 >= FAILED_ROUNDS and self._current():
+    def _round_failed(self, exc: Exception, in_a_row: int, what: str) -> None:
+        """A failed round (`in_a_row` before it, of `what`): after `FAILED_ROUNDS` in a row
+        its task is told (`what` failed) and the loop stops."""
+        if in_a_row + 1 >= FAILED_ROUNDS and self._current():
             self._stopping = True
-            self._owner.failed(what or self._rounds, exc)
+            self._owner.failed(what, exc)
 
     async def _round(self) -> RoundStats:
         await self._hold_for_first_commit()  # before the checks: its task may close meanwhile
