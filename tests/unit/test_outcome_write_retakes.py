@@ -7,18 +7,14 @@ time, and every retake (a whole restore) came at once (review finding F1)."""
 from __future__ import annotations
 
 import asyncio
-from typing import Any, cast
+from typing import Any
 
 import pytest
 from fakes import OWNER, World, raw_store, world
-from test_partition_timer_loop import _Commits, _Cycles
+from test_partition_timer_loop import loop_for
 
-from app.node.commits import Commits
-from app.node.cycles import PartitionCycles
 from app.node.failing import FailingPartitions, retake_after
 from app.node.health import FAILING_IN_A_ROW
-from app.node.partition_timers import PartitionTimerLoop, TypeLoops
-from app.node.task_id import TaskId
 
 __all__ = ["raw_store", "world"]
 
@@ -43,18 +39,6 @@ class _Task:
         self.failing.worked(self.firing.partition, what)
 
 
-def loop_of(runner: Any, task: _Task) -> PartitionTimerLoop:
-    shared = TypeLoops(
-        runner,
-        type_name="order",
-        types=cast(Any, {"order": object()}),
-        commits=cast(Commits, _Commits()),
-        cycles=cast(PartitionCycles, _Cycles()),
-        running={TaskId("order", 0): task},
-    )
-    return PartitionTimerLoop(shared, task.firing, task)
-
-
 async def until(cond: Any, n: int = 2000) -> None:
     for _ in range(n):
         if cond():
@@ -72,7 +56,7 @@ async def test_a_write_fault_that_never_passes_is_retaken_ever_later(
     runner = world.runner()
     task = _Task(runner.firing_of(0))
     for retake in range(1, 4):
-        loop = loop_of(runner, task)  # a retake's new loop
+        loop = loop_for(runner, task)  # a retake's new loop
         loop.start()
         await until(lambda: len(task.delays) == retake)  # noqa: B023
         await loop.stop()
@@ -94,7 +78,7 @@ async def test_a_write_fault_that_passed_is_forgotten_when_nothing_more_is_writt
     runner = world.runner()
     task = _Task(runner.firing_of(0))
     for retake in range(1, 4):
-        loop = loop_of(runner, task)
+        loop = loop_for(runner, task)
         loop.start()
         await until(lambda: len(task.delays) == retake)  # noqa: B023
         await loop.stop()
@@ -103,7 +87,7 @@ async def test_a_write_fault_that_passed_is_forgotten_when_nothing_more_is_writt
     world.store.fail_settle = lambda n: False
     row = await world.row()
     assert await world.store.inner.cancel(OWNER, row.key, row.version + 1)
-    loop = loop_of(runner, task)
+    loop = loop_for(runner, task)
     loop.start()
     await until(lambda: loop.rounds >= 1)
     assert task.failing.again_and_again(FAILING_IN_A_ROW), "not at once: it may still fail"

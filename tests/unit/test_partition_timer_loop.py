@@ -58,16 +58,20 @@ def loop_of(runner: TimerRunner, p: int) -> tuple[PartitionTimerLoop, _Task]:
     firing = runner.firing_of(p)
     assert firing is not None
     task = _Task(firing)
+    return loop_for(runner, task), task
+
+
+def loop_for(runner: TimerRunner, task: Any) -> PartitionTimerLoop:
+    """A loop of the partition of `task.firing`, its task `task`, of type `order`."""
     shared = TypeLoops(
         runner,
         type_name="order",
         types=cast(Any, {"order": object()}),
         commits=cast(Commits, _Commits()),
         cycles=cast(PartitionCycles, _Cycles()),
-        running={TaskId("order", p): task},
+        running={TaskId("order", task.firing.partition): task},
     )
-    loop = PartitionTimerLoop(shared, firing, task)
-    return loop, task
+    return PartitionTimerLoop(shared, task.firing, task)
 
 
 async def turns(n: int = TURNS) -> None:

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 from test_store_deleted_again import OWNER, mark, timer
+from test_store_owner_chunks import Turns
 
 import tables.partitioned_reads
 from tables import ACTIVE, TimerStatus, open_timer_store
@@ -24,17 +25,6 @@ from tables.partitioned import PartitionedStore
 N = 47
 CHUNK = 10
 LIVE = 3
-
-
-class Turns:
-    def __init__(self) -> None:
-        self.count = 0
-        self.done = False
-
-    async def run(self) -> None:
-        while not self.done:
-            await asyncio.sleep(0)
-            self.count += 1
 
 
 class Reads:
